@@ -1,0 +1,394 @@
+/* Backend dispatch: argument checks and call counting, once for every backend. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stddef.h>
+
+#include "mt_config.h"
+#include "allocator/backend.h"
+
+#define COUNTER(field) (offsetof(mt_backend_counters_t, field) / sizeof(uint64_t))
+#define BUMP(b, field) atomic_fetch_add_explicit(&(b)->counters[COUNTER(field)], 1, memory_order_relaxed)
+
+_Static_assert(sizeof(mt_backend_counters_t) % sizeof(uint64_t) == 0,
+               "counters are an array of uint64_t");
+
+void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d)
+{
+    atomic_fetch_add_explicit(&b->counters[COUNTER(modelled_ns)], d, memory_order_relaxed);
+}
+
+void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
+{
+    if (b == NULL || b->log == NULL)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    b->log(b->log_ud, level, msg);
+}
+
+static int parse_u64_env(const char *name, uint64_t *out)
+{
+    const char *s = getenv(name);
+    if (s == NULL || *s == '\0')
+        return MT_ENOENT;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno != 0 || end == s)
+        return MT_EINVAL;
+    /* Accept K/M/G/T suffixes (binary units) for capacities. */
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    case 't': case 'T': v <<= 40; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
+    if (*end != '\0')
+        return MT_EINVAL;
+    *out = v;
+    return 0;
+}
+
+mt_backend_cfg_t mt_backend_cfg_default(void)
+{
+    mt_backend_cfg_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.kind = MT_BACKEND_AUTO;
+    const char *k = getenv("MEMTRACE_BACKEND");
+    if (k != NULL) {
+        if (strcmp(k, "sim") == 0)
+            cfg.kind = MT_BACKEND_SIM;
+        else if (strcmp(k, "cuda") == 0)
+            cfg.kind = MT_BACKEND_CUDA;
+    }
+    uint64_t v;
+    if (parse_u64_env("MEMTRACE_SIM_CAPACITY", &v) == 0)
+        cfg.sim_capacity = (size_t)v;
+    cfg.sim_malloc_cost_ns = 20000;
+    cfg.sim_free_cost_ns = 20000;
+    if (parse_u64_env("MEMTRACE_SIM_MALLOC_COST_NS", &v) == 0)
+        cfg.sim_malloc_cost_ns = v;
+    if (parse_u64_env("MEMTRACE_SIM_FREE_COST_NS", &v) == 0)
+        cfg.sim_free_cost_ns = v;
+    return cfg;
+}
+
+int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
+{
+    if (out == NULL)
+        return MT_EINVAL;
+    *out = NULL;
+    mt_backend_cfg_t def;
+    if (cfg == NULL) {
+        def = mt_backend_cfg_default();
+        cfg = &def;
+    }
+    const char *k = getenv("MEMTRACE_BACKEND");
+    if (k != NULL && strcmp(k, "auto") != 0 && strcmp(k, "sim") != 0 && strcmp(k, "cuda") != 0)
+        return MT_EINVAL;
+    if (cfg->device < 0)
+        return MT_EINVAL;
+    int rc = MT_ENODEV;
+    switch (cfg->kind) {
+    case MT_BACKEND_SIM:
+        return mt__backend_sim_create(out, cfg);
+    case MT_BACKEND_CUDA:
+#if MT_HAVE_CUDA_BACKEND
+        return mt__backend_cuda_create(out, cfg);
+#else
+        return MT_ENODEV;
+#endif
+    case MT_BACKEND_AUTO:
+#if MT_HAVE_CUDA_BACKEND
+        rc = mt__backend_cuda_create(out, cfg);
+        if (rc == 0)
+            return 0;
+#endif
+        rc = mt__backend_sim_create(out, cfg);
+        if (rc == 0) {
+            size_t free_b = 0, total_b = 0;
+            (*out)->ops->mem_get_info(*out, &free_b, &total_b);
+            mt__backend_log(*out, MT_LOG_INFO,
+                            "memtrace: no CUDA device answered; running on the sim backend "
+                            "(%zu MiB simulated device)",
+                            total_b >> 20);
+        }
+        return rc;
+    }
+    return MT_EINVAL;
+}
+
+void mt_backend_destroy(mt_backend_t **p)
+{
+    if (p == NULL || *p == NULL)
+        return;
+    (*p)->ops->destroy(*p);
+    *p = NULL;
+}
+
+const char *mt_backend_name(const mt_backend_t *b)
+{
+    return b ? b->ops->name : "none";
+}
+
+mt_backend_kind_e mt_backend_kind(const mt_backend_t *b)
+{
+    return b->ops->kind;
+}
+
+int mt_backend_device(const mt_backend_t *b)
+{
+    return b->device;
+}
+
+void mt_backend_counters(const mt_backend_t *b, mt_backend_counters_t *out)
+{
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof(mt_backend_counters_t) / sizeof(uint64_t); i++)
+        dst[i] = atomic_load_explicit(&((mt_backend_t *)b)->counters[i], memory_order_relaxed);
+}
+
+/* ---- device memory ---- */
+
+int mt_backend_malloc(mt_backend_t *b, size_t size, void **out)
+{
+    if (b == NULL || out == NULL || size == 0)
+        return MT_EINVAL;
+    BUMP(b, malloc_calls);
+    int rc = b->ops->malloc(b, size, out);
+    if (rc != 0)
+        BUMP(b, malloc_failures);
+    return rc;
+}
+
+int mt_backend_free(mt_backend_t *b, void *ptr)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    BUMP(b, free_calls);
+    return b->ops->free(b, ptr);
+}
+
+int mt_backend_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes)
+{
+    if (b == NULL || free_bytes == NULL || total_bytes == NULL)
+        return MT_EINVAL;
+    BUMP(b, mem_get_info_calls);
+    return b->ops->mem_get_info(b, free_bytes, total_bytes);
+}
+
+bool mt_backend_is_device_ptr(const mt_backend_t *b, const void *ptr)
+{
+    return b != NULL && ptr != NULL && b->ops->is_device_ptr(b, ptr);
+}
+
+/* ---- virtual memory ---- */
+
+size_t mt_backend_vm_granularity(const mt_backend_t *b)
+{
+    return b->ops->vm_granularity(b);
+}
+
+static int vm_args_ok(const mt_backend_t *b, const void *addr, size_t size)
+{
+    size_t g = b->ops->vm_granularity(b);
+    return size != 0 && size % g == 0 && (uintptr_t)addr % g == 0;
+}
+
+int mt_backend_vm_reserve(mt_backend_t *b, size_t size, void **out)
+{
+    if (b == NULL || out == NULL || !vm_args_ok(b, NULL, size))
+        return MT_EINVAL;
+    if (b->ops->vm_reserve == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, vm_reserve_calls);
+    return b->ops->vm_reserve(b, size, out);
+}
+
+int mt_backend_vm_release(mt_backend_t *b, void *base, size_t size)
+{
+    if (b == NULL || base == NULL || !vm_args_ok(b, base, size))
+        return MT_EINVAL;
+    if (b->ops->vm_release == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, vm_release_calls);
+    return b->ops->vm_release(b, base, size);
+}
+
+int mt_backend_vm_map(mt_backend_t *b, void *addr, size_t size)
+{
+    if (b == NULL || addr == NULL || !vm_args_ok(b, addr, size))
+        return MT_EINVAL;
+    if (b->ops->vm_map == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, vm_map_calls);
+    return b->ops->vm_map(b, addr, size);
+}
+
+int mt_backend_vm_unmap(mt_backend_t *b, void *addr, size_t size)
+{
+    if (b == NULL || addr == NULL || !vm_args_ok(b, addr, size))
+        return MT_EINVAL;
+    if (b->ops->vm_unmap == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, vm_unmap_calls);
+    return b->ops->vm_unmap(b, addr, size);
+}
+
+/* ---- streams ---- */
+
+int mt_stream_create(mt_backend_t *b, mt_stream_t **out)
+{
+    if (b == NULL || out == NULL)
+        return MT_EINVAL;
+    BUMP(b, stream_creates);
+    return b->ops->stream_create(b, out);
+}
+
+void mt_stream_destroy(mt_backend_t *b, mt_stream_t **s)
+{
+    if (b == NULL || s == NULL || *s == NULL)
+        return;
+    b->ops->stream_destroy(b, *s);
+    *s = NULL;
+}
+
+int mt_stream_synchronize(mt_backend_t *b, mt_stream_t *s)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    BUMP(b, stream_syncs);
+    return b->ops->stream_synchronize(b, s);
+}
+
+int mt_stream_wait_event(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev)
+{
+    if (b == NULL || ev == NULL)
+        return MT_EINVAL;
+    return b->ops->stream_wait_event(b, s, ev);
+}
+
+uint32_t mt_stream_id(const mt_stream_t *s)
+{
+    return s ? s->id : 0;
+}
+
+int mt_stream_launch_host_func(mt_backend_t *b, mt_stream_t *s, void (*fn)(void *ud), void *ud)
+{
+    if (b == NULL || fn == NULL)
+        return MT_EINVAL;
+    return b->ops->launch_host_func(b, s, fn, ud);
+}
+
+int mt_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n, mt_memcpy_kind_e kind,
+                    mt_stream_t *s)
+{
+    if (b == NULL || (n != 0 && (dst == NULL || src == NULL)) || kind > MT_MEMCPY_DEFAULT)
+        return MT_EINVAL;
+    if (n == 0)
+        return 0;
+    BUMP(b, memcpy_calls);
+    return b->ops->memcpy_async(b, dst, src, n, kind, s);
+}
+
+int mt_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s)
+{
+    if (b == NULL || (n != 0 && dst == NULL))
+        return MT_EINVAL;
+    if (n == 0)
+        return 0;
+    BUMP(b, memset_calls);
+    return b->ops->memset_async(b, dst, value, n, s);
+}
+
+int mt_memcpy(mt_backend_t *b, void *dst, const void *src, size_t n, mt_memcpy_kind_e kind)
+{
+    int rc = mt_memcpy_async(b, dst, src, n, kind, NULL);
+    if (rc != 0)
+        return rc;
+    return mt_stream_synchronize(b, NULL);
+}
+
+int mt_device_synchronize(mt_backend_t *b)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    BUMP(b, device_syncs);
+    return b->ops->device_synchronize(b);
+}
+
+/* ---- events ---- */
+
+int mt_event_create(mt_backend_t *b, mt_event_t **out)
+{
+    if (b == NULL || out == NULL)
+        return MT_EINVAL;
+    return b->ops->event_create(b, out);
+}
+
+void mt_event_destroy(mt_backend_t *b, mt_event_t **ev)
+{
+    if (b == NULL || ev == NULL || *ev == NULL)
+        return;
+    b->ops->event_destroy(b, *ev);
+    *ev = NULL;
+}
+
+int mt_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s)
+{
+    if (b == NULL || ev == NULL)
+        return MT_EINVAL;
+    BUMP(b, event_records);
+    return b->ops->event_record(b, ev, s);
+}
+
+int mt_event_query(mt_backend_t *b, mt_event_t *ev)
+{
+    if (b == NULL || ev == NULL)
+        return MT_EINVAL;
+    BUMP(b, event_queries);
+    return b->ops->event_query(b, ev);
+}
+
+int mt_event_synchronize(mt_backend_t *b, mt_event_t *ev)
+{
+    if (b == NULL || ev == NULL)
+        return MT_EINVAL;
+    BUMP(b, event_syncs);
+    return b->ops->event_synchronize(b, ev);
+}
+
+uint64_t mt_event_time_ns(mt_backend_t *b, mt_event_t *ev)
+{
+    if (b == NULL || ev == NULL)
+        return 0;
+    return b->ops->event_time_ns(b, ev);
+}
+
+/* ---- pinned host memory ---- */
+
+int mt_backend_host_malloc(mt_backend_t *b, size_t size, void **out)
+{
+    if (b == NULL || out == NULL || size == 0)
+        return MT_EINVAL;
+    return b->ops->host_malloc(b, size, out);
+}
+
+int mt_backend_host_free(mt_backend_t *b, void *ptr)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    return b->ops->host_free(b, ptr);
+}

@@ -1,0 +1,73 @@
+/* The backend seam: one small vtable that backend.c dispatches through (counting every
+ * call), implemented by backend_sim.c and backend_cuda.c. Public entry points and their
+ * contracts are in include/memtrace/backend.h; ops here have the same contracts minus
+ * argument checking and counting, which backend.c does once for all backends. */
+#ifndef MT_ALLOCATOR_BACKEND_H
+#define MT_ALLOCATOR_BACKEND_H
+
+#include <stdatomic.h>
+#include "memtrace/backend.h"
+
+typedef struct mt_backend_ops_s {
+    const char *name;
+    mt_backend_kind_e kind;
+    void (*destroy)(mt_backend_t *b);
+
+    int (*malloc)(mt_backend_t *b, size_t size, void **out);
+    int (*free)(mt_backend_t *b, void *ptr);
+    int (*mem_get_info)(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+    bool (*is_device_ptr)(const mt_backend_t *b, const void *ptr);
+
+    size_t (*vm_granularity)(const mt_backend_t *b);
+    int (*vm_reserve)(mt_backend_t *b, size_t size, void **out);
+    int (*vm_release)(mt_backend_t *b, void *base, size_t size);
+    int (*vm_map)(mt_backend_t *b, void *addr, size_t size);
+    int (*vm_unmap)(mt_backend_t *b, void *addr, size_t size);
+
+    int (*stream_create)(mt_backend_t *b, mt_stream_t **out);
+    void (*stream_destroy)(mt_backend_t *b, mt_stream_t *s);
+    int (*stream_synchronize)(mt_backend_t *b, mt_stream_t *s);
+    int (*stream_wait_event)(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev);
+    int (*launch_host_func)(mt_backend_t *b, mt_stream_t *s, void (*fn)(void *), void *ud);
+    int (*memcpy_async)(mt_backend_t *b, void *dst, const void *src, size_t n,
+                        mt_memcpy_kind_e kind, mt_stream_t *s);
+    int (*memset_async)(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s);
+    int (*device_synchronize)(mt_backend_t *b);
+
+    int (*event_create)(mt_backend_t *b, mt_event_t **out);
+    void (*event_destroy)(mt_backend_t *b, mt_event_t *ev);
+    int (*event_record)(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s);
+    int (*event_query)(mt_backend_t *b, mt_event_t *ev);
+    int (*event_synchronize)(mt_backend_t *b, mt_event_t *ev);
+    uint64_t (*event_time_ns)(mt_backend_t *b, mt_event_t *ev);
+
+    int (*host_malloc)(mt_backend_t *b, size_t size, void **out);
+    int (*host_free)(mt_backend_t *b, void *ptr);
+} mt_backend_ops_t;
+
+/* Common header of every backend object; each implementation embeds it first.
+ * counters are updated by backend.c with relaxed atomics (they are statistics). */
+struct mt_backend_s {
+    const mt_backend_ops_t *ops;
+    int device;                     /* ordinal, >= 0 */
+    mt_log_cb log;                  /* optional */
+    void *log_ud;
+    _Atomic uint64_t counters[sizeof(mt_backend_counters_t) / sizeof(uint64_t)];
+};
+
+/* Every stream object starts with this, so mt_stream_id() works on any backend. */
+struct mt_stream_s {
+    uint32_t id; /* 1, 2, ... in creation order per backend; the default stream is NULL (0) */
+};
+
+/* Constructors of the implementations. *out is new. */
+int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
+int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
+
+/* Adds d to the modelled-time counter (sim's segment cost). */
+void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d);
+/* printf-style logging through the backend's callback (no-op without one). */
+void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# memtrace developer entry point: installs what is missing (Debian 12), configures,
+# builds, then runs the demo or the test suite. Idempotent; safe to run again.
+#
+#   ./dev.sh demo     the main job: the demo on the sim backend (or a GPU, if present)
+#   ./dev.sh test     the whole test suite, then again under ASan+UBSan
+#   ./dev.sh build    configure and build only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
+          libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev)
+
+install_missing() {
+    local missing=()
+    for p in "${PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+            missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "dev.sh: installing missing packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+build() { # build DIR [meson setup options...]
+    local dir=$1; shift
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" "$@" >/dev/null || meson setup "$dir" "$@"
+    fi
+    meson compile -C "$dir"
+}
+
+# Prints the plain closing line CI reads, from meson's JSON test log.
+summarise() { # summarise DIR LABEL
+    local log=$1/meson-logs/testlog.json
+    local pass fail skip
+    pass=$(grep -c '"result": "OK"' "$log" || true)
+    fail=$(grep -cE '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
+    skip=$(grep -c '"result": "SKIP"' "$log" || true)
+    echo "$2: $pass passed, $fail failed, $skip skipped"
+}
+
+cmd=${1:-}
+case "$cmd" in
+build)
+    install_missing
+    build build --buildtype=release
+    ;;
+demo)
+    install_missing
+    build build --buildtype=release
+    shift
+    exec ./build/tools/memtrace demo "$@"
+    ;;
+test)
+    install_missing
+    build build --buildtype=debugoptimized
+    rc=0
+    meson test -C build --print-errorlogs --num-processes 2 || rc=1
+    summarise build tests
+    # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+    build build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
+    summarise build-asan sanitizers
+    [ $rc -eq 0 ] && echo "all tests passed" || echo "TESTS FAILED"
+    exit $rc
+    ;;
+bench)
+    install_missing
+    build build --buildtype=release
+    meson test -C build --benchmark --verbose
+    ;;
+*)
+    echo "usage: ./dev.sh demo|test|build|bench" >&2
+    exit 2
+    ;;
+esac

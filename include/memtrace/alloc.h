@@ -1,0 +1,199 @@
+/* memtrace caching allocator: one per device, over a backend (cuda or sim).
+ *
+ * Policies follow the reference caching allocator (PyTorch's CUDACachingAllocator) so
+ * users' knowledge carries over: 512-byte rounding, small/large pools, split/merge
+ * rules, max_split_size, garbage collection threshold, expandable segments, stream-
+ * aware reuse through events, release-cache-and-retry before failing. Free blocks live
+ * in size-class bins with bitmaps (O(1) lookup); all metadata lives on the host.
+ *
+ * Thread-safety: an mt_alloc_t is safe to use from any number of threads; one mutex
+ * per allocator serialises its operations. Event sinks are called under that mutex. */
+#ifndef MEMTRACE_ALLOC_H
+#define MEMTRACE_ALLOC_H
+
+#include <stdbool.h>
+#include "memtrace/backend.h"
+#include "memtrace/event.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_alloc_s mt_alloc_t;
+
+/* Tags say what an allocation is for. User labels get ids from MT_TAG_USER_FIRST. */
+typedef enum mt_tag_e {
+    MT_TAG_OTHER = 0,
+    MT_TAG_WEIGHTS = 1,
+    MT_TAG_GRADS = 2,
+    MT_TAG_OPTIMIZER = 3,
+    MT_TAG_ACTIVATIONS = 4,
+    MT_TAG_WORKSPACE = 5,
+    MT_TAG_BATCH = 6,
+    MT_TAG_USER_FIRST = 7,
+    MT_TAG_MAX = 32, /* tags are < MT_TAG_MAX */
+} mt_tag_e;
+
+typedef struct mt_alloc_cfg_s {
+    mt_backend_t *backend;               /* borrowed, required; outlives the allocator */
+    size_t max_split_size;               /* bytes; SIZE_MAX = unlimited (default) */
+    unsigned roundup_power2_divisions;   /* 0 = off, else a power of two in [1, 64] */
+    double garbage_collection_threshold; /* 0 = off, else in (0, 1) of the memory limit */
+    double memory_fraction;              /* limit = fraction x capacity, in (0, 1]; 1 */
+    bool expandable_segments;            /* virtual ranges + pages mapped on demand */
+    bool release_on_oom;                 /* release cache and retry before failing; true */
+    const mt_event_sink_t *sink;         /* borrowed, optional */
+    mt_log_cb log;                       /* optional */
+    void *log_ud;
+} mt_alloc_cfg_t;
+
+/* Defaults (no environment read). */
+MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
+/* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
+ * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
+ * memory_fraction, expandable_segments (True/False/true/false/1/0),
+ * release_on_oom. An unknown key or a bad value returns MT_EINVAL and writes a
+ * message naming it into err (if err != NULL); cfg is then left unchanged. */
+MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);
+/* mt_alloc_cfg_parse of the MEMTRACE_ALLOC_CONF environment variable, if set. */
+MT_API int mt_alloc_cfg_from_env(mt_alloc_cfg_t *cfg, char *err, size_t errlen);
+
+/* Creates an allocator. *out is new. Emits MT_EV_CONFIG. */
+MT_API int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg);
+/* Waits for pending frees, returns every segment to the backend, frees *p. Live
+ * allocations are released too (and counted in the log as leaks). Sets *p = NULL. */
+MT_API void mt_alloc_destroy(mt_alloc_t **p);
+
+MT_API mt_backend_t *mt_alloc_backend(const mt_alloc_t *a);
+
+/* Allocates size bytes (size 0 returns a NULL pointer and 0) for use on stream (NULL =
+ * default stream), tagged tag. The block is reused only on that stream unless
+ * mt_alloc_record_stream() says otherwise. Returns MT_ENOMEM after the full recovery
+ * sequence; the message is then in mt_alloc_last_error() and the log. */
+MT_API int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out);
+/* Frees a pointer from mt_alloc_malloc (NULL is a no-op). If the block was used on other
+ * streams, it returns to the pool only once events recorded now have completed.
+ * MT_ENOENT for a pointer this allocator did not hand out (nothing is changed). */
+MT_API int mt_alloc_free(mt_alloc_t *a, void *ptr);
+/* Marks that ptr is used on stream too (torch's record_stream). */
+MT_API int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream);
+/* Size of the block behind ptr (rounded), or MT_ENOENT. ptr may point inside it;
+ * *base receives the start of the block if base != NULL. */
+MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size,
+                               int *tag);
+
+/* Warm-up reservation: ensures at least bytes are reserved as one cached segment on
+ * stream, usable by requests of any size, so that a later run whose live bytes stay
+ * within it makes no backend malloc. Emits MT_EV_RESERVE. */
+MT_API int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream);
+/* Record/replay warm-up: between begin and end, the allocator tracks the peak of live
+ * bytes; end releases the cache and reserves that peak (plus its rounding slack). */
+MT_API int mt_alloc_warmup_begin(mt_alloc_t *a);
+MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
+
+/* Returns every unused cached segment to the backend (after pending events). */
+MT_API int mt_alloc_empty_cache(mt_alloc_t *a);
+
+/* Registers a user label as a tag; *out_tag receives its id (the same id if the label
+ * exists). MT_ENOMEM when all MT_TAG_MAX ids are taken. label is copied. */
+MT_API int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag);
+/* Name of a tag ("weights", ..., or the user label); "other" for unknown ids. */
+MT_API const char *mt_alloc_tag_name(const mt_alloc_t *a, int tag);
+/* Static built-in names, usable without an allocator. */
+MT_API const char *mt_tag_builtin_name(int tag);
+
+/* Forwards a program/engine event (MT_EV_MARK, MT_EV_COMPACTION, MT_EV_STATS) to the
+ * sink with the allocator's current totals. */
+MT_API void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int tag);
+
+/* ---- statistics (the reference vocabulary) ---- */
+
+typedef struct mt_stat_s {
+    int64_t current;    /* now */
+    int64_t peak;       /* highest current since creation or mt_alloc_reset_peak */
+    uint64_t allocated; /* cumulative increments */
+    uint64_t freed;     /* cumulative decrements */
+} mt_stat_t;
+
+enum { MT_STAT_ALL = 0, MT_STAT_SMALL = 1, MT_STAT_LARGE = 2, MT_STAT_N = 3 };
+
+typedef struct mt_alloc_stats_s {
+    /* bytes, indexed by MT_STAT_ALL/SMALL/LARGE */
+    mt_stat_t allocated_bytes[MT_STAT_N];      /* handed out, rounded */
+    mt_stat_t reserved_bytes[MT_STAT_N];       /* held from the backend (mapped, if expandable) */
+    mt_stat_t active_bytes[MT_STAT_N];         /* allocated + freed but awaiting events */
+    mt_stat_t inactive_split_bytes[MT_STAT_N]; /* free pieces of split segments */
+    mt_stat_t requested_bytes[MT_STAT_N];      /* as asked for, before rounding */
+    /* counts */
+    mt_stat_t allocation[MT_STAT_N];
+    mt_stat_t segment[MT_STAT_N];
+    mt_stat_t active[MT_STAT_N];
+    mt_stat_t inactive_split[MT_STAT_N];
+    /* per tag, bytes */
+    mt_stat_t tag_allocated_bytes[MT_TAG_MAX];
+    mt_stat_t tag_requested_bytes[MT_TAG_MAX];
+    uint64_t num_alloc_retries;  /* mallocs that needed a cache release and retry */
+    uint64_t num_ooms;           /* mallocs that failed */
+    uint64_t num_device_alloc;   /* backend malloc (or vm map) calls */
+    uint64_t num_device_free;    /* backend free (or vm unmap) calls */
+    uint64_t num_sync_all_streams;
+    uint64_t largest_free_block; /* bytes, largest inactive block */
+    uint64_t total_free;         /* bytes, reserved - allocated - pending */
+    double utilization;          /* allocated / reserved, current; 1 when reserved = 0 */
+    double fragmentation;        /* 1 - largest_free_block / total_free; 0 when none free */
+    uint64_t capacity;           /* device total bytes */
+    uint64_t limit;              /* memory_fraction x capacity */
+} mt_alloc_stats_t;
+
+MT_API int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
+MT_API void mt_alloc_reset_peak(mt_alloc_t *a);
+
+/* ---- snapshot ---- */
+
+typedef enum mt_block_state_e {
+    MT_BLOCK_ACTIVE_ALLOCATED = 0,
+    MT_BLOCK_ACTIVE_PENDING_FREE = 1,
+    MT_BLOCK_INACTIVE = 2,
+} mt_block_state_e;
+
+typedef struct mt_snapshot_block_s {
+    uint64_t addr;      /* device address */
+    uint64_t size;      /* bytes */
+    uint64_t requested; /* bytes asked for (0 if inactive) */
+    int state;          /* mt_block_state_e */
+    int tag;
+} mt_snapshot_block_t;
+
+typedef struct mt_snapshot_segment_s {
+    uint64_t addr;     /* device address of the first byte */
+    uint64_t size;     /* bytes (for expandable segments: mapped bytes) */
+    int pool;          /* mt_pool_e */
+    uint32_t stream;   /* mt_stream_id */
+    bool expandable;
+    bool reserved;     /* a warm-up reservation */
+    size_t nblocks;
+    mt_snapshot_block_t *blocks; /* nblocks, address order */
+} mt_snapshot_segment_t;
+
+typedef struct mt_alloc_snapshot_s {
+    size_t nsegments;
+    mt_snapshot_segment_t *segments; /* address order */
+    mt_alloc_stats_t stats;
+} mt_alloc_snapshot_t;
+
+/* *out is new; free it with mt_alloc_snapshot_free. */
+MT_API int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out);
+MT_API void mt_alloc_snapshot_free(mt_alloc_snapshot_t **p);
+
+/* Walks every invariant (segments, blocks, bins, bitmaps, stats). Returns 0 when all hold,
+ * otherwise a negative code, after logging the first violation. */
+MT_API int mt_alloc_check(mt_alloc_t *a);
+
+/* The last error message (OOM report, config error) of this allocator. Borrowed; valid
+ * until the next call that fails. Empty string if none. */
+MT_API const char *mt_alloc_last_error(mt_alloc_t *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,161 @@
+/* memtrace device backends: the raw device the caching allocator sits on.
+ *
+ * Two implementations behind one seam: "cuda" (CUDA runtime + driver, loaded at run
+ * time) and "sim" (host memory posing as a device of fixed capacity, with real
+ * asynchronous streams on worker threads). Every call here is a *backend call*: slow,
+ * possibly synchronising, and counted in mt_backend_counters_t. The caching allocator
+ * exists so that mt_backend_malloc/free are called almost never.
+ *
+ * Thread-safety: every function may be called from any thread. A stream is a FIFO:
+ * work queued on one stream runs in order; work on different streams is unordered
+ * unless joined with events. */
+#ifndef MEMTRACE_BACKEND_H
+#define MEMTRACE_BACKEND_H
+
+#include <stdbool.h>
+#include "memtrace/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_backend_s mt_backend_t;
+/* Streams and events are opaque handles owned by the backend that created them.
+ * A NULL stream is the default (legacy null) stream of the device. */
+typedef struct mt_stream_s mt_stream_t;
+typedef struct mt_event_s mt_event_t;
+
+typedef enum mt_backend_kind_e {
+    MT_BACKEND_AUTO = 0, /* cuda when a device answers, otherwise sim (and say so once) */
+    MT_BACKEND_SIM = 1,
+    MT_BACKEND_CUDA = 2,
+} mt_backend_kind_e;
+
+typedef enum mt_memcpy_kind_e {
+    MT_MEMCPY_HOST_TO_HOST = 0,
+    MT_MEMCPY_HOST_TO_DEVICE = 1,
+    MT_MEMCPY_DEVICE_TO_HOST = 2,
+    MT_MEMCPY_DEVICE_TO_DEVICE = 3,
+    MT_MEMCPY_DEFAULT = 4, /* inferred from the pointers (unified addressing) */
+} mt_memcpy_kind_e;
+
+typedef struct mt_backend_cfg_s {
+    mt_backend_kind_e kind;      /* default: MEMTRACE_BACKEND env (auto|cuda|sim), else auto */
+    int device;                  /* device ordinal, >= 0 */
+    size_t sim_capacity;         /* bytes; 0 = MEMTRACE_SIM_CAPACITY env, else 8 GiB */
+    uint64_t sim_malloc_cost_ns; /* modelled cost of one segment malloc on sim, ns;
+                                  * UINT64_MAX = MEMTRACE_SIM_MALLOC_COST_NS env, else 20000 */
+    uint64_t sim_free_cost_ns;   /* the same for free (a device free synchronises), ns */
+    mt_log_cb log;               /* optional diagnostics sink */
+    void *log_ud;                /* passed to log */
+} mt_backend_cfg_t;
+
+/* Calls made to the backend since creation. Monotonic counters. */
+typedef struct mt_backend_counters_s {
+    uint64_t malloc_calls;     /* mt_backend_malloc, successful or not */
+    uint64_t malloc_failures;  /* of which failed (out of memory) */
+    uint64_t free_calls;
+    uint64_t vm_reserve_calls; /* virtual address range reservations */
+    uint64_t vm_release_calls;
+    uint64_t vm_map_calls;     /* physical pages created and mapped */
+    uint64_t vm_unmap_calls;
+    uint64_t memcpy_calls;
+    uint64_t memset_calls;
+    uint64_t stream_creates;
+    uint64_t event_records;
+    uint64_t event_queries;
+    uint64_t event_syncs;
+    uint64_t stream_syncs;
+    uint64_t device_syncs;
+    uint64_t mem_get_info_calls;
+    uint64_t modelled_ns;      /* modelled time spent in malloc/free (sim), ns */
+} mt_backend_counters_t;
+
+/* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied. */
+MT_API mt_backend_cfg_t mt_backend_cfg_default(void);
+
+/* Creates a backend. *out is new. With MT_BACKEND_AUTO this falls back to sim when no
+ * CUDA device answers and logs one MT_LOG_INFO line naming the backend in use.
+ * Returns MT_ENODEV if MT_BACKEND_CUDA is asked for and no device answers. */
+MT_API int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
+/* Synchronises every stream, then releases everything. Sets *p = NULL. */
+MT_API void mt_backend_destroy(mt_backend_t **p);
+
+/* "sim" or "cuda". Static string. */
+MT_API const char *mt_backend_name(const mt_backend_t *b);
+MT_API mt_backend_kind_e mt_backend_kind(const mt_backend_t *b);
+MT_API int mt_backend_device(const mt_backend_t *b);
+MT_API void mt_backend_counters(const mt_backend_t *b, mt_backend_counters_t *out);
+
+/* ---- device memory ---- */
+
+/* Allocates size bytes of device memory, aligned to at least 512 bytes. Synchronous.
+ * Returns MT_ENOMEM when the device cannot hold it. */
+MT_API int mt_backend_malloc(mt_backend_t *b, size_t size, void **out);
+/* Frees memory from mt_backend_malloc. Synchronises the device first (as cudaFree does).
+ * Returns MT_ENOENT for a pointer the backend did not hand out. */
+MT_API int mt_backend_free(mt_backend_t *b, void *ptr);
+/* Free and total device bytes, as cudaMemGetInfo reports them. */
+MT_API int mt_backend_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+/* True if ptr lies inside memory this backend manages as device memory. */
+MT_API bool mt_backend_is_device_ptr(const mt_backend_t *b, const void *ptr);
+
+/* ---- virtual memory (expandable segments) ---- */
+
+/* Granularity of vm_reserve/vm_map sizes and addresses, bytes (2 MiB on both backends). */
+MT_API size_t mt_backend_vm_granularity(const mt_backend_t *b);
+/* Reserves an address range with no physical memory behind it. */
+MT_API int mt_backend_vm_reserve(mt_backend_t *b, size_t size, void **out);
+/* Releases a reserved range; every page in it must be unmapped first. */
+MT_API int mt_backend_vm_release(mt_backend_t *b, void *base, size_t size);
+/* Creates physical memory for [addr, addr+size) inside a reserved range and maps it
+ * read/write (cuMemCreate + cuMemMap + cuMemSetAccess). MT_ENOMEM at capacity. */
+MT_API int mt_backend_vm_map(mt_backend_t *b, void *addr, size_t size);
+/* Unmaps and frees the physical memory of [addr, addr+size). Caller synchronised first. */
+MT_API int mt_backend_vm_unmap(mt_backend_t *b, void *addr, size_t size);
+
+/* ---- streams ---- */
+
+MT_API int mt_stream_create(mt_backend_t *b, mt_stream_t **out);
+/* Waits for the stream's queued work, then destroys it. Sets *s = NULL. */
+MT_API void mt_stream_destroy(mt_backend_t *b, mt_stream_t **s);
+MT_API int mt_stream_synchronize(mt_backend_t *b, mt_stream_t *s);
+/* Work queued on s after this call starts only after ev has completed. */
+MT_API int mt_stream_wait_event(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev);
+/* A small stable id for telemetry: 0 for the default stream, 1, 2, ... in creation order. */
+MT_API uint32_t mt_stream_id(const mt_stream_t *s);
+/* Queues fn(ud) on the stream; it runs after all earlier work on s (cudaLaunchHostFunc).
+ * fn must not call back into the backend's stream functions. */
+MT_API int mt_stream_launch_host_func(mt_backend_t *b, mt_stream_t *s, void (*fn)(void *ud),
+                                      void *ud);
+
+MT_API int mt_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
+                           mt_memcpy_kind_e kind, mt_stream_t *s);
+MT_API int mt_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s);
+/* Synchronous copy: queues on the default stream and waits for it. */
+MT_API int mt_memcpy(mt_backend_t *b, void *dst, const void *src, size_t n,
+                     mt_memcpy_kind_e kind);
+MT_API int mt_device_synchronize(mt_backend_t *b);
+
+/* ---- events ---- */
+
+MT_API int mt_event_create(mt_backend_t *b, mt_event_t **out);
+MT_API void mt_event_destroy(mt_backend_t *b, mt_event_t **ev);
+/* Captures the work queued on s so far; the event completes when s reaches it. */
+MT_API int mt_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s);
+/* 0 if complete (or never recorded), MT_EAGAIN if still pending. Never blocks. */
+MT_API int mt_event_query(mt_backend_t *b, mt_event_t *ev);
+MT_API int mt_event_synchronize(mt_backend_t *b, mt_event_t *ev);
+/* Monotonic time (ns) at which the stream reached the event; 0 if not yet complete.
+ * Used by tests and benchmarks to prove overlap between streams. */
+MT_API uint64_t mt_event_time_ns(mt_backend_t *b, mt_event_t *ev);
+
+/* ---- pinned host memory (page-locked; cudaHostAlloc on cuda) ---- */
+
+MT_API int mt_backend_host_malloc(mt_backend_t *b, size_t size, void **out);
+MT_API int mt_backend_host_free(mt_backend_t *b, void *ptr);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

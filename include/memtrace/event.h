@@ -1,0 +1,84 @@
+/* memtrace events: what the allocator (and the RNN engine through it) reports.
+ *
+ * The allocator defines this small sink interface and knows nothing of who listens;
+ * the profiler implements it (shared-memory ring, daemon). A sink's emit() is called
+ * with the allocator's lock held, on the allocating thread: it must not block, must
+ * not allocate, and must not call back into the allocator. */
+#ifndef MEMTRACE_EVENT_H
+#define MEMTRACE_EVENT_H
+
+#include "memtrace/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mt_event_kind_e {
+    MT_EV_ALLOC = 1,          /* block handed out: addr, size (rounded), requested */
+    MT_EV_FREE_REQUESTED = 2, /* program freed it; may wait for stream events */
+    MT_EV_FREE_COMPLETED = 3, /* block back in a free bin */
+    MT_EV_SEGMENT_ALLOC = 4,  /* backend malloc of a segment: addr, size */
+    MT_EV_SEGMENT_FREE = 5,   /* backend free of a segment */
+    MT_EV_SEGMENT_MAP = 6,    /* expandable segment: pages mapped at addr, size */
+    MT_EV_SEGMENT_UNMAP = 7,  /* expandable segment: pages unmapped */
+    MT_EV_OOM = 8,            /* requested = request, size = free device bytes */
+    MT_EV_RESERVE = 9,        /* warm-up reservation: size = bytes reserved */
+    MT_EV_EMPTY_CACHE = 10,   /* size = bytes released to the device */
+    MT_EV_CONFIG = 11,        /* allocator created; size = capacity */
+    MT_EV_STATS = 12,         /* periodic: totals only */
+    MT_EV_MARK = 13,          /* program marker: addr = mt_mark_e, size = payload */
+    MT_EV_COMPACTION = 14,    /* RNN weights compacted: size = bytes copied */
+    MT_EV_GAP = 15,           /* consumer side: size = number of events lost */
+} mt_event_kind_e;
+
+/* Markers the RNN engine and programs put into the stream (MT_EV_MARK, in addr). */
+typedef enum mt_mark_e {
+    MT_MARK_ITERATION = 1, /* size = iteration number */
+    MT_MARK_FORWARD_BEGIN = 2,
+    MT_MARK_FORWARD_END = 3,
+    MT_MARK_BACKWARD_BEGIN = 4,
+    MT_MARK_BACKWARD_END = 5,
+    MT_MARK_WARMUP_BEGIN = 6,
+    MT_MARK_WARMUP_END = 7,
+} mt_mark_e;
+
+typedef enum mt_pool_e {
+    MT_POOL_NONE = 0,
+    MT_POOL_SMALL = 1, /* requests <= 1 MiB, 2 MiB segments */
+    MT_POOL_LARGE = 2,
+    MT_POOL_HOST = 3, /* pinned host cache */
+} mt_pool_e;
+
+/* One event, 64 bytes, fixed layout: it is written as is into shared memory.
+ * allocated/reserved are the allocator's totals after the event. */
+typedef struct mt_event_rec_s {
+    uint64_t seq;       /* per-producer sequence number, set by the recorder; gaps = drops */
+    uint64_t time_ns;   /* CLOCK_MONOTONIC, ns */
+    uint64_t addr;      /* device address (or marker id) */
+    uint64_t size;      /* bytes (rounded block or segment size, or kind-specific) */
+    uint64_t requested; /* bytes asked for, before rounding */
+    uint64_t allocated; /* allocator total after the event, bytes */
+    uint64_t reserved;  /* allocator total after the event, bytes */
+    uint32_t stream;    /* mt_stream_id() */
+    uint8_t kind;       /* mt_event_kind_e */
+    uint8_t pool;       /* mt_pool_e */
+    uint8_t tag;        /* mt_tag (see alloc.h) */
+    uint8_t device;     /* device ordinal */
+} mt_event_rec_t;
+
+_Static_assert(sizeof(mt_event_rec_t) == 64, "events are one cache line");
+
+typedef struct mt_event_sink_s {
+    void (*emit)(void *ud, const mt_event_rec_t *ev); /* ev is borrowed */
+    void *ud;
+} mt_event_sink_t;
+
+/* Static name of an event kind ("alloc", "free_requested", ...), or "unknown". */
+MT_API const char *mt_event_kind_name(int kind);
+MT_API const char *mt_mark_name(int mark);
+MT_API const char *mt_pool_name(int pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,14 @@
+/* The memtrace CLI's subcommands. Each lives in its own tools/cmd_*.c file and returns
+ * the process exit status: 0 success, 1 runtime failure, 2 bad usage or bad input. */
+#ifndef MT_TOOLS_COMMANDS_H
+#define MT_TOOLS_COMMANDS_H
+
+typedef struct mt_cmd_s {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
+    const char *summary;               /* one line for `memtrace --help` */
+} mt_cmd_t;
+
+int mt_cmd_replay(int argc, char **argv);
+
+#endif

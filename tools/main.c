@@ -1,0 +1,43 @@
+/* memtrace: the command-line front end. Dispatches to one subcommand per file. */
+#include <stdio.h>
+#include <string.h>
+
+#include "mt_config.h"
+#include "tools/commands.h"
+
+static const mt_cmd_t commands[] = {
+    {"replay", mt_cmd_replay, "replay an allocation trace (RMM CSV) through the allocator"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: memtrace <command> [options]\n\n"
+               "memtrace %s: a block-caching CUDA memory allocator and profiler.\n\n"
+               "commands:\n",
+            MT_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'memtrace <command> --help' describes each command, with examples.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("memtrace %s\n", MT_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "memtrace: unknown command '%s' (see 'memtrace --help')\n", argv[1]);
+    return 2;
+}
