@@ -1,0 +1,110 @@
+/* memtrace profiler: records the allocator's events without slowing it down.
+ *
+ * An mt_prof_t owns one event ring in POSIX shared memory (see docs/telemetry.md) and
+ * hands the allocator an mt_event_sink_t that writes into it: lock-free, never
+ * blocking, never allocating; when the ring is full the event is dropped and counted.
+ * The ring is read by the memtraced daemon when one is reachable (the producer
+ * registers over a Unix socket), otherwise (mode auto or log) by a background drainer
+ * thread of the profiler that appends NDJSON to a local log file, so an instrumented
+ * program works with no set-up at all.
+ *
+ * Thread-safety: the sink may be called from any number of threads at once; create,
+ * destroy and flush are not concurrent with each other. */
+#ifndef MEMTRACE_PROF_H
+#define MEMTRACE_PROF_H
+
+#include <stdbool.h>
+#include "memtrace/alloc.h"
+#include "memtrace/event.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_prof_s mt_prof_t;
+
+typedef enum mt_prof_mode_e {
+    MT_PROF_AUTO = 0,   /* the daemon if its socket answers, else the local log */
+    MT_PROF_DAEMON = 1, /* the daemon or fail (MT_ENOENT from create) */
+    MT_PROF_LOG = 2,    /* the local NDJSON log only */
+    MT_PROF_OFF = 3,    /* the sink counts events and records nothing */
+} mt_prof_mode_e;
+
+typedef struct mt_prof_cfg_s {
+    int mode;             /* mt_prof_mode_e; MT_PROF_AUTO */
+    uint32_t slots;       /* ring capacity in events, rounded up to a power of two; 65536 */
+    const char *log_path; /* borrowed; NULL = $MEMTRACE_LOG, else ./memtrace-<pid>.ndjson */
+    const char *socket;   /* borrowed; NULL = mt_prof_socket_path() */
+    const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
+    unsigned drain_ms;    /* local drainer period, ms; 20 */
+    mt_log_cb log;        /* optional; says which mode is live, and errors */
+    void *log_ud;
+} mt_prof_cfg_t;
+
+typedef struct mt_prof_stats_s {
+    uint64_t emitted;   /* events offered to the sink */
+    uint64_t dropped;   /* events dropped because the ring was full */
+    uint64_t lost;      /* slots the consumer had to skip (producer died mid-write) */
+    uint64_t delivered; /* events read by the consumer so far (daemon or local drainer) */
+    uint64_t written;   /* JSON lines written to the local log (local mode) */
+    int mode;           /* the live mode: MT_PROF_DAEMON, MT_PROF_LOG or MT_PROF_OFF */
+} mt_prof_stats_t;
+
+/* Defaults (no environment read). */
+MT_API mt_prof_cfg_t mt_prof_cfg_default(void);
+/* Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to cfg->mode if set.
+ * MT_EINVAL for another value (cfg unchanged). */
+MT_API int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg);
+
+/* Creates the ring and connects (see mode). *out is new. In MT_PROF_DAEMON mode, no
+ * daemon gives MT_ENOENT (or the daemon's refusal: MT_EPROTO). */
+MT_API int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg);
+/* Final drain (local mode), marks a clean exit in the ring header, closes the
+ * connection to the daemon, frees *p. Sets *p = NULL. */
+MT_API void mt_prof_destroy(mt_prof_t **p);
+
+/* The sink to put in mt_alloc_cfg_t.sink. Borrowed; valid until destroy. */
+MT_API const mt_event_sink_t *mt_prof_sink(mt_prof_t *p);
+/* Records one event directly (what the sink does). Returns 0 or MT_EAGAIN (dropped). */
+MT_API int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev);
+/* Local mode: drains the ring into the log now and flushes the file. Daemon mode: 0. */
+MT_API int mt_prof_flush(mt_prof_t *p);
+MT_API void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out);
+/* The local log path (borrowed), or NULL when not in local mode. */
+MT_API const char *mt_prof_log_path(const mt_prof_t *p);
+/* The live mode name: "daemon", "log" or "off". Static. */
+MT_API const char *mt_prof_mode_name(int mode);
+
+/* The daemon's socket path, resolved the same way by producers, the daemon and the
+ * CLI: $MEMTRACE_SOCKET, else $XDG_RUNTIME_DIR/memtrace.sock, else
+ * /tmp/memtrace-<uid>.sock. Writes it into buf. MT_EOVERFLOW if it does not fit
+ * (a Unix socket path is at most 107 bytes). */
+MT_API int mt_prof_socket_path(char *buf, size_t len);
+
+/* ---- JSON encoding (schema: docs/telemetry.schema.json, "v": 1) ---- */
+
+/* These return a new jansson json_t * (declared as void * so this header does not
+ * require jansson.h; cast to json_t *), or NULL on allocation failure. */
+
+/* One event: {"v":1,"type":"event","seq":..,"kind":"alloc",...} or, for MT_EV_GAP,
+ * {"v":1,"type":"gap","lost":N,...}. tag_name may be NULL (built-in names). */
+MT_API void *mt_prof_event_to_json(const mt_event_rec_t *ev, int pid,
+                                   const char *(*tag_name)(void *ud, int tag), void *ud);
+/* Decodes an event line back (the inverse of the above; tags by built-in name or
+ * "tag<N>"). MT_EPROTO naming the bad field in err. pid may be NULL. */
+MT_API int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char *err,
+                                   size_t errlen);
+/* Process state from allocator statistics: {"v":1,"type":"process","pid":..,...}. */
+MT_API void *mt_prof_stats_to_json(const mt_alloc_stats_t *st, int pid, int device,
+                                   const char *(*tag_name)(void *ud, int tag), void *ud);
+/* Snapshot: {"v":1,"type":"snapshot","pid":..,"segments":[...],"stats":{...}}. */
+MT_API void *mt_prof_snapshot_to_json(const mt_alloc_snapshot_t *snap, int pid, int device,
+                                      const char *(*tag_name)(void *ud, int tag), void *ud);
+/* {"v":1,"type":"hello",...} header line written first in a local log. */
+MT_API void *mt_prof_hello_to_json(int pid, const char *name, uint64_t start_realtime_ns,
+                                   uint64_t start_mono_ns);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

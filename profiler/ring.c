@@ -1,0 +1,425 @@
+/* The shared-memory event ring: creation, mapping, lock-free push, drain.
+ * The layout and protocol are described once, in ring.h. */
+#include "profiler/ring.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_STUCK_NS (500u * 1000u * 1000u)
+
+struct mt__ring_s {
+    mt__ring_hdr_t *hdr;      /* shared, start of the mapping */
+    _Atomic uint64_t *commit; /* shared, slots entries */
+    mt_event_rec_t *recs;     /* shared, slots entries */
+    size_t map_size;          /* bytes mapped */
+    uint64_t mask;            /* slots - 1 */
+    char name[MT_RING_NAME_MAX];
+    bool owner;         /* created here (producer) */
+    bool linked;        /* the name still exists as far as we know */
+    uint32_t owner_uid; /* st_uid of the shm object */
+    /* consumer state (only the single consumer touches it) */
+    bool producer_dead;
+    uint64_t stuck_timeout_ns;
+    uint64_t stuck_pos;      /* position of the unpublished slot being waited on */
+    uint64_t stuck_since_ns; /* 0 = not waiting */
+    uint64_t gaps_reported;  /* dropped + lost already announced as gap records */
+    uint64_t next_seq;       /* highest seq delivered + 1 (0 = none yet) */
+};
+
+static uint64_t now_ns(clockid_t clk)
+{
+    struct timespec ts;
+    clock_gettime(clk, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t round_slots(uint32_t slots)
+{
+    if (slots < MT_RING_MIN_SLOTS)
+        return MT_RING_MIN_SLOTS;
+    if (slots > MT_RING_MAX_SLOTS)
+        return MT_RING_MAX_SLOTS;
+    uint32_t s = MT_RING_MIN_SLOTS;
+    while (s < slots)
+        s <<= 1;
+    return s;
+}
+
+static size_t commit_bytes(uint32_t slots)
+{
+    return ((size_t)slots * sizeof(uint64_t) + 63) & ~(size_t)63;
+}
+
+size_t mt__ring_map_size(uint32_t slots)
+{
+    return MT_RING_HEADER_SIZE + commit_bytes(slots) + (size_t)slots * sizeof(mt_event_rec_t);
+}
+
+static void bind_layout(mt__ring_t *r, uint32_t slots)
+{
+    char *base = (char *)r->hdr;
+    r->commit = (_Atomic uint64_t *)(void *)(base + MT_RING_HEADER_SIZE);
+    r->recs = (mt_event_rec_t *)(void *)(base + MT_RING_HEADER_SIZE + commit_bytes(slots));
+    r->mask = slots - 1;
+    r->stuck_timeout_ns = DEFAULT_STUCK_NS;
+}
+
+/* ---- lifecycle ---- */
+
+int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
+{
+    if (!out)
+        return MT_EINVAL;
+    *out = NULL;
+    slots = round_slots(slots);
+    mt__ring_t *r = calloc(1, sizeof(*r));
+    if (!r)
+        return MT_ENOMEM;
+    size_t size = mt__ring_map_size(slots);
+    int fd = -1;
+    /* A stale name (a dead process whose pid was reused) just moves us to the next n. */
+    for (unsigned n = 0; n < 1024; n++) {
+        snprintf(r->name, sizeof(r->name), "/memtrace.%u.%d.%u", (unsigned)getuid(), (int)getpid(),
+                 n);
+        fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+        if (fd >= 0 || errno != EEXIST)
+            break;
+    }
+    int rc;
+    if (fd < 0) {
+        rc = -errno;
+        goto fail_open;
+    }
+    if (ftruncate(fd, (off_t)size) != 0) {
+        rc = -errno;
+        goto fail_truncate;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        goto fail_truncate;
+    }
+    close(fd);
+    r->hdr = p;
+    r->map_size = size;
+    r->owner = true;
+    r->linked = true;
+    r->owner_uid = (uint32_t)getuid();
+    bind_layout(r, slots);
+
+    /* The file is zero-filled by ftruncate: counters and commit words start at 0. */
+    mt__ring_hdr_t *h = r->hdr;
+    h->magic = MT_RING_MAGIC;
+    h->version = MT_RING_VERSION;
+    h->header_size = MT_RING_HEADER_SIZE;
+    h->slots = slots;
+    h->rec_size = sizeof(mt_event_rec_t);
+    h->pid = (int32_t)getpid();
+    h->uid = (uint32_t)getuid();
+    h->start_realtime_ns = now_ns(CLOCK_REALTIME);
+    h->start_mono_ns = now_ns(CLOCK_MONOTONIC);
+    if (comm)
+        snprintf(h->comm, sizeof(h->comm), "%s", comm);
+    atomic_thread_fence(memory_order_release);
+    *out = r;
+    return 0;
+
+fail_truncate:
+    close(fd);
+    shm_unlink(r->name);
+fail_open:
+    free(r);
+    return rc;
+}
+
+static bool valid_name(const char *name)
+{
+    size_t len = strnlen(name, MT_RING_NAME_MAX);
+    return len < MT_RING_NAME_MAX && strncmp(name, "/memtrace.", 10) == 0 && len > 10 &&
+           strchr(name + 1, '/') == NULL;
+}
+
+int mt__ring_open(mt__ring_t **out, const char *name)
+{
+    if (!out || !name)
+        return MT_EINVAL;
+    *out = NULL;
+    if (!valid_name(name))
+        return MT_EINVAL;
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0)
+        return -errno;
+    int rc;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        goto fail_fd;
+    }
+    if (st.st_size < (off_t)MT_RING_HEADER_SIZE) {
+        rc = MT_EPROTO;
+        goto fail_fd;
+    }
+    /* Map the header alone first: slots must be validated before the size is trusted. */
+    mt__ring_hdr_t *h = mmap(NULL, MT_RING_HEADER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    if (h == MAP_FAILED) {
+        rc = -errno;
+        goto fail_fd;
+    }
+    uint32_t slots = h->slots;
+    bool ok = h->magic == MT_RING_MAGIC && h->version == MT_RING_VERSION &&
+              h->header_size == MT_RING_HEADER_SIZE && h->rec_size == sizeof(mt_event_rec_t) &&
+              slots >= MT_RING_MIN_SLOTS && slots <= MT_RING_MAX_SLOTS &&
+              (slots & (slots - 1)) == 0;
+    munmap(h, MT_RING_HEADER_SIZE);
+    if (!ok || (size_t)st.st_size < mt__ring_map_size(slots)) {
+        rc = MT_EPROTO;
+        goto fail_fd;
+    }
+    mt__ring_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        rc = MT_ENOMEM;
+        goto fail_fd;
+    }
+    size_t size = mt__ring_map_size(slots);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        free(r);
+        goto fail_fd;
+    }
+    close(fd);
+    r->hdr = p;
+    r->map_size = size;
+    r->owner = false;
+    r->linked = true;
+    r->owner_uid = (uint32_t)st.st_uid;
+    snprintf(r->name, sizeof(r->name), "%s", name);
+    bind_layout(r, slots);
+    *out = r;
+    return 0;
+
+fail_fd:
+    close(fd);
+    return rc;
+}
+
+int mt__ring_unlink(mt__ring_t *r)
+{
+    if (!r)
+        return MT_EINVAL;
+    if (!r->linked)
+        return 0;
+    r->linked = false;
+    if (shm_unlink(r->name) != 0 && errno != ENOENT)
+        return -errno;
+    return 0;
+}
+
+void mt__ring_close(mt__ring_t **pr)
+{
+    if (!pr || !*pr)
+        return;
+    mt__ring_t *r = *pr;
+    if (r->owner && r->linked)
+        mt__ring_unlink(r);
+    munmap(r->hdr, r->map_size);
+    free(r);
+    *pr = NULL;
+}
+
+const char *mt__ring_name(const mt__ring_t *r)
+{
+    return r->name;
+}
+
+const mt__ring_hdr_t *mt__ring_header(const mt__ring_t *r)
+{
+    return r->hdr;
+}
+
+uint32_t mt__ring_owner_uid(const mt__ring_t *r)
+{
+    return r->owner_uid;
+}
+
+void mt__ring_stats(const mt__ring_t *r, mt__ring_stats_t *out)
+{
+    mt__ring_hdr_t *h = r->hdr;
+    out->emitted = atomic_load_explicit(&h->next_seq, memory_order_relaxed);
+    out->claimed = atomic_load_explicit(&h->claim, memory_order_relaxed);
+    out->read = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
+    out->dropped = atomic_load_explicit(&h->dropped, memory_order_relaxed);
+    out->lost = atomic_load_explicit(&h->lost, memory_order_relaxed);
+    out->delivered = atomic_load_explicit(&h->delivered, memory_order_relaxed);
+    out->flags = atomic_load_explicit(&h->flags, memory_order_relaxed);
+    out->slots = h->slots;
+}
+
+void mt__ring_set_flags(mt__ring_t *r, uint32_t flags)
+{
+    atomic_fetch_or_explicit(&r->hdr->flags, flags, memory_order_release);
+}
+
+/* ---- producer ---- */
+
+int mt__ring_reserve(mt__ring_t *r, mt_event_rec_t **slot, uint64_t *pos)
+{
+    mt__ring_hdr_t *h = r->hdr;
+    uint64_t seq = atomic_fetch_add_explicit(&h->next_seq, 1, memory_order_relaxed);
+    uint64_t c = atomic_load_explicit(&h->claim, memory_order_relaxed);
+    for (;;) {
+        uint64_t rd = atomic_load_explicit(&h->read_idx, memory_order_acquire);
+        /* Signed: a stale c may lag a newer read_idx; the CAS then fails and reloads. */
+        if ((int64_t)(c - rd) >= (int64_t)(r->mask + 1)) {
+            atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+            return MT_EAGAIN;
+        }
+        if (atomic_compare_exchange_weak_explicit(&h->claim, &c, c + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            break;
+    }
+    mt_event_rec_t *rec = &r->recs[c & r->mask];
+    rec->seq = seq;
+    *slot = rec;
+    *pos = c;
+    return 0;
+}
+
+void mt__ring_commit(mt__ring_t *r, uint64_t pos)
+{
+    atomic_store_explicit(&r->commit[pos & r->mask], pos + 1, memory_order_release);
+}
+
+int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev)
+{
+    mt_event_rec_t *slot;
+    uint64_t pos;
+    int rc = mt__ring_reserve(r, &slot, &pos);
+    if (rc)
+        return rc;
+    uint64_t seq = slot->seq;
+    *slot = *ev;
+    slot->seq = seq;
+    mt__ring_commit(r, pos);
+    return 0;
+}
+
+/* ---- consumer ---- */
+
+void mt__ring_mark_dead(mt__ring_t *r)
+{
+    r->producer_dead = true;
+}
+
+void mt__ring_set_stuck_timeout(mt__ring_t *r, uint64_t ns)
+{
+    r->stuck_timeout_ns = ns;
+}
+
+bool mt__ring_empty(const mt__ring_t *r)
+{
+    return atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed) ==
+           atomic_load_explicit(&r->hdr->claim, memory_order_acquire);
+}
+
+/* May the unpublished slot at pos be given up? Only when its writer cannot finish. */
+static bool may_skip(mt__ring_t *r, uint64_t pos)
+{
+    if (r->producer_dead ||
+        (atomic_load_explicit(&r->hdr->flags, memory_order_acquire) & MT_RING_F_EXITED))
+        return true;
+    if (r->hdr->pid > 0 && kill(r->hdr->pid, 0) != 0 && errno == ESRCH) {
+        r->producer_dead = true;
+        return true;
+    }
+    uint64_t now = now_ns(CLOCK_MONOTONIC);
+    if (r->stuck_since_ns == 0 || r->stuck_pos != pos) {
+        r->stuck_pos = pos;
+        r->stuck_since_ns = now;
+        return false;
+    }
+    return now - r->stuck_since_ns >= r->stuck_timeout_ns;
+}
+
+static void skip_slot(mt__ring_t *r, uint64_t pos)
+{
+    atomic_fetch_add_explicit(&r->hdr->lost, 1, memory_order_relaxed);
+    atomic_store_explicit(&r->hdr->read_idx, pos + 1, memory_order_release);
+    r->stuck_since_ns = 0;
+}
+
+/* Announces up to limit drops or losses not yet reported, as one gap record. */
+static void report_gap(mt__ring_t *r, mt__ring_cb cb, void *ud, uint64_t limit)
+{
+    mt__ring_hdr_t *h = r->hdr;
+    uint64_t missing = atomic_load_explicit(&h->dropped, memory_order_acquire) +
+                       atomic_load_explicit(&h->lost, memory_order_relaxed);
+    if (missing <= r->gaps_reported || limit == 0)
+        return;
+    uint64_t n = missing - r->gaps_reported;
+    if (n > limit)
+        n = limit;
+    mt_event_rec_t gap;
+    memset(&gap, 0, sizeof(gap));
+    gap.kind = MT_EV_GAP;
+    gap.seq = r->next_seq;
+    gap.size = n;
+    gap.time_ns = now_ns(CLOCK_MONOTONIC);
+    r->gaps_reported += n;
+    cb(ud, &gap);
+}
+
+int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
+{
+    if (!r || !cb)
+        return MT_EINVAL;
+    mt__ring_hdr_t *h = r->hdr;
+    uint64_t pos = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
+    size_t n = 0;
+    while (n < max) {
+        uint64_t claim = atomic_load_explicit(&h->claim, memory_order_acquire);
+        if (pos == claim)
+            break;
+        _Atomic uint64_t *cw = &r->commit[pos & r->mask];
+        uint64_t c = atomic_load_explicit(cw, memory_order_acquire);
+        if (c != pos + 1) {
+            if (!may_skip(r, pos))
+                break;
+            skip_slot(r, pos);
+            pos++;
+            continue;
+        }
+        mt_event_rec_t ev = r->recs[pos & r->mask];
+        /* Seqlock-style re-check: if a writer reused the slot while we copied it
+         * (only possible after a skip), the copy may be torn; count it lost. */
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(cw, memory_order_relaxed) != c) {
+            skip_slot(r, pos);
+            pos++;
+            continue;
+        }
+        r->stuck_since_ns = 0;
+        atomic_store_explicit(&h->read_idx, pos + 1, memory_order_release);
+        pos++;
+        /* A hole in the seqs is a gap, as far as drops/losses account for it (with
+         * concurrent producers, seqs may also arrive slightly out of order). */
+        if (ev.seq > r->next_seq)
+            report_gap(r, cb, ud, ev.seq - r->next_seq);
+        if (ev.seq + 1 > r->next_seq)
+            r->next_seq = ev.seq + 1;
+        atomic_fetch_add_explicit(&h->delivered, 1, memory_order_relaxed);
+        cb(ud, &ev);
+        n++;
+    }
+    /* Drops after the last record are announced once nothing is pending. */
+    if (pos == atomic_load_explicit(&h->claim, memory_order_acquire))
+        report_gap(r, cb, ud, UINT64_MAX);
+    return (int)n;
+}

@@ -1,0 +1,179 @@
+/* The per-process event ring in POSIX shared memory.
+ *
+ * A producer process (the instrumented program) creates one ring with
+ * shm_open("/memtrace.<uid>.<pid>.<n>", O_CREAT|O_EXCL|O_RDWR, 0600), and writes
+ * events into it without ever blocking or allocating. Exactly one consumer reads
+ * it: the daemon (which maps it by name, then unlinks the name so the mapping
+ * outlives the producer), or the producer's own local drainer thread when no
+ * daemon is reachable.
+ *
+ * Memory layout (all offsets fixed, little-endian host order, version 1):
+ *
+ *   [0, MT_RING_HEADER_SIZE)          mt__ring_hdr_t (identity, flags, counters)
+ *   [commit_off, commit_off + 8*S)    _Atomic uint64_t commit[S]  (per-slot word)
+ *   [recs_off, recs_off + 64*S)       mt_event_rec_t recs[S]
+ *
+ * with S = slots (a power of two), commit_off = MT_RING_HEADER_SIZE and
+ * recs_off = commit_off + round_up(8*S, 64). mt__ring_map_size() gives the total.
+ *
+ * Protocol (a bounded multi-producer single-consumer queue, Vyukov-style commit words):
+ * - Every emit first takes seq = next_seq++ (even when the event is then dropped), so
+ *   the consumer sees drops as holes in the sequence numbers.
+ * - The producer claims position c (claim: c -> c+1, by CAS) only if
+ *   c - read_idx < S; otherwise the event is dropped and dropped++ is counted.
+ * - It writes recs[c % S] (with .seq = seq) and publishes with a release store of
+ *   commit[c % S] = c + 1.
+ * - The consumer at position p waits for commit[p % S] == p + 1 (acquire), copies the
+ *   record, re-checks the commit word (a slot overwritten while being copied is
+ *   counted lost, not delivered torn), then stores read_idx = p + 1 (release).
+ * - A slot claimed but never published (its producer was killed mid-write) is skipped
+ *   and counted in lost once the producer is known dead (mt__ring_mark_dead, or its
+ *   pid no longer exists) or the slot stayed unpublished for stuck_timeout_ns.
+ *
+ * Invariants: read_idx <= claim; claim - read_idx <= S;
+ *   next_seq = claim + dropped (when no producer is between its two steps);
+ *   commit[i] is 0 (never written) or p + 1 for the last published p with p % S == i.
+ *
+ * Ordering: seq is strictly increasing in ring order for a single producer thread
+ * (the allocator calls its sink under its mutex). With several concurrent producer
+ * threads, two events may appear in ring order with their seqs swapped; every seq is
+ * still delivered exactly once or counted in dropped/lost. */
+#ifndef MT_PROFILER_RING_H
+#define MT_PROFILER_RING_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "memtrace/common.h"
+#include "memtrace/event.h"
+
+#define MT_RING_MAGIC         UINT64_C(0x31474e4952544d00) /* "\0MTRING1" little-endian */
+#define MT_RING_VERSION       1u
+#define MT_RING_HEADER_SIZE   512u /* bytes; the header struct is padded to this */
+#define MT_RING_NAME_MAX      64   /* bytes of the shm name, NUL included */
+#define MT_RING_COMM_MAX      64   /* bytes of the process name, NUL included */
+#define MT_RING_MIN_SLOTS     8u
+#define MT_RING_MAX_SLOTS     (1u << 24) /* 1 GiB of records */
+#define MT_RING_DEFAULT_SLOTS (1u << 16)
+
+/* flags (header word, set with atomic OR) */
+enum {
+    MT_RING_F_EXITED = 1u << 0,   /* producer shut down cleanly (mt_prof_destroy) */
+    MT_RING_F_OOM = 1u << 1,      /* an MT_EV_OOM event was emitted */
+    MT_RING_F_ATTACHED = 1u << 2, /* a daemon consumer has mapped the ring */
+};
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "shared-memory atomics must be lock-free");
+_Static_assert(sizeof(unsigned long long) == 8, "64-bit counters");
+
+/* The shared header. Fields in the identity block are written once by the producer
+ * before the ring's name is given to anyone, and never change. Each atomic group sits
+ * on its own cache line so the producer's claims and the consumer's reads do not
+ * false-share. */
+typedef struct mt__ring_hdr_s {
+    /* ---- identity (cache lines 0-1), immutable ---- */
+    uint64_t magic;              /* MT_RING_MAGIC */
+    uint32_t version;            /* MT_RING_VERSION */
+    uint32_t header_size;        /* MT_RING_HEADER_SIZE; records start after it */
+    uint32_t slots;              /* S, a power of two in [MIN_SLOTS, MAX_SLOTS] */
+    uint32_t rec_size;           /* sizeof(mt_event_rec_t) = 64 */
+    int32_t pid;                 /* producer pid */
+    uint32_t uid;                /* producer uid */
+    uint64_t start_realtime_ns;  /* CLOCK_REALTIME at creation, ns since the epoch */
+    uint64_t start_mono_ns;      /* CLOCK_MONOTONIC at creation (events use this clock) */
+    char comm[MT_RING_COMM_MAX]; /* process name, NUL-terminated */
+    uint8_t pad0[128 - 48 - MT_RING_COMM_MAX];
+    /* ---- cache line 2: flags ---- */
+    _Alignas(64) _Atomic uint32_t flags; /* MT_RING_F_* */
+    /* ---- cache line 3: producer counters ---- */
+    _Alignas(64) _Atomic uint64_t next_seq; /* seqs handed out (emitted events) */
+    _Atomic uint64_t claim;                 /* positions claimed (written or being written) */
+    /* ---- cache line 4: drops (touched only when full) ---- */
+    _Alignas(64) _Atomic uint64_t dropped; /* events dropped because the ring was full */
+    /* ---- cache line 5: consumer, written only by the consumer ---- */
+    _Alignas(64) _Atomic uint64_t read_idx; /* positions consumed (delivered or skipped) */
+    _Atomic uint64_t lost;                  /* positions skipped: never published or torn */
+    _Atomic uint64_t delivered;             /* records handed to the consumer's callback */
+    uint8_t pad1[MT_RING_HEADER_SIZE - 320 - 3 * 8];
+} mt__ring_hdr_t;
+
+_Static_assert(sizeof(mt__ring_hdr_t) == MT_RING_HEADER_SIZE, "fixed header size");
+_Static_assert(offsetof(mt__ring_hdr_t, comm) == 48, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, flags) == 128, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, next_seq) == 192, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, claim) == 200, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, dropped) == 256, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, read_idx) == 320, "fixed layout");
+
+/* A mapping of a ring, local to one process (never in shared memory). */
+typedef struct mt__ring_s mt__ring_t;
+
+/* Called by mt__ring_drain for each record, in ring order. ev is borrowed for the
+ * call. A gap (events dropped or lost before this point) is delivered as a record
+ * of kind MT_EV_GAP with size = number of events lost, seq = the first missing seq
+ * as far as the consumer knows, time_ns = when the consumer noticed. */
+typedef void (*mt__ring_cb)(void *ud, const mt_event_rec_t *ev);
+
+typedef struct mt__ring_stats_s {
+    uint64_t emitted;   /* next_seq: events offered by the producer */
+    uint64_t claimed;   /* positions claimed */
+    uint64_t read;      /* read_idx */
+    uint64_t dropped;   /* full-ring drops (producer side) */
+    uint64_t lost;      /* skipped unpublished/torn slots (consumer side) */
+    uint64_t delivered; /* records delivered to drain callbacks (gaps excluded) */
+    uint32_t flags;     /* MT_RING_F_* */
+    uint32_t slots;
+} mt__ring_stats_t;
+
+/* Total bytes of a ring with slots slots. */
+size_t mt__ring_map_size(uint32_t slots);
+
+/* Producer: creates and maps a new ring named "/memtrace.<uid>.<pid>.<n>" (the first n
+ * from 0 that is free). slots is rounded up to a power of two within
+ * [MT_RING_MIN_SLOTS, MT_RING_MAX_SLOTS]; comm is copied (truncated). *out is new. */
+int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm);
+/* Consumer: maps an existing ring read/write after validating its header (magic,
+ * version, sizes, file size). name must be "/memtrace.<...>" without further '/'.
+ * MT_ENOENT if missing, MT_EPROTO if not a valid ring. *out is new. */
+int mt__ring_open(mt__ring_t **out, const char *name);
+/* Removes the ring's name (the mapping stays valid). Idempotent: 0 if already gone. */
+int mt__ring_unlink(mt__ring_t *r);
+/* Unmaps; a producer that still owns the name unlinks it. Sets *r = NULL. */
+void mt__ring_close(mt__ring_t **r);
+
+const char *mt__ring_name(const mt__ring_t *r);             /* borrowed */
+const mt__ring_hdr_t *mt__ring_header(const mt__ring_t *r); /* borrowed, shared */
+uint32_t mt__ring_owner_uid(const mt__ring_t *r);           /* st_uid of the shm object */
+void mt__ring_stats(const mt__ring_t *r, mt__ring_stats_t *out);
+void mt__ring_set_flags(mt__ring_t *r, uint32_t flags); /* atomic OR */
+
+/* ---- producer side: lock-free, never blocks, never allocates ---- */
+
+/* Records ev (its seq field is ignored and set by the ring). Returns 0, or MT_EAGAIN
+ * when the ring was full and the event was dropped (counted). Async-signal-safe. */
+int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev);
+
+/* The two halves of push, for tests that simulate a producer dying mid-write:
+ * reserve takes a seq and claims a slot (MT_EAGAIN when full, counted dropped) and
+ * returns the slot to fill; commit publishes it. */
+int mt__ring_reserve(mt__ring_t *r, mt_event_rec_t **slot, uint64_t *pos);
+void mt__ring_commit(mt__ring_t *r, uint64_t pos);
+
+/* ---- consumer side: exactly one consumer per ring ---- */
+
+/* Delivers up to max published records (plus gap records) to cb in ring order and
+ * advances read_idx. Returns the number of event records delivered (gaps excluded),
+ * 0 when nothing was ready. Never waits: an unpublished slot ends the call unless it
+ * may be skipped (see the protocol above). */
+int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max);
+/* The producer is gone (its socket closed, or it was reaped): unpublished slots are
+ * skipped at once from now on. */
+void mt__ring_mark_dead(mt__ring_t *r);
+/* How long an unpublished slot may hold the consumer while the producer lives
+ * (default 500 ms). */
+void mt__ring_set_stuck_timeout(mt__ring_t *r, uint64_t ns);
+/* True when everything claimed has been consumed. */
+bool mt__ring_empty(const mt__ring_t *r);
+
+#endif
