@@ -1,0 +1,28 @@
+/* Test hooks of the sim backend. Internal (mt__ prefix): reachable from tests and tools
+ * that link the static library, not exported from the shared one. Each returns MT_EINVAL
+ * (or 0 / false) when b is not a sim backend. */
+#ifndef MT_ALLOCATOR_BACKEND_SIM_H
+#define MT_ALLOCATOR_BACKEND_SIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memtrace/backend.h"
+
+/* True if b was made by the sim backend. */
+bool mt__sim_is_sim(const mt_backend_t *b);
+/* The next n segment mallocs and vm_maps fail with MT_ENOMEM (replaces any previous n). */
+int mt__sim_inject_malloc_failures(mt_backend_t *b, unsigned n);
+/* Replaces the modelled cost (busy-waited and added to modelled_ns) of one segment
+ * malloc or vm_map (malloc_ns) and of one segment free or vm_unmap (free_ns). */
+void mt__sim_set_costs(mt_backend_t *b, uint64_t malloc_ns, uint64_t free_ns);
+/* Device bytes in use: live segments (rounded as accounted) plus mapped VM pages. */
+size_t mt__sim_used_bytes(const mt_backend_t *b);
+/* Number of live segments. */
+size_t mt__sim_segment_count(const mt_backend_t *b);
+/* Walks the invariants of the memory state (sim_internal.h, at sim_t); 0 if they hold,
+ * MT_EIO on the first violation. */
+int mt__sim_check(const mt_backend_t *b);
+
+#endif

@@ -1,0 +1,118 @@
+/* Private layout of the sim backend, shared by backend_sim.c (device memory, virtual
+ * memory, pinned host memory, lifecycle) and sim_stream.c (streams, events, copies).
+ * Nothing outside those two files includes this; tests use backend_sim.h. */
+#ifndef MT_ALLOCATOR_SIM_INTERNAL_H
+#define MT_ALLOCATOR_SIM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "allocator/backend.h"
+
+#define SIM_VM_GRANULARITY ((size_t)2 << 20) /* 2 MiB, like cuMemGetAllocationGranularity */
+#define SIM_MIN_ALIGN      ((size_t)512)     /* cudaMalloc hands out >= 512 B alignment */
+
+/* A free or used piece of the device range, by offset from the device base. */
+typedef struct sim_range_s {
+    size_t off;  /* bytes from dev_base, multiple of SIM_MIN_ALIGN */
+    size_t size; /* bytes, multiple of SIM_MIN_ALIGN, > 0 */
+} sim_range_t;
+
+/* A growable array of ranges kept sorted by offset. */
+typedef struct sim_ranges_s {
+    sim_range_t *v;
+    size_t n;
+    size_t cap;
+} sim_ranges_t;
+
+/* One vm_reserve'd address range.
+ * Invariants: base and size are multiples of SIM_VM_GRANULARITY; bit i of mapped is set
+ * iff page i is readable/writable (mprotect RW) and counted in sim_t.mapped_bytes;
+ * nmapped = popcount(mapped). */
+typedef struct sim_vm_s {
+    struct sim_vm_s *next;
+    uintptr_t base;   /* page-aligned to SIM_VM_GRANULARITY */
+    size_t size;      /* bytes */
+    size_t npages;    /* size / SIM_VM_GRANULARITY */
+    size_t nmapped;   /* pages mapped now */
+    uint64_t *mapped; /* bitmap, npages bits */
+} sim_vm_t;
+
+/* One pinned host allocation (mmap'ed, page-aligned). */
+typedef struct sim_host_s {
+    struct sim_host_s *next;
+    void *ptr;
+    size_t size; /* bytes actually mapped (page multiple) */
+} sim_host_t;
+
+typedef struct sim_stream_s sim_stream_t;
+typedef struct sim_mark_s sim_mark_t;
+
+/* The sim device.
+ * Invariants (under mu): free and used ranges are disjoint, sorted, and together cover
+ * [0, dev_size); no two free ranges touch (they are merged on free);
+ * seg_bytes = sum of used sizes; seg_bytes + mapped_bytes <= capacity;
+ * mapped_bytes = SIM_VM_GRANULARITY * sum of nmapped over vms.
+ * Lock order: streams_mu, then a stream's mu, then ev_mu; mu is never held while
+ * taking another lock. */
+typedef struct sim_s {
+    mt_backend_t base; /* must be first: backend.c sees this */
+
+    pthread_mutex_t mu;  /* guards the memory state below */
+    uint8_t *dev_base;   /* start of the device range, 2 MiB aligned */
+    size_t dev_size;     /* bytes of the device range = capacity rounded down to 512 */
+    size_t capacity;     /* bytes reported as total by mem_get_info */
+    size_t map_len;      /* bytes of the whole mmap behind dev_base (for munmap) */
+    void *map_base;      /* what mmap returned (dev_base is aligned inside it) */
+    sim_ranges_t free_r; /* free pieces of the device range */
+    sim_ranges_t used_r; /* live segments, sizes as accounted (rounded) */
+    size_t seg_bytes;    /* bytes in live segments */
+    size_t mapped_bytes; /* bytes of mapped VM pages */
+    sim_vm_t *vms;       /* reservations, unordered list */
+    sim_host_t *hosts;   /* pinned host allocations, unordered list */
+    unsigned fail_next;  /* the next fail_next segment mallocs / vm_maps fail (test hook) */
+
+    _Atomic uint64_t malloc_cost_ns; /* busy-waited per segment malloc / vm_map */
+    _Atomic uint64_t free_cost_ns;   /* busy-waited per segment free / vm_unmap */
+
+    pthread_mutex_t streams_mu; /* guards the stream list and next_stream_id */
+    sim_stream_t *streams;      /* every live stream, default stream included */
+    sim_stream_t *default_s;    /* the NULL-handle stream */
+    uint32_t next_stream_id;    /* 1, 2, ... */
+
+    pthread_mutex_t ev_mu;     /* guards every event and mark of this backend */
+    pthread_cond_t ev_cv;      /* broadcast whenever a mark completes */
+    struct mt_event_s *events; /* every live event (freed at destroy if leaked) */
+} sim_t;
+
+/* ---- backend_sim.c, used by sim_stream.c ---- */
+
+/* True if [p, p+n) lies inside one live segment, or inside one VM reservation with every
+ * page it touches mapped. */
+bool mt__sim_span_is_device(sim_t *s, const void *p, size_t n);
+
+/* ---- sim_stream.c, used by backend_sim.c ---- */
+
+int mt__sim_streams_init(sim_t *s);
+/* Drains and joins every stream, frees every event. */
+void mt__sim_streams_fini(sim_t *s);
+int mt__sim_device_synchronize(mt_backend_t *b);
+
+int mt__sim_stream_create(mt_backend_t *b, mt_stream_t **out);
+void mt__sim_stream_destroy(mt_backend_t *b, mt_stream_t *st);
+int mt__sim_stream_synchronize(mt_backend_t *b, mt_stream_t *st);
+int mt__sim_stream_wait_event(mt_backend_t *b, mt_stream_t *st, mt_event_t *ev);
+int mt__sim_launch_host_func(mt_backend_t *b, mt_stream_t *st, void (*fn)(void *), void *ud);
+int mt__sim_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
+                         mt_memcpy_kind_e kind, mt_stream_t *st);
+int mt__sim_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *st);
+
+int mt__sim_event_create(mt_backend_t *b, mt_event_t **out);
+void mt__sim_event_destroy(mt_backend_t *b, mt_event_t *ev);
+int mt__sim_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *st);
+int mt__sim_event_query(mt_backend_t *b, mt_event_t *ev);
+int mt__sim_event_synchronize(mt_backend_t *b, mt_event_t *ev);
+uint64_t mt__sim_event_time_ns(mt_backend_t *b, mt_event_t *ev);
+
+#endif
