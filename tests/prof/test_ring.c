@@ -1,0 +1,368 @@
+/* The shared-memory event ring: order, wrap-around, drops and gaps, concurrent
+ * writers, a consumer in another process, and a producer killed with SIGKILL. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "profiler/ring.h"
+
+typedef struct collect_s {
+    mt_event_rec_t *evs; /* events delivered, in order */
+    size_t n, cap;
+    uint64_t gaps;  /* sum of gap sizes */
+    size_t ngaps;   /* number of gap records */
+    int gap_before; /* index in evs before which the first gap arrived; -1 none */
+} collect_t;
+
+static void collect_cb(void *ud, const mt_event_rec_t *ev)
+{
+    collect_t *c = ud;
+    if (ev->kind == MT_EV_GAP) {
+        if (c->ngaps == 0)
+            c->gap_before = (int)c->n;
+        c->gaps += ev->size;
+        c->ngaps++;
+        return;
+    }
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 64;
+        c->evs = realloc(c->evs, c->cap * sizeof(*c->evs));
+        assert_non_null(c->evs);
+    }
+    c->evs[c->n++] = *ev;
+}
+
+static void collect_init(collect_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->gap_before = -1;
+}
+
+static mt_event_rec_t mkev(uint64_t i)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.kind = MT_EV_ALLOC;
+    ev.addr = 0x1000 + i * 512;
+    ev.size = 512;
+    ev.requested = i;
+    ev.time_ns = i;
+    return ev;
+}
+
+static void test_create_open_layout(void **state)
+{
+    (void)state;
+    mt__ring_t *p = NULL, *c = NULL;
+    assert_int_equal(mt__ring_create(&p, 100, "layout"), 0);
+    const mt__ring_hdr_t *h = mt__ring_header(p);
+    assert_int_equal(h->slots, 128); /* rounded up to a power of two */
+    assert_int_equal(h->pid, getpid());
+    assert_string_equal(h->comm, "layout");
+    assert_non_null(strstr(mt__ring_name(p), "/memtrace."));
+    assert_int_equal(mt__ring_open(&c, mt__ring_name(p)), 0);
+    assert_int_equal(mt__ring_owner_uid(c), getuid());
+    assert_int_equal(mt__ring_header(c)->slots, 128);
+    /* The consumer unlinks; the mapping stays usable and a second open fails. */
+    assert_int_equal(mt__ring_unlink(c), 0);
+    mt__ring_t *again = NULL;
+    assert_int_equal(mt__ring_open(&again, mt__ring_name(p)), MT_ENOENT);
+    mt_event_rec_t ev = mkev(7);
+    assert_int_equal(mt__ring_push(p, &ev), 0);
+    collect_t col;
+    collect_init(&col);
+    assert_int_equal(mt__ring_drain(c, collect_cb, &col, 100), 1);
+    assert_int_equal(col.evs[0].requested, 7);
+    assert_int_equal(col.evs[0].seq, 0);
+    mt__ring_close(&c);
+    mt__ring_close(&p);
+    assert_null(p);
+    free(col.evs);
+}
+
+static void test_open_rejects_bad(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_open(&r, "/etc/passwd"), MT_EINVAL);
+    assert_int_equal(mt__ring_open(&r, "/memtrace./x"), MT_EINVAL);
+    assert_int_equal(mt__ring_open(&r, "/memtrace.none.0.0"), MT_ENOENT);
+    /* An object with the right name but no ring in it. */
+    char name[64];
+    snprintf(name, sizeof(name), "/memtrace.test.%d.bad", (int)getpid());
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    close(fd);
+    assert_int_equal(mt__ring_open(&r, name), MT_EPROTO);
+    assert_null(r);
+    shm_unlink(name);
+}
+
+static void test_wraparound(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 8, "wrap"), 0);
+    collect_t col;
+    collect_init(&col);
+    /* 10 rounds of 5 through 8 slots: positions wrap many times, nothing is lost. */
+    for (uint64_t round = 0; round < 10; round++) {
+        for (uint64_t i = 0; i < 5; i++) {
+            mt_event_rec_t ev = mkev(round * 5 + i);
+            assert_int_equal(mt__ring_push(r, &ev), 0);
+        }
+        assert_int_equal(mt__ring_drain(r, collect_cb, &col, SIZE_MAX), 5);
+    }
+    assert_int_equal(col.n, 50);
+    assert_int_equal(col.ngaps, 0);
+    for (size_t i = 0; i < col.n; i++) {
+        assert_int_equal(col.evs[i].seq, i);
+        assert_int_equal(col.evs[i].requested, i);
+    }
+    assert_true(mt__ring_empty(r));
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    assert_int_equal(st.emitted, 50);
+    assert_int_equal(st.delivered, 50);
+    assert_int_equal(st.dropped, 0);
+    mt__ring_close(&r);
+    free(col.evs);
+}
+
+static void test_drops_and_gap(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 8, "drops"), 0);
+    for (uint64_t i = 0; i < 8; i++) {
+        mt_event_rec_t ev = mkev(i);
+        assert_int_equal(mt__ring_push(r, &ev), 0);
+    }
+    /* Full: the next three are dropped, but still take seqs 8, 9, 10. */
+    for (uint64_t i = 8; i < 11; i++) {
+        mt_event_rec_t ev = mkev(i);
+        assert_int_equal(mt__ring_push(r, &ev), MT_EAGAIN);
+    }
+    collect_t col;
+    collect_init(&col);
+    /* max bounds the batch. */
+    assert_int_equal(mt__ring_drain(r, collect_cb, &col, 3), 3);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &col, SIZE_MAX), 5);
+    mt_event_rec_t ev = mkev(11);
+    assert_int_equal(mt__ring_push(r, &ev), 0);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &col, SIZE_MAX), 1);
+    assert_int_equal(col.n, 9);
+    assert_int_equal(col.evs[7].seq, 7);
+    assert_int_equal(col.evs[8].seq, 11); /* the hole 8..10 */
+    assert_int_equal(col.gaps, 3);
+    assert_int_equal(col.ngaps, 1);
+    /* Announced before the first event after it, or at the end of the drain that
+     * emptied the ring: either way after seq 7 and before seq 11 is read. */
+    assert_int_equal(col.gap_before, 8);
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    assert_int_equal(st.dropped, 3);
+    assert_int_equal(st.emitted, 12);
+    mt__ring_close(&r);
+    free(col.evs);
+}
+
+/* ---- concurrent writers ---- */
+
+#define NTHREADS   4
+#define PER_THREAD 20000
+
+typedef struct writer_s {
+    mt__ring_t *r;
+    int id;
+    uint64_t dropped;
+} writer_t;
+
+static void *writer_main(void *arg)
+{
+    writer_t *w = arg;
+    for (uint64_t i = 0; i < PER_THREAD; i++) {
+        mt_event_rec_t ev = mkev(i);
+        ev.device = (uint8_t)w->id;
+        if (mt__ring_push(w->r, &ev) == MT_EAGAIN)
+            w->dropped++;
+    }
+    return NULL;
+}
+
+typedef struct seen_s {
+    uint8_t *seen; /* by seq */
+    uint64_t count, dups, gaps;
+    uint64_t next_req[NTHREADS]; /* per writer: its own events stay in order */
+    uint64_t disorder;
+} seen_t;
+
+static void seen_cb(void *ud, const mt_event_rec_t *ev)
+{
+    seen_t *s = ud;
+    if (ev->kind == MT_EV_GAP) {
+        s->gaps += ev->size;
+        return;
+    }
+    if (ev->seq >= NTHREADS * PER_THREAD || s->seen[ev->seq]++)
+        s->dups++;
+    if (ev->requested < s->next_req[ev->device])
+        s->disorder++;
+    s->next_req[ev->device] = ev->requested + 1;
+    s->count++;
+}
+
+static void test_concurrent_writers(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 1024, "mpsc"), 0);
+    seen_t s;
+    memset(&s, 0, sizeof(s));
+    s.seen = calloc(NTHREADS * PER_THREAD, 1);
+    pthread_t th[NTHREADS];
+    writer_t w[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++) {
+        w[i] = (writer_t){.r = r, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, writer_main, &w[i]), 0);
+    }
+    /* Drain while they write (the small ring forces both drops and wrap-around). */
+    int running = NTHREADS;
+    while (running) {
+        mt__ring_drain(r, seen_cb, &s, SIZE_MAX);
+        mt__ring_stats_t st;
+        mt__ring_stats(r, &st);
+        if (st.emitted == NTHREADS * PER_THREAD)
+            running = 0;
+    }
+    uint64_t dropped = 0;
+    for (int i = 0; i < NTHREADS; i++) {
+        pthread_join(th[i], NULL);
+        dropped += w[i].dropped;
+    }
+    while (mt__ring_drain(r, seen_cb, &s, SIZE_MAX) > 0) {
+    }
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    assert_int_equal(s.dups, 0);
+    assert_int_equal(s.disorder, 0);
+    assert_int_equal(st.dropped, dropped);
+    assert_int_equal(st.lost, 0);
+    /* Every seq seen exactly once or counted dropped, and the gaps say how many. */
+    assert_int_equal(s.count + dropped, NTHREADS * PER_THREAD);
+    assert_int_equal(s.gaps, dropped);
+    uint64_t unseen = 0;
+    for (uint64_t i = 0; i < NTHREADS * PER_THREAD; i++)
+        unseen += !s.seen[i];
+    assert_int_equal(unseen, dropped);
+    mt__ring_close(&r);
+    free(s.seen);
+}
+
+/* ---- a producer in another process, killed with SIGKILL ---- */
+
+static void test_producer_sigkill(void **state)
+{
+    (void)state;
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        mt__ring_t *r = NULL;
+        if (mt__ring_create(&r, 256, "victim") != 0)
+            _exit(1);
+        for (uint64_t i = 0; i < 100; i++) {
+            mt_event_rec_t ev = mkev(i);
+            mt__ring_push(r, &ev);
+        }
+        /* Die in the middle of a write: slot claimed, never published. */
+        mt_event_rec_t *slot;
+        uint64_t pos;
+        mt__ring_reserve(r, &slot, &pos);
+        slot->kind = MT_EV_FREE_REQUESTED;
+        char name[MT_RING_NAME_MAX];
+        snprintf(name, sizeof(name), "%s", mt__ring_name(r));
+        ssize_t w = write(pfd[1], name, sizeof(name));
+        (void)w;
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    char name[MT_RING_NAME_MAX];
+    assert_int_equal(read(pfd[0], name, sizeof(name)), (ssize_t)sizeof(name));
+    close(pfd[0]);
+    mt__ring_t *c = NULL;
+    assert_int_equal(mt__ring_open(&c, name), 0);
+    assert_int_equal(mt__ring_unlink(c), 0); /* as the daemon does: no name left behind */
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+
+    collect_t col;
+    collect_init(&col);
+    mt__ring_mark_dead(c);
+    assert_int_equal(mt__ring_drain(c, collect_cb, &col, SIZE_MAX), 100);
+    assert_int_equal(col.n, 100);
+    for (size_t i = 0; i < 100; i++)
+        assert_int_equal(col.evs[i].requested, i);
+    /* The half-written slot is skipped, counted lost and announced as a gap. */
+    assert_int_equal(col.gaps, 1);
+    assert_true(mt__ring_empty(c));
+    mt__ring_stats_t st;
+    mt__ring_stats(c, &st);
+    assert_int_equal(st.lost, 1);
+    assert_int_equal(st.flags & MT_RING_F_EXITED, 0);
+    mt__ring_close(&c);
+    free(col.evs);
+}
+
+/* A live producer stalled mid-write holds the consumer only for the stuck timeout. */
+static void test_stuck_slot_timeout(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 16, "stuck"), 0);
+    mt__ring_set_stuck_timeout(r, 1000000); /* 1 ms */
+    mt_event_rec_t *slot;
+    uint64_t pos;
+    assert_int_equal(mt__ring_reserve(r, &slot, &pos), 0);
+    mt_event_rec_t ev = mkev(1);
+    assert_int_equal(mt__ring_push(r, &ev), 0);
+    collect_t col;
+    collect_init(&col);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &col, SIZE_MAX), 0); /* waits */
+    assert_int_equal(col.ngaps, 0);
+    usleep(5000);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &col, SIZE_MAX), 1);
+    assert_int_equal(col.gaps, 1);
+    assert_int_equal(col.evs[0].seq, 1);
+    mt__ring_close(&r);
+    free(col.evs);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_create_open_layout), cmocka_unit_test(test_open_rejects_bad),
+        cmocka_unit_test(test_wraparound),         cmocka_unit_test(test_drops_and_gap),
+        cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_producer_sigkill),
+        cmocka_unit_test(test_stuck_slot_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
