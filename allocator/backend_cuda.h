@@ -1,0 +1,22 @@
+/* Internal hooks of the cuda backend, for the preload library and tests (mt__ prefix:
+ * reachable from the static library only). Each returns MT_EINVAL (or false) when b is
+ * not a cuda backend. */
+#ifndef MT_ALLOCATOR_BACKEND_CUDA_H
+#define MT_ALLOCATOR_BACKEND_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memtrace/backend.h"
+
+/* True if b was made by the cuda backend. */
+bool mt__cuda_is_cuda(const mt_backend_t *b);
+/* An mt_stream_t standing for a CUstream the program created itself (cudaStream_t is the
+ * same object). The wrapper is borrowed: it lives until the backend is destroyed, and
+ * mt_stream_destroy on it forgets the wrapper but leaves the program's stream alone.
+ * The same handle always yields the same wrapper. handle 0 gives NULL (default stream). */
+int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out);
+/* The CUstream behind s (0 for the default stream). */
+uintptr_t mt__cuda_stream_handle(const mt_stream_t *s);
+
+#endif

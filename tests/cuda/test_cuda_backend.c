@@ -1,0 +1,368 @@
+/* The cuda backend against the fake driver (fake_libcuda.c): call order and sizes of the
+ * driver calls, error mapping, pending events, expandable-segment mapping, and ENODEV
+ * when the driver is absent or has no device. MEMTRACE_LIBCUDA points at the fake. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+
+#include "memtrace/backend.h"
+#include "allocator/backend_cuda.h"
+#include "allocator/cuda_driver.h"
+
+#define MiB ((size_t)1 << 20)
+
+/* The fake's control functions, found in the same object the backend dlopens. */
+static struct {
+    void *lib;
+    void (*reset)(size_t capacity, int devices);
+    void (*fail_next)(const char *name, unsigned count, CUresult res);
+    void (*hold)(bool on);
+    size_t (*ncalls)(void);
+    const char *(*call)(size_t i, uint64_t *a, uint64_t *b);
+    size_t (*count)(const char *name);
+    size_t (*used)(void);
+    long (*ctx_depth)(void);
+} fk;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    const char *path = getenv("MEMTRACE_LIBCUDA");
+    if (path == NULL)
+        return -1;
+    fk.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (fk.lib == NULL)
+        return -1;
+    *(void **)&fk.reset = dlsym(fk.lib, "fake_cuda_reset");
+    *(void **)&fk.fail_next = dlsym(fk.lib, "fake_cuda_fail");
+    *(void **)&fk.hold = dlsym(fk.lib, "fake_cuda_hold");
+    *(void **)&fk.ncalls = dlsym(fk.lib, "fake_cuda_ncalls");
+    *(void **)&fk.call = dlsym(fk.lib, "fake_cuda_call");
+    *(void **)&fk.count = dlsym(fk.lib, "fake_cuda_count");
+    *(void **)&fk.used = dlsym(fk.lib, "fake_cuda_used");
+    *(void **)&fk.ctx_depth = dlsym(fk.lib, "fake_cuda_ctx_depth");
+    return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
+                   fk.ctx_depth
+               ? 0
+               : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    dlclose(fk.lib);
+    return 0;
+}
+
+static mt_backend_t *make(void)
+{
+    fk.reset(64 * MiB, 1);
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    cfg.kind = MT_BACKEND_CUDA;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    assert_string_equal(mt_backend_name(b), "cuda");
+    assert_true(mt__cuda_is_cuda(b));
+    fk.reset(64 * MiB, 1); /* logs start after creation */
+    return b;
+}
+
+/* Index of the first logged call named name at or after from, or SIZE_MAX. */
+static size_t find_call(const char *name, size_t from, uint64_t *a, uint64_t *b)
+{
+    for (size_t i = from; i < fk.ncalls(); i++) {
+        uint64_t x, y;
+        if (strcmp(fk.call(i, &x, &y), name) == 0) {
+            if (a)
+                *a = x;
+            if (b)
+                *b = y;
+            return i;
+        }
+    }
+    return SIZE_MAX;
+}
+
+static void test_enodev_without_library(void **state)
+{
+    (void)state;
+    char *saved = strdup(getenv("MEMTRACE_LIBCUDA"));
+    setenv("MEMTRACE_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    cfg.kind = MT_BACKEND_CUDA;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), MT_ENODEV);
+    assert_null(b);
+    /* auto falls back to sim */
+    cfg.kind = MT_BACKEND_AUTO;
+    cfg.sim_capacity = 64 * MiB;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    assert_string_equal(mt_backend_name(b), "sim");
+    mt_backend_destroy(&b);
+    setenv("MEMTRACE_LIBCUDA", saved, 1);
+    free(saved);
+}
+
+static void test_enodev_without_device(void **state)
+{
+    (void)state;
+    fk.reset(64 * MiB, 0);
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    cfg.kind = MT_BACKEND_CUDA;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), MT_ENODEV);
+    fk.reset(64 * MiB, 1);
+    cfg.device = 3; /* only device 0 exists */
+    assert_int_equal(mt_backend_create(&b, &cfg), MT_ENODEV);
+    cfg.device = 0;
+    cfg.kind = MT_BACKEND_AUTO;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    assert_string_equal(mt_backend_name(b), "cuda"); /* auto picks the answering device */
+    mt_backend_destroy(&b);
+}
+
+static void test_malloc_free_info(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    void *p = NULL;
+    assert_int_equal(mt_backend_malloc(b, 3 * MiB, &p), 0);
+    uint64_t sz = 0;
+    assert_int_not_equal(find_call("cuMemAlloc_v2", 0, NULL, &sz), SIZE_MAX);
+    assert_int_equal(sz, 3 * MiB);
+    assert_true(mt_backend_is_device_ptr(b, p));
+    assert_true(mt_backend_is_device_ptr(b, (char *)p + 3 * MiB - 1));
+    assert_false(mt_backend_is_device_ptr(b, (char *)p + 3 * MiB));
+    size_t fr = 0, tot = 0;
+    assert_int_equal(mt_backend_mem_get_info(b, &fr, &tot), 0);
+    assert_int_equal(tot, 64 * MiB);
+    assert_int_equal(fr, 61 * MiB);
+    int x = 0;
+    assert_int_equal(mt_backend_free(b, &x), MT_ENOENT); /* not ours: no driver call */
+    assert_int_equal(fk.count("cuMemFree_v2"), 0);
+    assert_int_equal(mt_backend_free(b, p), 0);
+    assert_int_equal(fk.count("cuMemFree_v2"), 1);
+    assert_int_equal(mt_backend_free(b, p), MT_ENOENT);
+    assert_int_equal(fk.used(), 0);
+    assert_int_equal(fk.ctx_depth(), 0); /* every push popped */
+    mt_backend_destroy(&b);
+}
+
+static void test_error_mapping(void **state)
+{
+    (void)state;
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_SUCCESS), 0);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_OUT_OF_MEMORY), MT_ENOMEM);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_INVALID_VALUE), MT_EINVAL);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_NOT_READY), MT_EAGAIN);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_NO_DEVICE), MT_ENODEV);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_NOT_SUPPORTED), MT_ENOTSUP);
+    assert_int_equal(mt__cuda_result_to_mt(CUDA_ERROR_LAUNCH_FAILED), MT_EIO);
+
+    mt_backend_t *b = make();
+    void *p = NULL;
+    fk.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(mt_backend_malloc(b, MiB, &p), MT_ENOMEM);
+    mt_backend_counters_t c;
+    mt_backend_counters(b, &c);
+    assert_int_equal(c.malloc_failures, 1);
+    fk.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(mt_backend_malloc(b, MiB, &p), MT_EIO);
+    /* real exhaustion of the fake device */
+    assert_int_equal(mt_backend_malloc(b, 65 * MiB, &p), MT_ENOMEM);
+    assert_int_equal(mt_backend_malloc(b, MiB, &p), 0);
+    assert_int_equal(mt_backend_free(b, p), 0);
+    fk.fail_next("cuStreamCreate", 1, CUDA_ERROR_INVALID_CONTEXT);
+    mt_stream_t *s = NULL;
+    assert_int_equal(mt_stream_create(b, &s), MT_EINVAL);
+    assert_int_equal(fk.ctx_depth(), 0);
+    mt_backend_destroy(&b);
+}
+
+static void test_streams_events_pending(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    mt_stream_t *s = NULL;
+    mt_event_t *ev = NULL;
+    assert_int_equal(mt_stream_create(b, &s), 0);
+    assert_int_equal(mt_stream_id(s), 1);
+    assert_int_equal(mt_event_create(b, &ev), 0);
+    assert_int_equal(mt_event_query(b, ev), 0); /* never recorded = complete */
+    uint8_t *d = NULL;
+    assert_int_equal(mt_backend_malloc(b, MiB, (void **)&d), 0);
+    uint8_t src[4096], dst[4096];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i * 7);
+
+    fk.hold(true);
+    assert_int_equal(mt_memcpy_async(b, d, src, sizeof src, MT_MEMCPY_HOST_TO_DEVICE, s), 0);
+    assert_int_equal(mt_memset_async(b, d + 100, 0xAB, 10, s), 0);
+    assert_int_equal(mt_event_record(b, ev, s), 0);
+    assert_int_equal(mt_event_query(b, ev), MT_EAGAIN);
+    assert_int_equal(mt_event_time_ns(b, ev), 0);
+    fk.hold(false);
+    assert_int_equal(mt_event_query(b, ev), 0);
+    assert_true(mt_event_time_ns(b, ev) > 0);
+
+    assert_int_equal(mt_memcpy(b, dst, d, sizeof dst, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    for (size_t i = 0; i < sizeof src; i++)
+        assert_int_equal(dst[i], (i >= 100 && i < 110) ? 0xAB : src[i]);
+
+    /* stream_wait_event reaches the driver with the right handles */
+    mt_stream_t *s2 = NULL;
+    assert_int_equal(mt_stream_create(b, &s2), 0);
+    assert_int_equal(mt_stream_wait_event(b, s2, ev), 0);
+    uint64_t hs = 0;
+    assert_int_not_equal(find_call("cuStreamWaitEvent", 0, &hs, NULL), SIZE_MAX);
+    assert_int_equal(hs, mt__cuda_stream_handle(s2));
+
+    /* a program's own stream is wrapped once, and never destroyed by us */
+    mt_stream_t *w1 = NULL, *w2 = NULL;
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x1234, &w1), 0);
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x1234, &w2), 0);
+    assert_ptr_equal(w1, w2);
+    assert_int_equal(mt__cuda_stream_handle(w1), 0x1234);
+    size_t destroys = fk.count("cuStreamDestroy");
+    mt_stream_destroy(b, &w1);
+    assert_int_equal(fk.count("cuStreamDestroy"), destroys);
+
+    mt_stream_destroy(b, &s2);
+    mt_event_destroy(b, &ev);
+    mt_stream_destroy(b, &s);
+    assert_int_equal(mt_backend_free(b, d), 0);
+    assert_int_equal(fk.ctx_depth(), 0);
+    mt_backend_destroy(&b);
+}
+
+/* Expandable segments: reserve, then one cuMemCreate + cuMemMap per 2 MiB page and one
+ * cuMemSetAccess for the range; unmap page ranges independently; release last. */
+static void test_vm_mapping_order(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    assert_int_equal(mt_backend_vm_granularity(b), 2 * MiB);
+    uint8_t *base = NULL;
+    assert_int_equal(mt_backend_vm_reserve(b, 8 * MiB, (void **)&base), 0);
+    assert_int_equal((uintptr_t)base % (2 * MiB), 0);
+    assert_false(mt_backend_is_device_ptr(b, base));
+    assert_int_equal(mt_backend_vm_map(b, base + 2 * MiB, 4 * MiB), 0);
+
+    const char *want[] = {"cuMemAddressReserve", "cuMemCreate", "cuMemMap",
+                          "cuMemCreate",         "cuMemMap",    "cuMemSetAccess"};
+    uint64_t want_a[] = {2 * MiB,
+                         CU_MEM_ALLOCATION_TYPE_PINNED,
+                         (uintptr_t)base + 2 * MiB,
+                         CU_MEM_ALLOCATION_TYPE_PINNED,
+                         (uintptr_t)base + 4 * MiB,
+                         (uintptr_t)base + 2 * MiB};
+    uint64_t want_b[] = {8 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 2 * MiB, 4 * MiB};
+    assert_int_equal(fk.ncalls(), 6);
+    for (size_t i = 0; i < 6; i++) {
+        uint64_t a, bb;
+        assert_string_equal(fk.call(i, &a, &bb), want[i]);
+        assert_int_equal(a, want_a[i]);
+        assert_int_equal(bb, want_b[i]);
+    }
+    assert_true(mt_backend_is_device_ptr(b, base + 2 * MiB));
+    assert_false(mt_backend_is_device_ptr(b, base + 6 * MiB));
+    memset(base + 2 * MiB, 0x5A, 4 * MiB); /* really usable */
+    assert_int_equal(fk.used(), 4 * MiB);
+
+    /* mapping a mapped page again is refused without driver calls */
+    size_t n = fk.ncalls();
+    assert_int_equal(mt_backend_vm_map(b, base + 4 * MiB, 2 * MiB), MT_EBUSY);
+    assert_int_equal(fk.ncalls(), n);
+
+    /* unmap the upper page only */
+    assert_int_equal(mt_backend_vm_unmap(b, base + 4 * MiB, 2 * MiB), 0);
+    uint64_t a = 0, sz = 0;
+    size_t iu = find_call("cuMemUnmap", n, &a, &sz);
+    assert_int_not_equal(iu, SIZE_MAX);
+    assert_int_equal(a, (uintptr_t)base + 4 * MiB);
+    assert_int_equal(sz, 2 * MiB);
+    assert_int_not_equal(find_call("cuMemRelease", iu, NULL, &sz), SIZE_MAX);
+    assert_int_equal(fk.used(), 2 * MiB);
+    assert_true(mt_backend_is_device_ptr(b, base + 2 * MiB));
+    assert_false(mt_backend_is_device_ptr(b, base + 4 * MiB));
+
+    /* release refuses while a page is mapped */
+    assert_int_equal(mt_backend_vm_release(b, base, 8 * MiB), MT_EBUSY);
+    assert_int_equal(fk.count("cuMemAddressFree"), 0);
+    assert_int_equal(mt_backend_vm_unmap(b, base + 2 * MiB, 2 * MiB), 0);
+    assert_int_equal(mt_backend_vm_unmap(b, base + 2 * MiB, 2 * MiB), MT_EINVAL);
+    assert_int_equal(mt_backend_vm_release(b, base, 8 * MiB), 0);
+    assert_int_not_equal(find_call("cuMemAddressFree", 0, &a, &sz), SIZE_MAX);
+    assert_int_equal(a, (uintptr_t)base);
+    assert_int_equal(sz, 8 * MiB);
+    assert_int_equal(fk.count("cuMemCreate"), fk.count("cuMemRelease"));
+    assert_int_equal(fk.used(), 0);
+
+    mt_backend_counters_t c;
+    mt_backend_counters(b, &c);
+    assert_int_equal(c.vm_reserve_calls, 1);
+    assert_int_equal(c.vm_map_calls, 2);
+    assert_int_equal(c.vm_unmap_calls, 3);
+    assert_int_equal(c.vm_release_calls, 2);
+    assert_int_equal(fk.ctx_depth(), 0);
+    mt_backend_destroy(&b);
+}
+
+/* A failure in the middle of a multi-page map leaves nothing mapped. */
+static void test_vm_map_all_or_nothing(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    uint8_t *base = NULL;
+    assert_int_equal(mt_backend_vm_reserve(b, 8 * MiB, (void **)&base), 0);
+    fk.reset(5 * MiB, 1); /* room for two pages only */
+    assert_int_equal(mt_backend_vm_map(b, base, 6 * MiB), MT_ENOMEM);
+    assert_int_equal(fk.count("cuMemCreate"), 3);
+    assert_int_equal(fk.count("cuMemRelease"), 2);
+    assert_int_equal(fk.count("cuMemUnmap"), 2);
+    assert_int_equal(fk.used(), 0);
+    assert_false(mt_backend_is_device_ptr(b, base));
+    /* and map failures are reported as they come from the driver */
+    fk.reset(64 * MiB, 1);
+    fk.fail_next("cuMemMap", 1, CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(mt_backend_vm_map(b, base, 2 * MiB), MT_EINVAL);
+    assert_int_equal(fk.used(), 0);
+    assert_int_equal(mt_backend_vm_map(b, base, 2 * MiB), 0);
+    /* destroy unmaps, releases and frees the range itself */
+    mt_backend_destroy(&b);
+    assert_int_equal(fk.used(), 0);
+    assert_int_equal(fk.count("cuMemAddressFree"), 1);
+}
+
+static void test_host_memory(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    void *h = NULL;
+    assert_int_equal(mt_backend_host_malloc(b, 10000, &h), 0);
+    memset(h, 1, 10000);
+    int x;
+    assert_int_equal(mt_backend_host_free(b, &x), MT_ENOENT);
+    assert_int_equal(mt_backend_host_free(b, h), 0);
+    assert_int_equal(fk.count("cuMemFreeHost"), 1);
+    mt_backend_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_enodev_without_library), cmocka_unit_test(test_enodev_without_device),
+        cmocka_unit_test(test_malloc_free_info),       cmocka_unit_test(test_error_mapping),
+        cmocka_unit_test(test_streams_events_pending), cmocka_unit_test(test_vm_mapping_order),
+        cmocka_unit_test(test_vm_map_all_or_nothing),  cmocka_unit_test(test_host_memory),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
