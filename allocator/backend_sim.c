@@ -42,9 +42,11 @@ static void spend(sim_t *s, uint64_t d)
 {
     if (d == 0)
         return;
+    pthread_mutex_lock(&s->cost_mu);
     uint64_t end = now_ns() + d;
     while (now_ns() < end) {
     }
+    pthread_mutex_unlock(&s->cost_mu);
     mt__backend_add_modelled_ns(&s->base, d);
 }
 
@@ -554,6 +556,7 @@ static void sim_destroy(mt_backend_t *b)
     munmap(s->dev_base, s->map_len);
     free(s->free_r.v);
     free(s->used_r.v);
+    pthread_mutex_destroy(&s->cost_mu);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }
@@ -587,6 +590,8 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     int rc = MT_ENOMEM;
     if (pthread_mutex_init(&s->mu, NULL) != 0)
         goto fail_mutex;
+    if (pthread_mutex_init(&s->cost_mu, NULL) != 0)
+        goto fail_cost_mutex;
     /* The device range is 2 MiB aligned so big segments get 2 MiB pages, as on a GPU. */
     s->map_len = align_up(s->dev_size, SIM_VM_GRANULARITY);
     s->dev_base = mmap_aligned(s->map_len, SIM_VM_GRANULARITY, PROT_READ | PROT_WRITE);
@@ -605,6 +610,8 @@ fail_ranges:
     free(s->free_r.v);
     munmap(s->dev_base, s->map_len);
 fail_map:
+    pthread_mutex_destroy(&s->cost_mu);
+fail_cost_mutex:
     pthread_mutex_destroy(&s->mu);
 fail_mutex:
     free(s);

@@ -54,8 +54,8 @@ typedef struct sim_mark_s sim_mark_t;
  * [0, dev_size); no two free ranges touch (they are merged on free);
  * seg_bytes = sum of used sizes; seg_bytes + mapped_bytes <= capacity;
  * mapped_bytes = SIM_VM_GRANULARITY * sum of nmapped over vms.
- * Lock order: streams_mu, then a stream's mu, then ev_mu; mu is never held while
- * taking another lock. */
+ * Lock order: streams_mu before a stream's mu; mu, cost_mu and ev_mu are leaves (no
+ * other lock is taken while one of them is held). */
 typedef struct sim_s {
     mt_backend_t base; /* must be first: backend.c sees this */
 
@@ -73,6 +73,8 @@ typedef struct sim_s {
     sim_host_t *hosts;   /* pinned host allocations, unordered list */
     unsigned fail_next;  /* the next fail_next segment mallocs / vm_maps fail (test hook) */
 
+    pthread_mutex_t cost_mu;         /* held while a cost is spent: like the driver, the
+                                      * sim runs one allocation call at a time */
     _Atomic uint64_t malloc_cost_ns; /* busy-waited per segment malloc / vm_map */
     _Atomic uint64_t free_cost_ns;   /* busy-waited per segment free / vm_unmap */
 
