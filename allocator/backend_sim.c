@@ -239,9 +239,10 @@ static int sim_free(mt_backend_t *b, void *ptr)
     pthread_mutex_lock(&s->mu);
     /* Look again: another thread may have freed it while we synchronised. */
     i = ranges_lower_bound(&s->used_r, off);
-    if (i >= s->used_r.n || s->used_r.v[i].off != off || ranges_reserve(&s->free_r, 1) != 0) {
+    rc = i < s->used_r.n && s->used_r.v[i].off == off ? ranges_reserve(&s->free_r, 1) : MT_ENOENT;
+    if (rc != 0) {
         pthread_mutex_unlock(&s->mu);
-        return MT_ENOENT;
+        return rc;
     }
     size_t size = s->used_r.v[i].size;
     ranges_remove_at(&s->used_r, i);

@@ -231,11 +231,17 @@ static void test_cross_stream_wait(void **state)
     assert_int_equal(mt_memcpy_async(b, host, d, 65536, MT_MEMCPY_DEVICE_TO_HOST, sb), 0);
     assert_int_equal(mt_event_record(b, copied, sb), 0);
 
-    /* A other stream (and the default one) keep running meanwhile: no implicit barrier. */
+    /* Other streams, the default one included, keep running meanwhile: the default stream
+     * has no implicit barrier with the others (like cudaStreamPerThread). */
     mt_stream_t *sc;
     assert_int_equal(mt_stream_create(b, &sc), 0);
     assert_int_equal(mt_stream_synchronize(b, sc), 0);
+    static seq_log_t log;
+    static seq_item_t item = {&log, 7};
+    atomic_store(&log.n, 0);
+    assert_int_equal(mt_stream_launch_host_func(b, NULL, append_value, &item), 0);
     assert_int_equal(mt_stream_synchronize(b, NULL), 0);
+    assert_int_equal(atomic_load(&log.n), 1);
 
     /* A is held, so B cannot have copied. */
     assert_int_equal(mt_event_query(b, filled), MT_EAGAIN);
