@@ -21,7 +21,9 @@ extern "C" {
 
 typedef struct mt_backend_s mt_backend_t;
 /* Streams and events are opaque handles owned by the backend that created them.
- * A NULL stream is the default (legacy null) stream of the device. */
+ * A NULL stream is the device's default stream. On sim it is a plain FIFO stream with
+ * no implicit barrier against other streams (the semantics of cudaStreamPerThread);
+ * order work across streams with events. */
 typedef struct mt_stream_s mt_stream_t;
 typedef struct mt_event_s mt_event_t;
 
