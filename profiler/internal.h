@@ -14,4 +14,8 @@ int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring, int 
 /* Sends the optional {"type":"poke"} line (asks the daemon to drain now). */
 int mt__prof_client_poke(int fd);
 
+/* {"v":1,"type":"exit",...}: the last line of a local log. New json_t * or NULL. */
+void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t dropped, uint64_t lost,
+                            uint64_t t_ns);
+
 #endif

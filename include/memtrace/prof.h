@@ -37,7 +37,11 @@ typedef struct mt_prof_cfg_s {
     const char *socket;   /* borrowed; NULL = mt_prof_socket_path() */
     const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
     unsigned drain_ms;    /* local drainer period, ms; 20 */
-    mt_log_cb log;        /* optional; says which mode is live, and errors */
+    /* optional: names of user tags in the local log (e.g. a wrapper of
+     * mt_alloc_tag_name); called from the drainer thread. NULL = built-in names. */
+    const char *(*tag_name)(void *ud, int tag);
+    void *tag_ud;
+    mt_log_cb log; /* optional; says which mode is live, and errors */
     void *log_ud;
 } mt_prof_cfg_t;
 

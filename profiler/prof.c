@@ -1,0 +1,438 @@
+/* The recorder: owns the ring, implements the allocator's event sink, registers with
+ * the daemon, or else runs the local drainer thread that writes the NDJSON log. */
+#include "profiler/internal.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define REGISTER_TIMEOUT_MS 2000
+#define DRAIN_BATCH         4096
+#define OUTBUF_SIZE         (64 * 1024)
+
+/* Invariants: mode is the live mode (DAEMON, LOG or OFF), fixed after create;
+ * fd >= 0 iff mode == DAEMON; log_fd >= 0 and the drainer thread runs iff mode == LOG;
+ * ring != NULL iff mode != OFF. Only the holder of drain_lock consumes the ring. */
+struct mt_prof_s {
+    mt_event_sink_t sink; /* what the allocator calls; ud = this */
+    mt__ring_t *ring;     /* the shared ring (producer mapping) */
+    int mode;             /* mt_prof_mode_e, live */
+    int pid;
+    _Atomic uint64_t off_count; /* events seen in OFF mode */
+    mt_log_cb log;
+    void *log_ud;
+    const char *(*tag_name)(void *ud, int tag);
+    void *tag_ud;
+    /* daemon mode */
+    int fd; /* connection kept open for the process lifetime */
+    /* local mode */
+    char *log_path; /* owned */
+    int log_fd;
+    unsigned drain_ms;
+    pthread_t drainer;
+    pthread_mutex_t drain_lock; /* one consumer at a time: drainer thread or flush */
+    pthread_mutex_t stop_lock;
+    pthread_cond_t stop_cond;
+    bool stop; /* under stop_lock */
+    char *out; /* OUTBUF_SIZE bytes of pending lines, under drain_lock */
+    size_t out_len;
+    uint64_t written; /* lines written (events and gaps), under drain_lock */
+    int write_err;    /* first write error, under drain_lock */
+    char name[MT_RING_COMM_MAX];
+};
+
+static void logf_(mt_prof_t *p, mt_log_level_e lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void logf_(mt_prof_t *p, mt_log_level_e lvl, const char *fmt, ...)
+{
+    if (!p->log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    p->log(p->log_ud, lvl, msg);
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+mt_prof_cfg_t mt_prof_cfg_default(void)
+{
+    mt_prof_cfg_t c;
+    memset(&c, 0, sizeof(c));
+    c.mode = MT_PROF_AUTO;
+    c.slots = MT_RING_DEFAULT_SLOTS;
+    c.drain_ms = 20;
+    return c;
+}
+
+int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
+{
+    const char *e = getenv("MEMTRACE_PROF");
+    if (!cfg)
+        return MT_EINVAL;
+    if (!e || !*e)
+        return 0;
+    static const char *const names[] = {"auto", "daemon", "log", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(e, names[i]) == 0) {
+            cfg->mode = i;
+            return 0;
+        }
+    }
+    return MT_EINVAL;
+}
+
+const char *mt_prof_mode_name(int mode)
+{
+    switch (mode) {
+    case MT_PROF_AUTO:
+        return "auto";
+    case MT_PROF_DAEMON:
+        return "daemon";
+    case MT_PROF_LOG:
+        return "log";
+    case MT_PROF_OFF:
+        return "off";
+    default:
+        return "unknown";
+    }
+}
+
+/* ---- the sink (hot path) ---- */
+
+int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev)
+{
+    if (p->mode == MT_PROF_OFF) {
+        atomic_fetch_add_explicit(&p->off_count, 1, memory_order_relaxed);
+        return 0;
+    }
+    if (ev->kind == MT_EV_OOM)
+        mt__ring_set_flags(p->ring, MT_RING_F_OOM);
+    if (ev->time_ns == 0) {
+        /* Events must carry a time; stamp those emitted without one. */
+        mt_event_rec_t copy = *ev;
+        copy.time_ns = mono_ns();
+        return mt__ring_push(p->ring, &copy);
+    }
+    return mt__ring_push(p->ring, ev);
+}
+
+static void sink_emit(void *ud, const mt_event_rec_t *ev)
+{
+    mt_prof_record(ud, ev);
+}
+
+const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
+{
+    return &p->sink;
+}
+
+/* ---- local log ---- */
+
+static int out_flush(mt_prof_t *p)
+{
+    size_t off = 0;
+    while (off < p->out_len) {
+        ssize_t w = write(p->log_fd, p->out + off, p->out_len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (!p->write_err) {
+                p->write_err = -errno;
+                logf_(p, MT_LOG_ERROR, "memtrace: writing %s: %s", p->log_path, strerror(errno));
+            }
+            break;
+        }
+        off += (size_t)w;
+    }
+    p->out_len = 0;
+    return p->write_err;
+}
+
+/* Appends one JSON line; whole lines only reach the file (O_APPEND keeps lines of
+ * processes sharing one log file from interleaving). */
+static void out_line(mt_prof_t *p, json_t *j)
+{
+    if (!j)
+        return;
+    if (OUTBUF_SIZE - p->out_len < 1024)
+        out_flush(p);
+    size_t room = OUTBUF_SIZE - p->out_len - 1;
+    size_t n = json_dumpb(j, p->out + p->out_len, room, JSON_COMPACT);
+    json_decref(j);
+    if (n == 0 || n > room)
+        return; /* an event line is < 512 bytes; this cannot happen with 1 KiB free */
+    p->out_len += n;
+    p->out[p->out_len++] = '\n';
+    p->written++;
+}
+
+static void drain_cb(void *ud, const mt_event_rec_t *ev)
+{
+    mt_prof_t *p = ud;
+    out_line(p, mt_prof_event_to_json(ev, p->pid, p->tag_name, p->tag_ud));
+}
+
+/* Drains everything published so far into the log. Caller holds drain_lock. */
+static int drain_locked(mt_prof_t *p)
+{
+    int total = 0, n;
+    while ((n = mt__ring_drain(p->ring, drain_cb, p, DRAIN_BATCH)) > 0)
+        total += n;
+    out_flush(p);
+    return total;
+}
+
+static void *drainer_main(void *arg)
+{
+    mt_prof_t *p = arg;
+    pthread_mutex_lock(&p->stop_lock);
+    while (!p->stop) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)p->drain_ms * 1000000u;
+        dl.tv_sec += (time_t)(ns / 1000000000u);
+        dl.tv_nsec = (long)(ns % 1000000000u);
+        pthread_cond_timedwait(&p->stop_cond, &p->stop_lock, &dl);
+        if (p->stop)
+            break;
+        pthread_mutex_unlock(&p->stop_lock);
+        pthread_mutex_lock(&p->drain_lock);
+        drain_locked(p);
+        pthread_mutex_unlock(&p->drain_lock);
+        pthread_mutex_lock(&p->stop_lock);
+    }
+    pthread_mutex_unlock(&p->stop_lock);
+    return NULL;
+}
+
+static int start_local(mt_prof_t *p, const char *path)
+{
+    char def[64];
+    if (!path || !*path)
+        path = getenv("MEMTRACE_LOG");
+    if (!path || !*path) {
+        snprintf(def, sizeof(def), "./memtrace-%d.ndjson", p->pid);
+        path = def;
+    }
+    p->log_path = strdup(path);
+    p->out = malloc(OUTBUF_SIZE);
+    if (!p->log_path || !p->out)
+        return MT_ENOMEM;
+    p->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (p->log_fd < 0) {
+        int rc = -errno;
+        logf_(p, MT_LOG_ERROR, "memtrace: cannot open log %s: %s", path, strerror(errno));
+        return rc;
+    }
+    const mt__ring_hdr_t *h = mt__ring_header(p->ring);
+    out_line(p, mt_prof_hello_to_json(p->pid, p->name, h->start_realtime_ns, h->start_mono_ns));
+    out_flush(p);
+    p->written = 0; /* counts events and gaps only */
+    int rc = -pthread_create(&p->drainer, NULL, drainer_main, p);
+    if (rc) {
+        close(p->log_fd);
+        p->log_fd = -1;
+    }
+    return rc;
+}
+
+/* ---- lifecycle ---- */
+
+static void read_comm(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown");
+    FILE *f = fopen("/proc/self/comm", "r");
+    if (!f)
+        return;
+    if (fgets(buf, (int)len, f))
+        buf[strcspn(buf, "\n")] = '\0';
+    fclose(f);
+}
+
+int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
+{
+    if (!out || !cfg || cfg->mode < MT_PROF_AUTO || cfg->mode > MT_PROF_OFF)
+        return MT_EINVAL;
+    *out = NULL;
+    mt_prof_t *p = calloc(1, sizeof(*p));
+    if (!p)
+        return MT_ENOMEM;
+    p->sink.emit = sink_emit;
+    p->sink.ud = p;
+    p->pid = (int)getpid();
+    p->fd = -1;
+    p->log_fd = -1;
+    p->log = cfg->log;
+    p->log_ud = cfg->log_ud;
+    p->tag_name = cfg->tag_name;
+    p->tag_ud = cfg->tag_ud;
+    p->drain_ms = cfg->drain_ms ? cfg->drain_ms : 20;
+    pthread_mutex_init(&p->drain_lock, NULL);
+    pthread_mutex_init(&p->stop_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->stop_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (cfg->name)
+        snprintf(p->name, sizeof(p->name), "%s", cfg->name);
+    else
+        read_comm(p->name, sizeof(p->name));
+
+    int rc = 0;
+    if (cfg->mode == MT_PROF_OFF) {
+        p->mode = MT_PROF_OFF;
+        logf_(p, MT_LOG_INFO, "memtrace: profiler off");
+        *out = p;
+        return 0;
+    }
+    rc = mt__ring_create(&p->ring, cfg->slots ? cfg->slots : MT_RING_DEFAULT_SLOTS, p->name);
+    if (rc) {
+        logf_(p, MT_LOG_ERROR, "memtrace: cannot create the event ring: %s", mt_strerror(rc));
+        goto fail;
+    }
+    if (cfg->mode == MT_PROF_AUTO || cfg->mode == MT_PROF_DAEMON) {
+        char path[108];
+        char err[256] = "";
+        if (cfg->socket)
+            snprintf(path, sizeof(path), "%s", cfg->socket);
+        else if ((rc = mt_prof_socket_path(path, sizeof(path))) != 0)
+            snprintf(err, sizeof(err), "socket path too long");
+        if (rc == 0)
+            rc = mt__prof_client_register(path, p->ring, REGISTER_TIMEOUT_MS, &p->fd, err,
+                                          sizeof(err));
+        if (rc == 0) {
+            /* The daemon has mapped the ring and removed its name. */
+            mt__ring_unlink(p->ring);
+            p->mode = MT_PROF_DAEMON;
+            logf_(p, MT_LOG_INFO, "memtrace: recording to the daemon at %s (ring %s)", path,
+                  mt__ring_name(p->ring));
+            *out = p;
+            return 0;
+        }
+        if (cfg->mode == MT_PROF_DAEMON) {
+            logf_(p, MT_LOG_ERROR, "memtrace: %s", err);
+            rc = rc == MT_EPROTO ? MT_EPROTO : MT_ENOENT;
+            goto fail;
+        }
+        logf_(p, MT_LOG_INFO, "memtrace: %s; falling back to the local log", err);
+    }
+    /* Local mode: the drainer thread in this process is the ring's only consumer, so
+     * no other process needs the name. */
+    mt__ring_unlink(p->ring);
+    rc = start_local(p, cfg->log_path);
+    if (rc)
+        goto fail;
+    p->mode = MT_PROF_LOG;
+    logf_(p, MT_LOG_INFO, "memtrace: recording to the local log %s", p->log_path);
+    *out = p;
+    return 0;
+
+fail:
+    if (p->log_fd >= 0)
+        close(p->log_fd);
+    mt__ring_close(&p->ring);
+    free(p->log_path);
+    free(p->out);
+    pthread_mutex_destroy(&p->drain_lock);
+    pthread_mutex_destroy(&p->stop_lock);
+    pthread_cond_destroy(&p->stop_cond);
+    free(p);
+    return rc;
+}
+
+int mt_prof_flush(mt_prof_t *p)
+{
+    if (!p)
+        return MT_EINVAL;
+    if (p->mode == MT_PROF_DAEMON)
+        return mt__prof_client_poke(p->fd) == 0 ? 0 : MT_EIO;
+    if (p->mode != MT_PROF_LOG)
+        return 0;
+    pthread_mutex_lock(&p->drain_lock);
+    drain_locked(p);
+    int rc = p->write_err;
+    pthread_mutex_unlock(&p->drain_lock);
+    return rc;
+}
+
+void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->mode = p->mode;
+    if (p->mode == MT_PROF_OFF) {
+        out->emitted = atomic_load_explicit(&p->off_count, memory_order_relaxed);
+        return;
+    }
+    mt__ring_stats_t st;
+    mt__ring_stats(p->ring, &st);
+    out->emitted = st.emitted;
+    out->dropped = st.dropped;
+    out->lost = st.lost;
+    out->delivered = st.delivered;
+    if (p->mode == MT_PROF_LOG) {
+        pthread_mutex_lock(&p->drain_lock);
+        out->written = p->written;
+        pthread_mutex_unlock(&p->drain_lock);
+    }
+}
+
+const char *mt_prof_log_path(const mt_prof_t *p)
+{
+    return p && p->mode == MT_PROF_LOG ? p->log_path : NULL;
+}
+
+void mt_prof_destroy(mt_prof_t **pp)
+{
+    if (!pp || !*pp)
+        return;
+    mt_prof_t *p = *pp;
+    if (p->mode == MT_PROF_LOG) {
+        pthread_mutex_lock(&p->stop_lock);
+        p->stop = true;
+        pthread_cond_signal(&p->stop_cond);
+        pthread_mutex_unlock(&p->stop_lock);
+        pthread_join(p->drainer, NULL);
+    }
+    if (p->ring) {
+        /* Set before the final drain and before the daemon sees EOF: no writer is left,
+         * and consumers can tell a clean exit from a crash. */
+        mt__ring_set_flags(p->ring, MT_RING_F_EXITED);
+    }
+    if (p->mode == MT_PROF_LOG) {
+        pthread_mutex_lock(&p->drain_lock);
+        drain_locked(p);
+        mt__ring_stats_t st;
+        mt__ring_stats(p->ring, &st);
+        out_line(p,
+                 mt__prof_exit_to_json(p->pid, true, st.emitted, st.dropped, st.lost, mono_ns()));
+        out_flush(p);
+        pthread_mutex_unlock(&p->drain_lock);
+        close(p->log_fd);
+    }
+    if (p->fd >= 0)
+        close(p->fd);
+    mt__ring_close(&p->ring);
+    free(p->log_path);
+    free(p->out);
+    pthread_mutex_destroy(&p->drain_lock);
+    pthread_mutex_destroy(&p->stop_lock);
+    pthread_cond_destroy(&p->stop_cond);
+    free(p);
+    *pp = NULL;
+}

@@ -1,0 +1,109 @@
+/* Writes telemetry samples for the schema test (prof_schema, validated with ajv):
+ * argv[1]: every record type straight from the encoders (every event kind, a gap,
+ * hello, exit, process state and a snapshot); argv[2]: a real local log written by
+ * the profiler in log mode. Exit status 0 when both were written. */
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "memtrace/prof.h"
+#include "profiler/internal.h"
+
+static int put_line(FILE *f, void *j)
+{
+    if (!j)
+        return -1;
+    int rc = json_dumpf(j, f, JSON_COMPACT);
+    fputc('\n', f);
+    json_decref(j);
+    return rc;
+}
+
+static mt_event_rec_t sample(int kind, uint64_t i)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.time_ns = 1000 + i;
+    ev.kind = (uint8_t)kind;
+    ev.addr = kind == MT_EV_MARK ? MT_MARK_ITERATION : 0x7f0000001000 + i * 512;
+    ev.size = kind == MT_EV_MARK ? i : 512 * (i + 1);
+    ev.requested = ev.size - (ev.size > 3 ? 3 : 0);
+    ev.allocated = 1 << 20;
+    ev.reserved = 2 << 20;
+    ev.pool = MT_POOL_SMALL;
+    ev.tag = (uint8_t)(i % 9);
+    ev.stream = (uint32_t)i;
+    return ev;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s SAMPLES.ndjson LOG.ndjson\n", argv[0]);
+        return 2;
+    }
+    FILE *f = fopen(argv[1], "w");
+    if (!f)
+        return 1;
+    int bad = 0;
+    for (int k = MT_EV_ALLOC; k < MT_EV_GAP; k++) {
+        mt_event_rec_t ev = sample(k, (uint64_t)k);
+        ev.seq = (uint64_t)k;
+        bad |= put_line(f, mt_prof_event_to_json(&ev, 100, NULL, NULL));
+    }
+    mt_event_rec_t gap = {.kind = MT_EV_GAP, .seq = 20, .size = 3, .time_ns = 9};
+    bad |= put_line(f, mt_prof_event_to_json(&gap, 100, NULL, NULL));
+    bad |= put_line(f, mt_prof_hello_to_json(100, "train", 1700000000000000000ull, 5));
+    bad |= put_line(f, mt__prof_exit_to_json(100, false, 10, 1, 1, 99));
+
+    mt_snapshot_block_t blocks[3] = {
+        {.addr = 0x1000,
+         .size = 512,
+         .requested = 500,
+         .state = MT_BLOCK_ACTIVE_ALLOCATED,
+         .tag = MT_TAG_WEIGHTS},
+        {.addr = 0x1200,
+         .size = 1024,
+         .requested = 1000,
+         .state = MT_BLOCK_ACTIVE_PENDING_FREE,
+         .tag = MT_TAG_USER_FIRST},
+        {.addr = 0x1600, .size = (2 << 20) - 1536, .state = MT_BLOCK_INACTIVE},
+    };
+    mt_snapshot_segment_t seg = {.addr = 0x1000,
+                                 .size = 2 << 20,
+                                 .pool = MT_POOL_SMALL,
+                                 .stream = 3,
+                                 .nblocks = 3,
+                                 .blocks = blocks};
+    mt_alloc_snapshot_t snap = {.nsegments = 1, .segments = &seg};
+    snap.stats.allocated_bytes[MT_STAT_ALL] = (mt_stat_t){1536, 4096, 8192, 6656};
+    snap.stats.reserved_bytes[MT_STAT_ALL] = (mt_stat_t){2 << 20, 2 << 20, 2 << 20, 0};
+    snap.stats.tag_allocated_bytes[MT_TAG_WEIGHTS] = (mt_stat_t){512, 512, 512, 0};
+    snap.stats.tag_allocated_bytes[MT_TAG_USER_FIRST] = (mt_stat_t){1024, 1024, 1024, 0};
+    snap.stats.utilization = 1536.0 / (2 << 20);
+    snap.stats.fragmentation = 0.25;
+    snap.stats.capacity = 16ull << 30;
+    snap.stats.limit = 16ull << 30;
+    bad |= put_line(f, mt_prof_stats_to_json(&snap.stats, 100, 0, NULL, NULL));
+    bad |= put_line(f, mt_prof_snapshot_to_json(&snap, 100, 0, NULL, NULL));
+    if (fclose(f) != 0 || bad)
+        return 1;
+
+    /* A real local log: the profiler in log mode, a few events of every kind. */
+    unlink(argv[2]);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = argv[2];
+    cfg.name = "samples";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        return 1;
+    for (uint64_t i = 0; i < 3; i++)
+        for (int k = MT_EV_ALLOC; k < MT_EV_GAP; k++) {
+            mt_event_rec_t ev = sample(k, i);
+            mt_prof_record(p, &ev);
+        }
+    mt_prof_destroy(&p);
+    return 0;
+}
