@@ -1,0 +1,310 @@
+/* `memtrace replay` as a user runs it: the memtrace binary (argv[1]) is executed on valid
+ * traces (exit 0, the figures printed, JSON that parses and adds up) and on every malformed
+ * case in data/invalid (exit 2, one message on stderr naming the file, line and field). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#ifndef REPLAY_DATA_DIR
+#error "REPLAY_DATA_DIR must name tests/replay/data"
+#endif
+
+/* Set once by main from argv; the tests only read it. */
+static const char *memtrace_path;
+
+typedef struct run_s {
+    int status; /* exit status, or 128 + signal */
+    char *out;  /* stdout, NUL-terminated, new */
+    char *err;  /* stderr, NUL-terminated, new */
+} run_t;
+
+static char *read_all(FILE *f)
+{
+    rewind(f);
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+    }
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Runs memtrace with args (NULL-terminated, after the program name). Output goes to
+ * temporary files rather than pipes so a chatty child can never block. */
+static run_t run(const char *arg, ...)
+{
+    const char *argv[16] = {memtrace_path};
+    int argc = 1;
+    va_list ap;
+    va_start(ap, arg);
+    for (const char *a = arg; a != NULL && argc < 15; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    FILE *out = tmpfile(), *err = tmpfile();
+    assert_true(out != NULL && err != NULL);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fileno(out), 1);
+        dup2(fileno(err), 2);
+        execv(memtrace_path, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    run_t r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), read_all(out), read_all(err)};
+    return r;
+}
+
+static void run_free(run_t *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static void data_path(char *buf, size_t n, const char *rel)
+{
+    snprintf(buf, n, "%s/%s", REPLAY_DATA_DIR, rel);
+}
+
+static void test_help(void **state)
+{
+    run_t r = run("replay", "--help", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "usage: memtrace replay FILE"));
+    assert_non_null(strstr(r.out, "example:"));
+    assert_non_null(strstr(r.out, "Thread,Time,Action,Pointer,Size,Stream"));
+    run_free(&r);
+}
+
+static void test_usage_errors(void **state)
+{
+    run_t r = run("replay", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "memtrace replay: missing the trace FILE"));
+    run_free(&r);
+    r = run("replay", "--bogus", "x.csv", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--bogus"));
+    run_free(&r);
+    r = run("replay", "--capacity", "lots", "x.csv", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--capacity"));
+    run_free(&r);
+    r = run("replay", REPLAY_DATA_DIR "/does-not-exist.csv", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "does-not-exist.csv: cannot open"));
+    run_free(&r);
+}
+
+/* An unknown allocator setting is refused, naming the key. */
+static void test_bad_alloc_conf(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/streams.csv");
+    run_t r = run("replay", path, "--alloc-conf", "no_such_key:1", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "memtrace replay: --alloc-conf"));
+    assert_non_null(strstr(r.err, "no_such_key"));
+    assert_string_equal(r.out, "");
+    run_free(&r);
+}
+
+static void test_text_report(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/streams.csv");
+    run_t r = run("replay", path, NULL);
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    static const char *const want[] = {
+        "backend                  sim",
+        "events                   10 (5 allocate, 4 free, 1 allocate failure; 2 streams)",
+        "peak allocated",
+        "peak reserved",
+        "utilization at peak",
+        "fragmentation at peak",
+        "backend calls",
+        "retries / OOMs",
+        "ns per op",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (strstr(r.out, want[i]) == NULL)
+            fail_msg("missing \"%s\" in:\n%s", want[i], r.out);
+    assert_string_equal(r.err, "");
+    run_free(&r);
+}
+
+static json_t *run_json(const char *path, const char *extra)
+{
+    run_t r =
+        extra ? run("replay", path, "--json", extra, NULL) : run("replay", path, "--json", NULL);
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    json_error_t je;
+    json_t *o = json_loads(r.out, 0, &je);
+    if (o == NULL)
+        fail_msg("not JSON (%s): %s", je.text, r.out);
+    run_free(&r);
+    return o;
+}
+
+static int64_t jint(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v))
+        fail_msg("no integer \"%s\"", key);
+    return json_integer_value(v);
+}
+
+static double jreal(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!json_is_number(v))
+        fail_msg("no number \"%s\"", key);
+    return json_number_value(v);
+}
+
+/* The figures of a real trace are consistent with each other and with the trace. */
+static void test_json_resnet50(void **state)
+{
+    json_t *o = run_json(TRACES_DIR "/somas_resnet50.csv", NULL);
+    assert_string_equal(json_string_value(json_object_get(o, "backend")), "sim");
+    assert_int_equal(jint(o, "events"), 2084);
+    assert_int_equal(jint(o, "allocates"), 1042);
+    assert_int_equal(jint(o, "frees"), 1042);
+    int64_t live = jint(o, "trace_peak_live_bytes");
+    int64_t alloc = jint(o, "peak_allocated_bytes");
+    int64_t resv = jint(o, "peak_reserved_bytes");
+    /* Rounding only adds (512 B, or a power-of-two step) and reserved covers allocated. */
+    assert_true(live > 0 && alloc >= live && resv >= alloc);
+    double util = jreal(o, "utilization_at_peak");
+    assert_true(util > 0 && util <= 1.0);
+    assert_true(fabs(util - (double)alloc / (double)resv) < 1e-4);
+    double frag = jreal(o, "fragmentation_at_peak");
+    assert_true(frag >= 0 && frag <= 1.0);
+    assert_true(jint(o, "backend_malloc_calls") + jint(o, "backend_vm_map_calls") >= 1);
+    assert_int_equal(jint(o, "num_ooms"), 0);
+    assert_true(jreal(o, "ns_per_op") > 0);
+    json_decref(o);
+}
+
+/* After a warm-up pass the measured replay makes no backend malloc (issue 2's contract),
+ * and reports the peak it was warmed to. */
+static void test_warmup_makes_no_backend_calls(void **state)
+{
+    json_t *o = run_json(TRACES_DIR "/rnn_varlen.csv", "--warmup");
+    assert_true(json_is_true(json_object_get(o, "warmup")));
+    assert_int_equal(jint(o, "backend_malloc_calls"), 0);
+    assert_int_equal(jint(o, "backend_vm_map_calls"), 0);
+    assert_true(jint(o, "warmup_backend_calls") >= 1);
+    assert_true(jint(o, "peak_reserved_bytes") >= jint(o, "peak_allocated_bytes"));
+    assert_int_equal(jint(o, "num_ooms"), 0);
+    json_decref(o);
+}
+
+/* A device smaller than the trace's peak: allocations fail, are counted, nothing crashes. */
+static void test_small_device_counts_ooms(void **state)
+{
+    run_t r = run("replay", TRACES_DIR "/somas_resnet50.csv", "--capacity", "256M", "--json", NULL);
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    json_t *o = json_loads(r.out, 0, NULL);
+    assert_non_null(o);
+    assert_true(jint(o, "num_ooms") > 0);
+    assert_true(jint(o, "peak_reserved_bytes") <= 256ll << 20);
+    json_decref(o);
+    run_free(&r);
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *buf = calloc(1, 4096);
+    assert_non_null(buf);
+    size_t n = fread(buf, 1, 4095, f);
+    fclose(f);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        buf[--n] = '\0';
+    return buf;
+}
+
+static void test_invalid_files(void **state)
+{
+    char dir[1024];
+    data_path(dir, sizeof dir, "invalid");
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *e;
+    int cases = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".csv") != 0)
+            continue;
+        char csv[2048], errf[2048], want[2048 + 4096];
+        snprintf(csv, sizeof csv, "%s/%s", dir, e->d_name);
+        snprintf(errf, sizeof errf, "%s/%.*s.err", dir, (int)(len - 4), e->d_name);
+        char *expected = slurp(errf);
+        snprintf(want, sizeof want, "memtrace replay: %s%s", csv, expected);
+        run_t r = run("replay", csv, NULL);
+        if (r.status != 2 || strncmp(r.err, want, strlen(want)) != 0)
+            fail_msg("%s: exit %d, stderr\n  %s\nexpected exit 2 and a line starting\n  %s",
+                     e->d_name, r.status, r.err, want);
+        /* One line of error, nothing on stdout. */
+        assert_non_null(strchr(r.err, '\n'));
+        assert_int_equal(strchr(r.err, '\n')[1], '\0');
+        assert_string_equal(r.out, "");
+        run_free(&r);
+        free(expected);
+        cases++;
+    }
+    closedir(d);
+    assert_true(cases >= 10);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_replay_cli PATH-TO-memtrace\n");
+        return 2;
+    }
+    memtrace_path = argv[1];
+    /* The replay reads the allocator settings from the environment; the tests must not. */
+    unsetenv("MEMTRACE_ALLOC_CONF");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_bad_alloc_conf),
+        cmocka_unit_test(test_text_report),
+        cmocka_unit_test(test_json_resnet50),
+        cmocka_unit_test(test_warmup_makes_no_backend_calls),
+        cmocka_unit_test(test_small_device_counts_ooms),
+        cmocka_unit_test(test_invalid_files),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

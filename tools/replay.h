@@ -1,0 +1,64 @@
+/* Replay of a loaded allocation trace (trace_csv.h) through the caching allocator on the
+ * sim backend. Used by `memtrace replay` and by the benchmark (bench/bench_alloc.c), so
+ * both report the same figures measured the same way. Implemented in cmd_replay.c. */
+#ifndef MT_TOOLS_REPLAY_H
+#define MT_TOOLS_REPLAY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memtrace/alloc.h"
+#include "tools/trace_csv.h"
+
+typedef struct mt_replay_cfg_s {
+    const char *alloc_conf; /* "key:value,..." applied after MEMTRACE_ALLOC_CONF; NULL = none */
+    size_t capacity;        /* sim device bytes; 0 = MEMTRACE_SIM_CAPACITY or 8 GiB */
+    bool warmup;            /* a warm-up pass (mt_alloc_warmup_begin/end) before measuring */
+    bool sample_peak;       /* read the allocator's stats after every allocate to capture the
+                             * state at peak allocated (fragmentation); slows the pass, so
+                             * ns figures of a sampled run are not meaningful */
+    unsigned rounds;        /* timed passes over the trace (>= 1); the fastest one counts */
+} mt_replay_cfg_t;
+
+/* Defaults: no conf, default capacity, no warm-up, no sampling, one round. */
+mt_replay_cfg_t mt_replay_cfg_default(void);
+
+typedef struct mt_replay_result_s {
+    char backend[16];        /* mt_backend_name() */
+    uint64_t capacity;       /* device bytes */
+    uint64_t malloc_cost_ns; /* modelled cost of a segment malloc on this backend */
+    uint64_t ops;            /* allocates + frees replayed per pass */
+    uint64_t ooms;           /* allocates that failed with MT_ENOMEM in the measured pass */
+    /* The measured pass (the last one, after the warm-up if any). */
+    uint64_t peak_allocated;    /* bytes, allocated_bytes peak */
+    uint64_t peak_reserved;     /* bytes, reserved_bytes peak */
+    double utilization_at_peak; /* peak_allocated / peak_reserved; 1 when nothing reserved */
+    uint64_t num_alloc_retries; /* allocator stats of the measured pass */
+    uint64_t num_ooms;
+    uint64_t backend_malloc;       /* backend calls during the measured pass: segment malloc */
+    uint64_t backend_free;         /*   segment free */
+    uint64_t backend_map;          /*   vm_map (expandable segments) */
+    uint64_t backend_unmap;        /*   vm_unmap */
+    uint64_t warmup_backend_calls; /* malloc+free+map+unmap during the warm-up pass and
+                                    * the reservation that ends it */
+    uint64_t warmup_reserved;      /* bytes reserved when the warm-up ended */
+    /* At the allocate that reached peak allocated (only with sample_peak). */
+    bool sampled;
+    double fragmentation_at_peak; /* 1 - largest free block / total free */
+    uint64_t largest_free_at_peak;
+    uint64_t total_free_at_peak;
+    uint64_t reserved_at_peak;
+    /* Time of the fastest measured pass. */
+    uint64_t elapsed_ns;  /* wall clock, modelled backend cost included */
+    uint64_t modelled_ns; /* of which the sim backend's busy-waited modelled cost */
+} mt_replay_result_t;
+
+/* Replays t: creates a sim backend and an allocator (config: defaults, then the environment,
+ * then cfg->alloc_conf), runs the optional warm-up pass, then cfg->rounds measured passes.
+ * Allocations the trace never frees are freed after each pass (untimed). Returns 0, MT_EINVAL
+ * for a bad alloc_conf, or a backend/allocator error; the message is in err. An allocate
+ * that fails with MT_ENOMEM is counted (ooms), not an error. */
+int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
+                  char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,671 @@
+/* RMM logging CSV: a strict streaming reader and a loader that resolves pointers to slots.
+ * See trace_csv.h for the format and the error message shape. */
+#include "tools/trace_csv.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/common.h"
+
+enum { NFIELDS = 6, CHUNK = 64 * 1024, EXCERPT = 40 };
+
+static const char *const field_names[NFIELDS] = {"Thread",  "Time", "Action",
+                                                 "Pointer", "Size", "Stream"};
+
+/* Invariants: pos <= len <= CHUNK; buf[pos, len) is read but not yet consumed;
+ * once failed != 0 every call returns it. */
+struct mt_trace_reader_s {
+    FILE *f;         /* the file being read */
+    bool owns_file;  /* opened by mt_trace_reader_open: closed with the reader */
+    bool at_eof;     /* fread reported end of file */
+    int failed;      /* 0 or the sticky error code */
+    uint64_t line;   /* number of the last line read, 1-based */
+    size_t pos, len; /* consumed / filled bytes of buf */
+    char *name;      /* for messages */
+    char err[MT_TRACE_ERR_LEN];
+    char buf[CHUNK];
+    char text[MT_TRACE_MAX_LINE + 1]; /* the current line, NUL-terminated */
+};
+
+/* ---- messages ---- */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Prints at most EXCERPT bytes of s[0, n) into out, with non-printable bytes as \xNN, so a
+ * message stays one readable line whatever the file holds. */
+static void excerpt(char *out, size_t outlen, const char *s, size_t n)
+{
+    size_t o = 0;
+    size_t shown = n < EXCERPT ? n : EXCERPT;
+    for (size_t i = 0; i < shown && o + 5 < outlen; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\')
+            out[o++] = (char)c;
+        else
+            o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", c);
+    }
+    if (shown < n && o + 4 < outlen) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o < outlen ? o : outlen - 1] = '\0';
+}
+
+static int fail(mt_trace_reader_t *r, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int fail(mt_trace_reader_t *r, int code, const char *fmt, ...)
+{
+    char msg[MT_TRACE_ERR_LEN];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    snprintf(r->err, sizeof r->err, "%.200s:%llu: %.280s", r->name, (unsigned long long)r->line,
+             msg);
+    r->failed = code;
+    return code;
+}
+
+static int fail_field(mt_trace_reader_t *r, int field, const char *what, const char *s, size_t n)
+{
+    char ex[EXCERPT * 4 + 8];
+    excerpt(ex, sizeof ex, s, n);
+    return fail(r, MT_EPROTO, "field '%s': %s: \"%s\"", field_names[field], what, ex);
+}
+
+/* ---- lines ---- */
+
+/* Refills buf. Returns 0, or MT_EIO on a read error. */
+static int refill(mt_trace_reader_t *r)
+{
+    r->len = fread(r->buf, 1, sizeof r->buf, r->f);
+    r->pos = 0;
+    if (r->len < sizeof r->buf) {
+        if (ferror(r->f))
+            return MT_EIO;
+        r->at_eof = true;
+    }
+    return 0;
+}
+
+/* Reads the next line into r->text (line ending removed: "\n" or "\r\n").
+ * Returns 1 for a line, 0 at end of file, or an error code.
+ * *complete tells whether the line ended with a newline (false for a last line without one);
+ * *length is its length. */
+static int read_line(mt_trace_reader_t *r, size_t *length, bool *complete)
+{
+    size_t n = 0;
+    bool too_long = false, nul = false, any = false;
+    for (;;) {
+        if (r->pos == r->len) {
+            if (r->at_eof)
+                break;
+            if (refill(r) != 0) {
+                r->line++;
+                return fail(r, MT_EIO, "read error");
+            }
+            continue;
+        }
+        any = true;
+        const char *start = r->buf + r->pos;
+        const char *nl = memchr(start, '\n', r->len - r->pos);
+        size_t take = nl ? (size_t)(nl - start) : r->len - r->pos;
+        if (memchr(start, '\0', take) != NULL)
+            nul = true;
+        if (n + take > MT_TRACE_MAX_LINE) {
+            too_long = true;
+            size_t room = MT_TRACE_MAX_LINE - (n < MT_TRACE_MAX_LINE ? n : MT_TRACE_MAX_LINE);
+            memcpy(r->text + n, start, room);
+            n += room;
+        } else {
+            memcpy(r->text + n, start, take);
+            n += take;
+        }
+        r->pos += take + (nl ? 1 : 0);
+        if (nl) {
+            *complete = true;
+            goto got;
+        }
+    }
+    if (!any)
+        return 0;
+    *complete = false;
+got:
+    r->line++;
+    r->text[n] = '\0';
+    if (too_long)
+        return fail(r, MT_EPROTO, "line longer than %d bytes", MT_TRACE_MAX_LINE);
+    if (nul)
+        return fail(r, MT_EPROTO, "NUL byte in line (not a text file?)");
+    if (n > 0 && r->text[n - 1] == '\r')
+        r->text[--n] = '\0';
+    *length = n;
+    return 1;
+}
+
+/* ---- fields ---- */
+
+static bool parse_dec(const char *s, size_t n, uint64_t *out)
+{
+    if (n == 0 || n > 20)
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return true;
+}
+
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static bool parse_hex(const char *s, size_t n, uint64_t *out)
+{
+    if (n == 0 || n > 16)
+        return false;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        int d = hex_digit(s[i]);
+        if (d < 0)
+            return false;
+        v = (v << 4) | (uint64_t)d;
+    }
+    *out = v;
+    return true;
+}
+
+static bool two_digits(const char *s, unsigned max, unsigned *out)
+{
+    if (s[0] < '0' || s[0] > '9' || s[1] < '0' || s[1] > '9')
+        return false;
+    *out = (unsigned)(s[0] - '0') * 10 + (unsigned)(s[1] - '0');
+    return *out <= max;
+}
+
+/* HH:MM:SS.uuuuuu, as spdlog's %H:%M:%S.%f writes it. */
+static bool parse_time(const char *s, size_t n, uint64_t *out_us)
+{
+    unsigned h, m, sec;
+    uint64_t us;
+    if (n != 15 || s[2] != ':' || s[5] != ':' || s[8] != '.')
+        return false;
+    if (!two_digits(s, 23, &h) || !two_digits(s + 3, 59, &m) || !two_digits(s + 6, 59, &sec))
+        return false;
+    if (!parse_dec(s + 9, 6, &us))
+        return false;
+    *out_us = ((uint64_t)h * 3600 + m * 60 + sec) * 1000000 + us;
+    return true;
+}
+
+static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row_t *row)
+{
+    const char *f[NFIELDS];
+    size_t fl[NFIELDS];
+    size_t nf = 0;
+    const char *s = r->text, *end = r->text + n;
+    for (;;) {
+        const char *c = memchr(s, ',', (size_t)(end - s));
+        const char *stop = c ? c : end;
+        if (nf < NFIELDS) {
+            f[nf] = s;
+            fl[nf] = (size_t)(stop - s);
+        }
+        nf++;
+        if (!c)
+            break;
+        s = c + 1;
+    }
+    if (n == 0)
+        return fail(r, MT_EPROTO, "empty line (expected %d fields)", NFIELDS);
+    if (nf != NFIELDS) {
+        if (!complete && nf < NFIELDS)
+            return fail(r, MT_EPROTO,
+                        "truncated line at end of file: %zu of %d fields (Thread,Time,"
+                        "Action,Pointer,Size,Stream); field '%s' is missing",
+                        nf, NFIELDS, field_names[nf]);
+        if (nf < NFIELDS)
+            return fail(r, MT_EPROTO, "expected %d fields, found %zu; field '%s' is missing",
+                        NFIELDS, nf, field_names[nf]);
+        return fail(r, MT_EPROTO, "expected %d fields, found %zu", NFIELDS, nf);
+    }
+    row->line = r->line;
+    if (!parse_dec(f[0], fl[0], &row->thread))
+        return fail_field(r, 0, fl[0] ? "not a decimal number" : "empty", f[0], fl[0]);
+    if (!parse_time(f[1], fl[1], &row->time_us))
+        return fail_field(r, 1, "not a time HH:MM:SS.uuuuuu", f[1], fl[1]);
+    if (fl[2] == 8 && memcmp(f[2], "allocate", 8) == 0)
+        row->action = MT_TRACE_ALLOCATE;
+    else if (fl[2] == 4 && memcmp(f[2], "free", 4) == 0)
+        row->action = MT_TRACE_FREE;
+    else if (fl[2] == 16 && memcmp(f[2], "allocate failure", 16) == 0)
+        row->action = MT_TRACE_ALLOCATE_FAILURE;
+    else
+        return fail_field(r, 2, "not one of allocate, free, allocate failure", f[2], fl[2]);
+    if (fl[3] < 3 || f[3][0] != '0' || (f[3][1] != 'x' && f[3][1] != 'X') ||
+        !parse_hex(f[3] + 2, fl[3] - 2, &row->ptr))
+        return fail_field(r, 3, "not a hex pointer 0x...", f[3], fl[3]);
+    if (!parse_dec(f[4], fl[4], &row->size))
+        return fail_field(r, 4, fl[4] ? "not a decimal number" : "empty", f[4], fl[4]);
+    if (!parse_hex(f[5], fl[5], &row->stream)) {
+        const char *what = "not a hex number";
+        if (fl[5] == 0)
+            what = "empty";
+        else if (fl[5] >= 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X'))
+            what = "hex is written without 0x here";
+        if (!complete && fl[5] == 0)
+            return fail(r, MT_EPROTO, "truncated line at end of file: field 'Stream' is empty");
+        return fail_field(r, 5, what, f[5], fl[5]);
+    }
+    return 1;
+}
+
+/* ---- reader ---- */
+
+int mt_trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name, char *err,
+                              size_t errlen)
+{
+    *out = NULL;
+    mt_trace_reader_t *r = calloc(1, sizeof *r);
+    if (r == NULL || (r->name = strdup(name ? name : "-")) == NULL) {
+        free(r);
+        set_err(err, errlen, "%s: out of memory", name ? name : "-");
+        return MT_ENOMEM;
+    }
+    r->f = f;
+    size_t n = 0;
+    bool complete = false;
+    int rc = read_line(r, &n, &complete);
+    if (rc == 0) {
+        r->line = 1;
+        rc = fail(r, MT_EPROTO, "empty file: expected the header %s", MT_TRACE_HEADER);
+    } else if (rc == 1 && (n != strlen(MT_TRACE_HEADER) || memcmp(r->text, MT_TRACE_HEADER, n))) {
+        char ex[EXCERPT * 4 + 8];
+        excerpt(ex, sizeof ex, r->text, n);
+        rc = fail(r, MT_EPROTO, "bad header \"%s\": expected exactly %s", ex, MT_TRACE_HEADER);
+    }
+    if (rc < 0) {
+        set_err(err, errlen, "%s", r->err);
+        free(r->name);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return MT_ENOENT;
+    }
+    int rc = mt_trace_reader_from_file(out, f, path, err, errlen);
+    if (rc < 0) {
+        fclose(f);
+        return rc;
+    }
+    (*out)->owns_file = true;
+    return 0;
+}
+
+int mt_trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row)
+{
+    if (r->failed)
+        return r->failed;
+    size_t n = 0;
+    bool complete = false;
+    int rc = read_line(r, &n, &complete);
+    if (rc != 1)
+        return rc;
+    return parse_row(r, n, complete, row);
+}
+
+const char *mt_trace_reader_error(const mt_trace_reader_t *r)
+{
+    return r->err;
+}
+
+const char *mt_trace_reader_name(const mt_trace_reader_t *r)
+{
+    return r->name;
+}
+
+void mt_trace_reader_close(mt_trace_reader_t **p)
+{
+    mt_trace_reader_t *r = *p;
+    if (r == NULL)
+        return;
+    if (r->owns_file)
+        fclose(r->f);
+    free(r->name);
+    free(r);
+    *p = NULL;
+}
+
+const char *mt_trace_action_name(int action)
+{
+    switch (action) {
+    case MT_TRACE_ALLOCATE:
+        return "allocate";
+    case MT_TRACE_FREE:
+        return "free";
+    case MT_TRACE_ALLOCATE_FAILURE:
+        return "allocate failure";
+    default:
+        return "unknown";
+    }
+}
+
+/* ---- live pointers: open addressing, linear probing, key 0 = empty ---- */
+
+typedef struct live_s {
+    uint64_t ptr;  /* trace pointer, != 0 */
+    uint64_t size; /* bytes */
+    uint64_t line; /* of its allocate */
+    uint32_t slot;
+    uint16_t stream;
+} live_t;
+
+/* Invariants: cap is a power of two; count < cap / 2; every live pointer is reachable from
+ * its home bucket without crossing an empty one (deletions shift back, no tombstones). */
+typedef struct live_map_s {
+    live_t *tab;
+    size_t cap, count;
+} live_map_t;
+
+static size_t home(const live_map_t *m, uint64_t p)
+{
+    /* Traces' pointers are 512-byte aligned and close together: mix before masking. */
+    p ^= p >> 33;
+    p *= 0xff51afd7ed558ccdULL;
+    p ^= p >> 33;
+    return (size_t)p & (m->cap - 1);
+}
+
+static live_t *live_find(live_map_t *m, uint64_t p)
+{
+    for (size_t i = home(m, p);; i = (i + 1) & (m->cap - 1)) {
+        if (m->tab[i].ptr == p)
+            return &m->tab[i];
+        if (m->tab[i].ptr == 0)
+            return NULL;
+    }
+}
+
+static int live_insert(live_map_t *m, const live_t *e);
+
+static int live_grow(live_map_t *m)
+{
+    live_map_t bigger = {calloc(m->cap * 2, sizeof(live_t)), m->cap * 2, 0};
+    if (bigger.tab == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->tab[i].ptr != 0)
+            live_insert(&bigger, &m->tab[i]);
+    free(m->tab);
+    *m = bigger;
+    return 0;
+}
+
+static int live_insert(live_map_t *m, const live_t *e)
+{
+    if ((m->count + 1) * 2 > m->cap) {
+        int rc = live_grow(m);
+        if (rc < 0)
+            return rc;
+    }
+    size_t i = home(m, e->ptr);
+    while (m->tab[i].ptr != 0)
+        i = (i + 1) & (m->cap - 1);
+    m->tab[i] = *e;
+    m->count++;
+    return 0;
+}
+
+static void live_remove(live_map_t *m, live_t *e)
+{
+    size_t i = (size_t)(e - m->tab);
+    size_t mask = m->cap - 1;
+    m->tab[i].ptr = 0;
+    /* Backward shift: move later entries of the run into the hole when their home allows. */
+    for (size_t j = (i + 1) & mask; m->tab[j].ptr != 0; j = (j + 1) & mask) {
+        size_t h = home(m, m->tab[j].ptr);
+        bool movable = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
+        if (movable) {
+            m->tab[i] = m->tab[j];
+            m->tab[j].ptr = 0;
+            i = j;
+        }
+    }
+    m->count--;
+}
+
+/* ---- loading ---- */
+
+typedef struct loader_s {
+    mt_trace_t *t;
+    size_t cap_ops, cap_streams;
+    live_map_t live;
+    uint64_t live_bytes;
+} loader_t;
+
+static int stream_index(loader_t *L, uint64_t stream, uint16_t *out)
+{
+    mt_trace_t *t = L->t;
+    for (size_t i = 0; i < t->nstreams; i++)
+        if (t->streams[i] == stream) {
+            *out = (uint16_t)i;
+            return 0;
+        }
+    if (t->nstreams == UINT16_MAX)
+        return MT_EOVERFLOW;
+    if (t->nstreams == L->cap_streams) {
+        size_t cap = L->cap_streams ? L->cap_streams * 2 : 4;
+        uint64_t *s = realloc(t->streams, cap * sizeof *s);
+        if (s == NULL)
+            return MT_ENOMEM;
+        t->streams = s;
+        L->cap_streams = cap;
+    }
+    t->streams[t->nstreams] = stream;
+    *out = (uint16_t)t->nstreams++;
+    return 0;
+}
+
+static int push_op(loader_t *L, const mt_trace_op_t *op)
+{
+    mt_trace_t *t = L->t;
+    if (t->nops == L->cap_ops) {
+        size_t cap = L->cap_ops ? L->cap_ops * 2 : 1024;
+        mt_trace_op_t *o = realloc(t->ops, cap * sizeof *o);
+        if (o == NULL)
+            return MT_ENOMEM;
+        t->ops = o;
+        L->cap_ops = cap;
+    }
+    t->ops[t->nops++] = *op;
+    return 0;
+}
+
+/* Applies one checked row. Returns 0, or an error with the message in err. */
+static int load_row(loader_t *L, const mt_trace_row_t *row, const char *name, char *err,
+                    size_t errlen)
+{
+    mt_trace_t *t = L->t;
+    unsigned long long line = (unsigned long long)row->line;
+    unsigned long long ptr = (unsigned long long)row->ptr;
+    t->nrows++;
+    if (row->action == MT_TRACE_ALLOCATE_FAILURE) {
+        t->nfailures++;
+        return 0;
+    }
+    mt_trace_op_t op = {.size = row->size, .action = (uint8_t)row->action};
+    int rc = 0;
+    if (row->ptr == 0) {
+        /* A null pointer is what RMM logs for zero-byte requests (allocate) and for
+         * deallocate(nullptr): neither touches memory, so neither becomes an op. */
+        if (row->action == MT_TRACE_ALLOCATE && row->size != 0)
+            goto null_alloc;
+        if (row->action == MT_TRACE_ALLOCATE)
+            t->nallocs++;
+        else
+            t->nfrees++;
+        return 0;
+    }
+    if (row->action == MT_TRACE_ALLOCATE) {
+        live_t *e = live_find(&L->live, row->ptr);
+        if (e != NULL) {
+            set_err(err, errlen,
+                    "%s:%llu: field 'Pointer': allocate of 0x%llx, which is still live "
+                    "(allocated at line %llu, not freed)",
+                    name, line, ptr, (unsigned long long)e->line);
+            return MT_EPROTO;
+        }
+        if (t->nallocs >= UINT32_MAX)
+            goto too_big;
+        live_t n = {
+            .ptr = row->ptr, .size = row->size, .line = row->line, .slot = (uint32_t)t->nallocs};
+        if ((rc = stream_index(L, row->stream, &n.stream)) < 0)
+            goto too_big;
+        if ((rc = live_insert(&L->live, &n)) < 0)
+            goto oom;
+        op.slot = n.slot;
+        op.stream = n.stream;
+        t->nallocs++;
+        L->live_bytes += row->size;
+        if (L->live_bytes > t->peak_live_bytes)
+            t->peak_live_bytes = L->live_bytes;
+        if (L->live.count > t->peak_live_count)
+            t->peak_live_count = L->live.count;
+    } else {
+        live_t *e = live_find(&L->live, row->ptr);
+        if (e == NULL) {
+            set_err(err, errlen,
+                    "%s:%llu: field 'Pointer': free of 0x%llx, which is not live "
+                    "(never allocated, or already freed)",
+                    name, line, ptr);
+            return MT_EPROTO;
+        }
+        if (e->size != row->size) {
+            set_err(err, errlen,
+                    "%s:%llu: field 'Size': free of 0x%llx with size %llu, but it was "
+                    "allocated with size %llu at line %llu",
+                    name, line, ptr, (unsigned long long)row->size, (unsigned long long)e->size,
+                    (unsigned long long)e->line);
+            return MT_EPROTO;
+        }
+        op.slot = e->slot;
+        /* The block belongs to the stream it was allocated on, whatever the free row says
+         * (RMM logs the stream of the deallocate call, which may differ). */
+        op.stream = e->stream;
+        L->live_bytes -= e->size;
+        live_remove(&L->live, e);
+        t->nfrees++;
+    }
+    if ((rc = push_op(L, &op)) < 0)
+        goto oom;
+    return 0;
+null_alloc:
+    set_err(err, errlen,
+            "%s:%llu: field 'Pointer': allocate of %llu bytes returned 0x0 "
+            "(a failed allocation is logged as 'allocate failure')",
+            name, line, (unsigned long long)row->size);
+    return MT_EPROTO;
+too_big:
+    set_err(err, errlen, "%s:%llu: too many allocations or streams for one trace", name, line);
+    return MT_EOVERFLOW;
+oom:
+    set_err(err, errlen, "%s:%llu: out of memory", name, line);
+    return MT_ENOMEM;
+}
+
+void mt_trace_free(mt_trace_t **p)
+{
+    mt_trace_t *t = *p;
+    if (t == NULL)
+        return;
+    free(t->ops);
+    free(t->streams);
+    free(t);
+    *p = NULL;
+}
+
+static int load(mt_trace_t **out, mt_trace_reader_t *r, char *err, size_t errlen)
+{
+    loader_t L = {.t = calloc(1, sizeof(mt_trace_t))};
+    L.live.cap = 1024;
+    L.live.tab = calloc(L.live.cap, sizeof(live_t));
+    int rc = 0;
+    if (L.t == NULL || L.live.tab == NULL) {
+        set_err(err, errlen, "%s: out of memory", mt_trace_reader_name(r));
+        rc = MT_ENOMEM;
+        goto done;
+    }
+    mt_trace_row_t row;
+    while ((rc = mt_trace_reader_next(r, &row)) == 1)
+        if ((rc = load_row(&L, &row, mt_trace_reader_name(r), err, errlen)) < 0)
+            goto done;
+    if (rc < 0) {
+        set_err(err, errlen, "%s", mt_trace_reader_error(r));
+        goto done;
+    }
+    L.t->nslots = L.t->nallocs;
+    L.t->leaked = L.live.count;
+done:
+    free(L.live.tab);
+    if (rc < 0)
+        mt_trace_free(&L.t);
+    *out = L.t;
+    return rc;
+}
+
+int mt_trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen)
+{
+    *out = NULL;
+    mt_trace_reader_t *r;
+    int rc = mt_trace_reader_from_file(&r, f, name, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = load(out, r, err, errlen);
+    mt_trace_reader_close(&r);
+    return rc;
+}
+
+int mt_trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    mt_trace_reader_t *r;
+    int rc = mt_trace_reader_open(&r, path, err, errlen);
+    if (rc < 0)
+        return rc;
+    rc = load(out, r, err, errlen);
+    mt_trace_reader_close(&r);
+    return rc;
+}
