@@ -1,0 +1,598 @@
+/* The caching allocator's front door: create/destroy, malloc/free, stream-deferred
+ * reuse through pooled events, block lookup, tags and event emission.
+ *
+ * Hot path (a cached malloc/free pair on one stream): one mutex, a one-entry stream
+ * cache, an O(1) bin lookup, an O(1) hash insert/remove, counter updates. No backend
+ * call unless a free recorded events (then queries, only while events are pending), and
+ * no heap allocation once the block-struct pool and the hash table are warm. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator/internal.h"
+
+/* ---- events and logging ---- */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
+                         const mt_stream_t *s, int pool, int tag)
+{
+    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.time_ns = now_ns();
+    ev.addr = addr;
+    ev.size = size;
+    ev.requested = requested;
+    ev.allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current;
+    ev.reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    ev.stream = mt_stream_id(s);
+    ev.kind = (uint8_t)kind;
+    ev.pool = (uint8_t)pool;
+    ev.tag = (uint8_t)tag;
+    ev.device = (uint8_t)a->device;
+    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+}
+
+void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
+{
+    if (a->cfg.log == NULL)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    a->cfg.log(a->cfg.log_ud, level, msg);
+}
+
+void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int tag)
+{
+    if (a == NULL || a->cfg.sink == NULL)
+        return;
+    pthread_mutex_lock(&a->mu);
+    mt__alloc_emit(a, kind, addr, size, 0, NULL, MT_POOL_NONE, tag);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* ---- rounding ---- */
+
+/* The reference's rounding: at least 512 B, multiples of 512 B; with
+ * roundup_power2_divisions N, sizes above 512 B round up to the next of N equal steps
+ * between two powers of two (1200 B, N = 4: steps of 256 B from 1024 B -> 1280 B).
+ * Steps finer than the device alignment (256 B) are rounded up to it, so every block
+ * stays 256-byte aligned. */
+size_t mt__alloc_round_size(size_t size, unsigned divisions)
+{
+    if (size <= MT__MIN_BLOCK)
+        return MT__MIN_BLOCK;
+    if (divisions == 0)
+        return (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
+    if ((size & (size - 1)) == 0)
+        return size;
+    size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
+    size_t step = floor2 / divisions;
+    if (step < MT__ALIGN)
+        step = MT__ALIGN;
+    return (size + step - 1) & ~(step - 1);
+}
+
+/* ---- streams and bins ---- */
+
+mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
+{
+    if (a->last_sr != NULL && a->last_sr->stream == s)
+        return a->last_sr;
+    for (size_t i = 0; i < a->nstreams; i++) {
+        if (a->streams[i]->stream == s) {
+            a->last_sr = a->streams[i];
+            return a->last_sr;
+        }
+    }
+    if (a->nstreams == a->cap_streams) {
+        size_t cap = a->cap_streams ? a->cap_streams * 2 : 4;
+        mt_streamrec_t **ns = realloc(a->streams, cap * sizeof *ns);
+        if (ns == NULL)
+            return NULL;
+        a->streams = ns;
+        a->cap_streams = cap;
+    }
+    mt_streamrec_t *sr = calloc(1, sizeof *sr);
+    if (sr == NULL)
+        return NULL;
+    sr->stream = s;
+    a->streams[a->nstreams++] = sr;
+    a->last_sr = sr;
+    return sr;
+}
+
+mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp)
+{
+    (void)a;
+    if (sr->bins[bp] == NULL)
+        sr->bins[bp] = mt__bins_create(bp, sr->stream);
+    return sr->bins[bp];
+}
+
+/* ---- pending frees ---- */
+
+static mt_event_t *event_get(mt_alloc_t *a)
+{
+    if (a->nevpool > 0)
+        return a->evpool[--a->nevpool];
+    mt_event_t *ev = NULL;
+    if (mt_event_create(a->backend, &ev) != 0)
+        return NULL;
+    return ev;
+}
+
+static void event_put(mt_alloc_t *a, mt_event_t *ev)
+{
+    if (a->nevpool == a->cap_evpool) {
+        size_t cap = a->cap_evpool ? a->cap_evpool * 2 : 16;
+        mt_event_t **np = realloc(a->evpool, cap * sizeof *np);
+        if (np == NULL) {
+            mt_event_destroy(a->backend, &ev);
+            return;
+        }
+        a->evpool = np;
+        a->cap_evpool = cap;
+    }
+    a->evpool[a->nevpool++] = ev;
+}
+
+static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
+{
+    if (a->npending == a->cap_pending) {
+        size_t cap = a->cap_pending ? a->cap_pending * 2 : 16;
+        mt_pending_t *np = realloc(a->pending, cap * sizeof *np);
+        if (np == NULL)
+            return MT_ENOMEM;
+        a->pending = np;
+        a->cap_pending = cap;
+    }
+    a->pending[a->npending++] = (mt_pending_t){ev, b};
+    return 0;
+}
+
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)
+{
+    mt_segment_t *seg = b->seg;
+    uintptr_t addr = b->addr;
+    size_t size = b->size;
+    int tag = b->tag;
+    mt__addrmap_del(&a->map, b->addr);
+    mt__stat_add(a->st.active_bytes, seg->pool, -(int64_t)b->size);
+    mt__stat_add(a->st.active, seg->pool, -1);
+    b->state = MT_BLOCK_INACTIVE;
+    b->requested = 0;
+    b->nuses = 0;
+    b->npending = 0;
+    b = mt__seg_merge(a, b);
+    mt__seg_bin_in(a, b);
+    seg->last_used = ++a->clock;
+    mt__alloc_emit(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->stream, mt__public_pool(seg->pool),
+                   tag);
+}
+
+void mt__alloc_process_events(mt_alloc_t *a)
+{
+    size_t i = 0;
+    while (i < a->npending) {
+        mt_pending_t p = a->pending[i];
+        int rc = mt_event_query(a->backend, p.ev);
+        if (rc == MT_EAGAIN) {
+            i++;
+            continue;
+        }
+        if (rc != 0)
+            mt__alloc_log(a, MT_LOG_WARN,
+                          "memtrace: event query failed (%s); treating the "
+                          "event as complete",
+                          mt_strerror(rc));
+        a->pending[i] = a->pending[--a->npending];
+        event_put(a, p.ev);
+        if (--p.blk->npending == 0)
+            mt__alloc_free_complete(a, p.blk);
+    }
+}
+
+void mt__alloc_sync_pending(mt_alloc_t *a)
+{
+    a->st.num_sync_all_streams++;
+    for (size_t i = 0; i < a->npending; i++)
+        (void)mt_event_synchronize(a->backend, a->pending[i].ev);
+    mt__alloc_process_events(a);
+}
+
+/* ---- lifecycle ---- */
+
+int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
+{
+    if (out == NULL || cfg == NULL)
+        return MT_EINVAL;
+    *out = NULL;
+    char err[256];
+    int rc = mt__alloc_cfg_validate(cfg, err, sizeof err);
+    if (rc != 0) {
+        if (cfg->log != NULL)
+            cfg->log(cfg->log_ud, MT_LOG_ERROR, err);
+        return rc;
+    }
+    mt_alloc_t *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return MT_ENOMEM;
+    a->cfg = *cfg;
+    a->backend = cfg->backend;
+    a->device = mt_backend_device(a->backend);
+    size_t free_b = 0, total_b = 0;
+    rc = mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+    if (rc != 0)
+        goto fail_info;
+    a->capacity = total_b;
+    a->limit =
+        cfg->memory_fraction >= 1.0 ? total_b : (size_t)((double)total_b * cfg->memory_fraction);
+    a->gc_limit = cfg->garbage_collection_threshold > 0.0
+                      ? (size_t)((double)a->limit * cfg->garbage_collection_threshold)
+                      : 0;
+    a->vm_gran = mt_backend_vm_granularity(a->backend);
+    rc = mt__addrmap_init(&a->map);
+    if (rc != 0)
+        goto fail_map;
+    if (pthread_mutex_init(&a->mu, NULL) != 0) {
+        rc = MT_ENOMEM;
+        goto fail_mutex;
+    }
+    a->st.capacity = a->capacity;
+    a->st.limit = a->limit;
+    *out = a;
+    mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, NULL, MT_POOL_NONE, 0);
+    return 0;
+
+fail_mutex:
+    mt__addrmap_fini(&a->map);
+fail_map:
+fail_info:
+    free(a);
+    return rc;
+}
+
+void mt_alloc_destroy(mt_alloc_t **p)
+{
+    if (p == NULL || *p == NULL)
+        return;
+    mt_alloc_t *a = *p;
+    pthread_mutex_lock(&a->mu);
+    if (a->npending > 0)
+        mt__alloc_sync_pending(a);
+    int64_t leaks = a->st.allocation[MT_STAT_ALL].current;
+    if (leaks > 0)
+        mt__alloc_log(a, MT_LOG_WARN,
+                      "memtrace: allocator destroyed with %lld live allocations (%lld bytes); "
+                      "released with it",
+                      (long long)leaks, (long long)a->st.allocated_bytes[MT_STAT_ALL].current);
+    mt__seg_destroy_all(a);
+    for (size_t i = 0; i < a->nstreams; i++) {
+        for (int bp = 0; bp < MT__BP_N; bp++)
+            free(a->streams[i]->bins[bp]);
+        free(a->streams[i]);
+    }
+    free(a->streams);
+    for (size_t i = 0; i < a->nevpool; i++)
+        mt_event_destroy(a->backend, &a->evpool[i]);
+    free(a->evpool);
+    free(a->pending);
+    mt__addrmap_fini(&a->map);
+    mt__blocks_fini(a);
+    pthread_mutex_unlock(&a->mu);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+    *p = NULL;
+}
+
+mt_backend_t *mt_alloc_backend(const mt_alloc_t *a)
+{
+    return a ? a->backend : NULL;
+}
+
+/* ---- malloc ---- */
+
+static size_t oversize_upper(const mt_alloc_t *a, size_t rsize)
+{
+    size_t ms = a->cfg.max_split_size;
+    if (ms == SIZE_MAX)
+        return SIZE_MAX;
+    if (rsize < ms)
+        return ms; /* never take an oversize block for a small request */
+    return rsize > SIZE_MAX - MT__LARGE_BUFFER ? SIZE_MAX : rsize + MT__LARGE_BUFFER;
+}
+
+/* A cached block for (sr, bp): the stream's warm-up reservation first, then the pool. */
+static mt_block_t *find_cached(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize)
+{
+    mt_block_t *b = NULL;
+    if (sr->bins[MT__BP_RESERVED] != NULL)
+        b = mt__bins_find(sr->bins[MT__BP_RESERVED], rsize, SIZE_MAX);
+    if (b == NULL)
+        b = mt__bins_find(sr->bins[bp], rsize, oversize_upper(a, rsize));
+    return b;
+}
+
+/* The reference's recovery sequence when no cached block fits. */
+static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, size_t rsize,
+                         mt_block_t **out)
+{
+    if (a->gc_limit > 0)
+        mt__seg_gc(a);
+    int rc = mt__seg_grow(a, sr, bp, rsize, out);
+    if (rc == 0)
+        return 0;
+    if (a->cfg.max_split_size != SIZE_MAX && mt__seg_release_oversize(a, sr->bins[bp], rsize)) {
+        rc = mt__seg_grow(a, sr, bp, rsize, out);
+        if (rc == 0)
+            return 0;
+    }
+    if (a->cfg.release_on_oom) {
+        if (a->npending > 0) {
+            mt__alloc_sync_pending(a);
+            *out = find_cached(a, sr, bp, rsize);
+            if (*out != NULL)
+                return 0;
+        }
+        mt__seg_release_all(a, false, NULL, false);
+        a->st.num_alloc_retries++;
+        rc = mt__seg_grow(a, sr, bp, rsize, out);
+        if (rc == 0)
+            return 0;
+    }
+    a->st.num_ooms++;
+    size_t free_b = 0, total_b = 0;
+    (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+    mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, sr->stream, mt__public_pool(bp), 0);
+    mt__alloc_oom_report(a, size, rsize,
+                         (size_t)a->st.reserved_bytes[MT_STAT_ALL].current + rsize > a->limit
+                             ? "memory limit"
+                             : "device");
+    return MT_ENOMEM;
+}
+
+int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
+{
+    if (a == NULL || out == NULL || tag < 0 || tag >= MT_TAG_MAX)
+        return MT_EINVAL;
+    *out = NULL;
+    if (size == 0)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    if (a->npending > 0)
+        mt__alloc_process_events(a);
+    if (size > ((size_t)1 << 60)) {
+        a->st.num_ooms++;
+        mt__alloc_oom_report(a, size, size, "size beyond any device");
+        rc = MT_ENOMEM;
+        goto out;
+    }
+    size_t rsize = mt__alloc_round_size(size, a->cfg.roundup_power2_divisions);
+    int bp = rsize <= MT__SMALL_SIZE ? MT__BP_SMALL : MT__BP_LARGE;
+    mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
+    if (sr == NULL || mt__alloc_binset(a, sr, bp) == NULL) {
+        rc = MT_ENOMEM;
+        goto out;
+    }
+    mt_block_t *b = find_cached(a, sr, bp, rsize);
+    if (b == NULL) {
+        rc = get_new_block(a, sr, bp, size, rsize, &b);
+        if (rc != 0)
+            goto out;
+    }
+    mt__seg_bin_out(a, b);
+    if (mt__seg_should_split(a, b, rsize))
+        mt__seg_split(a, b, rsize);
+    b->state = MT_BLOCK_ACTIVE_ALLOCATED;
+    b->requested = size;
+    b->tag = (uint8_t)tag;
+    b->gen = a->gen;
+    b->nuses = 0;
+    b->npending = 0;
+    rc = mt__addrmap_put(&a->map, b);
+    if (rc != 0) {
+        /* Host memory for the hash table ran out: give the block back untouched. */
+        b->state = MT_BLOCK_INACTIVE;
+        b->requested = 0;
+        mt__seg_bin_in(a, mt__seg_merge(a, b));
+        goto out;
+    }
+    mt_segment_t *seg = b->seg;
+    int sp = seg->pool;
+    mt__stat_add(a->st.allocated_bytes, sp, (int64_t)b->size);
+    mt__stat_add(a->st.requested_bytes, sp, (int64_t)size);
+    mt__stat_add(a->st.allocation, sp, 1);
+    mt__stat_add(a->st.active_bytes, sp, (int64_t)b->size);
+    mt__stat_add(a->st.active, sp, 1);
+    mt__stat_add1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
+    mt__stat_add1(&a->st.tag_requested_bytes[tag], (int64_t)size);
+    seg->last_used = ++a->clock;
+    if (a->warming && a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
+        a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
+    mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->stream, mt__public_pool(sp), tag);
+    *out = (void *)b->addr;
+out:
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+/* ---- free ---- */
+
+int mt_alloc_free(mt_alloc_t *a, void *ptr)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
+        rc = MT_ENOENT;
+        goto out;
+    }
+    mt_segment_t *seg = b->seg;
+    int sp = seg->pool;
+    mt__stat_add(a->st.allocated_bytes, sp, -(int64_t)b->size);
+    mt__stat_add(a->st.requested_bytes, sp, -(int64_t)b->requested);
+    mt__stat_add(a->st.allocation, sp, -1);
+    mt__stat_add1(&a->st.tag_allocated_bytes[b->tag], -(int64_t)b->size);
+    mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
+    mt__alloc_emit(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->stream,
+                   mt__public_pool(sp), b->tag);
+    b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
+    for (uint32_t i = 0; i < b->nuses; i++) {
+        mt_event_t *ev = event_get(a);
+        int erc = ev ? mt_event_record(a->backend, ev, b->uses[i]) : MT_ENOMEM;
+        if (erc == 0)
+            erc = pending_push(a, ev, b);
+        if (erc != 0) {
+            /* Without an event the only safe fallback is to wait for the stream now. */
+            if (ev != NULL)
+                event_put(a, ev);
+            (void)mt_stream_synchronize(a->backend, b->uses[i]);
+            continue;
+        }
+        b->npending++;
+    }
+    b->nuses = 0;
+    if (b->npending == 0)
+        mt__alloc_free_complete(a, b);
+out:
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
+{
+    if (a == NULL || ptr == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
+        rc = MT_ENOENT;
+        goto out;
+    }
+    if (stream == b->seg->stream)
+        goto out;
+    for (uint32_t i = 0; i < b->nuses; i++)
+        if (b->uses[i] == stream)
+            goto out;
+    if (b->nuses == b->cap_uses) {
+        uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
+        mt_stream_t **nu = realloc(b->uses, cap * sizeof *nu);
+        if (nu == NULL) {
+            rc = MT_ENOMEM;
+            goto out;
+        }
+        b->uses = nu;
+        b->cap_uses = cap;
+    }
+    b->uses[b->nuses++] = stream;
+out:
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size, int *tag)
+{
+    if (a == NULL || ptr == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL) {
+        /* An interior pointer: find its segment, then walk that segment's blocks. */
+        mt_segment_t *seg = mt__seg_find(a, (uintptr_t)ptr);
+        for (mt_block_t *x = seg ? seg->first : NULL; x != NULL; x = x->next) {
+            if ((uintptr_t)ptr >= x->addr && (uintptr_t)ptr < x->addr + x->size) {
+                b = x;
+                break;
+            }
+        }
+    }
+    int rc = 0;
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
+        rc = MT_ENOENT;
+    } else {
+        if (base != NULL)
+            *base = (void *)b->addr;
+        if (size != NULL)
+            *size = b->size;
+        if (tag != NULL)
+            *tag = b->tag;
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int mt_alloc_empty_cache(mt_alloc_t *a)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    if (a->npending > 0)
+        mt__alloc_sync_pending(a);
+    size_t released = mt__seg_release_all(a, false, NULL, false);
+    mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, NULL, MT_POOL_NONE, 0);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+/* ---- tags ---- */
+
+int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag)
+{
+    if (a == NULL || label == NULL || out_tag == NULL || label[0] == '\0')
+        return MT_EINVAL;
+    for (int t = 0; t < MT_TAG_USER_FIRST; t++) {
+        if (strcmp(label, mt_tag_builtin_name(t)) == 0) {
+            *out_tag = t;
+            return 0;
+        }
+    }
+    pthread_mutex_lock(&a->mu);
+    int rc = MT_ENOMEM, free_id = -1;
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++) {
+        if (a->tag_names[t][0] == '\0') {
+            if (free_id < 0)
+                free_id = t;
+        } else if (strncmp(a->tag_names[t], label, sizeof a->tag_names[t] - 1) == 0) {
+            free_id = t;
+            rc = 0;
+            break;
+        }
+    }
+    if (rc != 0 && free_id >= 0) {
+        snprintf(a->tag_names[free_id], sizeof a->tag_names[free_id], "%s", label);
+        rc = 0;
+    }
+    if (rc == 0)
+        *out_tag = free_id;
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+const char *mt_alloc_tag_name(const mt_alloc_t *a, int tag)
+{
+    if (tag < 0 || tag >= MT_TAG_MAX)
+        return "other";
+    if (tag < MT_TAG_USER_FIRST || a == NULL)
+        return mt_tag_builtin_name(tag);
+    /* Labels are written once and never change, so reading without the lock is safe. */
+    return a->tag_names[tag][0] != '\0' ? a->tag_names[tag] : "other";
+}

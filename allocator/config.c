@@ -1,0 +1,204 @@
+/* Allocator configuration: defaults, the PyTorch-style "key:value,key:value" string
+ * (MEMTRACE_ALLOC_CONF), and validation. Parsing works on a copy so a bad string leaves
+ * the caller's config untouched. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator/internal.h"
+
+mt_alloc_cfg_t mt_alloc_cfg_default(void)
+{
+    mt_alloc_cfg_t c;
+    memset(&c, 0, sizeof c);
+    c.max_split_size = SIZE_MAX;
+    c.roundup_power2_divisions = 0;
+    c.garbage_collection_threshold = 0.0;
+    c.memory_fraction = 1.0;
+    c.expandable_segments = false;
+    c.release_on_oom = true;
+    return c;
+}
+
+static void seterr(char *err, size_t errlen, const char *fmt, const char *a, const char *b)
+{
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, fmt, a, b);
+}
+
+static int parse_bool(const char *v, bool *out)
+{
+    if (strcmp(v, "True") == 0 || strcmp(v, "true") == 0 || strcmp(v, "1") == 0) {
+        *out = true;
+        return 0;
+    }
+    if (strcmp(v, "False") == 0 || strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
+        *out = false;
+        return 0;
+    }
+    return MT_EINVAL;
+}
+
+static int parse_uint(const char *v, unsigned long long *out)
+{
+    if (*v == '\0' || !isdigit((unsigned char)*v))
+        return MT_EINVAL;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return MT_EINVAL;
+    *out = x;
+    return 0;
+}
+
+static int parse_double(const char *v, double *out)
+{
+    if (*v == '\0')
+        return MT_EINVAL;
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno != 0 || *end != '\0' || !isfinite(x))
+        return MT_EINVAL;
+    *out = x;
+    return 0;
+}
+
+/* Applies one key:value to c. */
+static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err, size_t errlen)
+{
+    unsigned long long u;
+    double d;
+    bool b;
+    if (strcmp(key, "max_split_size_mb") == 0) {
+        /* The reference requires more than the 20 MiB large-segment size, else splitting
+         * rules would contradict the segment sizes. */
+        if (parse_uint(val, &u) != 0 || u <= MT__LARGE_BUFFER >> 20 || u > (SIZE_MAX >> 21))
+            goto bad;
+        c->max_split_size = (size_t)u << 20;
+    } else if (strcmp(key, "roundup_power2_divisions") == 0) {
+        if (parse_uint(val, &u) != 0 || u > 64 || (u != 0 && (u & (u - 1)) != 0))
+            goto bad;
+        c->roundup_power2_divisions = (unsigned)u;
+    } else if (strcmp(key, "garbage_collection_threshold") == 0) {
+        if (parse_double(val, &d) != 0 || !(d > 0.0 && d < 1.0))
+            goto bad;
+        c->garbage_collection_threshold = d;
+    } else if (strcmp(key, "memory_fraction") == 0) {
+        if (parse_double(val, &d) != 0 || !(d > 0.0 && d <= 1.0))
+            goto bad;
+        c->memory_fraction = d;
+    } else if (strcmp(key, "expandable_segments") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->expandable_segments = b;
+    } else if (strcmp(key, "release_on_oom") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->release_on_oom = b;
+    } else {
+        seterr(err, errlen, "unknown allocator config key '%s' (value '%s')", key, val);
+        return MT_EINVAL;
+    }
+    return 0;
+bad:
+    seterr(err, errlen, "bad value for allocator config key '%s': '%s'", key, val);
+    return MT_EINVAL;
+}
+
+int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen)
+{
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (cfg == NULL) {
+        seterr(err, errlen, "%s%s", "no config to apply the string to", "");
+        return MT_EINVAL;
+    }
+    if (conf == NULL)
+        return 0;
+    mt_alloc_cfg_t c = *cfg;
+    char *copy = strdup(conf);
+    if (copy == NULL)
+        return MT_ENOMEM;
+    int rc = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*item))
+            item++;
+        char *end = item + strlen(item);
+        while (end > item && isspace((unsigned char)end[-1]))
+            *--end = '\0';
+        if (*item == '\0')
+            continue;
+        char *colon = strchr(item, ':');
+        if (colon == NULL) {
+            seterr(err, errlen, "allocator config item '%s' has no ':value'%s", item, "");
+            rc = MT_EINVAL;
+            break;
+        }
+        *colon = '\0';
+        char *key = item, *val = colon + 1;
+        for (char *k = colon; k > key && isspace((unsigned char)k[-1]);)
+            *--k = '\0';
+        while (isspace((unsigned char)*val))
+            val++;
+        rc = apply(&c, key, val, err, errlen);
+        if (rc != 0)
+            break;
+    }
+    free(copy);
+    if (rc == 0)
+        *cfg = c;
+    return rc;
+}
+
+int mt_alloc_cfg_from_env(mt_alloc_cfg_t *cfg, char *err, size_t errlen)
+{
+    const char *s = getenv("MEMTRACE_ALLOC_CONF");
+    if (s == NULL) {
+        if (err != NULL && errlen > 0)
+            err[0] = '\0';
+        return 0;
+    }
+    return mt_alloc_cfg_parse(cfg, s, err, errlen);
+}
+
+int mt__alloc_cfg_validate(const mt_alloc_cfg_t *c, char *err, size_t errlen)
+{
+    char v[64];
+    if (c->backend == NULL) {
+        seterr(err, errlen, "allocator config: %s%s", "backend is required", "");
+        return MT_EINVAL;
+    }
+    if (c->max_split_size != SIZE_MAX && c->max_split_size <= MT__LARGE_BUFFER) {
+        snprintf(v, sizeof v, "%zu", c->max_split_size);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s' (must exceed 20 MiB)",
+               "max_split_size", v);
+        return MT_EINVAL;
+    }
+    unsigned d = c->roundup_power2_divisions;
+    if (d > 64 || (d & (d - 1)) != 0) {
+        snprintf(v, sizeof v, "%u", d);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s'",
+               "roundup_power2_divisions", v);
+        return MT_EINVAL;
+    }
+    double g = c->garbage_collection_threshold;
+    if (!(g == 0.0 || (g > 0.0 && g < 1.0))) {
+        snprintf(v, sizeof v, "%g", g);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s'",
+               "garbage_collection_threshold", v);
+        return MT_EINVAL;
+    }
+    double f = c->memory_fraction;
+    if (!(f > 0.0 && f <= 1.0)) {
+        snprintf(v, sizeof v, "%g", f);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s'", "memory_fraction", v);
+        return MT_EINVAL;
+    }
+    return 0;
+}

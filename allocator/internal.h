@@ -1,0 +1,314 @@
+/* Private layout of the caching allocator, shared by its files:
+ *   alloc.c    create/destroy, malloc/free, streams and pending events, block info, tags
+ *   bins.c     size-class bins (two-level segregated fit with bitmaps)
+ *   meta.c     block-struct pool and the address -> block hash table
+ *   segments.c segments, split/merge, expandable segments, release and garbage collection
+ *   config.c   configuration defaults, string parsing, environment
+ *   stats.c    statistics, snapshot, invariant check, OOM report
+ *   reserve.c  warm-up reservations
+ *
+ * All metadata lives on the host; nothing is ever written into device memory.
+ * Every function here expects the allocator's mutex held unless it says otherwise. */
+#ifndef MT_ALLOCATOR_INTERNAL_H
+#define MT_ALLOCATOR_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "memtrace/alloc.h"
+
+/* ---- policy constants (the reference allocator's values) ---- */
+
+#define MT__MIN_BLOCK     ((size_t)512)      /* smallest block; default rounding step */
+#define MT__ALIGN         ((size_t)256)      /* finest block step (roundup_power2 only) */
+#define MT__SMALL_SIZE    ((size_t)1 << 20)  /* requests <= this go to the small pool */
+#define MT__SMALL_BUFFER  ((size_t)2 << 20)  /* small pool segment size */
+#define MT__LARGE_BUFFER  ((size_t)20 << 20) /* large pool segment for requests < MIN_LARGE */
+#define MT__MIN_LARGE     ((size_t)10 << 20) /* requests below get a LARGE_BUFFER segment */
+#define MT__ROUND_LARGE   ((size_t)2 << 20)  /* bigger large segments round up to this */
+#define MT__PAGE_SMALL    MT__SMALL_BUFFER   /* expandable: mapping unit of the small pool */
+#define MT__PAGE_LARGE    MT__LARGE_BUFFER   /* expandable: mapping unit of the large pool */
+#define MT__BEST_FIT_SCAN 16                 /* candidates examined per size class */
+
+/* ---- size classes ----
+ * Sizes are multiples of MT__ALIGN. With u = size / MT__ALIGN: u < 32 maps linearly to
+ * class u (row 0); otherwise fl = floor(log2 u) >= 5, sl = the 5 bits below the top one,
+ * class = (fl - 4) * 32 + sl. A class therefore spans at most 1/32 of its power of two
+ * (TLSF's ~3 % worst-case internal waste); row r >= 1 covers [2^(r+4), 2^(r+5)) units. */
+#define MT__SL_BITS 5
+#define MT__SL_N    (1u << MT__SL_BITS) /* classes per row */
+#define MT__ROWS    48                  /* sizes < 2^(8 + 4 + 48) bytes */
+#define MT__NCLASS  (MT__ROWS * MT__SL_N)
+_Static_assert(MT__ROWS <= 64, "row bitmap is one uint64_t");
+_Static_assert(MT__SL_N == 32, "class bitmap per row is one uint32_t");
+_Static_assert(MT__MIN_BLOCK % MT__ALIGN == 0, "512 is a multiple of the alignment");
+
+/* Internal pools: the two public ones plus the warm-up reservation pool, whose blocks
+ * serve requests of any size on their stream. Reservation segments report as large. */
+enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
+
+typedef struct mt_block_s mt_block_t;
+typedef struct mt_segment_s mt_segment_t;
+typedef struct mt_binset_s mt_binset_t;
+typedef struct mt_streamrec_s mt_streamrec_t;
+
+/* A block is a contiguous piece of one segment.
+ * Invariants: prev/next link the blocks of one segment in address order and
+ * next->addr = addr + size (they tile the segment's mapped bytes exactly);
+ * two inactive neighbours never coexist (merged at free completion);
+ * state = INACTIVE  <=> the block is in exactly one bin: seg->bins, class mt__bin_class(size);
+ * state != INACTIVE <=> the block is in the address hash table;
+ * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete);
+ * split_counted <=> state = INACTIVE and (prev or next) (counted in inactive_split). */
+struct mt_block_s {
+    uintptr_t addr;       /* device address, multiple of MT__ALIGN */
+    size_t size;          /* bytes, multiple of MT__ALIGN, >= MT__MIN_BLOCK */
+    size_t requested;     /* bytes asked for; 0 when inactive */
+    mt_segment_t *seg;    /* owning segment */
+    mt_block_t *prev;     /* previous block of the segment (lower address) or NULL */
+    mt_block_t *next;     /* next block of the segment or NULL */
+    mt_block_t *bin_prev; /* free list of the block's size class (when inactive) */
+    mt_block_t *bin_next; /* also the free-list link of the block-struct pool */
+    mt_stream_t **uses;   /* streams other than seg->stream that used it (record_stream) */
+    uint32_t nuses;       /* entries in uses */
+    uint32_t cap_uses;    /* capacity of uses */
+    uint32_t npending;    /* events recorded at free, not yet seen complete */
+    uint32_t gen;         /* warm-up generation at allocation (reserve.c) */
+    uint16_t cls;         /* size class while inactive */
+    uint8_t state;        /* mt_block_state_e */
+    uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
+    bool split_counted;   /* counted in inactive_split stats */
+};
+
+/* A segment is one backend allocation (or, when expandable, one virtual range of which
+ * the first `size` bytes are mapped).
+ * Invariants: first..last tile [addr, addr + size); size > 0;
+ * expandable => size is a multiple of the pool's page (MT__PAGE_SMALL/LARGE) and <= vsize;
+ * reserved => pool = MT__BP_RESERVED; segments are linked in address order.
+ * A reserved (warm-up) segment is the user's explicit request for cached memory: garbage
+ * collection, empty_cache, oversize release and OOM recovery never return it to the
+ * backend; only mt_alloc_destroy (or a larger reservation replacing it) does. */
+struct mt_segment_s {
+    uintptr_t addr;      /* first device address */
+    size_t size;         /* bytes backed by device memory (mapped bytes if expandable) */
+    size_t vsize;        /* expandable: bytes of the virtual range; else = size */
+    mt_block_t *first;   /* lowest block */
+    mt_block_t *last;    /* highest block */
+    mt_binset_t *bins;   /* bins of (pool, stream) holding its inactive blocks */
+    mt_stream_t *stream; /* stream it serves (NULL = default stream) */
+    mt_segment_t *prev;  /* address-ordered list of all segments */
+    mt_segment_t *next;
+    uint64_t last_used; /* allocator clock at the last alloc/free in it (GC age) */
+    uint8_t pool;       /* MT__BP_* */
+    bool expandable;
+    bool reserved;
+};
+
+/* Free blocks of one (pool, stream): TLSF-like segregated fit.
+ * Invariants: bit r of row_map <=> cls_map[r] != 0; bit s of cls_map[r] <=> heads[r*32+s]
+ * is non-NULL; every block on heads[c] is inactive, of this binset, and has cls = c;
+ * nblocks/bytes = count/sum of sizes over all lists. */
+struct mt_binset_s {
+    uint64_t row_map;              /* non-empty rows */
+    uint32_t cls_map[MT__ROWS];    /* non-empty classes per row */
+    mt_block_t *heads[MT__NCLASS]; /* doubly linked free lists (LIFO) */
+    size_t nblocks;                /* blocks in the bins */
+    size_t bytes;                  /* bytes in the bins */
+    uint8_t pool;                  /* MT__BP_* */
+    mt_stream_t *stream;
+};
+
+/* Per stream seen by the allocator: its bins (created lazily) and, with expandable
+ * segments, the one expandable segment per pool. */
+struct mt_streamrec_s {
+    mt_stream_t *stream;
+    mt_binset_t *bins[MT__BP_N]; /* NULL until first needed */
+    mt_segment_t *expandable[2]; /* small, large; NULL when nothing is mapped */
+};
+
+/* An event recorded at free on a stream that used the block, awaiting completion. */
+typedef struct mt_pending_s {
+    mt_event_t *ev;  /* pooled event (returned to evpool when complete) */
+    mt_block_t *blk; /* its block, state ACTIVE_PENDING_FREE */
+} mt_pending_t;
+
+/* Open-addressing hash table (linear probing, backward-shift deletion) from a block's
+ * start address to the block, holding exactly the active (allocated or pending) blocks.
+ * Invariants: cap is a power of two; n <= cap / 2; keys are non-zero. */
+typedef struct mt_addrmap_s {
+    uintptr_t *keys; /* 0 = empty slot */
+    mt_block_t **vals;
+    size_t cap; /* slots */
+    size_t n;   /* used slots */
+} mt_addrmap_t;
+
+/* The allocator.
+ * Thread-safety: one pthread mutex (mu) per allocator serialises every operation; the
+ * event sink and the log callback are called with it held.
+ * Invariants (checked by mt_alloc_check):
+ *   reserved_bytes[ALL].current = sum of segment sizes;
+ *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
+ *   active_bytes[ALL].current = allocated + sum of sizes of ACTIVE_PENDING_FREE blocks;
+ *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour;
+ *   each [SMALL] + [LARGE] = [ALL]; the counts likewise;
+ *   npending = number of blocks in state ACTIVE_PENDING_FREE summed over their npending;
+ *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks. */
+struct mt_alloc_s {
+    pthread_mutex_t mu;
+    mt_alloc_cfg_t cfg;    /* copy; sink and backend borrowed */
+    mt_backend_t *backend; /* borrowed */
+    int device;            /* backend device ordinal */
+    size_t capacity;       /* device total bytes */
+    size_t limit;          /* memory_fraction x capacity, bytes */
+    size_t gc_limit;       /* garbage_collection_threshold x limit; 0 = off */
+    size_t vm_gran;        /* backend VM granularity, bytes (0 = no VM support) */
+
+    mt_segment_t *segs; /* all segments, address order */
+    size_t nsegs;
+
+    mt_streamrec_t **streams; /* nstreams records, each allocated once (stable) */
+    size_t nstreams;
+    size_t cap_streams;
+    mt_streamrec_t *last_sr; /* one-entry cache for the hot path */
+
+    mt_addrmap_t map; /* active blocks by address */
+
+    mt_block_t *blk_free; /* pool of unused block structs (linked by bin_next) */
+    void **blk_chunks;    /* chunks backing the pool, freed at destroy */
+    size_t nchunks, cap_chunks;
+
+    mt_pending_t *pending; /* events awaiting completion */
+    size_t npending, cap_pending;
+    mt_event_t **evpool; /* idle events, reused instead of create/destroy */
+    size_t nevpool, cap_evpool;
+
+    uint64_t clock;    /* operation counter: segment ages for GC */
+    uint32_t gen;      /* warm-up generation; blocks remember theirs */
+    bool warming;      /* between warmup_begin and warmup_end */
+    int64_t warm_peak; /* peak allocated bytes since warmup_begin */
+
+    mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
+    char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
+    char last_error[1024];
+};
+
+/* ---- alloc.c ---- */
+void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
+                         const mt_stream_t *s, int pool, int tag);
+/* Sends one event to the sink; a single predictable branch when there is no sink. */
+static inline void mt__alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size,
+                                  uint64_t requested, const mt_stream_t *s, int pool, int tag)
+{
+    if (__builtin_expect(a->cfg.sink != NULL, 0))
+        mt__alloc_emit_slow(a, kind, addr, size, requested, s, pool, tag);
+}
+void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+size_t mt__alloc_round_size(size_t size, unsigned divisions);
+mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
+mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
+/* Queries pending events; completes blocks whose events are done. */
+void mt__alloc_process_events(mt_alloc_t *a);
+/* Waits for every pending event, then completes their blocks. */
+void mt__alloc_sync_pending(mt_alloc_t *a);
+/* Marks an inactive-bound block free: merge, insert into bins, stats, event. */
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b);
+
+/* ---- bins.c ---- */
+unsigned mt__bin_class(size_t size);
+size_t mt__bin_class_min(unsigned cls);
+mt_binset_t *mt__bins_create(int bp, mt_stream_t *s);
+void mt__bins_insert(mt_binset_t *bs, mt_block_t *b);
+void mt__bins_remove(mt_binset_t *bs, mt_block_t *b);
+/* Best fit of size bytes among blocks of size < upper (exclusive); NULL if none. Does not
+ * remove the block. */
+mt_block_t *mt__bins_find(const mt_binset_t *bs, size_t size, size_t upper);
+/* Largest block in the bins (0 if empty). */
+size_t mt__bins_largest(const mt_binset_t *bs);
+/* Verifies the binset's invariants; returns a static description of the first violation. */
+const char *mt__bins_check(const mt_binset_t *bs, size_t *nblocks);
+
+/* ---- meta.c ---- */
+mt_block_t *mt__block_new(mt_alloc_t *a);
+void mt__block_release(mt_alloc_t *a, mt_block_t *b);
+void mt__blocks_fini(mt_alloc_t *a);
+int mt__addrmap_init(mt_addrmap_t *m);
+void mt__addrmap_fini(mt_addrmap_t *m);
+int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b);
+mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr);
+void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr);
+
+/* ---- segments.c ---- */
+/* Size of a new segment for a rounded request in pool bp (small/large). */
+size_t mt__seg_alloc_size(int bp, size_t rsize);
+/* Gets a block of at least rsize bytes by a backend malloc (or expandable mapping) for
+ * (bp, sr); the returned block is inactive and in the bins. Fails with MT_ENOMEM when
+ * the backend or the memory limit refuses. */
+int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
+/* Allocates a whole segment of exactly size bytes (already rounded) for pool bp. */
+int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segment_t **out);
+/* Returns a whole free segment (or an expandable one's trailing free pages) to the backend.
+ * Returns bytes given back. */
+size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
+/* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
+void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
+bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size);
+/* Merges inactive b with inactive neighbours; returns the merged block (b or prev). */
+mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b);
+/* Garbage collection: releases the oldest unused cached segments until reserved is at or
+ * below the GC limit. */
+void mt__seg_gc(mt_alloc_t *a);
+/* Releases cached oversize blocks (>= max_split_size) of (bp, stream) that form whole
+ * segments, largest first, until `need` bytes were released. True if any. */
+bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need);
+/* Releases every unused cached segment (reserved ones only when include_reserved).
+ * Returns bytes released. Caller has synchronised pending events. */
+size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,
+                           bool only);
+bool mt__seg_is_whole_free(const mt_segment_t *seg);
+/* Puts an inactive block into its segment's bins / takes it out, keeping the
+ * inactive_split statistics. */
+void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b);
+void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b);
+/* The segment containing addr, or NULL. */
+mt_segment_t *mt__seg_find(const mt_alloc_t *a, uintptr_t addr);
+/* Returns every segment to the backend regardless of its blocks (destroy). */
+void mt__seg_destroy_all(mt_alloc_t *a);
+
+/* ---- stats.c ---- */
+/* current += d; peak, allocated (d > 0) and freed (d < 0) follow. */
+static inline void mt__stat_add1(mt_stat_t *s, int64_t d)
+{
+    s->current += d;
+    if (d > 0) {
+        s->allocated += (uint64_t)d;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    } else {
+        s->freed += (uint64_t)-d;
+    }
+}
+/* Updates arr[MT_STAT_ALL] and the entry of internal pool bp. */
+static inline void mt__stat_add(mt_stat_t *arr, int bp, int64_t d)
+{
+    mt__stat_add1(&arr[MT_STAT_ALL], d);
+    mt__stat_add1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], d);
+}
+static inline int mt__stat_pool(int bp)
+{
+    return bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE;
+}
+static inline int mt__public_pool(int bp)
+{
+    return bp == MT__BP_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE;
+}
+/* Fills a->last_error with the OOM report and logs it. */
+void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why);
+void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
+
+/* ---- config.c ---- */
+int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);
+
+#endif

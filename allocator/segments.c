@@ -1,0 +1,546 @@
+/* Segments: what the allocator holds from the backend, and the blocks tiling them.
+ *
+ * Segment sizes, split and merge rules follow the reference allocator: small pool
+ * segments are 2 MiB, large ones 20 MiB for requests under 10 MiB and otherwise the
+ * request rounded up to 2 MiB. Only whole unsplit segments go back to the backend.
+ * Expandable segments are one virtual range per (pool, stream) whose pages are mapped at
+ * the end on demand and unmapped from the end when the tail is free. */
+#include <stdlib.h>
+
+#include "allocator/internal.h"
+
+static size_t round_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+size_t mt__seg_alloc_size(int bp, size_t rsize)
+{
+    if (bp == MT__BP_SMALL)
+        return MT__SMALL_BUFFER;
+    if (rsize < MT__MIN_LARGE)
+        return MT__LARGE_BUFFER;
+    return round_up(rsize, MT__ROUND_LARGE);
+}
+
+static size_t page_of(const mt_segment_t *seg)
+{
+    return seg->pool == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
+}
+
+/* ---- the address-ordered segment list ---- */
+
+static void seg_link(mt_alloc_t *a, mt_segment_t *seg)
+{
+    mt_segment_t *prev = NULL, *cur = a->segs;
+    while (cur != NULL && cur->addr < seg->addr) {
+        prev = cur;
+        cur = cur->next;
+    }
+    seg->prev = prev;
+    seg->next = cur;
+    if (prev != NULL)
+        prev->next = seg;
+    else
+        a->segs = seg;
+    if (cur != NULL)
+        cur->prev = seg;
+    a->nsegs++;
+}
+
+static void seg_unlink(mt_alloc_t *a, mt_segment_t *seg)
+{
+    if (seg->prev != NULL)
+        seg->prev->next = seg->next;
+    else
+        a->segs = seg->next;
+    if (seg->next != NULL)
+        seg->next->prev = seg->prev;
+    a->nsegs--;
+}
+
+mt_segment_t *mt__seg_find(const mt_alloc_t *a, uintptr_t addr)
+{
+    for (mt_segment_t *s = a->segs; s != NULL && s->addr <= addr; s = s->next)
+        if (addr < s->addr + s->size)
+            return s;
+    return NULL;
+}
+
+bool mt__seg_is_whole_free(const mt_segment_t *seg)
+{
+    return seg->first != NULL && seg->first == seg->last && seg->first->state == MT_BLOCK_INACTIVE;
+}
+
+/* ---- bins with inactive_split accounting ---- */
+
+void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__bins_insert(b->seg->bins, b);
+    if (b->prev != NULL || b->next != NULL) {
+        b->split_counted = true;
+        mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
+        mt__stat_add(a->st.inactive_split, b->seg->pool, 1);
+    }
+}
+
+void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__bins_remove(b->seg->bins, b);
+    if (b->split_counted) {
+        b->split_counted = false;
+        mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
+        mt__stat_add(a->st.inactive_split, b->seg->pool, -1);
+    }
+}
+
+/* ---- split and merge ---- */
+
+bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
+{
+    size_t remaining = b->size - size;
+    const mt_segment_t *seg = b->seg;
+    /* Small blocks, warm-up reservations and expandable segments split down to the
+     * minimum block: none of them strands a large remainder in a separate segment. */
+    if (seg->pool != MT__BP_LARGE || seg->expandable)
+        return remaining >= MT__MIN_BLOCK;
+    return size < a->cfg.max_split_size && remaining > MT__SMALL_SIZE;
+}
+
+void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
+{
+    mt_block_t *r = mt__block_new(a);
+    if (r == NULL)
+        return; /* no host memory for metadata: hand the block out whole */
+    mt_segment_t *seg = b->seg;
+    r->addr = b->addr + size;
+    r->size = b->size - size;
+    r->seg = seg;
+    r->state = MT_BLOCK_INACTIVE;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL)
+        b->next->prev = r;
+    else
+        seg->last = r;
+    b->next = r;
+    b->size = size;
+    mt__seg_bin_in(a, r);
+}
+
+mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
+{
+    mt_segment_t *seg = b->seg;
+    mt_block_t *p = b->prev;
+    if (p != NULL && p->state == MT_BLOCK_INACTIVE) {
+        mt__seg_bin_out(a, p);
+        p->size += b->size;
+        p->next = b->next;
+        if (b->next != NULL)
+            b->next->prev = p;
+        else
+            seg->last = p;
+        mt__block_release(a, b);
+        b = p;
+    }
+    mt_block_t *n = b->next;
+    if (n != NULL && n->state == MT_BLOCK_INACTIVE) {
+        mt__seg_bin_out(a, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next != NULL)
+            n->next->prev = b;
+        else
+            seg->last = b;
+        mt__block_release(a, n);
+    }
+    return b;
+}
+
+/* ---- new segments ---- */
+
+static bool within_limit(const mt_alloc_t *a, size_t more)
+{
+    size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    return more <= a->limit && reserved <= a->limit - more;
+}
+
+int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segment_t **out)
+{
+    mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
+    if (bins == NULL)
+        return MT_ENOMEM;
+    if (!within_limit(a, size))
+        return MT_ENOMEM;
+    void *p = NULL;
+    int rc = mt_backend_malloc(a->backend, size, &p);
+    if (rc != 0)
+        return rc;
+    mt_segment_t *seg = calloc(1, sizeof *seg);
+    mt_block_t *b = seg ? mt__block_new(a) : NULL;
+    if (b == NULL) {
+        free(seg);
+        (void)mt_backend_free(a->backend, p);
+        return MT_ENOMEM;
+    }
+    seg->addr = (uintptr_t)p;
+    seg->size = seg->vsize = size;
+    seg->pool = (uint8_t)bp;
+    seg->reserved = bp == MT__BP_RESERVED;
+    seg->stream = sr->stream;
+    seg->bins = bins;
+    seg->first = seg->last = b;
+    seg->last_used = ++a->clock;
+    b->addr = seg->addr;
+    b->size = size;
+    b->seg = seg;
+    b->state = MT_BLOCK_INACTIVE;
+    seg_link(a, seg);
+    mt__stat_add(a->st.reserved_bytes, bp, (int64_t)size);
+    mt__stat_add(a->st.segment, bp, 1);
+    a->st.num_device_alloc++;
+    mt__alloc_emit(a, MT_EV_SEGMENT_ALLOC, seg->addr, size, 0, seg->stream, mt__public_pool(bp), 0);
+    mt__seg_bin_in(a, b);
+    *out = seg;
+    return 0;
+}
+
+/* ---- expandable segments ---- */
+
+static void exp_drop(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *seg)
+{
+    int rc = mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
+    if (rc != 0)
+        mt__alloc_log(a, MT_LOG_WARN, "memtrace: releasing an expandable range failed: %s",
+                      mt_strerror(rc));
+    seg_unlink(a, seg);
+    if (sr != NULL)
+        sr->expandable[seg->pool] = NULL;
+    free(seg);
+}
+
+/* Maps enough pages at the end of the (pool, stream) range for an rsize block. */
+static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
+{
+    size_t page = bp == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
+    mt_segment_t *seg = sr->expandable[bp];
+    mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
+    if (bins == NULL)
+        return MT_ENOMEM;
+    if (seg == NULL) {
+        /* As large as the device: the range costs address space only. */
+        size_t vsize = round_up(a->capacity > rsize ? a->capacity : rsize, page);
+        void *base = NULL;
+        int rc = mt_backend_vm_reserve(a->backend, vsize, &base);
+        if (rc != 0)
+            return rc;
+        seg = calloc(1, sizeof *seg);
+        if (seg == NULL) {
+            (void)mt_backend_vm_release(a->backend, base, vsize);
+            return MT_ENOMEM;
+        }
+        seg->addr = (uintptr_t)base;
+        seg->vsize = vsize;
+        seg->pool = (uint8_t)bp;
+        seg->expandable = true;
+        seg->stream = sr->stream;
+        seg->bins = bins;
+        seg_link(a, seg);
+        sr->expandable[bp] = seg;
+    }
+    mt_block_t *last = seg->last;
+    size_t have = last != NULL && last->state == MT_BLOCK_INACTIVE ? last->size : 0;
+    if (have >= rsize) {
+        *out = last;
+        return 0;
+    }
+    size_t map = round_up(rsize - have, page);
+    int rc = MT_ENOMEM;
+    /* The block struct comes first so that nothing can fail after the pages are mapped. */
+    mt_block_t *b = have > 0 ? NULL : mt__block_new(a);
+    if ((have == 0 && b == NULL) || map > seg->vsize - seg->size || !within_limit(a, map))
+        goto fail;
+    uintptr_t start = seg->addr + seg->size;
+    for (size_t off = 0; off < map; off += page) {
+        rc = mt_backend_vm_map(a->backend, (void *)(start + off), page);
+        if (rc != 0) {
+            while (off > 0) {
+                off -= page;
+                (void)mt_backend_vm_unmap(a->backend, (void *)(start + off), page);
+            }
+            goto fail;
+        }
+    }
+    if (seg->size == 0)
+        mt__stat_add(a->st.segment, bp, 1);
+    seg->size += map;
+    seg->last_used = ++a->clock;
+    mt__stat_add(a->st.reserved_bytes, bp, (int64_t)map);
+    a->st.num_device_alloc += map / page;
+    mt__alloc_emit(a, MT_EV_SEGMENT_MAP, start, map, rsize, seg->stream, mt__public_pool(bp), 0);
+    if (have > 0) {
+        mt__seg_bin_out(a, last);
+        last->size += map;
+        mt__seg_bin_in(a, last);
+        *out = last;
+        return 0;
+    }
+    b->addr = start;
+    b->size = map;
+    b->seg = seg;
+    b->state = MT_BLOCK_INACTIVE;
+    b->prev = last;
+    if (last != NULL)
+        last->next = b;
+    else
+        seg->first = b;
+    seg->last = b;
+    mt__seg_bin_in(a, b);
+    *out = b;
+    return 0;
+fail:
+    if (b != NULL)
+        mt__block_release(a, b);
+    if (seg->size == 0)
+        exp_drop(a, sr, seg);
+    return rc;
+}
+
+/* Unmaps the whole free pages at the end of an expandable segment. */
+static size_t exp_trim(mt_alloc_t *a, mt_segment_t *seg)
+{
+    mt_block_t *last = seg->last;
+    if (last == NULL || last->state != MT_BLOCK_INACTIVE)
+        return 0;
+    size_t page = page_of(seg);
+    size_t keep = round_up(last->addr - seg->addr, page);
+    if (keep >= seg->size)
+        return 0;
+    /* Work queued on the segment's own stream may still touch these pages. */
+    (void)mt_stream_synchronize(a->backend, seg->stream);
+    size_t end = seg->size;
+    while (end > keep) {
+        int rc = mt_backend_vm_unmap(a->backend, (void *)(seg->addr + end - page), page);
+        if (rc != 0) {
+            mt__alloc_log(a, MT_LOG_WARN, "memtrace: unmapping expandable pages failed: %s",
+                          mt_strerror(rc));
+            break;
+        }
+        end -= page;
+        a->st.num_device_free++;
+    }
+    keep = end;
+    size_t released = seg->size - keep;
+    if (released == 0)
+        return 0;
+    mt__seg_bin_out(a, last);
+    if (last->addr == seg->addr + keep) {
+        seg->last = last->prev;
+        if (last->prev != NULL)
+            last->prev->next = NULL;
+        else
+            seg->first = NULL;
+        mt__block_release(a, last);
+    } else {
+        last->size = seg->addr + keep - last->addr;
+        mt__seg_bin_in(a, last);
+    }
+    seg->size = keep;
+    mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)released);
+    mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr + keep, released, 0, seg->stream,
+                   mt__public_pool(seg->pool), 0);
+    if (seg->size == 0) {
+        mt__stat_add(a->st.segment, seg->pool, -1);
+        exp_drop(a, mt__alloc_streamrec(a, seg->stream), seg);
+    }
+    return released;
+}
+
+static bool exp_trimmable(const mt_segment_t *seg)
+{
+    const mt_block_t *last = seg->last;
+    return last != NULL && last->state == MT_BLOCK_INACTIVE &&
+           round_up(last->addr - seg->addr, page_of(seg)) < seg->size;
+}
+
+int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
+{
+    if (a->cfg.expandable_segments) {
+        int rc = exp_grow(a, sr, bp, rsize, out);
+        if (rc != MT_ENOTSUP)
+            return rc;
+        /* A backend without virtual memory: fall back to plain segments. */
+    }
+    mt_segment_t *seg = NULL;
+    int rc = mt__seg_new(a, sr, bp, mt__seg_alloc_size(bp, rsize), &seg);
+    if (rc == 0)
+        *out = seg->first;
+    return rc;
+}
+
+/* ---- release ---- */
+
+size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
+{
+    if (seg->expandable)
+        return exp_trim(a, seg);
+    if (!mt__seg_is_whole_free(seg))
+        return 0;
+    mt_block_t *b = seg->first;
+    mt__seg_bin_out(a, b);
+    mt__block_release(a, b);
+    int rc = mt_backend_free(a->backend, (void *)seg->addr);
+    if (rc != 0)
+        mt__alloc_log(a, MT_LOG_WARN, "memtrace: backend free of a segment failed: %s",
+                      mt_strerror(rc));
+    size_t size = seg->size;
+    mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)size);
+    mt__stat_add(a->st.segment, seg->pool, -1);
+    a->st.num_device_free++;
+    mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->stream,
+                   mt__public_pool(seg->pool), 0);
+    seg_unlink(a, seg);
+    free(seg);
+    return size;
+}
+
+static bool releasable(const mt_segment_t *seg)
+{
+    return seg->expandable ? exp_trimmable(seg) : mt__seg_is_whole_free(seg);
+}
+
+static int by_age(const void *x, const void *y)
+{
+    const mt_segment_t *s = *(mt_segment_t *const *)x, *t = *(mt_segment_t *const *)y;
+    return s->last_used < t->last_used ? -1 : s->last_used > t->last_used;
+}
+
+static int by_size_desc(const void *x, const void *y)
+{
+    const mt_segment_t *s = *(mt_segment_t *const *)x, *t = *(mt_segment_t *const *)y;
+    return s->size > t->size ? -1 : s->size < t->size;
+}
+
+/* Candidate segments (a rare path, so a temporary array is fine). */
+static mt_segment_t **collect(mt_alloc_t *a, bool (*pick)(const mt_segment_t *, const void *),
+                              const void *arg, size_t *n)
+{
+    *n = 0;
+    mt_segment_t **v = malloc((a->nsegs + 1) * sizeof *v);
+    if (v == NULL)
+        return NULL;
+    for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
+        if (pick(s, arg))
+            v[(*n)++] = s;
+    return v;
+}
+
+static bool pick_gc(const mt_segment_t *s, const void *arg)
+{
+    (void)arg;
+    return !s->reserved && releasable(s);
+}
+
+void mt__seg_gc(mt_alloc_t *a)
+{
+    if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
+        return;
+    size_t n;
+    mt_segment_t **v = collect(a, pick_gc, NULL, &n);
+    if (v == NULL)
+        return;
+    qsort(v, n, sizeof *v, by_age);
+    for (size_t i = 0; i < n; i++) {
+        if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
+            break;
+        mt__seg_release(a, v[i]);
+    }
+    free(v);
+}
+
+typedef struct {
+    const mt_binset_t *bs;
+    size_t min;
+} oversize_arg_t;
+
+static bool pick_oversize(const mt_segment_t *s, const void *arg)
+{
+    const oversize_arg_t *o = arg;
+    return s->bins == o->bs && !s->reserved && !s->expandable && mt__seg_is_whole_free(s) &&
+           s->size >= o->min;
+}
+
+bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need)
+{
+    oversize_arg_t arg = {bs, a->cfg.max_split_size};
+    size_t n;
+    mt_segment_t **v = collect(a, pick_oversize, &arg, &n);
+    if (v == NULL || n == 0) {
+        free(v);
+        return false;
+    }
+    /* The smallest oversize segment that alone covers the request, else the largest
+     * ones until the request is covered (the reference's order). */
+    qsort(v, n, sizeof *v, by_size_desc);
+    size_t fit = n;
+    for (size_t i = 0; i < n; i++)
+        if (v[i]->size >= need)
+            fit = i;
+    if (fit < n) {
+        mt__seg_release(a, v[fit]);
+    } else {
+        size_t got = 0;
+        for (size_t i = 0; i < n && got < need; i++)
+            got += mt__seg_release(a, v[i]);
+    }
+    free(v);
+    return true;
+}
+
+size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *stream, bool only)
+{
+    size_t released = 0;
+    mt_segment_t *next;
+    for (mt_segment_t *s = a->segs; s != NULL; s = next) {
+        next = s->next;
+        if (s->reserved && !include_reserved)
+            continue;
+        if (only && s->stream != stream)
+            continue;
+        released += mt__seg_release(a, s);
+    }
+    return released;
+}
+
+void mt__seg_destroy_all(mt_alloc_t *a)
+{
+    bool synced = false;
+    while (a->segs != NULL) {
+        mt_segment_t *seg = a->segs;
+        for (mt_block_t *b = seg->first; b != NULL; b = b->next) {
+            free(b->uses);
+            b->uses = NULL;
+        }
+        if (seg->expandable) {
+            if (!synced)
+                (void)mt_device_synchronize(a->backend);
+            synced = true;
+            size_t page = page_of(seg);
+            for (size_t off = 0; off < seg->size; off += page)
+                (void)mt_backend_vm_unmap(a->backend, (void *)(seg->addr + off), page);
+            a->st.num_device_free += seg->size / page;
+            mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr, seg->size, 0, seg->stream,
+                           mt__public_pool(seg->pool), 0);
+            (void)mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
+        } else {
+            (void)mt_backend_free(a->backend, (void *)seg->addr);
+            a->st.num_device_free++;
+            mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, seg->size, 0, seg->stream,
+                           mt__public_pool(seg->pool), 0);
+        }
+        mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)seg->size);
+        mt__stat_add(a->st.segment, seg->pool, -1);
+        seg_unlink(a, seg);
+        free(seg);
+    }
+}

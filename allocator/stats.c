@@ -1,0 +1,377 @@
+/* Statistics in the reference vocabulary, snapshots, the invariant checker and the
+ * out-of-memory report. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "allocator/internal.h"
+
+/* ---- stats ---- */
+
+static size_t largest_free(const mt_alloc_t *a)
+{
+    size_t best = 0;
+    for (size_t i = 0; i < a->nstreams; i++) {
+        for (int bp = 0; bp < MT__BP_N; bp++) {
+            size_t l = mt__bins_largest(a->streams[i]->bins[bp]);
+            if (l > best)
+                best = l;
+        }
+    }
+    return best;
+}
+
+void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
+{
+    *out = a->st;
+    int64_t reserved = a->st.reserved_bytes[MT_STAT_ALL].current;
+    int64_t allocated = a->st.allocated_bytes[MT_STAT_ALL].current;
+    int64_t active = a->st.active_bytes[MT_STAT_ALL].current;
+    out->largest_free_block = largest_free(a);
+    out->total_free = (uint64_t)(reserved - active);
+    out->utilization = reserved > 0 ? (double)allocated / (double)reserved : 1.0;
+    out->fragmentation =
+        out->total_free > 0 ? 1.0 - (double)out->largest_free_block / (double)out->total_free : 0.0;
+    out->capacity = a->capacity;
+    out->limit = a->limit;
+}
+
+int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
+{
+    if (a == NULL || out == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    mt__alloc_compute_stats(a, out);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
+static void reset_peaks(mt_stat_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        s[i].peak = s[i].current;
+}
+
+void mt_alloc_reset_peak(mt_alloc_t *a)
+{
+    if (a == NULL)
+        return;
+    pthread_mutex_lock(&a->mu);
+    mt_alloc_stats_t *s = &a->st;
+    reset_peaks(s->allocated_bytes, MT_STAT_N);
+    reset_peaks(s->reserved_bytes, MT_STAT_N);
+    reset_peaks(s->active_bytes, MT_STAT_N);
+    reset_peaks(s->inactive_split_bytes, MT_STAT_N);
+    reset_peaks(s->requested_bytes, MT_STAT_N);
+    reset_peaks(s->allocation, MT_STAT_N);
+    reset_peaks(s->segment, MT_STAT_N);
+    reset_peaks(s->active, MT_STAT_N);
+    reset_peaks(s->inactive_split, MT_STAT_N);
+    reset_peaks(s->tag_allocated_bytes, MT_TAG_MAX);
+    reset_peaks(s->tag_requested_bytes, MT_TAG_MAX);
+    pthread_mutex_unlock(&a->mu);
+}
+
+const char *mt_alloc_last_error(mt_alloc_t *a)
+{
+    return a ? a->last_error : "";
+}
+
+/* ---- OOM report ---- */
+
+static const char *human(size_t v, char *buf, size_t n)
+{
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double d = (double)v;
+    int u = 0;
+    while (d >= 1024.0 && u < 4) {
+        d /= 1024.0;
+        u++;
+    }
+    snprintf(buf, n, "%.2f %s", d, unit[u]);
+    return buf;
+}
+
+void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why)
+{
+    size_t free_b = 0, total_b = 0;
+    (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+    size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    size_t allocated = (size_t)a->st.allocated_bytes[MT_STAT_ALL].current;
+    size_t unalloc = reserved - allocated;
+    size_t largest = largest_free(a);
+    char h[8][32];
+    snprintf(a->last_error, sizeof a->last_error,
+             "out of memory (%s): tried to allocate %s (%zu bytes, %zu rounded). Device %d "
+             "has a total capacity of %s of which %s is free (memory limit %s). Of the "
+             "allocated memory %s is allocated by memtrace, and %s is reserved by memtrace but "
+             "unallocated (reserved %s in total; largest free block %s). If reserved but "
+             "unallocated memory is large try setting "
+             "MEMTRACE_ALLOC_CONF=expandable_segments:True to avoid fragmentation, or "
+             "max_split_size_mb to stop large cached blocks from being split.",
+             why, human(request, h[0], sizeof h[0]), request, rsize, a->device,
+             human(total_b, h[1], sizeof h[1]), human(free_b, h[2], sizeof h[2]),
+             human(a->limit, h[3], sizeof h[3]), human(allocated, h[4], sizeof h[4]),
+             human(unalloc, h[5], sizeof h[5]), human(reserved, h[6], sizeof h[6]),
+             human(largest, h[7], sizeof h[7]));
+    mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
+}
+
+/* ---- snapshot ---- */
+
+int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
+{
+    if (a == NULL || out == NULL)
+        return MT_EINVAL;
+    *out = NULL;
+    mt_alloc_snapshot_t *snap = calloc(1, sizeof *snap);
+    if (snap == NULL)
+        return MT_ENOMEM;
+    pthread_mutex_lock(&a->mu);
+    int rc = 0;
+    snap->segments = calloc(a->nsegs ? a->nsegs : 1, sizeof *snap->segments);
+    if (snap->segments == NULL) {
+        rc = MT_ENOMEM;
+        goto out;
+    }
+    for (mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next) {
+        mt_snapshot_segment_t *ss = &snap->segments[snap->nsegments++];
+        ss->addr = seg->addr;
+        ss->size = seg->size;
+        ss->pool = mt__public_pool(seg->pool);
+        ss->stream = mt_stream_id(seg->stream);
+        ss->expandable = seg->expandable;
+        ss->reserved = seg->reserved;
+        size_t n = 0;
+        for (mt_block_t *b = seg->first; b != NULL; b = b->next)
+            n++;
+        ss->blocks = calloc(n ? n : 1, sizeof *ss->blocks);
+        if (ss->blocks == NULL) {
+            rc = MT_ENOMEM;
+            goto out;
+        }
+        for (mt_block_t *b = seg->first; b != NULL; b = b->next) {
+            mt_snapshot_block_t *sb = &ss->blocks[ss->nblocks++];
+            sb->addr = b->addr;
+            sb->size = b->size;
+            sb->requested = b->state == MT_BLOCK_INACTIVE ? 0 : b->requested;
+            sb->state = b->state;
+            sb->tag = b->state == MT_BLOCK_INACTIVE ? MT_TAG_OTHER : b->tag;
+        }
+    }
+    mt__alloc_compute_stats(a, &snap->stats);
+out:
+    pthread_mutex_unlock(&a->mu);
+    if (rc != 0) {
+        mt_alloc_snapshot_free(&snap);
+        return rc;
+    }
+    *out = snap;
+    return 0;
+}
+
+void mt_alloc_snapshot_free(mt_alloc_snapshot_t **p)
+{
+    if (p == NULL || *p == NULL)
+        return;
+    mt_alloc_snapshot_t *s = *p;
+    for (size_t i = 0; i < s->nsegments; i++)
+        free(s->segments[i].blocks);
+    free(s->segments);
+    free(s);
+    *p = NULL;
+}
+
+/* ---- invariant check ---- */
+
+/* Sums recomputed from the segments, indexed like the stats arrays. */
+typedef struct {
+    int64_t reserved[MT_STAT_N], segments[MT_STAT_N];
+    int64_t allocated[MT_STAT_N], allocs[MT_STAT_N], requested[MT_STAT_N];
+    int64_t active[MT_STAT_N], nactive[MT_STAT_N];
+    int64_t split[MT_STAT_N], nsplit[MT_STAT_N];
+    int64_t tag_alloc[MT_TAG_MAX], tag_req[MT_TAG_MAX];
+    size_t inactive, hashed, pending_events;
+} sums_t;
+
+static void add2(int64_t *arr, int bp, int64_t d)
+{
+    arr[MT_STAT_ALL] += d;
+    arr[mt__stat_pool(bp)] += d;
+}
+
+#define FAIL(msg)                                                                                  \
+    do {                                                                                           \
+        why = (msg);                                                                               \
+        goto fail;                                                                                 \
+    } while (0)
+
+static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_block_t *b,
+                               sums_t *s)
+{
+    if (b->seg != seg)
+        return "block points to another segment";
+    if (b->size < MT__ALIGN || b->size % MT__ALIGN != 0 || b->addr % MT__ALIGN != 0)
+        return "block size or address not aligned";
+    if (b->next != NULL && (b->next->prev != b || b->next->addr != b->addr + b->size))
+        return "blocks of a segment are not contiguous and address-ordered";
+    if (b->state == MT_BLOCK_INACTIVE) {
+        if (b->next != NULL && b->next->state == MT_BLOCK_INACTIVE)
+            return "two adjacent free blocks";
+        if (b->split_counted != (b->prev != NULL || b->next != NULL))
+            return "inactive_split flag disagrees with the block's neighbours";
+        if (b->npending != 0)
+            return "inactive block with pending events";
+        s->inactive++;
+        if (b->prev != NULL || b->next != NULL) {
+            add2(s->split, seg->pool, (int64_t)b->size);
+            add2(s->nsplit, seg->pool, 1);
+        }
+        if (mt__addrmap_get(&a->map, b->addr) != NULL)
+            return "inactive block in the address map";
+        return NULL;
+    }
+    if (b->state != MT_BLOCK_ACTIVE_ALLOCATED && b->state != MT_BLOCK_ACTIVE_PENDING_FREE)
+        return "block state out of range";
+    if (mt__addrmap_get(&a->map, b->addr) != b)
+        return "active block missing from the address map";
+    if (b->split_counted)
+        return "active block counted as inactive_split";
+    if (b->tag >= MT_TAG_MAX)
+        return "block tag out of range";
+    s->hashed++;
+    add2(s->active, seg->pool, (int64_t)b->size);
+    add2(s->nactive, seg->pool, 1);
+    if (b->state == MT_BLOCK_ACTIVE_PENDING_FREE) {
+        if (b->npending == 0)
+            return "pending-free block without pending events";
+        s->pending_events += b->npending;
+        return NULL;
+    }
+    if (b->npending != 0)
+        return "allocated block with pending events";
+    if (b->requested == 0 || b->requested > b->size)
+        return "requested size outside (0, block size]";
+    add2(s->allocated, seg->pool, (int64_t)b->size);
+    add2(s->allocs, seg->pool, 1);
+    add2(s->requested, seg->pool, (int64_t)b->requested);
+    s->tag_alloc[b->tag] += (int64_t)b->size;
+    s->tag_req[b->tag] += (int64_t)b->requested;
+    return NULL;
+}
+
+static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t *s)
+{
+    if (seg->size == 0 || seg->first == NULL || seg->last == NULL)
+        return "empty segment";
+    if (seg->first->addr != seg->addr || seg->first->prev != NULL || seg->last->next != NULL)
+        return "segment's first/last block do not bound it";
+    if (seg->last->addr + seg->last->size != seg->addr + seg->size)
+        return "blocks do not tile the segment";
+    if (seg->reserved != (seg->pool == MT__BP_RESERVED))
+        return "reserved flag disagrees with the pool";
+    if (seg->expandable) {
+        size_t page = seg->pool == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
+        if (seg->size % page != 0 || seg->size > seg->vsize)
+            return "expandable segment's mapped size is not whole pages within its range";
+    } else if (seg->vsize != seg->size) {
+        return "plain segment with a virtual size";
+    }
+    if (seg->bins == NULL || seg->bins->pool != seg->pool || seg->bins->stream != seg->stream)
+        return "segment attached to the bins of another pool or stream";
+    add2(s->reserved, seg->pool, (int64_t)seg->size);
+    add2(s->segments, seg->pool, 1);
+    for (const mt_block_t *b = seg->first; b != NULL; b = b->next) {
+        const char *why = check_block(a, seg, b, s);
+        if (why != NULL)
+            return why;
+        if (b->next == NULL && b != seg->last)
+            return "segment's last block is not the end of its list";
+    }
+    return NULL;
+}
+
+static const char *cmp_stat(const mt_stat_t *st, const int64_t *want, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (st[i].current != want[i] || st[i].peak < st[i].current)
+            return what;
+    return NULL;
+}
+
+int mt_alloc_check(mt_alloc_t *a)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    const char *why = NULL;
+    sums_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        pthread_mutex_unlock(&a->mu);
+        return MT_ENOMEM;
+    }
+    size_t nsegs = 0;
+    for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next) {
+        nsegs++;
+        if (seg->next != NULL &&
+            (seg->next->prev != seg || seg->next->addr < seg->addr + seg->vsize))
+            FAIL("segments overlap or are not in address order");
+        why = check_segment(a, seg, s);
+        if (why != NULL)
+            goto fail;
+    }
+    if (nsegs != a->nsegs)
+        FAIL("segment count disagrees with the list");
+    size_t binned = 0;
+    for (size_t i = 0; i < a->nstreams; i++) {
+        const mt_streamrec_t *sr = a->streams[i];
+        for (int bp = 0; bp < MT__BP_N; bp++) {
+            if (sr->bins[bp] == NULL)
+                continue;
+            size_t n = 0;
+            why = mt__bins_check(sr->bins[bp], &n);
+            if (why != NULL)
+                goto fail;
+            binned += n;
+        }
+        for (int bp = 0; bp < 2; bp++) {
+            const mt_segment_t *e = sr->expandable[bp];
+            if (e != NULL && (!e->expandable || e->pool != bp || e->stream != sr->stream))
+                FAIL("stream's expandable segment record is wrong");
+        }
+    }
+    if (binned != s->inactive)
+        FAIL("bins do not hold exactly the inactive blocks");
+    if (s->hashed != a->map.n)
+        FAIL("address map does not hold exactly the active blocks");
+    size_t pend = 0;
+    for (size_t i = 0; i < a->npending; i++) {
+        if (a->pending[i].blk->state != MT_BLOCK_ACTIVE_PENDING_FREE)
+            FAIL("pending event for a block that is not pending");
+        pend++;
+    }
+    if (pend != s->pending_events)
+        FAIL("pending events disagree with the blocks' counts");
+    const mt_alloc_stats_t *st = &a->st;
+    if ((why = cmp_stat(st->reserved_bytes, s->reserved, MT_STAT_N, "reserved_bytes stat")) ||
+        (why = cmp_stat(st->segment, s->segments, MT_STAT_N, "segment stat")) ||
+        (why = cmp_stat(st->allocated_bytes, s->allocated, MT_STAT_N, "allocated_bytes stat")) ||
+        (why = cmp_stat(st->allocation, s->allocs, MT_STAT_N, "allocation stat")) ||
+        (why = cmp_stat(st->requested_bytes, s->requested, MT_STAT_N, "requested_bytes stat")) ||
+        (why = cmp_stat(st->active_bytes, s->active, MT_STAT_N, "active_bytes stat")) ||
+        (why = cmp_stat(st->active, s->nactive, MT_STAT_N, "active stat")) ||
+        (why = cmp_stat(st->inactive_split_bytes, s->split, MT_STAT_N, "inactive_split_bytes")) ||
+        (why = cmp_stat(st->inactive_split, s->nsplit, MT_STAT_N, "inactive_split stat")) ||
+        (why = cmp_stat(st->tag_allocated_bytes, s->tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
+        (why = cmp_stat(st->tag_requested_bytes, s->tag_req, MT_TAG_MAX, "tag_requested")))
+        goto fail;
+    free(s);
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+fail:
+    snprintf(a->last_error, sizeof a->last_error, "allocator invariant violated: %s", why);
+    mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
+    free(s);
+    pthread_mutex_unlock(&a->mu);
+    return MT_EIO;
+}

@@ -1,0 +1,353 @@
+/* Rounding, size classes and bins, split and merge rules, and the configuration keys. */
+#include "helpers.h"
+
+/* ---- rounding ---- */
+
+static void test_round_default(void **state)
+{
+    (void)state;
+    assert_int_equal(mt__alloc_round_size(1, 0), 512);
+    assert_int_equal(mt__alloc_round_size(512, 0), 512);
+    assert_int_equal(mt__alloc_round_size(513, 0), 1024);
+    assert_int_equal(mt__alloc_round_size(1200, 0), 1536);
+    assert_int_equal(mt__alloc_round_size(MIB + 1, 0), MIB + 512);
+}
+
+static void test_round_power2_divisions(void **state)
+{
+    (void)state;
+    assert_int_equal(mt__alloc_round_size(1200, 4), 1280);
+    assert_int_equal(mt__alloc_round_size(1024, 4), 1024);
+    assert_int_equal(mt__alloc_round_size(1025, 4), 1280);
+    assert_int_equal(mt__alloc_round_size(1793, 4), 2048);
+    assert_int_equal(mt__alloc_round_size(300, 4), 512);
+    /* 5 MiB + 1 with 4 divisions of [4, 8) MiB -> 6 MiB; with 1 division -> 8 MiB. */
+    assert_int_equal(mt__alloc_round_size(5 * MIB + 1, 4), 6 * MIB);
+    assert_int_equal(mt__alloc_round_size(5 * MIB + 1, 1), 8 * MIB);
+    /* Steps finer than the 256 B alignment are rounded up to it. */
+    assert_int_equal(mt__alloc_round_size(600, 64), 768);
+
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, "roundup_power2_divisions:4", NULL);
+    void *p = xmalloc_dev(a, 1200, NULL, MT_TAG_OTHER);
+    size_t sz = 0;
+    assert_int_equal(mt_alloc_block_info(a, p, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 1280);
+    void *q = xmalloc_dev(a, 1200, NULL, MT_TAG_OTHER);
+    assert_int_equal((uintptr_t)q % 256, 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, p);
+    mt_alloc_free(a, q);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* ---- size classes and bins ---- */
+
+static void test_class_mapping(void **state)
+{
+    (void)state;
+    /* Classes are monotonic, each size lies in [min(c), min(c+1)), and a class spans at
+     * most 1/32 of its power of two above the linear range. */
+    unsigned prev = 0;
+    for (size_t s = 512; s < 64 * MIB; s += s / 97 / 256 * 256 + 256) {
+        unsigned c = mt__bin_class(s);
+        assert_true(c >= prev);
+        assert_true(mt__bin_class_min(c) <= s);
+        assert_true(mt__bin_class_min(c + 1) > s);
+        if (s >= 32 * 256)
+            assert_true(mt__bin_class_min(c + 1) - mt__bin_class_min(c) <= s / 32 + 256);
+        prev = c;
+    }
+    assert_int_equal(mt__bin_class(512), 2);
+    assert_int_equal(mt__bin_class(8192), 32);
+    assert_int_equal(mt__bin_class(8192 + 256), 33);
+    assert_int_equal(mt__bin_class(16384), 64);
+    assert_int_equal(mt__bin_class(16384 + 256), 64); /* same class: step 512 there */
+    assert_int_equal(mt__bin_class(16384 + 512), 65);
+}
+
+static mt_block_t *fake_block(mt_segment_t *seg, size_t size)
+{
+    mt_block_t *b = calloc(1, sizeof *b);
+    b->size = size;
+    b->addr = 4096;
+    b->seg = seg;
+    b->state = MT_BLOCK_INACTIVE;
+    return b;
+}
+
+static void test_bins_find(void **state)
+{
+    (void)state;
+    mt_binset_t *bs = mt__bins_create(MT__BP_LARGE, NULL);
+    mt_segment_t seg = {.bins = bs, .pool = MT__BP_LARGE};
+    assert_null(mt__bins_find(bs, 512, SIZE_MAX));
+    mt_block_t *b1 = fake_block(&seg, 3 * MIB);
+    mt_block_t *b2 = fake_block(&seg, 3 * MIB + 64 * KIB);
+    mt_block_t *b3 = fake_block(&seg, 40 * MIB);
+    mt__bins_insert(bs, b3);
+    mt__bins_insert(bs, b2);
+    mt__bins_insert(bs, b1);
+    size_t n = 0;
+    assert_null(mt__bins_check(bs, &n));
+    assert_int_equal(n, 3);
+    /* Best fit inside the class, then the next non-empty class by bitmap. */
+    assert_ptr_equal(mt__bins_find(bs, 3 * MIB, SIZE_MAX), b1);
+    assert_ptr_equal(mt__bins_find(bs, 3 * MIB + 1024, SIZE_MAX), b2);
+    assert_ptr_equal(mt__bins_find(bs, 4 * MIB, SIZE_MAX), b3);
+    assert_null(mt__bins_find(bs, 41 * MIB, SIZE_MAX));
+    /* The upper bound (oversize rules) excludes big blocks. */
+    assert_null(mt__bins_find(bs, 4 * MIB, 40 * MIB));
+    assert_int_equal(mt__bins_largest(bs), 40 * MIB);
+    mt__bins_remove(bs, b3);
+    assert_null(mt__bins_find(bs, 4 * MIB, SIZE_MAX));
+    assert_int_equal(bs->row_map & (1ull << (mt__bin_class(40 * MIB) / 32)), 0);
+    assert_null(mt__bins_check(bs, &n));
+    assert_int_equal(n, 2);
+    mt__bins_remove(bs, b1);
+    mt__bins_remove(bs, b2);
+    assert_int_equal(bs->row_map, 0);
+    assert_int_equal(bs->nblocks, 0);
+    free(b1);
+    free(b2);
+    free(b3);
+    free(bs);
+}
+
+/* ---- split and merge ---- */
+
+static void test_small_split_merge(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    char *p1 = xmalloc_dev(a, 1000, NULL, 0);
+    char *p2 = xmalloc_dev(a, 1000, NULL, 0);
+    char *p3 = xmalloc_dev(a, 1000, NULL, 0);
+    /* One 2 MiB small segment, split in address order. */
+    assert_ptr_equal(p2, p1 + 1024);
+    assert_ptr_equal(p3, p2 + 1024);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 2 * MIB);
+    assert_int_equal(s.segment[MT_STAT_ALL].current, 1);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 3 * 1024);
+    assert_int_equal(s.requested_bytes[MT_STAT_ALL].current, 3000);
+    assert_int_equal(s.inactive_split_bytes[MT_STAT_ALL].current, 2 * MIB - 3 * 1024);
+    /* Free the middle one: it stays a separate free block between two allocated ones. */
+    mt_alloc_free(a, p2);
+    s = stats_of(a);
+    assert_int_equal(s.inactive_split[MT_STAT_ALL].current, 2);
+    assert_int_equal(mt_alloc_check(a), 0);
+    /* Freeing p1 merges with p2's block; freeing p3 merges everything back. */
+    mt_alloc_free(a, p1);
+    s = stats_of(a);
+    assert_int_equal(s.inactive_split[MT_STAT_ALL].current, 2);
+    assert_int_equal(s.inactive_split_bytes[MT_STAT_ALL].current, 2 * MIB - 1024);
+    mt_alloc_free(a, p3);
+    s = stats_of(a);
+    assert_int_equal(s.inactive_split[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.largest_free_block, 2 * MIB);
+    assert_true(s.fragmentation == 0.0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    /* Cached: the same request comes back without a backend call. */
+    uint64_t m = backend_mallocs(b);
+    void *p4 = xmalloc_dev(a, 1000, NULL, 0);
+    assert_ptr_equal(p4, p1);
+    assert_int_equal(backend_mallocs(b), m);
+    mt_alloc_free(a, p4);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_large_split_rules(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(512 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    /* 3 MiB gets a 20 MiB segment; the 17 MiB remainder (> 1 MiB) is split off. */
+    void *p = xmalloc_dev(a, 3 * MIB, NULL, 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 20 * MIB);
+    assert_int_equal(s.allocated_bytes[MT_STAT_LARGE].current, 3 * MIB);
+    assert_int_equal(s.inactive_split_bytes[MT_STAT_LARGE].current, 17 * MIB);
+    /* 16.5 MiB from the 17 MiB remainder: 0.5 MiB left is not > 1 MiB, so no split. */
+    void *q = xmalloc_dev(a, 16 * MIB + 512 * KIB, NULL, 0);
+    size_t sz = 0;
+    assert_int_equal(mt_alloc_block_info(a, q, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 17 * MIB);
+    s = stats_of(a);
+    assert_int_equal(s.allocated_bytes[MT_STAT_LARGE].current, 20 * MIB);
+    assert_int_equal(s.requested_bytes[MT_STAT_LARGE].current, 19 * MIB + 512 * KIB);
+    /* 11 MiB: a segment rounded up to 2 MiB (12 MiB), not 20. */
+    void *r = xmalloc_dev(a, 11 * MIB, NULL, 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 32 * MIB);
+    assert_int_equal(s.segment[MT_STAT_LARGE].current, 2);
+    /* Interior pointers resolve to their block. */
+    void *base = NULL;
+    assert_int_equal(mt_alloc_block_info(a, (char *)q + 12345, &base, &sz, NULL), 0);
+    assert_ptr_equal(base, q);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, p);
+    mt_alloc_free(a, q);
+    mt_alloc_free(a, r);
+    assert_int_equal(mt_alloc_free(a, r), MT_ENOENT);
+    assert_int_equal(mt_alloc_free(a, (char *)p + 512), MT_ENOENT);
+    assert_int_equal(mt_alloc_block_info(a, p, NULL, NULL, NULL), MT_ENOENT);
+    assert_int_equal(mt_alloc_check(a), 0);
+    s = stats_of(a);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.inactive_split_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.num_device_free, 2);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_max_split_size_rules(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc(b, "max_split_size_mb:64", NULL);
+    /* A 100 MiB (oversize) block cached... */
+    void *big = xmalloc_dev(a, 100 * MIB, NULL, 0);
+    mt_alloc_free(a, big);
+    /* ...is not taken by a request below max_split_size, */
+    uint64_t m = backend_mallocs(b);
+    void *small = xmalloc_dev(a, 30 * MIB, NULL, 0);
+    assert_true(small != big);
+    assert_int_equal(backend_mallocs(b), m + 1);
+    /* nor by an oversize request 20 MiB or more smaller than it, */
+    void *over = xmalloc_dev(a, 70 * MIB, NULL, 0);
+    assert_true(over != big);
+    /* but by one within 20 MiB of it, and then it is not split. */
+    void *over2 = xmalloc_dev(a, 90 * MIB, NULL, 0);
+    assert_ptr_equal(over2, big);
+    size_t sz = 0;
+    assert_int_equal(mt_alloc_block_info(a, over2, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 100 * MIB);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, small);
+    mt_alloc_free(a, over);
+    mt_alloc_free(a, over2);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* ---- configuration ---- */
+
+static void test_config_keys(void **state)
+{
+    (void)state;
+    mt_alloc_cfg_t c = mt_alloc_cfg_default();
+    assert_int_equal(c.max_split_size, SIZE_MAX);
+    assert_true(c.release_on_oom);
+    assert_true(c.memory_fraction == 1.0);
+    char err[256];
+    assert_int_equal(mt_alloc_cfg_parse(&c,
+                                        "max_split_size_mb:128, roundup_power2_divisions:8,"
+                                        "garbage_collection_threshold:0.6,"
+                                        "memory_fraction:0.5,expandable_segments:True,"
+                                        "release_on_oom:false",
+                                        err, sizeof err),
+                     0);
+    assert_int_equal(c.max_split_size, 128 * MIB);
+    assert_int_equal(c.roundup_power2_divisions, 8);
+    assert_true(c.garbage_collection_threshold == 0.6);
+    assert_true(c.memory_fraction == 0.5);
+    assert_true(c.expandable_segments);
+    assert_false(c.release_on_oom);
+    assert_int_equal(mt_alloc_cfg_parse(&c, "expandable_segments:0", err, sizeof err), 0);
+    assert_false(c.expandable_segments);
+}
+
+static void expect_bad(const char *conf, const char *key, const char *value)
+{
+    mt_alloc_cfg_t c = mt_alloc_cfg_default();
+    mt_alloc_cfg_t before = c;
+    char err[256] = "";
+    assert_int_equal(mt_alloc_cfg_parse(&c, conf, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, key));
+    assert_non_null(strstr(err, value));
+    assert_memory_equal(&c, &before, sizeof c);
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    expect_bad("max_split_size_mb:abc", "max_split_size_mb", "abc");
+    expect_bad("max_split_size_mb:10", "max_split_size_mb", "10");
+    expect_bad("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
+    expect_bad("roundup_power2_divisions:128", "roundup_power2_divisions", "128");
+    expect_bad("garbage_collection_threshold:1.5", "garbage_collection_threshold", "1.5");
+    expect_bad("garbage_collection_threshold:x", "garbage_collection_threshold", "x");
+    expect_bad("memory_fraction:0", "memory_fraction", "0");
+    expect_bad("memory_fraction:2", "memory_fraction", "2");
+    expect_bad("expandable_segments:maybe", "expandable_segments", "maybe");
+    expect_bad("release_on_oom:yes", "release_on_oom", "yes");
+    expect_bad("bogus_key:1", "bogus_key", "1");
+    /* A good key before a bad one is not applied either. */
+    expect_bad("expandable_segments:True,nope:2", "nope", "2");
+    expect_bad("max_split_size_mb", "max_split_size_mb", "");
+
+    setenv("MEMTRACE_ALLOC_CONF", "expandable_segments:true,max_split_size_mb:200", 1);
+    mt_alloc_cfg_t c = mt_alloc_cfg_default();
+    char err[256];
+    assert_int_equal(mt_alloc_cfg_from_env(&c, err, sizeof err), 0);
+    assert_true(c.expandable_segments);
+    assert_int_equal(c.max_split_size, 200 * MIB);
+    setenv("MEMTRACE_ALLOC_CONF", "frobnicate:1", 1);
+    assert_int_equal(mt_alloc_cfg_from_env(&c, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "frobnicate"));
+    unsetenv("MEMTRACE_ALLOC_CONF");
+
+    /* The constructor validates too. */
+    mt_backend_t *b = sim_backend(64 * MIB);
+    c = mt_alloc_cfg_default();
+    c.backend = b;
+    c.memory_fraction = 1.5;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &c), MT_EINVAL);
+    assert_null(a);
+    c.memory_fraction = 1.0;
+    c.backend = NULL;
+    assert_int_equal(mt_alloc_create(&a, &c), MT_EINVAL);
+    mt_backend_destroy(&b);
+}
+
+static void test_memory_fraction_limit(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(100 * MIB);
+    mt_alloc_t *a = make_alloc(b, "memory_fraction:0.5", NULL);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.limit, 50 * MIB);
+    void *p = xmalloc_dev(a, 40 * MIB, NULL, 0);
+    void *q = NULL;
+    /* 40 + 20 MiB would exceed the 50 MiB limit although the device has room. */
+    assert_int_equal(mt_alloc_malloc(a, 12 * MIB, NULL, 0, &q), MT_ENOMEM);
+    assert_null(q);
+    assert_non_null(strstr(mt_alloc_last_error(a), "limit"));
+    s = stats_of(a);
+    assert_int_equal(s.num_ooms, 1);
+    assert_true(s.reserved_bytes[MT_STAT_ALL].current <= (int64_t)(50 * MIB));
+    mt_alloc_free(a, p);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_default),        cmocka_unit_test(test_round_power2_divisions),
+        cmocka_unit_test(test_class_mapping),        cmocka_unit_test(test_bins_find),
+        cmocka_unit_test(test_small_split_merge),    cmocka_unit_test(test_large_split_rules),
+        cmocka_unit_test(test_max_split_size_rules), cmocka_unit_test(test_config_keys),
+        cmocka_unit_test(test_config_errors),        cmocka_unit_test(test_memory_fraction_limit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
