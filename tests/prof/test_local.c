@@ -1,0 +1,392 @@
+/* The recorder's modes: no daemon -> local NDJSON log written by the drainer thread;
+ * a (minimal, in-test) daemon -> registration line, ring handed over and unlinked,
+ * events read by the daemon, clean exit flag; a refusing daemon; mode off. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "memtrace/prof.h"
+#include "profiler/ring.h"
+
+typedef struct logrec_s {
+    char msgs[8][256];
+    int n;
+} logrec_t;
+
+static void log_cb(void *ud, mt_log_level_e lvl, const char *msg)
+{
+    (void)lvl;
+    logrec_t *l = ud;
+    if (l->n < 8)
+        snprintf(l->msgs[l->n++], sizeof(l->msgs[0]), "%s", msg);
+}
+
+static bool logged(const logrec_t *l, const char *needle)
+{
+    for (int i = 0; i < l->n; i++)
+        if (strstr(l->msgs[i], needle))
+            return true;
+    return false;
+}
+
+static mt_event_rec_t ev_of(int kind, uint64_t i)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.kind = (uint8_t)kind;
+    ev.addr = 0x10000 + i * 512;
+    ev.size = 512;
+    ev.requested = i;
+    ev.tag = MT_TAG_ACTIVATIONS;
+    ev.pool = MT_POOL_SMALL;
+    return ev;
+}
+
+static void tmp_path(char *buf, size_t len, const char *what)
+{
+    snprintf(buf, len, "/tmp/mt_prof_test_%d_%s", (int)getpid(), what);
+}
+
+static void test_fallback_to_local_log(void **state)
+{
+    (void)state;
+    char sock[108], logp[108];
+    tmp_path(sock, sizeof(sock), "nosuch.sock");
+    tmp_path(logp, sizeof(logp), "log.ndjson");
+    unlink(logp);
+    setenv("MEMTRACE_SOCKET", sock, 1); /* nobody listens there */
+    setenv("MEMTRACE_LOG", logp, 1);
+    logrec_t lr = {.n = 0};
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.log = log_cb;
+    cfg.log_ud = &lr;
+    cfg.drain_ms = 1;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    assert_string_equal(mt_prof_log_path(p), logp);
+    assert_true(logged(&lr, "local log"));
+    /* Through the sink, as the allocator calls it. */
+    const mt_event_sink_t *sink = mt_prof_sink(p);
+    for (uint64_t i = 0; i < 500; i++) {
+        mt_event_rec_t ev = ev_of(i % 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC, i);
+        sink->emit(sink->ud, &ev);
+    }
+    /* The background drainer writes without being asked. */
+    mt_prof_stats_t st;
+    for (int i = 0; i < 2000; i++) {
+        mt_prof_stats(p, &st);
+        if (st.written == 500)
+            break;
+        usleep(1000);
+    }
+    assert_int_equal(st.written, 500);
+    assert_int_equal(st.emitted, 500);
+    assert_int_equal(st.mode, MT_PROF_LOG);
+    /* The ring's name was removed: nothing is left in /dev/shm. */
+    mt_prof_destroy(&p);
+    assert_null(p);
+
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    char line[1024];
+    int n = 0, events = 0, hello = 0, exits = 0;
+    while (fgets(line, sizeof(line), f)) {
+        json_error_t e;
+        json_t *j = json_loads(line, 0, &e);
+        assert_non_null(j);
+        const char *type = json_string_value(json_object_get(j, "type"));
+        if (strcmp(type, "event") == 0) {
+            mt_event_rec_t ev;
+            assert_int_equal(mt_prof_event_from_json(j, &ev, NULL, NULL, 0), 0);
+            assert_int_equal(ev.seq, (uint64_t)events);
+            assert_int_equal(ev.requested, (uint64_t)events);
+            assert_true(ev.time_ns > 0); /* stamped by the recorder */
+            assert_string_equal(json_string_value(json_object_get(j, "tag")), "activations");
+            events++;
+        } else if (strcmp(type, "hello") == 0) {
+            assert_int_equal(n, 0);
+            hello++;
+        } else if (strcmp(type, "exit") == 0) {
+            assert_true(json_is_true(json_object_get(j, "clean")));
+            assert_int_equal(json_integer_value(json_object_get(j, "emitted")), 500);
+            exits++;
+        }
+        json_decref(j);
+        n++;
+    }
+    fclose(f);
+    assert_int_equal(hello, 1);
+    assert_int_equal(events, 500);
+    assert_int_equal(exits, 1);
+    unlink(logp);
+    unsetenv("MEMTRACE_SOCKET");
+    unsetenv("MEMTRACE_LOG");
+}
+
+static void test_log_mode_drops_counted(void **state)
+{
+    (void)state;
+    char logp[108];
+    tmp_path(logp, sizeof(logp), "drops.ndjson");
+    unlink(logp);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = logp;
+    cfg.slots = 8;
+    cfg.drain_ms = 60000; /* the drainer stays asleep: the ring fills */
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    int dropped = 0;
+    for (uint64_t i = 0; i < 20; i++) {
+        mt_event_rec_t ev = ev_of(MT_EV_ALLOC, i);
+        if (mt_prof_record(p, &ev) == MT_EAGAIN)
+            dropped++;
+    }
+    assert_int_equal(dropped, 12);
+    assert_int_equal(mt_prof_flush(p), 0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.dropped, 12);
+    assert_int_equal(st.written, 8 + 1); /* 8 events and one gap line */
+    mt_prof_destroy(&p);
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    char line[1024];
+    bool gap = false;
+    while (fgets(line, sizeof(line), f))
+        if (strstr(line, "\"type\":\"gap\"") && strstr(line, "\"lost\":12"))
+            gap = true;
+    fclose(f);
+    assert_true(gap);
+    unlink(logp);
+}
+
+static void test_off_mode(void **state)
+{
+    (void)state;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_OFF;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    mt_event_rec_t ev = ev_of(MT_EV_ALLOC, 1);
+    const mt_event_sink_t *s = mt_prof_sink(p);
+    s->emit(s->ud, &ev);
+    s->emit(s->ud, &ev);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.emitted, 2);
+    assert_int_equal(st.mode, MT_PROF_OFF);
+    assert_null(mt_prof_log_path(p));
+    mt_prof_destroy(&p);
+}
+
+static void test_env_mode(void **state)
+{
+    (void)state;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    setenv("MEMTRACE_PROF", "log", 1);
+    assert_int_equal(mt_prof_cfg_from_env(&cfg), 0);
+    assert_int_equal(cfg.mode, MT_PROF_LOG);
+    setenv("MEMTRACE_PROF", "loud", 1);
+    assert_int_equal(mt_prof_cfg_from_env(&cfg), MT_EINVAL);
+    assert_int_equal(cfg.mode, MT_PROF_LOG);
+    unsetenv("MEMTRACE_PROF");
+    char buf[108];
+    setenv("MEMTRACE_SOCKET", "/run/x.sock", 1);
+    assert_int_equal(mt_prof_socket_path(buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/x.sock");
+    unsetenv("MEMTRACE_SOCKET");
+    setenv("XDG_RUNTIME_DIR", "/run/user/5", 1);
+    assert_int_equal(mt_prof_socket_path(buf, sizeof(buf)), 0);
+    assert_string_equal(buf, "/run/user/5/memtrace.sock");
+    unsetenv("XDG_RUNTIME_DIR");
+    assert_int_equal(mt_prof_socket_path(buf, sizeof(buf)), 0);
+    char want[64];
+    snprintf(want, sizeof(want), "/tmp/memtrace-%u.sock", (unsigned)getuid());
+    assert_string_equal(buf, want);
+    assert_int_equal(mt_prof_socket_path(buf, 8), MT_EOVERFLOW);
+}
+
+/* ---- a minimal daemon: the server side of the registration, as docs/telemetry.md
+ * describes it, enough to test the producer side ---- */
+
+typedef struct fake_daemon_s {
+    int lfd;
+    bool refuse;
+    char hello[512]; /* the line received */
+    uint64_t events; /* events read after the producer's EOF */
+    uint32_t flags;  /* ring flags seen at EOF */
+    bool name_gone;  /* the shm name no longer opens after the daemon unlinked it */
+} fake_daemon_t;
+
+static void count_cb(void *ud, const mt_event_rec_t *ev)
+{
+    if (ev->kind != MT_EV_GAP)
+        (*(uint64_t *)ud)++;
+}
+
+static void *daemon_main(void *arg)
+{
+    fake_daemon_t *d = arg;
+    int c = accept(d->lfd, NULL, NULL);
+    if (c < 0)
+        return NULL;
+    size_t n = 0;
+    while (n + 1 < sizeof(d->hello) && read(c, d->hello + n, 1) == 1 && d->hello[n] != '\n')
+        n++;
+    d->hello[n] = '\0';
+    if (d->refuse) {
+        const char *no = "{\"ok\":false,\"error\":\"too many producers\"}\n";
+        ssize_t w = write(c, no, strlen(no));
+        (void)w;
+        close(c);
+        return NULL;
+    }
+    json_error_t e;
+    json_t *j = json_loads(d->hello, 0, &e);
+    mt__ring_t *r = NULL;
+    if (j && mt__ring_open(&r, json_string_value(json_object_get(j, "shm"))) == 0) {
+        mt__ring_unlink(r);
+        mt__ring_t *again = NULL;
+        d->name_gone =
+            mt__ring_open(&again, json_string_value(json_object_get(j, "shm"))) == MT_ENOENT;
+        mt__ring_set_flags(r, MT_RING_F_ATTACHED);
+    }
+    json_decref(j);
+    const char *ok = r ? "{\"ok\":true}\n" : "{\"ok\":false,\"error\":\"bad ring\"}\n";
+    ssize_t w = write(c, ok, strlen(ok));
+    (void)w;
+    /* Wait for EOF: the producer ended. Then drain once more. */
+    char buf[256];
+    while (read(c, buf, sizeof(buf)) > 0) {
+    }
+    close(c);
+    if (r) {
+        mt__ring_mark_dead(r);
+        while (mt__ring_drain(r, count_cb, &d->events, SIZE_MAX) > 0) {
+        }
+        mt__ring_stats_t st;
+        mt__ring_stats(r, &st);
+        d->flags = st.flags;
+        mt__ring_close(&r);
+    }
+    return NULL;
+}
+
+static int listen_on(const char *path)
+{
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(fd, 4), 0);
+    return fd;
+}
+
+static void test_daemon_mode(void **state)
+{
+    (void)state;
+    char sock[108];
+    tmp_path(sock, sizeof(sock), "d.sock");
+    fake_daemon_t d = {.lfd = listen_on(sock)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, daemon_main, &d), 0);
+    logrec_t lr = {.n = 0};
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "trainer";
+    cfg.log = log_cb;
+    cfg.log_ud = &lr;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    assert_true(logged(&lr, "daemon"));
+    assert_null(mt_prof_log_path(p));
+    for (uint64_t i = 0; i < 100; i++) {
+        mt_event_rec_t ev = ev_of(MT_EV_ALLOC, i);
+        assert_int_equal(mt_prof_record(p, &ev), 0);
+    }
+    assert_int_equal(mt_prof_flush(p), 0); /* a poke line */
+    mt_prof_destroy(&p);
+    pthread_join(th, NULL);
+    close(d.lfd);
+    unlink(sock);
+
+    json_error_t e;
+    json_t *h = json_loads(d.hello, 0, &e);
+    assert_non_null(h);
+    assert_string_equal(json_string_value(json_object_get(h, "type")), "hello");
+    assert_string_equal(json_string_value(json_object_get(h, "role")), "producer");
+    assert_int_equal(json_integer_value(json_object_get(h, "version")), 1);
+    assert_int_equal(json_integer_value(json_object_get(h, "pid")), getpid());
+    assert_string_equal(json_string_value(json_object_get(h, "name")), "trainer");
+    assert_int_equal(json_integer_value(json_object_get(h, "slots")), MT_RING_DEFAULT_SLOTS);
+    assert_non_null(strstr(json_string_value(json_object_get(h, "shm")), "/memtrace."));
+    json_decref(h);
+    assert_true(d.name_gone);
+    assert_int_equal(d.events, 100);
+    assert_true(d.flags & MT_RING_F_EXITED);
+    assert_true(d.flags & MT_RING_F_ATTACHED);
+}
+
+static void test_daemon_refuses(void **state)
+{
+    (void)state;
+    char sock[108], logp[108];
+    tmp_path(sock, sizeof(sock), "r.sock");
+    tmp_path(logp, sizeof(logp), "refused.ndjson");
+    fake_daemon_t d = {.lfd = listen_on(sock), .refuse = true};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, daemon_main, &d), 0);
+    logrec_t lr = {.n = 0};
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.log = log_cb;
+    cfg.log_ud = &lr;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), MT_EPROTO);
+    assert_null(p);
+    assert_true(logged(&lr, "too many producers"));
+    pthread_join(th, NULL);
+
+    /* In auto mode a refusal falls back to the local log. */
+    d.refuse = true;
+    assert_int_equal(pthread_create(&th, NULL, daemon_main, &d), 0);
+    cfg.mode = MT_PROF_AUTO;
+    cfg.log_path = logp;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.mode, MT_PROF_LOG);
+    mt_prof_destroy(&p);
+    pthread_join(th, NULL);
+    close(d.lfd);
+    unlink(sock);
+    unlink(logp);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fallback_to_local_log),
+        cmocka_unit_test(test_log_mode_drops_counted),
+        cmocka_unit_test(test_off_mode),
+        cmocka_unit_test(test_env_mode),
+        cmocka_unit_test(test_daemon_mode),
+        cmocka_unit_test(test_daemon_refuses),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
