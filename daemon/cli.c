@@ -1,0 +1,195 @@
+/* memtraced's command line, shared by the `memtraced` executable and `memtrace daemon`. */
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+
+static void usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s [--socket PATH] [--port N|off] [--host ADDR] [--log FILE]\n"
+            "       %*s [--max-exited N] [--queue-bytes N] [--foreground] [--quiet]\n"
+            "\n"
+            "Runs memtraced, the memtrace profiler daemon: instrumented processes register\n"
+            "their event rings on a Unix socket (mode 0600, same user only); the daemon\n"
+            "drains them and serves the events live to `memtrace tail`, `memtrace top`, and\n"
+            "over HTTP on 127.0.0.1: /events (Server-Sent Events), /metrics (Prometheus),\n"
+            "/state (JSON of every process), /healthz.\n"
+            "\n"
+            "options:\n"
+            "  --socket PATH     Unix socket (default: $MEMTRACE_SOCKET, else\n"
+            "                    $XDG_RUNTIME_DIR/memtrace.sock, else /tmp/memtrace-<uid>.sock)\n"
+            "  --port N|off      HTTP port on the host address (default %d; 0 = any free port)\n"
+            "  --host ADDR       HTTP address (default 127.0.0.1)\n"
+            "  --log FILE        append every event received to FILE as NDJSON\n"
+            "                    (for `memtrace report FILE`)\n"
+            "  --max-exited N    exited processes kept in /state and /metrics (default 16)\n"
+            "  --queue-bytes N   per-consumer queue limit before the oldest events are dropped\n"
+            "                    (default 4194304)\n"
+            "  --foreground      stay attached to the terminal (default: detach)\n"
+            "  --quiet           no diagnostics on stderr\n"
+            "\n"
+            "examples:\n"
+            "  %s --foreground --port 9477\n"
+            "  %s --log /tmp/run.ndjson && ./train && curl -s localhost:9477/metrics\n"
+            "  MEMTRACE_SOCKET=/tmp/mt.sock %s --port 0 --foreground\n",
+            prog, (int)strlen(prog), "", MT_D_DEFAULT_PORT, prog, prog, prog);
+}
+
+static void log_stderr(void *ud, mt_log_level_e level, const char *msg)
+{
+    static const char *names[] = {"error", "warning", "info", "debug"};
+    fprintf(stderr, "%s: %s: %s\n", (const char *)ud, names[level & 3], msg);
+}
+
+static bool parse_ulong(const char *s, unsigned long max, unsigned long *out)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (!*s || *end || v > max || s[0] == '-')
+        return false;
+    *out = v;
+    return true;
+}
+
+int mt_d_cli_main(int argc, char **argv, const char *prog)
+{
+    mt_d_cfg_t cfg = mt_d_cfg_default();
+    bool foreground = false, quiet = false;
+    static const struct option opts[] = {
+        {"socket", required_argument, NULL, 's'},
+        {"port", required_argument, NULL, 'p'},
+        {"host", required_argument, NULL, 'H'},
+        {"log", required_argument, NULL, 'l'},
+        {"max-exited", required_argument, NULL, 'm'},
+        {"queue-bytes", required_argument, NULL, 'q'},
+        {"foreground", no_argument, NULL, 'f'},
+        {"quiet", no_argument, NULL, 'Q'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    optind = 1;
+    int ch;
+    unsigned long v;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 's':
+            cfg.socket_path = optarg;
+            break;
+        case 'p':
+            if (strcmp(optarg, "off") == 0)
+                cfg.http_port = -1;
+            else if (parse_ulong(optarg, 65535, &v))
+                cfg.http_port = (int)v;
+            else
+                goto bad;
+            break;
+        case 'H':
+            cfg.http_host = optarg;
+            break;
+        case 'l':
+            cfg.log_path = optarg;
+            break;
+        case 'm':
+            if (!parse_ulong(optarg, 1u << 20, &v))
+                goto bad;
+            cfg.max_exited = (unsigned)v;
+            break;
+        case 'q':
+            if (!parse_ulong(optarg, 1ul << 34, &v) || v < 4096)
+                goto bad;
+            cfg.consumer_queue_bytes = v;
+            break;
+        case 'f':
+            foreground = true;
+            break;
+        case 'Q':
+            quiet = true;
+            break;
+        case 'h':
+            usage(stdout, prog);
+            return 0;
+        default:
+            usage(stderr, prog);
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
+        return 2;
+    }
+    cfg.handle_signals = true;
+    if (!quiet) {
+        cfg.log = log_stderr;
+        cfg.log_ud = (void *)prog;
+    }
+
+    /* Detaching: the parent returns only once the child has bound its sockets (or failed),
+     * so that a script may connect right after `memtrace daemon` returns. */
+    int ready[2] = {-1, -1};
+    if (!foreground) {
+        if (pipe2(ready, O_CLOEXEC) != 0) {
+            perror(prog);
+            return 1;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror(prog);
+            return 1;
+        }
+        if (pid > 0) {
+            close(ready[1]);
+            char msg[256] = {0};
+            ssize_t n = read(ready[0], msg, sizeof msg - 1);
+            close(ready[0]);
+            if (n <= 0 || strncmp(msg, "ok", 2) != 0) {
+                fprintf(stderr, "%s: daemon failed to start%s%s\n", prog, n > 0 ? ": " : "",
+                        n > 0 ? msg : "");
+                return 1;
+            }
+            printf("%s: started, pid %d%s\n", prog, (int)pid, msg + 2);
+            return 0;
+        }
+        close(ready[0]);
+        setsid();
+    }
+
+    mt_d_t *d = NULL;
+    int rc = mt_d_create(&d, &cfg);
+    if (rc) {
+        if (ready[1] >= 0) {
+            dprintf(ready[1], "%s", mt_strerror(rc));
+            _exit(1);
+        }
+        fprintf(stderr, "%s: cannot start: %s\n", prog, mt_strerror(rc));
+        return 1;
+    }
+    if (ready[1] >= 0) {
+        dprintf(ready[1], "ok, socket %s, http %d", mt_d_socket_path(d), mt_d_http_port(d));
+        close(ready[1]);
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            if (nul > 2)
+                close(nul);
+        }
+    } else if (!quiet) {
+        fprintf(stderr, "%s: listening on %s", prog, mt_d_socket_path(d));
+        if (mt_d_http_port(d) >= 0)
+            fprintf(stderr, " and http://%s:%d/", cfg.http_host, mt_d_http_port(d));
+        fprintf(stderr, "\n");
+    }
+    rc = mt_d_run(d);
+    mt_d_destroy(&d);
+    return rc ? 1 : 0;
+
+bad:
+    fprintf(stderr, "%s: bad value '%s' (see --help)\n", prog, optarg);
+    return 2;
+}

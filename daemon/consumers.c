@@ -1,0 +1,332 @@
+/* memtraced: consumers (Unix JSON Lines subscribers and SSE clients), their filters, and
+ * the bounded queues that keep a slow consumer from slowing anyone else.
+ *
+ * Each drain batch becomes at most one chunk per consumer, holding the lines that pass
+ * its filters. Chunks wait in the consumer's queue until libuv's write queue for that
+ * stream is below write_high_water; the queue itself is bounded by consumer_queue_bytes,
+ * and when it would exceed that the OLDEST chunks are dropped (newer events matter more
+ * to a live view). The number of events lost is then sent, before the next chunk, as a
+ * gap line {"v":1,"type":"gap","lost":N,"source":"daemon"}. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/internal.h"
+#include "memtrace/prof.h"
+
+/* ---- encoding ---- */
+
+int mt__d_encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev)
+{
+    json_t *o = mt_prof_event_to_json(ev, pid, NULL, NULL);
+    if (!o)
+        return MT_ENOMEM;
+    /* Straight into the batch buffer: no intermediate string per event. */
+    int rc = mt__d_buf_reserve(b, 512);
+    size_t n = rc ? 0 : json_dumpb(o, b->p + b->len, b->cap - b->len - 1, JSON_COMPACT);
+    if (!rc && n + 2 > b->cap - b->len) {
+        rc = mt__d_buf_reserve(b, n + 2);
+        if (!rc)
+            n = json_dumpb(o, b->p + b->len, b->cap - b->len - 1, JSON_COMPACT);
+    }
+    json_decref(o);
+    if (rc || n == 0)
+        return rc ? rc : MT_ENOMEM;
+    b->len += n;
+    b->p[b->len++] = '\n';
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+/* ---- filters ---- */
+
+static int kind_from_name(const char *s)
+{
+    for (int k = 1; k < 16; k++)
+        if (strcmp(s, mt_event_kind_name(k)) == 0)
+            return k;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *s && !*end && v >= 1 && v < 32 ? (int)v : -1;
+}
+
+static int tag_from_name(const char *s)
+{
+    for (int t = 0; t < MT_TAG_USER_FIRST; t++)
+        if (strcmp(s, mt_tag_builtin_name(t)) == 0)
+            return t;
+    if (strncmp(s, "tag", 3) == 0)
+        s += 3;
+    char *end;
+    long v = strtol(s, &end, 10);
+    return *s && !*end && v >= 0 && v < MT_TAG_MAX ? (int)v : -1;
+}
+
+static int add_pid(mt_d_sub_t *s, long v, char *err, size_t errlen)
+{
+    if (v <= 0 || v > INT32_MAX) {
+        snprintf(err, errlen, "bad pid filter");
+        return MT_EINVAL;
+    }
+    if (s->npids == MT_D_MAX_PIDS) {
+        snprintf(err, errlen, "at most %d pids per subscription", MT_D_MAX_PIDS);
+        return MT_EINVAL;
+    }
+    s->pids[s->npids++] = (int)v;
+    return 0;
+}
+
+static int add_named(uint32_t *mask, int (*lookup)(const char *), const char *name,
+                     const char *what, char *err, size_t errlen)
+{
+    int v = lookup(name);
+    if (v < 0) {
+        snprintf(err, errlen, "unknown %s '%.40s'", what, name);
+        return MT_EINVAL;
+    }
+    *mask |= 1u << v;
+    return 0;
+}
+
+/* A filter value may be one item or an array of items; items are numbers or names. */
+static int parse_json_list(mt_d_sub_t *s, json_t *v, int which, char *err, size_t errlen)
+{
+    if (!v || json_is_null(v))
+        return 0;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *it = json_is_array(v) ? json_array_get(v, i) : v;
+        char num[32];
+        const char *name = json_string_value(it);
+        if (json_is_integer(it)) {
+            snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(it));
+            name = num;
+        }
+        if (!name) {
+            snprintf(err, errlen, "filters take numbers or names");
+            return MT_EINVAL;
+        }
+        int rc = which == 0   ? add_pid(s, strtol(name, NULL, 10), err, errlen)
+                 : which == 1 ? add_named(&s->kinds, kind_from_name, name, "kind", err, errlen)
+                              : add_named(&s->tags, tag_from_name, name, "tag", err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen)
+{
+    int rc = parse_json_list(s, json_object_get(msg, "pid"), 0, err, errlen);
+    if (!rc)
+        rc = parse_json_list(s, json_object_get(msg, "kinds"), 1, err, errlen);
+    if (!rc)
+        rc = parse_json_list(s, json_object_get(msg, "tags"), 2, err, errlen);
+    return rc;
+}
+
+/* "pid=1,2&kind=alloc&tag=weights" (also pids=, kinds=, tags=). */
+int mt__d_sub_parse_query(mt_d_sub_t *s, const char *query, char *err, size_t errlen)
+{
+    char buf[512];
+    if (strlen(query) >= sizeof buf) {
+        snprintf(err, errlen, "query too long");
+        return MT_EINVAL;
+    }
+    snprintf(buf, sizeof buf, "%s", query);
+    char *save1 = NULL;
+    for (char *kv = strtok_r(buf, "&", &save1); kv; kv = strtok_r(NULL, "&", &save1)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) {
+            snprintf(err, errlen, "bad query parameter '%.40s'", kv);
+            return MT_EINVAL;
+        }
+        *eq = '\0';
+        int which = strcmp(kv, "pid") == 0 || strcmp(kv, "pids") == 0     ? 0
+                    : strcmp(kv, "kind") == 0 || strcmp(kv, "kinds") == 0 ? 1
+                    : strcmp(kv, "tag") == 0 || strcmp(kv, "tags") == 0   ? 2
+                                                                          : -1;
+        if (which < 0) {
+            snprintf(err, errlen, "unknown query parameter '%.40s'", kv);
+            return MT_EINVAL;
+        }
+        char *save2 = NULL;
+        for (char *v = strtok_r(eq + 1, ",", &save2); v; v = strtok_r(NULL, ",", &save2)) {
+            int rc;
+            if (which == 0) {
+                char *end;
+                long pid = strtol(v, &end, 10);
+                rc = *end ? MT_EINVAL : add_pid(s, pid, err, errlen);
+                if (*end)
+                    snprintf(err, errlen, "bad pid '%.40s'", v);
+            } else {
+                rc = add_named(which == 1 ? &s->kinds : &s->tags,
+                               which == 1 ? kind_from_name : tag_from_name, v,
+                               which == 1 ? "kind" : "tag", err, errlen);
+            }
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static bool sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r)
+{
+    if (s->npids) {
+        bool hit = false;
+        for (unsigned i = 0; i < s->npids && !hit; i++)
+            hit = s->pids[i] == r->pid;
+        if (!hit)
+            return false;
+    }
+    if (r->ev.kind == MT_EV_GAP)
+        return true; /* whoever sees a process's events must see its gaps */
+    if (s->kinds && !(r->ev.kind < 32 && (s->kinds >> r->ev.kind) & 1))
+        return false;
+    if (s->tags && !(r->ev.tag < 32 && (s->tags >> r->ev.tag) & 1))
+        return false;
+    return true;
+}
+
+/* ---- queue ---- */
+
+static void flush(mt_d_conn_t *c);
+
+static void on_chunk_written(uv_write_t *req, int status)
+{
+    mt_d_chunk_t *ch = (mt_d_chunk_t *)((char *)req - offsetof(mt_d_chunk_t, req));
+    mt_d_conn_t *c = ch->conn;
+    free(ch);
+    if (status < 0)
+        mt__d_conn_close(c);
+    else if (!c->closing)
+        flush(c);
+}
+
+static void send_gap(mt_d_conn_t *c)
+{
+    char line[160];
+    int n = snprintf(line, sizeof line,
+                     "%s{\"v\":1,\"type\":\"gap\",\"lost\":%" PRIu64 ",\"source\":\"daemon\"}\n%s",
+                     c->sub.sse ? "event: gap\ndata: " : "", c->sub.lost, c->sub.sse ? "\n" : "");
+    c->sub.lost = 0;
+    mt__d_conn_write(c, line, (size_t)n, false);
+}
+
+static void flush(mt_d_conn_t *c)
+{
+    mt_d_sub_t *s = &c->sub;
+    while (!c->closing && (s->head || s->lost) &&
+           uv_stream_get_write_queue_size(&c->u.stream) < c->d->cfg.write_high_water) {
+        if (s->lost) {
+            send_gap(c);
+            continue;
+        }
+        mt_d_chunk_t *ch = s->head;
+        s->head = ch->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->queued_bytes -= ch->len;
+        s->sent_events += ch->nevents;
+        uv_buf_t buf = uv_buf_init(ch->data, (unsigned)ch->len);
+        if (uv_write(&ch->req, &c->u.stream, &buf, 1, on_chunk_written) != 0) {
+            free(ch);
+            mt__d_conn_close(c);
+        }
+    }
+}
+
+static void enqueue(mt_d_conn_t *c, mt_d_chunk_t *ch)
+{
+    mt_d_sub_t *s = &c->sub;
+    ch->next = NULL;
+    if (s->tail)
+        s->tail->next = ch;
+    else
+        s->head = ch;
+    s->tail = ch;
+    s->queued_bytes += ch->len;
+    while (s->queued_bytes > c->d->cfg.consumer_queue_bytes && s->head) {
+        mt_d_chunk_t *old = s->head;
+        s->head = old->next;
+        if (!s->head)
+            s->tail = NULL;
+        s->queued_bytes -= old->len;
+        s->lost += old->nevents;
+        s->lost_total += old->nevents;
+        c->d->ctr.consumer_drops += old->nevents;
+        free(old);
+    }
+}
+
+void mt__d_consumer_start(mt_d_conn_t *c)
+{
+    c->last_active_ms = uv_now(c->d->loop);
+    flush(c);
+}
+
+void mt__d_consumers_fanout(mt_d_t *d)
+{
+    for (mt_d_conn_t *c = d->conns; c; c = c->next) {
+        if (c->closing || (c->kind != MT_D_CONN_CONSUMER && c->kind != MT_D_CONN_SSE))
+            continue;
+        bool sse = c->sub.sse;
+        size_t need = 0;
+        uint32_t n = 0;
+        for (size_t i = 0; i < d->nbatch; i++) {
+            if (!sub_matches(&c->sub, &d->batch[i]))
+                continue;
+            need += d->batch[i].len + (sse ? 40 : 0);
+            n++;
+        }
+        if (n == 0)
+            continue;
+        mt_d_chunk_t *ch = malloc(sizeof *ch + need);
+        if (!ch) {
+            c->sub.lost += n; /* as if dropped: the consumer learns of it */
+            c->sub.lost_total += n;
+            d->ctr.consumer_drops += n;
+            continue;
+        }
+        ch->conn = c;
+        ch->nevents = n;
+        char *w = ch->data;
+        for (size_t i = 0; i < d->nbatch; i++) {
+            const mt_d_batch_rec_t *r = &d->batch[i];
+            if (!sub_matches(&c->sub, r))
+                continue;
+            if (sse)
+                w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);
+            memcpy(w, d->batch_text.p + r->off, r->len);
+            w += r->len;
+            if (sse)
+                *w++ = '\n'; /* the line's own '\n' plus this blank line end the event */
+        }
+        ch->len = (size_t)(w - ch->data);
+        enqueue(c, ch);
+        flush(c);
+    }
+}
+
+void mt__d_consumers_keepalive(mt_d_t *d)
+{
+    static const char ka[] = ": keep-alive\n\n";
+    for (mt_d_conn_t *c = d->conns; c; c = c->next) {
+        if (c->closing || c->kind != MT_D_CONN_SSE || c->sub.head)
+            continue;
+        if (uv_stream_get_write_queue_size(&c->u.stream) < d->cfg.write_high_water)
+            mt__d_conn_write(c, ka, sizeof ka - 1, false);
+    }
+}
+
+void mt__d_sub_free(mt_d_sub_t *s)
+{
+    while (s->head) {
+        mt_d_chunk_t *ch = s->head;
+        s->head = ch->next;
+        free(ch);
+    }
+    s->tail = NULL;
+    s->queued_bytes = 0;
+}

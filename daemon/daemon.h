@@ -1,0 +1,97 @@
+/* memtraced: the daemon core as a library, so that `memtraced`, `memtrace daemon` and the
+ * tests run the same code (tests run it in-process, on a loop and thread of their own).
+ *
+ * One libuv loop does everything: it accepts producers (processes that record events into
+ * a shared-memory ring) and consumers on a Unix socket, drains the rings on a timer, keeps
+ * a state model per process, and fans the events out as JSON Lines (Unix subscribers) and
+ * Server-Sent Events (HTTP), next to /metrics, /state and /healthz.
+ *
+ * Threads: every function runs on the thread that runs mt_d_run(), except mt_d_stop(),
+ * which may be called from any thread (and from a signal-free context only). */
+#ifndef MT_DAEMON_DAEMON_H
+#define MT_DAEMON_DAEMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "memtrace/common.h"
+
+typedef struct mt_d_s mt_d_t;
+
+#define MT_D_DEFAULT_PORT 9477 /* HTTP port of `memtrace daemon` unless --port says otherwise */
+
+typedef struct mt_d_cfg_s {
+    const char *socket_path;     /* borrowed; NULL = mt_prof_socket_path() */
+    const char *http_host;       /* borrowed; "127.0.0.1" by default */
+    int http_port;               /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
+    const char *log_path;        /* borrowed; NDJSON log of everything received, or NULL */
+    unsigned max_exited;         /* exited processes kept before the oldest is evicted; 16 */
+    size_t consumer_queue_bytes; /* per consumer, queued and not yet written; 4 MiB */
+    size_t write_high_water;     /* per consumer, bytes handed to libuv at most; 256 KiB */
+    size_t max_line_bytes;       /* Unix socket request line limit; 64 KiB */
+    size_t max_request_bytes;    /* HTTP request head limit; 8 KiB */
+    unsigned drain_interval_ms;  /* ring drain period; 5 */
+    unsigned drain_budget;       /* events drained per producer per tick; 65536 */
+    unsigned keepalive_ms;       /* SSE ": keep-alive" comment period; 15000 */
+    unsigned idle_timeout_ms;    /* a connection that has not said what it is is closed; 10000 */
+    bool handle_signals;         /* SIGINT/SIGTERM stop the daemon (the executables); false */
+    uv_loop_t *loop;             /* borrowed, optional: run on this loop instead of our own */
+    mt_log_cb log;               /* optional diagnostics sink */
+    void *log_ud;
+} mt_d_cfg_t;
+
+/* Counters of the whole daemon, for tests and the CLI. */
+typedef struct mt_d_counters_s {
+    uint64_t events;          /* events drained from every ring */
+    uint64_t producer_drops;  /* events the producers' rings lost (sequence gaps) */
+    uint64_t consumer_drops;  /* events dropped from slow consumers' queues */
+    uint64_t producers;       /* registrations accepted */
+    uint64_t consumers;       /* subscriptions accepted (Unix and SSE) */
+    uint64_t rejected;        /* connections refused: bad input, wrong uid, limits */
+    unsigned live_processes;  /* producers connected now */
+    unsigned known_processes; /* live + exited still kept */
+} mt_d_counters_t;
+
+mt_d_cfg_t mt_d_cfg_default(void);
+
+/* Creates the daemon: binds the Unix socket (a stale socket file is removed, but if another
+ * daemon answers on it, MT_EBUSY) and the HTTP port, and opens the log. Nothing runs until
+ * mt_d_run(). *out is new. */
+int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg);
+/* Runs the loop until mt_d_stop() (or a signal, if handle_signals); then every handle of the
+ * daemon is closed and the socket file removed. Returns 0, or a negative MT_E* code. */
+int mt_d_run(mt_d_t *d);
+/* Asks the daemon to stop; safe from any thread. */
+void mt_d_stop(mt_d_t *d);
+/* Frees the daemon. If it owns its loop, the loop is closed: that must succeed (the return
+ * of uv_loop_close is logged otherwise). Call after mt_d_run() has returned, or instead of
+ * running it. Sets *p = NULL. */
+void mt_d_destroy(mt_d_t **p);
+
+/* The HTTP port actually bound (useful with http_port = 0), or -1 when HTTP is off. */
+int mt_d_http_port(const mt_d_t *d);
+/* The Unix socket path; borrowed, valid until mt_d_destroy(). */
+const char *mt_d_socket_path(const mt_d_t *d);
+/* A copy of the counters. Only meaningful on the loop thread or after mt_d_run() returns. */
+void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
+
+/* The daemon's command line (options, --help, detaching unless --foreground), shared by
+ * `memtraced` and `memtrace daemon`. prog names the program in messages. Returns the exit
+ * status. */
+int mt_d_cli_main(int argc, char **argv, const char *prog);
+
+/* ---- client side (daemon/client.c): blocking sockets, usable from any program ---- */
+
+/* Connects to the daemon's socket (NULL = mt_prof_socket_path()). *out_fd is new. */
+int mt_d_client_connect(const char *socket_path, int *out_fd);
+/* Sends all of s, without SIGPIPE. */
+int mt_d_client_send(int fd, const char *s, size_t n);
+/* Reads until EOF (at most max bytes, within timeout_ms). *out is new, NUL-terminated. */
+int mt_d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t *out_len);
+/* Asks for the state JSON ({"type":"state"} request). *out is new, one line. */
+int mt_d_client_state(const char *socket_path, int timeout_ms, char **out);
+
+#endif

@@ -1,0 +1,248 @@
+/* memtraced internals shared by the daemon's files (never installed).
+ *
+ * Objects and who owns them:
+ * - mt_d_t owns the loop (or borrows it), the listeners, the timers, every connection
+ *   (d->conns) and every known process (d->procs).
+ * - A connection (mt_d_conn_t) is a producer, a Unix consumer, or an HTTP client (one-shot
+ *   response or SSE consumer). Its memory is freed only in its close callback.
+ * - A process (mt_d_proc_t) outlives its producer connection: it is kept, marked exited,
+ *   until more than cfg.max_exited processes have exited and it is the oldest of them.
+ *
+ * Data path per drain tick: rings -> d->batch (records + their JSON lines) -> state model,
+ * log file, and one chunk per consumer holding the lines that pass its filters. */
+#ifndef MT_DAEMON_INTERNAL_H
+#define MT_DAEMON_INTERNAL_H
+
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "daemon/daemon.h"
+#include "memtrace/alloc.h"
+#include "memtrace/event.h"
+#include "profiler/ring.h"
+
+#define MT_D_MAX_PIDS 16   /* pids in one subscription filter */
+#define MT_D_BATCH    1024 /* events per batch (one consumer chunk per batch) */
+
+/* ---- growable text buffer ---- */
+
+typedef struct mt_d_buf_s {
+    char *p;    /* malloc'ed, NUL-terminated when len > 0 */
+    size_t len; /* bytes used, len < cap */
+    size_t cap; /* bytes allocated */
+} mt_d_buf_t;
+
+int mt__d_buf_reserve(mt_d_buf_t *b, size_t extra);
+int mt__d_buf_append(mt_d_buf_t *b, const void *s, size_t n);
+int mt__d_buf_printf(mt_d_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void mt__d_buf_free(mt_d_buf_t *b);
+
+/* ---- per-process state model (state.c) ---- */
+
+/* A live block, keyed by address in an open-addressing table. */
+typedef struct mt_d_block_s {
+    uint64_t addr; /* 0 = empty slot, UINT64_MAX = tombstone */
+    uint64_t size; /* bytes, rounded */
+    uint8_t tag;
+    uint8_t freed; /* free requested, awaiting completion: no longer counted as allocated */
+} mt_d_block_t;
+
+/* An address range holding device memory: a whole segment or mapped expandable pages. */
+typedef struct mt_d_range_s {
+    uint64_t addr;
+    uint64_t size;
+    uint8_t mapped; /* 1 = pages of an expandable segment, 0 = a segment */
+    uint8_t pool;
+    uint32_t stream;
+} mt_d_range_t;
+
+typedef struct mt_d_frag_s {
+    uint64_t total_free;         /* bytes inside ranges not covered by a live block */
+    uint64_t largest_free_block; /* bytes, largest such contiguous gap */
+    double fragmentation;        /* 1 - largest / total_free; 0 when total_free = 0 */
+} mt_d_frag_t;
+
+/* Invariants: tag_allocated[t] = sum of sizes of blocks with tag t and !freed;
+ * tag_peak[t] >= tag_allocated[t]; peak_allocated >= allocated; nblocks = live entries of
+ * blocks; ranges sorted by addr, non-overlapping within one kind. */
+typedef struct mt_d_proc_s {
+    struct mt_d_proc_s *next; /* d->procs, in registration order */
+    int pid;
+    char name[MT_RING_COMM_MAX];
+    char backend[32];             /* from the hello, "" if not given */
+    uint64_t registered_realtime; /* ns since the epoch */
+    uint64_t exited_realtime;     /* ns since the epoch, 0 while live */
+    bool exited;
+    const char *exit_reason; /* static: "clean", "oom", "killed" */
+    mt__ring_t *ring;        /* owned while live */
+    struct mt_d_conn_s *conn;
+    /* counters */
+    uint64_t events;         /* records drained */
+    uint64_t dropped;        /* events lost before reaching us (gap records) */
+    uint64_t kind_count[16]; /* by mt_event_kind_e */
+    uint64_t ooms;
+    uint64_t last_oom_requested, last_oom_free;
+    uint8_t last_kind;
+    /* totals, bytes (from the events' running totals) */
+    uint64_t allocated, reserved, peak_allocated, peak_reserved;
+    uint64_t tag_allocated[MT_TAG_MAX], tag_peak[MT_TAG_MAX], tag_blocks[MT_TAG_MAX];
+    /* blocks: open addressing, capacity a power of two, load <= 1/2 incl. tombstones */
+    mt_d_block_t *blocks;
+    size_t blocks_cap, nblocks, ntomb;
+    /* segment map */
+    mt_d_range_t *ranges;
+    size_t nranges, ranges_cap;
+} mt_d_proc_t;
+
+int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
+void mt__d_proc_destroy(mt_d_proc_t **p);
+/* Applies one record to the model. Returns MT_ENOMEM only if the block table cannot grow
+ * (the counters are updated anyway). */
+int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev);
+void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out);
+double mt__d_proc_utilization(const mt_d_proc_t *p);
+/* JSON object of one process (counters, per-tag breakdown, segment map). *new*. */
+json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments);
+const char *mt__d_tag_name(int tag, char *buf, size_t n);
+
+/* ---- connections ---- */
+
+typedef enum mt_d_conn_kind_e {
+    MT_D_CONN_UNIX_NEW = 0, /* Unix socket, no request line yet */
+    MT_D_CONN_PRODUCER = 1,
+    MT_D_CONN_CONSUMER = 2, /* Unix JSON Lines subscriber */
+    MT_D_CONN_HTTP_NEW = 3, /* TCP, request head incomplete */
+    MT_D_CONN_SSE = 4,      /* GET /events */
+    MT_D_CONN_DONE = 5,     /* answered; closes once the reply is written */
+} mt_d_conn_kind_e;
+
+/* A piece of a consumer's output. Chunks are queued (droppable) then written (owned by
+ * libuv until the write callback, where they are freed). */
+typedef struct mt_d_chunk_s {
+    struct mt_d_chunk_s *next;
+    uv_write_t req;
+    struct mt_d_conn_s *conn;
+    size_t len;       /* bytes in data */
+    uint32_t nevents; /* events in data (what dropping it loses) */
+    char data[];
+} mt_d_chunk_t;
+
+/* A subscription: filters and a bounded queue.
+ * Invariants: queued_bytes = sum of len over the queue; queued_bytes <= cfg
+ * consumer_queue_bytes after every enqueue; lost counts events dropped since the last
+ * gap event was queued for writing. */
+typedef struct mt_d_sub_s {
+    int pids[MT_D_MAX_PIDS]; /* npids = 0: every process */
+    unsigned npids;
+    uint32_t kinds; /* bit k = kind k; 0 = all */
+    uint32_t tags;  /* bit t = tag t; 0 = all */
+    bool sse;       /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
+    mt_d_chunk_t *head, *tail;
+    size_t queued_bytes;
+    uint64_t lost;       /* pending gap */
+    uint64_t lost_total; /* for the consumer's own counters */
+    uint64_t sent_events;
+} mt_d_sub_t;
+
+typedef struct mt_d_conn_s {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_pipe_t pipe;
+        uv_tcp_t tcp;
+    } u;
+    struct mt_d_s *d;
+    struct mt_d_conn_s *prev, *next; /* d->conns */
+    mt_d_conn_kind_e kind;
+    bool closing;
+    bool is_tcp;
+    uint64_t last_active_ms; /* uv_now when it last sent something */
+    mt_d_buf_t in;           /* partial request, bounded by the line/head limits */
+    mt_d_proc_t *proc;       /* producers */
+    mt_d_sub_t sub;          /* consumers (Unix and SSE) */
+} mt_d_conn_t;
+
+/* ---- the daemon ---- */
+
+typedef struct mt_d_batch_rec_s {
+    mt_event_rec_t ev;
+    int pid;
+    uint32_t off, len; /* its JSON line in d->batch_text, '\n' included */
+} mt_d_batch_rec_t;
+
+struct mt_d_s {
+    mt_d_cfg_t cfg;
+    char *socket_path; /* owned copy */
+    char *host;        /* owned copy */
+    char *log_path;    /* owned copy */
+    uv_loop_t own_loop;
+    uv_loop_t *loop; /* &own_loop or cfg.loop */
+    bool owns_loop;
+    bool stopping;
+    bool socket_bound; /* the socket file is ours: removed at stop */
+    uv_pipe_t unix_listener;
+    uv_tcp_t http_listener;
+    bool http_on;
+    int http_port;
+    uv_timer_t drain_timer;
+    uv_timer_t sweep_timer;
+    uv_async_t stop_async;
+    uv_signal_t sigint, sigterm;
+    mt_d_conn_t *conns;
+    mt_d_proc_t *procs;
+    FILE *logf;
+    bool log_dirty;
+    mt_d_counters_t ctr;
+    unsigned open_handles; /* initialised and not yet through their close callback */
+    char *readbuf;         /* one read buffer for every connection: reads are handled at once */
+    uint64_t last_keepalive_ms;
+    uint64_t start_realtime;
+    /* the batch being processed */
+    mt_d_batch_rec_t *batch;
+    size_t nbatch;
+    mt_d_proc_t *batch_proc;
+    mt_d_buf_t batch_text;
+    mt_d_buf_t scratch;
+};
+
+void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* server.c */
+void mt__d_conn_close(mt_d_conn_t *c);
+/* Writes a copy of data; closes the connection after it if close_after. */
+int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after);
+bool mt__d_peer_allowed(mt_d_conn_t *c);
+
+/* producers.c */
+int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg);
+void mt__d_producer_eof(mt_d_conn_t *c);
+void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n);
+void mt__d_drain_all(mt_d_t *d);
+void mt__d_procs_free(mt_d_t *d);
+unsigned mt__d_live_count(const mt_d_t *d);
+
+/* consumers.c */
+int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen);
+int mt__d_sub_parse_query(mt_d_sub_t *s, const char *query, char *err, size_t errlen);
+void mt__d_consumer_start(mt_d_conn_t *c);
+void mt__d_consumers_fanout(mt_d_t *d);
+void mt__d_consumers_keepalive(mt_d_t *d);
+void mt__d_sub_free(mt_d_sub_t *s);
+/* Encodes one record as a JSON line into b (the prof encoding, plus the pid). */
+int mt__d_encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev);
+
+/* http.c */
+void mt__d_http_input(mt_d_conn_t *c);
+/* metrics.c */
+int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *out);
+json_t *mt__d_state_json(mt_d_t *d);
+
+/* logfile.c */
+int mt__d_logfile_open(mt_d_t *d);
+void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len);
+void mt__d_logfile_flush(mt_d_t *d);
+void mt__d_logfile_close(mt_d_t *d);
+
+#endif

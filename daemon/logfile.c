@@ -1,0 +1,50 @@
+/* memtraced: the optional NDJSON log of everything received, for `memtrace report`.
+ *
+ * Lines are the same JSON as the event stream (one event per line, with its pid), plus
+ * {"type":"process_event"} lines when a producer registers or exits. The file is opened
+ * for appending, written through stdio's buffer on the loop thread, and flushed after
+ * every drain tick, so a crash of the daemon loses at most one tick. */
+#include <string.h>
+
+#include "daemon/internal.h"
+
+int mt__d_logfile_open(mt_d_t *d)
+{
+    if (!d->log_path)
+        return 0;
+    d->logf = fopen(d->log_path, "ae");
+    if (!d->logf) {
+        mt__d_log(d, MT_LOG_ERROR, "cannot open log %s", d->log_path);
+        return MT_EIO;
+    }
+    return 0;
+}
+
+void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len)
+{
+    if (!d->logf)
+        return;
+    if (fwrite(line, 1, len, d->logf) != len) {
+        mt__d_log(d, MT_LOG_ERROR, "writing %s failed; the log is closed", d->log_path);
+        fclose(d->logf);
+        d->logf = NULL;
+        return;
+    }
+    d->log_dirty = true;
+}
+
+void mt__d_logfile_flush(mt_d_t *d)
+{
+    if (d->logf && d->log_dirty) {
+        fflush(d->logf);
+        d->log_dirty = false;
+    }
+}
+
+void mt__d_logfile_close(mt_d_t *d)
+{
+    if (d->logf) {
+        fclose(d->logf);
+        d->logf = NULL;
+    }
+}

@@ -1,0 +1,190 @@
+/* memtraced: the two pull views of the state: Prometheus text exposition and /state JSON.
+ *
+ * Metric naming follows the Prometheus conventions: memtrace_ prefix, base units in the
+ * name (_bytes, _ratio), counters end in _total, every family has # HELP and # TYPE, and
+ * labels stay low-cardinality (pid, tag, state). A pid registered twice (a program with
+ * two allocators, or pid reuse) is reported once, by its newest registration, so that no
+ * series is duplicated. */
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/internal.h"
+
+/* The newest registration of its pid? Older ones are shadowed in /metrics. */
+static bool newest(const mt_d_proc_t *p)
+{
+    for (const mt_d_proc_t *q = p->next; q; q = q->next)
+        if (q->pid == p->pid)
+            return false;
+    return true;
+}
+
+typedef enum { F_ALLOC, F_RES, F_PEAK, F_PEAK_RES, F_UTIL, F_FRAG, F_FREE, F_LFB } field_e;
+
+typedef struct family_s {
+    const char *name, *type, *help;
+} family_t;
+
+static const family_t proc_families[] = {
+    [F_ALLOC] = {"memtrace_allocated_bytes", "gauge",
+                 "Bytes handed out by the process's allocator (rounded block sizes)."},
+    [F_RES] = {"memtrace_reserved_bytes", "gauge",
+               "Bytes the process's allocator holds from the device (segments, mapped pages)."},
+    [F_PEAK] = {"memtrace_peak_allocated_bytes", "gauge",
+                "Highest allocated bytes seen by the daemon for the process."},
+    [F_PEAK_RES] = {"memtrace_peak_reserved_bytes", "gauge",
+                    "Highest reserved bytes seen by the daemon for the process."},
+    [F_UTIL] = {"memtrace_utilization_ratio", "gauge",
+                "Allocated over reserved bytes (1 when nothing is reserved)."},
+    [F_FRAG] = {"memtrace_fragmentation_ratio", "gauge",
+                "1 - largest free block / total free bytes inside reserved memory."},
+    [F_FREE] = {"memtrace_free_bytes", "gauge",
+                "Reserved bytes not covered by a live block (cached free space)."},
+    [F_LFB] = {"memtrace_largest_free_block_bytes", "gauge",
+               "Largest contiguous free piece of reserved memory."},
+};
+
+static int family_head(mt_d_buf_t *o, const char *name, const char *type, const char *help)
+{
+    return mt__d_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
+{
+    int rc = 0;
+    unsigned running = 0, exited = 0;
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next)
+        p->exited ? exited++ : running++;
+    rc |= family_head(o, "memtrace_processes", "gauge", "Processes known to the daemon.");
+    rc |= mt__d_buf_printf(o, "memtrace_processes{state=\"running\"} %u\n", running);
+    rc |= mt__d_buf_printf(o, "memtrace_processes{state=\"exited\"} %u\n", exited);
+
+    for (size_t f = 0; f < sizeof proc_families / sizeof proc_families[0]; f++) {
+        rc |= family_head(o, proc_families[f].name, proc_families[f].type, proc_families[f].help);
+        for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+            if (!newest(p))
+                continue;
+            mt_d_frag_t fr = {0};
+            if (f == F_FRAG || f == F_FREE || f == F_LFB)
+                mt__d_proc_frag(p, &fr);
+            const char *n = proc_families[f].name;
+            switch ((field_e)f) {
+            case F_ALLOC:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->allocated);
+                break;
+            case F_RES:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->reserved);
+                break;
+            case F_PEAK:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
+                                       p->peak_allocated);
+                break;
+            case F_PEAK_RES:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
+                                       p->peak_reserved);
+                break;
+            case F_UTIL:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid,
+                                       mt__d_proc_utilization(p));
+                break;
+            case F_FRAG:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, fr.fragmentation);
+                break;
+            case F_FREE:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, fr.total_free);
+                break;
+            case F_LFB:
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
+                                       fr.largest_free_block);
+                break;
+            }
+        }
+    }
+
+    static const char *tag_fam[2][2] = {
+        {"memtrace_tag_allocated_bytes", "Bytes allocated with this tag, by process."},
+        {"memtrace_tag_peak_bytes", "Highest bytes allocated with this tag, by process."},
+    };
+    for (int f = 0; f < 2; f++) {
+        rc |= family_head(o, tag_fam[f][0], "gauge", tag_fam[f][1]);
+        for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+            if (!newest(p))
+                continue;
+            for (int t = 0; t < MT_TAG_MAX; t++) {
+                if (!p->tag_peak[t])
+                    continue;
+                char nb[16];
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"%s\"} %" PRIu64 "\n", tag_fam[f][0],
+                                       p->pid, mt__d_tag_name(t, nb, sizeof nb),
+                                       f == 0 ? p->tag_allocated[t] : p->tag_peak[t]);
+            }
+        }
+    }
+
+    static const char *ctr_fam[3][2] = {
+        {"memtrace_events_total", "Events received from the process."},
+        {"memtrace_events_dropped_total",
+         "Events the process recorded but the daemon never received (full ring)."},
+        {"memtrace_ooms_total", "Out-of-memory failures reported by the process."},
+    };
+    for (int f = 0; f < 3; f++) {
+        rc |= family_head(o, ctr_fam[f][0], "counter", ctr_fam[f][1]);
+        for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+            if (!newest(p))
+                continue;
+            uint64_t v = f == 0 ? p->events : f == 1 ? p->dropped : p->ooms;
+            rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", ctr_fam[f][0], p->pid, v);
+        }
+    }
+
+    unsigned consumers = 0;
+    for (const mt_d_conn_t *c = d->conns; c; c = c->next)
+        consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
+    rc |= family_head(o, "memtrace_consumers", "gauge", "Connected consumers (Unix and SSE).");
+    rc |= mt__d_buf_printf(o, "memtrace_consumers %u\n", consumers);
+    rc |= family_head(o, "memtrace_daemon_events_total", "counter",
+                      "Events received by the daemon from every process.");
+    rc |= mt__d_buf_printf(o, "memtrace_daemon_events_total %" PRIu64 "\n", d->ctr.events);
+    rc |= family_head(o, "memtrace_consumer_events_dropped_total", "counter",
+                      "Events dropped from slow consumers' queues.");
+    rc |= mt__d_buf_printf(o, "memtrace_consumer_events_dropped_total %" PRIu64 "\n",
+                           d->ctr.consumer_drops);
+    rc |= family_head(o, "memtrace_rejected_connections_total", "counter",
+                      "Connections and requests refused (bad input, wrong uid, limits).");
+    rc |= mt__d_buf_printf(o, "memtrace_rejected_connections_total %" PRIu64 "\n", d->ctr.rejected);
+    return rc ? MT_ENOMEM : 0;
+}
+
+json_t *mt__d_state_json(mt_d_t *d)
+{
+    json_t *procs = json_array();
+    json_t *o = json_pack("{s:i,s:s}", "v", 1, "type", "state");
+    if (!procs || !o) {
+        json_decref(procs);
+        json_decref(o);
+        return NULL;
+    }
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+        json_t *j = mt__d_proc_json(p, true);
+        if (!j) {
+            json_decref(procs);
+            json_decref(o);
+            return NULL;
+        }
+        json_array_append_new(procs, j);
+    }
+    unsigned consumers = 0;
+    for (const mt_d_conn_t *c = d->conns; c; c = c->next)
+        consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
+    json_object_set_new(
+        o, "daemon",
+        json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:I}", "pid", (int)getpid(),
+                  "start_realtime_ns", (json_int_t)d->start_realtime, "events",
+                  (json_int_t)d->ctr.events, "producer_dropped", (json_int_t)d->ctr.producer_drops,
+                  "consumer_dropped", (json_int_t)d->ctr.consumer_drops, "producers",
+                  (json_int_t)d->ctr.producers, "rejected", (json_int_t)d->ctr.rejected,
+                  "consumers", (int)consumers, "max_exited", (json_int_t)d->cfg.max_exited));
+    json_object_set_new(o, "processes", procs);
+    return o;
+}

@@ -1,0 +1,250 @@
+/* memtraced: producer registration, ring draining, exit and eviction.
+ *
+ * A producer says hello once, naming its shared-memory ring; we map the ring and unlink
+ * its name at once, so the mapping (and the events in it) survives the producer. Rings
+ * are drained on a timer with a per-producer budget, and completely when the producer's
+ * connection ends: that EOF is how we learn the process is gone, however it died. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/internal.h"
+#include "memtrace/prof.h"
+
+static uint64_t realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- registration ---- */
+
+static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
+{
+    if (!d->logf)
+        return;
+    json_t *o =
+        json_pack("{s:i,s:s,s:s,s:i,s:s,s:I}", "v", 1, "type", "process_event", "event", what,
+                  "pid", p->pid, "name", p->name, "time_realtime_ns", (json_int_t)realtime_ns());
+    if (o && p->exit_reason)
+        json_object_set_new(o, "reason", json_string(p->exit_reason));
+    if (o && p->backend[0])
+        json_object_set_new(o, "backend", json_string(p->backend));
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s) {
+        size_t n = strlen(s);
+        s[n] = '\n';
+        mt__d_logfile_record(d, s, n + 1);
+    }
+    free(s);
+    json_decref(o);
+}
+
+int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg)
+{
+    mt_d_t *d = c->d;
+    json_t *jv = json_object_get(msg, "version");
+    json_t *jpid = json_object_get(msg, "pid");
+    const char *shm = json_string_value(json_object_get(msg, "shm"));
+    const char *name = json_string_value(json_object_get(msg, "name"));
+    const char *backend = json_string_value(json_object_get(msg, "backend"));
+    if (!json_is_integer(jv) || json_integer_value(jv) != 1 || !json_is_integer(jpid) ||
+        json_integer_value(jpid) <= 0 || json_integer_value(jpid) > INT32_MAX || !shm)
+        return MT_EPROTO;
+    mt__ring_t *ring = NULL;
+    int rc = mt__ring_open(&ring, shm);
+    if (rc)
+        return rc;
+    /* The ring must belong to the user who registers it, like the socket itself. */
+    const mt__ring_hdr_t *h = mt__ring_header(ring);
+    if (h->pid != (int32_t)json_integer_value(jpid)) {
+        mt__ring_close(&ring);
+        return MT_EPROTO;
+    }
+    mt__ring_unlink(ring);
+    mt_d_proc_t *p = NULL;
+    rc = mt__d_proc_create(&p, h->pid, name && *name ? name : h->comm);
+    if (rc) {
+        mt__ring_close(&ring);
+        return rc;
+    }
+    if (backend)
+        snprintf(p->backend, sizeof p->backend, "%s", backend);
+    p->ring = ring;
+    p->conn = c;
+    p->registered_realtime = realtime_ns();
+    mt__ring_set_flags(ring, MT_RING_F_ATTACHED);
+    /* Newest last, so that the list is in registration order. */
+    mt_d_proc_t **tail = &d->procs;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = p;
+    c->proc = p;
+    c->kind = MT_D_CONN_PRODUCER;
+    mt__d_buf_free(&c->in);
+    d->ctr.producers++;
+    log_process_line(d, p, "register");
+    mt__d_log(d, MT_LOG_INFO, "producer %d (%s) registered, ring %s", p->pid, p->name, shm);
+    static const char ok[] = "{\"ok\":true}\n";
+    return mt__d_conn_write(c, ok, sizeof ok - 1, false);
+}
+
+/* ---- draining ---- */
+
+static void process_batch(mt_d_t *d)
+{
+    if (d->nbatch == 0)
+        return;
+    if (d->logf)
+        mt__d_logfile_record(d, d->batch_text.p, d->batch_text.len);
+    mt__d_consumers_fanout(d);
+    d->nbatch = 0;
+    d->batch_text.len = 0;
+}
+
+static void on_record(void *ud, const mt_event_rec_t *ev)
+{
+    mt_d_t *d = ud;
+    mt_d_proc_t *p = d->batch_proc;
+    if (d->nbatch == MT_D_BATCH)
+        process_batch(d);
+    if (ev->kind == MT_EV_GAP) {
+        p->dropped += ev->size;
+        d->ctr.producer_drops += ev->size;
+    } else {
+        p->events++;
+        d->ctr.events++;
+    }
+    mt__d_proc_apply(p, ev);
+    size_t off = d->batch_text.len;
+    if (mt__d_encode_event(&d->batch_text, p->pid, ev) != 0) {
+        d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
+        return;
+    }
+    mt_d_batch_rec_t *b = &d->batch[d->nbatch++];
+    b->ev = *ev;
+    b->pid = p->pid;
+    b->off = (uint32_t)off;
+    b->len = (uint32_t)(d->batch_text.len - off);
+}
+
+/* Drains up to budget records of p (everything when budget = SIZE_MAX). */
+static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
+{
+    d->batch_proc = p;
+    while (budget > 0) {
+        size_t max = budget < MT_D_BATCH ? budget : MT_D_BATCH;
+        int n = mt__ring_drain(p->ring, on_record, d, max);
+        if (n <= 0)
+            break;
+        budget -= (size_t)n;
+    }
+}
+
+void mt__d_drain_all(mt_d_t *d)
+{
+    if (d->stopping)
+        return;
+    for (mt_d_proc_t *p = d->procs; p; p = p->next)
+        if (p->ring)
+            drain_one(d, p, d->cfg.drain_budget);
+    process_batch(d);
+    mt__d_logfile_flush(d);
+}
+
+/* ---- exit and eviction ---- */
+
+static void evict_exited(mt_d_t *d)
+{
+    for (;;) {
+        unsigned exited = 0;
+        mt_d_proc_t **oldest = NULL;
+        for (mt_d_proc_t **pp = &d->procs; *pp; pp = &(*pp)->next) {
+            if (!(*pp)->exited)
+                continue;
+            exited++;
+            if (!oldest || (*pp)->exited_realtime < (*oldest)->exited_realtime)
+                oldest = pp;
+        }
+        if (exited <= d->cfg.max_exited || !oldest)
+            return;
+        mt_d_proc_t *victim = *oldest;
+        *oldest = victim->next;
+        mt__d_proc_destroy(&victim);
+    }
+}
+
+void mt__d_producer_eof(mt_d_conn_t *c)
+{
+    mt_d_t *d = c->d;
+    mt_d_proc_t *p = c->proc;
+    if (!p || !p->ring || d->stopping)
+        return;
+    /* The process is gone (or let go of us): a slot it claimed but never published will
+     * never be, so the last drain may skip it instead of waiting. */
+    mt__ring_mark_dead(p->ring);
+    drain_one(d, p, SIZE_MAX);
+    process_batch(d);
+    mt__ring_stats_t st;
+    mt__ring_stats(p->ring, &st);
+    if (st.flags & MT_RING_F_EXITED)
+        p->exit_reason = "clean";
+    else if ((st.flags & MT_RING_F_OOM) || p->last_kind == MT_EV_OOM)
+        p->exit_reason = "oom";
+    else
+        p->exit_reason = "killed";
+    mt__ring_close(&p->ring);
+    p->exited = true;
+    p->exited_realtime = realtime_ns();
+    p->conn = NULL;
+    c->proc = NULL;
+    log_process_line(d, p, "exit");
+    mt__d_logfile_flush(d);
+    mt__d_log(d, MT_LOG_INFO, "producer %d (%s) exited: %s, %llu events, %llu dropped", p->pid,
+              p->name, p->exit_reason, (unsigned long long)p->events,
+              (unsigned long long)p->dropped);
+    evict_exited(d);
+}
+
+/* Lines a registered producer may send: {"type":"poke"} asks for a drain now (its ring is
+ * filling up faster than our timer empties it). Anything else is ignored, within the line
+ * limit. */
+void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n)
+{
+    mt_d_t *d = c->d;
+    bool poke = false;
+    for (size_t i = 0; i < n; i++) {
+        if (data[i] != '\n') {
+            if (c->in.len < 64)
+                mt__d_buf_append(&c->in, &data[i], 1);
+            continue;
+        }
+        if (c->in.len > 0 && strstr(c->in.p, "\"poke\""))
+            poke = true;
+        c->in.len = 0;
+    }
+    if (poke && c->proc && c->proc->ring && !d->stopping) {
+        drain_one(d, c->proc, d->cfg.drain_budget);
+        process_batch(d);
+    }
+}
+
+unsigned mt__d_live_count(const mt_d_t *d)
+{
+    unsigned n = 0;
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next)
+        n += !p->exited;
+    return n;
+}
+
+void mt__d_procs_free(mt_d_t *d)
+{
+    while (d->procs) {
+        mt_d_proc_t *p = d->procs;
+        d->procs = p->next;
+        if (p->ring)
+            mt__ring_close(&p->ring);
+        mt__d_proc_destroy(&p);
+    }
+}

@@ -1,0 +1,689 @@
+/* memtraced: the loop, the listeners, connection lifecycle, signals and shutdown.
+ *
+ * Every handle the daemon initialises is counted in d->open_handles and uncounted in its
+ * close callback, which is also the only place its memory is freed; shutdown closes them
+ * all and runs the loop until the count is zero, so uv_loop_close() then succeeds. */
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/internal.h"
+#include "memtrace/prof.h"
+
+#define READ_BUF_SIZE 65536
+
+/* ---- small utilities ---- */
+
+int mt__d_buf_reserve(mt_d_buf_t *b, size_t extra)
+{
+    if (b->len + extra + 1 <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + extra + 1) {
+        if (cap > SIZE_MAX / 2)
+            return MT_EOVERFLOW;
+        cap *= 2;
+    }
+    char *p = realloc(b->p, cap);
+    if (!p)
+        return MT_ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+int mt__d_buf_append(mt_d_buf_t *b, const void *s, size_t n)
+{
+    int rc = mt__d_buf_reserve(b, n);
+    if (rc)
+        return rc;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+int mt__d_buf_printf(mt_d_buf_t *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[512];
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return MT_EINVAL;
+    if ((size_t)n < sizeof tmp)
+        return mt__d_buf_append(b, tmp, (size_t)n);
+    int rc = mt__d_buf_reserve(b, (size_t)n);
+    if (rc)
+        return rc;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+void mt__d_buf_free(mt_d_buf_t *b)
+{
+    free(b->p);
+    *b = (mt_d_buf_t){0};
+}
+
+void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
+{
+    if (!d->cfg.log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    d->cfg.log(d->cfg.log_ud, level, msg);
+}
+
+static uint64_t realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+mt_d_cfg_t mt_d_cfg_default(void)
+{
+    return (mt_d_cfg_t){
+        .socket_path = NULL,
+        .http_host = "127.0.0.1",
+        .http_port = MT_D_DEFAULT_PORT,
+        .log_path = NULL,
+        .max_exited = 16,
+        .consumer_queue_bytes = 4u << 20,
+        .write_high_water = 256u << 10,
+        .max_line_bytes = 64u << 10,
+        .max_request_bytes = 8u << 10,
+        .drain_interval_ms = 5,
+        .drain_budget = 65536,
+        .keepalive_ms = 15000,
+        .idle_timeout_ms = 10000,
+        .handle_signals = false,
+    };
+}
+
+static char *default_socket_path(void)
+{
+    char buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    return mt_prof_socket_path(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
+}
+
+/* ---- connections ---- */
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    mt_d_t *d = h->data;
+    d->open_handles--;
+}
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)h;
+    mt_d_t *d = c->d;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        d->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->proc && c->proc->conn == c)
+        c->proc->conn = NULL;
+    mt__d_sub_free(&c->sub);
+    mt__d_buf_free(&c->in);
+    free(c);
+    d->open_handles--;
+}
+
+void mt__d_conn_close(mt_d_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    uv_read_stop(&c->u.stream);
+    uv_close(&c->u.handle, on_conn_closed);
+}
+
+typedef struct write_req_s {
+    uv_write_t req;
+    mt_d_conn_t *conn;
+    bool close_after;
+    char data[];
+} write_req_t;
+
+static void on_write_done(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    mt_d_conn_t *c = w->conn;
+    bool close = w->close_after || status < 0;
+    free(w);
+    if (close)
+        mt__d_conn_close(c);
+}
+
+int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after)
+{
+    if (c->closing)
+        return MT_EIO;
+    write_req_t *w = malloc(sizeof *w + len);
+    if (!w) {
+        mt__d_conn_close(c);
+        return MT_ENOMEM;
+    }
+    w->conn = c;
+    w->close_after = close_after;
+    memcpy(w->data, data, len);
+    uv_buf_t buf = uv_buf_init(w->data, (unsigned)len);
+    int rc = uv_write(&w->req, &c->u.stream, &buf, 1, on_write_done);
+    if (rc) {
+        free(w);
+        mt__d_conn_close(c);
+        return MT_EIO;
+    }
+    return 0;
+}
+
+bool mt__d_peer_allowed(mt_d_conn_t *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.handle, &fd))
+        return false;
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
+        return false;
+    return cr.uid == geteuid() || cr.uid == 0;
+}
+
+static void reply_error(mt_d_conn_t *c, const char *msg)
+{
+    json_t *o = json_pack("{s:b,s:s}", "ok", 0, "error", msg);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s) {
+        size_t n = strlen(s);
+        s[n] = '\n'; /* json_dumps leaves room only for the NUL, which we overwrite */
+        mt__d_conn_write(c, s, n + 1, true);
+    } else {
+        mt__d_conn_close(c);
+    }
+    free(s);
+    json_decref(o);
+    c->d->ctr.rejected++;
+}
+
+/* One request line on the Unix socket: hello (producer), subscribe (consumer) or state. */
+static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
+{
+    json_error_t jerr;
+    json_t *msg = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!msg || !json_is_object(msg)) {
+        json_decref(msg);
+        reply_error(c, "malformed request: expected one JSON object per line");
+        return;
+    }
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    const char *role = json_string_value(json_object_get(msg, "role"));
+    if (type && strcmp(type, "hello") == 0 && role && strcmp(role, "producer") == 0) {
+        int rc = mt__d_producer_hello(c, msg);
+        if (rc < 0 && !c->closing)
+            reply_error(c, mt_strerror(rc));
+    } else if (type && strcmp(type, "subscribe") == 0 && role && strcmp(role, "consumer") == 0) {
+        char err[128];
+        if (mt__d_sub_parse_json(&c->sub, msg, err, sizeof err) != 0) {
+            reply_error(c, err);
+        } else {
+            c->kind = MT_D_CONN_CONSUMER;
+            c->d->ctr.consumers++;
+            static const char ok[] = "{\"ok\":true}\n";
+            if (mt__d_conn_write(c, ok, sizeof ok - 1, false) == 0)
+                mt__d_consumer_start(c);
+        }
+    } else if (type && strcmp(type, "state") == 0) {
+        json_t *st = mt__d_state_json(c->d);
+        char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
+        if (s) {
+            size_t n = strlen(s);
+            s[n] = '\n';
+            c->kind = MT_D_CONN_DONE;
+            mt__d_conn_write(c, s, n + 1, true);
+        } else {
+            reply_error(c, "out of memory");
+        }
+        free(s);
+        json_decref(st);
+    } else {
+        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer "
+                       "or state");
+    }
+    json_decref(msg);
+}
+
+static void unix_input(mt_d_conn_t *c, const char *data, size_t n)
+{
+    const char *nl = memchr(data, '\n', n);
+    size_t take = nl ? (size_t)(nl - data) : n;
+    if (c->in.len + take > c->d->cfg.max_line_bytes) {
+        reply_error(c, "request line too long");
+        return;
+    }
+    if (mt__d_buf_append(&c->in, data, take)) {
+        mt__d_conn_close(c);
+        return;
+    }
+    if (nl)
+        handle_unix_line(c, c->in.p, c->in.len);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)h;
+    *buf = uv_buf_init(c->d->readbuf, READ_BUF_SIZE);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)s;
+    if (c->closing)
+        return;
+    if (n < 0) {
+        if (c->kind == MT_D_CONN_PRODUCER)
+            mt__d_producer_eof(c);
+        mt__d_conn_close(c);
+        return;
+    }
+    if (n == 0)
+        return;
+    c->last_active_ms = uv_now(c->d->loop);
+    switch (c->kind) {
+    case MT_D_CONN_UNIX_NEW:
+        unix_input(c, buf->base, (size_t)n);
+        break;
+    case MT_D_CONN_HTTP_NEW:
+        if (c->in.len + (size_t)n > c->d->cfg.max_request_bytes) {
+            static const char r[] = "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                    "Content-Length: 0\r\nConnection: close\r\n\r\n";
+            c->kind = MT_D_CONN_DONE;
+            c->d->ctr.rejected++;
+            mt__d_conn_write(c, r, sizeof r - 1, true);
+            break;
+        }
+        if (mt__d_buf_append(&c->in, buf->base, (size_t)n)) {
+            mt__d_conn_close(c);
+            break;
+        }
+        mt__d_http_input(c);
+        break;
+    case MT_D_CONN_PRODUCER:
+        mt__d_producer_input(c, buf->base, (size_t)n);
+        break;
+    default:
+        /* Consumers have nothing more to say once subscribed; whatever they send is read
+         * and discarded so that it cannot pile up. */
+        break;
+    }
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    mt_d_t *d = server->data;
+    if (status < 0 || d->stopping)
+        return;
+    bool tcp = server == (uv_stream_t *)&d->http_listener;
+    mt_d_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->d = d;
+    c->is_tcp = tcp;
+    c->kind = tcp ? MT_D_CONN_HTTP_NEW : MT_D_CONN_UNIX_NEW;
+    int rc = tcp ? uv_tcp_init(d->loop, &c->u.tcp) : uv_pipe_init(d->loop, &c->u.pipe, 0);
+    if (rc) {
+        free(c);
+        return;
+    }
+    d->open_handles++;
+    c->u.handle.data = d;
+    c->next = d->conns;
+    if (d->conns)
+        d->conns->prev = c;
+    d->conns = c;
+    c->last_active_ms = uv_now(d->loop);
+    if (uv_accept(server, &c->u.stream) != 0) {
+        mt__d_conn_close(c);
+        return;
+    }
+    if (!tcp && !mt__d_peer_allowed(c)) {
+        /* Another user's process: it may neither read our events nor feed us a ring. */
+        d->ctr.rejected++;
+        mt__d_log(d, MT_LOG_WARN, "refused a connection from another uid");
+        mt__d_conn_close(c);
+        return;
+    }
+    if (tcp)
+        uv_tcp_nodelay(&c->u.tcp, 1);
+    if (uv_read_start(&c->u.stream, on_alloc, on_read) != 0)
+        mt__d_conn_close(c);
+}
+
+/* ---- timers ---- */
+
+static void on_drain_timer(uv_timer_t *t)
+{
+    mt_d_t *d = t->data;
+    mt__d_drain_all(d);
+}
+
+static void on_sweep_timer(uv_timer_t *t)
+{
+    mt_d_t *d = t->data;
+    uint64_t now = uv_now(d->loop);
+    for (mt_d_conn_t *c = d->conns, *next; c; c = next) {
+        next = c->next;
+        bool pending = c->kind == MT_D_CONN_UNIX_NEW || c->kind == MT_D_CONN_HTTP_NEW;
+        if (pending && !c->closing && now - c->last_active_ms >= d->cfg.idle_timeout_ms) {
+            d->ctr.rejected++;
+            mt__d_conn_close(c); /* a half request: it had its chance */
+        }
+    }
+    if (now - d->last_keepalive_ms >= d->cfg.keepalive_ms) {
+        d->last_keepalive_ms = now;
+        mt__d_consumers_keepalive(d);
+    }
+}
+
+/* ---- shutdown ---- */
+
+static void close_walk_cb(uv_handle_t *h, void *arg)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, NULL); /* not ours: only possible on a loop we own, never allocated */
+}
+
+static void close_static(mt_d_t *d, uv_handle_t *h)
+{
+    if (!uv_is_closing(h))
+        uv_close(h, on_handle_closed);
+}
+
+static void begin_shutdown(mt_d_t *d)
+{
+    if (d->stopping)
+        return;
+    /* Whatever is already in the rings is delivered before the consumers go. */
+    mt__d_drain_all(d);
+    d->stopping = true;
+    close_static(d, (uv_handle_t *)&d->unix_listener);
+    if (d->http_on)
+        close_static(d, (uv_handle_t *)&d->http_listener);
+    close_static(d, (uv_handle_t *)&d->drain_timer);
+    close_static(d, (uv_handle_t *)&d->sweep_timer);
+    close_static(d, (uv_handle_t *)&d->stop_async);
+    if (d->cfg.handle_signals) {
+        close_static(d, (uv_handle_t *)&d->sigint);
+        close_static(d, (uv_handle_t *)&d->sigterm);
+    }
+    for (mt_d_conn_t *c = d->conns; c; c = c->next)
+        mt__d_conn_close(c);
+    if (d->socket_bound) {
+        unlink(d->socket_path);
+        d->socket_bound = false;
+    }
+    mt__d_logfile_flush(d);
+    if (d->owns_loop)
+        uv_walk(d->loop, close_walk_cb, NULL);
+}
+
+static void on_stop_async(uv_async_t *a)
+{
+    begin_shutdown(a->data);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    mt_d_t *d = s->data;
+    mt__d_log(d, MT_LOG_INFO, "signal %d: shutting down", signum);
+    begin_shutdown(d);
+}
+
+/* ---- lifecycle ---- */
+
+/* 1 if a daemon answers on path, 0 if not, negative if path is something else. */
+static int socket_in_use(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return 0;
+    if (!S_ISSOCK(st.st_mode))
+        return MT_EINVAL;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return MT_EIO;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+    close(fd);
+    return rc == 0 ? 1 : 0;
+}
+
+static int init_static(mt_d_t *d, uv_handle_t *h)
+{
+    h->data = d;
+    d->open_handles++;
+    return 0;
+}
+
+static int bind_unix(mt_d_t *d)
+{
+    if (strlen(d->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return MT_EINVAL;
+    int busy = socket_in_use(d->socket_path);
+    if (busy < 0) {
+        mt__d_log(d, MT_LOG_ERROR, "%s exists and is not a socket", d->socket_path);
+        return MT_EBUSY;
+    }
+    if (busy) {
+        mt__d_log(d, MT_LOG_ERROR, "another daemon answers on %s", d->socket_path);
+        return MT_EBUSY;
+    }
+    unlink(d->socket_path); /* stale: its daemon died without removing it */
+    if (uv_pipe_bind(&d->unix_listener, d->socket_path) != 0)
+        return MT_EIO;
+    d->socket_bound = true;
+    /* Before listen(): nobody can connect until the mode is right. */
+    if (chmod(d->socket_path, 0600) != 0)
+        return MT_EIO;
+    if (uv_listen((uv_stream_t *)&d->unix_listener, 128, on_connection) != 0)
+        return MT_EIO;
+    return 0;
+}
+
+static int bind_http(mt_d_t *d)
+{
+    struct sockaddr_storage ss;
+    if (uv_ip4_addr(d->host, d->cfg.http_port, (struct sockaddr_in *)&ss) != 0 &&
+        uv_ip6_addr(d->host, d->cfg.http_port, (struct sockaddr_in6 *)&ss) != 0)
+        return MT_EINVAL;
+    if (uv_tcp_bind(&d->http_listener, (struct sockaddr *)&ss, 0) != 0)
+        return MT_EIO;
+    if (uv_listen((uv_stream_t *)&d->http_listener, 128, on_connection) != 0) {
+        mt__d_log(d, MT_LOG_ERROR, "cannot listen on %s:%d", d->host, d->cfg.http_port);
+        return MT_EBUSY;
+    }
+    struct sockaddr_storage got;
+    int len = sizeof got;
+    if (uv_tcp_getsockname(&d->http_listener, (struct sockaddr *)&got, &len) != 0)
+        return MT_EIO;
+    d->http_port = got.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&got)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&got)->sin_port);
+    return 0;
+}
+
+static bool cfg_valid(const mt_d_cfg_t *cfg)
+{
+    return cfg->http_port >= -1 && cfg->http_port <= 65535 && cfg->consumer_queue_bytes > 0 &&
+           cfg->write_high_water > 0 && cfg->max_line_bytes >= 256 &&
+           cfg->max_request_bytes >= 256 && cfg->drain_interval_ms > 0 && cfg->drain_budget > 0 &&
+           cfg->keepalive_ms > 0 && cfg->idle_timeout_ms > 0 &&
+           (cfg->http_port < 0 || cfg->http_host);
+}
+
+int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
+{
+    if (!out || !cfg || !cfg_valid(cfg))
+        return MT_EINVAL;
+    *out = NULL;
+    int rc = MT_ENOMEM;
+    mt_d_t *d = calloc(1, sizeof *d);
+    if (!d)
+        return MT_ENOMEM;
+    d->cfg = *cfg;
+    d->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : default_socket_path();
+    d->host = cfg->http_host ? strdup(cfg->http_host) : NULL;
+    d->log_path = cfg->log_path ? strdup(cfg->log_path) : NULL;
+    d->readbuf = malloc(READ_BUF_SIZE);
+    d->batch = malloc(MT_D_BATCH * sizeof *d->batch);
+    if (!d->socket_path || (cfg->http_host && !d->host) || (cfg->log_path && !d->log_path) ||
+        !d->readbuf || !d->batch)
+        goto fail_alloc;
+    d->cfg.socket_path = d->socket_path;
+    d->cfg.http_host = d->host;
+    d->cfg.log_path = d->log_path;
+    d->http_port = -1;
+    d->start_realtime = realtime_ns();
+
+    if (cfg->loop) {
+        d->loop = cfg->loop;
+    } else {
+        if (uv_loop_init(&d->own_loop) != 0) {
+            rc = MT_EIO;
+            goto fail_alloc;
+        }
+        d->loop = &d->own_loop;
+        d->owns_loop = true;
+    }
+    /* A consumer that vanishes mid-write must cost an EPIPE, not the process. */
+    signal(SIGPIPE, SIG_IGN);
+
+    uv_pipe_init(d->loop, &d->unix_listener, 0);
+    init_static(d, (uv_handle_t *)&d->unix_listener);
+    uv_timer_init(d->loop, &d->drain_timer);
+    init_static(d, (uv_handle_t *)&d->drain_timer);
+    uv_timer_init(d->loop, &d->sweep_timer);
+    init_static(d, (uv_handle_t *)&d->sweep_timer);
+    uv_async_init(d->loop, &d->stop_async, on_stop_async);
+    init_static(d, (uv_handle_t *)&d->stop_async);
+    if (cfg->http_port >= 0) {
+        uv_tcp_init(d->loop, &d->http_listener);
+        init_static(d, (uv_handle_t *)&d->http_listener);
+        d->http_on = true;
+    }
+    if (cfg->handle_signals) {
+        uv_signal_init(d->loop, &d->sigint);
+        init_static(d, (uv_handle_t *)&d->sigint);
+        uv_signal_init(d->loop, &d->sigterm);
+        init_static(d, (uv_handle_t *)&d->sigterm);
+        uv_signal_start(&d->sigint, on_signal, SIGINT);
+        uv_signal_start(&d->sigterm, on_signal, SIGTERM);
+    }
+    if ((rc = bind_unix(d)) != 0)
+        goto fail_handles;
+    if (d->http_on && (rc = bind_http(d)) != 0)
+        goto fail_handles;
+    if ((rc = mt__d_logfile_open(d)) != 0)
+        goto fail_handles;
+    uv_timer_start(&d->drain_timer, on_drain_timer, cfg->drain_interval_ms, cfg->drain_interval_ms);
+    unsigned sweep = cfg->idle_timeout_ms < 1000 ? cfg->idle_timeout_ms : 1000;
+    if (cfg->keepalive_ms < sweep)
+        sweep = cfg->keepalive_ms;
+    uv_timer_start(&d->sweep_timer, on_sweep_timer, sweep, sweep);
+    d->last_keepalive_ms = uv_now(d->loop);
+    *out = d;
+    return 0;
+
+fail_handles:
+    mt_d_destroy(&d);
+    return rc;
+fail_alloc:
+    free(d->socket_path);
+    free(d->host);
+    free(d->log_path);
+    free(d->readbuf);
+    free(d->batch);
+    free(d);
+    return rc;
+}
+
+int mt_d_run(mt_d_t *d)
+{
+    if (!d || d->stopping)
+        return MT_EINVAL;
+    uv_run(d->loop, UV_RUN_DEFAULT);
+    /* On a borrowed loop other handles may keep uv_run going; ours are closed by now or
+     * closing, and finishing them is enough. */
+    while (d->open_handles > 0)
+        uv_run(d->loop, UV_RUN_ONCE);
+    return 0;
+}
+
+void mt_d_stop(mt_d_t *d)
+{
+    if (d)
+        uv_async_send(&d->stop_async);
+}
+
+void mt_d_destroy(mt_d_t **p)
+{
+    if (!p || !*p)
+        return;
+    mt_d_t *d = *p;
+    *p = NULL;
+    begin_shutdown(d);
+    while (d->open_handles > 0)
+        uv_run(d->loop, UV_RUN_ONCE);
+    mt__d_logfile_close(d);
+    mt__d_procs_free(d);
+    if (d->owns_loop) {
+        int rc = uv_loop_close(d->loop);
+        if (rc != 0)
+            mt__d_log(d, MT_LOG_ERROR, "uv_loop_close: %s", uv_strerror(rc));
+    }
+    mt__d_buf_free(&d->batch_text);
+    mt__d_buf_free(&d->scratch);
+    free(d->batch);
+    free(d->readbuf);
+    free(d->socket_path);
+    free(d->host);
+    free(d->log_path);
+    free(d);
+}
+
+int mt_d_http_port(const mt_d_t *d)
+{
+    return d->http_on ? d->http_port : -1;
+}
+
+const char *mt_d_socket_path(const mt_d_t *d)
+{
+    return d->socket_path;
+}
+
+void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out)
+{
+    *out = d->ctr;
+    out->live_processes = mt__d_live_count(d);
+    unsigned n = 0;
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next)
+        n++;
+    out->known_processes = n;
+}

@@ -1,0 +1,449 @@
+/* memtraced: the state model of one process, rebuilt from its event stream.
+ *
+ * Totals (allocated, reserved) come straight from the events, which carry the
+ * allocator's running figures. What the events do not carry is rebuilt here: the live
+ * blocks (alloc ... free_completed) with their tags, which give the per-tag breakdown, and
+ * the segment map (segment_alloc/free, segment_map/unmap), which with the blocks gives the
+ * free gaps and so the fragmentation figure, defined as the allocator defines it:
+ * 1 - largest free gap / total free bytes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/internal.h"
+
+#define TOMB UINT64_MAX
+
+int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name)
+{
+    mt_d_proc_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return MT_ENOMEM;
+    p->pid = pid;
+    snprintf(p->name, sizeof p->name, "%s", name ? name : "");
+    *out = p;
+    return 0;
+}
+
+void mt__d_proc_destroy(mt_d_proc_t **pp)
+{
+    if (!pp || !*pp)
+        return;
+    mt_d_proc_t *p = *pp;
+    free(p->blocks);
+    free(p->ranges);
+    free(p);
+    *pp = NULL;
+}
+
+const char *mt__d_tag_name(int tag, char *buf, size_t n)
+{
+    if (tag >= 0 && tag < MT_TAG_USER_FIRST)
+        return mt_tag_builtin_name(tag);
+    snprintf(buf, n, "tag%d", tag);
+    return buf;
+}
+
+/* ---- block table ---- */
+
+static size_t hash_addr(uint64_t addr, size_t cap)
+{
+    uint64_t h = (addr >> 9) * UINT64_C(0x9E3779B97F4A7C15);
+    return (size_t)(h >> 20) & (cap - 1);
+}
+
+static mt_d_block_t *block_find(const mt_d_proc_t *p, uint64_t addr)
+{
+    if (!p->blocks_cap || addr == 0 || addr == TOMB)
+        return NULL;
+    for (size_t i = hash_addr(addr, p->blocks_cap);; i = (i + 1) & (p->blocks_cap - 1)) {
+        mt_d_block_t *b = &p->blocks[i];
+        if (b->addr == addr)
+            return b;
+        if (b->addr == 0)
+            return NULL;
+    }
+}
+
+static int blocks_grow(mt_d_proc_t *p)
+{
+    size_t cap = p->blocks_cap ? p->blocks_cap : 64;
+    while ((p->nblocks + 1) * 2 > cap)
+        cap *= 2;
+    mt_d_block_t *nb = calloc(cap, sizeof *nb);
+    if (!nb)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < p->blocks_cap; i++) {
+        mt_d_block_t *b = &p->blocks[i];
+        if (b->addr == 0 || b->addr == TOMB)
+            continue;
+        size_t j = hash_addr(b->addr, cap);
+        while (nb[j].addr)
+            j = (j + 1) & (cap - 1);
+        nb[j] = *b;
+    }
+    free(p->blocks);
+    p->blocks = nb;
+    p->blocks_cap = cap;
+    p->ntomb = 0;
+    return 0;
+}
+
+static mt_d_block_t *block_insert(mt_d_proc_t *p, uint64_t addr)
+{
+    if ((p->nblocks + p->ntomb + 1) * 2 > p->blocks_cap && blocks_grow(p) != 0)
+        return NULL;
+    size_t i = hash_addr(addr, p->blocks_cap);
+    while (p->blocks[i].addr != 0 && p->blocks[i].addr != TOMB)
+        i = (i + 1) & (p->blocks_cap - 1);
+    if (p->blocks[i].addr == TOMB)
+        p->ntomb--;
+    p->nblocks++;
+    p->blocks[i] = (mt_d_block_t){.addr = addr};
+    return &p->blocks[i];
+}
+
+static void block_remove(mt_d_proc_t *p, mt_d_block_t *b)
+{
+    b->addr = TOMB;
+    p->nblocks--;
+    p->ntomb++;
+}
+
+static void block_unaccount(mt_d_proc_t *p, mt_d_block_t *b)
+{
+    if (b->freed)
+        return;
+    b->freed = 1;
+    p->tag_allocated[b->tag] -= b->size;
+    p->tag_blocks[b->tag]--;
+}
+
+/* ---- segment map ---- */
+
+static size_t range_lower(const mt_d_proc_t *p, uint64_t addr)
+{
+    size_t lo = 0, hi = p->nranges;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (p->ranges[mid].addr < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int range_add(mt_d_proc_t *p, const mt_d_range_t *r)
+{
+    if (p->nranges == p->ranges_cap) {
+        size_t cap = p->ranges_cap ? p->ranges_cap * 2 : 16;
+        mt_d_range_t *nr = realloc(p->ranges, cap * sizeof *nr);
+        if (!nr)
+            return MT_ENOMEM;
+        p->ranges = nr;
+        p->ranges_cap = cap;
+    }
+    size_t i = range_lower(p, r->addr);
+    memmove(&p->ranges[i + 1], &p->ranges[i], (p->nranges - i) * sizeof *r);
+    p->ranges[i] = *r;
+    p->nranges++;
+    return 0;
+}
+
+static void range_del(mt_d_proc_t *p, size_t i)
+{
+    memmove(&p->ranges[i], &p->ranges[i + 1], (p->nranges - i - 1) * sizeof p->ranges[0]);
+    p->nranges--;
+}
+
+static void segment_free(mt_d_proc_t *p, uint64_t addr)
+{
+    for (size_t i = range_lower(p, addr); i < p->nranges && p->ranges[i].addr == addr; i++) {
+        if (!p->ranges[i].mapped) {
+            range_del(p, i);
+            return;
+        }
+    }
+}
+
+/* Removes [addr, addr + size) from the mapped ranges, splitting one if need be. */
+static int unmap_pages(mt_d_proc_t *p, uint64_t addr, uint64_t size)
+{
+    uint64_t end = addr + size;
+    for (size_t i = 0; i < p->nranges;) {
+        mt_d_range_t r = p->ranges[i];
+        uint64_t rend = r.addr + r.size;
+        if (!r.mapped || rend <= addr || r.addr >= end) {
+            i++;
+            continue;
+        }
+        range_del(p, i);
+        if (r.addr < addr) {
+            mt_d_range_t left = r;
+            left.size = addr - r.addr;
+            if (range_add(p, &left))
+                return MT_ENOMEM;
+        }
+        if (rend > end) {
+            mt_d_range_t right = r;
+            right.addr = end;
+            right.size = rend - end;
+            if (range_add(p, &right))
+                return MT_ENOMEM;
+        }
+        i = range_lower(p, end);
+    }
+    return 0;
+}
+
+/* ---- applying events ---- */
+
+int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    if (ev->kind < 16)
+        p->kind_count[ev->kind]++;
+    if (ev->kind == MT_EV_GAP)
+        return 0; /* consumer-side record: carries no allocator figures */
+    p->last_kind = ev->kind;
+    p->allocated = ev->allocated;
+    p->reserved = ev->reserved;
+    if (p->allocated > p->peak_allocated)
+        p->peak_allocated = p->allocated;
+    if (p->reserved > p->peak_reserved)
+        p->peak_reserved = p->reserved;
+    int tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+    mt_d_block_t *b;
+    mt_d_range_t r = {.addr = ev->addr, .size = ev->size, .pool = ev->pool, .stream = ev->stream};
+    switch (ev->kind) {
+    case MT_EV_ALLOC:
+        if ((b = block_find(p, ev->addr)) != NULL) {
+            /* We missed its free (dropped events): forget the old block. */
+            block_unaccount(p, b);
+            block_remove(p, b);
+        }
+        if (ev->addr == 0 || (b = block_insert(p, ev->addr)) == NULL)
+            return ev->addr == 0 ? 0 : MT_ENOMEM;
+        b->size = ev->size;
+        b->tag = (uint8_t)tag;
+        p->tag_allocated[tag] += ev->size;
+        p->tag_blocks[tag]++;
+        if (p->tag_allocated[tag] > p->tag_peak[tag])
+            p->tag_peak[tag] = p->tag_allocated[tag];
+        return 0;
+    case MT_EV_FREE_REQUESTED:
+        /* The allocator stops counting it as allocated now; it still occupies its bytes
+         * until free_completed (its streams may still use it). */
+        if ((b = block_find(p, ev->addr)) != NULL)
+            block_unaccount(p, b);
+        return 0;
+    case MT_EV_FREE_COMPLETED:
+        if ((b = block_find(p, ev->addr)) != NULL) {
+            block_unaccount(p, b);
+            block_remove(p, b);
+        }
+        return 0;
+    case MT_EV_SEGMENT_ALLOC:
+        return range_add(p, &r);
+    case MT_EV_SEGMENT_FREE:
+        segment_free(p, ev->addr);
+        return 0;
+    case MT_EV_SEGMENT_MAP:
+        r.mapped = 1;
+        return range_add(p, &r);
+    case MT_EV_SEGMENT_UNMAP:
+        return unmap_pages(p, ev->addr, ev->size);
+    case MT_EV_OOM:
+        p->ooms++;
+        p->last_oom_requested = ev->requested;
+        p->last_oom_free = ev->size;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+double mt__d_proc_utilization(const mt_d_proc_t *p)
+{
+    return p->reserved ? (double)p->allocated / (double)p->reserved : 1.0;
+}
+
+/* ---- free gaps ---- */
+
+static int cmp_u64pair(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorted (addr, end) pairs of the live blocks (freed-but-pending included: they still
+ * occupy memory). *new*; NULL with *n = 0 when there are none or on allocation failure. */
+static uint64_t *sorted_blocks(const mt_d_proc_t *p, size_t *n)
+{
+    *n = 0;
+    if (!p->nblocks)
+        return NULL;
+    uint64_t *v = malloc(p->nblocks * 2 * sizeof *v);
+    if (!v)
+        return NULL;
+    for (size_t i = 0; i < p->blocks_cap; i++) {
+        const mt_d_block_t *b = &p->blocks[i];
+        if (b->addr == 0 || b->addr == TOMB)
+            continue;
+        v[2 * *n] = b->addr;
+        v[2 * *n + 1] = b->addr + b->size;
+        (*n)++;
+    }
+    qsort(v, *n, 2 * sizeof *v, cmp_u64pair);
+    return v;
+}
+
+/* Bytes of blocks inside [a, e), and the free gaps there, given blocks sorted by addr.
+ * *k is a cursor into the blocks that only moves forward (ranges come in address order). */
+static uint64_t sweep(const uint64_t *blk, size_t nb, size_t *k, uint64_t a, uint64_t e,
+                      mt_d_frag_t *f)
+{
+    while (*k < nb && blk[2 * *k + 1] <= a)
+        (*k)++;
+    uint64_t cur = a, used = 0;
+    for (size_t i = *k; i < nb && blk[2 * i] < e; i++) {
+        uint64_t ba = blk[2 * i] > a ? blk[2 * i] : a;
+        uint64_t be = blk[2 * i + 1] < e ? blk[2 * i + 1] : e;
+        if (ba > cur && f) {
+            f->total_free += ba - cur;
+            if (ba - cur > f->largest_free_block)
+                f->largest_free_block = ba - cur;
+        }
+        if (be > ba)
+            used += be - ba;
+        if (be > cur)
+            cur = be;
+    }
+    if (e > cur && f) {
+        f->total_free += e - cur;
+        if (e - cur > f->largest_free_block)
+            f->largest_free_block = e - cur;
+    }
+    return used;
+}
+
+void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out)
+{
+    *out = (mt_d_frag_t){0};
+    size_t nb;
+    uint64_t *blk = sorted_blocks(p, &nb);
+    /* Ranges may overlap across kinds (pages mapped inside a segment's virtual range):
+     * walk their union, in address order. */
+    size_t k = 0;
+    uint64_t ua = 0, ue = 0;
+    bool open = false;
+    for (size_t i = 0; i < p->nranges; i++) {
+        uint64_t a = p->ranges[i].addr, e = a + p->ranges[i].size;
+        if (open && a <= ue) {
+            if (e > ue)
+                ue = e;
+            continue;
+        }
+        if (open)
+            sweep(blk, nb, &k, ua, ue, out);
+        ua = a;
+        ue = e;
+        open = true;
+    }
+    if (open)
+        sweep(blk, nb, &k, ua, ue, out);
+    out->fragmentation =
+        out->total_free ? 1.0 - (double)out->largest_free_block / (double)out->total_free : 0.0;
+    free(blk);
+}
+
+/* ---- JSON ---- */
+
+#define MAX_SEGMENTS_JSON 4096 /* a /state answer stays bounded */
+
+json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
+{
+    mt_d_frag_t f;
+    mt__d_proc_frag(p, &f);
+    json_t *o = json_object();
+    json_t *tags = json_array();
+    json_t *kinds = json_object();
+    if (!o || !tags || !kinds)
+        goto fail;
+    json_object_set_new(o, "pid", json_integer(p->pid));
+    json_object_set_new(o, "name", json_string(p->name));
+    if (p->backend[0])
+        json_object_set_new(o, "backend", json_string(p->backend));
+    json_object_set_new(o, "state", json_string(p->exited ? "exited" : "running"));
+    if (p->exited) {
+        json_object_set_new(o, "exit_reason", json_string(p->exit_reason));
+        json_object_set_new(o, "exited_realtime_ns", json_integer((json_int_t)p->exited_realtime));
+    }
+    json_object_set_new(o, "registered_realtime_ns",
+                        json_integer((json_int_t)p->registered_realtime));
+    json_object_set_new(o, "events", json_integer((json_int_t)p->events));
+    json_object_set_new(o, "dropped", json_integer((json_int_t)p->dropped));
+    json_object_set_new(o, "ooms", json_integer((json_int_t)p->ooms));
+    if (p->ooms) {
+        json_object_set_new(o, "last_oom",
+                            json_pack("{s:I,s:I}", "requested_bytes",
+                                      (json_int_t)p->last_oom_requested, "free_bytes",
+                                      (json_int_t)p->last_oom_free));
+    }
+    json_object_set_new(o, "allocated_bytes", json_integer((json_int_t)p->allocated));
+    json_object_set_new(o, "reserved_bytes", json_integer((json_int_t)p->reserved));
+    json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)p->peak_allocated));
+    json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)p->peak_reserved));
+    json_object_set_new(o, "utilization", json_real(mt__d_proc_utilization(p)));
+    json_object_set_new(o, "fragmentation", json_real(f.fragmentation));
+    json_object_set_new(o, "total_free_bytes", json_integer((json_int_t)f.total_free));
+    json_object_set_new(o, "largest_free_block_bytes",
+                        json_integer((json_int_t)f.largest_free_block));
+    json_object_set_new(o, "blocks", json_integer((json_int_t)p->nblocks));
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        if (!p->tag_peak[t] && !p->tag_blocks[t])
+            continue;
+        char nb[16];
+        json_array_append_new(tags, json_pack("{s:i,s:s,s:I,s:I,s:I}", "tag", t, "name",
+                                              mt__d_tag_name(t, nb, sizeof nb), "allocated_bytes",
+                                              (json_int_t)p->tag_allocated[t], "peak_bytes",
+                                              (json_int_t)p->tag_peak[t], "blocks",
+                                              (json_int_t)p->tag_blocks[t]));
+    }
+    json_object_set_new(o, "tags", tags);
+    tags = NULL;
+    for (int k = 1; k < 16; k++)
+        if (p->kind_count[k])
+            json_object_set_new(kinds, mt_event_kind_name(k),
+                                json_integer((json_int_t)p->kind_count[k]));
+    json_object_set_new(o, "kinds", kinds);
+    kinds = NULL;
+    if (with_segments) {
+        json_t *segs = json_array();
+        if (!segs)
+            goto fail;
+        size_t nb, k = 0;
+        uint64_t *blk = sorted_blocks(p, &nb);
+        size_t n = p->nranges < MAX_SEGMENTS_JSON ? p->nranges : MAX_SEGMENTS_JSON;
+        for (size_t i = 0; i < n; i++) {
+            const mt_d_range_t *r = &p->ranges[i];
+            /* Ranges come sorted by start, so the cursor only skips blocks ending before
+             * this one and every later range starts after them too. */
+            uint64_t used = sweep(blk, nb, &k, r->addr, r->addr + r->size, NULL);
+            json_array_append_new(
+                segs, json_pack("{s:I,s:I,s:s,s:s,s:I,s:I}", "addr", (json_int_t)r->addr, "size",
+                                (json_int_t)r->size, "kind", r->mapped ? "mapped" : "segment",
+                                "pool", mt_pool_name(r->pool), "stream", (json_int_t)r->stream,
+                                "used_bytes", (json_int_t)used));
+        }
+        free(blk);
+        json_object_set_new(o, "segments", segs);
+        if (p->nranges > n)
+            json_object_set_new(o, "segments_truncated", json_true());
+    }
+    return o;
+fail:
+    json_decref(o);
+    json_decref(tags);
+    json_decref(kinds);
+    return NULL;
+}
