@@ -1,0 +1,208 @@
+/* memtrace RNN engine: RNN (tanh/relu), LSTM and GRU layers over the caching allocator.
+ *
+ * Formulas are cuDNN's (= PyTorch's): LSTM gates i, f, g, o; GRU gates r, z, n with the
+ * linear-before-reset form n = tanh(W_n x + b_Wn + r * (R_n h + b_Rn)). Tensors are float32,
+ * sequence-major: x [T, B, input_size], y [T, B, D*H], states [L*D, B, H] (D = 2 when
+ * bidirectional). Every pointer passed to the engine is device memory of the module's
+ * allocator (on the sim backend, host-addressable memory).
+ *
+ * All weights live in ONE flat buffer (tagged weights) in cuDNN's canonical layout:
+ * pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...; inside
+ * each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g input biases,
+ * then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
+ * 1 (RNN); in = input_size for layer 0, D*H above. Parameters are exposed as named views with
+ * PyTorch's names and shapes (weight_ih_l{k}[_reverse] = [g*H, in], the g W matrices
+ * stacked; weight_hh_... = [g*H, H]; bias_ih_..., bias_hh_... = [g*H]). Gradients live in a
+ * second flat buffer (tagged grads) with the same layout and ACCUMULATE, as cuDNN's do.
+ *
+ * Dropout between layers is not implemented (every layer sees the previous one's output).
+ *
+ * Thread-safety: a module is used by one thread at a time; different modules may run in
+ * parallel (the allocator serialises their allocations). */
+#ifndef MEMTRACE_RNN_H
+#define MEMTRACE_RNN_H
+
+#include <stdbool.h>
+#include "memtrace/alloc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_rnn_s mt_rnn_t;
+/* What a training forward keeps for backward (the reserve space). Opaque. */
+typedef struct mt_rnn_reserve_s mt_rnn_reserve_t;
+
+typedef enum mt_rnn_mode_e {
+    MT_RNN_TANH = 0, /* h' = tanh(W x + R h + b_W + b_R) */
+    MT_RNN_RELU = 1, /* h' = relu(W x + R h + b_W + b_R) */
+    MT_RNN_LSTM = 2,
+    MT_RNN_GRU = 3, /* linear-before-reset */
+} mt_rnn_mode_e;
+
+typedef struct mt_rnn_cfg_s {
+    mt_rnn_mode_e mode;
+    int input_size;      /* >= 1 */
+    int hidden_size;     /* H >= 1 */
+    int num_layers;      /* L >= 1 */
+    bool bidirectional;  /* D = 2 if true, else 1 */
+    bool bias;           /* false: no bias entries in the layout (cuDNN's NO_BIAS); true */
+    uint64_t seed;       /* initialisation: uniform(-1/sqrt(H), 1/sqrt(H)) from this seed */
+    mt_alloc_t *alloc;   /* borrowed, required; outlives the module */
+    mt_stream_t *stream; /* borrowed, optional (NULL = default stream) */
+    mt_log_cb log;       /* optional */
+    void *log_ud;
+} mt_rnn_cfg_t;
+
+/* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
+ * x, y, hx and cx must stay unchanged until mt_rnn_backward (the reserve refers to them, as
+ * cuDNN's backward takes them again). */
+typedef struct mt_rnn_io_s {
+    int seq_len;     /* T >= 1 */
+    int batch;       /* B >= 1 */
+    const float *x;  /* [T, B, input_size], required */
+    float *y;        /* [T, B, D*H], required */
+    const float *hx; /* [L*D, B, H], NULL = zeros */
+    const float *cx; /* LSTM only: [L*D, B, H], NULL = zeros */
+    float *hy;       /* [L*D, B, H], optional: final hidden states */
+    float *cy;       /* LSTM only, optional: final cell states */
+} mt_rnn_io_t;
+
+/* Backward inputs and outputs (gradients of the loss). */
+typedef struct mt_rnn_grad_io_s {
+    const float *dy;  /* [T, B, D*H], required */
+    const float *dhy; /* [L*D, B, H], NULL = zeros */
+    const float *dcy; /* LSTM only, NULL = zeros */
+    float *dx;        /* [T, B, input_size], optional (NULL = not computed) */
+    float *dhx;       /* [L*D, B, H], optional */
+    float *dcx;       /* LSTM only, optional */
+} mt_rnn_grad_io_t;
+
+typedef enum mt_rnn_param_kind_e {
+    MT_RNN_WEIGHT_IH = 0, /* [g*H, in] */
+    MT_RNN_WEIGHT_HH = 1, /* [g*H, H] */
+    MT_RNN_BIAS_IH = 2,   /* [g*H] */
+    MT_RNN_BIAS_HH = 3,   /* [g*H] */
+} mt_rnn_param_kind_e;
+
+/* A named view of one parameter. */
+typedef struct mt_rnn_param_s {
+    const char *name; /* borrowed from the module, e.g. "weight_hh_l1_reverse" */
+    int kind;         /* mt_rnn_param_kind_e */
+    int layer;        /* 0 .. L-1 */
+    int dir;          /* 0 forward, 1 reverse */
+    size_t offset;    /* floats from the start of the flat weight (and grad) buffer */
+    size_t numel;     /* rows x cols */
+    int rows;         /* g*H */
+    int cols;         /* in, H, or 1 for biases */
+    float *data;      /* where the parameter lives now: flat + offset unless rebound */
+    float *grad;      /* grad flat buffer + offset (always) */
+} mt_rnn_param_t;
+
+/* Counters of one module. */
+typedef struct mt_rnn_stats_s {
+    bool flat;                /* every parameter lives in the flat buffer */
+    uint64_t compactions;     /* calls that had to copy the weights into a temporary */
+    uint64_t compacted_bytes; /* bytes copied by those compactions */
+    uint64_t forwards;        /* mt_rnn_forward + mt_rnn_step calls */
+    uint64_t backwards;
+    size_t weight_bytes; /* size of the flat buffer */
+} mt_rnn_stats_t;
+
+/* Activation memory of a training forward, and what an op-by-op cell would keep.
+ * Units: "H-vectors" = H floats per (time step, batch element, layer, direction).
+ * Engine: LSTM 6 (i, f, g, o after activation, c, h), GRU 5 (r, z, n, R_n h + b_Rn, h),
+ * RNN 1 (h); the h of the top layer is the output y, which the caller holds.
+ * Op-by-op (every intermediate of a per-step autograd cell stays alive until backward):
+ * LSTM 21 = W x + b (4) + R h + b (4) + their sum (4) + sigmoid/tanh outputs (4)
+ *         + f*c, i*g, c, tanh(c), o*tanh(c) = h (5);
+ * GRU 17  = W x + b (3) + R h + b (3) + r,z sums (2) + r, z (2) + r*(R_n h + b) (1)
+ *         + n sum (1) + n (1) + 1-z, (1-z)*n, z*h, h (4);
+ * RNN 4   = W x + b, R h + b, sum, h. */
+typedef struct mt_rnn_act_s {
+    double engine_hvec;           /* H-vectors kept per (step, batch, layer-direction) */
+    double opbyop_hvec;           /* the op-by-op estimate, same unit */
+    size_t engine_bytes_per_step; /* for the given B, all layers and directions */
+    size_t opbyop_bytes_per_step;
+    size_t reserve_bytes; /* what mt_rnn_forward(training) allocates (tagged
+                           * activations) for the given T and B; excludes y */
+} mt_rnn_act_t;
+
+/* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1. */
+MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
+
+/* Creates a module and its flat weight and gradient buffers (gradients zeroed), weights
+ * initialised from cfg->seed. *out is new. MT_ENOTSUP if the allocator's backend has no
+ * compute path in this build (a CUDA device without cuDNN). */
+MT_API int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg);
+/* Frees the module's buffers (and any parameter bindings it owns). Sets *p = NULL. */
+MT_API void mt_rnn_destroy(mt_rnn_t **p);
+
+MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
+/* "cpu" (CBLAS, sim backend) or "cudnn". Static string. */
+MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
+
+/* ---- parameters ---- */
+
+/* The flat buffers (borrowed) and their length in floats (count may be NULL). */
+MT_API float *mt_rnn_weights(const mt_rnn_t *m, size_t *count);
+MT_API float *mt_rnn_grads(const mt_rnn_t *m, size_t *count);
+/* Sets every gradient to zero. */
+MT_API int mt_rnn_zero_grads(mt_rnn_t *m);
+/* Number of named parameters: 2 or 4 per layer and direction. */
+MT_API size_t mt_rnn_param_count(const mt_rnn_t *m);
+/* The i-th parameter, in PyTorch's order. MT_ENOENT if i is out of range. */
+MT_API int mt_rnn_param_get(const mt_rnn_t *m, size_t i, mt_rnn_param_t *out);
+MT_API int mt_rnn_param_find(const mt_rnn_t *m, const char *name, mt_rnn_param_t *out);
+/* Rebinds parameter name to numel floats at ptr (borrowed: device memory that outlives the
+ * binding), as a replicated or hand-modified module would have them. The values at ptr are
+ * the parameter from now on. Binding ptr = flat + offset makes it flat again. */
+MT_API int mt_rnn_bind_param(mt_rnn_t *m, const char *name, float *ptr);
+/* True if every parameter lives at its place in the flat buffer. */
+MT_API bool mt_rnn_is_flat(const mt_rnn_t *m);
+/* Copies every rebound parameter into the flat buffer and binds it there again. */
+MT_API int mt_rnn_flatten(mt_rnn_t *m);
+/* A copy of m on another allocator (device): same configuration, the parameters' current
+ * values, flat from construction (it never compacts), zero gradients. *out is new. */
+MT_API int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out);
+
+/* ---- compute ---- */
+
+/* Forward over a whole sequence. With reserve != NULL it runs in training mode: *reserve is
+ * new and holds what backward needs (tagged activations) until mt_rnn_backward or
+ * mt_rnn_reserve_release. With reserve == NULL it runs in inference mode: nothing is kept,
+ * and for unidirectional modules the temporary memory is bounded independently of T. If the
+ * parameters are not flat, they are compacted into a temporary copy first (U1: one warning
+ * per module through the log, one MT_EV_COMPACTION event per compaction). */
+MT_API int mt_rnn_forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve);
+/* Backward for data and weights of the training forward that made *reserve. Weight
+ * gradients are added to the grad buffer. Takes ownership of *reserve (released even on
+ * failure) and sets *reserve = NULL. */
+MT_API int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_io_t *g);
+/* Releases a reserve without running backward. Sets *reserve = NULL. */
+MT_API void mt_rnn_reserve_release(mt_rnn_t *m, mt_rnn_reserve_t **reserve);
+/* One inference time step for batch B: x [B, input_size], y [B, D*H] (may be NULL),
+ * hx/cx [L*D, B, H] (NULL = zeros), hy/cy [L*D, B, H] required (cy for LSTM). hy must not
+ * alias hx (ping-pong two state buffers). Memory use does not depend on how many steps run.
+ * Unidirectional modules only (MT_EINVAL otherwise). */
+MT_API int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const float *cx,
+                       float *y, float *hy, float *cy);
+
+/* Warm-up (U2): runs a training forward and backward at the largest shape (max_T, max_B)
+ * on zero inputs inside mt_alloc_warmup_begin/end, with its own input and output buffers
+ * (tagged batch), so that later batches within those bounds make no backend malloc.
+ * Gradients are unchanged (zero inputs give zero gradients). */
+MT_API int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B);
+
+/* ---- reporting ---- */
+
+MT_API int mt_rnn_stats(const mt_rnn_t *m, mt_rnn_stats_t *out);
+/* Activation memory for a training forward of seq_len x batch; see mt_rnn_act_t. */
+MT_API int mt_rnn_activation_bytes(const mt_rnn_t *m, int seq_len, int batch, mt_rnn_act_t *out);
+/* Static name of a mode: "rnn_tanh", "rnn_relu", "lstm", "gru"; "unknown" otherwise. */
+MT_API const char *mt_rnn_mode_name(int mode);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,60 @@
+/* The "cpu" compute path: the CBLAS kernels behind the path interface, in bytes. It runs on
+ * the sim backend, whose device memory is host-addressable, so the kernels compute directly
+ * in the module's "device" buffers. */
+#include <string.h>
+
+#include "rnn/internal.h"
+
+static size_t cpu_reserve_bytes(const mt__rnn_shape_t *s, int T, int B)
+{
+    return mt__rnn_cpu_reserve_floats(s, T, B) * sizeof(float);
+}
+
+static size_t cpu_fwd_work_bytes(const mt__rnn_shape_t *s, int T, int B, bool training)
+{
+    return mt__rnn_cpu_fwd_work_floats(s, T, B, training) * sizeof(float);
+}
+
+static size_t cpu_bwd_work_bytes(const mt__rnn_shape_t *s, int T, int B)
+{
+    return mt__rnn_cpu_bwd_work_floats(s, T, B) * sizeof(float);
+}
+
+static int cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                       bool training, void *reserve, void *work)
+{
+    return mt__rnn_cpu_forward(s, w, io, training, reserve, work);
+}
+
+static int cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
+                        void *reserve, const mt_rnn_grad_io_t *g, void *work)
+{
+    return mt__rnn_cpu_backward(s, w, dw, io, reserve, g, work);
+}
+
+static int cpu_copy(mt_backend_t *b, void *dst, const void *src, size_t n)
+{
+    (void)b;
+    if (n)
+        memmove(dst, src, n);
+    return 0;
+}
+
+static int cpu_zero(mt_backend_t *b, void *dst, size_t n)
+{
+    (void)b;
+    if (n)
+        memset(dst, 0, n);
+    return 0;
+}
+
+const mt__rnn_path_t mt__rnn_cpu_path = {
+    .name = "cpu",
+    .reserve_bytes = cpu_reserve_bytes,
+    .fwd_work_bytes = cpu_fwd_work_bytes,
+    .bwd_work_bytes = cpu_bwd_work_bytes,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+};

@@ -1,0 +1,146 @@
+/* Private interface of the RNN engine, shared by its files and by the compute paths.
+ *
+ * The seam: a module (mt_rnn_s) holds the descriptors, the flat weight and gradient
+ * buffers and the parameter views; it knows nothing of how a cell is computed. A compute
+ * path (mt__rnn_path_t: "cpu" here, "cudnn" on a GPU build) implements forward, backward and
+ * the sizes of its reserve and workspace. module.c allocates those from the caching
+ * allocator with the right tags, handles compaction, and dispatches through m->path. */
+#ifndef MT_RNN_INTERNAL_H
+#define MT_RNN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memtrace/rnn.h"
+
+/* The shape of a module, everything the layout and the kernels need.
+ * Invariants: gates = 4 (LSTM), 3 (GRU), 1 (RNN); dirs in {1, 2}; layers, input, hidden
+ * >= 1. */
+typedef struct mt__rnn_shape_s {
+    int mode;   /* mt_rnn_mode_e */
+    int gates;  /* g */
+    int input;  /* input_size of layer 0 */
+    int hidden; /* H */
+    int layers; /* L */
+    int dirs;   /* D */
+    bool bias;  /* the layout holds 2*g*H bias floats per pseudo-layer */
+} mt__rnn_shape_t;
+
+/* ---- layout (layout.c) ---- */
+
+int mt__rnn_shape_init(mt__rnn_shape_t *s, const mt_rnn_cfg_t *cfg);
+/* Input width of layer l: input for l = 0, D*H above. */
+int mt__rnn_layer_in(const mt__rnn_shape_t *s, int layer);
+/* Floats of pseudo-layer (layer, dir): g*H*(in + H) + (bias ? 2*g*H : 0). */
+size_t mt__rnn_pseudo_floats(const mt__rnn_shape_t *s, int layer);
+/* Offset in floats of pseudo-layer (layer, dir) in the flat buffer. */
+size_t mt__rnn_pseudo_offset(const mt__rnn_shape_t *s, int layer, int dir);
+/* Total floats of the flat buffer. */
+size_t mt__rnn_weight_floats(const mt__rnn_shape_t *s);
+
+/* Pointers to the four parts of one pseudo-layer inside a flat buffer (base). Biases are
+ * NULL when the module has none. */
+typedef struct mt__rnn_mats_s {
+    float *w;  /* [g*H, in] */
+    float *r;  /* [g*H, H] */
+    float *bw; /* [g*H] */
+    float *br; /* [g*H] */
+} mt__rnn_mats_t;
+mt__rnn_mats_t mt__rnn_mats(const mt__rnn_shape_t *s, float *base, int layer, int dir);
+
+/* One parameter view; the names live in the module's name table. */
+typedef struct mt__rnn_view_s {
+    char name[40];
+    int kind; /* mt_rnn_param_kind_e */
+    int layer;
+    int dir;
+    size_t offset; /* floats */
+    int rows;
+    int cols;
+    float *data; /* current binding; flat + offset when not rebound */
+} mt__rnn_view_t;
+
+/* Number of views: L*D*(bias ? 4 : 2). */
+size_t mt__rnn_view_count(const mt__rnn_shape_t *s);
+/* Fills views[0 .. count) in PyTorch's order with data = flat + offset. */
+void mt__rnn_views_init(const mt__rnn_shape_t *s, mt__rnn_view_t *views, float *flat);
+
+/* Activation accounting (the formulas are documented at mt_rnn_act_t). */
+void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *out);
+
+/* ---- compute paths ---- */
+
+typedef struct mt__rnn_path_s {
+    const char *name;
+    /* Bytes of the reserve a training forward of (T, B) keeps for backward. */
+    size_t (*reserve_bytes)(const mt__rnn_shape_t *s, int T, int B);
+    /* Bytes of temporary workspace for forward (training or inference) and backward. */
+    size_t (*fwd_work_bytes)(const mt__rnn_shape_t *s, int T, int B, bool training);
+    size_t (*bwd_work_bytes)(const mt__rnn_shape_t *s, int T, int B);
+    /* w: flat weights (the module's buffer or a compacted copy). reserve is unused (and
+     * may be NULL) in inference mode, or when reserve_bytes is 0. */
+    int (*forward)(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io, bool training,
+                   void *reserve, void *work);
+    /* io is the forward's; dw accumulates. */
+    int (*backward)(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
+                    void *reserve, const mt_rnn_grad_io_t *g, void *work);
+    /* Device-to-device copy of n bytes (compaction, flatten, replicate). */
+    int (*copy)(mt_backend_t *b, void *dst, const void *src, size_t n);
+    int (*zero)(mt_backend_t *b, void *dst, size_t n);
+} mt__rnn_path_t;
+
+extern const mt__rnn_path_t mt__rnn_cpu_path;
+
+/* The CPU kernels (cpu_forward.c, cpu_backward.c): CBLAS + elementwise cell math. */
+size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, int T, int B);
+size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training);
+size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B);
+int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                        bool training, float *reserve, float *work);
+int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
+                         float *reserve, const mt_rnn_grad_io_t *g, float *work);
+
+/* Inference processes unidirectional sequences in chunks of this many steps, so its
+ * temporary memory does not grow with T. */
+#define MT__RNN_CHUNK 64
+
+/* Reserve layout of the CPU path for a training forward of (T, B), in floats from its
+ * start: for each pseudo-layer p = l*D + d in order, gates [T, B, g*H] then aux [T, B, H]
+ * (LSTM: c; GRU: R_n h + b_Rn; none for RNN), then the outputs of layers 0 .. L-2, each
+ * [T, B, D*H]. */
+float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p);
+float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p);
+float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *reserve, int T, int B, int l);
+
+/* ---- the module ---- */
+
+/* Invariants: w and dw hold weight_floats floats each (allocated from alloc, tagged weights
+ * and grads); views[i].data == w + views[i].offset for every i iff rebound == 0; warned is
+ * set the first time a call finds the module non-flat. */
+struct mt_rnn_s {
+    mt_rnn_cfg_t cfg;
+    mt__rnn_shape_t shape;
+    const mt__rnn_path_t *path;
+    mt_alloc_t *alloc;     /* borrowed */
+    mt_backend_t *backend; /* borrowed, the allocator's */
+    float *w;              /* flat weights */
+    float *dw;             /* flat gradients */
+    size_t weight_floats;
+    size_t nviews;
+    mt__rnn_view_t *views; /* nviews, host memory */
+    size_t rebound;        /* views not at their flat place */
+    bool warned;           /* the non-flat warning was logged */
+    mt_rnn_stats_t stats;
+};
+
+/* What a training forward hands to backward. */
+struct mt_rnn_reserve_s {
+    mt_rnn_t *m;    /* the module that made it */
+    mt_rnn_io_t io; /* the forward's arguments (borrowed pointers) */
+    void *space;    /* path reserve, tagged activations */
+    size_t bytes;
+    float *wcopy; /* compacted weights used by forward (tagged weights), or NULL */
+};
+
+#endif

@@ -1,0 +1,608 @@
+/* The RNN module: descriptors, the flat weight and gradient buffers, named parameter
+ * views, non-contiguity detection and compaction (U1), replicate and flatten, and the
+ * forward/backward entry points, which allocate reserve and workspace from the caching
+ * allocator with their tags and dispatch to a compute path. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rnn/internal.h"
+
+/* ---- small helpers ---- */
+
+__attribute__((format(printf, 3, 4))) static void rlog(const mt_rnn_t *m, mt_log_level_e level,
+                                                       const char *fmt, ...)
+{
+    if (!m->cfg.log)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    m->cfg.log(m->cfg.log_ud, level, buf);
+}
+
+static void mark(mt_rnn_t *m, int which, uint64_t payload)
+{
+    mt_alloc_emit(m->alloc, MT_EV_MARK, (uint64_t)which, payload, MT_TAG_OTHER);
+}
+
+static int dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out)
+{
+    *out = NULL;
+    if (bytes == 0)
+        return 0;
+    return mt_alloc_malloc(m->alloc, bytes, m->cfg.stream, tag, out);
+}
+
+static void dfree(mt_rnn_t *m, void *p)
+{
+    if (p)
+        mt_alloc_free(m->alloc, p);
+}
+
+/* The compute path for a backend. A cuDNN path joins here on CUDA builds. */
+static const mt__rnn_path_t *select_path(mt_backend_t *b)
+{
+    if (mt_backend_kind(b) == MT_BACKEND_SIM)
+        return &mt__rnn_cpu_path;
+    return NULL;
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform(-1/sqrt(H), 1/sqrt(H)) for every weight and bias, as PyTorch's reset_parameters.
+ * Written in host memory, then copied to the device buffer. */
+static int init_weights(mt_rnn_t *m, uint64_t seed)
+{
+    size_t n = m->weight_floats;
+    float *host = malloc(n * sizeof(float));
+    if (!host)
+        return MT_ENOMEM;
+    float k = 1.0f / sqrtf((float)m->shape.hidden);
+    uint64_t st = seed;
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
+        host[i] = (float)((2.0 * u - 1.0) * k);
+    }
+    int rc = mt_memcpy(m->backend, m->w, host, n * sizeof(float), MT_MEMCPY_HOST_TO_DEVICE);
+    free(host);
+    return rc;
+}
+
+/* ---- lifecycle ---- */
+
+mt_rnn_cfg_t mt_rnn_cfg_default(void)
+{
+    mt_rnn_cfg_t c;
+    memset(&c, 0, sizeof c);
+    c.mode = MT_RNN_LSTM;
+    c.input_size = 1;
+    c.hidden_size = 1;
+    c.num_layers = 1;
+    c.bias = true;
+    c.seed = 1;
+    return c;
+}
+
+const char *mt_rnn_mode_name(int mode)
+{
+    switch (mode) {
+    case MT_RNN_TANH:
+        return "rnn_tanh";
+    case MT_RNN_RELU:
+        return "rnn_relu";
+    case MT_RNN_LSTM:
+        return "lstm";
+    case MT_RNN_GRU:
+        return "gru";
+    default:
+        return "unknown";
+    }
+}
+
+int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
+{
+    if (!out || !cfg || !cfg->alloc)
+        return MT_EINVAL;
+    *out = NULL;
+    mt__rnn_shape_t shape;
+    int rc = mt__rnn_shape_init(&shape, cfg);
+    if (rc)
+        return rc;
+    mt_backend_t *b = mt_alloc_backend(cfg->alloc);
+    const mt__rnn_path_t *path = select_path(b);
+    if (!path)
+        return MT_ENOTSUP;
+
+    mt_rnn_t *m = calloc(1, sizeof *m);
+    if (!m)
+        return MT_ENOMEM;
+    m->cfg = *cfg;
+    m->shape = shape;
+    m->path = path;
+    m->alloc = cfg->alloc;
+    m->backend = b;
+    m->weight_floats = mt__rnn_weight_floats(&shape);
+    m->nviews = mt__rnn_view_count(&shape);
+    size_t bytes = m->weight_floats * sizeof(float);
+
+    rc = MT_ENOMEM;
+    m->views = calloc(m->nviews, sizeof *m->views);
+    if (!m->views)
+        goto fail_views;
+    rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&m->w);
+    if (rc)
+        goto fail_weights;
+    rc = dmalloc(m, bytes, MT_TAG_GRADS, (void **)&m->dw);
+    if (rc)
+        goto fail_grads;
+    rc = init_weights(m, cfg->seed);
+    if (rc)
+        goto fail_init;
+    rc = path->zero(b, m->dw, bytes);
+    if (rc)
+        goto fail_init;
+    mt__rnn_views_init(&shape, m->views, m->w);
+    m->stats.weight_bytes = bytes;
+    *out = m;
+    return 0;
+
+fail_init:
+    dfree(m, m->dw);
+fail_grads:
+    dfree(m, m->w);
+fail_weights:
+    free(m->views);
+fail_views:
+    free(m);
+    return rc;
+}
+
+void mt_rnn_destroy(mt_rnn_t **p)
+{
+    if (!p || !*p)
+        return;
+    mt_rnn_t *m = *p;
+    dfree(m, m->dw);
+    dfree(m, m->w);
+    free(m->views);
+    free(m);
+    *p = NULL;
+}
+
+const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m)
+{
+    return &m->cfg;
+}
+
+const char *mt_rnn_path_name(const mt_rnn_t *m)
+{
+    return m->path->name;
+}
+
+/* ---- parameters ---- */
+
+float *mt_rnn_weights(const mt_rnn_t *m, size_t *count)
+{
+    if (count)
+        *count = m->weight_floats;
+    return m->w;
+}
+
+float *mt_rnn_grads(const mt_rnn_t *m, size_t *count)
+{
+    if (count)
+        *count = m->weight_floats;
+    return m->dw;
+}
+
+int mt_rnn_zero_grads(mt_rnn_t *m)
+{
+    return m->path->zero(m->backend, m->dw, m->weight_floats * sizeof(float));
+}
+
+size_t mt_rnn_param_count(const mt_rnn_t *m)
+{
+    return m->nviews;
+}
+
+static void fill_param(const mt_rnn_t *m, const mt__rnn_view_t *v, mt_rnn_param_t *out)
+{
+    out->name = v->name;
+    out->kind = v->kind;
+    out->layer = v->layer;
+    out->dir = v->dir;
+    out->offset = v->offset;
+    out->rows = v->rows;
+    out->cols = v->cols;
+    out->numel = (size_t)v->rows * (size_t)v->cols;
+    out->data = v->data;
+    out->grad = m->dw + v->offset;
+}
+
+int mt_rnn_param_get(const mt_rnn_t *m, size_t i, mt_rnn_param_t *out)
+{
+    if (!m || !out)
+        return MT_EINVAL;
+    if (i >= m->nviews)
+        return MT_ENOENT;
+    fill_param(m, &m->views[i], out);
+    return 0;
+}
+
+static mt__rnn_view_t *find_view(const mt_rnn_t *m, const char *name)
+{
+    for (size_t i = 0; i < m->nviews; i++)
+        if (strcmp(m->views[i].name, name) == 0)
+            return &m->views[i];
+    return NULL;
+}
+
+int mt_rnn_param_find(const mt_rnn_t *m, const char *name, mt_rnn_param_t *out)
+{
+    if (!m || !name || !out)
+        return MT_EINVAL;
+    mt__rnn_view_t *v = find_view(m, name);
+    if (!v)
+        return MT_ENOENT;
+    fill_param(m, v, out);
+    return 0;
+}
+
+int mt_rnn_bind_param(mt_rnn_t *m, const char *name, float *ptr)
+{
+    if (!m || !name || !ptr)
+        return MT_EINVAL;
+    mt__rnn_view_t *v = find_view(m, name);
+    if (!v)
+        return MT_ENOENT;
+    bool was = v->data != m->w + v->offset;
+    bool now = ptr != m->w + v->offset;
+    v->data = ptr;
+    m->rebound = m->rebound - (was ? 1 : 0) + (now ? 1 : 0);
+    return 0;
+}
+
+bool mt_rnn_is_flat(const mt_rnn_t *m)
+{
+    return m->rebound == 0;
+}
+
+int mt_rnn_flatten(mt_rnn_t *m)
+{
+    if (!m)
+        return MT_EINVAL;
+    for (size_t i = 0; i < m->nviews; i++) {
+        mt__rnn_view_t *v = &m->views[i];
+        float *home = m->w + v->offset;
+        if (v->data == home)
+            continue;
+        size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
+        int rc = m->path->copy(m->backend, home, v->data, n);
+        if (rc)
+            return rc;
+        v->data = home;
+        m->rebound--;
+    }
+    rlog(m, MT_LOG_INFO, "rnn: weights flattened into one buffer of %zu bytes",
+         m->weight_floats * sizeof(float));
+    return 0;
+}
+
+int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
+{
+    if (!m || !alloc || !out)
+        return MT_EINVAL;
+    mt_rnn_cfg_t cfg = m->cfg;
+    cfg.alloc = alloc;
+    if (alloc != m->alloc)
+        cfg.stream = NULL; /* streams belong to their backend */
+    mt_rnn_t *r;
+    int rc = mt_rnn_create(&r, &cfg);
+    if (rc)
+        return rc;
+    /* Each parameter goes straight to its place in the replica's flat buffer. */
+    for (size_t i = 0; i < m->nviews; i++) {
+        const mt__rnn_view_t *v = &m->views[i];
+        size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
+        rc = r->path->copy(r->backend, r->w + v->offset, v->data, n);
+        if (rc) {
+            mt_rnn_destroy(&r);
+            return rc;
+        }
+    }
+    *out = r;
+    return 0;
+}
+
+/* ---- compaction (U1) ---- */
+
+/* Weights for one call: the flat buffer, or (when parameters were rebound) a new compacted
+ * copy in *copy (tagged weights, the caller frees it), announced by a one-time warning and
+ * an MT_EV_COMPACTION event per call. */
+static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
+{
+    *copy = NULL;
+    *w = m->w;
+    if (m->rebound == 0)
+        return 0;
+    size_t bytes = m->weight_floats * sizeof(float);
+    if (!m->warned) {
+        m->warned = true;
+        rlog(m, MT_LOG_WARN,
+             "rnn: %zu of %zu parameters are not in the flat weight buffer; every call now "
+             "copies all %zu bytes of weights into a temporary buffer. Call mt_rnn_flatten() "
+             "(or replicate with mt_rnn_replicate(), which is flat) to avoid it",
+             m->rebound, m->nviews, bytes);
+    }
+    float *c;
+    int rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&c);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < m->nviews; i++) {
+        const mt__rnn_view_t *v = &m->views[i];
+        rc = m->path->copy(m->backend, c + v->offset, v->data,
+                           (size_t)v->rows * (size_t)v->cols * sizeof(float));
+        if (rc) {
+            dfree(m, c);
+            return rc;
+        }
+    }
+    m->stats.compactions++;
+    m->stats.compacted_bytes += bytes;
+    mt_alloc_emit(m->alloc, MT_EV_COMPACTION, (uint64_t)(uintptr_t)c, bytes, MT_TAG_WEIGHTS);
+    *copy = c;
+    *w = c;
+    return 0;
+}
+
+/* ---- compute ---- */
+
+static int check_io(const mt_rnn_t *m, const mt_rnn_io_t *io)
+{
+    if (!io || io->seq_len < 1 || io->batch < 1 || !io->x || !io->y)
+        return MT_EINVAL;
+    (void)m;
+    return 0;
+}
+
+static void release(mt_rnn_t *m, mt_rnn_reserve_t *r)
+{
+    dfree(m, r->space);
+    dfree(m, r->wcopy);
+    free(r);
+}
+
+void mt_rnn_reserve_release(mt_rnn_t *m, mt_rnn_reserve_t **reserve)
+{
+    if (!m || !reserve || !*reserve)
+        return;
+    release(m, *reserve);
+    *reserve = NULL;
+}
+
+/* Forward without marks or argument checks; shared by mt_rnn_forward and mt_rnn_step. */
+static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve)
+{
+    bool training = reserve != NULL;
+    const mt__rnn_shape_t *s = &m->shape;
+    mt_rnn_reserve_t *res = NULL;
+    const float *w;
+    float *copy;
+    void *work;
+    int rc = weights_for_call(m, &w, &copy);
+    if (rc)
+        return rc;
+    if (training) {
+        rc = MT_ENOMEM;
+        res = calloc(1, sizeof *res);
+        if (!res)
+            goto fail_res;
+        res->m = m;
+        res->io = *io;
+        res->bytes = m->path->reserve_bytes(s, io->seq_len, io->batch);
+        rc = dmalloc(m, res->bytes, MT_TAG_ACTIVATIONS, &res->space);
+        if (rc)
+            goto fail_space;
+    }
+    rc = dmalloc(m, m->path->fwd_work_bytes(s, io->seq_len, io->batch, training), MT_TAG_WORKSPACE,
+                 &work);
+    if (rc)
+        goto fail_work;
+    rc = m->path->forward(s, w, io, training, res ? res->space : NULL, work);
+    dfree(m, work);
+    if (rc)
+        goto fail_work;
+    m->stats.forwards++;
+    if (training) {
+        /* The compacted copy lives until backward, which needs the same weights. */
+        res->wcopy = copy;
+        *reserve = res;
+    } else {
+        dfree(m, copy);
+    }
+    return 0;
+
+fail_work:
+    if (res)
+        dfree(m, res->space);
+fail_space:
+    free(res);
+fail_res:
+    dfree(m, copy);
+    return rc;
+}
+
+int mt_rnn_forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve)
+{
+    if (!m)
+        return MT_EINVAL;
+    if (reserve)
+        *reserve = NULL;
+    int rc = check_io(m, io);
+    if (rc)
+        return rc;
+    mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
+    rc = forward(m, io, reserve);
+    mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
+    return rc;
+}
+
+int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_io_t *g)
+{
+    if (!m || !reserve || !*reserve)
+        return MT_EINVAL;
+    mt_rnn_reserve_t *res = *reserve;
+    *reserve = NULL;
+    if (res->m != m || !g || !g->dy) {
+        release(res->m, res);
+        return MT_EINVAL;
+    }
+    mark(m, MT_MARK_BACKWARD_BEGIN, (uint64_t)res->io.seq_len);
+    const float *w = res->wcopy;
+    float *copy = NULL;
+    void *work = NULL;
+    int rc = 0;
+    if (!w)
+        rc = weights_for_call(m, &w, &copy);
+    if (rc == 0)
+        rc = dmalloc(m, m->path->bwd_work_bytes(&m->shape, res->io.seq_len, res->io.batch),
+                     MT_TAG_WORKSPACE, &work);
+    if (rc == 0) {
+        rc = m->path->backward(&m->shape, w, m->dw, &res->io, res->space, g, work);
+        m->stats.backwards++;
+    }
+    dfree(m, work);
+    dfree(m, copy);
+    release(m, res);
+    mark(m, MT_MARK_BACKWARD_END, (uint64_t)0);
+    return rc;
+}
+
+int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const float *cx, float *y,
+                float *hy, float *cy)
+{
+    if (!m || batch < 1 || !x || !hy || m->shape.dirs != 1)
+        return MT_EINVAL;
+    if (hx && hx == hy)
+        return MT_EINVAL;
+    if (m->shape.mode == MT_RNN_LSTM && (!cy || (cx && cx == cy)))
+        return MT_EINVAL;
+    float *ytmp = NULL;
+    if (!y) {
+        int rc = dmalloc(m, (size_t)batch * (size_t)m->shape.hidden * sizeof(float),
+                         MT_TAG_WORKSPACE, (void **)&ytmp);
+        if (rc)
+            return rc;
+        y = ytmp;
+    }
+    mt_rnn_io_t io = {
+        .seq_len = 1, .batch = batch, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
+    int rc = forward(m, &io, NULL);
+    dfree(m, ytmp);
+    return rc;
+}
+
+/* ---- warm-up (U2) ---- */
+
+int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
+{
+    if (!m || max_T < 1 || max_B < 1)
+        return MT_EINVAL;
+    const mt__rnn_shape_t *s = &m->shape;
+    size_t tb = (size_t)max_T * (size_t)max_B;
+    size_t xin = tb * (size_t)s->input * sizeof(float);
+    size_t yout = tb * (size_t)s->dirs * (size_t)s->hidden * sizeof(float);
+    size_t st =
+        (size_t)s->layers * (size_t)s->dirs * (size_t)max_B * (size_t)s->hidden * sizeof(float);
+    /* The buffers a training step at the largest shape holds; states are allocated even
+     * if a caller does not use them, so the reservation covers every combination. */
+    struct {
+        size_t bytes;
+        int tag;
+        void *p;
+    } buf[] = {
+        {xin, MT_TAG_BATCH, NULL},        {yout, MT_TAG_ACTIVATIONS, NULL},
+        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
+        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
+        {yout, MT_TAG_ACTIVATIONS, NULL}, {xin, MT_TAG_BATCH, NULL},
+        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
+        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
+    };
+    enum { X, Y, HX, CX, HY, CY, DY, DX, DHY, DCY, DHX, DCX, NBUF };
+    _Static_assert(sizeof buf / sizeof buf[0] == NBUF, "one buffer per role");
+
+    mark(m, MT_MARK_WARMUP_BEGIN, tb);
+    int rc = mt_alloc_warmup_begin(m->alloc);
+    if (rc)
+        return rc;
+    int i = 0;
+    for (; i < NBUF; i++) {
+        rc = dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
+        if (rc)
+            break;
+        /* Zero inputs make every gradient exactly zero: the grad buffer is unchanged. */
+        rc = m->path->zero(m->backend, buf[i].p, buf[i].bytes);
+        if (rc) {
+            i++;
+            break;
+        }
+    }
+    if (rc == 0) {
+        mt_rnn_io_t io = {.seq_len = max_T,
+                          .batch = max_B,
+                          .x = buf[X].p,
+                          .y = buf[Y].p,
+                          .hx = buf[HX].p,
+                          .cx = buf[CX].p,
+                          .hy = buf[HY].p,
+                          .cy = buf[CY].p};
+        mt_rnn_grad_io_t g = {.dy = buf[DY].p,
+                              .dhy = buf[DHY].p,
+                              .dcy = buf[DCY].p,
+                              .dx = buf[DX].p,
+                              .dhx = buf[DHX].p,
+                              .dcx = buf[DCX].p};
+        mt_rnn_reserve_t *res;
+        rc = mt_rnn_forward(m, &io, &res);
+        if (rc == 0)
+            rc = mt_rnn_backward(m, &res, &g);
+    }
+    while (i-- > 0)
+        dfree(m, buf[i].p);
+    int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
+    mark(m, MT_MARK_WARMUP_END, tb);
+    rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d done (%s)", max_T, max_B,
+         rc ? mt_strerror(rc) : "ok");
+    return rc ? rc : rc2;
+}
+
+/* ---- reporting ---- */
+
+int mt_rnn_stats(const mt_rnn_t *m, mt_rnn_stats_t *out)
+{
+    if (!m || !out)
+        return MT_EINVAL;
+    *out = m->stats;
+    out->flat = m->rebound == 0;
+    return 0;
+}
+
+int mt_rnn_activation_bytes(const mt_rnn_t *m, int seq_len, int batch, mt_rnn_act_t *out)
+{
+    if (!m || !out || seq_len < 1 || batch < 1)
+        return MT_EINVAL;
+    mt__rnn_activation(&m->shape, seq_len, batch, out);
+    out->reserve_bytes = m->path->reserve_bytes(&m->shape, seq_len, batch);
+    return 0;
+}

@@ -1,0 +1,304 @@
+/* Gradient checks of the CPU path against finite differences of a double-precision naive
+ * reference (tests/rnn/ref.h), for every mode x {1, 2 layers} x {uni, bi}; plus forward
+ * equivalence of the fast path with the reference, inference = training output, chunked
+ * inference over long sequences, and gradient accumulation. The kernels are called with
+ * plain host buffers: this file needs no allocator. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+
+#include "rnn/internal.h"
+#include "tests/rnn/ref.h"
+
+typedef struct gcase_s {
+    int mode, layers;
+    bool bi, bias, states;
+} gcase_t;
+
+/* Everything of one check, in double (reference) and float (engine). */
+typedef struct fixture_s {
+    ref_shape_t rs;
+    mt__rnn_shape_t s;
+    int T, B;
+    size_t nw, nx, ny, nst;
+    double *w, *x, *hx, *cx, *ry, *rh, *rc; /* ry, rh, rc: loss coefficients */
+} fixture_t;
+
+static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t seed)
+{
+    memset(f, 0, sizeof *f);
+    f->rs = (ref_shape_t){c->mode, 3, 4, c->layers, c->bi ? 2 : 1, c->bias};
+    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
+    cfg.mode = c->mode;
+    cfg.input_size = 3;
+    cfg.hidden_size = 4;
+    cfg.num_layers = c->layers;
+    cfg.bidirectional = c->bi;
+    cfg.bias = c->bias;
+    assert_int_equal(mt__rnn_shape_init(&f->s, &cfg), 0);
+    f->T = T;
+    f->B = B;
+    f->nw = ref_total(&f->rs);
+    assert_int_equal(f->nw, mt__rnn_weight_floats(&f->s));
+    f->nx = (size_t)T * B * 3;
+    f->ny = (size_t)T * B * f->rs.dirs * 4;
+    f->nst = (size_t)c->layers * f->rs.dirs * B * 4;
+    uint64_t st = seed;
+    double **arrs[] = {&f->w, &f->x, &f->hx, &f->cx, &f->ry, &f->rh, &f->rc};
+    size_t lens[] = {f->nw, f->nx, f->nst, f->nst, f->ny, f->nst, f->nst};
+    for (int a = 0; a < 7; a++) {
+        *arrs[a] = malloc(lens[a] * sizeof(double));
+        for (size_t i = 0; i < lens[a]; i++)
+            (*arrs[a])[i] = ref_rand(&st, a == 0 ? 0.6 : 1.0);
+    }
+    if (!c->states) {
+        free(f->hx);
+        free(f->cx);
+        f->hx = f->cx = NULL;
+    }
+}
+
+static void fixture_free(fixture_t *f)
+{
+    free(f->w);
+    free(f->x);
+    free(f->hx);
+    free(f->cx);
+    free(f->ry);
+    free(f->rh);
+    free(f->rc);
+}
+
+static double ref_loss(const fixture_t *f)
+{
+    double *y = malloc(f->ny * sizeof(double));
+    double *hy = malloc(f->nst * sizeof(double));
+    double *cy = calloc(f->nst, sizeof(double));
+    ref_forward(&f->rs, f->w, f->T, f->B, f->x, f->hx, f->cx, y, hy, cy);
+    double l = 0.0;
+    for (size_t i = 0; i < f->ny; i++)
+        l += f->ry[i] * y[i];
+    for (size_t i = 0; i < f->nst; i++)
+        l += f->rh[i] * hy[i] + (f->rs.mode == MT_RNN_LSTM ? f->rc[i] * cy[i] : 0.0);
+    free(y);
+    free(hy);
+    free(cy);
+    return l;
+}
+
+static float *to_float(const double *d, size_t n)
+{
+    if (!d)
+        return NULL;
+    float *o = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        o[i] = (float)d[i];
+    return o;
+}
+
+/* Central difference of the reference loss with respect to v[i]. */
+static double fd(const fixture_t *f, double *v, size_t i)
+{
+    const double eps = 1e-6;
+    double keep = v[i];
+    v[i] = keep + eps;
+    double lp = ref_loss(f);
+    v[i] = keep - eps;
+    double lm = ref_loss(f);
+    v[i] = keep;
+    return (lp - lm) / (2 * eps);
+}
+
+static void expect_close(const char *what, size_t i, double want, double got, double tol)
+{
+    if (fabs(want - got) > tol * (1.0 + fabs(want))) {
+        print_error("%s[%zu]: want %.7g, got %.7g\n", what, i, want, got);
+        fail();
+    }
+}
+
+static void check_grad_case(const gcase_t *c)
+{
+    fixture_t f;
+    fixture_init(&f, c, 5, 2, 0x1234u + (uint64_t)c->mode * 97 + c->layers * 7 + c->bi);
+    float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
+    float *hx = to_float(f.hx, f.nst), *cx = to_float(f.cx, f.nst);
+    float *dy = to_float(f.ry, f.ny), *dhy = to_float(f.rh, f.nst), *dcy = to_float(f.rc, f.nst);
+    float *y = malloc(f.ny * sizeof(float)), *hy = malloc(f.nst * sizeof(float));
+    float *cy = malloc(f.nst * sizeof(float));
+    float *dw = calloc(f.nw, sizeof(float)), *dx = malloc(f.nx * sizeof(float));
+    float *dhx = malloc(f.nst * sizeof(float)), *dcx = malloc(f.nst * sizeof(float));
+    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, f.T, f.B) * sizeof(float) + 4);
+    size_t nwork = mt__rnn_cpu_fwd_work_floats(&f.s, f.T, f.B, true);
+    size_t nbw = mt__rnn_cpu_bwd_work_floats(&f.s, f.T, f.B);
+    float *work = malloc((nwork > nbw ? nwork : nbw) * sizeof(float));
+
+    mt_rnn_io_t io = {f.T, f.B, x, y, hx, cx, hy, cy};
+    assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &io, true, res, work), 0);
+
+    /* Forward equivalence with the reference. */
+    double *ry = malloc(f.ny * sizeof(double)), *rhy = malloc(f.nst * sizeof(double));
+    double *rcy = calloc(f.nst, sizeof(double));
+    ref_forward(&f.rs, f.w, f.T, f.B, f.x, f.hx, f.cx, ry, rhy, rcy);
+    for (size_t i = 0; i < f.ny; i++)
+        expect_close("y", i, ry[i], y[i], 1e-5);
+    for (size_t i = 0; i < f.nst; i++) {
+        expect_close("hy", i, rhy[i], hy[i], 1e-5);
+        if (c->mode == MT_RNN_LSTM)
+            expect_close("cy", i, rcy[i], cy[i], 1e-5);
+    }
+
+    mt_rnn_grad_io_t g = {dy, dhy, dcy, dx, dhx, dcx};
+    assert_int_equal(mt__rnn_cpu_backward(&f.s, w, dw, &io, res, &g, work), 0);
+
+    const double tol = 2e-4;
+    for (size_t i = 0; i < f.nw; i++)
+        expect_close("dw", i, fd(&f, f.w, i), dw[i], tol);
+    for (size_t i = 0; i < f.nx; i++)
+        expect_close("dx", i, fd(&f, f.x, i), dx[i], tol);
+    if (f.hx) {
+        for (size_t i = 0; i < f.nst; i++)
+            expect_close("dhx", i, fd(&f, f.hx, i), dhx[i], tol);
+        if (c->mode == MT_RNN_LSTM)
+            for (size_t i = 0; i < f.nst; i++)
+                expect_close("dcx", i, fd(&f, f.cx, i), dcx[i], tol);
+    }
+
+    free(ry);
+    free(rhy);
+    free(rcy);
+    float *ptrs[] = {w, x, hx, cx, dy, dhy, dcy, y, hy, cy, dw, dx, dhx, dcx, res, work};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        free(ptrs[i]);
+    fixture_free(&f);
+}
+
+#define GRAD_TEST(name, mode, layers, bi)                                                          \
+    static void name(void **state)                                                                 \
+    {                                                                                              \
+        (void)state;                                                                               \
+        gcase_t c = {mode, layers, bi, true, true};                                                \
+        check_grad_case(&c);                                                                       \
+    }
+
+GRAD_TEST(grad_tanh_1_uni, MT_RNN_TANH, 1, false)
+GRAD_TEST(grad_tanh_1_bi, MT_RNN_TANH, 1, true)
+GRAD_TEST(grad_tanh_2_uni, MT_RNN_TANH, 2, false)
+GRAD_TEST(grad_tanh_2_bi, MT_RNN_TANH, 2, true)
+GRAD_TEST(grad_relu_1_uni, MT_RNN_RELU, 1, false)
+GRAD_TEST(grad_relu_1_bi, MT_RNN_RELU, 1, true)
+GRAD_TEST(grad_relu_2_uni, MT_RNN_RELU, 2, false)
+GRAD_TEST(grad_relu_2_bi, MT_RNN_RELU, 2, true)
+GRAD_TEST(grad_lstm_1_uni, MT_RNN_LSTM, 1, false)
+GRAD_TEST(grad_lstm_1_bi, MT_RNN_LSTM, 1, true)
+GRAD_TEST(grad_lstm_2_uni, MT_RNN_LSTM, 2, false)
+GRAD_TEST(grad_lstm_2_bi, MT_RNN_LSTM, 2, true)
+GRAD_TEST(grad_gru_1_uni, MT_RNN_GRU, 1, false)
+GRAD_TEST(grad_gru_1_bi, MT_RNN_GRU, 1, true)
+GRAD_TEST(grad_gru_2_uni, MT_RNN_GRU, 2, false)
+GRAD_TEST(grad_gru_2_bi, MT_RNN_GRU, 2, true)
+
+/* Without biases and without initial states (hx = cx = NULL mean zeros). */
+static void grad_no_bias_no_states(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        gcase_t c = {mode, 2, true, false, false};
+        check_grad_case(&c);
+    }
+}
+
+/* Inference (chunked for unidirectional modules when T > MT__RNN_CHUNK) gives the training
+ * forward's outputs and final states. */
+static void inference_matches_training(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        for (int bi = 0; bi < 2; bi++) {
+            gcase_t c = {mode, 2, bi, true, true};
+            fixture_t f;
+            int T = 2 * MT__RNN_CHUNK + 7;
+            fixture_init(&f, &c, T, 3, 99 + mode);
+            float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
+            float *hx = to_float(f.hx, f.nst), *cx = to_float(f.cx, f.nst);
+            float *y1 = malloc(f.ny * 4), *y2 = malloc(f.ny * 4);
+            float *h1 = malloc(f.nst * 4), *h2 = malloc(f.nst * 4);
+            float *c1 = calloc(f.nst, 4), *c2 = calloc(f.nst, 4);
+            float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, T, 3) * 4 + 4);
+            float *wk1 = malloc(mt__rnn_cpu_fwd_work_floats(&f.s, T, 3, true) * 4);
+            size_t ninf = mt__rnn_cpu_fwd_work_floats(&f.s, T, 3, false);
+            float *wk2 = malloc(ninf * 4);
+            if (!bi) /* bounded workspace: independent of T */
+                assert_int_equal(ninf, mt__rnn_cpu_fwd_work_floats(&f.s, 10 * T, 3, false));
+            mt_rnn_io_t a = {T, 3, x, y1, hx, cx, h1, c1};
+            mt_rnn_io_t b = {T, 3, x, y2, hx, cx, h2, c2};
+            assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &a, true, res, wk1), 0);
+            assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &b, false, NULL, wk2), 0);
+            for (size_t i = 0; i < f.ny; i++)
+                expect_close("y", i, y1[i], y2[i], 1e-6);
+            for (size_t i = 0; i < f.nst; i++) {
+                expect_close("hy", i, h1[i], h2[i], 1e-6);
+                expect_close("cy", i, c1[i], c2[i], 1e-6);
+            }
+            float *ptrs[] = {w, x, hx, cx, y1, y2, h1, h2, c1, c2, res, wk1, wk2};
+            for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+                free(ptrs[i]);
+            fixture_free(&f);
+        }
+    }
+}
+
+/* Weight gradients accumulate across backward calls, as cuDNN's do. */
+static void gradients_accumulate(void **state)
+{
+    (void)state;
+    gcase_t c = {MT_RNN_LSTM, 2, true, true, true};
+    fixture_t f;
+    fixture_init(&f, &c, 4, 2, 7);
+    float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
+    float *hx = to_float(f.hx, f.nst), *cx = to_float(f.cx, f.nst), *dy = to_float(f.ry, f.ny);
+    float *y = malloc(f.ny * 4), *dw = calloc(f.nw, 4), *once = malloc(f.nw * 4);
+    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, 4, 2) * 4);
+    size_t nf = mt__rnn_cpu_fwd_work_floats(&f.s, 4, 2, true);
+    size_t nb = mt__rnn_cpu_bwd_work_floats(&f.s, 4, 2);
+    float *work = malloc((nf > nb ? nf : nb) * 4);
+    mt_rnn_io_t io = {4, 2, x, y, hx, cx, NULL, NULL};
+    mt_rnn_grad_io_t g = {dy, NULL, NULL, NULL, NULL, NULL};
+    for (int rep = 0; rep < 2; rep++) {
+        assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &io, true, res, work), 0);
+        assert_int_equal(mt__rnn_cpu_backward(&f.s, w, dw, &io, res, &g, work), 0);
+        if (rep == 0)
+            memcpy(once, dw, f.nw * 4);
+    }
+    int nonzero = 0;
+    for (size_t i = 0; i < f.nw; i++) {
+        expect_close("2*dw", i, 2.0 * once[i], dw[i], 1e-5);
+        nonzero += once[i] != 0.0f;
+    }
+    assert_true(nonzero > (int)f.nw / 2);
+    float *ptrs[] = {w, x, hx, cx, dy, y, dw, once, res, work};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
+        free(ptrs[i]);
+    fixture_free(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(grad_tanh_1_uni),        cmocka_unit_test(grad_tanh_1_bi),
+        cmocka_unit_test(grad_tanh_2_uni),        cmocka_unit_test(grad_tanh_2_bi),
+        cmocka_unit_test(grad_relu_1_uni),        cmocka_unit_test(grad_relu_1_bi),
+        cmocka_unit_test(grad_relu_2_uni),        cmocka_unit_test(grad_relu_2_bi),
+        cmocka_unit_test(grad_lstm_1_uni),        cmocka_unit_test(grad_lstm_1_bi),
+        cmocka_unit_test(grad_lstm_2_uni),        cmocka_unit_test(grad_lstm_2_bi),
+        cmocka_unit_test(grad_gru_1_uni),         cmocka_unit_test(grad_gru_1_bi),
+        cmocka_unit_test(grad_gru_2_uni),         cmocka_unit_test(grad_gru_2_bi),
+        cmocka_unit_test(grad_no_bias_no_states), cmocka_unit_test(inference_matches_training),
+        cmocka_unit_test(gradients_accumulate),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
