@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
@@ -154,7 +155,7 @@ typedef struct line_s {
 
 static void print_line(const line_t *l)
 {
-    char c1[16] = "-", c2[16] = "-", c3[16] = "-", c4[16] = "-", c5[16] = "-";
+    char c1[32] = "-", c2[32] = "-", c3[32] = "-", c4[32] = "-", c5[32] = "-";
     if (l->modelled_pair >= 0)
         snprintf(c1, sizeof c1, "%.1f", l->modelled_pair);
     if (l->backend_calls >= 0)
@@ -401,8 +402,25 @@ static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t n
     return 0;
 }
 
+/* Debian's jemalloc uses initial-exec TLS, which a dlopen'ed library may only get from the
+ * static TLS surplus that glibc sizes at start-up. Re-executing once with a larger surplus
+ * (a glibc tunable) lets it load without linking it, i.e. without it replacing malloc. */
+static void ensure_static_tls(char **argv)
+{
+    static const char tunable[] = "glibc.rtld.optional_static_tls=65536";
+    const char *cur = getenv("GLIBC_TUNABLES");
+    if (cur != NULL && strstr(cur, "optional_static_tls") != NULL)
+        return;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s%s%s", cur ? cur : "", cur ? ":" : "", tunable);
+    if (setenv("GLIBC_TUNABLES", buf, 1) == 0)
+        execv("/proc/self/exe", argv);
+    /* If that failed, carry on: jemalloc's row is then skipped with a note. */
+}
+
 int main(int argc, char **argv)
 {
+    ensure_static_tls(argv);
     opts_t o = {0};
     const char *traces[16];
     size_t ntraces = 0;
