@@ -10,5 +10,8 @@ typedef struct mt_cmd_s {
 } mt_cmd_t;
 
 int mt_cmd_replay(int argc, char **argv);
+int mt_cmd_daemon(int argc, char **argv);
+int mt_cmd_tail(int argc, char **argv);
+int mt_cmd_top(int argc, char **argv);
 
 #endif

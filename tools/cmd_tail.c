@@ -1,0 +1,169 @@
+/* memtrace tail: subscribes to the daemon and copies the event stream (JSON Lines) to
+ * stdout, optionally filtered by pid, event kind and tag. */
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "tools/commands.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: memtrace tail [--pid N] [--kind K] [--tag T] [--count N] [--socket PATH]\n"
+               "\n"
+               "Prints the live event stream of the memtrace daemon as JSON Lines, one event\n"
+               "per line (schema: docs/telemetry.md). Filters may be repeated or given as\n"
+               "comma-separated lists; events must pass every filter given. A line\n"
+               "{\"type\":\"gap\",\"lost\":N} means N events were lost before this point.\n"
+               "\n"
+               "options:\n"
+               "  --pid N       only events of process N\n"
+               "  --kind K      only events of kind K (alloc, free_requested, free_completed,\n"
+               "                segment_alloc, segment_free, segment_map, segment_unmap, oom,\n"
+               "                reserve, empty_cache, config, stats, mark, compaction)\n"
+               "  --tag T       only events tagged T (weights, grads, optimizer, activations,\n"
+               "                workspace, batch, other, or tagN)\n"
+               "  --count N     exit after N lines\n"
+               "  --socket PATH the daemon's socket (default: as `memtrace daemon`)\n"
+               "\n"
+               "examples:\n"
+               "  memtrace tail\n"
+               "  memtrace tail --pid 4242 --kind alloc,free_completed\n"
+               "  memtrace tail --tag activations | jq .size\n");
+}
+
+/* Appends each comma-separated item of s to arr (numbers stay numbers). */
+static int add_items(json_t *arr, const char *s, bool numeric)
+{
+    char *copy = strdup(s);
+    if (!copy)
+        return -1;
+    char *save = NULL;
+    for (char *it = strtok_r(copy, ",", &save); it; it = strtok_r(NULL, ",", &save)) {
+        if (numeric) {
+            char *end;
+            long v = strtol(it, &end, 10);
+            if (*end || v <= 0) {
+                free(copy);
+                return -1;
+            }
+            json_array_append_new(arr, json_integer(v));
+        } else {
+            json_array_append_new(arr, json_string(it));
+        }
+    }
+    free(copy);
+    return 0;
+}
+
+int mt_cmd_tail(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"pid", required_argument, NULL, 'p'},
+        {"kind", required_argument, NULL, 'k'},
+        {"tag", required_argument, NULL, 't'},
+        {"count", required_argument, NULL, 'n'},
+        {"socket", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    json_t *pids = json_array(), *kinds = json_array(), *tags = json_array();
+    const char *sock = NULL;
+    long count = -1;
+    int status = 2, ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (ch) {
+        case 'p':
+            bad = add_items(pids, optarg, true);
+            break;
+        case 'k':
+            bad = add_items(kinds, optarg, false);
+            break;
+        case 't':
+            bad = add_items(tags, optarg, false);
+            break;
+        case 'n':
+            count = strtol(optarg, NULL, 10);
+            bad = count <= 0;
+            break;
+        case 's':
+            sock = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            status = 0;
+            goto out;
+        default:
+            usage(stderr);
+            goto out;
+        }
+        if (bad) {
+            fprintf(stderr, "memtrace tail: bad value '%s'\n", optarg);
+            goto out;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "memtrace tail: unexpected argument '%s'\n", argv[optind]);
+        goto out;
+    }
+    json_t *req = json_pack("{s:s,s:s}", "type", "subscribe", "role", "consumer");
+    if (json_array_size(pids))
+        json_object_set(req, "pid", pids);
+    if (json_array_size(kinds))
+        json_object_set(req, "kinds", kinds);
+    if (json_array_size(tags))
+        json_object_set(req, "tags", tags);
+    char *line = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    status = 1;
+    int fd;
+    int rc = mt_d_client_connect(sock, &fd);
+    if (rc) {
+        fprintf(stderr, "memtrace tail: no daemon (%s); start one with `memtrace daemon`\n",
+                mt_strerror(rc));
+        free(line);
+        goto out;
+    }
+    rc = line ? mt_d_client_send(fd, line, strlen(line)) : MT_ENOMEM;
+    if (!rc)
+        rc = mt_d_client_send(fd, "\n", 1);
+    free(line);
+    signal(SIGPIPE, SIG_IGN);
+    /* The first line is the daemon's answer; then every line is an event. */
+    FILE *in = rc ? NULL : fdopen(fd, "r");
+    if (!in) {
+        close(fd);
+        fprintf(stderr, "memtrace tail: cannot talk to the daemon\n");
+        goto out;
+    }
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&buf, &cap, in);
+    json_t *rep = n > 0 ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+    if (!json_is_true(json_object_get(rep, "ok"))) {
+        const char *why = json_string_value(json_object_get(rep, "error"));
+        fprintf(stderr, "memtrace tail: refused: %s\n", why ? why : "no answer");
+    } else {
+        status = 0;
+        while ((count < 0 || count-- > 0) && (n = getline(&buf, &cap, in)) > 0) {
+            if (fwrite(buf, 1, (size_t)n, stdout) != (size_t)n)
+                break; /* stdout closed (e.g. `| head`): done, not an error */
+            if (fflush(stdout) != 0)
+                break;
+        }
+    }
+    json_decref(rep);
+    free(buf);
+    fclose(in);
+out:
+    json_decref(pids);
+    json_decref(kinds);
+    json_decref(tags);
+    return status;
+}

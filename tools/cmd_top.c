@@ -1,0 +1,278 @@
+/* memtrace top: a live terminal view of every process the daemon knows: allocated,
+ * reserved, peak, utilization, fragmentation, per-tag bars, event rate and drops.
+ *
+ * It polls the daemon's state ({"type":"state"} on the Unix socket) and redraws in place
+ * with ANSI codes; the terminal is put in raw mode (no echo, no line buffering) so that a
+ * single 'q' quits, and is restored on every way out (q, SIGINT, SIGTERM, errors). */
+#include <getopt.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "tools/commands.h"
+
+#define MAX_RATES 256
+
+static volatile sig_atomic_t quit_signal;
+
+static void on_quit_signal(int sig)
+{
+    quit_signal = sig;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: memtrace top [--interval MS] [--once] [--json] [--socket PATH]\n"
+               "\n"
+               "Live view of the processes the memtrace daemon knows, refreshed in place:\n"
+               "per process allocated, reserved and peak bytes, utilization (allocated /\n"
+               "reserved), fragmentation (1 - largest free block / free bytes), event rate and\n"
+               "drops; below each, one bar per tag (share of the process's allocated bytes).\n"
+               "Press q to quit.\n"
+               "\n"
+               "options:\n"
+               "  --interval MS  refresh period (default 1000)\n"
+               "  --once         print one plain-text view and exit (no ANSI codes)\n"
+               "  --json         print the daemon's state JSON once and exit\n"
+               "  --socket PATH  the daemon's socket (default: as `memtrace daemon`)\n"
+               "\n"
+               "examples:\n"
+               "  memtrace top\n"
+               "  memtrace top --once\n"
+               "  memtrace top --json | jq '.processes[] | {pid, peak_allocated_bytes}'\n");
+}
+
+static const char *human(double v, char *buf, size_t n)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+    return buf;
+}
+
+static double num(json_t *o, const char *k)
+{
+    return json_number_value(json_object_get(o, k));
+}
+
+typedef struct rate_s {
+    int pid;
+    double events;
+} rate_t;
+
+typedef struct top_s {
+    rate_t prev[MAX_RATES];
+    unsigned nprev;
+    double prev_time;
+} top_t;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Events per second of pid since the previous view (0 on the first). */
+static double rate_of(const top_t *t, int pid, double events, double dt)
+{
+    for (unsigned i = 0; i < t->nprev; i++)
+        if (t->prev[i].pid == pid && dt > 0)
+            return (events - t->prev[i].events) / dt;
+    return 0;
+}
+
+static void render(FILE *f, json_t *st, top_t *t, bool ansi)
+{
+    double now = now_s(), dt = t->nprev ? now - t->prev_time : 0;
+    json_t *dm = json_object_get(st, "daemon");
+    json_t *procs = json_object_get(st, "processes");
+    unsigned running = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(procs, i, p) running +=
+        strcmp(json_string_value(json_object_get(p, "state")) ?: "", "running") == 0;
+    const char *bold = ansi ? "\033[1m" : "", *norm = ansi ? "\033[0m" : "";
+    if (ansi)
+        fputs("\033[H\033[2J", f);
+    fprintf(f,
+            "%smemtrace top%s  daemon pid %.0f: %zu processes (%u running), %.0f events, "
+            "%.0f lost by producers, %.0f dropped for slow consumers%s\n\n",
+            bold, norm, num(dm, "pid"), json_array_size(procs), running, num(dm, "events"),
+            num(dm, "producer_dropped"), num(dm, "consumer_dropped"), ansi ? "   [q quits]" : "");
+    fprintf(f, "%s%-8s %-16s %-8s %11s %11s %11s %6s %6s %9s %8s%s\n", bold, "PID", "NAME", "STATE",
+            "ALLOCATED", "RESERVED", "PEAK", "UTIL", "FRAG", "EVENTS/S", "DROPS", norm);
+    rate_t cur[MAX_RATES];
+    unsigned ncur = 0;
+    json_array_foreach(procs, i, p)
+    {
+        char a[32], r[32], pk[32];
+        int pid = (int)num(p, "pid");
+        double events = num(p, "events");
+        const char *state = json_string_value(json_object_get(p, "state")) ?: "?";
+        const char *reason = json_string_value(json_object_get(p, "exit_reason"));
+        char st_buf[24];
+        snprintf(st_buf, sizeof st_buf, "%s", reason ? reason : state);
+        fprintf(f, "%-8d %-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", pid,
+                json_string_value(json_object_get(p, "name")) ?: "", st_buf,
+                human(num(p, "allocated_bytes"), a, sizeof a),
+                human(num(p, "reserved_bytes"), r, sizeof r),
+                human(num(p, "peak_allocated_bytes"), pk, sizeof pk), 100 * num(p, "utilization"),
+                100 * num(p, "fragmentation"), rate_of(t, pid, events, dt), num(p, "dropped"));
+        if (ncur < MAX_RATES)
+            cur[ncur++] = (rate_t){pid, events};
+        double total = num(p, "allocated_bytes");
+        size_t j;
+        json_t *tg;
+        json_array_foreach(json_object_get(p, "tags"), j, tg)
+        {
+            double v = num(tg, "allocated_bytes");
+            int width = 30, fill = total > 0 ? (int)(width * v / total + 0.5) : 0;
+            char bar[64];
+            for (int k = 0; k < width; k++)
+                bar[k] = k < fill ? '#' : '.';
+            bar[width] = '\0';
+            char vb[32], pb[32];
+            fprintf(f, "         %-14.14s [%s] %10s  peak %s\n",
+                    json_string_value(json_object_get(tg, "name")) ?: "?", bar,
+                    human(v, vb, sizeof vb), human(num(tg, "peak_bytes"), pb, sizeof pb));
+        }
+    }
+    memcpy(t->prev, cur, ncur * sizeof cur[0]);
+    t->nprev = ncur;
+    t->prev_time = now;
+    fflush(f);
+}
+
+static json_t *fetch(const char *sock, char *err, size_t errlen)
+{
+    char *s = NULL;
+    int rc = mt_d_client_state(sock, 5000, &s);
+    if (rc) {
+        snprintf(err, errlen, "no daemon (%s); start one with `memtrace daemon`", mt_strerror(rc));
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *st = json_loads(s, 0, &jerr);
+    free(s);
+    if (!st || !json_is_array(json_object_get(st, "processes"))) {
+        snprintf(err, errlen, "unexpected answer from the daemon");
+        json_decref(st);
+        return NULL;
+    }
+    return st;
+}
+
+int mt_cmd_top(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"interval", required_argument, NULL, 'i'}, {"once", no_argument, NULL, 'o'},
+        {"json", no_argument, NULL, 'j'},           {"socket", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},           {0},
+    };
+    const char *sock = NULL;
+    long interval = 1000;
+    bool once = false, json = false;
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'i':
+            interval = strtol(optarg, NULL, 10);
+            if (interval < 50 || interval > 600000) {
+                fprintf(stderr, "memtrace top: --interval takes 50..600000 ms\n");
+                return 2;
+            }
+            break;
+        case 'o':
+            once = true;
+            break;
+        case 'j':
+            json = true;
+            break;
+        case 's':
+            sock = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "memtrace top: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char err[160];
+    top_t t = {0};
+    if (json || once) {
+        json_t *st = fetch(sock, err, sizeof err);
+        if (!st) {
+            fprintf(stderr, "memtrace top: %s\n", err);
+            return 1;
+        }
+        if (json) {
+            json_dumpf(st, stdout, JSON_INDENT(2));
+            fputc('\n', stdout);
+        } else {
+            render(stdout, st, &t, false);
+        }
+        json_decref(st);
+        return 0;
+    }
+
+    struct termios saved;
+    bool tty = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
+    if (tty) {
+        struct termios raw = saved;
+        raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+        raw.c_cc[VMIN] = 0;
+        raw.c_cc[VTIME] = 0;
+        tcsetattr(STDIN_FILENO, TCSANOW, &raw);
+    }
+    struct sigaction sa = {.sa_handler = on_quit_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    fputs("\033[?25l", stdout); /* hide the cursor while redrawing */
+    int status = 0;
+    bool stdin_open = true;
+    while (!quit_signal) {
+        json_t *st = fetch(sock, err, sizeof err);
+        if (!st) {
+            status = 1;
+            break;
+        }
+        render(stdout, st, &t, true);
+        json_decref(st);
+        /* A closed stdin (not a terminal) is no longer watched: poll then just waits. */
+        struct pollfd pfd = {.fd = stdin_open ? STDIN_FILENO : -1, .events = POLLIN};
+        if (poll(&pfd, 1, (int)interval) > 0) {
+            char c;
+            ssize_t r = read(STDIN_FILENO, &c, 1);
+            if (r == 1 && (c == 'q' || c == 'Q'))
+                break;
+            if (r == 0)
+                stdin_open = false;
+        }
+    }
+    fputs("\033[?25h", stdout);
+    fflush(stdout);
+    if (tty)
+        tcsetattr(STDIN_FILENO, TCSANOW, &saved);
+    if (status)
+        fprintf(stderr, "memtrace top: %s\n", err);
+    return status;
+}
