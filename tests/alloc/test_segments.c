@@ -1,0 +1,262 @@
+/* Segments over the backend: expandable segments, garbage collection, oversize release,
+ * release-and-retry, and the out-of-memory path with its report. */
+#include "helpers.h"
+
+static void test_expandable_segments(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(512 * MIB);
+    rec_sink_t rec;
+    rec_init(&rec);
+    mt_alloc_t *a = make_alloc(b, "expandable_segments:True", &rec.sink);
+    mt_backend_counters_t c;
+
+    char *p1 = xmalloc_dev(a, 3 * MIB, NULL, MT_TAG_WEIGHTS);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 20 * MIB);
+    mt_backend_counters(b, &c);
+    assert_int_equal(c.malloc_calls, 0);
+    assert_int_equal(c.vm_reserve_calls, 1);
+    assert_int_equal(c.vm_map_calls, 1);
+    assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_MAP), 1);
+
+    /* 30 MiB more: the free 17 MiB tail is extended by one more 20 MiB page, so the new
+     * block follows the first one in the same range. */
+    char *p2 = xmalloc_dev(a, 30 * MIB, NULL, MT_TAG_WEIGHTS);
+    assert_ptr_equal(p2, p1 + 3 * MIB);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 40 * MIB);
+    assert_int_equal(s.segment[MT_STAT_LARGE].current, 1);
+    assert_int_equal(s.num_device_alloc, 2);
+    /* Mapped memory is usable. */
+    assert_int_equal(mt_memset_async(b, p2, 7, 30 * MIB, NULL), 0);
+    assert_int_equal(mt_stream_synchronize(b, NULL), 0);
+
+    /* Small requests get their own range, mapped in 2 MiB pages. */
+    void *p3 = xmalloc_dev(a, 1000, NULL, 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 2 * MIB);
+    assert_int_equal(mt_alloc_check(a), 0);
+
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    assert_int_equal(snap->nsegments, 2);
+    for (size_t i = 0; i < snap->nsegments; i++)
+        assert_true(snap->segments[i].expandable);
+    mt_alloc_snapshot_free(&snap);
+
+    /* Freeing p2 and emptying the cache unmaps the trailing free pages only. */
+    mt_alloc_free(a, p2);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 20 * MIB);
+    assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_UNMAP), 1);
+    assert_int_equal(mt_alloc_check(a), 0);
+    /* Regrowth maps again at the end. */
+    p2 = xmalloc_dev(a, 30 * MIB, NULL, 0);
+    assert_ptr_equal(p2, p1 + 3 * MIB);
+    mt_alloc_free(a, p2);
+    mt_alloc_free(a, p1);
+    mt_alloc_free(a, p3);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.segment[MT_STAT_ALL].current, 0);
+    mt_backend_counters(b, &c);
+    assert_int_equal(c.vm_map_calls, c.vm_unmap_calls);
+    assert_int_equal(c.vm_release_calls, c.vm_reserve_calls);
+    assert_int_equal(mt__sim_used_bytes(b), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    rec_fini(&rec);
+}
+
+/* Variable shapes: expandable segments keep reserved close to allocated where plain
+ * segments strand memory between segments. */
+static void test_expandable_less_reserved(void **state)
+{
+    (void)state;
+    size_t peak[2];
+    for (int e = 0; e < 2; e++) {
+        mt_backend_t *b = sim_backend(2048 * MIB);
+        mt_alloc_t *a = make_alloc(b, e ? "expandable_segments:True" : NULL, NULL);
+        /* Growing shapes (a batch getting longer): each request is larger than any
+         * cached plain segment, but fits the merged free space of an expandable range. */
+        void *prev = NULL;
+        for (int round = 0; round < 12; round++) {
+            void *cur = xmalloc_dev(a, (size_t)(10 + 3 * round) * MIB, NULL, 0);
+            mt_alloc_free(a, prev);
+            prev = cur;
+            assert_int_equal(mt_alloc_check(a), 0);
+        }
+        peak[e] = (size_t)stats_of(a).reserved_bytes[MT_STAT_ALL].peak;
+        mt_alloc_free(a, prev);
+        mt_alloc_destroy(&a);
+        mt_backend_destroy(&b);
+    }
+    /* Plain: every round a new segment (sum of all shapes, 324 MiB); expandable: the two
+     * largest shapes rounded to 20 MiB pages. */
+    assert_true(peak[0] > 250 * MIB);
+    assert_true(peak[1] <= 120 * MIB);
+    assert_true(peak[1] < peak[0] / 2);
+}
+
+static void test_garbage_collection(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(100 * MIB);
+    mt_alloc_t *a = make_alloc(b, "garbage_collection_threshold:0.5", NULL);
+    void *pa = xmalloc_dev(a, 20 * MIB, NULL, 0);
+    void *pb = xmalloc_dev(a, 22 * MIB, NULL, 0);
+    mt_alloc_free(a, pa); /* oldest */
+    mt_alloc_free(a, pb);
+    /* 42 MiB cached is below the 50 MiB GC limit: nothing collected. */
+    void *pc = xmalloc_dev(a, 30 * MIB, NULL, 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_device_free, 0);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 72 * MIB);
+    mt_alloc_free(a, pc); /* newest */
+    /* 72 MiB > 50 MiB: the two oldest segments are collected, the newest survives. */
+    void *pd = xmalloc_dev(a, 40 * MIB, NULL, 0);
+    s = stats_of(a);
+    assert_int_equal(s.num_device_free, 2);
+    assert_int_equal(s.num_alloc_retries, 0);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 70 * MIB);
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    bool have_c = false;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        have_c |= snap->segments[i].addr == (uint64_t)(uintptr_t)pc;
+    assert_true(have_c);
+    mt_alloc_snapshot_free(&snap);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, pd);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_release_cache_and_retry(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    void *p = xmalloc_dev(a, 40 * MIB, NULL, 0);
+    mt_alloc_free(a, p);
+    /* 50 MiB does not fit the cached 40 MiB nor next to it: release the cache, retry. */
+    void *q = xmalloc_dev(a, 50 * MIB, NULL, 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_alloc_retries, 1);
+    assert_int_equal(s.num_ooms, 0);
+    assert_int_equal(s.num_device_free, 1);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 50 * MIB);
+    mt_alloc_free(a, q);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+
+    /* An injected backend failure is recovered by the retry too... */
+    assert_int_equal(mt__sim_inject_malloc_failures(b, 1), 0);
+    void *r = xmalloc_dev(a, 60 * MIB, NULL, 0);
+    s = stats_of(a);
+    assert_int_equal(s.num_alloc_retries, 2);
+    mt_alloc_free(a, r);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+
+    /* ...but not when release_on_oom is off. */
+    a = make_alloc(b, "release_on_oom:false", NULL);
+    assert_int_equal(mt__sim_inject_malloc_failures(b, 1), 0);
+    void *t = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 4096, NULL, 0, &t), MT_ENOMEM);
+    s = stats_of(a);
+    assert_int_equal(s.num_alloc_retries, 0);
+    assert_int_equal(s.num_ooms, 1);
+    t = xmalloc_dev(a, 4096, NULL, 0);
+    mt_alloc_free(a, t);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_oversize_release(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(128 * MIB);
+    mt_alloc_t *a = make_alloc(b, "max_split_size_mb:32", NULL);
+    void *p = xmalloc_dev(a, 60 * MIB, NULL, 0);
+    mt_alloc_free(a, p);
+    void *q = xmalloc_dev(a, 70 * MIB, NULL, 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_device_free, 1);   /* the cached oversize block went back */
+    assert_int_equal(s.num_alloc_retries, 0); /* before the full release-and-retry */
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, q);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_oom_report(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    rec_sink_t rec;
+    rec_init(&rec);
+    log_capture_t cap = {{0}, 0};
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    cfg.backend = b;
+    cfg.sink = &rec.sink;
+    cfg.log = capture_log;
+    cfg.log_ud = &cap;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &cfg), 0);
+    assert_string_equal(mt_alloc_last_error(a), "");
+
+    /* 8 MiB in a 20 MiB segment: 12 MiB reserved but unallocated. */
+    void *p = xmalloc_dev(a, 8 * MIB, NULL, 0);
+    void *q = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 50 * MIB, NULL, 0, &q), MT_ENOMEM);
+    assert_null(q);
+    const char *msg = mt_alloc_last_error(a);
+    assert_non_null(strstr(msg, "out of memory"));
+    assert_non_null(strstr(msg, "tried to allocate 50.00 MiB"));
+    assert_non_null(strstr(msg, "total capacity of 64.00 MiB"));
+    assert_non_null(strstr(msg, "44.00 MiB is free"));
+    assert_non_null(strstr(msg, "8.00 MiB is allocated by memtrace"));
+    assert_non_null(strstr(msg, "12.00 MiB is reserved by memtrace but unallocated"));
+    assert_non_null(strstr(msg, "largest free block 12.00 MiB"));
+    assert_non_null(strstr(msg, "expandable_segments:True"));
+    assert_non_null(strstr(msg, "max_split_size_mb"));
+    assert_int_equal(cap.nerrors, 1);
+    assert_non_null(strstr(cap.last_error, msg));
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_ooms, 1);
+    assert_int_equal(s.num_alloc_retries, 1);
+    assert_int_equal(rec_count(&rec, MT_EV_OOM), 1);
+    for (size_t i = 0; i < rec.n; i++) {
+        if (rec.ev[i].kind == MT_EV_OOM) {
+            assert_int_equal(rec.ev[i].requested, 50 * MIB);
+            assert_int_equal(rec.ev[i].size, 44 * MIB);
+            assert_int_equal(rec.ev[i].allocated, 8 * MIB);
+            assert_int_equal(rec.ev[i].reserved, 20 * MIB);
+        }
+    }
+    /* The allocator is intact after the failure. */
+    assert_int_equal(mt_alloc_check(a), 0);
+    void *r = xmalloc_dev(a, 4 * MIB, NULL, 0);
+    mt_alloc_free(a, r);
+    mt_alloc_free(a, p);
+    /* Absurd sizes fail cleanly too. */
+    assert_int_equal(mt_alloc_malloc(a, SIZE_MAX - 100, NULL, 0, &q), MT_ENOMEM);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    rec_fini(&rec);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expandable_segments), cmocka_unit_test(test_expandable_less_reserved),
+        cmocka_unit_test(test_garbage_collection),  cmocka_unit_test(test_release_cache_and_retry),
+        cmocka_unit_test(test_oversize_release),    cmocka_unit_test(test_oom_report),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
