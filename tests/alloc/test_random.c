@@ -1,0 +1,197 @@
+/* Seeded randomized runs with mt_alloc_check() after every step, and a multi-threaded
+ * stress run. */
+#include <pthread.h>
+
+#include "helpers.h"
+
+typedef struct live_s {
+    void *p;
+    size_t size;
+    int tag;
+} live_t;
+
+static uint64_t rng(uint64_t *s)
+{
+    /* xorshift64*: deterministic across platforms. */
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 2685821657736338717ull;
+}
+
+static size_t random_size(uint64_t *seed)
+{
+    uint64_t r = rng(seed) % 100;
+    if (r < 70)
+        return 1 + rng(seed) % (64 * KIB);
+    if (r < 95)
+        return 1 + rng(seed) % (4 * MIB);
+    return 1 + rng(seed) % (40 * MIB);
+}
+
+enum { MAXLIVE = 256 };
+
+/* nops operations on an allocator configured by conf; returns how many mallocs failed. */
+static size_t random_run(const char *conf, size_t capacity, size_t nops, uint64_t seed)
+{
+    mt_backend_t *b = sim_backend(capacity);
+    mt_alloc_t *a = make_alloc(b, conf, NULL);
+    mt_stream_t *streams[3] = {NULL, NULL, NULL};
+    assert_int_equal(mt_stream_create(b, &streams[1]), 0);
+    assert_int_equal(mt_stream_create(b, &streams[2]), 0);
+    live_t live[MAXLIVE];
+    size_t nlive = 0, nfail = 0;
+    int64_t want_alloc = 0;
+    for (size_t op = 0; op < nops; op++) {
+        uint64_t r = rng(&seed) % 1000;
+        if ((r < 520 && nlive < MAXLIVE) || nlive == 0) {
+            size_t n = random_size(&seed);
+            int tag = (int)(rng(&seed) % MT_TAG_USER_FIRST);
+            mt_stream_t *s = streams[rng(&seed) % 3];
+            void *p = NULL;
+            int rc = mt_alloc_malloc(a, n, s, tag, &p);
+            if (rc == MT_ENOMEM) {
+                nfail++;
+            } else {
+                assert_int_equal(rc, 0);
+                size_t sz = 0;
+                assert_int_equal(mt_alloc_block_info(a, p, NULL, &sz, NULL), 0);
+                assert_true(sz >= n);
+                live[nlive++] = (live_t){p, sz, tag};
+                want_alloc += (int64_t)sz;
+            }
+        } else if (r < 990) {
+            size_t i = rng(&seed) % nlive;
+            if (r % 7 == 0)
+                assert_int_equal(mt_alloc_record_stream(a, live[i].p, streams[rng(&seed) % 3]), 0);
+            assert_int_equal(mt_alloc_free(a, live[i].p), 0);
+            want_alloc -= (int64_t)live[i].size;
+            live[i] = live[--nlive];
+        } else if (r < 995) {
+            assert_int_equal(mt_alloc_empty_cache(a), 0);
+        } else {
+            mt_alloc_stats_t st = stats_of(a);
+            assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, want_alloc);
+            assert_int_equal(st.allocation[MT_STAT_ALL].current, (int64_t)nlive);
+            assert_true(st.fragmentation >= 0.0 && st.fragmentation <= 1.0);
+            assert_true(st.largest_free_block <= st.total_free);
+        }
+        if (mt_alloc_check(a) != 0)
+            fail_msg("op %zu: %s", op, mt_alloc_last_error(a));
+    }
+    for (size_t i = 0; i < nlive; i++)
+        assert_int_equal(mt_alloc_free(a, live[i].p), 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.active_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.reserved_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(mt__sim_used_bytes(b), 0);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &streams[1]);
+    mt_stream_destroy(b, &streams[2]);
+    assert_int_equal(mt__sim_check(b), 0);
+    mt_backend_destroy(&b);
+    return nfail;
+}
+
+static void test_random_100k(void **state)
+{
+    (void)state;
+    random_run(NULL, 2048 * MIB, 100000, 0x9e3779b97f4a7c15ull);
+}
+
+static void test_random_configs(void **state)
+{
+    (void)state;
+    random_run("expandable_segments:True", 2048 * MIB, 20000, 7);
+    random_run("max_split_size_mb:24,roundup_power2_divisions:4,"
+               "garbage_collection_threshold:0.3",
+               1024 * MIB, 20000, 11);
+}
+
+static void test_random_under_pressure(void **state)
+{
+    (void)state;
+    /* A device too small for the live set: the OOM and recovery paths run often. */
+    size_t fails = random_run(NULL, 160 * MIB, 20000, 3);
+    assert_true(fails > 0);
+    fails = random_run("expandable_segments:True", 160 * MIB, 20000, 5);
+    assert_true(fails > 0);
+}
+
+/* ---- multi-threaded stress ---- */
+
+typedef struct worker_s {
+    mt_alloc_t *a;
+    mt_stream_t *stream;
+    uint64_t seed;
+    int nops;
+    int failures;
+} worker_t;
+
+static void *worker(void *arg)
+{
+    worker_t *w = arg;
+    void *live[64];
+    int nlive = 0;
+    for (int i = 0; i < w->nops; i++) {
+        if (nlive < 64 && (nlive == 0 || rng(&w->seed) % 2 == 0)) {
+            size_t n = 1 + rng(&w->seed) % (rng(&w->seed) % 10 == 0 ? 8 * MIB : 32 * KIB);
+            void *p = NULL;
+            if (mt_alloc_malloc(w->a, n, w->stream, MT_TAG_OTHER, &p) != 0)
+                w->failures++;
+            else
+                live[nlive++] = p;
+        } else {
+            int k = (int)(rng(&w->seed) % (uint64_t)nlive);
+            if (mt_alloc_free(w->a, live[k]) != 0)
+                w->failures++;
+            live[k] = live[--nlive];
+        }
+    }
+    for (int i = 0; i < nlive; i++)
+        if (mt_alloc_free(w->a, live[i]) != 0)
+            w->failures++;
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(4096 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_stream_t *s1 = NULL;
+    assert_int_equal(mt_stream_create(b, &s1), 0);
+    pthread_t th[4];
+    worker_t w[4];
+    for (int i = 0; i < 4; i++) {
+        /* Two threads share the default stream, two share s1. */
+        w[i] = (worker_t){a, i % 2 ? s1 : NULL, 1234u + (uint64_t)i * 77, 40000, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, worker, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, st.allocation[MT_STAT_ALL].freed);
+    assert_true(st.allocation[MT_STAT_ALL].allocated >= 4 * 20000 / 2);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s1);
+    mt_backend_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_100k),
+        cmocka_unit_test(test_random_configs),
+        cmocka_unit_test(test_random_under_pressure),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

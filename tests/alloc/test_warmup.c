@@ -1,0 +1,323 @@
+/* Warm-up reservations, snapshots, tags, statistics and the event stream. */
+#include "helpers.h"
+
+/* ---- an RNN-like batch: per-step activations kept for backward, temporaries ---- */
+
+enum { MAXLEN = 64, B = 32, H = 256, IN = 128 };
+
+static unsigned next_rand(unsigned *s)
+{
+    *s = *s * 1103515245u + 12345u;
+    return (*s >> 8) & 0xffffff;
+}
+
+static void run_batch(mt_alloc_t *a, mt_stream_t *s, int len, unsigned *seed)
+{
+    void *acts[3 * MAXLEN];
+    int n = 0;
+    void *x = xmalloc_dev(a, (size_t)len * B * IN * 4, s, MT_TAG_BATCH);
+    for (int t = 0; t < len; t++) {
+        acts[n++] = xmalloc_dev(a, 4 * H * B * 4, s, MT_TAG_ACTIVATIONS); /* gates */
+        acts[n++] = xmalloc_dev(a, H * B * 4, s, MT_TAG_ACTIVATIONS);     /* h */
+        acts[n++] = xmalloc_dev(a, H * B * 4, s, MT_TAG_ACTIVATIONS);     /* c */
+        void *ws = xmalloc_dev(a, 2 * H * B * 4 + next_rand(seed) % 4096, s, MT_TAG_WORKSPACE);
+        assert_int_equal(mt_alloc_free(a, ws), 0);
+    }
+    void *y = xmalloc_dev(a, (size_t)len * B * H * 4, s, MT_TAG_ACTIVATIONS);
+    void *dh = xmalloc_dev(a, H * B * 4, s, MT_TAG_GRADS);
+    for (int t = len - 1; t >= 0; t--) {
+        void *dg = xmalloc_dev(a, 4 * H * B * 4, s, MT_TAG_WORKSPACE);
+        assert_int_equal(mt_alloc_free(a, dg), 0);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(mt_alloc_free(a, acts[--n]), 0);
+    }
+    assert_int_equal(mt_alloc_free(a, dh), 0);
+    assert_int_equal(mt_alloc_free(a, y), 0);
+    assert_int_equal(mt_alloc_free(a, x), 0);
+}
+
+static void test_warmup_then_zero_backend_mallocs(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_stream_t *s = NULL;
+    assert_int_equal(mt_stream_create(b, &s), 0);
+    unsigned seed = 42;
+    /* Weights and their gradients live across the whole run. */
+    void *w = xmalloc_dev(a, 4 * H * (H + IN) * 4, s, MT_TAG_WEIGHTS);
+    void *gw = xmalloc_dev(a, 4 * H * (H + IN) * 4, s, MT_TAG_GRADS);
+
+    mt_alloc_reset_peak(a);
+    assert_int_equal(mt_alloc_warmup_begin(a), 0);
+    run_batch(a, s, MAXLEN, &seed);
+    int64_t transient = stats_of(a).allocated_bytes[MT_STAT_ALL].peak -
+                        stats_of(a).allocated_bytes[MT_STAT_ALL].current;
+    assert_int_equal(mt_alloc_warmup_end(a, s), 0);
+    assert_int_equal(mt_alloc_warmup_end(a, s), MT_EINVAL); /* not warming any more */
+
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    size_t nres = 0;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        if (!snap->segments[i].reserved)
+            continue;
+        nres++;
+        /* The measured peak plus a small slack, not more. */
+        assert_true((int64_t)snap->segments[i].size >= transient);
+        assert_true((int64_t)snap->segments[i].size <= transient + transient / 8 + 4 * MIB);
+    }
+    assert_int_equal(nres, 1);
+    mt_alloc_snapshot_free(&snap);
+
+    uint64_t m0 = backend_mallocs(b);
+    for (int batch = 0; batch < 50; batch++) {
+        int len = 1 + (int)(next_rand(&seed) % MAXLEN);
+        run_batch(a, s, len, &seed);
+        /* The cache may be emptied between batches: the reservation survives it. */
+        if (batch % 10 == 9)
+            assert_int_equal(mt_alloc_empty_cache(a), 0);
+    }
+    assert_int_equal(backend_mallocs(b), m0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 2 * 4 * H * (H + IN) * 4);
+    mt_alloc_free(a, w);
+    mt_alloc_free(a, gw);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s);
+    mt_backend_destroy(&b);
+}
+
+static void test_reserve(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(512 * MIB);
+    rec_sink_t rec;
+    rec_init(&rec);
+    mt_alloc_t *a = make_alloc(b, "garbage_collection_threshold:0.1", &rec.sink);
+    assert_int_equal(mt_alloc_reserve(a, 100 * MIB - 5, NULL), 0);
+    assert_int_equal(rec_count(&rec, MT_EV_RESERVE), 1);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 100 * MIB);
+    uint64_t m0 = backend_mallocs(b);
+    /* Requests of any size, small or large, are carved from it. */
+    void *p[6];
+    size_t sizes[6] = {1000, 70 * MIB, 512, 3 * MIB, 20 * MIB, 4096};
+    for (int i = 0; i < 6; i++)
+        p[i] = xmalloc_dev(a, sizes[i], NULL, 0);
+    assert_int_equal(backend_mallocs(b), m0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    for (int i = 0; i < 6; i++)
+        mt_alloc_free(a, p[i]);
+    /* empty_cache and GC leave it alone. */
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 100 * MIB);
+    void *q = xmalloc_dev(a, 150 * MIB, NULL, 0); /* runs GC: reserved > 0.1 x limit */
+    s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 250 * MIB);
+    mt_alloc_free(a, q);
+    /* A reservation that is already large enough is kept; a larger one replaces it. */
+    assert_int_equal(mt_alloc_reserve(a, 50 * MIB, NULL), 0);
+    assert_int_equal(backend_mallocs(b), m0 + 1);
+    assert_int_equal(mt_alloc_reserve(a, 120 * MIB, NULL), 0);
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    size_t res_bytes = 0;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        if (snap->segments[i].reserved)
+            res_bytes += snap->segments[i].size;
+    assert_int_equal(res_bytes, 120 * MIB);
+    mt_alloc_snapshot_free(&snap);
+    /* A reservation beyond the device fails with the OOM report. */
+    assert_int_equal(mt_alloc_reserve(a, 2048 * MIB, NULL), MT_ENOMEM);
+    assert_non_null(strstr(mt_alloc_last_error(a), "tried to allocate"));
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    s = (mt_alloc_stats_t){0};
+    assert_int_equal(mt__sim_used_bytes(b), 0);
+    mt_backend_destroy(&b);
+    rec_fini(&rec);
+}
+
+static void test_snapshot_content(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    char *p1 = xmalloc_dev(a, 100, NULL, MT_TAG_WEIGHTS);
+    char *p2 = xmalloc_dev(a, 2000, NULL, MT_TAG_GRADS);
+    char *p3 = xmalloc_dev(a, 5 * MIB, NULL, MT_TAG_OPTIMIZER);
+    mt_alloc_free(a, p2);
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    assert_int_equal(snap->nsegments, 2);
+    assert_true(snap->segments[0].addr < snap->segments[1].addr);
+    uint64_t total = 0;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const mt_snapshot_segment_t *sg = &snap->segments[i];
+        uint64_t at = sg->addr;
+        for (size_t j = 0; j < sg->nblocks; j++) {
+            assert_int_equal(sg->blocks[j].addr, at);
+            at += sg->blocks[j].size;
+        }
+        assert_int_equal(at, sg->addr + sg->size);
+        total += sg->size;
+        if (sg->pool == MT_POOL_SMALL) {
+            assert_int_equal(sg->size, 2 * MIB);
+            /* p2's block merged with the free tail when it was freed. */
+            assert_int_equal(sg->nblocks, 2);
+            assert_int_equal(sg->blocks[0].addr, (uintptr_t)p1);
+            assert_int_equal(sg->blocks[0].state, MT_BLOCK_ACTIVE_ALLOCATED);
+            assert_int_equal(sg->blocks[0].requested, 100);
+            assert_int_equal(sg->blocks[0].size, 512);
+            assert_int_equal(sg->blocks[0].tag, MT_TAG_WEIGHTS);
+            assert_int_equal(sg->blocks[1].state, MT_BLOCK_INACTIVE);
+            assert_int_equal(sg->blocks[1].requested, 0);
+            assert_int_equal(sg->blocks[1].size, 2 * MIB - 512);
+        } else {
+            assert_int_equal(sg->pool, MT_POOL_LARGE);
+            assert_int_equal(sg->size, 20 * MIB);
+            assert_int_equal(sg->blocks[0].addr, (uintptr_t)p3);
+            assert_int_equal(sg->blocks[0].tag, MT_TAG_OPTIMIZER);
+            assert_int_equal(sg->blocks[0].requested, 5 * MIB);
+            assert_int_equal(sg->blocks[1].size, 15 * MIB);
+        }
+    }
+    assert_int_equal(total, (uint64_t)snap->stats.reserved_bytes[MT_STAT_ALL].current);
+    assert_int_equal(snap->stats.allocated_bytes[MT_STAT_ALL].current, 512 + 5 * MIB);
+    assert_true(snap->stats.utilization > 0.2 && snap->stats.utilization < 0.3);
+    assert_int_equal(snap->stats.largest_free_block, 15 * MIB);
+    assert_int_equal(snap->stats.total_free, 22 * MIB - 512 - 5 * MIB);
+    mt_alloc_snapshot_free(&snap);
+    assert_null(snap);
+    mt_alloc_free(a, p1);
+    mt_alloc_free(a, p3);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_tags_and_stats(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    int kv = -1, again = -1, w = -1;
+    assert_int_equal(mt_alloc_tag_register(a, "kv_cache", &kv), 0);
+    assert_int_equal(kv, MT_TAG_USER_FIRST);
+    assert_int_equal(mt_alloc_tag_register(a, "kv_cache", &again), 0);
+    assert_int_equal(again, kv);
+    assert_int_equal(mt_alloc_tag_register(a, "weights", &w), 0);
+    assert_int_equal(w, MT_TAG_WEIGHTS);
+    assert_string_equal(mt_alloc_tag_name(a, kv), "kv_cache");
+    assert_string_equal(mt_alloc_tag_name(a, MT_TAG_ACTIVATIONS), "activations");
+    assert_string_equal(mt_alloc_tag_name(a, 30), "other");
+    assert_string_equal(mt_tag_builtin_name(MT_TAG_BATCH), "batch");
+
+    void *p = xmalloc_dev(a, 1000, NULL, kv);
+    void *q = xmalloc_dev(a, 3000, NULL, kv);
+    void *r = xmalloc_dev(a, 12 * MIB + 1, NULL, MT_TAG_WEIGHTS);
+    void *bad = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 10, NULL, MT_TAG_MAX, &bad), MT_EINVAL);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.tag_allocated_bytes[kv].current, 1024 + 3072);
+    assert_int_equal(s.tag_requested_bytes[kv].current, 4000);
+    assert_int_equal(s.tag_allocated_bytes[MT_TAG_WEIGHTS].current, 12 * MIB + 512);
+    assert_int_equal(s.allocation[MT_STAT_SMALL].current, 2);
+    assert_int_equal(s.allocation[MT_STAT_LARGE].current, 1);
+    int tag = -1;
+    assert_int_equal(mt_alloc_block_info(a, q, NULL, NULL, &tag), 0);
+    assert_int_equal(tag, kv);
+    mt_alloc_free(a, q);
+    s = stats_of(a);
+    assert_int_equal(s.tag_allocated_bytes[kv].current, 1024);
+    assert_int_equal(s.tag_allocated_bytes[kv].peak, 4096);
+    assert_int_equal(s.tag_allocated_bytes[kv].freed, 3072);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].peak, 4096 + 12 * MIB + 512);
+    mt_alloc_reset_peak(a);
+    s = stats_of(a);
+    assert_int_equal(s.tag_allocated_bytes[kv].peak, 1024);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].peak, 1024 + 12 * MIB + 512);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].allocated, 4096 + 12 * MIB + 512);
+    /* All user ids taken: MT_ENOMEM. */
+    int t = 0, rc = 0;
+    char label[32];
+    for (int i = 0; i < MT_TAG_MAX && rc == 0; i++) {
+        snprintf(label, sizeof label, "label%d", i);
+        rc = mt_alloc_tag_register(a, label, &t);
+    }
+    assert_int_equal(rc, MT_ENOMEM);
+    mt_alloc_free(a, p);
+    mt_alloc_free(a, r);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_event_stream(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_stream_t *s1 = NULL;
+    assert_int_equal(mt_stream_create(b, &s1), 0);
+    rec_sink_t rec;
+    rec_init(&rec);
+    mt_alloc_t *a = make_alloc(b, NULL, &rec.sink);
+    assert_int_equal(rec.n, 1);
+    assert_int_equal(rec.ev[0].kind, MT_EV_CONFIG);
+    assert_int_equal(rec.ev[0].size, 256 * MIB);
+
+    void *p = xmalloc_dev(a, 1000, s1, MT_TAG_BATCH);
+    assert_int_equal(rec.n, 3);
+    const mt_event_rec_t *seg = &rec.ev[1], *al = &rec.ev[2];
+    assert_int_equal(seg->kind, MT_EV_SEGMENT_ALLOC);
+    assert_int_equal(seg->size, 2 * MIB);
+    assert_int_equal(seg->reserved, 2 * MIB);
+    assert_int_equal(seg->pool, MT_POOL_SMALL);
+    assert_int_equal(al->kind, MT_EV_ALLOC);
+    assert_int_equal(al->addr, (uintptr_t)p);
+    assert_int_equal(al->size, 1024);
+    assert_int_equal(al->requested, 1000);
+    assert_int_equal(al->allocated, 1024);
+    assert_int_equal(al->reserved, 2 * MIB);
+    assert_int_equal(al->stream, mt_stream_id(s1));
+    assert_int_equal(al->tag, MT_TAG_BATCH);
+    assert_int_equal(al->pool, MT_POOL_SMALL);
+    assert_int_equal(al->device, 0);
+    assert_true(al->time_ns >= seg->time_ns && seg->time_ns > 0);
+    assert_int_equal(al->seq, 0);
+
+    mt_alloc_free(a, p);
+    assert_int_equal(rec_count(&rec, MT_EV_FREE_REQUESTED), 1);
+    assert_int_equal(rec_count(&rec, MT_EV_FREE_COMPLETED), 1);
+    assert_int_equal(rec.ev[rec.n - 1].allocated, 0);
+    mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, 7, 0);
+    assert_int_equal(rec.ev[rec.n - 1].kind, MT_EV_MARK);
+    assert_int_equal(rec.ev[rec.n - 1].addr, MT_MARK_ITERATION);
+    assert_int_equal(rec.ev[rec.n - 1].size, 7);
+    assert_int_equal(rec.ev[rec.n - 1].reserved, 2 * MIB);
+    mt_alloc_empty_cache(a);
+    assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_FREE), 1);
+    assert_int_equal(rec.ev[rec.n - 1].kind, MT_EV_EMPTY_CACHE);
+    assert_int_equal(rec.ev[rec.n - 1].size, 2 * MIB);
+    assert_int_equal(rec.ev[rec.n - 1].reserved, 0);
+    for (size_t i = 1; i < rec.n; i++)
+        assert_true(rec.ev[i].time_ns >= rec.ev[i - 1].time_ns);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s1);
+    mt_backend_destroy(&b);
+    rec_fini(&rec);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_warmup_then_zero_backend_mallocs),
+        cmocka_unit_test(test_reserve),
+        cmocka_unit_test(test_snapshot_content),
+        cmocka_unit_test(test_tags_and_stats),
+        cmocka_unit_test(test_event_stream),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
