@@ -1,0 +1,257 @@
+/* The log analysis behind `memtrace report`, on crafted logs: growth across iterations
+ * detected (and the growing tag named) or not, peaks by tag, never-freed allocations,
+ * fragmentation, multiple processes, malformed lines. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/prof.h"
+#include "profiler/report.h"
+
+#define MiB (UINT64_C(1) << 20)
+
+/* A fake allocator for one pid: keeps the totals and feeds encoded lines to r. */
+typedef struct gen_s {
+    mt__report_t *r;
+    int pid;
+    uint64_t seq, t, allocated, reserved;
+} gen_t;
+
+static void emit(gen_t *g, int kind, uint64_t addr, uint64_t size, int tag)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.seq = g->seq++;
+    ev.time_ns = (g->t += 1000);
+    ev.kind = (uint8_t)kind;
+    ev.addr = addr;
+    ev.size = size;
+    ev.requested = size;
+    ev.tag = (uint8_t)tag;
+    ev.pool = MT_POOL_LARGE;
+    ev.allocated = g->allocated;
+    ev.reserved = g->reserved;
+    json_t *j = mt_prof_event_to_json(&ev, g->pid, NULL, NULL);
+    char *s = json_dumps(j, JSON_COMPACT);
+    char err[128];
+    assert_int_equal(mt__report_add_line(g->r, s, strlen(s), err, sizeof(err)), 0);
+    free(s);
+    json_decref(j);
+}
+
+static void galloc(gen_t *g, uint64_t addr, uint64_t size, int tag)
+{
+    g->allocated += size;
+    emit(g, MT_EV_ALLOC, addr, size, tag);
+}
+
+static void gfree(gen_t *g, uint64_t addr, uint64_t size, int tag)
+{
+    g->allocated -= size;
+    emit(g, MT_EV_FREE_REQUESTED, addr, size, tag);
+    emit(g, MT_EV_FREE_COMPLETED, addr, size, tag);
+}
+
+static void segment(gen_t *g, uint64_t addr, uint64_t size)
+{
+    g->reserved += size;
+    emit(g, MT_EV_SEGMENT_ALLOC, addr, size, 0);
+}
+
+/* A training loop: weights once; per iteration activations allocated and freed; if
+ * leak, one 2 MiB "history" activation per iteration is kept alive. */
+static void training(gen_t *g, int iters, bool leak)
+{
+    const uint64_t base = 0x100000000;
+    segment(g, base, 1024 * MiB);
+    galloc(g, base, 64 * MiB, MT_TAG_WEIGHTS);
+    uint64_t kept = base + 512 * MiB;
+    for (int it = 0; it < iters; it++) {
+        emit(g, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
+        /* Noise: the live set of an iteration varies a little. */
+        uint64_t act = (32 + (uint64_t)(it * 7 % 5)) * MiB;
+        galloc(g, base + 64 * MiB, act, MT_TAG_ACTIVATIONS);
+        galloc(g, base + 200 * MiB, 8 * MiB, MT_TAG_WORKSPACE);
+        gfree(g, base + 200 * MiB, 8 * MiB, MT_TAG_WORKSPACE);
+        if (leak) {
+            galloc(g, kept, 2 * MiB, MT_TAG_ACTIVATIONS);
+            kept += 2 * MiB;
+        }
+        gfree(g, base + 64 * MiB, act, MT_TAG_ACTIVATIONS);
+    }
+}
+
+static json_t *run(bool leak, int iters)
+{
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    gen_t g = {.r = r, .pid = 42};
+    training(&g, iters, leak);
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    mt__report_destroy(&r);
+    return res;
+}
+
+static json_t *proc0(json_t *res)
+{
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    assert_non_null(p);
+    return p;
+}
+
+static void test_growth_detected(void **state)
+{
+    (void)state;
+    json_t *res = run(true, 20);
+    json_t *p = proc0(res);
+    json_t *g = json_object_get(p, "growth");
+    assert_int_equal(json_integer_value(json_object_get(g, "iterations")), 20);
+    assert_true(json_is_true(json_object_get(g, "detected")));
+    double slope = json_real_value(json_object_get(g, "slope_bytes_per_iteration"));
+    assert_true(slope > 1.5 * MiB && slope < 2.5 * MiB);
+    json_t *tags = json_object_get(g, "tags");
+    assert_int_equal(json_array_size(tags), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(tags, 0), "tag")),
+                        "activations");
+    /* The kept blocks are never freed: 20 x 2 MiB activations, plus the weights. */
+    json_t *nf = json_object_get(p, "never_freed");
+    assert_int_equal(json_integer_value(json_object_get(nf, "count")), 21);
+    assert_int_equal(json_integer_value(json_object_get(nf, "bytes")), 64 * MiB + 40 * MiB);
+    json_t *g0 = json_array_get(json_object_get(nf, "groups"), 0);
+    assert_string_equal(json_string_value(json_object_get(g0, "tag")), "weights");
+    json_t *g1 = json_array_get(json_object_get(nf, "groups"), 1);
+    assert_string_equal(json_string_value(json_object_get(g1, "tag")), "activations");
+    assert_int_equal(json_integer_value(json_object_get(g1, "count")), 20);
+    assert_int_equal(json_integer_value(json_object_get(g1, "size")), 2 * MiB);
+    json_decref(res);
+}
+
+static void test_no_growth(void **state)
+{
+    (void)state;
+    json_t *res = run(false, 20);
+    json_t *p = proc0(res);
+    json_t *g = json_object_get(p, "growth");
+    assert_int_equal(json_integer_value(json_object_get(g, "iterations")), 20);
+    assert_false(json_is_true(json_object_get(g, "detected")));
+    assert_int_equal(json_array_size(json_object_get(g, "tags")), 0);
+    json_t *nf = json_object_get(p, "never_freed");
+    assert_int_equal(json_integer_value(json_object_get(nf, "count")), 1); /* weights */
+    /* Peaks by tag: weights 64 MiB, activations 32..36 MiB, workspace 8 MiB. */
+    json_t *peak = json_object_get(p, "peak_by_tag");
+    assert_int_equal(json_integer_value(json_object_get(peak, "weights")), 64 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(peak, "activations")), 36 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(peak, "workspace")), 8 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(p, "peak_allocated")), 108 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(p, "peak_reserved")), 1024 * MiB);
+    json_decref(res);
+}
+
+static void test_few_iterations(void **state)
+{
+    (void)state;
+    json_t *res = run(true, 2); /* growing, but two samples cannot tell a trend */
+    json_t *g = json_object_get(proc0(res), "growth");
+    assert_false(json_is_true(json_object_get(g, "detected")));
+    json_decref(res);
+}
+
+static void test_timeline_fragmentation(void **state)
+{
+    (void)state;
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    cfg.timeline_steps = 4;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, &cfg), 0);
+    gen_t g = {.r = r, .pid = 7};
+    /* One 8 MiB segment, four 2 MiB blocks; free blocks 0 and 2: free space is two
+     * separate 2 MiB holes, so fragmentation = 1 - 2/4 = 0.5. */
+    segment(&g, 0x1000000, 8 * MiB);
+    for (uint64_t i = 0; i < 4; i++)
+        galloc(&g, 0x1000000 + i * 2 * MiB, 2 * MiB, MT_TAG_BATCH);
+    gfree(&g, 0x1000000, 2 * MiB, MT_TAG_BATCH);
+    gfree(&g, 0x1000000 + 4 * MiB, 2 * MiB, MT_TAG_BATCH);
+    json_t *res = mt__report_result(r);
+    json_t *tl = json_object_get(proc0(res), "timeline");
+    assert_int_equal(json_array_size(tl), 4);
+    json_t *last = json_array_get(tl, 3);
+    assert_true(json_real_value(json_object_get(last, "fragmentation")) > 0.49);
+    assert_true(json_real_value(json_object_get(last, "fragmentation")) < 0.51);
+    assert_true(json_real_value(json_object_get(last, "utilization")) > 0.49);
+    assert_true(json_real_value(json_object_get(last, "utilization")) < 0.51);
+    /* Mid-run the segment was full: utilization 1, nothing free. */
+    json_t *mid = json_array_get(tl, 1);
+    assert_int_equal(json_integer_value(json_object_get(mid, "allocated")), 8 * MiB);
+    assert_true(json_real_value(json_object_get(mid, "fragmentation")) < 0.01);
+    json_decref(res);
+    mt__report_destroy(&r);
+}
+
+static void test_processes_and_malformed(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    char err[256];
+    const char *hello = "{\"v\":1,\"type\":\"hello\",\"pid\":5,\"name\":\"a\","
+                        "\"start_realtime_ns\":1,\"start_mono_ns\":1}";
+    assert_int_equal(mt__report_add_line(r, hello, strlen(hello), err, sizeof(err)), 0);
+    gen_t a = {.r = r, .pid = 5}, b = {.r = r, .pid = 6};
+    galloc(&a, 0x1000, 512, MT_TAG_OTHER);
+    galloc(&b, 0x1000, 1024, MT_TAG_GRADS);
+    const char *gap = "{\"v\":1,\"type\":\"gap\",\"seq\":3,\"t_ns\":5,\"pid\":6,\"lost\":4}";
+    assert_int_equal(mt__report_add_line(r, gap, strlen(gap), err, sizeof(err)), 0);
+    const char *exit_ = "{\"v\":1,\"type\":\"exit\",\"pid\":5,\"t_ns\":9,\"clean\":true,"
+                        "\"emitted\":1,\"dropped\":0,\"lost\":0}";
+    assert_int_equal(mt__report_add_line(r, exit_, strlen(exit_), err, sizeof(err)), 0);
+    /* Record types the report does not use are accepted. */
+    const char *snap = "{\"v\":1,\"type\":\"snapshot\",\"pid\":5}";
+    assert_int_equal(mt__report_add_line(r, snap, strlen(snap), err, sizeof(err)), 0);
+
+    const char *bad[] = {
+        "{\"v\":1,\"type\":\"event\"",                      /* truncated */
+        "[]",                                               /* not an object */
+        "{\"v\":9,\"type\":\"event\"}",                     /* unknown version */
+        "{\"v\":1,\"type\":\"event\",\"pid\":1,\"seq\":1}", /* missing members */
+        "\n",                                               /* empty */
+    };
+    const char *why[] = {"not JSON", "object", "version", "t_ns", "empty"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        assert_int_equal(mt__report_add_line(r, bad[i], strlen(bad[i]), err, sizeof(err)),
+                         MT_EPROTO);
+        assert_non_null(strstr(err, why[i]));
+    }
+    json_t *res = mt__report_result(r);
+    assert_int_equal(json_integer_value(json_object_get(res, "malformed")), 5);
+    assert_int_equal(json_integer_value(json_object_get(res, "events")), 2);
+    json_t *procs = json_object_get(res, "processes");
+    assert_int_equal(json_array_size(procs), 2);
+    json_t *pa = json_array_get(procs, 0), *pb = json_array_get(procs, 1);
+    assert_string_equal(json_string_value(json_object_get(pa, "name")), "a");
+    assert_string_equal(json_string_value(json_object_get(pa, "exit")), "clean");
+    assert_string_equal(json_string_value(json_object_get(pb, "exit")), "unknown");
+    assert_int_equal(json_integer_value(json_object_get(pb, "lost")), 4);
+    assert_int_equal(json_integer_value(json_object_get(pb, "peak_allocated")), 1024);
+    json_decref(res);
+    mt__report_destroy(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_growth_detected),
+        cmocka_unit_test(test_no_growth),
+        cmocka_unit_test(test_few_iterations),
+        cmocka_unit_test(test_timeline_fragmentation),
+        cmocka_unit_test(test_processes_and_malformed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

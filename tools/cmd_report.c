@@ -1,0 +1,326 @@
+/* `memtrace report LOG`: reads a telemetry log (NDJSON from the local fallback or the
+ * daemon's log file) and prints, per process, peaks by tag, utilization and
+ * fragmentation over time, allocations never freed, and the growth detector's verdict
+ * across iterations. The analysis is profiler/report.c; this file reads and prints. */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "profiler/report.h"
+#include "tools/commands.h"
+
+#define MAX_ERRORS_SHOWN 10
+
+static void help(FILE *f)
+{
+    fprintf(f, "usage: memtrace report [options] LOG\n"
+               "\n"
+               "Analyses a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md), as\n"
+               "written by an instrumented program with no daemon (./memtrace-<pid>.ndjson or\n"
+               "$MEMTRACE_LOG) or by the daemon's log file. LOG '-' reads standard input.\n"
+               "\n"
+               "For each process it prints:\n"
+               "  - peak allocated and reserved bytes, and the peak of each tag;\n"
+               "  - a timeline of allocated, reserved, utilization and fragmentation;\n"
+               "  - allocations never freed, grouped by tag and size;\n"
+               "  - growth across iterations: allocated bytes at each iteration marker\n"
+               "    (MT_MARK_ITERATION) fitted with a line; steady growth is flagged, the sign\n"
+               "    of history kept alive from one iteration to the next.\n"
+               "\n"
+               "options:\n"
+               "  --json              print the analysis as one JSON document\n"
+               "  --steps N           timeline samples (default 20)\n"
+               "  --min-growth BYTES  rise over the iterations needed to flag growth\n"
+               "                      (default 1048576; suffixes K, M, G)\n"
+               "  --min-r2 X          goodness of fit needed to flag growth (default 0.8)\n"
+               "  --top N             never-freed groups shown (default 10)\n"
+               "  -h, --help          this text\n"
+               "\n"
+               "exit status: 0 report printed; 1 the log could not be read; 2 bad usage, or\n"
+               "malformed lines (each is named on stderr; the rest is still reported).\n"
+               "\n"
+               "examples:\n"
+               "  memtrace report memtrace-4242.ndjson\n"
+               "  memtrace report --json run.ndjson | jq '.processes[].growth'\n"
+               "  MEMTRACE_LOG=run.ndjson ./train && memtrace report --steps 40 run.ndjson\n");
+}
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s)
+        return -1;
+    switch (*end) {
+    case 'K':
+    case 'k':
+        v <<= 10;
+        end++;
+        break;
+    case 'M':
+    case 'm':
+        v <<= 20;
+        end++;
+        break;
+    case 'G':
+    case 'g':
+        v <<= 30;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (*end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static const char *human(double b, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double a = b < 0 ? -b : b;
+    while (a >= 1024 && u < 4) {
+        a /= 1024;
+        b /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+    return buf;
+}
+
+static double num(json_t *o, const char *k)
+{
+    return json_number_value(json_object_get(o, k));
+}
+
+static void bar(double frac, int width)
+{
+    int n = (int)(frac * width + 0.5);
+    for (int i = 0; i < width; i++)
+        fputs(i < n ? "#" : ".", stdout);
+}
+
+static void print_process(json_t *p)
+{
+    char b1[32], b2[32], b3[32], b4[32];
+    const char *name = json_string_value(json_object_get(p, "name"));
+    printf("process %d%s%s%s: %.0f events, %.0f lost, exit %s\n",
+           (int)json_integer_value(json_object_get(p, "pid")), name && *name ? " \"" : "",
+           name && *name ? name : "", name && *name ? "\"" : "", num(p, "events"), num(p, "lost"),
+           json_string_value(json_object_get(p, "exit")));
+    double peak = num(p, "peak_allocated");
+    printf("  peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
+           human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
+           human(num(p, "final_allocated"), b3, sizeof(b3)),
+           human(num(p, "final_reserved"), b4, sizeof(b4)));
+
+    json_t *tags = json_object_get(p, "peak_by_tag");
+    if (json_object_size(tags)) {
+        printf("\n  peak by tag:\n");
+        double top = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(tags, k, v) top = num(tags, k) > top ? num(tags, k) : top;
+        json_object_foreach(tags, k, v)
+        {
+            printf("    %-14s %12s  ", k, human(json_number_value(v), b1, sizeof(b1)));
+            bar(top > 0 ? json_number_value(v) / top : 0, 30);
+            printf("\n");
+        }
+    }
+
+    json_t *tl = json_object_get(p, "timeline");
+    if (json_array_size(tl)) {
+        printf("\n  timeline:\n    %9s %12s %12s %12s %6s %6s\n", "t (s)", "allocated", "peak",
+               "reserved", "util", "frag");
+        size_t i;
+        json_t *s;
+        json_array_foreach(tl, i, s)
+        {
+            printf("    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n", num(s, "t_s"),
+                   human(num(s, "allocated"), b1, sizeof(b1)),
+                   human(num(s, "peak_allocated"), b2, sizeof(b2)),
+                   human(num(s, "reserved"), b3, sizeof(b3)), 100 * num(s, "utilization"),
+                   100 * num(s, "fragmentation"));
+        }
+    }
+
+    json_t *nf = json_object_get(p, "never_freed");
+    printf("\n  never freed: %.0f allocations, %s", num(nf, "count"),
+           human(num(nf, "bytes"), b1, sizeof(b1)));
+    if (num(p, "unmatched_frees") > 0)
+        printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
+    printf("\n");
+    json_t *groups = json_object_get(nf, "groups");
+    if (json_array_size(groups)) {
+        printf("    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
+        size_t i;
+        json_t *g;
+        json_array_foreach(groups, i, g)
+        {
+            printf("    %-14s %12s %8.0f %12s\n", json_string_value(json_object_get(g, "tag")),
+                   human(num(g, "size"), b1, sizeof(b1)), num(g, "count"),
+                   human(num(g, "bytes"), b2, sizeof(b2)));
+        }
+        if (num(nf, "groups_total") > (double)json_array_size(groups))
+            printf("    ... %.0f more groups\n",
+                   num(nf, "groups_total") - (double)json_array_size(groups));
+    }
+
+    json_t *g = json_object_get(p, "growth");
+    double iters = num(g, "iterations");
+    printf("\n  growth across iterations: ");
+    if (iters < 3) {
+        printf("%.0f iteration markers, too few to tell\n", iters);
+        return;
+    }
+    printf("%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n", iters,
+           num(g, "first_iteration"), num(g, "last_iteration"),
+           num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
+           human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
+    if (json_is_true(json_object_get(g, "detected"))) {
+        printf("    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
+               "    one iteration to the next (history held by a reference?)\n",
+               human(num(g, "rise_bytes"), b1, sizeof(b1)));
+        size_t i;
+        json_t *t;
+        json_array_foreach(json_object_get(g, "tags"), i, t)
+        {
+            printf("    - %s grows %s per iteration (r2 %.2f)\n",
+                   json_string_value(json_object_get(t, "tag")),
+                   human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
+        }
+    } else {
+        printf("    no steady growth\n");
+    }
+}
+
+int mt_cmd_report(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"steps", required_argument, NULL, 's'},
+        {"min-growth", required_argument, NULL, 'g'},
+        {"min-r2", required_argument, NULL, 'r'},
+        {"top", required_argument, NULL, 't'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    bool as_json = false;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case 'j':
+            as_json = true;
+            break;
+        case 's':
+            cfg.timeline_steps = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || cfg.timeline_steps == 0 || cfg.timeline_steps > 10000) {
+                fprintf(stderr, "memtrace report: --steps wants 1..10000\n");
+                return 2;
+            }
+            break;
+        case 'g':
+            if (parse_bytes(optarg, &cfg.min_growth_bytes) != 0) {
+                fprintf(stderr, "memtrace report: --min-growth wants bytes (e.g. 4M)\n");
+                return 2;
+            }
+            break;
+        case 'r':
+            cfg.min_r2 = strtod(optarg, &end);
+            if (*end || cfg.min_r2 < 0 || cfg.min_r2 > 1) {
+                fprintf(stderr, "memtrace report: --min-r2 wants 0..1\n");
+                return 2;
+            }
+            break;
+        case 't':
+            cfg.top = (unsigned)strtoul(optarg, &end, 10);
+            if (*end) {
+                fprintf(stderr, "memtrace report: --top wants a number\n");
+                return 2;
+            }
+            break;
+        case 'h':
+            help(stdout);
+            return 0;
+        default:
+            help(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        help(stderr);
+        return 2;
+    }
+    const char *path = argv[optind];
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    mt__report_t *r = NULL;
+    if (mt__report_create(&r, &cfg) != 0) {
+        fprintf(stderr, "memtrace report: out of memory\n");
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    unsigned long lineno = 0, bad = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        char err[256];
+        if (mt__report_add_line(r, line, (size_t)len, err, sizeof(err)) != 0) {
+            if (bad++ < MAX_ERRORS_SHOWN)
+                fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno, err);
+        }
+    }
+    int read_err = ferror(f);
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    if (read_err) {
+        fprintf(stderr, "memtrace report: error reading %s\n", path);
+        mt__report_destroy(&r);
+        return 1;
+    }
+    if (bad > MAX_ERRORS_SHOWN)
+        fprintf(stderr, "%s: %lu malformed lines in all\n", path, bad);
+
+    json_t *res = mt__report_result(r);
+    mt__report_destroy(&r);
+    if (!res) {
+        fprintf(stderr, "memtrace report: out of memory\n");
+        return 1;
+    }
+    if (as_json) {
+        json_dumpf(res, stdout, JSON_INDENT(2));
+        printf("\n");
+    } else {
+        json_t *procs = json_object_get(res, "processes");
+        printf("memtrace report: %s: %.0f lines, %.0f events, %zu process%s", path,
+               num(res, "lines"), num(res, "events"), json_array_size(procs),
+               json_array_size(procs) == 1 ? "" : "es");
+        if (bad)
+            printf(", %lu malformed lines skipped", bad);
+        printf("\n");
+        size_t i;
+        json_t *p;
+        json_array_foreach(procs, i, p)
+        {
+            printf("\n");
+            print_process(p);
+        }
+    }
+    json_decref(res);
+    return bad ? 2 : 0;
+}
