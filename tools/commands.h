@@ -13,5 +13,6 @@ int mt_cmd_replay(int argc, char **argv);
 int mt_cmd_daemon(int argc, char **argv);
 int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
+int mt_cmd_report(int argc, char **argv);
 
 #endif

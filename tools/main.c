@@ -10,6 +10,7 @@ static const mt_cmd_t commands[] = {
     {"daemon", mt_cmd_daemon, "run memtraced, the profiler daemon (live events, metrics)"},
     {"tail", mt_cmd_tail, "print the daemon's live event stream as JSON Lines"},
     {"top", mt_cmd_top, "live view of memory per process and tag"},
+    {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
 };
 
 static void usage(FILE *f)
