@@ -137,9 +137,9 @@ static bool load_host(impl_t *im, const char *const libs[], const char *sym_allo
 
 static void header(void)
 {
-    printf("%-30s %-13s %10s %10s %9s %10s %10s %6s  %s\n", "workload", "allocator", "ns/pair",
+    printf("%-36s %-13s %10s %10s %9s %10s %10s %6s  %s\n", "workload", "allocator", "ns/pair",
            "modelled", "backend", "peak", "peak", "util", "goal");
-    printf("%-30s %-13s %10s %10s %9s %10s %10s %6s\n", "", "", "(wall)", "ns/pair", "calls",
+    printf("%-36s %-13s %10s %10s %9s %10s %10s %6s\n", "", "", "(wall)", "ns/pair", "calls",
            "reserved", "allocated", "@peak");
 }
 
@@ -166,7 +166,7 @@ static void print_line(const line_t *l)
         human(c4, sizeof c4, l->peak_allocated);
     if (l->peak_reserved > 0 && l->peak_allocated >= 0)
         snprintf(c5, sizeof c5, "%.3f", l->peak_allocated / l->peak_reserved);
-    printf("%-30s %-13s %10.1f %10s %9s %10s %10s %6s  %s\n", l->workload, l->allocator, l->ns_pair,
+    printf("%-36s %-13s %10.1f %10s %9s %10s %10s %6s  %s\n", l->workload, l->allocator, l->ns_pair,
            c1, c2, c3, c4, c5, l->goal ? l->goal : "");
 }
 
@@ -176,15 +176,13 @@ typedef struct opts_s {
     bool quick;
 } opts_t;
 
-static char goal_buf[8][128];
-static int goal_n;
-
-static const char *goal_text(const char *fmt, double v, double target, bool le)
+/* Writes "<fmt with target>: MET" or ": NOT MET" into g; returns g. */
+static const char *goal_text(char *g, size_t n, const char *fmt, double v, double target, bool le)
 {
-    char *g = goal_buf[goal_n++ % 8];
     bool met = le ? v <= target : v >= target;
-    snprintf(g, 128, fmt, target);
-    strcat(g, met ? ": MET" : ": NOT MET");
+    int k = snprintf(g, n, fmt, target);
+    if (k >= 0 && (size_t)k < n)
+        snprintf(g + k, n - (size_t)k, "%s", met ? ": MET" : ": NOT MET");
     return g;
 }
 
@@ -238,6 +236,7 @@ static int cached_path(const opts_t *o, impl_t *hosts, size_t nhosts, size_t siz
         t[r] = now_ns() - t0;
     }
     double ns = (double)median(t, rounds) / n;
+    char goal[64];
     mt_alloc_stats_t st;
     mt_alloc_stats(a, &st);
     mt_backend_counters_t c;
@@ -249,7 +248,7 @@ static int cached_path(const opts_t *o, impl_t *hosts, size_t nhosts, size_t siz
                 (long long)(c.malloc_calls + c.free_calls + c.vm_map_calls + c.vm_unmap_calls),
                 (double)st.reserved_bytes[0].peak,
                 (double)st.allocated_bytes[0].peak,
-                goal_text("median <= %.0f ns", ns, PAIR_GOAL_NS, true)};
+                goal_text(goal, sizeof goal, "median <= %.0f ns", ns, PAIR_GOAL_NS, true)};
     print_line(&l);
     mt_alloc_destroy(&a);
 
@@ -327,11 +326,24 @@ static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t n
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     double pairs = t->nops / 2.0 > 0 ? t->nops / 2.0 : 1;
     unsigned rounds = o->quick ? 1 : 5;
-    char wl[2][64];
-    for (int warm = rnn_like ? 1 : 0; warm >= 0; warm--) {
-        snprintf(wl[warm], sizeof wl[warm], "%.20s%s", base, warm ? " (warm-up)" : "");
+    /* The RNN-like trace carries the goals: default policies with and without warm-up,
+     * then the same with expandable segments for comparison. */
+    static const struct {
+        bool warm;
+        const char *conf;
+        const char *label;
+    } variants[] = {
+        {true, NULL, " (warm-up)"},
+        {false, NULL, ""},
+        {true, "expandable_segments:True", " (expandable, warm-up)"},
+        {false, "expandable_segments:True", " (expandable)"},
+    };
+    char wl[4][80];
+    for (size_t v = rnn_like ? 0 : 1; v < (rnn_like ? 4u : 2u); v++) {
+        snprintf(wl[v], sizeof wl[v], "%.20s%s", base, variants[v].label);
         mt_replay_cfg_t cfg = mt_replay_cfg_default();
-        cfg.warmup = warm;
+        cfg.warmup = variants[v].warm;
+        cfg.alloc_conf = variants[v].conf;
         cfg.rounds = rounds;
         mt_replay_result_t r;
         if ((rc = mt_replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
@@ -339,12 +351,13 @@ static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t n
             mt_trace_free(&t);
             return rc;
         }
+        char goal_buf[64];
         const char *goal = NULL;
         if (rnn_like)
-            goal = goal_text("util >= %.2f", r.utilization_at_peak,
-                             warm ? UTIL_GOAL_WARM : UTIL_GOAL_COLD, false);
+            goal = goal_text(goal_buf, sizeof goal_buf, "util >= %.2f", r.utilization_at_peak,
+                             cfg.warmup ? UTIL_GOAL_WARM : UTIL_GOAL_COLD, false);
         line_t l = {
-            wl[warm],
+            wl[v],
             "memtrace",
             (double)r.elapsed_ns / pairs,
             (double)r.modelled_ns / pairs,
@@ -354,14 +367,14 @@ static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t n
             goal};
         print_line(&l);
         if (r.ooms)
-            printf("%-30s %-13s %llu allocations failed (out of memory)\n", "", "",
+            printf("%-36s %-13s %llu allocations failed (out of memory)\n", "", "",
                    (unsigned long long)r.ooms);
-        if (warm)
-            printf("%-30s %-13s warm-up pass: %llu backend calls, reserved %.1f MiB\n", "", "",
+        if (cfg.warmup)
+            printf("%-36s %-13s warm-up pass: %llu backend calls, reserved %.1f MiB\n", "", "",
                    (unsigned long long)r.warmup_backend_calls,
                    (double)r.warmup_reserved / (1 << 20));
     }
-    const char *w = wl[0];
+    const char *w = wl[1];
     void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
     if (ptrs == NULL) {
         mt_trace_free(&t);
