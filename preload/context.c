@@ -1,0 +1,422 @@
+/* The preload library's process-wide context (see preload.h): one-time set-up, the
+ * per-device allocators, the event sink, the summary at exit, and symbol resolution
+ * (the real runtime, the real driver, and our dlsym interposition). */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mt_config.h"
+#include "preload/preload.h"
+#if MT_HAVE_CUDA_BACKEND
+#include "allocator/backend_cuda.h"
+#endif
+
+_Thread_local int mt__preload_guard;
+
+/* The singleton the C ABI forces (see preload.h). */
+static mt_preload_t mt_preload_ctx = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .oom_mu = PTHREAD_MUTEX_INITIALIZER,
+};
+static pthread_once_t mt_preload_once = PTHREAD_ONCE_INIT;
+
+/* The current device is per thread in CUDA (cudaSetDevice). */
+static _Thread_local int tls_device;
+
+/* ---- messages ---- */
+
+void mt__preload_say(mt_log_level_e level, const char *fmt, ...)
+{
+    if ((int)level > mt_preload_ctx.log_level)
+        return;
+    char msg[2400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    /* One write, so lines of concurrent threads do not interleave. */
+    char line[2500];
+    int n =
+        snprintf(line, sizeof line, "%s%s\n", strncmp(msg, "memtrace", 8) ? "memtrace: " : "", msg);
+    if (n > 0) {
+        ssize_t w = write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        (void)w;
+    }
+}
+
+static void log_cb(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)ud;
+    mt__preload_say(level, "%s", msg);
+}
+
+static int parse_level(const char *s)
+{
+    if (s == NULL)
+        return MT_LOG_INFO;
+    if (strcmp(s, "error") == 0)
+        return MT_LOG_ERROR;
+    if (strcmp(s, "warn") == 0)
+        return MT_LOG_WARN;
+    if (strcmp(s, "debug") == 0)
+        return MT_LOG_DEBUG;
+    if (strcmp(s, "quiet") == 0)
+        return -1;
+    return MT_LOG_INFO;
+}
+
+/* ---- symbol resolution ---- */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+
+static dlsym_fn real_dlsym_fn(void)
+{
+    /* dlvsym is not interposed, so this never reaches our own dlsym. glibc >= 2.34
+     * exports dlsym@GLIBC_2.34 from libc; older ones dlsym@GLIBC_2.2.5 from libdl. */
+    static _Atomic(dlsym_fn) real; /* a cache of a constant, safe to race on */
+    dlsym_fn f = atomic_load_explicit(&real, memory_order_relaxed);
+    if (f == NULL) {
+        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (f == NULL)
+            f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        atomic_store_explicit(&real, f, memory_order_relaxed);
+    }
+    return f;
+}
+
+void *mt__preload_real_dlsym(void *handle, const char *name)
+{
+    dlsym_fn f = real_dlsym_fn();
+    return f ? f(handle, name) : NULL;
+}
+
+void *mt__preload_real_rt(const char *name)
+{
+    return mt__preload_real_dlsym(RTLD_NEXT, name);
+}
+
+void *mt__preload_real_drv(const char *name)
+{
+    mt_preload_t *P = mt__preload();
+    return P->libcuda ? mt__preload_real_dlsym(P->libcuda, name) : NULL;
+}
+
+/* Interposed dlsym: a program (or the CUDA runtime) looking up a hooked name gets our
+ * function. Caveat, documented in the README: dlsym(RTLD_NEXT, ...) issued by another
+ * library is resolved relative to this library rather than the caller. */
+MT_HOOK void *dlsym(void *handle, const char *name)
+{
+    void *r = mt__preload_real_dlsym(handle, name);
+    if (r == NULL || mt__preload_guard > 0)
+        return r;
+    void *ours = mt__preload_hook_by_name(name);
+    return ours ? ours : r;
+}
+
+/* ---- event sink ---- */
+
+static void sink_emit(void *ud, const mt_event_rec_t *ev)
+{
+    mt_preload_t *P = ud;
+    atomic_fetch_add_explicit(&P->ev_count[ev->kind & 15], 1, memory_order_relaxed);
+    if (atomic_load(&P->prof_live))
+        mt_prof_sink(P->prof)->emit(mt_prof_sink(P->prof)->ud, ev);
+}
+
+/* ---- devices ---- */
+
+int mt__preload_current_device(void)
+{
+    return tls_device;
+}
+
+void mt__preload_set_current_device(int device)
+{
+    tls_device = device;
+}
+
+static bool driver_is_us(void)
+{
+    const char *path = getenv("MEMTRACE_LIBCUDA");
+    void *h = dlopen(path && *path ? path : "libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (h == NULL)
+        return false;
+    bool us = mt__preload_real_dlsym(h, "mt__preload_guard") != NULL ||
+              mt__preload_real_dlsym(h, "memtrace_alloc") != NULL;
+    dlclose(h);
+    return us;
+}
+
+static int create_device(mt_preload_t *P, int d)
+{
+    mt_backend_cfg_t bcfg = P->bcfg;
+    bcfg.device = d;
+    int rc = mt_backend_create(&P->dev[d].backend, &bcfg);
+    if (rc != 0)
+        return rc;
+    mt_alloc_cfg_t acfg = P->acfg;
+    acfg.backend = P->dev[d].backend;
+    acfg.sink = &P->sink;
+    rc = mt_alloc_create(&P->dev[d].alloc, &acfg);
+    if (rc != 0) {
+        mt_backend_destroy(&P->dev[d].backend);
+        return rc;
+    }
+    atomic_store_explicit(&P->ready[d], P->dev[d].alloc, memory_order_release);
+    return 0;
+}
+
+int mt__preload_alloc(int device, mt_alloc_t **out)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    if (device < 0 || device >= P->ndevices)
+        return MT_ENODEV;
+    mt_alloc_t *a = atomic_load_explicit(&P->ready[device], memory_order_acquire);
+    if (a == NULL) {
+        pthread_mutex_lock(&P->mu);
+        int rc = 0;
+        if (P->dev[device].alloc == NULL) {
+            mt__guard_enter();
+            rc = create_device(P, device);
+            mt__guard_leave();
+        }
+        a = P->dev[device].alloc;
+        pthread_mutex_unlock(&P->mu);
+        if (rc != 0)
+            return rc;
+    }
+    *out = a;
+    return 0;
+}
+
+int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->sim) {
+        /* cudaStreamLegacy (1) and cudaStreamPerThread (2) are the default stream too. */
+        *out = (uintptr_t)handle <= 2 ? NULL : (mt_stream_t *)handle;
+        return 0;
+    }
+#if MT_HAVE_CUDA_BACKEND
+    return mt__cuda_stream_wrap(b, (uintptr_t)handle, out);
+#else
+    (void)b;
+    *out = NULL;
+    return MT_ENODEV;
+#endif
+}
+
+void mt__preload_note_oom(mt_alloc_t *a, size_t size)
+{
+    mt_preload_t *P = mt__preload();
+    atomic_fetch_add(&P->ooms, 1);
+    pthread_mutex_lock(&P->oom_mu);
+    const char *m = a ? mt_alloc_last_error(a) : "";
+    if (m == NULL || *m == '\0')
+        snprintf(P->oom_msg, sizeof P->oom_msg, "out of memory allocating %zu bytes", size);
+    else
+        snprintf(P->oom_msg, sizeof P->oom_msg, "%s", m);
+    if (m == NULL || *m == '\0') /* otherwise the allocator logged it already */
+        mt__preload_say(MT_LOG_ERROR, "%s", P->oom_msg);
+    pthread_mutex_unlock(&P->oom_mu);
+}
+
+/* ---- summary at exit ---- */
+
+static void write_summary(mt_preload_t *P, FILE *f)
+{
+    mt_alloc_stats_t tot;
+    memset(&tot, 0, sizeof tot);
+    const char *tag_names[MT_TAG_MAX] = {0};
+    int ndev = 0;
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_stats_t st;
+        if (a == NULL || mt_alloc_stats(a, &st) != 0)
+            continue;
+        ndev++;
+        tot.allocated_bytes[0].peak += st.allocated_bytes[0].peak;
+        tot.allocated_bytes[0].current += st.allocated_bytes[0].current;
+        tot.reserved_bytes[0].peak += st.reserved_bytes[0].peak;
+        tot.reserved_bytes[0].current += st.reserved_bytes[0].current;
+        tot.allocation[0].allocated += st.allocation[0].allocated;
+        tot.allocation[0].freed += st.allocation[0].freed;
+        tot.num_device_alloc += st.num_device_alloc;
+        tot.num_device_free += st.num_device_free;
+        tot.num_ooms += st.num_ooms;
+        tot.num_alloc_retries += st.num_alloc_retries;
+        tot.capacity += st.capacity;
+        for (int t = 0; t < MT_TAG_MAX; t++) {
+            tot.tag_allocated_bytes[t].peak += st.tag_allocated_bytes[t].peak;
+            tot.tag_allocated_bytes[t].allocated += st.tag_allocated_bytes[t].allocated;
+            if (st.tag_allocated_bytes[t].allocated > 0 && tag_names[t] == NULL)
+                tag_names[t] = mt_alloc_tag_name(a, t);
+        }
+    }
+    const char *bname = "none";
+    if (P->dev[0].backend != NULL)
+        bname = mt_backend_name(P->dev[0].backend);
+    double util = tot.reserved_bytes[0].peak > 0
+                      ? (double)tot.allocated_bytes[0].peak / (double)tot.reserved_bytes[0].peak
+                      : 1.0;
+    fprintf(f, "{\"v\":1,\"pid\":%d,\"backend\":\"%s\",\"devices_used\":%d,", (int)getpid(), bname,
+            ndev);
+    fprintf(f, "\"capacity\":%llu,", (unsigned long long)tot.capacity);
+    fprintf(f, "\"peak_allocated\":%lld,\"peak_reserved\":%lld,",
+            (long long)tot.allocated_bytes[0].peak, (long long)tot.reserved_bytes[0].peak);
+    fprintf(f, "\"allocated\":%lld,\"reserved\":%lld,\"utilization\":%.4f,",
+            (long long)tot.allocated_bytes[0].current, (long long)tot.reserved_bytes[0].current,
+            util);
+    fprintf(f, "\"requests\":%llu,\"frees\":%llu,\"backend_mallocs\":%llu,",
+            (unsigned long long)tot.allocation[0].allocated,
+            (unsigned long long)tot.allocation[0].freed, (unsigned long long)tot.num_device_alloc);
+    fprintf(f, "\"backend_frees\":%llu,\"alloc_retries\":%llu,",
+            (unsigned long long)tot.num_device_free, (unsigned long long)tot.num_alloc_retries);
+    fprintf(f, "\"host_allocs\":%llu,\"unknown_frees\":%llu,",
+            (unsigned long long)atomic_load(&P->host_allocs),
+            (unsigned long long)atomic_load(&P->unknown_frees));
+    fprintf(f, "\"ooms\":%llu,\"oom_message\":\"", (unsigned long long)atomic_load(&P->ooms));
+    pthread_mutex_lock(&P->oom_mu);
+    for (const char *c = P->oom_msg; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if ((unsigned char)*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    pthread_mutex_unlock(&P->oom_mu);
+    fprintf(f, "\",\"tags\":{");
+    bool first = true;
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        if (tot.tag_allocated_bytes[t].allocated == 0)
+            continue;
+        fprintf(f, "%s\"%s\":{\"peak\":%lld,\"total\":%llu}", first ? "" : ",",
+                tag_names[t] ? tag_names[t] : mt_tag_builtin_name(t),
+                (long long)tot.tag_allocated_bytes[t].peak,
+                (unsigned long long)tot.tag_allocated_bytes[t].allocated);
+        first = false;
+    }
+    fprintf(f, "},\"events\":{");
+    first = true;
+    for (int k = 1; k < 16; k++) {
+        uint64_t n = atomic_load(&P->ev_count[k]);
+        if (n == 0)
+            continue;
+        fprintf(f, "%s\"%s\":%llu", first ? "" : ",", mt_event_kind_name(k), (unsigned long long)n);
+        first = false;
+    }
+    fprintf(f, "}");
+    if (P->prof != NULL) {
+        mt_prof_stats_t ps;
+        mt_prof_stats(P->prof, &ps);
+        const char *lp = mt_prof_log_path(P->prof);
+        fprintf(f, ",\"telemetry\":\"%s\",\"events_dropped\":%llu", mt_prof_mode_name(ps.mode),
+                (unsigned long long)ps.dropped);
+        if (lp != NULL)
+            fprintf(f, ",\"event_log\":\"%s\"", lp);
+    }
+    fprintf(f, "}\n");
+}
+
+static void at_exit(void)
+{
+    mt_preload_t *P = &mt_preload_ctx;
+    mt__guard_enter();
+    if (P->summary_path != NULL) {
+        FILE *f = fopen(P->summary_path, "w");
+        if (f != NULL) {
+            write_summary(P, f);
+            fclose(f);
+        }
+    }
+    if (P->prof != NULL) {
+        /* Stop forwarding, then take every allocator's lock once (mt_alloc_stats) so
+         * that no emit still running can touch the profiler we are about to destroy. */
+        atomic_store(&P->prof_live, false);
+        for (int d = 0; d < P->ndevices; d++) {
+            mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+            mt_alloc_stats_t st;
+            if (a != NULL)
+                mt_alloc_stats(a, &st);
+        }
+        mt_prof_destroy(&P->prof);
+    }
+    mt__guard_leave();
+}
+
+/* ---- one-time set-up ---- */
+
+static void init_once(void)
+{
+    mt_preload_t *P = &mt_preload_ctx;
+    mt__guard_enter();
+    P->log_level = parse_level(getenv("MEMTRACE_LOG_LEVEL"));
+    P->summary_path = getenv("MEMTRACE_SUMMARY_FILE");
+    P->sink = (mt_event_sink_t){sink_emit, P};
+
+    P->bcfg = mt_backend_cfg_default();
+    P->bcfg.log = log_cb;
+    P->acfg = mt_alloc_cfg_default();
+    P->acfg.log = log_cb;
+    char err[256] = "";
+    if (mt_alloc_cfg_from_env(&P->acfg, err, sizeof err) != 0)
+        mt__preload_say(MT_LOG_ERROR, "MEMTRACE_ALLOC_CONF ignored: %s", err);
+
+    /* The profiler first, so the allocators' first events (config) reach it. */
+    mt_prof_cfg_t pcfg = mt_prof_cfg_default();
+    pcfg.log = log_cb;
+    if (mt_prof_cfg_from_env(&pcfg) != 0)
+        mt__preload_say(MT_LOG_WARN, "MEMTRACE_PROF ignored (auto|daemon|log|off)");
+    if (mt_prof_create(&P->prof, &pcfg) == 0)
+        atomic_store(&P->prof_live, true);
+    else
+        mt__preload_say(MT_LOG_WARN, "profiler not started: events are only counted");
+
+    /* The libcuda.so.1 that memtrace run provides on driverless machines is this very
+     * library (see cmd_run.c): it is no driver, so auto means sim here. */
+    if (P->bcfg.kind != MT_BACKEND_SIM && driver_is_us()) {
+        if (P->bcfg.kind == MT_BACKEND_CUDA) {
+            P->init_rc = MT_ENODEV;
+            mt__preload_say(MT_LOG_ERROR, "MEMTRACE_BACKEND=cuda but no CUDA driver exists");
+            goto done;
+        }
+        P->bcfg.kind = MT_BACKEND_SIM;
+        mt__preload_say(MT_LOG_INFO, "no CUDA driver on this machine; running on the sim "
+                                     "backend");
+    }
+    P->ndevices = MT_PRELOAD_MAX_DEVICES;
+    P->init_rc = create_device(P, 0);
+    if (P->init_rc != 0) {
+        mt__preload_say(MT_LOG_ERROR, "cannot create device 0: %s", mt_strerror(P->init_rc));
+        P->ndevices = 0;
+        goto done;
+    }
+    P->sim = mt_backend_kind(P->dev[0].backend) == MT_BACKEND_SIM;
+    if (P->sim) {
+        P->ndevices = 1;
+    } else {
+        const char *path = getenv("MEMTRACE_LIBCUDA");
+        P->libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*count)(int *) =
+            (int (*)(int *))mt__preload_real_dlsym(P->libcuda, "cuDeviceGetCount");
+        int n = 1;
+        if (count != NULL && count(&n) == 0 && n > 0 && n < MT_PRELOAD_MAX_DEVICES)
+            P->ndevices = n;
+    }
+
+done:
+    atexit(at_exit);
+    mt__guard_leave();
+}
+
+mt_preload_t *mt__preload(void)
+{
+    pthread_once(&mt_preload_once, init_once);
+    return &mt_preload_ctx;
+}

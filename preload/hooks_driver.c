@@ -1,0 +1,688 @@
+/* CUDA driver API hooks (cuMemAlloc_v2, ...), both cuGetProcAddress versions, and the
+ * name lookup behind our dlsym. See preload.h for the two modes.
+ *
+ * Since CUDA 11.3 the runtime fetches driver entry points with cuGetProcAddress by
+ * *base name* ("cuMemAlloc") and a CUDA version, so exporting cuMemAlloc_v2 alone is
+ * bypassed; answering cuGetProcAddress with our functions closes that path.
+ *
+ * On a machine with no driver, `memtrace run` puts a directory first on LD_LIBRARY_PATH
+ * whose libcuda.so.1 is a link to this library (cmd_run.c): dlopen("libcuda.so.1") then
+ * returns this library, and dlsym(handle, "cuGetProcAddress_v2") our resolver, which
+ * hands out the sim-served driver functions below. No dlopen interposition is needed,
+ * and dlopen keeps its caller-relative semantics (RUNPATH, $ORIGIN) for every other
+ * library. Without memtrace run, the same directory can be put on LD_LIBRARY_PATH by
+ * hand (README). */
+#include <string.h>
+
+#include <cuda.h>
+
+#include "mt_config.h"
+#include "preload/preload.h"
+
+/* cuda.h maps cuGetProcAddress to _v2; the runtime also asks for the 11.x version by
+ * its own name, so both are defined here. */
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+
+static CUresult to_cu(int rc)
+{
+    switch (rc) {
+    case 0:
+        return CUDA_SUCCESS;
+    case MT_ENOMEM:
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    case MT_EINVAL:
+    case MT_ENOENT:
+        return CUDA_ERROR_INVALID_VALUE;
+    case MT_EAGAIN:
+        return CUDA_ERROR_NOT_READY;
+    case MT_ENODEV:
+        return CUDA_ERROR_NO_DEVICE;
+    case MT_ENOTSUP:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+        return CUDA_ERROR_UNKNOWN;
+    }
+}
+
+/* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
+#define FORWARD(name, ...)                                                                         \
+    do {                                                                                           \
+        if (!mt__preload()->sim) {                                                                 \
+            static _Atomic(void *) real_;                                                          \
+            void *f_ = atomic_load_explicit(&real_, memory_order_relaxed);                         \
+            if (f_ == NULL) {                                                                      \
+                f_ = mt__preload_real_drv(#name);                                                  \
+                atomic_store_explicit(&real_, f_, memory_order_relaxed);                           \
+            }                                                                                      \
+            if (f_ == NULL)                                                                        \
+                return CUDA_ERROR_NOT_FOUND;                                                       \
+            return ((__typeof__(&name))f_)(__VA_ARGS__);                                           \
+        }                                                                                          \
+    } while (0)
+
+/* Primary-context handles on sim: one constant address per device. */
+static const char sim_ctx[MT_PRELOAD_MAX_DEVICES];
+
+/* The device of the calling thread's current context. */
+static int drv_device(void)
+{
+    if (mt__preload()->sim)
+        return mt__preload_current_device();
+    CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))mt__preload_real_drv("cuCtxGetDevice");
+    CUdevice d = 0;
+    if (get == NULL || get(&d) != CUDA_SUCCESS)
+        d = 0;
+    return d;
+}
+
+static mt_backend_t *cur_backend(void)
+{
+    mt_alloc_t *a = NULL;
+    return mt__preload_alloc(drv_device(), &a) == 0 ? mt_alloc_backend(a) : NULL;
+}
+
+/* ---- device memory (both modes) ---- */
+
+static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream)
+{
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE; /* cuMemAlloc refuses 0 bytes, unlike cudaMalloc */
+    mt_alloc_t *a = NULL;
+    int rc = mt__preload_alloc(drv_device(), &a);
+    void *q = NULL;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    if (rc == 0)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0)
+        rc = mt_alloc_malloc(a, size, s, MT_TAG_OTHER, &q);
+    mt__guard_leave();
+    if (rc == MT_ENOMEM)
+        mt__preload_note_oom(a, size);
+    if (rc == 0)
+        *p = (CUdeviceptr)(uintptr_t)q;
+    return to_cu(rc);
+}
+
+static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
+{
+    if (p == 0)
+        return CUDA_ERROR_INVALID_VALUE; /* as cuMemFree(0) answers */
+    mt_alloc_t *a = NULL;
+    int rc = mt__preload_alloc(drv_device(), &a);
+    void *q = (void *)(uintptr_t)p;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    if (rc == 0 && stream != NULL)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0 && sync)
+        rc = mt_device_synchronize(mt_alloc_backend(a)); /* cuMemFree synchronises */
+    if (rc == 0 && s != NULL && mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
+        rc = mt_alloc_record_stream(a, q, s);
+    if (rc == 0)
+        rc = mt_alloc_free(a, q);
+    mt__guard_leave();
+    if (rc == MT_ENOENT)
+        atomic_fetch_add(&mt__preload()->unknown_frees, 1);
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return do_alloc(dptr, bytesize, NULL);
+}
+
+MT_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return do_free(dptr, NULL, true);
+}
+
+MT_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return do_alloc(dptr, bytesize, hStream);
+}
+
+MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    return do_free(dptr, hStream, false);
+}
+
+MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
+{
+    if (free_b == NULL || total_b == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    mt_alloc_t *a = NULL;
+    int rc = mt__preload_alloc(drv_device(), &a);
+    mt_alloc_stats_t st;
+    mt__guard_enter();
+    if (rc == 0)
+        rc = mt_backend_mem_get_info(mt_alloc_backend(a), free_b, total_b);
+    if (rc == 0)
+        rc = mt_alloc_stats(a, &st);
+    mt__guard_leave();
+    if (rc == 0) {
+        *free_b += st.total_free; /* cached but unallocated is the program's to take */
+        if (*free_b > *total_b)
+            *free_b = *total_b;
+    }
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    (void)Flags;
+    if (pp == NULL || bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt__guard_enter();
+    int rc = mt_backend_host_malloc(b, bytesize, pp);
+    mt__guard_leave();
+    if (rc == 0) {
+        atomic_fetch_add(&mt__preload()->host_allocs, 1);
+        atomic_fetch_add(&mt__preload()->host_bytes, bytesize);
+    }
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
+{
+    return cuMemHostAlloc(pp, bytesize, 0);
+}
+
+MT_HOOK CUresult cuMemFreeHost(void *p)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt__guard_enter();
+    int rc = mt_backend_host_free(b, p);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+/* ---- initialisation, devices, contexts (sim-served) ---- */
+
+MT_HOOK CUresult cuInit(unsigned int Flags)
+{
+    FORWARD(cuInit, Flags);
+    return mt__preload()->init_rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+MT_HOOK CUresult cuDriverGetVersion(int *driverVersion)
+{
+    FORWARD(cuDriverGetVersion, driverVersion);
+    if (driverVersion == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = CUDA_VERSION; /* the API level the sim subset follows */
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuDeviceGetCount(int *count)
+{
+    FORWARD(cuDeviceGetCount, count);
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = mt__preload()->init_rc == 0 ? mt__preload()->ndevices : 0;
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    FORWARD(cuDeviceGet, device, ordinal);
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= mt__preload()->ndevices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    FORWARD(cuDevicePrimaryCtxRetain, pctx, dev);
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= mt__preload()->ndevices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *pctx = (CUcontext)&sim_ctx[dev];
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    FORWARD(cuDevicePrimaryCtxRelease_v2, dev);
+    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+MT_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    FORWARD(cuCtxSetCurrent, ctx);
+    if (ctx == NULL)
+        return CUDA_SUCCESS;
+    const char *c = (const char *)ctx;
+    if (c < sim_ctx || c >= sim_ctx + mt__preload()->ndevices)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    mt__preload_set_current_device((int)(c - sim_ctx));
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    FORWARD(cuCtxGetCurrent, pctx);
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)&sim_ctx[mt__preload_current_device()];
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuCtxGetDevice(CUdevice *device)
+{
+    FORWARD(cuCtxGetDevice, device);
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = mt__preload_current_device();
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuCtxSynchronize(void)
+{
+    FORWARD(cuCtxSynchronize);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt__guard_enter();
+    int rc = mt_device_synchronize(b);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+/* ---- copies, memsets, streams, events (sim-served) ---- */
+
+/* Synchronous driver copies/memsets drain the device first, as on the legacy stream. */
+static CUresult sim_copy(void *dst, const void *src, size_t n, mt_memcpy_kind_e kind,
+                         CUstream stream, bool sync)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0 && s == NULL)
+        rc = mt_device_synchronize(b);
+    if (rc == 0)
+        rc = mt_memcpy_async(b, dst, src, n, kind, s);
+    if (rc == 0 && (sync || s == NULL))
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+static CUresult sim_set(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream, bool sync)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0 && s == NULL)
+        rc = mt_device_synchronize(b);
+    if (rc == 0)
+        rc = mt_memset_async(b, (void *)(uintptr_t)dst, v, n, s);
+    if (rc == 0 && (sync || s == NULL))
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+#define DP(x) ((void *)(uintptr_t)(x))
+
+MT_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    FORWARD(cuMemcpyHtoD_v2, dst, src, n);
+    return sim_copy(DP(dst), src, n, MT_MEMCPY_HOST_TO_DEVICE, NULL, true);
+}
+
+MT_HOOK CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    FORWARD(cuMemcpyDtoH_v2, dst, src, n);
+    return sim_copy(dst, DP(src), n, MT_MEMCPY_DEVICE_TO_HOST, NULL, true);
+}
+
+MT_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    FORWARD(cuMemcpyDtoD_v2, dst, src, n);
+    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEVICE_TO_DEVICE, NULL, false);
+}
+
+MT_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+    FORWARD(cuMemcpy, dst, src, n);
+    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEFAULT, NULL, true);
+}
+
+MT_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    FORWARD(cuMemcpyHtoDAsync_v2, dst, src, n, s);
+    return sim_copy(DP(dst), src, n, MT_MEMCPY_HOST_TO_DEVICE, s, false);
+}
+
+MT_HOOK CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    FORWARD(cuMemcpyDtoHAsync_v2, dst, src, n, s);
+    return sim_copy(dst, DP(src), n, MT_MEMCPY_DEVICE_TO_HOST, s, false);
+}
+
+MT_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    FORWARD(cuMemcpyAsync, dst, src, n, s);
+    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEFAULT, s, false);
+}
+
+MT_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
+{
+    FORWARD(cuMemsetD8_v2, dst, uc, n);
+    return sim_set(dst, uc, n, NULL, true);
+}
+
+MT_HOOK CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s)
+{
+    FORWARD(cuMemsetD8Async, dst, uc, n, s);
+    return sim_set(dst, uc, n, s, false);
+}
+
+MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    FORWARD(cuStreamCreate, phStream, Flags);
+    if (phStream == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt_stream_create(b, &s);
+    mt__guard_leave();
+    if (rc == 0)
+        *phStream = (CUstream)s;
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    FORWARD(cuStreamDestroy_v2, hStream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    if ((uintptr_t)hStream <= 2)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mt_stream_t *s = (mt_stream_t *)hStream;
+    mt__guard_enter();
+    mt_stream_destroy(b, &s);
+    mt__guard_leave();
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuStreamSynchronize(CUstream hStream)
+{
+    FORWARD(cuStreamSynchronize, hStream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, hStream, &s);
+    if (rc == 0)
+        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    FORWARD(cuEventCreate, phEvent, Flags);
+    if (phEvent == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    mt_event_t *ev = NULL;
+    mt__guard_enter();
+    int rc = mt_event_create(b, &ev);
+    mt__guard_leave();
+    if (rc == 0)
+        *phEvent = (CUevent)ev;
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    FORWARD(cuEventRecord, hEvent, hStream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    if (hEvent == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, hStream, &s);
+    if (rc == 0 && s == NULL)
+        rc = mt_device_synchronize(b);
+    if (rc == 0)
+        rc = mt_event_record(b, (mt_event_t *)hEvent, s);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuEventQuery(CUevent hEvent)
+{
+    FORWARD(cuEventQuery, hEvent);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    if (hEvent == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mt__guard_enter();
+    int rc = mt_event_query(b, (mt_event_t *)hEvent);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuEventSynchronize(CUevent hEvent)
+{
+    FORWARD(cuEventSynchronize, hEvent);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    if (hEvent == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mt__guard_enter();
+    int rc = mt_event_synchronize(b, (mt_event_t *)hEvent);
+    mt__guard_leave();
+    return to_cu(rc);
+}
+
+MT_HOOK CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    FORWARD(cuEventDestroy_v2, hEvent);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return CUDA_ERROR_NO_DEVICE;
+    if (hEvent == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    mt_event_t *ev = (mt_event_t *)hEvent;
+    mt__guard_enter();
+    mt_event_destroy(b, &ev);
+    mt__guard_leave();
+    return CUDA_SUCCESS;
+}
+
+static const struct {
+    CUresult code;
+    const char *name;
+    const char *text;
+} cu_errors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+MT_HOOK CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    FORWARD(cuGetErrorString, error, pStr);
+    for (size_t i = 0; i < sizeof cu_errors / sizeof cu_errors[0]; i++)
+        if (cu_errors[i].code == error) {
+            *pStr = cu_errors[i].text;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+MT_HOOK CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    FORWARD(cuGetErrorName, error, pStr);
+    for (size_t i = 0; i < sizeof cu_errors / sizeof cu_errors[0]; i++)
+        if (cu_errors[i].code == error) {
+            *pStr = cu_errors[i].name;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+/* Base name (what cuGetProcAddress is asked for) -> exported name -> our function. */
+#define D(base, fn, mem)                                                                           \
+    {                                                                                              \
+        base, #fn, (void *)fn, mem                                                                 \
+    }
+static const struct {
+    const char *base;
+    const char *exported;
+    void *fn;
+    bool mem; /* a memory entry point: ours in both modes */
+} drv_hooks[] = {
+    D("cuMemAlloc", cuMemAlloc_v2, true),
+    D("cuMemFree", cuMemFree_v2, true),
+    D("cuMemAllocAsync", cuMemAllocAsync, true),
+    D("cuMemFreeAsync", cuMemFreeAsync, true),
+    D("cuMemGetInfo", cuMemGetInfo_v2, true),
+    D("cuMemAllocHost", cuMemAllocHost_v2, true),
+    D("cuMemHostAlloc", cuMemHostAlloc, true),
+    D("cuMemFreeHost", cuMemFreeHost, true),
+    D("cuGetProcAddress", cuGetProcAddress_v2, true), /* v1 is picked by version below */
+    D("cuInit", cuInit, false),
+    D("cuDriverGetVersion", cuDriverGetVersion, false),
+    D("cuDeviceGetCount", cuDeviceGetCount, false),
+    D("cuDeviceGet", cuDeviceGet, false),
+    D("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, false),
+    D("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, false),
+    D("cuCtxSetCurrent", cuCtxSetCurrent, false),
+    D("cuCtxGetCurrent", cuCtxGetCurrent, false),
+    D("cuCtxGetDevice", cuCtxGetDevice, false),
+    D("cuCtxSynchronize", cuCtxSynchronize, false),
+    D("cuMemcpyHtoD", cuMemcpyHtoD_v2, false),
+    D("cuMemcpyDtoH", cuMemcpyDtoH_v2, false),
+    D("cuMemcpyDtoD", cuMemcpyDtoD_v2, false),
+    D("cuMemcpy", cuMemcpy, false),
+    D("cuMemcpyHtoDAsync", cuMemcpyHtoDAsync_v2, false),
+    D("cuMemcpyDtoHAsync", cuMemcpyDtoHAsync_v2, false),
+    D("cuMemcpyAsync", cuMemcpyAsync, false),
+    D("cuMemsetD8", cuMemsetD8_v2, false),
+    D("cuMemsetD8Async", cuMemsetD8Async, false),
+    D("cuStreamCreate", cuStreamCreate, false),
+    D("cuStreamDestroy", cuStreamDestroy_v2, false),
+    D("cuStreamSynchronize", cuStreamSynchronize, false),
+    D("cuEventCreate", cuEventCreate, false),
+    D("cuEventRecord", cuEventRecord, false),
+    D("cuEventQuery", cuEventQuery, false),
+    D("cuEventSynchronize", cuEventSynchronize, false),
+    D("cuEventDestroy", cuEventDestroy_v2, false),
+    D("cuGetErrorString", cuGetErrorString, false),
+    D("cuGetErrorName", cuGetErrorName, false),
+};
+
+void *mt__preload_driver_proc(const char *base, bool mem_only)
+{
+    for (size_t i = 0; i < sizeof drv_hooks / sizeof drv_hooks[0]; i++)
+        if (strcmp(drv_hooks[i].base, base) == 0)
+            return !mem_only || drv_hooks[i].mem ? drv_hooks[i].fn : NULL;
+    return NULL;
+}
+
+void *mt__preload_drv_hook(const char *name, bool sim)
+{
+    if (strcmp(name, "cuGetProcAddress") == 0)
+        return (void *)cuGetProcAddress;
+    for (size_t i = 0; i < sizeof drv_hooks / sizeof drv_hooks[0]; i++)
+        if (strcmp(drv_hooks[i].exported, name) == 0)
+            return sim || drv_hooks[i].mem ? drv_hooks[i].fn : NULL;
+    return NULL;
+}
+
+void *mt__preload_hook_by_name(const char *name)
+{
+    if (name[0] != 'c' || name[1] != 'u')
+        return NULL;
+    /* Deciding needs the mode, so this is where a lookup may initialise us. */
+    bool sim = mt__preload()->sim;
+    void *f = mt__preload_rt_hook(name, sim);
+    return f ? f : mt__preload_drv_hook(name, sim);
+}
+
+/* Our answer for symbol: in cuda mode the real one, replaced for memory entry points
+ * (unless we are asking from inside memtrace); on sim, ours or not found. */
+static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status, bool v2)
+{
+    if (symbol == NULL || pfn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    mt_preload_t *P = mt__preload();
+    if (!P->sim) {
+        void *real = mt__preload_real_drv(v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
+        if (real == NULL)
+            return CUDA_ERROR_NOT_FOUND;
+        CUresult r =
+            v2 ? ((__typeof__(&cuGetProcAddress_v2))real)(symbol, pfn, cudaVersion, flags, status)
+               : ((__typeof__(&cuGetProcAddress))real)(symbol, pfn, cudaVersion, flags);
+        if (r != CUDA_SUCCESS || *pfn == NULL || mt__preload_guard > 0)
+            return r;
+    }
+    void *ours = mt__preload_driver_proc(symbol, !P->sim);
+    if (ours == (void *)cuGetProcAddress_v2 && cudaVersion < 12000)
+        ours = (void *)cuGetProcAddress;
+    if (ours != NULL)
+        *pfn = ours;
+    else if (P->sim)
+        *pfn = NULL;
+    if (status != NULL)
+        *status = *pfn != NULL ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+MT_HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                     cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    return get_proc(symbol, pfn, cudaVersion, flags, symbolStatus, true);
+}
+
+MT_HOOK CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return get_proc(symbol, pfn, cudaVersion, flags, NULL, false);
+}

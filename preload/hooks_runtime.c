@@ -1,0 +1,669 @@
+/* CUDA runtime API hooks (cudaMalloc, ...) and PyTorch's pluggable-allocator entry
+ * points. See preload.h for the two modes. Runtime symbols are interposable only when
+ * the program links libcudart dynamically (PyTorch does; nvcc's default is static). */
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include <cuda_runtime_api.h>
+
+#include "mt_config.h"
+#include "preload/preload.h"
+
+/* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
+static _Thread_local cudaError_t tls_last_error;
+
+static cudaError_t to_cuda(int rc)
+{
+    switch (rc) {
+    case 0:
+        return cudaSuccess;
+    case MT_ENOMEM:
+        return cudaErrorMemoryAllocation;
+    case MT_EINVAL:
+    case MT_ENOENT:
+        return cudaErrorInvalidValue;
+    case MT_EAGAIN:
+        return cudaErrorNotReady;
+    case MT_ENODEV:
+        return cudaErrorNoDevice;
+    case MT_ENOTSUP:
+        return cudaErrorNotSupported;
+    default:
+        return cudaErrorUnknown;
+    }
+}
+
+/* Records err as the thread's last error when it is one (cudaErrorNotReady is a status,
+ * not an error, as in CUDA) and returns it. */
+static cudaError_t ret(cudaError_t err)
+{
+    if (err != cudaSuccess && err != cudaErrorNotReady)
+        tls_last_error = err;
+    return err;
+}
+
+/* In cuda mode, every call but the memory ones goes to the real runtime. The cache holds
+ * a constant (the real symbol), so racing stores are harmless. */
+#define FORWARD(name, ...)                                                                         \
+    do {                                                                                           \
+        if (!mt__preload()->sim) {                                                                 \
+            static _Atomic(void *) real_;                                                          \
+            void *f_ = atomic_load_explicit(&real_, memory_order_relaxed);                         \
+            if (f_ == NULL) {                                                                      \
+                f_ = mt__preload_real_rt(#name);                                                   \
+                atomic_store_explicit(&real_, f_, memory_order_relaxed);                           \
+            }                                                                                      \
+            if (f_ == NULL)                                                                        \
+                return ret(cudaErrorInsufficientDriver);                                           \
+            return ((__typeof__(&name))f_)(__VA_ARGS__);                                           \
+        }                                                                                          \
+    } while (0)
+
+/* The device the runtime considers current for this thread. */
+static int rt_device(void)
+{
+    if (mt__preload()->sim)
+        return mt__preload_current_device();
+    int (*get)(int *) = (int (*)(int *))mt__preload_real_rt("cudaGetDevice");
+    int d = 0;
+    if (get != NULL && get(&d) != 0)
+        d = 0;
+    return d;
+}
+
+static int cur_alloc(mt_alloc_t **a)
+{
+    return mt__preload_alloc(rt_device(), a);
+}
+
+static mt_backend_t *cur_backend(void)
+{
+    mt_alloc_t *a = NULL;
+    return cur_alloc(&a) == 0 ? mt_alloc_backend(a) : NULL;
+}
+
+/* ---- device memory (both modes) ---- */
+
+static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream)
+{
+    if (p == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_alloc_t *a = NULL;
+    int rc = cur_alloc(&a);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    if (rc == 0)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0)
+        rc = mt_alloc_malloc(a, size, s, MT_TAG_OTHER, p);
+    mt__guard_leave();
+    if (rc == MT_ENOMEM)
+        mt__preload_note_oom(a, size);
+    return ret(to_cuda(rc));
+}
+
+static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
+{
+    if (p == NULL)
+        return cudaSuccess;
+    mt_alloc_t *a = NULL;
+    int rc = cur_alloc(&a);
+    mt__guard_enter();
+    mt_stream_t *s = NULL;
+    if (rc == 0 && stream != NULL)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    /* cudaFree synchronises the device; programs may rely on it, so it still does.
+     * cudaFreeAsync only orders the reuse after the stream's work (record_stream). */
+    if (rc == 0 && sync)
+        rc = mt_device_synchronize(mt_alloc_backend(a));
+    if (rc == 0 && s != NULL && mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
+        rc = mt_alloc_record_stream(a, p, s);
+    if (rc == 0)
+        rc = mt_alloc_free(a, p);
+    mt__guard_leave();
+    if (rc == MT_ENOENT)
+        atomic_fetch_add(&mt__preload()->unknown_frees, 1);
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    return do_malloc(devPtr, size, NULL);
+}
+
+MT_HOOK cudaError_t cudaFree(void *devPtr)
+{
+    return do_free(devPtr, NULL, true);
+}
+
+MT_HOOK cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    return do_malloc(devPtr, size, hStream);
+}
+
+MT_HOOK cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+    return do_free(devPtr, hStream, false);
+}
+
+/* What the program may still get: free device memory plus what our cache holds unused. */
+MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    if (free_b == NULL || total_b == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_alloc_t *a = NULL;
+    int rc = cur_alloc(&a);
+    mt_alloc_stats_t st;
+    mt__guard_enter();
+    if (rc == 0)
+        rc = mt_backend_mem_get_info(mt_alloc_backend(a), free_b, total_b);
+    if (rc == 0)
+        rc = mt_alloc_stats(a, &st);
+    mt__guard_leave();
+    if (rc == 0) {
+        *free_b += st.total_free;
+        if (*free_b > *total_b)
+            *free_b = *total_b;
+    }
+    return ret(to_cuda(rc));
+}
+
+/* ---- pinned host memory (both modes) ---- */
+
+MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    (void)flags; /* portable/mapped/write-combined: one kind of pinned memory here */
+    if (pHost == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (size == 0) {
+        *pHost = NULL;
+        return cudaSuccess;
+    }
+    mt__guard_enter();
+    int rc = mt_backend_host_malloc(b, size, pHost);
+    mt__guard_leave();
+    if (rc == 0) {
+        atomic_fetch_add(&mt__preload()->host_allocs, 1);
+        atomic_fetch_add(&mt__preload()->host_bytes, size);
+    }
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    return cudaHostAlloc(ptr, size, 0);
+}
+
+MT_HOOK cudaError_t cudaFreeHost(void *ptr)
+{
+    if (ptr == NULL)
+        return cudaSuccess;
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt__guard_enter();
+    int rc = mt_backend_host_free(b, ptr);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+/* ---- copies and memsets (sim-served) ---- */
+
+/* On sim, work the program puts on the default stream (0, cudaStreamLegacy,
+ * cudaStreamPerThread) is done synchronously after draining the device. That is
+ * stricter than CUDA's legacy-stream barrier, never weaker, so programs stay correct. */
+static int sim_default_begin(mt_backend_t *b, mt_stream_t *s)
+{
+    return s == NULL ? mt_device_synchronize(b) : 0;
+}
+
+static int sim_default_end(mt_backend_t *b, mt_stream_t *s, int rc)
+{
+    return rc == 0 && s == NULL ? mt_stream_synchronize(b, NULL) : rc;
+}
+
+static cudaError_t sim_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t stream, bool sync)
+{
+    if ((int)kind < 0 || kind > cudaMemcpyDefault)
+        return ret(cudaErrorInvalidMemcpyDirection);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = sim_default_begin(b, s);
+    if (rc == 0)
+        rc = mt_memcpy_async(b, dst, src, n, (mt_memcpy_kind_e)kind, s);
+    rc = sim_default_end(b, s, rc);
+    if (rc == 0 && sync && s != NULL)
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    FORWARD(cudaMemcpy, dst, src, count, kind);
+    return sim_copy(dst, src, count, kind, NULL, true);
+}
+
+MT_HOOK cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
+                                    enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    FORWARD(cudaMemcpyAsync, dst, src, count, kind, stream);
+    return sim_copy(dst, src, count, kind, stream, false);
+}
+
+static cudaError_t sim_set(void *dst, int value, size_t n, cudaStream_t stream)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = sim_default_begin(b, s);
+    if (rc == 0)
+        rc = mt_memset_async(b, dst, value, n, s);
+    rc = sim_default_end(b, s, rc);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMemset(void *devPtr, int value, size_t count)
+{
+    FORWARD(cudaMemset, devPtr, value, count);
+    return sim_set(devPtr, value, count, NULL);
+}
+
+MT_HOOK cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
+{
+    FORWARD(cudaMemsetAsync, devPtr, value, count, stream);
+    return sim_set(devPtr, value, count, stream);
+}
+
+/* ---- streams (sim-served) ---- */
+
+MT_HOOK cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
+{
+    FORWARD(cudaStreamCreateWithFlags, pStream, flags);
+    if (pStream == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt_stream_create(b, &s);
+    mt__guard_leave();
+    if (rc == 0)
+        *pStream = (cudaStream_t)s;
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaStreamCreate(cudaStream_t *pStream)
+{
+    FORWARD(cudaStreamCreate, pStream);
+    return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
+}
+
+MT_HOOK cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    FORWARD(cudaStreamDestroy, stream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if ((uintptr_t)stream <= 2)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt_stream_t *s = (mt_stream_t *)stream;
+    mt__guard_enter();
+    mt_stream_destroy(b, &s);
+    mt__guard_leave();
+    return cudaSuccess;
+}
+
+MT_HOOK cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    FORWARD(cudaStreamSynchronize, stream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    /* The legacy default stream waits for every blocking stream. */
+    if (rc == 0)
+        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+{
+    FORWARD(cudaStreamWaitEvent, stream, event, flags);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (event == NULL)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = s == NULL ? mt_event_synchronize(b, (mt_event_t *)event)
+                       : mt_stream_wait_event(b, s, (mt_event_t *)event);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaDeviceSynchronize(void)
+{
+    FORWARD(cudaDeviceSynchronize);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt__guard_enter();
+    int rc = mt_device_synchronize(b);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+/* ---- events (sim-served) ---- */
+
+MT_HOOK cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    FORWARD(cudaEventCreateWithFlags, event, flags);
+    if (event == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_event_t *ev = NULL;
+    mt__guard_enter();
+    int rc = mt_event_create(b, &ev);
+    mt__guard_leave();
+    if (rc == 0)
+        *event = (cudaEvent_t)ev;
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaEventCreate(cudaEvent_t *event)
+{
+    FORWARD(cudaEventCreate, event);
+    return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+MT_HOOK cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    FORWARD(cudaEventRecord, event, stream);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (event == NULL)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = sim_default_begin(b, s);
+    if (rc == 0)
+        rc = mt_event_record(b, (mt_event_t *)event, s);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    FORWARD(cudaEventQuery, event);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (event == NULL)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt__guard_enter();
+    int rc = mt_event_query(b, (mt_event_t *)event);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    FORWARD(cudaEventSynchronize, event);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (event == NULL)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt__guard_enter();
+    int rc = mt_event_synchronize(b, (mt_event_t *)event);
+    mt__guard_leave();
+    return ret(to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    FORWARD(cudaEventElapsedTime, ms, start, end);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (ms == NULL || start == NULL || end == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt__guard_enter();
+    uint64_t t0 = mt_event_time_ns(b, (mt_event_t *)start);
+    uint64_t t1 = mt_event_time_ns(b, (mt_event_t *)end);
+    mt__guard_leave();
+    if (t0 == 0 || t1 == 0)
+        return ret(cudaErrorNotReady);
+    *ms = (float)((double)(int64_t)(t1 - t0) / 1e6);
+    return cudaSuccess;
+}
+
+MT_HOOK cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    FORWARD(cudaEventDestroy, event);
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    if (event == NULL)
+        return ret(cudaErrorInvalidResourceHandle);
+    mt_event_t *ev = (mt_event_t *)event;
+    mt__guard_enter();
+    mt_event_destroy(b, &ev);
+    mt__guard_leave();
+    return cudaSuccess;
+}
+
+/* ---- devices and errors (sim-served) ---- */
+
+MT_HOOK cudaError_t cudaGetDeviceCount(int *count)
+{
+    FORWARD(cudaGetDeviceCount, count);
+    if (count == NULL)
+        return ret(cudaErrorInvalidValue);
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0 || P->ndevices == 0) {
+        *count = 0;
+        return ret(cudaErrorNoDevice);
+    }
+    *count = P->ndevices;
+    return cudaSuccess;
+}
+
+MT_HOOK cudaError_t cudaSetDevice(int device)
+{
+    FORWARD(cudaSetDevice, device);
+    if (device < 0 || device >= mt__preload()->ndevices)
+        return ret(cudaErrorInvalidDevice);
+    mt__preload_set_current_device(device);
+    return cudaSuccess;
+}
+
+MT_HOOK cudaError_t cudaGetDevice(int *device)
+{
+    FORWARD(cudaGetDevice, device);
+    if (device == NULL)
+        return ret(cudaErrorInvalidValue);
+    *device = mt__preload_current_device();
+    return cudaSuccess;
+}
+
+MT_HOOK cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = tls_last_error;
+    tls_last_error = cudaSuccess;
+    if (!mt__preload()->sim) {
+        /* Also clears the runtime's own record; ours (memory calls) comes first. */
+        cudaError_t (*real)(void) = (cudaError_t(*)(void))mt__preload_real_rt("cudaGetLastError");
+        cudaError_t r = real ? real() : cudaSuccess;
+        if (e == cudaSuccess)
+            e = r;
+    }
+    return e;
+}
+
+MT_HOOK cudaError_t cudaPeekAtLastError(void)
+{
+    if (tls_last_error == cudaSuccess && !mt__preload()->sim) {
+        cudaError_t (*real)(void) =
+            (cudaError_t(*)(void))mt__preload_real_rt("cudaPeekAtLastError");
+        return real ? real() : cudaSuccess;
+    }
+    return tls_last_error;
+}
+
+/* Names and strings of the codes our served calls return; others go to the runtime. */
+static const struct {
+    cudaError_t code;
+    const char *name;
+    const char *text;
+} errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+MT_HOOK const char *cudaGetErrorString(cudaError_t error)
+{
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == error)
+            return errors[i].text;
+    const char *(*real)(cudaError_t) =
+        (const char *(*)(cudaError_t))mt__preload_real_rt("cudaGetErrorString");
+    return real ? real(error) : "unrecognized error code";
+}
+
+MT_HOOK const char *cudaGetErrorName(cudaError_t error)
+{
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == error)
+            return errors[i].name;
+    const char *(*real)(cudaError_t) =
+        (const char *(*)(cudaError_t))mt__preload_real_rt("cudaGetErrorName");
+    return real ? real(error) : "cudaErrorUnknown";
+}
+
+/* ---- PyTorch's CUDAPluggableAllocator entry points ---- */
+
+MT_HOOK void *memtrace_alloc(ssize_t size, int device, cudaStream_t stream)
+{
+    mt_alloc_t *a = NULL;
+    void *p = NULL;
+    if (size < 0 || mt__preload_alloc(device, &a) != 0)
+        return NULL;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0)
+        rc = mt_alloc_malloc(a, (size_t)size, s, MT_TAG_OTHER, &p);
+    mt__guard_leave();
+    if (rc == MT_ENOMEM)
+        mt__preload_note_oom(a, (size_t)size);
+    return rc == 0 ? p : NULL;
+}
+
+MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, cudaStream_t stream)
+{
+    (void)size;
+    (void)stream; /* torch frees on the allocation stream and records other uses itself */
+    mt_alloc_t *a = NULL;
+    if (ptr == NULL || mt__preload_alloc(device, &a) != 0)
+        return;
+    mt__guard_enter();
+    int rc = mt_alloc_free(a, ptr);
+    mt__guard_leave();
+    if (rc == MT_ENOENT)
+        atomic_fetch_add(&mt__preload()->unknown_frees, 1);
+}
+
+/* ---- lookup for dlsym ---- */
+
+#define H(name, mem)                                                                               \
+    {                                                                                              \
+#name, (void *)name, mem                                                                   \
+    }
+static const struct {
+    const char *name;
+    void *fn;
+    bool mem; /* a memory entry point: ours in both modes */
+} rt_hooks[] = {
+    H(cudaMalloc, true),
+    H(cudaFree, true),
+    H(cudaMallocAsync, true),
+    H(cudaFreeAsync, true),
+    H(cudaMemGetInfo, true),
+    H(cudaMallocHost, true),
+    H(cudaHostAlloc, true),
+    H(cudaFreeHost, true),
+    H(cudaMemcpy, false),
+    H(cudaMemcpyAsync, false),
+    H(cudaMemset, false),
+    H(cudaMemsetAsync, false),
+    H(cudaStreamCreate, false),
+    H(cudaStreamCreateWithFlags, false),
+    H(cudaStreamDestroy, false),
+    H(cudaStreamSynchronize, false),
+    H(cudaStreamWaitEvent, false),
+    H(cudaDeviceSynchronize, false),
+    H(cudaEventCreate, false),
+    H(cudaEventCreateWithFlags, false),
+    H(cudaEventRecord, false),
+    H(cudaEventQuery, false),
+    H(cudaEventSynchronize, false),
+    H(cudaEventElapsedTime, false),
+    H(cudaEventDestroy, false),
+    H(cudaGetDeviceCount, false),
+    H(cudaSetDevice, false),
+    H(cudaGetDevice, false),
+    H(cudaGetLastError, true),
+    H(cudaPeekAtLastError, true),
+    H(cudaGetErrorString, true),
+    H(cudaGetErrorName, true),
+};
+
+void *mt__preload_rt_hook(const char *name, bool sim)
+{
+    if (name[0] != 'c' || name[1] != 'u' || name[2] != 'd' || name[3] != 'a')
+        return NULL;
+    for (size_t i = 0; i < sizeof rt_hooks / sizeof rt_hooks[0]; i++)
+        if (strcmp(rt_hooks[i].name, name) == 0)
+            return sim || rt_hooks[i].mem ? rt_hooks[i].fn : NULL;
+    return NULL;
+}

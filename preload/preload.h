@@ -1,0 +1,130 @@
+/* libmemtrace-preload.so: the process-wide state of the LD_PRELOAD drop-in.
+ *
+ * The C ABI of the CUDA runtime and driver forces a singleton here: cudaMalloc has no
+ * context argument, so the hooks find their allocator through one process-wide object,
+ * mt_preload_t (context.c), created once with pthread_once on the first hooked call.
+ *
+ * Two modes, fixed at that first call:
+ * - cuda: a driver answered. Device allocations come from one caching allocator per
+ *   device over the cuda backend; every other hooked call is forwarded to the real
+ *   runtime or driver. Honest note: this mode has only run against tests/cuda's fake
+ *   driver, never on a GPU.
+ * - sim: no driver (or MEMTRACE_BACKEND=sim). The memory-API subset (allocation, copies,
+ *   memsets, streams, events, device selection, errors) is served on the sim backend, so
+ *   a program that only moves memory runs to completion with correct data. Handles given
+ *   to the program are the sim's own objects: cudaStream_t = mt_stream_t *, cudaEvent_t =
+ *   mt_event_t *, device pointers = sim device addresses.
+ *
+ * Recursion: our own code (backend creation, the cuda backend's driver calls, dlsym
+ * inside dlopen'ed libraries) may land in our exported hooks. A thread-local depth,
+ * mt__preload_guard, is raised around everything the hooks call into; while it is up,
+ * dlsym and cuGetProcAddress answer with the real symbols. */
+#ifndef MT_PRELOAD_PRELOAD_H
+#define MT_PRELOAD_PRELOAD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/prof.h"
+
+#define MT_HOOK __attribute__((visibility("default")))
+
+#define MT_PRELOAD_MAX_DEVICES 16
+
+/* Per device: a backend and its caching allocator, created on first use. */
+typedef struct mt_preload_dev_s {
+    mt_backend_t *backend; /* owned */
+    mt_alloc_t *alloc;     /* owned */
+} mt_preload_dev_t;
+
+/* The process-wide context.
+ * Invariants: after init, sim == (dev[0].backend is a sim backend) when init_rc == 0;
+ * dev[i] is either both NULL or both set, and never changes again once set (hooks read
+ * it without the lock after seeing alloc != NULL through an acquire load);
+ * ev_count[k] counts events of kind k seen by the sink, forwarded or not. */
+typedef struct mt_preload_s {
+    int init_rc;  /* 0, or why no device can be served (MT_ENODEV, ...) */
+    bool sim;     /* serve the memory API ourselves (see above) */
+    int ndevices; /* devices we may serve, 1 on sim */
+    mt_backend_cfg_t bcfg;
+    mt_alloc_cfg_t acfg; /* template: backend and sink filled per device */
+
+    pthread_mutex_t mu; /* guards device creation */
+    mt_preload_dev_t dev[MT_PRELOAD_MAX_DEVICES];
+    _Atomic(mt_alloc_t *) ready[MT_PRELOAD_MAX_DEVICES]; /* dev[i].alloc once published */
+
+    mt_prof_t *prof;        /* owned; NULL when the profiler could not start */
+    _Atomic bool prof_live; /* the sink forwards to prof while true */
+    mt_event_sink_t sink;   /* counts, then forwards to prof */
+    _Atomic uint64_t ev_count[16];
+
+    _Atomic uint64_t host_allocs;   /* pinned host allocations served */
+    _Atomic uint64_t host_bytes;    /* bytes, current */
+    _Atomic uint64_t unknown_frees; /* frees of pointers we never handed out */
+    _Atomic uint64_t ooms;          /* allocation requests that failed for lack of memory */
+    pthread_mutex_t oom_mu;         /* guards oom_msg */
+    char oom_msg[2048];             /* the allocator's report of the last OOM */
+
+    const char *summary_path; /* $MEMTRACE_SUMMARY_FILE, or NULL */
+    int log_level;            /* messages up to this mt_log_level_e reach stderr */
+
+    void *libcuda; /* the real driver (cuda mode), for forwarding; NULL on sim */
+} mt_preload_t;
+
+/* PyTorch's CUDAPluggableAllocator entry points (exact signatures of design.md section 3;
+ * cudaStream_t is struct CUstream_st *). memtrace_alloc returns NULL on failure. */
+#include <sys/types.h>
+struct CUstream_st;
+MT_HOOK void *memtrace_alloc(ssize_t size, int device, struct CUstream_st *stream);
+MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
+
+/* Raised around everything the hooks call into (see above). */
+extern _Thread_local int mt__preload_guard;
+
+/* The context, initialised on first call. Never NULL. */
+mt_preload_t *mt__preload(void);
+/* The allocator of device d, created on first use. MT_ENODEV if d cannot be served. */
+int mt__preload_alloc(int device, mt_alloc_t **out);
+/* Records an OOM (the allocator's message) for the summary. */
+void mt__preload_note_oom(mt_alloc_t *a, size_t size);
+/* printf-style message to stderr, "memtrace: " prefixed, if level is enabled. */
+void mt__preload_say(mt_log_level_e level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The real definition of name, after ours in the lookup order (the runtime's or the
+ * driver's). NULL when absent. */
+void *mt__preload_real_rt(const char *name);
+void *mt__preload_real_drv(const char *name);
+/* The real dlsym, never ours. */
+void *mt__preload_real_dlsym(void *handle, const char *name);
+
+/* Our hook for an exported name (runtime or driver), or NULL (dlsym interposition).
+ * Only memory entry points in cuda mode; every served one on sim. */
+void *mt__preload_hook_by_name(const char *name);
+void *mt__preload_rt_hook(const char *name, bool sim);  /* hooks_runtime.c */
+void *mt__preload_drv_hook(const char *name, bool sim); /* hooks_driver.c */
+/* Our driver hook for a cuGetProcAddress base name ("cuMemAlloc"), or NULL. mem_only:
+ * only the memory entry points (cuda mode); else every sim-served one. */
+void *mt__preload_driver_proc(const char *base, bool mem_only);
+
+/* Current device of the calling thread. */
+int mt__preload_current_device(void);
+void mt__preload_set_current_device(int device);
+
+/* The program's stream handle as an mt_stream_t of backend b. */
+int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out);
+
+/* Guard helpers: hooks bracket calls into memtrace with these. */
+static inline void mt__guard_enter(void)
+{
+    mt__preload_guard++;
+}
+static inline void mt__guard_leave(void)
+{
+    mt__preload_guard--;
+}
+
+#endif
