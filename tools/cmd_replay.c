@@ -422,6 +422,8 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     json_object_set_new(o, "file", json_string(path));
     json_object_set_new(o, "backend", json_string(r->backend));
     json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)r->capacity));
+    json_object_set_new(o, "modelled_segment_malloc_ns",
+                        json_integer((json_int_t)r->malloc_cost_ns));
     json_object_set_new(o, "alloc_conf",
                         cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
     json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
@@ -439,12 +441,15 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
                         r->sampled ? json_real(r->fragmentation_at_peak) : json_null());
     json_object_set_new(o, "largest_free_block_at_peak_bytes",
                         json_integer((json_int_t)r->largest_free_at_peak));
+    json_object_set_new(o, "total_free_at_peak_bytes",
+                        json_integer((json_int_t)r->total_free_at_peak));
     json_object_set_new(o, "backend_malloc_calls", json_integer((json_int_t)r->backend_malloc));
     json_object_set_new(o, "backend_free_calls", json_integer((json_int_t)r->backend_free));
     json_object_set_new(o, "backend_vm_map_calls", json_integer((json_int_t)r->backend_map));
     json_object_set_new(o, "backend_vm_unmap_calls", json_integer((json_int_t)r->backend_unmap));
     json_object_set_new(o, "warmup_backend_calls",
                         json_integer((json_int_t)r->warmup_backend_calls));
+    json_object_set_new(o, "warmup_reserved_bytes", json_integer((json_int_t)r->warmup_reserved));
     json_object_set_new(o, "num_alloc_retries", json_integer((json_int_t)r->num_alloc_retries));
     json_object_set_new(o, "num_ooms", json_integer((json_int_t)r->num_ooms));
     json_object_set_new(o, "ns_per_op", json_real((double)r->elapsed_ns / ops));
@@ -468,6 +473,7 @@ int mt_cmd_replay(int argc, char **argv)
     };
     mt_replay_cfg_t cfg = mt_replay_cfg_default();
     cfg.sample_peak = true;
+    cfg.rounds = 3; /* the fastest of three passes: one pass of a short trace is noisy */
     bool json = false;
     int c;
     optind = 1;

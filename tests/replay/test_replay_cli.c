@@ -213,6 +213,21 @@ static void test_json_resnet50(void **state)
     json_decref(o);
 }
 
+/* Two streams, pointer reuse, a failure row and a zero-byte allocate: the peak is exact
+ * (every size here is already a multiple of 512: 2048 + 20 MiB live together). */
+static void test_json_streams_exact_peak(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/streams.csv");
+    json_t *o = run_json(path, NULL);
+    assert_int_equal(jint(o, "streams"), 2);
+    assert_int_equal(jint(o, "allocate_failures"), 1);
+    assert_int_equal(jint(o, "trace_peak_live_bytes"), 2048 + 20971520);
+    assert_int_equal(jint(o, "peak_allocated_bytes"), 2048 + 20971520);
+    assert_int_equal(jint(o, "num_ooms"), 0);
+    json_decref(o);
+}
+
 /* After a warm-up pass the measured replay makes no backend malloc (issue 2's contract),
  * and reports the peak it was warmed to. */
 static void test_warmup_makes_no_backend_calls(void **state)
@@ -302,6 +317,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_alloc_conf),
         cmocka_unit_test(test_text_report),
         cmocka_unit_test(test_json_resnet50),
+        cmocka_unit_test(test_json_streams_exact_peak),
         cmocka_unit_test(test_warmup_makes_no_backend_calls),
         cmocka_unit_test(test_small_device_counts_ooms),
         cmocka_unit_test(test_invalid_files),
