@@ -247,6 +247,8 @@ static void enqueue(mt_d_conn_t *c, mt_d_chunk_t *ch)
         s->head = ch;
     s->tail = ch;
     s->queued_bytes += ch->len;
+    /* What libuv can take now is no longer ours to drop: write first, then trim. */
+    flush(c);
     while (s->queued_bytes > c->d->cfg.consumer_queue_bytes && s->head) {
         mt_d_chunk_t *old = s->head;
         s->head = old->next;
@@ -305,7 +307,6 @@ void mt__d_consumers_fanout(mt_d_t *d)
         }
         ch->len = (size_t)(w - ch->data);
         enqueue(c, ch);
-        flush(c);
     }
 }
 

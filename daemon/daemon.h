@@ -29,12 +29,13 @@ typedef struct mt_d_cfg_s {
     int http_port;               /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
     const char *log_path;        /* borrowed; NDJSON log of everything received, or NULL */
     unsigned max_exited;         /* exited processes kept before the oldest is evicted; 16 */
-    size_t consumer_queue_bytes; /* per consumer, queued and not yet written; 4 MiB */
+    size_t consumer_queue_bytes; /* per consumer, queued and not yet written; 4 MiB: more
+                                    than one tick's events (drain_budget x ~300 bytes) */
     size_t write_high_water;     /* per consumer, bytes handed to libuv at most; 256 KiB */
     size_t max_line_bytes;       /* Unix socket request line limit; 64 KiB */
     size_t max_request_bytes;    /* HTTP request head limit; 8 KiB */
     unsigned drain_interval_ms;  /* ring drain period; 5 */
-    unsigned drain_budget;       /* events drained per producer per tick; 65536 */
+    unsigned drain_budget;       /* events drained per tick, all producers together; 4096 */
     unsigned keepalive_ms;       /* SSE ": keep-alive" comment period; 15000 */
     unsigned idle_timeout_ms;    /* a connection that has not said what it is is closed; 10000 */
     bool handle_signals;         /* SIGINT/SIGTERM stop the daemon (the executables); false */

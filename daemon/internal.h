@@ -210,6 +210,7 @@ void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* server.c */
+void mt__d_on_drain_timer(uv_timer_t *t);
 void mt__d_conn_close(mt_d_conn_t *c);
 /* Writes a copy of data; closes the connection after it if close_after. */
 int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after);

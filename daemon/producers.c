@@ -142,15 +142,34 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
     }
 }
 
+/* One tick: at most cfg.drain_budget events in all, shared fairly by the live producers,
+ * so that a tick stays short and what it queues for each consumer stays well below the
+ * consumer's queue limit. When the budget ran out, the next tick comes at once (after the
+ * loop has polled for I/O, so consumers are written to in between), not a period later. */
 void mt__d_drain_all(mt_d_t *d)
 {
     if (d->stopping)
         return;
+    unsigned live = 0;
     for (mt_d_proc_t *p = d->procs; p; p = p->next)
-        if (p->ring)
-            drain_one(d, p, d->cfg.drain_budget);
+        live += p->ring != NULL;
+    if (live == 0)
+        return;
+    size_t share = d->cfg.drain_budget / live;
+    if (share < 64)
+        share = 64;
+    bool more = false;
+    for (mt_d_proc_t *p = d->procs; p; p = p->next) {
+        if (!p->ring)
+            continue;
+        size_t before = p->events;
+        drain_one(d, p, share);
+        more |= p->events - before >= share;
+    }
     process_batch(d);
     mt__d_logfile_flush(d);
+    if (more)
+        uv_timer_start(&d->drain_timer, mt__d_on_drain_timer, 0, d->cfg.drain_interval_ms);
 }
 
 /* ---- exit and eviction ---- */

@@ -108,7 +108,7 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .max_line_bytes = 64u << 10,
         .max_request_bytes = 8u << 10,
         .drain_interval_ms = 5,
-        .drain_budget = 65536,
+        .drain_budget = 4096,
         .keepalive_ms = 15000,
         .idle_timeout_ms = 10000,
         .handle_signals = false,
@@ -378,7 +378,7 @@ static void on_connection(uv_stream_t *server, int status)
 
 /* ---- timers ---- */
 
-static void on_drain_timer(uv_timer_t *t)
+void mt__d_on_drain_timer(uv_timer_t *t)
 {
     mt_d_t *d = t->data;
     mt__d_drain_all(d);
@@ -602,7 +602,8 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
         goto fail_handles;
     if ((rc = mt__d_logfile_open(d)) != 0)
         goto fail_handles;
-    uv_timer_start(&d->drain_timer, on_drain_timer, cfg->drain_interval_ms, cfg->drain_interval_ms);
+    uv_timer_start(&d->drain_timer, mt__d_on_drain_timer, cfg->drain_interval_ms,
+                   cfg->drain_interval_ms);
     unsigned sweep = cfg->idle_timeout_ms < 1000 ? cfg->idle_timeout_ms : 1000;
     if (cfg->keepalive_ms < sweep)
         sweep = cfg->keepalive_ms;

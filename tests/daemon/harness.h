@@ -1,0 +1,75 @@
+/* Shared helpers of the daemon tests: an in-process daemon on its own loop and thread,
+ * producer processes (fork + the profiler's registration), consumers and HTTP requests
+ * over plain blocking sockets. Every helper asserts (CMocka) on failure. */
+#ifndef MT_TESTS_DAEMON_HARNESS_H
+#define MT_TESTS_DAEMON_HARNESS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "daemon/daemon.h"
+
+typedef struct th_daemon_s {
+    uv_loop_t loop;
+    mt_d_t *d;
+    pthread_t thread;
+    char dir[64];   /* temp directory holding the socket */
+    char sock[128]; /* socket path */
+    int port;       /* HTTP port (ephemeral) */
+} th_daemon_t;
+
+/* A test configuration: temp socket, ephemeral port, short idle timeout. */
+mt_d_cfg_t th_cfg(void);
+/* Creates the daemon with cfg (socket_path, http_port and loop are filled in) and runs it
+ * on a new thread. */
+void th_daemon_start(th_daemon_t *t, mt_d_cfg_t cfg);
+/* Stops it, joins the thread, destroys it, asserts uv_loop_close() == 0 and that the
+ * socket file is gone. */
+void th_daemon_stop(th_daemon_t *t);
+
+/* Forks a producer: registers with the daemon at sock through mt_prof_create (daemon
+ * mode, a ring of `slots` events), records n events (alloc/free_completed pairs cycling
+ * over the tags), in bursts of `burst` with a short pause between, then:
+ * if stop_fd < 0, exits cleanly (mt_prof_destroy); otherwise writes one byte to stop_fd
+ * and waits to be killed. Returns the child's pid. */
+pid_t th_producer(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd);
+/* Waits for pid to exit; returns its wait status. */
+int th_wait(pid_t pid);
+
+/* Connects a consumer and subscribes with the given filter members (a JSON fragment like
+ * "\"pid\":[12]" or ""); asserts the {"ok":true} answer. Returns the fd. */
+int th_consumer(const char *sock, const char *filter);
+
+typedef struct th_count_s {
+    uint64_t events; /* "type":"event" lines */
+    uint64_t lost;   /* sum of "lost" over "type":"gap" lines */
+    unsigned gaps;   /* gap lines */
+    int pids[16];
+    uint64_t per_pid[16];
+    unsigned npids;
+    bool bad_line; /* a line that is not a JSON object */
+} th_count_t;
+
+/* Reads lines from fd until events + lost >= want or timeout_ms passes. */
+void th_consume(int fd, uint64_t want, int timeout_ms, th_count_t *c);
+uint64_t th_count_of(const th_count_t *c, int pid);
+
+/* Sends raw bytes to 127.0.0.1:port and reads the answer until EOF (the daemon closes
+ * every HTTP connection). Returns the status code (0 if none) and the whole answer in
+ * *out (new). */
+int th_http_raw(int port, const char *request, size_t len, char **out);
+int th_http_get(int port, const char *path, char **out);
+/* Body of an HTTP answer (borrowed, inside resp). */
+const char *th_http_body(const char *resp);
+
+/* The daemon's /state as parsed JSON (json_t *, new), via the Unix socket. */
+void *th_state(const char *sock);
+/* Polls the state until process pid has exited (or timeout); returns its JSON object
+ * (new) or NULL. */
+void *th_wait_exited(const char *sock, int pid, int timeout_ms);
+
+uint64_t th_now_ms(void);
+
+#endif
