@@ -22,7 +22,7 @@ static uint64_t now_ns(void)
 }
 
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         const mt_stream_t *s, int pool, int tag)
+                         uint32_t sid, int pool, int tag)
 {
     if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
         return;
@@ -34,7 +34,7 @@ void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, 
     ev.requested = requested;
     ev.allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current;
     ev.reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current;
-    ev.stream = mt_stream_id(s);
+    ev.stream = sid;
     ev.kind = (uint8_t)kind;
     ev.pool = (uint8_t)pool;
     ev.tag = (uint8_t)tag;
@@ -59,7 +59,7 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
     if (a == NULL || a->cfg.sink == NULL)
         return;
     pthread_mutex_lock(&a->mu);
-    mt__alloc_emit(a, kind, addr, size, 0, NULL, MT_POOL_NONE, tag);
+    mt__alloc_emit(a, kind, addr, size, 0, 0, MT_POOL_NONE, tag);
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -109,6 +109,7 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
     if (sr == NULL)
         return NULL;
     sr->stream = s;
+    sr->sid = mt_stream_id(s);
     a->streams[a->nstreams++] = sr;
     a->last_sr = sr;
     return sr;
@@ -179,7 +180,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
     seg->last_used = ++a->clock;
-    mt__alloc_emit(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->stream, mt__public_pool(seg->pool),
+    mt__alloc_emit(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, mt__public_pool(seg->pool),
                    tag);
 }
 
@@ -254,7 +255,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
     *out = a;
-    mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, NULL, MT_POOL_NONE, 0);
+    mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     return 0;
 
 fail_mutex:
@@ -356,7 +357,7 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     a->st.num_ooms++;
     size_t free_b = 0, total_b = 0;
     (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
-    mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, sr->stream, mt__public_pool(bp), 0);
+    mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, sr->sid, mt__public_pool(bp), 0);
     mt__alloc_oom_report(a, size, rsize,
                          (size_t)a->st.reserved_bytes[MT_STAT_ALL].current + rsize > a->limit
                              ? "memory limit"
@@ -377,6 +378,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         mt__alloc_process_events(a);
     if (size > ((size_t)1 << 60)) {
         a->st.num_ooms++;
+        mt__alloc_emit(a, MT_EV_OOM, 0, 0, size, mt_stream_id(stream), MT_POOL_LARGE, tag);
         mt__alloc_oom_report(a, size, size, "size beyond any device");
         rc = MT_ENOMEM;
         goto out;
@@ -423,7 +425,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     seg->last_used = ++a->clock;
     if (a->warming && a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
         a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
-    mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->stream, mt__public_pool(sp), tag);
+    mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
     *out = (void *)b->addr;
 out:
     pthread_mutex_unlock(&a->mu);
@@ -452,7 +454,7 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     mt__stat_add(a->st.allocation, sp, -1);
     mt__stat_add1(&a->st.tag_allocated_bytes[b->tag], -(int64_t)b->size);
     mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
-    mt__alloc_emit(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->stream,
+    mt__alloc_emit(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
                    mt__public_pool(sp), b->tag);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     for (uint32_t i = 0; i < b->nuses; i++) {
@@ -548,7 +550,7 @@ int mt_alloc_empty_cache(mt_alloc_t *a)
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
     size_t released = mt__seg_release_all(a, false, NULL, false);
-    mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, NULL, MT_POOL_NONE, 0);
+    mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
     pthread_mutex_unlock(&a->mu);
     return 0;
 }

@@ -97,7 +97,9 @@ struct mt_segment_s {
     mt_block_t *first;   /* lowest block */
     mt_block_t *last;    /* highest block */
     mt_binset_t *bins;   /* bins of (pool, stream) holding its inactive blocks */
-    mt_stream_t *stream; /* stream it serves (NULL = default stream) */
+    mt_stream_t *stream; /* stream it serves (NULL = default stream); compared, never called */
+    uint32_t sid;        /* mt_stream_id(stream), kept so that events and snapshots never
+                          * touch a stream the program has destroyed since */
     mt_segment_t *prev;  /* address-ordered list of all segments */
     mt_segment_t *next;
     uint64_t last_used; /* allocator clock at the last alloc/free in it (GC age) */
@@ -124,6 +126,7 @@ struct mt_binset_s {
  * segments, the one expandable segment per pool. */
 struct mt_streamrec_s {
     mt_stream_t *stream;
+    uint32_t sid;                /* mt_stream_id(stream) at first use */
     mt_binset_t *bins[MT__BP_N]; /* NULL until first needed */
     mt_segment_t *expandable[2]; /* small, large; NULL when nothing is mapped */
 };
@@ -196,13 +199,13 @@ struct mt_alloc_s {
 
 /* ---- alloc.c ---- */
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         const mt_stream_t *s, int pool, int tag);
+                         uint32_t sid, int pool, int tag);
 /* Sends one event to the sink; a single predictable branch when there is no sink. */
 static inline void mt__alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size,
-                                  uint64_t requested, const mt_stream_t *s, int pool, int tag)
+                                  uint64_t requested, uint32_t sid, int pool, int tag)
 {
     if (__builtin_expect(a->cfg.sink != NULL, 0))
-        mt__alloc_emit_slow(a, kind, addr, size, requested, s, pool, tag);
+        mt__alloc_emit_slow(a, kind, addr, size, requested, sid, pool, tag);
 }
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -27,7 +27,7 @@ static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         if (!s->reserved || s->stream != stream)
             continue;
         if (s->size >= size) {
-            mt__alloc_emit(a, MT_EV_RESERVE, s->addr, s->size, bytes, stream,
+            mt__alloc_emit(a, MT_EV_RESERVE, s->addr, s->size, bytes, mt_stream_id(stream),
                            mt__public_pool(s->pool), 0);
             return 0;
         }
@@ -46,11 +46,12 @@ static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         a->st.num_ooms++;
         size_t free_b = 0, total_b = 0;
         (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
-        mt__alloc_emit(a, MT_EV_OOM, 0, free_b, bytes, stream, MT_POOL_LARGE, 0);
+        mt__alloc_emit(a, MT_EV_OOM, 0, free_b, bytes, mt_stream_id(stream), MT_POOL_LARGE, 0);
         mt__alloc_oom_report(a, bytes, size, "warm-up reservation");
         return MT_ENOMEM;
     }
-    mt__alloc_emit(a, MT_EV_RESERVE, seg->addr, seg->size, bytes, stream, MT_POOL_LARGE, 0);
+    mt__alloc_emit(a, MT_EV_RESERVE, seg->addr, seg->size, bytes, mt_stream_id(stream),
+                   MT_POOL_LARGE, 0);
     return 0;
 }
 
@@ -111,7 +112,7 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
     size_t released = mt__seg_release_all(a, false, NULL, false);
-    mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, NULL, MT_POOL_NONE, 0);
+    mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
     if (transient > 0)
         rc = reserve_locked(a, transient + transient / WARMUP_SLACK_DIV + RESERVE_ROUND, stream);
 out:

@@ -188,6 +188,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     seg->pool = (uint8_t)bp;
     seg->reserved = bp == MT__BP_RESERVED;
     seg->stream = sr->stream;
+    seg->sid = sr->sid;
     seg->bins = bins;
     seg->first = seg->last = b;
     seg->last_used = ++a->clock;
@@ -199,7 +200,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)size);
     mt__stat_add(a->st.segment, bp, 1);
     a->st.num_device_alloc++;
-    mt__alloc_emit(a, MT_EV_SEGMENT_ALLOC, seg->addr, size, 0, seg->stream, mt__public_pool(bp), 0);
+    mt__alloc_emit(a, MT_EV_SEGMENT_ALLOC, seg->addr, size, 0, seg->sid, mt__public_pool(bp), 0);
     mt__seg_bin_in(a, b);
     *out = seg;
     return 0;
@@ -244,6 +245,7 @@ static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_
         seg->pool = (uint8_t)bp;
         seg->expandable = true;
         seg->stream = sr->stream;
+        seg->sid = sr->sid;
         seg->bins = bins;
         seg_link(a, seg);
         sr->expandable[bp] = seg;
@@ -277,7 +279,7 @@ static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_
     seg->last_used = ++a->clock;
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)map);
     a->st.num_device_alloc += map / page;
-    mt__alloc_emit(a, MT_EV_SEGMENT_MAP, start, map, rsize, seg->stream, mt__public_pool(bp), 0);
+    mt__alloc_emit(a, MT_EV_SEGMENT_MAP, start, map, rsize, seg->sid, mt__public_pool(bp), 0);
     if (have > 0) {
         mt__seg_bin_out(a, last);
         last->size += map;
@@ -316,8 +318,9 @@ static size_t exp_trim(mt_alloc_t *a, mt_segment_t *seg)
     size_t keep = round_up(last->addr - seg->addr, page);
     if (keep >= seg->size)
         return 0;
-    /* Work queued on the segment's own stream may still touch these pages. */
-    (void)mt_stream_synchronize(a->backend, seg->stream);
+    /* Work queued on the segment's own stream may still touch these pages. The whole
+     * device is synchronised (a rare path): the stream itself may be gone by now. */
+    (void)mt_device_synchronize(a->backend);
     size_t end = seg->size;
     while (end > keep) {
         int rc = mt_backend_vm_unmap(a->backend, (void *)(seg->addr + end - page), page);
@@ -347,7 +350,7 @@ static size_t exp_trim(mt_alloc_t *a, mt_segment_t *seg)
     }
     seg->size = keep;
     mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)released);
-    mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr + keep, released, 0, seg->stream,
+    mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr + keep, released, 0, seg->sid,
                    mt__public_pool(seg->pool), 0);
     if (seg->size == 0) {
         mt__stat_add(a->st.segment, seg->pool, -1);
@@ -397,8 +400,8 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
     mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)size);
     mt__stat_add(a->st.segment, seg->pool, -1);
     a->st.num_device_free++;
-    mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->stream,
-                   mt__public_pool(seg->pool), 0);
+    mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->sid, mt__public_pool(seg->pool),
+                   0);
     seg_unlink(a, seg);
     free(seg);
     return size;
@@ -529,13 +532,13 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             for (size_t off = 0; off < seg->size; off += page)
                 (void)mt_backend_vm_unmap(a->backend, (void *)(seg->addr + off), page);
             a->st.num_device_free += seg->size / page;
-            mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr, seg->size, 0, seg->stream,
+            mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr, seg->size, 0, seg->sid,
                            mt__public_pool(seg->pool), 0);
             (void)mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
         } else {
             (void)mt_backend_free(a->backend, (void *)seg->addr);
             a->st.num_device_free++;
-            mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, seg->size, 0, seg->stream,
+            mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, seg->size, 0, seg->sid,
                            mt__public_pool(seg->pool), 0);
         }
         mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)seg->size);

@@ -139,7 +139,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
         ss->addr = seg->addr;
         ss->size = seg->size;
         ss->pool = mt__public_pool(seg->pool);
-        ss->stream = mt_stream_id(seg->stream);
+        ss->stream = seg->sid;
         ss->expandable = seg->expandable;
         ss->reserved = seg->reserved;
         size_t n = 0;

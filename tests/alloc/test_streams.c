@@ -195,6 +195,34 @@ static void test_pending_block_recovered_on_oom(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Cached segments may outlive the stream they served: releasing them later must not
+ * touch the destroyed stream (run under ASan to see it). */
+static void test_segments_outlive_their_stream(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    rec_sink_t rec;
+    rec_init(&rec);
+    for (int e = 0; e < 2; e++) {
+        mt_alloc_t *a = make_alloc(b, e ? "expandable_segments:True" : NULL, &rec.sink);
+        mt_stream_t *s1 = NULL;
+        assert_int_equal(mt_stream_create(b, &s1), 0);
+        uint32_t id = mt_stream_id(s1);
+        void *p = xmalloc_dev(a, 3 * MIB, s1, 0);
+        assert_int_equal(mt_alloc_free(a, p), 0);
+        mt_stream_destroy(b, &s1);
+        rec.n = 0;
+        assert_int_equal(mt_alloc_empty_cache(a), 0);
+        assert_int_equal(rec_count(&rec, e ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE), 1);
+        assert_int_equal(rec.ev[0].stream, id);
+        assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_destroy(&a);
+    }
+    mt_backend_destroy(&b);
+    rec_fini(&rec);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_reuse_only_on_own_stream),
         cmocka_unit_test(test_events_pooled_and_no_queries_when_idle),
         cmocka_unit_test(test_pending_block_recovered_on_oom),
+        cmocka_unit_test(test_segments_outlive_their_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -65,7 +65,8 @@ static void test_warmup_then_zero_backend_mallocs(void **state)
         nres++;
         /* The measured peak plus a small slack, not more. */
         assert_true((int64_t)snap->segments[i].size >= transient);
-        assert_true((int64_t)snap->segments[i].size <= transient + transient / 8 + 4 * MIB);
+        assert_true((int64_t)snap->segments[i].size <=
+                    transient + transient / 8 + (int64_t)(4 * MIB));
     }
     assert_int_equal(nres, 1);
     mt_alloc_snapshot_free(&snap);
