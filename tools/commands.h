@@ -10,6 +10,7 @@ typedef struct mt_cmd_s {
 } mt_cmd_t;
 
 int mt_cmd_replay(int argc, char **argv);
+int mt_cmd_run(int argc, char **argv);
 int mt_cmd_daemon(int argc, char **argv);
 int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
