@@ -1,0 +1,253 @@
+/* The preload drop-in end to end: unmodified programs (prog_*.c, linked against the
+ * shared libcudart or dlopen'ing the driver) run under `memtrace run` on this GPU-less
+ * machine; their exit status, their data checks, the summary and the profiler's local
+ * event log are asserted. Paths come from the environment (tests/preload/meson.build). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+static char dir[256];
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    assert_non_null(v);
+    return v;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/mt-preload-test-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Runs `sh -c cmd` with stdout+stderr into dir/name.out; returns the exit status. */
+static int sh(const char *name, const char *cmd)
+{
+    char full[4096];
+    snprintf(full, sizeof full, "cd '%s' && { %s ; } >'%s/%s.out' 2>&1", dir, cmd, dir, name);
+    int st = system(full);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+static json_t *summary(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    json_error_t e;
+    json_t *s = json_load_file(path, 0, &e);
+    assert_non_null(s);
+    return s;
+}
+
+static long long jint(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    assert_non_null(v);
+    return (long long)json_number_value(v);
+}
+
+static void run_prog(const char *tag, const char *prog, const char *extra, int want_rc)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%s' run --telemetry log --log %s.ndjson --summary-json %s.json %s -- '%s'",
+             env("MT_MEMTRACE"), tag, tag, extra, prog);
+    int rc = sh(tag, cmd);
+    if (rc != want_rc) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.out", tag);
+        fprintf(stderr, "%s", slurp(name));
+    }
+    assert_int_equal(rc, want_rc);
+}
+
+/* Without the preload the runtime program cannot even count devices here: proof that
+ * what passes below is memtrace serving it. */
+static void test_runtime_fails_without_memtrace(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s'", env("MT_PROG_RUNTIME"));
+    assert_int_not_equal(sh("bare", cmd), 0);
+}
+
+static void test_runtime_program(void **state)
+{
+    (void)state;
+    run_prog("rt", env("MT_PROG_RUNTIME"), "", 0);
+    char *out = slurp("rt.out");
+    assert_non_null(strstr(out, "ok: 16 device allocations"));
+    assert_non_null(strstr(out, "exited with status 0"));
+    assert_non_null(strstr(out, "backend calls saved"));
+    json_t *s = summary("rt.json");
+    assert_string_equal(json_string_value(json_object_get(s, "backend")), "sim");
+    assert_int_equal(jint(s, "requests"), 16);
+    assert_int_equal(jint(s, "frees"), 16);
+    assert_true(jint(s, "backend_mallocs") < 16); /* the cache served the rest */
+    assert_int_equal(jint(s, "ooms"), 0);
+    assert_int_equal(jint(json_object_get(s, "events"), "alloc"), 16);
+    json_decref(s);
+    /* the profiler's log saw every allocation and every free */
+    char *log = slurp("rt.ndjson");
+    assert_int_equal(count(log, "\"kind\":\"alloc\""), 16);
+    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 16);
+}
+
+static void test_driver_program_via_get_proc_address(void **state)
+{
+    (void)state;
+    const char *vers[] = {"", "v1"};
+    for (int k = 0; k < 2; k++) {
+        char prog[1024], tag[16];
+        snprintf(prog, sizeof prog, "%s' '%s", env("MT_PROG_DRIVER"), vers[k]);
+        snprintf(tag, sizeof tag, "drv%d", k);
+        run_prog(tag, prog, "", 0);
+        char name[32];
+        snprintf(name, sizeof name, "%s.out", tag);
+        char *out = slurp(name);
+        assert_non_null(
+            strstr(out, k == 0 ? "through cuGetProcAddress_v2" : "through cuGetProcAddress\n"));
+        snprintf(name, sizeof name, "%s.json", tag);
+        json_t *s = summary(name);
+        assert_int_equal(jint(s, "requests"), 5);
+        assert_int_equal(jint(s, "frees"), 5);
+        assert_int_equal(jint(s, "unknown_frees"), 1);
+        json_decref(s);
+        snprintf(name, sizeof name, "%s.ndjson", tag);
+        assert_int_equal(count(slurp(name), "\"kind\":\"alloc\""), 5);
+    }
+}
+
+static void test_oom_is_reported(void **state)
+{
+    (void)state;
+    run_prog("oom", env("MT_PROG_OOM"), "--capacity 256M", 3);
+    char *out = slurp("oom.out");
+    assert_non_null(strstr(out, "cudaMalloc #4: out of memory (cudaErrorMemoryAllocation)"));
+    assert_non_null(strstr(out, "tried to allocate 64.00 MiB"));
+    assert_non_null(strstr(out, "out of memory     YES"));
+    assert_non_null(strstr(out, "exited with status 3"));
+    json_t *s = summary("oom.json");
+    assert_int_equal(jint(s, "ooms"), 1);
+    assert_int_equal(jint(s, "capacity"), 256ll << 20);
+    assert_non_null(strstr(json_string_value(json_object_get(s, "oom_message")), "64.00 MiB"));
+    json_decref(s);
+    assert_int_equal(count(slurp("oom.ndjson"), "\"kind\":\"oom\""), 1);
+}
+
+static void test_unknown_free(void **state)
+{
+    (void)state;
+    run_prog("bad", env("MT_PROG_BADFREE"), "", 0);
+    assert_non_null(strstr(slurp("bad.out"), "rejected with cudaErrorInvalidValue"));
+    json_t *s = summary("bad.json");
+    assert_int_equal(jint(s, "unknown_frees"), 2);
+    json_decref(s);
+}
+
+/* Exit status passthrough, and 128 + N for a signal. */
+static void test_exit_status(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' run --quiet -- sh -c 'exit 7'", env("MT_MEMTRACE"));
+    assert_int_equal(sh("st", cmd), 7);
+    snprintf(cmd, sizeof cmd, "'%s' run --quiet -- sh -c 'kill -TERM $$'", env("MT_MEMTRACE"));
+    assert_int_equal(sh("sig", cmd), 128 + 15);
+    snprintf(cmd, sizeof cmd, "'%s' run --backend gpu -- true", env("MT_MEMTRACE"));
+    assert_int_equal(sh("usage", cmd), 2);
+}
+
+/* PyTorch's entry points in cuda mode, against the fake driver: the preload's
+ * allocator sits on the cuda backend and the fake sees one segment for many requests. */
+static void test_torch_entry_points_on_fake_driver(void **state)
+{
+    (void)state;
+    setenv("MEMTRACE_LIBCUDA", env("MT_FAKE_CUDA"), 1);
+    setenv("MEMTRACE_BACKEND", "cuda", 1);
+    setenv("MEMTRACE_PROF", "off", 1);
+    setenv("MEMTRACE_LOG_LEVEL", "quiet", 1);
+    void *fake = dlopen(env("MT_FAKE_CUDA"), RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(fake);
+    void *pre = dlopen(env("MT_PRELOAD"), RTLD_NOW | RTLD_LOCAL);
+    assert_non_null(pre);
+    void *(*alloc)(ssize_t, int, void *) =
+        (void *(*)(ssize_t, int, void *))dlsym(pre, "memtrace_alloc");
+    void (*dfree)(void *, ssize_t, int, void *) =
+        (void (*)(void *, ssize_t, int, void *))dlsym(pre, "memtrace_free");
+    size_t (*calls)(const char *) = (size_t(*)(const char *))dlsym(fake, "fake_cuda_count");
+    assert_non_null(alloc);
+    assert_non_null(dfree);
+    assert_non_null(calls);
+    void *p[10];
+    for (int i = 0; i < 10; i++) {
+        p[i] = alloc(1000 + i * 100, 0, NULL);
+        assert_non_null(p[i]);
+        memset(p[i], i, 1000); /* the fake's device memory is host memory */
+    }
+    for (int i = 0; i < 10; i++)
+        dfree(p[i], 1000 + i * 100, 0, NULL);
+    void *again = alloc(5000, 0, NULL);
+    assert_non_null(again);
+    dfree(again, 5000, 0, NULL);
+    assert_int_equal(calls("cuMemAlloc_v2"), 1); /* 11 requests, one device malloc */
+    assert_null(alloc(-1, 0, NULL));
+    assert_null(alloc(100, 7, NULL)); /* the fake has one device */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_runtime_fails_without_memtrace),
+        cmocka_unit_test(test_runtime_program),
+        cmocka_unit_test(test_driver_program_via_get_proc_address),
+        cmocka_unit_test(test_oom_is_reported),
+        cmocka_unit_test(test_unknown_free),
+        cmocka_unit_test(test_exit_status),
+        cmocka_unit_test(test_torch_entry_points_on_fake_driver),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
