@@ -1,0 +1,244 @@
+/* HTTP routes and malformed input on both sockets: every bad request gets an error
+ * answer or a closed connection, and the daemon keeps serving. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static void assert_healthy(const th_daemon_t *t)
+{
+    char *r = NULL;
+    assert_int_equal(th_http_get(t->port, "/healthz", &r), 200);
+    assert_string_equal(th_http_body(r), "ok\n");
+    free(r);
+}
+
+static void test_routes(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    pid_t pid = th_producer(t.sock, 200, 1024, 0, -1);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    json_decref(p);
+
+    char *r = NULL;
+    assert_healthy(&t);
+    assert_int_equal(th_http_get(t.port, "/state", &r), 200);
+    assert_non_null(strstr(r, "Content-Type: application/json"));
+    json_error_t err;
+    json_t *st = json_loads(th_http_body(r), 0, &err);
+    free(r);
+    assert_non_null(st);
+    json_t *procs = json_object_get(st, "processes");
+    assert_int_equal(json_array_size(procs), 1);
+    json_t *pj = json_array_get(procs, 0);
+    assert_int_equal(json_integer_value(json_object_get(pj, "pid")), pid);
+    assert_int_equal(json_integer_value(json_object_get(pj, "events")), 200);
+    assert_string_equal(json_string_value(json_object_get(pj, "exit_reason")), "clean");
+    /* 100 pairs over 7 tags: tags 0..6 each saw a peak of one 4096-byte block. */
+    assert_int_equal(json_array_size(json_object_get(pj, "tags")), 7);
+    assert_true(json_is_array(json_object_get(pj, "segments")));
+    assert_int_equal(json_integer_value(json_object_get(pj, "allocated_bytes")), 0);
+    json_decref(st);
+
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    assert_non_null(strstr(r, "# TYPE memtrace_events_total counter"));
+    free(r);
+    assert_int_equal(th_http_get(t.port, "/nope", &r), 404);
+    free(r);
+    assert_int_equal(th_http_get(t.port, "/events?kind=bogus", &r), 400);
+    free(r);
+    static const char post[] = "POST /state HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+    assert_int_equal(th_http_raw(t.port, post, sizeof post - 1, &r), 405);
+    assert_non_null(strstr(r, "Allow: GET"));
+    free(r);
+    static const char head[] = "HEAD /healthz HTTP/1.1\r\n\r\n";
+    assert_int_equal(th_http_raw(t.port, head, sizeof head - 1, &r), 200);
+    assert_string_equal(th_http_body(r), "");
+    free(r);
+    th_daemon_stop(&t);
+}
+
+static void test_bad_http(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    char *r = NULL;
+    static const char garbage[] = "\x01\x02\xff garbage \r\n\r\n";
+    assert_int_equal(th_http_raw(t.port, garbage, sizeof garbage - 1, &r), 400);
+    free(r);
+    static const char binary[] = "GET /\0\0\0";
+    assert_int_equal(th_http_raw(t.port, binary, sizeof binary - 1, &r), 400);
+    free(r);
+    static const char version[] = "GET /healthz HTTP/9.9\r\n\r\n";
+    assert_int_equal(th_http_raw(t.port, version, sizeof version - 1, &r), 400);
+    free(r);
+    static const char target[] = "GET healthz HTTP/1.1\r\n\r\n";
+    assert_int_equal(th_http_raw(t.port, target, sizeof target - 1, &r), 400);
+    free(r);
+    /* A head larger than the limit: refused, not buffered without bound. */
+    size_t big = 16 * 1024;
+    char *huge = malloc(big);
+    memcpy(huge, "GET / HTTP/1.1\r\nX: ", 19);
+    memset(huge + 19, 'a', big - 19);
+    assert_int_equal(th_http_raw(t.port, huge, big, &r), 431);
+    free(r);
+    free(huge);
+    /* Half a request: closed at the idle deadline, without an answer. */
+    static const char half[] = "GET /healthz HTTP/1.1\r\n";
+    uint64_t t0 = th_now_ms();
+    assert_int_equal(th_http_raw(t.port, half, sizeof half - 1, &r), 0);
+    assert_string_equal(r, "");
+    assert_true(th_now_ms() - t0 < 4000);
+    free(r);
+    assert_healthy(&t);
+    th_daemon_stop(&t);
+}
+
+/* Sends raw bytes on the Unix socket and returns what comes back until EOF (new). */
+static char *unix_exchange(const th_daemon_t *t, const char *msg, size_t len)
+{
+    int fd;
+    assert_int_equal(mt_d_client_connect(t->sock, &fd), 0);
+    if (len)
+        mt_d_client_send(fd, msg, len); /* may fail once the daemon has hung up: fine */
+    char *out = NULL;
+    assert_int_equal(mt_d_client_read_all(fd, 1 << 20, 5000, &out, NULL), 0);
+    close(fd);
+    return out;
+}
+
+static void assert_refused(const th_daemon_t *t, const char *msg, size_t len)
+{
+    char *out = unix_exchange(t, msg, len);
+    assert_non_null(strstr(out, "\"ok\":false"));
+    assert_non_null(strstr(out, "\"error\":"));
+    free(out);
+}
+
+static void test_bad_unix_input(void **state)
+{
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.max_line_bytes = 4096;
+    th_daemon_t t;
+    th_daemon_start(&t, cfg);
+    static const char garbage[] = "\x01\x02 not json at all\n";
+    assert_refused(&t, garbage, sizeof garbage - 1);
+    static const char array[] = "[1,2,3]\n";
+    assert_refused(&t, array, sizeof array - 1);
+    static const char role[] = "{\"type\":\"hello\",\"role\":\"consumer\"}\n";
+    assert_refused(&t, role, sizeof role - 1);
+    static const char noshm[] = "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,"
+                                "\"pid\":1}\n";
+    assert_refused(&t, noshm, sizeof noshm - 1);
+    static const char badshm[] = "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,"
+                                 "\"pid\":1,\"shm\":\"/memtrace.no.such.ring\",\"slots\":8}\n";
+    assert_refused(&t, badshm, sizeof badshm - 1);
+    static const char escape[] = "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,"
+                                 "\"pid\":1,\"shm\":\"/../../etc/passwd\",\"slots\":8}\n";
+    assert_refused(&t, escape, sizeof escape - 1);
+    static const char version[] = "{\"type\":\"hello\",\"role\":\"producer\",\"version\":7,"
+                                  "\"pid\":1,\"shm\":\"/memtrace.x\"}\n";
+    assert_refused(&t, version, sizeof version - 1);
+    static const char kind[] = "{\"type\":\"subscribe\",\"role\":\"consumer\",\"kinds\":[\"x\"]}\n";
+    assert_refused(&t, kind, sizeof kind - 1);
+    static const char pid[] = "{\"type\":\"subscribe\",\"role\":\"consumer\",\"pid\":[-4]}\n";
+    assert_refused(&t, pid, sizeof pid - 1);
+    /* An oversized line without a newline: refused once past the limit. */
+    size_t big = 100000;
+    char *huge = malloc(big);
+    memset(huge, '{', big);
+    assert_refused(&t, huge, big);
+    free(huge);
+    /* Saying nothing: closed at the idle deadline. */
+    char *out = unix_exchange(&t, NULL, 0);
+    assert_string_equal(out, "");
+    free(out);
+    /* Still serving. */
+    int fd = th_consumer(t.sock, "\"kinds\":\"alloc\"");
+    close(fd);
+    assert_healthy(&t);
+    json_t *st = th_state(t.sock);
+    assert_true(json_integer_value(json_object_get(json_object_get(st, "daemon"), "rejected")) >=
+                10);
+    json_decref(st);
+    th_daemon_stop(&t);
+}
+
+/* Reads from fd until needle has been seen count times (or timeout); returns the count. */
+static int read_until(int fd, const char *needle, int count, int timeout_ms, char **all)
+{
+    size_t cap = 1 << 20, len = 0;
+    char *buf = calloc(1, cap);
+    uint64_t deadline = th_now_ms() + (uint64_t)timeout_ms;
+    int seen = 0;
+    while (th_now_ms() < deadline && len < cap - 1) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        seen = 0;
+        for (const char *p = buf; (p = strstr(p, needle)) != NULL; p++)
+            seen++;
+        if (seen >= count)
+            break;
+    }
+    *all = buf;
+    return seen;
+}
+
+static void test_sse(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)t.port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    static const char req[] =
+        "GET /events?kind=alloc HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n";
+    assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+    char *all = NULL;
+    assert_int_equal(read_until(fd, ": memtrace", 1, 3000, &all), 1);
+    assert_non_null(strstr(all, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"));
+    free(all);
+    pid_t pid = th_producer(t.sock, 100, 1024, 0, -1);
+    assert_int_equal(th_wait(pid), 0);
+    assert_int_equal(read_until(fd, "data: {", 50, 5000, &all), 50);
+    assert_non_null(strstr(all, "id: 0\ndata: {"));
+    assert_null(strstr(all, "\"kind\":\"free_completed\""));
+    free(all);
+    /* Idle: keep-alive comments (every 200 ms in the test configuration). */
+    assert_int_equal(read_until(fd, ": keep-alive\n\n", 1, 3000, &all), 1);
+    free(all);
+    close(fd);
+    th_daemon_stop(&t);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_routes),
+        cmocka_unit_test(test_bad_http),
+        cmocka_unit_test(test_bad_unix_input),
+        cmocka_unit_test(test_sse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

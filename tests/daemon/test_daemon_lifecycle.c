@@ -1,0 +1,212 @@
+/* Daemon lifecycle: SIGTERM shutdown in a process of its own, stale and busy socket
+ * paths, eviction of exited processes, the NDJSON log file. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static void make_dir(char *dir, size_t n)
+{
+    snprintf(dir, n, "/tmp/mt-dtest-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+}
+
+/* The daemon in a child, with its signal handling on: SIGTERM stops it cleanly (the
+ * child exits 0 only if mt_d_run returned and uv_loop_close succeeded) and the socket
+ * file is removed. */
+static void test_sigterm_clean_shutdown(void **state)
+{
+    char dir[64], sock[100];
+    make_dir(dir, sizeof dir);
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uv_loop_t loop;
+        if (uv_loop_init(&loop) != 0)
+            _exit(3);
+        mt_d_cfg_t cfg = th_cfg();
+        cfg.socket_path = sock;
+        cfg.http_port = 0;
+        cfg.loop = &loop;
+        cfg.handle_signals = true;
+        mt_d_t *d = NULL;
+        if (mt_d_create(&d, &cfg) != 0)
+            _exit(4);
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1)
+            _exit(5);
+        if (mt_d_run(d) != 0)
+            _exit(6);
+        mt_d_destroy(&d);
+        _exit(uv_loop_close(&loop) == 0 ? 0 : 7);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    /* A subscriber and a half-open connection must not hold the shutdown up. */
+    int fd = th_consumer(sock, "");
+    int idle;
+    assert_int_equal(mt_d_client_connect(sock, &idle), 0);
+    assert_int_equal(access(sock, F_OK), 0);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int st = th_wait(pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(access(sock, F_OK), -1);
+    char buf[16];
+    assert_int_equal(recv(fd, buf, sizeof buf, 0), 0); /* the subscriber saw EOF */
+    close(fd);
+    close(idle);
+    close(ready[0]);
+    close(ready[1]);
+    rmdir(dir);
+}
+
+static void test_stale_and_busy_socket(void **state)
+{
+    th_daemon_t t;
+    char dir[64], sock[100];
+    make_dir(dir, sizeof dir);
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    /* A stale socket file: bound, never listened on, its owner gone. */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(fd);
+    assert_int_equal(access(sock, F_OK), 0);
+
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.socket_path = sock;
+    cfg.http_port = -1;
+    cfg.loop = &loop;
+    mt_d_t *d = NULL;
+    assert_int_equal(mt_d_create(&d, &cfg), 0); /* the stale file was replaced */
+    assert_int_equal(mt_d_http_port(d), -1);
+    mt_d_destroy(&d);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(access(sock, F_OK), -1);
+
+    /* A live daemon on the path: a second one refuses, and the first keeps working. */
+    th_daemon_start(&t, th_cfg());
+    assert_int_equal(uv_loop_init(&loop), 0);
+    cfg.socket_path = t.sock;
+    assert_int_equal(mt_d_create(&d, &cfg), MT_EBUSY);
+    assert_null(d);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    json_t *st = th_state(t.sock);
+    assert_non_null(json_object_get(st, "processes"));
+    json_decref(st);
+    th_daemon_stop(&t);
+
+    /* Something that is not a socket is never removed. */
+    FILE *f = fopen(sock, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(uv_loop_init(&loop), 0);
+    cfg.socket_path = sock;
+    assert_int_equal(mt_d_create(&d, &cfg), MT_EBUSY);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    assert_int_equal(access(sock, F_OK), 0);
+    unlink(sock);
+    rmdir(dir);
+}
+
+static void test_eviction_and_log(void **state)
+{
+    char log[128];
+    snprintf(log, sizeof log, "/tmp/mt-dtest-log-%d.ndjson", (int)getpid());
+    unlink(log);
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.max_exited = 2;
+    cfg.log_path = log;
+    th_daemon_t t;
+    th_daemon_start(&t, cfg);
+    pid_t pids[4];
+    for (int i = 0; i < 4; i++) {
+        pids[i] = th_producer(t.sock, 50, 64, 0, -1);
+        assert_int_equal(th_wait(pids[i]), 0);
+        json_t *p = th_wait_exited(t.sock, pids[i], 5000);
+        assert_non_null(p);
+        json_decref(p);
+    }
+    json_t *st = th_state(t.sock);
+    json_t *procs = json_object_get(st, "processes");
+    assert_int_equal(json_array_size(procs), 2); /* the two oldest were evicted */
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(procs, 0), "pid")), pids[2]);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(procs, 1), "pid")), pids[3]);
+    json_decref(st);
+    th_daemon_stop(&t);
+
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[2048];
+    unsigned events = 0, registers = 0, exits = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *o = json_loads(line, 0, &err);
+        assert_non_null(o);
+        const char *type = json_string_value(json_object_get(o, "type"));
+        const char *ev = json_string_value(json_object_get(o, "event"));
+        events += strcmp(type, "event") == 0;
+        registers += strcmp(type, "process_event") == 0 && strcmp(ev, "register") == 0;
+        exits += strcmp(type, "process_event") == 0 && strcmp(ev, "exit") == 0;
+        json_decref(o);
+    }
+    fclose(f);
+    unlink(log);
+    assert_int_equal(events, 4 * 50);
+    assert_int_equal(registers, 4);
+    assert_int_equal(exits, 4);
+}
+
+static void test_cfg_validation(void **state)
+{
+    mt_d_cfg_t cfg = th_cfg();
+    mt_d_t *d = NULL;
+    cfg.http_port = 70000;
+    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    cfg = th_cfg();
+    cfg.drain_interval_ms = 0;
+    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    cfg = th_cfg();
+    cfg.socket_path = "/tmp/a-socket-path-that-is-far-too-long-for-sun_path-xxxxxxxxxxxxxxxxxxxxxxx"
+                      "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock";
+    cfg.http_port = -1;
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    cfg.loop = &loop;
+    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    assert_null(d);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sigterm_clean_shutdown),
+        cmocka_unit_test(test_stale_and_busy_socket),
+        cmocka_unit_test(test_eviction_and_log),
+        cmocka_unit_test(test_cfg_validation),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

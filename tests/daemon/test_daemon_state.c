@@ -1,0 +1,130 @@
+/* The per-process state model, fed records directly: per-tag accounting, the segment map
+ * and the fragmentation figure. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <string.h>
+
+#include "daemon/internal.h"
+
+static mt_event_rec_t rec(int kind, uint64_t addr, uint64_t size, int tag)
+{
+    return (mt_event_rec_t){.kind = (uint8_t)kind, .addr = addr, .size = size, .tag = (uint8_t)tag};
+}
+
+static void apply(mt_d_proc_t *p, int kind, uint64_t addr, uint64_t size, int tag)
+{
+    mt_event_rec_t ev = rec(kind, addr, size, tag);
+    assert_int_equal(mt__d_proc_apply(p, &ev), 0);
+}
+
+#define MIB (1u << 20)
+
+static void test_tags_and_fragmentation(void **state)
+{
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 42, "unit"), 0);
+    /* One 2 MiB segment with blocks at [0,512K) weights, [1M,1.5M) grads: two free gaps
+     * of 512K -> fragmentation 1 - 512K/1M = 1/2. */
+    apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 2 * MIB, 0);
+    apply(p, MT_EV_ALLOC, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
+    apply(p, MT_EV_ALLOC, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
+    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], MIB / 2);
+    assert_int_equal(p->tag_allocated[MT_TAG_GRADS], MIB / 2);
+    mt_d_frag_t f;
+    mt__d_proc_frag(p, &f);
+    assert_int_equal(f.total_free, MIB);
+    assert_int_equal(f.largest_free_block, MIB / 2);
+    assert_true(f.fragmentation > 0.4999 && f.fragmentation < 0.5001);
+
+    /* Free requested: no longer allocated, still occupying until completed. */
+    apply(p, MT_EV_FREE_REQUESTED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
+    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], 0);
+    assert_int_equal(p->tag_peak[MT_TAG_WEIGHTS], MIB / 2);
+    mt__d_proc_frag(p, &f);
+    assert_int_equal(f.total_free, MIB);
+    apply(p, MT_EV_FREE_COMPLETED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
+    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], 0); /* not subtracted twice */
+    mt__d_proc_frag(p, &f);
+    assert_int_equal(f.total_free, MIB + MIB / 2); /* [0,1M) and [1.5M,2M) */
+    assert_int_equal(f.largest_free_block, MIB);
+
+    /* JSON: segment map with used bytes, tags with peaks. */
+    json_t *j = mt__d_proc_json(p, true);
+    assert_non_null(j);
+    json_t *segs = json_object_get(j, "segments");
+    assert_int_equal(json_array_size(segs), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(segs, 0), "used_bytes")),
+                     MIB / 2);
+    assert_int_equal(json_array_size(json_object_get(j, "tags")), 2);
+    json_decref(j);
+
+    /* Segment freed: no free space left. */
+    apply(p, MT_EV_FREE_COMPLETED, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
+    apply(p, MT_EV_SEGMENT_FREE, 0x100000000, 2 * MIB, 0);
+    mt__d_proc_frag(p, &f);
+    assert_int_equal(f.total_free, 0);
+    assert_true(f.fragmentation == 0.0);
+    assert_int_equal(p->nranges, 0);
+    assert_int_equal(p->nblocks, 0);
+    mt__d_proc_destroy(&p);
+    assert_null(p);
+}
+
+static void test_expandable_pages(void **state)
+{
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 7, "exp"), 0);
+    apply(p, MT_EV_SEGMENT_MAP, 0x200000000, 8 * MIB, 0);
+    apply(p, MT_EV_SEGMENT_UNMAP, 0x200000000 + 2 * MIB, 2 * MIB, 0); /* a hole in the middle */
+    assert_int_equal(p->nranges, 2);
+    assert_int_equal(p->ranges[0].size, 2 * MIB);
+    assert_int_equal(p->ranges[1].addr, 0x200000000 + 4 * MIB);
+    assert_int_equal(p->ranges[1].size, 4 * MIB);
+    mt_d_frag_t f;
+    mt__d_proc_frag(p, &f);
+    assert_int_equal(f.total_free, 6 * MIB);
+    assert_int_equal(f.largest_free_block, 4 * MIB);
+    mt__d_proc_destroy(&p);
+}
+
+/* Many blocks: the table grows and keeps exact accounting through churn. */
+static void test_block_table_churn(void **state)
+{
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 9, "churn"), 0);
+    for (int round = 0; round < 3; round++) {
+        for (uint64_t i = 0; i < 5000; i++)
+            apply(p, MT_EV_ALLOC, 0x1000 + i * 512, 512, (int)(i % 5));
+        assert_int_equal(p->nblocks, 5000);
+        for (uint64_t i = 0; i < 5000; i += 2)
+            apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
+        assert_int_equal(p->nblocks, 2500);
+        for (uint64_t i = 1; i < 5000; i += 2)
+            apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
+        assert_int_equal(p->nblocks, 0);
+        for (int t = 0; t < MT_TAG_MAX; t++)
+            assert_int_equal(p->tag_allocated[t], 0);
+    }
+    assert_int_equal(p->tag_peak[0], 1000 * 512);
+    /* An unknown free and a GAP record change nothing. */
+    apply(p, MT_EV_FREE_COMPLETED, 0xdead000, 512, 0);
+    mt_event_rec_t gap = rec(MT_EV_GAP, 0, 12, 0);
+    assert_int_equal(mt__d_proc_apply(p, &gap), 0);
+    assert_int_equal(p->kind_count[MT_EV_GAP], 1);
+    mt__d_proc_destroy(&p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tags_and_fragmentation),
+        cmocka_unit_test(test_expandable_pages),
+        cmocka_unit_test(test_block_table_churn),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
