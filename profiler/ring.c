@@ -24,6 +24,9 @@ struct mt__ring_s {
     bool owner;         /* created here (producer) */
     bool linked;        /* the name still exists as far as we know */
     uint32_t owner_uid; /* st_uid of the shm object */
+    /* producer: a process-local copy of read_idx, never ahead of the shared one, so a
+     * push reads the consumer's cache line only when the ring looks full */
+    _Atomic uint64_t cached_read;
     /* consumer state (only the single consumer touches it) */
     bool producer_dead;
     uint64_t stuck_timeout_ns;
@@ -274,12 +277,17 @@ int mt__ring_reserve(mt__ring_t *r, mt_event_rec_t **slot, uint64_t *pos)
     mt__ring_hdr_t *h = r->hdr;
     uint64_t seq = atomic_fetch_add_explicit(&h->next_seq, 1, memory_order_relaxed);
     uint64_t c = atomic_load_explicit(&h->claim, memory_order_relaxed);
+    const int64_t slots = (int64_t)(r->mask + 1);
     for (;;) {
-        uint64_t rd = atomic_load_explicit(&h->read_idx, memory_order_acquire);
+        uint64_t rd = atomic_load_explicit(&r->cached_read, memory_order_acquire);
         /* Signed: a stale c may lag a newer read_idx; the CAS then fails and reloads. */
-        if ((int64_t)(c - rd) >= (int64_t)(r->mask + 1)) {
-            atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
-            return MT_EAGAIN;
+        if ((int64_t)(c - rd) >= slots) {
+            rd = atomic_load_explicit(&h->read_idx, memory_order_acquire);
+            atomic_store_explicit(&r->cached_read, rd, memory_order_release);
+            if ((int64_t)(c - rd) >= slots) {
+                atomic_fetch_add_explicit(&h->dropped, 1, memory_order_relaxed);
+                return MT_EAGAIN;
+            }
         }
         if (atomic_compare_exchange_weak_explicit(&h->claim, &c, c + 1, memory_order_relaxed,
                                                   memory_order_relaxed))
@@ -383,10 +391,14 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
     mt__ring_hdr_t *h = r->hdr;
     uint64_t pos = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
     size_t n = 0;
+    /* claim is the producers' hot cache line: read it once per batch, not per record. */
+    uint64_t claim = atomic_load_explicit(&h->claim, memory_order_acquire);
     while (n < max) {
-        uint64_t claim = atomic_load_explicit(&h->claim, memory_order_acquire);
-        if (pos == claim)
-            break;
+        if (pos == claim) {
+            claim = atomic_load_explicit(&h->claim, memory_order_acquire);
+            if (pos == claim)
+                break;
+        }
         _Atomic uint64_t *cw = &r->commit[pos & r->mask];
         uint64_t c = atomic_load_explicit(cw, memory_order_acquire);
         if (c != pos + 1) {
