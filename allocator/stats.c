@@ -344,6 +344,17 @@ int mt_alloc_check(mt_alloc_t *a)
         FAIL("bins do not hold exactly the inactive blocks");
     if (s->hashed != a->map.n)
         FAIL("address map does not hold exactly the active blocks");
+    for (size_t i = 0, used = 0; i < a->map.cap; i++) {
+        if (a->map.keys[i] == 0)
+            continue;
+        const mt_block_t *b = a->map.vals[i];
+        if (b == NULL || b->addr != a->map.keys[i] || b->state == MT_BLOCK_INACTIVE)
+            FAIL("address map entry does not name an active block at its key");
+        if (mt__addrmap_get(&a->map, a->map.keys[i]) != b)
+            FAIL("address map entry unreachable by probing");
+        if (++used > a->map.cap / 2)
+            FAIL("address map above its load factor");
+    }
     size_t pend = 0;
     for (size_t i = 0; i < a->npending; i++) {
         if (a->pending[i].blk->state != MT_BLOCK_ACTIVE_PENDING_FREE)

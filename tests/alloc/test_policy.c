@@ -340,14 +340,62 @@ static void test_memory_fraction_limit(void **state)
     mt_backend_destroy(&b);
 }
 
+/* The checker is only worth its calls if it notices damage: corrupt, expect a
+ * violation naming it, repair, expect none. */
+static void test_check_detects_corruption(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    char *p = xmalloc_dev(a, 1000, NULL, 0);
+    char *q = xmalloc_dev(a, 1000, NULL, 0);
+    mt_alloc_free(a, p);
+    assert_int_equal(mt_alloc_check(a), 0);
+
+    a->st.allocated_bytes[MT_STAT_SMALL].current += 512;
+    assert_int_equal(mt_alloc_check(a), MT_EIO);
+    assert_non_null(strstr(mt_alloc_last_error(a), "allocated_bytes"));
+    a->st.allocated_bytes[MT_STAT_SMALL].current -= 512;
+    assert_int_equal(mt_alloc_check(a), 0);
+
+    mt_block_t *free_blk = a->segs->first; /* p's block, inactive */
+    assert_int_equal(free_blk->state, MT_BLOCK_INACTIVE);
+    mt_binset_t *bs = free_blk->seg->bins;
+    unsigned c = free_blk->cls;
+    bs->cls_map[c / 32] ^= 1u << (c % 32);
+    assert_int_equal(mt_alloc_check(a), MT_EIO);
+    assert_non_null(strstr(mt_alloc_last_error(a), "bitmap"));
+    bs->cls_map[c / 32] ^= 1u << (c % 32);
+    assert_int_equal(mt_alloc_check(a), 0);
+
+    mt_block_t *used = free_blk->next; /* q's block */
+    used->size -= 512;
+    assert_int_equal(mt_alloc_check(a), MT_EIO);
+    used->size += 512;
+    mt__addrmap_del(&a->map, used->addr);
+    assert_int_equal(mt_alloc_check(a), MT_EIO);
+    assert_non_null(strstr(mt_alloc_last_error(a), "address map"));
+    assert_int_equal(mt__addrmap_put(&a->map, used), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, q);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_default),        cmocka_unit_test(test_round_power2_divisions),
-        cmocka_unit_test(test_class_mapping),        cmocka_unit_test(test_bins_find),
-        cmocka_unit_test(test_small_split_merge),    cmocka_unit_test(test_large_split_rules),
-        cmocka_unit_test(test_max_split_size_rules), cmocka_unit_test(test_config_keys),
-        cmocka_unit_test(test_config_errors),        cmocka_unit_test(test_memory_fraction_limit),
+        cmocka_unit_test(test_round_default),
+        cmocka_unit_test(test_round_power2_divisions),
+        cmocka_unit_test(test_class_mapping),
+        cmocka_unit_test(test_bins_find),
+        cmocka_unit_test(test_small_split_merge),
+        cmocka_unit_test(test_large_split_rules),
+        cmocka_unit_test(test_max_split_size_rules),
+        cmocka_unit_test(test_config_keys),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_memory_fraction_limit),
+        cmocka_unit_test(test_check_detects_corruption),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
