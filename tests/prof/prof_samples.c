@@ -104,6 +104,31 @@ int main(int argc, char **argv)
             mt_event_rec_t ev = sample(k, i);
             mt_prof_record(p, &ev);
         }
+    /* And what the real allocator emits (sim backend): config, segments, alloc/free,
+     * marks, empty_cache. */
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    if (mt_backend_create(&b, &bc) != 0)
+        return 1;
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    if (mt_alloc_create(&a, &ac) != 0)
+        return 1;
+    for (int it = 0; it < 3; it++) {
+        mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
+        void *x, *y;
+        if (mt_alloc_malloc(a, 1000, NULL, MT_TAG_BATCH, &x) != 0 ||
+            mt_alloc_malloc(a, 5u << 20, NULL, MT_TAG_ACTIVATIONS, &y) != 0)
+            return 1;
+        mt_alloc_free(a, x);
+        mt_alloc_free(a, y);
+    }
+    mt_alloc_empty_cache(a);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
     mt_prof_destroy(&p);
     return 0;
 }
