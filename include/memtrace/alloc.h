@@ -69,7 +69,11 @@ MT_API mt_backend_t *mt_alloc_backend(const mt_alloc_t *a);
 /* Allocates size bytes (size 0 returns a NULL pointer and 0) for use on stream (NULL =
  * default stream), tagged tag. The block is reused only on that stream unless
  * mt_alloc_record_stream() says otherwise. Returns MT_ENOMEM after the full recovery
- * sequence; the message is then in mt_alloc_last_error() and the log. */
+ * sequence; the message is then in mt_alloc_last_error() and the log. MT_EINVAL for a
+ * tag outside [0, MT_TAG_MAX). Cached blocks may outlive their stream: the allocator
+ * never calls into a stream after the call that passed it, except that a stream given
+ * to mt_alloc_record_stream must be alive when that block is freed (an event is
+ * recorded on it then). */
 MT_API int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out);
 /* Frees a pointer from mt_alloc_malloc (NULL is a no-op). If the block was used on other
  * streams, it returns to the pool only once events recorded now have completed.
@@ -87,7 +91,11 @@ MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size
  * within it makes no backend malloc. Emits MT_EV_RESERVE. */
 MT_API int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream);
 /* Record/replay warm-up: between begin and end, the allocator tracks the peak of live
- * bytes; end releases the cache and reserves that peak (plus its rounding slack). */
+ * bytes; end releases the cache and reserves that peak (plus its rounding slack).
+ * Blocks allocated before begin and still live at end (weights, ...) are part of the
+ * peak but already have their memory, so they are not reserved again. The slack is one
+ * eighth of the reserved peak plus 2 MiB, for fragmentation inside the reservation when
+ * later runs allocate other lengths. warmup_end without begin returns MT_EINVAL. */
 MT_API int mt_alloc_warmup_begin(mt_alloc_t *a);
 MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 
