@@ -19,48 +19,7 @@
 
 #define MiB ((size_t)1 << 20)
 
-/* The fake's control functions, found in the same object the backend dlopens. */
-static struct {
-    void *lib;
-    void (*reset)(size_t capacity, int devices);
-    void (*fail_next)(const char *name, unsigned count, CUresult res);
-    void (*hold)(bool on);
-    size_t (*ncalls)(void);
-    const char *(*call)(size_t i, uint64_t *a, uint64_t *b);
-    size_t (*count)(const char *name);
-    size_t (*used)(void);
-    long (*ctx_depth)(void);
-} fk;
-
-static int group_setup(void **state)
-{
-    (void)state;
-    const char *path = getenv("MEMTRACE_LIBCUDA");
-    if (path == NULL)
-        return -1;
-    fk.lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (fk.lib == NULL)
-        return -1;
-    *(void **)&fk.reset = dlsym(fk.lib, "fake_cuda_reset");
-    *(void **)&fk.fail_next = dlsym(fk.lib, "fake_cuda_fail");
-    *(void **)&fk.hold = dlsym(fk.lib, "fake_cuda_hold");
-    *(void **)&fk.ncalls = dlsym(fk.lib, "fake_cuda_ncalls");
-    *(void **)&fk.call = dlsym(fk.lib, "fake_cuda_call");
-    *(void **)&fk.count = dlsym(fk.lib, "fake_cuda_count");
-    *(void **)&fk.used = dlsym(fk.lib, "fake_cuda_used");
-    *(void **)&fk.ctx_depth = dlsym(fk.lib, "fake_cuda_ctx_depth");
-    return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
-                   fk.ctx_depth
-               ? 0
-               : -1;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    dlclose(fk.lib);
-    return 0;
-}
+#include "tests/cuda/fake_ctl.h"
 
 static mt_backend_t *make(void)
 {
@@ -73,22 +32,6 @@ static mt_backend_t *make(void)
     assert_true(mt__cuda_is_cuda(b));
     fk.reset(64 * MiB, 1); /* logs start after creation */
     return b;
-}
-
-/* Index of the first logged call named name at or after from, or SIZE_MAX. */
-static size_t find_call(const char *name, size_t from, uint64_t *a, uint64_t *b)
-{
-    for (size_t i = from; i < fk.ncalls(); i++) {
-        uint64_t x, y;
-        if (strcmp(fk.call(i, &x, &y), name) == 0) {
-            if (a)
-                *a = x;
-            if (b)
-                *b = y;
-            return i;
-        }
-    }
-    return SIZE_MAX;
 }
 
 static void test_enodev_without_library(void **state)
@@ -364,5 +307,5 @@ int main(void)
         cmocka_unit_test(test_streams_events_pending), cmocka_unit_test(test_vm_mapping_order),
         cmocka_unit_test(test_vm_map_all_or_nothing),  cmocka_unit_test(test_host_memory),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }
