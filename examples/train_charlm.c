@@ -1,0 +1,597 @@
+/* train_charlm: a character-level LSTM language model trained on the bundled public-domain
+ * text, on memtrace's allocator and RNN engine. The README demo.
+ *
+ * Model: embedding [V, E] -> LSTM (mt_rnn, L layers, hidden H) -> linear [V, H] -> softmax
+ * cross-entropy; Adam. Batches are B parallel streams through the text with a random
+ * length T in [min_len, max_len] per batch; truncated BPTT: the final (h, c) of a batch is
+ * the initial state of the next, detached (no gradient flows across batches). After
+ * training it samples characters with the constant-memory step API.
+ *
+ * Everything allocates from the caching allocator with a tag (weights, grads, optimizer,
+ * activations, batch), so the memory summary at the end says where the bytes went. The
+ * embedding, linear layer, loss and Adam are computed here on the CPU with CBLAS, like the
+ * engine's CPU path: the buffers are sim-device memory, which is host-addressable. */
+#include <cblas.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/rnn.h"
+#include "mt_config.h"
+
+#define EMBED 64
+
+typedef struct opts_s {
+    int epochs, hidden, layers, batch, min_len, max_len, sample;
+    uint64_t seed;
+    double lr;
+    bool warmup;
+    const char *text;
+} opts_t;
+
+/* One trainable tensor with its gradient and Adam moments (all allocator memory). */
+typedef struct param_s {
+    float *w, *g, *m, *v;
+    size_t n;
+} param_t;
+
+typedef struct model_s {
+    mt_alloc_t *a;
+    mt_rnn_t *rnn;
+    int V, H, L;
+    float *emb, *demb; /* [V, EMBED] */
+    float *wo, *dwo;   /* [V, H] */
+    float *bo, *dbo;   /* [V] */
+    param_t p[4];      /* rnn flat, emb, wo, bo */
+    long adam_t;
+    float *h[2], *c[2]; /* ping-pong states [L, B, H] */
+    int cur;            /* which of h/c holds the current state */
+} model_t;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: train_charlm [options]\n"
+               "  --epochs N      passes over the text (default 10)\n"
+               "  --hidden H      LSTM hidden size (default 128)\n"
+               "  --layers L      LSTM layers (default 1)\n"
+               "  --batch B       parallel streams (default 32)\n"
+               "  --min-len T     shortest batch, steps (default 32)\n"
+               "  --max-len T     longest batch, steps (default 96)\n"
+               "  --lr X          Adam learning rate (default 0.003)\n"
+               "  --seed S        seed of the weights, batch lengths and sampling (default 1)\n"
+               "  --sample N      characters to generate after training (default 400)\n"
+               "  --text PATH     training text (default data/text/corpus.txt)\n"
+               "  --no-warmup     skip the warm-up step at the largest shape (U2)\n"
+               "  --help          this text\n");
+}
+
+static int parse(int argc, char **argv, opts_t *o)
+{
+    *o = (opts_t){
+        10, 128, 1, 32, 32, 96, 400, 1, 3e-3, true, MT_SOURCE_ROOT "/data/text/corpus.txt"};
+    for (int i = 1; i < argc; i++) {
+        const char *k = argv[i];
+        if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!strcmp(k, "--no-warmup")) {
+            o->warmup = false;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "train_charlm: %s needs a value\n", k);
+            return -1;
+        }
+        const char *v = argv[++i];
+        char *end;
+        long n = strtol(v, &end, 10);
+        bool num = *v && !*end;
+        if (!strcmp(k, "--epochs") && num && n > 0)
+            o->epochs = (int)n;
+        else if (!strcmp(k, "--hidden") && num && n > 0)
+            o->hidden = (int)n;
+        else if (!strcmp(k, "--layers") && num && n > 0)
+            o->layers = (int)n;
+        else if (!strcmp(k, "--batch") && num && n > 0)
+            o->batch = (int)n;
+        else if (!strcmp(k, "--min-len") && num && n > 0)
+            o->min_len = (int)n;
+        else if (!strcmp(k, "--max-len") && num && n > 0)
+            o->max_len = (int)n;
+        else if (!strcmp(k, "--sample") && num && n >= 0)
+            o->sample = (int)n;
+        else if (!strcmp(k, "--seed") && num)
+            o->seed = (uint64_t)n;
+        else if (!strcmp(k, "--lr") && (o->lr = strtod(v, &end)) > 0 && !*end)
+            ;
+        else if (!strcmp(k, "--text"))
+            o->text = v;
+        else {
+            fprintf(stderr, "train_charlm: bad option or value: %s %s\n", k, v);
+            return -1;
+        }
+    }
+    if (o->min_len > o->max_len) {
+        fprintf(stderr, "train_charlm: --min-len must be <= --max-len\n");
+        return -1;
+    }
+    return 0;
+}
+
+static void log_cb(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)ud;
+    if (level <= MT_LOG_INFO)
+        fprintf(stderr, "[memtrace %s] %s\n",
+                level == MT_LOG_ERROR  ? "error"
+                : level == MT_LOG_WARN ? "warning"
+                                       : "info",
+                msg);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s)
+{
+    return (double)(rng_next(s) >> 11) / 9007199254740992.0;
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_) {                                                                                 \
+            fprintf(stderr, "train_charlm: %s failed: %s\n", #call, mt_strerror(rc_));             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static float *dev(mt_alloc_t *a, size_t n, int tag)
+{
+    void *p = NULL;
+    CHECK(mt_alloc_malloc(a, n * sizeof(float), NULL, tag, &p));
+    return p;
+}
+
+/* ---- the text ---- */
+
+typedef struct text_s {
+    unsigned char *ids; /* token ids, n */
+    size_t n;
+    int V;
+    unsigned char chars[256]; /* id -> byte */
+    double entropy_bits;      /* unigram entropy of the text, bits per character */
+} text_t;
+
+static int load_text(const char *path, text_t *t)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "train_charlm: cannot open %s\n", path);
+        return -1;
+    }
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    t->ids = malloc((size_t)len + 1);
+    t->n = fread(t->ids, 1, (size_t)len, f);
+    fclose(f);
+    size_t count[256] = {0};
+    for (size_t i = 0; i < t->n; i++)
+        count[t->ids[i]]++;
+    int map[256];
+    t->V = 0;
+    t->entropy_bits = 0;
+    for (int c = 0; c < 256; c++) {
+        map[c] = -1;
+        if (!count[c])
+            continue;
+        map[c] = t->V;
+        t->chars[t->V++] = (unsigned char)c;
+        double p = (double)count[c] / (double)t->n;
+        t->entropy_bits -= p * log2(p);
+    }
+    for (size_t i = 0; i < t->n; i++)
+        t->ids[i] = (unsigned char)map[t->ids[i]];
+    return t->n > 1000 ? 0 : -1;
+}
+
+/* ---- the model ---- */
+
+static void uniform_fill(float *w, size_t n, double k, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = (float)((2.0 * rng_unit(s) - 1.0) * k);
+}
+
+static void model_init(model_t *md, mt_alloc_t *a, const opts_t *o, int V)
+{
+    memset(md, 0, sizeof *md);
+    md->a = a;
+    md->V = V;
+    md->H = o->hidden;
+    md->L = o->layers;
+    mt_rnn_cfg_t rc = mt_rnn_cfg_default();
+    rc.mode = MT_RNN_LSTM;
+    rc.input_size = EMBED;
+    rc.hidden_size = o->hidden;
+    rc.num_layers = o->layers;
+    rc.seed = o->seed;
+    rc.alloc = a;
+    rc.log = log_cb;
+    CHECK(mt_rnn_create(&md->rnn, &rc));
+    uint64_t s = o->seed * 7919 + 1;
+    md->emb = dev(a, (size_t)V * EMBED, MT_TAG_WEIGHTS);
+    md->wo = dev(a, (size_t)V * o->hidden, MT_TAG_WEIGHTS);
+    md->bo = dev(a, (size_t)V, MT_TAG_WEIGHTS);
+    uniform_fill(md->emb, (size_t)V * EMBED, 1.0, &s);
+    uniform_fill(md->wo, (size_t)V * o->hidden, 1.0 / sqrt((double)o->hidden), &s);
+    memset(md->bo, 0, (size_t)V * sizeof(float));
+    md->demb = dev(a, (size_t)V * EMBED, MT_TAG_GRADS);
+    md->dwo = dev(a, (size_t)V * o->hidden, MT_TAG_GRADS);
+    md->dbo = dev(a, (size_t)V, MT_TAG_GRADS);
+    size_t nr;
+    float *rw = mt_rnn_weights(md->rnn, &nr);
+    md->p[0] = (param_t){rw, mt_rnn_grads(md->rnn, NULL), NULL, NULL, nr};
+    md->p[1] = (param_t){md->emb, md->demb, NULL, NULL, (size_t)V * EMBED};
+    md->p[2] = (param_t){md->wo, md->dwo, NULL, NULL, (size_t)V * o->hidden};
+    md->p[3] = (param_t){md->bo, md->dbo, NULL, NULL, (size_t)V};
+    for (int i = 0; i < 4; i++) {
+        md->p[i].m = dev(a, md->p[i].n, MT_TAG_OPTIMIZER);
+        md->p[i].v = dev(a, md->p[i].n, MT_TAG_OPTIMIZER);
+        memset(md->p[i].m, 0, md->p[i].n * sizeof(float));
+        memset(md->p[i].v, 0, md->p[i].n * sizeof(float));
+        if (i > 0)
+            memset(md->p[i].g, 0, md->p[i].n * sizeof(float));
+    }
+    size_t ns = (size_t)o->layers * o->batch * o->hidden;
+    for (int i = 0; i < 2; i++) {
+        md->h[i] = dev(a, ns, MT_TAG_ACTIVATIONS);
+        md->c[i] = dev(a, ns, MT_TAG_ACTIVATIONS);
+        memset(md->h[i], 0, ns * sizeof(float));
+        memset(md->c[i], 0, ns * sizeof(float));
+    }
+}
+
+static void model_free(model_t *md)
+{
+    for (int i = 0; i < 4; i++) {
+        mt_alloc_free(md->a, md->p[i].m);
+        mt_alloc_free(md->a, md->p[i].v);
+    }
+    float *bufs[] = {md->emb, md->demb, md->wo,   md->dwo,  md->bo,
+                     md->dbo, md->h[0], md->h[1], md->c[0], md->c[1]};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        mt_alloc_free(md->a, bufs[i]);
+    mt_rnn_destroy(&md->rnn);
+}
+
+static void zero_grads(model_t *md)
+{
+    CHECK(mt_rnn_zero_grads(md->rnn));
+    for (int i = 1; i < 4; i++)
+        memset(md->p[i].g, 0, md->p[i].n * sizeof(float));
+}
+
+/* Adam with global-norm gradient clipping at 5. */
+static void adam_step(model_t *md, double lr)
+{
+    const double b1 = 0.9, b2 = 0.999, eps = 1e-8, clip = 5.0;
+    double norm2 = 0;
+    for (int i = 0; i < 4; i++)
+        for (size_t k = 0; k < md->p[i].n; k++)
+            norm2 += (double)md->p[i].g[k] * md->p[i].g[k];
+    double scale = sqrt(norm2) > clip ? clip / sqrt(norm2) : 1.0;
+    md->adam_t++;
+    double c1 = 1.0 - pow(b1, (double)md->adam_t), c2 = 1.0 - pow(b2, (double)md->adam_t);
+    for (int i = 0; i < 4; i++) {
+        param_t *p = &md->p[i];
+        for (size_t k = 0; k < p->n; k++) {
+            double g = p->g[k] * scale;
+            p->m[k] = (float)(b1 * p->m[k] + (1 - b1) * g);
+            p->v[k] = (float)(b2 * p->v[k] + (1 - b2) * g * g);
+            p->w[k] -= (float)(lr * (p->m[k] / c1) / (sqrt(p->v[k] / c2) + eps));
+        }
+    }
+}
+
+/* One forward + backward over tokens in[T*B] -> targets tg[T*B] (t-major). Returns the
+ * summed cross-entropy in nats. The state advances: hy/cy become the next hx/cx. */
+static double train_step(model_t *md, const unsigned char *in, const unsigned char *tg, int T,
+                         int B)
+{
+    mt_alloc_t *a = md->a;
+    int V = md->V, H = md->H;
+    size_t tb = (size_t)T * B;
+    float *x = dev(a, tb * EMBED, MT_TAG_ACTIVATIONS);
+    float *y = dev(a, tb * H, MT_TAG_ACTIVATIONS);
+    for (size_t r = 0; r < tb; r++)
+        memcpy(x + r * EMBED, md->emb + (size_t)in[r] * EMBED, EMBED * sizeof(float));
+    int nx = md->cur ^ 1;
+    mt_rnn_io_t io = {T, B, x, y, md->h[md->cur], md->c[md->cur], md->h[nx], md->c[nx]};
+    mt_rnn_reserve_t *res;
+    CHECK(mt_rnn_forward(md->rnn, &io, &res));
+
+    /* logits = y Wo^T + bo, then softmax cross-entropy; dlogits in place. */
+    float *lg = dev(a, tb * V, MT_TAG_ACTIVATIONS);
+    for (size_t r = 0; r < tb; r++)
+        memcpy(lg + r * V, md->bo, (size_t)V * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, V, H, 1.0f, y, H, md->wo, H, 1.0f,
+                lg, V);
+    double loss = 0;
+    float inv = 1.0f / (float)tb;
+    for (size_t r = 0; r < tb; r++) {
+        float *l = lg + r * V, mx = l[0];
+        for (int k = 1; k < V; k++)
+            mx = l[k] > mx ? l[k] : mx;
+        double sum = 0;
+        for (int k = 0; k < V; k++) {
+            l[k] = expf(l[k] - mx);
+            sum += l[k];
+        }
+        loss -= log(l[tg[r]] / sum);
+        for (int k = 0; k < V; k++)
+            l[k] = (float)(l[k] / sum) * inv;
+        l[tg[r]] -= inv;
+    }
+    /* Linear layer backward, then the RNN, then the embedding. */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, H, (int)tb, 1.0f, lg, V, y, H, 1.0f,
+                md->dwo, H);
+    for (size_t r = 0; r < tb; r++)
+        for (int k = 0; k < V; k++)
+            md->dbo[k] += lg[r * V + k];
+    float *dy = dev(a, tb * H, MT_TAG_ACTIVATIONS);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, H, V, 1.0f, lg, V, md->wo, H,
+                0.0f, dy, H);
+    mt_alloc_free(a, lg);
+    float *dx = dev(a, tb * EMBED, MT_TAG_ACTIVATIONS);
+    mt_rnn_grad_io_t g = {.dy = dy, .dx = dx}; /* dhy = NULL: the state is detached */
+    CHECK(mt_rnn_backward(md->rnn, &res, &g));
+    for (size_t r = 0; r < tb; r++) {
+        float *d = md->demb + (size_t)in[r] * EMBED;
+        for (int k = 0; k < EMBED; k++)
+            d[k] += dx[r * EMBED + k];
+    }
+    mt_alloc_free(a, dx);
+    mt_alloc_free(a, dy);
+    mt_alloc_free(a, y);
+    mt_alloc_free(a, x);
+    md->cur = nx;
+    return loss;
+}
+
+/* Samples n characters with the step API (constant memory), starting from the training
+ * state of stream 0 and the given character. */
+static void sample(model_t *md, const text_t *t, int n, int first, uint64_t *s, int B)
+{
+    mt_alloc_t *a = md->a;
+    int V = md->V, H = md->H, L = md->L;
+    size_t ns = (size_t)L * H;
+    float *h[2] = {dev(a, ns, MT_TAG_ACTIVATIONS), dev(a, ns, MT_TAG_ACTIVATIONS)};
+    float *c[2] = {dev(a, ns, MT_TAG_ACTIVATIONS), dev(a, ns, MT_TAG_ACTIVATIONS)};
+    /* Batch row 0 of each layer's training state. */
+    for (int l = 0; l < L; l++) {
+        memcpy(h[0] + (size_t)l * H, md->h[md->cur] + (size_t)l * B * H, H * sizeof(float));
+        memcpy(c[0] + (size_t)l * H, md->c[md->cur] + (size_t)l * B * H, H * sizeof(float));
+    }
+    float *x = dev(a, EMBED, MT_TAG_ACTIVATIONS), *y = dev(a, H, MT_TAG_ACTIVATIONS);
+    float *p = dev(a, V, MT_TAG_ACTIVATIONS);
+    int ch = first;
+    putchar(t->chars[ch]);
+    for (int i = 0; i < n; i++) {
+        memcpy(x, md->emb + (size_t)ch * EMBED, EMBED * sizeof(float));
+        CHECK(mt_rnn_step(md->rnn, 1, x, h[i & 1], c[i & 1], y, h[!(i & 1)], c[!(i & 1)]));
+        memcpy(p, md->bo, V * sizeof(float));
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, V, H, 1.0f, md->wo, H, y, 1, 1.0f, p, 1);
+        double mx = p[0], sum = 0;
+        for (int k = 1; k < V; k++)
+            mx = p[k] > mx ? p[k] : mx;
+        for (int k = 0; k < V; k++) /* temperature 0.8 */
+            sum += (p[k] = (float)exp((p[k] - mx) / 0.8));
+        double u = rng_unit(s) * sum;
+        for (ch = 0; ch < V - 1 && (u -= p[ch]) > 0; ch++)
+            ;
+        putchar(t->chars[ch]);
+    }
+    putchar('\n');
+    float *bufs[] = {h[0], h[1], c[0], c[1], x, y, p};
+    for (int i = 0; i < 7; i++)
+        mt_alloc_free(a, bufs[i]);
+}
+
+/* ---- reporting ---- */
+
+static double mib(double b)
+{
+    return b / (1024.0 * 1024.0);
+}
+
+/* st and bc: taken at the end of training (sampling resets the peak afterwards). */
+static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
+                           const mt_backend_counters_t *bcp, mt_rnn_t *rnn, int maxT, int B)
+{
+    const mt_alloc_stats_t st = *stp;
+    const mt_backend_counters_t bc = *bcp;
+    double pa = (double)st.allocated_bytes[MT_STAT_ALL].peak;
+    double pr = (double)st.reserved_bytes[MT_STAT_ALL].peak;
+    printf("\nmemory summary (%s backend)\n", mt_backend_name(mt_alloc_backend(a)));
+    printf("  peak allocated   %8.2f MiB\n", mib(pa));
+    printf("  peak reserved    %8.2f MiB   (now %.2f MiB)\n", mib(pr),
+           mib((double)st.reserved_bytes[MT_STAT_ALL].current));
+    printf("  utilization      %8.1f %%    (peak allocated / peak reserved)\n",
+           pr > 0 ? 100.0 * pa / pr : 100.0);
+    printf("  backend calls    %llu malloc, %llu free   (allocator requests: %llu)\n",
+           (unsigned long long)(bc.malloc_calls + bc.vm_map_calls),
+           (unsigned long long)(bc.free_calls + bc.vm_unmap_calls),
+           (unsigned long long)st.allocation[MT_STAT_ALL].allocated);
+    printf("  per tag (peak / now, MiB):\n");
+    for (int t = 0; t < MT_TAG_USER_FIRST; t++) {
+        const mt_stat_t *s = &st.tag_allocated_bytes[t];
+        if (s->peak == 0)
+            continue;
+        printf("    %-12s %8.2f / %.2f\n", mt_alloc_tag_name(a, t), mib((double)s->peak),
+               mib((double)s->current));
+    }
+    mt_rnn_act_t act;
+    CHECK(mt_rnn_activation_bytes(rnn, maxT, B, &act));
+    mt_rnn_stats_t rs;
+    CHECK(mt_rnn_stats(rnn, &rs));
+    printf("  LSTM activations per step: %.1f KiB kept (%.0f H-vectors per step, batch row and "
+           "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
+           (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
+           (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
+    printf("  weight compactions: %llu (weights %s)\n", (unsigned long long)rs.compactions,
+           rs.flat ? "flat" : "NOT flat");
+}
+
+int main(int argc, char **argv)
+{
+    opts_t o;
+    if (parse(argc, argv, &o))
+        return 2;
+    text_t text;
+    if (load_text(o.text, &text))
+        return 1;
+
+    mt_backend_cfg_t bcfg = mt_backend_cfg_default();
+    bcfg.log = log_cb;
+    mt_backend_t *b;
+    CHECK(mt_backend_create(&b, &bcfg));
+    mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
+    char err[256];
+    if (mt_alloc_cfg_from_env(&acfg, err, sizeof err)) {
+        fprintf(stderr, "train_charlm: MEMTRACE_ALLOC_CONF: %s\n", err);
+        return 2;
+    }
+    acfg.backend = b;
+    acfg.log = log_cb;
+    mt_alloc_t *a;
+    CHECK(mt_alloc_create(&a, &acfg));
+
+    printf("backend: %s\n", mt_backend_name(b));
+    printf("text: %s, %zu characters, vocabulary %d, unigram entropy %.3f bits/char\n", o.text,
+           text.n, text.V, text.entropy_bits);
+    model_t md;
+    model_init(&md, a, &o, text.V);
+    printf("model: embedding %d -> LSTM %d x %d (%s path) -> linear %d; batch %d, lengths "
+           "%d..%d, Adam lr %g\n",
+           EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.batch, o.min_len,
+           o.max_len, o.lr);
+
+    int B = o.batch;
+    size_t span = (text.n - 1) / (size_t)B; /* each stream's share of the text */
+    unsigned char *in = malloc((size_t)o.max_len * B), *tg = malloc((size_t)o.max_len * B);
+    uint64_t rng = o.seed * 1000003u + 17;
+
+    if (o.warmup) {
+        /* U2: one full step at the largest shape, measured, then reserved as one segment;
+         * it leaves no trace in the model (gradients zeroed, state reset, no update). */
+        CHECK(mt_alloc_warmup_begin(a));
+        for (size_t r = 0; r < (size_t)o.max_len * B; r++)
+            in[r] = tg[r] = 0;
+        train_step(&md, in, tg, o.max_len, B);
+        zero_grads(&md);
+        CHECK(mt_alloc_warmup_end(a, NULL));
+        size_t ns = (size_t)o.layers * B * o.hidden * sizeof(float);
+        for (int i = 0; i < 2; i++) {
+            memset(md.h[i], 0, ns);
+            memset(md.c[i], 0, ns);
+        }
+        mt_alloc_stats_t st;
+        CHECK(mt_alloc_stats(a, &st));
+        printf("warm-up: one step at T=%d, B=%d; reserved %.2f MiB\n", o.max_len, B,
+               mib((double)st.reserved_bytes[MT_STAT_ALL].current));
+    } else {
+        printf("warm-up: skipped (--no-warmup)\n");
+    }
+    mt_backend_counters_t c0;
+    mt_backend_counters(b, &c0);
+
+    double first_loss = 0, last_loss = 0;
+    for (int ep = 0; ep < o.epochs; ep++) {
+        double t0 = now_s(), loss = 0;
+        size_t toks = 0, pos = 0;
+        int steps = 0;
+        while (pos + (size_t)o.min_len < span) {
+            int T = o.min_len + (int)(rng_next(&rng) % (uint64_t)(o.max_len - o.min_len + 1));
+            if (pos + (size_t)T > span)
+                T = (int)(span - pos);
+            for (int t = 0; t < T; t++) {
+                for (int bb = 0; bb < B; bb++) {
+                    size_t k = (size_t)bb * span + pos + (size_t)t;
+                    in[(size_t)t * B + bb] = text.ids[k];
+                    tg[(size_t)t * B + bb] = text.ids[k + 1];
+                }
+            }
+            loss += train_step(&md, in, tg, T, B);
+            adam_step(&md, o.lr);
+            zero_grads(&md);
+            toks += (size_t)T * B;
+            pos += (size_t)T;
+            steps++;
+        }
+        double dt = now_s() - t0, bits = loss / (double)toks / log(2.0);
+        if (ep == 0)
+            first_loss = bits;
+        last_loss = bits;
+        printf("epoch %2d  loss %.3f bits/char (unigram %.3f)  %4d batches  %7.0f tokens/s  "
+               "%.1f s\n",
+               ep + 1, bits, text.entropy_bits, steps, (double)toks / dt, dt);
+        fflush(stdout);
+        /* A new pass starts every stream from the beginning of its share: reset the state. */
+        size_t ns = (size_t)o.layers * B * o.hidden * sizeof(float);
+        memset(md.h[md.cur], 0, ns);
+        memset(md.c[md.cur], 0, ns);
+    }
+    mt_backend_counters_t c1;
+    mt_backend_counters(b, &c1);
+    printf("loss: %.3f -> %.3f bits/char, %.3f below the unigram entropy\n", first_loss, last_loss,
+           text.entropy_bits - last_loss);
+    printf(
+        "backend mallocs during training: %llu%s\n",
+        (unsigned long long)(c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls),
+        o.warmup ? " (after warm-up)" : " (no warm-up)");
+
+    mt_alloc_stats_t train_st;
+    CHECK(mt_alloc_stats(a, &train_st));
+    if (o.sample > 0) {
+        mt_alloc_reset_peak(a);
+        mt_alloc_stats_t st;
+        CHECK(mt_alloc_stats(a, &st));
+        int64_t before = st.allocated_bytes[MT_STAT_ALL].current;
+        printf("\nsample (%d characters, temperature 0.8):\n", o.sample);
+        int first = text.ids[(size_t)(rng_next(&rng) % (uint64_t)text.n)];
+        sample(&md, &text, o.sample, first, &rng, B);
+        CHECK(mt_alloc_stats(a, &st));
+        printf("sampling peak: %.1f KiB above the model (constant in the number of "
+               "characters)\n",
+               (double)(st.allocated_bytes[MT_STAT_ALL].peak - before) / 1024.0);
+    }
+    memory_summary(a, &train_st, &c1, md.rnn, o.max_len, B);
+
+    free(in);
+    free(tg);
+    free(text.ids);
+    model_free(&md);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    return 0;
+}
