@@ -93,9 +93,10 @@ MT_API int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream);
 /* Record/replay warm-up: between begin and end, the allocator tracks the peak of live
  * bytes; end releases the cache and reserves that peak (plus its rounding slack).
  * Blocks allocated before begin and still live at end (weights, ...) are part of the
- * peak but already have their memory, so they are not reserved again. The slack is one
- * eighth of the reserved peak plus 2 MiB, for fragmentation inside the reservation when
- * later runs allocate other lengths. warmup_end without begin returns MT_EINVAL. */
+ * peak but already have their memory, so they are not reserved again. The slack is
+ * 1/32 of the reserved peak, then rounded up to 2 MiB, for fragmentation inside the
+ * reservation when later runs allocate other lengths. warmup_end without begin returns
+ * MT_EINVAL. */
 MT_API int mt_alloc_warmup_begin(mt_alloc_t *a);
 MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 

@@ -66,7 +66,7 @@ static void test_warmup_then_zero_backend_mallocs(void **state)
         /* The measured peak plus a small slack, not more. */
         assert_true((int64_t)snap->segments[i].size >= transient);
         assert_true((int64_t)snap->segments[i].size <=
-                    transient + transient / 8 + (int64_t)(4 * MIB));
+                    transient + transient / 32 + (int64_t)(2 * MIB));
     }
     assert_int_equal(nres, 1);
     mt_alloc_snapshot_free(&snap);
