@@ -21,8 +21,9 @@
 #error "REPLAY_DATA_DIR must name tests/replay/data"
 #endif
 
-/* Set once by main from argv; the tests only read it. */
+/* Set once by main from argv; the tests only read them. */
 static const char *memtrace_path;
+static const char *gen_path; /* bench/gen_rnn_trace */
 
 typedef struct run_s {
     int status; /* exit status, or 128 + signal */
@@ -52,15 +53,12 @@ static char *read_all(FILE *f)
 
 /* Runs memtrace with args (NULL-terminated, after the program name). Output goes to
  * temporary files rather than pipes so a chatty child can never block. */
-static run_t run(const char *arg, ...)
+static run_t run_prog(const char *prog, const char *arg, va_list ap)
 {
-    const char *argv[16] = {memtrace_path};
+    const char *argv[16] = {prog};
     int argc = 1;
-    va_list ap;
-    va_start(ap, arg);
     for (const char *a = arg; a != NULL && argc < 15; a = va_arg(ap, const char *))
         argv[argc++] = a;
-    va_end(ap);
     argv[argc] = NULL;
     FILE *out = tmpfile(), *err = tmpfile();
     assert_true(out != NULL && err != NULL);
@@ -71,12 +69,31 @@ static run_t run(const char *arg, ...)
     if (pid == 0) {
         dup2(fileno(out), 1);
         dup2(fileno(err), 2);
-        execv(memtrace_path, (char *const *)argv);
+        execv(prog, (char *const *)argv);
         _exit(127);
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     run_t r = {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), read_all(out), read_all(err)};
+    return r;
+}
+
+/* Runs memtrace with args (NULL-terminated). */
+static run_t run(const char *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    run_t r = run_prog(memtrace_path, arg, ap);
+    va_end(ap);
+    return r;
+}
+
+static run_t run_gen(const char *arg, ...)
+{
+    va_list ap;
+    va_start(ap, arg);
+    run_t r = run_prog(gen_path, arg, ap);
+    va_end(ap);
     return r;
 }
 
@@ -269,6 +286,33 @@ static char *slurp(const char *path)
     return buf;
 }
 
+/* The committed RNN-like trace is what its generator writes: data and code cannot drift. */
+static void test_rnn_trace_reproducible(void **state)
+{
+    char tmp[] = "/tmp/rnn_varlen_XXXXXX";
+    int fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    run_t r = run_gen(tmp, NULL);
+    assert_int_equal(r.status, 0);
+    run_free(&r);
+    FILE *a = fopen(tmp, "rb"), *b = fopen(TRACES_DIR "/rnn_varlen.csv", "rb");
+    assert_true(a != NULL && b != NULL);
+    long n = 0;
+    int ca, cb;
+    do {
+        ca = fgetc(a);
+        cb = fgetc(b);
+        if (ca != cb)
+            fail_msg("%s differs from data/traces/rnn_varlen.csv at byte %ld", tmp, n);
+        n++;
+    } while (ca != EOF);
+    assert_true(n > 100000);
+    fclose(a);
+    fclose(b);
+    unlink(tmp);
+}
+
 static void test_invalid_files(void **state)
 {
     char dir[1024];
@@ -304,11 +348,12 @@ static void test_invalid_files(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        fprintf(stderr, "usage: test_replay_cli PATH-TO-memtrace\n");
+    if (argc < 3) {
+        fprintf(stderr, "usage: test_replay_cli PATH-TO-memtrace PATH-TO-gen_rnn_trace\n");
         return 2;
     }
     memtrace_path = argv[1];
+    gen_path = argv[2];
     /* The replay reads the allocator settings from the environment; the tests must not. */
     unsetenv("MEMTRACE_ALLOC_CONF");
     const struct CMUnitTest tests[] = {
@@ -320,6 +365,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_json_streams_exact_peak),
         cmocka_unit_test(test_warmup_makes_no_backend_calls),
         cmocka_unit_test(test_small_device_counts_ooms),
+        cmocka_unit_test(test_rnn_trace_reproducible),
         cmocka_unit_test(test_invalid_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
