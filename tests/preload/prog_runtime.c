@@ -55,6 +55,17 @@ int main(void)
         CHECK(cudaFree(d));
     }
     CHECK(cudaEventQuery(ev));
+    cudaEvent_t ev2;
+    float ms = -1;
+    CHECK(cudaEventCreate(&ev2));
+    CHECK(cudaEventRecord(ev2, s));
+    CHECK(cudaEventSynchronize(ev2));
+    CHECK(cudaEventElapsedTime(&ms, ev, ev2));
+    if (ms < 0) {
+        fprintf(stderr, "negative elapsed time %f ms\n", ms);
+        return 1;
+    }
+    CHECK(cudaEventDestroy(ev2));
     CHECK(cudaEventDestroy(ev));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaDeviceSynchronize());
