@@ -336,6 +336,19 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
      * no other process needs the name. */
     mt__ring_unlink(p->ring);
     rc = start_local(p, cfg->log_path);
+    if (rc && cfg->mode == MT_PROF_AUTO) {
+        /* Auto mode must never stop the program: with no daemon and no writable log,
+         * recording is off (and counted), and the log callback says so. */
+        logf_(p, MT_LOG_WARN, "memtrace: no daemon and no usable log (%s); profiler off",
+              mt_strerror(rc));
+        if (p->log_fd >= 0)
+            close(p->log_fd);
+        p->log_fd = -1;
+        mt__ring_close(&p->ring);
+        p->mode = MT_PROF_OFF;
+        *out = p;
+        return 0;
+    }
     if (rc)
         goto fail;
     p->mode = MT_PROF_LOG;

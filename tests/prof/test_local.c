@@ -191,6 +191,34 @@ static void test_off_mode(void **state)
     mt_prof_destroy(&p);
 }
 
+/* Auto mode never stops the program: no daemon and an unwritable log -> recording off. */
+static void test_auto_degrades_to_off(void **state)
+{
+    (void)state;
+    char sock[108];
+    tmp_path(sock, sizeof(sock), "none.sock");
+    logrec_t lr = {.n = 0};
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.socket = sock;
+    cfg.log_path = "/nonexistent-dir/memtrace.ndjson";
+    cfg.log = log_cb;
+    cfg.log_ud = &lr;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    assert_true(logged(&lr, "profiler off"));
+    mt_event_rec_t ev = ev_of(MT_EV_ALLOC, 1);
+    assert_int_equal(mt_prof_record(p, &ev), 0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.mode, MT_PROF_OFF);
+    assert_int_equal(st.emitted, 1);
+    mt_prof_destroy(&p);
+    /* In explicit log mode the same failure is an error. */
+    cfg.mode = MT_PROF_LOG;
+    assert_int_equal(mt_prof_create(&p, &cfg), MT_ENOENT);
+    assert_null(p);
+}
+
 static void test_env_mode(void **state)
 {
     (void)state;
@@ -384,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_fallback_to_local_log),
         cmocka_unit_test(test_log_mode_drops_counted),
         cmocka_unit_test(test_off_mode),
+        cmocka_unit_test(test_auto_degrades_to_off),
         cmocka_unit_test(test_env_mode),
         cmocka_unit_test(test_daemon_mode),
         cmocka_unit_test(test_daemon_refuses),
