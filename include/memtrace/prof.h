@@ -62,8 +62,7 @@ MT_API int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg);
 
 /* Creates the ring and connects (see mode). *out is new. In MT_PROF_AUTO mode it never
  * fails for want of a daemon or a log: with neither, the live mode is MT_PROF_OFF (logged).
- * In MT_PROF_DAEMON mode, no
- * daemon gives MT_ENOENT (or the daemon's refusal: MT_EPROTO). */
+ * In MT_PROF_DAEMON mode, no daemon gives MT_ENOENT (or the daemon's refusal: MT_EPROTO). */
 MT_API int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg);
 /* Final drain (local mode), marks a clean exit in the ring header, closes the
  * connection to the daemon, frees *p. Sets *p = NULL. */
