@@ -5,44 +5,44 @@
 
 #include "rnn/internal.h"
 
-static size_t cpu_reserve_bytes(const mt__rnn_shape_t *s, int T, int B)
+static size_t cpu_reserve_bytes(const mt_rnn_t *m, int T, int B)
 {
-    return mt__rnn_cpu_reserve_floats(s, T, B) * sizeof(float);
+    return mt__rnn_cpu_reserve_floats(&m->shape, T, B) * sizeof(float);
 }
 
-static size_t cpu_fwd_work_bytes(const mt__rnn_shape_t *s, int T, int B, bool training)
+static size_t cpu_fwd_work_bytes(const mt_rnn_t *m, int T, int B, bool training)
 {
-    return mt__rnn_cpu_fwd_work_floats(s, T, B, training) * sizeof(float);
+    return mt__rnn_cpu_fwd_work_floats(&m->shape, T, B, training) * sizeof(float);
 }
 
-static size_t cpu_bwd_work_bytes(const mt__rnn_shape_t *s, int T, int B)
+static size_t cpu_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
 {
-    return mt__rnn_cpu_bwd_work_floats(s, T, B) * sizeof(float);
+    return mt__rnn_cpu_bwd_work_floats(&m->shape, T, B) * sizeof(float);
 }
 
-static int cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
-                       bool training, void *reserve, void *work)
+static int cpu_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                       void *reserve, void *work)
 {
-    return mt__rnn_cpu_forward(s, w, io, training, reserve, work);
+    return mt__rnn_cpu_forward(&m->shape, w, io, training, reserve, work);
 }
 
-static int cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
+static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
                         void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
-    return mt__rnn_cpu_backward(s, w, dw, io, reserve, g, work);
+    return mt__rnn_cpu_backward(&m->shape, w, dw, io, reserve, g, work);
 }
 
-static int cpu_copy(mt_backend_t *b, void *dst, const void *src, size_t n)
+static int cpu_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
 {
-    (void)b;
+    (void)m;
     if (n)
         memmove(dst, src, n);
     return 0;
 }
 
-static int cpu_zero(mt_backend_t *b, void *dst, size_t n)
+static int cpu_zero(mt_rnn_t *m, void *dst, size_t n)
 {
-    (void)b;
+    (void)m;
     if (n)
         memset(dst, 0, n);
     return 0;
@@ -50,6 +50,8 @@ static int cpu_zero(mt_backend_t *b, void *dst, size_t n)
 
 const mt__rnn_path_t mt__rnn_cpu_path = {
     .name = "cpu",
+    .init = NULL,
+    .fini = NULL,
     .reserve_bytes = cpu_reserve_bytes,
     .fwd_work_bytes = cpu_fwd_work_bytes,
     .bwd_work_bytes = cpu_bwd_work_bytes,

@@ -71,23 +71,30 @@ void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *ou
 
 /* ---- compute paths ---- */
 
+/* A compute path. Every function gets the module (shape, backend, allocator, stream and the
+ * path's own per-module state in m->path_state). Sizes may depend on that state (cuDNN asks
+ * cudnnGetRNNTempSpaceSizes), so they are functions of the module, not of the shape alone. */
 typedef struct mt__rnn_path_s {
     const char *name;
+    /* Optional: set up m->path_state (descriptors, handles) after the flat buffers exist;
+     * fini releases it. */
+    int (*init)(mt_rnn_t *m);
+    void (*fini)(mt_rnn_t *m);
     /* Bytes of the reserve a training forward of (T, B) keeps for backward. */
-    size_t (*reserve_bytes)(const mt__rnn_shape_t *s, int T, int B);
+    size_t (*reserve_bytes)(const mt_rnn_t *m, int T, int B);
     /* Bytes of temporary workspace for forward (training or inference) and backward. */
-    size_t (*fwd_work_bytes)(const mt__rnn_shape_t *s, int T, int B, bool training);
-    size_t (*bwd_work_bytes)(const mt__rnn_shape_t *s, int T, int B);
+    size_t (*fwd_work_bytes)(const mt_rnn_t *m, int T, int B, bool training);
+    size_t (*bwd_work_bytes)(const mt_rnn_t *m, int T, int B);
     /* w: flat weights (the module's buffer or a compacted copy). reserve is unused (and
      * may be NULL) in inference mode, or when reserve_bytes is 0. */
-    int (*forward)(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io, bool training,
-                   void *reserve, void *work);
-    /* io is the forward's; dw accumulates. */
-    int (*backward)(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
-                    void *reserve, const mt_rnn_grad_io_t *g, void *work);
-    /* Device-to-device copy of n bytes (compaction, flatten, replicate). */
-    int (*copy)(mt_backend_t *b, void *dst, const void *src, size_t n);
-    int (*zero)(mt_backend_t *b, void *dst, size_t n);
+    int (*forward)(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training, void *reserve,
+                   void *work);
+    /* io is the forward's; data gradients first, then weight gradients added to dw. */
+    int (*backward)(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io, void *reserve,
+                    const mt_rnn_grad_io_t *g, void *work);
+    /* Device-to-device copy of n bytes (compaction, flatten, replicate), and zeroing. */
+    int (*copy)(mt_rnn_t *m, void *dst, const void *src, size_t n);
+    int (*zero)(mt_rnn_t *m, void *dst, size_t n);
 } mt__rnn_path_t;
 
 extern const mt__rnn_path_t mt__rnn_cpu_path;
@@ -132,6 +139,7 @@ struct mt_rnn_s {
     size_t rebound;        /* views not at their flat place */
     bool warned;           /* the non-flat warning was logged */
     mt_rnn_stats_t stats;
+    void *path_state; /* owned by the path (init/fini), NULL for the cpu path */
 };
 
 /* What a training forward hands to backward. */

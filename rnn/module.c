@@ -149,11 +149,16 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     rc = init_weights(m, cfg->seed);
     if (rc)
         goto fail_init;
-    rc = path->zero(b, m->dw, bytes);
+    rc = path->zero(m, m->dw, bytes);
     if (rc)
         goto fail_init;
     mt__rnn_views_init(&shape, m->views, m->w);
     m->stats.weight_bytes = bytes;
+    if (path->init) {
+        rc = path->init(m);
+        if (rc)
+            goto fail_init;
+    }
     *out = m;
     return 0;
 
@@ -173,6 +178,8 @@ void mt_rnn_destroy(mt_rnn_t **p)
     if (!p || !*p)
         return;
     mt_rnn_t *m = *p;
+    if (m->path->fini)
+        m->path->fini(m);
     dfree(m, m->dw);
     dfree(m, m->w);
     free(m->views);
@@ -208,7 +215,7 @@ float *mt_rnn_grads(const mt_rnn_t *m, size_t *count)
 
 int mt_rnn_zero_grads(mt_rnn_t *m)
 {
-    return m->path->zero(m->backend, m->dw, m->weight_floats * sizeof(float));
+    return m->path->zero(m, m->dw, m->weight_floats * sizeof(float));
 }
 
 size_t mt_rnn_param_count(const mt_rnn_t *m)
@@ -288,7 +295,7 @@ int mt_rnn_flatten(mt_rnn_t *m)
         if (v->data == home)
             continue;
         size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
-        int rc = m->path->copy(m->backend, home, v->data, n);
+        int rc = m->path->copy(m, home, v->data, n);
         if (rc)
             return rc;
         v->data = home;
@@ -315,7 +322,7 @@ int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
     for (size_t i = 0; i < m->nviews; i++) {
         const mt__rnn_view_t *v = &m->views[i];
         size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
-        rc = r->path->copy(r->backend, r->w + v->offset, v->data, n);
+        rc = r->path->copy(r, r->w + v->offset, v->data, n);
         if (rc) {
             mt_rnn_destroy(&r);
             return rc;
@@ -351,7 +358,7 @@ static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
         return rc;
     for (size_t i = 0; i < m->nviews; i++) {
         const mt__rnn_view_t *v = &m->views[i];
-        rc = m->path->copy(m->backend, c + v->offset, v->data,
+        rc = m->path->copy(m, c + v->offset, v->data,
                            (size_t)v->rows * (size_t)v->cols * sizeof(float));
         if (rc) {
             dfree(m, c);
@@ -395,7 +402,6 @@ void mt_rnn_reserve_release(mt_rnn_t *m, mt_rnn_reserve_t **reserve)
 static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve)
 {
     bool training = reserve != NULL;
-    const mt__rnn_shape_t *s = &m->shape;
     mt_rnn_reserve_t *res = NULL;
     const float *w;
     float *copy;
@@ -410,16 +416,16 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
             goto fail_res;
         res->m = m;
         res->io = *io;
-        res->bytes = m->path->reserve_bytes(s, io->seq_len, io->batch);
+        res->bytes = m->path->reserve_bytes(m, io->seq_len, io->batch);
         rc = dmalloc(m, res->bytes, MT_TAG_ACTIVATIONS, &res->space);
         if (rc)
             goto fail_space;
     }
-    rc = dmalloc(m, m->path->fwd_work_bytes(s, io->seq_len, io->batch, training), MT_TAG_WORKSPACE,
+    rc = dmalloc(m, m->path->fwd_work_bytes(m, io->seq_len, io->batch, training), MT_TAG_WORKSPACE,
                  &work);
     if (rc)
         goto fail_work;
-    rc = m->path->forward(s, w, io, training, res ? res->space : NULL, work);
+    rc = m->path->forward(m, w, io, training, res ? res->space : NULL, work);
     dfree(m, work);
     if (rc)
         goto fail_work;
@@ -476,10 +482,10 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
     if (!w)
         rc = weights_for_call(m, &w, &copy);
     if (rc == 0)
-        rc = dmalloc(m, m->path->bwd_work_bytes(&m->shape, res->io.seq_len, res->io.batch),
+        rc = dmalloc(m, m->path->bwd_work_bytes(m, res->io.seq_len, res->io.batch),
                      MT_TAG_WORKSPACE, &work);
     if (rc == 0) {
-        rc = m->path->backward(&m->shape, w, m->dw, &res->io, res->space, g, work);
+        rc = m->path->backward(m, w, m->dw, &res->io, res->space, g, work);
         m->stats.backwards++;
     }
     dfree(m, work);
@@ -542,17 +548,17 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     enum { X, Y, HX, CX, HY, CY, DY, DX, DHY, DCY, DHX, DCX, NBUF };
     _Static_assert(sizeof buf / sizeof buf[0] == NBUF, "one buffer per role");
 
-    mark(m, MT_MARK_WARMUP_BEGIN, tb);
     int rc = mt_alloc_warmup_begin(m->alloc);
     if (rc)
         return rc;
+    mark(m, MT_MARK_WARMUP_BEGIN, tb);
     int i = 0;
     for (; i < NBUF; i++) {
         rc = dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
         if (rc)
             break;
         /* Zero inputs make every gradient exactly zero: the grad buffer is unchanged. */
-        rc = m->path->zero(m->backend, buf[i].p, buf[i].bytes);
+        rc = m->path->zero(m, buf[i].p, buf[i].bytes);
         if (rc) {
             i++;
             break;
@@ -603,6 +609,6 @@ int mt_rnn_activation_bytes(const mt_rnn_t *m, int seq_len, int batch, mt_rnn_ac
     if (!m || !out || seq_len < 1 || batch < 1)
         return MT_EINVAL;
     mt__rnn_activation(&m->shape, seq_len, batch, out);
-    out->reserve_bytes = m->path->reserve_bytes(&m->shape, seq_len, batch);
+    out->reserve_bytes = m->path->reserve_bytes(m, seq_len, batch);
     return 0;
 }
