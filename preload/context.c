@@ -194,6 +194,31 @@ int mt__preload_alloc(int device, mt_alloc_t **out)
     return 0;
 }
 
+int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out)
+{
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL && mt_alloc_block_info(a, ptr, NULL, NULL, NULL) == 0) {
+            *out = a;
+            return 0;
+        }
+    }
+    return MT_ENOENT;
+}
+
+int mt__preload_host_free(void *ptr)
+{
+    mt_preload_t *P = mt__preload();
+    int rc = P->init_rc != 0 ? P->init_rc : MT_ENOENT;
+    for (int d = 0; d < P->ndevices && rc == MT_ENOENT; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            rc = mt_backend_host_free(mt_alloc_backend(a), ptr);
+    }
+    return rc;
+}
+
 int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out)
 {
     mt_preload_t *P = mt__preload();

@@ -112,10 +112,12 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
     if (p == 0)
         return CUDA_ERROR_INVALID_VALUE; /* as cuMemFree(0) answers */
     mt_alloc_t *a = NULL;
-    int rc = mt__preload_alloc(drv_device(), &a);
+    int rc = mt__preload()->init_rc;
     void *q = (void *)(uintptr_t)p;
     mt_stream_t *s = NULL;
     mt__guard_enter();
+    if (rc == 0)
+        rc = mt__preload_alloc_of(q, &a);
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0 && sync)
@@ -196,11 +198,8 @@ MT_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 
 MT_HOOK CUresult cuMemFreeHost(void *p)
 {
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
     mt__guard_enter();
-    int rc = mt_backend_host_free(b, p);
+    int rc = mt__preload_host_free(p);
     mt__guard_leave();
     return to_cu(rc);
 }

@@ -108,8 +108,10 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
     if (p == NULL)
         return cudaSuccess;
     mt_alloc_t *a = NULL;
-    int rc = cur_alloc(&a);
+    int rc = mt__preload()->init_rc;
     mt__guard_enter();
+    if (rc == 0)
+        rc = mt__preload_alloc_of(p, &a);
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
@@ -202,11 +204,8 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
 {
     if (ptr == NULL)
         return cudaSuccess;
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
     mt__guard_enter();
-    int rc = mt_backend_host_free(b, ptr);
+    int rc = mt__preload_host_free(ptr);
     mt__guard_leave();
     return ret(to_cuda(rc));
 }

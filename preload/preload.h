@@ -88,6 +88,11 @@ extern _Thread_local int mt__preload_guard;
 mt_preload_t *mt__preload(void);
 /* The allocator of device d, created on first use. MT_ENODEV if d cannot be served. */
 int mt__preload_alloc(int device, mt_alloc_t **out);
+/* The allocator (of any device in use) that handed out ptr; MT_ENOENT if none. CUDA
+ * frees any device's pointer whatever the current device is, so frees look it up. */
+int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
+/* Frees pinned host memory from whichever device's backend gave it. Caller guarded. */
+int mt__preload_host_free(void *ptr);
 /* Records an OOM (the allocator's message) for the summary. */
 void mt__preload_note_oom(mt_alloc_t *a, size_t size);
 /* printf-style message to stderr, "memtrace: " prefixed, if level is enabled. */
