@@ -144,6 +144,21 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
     if (!type)
         BAD("type");
     json_t *jp = json_object_get(o, "pid");
+    if (strcmp(type, "gap") == 0) {
+        /* A gap announced by a consumer queue (the daemon's) names no process or seq. */
+        ev->kind = MT_EV_GAP;
+        if (!get_u64(o, "lost", &ev->size) || ev->size == 0)
+            BAD("lost");
+        if (jp && !json_is_integer(jp))
+            BAD("pid");
+        if (pid)
+            *pid = jp ? (int)json_integer_value(jp) : -1;
+        if (json_object_get(o, "seq") && !get_u64(o, "seq", &ev->seq))
+            BAD("seq");
+        if (json_object_get(o, "t_ns") && !get_u64(o, "t_ns", &ev->time_ns))
+            BAD("t_ns");
+        return 0;
+    }
     if (!json_is_integer(jp))
         BAD("pid");
     if (pid)
@@ -152,12 +167,6 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
         BAD("seq");
     if (!get_u64(o, "t_ns", &ev->time_ns))
         BAD("t_ns");
-    if (strcmp(type, "gap") == 0) {
-        ev->kind = MT_EV_GAP;
-        if (!get_u64(o, "lost", &ev->size))
-            BAD("lost");
-        return 0;
-    }
     if (strcmp(type, "event") != 0)
         BAD("type");
     const char *kind = json_string_value(json_object_get(o, "kind"));

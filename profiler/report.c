@@ -141,6 +141,7 @@ struct mt__report_s {
     proc_t *procs;
     size_t nprocs, cap;
     uint64_t lines, events, malformed;
+    uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -233,6 +234,10 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         char why[128];
         if (mt_prof_event_from_json(j, &ev, &pid, why, sizeof(why)) != 0)
             FAIL("%s: %s", type, why);
+        if (pid < 0) { /* a consumer queue's gap: no process named */
+            r->lost_unattributed += ev.size;
+            goto out;
+        }
         proc_t *p = proc_get(r, pid);
         if (!p)
             FAIL("out of memory");
@@ -245,6 +250,21 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
             const char *tn = json_string_value(json_object_get(j, "tag"));
             if (tn && !p->tag_names[ev.tag])
                 p->tag_names[ev.tag] = strdup(tn);
+        }
+    } else if (strcmp(type, "process_event") == 0) {
+        /* The daemon's log: {"event":"register"|"exit","pid","name","reason"}. */
+        const char *what = json_string_value(json_object_get(j, "event"));
+        if (!json_is_integer(jp) || !what)
+            FAIL("process_event: missing \"pid\" or \"event\"");
+        proc_t *p = proc_get(r, (int)json_integer_value(jp));
+        if (!p)
+            FAIL("out of memory");
+        const char *name = json_string_value(json_object_get(j, "name"));
+        if (name && !p->name[0])
+            snprintf(p->name, sizeof(p->name), "%s", name);
+        if (strcmp(what, "exit") == 0) {
+            const char *why = json_string_value(json_object_get(j, "reason"));
+            p->exit_state = why && strcmp(why, "clean") == 0 ? 1 : 2;
         }
     } else if (strcmp(type, "hello") == 0 || strcmp(type, "exit") == 0) {
         if (!json_is_integer(jp))
@@ -628,7 +648,8 @@ json_t *mt__report_result(mt__report_t *r)
             return NULL;
         }
     }
-    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
+    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
                      (json_int_t)r->lines, "events", (json_int_t)r->events, "malformed",
-                     (json_int_t)r->malformed, "processes", procs);
+                     (json_int_t)r->malformed, "lost_unattributed",
+                     (json_int_t)r->lost_unattributed, "processes", procs);
 }

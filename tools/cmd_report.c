@@ -312,6 +312,8 @@ int mt_cmd_report(int argc, char **argv)
                json_array_size(procs) == 1 ? "" : "es");
         if (bad)
             printf(", %lu malformed lines skipped", bad);
+        if (num(res, "lost_unattributed") > 0)
+            printf(", %.0f events lost by a consumer queue", num(res, "lost_unattributed"));
         printf("\n");
         size_t i;
         json_t *p;

@@ -95,8 +95,9 @@ MT_API int mt_prof_socket_path(char *buf, size_t len);
  * {"v":1,"type":"gap","lost":N,...}. tag_name may be NULL (built-in names). */
 MT_API void *mt_prof_event_to_json(const mt_event_rec_t *ev, int pid,
                                    const char *(*tag_name)(void *ud, int tag), void *ud);
-/* Decodes an event line back (the inverse of the above; tags by built-in name or
- * "tag<N>"). MT_EPROTO naming the bad field in err. pid may be NULL. */
+/* Decodes an event or gap line back (the inverse of the above; the tag by "tag_id").
+ * A gap without "pid" (a consumer queue's) gives *pid = -1. MT_EPROTO naming the bad
+ * field in err. pid may be NULL. */
 MT_API int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char *err,
                                    size_t errlen);
 /* Process state from allocator statistics: {"v":1,"type":"process","pid":..,...}. */

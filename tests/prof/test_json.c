@@ -86,6 +86,15 @@ static void test_gap(void **state)
     assert_int_equal(mt_prof_event_from_json(j, &back, NULL, NULL, 0), 0);
     assert_memory_equal(&back, &ev, sizeof(ev));
     json_decref(j);
+    /* A consumer queue's gap names no process. */
+    json_error_t e;
+    j = json_loads("{\"v\":1,\"type\":\"gap\",\"lost\":17,\"source\":\"daemon\"}", 0, &e);
+    int pid = 0;
+    assert_int_equal(mt_prof_event_from_json(j, &back, &pid, NULL, 0), 0);
+    assert_int_equal(pid, -1);
+    assert_int_equal(back.kind, MT_EV_GAP);
+    assert_int_equal(back.size, 17);
+    json_decref(j);
 }
 
 static const char *names(void *ud, int tag)

@@ -211,6 +211,12 @@ static void test_processes_and_malformed(void **state)
     const char *exit_ = "{\"v\":1,\"type\":\"exit\",\"pid\":5,\"t_ns\":9,\"clean\":true,"
                         "\"emitted\":1,\"dropped\":0,\"lost\":0}";
     assert_int_equal(mt__report_add_line(r, exit_, strlen(exit_), err, sizeof(err)), 0);
+    /* The daemon's log names processes with process_event lines. */
+    const char *reg = "{\"v\":1,\"type\":\"process_event\",\"event\":\"register\",\"pid\":6,"
+                      "\"name\":\"b\"}";
+    assert_int_equal(mt__report_add_line(r, reg, strlen(reg), err, sizeof(err)), 0);
+    const char *qgap = "{\"v\":1,\"type\":\"gap\",\"lost\":3,\"source\":\"daemon\"}";
+    assert_int_equal(mt__report_add_line(r, qgap, strlen(qgap), err, sizeof(err)), 0);
     /* Record types the report does not use are accepted. */
     const char *snap = "{\"v\":1,\"type\":\"snapshot\",\"pid\":5}";
     assert_int_equal(mt__report_add_line(r, snap, strlen(snap), err, sizeof(err)), 0);
@@ -239,6 +245,8 @@ static void test_processes_and_malformed(void **state)
     assert_string_equal(json_string_value(json_object_get(pa, "exit")), "clean");
     assert_string_equal(json_string_value(json_object_get(pb, "exit")), "unknown");
     assert_int_equal(json_integer_value(json_object_get(pb, "lost")), 4);
+    assert_string_equal(json_string_value(json_object_get(pb, "name")), "b");
+    assert_int_equal(json_integer_value(json_object_get(res, "lost_unattributed")), 3);
     assert_int_equal(json_integer_value(json_object_get(pb, "peak_allocated")), 1024);
     json_decref(res);
     mt__report_destroy(&r);
