@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -136,6 +137,48 @@ static void test_runtime_program(void **state)
     assert_int_equal(count(log, "\"kind\":\"free_requested\""), 16);
 }
 
+/* With a daemon running, the daemon receives every allocation of the program. */
+static void test_daemon_sees_every_allocation(void **state)
+{
+    (void)state;
+    char sock[300], log[300];
+    snprintf(sock, sizeof sock, "%s/mt.sock", dir);
+    snprintf(log, sizeof log, "%s/daemon.ndjson", dir);
+    pid_t d = fork();
+    assert_true(d >= 0);
+    if (d == 0) {
+        execl(env("MT_MEMTRACE"), "memtrace", "daemon", "--socket", sock, "--port", "off", "--log",
+              log, "--foreground", "--quiet", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 100 && access(sock, F_OK) != 0; i++)
+        usleep(50 * 1000);
+    assert_int_equal(access(sock, F_OK), 0);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "MEMTRACE_SOCKET='%s' '%s' run --telemetry daemon -- '%s'", sock,
+             env("MT_MEMTRACE"), env("MT_PROG_RUNTIME"));
+    assert_int_equal(sh("dmn", cmd), 0);
+    assert_non_null(strstr(slurp("dmn.out"), "-> daemon"));
+    /* The daemon drains the ring of the exited process; wait for it (bounded). */
+    size_t n = 0;
+    for (int i = 0; i < 100 && n < 16; i++) {
+        FILE *f = fopen(log, "r");
+        if (f != NULL) {
+            fclose(f);
+            n = count(slurp("daemon.ndjson"), "\"kind\":\"alloc\"");
+        }
+        if (n < 16)
+            usleep(50 * 1000);
+    }
+    kill(d, SIGTERM);
+    int st = 0;
+    waitpid(d, &st, 0);
+    assert_int_equal(n, 16);
+    char *all = slurp("daemon.ndjson");
+    assert_int_equal(count(all, "\"kind\":\"alloc\""), 16);
+    assert_int_equal(count(all, "\"kind\":\"free_requested\""), 16);
+}
+
 static void test_driver_program_via_get_proc_address(void **state)
 {
     (void)state;
@@ -243,6 +286,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runtime_fails_without_memtrace),
         cmocka_unit_test(test_runtime_program),
+        cmocka_unit_test(test_daemon_sees_every_allocation),
         cmocka_unit_test(test_driver_program_via_get_proc_address),
         cmocka_unit_test(test_oom_is_reported),
         cmocka_unit_test(test_unknown_free),
