@@ -240,8 +240,7 @@ static int pass_new(mt_rnn_t *m, const mt_rnn_offload_cfg_t *cfg, const mt_rnn_i
     for (int i = 0; rc == 0 && i < p->n; i++) {
         chunk_t *c = &p->ch[i];
         c->t0 = i * cfg->chunk_steps;
-        c->steps = io->seq_len - c->t0 < cfg->chunk_steps ? io->seq_len - c->t0
-                                                          : cfg->chunk_steps;
+        c->steps = io->seq_len - c->t0 < cfg->chunk_steps ? io->seq_len - c->t0 : cfg->chunk_steps;
         c->where = GONE;
         rc = mt_event_create(m->backend, &c->ev);
     }
@@ -271,8 +270,7 @@ static int chunk_forward(mt_rnn_offload_t *p, int i)
         size_t one = lstm ? p->state_bytes / 2 : p->state_bytes;
         int rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_ACTIVATIONS, (void **)&c->hy);
         if (rc == 0 && lstm)
-            rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_ACTIVATIONS,
-                                 (void **)&c->cy);
+            rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_ACTIVATIONS, (void **)&c->cy);
         if (rc != 0)
             return rc;
         dev_add(p, p->state_bytes);
@@ -283,9 +281,13 @@ static int chunk_forward(mt_rnn_offload_t *p, int i)
         .x = p->io.x + t0 * B * (size_t)s->input,
         .y = p->io.y + t0 * B * (size_t)s->hidden,
         .hx = i == 0 ? p->io.hx : p->ch[i - 1].hy,
-        .cx = !lstm ? NULL : i == 0 ? p->io.cx : p->ch[i - 1].cy,
+        .cx = !lstm    ? NULL
+              : i == 0 ? p->io.cx
+                       : p->ch[i - 1].cy,
         .hy = last ? p->io.hy : c->hy,
-        .cy = !lstm ? NULL : last ? p->io.cy : c->cy,
+        .cy = !lstm  ? NULL
+              : last ? p->io.cy
+                     : c->cy,
     };
     int rc = mt_rnn_forward(m, &io, &c->res);
     if (rc != 0)
@@ -388,10 +390,14 @@ int mt_rnn_offload_backward(mt_rnn_t *m, mt_rnn_offload_t **pass, const mt_rnn_g
         mt_rnn_grad_io_t gi = {
             .dy = g->dy + t0 * B * (size_t)s->hidden,
             .dhy = i == p->n - 1 ? g->dhy : dh[nxt],
-            .dcy = !lstm ? NULL : i == p->n - 1 ? g->dcy : dc[nxt],
+            .dcy = !lstm           ? NULL
+                   : i == p->n - 1 ? g->dcy
+                                   : dc[nxt],
             .dx = g->dx ? g->dx + t0 * B * (size_t)s->input : NULL,
             .dhx = i == 0 ? g->dhx : dh[cur],
-            .dcx = !lstm ? NULL : i == 0 ? g->dcx : dc[cur],
+            .dcx = !lstm    ? NULL
+                   : i == 0 ? g->dcx
+                            : dc[cur],
         };
         size_t held = res_bytes(c);
         rc = mt_rnn_backward(m, &c->res, &gi); /* frees the reserve */
