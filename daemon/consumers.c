@@ -14,30 +14,6 @@
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
 
-/* ---- encoding ---- */
-
-int mt__d_encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev)
-{
-    json_t *o = mt_prof_event_to_json(ev, pid, NULL, NULL);
-    if (!o)
-        return MT_ENOMEM;
-    /* Straight into the batch buffer: no intermediate string per event. */
-    int rc = mt__d_buf_reserve(b, 512);
-    size_t n = rc ? 0 : json_dumpb(o, b->p + b->len, b->cap - b->len - 1, JSON_COMPACT);
-    if (!rc && n + 2 > b->cap - b->len) {
-        rc = mt__d_buf_reserve(b, n + 2);
-        if (!rc)
-            n = json_dumpb(o, b->p + b->len, b->cap - b->len - 1, JSON_COMPACT);
-    }
-    json_decref(o);
-    if (rc || n == 0)
-        return rc ? rc : MT_ENOMEM;
-    b->len += n;
-    b->p[b->len++] = '\n';
-    b->p[b->len] = '\0';
-    return 0;
-}
-
 /* ---- filters ---- */
 
 static int kind_from_name(const char *s)
@@ -265,6 +241,10 @@ static void enqueue(mt_d_conn_t *c, mt_d_chunk_t *ch)
 void mt__d_consumer_start(mt_d_conn_t *c)
 {
     c->last_active_ms = uv_now(c->d->loop);
+    /* A larger kernel buffer means fewer, larger writes and wake-ups at high rates; the
+     * kernel caps it (net.core.wmem_max), and failing to raise it is harmless. */
+    int size = 1 << 20;
+    uv_send_buffer_size(&c->u.handle, &size);
     flush(c);
 }
 

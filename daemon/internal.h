@@ -186,6 +186,7 @@ struct mt_d_s {
     bool http_on;
     int http_port;
     uv_timer_t drain_timer;
+    uv_idle_t drain_idle; /* active while the last tick ran out of budget */
     uv_timer_t sweep_timer;
     uv_async_t stop_async;
     uv_signal_t sigint, sigterm;
@@ -211,6 +212,7 @@ void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
 
 /* server.c */
 void mt__d_on_drain_timer(uv_timer_t *t);
+void mt__d_on_drain_idle(uv_idle_t *h);
 void mt__d_conn_close(mt_d_conn_t *c);
 /* Writes a copy of data; closes the connection after it if close_after. */
 int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after);
@@ -231,7 +233,8 @@ void mt__d_consumer_start(mt_d_conn_t *c);
 void mt__d_consumers_fanout(mt_d_t *d);
 void mt__d_consumers_keepalive(mt_d_t *d);
 void mt__d_sub_free(mt_d_sub_t *s);
-/* Encodes one record as a JSON line into b (the prof encoding, plus the pid). */
+/* encode.c: one record as a JSON line into b, '\n' included: byte for byte what
+ * mt_prof_event_to_json + json_dumps(JSON_COMPACT) give. */
 int mt__d_encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev);
 
 /* http.c */

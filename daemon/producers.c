@@ -145,7 +145,8 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
 /* One tick: at most cfg.drain_budget events in all, shared fairly by the live producers,
  * so that a tick stays short and what it queues for each consumer stays well below the
  * consumer's queue limit. When the budget ran out, the next tick comes at once (after the
- * loop has polled for I/O, so consumers are written to in between), not a period later. */
+ * loop has polled for I/O, so consumers are written to in between), not a period later.
+ * Whenever nothing is left, the ring is next looked at by the periodic timer. */
 void mt__d_drain_all(mt_d_t *d)
 {
     if (d->stopping)
@@ -153,8 +154,10 @@ void mt__d_drain_all(mt_d_t *d)
     unsigned live = 0;
     for (mt_d_proc_t *p = d->procs; p; p = p->next)
         live += p->ring != NULL;
-    if (live == 0)
+    if (live == 0) {
+        uv_idle_stop(&d->drain_idle);
         return;
+    }
     size_t share = d->cfg.drain_budget / live;
     if (share < 64)
         share = 64;
@@ -168,8 +171,13 @@ void mt__d_drain_all(mt_d_t *d)
     }
     process_batch(d);
     mt__d_logfile_flush(d);
+    /* An idle handle, not a 0 ms timer: libuv 1.44 runs a timer re-armed from its own
+     * callback again in the same pass, starving I/O; idle callbacks alternate with a
+     * non-blocking poll. */
     if (more)
-        uv_timer_start(&d->drain_timer, mt__d_on_drain_timer, 0, d->cfg.drain_interval_ms);
+        uv_idle_start(&d->drain_idle, mt__d_on_drain_idle);
+    else
+        uv_idle_stop(&d->drain_idle);
 }
 
 /* ---- exit and eviction ---- */

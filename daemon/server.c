@@ -384,6 +384,12 @@ void mt__d_on_drain_timer(uv_timer_t *t)
     mt__d_drain_all(d);
 }
 
+void mt__d_on_drain_idle(uv_idle_t *h)
+{
+    mt_d_t *d = h->data;
+    mt__d_drain_all(d);
+}
+
 static void on_sweep_timer(uv_timer_t *t)
 {
     mt_d_t *d = t->data;
@@ -427,6 +433,7 @@ static void begin_shutdown(mt_d_t *d)
     if (d->http_on)
         close_static(d, (uv_handle_t *)&d->http_listener);
     close_static(d, (uv_handle_t *)&d->drain_timer);
+    close_static(d, (uv_handle_t *)&d->drain_idle);
     close_static(d, (uv_handle_t *)&d->sweep_timer);
     close_static(d, (uv_handle_t *)&d->stop_async);
     if (d->cfg.handle_signals) {
@@ -579,6 +586,8 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     init_static(d, (uv_handle_t *)&d->unix_listener);
     uv_timer_init(d->loop, &d->drain_timer);
     init_static(d, (uv_handle_t *)&d->drain_timer);
+    uv_idle_init(d->loop, &d->drain_idle);
+    init_static(d, (uv_handle_t *)&d->drain_idle);
     uv_timer_init(d->loop, &d->sweep_timer);
     init_static(d, (uv_handle_t *)&d->sweep_timer);
     uv_async_init(d->loop, &d->stop_async, on_stop_async);

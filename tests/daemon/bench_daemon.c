@@ -1,0 +1,227 @@
+/* Daemon throughput: events per second from 4 producer processes through the daemon to 2
+ * consumers, end to end (ring -> drain -> JSON -> both sockets -> read). Goal: >= 1 M/s.
+ *
+ * Producers write their rings directly (the profiler's ring and registration client) and
+ * wait when their ring is nearly full, so the figure is the daemon's rate without drops;
+ * drops, if any, are printed. Consumers count lines. */
+#include <inttypes.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "profiler/internal.h"
+
+enum { NPROD = 4, NCONS = 2, SLOTS = 1 << 16 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct consumer_s {
+    pthread_t th;
+    int fd;
+    uint64_t want, lines;
+    double last;
+} consumer_t;
+
+static void *consumer_main(void *arg)
+{
+    consumer_t *c = arg;
+    static __thread char buf[1 << 18];
+    while (c->lines < c->want) {
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (poll(&pfd, 1, 3000) <= 0)
+            break; /* nothing for 3 s: whatever was dropped will not come */
+        ssize_t r = recv(c->fd, buf, sizeof buf, 0);
+        if (r <= 0)
+            break;
+        for (const char *p = buf; (p = memchr(p, '\n', (size_t)(buf + r - p))) != NULL; p++)
+            c->lines++;
+        c->last = now_s();
+    }
+    return NULL;
+}
+
+static void producer(const char *sock, uint64_t n, double rate, int go_fd)
+{
+    mt__ring_t *r = NULL;
+    int fd = -1;
+    char err[256];
+    if (mt__ring_create(&r, SLOTS, "bench") != 0 ||
+        mt__prof_client_register(sock, r, 5000, &fd, err, sizeof err) != 0)
+        _exit(10);
+    mt__ring_unlink(r);
+    char c;
+    if (read(go_fd, &c, 1) != 1)
+        _exit(11);
+    const mt__ring_hdr_t *h = mt__ring_header(r);
+    double start = now_s();
+    mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .size = 4096, .requested = 4000, .pool = 1};
+    for (uint64_t i = 0; i < n; i++) {
+        /* Offered load: every 256 events, sleep until this producer's schedule. */
+        if (rate > 0 && i % 256 == 0) {
+            double due = start + (double)i / rate, ahead = due - now_s();
+            if (ahead > 0)
+                usleep((useconds_t)(ahead * 1e6));
+        }
+        /* Wait for room rather than drop: the benchmark measures the daemon. */
+        while (atomic_load_explicit(&h->claim, memory_order_relaxed) -
+                   atomic_load_explicit(&h->read_idx, memory_order_acquire) >=
+               SLOTS - 64)
+            usleep(100); /* two cores: leave them to the daemon and consumers */
+        ev.kind = (uint8_t)(i % 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC);
+        ev.addr = 0x7f0000000000u + (i / 2 % 4096) * 4096;
+        ev.tag = (uint8_t)(i % 7);
+        ev.allocated = i % 2 ? 0 : 4096;
+        ev.reserved = 1 << 21;
+        if (mt__ring_push(r, &ev) != 0)
+            _exit(12);
+    }
+    mt__ring_set_flags(r, MT_RING_F_EXITED);
+    close(fd);
+    mt__ring_close(&r);
+    _exit(0);
+}
+
+static void *run_daemon(void *arg)
+{
+    mt_d_run(arg);
+    return NULL;
+}
+
+typedef struct result_s {
+    double offered;   /* events/s asked of the producers, 0 = as fast as they can */
+    double drained;   /* events/s taken from the rings */
+    double delivered; /* events/s received by the slower consumer */
+    uint64_t lines;   /* events received by the slower consumer */
+    uint64_t events, producer_drops, consumer_drops;
+    int failed;
+} result_t;
+
+static void run(uint64_t per, double offered, result_t *res)
+{
+    memset(res, 0, sizeof *res);
+    res->offered = offered;
+    char dir[] = "/tmp/mt-dbench-XXXXXX";
+    char sock[128];
+    if (!mkdtemp(dir)) {
+        res->failed = 1;
+        return;
+    }
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    mt_d_cfg_t cfg = mt_d_cfg_default();
+    cfg.socket_path = sock;
+    cfg.http_port = -1;
+    cfg.loop = &loop;
+    mt_d_t *d = NULL;
+    if (mt_d_create(&d, &cfg) != 0) {
+        res->failed = 1;
+        return;
+    }
+    pthread_t dth;
+    pthread_create(&dth, NULL, run_daemon, d);
+
+    consumer_t cons[NCONS];
+    for (int i = 0; i < NCONS; i++) {
+        memset(&cons[i], 0, sizeof cons[i]);
+        static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
+        if (mt_d_client_connect(sock, &cons[i].fd) != 0 ||
+            mt_d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
+            res->failed = 1;
+        cons[i].want = NPROD * per + 1; /* + the {"ok":true} line */
+    }
+    int go[2];
+    if (pipe(go) != 0)
+        res->failed = 1;
+    pid_t pids[NPROD];
+    for (int i = 0; i < NPROD; i++) {
+        fflush(NULL);
+        pids[i] = fork();
+        if (pids[i] == 0)
+            producer(sock, per, offered / NPROD, go[0]);
+    }
+    usleep(200000); /* let every producer register */
+    for (int i = 0; i < NCONS; i++)
+        pthread_create(&cons[i].th, NULL, consumer_main, &cons[i]);
+    double t0 = now_s();
+    char gobuf[NPROD] = {0};
+    if (write(go[1], gobuf, NPROD) != NPROD)
+        res->failed = 1;
+    for (int i = 0; i < NPROD; i++) {
+        int st;
+        waitpid(pids[i], &st, 0);
+        res->failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+    }
+    double t_prod = now_s();
+    double t1 = t0;
+    res->lines = UINT64_MAX;
+    for (int i = 0; i < NCONS; i++) {
+        pthread_join(cons[i].th, NULL);
+        close(cons[i].fd);
+        if (cons[i].last > t1)
+            t1 = cons[i].last;
+        if (cons[i].lines - 1 < res->lines)
+            res->lines = cons[i].lines - 1;
+    }
+    mt_d_stop(d);
+    pthread_join(dth, NULL);
+    mt_d_counters_t ctr;
+    mt_d_counters(d, &ctr);
+    mt_d_destroy(&d);
+    res->failed |= uv_loop_close(&loop) != 0;
+    close(go[0]);
+    close(go[1]);
+    rmdir(dir);
+    res->events = ctr.events;
+    res->producer_drops = ctr.producer_drops;
+    res->consumer_drops = ctr.consumer_drops;
+    /* The producers end when their last event is in a ring; the daemon drains it at once
+     * or on their EOF, so the producers' end bounds the drain time closely. */
+    res->drained = (double)ctr.events / (t_prod - t0);
+    res->delivered = (double)res->lines / (t1 - t0);
+    res->failed |= ctr.events != (uint64_t)NPROD * per;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t per = argc > 1 ? strtoull(argv[1], NULL, 10) : 250000;
+    double paced = argc > 2 ? strtod(argv[2], NULL) : 1.2e6;
+    result_t r[2];
+    run(per, 0, &r[0]);
+    run(per, paced, &r[1]);
+    printf("daemon throughput: %d producer processes -> memtraced -> %d Unix consumers, "
+           "%" PRIu64 " events per producer (machine: %ld cores)\n\n",
+           NPROD, NCONS, per, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("| %-22s | %14s | %16s | %13s | %14s |\n", "offered load (ev/s)", "drained ev/s",
+           "delivered ev/s", "dropped", "goal");
+    printf("|------------------------|----------------|------------------|---------------|"
+           "----------------|\n");
+    for (int i = 0; i < 2; i++) {
+        char off[32];
+        if (r[i].offered > 0)
+            snprintf(off, sizeof off, "%.0f", r[i].offered);
+        else
+            snprintf(off, sizeof off, "unpaced");
+        printf("| %-22s | %14.0f | %16.0f | %13" PRIu64 " | %14s |\n", off, r[i].drained,
+               r[i].delivered, r[i].consumer_drops + r[i].producer_drops,
+               i == 0 ? ">= 1000000" : ">=1M, 0 drops");
+    }
+    printf("\n(delivered = events received by the slower consumer per second; dropped = "
+           "events a consumer's queue lost because it read too slowly, plus ring drops)\n");
+    bool met = r[0].drained >= 1e6 && r[1].delivered >= 1e6 && r[1].consumer_drops == 0 &&
+               r[1].producer_drops == 0;
+    printf("goal %s\n", met ? "met" : "NOT met");
+    return r[0].failed || r[1].failed ? 1 : 0;
+}
