@@ -639,7 +639,9 @@ void *mt__preload_hook_by_name(const char *name)
 {
     if (name[0] != 'c' || name[1] != 'u')
         return NULL;
-    /* Deciding needs the mode, so this is where a lookup may initialise us. */
+    /* Only names we serve in some mode initialise us (the mode decides the answer). */
+    if (mt__preload_rt_hook(name, true) == NULL && mt__preload_drv_hook(name, true) == NULL)
+        return NULL;
     bool sim = mt__preload()->sim;
     void *f = mt__preload_rt_hook(name, sim);
     return f ? f : mt__preload_drv_hook(name, sim);

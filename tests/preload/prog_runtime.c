@@ -54,6 +54,24 @@ int main(void)
         CHECK(cudaFree(d2));
         CHECK(cudaFree(d));
     }
+    /* stream-ordered allocation, and a pinned staging buffer */
+    unsigned char *da = NULL, *pinned = NULL;
+    CHECK(cudaMallocAsync((void **)&da, 4096, s));
+    allocs++;
+    CHECK(cudaMallocHost((void **)&pinned, 4096));
+    CHECK(cudaMemsetAsync(da, 0x5C, 4096, s));
+    CHECK(cudaMemcpyAsync(pinned, da, 4096, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 4096; i++)
+        if (pinned[i] != 0x5C) {
+            fprintf(stderr, "pinned byte %d is %u\n", i, pinned[i]);
+            return 1;
+        }
+    CHECK(cudaFreeAsync(da, s));
+    CHECK(cudaFreeHost(pinned));
+    size_t fr = 0, tot = 0;
+    CHECK(cudaMemGetInfo(&fr, &tot));
+    printf("meminfo: free=%zu total=%zu\n", fr, tot);
     CHECK(cudaEventQuery(ev));
     cudaEvent_t ev2;
     float ms = -1;

@@ -120,21 +120,29 @@ static void test_runtime_program(void **state)
     (void)state;
     run_prog("rt", env("MT_PROG_RUNTIME"), "", 0);
     char *out = slurp("rt.out");
-    assert_non_null(strstr(out, "ok: 16 device allocations"));
+    assert_non_null(strstr(out, "ok: 17 device allocations"));
+    /* everything freed: the cache counts as free memory, so free == total on sim */
+    size_t fr = 0, tot = 0;
+    const char *mi = strstr(out, "meminfo: ");
+    assert_non_null(mi);
+    assert_int_equal(sscanf(mi, "meminfo: free=%zu total=%zu", &fr, &tot), 2);
+    assert_true(tot > 0);
+    assert_int_equal(fr, tot);
     assert_non_null(strstr(out, "exited with status 0"));
     assert_non_null(strstr(out, "backend calls saved"));
     json_t *s = summary("rt.json");
     assert_string_equal(json_string_value(json_object_get(s, "backend")), "sim");
-    assert_int_equal(jint(s, "requests"), 16);
-    assert_int_equal(jint(s, "frees"), 16);
-    assert_true(jint(s, "backend_mallocs") < 16); /* the cache served the rest */
+    assert_int_equal(jint(s, "requests"), 17);
+    assert_int_equal(jint(s, "frees"), 17);
+    assert_true(jint(s, "backend_mallocs") < 17); /* the cache served the rest */
     assert_int_equal(jint(s, "ooms"), 0);
-    assert_int_equal(jint(json_object_get(s, "events"), "alloc"), 16);
+    assert_int_equal(jint(s, "host_allocs"), 1);
+    assert_int_equal(jint(json_object_get(s, "events"), "alloc"), 17);
     json_decref(s);
     /* the profiler's log saw every allocation and every free */
     char *log = slurp("rt.ndjson");
-    assert_int_equal(count(log, "\"kind\":\"alloc\""), 16);
-    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 16);
+    assert_int_equal(count(log, "\"kind\":\"alloc\""), 17);
+    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 17);
 }
 
 /* With a daemon running, the daemon receives every allocation of the program. */
@@ -161,22 +169,22 @@ static void test_daemon_sees_every_allocation(void **state)
     assert_non_null(strstr(slurp("dmn.out"), "-> daemon"));
     /* The daemon drains the ring of the exited process; wait for it (bounded). */
     size_t n = 0;
-    for (int i = 0; i < 100 && n < 16; i++) {
+    for (int i = 0; i < 100 && n < 17; i++) {
         FILE *f = fopen(log, "r");
         if (f != NULL) {
             fclose(f);
             n = count(slurp("daemon.ndjson"), "\"kind\":\"alloc\"");
         }
-        if (n < 16)
+        if (n < 17)
             usleep(50 * 1000);
     }
     kill(d, SIGTERM);
     int st = 0;
     waitpid(d, &st, 0);
-    assert_int_equal(n, 16);
+    assert_int_equal(n, 17);
     char *all = slurp("daemon.ndjson");
-    assert_int_equal(count(all, "\"kind\":\"alloc\""), 16);
-    assert_int_equal(count(all, "\"kind\":\"free_requested\""), 16);
+    assert_int_equal(count(all, "\"kind\":\"alloc\""), 17);
+    assert_int_equal(count(all, "\"kind\":\"free_requested\""), 17);
 }
 
 static void test_driver_program_via_get_proc_address(void **state)
