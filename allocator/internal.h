@@ -64,7 +64,8 @@ typedef struct mt_streamrec_s mt_streamrec_t;
  * split_counted <=> state = INACTIVE and (prev or next) (counted in inactive_split). */
 struct mt_block_s {
     uintptr_t addr;       /* device address, multiple of MT__ALIGN */
-    size_t size;          /* bytes, multiple of MT__ALIGN, >= MT__MIN_BLOCK */
+    size_t size;          /* bytes, multiple of MT__ALIGN; >= MT__MIN_BLOCK except a free
+                           * tail left by unmapping expandable pages */
     size_t requested;     /* bytes asked for; 0 when inactive */
     mt_segment_t *seg;    /* owning segment */
     mt_block_t *prev;     /* previous block of the segment (lower address) or NULL */
@@ -155,8 +156,10 @@ typedef struct mt_addrmap_s {
  *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
  *   active_bytes[ALL].current = allocated + sum of sizes of ACTIVE_PENDING_FREE blocks;
  *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour;
- *   each [SMALL] + [LARGE] = [ALL]; the counts likewise;
- *   npending = number of blocks in state ACTIVE_PENDING_FREE summed over their npending;
+ *   each [SMALL] + [LARGE] = [ALL], warm-up reservations counting as LARGE; the counts
+ *   likewise; tag_* likewise summed per tag;
+ *   npending = sum of npending over the ACTIVE_PENDING_FREE blocks;
+ *   the address map holds exactly the active blocks;
  *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks. */
 struct mt_alloc_s {
     pthread_mutex_t mu;

@@ -224,6 +224,8 @@ static void exp_drop(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *seg)
 static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
 {
     size_t page = bp == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
+    if (a->vm_gran == 0 || page % a->vm_gran != 0)
+        return MT_ENOTSUP; /* pages must be whole VM granules; use plain segments */
     mt_segment_t *seg = sr->expandable[bp];
     mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
     if (bins == NULL)
