@@ -384,7 +384,8 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
     human(b1, sizeof b1, t->peak_live_bytes);
     printf("  %-24s %s, %zu allocations\n", "trace peak live", b1, t->peak_live_count);
     if (t->leaked)
-        printf("  %-24s %zu allocations never freed\n", "trace leaks", t->leaked);
+        printf("  %-24s %zu allocation%s never freed\n", "trace leaks", t->leaked,
+               t->leaked == 1 ? "" : "s");
     human(b1, sizeof b1, r->peak_allocated);
     printf("  %-24s %s\n", "peak allocated", b1);
     human(b1, sizeof b1, r->peak_reserved);
@@ -414,6 +415,13 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
                ops);
 }
 
+/* Byte counts are uint64; JSON integers (jansson's json_int_t) are signed 64-bit. A count
+ * beyond INT64_MAX (only a nonsense trace gets there) is written as a real, not wrapped. */
+static json_t *jbytes(uint64_t v)
+{
+    return v <= (uint64_t)INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v);
+}
+
 static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg_t *cfg,
                       const mt_replay_result_t *r)
 {
@@ -435,7 +443,7 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     json_object_set_new(o, "allocate_failures", json_integer((json_int_t)t->nfailures));
     json_object_set_new(o, "streams", json_integer((json_int_t)t->nstreams));
     json_object_set_new(o, "trace_leaks", json_integer((json_int_t)t->leaked));
-    json_object_set_new(o, "trace_peak_live_bytes", json_integer((json_int_t)t->peak_live_bytes));
+    json_object_set_new(o, "trace_peak_live_bytes", jbytes(t->peak_live_bytes));
     json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)r->peak_allocated));
     json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)r->peak_reserved));
     json_object_set_new(o, "utilization_at_peak", json_real(r->utilization_at_peak));

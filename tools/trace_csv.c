@@ -559,7 +559,9 @@ static int load_row(loader_t *L, const mt_trace_row_t *row, const char *name, ch
         op.slot = n.slot;
         op.stream = n.stream;
         t->nallocs++;
-        L->live_bytes += row->size;
+        /* Saturates: sizes are 64-bit, so a nonsense trace could wrap the sum. */
+        L->live_bytes =
+            row->size > UINT64_MAX - L->live_bytes ? UINT64_MAX : L->live_bytes + row->size;
         if (L->live_bytes > t->peak_live_bytes)
             t->peak_live_bytes = L->live_bytes;
         if (L->live.count > t->peak_live_count)
@@ -585,7 +587,7 @@ static int load_row(loader_t *L, const mt_trace_row_t *row, const char *name, ch
         /* The block belongs to the stream it was allocated on, whatever the free row says
          * (RMM logs the stream of the deallocate call, which may differ). */
         op.stream = e->stream;
-        L->live_bytes -= e->size;
+        L->live_bytes = L->live_bytes > e->size ? L->live_bytes - e->size : 0;
         live_remove(&L->live, e);
         t->nfrees++;
     }

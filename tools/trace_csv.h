@@ -100,7 +100,8 @@ typedef struct mt_trace_s {
     size_t nslots;            /* = nallocs */
     size_t nstreams;          /* distinct streams used by ops */
     uint64_t *streams;        /* nstreams Stream values, in order of first use */
-    uint64_t peak_live_bytes; /* highest sum of live allocation sizes, as requested */
+    uint64_t peak_live_bytes; /* highest sum of live allocation sizes, as requested
+                               * (saturates at UINT64_MAX) */
     size_t peak_live_count;   /* highest number of live allocations */
     size_t leaked;            /* allocations never freed by the end of the trace */
 } mt_trace_t;

@@ -273,6 +273,20 @@ static void test_small_device_counts_ooms(void **state)
     run_free(&r);
 }
 
+/* Sizes no device holds (up to 2^64 - 1) fail as OOMs; the sums saturate, nothing wraps. */
+static void test_huge_sizes_are_ooms(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/huge_sizes.csv");
+    json_t *o = run_json(path, NULL);
+    assert_int_equal(jint(o, "num_ooms"), 2);
+    assert_int_equal(jint(o, "peak_allocated_bytes"), 0);
+    assert_int_equal(jint(o, "trace_leaks"), 1);
+    /* 2^64 - 1 does not fit a JSON integer of jansson: it is written as a real. */
+    assert_true(jreal(o, "trace_peak_live_bytes") > 1.8e19);
+    json_decref(o);
+}
+
 static char *slurp(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -365,6 +379,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_json_streams_exact_peak),
         cmocka_unit_test(test_warmup_makes_no_backend_calls),
         cmocka_unit_test(test_small_device_counts_ooms),
+        cmocka_unit_test(test_huge_sizes_are_ooms),
         cmocka_unit_test(test_rnn_trace_reproducible),
         cmocka_unit_test(test_invalid_files),
     };
