@@ -358,10 +358,9 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     size_t free_b = 0, total_b = 0;
     (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
     mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, sr->sid, mt__public_pool(bp), 0);
-    mt__alloc_oom_report(a, size, rsize,
-                         (size_t)a->st.reserved_bytes[MT_STAT_ALL].current + rsize > a->limit
-                             ? "memory limit"
-                             : "device");
+    bool over_limit = a->limit < a->capacity &&
+                      (size_t)a->st.reserved_bytes[MT_STAT_ALL].current + rsize > a->limit;
+    mt__alloc_oom_report(a, size, rsize, over_limit ? "memory_fraction limit" : "device");
     return MT_ENOMEM;
 }
 
