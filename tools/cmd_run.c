@@ -145,9 +145,14 @@ static void print_summary(json_t *s, const char *prog, int status_code, int sig)
         fprintf(f, "memtrace run: %s was killed by signal %d (%s)\n", prog, sig, strsignal(sig));
     else
         fprintf(f, "memtrace run: %s exited with status %d\n", prog, status_code);
+    if (s == NULL && sig) {
+        fprintf(f, "  no summary: the process died before its exit handlers ran (the daemon, "
+                   "if one ran, holds its last events)\n");
+        return;
+    }
     if (s == NULL) {
-        fprintf(f, "  no summary: the process ended before its exit handlers ran%s\n",
-                sig ? " (see the daemon or the event log for its last events)" : "");
+        fprintf(f, "  no summary: the program made no CUDA memory call that memtrace saw "
+                   "(is libcudart linked statically? build with -cudart shared)\n");
         return;
     }
     human(a, sizeof a, num(s, "capacity"));
@@ -179,9 +184,10 @@ static void print_summary(json_t *s, const char *prog, int status_code, int sig)
     const char *tel = json_string_value(json_object_get(s, "telemetry"));
     const char *log = json_string_value(json_object_get(s, "event_log"));
     json_t *ev = json_object_get(s, "events");
+    bool recorded = tel != NULL && strcmp(tel, "off") != 0;
     fprintf(f, "  events            %.0f alloc, %.0f free, %.0f segment allocs -> %s%s%s\n",
             num(ev, "alloc"), num(ev, "free_requested"), num(ev, "segment_alloc"),
-            tel ? tel : "not recorded", log ? " " : "", log ? log : "");
+            recorded ? tel : "not recorded (telemetry off)", log ? " " : "", log ? log : "");
     double ooms = num(s, "ooms");
     if (ooms == 0) {
         fprintf(f, "  out of memory     no\n");

@@ -250,6 +250,31 @@ static void test_exit_status(void **state)
     assert_int_equal(sh("sig", cmd), 128 + 15);
     snprintf(cmd, sizeof cmd, "'%s' run --backend gpu -- true", env("MT_MEMTRACE"));
     assert_int_equal(sh("usage", cmd), 2);
+    snprintf(cmd, sizeof cmd, "'%s' run --help", env("MT_MEMTRACE"));
+    assert_int_equal(sh("help", cmd), 0);
+    assert_non_null(strstr(slurp("help.out"), "examples:"));
+}
+
+/* cuda mode through LD_PRELOAD, on the fake driver (the only driver here): the
+ * program's cudaMalloc lands in the allocator over the cuda backend, and the fake's
+ * out-of-memory answer reaches the program as cudaErrorMemoryAllocation. */
+static void test_cuda_mode_on_fake_driver(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "MEMTRACE_LIBCUDA='%s' '%s' run --backend cuda --telemetry off "
+             "--summary-json cu.json -- '%s'",
+             env("MT_FAKE_CUDA"), env("MT_MEMTRACE"), env("MT_PROG_OOM"));
+    assert_int_equal(sh("cu", cmd), 3);
+    char *out = slurp("cu.out");
+    assert_non_null(strstr(out, "cudaMalloc #1: out of memory (cudaErrorMemoryAllocation)"));
+    json_t *s = summary("cu.json");
+    assert_string_equal(json_string_value(json_object_get(s, "backend")), "cuda");
+    assert_int_equal(jint(s, "capacity"), 64ll << 20); /* the fake's default device */
+    assert_int_equal(jint(s, "requests"), 1);
+    assert_int_equal(jint(s, "ooms"), 1);
+    json_decref(s);
 }
 
 /* PyTorch's entry points in cuda mode, against the fake driver: the preload's
@@ -299,6 +324,7 @@ int main(void)
         cmocka_unit_test(test_oom_is_reported),
         cmocka_unit_test(test_unknown_free),
         cmocka_unit_test(test_exit_status),
+        cmocka_unit_test(test_cuda_mode_on_fake_driver),
         cmocka_unit_test(test_torch_entry_points_on_fake_driver),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
