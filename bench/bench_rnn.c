@@ -91,7 +91,7 @@ static void run(mt_alloc_t *a, const shape_t *s, int iters)
     double kept_step = (double)kept / s->T + (double)ny * sizeof(float) / s->T;
     double hvec = kept_step / ((double)s->B * s->H * s->L * D * sizeof(float));
     double step = (tf + tb) / iters;
-    printf("%-5s %4d %3d %4d %4d %2d %3s | %8.1f %8.1f %8.1f %9.0f | %9.1f %6.2f %9.1f %5.1f\n",
+    printf("%-8s %4d %3d %4d %4d %2d %3s | %8.1f %8.1f %8.1f %9.0f | %9.1f %6.2f %9.1f %5.1f\n",
            mt_rnn_mode_name(s->mode), s->T, s->B, s->in, s->H, s->L, s->bi ? "bi" : "uni",
            1e3 * tf / iters, 1e3 * tb / iters, 1e3 * step, (double)s->T * s->B / step,
            kept_step / 1024.0, hvec, (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
 
     printf("RNN engine, CPU path (CBLAS) on the %s backend; %d timed train steps per shape\n",
            mt_backend_name(b), iters);
-    printf("%-5s %4s %3s %4s %4s %2s %3s | %8s %8s %8s %9s | %9s %6s %9s %5s\n", "mode", "T", "B",
+    printf("%-8s %4s %3s %4s %4s %2s %3s | %8s %8s %8s %9s | %9s %6s %9s %5s\n", "mode", "T", "B",
            "in", "H", "L", "dir", "fwd ms", "bwd ms", "step ms", "tokens/s", "kept KiB", "Hvec",
            "opbyop", "Hvec");
     for (size_t i = 0; i < n; i++)

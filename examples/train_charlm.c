@@ -56,13 +56,13 @@ typedef struct model_s {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: train_charlm [options]\n"
-               "  --epochs N      passes over the text (default 10)\n"
-               "  --hidden H      LSTM hidden size (default 128)\n"
+               "  --epochs N      passes over the text (default 12)\n"
+               "  --hidden H      LSTM hidden size (default 256)\n"
                "  --layers L      LSTM layers (default 1)\n"
-               "  --batch B       parallel streams (default 32)\n"
+               "  --batch B       parallel streams (default 16)\n"
                "  --min-len T     shortest batch, steps (default 32)\n"
                "  --max-len T     longest batch, steps (default 96)\n"
-               "  --lr X          Adam learning rate (default 0.003)\n"
+               "  --lr X          Adam learning rate (default 0.004)\n"
                "  --seed S        seed of the weights, batch lengths and sampling (default 1)\n"
                "  --sample N      characters to generate after training (default 400)\n"
                "  --text PATH     training text (default data/text/corpus.txt)\n"
@@ -552,7 +552,7 @@ int main(int argc, char **argv)
         if (ep == 0)
             first_loss = bits;
         last_loss = bits;
-        printf("epoch %2d  loss %.3f bits/char (unigram %.3f)  %4d batches  %7.0f tokens/s  "
+        printf("epoch %2d  train loss %.3f bits/char (unigram %.3f)  %4d batches  %7.0f tokens/s  "
                "%.1f s\n",
                ep + 1, bits, text.entropy_bits, steps, (double)toks / dt, dt);
         fflush(stdout);
@@ -563,8 +563,9 @@ int main(int argc, char **argv)
     }
     mt_backend_counters_t c1;
     mt_backend_counters(b, &c1);
-    printf("loss: %.3f -> %.3f bits/char, %.3f below the unigram entropy\n", first_loss, last_loss,
-           text.entropy_bits - last_loss);
+    printf("train loss: %.3f -> %.3f bits/char, %.3f %s the unigram entropy\n", first_loss,
+           last_loss, fabs(text.entropy_bits - last_loss),
+           last_loss < text.entropy_bits ? "below" : "ABOVE");
     printf(
         "backend mallocs during training: %llu%s\n",
         (unsigned long long)(c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls),

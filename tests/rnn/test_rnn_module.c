@@ -394,12 +394,51 @@ static void warmup_zero_backend_mallocs(void **state)
     assert_true(cold > 0);
 }
 
+/* Device memory exhaustion: create, forward and warm-up fail with MT_ENOMEM, leave nothing
+ * allocated behind, and the module still works at a size that fits. */
+static void out_of_memory_is_clean(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(32 * MIB);
+    mt_rnn_t *m = NULL;
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 8, 2048, 2, true); /* ~200 MiB of weights */
+    assert_int_equal(mt_rnn_create(&m, &c), MT_ENOMEM);
+    assert_null(m);
+    assert_int_equal(fx_stats(fx).allocated_bytes[MT_STAT_ALL].current, 0);
+
+    c = fx_cfg(fx, MT_RNN_LSTM, 8, 64, 1, false);
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    int64_t base = fx_stats(fx).allocated_bytes[MT_STAT_ALL].current;
+    int T = 2000, B = 16; /* reserve: T*B*5H floats = 40 MiB > capacity */
+    float *x = fx_buf(fx, (size_t)T * B * 8, MT_TAG_BATCH, 1);
+    float *y = fx_buf(fx, (size_t)T * B * 64, MT_TAG_ACTIVATIONS, 0);
+    mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_reserve_t *res = (mt_rnn_reserve_t *)&io;
+    assert_int_equal(mt_rnn_forward(m, &io, &res), MT_ENOMEM);
+    assert_null(res);
+    /* Inference at the same length fits: its memory does not grow with T. */
+    assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
+    io.seq_len = 100;
+    assert_int_equal(mt_rnn_forward(m, &io, &res), 0);
+    mt_rnn_reserve_release(m, &res);
+    fx_put(fx, x);
+    fx_put(fx, y);
+    assert_int_equal(fx_stats(fx).allocated_bytes[MT_STAT_ALL].current, base);
+
+    assert_int_equal(mt_rnn_warmup(m, 4000, 64), MT_ENOMEM);
+    assert_int_equal(mt_alloc_warmup_end(fx->a, NULL), MT_EINVAL); /* warm-up was closed */
+    assert_int_equal(fx_stats(fx).allocated_bytes[MT_STAT_ALL].current, base);
+    assert_int_equal(mt_rnn_warmup(m, 50, 4), 0);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(public_forward_backward),     cmocka_unit_test(compaction_and_flatten),
         cmocka_unit_test(replicate_is_flat),           cmocka_unit_test(inference_memory_constant),
-        cmocka_unit_test(warmup_zero_backend_mallocs),
+        cmocka_unit_test(warmup_zero_backend_mallocs), cmocka_unit_test(out_of_memory_is_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
