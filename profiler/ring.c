@@ -255,10 +255,10 @@ uint32_t mt__ring_owner_uid(const mt__ring_t *r)
 void mt__ring_stats(const mt__ring_t *r, mt__ring_stats_t *out)
 {
     mt__ring_hdr_t *h = r->hdr;
-    out->emitted = atomic_load_explicit(&h->next_seq, memory_order_relaxed);
     out->claimed = atomic_load_explicit(&h->claim, memory_order_relaxed);
     out->read = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
     out->dropped = atomic_load_explicit(&h->dropped, memory_order_relaxed);
+    out->emitted = out->claimed + out->dropped;
     out->lost = atomic_load_explicit(&h->lost, memory_order_relaxed);
     out->delivered = atomic_load_explicit(&h->delivered, memory_order_relaxed);
     out->flags = atomic_load_explicit(&h->flags, memory_order_relaxed);
@@ -275,9 +275,13 @@ void mt__ring_set_flags(mt__ring_t *r, uint32_t flags)
 int mt__ring_reserve(mt__ring_t *r, mt_event_rec_t **slot, uint64_t *pos)
 {
     mt__ring_hdr_t *h = r->hdr;
-    uint64_t seq = atomic_fetch_add_explicit(&h->next_seq, 1, memory_order_relaxed);
-    uint64_t c = atomic_load_explicit(&h->claim, memory_order_relaxed);
+    /* One atomic RMW per event: the claim. seq = c + (drops seen before the claim); a
+     * claimer reads claim (acquire) after its predecessor's CAS (acq_rel), so it reads
+     * dropped no earlier than the predecessor did: seqs strictly increase in ring order
+     * and the holes between them add up to the drops. */
+    uint64_t c = atomic_load_explicit(&h->claim, memory_order_acquire);
     const int64_t slots = (int64_t)(r->mask + 1);
+    uint64_t seq;
     for (;;) {
         uint64_t rd = atomic_load_explicit(&r->cached_read, memory_order_acquire);
         /* Signed: a stale c may lag a newer read_idx; the CAS then fails and reloads. */
@@ -289,9 +293,12 @@ int mt__ring_reserve(mt__ring_t *r, mt_event_rec_t **slot, uint64_t *pos)
                 return MT_EAGAIN;
             }
         }
-        if (atomic_compare_exchange_weak_explicit(&h->claim, &c, c + 1, memory_order_relaxed,
-                                                  memory_order_relaxed))
+        uint64_t d = atomic_load_explicit(&h->dropped, memory_order_relaxed);
+        if (atomic_compare_exchange_weak_explicit(&h->claim, &c, c + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            seq = c + d;
             break;
+        }
     }
     mt_event_rec_t *rec = &r->recs[c & r->mask];
     rec->seq = seq;

@@ -17,10 +17,11 @@
  * recs_off = commit_off + round_up(8*S, 64). mt__ring_map_size() gives the total.
  *
  * Protocol (a bounded multi-producer single-consumer queue, Vyukov-style commit words):
- * - Every emit first takes seq = next_seq++ (even when the event is then dropped), so
- *   the consumer sees drops as holes in the sequence numbers.
- * - The producer claims position c (claim: c -> c+1, by CAS) only if
- *   c - read_idx < S; otherwise the event is dropped and dropped++ is counted.
+ * - The producer claims position c (claim: c -> c+1, by CAS, the only atomic
+ *   read-modify-write of an event) only if c - read_idx < S; otherwise the event is
+ *   dropped and dropped++ is counted.
+ * - The event's seq is c + the value of dropped read just before the claim: every
+ *   event, dropped or not, has a number, and the consumer sees drops as holes.
  * - It writes recs[c % S] (with .seq = seq) and publishes with a release store of
  *   commit[c % S] = c + 1.
  * - The consumer at position p waits for commit[p % S] == p + 1 (acquire), copies the
@@ -30,14 +31,11 @@
  *   and counted in lost once the producer is known dead (mt__ring_mark_dead, or its
  *   pid no longer exists) or the slot stayed unpublished for stuck_timeout_ns.
  *
- * Invariants: read_idx <= claim; claim - read_idx <= S;
- *   next_seq = claim + dropped (when no producer is between its two steps);
- *   commit[i] is 0 (never written) or p + 1 for the last published p with p % S == i.
- *
- * Ordering: seq is strictly increasing in ring order for a single producer thread
- * (the allocator calls its sink under its mutex). With several concurrent producer
- * threads, two events may appear in ring order with their seqs swapped; every seq is
- * still delivered exactly once or counted in dropped/lost. */
+ * Invariants: read_idx <= claim; claim - read_idx <= S; events emitted = claim + dropped;
+ *   commit[i] is 0 (never written) or p + 1 for the last published p with p % S == i;
+ *   seqs strictly increase with the position, also with concurrent producer threads
+ *   (a claimer reads claim with acquire after its predecessor's acq_rel CAS, hence reads
+ *   dropped no earlier than the predecessor did); the holes add up to the drops. */
 #ifndef MT_PROFILER_RING_H
 #define MT_PROFILER_RING_H
 
@@ -87,8 +85,9 @@ typedef struct mt__ring_hdr_s {
     /* ---- cache line 2: flags ---- */
     _Alignas(64) _Atomic uint32_t flags; /* MT_RING_F_* */
     /* ---- cache line 3: producer counters ---- */
-    _Alignas(64) _Atomic uint64_t next_seq; /* seqs handed out (emitted events) */
-    _Atomic uint64_t claim;                 /* positions claimed (written or being written) */
+    _Alignas(64) _Atomic uint64_t
+        seq_unused;         /* 0; kept for the layout (emitted = claim + dropped) */
+    _Atomic uint64_t claim; /* positions claimed (written or being written) */
     /* ---- cache line 4: drops (touched only when full) ---- */
     _Alignas(64) _Atomic uint64_t dropped; /* events dropped because the ring was full */
     /* ---- cache line 5: consumer, written only by the consumer ---- */
@@ -101,7 +100,7 @@ typedef struct mt__ring_hdr_s {
 _Static_assert(sizeof(mt__ring_hdr_t) == MT_RING_HEADER_SIZE, "fixed header size");
 _Static_assert(offsetof(mt__ring_hdr_t, comm) == 48, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, flags) == 128, "fixed layout");
-_Static_assert(offsetof(mt__ring_hdr_t, next_seq) == 192, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, seq_unused) == 192, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, claim) == 200, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, dropped) == 256, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, read_idx) == 320, "fixed layout");
@@ -116,7 +115,7 @@ typedef struct mt__ring_s mt__ring_t;
 typedef void (*mt__ring_cb)(void *ud, const mt_event_rec_t *ev);
 
 typedef struct mt__ring_stats_s {
-    uint64_t emitted;   /* next_seq: events offered by the producer */
+    uint64_t emitted;   /* claimed + dropped: events offered by the producer */
     uint64_t claimed;   /* positions claimed */
     uint64_t read;      /* read_idx */
     uint64_t dropped;   /* full-ring drops (producer side) */

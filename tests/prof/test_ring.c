@@ -208,6 +208,8 @@ typedef struct seen_s {
     uint64_t count, dups, gaps;
     uint64_t next_req[NTHREADS]; /* per writer: its own events stay in order */
     uint64_t disorder;
+    uint64_t last_seq, global_disorder; /* seqs must increase in ring order too */
+    bool any;
 } seen_t;
 
 static void seen_cb(void *ud, const mt_event_rec_t *ev)
@@ -222,6 +224,10 @@ static void seen_cb(void *ud, const mt_event_rec_t *ev)
     if (ev->requested < s->next_req[ev->device])
         s->disorder++;
     s->next_req[ev->device] = ev->requested + 1;
+    if (s->any && ev->seq <= s->last_seq)
+        s->global_disorder++;
+    s->last_seq = ev->seq;
+    s->any = true;
     s->count++;
 }
 
@@ -259,6 +265,7 @@ static void test_concurrent_writers(void **state)
     mt__ring_stats(r, &st);
     assert_int_equal(s.dups, 0);
     assert_int_equal(s.disorder, 0);
+    assert_int_equal(s.global_disorder, 0);
     assert_int_equal(st.dropped, dropped);
     assert_int_equal(st.lost, 0);
     /* Every seq seen exactly once or counted dropped, and the gaps say how many. */
