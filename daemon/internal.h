@@ -22,8 +22,9 @@
 #include "memtrace/event.h"
 #include "profiler/ring.h"
 
-#define MT_D_MAX_PIDS 16   /* pids in one subscription filter */
-#define MT_D_BATCH    1024 /* events per batch (one consumer chunk per batch) */
+#define MT_D_MAX_PIDS          16   /* pids in one subscription filter */
+#define MT_D_BATCH             1024 /* events per batch (one consumer chunk per batch) */
+#define MT_D_PRODUCER_LINE_MAX 4096 /* bytes of a line a registered producer may send */
 
 /* ---- growable text buffer ---- */
 
@@ -158,9 +159,12 @@ typedef struct mt_d_conn_s {
     bool closing;
     bool is_tcp;
     uint64_t last_active_ms; /* uv_now when it last sent something */
-    mt_d_buf_t in;           /* partial request, bounded by the line/head limits */
-    mt_d_proc_t *proc;       /* producers */
-    mt_d_sub_t sub;          /* consumers (Unix and SSE) */
+    uint32_t peer_uid;       /* Unix peers: SO_PEERCRED at accept */
+    int peer_pid;
+    size_t line_len;   /* producers: bytes of the current line so far */
+    mt_d_buf_t in;     /* partial request, bounded by the line/head limits */
+    mt_d_proc_t *proc; /* producers */
+    mt_d_sub_t sub;    /* consumers (Unix and SSE) */
 } mt_d_conn_t;
 
 /* ---- the daemon ---- */
@@ -219,7 +223,7 @@ int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_af
 bool mt__d_peer_allowed(mt_d_conn_t *c);
 
 /* producers.c */
-int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg);
+int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen);
 void mt__d_producer_eof(mt_d_conn_t *c);
 void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n);
 void mt__d_drain_all(mt_d_t *d);

@@ -4,6 +4,7 @@
  * its name at once, so the mapping (and the events in it) survives the producer. Rings
  * are drained on a timer with a per-producer budget, and completely when the producer's
  * connection ends: that EOF is how we learn the process is gone, however it died. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -41,7 +42,9 @@ static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
     json_decref(o);
 }
 
-int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg)
+/* Checks the hello as docs/telemetry.md §2 says: version 1, a ring name of ours
+ * ("/memtrace.*"), the peer's own pid, a ring owned by the peer's uid (or a root peer). */
+int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
 {
     mt_d_t *d = c->d;
     json_t *jv = json_object_get(msg, "version");
@@ -49,16 +52,33 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg)
     const char *shm = json_string_value(json_object_get(msg, "shm"));
     const char *name = json_string_value(json_object_get(msg, "name"));
     const char *backend = json_string_value(json_object_get(msg, "backend"));
-    if (!json_is_integer(jv) || json_integer_value(jv) != 1 || !json_is_integer(jpid) ||
-        json_integer_value(jpid) <= 0 || json_integer_value(jpid) > INT32_MAX || !shm)
+    if (!json_is_integer(jv) || json_integer_value(jv) != 1) {
+        snprintf(err, errlen, "unsupported protocol version (this daemon speaks 1)");
         return MT_EPROTO;
+    }
+    if (!json_is_integer(jpid) || json_integer_value(jpid) <= 0 ||
+        json_integer_value(jpid) > INT32_MAX) {
+        snprintf(err, errlen, "hello needs a pid");
+        return MT_EPROTO;
+    }
+    int pid = (int)json_integer_value(jpid);
+    if (!shm || strncmp(shm, "/memtrace.", 10) != 0 || strchr(shm + 1, '/')) {
+        snprintf(err, errlen, "shm must name a ring /memtrace.*");
+        return MT_EPROTO;
+    }
+    if (c->peer_pid > 0 && c->peer_pid != pid) {
+        snprintf(err, errlen, "pid %d is not the connecting process (%d)", pid, c->peer_pid);
+        return MT_EPROTO;
+    }
     mt__ring_t *ring = NULL;
     int rc = mt__ring_open(&ring, shm);
-    if (rc)
+    if (rc) {
+        snprintf(err, errlen, "cannot map ring %.80s: %s", shm, mt_strerror(rc));
         return rc;
-    /* The ring must belong to the user who registers it, like the socket itself. */
+    }
     const mt__ring_hdr_t *h = mt__ring_header(ring);
-    if (h->pid != (int32_t)json_integer_value(jpid)) {
+    if (h->pid != pid || (c->peer_uid != 0 && mt__ring_owner_uid(ring) != c->peer_uid)) {
+        snprintf(err, errlen, "ring %.80s does not belong to the connecting process", shm);
         mt__ring_close(&ring);
         return MT_EPROTO;
     }
@@ -67,6 +87,7 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg)
     rc = mt__d_proc_create(&p, h->pid, name && *name ? name : h->comm);
     if (rc) {
         mt__ring_close(&ring);
+        snprintf(err, errlen, "out of memory");
         return rc;
     }
     if (backend)
@@ -235,8 +256,8 @@ void mt__d_producer_eof(mt_d_conn_t *c)
 }
 
 /* Lines a registered producer may send: {"type":"poke"} asks for a drain now (its ring is
- * filling up faster than our timer empties it). Anything else is ignored, within the line
- * limit. */
+ * filling up faster than our timer empties it). Other lines are ignored; a line longer
+ * than MT_D_PRODUCER_LINE_MAX closes the connection (as EOF would: final drain, exit). */
 void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n)
 {
     mt_d_t *d = c->d;
@@ -245,11 +266,18 @@ void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n)
         if (data[i] != '\n') {
             if (c->in.len < 64)
                 mt__d_buf_append(&c->in, &data[i], 1);
+            if (++c->line_len > MT_D_PRODUCER_LINE_MAX) {
+                d->ctr.rejected++;
+                mt__d_producer_eof(c);
+                mt__d_conn_close(c);
+                return;
+            }
             continue;
         }
         if (c->in.len > 0 && strstr(c->in.p, "\"poke\""))
             poke = true;
         c->in.len = 0;
+        c->line_len = 0;
     }
     if (poke && c->proc && c->proc->ring && !d->stopping) {
         drain_one(d, c->proc, d->cfg.drain_budget);

@@ -204,6 +204,8 @@ bool mt__d_peer_allowed(mt_d_conn_t *c)
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
         return false;
+    c->peer_uid = cr.uid;
+    c->peer_pid = cr.pid;
     return cr.uid == geteuid() || cr.uid == 0;
 }
 
@@ -236,9 +238,10 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
     const char *type = json_string_value(json_object_get(msg, "type"));
     const char *role = json_string_value(json_object_get(msg, "role"));
     if (type && strcmp(type, "hello") == 0 && role && strcmp(role, "producer") == 0) {
-        int rc = mt__d_producer_hello(c, msg);
+        char err[160] = "";
+        int rc = mt__d_producer_hello(c, msg, err, sizeof err);
         if (rc < 0 && !c->closing)
-            reply_error(c, mt_strerror(rc));
+            reply_error(c, err[0] ? err : mt_strerror(rc));
     } else if (type && strcmp(type, "subscribe") == 0 && role && strcmp(role, "consumer") == 0) {
         char err[128];
         if (mt__d_sub_parse_json(&c->sub, msg, err, sizeof err) != 0) {

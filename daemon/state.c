@@ -264,7 +264,10 @@ int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
 
 double mt__d_proc_utilization(const mt_d_proc_t *p)
 {
-    return p->reserved ? (double)p->allocated / (double)p->reserved : 1.0;
+    /* Clamped: totals from a stream with dropped events may be momentarily inconsistent. */
+    if (!p->reserved || p->allocated >= p->reserved)
+        return 1.0;
+    return (double)p->allocated / (double)p->reserved;
 }
 
 /* ---- free gaps ---- */

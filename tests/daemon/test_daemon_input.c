@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "profiler/ring.h"
 #include "tests/daemon/harness.h"
 
 static void assert_healthy(const th_daemon_t *t)
@@ -232,6 +233,59 @@ static void test_sse(void **state)
     th_daemon_stop(&t);
 }
 
+/* A registered producer that sends an oversized line is cut off (and treated as gone);
+ * a hello naming another process's pid, or a ring that is not the sender's, is refused. */
+static void test_producer_misbehaving(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 64, "self"), 0);
+    char hello[256];
+    int n = snprintf(hello, sizeof hello,
+                     "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,\"pid\":%d,"
+                     "\"name\":\"self\",\"shm\":\"%s\",\"slots\":64}\n",
+                     1, mt__ring_name(r));
+    assert_refused(&t, hello, (size_t)n); /* pid 1 is not us */
+
+    n = snprintf(hello, sizeof hello,
+                 "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,\"pid\":%d,"
+                 "\"name\":\"self\",\"shm\":\"%s\",\"slots\":64}\n",
+                 (int)getpid(), mt__ring_name(r));
+    int fd;
+    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt_d_client_send(fd, hello, (size_t)n), 0);
+    char line[64] = {0};
+    for (size_t i = 0; i < sizeof line - 1; i++) {
+        assert_int_equal(recv(fd, &line[i], 1, 0), 1);
+        if (line[i] == '\n') {
+            line[i] = '\0';
+            break;
+        }
+    }
+    assert_string_equal(line, "{\"ok\":true}");
+    mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512, .allocated = 512};
+    assert_int_equal(mt__ring_push(r, &ev), 0);
+    static const char poke[] = "{\"type\":\"poke\"}\n";
+    assert_int_equal(mt_d_client_send(fd, poke, sizeof poke - 1), 0);
+    char junk[5000];
+    memset(junk, 'x', sizeof junk);
+    mt_d_client_send(fd, junk, sizeof junk);
+    char *rest = NULL;
+    assert_int_equal(mt_d_client_read_all(fd, 1024, 5000, &rest, NULL), 0); /* EOF */
+    assert_string_equal(rest, "");
+    free(rest);
+    close(fd);
+    json_t *p = th_wait_exited(t.sock, getpid(), 5000);
+    assert_non_null(p);
+    assert_int_equal(json_integer_value(json_object_get(p, "events")), 1);
+    assert_string_equal(json_string_value(json_object_get(p, "exit_reason")), "killed");
+    json_decref(p);
+    mt__ring_close(&r);
+    assert_healthy(&t);
+    th_daemon_stop(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_bad_http),
         cmocka_unit_test(test_bad_unix_input),
         cmocka_unit_test(test_sse),
+        cmocka_unit_test(test_producer_misbehaving),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
