@@ -33,8 +33,9 @@ typedef struct consume_s {
     const unsigned char *data;
     size_t bytes;
     uint64_t index;
-    gate_t *hold;     /* optional: hold the batch until opened */
-    atomic_uint *bad; /* batches that did not hold their own data */
+    gate_t *hold;      /* optional: hold the batch until opened */
+    unsigned sleep_us; /* a slow consumer: sleeps before reading */
+    atomic_uint *bad;  /* batches that did not hold their own data */
     atomic_uint *consumed;
 } consume_t;
 
@@ -43,6 +44,8 @@ static void consume_fn(void *ud)
     consume_t *c = ud;
     if (c->hold != NULL)
         gate_fn(c->hold);
+    if (c->sleep_us != 0)
+        fx_sleep_us(c->sleep_us);
     for (size_t i = 0; i < c->bytes; i++) {
         if (c->data[i] != pattern(c->index, i)) {
             atomic_fetch_add(c->bad, 1);
@@ -113,7 +116,7 @@ static void test_overlap_while_batch_held(void **state)
         assert_int_equal(mt_event_create(f.b, &held_end[k]), 0);
         assert_int_equal(mt_prefetch_next(p, &b), 0);
         assert_int_equal(b.index, base + k);
-        cons[k] = (consume_t){b.data, bytes, b.index, &gates[k], &bad, &consumed};
+        cons[k] = (consume_t){b.data, bytes, b.index, &gates[k], 0, &bad, &consumed};
         assert_int_equal(mt_event_record(f.b, held_begin[k], f.compute), 0);
         assert_int_equal(mt_stream_launch_host_func(f.b, f.compute, consume_fn, &cons[k]), 0);
         assert_int_equal(mt_event_record(f.b, held_end[k], f.compute), 0);
@@ -168,7 +171,7 @@ static void test_overlap_while_batch_held(void **state)
 /* Every copy is slowed by a sleep queued before it on the copy stream; after each batch the
  * consumer poisons its buffer. A batch read before its copy completed shows poison or the
  * previous batch's bytes. */
-static void run_poisoned(unsigned depth, bool overlap, unsigned N)
+static void run_poisoned(unsigned depth, bool overlap, unsigned N, bool slow_consumer)
 {
     fx_t f;
     fx_init(&f, 128 * MIB, 64 * MIB);
@@ -181,7 +184,9 @@ static void run_poisoned(unsigned depth, bool overlap, unsigned N)
     unsigned submitted = 0;
     mt_prefetch_batch_t b;
     while (submitted < depth) {
-        assert_int_equal(mt_stream_launch_host_func(f.b, cs, sleep_fn, (void *)(uintptr_t)2000), 0);
+        if (!slow_consumer)
+            assert_int_equal(mt_stream_launch_host_func(f.b, cs, sleep_fn, (void *)(uintptr_t)2000),
+                             0);
         assert_int_equal(mt_prefetch_submit_fill(p, bytes, fill_pattern, NULL), 0);
         submitted++;
     }
@@ -189,13 +194,15 @@ static void run_poisoned(unsigned depth, bool overlap, unsigned N)
     assert_int_equal(mt_prefetch_submit_fill(p, bytes, fill_pattern, NULL), MT_EBUSY);
     for (unsigned k = 0; k < N; k++) {
         assert_int_equal(mt_prefetch_next(p, &b), 0);
-        cons[k] = (consume_t){b.data, bytes, b.index, NULL, &bad, &consumed};
+        cons[k] =
+            (consume_t){b.data, bytes, b.index, NULL, slow_consumer ? 2000 : 0, &bad, &consumed};
         assert_int_equal(mt_stream_launch_host_func(f.b, f.compute, consume_fn, &cons[k]), 0);
         assert_int_equal(mt_memset_async(f.b, b.data, POISON, bytes, f.compute), 0);
         assert_int_equal(mt_prefetch_release(p, &b), 0);
         if (submitted < N) {
-            assert_int_equal(mt_stream_launch_host_func(f.b, cs, sleep_fn, (void *)(uintptr_t)2000),
-                             0);
+            if (!slow_consumer)
+                assert_int_equal(
+                    mt_stream_launch_host_func(f.b, cs, sleep_fn, (void *)(uintptr_t)2000), 0);
             assert_int_equal(mt_prefetch_submit_fill(p, bytes, fill_pattern, NULL), 0);
             submitted++;
         }
@@ -217,19 +224,27 @@ static void run_poisoned(unsigned depth, bool overlap, unsigned N)
 static void test_poisoned_slow_copies_depth2(void **state)
 {
     (void)state;
-    run_poisoned(2, true, 12);
+    run_poisoned(2, true, 12, false);
 }
 
 static void test_poisoned_slow_copies_depth3(void **state)
 {
     (void)state;
-    run_poisoned(3, true, 12);
+    run_poisoned(3, true, 12, false);
+}
+
+/* A slow consumer and fast copies: a copy into a buffer whose batch is still being read
+ * (the release event not waited for) would show the later batch's bytes. */
+static void test_poisoned_slow_consumer(void **state)
+{
+    (void)state;
+    run_poisoned(2, true, 10, true);
 }
 
 static void test_poisoned_serial_baseline(void **state)
 {
     (void)state;
-    run_poisoned(2, false, 6);
+    run_poisoned(2, false, 6, false);
 }
 
 /* The host copy of a batch is staged: the caller's buffer may change right after submit. */
@@ -314,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_overlap_while_batch_held),
         cmocka_unit_test(test_poisoned_slow_copies_depth2),
         cmocka_unit_test(test_poisoned_slow_copies_depth3),
+        cmocka_unit_test(test_poisoned_slow_consumer),
         cmocka_unit_test(test_poisoned_serial_baseline),
         cmocka_unit_test(test_submit_copies_caller_buffer),
         cmocka_unit_test(test_slices_are_views),
