@@ -226,6 +226,16 @@ int mt_prefetch_next(mt_prefetch_t *p, mt_prefetch_batch_t *out)
     return 0;
 }
 
+int mt_prefetch_wait(mt_prefetch_t *p, const mt_prefetch_batch_t *b)
+{
+    if (p == NULL || b == NULL || b->slot >= p->cfg.depth)
+        return MT_EINVAL;
+    slot_t *s = &p->slots[b->slot];
+    if (s->state != SLOT_HELD || s->index != b->index)
+        return MT_ENOENT;
+    return mt_event_synchronize(p->b, s->copy_done);
+}
+
 int mt_prefetch_release(mt_prefetch_t *p, const mt_prefetch_batch_t *b)
 {
     if (p == NULL || b == NULL || b->slot >= p->cfg.depth)

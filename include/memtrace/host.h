@@ -120,7 +120,11 @@ MT_API int mt_prefetch_submit_fill(mt_prefetch_t *p, size_t bytes, mt_prefetch_f
 /* Hands out the oldest submitted batch: work queued on the compute stream after this call
  * sees its copy completed. Never blocks the host. MT_ENOENT if nothing was submitted. */
 MT_API int mt_prefetch_next(mt_prefetch_t *p, mt_prefetch_batch_t *out);
-/* Says the compute stream's work queued so far is the last use of batch b. */
+/* For consumers that compute on the calling thread (the engine's CPU path on sim): blocks
+ * the host until batch b's copy has completed (that one copy's event, nothing else). */
+MT_API int mt_prefetch_wait(mt_prefetch_t *p, const mt_prefetch_batch_t *b);
+/* Says the compute stream's work queued so far is the last use of batch b. A host consumer
+ * calls it once it has finished reading b. */
 MT_API int mt_prefetch_release(mt_prefetch_t *p, const mt_prefetch_batch_t *b);
 /* A view of [offset, offset + bytes) of a batch (no copy). MT_EINVAL if out of range. */
 MT_API int mt_prefetch_slice(const mt_prefetch_batch_t *b, size_t offset, size_t bytes, void **out);

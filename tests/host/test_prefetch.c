@@ -274,6 +274,34 @@ static void test_submit_copies_caller_buffer(void **state)
     fx_fini(&f);
 }
 
+/* A consumer on the calling thread (like the CPU path) waits for its batch's copy only. */
+static void test_host_consumer_waits(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_init(&f, 64 * MIB, 64 * MIB);
+    const size_t bytes = 64 * 1024;
+    mt_prefetch_t *p = make(&f, bytes, 2, true);
+    mt_stream_t *cs = mt_prefetch_copy_stream(p);
+    unsigned bad = 0;
+    for (unsigned k = 0; k < 6; k++) {
+        assert_int_equal(mt_stream_launch_host_func(f.b, cs, sleep_fn, (void *)(uintptr_t)3000), 0);
+        assert_int_equal(mt_prefetch_submit_fill(p, bytes, fill_pattern, NULL), 0);
+        mt_prefetch_batch_t b;
+        assert_int_equal(mt_prefetch_next(p, &b), 0);
+        assert_int_equal(mt_prefetch_wait(p, &b), 0);
+        const unsigned char *d = b.data;
+        for (size_t i = 0; i < bytes; i++)
+            bad += d[i] != pattern(b.index, i);
+        memset(b.data, POISON, bytes); /* the host is the compute here */
+        assert_int_equal(mt_prefetch_release(p, &b), 0);
+        assert_int_equal(mt_prefetch_wait(p, &b), MT_ENOENT); /* released */
+    }
+    assert_int_equal(bad, 0);
+    mt_prefetch_destroy(&p);
+    fx_fini(&f);
+}
+
 /* Input and target of one batch are views into the same device buffer. */
 static void test_slices_are_views(void **state)
 {
@@ -332,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_poisoned_slow_consumer),
         cmocka_unit_test(test_poisoned_serial_baseline),
         cmocka_unit_test(test_submit_copies_caller_buffer),
+        cmocka_unit_test(test_host_consumer_waits),
         cmocka_unit_test(test_slices_are_views),
         cmocka_unit_test(test_bad_config),
     };
