@@ -360,6 +360,12 @@ static void at_exit(void)
             fclose(f);
         }
     }
+    /* The final totals of every device, to the profiler too (a stats event each). */
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
+    }
     if (P->prof != NULL) {
         /* Stop forwarding, then take every allocator's lock once (mt_alloc_stats) so
          * that no emit still running can touch the profiler we are about to destroy. */

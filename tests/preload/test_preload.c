@@ -143,6 +143,7 @@ static void test_runtime_program(void **state)
     char *log = slurp("rt.ndjson");
     assert_int_equal(count(log, "\"kind\":\"alloc\""), 17);
     assert_int_equal(count(log, "\"kind\":\"free_requested\""), 17);
+    assert_int_equal(count(log, "\"kind\":\"stats\""), 1); /* final totals at exit */
 }
 
 /* With a daemon running, the daemon receives every allocation of the program. */
