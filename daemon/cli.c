@@ -165,7 +165,13 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
             dprintf(ready[1], "%s", mt_strerror(rc));
             _exit(1);
         }
-        fprintf(stderr, "%s: cannot start: %s\n", prog, mt_strerror(rc));
+        if (rc == MT_EBUSY)
+            fprintf(stderr,
+                    "%s: cannot start: %s is in use (another daemon answers there, or it "
+                    "is not a socket)\n",
+                    prog, cfg.socket_path ? cfg.socket_path : "the socket");
+        else
+            fprintf(stderr, "%s: cannot start: %s\n", prog, mt_strerror(rc));
         return 1;
     }
     if (ready[1] >= 0) {

@@ -1,0 +1,186 @@
+/* The CLI against a live daemon: `memtrace tail`, `memtrace top` (--once, --json, live
+ * with q), `memtrace daemon` (--help, refusal on a busy socket). argv[1] is the memtrace
+ * binary. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/daemon/harness.h"
+
+static const char *memtrace;
+
+/* Runs cmd with sh, feeding it `input` on stdin if not NULL; returns the exit status and
+ * stdout (new). */
+static int run(const char *cmd, const char *input, char **out)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mt-dtest-cli-%d.out", (int)getpid());
+    char buf[1200];
+    if (input)
+        snprintf(buf, sizeof buf, "printf '%s' | %s > %s", input, cmd, path);
+    else
+        snprintf(buf, sizeof buf, "%s < /dev/null > %s", cmd, path);
+    int st = system(buf);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t cap = 1 << 20;
+    char *s = calloc(1, cap);
+    size_t n = fread(s, 1, cap - 1, f);
+    s[n] = '\0';
+    fclose(f);
+    unlink(path);
+    *out = s;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_help(void **state)
+{
+    static const char *cmds[] = {"daemon", "tail", "top"};
+    for (int i = 0; i < 3; i++) {
+        char cmd[512], *out;
+        snprintf(cmd, sizeof cmd, "%s %s --help", memtrace, cmds[i]);
+        assert_int_equal(run(cmd, NULL, &out), 0);
+        assert_non_null(strstr(out, "usage: memtrace"));
+        assert_non_null(strstr(out, "examples:"));
+        free(out);
+        snprintf(cmd, sizeof cmd, "%s %s --bogus 2>/dev/null", memtrace, cmds[i]);
+        assert_int_equal(run(cmd, NULL, &out), 2);
+        free(out);
+    }
+}
+
+static void test_tail_and_top(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    char cmd[512], *out;
+
+    /* tail, in the background, started before the producer. */
+    char tail_out[64];
+    snprintf(tail_out, sizeof tail_out, "/tmp/mt-dtest-tail-%d.out", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s tail --socket %s --kind alloc --tag weights --count 10 > %s",
+             memtrace, t.sock, tail_out);
+    fflush(NULL);
+    pid_t tail = fork();
+    if (tail == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    /* Wait until tail has subscribed (the daemon counts it). */
+    for (int i = 0; i < 200; i++) {
+        json_t *st = th_state(t.sock);
+        int n =
+            (int)json_integer_value(json_object_get(json_object_get(st, "daemon"), "consumers"));
+        json_decref(st);
+        if (n == 1)
+            break;
+        usleep(10000);
+    }
+    pid_t pid = th_producer(t.sock, 400, 1024, 0, -1);
+    assert_int_equal(th_wait(pid), 0);
+    int st = th_wait(tail);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen(tail_out, "r");
+    assert_non_null(f);
+    char line[1024];
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        assert_non_null(strstr(line, "\"kind\":\"alloc\""));
+        assert_non_null(strstr(line, "\"tag\":\"weights\""));
+        lines++;
+    }
+    fclose(f);
+    unlink(tail_out);
+    assert_int_equal(lines, 10);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    char pidstr[16];
+    snprintf(pidstr, sizeof pidstr, "%d", (int)pid);
+    assert_non_null(strstr(out, pidstr));
+    assert_non_null(strstr(out, "clean"));
+    assert_non_null(strstr(out, "weights"));
+    assert_null(strstr(out, "\033["));
+    free(out);
+
+    snprintf(cmd, sizeof cmd, "%s top --json --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    json_error_t err;
+    json_t *j = json_loads(out, 0, &err);
+    assert_non_null(j);
+    assert_int_equal(json_array_size(json_object_get(j, "processes")), 1);
+    json_decref(j);
+    free(out);
+
+    /* Live view: redraws with ANSI codes, quits on q. */
+    snprintf(cmd, sizeof cmd, "%s top --interval 100 --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, "q", &out), 0);
+    assert_non_null(strstr(out, "\033[H\033[2J"));
+    assert_non_null(strstr(out, pidstr));
+    free(out);
+
+    /* A second daemon on the same socket refuses to start. */
+    snprintf(cmd, sizeof cmd, "%s daemon --foreground --quiet --port off --socket %s", memtrace,
+             t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 1);
+    free(out);
+    th_daemon_stop(&t);
+
+    /* No daemon: a clear failure, not a hang. */
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s 2>/dev/null", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 1);
+    free(out);
+    snprintf(cmd, sizeof cmd, "%s tail --socket %s 2>/dev/null", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 1);
+    free(out);
+}
+
+/* `memtrace daemon` detached: returns once it listens; SIGTERM removes its socket. */
+static void test_daemon_detached(void **state)
+{
+    char dir[] = "/tmp/mt-dtest-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sock[96], cmd[512], *out;
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    snprintf(cmd, sizeof cmd, "%s daemon --quiet --port 0 --socket %s", memtrace, sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    int dpid = 0;
+    assert_int_equal(sscanf(out, "memtrace daemon: started, pid %d", &dpid), 1);
+    free(out);
+    assert_int_equal(access(sock, F_OK), 0);
+    json_t *st = th_state(sock);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(st, "daemon"), "pid")),
+                     dpid);
+    json_decref(st);
+    assert_int_equal(kill(dpid, SIGTERM), 0);
+    for (int i = 0; i < 300 && access(sock, F_OK) == 0; i++)
+        usleep(10000);
+    assert_int_equal(access(sock, F_OK), -1);
+    rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
+        return 2;
+    }
+    memtrace = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_help),
+        cmocka_unit_test(test_tail_and_top),
+        cmocka_unit_test(test_daemon_detached),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
