@@ -56,7 +56,7 @@ typedef struct model_s {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: train_charlm [options]\n"
-               "  --epochs N      passes over the text (default 12)\n"
+               "  --epochs N      passes over the text (default 10)\n"
                "  --hidden H      LSTM hidden size (default 256)\n"
                "  --layers L      LSTM layers (default 1)\n"
                "  --batch B       parallel streams (default 16)\n"
@@ -72,8 +72,17 @@ static void usage(FILE *f)
 
 static int parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){
-        10, 128, 1, 32, 32, 96, 400, 1, 3e-3, true, MT_SOURCE_ROOT "/data/text/corpus.txt"};
+    *o = (opts_t){.epochs = 10,
+                  .hidden = 256,
+                  .layers = 1,
+                  .batch = 16,
+                  .min_len = 32,
+                  .max_len = 96,
+                  .sample = 400,
+                  .seed = 1,
+                  .lr = 4e-3,
+                  .warmup = true,
+                  .text = MT_SOURCE_ROOT "/data/text/corpus.txt"};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
@@ -475,6 +484,17 @@ int main(int argc, char **argv)
     bcfg.log = log_cb;
     mt_backend_t *b;
     CHECK(mt_backend_create(&b, &bcfg));
+    if (mt_backend_kind(b) != MT_BACKEND_SIM) {
+        /* The embedding, output layer, loss and Adam here run on the CPU and write the
+         * allocator's memory directly, which only the sim backend makes host-addressable. */
+        fprintf(stderr,
+                "train_charlm: the %s backend is not host-addressable; this program computes "
+                "its non-RNN layers on the CPU, so it runs on the sim backend\n",
+                mt_backend_name(b));
+        mt_backend_destroy(&b);
+        bcfg.kind = MT_BACKEND_SIM;
+        CHECK(mt_backend_create(&b, &bcfg));
+    }
     mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
     char err[256];
     if (mt_alloc_cfg_from_env(&acfg, err, sizeof err)) {
