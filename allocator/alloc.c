@@ -333,6 +333,10 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
 {
     if (a->gc_limit > 0)
         mt__seg_gc(a);
+    /* Small-pool segments (2 MiB) always fit a small request, so this is a large-pool
+     * matter; see mt_alloc_cfg_t.release_smaller_segments. */
+    if (a->cfg.release_smaller_segments && bp == MT__BP_LARGE && !a->cfg.expandable_segments)
+        mt__seg_release_smaller(a, sr->bins[bp], rsize);
     int rc = mt__seg_grow(a, sr, bp, rsize, out);
     if (rc == 0)
         return 0;

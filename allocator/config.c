@@ -20,6 +20,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.memory_fraction = 1.0;
     c.expandable_segments = false;
     c.release_on_oom = true;
+    c.release_smaller_segments = true;
     return c;
 }
 
@@ -100,6 +101,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->release_on_oom = b;
+    } else if (strcmp(key, "release_smaller_segments") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->release_smaller_segments = b;
     } else {
         seterr(err, errlen, "unknown allocator config key '%s' (value '%s')", key, val);
         return MT_EINVAL;

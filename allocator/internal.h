@@ -269,6 +269,9 @@ void mt__seg_gc(mt_alloc_t *a);
 /* Releases cached oversize blocks (>= max_split_size) of (bp, stream) that form whole
  * segments, largest first, until `need` bytes were released. True if any. */
 bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need);
+/* Releases the cached whole plain segments of bs smaller than rsize (they cannot serve
+ * it). Returns bytes released. */
+size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsize);
 /* Releases every unused cached segment (reserved ones only when include_reserved).
  * Returns bytes released. Caller has synchronised pending events. */
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,

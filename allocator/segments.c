@@ -502,6 +502,18 @@ bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need)
     return true;
 }
 
+size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsize)
+{
+    size_t released = 0;
+    mt_segment_t *next;
+    for (mt_segment_t *s = a->segs; s != NULL; s = next) {
+        next = s->next;
+        if (s->bins == bs && !s->expandable && !s->reserved && s->size < rsize)
+            released += mt__seg_release(a, s); /* a no-op unless whole and free */
+    }
+    return released;
+}
+
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *stream, bool only)
 {
     size_t released = 0;

@@ -252,7 +252,8 @@ static void test_config_keys(void **state)
                                         "max_split_size_mb:128, roundup_power2_divisions:8,"
                                         "garbage_collection_threshold:0.6,"
                                         "memory_fraction:0.5,expandable_segments:True,"
-                                        "release_on_oom:false",
+                                        "release_on_oom:false,"
+                                        "release_smaller_segments:False",
                                         err, sizeof err),
                      0);
     assert_int_equal(c.max_split_size, 128 * MIB);
@@ -261,6 +262,8 @@ static void test_config_keys(void **state)
     assert_true(c.memory_fraction == 0.5);
     assert_true(c.expandable_segments);
     assert_false(c.release_on_oom);
+    assert_false(c.release_smaller_segments);
+    assert_true(mt_alloc_cfg_default().release_smaller_segments);
     assert_int_equal(mt_alloc_cfg_parse(&c, "expandable_segments:0", err, sizeof err), 0);
     assert_false(c.expandable_segments);
 }
@@ -289,6 +292,7 @@ static void test_config_errors(void **state)
     expect_bad("memory_fraction:2", "memory_fraction", "2");
     expect_bad("expandable_segments:maybe", "expandable_segments", "maybe");
     expect_bad("release_on_oom:yes", "release_on_oom", "yes");
+    expect_bad("release_smaller_segments:2", "release_smaller_segments", "2");
     expect_bad("bogus_key:1", "bogus_key", "1");
     /* A good key before a bad one is not applied either. */
     expect_bad("expandable_segments:True,nope:2", "nope", "2");

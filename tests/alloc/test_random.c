@@ -107,7 +107,7 @@ static void test_random_configs(void **state)
     (void)state;
     random_run("expandable_segments:True", 2048 * MIB, 20000, 7);
     random_run("max_split_size_mb:24,roundup_power2_divisions:4,"
-               "garbage_collection_threshold:0.3",
+               "garbage_collection_threshold:0.3,release_smaller_segments:False",
                1024 * MIB, 20000, 11);
 }
 

@@ -80,7 +80,8 @@ static void test_expandable_less_reserved(void **state)
     size_t peak[2];
     for (int e = 0; e < 2; e++) {
         mt_backend_t *b = sim_backend(2048 * MIB);
-        mt_alloc_t *a = make_alloc(b, e ? "expandable_segments:True" : NULL, NULL);
+        mt_alloc_t *a =
+            make_alloc(b, e ? "expandable_segments:True" : "release_smaller_segments:False", NULL);
         /* Growing shapes (a batch getting longer): each request is larger than any
          * cached plain segment, but fits the merged free space of an expandable range. */
         void *prev = NULL;
@@ -106,7 +107,9 @@ static void test_garbage_collection(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(100 * MIB);
-    mt_alloc_t *a = make_alloc(b, "garbage_collection_threshold:0.5", NULL);
+    /* Reference behaviour, so that only GC releases anything here. */
+    mt_alloc_t *a =
+        make_alloc(b, "garbage_collection_threshold:0.5,release_smaller_segments:False", NULL);
     void *pa = xmalloc_dev(a, 20 * MIB, NULL, 0);
     void *pb = xmalloc_dev(a, 22 * MIB, NULL, 0);
     mt_alloc_free(a, pa); /* oldest */
@@ -140,7 +143,7 @@ static void test_release_cache_and_retry(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(64 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "release_smaller_segments:False", NULL);
     void *p = xmalloc_dev(a, 40 * MIB, NULL, 0);
     mt_alloc_free(a, p);
     /* 50 MiB does not fit the cached 40 MiB nor next to it: release the cache, retry. */
@@ -180,7 +183,7 @@ static void test_oversize_release(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(128 * MIB);
-    mt_alloc_t *a = make_alloc(b, "max_split_size_mb:32", NULL);
+    mt_alloc_t *a = make_alloc(b, "max_split_size_mb:32,release_smaller_segments:False", NULL);
     void *p = xmalloc_dev(a, 60 * MIB, NULL, 0);
     mt_alloc_free(a, p);
     void *q = xmalloc_dev(a, 70 * MIB, NULL, 0);
@@ -251,12 +254,54 @@ static void test_oom_report(void **state)
     rec_fini(&rec);
 }
 
+/* Beyond the reference: cached segments too small for a large miss go back first. */
+static void test_release_smaller_segments(void **state)
+{
+    (void)state;
+    for (int on = 0; on < 2; on++) {
+        mt_backend_t *b = sim_backend(1024 * MIB);
+        mt_alloc_t *a = make_alloc(b, on ? NULL : "release_smaller_segments:False", NULL);
+        void *p30 = xmalloc_dev(a, 30 * MIB, NULL, 0);
+        void *p40 = xmalloc_dev(a, 40 * MIB, NULL, 0);
+        void *p60 = xmalloc_dev(a, 60 * MIB, NULL, 0);
+        void *p8 = xmalloc_dev(a, 8 * MIB, NULL, 0); /* a split 20 MiB segment */
+        mt_alloc_free(a, p30);
+        mt_alloc_free(a, p40);
+        mt_alloc_free(a, p8);
+        /* 50 MiB fits nothing cached (the 60 MiB segment is in use). */
+        void *p50 = xmalloc_dev(a, 50 * MIB, NULL, 0);
+        mt_alloc_stats_t s = stats_of(a);
+        if (on) {
+            /* 30, 40 and the whole free 20 MiB segment are smaller: released. */
+            assert_int_equal(s.num_device_free, 3);
+            assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 110 * MIB);
+        } else {
+            assert_int_equal(s.num_device_free, 0);
+            assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 200 * MIB);
+        }
+        /* Smaller requests are still served from cache without a backend call. */
+        uint64_t m = backend_mallocs(b);
+        mt_alloc_free(a, p50);
+        void *q = xmalloc_dev(a, 35 * MIB, NULL, 0);
+        assert_int_equal(backend_mallocs(b), m);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_free(a, q);
+        mt_alloc_free(a, p60);
+        mt_alloc_destroy(&a);
+        mt_backend_destroy(&b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expandable_segments), cmocka_unit_test(test_expandable_less_reserved),
-        cmocka_unit_test(test_garbage_collection),  cmocka_unit_test(test_release_cache_and_retry),
-        cmocka_unit_test(test_oversize_release),    cmocka_unit_test(test_oom_report),
+        cmocka_unit_test(test_expandable_segments),
+        cmocka_unit_test(test_expandable_less_reserved),
+        cmocka_unit_test(test_garbage_collection),
+        cmocka_unit_test(test_release_cache_and_retry),
+        cmocka_unit_test(test_oversize_release),
+        cmocka_unit_test(test_oom_report),
+        cmocka_unit_test(test_release_smaller_segments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
