@@ -122,9 +122,11 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *reserve, int T, in
 
 /* ---- the module ---- */
 
-/* Invariants: w and dw hold weight_floats floats each (allocated from alloc, tagged weights
- * and grads); views[i].data == w + views[i].offset for every i iff rebound == 0; warned is
- * set the first time a call finds the module non-flat. */
+/* Invariants: w and dw hold weight_floats floats each (allocator blocks tagged weights and
+ * grads); the views tile [0, weight_floats) in PyTorch's order; rebound = #{i : views[i].data
+ * != w + views[i].offset}, so the module is flat iff rebound == 0; warned is set the first
+ * time a call finds it non-flat; step_ws == NULL iff step_ws_bytes == 0. Checked by
+ * mt__rnn_check. */
 struct mt_rnn_s {
     mt_rnn_cfg_t cfg;
     mt__rnn_shape_t shape;
@@ -139,8 +141,15 @@ struct mt_rnn_s {
     size_t rebound;        /* views not at their flat place */
     bool warned;           /* the non-flat warning was logged */
     mt_rnn_stats_t stats;
-    void *path_state; /* owned by the path (init/fini), NULL for the cpu path */
+    void *path_state;     /* owned by the path (init/fini), NULL for the cpu path */
+    void *step_ws;        /* mt_rnn_step's workspace (tagged workspace) or NULL */
+    size_t step_ws_bytes; /* its size; it only grows (to the largest batch stepped) */
 };
+
+/* Walks the module's invariants (views tile the flat buffer, rebound count, its buffers are
+ * allocator blocks with their tags). 0 if they hold, MT_EIO after logging the first
+ * violation. Tests call it after every step. */
+int mt__rnn_check(const mt_rnn_t *m);
 
 /* What a training forward hands to backward. */
 struct mt_rnn_reserve_s {

@@ -180,6 +180,7 @@ void mt_rnn_destroy(mt_rnn_t **p)
     mt_rnn_t *m = *p;
     if (m->path->fini)
         m->path->fini(m);
+    dfree(m, m->step_ws);
     dfree(m, m->dw);
     dfree(m, m->w);
     free(m->views);
@@ -398,14 +399,15 @@ void mt_rnn_reserve_release(mt_rnn_t *m, mt_rnn_reserve_t **reserve)
     *reserve = NULL;
 }
 
-/* Forward without marks or argument checks; shared by mt_rnn_forward and mt_rnn_step. */
-static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve)
+/* Forward without marks or argument checks; shared by mt_rnn_forward and mt_rnn_step.
+ * step_work: a workspace the caller keeps (mt_rnn_step), or NULL to allocate one. */
+static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserve, void *step_work)
 {
     bool training = reserve != NULL;
     mt_rnn_reserve_t *res = NULL;
     const float *w;
     float *copy;
-    void *work;
+    void *work = step_work;
     int rc = weights_for_call(m, &w, &copy);
     if (rc)
         return rc;
@@ -421,12 +423,15 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
         if (rc)
             goto fail_space;
     }
-    rc = dmalloc(m, m->path->fwd_work_bytes(m, io->seq_len, io->batch, training), MT_TAG_WORKSPACE,
-                 &work);
-    if (rc)
-        goto fail_work;
+    if (!step_work) {
+        rc = dmalloc(m, m->path->fwd_work_bytes(m, io->seq_len, io->batch, training),
+                     MT_TAG_WORKSPACE, &work);
+        if (rc)
+            goto fail_work;
+    }
     rc = m->path->forward(m, w, io, training, res ? res->space : NULL, work);
-    dfree(m, work);
+    if (!step_work)
+        dfree(m, work);
     if (rc)
         goto fail_work;
     m->stats.forwards++;
@@ -459,7 +464,7 @@ int mt_rnn_forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     if (rc)
         return rc;
     mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
-    rc = forward(m, io, reserve);
+    rc = forward(m, io, reserve, NULL);
     mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
     return rc;
 }
@@ -504,19 +509,36 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
         return MT_EINVAL;
     if (m->shape.mode == MT_RNN_LSTM && (!cy || (cx && cx == cy)))
         return MT_EINVAL;
-    float *ytmp = NULL;
-    if (!y) {
-        int rc = dmalloc(m, (size_t)batch * (size_t)m->shape.hidden * sizeof(float),
-                         MT_TAG_WORKSPACE, (void **)&ytmp);
+    /* The step workspace (and y, if the caller passes none) stays with the module between
+     * steps: generation makes no allocator call per step, and its memory is that of one
+     * step whatever the number of steps. */
+    size_t ybytes = (size_t)batch * (size_t)m->shape.hidden * sizeof(float);
+    size_t need = m->path->fwd_work_bytes(m, 1, batch, false) + ybytes;
+    if (need > m->step_ws_bytes) {
+        dfree(m, m->step_ws);
+        m->step_ws = NULL;
+        m->step_ws_bytes = 0;
+        int rc = dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
         if (rc)
             return rc;
-        y = ytmp;
+        m->step_ws_bytes = need;
     }
+    if (!y)
+        y = (float *)((char *)m->step_ws + m->step_ws_bytes - ybytes);
     mt_rnn_io_t io = {
         .seq_len = 1, .batch = batch, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
-    int rc = forward(m, &io, NULL);
-    dfree(m, ytmp);
-    return rc;
+    return forward(m, &io, NULL, m->step_ws);
+}
+
+/* Frees the step workspace (it is re-made by the next mt_rnn_step). */
+int mt_rnn_step_release(mt_rnn_t *m)
+{
+    if (!m)
+        return MT_EINVAL;
+    dfree(m, m->step_ws);
+    m->step_ws = NULL;
+    m->step_ws_bytes = 0;
+    return 0;
 }
 
 /* ---- warm-up (U2) ---- */
@@ -591,6 +613,50 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d done (%s)", max_T, max_B,
          rc ? mt_strerror(rc) : "ok");
     return rc ? rc : rc2;
+}
+
+/* ---- invariants ---- */
+
+static int violated(const mt_rnn_t *m, const char *what)
+{
+    rlog(m, MT_LOG_ERROR, "rnn: invariant violated: %s", what);
+    return MT_EIO;
+}
+
+int mt__rnn_check(const mt_rnn_t *m)
+{
+    size_t rebound = 0, next = 0;
+    for (size_t i = 0; i < m->nviews; i++) {
+        const mt__rnn_view_t *v = &m->views[i];
+        if (v->offset != next)
+            return violated(m, "views do not tile the flat buffer in order");
+        next += (size_t)v->rows * (size_t)v->cols;
+        rebound += v->data != m->w + v->offset;
+    }
+    if (next != m->weight_floats)
+        return violated(m, "views do not cover the flat buffer");
+    if (rebound != m->rebound)
+        return violated(m, "rebound count differs from the views");
+    struct {
+        void *p;
+        size_t bytes;
+        int tag;
+    } blocks[] = {{m->w, m->weight_floats * sizeof(float), MT_TAG_WEIGHTS},
+                  {m->dw, m->weight_floats * sizeof(float), MT_TAG_GRADS},
+                  {m->step_ws, m->step_ws_bytes, MT_TAG_WORKSPACE}};
+    for (int i = 0; i < 3; i++) {
+        if (!blocks[i].p)
+            continue;
+        void *base;
+        size_t size;
+        int tag;
+        if (mt_alloc_block_info(m->alloc, blocks[i].p, &base, &size, &tag) != 0 ||
+            base != blocks[i].p || size < blocks[i].bytes || tag != blocks[i].tag)
+            return violated(m, "a module buffer is not its own allocator block with its tag");
+    }
+    if ((m->step_ws == NULL) != (m->step_ws_bytes == 0))
+        return violated(m, "step workspace and its size disagree");
+    return 0;
 }
 
 /* ---- reporting ---- */

@@ -187,6 +187,9 @@ MT_API void mt_rnn_reserve_release(mt_rnn_t *m, mt_rnn_reserve_t **reserve);
  * Unidirectional modules only (MT_EINVAL otherwise). */
 MT_API int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const float *cx,
                        float *y, float *hy, float *cy);
+/* mt_rnn_step keeps one step's workspace (tagged workspace) in the module between calls, so
+ * generation makes no allocator call per step; this frees it (the next step re-makes it). */
+MT_API int mt_rnn_step_release(mt_rnn_t *m);
 
 /* Warm-up (U2): runs a training forward and backward at the largest shape (max_T, max_B)
  * on zero inputs inside mt_alloc_warmup_begin/end, with its own input and output buffers

@@ -4,6 +4,7 @@
  * warm-up -> zero backend mallocs over 50 random-length batches (U2). */
 #include <math.h>
 
+#include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
 #include "tests/rnn/ref.h"
 
@@ -147,6 +148,7 @@ static void compaction_and_flatten(void **state)
     assert_int_equal(mt_rnn_bind_param(m, "weight_hh_l1", moved), 0);
     assert_int_equal(mt_rnn_bind_param(m, "nope", moved), MT_ENOENT);
     assert_false(mt_rnn_is_flat(m));
+    assert_int_equal(mt__rnn_check(m), 0);
     assert_int_equal(mt_rnn_param_find(m, "weight_hh_l1", &p), 0);
     assert_ptr_equal(p.data, moved);
 
@@ -186,6 +188,7 @@ static void compaction_and_flatten(void **state)
     uint64_t before = fx->kinds[MT_EV_COMPACTION];
     assert_int_equal(mt_rnn_flatten(m), 0);
     assert_true(mt_rnn_is_flat(m));
+    assert_int_equal(mt__rnn_check(m), 0);
     assert_int_equal(mt_rnn_param_find(m, "weight_hh_l1", &p), 0);
     assert_ptr_equal(p.data, mt_rnn_weights(m, NULL) + p.offset);
     assert_memory_equal(p.data, moved, p.numel * sizeof(float));
@@ -199,6 +202,7 @@ static void compaction_and_flatten(void **state)
     assert_int_equal(mt_rnn_param_find(m, "bias_ih_l0", &p), 0);
     assert_int_equal(mt_rnn_bind_param(m, "bias_ih_l0", mt_rnn_weights(m, NULL) + p.offset), 0);
     assert_true(mt_rnn_is_flat(m));
+    assert_int_equal(mt__rnn_check(m), 0);
 
     float *bufs[] = {x, y0, y1, dy, moved};
     for (size_t i = 0; i < 5; i++)
@@ -266,7 +270,10 @@ static int64_t generate_peak(rnn_fx_t *fx, mt_rnn_t *m, int n, float *out_last)
     float *c[2] = {fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 0), fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 0)};
     float *y = fx_buf(fx, (size_t)B * H, MT_TAG_ACTIVATIONS, 0);
     mt_alloc_reset_peak(fx->a);
+    uint64_t allocs0 = 0;
     for (int t = 0; t < n; t++) {
+        if (t == 1) /* the first step may make the module's step workspace */
+            allocs0 = fx->kinds[MT_EV_ALLOC];
         int cur = t & 1;
         assert_int_equal(
             mt_rnn_step(m, B, x, t ? h[cur] : NULL, t ? c[cur] : NULL, y, h[!cur], c[!cur]), 0);
@@ -275,6 +282,9 @@ static int64_t generate_peak(rnn_fx_t *fx, mt_rnn_t *m, int n, float *out_last)
             x[i] = y[i % (B * H)];
     }
     int64_t peak = fx_stats(fx).allocated_bytes[MT_STAT_ALL].peak;
+    /* No allocator call per generated step: the step workspace stays with the module. */
+    assert_int_equal(fx->kinds[MT_EV_ALLOC], allocs0);
+    assert_int_equal(mt__rnn_check(m), 0);
     memcpy(out_last, y, (size_t)B * H * sizeof(float));
     fx_put(fx, x);
     fx_put(fx, h[0]);
@@ -302,6 +312,10 @@ static void inference_memory_constant(void **state)
     assert_int_equal(p100, p100k);
     for (int i = 0; i < 16; i++)
         assert_true(isfinite(last[i]));
+    int64_t held = fx_stats(fx).allocated_bytes[MT_STAT_ALL].current;
+    assert_int_equal(mt_rnn_step_release(m), 0);
+    assert_true(fx_stats(fx).allocated_bytes[MT_STAT_ALL].current < held);
+    assert_int_equal(mt__rnn_check(m), 0);
 
     /* Whole-sequence inference: peak minus the caller's x and y is the same at any T. */
     int64_t extra[2];
@@ -374,6 +388,7 @@ static uint64_t random_batches(bool warm, uint64_t *reserved_peak)
         }
         train_step(fx, m, T, B, in, H, L);
         assert_int_equal(mt_alloc_check(fx->a), 0);
+        assert_int_equal(mt__rnn_check(m), 0);
     }
     uint64_t made = fx_backend_mallocs(fx) - before;
     *reserved_peak = (uint64_t)fx_stats(fx).reserved_bytes[MT_STAT_ALL].peak;
