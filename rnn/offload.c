@@ -86,6 +86,10 @@ static int queue_out(mt_rnn_offload_t *p, chunk_t *c)
     int rc = mt_host_malloc(p->cfg.host, n, MT_TAG_ACTIVATIONS, &c->host);
     if (rc == 0)
         rc = mt_host_record_stream(p->cfg.host, c->host, p->side);
+    /* If the pass is released with the copy in flight, the block must not be reused before
+     * the side stream has read it. */
+    if (rc == 0)
+        rc = mt_alloc_record_stream(p->m->alloc, c->res->space, p->side);
     if (rc == 0)
         rc = mt_event_record(b, p->mark, p->m->cfg.stream);
     if (rc == 0)
