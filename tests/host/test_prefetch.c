@@ -332,6 +332,41 @@ static void test_slices_are_views(void **state)
     fx_fini(&f);
 }
 
+static int fill_fails(void *ud, uint64_t index, void *dst, size_t bytes)
+{
+    (void)ud;
+    (void)index;
+    (void)dst;
+    (void)bytes;
+    return MT_EIO;
+}
+
+/* A failing fill queues nothing and gives the staging block back. */
+static void test_fill_failure(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_init(&f, 64 * MIB, 64 * MIB);
+    mt_prefetch_t *p = make(&f, 4096, 2, true);
+    mt_prefetch_stats_t before, after;
+    mt_prefetch_stats(p, &before);
+    assert_int_equal(mt_prefetch_submit_fill(p, 4096, fill_fails, NULL), MT_EIO);
+    mt_prefetch_stats(p, &after);
+    assert_int_equal(after.submitted, before.submitted);
+    mt_prefetch_batch_t b;
+    assert_int_equal(mt_prefetch_next(p, &b), MT_ENOENT);
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(mt_host_cache_alloc(f.h), &st), 0);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    /* The slot is still free for the next good submission. */
+    assert_int_equal(mt_prefetch_submit_fill(p, 4096, fill_pattern, NULL), 0);
+    assert_int_equal(mt_prefetch_next(p, &b), 0);
+    assert_int_equal(b.index, before.submitted);
+    assert_int_equal(mt_prefetch_release(p, &b), 0);
+    mt_prefetch_destroy(&p);
+    fx_fini(&f);
+}
+
 static void test_bad_config(void **state)
 {
     (void)state;
@@ -362,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_submit_copies_caller_buffer),
         cmocka_unit_test(test_host_consumer_waits),
         cmocka_unit_test(test_slices_are_views),
+        cmocka_unit_test(test_fill_failure),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
