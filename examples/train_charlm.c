@@ -31,6 +31,7 @@ typedef struct opts_s {
     uint64_t seed;
     double lr;
     bool warmup;
+    bool rebind; /* U1 demo: move one LSTM weight out of the flat buffer */
     const char *text;
 } opts_t;
 
@@ -55,19 +56,23 @@ typedef struct model_s {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: train_charlm [options]\n"
-               "  --epochs N      passes over the text (default 10)\n"
-               "  --hidden H      LSTM hidden size (default 256)\n"
-               "  --layers L      LSTM layers (default 1)\n"
-               "  --batch B       parallel streams (default 16)\n"
-               "  --min-len T     shortest batch, steps (default 32)\n"
-               "  --max-len T     longest batch, steps (default 96)\n"
-               "  --lr X          Adam learning rate (default 0.004)\n"
-               "  --seed S        seed of the weights, batch lengths and sampling (default 1)\n"
-               "  --sample N      characters to generate after training (default 400)\n"
-               "  --text PATH     training text (default data/text/corpus.txt)\n"
-               "  --no-warmup     skip the warm-up step at the largest shape (U2)\n"
-               "  --help          this text\n");
+    fprintf(f,
+            "usage: train_charlm [options]\n"
+            "  --epochs N      passes over the text (default 10)\n"
+            "  --hidden H      LSTM hidden size (default 256)\n"
+            "  --layers L      LSTM layers (default 1)\n"
+            "  --batch B       parallel streams (default 16)\n"
+            "  --min-len T     shortest batch, steps (default 32)\n"
+            "  --max-len T     longest batch, steps (default 96)\n"
+            "  --lr X          Adam learning rate (default 0.004)\n"
+            "  --seed S        seed of the weights, batch lengths and sampling (default 1)\n"
+            "  --sample N      characters to generate after training (default 400)\n"
+            "  --text PATH     training text (default data/text/corpus.txt)\n"
+            "  --no-warmup     skip the warm-up step at the largest shape (U2)\n"
+            "  --rebind        move weight_hh_l0 out of the flat weight buffer, as a replicated\n"
+            "                  module's parameters would be (U1: the engine warns once and\n"
+            "                  compacts on every call)\n"
+            "  --help          this text\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -91,6 +96,10 @@ static int parse(int argc, char **argv, opts_t *o)
         }
         if (!strcmp(k, "--no-warmup")) {
             o->warmup = false;
+            continue;
+        }
+        if (!strcmp(k, "--rebind")) {
+            o->rebind = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -301,24 +310,38 @@ static void zero_grads(model_t *md)
 }
 
 /* Adam with global-norm gradient clipping at 5. */
+static void adam_update(float *w, const float *g, float *m, float *v, size_t n, double scale,
+                        double lr, double c1, double c2)
+{
+    const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+    for (size_t k = 0; k < n; k++) {
+        double gk = g[k] * scale;
+        m[k] = (float)(b1 * m[k] + (1 - b1) * gk);
+        v[k] = (float)(b2 * v[k] + (1 - b2) * gk * gk);
+        w[k] -= (float)(lr * (m[k] / c1) / (sqrt(v[k] / c2) + eps));
+    }
+}
+
+/* Adam with global-norm gradient clipping at 5. The LSTM's parameters are updated through
+ * their views, wherever they live (with --rebind, weight_hh_l0 is not in the flat buffer);
+ * their moments sit at the same offsets as in the flat layout. */
 static void adam_step(model_t *md, double lr)
 {
-    const double b1 = 0.9, b2 = 0.999, eps = 1e-8, clip = 5.0;
+    const double clip = 5.0;
     double norm2 = 0;
     for (int i = 0; i < 4; i++)
         for (size_t k = 0; k < md->p[i].n; k++)
             norm2 += (double)md->p[i].g[k] * md->p[i].g[k];
     double scale = sqrt(norm2) > clip ? clip / sqrt(norm2) : 1.0;
     md->adam_t++;
-    double c1 = 1.0 - pow(b1, (double)md->adam_t), c2 = 1.0 - pow(b2, (double)md->adam_t);
-    for (int i = 0; i < 4; i++) {
+    double c1 = 1.0 - pow(0.9, (double)md->adam_t), c2 = 1.0 - pow(0.999, (double)md->adam_t);
+    mt_rnn_param_t rp;
+    for (size_t i = 0; mt_rnn_param_get(md->rnn, i, &rp) == 0; i++)
+        adam_update(rp.data, rp.grad, md->p[0].m + rp.offset, md->p[0].v + rp.offset, rp.numel,
+                    scale, lr, c1, c2);
+    for (int i = 1; i < 4; i++) {
         param_t *p = &md->p[i];
-        for (size_t k = 0; k < p->n; k++) {
-            double g = p->g[k] * scale;
-            p->m[k] = (float)(b1 * p->m[k] + (1 - b1) * g);
-            p->v[k] = (float)(b2 * p->v[k] + (1 - b2) * g * g);
-            p->w[k] -= (float)(lr * (p->m[k] / c1) / (sqrt(p->v[k] / c2) + eps));
-        }
+        adam_update(p->w, p->g, p->m, p->v, p->n, scale, lr, c1, c2);
     }
 }
 
@@ -467,8 +490,9 @@ static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
            "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
            (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
            (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
-    printf("  weight compactions: %llu (weights %s)\n", (unsigned long long)rs.compactions,
-           rs.flat ? "flat" : "NOT flat");
+    printf("  weight compactions: %llu, %.2f MiB copied (weights %s)\n",
+           (unsigned long long)rs.compactions, mib((double)rs.compacted_bytes),
+           rs.flat ? "flat" : "NOT flat: see --rebind");
 }
 
 int main(int argc, char **argv)
@@ -511,6 +535,15 @@ int main(int argc, char **argv)
            text.n, text.V, text.entropy_bits);
     model_t md;
     model_init(&md, a, &o, text.V);
+    float *moved = NULL;
+    if (o.rebind) {
+        mt_rnn_param_t p;
+        CHECK(mt_rnn_param_find(md.rnn, "weight_hh_l0", &p));
+        moved = dev(a, p.numel, MT_TAG_WEIGHTS);
+        memcpy(moved, p.data, p.numel * sizeof(float));
+        CHECK(mt_rnn_bind_param(md.rnn, p.name, moved));
+        printf("rebind: weight_hh_l0 moved out of the flat buffer (%zu floats)\n", p.numel);
+    }
     printf("model: embedding %d -> LSTM %d x %d (%s path) -> linear %d; batch %d, lengths "
            "%d..%d, Adam lr %g\n",
            EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.batch, o.min_len,
@@ -612,6 +645,7 @@ int main(int argc, char **argv)
     free(tg);
     free(text.ids);
     model_free(&md);
+    mt_alloc_free(a, moved);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
     return 0;
