@@ -1,7 +1,11 @@
 /* The "cpu" compute path: the CBLAS kernels behind the path interface, in bytes. It runs on
  * the sim backend, whose device memory is host-addressable, so the kernels compute directly
- * in the module's "device" buffers. */
+ * in the module's "device" buffers. A GPU path enqueues its kernels on the module's stream;
+ * this one runs on the calling thread instead, after waiting for the work already queued on
+ * that stream (a copy into x, say), so the order a program sees is the same. */
 #include <string.h>
+
+#include "memtrace/backend.h"
 
 #include "rnn/internal.h"
 
@@ -23,12 +27,18 @@ static size_t cpu_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
 static int cpu_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
                        void *reserve, void *work)
 {
+    int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
+    if (rc)
+        return rc;
     return mt__rnn_cpu_forward(&m->shape, w, io, training, reserve, work);
 }
 
 static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
                         void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
+    int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
+    if (rc)
+        return rc;
     return mt__rnn_cpu_backward(&m->shape, w, dw, io, reserve, g, work);
 }
 

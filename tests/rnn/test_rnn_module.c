@@ -3,6 +3,7 @@
  * compaction events (U1), flatten, replicate, inference memory constant in T (U2), and
  * warm-up -> zero backend mallocs over 50 random-length batches (U2). */
 #include <math.h>
+#include <time.h>
 
 #include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
@@ -448,12 +449,65 @@ static void out_of_memory_is_clean(void **state)
     fx_free(&fx);
 }
 
+typedef struct late_fill_s {
+    float *x;
+    size_t n;
+} late_fill_t;
+
+/* Queued on the module's stream: writes the input only after a while, as a slow copy. */
+static void late_fill(void *ud)
+{
+    late_fill_t *f = ud;
+    struct timespec ts = {0, 30 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    for (size_t i = 0; i < f->n; i++)
+        f->x[i] = (float)((i % 7) * 0.25 - 0.75);
+}
+
+/* The CPU path computes on the calling thread, but only after the work already queued on
+ * the module's stream: a forward issued right after an asynchronous write into x sees it. */
+static void cpu_path_orders_after_stream(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64 * MIB);
+    mt_stream_t *s;
+    assert_int_equal(mt_stream_create(fx->b, &s), 0);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_GRU, 4, 8, 1, false);
+    c.stream = s;
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    int T = 3, B = 2;
+    size_t nx = (size_t)T * B * 4, ny = (size_t)T * B * 8;
+    float *x = fx_buf(fx, nx, MT_TAG_BATCH, 0), *y1 = fx_buf(fx, ny, 0, 0);
+    float *y2 = fx_buf(fx, ny, 0, 0);
+    late_fill_t f = {x, nx};
+    assert_int_equal(mt_stream_launch_host_func(fx->b, s, late_fill, &f), 0);
+    mt_rnn_io_t io = {T, B, x, y1, NULL, NULL, NULL, NULL};
+    assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
+    assert_int_equal(mt_stream_synchronize(fx->b, s), 0);
+    io.y = y2; /* x is final now */
+    assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
+    assert_memory_equal(y1, y2, ny * sizeof(float));
+    fx_put(fx, x);
+    fx_put(fx, y1);
+    fx_put(fx, y2);
+    mt_rnn_destroy(&m);
+    mt_stream_destroy(fx->b, &s);
+    fx_free(&fx);
+}
+
 int main(void)
 {
+    /* clang-format off */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(public_forward_backward),     cmocka_unit_test(compaction_and_flatten),
-        cmocka_unit_test(replicate_is_flat),           cmocka_unit_test(inference_memory_constant),
-        cmocka_unit_test(warmup_zero_backend_mallocs), cmocka_unit_test(out_of_memory_is_clean),
+        cmocka_unit_test(public_forward_backward),
+        cmocka_unit_test(compaction_and_flatten),
+        cmocka_unit_test(replicate_is_flat),
+        cmocka_unit_test(inference_memory_constant),
+        cmocka_unit_test(warmup_zero_backend_mallocs),
+        cmocka_unit_test(out_of_memory_is_clean),
+        cmocka_unit_test(cpu_path_orders_after_stream),
     };
+    /* clang-format on */
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
