@@ -577,6 +577,8 @@ int main(int argc, char **argv)
     }
     mt_backend_counters_t c0;
     mt_backend_counters(b, &c0);
+    mt_alloc_stats_t st0;
+    CHECK(mt_alloc_stats(a, &st0));
 
     double first_loss = 0, last_loss = 0;
     for (int ep = 0; ep < o.epochs; ep++) {
@@ -619,13 +621,14 @@ int main(int argc, char **argv)
     printf("train loss: %.3f -> %.3f bits/char, %.3f %s the unigram entropy\n", first_loss,
            last_loss, fabs(text.entropy_bits - last_loss),
            last_loss < text.entropy_bits ? "below" : "ABOVE");
-    printf(
-        "backend mallocs during training: %llu%s\n",
-        (unsigned long long)(c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls),
-        o.warmup ? " (after warm-up)" : " (no warm-up)");
-
     mt_alloc_stats_t train_st;
     CHECK(mt_alloc_stats(a, &train_st));
+    printf(
+        "during training (%s): %llu backend mallocs; reserved %.2f -> %.2f MiB\n",
+        o.warmup ? "after warm-up" : "no warm-up",
+        (unsigned long long)(c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls),
+        mib((double)st0.reserved_bytes[MT_STAT_ALL].current),
+        mib((double)train_st.reserved_bytes[MT_STAT_ALL].peak));
     if (o.sample > 0) {
         mt_alloc_reset_peak(a);
         mt_alloc_stats_t st;
