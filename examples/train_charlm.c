@@ -58,7 +58,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: train_charlm [options]\n"
-            "  --epochs N      passes over the text (default 10)\n"
+            "  --epochs N      passes over the text (default 20)\n"
             "  --hidden H      LSTM hidden size (default 256)\n"
             "  --layers L      LSTM layers (default 1)\n"
             "  --batch B       parallel streams (default 16)\n"
@@ -77,7 +77,7 @@ static void usage(FILE *f)
 
 static int parse(int argc, char **argv, opts_t *o)
 {
-    *o = (opts_t){.epochs = 10,
+    *o = (opts_t){.epochs = 20,
                   .hidden = 256,
                   .layers = 1,
                   .batch = 16,

@@ -62,7 +62,7 @@ static void lstm_step(const dir_back_t *a, int t, bool first, int tp)
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
             float ii = gb[j], ff = gb[H + j], gg = gb[2 * H + j], oo = gb[3 * H + j];
-            float tc = tanhf(ct[k]);
+            float tc = mt__rnn_tanh(ct[k]);
             float dc = a->dcn[k] + dh * oo * (1.0f - tc * tc);
             float d_o = dh * tc;
             a->dcn[k] = dc * ff;

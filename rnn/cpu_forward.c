@@ -13,11 +13,6 @@
 
 #include "rnn/internal.h"
 
-static inline float sigm(float v)
-{
-    return 1.0f / (1.0f + expf(-v));
-}
-
 static bool keeps_gates(const mt__rnn_shape_t *s)
 {
     return s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
@@ -135,13 +130,13 @@ static void lstm_cell(const dir_run_t *a, float *g, float *o, float *aux)
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
         for (int j = 0; j < H; j++) {
-            float ii = sigm(gb[j] + rb[j]);
-            float ff = sigm(gb[H + j] + rb[H + j]);
-            float gg = tanhf(gb[2 * H + j] + rb[2 * H + j]);
-            float oo = sigm(gb[3 * H + j] + rb[3 * H + j]);
+            float ii = mt__rnn_sigmoid(gb[j] + rb[j]);
+            float ff = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
+            float gg = mt__rnn_tanh(gb[2 * H + j] + rb[2 * H + j]);
+            float oo = mt__rnn_sigmoid(gb[3 * H + j] + rb[3 * H + j]);
             float cc = ff * cb[j] + ii * gg;
             cb[j] = cc;
-            ob[j] = oo * tanhf(cc);
+            ob[j] = oo * mt__rnn_tanh(cc);
             gb[j] = ii;
             gb[H + j] = ff;
             gb[2 * H + j] = gg;
@@ -162,10 +157,10 @@ static void gru_cell(const dir_run_t *a, float *g, float *o, float *aux, const f
         const float *hb = hp + (size_t)b * ldh;
         float *ob = o + (size_t)b * a->ldo;
         for (int j = 0; j < H; j++) {
-            float rr = sigm(gb[j] + rb[j]);
-            float zz = sigm(gb[H + j] + rb[H + j]);
+            float rr = mt__rnn_sigmoid(gb[j] + rb[j]);
+            float zz = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
             float rn = rb[2 * H + j] + (brn ? brn[j] : 0.0f);
-            float nn = tanhf(gb[2 * H + j] + rr * rn);
+            float nn = mt__rnn_tanh(gb[2 * H + j] + rr * rn);
             ob[j] = (1.0f - zz) * nn + zz * hb[j];
             gb[j] = rr;
             gb[H + j] = zz;
@@ -186,7 +181,7 @@ static void rnn_cell(const dir_run_t *a, float *g, float *o)
         float *ob = o + (size_t)b * a->ldo;
         for (int j = 0; j < H; j++) {
             float v = gb[j] + rb[j];
-            ob[j] = relu ? (v > 0.0f ? v : 0.0f) : tanhf(v);
+            ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);
         }
     }
 }
