@@ -581,6 +581,7 @@ int main(int argc, char **argv)
     CHECK(mt_alloc_stats(a, &st0));
 
     double first_loss = 0, last_loss = 0;
+    uint64_t iteration = 0;
     for (int ep = 0; ep < o.epochs; ep++) {
         double t0 = now_s(), loss = 0;
         size_t toks = 0, pos = 0;
@@ -596,6 +597,8 @@ int main(int argc, char **argv)
                     tg[(size_t)t * B + bb] = text.ids[k + 1];
                 }
             }
+            /* An iteration marker, so a profiler can line memory up with training steps. */
+            mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, iteration++, MT_TAG_OTHER);
             loss += train_step(&md, in, tg, T, B);
             adam_step(&md, o.lr);
             zero_grads(&md);
