@@ -464,7 +464,8 @@ static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
     const mt_backend_counters_t bc = *bcp;
     double pa = (double)st.allocated_bytes[MT_STAT_ALL].peak;
     double pr = (double)st.reserved_bytes[MT_STAT_ALL].peak;
-    printf("\nmemory summary (%s backend)\n", mt_backend_name(mt_alloc_backend(a)));
+    printf("\nmemory summary (%s backend; peaks: training)\n",
+           mt_backend_name(mt_alloc_backend(a)));
     printf("  peak allocated   %8.2f MiB\n", mib(pa));
     printf("  peak reserved    %8.2f MiB   (now %.2f MiB)\n", mib(pr),
            mib((double)st.reserved_bytes[MT_STAT_ALL].current));
@@ -579,6 +580,7 @@ int main(int argc, char **argv)
     mt_backend_counters(b, &c0);
     mt_alloc_stats_t st0;
     CHECK(mt_alloc_stats(a, &st0));
+    mt_alloc_reset_peak(a); /* peaks below are those of training, not of the warm-up step */
 
     double first_loss = 0, last_loss = 0;
     uint64_t iteration = 0;
