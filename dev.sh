@@ -26,6 +26,17 @@ install_missing() {
         "${missing[@]}" >/dev/null
 }
 
+# The telemetry schema test validates JSON with ajv (npm registry), pinned by the lock file.
+install_test_tools() {
+    if ! command -v npm >/dev/null 2>&1; then
+        PACKAGES=(nodejs npm)
+        install_missing
+    fi
+    if [ ! -d tests/prof/node_modules/ajv ]; then
+        npm ci --prefix tests/prof --no-audit --no-fund --silent
+    fi
+}
+
 build() { # build DIR [meson setup options...]
     local dir=$1; shift
     if [ ! -f "$dir/build.ninja" ]; then
@@ -58,6 +69,7 @@ demo)
     ;;
 test)
     install_missing
+    install_test_tools
     build build --buildtype=debugoptimized
     rc=0
     meson test -C build --print-errorlogs --num-processes 2 || rc=1
