@@ -65,7 +65,16 @@ demo)
     install_missing
     build build --buildtype=release
     shift
-    exec ./build/tools/memtrace demo "$@"
+    log=build/demo.ndjson
+    rm -f "$log"
+    echo "== 1/3 train a character-level LSTM on the caching allocator (events -> $log)"
+    MEMTRACE_PROF=log MEMTRACE_LOG="$log" ./build/examples/train_charlm "$@"
+    echo
+    echo "== 2/3 where the memory went: memtrace report $log"
+    ./build/tools/memtrace report --steps 12 --top 5 "$log"
+    echo
+    echo "== 3/3 the same allocator on a variable-length RNN trace, with warm-up"
+    ./build/tools/memtrace replay data/traces/rnn_varlen.csv --warmup
     ;;
 test)
     install_missing
