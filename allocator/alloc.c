@@ -291,6 +291,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
         mt_event_destroy(a->backend, &a->evpool[i]);
     free(a->evpool);
     free(a->pending);
+    free(a->wops);
     mt__addrmap_fini(&a->map);
     mt__blocks_fini(a);
     pthread_mutex_unlock(&a->mu);
@@ -426,8 +427,11 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     mt__stat_add1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
     mt__stat_add1(&a->st.tag_requested_bytes[tag], (int64_t)size);
     seg->last_used = ++a->clock;
-    if (a->warming && a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
-        a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
+    if (a->warming) {
+        if (a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
+            a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
+        mt__warm_record_alloc(a, b, rsize);
+    }
     mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
     *out = (void *)b->addr;
 out:
@@ -459,6 +463,8 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
     mt__alloc_emit(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
                    mt__public_pool(sp), b->tag);
+    if (a->warming && b->gen == a->gen)
+        mt__warm_record_free(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     for (uint32_t i = 0; i < b->nuses; i++) {
         mt_event_t *ev = event_get(a);

@@ -77,6 +77,7 @@ struct mt_block_s {
     uint32_t cap_uses;    /* capacity of uses */
     uint32_t npending;    /* events recorded at free, not yet seen complete */
     uint32_t gen;         /* warm-up generation at allocation (reserve.c) */
+    uint32_t wid;         /* allocated while warming: index of its op in a->wops */
     uint16_t cls;         /* size class while inactive */
     uint8_t state;        /* mt_block_state_e */
     uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
@@ -148,6 +149,13 @@ typedef struct mt_addrmap_s {
     size_t n;   /* used slots */
 } mt_addrmap_t;
 
+/* One request of a warm-up, in order: an allocation of rsize bytes (its index is the
+ * block's wid), or, when rsize = 0, the free of the allocation at index `of`. */
+typedef struct mt__warm_op_s {
+    size_t rsize;
+    uint32_t of;
+} mt__warm_op_t;
+
 /* The allocator.
  * Thread-safety: one pthread mutex (mu) per allocator serialises every operation; the
  * event sink and the log callback are called with it held.
@@ -194,6 +202,12 @@ struct mt_alloc_s {
     uint32_t gen;      /* warm-up generation; blocks remember theirs */
     bool warming;      /* between warmup_begin and warmup_end */
     int64_t warm_peak; /* peak allocated bytes since warmup_begin */
+    /* The warm-up's request sequence, replayed at warmup_end to plan the reservation
+     * (reserve.c). wops_failed: a host allocation for it failed; the plan then falls
+     * back to reserving the whole measured transient peak. */
+    mt__warm_op_t *wops;
+    size_t nwops, cap_wops;
+    bool wops_failed;
 
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
@@ -316,6 +330,12 @@ static inline int mt__public_pool(int bp)
 /* Fills a->last_error with the OOM report and logs it. */
 void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why);
 void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
+
+/* ---- reserve.c ---- */
+/* Appends an allocation (b just allocated, rounded request rsize) / the free of b to the
+ * warm-up's recorded sequence; only called while a->warming. */
+void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
+void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
 
 /* ---- config.c ---- */
 int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);

@@ -96,13 +96,17 @@ MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size
  * stream, usable by requests of any size, so that a later run whose live bytes stay
  * within it makes no backend malloc. Emits MT_EV_RESERVE. */
 MT_API int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream);
-/* Record/replay warm-up: between begin and end, the allocator tracks the peak of live
- * bytes; end releases the cache and reserves that peak (plus its rounding slack).
- * Blocks allocated before begin and still live at end (weights, ...) are part of the
- * peak but already have their memory, so they are not reserved again. The slack is
- * 1/32 of the reserved peak, then rounded up to 2 MiB, for fragmentation inside the
- * reservation when later runs allocate other lengths. warmup_end without begin returns
- * MT_EINVAL. */
+/* Record/replay warm-up: between begin and end, the allocator records the sequence of
+ * requests (rounded sizes and order). end releases the cache and plans the reservation
+ * on stream by replaying that sequence (best fit) over the free room of the stream's
+ * large segments that still hold blocks (weights, optimizer state, ...) and of its
+ * earlier reservations, plus the smallest new segment (a multiple of 2 MiB, possibly
+ * none) with which the replay fits and the room is at least the transient peak plus
+ * 1/32 slack. Segments whose room the plan uses become reservations (never released by
+ * empty_cache or GC); earlier reservations it does not use are released. Blocks
+ * allocated during the warm-up and still live at end are not transient. If the sequence
+ * could not be recorded (host memory), the whole measured transient peak is reserved as
+ * one segment. warmup_end without begin returns MT_EINVAL. */
 MT_API int mt_alloc_warmup_begin(mt_alloc_t *a);
 MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 
