@@ -9,6 +9,7 @@
  * through all layers, carrying the states, so its temporary memory is independent of T. */
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rnn/internal.h"
@@ -18,68 +19,84 @@ static bool keeps_gates(const mt__rnn_shape_t *s)
     return s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 }
 
-/* ---- reserve layout ---- */
+/* ---- chunks and reserve layout ---- */
 
-static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t tb)
+int mt__rnn_cpu_chunk_len(const mt__rnn_shape_t *s)
+{
+    return s->chunk > 0 ? s->chunk : MT__RNN_CHUNK;
+}
+
+int mt__rnn_cpu_nchunks(const mt__rnn_shape_t *s, int T)
+{
+    int c = mt__rnn_cpu_chunk_len(s);
+    return (T + c - 1) / c;
+}
+
+int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k)
+{
+    int c = mt__rnn_cpu_chunk_len(s);
+    return T - k * c < c ? T - k * c : c;
+}
+
+static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t nb)
 {
     if (!keeps_gates(s))
         return 0;
-    return tb * (size_t)(s->gates + 1) * (size_t)s->hidden;
+    return nb * (size_t)(s->gates + 1) * (size_t)s->hidden;
+}
+
+size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, int n, int B)
+{
+    size_t nb = (size_t)n * (size_t)B;
+    size_t dh = (size_t)s->dirs * (size_t)s->hidden;
+    return (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, nb) +
+           (size_t)(s->layers - 1) * nb * dh;
 }
 
 size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, int T, int B)
 {
-    size_t tb = (size_t)T * (size_t)B;
-    size_t dh = (size_t)s->dirs * (size_t)s->hidden;
-    return (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, tb) +
-           (size_t)(s->layers - 1) * tb * dh;
+    return mt__rnn_cpu_chunk_floats(s, T, B);
 }
 
-float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p)
+float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p)
 {
     if (!keeps_gates(s))
         return NULL;
-    return reserve + (size_t)p * pseudo_reserve(s, (size_t)T * (size_t)B);
+    return chunk + (size_t)p * pseudo_reserve(s, (size_t)n * (size_t)B);
 }
 
-float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p)
+float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p)
 {
     if (!keeps_gates(s))
         return NULL;
-    size_t tb = (size_t)T * (size_t)B;
-    return mt__rnn_cpu_gates(s, reserve, T, B, p) + tb * (size_t)s->gates * (size_t)s->hidden;
+    size_t nb = (size_t)n * (size_t)B;
+    return mt__rnn_cpu_gates(s, chunk, n, B, p) + nb * (size_t)s->gates * (size_t)s->hidden;
 }
 
-float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *reserve, int T, int B, int l)
+float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int B, int l)
 {
-    size_t tb = (size_t)T * (size_t)B;
+    size_t nb = (size_t)n * (size_t)B;
     size_t dh = (size_t)s->dirs * (size_t)s->hidden;
-    return reserve + (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, tb) +
-           (size_t)l * tb * dh;
+    return chunk + (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, nb) +
+           (size_t)l * nb * dh;
 }
 
 /* ---- workspace ---- */
 
-static int chunk_steps(const mt__rnn_shape_t *s, int T, bool training)
-{
-    if (training || s->dirs == 2 || T < MT__RNN_CHUNK)
-        return T;
-    return MT__RNN_CHUNK;
-}
-
 /* Workspace: rec [B, gH], h and c states [L*D, B, H] each, then (inference, or RNN modes in
  * training) the gate buffer [C, B, gH], then (inference with L > 1) two layer buffers
- * [C, B, D*H]. */
+ * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional: layer-major). */
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training)
 {
-    size_t c = (size_t)chunk_steps(s, T, training);
+    int cl = mt__rnn_cpu_chunk_len(s);
+    size_t c = (size_t)(T < cl ? T : cl);
     size_t b = (size_t)B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
     size_t n = b * gh + 2 * ld * b * h;
     if (!training || !keeps_gates(s))
         n += c * b * gh;
     if (!training && s->layers > 1)
-        n += 2 * c * b * (size_t)s->dirs * h;
+        n += 2 * (s->dirs == 1 ? c : (size_t)T) * b * (size_t)s->dirs * h;
     return n;
 }
 
@@ -223,73 +240,166 @@ static void run_dir(const dir_run_t *a)
 
 /* ---- the whole stack ---- */
 
+typedef struct fwd_s {
+    const mt__rnn_shape_t *s;
+    const float *w;
+    const mt_rnn_io_t *io;
+    bool training;
+    float *rec, *hst, *cst, *gbuf;
+    float *lbuf[2]; /* inference, L > 1 */
+} fwd_t;
+
+/* Layer l, direction d over chunk k (reserve r when training), states carried in hst/cst. */
+static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
+{
+    const mt__rnn_shape_t *s = f->s;
+    int T = f->io->seq_len, B = f->io->batch, H = s->hidden, D = s->dirs, L = s->layers;
+    int dh = D * H, n = mt__rnn_cpu_chunk_steps(s, T, k), p = l * D + d;
+    size_t t0 = (size_t)k * (size_t)mt__rnn_cpu_chunk_len(s), bh = (size_t)B * (size_t)H;
+    /* Inference keeps layer outputs in lbuf: chunk-local (D = 1) or whole-sequence. */
+    size_t lofs = D == 1 ? 0 : t0 * (size_t)B * (size_t)dh;
+    const float *in;
+    float *out;
+    if (l == 0)
+        in = f->io->x + t0 * (size_t)B * (size_t)s->input;
+    else if (f->training)
+        in = mt__rnn_cpu_layer_out(s, r, n, B, l - 1);
+    else
+        in = f->lbuf[(l - 1) % 2] + lofs;
+    if (l == L - 1)
+        out = f->io->y + t0 * (size_t)B * (size_t)dh;
+    else if (f->training)
+        out = mt__rnn_cpu_layer_out(s, r, n, B, l);
+    else
+        out = f->lbuf[l % 2] + lofs;
+    dir_run_t a = {
+        .s = s,
+        .w = mt__rnn_mats(s, (float *)f->w, l, d),
+        .steps = n,
+        .batch = B,
+        .in = mt__rnn_layer_in(s, l),
+        .x = in,
+        .out = out + (size_t)d * H,
+        .ldo = dh,
+        .gates = f->gbuf,
+        .aux = NULL,
+        .h = f->hst + (size_t)p * bh,
+        .c = f->cst + (size_t)p * bh,
+        .rec = f->rec,
+        .reverse = d == 1,
+    };
+    if (f->training && keeps_gates(s)) {
+        a.gates = mt__rnn_cpu_gates(s, r, n, B, p);
+        a.aux = mt__rnn_cpu_aux(s, r, n, B, p);
+    }
+    run_dir(&a);
+}
+
+int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                               bool training, const mt__rnn_chunks_t *chunks, float *work)
+{
+    int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
+    int gh = s->gates * H, K = mt__rnn_cpu_nchunks(s, T);
+    int C = T < mt__rnn_cpu_chunk_len(s) ? T : mt__rnn_cpu_chunk_len(s);
+    size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
+    if (training && !chunks)
+        return MT_EINVAL;
+
+    fwd_t f = {.s = s, .w = w, .io = io, .training = training};
+    f.rec = work;
+    f.hst = f.rec + (size_t)B * gh;
+    f.cst = f.hst + nstate;
+    f.gbuf = f.cst + nstate;
+    if (!training && L > 1) {
+        f.lbuf[0] = f.gbuf + (size_t)C * B * gh;
+        f.lbuf[1] = f.lbuf[0] + (size_t)(D == 1 ? C : T) * B * D * H;
+    }
+    if (io->hx)
+        memcpy(f.hst, io->hx, nstate * sizeof(float));
+    else
+        memset(f.hst, 0, nstate * sizeof(float));
+    if (io->cx && s->mode == MT_RNN_LSTM)
+        memcpy(f.cst, io->cx, nstate * sizeof(float));
+    else
+        memset(f.cst, 0, nstate * sizeof(float));
+
+    int rc = 0;
+    if (D == 1) {
+        /* Chunk-major: chunk k is complete (and may leave the device) before k+1 starts. */
+        for (int k = 0; k < K && rc == 0; k++) {
+            float *r = NULL;
+            if (training)
+                rc = chunks->fwd_get(chunks->ud, k, &r);
+            for (int l = 0; l < L && rc == 0; l++)
+                fwd_chunk(&f, l, 0, k, r);
+            if (training && rc == 0)
+                rc = chunks->fwd_done(chunks->ud, k);
+        }
+    } else {
+        float **r = calloc((size_t)K, sizeof *r);
+        if (!r)
+            return MT_ENOMEM;
+        for (int k = 0; training && k < K && rc == 0; k++)
+            rc = chunks->fwd_get(chunks->ud, k, &r[k]);
+        for (int l = 0; l < L && rc == 0; l++)
+            for (int d = 0; d < D; d++)
+                for (int i = 0; i < K; i++) {
+                    int k = d == 0 ? i : K - 1 - i;
+                    fwd_chunk(&f, l, d, k, r[k]);
+                }
+        for (int k = 0; training && k < K && rc == 0; k++)
+            rc = chunks->fwd_done(chunks->ud, k);
+        free(r);
+    }
+    if (rc)
+        return rc;
+    if (io->hy)
+        memcpy(io->hy, f.hst, nstate * sizeof(float));
+    if (io->cy && s->mode == MT_RNN_LSTM)
+        memcpy(io->cy, f.cst, nstate * sizeof(float));
+    return 0;
+}
+
+/* ---- one flat reserve ---- */
+
+typedef struct flat_s {
+    const mt__rnn_shape_t *s;
+    float *base;
+    int B;
+} flat_t;
+
+static int flat_get(void *ud, int k, float **out)
+{
+    const flat_t *f = ud;
+    *out = f->base + mt__rnn_cpu_chunk_floats(f->s, k * mt__rnn_cpu_chunk_len(f->s), f->B);
+    return 0;
+}
+
+static int flat_done(void *ud, int k)
+{
+    (void)ud;
+    (void)k;
+    return 0;
+}
+
+static mt__rnn_chunks_t flat_chunks(flat_t *f)
+{
+    mt__rnn_chunks_t c = {flat_get, flat_done, flat_get, flat_done, f};
+    return c;
+}
+
 int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                         bool training, float *reserve, float *work)
 {
-    int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
-    int gh = s->gates * H, dh = D * H;
-    int C = chunk_steps(s, T, training);
-    size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
+    flat_t f = {s, reserve, io->batch};
+    mt__rnn_chunks_t c = flat_chunks(&f);
+    return mt__rnn_cpu_forward_chunks(s, w, io, training, training ? &c : NULL, work);
+}
 
-    float *rec = work;
-    float *hst = rec + (size_t)B * gh;
-    float *cst = hst + nstate;
-    float *gbuf = cst + nstate;
-    float *lbuf[2] = {NULL, NULL};
-    if (!training && L > 1) {
-        lbuf[0] = gbuf + (size_t)C * B * gh;
-        lbuf[1] = lbuf[0] + (size_t)C * B * dh;
-    }
-    if (io->hx)
-        memcpy(hst, io->hx, nstate * sizeof(float));
-    else
-        memset(hst, 0, nstate * sizeof(float));
-    if (io->cx && s->mode == MT_RNN_LSTM)
-        memcpy(cst, io->cx, nstate * sizeof(float));
-    else
-        memset(cst, 0, nstate * sizeof(float));
-
-    for (int t0 = 0; t0 < T; t0 += C) {
-        int n = T - t0 < C ? T - t0 : C;
-        const float *in = io->x + (size_t)t0 * B * s->input;
-        for (int l = 0; l < L; l++) {
-            float *out;
-            if (l == L - 1)
-                out = io->y + (size_t)t0 * B * dh;
-            else if (training)
-                out = mt__rnn_cpu_layer_out(s, reserve, T, B, l);
-            else
-                out = lbuf[l % 2];
-            for (int d = 0; d < D; d++) {
-                int p = l * D + d;
-                dir_run_t a = {
-                    .s = s,
-                    .w = mt__rnn_mats(s, (float *)w, l, d),
-                    .steps = n,
-                    .batch = B,
-                    .in = mt__rnn_layer_in(s, l),
-                    .x = in,
-                    .out = out + (size_t)d * H,
-                    .ldo = dh,
-                    .gates = gbuf,
-                    .aux = NULL,
-                    .h = hst + (size_t)p * bh,
-                    .c = cst + (size_t)p * bh,
-                    .rec = rec,
-                    .reverse = d == 1,
-                };
-                if (training && keeps_gates(s)) {
-                    a.gates = mt__rnn_cpu_gates(s, reserve, T, B, p);
-                    a.aux = mt__rnn_cpu_aux(s, reserve, T, B, p);
-                }
-                run_dir(&a);
-            }
-            in = out;
-        }
-    }
-    if (io->hy)
-        memcpy(io->hy, hst, nstate * sizeof(float));
-    if (io->cy && s->mode == MT_RNN_LSTM)
-        memcpy(io->cy, cst, nstate * sizeof(float));
-    return 0;
+int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
+                         float *reserve, const mt_rnn_grad_io_t *g, float *work)
+{
+    flat_t f = {s, reserve, io->batch};
+    mt__rnn_chunks_t c = flat_chunks(&f);
+    return mt__rnn_cpu_backward_chunks(s, w, dw, io, &c, g, work);
 }

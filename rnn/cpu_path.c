@@ -2,7 +2,9 @@
  * the sim backend, whose device memory is host-addressable, so the kernels compute directly
  * in the module's "device" buffers. A GPU path enqueues its kernels on the module's stream;
  * this one runs on the calling thread instead, after waiting for the work already queued on
- * that stream (a copy into x, say), so the order a program sees is the same. */
+ * that stream (a copy into x, say), so the order a program sees is the same. Its training
+ * reserve is a store of per-chunk blocks (offload.c), which activation offload can park in
+ * pinned host memory. */
 #include <string.h>
 
 #include "memtrace/backend.h"
@@ -24,13 +26,27 @@ static size_t cpu_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
     return mt__rnn_cpu_bwd_work_floats(&m->shape, T, B) * sizeof(float);
 }
 
+/* The reserve: one allocator block per chunk of time steps (offload.c). */
+static int cpu_reserve_new(mt_rnn_t *m, int T, int B, void **out)
+{
+    return mt__rnn_store_new(m, T, B, (mt__rnn_store_t **)out);
+}
+
+static void cpu_reserve_free(mt_rnn_t *m, void *reserve)
+{
+    mt__rnn_store_free(m, reserve);
+}
+
 static int cpu_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
                        void *reserve, void *work)
 {
     int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
     if (rc)
         return rc;
-    return mt__rnn_cpu_forward(&m->shape, w, io, training, reserve, work);
+    mt__rnn_chunks_t chunks;
+    if (training)
+        mt__rnn_store_chunks(reserve, &chunks);
+    return mt__rnn_cpu_forward_chunks(&m->shape, w, io, training, training ? &chunks : NULL, work);
 }
 
 static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
@@ -39,7 +55,9 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
     if (rc)
         return rc;
-    return mt__rnn_cpu_backward(&m->shape, w, dw, io, reserve, g, work);
+    mt__rnn_chunks_t chunks;
+    mt__rnn_store_chunks(reserve, &chunks);
+    return mt__rnn_cpu_backward_chunks(&m->shape, w, dw, io, &chunks, g, work);
 }
 
 static int cpu_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
@@ -63,6 +81,8 @@ const mt__rnn_path_t mt__rnn_cpu_path = {
     .init = NULL,
     .fini = NULL,
     .reserve_bytes = cpu_reserve_bytes,
+    .reserve_new = cpu_reserve_new,
+    .reserve_free = cpu_reserve_free,
     .fwd_work_bytes = cpu_fwd_work_bytes,
     .bwd_work_bytes = cpu_bwd_work_bytes,
     .forward = cpu_forward,

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memtrace/host.h"
 #include "memtrace/rnn.h"
 
 /* The shape of a module, everything the layout and the kernels need.
@@ -26,6 +27,7 @@ typedef struct mt__rnn_shape_s {
     int layers; /* L */
     int dirs;   /* D */
     bool bias;  /* the layout holds 2*g*H bias floats per pseudo-layer */
+    int chunk;  /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
 } mt__rnn_shape_t;
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
@@ -98,6 +100,12 @@ typedef struct mt__rnn_path_s {
     void (*fini)(mt_rnn_t *m);
     /* Bytes of the reserve a training forward of (T, B) keeps for backward. */
     size_t (*reserve_bytes)(const mt_rnn_t *m, int T, int B);
+    /* Optional: a path that keeps its reserve in pieces makes and frees it itself (the cpu
+     * path: one allocator block per chunk of time steps, which activation offload can park
+     * in pinned host memory). The handle is what forward and backward get as reserve.
+     * Without them, module.c allocates reserve_bytes as one block tagged activations. */
+    int (*reserve_new)(mt_rnn_t *m, int T, int B, void **out);
+    void (*reserve_free)(mt_rnn_t *m, void *reserve);
     /* Bytes of temporary workspace for forward (training or inference) and backward. */
     size_t (*fwd_work_bytes)(const mt_rnn_t *m, int T, int B, bool training);
     size_t (*bwd_work_bytes)(const mt_rnn_t *m, int T, int B);
@@ -115,26 +123,80 @@ typedef struct mt__rnn_path_s {
 
 extern const mt__rnn_path_t mt__rnn_cpu_path;
 
-/* The CPU kernels (cpu_forward.c, cpu_backward.c): CBLAS + elementwise cell math. */
+/* The CPU kernels (cpu_forward.c, cpu_backward.c): CBLAS + elementwise cell math.
+ *
+ * They work in chunks of C = shape.chunk time steps (MT__RNN_CHUNK if 0): the input
+ * projection is one sgemm over a chunk's C*B rows, and backward merges the weight-gradient
+ * sgemms per chunk, accumulating chunk after chunk (last first). Every run of a module
+ * therefore rounds the same way whatever memory holds its reserve, which is what makes an
+ * offloaded run bit-identical to a plain one.
+ *
+ * Unidirectional modules run chunk-major (chunk k through every layer, then chunk k+1;
+ * backward chunk k through every layer top-down, then k-1), so only the chunks around the
+ * current one are touched. Bidirectional ones run layer-major over the same chunks (the
+ * reverse direction needs the whole sequence of the layer below). */
+#define MT__RNN_CHUNK 64
+
+/* Where the kernels find the reserve of chunk k (steps [k*C, k*C + n)). Forward calls
+ * fwd_get(k) before writing chunk k and fwd_done(k) after; unidirectional forward visits
+ * chunks in order, one at a time. Backward calls bwd_get(k) before reading chunk k (again
+ * for a chunk it already holds: it also reads chunk k-1's last step while differentiating
+ * chunk k) and bwd_done(k) when chunk k is no longer needed; unidirectional backward visits
+ * chunks last to first. A chunk of 0 floats may come back NULL. */
+typedef struct mt__rnn_chunks_s {
+    int (*fwd_get)(void *ud, int k, float **out);
+    int (*fwd_done)(void *ud, int k);
+    int (*bwd_get)(void *ud, int k, float **out);
+    int (*bwd_done)(void *ud, int k);
+    void *ud;
+} mt__rnn_chunks_t;
+
+/* Chunk geometry: C, the number of chunks of T steps, and the length of chunk k. */
+int mt__rnn_cpu_chunk_len(const mt__rnn_shape_t *s);
+int mt__rnn_cpu_nchunks(const mt__rnn_shape_t *s, int T);
+int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
+
+/* Reserve layout of ONE chunk of n steps, in floats from its start: for each pseudo-layer
+ * p = l*D + d in order, gates [n, B, g*H] then aux [n, B, H] (LSTM: c; GRU: R_n h + b_Rn;
+ * none for RNN), then the outputs of layers 0 .. L-2, each [n, B, D*H]. Its size is linear
+ * in n, so the whole reserve (mt__rnn_cpu_reserve_floats) is the chunk size at n = T. */
+size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, int n, int B);
 size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, int T, int B);
+float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p);
+float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p);
+float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int B, int l);
+
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training);
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B);
+/* chunks: the training reserve (unused, may be NULL, in inference). */
+int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                               bool training, const mt__rnn_chunks_t *chunks, float *work);
+int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float *dw,
+                                const mt_rnn_io_t *io, const mt__rnn_chunks_t *chunks,
+                                const mt_rnn_grad_io_t *g, float *work);
+/* The same over one flat reserve of mt__rnn_cpu_reserve_floats floats holding the chunks
+ * one after the other (tests, and any caller with one buffer). */
 int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                         bool training, float *reserve, float *work);
 int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
                          float *reserve, const mt_rnn_grad_io_t *g, float *work);
 
-/* Inference processes unidirectional sequences in chunks of this many steps, so its
- * temporary memory does not grow with T. */
-#define MT__RNN_CHUNK 64
+/* ---- the cpu path's reserve store and activation offload (offload.c) ---- */
 
-/* Reserve layout of the CPU path for a training forward of (T, B), in floats from its
- * start: for each pseudo-layer p = l*D + d in order, gates [T, B, g*H] then aux [T, B, H]
- * (LSTM: c; GRU: R_n h + b_Rn; none for RNN), then the outputs of layers 0 .. L-2, each
- * [T, B, D*H]. */
-float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p);
-float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *reserve, int T, int B, int p);
-float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *reserve, int T, int B, int l);
+/* The chunks of one training pass, each its own allocator block (tagged activations). With
+ * the module's offload window W > 0 (unidirectional only), forward keeps at most W chunks on
+ * the device: the chunk leaving the window is copied to pinned host memory on a side stream
+ * and its block freed after the copy's event; backward brings chunks back ahead of need,
+ * holding at most W + 1 (the chunk differentiated reads its predecessor's last step). */
+typedef struct mt__rnn_store_s mt__rnn_store_t;
+int mt__rnn_store_new(mt_rnn_t *m, int T, int B, mt__rnn_store_t **out);
+void mt__rnn_store_free(mt_rnn_t *m, mt__rnn_store_t *st);
+/* The kernels' view of the store. */
+void mt__rnn_store_chunks(mt__rnn_store_t *st, mt__rnn_chunks_t *out);
+/* Validates an offload setting for m: 0, MT_EINVAL or MT_ENOTSUP. */
+int mt__rnn_offload_check(const mt_rnn_t *m, mt_host_cache_t *host, int window);
+/* Frees the module's side stream and event (mt_rnn_destroy). */
+void mt__rnn_offload_fini(mt_rnn_t *m);
 
 /* ---- the module ---- */
 
@@ -157,9 +219,11 @@ struct mt_rnn_s {
     size_t rebound;        /* views not at their flat place */
     bool warned;           /* the non-flat warning was logged */
     mt_rnn_stats_t stats;
-    void *path_state;     /* owned by the path (init/fini), NULL for the cpu path */
-    void *step_ws;        /* mt_rnn_step's workspace (tagged workspace) or NULL */
-    size_t step_ws_bytes; /* its size; it only grows (to the largest batch stepped) */
+    void *path_state;      /* owned by the path (init/fini), NULL for the cpu path */
+    void *step_ws;         /* mt_rnn_step's workspace (tagged workspace) or NULL */
+    size_t step_ws_bytes;  /* its size; it only grows (to the largest batch stepped) */
+    mt_stream_t *off_side; /* offload copies (made on first use, owned) or NULL */
+    mt_event_t *off_mark;  /* scratch: a point of the module's stream, with off_side */
 };
 
 /* Walks the module's invariants (views tile the flat buffer, rebound count, its buffers are
@@ -171,7 +235,8 @@ int mt__rnn_check(const mt_rnn_t *m);
 struct mt_rnn_reserve_s {
     mt_rnn_t *m;    /* the module that made it */
     mt_rnn_io_t io; /* the forward's arguments (borrowed pointers) */
-    void *space;    /* path reserve, tagged activations */
+    void *space;    /* path reserve: one block tagged activations, or the path's handle
+                     * (reserve_new) */
     size_t bytes;
     float *wcopy; /* compacted weights used by forward (tagged weights), or NULL */
 };

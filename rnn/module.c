@@ -116,9 +116,13 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
         return MT_EINVAL;
     *out = NULL;
     mt__rnn_shape_t shape;
+    memset(&shape, 0, sizeof shape);
     int rc = mt__rnn_shape_init(&shape, cfg);
     if (rc)
         return rc;
+    if (cfg->chunk_steps < 0)
+        return MT_EINVAL;
+    shape.chunk = cfg->chunk_steps;
     mt_backend_t *b = mt_alloc_backend(cfg->alloc);
     const mt__rnn_path_t *path = select_path(b);
     if (!path)
@@ -154,6 +158,9 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
         goto fail_init;
     mt__rnn_views_init(&shape, m->views, m->w);
     m->stats.weight_bytes = bytes;
+    rc = mt__rnn_offload_check(m, cfg->offload_host, cfg->offload_window);
+    if (rc)
+        goto fail_init;
     if (path->init) {
         rc = path->init(m);
         if (rc)
@@ -180,12 +187,25 @@ void mt_rnn_destroy(mt_rnn_t **p)
     mt_rnn_t *m = *p;
     if (m->path->fini)
         m->path->fini(m);
+    mt__rnn_offload_fini(m);
     dfree(m, m->step_ws);
     dfree(m, m->dw);
     dfree(m, m->w);
     free(m->views);
     free(m);
     *p = NULL;
+}
+
+int mt_rnn_set_offload(mt_rnn_t *m, mt_host_cache_t *host, int window)
+{
+    if (!m)
+        return MT_EINVAL;
+    int rc = mt__rnn_offload_check(m, host, window);
+    if (rc)
+        return rc;
+    m->cfg.offload_window = window;
+    m->cfg.offload_host = window > 0 ? host : NULL;
+    return 0;
 }
 
 const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m)
@@ -384,9 +404,27 @@ static int check_io(const mt_rnn_t *m, const mt_rnn_io_t *io)
     return 0;
 }
 
+/* The path's reserve: its own handle (reserve_new) or one block tagged activations. */
+static int reserve_new(mt_rnn_t *m, mt_rnn_reserve_t *r)
+{
+    r->bytes = m->path->reserve_bytes(m, r->io.seq_len, r->io.batch);
+    if (m->path->reserve_new)
+        return m->path->reserve_new(m, r->io.seq_len, r->io.batch, &r->space);
+    return dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
+}
+
+static void reserve_free(mt_rnn_t *m, mt_rnn_reserve_t *r)
+{
+    if (m->path->reserve_free)
+        m->path->reserve_free(m, r->space);
+    else
+        dfree(m, r->space);
+    r->space = NULL;
+}
+
 static void release(mt_rnn_t *m, mt_rnn_reserve_t *r)
 {
-    dfree(m, r->space);
+    reserve_free(m, r);
     dfree(m, r->wcopy);
     free(r);
 }
@@ -418,8 +456,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
             goto fail_res;
         res->m = m;
         res->io = *io;
-        res->bytes = m->path->reserve_bytes(m, io->seq_len, io->batch);
-        rc = dmalloc(m, res->bytes, MT_TAG_ACTIVATIONS, &res->space);
+        rc = reserve_new(m, res);
         if (rc)
             goto fail_space;
     }
@@ -446,7 +483,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
 
 fail_work:
     if (res)
-        dfree(m, res->space);
+        reserve_free(m, res);
 fail_space:
     free(res);
 fail_res:

@@ -1,20 +1,21 @@
-/* Activation offload (U4): a training pass in chunks of time steps that keeps only a window
- * of chunks' reserves on the device and parks the others in pinned host memory.
+/* The cpu path's training reserve as one allocator block per chunk of time steps, and
+ * activation offload (U4): with the module's window W > 0, chunks older than the window go to
+ * pinned host memory during forward and come back ahead of need during backward.
  *
- * Built on the engine's own entry points: each chunk is one mt_rnn_forward(training) over
- * its steps, with the states carried from the previous chunk (kept, they are that chunk's
- * hx/cx for backward), and backward runs the chunks last to first with dhy/dcy carried from
- * the later chunk's dhx/dcx. Only the reserve's device block changes hands: it is copied out
- * and freed, later reallocated (tag activations) and copied back, so the engine's backward
- * sees the same bytes at a new address; offloading therefore never changes a result.
+ * The kernels compute the same way whatever holds a chunk (internal.h: they always work in
+ * chunks), and a chunk brought back holds the same bytes at a new address, so an offloaded
+ * pass is bit-identical to a plain one.
  *
- * Ordering: copies run on a side stream. Out: the side stream waits for the module
- * stream's point after the chunk's forward, copies, records out_done; the device block is
- * freed only after out_done (a host wait on that one event, issued a whole chunk of compute
- * after the copy was queued). In: the block is reallocated, the side stream waits for the
- * module stream's current point (a GPU path may still use the memory's previous owner),
- * copies, records in_done; before that chunk's backward the module stream waits on in_done,
- * and the host does too because the CPU path computes on the calling thread. */
+ * Ordering: copies run on the module's side stream. Out: the side stream waits for the
+ * module stream's point after the chunk's forward, copies, records the chunk's event; the
+ * device block is freed only after that event (a host wait on that one event, queued a whole
+ * chunk of compute earlier when W >= 2), and it is recorded on the side stream so a pass
+ * released mid-copy cannot have its block reused early. In: the block is reallocated, the
+ * side stream waits for the module stream's current point (a GPU path may still use the
+ * memory's previous owner), copies, records the event; before the chunk is read the module
+ * stream waits on it, and the host does too because the CPU path computes on the calling
+ * thread. Pinned blocks are recorded on the side stream, so the host cache reuses one only
+ * after the copies that read or wrote it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,398 +23,327 @@
 #include "rnn/internal.h"
 
 typedef enum where_e {
-    ON_DEVICE = 0,   /* reserve->space valid, no copy pending */
-    COPYING_OUT = 1, /* space valid, copy to host queued (out_done) */
-    ON_HOST = 2,     /* only host valid */
-    COPYING_IN = 3,  /* space reallocated, copy from host queued (in_done) */
-    GONE = 4,        /* backward ran (or nothing to keep) */
+    EMPTY = 0,       /* not written yet, or done with */
+    ON_DEVICE = 1,   /* dev valid, no copy pending */
+    COPYING_OUT = 2, /* dev valid, copy to host queued (ev) */
+    ON_HOST = 3,     /* only host valid */
+    COPYING_IN = 4,  /* dev reallocated, copy from host queued (ev) */
 } where_e;
 
-/* One chunk of the sequence.
- * Invariants: where = ON_HOST => res->space = NULL and host holds res->bytes bytes;
- * where in {ON_DEVICE, COPYING_OUT, COPYING_IN} => res->space is a device block of
- * res->bytes counted in the pass's dev_bytes. */
+/* One chunk's reserve.
+ * Invariants: where = ON_HOST => dev = NULL and host holds bytes bytes; where in
+ * {ON_DEVICE, COPYING_OUT, COPYING_IN} => dev is a device block of bytes (NULL iff
+ * bytes = 0) counted in the store's dev_bytes; where = EMPTY => dev = NULL, host = NULL. */
 typedef struct chunk_s {
-    int t0, steps;
-    mt_rnn_reserve_t *res;
-    float *hy, *cy; /* device states after this chunk (not for the last chunk) */
+    size_t bytes;
+    float *dev;
     void *host;     /* pinned copy, or NULL */
-    mt_event_t *ev; /* out_done or in_done, by where */
+    mt_event_t *ev; /* the pending copy's completion (offloading stores only) */
     int where;
 } chunk_t;
 
-struct mt_rnn_offload_s {
+struct mt__rnn_store_s {
     mt_rnn_t *m;
-    mt_rnn_offload_cfg_t cfg;
-    mt_rnn_io_t io;
-    mt_stream_t *side; /* owned */
-    mt_event_t *mark;  /* scratch: a point of the module stream */
+    int n;                 /* chunks */
+    int window;            /* chunks kept on the device in forward; 0 = all */
+    mt_host_cache_t *host; /* borrowed when window > 0 */
     chunk_t *ch;
-    int n;
-    size_t state_bytes; /* one chunk's carried states */
-    size_t dev_bytes;   /* activation bytes on the device now */
-    mt_rnn_offload_stats_t st;
+    size_t dev_bytes; /* reserve bytes on the device now */
 };
 
-mt_rnn_offload_cfg_t mt_rnn_offload_cfg_default(void)
+int mt__rnn_offload_check(const mt_rnn_t *m, mt_host_cache_t *host, int window)
 {
-    mt_rnn_offload_cfg_t c;
-    memset(&c, 0, sizeof c);
-    c.chunk_steps = 16;
-    c.window_chunks = 2;
-    return c;
+    if (window < 0)
+        return MT_EINVAL;
+    if (window == 0)
+        return 0;
+    if (m->shape.dirs != 1 || !m->path->reserve_new)
+        return MT_ENOTSUP; /* the reverse direction needs the whole layer below at once */
+    if (!host || mt_host_cache_device(host) != m->backend)
+        return MT_EINVAL;
+    return 0;
 }
 
-static void dev_add(mt_rnn_offload_t *p, size_t bytes)
+void mt__rnn_offload_fini(mt_rnn_t *m)
 {
-    p->dev_bytes += bytes;
-    if (p->dev_bytes > p->st.peak_device_bytes)
-        p->st.peak_device_bytes = p->dev_bytes;
+    /* Destroying the side stream drains the copies still queued on it. */
+    mt_stream_destroy(m->backend, &m->off_side);
+    mt_event_destroy(m->backend, &m->off_mark);
 }
 
-static size_t res_bytes(const chunk_t *c)
+static void dev_add(mt__rnn_store_t *st, size_t bytes)
 {
-    return (c->res != NULL && c->res->space != NULL) ? c->res->bytes : 0;
+    st->dev_bytes += bytes;
+    if (st->dev_bytes > st->m->stats.pass_reserve_peak_bytes)
+        st->m->stats.pass_reserve_peak_bytes = st->dev_bytes;
+}
+
+void mt__rnn_store_free(mt_rnn_t *m, mt__rnn_store_t *st)
+{
+    if (!st)
+        return;
+    for (int i = 0; i < st->n; i++) {
+        chunk_t *c = &st->ch[i];
+        /* Blocks with copies in flight were recorded on the side stream: the allocators
+         * hold them back until those copies have run. */
+        if (c->dev)
+            (void)mt_alloc_free(m->alloc, c->dev);
+        if (c->host)
+            (void)mt_host_free(st->host, c->host);
+        if (c->ev) {
+            (void)mt_event_synchronize(m->backend, c->ev);
+            mt_event_destroy(m->backend, &c->ev);
+        }
+    }
+    free(st->ch);
+    free(st);
+}
+
+int mt__rnn_store_new(mt_rnn_t *m, int T, int B, mt__rnn_store_t **out)
+{
+    *out = NULL;
+    int window = m->cfg.offload_window;
+    int rc = mt__rnn_offload_check(m, m->cfg.offload_host, window);
+    if (rc)
+        return rc;
+    mt__rnn_store_t *st = calloc(1, sizeof *st);
+    if (!st)
+        return MT_ENOMEM;
+    st->m = m;
+    st->n = mt__rnn_cpu_nchunks(&m->shape, T);
+    st->window = window >= st->n ? 0 : window; /* a window holding every chunk moves nothing */
+    st->host = m->cfg.offload_host;
+    st->ch = calloc((size_t)st->n, sizeof *st->ch);
+    if (!st->ch) {
+        free(st);
+        return MT_ENOMEM;
+    }
+    if (st->window > 0 && !m->off_side) {
+        rc = mt_stream_create(m->backend, &m->off_side);
+        if (rc == 0)
+            rc = mt_event_create(m->backend, &m->off_mark);
+        if (rc)
+            mt__rnn_offload_fini(m);
+    }
+    for (int i = 0; i < st->n && rc == 0; i++) {
+        int steps = mt__rnn_cpu_chunk_steps(&m->shape, T, i);
+        st->ch[i].bytes = mt__rnn_cpu_chunk_floats(&m->shape, steps, B) * sizeof(float);
+        if (st->window > 0)
+            rc = mt_event_create(m->backend, &st->ch[i].ev);
+    }
+    if (rc) {
+        mt__rnn_store_free(m, st);
+        return rc;
+    }
+    m->stats.pass_reserve_bytes = mt__rnn_cpu_reserve_floats(&m->shape, T, B) * sizeof(float);
+    m->stats.pass_reserve_peak_bytes = 0;
+    *out = st;
+    return 0;
+}
+
+/* ---- copies ---- */
+
+/* Makes the side stream wait for everything queued on the module's stream so far. */
+static int side_after_module(mt__rnn_store_t *st)
+{
+    mt_rnn_t *m = st->m;
+    int rc = mt_event_record(m->backend, m->off_mark, m->cfg.stream);
+    if (rc == 0)
+        rc = mt_stream_wait_event(m->backend, m->off_side, m->off_mark);
+    return rc;
 }
 
 /* Queues the copy of chunk c's reserve to pinned host memory. */
-static int queue_out(mt_rnn_offload_t *p, chunk_t *c)
+static int queue_out(mt__rnn_store_t *st, chunk_t *c)
 {
-    if (c->where != ON_DEVICE || res_bytes(c) == 0)
+    if (c->where != ON_DEVICE || c->bytes == 0)
         return 0;
-    mt_backend_t *b = p->m->backend;
-    size_t n = c->res->bytes;
-    int rc = mt_host_malloc(p->cfg.host, n, MT_TAG_ACTIVATIONS, &c->host);
+    mt_rnn_t *m = st->m;
+    int rc = mt_host_malloc(st->host, c->bytes, MT_TAG_ACTIVATIONS, &c->host);
     if (rc == 0)
-        rc = mt_host_record_stream(p->cfg.host, c->host, p->side);
-    /* If the pass is released with the copy in flight, the block must not be reused before
-     * the side stream has read it. */
+        rc = mt_host_record_stream(st->host, c->host, m->off_side);
     if (rc == 0)
-        rc = mt_alloc_record_stream(p->m->alloc, c->res->space, p->side);
+        rc = mt_alloc_record_stream(m->alloc, c->dev, m->off_side);
     if (rc == 0)
-        rc = mt_event_record(b, p->mark, p->m->cfg.stream);
+        rc = side_after_module(st);
     if (rc == 0)
-        rc = mt_stream_wait_event(b, p->side, p->mark);
+        rc = mt_memcpy_async(m->backend, c->host, c->dev, c->bytes, MT_MEMCPY_DEVICE_TO_HOST,
+                             m->off_side);
     if (rc == 0)
-        rc = mt_memcpy_async(b, c->host, c->res->space, n, MT_MEMCPY_DEVICE_TO_HOST, p->side);
-    if (rc == 0)
-        rc = mt_event_record(b, c->ev, p->side);
-    if (rc != 0) {
-        /* Nothing was handed to the side stream that matters: keep the chunk on device. */
-        (void)mt_stream_synchronize(b, p->side);
-        (void)mt_host_free(p->cfg.host, c->host);
+        rc = mt_event_record(m->backend, c->ev, m->off_side);
+    if (rc) {
+        /* Keep the chunk on the device; nothing queued reads the host block any more. */
+        (void)mt_stream_synchronize(m->backend, m->off_side);
+        if (c->host)
+            (void)mt_host_free(st->host, c->host);
         c->host = NULL;
         return rc;
     }
     c->where = COPYING_OUT;
-    p->st.offloads++;
-    p->st.bytes_out += n;
+    m->stats.offloads++;
+    m->stats.offload_bytes += c->bytes;
     return 0;
 }
 
-/* Frees chunk c's device reserve once its copy to the host has completed. */
-static int drop_device(mt_rnn_offload_t *p, chunk_t *c)
+/* Frees chunk c's device block once its copy to the host has completed. */
+static int drop_device(mt__rnn_store_t *st, chunk_t *c)
 {
-    if (c->where == ON_DEVICE) {
-        int rc = queue_out(p, c);
-        if (rc != 0)
-            return rc;
-    }
-    if (c->where != COPYING_OUT)
-        return 0;
-    int rc = mt_event_synchronize(p->m->backend, c->ev);
-    if (rc != 0)
+    int rc = queue_out(st, c);
+    if (rc || c->where != COPYING_OUT)
         return rc;
-    p->dev_bytes -= c->res->bytes;
-    (void)mt_alloc_free(p->m->alloc, c->res->space);
-    c->res->space = NULL;
+    rc = mt_event_synchronize(st->m->backend, c->ev);
+    if (rc)
+        return rc;
+    st->dev_bytes -= c->bytes;
+    (void)mt_alloc_free(st->m->alloc, c->dev);
+    c->dev = NULL;
     c->where = ON_HOST;
     return 0;
 }
 
-/* Reallocates chunk c's reserve and queues its copy back from the host. */
-static int queue_in(mt_rnn_offload_t *p, chunk_t *c)
+/* Reallocates chunk c's block and queues its copy back from the host. */
+static int queue_in(mt__rnn_store_t *st, chunk_t *c)
 {
     if (c->where != ON_HOST)
         return 0;
-    mt_backend_t *b = p->m->backend;
-    size_t n = c->res->bytes;
+    mt_rnn_t *m = st->m;
     void *d = NULL;
-    int rc = mt_alloc_malloc(p->m->alloc, n, p->m->cfg.stream, MT_TAG_ACTIVATIONS, &d);
+    int rc = mt_alloc_malloc(m->alloc, c->bytes, m->cfg.stream, MT_TAG_ACTIVATIONS, &d);
     if (rc == 0)
-        rc = mt_alloc_record_stream(p->m->alloc, d, p->side);
+        rc = mt_alloc_record_stream(m->alloc, d, m->off_side);
     if (rc == 0)
-        rc = mt_event_record(b, p->mark, p->m->cfg.stream);
+        rc = side_after_module(st);
     if (rc == 0)
-        rc = mt_stream_wait_event(b, p->side, p->mark);
+        rc = mt_memcpy_async(m->backend, d, c->host, c->bytes, MT_MEMCPY_HOST_TO_DEVICE,
+                             m->off_side);
     if (rc == 0)
-        rc = mt_memcpy_async(b, d, c->host, n, MT_MEMCPY_HOST_TO_DEVICE, p->side);
-    if (rc == 0)
-        rc = mt_event_record(b, c->ev, p->side);
-    if (rc != 0) {
-        (void)mt_stream_synchronize(b, p->side);
-        (void)mt_alloc_free(p->m->alloc, d);
+        rc = mt_event_record(m->backend, c->ev, m->off_side);
+    if (rc) {
+        (void)mt_stream_synchronize(m->backend, m->off_side);
+        if (d)
+            (void)mt_alloc_free(m->alloc, d);
         return rc;
     }
-    /* The host cache reuses the pinned block only after the copy has read it. */
-    (void)mt_host_free(p->cfg.host, c->host);
+    /* The host cache hands the pinned block out again only after the copy has read it. */
+    (void)mt_host_free(st->host, c->host);
     c->host = NULL;
-    c->res->space = d;
+    c->dev = d;
     c->where = COPYING_IN;
-    dev_add(p, n);
-    p->st.restores++;
-    p->st.bytes_in += n;
+    dev_add(st, c->bytes);
+    m->stats.restores++;
+    m->stats.restore_bytes += c->bytes;
     return 0;
 }
 
-/* Makes chunk c's reserve usable by its backward. */
-static int ensure_device(mt_rnn_offload_t *p, chunk_t *c)
+/* Makes chunk c's block readable by the kernels on the calling thread. */
+static int ensure_device(mt__rnn_store_t *st, chunk_t *c)
 {
-    int rc = 0;
-    if (c->where == ON_HOST)
-        rc = queue_in(p, c);
+    mt_rnn_t *m = st->m;
+    int rc = queue_in(st, c);
     if (rc == 0 && c->where == COPYING_IN) {
-        rc = mt_stream_wait_event(p->m->backend, p->m->cfg.stream, c->ev);
+        rc = mt_stream_wait_event(m->backend, m->cfg.stream, c->ev);
         if (rc == 0)
-            rc = mt_event_synchronize(p->m->backend, c->ev);
+            rc = mt_event_synchronize(m->backend, c->ev);
         if (rc == 0)
             c->where = ON_DEVICE;
     }
     if (rc == 0 && c->where == COPYING_OUT)
-        c->where = ON_DEVICE; /* the host copy is simply not used */
+        c->where = ON_DEVICE; /* still on the device: its host copy is simply not used */
     return rc;
 }
 
-static void pass_free(mt_rnn_offload_t *p)
-{
-    mt_backend_t *b = p->m->backend;
-    for (int i = 0; i < p->n; i++) {
-        chunk_t *c = &p->ch[i];
-        if (c->res != NULL) {
-            if (c->res->space != NULL && c->where != GONE)
-                p->dev_bytes -= c->res->bytes;
-            mt_rnn_reserve_release(p->m, &c->res);
-        }
-        if (c->host != NULL)
-            (void)mt_host_free(p->cfg.host, c->host);
-        if (c->hy != NULL)
-            (void)mt_alloc_free(p->m->alloc, c->hy);
-        if (c->cy != NULL)
-            (void)mt_alloc_free(p->m->alloc, c->cy);
-        mt_event_destroy(b, &c->ev);
-    }
-    free(p->ch);
-    /* Destroying the side stream drains the copies still queued on it. */
-    mt_stream_destroy(b, &p->side);
-    mt_event_destroy(b, &p->mark);
-    free(p);
-}
-
-void mt_rnn_offload_release(mt_rnn_t *m, mt_rnn_offload_t **pass)
-{
-    if (m == NULL || pass == NULL || *pass == NULL)
-        return;
-    pass_free(*pass);
-    *pass = NULL;
-}
-
-static int pass_new(mt_rnn_t *m, const mt_rnn_offload_cfg_t *cfg, const mt_rnn_io_t *io,
-                    mt_rnn_offload_t **out)
-{
-    mt_rnn_offload_t *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return MT_ENOMEM;
-    p->m = m;
-    p->cfg = *cfg;
-    p->io = *io;
-    p->n = (io->seq_len + cfg->chunk_steps - 1) / cfg->chunk_steps;
-    p->st.chunks = (unsigned)p->n;
-    const mt__rnn_shape_t *s = &m->shape;
-    size_t st = (size_t)s->layers * (size_t)io->batch * (size_t)s->hidden * sizeof(float);
-    p->state_bytes = s->mode == MT_RNN_LSTM ? 2 * st : st;
-    mt_rnn_act_t act;
-    if (mt_rnn_activation_bytes(m, io->seq_len, io->batch, &act) == 0)
-        p->st.full_reserve_bytes = act.reserve_bytes;
-    int rc = MT_ENOMEM;
-    p->ch = calloc((size_t)p->n, sizeof *p->ch);
-    if (p->ch == NULL)
-        goto fail;
-    rc = mt_stream_create(m->backend, &p->side);
-    if (rc == 0)
-        rc = mt_event_create(m->backend, &p->mark);
-    for (int i = 0; rc == 0 && i < p->n; i++) {
-        chunk_t *c = &p->ch[i];
-        c->t0 = i * cfg->chunk_steps;
-        c->steps = io->seq_len - c->t0 < cfg->chunk_steps ? io->seq_len - c->t0 : cfg->chunk_steps;
-        c->where = GONE;
-        rc = mt_event_create(m->backend, &c->ev);
-    }
-    if (rc != 0)
-        goto fail;
-    *out = p;
-    return 0;
-fail:
-    if (p->ch == NULL) {
-        free(p);
-        return rc;
-    }
-    pass_free(p);
-    return rc;
-}
-
-/* The engine's forward of chunk i, carrying the states of chunk i-1. */
-static int chunk_forward(mt_rnn_offload_t *p, int i)
-{
-    mt_rnn_t *m = p->m;
-    const mt__rnn_shape_t *s = &m->shape;
-    chunk_t *c = &p->ch[i];
-    bool last = i == p->n - 1;
-    bool lstm = s->mode == MT_RNN_LSTM;
-    size_t B = (size_t)p->io.batch, t0 = (size_t)c->t0;
-    if (!last) {
-        size_t one = lstm ? p->state_bytes / 2 : p->state_bytes;
-        int rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_ACTIVATIONS, (void **)&c->hy);
-        if (rc == 0 && lstm)
-            rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_ACTIVATIONS, (void **)&c->cy);
-        if (rc != 0)
-            return rc;
-        dev_add(p, p->state_bytes);
-    }
-    mt_rnn_io_t io = {
-        .seq_len = c->steps,
-        .batch = p->io.batch,
-        .x = p->io.x + t0 * B * (size_t)s->input,
-        .y = p->io.y + t0 * B * (size_t)s->hidden,
-        .hx = i == 0 ? p->io.hx : p->ch[i - 1].hy,
-        .cx = !lstm    ? NULL
-              : i == 0 ? p->io.cx
-                       : p->ch[i - 1].cy,
-        .hy = last ? p->io.hy : c->hy,
-        .cy = !lstm  ? NULL
-              : last ? p->io.cy
-                     : c->cy,
-    };
-    int rc = mt_rnn_forward(m, &io, &c->res);
-    if (rc != 0)
-        return rc;
-    c->where = ON_DEVICE;
-    dev_add(p, res_bytes(c));
-    return 0;
-}
-
-int mt_rnn_offload_forward(mt_rnn_t *m, const mt_rnn_offload_cfg_t *cfg, const mt_rnn_io_t *io,
-                           mt_rnn_offload_t **pass)
-{
-    if (pass != NULL)
-        *pass = NULL;
-    if (m == NULL || cfg == NULL || io == NULL || pass == NULL || cfg->host == NULL ||
-        cfg->chunk_steps < 1 || cfg->window_chunks < 1 || io->seq_len < 1 || io->batch < 1 ||
-        io->x == NULL || io->y == NULL)
-        return MT_EINVAL;
-    if (m->shape.dirs != 1)
-        return MT_ENOTSUP; /* the reverse direction needs the whole sequence at once */
-    if (mt_host_cache_device(cfg->host) != m->backend)
-        return MT_EINVAL;
-    mt_rnn_offload_t *p = NULL;
-    int rc = pass_new(m, cfg, io, &p);
-    if (rc != 0)
-        return rc;
-    int w = cfg->window_chunks;
-    for (int i = 0; i < p->n && rc == 0; i++) {
-        /* Room for chunk i: the chunk leaving the window goes (its copy was queued while
-         * chunk i-1 computed). */
-        if (i - w >= 0)
-            rc = drop_device(p, &p->ch[i - w]);
-        /* The next one to leave starts its copy now, overlapping this chunk's compute. */
-        if (rc == 0 && i + 1 < p->n && i + 1 - w >= 0 && i + 1 - w < i)
-            rc = queue_out(p, &p->ch[i + 1 - w]);
-        if (rc == 0)
-            rc = chunk_forward(p, i);
-    }
-    if (rc != 0) {
-        pass_free(p);
-        return rc;
-    }
-    *pass = p;
-    return 0;
-}
-
-/* The highest chunk below i whose reserve is only on the host (the next one backward will
- * need that is not on the device), or -1. */
-static int next_needed(const mt_rnn_offload_t *p, int i)
-{
-    for (int j = i - 1; j >= 0; j--)
-        if (p->ch[j].where == ON_HOST)
-            return j;
-    return -1;
-}
-
-static int resident_chunks(const mt_rnn_offload_t *p)
+static int resident(const mt__rnn_store_t *st)
 {
     int r = 0;
-    for (int j = 0; j < p->n; j++)
-        r += p->ch[j].where == ON_DEVICE || p->ch[j].where == COPYING_IN ||
-             p->ch[j].where == COPYING_OUT;
+    for (int i = 0; i < st->n; i++)
+        r += st->ch[i].where == ON_DEVICE || st->ch[i].where == COPYING_OUT ||
+             st->ch[i].where == COPYING_IN;
     return r;
 }
 
-int mt_rnn_offload_backward(mt_rnn_t *m, mt_rnn_offload_t **pass, const mt_rnn_grad_io_t *g,
-                            mt_rnn_offload_stats_t *stats)
+/* ---- the kernels' callbacks ---- */
+
+static int fwd_get(void *ud, int k, float **out)
 {
-    if (m == NULL || pass == NULL || *pass == NULL)
-        return MT_EINVAL;
-    mt_rnn_offload_t *p = *pass;
-    *pass = NULL;
-    if (p->m != m || g == NULL || g->dy == NULL) {
-        pass_free(p);
-        return MT_EINVAL;
+    mt__rnn_store_t *st = ud;
+    chunk_t *c = &st->ch[k];
+    int w = st->window, rc = 0;
+    *out = NULL;
+    if (w > 0) {
+        /* Room for chunk k: the chunk leaving the window goes (its copy was queued while
+         * chunk k-1 computed); the next one to leave starts its copy now, overlapping this
+         * chunk's compute. */
+        if (k - w >= 0)
+            rc = drop_device(st, &st->ch[k - w]);
+        if (rc == 0 && k + 1 < st->n && k + 1 - w >= 0 && k + 1 - w < k)
+            rc = queue_out(st, &st->ch[k + 1 - w]);
+        if (rc)
+            return rc;
     }
-    const mt__rnn_shape_t *s = &m->shape;
-    bool lstm = s->mode == MT_RNN_LSTM;
-    size_t B = (size_t)p->io.batch;
-    /* dhx/dcx of chunk i become dhy/dcy of chunk i-1: two buffers each, alternating. */
-    float *dh[2] = {NULL, NULL}, *dc[2] = {NULL, NULL};
-    size_t one = lstm ? p->state_bytes / 2 : p->state_bytes;
-    int rc = 0;
-    for (int k = 0; k < 2 && rc == 0 && p->n > 1; k++) {
-        rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_WORKSPACE, (void **)&dh[k]);
-        if (rc == 0 && lstm)
-            rc = mt_alloc_malloc(m->alloc, one, m->cfg.stream, MT_TAG_WORKSPACE, (void **)&dc[k]);
+    if (c->bytes) {
+        rc = mt_alloc_malloc(st->m->alloc, c->bytes, st->m->cfg.stream, MT_TAG_ACTIVATIONS,
+                             (void **)&c->dev);
+        if (rc)
+            return rc;
     }
-    for (int i = p->n - 1; i >= 0 && rc == 0; i--) {
-        chunk_t *c = &p->ch[i];
-        rc = ensure_device(p, c);
-        /* Bring the next chunk needed back while this one computes, within the window. */
-        int q = next_needed(p, i);
-        if (rc == 0 && q >= 0 && resident_chunks(p) < p->cfg.window_chunks)
-            rc = queue_in(p, &p->ch[q]);
-        if (rc != 0)
-            break;
-        size_t t0 = (size_t)c->t0;
-        int cur = i & 1, nxt = (i + 1) & 1;
-        mt_rnn_grad_io_t gi = {
-            .dy = g->dy + t0 * B * (size_t)s->hidden,
-            .dhy = i == p->n - 1 ? g->dhy : dh[nxt],
-            .dcy = !lstm           ? NULL
-                   : i == p->n - 1 ? g->dcy
-                                   : dc[nxt],
-            .dx = g->dx ? g->dx + t0 * B * (size_t)s->input : NULL,
-            .dhx = i == 0 ? g->dhx : dh[cur],
-            .dcx = !lstm    ? NULL
-                   : i == 0 ? g->dcx
-                            : dc[cur],
-        };
-        size_t held = res_bytes(c);
-        rc = mt_rnn_backward(m, &c->res, &gi); /* frees the reserve */
-        c->where = GONE;
-        p->dev_bytes -= held;
+    c->where = ON_DEVICE;
+    dev_add(st, c->bytes);
+    *out = c->dev;
+    return 0;
+}
+
+static int fwd_done(void *ud, int k)
+{
+    (void)ud;
+    (void)k;
+    return 0;
+}
+
+static int bwd_get(void *ud, int k, float **out)
+{
+    mt__rnn_store_t *st = ud;
+    chunk_t *c = &st->ch[k];
+    *out = NULL;
+    if (c->where == EMPTY)
+        return MT_EINVAL; /* backward of a chunk forward never wrote, or twice */
+    int rc = ensure_device(st, c);
+    if (rc)
+        return rc;
+    /* Bring the next chunk backward will need back while this one computes: backward holds
+     * the chunk it differentiates and its predecessor, so the window grows by one. */
+    if (st->window > 0 && resident(st) < st->window + 1) {
+        for (int j = k - 1; j >= 0; j--) {
+            if (st->ch[j].where == ON_HOST) {
+                rc = queue_in(st, &st->ch[j]);
+                break;
+            }
+        }
     }
-    for (int k = 0; k < 2; k++) {
-        (void)mt_alloc_free(m->alloc, dh[k]);
-        (void)mt_alloc_free(m->alloc, dc[k]);
-    }
-    if (stats != NULL)
-        *stats = p->st;
-    pass_free(p);
+    *out = c->dev;
     return rc;
+}
+
+static int bwd_done(void *ud, int k)
+{
+    mt__rnn_store_t *st = ud;
+    chunk_t *c = &st->ch[k];
+    if (c->where == ON_DEVICE || c->where == COPYING_OUT || c->where == COPYING_IN)
+        st->dev_bytes -= c->bytes;
+    if (c->dev)
+        (void)mt_alloc_free(st->m->alloc, c->dev);
+    if (c->host)
+        (void)mt_host_free(st->host, c->host);
+    c->dev = NULL;
+    c->host = NULL;
+    c->where = EMPTY;
+    return 0;
+}
+
+void mt__rnn_store_chunks(mt__rnn_store_t *st, mt__rnn_chunks_t *out)
+{
+    out->fwd_get = fwd_get;
+    out->fwd_done = fwd_done;
+    out->bwd_get = bwd_get;
+    out->bwd_done = bwd_done;
+    out->ud = st;
 }

@@ -20,9 +20,9 @@
  * device-resident LRU cache; gradients produced on the device are accumulated into the
  * task's host gradient copy on deactivate, asynchronously.
  *
- * Activation offload (mt_rnn_offload_*): a training forward/backward of an RNN module run in
- * chunks of time steps, keeping only a window of chunks' activations on the device; older
- * chunks go to pinned host memory on a side stream and come back ahead of need.
+ * Activation offload is an option of the RNN engine (memtrace/rnn.h: mt_rnn_cfg_t
+ * offload_window / offload_host, mt_rnn_set_offload): older chunks of a training pass's
+ * reserve go to this cache's pinned memory on a side stream and come back ahead of need.
  *
  * Thread-safety: the host cache is safe from any thread (one allocator mutex). A prefetcher
  * or a pager is used by one thread at a time. */
@@ -185,51 +185,6 @@ MT_API int mt_param_pager_activate(mt_param_pager_t *p, unsigned task, float **p
  * are copied back and added into its host gradient copy (on the side stream). */
 MT_API int mt_param_pager_deactivate(mt_param_pager_t *p, unsigned task);
 MT_API void mt_param_pager_stats(const mt_param_pager_t *p, mt_param_pager_stats_t *out);
-
-/* ---- activation offload (U4) ----
- *
- * The sequence is processed in chunks of chunk_steps time steps (each one training forward
- * of the engine, states carried from chunk to chunk). The activations (reserve) of at most
- * window_chunks chunks are on the device at any time: while chunk c computes, the chunk
- * that leaves the window next is copied to pinned host memory on a side stream; during
- * backward (last chunk first), the next chunk needed is copied back while the current one
- * computes. Offloading moves bytes only: gradients are bit-identical to the same chunked
- * pass without offload (window_chunks >= number of chunks). Against one whole-sequence
- * mt_rnn_forward they agree to float rounding: the engine merges the weight-gradient GEMMs
- * over the steps of one call, so chunking changes the summation order of dW.
- * Unidirectional modules only (MT_ENOTSUP otherwise). */
-
-typedef struct mt_rnn_offload_s mt_rnn_offload_t;
-
-typedef struct mt_rnn_offload_cfg_s {
-    mt_host_cache_t *host; /* borrowed, required: pinned memory for offloaded chunks */
-    int chunk_steps;       /* time steps per chunk, >= 1; 16 */
-    int window_chunks;     /* chunks whose activations stay on the device, >= 1; 2 */
-} mt_rnn_offload_cfg_t;
-
-typedef struct mt_rnn_offload_stats_s {
-    unsigned chunks;           /* chunks of the sequence */
-    unsigned offloads;         /* chunks copied to the host */
-    unsigned restores;         /* chunks copied back */
-    uint64_t bytes_out;        /* device -> host activation bytes */
-    uint64_t bytes_in;         /* host -> device */
-    size_t peak_device_bytes;  /* activation bytes on the device at once: chunk reserves
-                                * plus the carried states kept for backward */
-    size_t full_reserve_bytes; /* what one whole-sequence training forward keeps */
-} mt_rnn_offload_stats_t;
-
-MT_API mt_rnn_offload_cfg_t mt_rnn_offload_cfg_default(void);
-/* Training forward of io with offload. *pass is new; it holds what backward needs, and io's
- * buffers must stay unchanged until mt_rnn_offload_backward (as for mt_rnn_forward). */
-MT_API int mt_rnn_offload_forward(mt_rnn_t *m, const mt_rnn_offload_cfg_t *cfg,
-                                  const mt_rnn_io_t *io, mt_rnn_offload_t **pass);
-/* Backward of the pass (weight gradients accumulate into the module's). Takes ownership of
- * *pass (released even on failure) and sets it to NULL. stats (optional) receives the
- * figures of the whole pass. */
-MT_API int mt_rnn_offload_backward(mt_rnn_t *m, mt_rnn_offload_t **pass, const mt_rnn_grad_io_t *g,
-                                   mt_rnn_offload_stats_t *stats);
-/* Releases a pass without backward. Sets *pass = NULL. */
-MT_API void mt_rnn_offload_release(mt_rnn_t *m, mt_rnn_offload_t **pass);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,14 @@
  *
  * Dropout between layers is not implemented (every layer sees the previous one's output).
  *
+ * Activation offload (U4): with offload_window = W > 0, a training forward keeps the reserve
+ * of at most W chunks of chunk_steps time steps on the device; older chunks are copied to
+ * pinned host memory (offload_host) on a side stream and come back ahead of need during
+ * backward, which holds at most W + 1 chunks. The arithmetic is the same code in the same
+ * order with or without offload (the engine always works in those chunks), so outputs and
+ * gradients are bit-identical to the plain run of the same module. CPU path,
+ * unidirectional modules only (MT_ENOTSUP otherwise).
+ *
  * Thread-safety: a module is used by one thread at a time; different modules may run in
  * parallel (the allocator serialises their allocations). */
 #ifndef MEMTRACE_RNN_H
@@ -30,6 +38,8 @@ extern "C" {
 #endif
 
 typedef struct mt_rnn_s mt_rnn_t;
+/* The pinned host cache of memtrace/host.h. */
+struct mt_host_cache_s;
 /* What a training forward keeps for backward (the reserve space). Opaque. */
 typedef struct mt_rnn_reserve_s mt_rnn_reserve_t;
 
@@ -52,6 +62,15 @@ typedef struct mt_rnn_cfg_s {
     mt_stream_t *stream; /* borrowed, optional (NULL = default stream) */
     mt_log_cb log;       /* optional */
     void *log_ud;
+    /* Time steps per chunk of the engine's batched GEMMs and of its reserve blocks (cpu
+     * path); 0 = 64. Part of the arithmetic: runs of modules with different chunks round
+     * differently (within float error). */
+    int chunk_steps;
+    /* Activation offload (see above): chunks of reserve kept on the device during forward,
+     * 0 = no offload; offload_host (borrowed, over the allocator's backend) is required
+     * when > 0. Changed later with mt_rnn_set_offload. */
+    int offload_window;
+    struct mt_host_cache_s *offload_host;
 } mt_rnn_cfg_t;
 
 /* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
@@ -107,6 +126,15 @@ typedef struct mt_rnn_stats_s {
     uint64_t forwards;        /* mt_rnn_forward + mt_rnn_step calls */
     uint64_t backwards;
     size_t weight_bytes; /* size of the flat buffer */
+    /* Activation offload, totals since creation. */
+    uint64_t offloads;      /* reserve chunks copied to pinned host memory */
+    uint64_t restores;      /* chunks copied back */
+    uint64_t offload_bytes; /* device -> host */
+    uint64_t restore_bytes; /* host -> device */
+    /* The latest training pass (forward to backward or release): its whole reserve, and the
+     * most of it on the device at once (equal without offload). */
+    size_t pass_reserve_bytes;
+    size_t pass_reserve_peak_bytes;
 } mt_rnn_stats_t;
 
 /* Activation memory of a training forward, and what an op-by-op cell would keep.
@@ -128,13 +156,19 @@ typedef struct mt_rnn_act_s {
                            * activations) for the given T and B; excludes y */
 } mt_rnn_act_t;
 
-/* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1. */
+/* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks
+ * of 64 steps, no offload. */
 MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
 
 /* Creates a module and its flat weight and gradient buffers (gradients zeroed), weights
  * initialised from cfg->seed. *out is new. MT_ENOTSUP if the allocator's backend has no
  * compute path in this build (a CUDA device without cuDNN). */
 MT_API int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg);
+/* Sets activation offload for the following training passes (window 0 = none; host
+ * borrowed, required when window > 0). MT_ENOTSUP for bidirectional modules or a path
+ * without chunked reserves, MT_EINVAL for a host cache over another backend. A pass
+ * already forwarded keeps the setting it started with. */
+MT_API int mt_rnn_set_offload(mt_rnn_t *m, struct mt_host_cache_s *host, int window);
 /* Frees the module's buffers (and any parameter bindings it owns). Sets *p = NULL. */
 MT_API void mt_rnn_destroy(mt_rnn_t **p);
 

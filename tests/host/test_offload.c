@@ -1,7 +1,6 @@
-/* Activation offload: the chunked training pass with a window of chunks on the device gives
- * bit-identical results to the same pass without offload, agrees with the whole-sequence
- * engine to float rounding, and keeps the peak of device activation bytes near the window. */
-#include <math.h>
+/* Activation offload, an option of the RNN engine: a training pass with a window of reserve
+ * chunks on the device gives bit-identical outputs and gradients to the plain pass of the same
+ * module, and keeps the peak of device activation bytes near the window. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +13,8 @@
 
 typedef struct run_s {
     float *y, *hy, *cy, *dx, *dhx, *dcx, *dw;
-    size_t act_peak; /* allocator's peak of activations-tagged bytes during the pass */
-    mt_rnn_offload_stats_t st;
+    size_t act_peak;   /* allocator's peak of activations-tagged bytes during the pass */
+    mt_rnn_stats_t st; /* the module's counters after the pass */
 } run_t;
 
 typedef struct prob_s {
@@ -43,7 +42,8 @@ static void fill(float *d, size_t n, uint32_t seed)
     }
 }
 
-static void prob_init(prob_t *p, mt_rnn_mode_e mode, int T, int B, int I, int H, int L, bool bidir)
+static void prob_init(prob_t *p, mt_rnn_mode_e mode, int T, int B, int I, int H, int L, bool bidir,
+                      int chunk)
 {
     memset(p, 0, sizeof *p);
     fx_init(&p->f, 256 * MIB, 256 * MIB);
@@ -56,6 +56,7 @@ static void prob_init(prob_t *p, mt_rnn_mode_e mode, int T, int B, int I, int H,
     rc.num_layers = L;
     rc.bidirectional = bidir;
     rc.seed = 7;
+    rc.chunk_steps = chunk;
     rc.alloc = p->f.a;
     assert_int_equal(mt_rnn_create(&p->m, &rc), 0);
     mt_rnn_weights(p->m, &p->nw);
@@ -87,8 +88,8 @@ static void prob_fini(prob_t *p)
     fx_fini(&p->f);
 }
 
-/* window < 0: the whole-sequence engine (no chunks); otherwise chunked with offload. */
-static void run(prob_t *p, int chunk, int window, run_t *r)
+/* One training pass; window 0 = plain (no offload). Its stats are the counters it added. */
+static void run(prob_t *p, int window, run_t *r)
 {
     memset(r, 0, sizeof *r);
     r->y = dev(p, p->ny, MT_TAG_OTHER);
@@ -100,24 +101,21 @@ static void run(prob_t *p, int chunk, int window, run_t *r)
         r->dcx = dev(p, p->ns, MT_TAG_OTHER);
     }
     assert_int_equal(mt_rnn_zero_grads(p->m), 0);
+    assert_int_equal(mt_rnn_set_offload(p->m, window > 0 ? p->f.h : NULL, window), 0);
+    mt_rnn_stats_t before;
+    assert_int_equal(mt_rnn_stats(p->m, &before), 0);
     mt_rnn_io_t io = {p->T, p->B, p->x, r->y, p->hx, p->cx, r->hy, r->cy};
     mt_rnn_grad_io_t g = {p->dy, p->dhy, p->dcy, r->dx, r->dhx, r->dcx};
     mt_alloc_reset_peak(p->f.a);
-    if (window < 0) {
-        mt_rnn_reserve_t *res = NULL;
-        assert_int_equal(mt_rnn_forward(p->m, &io, &res), 0);
-        assert_int_equal(mt_rnn_backward(p->m, &res, &g), 0);
-    } else {
-        mt_rnn_offload_cfg_t oc = mt_rnn_offload_cfg_default();
-        oc.host = p->f.h;
-        oc.chunk_steps = chunk;
-        oc.window_chunks = window;
-        mt_rnn_offload_t *pass = NULL;
-        assert_int_equal(mt_rnn_offload_forward(p->m, &oc, &io, &pass), 0);
-        assert_non_null(pass);
-        assert_int_equal(mt_rnn_offload_backward(p->m, &pass, &g, &r->st), 0);
-        assert_null(pass);
-    }
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(p->m, &io, &res), 0);
+    assert_int_equal(mt_rnn_backward(p->m, &res, &g), 0);
+    assert_null(res);
+    assert_int_equal(mt_rnn_stats(p->m, &r->st), 0);
+    r->st.offloads -= before.offloads;
+    r->st.restores -= before.restores;
+    r->st.offload_bytes -= before.offload_bytes;
+    r->st.restore_bytes -= before.restore_bytes;
     mt_alloc_stats_t st;
     assert_int_equal(mt_alloc_stats(p->f.a, &st), 0);
     r->act_peak = (size_t)st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].peak;
@@ -148,93 +146,110 @@ static void same_bits(const prob_t *p, const run_t *a, const run_t *b)
     }
 }
 
-static void close_to(const float *a, const float *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        float tol = 1e-4f * (1.0f + fabsf(b[i]));
-        if (fabsf(a[i] - b[i]) > tol)
-            fail_msg("element %zu: %.9g vs %.9g", i, (double)a[i], (double)b[i]);
-    }
-}
-
-static void check_case(mt_rnn_mode_e mode, int T, int chunk, int window)
+static void check_case(mt_rnn_mode_e mode, int L, int T, int chunk, int window)
 {
     prob_t p;
-    prob_init(&p, mode, T, 4, 8, 32, 2, false);
+    prob_init(&p, mode, T, 4, 8, 32, L, false, chunk);
     int nchunks = (T + chunk - 1) / chunk;
-    run_t whole, kept, off;
-    run(&p, 0, -1, &whole);
-    run(&p, chunk, nchunks, &kept); /* same chunks, every one stays on the device */
-    run(&p, chunk, window, &off);
+    run_t plain, off, again;
+    run(&p, 0, &plain);
+    run(&p, window, &off);
+    run(&p, 0, &again); /* switching offload off again gives the plain run back */
 
-    assert_int_equal(kept.st.offloads, 0);
-    assert_int_equal(off.st.chunks, (unsigned)nchunks);
-    assert_int_equal(off.st.offloads, (unsigned)(nchunks - window));
+    /* Offloading moves bytes only: the same code rounds the same way. */
+    same_bits(&p, &plain, &off);
+    same_bits(&p, &plain, &again);
+
+    assert_int_equal(plain.st.offloads, 0);
+    assert_int_equal(plain.st.restores, 0);
+    assert_int_equal(off.st.offloads, (uint64_t)(nchunks - window));
     assert_int_equal(off.st.restores, off.st.offloads);
-    assert_int_equal(off.st.bytes_in, off.st.bytes_out);
-    assert_true(off.st.bytes_out > 0);
-    /* Offloading moves bytes only. */
-    same_bits(&p, &kept, &off);
-    /* Chunking changes the summation order of the merged weight-gradient GEMMs only. */
-    close_to(off.y, whole.y, p.ny);
-    close_to(off.dx, whole.dx, p.nx);
-    close_to(off.dhx, whole.dhx, p.ns);
-    close_to(off.dw, whole.dw, p.nw);
+    assert_int_equal(off.st.restore_bytes, off.st.offload_bytes);
+    assert_true(off.st.offload_bytes > 0);
 
-    /* Peak: the window's reserves plus the carried states, far below the whole reserve. */
-    size_t chunk_res = off.st.full_reserve_bytes / (size_t)T * (size_t)chunk;
-    size_t states = (size_t)(nchunks - 1) * (p.lstm ? 2 : 1) * p.ns * sizeof(float);
-    assert_true(off.st.full_reserve_bytes == whole.act_peak);
-    assert_true(off.st.peak_device_bytes <= (size_t)window * chunk_res + states);
-    assert_true(off.st.peak_device_bytes >= chunk_res);
-    assert_true(kept.st.peak_device_bytes >= off.st.full_reserve_bytes);
-    /* The allocator saw the same: activations-tagged bytes peaked near the window. */
-    assert_true(off.act_peak < whole.act_peak / 2);
-    assert_true(off.act_peak <= (size_t)window * (chunk_res + 512) + states + 16 * 512);
+    /* Peak: the window's chunks in forward, one more in backward (the chunk differentiated
+     * reads its predecessor's last step); without offload, the whole reserve. */
+    size_t full = plain.st.pass_reserve_bytes;
+    size_t chunk_bytes = full / (size_t)T * (size_t)chunk;
+    assert_int_equal(off.st.pass_reserve_bytes, full);
+    assert_int_equal(plain.st.pass_reserve_peak_bytes, full);
+    assert_true(off.st.pass_reserve_peak_bytes <= (size_t)(window + 1) * chunk_bytes);
+    assert_true(off.st.pass_reserve_peak_bytes >= (size_t)window * chunk_bytes);
+    /* The allocator saw the same: activations-tagged bytes (rounded blocks) peaked there. */
+    assert_true(plain.act_peak >= full);
+    assert_true(off.act_peak <= (size_t)(window + 1) * (chunk_bytes + 512));
+    assert_true(off.act_peak < plain.act_peak);
     assert_int_equal(mt_alloc_check(mt_host_cache_alloc(p.f.h)), 0);
+    assert_int_equal(mt_alloc_check(p.f.a), 0);
 
-    run_free(&p, &whole);
-    run_free(&p, &kept);
+    run_free(&p, &plain);
     run_free(&p, &off);
+    run_free(&p, &again);
     prob_fini(&p);
 }
 
-static void test_lstm_window2(void **state)
+static void test_lstm_1layer_window2(void **state)
 {
     (void)state;
-    check_case(MT_RNN_LSTM, 64, 8, 2);
+    check_case(MT_RNN_LSTM, 1, 64, 8, 2);
 }
 
-static void test_gru_window1_ragged(void **state)
+static void test_lstm_2layers_window1_ragged(void **state)
 {
     (void)state;
-    check_case(MT_RNN_GRU, 30, 4, 1); /* last chunk of 2 steps */
+    check_case(MT_RNN_LSTM, 2, 30, 4, 1); /* last chunk of 2 steps */
 }
 
-static void test_lstm_window3(void **state)
+static void test_gru_1layer_window1_ragged(void **state)
 {
     (void)state;
-    check_case(MT_RNN_LSTM, 48, 4, 3);
+    check_case(MT_RNN_GRU, 1, 30, 4, 1);
+}
+
+static void test_gru_2layers_window3_ragged(void **state)
+{
+    (void)state;
+    check_case(MT_RNN_GRU, 2, 50, 8, 3); /* last chunk of 2 steps */
+}
+
+static void test_rnn_tanh_2layers_window2(void **state)
+{
+    (void)state;
+    check_case(MT_RNN_TANH, 2, 40, 6, 2); /* the reserve is the lower layer's output only */
 }
 
 static void test_refusals(void **state)
 {
     (void)state;
     prob_t p;
-    prob_init(&p, MT_RNN_LSTM, 8, 2, 4, 8, 1, true);
-    float *y = dev(&p, p.ny, MT_TAG_OTHER);
-    mt_rnn_io_t io = {p.T, p.B, p.x, y, NULL, NULL, NULL, NULL};
-    mt_rnn_offload_cfg_t oc = mt_rnn_offload_cfg_default();
-    oc.host = p.f.h;
-    mt_rnn_offload_t *pass = NULL;
-    assert_int_equal(mt_rnn_offload_forward(p.m, &oc, &io, &pass), MT_ENOTSUP);
-    assert_null(pass);
-    oc.chunk_steps = 0;
-    assert_int_equal(mt_rnn_offload_forward(p.m, &oc, &io, &pass), MT_EINVAL);
-    oc.chunk_steps = 4;
-    oc.window_chunks = 0;
-    assert_int_equal(mt_rnn_offload_forward(p.m, &oc, &io, &pass), MT_EINVAL);
-    assert_int_equal(mt_alloc_free(p.f.a, y), 0);
+    prob_init(&p, MT_RNN_LSTM, 8, 2, 4, 8, 1, true, 0);
+    /* Bidirectional: the reverse direction needs the whole layer below at once. */
+    assert_int_equal(mt_rnn_set_offload(p.m, p.f.h, 2), MT_ENOTSUP);
+    assert_int_equal(mt_rnn_cfg(p.m)->offload_window, 0);
+    mt_rnn_cfg_t c = *mt_rnn_cfg(p.m);
+    c.offload_window = 1;
+    c.offload_host = p.f.h;
+    mt_rnn_t *m2 = NULL;
+    assert_int_equal(mt_rnn_create(&m2, &c), MT_ENOTSUP);
+    assert_null(m2);
+    /* Unidirectional: a window needs a host cache over the module's backend. */
+    c.bidirectional = false;
+    c.offload_host = NULL;
+    assert_int_equal(mt_rnn_create(&m2, &c), MT_EINVAL);
+    c.offload_host = p.f.h;
+    c.offload_window = -1;
+    assert_int_equal(mt_rnn_create(&m2, &c), MT_EINVAL);
+    c.offload_window = 0;
+    c.chunk_steps = -1;
+    assert_int_equal(mt_rnn_create(&m2, &c), MT_EINVAL);
+    c.chunk_steps = 4;
+    assert_int_equal(mt_rnn_create(&m2, &c), 0);
+    assert_int_equal(mt_rnn_set_offload(m2, NULL, 1), MT_EINVAL);
+    assert_int_equal(mt_rnn_set_offload(m2, p.f.h, -1), MT_EINVAL);
+    assert_int_equal(mt_rnn_set_offload(m2, p.f.h, 1), 0);
+    assert_int_equal(mt_rnn_cfg(m2)->offload_window, 1);
+    assert_int_equal(mt_rnn_set_offload(m2, NULL, 0), 0);
+    mt_rnn_destroy(&m2);
     prob_fini(&p);
 }
 
@@ -243,17 +258,17 @@ static void test_release_without_backward(void **state)
 {
     (void)state;
     prob_t p;
-    prob_init(&p, MT_RNN_LSTM, 32, 2, 4, 16, 1, false);
+    prob_init(&p, MT_RNN_LSTM, 32, 2, 4, 16, 2, false, 4);
+    assert_int_equal(mt_rnn_set_offload(p.m, p.f.h, 2), 0);
     float *y = dev(&p, p.ny, MT_TAG_OTHER);
     mt_rnn_io_t io = {p.T, p.B, p.x, y, NULL, NULL, NULL, NULL};
-    mt_rnn_offload_cfg_t oc = mt_rnn_offload_cfg_default();
-    oc.host = p.f.h;
-    oc.chunk_steps = 4;
-    oc.window_chunks = 2;
-    mt_rnn_offload_t *pass = NULL;
-    assert_int_equal(mt_rnn_offload_forward(p.m, &oc, &io, &pass), 0);
-    mt_rnn_offload_release(p.m, &pass);
-    assert_null(pass);
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(p.m, &io, &res), 0);
+    mt_rnn_stats_t ms;
+    assert_int_equal(mt_rnn_stats(p.m, &ms), 0);
+    assert_int_equal(ms.offloads, 6); /* 8 chunks, 2 kept */
+    mt_rnn_reserve_release(p.m, &res);
+    assert_null(res);
     mt_alloc_stats_t st;
     assert_int_equal(mt_alloc_stats(p.f.a, &st), 0);
     assert_int_equal(st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].current, 0);
@@ -266,9 +281,11 @@ static void test_release_without_backward(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lstm_window2),
-        cmocka_unit_test(test_gru_window1_ragged),
-        cmocka_unit_test(test_lstm_window3),
+        cmocka_unit_test(test_lstm_1layer_window2),
+        cmocka_unit_test(test_lstm_2layers_window1_ragged),
+        cmocka_unit_test(test_gru_1layer_window1_ragged),
+        cmocka_unit_test(test_gru_2layers_window3_ragged),
+        cmocka_unit_test(test_rnn_tanh_2layers_window2),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_release_without_backward),
     };

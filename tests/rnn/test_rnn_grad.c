@@ -17,6 +17,7 @@
 typedef struct gcase_s {
     int mode, layers;
     bool bi, bias, states;
+    int chunk; /* time steps per chunk of the kernels; 0 = MT__RNN_CHUNK (one chunk here) */
 } gcase_t;
 
 /* Everything of one check, in double (reference) and float (engine). */
@@ -40,6 +41,7 @@ static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t 
     cfg.bidirectional = c->bi;
     cfg.bias = c->bias;
     assert_int_equal(mt__rnn_shape_init(&f->s, &cfg), 0);
+    f->s.chunk = c->chunk;
     f->T = T;
     f->B = B;
     f->nw = ref_total(&f->rs);
@@ -181,7 +183,7 @@ static void check_grad_case(const gcase_t *c)
     static void name(void **state)                                                                 \
     {                                                                                              \
         (void)state;                                                                               \
-        gcase_t c = {mode, layers, bi, true, true};                                                \
+        gcase_t c = {mode, layers, bi, true, true, 0};                                             \
         check_grad_case(&c);                                                                       \
     }
 
@@ -207,7 +209,23 @@ static void grad_no_bias_no_states(void **state)
 {
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
-        gcase_t c = {mode, 2, true, false, false};
+        gcase_t c = {mode, 2, true, false, false, 0};
+        check_grad_case(&c);
+    }
+}
+
+/* Chunks of 2 steps over T = 5 (2, 2, 1): the state entering a chunk comes from the
+ * neighbouring chunk (the previous one forward, the next one in reverse), weight gradients
+ * accumulate chunk by chunk. */
+static void grad_chunked(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        for (int bi = 0; bi < 2; bi++) {
+            gcase_t c = {mode, 2, bi, true, true, 2};
+            check_grad_case(&c);
+        }
+        gcase_t c = {mode, 2, false, false, false, 1};
         check_grad_case(&c);
     }
 }
@@ -219,7 +237,7 @@ static void inference_matches_training(void **state)
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {mode, 2, bi, true, true};
+            gcase_t c = {mode, 2, bi, true, true, 0};
             fixture_t f;
             int T = 2 * MT__RNN_CHUNK + 7;
             fixture_init(&f, &c, T, 3, 99 + mode);
@@ -256,7 +274,7 @@ static void inference_matches_training(void **state)
 static void gradients_accumulate(void **state)
 {
     (void)state;
-    gcase_t c = {MT_RNN_LSTM, 2, true, true, true};
+    gcase_t c = {MT_RNN_LSTM, 2, true, true, true, 0};
     fixture_t f;
     fixture_init(&f, &c, 4, 2, 7);
     float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
@@ -298,7 +316,7 @@ int main(void)
         cmocka_unit_test(grad_gru_1_uni),         cmocka_unit_test(grad_gru_1_bi),
         cmocka_unit_test(grad_gru_2_uni),         cmocka_unit_test(grad_gru_2_bi),
         cmocka_unit_test(grad_no_bias_no_states), cmocka_unit_test(inference_matches_training),
-        cmocka_unit_test(gradients_accumulate),
+        cmocka_unit_test(gradients_accumulate),   cmocka_unit_test(grad_chunked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
