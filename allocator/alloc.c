@@ -14,31 +14,24 @@
 
 /* ---- events and logging ---- */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         uint32_t sid, int pool, int tag)
+                         uint32_t sid, int pool, int tag, uint64_t t)
 {
     if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
         return;
-    mt_event_rec_t ev;
-    memset(&ev, 0, sizeof ev);
-    ev.time_ns = now_ns();
-    ev.addr = addr;
-    ev.size = size;
-    ev.requested = requested;
-    ev.allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current;
-    ev.reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current;
-    ev.stream = sid;
-    ev.kind = (uint8_t)kind;
-    ev.pool = (uint8_t)pool;
-    ev.tag = (uint8_t)tag;
-    ev.device = (uint8_t)a->device;
+    mt_event_rec_t ev = {
+        .time_ns = t != 0 ? t : mt__clock_now(&a->clk),
+        .addr = addr,
+        .size = size,
+        .requested = requested,
+        .allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current,
+        .reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current,
+        .stream = sid,
+        .kind = (uint8_t)kind,
+        .pool = (uint8_t)pool,
+        .tag = (uint8_t)tag,
+        .device = (uint8_t)a->device,
+    };
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
 }
 
@@ -164,7 +157,7 @@ static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
     return 0;
 }
 
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t)
 {
     mt_segment_t *seg = b->seg;
     uintptr_t addr = b->addr;
@@ -180,8 +173,9 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
     seg->last_used = ++a->clock;
-    mt__alloc_emit(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, mt__public_pool(seg->pool),
-                   tag);
+    if (__builtin_expect(a->cfg.sink != NULL, 0))
+        mt__alloc_emit_slow(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
+                            mt__public_pool(seg->pool), tag, t);
 }
 
 void mt__alloc_process_events(mt_alloc_t *a)
@@ -202,7 +196,7 @@ void mt__alloc_process_events(mt_alloc_t *a)
         a->pending[i] = a->pending[--a->npending];
         event_put(a, p.ev);
         if (--p.blk->npending == 0)
-            mt__alloc_free_complete(a, p.blk);
+            mt__alloc_free_complete(a, p.blk, 0);
     }
 }
 
@@ -252,6 +246,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
         rc = MT_ENOMEM;
         goto fail_mutex;
     }
+    mt__clock_init(&a->clk, cfg->sink != NULL); /* calibrating costs 50 us */
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
     *out = a;
@@ -461,8 +456,12 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     mt__stat_add(a->st.allocation, sp, -1);
     mt__stat_add1(&a->st.tag_allocated_bytes[b->tag], -(int64_t)b->size);
     mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
-    mt__alloc_emit(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
-                   mt__public_pool(sp), b->tag);
+    uint64_t t = 0;
+    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
+        t = mt__clock_now(&a->clk);
+        mt__alloc_emit_slow(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
+                            mt__public_pool(sp), b->tag, t);
+    }
     if (a->warming && b->gen == a->gen)
         mt__warm_record_free(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
@@ -482,7 +481,7 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     }
     b->nuses = 0;
     if (b->npending == 0)
-        mt__alloc_free_complete(a, b);
+        mt__alloc_free_complete(a, b, t);
 out:
     pthread_mutex_unlock(&a->mu);
     return rc;

@@ -156,6 +156,30 @@ typedef struct mt__warm_op_s {
     uint32_t of;
 } mt__warm_op_t;
 
+/* The event clock (clock.c): CLOCK_MONOTONIC nanoseconds at a fraction of the cost of
+ * clock_gettime. With an invariant TSC (x86-64, CPUID says constant and nonstop), a read
+ * is rdtsc and ns = base_ns + ((tsc - base_tsc) * mult >> 32), where (base_tsc, base_ns)
+ * is a pair of simultaneous reads of both clocks taken at most one span (1 ms) ago and
+ * mult the TSC period in 32.32 fixed point, calibrated over 50 us at creation and refined
+ * at each re-anchoring over the whole time since. A read past the span (or with the TSC
+ * behind base_tsc, which an unsigned difference turns into a huge one) re-anchors with
+ * clock_gettime, so the error is bounded by one span's worth of rate error (tens of ns
+ * once refined; under 1 us in the first millisecond), never accumulated. Without an
+ * invariant TSC every read is clock_gettime.
+ * Invariants: tsc => mult > 0 and span_ticks * mult is about 1 ms << 32 < 2^52 (the fast
+ * path's product cannot overflow); values returned never decrease (last_ns); not
+ * thread-safe (the allocator's mutex guards it). */
+typedef struct mt__clock_s {
+    bool tsc;            /* reads use the TSC */
+    uint64_t mult;       /* ns per tick, 32.32 fixed point */
+    uint64_t base_tsc;   /* anchor: TSC ... */
+    uint64_t base_ns;    /* ... and CLOCK_MONOTONIC read together */
+    uint64_t span_ticks; /* re-anchor when this many ticks passed since the anchor */
+    uint64_t cal_tsc;    /* start of the rate-refinement interval */
+    uint64_t cal_ns;
+    uint64_t last_ns; /* last value returned */
+} mt__clock_t;
+
 /* The allocator.
  * Thread-safety: one pthread mutex (mu) per allocator serialises every operation; the
  * event sink and the log callback are called with it held.
@@ -209,20 +233,51 @@ struct mt_alloc_s {
     size_t nwops, cap_wops;
     bool wops_failed;
 
+    mt__clock_t clk;                /* time of events (only read with a sink) */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[1024];
 };
 
+/* ---- clock.c ---- */
+void mt__clock_init(mt__clock_t *c, bool allow_tsc);
+uint64_t mt__clock_slow(mt__clock_t *c);
+#if defined(__x86_64__)
+static inline uint64_t mt__rdtsc(void)
+{
+    uint32_t lo, hi;
+    __asm__ __volatile__("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+#endif
+/* Now, in CLOCK_MONOTONIC ns (see mt__clock_t). */
+static inline uint64_t mt__clock_now(mt__clock_t *c)
+{
+#if defined(__x86_64__)
+    if (__builtin_expect(c->tsc, 1)) {
+        uint64_t d = mt__rdtsc() - c->base_tsc;
+        if (__builtin_expect(d < c->span_ticks, 1)) {
+            uint64_t ns = c->base_ns + ((d * c->mult) >> 32);
+            if (ns > c->last_ns)
+                c->last_ns = ns;
+            return c->last_ns;
+        }
+    }
+#endif
+    return mt__clock_slow(c);
+}
+
 /* ---- alloc.c ---- */
+/* Sends one event to the sink, stamped t (0 = now). A free's free_requested and
+ * free_completed share one stamp: one clock read per allocator operation. */
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         uint32_t sid, int pool, int tag);
-/* Sends one event to the sink; a single predictable branch when there is no sink. */
+                         uint32_t sid, int pool, int tag, uint64_t t);
+/* Sends one event, stamped now; a single predictable branch when there is no sink. */
 static inline void mt__alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size,
                                   uint64_t requested, uint32_t sid, int pool, int tag)
 {
     if (__builtin_expect(a->cfg.sink != NULL, 0))
-        mt__alloc_emit_slow(a, kind, addr, size, requested, sid, pool, tag);
+        mt__alloc_emit_slow(a, kind, addr, size, requested, sid, pool, tag, 0);
 }
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -233,8 +288,9 @@ mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
 void mt__alloc_process_events(mt_alloc_t *a);
 /* Waits for every pending event, then completes their blocks. */
 void mt__alloc_sync_pending(mt_alloc_t *a);
-/* Marks an inactive-bound block free: merge, insert into bins, stats, event. */
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b);
+/* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
+ * (0 = now). */
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t);
 
 /* ---- bins.c ---- */
 unsigned mt__bin_class(size_t size);
