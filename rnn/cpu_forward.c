@@ -1,12 +1,14 @@
 /* CPU forward of the RNN engine (the "cpu" compute path, used on the sim backend).
  *
- * Per layer and direction: ONE sgemm projects the inputs of all time steps at once
- * ([T*B, in] x [in, g*H], biases pre-filled), then each step makes one recurrent sgemm
- * ([B, H] x [H, g*H]) and the elementwise cell math. In training mode the activated gates
- * and the per-step auxiliary vector (LSTM: c; GRU: R_n h + b_Rn) are written straight into
- * the reserve, and layer outputs of layers below the top stay there for backward; nothing
- * else is kept. Inference of unidirectional modules runs in chunks of MT__RNN_CHUNK steps
- * through all layers, carrying the states, so its temporary memory is independent of T. */
+ * Per layer, direction and chunk of C time steps (internal.h): ONE sgemm projects the
+ * inputs of the chunk's steps at once ([C*B, in] x [in, g*H], biases pre-filled), then each
+ * step makes one recurrent sgemm ([B, H] x [H, g*H]) and the elementwise cell math; the
+ * states carry from chunk to chunk. In training mode the activated gates and the per-step
+ * auxiliary vector (LSTM: c; GRU: R_n h + b_Rn) are written straight into the chunk's
+ * reserve, and outputs of layers below the top stay there for backward; nothing else is
+ * kept. Unidirectional modules run chunk-major (a chunk through all layers, then the next),
+ * so inference's temporary memory is independent of T and a training chunk is complete,
+ * ready to leave the device, before the next one starts. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
