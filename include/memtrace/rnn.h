@@ -153,7 +153,8 @@ typedef struct mt_rnn_act_s {
     size_t engine_bytes_per_step; /* for the given B, all layers and directions */
     size_t opbyop_bytes_per_step;
     size_t reserve_bytes; /* what mt_rnn_forward(training) allocates (tagged
-                           * activations) for the given T and B; excludes y */
+                           * activations; cpu path: one block per chunk of
+                           * chunk_steps steps) for the given T and B; excludes y */
 } mt_rnn_act_t;
 
 /* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks

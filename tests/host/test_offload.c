@@ -278,6 +278,40 @@ static void test_release_without_backward(void **state)
     prob_fini(&p);
 }
 
+/* A pinned cache too small for one chunk: the training forward fails cleanly (nothing is
+ * left allocated on either side) and the module keeps working. */
+static void test_host_cache_exhausted(void **state)
+{
+    (void)state;
+    prob_t p;
+    prob_init(&p, MT_RNN_LSTM, 32, 2, 4, 16, 2, false, 4);
+    mt_host_cfg_t hc = mt_host_cfg_default();
+    hc.backend = p.f.b;
+    hc.capacity = 4096; /* a chunk's reserve is 5.5 KiB */
+    mt_host_cache_t *tiny = NULL;
+    assert_int_equal(mt_host_cache_create(&tiny, &hc), 0);
+    assert_int_equal(mt_rnn_set_offload(p.m, tiny, 1), 0);
+    float *y = dev(&p, p.ny, MT_TAG_OTHER);
+    mt_rnn_io_t io = {p.T, p.B, p.x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(p.m, &io, &res), MT_ENOMEM);
+    assert_null(res);
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(p.f.a, &st), 0);
+    assert_int_equal(st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].current, 0);
+    assert_int_equal(mt_alloc_stats(mt_host_cache_alloc(tiny), &st), 0);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+
+    assert_int_equal(mt_rnn_set_offload(p.m, p.f.h, 1), 0);
+    assert_int_equal(mt_rnn_forward(p.m, &io, &res), 0);
+    mt_rnn_grad_io_t g = {.dy = p.dy};
+    assert_int_equal(mt_rnn_backward(p.m, &res, &g), 0);
+    assert_int_equal(mt_alloc_free(p.f.a, y), 0);
+    mt_rnn_destroy(&p.m); /* its side stream goes before the tiny cache */
+    mt_host_cache_destroy(&tiny);
+    prob_fini(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_rnn_tanh_2layers_window2),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_release_without_backward),
+        cmocka_unit_test(test_host_cache_exhausted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
