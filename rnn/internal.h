@@ -122,6 +122,8 @@ typedef struct mt__rnn_path_s {
 } mt__rnn_path_t;
 
 extern const mt__rnn_path_t mt__rnn_cpu_path;
+/* cudnn_path.c, compiled when MT_HAVE_CUDNN (mt_config.h). */
+extern const mt__rnn_path_t mt__rnn_cudnn_path;
 
 /* The CPU kernels (cpu_forward.c, cpu_backward.c): CBLAS + elementwise cell math.
  *

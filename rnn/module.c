@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "mt_config.h"
 #include "rnn/internal.h"
 
 /* ---- small helpers ---- */
@@ -44,11 +45,15 @@ static void dfree(mt_rnn_t *m, void *p)
         mt_alloc_free(m->alloc, p);
 }
 
-/* The compute path for a backend. A cuDNN path joins here on CUDA builds. */
+/* The compute path for a backend: cuDNN on the cuda backend when built with it. */
 static const mt__rnn_path_t *select_path(mt_backend_t *b)
 {
     if (mt_backend_kind(b) == MT_BACKEND_SIM)
         return &mt__rnn_cpu_path;
+#if MT_HAVE_CUDNN
+    if (mt_backend_kind(b) == MT_BACKEND_CUDA)
+        return &mt__rnn_cudnn_path;
+#endif
     return NULL;
 }
 

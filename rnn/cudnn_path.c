@@ -1,0 +1,476 @@
+/* The "cudnn" compute path: the module's flat buffers handed to cuDNN 9's RNN API.
+ *
+ * Honest status: this file has run only against the fake cuDNN in tests/rnn_cudnn (over the
+ * fake driver of tests/cuda), never on a GPU. The fake checks the calls, their order, the
+ * sizes and the pointers; the numbers cuDNN would compute are not checked here.
+ *
+ * Call sequence (design.md §2): at init, cudnnSetRNNDescriptor_v8 (algo STANDARD, double
+ * bias, mathType FMA for fp32 parity with the CPU path), cudnnGetRNNWeightSpaceSize (must
+ * equal our flat buffer), cudnnGetRNNWeightParams for every matrix and bias (each must be
+ * where our canonical views put it: cuDNN's answer is checked, not assumed); per shape
+ * (T, B), cudnnSetRNNDataDescriptor and cudnnGetRNNTempSpaceSizes; then cudnnRNNForward, and
+ * cudnnRNNBackwardData_v8 before cudnnRNNBackwardWeights_v8 (which needs what backward data
+ * left in the reserve). Weight gradients are accumulated (CUDNN_WGRAD_MODE_ADD) into the
+ * module's grad buffer, which the module zeroes at creation and on mt_rnn_zero_grads.
+ *
+ * Data layout: our tensors are dense [T, B, F] with every sequence T long. That is exactly
+ * cuDNN's SEQ_MAJOR_PACKED layout with equal lengths, so padded I/O is not needed
+ * (CUDNN_RNN_PADDED_IO_DISABLED); it would be for unpacked (padded) variable-length batches,
+ * which the engine's API does not have.
+ *
+ * Memory: workspace and reserve are the module's allocations from the caching allocator
+ * (tagged workspace and activations), sized by cudnnGetRNNTempSpaceSizes through the size
+ * functions below; cuDNN never allocates device memory itself here. Every cuDNN call runs
+ * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on. */
+#include <cudnn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/backend.h"
+
+#include "allocator/backend_cuda.h"
+#include "rnn/internal.h"
+
+/* Per-module cuDNN state. Invariants: rnn, xd, yd, hd exist while h does; T, B > 0 iff the
+ * data descriptors, hd and the three sizes describe shape (T, B); lens (tagged workspace)
+ * holds lens_T rows of lens_B device int32s, row t - 1 filled with t, or is NULL. */
+typedef struct cudnn_state_s {
+    cudnnHandle_t h;
+    cudnnRNNDescriptor_t rnn;
+    cudnnRNNDataDescriptor_t xd; /* [T, B, input] */
+    cudnnRNNDataDescriptor_t yd; /* [T, B, D*H] */
+    cudnnTensorDescriptor_t hd;  /* [L*D, B, H]: hx, hy, cx, cy and their gradients */
+    cudnnTensorDescriptor_t qd;  /* scratch for cudnnGetRNNWeightParams answers */
+    cudnnTensorDescriptor_t bd;
+    size_t weight_bytes; /* cudnnGetRNNWeightSpaceSize = our flat buffer */
+    int T, B;
+    size_t work_inf, work_train, reserve;
+    int size_err;   /* a size query failed: the next forward/backward returns it */
+    int *host_lens; /* B ints, each T: the data descriptors' seqLengthArray */
+    int host_cap;
+    int32_t *lens; /* devSeqLengths for every T <= lens_T, B <= lens_B */
+    int lens_T, lens_B;
+} cudnn_state_t;
+
+static cudnn_state_t *S(const mt_rnn_t *m)
+{
+    return m->path_state;
+}
+
+__attribute__((format(printf, 3, 4))) static void plog(const mt_rnn_t *m, mt_log_level_e level,
+                                                       const char *fmt, ...)
+{
+    if (!m->cfg.log)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    m->cfg.log(m->cfg.log_ud, level, buf);
+}
+
+/* cuDNN 9 groups its status codes by thousands. */
+static int status_to_mt(cudnnStatus_t s)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return 0;
+    switch ((int)s / 1000) {
+    case 1:
+        return MT_ENODEV; /* not initialised: no driver or device */
+    case 2:
+        return MT_EINVAL;
+    case 3:
+        return MT_ENOTSUP;
+    default:
+        if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+            s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+            return MT_ENOMEM;
+        return MT_EIO;
+    }
+}
+
+/* Maps s, logging the failing call once when it failed. */
+static int check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
+{
+    int rc = status_to_mt(s);
+    if (rc)
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)", what, cudnnGetErrorString(s),
+             (int)s);
+    return rc;
+}
+
+#define CK(m, call)                                                                                \
+    do {                                                                                           \
+        int rc_ = check((m), (call), #call);                                                       \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+    } while (0)
+
+static size_t align_up(size_t n, size_t a)
+{
+    return (n + a - 1) / a * a;
+}
+
+/* ---- descriptors ---- */
+
+static int set_rnn_descriptor(mt_rnn_t *m, cudnn_state_t *st)
+{
+    const mt__rnn_shape_t *s = &m->shape;
+    static const cudnnRNNMode_t modes[] = {
+        [MT_RNN_TANH] = CUDNN_RNN_TANH,
+        [MT_RNN_RELU] = CUDNN_RNN_RELU,
+        [MT_RNN_LSTM] = CUDNN_LSTM,
+        [MT_RNN_GRU] = CUDNN_GRU,
+    };
+    /* No dropout between layers (the engine has none): NULL dropout descriptor. projSize =
+     * hiddenSize means no LSTM projection. */
+    CK(m, cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
+                                   s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
+                                   s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
+                                   CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                                   CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers, NULL,
+                                   CUDNN_RNN_PADDED_IO_DISABLED));
+    return 0;
+}
+
+/* Elements described by a tensor descriptor cudnnGetRNNWeightParams filled. */
+static int desc_numel(const mt_rnn_t *m, cudnnTensorDescriptor_t d, size_t *out)
+{
+    cudnnDataType_t dt;
+    int nd = 0, dims[8], strides[8];
+    CK(m, cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
+    size_t n = 1;
+    for (int i = 0; i < nd && i < 8; i++)
+        n *= (size_t)dims[i];
+    *out = nd > 0 ? n : 0;
+    return 0;
+}
+
+/* Where cuDNN puts one matrix (and its bias) must be where the module's views say: the
+ * views, the CPU path and every user of mt_rnn_param_t rely on the canonical layout. */
+static int check_region(mt_rnn_t *m, const char *what, int p, int id, const void *got,
+                        cudnnTensorDescriptor_t d, const float *want, size_t want_n)
+{
+    size_t n = 0;
+    int rc = got ? desc_numel(m, d, &n) : 0;
+    if (rc)
+        return rc;
+    if (got == want && (got == NULL || n == want_n))
+        return 0;
+    long long got_off = got ? (long long)((const char *)got - (const char *)m->w) : -1;
+    long long want_off = want ? (long long)((const char *)want - (const char *)m->w) : -1;
+    plog(m, MT_LOG_ERROR,
+         "rnn: cudnn places the %s of pseudo-layer %d, linear layer %d at byte %lld (%zu floats); "
+         "the canonical layout has it at byte %lld (%zu floats). Only the canonical layout is "
+         "supported",
+         what, p, id, got_off, n, want_off, want_n);
+    return MT_ENOTSUP;
+}
+
+/* Asks cuDNN where every matrix and bias lives in a weight space at m->w. */
+static int check_weight_layout(mt_rnn_t *m, cudnn_state_t *st)
+{
+    const mt__rnn_shape_t *s = &m->shape;
+    size_t H = (size_t)s->hidden;
+    for (int l = 0; l < s->layers; l++) {
+        size_t in = (size_t)mt__rnn_layer_in(s, l);
+        for (int d = 0; d < s->dirs; d++) {
+            int p = l * s->dirs + d;
+            mt__rnn_mats_t mats = mt__rnn_mats(s, m->w, l, d);
+            for (int id = 0; id < 2 * s->gates; id++) {
+                void *ma = NULL, *ba = NULL;
+                CK(m, cudnnGetRNNWeightParams(st->h, st->rnn, p, st->weight_bytes, m->w, id, st->qd,
+                                              &ma, st->bd, &ba));
+                bool rec = id >= s->gates;
+                int gi = rec ? id - s->gates : id;
+                const float *wm = rec ? mats.r + (size_t)gi * H * H : mats.w + (size_t)gi * H * in;
+                const float *wb = NULL;
+                if (s->bias)
+                    wb = (rec ? mats.br : mats.bw) + (size_t)gi * H;
+                int rc = check_region(m, "matrix", p, id, ma, st->qd, wm, H * (rec ? H : in));
+                if (rc == 0)
+                    rc = check_region(m, "bias", p, id, ba, st->bd, wb, wb ? H : 0);
+                if (rc)
+                    return rc;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Points the data descriptors and the size cache at (T, B). */
+static int set_shape(const mt_rnn_t *m, int T, int B)
+{
+    cudnn_state_t *st = S(m);
+    if (st->T == T && st->B == B)
+        return 0;
+    const mt__rnn_shape_t *s = &m->shape;
+    st->T = st->B = 0;
+    if (B > st->host_cap) {
+        int *n = realloc(st->host_lens, (size_t)B * sizeof *n);
+        if (!n)
+            return MT_ENOMEM;
+        st->host_lens = n;
+        st->host_cap = B;
+    }
+    for (int i = 0; i < B; i++)
+        st->host_lens[i] = T;
+    CK(m,
+       cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
+                                 T, B, s->input, st->host_lens, NULL));
+    CK(m,
+       cudnnSetRNNDataDescriptor(st->yd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
+                                 T, B, s->dirs * s->hidden, st->host_lens, NULL));
+    int dims[3] = {s->layers * s->dirs, B, s->hidden};
+    int strides[3] = {B * s->hidden, s->hidden, 1};
+    CK(m, cudnnSetTensorNdDescriptor(st->hd, CUDNN_DATA_FLOAT, 3, dims, strides));
+    size_t unused;
+    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_INFERENCE, st->xd, &st->work_inf,
+                                    &unused));
+    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_TRAINING, st->xd,
+                                    &st->work_train, &st->reserve));
+    st->T = T;
+    st->B = B;
+    return 0;
+}
+
+/* A size function cannot return an error: keep it for the call that follows. */
+static void shape_for_size(const mt_rnn_t *m, int T, int B)
+{
+    int rc = set_shape(m, T, B);
+    if (rc)
+        S(m)->size_err = rc;
+}
+
+/* devSeqLengths: cuDNN reads the lengths from device memory, asynchronously, possibly
+ * after the call returns. They are kept as a table (row t - 1 = B copies of t) that only
+ * grows: a shape within it needs no copy and no wait, so variable-length batches after a
+ * warm-up at the largest shape cost nothing here. Growing makes a new table, filled on
+ * the module's stream and waited for (the host staging must outlive the copy); the old one
+ * goes back to the allocator stream-ordered, after the work that may still read it. */
+static int device_lengths(mt_rnn_t *m, cudnn_state_t *st)
+{
+    if (st->lens && st->T <= st->lens_T && st->B <= st->lens_B)
+        return 0;
+    int nT = st->T > st->lens_T ? st->T : st->lens_T;
+    int nB = st->B > st->lens_B ? st->B : st->lens_B;
+    size_t n = (size_t)nT * (size_t)nB;
+    int32_t *host = malloc(n * sizeof *host);
+    if (!host)
+        return MT_ENOMEM;
+    for (int t = 0; t < nT; t++)
+        for (int b = 0; b < nB; b++)
+            host[(size_t)t * (size_t)nB + (size_t)b] = t + 1;
+    int32_t *dev = NULL;
+    int rc =
+        mt_alloc_malloc(m->alloc, n * sizeof *host, m->cfg.stream, MT_TAG_WORKSPACE, (void **)&dev);
+    if (rc == 0)
+        rc = mt_memcpy_async(m->backend, dev, host, n * sizeof *host, MT_MEMCPY_HOST_TO_DEVICE,
+                             m->cfg.stream);
+    if (rc == 0)
+        rc = mt_stream_synchronize(m->backend, m->cfg.stream);
+    free(host);
+    if (rc) {
+        if (dev)
+            mt_alloc_free(m->alloc, dev);
+        return rc;
+    }
+    if (st->lens)
+        mt_alloc_free(m->alloc, st->lens);
+    st->lens = dev;
+    st->lens_T = nT;
+    st->lens_B = nB;
+    return 0;
+}
+
+/* The lengths of shape (T, B) in the table. */
+static const int32_t *lengths(const cudnn_state_t *st)
+{
+    return st->lens + (size_t)(st->T - 1) * (size_t)st->lens_B;
+}
+
+/* Everything a compute call needs for (T, B). */
+static int prepare(mt_rnn_t *m, int T, int B)
+{
+    cudnn_state_t *st = S(m);
+    int rc = st->size_err;
+    st->size_err = 0;
+    if (rc == 0)
+        rc = set_shape(m, T, B);
+    if (rc == 0)
+        rc = device_lengths(m, st);
+    return rc;
+}
+
+/* ---- the path ---- */
+
+static void cudnn_fini(mt_rnn_t *m)
+{
+    cudnn_state_t *st = S(m);
+    if (!st)
+        return;
+    if (st->lens)
+        mt_alloc_free(m->alloc, st->lens); /* stream-ordered: safe with work in flight */
+    if (st->qd)
+        cudnnDestroyTensorDescriptor(st->qd);
+    if (st->bd)
+        cudnnDestroyTensorDescriptor(st->bd);
+    if (st->hd)
+        cudnnDestroyTensorDescriptor(st->hd);
+    if (st->yd)
+        cudnnDestroyRNNDataDescriptor(st->yd);
+    if (st->xd)
+        cudnnDestroyRNNDataDescriptor(st->xd);
+    if (st->rnn)
+        cudnnDestroyRNNDescriptor(st->rnn);
+    if (st->h)
+        cudnnDestroy(st->h);
+    free(st->host_lens);
+    free(st);
+    m->path_state = NULL;
+}
+
+static int init_state(mt_rnn_t *m, cudnn_state_t *st)
+{
+    CK(m, cudnnSetStream(st->h, (cudaStream_t)mt__cuda_stream_handle(m->cfg.stream)));
+    CK(m, cudnnCreateRNNDescriptor(&st->rnn));
+    CK(m, cudnnCreateRNNDataDescriptor(&st->xd));
+    CK(m, cudnnCreateRNNDataDescriptor(&st->yd));
+    CK(m, cudnnCreateTensorDescriptor(&st->hd));
+    CK(m, cudnnCreateTensorDescriptor(&st->qd));
+    CK(m, cudnnCreateTensorDescriptor(&st->bd));
+    int rc = set_rnn_descriptor(m, st);
+    if (rc)
+        return rc;
+    CK(m, cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
+    size_t ours = m->weight_floats * sizeof(float);
+    if (st->weight_bytes != ours) {
+        plog(m, MT_LOG_ERROR,
+             "rnn: cudnn wants a weight space of %zu bytes, the canonical flat buffer has %zu; "
+             "only the canonical layout is supported",
+             st->weight_bytes, ours);
+        return MT_ENOTSUP;
+    }
+    return check_weight_layout(m, st);
+}
+
+static int cudnn_init(mt_rnn_t *m)
+{
+    if (!mt__cuda_is_cuda(m->backend))
+        return MT_ENOTSUP;
+    cudnn_state_t *st = calloc(1, sizeof *st);
+    if (!st)
+        return MT_ENOMEM;
+    m->path_state = st;
+    /* Where there is no driver (this build machine), cudnnCreate answers NOT_INITIALIZED:
+     * ENODEV, with the reason in the log. */
+    cudnnStatus_t cs = cudnnCreate(&st->h);
+    if (cs != CUDNN_STATUS_SUCCESS) {
+        st->h = NULL;
+        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: cudnnCreate: %s (%d)",
+             cudnnGetErrorString(cs), (int)cs);
+        cudnn_fini(m);
+        int rc = status_to_mt(cs);
+        return rc == MT_ENOMEM ? rc : MT_ENODEV;
+    }
+    int rc = init_state(m, st);
+    if (rc)
+        cudnn_fini(m);
+    return rc;
+}
+
+static size_t cudnn_reserve_bytes(const mt_rnn_t *m, int T, int B)
+{
+    shape_for_size(m, T, B);
+    return S(m)->T ? S(m)->reserve : 0;
+}
+
+static size_t cudnn_fwd_work_bytes(const mt_rnn_t *m, int T, int B, bool training)
+{
+    shape_for_size(m, T, B);
+    return S(m)->T ? (training ? S(m)->work_train : S(m)->work_inf) : 0;
+}
+
+/* Backward's workspace is cuDNN's training workspace, followed by room for dx when the
+ * caller does not want it (cudnnRNNBackwardData_v8 always writes dx). */
+static size_t dx_scratch_offset(const cudnn_state_t *st)
+{
+    return align_up(st->work_train, 512);
+}
+
+static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
+{
+    shape_for_size(m, T, B);
+    if (!S(m)->T)
+        return 0;
+    return dx_scratch_offset(S(m)) + (size_t)T * (size_t)B * (size_t)m->shape.input * sizeof(float);
+}
+
+static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                         void *reserve, void *work)
+{
+    cudnn_state_t *st = S(m);
+    int rc = prepare(m, io->seq_len, io->batch);
+    if (rc)
+        return rc;
+    bool lstm = m->shape.mode == MT_RNN_LSTM;
+    CK(m, cudnnRNNForward(st->h, st->rnn,
+                          training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+                          lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy, st->hd,
+                          lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes, w,
+                          training ? st->work_train : st->work_inf, work,
+                          training ? st->reserve : 0, training ? reserve : NULL));
+    return 0;
+}
+
+static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
+                          void *reserve, const mt_rnn_grad_io_t *g, void *work)
+{
+    cudnn_state_t *st = S(m);
+    int rc = prepare(m, io->seq_len, io->batch);
+    if (rc)
+        return rc;
+    bool lstm = m->shape.mode == MT_RNN_LSTM;
+    void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
+    /* Data first: it leaves in the reserve what the weight gradients are computed from. */
+    CK(m, cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
+                                  st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
+                                  lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, w,
+                                  st->work_train, work, st->reserve, reserve));
+    /* ADD: gradients accumulate in the module's grad buffer, zeroed by the module. */
+    CK(m, cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
+                                     io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dw,
+                                     st->work_train, work, st->reserve, reserve));
+    return 0;
+}
+
+/* Copies and zeroing are queued on the module's stream, in order with the cuDNN calls. */
+static int cudnn_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
+{
+    if (!n)
+        return 0;
+    return mt_memcpy_async(m->backend, dst, src, n, MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
+}
+
+static int cudnn_zero(mt_rnn_t *m, void *dst, size_t n)
+{
+    if (!n)
+        return 0;
+    return mt_memset_async(m->backend, dst, 0, n, m->cfg.stream);
+}
+
+const mt__rnn_path_t mt__rnn_cudnn_path = {
+    .name = "cudnn",
+    .init = cudnn_init,
+    .fini = cudnn_fini,
+    .reserve_bytes = cudnn_reserve_bytes,
+    .fwd_work_bytes = cudnn_fwd_work_bytes,
+    .bwd_work_bytes = cudnn_bwd_work_bytes,
+    .forward = cudnn_forward,
+    .backward = cudnn_backward,
+    .copy = cudnn_copy,
+    .zero = cudnn_zero,
+};

@@ -1,0 +1,591 @@
+/* The fake cuDNN (see fake_cudnn.h). A test double: one process-wide state is the whole
+ * library. Recorded arguments per call:
+ *   cudnnCreate                 p0 handle
+ *   cudnnSetStream              p0 handle, p1 stream
+ *   cudnnSetRNNDescriptor_v8    p0 desc, p1 dropoutDesc; i0 algo, i1 cellMode, i2 biasMode,
+ *                               i3 dirMode, i4 inputMode, i5 dataType, i6 mathPrec,
+ *                               i7 mathType, i8 input, i9 hidden, i10 proj, i11 layers,
+ *                               i12 auxFlags
+ *   cudnnSetRNNDataDescriptor   p0 desc; i0 dataType, i1 layout, i2 T, i3 B, i4 vectorSize,
+ *                               i5 1 if every seqLengthArray entry is T; p1 paddingFill
+ *   cudnnSetTensorNdDescriptor  p0 desc; i0 nbDims, i1..i3 dims
+ *   cudnnGetRNNWeightSpaceSize  n0 answer
+ *   cudnnGetRNNTempSpaceSizes   p0 xDesc; i0 fwdMode; n0 workspace, n1 reserve
+ *   cudnnGetRNNWeightParams     p0 weightSpace, p1 mAddr (returned), p2 bAddr (returned);
+ *                               i0 pseudoLayer, i1 linLayerID; n0 weightSpaceSize
+ *   cudnnRNNForward             p0 x, p1 y, p2 hx, p3 hy, p4 weightSpace, p5 workSpace,
+ *                               p6 reserveSpace, p7 devSeqLengths; i0 fwdMode, i1 cx != NULL,
+ *                               i2 cy != NULL; n0 weight, n1 work, n2 reserve sizes
+ *   cudnnRNNBackwardData_v8     p0 y, p1 dy, p2 dx, p3 weightSpace, p4 workSpace,
+ *                               p5 reserveSpace, p6 devSeqLengths, p7 dhx; n0..n2 sizes
+ *   cudnnRNNBackwardWeights_v8  p0 x, p1 hx, p2 y, p3 dweightSpace, p4 workSpace,
+ *                               p5 reserveSpace, p6 devSeqLengths; i0 addGrad; n0..n2 sizes */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/rnn_cudnn/fake_cudnn.h"
+
+#define MAXCALLS 16384
+
+struct cudnnContext {
+    cudaStream_t stream;
+};
+
+struct cudnnTensorStruct {
+    int nd;
+    int dims[8];
+    int strides[8];
+};
+
+struct cudnnRNNStruct {
+    bool set;
+    int algo, mode, bias, dir, input_mode, dtype, mprec, math;
+    int input, hidden, proj, layers;
+    uint32_t aux;
+};
+
+struct cudnnRNNDataStruct {
+    bool set;
+    int layout, T, B, vec;
+    bool full; /* every sequence is T long */
+};
+
+static struct {
+    fake_dnn_call_t calls[MAXCALLS];
+    size_t ncalls;
+    size_t (*clock)(void);
+    const char *fail_name;
+    cudnnStatus_t fail_status;
+    int shift_p, shift_id;
+    ptrdiff_t shift;
+    size_t extra;
+    void (*hook)(const fake_dnn_call_t *c, void *ud);
+    void *hook_ud;
+    long live;
+    char err[256];
+    const void *data_done_reserve; /* reserve of the last backward data */
+} F = {.shift_p = -1};
+
+void fake_dnn_reset(void)
+{
+    F.ncalls = 0;
+    F.fail_name = NULL;
+    F.shift_p = -1;
+    F.shift = 0;
+    F.extra = 0;
+    F.hook = NULL;
+    F.err[0] = 0;
+    F.data_done_reserve = NULL;
+}
+
+void fake_dnn_set_clock(size_t (*clock)(void))
+{
+    F.clock = clock;
+}
+
+void fake_dnn_fail(const char *name, cudnnStatus_t status)
+{
+    F.fail_name = name;
+    F.fail_status = status;
+}
+
+void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes)
+{
+    F.shift_p = pseudo_layer;
+    F.shift_id = lin_id;
+    F.shift = bytes;
+}
+
+void fake_dnn_weight_space_extra(size_t bytes)
+{
+    F.extra = bytes;
+}
+
+void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud)
+{
+    F.hook = hook;
+    F.hook_ud = ud;
+}
+
+size_t fake_dnn_ncalls(void)
+{
+    return F.ncalls;
+}
+
+const fake_dnn_call_t *fake_dnn_call(size_t i)
+{
+    return i < F.ncalls ? &F.calls[i] : NULL;
+}
+
+size_t fake_dnn_find(const char *name, size_t from)
+{
+    for (size_t i = from; i < F.ncalls; i++)
+        if (strcmp(F.calls[i].name, name) == 0)
+            return i;
+    return SIZE_MAX;
+}
+
+size_t fake_dnn_count(const char *name)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < F.ncalls; i++)
+        n += strcmp(F.calls[i].name, name) == 0;
+    return n;
+}
+
+long fake_dnn_live(void)
+{
+    return F.live;
+}
+
+const char *fake_dnn_last_error(void)
+{
+    return F.err;
+}
+
+size_t fake_dnn_work_bytes(int training, int gates, int hidden, int T, int B)
+{
+    size_t tbh = (size_t)T * (size_t)B * (size_t)hidden * (size_t)gates;
+    return training ? 3001 + 8 * tbh : 1001 + 4 * (size_t)B * (size_t)hidden * (size_t)gates;
+}
+
+size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T, int B)
+{
+    return 777 + 4 * (size_t)T * (size_t)B * (size_t)hidden * (size_t)layers * (size_t)dirs *
+                     (size_t)(gates + 1);
+}
+
+/* Records a call; returns the injected failure for it, if any. */
+static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
+{
+    static fake_dnn_call_t overflow;
+    fake_dnn_call_t *c = F.ncalls < MAXCALLS ? &F.calls[F.ncalls++] : &overflow;
+    memset(c, 0, sizeof *c);
+    c->name = name;
+    c->clock = F.clock ? F.clock() : 0;
+    *st = CUDNN_STATUS_SUCCESS;
+    if (F.fail_name && strcmp(F.fail_name, name) == 0) {
+        F.fail_name = NULL;
+        *st = F.fail_status;
+    }
+    c->status = *st;
+    return c;
+}
+
+static cudnnStatus_t refuse(fake_dnn_call_t *c, const char *why)
+{
+    snprintf(F.err, sizeof F.err, "%s: %s", c->name, why);
+    c->status = CUDNN_STATUS_BAD_PARAM;
+    return CUDNN_STATUS_BAD_PARAM;
+}
+
+#define BEGIN(name)                                                                                \
+    cudnnStatus_t st_;                                                                             \
+    fake_dnn_call_t *c = rec(name, &st_);                                                          \
+    if (st_ != CUDNN_STATUS_SUCCESS)                                                               \
+    return st_
+
+/* ---- handles and descriptors ---- */
+
+const char *cudnnGetErrorString(cudnnStatus_t status)
+{
+    return status == CUDNN_STATUS_SUCCESS ? "CUDNN_STATUS_SUCCESS" : "FAKE_CUDNN_STATUS_ERROR";
+}
+
+cudnnStatus_t cudnnCreate(cudnnHandle_t *handle)
+{
+    BEGIN("cudnnCreate");
+    *handle = calloc(1, sizeof **handle);
+    F.live++;
+    c->p[0] = *handle;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnDestroy(cudnnHandle_t handle)
+{
+    BEGIN("cudnnDestroy");
+    c->p[0] = handle;
+    free(handle);
+    F.live--;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetStream(cudnnHandle_t handle, cudaStream_t stream)
+{
+    BEGIN("cudnnSetStream");
+    c->p[0] = handle;
+    c->p[1] = stream;
+    handle->stream = stream;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+#define CREATE_DESTROY(T, create, destroy)                                                         \
+    cudnnStatus_t create(T *d)                                                                     \
+    {                                                                                              \
+        BEGIN(#create);                                                                            \
+        *d = calloc(1, sizeof **d);                                                                \
+        F.live++;                                                                                  \
+        c->p[0] = *d;                                                                              \
+        return CUDNN_STATUS_SUCCESS;                                                               \
+    }                                                                                              \
+    cudnnStatus_t destroy(T d)                                                                     \
+    {                                                                                              \
+        BEGIN(#destroy);                                                                           \
+        c->p[0] = d;                                                                               \
+        free(d);                                                                                   \
+        F.live--;                                                                                  \
+        return CUDNN_STATUS_SUCCESS;                                                               \
+    }
+
+CREATE_DESTROY(cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor)
+CREATE_DESTROY(cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor)
+CREATE_DESTROY(cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor,
+               cudnnDestroyRNNDataDescriptor)
+
+cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataType_t dataType,
+                                         int nbDims, const int dimA[], const int strideA[])
+{
+    BEGIN("cudnnSetTensorNdDescriptor");
+    c->p[0] = d;
+    c->i[0] = nbDims;
+    if (nbDims < 1 || nbDims > 8 || dataType != CUDNN_DATA_FLOAT)
+        return refuse(c, "bad dims or type");
+    d->nd = nbDims;
+    for (int k = 0; k < nbDims; k++) {
+        d->dims[k] = dimA[k];
+        d->strides[k] = strideA[k];
+        if (k < 3)
+            c->i[1 + k] = dimA[k];
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t d, int nbDimsRequested,
+                                         cudnnDataType_t *dataType, int *nbDims, int dimA[],
+                                         int strideA[])
+{
+    BEGIN("cudnnGetTensorNdDescriptor");
+    c->p[0] = d;
+    *dataType = CUDNN_DATA_FLOAT;
+    *nbDims = d->nd;
+    for (int k = 0; k < d->nd && k < nbDimsRequested; k++) {
+        dimA[k] = d->dims[k];
+        strideA[k] = d->strides[k];
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetRNNDescriptor_v8(cudnnRNNDescriptor_t d, cudnnRNNAlgo_t algo,
+                                       cudnnRNNMode_t cellMode, cudnnRNNBiasMode_t biasMode,
+                                       cudnnDirectionMode_t dirMode, cudnnRNNInputMode_t inputMode,
+                                       cudnnDataType_t dataType, cudnnDataType_t mathPrec,
+                                       cudnnMathType_t mathType, int32_t inputSize,
+                                       int32_t hiddenSize, int32_t projSize, int32_t numLayers,
+                                       cudnnDropoutDescriptor_t dropoutDesc, uint32_t auxFlags)
+{
+    BEGIN("cudnnSetRNNDescriptor_v8");
+    c->p[0] = d;
+    c->p[1] = dropoutDesc;
+    int v[] = {algo,     cellMode,  biasMode,   dirMode,  inputMode, dataType,     mathPrec,
+               mathType, inputSize, hiddenSize, projSize, numLayers, (int)auxFlags};
+    memcpy(c->i, v, sizeof v);
+    if (inputSize < 1 || hiddenSize < 1 || numLayers < 1 || projSize != hiddenSize)
+        return refuse(c, "bad sizes");
+    *d = (struct cudnnRNNStruct){true,       algo,     cellMode,  biasMode, dirMode,
+                                 inputMode,  dataType, mathPrec,  mathType, inputSize,
+                                 hiddenSize, projSize, numLayers, auxFlags};
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataType_t dataType,
+                                        cudnnRNNDataLayout_t layout, int maxSeqLength,
+                                        int batchSize, int vectorSize, const int seqLengthArray[],
+                                        void *paddingFill)
+{
+    BEGIN("cudnnSetRNNDataDescriptor");
+    bool full = true;
+    for (int b = 0; b < batchSize; b++)
+        full = full && seqLengthArray[b] == maxSeqLength;
+    c->p[0] = d;
+    c->p[1] = paddingFill;
+    int v[] = {dataType, layout, maxSeqLength, batchSize, vectorSize, full};
+    memcpy(c->i, v, sizeof v);
+    if (maxSeqLength < 1 || batchSize < 1 || vectorSize < 1)
+        return refuse(c, "bad sizes");
+    *d = (struct cudnnRNNDataStruct){true, layout, maxSeqLength, batchSize, vectorSize, full};
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* ---- the canonical layout, written independently of the engine's layout.c ---- */
+
+static int gates_of(const struct cudnnRNNStruct *r)
+{
+    return r->mode == CUDNN_LSTM ? 4 : r->mode == CUDNN_GRU ? 3 : 1;
+}
+
+static int dirs_of(const struct cudnnRNNStruct *r)
+{
+    return r->dir == CUDNN_BIDIRECTIONAL ? 2 : 1;
+}
+
+/* Floats of pseudo-layer p (and its layer's input width in *in). */
+static size_t pseudo_floats(const struct cudnnRNNStruct *r, int p, size_t *in)
+{
+    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden;
+    int layer = p / dirs_of(r);
+    *in = layer == 0 ? (size_t)r->input : (size_t)dirs_of(r) * H;
+    return g * H * (*in + H) + (r->bias == CUDNN_RNN_NO_BIAS ? 0 : 2 * g * H);
+}
+
+static size_t space_bytes(const struct cudnnRNNStruct *r)
+{
+    size_t n = 0, in;
+    for (int p = 0; p < r->layers * dirs_of(r); p++)
+        n += pseudo_floats(r, p, &in);
+    return n * sizeof(float);
+}
+
+cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                                         size_t *weightSpaceSize)
+{
+    BEGIN("cudnnGetRNNWeightSpaceSize");
+    if (!handle || !d->set)
+        return refuse(c, "descriptor not set");
+    *weightSpaceSize = space_bytes(d) + F.extra;
+    c->n[0] = *weightSpaceSize;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                                      int32_t pseudoLayer, size_t weightSpaceSize,
+                                      const void *weightSpace, int32_t linLayerID,
+                                      cudnnTensorDescriptor_t mDesc, void **mAddr,
+                                      cudnnTensorDescriptor_t bDesc, void **bAddr)
+{
+    BEGIN("cudnnGetRNNWeightParams");
+    c->p[0] = weightSpace;
+    c->i[0] = pseudoLayer;
+    c->i[1] = linLayerID;
+    c->n[0] = weightSpaceSize;
+    int g = gates_of(d);
+    if (!handle || !d->set || pseudoLayer < 0 || pseudoLayer >= d->layers * dirs_of(d) ||
+        linLayerID < 0 || linLayerID >= 2 * g || weightSpaceSize != space_bytes(d) + F.extra)
+        return refuse(c, "bad pseudo-layer, linear layer or size");
+    size_t off = 0, in = 0;
+    for (int p = 0; p < pseudoLayer; p++)
+        off += pseudo_floats(d, p, &in);
+    pseudo_floats(d, pseudoLayer, &in);
+    size_t H = (size_t)d->hidden, G = (size_t)g;
+    bool rec = linLayerID >= g;
+    size_t k = (size_t)(rec ? linLayerID - g : linLayerID);
+    size_t moff = off + (rec ? G * H * in + k * H * H : k * H * in);
+    size_t boff = off + G * H * (in + H) + (rec ? G * H : 0) + k * H;
+    const char *base = weightSpace;
+    *mAddr = (void *)(base + moff * sizeof(float));
+    if (pseudoLayer == F.shift_p && linLayerID == F.shift_id)
+        *mAddr = (char *)*mAddr + F.shift;
+    int mdims[3] = {1, (int)H, (int)(rec ? H : in)};
+    mDesc->nd = 3;
+    memcpy(mDesc->dims, mdims, sizeof mdims);
+    mDesc->strides[0] = mdims[1] * mdims[2];
+    mDesc->strides[1] = mdims[2];
+    mDesc->strides[2] = 1;
+    if (d->bias == CUDNN_RNN_NO_BIAS) {
+        *bAddr = NULL;
+    } else {
+        *bAddr = (void *)(base + boff * sizeof(float));
+        bDesc->nd = 3;
+        bDesc->dims[0] = 1;
+        bDesc->dims[1] = (int)H;
+        bDesc->dims[2] = 1;
+        bDesc->strides[0] = (int)H;
+        bDesc->strides[1] = 1;
+        bDesc->strides[2] = 1;
+    }
+    c->p[1] = *mAddr;
+    c->p[2] = *bAddr;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                                        cudnnForwardMode_t fwdMode, cudnnRNNDataDescriptor_t xDesc,
+                                        size_t *workSpaceSize, size_t *reserveSpaceSize)
+{
+    BEGIN("cudnnGetRNNTempSpaceSizes");
+    c->p[0] = xDesc;
+    c->i[0] = fwdMode;
+    if (!handle || !d->set || !xDesc->set)
+        return refuse(c, "descriptor not set");
+    bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
+    *workSpaceSize = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xDesc->T, xDesc->B);
+    *reserveSpaceSize = training ? fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers,
+                                                          dirs_of(d), xDesc->T, xDesc->B)
+                                 : 0;
+    c->n[0] = *workSpaceSize;
+    c->n[1] = *reserveSpaceSize;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* ---- compute ---- */
+
+/* The checks every compute call shares: descriptors agree with the RNN, sizes cover what
+ * the size queries said, the device sequence lengths hold T for each batch entry. */
+static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNNDescriptor_t d,
+                                  const int32_t *lens, cudnnRNNDataDescriptor_t xd,
+                                  cudnnRNNDataDescriptor_t yd, size_t wsize, size_t work_size,
+                                  const void *work, bool training, size_t res_size, const void *res)
+{
+    if (!h || !d->set || !xd->set || !yd->set)
+        return refuse(c, "descriptor not set");
+    if (xd->T != yd->T || xd->B != yd->B || xd->vec != d->input ||
+        yd->vec != dirs_of(d) * d->hidden || xd->layout != yd->layout || !xd->full)
+        return refuse(c, "data descriptors disagree with the RNN");
+    if (!lens)
+        return refuse(c, "devSeqLengths is NULL");
+    for (int b = 0; b < xd->B; b++)
+        if (lens[b] != xd->T)
+            return refuse(c, "devSeqLengths differs from the data descriptor");
+    if (wsize != space_bytes(d) + F.extra)
+        return refuse(c, "weight space size");
+    size_t need = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xd->T, xd->B);
+    if (work_size < need || (need && !work))
+        return refuse(c, "workspace too small");
+    if (training) {
+        size_t rneed =
+            fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers, dirs_of(d), xd->T, xd->B);
+        if (res_size < rneed || !res)
+            return refuse(c, "reserve space too small");
+    }
+    return CUDNN_STATUS_SUCCESS;
+}
+
+static void done(const fake_dnn_call_t *c)
+{
+    if (F.hook)
+        F.hook(c, F.hook_ud);
+}
+
+cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                              cudnnForwardMode_t fwdMode, const int32_t devSeqLengths[],
+                              cudnnRNNDataDescriptor_t xDesc, const void *x,
+                              cudnnRNNDataDescriptor_t yDesc, void *y,
+                              cudnnTensorDescriptor_t hDesc, const void *hx, void *hy,
+                              cudnnTensorDescriptor_t cDesc, const void *cx, void *cy,
+                              size_t weightSpaceSize, const void *weightSpace, size_t workSpaceSize,
+                              void *workSpace, size_t reserveSpaceSize, void *reserveSpace)
+{
+    BEGIN("cudnnRNNForward");
+    const void *p[] = {x, y, hx, hy, weightSpace, workSpace, reserveSpace, devSeqLengths};
+    memcpy(c->p, p, sizeof p);
+    c->i[0] = fwdMode;
+    c->i[1] = cx != NULL;
+    c->i[2] = cy != NULL;
+    c->n[0] = weightSpaceSize;
+    c->n[1] = workSpaceSize;
+    c->n[2] = reserveSpaceSize;
+    bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
+    cudnnStatus_t s =
+        check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize, workSpaceSize,
+                     workSpace, training, reserveSpaceSize, reserveSpace);
+    if (s)
+        return s;
+    if (!x || !y || !weightSpace || hDesc->nd != 3 || cDesc->nd != 3 ||
+        hDesc->dims[1] != xDesc->B || hDesc->dims[2] != d->hidden ||
+        hDesc->dims[0] != d->layers * dirs_of(d))
+        return refuse(c, "x, y, weights or state descriptors");
+    if (d->mode != CUDNN_LSTM && (cx || cy))
+        return refuse(c, "cell states for a non-LSTM cell");
+    memset(workSpace, 0xA5, workSpaceSize);
+    if (training)
+        memset(reserveSpace, 0x5A, reserveSpaceSize);
+    float last = ((const float *)weightSpace)[weightSpaceSize / sizeof(float) - 1];
+    size_t ny = (size_t)xDesc->T * (size_t)xDesc->B * (size_t)yDesc->vec;
+    for (size_t k = 0; k < ny; k++)
+        ((float *)y)[k] = last;
+    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
+    for (size_t k = 0; k < nh && hy; k++)
+        ((float *)hy)[k] = hx ? ((const float *)hx)[k] + 1.0f : 1.0f;
+    for (size_t k = 0; k < nh && cy; k++)
+        ((float *)cy)[k] = cx ? ((const float *)cx)[k] + 1.0f : 1.0f;
+    done(c);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                                      const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t yDesc,
+                                      const void *y, const void *dy, cudnnRNNDataDescriptor_t xDesc,
+                                      void *dx, cudnnTensorDescriptor_t hDesc, const void *hx,
+                                      const void *dhy, void *dhx, cudnnTensorDescriptor_t cDesc,
+                                      const void *cx, const void *dcy, void *dcx,
+                                      size_t weightSpaceSize, const void *weightSpace,
+                                      size_t workSpaceSize, void *workSpace,
+                                      size_t reserveSpaceSize, void *reserveSpace)
+{
+    BEGIN("cudnnRNNBackwardData_v8");
+    const void *p[] = {y, dy, dx, weightSpace, workSpace, reserveSpace, devSeqLengths, dhx};
+    memcpy(c->p, p, sizeof p);
+    c->n[0] = weightSpaceSize;
+    c->n[1] = workSpaceSize;
+    c->n[2] = reserveSpaceSize;
+    (void)hx;
+    (void)cx;
+    (void)cDesc;
+    cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
+                                   workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
+    if (s)
+        return s;
+    if (!y || !dy || !dx || !weightSpace)
+        return refuse(c, "y, dy, dx or weights NULL");
+    /* forward's pattern must still be there: the same reserve, untouched since */
+    const unsigned char *r = reserveSpace;
+    for (size_t k = 0; k < reserveSpaceSize; k++)
+        if (r[k] != 0x5A)
+            return refuse(c, "reserve space does not hold the forward's contents");
+    size_t nx = (size_t)xDesc->T * (size_t)xDesc->B * (size_t)xDesc->vec;
+    for (size_t k = 0; k < nx; k++)
+        ((float *)dx)[k] =
+            2.0f * ((const float *)dy)[k % ((size_t)yDesc->T * yDesc->B * yDesc->vec)];
+    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
+    for (size_t k = 0; k < nh && dhx; k++)
+        ((float *)dhx)[k] = dhy ? ((const float *)dhy)[k] : 0.0f;
+    for (size_t k = 0; k < nh && dcx; k++)
+        ((float *)dcx)[k] = dcy ? ((const float *)dcy)[k] : 0.0f;
+    F.data_done_reserve = reserveSpace;
+    done(c);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
+                                         cudnnWgradMode_t addGrad, const int32_t devSeqLengths[],
+                                         cudnnRNNDataDescriptor_t xDesc, const void *x,
+                                         cudnnTensorDescriptor_t hDesc, const void *hx,
+                                         cudnnRNNDataDescriptor_t yDesc, const void *y,
+                                         size_t weightSpaceSize, void *dweightSpace,
+                                         size_t workSpaceSize, void *workSpace,
+                                         size_t reserveSpaceSize, void *reserveSpace)
+{
+    BEGIN("cudnnRNNBackwardWeights_v8");
+    const void *p[] = {x, hx, y, dweightSpace, workSpace, reserveSpace, devSeqLengths};
+    memcpy(c->p, p, sizeof p);
+    c->i[0] = addGrad;
+    c->n[0] = weightSpaceSize;
+    c->n[1] = workSpaceSize;
+    c->n[2] = reserveSpaceSize;
+    (void)hDesc;
+    cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
+                                   workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
+    if (s)
+        return s;
+    if (!x || !y || !dweightSpace)
+        return refuse(c, "x, y or dweightSpace NULL");
+    if (F.data_done_reserve != reserveSpace)
+        return refuse(c, "backward weights before backward data on this reserve");
+    F.data_done_reserve = NULL;
+    float *dw = dweightSpace;
+    for (size_t k = 0; k < weightSpaceSize / sizeof(float); k++)
+        dw[k] = addGrad == CUDNN_WGRAD_MODE_ADD ? dw[k] + 1.0f : 1.0f;
+    done(c);
+    return CUDNN_STATUS_SUCCESS;
+}

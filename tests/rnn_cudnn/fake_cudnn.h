@@ -1,0 +1,58 @@
+/* A fake of the cuDNN 9 calls the "cudnn" compute path makes (fake_cudnn.c), linked into
+ * the test in place of libcudnn. It records every call with its arguments, answers size and
+ * layout queries from cuDNN's documented canonical layout (or a perturbed one, on demand),
+ * checks the arguments of the compute calls the way cuDNN's contract states them, and
+ * touches the memory it is given (device memory of the fake driver is host memory), so an
+ * undersized buffer shows up under ASan.
+ *
+ * Its "kernels" are markers, not RNN math: forward writes every y element as the last float
+ * of the weight space and fills workspace and reserve with byte patterns; backward data
+ * checks the reserve still holds forward's pattern and writes dx = 2 dy; backward weights
+ * adds 1 to every float of dweightSpace (CUDNN_WGRAD_MODE_ADD) or sets it to 1 (SET). */
+#ifndef MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
+#define MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cudnn.h>
+
+/* One recorded call. Which argument lands where is listed per function in fake_cudnn.c. */
+typedef struct fake_dnn_call_s {
+    const char *name;
+    size_t clock;     /* the clock (fake driver calls so far) when the call was made */
+    const void *p[8]; /* pointer arguments (and pointers returned) */
+    size_t n[4];      /* byte sizes */
+    int i[16];        /* ints and enums */
+    cudnnStatus_t status;
+} fake_dnn_call_t;
+
+/* Forgets every call, failure and perturbation (live objects are kept). */
+void fake_dnn_reset(void);
+/* Clock read at each call, to order cuDNN calls against the fake driver's log. */
+void fake_dnn_set_clock(size_t (*clock)(void));
+/* The next call of name returns status (recorded, no effect). */
+void fake_dnn_fail(const char *name, cudnnStatus_t status);
+/* Reports the matrix of (pseudo_layer, lin_id) bytes away from its canonical place. */
+void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes);
+/* Reports a weight space this many bytes larger than the canonical one. */
+void fake_dnn_weight_space_extra(size_t bytes);
+/* Called at the end of each successful compute call (forward, backward data/weights),
+ * while its buffers are still live. */
+void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud);
+
+size_t fake_dnn_ncalls(void);
+const fake_dnn_call_t *fake_dnn_call(size_t i);
+/* Index of the first call named name at or after from, or SIZE_MAX. */
+size_t fake_dnn_find(const char *name, size_t from);
+size_t fake_dnn_count(const char *name);
+/* Handles and descriptors created and not destroyed. */
+long fake_dnn_live(void);
+/* Why the last compute call was refused ("" if none). */
+const char *fake_dnn_last_error(void);
+
+/* The fake's temporary-space sizes (deliberately not multiples of 512). */
+size_t fake_dnn_work_bytes(int training, int gates, int hidden, int T, int B);
+size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T, int B);
+
+#endif

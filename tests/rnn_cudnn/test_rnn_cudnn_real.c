@@ -1,0 +1,80 @@
+/* The library as shipped, linked against the real libcudnn: on a machine without a driver
+ * (this one), the module on the cuda backend (over the fake driver of tests/cuda) reaches
+ * the real cudnnCreate, which fails; creation returns MT_ENODEV and logs why, and the sim
+ * backend keeps the cpu path. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/rnn.h"
+
+typedef struct logs_s {
+    int warnings;
+    char last[512];
+} logs_t;
+
+static void on_log(void *ud, mt_log_level_e level, const char *msg)
+{
+    logs_t *l = ud;
+    if (level == MT_LOG_WARN) {
+        l->warnings++;
+        snprintf(l->last, sizeof l->last, "%s", msg);
+    }
+}
+
+static void make(mt_backend_kind_e kind, mt_backend_t **b, mt_alloc_t **a)
+{
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = kind;
+    bc.sim_capacity = (size_t)64 << 20;
+    assert_int_equal(mt_backend_create(b, &bc), 0);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = *b;
+    assert_int_equal(mt_alloc_create(a, &ac), 0);
+}
+
+static void test_real_cudnn_without_driver(void **state)
+{
+    (void)state;
+    mt_backend_t *b;
+    mt_alloc_t *a;
+    make(MT_BACKEND_CUDA, &b, &a);
+    logs_t logs = {0};
+    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
+    cfg.input_size = 4;
+    cfg.hidden_size = 4;
+    cfg.alloc = a;
+    cfg.log = on_log;
+    cfg.log_ud = &logs;
+    mt_rnn_t *m = NULL;
+    assert_int_equal(mt_rnn_create(&m, &cfg), MT_ENODEV);
+    assert_null(m);
+    assert_int_equal(logs.warnings, 1);
+    assert_non_null(strstr(logs.last, "cudnnCreate"));
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+
+    make(MT_BACKEND_SIM, &b, &a);
+    cfg.alloc = a;
+    assert_int_equal(mt_rnn_create(&m, &cfg), 0);
+    assert_string_equal(mt_rnn_path_name(m), "cpu");
+    mt_rnn_destroy(&m);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_real_cudnn_without_driver),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
