@@ -340,6 +340,11 @@ int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
     cfg.alloc = alloc;
     if (alloc != m->alloc)
         cfg.stream = NULL; /* streams belong to their backend */
+    if (mt_alloc_backend(alloc) != m->backend) {
+        /* So does a pinned host cache: the replica starts without offload. */
+        cfg.offload_window = 0;
+        cfg.offload_host = NULL;
+    }
     mt_rnn_t *r;
     int rc = mt_rnn_create(&r, &cfg);
     if (rc)

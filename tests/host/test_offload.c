@@ -312,6 +312,39 @@ static void test_host_cache_exhausted(void **state)
     prob_fini(&p);
 }
 
+/* A replica on the same allocator keeps the offload setting; one on another device starts
+ * without it (the pinned cache belongs to its backend). */
+static void test_replicate(void **state)
+{
+    (void)state;
+    prob_t p;
+    prob_init(&p, MT_RNN_GRU, 8, 2, 4, 8, 1, false, 2);
+    assert_int_equal(mt_rnn_set_offload(p.m, p.f.h, 1), 0);
+    mt_rnn_t *same = NULL, *other = NULL;
+    assert_int_equal(mt_rnn_replicate(p.m, p.f.a, &same), 0);
+    assert_int_equal(mt_rnn_cfg(same)->offload_window, 1);
+    assert_ptr_equal(mt_rnn_cfg(same)->offload_host, p.f.h);
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 64 * MIB;
+    mt_backend_t *b2 = NULL;
+    assert_int_equal(mt_backend_create(&b2, &bc), 0);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b2;
+    mt_alloc_t *a2 = NULL;
+    assert_int_equal(mt_alloc_create(&a2, &ac), 0);
+    assert_int_equal(mt_rnn_replicate(p.m, a2, &other), 0);
+    assert_int_equal(mt_rnn_cfg(other)->offload_window, 0);
+    assert_null(mt_rnn_cfg(other)->offload_host);
+    /* And the cache cannot be set there either. */
+    assert_int_equal(mt_rnn_set_offload(other, p.f.h, 1), MT_EINVAL);
+    mt_rnn_destroy(&other);
+    mt_rnn_destroy(&same);
+    mt_alloc_destroy(&a2);
+    mt_backend_destroy(&b2);
+    prob_fini(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -323,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_release_without_backward),
         cmocka_unit_test(test_host_cache_exhausted),
+        cmocka_unit_test(test_replicate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
