@@ -14,13 +14,11 @@
 
 /* ---- events and logging ---- */
 
-void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         uint32_t sid, int pool, int tag, uint64_t t)
+static void fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
+                     uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag, uint64_t t)
 {
-    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
-        return;
-    mt_event_rec_t ev = {
-        .time_ns = t != 0 ? t : mt__clock_now(&a->clk),
+    *ev = (mt_event_rec_t){
+        .time_ns = t,
         .addr = addr,
         .size = size,
         .requested = requested,
@@ -32,7 +30,30 @@ void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, 
         .tag = (uint8_t)tag,
         .device = (uint8_t)a->device,
     };
+}
+
+void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
+                         uint32_t sid, int pool, int tag, uint64_t t)
+{
+    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
+             t != 0 ? t : mt__clock_now(&a->clk));
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+}
+
+/* Emits ev[0..n) as one batch when the sink takes batches. */
+static void emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    if (s->emit_n != NULL) {
+        s->emit_n(s->ud, ev, n);
+        return;
+    }
+    if (s->emit != NULL)
+        for (size_t i = 0; i < n; i++)
+            s->emit(s->ud, &ev[i]);
 }
 
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
@@ -157,7 +178,7 @@ static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
     return 0;
 }
 
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t)
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
 {
     mt_segment_t *seg = b->seg;
     uintptr_t addr = b->addr;
@@ -173,9 +194,15 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t)
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
     seg->last_used = ++a->clock;
-    if (__builtin_expect(a->cfg.sink != NULL, 0))
-        mt__alloc_emit_slow(a, MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
-                            mt__public_pool(seg->pool), tag, t);
+    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
+        mt_event_rec_t ev[2];
+        size_t n = 0;
+        if (req != NULL)
+            ev[n++] = *req;
+        fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
+                 mt__public_pool(seg->pool), tag, t != 0 ? t : mt__clock_now(&a->clk));
+        emit_recs(a, ev, n);
+    }
 }
 
 void mt__alloc_process_events(mt_alloc_t *a)
@@ -196,7 +223,7 @@ void mt__alloc_process_events(mt_alloc_t *a)
         a->pending[i] = a->pending[--a->npending];
         event_put(a, p.ev);
         if (--p.blk->npending == 0)
-            mt__alloc_free_complete(a, p.blk, 0);
+            mt__alloc_free_complete(a, p.blk, 0, NULL);
     }
 }
 
@@ -456,11 +483,18 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     mt__stat_add(a->st.allocation, sp, -1);
     mt__stat_add1(&a->st.tag_allocated_bytes[b->tag], -(int64_t)b->size);
     mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
+    /* free_requested; when the free completes at once (no other stream used the block),
+     * it goes out together with free_completed, one clock read and one batch for both. */
     uint64_t t = 0;
+    mt_event_rec_t req;
+    bool req_held = false;
     if (__builtin_expect(a->cfg.sink != NULL, 0)) {
         t = mt__clock_now(&a->clk);
-        mt__alloc_emit_slow(a, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
-                            mt__public_pool(sp), b->tag, t);
+        fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
+                 mt__public_pool(sp), b->tag, t);
+        req_held = b->nuses == 0;
+        if (!req_held)
+            emit_recs(a, &req, 1);
     }
     if (a->warming && b->gen == a->gen)
         mt__warm_record_free(a, b);
@@ -481,7 +515,7 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     }
     b->nuses = 0;
     if (b->npending == 0)
-        mt__alloc_free_complete(a, b, t);
+        mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
 out:
     pthread_mutex_unlock(&a->mu);
     return rc;

@@ -289,8 +289,8 @@ void mt__alloc_process_events(mt_alloc_t *a);
 /* Waits for every pending event, then completes their blocks. */
 void mt__alloc_sync_pending(mt_alloc_t *a);
 /* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
- * (0 = now). */
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t);
+ * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);
 
 /* ---- bins.c ---- */
 unsigned mt__bin_class(size_t size);

@@ -74,6 +74,11 @@ static void ring_sink(void *ud, const mt_event_rec_t *ev)
     mt__ring_push(ud, ev);
 }
 
+static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    mt__ring_push_n(ud, ev, n);
+}
+
 /* ---- the allocation loop ---- */
 
 enum { CFG_OFF, CFG_NULL, CFG_RING, CFG_LOG, NCFG };
@@ -96,11 +101,11 @@ static int run_loop(int cfgi, result_t *res)
     mt__ring_t *ring = NULL;
     reader_t rd = {0};
     mt_prof_t *prof = NULL;
-    mt_event_sink_t sink = {ring_sink, NULL};
+    mt_event_sink_t sink = {.emit = ring_sink, .emit_n = ring_sink_n};
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = b;
     uint64_t null_count = 0;
-    mt_event_sink_t nsink = {null_emit, &null_count};
+    mt_event_sink_t nsink = {.emit = null_emit, .ud = &null_count};
     if (cfgi == CFG_NULL) {
         ac.sink = &nsink;
     } else if (cfgi == CFG_RING) {

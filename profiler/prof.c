@@ -136,6 +136,21 @@ static void sink_emit(void *ud, const mt_event_rec_t *ev)
     mt_prof_record(ud, ev);
 }
 
+/* One operation's events (the allocator's free_requested + free_completed): one claim. */
+static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    mt_prof_t *p = ud;
+    bool plain = p->mode != MT_PROF_OFF;
+    for (size_t i = 0; i < n && plain; i++)
+        plain = ev[i].kind != MT_EV_OOM && ev[i].time_ns != 0;
+    if (plain) {
+        mt__ring_push_n(p->ring, ev, n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        mt_prof_record(p, &ev[i]);
+}
+
 const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
 {
     return &p->sink;
@@ -273,6 +288,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     if (!p)
         return MT_ENOMEM;
     p->sink.emit = sink_emit;
+    p->sink.emit_n = sink_emit_n;
     p->sink.ud = p;
     p->pid = (int)getpid();
     p->fd = -1;

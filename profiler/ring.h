@@ -17,13 +17,15 @@
  * recs_off = commit_off + round_up(8*S, 64). mt__ring_map_size() gives the total.
  *
  * Protocol (a bounded multi-producer single-consumer queue, Vyukov-style commit words):
- * - The producer claims position c (claim: c -> c+1, by CAS, the only atomic
- *   read-modify-write of an event) only if c - read_idx < S; otherwise the event is
- *   dropped and dropped++ is counted.
- * - The event's seq is c + the value of dropped read just before the claim: every
- *   event, dropped or not, has a number, and the consumer sees drops as holes.
- * - It writes recs[c % S] (with .seq = seq) and publishes with a release store of
- *   commit[c % S] = c + 1.
+ * - The producer claims positions c..c+n-1 for the n events of one operation (claim:
+ *   c -> c+n, by CAS, the only atomic read-modify-write, shared by the n events) only
+ *   if c + n - read_idx <= S; otherwise it claims them one by one, and each event that
+ *   finds the ring full is dropped and dropped++ is counted.
+ * - The event at position c+i has seq c + i + the value of dropped read just before the
+ *   claim: every event, dropped or not, has a number, and the consumer sees drops as
+ *   holes.
+ * - It writes recs[p % S] (with .seq = seq) and publishes with a release store of
+ *   commit[p % S] = p + 1, for each of its positions p in order.
  * - The consumer at position p waits for commit[p % S] == p + 1 (acquire), copies the
  *   record, re-checks the commit word (a slot overwritten while being copied is
  *   counted lost, not delivered torn), then stores read_idx = p + 1 (release).
@@ -152,6 +154,11 @@ void mt__ring_set_flags(mt__ring_t *r, uint32_t flags); /* atomic OR */
 /* Records ev (its seq field is ignored and set by the ring). Returns 0, or MT_EAGAIN
  * when the ring was full and the event was dropped (counted). Async-signal-safe. */
 int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev);
+
+/* Records ev[0..n) (one operation's events) with one claim for all, at consecutive
+ * positions and seqs. When the ring has no room for all n, records as many as fit one
+ * by one. Returns the number dropped (counted). Async-signal-safe. */
+size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n);
 
 /* The two halves of push, for tests that simulate a producer dying mid-write:
  * reserve takes a seq and claims a slot (MT_EAGAIN when full, counted dropped) and

@@ -71,6 +71,9 @@ _Static_assert(sizeof(mt_event_rec_t) == 64, "events are one cache line");
 typedef struct mt_event_sink_s {
     void (*emit)(void *ud, const mt_event_rec_t *ev); /* ev is borrowed */
     void *ud;
+    /* Optional: n events of one operation at once, in order (ev[0..n) borrowed), so a
+     * recorder can claim their slots together. NULL: emit is called for each. */
+    void (*emit_n)(void *ud, const mt_event_rec_t *ev, size_t n);
 } mt_event_sink_t;
 
 /* Static name of an event kind ("alloc", "free_requested", ...), or "unknown". */

@@ -52,14 +52,29 @@ static void test_clock_gettime(void **state)
     check_clock(false);
 }
 
+static size_t nbatches;
+
+static void rec_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    assert_int_equal(n, 2); /* only a free completing at once batches its events */
+    assert_int_equal(ev[0].kind, MT_EV_FREE_REQUESTED);
+    assert_int_equal(ev[1].kind, MT_EV_FREE_COMPLETED);
+    nbatches++;
+    for (size_t i = 0; i < n; i++)
+        rec_emit(ud, &ev[i]);
+}
+
 /* A free that completes at once stamps free_requested and free_completed with one clock
- * read; events of successive operations carry non-decreasing times close to now. */
+ * read and emits them as one batch (to a sink that takes batches); events of successive
+ * operations carry non-decreasing times close to now. */
 static void test_event_stamps(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(64 * MIB);
     rec_sink_t rec;
     rec_init(&rec);
+    rec.sink.emit_n = rec_emit_n;
+    nbatches = 0;
     mt_alloc_t *a = make_alloc(b, NULL, &rec.sink);
     uint64_t t0 = mono();
     for (int i = 0; i < 100; i++) {
@@ -85,6 +100,7 @@ static void test_event_stamps(void **state)
         }
     }
     assert_int_equal(pairs, 100);
+    assert_int_equal(nbatches, 100);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
     rec_fini(&rec);

@@ -363,13 +363,63 @@ static void test_stuck_slot_timeout(void **state)
     free(col.evs);
 }
 
+/* push_n: one claim for one operation's events, consecutive seqs; when the ring has room
+ * for only part of a batch, what fits is recorded and the rest dropped, seen as a gap. */
+static void test_push_batches(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 8, "batch"), 0);
+    mt_event_rec_t ev[2];
+    uint64_t i = 0;
+    for (int k = 0; k < 4; k++) { /* 8 events: exactly full */
+        ev[0] = mkev(i++);
+        ev[1] = mkev(i++);
+        assert_int_equal(mt__ring_push_n(r, ev, 2), 0);
+    }
+    ev[0] = mkev(100);
+    ev[1] = mkev(101);
+    assert_int_equal(mt__ring_push_n(r, ev, 2), 2); /* full: both dropped */
+    collect_t c;
+    collect_init(&c);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &c, SIZE_MAX), 8);
+    for (size_t k = 0; k < 8; k++) {
+        assert_int_equal(c.evs[k].seq, k);
+        assert_int_equal(c.evs[k].requested, k);
+    }
+    assert_int_equal(c.gaps, 2);
+    /* 7 of 8 used: a batch of two records its first event and drops the second. */
+    for (int k = 0; k < 7; k++) {
+        ev[0] = mkev(i++);
+        assert_int_equal(mt__ring_push_n(r, ev, 1), 0);
+    }
+    ev[0] = mkev(200);
+    ev[1] = mkev(201);
+    assert_int_equal(mt__ring_push_n(r, ev, 2), 1);
+    collect_t d;
+    collect_init(&d);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &d, SIZE_MAX), 8);
+    for (size_t k = 0; k < 8; k++) /* seqs go on after the two dropped ones */
+        assert_int_equal(d.evs[k].seq, 10 + k);
+    assert_int_equal(d.evs[7].requested, 200);
+    assert_int_equal(d.gaps, 1);
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    assert_int_equal(st.dropped, 3);
+    assert_int_equal(st.emitted, 19);
+    assert_int_equal(st.delivered, 16);
+    free(c.evs);
+    free(d.evs);
+    mt__ring_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_open_layout), cmocka_unit_test(test_open_rejects_bad),
         cmocka_unit_test(test_wraparound),         cmocka_unit_test(test_drops_and_gap),
         cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_producer_sigkill),
-        cmocka_unit_test(test_stuck_slot_timeout),
+        cmocka_unit_test(test_stuck_slot_timeout), cmocka_unit_test(test_push_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
