@@ -54,6 +54,7 @@ static uint64_t rate(uint64_t dns, uint64_t dticks)
 static void pair_read(uint64_t *ns, uint64_t *tsc)
 {
     uint64_t best = UINT64_MAX;
+    *ns = *tsc = 0;
     for (int i = 0; i < PAIR_TRIES; i++) {
         uint64_t a = mt__rdtsc(), n = mono_ns(), b = mt__rdtsc();
         if (b - a < best) {
@@ -70,7 +71,7 @@ void mt__clock_init(mt__clock_t *c, bool allow_tsc)
     *c = (mt__clock_t){0};
 #if defined(__x86_64__)
     if (allow_tsc && tsc_invariant()) {
-        uint64_t ns0, t0, ns1, t1;
+        uint64_t ns0 = 0, t0 = 0, ns1 = 0, t1 = 0;
         pair_read(&ns0, &t0);
         do
             pair_read(&ns1, &t1);
@@ -96,10 +97,10 @@ void mt__clock_init(mt__clock_t *c, bool allow_tsc)
 
 uint64_t mt__clock_slow(mt__clock_t *c)
 {
-    uint64_t ns;
+    uint64_t ns = 0;
 #if defined(__x86_64__)
     if (c->tsc) {
-        uint64_t t;
+        uint64_t t = 0;
         pair_read(&ns, &t);
         /* Refine the rate over the whole time since calibration: the longer the interval,
          * the smaller the error of the two clock reads. A rate far off the current one
