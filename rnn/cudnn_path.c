@@ -6,12 +6,21 @@
  *
  * Call sequence (design.md §2): at init, cudnnSetRNNDescriptor_v8 (algo STANDARD, double
  * bias, mathType FMA for fp32 parity with the CPU path), cudnnGetRNNWeightSpaceSize (must
- * equal our flat buffer), cudnnGetRNNWeightParams for every matrix and bias (each must be
- * where our canonical views put it: cuDNN's answer is checked, not assumed); per shape
+ * match our flat buffer), cudnnGetRNNWeightParams for every matrix and bias (where cuDNN
+ * says each lives is taken from it, not assumed; see "weight layout" below); per shape
  * (T, B), cudnnSetRNNDataDescriptor and cudnnGetRNNTempSpaceSizes; then cudnnRNNForward, and
  * cudnnRNNBackwardData_v8 before cudnnRNNBackwardWeights_v8 (which needs what backward data
  * left in the reserve). Weight gradients are accumulated (CUDNN_WGRAD_MODE_ADD) into the
  * module's grad buffer, which the module zeroes at creation and on mt_rnn_zero_grads.
+ *
+ * Weight layout: the module's flat buffer (and every view of it) is cuDNN's canonical
+ * layout. When cuDNN reports exactly that layout (the expected case for fp32), the flat
+ * weight and grad buffers go to cuDNN as they are. When it reports another one (a different
+ * size, padding, another order), the path keeps a weight space and a grad space in cuDNN's
+ * layout (tagged weights and grads), gathers every matrix into it with device copies before
+ * each call, zeroes the grad space before backward weights, and adds it into the module's
+ * grad buffer region by region (cudnnAddTensor), so gradients still accumulate where the
+ * views are. That costs one copy per matrix and bias per call, and is logged once.
  *
  * Data layout: our tensors are dense [T, B, F] with every sequence T long. That is exactly
  * cuDNN's SEQ_MAJOR_PACKED layout with equal lengths, so padded I/O is not needed
@@ -33,9 +42,16 @@
 #include "allocator/backend_cuda.h"
 #include "rnn/internal.h"
 
+/* One matrix or bias: byte offsets in our flat buffer and in cuDNN's weight space. */
+typedef struct region_s {
+    size_t ours, dnn, bytes;
+} region_t;
+
 /* Per-module cuDNN state. Invariants: rnn, xd, yd, hd exist while h does; T, B > 0 iff the
  * data descriptors, hd and the three sizes describe shape (T, B); lens (tagged workspace)
- * holds lens_T rows of lens_B device int32s, row t - 1 filled with t, or is NULL. */
+ * holds lens_T rows of lens_B device int32s, row t - 1 filled with t, or is NULL; regions
+ * tile our flat buffer, each also inside [0, weight_bytes) of cuDNN's; gather iff some
+ * region's dnn != ours or weight_bytes differs from ours, and then sw, sdw exist. */
 typedef struct cudnn_state_s {
     cudnnHandle_t h;
     cudnnRNNDescriptor_t rnn;
@@ -44,7 +60,13 @@ typedef struct cudnn_state_s {
     cudnnTensorDescriptor_t hd;  /* [L*D, B, H]: hx, hy, cx, cy and their gradients */
     cudnnTensorDescriptor_t qd;  /* scratch for cudnnGetRNNWeightParams answers */
     cudnnTensorDescriptor_t bd;
-    size_t weight_bytes; /* cudnnGetRNNWeightSpaceSize = our flat buffer */
+    cudnnTensorDescriptor_t ad; /* one region, for cudnnAddTensor */
+    size_t weight_bytes;        /* cudnnGetRNNWeightSpaceSize */
+    region_t *regions;          /* every matrix and bias: where we and cuDNN keep it */
+    size_t nregions;
+    bool gather; /* cuDNN's layout differs from ours: sw and sdw are in use */
+    float *sw;   /* weight space in cuDNN's layout (weight_bytes, tagged weights) */
+    float *sdw;  /* its gradients (weight_bytes, tagged grads) */
     int T, B;
     size_t work_inf, work_train, reserve;
     int size_err;   /* a size query failed: the next forward/backward returns it */
@@ -149,32 +171,45 @@ static int desc_numel(const mt_rnn_t *m, cudnnTensorDescriptor_t d, size_t *out)
     return 0;
 }
 
-/* Where cuDNN puts one matrix (and its bias) must be where the module's views say: the
- * views, the CPU path and every user of mt_rnn_param_t rely on the canonical layout. */
-static int check_region(mt_rnn_t *m, const char *what, int p, int id, const void *got,
-                        cudnnTensorDescriptor_t d, const float *want, size_t want_n)
+/* Records where cuDNN keeps one matrix or bias (got, relative to base) against where our
+ * canonical layout keeps it (want). A region cuDNN describes with another element count,
+ * or places outside its weight space, cannot be translated: MT_ENOTSUP. */
+static int add_region(mt_rnn_t *m, cudnn_state_t *st, const char *what, int p, int id,
+                      const void *got, cudnnTensorDescriptor_t d, const float *want, size_t want_n)
 {
+    if (!want && !got)
+        return 0;
     size_t n = 0;
     int rc = got ? desc_numel(m, d, &n) : 0;
     if (rc)
         return rc;
-    if (got == want && (got == NULL || n == want_n))
-        return 0;
-    long long got_off = got ? (long long)((const char *)got - (const char *)m->w) : -1;
-    long long want_off = want ? (long long)((const char *)want - (const char *)m->w) : -1;
-    plog(m, MT_LOG_ERROR,
-         "rnn: cudnn places the %s of pseudo-layer %d, linear layer %d at byte %lld (%zu floats); "
-         "the canonical layout has it at byte %lld (%zu floats). Only the canonical layout is "
-         "supported",
-         what, p, id, got_off, n, want_off, want_n);
-    return MT_ENOTSUP;
+    size_t bytes = want_n * sizeof(float);
+    ptrdiff_t off = got ? (const char *)got - (const char *)m->w : -1;
+    if (!want || !got || n != want_n || off < 0 || off % (ptrdiff_t)sizeof(float) != 0 ||
+        (size_t)off > st->weight_bytes || st->weight_bytes - (size_t)off < bytes) {
+        plog(m, MT_LOG_ERROR,
+             "rnn: cudnn describes the %s of pseudo-layer %d, linear layer %d as %zu floats at "
+             "byte %td of a %zu-byte weight space; the module has %zu floats there",
+             what, p, id, n, off, st->weight_bytes, want ? want_n : 0);
+        return MT_ENOTSUP;
+    }
+    st->regions[st->nregions++] = (region_t){
+        .ours = (size_t)((const char *)want - (const char *)m->w),
+        .dnn = (size_t)off,
+        .bytes = bytes,
+    };
+    return 0;
 }
 
-/* Asks cuDNN where every matrix and bias lives in a weight space at m->w. */
-static int check_weight_layout(mt_rnn_t *m, cudnn_state_t *st)
+/* Asks cuDNN where every matrix and bias lives (addresses relative to a weight space at
+ * m->w: cudnnGetRNNWeightParams only computes them) and decides whether to gather. */
+static int locate_weights(mt_rnn_t *m, cudnn_state_t *st)
 {
     const mt__rnn_shape_t *s = &m->shape;
     size_t H = (size_t)s->hidden;
+    st->regions = calloc(m->nviews * (size_t)s->gates, sizeof *st->regions);
+    if (!st->regions)
+        return MT_ENOMEM;
     for (int l = 0; l < s->layers; l++) {
         size_t in = (size_t)mt__rnn_layer_in(s, l);
         for (int d = 0; d < s->dirs; d++) {
@@ -190,13 +225,55 @@ static int check_weight_layout(mt_rnn_t *m, cudnn_state_t *st)
                 const float *wb = NULL;
                 if (s->bias)
                     wb = (rec ? mats.br : mats.bw) + (size_t)gi * H;
-                int rc = check_region(m, "matrix", p, id, ma, st->qd, wm, H * (rec ? H : in));
+                int rc = add_region(m, st, "matrix", p, id, ma, st->qd, wm, H * (rec ? H : in));
                 if (rc == 0)
-                    rc = check_region(m, "bias", p, id, ba, st->bd, wb, wb ? H : 0);
+                    rc = add_region(m, st, "bias", p, id, ba, st->bd, wb, wb ? H : 0);
                 if (rc)
                     return rc;
             }
         }
+    }
+    st->gather = st->weight_bytes != m->weight_floats * sizeof(float);
+    for (size_t i = 0; i < st->nregions; i++)
+        st->gather = st->gather || st->regions[i].dnn != st->regions[i].ours;
+    if (!st->gather)
+        return 0;
+    plog(m, MT_LOG_INFO,
+         "rnn: cudnn's weight layout (%zu bytes) is not the canonical one (%zu bytes): every call "
+         "gathers the %zu matrices and biases into a cudnn-layout copy",
+         st->weight_bytes, m->weight_floats * sizeof(float), st->nregions);
+    int rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_WEIGHTS,
+                             (void **)&st->sw);
+    if (rc == 0)
+        rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_GRADS,
+                             (void **)&st->sdw);
+    return rc;
+}
+
+/* Gather mode: w (our layout) into sw (cuDNN's), on the module's stream. */
+static int gather(mt_rnn_t *m, cudnn_state_t *st, const float *w)
+{
+    for (size_t i = 0; i < st->nregions; i++) {
+        const region_t *r = &st->regions[i];
+        int rc = mt_memcpy_async(m->backend, (char *)st->sw + r->dnn, (const char *)w + r->ours,
+                                 r->bytes, MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* Gather mode: dw (our layout) += sdw (cuDNN's), region by region. */
+static int scatter_add(mt_rnn_t *m, cudnn_state_t *st, float *dw)
+{
+    const float one = 1.0f;
+    for (size_t i = 0; i < st->nregions; i++) {
+        const region_t *r = &st->regions[i];
+        int n = (int)(r->bytes / sizeof(float));
+        int dims[4] = {1, n, 1, 1}, strides[4] = {n, 1, 1, 1};
+        CK(m, cudnnSetTensorNdDescriptor(st->ad, CUDNN_DATA_FLOAT, 4, dims, strides));
+        CK(m, cudnnAddTensor(st->h, &one, st->ad, (const char *)st->sdw + r->dnn, &one, st->ad,
+                             (char *)dw + r->ours));
     }
     return 0;
 }
@@ -312,8 +389,15 @@ static void cudnn_fini(mt_rnn_t *m)
     cudnn_state_t *st = S(m);
     if (!st)
         return;
+    /* Frees are stream-ordered: safe with work still in flight. */
     if (st->lens)
-        mt_alloc_free(m->alloc, st->lens); /* stream-ordered: safe with work in flight */
+        mt_alloc_free(m->alloc, st->lens);
+    if (st->sw)
+        mt_alloc_free(m->alloc, st->sw);
+    if (st->sdw)
+        mt_alloc_free(m->alloc, st->sdw);
+    if (st->ad)
+        cudnnDestroyTensorDescriptor(st->ad);
     if (st->qd)
         cudnnDestroyTensorDescriptor(st->qd);
     if (st->bd)
@@ -329,6 +413,7 @@ static void cudnn_fini(mt_rnn_t *m)
     if (st->h)
         cudnnDestroy(st->h);
     free(st->host_lens);
+    free(st->regions);
     free(st);
     m->path_state = NULL;
 }
@@ -342,19 +427,12 @@ static int init_state(mt_rnn_t *m, cudnn_state_t *st)
     CK(m, cudnnCreateTensorDescriptor(&st->hd));
     CK(m, cudnnCreateTensorDescriptor(&st->qd));
     CK(m, cudnnCreateTensorDescriptor(&st->bd));
+    CK(m, cudnnCreateTensorDescriptor(&st->ad));
     int rc = set_rnn_descriptor(m, st);
     if (rc)
         return rc;
     CK(m, cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
-    size_t ours = m->weight_floats * sizeof(float);
-    if (st->weight_bytes != ours) {
-        plog(m, MT_LOG_ERROR,
-             "rnn: cudnn wants a weight space of %zu bytes, the canonical flat buffer has %zu; "
-             "only the canonical layout is supported",
-             st->weight_bytes, ours);
-        return MT_ENOTSUP;
-    }
-    return check_weight_layout(m, st);
+    return locate_weights(m, st);
 }
 
 static int cudnn_init(mt_rnn_t *m)
@@ -416,11 +494,14 @@ static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, boo
     int rc = prepare(m, io->seq_len, io->batch);
     if (rc)
         return rc;
+    if (st->gather && (rc = gather(m, st, w)) != 0)
+        return rc;
+    const void *ws = st->gather ? (const void *)st->sw : w;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
     CK(m, cudnnRNNForward(st->h, st->rnn,
                           training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
                           lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy, st->hd,
-                          lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes, w,
+                          lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes, ws,
                           training ? st->work_train : st->work_inf, work,
                           training ? st->reserve : 0, training ? reserve : NULL));
     return 0;
@@ -433,18 +514,30 @@ static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_i
     int rc = prepare(m, io->seq_len, io->batch);
     if (rc)
         return rc;
+    /* Gather mode: the forward's weights again (another call may have used sw since), and a
+     * zeroed cudnn-layout grad space to add into ours afterwards. */
+    if (st->gather) {
+        rc = gather(m, st, w);
+        if (rc == 0)
+            rc = mt_memset_async(m->backend, st->sdw, 0, st->weight_bytes, m->cfg.stream);
+        if (rc)
+            return rc;
+    }
+    const void *ws = st->gather ? (const void *)st->sw : w;
+    float *dws = st->gather ? st->sdw : dw;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
     void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
     /* Data first: it leaves in the reserve what the weight gradients are computed from. */
     CK(m, cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
                                   st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
-                                  lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, w,
+                                  lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, ws,
                                   st->work_train, work, st->reserve, reserve));
-    /* ADD: gradients accumulate in the module's grad buffer, zeroed by the module. */
+    /* ADD: gradients accumulate in the module's grad buffer (zeroed by the module), or in
+     * the zeroed cudnn-layout space that is then added into it. */
     CK(m, cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
-                                     io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dw,
+                                     io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dws,
                                      st->work_train, work, st->reserve, reserve));
-    return 0;
+    return st->gather ? scatter_add(m, st, dw) : 0;
 }
 
 /* Copies and zeroing are queued on the module's stream, in order with the cuDNN calls. */

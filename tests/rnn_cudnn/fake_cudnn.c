@@ -19,7 +19,8 @@
  *   cudnnRNNBackwardData_v8     p0 y, p1 dy, p2 dx, p3 weightSpace, p4 workSpace,
  *                               p5 reserveSpace, p6 devSeqLengths, p7 dhx; n0..n2 sizes
  *   cudnnRNNBackwardWeights_v8  p0 x, p1 hx, p2 y, p3 dweightSpace, p4 workSpace,
- *                               p5 reserveSpace, p6 devSeqLengths; i0 addGrad; n0..n2 sizes */
+ *                               p5 reserveSpace, p6 devSeqLengths; i0 addGrad; n0..n2 sizes
+ *   cudnnAddTensor              p0 A, p1 C; n0 bytes */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,8 @@ static struct {
     int shift_p, shift_id;
     ptrdiff_t shift;
     size_t extra;
+    size_t pad;          /* padded layout: region alignment in bytes, 0 = canonical */
+    bool expect_weights; /* forward checks weight k of our layout holds the value k */
     void (*hook)(const fake_dnn_call_t *c, void *ud);
     void *hook_ud;
     long live;
@@ -75,6 +78,8 @@ void fake_dnn_reset(void)
     F.shift_p = -1;
     F.shift = 0;
     F.extra = 0;
+    F.pad = 0;
+    F.expect_weights = false;
     F.hook = NULL;
     F.err[0] = 0;
     F.data_done_reserve = NULL;
@@ -101,6 +106,16 @@ void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes)
 void fake_dnn_weight_space_extra(size_t bytes)
 {
     F.extra = bytes;
+}
+
+void fake_dnn_pad_layout(size_t align)
+{
+    F.pad = align;
+}
+
+void fake_dnn_expect_weights(bool on)
+{
+    F.expect_weights = on;
 }
 
 void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud)
@@ -318,7 +333,7 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* ---- the canonical layout, written independently of the engine's layout.c ---- */
+/* ---- the layout, written independently of the engine's layout.c ---- */
 
 static int gates_of(const struct cudnnRNNStruct *r)
 {
@@ -330,21 +345,55 @@ static int dirs_of(const struct cudnnRNNStruct *r)
     return r->dir == CUDNN_BIDIRECTIONAL ? 2 : 1;
 }
 
-/* Floats of pseudo-layer p (and its layer's input width in *in). */
-static size_t pseudo_floats(const struct cudnnRNNStruct *r, int p, size_t *in)
+/* One matrix or bias: where the canonical layout has it (floats) and where this fake says
+ * it is (bytes). */
+typedef struct region_s {
+    int p, id;
+    bool bias;
+    size_t canon, n, dnn;
+} region_t;
+
+#define MAXREG 4096
+static region_t R[MAXREG];
+
+/* Fills R in canonical order (per pseudo-layer: W_0..W_{g-1}, R_0..R_{g-1}, input biases,
+ * recurrent biases) and returns their count; *space = the weight space's bytes. Canonical:
+ * dnn = 4 * canon. Padded (F.pad > 0): the space starts with F.pad bytes and every region
+ * starts at a multiple of F.pad. */
+static size_t layout(const struct cudnnRNNStruct *r, size_t *space)
 {
-    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden;
-    int layer = p / dirs_of(r);
-    *in = layer == 0 ? (size_t)r->input : (size_t)dirs_of(r) * H;
-    return g * H * (*in + H) + (r->bias == CUDNN_RNN_NO_BIAS ? 0 : 2 * g * H);
+    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden, canon = 0, cursor = F.pad, k = 0;
+    for (int p = 0; p < r->layers * dirs_of(r); p++) {
+        size_t in = p / dirs_of(r) == 0 ? (size_t)r->input : (size_t)dirs_of(r) * H;
+        for (int part = 0; part < 4; part++) {
+            bool bias = part >= 2;
+            if (bias && r->bias == CUDNN_RNN_NO_BIAS)
+                continue;
+            for (size_t q = 0; q < g; q++) {
+                size_t n = bias ? H : part == 0 ? H * in : H * H;
+                region_t *e = &R[k++ % MAXREG];
+                e->p = p;
+                e->id = (int)((part % 2) * g + q);
+                e->bias = bias;
+                e->canon = canon;
+                e->n = n;
+                if (F.pad)
+                    cursor = (cursor + F.pad - 1) / F.pad * F.pad;
+                e->dnn = F.pad ? cursor : canon * sizeof(float);
+                canon += n;
+                cursor += n * sizeof(float);
+            }
+        }
+    }
+    *space = (F.pad ? (cursor + F.pad - 1) / F.pad * F.pad : canon * sizeof(float)) + F.extra;
+    return k;
 }
 
 static size_t space_bytes(const struct cudnnRNNStruct *r)
 {
-    size_t n = 0, in;
-    for (int p = 0; p < r->layers * dirs_of(r); p++)
-        n += pseudo_floats(r, p, &in);
-    return n * sizeof(float);
+    size_t space;
+    layout(r, &space);
+    return space;
 }
 
 cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
@@ -353,9 +402,20 @@ cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescripto
     BEGIN("cudnnGetRNNWeightSpaceSize");
     if (!handle || !d->set)
         return refuse(c, "descriptor not set");
-    *weightSpaceSize = space_bytes(d) + F.extra;
+    *weightSpaceSize = space_bytes(d);
     c->n[0] = *weightSpaceSize;
     return CUDNN_STATUS_SUCCESS;
+}
+
+static void set_desc(cudnnTensorDescriptor_t t, int rows, int cols)
+{
+    t->nd = 3;
+    t->dims[0] = 1;
+    t->dims[1] = rows;
+    t->dims[2] = cols;
+    t->strides[0] = rows * cols;
+    t->strides[1] = cols;
+    t->strides[2] = 1;
 }
 
 cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
@@ -369,40 +429,27 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
     c->i[0] = pseudoLayer;
     c->i[1] = linLayerID;
     c->n[0] = weightSpaceSize;
-    int g = gates_of(d);
+    size_t space, k = layout(d, &space);
     if (!handle || !d->set || pseudoLayer < 0 || pseudoLayer >= d->layers * dirs_of(d) ||
-        linLayerID < 0 || linLayerID >= 2 * g || weightSpaceSize != space_bytes(d) + F.extra)
+        linLayerID < 0 || linLayerID >= 2 * gates_of(d) || weightSpaceSize != space)
         return refuse(c, "bad pseudo-layer, linear layer or size");
-    size_t off = 0, in = 0;
-    for (int p = 0; p < pseudoLayer; p++)
-        off += pseudo_floats(d, p, &in);
-    pseudo_floats(d, pseudoLayer, &in);
-    size_t H = (size_t)d->hidden, G = (size_t)g;
-    bool rec = linLayerID >= g;
-    size_t k = (size_t)(rec ? linLayerID - g : linLayerID);
-    size_t moff = off + (rec ? G * H * in + k * H * H : k * H * in);
-    size_t boff = off + G * H * (in + H) + (rec ? G * H : 0) + k * H;
     const char *base = weightSpace;
-    *mAddr = (void *)(base + moff * sizeof(float));
-    if (pseudoLayer == F.shift_p && linLayerID == F.shift_id)
-        *mAddr = (char *)*mAddr + F.shift;
-    int mdims[3] = {1, (int)H, (int)(rec ? H : in)};
-    mDesc->nd = 3;
-    memcpy(mDesc->dims, mdims, sizeof mdims);
-    mDesc->strides[0] = mdims[1] * mdims[2];
-    mDesc->strides[1] = mdims[2];
-    mDesc->strides[2] = 1;
-    if (d->bias == CUDNN_RNN_NO_BIAS) {
-        *bAddr = NULL;
-    } else {
-        *bAddr = (void *)(base + boff * sizeof(float));
-        bDesc->nd = 3;
-        bDesc->dims[0] = 1;
-        bDesc->dims[1] = (int)H;
-        bDesc->dims[2] = 1;
-        bDesc->strides[0] = (int)H;
-        bDesc->strides[1] = 1;
-        bDesc->strides[2] = 1;
+    *mAddr = NULL;
+    *bAddr = NULL;
+    for (size_t i = 0; i < k; i++) {
+        const region_t *e = &R[i];
+        if (e->p != pseudoLayer || e->id != linLayerID)
+            continue;
+        int rows = d->hidden, cols = (int)(e->n / (size_t)d->hidden);
+        if (e->bias) {
+            *bAddr = (void *)(base + e->dnn);
+            set_desc(bDesc, rows, 1);
+        } else {
+            *mAddr = (void *)(base + e->dnn);
+            if (pseudoLayer == F.shift_p && linLayerID == F.shift_id)
+                *mAddr = (char *)*mAddr + F.shift;
+            set_desc(mDesc, rows, cols);
+        }
     }
     c->p[1] = *mAddr;
     c->p[2] = *bAddr;
@@ -447,7 +494,7 @@ static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNND
     for (int b = 0; b < xd->B; b++)
         if (lens[b] != xd->T)
             return refuse(c, "devSeqLengths differs from the data descriptor");
-    if (wsize != space_bytes(d) + F.extra)
+    if (wsize != space_bytes(d))
         return refuse(c, "weight space size");
     size_t need = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xd->T, xd->B);
     if (work_size < need || (need && !work))
@@ -459,6 +506,18 @@ static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNND
             return refuse(c, "reserve space too small");
     }
     return CUDNN_STATUS_SUCCESS;
+}
+
+/* With expect_weights: every weight at this layout's place holds its canonical index. */
+static bool weights_home(const struct cudnnRNNStruct *d, const void *weightSpace)
+{
+    size_t space, k = layout(d, &space);
+    const char *ws = weightSpace;
+    for (size_t i = 0; i < k && F.expect_weights; i++)
+        for (size_t j = 0; j < R[i].n; j++)
+            if (((const float *)(ws + R[i].dnn))[j] != (float)(R[i].canon + j))
+                return false;
+    return true;
 }
 
 static void done(const fake_dnn_call_t *c)
@@ -497,10 +556,15 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
         return refuse(c, "x, y, weights or state descriptors");
     if (d->mode != CUDNN_LSTM && (cx || cy))
         return refuse(c, "cell states for a non-LSTM cell");
+    if (!weights_home(d, weightSpace))
+        return refuse(c, "a weight is not where this layout has it");
+    size_t space, k = layout(d, &space);
+    const char *ws = weightSpace;
     memset(workSpace, 0xA5, workSpaceSize);
     if (training)
         memset(reserveSpace, 0x5A, reserveSpaceSize);
-    float last = ((const float *)weightSpace)[weightSpaceSize / sizeof(float) - 1];
+    /* the last float of the last region (the last recurrent bias, or matrix) */
+    float last = ((const float *)(ws + R[k - 1].dnn))[R[k - 1].n - 1];
     size_t ny = (size_t)xDesc->T * (size_t)xDesc->B * (size_t)yDesc->vec;
     for (size_t k = 0; k < ny; k++)
         ((float *)y)[k] = last;
@@ -538,6 +602,8 @@ cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t
         return s;
     if (!y || !dy || !dx || !weightSpace)
         return refuse(c, "y, dy, dx or weights NULL");
+    if (!weights_home(d, weightSpace))
+        return refuse(c, "a weight is not where this layout has it");
     /* forward's pattern must still be there: the same reserve, untouched since */
     const unsigned char *r = reserveSpace;
     for (size_t k = 0; k < reserveSpaceSize; k++)
@@ -583,9 +649,38 @@ cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescripto
     if (F.data_done_reserve != reserveSpace)
         return refuse(c, "backward weights before backward data on this reserve");
     F.data_done_reserve = NULL;
-    float *dw = dweightSpace;
-    for (size_t k = 0; k < weightSpaceSize / sizeof(float); k++)
-        dw[k] = addGrad == CUDNN_WGRAD_MODE_ADD ? dw[k] + 1.0f : 1.0f;
+    /* element j of region i gets canon + j + 1: its index in our layout, plus one */
+    size_t space, k = layout(d, &space);
+    for (size_t i = 0; i < k; i++) {
+        float *dw = (float *)((char *)dweightSpace + R[i].dnn);
+        for (size_t j = 0; j < R[i].n; j++) {
+            float v = (float)(R[i].canon + j + 1);
+            dw[j] = addGrad == CUDNN_WGRAD_MODE_ADD ? dw[j] + v : v;
+        }
+    }
     done(c);
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* C = alpha A + beta C over equal shapes (the only case the path uses). */
+cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
+                             const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
+                             const cudnnTensorDescriptor_t cDesc, void *C)
+{
+    BEGIN("cudnnAddTensor");
+    c->p[0] = A;
+    c->p[1] = C;
+    if (!handle || aDesc->nd != cDesc->nd || !A || !C)
+        return refuse(c, "descriptors or pointers");
+    size_t n = 1;
+    for (int k = 0; k < aDesc->nd; k++) {
+        if (aDesc->dims[k] != cDesc->dims[k])
+            return refuse(c, "shapes differ");
+        n *= (size_t)aDesc->dims[k];
+    }
+    c->n[0] = n * sizeof(float);
+    float a = *(const float *)alpha, b = *(const float *)beta;
+    for (size_t k = 0; k < n; k++)
+        ((float *)C)[k] = a * ((const float *)A)[k] + b * ((float *)C)[k];
     return CUDNN_STATUS_SUCCESS;
 }

@@ -6,12 +6,15 @@
  * undersized buffer shows up under ASan.
  *
  * Its "kernels" are markers, not RNN math: forward writes every y element as the last float
- * of the weight space and fills workspace and reserve with byte patterns; backward data
- * checks the reserve still holds forward's pattern and writes dx = 2 dy; backward weights
- * adds 1 to every float of dweightSpace (CUDNN_WGRAD_MODE_ADD) or sets it to 1 (SET). */
+ * of the last region (the last recurrent bias) and hy = hx + 1, and fills workspace and
+ * reserve with byte patterns; backward data checks the reserve still holds forward's
+ * pattern and writes dx = 2 dy; backward weights adds k + 1 to the float it keeps for
+ * element k of the canonical layout (CUDNN_WGRAD_MODE_ADD) or sets it (SET), so a gradient
+ * buffer in our layout reads k + 1 per backward exactly when every region landed home. */
 #ifndef MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
 #define MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,8 +38,14 @@ void fake_dnn_set_clock(size_t (*clock)(void));
 void fake_dnn_fail(const char *name, cudnnStatus_t status);
 /* Reports the matrix of (pseudo_layer, lin_id) bytes away from its canonical place. */
 void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes);
-/* Reports a weight space this many bytes larger than the canonical one. */
+/* Reports a weight space this many bytes larger (unused bytes at its end). */
 void fake_dnn_weight_space_extra(size_t bytes);
+/* Reports a padded layout: the space starts with align bytes and every matrix and bias
+ * starts at a multiple of align (0 = the canonical layout, the default). */
+void fake_dnn_pad_layout(size_t align);
+/* Forward and backward data refuse to run unless element j of every region holds canon + j
+ * (its index in the canonical layout), wherever this layout puts the region. */
+void fake_dnn_expect_weights(bool on);
 /* Called at the end of each successful compute call (forward, backward data/weights),
  * while its buffers are still live. */
 void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud);

@@ -1,7 +1,8 @@
 /* The cuDNN compute path through its fake (fake_cudnn.c) on the cuda backend over the fake
  * driver: the call sequence and its arguments, workspace and reserve from our allocator with
  * their tags and cuDNN's exact sizes, pointers into the module's flat buffers, the weight
- * layout taken from cudnnGetRNNWeightParams (and refused when it is not the canonical one),
+ * layout taken from cudnnGetRNNWeightParams (gathered into cuDNN's layout when it is not
+ * ours, refused when it cannot be translated),
  * gradients zeroed before they accumulate, and the clear error when cuDNN cannot start. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -349,8 +350,8 @@ static void test_train_step(void **state)
     float *gh = malloc(nw * sizeof *gh);
     assert_non_null(gh);
     dget(&f, gh, dw, nw);
-    for (size_t k = 0; k < nw; k++)
-        assert_true(gh[k] == 1.0f);
+    for (size_t k = 0; k < nw; k++) /* the fake adds k + 1 to element k */
+        assert_true(gh[k] == (float)(k + 1));
     free(gh);
     /* dx is what cuDNN wrote; the reserve is released after backward */
     float dxh[7 * 3 * 5];
@@ -402,7 +403,7 @@ static void test_grads_accumulate(void **state)
         assert_true(nw <= 512);
         dget(&f, gh, dw, nw);
         for (size_t k = 0; k < nw; k++)
-            assert_true(gh[k] == expect[round]);
+            assert_true(gh[k] == expect[round] * (float)(k + 1));
     }
     float *bufs[] = {x, y, dy};
     for (int k = 0; k < 3; k++)
@@ -463,32 +464,126 @@ static void test_modes_inference(void **state)
             }
 }
 
-/* If cuDNN puts one matrix elsewhere than the canonical layout, the module is refused with
- * a message naming it: the answers of cudnnGetRNNWeightParams are used, not assumed. The
- * same for a weight space of another size. Nothing leaks either way. */
-static void test_layout_mismatch_refused(void **state)
+/* A region cuDNN places outside its weight space cannot be translated: the module is
+ * refused with a message naming it, after every earlier answer was taken. Nothing leaks. */
+static void test_layout_untranslatable(void **state)
 {
     (void)state;
     fx_t f;
     fx_up(&f);
-    fake_dnn_shift_param(1, 6, 4 * sizeof(float));
+    fake_dnn_shift_param(1, 6, (ptrdiff_t)1 << 20);
     assert_int_equal(mt_rnn_create(&f.m, &f.cfg), MT_ENOTSUP);
     assert_null(f.m);
     assert_int_equal(f.errors, 1);
     assert_non_null(strstr(f.last_log, "pseudo-layer 1, linear layer 6"));
-    /* every earlier answer was checked and accepted: the refusal came at the shifted one */
-    size_t i = fake_dnn_find("cudnnGetRNNWeightParams", 0);
-    size_t k = 0;
-    for (; i != SIZE_MAX; i = fake_dnn_find("cudnnGetRNNWeightParams", i + 1))
-        k++;
-    assert_int_equal(k, 8 + 6 + 1);
+    assert_int_equal(fake_dnn_count("cudnnGetRNNWeightParams"), 8 + 6 + 1);
     assert_int_equal(fake_dnn_live(), f.live0);
-    fake_dnn_reset();
-    fake_dnn_weight_space_extra(256);
-    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), MT_ENOTSUP);
-    assert_int_equal(fake_dnn_count("cudnnGetRNNWeightParams"), 0);
-    assert_non_null(strstr(f.last_log, "weight space"));
     fx_down(&f);
+}
+
+/* Another layout than ours (padded, or a larger space): the path takes cuDNN's answers,
+ * gathers every matrix into a cuDNN-layout weight space before each call (the fake checks
+ * each weight is where it said), zeroes a cuDNN-layout grad space before backward weights
+ * and adds it into our grad buffer region by region, so grads land where the views are. */
+static void gather_round_trip(size_t pad, size_t extra)
+{
+    fx_t f;
+    fx_up(&f);
+    fake_dnn_pad_layout(pad);
+    fake_dnn_weight_space_extra(extra);
+    fake_dnn_expect_weights(true);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    size_t nw;
+    float *w = mt_rnn_weights(f.m, &nw);
+    float *dw = mt_rnn_grads(f.m, NULL);
+    size_t space = fake_dnn_call(fake_dnn_find("cudnnGetRNNWeightSpaceSize", 0))->n[0];
+    assert_true(space > nw * sizeof(float));
+    float *host = malloc(nw * sizeof *host);
+    assert_non_null(host);
+    /* our buffers plus a cuDNN-layout copy of each */
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(f.a, &st), 0);
+    assert_int_equal(st.tag_requested_bytes[MT_TAG_WEIGHTS].current,
+                     (int64_t)(nw * sizeof(float) + space));
+    assert_int_equal(st.tag_requested_bytes[MT_TAG_GRADS].current,
+                     (int64_t)(nw * sizeof(float) + space));
+
+    const int T = 3, B = 2;
+    float *x = dbuf(&f, (size_t)T * B * 5, 1.0f);
+    float *y = dbuf(&f, (size_t)T * B * 16, 0.0f);
+    float *dy = dbuf(&f, (size_t)T * B * 16, 1.0f);
+    for (int round = 1; round <= 2; round++) {
+        /* round 1: forward on zero weights, backward on weights k (the CPU path's backward
+         * also uses the weights as they are then): backward must gather again */
+        for (size_t k = 0; k < nw; k++)
+            host[k] = round == 1 ? 0.0f : (float)k;
+        assert_int_equal(mt_memcpy(f.b, w, host, nw * sizeof(float), MT_MEMCPY_HOST_TO_DEVICE), 0);
+        fake_dnn_expect_weights(round == 2);
+        mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
+        mt_rnn_reserve_t *res;
+        size_t from = fake_dnn_ncalls();
+        assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+        const fake_dnn_call_t *c = fake_dnn_call(fake_dnn_find("cudnnRNNForward", from));
+        assert_ptr_not_equal(c->p[4], w);
+        assert_int_equal(c->n[0], space);
+        void *base;
+        size_t size;
+        int tag;
+        assert_int_equal(mt_alloc_block_info(f.a, c->p[4], &base, &size, &tag), 0);
+        assert_int_equal(tag, MT_TAG_WEIGHTS);
+        float yh;
+        dget(&f, &yh, y, 1);
+        assert_true(yh == (round == 1 ? 0.0f : (float)(nw - 1))); /* the last canonical weight */
+        if (round == 1) {
+            for (size_t k = 0; k < nw; k++)
+                host[k] = (float)k;
+            assert_int_equal(mt_memcpy(f.b, w, host, nw * sizeof(float), MT_MEMCPY_HOST_TO_DEVICE),
+                             0);
+            fake_dnn_expect_weights(true);
+        }
+        mt_rnn_grad_io_t g = {.dy = dy};
+        from = fake_dnn_ncalls();
+        assert_int_equal(mt_rnn_backward(f.m, &res, &g), 0);
+        const fake_dnn_call_t *bw =
+            fake_dnn_call(fake_dnn_find("cudnnRNNBackwardWeights_v8", from));
+        assert_non_null(bw);
+        assert_ptr_not_equal(bw->p[3], dw);
+        assert_int_equal(mt_alloc_block_info(f.a, bw->p[3], &base, &size, &tag), 0);
+        assert_int_equal(tag, MT_TAG_GRADS);
+        /* its grad space was zeroed on the driver right before (this round's memset) */
+        uint64_t a = 0, n = 0;
+        size_t last_zero = SIZE_MAX;
+        for (size_t i = find_call("cuMemsetD8Async", 0, &a, &n); i != SIZE_MAX;
+             i = find_call("cuMemsetD8Async", i + 1, &a, &n))
+            if (a == (uintptr_t)bw->p[3] && n == space)
+                last_zero = i;
+        assert_true(last_zero != SIZE_MAX && last_zero < bw->clock);
+        size_t i_add = fake_dnn_find("cudnnAddTensor", from);
+        assert_true(i_add != SIZE_MAX && i_add > fake_dnn_find("cudnnRNNBackwardWeights_v8", from));
+        assert_int_equal(fake_dnn_count("cudnnAddTensor"),
+                         (size_t)round * mt_rnn_param_count(f.m) * 4 /* one region per gate */);
+        dget(&f, host, dw, nw);
+        for (size_t k = 0; k < nw; k++)
+            assert_true(host[k] == (float)round * (float)(k + 1));
+    }
+    assert_string_equal(fake_dnn_last_error(), "");
+    free(host);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    assert_int_equal(mt_alloc_free(f.a, dy), 0);
+    fx_down(&f);
+}
+
+static void test_gather_padded_layout(void **state)
+{
+    (void)state;
+    gather_round_trip(256, 0);
+}
+
+static void test_gather_larger_space(void **state)
+{
+    (void)state;
+    gather_round_trip(0, 64);
 }
 
 /* Where cuDNN cannot start (no driver: NOT_INITIALIZED), creation fails with MT_ENODEV and
@@ -642,10 +737,11 @@ static void test_compaction_and_step(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_init_sequence),           cmocka_unit_test(test_train_step),
-        cmocka_unit_test(test_grads_accumulate),        cmocka_unit_test(test_modes_inference),
-        cmocka_unit_test(test_layout_mismatch_refused), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_warmup_and_shapes),       cmocka_unit_test(test_compaction_and_step),
+        cmocka_unit_test(test_init_sequence),         cmocka_unit_test(test_train_step),
+        cmocka_unit_test(test_grads_accumulate),      cmocka_unit_test(test_modes_inference),
+        cmocka_unit_test(test_layout_untranslatable), cmocka_unit_test(test_gather_padded_layout),
+        cmocka_unit_test(test_gather_larger_space),   cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_warmup_and_shapes),     cmocka_unit_test(test_compaction_and_step),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }
