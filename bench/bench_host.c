@@ -362,38 +362,46 @@ typedef struct off_res_s {
     mt_rnn_stats_t st;
 } off_res_t;
 
-static off_res_t time_offload(env_t *e, mt_rnn_t *m, const mt_rnn_io_t *io,
-                              const mt_rnn_grad_io_t *g, int window)
+/* One training pass of m with the given window (0 = plain); fills o's figures of the pass. */
+static uint64_t offload_pass(env_t *e, mt_rnn_t *m, const mt_rnn_io_t *io,
+                             const mt_rnn_grad_io_t *g, int window, off_res_t *o)
 {
-    off_res_t out;
-    memset(&out, 0, sizeof out);
     CHECK(mt_rnn_set_offload(m, window > 0 ? e->h : NULL, window));
+    CHECK(mt_rnn_zero_grads(m));
     mt_rnn_stats_t before;
     CHECK(mt_rnn_stats(m, &before));
-    uint64_t t[16];
-    for (int r = 0; r < reps; r++) {
-        CHECK(mt_rnn_zero_grads(m));
-        mt_alloc_reset_peak(e->a);
-        uint64_t t0 = now_ns();
-        mt_rnn_reserve_t *res = NULL;
-        CHECK(mt_rnn_forward(m, io, &res));
-        CHECK(mt_rnn_backward(m, &res, g));
-        t[r] = now_ns() - t0;
-        mt_alloc_stats_t st;
-        CHECK(mt_alloc_stats(e->a, &st));
-        out.peak = (size_t)st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].peak;
-    }
+    mt_alloc_reset_peak(e->a);
+    uint64_t t0 = now_ns();
+    mt_rnn_reserve_t *res = NULL;
+    CHECK(mt_rnn_forward(m, io, &res));
+    CHECK(mt_rnn_backward(m, &res, g));
+    uint64_t t = now_ns() - t0;
+    mt_alloc_stats_t st;
+    CHECK(mt_alloc_stats(e->a, &st));
+    o->peak = (size_t)st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].peak;
+    CHECK(mt_rnn_stats(m, &o->st));
+    o->st.offload_bytes -= before.offload_bytes;
     size_t nw;
     const float *dw = mt_rnn_grads(m, &nw);
-    out.dw = malloc(nw * sizeof(float));
-    if (!out.dw)
+    if (!o->dw && !(o->dw = malloc(nw * sizeof(float))))
         die("malloc", MT_ENOMEM);
-    memcpy(out.dw, dw, nw * sizeof(float));
-    CHECK(mt_rnn_stats(m, &out.st));
-    out.st.offload_bytes = (out.st.offload_bytes - before.offload_bytes) / (uint64_t)reps;
-    out.pinned = mt_host_cache_pinned_bytes(e->h);
-    out.step = median(t, reps);
-    return out;
+    memcpy(o->dw, dw, nw * sizeof(float));
+    o->pinned = mt_host_cache_pinned_bytes(e->h);
+    return t;
+}
+
+/* The cases' passes interleaved repetition by repetition, so that the load of the shared
+ * machine drifts over all of them alike; each step time is the median. */
+static void time_offload(env_t *e, mt_rnn_t *m, const mt_rnn_io_t *io, const mt_rnn_grad_io_t *g,
+                         const int *windows, int ncases, off_res_t *out)
+{
+    uint64_t t[8][16];
+    memset(out, 0, (size_t)ncases * sizeof *out);
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < ncases; i++)
+            t[i][r] = offload_pass(e, m, io, g, windows[i], &out[i]);
+    for (int i = 0; i < ncases; i++)
+        out[i].step = median(t[i], reps);
 }
 
 static float *dev_floats(env_t *e, size_t n)
@@ -427,11 +435,11 @@ static void bench_offload(bool quick)
     float *dx = dev_floats(&e, (size_t)T * B * I);
     mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
-    off_res_t none = time_offload(&e, m, &io, &g, 0);
-    off_res_t w[3];
-    int windows[3] = {1, 2, 4};
-    for (int i = 0; i < 3; i++)
-        w[i] = time_offload(&e, m, &io, &g, windows[i]);
+    enum { NCASES = 4 };
+    int windows[NCASES] = {0, 1, 2, 4}; /* none, then offload windows */
+    off_res_t res[NCASES];
+    time_offload(&e, m, &io, &g, windows, NCASES, res);
+    off_res_t none = res[0], *w = res + 1;
     size_t full = none.st.pass_reserve_bytes;
     double chunk_mib = (double)full / T * chunk / (double)MIB;
     printf("\n## 3. Activation offload: LSTM L=%d, H=%d, B=%d, T=%d, chunks of %d steps (%.2f "
@@ -446,13 +454,14 @@ static void bench_offload(bool quick)
            none.peak / (double)MIB, none.st.pass_reserve_peak_bytes / (double)MIB, none.step / 1e6,
            "-", "-", full / (double)MIB);
     for (int i = 0; i < 3; i++) {
-        double goal_peak = (windows[i] + 1) * chunk_mib;
+        int win = windows[i + 1];
+        double goal_peak = (win + 1) * chunk_mib;
         double ratio = (double)w[i].step / (double)none.step;
         bool same = memcmp(w[i].dw, none.dw, nw * sizeof(float)) == 0;
         printf("| window %d chunk(s) | %9.2f MiB (%9.2f MiB)   | %6.2f ms | %10.2f MiB | %17s "
                "| peak <= (window+1) chunks = %.2f MiB: %s; time x%.2f of none (<= %.2f: %s) "
                "|\n",
-               windows[i], w[i].peak / (double)MIB, w[i].st.pass_reserve_peak_bytes / (double)MIB,
+               win, w[i].peak / (double)MIB, w[i].st.pass_reserve_peak_bytes / (double)MIB,
                w[i].step / 1e6, w[i].st.offload_bytes / (double)MIB,
                same ? "bit-identical" : "DIFFERENT", goal_peak,
                w[i].peak / (double)MIB <= goal_peak ? "met" : "NOT met", ratio, OFFLOAD_TIME_GOAL,
@@ -460,9 +469,8 @@ static void bench_offload(bool quick)
     }
     printf("\npinned host memory held by the cache after the runs: %.2f MiB\n",
            w[2].pinned / (double)MIB);
-    free(none.dw);
-    for (int i = 0; i < 3; i++)
-        free(w[i].dw);
+    for (int i = 0; i < NCASES; i++)
+        free(res[i].dw);
     float *bufs[] = {x, y, dy, dx};
     for (int i = 0; i < 4; i++)
         CHECK(mt_alloc_free(e.a, bufs[i]));
