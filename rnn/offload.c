@@ -247,8 +247,13 @@ static int ensure_device(mt__rnn_store_t *st, chunk_t *c)
         if (rc == 0)
             c->where = ON_DEVICE;
     }
-    if (rc == 0 && c->where == COPYING_OUT)
-        c->where = ON_DEVICE; /* still on the device: its host copy is simply not used */
+    if (rc == 0 && c->where == COPYING_OUT) {
+        /* Still on the device and its host copy is not used, but backward writes the chunk
+         * in place: the copy reading it finishes first. */
+        rc = mt_event_synchronize(m->backend, c->ev);
+        if (rc == 0)
+            c->where = ON_DEVICE;
+    }
     return rc;
 }
 
