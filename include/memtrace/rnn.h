@@ -15,7 +15,7 @@
  * stacked; weight_hh_... = [g*H, H]; bias_ih_..., bias_hh_... = [g*H]). Gradients live in a
  * second flat buffer (tagged grads) with the same layout and ACCUMULATE, as cuDNN's do.
  *
- * Dropout between layers is not implemented (every layer sees the previous one's output).
+ * There is no dropout between layers: every layer sees the previous one's output.
  *
  * Activation offload (U4): with offload_window = W > 0, a training forward keeps the reserve
  * of at most W chunks of chunk_steps time steps on the device; older chunks are copied to
