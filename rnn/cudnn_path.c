@@ -27,10 +27,15 @@
  * (CUDNN_RNN_PADDED_IO_DISABLED); it would be for unpacked (padded) variable-length batches,
  * which the engine's API does not have.
  *
+ * Device: a cuDNN handle belongs to the device current when it was created, and its
+ * kernels run on the current device, so every entry switches the calling thread to the
+ * backend's device (cudaSetDevice) and back to the caller's afterwards.
+ *
  * Memory: workspace and reserve are the module's allocations from the caching allocator
  * (tagged workspace and activations), sized by cudnnGetRNNTempSpaceSizes through the size
  * functions below; cuDNN never allocates device memory itself here. Every cuDNN call runs
  * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on. */
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -130,6 +135,35 @@ static int check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
         if (rc_)                                                                                   \
             return rc_;                                                                            \
     } while (0)
+
+/* The calling thread's current device while the path works, restored on leave. */
+typedef struct dev_guard_s {
+    int prev;
+    bool switched;
+} dev_guard_t;
+
+static int dev_enter(const mt_rnn_t *m, dev_guard_t *g)
+{
+    g->switched = false;
+    int dev = mt_backend_device(m->backend);
+    cudaError_t e = cudaGetDevice(&g->prev);
+    if (e == cudaSuccess && g->prev != dev) {
+        e = cudaSetDevice(dev);
+        g->switched = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) {
+        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: selecting device %d: %s (%d)", dev,
+             cudaGetErrorString(e), (int)e);
+        return MT_ENODEV;
+    }
+    return 0;
+}
+
+static void dev_leave(const dev_guard_t *g)
+{
+    if (g->switched)
+        cudaSetDevice(g->prev);
+}
 
 static size_t align_up(size_t n, size_t a)
 {
@@ -279,11 +313,9 @@ static int scatter_add(mt_rnn_t *m, cudnn_state_t *st, float *dw)
 }
 
 /* Points the data descriptors and the size cache at (T, B). */
-static int set_shape(const mt_rnn_t *m, int T, int B)
+static int describe_shape(const mt_rnn_t *m, int T, int B)
 {
     cudnn_state_t *st = S(m);
-    if (st->T == T && st->B == B)
-        return 0;
     const mt__rnn_shape_t *s = &m->shape;
     st->T = st->B = 0;
     if (B > st->host_cap) {
@@ -312,6 +344,20 @@ static int set_shape(const mt_rnn_t *m, int T, int B)
     st->T = T;
     st->B = B;
     return 0;
+}
+
+/* describe_shape on the backend's device; nothing to do when (T, B) is already described. */
+static int set_shape(const mt_rnn_t *m, int T, int B)
+{
+    cudnn_state_t *st = S(m);
+    if (st->T == T && st->B == B)
+        return 0;
+    dev_guard_t g;
+    int rc = dev_enter(m, &g);
+    if (rc == 0)
+        rc = describe_shape(m, T, B);
+    dev_leave(&g);
+    return rc;
 }
 
 /* A size function cannot return an error: keep it for the call that follows. */
@@ -389,6 +435,8 @@ static void cudnn_fini(mt_rnn_t *m)
     cudnn_state_t *st = S(m);
     if (!st)
         return;
+    dev_guard_t g;
+    bool on_device = st->h && dev_enter(m, &g) == 0;
     /* Frees are stream-ordered: safe with work still in flight. */
     if (st->lens)
         mt_alloc_free(m->alloc, st->lens);
@@ -412,6 +460,8 @@ static void cudnn_fini(mt_rnn_t *m)
         cudnnDestroyRNNDescriptor(st->rnn);
     if (st->h)
         cudnnDestroy(st->h);
+    if (on_device)
+        dev_leave(&g);
     free(st->host_lens);
     free(st->regions);
     free(st);
@@ -443,18 +493,24 @@ static int cudnn_init(mt_rnn_t *m)
     if (!st)
         return MT_ENOMEM;
     m->path_state = st;
-    /* Where there is no driver (this build machine), cudnnCreate answers NOT_INITIALIZED:
-     * ENODEV, with the reason in the log. */
+    /* Where there is no driver (this build machine), selecting the device or cudnnCreate
+     * fails (NOT_INITIALIZED): ENODEV, with the reason in the log. */
+    dev_guard_t g;
+    int rc = dev_enter(m, &g);
+    if (rc) {
+        cudnn_fini(m);
+        return rc;
+    }
     cudnnStatus_t cs = cudnnCreate(&st->h);
     if (cs != CUDNN_STATUS_SUCCESS) {
         st->h = NULL;
         plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: cudnnCreate: %s (%d)",
              cudnnGetErrorString(cs), (int)cs);
-        cudnn_fini(m);
-        int rc = status_to_mt(cs);
-        return rc == MT_ENOMEM ? rc : MT_ENODEV;
+        rc = status_to_mt(cs) == MT_ENOMEM ? MT_ENOMEM : MT_ENODEV;
+    } else {
+        rc = init_state(m, st);
     }
-    int rc = init_state(m, st);
+    dev_leave(&g);
     if (rc)
         cudnn_fini(m);
     return rc;
@@ -487,8 +543,8 @@ static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
     return dx_scratch_offset(S(m)) + (size_t)T * (size_t)B * (size_t)m->shape.input * sizeof(float);
 }
 
-static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
-                         void *reserve, void *work)
+static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                       void *reserve, void *work)
 {
     cudnn_state_t *st = S(m);
     int rc = prepare(m, io->seq_len, io->batch);
@@ -507,8 +563,8 @@ static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, boo
     return 0;
 }
 
-static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
-                          void *reserve, const mt_rnn_grad_io_t *g, void *work)
+static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
+                        void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
     cudnn_state_t *st = S(m);
     int rc = prepare(m, io->seq_len, io->batch);
@@ -538,6 +594,28 @@ static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_i
                                      io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dws,
                                      st->work_train, work, st->reserve, reserve));
     return st->gather ? scatter_add(m, st, dw) : 0;
+}
+
+static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                         void *reserve, void *work)
+{
+    dev_guard_t dg;
+    int rc = dev_enter(m, &dg);
+    if (rc == 0)
+        rc = run_forward(m, w, io, training, reserve, work);
+    dev_leave(&dg);
+    return rc;
+}
+
+static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
+                          void *reserve, const mt_rnn_grad_io_t *g, void *work)
+{
+    dev_guard_t dg;
+    int rc = dev_enter(m, &dg);
+    if (rc == 0)
+        rc = run_backward(m, w, dw, io, reserve, g, work);
+    dev_leave(&dg);
+    return rc;
 }
 
 /* Copies and zeroing are queued on the module's stream, in order with the cuDNN calls. */

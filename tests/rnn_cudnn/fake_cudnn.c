@@ -32,6 +32,7 @@
 
 struct cudnnContext {
     cudaStream_t stream;
+    int device; /* current when the handle was created */
 };
 
 struct cudnnTensorStruct {
@@ -69,6 +70,7 @@ static struct {
     long live;
     char err[256];
     const void *data_done_reserve; /* reserve of the last backward data */
+    int device;                    /* the runtime's current device */
 } F = {.shift_p = -1};
 
 void fake_dnn_reset(void)
@@ -150,6 +152,16 @@ size_t fake_dnn_count(const char *name)
     return n;
 }
 
+int fake_dnn_current_device(void)
+{
+    return F.device;
+}
+
+void fake_dnn_set_current_device(int device)
+{
+    F.device = device;
+}
+
 long fake_dnn_live(void)
 {
     return F.live;
@@ -180,6 +192,7 @@ static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
     memset(c, 0, sizeof *c);
     c->name = name;
     c->clock = F.clock ? F.clock() : 0;
+    c->device = F.device;
     *st = CUDNN_STATUS_SUCCESS;
     if (F.fail_name && strcmp(F.fail_name, name) == 0) {
         F.fail_name = NULL;
@@ -202,6 +215,30 @@ static cudnnStatus_t refuse(fake_dnn_call_t *c, const char *why)
     if (st_ != CUDNN_STATUS_SUCCESS)                                                               \
     return st_
 
+/* ---- the runtime's device selection ---- */
+
+cudaError_t cudaGetDevice(int *device)
+{
+    *device = F.device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    cudnnStatus_t st;
+    fake_dnn_call_t *c = rec("cudaSetDevice", &st);
+    c->i[0] = device;
+    if (st != CUDNN_STATUS_SUCCESS)
+        return cudaErrorInvalidDevice;
+    F.device = device;
+    return cudaSuccess;
+}
+
+const char *cudaGetErrorString(cudaError_t error)
+{
+    return error == cudaSuccess ? "no error" : "fake runtime error";
+}
+
 /* ---- handles and descriptors ---- */
 
 const char *cudnnGetErrorString(cudnnStatus_t status)
@@ -213,6 +250,7 @@ cudnnStatus_t cudnnCreate(cudnnHandle_t *handle)
 {
     BEGIN("cudnnCreate");
     *handle = calloc(1, sizeof **handle);
+    (*handle)->device = F.device;
     F.live++;
     c->p[0] = *handle;
     return CUDNN_STATUS_SUCCESS;
@@ -486,6 +524,8 @@ static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNND
 {
     if (!h || !d->set || !xd->set || !yd->set)
         return refuse(c, "descriptor not set");
+    if (h->device != F.device)
+        return refuse(c, "called on another device than the handle's");
     if (xd->T != yd->T || xd->B != yd->B || xd->vec != d->input ||
         yd->vec != dirs_of(d) * d->hidden || xd->layout != yd->layout || !xd->full)
         return refuse(c, "data descriptors disagree with the RNN");
@@ -670,7 +710,7 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
     BEGIN("cudnnAddTensor");
     c->p[0] = A;
     c->p[1] = C;
-    if (!handle || aDesc->nd != cDesc->nd || !A || !C)
+    if (!handle || handle->device != F.device || aDesc->nd != cDesc->nd || !A || !C)
         return refuse(c, "descriptors or pointers");
     size_t n = 1;
     for (int k = 0; k < aDesc->nd; k++) {

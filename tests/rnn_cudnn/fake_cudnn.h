@@ -1,9 +1,10 @@
-/* A fake of the cuDNN 9 calls the "cudnn" compute path makes (fake_cudnn.c), linked into
- * the test in place of libcudnn. It records every call with its arguments, answers size and
- * layout queries from cuDNN's documented canonical layout (or a perturbed one, on demand),
- * checks the arguments of the compute calls the way cuDNN's contract states them, and
- * touches the memory it is given (device memory of the fake driver is host memory), so an
- * undersized buffer shows up under ASan.
+/* A fake of the cuDNN 9 calls the "cudnn" compute path makes (fake_cudnn.c), and of the
+ * three CUDA runtime calls it makes (cudaGetDevice, cudaSetDevice, cudaGetErrorString),
+ * linked into the test in place of libcudnn and libcudart. It records every call with its
+ * arguments, answers size and layout queries from cuDNN's documented canonical layout (or a
+ * perturbed one, on demand), checks the arguments of the compute calls the way cuDNN's contract
+ * states them, and touches the memory it is given (device memory of the fake driver is host
+ * memory), so an undersized buffer shows up under ASan.
  *
  * Its "kernels" are markers, not RNN math: forward writes every y element as the last float
  * of the last region (the last recurrent bias) and hy = hx + 1, and fills workspace and
@@ -24,6 +25,7 @@
 typedef struct fake_dnn_call_s {
     const char *name;
     size_t clock;     /* the clock (fake driver calls so far) when the call was made */
+    int device;       /* the runtime's current device during the call */
     const void *p[8]; /* pointer arguments (and pointers returned) */
     size_t n[4];      /* byte sizes */
     int i[16];        /* ints and enums */
@@ -49,6 +51,10 @@ void fake_dnn_expect_weights(bool on);
 /* Called at the end of each successful compute call (forward, backward data/weights),
  * while its buffers are still live. */
 void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud);
+
+/* The fake runtime's current device of the (single) calling thread. */
+int fake_dnn_current_device(void);
+void fake_dnn_set_current_device(int device);
 
 size_t fake_dnn_ncalls(void);
 const fake_dnn_call_t *fake_dnn_call(size_t i);

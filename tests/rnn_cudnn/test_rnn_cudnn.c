@@ -49,16 +49,20 @@ static size_t clock_fn(void)
     return fk.ncalls();
 }
 
-static void fx_up(fx_t *f)
+/* A module on device `device` of a two-device fake, called from a thread whose runtime
+ * current device is 0. */
+static void fx_up_on(fx_t *f, int device)
 {
     memset(f, 0, sizeof *f);
-    fk.reset(256 * MiB, 1);
+    fk.reset(256 * MiB, 2);
     fake_dnn_reset();
+    fake_dnn_set_current_device(0);
     f->live0 = fake_dnn_live();
     f->used0 = fk.used();
     fake_dnn_set_clock(clock_fn);
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     bc.kind = MT_BACKEND_CUDA;
+    bc.device = device;
     assert_int_equal(mt_backend_create(&f->b, &bc), 0);
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = f->b;
@@ -74,6 +78,11 @@ static void fx_up(fx_t *f)
     f->cfg.stream = f->s;
     f->cfg.log = fx_log;
     f->cfg.log_ud = f;
+}
+
+static void fx_up(fx_t *f)
+{
+    fx_up_on(f, 0);
 }
 
 static void fx_down(fx_t *f)
@@ -734,6 +743,53 @@ static void test_compaction_and_step(void **state)
     fx_down(&f);
 }
 
+/* cuDNN works on the current device: on device 1, from a thread whose current device is 0,
+ * the handle is made, used and destroyed on device 1 (the fake refuses a call on another
+ * device than its handle's), and the thread is back on device 0 after every entry. */
+static void test_device_guard(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_up_on(&f, 1);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    assert_int_equal(fake_dnn_current_device(), 0);
+    assert_int_equal(fake_dnn_call(fake_dnn_find("cudnnCreate", 0))->device, 1);
+    for (size_t i = fake_dnn_find("cudnnGetRNNWeightParams", 0); i != SIZE_MAX;
+         i = fake_dnn_find("cudnnGetRNNWeightParams", i + 1))
+        assert_int_equal(fake_dnn_call(i)->device, 1);
+    float *x = dbuf(&f, 4 * 2 * 5, 1.0f);
+    float *y = dbuf(&f, 4 * 2 * 16, 0.0f);
+    float *dy = dbuf(&f, 4 * 2 * 16, 1.0f);
+    mt_rnn_io_t io = {.seq_len = 4, .batch = 2, .x = x, .y = y};
+    mt_rnn_act_t act; /* a size query for a new shape is a cuDNN call too */
+    assert_int_equal(mt_rnn_activation_bytes(f.m, 9, 3, &act), 0);
+    assert_int_equal(fake_dnn_current_device(), 0);
+    mt_rnn_reserve_t *res;
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    assert_int_equal(fake_dnn_current_device(), 0);
+    mt_rnn_grad_io_t g = {.dy = dy};
+    assert_int_equal(mt_rnn_backward(f.m, &res, &g), 0);
+    assert_int_equal(fake_dnn_current_device(), 0);
+    assert_string_equal(fake_dnn_last_error(), "");
+    for (size_t i = 0; i < fake_dnn_ncalls(); i++)
+        if (strncmp(fake_dnn_call(i)->name, "cudnn", 5) == 0)
+            assert_int_equal(fake_dnn_call(i)->device, 1);
+    size_t from = fake_dnn_ncalls();
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    assert_int_equal(mt_alloc_free(f.a, dy), 0);
+    mt_rnn_destroy(&f.m);
+    assert_int_equal(fake_dnn_call(fake_dnn_find("cudnnDestroy", from))->device, 1);
+    assert_int_equal(fake_dnn_current_device(), 0);
+    /* a thread already on the device is left alone: no switch at all */
+    fake_dnn_set_current_device(1);
+    from = fake_dnn_ncalls();
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    assert_int_equal(fake_dnn_current_device(), 1);
+    assert_int_equal(fake_dnn_find("cudaSetDevice", from), SIZE_MAX);
+    fx_down(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -742,6 +798,7 @@ int main(void)
         cmocka_unit_test(test_layout_untranslatable), cmocka_unit_test(test_gather_padded_layout),
         cmocka_unit_test(test_gather_larger_space),   cmocka_unit_test(test_errors),
         cmocka_unit_test(test_warmup_and_shapes),     cmocka_unit_test(test_compaction_and_step),
+        cmocka_unit_test(test_device_guard),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -1,7 +1,8 @@
 /* The library as shipped, linked against the real libcudnn: on a machine without a driver
  * (this one), the module on the cuda backend (over the fake driver of tests/cuda) reaches
- * the real cudnnCreate, which fails; creation returns MT_ENODEV and logs why, and the sim
- * backend keeps the cpu path. */
+ * the real CUDA runtime and cuDNN, which cannot start (the runtime finds no libcuda.so.1);
+ * creation returns MT_ENODEV and logs why, and the sim backend keeps the cpu path. */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,6 +42,13 @@ static void make(mt_backend_kind_e kind, mt_backend_t **b, mt_alloc_t **a)
 static void test_real_cudnn_without_driver(void **state)
 {
     (void)state;
+    /* With a real driver, the real cuDNN would start and compute on the fake driver's host
+     * memory: this test is about machines without one. */
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (drv) {
+        dlclose(drv);
+        skip();
+    }
     mt_backend_t *b;
     mt_alloc_t *a;
     make(MT_BACKEND_CUDA, &b, &a);
@@ -55,7 +63,7 @@ static void test_real_cudnn_without_driver(void **state)
     assert_int_equal(mt_rnn_create(&m, &cfg), MT_ENODEV);
     assert_null(m);
     assert_int_equal(logs.warnings, 1);
-    assert_non_null(strstr(logs.last, "cudnnCreate"));
+    assert_non_null(strstr(logs.last, "cudnn unavailable"));
     mt_alloc_stats_t st;
     assert_int_equal(mt_alloc_stats(a, &st), 0);
     assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
