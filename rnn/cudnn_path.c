@@ -34,7 +34,9 @@
  * Memory: workspace and reserve are the module's allocations from the caching allocator
  * (tagged workspace and activations), sized by cudnnGetRNNTempSpaceSizes through the size
  * functions below; cuDNN never allocates device memory itself here. Every cuDNN call runs
- * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on. */
+ * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on.
+ * Inference of a unidirectional module runs chunk by chunk (MT__RNN_CHUNK steps), so its
+ * workspace does not grow with the sequence length. */
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <stdarg.h>
@@ -522,8 +524,43 @@ static size_t cudnn_reserve_bytes(const mt_rnn_t *m, int T, int B)
     return S(m)->T ? S(m)->reserve : 0;
 }
 
+/* Inference of a unidirectional module runs in chunks of MT__RNN_CHUNK steps, each a
+ * cudnnRNNForward whose final states start the next, so its workspace (cuDNN's grows with
+ * T) is bounded independently of T, as the engine promises (U2). */
+static bool chunked(const mt_rnn_t *m, int T, bool training)
+{
+    return !training && m->shape.dirs == 1 && T > MT__RNN_CHUNK;
+}
+
+/* Bytes of one [L, B, H] state buffer in the chunked workspace. */
+static size_t state_bytes(const mt_rnn_t *m, int B)
+{
+    return align_up((size_t)m->shape.layers * (size_t)B * (size_t)m->shape.hidden * sizeof(float),
+                    512);
+}
+
+/* Chunked inference workspace: cuDNN's for the larger of the full chunk and the tail,
+ * then two h and two c state buffers (ping-pong between chunks). */
+static size_t chunk_work_bytes(const mt_rnn_t *m, int T, int B)
+{
+    size_t w = 0;
+    int tail = T % MT__RNN_CHUNK;
+    int shapes[2] = {MT__RNN_CHUNK, tail};
+    for (int i = 0; i < (tail ? 2 : 1); i++) {
+        shape_for_size(m, shapes[i], B);
+        if (!S(m)->T)
+            return 0;
+        w = S(m)->work_inf > w ? S(m)->work_inf : w;
+    }
+    return w;
+}
+
 static size_t cudnn_fwd_work_bytes(const mt_rnn_t *m, int T, int B, bool training)
 {
+    if (chunked(m, T, training)) {
+        size_t w = chunk_work_bytes(m, T, B);
+        return w ? align_up(w, 512) + 4 * state_bytes(m, B) : 0;
+    }
     shape_for_size(m, T, B);
     return S(m)->T ? (training ? S(m)->work_train : S(m)->work_inf) : 0;
 }
@@ -543,16 +580,14 @@ static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
     return dx_scratch_offset(S(m)) + (size_t)T * (size_t)B * (size_t)m->shape.input * sizeof(float);
 }
 
-static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
-                       void *reserve, void *work)
+/* One cudnnRNNForward over io with weight space ws. */
+static int forward_once(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, bool training,
+                        void *reserve, void *work)
 {
     cudnn_state_t *st = S(m);
     int rc = prepare(m, io->seq_len, io->batch);
     if (rc)
         return rc;
-    if (st->gather && (rc = gather(m, st, w)) != 0)
-        return rc;
-    const void *ws = st->gather ? (const void *)st->sw : w;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
     CK(m, cudnnRNNForward(st->h, st->rnn,
                           training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
@@ -561,6 +596,60 @@ static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool 
                           training ? st->work_train : st->work_inf, work,
                           training ? st->reserve : 0, training ? reserve : NULL));
     return 0;
+}
+
+/* Inference chunk by chunk (see chunked()): chunk k reads the states chunk k - 1 wrote into
+ * the workspace's ping-pong buffers; the first reads io's, the last writes io's. */
+static int forward_chunks(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, void *work)
+{
+    const mt__rnn_shape_t *s = &m->shape;
+    int T = io->seq_len, B = io->batch;
+    size_t sb = state_bytes(m, B);
+    size_t cw = chunk_work_bytes(m, T, B);
+    if (!cw) {
+        int rc = S(m)->size_err;
+        S(m)->size_err = 0;
+        return rc ? rc : MT_EIO;
+    }
+    char *states = (char *)work + align_up(cw, 512);
+    float *h[2] = {(float *)states, (float *)(states + sb)};
+    float *c[2] = {(float *)(states + 2 * sb), (float *)(states + 3 * sb)};
+    bool lstm = s->mode == MT_RNN_LSTM;
+    for (int t0 = 0, k = 0; t0 < T; t0 += MT__RNN_CHUNK, k++) {
+        int n = T - t0 < MT__RNN_CHUNK ? T - t0 : MT__RNN_CHUNK;
+        bool last = t0 + n == T;
+        mt_rnn_io_t ck = {
+            .seq_len = n,
+            .batch = B,
+            .x = io->x + (size_t)t0 * (size_t)B * (size_t)s->input,
+            .y = io->y + (size_t)t0 * (size_t)B * (size_t)s->hidden,
+            .hx = k == 0 ? io->hx : h[(k - 1) % 2],
+            .cx = !lstm    ? NULL
+                  : k == 0 ? io->cx
+                           : c[(k - 1) % 2],
+            .hy = last ? io->hy : h[k % 2],
+            .cy = !lstm  ? NULL
+                  : last ? io->cy
+                         : c[k % 2],
+        };
+        int rc = forward_once(m, ws, &ck, false, NULL, work);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                       void *reserve, void *work)
+{
+    cudnn_state_t *st = S(m);
+    int rc = st->gather ? gather(m, st, w) : 0;
+    if (rc)
+        return rc;
+    const void *ws = st->gather ? (const void *)st->sw : w;
+    if (chunked(m, io->seq_len, training))
+        return forward_chunks(m, ws, io, work);
+    return forward_once(m, ws, io, training, reserve, work);
 }
 
 static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,

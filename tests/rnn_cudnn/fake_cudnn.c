@@ -15,7 +15,8 @@
  *                               i0 pseudoLayer, i1 linLayerID; n0 weightSpaceSize
  *   cudnnRNNForward             p0 x, p1 y, p2 hx, p3 hy, p4 weightSpace, p5 workSpace,
  *                               p6 reserveSpace, p7 devSeqLengths; i0 fwdMode, i1 cx != NULL,
- *                               i2 cy != NULL; n0 weight, n1 work, n2 reserve sizes
+ *                               i2 cy != NULL, i3 T, i4 B; n0 weight, n1 work, n2 reserve
+ *                               sizes
  *   cudnnRNNBackwardData_v8     p0 y, p1 dy, p2 dx, p3 weightSpace, p4 workSpace,
  *                               p5 reserveSpace, p6 devSeqLengths, p7 dhx; n0..n2 sizes
  *   cudnnRNNBackwardWeights_v8  p0 x, p1 hx, p2 y, p3 dweightSpace, p4 workSpace,
@@ -581,6 +582,8 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
     c->i[0] = fwdMode;
     c->i[1] = cx != NULL;
     c->i[2] = cy != NULL;
+    c->i[3] = xDesc->T;
+    c->i[4] = xDesc->B;
     c->n[0] = weightSpaceSize;
     c->n[1] = workSpaceSize;
     c->n[2] = reserveSpaceSize;

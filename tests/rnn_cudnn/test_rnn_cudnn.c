@@ -743,6 +743,69 @@ static void test_compaction_and_step(void **state)
     fx_down(&f);
 }
 
+/* Inference of a unidirectional module runs in chunks of MT__RNN_CHUNK steps chained
+ * through their final states, so its memory does not grow with T (U2): T = 200 and
+ * T = 2000 peak at the same workspace. */
+static void test_inference_chunks(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_up(&f);
+    f.cfg.bidirectional = false;
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    const int B = 2, I = 5, H = 8, L = 2, C = MT__RNN_CHUNK;
+    int64_t peak[2];
+    int lens[2] = {200, 2000};
+    for (int r = 0; r < 2; r++) {
+        int T = lens[r], nchunks = (T + C - 1) / C;
+        float *x = dbuf(&f, (size_t)T * B * I, 1.0f);
+        float *y = dbuf(&f, (size_t)T * B * H, 0.0f);
+        float *hy = dbuf(&f, (size_t)L * B * H, 0.0f);
+        float *cy = dbuf(&f, (size_t)L * B * H, 0.0f);
+        mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y, .hy = hy, .cy = cy};
+        mt_alloc_reset_peak(f.a);
+        size_t from = fake_dnn_ncalls();
+        assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+        mt_alloc_stats_t st;
+        assert_int_equal(mt_alloc_stats(f.a, &st), 0);
+        peak[r] = st.tag_requested_bytes[MT_TAG_WORKSPACE].peak;
+        const fake_dnn_call_t *prev = NULL;
+        int k = 0;
+        for (size_t i = fake_dnn_find("cudnnRNNForward", from); i != SIZE_MAX;
+             i = fake_dnn_find("cudnnRNNForward", i + 1), k++) {
+            const fake_dnn_call_t *c = fake_dnn_call(i);
+            int t0 = k * C, n = T - t0 < C ? T - t0 : C;
+            assert_int_equal(c->i[0], CUDNN_FWD_MODE_INFERENCE);
+            assert_int_equal(c->i[3], n);
+            assert_ptr_equal(c->p[0], x + (size_t)t0 * B * I);
+            assert_ptr_equal(c->p[1], y + (size_t)t0 * B * H);
+            if (prev)
+                assert_ptr_equal(c->p[2], prev->p[3]); /* this chunk starts from the last */
+            else
+                assert_null(c->p[2]);
+            assert_true(c->i[1] == (prev != NULL) && c->i[2] == 1);
+            prev = c;
+        }
+        assert_int_equal(k, nchunks);
+        assert_ptr_equal(prev->p[3], hy);
+        float hh[2 * 2 * 8], yl;
+        dget(&f, hh, hy, (size_t)L * B * H);
+        assert_true(hh[0] == (float)nchunks); /* the fake's hy = hx + 1, chunk after chunk */
+        dget(&f, &yl, y + (size_t)T * B * H - 1, 1);
+        float wl;
+        size_t nw;
+        float *w = mt_rnn_weights(f.m, &nw);
+        dget(&f, &wl, w + nw - 1, 1);
+        assert_true(yl == wl); /* the last step was written */
+        float *bufs[] = {x, y, hy, cy};
+        for (int b = 0; b < 4; b++)
+            assert_int_equal(mt_alloc_free(f.a, bufs[b]), 0);
+    }
+    assert_int_equal(peak[0], peak[1]);
+    assert_string_equal(fake_dnn_last_error(), "");
+    fx_down(&f);
+}
+
 /* cuDNN works on the current device: on device 1, from a thread whose current device is 0,
  * the handle is made, used and destroyed on device 1 (the fake refuses a call on another
  * device than its handle's), and the thread is back on device 0 after every entry. */
@@ -798,7 +861,7 @@ int main(void)
         cmocka_unit_test(test_layout_untranslatable), cmocka_unit_test(test_gather_padded_layout),
         cmocka_unit_test(test_gather_larger_space),   cmocka_unit_test(test_errors),
         cmocka_unit_test(test_warmup_and_shapes),     cmocka_unit_test(test_compaction_and_step),
-        cmocka_unit_test(test_device_guard),
+        cmocka_unit_test(test_device_guard),          cmocka_unit_test(test_inference_chunks),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }
