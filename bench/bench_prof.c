@@ -10,9 +10,10 @@
  *               (the no-daemon fallback; drops are counted when the encoder falls behind)
  * plus the ring's push alone (no allocator), with a draining consumer.
  * Rounds alternate the configurations and the best (lowest) time of each is kept, which
- * filters out the noise of a shared machine. */
+ * filters out the noise of a shared machine; the drops shown are those of that round. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +143,8 @@ static int run_loop(int cfgi, result_t *res)
     }
     uint64_t dt = now_ns() - t0;
     double ns = (double)dt / PAIRS;
-    if (ns < res->best_ns_per_pair || res->best_ns_per_pair == 0)
+    bool best = ns < res->best_ns_per_pair || res->best_ns_per_pair == 0;
+    if (best)
         res->best_ns_per_pair = ns;
     mt_alloc_destroy(&a);
     if (cfgi == CFG_NULL) {
@@ -153,13 +155,15 @@ static int run_loop(int cfgi, result_t *res)
         mt__ring_stats_t st;
         mt__ring_stats(ring, &st);
         res->events = st.emitted;
-        res->dropped = st.dropped;
+        if (best) /* the drops of the round whose time is shown */
+            res->dropped = st.dropped;
         mt__ring_close(&ring);
     } else if (cfgi == CFG_LOG) {
         mt_prof_stats_t st;
         mt_prof_stats(prof, &st);
         res->events = st.emitted;
-        res->dropped = st.dropped;
+        if (best) /* the drops of the round whose time is shown */
+            res->dropped = st.dropped;
         mt_prof_destroy(&prof);
     }
     mt_backend_destroy(&b);
@@ -251,5 +255,9 @@ int main(void)
         100 * extra / off, 100 * extra / off <= 5.0 ? "met" : "NOT met",
         per_pair > 0 ? extra / per_pair : 0.0,
         per_pair > 0 && extra / per_pair <= 50.0 ? "met" : "NOT met");
+    if (res[CFG_RING].dropped > 0)
+        printf("(the ring round shown dropped %llu events: its reader was starved of CPU, a "
+               "drop costs less than a record, so that figure is too low; run again)\n",
+               (unsigned long long)res[CFG_RING].dropped);
     return 0;
 }

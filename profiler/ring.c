@@ -13,6 +13,9 @@
 #include <unistd.h>
 
 #define DEFAULT_STUCK_NS (500u * 1000u * 1000u)
+/* Records ahead of the one written that push asks ownership of (prefetch_write): a few
+ * operations, time enough for a line to come back from the consumer's core. */
+#define PREFETCH_AHEAD 4
 
 struct mt__ring_s {
     mt__ring_hdr_t *hdr;      /* shared, start of the mapping */
@@ -364,8 +367,9 @@ size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
         rec->seq = seq + i;
         publish(r, pos + i);
     }
-    prefetch_write(&r->recs[(pos + n) & r->mask]);
-    prefetch_write(&r->recs[(pos + n + 1) & r->mask]);
+    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD) & r->mask]);
+    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD + 1) & r->mask]);
+    prefetch_write(&r->commit[(pos + n + 8) & r->mask]);
     return 0;
 }
 
@@ -441,14 +445,15 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
     mt__ring_hdr_t *h = r->hdr;
     uint64_t pos = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
     size_t n = 0;
-    /* claim is the producers' hot cache line: read it once per batch, not per record. */
+    /* claim is the producers' hot cache line: read once per call, and the call stops at
+     * that snapshot instead of chasing the producer. A consumer reading slots and commit
+     * words just as they are written pulls those lines away from the producer's core
+     * between its writes (each commit line holds eight positions); records published
+     * during the call are for the next one. */
     uint64_t claim = atomic_load_explicit(&h->claim, memory_order_acquire);
     while (n < max) {
-        if (pos == claim) {
-            claim = atomic_load_explicit(&h->claim, memory_order_acquire);
-            if (pos == claim)
-                break;
-        }
+        if (pos == claim)
+            break;
         _Atomic uint64_t *cw = &r->commit[pos & r->mask];
         uint64_t c = atomic_load_explicit(cw, memory_order_acquire);
         if (c != pos + 1) {
