@@ -11,7 +11,10 @@
  * with best fit over that free room plus a candidate new segment, growing the candidate
  * until the replay fits. The segments whose room the plan uses become reserved (they keep
  * serving any size on the stream and are never released while the reservation stands),
- * so a run that repeats the warm-up's pattern finds the same room. */
+ * so a run that repeats the warm-up's pattern finds the same room. Requests on every
+ * stream are recorded and replayed on the reservation's stream (conservative, like the
+ * measured peak). A replay costs O(requests x free extents); the search makes
+ * O(log(size / 2 MiB)) of them, once per warm-up. */
 #include <stdlib.h>
 #include <string.h>
 
