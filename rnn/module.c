@@ -560,7 +560,10 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
      * steps: generation makes no allocator call per step, and its memory is that of one
      * step whatever the number of steps. */
     size_t ybytes = (size_t)batch * (size_t)m->shape.hidden * sizeof(float);
-    size_t need = m->path->fwd_work_bytes(m, 1, batch, false) + ybytes;
+    /* y sits after the path's workspace, whose size may be any byte count (cuDNN's is):
+     * round it up so y stays aligned for floats (and vector loads). */
+    size_t wbytes = (m->path->fwd_work_bytes(m, 1, batch, false) + 255) & ~(size_t)255;
+    size_t need = wbytes + ybytes;
     if (need > m->step_ws_bytes) {
         dfree(m, m->step_ws);
         m->step_ws = NULL;
@@ -571,7 +574,7 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
         m->step_ws_bytes = need;
     }
     if (!y)
-        y = (float *)((char *)m->step_ws + m->step_ws_bytes - ybytes);
+        y = (float *)((char *)m->step_ws + wbytes);
     mt_rnn_io_t io = {
         .seq_len = 1, .batch = batch, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
     return forward(m, &io, NULL, m->step_ws);
