@@ -49,8 +49,8 @@ typedef struct mt_backend_ops_s {
  * counters are updated by backend.c with relaxed atomics (they are statistics). */
 struct mt_backend_s {
     const mt_backend_ops_t *ops;
-    int device;                     /* ordinal, >= 0 */
-    mt_log_cb log;                  /* optional */
+    int device;    /* ordinal, >= 0 */
+    mt_log_cb log; /* optional */
     void *log_ud;
     _Atomic uint64_t counters[sizeof(mt_backend_counters_t) / sizeof(uint64_t)];
 };
