@@ -9,7 +9,8 @@
 #include "allocator/backend.h"
 
 #define COUNTER(field) (offsetof(mt_backend_counters_t, field) / sizeof(uint64_t))
-#define BUMP(b, field) atomic_fetch_add_explicit(&(b)->counters[COUNTER(field)], 1, memory_order_relaxed)
+#define BUMP(b, field)                                                                             \
+    atomic_fetch_add_explicit(&(b)->counters[COUNTER(field)], 1, memory_order_relaxed)
 
 _Static_assert(sizeof(mt_backend_counters_t) % sizeof(uint64_t) == 0,
                "counters are an array of uint64_t");
@@ -43,11 +44,28 @@ static int parse_u64_env(const char *name, uint64_t *out)
         return MT_EINVAL;
     /* Accept K/M/G/T suffixes (binary units) for capacities. */
     switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    case 't': case 'T': v <<= 40; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        v <<= 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        v <<= 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        v <<= 30;
+        end++;
+        break;
+    case 't':
+    case 'T':
+        v <<= 40;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end == 'i' || *end == 'B')
         end += (*end == 'i' && end[1] == 'B') ? 2 : 1;

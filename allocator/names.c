@@ -6,18 +6,30 @@
 const char *mt_strerror(int code)
 {
     switch (code) {
-    case 0: return "success";
-    case MT_EINVAL: return "invalid argument";
-    case MT_ENOMEM: return "out of memory";
-    case MT_EAGAIN: return "not ready";
-    case MT_ENOENT: return "not found";
-    case MT_EIO: return "backend or I/O error";
-    case MT_ENOTSUP: return "not supported";
-    case MT_EBUSY: return "busy";
-    case MT_ENODEV: return "no such device";
-    case MT_EPROTO: return "malformed input";
-    case MT_EOVERFLOW: return "size overflow";
-    default: return code < 0 ? strerror(-code) : "unknown error";
+    case 0:
+        return "success";
+    case MT_EINVAL:
+        return "invalid argument";
+    case MT_ENOMEM:
+        return "out of memory";
+    case MT_EAGAIN:
+        return "not ready";
+    case MT_ENOENT:
+        return "not found";
+    case MT_EIO:
+        return "backend or I/O error";
+    case MT_ENOTSUP:
+        return "not supported";
+    case MT_EBUSY:
+        return "busy";
+    case MT_ENODEV:
+        return "no such device";
+    case MT_EPROTO:
+        return "malformed input";
+    case MT_EOVERFLOW:
+        return "size overflow";
+    default:
+        return code < 0 ? strerror(-code) : "unknown error";
     }
 }
 
@@ -48,12 +60,9 @@ const char *mt_event_kind_name(int kind)
 const char *mt_mark_name(int mark)
 {
     static const char *const names[] = {
-        [MT_MARK_ITERATION] = "iteration",
-        [MT_MARK_FORWARD_BEGIN] = "forward_begin",
-        [MT_MARK_FORWARD_END] = "forward_end",
-        [MT_MARK_BACKWARD_BEGIN] = "backward_begin",
-        [MT_MARK_BACKWARD_END] = "backward_end",
-        [MT_MARK_WARMUP_BEGIN] = "warmup_begin",
+        [MT_MARK_ITERATION] = "iteration",       [MT_MARK_FORWARD_BEGIN] = "forward_begin",
+        [MT_MARK_FORWARD_END] = "forward_end",   [MT_MARK_BACKWARD_BEGIN] = "backward_begin",
+        [MT_MARK_BACKWARD_END] = "backward_end", [MT_MARK_WARMUP_BEGIN] = "warmup_begin",
         [MT_MARK_WARMUP_END] = "warmup_end",
     };
     if (mark <= 0 || mark >= (int)(sizeof names / sizeof names[0]) || names[mark] == NULL)
@@ -64,10 +73,14 @@ const char *mt_mark_name(int mark)
 const char *mt_pool_name(int pool)
 {
     switch (pool) {
-    case MT_POOL_SMALL: return "small";
-    case MT_POOL_LARGE: return "large";
-    case MT_POOL_HOST: return "host";
-    default: return "none";
+    case MT_POOL_SMALL:
+        return "small";
+    case MT_POOL_LARGE:
+        return "large";
+    case MT_POOL_HOST:
+        return "host";
+    default:
+        return "none";
     }
 }
 

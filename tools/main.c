@@ -16,9 +16,10 @@ static const mt_cmd_t commands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: memtrace <command> [options]\n\n"
-               "memtrace %s: a block-caching CUDA memory allocator and profiler.\n\n"
-               "commands:\n",
+    fprintf(f,
+            "usage: memtrace <command> [options]\n\n"
+            "memtrace %s: a block-caching CUDA memory allocator and profiler.\n\n"
+            "commands:\n",
             MT_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);

@@ -58,8 +58,8 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
 /* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
- * release_on_oom, release_smaller_segments. An unknown key or a bad value returns MT_EINVAL and writes a
- * message naming it into err (if err != NULL); cfg is then left unchanged. */
+ * release_on_oom, release_smaller_segments. An unknown key or a bad value returns MT_EINVAL and
+ * writes a message naming it into err (if err != NULL); cfg is then left unchanged. */
 MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);
 /* mt_alloc_cfg_parse of the MEMTRACE_ALLOC_CONF environment variable, if set. */
 MT_API int mt_alloc_cfg_from_env(mt_alloc_cfg_t *cfg, char *err, size_t errlen);
@@ -89,8 +89,7 @@ MT_API int mt_alloc_free(mt_alloc_t *a, void *ptr);
 MT_API int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream);
 /* Size of the block behind ptr (rounded), or MT_ENOENT. ptr may point inside it;
  * *base receives the start of the block if base != NULL. */
-MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size,
-                               int *tag);
+MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size, int *tag);
 
 /* Warm-up reservation: ensures at least bytes are reserved as one cached segment on
  * stream, usable by requests of any size, so that a later run whose live bytes stay
@@ -151,10 +150,10 @@ typedef struct mt_alloc_stats_s {
     /* per tag, bytes */
     mt_stat_t tag_allocated_bytes[MT_TAG_MAX];
     mt_stat_t tag_requested_bytes[MT_TAG_MAX];
-    uint64_t num_alloc_retries;  /* mallocs that needed a cache release and retry */
-    uint64_t num_ooms;           /* mallocs that failed */
-    uint64_t num_device_alloc;   /* backend malloc (or vm map) calls */
-    uint64_t num_device_free;    /* backend free (or vm unmap) calls */
+    uint64_t num_alloc_retries; /* mallocs that needed a cache release and retry */
+    uint64_t num_ooms;          /* mallocs that failed */
+    uint64_t num_device_alloc;  /* backend malloc (or vm map) calls */
+    uint64_t num_device_free;   /* backend free (or vm unmap) calls */
     uint64_t num_sync_all_streams;
     uint64_t largest_free_block; /* bytes, largest inactive block */
     uint64_t total_free;         /* bytes, reserved - allocated - pending */
@@ -184,12 +183,12 @@ typedef struct mt_snapshot_block_s {
 } mt_snapshot_block_t;
 
 typedef struct mt_snapshot_segment_s {
-    uint64_t addr;     /* device address of the first byte */
-    uint64_t size;     /* bytes (for expandable segments: mapped bytes) */
-    int pool;          /* mt_pool_e */
-    uint32_t stream;   /* mt_stream_id */
+    uint64_t addr;   /* device address of the first byte */
+    uint64_t size;   /* bytes (for expandable segments: mapped bytes) */
+    int pool;        /* mt_pool_e */
+    uint32_t stream; /* mt_stream_id */
     bool expandable;
-    bool reserved;     /* a warm-up reservation */
+    bool reserved; /* a warm-up reservation */
     size_t nblocks;
     mt_snapshot_block_t *blocks; /* nblocks, address order */
 } mt_snapshot_segment_t;

@@ -54,12 +54,12 @@ typedef struct mt_backend_cfg_s {
 
 /* Calls made to the backend since creation. Monotonic counters. */
 typedef struct mt_backend_counters_s {
-    uint64_t malloc_calls;     /* mt_backend_malloc, successful or not */
-    uint64_t malloc_failures;  /* of which failed (out of memory) */
+    uint64_t malloc_calls;    /* mt_backend_malloc, successful or not */
+    uint64_t malloc_failures; /* of which failed (out of memory) */
     uint64_t free_calls;
     uint64_t vm_reserve_calls; /* virtual address range reservations */
     uint64_t vm_release_calls;
-    uint64_t vm_map_calls;     /* physical pages created and mapped */
+    uint64_t vm_map_calls; /* physical pages created and mapped */
     uint64_t vm_unmap_calls;
     uint64_t memcpy_calls;
     uint64_t memset_calls;
@@ -70,7 +70,7 @@ typedef struct mt_backend_counters_s {
     uint64_t stream_syncs;
     uint64_t device_syncs;
     uint64_t mem_get_info_calls;
-    uint64_t modelled_ns;      /* modelled time spent in malloc/free (sim), ns */
+    uint64_t modelled_ns; /* modelled time spent in malloc/free (sim), ns */
 } mt_backend_counters_t;
 
 /* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied. */
@@ -135,8 +135,7 @@ MT_API int mt_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n
                            mt_memcpy_kind_e kind, mt_stream_t *s);
 MT_API int mt_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s);
 /* Synchronous copy: queues on the default stream and waits for it. */
-MT_API int mt_memcpy(mt_backend_t *b, void *dst, const void *src, size_t n,
-                     mt_memcpy_kind_e kind);
+MT_API int mt_memcpy(mt_backend_t *b, void *dst, const void *src, size_t n, mt_memcpy_kind_e kind);
 MT_API int mt_device_synchronize(mt_backend_t *b);
 
 /* ---- events ---- */

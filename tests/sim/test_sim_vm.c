@@ -165,7 +165,7 @@ static void test_unmapped_access_faults(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         signal(SIGSEGV, SIG_DFL); /* not cmocka's handler, which would carry on testing */
-        r[2 * MIB] = 1; /* unmapped page: must not return */
+        r[2 * MIB] = 1;           /* unmapped page: must not return */
         _exit(0);
     }
     int status = 0;
