@@ -8,9 +8,20 @@
  * training it samples characters with the constant-memory step API.
  *
  * Everything allocates from the caching allocator with a tag (weights, grads, optimizer,
- * activations, batch), so the memory summary at the end says where the bytes went. The
- * embedding, linear layer, loss and Adam are computed here on the CPU with CBLAS, like the
- * engine's CPU path: the buffers are sim-device memory, which is host-addressable. */
+ * activations, batch, and the user tag "logits"), so the memory summary at the end says
+ * where the bytes went, and the allocator's events go to the profiler (memtraced if it runs,
+ * else a local NDJSON log that `memtrace report` reads), with one iteration mark per batch.
+ * Batches reach the device through the prefetcher (U3): batch k+1's tokens are copied from
+ * pinned host memory on a side stream while batch k trains; the inputs and targets of a
+ * batch are two views of one device buffer. --offload moves older chunks of the LSTM's
+ * activations to pinned host memory during the forward pass (U4).
+ *
+ * The embedding, linear layer, loss and Adam are computed here on the CPU with CBLAS, like
+ * the engine's CPU path: the buffers are sim-device memory, which is host-addressable.
+ *
+ * The program checks itself and exits with status 3 if a check fails: no backend malloc
+ * after the warm-up, the loss fell over the run, every batch's targets arrived as its
+ * inputs shifted by one, the allocator's invariants hold. */
 #include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
@@ -21,6 +32,8 @@
 #include <time.h>
 
 #include "memtrace/alloc.h"
+#include "memtrace/host.h"
+#include "memtrace/prof.h"
 #include "memtrace/rnn.h"
 #include "mt_config.h"
 
@@ -28,10 +41,12 @@
 
 typedef struct opts_s {
     int epochs, hidden, layers, batch, min_len, max_len, sample;
+    int offload, chunk_steps; /* activation offload window (chunks), steps per chunk */
     uint64_t seed;
     double lr;
     bool warmup;
-    bool rebind; /* U1 demo: move one LSTM weight out of the flat buffer */
+    bool prefetch; /* false: each batch is copied on the compute stream when needed */
+    bool rebind;   /* U1 demo: move one LSTM weight out of the flat buffer */
     const char *text;
 } opts_t;
 
@@ -45,6 +60,7 @@ typedef struct model_s {
     mt_alloc_t *a;
     mt_rnn_t *rnn;
     int V, H, L;
+    int logits_tag;    /* user tag of the [T*B, V] logits */
     float *emb, *demb; /* [V, EMBED] */
     float *wo, *dwo;   /* [V, H] */
     float *bo, *dbo;   /* [V] */
@@ -58,21 +74,29 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: train_charlm [options]\n"
-            "  --epochs N      passes over the text (default 20)\n"
-            "  --hidden H      LSTM hidden size (default 256)\n"
-            "  --layers L      LSTM layers (default 1)\n"
-            "  --batch B       parallel streams (default 16)\n"
-            "  --min-len T     shortest batch, steps (default 32)\n"
-            "  --max-len T     longest batch, steps (default 96)\n"
-            "  --lr X          Adam learning rate (default 0.004)\n"
-            "  --seed S        seed of the weights, batch lengths and sampling (default 1)\n"
-            "  --sample N      characters to generate after training (default 400)\n"
-            "  --text PATH     training text (default data/text/corpus.txt)\n"
-            "  --no-warmup     skip the warm-up step at the largest shape (U2)\n"
-            "  --rebind        move weight_hh_l0 out of the flat weight buffer, as a replicated\n"
-            "                  module's parameters would be (U1: the engine warns once and\n"
-            "                  compacts on every call)\n"
-            "  --help          this text\n");
+            "  --epochs N        passes over the text (default 20)\n"
+            "  --hidden H        LSTM hidden size (default 256)\n"
+            "  --layers L        LSTM layers (default 1)\n"
+            "  --batch B         parallel streams (default 16)\n"
+            "  --min-len T       shortest batch, steps (default 32, at most --max-len)\n"
+            "  --max-len T       longest batch, steps (default 96)\n"
+            "  --lr X            Adam learning rate (default 0.004)\n"
+            "  --seed S          seed of the weights, batch lengths and sampling (default 1)\n"
+            "  --sample N        characters to generate after training (default 400)\n"
+            "  --text PATH       training text (default data/text/corpus.txt)\n"
+            "  --offload W       activation offload (U4): keep W chunks of the LSTM's activations\n"
+            "                    on the device during forward, older ones in pinned host memory\n"
+            "                    (default 0 = off)\n"
+            "  --chunk-steps N   time steps per activation chunk (default 64)\n"
+            "  --no-prefetch     copy each batch on the compute stream when it is needed, instead\n"
+            "                    of the next batch on a side stream while this one trains (U3)\n"
+            "  --no-warmup       skip the warm-up step at the largest shape (U2)\n"
+            "  --rebind          move weight_hh_l0 out of the flat weight buffer, as a replicated\n"
+            "                    module's parameters would be (U1: the engine warns once and\n"
+            "                    compacts on every call)\n"
+            "  --help            this text\n"
+            "environment: MEMTRACE_PROF=auto|daemon|log|off, MEMTRACE_LOG=path (telemetry),\n"
+            "  MEMTRACE_ALLOC_CONF (allocator options), MEMTRACE_BACKEND, MEMTRACE_SIM_*\n");
 }
 
 static int parse(int argc, char **argv, opts_t *o)
@@ -81,12 +105,13 @@ static int parse(int argc, char **argv, opts_t *o)
                   .hidden = 256,
                   .layers = 1,
                   .batch = 16,
-                  .min_len = 32,
+                  .min_len = 0, /* 0 = 32, or --max-len if that is shorter */
                   .max_len = 96,
                   .sample = 400,
                   .seed = 1,
                   .lr = 4e-3,
                   .warmup = true,
+                  .prefetch = true,
                   .text = MT_SOURCE_ROOT "/data/text/corpus.txt"};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
@@ -94,16 +119,14 @@ static int parse(int argc, char **argv, opts_t *o)
             usage(stdout);
             exit(0);
         }
-        if (!strcmp(k, "--no-warmup")) {
-            o->warmup = false;
-            continue;
-        }
-        if (!strcmp(k, "--rebind")) {
-            o->rebind = true;
+        if (!strcmp(k, "--no-warmup") || !strcmp(k, "--rebind") || !strcmp(k, "--no-prefetch")) {
+            o->warmup &= strcmp(k, "--no-warmup") != 0;
+            o->rebind |= !strcmp(k, "--rebind");
+            o->prefetch &= strcmp(k, "--no-prefetch") != 0;
             continue;
         }
         if (i + 1 >= argc) {
-            fprintf(stderr, "train_charlm: %s needs a value\n", k);
+            fprintf(stderr, "train_charlm: %s needs a value (see --help)\n", k);
             return -1;
         }
         const char *v = argv[++i];
@@ -126,15 +149,21 @@ static int parse(int argc, char **argv, opts_t *o)
             o->sample = (int)n;
         else if (!strcmp(k, "--seed") && num)
             o->seed = (uint64_t)n;
+        else if (!strcmp(k, "--offload") && num && n >= 0)
+            o->offload = (int)n;
+        else if (!strcmp(k, "--chunk-steps") && num && n > 0)
+            o->chunk_steps = (int)n;
         else if (!strcmp(k, "--lr") && (o->lr = strtod(v, &end)) > 0 && !*end)
             ;
         else if (!strcmp(k, "--text"))
             o->text = v;
         else {
-            fprintf(stderr, "train_charlm: bad option or value: %s %s\n", k, v);
+            fprintf(stderr, "train_charlm: bad option or value: %s %s (see --help)\n", k, v);
             return -1;
         }
     }
+    if (o->min_len == 0)
+        o->min_len = o->max_len < 32 ? o->max_len : 32;
     if (o->min_len > o->max_len) {
         fprintf(stderr, "train_charlm: --min-len must be <= --max-len\n");
         return -1;
@@ -240,7 +269,7 @@ static void uniform_fill(float *w, size_t n, double k, uint64_t *s)
         w[i] = (float)((2.0 * rng_unit(s) - 1.0) * k);
 }
 
-static void model_init(model_t *md, mt_alloc_t *a, const opts_t *o, int V)
+static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const opts_t *o, int V)
 {
     memset(md, 0, sizeof *md);
     md->a = a;
@@ -255,6 +284,9 @@ static void model_init(model_t *md, mt_alloc_t *a, const opts_t *o, int V)
     rc.seed = o->seed;
     rc.alloc = a;
     rc.log = log_cb;
+    rc.chunk_steps = o->chunk_steps;
+    rc.offload_window = o->offload;
+    rc.offload_host = host;
     CHECK(mt_rnn_create(&md->rnn, &rc));
     uint64_t s = o->seed * 7919 + 1;
     md->emb = dev(a, (size_t)V * EMBED, MT_TAG_WEIGHTS);
@@ -363,7 +395,7 @@ static double train_step(model_t *md, const unsigned char *in, const unsigned ch
     CHECK(mt_rnn_forward(md->rnn, &io, &res));
 
     /* logits = y Wo^T + bo, then softmax cross-entropy; dlogits in place. */
-    float *lg = dev(a, tb * V, MT_TAG_ACTIVATIONS);
+    float *lg = dev(a, tb * V, md->logits_tag);
     for (size_t r = 0; r < tb; r++)
         memcpy(lg + r * V, md->bo, (size_t)V * sizeof(float));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, V, H, 1.0f, y, H, md->wo, H, 1.0f,
@@ -449,16 +481,156 @@ static void sample(model_t *md, const text_t *t, int n, int first, uint64_t *s, 
         mt_alloc_free(a, bufs[i]);
 }
 
+/* ---- telemetry ---- */
+
+/* Names of the user tags this program registers, for the profiler's log. A name is written
+ * before any allocation carries its tag and never changes afterwards; the profiler's drainer
+ * thread reads it once the tag's events reach it through the ring. It lives until the
+ * profiler is destroyed, because the drainer may name a tag after the allocator is gone. */
+typedef struct tag_names_s {
+    char name[MT_TAG_MAX][32];
+} tag_names_t;
+
+static const char *tag_name(void *ud, int tag)
+{
+    const tag_names_t *n = ud;
+    if (tag >= MT_TAG_USER_FIRST && tag < MT_TAG_MAX && n->name[tag][0])
+        return n->name[tag];
+    return mt_tag_builtin_name(tag);
+}
+
+static int register_tag(mt_alloc_t *a, tag_names_t *names, const char *label)
+{
+    int tag;
+    CHECK(mt_alloc_tag_register(a, label, &tag));
+    snprintf(names->name[tag], sizeof names->name[tag], "%s", label);
+    return tag;
+}
+
+/* ---- batches ---- */
+
+#define AHEAD_MAX 4 /* batches submitted to the prefetcher and not yet trained, at most */
+
+/* One planned batch: T steps of every stream from offset pos of its share, in epoch. */
+typedef struct plan_s {
+    int T, epoch;
+    size_t pos;
+} plan_t;
+
+/* The batch plan: B streams through the text (stream b reads [b*span, (b+1)*span)), a
+ * random length per batch, pass after pass. A batch is planned when it is submitted to the
+ * prefetcher, which knows bytes only, so the plans of the batches in flight wait in queue.
+ * Invariants: count <= AHEAD_MAX; queue[(head + i) % AHEAD_MAX] for i < count are the
+ * batches submitted and not yet trained, oldest first. */
+typedef struct loader_s {
+    const text_t *text;
+    int B, min_len, max_len, epochs;
+    size_t span;
+    size_t pos; /* where the next plan starts, in epoch */
+    int epoch;
+    uint64_t rng;
+    plan_t queue[AHEAD_MAX];
+    unsigned head, count;
+} loader_t;
+
+static bool plan_next(loader_t *l, plan_t *out)
+{
+    if (l->pos + (size_t)l->min_len >= l->span) { /* this pass is done: start the next */
+        l->epoch++;
+        l->pos = 0;
+    }
+    if (l->epoch >= l->epochs || l->pos + (size_t)l->min_len >= l->span)
+        return false;
+    int T = l->min_len + (int)(rng_next(&l->rng) % (uint64_t)(l->max_len - l->min_len + 1));
+    if (l->pos + (size_t)T > l->span)
+        T = (int)(l->span - l->pos);
+    *out = (plan_t){T, l->epoch, l->pos};
+    l->pos += (size_t)T;
+    return true;
+}
+
+/* Token of stream b at step t of plan p; the target is the one after it. */
+static unsigned char token(const loader_t *l, const plan_t *p, int t, int b, int next)
+{
+    return l->text->ids[(size_t)b * l->span + p->pos + (size_t)t + (size_t)next];
+}
+
+/* The prefetcher's fill: writes the batch planned last into pinned staging, the inputs
+ * [T, B] then the targets [T, B], t-major. */
+static int fill_batch(void *ud, uint64_t index, void *dst, size_t bytes)
+{
+    (void)index;
+    const loader_t *l = ud;
+    const plan_t *p = &l->queue[(l->head + l->count - 1) % AHEAD_MAX];
+    size_t tb = (size_t)p->T * l->B;
+    if (bytes != 2 * tb)
+        return MT_EINVAL;
+    unsigned char *in = dst, *tg = in + tb;
+    for (int t = 0; t < p->T; t++) {
+        for (int b = 0; b < l->B; b++) {
+            in[(size_t)t * l->B + b] = token(l, p, t, b, 0);
+            tg[(size_t)t * l->B + b] = token(l, p, t, b, 1);
+        }
+    }
+    return 0;
+}
+
+/* Plans the next batch and queues its copy. False when the run has no batch left. */
+static bool submit_next(loader_t *l, mt_prefetch_t *pf)
+{
+    plan_t p;
+    if (l->count == AHEAD_MAX || !plan_next(l, &p))
+        return false;
+    l->queue[(l->head + l->count++) % AHEAD_MAX] = p;
+    CHECK(mt_prefetch_submit_fill(pf, 2 * (size_t)p.T * l->B, fill_batch, l));
+    return true;
+}
+
+/* True if the device batch holds exactly the planned tokens (so its copy had completed
+ * before the CPU read it). */
+static bool batch_matches(const loader_t *l, const plan_t *p, const unsigned char *in,
+                          const unsigned char *tg)
+{
+    for (int t = 0; t < p->T; t++)
+        for (int b = 0; b < l->B; b++)
+            if (in[(size_t)t * l->B + b] != token(l, p, t, b, 0) ||
+                tg[(size_t)t * l->B + b] != token(l, p, t, b, 1))
+                return false;
+    return true;
+}
+
 /* ---- reporting ---- */
+
+/* What the training loop measured, for the summary and the self-checks. */
+typedef struct run_s {
+    double first_loss, last_loss;             /* bits/char of the first and last epoch */
+    double *batch_loss;                       /* bits/char of every batch, batches */
+    uint64_t batches, bad_batches;            /* bad: the device batch was not the planned tokens */
+    uint64_t ready;                           /* batches whose copy had completed when handed out */
+    double wait_s;                            /* host time spent waiting for batch copies */
+    uint64_t mallocs_after_warmup;            /* backend mallocs during training */
+    size_t reserve_bytes, reserve_peak_bytes; /* largest LSTM reserve of a pass; most of one
+                                               * on the device at once */
+} run_t;
 
 static double mib(double b)
 {
     return b / (1024.0 * 1024.0);
 }
 
+/* Mean bits/char of batches [from, to). */
+static double mean_loss(const run_t *r, uint64_t from, uint64_t to)
+{
+    double s = 0;
+    for (uint64_t i = from; i < to; i++)
+        s += r->batch_loss[i];
+    return to > from ? s / (double)(to - from) : 0;
+}
+
 /* st and bc: taken at the end of training (sampling resets the peak afterwards). */
-static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
-                           const mt_backend_counters_t *bcp, mt_rnn_t *rnn, int maxT, int B)
+static void memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_stats_t *stp,
+                           const mt_backend_counters_t *bcp, mt_rnn_t *rnn, const run_t *r,
+                           const opts_t *o)
 {
     const mt_alloc_stats_t st = *stp;
     const mt_backend_counters_t bc = *bcp;
@@ -475,8 +647,13 @@ static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
            (unsigned long long)(bc.malloc_calls + bc.vm_map_calls),
            (unsigned long long)(bc.free_calls + bc.vm_unmap_calls),
            (unsigned long long)st.allocation[MT_STAT_ALL].allocated);
+    mt_alloc_stats_t hs;
+    CHECK(mt_alloc_stats(mt_host_cache_alloc(host), &hs));
+    printf("  pinned host      %8.2f MiB peak held (batch staging%s; %llu pinned allocations)\n",
+           mib((double)hs.reserved_bytes[MT_STAT_ALL].peak),
+           o->offload ? " + offloaded activations" : "", (unsigned long long)hs.num_device_alloc);
     printf("  per tag (peak / now, MiB):\n");
-    for (int t = 0; t < MT_TAG_USER_FIRST; t++) {
+    for (int t = 0; t < MT_TAG_MAX; t++) {
         const mt_stat_t *s = &st.tag_allocated_bytes[t];
         if (s->peak == 0)
             continue;
@@ -484,16 +661,155 @@ static void memory_summary(mt_alloc_t *a, const mt_alloc_stats_t *stp,
                mib((double)s->current));
     }
     mt_rnn_act_t act;
-    CHECK(mt_rnn_activation_bytes(rnn, maxT, B, &act));
+    CHECK(mt_rnn_activation_bytes(rnn, o->max_len, o->batch, &act));
     mt_rnn_stats_t rs;
     CHECK(mt_rnn_stats(rnn, &rs));
     printf("  LSTM activations per step: %.1f KiB kept (%.0f H-vectors per step, batch row and "
            "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
            (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
            (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
+    printf("  LSTM activations of a pass: up to %.1f KiB, at most %.1f KiB on the device at once",
+           (double)r->reserve_bytes / 1024.0, (double)r->reserve_peak_bytes / 1024.0);
+    if (o->offload)
+        printf(" (offload window %d x %d steps: %llu chunks out, %llu back, %.2f MiB each way)\n",
+               o->offload, mt_rnn_cfg(rnn)->chunk_steps, (unsigned long long)rs.offloads,
+               (unsigned long long)rs.restores, mib((double)rs.offload_bytes));
+    else
+        printf(" (no offload: see --offload)\n");
     printf("  weight compactions: %llu, %.2f MiB copied (weights %s)\n",
            (unsigned long long)rs.compactions, mib((double)rs.compacted_bytes),
            rs.flat ? "flat" : "NOT flat: see --rebind");
+}
+
+/* The program's own checks, for conditions that do not depend on timing. Returns the
+ * number that failed, after saying which. */
+static int self_check(const opts_t *o, const run_t *r, mt_alloc_t *a, mt_prefetch_t *pf)
+{
+    int failed = 0;
+    uint64_t n = r->batches, w = n / 10 ? n / 10 : 1;
+    double head = mean_loss(r, 0, w), tail = mean_loss(r, n - w, n);
+    if (n < 2 || !(tail < head)) {
+        fprintf(stderr,
+                "train_charlm: self-check FAILED: the loss did not fall (%.3f bits/char over "
+                "the first %llu batches, %.3f over the last)\n",
+                head, (unsigned long long)w, tail);
+        failed++;
+    }
+    if (o->warmup && r->mallocs_after_warmup != 0) {
+        fprintf(stderr,
+                "train_charlm: self-check FAILED: %llu backend mallocs after the warm-up "
+                "(want 0)\n",
+                (unsigned long long)r->mallocs_after_warmup);
+        failed++;
+    }
+    mt_prefetch_stats_t ps;
+    mt_prefetch_stats(pf, &ps);
+    if (r->bad_batches != 0 || ps.submitted != n || ps.consumed != n) {
+        fprintf(stderr,
+                "train_charlm: self-check FAILED: %llu of %llu device batches were not the "
+                "planned tokens; %llu submitted, %llu released\n",
+                (unsigned long long)r->bad_batches, (unsigned long long)n,
+                (unsigned long long)ps.submitted, (unsigned long long)ps.consumed);
+        failed++;
+    }
+    if (mt_alloc_check(a) != 0) {
+        fprintf(stderr, "train_charlm: self-check FAILED: allocator invariants (see the log)\n");
+        failed++;
+    }
+    if (!failed)
+        printf("self-check: passed (loss %.3f -> %.3f bits/char from the first to the last %llu "
+               "batches; %s; %llu batches delivered intact)\n",
+               head, tail, (unsigned long long)w,
+               o->warmup ? "0 backend mallocs after warm-up" : "no warm-up", (unsigned long long)n);
+    return failed;
+}
+
+/* ---- the run ---- */
+
+/* Loss and time of the epoch being trained. */
+typedef struct epoch_acc_s {
+    int epoch, steps;
+    double t0, loss; /* loss: nats, summed */
+    size_t toks;
+} epoch_acc_t;
+
+static void epoch_done(const epoch_acc_t *e, const text_t *text, run_t *r)
+{
+    double bits = e->loss / (double)e->toks / log(2.0), dt = now_s() - e->t0;
+    if (e->epoch == 0)
+        r->first_loss = bits;
+    r->last_loss = bits;
+    printf("epoch %2d  train loss %.3f bits/char (unigram %.3f)  %4d batches  %7.0f tokens/s  "
+           "%.1f s\n",
+           e->epoch + 1, bits, text->entropy_bits, e->steps, (double)e->toks / dt, dt);
+    fflush(stdout);
+}
+
+/* Training: batch k+1 is submitted (copied on the side stream) before batch k trains; with
+ * --no-prefetch a batch is submitted only once the previous one is released, and its copy
+ * runs on the compute stream. */
+static void train(model_t *md, mt_prefetch_t *pf, loader_t *ld, const opts_t *o, const text_t *text,
+                  run_t *r)
+{
+    int B = o->batch;
+    size_t ns = (size_t)o->layers * B * o->hidden * sizeof(float), cap = 0;
+    unsigned ahead = o->prefetch ? 2 : 1;
+    while (ld->count < ahead && submit_next(ld, pf))
+        ;
+    epoch_acc_t e = {.t0 = now_s()};
+    while (ld->count > 0) {
+        plan_t p = ld->queue[ld->head];
+        ld->head = (ld->head + 1) % AHEAD_MAX;
+        ld->count--;
+        mt_prefetch_batch_t pb;
+        CHECK(mt_prefetch_next(pf, &pb));
+        uint64_t c0, c1;
+        r->ready += mt_prefetch_copy_times(pf, pb.index, &c0, &c1) == 0;
+        double tw = now_s();
+        CHECK(mt_prefetch_wait(pf, &pb)); /* the CPU path computes on this thread */
+        r->wait_s += now_s() - tw;
+        size_t tb = (size_t)p.T * B;
+        void *in, *tg;
+        CHECK(mt_prefetch_slice(&pb, 0, tb, &in));
+        CHECK(mt_prefetch_slice(&pb, tb, tb, &tg));
+        r->bad_batches += !batch_matches(ld, &p, in, tg);
+        if (p.epoch != e.epoch) {
+            epoch_done(&e, text, r);
+            /* A new pass starts every stream from the beginning of its share. */
+            memset(md->h[md->cur], 0, ns);
+            memset(md->c[md->cur], 0, ns);
+            e = (epoch_acc_t){.epoch = p.epoch, .t0 = now_s()};
+        }
+        /* An iteration marker, so a profiler can line memory up with training steps. */
+        mt_alloc_emit(md->a, MT_EV_MARK, MT_MARK_ITERATION, r->batches, MT_TAG_OTHER);
+        double l = train_step(md, in, tg, p.T, B);
+        adam_step(md, o->lr);
+        zero_grads(md);
+        CHECK(mt_prefetch_release(pf, &pb));
+        while (ld->count < ahead && submit_next(ld, pf))
+            ;
+
+        mt_rnn_stats_t rs;
+        CHECK(mt_rnn_stats(md->rnn, &rs));
+        if (rs.pass_reserve_bytes > r->reserve_bytes)
+            r->reserve_bytes = rs.pass_reserve_bytes;
+        if (rs.pass_reserve_peak_bytes > r->reserve_peak_bytes)
+            r->reserve_peak_bytes = rs.pass_reserve_peak_bytes;
+        if (r->batches == cap) {
+            cap = cap ? 2 * cap : 1024;
+            r->batch_loss = realloc(r->batch_loss, cap * sizeof *r->batch_loss);
+            if (!r->batch_loss) {
+                fprintf(stderr, "train_charlm: out of host memory\n");
+                exit(1);
+            }
+        }
+        r->batch_loss[r->batches++] = l / (double)tb / log(2.0);
+        e.loss += l;
+        e.toks += tb;
+        e.steps++;
+    }
+    if (e.steps > 0)
+        epoch_done(&e, text, r);
 }
 
 int main(int argc, char **argv)
@@ -520,6 +836,21 @@ int main(int argc, char **argv)
         bcfg.kind = MT_BACKEND_SIM;
         CHECK(mt_backend_create(&b, &bcfg));
     }
+
+    /* Telemetry: memtraced if it runs (auto), else a local NDJSON log. */
+    tag_names_t names;
+    memset(&names, 0, sizeof names);
+    mt_prof_cfg_t pcfg = mt_prof_cfg_default();
+    if (mt_prof_cfg_from_env(&pcfg)) {
+        fprintf(stderr, "train_charlm: MEMTRACE_PROF must be auto, daemon, log or off\n");
+        return 2;
+    }
+    pcfg.tag_name = tag_name;
+    pcfg.tag_ud = &names;
+    pcfg.log = log_cb;
+    mt_prof_t *prof;
+    CHECK(mt_prof_create(&prof, &pcfg));
+
     mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
     char err[256];
     if (mt_alloc_cfg_from_env(&acfg, err, sizeof err)) {
@@ -527,15 +858,33 @@ int main(int argc, char **argv)
         return 2;
     }
     acfg.backend = b;
+    acfg.sink = mt_prof_sink(prof);
     acfg.log = log_cb;
     mt_alloc_t *a;
     CHECK(mt_alloc_create(&a, &acfg));
+    /* The pinned cache (batch staging, offloaded activations) is not given the profiler's
+     * sink: `memtrace report` keeps one running total per device, and the pinned cache
+     * reports itself as the device it serves. */
+    mt_host_cfg_t hcfg = mt_host_cfg_default();
+    hcfg.backend = b;
+    hcfg.log = log_cb;
+    mt_host_cache_t *host;
+    CHECK(mt_host_cache_create(&host, &hcfg));
 
     printf("backend: %s\n", mt_backend_name(b));
+    mt_prof_stats_t ps;
+    mt_prof_stats(prof, &ps);
+    const char *log_path = mt_prof_log_path(prof);
+    printf("telemetry: %s%s%s\n", mt_prof_mode_name(ps.mode),
+           log_path                    ? ", events -> "
+           : ps.mode == MT_PROF_DAEMON ? ", events -> memtraced"
+                                       : "",
+           log_path ? log_path : "");
     printf("text: %s, %zu characters, vocabulary %d, unigram entropy %.3f bits/char\n", o.text,
            text.n, text.V, text.entropy_bits);
     model_t md;
-    model_init(&md, a, &o, text.V);
+    model_init(&md, a, host, &o, text.V);
+    md.logits_tag = register_tag(a, &names, "logits");
     float *moved = NULL;
     if (o.rebind) {
         mt_rnn_param_t p;
@@ -549,21 +898,29 @@ int main(int argc, char **argv)
            "%d..%d, Adam lr %g\n",
            EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.batch, o.min_len,
            o.max_len, o.lr);
+    if (o.offload)
+        printf("activation offload: %d chunk%s of %d steps kept on the device during forward\n",
+               o.offload, o.offload > 1 ? "s" : "", mt_rnn_cfg(md.rnn)->chunk_steps);
 
     int B = o.batch;
-    size_t span = (text.n - 1) / (size_t)B; /* each stream's share of the text */
-    unsigned char *in = malloc((size_t)o.max_len * B), *tg = malloc((size_t)o.max_len * B);
-    uint64_t rng = o.seed * 1000003u + 17;
+    mt_prefetch_cfg_t pfc = mt_prefetch_cfg_default();
+    pfc.alloc = a;
+    pfc.host = host;
+    pfc.compute = NULL; /* the default stream: the engine's */
+    pfc.batch_bytes = 2 * (size_t)o.max_len * B * sizeof(unsigned char); /* inputs, targets */
+    pfc.overlap = o.prefetch;
+    mt_prefetch_t *pf;
+    CHECK(mt_prefetch_create(&pf, &pfc));
 
     if (o.warmup) {
-        /* U2: one full step at the largest shape, measured, then reserved as one segment;
-         * it leaves no trace in the model (gradients zeroed, state reset, no update). */
+        /* U2: one full step at the largest shape, measured, then reserved; it leaves no
+         * trace in the model (gradients zeroed, state reset, no update). */
+        unsigned char *zeros = calloc((size_t)o.max_len * B, 1);
         CHECK(mt_alloc_warmup_begin(a));
-        for (size_t r = 0; r < (size_t)o.max_len * B; r++)
-            in[r] = tg[r] = 0;
-        train_step(&md, in, tg, o.max_len, B);
+        train_step(&md, zeros, zeros, o.max_len, B);
         zero_grads(&md);
         CHECK(mt_alloc_warmup_end(a, NULL));
+        free(zeros);
         size_t ns = (size_t)o.layers * B * o.hidden * sizeof(float);
         for (int i = 0; i < 2; i++) {
             memset(md.h[i], 0, ns);
@@ -581,80 +938,78 @@ int main(int argc, char **argv)
     mt_alloc_stats_t st0;
     CHECK(mt_alloc_stats(a, &st0));
     mt_alloc_reset_peak(a); /* peaks below are those of training, not of the warm-up step */
+    mt_alloc_reset_peak(mt_host_cache_alloc(host));
 
-    double first_loss = 0, last_loss = 0;
-    uint64_t iteration = 0;
-    for (int ep = 0; ep < o.epochs; ep++) {
-        double t0 = now_s(), loss = 0;
-        size_t toks = 0, pos = 0;
-        int steps = 0;
-        while (pos + (size_t)o.min_len < span) {
-            int T = o.min_len + (int)(rng_next(&rng) % (uint64_t)(o.max_len - o.min_len + 1));
-            if (pos + (size_t)T > span)
-                T = (int)(span - pos);
-            for (int t = 0; t < T; t++) {
-                for (int bb = 0; bb < B; bb++) {
-                    size_t k = (size_t)bb * span + pos + (size_t)t;
-                    in[(size_t)t * B + bb] = text.ids[k];
-                    tg[(size_t)t * B + bb] = text.ids[k + 1];
-                }
-            }
-            /* An iteration marker, so a profiler can line memory up with training steps. */
-            mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, iteration++, MT_TAG_OTHER);
-            loss += train_step(&md, in, tg, T, B);
-            adam_step(&md, o.lr);
-            zero_grads(&md);
-            toks += (size_t)T * B;
-            pos += (size_t)T;
-            steps++;
-        }
-        double dt = now_s() - t0, bits = loss / (double)toks / log(2.0);
-        if (ep == 0)
-            first_loss = bits;
-        last_loss = bits;
-        printf("epoch %2d  train loss %.3f bits/char (unigram %.3f)  %4d batches  %7.0f tokens/s  "
-               "%.1f s\n",
-               ep + 1, bits, text.entropy_bits, steps, (double)toks / dt, dt);
-        fflush(stdout);
-        /* A new pass starts every stream from the beginning of its share: reset the state. */
-        size_t ns = (size_t)o.layers * B * o.hidden * sizeof(float);
-        memset(md.h[md.cur], 0, ns);
-        memset(md.c[md.cur], 0, ns);
+    loader_t ld = {.text = &text,
+                   .B = B,
+                   .min_len = o.min_len,
+                   .max_len = o.max_len,
+                   .epochs = o.epochs,
+                   .span = (text.n - 1) / (size_t)B, /* each stream's share of the text */
+                   .rng = o.seed * 1000003u + 17};
+    run_t run = {0};
+    train(&md, pf, &ld, &o, &text, &run);
+    if (run.batches == 0) {
+        fprintf(stderr, "train_charlm: the text is too short for %d streams of %d steps\n", B,
+                o.min_len);
+        return 1;
     }
     mt_backend_counters_t c1;
     mt_backend_counters(b, &c1);
-    printf("train loss: %.3f -> %.3f bits/char, %.3f %s the unigram entropy\n", first_loss,
-           last_loss, fabs(text.entropy_bits - last_loss),
-           last_loss < text.entropy_bits ? "below" : "ABOVE");
+    run.mallocs_after_warmup =
+        c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls;
+    printf("train loss: %.3f -> %.3f bits/char, %.3f %s the unigram entropy\n", run.first_loss,
+           run.last_loss, fabs(text.entropy_bits - run.last_loss),
+           run.last_loss < text.entropy_bits ? "below" : "ABOVE");
     mt_alloc_stats_t train_st;
     CHECK(mt_alloc_stats(a, &train_st));
-    printf(
-        "during training (%s): %llu backend mallocs; reserved %.2f -> %.2f MiB\n",
-        o.warmup ? "after warm-up" : "no warm-up",
-        (unsigned long long)(c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls),
-        mib((double)st0.reserved_bytes[MT_STAT_ALL].current),
-        mib((double)train_st.reserved_bytes[MT_STAT_ALL].peak));
+    printf("during training (%s): %llu backend mallocs; reserved %.2f -> %.2f MiB\n",
+           o.warmup ? "after warm-up" : "no warm-up", (unsigned long long)run.mallocs_after_warmup,
+           mib((double)st0.reserved_bytes[MT_STAT_ALL].current),
+           mib((double)train_st.reserved_bytes[MT_STAT_ALL].peak));
+    mt_prefetch_stats_t pst;
+    mt_prefetch_stats(pf, &pst);
+    printf("prefetch: %llu batches, %.2f MiB copied host -> device %s; %llu/%llu copies had "
+           "finished when their batch was needed; host waited %.1f ms for copies\n",
+           (unsigned long long)pst.consumed, mib((double)pst.bytes_copied),
+           o.prefetch ? "on a side stream while the previous batch trained"
+                      : "on the compute stream (--no-prefetch)",
+           (unsigned long long)run.ready, (unsigned long long)run.batches, run.wait_s * 1e3);
     if (o.sample > 0) {
         mt_alloc_reset_peak(a);
         mt_alloc_stats_t st;
         CHECK(mt_alloc_stats(a, &st));
         int64_t before = st.allocated_bytes[MT_STAT_ALL].current;
         printf("\nsample (%d characters, temperature 0.8):\n", o.sample);
-        int first = text.ids[(size_t)(rng_next(&rng) % (uint64_t)text.n)];
-        sample(&md, &text, o.sample, first, &rng, B);
+        int first = text.ids[(size_t)(rng_next(&ld.rng) % (uint64_t)text.n)];
+        sample(&md, &text, o.sample, first, &ld.rng, B);
         CHECK(mt_alloc_stats(a, &st));
         printf("sampling peak: %.1f KiB above the model (constant in the number of "
                "characters)\n",
                (double)(st.allocated_bytes[MT_STAT_ALL].peak - before) / 1024.0);
     }
-    memory_summary(a, &train_st, &c1, md.rnn, o.max_len, B);
+    memory_summary(a, host, &train_st, &c1, md.rnn, &run, &o);
+    printf("\n");
+    int failed = self_check(&o, &run, a, pf);
 
-    free(in);
-    free(tg);
+    free(run.batch_loss);
     free(text.ids);
     model_free(&md);
     mt_alloc_free(a, moved);
+    mt_prefetch_destroy(&pf);
     mt_alloc_destroy(&a);
+    mt_host_cache_destroy(&host);
+    mt_prof_flush(prof);
+    mt_prof_stats(prof, &ps);
+    if (log_path)
+        printf("telemetry: %llu events, %llu dropped, %llu lines in %s; read it with: memtrace "
+               "report %s\n",
+               (unsigned long long)ps.emitted, (unsigned long long)ps.dropped,
+               (unsigned long long)ps.written, log_path, log_path);
+    else
+        printf("telemetry: %llu events, %llu dropped (%s)\n", (unsigned long long)ps.emitted,
+               (unsigned long long)ps.dropped, mt_prof_mode_name(ps.mode));
+    mt_prof_destroy(&prof); /* the final drain */
     mt_backend_destroy(&b);
-    return 0;
+    return failed ? 3 : 0;
 }
