@@ -86,7 +86,8 @@ typedef struct mt_d_proc_s {
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
     /* totals, bytes (from the events' running totals) */
-    uint64_t allocated, reserved, peak_allocated, peak_reserved;
+    uint64_t allocated, reserved, peak_allocated, peak_reserved; /* sums over sources */
+    uint64_t src_allocated[MT_EVENT_SOURCES], src_reserved[MT_EVENT_SOURCES]; /* latest */
     uint64_t tag_allocated[MT_TAG_MAX], tag_peak[MT_TAG_MAX], tag_blocks[MT_TAG_MAX];
     /* blocks: open addressing, capacity a power of two, load <= 1/2 incl. tombstones */
     mt_d_block_t *blocks;

@@ -205,8 +205,12 @@ int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
     if (ev->kind == MT_EV_GAP)
         return 0; /* consumer-side record: carries no allocator figures */
     p->last_kind = ev->kind;
-    p->allocated = ev->allocated;
-    p->reserved = ev->reserved;
+    /* Each allocator (device or pinned host cache) reports its own totals. */
+    unsigned src = mt_event_source(ev);
+    p->allocated += ev->allocated - p->src_allocated[src];
+    p->reserved += ev->reserved - p->src_reserved[src];
+    p->src_allocated[src] = ev->allocated;
+    p->src_reserved[src] = ev->reserved;
     if (p->allocated > p->peak_allocated)
         p->peak_allocated = p->allocated;
     if (p->reserved > p->peak_reserved)

@@ -10,8 +10,6 @@
 
 #include "memtrace/prof.h"
 
-#define MAX_DEV 256
-
 /* ---- small containers ---- */
 
 typedef struct evvec_s {
@@ -291,8 +289,8 @@ out:
 
 typedef struct sim_s {
     amap_t blocks, segs;
-    uint64_t dev_alloc[MAX_DEV], dev_res[MAX_DEV];
-    uint64_t allocated, reserved; /* sums over devices */
+    uint64_t dev_alloc[MT_EVENT_SOURCES], dev_res[MT_EVENT_SOURCES]; /* latest, by source */
+    uint64_t allocated, reserved;                                    /* sums over devices */
     int64_t tag_live[MT_TAG_MAX];
     int64_t tag_peak[MT_TAG_MAX];
     uint64_t peak_alloc, peak_res, interval_peak;
@@ -396,11 +394,13 @@ static void sim_event(sim_t *s, const mt_event_rec_t *ev)
     default:
         break;
     }
-    /* Totals: each device's allocator reports its own; the process is their sum. */
-    s->allocated += ev->allocated - s->dev_alloc[ev->device];
-    s->reserved += ev->reserved - s->dev_res[ev->device];
-    s->dev_alloc[ev->device] = ev->allocated;
-    s->dev_res[ev->device] = ev->reserved;
+    /* Totals: each allocator (device, pinned host cache) reports its own; the process is
+     * their sum. */
+    unsigned src = mt_event_source(ev);
+    s->allocated += ev->allocated - s->dev_alloc[src];
+    s->reserved += ev->reserved - s->dev_res[src];
+    s->dev_alloc[src] = ev->allocated;
+    s->dev_res[src] = ev->reserved;
     if (s->allocated > s->peak_alloc)
         s->peak_alloc = s->allocated;
     if (s->reserved > s->peak_res)

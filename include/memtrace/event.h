@@ -68,6 +68,15 @@ typedef struct mt_event_rec_s {
 
 _Static_assert(sizeof(mt_event_rec_t) == 64, "events are one cache line");
 
+/* Each allocator reports its own running totals (allocated/reserved). A process may have
+ * several: one per device, and a pinned host cache per device (pool host). Consumers
+ * sum the latest totals over sources to get the process's figures. */
+#define MT_EVENT_SOURCES 512
+static inline unsigned mt_event_source(const mt_event_rec_t *ev)
+{
+    return (ev->pool == MT_POOL_HOST ? 256u : 0u) + ev->device;
+}
+
 typedef struct mt_event_sink_s {
     void (*emit)(void *ud, const mt_event_rec_t *ev); /* ev is borrowed */
     void *ud;

@@ -119,12 +119,64 @@ static void test_block_table_churn(void **state)
     mt__d_proc_destroy(&p);
 }
 
+/* A process with two device allocators and a pinned host cache: each reports its own running
+ * totals, and the process figure is their sum (not the last event's). */
+static void test_totals_sum_over_sources(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 43, "sources"), 0);
+    mt_event_rec_t d0 = {.kind = MT_EV_SEGMENT_ALLOC,
+                         .addr = 0x1000000,
+                         .size = 20 * MIB,
+                         .pool = MT_POOL_LARGE,
+                         .device = 0,
+                         .allocated = 0,
+                         .reserved = 20 * MIB};
+    mt_event_rec_t d1 = d0;
+    d1.addr = 0x9000000;
+    d1.device = 1;
+    d1.reserved = 40 * MIB;
+    mt_event_rec_t host = d0;
+    host.addr = 0x20000000;
+    host.pool = MT_POOL_HOST;
+    host.size = 2 * MIB;
+    host.reserved = 2 * MIB;
+    assert_int_equal(mt__d_proc_apply(p, &d0), 0);
+    assert_int_equal(mt__d_proc_apply(p, &d1), 0);
+    assert_int_equal(mt__d_proc_apply(p, &host), 0);
+    assert_int_equal(p->reserved, 62 * MIB);
+    mt_event_rec_t a = {.kind = MT_EV_ALLOC,
+                        .addr = 0x1000000,
+                        .size = MIB,
+                        .requested = MIB,
+                        .pool = MT_POOL_LARGE,
+                        .device = 0,
+                        .allocated = MIB,
+                        .reserved = 20 * MIB};
+    assert_int_equal(mt__d_proc_apply(p, &a), 0);
+    mt_event_rec_t h = {.kind = MT_EV_ALLOC,
+                        .addr = 0x20000000,
+                        .size = 4096,
+                        .requested = 4096,
+                        .pool = MT_POOL_HOST,
+                        .device = 0,
+                        .allocated = 4096,
+                        .reserved = 2 * MIB};
+    assert_int_equal(mt__d_proc_apply(p, &h), 0);
+    assert_int_equal(p->allocated, MIB + 4096);
+    assert_int_equal(p->reserved, 62 * MIB);
+    assert_int_equal(p->peak_reserved, 62 * MIB);
+    mt__d_proc_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tags_and_fragmentation),
         cmocka_unit_test(test_expandable_pages),
         cmocka_unit_test(test_block_table_churn),
+        cmocka_unit_test(test_totals_sum_over_sources),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
