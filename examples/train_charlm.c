@@ -618,6 +618,16 @@ static double mib(double b)
     return b / (1024.0 * 1024.0);
 }
 
+/* bytes as "12.34 MiB" or "6.0 KiB", into buf. */
+static const char *human(double bytes, char buf[32])
+{
+    if (bytes >= 1024.0 * 1024.0)
+        snprintf(buf, 32, "%.2f MiB", mib(bytes));
+    else
+        snprintf(buf, 32, "%.1f KiB", bytes / 1024.0);
+    return buf;
+}
+
 /* Mean bits/char of batches [from, to). */
 static double mean_loss(const run_t *r, uint64_t from, uint64_t to)
 {
@@ -649,16 +659,17 @@ static void memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_
            (unsigned long long)st.allocation[MT_STAT_ALL].allocated);
     mt_alloc_stats_t hs;
     CHECK(mt_alloc_stats(mt_host_cache_alloc(host), &hs));
-    printf("  pinned host      %8.2f MiB peak held (batch staging%s; %llu pinned allocations)\n",
+    char h1[32], h2[32];
+    printf("  pinned host      %8.2f MiB   (peak held: batch staging%s; %llu pinned segments)\n",
            mib((double)hs.reserved_bytes[MT_STAT_ALL].peak),
            o->offload ? " + offloaded activations" : "", (unsigned long long)hs.num_device_alloc);
-    printf("  per tag (peak / now, MiB):\n");
+    printf("  per tag (peak / now):\n");
     for (int t = 0; t < MT_TAG_MAX; t++) {
         const mt_stat_t *s = &st.tag_allocated_bytes[t];
         if (s->peak == 0)
             continue;
-        printf("    %-12s %8.2f / %.2f\n", mt_alloc_tag_name(a, t), mib((double)s->peak),
-               mib((double)s->current));
+        printf("    %-12s %10s / %s\n", mt_alloc_tag_name(a, t), human((double)s->peak, h1),
+               human((double)s->current, h2));
     }
     mt_rnn_act_t act;
     CHECK(mt_rnn_activation_bytes(rnn, o->max_len, o->batch, &act));
@@ -668,8 +679,8 @@ static void memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_
            "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
            (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
            (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
-    printf("  LSTM activations of a pass: up to %.1f KiB, at most %.1f KiB on the device at once",
-           (double)r->reserve_bytes / 1024.0, (double)r->reserve_peak_bytes / 1024.0);
+    printf("  LSTM activations of a pass: up to %s, at most %s on the device at once",
+           human((double)r->reserve_bytes, h1), human((double)r->reserve_peak_bytes, h2));
     if (o->offload)
         printf(" (offload window %d x %d steps: %llu chunks out, %llu back, %.2f MiB each way)\n",
                o->offload, mt_rnn_cfg(rnn)->chunk_steps, (unsigned long long)rs.offloads,
@@ -688,10 +699,10 @@ static int self_check(const opts_t *o, const run_t *r, mt_alloc_t *a, mt_prefetc
     int failed = 0;
     uint64_t n = r->batches, w = n / 10 ? n / 10 : 1;
     double head = mean_loss(r, 0, w), tail = mean_loss(r, n - w, n);
-    if (n < 2 || !(tail < head)) {
+    if (n < 2 || !(tail < 0.98 * head)) { /* by 2 % at least: more than rounding noise */
         fprintf(stderr,
                 "train_charlm: self-check FAILED: the loss did not fall (%.3f bits/char over "
-                "the first %llu batches, %.3f over the last)\n",
+                "the first %llu batches, %.3f over the last; want 2 %% lower)\n",
                 head, (unsigned long long)w, tail);
         failed++;
     }
