@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/log.h"
 #include "allocator/internal.h"
 
 /* ---- events and logging ---- */
@@ -58,14 +59,10 @@ static void emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
 
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
 {
-    if (a->cfg.log == NULL)
-        return;
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    mt__vlogf(a->cfg.log, a->cfg.log_ud, level, fmt, ap);
     va_end(ap);
-    a->cfg.log(a->cfg.log_ud, level, msg);
 }
 
 void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int tag)

@@ -7,6 +7,7 @@
 
 #include "mt_config.h"
 #include "allocator/backend.h"
+#include "allocator/log.h"
 
 #define COUNTER(field) (offsetof(mt_backend_counters_t, field) / sizeof(uint64_t))
 #define BUMP(b, field)                                                                             \
@@ -22,14 +23,12 @@ void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d)
 
 void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
 {
-    if (b == NULL || b->log == NULL)
+    if (b == NULL)
         return;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    mt__vlogf(b->log, b->log_ud, level, fmt, ap);
     va_end(ap);
-    b->log(b->log_ud, level, msg);
 }
 
 static int parse_u64_env(const char *name, uint64_t *out)

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "allocator/log.h"
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
 
@@ -78,14 +79,10 @@ void mt__d_buf_free(mt_d_buf_t *b)
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
 {
-    if (!d->cfg.log)
-        return;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    mt__vlogf(d->cfg.log, d->cfg.log_ud, level, fmt, ap);
     va_end(ap);
-    d->cfg.log(d->cfg.log_ud, level, msg);
 }
 
 static uint64_t realtime_ns(void)

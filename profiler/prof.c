@@ -1,5 +1,6 @@
 /* The recorder: owns the ring, implements the allocator's event sink, registers with
  * the daemon, or else runs the local drainer thread that writes the NDJSON log. */
+#include "allocator/log.h"
 #include "profiler/internal.h"
 
 #include <fcntl.h>
@@ -47,20 +48,7 @@ struct mt_prof_s {
     char name[MT_RING_COMM_MAX];
 };
 
-static void logf_(mt_prof_t *p, mt_log_level_e lvl, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void logf_(mt_prof_t *p, mt_log_level_e lvl, const char *fmt, ...)
-{
-    if (!p->log)
-        return;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    p->log(p->log_ud, lvl, msg);
-}
+#define logf_(p, lvl, ...) mt__logf((p)->log, (p)->log_ud, lvl, __VA_ARGS__)
 
 static uint64_t mono_ns(void)
 {

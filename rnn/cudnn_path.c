@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/log.h"
 #include "memtrace/backend.h"
 
 #include "allocator/backend_cuda.h"
@@ -88,18 +89,7 @@ static cudnn_state_t *S(const mt_rnn_t *m)
     return m->path_state;
 }
 
-__attribute__((format(printf, 3, 4))) static void plog(const mt_rnn_t *m, mt_log_level_e level,
-                                                       const char *fmt, ...)
-{
-    if (!m->cfg.log)
-        return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    m->cfg.log(m->cfg.log_ud, level, buf);
-}
+#define plog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
 
 /* cuDNN 9 groups its status codes by thousands. */
 static int status_to_mt(cudnnStatus_t s)

@@ -8,23 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/log.h"
 #include "mt_config.h"
 #include "rnn/internal.h"
 
 /* ---- small helpers ---- */
 
-__attribute__((format(printf, 3, 4))) static void rlog(const mt_rnn_t *m, mt_log_level_e level,
-                                                       const char *fmt, ...)
-{
-    if (!m->cfg.log)
-        return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    m->cfg.log(m->cfg.log_ud, level, buf);
-}
+#define rlog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
 
 static void mark(mt_rnn_t *m, int which, uint64_t payload)
 {
