@@ -20,8 +20,9 @@
  * the engine's CPU path: the buffers are sim-device memory, which is host-addressable.
  *
  * The program checks itself and exits with status 3 if a check fails: no backend malloc
- * after the warm-up, the loss fell over the run, every batch's targets arrived as its
- * inputs shifted by one, the allocator's invariants hold. */
+ * after the warm-up, the loss fell over the run, every device batch held exactly the
+ * planned tokens, the allocator's invariants hold. The text and its batches are in
+ * charlm_batches.c, the summary and the checks in charlm_report.c. */
 #include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
@@ -35,20 +36,10 @@
 #include "memtrace/host.h"
 #include "memtrace/prof.h"
 #include "memtrace/rnn.h"
+#include "charlm.h"
 #include "mt_config.h"
 
 #define EMBED 64
-
-typedef struct opts_s {
-    int epochs, hidden, layers, batch, min_len, max_len, sample;
-    int offload, chunk_steps; /* activation offload window (chunks), steps per chunk */
-    uint64_t seed;
-    double lr;
-    bool warmup;
-    bool prefetch; /* false: each batch is copied on the compute stream when needed */
-    bool rebind;   /* U1 demo: move one LSTM weight out of the flat buffer */
-    const char *text;
-} opts_t;
 
 /* One trainable tensor with its gradient and Adam moments (all allocator memory). */
 typedef struct param_s {
@@ -86,8 +77,9 @@ static void usage(FILE *f)
             "  --text PATH       training text (default data/text/corpus.txt)\n"
             "  --offload W       activation offload (U4): keep W chunks of the LSTM's activations\n"
             "                    on the device during forward, older ones in pinned host memory\n"
-            "                    (default 0 = off)\n"
-            "  --chunk-steps N   time steps per activation chunk (default 64)\n"
+            "                    (default 0 = off; e.g. --offload 1 --chunk-steps 16)\n"
+            "  --chunk-steps N   time steps per activation chunk (default 64); backward holds\n"
+            "                    W + 1 chunks, so offload pays off when T > (W + 1) x N\n"
             "  --no-prefetch     copy each batch on the compute stream when it is needed, instead\n"
             "                    of the next batch on a side stream while this one trains (U3)\n"
             "  --no-warmup       skip the warm-up step at the largest shape (U2)\n"
@@ -99,20 +91,20 @@ static void usage(FILE *f)
             "  MEMTRACE_ALLOC_CONF (allocator options), MEMTRACE_BACKEND, MEMTRACE_SIM_*\n");
 }
 
-static int parse(int argc, char **argv, opts_t *o)
+static int parse(int argc, char **argv, charlm_opts_t *o)
 {
-    *o = (opts_t){.epochs = 20,
-                  .hidden = 256,
-                  .layers = 1,
-                  .batch = 16,
-                  .min_len = 0, /* 0 = 32, or --max-len if that is shorter */
-                  .max_len = 96,
-                  .sample = 400,
-                  .seed = 1,
-                  .lr = 4e-3,
-                  .warmup = true,
-                  .prefetch = true,
-                  .text = MT_SOURCE_ROOT "/data/text/corpus.txt"};
+    *o = (charlm_opts_t){.epochs = 20,
+                         .hidden = 256,
+                         .layers = 1,
+                         .batch = 16,
+                         .min_len = 0, /* 0 = 32, or --max-len if that is shorter */
+                         .max_len = 96,
+                         .sample = 400,
+                         .seed = 1,
+                         .lr = 4e-3,
+                         .warmup = true,
+                         .prefetch = true,
+                         .text = MT_SOURCE_ROOT "/data/text/corpus.txt"};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
         if (!strcmp(k, "--help") || !strcmp(k, "-h")) {
@@ -189,76 +181,16 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static double rng_unit(uint64_t *s)
 {
-    return (double)(rng_next(s) >> 11) / 9007199254740992.0;
+    return (double)(charlm_rng_next(s) >> 11) / 9007199254740992.0;
 }
-
-#define CHECK(call)                                                                                \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_) {                                                                                 \
-            fprintf(stderr, "train_charlm: %s failed: %s\n", #call, mt_strerror(rc_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static float *dev(mt_alloc_t *a, size_t n, int tag)
 {
     void *p = NULL;
     CHECK(mt_alloc_malloc(a, n * sizeof(float), NULL, tag, &p));
     return p;
-}
-
-/* ---- the text ---- */
-
-typedef struct text_s {
-    unsigned char *ids; /* token ids, n */
-    size_t n;
-    int V;
-    unsigned char chars[256]; /* id -> byte */
-    double entropy_bits;      /* unigram entropy of the text, bits per character */
-} text_t;
-
-static int load_text(const char *path, text_t *t)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "train_charlm: cannot open %s\n", path);
-        return -1;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    t->ids = malloc((size_t)len + 1);
-    t->n = fread(t->ids, 1, (size_t)len, f);
-    fclose(f);
-    size_t count[256] = {0};
-    for (size_t i = 0; i < t->n; i++)
-        count[t->ids[i]]++;
-    int map[256];
-    t->V = 0;
-    t->entropy_bits = 0;
-    for (int c = 0; c < 256; c++) {
-        map[c] = -1;
-        if (!count[c])
-            continue;
-        map[c] = t->V;
-        t->chars[t->V++] = (unsigned char)c;
-        double p = (double)count[c] / (double)t->n;
-        t->entropy_bits -= p * log2(p);
-    }
-    for (size_t i = 0; i < t->n; i++)
-        t->ids[i] = (unsigned char)map[t->ids[i]];
-    return t->n > 1000 ? 0 : -1;
 }
 
 /* ---- the model ---- */
@@ -269,7 +201,8 @@ static void uniform_fill(float *w, size_t n, double k, uint64_t *s)
         w[i] = (float)((2.0 * rng_unit(s) - 1.0) * k);
 }
 
-static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const opts_t *o, int V)
+static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const charlm_opts_t *o,
+                       int V)
 {
     memset(md, 0, sizeof *md);
     md->a = a;
@@ -444,7 +377,7 @@ static double train_step(model_t *md, const unsigned char *in, const unsigned ch
 
 /* Samples n characters with the step API (constant memory), starting from the training
  * state of stream 0 and the given character. */
-static void sample(model_t *md, const text_t *t, int n, int first, uint64_t *s, int B)
+static void sample(model_t *md, const charlm_text_t *t, int n, int first, uint64_t *s, int B)
 {
     mt_alloc_t *a = md->a;
     int V = md->V, H = md->H, L = md->L;
@@ -507,234 +440,6 @@ static int register_tag(mt_alloc_t *a, tag_names_t *names, const char *label)
     return tag;
 }
 
-/* ---- batches ---- */
-
-#define AHEAD_MAX 4 /* batches submitted to the prefetcher and not yet trained, at most */
-
-/* One planned batch: T steps of every stream from offset pos of its share, in epoch. */
-typedef struct plan_s {
-    int T, epoch;
-    size_t pos;
-} plan_t;
-
-/* The batch plan: B streams through the text (stream b reads [b*span, (b+1)*span)), a
- * random length per batch, pass after pass. A batch is planned when it is submitted to the
- * prefetcher, which knows bytes only, so the plans of the batches in flight wait in queue.
- * Invariants: count <= AHEAD_MAX; queue[(head + i) % AHEAD_MAX] for i < count are the
- * batches submitted and not yet trained, oldest first. */
-typedef struct loader_s {
-    const text_t *text;
-    int B, min_len, max_len, epochs;
-    size_t span;
-    size_t pos; /* where the next plan starts, in epoch */
-    int epoch;
-    uint64_t rng;
-    plan_t queue[AHEAD_MAX];
-    unsigned head, count;
-} loader_t;
-
-static bool plan_next(loader_t *l, plan_t *out)
-{
-    if (l->pos + (size_t)l->min_len >= l->span) { /* this pass is done: start the next */
-        l->epoch++;
-        l->pos = 0;
-    }
-    if (l->epoch >= l->epochs || l->pos + (size_t)l->min_len >= l->span)
-        return false;
-    int T = l->min_len + (int)(rng_next(&l->rng) % (uint64_t)(l->max_len - l->min_len + 1));
-    if (l->pos + (size_t)T > l->span)
-        T = (int)(l->span - l->pos);
-    *out = (plan_t){T, l->epoch, l->pos};
-    l->pos += (size_t)T;
-    return true;
-}
-
-/* Token of stream b at step t of plan p; the target is the one after it. */
-static unsigned char token(const loader_t *l, const plan_t *p, int t, int b, int next)
-{
-    return l->text->ids[(size_t)b * l->span + p->pos + (size_t)t + (size_t)next];
-}
-
-/* The prefetcher's fill: writes the batch planned last into pinned staging, the inputs
- * [T, B] then the targets [T, B], t-major. */
-static int fill_batch(void *ud, uint64_t index, void *dst, size_t bytes)
-{
-    (void)index;
-    const loader_t *l = ud;
-    const plan_t *p = &l->queue[(l->head + l->count - 1) % AHEAD_MAX];
-    size_t tb = (size_t)p->T * l->B;
-    if (bytes != 2 * tb)
-        return MT_EINVAL;
-    unsigned char *in = dst, *tg = in + tb;
-    for (int t = 0; t < p->T; t++) {
-        for (int b = 0; b < l->B; b++) {
-            in[(size_t)t * l->B + b] = token(l, p, t, b, 0);
-            tg[(size_t)t * l->B + b] = token(l, p, t, b, 1);
-        }
-    }
-    return 0;
-}
-
-/* Plans the next batch and queues its copy. False when the run has no batch left. */
-static bool submit_next(loader_t *l, mt_prefetch_t *pf)
-{
-    plan_t p;
-    if (l->count == AHEAD_MAX || !plan_next(l, &p))
-        return false;
-    l->queue[(l->head + l->count++) % AHEAD_MAX] = p;
-    CHECK(mt_prefetch_submit_fill(pf, 2 * (size_t)p.T * l->B, fill_batch, l));
-    return true;
-}
-
-/* True if the device batch holds exactly the planned tokens (so its copy had completed
- * before the CPU read it). */
-static bool batch_matches(const loader_t *l, const plan_t *p, const unsigned char *in,
-                          const unsigned char *tg)
-{
-    for (int t = 0; t < p->T; t++)
-        for (int b = 0; b < l->B; b++)
-            if (in[(size_t)t * l->B + b] != token(l, p, t, b, 0) ||
-                tg[(size_t)t * l->B + b] != token(l, p, t, b, 1))
-                return false;
-    return true;
-}
-
-/* ---- reporting ---- */
-
-/* What the training loop measured, for the summary and the self-checks. */
-typedef struct run_s {
-    double first_loss, last_loss;             /* bits/char of the first and last epoch */
-    double *batch_loss;                       /* bits/char of every batch, batches */
-    uint64_t batches, bad_batches;            /* bad: the device batch was not the planned tokens */
-    uint64_t ready;                           /* batches whose copy had completed when handed out */
-    double wait_s;                            /* host time spent waiting for batch copies */
-    uint64_t mallocs_after_warmup;            /* backend mallocs during training */
-    size_t reserve_bytes, reserve_peak_bytes; /* largest LSTM reserve of a pass; most of one
-                                               * on the device at once */
-} run_t;
-
-static double mib(double b)
-{
-    return b / (1024.0 * 1024.0);
-}
-
-/* bytes as "12.34 MiB" or "6.0 KiB", into buf. */
-static const char *human(double bytes, char buf[32])
-{
-    if (bytes >= 1024.0 * 1024.0)
-        snprintf(buf, 32, "%.2f MiB", mib(bytes));
-    else
-        snprintf(buf, 32, "%.1f KiB", bytes / 1024.0);
-    return buf;
-}
-
-/* Mean bits/char of batches [from, to). */
-static double mean_loss(const run_t *r, uint64_t from, uint64_t to)
-{
-    double s = 0;
-    for (uint64_t i = from; i < to; i++)
-        s += r->batch_loss[i];
-    return to > from ? s / (double)(to - from) : 0;
-}
-
-/* st and bc: taken at the end of training (sampling resets the peak afterwards). */
-static void memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_stats_t *stp,
-                           const mt_backend_counters_t *bcp, mt_rnn_t *rnn, const run_t *r,
-                           const opts_t *o)
-{
-    const mt_alloc_stats_t st = *stp;
-    const mt_backend_counters_t bc = *bcp;
-    double pa = (double)st.allocated_bytes[MT_STAT_ALL].peak;
-    double pr = (double)st.reserved_bytes[MT_STAT_ALL].peak;
-    printf("\nmemory summary (%s backend; peaks: training)\n",
-           mt_backend_name(mt_alloc_backend(a)));
-    printf("  peak allocated   %8.2f MiB\n", mib(pa));
-    printf("  peak reserved    %8.2f MiB   (now %.2f MiB)\n", mib(pr),
-           mib((double)st.reserved_bytes[MT_STAT_ALL].current));
-    printf("  utilization      %8.1f %%    (peak allocated / peak reserved)\n",
-           pr > 0 ? 100.0 * pa / pr : 100.0);
-    printf("  backend calls    %llu malloc, %llu free   (allocator requests: %llu)\n",
-           (unsigned long long)(bc.malloc_calls + bc.vm_map_calls),
-           (unsigned long long)(bc.free_calls + bc.vm_unmap_calls),
-           (unsigned long long)st.allocation[MT_STAT_ALL].allocated);
-    mt_alloc_stats_t hs;
-    CHECK(mt_alloc_stats(mt_host_cache_alloc(host), &hs));
-    char h1[32], h2[32];
-    printf("  pinned host      %8.2f MiB   (peak held: batch staging%s; %llu pinned segments)\n",
-           mib((double)hs.reserved_bytes[MT_STAT_ALL].peak),
-           o->offload ? " + offloaded activations" : "", (unsigned long long)hs.num_device_alloc);
-    printf("  per tag (peak / now):\n");
-    for (int t = 0; t < MT_TAG_MAX; t++) {
-        const mt_stat_t *s = &st.tag_allocated_bytes[t];
-        if (s->peak == 0)
-            continue;
-        printf("    %-12s %10s / %s\n", mt_alloc_tag_name(a, t), human((double)s->peak, h1),
-               human((double)s->current, h2));
-    }
-    mt_rnn_act_t act;
-    CHECK(mt_rnn_activation_bytes(rnn, o->max_len, o->batch, &act));
-    mt_rnn_stats_t rs;
-    CHECK(mt_rnn_stats(rnn, &rs));
-    printf("  LSTM activations per step: %.1f KiB kept (%.0f H-vectors per step, batch row and "
-           "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
-           (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
-           (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
-    printf("  LSTM activations of a pass: up to %s, at most %s on the device at once",
-           human((double)r->reserve_bytes, h1), human((double)r->reserve_peak_bytes, h2));
-    if (o->offload)
-        printf(" (offload window %d x %d steps: %llu chunks out, %llu back, %.2f MiB each way)\n",
-               o->offload, mt_rnn_cfg(rnn)->chunk_steps, (unsigned long long)rs.offloads,
-               (unsigned long long)rs.restores, mib((double)rs.offload_bytes));
-    else
-        printf(" (no offload: see --offload)\n");
-    printf("  weight compactions: %llu, %.2f MiB copied (weights %s)\n",
-           (unsigned long long)rs.compactions, mib((double)rs.compacted_bytes),
-           rs.flat ? "flat" : "NOT flat: see --rebind");
-}
-
-/* The program's own checks, for conditions that do not depend on timing. Returns the
- * number that failed, after saying which. */
-static int self_check(const opts_t *o, const run_t *r, mt_alloc_t *a, mt_prefetch_t *pf)
-{
-    int failed = 0;
-    uint64_t n = r->batches, w = n / 10 ? n / 10 : 1;
-    double head = mean_loss(r, 0, w), tail = mean_loss(r, n - w, n);
-    if (n < 2 || !(tail < 0.98 * head)) { /* by 2 % at least: more than rounding noise */
-        fprintf(stderr,
-                "train_charlm: self-check FAILED: the loss did not fall (%.3f bits/char over "
-                "the first %llu batches, %.3f over the last; want 2 %% lower)\n",
-                head, (unsigned long long)w, tail);
-        failed++;
-    }
-    if (o->warmup && r->mallocs_after_warmup != 0) {
-        fprintf(stderr,
-                "train_charlm: self-check FAILED: %llu backend mallocs after the warm-up "
-                "(want 0)\n",
-                (unsigned long long)r->mallocs_after_warmup);
-        failed++;
-    }
-    mt_prefetch_stats_t ps;
-    mt_prefetch_stats(pf, &ps);
-    if (r->bad_batches != 0 || ps.submitted != n || ps.consumed != n) {
-        fprintf(stderr,
-                "train_charlm: self-check FAILED: %llu of %llu device batches were not the "
-                "planned tokens; %llu submitted, %llu released\n",
-                (unsigned long long)r->bad_batches, (unsigned long long)n,
-                (unsigned long long)ps.submitted, (unsigned long long)ps.consumed);
-        failed++;
-    }
-    if (mt_alloc_check(a) != 0) {
-        fprintf(stderr, "train_charlm: self-check FAILED: allocator invariants (see the log)\n");
-        failed++;
-    }
-    if (!failed)
-        printf("self-check: passed (loss %.3f -> %.3f bits/char from the first to the last %llu "
-               "batches; %s; %llu batches delivered intact)\n",
-               head, tail, (unsigned long long)w,
-               o->warmup ? "0 backend mallocs after warm-up" : "no warm-up", (unsigned long long)n);
-    return failed;
-}
-
 /* ---- the run ---- */
 
 /* Loss and time of the epoch being trained. */
@@ -744,7 +449,7 @@ typedef struct epoch_acc_s {
     size_t toks;
 } epoch_acc_t;
 
-static void epoch_done(const epoch_acc_t *e, const text_t *text, run_t *r)
+static void epoch_done(const epoch_acc_t *e, const charlm_text_t *text, charlm_run_t *r)
 {
     double bits = e->loss / (double)e->toks / log(2.0), dt = now_s() - e->t0;
     if (e->epoch == 0)
@@ -759,19 +464,17 @@ static void epoch_done(const epoch_acc_t *e, const text_t *text, run_t *r)
 /* Training: batch k+1 is submitted (copied on the side stream) before batch k trains; with
  * --no-prefetch a batch is submitted only once the previous one is released, and its copy
  * runs on the compute stream. */
-static void train(model_t *md, mt_prefetch_t *pf, loader_t *ld, const opts_t *o, const text_t *text,
-                  run_t *r)
+static void train(model_t *md, mt_prefetch_t *pf, charlm_loader_t *ld, const charlm_opts_t *o,
+                  const charlm_text_t *text, charlm_run_t *r)
 {
     int B = o->batch;
     size_t ns = (size_t)o->layers * B * o->hidden * sizeof(float), cap = 0;
     unsigned ahead = o->prefetch ? 2 : 1;
-    while (ld->count < ahead && submit_next(ld, pf))
+    while (ld->count < ahead && charlm_submit_next(ld, pf))
         ;
     epoch_acc_t e = {.t0 = now_s()};
-    while (ld->count > 0) {
-        plan_t p = ld->queue[ld->head];
-        ld->head = (ld->head + 1) % AHEAD_MAX;
-        ld->count--;
+    charlm_plan_t p;
+    while (charlm_pop(ld, &p)) {
         mt_prefetch_batch_t pb;
         CHECK(mt_prefetch_next(pf, &pb));
         uint64_t c0, c1;
@@ -783,7 +486,7 @@ static void train(model_t *md, mt_prefetch_t *pf, loader_t *ld, const opts_t *o,
         void *in, *tg;
         CHECK(mt_prefetch_slice(&pb, 0, tb, &in));
         CHECK(mt_prefetch_slice(&pb, tb, tb, &tg));
-        r->bad_batches += !batch_matches(ld, &p, in, tg);
+        r->bad_batches += !charlm_batch_matches(ld, &p, in, tg);
         if (p.epoch != e.epoch) {
             epoch_done(&e, text, r);
             /* A new pass starts every stream from the beginning of its share. */
@@ -797,7 +500,7 @@ static void train(model_t *md, mt_prefetch_t *pf, loader_t *ld, const opts_t *o,
         adam_step(md, o->lr);
         zero_grads(md);
         CHECK(mt_prefetch_release(pf, &pb));
-        while (ld->count < ahead && submit_next(ld, pf))
+        while (ld->count < ahead && charlm_submit_next(ld, pf))
             ;
 
         mt_rnn_stats_t rs;
@@ -825,11 +528,11 @@ static void train(model_t *md, mt_prefetch_t *pf, loader_t *ld, const opts_t *o,
 
 int main(int argc, char **argv)
 {
-    opts_t o;
+    charlm_opts_t o;
     if (parse(argc, argv, &o))
         return 2;
-    text_t text;
-    if (load_text(o.text, &text))
+    charlm_text_t text;
+    if (charlm_load_text(o.text, &text))
         return 1;
 
     mt_backend_cfg_t bcfg = mt_backend_cfg_default();
@@ -940,7 +643,7 @@ int main(int argc, char **argv)
         mt_alloc_stats_t st;
         CHECK(mt_alloc_stats(a, &st));
         printf("warm-up: one step at T=%d, B=%d; reserved %.2f MiB\n", o.max_len, B,
-               mib((double)st.reserved_bytes[MT_STAT_ALL].current));
+               charlm_mib((double)st.reserved_bytes[MT_STAT_ALL].current));
     } else {
         printf("warm-up: skipped (--no-warmup)\n");
     }
@@ -951,14 +654,14 @@ int main(int argc, char **argv)
     mt_alloc_reset_peak(a); /* peaks below are those of training, not of the warm-up step */
     mt_alloc_reset_peak(mt_host_cache_alloc(host));
 
-    loader_t ld = {.text = &text,
-                   .B = B,
-                   .min_len = o.min_len,
-                   .max_len = o.max_len,
-                   .epochs = o.epochs,
-                   .span = (text.n - 1) / (size_t)B, /* each stream's share of the text */
-                   .rng = o.seed * 1000003u + 17};
-    run_t run = {0};
+    charlm_loader_t ld = {.text = &text,
+                          .B = B,
+                          .min_len = o.min_len,
+                          .max_len = o.max_len,
+                          .epochs = o.epochs,
+                          .span = (text.n - 1) / (size_t)B, /* each stream's share of the text */
+                          .rng = o.seed * 1000003u + 17};
+    charlm_run_t run = {0};
     train(&md, pf, &ld, &o, &text, &run);
     if (run.batches == 0) {
         fprintf(stderr, "train_charlm: the text is too short for %d streams of %d steps\n", B,
@@ -976,13 +679,13 @@ int main(int argc, char **argv)
     CHECK(mt_alloc_stats(a, &train_st));
     printf("during training (%s): %llu backend mallocs; reserved %.2f -> %.2f MiB\n",
            o.warmup ? "after warm-up" : "no warm-up", (unsigned long long)run.mallocs_after_warmup,
-           mib((double)st0.reserved_bytes[MT_STAT_ALL].current),
-           mib((double)train_st.reserved_bytes[MT_STAT_ALL].peak));
+           charlm_mib((double)st0.reserved_bytes[MT_STAT_ALL].current),
+           charlm_mib((double)train_st.reserved_bytes[MT_STAT_ALL].peak));
     mt_prefetch_stats_t pst;
     mt_prefetch_stats(pf, &pst);
     printf("prefetch: %llu batches, %.2f MiB copied host -> device %s; %llu/%llu copies had "
            "finished when their batch was needed; host waited %.1f ms for copies\n",
-           (unsigned long long)pst.consumed, mib((double)pst.bytes_copied),
+           (unsigned long long)pst.consumed, charlm_mib((double)pst.bytes_copied),
            o.prefetch ? "on a side stream while the previous batch trained"
                       : "on the compute stream (--no-prefetch)",
            (unsigned long long)run.ready, (unsigned long long)run.batches, run.wait_s * 1e3);
@@ -992,16 +695,16 @@ int main(int argc, char **argv)
         CHECK(mt_alloc_stats(a, &st));
         int64_t before = st.allocated_bytes[MT_STAT_ALL].current;
         printf("\nsample (%d characters, temperature 0.8):\n", o.sample);
-        int first = text.ids[(size_t)(rng_next(&ld.rng) % (uint64_t)text.n)];
+        int first = text.ids[(size_t)(charlm_rng_next(&ld.rng) % (uint64_t)text.n)];
         sample(&md, &text, o.sample, first, &ld.rng, B);
         CHECK(mt_alloc_stats(a, &st));
         printf("sampling peak: %.1f KiB above the model (constant in the number of "
                "characters)\n",
                (double)(st.allocated_bytes[MT_STAT_ALL].peak - before) / 1024.0);
     }
-    memory_summary(a, host, &train_st, &c1, md.rnn, &run, &o);
+    charlm_memory_summary(a, host, &train_st, &c1, md.rnn, &run, &o);
     printf("\n");
-    int failed = self_check(&o, &run, a, pf);
+    int failed = charlm_self_check(&o, &run, a, pf);
 
     free(run.batch_loss);
     free(text.ids);
