@@ -546,17 +546,16 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             for (size_t off = 0; off < seg->size; off += page)
                 (void)mt_backend_vm_unmap(a->backend, (void *)(seg->addr + off), page);
             a->st.num_device_free += seg->size / page;
-            mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr, seg->size, 0, seg->sid,
-                           mt__public_pool(seg->pool), 0);
             (void)mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
         } else {
             (void)mt_backend_free(a->backend, (void *)seg->addr);
             a->st.num_device_free++;
-            mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, seg->size, 0, seg->sid,
-                           mt__public_pool(seg->pool), 0);
         }
+        /* Totals first: the event carries the reserved bytes after the release. */
         mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)seg->size);
         mt__stat_add(a->st.segment, seg->pool, -1);
+        mt__alloc_emit(a, seg->expandable ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE, seg->addr,
+                       seg->size, 0, seg->sid, mt__public_pool(seg->pool), 0);
         seg_unlink(a, seg);
         free(seg);
     }
