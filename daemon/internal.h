@@ -238,9 +238,6 @@ void mt__d_consumer_start(mt_d_conn_t *c);
 void mt__d_consumers_fanout(mt_d_t *d);
 void mt__d_consumers_keepalive(mt_d_t *d);
 void mt__d_sub_free(mt_d_sub_t *s);
-/* encode.c: one record as a JSON line into b, '\n' included: byte for byte what
- * mt_prof_event_to_json + json_dumps(JSON_COMPACT) give. */
-int mt__d_encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev);
 
 /* http.c */
 void mt__d_http_input(mt_d_conn_t *c);

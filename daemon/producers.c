@@ -124,6 +124,26 @@ static void process_batch(mt_d_t *d)
     d->batch_text.len = 0;
 }
 
+/* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
+ * encoder of the schema). Tags are named by their built-in names or "tag<n>": user tag
+ * names live in the producer, not in its records. */
+static int encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev)
+{
+    size_t need = 1024; /* enough for every line without a long user tag name */
+    for (;;) {
+        int rc = mt__d_buf_reserve(b, need);
+        if (rc)
+            return rc;
+        size_t room = b->cap - b->len;
+        size_t n = mt_prof_event_write(b->p + b->len, room, ev, pid, NULL, NULL);
+        if (n < room) {
+            b->len += n;
+            return 0;
+        }
+        need = n;
+    }
+}
+
 static void on_record(void *ud, const mt_event_rec_t *ev)
 {
     mt_d_t *d = ud;
@@ -139,7 +159,7 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     }
     mt__d_proc_apply(p, ev);
     size_t off = d->batch_text.len;
-    if (mt__d_encode_event(&d->batch_text, p->pid, ev) != 0) {
+    if (encode_event(&d->batch_text, p->pid, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
         return;
     }

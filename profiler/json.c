@@ -1,6 +1,8 @@
-/* JSON encoding of telemetry (schema v1: docs/telemetry.md, docs/telemetry.schema.json).
- * Addresses are "0x..." strings (64-bit values do not survive JavaScript numbers);
- * byte counts are integers. */
+/* Telemetry documents with jansson (schema v1: docs/telemetry.md,
+ * docs/telemetry.schema.json): decoding event lines (the report tool), and building the
+ * rare records (hello, exit, process state, snapshots). Event lines themselves are
+ * written by the one line writer, encode.c. Addresses are "0x..." strings (64-bit values
+ * do not survive JavaScript numbers); byte counts are integers. */
 #include "profiler/internal.h"
 
 #include <inttypes.h>
@@ -8,20 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define SCHEMA_VERSION 1
-
-static const char *tag_label(int tag, const char *(*tag_name)(void *ud, int tag), void *ud,
-                             char *buf, size_t len)
-{
-    const char *s = tag_name ? tag_name(ud, tag) : NULL;
-    if (s && *s)
-        return s;
-    if (tag >= 0 && tag < MT_TAG_USER_FIRST)
-        return mt_tag_builtin_name(tag);
-    snprintf(buf, len, "tag%d", tag);
-    return buf;
-}
 
 static json_t *hex(uint64_t v)
 {
@@ -50,44 +38,6 @@ static json_t *finish(json_t *o, bool ok)
         return NULL;
     }
     return o;
-}
-
-void *mt_prof_event_to_json(const mt_event_rec_t *ev, int pid,
-                            const char *(*tag_name)(void *ud, int tag), void *ud)
-{
-    json_t *o = json_object();
-    if (!o)
-        return NULL;
-    bool ok = true;
-    put(o, "v", json_integer(SCHEMA_VERSION), &ok);
-    if (ev->kind == MT_EV_GAP) {
-        put(o, "type", json_string("gap"), &ok);
-        put(o, "seq", u64(ev->seq), &ok);
-        put(o, "t_ns", u64(ev->time_ns), &ok);
-        put(o, "pid", json_integer(pid), &ok);
-        put(o, "lost", u64(ev->size), &ok);
-        return finish(o, ok);
-    }
-    char tbuf[16];
-    put(o, "type", json_string("event"), &ok);
-    put(o, "seq", u64(ev->seq), &ok);
-    put(o, "t_ns", u64(ev->time_ns), &ok);
-    put(o, "pid", json_integer(pid), &ok);
-    put(o, "dev", json_integer(ev->device), &ok);
-    put(o, "kind", json_string(mt_event_kind_name(ev->kind)), &ok);
-    if (ev->kind == MT_EV_MARK)
-        put(o, "mark", json_string(mt_mark_name((int)ev->addr)), &ok);
-    else
-        put(o, "addr", hex(ev->addr), &ok);
-    put(o, "size", u64(ev->size), &ok);
-    put(o, "requested", u64(ev->requested), &ok);
-    put(o, "pool", json_string(mt_pool_name(ev->pool)), &ok);
-    put(o, "tag", json_string(tag_label(ev->tag, tag_name, ud, tbuf, sizeof(tbuf))), &ok);
-    put(o, "tag_id", json_integer(ev->tag), &ok);
-    put(o, "stream", json_integer(ev->stream), &ok);
-    put(o, "allocated", u64(ev->allocated), &ok);
-    put(o, "reserved", u64(ev->reserved), &ok);
-    return finish(o, ok);
 }
 
 /* ---- decoding (the inverse, for the report tool and tests) ---- */
@@ -138,7 +88,7 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
         BAD("object");
     memset(ev, 0, sizeof(*ev));
     json_t *v = json_object_get(o, "v");
-    if (!json_is_integer(v) || json_integer_value(v) != SCHEMA_VERSION)
+    if (!json_is_integer(v) || json_integer_value(v) != MT__PROF_SCHEMA_VERSION)
         BAD("v");
     const char *type = json_string_value(json_object_get(o, "type"));
     if (!type)
@@ -249,14 +199,14 @@ static bool put_stats(json_t *o, const mt_alloc_stats_t *st,
         const mt_stat_t *a = &st->tag_allocated_bytes[t];
         if (a->current == 0 && a->peak == 0 && a->allocated == 0)
             continue;
-        char tbuf[16];
+        char tbuf[MT__PROF_TAG_LABEL_MAX];
         json_t *e = json_object();
         if (e) {
             put(e, "id", json_integer(t), &ok);
             put(e, "allocated_bytes", stat_json(a), &ok);
             put(e, "requested_bytes", stat_json(&st->tag_requested_bytes[t]), &ok);
         }
-        put(tags, tag_label(t, tag_name, ud, tbuf, sizeof(tbuf)), e, &ok);
+        put(tags, mt__prof_tag_label(t, tag_name, ud, tbuf), e, &ok);
     }
     put(o, "tags", tags, &ok);
     put(o, "num_alloc_retries", u64(st->num_alloc_retries), &ok);
@@ -280,7 +230,7 @@ void *mt_prof_stats_to_json(const mt_alloc_stats_t *st, int pid, int device,
     if (!o)
         return NULL;
     bool ok = true;
-    put(o, "v", json_integer(SCHEMA_VERSION), &ok);
+    put(o, "v", json_integer(MT__PROF_SCHEMA_VERSION), &ok);
     put(o, "type", json_string("process"), &ok);
     put(o, "pid", json_integer(pid), &ok);
     put(o, "dev", json_integer(device), &ok);
@@ -325,7 +275,7 @@ void *mt_prof_snapshot_to_json(const mt_alloc_snapshot_t *snap, int pid, int dev
         put(js, "reserved", json_boolean(s->reserved), &ok);
         for (size_t b = 0; b < s->nblocks; b++) {
             const mt_snapshot_block_t *bl = &s->blocks[b];
-            char tbuf[16];
+            char tbuf[MT__PROF_TAG_LABEL_MAX];
             json_t *jb = json_object();
             if (!jb) {
                 ok = false;
@@ -335,7 +285,7 @@ void *mt_prof_snapshot_to_json(const mt_alloc_snapshot_t *snap, int pid, int dev
             put(jb, "size", u64(bl->size), &ok);
             put(jb, "requested", u64(bl->requested), &ok);
             put(jb, "state", json_string(block_state_name(bl->state)), &ok);
-            put(jb, "tag", json_string(tag_label(bl->tag, tag_name, ud, tbuf, sizeof(tbuf))), &ok);
+            put(jb, "tag", json_string(mt__prof_tag_label(bl->tag, tag_name, ud, tbuf)), &ok);
             if (json_array_append_new(blocks, jb) != 0)
                 ok = false;
         }
@@ -349,7 +299,7 @@ void *mt_prof_snapshot_to_json(const mt_alloc_snapshot_t *snap, int pid, int dev
         json_decref(stats);
         return NULL;
     }
-    put(o, "v", json_integer(SCHEMA_VERSION), &ok);
+    put(o, "v", json_integer(MT__PROF_SCHEMA_VERSION), &ok);
     put(o, "type", json_string("snapshot"), &ok);
     put(o, "pid", json_integer(pid), &ok);
     put(o, "dev", json_integer(device), &ok);
@@ -366,7 +316,7 @@ void *mt_prof_hello_to_json(int pid, const char *name, uint64_t start_realtime_n
     if (!o)
         return NULL;
     bool ok = true;
-    put(o, "v", json_integer(SCHEMA_VERSION), &ok);
+    put(o, "v", json_integer(MT__PROF_SCHEMA_VERSION), &ok);
     put(o, "type", json_string("hello"), &ok);
     put(o, "pid", json_integer(pid), &ok);
     put(o, "name", json_string(name ? name : ""), &ok);
@@ -382,7 +332,7 @@ void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t drop
     if (!o)
         return NULL;
     bool ok = true;
-    put(o, "v", json_integer(SCHEMA_VERSION), &ok);
+    put(o, "v", json_integer(MT__PROF_SCHEMA_VERSION), &ok);
     put(o, "type", json_string("exit"), &ok);
     put(o, "pid", json_integer(pid), &ok);
     put(o, "t_ns", u64(t_ns), &ok);

@@ -166,8 +166,8 @@ static int out_flush(mt_prof_t *p)
     return p->write_err;
 }
 
-/* Appends one JSON line; whole lines only reach the file (O_APPEND keeps lines of
- * processes sharing one log file from interleaving). */
+/* Appends one JSON document as a line (hello, exit); whole lines only reach the file (O_APPEND
+ * keeps lines of processes sharing one log file from interleaving). */
 static void out_line(mt_prof_t *p, json_t *j)
 {
     if (!j)
@@ -184,10 +184,21 @@ static void out_line(mt_prof_t *p, json_t *j)
     p->written++;
 }
 
+/* Appends one event's line, written in place by the line writer. */
 static void drain_cb(void *ud, const mt_event_rec_t *ev)
 {
     mt_prof_t *p = ud;
-    out_line(p, mt_prof_event_to_json(ev, p->pid, p->tag_name, p->tag_ud));
+    size_t room = OUTBUF_SIZE - p->out_len;
+    size_t n = mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, p->tag_name, p->tag_ud);
+    if (n >= room) {
+        out_flush(p);
+        room = OUTBUF_SIZE;
+        n = mt_prof_event_write(p->out, room, ev, p->pid, p->tag_name, p->tag_ud);
+        if (n >= room)
+            return; /* only a tag name of over 10 KiB could need more */
+    }
+    p->out_len += n;
+    p->written++;
 }
 
 /* Drains everything published so far into the log. Caller holds drain_lock. */

@@ -88,18 +88,28 @@ MT_API int mt_prof_socket_path(char *buf, size_t len);
 
 /* ---- JSON encoding (schema: docs/telemetry.schema.json, "v": 1) ---- */
 
+/* Writes one event as its JSON line, '\n' included, then a NUL, into buf:
+ * {"v":1,"type":"event","seq":..,"kind":"alloc",...} or, for MT_EV_GAP,
+ * {"v":1,"type":"gap","lost":N,...}. The one encoder of event lines: the daemon and the
+ * local log both write events with it. tag_name may be NULL (built-in names, "tag<n>").
+ * Byte counts above INT64_MAX (never real) are written as INT64_MAX, what the decoder
+ * can read back; invalid UTF-8 in a tag name is written as U+FFFD.
+ * Returns the line's length (without the NUL; < cap) when it fits, else a capacity that
+ * is enough (>= cap; buf is left unspecified): call again with that much room. A
+ * capacity of 1 KiB is enough for every line whose tag name is shorter than 64 bytes.
+ * Allocates nothing; thread-safe (tag_name permitting). */
+MT_API size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
+                                  const char *(*tag_name)(void *ud, int tag), void *ud);
+
+/* Decodes an event or gap line parsed by jansson (json: a json_t *; the inverse of
+ * mt_prof_event_write; the tag by "tag_id"). A gap without "pid" (a consumer queue's)
+ * gives *pid = -1. MT_EPROTO naming the bad field in err. pid may be NULL. */
+MT_API int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char *err,
+                                   size_t errlen);
+
 /* These return a new jansson json_t * (declared as void * so this header does not
  * require jansson.h; cast to json_t *), or NULL on allocation failure. */
 
-/* One event: {"v":1,"type":"event","seq":..,"kind":"alloc",...} or, for MT_EV_GAP,
- * {"v":1,"type":"gap","lost":N,...}. tag_name may be NULL (built-in names). */
-MT_API void *mt_prof_event_to_json(const mt_event_rec_t *ev, int pid,
-                                   const char *(*tag_name)(void *ud, int tag), void *ud);
-/* Decodes an event or gap line back (the inverse of the above; the tag by "tag_id").
- * A gap without "pid" (a consumer queue's) gives *pid = -1. MT_EPROTO naming the bad
- * field in err. pid may be NULL. */
-MT_API int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char *err,
-                                   size_t errlen);
 /* Process state from allocator statistics: {"v":1,"type":"process","pid":..,...}. */
 MT_API void *mt_prof_stats_to_json(const mt_alloc_stats_t *st, int pid, int device,
                                    const char *(*tag_name)(void *ud, int tag), void *ud);

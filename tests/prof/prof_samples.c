@@ -1,7 +1,8 @@
 /* Writes telemetry samples for the schema test (prof_schema, validated with ajv):
  * argv[1]: every record type straight from the encoders (every event kind, a gap,
- * hello, exit, process state and a snapshot); argv[2]: a real local log written by
- * the profiler in log mode. Exit status 0 when both were written. */
+ * hello, exit, process state and a snapshot) and the event line writer's output over
+ * every kind, tag, pool, mark, extreme values and odd tag names; argv[2]: a real local log written
+ * by the profiler in log mode. Exit status 0 when both were written. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +19,80 @@ static int put_line(FILE *f, void *j)
     fputc('\n', f);
     json_decref(j);
     return rc;
+}
+
+/* One event line from the line writer. */
+static int put_event(FILE *f, const mt_event_rec_t *ev, int pid,
+                     const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    char line[8192];
+    size_t n = mt_prof_event_write(line, sizeof(line), ev, pid, tag_name, ud);
+    if (n == 0 || n >= sizeof(line))
+        return -1;
+    return fwrite(line, 1, n, f) == n ? 0 : -1;
+}
+
+/* User tag names that need escaping or hold invalid UTF-8 (written as U+FFFD). */
+static const char *odd_names(void *ud, int tag)
+{
+    (void)ud;
+    static const char *const names[] = {
+        "kv_cache",
+        "quote\"back\\slash",
+        "ctl\b\t\n\v\f\r\x01\x1f\x7f",
+        "gr\xc3\xb6\xc3\x9f"
+        "e \xe2\x82\xac",
+        "bad\x80\xc0\xaf\xed\xa0\x80\xff",
+    };
+    int i = tag - MT_TAG_USER_FIRST;
+    return i >= 0 && i < (int)(sizeof(names) / sizeof(names[0])) ? names[i] : NULL;
+}
+
+/* What the line writer writes, over every kind, tag, pool and mark, the extreme values
+ * and odd tag names. */
+static int put_event_sweep(FILE *f)
+{
+    int bad = 0;
+    for (int k = MT_EV_ALLOC; k < MT_EV_GAP; k++)
+        for (int tag = 0; tag < MT_TAG_MAX; tag++)
+            for (int pool = MT_POOL_NONE; pool <= MT_POOL_HOST; pool++) {
+                mt_event_rec_t ev = {
+                    .seq = (uint64_t)k * 1000 + (uint64_t)tag,
+                    .time_ns = 1234567890123ull,
+                    .addr = k == MT_EV_MARK ? (uint64_t)(1 + tag % MT_MARK_WARMUP_END)
+                                            : 0x7f12345678c0ull + (uint64_t)tag * 512,
+                    .size = 4096ull << (tag % 30),
+                    .requested = 4000,
+                    .allocated = 1ull << 33,
+                    .reserved = 3ull << 33,
+                    .stream = (uint32_t)tag * 0x9e3779b9u,
+                    .kind = (uint8_t)k,
+                    .pool = (uint8_t)pool,
+                    .tag = (uint8_t)tag,
+                    .device = (uint8_t)(tag * 37),
+                };
+                bad |= put_event(f, &ev, 4242, odd_names, NULL);
+            }
+    mt_event_rec_t zero = {.kind = MT_EV_ALLOC};
+    bad |= put_event(f, &zero, 0, NULL, NULL);
+    mt_event_rec_t big = {
+        .seq = UINT64_MAX,
+        .time_ns = UINT64_MAX,
+        .addr = UINT64_MAX,
+        .size = UINT64_MAX,
+        .requested = (uint64_t)INT64_MAX,
+        .allocated = UINT64_MAX,
+        .reserved = UINT64_MAX,
+        .stream = UINT32_MAX,
+        .kind = MT_EV_OOM,
+        .pool = MT_POOL_HOST,
+        .tag = MT_TAG_MAX - 1,
+        .device = UINT8_MAX,
+    };
+    bad |= put_event(f, &big, INT32_MAX, NULL, NULL);
+    big.kind = MT_EV_GAP;
+    bad |= put_event(f, &big, INT32_MAX, NULL, NULL);
+    return bad;
 }
 
 static mt_event_rec_t sample(int kind, uint64_t i)
@@ -50,10 +125,11 @@ int main(int argc, char **argv)
     for (int k = MT_EV_ALLOC; k < MT_EV_GAP; k++) {
         mt_event_rec_t ev = sample(k, (uint64_t)k);
         ev.seq = (uint64_t)k;
-        bad |= put_line(f, mt_prof_event_to_json(&ev, 100, NULL, NULL));
+        bad |= put_event(f, &ev, 100, NULL, NULL);
     }
     mt_event_rec_t gap = {.kind = MT_EV_GAP, .seq = 20, .size = 3, .time_ns = 9};
-    bad |= put_line(f, mt_prof_event_to_json(&gap, 100, NULL, NULL));
+    bad |= put_event(f, &gap, 100, NULL, NULL);
+    bad |= put_event_sweep(f);
     bad |= put_line(f, mt_prof_hello_to_json(100, "train", 1700000000000000000ull, 5));
     bad |= put_line(f, mt__prof_exit_to_json(100, false, 10, 1, 1, 99));
 

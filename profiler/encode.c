@@ -1,0 +1,228 @@
+/* The event line writer: the one encoder of event and gap records (schema v1,
+ * docs/telemetry.md). The daemon's drain loop and the profiler's local-log drainer both
+ * write every event through it, up to millions a second, so it writes bytes directly
+ * into the caller's buffer: no allocation, no jansson object, no printf.
+ *
+ * Numbers follow what jansson (the decoder, mt_prof_event_from_json) can read back:
+ * integers are signed 64-bit there, so byte counts above INT64_MAX (never real) saturate;
+ * addresses are "0x..." strings and keep all 64 bits. Strings are escaped as JSON
+ * requires; bytes that are not valid UTF-8 (only a user's tag name can hold any) become
+ * U+FFFD so that every line is valid JSON. */
+#include <string.h>
+
+#include "profiler/internal.h"
+
+/* The literal prefixes below write "v":1. */
+_Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema version literally");
+
+/* Bytes of the longest event line without its four strings (kind, mark or addr, pool,
+ * tag): keys and punctuation (about 250) plus every number at its widest. */
+#define FIXED_MAX 400
+/* An escaped string is at most 6 bytes per input byte ("\u001f", "\ufffd"). */
+#define ESC_MAX 6
+
+static char *put_u64(char *w, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *w++ = tmp[--n];
+    return w;
+}
+
+/* A byte count as an integer the decoder reads back: saturated at INT64_MAX. */
+static char *put_sat(char *w, uint64_t v)
+{
+    return put_u64(w, v > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : v);
+}
+
+static char *put_int(char *w, int64_t v)
+{
+    if (v < 0) {
+        *w++ = '-';
+        return put_u64(w, (uint64_t)0 - (uint64_t)v);
+    }
+    return put_u64(w, (uint64_t)v);
+}
+
+static char *put_hex(char *w, uint64_t v)
+{
+    static const char digits[] = "0123456789abcdef";
+    char tmp[16];
+    int n = 0;
+    do {
+        tmp[n++] = digits[v & 15];
+        v >>= 4;
+    } while (v);
+    *w++ = '"';
+    *w++ = '0';
+    *w++ = 'x';
+    while (n)
+        *w++ = tmp[--n];
+    *w++ = '"';
+    return w;
+}
+
+#define LIT(w, s) (memcpy((w), (s), sizeof(s) - 1), (w) + sizeof(s) - 1)
+
+/* Length of the well-formed UTF-8 sequence starting at p (Unicode table 3-7: no overlong
+ * forms, no surrogates, nothing above U+10FFFF), or 0 if there is none. Stops at the
+ * first byte out of range, so it never reads past a terminating NUL. */
+static int utf8_len(const unsigned char *p)
+{
+    unsigned c = p[0], lo = 0x80, hi = 0xbf;
+    int n;
+    if (c < 0x80)
+        return 1;
+    if (c < 0xc2)
+        return 0;
+    if (c < 0xe0) {
+        n = 2;
+    } else if (c < 0xf0) {
+        n = 3;
+        lo = c == 0xe0 ? 0xa0 : lo;
+        hi = c == 0xed ? 0x9f : hi;
+    } else if (c < 0xf5) {
+        n = 4;
+        lo = c == 0xf0 ? 0x90 : lo;
+        hi = c == 0xf4 ? 0x8f : hi;
+    } else {
+        return 0;
+    }
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (int i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+/* A JSON string: at most ESC_MAX bytes per input byte plus the quotes. */
+static char *put_str(char *w, const char *s)
+{
+    static const char hx[] = "0123456789abcdef";
+    *w++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        unsigned char c = *p;
+        if (c == '"' || c == '\\') {
+            *w++ = '\\';
+            *w++ = (char)c;
+            p++;
+        } else if (c < 0x20) {
+            static const char esc[] = "btn_fr"; /* \b \t \n (\v has none) \f \r */
+            *w++ = '\\';
+            if (c >= '\b' && c <= '\r' && c != '\v') {
+                *w++ = esc[c - '\b'];
+            } else {
+                w = LIT(w, "u00");
+                *w++ = hx[c >> 4];
+                *w++ = hx[c & 15];
+            }
+            p++;
+        } else if (c < 0x80) {
+            *w++ = (char)c;
+            p++;
+        } else {
+            int n = utf8_len(p);
+            if (n == 0) {
+                w = LIT(w, "\\ufffd");
+                p++;
+            } else {
+                memcpy(w, p, (size_t)n);
+                w += n;
+                p += n;
+            }
+        }
+    }
+    *w++ = '"';
+    return w;
+}
+
+const char *mt__prof_tag_label(int tag, const char *(*tag_name)(void *ud, int tag), void *ud,
+                               char buf[MT__PROF_TAG_LABEL_MAX])
+{
+    const char *s = tag_name ? tag_name(ud, tag) : NULL;
+    if (s && *s)
+        return s;
+    if (tag >= 0 && tag < MT_TAG_USER_FIRST)
+        return mt_tag_builtin_name(tag);
+    char *w = LIT(buf, "tag");
+    w = put_int(w, tag);
+    *w = '\0';
+    return buf;
+}
+
+static char *write_gap(char *w, const mt_event_rec_t *ev, int pid)
+{
+    w = LIT(w, "{\"v\":1,\"type\":\"gap\",\"seq\":");
+    w = put_sat(w, ev->seq);
+    w = LIT(w, ",\"t_ns\":");
+    w = put_sat(w, ev->time_ns);
+    w = LIT(w, ",\"pid\":");
+    w = put_int(w, pid);
+    w = LIT(w, ",\"lost\":");
+    w = put_sat(w, ev->size);
+    return LIT(w, "}\n");
+}
+
+size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
+                           const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    if (ev->kind == MT_EV_GAP) {
+        if (!buf || cap <= FIXED_MAX)
+            return FIXED_MAX + 1;
+        char *w = write_gap(buf, ev, pid);
+        *w = '\0';
+        return (size_t)(w - buf);
+    }
+    char tagbuf[MT__PROF_TAG_LABEL_MAX];
+    const char *kind = mt_event_kind_name(ev->kind);
+    const char *mark = ev->kind == MT_EV_MARK ? mt_mark_name((int)ev->addr) : NULL;
+    const char *pool = mt_pool_name(ev->pool);
+    const char *tag = mt__prof_tag_label(ev->tag, tag_name, ud, tagbuf);
+    size_t names = strlen(kind) + (mark ? strlen(mark) : 0) + strlen(pool) + strlen(tag);
+    size_t need = FIXED_MAX + ESC_MAX * names + 1; /* + the NUL */
+    if (!buf || cap < need)
+        return need;
+    char *w = buf;
+    w = LIT(w, "{\"v\":1,\"type\":\"event\",\"seq\":");
+    w = put_sat(w, ev->seq);
+    w = LIT(w, ",\"t_ns\":");
+    w = put_sat(w, ev->time_ns);
+    w = LIT(w, ",\"pid\":");
+    w = put_int(w, pid);
+    w = LIT(w, ",\"dev\":");
+    w = put_u64(w, ev->device);
+    w = LIT(w, ",\"kind\":");
+    w = put_str(w, kind);
+    if (mark) {
+        w = LIT(w, ",\"mark\":");
+        w = put_str(w, mark);
+    } else {
+        w = LIT(w, ",\"addr\":");
+        w = put_hex(w, ev->addr);
+    }
+    w = LIT(w, ",\"size\":");
+    w = put_sat(w, ev->size);
+    w = LIT(w, ",\"requested\":");
+    w = put_sat(w, ev->requested);
+    w = LIT(w, ",\"pool\":");
+    w = put_str(w, pool);
+    w = LIT(w, ",\"tag\":");
+    w = put_str(w, tag);
+    w = LIT(w, ",\"tag_id\":");
+    w = put_u64(w, ev->tag);
+    w = LIT(w, ",\"stream\":");
+    w = put_u64(w, ev->stream);
+    w = LIT(w, ",\"allocated\":");
+    w = put_sat(w, ev->allocated);
+    w = LIT(w, ",\"reserved\":");
+    w = put_sat(w, ev->reserved);
+    w = LIT(w, "}\n");
+    *w = '\0';
+    return (size_t)(w - buf);
+}

@@ -1,0 +1,406 @@
+/* The event line writer (mt_prof_event_write), the one encoder of events: every line it
+ * writes is one compact JSON object that jansson parses and mt_prof_event_from_json turns
+ * back into the same record, over every kind, mark, pool, tag and the extreme values;
+ * names are escaped into valid JSON and UTF-8; a buffer too small is reported, never
+ * overrun. (Schema validation of its output, with ajv, is the prof_schema test.) */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/prof.h"
+
+#define LINE_CAP 1024 /* the header's promise for tag names under 64 bytes */
+
+/* Writes ev, checks the line's framing, parses it (strictly: one object, no duplicate
+ * keys, valid UTF-8). New json_t. */
+static json_t *write_parse(const mt_event_rec_t *ev, int pid,
+                           const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    char buf[LINE_CAP];
+    size_t n = mt_prof_event_write(buf, sizeof buf, ev, pid, tag_name, ud);
+    assert_true(n > 2 && n < sizeof buf);
+    assert_int_equal(strlen(buf), n);
+    assert_int_equal(buf[n - 1], '\n');
+    assert_null(memchr(buf, '\n', n - 1));
+    json_error_t e;
+    json_t *j = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &e);
+    if (!j)
+        fail_msg("%s: %s", e.text, buf);
+    assert_true(json_is_object(j));
+    return j;
+}
+
+/* The record back from its line; its pid through *pid. */
+static void roundtrip(const mt_event_rec_t *ev, int pid, mt_event_rec_t *back, int *pid_back)
+{
+    json_t *j = write_parse(ev, pid, NULL, NULL);
+    char err[128] = "";
+    int rc = mt_prof_event_from_json(j, back, pid_back, err, sizeof err);
+    if (rc != 0)
+        fail_msg("decode: %s", err);
+    json_decref(j);
+}
+
+static void expect_same(const mt_event_rec_t *ev, int pid)
+{
+    mt_event_rec_t back;
+    int pid_back = 0;
+    roundtrip(ev, pid, &back, &pid_back);
+    assert_int_equal(pid_back, pid);
+    assert_memory_equal(&back, ev, sizeof back);
+}
+
+static mt_event_rec_t sample(int kind, int tag, int pool)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.seq = (uint64_t)kind * 100000 + (uint64_t)tag * 10 + (uint64_t)pool;
+    ev.time_ns = UINT64_C(123456789012345) + (uint64_t)tag;
+    ev.addr = kind == MT_EV_MARK ? (uint64_t)(1 + tag % MT_MARK_WARMUP_END)
+                                 : UINT64_C(0x7f12345678c0) + (uint64_t)tag * 512;
+    ev.size = UINT64_C(4096) << (tag % 30);
+    ev.requested = ev.size - (uint64_t)tag;
+    ev.allocated = UINT64_C(1) << 33;
+    ev.reserved = UINT64_C(3) << 33;
+    ev.stream = (uint32_t)tag * 0x9e3779b9u;
+    ev.kind = (uint8_t)kind;
+    ev.pool = (uint8_t)pool;
+    ev.tag = (uint8_t)tag;
+    ev.device = (uint8_t)(tag * 37);
+    return ev;
+}
+
+static void test_every_kind_tag_pool(void **state)
+{
+    (void)state;
+    for (int kind = MT_EV_ALLOC; kind < MT_EV_GAP; kind++)
+        for (int tag = 0; tag < MT_TAG_MAX; tag++)
+            for (int pool = MT_POOL_NONE; pool <= MT_POOL_HOST; pool++) {
+                mt_event_rec_t ev = sample(kind, tag, pool);
+                expect_same(&ev, 4242 + tag);
+            }
+}
+
+/* The line is canonical compact JSON: jansson, which keeps members in insertion order,
+ * dumps the parsed object back to the same bytes. */
+static void test_compact_canonical(void **state)
+{
+    (void)state;
+    for (int kind = MT_EV_ALLOC; kind <= MT_EV_GAP; kind++) {
+        mt_event_rec_t ev = sample(kind, kind * 2, kind % 4);
+        if (kind == MT_EV_GAP)
+            ev.size = 9;
+        char buf[LINE_CAP];
+        size_t n = mt_prof_event_write(buf, sizeof buf, &ev, 77, NULL, NULL);
+        assert_true(n > 0 && n < sizeof buf);
+        json_t *j = json_loadb(buf, n, 0, NULL);
+        assert_non_null(j);
+        char *again = json_dumps(j, JSON_COMPACT);
+        assert_non_null(again);
+        buf[n - 1] = '\0';
+        assert_string_equal(again, buf);
+        assert_string_equal(json_string_value(json_object_get(j, "type")),
+                            kind == MT_EV_GAP ? "gap" : "event");
+        free(again);
+        json_decref(j);
+    }
+}
+
+static void test_every_mark(void **state)
+{
+    (void)state;
+    for (int m = MT_MARK_ITERATION; m <= MT_MARK_WARMUP_END; m++) {
+        mt_event_rec_t ev = sample(MT_EV_MARK, 3, MT_POOL_NONE);
+        ev.addr = (uint64_t)m;
+        ev.size = 1000 + (uint64_t)m; /* the marker's payload */
+        json_t *j = write_parse(&ev, 5, NULL, NULL);
+        assert_string_equal(json_string_value(json_object_get(j, "mark")), mt_mark_name(m));
+        assert_null(json_object_get(j, "addr"));
+        json_decref(j);
+        expect_same(&ev, 5);
+    }
+}
+
+static void test_extremes(void **state)
+{
+    (void)state;
+    mt_event_rec_t zero = {.kind = MT_EV_ALLOC};
+    expect_same(&zero, 0);
+    json_t *j = write_parse(&zero, 0, NULL, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "addr")), "0x0");
+    json_decref(j);
+
+    /* The largest values the decoder can hold come back exactly. */
+    mt_event_rec_t ev = {
+        .seq = (uint64_t)INT64_MAX,
+        .time_ns = (uint64_t)INT64_MAX,
+        .addr = UINT64_MAX,
+        .size = (uint64_t)INT64_MAX,
+        .requested = (uint64_t)INT64_MAX,
+        .allocated = (uint64_t)INT64_MAX,
+        .reserved = (uint64_t)INT64_MAX - 1,
+        .stream = UINT32_MAX,
+        .kind = MT_EV_OOM,
+        .pool = MT_POOL_HOST,
+        .tag = MT_TAG_MAX - 1,
+        .device = UINT8_MAX,
+    };
+    expect_same(&ev, INT_MAX);
+    expect_same(&ev, -1);
+    expect_same(&ev, INT_MIN);
+    j = write_parse(&ev, 1, NULL, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "addr")), "0xffffffffffffffff");
+    json_decref(j);
+
+    /* Above INT64_MAX (never a real count) saturates: what jansson can read. */
+    mt_event_rec_t big = ev;
+    big.seq = UINT64_MAX;
+    big.time_ns = (uint64_t)INT64_MAX + 1;
+    big.size = UINT64_MAX;
+    big.allocated = UINT64_MAX - 1;
+    big.reserved = UINT64_MAX;
+    big.requested = UINT64_C(1) << 63;
+    mt_event_rec_t back;
+    int pid = 0;
+    roundtrip(&big, 3, &back, &pid);
+    mt_event_rec_t want = ev;
+    want.reserved = (uint64_t)INT64_MAX;
+    assert_memory_equal(&back, &want, sizeof back);
+}
+
+static void test_gap(void **state)
+{
+    (void)state;
+    mt_event_rec_t ev = {.kind = MT_EV_GAP, .seq = 77, .time_ns = 5, .size = 12};
+    json_t *j = write_parse(&ev, 9, NULL, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "type")), "gap");
+    assert_int_equal(json_integer_value(json_object_get(j, "lost")), 12);
+    assert_null(json_object_get(j, "kind"));
+    json_decref(j);
+    expect_same(&ev, 9);
+    /* The gap line carries only seq, t_ns, pid and lost: other fields are not kept. */
+    mt_event_rec_t noisy = ev;
+    noisy.addr = 1;
+    noisy.tag = 3;
+    noisy.allocated = 99;
+    mt_event_rec_t back;
+    int pid = 0;
+    roundtrip(&noisy, 9, &back, &pid);
+    assert_memory_equal(&back, &ev, sizeof back);
+    ev.seq = (uint64_t)INT64_MAX;
+    ev.time_ns = (uint64_t)INT64_MAX;
+    ev.size = (uint64_t)INT64_MAX;
+    expect_same(&ev, INT_MAX);
+}
+
+/* Kinds, marks and tags outside their enums are still written as valid JSON ("unknown",
+ * "tag<n>"); the decoder refuses them, naming the field. */
+static void expect_refused(const mt_event_rec_t *ev, const char *field)
+{
+    json_t *j = write_parse(ev, 1, NULL, NULL);
+    mt_event_rec_t back;
+    char err[128] = "";
+    assert_int_equal(mt_prof_event_from_json(j, &back, NULL, err, sizeof err), MT_EPROTO);
+    assert_non_null(strstr(err, field));
+    json_decref(j);
+}
+
+static void test_out_of_range(void **state)
+{
+    (void)state;
+    mt_event_rec_t ev = sample(MT_EV_ALLOC, 1, MT_POOL_SMALL);
+    ev.kind = 0;
+    expect_refused(&ev, "kind");
+    ev.kind = 40;
+    expect_refused(&ev, "kind");
+    ev.kind = UINT8_MAX;
+    expect_refused(&ev, "kind");
+    /* mt_pool_name names any other pool "none": it reads back as MT_POOL_NONE. */
+    for (int pool = MT_POOL_HOST + 1; pool <= UINT8_MAX; pool += 63) {
+        ev = sample(MT_EV_ALLOC, 1, pool);
+        mt_event_rec_t back;
+        int pid = 0;
+        roundtrip(&ev, 1, &back, &pid);
+        assert_int_equal(back.pool, MT_POOL_NONE);
+        back.pool = ev.pool;
+        assert_memory_equal(&back, &ev, sizeof back);
+    }
+    ev = sample(MT_EV_MARK, 1, MT_POOL_NONE);
+    ev.addr = 0;
+    expect_refused(&ev, "mark");
+    ev.addr = UINT64_MAX;
+    expect_refused(&ev, "mark");
+    for (int tag = MT_TAG_MAX; tag <= UINT8_MAX; tag += 37) {
+        ev = sample(MT_EV_FREE_COMPLETED, 0, MT_POOL_LARGE);
+        ev.tag = (uint8_t)tag;
+        json_t *j = write_parse(&ev, 1, NULL, NULL);
+        char want[16];
+        snprintf(want, sizeof want, "tag%d", tag);
+        assert_string_equal(json_string_value(json_object_get(j, "tag")), want);
+        json_decref(j);
+        expect_refused(&ev, "tag_id");
+    }
+}
+
+/* ---- tag names ---- */
+
+typedef struct names_s {
+    const char *user; /* the name of MT_TAG_USER_FIRST */
+} names_t;
+
+static const char *names(void *ud, int tag)
+{
+    const names_t *n = ud;
+    if (tag == MT_TAG_USER_FIRST)
+        return n->user;
+    if (tag == MT_TAG_USER_FIRST + 2)
+        return ""; /* empty: falls back like NULL */
+    return NULL;
+}
+
+/* The tag name of ev written with user name `name`, parsed back by jansson. */
+static void expect_tag(const char *name, const char *want)
+{
+    names_t n = {name};
+    mt_event_rec_t ev = sample(MT_EV_ALLOC, MT_TAG_USER_FIRST, MT_POOL_LARGE);
+    json_t *j = write_parse(&ev, 1, names, &n);
+    assert_string_equal(json_string_value(json_object_get(j, "tag")), want);
+    assert_int_equal(json_integer_value(json_object_get(j, "tag_id")), MT_TAG_USER_FIRST);
+    mt_event_rec_t back;
+    assert_int_equal(mt_prof_event_from_json(j, &back, NULL, NULL, 0), 0);
+    assert_memory_equal(&back, &ev, sizeof back);
+    json_decref(j);
+}
+
+static void test_tag_names(void **state)
+{
+    (void)state;
+    names_t n = {"kv_cache"};
+    mt_event_rec_t ev = sample(MT_EV_ALLOC, MT_TAG_WEIGHTS, MT_POOL_SMALL);
+    json_t *j = write_parse(&ev, 1, names, &n);
+    assert_string_equal(json_string_value(json_object_get(j, "tag")), "weights");
+    json_decref(j);
+    expect_tag("kv_cache", "kv_cache");
+    ev.tag = MT_TAG_USER_FIRST + 1;
+    j = write_parse(&ev, 1, names, &n);
+    assert_string_equal(json_string_value(json_object_get(j, "tag")), "tag8");
+    json_decref(j);
+    ev.tag = MT_TAG_USER_FIRST + 2;
+    j = write_parse(&ev, 1, names, &n);
+    assert_string_equal(json_string_value(json_object_get(j, "tag")), "tag9");
+    json_decref(j);
+}
+
+static void test_tag_name_escapes(void **state)
+{
+    (void)state;
+    expect_tag("a\"b\\c/d", "a\"b\\c/d");
+    expect_tag("\b\t\n\v\f\r\x01\x1f\x7f", "\b\t\n\v\f\r\x01\x1f\x7f");
+    /* Valid UTF-8 of 2, 3 and 4 bytes passes as is. */
+    expect_tag("gr\xc3\xb6\xc3\x9f"
+               "e \xe2\x82\xac \xf0\x9f\x98\x80",
+               "gr\xc3\xb6\xc3\x9f"
+               "e \xe2\x82\xac \xf0\x9f\x98\x80");
+    /* Invalid bytes become U+FFFD (EF BF BD), one per byte: a lone continuation, an
+     * overlong '/', a surrogate, a sequence cut short, above U+10FFFF, 0xff. */
+    expect_tag("a\x80z", "a\xef\xbf\xbdz");
+    expect_tag("\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd");
+    expect_tag("\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    expect_tag("x\xe2\x82", "x\xef\xbf\xbd\xef\xbf\xbd");
+    expect_tag("\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    expect_tag("\xff", "\xef\xbf\xbd");
+    /* 63 bytes that all need 6: still within LINE_CAP (write_parse asserts it). */
+    char worst[64];
+    memset(worst, 0x01, 63);
+    worst[63] = '\0';
+    expect_tag(worst, worst);
+}
+
+/* ---- capacity ---- */
+
+static void test_capacity(void **state)
+{
+    (void)state;
+    mt_event_rec_t ev = sample(MT_EV_SEGMENT_UNMAP, 5, MT_POOL_LARGE);
+    char line[LINE_CAP];
+    size_t n = mt_prof_event_write(line, sizeof line, &ev, 1, NULL, NULL);
+    assert_true(n > 0 && n < sizeof line);
+    size_t need = mt_prof_event_write(NULL, 0, &ev, 1, NULL, NULL);
+    assert_true(need > n);
+    /* Too small: says so with a capacity that is enough, and writes nothing. */
+    char buf[LINE_CAP + 16];
+    for (size_t cap = 0; cap < need; cap += 7) {
+        memset(buf, 0xAA, sizeof buf);
+        size_t r = mt_prof_event_write(buf, cap, &ev, 1, NULL, NULL);
+        assert_true(r >= cap);
+        assert_true(r >= need);
+        for (size_t i = 0; i < sizeof buf; i++)
+            assert_int_equal((unsigned char)buf[i], 0xAA);
+    }
+    /* With that capacity, the same line; bytes past the NUL untouched. */
+    memset(buf, 0xAA, sizeof buf);
+    assert_int_equal(mt_prof_event_write(buf, need, &ev, 1, NULL, NULL), n);
+    assert_memory_equal(buf, line, n + 1);
+    for (size_t i = need; i < sizeof buf; i++)
+        assert_int_equal((unsigned char)buf[i], 0xAA);
+    /* Gaps too. */
+    mt_event_rec_t gap = {.kind = MT_EV_GAP, .seq = 1, .size = 2};
+    size_t gneed = mt_prof_event_write(NULL, 0, &gap, 1, NULL, NULL);
+    assert_true(gneed > 0);
+    assert_true(mt_prof_event_write(buf, gneed, &gap, 1, NULL, NULL) < gneed);
+}
+
+/* A user tag name longer than any fixed buffer: the reported capacity is enough. */
+static void test_long_tag_name(void **state)
+{
+    (void)state;
+    size_t len = 5000;
+    char *name = malloc(len + 1);
+    assert_non_null(name);
+    for (size_t i = 0; i < len; i++)
+        name[i] = (char)(i % 3 == 0 ? '"' : 'a' + i % 26);
+    name[len] = '\0';
+    names_t nm = {name};
+    mt_event_rec_t ev = sample(MT_EV_ALLOC, MT_TAG_USER_FIRST, MT_POOL_SMALL);
+    char small[LINE_CAP];
+    size_t need = mt_prof_event_write(small, sizeof small, &ev, 1, names, &nm);
+    assert_true(need >= sizeof small);
+    char *buf = malloc(need);
+    assert_non_null(buf);
+    size_t n = mt_prof_event_write(buf, need, &ev, 1, names, &nm);
+    assert_true(n < need);
+    json_t *j = json_loadb(buf, n, JSON_REJECT_DUPLICATES, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "tag")), name);
+    mt_event_rec_t back;
+    assert_int_equal(mt_prof_event_from_json(j, &back, NULL, NULL, 0), 0);
+    assert_memory_equal(&back, &ev, sizeof back);
+    json_decref(j);
+    free(buf);
+    free(name);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_kind_tag_pool),
+        cmocka_unit_test(test_compact_canonical),
+        cmocka_unit_test(test_every_mark),
+        cmocka_unit_test(test_extremes),
+        cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_out_of_range),
+        cmocka_unit_test(test_tag_names),
+        cmocka_unit_test(test_tag_name_escapes),
+        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_long_tag_name),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
