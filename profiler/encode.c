@@ -21,17 +21,75 @@ _Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema versi
 /* An escaped string is at most 6 bytes per input byte ("\u001f", "\ufffd"). */
 #define ESC_MAX 6
 
+/* "00" "01" ... "99": two digits per division. */
+static const char pairs[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233"
+    "34353637383940414243444546474849505152535455565758596061626364656667"
+    "6869707172737475767778798081828384858687888990919293949596979899";
+
+static int decimal_digits(uint64_t v)
+{
+    static const uint64_t pow10[20] = {
+        1ull,
+        10ull,
+        100ull,
+        1000ull,
+        10000ull,
+        100000ull,
+        1000000ull,
+        10000000ull,
+        100000000ull,
+        1000000000ull,
+        10000000000ull,
+        100000000000ull,
+        1000000000000ull,
+        10000000000000ull,
+        100000000000000ull,
+        1000000000000000ull,
+        10000000000000000ull,
+        100000000000000000ull,
+        1000000000000000000ull,
+        10000000000000000000ull,
+    };
+    /* bits * log10(2) (1233 / 4096) is the digit count or one less. */
+    int t = ((64 - __builtin_clzll(v | 1)) * 1233) >> 12;
+    return t + ((v | 1) >= pow10[t]); /* v | 1: 0 has one digit too */
+}
+
+/* v < 10^8 as exactly 8 digits: four independent divisions, not a chain of them. */
+static void put8(char *p, uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    memcpy(p, pairs + 2 * (hi / 100), 2);
+    memcpy(p + 2, pairs + 2 * (hi % 100), 2);
+    memcpy(p + 4, pairs + 2 * (lo / 100), 2);
+    memcpy(p + 6, pairs + 2 * (lo % 100), 2);
+}
+
+/* Digits are written backwards from the end, which is known first: no reversal. */
 static char *put_u64(char *w, uint64_t v)
 {
-    char tmp[20];
-    int n = 0;
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    while (n)
-        *w++ = tmp[--n];
-    return w;
+    char *end = w + decimal_digits(v);
+    char *p = end;
+    while (v >= 100000000) {
+        p -= 8;
+        put8(p, (uint32_t)(v % 100000000));
+        v /= 100000000;
+    }
+    uint32_t u = (uint32_t)v;
+    while (u >= 100) {
+        unsigned i = (u % 100) * 2;
+        u /= 100;
+        *--p = pairs[i + 1];
+        *--p = pairs[i];
+    }
+    if (u >= 10) {
+        *--p = pairs[u * 2 + 1];
+        *--p = pairs[u * 2];
+    } else {
+        *--p = (char)('0' + u);
+    }
+    return end;
 }
 
 /* A byte count as an integer the decoder reads back: saturated at INT64_MAX. */
@@ -52,17 +110,13 @@ static char *put_int(char *w, int64_t v)
 static char *put_hex(char *w, uint64_t v)
 {
     static const char digits[] = "0123456789abcdef";
-    char tmp[16];
-    int n = 0;
-    do {
-        tmp[n++] = digits[v & 15];
-        v >>= 4;
-    } while (v);
+    int n = v ? (64 - __builtin_clzll(v) + 3) / 4 : 1;
     *w++ = '"';
     *w++ = '0';
     *w++ = 'x';
-    while (n)
-        *w++ = tmp[--n];
+    for (char *p = w + n; p > w; v >>= 4)
+        *--p = digits[v & 15];
+    w += n;
     *w++ = '"';
     return w;
 }
@@ -108,7 +162,10 @@ static char *put_str(char *w, const char *s)
     *w++ = '"';
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         unsigned char c = *p;
-        if (c == '"' || c == '\\') {
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { /* the usual case */
+            *w++ = (char)c;
+            p++;
+        } else if (c == '"' || c == '\\') {
             *w++ = '\\';
             *w++ = (char)c;
             p++;
@@ -122,9 +179,6 @@ static char *put_str(char *w, const char *s)
                 *w++ = hx[c >> 4];
                 *w++ = hx[c & 15];
             }
-            p++;
-        } else if (c < 0x80) {
-            *w++ = (char)c;
             p++;
         } else {
             int n = utf8_len(p);

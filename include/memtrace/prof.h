@@ -36,7 +36,7 @@ typedef struct mt_prof_cfg_s {
     const char *log_path; /* borrowed; NULL = $MEMTRACE_LOG, else ./memtrace-<pid>.ndjson */
     const char *socket;   /* borrowed; NULL = mt_prof_socket_path() */
     const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
-    unsigned drain_ms;    /* local drainer period, ms; 20 */
+    unsigned drain_ms;    /* local drainer period, ms; 20 (1 ms while the ring is busy) */
     /* optional: names of user tags in the local log (e.g. a wrapper of
      * mt_alloc_tag_name); called from the drainer thread. NULL = built-in names. */
     const char *(*tag_name)(void *ud, int tag);
