@@ -15,8 +15,9 @@
 /* The literal prefixes below write "v":1. */
 _Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema version literally");
 
-/* Bytes of the longest event line without its four strings (kind, mark or addr, pool,
- * tag): keys and punctuation (about 250) plus every number at its widest. */
+/* Bytes of an event line besides its four names (kind, mark, pool, tag): keys,
+ * punctuation, the names' quotes and every number at its widest come to 316; the margin
+ * leaves room for a member added to the schema. */
 #define FIXED_MAX 400
 /* An escaped string is at most 6 bytes per input byte ("\u001f", "\ufffd"). */
 #define ESC_MAX 6

@@ -156,6 +156,14 @@ static void test_extremes(void **state)
     expect_same(&ev, INT_MAX);
     expect_same(&ev, -1);
     expect_same(&ev, INT_MIN);
+    /* The widest line (every number at its widest) is within the capacity asked for. */
+    mt_event_rec_t wide = ev;
+    wide.seq = wide.time_ns = UINT64_MAX;
+    wide.kind = MT_EV_FREE_REQUESTED;
+    char line[LINE_CAP];
+    size_t n = mt_prof_event_write(line, sizeof line, &wide, INT_MIN, NULL, NULL);
+    assert_true(n < sizeof line);
+    assert_true(n < mt_prof_event_write(NULL, 0, &wide, INT_MIN, NULL, NULL));
     j = write_parse(&ev, 1, NULL, NULL);
     assert_string_equal(json_string_value(json_object_get(j, "addr")), "0xffffffffffffffff");
     json_decref(j);
@@ -174,6 +182,37 @@ static void test_extremes(void **state)
     mt_event_rec_t want = ev;
     want.reserved = (uint64_t)INT64_MAX;
     assert_memory_equal(&back, &want, sizeof back);
+}
+
+/* Every digit count of the decimal and hex writers: 10^k - 1, 10^k, 10^k + 1 in the byte
+ * counts, 16^k - 1 and 16^k in the address, the pid at every power of ten too. */
+static void test_digit_boundaries(void **state)
+{
+    (void)state;
+    uint64_t p10 = 1;
+    for (int k = 0; k <= 18; k++, p10 *= 10) {
+        mt_event_rec_t ev = sample(MT_EV_SEGMENT_ALLOC, k, MT_POOL_LARGE);
+        ev.seq = p10;
+        ev.time_ns = p10 - 1;
+        ev.size = p10 + 1;
+        ev.requested = p10 * 9;
+        ev.allocated = p10 * 2 - 1;
+        ev.reserved = p10 / 2;
+        ev.stream = (uint32_t)(p10 > UINT32_MAX ? UINT32_MAX : p10 - 1);
+        ev.device = (uint8_t)(p10 > 100 ? 255 : p10 + 9);
+        ev.addr = k < 16 ? (UINT64_C(1) << (4 * k)) : UINT64_MAX >> (4 * (k - 16));
+        expect_same(&ev, (int)(p10 > INT32_MAX ? INT32_MAX : p10));
+        ev.addr = k < 16 ? (UINT64_C(1) << (4 * k)) - 1 : ev.addr - 1;
+        expect_same(&ev, -(int)(p10 > INT32_MAX ? INT32_MAX : p10 - 1));
+        /* The digits themselves, not only the round trip. */
+        json_t *j = write_parse(&ev, 1, NULL, NULL);
+        assert_int_equal(json_integer_value(json_object_get(j, "seq")), p10);
+        assert_int_equal(json_integer_value(json_object_get(j, "t_ns")), p10 - 1);
+        char hex[24];
+        snprintf(hex, sizeof hex, "0x%llx", (unsigned long long)ev.addr);
+        assert_string_equal(json_string_value(json_object_get(j, "addr")), hex);
+        json_decref(j);
+    }
 }
 
 static void test_gap(void **state)
@@ -391,15 +430,11 @@ static void test_long_tag_name(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_kind_tag_pool),
-        cmocka_unit_test(test_compact_canonical),
-        cmocka_unit_test(test_every_mark),
-        cmocka_unit_test(test_extremes),
-        cmocka_unit_test(test_gap),
-        cmocka_unit_test(test_out_of_range),
-        cmocka_unit_test(test_tag_names),
-        cmocka_unit_test(test_tag_name_escapes),
-        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_every_kind_tag_pool), cmocka_unit_test(test_compact_canonical),
+        cmocka_unit_test(test_every_mark),          cmocka_unit_test(test_extremes),
+        cmocka_unit_test(test_digit_boundaries),    cmocka_unit_test(test_gap),
+        cmocka_unit_test(test_out_of_range),        cmocka_unit_test(test_tag_names),
+        cmocka_unit_test(test_tag_name_escapes),    cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_long_tag_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
