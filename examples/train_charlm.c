@@ -576,11 +576,12 @@ int main(int argc, char **argv)
     acfg.log = log_cb;
     mt_alloc_t *a;
     CHECK(mt_alloc_create(&a, &acfg));
-    /* The pinned cache (batch staging, offloaded activations) is not given the profiler's
-     * sink: `memtrace report` keeps one running total per device, and the pinned cache
-     * reports itself as the device it serves. */
+    /* The pinned cache (batch staging, offloaded activations) records into the same
+     * profiler: its events say pool "host", and consumers keep its totals apart from the
+     * device allocator's. */
     mt_host_cfg_t hcfg = mt_host_cfg_default();
     hcfg.backend = b;
+    hcfg.sink = mt_prof_sink(prof);
     hcfg.log = log_cb;
     mt_host_cache_t *host;
     CHECK(mt_host_cache_create(&host, &hcfg));
