@@ -4,7 +4,8 @@
 #
 #   ./dev.sh demo     the main job: the demo on the sim backend (or a GPU, if present)
 #   ./dev.sh test     the whole test suite, then again under ASan+UBSan
-#   ./dev.sh build    configure and build only
+#   ./dev.sh build    configure and build only (release, in build/)
+#   ./dev.sh bench    the benchmarks (release), each printing a table
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -79,10 +80,11 @@ demo)
 test)
     install_missing
     install_test_tools
-    build build --buildtype=debugoptimized
+    # Tests build apart from the release tree the demo uses: assertions stay on here.
+    build build-test --buildtype=debugoptimized
     rc=0
-    meson test -C build --print-errorlogs --num-processes 2 || rc=1
-    summarise build tests
+    meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
+    summarise build-test tests
     # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
     build build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
