@@ -64,9 +64,24 @@ typedef struct mt_d_frag_s {
     double fragmentation;        /* 1 - largest / total_free; 0 when total_free = 0 */
 } mt_d_frag_t;
 
-/* Invariants: tag_allocated[t] = sum of sizes of blocks with tag t and !freed;
- * tag_peak[t] >= tag_allocated[t]; peak_allocated >= allocated; nblocks = live entries of
- * blocks; ranges sorted by addr, non-overlapping within one kind. */
+/* The accounting of one class of memory of a process: its device memory, or its pinned
+ * host memory (events of pool MT_POOL_HOST). The two are kept apart so that device figures
+ * (totals, per-tag bytes, segment map, fragmentation) never count host pages.
+ * Invariants: allocated/reserved = sum over this class's sources of their latest totals;
+ * tag_allocated[t] = sum of sizes of blocks with tag t and !freed; tag_peak[t] >=
+ * tag_allocated[t]; peak_allocated >= allocated; nblocks = live entries of blocks; ranges
+ * sorted by addr, non-overlapping within one kind. */
+typedef struct mt_d_acct_s {
+    uint64_t allocated, reserved, peak_allocated, peak_reserved; /* bytes */
+    uint64_t tag_allocated[MT_TAG_MAX], tag_peak[MT_TAG_MAX], tag_blocks[MT_TAG_MAX];
+    /* blocks: open addressing, capacity a power of two, load <= 1/2 incl. tombstones */
+    mt_d_block_t *blocks;
+    size_t blocks_cap, nblocks, ntomb;
+    /* segment map */
+    mt_d_range_t *ranges;
+    size_t nranges, ranges_cap;
+} mt_d_acct_t;
+
 typedef struct mt_d_proc_s {
     struct mt_d_proc_s *next; /* d->procs, in registration order */
     int pid;
@@ -85,16 +100,10 @@ typedef struct mt_d_proc_s {
     uint64_t ooms;
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
-    /* totals, bytes (from the events' running totals) */
-    uint64_t allocated, reserved, peak_allocated, peak_reserved; /* sums over sources */
-    uint64_t src_allocated[MT_EVENT_SOURCES], src_reserved[MT_EVENT_SOURCES]; /* latest */
-    uint64_t tag_allocated[MT_TAG_MAX], tag_peak[MT_TAG_MAX], tag_blocks[MT_TAG_MAX];
-    /* blocks: open addressing, capacity a power of two, load <= 1/2 incl. tombstones */
-    mt_d_block_t *blocks;
-    size_t blocks_cap, nblocks, ntomb;
-    /* segment map */
-    mt_d_range_t *ranges;
-    size_t nranges, ranges_cap;
+    /* latest running totals of each source (mt_event_source) */
+    uint64_t src_allocated[MT_EVENT_SOURCES], src_reserved[MT_EVENT_SOURCES];
+    mt_d_acct_t dev;  /* device memory: every pool but MT_POOL_HOST */
+    mt_d_acct_t host; /* pinned host memory */
 } mt_d_proc_t;
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
@@ -102,7 +111,10 @@ void mt__d_proc_destroy(mt_d_proc_t **p);
 /* Applies one record to the model. Returns MT_ENOMEM only if the block table cannot grow
  * (the counters are updated anyway). */
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev);
+/* Free gaps of a class of memory (device: mt__d_proc_frag). */
+void mt__d_acct_frag(const mt_d_acct_t *a, mt_d_frag_t *out);
 void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out);
+/* Device memory: allocated / reserved, clamped to [0, 1]. */
 double mt__d_proc_utilization(const mt_d_proc_t *p);
 /* JSON object of one process (counters, per-tag breakdown, segment map). *new*. */
 json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments);

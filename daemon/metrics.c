@@ -20,7 +20,20 @@ static bool newest(const mt_d_proc_t *p)
     return true;
 }
 
-typedef enum { F_ALLOC, F_RES, F_PEAK, F_PEAK_RES, F_UTIL, F_FRAG, F_FREE, F_LFB } field_e;
+typedef enum {
+    F_ALLOC,
+    F_RES,
+    F_PEAK,
+    F_PEAK_RES,
+    F_UTIL,
+    F_FRAG,
+    F_FREE,
+    F_LFB,
+    F_HOST_ALLOC,
+    F_HOST_RES,
+    F_HOST_PEAK,
+    F_HOST_PEAK_RES,
+} field_e;
 
 typedef struct family_s {
     const char *name, *type, *help;
@@ -28,13 +41,14 @@ typedef struct family_s {
 
 static const family_t proc_families[] = {
     [F_ALLOC] = {"memtrace_allocated_bytes", "gauge",
-                 "Bytes handed out by the process's allocator (rounded block sizes)."},
+                 "Device bytes handed out by the process's allocators (rounded block sizes); "
+                 "pinned host memory is memtrace_host_allocated_bytes."},
     [F_RES] = {"memtrace_reserved_bytes", "gauge",
-               "Bytes the process's allocator holds from the device (segments, mapped pages)."},
+               "Bytes the process's allocators hold from the device (segments, mapped pages)."},
     [F_PEAK] = {"memtrace_peak_allocated_bytes", "gauge",
-                "Highest allocated bytes seen by the daemon for the process."},
+                "Highest device allocated bytes seen by the daemon for the process."},
     [F_PEAK_RES] = {"memtrace_peak_reserved_bytes", "gauge",
-                    "Highest reserved bytes seen by the daemon for the process."},
+                    "Highest device reserved bytes seen by the daemon for the process."},
     [F_UTIL] = {"memtrace_utilization_ratio", "gauge",
                 "Allocated over reserved bytes (1 when nothing is reserved)."},
     [F_FRAG] = {"memtrace_fragmentation_ratio", "gauge",
@@ -43,6 +57,14 @@ static const family_t proc_families[] = {
                 "Reserved bytes not covered by a live block (cached free space)."},
     [F_LFB] = {"memtrace_largest_free_block_bytes", "gauge",
                "Largest contiguous free piece of reserved memory."},
+    [F_HOST_ALLOC] = {"memtrace_host_allocated_bytes", "gauge",
+                      "Pinned host bytes handed out by the process's pinned host caches."},
+    [F_HOST_RES] = {"memtrace_host_reserved_bytes", "gauge",
+                    "Pinned host bytes the process's pinned host caches hold (page-locked)."},
+    [F_HOST_PEAK] = {"memtrace_host_peak_allocated_bytes", "gauge",
+                     "Highest pinned host allocated bytes seen by the daemon for the process."},
+    [F_HOST_PEAK_RES] = {"memtrace_host_peak_reserved_bytes", "gauge",
+                         "Highest pinned host reserved bytes seen by the daemon for the process."},
 };
 
 static int family_head(mt_d_buf_t *o, const char *name, const char *type, const char *help)
@@ -71,18 +93,20 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
             const char *n = proc_families[f].name;
             switch ((field_e)f) {
             case F_ALLOC:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->allocated);
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
+                                       p->dev.allocated);
                 break;
             case F_RES:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->reserved);
+                rc |=
+                    mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->dev.reserved);
                 break;
             case F_PEAK:
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       p->peak_allocated);
+                                       p->dev.peak_allocated);
                 break;
             case F_PEAK_RES:
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       p->peak_reserved);
+                                       p->dev.peak_reserved);
                 break;
             case F_UTIL:
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid,
@@ -98,13 +122,25 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
                                        fr.largest_free_block);
                 break;
+            case F_HOST_ALLOC:
+            case F_HOST_RES:
+            case F_HOST_PEAK:
+            case F_HOST_PEAK_RES: {
+                const mt_d_acct_t *h = &p->host;
+                uint64_t v = f == F_HOST_ALLOC  ? h->allocated
+                             : f == F_HOST_RES  ? h->reserved
+                             : f == F_HOST_PEAK ? h->peak_allocated
+                                                : h->peak_reserved;
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
+                break;
+            }
             }
         }
     }
 
     static const char *tag_fam[2][2] = {
-        {"memtrace_tag_allocated_bytes", "Bytes allocated with this tag, by process."},
-        {"memtrace_tag_peak_bytes", "Highest bytes allocated with this tag, by process."},
+        {"memtrace_tag_allocated_bytes", "Device bytes allocated with this tag, by process."},
+        {"memtrace_tag_peak_bytes", "Highest device bytes allocated with this tag, by process."},
     };
     for (int f = 0; f < 2; f++) {
         rc |= family_head(o, tag_fam[f][0], "gauge", tag_fam[f][1]);
@@ -112,12 +148,12 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
             if (!newest(p))
                 continue;
             for (int t = 0; t < MT_TAG_MAX; t++) {
-                if (!p->tag_peak[t])
+                if (!p->dev.tag_peak[t])
                     continue;
                 char nb[16];
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"%s\"} %" PRIu64 "\n", tag_fam[f][0],
                                        p->pid, mt__d_tag_name(t, nb, sizeof nb),
-                                       f == 0 ? p->tag_allocated[t] : p->tag_peak[t]);
+                                       f == 0 ? p->dev.tag_allocated[t] : p->dev.tag_peak[t]);
             }
         }
     }

@@ -1,5 +1,6 @@
 /* /metrics passes `promtool check metrics` (exit 77, skipped, without promtool), and its
- * figures match what the producer recorded. */
+ * figures match what the producer recorded; pinned host memory has series of its own and is
+ * not counted in the device ones. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 
 static void test_metrics_pass_promtool(void **state)
@@ -63,6 +65,96 @@ static void test_metrics_pass_promtool(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+static void record(mt_prof_t *p, int kind, int pool, uint64_t addr, uint64_t size,
+                   uint64_t allocated, uint64_t reserved)
+{
+    mt_event_rec_t ev = {.kind = (uint8_t)kind,
+                         .pool = (uint8_t)pool,
+                         .addr = addr,
+                         .size = size,
+                         .requested = size,
+                         .tag = MT_TAG_ACTIVATIONS,
+                         .allocated = allocated,
+                         .reserved = reserved};
+    if (mt_prof_record(p, &ev) != 0)
+        _exit(11);
+}
+
+/* A forked producer with a device allocator and a pinned host cache: device 2 MiB segment
+ * with a 1 MiB block; host 4 MiB segment with a 3 MiB block, then 2 MiB of it freed. */
+static pid_t host_producer(const char *sock)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid > 0)
+        return pid;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-host";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        _exit(10);
+    const uint64_t M = 1u << 20;
+    record(p, MT_EV_SEGMENT_ALLOC, MT_POOL_LARGE, 0x10000000, 2 * M, 0, 2 * M);
+    record(p, MT_EV_ALLOC, MT_POOL_LARGE, 0x10000000, M, M, 2 * M);
+    record(p, MT_EV_SEGMENT_ALLOC, MT_POOL_HOST, 0x70000000, 4 * M, 0, 4 * M);
+    record(p, MT_EV_ALLOC, MT_POOL_HOST, 0x70000000, 2 * M, 2 * M, 4 * M);
+    record(p, MT_EV_ALLOC, MT_POOL_HOST, 0x70200000, M, 3 * M, 4 * M);
+    record(p, MT_EV_FREE_COMPLETED, MT_POOL_HOST, 0x70000000, 2 * M, M, 4 * M);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+static void test_host_series(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    pid_t pid = host_producer(t.sock);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    json_decref(p);
+
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    static const char *const want[] = {
+        "memtrace_allocated_bytes{pid=\"%d\"} 1048576\n",
+        "memtrace_reserved_bytes{pid=\"%d\"} 2097152\n",
+        "memtrace_peak_allocated_bytes{pid=\"%d\"} 1048576\n",
+        "memtrace_tag_peak_bytes{pid=\"%d\",tag=\"activations\"} 1048576\n",
+        "memtrace_host_allocated_bytes{pid=\"%d\"} 1048576\n",
+        "memtrace_host_reserved_bytes{pid=\"%d\"} 4194304\n",
+        "memtrace_host_peak_allocated_bytes{pid=\"%d\"} 3145728\n",
+        "memtrace_host_peak_reserved_bytes{pid=\"%d\"} 4194304\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[160];
+        snprintf(line, sizeof line, want[i], (int)pid);
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+    }
+    assert_non_null(strstr(body, "# TYPE memtrace_host_allocated_bytes gauge\n"));
+    assert_non_null(strstr(body, "# HELP memtrace_host_reserved_bytes "));
+
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mt-dtest-hmetrics-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    int st = system(cmd);
+    unlink(path);
+    free(r);
+    th_daemon_stop(&t);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
@@ -71,6 +163,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_pass_promtool),
+        cmocka_unit_test(test_host_series),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

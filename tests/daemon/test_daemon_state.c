@@ -33,8 +33,8 @@ static void test_tags_and_fragmentation(void **state)
     apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 2 * MIB, 0);
     apply(p, MT_EV_ALLOC, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
     apply(p, MT_EV_ALLOC, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
-    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], MIB / 2);
-    assert_int_equal(p->tag_allocated[MT_TAG_GRADS], MIB / 2);
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], MIB / 2);
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_GRADS], MIB / 2);
     mt_d_frag_t f;
     mt__d_proc_frag(p, &f);
     assert_int_equal(f.total_free, MIB);
@@ -43,12 +43,12 @@ static void test_tags_and_fragmentation(void **state)
 
     /* Free requested: no longer allocated, still occupying until completed. */
     apply(p, MT_EV_FREE_REQUESTED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
-    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], 0);
-    assert_int_equal(p->tag_peak[MT_TAG_WEIGHTS], MIB / 2);
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], 0);
+    assert_int_equal(p->dev.tag_peak[MT_TAG_WEIGHTS], MIB / 2);
     mt__d_proc_frag(p, &f);
     assert_int_equal(f.total_free, MIB);
     apply(p, MT_EV_FREE_COMPLETED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
-    assert_int_equal(p->tag_allocated[MT_TAG_WEIGHTS], 0); /* not subtracted twice */
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], 0); /* not subtracted twice */
     mt__d_proc_frag(p, &f);
     assert_int_equal(f.total_free, MIB + MIB / 2); /* [0,1M) and [1.5M,2M) */
     assert_int_equal(f.largest_free_block, MIB);
@@ -69,8 +69,8 @@ static void test_tags_and_fragmentation(void **state)
     mt__d_proc_frag(p, &f);
     assert_int_equal(f.total_free, 0);
     assert_true(f.fragmentation == 0.0);
-    assert_int_equal(p->nranges, 0);
-    assert_int_equal(p->nblocks, 0);
+    assert_int_equal(p->dev.nranges, 0);
+    assert_int_equal(p->dev.nblocks, 0);
     mt__d_proc_destroy(&p);
     assert_null(p);
 }
@@ -81,10 +81,10 @@ static void test_expandable_pages(void **state)
     assert_int_equal(mt__d_proc_create(&p, 7, "exp"), 0);
     apply(p, MT_EV_SEGMENT_MAP, 0x200000000, 8 * MIB, 0);
     apply(p, MT_EV_SEGMENT_UNMAP, 0x200000000 + 2 * MIB, 2 * MIB, 0); /* a hole in the middle */
-    assert_int_equal(p->nranges, 2);
-    assert_int_equal(p->ranges[0].size, 2 * MIB);
-    assert_int_equal(p->ranges[1].addr, 0x200000000 + 4 * MIB);
-    assert_int_equal(p->ranges[1].size, 4 * MIB);
+    assert_int_equal(p->dev.nranges, 2);
+    assert_int_equal(p->dev.ranges[0].size, 2 * MIB);
+    assert_int_equal(p->dev.ranges[1].addr, 0x200000000 + 4 * MIB);
+    assert_int_equal(p->dev.ranges[1].size, 4 * MIB);
     mt_d_frag_t f;
     mt__d_proc_frag(p, &f);
     assert_int_equal(f.total_free, 6 * MIB);
@@ -100,17 +100,17 @@ static void test_block_table_churn(void **state)
     for (int round = 0; round < 3; round++) {
         for (uint64_t i = 0; i < 5000; i++)
             apply(p, MT_EV_ALLOC, 0x1000 + i * 512, 512, (int)(i % 5));
-        assert_int_equal(p->nblocks, 5000);
+        assert_int_equal(p->dev.nblocks, 5000);
         for (uint64_t i = 0; i < 5000; i += 2)
             apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
-        assert_int_equal(p->nblocks, 2500);
+        assert_int_equal(p->dev.nblocks, 2500);
         for (uint64_t i = 1; i < 5000; i += 2)
             apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
-        assert_int_equal(p->nblocks, 0);
+        assert_int_equal(p->dev.nblocks, 0);
         for (int t = 0; t < MT_TAG_MAX; t++)
-            assert_int_equal(p->tag_allocated[t], 0);
+            assert_int_equal(p->dev.tag_allocated[t], 0);
     }
-    assert_int_equal(p->tag_peak[0], 1000 * 512);
+    assert_int_equal(p->dev.tag_peak[0], 1000 * 512);
     /* An unknown free and a GAP record change nothing. */
     apply(p, MT_EV_FREE_COMPLETED, 0xdead000, 512, 0);
     mt_event_rec_t gap = rec(MT_EV_GAP, 0, 12, 0);
@@ -120,7 +120,9 @@ static void test_block_table_churn(void **state)
 }
 
 /* A process with two device allocators and a pinned host cache: each reports its own running
- * totals, and the process figure is their sum (not the last event's). */
+ * totals; the device figures are the sum over the device sources (not the last event's) and
+ * never count pinned host pages, which have figures of their own (totals, peaks, tags,
+ * segment map). */
 static void test_totals_sum_over_sources(void **state)
 {
     (void)state;
@@ -145,12 +147,16 @@ static void test_totals_sum_over_sources(void **state)
     assert_int_equal(mt__d_proc_apply(p, &d0), 0);
     assert_int_equal(mt__d_proc_apply(p, &d1), 0);
     assert_int_equal(mt__d_proc_apply(p, &host), 0);
-    assert_int_equal(p->reserved, 62 * MIB);
+    assert_int_equal(p->dev.reserved, 60 * MIB);
+    assert_int_equal(p->host.reserved, 2 * MIB);
+    assert_int_equal(p->dev.nranges, 2);
+    assert_int_equal(p->host.nranges, 1);
     mt_event_rec_t a = {.kind = MT_EV_ALLOC,
                         .addr = 0x1000000,
                         .size = MIB,
                         .requested = MIB,
                         .pool = MT_POOL_LARGE,
+                        .tag = MT_TAG_ACTIVATIONS,
                         .device = 0,
                         .allocated = MIB,
                         .reserved = 20 * MIB};
@@ -160,13 +166,59 @@ static void test_totals_sum_over_sources(void **state)
                         .size = 4096,
                         .requested = 4096,
                         .pool = MT_POOL_HOST,
+                        .tag = MT_TAG_ACTIVATIONS,
                         .device = 0,
                         .allocated = 4096,
                         .reserved = 2 * MIB};
     assert_int_equal(mt__d_proc_apply(p, &h), 0);
-    assert_int_equal(p->allocated, MIB + 4096);
-    assert_int_equal(p->reserved, 62 * MIB);
-    assert_int_equal(p->peak_reserved, 62 * MIB);
+    /* Device: one 1 MiB block in 60 MiB; the host block is not there. */
+    assert_int_equal(p->dev.allocated, MIB);
+    assert_int_equal(p->dev.reserved, 60 * MIB);
+    assert_int_equal(p->dev.peak_allocated, MIB);
+    assert_int_equal(p->dev.peak_reserved, 60 * MIB);
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_ACTIVATIONS], MIB);
+    assert_int_equal(p->dev.tag_peak[MT_TAG_ACTIVATIONS], MIB);
+    assert_int_equal(p->dev.nblocks, 1);
+    mt_d_frag_t f;
+    mt__d_proc_frag(p, &f);
+    /* The two device segments seen (device 1's allocator holds 20 MiB more, from before). */
+    assert_int_equal(f.total_free, 39 * MIB);
+    /* Host: its own totals, tags and free space. */
+    assert_int_equal(p->host.allocated, 4096);
+    assert_int_equal(p->host.peak_reserved, 2 * MIB);
+    assert_int_equal(p->host.tag_allocated[MT_TAG_ACTIVATIONS], 4096);
+    assert_int_equal(p->host.nblocks, 1);
+    mt__d_acct_frag(&p->host, &f);
+    assert_int_equal(f.total_free, 2 * MIB - 4096);
+
+    json_t *j = mt__d_proc_json(p, true);
+    assert_non_null(j);
+    assert_int_equal(json_integer_value(json_object_get(j, "allocated_bytes")), MIB);
+    assert_int_equal(json_integer_value(json_object_get(j, "reserved_bytes")), 60 * MIB);
+    assert_int_equal(json_array_size(json_object_get(j, "segments")), 2);
+    json_t *tag0 = json_array_get(json_object_get(j, "tags"), 0);
+    assert_int_equal(json_integer_value(json_object_get(tag0, "peak_bytes")), MIB);
+    json_t *jh = json_object_get(j, "host");
+    assert_non_null(jh);
+    assert_int_equal(json_integer_value(json_object_get(jh, "allocated_bytes")), 4096);
+    assert_int_equal(json_integer_value(json_object_get(jh, "reserved_bytes")), 2 * MIB);
+    assert_int_equal(json_integer_value(json_object_get(jh, "peak_allocated_bytes")), 4096);
+    assert_int_equal(json_integer_value(json_object_get(jh, "peak_reserved_bytes")), 2 * MIB);
+    assert_int_equal(json_array_size(json_object_get(jh, "segments")), 1);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(jh, "segments"), 0), "pool")),
+                        "host");
+    json_decref(j);
+
+    /* The host block freed: host allocated drops, its peak stays, the device is untouched. */
+    h.kind = MT_EV_FREE_COMPLETED;
+    h.allocated = 0;
+    assert_int_equal(mt__d_proc_apply(p, &h), 0);
+    assert_int_equal(p->host.allocated, 0);
+    assert_int_equal(p->host.peak_allocated, 4096);
+    assert_int_equal(p->host.tag_allocated[MT_TAG_ACTIVATIONS], 0);
+    assert_int_equal(p->dev.allocated, MIB);
+    assert_int_equal(p->dev.tag_allocated[MT_TAG_ACTIVATIONS], MIB);
     mt__d_proc_destroy(&p);
 }
 
