@@ -389,7 +389,7 @@ static void init_once(void)
     mt__guard_enter();
     P->log_level = parse_level(getenv("MEMTRACE_LOG_LEVEL"));
     P->summary_path = getenv("MEMTRACE_SUMMARY_FILE");
-    P->sink = (mt_event_sink_t){sink_emit, P};
+    P->sink = (mt_event_sink_t){.emit = sink_emit, .ud = P};
 
     P->bcfg = mt_backend_cfg_default();
     P->bcfg.log = log_cb;
