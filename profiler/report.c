@@ -1,6 +1,8 @@
 /* Offline analysis of a telemetry log: replays each process's events through a model
  * of its allocator state (live blocks, segments, per-tag bytes) and produces peaks, a
- * timeline, never-freed allocations and the growth verdict (see report.h). */
+ * timeline, never-freed allocations and the growth verdict (see report.h). Device memory
+ * and pinned host memory (pool host) are replayed through two separate models, so that
+ * host pages never appear in the device figures. */
 #include "profiler/report.h"
 
 #include <stdbool.h>
@@ -290,7 +292,7 @@ out:
 typedef struct sim_s {
     amap_t blocks, segs;
     uint64_t dev_alloc[MT_EVENT_SOURCES], dev_res[MT_EVENT_SOURCES]; /* latest, by source */
-    uint64_t allocated, reserved;                                    /* sums over devices */
+    uint64_t allocated, reserved;                                    /* sums over sources */
     int64_t tag_live[MT_TAG_MAX];
     int64_t tag_peak[MT_TAG_MAX];
     uint64_t peak_alloc, peak_res, interval_peak;
@@ -394,8 +396,8 @@ static void sim_event(sim_t *s, const mt_event_rec_t *ev)
     default:
         break;
     }
-    /* Totals: each allocator (device, pinned host cache) reports its own; the process is
-     * their sum. */
+    /* Totals: each allocator (one per device; one pinned host cache per device, replayed in
+     * a model of its own) reports its own; the model's figure is their sum. */
     unsigned src = mt_event_source(ev);
     s->allocated += ev->allocated - s->dev_alloc[src];
     s->reserved += ev->reserved - s->dev_res[src];
@@ -547,14 +549,40 @@ static json_t *growth(const mt__report_cfg_t *cfg, const proc_t *p, const double
                      detected, "tags", jt);
 }
 
+static json_t *peaks_by_tag(const proc_t *p, const sim_t *s)
+{
+    json_t *peak_tags = json_object();
+    for (int t = 0; peak_tags && t < MT_TAG_MAX; t++) {
+        char tb[16];
+        if (s->tag_peak[t] > 0)
+            json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
+                                json_integer(s->tag_peak[t]));
+    }
+    return peak_tags;
+}
+
+/* The pinned host memory of a process, summarised apart from its device memory. */
+static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const sim_t *h,
+                            uint64_t events)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", (json_int_t)events,
+                     "peak_allocated", (json_int_t)h->peak_alloc, "peak_reserved",
+                     (json_int_t)h->peak_res, "final_allocated", (json_int_t)h->allocated,
+                     "final_reserved", (json_int_t)h->reserved, "peak_by_tag", peaks_by_tag(p, h),
+                     "never_freed", never_freed(cfg, p, h), "unmatched_frees",
+                     (json_int_t)h->unmatched_frees);
+}
+
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
 {
-    sim_t *s = calloc(1, sizeof(*s));
+    sim_t *s = calloc(1, sizeof(*s)); /* device memory */
+    sim_t *h = calloc(1, sizeof(*h)); /* pinned host memory */
+    uint64_t host_events = 0;
     size_t cap_it = 16, n_it = 0;
     double *alloc_it = malloc(cap_it * sizeof(double));
     uint64_t *iters = malloc(cap_it * sizeof(uint64_t));
     double *tag_it[MT_TAG_MAX];
-    bool ok = s && alloc_it && iters;
+    bool ok = s && h && alloc_it && iters;
     for (int t = 0; t < MT_TAG_MAX; t++) {
         tag_it[t] = malloc(cap_it * sizeof(double));
         ok = ok && tag_it[t];
@@ -578,6 +606,11 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
             timeline_sample(s, tl, k * step / 1e9);
             k++;
+        }
+        if (ev[i].pool == MT_POOL_HOST) {
+            sim_event(h, &ev[i]);
+            host_events++;
+            continue;
         }
         sim_event(s, &ev[i]);
         if (ev[i].kind == MT_EV_MARK && ev[i].addr == MT_MARK_ITERATION) {
@@ -605,30 +638,28 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
     }
     timeline_sample(s, tl, (double)(t1 - t0) / 1e9);
 
-    json_t *peak_tags = json_object();
-    for (int t = 0; t < MT_TAG_MAX; t++) {
-        char tb[16];
-        if (s->tag_peak[t] > 0)
-            json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
-                                json_integer(s->tag_peak[t]));
-    }
+    json_t *peak_tags = peaks_by_tag(p, s);
     static const char *const exits[] = {"unknown", "clean", "unclean"};
-    res = json_pack("{s:i, s:s, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o}", "pid",
-                    p->pid, "name", p->name, "events", (json_int_t)n, "lost", (json_int_t)p->lost,
-                    "exit", exits[p->exit_state], "peak_allocated", (json_int_t)s->peak_alloc,
-                    "peak_reserved", (json_int_t)s->peak_res, "final_allocated",
-                    (json_int_t)s->allocated, "final_reserved", (json_int_t)s->reserved,
-                    "peak_by_tag", peak_tags, "timeline", tl, "never_freed", never_freed(cfg, p, s),
-                    "unmatched_frees", (json_int_t)s->unmatched_frees, "growth",
-                    growth(cfg, p, alloc_it, tag_it, iters, n_it));
+    res = json_pack(
+        "{s:i, s:s, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
+        p->pid, "name", p->name, "events", (json_int_t)n, "lost", (json_int_t)p->lost, "exit",
+        exits[p->exit_state], "peak_allocated", (json_int_t)s->peak_alloc, "peak_reserved",
+        (json_int_t)s->peak_res, "final_allocated", (json_int_t)s->allocated, "final_reserved",
+        (json_int_t)s->reserved, "peak_by_tag", peak_tags, "timeline", tl, "never_freed",
+        never_freed(cfg, p, s), "unmatched_frees", (json_int_t)s->unmatched_frees, "growth",
+        growth(cfg, p, alloc_it, tag_it, iters, n_it), "host",
+        host_summary(cfg, p, h, host_events));
     tl = NULL; /* owned by res now */
 out:
     json_decref(tl);
-    if (s) {
-        amap_free(&s->blocks);
-        amap_free(&s->segs);
+    for (int m = 0; m < 2; m++) {
+        sim_t *x = m ? h : s;
+        if (x) {
+            amap_free(&x->blocks);
+            amap_free(&x->segs);
+        }
+        free(x);
     }
-    free(s);
     free(alloc_it);
     free(iters);
     for (int t = 0; t < MT_TAG_MAX; t++)

@@ -23,13 +23,15 @@ static void help(FILE *f)
                "written by an instrumented program with no daemon (./memtrace-<pid>.ndjson or\n"
                "$MEMTRACE_LOG) or by the daemon's log file. LOG '-' reads standard input.\n"
                "\n"
-               "For each process it prints:\n"
+               "For each process it prints, for its device memory:\n"
                "  - peak allocated and reserved bytes, and the peak of each tag;\n"
                "  - a timeline of allocated, reserved, utilization and fragmentation;\n"
                "  - allocations never freed, grouped by tag and size;\n"
                "  - growth across iterations: allocated bytes at each iteration marker\n"
                "    (MT_MARK_ITERATION) fitted with a line; steady growth is flagged, the sign\n"
                "    of history kept alive from one iteration to the next.\n"
+               "Pinned host memory (a pinned host cache's blocks, pool host) is not device\n"
+               "memory: it is summarised apart (peaks, peak of each tag, never freed).\n"
                "\n"
                "options:\n"
                "  --json              print the analysis as one JSON document\n"
@@ -106,6 +108,67 @@ static void bar(double frac, int width)
         fputs(i < n ? "#" : ".", stdout);
 }
 
+static void print_growth(json_t *g)
+{
+    char b1[32];
+    double iters = num(g, "iterations");
+    printf("\n  growth across iterations: ");
+    if (iters < 3) {
+        printf("%.0f iteration markers, too few to tell\n", iters);
+        return;
+    }
+    printf("%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n", iters,
+           num(g, "first_iteration"), num(g, "last_iteration"),
+           num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
+           human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
+    if (json_is_true(json_object_get(g, "detected"))) {
+        printf("    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
+               "    one iteration to the next (history held by a reference?)\n",
+               human(num(g, "rise_bytes"), b1, sizeof(b1)));
+        size_t i;
+        json_t *t;
+        json_array_foreach(json_object_get(g, "tags"), i, t)
+        {
+            printf("    - %s grows %s per iteration (r2 %.2f)\n",
+                   json_string_value(json_object_get(t, "tag")),
+                   human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
+        }
+    } else {
+        printf("    no steady growth\n");
+    }
+}
+
+/* Pinned host memory, apart from the device figures; nothing when the process has none. */
+static void print_host(json_t *h)
+{
+    char b1[32], b2[32], b3[32], b4[32];
+    if (num(h, "events") <= 0)
+        return;
+    printf("\n  pinned host memory (not device memory): %.0f events\n", num(h, "events"));
+    printf("    peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
+           human(num(h, "peak_allocated"), b1, sizeof(b1)),
+           human(num(h, "peak_reserved"), b2, sizeof(b2)),
+           human(num(h, "final_allocated"), b3, sizeof(b3)),
+           human(num(h, "final_reserved"), b4, sizeof(b4)));
+    json_t *tags = json_object_get(h, "peak_by_tag");
+    const char *k;
+    json_t *v;
+    json_object_foreach(tags, k, v)
+    {
+        printf("    %-14s %12s peak\n", k, human(json_number_value(v), b1, sizeof(b1)));
+    }
+    json_t *nf = json_object_get(h, "never_freed");
+    printf("    never freed: %.0f pinned blocks, %s\n", num(nf, "count"),
+           human(num(nf, "bytes"), b1, sizeof(b1)));
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(nf, "groups"), i, g)
+    {
+        printf("      %-14s %12s x %.0f\n", json_string_value(json_object_get(g, "tag")),
+               human(num(g, "size"), b1, sizeof(b1)), num(g, "count"));
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -115,7 +178,8 @@ static void print_process(json_t *p)
            name && *name ? name : "", name && *name ? "\"" : "", num(p, "events"), num(p, "lost"),
            json_string_value(json_object_get(p, "exit")));
     double peak = num(p, "peak_allocated");
-    printf("  peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
+    printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
+           "reserved\n",
            human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
            human(num(p, "final_allocated"), b3, sizeof(b3)),
            human(num(p, "final_reserved"), b4, sizeof(b4)));
@@ -173,32 +237,8 @@ static void print_process(json_t *p)
                    num(nf, "groups_total") - (double)json_array_size(groups));
     }
 
-    json_t *g = json_object_get(p, "growth");
-    double iters = num(g, "iterations");
-    printf("\n  growth across iterations: ");
-    if (iters < 3) {
-        printf("%.0f iteration markers, too few to tell\n", iters);
-        return;
-    }
-    printf("%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n", iters,
-           num(g, "first_iteration"), num(g, "last_iteration"),
-           num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
-           human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
-    if (json_is_true(json_object_get(g, "detected"))) {
-        printf("    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
-               "    one iteration to the next (history held by a reference?)\n",
-               human(num(g, "rise_bytes"), b1, sizeof(b1)));
-        size_t i;
-        json_t *t;
-        json_array_foreach(json_object_get(g, "tags"), i, t)
-        {
-            printf("    - %s grows %s per iteration (r2 %.2f)\n",
-                   json_string_value(json_object_get(t, "tag")),
-                   human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
-        }
-    } else {
-        printf("    no steady growth\n");
-    }
+    print_growth(json_object_get(p, "growth"));
+    print_host(json_object_get(p, "host"));
 }
 
 int mt_cmd_report(int argc, char **argv)

@@ -1,6 +1,7 @@
 /* The log analysis behind `memtrace report`, on crafted logs: growth across iterations
  * detected (and the growing tag named) or not, peaks by tag, never-freed allocations,
- * fragmentation, multiple processes, malformed lines. */
+ * fragmentation, multiple processes, malformed lines, and pinned host memory kept apart from
+ * the device figures. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -20,6 +21,7 @@
 typedef struct gen_s {
     mt__report_t *r;
     int pid;
+    int pool; /* 0: MT_POOL_LARGE */
     uint64_t seq, t, allocated, reserved;
 } gen_t;
 
@@ -34,7 +36,7 @@ static void emit(gen_t *g, int kind, uint64_t addr, uint64_t size, int tag)
     ev.size = size;
     ev.requested = size;
     ev.tag = (uint8_t)tag;
-    ev.pool = MT_POOL_LARGE;
+    ev.pool = (uint8_t)(g->pool ? g->pool : MT_POOL_LARGE);
     ev.allocated = g->allocated;
     ev.reserved = g->reserved;
     char line[1024];
@@ -251,6 +253,99 @@ static void test_processes_and_malformed(void **state)
     mt__report_destroy(&r);
 }
 
+/* A process with a device allocator and a pinned host cache (two event sources, each with
+ * its own running totals): per iteration the activations are copied to a 16 MiB pinned
+ * block and back; a 4 MiB pinned staging buffer is never freed. The device figures are
+ * those of the device alone; the host summary has the pinned figures. */
+static void test_host_apart(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    gen_t g = {.r = r, .pid = 42};
+    gen_t h = {.r = r, .pid = 42, .pool = MT_POOL_HOST};
+    const uint64_t base = 0x100000000, hbase = 0x700000000;
+    segment(&g, base, 1024 * MiB);
+    galloc(&g, base, 64 * MiB, MT_TAG_WEIGHTS);
+    h.t = g.t;
+    segment(&h, hbase, 64 * MiB);
+    galloc(&h, hbase, 4 * MiB, MT_TAG_BATCH);
+    for (int it = 0; it < 20; it++) {
+        emit(&g, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
+        uint64_t act = (32 + (uint64_t)(it * 7 % 5)) * MiB;
+        galloc(&g, base + 64 * MiB, act, MT_TAG_ACTIVATIONS);
+        h.t = g.t;
+        galloc(&h, hbase + 4 * MiB, 16 * MiB, MT_TAG_ACTIVATIONS);
+        g.t = h.t;
+        galloc(&g, base + 200 * MiB, 8 * MiB, MT_TAG_WORKSPACE);
+        gfree(&g, base + 200 * MiB, 8 * MiB, MT_TAG_WORKSPACE);
+        gfree(&g, base + 64 * MiB, act, MT_TAG_ACTIVATIONS);
+        h.t = g.t;
+        gfree(&h, hbase + 4 * MiB, 16 * MiB, MT_TAG_ACTIVATIONS);
+        g.t = h.t;
+    }
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    mt__report_destroy(&r);
+    assert_int_equal(json_array_size(json_object_get(res, "processes")), 1);
+    json_t *p = proc0(res);
+
+    /* Device: exactly as without the host cache (test_no_growth). */
+    assert_int_equal(json_integer_value(json_object_get(p, "peak_allocated")), 108 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(p, "peak_reserved")), 1024 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(p, "final_allocated")), 64 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(p, "final_reserved")), 1024 * MiB);
+    json_t *peak = json_object_get(p, "peak_by_tag");
+    assert_int_equal(json_integer_value(json_object_get(peak, "activations")), 36 * MiB);
+    assert_null(json_object_get(peak, "batch"));
+    json_t *nf = json_object_get(p, "never_freed");
+    assert_int_equal(json_integer_value(json_object_get(nf, "count")), 1);
+    assert_int_equal(json_integer_value(json_object_get(nf, "bytes")), 64 * MiB);
+    json_t *tl = json_object_get(p, "timeline");
+    size_t i;
+    json_t *smp;
+    json_array_foreach(tl, i, smp)
+    {
+        assert_true(json_integer_value(json_object_get(smp, "peak_allocated")) <= 108 * MiB);
+        assert_int_equal(json_integer_value(json_object_get(smp, "reserved")), 1024 * MiB);
+    }
+    json_t *gr = json_object_get(p, "growth");
+    assert_int_equal(json_integer_value(json_object_get(gr, "iterations")), 20);
+    assert_false(json_is_true(json_object_get(gr, "detected")));
+
+    /* Pinned host: 4 MiB staging + 16 MiB copies at the peak, in one 64 MiB segment. */
+    json_t *hs = json_object_get(p, "host");
+    assert_non_null(hs);
+    assert_int_equal(json_integer_value(json_object_get(hs, "events")), 2 + 20 * 3);
+    assert_int_equal(json_integer_value(json_object_get(hs, "peak_allocated")), 20 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(hs, "peak_reserved")), 64 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(hs, "final_allocated")), 4 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(hs, "final_reserved")), 64 * MiB);
+    json_t *hpeak = json_object_get(hs, "peak_by_tag");
+    assert_int_equal(json_integer_value(json_object_get(hpeak, "activations")), 16 * MiB);
+    assert_int_equal(json_integer_value(json_object_get(hpeak, "batch")), 4 * MiB);
+    json_t *hnf = json_object_get(hs, "never_freed");
+    assert_int_equal(json_integer_value(json_object_get(hnf, "count")), 1);
+    assert_int_equal(json_integer_value(json_object_get(hnf, "bytes")), 4 * MiB);
+    assert_string_equal(json_string_value(json_object_get(
+                            json_array_get(json_object_get(hnf, "groups"), 0), "tag")),
+                        "batch");
+    json_decref(res);
+}
+
+/* A process without a pinned host cache has an empty host summary. */
+static void test_host_empty(void **state)
+{
+    (void)state;
+    json_t *res = run(false, 3);
+    json_t *hs = json_object_get(proc0(res), "host");
+    assert_non_null(hs);
+    assert_int_equal(json_integer_value(json_object_get(hs, "events")), 0);
+    assert_int_equal(json_integer_value(json_object_get(hs, "peak_allocated")), 0);
+    assert_int_equal(json_object_size(json_object_get(hs, "peak_by_tag")), 0);
+    json_decref(res);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -259,6 +354,8 @@ int main(void)
         cmocka_unit_test(test_few_iterations),
         cmocka_unit_test(test_timeline_fragmentation),
         cmocka_unit_test(test_processes_and_malformed),
+        cmocka_unit_test(test_host_apart),
+        cmocka_unit_test(test_host_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
