@@ -1,5 +1,6 @@
 /* memtrace top: a live terminal view of every process the daemon knows: allocated,
- * reserved, peak, utilization, fragmentation, per-tag bars, event rate and drops.
+ * reserved, peak, utilization, fragmentation, per-tag bars, event rate and drops, all of
+ * device memory; pinned host memory on a line of its own.
  *
  * It polls the daemon's state ({"type":"state"} on the Unix socket) and redraws in place
  * with ANSI codes; the terminal is put in raw mode (no echo, no line buffering) so that a
@@ -32,9 +33,11 @@ static void usage(FILE *f)
     fprintf(f, "usage: memtrace top [--interval MS] [--once] [--json] [--socket PATH]\n"
                "\n"
                "Live view of the processes the memtrace daemon knows, refreshed in place:\n"
-               "per process allocated, reserved and peak bytes, utilization (allocated /\n"
-               "reserved), fragmentation (1 - largest free block / free bytes), event rate and\n"
-               "drops; below each, one bar per tag (share of the process's allocated bytes).\n"
+               "per process allocated, reserved and peak bytes of device memory, utilization\n"
+               "(allocated / reserved), fragmentation (1 - largest free block / free bytes),\n"
+               "event rate and drops; below each, one bar per tag (share of the process's\n"
+               "allocated bytes) and, if it has a pinned host cache, a \"pinned host\" line\n"
+               "(page-locked host memory, never counted in the device figures).\n"
                "Press q to quit.\n"
                "\n"
                "options:\n"
@@ -147,6 +150,15 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
             fprintf(f, "         %-14.14s [%s] %10s  peak %s\n",
                     json_string_value(json_object_get(tg, "name")) ?: "?", bar,
                     human(v, vb, sizeof vb), human(num(tg, "peak_bytes"), pb, sizeof pb));
+        }
+        /* Pinned host memory is not device memory: the figures above exclude it. */
+        json_t *h = json_object_get(p, "host");
+        if (num(h, "peak_reserved_bytes") > 0) {
+            char ha[32], hr[32], hp[32];
+            fprintf(f, "         %-14s %s allocated, %s reserved, peak %s\n", "pinned host",
+                    human(num(h, "allocated_bytes"), ha, sizeof ha),
+                    human(num(h, "reserved_bytes"), hr, sizeof hr),
+                    human(num(h, "peak_allocated_bytes"), hp, sizeof hp));
         }
     }
     memcpy(t->prev, cur, ncur * sizeof cur[0]);

@@ -9,10 +9,14 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "memtrace/prof.h"
+#include "mt_config.h"
 #include "profiler/report.h"
 
 #define MiB (UINT64_C(1) << 20)
@@ -257,9 +261,8 @@ static void test_processes_and_malformed(void **state)
  * its own running totals): per iteration the activations are copied to a 16 MiB pinned
  * block and back; a 4 MiB pinned staging buffer is never freed. The device figures are
  * those of the device alone; the host summary has the pinned figures. */
-static void test_host_apart(void **state)
+static json_t *run_with_host(void)
 {
-    (void)state;
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     gen_t g = {.r = r, .pid = 42};
@@ -287,6 +290,13 @@ static void test_host_apart(void **state)
     json_t *res = mt__report_result(r);
     assert_non_null(res);
     mt__report_destroy(&r);
+    return res;
+}
+
+static void test_host_apart(void **state)
+{
+    (void)state;
+    json_t *res = run_with_host();
     assert_int_equal(json_array_size(json_object_get(res, "processes")), 1);
     json_t *p = proc0(res);
 
@@ -346,6 +356,34 @@ static void test_host_empty(void **state)
     json_decref(res);
 }
 
+/* The report document (with a host summary) validates against the telemetry schema (ajv,
+ * tests/prof/validate.mjs); skipped without node or ajv. */
+static void test_report_matches_schema(void **state)
+{
+    (void)state;
+    if (system("command -v node > /dev/null 2>&1") != 0)
+        skip();
+    json_t *res = run_with_host();
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mt-report-schema-%d.ndjson", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(json_dumpf(res, f, JSON_COMPACT), 0);
+    fputc('\n', f);
+    fclose(f);
+    json_decref(res);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "node %s/tests/prof/validate.mjs %s/docs/telemetry.schema.json %s >&2", MT_SOURCE_ROOT,
+             MT_SOURCE_ROOT, path);
+    int st = system(cmd);
+    unlink(path);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77)
+        skip(); /* ajv not installed: npm ci --prefix tests/prof */
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -356,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_processes_and_malformed),
         cmocka_unit_test(test_host_apart),
         cmocka_unit_test(test_host_empty),
+        cmocka_unit_test(test_report_matches_schema),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
