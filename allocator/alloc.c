@@ -622,8 +622,15 @@ int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag)
         snprintf(a->tag_names[free_id], sizeof a->tag_names[free_id], "%s", label);
         rc = 0;
     }
-    if (rc == 0)
+    if (rc == 0) {
         *out_tag = free_id;
+        /* Events carry only the id: announce the label to the stream (again on each
+         * call, so a program can re-announce its tags). */
+        mt_event_rec_t lab;
+        mt_event_label_pack(&lab, a->tag_names[free_id]);
+        mt__alloc_emit(a, MT_EV_TAG_LABEL, lab.addr, lab.size, lab.requested, 0, MT_POOL_NONE,
+                       free_id);
+    }
     pthread_mutex_unlock(&a->mu);
     return rc;
 }

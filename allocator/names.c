@@ -51,6 +51,7 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_MARK] = "mark",
         [MT_EV_COMPACTION] = "compaction",
         [MT_EV_GAP] = "gap",
+        [MT_EV_TAG_LABEL] = "tag_label",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";

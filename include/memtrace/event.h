@@ -29,7 +29,10 @@ typedef enum mt_event_kind_e {
     MT_EV_MARK = 13,          /* program marker: addr = mt_mark_e, size = payload */
     MT_EV_COMPACTION = 14,    /* RNN weights compacted: size = bytes copied */
     MT_EV_GAP = 15,           /* consumer side: size = number of events lost */
+    MT_EV_TAG_LABEL = 16,     /* user tag named: tag = id, label in addr/size/requested */
 } mt_event_kind_e;
+
+#define MT_EV_KIND_COUNT 17 /* kinds are < MT_EV_KIND_COUNT */
 
 /* Markers the RNN engine and programs put into the stream (MT_EV_MARK, in addr). */
 typedef enum mt_mark_e {
@@ -84,6 +87,57 @@ typedef struct mt_event_sink_s {
      * recorder can claim their slots together. NULL: emit is called for each. */
     void (*emit_n)(void *ud, const mt_event_rec_t *ev, size_t n);
 } mt_event_sink_t;
+
+/* ---- tag labels (MT_EV_TAG_LABEL) ----
+ * Events carry only a tag id; the allocator announces each user tag's label once, when it
+ * is registered (mt_alloc_tag_register, every call, so calling it again re-announces it),
+ * so that consumers (the daemon, the local log, the report) can name the tag. The label's
+ * bytes fill addr, size and requested in memory order (MT_EVENT_LABEL_MAX bytes, NUL-padded,
+ * not NUL-terminated when it uses all of them); the ring is read on the same machine, so
+ * the byte order needs no care. A longer label is cut to at most MT_EVENT_LABEL_MAX bytes
+ * at a UTF-8 sequence boundary (a multi-byte character is never split); two labels that
+ * agree on those bytes look the same to consumers. */
+#define MT_EVENT_LABEL_MAX 24
+
+/* Bytes of label that fit: the largest n <= MT_EVENT_LABEL_MAX with label[n] not a UTF-8
+ * continuation byte (or n = strlen(label) when that is shorter). */
+static inline size_t mt_event_label_fit(const char *label)
+{
+    size_t n = 0;
+    while (n < MT_EVENT_LABEL_MAX && label[n] != '\0')
+        n++;
+    if (n == MT_EVENT_LABEL_MAX)
+        while (n > 0 && ((unsigned char)label[n] & 0xc0u) == 0x80u)
+            n--;
+    return n;
+}
+
+/* Packs label into ev's addr, size and requested (cut as described above). */
+static inline void mt_event_label_pack(mt_event_rec_t *ev, const char *label)
+{
+    unsigned char b[MT_EVENT_LABEL_MAX] = {0};
+    size_t n = mt_event_label_fit(label);
+    for (size_t i = 0; i < n; i++)
+        b[i] = (unsigned char)label[i];
+    __builtin_memcpy(&ev->addr, b, 8);
+    __builtin_memcpy(&ev->size, b + 8, 8);
+    __builtin_memcpy(&ev->requested, b + 16, 8);
+}
+
+/* The label of an MT_EV_TAG_LABEL event as a NUL-terminated string in out. Returns its
+ * length (0: the event carries no label). */
+static inline size_t mt_event_label_unpack(const mt_event_rec_t *ev,
+                                           char out[MT_EVENT_LABEL_MAX + 1])
+{
+    __builtin_memcpy(out, &ev->addr, 8);
+    __builtin_memcpy(out + 8, &ev->size, 8);
+    __builtin_memcpy(out + 16, &ev->requested, 8);
+    out[MT_EVENT_LABEL_MAX] = '\0';
+    size_t n = 0;
+    while (out[n] != '\0')
+        n++;
+    return n;
+}
 
 /* Static name of an event kind ("alloc", "free_requested", ...), or "unknown". */
 MT_API const char *mt_event_kind_name(int kind);
