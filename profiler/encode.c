@@ -224,6 +224,25 @@ static char *write_gap(char *w, const mt_event_rec_t *ev, int pid)
     return LIT(w, "}\n");
 }
 
+/* A user tag's label: the tag's name is the label it announces, whatever tag_name says,
+ * so that the line states what the allocator registered. */
+static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char *label)
+{
+    w = LIT(w, "{\"v\":1,\"type\":\"event\",\"seq\":");
+    w = put_sat(w, ev->seq);
+    w = LIT(w, ",\"t_ns\":");
+    w = put_sat(w, ev->time_ns);
+    w = LIT(w, ",\"pid\":");
+    w = put_int(w, pid);
+    w = LIT(w, ",\"dev\":");
+    w = put_u64(w, ev->device);
+    w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
+    w = put_u64(w, ev->tag);
+    w = LIT(w, ",\"label\":");
+    w = put_str(w, label);
+    return LIT(w, "}\n");
+}
+
 size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                            const char *(*tag_name)(void *ud, int tag), void *ud)
 {
@@ -231,6 +250,16 @@ size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
         if (!buf || cap <= FIXED_MAX)
             return FIXED_MAX + 1;
         char *w = write_gap(buf, ev, pid);
+        *w = '\0';
+        return (size_t)(w - buf);
+    }
+    if (ev->kind == MT_EV_TAG_LABEL) {
+        char label[MT_EVENT_LABEL_MAX + 1];
+        mt_event_label_unpack(ev, label);
+        size_t need = FIXED_MAX + ESC_MAX * MT_EVENT_LABEL_MAX + 1;
+        if (!buf || cap < need)
+            return need;
+        char *w = write_label(buf, ev, pid, label);
         *w = '\0';
         return (size_t)(w - buf);
     }

@@ -120,10 +120,26 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
     if (strcmp(type, "event") != 0)
         BAD("type");
     const char *kind = json_string_value(json_object_get(o, "kind"));
-    int k = kind ? name_lookup(kind, mt_event_kind_name, 1, MT_EV_GAP - 1) : -1;
-    if (k < 0)
+    int k = kind ? name_lookup(kind, mt_event_kind_name, 1, MT_EV_KIND_COUNT - 1) : -1;
+    if (k < 0 || k == MT_EV_GAP)
         BAD("kind");
     ev->kind = (uint8_t)k;
+    uint64_t dev, tag, stream;
+    if (!get_u64(o, "dev", &dev) || dev > UINT8_MAX)
+        BAD("dev");
+    ev->device = (uint8_t)dev;
+    if (k == MT_EV_TAG_LABEL) {
+        /* Only the id and the label: the line writer writes no figures for it. A label
+         * longer than an event holds (edited by hand) is cut as the allocator cuts it. */
+        const char *label = json_string_value(json_object_get(o, "label"));
+        if (!label || !label[0])
+            BAD("label");
+        if (!get_u64(o, "tag_id", &tag) || tag < MT_TAG_USER_FIRST || tag >= MT_TAG_MAX)
+            BAD("tag_id");
+        mt_event_label_pack(ev, label);
+        ev->tag = (uint8_t)tag;
+        return 0;
+    }
     if (k == MT_EV_MARK) {
         const char *m = json_string_value(json_object_get(o, "mark"));
         int mk = m ? name_lookup(m, mt_mark_name, 1, MT_MARK_WARMUP_END) : -1;
@@ -133,9 +149,6 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
     } else if (!get_hex(o, "addr", &ev->addr)) {
         BAD("addr");
     }
-    uint64_t dev, tag, stream;
-    if (!get_u64(o, "dev", &dev) || dev > UINT8_MAX)
-        BAD("dev");
     if (!get_u64(o, "size", &ev->size))
         BAD("size");
     if (!get_u64(o, "requested", &ev->requested))
@@ -152,7 +165,6 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
         BAD("pool");
     if (!get_u64(o, "tag_id", &tag) || tag >= MT_TAG_MAX)
         BAD("tag_id");
-    ev->device = (uint8_t)dev;
     ev->stream = (uint32_t)stream;
     ev->pool = (uint8_t)pl;
     ev->tag = (uint8_t)tag;

@@ -41,6 +41,9 @@ struct mt_prof_s {
     pthread_mutex_t stop_lock;
     pthread_cond_t stop_cond;
     bool stop; /* under stop_lock */
+    /* user tags' labels as announced in the stream (MT_EV_TAG_LABEL); "" = none yet;
+     * under drain_lock */
+    char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
     char *out; /* OUTBUF_SIZE bytes of pending lines, under drain_lock */
     size_t out_len;
     uint64_t written; /* lines written (events and gaps), under drain_lock */
@@ -184,16 +187,30 @@ static void out_line(mt_prof_t *p, json_t *j)
     p->written++;
 }
 
+/* A tag's name in the log: the configured tag_name's when it gives one (an override),
+ * else the label the stream announced, else NULL (built-in name or "tag<n>"). Called by
+ * the line writer with drain_lock held. */
+static const char *drain_tag_name(void *ud, int tag)
+{
+    mt_prof_t *p = ud;
+    const char *s = p->tag_name ? p->tag_name(p->tag_ud, tag) : NULL;
+    if (s && *s)
+        return s;
+    return tag >= 0 && tag < MT_TAG_MAX && p->labels[tag][0] ? p->labels[tag] : NULL;
+}
+
 /* Appends one event's line, written in place by the line writer. */
 static void drain_cb(void *ud, const mt_event_rec_t *ev)
 {
     mt_prof_t *p = ud;
+    if (ev->kind == MT_EV_TAG_LABEL && ev->tag < MT_TAG_MAX)
+        mt_event_label_unpack(ev, p->labels[ev->tag]);
     size_t room = OUTBUF_SIZE - p->out_len;
-    size_t n = mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, p->tag_name, p->tag_ud);
+    size_t n = mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, drain_tag_name, p);
     if (n >= room) {
         out_flush(p);
         room = OUTBUF_SIZE;
-        n = mt_prof_event_write(p->out, room, ev, p->pid, p->tag_name, p->tag_ud);
+        n = mt_prof_event_write(p->out, room, ev, p->pid, drain_tag_name, p);
         if (n >= room)
             return; /* only a tag name of over 10 KiB could need more */
     }

@@ -243,6 +243,16 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
             FAIL("out of memory");
         if (ev.kind == MT_EV_GAP) {
             p->lost += ev.size;
+        } else if (ev.kind == MT_EV_TAG_LABEL) {
+            /* The allocator's announcement names the tag (it carries no figures, so it is
+             * not replayed); a name taken from an earlier line gives way to it. */
+            char label[MT_EVENT_LABEL_MAX + 1];
+            mt_event_label_unpack(&ev, label);
+            char *dup = strdup(label);
+            if (!dup)
+                FAIL("out of memory");
+            free(p->tag_names[ev.tag]);
+            p->tag_names[ev.tag] = dup;
         } else {
             if (evvec_push(&p->evs, &ev) != 0)
                 FAIL("out of memory");

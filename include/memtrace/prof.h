@@ -37,8 +37,9 @@ typedef struct mt_prof_cfg_s {
     const char *socket;   /* borrowed; NULL = mt_prof_socket_path() */
     const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
     unsigned drain_ms;    /* local drainer period, ms; 20 (1 ms while the ring is busy) */
-    /* optional: names of user tags in the local log (e.g. a wrapper of
-     * mt_alloc_tag_name); called from the drainer thread. NULL = built-in names. */
+    /* optional override of user tags' names in the local log; called from the drainer
+     * thread. NULL, or a NULL or "" answer: the label the allocator announced in the
+     * stream (MT_EV_TAG_LABEL), else the built-in name or "tag<n>". */
     const char *(*tag_name)(void *ud, int tag);
     void *tag_ud;
     mt_log_cb log; /* optional; says which mode is live, and errors */
@@ -92,6 +93,9 @@ MT_API int mt_prof_socket_path(char *buf, size_t len);
  * {"v":1,"type":"event","seq":..,"kind":"alloc",...} or, for MT_EV_GAP,
  * {"v":1,"type":"gap","lost":N,...}. The one encoder of event lines: the daemon and the
  * local log both write events with it. tag_name may be NULL (built-in names, "tag<n>").
+ * A label announcement (MT_EV_TAG_LABEL) is written as
+ * {"v":1,"type":"event",...,"kind":"tag_label","tag_id":N,"label":"..."}, the label taken
+ * from the event (tag_name is not asked).
  * Byte counts above INT64_MAX (never real) are written as INT64_MAX, what the decoder
  * can read back; invalid UTF-8 in a tag name is written as U+FFFD.
  * Returns the line's length (without the NUL; < cap) when it fits, else a capacity that

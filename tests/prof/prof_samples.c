@@ -92,6 +92,21 @@ static int put_event_sweep(FILE *f)
     bad |= put_event(f, &big, INT32_MAX, NULL, NULL);
     big.kind = MT_EV_GAP;
     bad |= put_event(f, &big, INT32_MAX, NULL, NULL);
+    /* Label announcements: the odd names above as labels, one cut at 24 bytes inside a
+     * multi-byte character, and the widest values. */
+    for (int tag = MT_TAG_USER_FIRST; tag < MT_TAG_MAX; tag++) {
+        mt_event_rec_t lab = {.seq = (uint64_t)tag,
+                              .time_ns = 5,
+                              .kind = MT_EV_TAG_LABEL,
+                              .tag = (uint8_t)tag,
+                              .device = (uint8_t)tag};
+        const char *name = odd_names(NULL, tag);
+        mt_event_label_pack(&lab, name ? name
+                                       : "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac"
+                                         "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac"
+                                         "\xe2\x82\xac");
+        bad |= put_event(f, &lab, tag == MT_TAG_MAX - 1 ? INT32_MAX : 7, NULL, NULL);
+    }
     return bad;
 }
 
@@ -202,6 +217,13 @@ int main(int argc, char **argv)
         mt_alloc_free(a, x);
         mt_alloc_free(a, y);
     }
+    /* A user tag: its label announcement, then events named by it. */
+    int logits;
+    void *z;
+    if (mt_alloc_tag_register(a, "logits", &logits) != 0 ||
+        mt_alloc_malloc(a, 3000, NULL, logits, &z) != 0)
+        return 1;
+    mt_alloc_free(a, z);
     mt_alloc_empty_cache(a);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);

@@ -427,6 +427,99 @@ static void test_long_tag_name(void **state)
     free(name);
 }
 
+/* ---- tag labels (MT_EV_TAG_LABEL) ---- */
+
+/* A label announcement with label packed, as the allocator emits it. */
+static mt_event_rec_t label_event(int tag, const char *label)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.seq = 77;
+    ev.time_ns = 123456789;
+    ev.kind = MT_EV_TAG_LABEL;
+    ev.tag = (uint8_t)tag;
+    ev.device = 3;
+    mt_event_label_pack(&ev, label);
+    return ev;
+}
+
+/* The label goes out as "label" (its own, whatever tag_name says) and comes back to the
+ * same record, for short labels, exactly 24 bytes, and JSON escapes. */
+static void test_label_roundtrip(void **state)
+{
+    (void)state;
+    static const char *const labels[] = {
+        "logits",
+        "x",
+        "exactly_twenty_four_byte",
+        "quote\"back\\slash",
+        "gr\xc3\xb6\xc3\x9f"
+        "e",
+    };
+    for (size_t i = 0; i < sizeof labels / sizeof labels[0]; i++) {
+        int tag = MT_TAG_USER_FIRST + (int)i;
+        mt_event_rec_t ev = label_event(tag, labels[i]);
+        expect_same(&ev, 99);
+        names_t override = {.user = "override"}; /* the line ignores tag_name */
+        json_t *j = write_parse(&ev, 99, names, &override);
+        assert_string_equal(json_string_value(json_object_get(j, "kind")), "tag_label");
+        assert_string_equal(json_string_value(json_object_get(j, "label")), labels[i]);
+        assert_int_equal(json_integer_value(json_object_get(j, "tag_id")), tag);
+        assert_null(json_object_get(j, "addr"));
+        json_decref(j);
+        char back[MT_EVENT_LABEL_MAX + 1];
+        assert_int_equal(mt_event_label_unpack(&ev, back), strlen(labels[i]));
+        assert_string_equal(back, labels[i]);
+    }
+}
+
+/* Longer labels are cut at 24 bytes, never inside a UTF-8 character. */
+static void test_label_truncation(void **state)
+{
+    (void)state;
+    char back[MT_EVENT_LABEL_MAX + 1];
+    mt_event_rec_t ev = label_event(9, "a_label_much_longer_than_twenty_four_bytes");
+    assert_int_equal(mt_event_label_unpack(&ev, back), MT_EVENT_LABEL_MAX);
+    assert_string_equal(back, "a_label_much_longer_than");
+    /* 23 ASCII bytes then a 2-byte character: it would end at byte 25, so it goes. */
+    ev = label_event(9, "abcdefghijklmnopqrstuvw\xc3\xa9z");
+    assert_int_equal(mt_event_label_unpack(&ev, back), 23);
+    assert_string_equal(back, "abcdefghijklmnopqrstuvw");
+    /* Eight 3-byte characters fill 24 bytes exactly; a ninth is cut whole. */
+    ev = label_event(9, "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac"
+                        "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac");
+    assert_int_equal(mt_event_label_unpack(&ev, back), 24);
+    /* 22 ASCII + a 4-byte character: cut to 22. */
+    ev = label_event(9, "abcdefghijklmnopqrstuv\xf0\x9f\x98\x80");
+    assert_int_equal(mt_event_label_unpack(&ev, back), 22);
+    expect_same(&ev, 1);
+}
+
+/* A label line with a built-in tag id or no label is refused by the decoder. */
+static void test_label_refused(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"tag_label\",\"tag_id\":2,\"label\":\"x\"}",
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"tag_label\",\"tag_id\":7,\"label\":\"\"}",
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"tag_label\",\"tag_id\":32,\"label\":\"x\"}",
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"tag_label\",\"tag_id\":7}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *j = json_loads(bad[i], 0, NULL);
+        assert_non_null(j);
+        mt_event_rec_t ev;
+        char err[128] = "";
+        assert_int_equal(mt_prof_event_from_json(j, &ev, NULL, err, sizeof err), MT_EPROTO);
+        assert_true(strstr(err, "tag_id") != NULL || strstr(err, "label") != NULL);
+        json_decref(j);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,7 +528,8 @@ int main(void)
         cmocka_unit_test(test_digit_boundaries),    cmocka_unit_test(test_gap),
         cmocka_unit_test(test_out_of_range),        cmocka_unit_test(test_tag_names),
         cmocka_unit_test(test_tag_name_escapes),    cmocka_unit_test(test_capacity),
-        cmocka_unit_test(test_long_tag_name),
+        cmocka_unit_test(test_long_tag_name),       cmocka_unit_test(test_label_roundtrip),
+        cmocka_unit_test(test_label_truncation),    cmocka_unit_test(test_label_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -134,6 +134,77 @@ static void test_fallback_to_local_log(void **state)
     unsetenv("MEMTRACE_LOG");
 }
 
+/* The configured tag_name overrides the stream's label for the tag it names. */
+static const char *override_name(void *ud, int tag)
+{
+    (void)ud;
+    return tag == MT_TAG_USER_FIRST + 1 ? "renamed" : NULL;
+}
+
+/* The "tag" of each event line of the log at path for tag id tag, in order, into out. */
+static int tag_names_in_log(const char *path, int tag, char out[][32], int max)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[2048];
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        json_t *j = json_loads(line, 0, NULL);
+        assert_non_null(j);
+        const char *kind = json_string_value(json_object_get(j, "kind"));
+        if (kind && strcmp(kind, "alloc") == 0 &&
+            json_integer_value(json_object_get(j, "tag_id")) == tag)
+            snprintf(out[n++], 32, "%s", json_string_value(json_object_get(j, "tag")));
+        json_decref(j);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Labels come from the stream: a user tag's events after its announcement are named by
+ * it in the local log with no tag_name callback; the callback, when it answers, wins. */
+static void test_log_names_from_stream(void **state)
+{
+    (void)state;
+    char logp[108];
+    tmp_path(logp, sizeof(logp), "labels.ndjson");
+    unlink(logp);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = logp;
+    cfg.tag_name = override_name;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    int logits, other;
+    assert_int_equal(mt_alloc_tag_register(a, "logits", &logits), 0);
+    assert_int_equal(mt_alloc_tag_register(a, "embeddings", &other), 0);
+    assert_int_equal(logits, MT_TAG_USER_FIRST);
+    assert_int_equal(other, MT_TAG_USER_FIRST + 1);
+    void *x, *y;
+    assert_int_equal(mt_alloc_malloc(a, 1000, NULL, logits, &x), 0);
+    assert_int_equal(mt_alloc_malloc(a, 1000, NULL, other, &y), 0);
+    mt_alloc_free(a, x);
+    mt_alloc_free(a, y);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    mt_prof_destroy(&p);
+    char names[4][32];
+    assert_int_equal(tag_names_in_log(logp, logits, names, 4), 1);
+    assert_string_equal(names[0], "logits");
+    assert_int_equal(tag_names_in_log(logp, other, names, 4), 1);
+    assert_string_equal(names[0], "renamed");
+    unlink(logp);
+}
+
 static void test_log_mode_drops_counted(void **state)
 {
     (void)state;
@@ -409,13 +480,10 @@ static void test_daemon_refuses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fallback_to_local_log),
-        cmocka_unit_test(test_log_mode_drops_counted),
-        cmocka_unit_test(test_off_mode),
-        cmocka_unit_test(test_auto_degrades_to_off),
-        cmocka_unit_test(test_env_mode),
-        cmocka_unit_test(test_daemon_mode),
-        cmocka_unit_test(test_daemon_refuses),
+        cmocka_unit_test(test_fallback_to_local_log), cmocka_unit_test(test_log_mode_drops_counted),
+        cmocka_unit_test(test_log_names_from_stream), cmocka_unit_test(test_off_mode),
+        cmocka_unit_test(test_auto_degrades_to_off),  cmocka_unit_test(test_env_mode),
+        cmocka_unit_test(test_daemon_mode),           cmocka_unit_test(test_daemon_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

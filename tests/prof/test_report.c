@@ -159,6 +159,55 @@ static void test_no_growth(void **state)
     json_decref(res);
 }
 
+/* A user tag named by its label announcement: the report's peaks, growth and
+ * never-freed groups say "logits", not "tag7"; the announcement changes no figure. */
+static void test_labelled_tag(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    gen_t g = {.r = r, .pid = 43};
+    const int logits = MT_TAG_USER_FIRST;
+    mt_event_rec_t lab;
+    memset(&lab, 0, sizeof lab);
+    lab.seq = g.seq++;
+    lab.time_ns = 500;
+    lab.kind = MT_EV_TAG_LABEL;
+    lab.tag = (uint8_t)logits;
+    mt_event_label_pack(&lab, "logits");
+    char line[1024], err[128];
+    size_t n = mt_prof_event_write(line, sizeof line, &lab, g.pid, NULL, NULL);
+    assert_true(n > 0 && n < sizeof line);
+    assert_int_equal(mt__report_add_line(r, line, n, err, sizeof err), 0);
+    segment(&g, 0x100000000, 256 * MiB);
+    galloc(&g, 0x100000000, 16 * MiB, MT_TAG_WEIGHTS);
+    uint64_t kept = 0x100000000 + 128 * MiB;
+    for (int it = 0; it < 12; it++) {
+        emit(&g, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
+        galloc(&g, kept, 4 * MiB, logits); /* a leak of logits: never freed */
+        kept += 4 * MiB;
+    }
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    mt__report_destroy(&r);
+    json_t *p = proc0(res);
+    json_t *peak = json_object_get(p, "peak_by_tag");
+    assert_int_equal(json_integer_value(json_object_get(peak, "logits")), 48 * MiB);
+    assert_null(json_object_get(peak, "tag7"));
+    assert_int_equal(json_integer_value(json_object_get(p, "peak_allocated")), 64 * MiB);
+    json_t *tags = json_object_get(json_object_get(p, "growth"), "tags");
+    assert_int_equal(json_array_size(tags), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(tags, 0), "tag")),
+                        "logits");
+    json_t *groups = json_object_get(json_object_get(p, "never_freed"), "groups");
+    bool named = false;
+    for (size_t i = 0; i < json_array_size(groups); i++)
+        named |= strcmp(json_string_value(json_object_get(json_array_get(groups, i), "tag")),
+                        "logits") == 0;
+    assert_true(named);
+    json_decref(res);
+}
+
 static void test_few_iterations(void **state)
 {
     (void)state;
@@ -389,6 +438,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_growth_detected),
         cmocka_unit_test(test_no_growth),
+        cmocka_unit_test(test_labelled_tag),
         cmocka_unit_test(test_few_iterations),
         cmocka_unit_test(test_timeline_fragmentation),
         cmocka_unit_test(test_processes_and_malformed),
