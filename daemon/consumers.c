@@ -18,7 +18,7 @@
 
 static int kind_from_name(const char *s)
 {
-    for (int k = 1; k < 16; k++)
+    for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (strcmp(s, mt_event_kind_name(k)) == 0)
             return k;
     char *end;
@@ -49,6 +49,28 @@ static int add_pid(mt_d_sub_t *s, long v, char *err, size_t errlen)
         return MT_EINVAL;
     }
     s->pids[s->npids++] = (int)v;
+    return 0;
+}
+
+/* A tag filter item: a built-in name or "tag<n>" or an id sets its bit; anything else is
+ * a user label, matched against each process's announced labels (ids differ between
+ * processes). */
+static int add_tag(mt_d_sub_t *s, const char *name, char *err, size_t errlen)
+{
+    int v = tag_from_name(name);
+    if (v >= 0) {
+        s->tags |= 1u << v;
+        return 0;
+    }
+    if (!name[0] || mt_event_label_fit(name) != strlen(name)) {
+        snprintf(err, errlen, "unknown tag '%.40s'", name);
+        return MT_EINVAL;
+    }
+    if (s->ntag_labels == MT_D_MAX_TAG_LABELS) {
+        snprintf(err, errlen, "at most %d tag labels per subscription", MT_D_MAX_TAG_LABELS);
+        return MT_EINVAL;
+    }
+    snprintf(s->tag_labels[s->ntag_labels++], sizeof s->tag_labels[0], "%s", name);
     return 0;
 }
 
@@ -84,7 +106,7 @@ static int parse_json_list(mt_d_sub_t *s, json_t *v, int which, char *err, size_
         }
         int rc = which == 0   ? add_pid(s, strtol(name, NULL, 10), err, errlen)
                  : which == 1 ? add_named(&s->kinds, kind_from_name, name, "kind", err, errlen)
-                              : add_named(&s->tags, tag_from_name, name, "tag", err, errlen);
+                              : add_tag(s, name, err, errlen);
         if (rc)
             return rc;
     }
@@ -135,10 +157,10 @@ int mt__d_sub_parse_query(mt_d_sub_t *s, const char *query, char *err, size_t er
                 rc = *end ? MT_EINVAL : add_pid(s, pid, err, errlen);
                 if (*end)
                     snprintf(err, errlen, "bad pid '%.40s'", v);
+            } else if (which == 1) {
+                rc = add_named(&s->kinds, kind_from_name, v, "kind", err, errlen);
             } else {
-                rc = add_named(which == 1 ? &s->kinds : &s->tags,
-                               which == 1 ? kind_from_name : tag_from_name, v,
-                               which == 1 ? "kind" : "tag", err, errlen);
+                rc = add_tag(s, v, err, errlen);
             }
             if (rc)
                 return rc;
@@ -160,9 +182,15 @@ static bool sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r)
         return true; /* whoever sees a process's events must see its gaps */
     if (s->kinds && !(r->ev.kind < 32 && (s->kinds >> r->ev.kind) & 1))
         return false;
-    if (s->tags && !(r->ev.tag < 32 && (s->tags >> r->ev.tag) & 1))
-        return false;
-    return true;
+    if (!s->tags && !s->ntag_labels)
+        return true;
+    if (r->ev.tag < 32 && (s->tags >> r->ev.tag) & 1)
+        return true;
+    const char *label = r->ev.tag < MT_TAG_MAX && r->proc ? r->proc->labels[r->ev.tag] : "";
+    for (unsigned i = 0; i < s->ntag_labels && label[0]; i++)
+        if (strcmp(label, s->tag_labels[i]) == 0)
+            return true;
+    return false;
 }
 
 /* ---- queue ---- */

@@ -23,6 +23,7 @@
 #include "profiler/ring.h"
 
 #define MT_D_MAX_PIDS          16   /* pids in one subscription filter */
+#define MT_D_MAX_TAG_LABELS    8    /* user tag labels in one subscription filter */
 #define MT_D_BATCH             1024 /* events per batch (one consumer chunk per batch) */
 #define MT_D_PRODUCER_LINE_MAX 4096 /* bytes of a line a registered producer may send */
 
@@ -94,9 +95,9 @@ typedef struct mt_d_proc_s {
     mt__ring_t *ring;        /* owned while live */
     struct mt_d_conn_s *conn;
     /* counters */
-    uint64_t events;         /* records drained */
-    uint64_t dropped;        /* events lost before reaching us (gap records) */
-    uint64_t kind_count[16]; /* by mt_event_kind_e */
+    uint64_t events;                       /* records drained */
+    uint64_t dropped;                      /* events lost before reaching us (gap records) */
+    uint64_t kind_count[MT_EV_KIND_COUNT]; /* by mt_event_kind_e */
     uint64_t ooms;
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
@@ -104,6 +105,14 @@ typedef struct mt_d_proc_s {
     uint64_t src_allocated[MT_EVENT_SOURCES], src_reserved[MT_EVENT_SOURCES];
     mt_d_acct_t dev;  /* device memory: every pool but MT_POOL_HOST */
     mt_d_acct_t host; /* pinned host memory */
+    /* User tags' labels, as the process announced them (MT_EV_TAG_LABEL); "" = none.
+     * Kept for the process's lifetime, so a consumer that comes after the announcement
+     * still gets the names. names[t] is what /state, /metrics and tail call tag t: its
+     * label when that is unique in the process and cannot be mistaken for another tag
+     * (not a built-in name, not "tag<n>"), else "" (the default name). At most
+     * MT_TAG_MAX names per process: the metrics' tag label stays bounded. */
+    char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
+    char names[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
 } mt_d_proc_t;
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
@@ -118,7 +127,11 @@ void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out);
 double mt__d_proc_utilization(const mt_d_proc_t *p);
 /* JSON object of one process (counters, per-tag breakdown, segment map). *new*. */
 json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments);
-const char *mt__d_tag_name(int tag, char *buf, size_t n);
+/* The name of tag in p's figures (p may be NULL): its label (see names), the built-in
+ * name, or "tag<n>" written into buf. Borrowed. */
+const char *mt__d_tag_name(const mt_d_proc_t *p, int tag, char *buf, size_t n);
+/* p's label of tag, or NULL: the tag_name callback of the line writer (ud = p). */
+const char *mt__d_proc_label(void *p, int tag);
 
 /* ---- connections ---- */
 
@@ -150,8 +163,11 @@ typedef struct mt_d_sub_s {
     int pids[MT_D_MAX_PIDS]; /* npids = 0: every process */
     unsigned npids;
     uint32_t kinds; /* bit k = kind k; 0 = all */
-    uint32_t tags;  /* bit t = tag t; 0 = all */
-    bool sse;       /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
+    uint32_t tags;  /* bit t = tag t; 0 (and no tag_labels) = all */
+    /* tags given by a user label: matched through each process's labels */
+    char tag_labels[MT_D_MAX_TAG_LABELS][MT_EVENT_LABEL_MAX + 1];
+    unsigned ntag_labels;
+    bool sse; /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
     mt_d_chunk_t *head, *tail;
     size_t queued_bytes;
     uint64_t lost;       /* pending gap */
@@ -184,6 +200,7 @@ typedef struct mt_d_conn_s {
 
 typedef struct mt_d_batch_rec_s {
     mt_event_rec_t ev;
+    const struct mt_d_proc_s *proc; /* its producer (batches are sent before one goes) */
     int pid;
     uint32_t off, len; /* its JSON line in d->batch_text, '\n' included */
 } mt_d_batch_rec_t;

@@ -20,6 +20,22 @@ static bool newest(const mt_d_proc_t *p)
     return true;
 }
 
+/* A label value as the text format wants it: backslash, double quote and line feed
+ * escaped (a user's tag label may hold any of them). */
+static int label_value(mt_d_buf_t *o, const char *s)
+{
+    int rc = 0;
+    for (; *s && !rc; s++) {
+        if (*s == '\\' || *s == '"')
+            rc = mt__d_buf_printf(o, "\\%c", *s);
+        else if (*s == '\n')
+            rc = mt__d_buf_append(o, "\\n", 2);
+        else
+            rc = mt__d_buf_append(o, s, 1);
+    }
+    return rc;
+}
+
 typedef enum {
     F_ALLOC,
     F_RES,
@@ -151,8 +167,9 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 if (!p->dev.tag_peak[t])
                     continue;
                 char nb[16];
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"%s\"} %" PRIu64 "\n", tag_fam[f][0],
-                                       p->pid, mt__d_tag_name(t, nb, sizeof nb),
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"", tag_fam[f][0], p->pid);
+                rc |= label_value(o, mt__d_tag_name(p, t, nb, sizeof nb));
+                rc |= mt__d_buf_printf(o, "\"} %" PRIu64 "\n",
                                        f == 0 ? p->dev.tag_allocated[t] : p->dev.tag_peak[t]);
             }
         }

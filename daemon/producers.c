@@ -125,9 +125,9 @@ static void process_batch(mt_d_t *d)
 }
 
 /* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
- * encoder of the schema). Tags are named by their built-in names or "tag<n>": user tag
- * names live in the producer, not in its records. */
-static int encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev)
+ * encoder of the schema). User tags are named by the labels p announced (mt_d_proc_t
+ * names), else "tag<n>". */
+static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     size_t need = 1024; /* enough for every line without a long user tag name */
     for (;;) {
@@ -135,7 +135,7 @@ static int encode_event(mt_d_buf_t *b, int pid, const mt_event_rec_t *ev)
         if (rc)
             return rc;
         size_t room = b->cap - b->len;
-        size_t n = mt_prof_event_write(b->p + b->len, room, ev, pid, NULL, NULL);
+        size_t n = mt_prof_event_write(b->p + b->len, room, ev, p->pid, mt__d_proc_label, p);
         if (n < room) {
             b->len += n;
             return 0;
@@ -159,12 +159,13 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     }
     mt__d_proc_apply(p, ev);
     size_t off = d->batch_text.len;
-    if (encode_event(&d->batch_text, p->pid, ev) != 0) {
+    if (encode_event(&d->batch_text, p, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
         return;
     }
     mt_d_batch_rec_t *b = &d->batch[d->nbatch++];
     b->ev = *ev;
+    b->proc = p;
     b->pid = p->pid;
     b->off = (uint32_t)off;
     b->len = (uint32_t)(d->batch_text.len - off);

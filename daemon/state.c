@@ -41,12 +41,78 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
     *pp = NULL;
 }
 
-const char *mt__d_tag_name(int tag, char *buf, size_t n)
+const char *mt__d_tag_name(const mt_d_proc_t *p, int tag, char *buf, size_t n)
 {
     if (tag >= 0 && tag < MT_TAG_USER_FIRST)
         return mt_tag_builtin_name(tag);
+    if (p && tag >= 0 && tag < MT_TAG_MAX && p->names[tag][0])
+        return p->names[tag];
     snprintf(buf, n, "tag%d", tag);
     return buf;
+}
+
+const char *mt__d_proc_label(void *ud, int tag)
+{
+    const mt_d_proc_t *p = ud;
+    return tag >= 0 && tag < MT_TAG_MAX && p->names[tag][0] ? p->names[tag] : NULL;
+}
+
+/* Well-formed UTF-8 without control characters? Only such a label names a tag: names go
+ * into JSON strings and Prometheus label values as they are. */
+static bool printable_utf8(const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        unsigned c = *s;
+        int n = c < 0x80                ? 1
+                : c >= 0xc2 && c < 0xe0 ? 2
+                : c >= 0xe0 && c < 0xf0 ? 3
+                : c >= 0xf0 && c < 0xf5 ? 4
+                                        : 0;
+        if (n == 0 || c < 0x20 || c == 0x7f)
+            return false;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+        else if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+        for (int i = 1; i < n; i++, lo = 0x80, hi = 0xbf)
+            if (s[i] < lo || s[i] > hi)
+                return false;
+        s += n;
+    }
+    return true;
+}
+
+/* Could s be taken for another tag's default name? */
+static bool default_like(const char *s)
+{
+    for (int t = 0; t < MT_TAG_USER_FIRST; t++)
+        if (strcmp(s, mt_tag_builtin_name(t)) == 0)
+            return true;
+    if (strncmp(s, "tag", 3) != 0 || s[3] == '\0')
+        return false;
+    for (s += 3; *s; s++)
+        if (*s < '0' || *s > '9')
+            return false;
+    return true;
+}
+
+/* Rebuilds names from labels (see mt_d_proc_t): a label names its tag only when no other
+ * tag of the process has it, so that series and JSON keys stay unique. */
+static void names_update(mt_d_proc_t *p)
+{
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        const char *l = p->labels[t];
+        bool ok = l[0] != '\0' && !default_like(l) && printable_utf8(l);
+        for (int u = 0; ok && u < MT_TAG_MAX; u++)
+            ok = u == t || strcmp(l, p->labels[u]) != 0;
+        snprintf(p->names[t], sizeof p->names[t], "%s", ok ? l : "");
+    }
 }
 
 /* ---- block table ---- */
@@ -255,10 +321,18 @@ static int acct_apply(mt_d_acct_t *a, const mt_event_rec_t *ev)
 
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
-    if (ev->kind < 16)
+    if (ev->kind < MT_EV_KIND_COUNT)
         p->kind_count[ev->kind]++;
     if (ev->kind == MT_EV_GAP)
         return 0; /* consumer-side record: carries no allocator figures */
+    if (ev->kind == MT_EV_TAG_LABEL) {
+        /* A label, not an allocator operation: it changes no figure. */
+        if (ev->tag >= MT_TAG_USER_FIRST && ev->tag < MT_TAG_MAX) {
+            mt_event_label_unpack(ev, p->labels[ev->tag]);
+            names_update(p);
+        }
+        return 0;
+    }
     p->last_kind = ev->kind;
     if (ev->kind == MT_EV_OOM) {
         p->ooms++;
@@ -389,7 +463,7 @@ void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out)
 
 /* The figures of one class of memory into o: totals, peaks, free gaps, tags and,
  * optionally, its segment map. Returns 0 or MT_ENOMEM. */
-static int acct_json(json_t *o, const mt_d_acct_t *a, bool with_segments)
+static int acct_json(json_t *o, const mt_d_proc_t *p, const mt_d_acct_t *a, bool with_segments)
 {
     mt_d_frag_t f;
     mt__d_acct_frag(a, &f);
@@ -414,9 +488,9 @@ static int acct_json(json_t *o, const mt_d_acct_t *a, bool with_segments)
             continue;
         char nb[16];
         json_array_append_new(tags, json_pack("{s:i,s:s,s:I,s:I,s:I}", "tag", t, "name",
-                                              mt__d_tag_name(t, nb, sizeof nb), "allocated_bytes",
-                                              (json_int_t)a->tag_allocated[t], "peak_bytes",
-                                              (json_int_t)a->tag_peak[t], "blocks",
+                                              mt__d_tag_name(p, t, nb, sizeof nb),
+                                              "allocated_bytes", (json_int_t)a->tag_allocated[t],
+                                              "peak_bytes", (json_int_t)a->tag_peak[t], "blocks",
                                               (json_int_t)a->tag_blocks[t]));
     }
     json_object_set_new(o, "tags", tags);
@@ -474,15 +548,30 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
                                       (json_int_t)p->last_oom_free));
     }
     /* Top level: device memory only. Pinned host memory has the same figures, apart. */
-    if (acct_json(o, &p->dev, with_segments) != 0 || acct_json(host, &p->host, with_segments) != 0)
+    if (acct_json(o, p, &p->dev, with_segments) != 0 ||
+        acct_json(host, p, &p->host, with_segments) != 0)
         goto fail;
     json_object_set_new(o, "host", host);
     host = NULL;
-    for (int k = 1; k < 16; k++)
+    for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (p->kind_count[k])
             json_object_set_new(kinds, mt_event_kind_name(k),
                                 json_integer((json_int_t)p->kind_count[k]));
     json_object_set_new(o, "kinds", kinds);
+    /* The labels as announced (names in "tags" may fall back to "tag<n>" when two
+     * collide); only well-formed ones, since JSON strings must be UTF-8. */
+    json_t *labels = NULL;
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++) {
+        if (!p->labels[t][0] || !printable_utf8(p->labels[t]))
+            continue;
+        char id[8];
+        snprintf(id, sizeof id, "%d", t);
+        if (!labels && !(labels = json_object()))
+            break;
+        json_object_set_new(labels, id, json_string(p->labels[t]));
+    }
+    if (labels)
+        json_object_set_new(o, "tag_labels", labels);
     return o;
 fail:
     json_decref(o);

@@ -26,7 +26,7 @@ static void usage(FILE *f)
                "                segment_alloc, segment_free, segment_map, segment_unmap, oom,\n"
                "                reserve, empty_cache, config, stats, mark, compaction)\n"
                "  --tag T       only events tagged T (weights, grads, optimizer, activations,\n"
-               "                workspace, batch, other, or tagN)\n"
+               "                workspace, batch, other, tagN, or a user tag's label)\n"
                "  --count N     exit after N lines\n"
                "  --socket PATH the daemon's socket (default: as `memtrace daemon`)\n"
                "\n"

@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -155,6 +157,147 @@ static void test_host_series(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* ---- user tag labels ---- */
+
+/* A forked producer with a real allocator (sim backend) that registers two user tags,
+ * "logits" and one that needs escaping, and keeps blocks of each live: 3 x 4 KiB logits,
+ * 2 x 4 KiB of the other, 1 x 4 KiB weights. */
+#define ODD_LABEL "lo\"g\\its"
+static pid_t labelled_producer(const char *sock)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid > 0)
+        return pid;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-labels";
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0)
+        _exit(10);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    int logits, odd;
+    if (mt_alloc_create(&a, &ac) != 0 || mt_alloc_tag_register(a, "logits", &logits) != 0 ||
+        mt_alloc_tag_register(a, ODD_LABEL, &odd) != 0)
+        _exit(11);
+    void *x;
+    for (int i = 0; i < 6; i++)
+        if (mt_alloc_malloc(a, 4096, NULL, i < 3 ? logits : i < 5 ? odd : MT_TAG_WEIGHTS, &x))
+            _exit(12);
+    mt_prof_destroy(&p); /* the allocator (and its blocks) outlive the recording */
+    _exit(0);
+}
+
+static void promtool_ok(const char *body)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mt-dtest-lmetrics-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    int st = system(cmd);
+    unlink(path);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* Reads whole lines from fd into buf until n lines came or timeout_ms passed. Returns the
+ * number of lines. */
+static int read_lines(int fd, char *buf, size_t cap, int n, int timeout_ms)
+{
+    size_t len = 0;
+    int lines = 0;
+    uint64_t end = th_now_ms() + (uint64_t)timeout_ms;
+    while (lines < n && len < cap - 1 && th_now_ms() < end) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        ssize_t r = recv(fd, buf + len, cap - 1 - len, 0);
+        if (r <= 0)
+            break;
+        for (ssize_t i = 0; i < r; i++)
+            lines += buf[len + (size_t)i] == '\n';
+        len += (size_t)r;
+    }
+    buf[len] = '\0';
+    return lines;
+}
+
+/* The names reach the daemon's views through the stream: /metrics (escaped label
+ * values, promtool passes), /state read after the process ended (a late consumer), and
+ * tail lines; `tail --tag logits` sees only that tag's events and its announcement. */
+static void test_labels_named(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    int only_logits = th_consumer(t.sock, "\"tags\":[\"logits\"]");
+    pid_t pid = labelled_producer(t.sock);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    json_t *labels = json_object_get(p, "tag_labels");
+    assert_string_equal(json_string_value(json_object_get(labels, "7")), "logits");
+    assert_string_equal(json_string_value(json_object_get(labels, "8")), ODD_LABEL);
+    int seen = 0;
+    size_t i;
+    json_t *tg;
+    json_array_foreach(json_object_get(p, "tags"), i, tg)
+    {
+        const char *name = json_string_value(json_object_get(tg, "name"));
+        json_int_t bytes = json_integer_value(json_object_get(tg, "allocated_bytes"));
+        if (strcmp(name, "logits") == 0 && bytes == 3 * 4096)
+            seen |= 1;
+        else if (strcmp(name, ODD_LABEL) == 0 && bytes == 2 * 4096)
+            seen |= 2;
+        else if (strncmp(name, "tag", 3) == 0)
+            fail_msg("unnamed tag %s in /state", name);
+    }
+    assert_int_equal(seen, 3);
+    json_decref(p);
+
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    char line[160];
+    snprintf(line, sizeof line, "memtrace_tag_allocated_bytes{pid=\"%d\",tag=\"logits\"} 12288\n",
+             (int)pid);
+    assert_non_null(strstr(body, line));
+    snprintf(line, sizeof line, "memtrace_tag_peak_bytes{pid=\"%d\",tag=\"lo\\\"g\\\\its\"} 8192\n",
+             (int)pid);
+    assert_non_null(strstr(body, line));
+    assert_null(strstr(body, "tag=\"tag7\""));
+    promtool_ok(body);
+    free(r);
+
+    /* The filtered tail: the announcement and the three logits allocations, named. */
+    char buf[8192];
+    assert_int_equal(read_lines(only_logits, buf, sizeof buf, 4, 5000), 4);
+    assert_int_equal(read_lines(only_logits, buf + strlen(buf), sizeof buf - strlen(buf), 1, 300),
+                     0);
+    assert_non_null(strstr(buf, "\"kind\":\"tag_label\",\"tag_id\":7,\"label\":\"logits\""));
+    int allocs = 0;
+    for (const char *s = buf; (s = strstr(s, "\"kind\":\"alloc\"")) != NULL; s++) {
+        allocs++;
+        const char *eol = strchr(s, '\n');
+        const char *tag = strstr(s, "\"tag\":\"logits\"");
+        assert_true(tag != NULL && tag < eol);
+    }
+    assert_int_equal(allocs, 3);
+    close(only_logits);
+    th_daemon_stop(&t);
+}
+
 int main(void)
 {
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
@@ -164,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_pass_promtool),
         cmocka_unit_test(test_host_series),
+        cmocka_unit_test(test_labels_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -222,6 +222,81 @@ static void test_totals_sum_over_sources(void **state)
     mt__d_proc_destroy(&p);
 }
 
+/* A label announcement for tag. */
+static void announce(mt_d_proc_t *p, int tag, const char *label)
+{
+    mt_event_rec_t ev = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)tag};
+    mt_event_label_pack(&ev, label);
+    assert_int_equal(mt__d_proc_apply(p, &ev), 0);
+}
+
+static const char *tags_name(json_t *j, int tag)
+{
+    size_t i;
+    json_t *tg;
+    json_array_foreach(json_object_get(j, "tags"), i, tg)
+    {
+        if (json_integer_value(json_object_get(tg, "tag")) == tag)
+            return json_string_value(json_object_get(tg, "name"));
+    }
+    return NULL;
+}
+
+/* Labels name user tags in the state's figures; an announcement changes no figure; a
+ * label that would make two tags look alike (a repeat, a built-in name, "tag<n>") or is
+ * not UTF-8 leaves its tag "tag<n>"; a later announcement renames. */
+static void test_tag_labels(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 7, "unit"), 0);
+    apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 2 * MIB, 0);
+    announce(p, 7, "logits");
+    announce(p, 8, "dup");
+    announce(p, 9, "dup");
+    announce(p, 10, "weights");
+    announce(p, 11, "tag12");
+    announce(p, 12, "bad\xff");
+    announce(p, 13, "hidden");
+    assert_int_equal(p->kind_count[MT_EV_TAG_LABEL], 7);
+    assert_int_equal(p->events, 0); /* counted by the drain loop, not here */
+    for (int t = 7; t <= 12; t++)
+        apply(p, MT_EV_ALLOC, 0x100000000 + (uint64_t)(t - 7) * 4096, 4096, t);
+    assert_int_equal(p->dev.tag_allocated[7], 4096);
+    char nb[16];
+    assert_string_equal(mt__d_tag_name(p, 7, nb, sizeof nb), "logits");
+    assert_string_equal(mt__d_tag_name(p, 8, nb, sizeof nb), "tag8");
+    assert_string_equal(mt__d_tag_name(p, 9, nb, sizeof nb), "tag9");
+    assert_string_equal(mt__d_tag_name(p, 10, nb, sizeof nb), "tag10");
+    assert_string_equal(mt__d_tag_name(p, 11, nb, sizeof nb), "tag11");
+    assert_string_equal(mt__d_tag_name(p, 12, nb, sizeof nb), "tag12");
+    assert_string_equal(mt__d_tag_name(p, MT_TAG_WEIGHTS, nb, sizeof nb), "weights");
+    assert_string_equal(mt__d_proc_label(p, 7), "logits");
+    assert_null(mt__d_proc_label(p, 8));
+
+    json_t *j = mt__d_proc_json(p, false);
+    assert_non_null(j);
+    assert_string_equal(tags_name(j, 7), "logits");
+    assert_string_equal(tags_name(j, 8), "tag8");
+    assert_null(tags_name(j, 13)); /* no bytes: not in tags, but its label is known */
+    json_t *labels = json_object_get(j, "tag_labels");
+    assert_string_equal(json_string_value(json_object_get(labels, "13")), "hidden");
+    assert_string_equal(json_string_value(json_object_get(labels, "9")), "dup");
+    assert_null(json_object_get(labels, "12")); /* not UTF-8: not a JSON string */
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(j, "kinds"), "tag_label")),
+                     7);
+    json_decref(j);
+
+    /* Renaming one of the pair makes both unique again. */
+    announce(p, 9, "kv_cache");
+    assert_string_equal(mt__d_tag_name(p, 8, nb, sizeof nb), "dup");
+    assert_string_equal(mt__d_tag_name(p, 9, nb, sizeof nb), "kv_cache");
+    /* Built-in ids cannot be renamed. */
+    announce(p, MT_TAG_GRADS, "mine");
+    assert_string_equal(mt__d_tag_name(p, MT_TAG_GRADS, nb, sizeof nb), "grads");
+    mt__d_proc_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -229,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_expandable_pages),
         cmocka_unit_test(test_block_table_churn),
         cmocka_unit_test(test_totals_sum_over_sources),
+        cmocka_unit_test(test_tag_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
