@@ -416,27 +416,12 @@ static void sample(model_t *md, const charlm_text_t *t, int n, int first, uint64
 
 /* ---- telemetry ---- */
 
-/* Names of the user tags this program registers, for the profiler's log. A name is written
- * before any allocation carries its tag and never changes afterwards; the profiler's drainer
- * thread reads it once the tag's events reach it through the ring. It lives until the
- * profiler is destroyed, because the drainer may name a tag after the allocator is gone. */
-typedef struct tag_names_s {
-    char name[MT_TAG_MAX][32];
-} tag_names_t;
-
-static const char *tag_name(void *ud, int tag)
-{
-    const tag_names_t *n = ud;
-    if (tag >= MT_TAG_USER_FIRST && tag < MT_TAG_MAX && n->name[tag][0])
-        return n->name[tag];
-    return mt_tag_builtin_name(tag);
-}
-
-static int register_tag(mt_alloc_t *a, tag_names_t *names, const char *label)
+/* A user tag: the allocator announces its label in the event stream, so the profiler's
+ * log, the daemon and `memtrace report` name it with no help from the program. */
+static int register_tag(mt_alloc_t *a, const char *label)
 {
     int tag;
     CHECK(mt_alloc_tag_register(a, label, &tag));
-    snprintf(names->name[tag], sizeof names->name[tag], "%s", label);
     return tag;
 }
 
@@ -552,15 +537,11 @@ int main(int argc, char **argv)
     }
 
     /* Telemetry: memtraced if it runs (auto), else a local NDJSON log. */
-    tag_names_t names;
-    memset(&names, 0, sizeof names);
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
     if (mt_prof_cfg_from_env(&pcfg)) {
         fprintf(stderr, "train_charlm: MEMTRACE_PROF must be auto, daemon, log or off\n");
         return 2;
     }
-    pcfg.tag_name = tag_name;
-    pcfg.tag_ud = &names;
     pcfg.log = log_cb;
     mt_prof_t *prof;
     CHECK(mt_prof_create(&prof, &pcfg));
@@ -599,7 +580,7 @@ int main(int argc, char **argv)
            text.n, text.V, text.entropy_bits);
     model_t md;
     model_init(&md, a, host, &o, text.V);
-    md.logits_tag = register_tag(a, &names, "logits");
+    md.logits_tag = register_tag(a, "logits");
     float *moved = NULL;
     if (o.rebind) {
         mt_rnn_param_t p;

@@ -121,7 +121,8 @@ MT_HOOK void *dlsym(void *handle, const char *name)
 static void sink_emit(void *ud, const mt_event_rec_t *ev)
 {
     mt_preload_t *P = ud;
-    atomic_fetch_add_explicit(&P->ev_count[ev->kind & 15], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&P->ev_count[ev->kind < MT_EV_KIND_COUNT ? ev->kind : 0], 1,
+                              memory_order_relaxed);
     if (atomic_load(&P->prof_live))
         mt_prof_sink(P->prof)->emit(mt_prof_sink(P->prof)->ud, ev);
 }
@@ -329,7 +330,7 @@ static void write_summary(mt_preload_t *P, FILE *f)
     }
     fprintf(f, "},\"events\":{");
     first = true;
-    for (int k = 1; k < 16; k++) {
+    for (int k = 1; k < MT_EV_KIND_COUNT; k++) {
         uint64_t n = atomic_load(&P->ev_count[k]);
         if (n == 0)
             continue;

@@ -59,7 +59,8 @@ typedef struct mt_preload_s {
     mt_prof_t *prof;        /* owned; NULL when the profiler could not start */
     _Atomic bool prof_live; /* the sink forwards to prof while true */
     mt_event_sink_t sink;   /* counts, then forwards to prof */
-    _Atomic uint64_t ev_count[16];
+    /* events by kind; [0] counts kinds this build does not know */
+    _Atomic uint64_t ev_count[MT_EV_KIND_COUNT];
 
     _Atomic uint64_t host_allocs;   /* pinned host allocations served */
     _Atomic uint64_t host_bytes;    /* bytes, current */
