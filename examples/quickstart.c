@@ -76,6 +76,10 @@ int main(void)
         CHECK(mt_alloc_record_stream(a, batch, side));
         CHECK(mt_alloc_free(a, batch));
         CHECK(mt_alloc_free(a, act));
+        /* A training loop waits for its streams once per step. Without it the host runs
+         * ahead, freed batches pile up pending on the side stream, and the cache grows
+         * past the reservation (try it: `memtrace report` shows the extra segment). */
+        CHECK(mt_stream_synchronize(b, side));
     }
 
     mt_alloc_stats_t st;
