@@ -1,0 +1,125 @@
+/* libFuzzer harness: the daemon's side of a producer's shared-memory ring. The producer
+ * is untrusted memory: the input becomes the ring's file (header, commit words, records)
+ * and the daemon's consumer maps it (mt__ring_open), drains it and applies every record
+ * to a process model and to the line writer, as daemon/producers.c does.
+ *
+ * Input: byte 0 picks the shape, the rest is the file's bytes.
+ *   bit 0 = 1  raw: the file is exactly the rest of the input (sizes, magic, anything).
+ *   bit 0 = 0  repaired: the identity block is made valid with 8 << bits 1-2 slots and the
+ *              file gets the size those slots need, so the fuzzer spends its time on the
+ *              counters, commit words and records; bit 5 names this process as the
+ *              producer (alive: unpublished slots wait for the stuck timeout) instead of
+ *              the input's pid; bit 6 marks the producer dead. */
+#include <fcntl.h>
+#include <jansson.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/internal.h"
+#include "memtrace/prof.h"
+#include "profiler/ring.h"
+#include "tests/fuzz/fuzz.h"
+
+typedef struct sink_s {
+    mt_d_proc_t *proc;
+    uint64_t records;
+} sink_t;
+
+static void on_record(void *ud, const mt_event_rec_t *ev)
+{
+    sink_t *s = ud;
+    s->records++;
+    FUZZ_CHECK(ev->kind != MT_EV_GAP || ev->size > 0, "a gap reports something lost");
+    mt__d_proc_apply(s->proc, ev);
+    char line[1024];
+    size_t n = mt_prof_event_write(line, sizeof line, ev, s->proc->pid, mt__d_proc_label, s->proc);
+    FUZZ_CHECK(n > 0, "every record has a line");
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    uint8_t mode = data[0];
+    data++;
+    size--;
+    char name[MT_RING_NAME_MAX];
+    snprintf(name, sizeof name, "/memtrace.fuzz.%d", (int)getpid());
+    shm_unlink(name);
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    FUZZ_CHECK(fd >= 0, "shm_open");
+    if (mode & 1) {
+        FUZZ_CHECK(write_all(fd, data, size) == 0, "writing the ring file");
+    } else {
+        uint32_t slots = MT_RING_MIN_SLOTS << ((mode >> 1) & 3);
+        size_t fsize = mt__ring_map_size(slots);
+        uint8_t *file = calloc(1, fsize);
+        FUZZ_CHECK(file != NULL, "out of memory");
+        memcpy(file, data, size < fsize ? size : fsize);
+        mt__ring_hdr_t *h = (mt__ring_hdr_t *)(void *)file;
+        h->magic = MT_RING_MAGIC;
+        h->version = MT_RING_VERSION;
+        h->header_size = MT_RING_HEADER_SIZE;
+        h->slots = slots;
+        h->rec_size = sizeof(mt_event_rec_t);
+        if (mode & 0x20)
+            h->pid = (int32_t)getpid();
+        if (mode & 0x40)
+            h->flags |= MT_RING_F_EXITED;
+        FUZZ_CHECK(write_all(fd, file, fsize) == 0, "writing the ring file");
+        free(file);
+    }
+    close(fd);
+
+    mt__ring_t *r = NULL;
+    int rc = mt__ring_open(&r, name);
+    shm_unlink(name);
+    if (rc != 0) {
+        FUZZ_CHECK(rc < 0 && r == NULL, "a refused ring is not mapped");
+        return 0;
+    }
+    const mt__ring_hdr_t *h = mt__ring_header(r);
+    FUZZ_CHECK(h->slots >= MT_RING_MIN_SLOTS && h->slots <= MT_RING_MAX_SLOTS,
+               "a mapped ring has a valid slot count");
+    mt_d_proc_t *p = NULL;
+    FUZZ_CHECK(mt__d_proc_create(&p, h->pid, h->comm) == 0, "process model");
+    sink_t s = {.proc = p};
+    /* No waiting for a stuck slot: the second look at it skips it. */
+    mt__ring_set_stuck_timeout(r, 0);
+    size_t budget = 4u * h->slots + 64u;
+    for (int call = 0; call < 8; call++) {
+        int n = mt__ring_drain(r, on_record, &s, budget);
+        FUZZ_CHECK(n >= 0 || n == MT_EPROTO, "drain: a count or a corrupt ring");
+        FUZZ_CHECK(n < 0 || (size_t)n <= budget, "drain respects its budget");
+        if (n < 0)
+            break;
+    }
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    mt_d_frag_t fr;
+    mt__d_proc_frag(p, &fr);
+    FUZZ_CHECK(fr.fragmentation >= 0.0 && fr.fragmentation <= 1.0, "fragmentation in [0, 1]");
+    json_t *j = mt__d_proc_json(p, true);
+    FUZZ_CHECK(j != NULL, "the process model serializes");
+    char *txt = json_dumps(j, JSON_COMPACT);
+    FUZZ_CHECK(txt != NULL, "the process JSON dumps");
+    free(txt);
+    json_decref(j);
+    mt__d_proc_destroy(&p);
+    mt__ring_close(&r);
+    FUZZ_CHECK(r == NULL, "close clears the pointer");
+    return 0;
+}
