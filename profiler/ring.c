@@ -1,6 +1,7 @@
 /* The shared-memory event ring: creation, mapping, lock-free push, drain.
  * The layout and protocol are described once, in ring.h. */
 #include "profiler/ring.h"
+#include "memtrace/alloc.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -417,6 +418,22 @@ static void skip_slot(mt__ring_t *r, uint64_t pos)
     r->stuck_since_ns = 0;
 }
 
+/* Could a producer have written ev? Records are passed on to other programs (the
+ * daemon's consumers decode its lines), so one with a field out of range (a kind that
+ * does not exist or that only a consumer writes, a tag or pool past the last, a marker or
+ * tag label that could not be named) is counted lost, as a torn one is. */
+static bool record_valid(const mt_event_rec_t *ev)
+{
+    if (ev->kind == 0 || ev->kind >= MT_EV_KIND_COUNT || ev->kind == MT_EV_GAP ||
+        ev->tag >= MT_TAG_MAX || ev->pool > MT_POOL_HOST)
+        return false;
+    if (ev->kind == MT_EV_TAG_LABEL) {
+        char label[MT_EVENT_LABEL_MAX + 1];
+        return ev->tag >= MT_TAG_USER_FIRST && mt_event_label_unpack(ev, label) > 0;
+    }
+    return ev->kind != MT_EV_MARK || (ev->addr >= 1 && ev->addr <= MT_MARK_WARMUP_END);
+}
+
 /* Announces up to limit drops or losses not yet reported, as one gap record. */
 static void report_gap(mt__ring_t *r, mt__ring_cb cb, void *ud, uint64_t limit)
 {
@@ -451,6 +468,11 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
      * between its writes (each commit line holds eight positions); records published
      * during the call are for the next one. */
     uint64_t claim = atomic_load_explicit(&h->claim, memory_order_acquire);
+    /* The header is the producer's memory: a claim behind read_idx or more than a ring
+     * ahead of it breaks claim - read_idx <= S, and skipping up to it would run for up to
+     * 2^64 positions. Such a ring is refused, not followed. */
+    if (claim - pos > (uint64_t)r->mask + 1)
+        return MT_EPROTO;
     while (n < max) {
         if (pos == claim)
             break;
@@ -467,7 +489,7 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         /* Seqlock-style re-check: if a writer reused the slot while we copied it
          * (only possible after a skip), the copy may be torn; count it lost. */
         atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(cw, memory_order_relaxed) != c) {
+        if (atomic_load_explicit(cw, memory_order_relaxed) != c || !record_valid(&ev)) {
             skip_slot(r, pos);
             pos++;
             continue;

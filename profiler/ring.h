@@ -171,8 +171,11 @@ void mt__ring_commit(mt__ring_t *r, uint64_t pos);
 /* Delivers up to max published records (plus gap records) to cb in ring order and
  * advances read_idx, up to the positions claimed when the call began (later ones are
  * left for the next call). Returns the number of event records delivered (gaps
- * excluded), 0 when nothing was ready. Never waits: an unpublished slot ends the call
- * unless it may be skipped (see the protocol above). */
+ * excluded), 0 when nothing was ready, MT_EPROTO (nothing delivered) when the header's
+ * indices are corrupt (claim behind read_idx or more than S ahead). A record no producer
+ * could have written (a field out of range, or the consumer-only kind MT_EV_GAP) is
+ * counted lost, like a torn one, not delivered. Never waits: an
+ * unpublished slot ends the call unless it may be skipped (see the protocol above). */
 int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max);
 /* The producer is gone (its socket closed, or it was reaped): unpublished slots are
  * skipped at once from now on. */

@@ -34,7 +34,17 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     mt__d_proc_apply(s->proc, ev);
     char line[1024];
     size_t n = mt_prof_event_write(line, sizeof line, ev, s->proc->pid, mt__d_proc_label, s->proc);
-    FUZZ_CHECK(n > 0, "every record has a line");
+    FUZZ_CHECK(n > 0 && n < sizeof line, "every record has a line");
+    /* The daemon's consumers (memtrace tail, report) decode that line. */
+    json_t *j = json_loadb(line, n, 0, NULL);
+    FUZZ_CHECK(j != NULL, "the line is JSON");
+    mt_event_rec_t back;
+    char err[128] = "";
+    int rc = mt_prof_event_from_json(j, &back, NULL, err, sizeof err);
+    if (rc != 0)
+        fprintf(stderr, "%.*s: %s\n", (int)n, line, err);
+    FUZZ_CHECK(rc == 0, "a delivered record's line decodes");
+    json_decref(j);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
