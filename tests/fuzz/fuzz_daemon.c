@@ -162,6 +162,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             uv_run(&f->loop, UV_RUN_NOWAIT);
     }
     FUZZ_CHECK(gone, "the daemon drops a connection whose client left");
+    /* A complete request, good or bad, always gets an answer (an error names what was
+     * wrong); only a request cut short by the client's leaving may get none. */
+    bool complete = http ? memmem(data, size, "\r\n\r\n", 4) || memchr(data, '\0', size)
+                         : memchr(data, '\n', size) != NULL;
+    if (complete && c->got == 0)
+        fprintf(stderr, "no answer to %zu bytes on the %s door\n", size, http ? "HTTP" : "Unix");
+    FUZZ_CHECK(!complete || c->got > 0, "the daemon answers every complete request");
     free(c);
     mt_d_counters_t ctr;
     mt_d_counters(f->d, &ctr);
