@@ -694,3 +694,103 @@ json_t *mt__report_result(mt__report_t *r)
                      (json_int_t)r->malformed, "lost_unattributed",
                      (json_int_t)r->lost_unattributed, "processes", procs);
 }
+
+/* ---- replay for plots ---- */
+
+size_t mt__report_process_count(const mt__report_t *r)
+{
+    return r->nprocs;
+}
+
+int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **name, size_t *events)
+{
+    if (i >= r->nprocs)
+        return MT_EINVAL;
+    *pid = r->procs[i].pid;
+    *name = r->procs[i].name;
+    *events = r->procs[i].evs.n;
+    return 0;
+}
+
+const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *buf, size_t len)
+{
+    return tag_str(&r->procs[i], tag, buf, len);
+}
+
+static void sim_free(sim_t *s)
+{
+    if (!s)
+        return;
+    amap_free(&s->blocks);
+    amap_free(&s->segs);
+    free(s);
+}
+
+int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx)
+{
+    if (i >= r->nprocs)
+        return MT_EINVAL;
+    const proc_t *p = &r->procs[i];
+    sim_t *s = calloc(1, sizeof(*s)), *h = calloc(1, sizeof(*h));
+    int rc = s && h ? 0 : MT_ENOMEM;
+    for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
+        const mt_event_rec_t *ev = &p->evs.v[k];
+        sim_event(ev->pool == MT_POOL_HOST ? h : s, ev);
+        mt__report_point_t pt = {ev,           k,           s->allocated, s->reserved,
+                                 h->allocated, h->reserved, s->tag_live};
+        rc = fn(ctx, &pt);
+    }
+    sim_free(s);
+    sim_free(h);
+    return rc;
+}
+
+static int cmp_block(const void *a, const void *b)
+{
+    const mt__report_block_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static mt__report_block_t *map_list(const amap_t *m, size_t *n)
+{
+    mt__report_block_t *v = malloc((m->live ? m->live : 1) * sizeof(*v));
+    *n = 0;
+    for (size_t k = 0; v && k < m->cap; k++) {
+        const entry_t *e = &m->e[k];
+        if (e->state == SLOT_FULL)
+            v[(*n)++] = (mt__report_block_t){e->addr, e->size, e->tag, e->pending};
+    }
+    if (v)
+        qsort(v, *n, sizeof(*v), cmp_block);
+    return v;
+}
+
+int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
+                      mt__report_map_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (i >= r->nprocs)
+        return MT_EINVAL;
+    const proc_t *p = &r->procs[i];
+    sim_t *s = calloc(1, sizeof(*s));
+    if (!s)
+        return MT_ENOMEM;
+    for (size_t k = 0; k < p->evs.n && k <= index; k++)
+        if ((p->evs.v[k].pool == MT_POOL_HOST) == host)
+            sim_event(s, &p->evs.v[k]);
+    out->segs = map_list(&s->segs, &out->nsegs);
+    out->blocks = map_list(&s->blocks, &out->nblocks);
+    sim_free(s);
+    if (!out->segs || !out->blocks) {
+        mt__report_map_free(out);
+        return MT_ENOMEM;
+    }
+    return 0;
+}
+
+void mt__report_map_free(mt__report_map_t *m)
+{
+    free(m->segs);
+    free(m->blocks);
+    memset(m, 0, sizeof(*m));
+}

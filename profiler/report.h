@@ -18,8 +18,12 @@
 #define MT_PROFILER_REPORT_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/event.h"
 
 typedef struct mt__report_s mt__report_t;
 
@@ -38,5 +42,47 @@ void mt__report_destroy(mt__report_t **r);
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
+
+/* ---- replay for plots (`memtrace plot`) ----
+ * The same models as the analysis, exposed event by event: the state after each event of
+ * one process, and the segment map at one moment. Processes are numbered 0..count-1 in
+ * the order the log first names them; their events are in log order. */
+size_t mt__report_process_count(const mt__report_t *r);
+/* pid, name ("" unknown) and number of replayed events of process i. MT_EINVAL: no such. */
+int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **name,
+                       size_t *events);
+/* Tag t of process i as the report names it: the label from the log, the built-in name, or
+ * "tagN" written into buf. */
+const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *buf, size_t len);
+
+typedef struct mt__report_point_s {
+    const mt_event_rec_t *ev;               /* the event just replayed (borrowed) */
+    size_t index;                           /* its position among the process's events */
+    uint64_t allocated, reserved;           /* device totals after it */
+    uint64_t host_allocated, host_reserved; /* pinned host totals after it */
+    const int64_t *tag_live;                /* [MT_TAG_MAX] device bytes in use by tag */
+} mt__report_point_t;
+
+/* Called after each event; a nonzero return stops the replay and is returned by it. */
+typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
+int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
+
+typedef struct mt__report_block_s {
+    uint64_t addr, size;
+    uint8_t tag;     /* blocks only */
+    uint8_t pending; /* blocks only: freed by the program, not yet back in a free bin */
+} mt__report_block_t;
+
+/* A segment map: segments and live blocks, each sorted by address. */
+typedef struct mt__report_map_s {
+    mt__report_block_t *segs, *blocks;
+    size_t nsegs, nblocks;
+} mt__report_map_t;
+
+/* The segment map of process i right after its event number index: device memory, or the
+ * pinned host memory (pool host) when host. Free with mt__report_map_free. */
+int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
+                      mt__report_map_t *out);
+void mt__report_map_free(mt__report_map_t *m);
 
 #endif

@@ -15,5 +15,6 @@ int mt_cmd_daemon(int argc, char **argv);
 int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
 int mt_cmd_report(int argc, char **argv);
+int mt_cmd_plot(int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@ static const mt_cmd_t commands[] = {
     {"tail", mt_cmd_tail, "print the daemon's live event stream as JSON Lines"},
     {"top", mt_cmd_top, "live view of memory per process and tag"},
     {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
+    {"plot", mt_cmd_plot, "draw a telemetry log as an SVG: memory by tag over time, segments"},
 };
 
 static void usage(FILE *f)

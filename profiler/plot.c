@@ -1,0 +1,814 @@
+/* The SVG of `memtrace plot` (see plot.h). Two replays of the process's events through
+ * the report's models: the first finds the extent, the peaks and the moment of the segment
+ * map; the second fills the time buckets. Then the picture is written top to bottom. */
+#include "profiler/plot.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/common.h"
+
+/* Colours: one fixed colour per built-in tag (the same in every plot, so people learn
+ * them), a cycle for user tags; free space and the cache are greys. */
+static const char *const builtin_colour[MT_TAG_USER_FIRST] = {
+    "#9c755f", /* other */
+    "#4e79a7", /* weights */
+    "#f28e2b", /* grads */
+    "#59a14f", /* optimizer */
+    "#e15759", /* activations */
+    "#76b7b2", /* workspace */
+    "#edc948", /* batch */
+};
+static const char *const user_colour[] = {"#b07aa1", "#ff9da7", "#17becf", "#bcbd22",
+                                          "#8c564b", "#1f77b4", "#d62728", "#7f7f7f"};
+#define FREE_COLOUR     "#dcdcdc"
+#define CACHE_COLOUR    "#eeeeee"
+#define RESERVED_COLOUR "#222222"
+#define OOM_COLOUR      "#d00000"
+#define HOST_COLOUR     "#8cd17d"
+#define FONT            "font-family=\"DejaVu Sans,Helvetica,Arial,sans-serif\""
+
+static const char *colour(int tag)
+{
+    return tag < MT_TAG_USER_FIRST ? builtin_colour[tag]
+                                   : user_colour[(tag - MT_TAG_USER_FIRST) %
+                                                 (sizeof user_colour / sizeof *user_colour)];
+}
+
+/* Stacking order, bottom up: what lives long first (weights, grads, optimizer state), the
+ * transient at the top where its rise and fall is easiest to see. */
+static int stack_order(int *order)
+{
+    static const int first[] = {MT_TAG_WEIGHTS, MT_TAG_GRADS, MT_TAG_OPTIMIZER, MT_TAG_OTHER};
+    static const int last[] = {MT_TAG_BATCH, MT_TAG_WORKSPACE, MT_TAG_ACTIVATIONS};
+    int n = 0;
+    for (size_t i = 0; i < sizeof first / sizeof *first; i++)
+        order[n++] = first[i];
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
+        order[n++] = t;
+    for (size_t i = 0; i < sizeof last / sizeof *last; i++)
+        order[n++] = last[i];
+    return n;
+}
+
+mt__plot_cfg_t mt__plot_cfg_default(void)
+{
+    return (mt__plot_cfg_t){.pid = -1, .width = 1200, .height = 800, .max_buckets = 1000};
+}
+
+/* ---- pass 1: extent, peaks, the moment of the map ---- */
+
+typedef struct scan_s {
+    uint64_t t0, t1;
+    uint64_t peak_alloc, peak_res;
+    size_t map_index; /* the event after which the segment map is drawn */
+    uint64_t map_res, map_alloc, map_t;
+    int64_t tag_peak[MT_TAG_MAX];
+    uint64_t host_peak_alloc, host_peak_res, host_events;
+    uint64_t capacity;            /* from the device allocator's config event; 0 unknown */
+    const mt_event_rec_t **marks; /* OOM events and iteration markers, in log order */
+    size_t nmarks, cap_marks, n_oom, n_iter;
+} scan_t;
+
+static int scan_point(void *ctx, const mt__report_point_t *pt)
+{
+    scan_t *s = ctx;
+    const mt_event_rec_t *ev = pt->ev;
+    if (pt->index == 0)
+        s->t0 = s->t1 = ev->time_ns;
+    s->t0 = ev->time_ns < s->t0 ? ev->time_ns : s->t0;
+    s->t1 = ev->time_ns > s->t1 ? ev->time_ns : s->t1;
+    if (ev->pool == MT_POOL_HOST) {
+        s->host_events++;
+        s->host_peak_alloc =
+            pt->host_allocated > s->host_peak_alloc ? pt->host_allocated : s->host_peak_alloc;
+        s->host_peak_res =
+            pt->host_reserved > s->host_peak_res ? pt->host_reserved : s->host_peak_res;
+        return 0;
+    }
+    if (ev->kind == MT_EV_CONFIG && !s->capacity)
+        s->capacity = ev->size;
+    s->peak_alloc = pt->allocated > s->peak_alloc ? pt->allocated : s->peak_alloc;
+    s->peak_res = pt->reserved > s->peak_res ? pt->reserved : s->peak_res;
+    if (pt->reserved > s->map_res || (pt->reserved == s->map_res && pt->allocated > s->map_alloc)) {
+        s->map_res = pt->reserved;
+        s->map_alloc = pt->allocated;
+        s->map_index = pt->index;
+        s->map_t = ev->time_ns;
+    }
+    for (int t = 0; t < MT_TAG_MAX; t++)
+        if (pt->tag_live[t] > s->tag_peak[t])
+            s->tag_peak[t] = pt->tag_live[t];
+    bool oom = ev->kind == MT_EV_OOM;
+    bool iter = ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION;
+    if (!oom && !iter)
+        return 0;
+    if (s->nmarks == s->cap_marks) {
+        size_t cap = s->cap_marks ? 2 * s->cap_marks : 64;
+        const mt_event_rec_t **m = realloc(s->marks, cap * sizeof(*m));
+        if (!m)
+            return MT_ENOMEM;
+        s->marks = m;
+        s->cap_marks = cap;
+    }
+    s->marks[s->nmarks++] = ev;
+    s->n_oom += oom;
+    s->n_iter += iter;
+    return 0;
+}
+
+/* ---- pass 2: time buckets ---- */
+
+/* One bucket: the moments of least and most device memory in use in its time span (lo
+ * before hi when it came first), and the most reserved (device, host) in it. A bucket no
+ * event falls in repeats the state its predecessor ended with. */
+typedef struct bucket_s {
+    double lo[MT_TAG_MAX], hi[MT_TAG_MAX];
+    double lo_sum, hi_sum;
+    size_t lo_idx, hi_idx;
+    double res, host_alloc, host_res;
+    bool seen;
+} bucket_t;
+
+typedef struct fill_s {
+    const scan_t *scan;
+    bucket_t *b;
+    size_t nb, cur;
+    double last[MT_TAG_MAX], last_sum, last_res, last_halloc, last_hres;
+} fill_t;
+
+static void bucket_fill_from_last(fill_t *f, bucket_t *b)
+{
+    memcpy(b->lo, f->last, sizeof(b->lo));
+    memcpy(b->hi, f->last, sizeof(b->hi));
+    b->lo_sum = b->hi_sum = f->last_sum;
+    b->res = f->last_res;
+    b->host_alloc = f->last_halloc;
+    b->host_res = f->last_hres;
+    b->seen = true;
+}
+
+static int fill_point(void *ctx, const mt__report_point_t *pt)
+{
+    fill_t *f = ctx;
+    const scan_t *s = f->scan;
+    double span = (double)(s->t1 - s->t0) + 1.0;
+    size_t k = (size_t)((double)(pt->ev->time_ns - s->t0) / span * (double)f->nb);
+    k = k >= f->nb ? f->nb - 1 : k;
+    k = k < f->cur ? f->cur : k; /* a late line from another thread stays in place */
+    for (; f->cur < k; f->cur++)
+        if (!f->b[f->cur].seen)
+            bucket_fill_from_last(f, &f->b[f->cur]);
+    bucket_t *b = &f->b[k];
+    double sum = 0;
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        f->last[t] = pt->tag_live[t] > 0 ? (double)pt->tag_live[t] : 0.0;
+        sum += f->last[t];
+    }
+    f->last_sum = sum;
+    f->last_res = (double)pt->reserved;
+    f->last_halloc = (double)pt->host_allocated;
+    f->last_hres = (double)pt->host_reserved;
+    if (!b->seen) {
+        bucket_fill_from_last(f, b);
+        b->lo_idx = b->hi_idx = pt->index;
+        return 0;
+    }
+    if (sum < b->lo_sum) {
+        memcpy(b->lo, f->last, sizeof(b->lo));
+        b->lo_sum = sum;
+        b->lo_idx = pt->index;
+    }
+    if (sum > b->hi_sum) {
+        memcpy(b->hi, f->last, sizeof(b->hi));
+        b->hi_sum = sum;
+        b->hi_idx = pt->index;
+    }
+    b->res = f->last_res > b->res ? f->last_res : b->res;
+    b->host_alloc = f->last_halloc > b->host_alloc ? f->last_halloc : b->host_alloc;
+    b->host_res = f->last_hres > b->host_res ? f->last_hres : b->host_res;
+    return 0;
+}
+
+/* ---- drawing helpers ---- */
+
+static const char *human(double b, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+    return buf;
+}
+
+/* Text content: the five XML specials escaped; control bytes (never in a name we want)
+ * dropped, since XML 1.0 forbids them. */
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        case '\'':
+            fputs("&apos;", f);
+            break;
+        default:
+            if ((unsigned char)*s >= 0x20)
+                fputc(*s, f);
+        }
+    }
+}
+
+/* A step of 1, 2 or 5 times a power of ten, giving about n ticks over [0, v]. */
+static double nice_step(double v, int n)
+{
+    double raw = v / n, p = pow(10, floor(log10(raw))), m = raw / p;
+    return p * (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10);
+}
+
+/* A panel's frame: plot area [x0,x1] x [y0,y1], byte ticks on the left up to vmax. */
+typedef struct panel_s {
+    double x0, x1, y0, y1, vmax;
+} panel_t;
+
+static double py(const panel_t *p, double v)
+{
+    return p->y1 - (p->vmax > 0 ? v / p->vmax : 0) * (p->y1 - p->y0);
+}
+
+static void byte_axis(FILE *f, const panel_t *p, int nticks)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double unit = 1;
+    while (p->vmax / unit >= 1024 && u < 4) {
+        unit *= 1024;
+        u++;
+    }
+    double step = nice_step(p->vmax / unit, nticks);
+    fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"end\">\n");
+    for (double v = 0; v <= p->vmax / unit * 1.0001; v += step) {
+        double y = py(p, v * unit);
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\">%g %s</text>\n",
+                p->x0, y, p->x1, y, p->x0 - 6, y + 4, v, units[u]);
+    }
+    fprintf(f, "</g>\n");
+}
+
+static void time_axis(FILE *f, const panel_t *p, double seconds)
+{
+    double step = nice_step(seconds > 0 ? seconds : 1, 8);
+    fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"middle\">\n");
+    for (double t = 0; t <= seconds * 1.0001; t += step) {
+        double x = p->x0 + (seconds > 0 ? t / seconds : 0) * (p->x1 - p->x0);
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\">%g</text>\n",
+                x, p->y1, x, p->y1 + 4, x, p->y1 + 16, t);
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">time (s)</text>\n</g>\n", (p->x0 + p->x1) / 2,
+            p->y1 + 32);
+}
+
+/* A filled area under y(x) down to the panel's base, or a line (fill NULL): points on
+ * a horizontal run are dropped, the rest at 0.1 px. */
+static void series(FILE *f, const panel_t *p, const double *xs, const double *vs, size_t n,
+                   const char *fill, const char *stroke, const char *extra)
+{
+    fprintf(f, "<path d=\"");
+    double prev_y = NAN;
+    for (size_t i = 0; i < n; i++) {
+        double y = round(py(p, vs[i]) * 10) / 10;
+        double next_y = i + 1 < n ? round(py(p, vs[i + 1]) * 10) / 10 : NAN;
+        if (i > 0 && i + 1 < n && y == prev_y && y == next_y)
+            continue;
+        if (i == 0 && fill)
+            fprintf(f, "M%.1f %.1fL%.1f %.1f", xs[0], p->y1, xs[0], y);
+        else
+            fprintf(f, "%s%.1f %.1f", i == 0 ? "M" : "L", xs[i], y);
+        prev_y = y;
+    }
+    if (fill && n)
+        fprintf(f, "L%.1f %.1fZ", xs[n - 1], p->y1);
+    fprintf(f, "\" fill=\"%s\" stroke=\"%s\"%s/>\n", fill ? fill : "none", stroke ? stroke : "none",
+            extra ? extra : "");
+}
+
+/* ---- the segment map ---- */
+
+typedef struct mapstat_s {
+    uint64_t reserved, in_use, pending, free, largest_free, free_extents;
+} mapstat_t;
+
+static mapstat_t map_stats(const mt__report_map_t *m)
+{
+    mapstat_t st = {0};
+    size_t b = 0;
+    for (size_t i = 0; i < m->nsegs; i++) {
+        uint64_t cur = m->segs[i].addr, end = cur + m->segs[i].size;
+        st.reserved += m->segs[i].size;
+        while (b < m->nblocks && m->blocks[b].addr < m->segs[i].addr)
+            b++;
+        for (; b <= m->nblocks; b++) {
+            bool last = b == m->nblocks || m->blocks[b].addr >= end;
+            uint64_t start = last ? end : m->blocks[b].addr;
+            if (start > cur) {
+                st.free += start - cur;
+                st.free_extents++;
+                st.largest_free = start - cur > st.largest_free ? start - cur : st.largest_free;
+            }
+            if (last)
+                break;
+            const mt__report_block_t *k = &m->blocks[b];
+            *(k->pending ? &st.pending : &st.in_use) += k->size;
+            cur = k->addr + k->size > cur ? k->addr + k->size : cur;
+        }
+    }
+    return st;
+}
+
+/* Segments in address order, left to right in rows of the panel's width; a segment longer
+ * than what is left of a row goes on in the next one. Widths are proportional to bytes. */
+typedef struct flow_s {
+    FILE *f;
+    double x0, x1, y0, row_h, gap, bytes_per_px, x;
+    int row, rows;
+} flow_t;
+
+static void map_part(flow_t *fl, const mt__report_map_t *m, size_t *bi, uint64_t a, uint64_t e)
+{
+    double w = (double)(e - a) / fl->bytes_per_px, y = fl->y0 + fl->row * (fl->row_h + fl->gap);
+    fprintf(fl->f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>\n",
+            fl->x, y, w < 0.5 ? 0.5 : w, fl->row_h, FREE_COLOUR);
+    /* Blocks in [a, e), adjacent ones of one tag and state drawn as one run. */
+    double rx = 0, rw = 0;
+    int rtag = -1, rpend = 0;
+    size_t b = *bi;
+    while (b < m->nblocks && m->blocks[b].addr + m->blocks[b].size <= a)
+        b++;
+    for (;; b++) {
+        const mt__report_block_t *k = b < m->nblocks && m->blocks[b].addr < e ? &m->blocks[b] : 0;
+        double kx = 0, kw = 0;
+        if (k) {
+            uint64_t s = k->addr > a ? k->addr : a,
+                     t = k->addr + k->size < e ? k->addr + k->size : e;
+            kx = fl->x + (double)(s - a) / fl->bytes_per_px;
+            kw = (double)(t - s) / fl->bytes_per_px;
+        }
+        if (rtag >= 0 && (!k || k->tag != rtag || k->pending != rpend || kx > rx + rw + 0.3)) {
+            fprintf(fl->f,
+                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"%s/>\n",
+                    rx, y, rw, fl->row_h, colour(rtag), rpend ? " fill-opacity=\"0.4\"" : "");
+            rtag = -1;
+        }
+        if (!k)
+            break;
+        if (rtag < 0) {
+            rx = kx;
+            rw = kw;
+            rtag = k->tag;
+            rpend = k->pending;
+        } else {
+            rw = kx + kw - rx;
+        }
+    }
+    *bi = b > 0 && b <= m->nblocks ? b - 1 : b; /* the last block may go on in the next part */
+    fprintf(fl->f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#555\" stroke-width=\"0.8\"/>\n",
+            fl->x, y, w < 0.5 ? 0.5 : w, fl->row_h);
+    fl->x += w;
+}
+
+/* Rows the map takes: one per segment when they are few (each a bar from the left edge,
+ * the largest the full width), else up to MAP_FLOW_ROWS rows that segments flow through. */
+#define MAP_ROW_H       26
+#define MAP_ROW_GAP     6
+#define MAP_ONE_PER_ROW 8
+#define MAP_FLOW_ROWS   6
+
+static int map_rows(const mt__report_map_t *m)
+{
+    return m->nsegs == 0 ? 1 : m->nsegs <= MAP_ONE_PER_ROW ? (int)m->nsegs : MAP_FLOW_ROWS;
+}
+
+/* Draws the map from y0; returns the y below it. */
+static double map_draw(FILE *f, const mt__report_map_t *m, const mapstat_t *st, double x0,
+                       double x1, double y0)
+{
+    flow_t fl = {f, x0, x1, y0, MAP_ROW_H, MAP_ROW_GAP, 1, x0, 0, map_rows(m)};
+    size_t bi = 0;
+    if (m->nsegs <= MAP_ONE_PER_ROW) {
+        uint64_t largest = 1;
+        for (size_t i = 0; i < m->nsegs; i++)
+            largest = m->segs[i].size > largest ? m->segs[i].size : largest;
+        fl.bytes_per_px = (double)largest / (x1 - x0);
+        fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"end\">");
+        for (size_t i = 0; i < m->nsegs; i++) {
+            char b1[32];
+            fl.row = (int)i;
+            fl.x = x0;
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>", x0 - 6,
+                    y0 + i * (MAP_ROW_H + MAP_ROW_GAP) + MAP_ROW_H / 2 + 4,
+                    human((double)m->segs[i].size, b1, sizeof b1));
+        }
+        fprintf(f, "</g>\n");
+        for (size_t i = 0; i < m->nsegs; i++) {
+            fl.row = (int)i;
+            fl.x = x0;
+            map_part(&fl, m, &bi, m->segs[i].addr, m->segs[i].addr + m->segs[i].size);
+        }
+        return y0 + fl.rows * (MAP_ROW_H + MAP_ROW_GAP);
+    }
+    double room = fl.rows * (x1 - x0), seg_gap = 4;
+    while (seg_gap > 0.25 && m->nsegs * seg_gap > room / 4)
+        seg_gap /= 2;
+    fl.bytes_per_px = (double)st->reserved / (room - (double)m->nsegs * seg_gap);
+    for (size_t i = 0; i < m->nsegs; i++) {
+        uint64_t a = m->segs[i].addr, end = a + m->segs[i].size;
+        if (fl.x > x0)
+            fl.x += seg_gap;
+        while (a < end) {
+            if (fl.x >= x1 - 0.5 && fl.row + 1 < fl.rows) {
+                fl.row++;
+                fl.x = x0;
+            }
+            uint64_t fit = (uint64_t)((x1 - fl.x) * fl.bytes_per_px);
+            uint64_t e = fl.row + 1 == fl.rows || end - a <= fit ? end : a + (fit ? fit : 1);
+            map_part(&fl, m, &bi, a, e);
+            a = e;
+        }
+    }
+    return y0 + fl.rows * (MAP_ROW_H + MAP_ROW_GAP);
+}
+
+/* ---- the picture ---- */
+
+static void legend_row(FILE *f, double x, double y, const char *swatch, const char *name,
+                       const char *value)
+{
+    fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>", x, y - 10,
+            swatch);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 18, y);
+    xml_text(f, name);
+    fprintf(f, "</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x + 190, y,
+            value);
+}
+
+static int find_process(const mt__report_t *r, int pid, size_t *out)
+{
+    size_t best_n = 0;
+    bool found = false;
+    for (size_t i = 0; i < mt__report_process_count(r); i++) {
+        int p;
+        const char *name;
+        size_t n;
+        mt__report_process(r, i, &p, &name, &n);
+        if (pid >= 0 ? p == pid : !found || n > best_n) {
+            *out = i;
+            best_n = n;
+            found = true;
+        }
+    }
+    return found ? 0 : MT_ENOENT;
+}
+
+typedef struct layout_s {
+    double w, h;
+    panel_t tl, host;
+    double map_y;
+    bool has_host;
+} layout_t;
+
+static layout_t layout(const mt__plot_cfg_t *cfg, bool has_host, int rows)
+{
+    layout_t l;
+    memset(&l, 0, sizeof l);
+    l.w = cfg->width < 600 ? 600 : cfg->width;
+    l.h = cfg->height < 400 ? 400 : cfg->height;
+    l.has_host = has_host;
+    double x0 = 84, x1 = l.w - 226;
+    double top = 78, map_block = 84 + rows * (MAP_ROW_H + MAP_ROW_GAP);
+    double host_block = has_host ? l.h * 0.15 : 0;
+    double tl_bottom = l.h - 24 - map_block - host_block - 44;
+    l.tl = (panel_t){x0, x1, top, tl_bottom, 0};
+    l.host = (panel_t){x0, x1, tl_bottom + 70, tl_bottom + 44 + host_block - 30, 0};
+    l.map_y = l.h - map_block + 30;
+    return l;
+}
+
+static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, const scan_t *s,
+                       size_t events)
+{
+    char b1[32], b2[32], b3[32];
+    fprintf(f, "<text x=\"%.1f\" y=\"28\" " FONT " font-size=\"18\" font-weight=\"bold\">",
+            l->tl.x0);
+    xml_text(f, name && *name ? name : "process");
+    fprintf(f, " (pid %d): device memory</text>\n", pid);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"50\" " FONT " font-size=\"13\" fill=\"#333\">peak allocated "
+            "%s, peak reserved %s",
+            l->tl.x0, human((double)s->peak_alloc, b1, sizeof b1),
+            human((double)s->peak_res, b2, sizeof b2));
+    if (s->capacity)
+        fprintf(f, ", device capacity %s", human((double)s->capacity, b3, sizeof b3));
+    fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
+    if (s->n_oom)
+        fprintf(f, "; <tspan fill=\"%s\" font-weight=\"bold\">%zu OOM</tspan>", OOM_COLOUR,
+                s->n_oom);
+    fprintf(f, "</text>\n");
+}
+
+/* Stacked areas by tag (drawn from the full stack down, each over the last), the cache
+ * under the reserved line, markers. xs/cum are the sampled points. */
+static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const bucket_t *bk,
+                          size_t nb, const int *tags, int ntags, double *xs, double *vs,
+                          double **cum, size_t npts)
+{
+    const panel_t *p = &l->tl;
+    double seconds = (double)(s->t1 - s->t0) / 1e9, span = (double)(s->t1 - s->t0) + 1.0;
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = bk[k].res;
+    series(f, p, xs, vs, npts, CACHE_COLOUR, NULL, NULL);
+    byte_axis(f, p, 6);
+    for (int j = ntags - 1; j >= 0; j--) {
+        char extra[64];
+        snprintf(extra, sizeof extra, " class=\"area tag-%d\"", tags[j]);
+        series(f, p, xs, cum[j], npts, colour(tags[j]), NULL, extra);
+    }
+    series(f, p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.5\"");
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            p->x0, p->y0, p->x1 - p->x0, p->y1 - p->y0);
+    time_axis(f, p, seconds);
+
+    /* Iteration ticks along the top edge, one per pixel at most. */
+    fprintf(f, "<g stroke=\"#555\" stroke-opacity=\"0.45\">");
+    long last_px = -1;
+    for (size_t i = 0; i < s->nmarks; i++) {
+        const mt_event_rec_t *ev = s->marks[i];
+        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
+        if (ev->kind != MT_EV_MARK || (long)x == last_px)
+            continue;
+        last_px = (long)x;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>", x, p->y0, x,
+                p->y0 + 7);
+    }
+    fprintf(f, "</g>\n");
+    for (size_t i = 0; i < s->nmarks; i++) {
+        const mt_event_rec_t *ev = s->marks[i];
+        if (ev->kind != MT_EV_OOM)
+            continue;
+        char b1[32], b2[32];
+        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
+        fprintf(f,
+                "<g class=\"oom\"><title>OOM at %.3f s: %s requested, %s free on the "
+                "device</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                "stroke=\"%s\" stroke-opacity=\"0.5\"/><path d=\"M%.1f %.1fl-5 -8h10z\" "
+                "fill=\"%s\"/></g>\n",
+                (double)(ev->time_ns - s->t0) / 1e9, human((double)ev->requested, b1, sizeof b1),
+                human((double)ev->size, b2, sizeof b2), x, p->y0, x, p->y1, OOM_COLOUR, x,
+                p->y0 + 9, OOM_COLOUR);
+    }
+    /* The peak of memory in use, and the moment of the segment map below. */
+    size_t pk = 0;
+    for (size_t i = 1; i < npts; i++)
+        pk = ntags && cum[ntags - 1][i] > cum[ntags - 1][pk] ? i : pk;
+    if (ntags) {
+        char b1[32];
+        double y = py(p, cum[ntags - 1][pk]);
+        fprintf(f,
+                "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#000\"/><text x=\"%.1f\" "
+                "y=\"%.1f\" " FONT " font-size=\"11\"%s>peak in use %s</text>\n",
+                xs[pk], y, xs[pk] + (xs[pk] > (p->x0 + p->x1) / 2 ? -6 : 6), y - 6,
+                xs[pk] > (p->x0 + p->x1) / 2 ? " text-anchor=\"end\"" : "",
+                human(cum[ntags - 1][pk], b1, sizeof b1));
+    }
+    double mx = p->x0 + (double)(s->map_t - s->t0) / span * (p->x1 - p->x0);
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\" "
+            "stroke-dasharray=\"3 3\"/><text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"10\" "
+            "fill=\"#333\"%s>segment map</text>\n",
+            mx, p->y0 - 10, mx, p->y1, mx + (mx > (p->x0 + p->x1) / 2 ? -4 : 4), p->y0 - 4,
+            mx > (p->x0 + p->x1) / 2 ? " text-anchor=\"end\"" : "");
+}
+
+static void draw_legend(FILE *f, const layout_t *l, const mt__report_t *r, size_t pi,
+                        const scan_t *s, const int *tags, int ntags)
+{
+    char b1[32], tb[16];
+    double x = l->tl.x1 + 18, y = l->tl.y0 + 12;
+    fprintf(f, "<g " FONT " font-size=\"12\" fill=\"#222\">\n");
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">tag</text>"
+            "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\" text-anchor=\"end\">peak</text>\n",
+            x, y, x + 190, y);
+    y += 20;
+    for (int j = ntags - 1; j >= 0; j--, y += 18) /* top of the stack first, as drawn */
+        legend_row(f, x, y, colour(tags[j]), mt__report_tag_name(r, pi, tags[j], tb, sizeof tb),
+                   human((double)s->tag_peak[tags[j]], b1, sizeof b1));
+    y += 8;
+    legend_row(f, x, y, CACHE_COLOUR, "cached (reserved, free)", "");
+    y += 18;
+    fprintf(f,
+            "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+            "stroke-width=\"1.5\"/>",
+            x, y - 4, x + 12, y - 4, RESERVED_COLOUR);
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\">reserved</text><text x=\"%.1f\" y=\"%.1f\" "
+            "text-anchor=\"end\">%s</text>\n",
+            x + 18, y, x + 190, y, human((double)s->peak_res, b1, sizeof b1));
+    if (s->n_iter) {
+        y += 18;
+        fprintf(f,
+                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#555\"/>"
+                "<text x=\"%.1f\" y=\"%.1f\">iterations</text><text x=\"%.1f\" y=\"%.1f\" "
+                "text-anchor=\"end\">%zu</text>\n",
+                x + 6, y - 10, x + 6, y, x + 18, y, x + 190, y, s->n_iter);
+    }
+    if (s->n_oom) {
+        y += 18;
+        fprintf(f,
+                "<path d=\"M%.1f %.1fl-5 -8h10z\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">"
+                "out of memory</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%zu</text>\n",
+                x + 6, y, OOM_COLOUR, x + 18, y, x + 190, y, s->n_oom);
+    }
+    fprintf(f, "</g>\n");
+}
+
+static void draw_host(FILE *f, const layout_t *l, const scan_t *s, const bucket_t *bk, size_t nb,
+                      double *xs, double *vs, size_t npts)
+{
+    panel_t p = l->host;
+    p.vmax = (double)s->host_peak_res * 1.1;
+    p.vmax = p.vmax > 0 ? p.vmax : 1;
+    char b1[32], b2[32];
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\">"
+            "pinned host memory (pool host, not device memory): peak allocated %s, peak "
+            "reserved %s</text>\n",
+            p.x0, p.y0 - 10, human((double)s->host_peak_alloc, b1, sizeof b1),
+            human((double)s->host_peak_res, b2, sizeof b2));
+    byte_axis(f, &p, 2);
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = bk[k].host_alloc;
+    series(f, &p, xs, vs, npts, HOST_COLOUR, NULL, " class=\"host\"");
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = bk[k].host_res;
+    series(f, &p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.2\"");
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            p.x0, p.y0, p.x1 - p.x0, p.y1 - p.y0);
+}
+
+static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, const scan_t *s)
+{
+    const mt__report_map_t m = *mp;
+    mapstat_t st = map_stats(&m);
+    char b1[32], b2[32], b3[32], b4[32];
+    double x0 = l->tl.x0, y = l->map_y;
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\">"
+            "segment map at %.3f s (peak reserved): %zu segment%s, %s</text>\n",
+            x0, y, (double)(s->map_t - s->t0) / 1e9, m.nsegs, m.nsegs == 1 ? "" : "s",
+            human((double)st.reserved, b1, sizeof b1));
+    if (m.nsegs == 0) {
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"12\" fill=\"#666\">no "
+                "segment events in the log</text>\n",
+                x0, y + 24);
+    } else {
+        double bottom = map_draw(f, &m, &st, x0, l->tl.x1, y + 12);
+        double util = st.reserved ? (double)st.in_use / (double)st.reserved : 0;
+        double frag = st.free ? 1.0 - (double)st.largest_free / (double)st.free : 0;
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"12\" fill=\"#333\">"
+                "in use %s (utilization %.1f%%)",
+                x0, bottom + 12, human((double)st.in_use, b1, sizeof b1), 100 * util);
+        if (st.pending)
+            fprintf(f, ", %s freed and waiting on a stream (faded)",
+                    human((double)st.pending, b2, sizeof b2));
+        fprintf(f,
+                "; free %s in %llu extent%s, largest %s: fragmentation %.1f%% (1 - largest "
+                "free extent / free). Width proportional to bytes; free space grey.</text>\n",
+                human((double)st.free, b3, sizeof b3), (unsigned long long)st.free_extents,
+                st.free_extents == 1 ? "" : "s", human((double)st.largest_free, b4, sizeof b4),
+                100 * frag);
+    }
+}
+
+int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char *err,
+                 size_t errlen)
+{
+    size_t pi = 0;
+    if (find_process(r, cfg->pid, &pi) != 0) {
+        snprintf(err, errlen, cfg->pid >= 0 ? "no process %d in the log" : "no process in the log",
+                 cfg->pid);
+        return MT_ENOENT;
+    }
+    int pid;
+    const char *name;
+    size_t events;
+    mt__report_process(r, pi, &pid, &name, &events);
+    if (events == 0) {
+        snprintf(err, errlen, "process %d has no events in the log", pid);
+        return MT_ENOENT;
+    }
+    scan_t s;
+    memset(&s, 0, sizeof s);
+    mt__report_map_t map = {0};
+    int rc = mt__report_replay(r, pi, scan_point, &s);
+    if (rc == 0)
+        rc = mt__report_map_at(r, pi, s.map_index, false, &map);
+    layout_t l = layout(cfg, s.host_events > 0, map_rows(&map));
+    size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;
+    nb = nb > (size_t)(l.tl.x1 - l.tl.x0) ? (size_t)(l.tl.x1 - l.tl.x0) : nb;
+    size_t npts = 2 * nb;
+    int tags[MT_TAG_MAX], all[MT_TAG_MAX], ntags = 0, nall = stack_order(all);
+    for (int j = 0; j < nall; j++)
+        if (s.tag_peak[all[j]] > 0)
+            tags[ntags++] = all[j];
+    fill_t fl = {.scan = &s, .nb = nb};
+    fl.b = calloc(nb, sizeof(*fl.b));
+    double *xs = malloc(npts * sizeof(double)), *vs = malloc(npts * sizeof(double));
+    double *cum[MT_TAG_MAX] = {0};
+    bool ok = rc == 0 && fl.b && xs && vs;
+    for (int j = 0; ok && j < ntags; j++)
+        ok = (cum[j] = malloc(npts * sizeof(double))) != NULL;
+    if (!ok) {
+        rc = rc ? rc : MT_ENOMEM;
+        goto out;
+    }
+    if ((rc = mt__report_replay(r, pi, fill_point, &fl)) != 0)
+        goto out;
+    for (; fl.cur < nb; fl.cur++)
+        if (!fl.b[fl.cur].seen)
+            bucket_fill_from_last(&fl, &fl.b[fl.cur]);
+    /* Two points per bucket, lo and hi in the order they happened. */
+    double peak_sum = 0;
+    for (size_t k = 0; k < nb; k++) {
+        const bucket_t *b = &fl.b[k];
+        bool lo_first = b->lo_idx <= b->hi_idx;
+        const double *first = lo_first ? b->lo : b->hi, *second = lo_first ? b->hi : b->lo;
+        xs[2 * k] = l.tl.x0 + (k + 0.25) / nb * (l.tl.x1 - l.tl.x0);
+        xs[2 * k + 1] = l.tl.x0 + (k + 0.75) / nb * (l.tl.x1 - l.tl.x0);
+        double c0 = 0, c1 = 0;
+        for (int j = 0; j < ntags; j++) {
+            c0 += first[tags[j]];
+            c1 += second[tags[j]];
+            cum[j][2 * k] = c0;
+            cum[j][2 * k + 1] = c1;
+        }
+        peak_sum = c0 > peak_sum ? c0 : c1 > peak_sum ? c1 : peak_sum;
+    }
+    l.tl.vmax = (double)s.peak_res > peak_sum ? (double)s.peak_res : peak_sum;
+    l.tl.vmax = l.tl.vmax > 0 ? l.tl.vmax * 1.08 : 1;
+
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+            "viewBox=\"0 0 %.0f %.0f\">\n<title>memtrace plot: ",
+            l.w, l.h, l.w, l.h);
+    xml_text(f, name);
+    fprintf(f, " (pid %d)</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n", pid);
+    draw_title(f, &l, pid, name, &s, events);
+    draw_timeline(f, &l, &s, fl.b, nb, tags, ntags, xs, vs, cum, npts);
+    draw_legend(f, &l, r, pi, &s, tags, ntags);
+    if (l.has_host)
+        draw_host(f, &l, &s, fl.b, nb, xs, vs, npts);
+    draw_map(f, &l, &map, &s);
+    fprintf(f, "</svg>\n");
+    rc = ferror(f) ? MT_EIO : 0;
+out:
+    if (rc == MT_ENOMEM)
+        snprintf(err, errlen, "out of memory");
+    else if (rc == MT_EIO)
+        snprintf(err, errlen, "write error");
+    mt__report_map_free(&map);
+    free(s.marks);
+    free(fl.b);
+    free(xs);
+    free(vs);
+    for (int j = 0; j < ntags; j++)
+        free(cum[j]);
+    return rc;
+}

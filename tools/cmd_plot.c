@@ -1,0 +1,216 @@
+/* `memtrace plot LOG`: one SVG of a process's memory from a telemetry log: device memory
+ * over time stacked by tag with the reserved line above, pinned host memory apart, and the
+ * segment map at the peak. The log is read by the report's parser (profiler/report.c); the
+ * picture is profiler/plot.c; this file reads the arguments and the file. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "profiler/plot.h"
+#include "profiler/report.h"
+#include "tools/commands.h"
+
+#define MAX_ERRORS_SHOWN 10
+
+static void help(FILE *f)
+{
+    fprintf(f, "usage: memtrace plot [options] LOG\n"
+               "\n"
+               "Draws a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md; the input\n"
+               "of 'memtrace report') as one self-contained SVG image (no scripts, fonts or\n"
+               "files outside it; open it in a browser), to see where device memory went:\n"
+               "  - top: device memory in use over time, stacked by tag (weights, grads,\n"
+               "    optimizer, activations, workspace, batch, other, user labels), the\n"
+               "    reserved bytes as a line above, the cache (reserved, not in use) shaded,\n"
+               "    OOM events as red markers, iteration markers as ticks; the legend gives\n"
+               "    each tag's peak;\n"
+               "  - pinned host memory (pool host), when there is any, in a panel of its own:\n"
+               "    it is not device memory and is not counted in the device figures;\n"
+               "  - bottom: the segment map at the peak of reserved memory, each segment a\n"
+               "    bar proportional to its size, blocks coloured by tag, free space grey,\n"
+               "    with utilization and fragmentation.\n"
+               "However long the log, the timeline is sampled to at most --buckets time\n"
+               "buckets, each keeping its highest and lowest moment, so peaks are not lost.\n"
+               "\n"
+               "options:\n"
+               "  -o, --output FILE   where to write the SVG (default: LOG with .svg in place\n"
+               "                      of .ndjson; '-' standard output; LOG '-' reads stdin\n"
+               "                      and writes to standard output)\n"
+               "  --pid N             the process to draw (default: the one with the most\n"
+               "                      events, for a daemon log of several)\n"
+               "  --width W           image width in px (default 1200, at least 600)\n"
+               "  --height H          image height in px (default 800, at least 400)\n"
+               "  --buckets N         time buckets of the timeline (default 1000, at most one\n"
+               "                      per pixel)\n"
+               "  -h, --help          this text\n"
+               "\n"
+               "exit status: 0 image written; 1 the log could not be read or the image not\n"
+               "written; 2 bad usage, no such process, or malformed lines (each is named on\n"
+               "stderr; the image is still drawn from the rest).\n"
+               "\n"
+               "examples:\n"
+               "  MEMTRACE_PROF=log MEMTRACE_LOG=run.ndjson ./train && memtrace plot run.ndjson\n"
+               "  memtrace plot -o run.svg --width 1600 --height 1000 run.ndjson\n"
+               "  memtrace plot --pid 4242 -o - /var/log/memtraced.ndjson > p4242.svg\n"
+               "  rsvg-convert run.svg > run.png    # a PNG, to paste somewhere\n");
+}
+
+static int positive(const char *s, unsigned long max, unsigned long *out)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (end == s || *end || v == 0 || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* LOG with its .ndjson (or .jsonl, .log) cut and .svg put in its place. */
+static char *default_output(const char *log)
+{
+    size_t n = strlen(log);
+    static const char *const exts[] = {".ndjson", ".jsonl", ".log"};
+    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
+        size_t e = strlen(exts[i]);
+        if (n > e && strcmp(log + n - e, exts[i]) == 0) {
+            n -= e;
+            break;
+        }
+    }
+    char *out = malloc(n + 5);
+    if (out) {
+        memcpy(out, log, n);
+        memcpy(out + n, ".svg", 5);
+    }
+    return out;
+}
+
+static int read_log(mt__report_t *r, const char *path, unsigned long *bad)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    unsigned long lineno = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        char err[256];
+        if (mt__report_add_line(r, line, (size_t)len, err, sizeof(err)) != 0 &&
+            (*bad)++ < MAX_ERRORS_SHOWN)
+            fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno, err);
+    }
+    int read_err = ferror(f);
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    if (read_err) {
+        fprintf(stderr, "memtrace plot: error reading %s\n", path);
+        return 1;
+    }
+    if (*bad > MAX_ERRORS_SHOWN)
+        fprintf(stderr, "%s: %lu malformed lines in all\n", path, *bad);
+    return 0;
+}
+
+int mt_cmd_plot(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"pid", required_argument, NULL, 'p'},
+        {"width", required_argument, NULL, 'W'},
+        {"height", required_argument, NULL, 'H'},
+        {"buckets", required_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    mt__plot_cfg_t cfg = mt__plot_cfg_default();
+    const char *output = NULL;
+    unsigned long v;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o':
+            output = optarg;
+            break;
+        case 'p':
+            if (positive(optarg, 0x7fffffff, &v) != 0) {
+                fprintf(stderr, "memtrace plot: --pid wants a process id\n");
+                return 2;
+            }
+            cfg.pid = (int)v;
+            break;
+        case 'W':
+        case 'H':
+            if (positive(optarg, 20000, &v) != 0 || v < (c == 'W' ? 600u : 400u)) {
+                fprintf(stderr, "memtrace plot: --%s wants %s..20000 px\n",
+                        c == 'W' ? "width" : "height", c == 'W' ? "600" : "400");
+                return 2;
+            }
+            *(c == 'W' ? &cfg.width : &cfg.height) = (unsigned)v;
+            break;
+        case 'b':
+            if (positive(optarg, 100000, &v) != 0) {
+                fprintf(stderr, "memtrace plot: --buckets wants 1..100000\n");
+                return 2;
+            }
+            cfg.max_buckets = (unsigned)v;
+            break;
+        case 'h':
+            help(stdout);
+            return 0;
+        default:
+            help(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        help(stderr);
+        return 2;
+    }
+    const char *path = argv[optind];
+    mt__report_t *r = NULL;
+    if (mt__report_create(&r, NULL) != 0) {
+        fprintf(stderr, "memtrace plot: out of memory\n");
+        return 1;
+    }
+    unsigned long bad = 0;
+    int status = read_log(r, path, &bad);
+    char *dflt = NULL;
+    if (!output && strcmp(path, "-") != 0)
+        output = dflt = default_output(path);
+    if (status == 0 && !output) /* LOG '-' and no -o: the image goes where the log came from */
+        output = "-";
+    FILE *out = NULL;
+    if (status == 0) {
+        out = strcmp(output, "-") == 0 ? stdout : fopen(output, "w");
+        if (!out) {
+            perror(output);
+            status = 1;
+        }
+    }
+    if (status == 0) {
+        char err[256];
+        int rc = mt__plot_svg(r, &cfg, out, err, sizeof err);
+        if (out != stdout && fclose(out) != 0 && rc == 0) {
+            rc = -1;
+            snprintf(err, sizeof err, "write error");
+        }
+        if (rc != 0) {
+            fprintf(stderr, "memtrace plot: %s: %s\n", path, err);
+            if (out != stdout)
+                remove(output);
+            status = rc == MT_ENOENT ? 2 : 1;
+        } else if (out != stdout) {
+            fprintf(stderr, "memtrace plot: wrote %s\n", output);
+        }
+    }
+    free(dflt);
+    mt__report_destroy(&r);
+    return status ? status : bad ? 2 : 0;
+}
