@@ -501,13 +501,13 @@ static layout_t layout(const mt__plot_cfg_t *cfg, bool has_host, int rows)
 {
     layout_t l;
     memset(&l, 0, sizeof l);
-    l.w = cfg->width < 600 ? 600 : cfg->width;
-    l.h = cfg->height < 400 ? 400 : cfg->height;
+    l.w = cfg->width < 800 ? 800 : cfg->width;
+    l.h = cfg->height < 600 ? 600 : cfg->height;
     l.has_host = has_host;
     double x0 = 84, x1 = l.w - 226;
-    double top = 78, map_block = 84 + rows * (MAP_ROW_H + MAP_ROW_GAP);
+    double top = 78, map_block = 100 + rows * (MAP_ROW_H + MAP_ROW_GAP);
     double host_block = has_host ? l.h * 0.15 : 0;
-    double tl_bottom = l.h - 24 - map_block - host_block - 44;
+    double tl_bottom = l.h - map_block - host_block - 20;
     l.tl = (panel_t){x0, x1, top, tl_bottom, 0};
     l.host = (panel_t){x0, x1, tl_bottom + 70, tl_bottom + 44 + host_block - 30, 0};
     l.map_y = l.h - map_block + 30;
@@ -707,12 +707,17 @@ static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, con
         if (st.pending)
             fprintf(f, ", %s freed and waiting on a stream (faded)",
                     human((double)st.pending, b2, sizeof b2));
-        fprintf(f,
-                "; free %s in %llu extent%s, largest %s: fragmentation %.1f%% (1 - largest "
-                "free extent / free). Width proportional to bytes; free space grey.</text>\n",
+        fprintf(f, "; free %s in %llu extent%s, largest %s: fragmentation %.1f%%</text>\n",
                 human((double)st.free, b3, sizeof b3), (unsigned long long)st.free_extents,
                 st.free_extents == 1 ? "" : "s", human((double)st.largest_free, b4, sizeof b4),
                 100 * frag);
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"11\" fill=\"#666\">"
+                "fragmentation = 1 - largest free extent / free; %s; free space grey</text>\n",
+                x0, bottom + 28,
+                m.nsegs <= MAP_ONE_PER_ROW
+                    ? "one bar per segment, width proportional to bytes"
+                    : "segments in address order, wrapping at the end of a row");
     }
 }
 

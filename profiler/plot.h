@@ -24,8 +24,8 @@
 
 typedef struct mt__plot_cfg_s {
     int pid;              /* process to draw; -1: the one with the most events */
-    unsigned width;       /* SVG width in px; 1200 (at least 600) */
-    unsigned height;      /* SVG height in px; 800 (at least 400) */
+    unsigned width;       /* SVG width in px; 1200 (at least 800) */
+    unsigned height;      /* SVG height in px; 800 (at least 600) */
     unsigned max_buckets; /* time buckets of the timeline, two points each; 1000 */
 } mt__plot_cfg_t;
 

@@ -39,8 +39,8 @@ static void help(FILE *f)
                "                      and writes to standard output)\n"
                "  --pid N             the process to draw (default: the one with the most\n"
                "                      events, for a daemon log of several)\n"
-               "  --width W           image width in px (default 1200, at least 600)\n"
-               "  --height H          image height in px (default 800, at least 400)\n"
+               "  --width W           image width in px (default 1200, at least 800)\n"
+               "  --height H          image height in px (default 800, at least 600)\n"
                "  --buckets N         time buckets of the timeline (default 1000, at most one\n"
                "                      per pixel)\n"
                "  -h, --help          this text\n"
@@ -147,9 +147,9 @@ int mt_cmd_plot(int argc, char **argv)
             break;
         case 'W':
         case 'H':
-            if (positive(optarg, 20000, &v) != 0 || v < (c == 'W' ? 600u : 400u)) {
+            if (positive(optarg, 20000, &v) != 0 || v < (c == 'W' ? 800u : 600u)) {
                 fprintf(stderr, "memtrace plot: --%s wants %s..20000 px\n",
-                        c == 'W' ? "width" : "height", c == 'W' ? "600" : "400");
+                        c == 'W' ? "width" : "height", c == 'W' ? "800" : "600");
                 return 2;
             }
             *(c == 'W' ? &cfg.width : &cfg.height) = (unsigned)v;
