@@ -73,6 +73,8 @@ demo)
     echo
     echo "== 2/3 where the memory went: memtrace report $log"
     ./build/tools/memtrace report --steps 12 --top 5 "$log"
+    ./build/tools/memtrace plot "$log" -o build/demo.svg
+    echo "(the same run drawn: build/demo.svg — memory by tag over time, segment map at the peak)"
     echo
     echo "== 3/3 the same allocator on a variable-length RNN trace, with warm-up"
     ./build/tools/memtrace replay data/traces/rnn_varlen.csv --warmup
