@@ -91,7 +91,8 @@ typedef struct mt_d_proc_s {
     uint64_t registered_realtime; /* ns since the epoch */
     uint64_t exited_realtime;     /* ns since the epoch, 0 while live */
     bool exited;
-    const char *exit_reason; /* static: "clean", "oom", "killed" */
+    const char *exit_reason; /* static: "clean", "oom", "killed", "corrupt" */
+    bool corrupt;            /* its ring broke the layout's invariants: no longer read */
     mt__ring_t *ring;        /* owned while live */
     struct mt_d_conn_s *conn;
     /* counters */

@@ -178,9 +178,35 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
     while (budget > 0) {
         size_t max = budget < MT_D_BATCH ? budget : MT_D_BATCH;
         int n = mt__ring_drain(p->ring, on_record, d, max);
+        if (n == MT_EPROTO && !p->corrupt) {
+            /* The producer's header lies (indices out of range): its memory is not to be
+             * trusted any more. What was read stays; the ring is let go of below. */
+            p->corrupt = true;
+            d->ctr.rejected++;
+            mt__d_log(d, MT_LOG_WARN,
+                      "producer %d (%s): its event ring is corrupt; no longer reading it", p->pid,
+                      p->name);
+        }
         if (n <= 0)
             break;
         budget -= (size_t)n;
+    }
+}
+
+/* Lets go of a producer whose ring is corrupt: marked exited ("corrupt"), its connection
+ * closed. Not evicted here: the callers are walking d->procs. */
+static void drop_corrupt(mt_d_t *d, mt_d_proc_t *p)
+{
+    mt__ring_close(&p->ring);
+    p->exit_reason = "corrupt";
+    p->exited = true;
+    p->exited_realtime = realtime_ns();
+    mt_d_conn_t *c = p->conn;
+    p->conn = NULL;
+    log_process_line(d, p, "exit");
+    if (c) {
+        c->proc = NULL;
+        mt__d_conn_close(c);
     }
 }
 
@@ -209,6 +235,10 @@ void mt__d_drain_all(mt_d_t *d)
             continue;
         size_t before = p->events;
         drain_one(d, p, share);
+        if (p->corrupt) {
+            drop_corrupt(d, p);
+            continue;
+        }
         more |= p->events - before >= share;
     }
     process_batch(d);
@@ -257,7 +287,9 @@ void mt__d_producer_eof(mt_d_conn_t *c)
     process_batch(d);
     mt__ring_stats_t st;
     mt__ring_stats(p->ring, &st);
-    if (st.flags & MT_RING_F_EXITED)
+    if (p->corrupt)
+        p->exit_reason = "corrupt";
+    else if (st.flags & MT_RING_F_EXITED)
         p->exit_reason = "clean";
     else if ((st.flags & MT_RING_F_OOM) || p->last_kind == MT_EV_OOM)
         p->exit_reason = "oom";

@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -286,6 +287,44 @@ static void test_producer_misbehaving(void **state)
     th_daemon_stop(&t);
 }
 
+/* A live producer whose ring header breaks the layout's invariants (claim far ahead of
+ * what was read): the daemon keeps what it read, lets go of the ring (exit reason
+ * "corrupt", connection closed) and keeps serving everyone else. */
+static void test_producer_corrupt_ring(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 64, "corrupt"), 0);
+    char hello[256];
+    int n = snprintf(hello, sizeof hello,
+                     "{\"type\":\"hello\",\"role\":\"producer\",\"version\":1,\"pid\":%d,"
+                     "\"name\":\"corrupt\",\"shm\":\"%s\",\"slots\":64}\n",
+                     (int)getpid(), mt__ring_name(r));
+    int fd;
+    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt_d_client_send(fd, hello, (size_t)n), 0);
+    char *reply = NULL;
+    mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512, .allocated = 512};
+    assert_int_equal(mt__ring_push(r, &ev), 0);
+    /* The adversary writes its own shared header. */
+    mt__ring_hdr_t *h = (mt__ring_hdr_t *)mt__ring_header(r);
+    uint64_t bogus = atomic_load(&h->read_idx) + 1000000;
+    atomic_store(&h->claim, bogus);
+    /* The daemon closes the connection once it gave up on the ring. */
+    assert_int_equal(mt_d_client_read_all(fd, 1024, 5000, &reply, NULL), 0);
+    assert_non_null(strstr(reply, "\"ok\":true"));
+    free(reply);
+    close(fd);
+    json_t *p = th_wait_exited(t.sock, getpid(), 5000);
+    assert_non_null(p);
+    assert_string_equal(json_string_value(json_object_get(p, "exit_reason")), "corrupt");
+    json_decref(p);
+    mt__ring_close(&r);
+    assert_healthy(&t);
+    th_daemon_stop(&t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -294,6 +333,7 @@ int main(void)
         cmocka_unit_test(test_bad_unix_input),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_producer_misbehaving),
+        cmocka_unit_test(test_producer_corrupt_ring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
