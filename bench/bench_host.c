@@ -241,9 +241,12 @@ static void bench_prefetch(bool quick)
         uint64_t over = time_loader(&e, bytes, tm[i], true, steps);
         uint64_t ideal = copy > cm[i] ? copy : cm[i];
         double ratio = (double)over / (double)ideal;
+        /* The goal is for the GPU-like case. With CPU work, the sim's copy thread and the
+         * compute share this machine's cores: that row is informative only. */
+        const char *verdict = i == 1 ? "informative" : ratio <= OVERLAP_GOAL ? "met" : "NOT met";
         printf("| %-18s | %7.2f ms | %7.2f ms | %.2fx | %7.2f ms | %.2f | %s |\n", names[i],
                serial / 1e6, over / 1e6, (double)serial / (double)over, ideal / 1e6, ratio,
-               ratio <= OVERLAP_GOAL ? "met" : "NOT met");
+               verdict);
     }
     env_fini(&e);
 }
