@@ -47,13 +47,18 @@ build() { # build DIR [meson setup options...]
 }
 
 # Prints the plain closing line CI reads, from meson's JSON test log.
-summarise() { # summarise DIR LABEL
-    local log=$1/meson-logs/testlog.json
-    local pass fail skip
-    pass=$(grep -c '"result": "OK"' "$log" || true)
-    fail=$(grep -cE '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
-    skip=$(grep -c '"result": "SKIP"' "$log" || true)
-    echo "$2: $pass passed, $fail failed, $skip skipped"
+# Several build dirs: the last line is their total, alone on the line.
+summarise() { # summarise LABEL DIR...
+    local label=$1 pass=0 fail=0 skip=0 d log
+    shift
+    for d in "$@"; do
+        log=$d/meson-logs/testlog.json
+        [ -f "$log" ] || { fail=$((fail + 1)); continue; }
+        pass=$((pass + $(grep -c '"result": "OK"' "$log" || true)))
+        fail=$((fail + $(grep -cE '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)))
+        skip=$((skip + $(grep -c '"result": "SKIP"' "$log" || true)))
+    done
+    echo "$label: $pass passed, $fail failed, $skip skipped"
 }
 
 cmd=${1:-}
@@ -86,13 +91,14 @@ test)
     build build-test --buildtype=debugoptimized
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
-    summarise build-test tests
+    summarise tests build-test
     # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
     build build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
-    summarise build-asan sanitizers
-    [ $rc -eq 0 ] && echo "all tests passed" || echo "TESTS FAILED"
+    summarise sanitizers build-asan
+    [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
+    summarise total build-test build-asan
     exit $rc
     ;;
 bench)
