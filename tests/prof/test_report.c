@@ -365,7 +365,8 @@ static void test_host_apart(void **state)
     json_t *smp;
     json_array_foreach(tl, i, smp)
     {
-        assert_true(json_integer_value(json_object_get(smp, "peak_allocated")) <= (json_int_t)(108 * MiB));
+        assert_true(json_integer_value(json_object_get(smp, "peak_allocated")) <=
+                    (json_int_t)(108 * MiB));
         assert_int_equal(json_integer_value(json_object_get(smp, "reserved")), 1024 * MiB);
     }
     json_t *gr = json_object_get(p, "growth");
