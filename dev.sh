@@ -10,7 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
-          libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev)
+          libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev
+          libxml2-utils)
 
 install_missing() {
     local missing=()
