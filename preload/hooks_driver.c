@@ -47,19 +47,7 @@ static CUresult to_cu(int rc)
 
 /* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
 #define FORWARD(name, ...)                                                                         \
-    do {                                                                                           \
-        if (!mt__preload()->sim) {                                                                 \
-            static _Atomic(void *) real_;                                                          \
-            void *f_ = atomic_load_explicit(&real_, memory_order_relaxed);                         \
-            if (f_ == NULL) {                                                                      \
-                f_ = mt__preload_real_drv(#name);                                                  \
-                atomic_store_explicit(&real_, f_, memory_order_relaxed);                           \
-            }                                                                                      \
-            if (f_ == NULL)                                                                        \
-                return CUDA_ERROR_NOT_FOUND;                                                       \
-            return ((__typeof__(&name))f_)(__VA_ARGS__);                                           \
-        }                                                                                          \
-    } while (0)
+    MT_PRELOAD_FORWARD(mt__preload_real_drv, CUDA_ERROR_NOT_FOUND, name, __VA_ARGS__)
 
 /* Primary-context handles on sim: one constant address per device. */
 static const char sim_ctx[MT_PRELOAD_MAX_DEVICES];

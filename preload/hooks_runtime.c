@@ -43,22 +43,9 @@ static cudaError_t ret(cudaError_t err)
     return err;
 }
 
-/* In cuda mode, every call but the memory ones goes to the real runtime. The cache holds
- * a constant (the real symbol), so racing stores are harmless. */
+/* In cuda mode, every call but the memory ones goes to the real runtime. */
 #define FORWARD(name, ...)                                                                         \
-    do {                                                                                           \
-        if (!mt__preload()->sim) {                                                                 \
-            static _Atomic(void *) real_;                                                          \
-            void *f_ = atomic_load_explicit(&real_, memory_order_relaxed);                         \
-            if (f_ == NULL) {                                                                      \
-                f_ = mt__preload_real_rt(#name);                                                   \
-                atomic_store_explicit(&real_, f_, memory_order_relaxed);                           \
-            }                                                                                      \
-            if (f_ == NULL)                                                                        \
-                return ret(cudaErrorInsufficientDriver);                                           \
-            return ((__typeof__(&name))f_)(__VA_ARGS__);                                           \
-        }                                                                                          \
-    } while (0)
+    MT_PRELOAD_FORWARD(mt__preload_real_rt, ret(cudaErrorInsufficientDriver), name, __VA_ARGS__)
 
 /* The device the runtime considers current for this thread. */
 static int rt_device(void)

@@ -133,4 +133,22 @@ static inline void mt__guard_leave(void)
     mt__preload_guard--;
 }
 
+/* In cuda mode a hook hands the call to the real function, looked up once by resolve(#name)
+ * and cached (the cache holds a constant, so racing stores are harmless); missing is what
+ * the hook returns when there is none. In sim mode the hook goes on and serves the call. */
+#define MT_PRELOAD_FORWARD(resolve, missing, name, ...)                                            \
+    do {                                                                                           \
+        if (!mt__preload()->sim) {                                                                 \
+            static _Atomic(void *) real_;                                                          \
+            void *f_ = atomic_load_explicit(&real_, memory_order_relaxed);                         \
+            if (f_ == NULL) {                                                                      \
+                f_ = resolve(#name);                                                               \
+                atomic_store_explicit(&real_, f_, memory_order_relaxed);                           \
+            }                                                                                      \
+            if (f_ == NULL)                                                                        \
+                return missing;                                                                    \
+            return ((__typeof__(&name))f_)(__VA_ARGS__);                                           \
+        }                                                                                          \
+    } while (0)
+
 #endif

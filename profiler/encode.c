@@ -224,9 +224,8 @@ static char *write_gap(char *w, const mt_event_rec_t *ev, int pid)
     return LIT(w, "}\n");
 }
 
-/* A user tag's label: the tag's name is the label it announces, whatever tag_name says,
- * so that the line states what the allocator registered. */
-static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char *label)
+/* What every event line starts with: version, type, sequence, time, process, device. */
+static char *write_head(char *w, const mt_event_rec_t *ev, int pid)
 {
     w = LIT(w, "{\"v\":1,\"type\":\"event\",\"seq\":");
     w = put_sat(w, ev->seq);
@@ -236,6 +235,14 @@ static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char 
     w = put_int(w, pid);
     w = LIT(w, ",\"dev\":");
     w = put_u64(w, ev->device);
+    return w;
+}
+
+/* A user tag's label: the tag's name is the label it announces, whatever tag_name says,
+ * so that the line states what the allocator registered. */
+static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char *label)
+{
+    w = write_head(w, ev, pid);
     w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
     w = put_u64(w, ev->tag);
     w = LIT(w, ",\"label\":");
@@ -273,14 +280,7 @@ size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     if (!buf || cap < need)
         return need;
     char *w = buf;
-    w = LIT(w, "{\"v\":1,\"type\":\"event\",\"seq\":");
-    w = put_sat(w, ev->seq);
-    w = LIT(w, ",\"t_ns\":");
-    w = put_sat(w, ev->time_ns);
-    w = LIT(w, ",\"pid\":");
-    w = put_int(w, pid);
-    w = LIT(w, ",\"dev\":");
-    w = put_u64(w, ev->device);
+    w = write_head(w, ev, pid);
     w = LIT(w, ",\"kind\":");
     w = put_str(w, kind);
     if (mark) {
