@@ -74,27 +74,74 @@ static int parse_u64_env(const char *name, uint64_t *out)
     return 0;
 }
 
+/* The first problem found is the one reported: err is written only while still empty. */
+static void first_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void first_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err == NULL || errlen == 0 || err[0] != '\0')
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Applies one size/count variable; MT_EINVAL (and err) if it is malformed. */
+static int env_u64(const char *name, uint64_t *dst, bool nonzero, char *err, size_t errlen)
+{
+    uint64_t v;
+    int rc = parse_u64_env(name, &v);
+    if (rc == MT_ENOENT)
+        return 0;
+    if (rc == 0 && (!nonzero || v != 0)) {
+        *dst = v;
+        return 0;
+    }
+    first_err(err, errlen, "%s: not a %snumber (K/M/G/T suffixes allowed): '%s'", name,
+              nonzero ? "positive " : "", getenv(name));
+    return MT_EINVAL;
+}
+
+int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
+{
+    if (cfg == NULL)
+        return MT_EINVAL;
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    int rc = 0;
+    const char *k = getenv("MEMTRACE_BACKEND");
+    if (k != NULL && *k != '\0') {
+        if (strcmp(k, "auto") == 0) {
+            cfg->kind = MT_BACKEND_AUTO;
+        } else if (strcmp(k, "sim") == 0) {
+            cfg->kind = MT_BACKEND_SIM;
+        } else if (strcmp(k, "cuda") == 0) {
+            cfg->kind = MT_BACKEND_CUDA;
+        } else {
+            first_err(err, errlen, "MEMTRACE_BACKEND: must be auto, sim or cuda, not '%s'", k);
+            rc = MT_EINVAL;
+        }
+    }
+    uint64_t cap = cfg->sim_capacity;
+    if (env_u64("MEMTRACE_SIM_CAPACITY", &cap, true, err, errlen) != 0)
+        rc = MT_EINVAL;
+    cfg->sim_capacity = (size_t)cap;
+    if (env_u64("MEMTRACE_SIM_MALLOC_COST_NS", &cfg->sim_malloc_cost_ns, false, err, errlen) != 0)
+        rc = MT_EINVAL;
+    if (env_u64("MEMTRACE_SIM_FREE_COST_NS", &cfg->sim_free_cost_ns, false, err, errlen) != 0)
+        rc = MT_EINVAL;
+    return rc;
+}
+
 mt_backend_cfg_t mt_backend_cfg_default(void)
 {
     mt_backend_cfg_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.kind = MT_BACKEND_AUTO;
-    const char *k = getenv("MEMTRACE_BACKEND");
-    if (k != NULL) {
-        if (strcmp(k, "sim") == 0)
-            cfg.kind = MT_BACKEND_SIM;
-        else if (strcmp(k, "cuda") == 0)
-            cfg.kind = MT_BACKEND_CUDA;
-    }
-    uint64_t v;
-    if (parse_u64_env("MEMTRACE_SIM_CAPACITY", &v) == 0)
-        cfg.sim_capacity = (size_t)v;
     cfg.sim_malloc_cost_ns = 20000;
     cfg.sim_free_cost_ns = 20000;
-    if (parse_u64_env("MEMTRACE_SIM_MALLOC_COST_NS", &v) == 0)
-        cfg.sim_malloc_cost_ns = v;
-    if (parse_u64_env("MEMTRACE_SIM_FREE_COST_NS", &v) == 0)
-        cfg.sim_free_cost_ns = v;
+    (void)mt_backend_cfg_from_env(&cfg, NULL, 0); /* malformed values: see from_env */
     return cfg;
 }
 

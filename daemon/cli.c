@@ -75,7 +75,8 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
     optind = 1;
     int ch;
     unsigned long v;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int li = -1;
+    while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
         switch (ch) {
         case 's':
             cfg.socket_path = optarg;
@@ -196,6 +197,9 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
     return rc ? 1 : 0;
 
 bad:
-    fprintf(stderr, "%s: bad value '%s' (see --help)\n", prog, optarg);
+    fprintf(stderr, "%s: --%s: bad value '%s'%s (see --help)\n", prog, opts[li].name, optarg,
+            ch == 'p'   ? ": a port 0-65535 or 'off'"
+            : ch == 'm' ? ": a count up to 1048576"
+                        : ": bytes, 4096 up to 2^34");
     return 2;
 }

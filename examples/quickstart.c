@@ -31,6 +31,11 @@ static void log_to_stderr(void *ud, mt_log_level_e level, const char *msg)
 int main(void)
 {
     mt_backend_cfg_t bcfg = mt_backend_cfg_default(); /* reads MEMTRACE_BACKEND etc. */
+    char err[256];
+    if (mt_backend_cfg_from_env(&bcfg, err, sizeof err) != 0) {
+        fprintf(stderr, "quickstart: %s\n", err);
+        return 2;
+    }
     bcfg.log = log_to_stderr;
     mt_backend_t *b = NULL;
     CHECK(mt_backend_create(&b, &bcfg));
@@ -44,7 +49,6 @@ int main(void)
     acfg.backend = b;
     acfg.sink = mt_prof_sink(prof);
     acfg.log = log_to_stderr;
-    char err[256];
     if (mt_alloc_cfg_from_env(&acfg, err, sizeof err) != 0) { /* MEMTRACE_ALLOC_CONF */
         fprintf(stderr, "quickstart: %s\n", err);
         return 2;

@@ -521,6 +521,11 @@ int main(int argc, char **argv)
         return 1;
 
     mt_backend_cfg_t bcfg = mt_backend_cfg_default();
+    char err[256];
+    if (mt_backend_cfg_from_env(&bcfg, err, sizeof err) != 0) {
+        fprintf(stderr, "train_charlm: %s\n", err);
+        return 2;
+    }
     bcfg.log = log_cb;
     mt_backend_t *b;
     CHECK(mt_backend_create(&b, &bcfg));
@@ -547,7 +552,6 @@ int main(int argc, char **argv)
     CHECK(mt_prof_create(&prof, &pcfg));
 
     mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
-    char err[256];
     if (mt_alloc_cfg_from_env(&acfg, err, sizeof err)) {
         fprintf(stderr, "train_charlm: MEMTRACE_ALLOC_CONF: %s\n", err);
         return 2;

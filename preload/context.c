@@ -394,9 +394,11 @@ static void init_once(void)
 
     P->bcfg = mt_backend_cfg_default();
     P->bcfg.log = log_cb;
+    char err[256] = "";
+    if (mt_backend_cfg_from_env(&P->bcfg, err, sizeof err) != 0)
+        mt__preload_say(MT_LOG_ERROR, "%s: ignored", err);
     P->acfg = mt_alloc_cfg_default();
     P->acfg.log = log_cb;
-    char err[256] = "";
     if (mt_alloc_cfg_from_env(&P->acfg, err, sizeof err) != 0)
         mt__preload_say(MT_LOG_ERROR, "MEMTRACE_ALLOC_CONF ignored: %s", err);
 

@@ -523,6 +523,11 @@ int mt_cmd_replay(int argc, char **argv)
     }
     const char *path = argv[optind];
     char err[MT_TRACE_ERR_LEN + 256] = "";
+    mt_backend_cfg_t env_bc = mt_backend_cfg_default();
+    if (mt_backend_cfg_from_env(&env_bc, err, sizeof err) != 0) {
+        fprintf(stderr, "memtrace replay: %s\n", err);
+        return 2;
+    }
     mt_trace_t *t = NULL;
     int rc = mt_trace_load(&t, path, err, sizeof err);
     if (rc < 0) {

@@ -2,6 +2,7 @@
  * daemon's log file) and prints, per process, peaks by tag, utilization and
  * fragmentation over time, allocations never freed, and the growth detector's verdict
  * across iterations. The analysis is profiler/report.c; this file reads and prints. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -304,7 +305,7 @@ int mt_cmd_report(int argc, char **argv)
     const char *path = argv[optind];
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) {
-        perror(path);
+        fprintf(stderr, "memtrace report: %s: %s\n", path, strerror(errno));
         return 1;
     }
     mt__report_t *r = NULL;

@@ -22,6 +22,9 @@
 #include <jansson.h>
 
 #include "mt_config.h"
+#include "memtrace/alloc.h"
+#include "memtrace/backend.h"
+#include "memtrace/prof.h"
 #include "tools/commands.h"
 
 #define PRELOAD_NAME "libmemtrace-preload.so"
@@ -261,6 +264,27 @@ int mt_cmd_run(int argc, char **argv)
             fprintf(stderr, "memtrace run: unknown option %s (see --help)\n", a);
             return 2;
         }
+    }
+    /* What the program's preload would only warn about is refused here, before it runs. */
+    char err[256];
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    if (mt_backend_cfg_from_env(&bc, err, sizeof err) != 0) {
+        fprintf(stderr, "memtrace run: %s%s\n", err,
+                strncmp(err, "MEMTRACE_SIM_CAPACITY", 21) == 0 ? " (--capacity)" : "");
+        return 2;
+    }
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    if (mt_alloc_cfg_from_env(&ac, err, sizeof err) != 0) {
+        fprintf(stderr, "memtrace run: MEMTRACE_ALLOC_CONF (--alloc-conf): %s\n", err);
+        return 2;
+    }
+    mt_prof_cfg_t pc = mt_prof_cfg_default();
+    if (mt_prof_cfg_from_env(&pc) != 0) {
+        fprintf(stderr,
+                "memtrace run: --telemetry (MEMTRACE_PROF) must be auto, daemon, log or "
+                "off, not '%s'\n",
+                getenv("MEMTRACE_PROF"));
+        return 2;
     }
     if (i >= argc) {
         fprintf(stderr, "memtrace run: no program given\n");

@@ -76,7 +76,8 @@ int mt_cmd_tail(int argc, char **argv)
     long count = -1;
     int status = 2, ch;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int li = -1;
+    while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
         int bad = 0;
         switch (ch) {
         case 'p':
@@ -88,10 +89,11 @@ int mt_cmd_tail(int argc, char **argv)
         case 't':
             bad = add_items(tags, optarg, false);
             break;
-        case 'n':
-            count = strtol(optarg, NULL, 10);
-            bad = count <= 0;
-            break;
+        case 'n': {
+            char *end;
+            count = strtol(optarg, &end, 10);
+            bad = *end != '\0' || count <= 0;
+        } break;
         case 's':
             sock = optarg;
             break;
@@ -104,7 +106,10 @@ int mt_cmd_tail(int argc, char **argv)
             goto out;
         }
         if (bad) {
-            fprintf(stderr, "memtrace tail: bad value '%s'\n", optarg);
+            fprintf(stderr, "memtrace tail: --%s: bad value '%s'%s\n", opts[li].name, optarg,
+                    ch == 'p'   ? ": comma-separated process ids"
+                    : ch == 'n' ? ": a count above 0"
+                                : ": a comma-separated list of names");
             goto out;
         }
     }

@@ -73,8 +73,15 @@ typedef struct mt_backend_counters_s {
     uint64_t modelled_ns; /* modelled time spent in malloc/free (sim), ns */
 } mt_backend_counters_t;
 
-/* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied. */
+/* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied (a malformed
+ * value is skipped here; mt_backend_cfg_from_env reports it). */
 MT_API mt_backend_cfg_t mt_backend_cfg_default(void);
+
+/* Applies MEMTRACE_BACKEND (auto|sim|cuda), MEMTRACE_SIM_CAPACITY (bytes, K/M/G/T
+ * suffixes, > 0), MEMTRACE_SIM_MALLOC_COST_NS and MEMTRACE_SIM_FREE_COST_NS to cfg.
+ * Returns 0, or MT_EINVAL with err naming the first malformed variable and its value
+ * (the well-formed ones are still applied). Unset or empty variables change nothing. */
+MT_API int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen);
 
 /* Creates a backend. *out is new. With MT_BACKEND_AUTO this falls back to sim when no
  * CUDA device answers and logs one MT_LOG_INFO line naming the backend in use.

@@ -59,6 +59,25 @@ static void test_help(void **state)
     }
 }
 
+/* A bad option value is refused, naming the option, the value and what it wants. */
+static void test_bad_values_named(void **state)
+{
+    static const char *const cases[][3] = {
+        {"daemon --port 70000", "--port: bad value '70000'", "0-65535"},
+        {"daemon --queue-bytes 10", "--queue-bytes: bad value '10'", "4096"},
+        {"tail --pid 12x", "--pid: bad value '12x'", "process ids"},
+        {"tail --count 0", "--count: bad value '0'", "above 0"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[512], *out;
+        snprintf(cmd, sizeof cmd, "(%s %s 2>&1)", memtrace, cases[i][0]); /* stderr too */
+        assert_int_equal(run(cmd, NULL, &out), 2);
+        assert_non_null(strstr(out, cases[i][1]));
+        assert_non_null(strstr(out, cases[i][2]));
+        free(out);
+    }
+}
+
 static void test_tail_and_top(void **state)
 {
     th_daemon_t t;
@@ -179,6 +198,7 @@ int main(int argc, char **argv)
     memtrace = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_help),
+        cmocka_unit_test(test_bad_values_named),
         cmocka_unit_test(test_tail_and_top),
         cmocka_unit_test(test_daemon_detached),
     };

@@ -258,6 +258,18 @@ static void test_exit_status(void **state)
     assert_int_equal(sh("sig", cmd), 128 + 15);
     snprintf(cmd, sizeof cmd, "'%s' run --backend gpu -- true", env("MT_MEMTRACE"));
     assert_int_equal(sh("usage", cmd), 2);
+    /* Values the preload could only warn about are refused before the program runs. */
+    snprintf(cmd, sizeof cmd, "'%s' run --capacity 2X -- touch ran1", env("MT_MEMTRACE"));
+    assert_int_equal(sh("badcap", cmd), 2);
+    assert_non_null(strstr(slurp("badcap.out"), "'2X' (--capacity)"));
+    snprintf(cmd, sizeof cmd, "'%s' run --alloc-conf nosuch:1 -- touch ran2", env("MT_MEMTRACE"));
+    assert_int_equal(sh("badconf", cmd), 2);
+    assert_non_null(strstr(slurp("badconf.out"), "'nosuch'"));
+    snprintf(cmd, sizeof cmd, "'%s' run --telemetry loud -- touch ran3", env("MT_MEMTRACE"));
+    assert_int_equal(sh("badtel", cmd), 2);
+    assert_non_null(strstr(slurp("badtel.out"), "'loud'"));
+    snprintf(cmd, sizeof cmd, "test ! -e ran1 && test ! -e ran2 && test ! -e ran3");
+    assert_int_equal(sh("notrun", cmd), 0);
     snprintf(cmd, sizeof cmd, "'%s' run --help", env("MT_MEMTRACE"));
     assert_int_equal(sh("help", cmd), 0);
     assert_non_null(strstr(slurp("help.out"), "examples:"));

@@ -151,6 +151,21 @@ static void test_bad_alloc_conf(void **state)
     run_free(&r);
 }
 
+/* A malformed MEMTRACE_SIM_* variable is refused, naming it, not silently replaced. */
+static void test_bad_env(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/streams.csv");
+    setenv("MEMTRACE_SIM_FREE_COST_NS", "fast", 1);
+    run_t r = run("replay", path, NULL);
+    unsetenv("MEMTRACE_SIM_FREE_COST_NS");
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "memtrace replay: MEMTRACE_SIM_FREE_COST_NS"));
+    assert_non_null(strstr(r.err, "'fast'"));
+    assert_string_equal(r.out, "");
+    run_free(&r);
+}
+
 static void test_text_report(void **state)
 {
     char path[1024];
@@ -374,6 +389,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_bad_alloc_conf),
+        cmocka_unit_test(test_bad_env),
         cmocka_unit_test(test_text_report),
         cmocka_unit_test(test_json_resnet50),
         cmocka_unit_test(test_json_streams_exact_peak),

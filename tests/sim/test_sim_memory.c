@@ -54,6 +54,43 @@ static void test_capacity_from_env_and_default(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Malformed environment: from_env names the first bad variable and its value, still
+ * applies the good ones, and cfg_default skips the bad ones silently. */
+static void test_env_errors_named(void **state)
+{
+    char err[256];
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    setenv("MEMTRACE_SIM_CAPACITY", "2 G", 1);
+    setenv("MEMTRACE_SIM_FREE_COST_NS", "500", 1);
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_SIM_CAPACITY"));
+    assert_non_null(strstr(err, "'2 G'"));
+    assert_int_equal(cfg.sim_free_cost_ns, 500);
+    assert_int_equal(cfg.sim_capacity, 0); /* untouched: the 8 GiB default */
+    assert_int_equal(mt_backend_cfg_default().sim_capacity, 0);
+
+    setenv("MEMTRACE_SIM_CAPACITY", "0", 1); /* a device of no bytes is refused too */
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_SIM_CAPACITY"));
+
+    setenv("MEMTRACE_SIM_CAPACITY", "3GiB", 1);
+    setenv("MEMTRACE_BACKEND", "gpu", 1);
+    setenv("MEMTRACE_SIM_MALLOC_COST_NS", "x", 1);
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_BACKEND")); /* the first of two problems */
+    assert_null(strstr(err, "MALLOC_COST"));
+    assert_int_equal(cfg.sim_capacity, (size_t)3 << 30);
+
+    setenv("MEMTRACE_BACKEND", "sim", 1);
+    unsetenv("MEMTRACE_SIM_MALLOC_COST_NS");
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), 0);
+    assert_int_equal(cfg.kind, MT_BACKEND_SIM);
+    assert_string_equal(err, "");
+    unsetenv("MEMTRACE_BACKEND");
+    unsetenv("MEMTRACE_SIM_CAPACITY");
+    unsetenv("MEMTRACE_SIM_FREE_COST_NS");
+}
+
 static void test_alignment_and_accounting(void **state)
 {
     mt_backend_t *b = sim_new(256 * MIB);
@@ -314,6 +351,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_and_info),
         cmocka_unit_test(test_capacity_from_env_and_default),
+        cmocka_unit_test(test_env_errors_named),
         cmocka_unit_test(test_alignment_and_accounting),
         cmocka_unit_test(test_capacity_and_oom),
         cmocka_unit_test(test_capacity_not_multiple_of_page),
