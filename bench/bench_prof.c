@@ -99,6 +99,8 @@ typedef struct result_s {
 /* One configuration's recording, set up around one allocator. */
 typedef struct rec_s {
     int cfgi;
+    mt_backend_t *b; /* a fresh sim device */
+    mt_alloc_t *a;   /* the caching allocator over it, recording as cfgi says */
     mt__ring_t *ring;
     reader_t rd;
     mt_prof_t *prof;
@@ -106,10 +108,9 @@ typedef struct rec_s {
     uint64_t null_count;
 } rec_t;
 
-/* Points ac->sink at configuration cfgi's recording (none for CFG_OFF). */
-static int rec_start(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
+/* Attaches configuration cfgi's recording (none for CFG_OFF) to ac. */
+static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
 {
-    memset(r, 0, sizeof(*r));
     r->cfgi = cfgi;
     if (cfgi == CFG_NULL) {
         r->sink = (mt_event_sink_t){.emit = null_emit, .ud = &r->null_count};
@@ -133,6 +134,21 @@ static int rec_start(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
     return 0;
 }
 
+/* A fresh sim backend and allocator (r->b, r->a), recording as configuration cfgi. */
+static int rec_start(rec_t *r, int cfgi)
+{
+    memset(r, 0, sizeof(*r));
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    if (mt_backend_create(&r->b, &bc) != 0)
+        return -1;
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = r->b;
+    if (rec_attach(r, cfgi, &ac) != 0 || mt_alloc_create(&r->a, &ac) != 0)
+        return -1;
+    return 0;
+}
+
 /* Events offered so far. */
 static uint64_t rec_events(rec_t *r)
 {
@@ -149,9 +165,11 @@ static uint64_t rec_events(rec_t *r)
     return r->null_count;
 }
 
-/* Ends the recording (after the allocator is gone): events offered and dropped. */
+/* Destroys the allocator, ends the recording (events offered and dropped), destroys the
+ * backend. */
 static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
 {
+    mt_alloc_destroy(&r->a);
     *events = *dropped = 0;
     if (r->cfgi == CFG_NULL) {
         *events = r->null_count;
@@ -170,23 +188,15 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
         *dropped = st.dropped;
         mt_prof_destroy(&r->prof);
     }
+    mt_backend_destroy(&r->b);
 }
 
 static int run_loop(int cfgi, result_t *res)
 {
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
-    mt_backend_t *b = NULL;
-    if (mt_backend_create(&b, &bc) != 0)
-        return -1;
-    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
-    ac.backend = b;
     rec_t rec;
-    if (rec_start(&rec, cfgi, &ac) != 0)
+    if (rec_start(&rec, cfgi) != 0)
         return -1;
-    mt_alloc_t *a = NULL;
-    if (mt_alloc_create(&a, &ac) != 0)
-        return -1;
+    mt_alloc_t *a = rec.a;
     /* Warm the cache: every size of the loop has a cached block afterwards. */
     static const size_t sizes[8] = {512, 4096, 65536, 1 << 20, 3 << 20, 8 << 20, 1000, 200000};
     void *p[8];
@@ -205,12 +215,10 @@ static int run_loop(int cfgi, result_t *res)
     bool best = ns < res->best_ns_per_pair || res->best_ns_per_pair == 0;
     if (best)
         res->best_ns_per_pair = ns;
-    mt_alloc_destroy(&a);
     uint64_t dropped;
     rec_stop(&rec, &res->events, &dropped);
     if (best) /* the drops of the round whose time is shown */
         res->dropped = dropped;
-    mt_backend_destroy(&b);
     return 0;
 }
 
@@ -263,17 +271,10 @@ static float *rnn_buf(mt_alloc_t *a, size_t n, int tag)
 static int run_rnn(int cfgi, int round, rnn_result_t *res)
 {
     enum { T = 64, B = 16, IN = 128, H = 256 };
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
-    mt_backend_t *b = NULL;
-    if (mt_backend_create(&b, &bc) != 0)
-        return -1;
-    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
-    ac.backend = b;
     rec_t rec;
-    mt_alloc_t *a = NULL;
-    if (rec_start(&rec, cfgi, &ac) != 0 || mt_alloc_create(&a, &ac) != 0)
+    if (rec_start(&rec, cfgi) != 0)
         return -1;
+    mt_alloc_t *a = rec.a;
     mt_rnn_cfg_t c = mt_rnn_cfg_default();
     c.mode = MT_RNN_LSTM;
     c.input_size = IN;
@@ -308,13 +309,11 @@ static int run_rnn(int cfgi, int round, rnn_result_t *res)
     mt_alloc_free(a, dy);
     mt_alloc_free(a, dx);
     mt_rnn_destroy(&m);
-    mt_alloc_destroy(&a);
     uint64_t events, dropped;
     rec_stop(&rec, &events, &dropped);
     res->ms[round] = ms;
     res->events_per_step = (double)(ev1 - ev0) / RNN_STEPS;
     res->dropped += dropped;
-    mt_backend_destroy(&b);
     return 0;
 }
 
