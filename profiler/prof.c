@@ -11,19 +11,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define REGISTER_TIMEOUT_MS 2000
 #define DRAIN_BATCH         4096
 #define OUTBUF_SIZE         (64 * 1024)
 
-/* Invariants: mode is the live mode (DAEMON, LOG or OFF), fixed after create;
- * fd >= 0 iff mode == DAEMON; log_fd >= 0 and the drainer thread runs iff mode == LOG;
- * ring != NULL iff mode != OFF. Only the holder of drain_lock consumes the ring. */
+/* Invariants: mode is the live mode (DAEMON, LOG or OFF), set at create; it changes
+ * once at most, DAEMON -> LOG, when the daemon goes away (the watcher's takeover), and
+ * only under stop_lock. fd >= 0 from a daemon registration until destroy, and the watcher
+ * thread runs while watching; log_fd >= 0 and the drainer thread runs iff mode == LOG;
+ * ring != NULL iff mode != OFF. The ring has one consumer at a time: the daemon until it
+ * closes our connection, then the holder of drain_lock. */
 struct mt_prof_s {
     mt_event_sink_t sink; /* what the allocator calls; ud = this */
     mt__ring_t *ring;     /* the shared ring (producer mapping) */
-    int mode;             /* mt_prof_mode_e, live */
+    _Atomic int mode;     /* mt_prof_mode_e, live; release-stored after the fields it covers */
     int pid;
     _Atomic uint64_t off_count; /* events seen in OFF mode */
     mt_log_cb log;
@@ -31,7 +36,10 @@ struct mt_prof_s {
     const char *(*tag_name)(void *ud, int tag);
     void *tag_ud;
     /* daemon mode */
-    int fd; /* connection kept open for the process lifetime */
+    int fd;            /* connection kept open for the process lifetime */
+    pthread_t watcher; /* blocks reading fd; takes over if the daemon goes away */
+    bool watching;
+    char *cfg_log_path; /* owned copy of mt_prof_cfg_t.log_path (NULL = default), for it */
     /* local mode */
     char *log_path; /* owned */
     int log_fd;
@@ -40,7 +48,7 @@ struct mt_prof_s {
     pthread_mutex_t drain_lock; /* one consumer at a time: drainer thread or flush */
     pthread_mutex_t stop_lock;
     pthread_cond_t stop_cond;
-    bool stop; /* under stop_lock */
+    bool stop; /* under stop_lock; destroy has begun */
     /* user tags' labels as announced in the stream (MT_EV_TAG_LABEL); "" = none yet;
      * under drain_lock */
     char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
@@ -105,9 +113,17 @@ const char *mt_prof_mode_name(int mode)
 
 /* ---- the sink (hot path) ---- */
 
+/* The live mode; acquire pairs with the takeover's release, so the log fields it set up
+ * are seen with it. */
+static int mode_of(const mt_prof_t *p)
+{
+    return atomic_load_explicit(&((mt_prof_t *)p)->mode, memory_order_acquire);
+}
+
 int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev)
 {
-    if (p->mode == MT_PROF_OFF) {
+    /* OFF is decided at create and never entered later: a relaxed read suffices. */
+    if (atomic_load_explicit(&p->mode, memory_order_relaxed) == MT_PROF_OFF) {
         atomic_fetch_add_explicit(&p->off_count, 1, memory_order_relaxed);
         return 0;
     }
@@ -131,7 +147,7 @@ static void sink_emit(void *ud, const mt_event_rec_t *ev)
 static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
 {
     mt_prof_t *p = ud;
-    bool plain = p->mode != MT_PROF_OFF;
+    bool plain = atomic_load_explicit(&p->mode, memory_order_relaxed) != MT_PROF_OFF;
     for (size_t i = 0; i < n && plain; i++)
         plain = ev[i].kind != MT_EV_OOM && ev[i].time_ns != 0;
     if (plain) {
@@ -292,6 +308,45 @@ static int start_local(mt_prof_t *p, const char *path)
     return rc;
 }
 
+/* The daemon closes our connection only once it has stopped reading the ring (it exited,
+ * was killed, or let go of a corrupt ring): from then on this process is the ring's only
+ * consumer, and what the daemon had not read yet goes to the local log with the rest.
+ * A daemon killed in the middle of a drain may have sent up to 63 records it had not yet
+ * acknowledged in read_idx: those reach the log again (same seq), none is lost. */
+static void *watcher_main(void *arg)
+{
+    mt_prof_t *p = arg;
+    char buf[256];
+    for (;;) {
+        ssize_t n = read(p->fd, buf, sizeof buf); /* the daemon sends nothing after hello */
+        if (n > 0 || (n < 0 && errno == EINTR))
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+            (void)poll(&pfd, 1, -1);
+            continue;
+        }
+        break;
+    }
+    pthread_mutex_lock(&p->stop_lock);
+    if (!p->stop) {
+        int rc = start_local(p, p->cfg_log_path);
+        if (rc == 0) {
+            atomic_store_explicit(&p->mode, MT_PROF_LOG, memory_order_release);
+            logf_(p, MT_LOG_WARN,
+                  "memtrace: the daemon went away; recording continues in the local log %s",
+                  p->log_path);
+        } else {
+            logf_(p, MT_LOG_ERROR,
+                  "memtrace: the daemon went away and the local log cannot be opened (%s): "
+                  "further events are dropped and counted",
+                  mt_strerror(rc));
+        }
+    }
+    pthread_mutex_unlock(&p->stop_lock);
+    return NULL;
+}
+
 /* ---- lifecycle ---- */
 
 static void read_comm(char *buf, size_t len)
@@ -364,6 +419,13 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
             p->mode = MT_PROF_DAEMON;
             logf_(p, MT_LOG_INFO, "memtrace: recording to the daemon at %s (ring %s)", path,
                   mt__ring_name(p->ring));
+            if (cfg->log_path != NULL && (p->cfg_log_path = strdup(cfg->log_path)) == NULL)
+                logf_(p, MT_LOG_WARN, "memtrace: out of memory: the fallback log is the default");
+            p->watching = pthread_create(&p->watcher, NULL, watcher_main, p) == 0;
+            if (!p->watching)
+                logf_(p, MT_LOG_WARN,
+                      "memtrace: no watcher thread: if the daemon goes away, "
+                      "events are dropped and counted");
             *out = p;
             return 0;
         }
@@ -415,9 +477,10 @@ int mt_prof_flush(mt_prof_t *p)
 {
     if (!p)
         return MT_EINVAL;
-    if (p->mode == MT_PROF_DAEMON)
+    int mode = mode_of(p);
+    if (mode == MT_PROF_DAEMON)
         return mt__prof_client_poke(p->fd) == 0 ? 0 : MT_EIO;
-    if (p->mode != MT_PROF_LOG)
+    if (mode != MT_PROF_LOG)
         return 0;
     pthread_mutex_lock(&p->drain_lock);
     drain_locked(p);
@@ -429,8 +492,8 @@ int mt_prof_flush(mt_prof_t *p)
 void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
 {
     memset(out, 0, sizeof(*out));
-    out->mode = p->mode;
-    if (p->mode == MT_PROF_OFF) {
+    out->mode = mode_of(p);
+    if (out->mode == MT_PROF_OFF) {
         out->emitted = atomic_load_explicit(&p->off_count, memory_order_relaxed);
         return;
     }
@@ -440,7 +503,7 @@ void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
     out->dropped = st.dropped;
     out->lost = st.lost;
     out->delivered = st.delivered;
-    if (p->mode == MT_PROF_LOG) {
+    if (out->mode == MT_PROF_LOG) {
         pthread_mutex_lock(&p->drain_lock);
         out->written = p->written;
         pthread_mutex_unlock(&p->drain_lock);
@@ -449,7 +512,7 @@ void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
 
 const char *mt_prof_log_path(const mt_prof_t *p)
 {
-    return p && p->mode == MT_PROF_LOG ? p->log_path : NULL;
+    return p && mode_of(p) == MT_PROF_LOG ? p->log_path : NULL;
 }
 
 void mt_prof_destroy(mt_prof_t **pp)
@@ -457,19 +520,24 @@ void mt_prof_destroy(mt_prof_t **pp)
     if (!pp || !*pp)
         return;
     mt_prof_t *p = *pp;
-    if (p->mode == MT_PROF_LOG) {
-        pthread_mutex_lock(&p->stop_lock);
-        p->stop = true;
-        pthread_cond_signal(&p->stop_cond);
-        pthread_mutex_unlock(&p->stop_lock);
-        pthread_join(p->drainer, NULL);
-    }
-    if (p->ring) {
-        /* Set before the final drain and before the daemon sees EOF: no writer is left,
-         * and consumers can tell a clean exit from a crash. */
+    /* Set before the final drain and before the daemon sees EOF: no writer is left, and
+     * consumers can tell a clean exit from a crash. */
+    if (p->ring)
         mt__ring_set_flags(p->ring, MT_RING_F_EXITED);
+    /* stop first: a watcher woken by the shutdown below then leaves without taking over,
+     * and mode cannot change after the join. */
+    pthread_mutex_lock(&p->stop_lock);
+    p->stop = true;
+    pthread_cond_signal(&p->stop_cond);
+    pthread_mutex_unlock(&p->stop_lock);
+    if (p->watching) {
+        shutdown(p->fd, SHUT_RDWR); /* the daemon sees EOF: its final drain */
+        pthread_join(p->watcher, NULL);
     }
-    if (p->mode == MT_PROF_LOG) {
+    int mode = mode_of(p);
+    if (mode == MT_PROF_LOG)
+        pthread_join(p->drainer, NULL);
+    if (mode == MT_PROF_LOG) {
         pthread_mutex_lock(&p->drain_lock);
         drain_locked(p);
         mt__ring_stats_t st;
@@ -484,6 +552,7 @@ void mt_prof_destroy(mt_prof_t **pp)
         close(p->fd);
     mt__ring_close(&p->ring);
     free(p->log_path);
+    free(p->cfg_log_path);
     free(p->out);
     pthread_mutex_destroy(&p->drain_lock);
     pthread_mutex_destroy(&p->stop_lock);

@@ -6,7 +6,9 @@
  * The ring is read by the memtraced daemon when one is reachable (the producer
  * registers over a Unix socket), otherwise (mode auto or log) by a background drainer
  * thread of the profiler that appends NDJSON to a local log file, so an instrumented
- * program works with no set-up at all.
+ * program works with no set-up at all. If the daemon goes away later (its connection
+ * closes), the profiler takes over the ring and continues in the local log from the first
+ * event the daemon had not read: the live mode turns from daemon to log, once.
  *
  * Thread-safety: the sink may be called from any number of threads at once; create,
  * destroy and flush are not concurrent with each other. */
@@ -76,7 +78,8 @@ MT_API int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev);
 /* Local mode: drains the ring into the log now and flushes the file. Daemon mode: 0. */
 MT_API int mt_prof_flush(mt_prof_t *p);
 MT_API void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out);
-/* The local log path (borrowed), or NULL when not in local mode. */
+/* The local log path (borrowed), or NULL when not in local mode (yet: see the takeover
+ * above). */
 MT_API const char *mt_prof_log_path(const mt_prof_t *p);
 /* The live mode name: "daemon", "log" or "off". Static. */
 MT_API const char *mt_prof_mode_name(int mode);

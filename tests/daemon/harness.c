@@ -72,13 +72,9 @@ void th_daemon_stop(th_daemon_t *t)
     rmdir(t->dir);
 }
 
-pid_t th_producer(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd)
+/* The producer's body, in a process of its own (see th_producer). */
+static void producer_body(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid > 0)
-        return pid;
     mt_prof_cfg_t cfg = mt_prof_cfg_default();
     cfg.mode = MT_PROF_DAEMON;
     cfg.socket = sock;
@@ -119,6 +115,55 @@ pid_t th_producer(const char *sock, unsigned n, unsigned slots, unsigned burst, 
     }
     mt_prof_destroy(&p);
     _exit(0);
+}
+
+#define ROLE_ARG "--th-role"
+
+/* The child execs this test binary again: after fork, a process whose parent runs other
+ * threads (the in-process daemon) may only call async-signal-safe functions, and the
+ * profiler starts a thread, which under ASan can hang on an allocator lock held by one of
+ * those threads at the fork. */
+pid_t th_spawn(const char *role, const char *const args[5])
+{
+    char *argv[9] = {"th-child", ROLE_ARG, (char *)role};
+    for (int i = 0; i < 5 && args != NULL && args[i] != NULL; i++)
+        argv[3 + i] = (char *)args[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid > 0)
+        return pid;
+    execv("/proc/self/exe", argv);
+    _exit(13);
+}
+
+const char *th_role(int argc, char **argv, char ***args)
+{
+    if (argc < 3 || strcmp(argv[1], ROLE_ARG) != 0)
+        return NULL;
+    *args = argv + 3;
+    return argv[2];
+}
+
+pid_t th_producer(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd)
+{
+    char a[4][24];
+    snprintf(a[0], sizeof a[0], "%u", n);
+    snprintf(a[1], sizeof a[1], "%u", slots);
+    snprintf(a[2], sizeof a[2], "%u", burst);
+    snprintf(a[3], sizeof a[3], "%d", stop_fd);
+    const char *const args[5] = {sock, a[0], a[1], a[2], a[3]};
+    return th_spawn("producer", args);
+}
+
+void th_producer_dispatch(int argc, char **argv)
+{
+    char **a;
+    const char *role = th_role(argc, argv, &a);
+    if (role == NULL || strcmp(role, "producer") != 0 || argc != 8)
+        return;
+    producer_body(a[0], (unsigned)strtoul(a[1], NULL, 10), (unsigned)strtoul(a[2], NULL, 10),
+                  (unsigned)strtoul(a[3], NULL, 10), atoi(a[4]));
 }
 
 int th_wait(pid_t pid)

@@ -35,6 +35,15 @@ void th_daemon_stop(th_daemon_t *t);
  * if stop_fd < 0, exits cleanly (mt_prof_destroy); otherwise writes one byte to stop_fd
  * and waits to be killed. Returns the child's pid. */
 pid_t th_producer(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd);
+/* th_producer runs the producer in a fresh exec of the test binary: every test main using
+ * th_producer calls this first, with its own arguments; it does not return in a producer. */
+void th_producer_dispatch(int argc, char **argv);
+/* Forks a child that execs this test binary again as `--th-role ROLE ARGS...` (up to 5
+ * args, NULL-terminated if fewer): a fresh process, not a fork of one running threads.
+ * Returns its pid. */
+pid_t th_spawn(const char *role, const char *const args[5]);
+/* In main: the role this process was spawned with (its args in *args), or NULL. */
+const char *th_role(int argc, char **argv, char ***args);
 /* Waits for pid to exit; returns its wait status. */
 int th_wait(pid_t pid);
 

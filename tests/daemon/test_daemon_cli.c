@@ -191,6 +191,7 @@ static void test_daemon_detached(void **state)
 
 int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
         return 2;

@@ -197,8 +197,9 @@ static void test_filters(void **state)
     th_daemon_stop(&t);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counts_match_exactly),
         cmocka_unit_test(test_stuck_consumer_does_not_stall_others),

@@ -325,8 +325,9 @@ static void test_producer_corrupt_ring(void **state)
     th_daemon_stop(&t);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes),
         cmocka_unit_test(test_bad_http),

@@ -200,8 +200,9 @@ static void test_cfg_validation(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigterm_clean_shutdown),
         cmocka_unit_test(test_stale_and_busy_socket),

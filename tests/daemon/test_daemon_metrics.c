@@ -84,13 +84,8 @@ static void record(mt_prof_t *p, int kind, int pool, uint64_t addr, uint64_t siz
 
 /* A forked producer with a device allocator and a pinned host cache: device 2 MiB segment
  * with a 1 MiB block; host 4 MiB segment with a 3 MiB block, then 2 MiB of it freed. */
-static pid_t host_producer(const char *sock)
+static void host_producer_body(const char *sock)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid > 0)
-        return pid;
     mt_prof_cfg_t cfg = mt_prof_cfg_default();
     cfg.mode = MT_PROF_DAEMON;
     cfg.socket = sock;
@@ -113,7 +108,8 @@ static void test_host_series(void **state)
 {
     th_daemon_t t;
     th_daemon_start(&t, th_cfg());
-    pid_t pid = host_producer(t.sock);
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("host", args);
     assert_int_equal(th_wait(pid), 0);
     json_t *p = th_wait_exited(t.sock, pid, 5000);
     assert_non_null(p);
@@ -163,13 +159,8 @@ static void test_host_series(void **state)
  * "logits" and one that needs escaping, and keeps blocks of each live: 3 x 4 KiB logits,
  * 2 x 4 KiB of the other, 1 x 4 KiB weights. */
 #define ODD_LABEL "lo\"g\\its"
-static pid_t labelled_producer(const char *sock)
+static void labelled_producer_body(const char *sock)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid > 0)
-        return pid;
     mt_prof_cfg_t cfg = mt_prof_cfg_default();
     cfg.mode = MT_PROF_DAEMON;
     cfg.socket = sock;
@@ -242,7 +233,8 @@ static void test_labels_named(void **state)
     th_daemon_t t;
     th_daemon_start(&t, th_cfg());
     int only_logits = th_consumer(t.sock, "\"tags\":[\"logits\"]");
-    pid_t pid = labelled_producer(t.sock);
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("labels", args);
     assert_int_equal(th_wait(pid), 0);
     json_t *p = th_wait_exited(t.sock, pid, 5000);
     assert_non_null(p);
@@ -298,8 +290,15 @@ static void test_labels_named(void **state)
     th_daemon_stop(&t);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
+    char **args;
+    const char *role = th_role(argc, argv, &args);
+    if (role != NULL && strcmp(role, "host") == 0)
+        host_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "labels") == 0)
+        labelled_producer_body(args[0]);
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
         fprintf(stderr, "promtool not found (Debian package prometheus): skipped\n");
         return 77;

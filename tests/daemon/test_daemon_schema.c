@@ -104,8 +104,9 @@ static void test_daemon_output_matches_schema(void **state)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    th_producer_dispatch(argc, argv);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "command -v node > /dev/null && node %s > /dev/null 2>&1", validator);
     int rc = system(cmd);
