@@ -347,6 +347,61 @@ static mt_block_t *find_cached(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t
     return b;
 }
 
+/* The reference's first step when no cached block fits: the free-memory callbacks, run
+ * without the lock since they may free into this allocator (sr and its bins stay valid:
+ * stream records are never freed before the allocator). Returns true when one of them freed
+ * something; the caller then searches the cache again. One run at a time: a callback that
+ * allocates, or another thread missing meanwhile, goes on without them. */
+static bool run_free_callbacks(mt_alloc_t *a, size_t size, mt_stream_t *stream)
+{
+    if (a->nfree_cbs == 0 || a->in_free_cbs)
+        return false;
+    mt__free_cb_t cbs[MT__FREE_CB_MAX];
+    unsigned n = a->nfree_cbs;
+    memcpy(cbs, a->free_cbs, n * sizeof cbs[0]);
+    a->in_free_cbs = true;
+    pthread_mutex_unlock(&a->mu);
+    bool freed = false;
+    for (unsigned i = 0; i < n; i++)
+        freed |= cbs[i].cb(cbs[i].ud, a, size, stream);
+    pthread_mutex_lock(&a->mu);
+    a->in_free_cbs = false;
+    if (freed && a->npending > 0)
+        mt__alloc_process_events(a);
+    return freed;
+}
+
+int mt_alloc_add_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
+{
+    if (a == NULL || cb == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    int rc = a->nfree_cbs < MT__FREE_CB_MAX ? 0 : MT_EBUSY;
+    if (rc == 0)
+        a->free_cbs[a->nfree_cbs++] = (mt__free_cb_t){cb, ud};
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
+int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
+{
+    if (a == NULL || cb == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&a->mu);
+    int rc = MT_ENOENT;
+    for (unsigned i = 0; i < a->nfree_cbs; i++) {
+        if (a->free_cbs[i].cb == cb && a->free_cbs[i].ud == ud) {
+            memmove(&a->free_cbs[i], &a->free_cbs[i + 1],
+                    (a->nfree_cbs - i - 1) * sizeof a->free_cbs[0]);
+            a->nfree_cbs--;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&a->mu);
+    return rc;
+}
+
 /* The reference's recovery sequence when no cached block fits. */
 static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, size_t rsize,
                          mt_block_t **out)
@@ -414,6 +469,8 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         goto out;
     }
     mt_block_t *b = find_cached(a, sr, bp, rsize);
+    if (b == NULL && run_free_callbacks(a, size, stream))
+        b = find_cached(a, sr, bp, rsize);
     if (b == NULL) {
         rc = get_new_block(a, sr, bp, size, rsize, &b);
         if (rc != 0)

@@ -193,6 +193,12 @@ typedef struct mt__clock_s {
  *   npending = sum of npending over the ACTIVE_PENDING_FREE blocks;
  *   the address map holds exactly the active blocks;
  *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks. */
+#define MT__FREE_CB_MAX 8
+typedef struct mt__free_cb_s {
+    mt_alloc_free_cb cb;
+    void *ud;
+} mt__free_cb_t;
+
 struct mt_alloc_s {
     pthread_mutex_t mu;
     mt_alloc_cfg_t cfg;    /* copy; sink and backend borrowed */
@@ -233,6 +239,11 @@ struct mt_alloc_s {
     size_t nwops, cap_wops;
     bool wops_failed;
 
+    /* Free-memory callbacks (mt_alloc_add_free_callback), in registration order.
+     * in_free_cbs: a run of them is under way (the lock is released meanwhile). */
+    mt__free_cb_t free_cbs[MT__FREE_CB_MAX];
+    unsigned nfree_cbs; /* <= MT__FREE_CB_MAX */
+    bool in_free_cbs;
     mt__clock_t clk;                /* time of events (only read with a sink) */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */

@@ -31,7 +31,8 @@ typedef struct task_s {
 } task_t;
 
 /* Invariants: resident = number of tasks with dparams; resident <= cache_sets;
- * active >= 0 <=> dgrads != NULL, and tasks[active] is resident. */
+ * active >= 0 <=> dgrads != NULL, and tasks[active] is resident; the pressure callback
+ * never evicts tasks[active] nor tasks[pinned]. */
 struct mt_param_pager_s {
     mt_param_pager_cfg_t cfg;
     mt_backend_t *b;
@@ -40,6 +41,8 @@ struct mt_param_pager_s {
     task_t *tasks;
     float *dgrads; /* device gradients of the active task */
     int active;    /* task index or -1 */
+    int pinned;    /* task being activated (resident, not yet active) or -1 */
+    bool hooked;   /* the pressure callback is registered with cfg.alloc */
     unsigned resident;
     uint64_t clock;
     mt_param_pager_stats_t st;
@@ -82,23 +85,57 @@ static void evict(mt_param_pager_t *p, task_t *t)
     p->st.evictions++;
 }
 
+/* The least recently used resident set that may be evicted (not active, not being
+ * activated), or NULL. */
+static task_t *lru_evictable(mt_param_pager_t *p)
+{
+    task_t *lru = NULL;
+    for (unsigned i = 0; i < p->cfg.ntasks; i++) {
+        task_t *t = &p->tasks[i];
+        if (t->dparams == NULL || (int)i == p->active || (int)i == p->pinned)
+            continue;
+        if (lru == NULL || t->last_used < lru->last_used)
+            lru = t;
+    }
+    return lru;
+}
+
 /* Makes room for one more set by evicting the least recently used one that is not active. */
 static int make_room(mt_param_pager_t *p)
 {
     while (p->resident >= p->cfg.cache_sets) {
-        task_t *lru = NULL;
-        for (unsigned i = 0; i < p->cfg.ntasks; i++) {
-            task_t *t = &p->tasks[i];
-            if (t->dparams == NULL || (int)i == p->active)
-                continue;
-            if (lru == NULL || t->last_used < lru->last_used)
-                lru = t;
-        }
+        task_t *lru = lru_evictable(p);
         if (lru == NULL)
             return MT_EBUSY;
         evict(p, lru);
     }
     return 0;
+}
+
+/* The allocator's free-memory callback (cfg.release_under_pressure): when a request finds
+ * no cached block and the device has less free memory than it asks for, device copies of
+ * sets that are not in use go back, least recently used first, until the request would
+ * fit. Their blocks return to the allocator's cache, from which its out-of-memory path
+ * hands whole segments back to the device. A mere cache miss gives nothing up. */
+static bool release_under_pressure(void *ud, mt_alloc_t *a, size_t size, mt_stream_t *stream)
+{
+    (void)a;
+    (void)stream;
+    mt_param_pager_t *p = ud;
+    size_t free_b = 0, total = 0;
+    if (mt_backend_mem_get_info(p->b, &free_b, &total) != 0 || free_b >= size)
+        return false;
+    bool freed = false;
+    for (size_t got = 0; free_b + got < size;) {
+        task_t *lru = lru_evictable(p);
+        if (lru == NULL)
+            break;
+        evict(p, lru);
+        p->st.pressure_evictions++;
+        got += set_bytes(p);
+        freed = true;
+    }
+    return freed;
 }
 
 static int upload(mt_param_pager_t *p, task_t *t)
@@ -154,6 +191,7 @@ int mt_param_pager_create(mt_param_pager_t **out, const mt_param_pager_cfg_t *cf
         return MT_ENOMEM;
     p->cfg = *cfg;
     p->active = -1;
+    p->pinned = -1;
     p->b = mt_alloc_backend(cfg->alloc);
     if (mt_host_cache_device(cfg->host) != p->b) {
         free(p);
@@ -188,6 +226,12 @@ int mt_param_pager_create(mt_param_pager_t **out, const mt_param_pager_cfg_t *cf
         memset(t->hparams, 0, set_bytes(p));
         memset(t->hgrads, 0, set_bytes(p));
     }
+    if (cfg->release_under_pressure) {
+        rc = mt_alloc_add_free_callback(cfg->alloc, release_under_pressure, p);
+        if (rc != 0)
+            goto fail;
+        p->hooked = true;
+    }
     *out = p;
     return 0;
 fail:
@@ -204,6 +248,8 @@ void mt_param_pager_destroy(mt_param_pager_t **pp)
     if (pp == NULL || *pp == NULL)
         return;
     mt_param_pager_t *p = *pp;
+    if (p->hooked)
+        (void)mt_alloc_remove_free_callback(p->cfg.alloc, release_under_pressure, p);
     if (p->dgrads != NULL)
         (void)mt_alloc_free(p->cfg.alloc, p->dgrads);
     /* Frees record events on the streams that still use the memory; destroying the side
@@ -275,7 +321,9 @@ int mt_param_pager_activate(mt_param_pager_t *p, unsigned task, float **params, 
     if (!hit && (rc = upload(p, t)) != 0)
         return rc;
     float *g = NULL;
+    p->pinned = (int)task; /* its set stays while the gradients are allocated */
     rc = mt_alloc_malloc(p->cfg.alloc, set_bytes(p), p->cfg.compute, MT_TAG_GRADS, (void **)&g);
+    p->pinned = -1;
     if (rc == 0)
         rc = mt_alloc_record_stream(p->cfg.alloc, g, p->side);
     if (rc == 0)

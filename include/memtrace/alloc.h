@@ -112,6 +112,22 @@ MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 /* Returns every unused cached segment to the backend (after pending events). */
 MT_API int mt_alloc_empty_cache(mt_alloc_t *a);
 
+/* Free-memory callbacks (the reference allocator's first step when a request finds no
+ * cached block): before asking the device for a new segment, the allocator calls each
+ * registered callback, in registration order, with the request's size and stream. A
+ * callback may give memory back to this allocator (mt_alloc_free, mt_alloc_empty_cache)
+ * and returns true if it did; the cache is then searched again. Callbacks run on the
+ * allocating thread WITHOUT the allocator's lock; while they run, other requests of this
+ * allocator (the callbacks' own, or other threads') go on without calling them. A cache
+ * miss is not yet a shortage: a callback that holds memory worth keeping checks the device
+ * (mt_backend_mem_get_info) before giving it up. */
+typedef bool (*mt_alloc_free_cb)(void *ud, mt_alloc_t *a, size_t size, mt_stream_t *stream);
+/* Adds cb (with ud, borrowed until removed). MT_EBUSY when 8 are registered already. */
+MT_API int mt_alloc_add_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud);
+/* Removes the (cb, ud) registration; MT_ENOENT if there is none. Do not remove one while
+ * another thread may be allocating from a: it may be running a copy of the list. */
+MT_API int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud);
+
 /* Registers a user label as a tag; *out_tag receives its id (the same id if the label
  * exists). MT_ENOMEM when all MT_TAG_MAX ids are taken. label is copied. */
 MT_API int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag);

@@ -147,16 +147,24 @@ typedef struct mt_param_pager_cfg_s {
     unsigned ntasks;       /* T >= 1 */
     size_t nparams;        /* floats per task set, >= 1 */
     unsigned cache_sets;   /* task sets the device may hold at once, >= 1; 2 */
+    /* Registers a free-memory callback with alloc (mt_alloc_add_free_callback): when a
+     * request of the program finds no cached block and the device has not enough free
+     * memory for it, resident sets that are not in use (neither active nor being
+     * activated) are evicted, least recently used first, rather than the request failing.
+     * The callback runs on the allocating thread: with this on, allocate from alloc only on
+     * the thread that uses the pager. false. */
+    bool release_under_pressure;
 } mt_param_pager_cfg_t;
 
 typedef struct mt_param_pager_stats_s {
     uint64_t activations;
-    uint64_t hits;    /* activations that found the set resident */
-    uint64_t uploads; /* host -> device set copies */
-    uint64_t evictions;
-    uint64_t writebacks;   /* gradient copies accumulated into host copies */
-    unsigned resident;     /* sets on the device now */
-    unsigned max_resident; /* highest resident since creation */
+    uint64_t hits;               /* activations that found the set resident */
+    uint64_t uploads;            /* host -> device set copies */
+    uint64_t evictions;          /* all evictions, pressure_evictions included */
+    uint64_t pressure_evictions; /* sets given back to a request that did not fit */
+    uint64_t writebacks;         /* gradient copies accumulated into host copies */
+    unsigned resident;           /* sets on the device now */
+    unsigned max_resident;       /* highest resident since creation */
 } mt_param_pager_stats_t;
 
 MT_API mt_param_pager_cfg_t mt_param_pager_cfg_default(void);

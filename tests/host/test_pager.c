@@ -322,11 +322,80 @@ static void test_lru_and_errors(void **state)
     fx_fini(&f);
 }
 
+/* Memory pressure: with release_under_pressure, a request of the program that the device
+ * cannot fit takes back a resident set that is not in use (the active one stays); without
+ * it, the same request fails. A cache miss with room to spare gives nothing up. */
+static void pressure_case(bool release)
+{
+    fx_t f;
+    fx_init(&f, 64 * MIB, 160 * MIB); /* pinned: 3 x (params + grads) + staging */
+    mt_param_pager_cfg_t pc = mt_param_pager_cfg_default();
+    pc.alloc = f.a;
+    pc.host = f.h;
+    pc.compute = f.compute;
+    pc.ntasks = 3;
+    pc.nparams = 4 * MIB; /* floats: 16 MiB sets */
+    pc.cache_sets = 2;
+    pc.release_under_pressure = release;
+    mt_param_pager_t *p = NULL;
+    assert_int_equal(mt_param_pager_create(&p, &pc), 0);
+    float *dp = NULL, *dg = NULL;
+    assert_int_equal(mt_param_pager_prefetch(p, 0), 0);
+    assert_int_equal(mt_param_pager_activate(p, 1, &dp, &dg), 0); /* set + grads: 32 MiB */
+    assert_int_equal(mt_stream_synchronize(f.b, f.compute), 0);
+    mt_param_pager_stats_t st;
+    mt_param_pager_stats(p, &st);
+    assert_int_equal(st.resident, 2);
+
+    void *small = NULL, *big = NULL;
+    assert_int_equal(mt_alloc_malloc(f.a, 1 * MIB, f.compute, MT_TAG_ACTIVATIONS, &small), 0);
+    mt_param_pager_stats(p, &st);
+    assert_int_equal(st.resident, 2); /* a miss, but the device had room */
+    int rc = mt_alloc_malloc(f.a, 16 * MIB, f.compute, MT_TAG_ACTIVATIONS, &big); /* 14 free */
+    mt_param_pager_stats(p, &st);
+    if (release) {
+        assert_int_equal(rc, 0);
+        assert_int_equal(st.pressure_evictions, 1);
+        assert_int_equal(st.resident, 1);
+        /* The active task kept its set: it still trains, and deactivates normally. */
+        set_t s1 = {dg};
+        assert_int_equal(mt_stream_launch_host_func(f.b, f.compute, write_ramp, &s1), 0);
+        assert_int_equal(mt_param_pager_deactivate(p, 1), 0);
+        assert_int_equal(mt_param_pager_host_wait(p, 1), 0);
+        float *h1 = NULL, *g1 = NULL;
+        assert_int_equal(mt_param_pager_host(p, 1, &h1, &g1), 0);
+        assert_true(g1[9] == 10.0f);
+        assert_int_equal(mt_alloc_free(f.a, big), 0);
+    } else {
+        assert_int_equal(rc, MT_ENOMEM);
+        assert_int_equal(st.pressure_evictions, 0);
+        assert_int_equal(st.resident, 2);
+        assert_int_equal(mt_param_pager_deactivate(p, 1), 0);
+    }
+    assert_int_equal(mt_alloc_free(f.a, small), 0);
+    mt_param_pager_destroy(&p);
+    fx_fini(&f);
+}
+
+static void test_release_under_pressure(void **state)
+{
+    (void)state;
+    pressure_case(true);
+}
+
+static void test_no_release_without_it(void **state)
+{
+    (void)state;
+    pressure_case(false);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_training_equals_all_on_device),
         cmocka_unit_test(test_lru_and_errors),
+        cmocka_unit_test(test_release_under_pressure),
+        cmocka_unit_test(test_no_release_without_it),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
