@@ -1,9 +1,12 @@
 /* The sim backend: host memory posing as a device of fixed capacity.
  *
- * Device memory is one virtual range of `capacity` bytes reserved with mmap
- * (MAP_NORESERVE, so pages are committed only when touched); segment mallocs are carved
- * from it by best fit over an address-ordered list of free ranges, which is plenty for
- * calls the caching allocator makes almost never. Each malloc/free spends its modelled
+ * Device memory is one virtual range reserved with mmap (MAP_NORESERVE, so pages are
+ * committed only when touched); segment mallocs are carved from it by best fit over an
+ * address-ordered list of free ranges, which is plenty for calls the caching allocator
+ * makes almost never. The range spans SIM_VA_FACTOR times the capacity, and a malloc is
+ * refused when the capacity's BYTES run out, not for want of a contiguous hole: a GPU
+ * maps a cudaMalloc's physical pages wherever they are free, so 24 MiB succeed with 30 MiB
+ * free in two holes there, and must here too. Each malloc/free spends its modelled
  * cost for real (a busy-wait), so wall-clock benchmarks see what caching saves.
  * Virtual memory (expandable segments) is modelled with separate PROT_NONE reservations
  * whose pages are mprotect'ed read/write on map. Streams and events: sim_stream.c.
@@ -20,6 +23,8 @@
 #define GIB                  ((size_t)1 << 30)
 #define SIM_DEFAULT_CAPACITY (8 * GIB)
 #define SIM_BIG_ALIGN        SIM_VM_GRANULARITY /* sizes >= 2 MiB get 2 MiB pages */
+#define SIM_VA_FACTOR        4                  /* device address range / capacity */
+#define SIM_VA_MAX           ((size_t)1 << 44)  /* 16 TiB: far below the 47-bit user space */
 
 static const mt_backend_ops_t sim_ops;
 
@@ -188,7 +193,7 @@ static int sim_malloc(mt_backend_t *b, size_t size, void **out)
 {
     sim_t *s = to_sim(b);
     size_t rounded, align;
-    if (size > s->dev_size)
+    if (size > s->capacity)
         return MT_ENOMEM;
     segment_geometry(size, &rounded, &align);
     spend(s, atomic_load_explicit(&s->malloc_cost_ns, memory_order_relaxed));
@@ -585,7 +590,10 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     s->base.log = cfg->log;
     s->base.log_ud = cfg->log_ud;
     s->capacity = capacity;
-    s->dev_size = capacity & ~(SIM_MIN_ALIGN - 1);
+    /* Room for SIM_VA_FACTOR x capacity of address space (see the top of the file), at
+     * least the capacity itself. */
+    size_t va = capacity <= SIM_VA_MAX / SIM_VA_FACTOR ? capacity * SIM_VA_FACTOR : SIM_VA_MAX;
+    s->dev_size = (va > capacity ? va : capacity) & ~(SIM_MIN_ALIGN - 1);
     atomic_init(&s->malloc_cost_ns, mcost);
     atomic_init(&s->free_cost_ns, fcost);
     int rc = MT_ENOMEM;

@@ -61,7 +61,7 @@ typedef struct sim_s {
 
     pthread_mutex_t mu;  /* guards the memory state below */
     uint8_t *dev_base;   /* start of the device range, 2 MiB aligned */
-    size_t dev_size;     /* bytes of the device range = capacity rounded down to 512 */
+    size_t dev_size;     /* bytes of the device address range: SIM_VA_FACTOR x capacity */
     size_t capacity;     /* bytes reported as total by mem_get_info */
     size_t map_len;      /* bytes of the whole mmap behind dev_base (for munmap) */
     void *map_base;      /* what mmap returned (dev_base is aligned inside it) */

@@ -351,7 +351,7 @@ static void pressure_case(bool release)
     assert_int_equal(mt_alloc_malloc(f.a, 1 * MIB, f.compute, MT_TAG_ACTIVATIONS, &small), 0);
     mt_param_pager_stats(p, &st);
     assert_int_equal(st.resident, 2); /* a miss, but the device had room */
-    int rc = mt_alloc_malloc(f.a, 16 * MIB, f.compute, MT_TAG_ACTIVATIONS, &big); /* 14 free */
+    int rc = mt_alloc_malloc(f.a, 24 * MIB, f.compute, MT_TAG_ACTIVATIONS, &big); /* 14 free */
     mt_param_pager_stats(p, &st);
     if (release) {
         assert_int_equal(rc, 0);

@@ -167,6 +167,33 @@ static void test_capacity_and_oom(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Capacity is counted in bytes, not in contiguous holes, as on a GPU: with 30 MiB free in
+ * two holes (16 + 14 MiB), a 24 MiB malloc succeeds. */
+static void test_free_bytes_not_holes(void **state)
+{
+    mt_backend_t *b = sim_new(64 * MIB);
+    void *a = NULL, *h1 = NULL, *c = NULL, *h2 = NULL, *big = NULL;
+    assert_int_equal(mt_backend_malloc(b, 16 * MIB, &a), 0);
+    assert_int_equal(mt_backend_malloc(b, 16 * MIB, &h1), 0);
+    assert_int_equal(mt_backend_malloc(b, 18 * MIB, &c), 0);
+    assert_int_equal(mt_backend_malloc(b, 14 * MIB, &h2), 0);
+    assert_int_equal(mt_backend_free(b, h1), 0);
+    assert_int_equal(mt_backend_free(b, h2), 0);
+    size_t fr, tot;
+    assert_int_equal(mt_backend_mem_get_info(b, &fr, &tot), 0);
+    assert_int_equal(fr, 30 * MIB);
+    assert_int_equal(mt_backend_malloc(b, 24 * MIB, &big), 0);
+    assert_int_equal(mt_backend_mem_get_info(b, &fr, &tot), 0);
+    assert_int_equal(fr, 6 * MIB);
+    assert_int_equal(mt_backend_malloc(b, 8 * MIB, &h1), MT_ENOMEM); /* bytes are gone */
+    assert_int_equal(mt__sim_check(b), 0);
+    assert_int_equal(mt_backend_free(b, big), 0);
+    assert_int_equal(mt_backend_free(b, c), 0);
+    assert_int_equal(mt_backend_free(b, a), 0);
+    assert_int_equal(mt__sim_check(b), 0);
+    mt_backend_destroy(&b);
+}
+
 static void test_capacity_not_multiple_of_page(void **state)
 {
     /* total is reported as configured; rounding of a segment counts against it. */
@@ -354,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_env_errors_named),
         cmocka_unit_test(test_alignment_and_accounting),
         cmocka_unit_test(test_capacity_and_oom),
+        cmocka_unit_test(test_free_bytes_not_holes),
         cmocka_unit_test(test_capacity_not_multiple_of_page),
         cmocka_unit_test(test_free_errors),
         cmocka_unit_test(test_best_fit_and_merge),
