@@ -18,7 +18,8 @@
 
 /* Workspace: dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN
  * modes' gate gradients [C, B, H], and (L > 1) two buffers for the gradient between layers,
- * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional). */
+ * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional), then (dropout)
+ * the regenerated dropped input of the layer being differentiated [C, B, D*H]. */
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B)
 {
     int cl = mt__rnn_cpu_chunk_len(s);
@@ -30,6 +31,8 @@ size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B)
         n += c * b * gh;
     if (s->layers > 1)
         n += 2 * (s->dirs == 1 ? c : (size_t)T) * b * (size_t)s->dirs * h;
+    if (mt__rnn_drop_on(s))
+        n += c * b * (size_t)s->dirs * h;
     return n;
 }
 
@@ -220,6 +223,8 @@ typedef struct bwd_s {
     const mt_rnn_grad_io_t *g;
     float *dhn, *dcn, *zeros, *dgh, *rbuf;
     float *dbuf[2]; /* L > 1 */
+    uint64_t key;   /* dropout: forward's key */
+    float *xdrop;   /* dropout: layer l > 0's input, regenerated per chunk */
 } bwd_t;
 
 /* Layer l, direction d over chunk k (reserve r); rn is the reserve of the neighbouring
@@ -237,6 +242,12 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
     size_t ofs = D == 1 ? 0 : t0 * (size_t)B * (size_t)dh; /* into dbuf */
     const float *in =
         l == 0 ? io->x + t0 * B * (size_t)s->input : mt__rnn_cpu_layer_out(s, r, n, B, l - 1);
+    if (l > 0 && b->xdrop) {
+        /* The weight gradient needs the input forward used: the mask applied again. */
+        size_t row = (size_t)B * (size_t)dh;
+        mt__rnn_drop_apply(s, b->key, l - 1, t0 * row, (size_t)n * row, in, b->xdrop);
+        in = b->xdrop;
+    }
     const float *out =
         l == L - 1 ? io->y + t0 * B * (size_t)dh : mt__rnn_cpu_layer_out(s, r, n, B, l);
     const float *dout = l == L - 1 ? g->dy + t0 * B * (size_t)dh : b->dbuf[l % 2] + ofs;
@@ -280,8 +291,17 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
     back_dir(&a);
 }
 
+/* The gradient layer l > 0 sent to its input, over steps [t0, t0 + n) of dbuf (at ofs):
+ * through the mask, it becomes the gradient of layer l-1's output. */
+static void drop_back(const bwd_t *b, int l, size_t t0, int n, size_t ofs)
+{
+    size_t row = (size_t)b->io->batch * (size_t)b->s->dirs * (size_t)b->s->hidden;
+    float *d = b->dbuf[(l - 1) % 2] + ofs;
+    mt__rnn_drop_apply(b->s, b->key, l - 1, t0 * row, (size_t)n * row, d, d);
+}
+
 int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float *dw,
-                                const mt_rnn_io_t *io, const mt__rnn_chunks_t *chunks,
+                                const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
                                 const mt_rnn_grad_io_t *g, float *work)
 {
     int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
@@ -290,7 +310,7 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
     size_t bh = (size_t)B * H, nstate = (size_t)L * (size_t)D * bh;
     bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 
-    bwd_t b = {.s = s, .w = w, .dw = dw, .io = io, .g = g};
+    bwd_t b = {.s = s, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.dhn = work;
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
@@ -301,6 +321,8 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
         b.dbuf[0] = next;
         b.dbuf[1] = b.dbuf[0] + (size_t)(D == 1 ? C : T) * B * dh;
     }
+    if (mt__rnn_drop_on(s))
+        b.xdrop = b.dbuf[1] + (size_t)(D == 1 ? C : T) * B * dh;
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));
@@ -319,8 +341,11 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
             rc = chunks->bwd_get(chunks->ud, k, &r);
             if (rc == 0 && k > 0)
                 rc = chunks->bwd_get(chunks->ud, k - 1, &rp);
-            for (int l = L - 1; l >= 0 && rc == 0; l--)
+            for (int l = L - 1; l >= 0 && rc == 0; l--) {
                 back_chunk(&b, l, 0, k, r, rp);
+                if (l > 0 && b.xdrop)
+                    drop_back(&b, l, (size_t)k * (size_t)C, mt__rnn_cpu_chunk_steps(s, T, k), 0);
+            }
             if (rc == 0)
                 rc = chunks->bwd_done(chunks->ud, k);
         }
@@ -330,12 +355,16 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
             return MT_ENOMEM;
         for (int k = K - 1; k >= 0 && rc == 0; k--)
             rc = chunks->bwd_get(chunks->ud, k, &r[k]);
-        for (int l = L - 1; l >= 0 && rc == 0; l--)
+        for (int l = L - 1; l >= 0 && rc == 0; l--) {
             for (int d = 0; d < D; d++)
                 for (int i = 0; i < K; i++) {
                     int k = d == 0 ? K - 1 - i : i, kn = d == 0 ? k - 1 : k + 1;
                     back_chunk(&b, l, d, k, r[k], kn >= 0 && kn < K ? r[kn] : NULL);
                 }
+            /* Both directions have added their part of the input gradient: mask it. */
+            if (l > 0 && b.xdrop)
+                drop_back(&b, l, 0, T, 0);
+        }
         for (int k = K - 1; k >= 0 && rc == 0; k--)
             rc = chunks->bwd_done(chunks->ud, k);
         free(r);

@@ -87,7 +87,8 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int 
 
 /* Workspace: rec [B, gH], h and c states [L*D, B, H] each, then (inference, or RNN modes in
  * training) the gate buffer [C, B, gH], then (inference with L > 1) two layer buffers
- * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional: layer-major). */
+ * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional: layer-major), or
+ * (training with dropout) the dropped input of the layer being run [C, B, D*H]. */
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training)
 {
     int cl = mt__rnn_cpu_chunk_len(s);
@@ -99,6 +100,8 @@ size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool 
         n += c * b * gh;
     if (!training && s->layers > 1)
         n += 2 * (s->dirs == 1 ? c : (size_t)T) * b * (size_t)s->dirs * h;
+    if (training && mt__rnn_drop_on(s))
+        n += c * b * (size_t)s->dirs * h;
     return n;
 }
 
@@ -247,8 +250,10 @@ typedef struct fwd_s {
     const float *w;
     const mt_rnn_io_t *io;
     bool training;
+    uint64_t key; /* dropout */
     float *rec, *hst, *cst, *gbuf;
     float *lbuf[2]; /* inference, L > 1 */
+    float *dbuf;    /* training with dropout: the dropped input of layer l > 0 */
 } fwd_t;
 
 /* Layer l, direction d over chunk k (reserve r when training), states carried in hst/cst. */
@@ -268,6 +273,12 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         in = mt__rnn_cpu_layer_out(s, r, n, B, l - 1);
     else
         in = f->lbuf[(l - 1) % 2] + lofs;
+    if (l > 0 && f->dbuf) {
+        /* The reserve keeps layer l-1's output h; layer l reads it through the mask. */
+        size_t row = (size_t)B * (size_t)dh;
+        mt__rnn_drop_apply(s, f->key, l - 1, t0 * row, (size_t)n * row, in, f->dbuf);
+        in = f->dbuf;
+    }
     if (l == L - 1)
         out = f->io->y + t0 * (size_t)B * (size_t)dh;
     else if (f->training)
@@ -298,7 +309,8 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
 }
 
 int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
-                               bool training, const mt__rnn_chunks_t *chunks, float *work)
+                               bool training, uint64_t key, const mt__rnn_chunks_t *chunks,
+                               float *work)
 {
     int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
     int gh = s->gates * H, K = mt__rnn_cpu_nchunks(s, T);
@@ -307,7 +319,7 @@ int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const m
     if (training && !chunks)
         return MT_EINVAL;
 
-    fwd_t f = {.s = s, .w = w, .io = io, .training = training};
+    fwd_t f = {.s = s, .w = w, .io = io, .training = training, .key = key};
     f.rec = work;
     f.hst = f.rec + (size_t)B * gh;
     f.cst = f.hst + nstate;
@@ -316,6 +328,8 @@ int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const m
         f.lbuf[0] = f.gbuf + (size_t)C * B * gh;
         f.lbuf[1] = f.lbuf[0] + (size_t)(D == 1 ? C : T) * B * D * H;
     }
+    if (training && mt__rnn_drop_on(s))
+        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : (size_t)C * B * gh);
     if (io->hx)
         memcpy(f.hst, io->hx, nstate * sizeof(float));
     else
@@ -390,18 +404,31 @@ static mt__rnn_chunks_t flat_chunks(flat_t *f)
     return c;
 }
 
-int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
-                        bool training, float *reserve, float *work)
+int mt__rnn_cpu_forward_drop(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                             bool training, uint64_t key, float *reserve, float *work)
 {
     flat_t f = {s, reserve, io->batch};
     mt__rnn_chunks_t c = flat_chunks(&f);
-    return mt__rnn_cpu_forward_chunks(s, w, io, training, training ? &c : NULL, work);
+    return mt__rnn_cpu_forward_chunks(s, w, io, training, key, training ? &c : NULL, work);
+}
+
+int mt__rnn_cpu_backward_drop(const mt__rnn_shape_t *s, const float *w, float *dw,
+                              const mt_rnn_io_t *io, uint64_t key, float *reserve,
+                              const mt_rnn_grad_io_t *g, float *work)
+{
+    flat_t f = {s, reserve, io->batch};
+    mt__rnn_chunks_t c = flat_chunks(&f);
+    return mt__rnn_cpu_backward_chunks(s, w, dw, io, key, &c, g, work);
+}
+
+int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                        bool training, float *reserve, float *work)
+{
+    return mt__rnn_cpu_forward_drop(s, w, io, training, 0, reserve, work);
 }
 
 int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
                          float *reserve, const mt_rnn_grad_io_t *g, float *work)
 {
-    flat_t f = {s, reserve, io->batch};
-    mt__rnn_chunks_t c = flat_chunks(&f);
-    return mt__rnn_cpu_backward_chunks(s, w, dw, io, &c, g, work);
+    return mt__rnn_cpu_backward_drop(s, w, dw, io, 0, reserve, g, work);
 }

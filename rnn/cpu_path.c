@@ -4,7 +4,8 @@
  * this one runs on the calling thread instead, after waiting for the work already queued on
  * that stream (a copy into x, say), so the order a program sees is the same. Its training
  * reserve is a store of per-chunk blocks (offload.c), which activation offload can park in
- * pinned host memory. */
+ * pinned host memory; dropout masks are not in it (regenerated from the pass's key,
+ * dropout.c), so offload works unchanged with dropout. */
 #include <string.h>
 
 #include "memtrace/backend.h"
@@ -38,7 +39,7 @@ static void cpu_reserve_free(mt_rnn_t *m, void *reserve)
 }
 
 static int cpu_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
-                       void *reserve, void *work)
+                       uint64_t drop_key, void *reserve, void *work)
 {
     int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
     if (rc)
@@ -46,18 +47,19 @@ static int cpu_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool 
     mt__rnn_chunks_t chunks;
     if (training)
         mt__rnn_store_chunks(reserve, &chunks);
-    return mt__rnn_cpu_forward_chunks(&m->shape, w, io, training, training ? &chunks : NULL, work);
+    return mt__rnn_cpu_forward_chunks(&m->shape, w, io, training, drop_key,
+                                      training ? &chunks : NULL, work);
 }
 
 static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
-                        void *reserve, const mt_rnn_grad_io_t *g, void *work)
+                        uint64_t drop_key, void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
     int rc = mt_stream_synchronize(m->backend, m->cfg.stream);
     if (rc)
         return rc;
     mt__rnn_chunks_t chunks;
     mt__rnn_store_chunks(reserve, &chunks);
-    return mt__rnn_cpu_backward_chunks(&m->shape, w, dw, io, &chunks, g, work);
+    return mt__rnn_cpu_backward_chunks(&m->shape, w, dw, io, drop_key, &chunks, g, work);
 }
 
 static int cpu_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
@@ -89,4 +91,5 @@ const mt__rnn_path_t mt__rnn_cpu_path = {
     .backward = cpu_backward,
     .copy = cpu_copy,
     .zero = cpu_zero,
+    .drop_reseed = NULL, /* its masks are a function of the seed and counter (dropout.c) */
 };

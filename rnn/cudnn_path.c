@@ -31,6 +31,17 @@
  * kernels run on the current device, so every entry switches the calling thread to the
  * backend's device (cudaSetDevice) and back to the caller's afterwards.
  *
+ * Dropout (p > 0 with L > 1; otherwise the RNN descriptor gets NULL, as before dropout
+ * existed): a cudnnDropoutDescriptor set at init with p and the module's dropout seed, on
+ * generator states of cudnnDropoutGetStatesSize bytes. The states are one allocator block
+ * for the module's life, tagged workspace: like the step workspace they are the library's
+ * scratch, not a pass's activations (they neither grow with T and B nor go away between
+ * passes, and tagging them activations would make the profiler see activations that never
+ * drop to zero). The masks of a pass are cuDNN's business, in its reserve (tagged
+ * activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
+ * activation accounting follows cuDNN. cuDNN applies dropout in TRAINING forwards only.
+ * mt_rnn_set_dropout_state re-initialises the states (cudnnSetDropoutDescriptor again).
+ *
  * Memory: workspace and reserve are the module's allocations from the caching allocator
  * (tagged workspace and activations), sized by cudnnGetRNNTempSpaceSizes through the size
  * functions below; cuDNN never allocates device memory itself here. Every cuDNN call runs
@@ -68,9 +79,12 @@ typedef struct cudnn_state_s {
     cudnnTensorDescriptor_t hd;  /* [L*D, B, H]: hx, hy, cx, cy and their gradients */
     cudnnTensorDescriptor_t qd;  /* scratch for cudnnGetRNNWeightParams answers */
     cudnnTensorDescriptor_t bd;
-    cudnnTensorDescriptor_t ad; /* one region, for cudnnAddTensor */
-    size_t weight_bytes;        /* cudnnGetRNNWeightSpaceSize */
-    region_t *regions;          /* every matrix and bias: where we and cuDNN keep it */
+    cudnnTensorDescriptor_t ad;  /* one region, for cudnnAddTensor */
+    cudnnDropoutDescriptor_t dd; /* dropout, or NULL (no dropout: NULL to cuDNN) */
+    void *dstates;               /* dd's generator states (tagged workspace) */
+    size_t dstates_bytes;        /* cudnnDropoutGetStatesSize */
+    size_t weight_bytes;         /* cudnnGetRNNWeightSpaceSize */
+    region_t *regions;           /* every matrix and bias: where we and cuDNN keep it */
     size_t nregions;
     bool gather; /* cuDNN's layout differs from ours: sw and sdw are in use */
     float *sw;   /* weight space in cuDNN's layout (weight_bytes, tagged weights) */
@@ -173,14 +187,14 @@ static int set_rnn_descriptor(mt_rnn_t *m, cudnn_state_t *st)
         [MT_RNN_LSTM] = CUDNN_LSTM,
         [MT_RNN_GRU] = CUDNN_GRU,
     };
-    /* No dropout between layers (the engine has none): NULL dropout descriptor. projSize =
-     * hiddenSize means no LSTM projection. */
+    /* dd: the dropout descriptor, NULL without dropout. projSize = hiddenSize means no LSTM
+     * projection. */
     CK(m, cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
                                    s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
                                    s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
                                    CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                                   CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers, NULL,
-                                   CUDNN_RNN_PADDED_IO_DISABLED));
+                                   CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers,
+                                   st->dd, CUDNN_RNN_PADDED_IO_DISABLED));
     return 0;
 }
 
@@ -436,6 +450,8 @@ static void cudnn_fini(mt_rnn_t *m)
         mt_alloc_free(m->alloc, st->sw);
     if (st->sdw)
         mt_alloc_free(m->alloc, st->sdw);
+    if (st->dstates)
+        mt_alloc_free(m->alloc, st->dstates);
     if (st->ad)
         cudnnDestroyTensorDescriptor(st->ad);
     if (st->qd)
@@ -450,6 +466,8 @@ static void cudnn_fini(mt_rnn_t *m)
         cudnnDestroyRNNDataDescriptor(st->xd);
     if (st->rnn)
         cudnnDestroyRNNDescriptor(st->rnn);
+    if (st->dd) /* after the RNN descriptor that refers to it */
+        cudnnDestroyDropoutDescriptor(st->dd);
     if (st->h)
         cudnnDestroy(st->h);
     if (on_device)
@@ -458,6 +476,47 @@ static void cudnn_fini(mt_rnn_t *m)
     free(st->regions);
     free(st);
     m->path_state = NULL;
+}
+
+/* cuDNN's seed for the module's dropout state: the seed itself at counter 0 (so cfg's
+ * dropout_seed is what cuDNN gets), otherwise a mix of both. */
+static unsigned long long dropout_seed(const mt_rnn_t *m)
+{
+    return m->drop_counter == 0 ? m->drop_seed : mt__rnn_drop_key(m->drop_seed, m->drop_counter);
+}
+
+/* The dropout descriptor and its states (see the head of this file). */
+static int init_dropout(mt_rnn_t *m, cudnn_state_t *st)
+{
+    if (!mt__rnn_drop_on(&m->shape))
+        return 0;
+    CK(m, cudnnCreateDropoutDescriptor(&st->dd));
+    CK(m, cudnnDropoutGetStatesSize(st->h, &st->dstates_bytes));
+    int rc =
+        mt_alloc_malloc(m->alloc, st->dstates_bytes, m->cfg.stream, MT_TAG_WORKSPACE, &st->dstates);
+    if (rc)
+        return rc;
+    /* Initialises the states with a kernel on the handle's stream, the module's: in order
+     * with the allocation above and the forwards that follow. */
+    CK(m, cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates, st->dstates_bytes,
+                                    dropout_seed(m)));
+    return 0;
+}
+
+static int cudnn_drop_reseed(mt_rnn_t *m)
+{
+    cudnn_state_t *st = S(m);
+    if (!st->dd)
+        return 0;
+    dev_guard_t g;
+    int rc = dev_enter(m, &g);
+    if (rc == 0)
+        rc = check(m,
+                   cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
+                                             st->dstates_bytes, dropout_seed(m)),
+                   "cudnnSetDropoutDescriptor");
+    dev_leave(&g);
+    return rc;
 }
 
 static int init_state(mt_rnn_t *m, cudnn_state_t *st)
@@ -470,7 +529,9 @@ static int init_state(mt_rnn_t *m, cudnn_state_t *st)
     CK(m, cudnnCreateTensorDescriptor(&st->qd));
     CK(m, cudnnCreateTensorDescriptor(&st->bd));
     CK(m, cudnnCreateTensorDescriptor(&st->ad));
-    int rc = set_rnn_descriptor(m, st);
+    int rc = init_dropout(m, st);
+    if (rc == 0)
+        rc = set_rnn_descriptor(m, st);
     if (rc)
         return rc;
     CK(m, cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
@@ -675,9 +736,11 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     return st->gather ? scatter_add(m, st, dw) : 0;
 }
 
+/* drop_key is unused: cuDNN draws the masks from its states and keeps them in its reserve. */
 static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
-                         void *reserve, void *work)
+                         uint64_t drop_key, void *reserve, void *work)
 {
+    (void)drop_key;
     dev_guard_t dg;
     int rc = dev_enter(m, &dg);
     if (rc == 0)
@@ -687,8 +750,9 @@ static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, boo
 }
 
 static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
-                          void *reserve, const mt_rnn_grad_io_t *g, void *work)
+                          uint64_t drop_key, void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
+    (void)drop_key;
     dev_guard_t dg;
     int rc = dev_enter(m, &dg);
     if (rc == 0)
@@ -723,4 +787,5 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .backward = cudnn_backward,
     .copy = cudnn_copy,
     .zero = cudnn_zero,
+    .drop_reseed = cudnn_drop_reseed,
 };

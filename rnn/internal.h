@@ -20,14 +20,15 @@
  * Invariants: gates = 4 (LSTM), 3 (GRU), 1 (RNN); dirs in {1, 2}; layers, input, hidden
  * >= 1. */
 typedef struct mt__rnn_shape_s {
-    int mode;   /* mt_rnn_mode_e */
-    int gates;  /* g */
-    int input;  /* input_size of layer 0 */
-    int hidden; /* H */
-    int layers; /* L */
-    int dirs;   /* D */
-    bool bias;  /* the layout holds 2*g*H bias floats per pseudo-layer */
-    int chunk;  /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
+    int mode;      /* mt_rnn_mode_e */
+    int gates;     /* g */
+    int input;     /* input_size of layer 0 */
+    int hidden;    /* H */
+    int layers;    /* L */
+    int dirs;      /* D */
+    bool bias;     /* the layout holds 2*g*H bias floats per pseudo-layer */
+    int chunk;     /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
+    float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
 } mt__rnn_shape_t;
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
@@ -87,6 +88,24 @@ void mt__rnn_views_init(const mt__rnn_shape_t *s, mt__rnn_view_t *views, float *
 /* Activation accounting (the formulas are documented at mt_rnn_act_t). */
 void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *out);
 
+/* ---- dropout between layers (dropout.c) ----
+ *
+ * The mask of a training pass is a pure function of its key (mt__rnn_drop_key of the
+ * module's seed and training-forward counter), the layer whose output it applies to, and
+ * the element's index in that output [T, B, D*H] (so the forward and reverse halves of a
+ * bidirectional output get independent masks, as PyTorch's dropout over the concatenated
+ * output). Nothing of it is stored: the cpu path regenerates it in backward (see
+ * dropout.c for why). */
+
+/* True when a training forward of s applies dropout: p > 0 and a layer above the first. */
+bool mt__rnn_drop_on(const mt__rnn_shape_t *s);
+uint64_t mt__rnn_drop_key(uint64_t seed, uint64_t counter);
+/* dst[i] = src[i] * mask(first + i) for i < count, over the output of layer `layer`: 0
+ * where dropped, src[i] * (1 / (1 - p)) where kept. dst may equal src (in place). Used for
+ * the next layer's input in forward and for the gradient flowing back through it. */
+void mt__rnn_drop_apply(const mt__rnn_shape_t *s, uint64_t key, int layer, size_t first,
+                        size_t count, const float *src, float *dst);
+
 /* ---- compute paths ---- */
 
 /* A compute path. Every function gets the module (shape, backend, allocator, stream and the
@@ -110,12 +129,17 @@ typedef struct mt__rnn_path_s {
     size_t (*fwd_work_bytes)(const mt_rnn_t *m, int T, int B, bool training);
     size_t (*bwd_work_bytes)(const mt_rnn_t *m, int T, int B);
     /* w: flat weights (the module's buffer or a compacted copy). reserve is unused (and
-     * may be NULL) in inference mode, or when reserve_bytes is 0. */
-    int (*forward)(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training, void *reserve,
-                   void *work);
+     * may be NULL) in inference mode, or when reserve_bytes is 0. drop_key: the training
+     * pass's dropout key (mt__rnn_drop_key), the same for its forward and backward; a path
+     * with its own dropout generator (cuDNN) ignores it. */
+    int (*forward)(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool training,
+                   uint64_t drop_key, void *reserve, void *work);
     /* io is the forward's; data gradients first, then weight gradients added to dw. */
-    int (*backward)(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io, void *reserve,
-                    const mt_rnn_grad_io_t *g, void *work);
+    int (*backward)(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_t *io,
+                    uint64_t drop_key, void *reserve, const mt_rnn_grad_io_t *g, void *work);
+    /* Optional: the module's dropout seed or counter changed (mt_rnn_set_dropout_state); a
+     * path with its own generator re-seeds it. */
+    int (*drop_reseed)(mt_rnn_t *m);
     /* Device-to-device copy of n bytes (compaction, flatten, replicate), and zeroing. */
     int (*copy)(mt_rnn_t *m, void *dst, const void *src, size_t n);
     int (*zero)(mt_rnn_t *m, void *dst, size_t n);
@@ -170,18 +194,25 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int 
 
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training);
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B);
-/* chunks: the training reserve (unused, may be NULL, in inference). */
+/* chunks: the training reserve (unused, may be NULL, in inference). key: the pass's dropout
+ * key (used when mt__rnn_drop_on(s) in training; backward must get forward's). */
 int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
-                               bool training, const mt__rnn_chunks_t *chunks, float *work);
+                               bool training, uint64_t key, const mt__rnn_chunks_t *chunks,
+                               float *work);
 int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float *dw,
-                                const mt_rnn_io_t *io, const mt__rnn_chunks_t *chunks,
+                                const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
                                 const mt_rnn_grad_io_t *g, float *work);
 /* The same over one flat reserve of mt__rnn_cpu_reserve_floats floats holding the chunks
- * one after the other (tests, and any caller with one buffer). */
+ * one after the other (tests, and any caller with one buffer); without _drop, key 0. */
 int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                         bool training, float *reserve, float *work);
 int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
                          float *reserve, const mt_rnn_grad_io_t *g, float *work);
+int mt__rnn_cpu_forward_drop(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                             bool training, uint64_t key, float *reserve, float *work);
+int mt__rnn_cpu_backward_drop(const mt__rnn_shape_t *s, const float *w, float *dw,
+                              const mt_rnn_io_t *io, uint64_t key, float *reserve,
+                              const mt_rnn_grad_io_t *g, float *work);
 
 /* ---- the cpu path's reserve store and activation offload (offload.c) ---- */
 
@@ -226,6 +257,8 @@ struct mt_rnn_s {
     size_t step_ws_bytes;  /* its size; it only grows (to the largest batch stepped) */
     mt_stream_t *off_side; /* offload copies (made on first use, owned) or NULL */
     mt_event_t *off_mark;  /* scratch: a point of the module's stream, with off_side */
+    uint64_t drop_seed;    /* dropout: seed and successful training forwards since it */
+    uint64_t drop_counter;
 };
 
 /* Walks the module's invariants (views tile the flat buffer, rebound count, its buffers are
@@ -240,7 +273,8 @@ struct mt_rnn_reserve_s {
     void *space;    /* path reserve: one block tagged activations, or the path's handle
                      * (reserve_new) */
     size_t bytes;
-    float *wcopy; /* compacted weights used by forward (tagged weights), or NULL */
+    float *wcopy;      /* compacted weights used by forward (tagged weights), or NULL */
+    uint64_t drop_key; /* the forward's dropout key: backward regenerates its masks */
 };
 
 #endif

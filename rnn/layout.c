@@ -29,6 +29,10 @@ int mt__rnn_shape_init(mt__rnn_shape_t *s, const mt_rnn_cfg_t *cfg)
     s->layers = cfg->num_layers;
     s->dirs = cfg->bidirectional ? 2 : 1;
     s->bias = cfg->bias;
+    /* Written so that NaN fails too. */
+    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
+        return MT_EINVAL;
+    s->dropout = cfg->dropout;
     return 0;
 }
 
@@ -135,6 +139,10 @@ void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *ou
     size_t per = (size_t)B * (size_t)s->hidden * (size_t)s->layers * (size_t)s->dirs;
     out->engine_hvec = engine_hvec(s->mode);
     out->opbyop_hvec = opbyop_hvec(s->mode);
+    /* Dropout: op by op, each lower layer's dropped output (1) and its byte mask (1/4) stay
+     * too, averaged over the L layers; the engine regenerates the mask (dropout.c). */
+    if (mt__rnn_drop_on(s))
+        out->opbyop_hvec += 1.25 * (double)(s->layers - 1) / (double)s->layers;
     out->engine_bytes_per_step = (size_t)(out->engine_hvec * (double)per) * sizeof(float);
     out->opbyop_bytes_per_step = (size_t)(out->opbyop_hvec * (double)per) * sizeof(float);
     out->reserve_bytes = 0; /* filled by the module from its compute path */

@@ -110,6 +110,12 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     if (!out || !cfg || !cfg->alloc)
         return MT_EINVAL;
     *out = NULL;
+    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f)) {
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "rnn: dropout %g is outside [0, 1): it is the probability of zeroing an element",
+                 (double)cfg->dropout);
+        return MT_EINVAL;
+    }
     mt__rnn_shape_t shape;
     memset(&shape, 0, sizeof shape);
     int rc = mt__rnn_shape_init(&shape, cfg);
@@ -131,6 +137,12 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     m->path = path;
     m->alloc = cfg->alloc;
     m->backend = b;
+    m->drop_seed = cfg->dropout_seed;
+    if (cfg->dropout > 0.0f && cfg->num_layers == 1)
+        rlog(m, MT_LOG_WARN,
+             "rnn: dropout %g has no effect with 1 layer: it applies to the output of every "
+             "layer but the last",
+             (double)cfg->dropout);
     m->weight_floats = mt__rnn_weight_floats(&shape);
     m->nviews = mt__rnn_view_count(&shape);
     size_t bytes = m->weight_floats * sizeof(float);
@@ -466,13 +478,17 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
         if (rc)
             goto fail_work;
     }
-    rc = m->path->forward(m, w, io, training, res ? res->space : NULL, work);
+    /* A training pass's masks: the key of the module's seed and training-forward count. */
+    uint64_t key = training ? mt__rnn_drop_key(m->drop_seed, m->drop_counter) : 0;
+    rc = m->path->forward(m, w, io, training, key, res ? res->space : NULL, work);
     if (!step_work)
         dfree(m, work);
     if (rc)
         goto fail_work;
     m->stats.forwards++;
     if (training) {
+        m->drop_counter++;
+        res->drop_key = key;
         /* The compacted copy lives until backward, which needs the same weights. */
         res->wcopy = copy;
         *reserve = res;
@@ -527,7 +543,7 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
         rc = dmalloc(m, m->path->bwd_work_bytes(m, res->io.seq_len, res->io.batch),
                      MT_TAG_WORKSPACE, &work);
     if (rc == 0) {
-        rc = m->path->backward(m, w, m->dw, &res->io, res->space, g, work);
+        rc = m->path->backward(m, w, m->dw, &res->io, res->drop_key, res->space, g, work);
         m->stats.backwards++;
     }
     dfree(m, work);
@@ -614,6 +630,9 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     if (rc)
         return rc;
     mark(m, MT_MARK_WARMUP_BEGIN, tb);
+    /* Its training forward does not count: the masks of later passes are those the module
+     * would have drawn without the warm-up. */
+    uint64_t drop_counter = m->drop_counter;
     int i = 0;
     for (; i < NBUF; i++) {
         rc = dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
@@ -648,6 +667,7 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     }
     while (i-- > 0)
         dfree(m, buf[i].p);
+    m->drop_counter = drop_counter;
     int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
     mark(m, MT_MARK_WARMUP_END, tb);
     rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d done (%s)", max_T, max_B,

@@ -15,7 +15,22 @@
  * stacked; weight_hh_... = [g*H, H]; bias_ih_..., bias_hh_... = [g*H]). Gradients live in a
  * second flat buffer (tagged grads) with the same layout and ACCUMULATE, as cuDNN's do.
  *
- * There is no dropout between layers: every layer sees the previous one's output.
+ * Dropout between layers (cfg.dropout = p, as PyTorch's nn.LSTM(dropout=p) and cuDNN's RNN
+ * dropout): in a TRAINING forward, the output of every layer but the last is multiplied, on
+ * its way into the next layer, by a mask that is 0 with probability p and 1 / (1 - p)
+ * otherwise (inverted dropout); for a bidirectional module the mask covers the concatenated
+ * [forward, reverse] output. Inference forwards and mt_rnn_step apply none; neither do the
+ * recurrent states, hy, nor y (the top layer's output). Backward sends gradients through the
+ * same mask. p = 0 (the default) computes exactly what a module without dropout does.
+ * Masks (cpu path) are a function of the dropout seed, the module's count of training
+ * forwards since that seed was set, the layer and the element, so a pass can be reproduced
+ * with mt_rnn_set_dropout_state and its masks read with mt_rnn_dropout_mask. They are not
+ * kept in the reserve: backward regenerates them, so activation memory per step (and
+ * mt_rnn_activation_bytes' engine figures) is the same with or without dropout, and
+ * activation offload works with dropout, bit-identical to the plain run with the same masks.
+ * cuDNN path: cuDNN's own dropout (a dropout descriptor whose generator states, from
+ * cudnnDropoutGetStatesSize, are one allocator block tagged workspace for the module's life),
+ * its masks in cuDNN's reserve (tagged activations, sized by cuDNN).
  *
  * Activation offload (U4): with offload_window = W > 0, a training forward keeps the reserve
  * of at most W chunks of chunk_steps time steps on the device; older chunks are copied to
@@ -71,6 +86,10 @@ typedef struct mt_rnn_cfg_s {
      * when > 0. Changed later with mt_rnn_set_offload. */
     int offload_window;
     struct mt_host_cache_s *offload_host;
+    /* Dropout between layers (see above): probability in [0, 1), 0 = none (MT_EINVAL and a
+     * logged error otherwise; a warning when > 0 with one layer, where it does nothing). */
+    float dropout;
+    uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
 } mt_rnn_cfg_t;
 
 /* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
@@ -146,7 +165,10 @@ typedef struct mt_rnn_stats_s {
  *         + f*c, i*g, c, tanh(c), o*tanh(c) = h (5);
  * GRU 17  = W x + b (3) + R h + b (3) + r,z sums (2) + r, z (2) + r*(R_n h + b) (1)
  *         + n sum (1) + n (1) + 1-z, (1-z)*n, z*h, h (4);
- * RNN 4   = W x + b, R h + b, sum, h. */
+ * RNN 4   = W x + b, R h + b, sum, h.
+ * With dropout (p > 0, L > 1), op by op also keeps each lower layer's dropped output (1) and
+ * its byte mask (1/4): opbyop_hvec grows by 1.25 (L-1)/L; the engine's figures do not change
+ * (it regenerates masks in backward). */
 typedef struct mt_rnn_act_s {
     double engine_hvec;           /* H-vectors kept per (step, batch, layer-direction) */
     double opbyop_hvec;           /* the op-by-op estimate, same unit */
@@ -158,7 +180,7 @@ typedef struct mt_rnn_act_s {
 } mt_rnn_act_t;
 
 /* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks
- * of 64 steps, no offload. */
+ * of 64 steps, no offload, no dropout (dropout_seed 0). */
 MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
 
 /* Creates a module and its flat weight and gradient buffers (gradients zeroed), weights
@@ -170,6 +192,23 @@ MT_API int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg);
  * without chunked reserves, MT_EINVAL for a host cache over another backend. A pass
  * already forwarded keeps the setting it started with. */
 MT_API int mt_rnn_set_offload(mt_rnn_t *m, struct mt_host_cache_s *host, int window);
+/* Dropout state: the seed of the masks and the number of training forwards since (each
+ * successful training forward adds one; mt_rnn_warmup's does not count). Setting a state
+ * again makes the following training forwards draw the same masks as after the first time:
+ * save it with mt_rnn_dropout_state before a pass, set it back to redo the pass. A
+ * replica (mt_rnn_replicate) starts at (cfg.dropout_seed, 0). cuDNN path: setting the state
+ * re-initialises cuDNN's generator from a seed that mixes both (the seed itself when
+ * counter is 0), so setting the same state again reproduces what followed it; its masks are
+ * cuDNN's, not those of the cpu path, and reading the state back gives what was set plus
+ * the forwards since. */
+MT_API int mt_rnn_set_dropout_state(mt_rnn_t *m, uint64_t seed, uint64_t counter);
+MT_API int mt_rnn_dropout_state(const mt_rnn_t *m, uint64_t *seed, uint64_t *counter);
+/* The mask of the training forward made at state (seed, counter), applied to the output of
+ * layer 0 .. L-2 for shape (seq_len, batch): out (host memory, seq_len * batch * D*H floats,
+ * laid out as y) gets the factor each element is multiplied by, 0 or 1 / (1 - p) (all 1
+ * without dropout). MT_EINVAL for a layer outside [0, L-1), MT_ENOTSUP on the cuDNN path. */
+MT_API int mt_rnn_dropout_mask(const mt_rnn_t *m, uint64_t seed, uint64_t counter, int layer,
+                               int seq_len, int batch, float *out);
 /* Frees the module's buffers (and any parameter bindings it owns). Sets *p = NULL. */
 MT_API void mt_rnn_destroy(mt_rnn_t **p);
 

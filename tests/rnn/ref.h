@@ -77,10 +77,11 @@ static inline double ref_sig(double v)
 }
 
 /* Forward in double. x [T, B, input]; hx, cx [L*D, B, H] or NULL; y [T, B, D*H];
- * hy, cy [L*D, B, H] (cy used for LSTM). */
-static inline void ref_forward(const ref_shape_t *s, const double *w, int T, int B, const double *x,
-                               const double *hx, const double *cx, double *y, double *hy,
-                               double *cy)
+ * hy, cy [L*D, B, H] (cy used for LSTM). masks: NULL, or for each layer l < L-1 the factors
+ * [T, B, D*H] its output is multiplied by on its way into layer l+1 (dropout). */
+static inline void ref_forward_masked(const ref_shape_t *s, const double *w, int T, int B,
+                                      const double *x, const double *hx, const double *cx,
+                                      double *y, double *hy, double *cy, const double *const *masks)
 {
     int H = s->hidden, D = s->dirs, DH = D * H, g = ref_gates(s);
     double *in = malloc(sizeof(double) * (size_t)T * B * (s->input > DH ? s->input : DH));
@@ -144,7 +145,8 @@ static inline void ref_forward(const ref_shape_t *s, const double *w, int T, int
             if (cy && s->mode == 2)
                 memcpy(cy + (size_t)p * B * H, c, sizeof(double) * (size_t)B * H);
         }
-        memcpy(in, out, sizeof(double) * (size_t)T * B * DH);
+        for (size_t i = 0; i < (size_t)T * B * DH; i++)
+            in[i] = out[i] * (masks && l < s->layers - 1 ? masks[l][i] : 1.0);
     }
     memcpy(y, out, sizeof(double) * (size_t)T * B * DH);
     free(in);
@@ -154,6 +156,13 @@ static inline void ref_forward(const ref_shape_t *s, const double *w, int T, int
     free(hn);
     free(px);
     free(ph);
+}
+
+static inline void ref_forward(const ref_shape_t *s, const double *w, int T, int B, const double *x,
+                               const double *hx, const double *cx, double *y, double *hy,
+                               double *cy)
+{
+    ref_forward_masked(s, w, T, B, x, hx, cx, y, hy, cy, NULL);
 }
 
 /* Deterministic test data in [-a, a]. */

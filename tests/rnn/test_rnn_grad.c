@@ -1,5 +1,6 @@
 /* Gradient checks of the CPU path against finite differences of a double-precision naive
- * reference (tests/rnn/ref.h), for every mode x {1, 2 layers} x {uni, bi}; plus forward
+ * reference (tests/rnn/ref.h), for every mode x {1, 2 layers} x {uni, bi}, and with dropout
+ * between layers (fixed masks); plus forward
  * equivalence of the fast path with the reference, inference = training output, chunked
  * inference over long sequences, and gradient accumulation. The kernels are called with
  * plain host buffers: this file needs no allocator. */
@@ -17,8 +18,12 @@
 typedef struct gcase_s {
     int mode, layers;
     bool bi, bias, states;
-    int chunk; /* time steps per chunk of the kernels; 0 = MT__RNN_CHUNK (one chunk here) */
+    int chunk;     /* time steps per chunk of the kernels; 0 = MT__RNN_CHUNK (one chunk here) */
+    float dropout; /* between layers, with the masks of key DROP_KEY (fixed across the
+                    * perturbed forwards of the finite differences) */
 } gcase_t;
+
+#define DROP_KEY 0x5eedf00dull
 
 /* Everything of one check, in double (reference) and float (engine). */
 typedef struct fixture_s {
@@ -27,6 +32,7 @@ typedef struct fixture_s {
     int T, B;
     size_t nw, nx, ny, nst;
     double *w, *x, *hx, *cx, *ry, *rh, *rc; /* ry, rh, rc: loss coefficients */
+    double *mask[2];                        /* dropout: the factors of layer 0's output */
 } fixture_t;
 
 static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t seed)
@@ -40,6 +46,7 @@ static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t 
     cfg.num_layers = c->layers;
     cfg.bidirectional = c->bi;
     cfg.bias = c->bias;
+    cfg.dropout = c->dropout;
     assert_int_equal(mt__rnn_shape_init(&f->s, &cfg), 0);
     f->s.chunk = c->chunk;
     f->T = T;
@@ -62,6 +69,24 @@ static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t 
         free(f->cx);
         f->hx = f->cx = NULL;
     }
+    if (c->dropout > 0.0f) {
+        /* The engine's masks, read by applying them to ones; the reference applies them on
+         * its own, so forward equivalence also checks where the kernels apply them. */
+        assert_true(c->layers == 2);
+        size_t n = (size_t)T * B * f->rs.dirs * 4;
+        float *ones = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            ones[i] = 1.0f;
+        mt__rnn_drop_apply(&f->s, DROP_KEY, 0, 0, n, ones, ones);
+        f->mask[0] = malloc(n * sizeof(double));
+        size_t dropped = 0;
+        for (size_t i = 0; i < n; i++) {
+            f->mask[0][i] = ones[i];
+            dropped += ones[i] == 0.0f;
+        }
+        assert_true(dropped > 0 && dropped < n);
+        free(ones);
+    }
 }
 
 static void fixture_free(fixture_t *f)
@@ -73,6 +98,7 @@ static void fixture_free(fixture_t *f)
     free(f->ry);
     free(f->rh);
     free(f->rc);
+    free(f->mask[0]);
 }
 
 static double ref_loss(const fixture_t *f)
@@ -80,7 +106,8 @@ static double ref_loss(const fixture_t *f)
     double *y = malloc(f->ny * sizeof(double));
     double *hy = malloc(f->nst * sizeof(double));
     double *cy = calloc(f->nst, sizeof(double));
-    ref_forward(&f->rs, f->w, f->T, f->B, f->x, f->hx, f->cx, y, hy, cy);
+    ref_forward_masked(&f->rs, f->w, f->T, f->B, f->x, f->hx, f->cx, y, hy, cy,
+                       f->mask[0] ? (const double *const *)f->mask : NULL);
     double l = 0.0;
     for (size_t i = 0; i < f->ny; i++)
         l += f->ry[i] * y[i];
@@ -140,12 +167,13 @@ static void check_grad_case(const gcase_t *c)
     float *work = malloc((nwork > nbw ? nwork : nbw) * sizeof(float));
 
     mt_rnn_io_t io = {f.T, f.B, x, y, hx, cx, hy, cy};
-    assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &io, true, res, work), 0);
+    assert_int_equal(mt__rnn_cpu_forward_drop(&f.s, w, &io, true, DROP_KEY, res, work), 0);
 
     /* Forward equivalence with the reference. */
     double *ry = malloc(f.ny * sizeof(double)), *rhy = malloc(f.nst * sizeof(double));
     double *rcy = calloc(f.nst, sizeof(double));
-    ref_forward(&f.rs, f.w, f.T, f.B, f.x, f.hx, f.cx, ry, rhy, rcy);
+    ref_forward_masked(&f.rs, f.w, f.T, f.B, f.x, f.hx, f.cx, ry, rhy, rcy,
+                       f.mask[0] ? (const double *const *)f.mask : NULL);
     for (size_t i = 0; i < f.ny; i++)
         expect_close("y", i, ry[i], y[i], 1e-5);
     for (size_t i = 0; i < f.nst; i++) {
@@ -155,7 +183,7 @@ static void check_grad_case(const gcase_t *c)
     }
 
     mt_rnn_grad_io_t g = {dy, dhy, dcy, dx, dhx, dcx};
-    assert_int_equal(mt__rnn_cpu_backward(&f.s, w, dw, &io, res, &g, work), 0);
+    assert_int_equal(mt__rnn_cpu_backward_drop(&f.s, w, dw, &io, DROP_KEY, res, &g, work), 0);
 
     const double tol = 2e-4;
     for (size_t i = 0; i < f.nw; i++)
@@ -183,7 +211,7 @@ static void check_grad_case(const gcase_t *c)
     static void name(void **state)                                                                 \
     {                                                                                              \
         (void)state;                                                                               \
-        gcase_t c = {mode, layers, bi, true, true, 0};                                             \
+        gcase_t c = {mode, layers, bi, true, true, 0, 0.0f};                                       \
         check_grad_case(&c);                                                                       \
     }
 
@@ -209,7 +237,7 @@ static void grad_no_bias_no_states(void **state)
 {
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
-        gcase_t c = {mode, 2, true, false, false, 0};
+        gcase_t c = {mode, 2, true, false, false, 0, 0.0f};
         check_grad_case(&c);
     }
 }
@@ -222,11 +250,29 @@ static void grad_chunked(void **state)
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {mode, 2, bi, true, true, 2};
+            gcase_t c = {mode, 2, bi, true, true, 2, 0.0f};
             check_grad_case(&c);
         }
-        gcase_t c = {mode, 2, false, false, false, 1};
+        gcase_t c = {mode, 2, false, false, false, 1, 0.0f};
         check_grad_case(&c);
+    }
+}
+
+/* Dropout p = 0.4 between the 2 layers: forward equals the reference with the engine's
+ * masks, and gradients (dx through the mask into layer 0, weights of both layers) match
+ * finite differences with the masks fixed, for LSTM, GRU and tanh, uni and bi; also over
+ * chunks of 2 steps, where each chunk's masks sit at its offset in the sequence. */
+static void grad_dropout(void **state)
+{
+    (void)state;
+    const int modes[] = {MT_RNN_LSTM, MT_RNN_GRU, MT_RNN_TANH};
+    for (int i = 0; i < 3; i++) {
+        for (int bi = 0; bi < 2; bi++) {
+            gcase_t c = {modes[i], 2, bi, true, true, 0, 0.4f};
+            check_grad_case(&c);
+            gcase_t ck = {modes[i], 2, bi, true, false, 2, 0.4f};
+            check_grad_case(&ck);
+        }
     }
 }
 
@@ -237,7 +283,7 @@ static void inference_matches_training(void **state)
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {mode, 2, bi, true, true, 0};
+            gcase_t c = {mode, 2, bi, true, true, 0, 0.0f};
             fixture_t f;
             int T = 2 * MT__RNN_CHUNK + 7;
             fixture_init(&f, &c, T, 3, 99 + mode);
@@ -274,7 +320,7 @@ static void inference_matches_training(void **state)
 static void gradients_accumulate(void **state)
 {
     (void)state;
-    gcase_t c = {MT_RNN_LSTM, 2, true, true, true, 0};
+    gcase_t c = {MT_RNN_LSTM, 2, true, true, true, 0, 0.0f};
     fixture_t f;
     fixture_init(&f, &c, 4, 2, 7);
     float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
@@ -288,7 +334,7 @@ static void gradients_accumulate(void **state)
     mt_rnn_grad_io_t g = {dy, NULL, NULL, NULL, NULL, NULL};
     for (int rep = 0; rep < 2; rep++) {
         assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &io, true, res, work), 0);
-        assert_int_equal(mt__rnn_cpu_backward(&f.s, w, dw, &io, res, &g, work), 0);
+        assert_int_equal(mt__rnn_cpu_backward_drop(&f.s, w, dw, &io, DROP_KEY, res, &g, work), 0);
         if (rep == 0)
             memcpy(once, dw, f.nw * 4);
     }
@@ -317,6 +363,7 @@ int main(void)
         cmocka_unit_test(grad_gru_2_uni),         cmocka_unit_test(grad_gru_2_bi),
         cmocka_unit_test(grad_no_bias_no_states), cmocka_unit_test(inference_matches_training),
         cmocka_unit_test(gradients_accumulate),   cmocka_unit_test(grad_chunked),
+        cmocka_unit_test(grad_dropout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,13 +15,17 @@
  *                               i0 pseudoLayer, i1 linLayerID; n0 weightSpaceSize
  *   cudnnRNNForward             p0 x, p1 y, p2 hx, p3 hy, p4 weightSpace, p5 workSpace,
  *                               p6 reserveSpace, p7 devSeqLengths; i0 fwdMode, i1 cx != NULL,
- *                               i2 cy != NULL, i3 T, i4 B; n0 weight, n1 work, n2 reserve
- *                               sizes
+ *                               i2 cy != NULL, i3 T, i4 B, i5 1 if dropout was applied;
+ *                               n0 weight, n1 work, n2 reserve sizes
  *   cudnnRNNBackwardData_v8     p0 y, p1 dy, p2 dx, p3 weightSpace, p4 workSpace,
  *                               p5 reserveSpace, p6 devSeqLengths, p7 dhx; n0..n2 sizes
  *   cudnnRNNBackwardWeights_v8  p0 x, p1 hx, p2 y, p3 dweightSpace, p4 workSpace,
  *                               p5 reserveSpace, p6 devSeqLengths; i0 addGrad; n0..n2 sizes
- *   cudnnAddTensor              p0 A, p1 C; n0 bytes */
+ *   cudnnAddTensor              p0 A, p1 C; n0 bytes
+ *   cudnnDropoutGetStatesSize   p0 handle; n0 answer
+ *   cudnnSetDropoutDescriptor   p0 desc, p1 handle, p2 states; n0 stateSizeInBytes; f dropout,
+ *                               u seed
+ *   cudnnCreate/DestroyDropoutDescriptor  p0 desc */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,11 +46,20 @@ struct cudnnTensorStruct {
     int strides[8];
 };
 
+struct cudnnDropoutStruct {
+    bool set;
+    float p;
+    void *states;
+    size_t bytes;
+    unsigned long long seed;
+};
+
 struct cudnnRNNStruct {
     bool set;
     int algo, mode, bias, dir, input_mode, dtype, mprec, math;
     int input, hidden, proj, layers;
     uint32_t aux;
+    cudnnDropoutDescriptor_t drop; /* as given to cudnnSetRNNDescriptor_v8 */
 };
 
 struct cudnnRNNDataStruct {
@@ -71,6 +84,7 @@ static struct {
     long live;
     char err[256];
     const void *data_done_reserve; /* reserve of the last backward data */
+    size_t dropout_forwards;       /* training forwards with dropout applied */
     int device;                    /* the runtime's current device */
 } F = {.shift_p = -1};
 
@@ -86,6 +100,12 @@ void fake_dnn_reset(void)
     F.hook = NULL;
     F.err[0] = 0;
     F.data_done_reserve = NULL;
+    F.dropout_forwards = 0;
+}
+
+size_t fake_dnn_dropout_forwards(void)
+{
+    return F.dropout_forwards;
 }
 
 void fake_dnn_set_clock(size_t (*clock)(void))
@@ -297,6 +317,49 @@ CREATE_DESTROY(cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestro
 CREATE_DESTROY(cudnnRNNDescriptor_t, cudnnCreateRNNDescriptor, cudnnDestroyRNNDescriptor)
 CREATE_DESTROY(cudnnRNNDataDescriptor_t, cudnnCreateRNNDataDescriptor,
                cudnnDestroyRNNDataDescriptor)
+CREATE_DESTROY(cudnnDropoutDescriptor_t, cudnnCreateDropoutDescriptor,
+               cudnnDestroyDropoutDescriptor)
+
+size_t fake_dnn_dropout_states_bytes(void)
+{
+    return 70001;
+}
+
+cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t handle, size_t *sizeInBytes)
+{
+    BEGIN("cudnnDropoutGetStatesSize");
+    c->p[0] = handle;
+    if (!handle)
+        return refuse(c, "no handle");
+    *sizeInBytes = fake_dnn_dropout_states_bytes();
+    c->n[0] = *sizeInBytes;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* Checks the states cover what GetStatesSize said (p > 0) and "initialises" them: a byte
+ * pattern from the seed, over every byte (an undersized block shows up under ASan). */
+cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t d, cudnnHandle_t handle,
+                                        float dropout, void *states, size_t stateSizeInBytes,
+                                        unsigned long long seed)
+{
+    BEGIN("cudnnSetDropoutDescriptor");
+    c->p[0] = d;
+    c->p[1] = handle;
+    c->p[2] = states;
+    c->n[0] = stateSizeInBytes;
+    c->f = dropout;
+    c->u = seed;
+    if (!d || !handle || handle->device != F.device)
+        return refuse(c, "descriptor, handle or device");
+    if (!(dropout >= 0.0f && dropout < 1.0f))
+        return refuse(c, "dropout outside [0, 1)");
+    if (dropout > 0.0f && (!states || stateSizeInBytes < fake_dnn_dropout_states_bytes()))
+        return refuse(c, "states missing or smaller than cudnnDropoutGetStatesSize");
+    if (states)
+        memset(states, (int)(seed & 0xff), stateSizeInBytes);
+    *d = (struct cudnnDropoutStruct){true, dropout, states, stateSizeInBytes, seed};
+    return CUDNN_STATUS_SUCCESS;
+}
 
 cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataType_t dataType,
                                          int nbDims, const int dimA[], const int strideA[])
@@ -347,9 +410,11 @@ cudnnStatus_t cudnnSetRNNDescriptor_v8(cudnnRNNDescriptor_t d, cudnnRNNAlgo_t al
     memcpy(c->i, v, sizeof v);
     if (inputSize < 1 || hiddenSize < 1 || numLayers < 1 || projSize != hiddenSize)
         return refuse(c, "bad sizes");
+    if (dropoutDesc && !dropoutDesc->set)
+        return refuse(c, "dropout descriptor not set");
     *d = (struct cudnnRNNStruct){true,       algo,     cellMode,  biasMode, dirMode,
                                  inputMode,  dataType, mathPrec,  mathType, inputSize,
-                                 hiddenSize, projSize, numLayers, auxFlags};
+                                 hiddenSize, projSize, numLayers, auxFlags, dropoutDesc};
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -495,6 +560,18 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
     return CUDNN_STATUS_SUCCESS;
 }
 
+size_t fake_dnn_dropout_reserve_bytes(int hidden, int layers, int dirs, int T, int B);
+
+/* The reserve: the plain size, plus a byte mask per element of the lower layers' outputs
+ * when a dropout descriptor with p > 0 is attached. */
+static size_t reserve_of(const struct cudnnRNNStruct *d, int T, int B)
+{
+    size_t n = fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers, dirs_of(d), T, B);
+    if (d->drop && d->drop->p > 0.0f)
+        n += fake_dnn_dropout_reserve_bytes(d->hidden, d->layers, dirs_of(d), T, B);
+    return n;
+}
+
 cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
                                         cudnnForwardMode_t fwdMode, cudnnRNNDataDescriptor_t xDesc,
                                         size_t *workSpaceSize, size_t *reserveSpaceSize)
@@ -506,15 +583,18 @@ cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor
         return refuse(c, "descriptor not set");
     bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
     *workSpaceSize = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xDesc->T, xDesc->B);
-    *reserveSpaceSize = training ? fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers,
-                                                          dirs_of(d), xDesc->T, xDesc->B)
-                                 : 0;
+    *reserveSpaceSize = training ? reserve_of(d, xDesc->T, xDesc->B) : 0;
     c->n[0] = *workSpaceSize;
     c->n[1] = *reserveSpaceSize;
     return CUDNN_STATUS_SUCCESS;
 }
 
 /* ---- compute ---- */
+
+size_t fake_dnn_dropout_reserve_bytes(int hidden, int layers, int dirs, int T, int B)
+{
+    return (size_t)T * (size_t)B * (size_t)dirs * (size_t)hidden * (size_t)(layers - 1);
+}
 
 /* The checks every compute call shares: descriptors agree with the RNN, sizes cover what
  * the size queries said, the device sequence lengths hold T for each batch entry. */
@@ -541,8 +621,7 @@ static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNND
     if (work_size < need || (need && !work))
         return refuse(c, "workspace too small");
     if (training) {
-        size_t rneed =
-            fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers, dirs_of(d), xd->T, xd->B);
+        size_t rneed = reserve_of(d, xd->T, xd->B);
         if (res_size < rneed || !res)
             return refuse(c, "reserve space too small");
     }
@@ -601,6 +680,16 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
         return refuse(c, "cell states for a non-LSTM cell");
     if (!weights_home(d, weightSpace))
         return refuse(c, "a weight is not where this layout has it");
+    if (training && d->drop && d->drop->p > 0.0f) {
+        /* The generator states are read (and advanced) by a training forward with dropout:
+         * they must still be the live block cudnnSetDropoutDescriptor initialised. */
+        const unsigned char *stb = d->drop->states;
+        for (size_t k = 0; k < d->drop->bytes; k++)
+            if (stb[k] != (unsigned char)(d->drop->seed & 0xff))
+                return refuse(c, "dropout states do not hold what cudnnSetDropoutDescriptor set");
+        c->i[5] = 1; /* dropout applied */
+        F.dropout_forwards++;
+    }
     size_t space, k = layout(d, &space);
     const char *ws = weightSpace;
     memset(workSpace, 0xA5, workSpaceSize);

@@ -29,6 +29,8 @@ typedef struct fake_dnn_call_s {
     const void *p[8]; /* pointer arguments (and pointers returned) */
     size_t n[4];      /* byte sizes */
     int i[16];        /* ints and enums */
+    double f;         /* a float argument (dropout) */
+    uint64_t u;       /* a 64-bit argument (seed) */
     cudnnStatus_t status;
 } fake_dnn_call_t;
 
@@ -69,5 +71,13 @@ const char *fake_dnn_last_error(void);
 /* The fake's temporary-space sizes (deliberately not multiples of 512). */
 size_t fake_dnn_work_bytes(int training, int gates, int hidden, int T, int B);
 size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T, int B);
+/* Dropout: cudnnDropoutGetStatesSize's answer (not a multiple of 512), and what a dropout
+ * descriptor with p > 0 adds to the training reserve (a byte per element of the outputs of
+ * layers 0 .. L-2). A training forward with dropout checks the states still hold what
+ * cudnnSetDropoutDescriptor wrote (its seed's low byte everywhere), records i5 = 1, and
+ * counts itself here. */
+size_t fake_dnn_dropout_states_bytes(void);
+size_t fake_dnn_dropout_reserve_bytes(int hidden, int layers, int dirs, int T, int B);
+size_t fake_dnn_dropout_forwards(void);
 
 #endif
