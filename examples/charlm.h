@@ -28,6 +28,7 @@ typedef struct charlm_opts_s {
     int offload, chunk_steps; /* activation offload window (chunks), steps per chunk */
     uint64_t seed;
     double lr;
+    double dropout; /* between LSTM layers, in [0, 1); 0 = none */
     bool warmup;
     bool prefetch; /* false: each batch is copied on the compute stream when needed */
     bool rebind;   /* U1 demo: move one LSTM weight out of the flat buffer */

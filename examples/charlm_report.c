@@ -66,9 +66,10 @@ void charlm_memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_
     mt_rnn_stats_t rs;
     CHECK(mt_rnn_stats(rnn, &rs));
     printf("  LSTM activations per step: %.1f KiB kept (%.0f H-vectors per step, batch row and "
-           "layer) vs %.1f KiB for an op-by-op cell (%.0f)\n",
+           "layer) vs %.1f KiB for an op-by-op cell (%g%s)\n",
            (double)act.engine_bytes_per_step / 1024.0, act.engine_hvec,
-           (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
+           (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec,
+           o->dropout > 0.0 && o->layers > 1 ? ", with dropout's kept outputs and masks" : "");
     printf("  LSTM activations of a pass: up to %s, at most %s on the device at once",
            human((double)r->reserve_bytes, h1), human((double)r->reserve_peak_bytes, h2));
     if (o->offload)

@@ -68,6 +68,8 @@ static void usage(FILE *f)
             "  --epochs N        passes over the text (default 20)\n"
             "  --hidden H        LSTM hidden size (default 256)\n"
             "  --layers L        LSTM layers (default 1)\n"
+            "  --dropout P       dropout between LSTM layers while training, probability in\n"
+            "                    [0, 1) (default 0; needs --layers 2 or more to do anything)\n"
             "  --batch B         parallel streams (default 16)\n"
             "  --min-len T       shortest batch, steps (default 32, at most --max-len)\n"
             "  --max-len T       longest batch, steps (default 96)\n"
@@ -147,7 +149,16 @@ static int parse(int argc, char **argv, charlm_opts_t *o)
             o->chunk_steps = (int)n;
         else if (!strcmp(k, "--lr") && (o->lr = strtod(v, &end)) > 0 && !*end)
             ;
-        else if (!strcmp(k, "--text"))
+        else if (!strcmp(k, "--dropout")) {
+            o->dropout = strtod(v, &end);
+            if (!*v || *end || !(o->dropout >= 0.0 && o->dropout < 1.0)) {
+                fprintf(stderr,
+                        "train_charlm: --dropout %s: expected a probability in [0, 1), e.g. "
+                        "--dropout 0.3\n",
+                        v);
+                return -1;
+            }
+        } else if (!strcmp(k, "--text"))
             o->text = v;
         else {
             fprintf(stderr, "train_charlm: bad option or value: %s %s (see --help)\n", k, v);
@@ -220,6 +231,8 @@ static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const 
     rc.chunk_steps = o->chunk_steps;
     rc.offload_window = o->offload;
     rc.offload_host = host;
+    rc.dropout = (float)o->dropout;
+    rc.dropout_seed = o->seed;
     CHECK(mt_rnn_create(&md->rnn, &rc));
     uint64_t s = o->seed * 7919 + 1;
     md->emb = dev(a, (size_t)V * EMBED, MT_TAG_WEIGHTS);
@@ -598,6 +611,10 @@ int main(int argc, char **argv)
            "%d..%d, Adam lr %g\n",
            EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.batch, o.min_len,
            o.max_len, o.lr);
+    if (o.dropout > 0.0 && o.layers > 1)
+        printf("dropout: %g on the output of LSTM layer%s 0..%d while training (none when "
+               "sampling)\n",
+               o.dropout, o.layers > 2 ? "s" : "", o.layers - 2);
     if (o.offload)
         printf("activation offload: %d chunk%s of %d steps kept on the device during forward\n",
                o.offload, o.offload > 1 ? "s" : "", mt_rnn_cfg(md.rnn)->chunk_steps);
