@@ -17,7 +17,8 @@
 typedef struct shape_s {
     int mode, T, B, in, H, L;
     bool bi;
-    bool rebind; /* U1: weight_hh_l0 lives outside the flat buffer, so every call compacts */
+    bool rebind;   /* U1: weight_hh_l0 lives outside the flat buffer, so every call compacts */
+    float dropout; /* between layers (training): masks regenerated in backward, none kept */
 } shape_t;
 
 static double now_s(void)
@@ -54,6 +55,7 @@ static void run(mt_alloc_t *a, const shape_t *s, int iters)
     c.hidden_size = s->H;
     c.num_layers = s->L;
     c.bidirectional = s->bi;
+    c.dropout = s->dropout;
     c.alloc = a;
     mt_rnn_t *m;
     int rc = mt_rnn_create(&m, &c);
@@ -103,11 +105,16 @@ static void run(mt_alloc_t *a, const shape_t *s, int iters)
     double hvec = kept_step / ((double)s->B * s->H * s->L * D * sizeof(float));
     double step = (tf + tb) / iters;
     char name[16];
-    snprintf(name, sizeof name, "%s%s", mt_rnn_mode_name(s->mode), s->rebind ? "*" : "");
+    snprintf(name, sizeof name, "%s%s%s", mt_rnn_mode_name(s->mode), s->rebind ? "*" : "",
+             s->dropout > 0.0f ? "+" : "");
     printf("%-8s %4d %3d %4d %4d %2d %3s | %8.1f %8.1f %8.1f %9.0f | %9.1f %6.2f %9.1f %5.1f\n",
            name, s->T, s->B, s->in, s->H, s->L, s->bi ? "bi" : "uni", 1e3 * tf / iters,
            1e3 * tb / iters, 1e3 * step, (double)s->T * s->B / step, kept_step / 1024.0, hvec,
            (double)act.opbyop_bytes_per_step / 1024.0, act.opbyop_hvec);
+    if (s->dropout > 0.0f)
+        printf("  + dropout %g between the layers (the op-by-op estimate adds the dropped outputs "
+               "and masks)\n",
+               (double)s->dropout);
     if (s->rebind) {
         mt_rnn_stats_t rs;
         mt_rnn_stats(m, &rs);
@@ -144,17 +151,19 @@ int main(int argc, char **argv)
         fail("allocator", rc);
 
     static const shape_t full[] = {
-        {MT_RNN_LSTM, 100, 32, 256, 256, 2, false, false},
-        {MT_RNN_LSTM, 100, 32, 256, 256, 2, false, true},
-        {MT_RNN_LSTM, 100, 32, 512, 512, 2, false, false},
-        {MT_RNN_LSTM, 100, 32, 256, 256, 2, true, false},
-        {MT_RNN_GRU, 100, 32, 256, 256, 2, false, false},
-        {MT_RNN_TANH, 100, 32, 256, 256, 2, false, false},
+        {MT_RNN_LSTM, 100, 32, 256, 256, 2, false, false, 0.0f},
+        {MT_RNN_LSTM, 100, 32, 256, 256, 2, false, true, 0.0f},
+        {MT_RNN_LSTM, 100, 32, 256, 256, 2, false, false, 0.3f},
+        {MT_RNN_LSTM, 100, 32, 512, 512, 2, false, false, 0.0f},
+        {MT_RNN_LSTM, 100, 32, 256, 256, 2, true, false, 0.0f},
+        {MT_RNN_GRU, 100, 32, 256, 256, 2, false, false, 0.0f},
+        {MT_RNN_TANH, 100, 32, 256, 256, 2, false, false, 0.0f},
     };
     static const shape_t small[] = {
-        {MT_RNN_LSTM, 50, 16, 128, 128, 2, false, false},
-        {MT_RNN_LSTM, 50, 16, 128, 128, 2, false, true},
-        {MT_RNN_GRU, 50, 16, 128, 128, 2, false, false},
+        {MT_RNN_LSTM, 50, 16, 128, 128, 2, false, false, 0.0f},
+        {MT_RNN_LSTM, 50, 16, 128, 128, 2, false, true, 0.0f},
+        {MT_RNN_LSTM, 50, 16, 128, 128, 2, false, false, 0.3f},
+        {MT_RNN_GRU, 50, 16, 128, 128, 2, false, false, 0.0f},
     };
     const shape_t *shapes = quick ? small : full;
     size_t n = quick ? sizeof small / sizeof small[0] : sizeof full / sizeof full[0];
