@@ -127,12 +127,17 @@ static void amap_free(amap_t *m)
 
 /* ---- the report ---- */
 
+/* Invariant: while !unordered, evs is in strictly increasing seq order and next_seq is the
+ * last seq + 1 (0 when empty). */
 typedef struct proc_s {
     int pid;
     char name[64];
     int exit_state; /* 0 unknown, 1 clean, 2 unclean */
     uint64_t lost;  /* sum of gap records */
     evvec_t evs;
+    uint64_t next_seq;
+    bool unordered;              /* an event came with a seq below next_seq and was kept */
+    uint64_t duplicates;         /* events dropped as already read from an earlier log */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
 } proc_t;
 
@@ -142,6 +147,7 @@ struct mt__report_s {
     size_t nprocs, cap;
     uint64_t lines, events, malformed;
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
+    uint64_t duplicates;        /* sum over the processes */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -195,6 +201,25 @@ static proc_t *proc_get(mt__report_t *r, int pid)
     memset(p, 0, sizeof(*p));
     p->pid = pid;
     return p;
+}
+
+/* Is ev already among p's events? Logs read one after the other may hold the same event
+ * twice: the daemon's log and the program's own, when the program took its ring over after
+ * the daemon went away (a killed daemon may have read events it never acknowledged). Only
+ * an identical record counts: a pid reused by a later process has seqs of its own. */
+static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
+{
+    if (p->unordered || ev->seq >= p->next_seq)
+        return false;
+    size_t lo = 0, hi = p->evs.n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->evs.v[mid].seq < ev->seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
 }
 
 #define FAIL(...)                                                                                  \
@@ -253,9 +278,16 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
                 FAIL("out of memory");
             free(p->tag_names[ev.tag]);
             p->tag_names[ev.tag] = dup;
+        } else if (already_read(p, &ev)) {
+            p->duplicates++;
+            r->duplicates++;
         } else {
             if (evvec_push(&p->evs, &ev) != 0)
                 FAIL("out of memory");
+            if (ev.seq >= p->next_seq)
+                p->next_seq = ev.seq + 1;
+            else
+                p->unordered = true;
             r->events++;
             const char *tn = json_string_value(json_object_get(j, "tag"));
             if (tn && !p->tag_names[ev.tag])
@@ -651,14 +683,14 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
     json_t *peak_tags = peaks_by_tag(p, s);
     static const char *const exits[] = {"unknown", "clean", "unclean"};
     res = json_pack(
-        "{s:i, s:s, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
-        p->pid, "name", p->name, "events", (json_int_t)n, "lost", (json_int_t)p->lost, "exit",
-        exits[p->exit_state], "peak_allocated", (json_int_t)s->peak_alloc, "peak_reserved",
-        (json_int_t)s->peak_res, "final_allocated", (json_int_t)s->allocated, "final_reserved",
-        (json_int_t)s->reserved, "peak_by_tag", peak_tags, "timeline", tl, "never_freed",
-        never_freed(cfg, p, s), "unmatched_frees", (json_int_t)s->unmatched_frees, "growth",
-        growth(cfg, p, alloc_it, tag_it, iters, n_it), "host",
-        host_summary(cfg, p, h, host_events));
+        "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
+        p->pid, "name", p->name, "events", (json_int_t)n, "lost", (json_int_t)p->lost, "duplicates",
+        (json_int_t)p->duplicates, "exit", exits[p->exit_state], "peak_allocated",
+        (json_int_t)s->peak_alloc, "peak_reserved", (json_int_t)s->peak_res, "final_allocated",
+        (json_int_t)s->allocated, "final_reserved", (json_int_t)s->reserved, "peak_by_tag",
+        peak_tags, "timeline", tl, "never_freed", never_freed(cfg, p, s), "unmatched_frees",
+        (json_int_t)s->unmatched_frees, "growth", growth(cfg, p, alloc_it, tag_it, iters, n_it),
+        "host", host_summary(cfg, p, h, host_events));
     tl = NULL; /* owned by res now */
 out:
     json_decref(tl);
@@ -689,10 +721,11 @@ json_t *mt__report_result(mt__report_t *r)
             return NULL;
         }
     }
-    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
+    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
                      (json_int_t)r->lines, "events", (json_int_t)r->events, "malformed",
                      (json_int_t)r->malformed, "lost_unattributed",
-                     (json_int_t)r->lost_unattributed, "processes", procs);
+                     (json_int_t)r->lost_unattributed, "duplicates", (json_int_t)r->duplicates,
+                     "processes", procs);
 }
 
 /* ---- replay for plots ---- */

@@ -10,50 +10,52 @@
 #include "profiler/plot.h"
 #include "profiler/report.h"
 #include "tools/commands.h"
-
-#define MAX_ERRORS_SHOWN 10
+#include "tools/logs.h"
 
 static void help(FILE *f)
 {
-    fprintf(f, "usage: memtrace plot [options] LOG\n"
-               "\n"
-               "Draws a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md; the input\n"
-               "of 'memtrace report') as one self-contained SVG image (no scripts, fonts or\n"
-               "files outside it; open it in a browser), to see where device memory went:\n"
-               "  - top: device memory in use over time, stacked by tag (weights, grads,\n"
-               "    optimizer, activations, workspace, batch, other, user labels), the\n"
-               "    reserved bytes as a line above, the cache (reserved, not in use) shaded,\n"
-               "    OOM events as red markers, iteration markers as ticks; the legend gives\n"
-               "    each tag's peak;\n"
-               "  - pinned host memory (pool host), when there is any, in a panel of its own:\n"
-               "    it is not device memory and is not counted in the device figures;\n"
-               "  - bottom: the segment map at the peak of reserved memory, each segment a\n"
-               "    bar proportional to its size, blocks coloured by tag, free space grey,\n"
-               "    with utilization and fragmentation.\n"
-               "However long the log, the timeline is sampled to at most --buckets time\n"
-               "buckets, each keeping its highest and lowest moment, so peaks are not lost.\n"
-               "\n"
-               "options:\n"
-               "  -o, --output FILE   where to write the SVG (default: LOG with .svg in place\n"
-               "                      of .ndjson; '-' standard output; LOG '-' reads stdin\n"
-               "                      and writes to standard output)\n"
-               "  --pid N             the process to draw (default: the one with the most\n"
-               "                      events, for a daemon log of several)\n"
-               "  --width W           image width in px (default 1200, at least 800)\n"
-               "  --height H          image height in px (default 800, at least 600)\n"
-               "  --buckets N         time buckets of the timeline (default 1000, at most one\n"
-               "                      per pixel)\n"
-               "  -h, --help          this text\n"
-               "\n"
-               "exit status: 0 image written; 1 the log could not be read or the image not\n"
-               "written; 2 bad usage, no such process, or malformed lines (each is named on\n"
-               "stderr; the image is still drawn from the rest).\n"
-               "\n"
-               "examples:\n"
-               "  MEMTRACE_PROF=log MEMTRACE_LOG=run.ndjson ./train && memtrace plot run.ndjson\n"
-               "  memtrace plot -o run.svg --width 1600 --height 1000 run.ndjson\n"
-               "  memtrace plot --pid 4242 -o - /var/log/memtraced.ndjson > p4242.svg\n"
-               "  rsvg-convert run.svg > run.png    # a PNG, to paste somewhere\n");
+    fprintf(f,
+            "usage: memtrace plot [options] LOG...\n"
+            "\n"
+            "Draws a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md; the input\n"
+            "of 'memtrace report') as one self-contained SVG image (no scripts, fonts or\n"
+            "files outside it; open it in a browser), to see where device memory went:\n"
+            "  - top: device memory in use over time, stacked by tag (weights, grads,\n"
+            "    optimizer, activations, workspace, batch, other, user labels), the\n"
+            "    reserved bytes as a line above, the cache (reserved, not in use) shaded,\n"
+            "    OOM events as red markers, iteration markers as ticks; the legend gives\n"
+            "    each tag's peak;\n"
+            "  - pinned host memory (pool host), when there is any, in a panel of its own:\n"
+            "    it is not device memory and is not counted in the device figures;\n"
+            "  - bottom: the segment map at the peak of reserved memory, each segment a\n"
+            "    bar proportional to its size, blocks coloured by tag, free space grey,\n"
+            "    with utilization and fragmentation.\n"
+            "Several logs are read in the order given, as one (as 'memtrace report' does:\n"
+            "the daemon's log, then the program's own after the daemon went away).\n"
+            "However long the log, the timeline is sampled to at most --buckets time\n"
+            "buckets, each keeping its highest and lowest moment, so peaks are not lost.\n"
+            "\n"
+            "options:\n"
+            "  -o, --output FILE   where to write the SVG (default: the first LOG, .svg in place\n"
+            "                      of .ndjson; '-' standard output; LOG '-' reads stdin\n"
+            "                      and writes to standard output)\n"
+            "  --pid N             the process to draw (default: the one with the most\n"
+            "                      events, for a daemon log of several)\n"
+            "  --width W           image width in px (default 1200, at least 800)\n"
+            "  --height H          image height in px (default 800, at least 600)\n"
+            "  --buckets N         time buckets of the timeline (default 1000, at most one\n"
+            "                      per pixel)\n"
+            "  -h, --help          this text\n"
+            "\n"
+            "exit status: 0 image written; 1 the log could not be read or the image not\n"
+            "written; 2 bad usage, no such process, or malformed lines (each is named on\n"
+            "stderr; the image is still drawn from the rest).\n"
+            "\n"
+            "examples:\n"
+            "  MEMTRACE_PROF=log MEMTRACE_LOG=run.ndjson ./train && memtrace plot run.ndjson\n"
+            "  memtrace plot -o run.svg --width 1600 --height 1000 run.ndjson\n"
+            "  memtrace plot --pid 4242 -o - /var/log/memtraced.ndjson > p4242.svg\n"
+            "  rsvg-convert run.svg > run.png    # a PNG, to paste somewhere\n");
 }
 
 static int positive(const char *s, unsigned long max, unsigned long *out)
@@ -84,37 +86,6 @@ static char *default_output(const char *log)
         memcpy(out + n, ".svg", 5);
     }
     return out;
-}
-
-static int read_log(mt__report_t *r, const char *path, unsigned long *bad)
-{
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) {
-        perror(path);
-        return 1;
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    unsigned long lineno = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        char err[256];
-        if (mt__report_add_line(r, line, (size_t)len, err, sizeof(err)) != 0 &&
-            (*bad)++ < MAX_ERRORS_SHOWN)
-            fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno, err);
-    }
-    int read_err = ferror(f);
-    free(line);
-    if (f != stdin)
-        fclose(f);
-    if (read_err) {
-        fprintf(stderr, "memtrace plot: error reading %s\n", path);
-        return 1;
-    }
-    if (*bad > MAX_ERRORS_SHOWN)
-        fprintf(stderr, "%s: %lu malformed lines in all\n", path, *bad);
-    return 0;
 }
 
 int mt_cmd_plot(int argc, char **argv)
@@ -169,18 +140,18 @@ int mt_cmd_plot(int argc, char **argv)
             return 2;
         }
     }
-    if (optind != argc - 1) {
+    if (optind >= argc) {
         help(stderr);
         return 2;
     }
-    const char *path = argv[optind];
+    const char *path = argv[optind]; /* the first log names the default output */
     mt__report_t *r = NULL;
     if (mt__report_create(&r, NULL) != 0) {
         fprintf(stderr, "memtrace plot: out of memory\n");
         return 1;
     }
     unsigned long bad = 0;
-    int status = read_log(r, path, &bad);
+    int status = mt_tool_read_logs(r, "memtrace plot", argv + optind, argc - optind, &bad);
     char *dflt = NULL;
     if (!output && strcmp(path, "-") != 0)
         output = dflt = default_output(path);

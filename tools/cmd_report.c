@@ -13,16 +13,18 @@
 
 #include "profiler/report.h"
 #include "tools/commands.h"
-
-#define MAX_ERRORS_SHOWN 10
+#include "tools/logs.h"
 
 static void help(FILE *f)
 {
-    fprintf(f, "usage: memtrace report [options] LOG\n"
+    fprintf(f, "usage: memtrace report [options] LOG...\n"
                "\n"
                "Analyses a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md), as\n"
                "written by an instrumented program with no daemon (./memtrace-<pid>.ndjson or\n"
                "$MEMTRACE_LOG) or by the daemon's log file. LOG '-' reads standard input.\n"
+               "Several logs are read in the order given, as one: a program whose daemon went\n"
+               "away carries on in its own log, so give the daemon's log first, then the\n"
+               "program's; an event found in both counts once.\n"
                "\n"
                "For each process it prints, for its device memory:\n"
                "  - peak allocated and reserved bytes, and the peak of each tag;\n"
@@ -49,7 +51,8 @@ static void help(FILE *f)
                "examples:\n"
                "  memtrace report memtrace-4242.ndjson\n"
                "  memtrace report --json run.ndjson | jq '.processes[].growth'\n"
-               "  MEMTRACE_LOG=run.ndjson ./train && memtrace report --steps 40 run.ndjson\n");
+               "  MEMTRACE_LOG=run.ndjson ./train && memtrace report --steps 40 run.ndjson\n"
+               "  memtrace report daemon.ndjson memtrace-4242.ndjson\n");
 }
 
 static int parse_bytes(const char *s, uint64_t *out)
@@ -298,45 +301,20 @@ int mt_cmd_report(int argc, char **argv)
             return 2;
         }
     }
-    if (optind != argc - 1) {
+    if (optind >= argc) {
         help(stderr);
         return 2;
-    }
-    const char *path = argv[optind];
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "memtrace report: %s: %s\n", path, strerror(errno));
-        return 1;
     }
     mt__report_t *r = NULL;
     if (mt__report_create(&r, &cfg) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         return 1;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    unsigned long lineno = 0, bad = 0;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        char err[256];
-        if (mt__report_add_line(r, line, (size_t)len, err, sizeof(err)) != 0) {
-            if (bad++ < MAX_ERRORS_SHOWN)
-                fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno, err);
-        }
-    }
-    int read_err = ferror(f);
-    free(line);
-    if (f != stdin)
-        fclose(f);
-    if (read_err) {
-        fprintf(stderr, "memtrace report: error reading %s\n", path);
+    unsigned long bad = 0;
+    if (mt_tool_read_logs(r, "memtrace report", argv + optind, argc - optind, &bad) != 0) {
         mt__report_destroy(&r);
         return 1;
     }
-    if (bad > MAX_ERRORS_SHOWN)
-        fprintf(stderr, "%s: %lu malformed lines in all\n", path, bad);
-
     json_t *res = mt__report_result(r);
     mt__report_destroy(&r);
     if (!res) {
@@ -348,9 +326,13 @@ int mt_cmd_report(int argc, char **argv)
         printf("\n");
     } else {
         json_t *procs = json_object_get(res, "processes");
-        printf("memtrace report: %s: %.0f lines, %.0f events, %zu process%s", path,
-               num(res, "lines"), num(res, "events"), json_array_size(procs),
-               json_array_size(procs) == 1 ? "" : "es");
+        printf("memtrace report: ");
+        for (int i = optind; i < argc; i++)
+            printf("%s%s", argv[i], i + 1 < argc ? ", " : ": ");
+        printf("%.0f lines, %.0f events, %zu process%s", num(res, "lines"), num(res, "events"),
+               json_array_size(procs), json_array_size(procs) == 1 ? "" : "es");
+        if (num(res, "duplicates") > 0)
+            printf(", %.0f events found in two logs counted once", num(res, "duplicates"));
         if (bad)
             printf(", %lu malformed lines skipped", bad);
         if (num(res, "lost_unattributed") > 0)

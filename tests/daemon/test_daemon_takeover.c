@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "memtrace/prof.h"
+#include "profiler/report.h"
 #include "tests/daemon/harness.h"
 
 #define MAX_SEQ 40000
@@ -58,6 +59,35 @@ static void read_log(const char *path, int pid, seqs_t *s)
 
 /* The daemon in a child with signals handled and an NDJSON log; returns its pid once its
  * socket answers. */
+/* `memtrace report DAEMON LOCAL`'s reading: both logs into one report (events of our pid). */
+static void report_of(const char *const paths[2], uint64_t *events, uint64_t *dups)
+{
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(paths[i], "r");
+        assert_non_null(f);
+        char line[4096], err[128];
+        while (fgets(line, sizeof line, f))
+            (void)mt__report_add_line(r, line, strlen(line), err, sizeof err);
+        fclose(f);
+    }
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    *events = *dups = 0;
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(res, "processes"), i, p)
+    {
+        if (json_integer_value(json_object_get(p, "pid")) == getpid()) {
+            *events = (uint64_t)json_integer_value(json_object_get(p, "events"));
+            *dups = (uint64_t)json_integer_value(json_object_get(p, "duplicates"));
+        }
+    }
+    json_decref(res);
+    mt__report_destroy(&r);
+}
+
 static pid_t daemon_child(const char *sock, const char *log)
 {
     int ready[2];
@@ -190,6 +220,19 @@ static void run(int sig)
         for (unsigned s = 0; s < FIRST; s++)
             assert_true(d->seen[s] + l->seen[s] >= 1);
     }
+    /* Read together, the two logs give each event once. */
+    unsigned distinct = 0, twice = 0;
+    for (unsigned q = 0; q < total; q++) {
+        distinct += d->seen[q] + l->seen[q] > 0;
+        twice += d->seen[q] + l->seen[q] > 1;
+    }
+    const char *const paths[2] = {dlog, llog};
+    uint64_t events, dups;
+    report_of(paths, &events, &dups);
+    assert_int_equal(events, distinct);
+    assert_int_equal(dups, twice);
+    if (sig == SIGTERM)
+        assert_int_equal(events, total);
     free(d);
     free(l);
     unlink(dlog);

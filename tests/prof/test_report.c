@@ -24,6 +24,8 @@
 /* A fake allocator for one pid: keeps the totals and feeds encoded lines to r. */
 typedef struct gen_s {
     mt__report_t *r;
+    char (*out)[512]; /* when set, lines are kept here (*nout of them) instead of fed to r */
+    size_t *nout, maxout;
     int pid;
     int pool; /* 0: MT_POOL_LARGE */
     uint64_t seq, t, allocated, reserved;
@@ -46,6 +48,11 @@ static void emit(gen_t *g, int kind, uint64_t addr, uint64_t size, int tag)
     char line[1024];
     size_t n = mt_prof_event_write(line, sizeof(line), &ev, g->pid, NULL, NULL);
     assert_true(n > 0 && n < sizeof(line));
+    if (g->out != NULL) {
+        assert_true(*g->nout < g->maxout && n < sizeof(g->out[0]));
+        memcpy(g->out[(*g->nout)++], line, n + 1);
+        return;
+    }
     char err[128];
     assert_int_equal(mt__report_add_line(g->r, line, n, err, sizeof(err)), 0);
 }
@@ -248,6 +255,64 @@ static void test_timeline_fragmentation(void **state)
     mt__report_destroy(&r);
 }
 
+static void feed(mt__report_t *r, char (*lines)[512], size_t from, size_t to)
+{
+    char err[128];
+    for (size_t i = from; i < to; i++)
+        assert_int_equal(mt__report_add_line(r, lines[i], strlen(lines[i]), err, sizeof(err)), 0);
+}
+
+/* One process's events split over two logs that overlap (the daemon's log, then the
+ * program's own after a takeover): the report of both equals the report of the whole run,
+ * with the overlap counted once. A later process reusing the pid (other records under the
+ * same seqs) is not taken for a duplicate. */
+static void test_two_logs_counted_once(void **state)
+{
+    (void)state;
+    enum { MAXL = 4096 };
+    char(*lines)[512] = calloc(MAXL, sizeof *lines);
+    char(*other)[512] = calloc(MAXL, sizeof *other);
+    assert_non_null(lines);
+    assert_non_null(other);
+    size_t n = 0, m = 0;
+    gen_t g = {.out = lines, .nout = &n, .maxout = MAXL, .pid = 42};
+    training(&g, 30, true);
+    gen_t h = {.out = other, .nout = &m, .maxout = MAXL, .pid = 42, .t = 1000000000};
+    training(&h, 5, false);
+
+    mt__report_t *whole = NULL, *split = NULL;
+    assert_int_equal(mt__report_create(&whole, NULL), 0);
+    assert_int_equal(mt__report_create(&split, NULL), 0);
+    feed(whole, lines, 0, n);
+    size_t j = n / 3, k = 2 * n / 3;
+    feed(split, lines, 0, k); /* the daemon's log */
+    feed(split, lines, j, n); /* the program's own, from where the daemon's acknowledged */
+    json_t *rw = mt__report_result(whole), *rs = mt__report_result(split);
+    assert_int_equal(json_integer_value(json_object_get(rs, "duplicates")), k - j);
+    assert_int_equal(json_integer_value(json_object_get(rw, "duplicates")), 0);
+    json_t *pw = proc0(rw), *ps = proc0(rs);
+    assert_int_equal(json_integer_value(json_object_get(ps, "duplicates")), k - j);
+    static const char *const same[] = {"events",          "peak_allocated", "peak_reserved",
+                                       "final_allocated", "timeline",       "never_freed",
+                                       "growth"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        assert_true(json_equal(json_object_get(pw, same[i]), json_object_get(ps, same[i])));
+    assert_true(json_is_true(json_object_get(json_object_get(ps, "growth"), "detected")));
+
+    /* The pid reused: the other run's records (seqs from 0 again) are all kept. */
+    feed(split, other, 0, m);
+    json_t *rr = mt__report_result(split);
+    assert_int_equal(json_integer_value(json_object_get(rr, "duplicates")), k - j);
+    assert_int_equal(json_integer_value(json_object_get(proc0(rr), "events")), n + m);
+    json_decref(rw);
+    json_decref(rs);
+    json_decref(rr);
+    mt__report_destroy(&whole);
+    mt__report_destroy(&split);
+    free(lines);
+    free(other);
+}
+
 static void test_processes_and_malformed(void **state)
 {
     (void)state;
@@ -443,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_few_iterations),
         cmocka_unit_test(test_timeline_fragmentation),
         cmocka_unit_test(test_processes_and_malformed),
+        cmocka_unit_test(test_two_logs_counted_once),
         cmocka_unit_test(test_host_apart),
         cmocka_unit_test(test_host_empty),
         cmocka_unit_test(test_report_matches_schema),
