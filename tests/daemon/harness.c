@@ -72,6 +72,40 @@ void th_daemon_stop(th_daemon_t *t)
     rmdir(t->dir);
 }
 
+pid_t th_daemon_child(const char *sock, const char *log)
+{
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uv_loop_t loop;
+        if (uv_loop_init(&loop) != 0)
+            _exit(3);
+        mt_d_cfg_t cfg = th_cfg();
+        cfg.socket_path = sock;
+        cfg.http_port = -1;
+        cfg.log_path = log;
+        cfg.loop = &loop;
+        cfg.handle_signals = true;
+        mt_d_t *d = NULL;
+        if (mt_d_create(&d, &cfg) != 0)
+            _exit(4);
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1)
+            _exit(5);
+        int rc = mt_d_run(d);
+        mt_d_destroy(&d);
+        _exit(rc == 0 && uv_loop_close(&loop) == 0 ? 0 : 6);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    return pid;
+}
+
 /* The producer's body, in a process of its own (see th_producer). */
 static void producer_body(const char *sock, unsigned n, unsigned slots, unsigned burst, int stop_fd)
 {

@@ -33,33 +33,7 @@ static void test_sigterm_clean_shutdown(void **state)
     char dir[64], sock[100];
     make_dir(dir, sizeof dir);
     snprintf(sock, sizeof sock, "%s/d.sock", dir);
-    int ready[2];
-    assert_int_equal(pipe(ready), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        uv_loop_t loop;
-        if (uv_loop_init(&loop) != 0)
-            _exit(3);
-        mt_d_cfg_t cfg = th_cfg();
-        cfg.socket_path = sock;
-        cfg.http_port = 0;
-        cfg.loop = &loop;
-        cfg.handle_signals = true;
-        mt_d_t *d = NULL;
-        if (mt_d_create(&d, &cfg) != 0)
-            _exit(4);
-        char c = 1;
-        if (write(ready[1], &c, 1) != 1)
-            _exit(5);
-        if (mt_d_run(d) != 0)
-            _exit(6);
-        mt_d_destroy(&d);
-        _exit(uv_loop_close(&loop) == 0 ? 0 : 7);
-    }
-    char c;
-    assert_int_equal(read(ready[0], &c, 1), 1);
+    pid_t pid = th_daemon_child(sock, NULL);
     /* A subscriber and a half-open connection must not hold the shutdown up. */
     int fd = th_consumer(sock, "");
     int idle;
@@ -74,8 +48,6 @@ static void test_sigterm_clean_shutdown(void **state)
     assert_int_equal(recv(fd, buf, sizeof buf, 0), 0); /* the subscriber saw EOF */
     close(fd);
     close(idle);
-    close(ready[0]);
-    close(ready[1]);
     rmdir(dir);
 }
 

@@ -57,8 +57,6 @@ static void read_log(const char *path, int pid, seqs_t *s)
     fclose(f);
 }
 
-/* The daemon in a child with signals handled and an NDJSON log; returns its pid once its
- * socket answers. */
 /* `memtrace report DAEMON LOCAL`'s reading: both logs into one report (events of our pid). */
 static void report_of(const char *const paths[2], uint64_t *events, uint64_t *dups)
 {
@@ -88,40 +86,6 @@ static void report_of(const char *const paths[2], uint64_t *events, uint64_t *du
     mt__report_destroy(&r);
 }
 
-static pid_t daemon_child(const char *sock, const char *log)
-{
-    int ready[2];
-    assert_int_equal(pipe(ready), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        uv_loop_t loop;
-        if (uv_loop_init(&loop) != 0)
-            _exit(3);
-        mt_d_cfg_t cfg = th_cfg();
-        cfg.socket_path = sock;
-        cfg.http_port = -1;
-        cfg.log_path = log;
-        cfg.loop = &loop;
-        cfg.handle_signals = true;
-        mt_d_t *d = NULL;
-        if (mt_d_create(&d, &cfg) != 0)
-            _exit(4);
-        char c = 1;
-        if (write(ready[1], &c, 1) != 1)
-            _exit(5);
-        int rc = mt_d_run(d);
-        mt_d_destroy(&d);
-        _exit(rc == 0 && uv_loop_close(&loop) == 0 ? 0 : 6);
-    }
-    char c;
-    assert_int_equal(read(ready[0], &c, 1), 1);
-    close(ready[0]);
-    close(ready[1]);
-    return pid;
-}
-
 static void record(mt_prof_t *p, unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -145,7 +109,7 @@ static void run(int sig)
     snprintf(sock, sizeof sock, "%s/d.sock", dir);
     snprintf(dlog, sizeof dlog, "%s/daemon.ndjson", dir);
     snprintf(llog, sizeof llog, "%s/local.ndjson", dir);
-    pid_t dpid = daemon_child(sock, dlog);
+    pid_t dpid = th_daemon_child(sock, dlog);
 
     mt_prof_cfg_t cfg = mt_prof_cfg_default();
     cfg.mode = MT_PROF_AUTO;
