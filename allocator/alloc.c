@@ -33,6 +33,21 @@ static void fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t
     };
 }
 
+/* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
+ * emitted: one compare per event, and an idle allocator sends none. */
+static void stats_due(mt_alloc_t *a, uint64_t t)
+{
+    if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
+        return;
+    a->stats_next_ns = t + a->stats_period_ns;
+    if (a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
+             (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
+    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+}
+
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
                          uint32_t sid, int pool, int tag, uint64_t t)
 {
@@ -42,6 +57,7 @@ void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, 
     fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
              t != 0 ? t : mt__clock_now(&a->clk));
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+    stats_due(a, ev.time_ns);
 }
 
 /* Emits ev[0..n) as one batch when the sink takes batches. */
@@ -199,6 +215,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
         fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
                  mt__public_pool(seg->pool), tag, t != 0 ? t : mt__clock_now(&a->clk));
         emit_recs(a, ev, n);
+        stats_due(a, ev[n - 1].time_ns);
     }
 }
 
@@ -271,6 +288,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
         goto fail_mutex;
     }
     mt__clock_init(&a->clk, cfg->sink != NULL); /* calibrating costs 50 us */
+    a->stats_period_ns = (uint64_t)cfg->stats_period_ms * 1000000u;
+    a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
     *out = a;

@@ -21,6 +21,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.expandable_segments = false;
     c.release_on_oom = true;
     c.release_smaller_segments = true;
+    c.stats_period_ms = 1000;
     return c;
 }
 
@@ -105,6 +106,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->release_smaller_segments = b;
+    } else if (strcmp(key, "stats_period_ms") == 0) {
+        if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
+            goto bad;
+        c->stats_period_ms = (unsigned)u;
     } else {
         seterr(err, errlen, "unknown allocator config key '%s' (value '%s')", key, val);
         return MT_EINVAL;

@@ -245,6 +245,8 @@ struct mt_alloc_s {
     unsigned nfree_cbs; /* <= MT__FREE_CB_MAX */
     bool in_free_cbs;
     mt__clock_t clk;                /* time of events (only read with a sink) */
+    uint64_t stats_period_ns;       /* cfg.stats_period_ms in ns; 0 = no MT_EV_STATS */
+    uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[1024];

@@ -51,6 +51,11 @@ typedef struct mt_alloc_cfg_s {
      * strands memory until an OOM). Lifts utilization at peak on variable shapes (RNN
      * trace 0.64 -> 0.98) for a few backend frees. true; false = reference behaviour. */
     bool release_smaller_segments;
+    /* With a sink: a MT_EV_STATS event (the totals; size = peak allocated bytes, requested =
+     * bytes requested by the live allocations) at most this often while the allocator is in
+     * use, checked against the stamps of the events it emits anyway (an idle allocator sends
+     * none). 1000; 0 = none. */
+    unsigned stats_period_ms;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -58,7 +63,7 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
 /* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
- * release_on_oom, release_smaller_segments. An unknown key or a bad value returns MT_EINVAL and
+ * release_on_oom, release_smaller_segments, stats_period_ms. An unknown key or a bad value returns MT_EINVAL and
  * writes a message naming it into err (if err != NULL); cfg is then left unchanged. */
 MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);
 /* mt_alloc_cfg_parse of the MEMTRACE_ALLOC_CONF environment variable, if set. */

@@ -25,7 +25,8 @@ typedef enum mt_event_kind_e {
     MT_EV_RESERVE = 9,        /* warm-up reservation: size = bytes reserved */
     MT_EV_EMPTY_CACHE = 10,   /* size = bytes released to the device */
     MT_EV_CONFIG = 11,        /* allocator created; size = capacity */
-    MT_EV_STATS = 12,         /* periodic: totals only */
+    MT_EV_STATS = 12,         /* periodic (stats_period_ms): size = peak allocated bytes,
+                                 requested = bytes requested by live allocations */
     MT_EV_MARK = 13,          /* program marker: addr = mt_mark_e, size = payload */
     MT_EV_COMPACTION = 14,    /* RNN weights compacted: size = bytes copied */
     MT_EV_GAP = 15,           /* consumer side: size = number of events lost */

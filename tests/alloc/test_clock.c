@@ -106,12 +106,84 @@ static void test_event_stamps(void **state)
     rec_fini(&rec);
 }
 
+/* Periodic MT_EV_STATS: emitted from the events' own stamps, never closer than the period,
+ * at least one once the events span two periods, carrying the totals of the event before
+ * it, the peak allocated bytes and the bytes requested by live allocations; none with a
+ * period of 0 (and a bad period refused). */
+static void test_periodic_stats(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    rec_sink_t rec;
+    rec_init(&rec);
+    mt_alloc_t *a = make_alloc(b, "stats_period_ms:2", &rec.sink);
+    void *keep = xmalloc_dev(a, 3000, NULL, MT_TAG_WEIGHTS);
+    for (int i = 0; i < 40; i++) {
+        void *p = xmalloc_dev(a, 1000 + (size_t)i * 4096, NULL, MT_TAG_OTHER);
+        struct timespec ts = {0, 500 * 1000};
+        nanosleep(&ts, NULL);
+        assert_int_equal(mt_alloc_free(a, p), 0);
+    }
+    int64_t requested = 0, peak = 0;
+    uint64_t last_stats = 0, first = 0, last = 0;
+    size_t nstats = 0;
+    for (size_t i = 0; i < rec.n; i++) {
+        const mt_event_rec_t *ev = &rec.ev[i];
+        if (ev->kind == MT_EV_STATS) {
+            assert_true(i > 0);
+            const mt_event_rec_t *prev = &rec.ev[i - 1];
+            assert_int_equal(ev->allocated, prev->allocated);
+            assert_int_equal(ev->reserved, prev->reserved);
+            assert_int_equal(ev->time_ns, prev->time_ns);
+            assert_int_equal(ev->size, peak);
+            assert_int_equal(ev->requested, requested);
+            assert_true(nstats == 0 || ev->time_ns - last_stats >= 2000000u);
+            last_stats = ev->time_ns;
+            nstats++;
+            continue;
+        }
+        if (ev->kind == MT_EV_ALLOC)
+            requested += (int64_t)ev->requested;
+        if (ev->kind == MT_EV_FREE_REQUESTED)
+            requested -= (int64_t)ev->requested;
+        if ((int64_t)ev->allocated > peak)
+            peak = (int64_t)ev->allocated;
+        if (first == 0)
+            first = ev->time_ns;
+        last = ev->time_ns;
+    }
+    /* Events spanning over two periods past the first one due (creation + one period)
+     * leave at least one stats event behind: the allocator checks at every event. */
+    if (last - first >= 3 * 2000000u)
+        assert_true(nstats >= 1);
+    assert_int_equal(mt_alloc_free(a, keep), 0);
+    mt_alloc_destroy(&a);
+    rec_fini(&rec);
+
+    rec_init(&rec);
+    a = make_alloc(b, "stats_period_ms:0", &rec.sink);
+    for (int i = 0; i < 10; i++) {
+        void *p = xmalloc_dev(a, 4096, NULL, MT_TAG_OTHER);
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+        assert_int_equal(mt_alloc_free(a, p), 0);
+    }
+    assert_int_equal(rec_count(&rec, MT_EV_STATS), 0);
+    mt_alloc_destroy(&a);
+    rec_fini(&rec);
+    mt_alloc_cfg_t c = mt_alloc_cfg_default();
+    assert_int_equal(c.stats_period_ms, 1000);
+    assert_int_equal(mt_alloc_cfg_parse(&c, "stats_period_ms:soon", NULL, 0), MT_EINVAL);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clock_tsc),
         cmocka_unit_test(test_clock_gettime),
         cmocka_unit_test(test_event_stamps),
+        cmocka_unit_test(test_periodic_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
