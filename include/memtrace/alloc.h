@@ -63,8 +63,9 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
 /* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
- * release_on_oom, release_smaller_segments, stats_period_ms. An unknown key or a bad value returns MT_EINVAL and
- * writes a message naming it into err (if err != NULL); cfg is then left unchanged. */
+ * release_on_oom, release_smaller_segments, stats_period_ms. An unknown key or a bad value returns
+ * MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then left unchanged.
+ */
 MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);
 /* mt_alloc_cfg_parse of the MEMTRACE_ALLOC_CONF environment variable, if set. */
 MT_API int mt_alloc_cfg_from_env(mt_alloc_cfg_t *cfg, char *err, size_t errlen);
