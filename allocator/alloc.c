@@ -33,6 +33,18 @@ static void fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t
     };
 }
 
+/* A MT_EV_STATS event stamped t: the totals, size = peak allocated bytes, requested = bytes
+ * requested by the live allocations. */
+static void emit_stats(mt_alloc_t *a, uint64_t t)
+{
+    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
+             (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
+    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+}
+
 /* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
  * emitted: one compare per event, and an idle allocator sends none. */
 static void stats_due(mt_alloc_t *a, uint64_t t)
@@ -40,12 +52,7 @@ static void stats_due(mt_alloc_t *a, uint64_t t)
     if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
         return;
     a->stats_next_ns = t + a->stats_period_ns;
-    if (a->cfg.sink->emit == NULL)
-        return;
-    mt_event_rec_t ev;
-    fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
-             (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
-    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+    emit_stats(a, t);
 }
 
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
@@ -86,7 +93,10 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
     if (a == NULL || a->cfg.sink == NULL)
         return;
     pthread_mutex_lock(&a->mu);
-    mt__alloc_emit(a, kind, addr, size, 0, 0, MT_POOL_NONE, tag);
+    if (kind == MT_EV_STATS) /* one meaning for its fields, whoever asks for it */
+        emit_stats(a, mt__clock_now(&a->clk));
+    else
+        mt__alloc_emit(a, kind, addr, size, 0, 0, MT_POOL_NONE, tag);
     pthread_mutex_unlock(&a->mu);
 }
 

@@ -520,6 +520,22 @@ void mt_prof_destroy(mt_prof_t **pp)
     if (!pp || !*pp)
         return;
     mt_prof_t *p = *pp;
+    if (p->pid != (int)getpid()) {
+        /* A forked child's copy (its atexit, say): the ring, the daemon connection and the
+         * threads are the parent's, which goes on recording. Let go of this process's
+         * references only: no exit flag, no shutdown of the shared socket, no join. */
+        if (p->fd >= 0)
+            close(p->fd);
+        if (p->log_fd >= 0)
+            close(p->log_fd);
+        mt__ring_close(&p->ring);
+        free(p->log_path);
+        free(p->cfg_log_path);
+        free(p->out);
+        free(p);
+        *pp = NULL;
+        return;
+    }
     /* Set before the final drain and before the daemon sees EOF: no writer is left, and
      * consumers can tell a clean exit from a crash. */
     if (p->ring)

@@ -143,7 +143,8 @@ MT_API const char *mt_alloc_tag_name(const mt_alloc_t *a, int tag);
 MT_API const char *mt_tag_builtin_name(int tag);
 
 /* Forwards a program/engine event (MT_EV_MARK, MT_EV_COMPACTION, MT_EV_STATS) to the
- * sink with the allocator's current totals. */
+ * sink with the allocator's current totals. For MT_EV_STATS, addr and size are ignored:
+ * the event is the periodic one's (size = peak allocated, requested = requested bytes). */
 MT_API void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int tag);
 
 /* ---- statistics (the reference vocabulary) ---- */

@@ -217,11 +217,75 @@ static void test_daemon_killed(void **state)
     run(SIGKILL);
 }
 
+/* The state ("running" or "exited") the daemon shows for pid, "" if it does not know it. */
+static const char *state_of(const char *sock, int pid, char *buf, size_t len)
+{
+    json_t *st = th_state(sock);
+    buf[0] = '\0';
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(st, "processes"), i, p)
+    {
+        if (json_integer_value(json_object_get(p, "pid")) == pid)
+            snprintf(buf, len, "%s", json_string_value(json_object_get(p, "state")));
+    }
+    json_decref(st);
+    return buf;
+}
+
+/* A forked child that destroys its copy of the profiler (its atexit, say) leaves the
+ * parent's recording alone: no exit flag, no shutdown of the shared connection, so no
+ * takeover, and the parent's later events still reach the daemon. */
+static void test_forked_child_leaves_parent(void **state)
+{
+    (void)state;
+    char dir[64], sock[128];
+    snprintf(dir, sizeof dir, "/tmp/mt-takeover-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    pid_t dpid = th_daemon_child(sock, NULL);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.socket = sock;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    record(p, 100);
+    fflush(NULL);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        mt_prof_destroy(&p);
+        _exit(p == NULL ? 0 : 1);
+    }
+    int wst = th_wait(child);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    record(p, 100);
+    assert_int_equal(mt_prof_flush(p), 0);
+    mt_prof_stats_t st;
+    for (int i = 0; i < 300; i++) {
+        mt_prof_stats(p, &st);
+        if (st.delivered == 200)
+            break;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(st.delivered, 200);
+    assert_int_equal(st.mode, MT_PROF_DAEMON);
+    assert_null(mt_prof_log_path(p));
+    char buf[32];
+    assert_string_equal(state_of(sock, getpid(), buf, sizeof buf), "running");
+    mt_prof_destroy(&p);
+    assert_int_equal(kill(dpid, SIGTERM), 0);
+    wst = th_wait(dpid);
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_stopped),
         cmocka_unit_test(test_daemon_killed),
+        cmocka_unit_test(test_forked_child_leaves_parent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
