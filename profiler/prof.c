@@ -550,10 +550,8 @@ void mt_prof_destroy(mt_prof_t **pp)
         shutdown(p->fd, SHUT_RDWR); /* the daemon sees EOF: its final drain */
         pthread_join(p->watcher, NULL);
     }
-    int mode = mode_of(p);
-    if (mode == MT_PROF_LOG)
+    if (mode_of(p) == MT_PROF_LOG) {
         pthread_join(p->drainer, NULL);
-    if (mode == MT_PROF_LOG) {
         pthread_mutex_lock(&p->drain_lock);
         drain_locked(p);
         mt__ring_stats_t st;
