@@ -515,27 +515,10 @@ const char *mt_prof_log_path(const mt_prof_t *p)
     return p && mode_of(p) == MT_PROF_LOG ? p->log_path : NULL;
 }
 
-void mt_prof_destroy(mt_prof_t **pp)
+/* The end of this process's recording: exit flag, threads stopped, the local log's final
+ * drain and exit line. */
+static void finish(mt_prof_t *p)
 {
-    if (!pp || !*pp)
-        return;
-    mt_prof_t *p = *pp;
-    if (p->pid != (int)getpid()) {
-        /* A forked child's copy (its atexit, say): the ring, the daemon connection and the
-         * threads are the parent's, which goes on recording. Let go of this process's
-         * references only: no exit flag, no shutdown of the shared socket, no join. */
-        if (p->fd >= 0)
-            close(p->fd);
-        if (p->log_fd >= 0)
-            close(p->log_fd);
-        mt__ring_close(&p->ring);
-        free(p->log_path);
-        free(p->cfg_log_path);
-        free(p->out);
-        free(p);
-        *pp = NULL;
-        return;
-    }
     /* Set before the final drain and before the daemon sees EOF: no writer is left, and
      * consumers can tell a clean exit from a crash. */
     if (p->ring)
@@ -560,17 +543,33 @@ void mt_prof_destroy(mt_prof_t **pp)
                  mt__prof_exit_to_json(p->pid, true, st.emitted, st.dropped, st.lost, mono_ns()));
         out_flush(p);
         pthread_mutex_unlock(&p->drain_lock);
-        close(p->log_fd);
     }
+}
+
+void mt_prof_destroy(mt_prof_t **pp)
+{
+    if (!pp || !*pp)
+        return;
+    mt_prof_t *p = *pp;
+    /* A forked child's copy (its atexit, say): the ring, the daemon connection and the
+     * threads are the parent's, which goes on recording. The child lets go of its own
+     * references only: no exit flag, no shutdown of the shared socket, no join. */
+    bool ours = p->pid == (int)getpid();
+    if (ours)
+        finish(p);
+    if (p->log_fd >= 0)
+        close(p->log_fd);
     if (p->fd >= 0)
         close(p->fd);
     mt__ring_close(&p->ring);
     free(p->log_path);
     free(p->cfg_log_path);
     free(p->out);
-    pthread_mutex_destroy(&p->drain_lock);
-    pthread_mutex_destroy(&p->stop_lock);
-    pthread_cond_destroy(&p->stop_cond);
+    if (ours) {
+        pthread_mutex_destroy(&p->drain_lock);
+        pthread_mutex_destroy(&p->stop_lock);
+        pthread_cond_destroy(&p->stop_cond);
+    }
     free(p);
     *pp = NULL;
 }

@@ -19,6 +19,23 @@
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 
+/* promtool accepts body as Prometheus text exposition. */
+static void promtool_ok(const char *body)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mt-dtest-metrics-%d.txt", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(body, f);
+    fclose(f);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    int st = system(cmd);
+    unlink(path);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void test_metrics_pass_promtool(void **state)
 {
     th_daemon_t t;
@@ -50,21 +67,10 @@ static void test_metrics_pass_promtool(void **state)
     assert_non_null(strstr(body, "memtrace_consumers 1\n"));
     assert_non_null(strstr(body, "memtrace_processes{state=\"exited\"} 1\n"));
 
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/mt-dtest-metrics-%d.txt", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-    int st = system(cmd);
-    unlink(path);
+    promtool_ok(body);
     free(r);
     close(consumer);
     th_daemon_stop(&t);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 0);
 }
 
 static void record(mt_prof_t *p, int kind, int pool, uint64_t addr, uint64_t size,
@@ -137,20 +143,9 @@ static void test_host_series(void **state)
     assert_non_null(strstr(body, "# TYPE memtrace_host_allocated_bytes gauge\n"));
     assert_non_null(strstr(body, "# HELP memtrace_host_reserved_bytes "));
 
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/mt-dtest-hmetrics-%d.txt", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-    int st = system(cmd);
-    unlink(path);
+    promtool_ok(body);
     free(r);
     th_daemon_stop(&t);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 0);
 }
 
 /* ---- user tag labels ---- */
@@ -185,22 +180,6 @@ static void labelled_producer_body(const char *sock)
             _exit(12);
     mt_prof_destroy(&p); /* the allocator (and its blocks) outlive the recording */
     _exit(0);
-}
-
-static void promtool_ok(const char *body)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/mt-dtest-lmetrics-%d.txt", (int)getpid());
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(body, f);
-    fclose(f);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
-    int st = system(cmd);
-    unlink(path);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 0);
 }
 
 /* Reads whole lines from fd into buf until n lines came or timeout_ms passed. Returns the
