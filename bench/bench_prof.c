@@ -289,7 +289,8 @@ static int run_rnn(int cfgi, int round, rnn_result_t *res)
     float *dy = rnn_buf(a, ny, MT_TAG_ACTIVATIONS), *dx = rnn_buf(a, nx, MT_TAG_BATCH);
     if (!x || !y || !dy || !dx)
         return -1;
-    mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
     uint64_t t0 = 0, ev0 = 0;
     for (int it = 0; it <= RNN_STEPS; it++) {
