@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "allocator/internal.h"
 
 /* ---- events and logging ---- */

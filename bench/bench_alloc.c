@@ -21,8 +21,8 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "mt_config.h"
-#include "tools/replay.h"
-#include "tools/trace_csv.h"
+#include "analysis/replay.h"
+#include "analysis/trace_csv.h"
 
 #define UTIL_GOAL_WARM 0.95
 #define UTIL_GOAL_COLD 0.90

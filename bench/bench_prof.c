@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/machine.h"
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
 #include "memtrace/rnn.h"
@@ -374,6 +375,7 @@ int main(void)
 {
     result_t res[NCFG];
     memset(res, 0, sizeof(res));
+    mt_bench_print_machine(stdout);
     for (int round = 0; round < ROUNDS; round++)
         for (int c = 0; c < NCFG; c++)
             if (run_loop(c, &res[c]) != 0) {

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
 

@@ -11,7 +11,7 @@
 #include "mt_config.h"
 #include "preload/preload.h"
 #if MT_HAVE_CUDA_BACKEND
-#include "allocator/backend_cuda.h"
+#include "backend/backend_cuda.h"
 #endif
 
 _Thread_local int mt__preload_guard;

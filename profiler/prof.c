@@ -1,6 +1,6 @@
 /* The recorder: owns the ring, implements the allocator's event sink, registers with
  * the daemon, or else runs the local drainer thread that writes the NDJSON log. */
-#include "allocator/log.h"
+#include "util/log.h"
 #include "profiler/internal.h"
 
 #include <fcntl.h>

@@ -56,10 +56,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "memtrace/backend.h"
 
-#include "allocator/backend_cuda.h"
+#include "backend/backend_cuda.h"
 #include "rnn/internal.h"
 
 /* One matrix or bias: byte offsets in our flat buffer and in cuDNN's weight space. */

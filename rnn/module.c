@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "mt_config.h"
 #include "rnn/internal.h"
 

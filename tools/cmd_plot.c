@@ -1,14 +1,14 @@
 /* `memtrace plot LOG`: one SVG of a process's memory from a telemetry log: device memory
  * over time stacked by tag with the reserved line above, pinned host memory apart, and the
- * segment map at the peak. The log is read by the report's parser (profiler/report.c); the
- * picture is profiler/plot.c; this file reads the arguments and the file. */
+ * segment map at the peak. The log is read by the report's parser (analysis/report.c); the
+ * picture is analysis/plot.c; this file reads the arguments and the file. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "profiler/plot.h"
-#include "profiler/report.h"
+#include "analysis/plot.h"
+#include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
 

@@ -1,7 +1,7 @@
 /* `memtrace report LOG`: reads a telemetry log (NDJSON from the local fallback or the
  * daemon's log file) and prints, per process, peaks by tag, utilization and
  * fragmentation over time, allocations never freed, and the growth detector's verdict
- * across iterations. The analysis is profiler/report.c; this file reads and prints. */
+ * across iterations. The analysis is analysis/report.c; this file reads and prints. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -11,7 +11,7 @@
 
 #include <jansson.h>
 
-#include "profiler/report.h"
+#include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
 

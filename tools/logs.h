@@ -2,7 +2,7 @@
 #ifndef MT_TOOLS_LOGS_H
 #define MT_TOOLS_LOGS_H
 
-#include "profiler/report.h"
+#include "analysis/report.h"
 
 /* Feeds every line of the n logs (paths[i], "-" = standard input) to r, in order: a
  * process's events may be split over several logs (the daemon's, then the program's own

@@ -14,7 +14,7 @@
 
 #include "memtrace/alloc.h"
 #include "allocator/internal.h"
-#include "allocator/backend_sim.h"
+#include "backend/backend_sim.h"
 
 #define MIB ((size_t)1 << 20)
 #define KIB ((size_t)1 << 10)

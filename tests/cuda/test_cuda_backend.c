@@ -14,8 +14,8 @@
 #include <cuda.h>
 
 #include "memtrace/backend.h"
-#include "allocator/backend_cuda.h"
-#include "allocator/cuda_driver.h"
+#include "backend/backend_cuda.h"
+#include "backend/cuda_driver.h"
 
 #define MiB ((size_t)1 << 20)
 

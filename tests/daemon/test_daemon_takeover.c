@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "memtrace/prof.h"
-#include "profiler/report.h"
+#include "analysis/report.h"
 #include "tests/daemon/harness.h"
 
 #define MAX_SEQ 40000

@@ -1,11 +1,11 @@
-/* libFuzzer harness: `memtrace report` over an arbitrary log (profiler/report.c, the
+/* libFuzzer harness: `memtrace report` over an arbitrary log (analysis/report.c, the
  * analysis tools/cmd_report.c runs): every line is added, malformed ones must be refused
  * with a message, and the analysis of whatever was accepted must come out as JSON. */
 #include <jansson.h>
 #include <string.h>
 
 #include "memtrace/common.h"
-#include "profiler/report.h"
+#include "analysis/report.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -6,7 +6,7 @@
 
 #include "memtrace/common.h"
 #include "tests/fuzz/fuzz.h"
-#include "tools/trace_csv.h"
+#include "analysis/trace_csv.h"
 
 enum { READ_CHUNK = 64 * 1024 }; /* the reader's buffer (trace_csv.c CHUNK) */
 

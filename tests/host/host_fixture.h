@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "allocator/backend_sim.h"
+#include "backend/backend_sim.h"
 #include "memtrace/host.h"
 
 #define MIB ((size_t)1 << 20)

@@ -16,7 +16,7 @@
 
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
-#include "profiler/report.h"
+#include "analysis/report.h"
 
 #define ITERS 12
 #define MiB   ((size_t)1 << 20)

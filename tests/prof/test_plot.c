@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "memtrace/prof.h"
-#include "profiler/plot.h"
-#include "profiler/report.h"
+#include "analysis/plot.h"
+#include "analysis/report.h"
 
 #define MiB (UINT64_C(1) << 20)
 

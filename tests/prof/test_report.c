@@ -17,7 +17,7 @@
 
 #include "memtrace/prof.h"
 #include "mt_config.h"
-#include "profiler/report.h"
+#include "analysis/report.h"
 
 #define MiB (UINT64_C(1) << 20)
 

@@ -1,4 +1,4 @@
-/* The RMM CSV reader and loader (tools/trace_csv.c): valid input, the bundled traces, and
+/* The RMM CSV reader and loader (analysis/trace_csv.c): valid input, the bundled traces, and
  * every malformed case kept under data/invalid/ (NAME.csv with its expected message in
  * NAME.err: the text that must follow the file name). */
 #include <stdarg.h>
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
-#include "tools/trace_csv.h"
+#include "analysis/trace_csv.h"
 
 #ifndef REPLAY_DATA_DIR
 #error "REPLAY_DATA_DIR must name tests/replay/data"

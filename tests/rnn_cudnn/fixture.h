@@ -18,7 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/rnn.h"
 
-#include "allocator/backend_cuda.h"
+#include "backend/backend_cuda.h"
 #include "rnn/internal.h"
 #include "tests/cuda/fake_ctl.h"
 #include "tests/rnn_cudnn/fake_cudnn.h"

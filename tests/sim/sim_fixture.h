@@ -2,7 +2,7 @@
 #ifndef MT_TESTS_SIM_FIXTURE_H
 #define MT_TESTS_SIM_FIXTURE_H
 
-#include "allocator/backend_sim.h"
+#include "backend/backend_sim.h"
 #include "memtrace/backend.h"
 
 #define MIB ((size_t)1 << 20)

@@ -1,7 +1,7 @@
 /* See log.h. */
 #include <stdio.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 
 void mt__vlogf(mt_log_cb cb, void *ud, mt_log_level_e level, const char *fmt, va_list ap)
 {

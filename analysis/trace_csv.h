@@ -20,8 +20,8 @@
  * Every error message names the file, the line and, for a bad field, the field:
  *   trace.csv:17: field 'Size': not a decimal number: "12a"
  * Not thread-safe: one reader or trace per thread. */
-#ifndef MT_TOOLS_TRACE_CSV_H
-#define MT_TOOLS_TRACE_CSV_H
+#ifndef MT_ANALYSIS_TRACE_CSV_H
+#define MT_ANALYSIS_TRACE_CSV_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "allocator/backend_sim.h"
-#include "allocator/sim_internal.h"
+#include "backend/backend_sim.h"
+#include "backend/sim_internal.h"
 
 #define GIB                  ((size_t)1 << 30)
 #define SIM_DEFAULT_CAPACITY (8 * GIB)

@@ -6,8 +6,8 @@
 #include <stddef.h>
 
 #include "mt_config.h"
-#include "allocator/backend.h"
-#include "allocator/log.h"
+#include "backend/backend.h"
+#include "util/log.h"
 
 #define COUNTER(field) (offsetof(mt_backend_counters_t, field) / sizeof(uint64_t))
 #define BUMP(b, field)                                                                             \

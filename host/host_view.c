@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "allocator/backend.h"
+#include "backend/backend.h"
 #include "memtrace/host.h"
 
 /* One pinned allocation made through the view. */

@@ -14,8 +14,8 @@
  * over the fitted samples is at least min_growth_bytes, and at least 3/4 of the steps
  * do not go down: memory that rises steadily from one iteration to the next, the sign
  * of history kept alive (a list of tensors appended to every step). */
-#ifndef MT_PROFILER_REPORT_H
-#define MT_PROFILER_REPORT_H
+#ifndef MT_ANALYSIS_REPORT_H
+#define MT_ANALYSIS_REPORT_H
 
 #include <jansson.h>
 #include <stdbool.h>

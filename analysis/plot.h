@@ -14,13 +14,13 @@
  * The timeline is sampled into at most max_buckets time buckets; each keeps the state of
  * its lowest and highest moment (by bytes in use), in time order, so peaks and troughs
  * survive however many events the log holds: the SVG's size is bounded by the buckets. */
-#ifndef MT_PROFILER_PLOT_H
-#define MT_PROFILER_PLOT_H
+#ifndef MT_ANALYSIS_PLOT_H
+#define MT_ANALYSIS_PLOT_H
 
 #include <stddef.h>
 #include <stdio.h>
 
-#include "profiler/report.h"
+#include "analysis/report.h"
 
 typedef struct mt__plot_cfg_s {
     int pid;              /* process to draw; -1: the one with the most events */

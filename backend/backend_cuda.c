@@ -16,9 +16,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "allocator/backend.h"
-#include "allocator/backend_cuda.h"
-#include "allocator/cuda_driver.h"
+#include "backend/backend.h"
+#include "backend/backend_cuda.h"
+#include "backend/cuda_driver.h"
 
 /* A device allocation handed out by malloc: [ptr, ptr + size). */
 typedef struct cuda_seg_s {

@@ -1,7 +1,7 @@
 /* The SVG of `memtrace plot` (see plot.h). Two replays of the process's events through
  * the report's models: the first finds the extent, the peaks and the moment of the segment
  * map; the second fills the time buckets. Then the picture is written top to bottom. */
-#include "profiler/plot.h"
+#include "analysis/plot.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -8,7 +8,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "allocator/backend.h"
+#include "backend/backend.h"
 
 #define SIM_VM_GRANULARITY ((size_t)2 << 20) /* 2 MiB, like cuMemGetAllocationGranularity */
 #define SIM_MIN_ALIGN      ((size_t)512)     /* cudaMalloc hands out >= 512 B alignment */

@@ -1,6 +1,6 @@
 /* RMM logging CSV: a strict streaming reader and a loader that resolves pointers to slots.
  * See trace_csv.h for the format and the error message shape. */
-#include "tools/trace_csv.h"
+#include "analysis/trace_csv.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

@@ -1,14 +1,14 @@
 /* Replay of a loaded allocation trace (trace_csv.h) through the caching allocator on the
  * sim backend. Used by `memtrace replay` and by the benchmark (bench/bench_alloc.c), so
- * both report the same figures measured the same way. Implemented in cmd_replay.c. */
-#ifndef MT_TOOLS_REPLAY_H
-#define MT_TOOLS_REPLAY_H
+ * both report the same figures measured the same way. Implemented in replay.c. */
+#ifndef MT_ANALYSIS_REPLAY_H
+#define MT_ANALYSIS_REPLAY_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "memtrace/alloc.h"
-#include "tools/trace_csv.h"
+#include "analysis/trace_csv.h"
 
 typedef struct mt_replay_cfg_s {
     const char *alloc_conf; /* "key:value,..." applied after MEMTRACE_ALLOC_CONF; NULL = none */

@@ -3,7 +3,7 @@
  * TSC and converts) was most of what recording an event cost. See mt__clock_t. */
 #include <time.h>
 
-#include "allocator/internal.h"
+#include "util/clock.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

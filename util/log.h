@@ -1,7 +1,7 @@
 /* Formatting for the log callbacks every module takes (mt_log_cb): the library never
  * prints, it formats one line and hands it to the program's callback, if any. */
-#ifndef MT_ALLOCATOR_LOG_H
-#define MT_ALLOCATOR_LOG_H
+#ifndef MT_UTIL_LOG_H
+#define MT_UTIL_LOG_H
 
 #include <stdarg.h>
 

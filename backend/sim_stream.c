@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "allocator/sim_internal.h"
+#include "backend/sim_internal.h"
 
 /* A captured point in a stream. Refcounted: one reference from the event while it is
  * the event's latest mark, one from each queued op that records or waits on it.

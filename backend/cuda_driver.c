@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
-#include "allocator/cuda_driver.h"
+#include "backend/cuda_driver.h"
 
 /* Exported names, newest ABI first: the driver keeps the old unversioned symbols for
  * binaries built against old headers, and those have different semantics (32-bit sizes

@@ -3,7 +3,7 @@
  * timeline, never-freed allocations and the growth verdict (see report.h). Device memory
  * and pinned host memory (pool host) are replayed through two separate models, so that
  * host pages never appear in the device figures. */
-#include "profiler/report.h"
+#include "analysis/report.h"
 
 #include <stdbool.h>
 #include <stdio.h>

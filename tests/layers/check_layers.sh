@@ -1,0 +1,58 @@
+#!/bin/sh
+# Layering, as the build enforces it (suite 'layers').
+#   check_layers.sh SRCROOT BUILDROOT LIBMEMTRACE CC [LAYER:LOWER,LOWER ...]
+# For every layer: each lower layer's header (and its own) is reachable through the
+# layer's include folder, and every other layer's is not (an upward or sideways include
+# fails to compile). Every quoted include in the layer's sources names a layer it may
+# see. libmemtrace.so exports no symbol of the offline analysis.
+set -u
+src=$1 build=$2 lib=$3 cc=$4
+shift 4
+fail=0
+layers=""
+for spec in "$@"; do layers="$layers ${spec%%:*}"; done
+for spec in "$@"; do
+    name=${spec%%:*}
+    below=$(echo "${spec#*:}" | tr ',' ' ')
+    for other in $layers; do
+        hdr=$(cd "$src/$other" && ls *.h 2>/dev/null | head -1)
+        [ -n "$hdr" ] || continue
+        allowed=no
+        for b in $below $name; do [ "$b" = "$other" ] && allowed=yes; done
+        if printf '#include "%s/%s"\n' "$other" "$hdr" |
+            $cc -fsyntax-only -I"$src/include" -I"$build/layers/$name" -I"$build" \
+                -x c - -o /dev/null 2>/dev/null; then
+            got=yes
+        else
+            got=no
+        fi
+        if [ "$got" != "$allowed" ]; then
+            echo "FAIL: $name/ including $other/$hdr: compiles=$got, allowed=$allowed"
+            fail=1
+        fi
+    done
+    # The sources themselves: "x/..." includes name only layers below (or the layer).
+    for f in "$src/$name"/*.c "$src/$name"/*.h; do
+        [ -f "$f" ] || continue
+        for inc in $(sed -n 's/^#include "\([a-z_]*\)\/.*/\1/p' "$f" | sort -u); do
+            ok=no
+            for b in $below $name memtrace; do [ "$b" = "$inc" ] && ok=yes; done
+            if [ $ok = no ]; then
+                echo "FAIL: $f includes from $inc/, not below $name/"
+                fail=1
+            fi
+        done
+        if grep -n '#include "\.\./' "$f"; then
+            echo "FAIL: $f reaches out of its folder with ../"
+            fail=1
+        fi
+    done
+done
+bad=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -Ei 'report|plot|trace_csv|replay')
+if [ -n "$bad" ]; then
+    echo "FAIL: libmemtrace.so exports offline-analysis symbols:"
+    echo "$bad"
+    fail=1
+fi
+[ $fail -eq 0 ] && echo "layers: every upward include fails, every downward one builds; libmemtrace.so exports no analysis symbol"
+exit $fail
