@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "rnn/internal.h"
 
 static bool keeps_gates(const mt__rnn_shape_t *s)

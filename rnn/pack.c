@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/log.h"
+#include "util/log.h"
 #include "rnn/internal.h"
 
 #define plog(log, ud, ...) mt__logf(log, ud, MT_LOG_ERROR, __VA_ARGS__)
