@@ -23,9 +23,23 @@ install_missing() {
     echo "dev.sh: installing missing packages: ${missing[*]}"
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}" >/dev/null
+    # Quiet on success; on failure the whole output is shown, naming what failed.
+    local out
+    out=$(mktemp)
+    if ! $sudo apt-get update >"$out" 2>&1; then
+        cat "$out" >&2
+        echo "dev.sh: 'apt-get update' failed (output above)" >&2
+        rm -f "$out"
+        return 1
+    fi
+    if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends \
+        "${missing[@]}" >"$out" 2>&1; then
+        cat "$out" >&2
+        echo "dev.sh: 'apt-get install ${missing[*]}' failed (output above)" >&2
+        rm -f "$out"
+        return 1
+    fi
+    rm -f "$out"
 }
 
 # The telemetry schema test validates JSON with ajv (npm registry), pinned by the lock file.
@@ -35,7 +49,8 @@ install_test_tools() {
         install_missing
     fi
     if [ ! -d tests/prof/node_modules/ajv ]; then
-        npm ci --prefix tests/prof --no-audit --no-fund --silent
+        npm ci --prefix tests/prof --no-audit --no-fund --loglevel=error ||
+            { echo "dev.sh: 'npm ci --prefix tests/prof' failed" >&2; return 1; }
     fi
 }
 

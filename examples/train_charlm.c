@@ -336,7 +336,14 @@ static double train_step(model_t *md, const unsigned char *in, const unsigned ch
     for (size_t r = 0; r < tb; r++)
         memcpy(x + r * EMBED, md->emb + (size_t)in[r] * EMBED, EMBED * sizeof(float));
     int nx = md->cur ^ 1;
-    mt_rnn_io_t io = {T, B, x, y, md->h[md->cur], md->c[md->cur], md->h[nx], md->c[nx]};
+    mt_rnn_io_t io = {.seq_len = T,
+                      .batch = B,
+                      .x = x,
+                      .y = y,
+                      .hx = md->h[md->cur],
+                      .cx = md->c[md->cur],
+                      .hy = md->h[nx],
+                      .cy = md->c[nx]};
     mt_rnn_reserve_t *res;
     CHECK(mt_rnn_forward(md->rnn, &io, &res));
 
