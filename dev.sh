@@ -108,8 +108,15 @@ test)
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
     summarise tests build-test
-    # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
-    build build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+    # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, with the
+    # expensive assertions (whole-structure checks) on; a tree set up before that option
+    # existed gets it too.
+    asan_opts=(--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+               -Dassert_level=expensive)
+    if [ -f build-asan/build.ninja ] && ! grep -q 'MT_ASSERT_LEVEL 2' build-asan/mt_config.h; then
+        meson configure build-asan "${asan_opts[@]}"
+    fi
+    build build-asan "${asan_opts[@]}"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
     summarise sanitizers build-asan
