@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "analysis/model.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 
@@ -349,47 +350,74 @@ static const mt_event_rec_t *win_at(const mt_d_web_proc_t *t, size_t i)
     return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
 }
 
-static int acct_copy(mt_d_acct_t *a)
+/* Applies the event that made each segment and block of map (seq numbers from *seq on),
+ * with the class's totals as the running figures of its device 0 (or host 0) source. */
+static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model_figures_t *f,
+                        uint64_t t_ns, uint64_t *seq)
 {
-    mt_d_block_t *bl = NULL;
-    mt_d_range_t *rg = NULL;
-    if (a->blocks_cap && !(bl = malloc(a->blocks_cap * sizeof *bl)))
-        return MT_ENOMEM;
-    if (a->ranges_cap && !(rg = malloc(a->ranges_cap * sizeof *rg))) {
-        free(bl);
-        return MT_ENOMEM;
+    mt_event_rec_t ev = {.time_ns = t_ns, .allocated = f->allocated, .reserved = f->reserved};
+    for (size_t i = 0; i < map->nsegs; i++) {
+        const mt_model_seg_t *g = &map->segs[i];
+        ev.seq = (*seq)++;
+        ev.kind = g->mapped ? MT_EV_SEGMENT_MAP : MT_EV_SEGMENT_ALLOC;
+        ev.addr = g->addr;
+        ev.size = ev.requested = g->size;
+        ev.pool = g->pool;
+        ev.stream = g->stream;
+        ev.tag = 0;
+        mt_model_apply(m, &ev);
     }
-    if (bl)
-        memcpy(bl, a->blocks, a->blocks_cap * sizeof *bl);
-    if (rg)
-        memcpy(rg, a->ranges, a->ranges_cap * sizeof *rg);
-    a->blocks = bl;
-    a->ranges = rg;
-    return 0;
+    for (size_t i = 0; i < map->nblocks; i++) {
+        const mt_model_block_t *k = &map->blocks[i];
+        ev.seq = (*seq)++;
+        ev.kind = MT_EV_ALLOC;
+        ev.addr = k->addr;
+        ev.size = ev.requested = k->size;
+        ev.pool = k->pool;
+        ev.stream = 0;
+        ev.tag = k->tag;
+        mt_model_apply(m, &ev);
+        if (k->pending) {
+            ev.seq = (*seq)++;
+            ev.kind = MT_EV_FREE_REQUESTED;
+            mt_model_apply(m, &ev);
+        }
+    }
 }
 
-/* The model of t's process after the window's events up to index upto (exclusive):
- * a copy of the base with them applied. *new*. */
-static int state_at(const mt_d_web_proc_t *t, size_t upto, mt_d_proc_t **out)
+int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
 {
-    mt_d_proc_t *m = malloc(sizeof *m);
-    if (!m)
-        goto fail_alloc;
-    *m = *t->base;
-    if (acct_copy(&m->dev) != 0)
-        goto fail_dev;
-    if (acct_copy(&m->host) != 0)
-        goto fail_host;
+    mt_model_map_t map[MT_MODEL_CLASSES] = {{0}};
+    mt_model_figures_t f[MT_MODEL_CLASSES];
+    mt_model_t *m = NULL;
+    if (mt_model_create(&m, NULL) != 0)
+        goto fail_create;
+    size_t k = 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+        if (mt_model_map(t->base, cls, &map[cls]) != 0)
+            goto fail_map;
+        mt_model_figures_totals(t->base, cls, &f[cls]);
+        k += map[cls].nsegs + map[cls].nblocks;
+        for (size_t i = 0; i < map[cls].nblocks; i++)
+            k += map[cls].blocks[i].pending;
+    }
+    /* Seq numbers just before the window's: the model sees no gap. */
+    uint64_t first = t->wcount ? win_at(t, 0)->seq : 0;
+    uint64_t seq = first >= k ? first - k : 0;
+    uint64_t t0 = t->wcount ? win_at(t, 0)->time_ns : 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+        synth_class(m, &map[cls], &f[cls], t0, &seq);
+        mt_model_map_free(&map[cls]);
+    }
     for (size_t i = 0; i < upto; i++)
-        mt__d_proc_apply(m, win_at(t, i));
+        mt_model_apply(m, win_at(t, i));
     *out = m;
     return 0;
-fail_host:
-    free(m->dev.blocks);
-    free(m->dev.ranges);
-fail_dev:
-    free(m);
-fail_alloc:
+fail_map:
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
+        mt_model_map_free(&map[cls]);
+    mt_model_destroy(&m);
+fail_create:
     return MT_ENOMEM;
 }
 
@@ -419,44 +447,46 @@ static int put_window(mt_d_buf_t *o, const mt_d_web_proc_t *t)
                             t->wcount, a->seq, z->seq, secs(t, a->time_ns), secs(t, z->time_ns));
 }
 
-static int put_map(mt_d_buf_t *o, const mt_d_proc_t *m)
+static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
 {
-    const mt_d_acct_t *a = &m->dev;
-    mt_d_frag_t f;
-    mt__d_acct_frag(a, &f);
-    int rc = mt__d_buf_printf(
-        o,
-        ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"total_free\":%" PRIu64
-        ",\"largest_free\":%" PRIu64 ",\"fragmentation\":%.4f,\"nblocks\":%zu,\"tag_names\":{",
-        a->allocated, a->reserved, f.total_free, f.largest_free_block, f.fragmentation, a->nblocks);
+    mt_model_figures_t f;
+    mt_model_map_t map;
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0 ||
+        mt_model_map(m, MT_MODEL_DEVICE, &map) != 0)
+        return MT_ENOMEM;
+    int rc = mt__d_buf_printf(o,
+                              ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64
+                              ",\"total_free\":%" PRIu64 ",\"largest_free\":%" PRIu64
+                              ",\"fragmentation\":%.4f,\"nblocks\":%" PRIu64 ",\"tag_names\":{",
+                              f.allocated, f.reserved, f.total_free, f.largest_free,
+                              f.fragmentation, f.blocks);
     bool any = false;
     for (int tag = 0; tag < MT_TAG_MAX && !rc; tag++) {
-        if (!a->tag_blocks[tag] && !a->tag_peak[tag])
+        mt_model_tag_t tg;
+        mt_model_tag(m, MT_MODEL_DEVICE, tag, &tg);
+        if (!tg.blocks && !tg.peak && !tg.uncertain_blocks)
             continue;
         char nbuf[32];
         rc |= mt__d_buf_printf(o, "%s\"%d\":", any ? "," : "", tag);
-        rc |= json_str(o, mt__d_tag_name(m, tag, nbuf, sizeof nbuf));
+        rc |= json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
         any = true;
     }
     rc |= mt__d_buf_append(o, "},\"ranges\":[", 12);
-    for (size_t i = 0; i < a->nranges && i < MAX_RANGES && !rc; i++) {
-        const mt_d_range_t *r = &a->ranges[i];
+    for (size_t i = 0; i < map.nsegs && i < MAX_RANGES && !rc; i++) {
+        const mt_model_seg_t *r = &map.segs[i];
         rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u,%u]", i ? "," : "",
                                r->addr, r->size, r->mapped, r->pool, r->stream);
     }
     rc |= mt__d_buf_append(o, "],\"blocks\":[", 12);
-    size_t n = 0;
-    for (size_t i = 0; i < a->blocks_cap && !rc; i++) {
-        const mt_d_block_t *b = &a->blocks[i];
-        if (b->addr == 0 || b->addr == TOMB_ADDR)
-            continue;
-        if (n == MAX_BLOCKS)
-            break;
-        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u]", n ? "," : "", b->addr,
-                               b->size, b->tag, b->freed);
-        n++;
+    size_t n = map.nblocks < MAX_BLOCKS ? map.nblocks : MAX_BLOCKS;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const mt_model_block_t *b = &map.blocks[i];
+        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u]", i ? "," : "", b->addr,
+                               b->size, b->tag, b->pending);
     }
-    return rc | mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < a->nblocks ? "true" : "false");
+    rc |= mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
+    mt_model_map_free(&map);
+    return rc;
 }
 
 /* Where the query asks for a past state: the window index (seq= or t=), else false. */
@@ -483,18 +513,18 @@ static void serve_map(mt_d_conn_t *c, const char *query, bool head)
         return;
     size_t upto = t->wcount;
     bool past = past_upto(t, query, &upto);
-    mt_d_proc_t *m = NULL;
+    mt_model_t *m = NULL;
     mt_d_buf_t o = {0};
-    int rc = past ? state_at(t, upto, &m) : 0;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
     const mt_event_rec_t *at = upto ? win_at(t, upto - 1) : NULL;
     rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
                            past ? "false" : "true", at ? at->seq : 0,
                            at ? secs(t, at->time_ns) : 0.0);
     rc |= put_window(&o, t);
     if (!rc)
-        rc |= put_map(&o, past ? m : p);
+        rc |= put_map(&o, past ? m : p->model, p);
     rc |= mt__d_buf_append(&o, "}\n", 2);
-    mt__d_proc_destroy(&m);
+    mt_model_destroy(&m);
     send_buf(c, &o, rc, head);
 }
 

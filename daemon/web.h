@@ -8,7 +8,8 @@
  *   hours of events fit in a fixed size;
  * - a window of the latest events (a ring of `window` records) and a base model: the state
  *   before the window's first event (evicted events are applied to it). The allocator
- *   state at any event of the window is the base plus the window's events up to it.
+ *   state at any event of the window is a fresh model given the base's segments and
+ *   blocks (as synthesized events), then the window's events up to it.
  * Memory per process: about 0.6 MiB of history plus 64 bytes x window.
  *
  * Routes (GET, JSON unless said; registered in http.c's dispatcher, behind its checks):
@@ -65,7 +66,7 @@ typedef struct mt_d_web_proc_s {
     uint64_t last_ns;   /* monotonic time of the last event */
     mt_event_rec_t *win;
     size_t wcap, wcount, whead;
-    struct mt_d_proc_s *base;
+    struct mt_model_s *base; /* the state before the window's first event */
 } mt_d_web_proc_t;
 
 typedef struct mt_d_web_s {
@@ -84,6 +85,10 @@ void mt__d_web_free(struct mt_d_s *d);
 /* Sets the events kept per process for trackers created from now on (>= 1024). */
 void mt__d_web_set_window(struct mt_d_s *d, size_t events);
 mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
+
+/* The allocator state after the window's events before index upto (<= wcount): a fresh
+ * model given the base's segments and blocks, then those events. *out is new. */
+int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, struct mt_model_s **out);
 
 /* Answers a web route; returns false when path is not one of them. */
 bool mt__d_web_route(struct mt_d_conn_s *c, const char *path, const char *query, bool head);

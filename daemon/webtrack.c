@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "analysis/model.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "util/assert.h"
@@ -37,7 +38,7 @@ static void tracker_free(mt_d_web_proc_t *t)
 {
     free(t->coarse);
     free(t->win);
-    mt__d_proc_destroy(&t->base);
+    mt_model_destroy(&t->base);
     free(t);
 }
 
@@ -53,7 +54,7 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     t->win = malloc(t->wcap * sizeof *t->win);
     if (!t->win)
         goto fail_window;
-    if (mt__d_proc_create(&t->base, p->pid, p->name) != 0)
+    if (mt_model_create(&t->base, NULL) != 0)
         goto fail_base;
     t->proc = p;
     t->off_ns = clock_offset_ns();
@@ -187,13 +188,19 @@ static void coarse_halve(mt_d_web_proc_t *t)
 static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     mt_d_web_bkt_t *c = &t->cur;
-    c->alast = p->dev.allocated;
-    c->rlast = p->dev.reserved;
-    c->peak = p->dev.peak_allocated;
-    c->hmax = p->host.allocated;
-    c->hres = p->host.reserved;
-    if (ev->tag < MT_TAG_MAX)
-        c->tag[ev->tag] = p->dev.tag_allocated[ev->tag];
+    mt_model_figures_t dev, host;
+    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &dev);
+    mt_model_figures_totals(p->model, MT_MODEL_HOST, &host);
+    c->alast = dev.allocated;
+    c->rlast = dev.reserved;
+    c->peak = dev.peak_allocated;
+    c->hmax = host.allocated;
+    c->hres = host.reserved;
+    if (ev->tag < MT_TAG_MAX && ev->pool != MT_POOL_HOST) {
+        mt_model_tag_t tg;
+        mt_model_tag(p->model, MT_MODEL_DEVICE, ev->tag, &tg);
+        c->tag[ev->tag] = tg.bytes;
+    }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
     t->last_ns = now;
     bool oom = ev->kind == MT_EV_OOM;
@@ -204,7 +211,8 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
         c0 = t->coarse[t->ncoarse - 1].t0; /* a clock that went back: the last bucket */
     if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0) {
         if (t->ncoarse == MT_D_WEB_COARSE) {
-            coarse_halve(t);
+            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
+                coarse_halve(t);
             c0 = now / t->coarse_ns * t->coarse_ns;
             if (c0 < t->coarse[t->ncoarse - 1].t0)
                 c0 = t->coarse[t->ncoarse - 1].t0;
@@ -221,7 +229,7 @@ static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
     if (t->wcount == t->wcap) {
         /* The oldest event leaves the window: the base model takes it. */
         const mt_event_rec_t *old = &t->win[t->whead];
-        mt__d_proc_apply(t->base, old);
+        mt_model_apply(t->base, old);
         t->wcount--;
     }
     t->win[t->whead] = *ev;
