@@ -19,6 +19,9 @@
 /* The shape of a module, everything the layout and the kernels need.
  * Invariants: gates = 4 (LSTM), 3 (GRU), 1 (RNN); dirs in {1, 2}; layers, input, hidden
  * >= 1. */
+/* A GEMM library of the cpu path (gemm.c). */
+typedef struct mt__rnn_gemm_s mt__rnn_gemm_t;
+
 typedef struct mt__rnn_shape_s {
     int mode;      /* mt_rnn_mode_e */
     int gates;     /* g */
@@ -29,7 +32,22 @@ typedef struct mt__rnn_shape_s {
     bool bias;     /* the layout holds 2*g*H bias floats per pseudo-layer */
     int chunk;     /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
     float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
+    const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
 } mt__rnn_shape_t;
+
+/* ---- the GEMM seam (gemm.c) ---- */
+
+/* The library called name ("cblas", "blis", "dnnl"), loaded on first use: MT_EINVAL for
+ * another name, MT_ENOTSUP if it cannot be loaded here. Process-wide, never unloaded. */
+int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out);
+const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
+/* Library, version and kernel (or ISA), e.g. "OpenBLAS ..., kernel SkylakeX". */
+const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g);
+/* The library's thread count (process-wide for that library). */
+int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
+/* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
+void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 
