@@ -110,6 +110,7 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
     return b < p->split ? p->cp + (size_t)b * H : p->c0 + (size_t)b * H;
 }
 
+MT__RNN_CELL_CLONES
 static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
 {
     int H = a->s->hidden, gh = 4 * H, B = a->q->bs[a->t0 + t];
@@ -120,6 +121,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
     for (int b = 0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         const float *cp = bprev_c(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -137,6 +139,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
     mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f, a->dhn, H);
 }
 
+MT__RNN_CELL_CLONES
 static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H, B = a->q->bs[a->t0 + t];
@@ -148,6 +151,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
         float *gb = g + (size_t)b * gh;
         float *db = a->dgh + (size_t)b * gh;
         const float *hp = bprev_h(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -168,6 +172,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
     mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H, 1.0f, a->dhn, H);
 }
 
+MT__RNN_CELL_CLONES
 static void rnn_step(const dir_back_t *a, int t)
 {
     int H = a->s->hidden, B = a->q->bs[a->t0 + t];

@@ -251,6 +251,7 @@ static const float *prev_row(const prev_t *p, int b, int H)
     return b < p->split ? p->hp + (size_t)b * p->ldh : p->h0 + (size_t)b * H;
 }
 
+MT__RNN_CELL_CLONES
 static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux)
 {
     int H = a->s->hidden, gh = 4 * H;
@@ -259,6 +260,7 @@ static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux
         const float *rb = a->rec + (size_t)b * gh;
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float ii = mt__rnn_sigmoid(gb[j] + rb[j]);
             float ff = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -277,6 +279,7 @@ static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux
     }
 }
 
+MT__RNN_CELL_CLONES
 static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux, const prev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H;
@@ -286,6 +289,7 @@ static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux,
         const float *rb = a->rec + (size_t)b * gh;
         const float *hb = prev_row(pv, b, H);
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float rr = mt__rnn_sigmoid(gb[j] + rb[j]);
             float zz = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -301,6 +305,7 @@ static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux,
     }
 }
 
+MT__RNN_CELL_CLONES
 static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
 {
     int H = a->s->hidden;
@@ -309,6 +314,7 @@ static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
         const float *gb = g + (size_t)b * H;
         const float *rb = a->rec + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float v = gb[j] + rb[j];
             ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);

@@ -98,7 +98,7 @@ static void describe_cblas(mt__rnn_gemm_t *g)
     g->thr = dlsym(RTLD_DEFAULT, "openblas_set_num_threads");
     g->thr_kind = g->thr ? THR_OPENBLAS : THR_NONE;
     if (core)
-        snprintf(g->info, sizeof g->info, "OpenBLAS %s, kernel %s", cfg ? cfg() : "", core());
+        snprintf(g->info, sizeof g->info, "%s, kernel %s", cfg ? cfg() : "OpenBLAS", core());
     else
         snprintf(g->info, sizeof g->info, "the linked CBLAS");
 }
