@@ -74,8 +74,14 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
     return rc;
 }
 
-/* The default GEMM library of the cpu path, by measurement (docs/blas.md). */
+/* The default GEMM library of the cpu path, by measurement (docs/blas.md). Builds with
+ * AddressSanitizer keep the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a
+ * process that runs oneDNN's OpenMP threads (libgomp), failing every test at exit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MT__RNN_GEMM_DEFAULT "cblas"
+#else
 #define MT__RNN_GEMM_DEFAULT "dnnl"
+#endif
 
 /* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default if it loads, else the linked CBLAS. */
 static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out)
