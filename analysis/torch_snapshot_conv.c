@@ -303,7 +303,37 @@ static uint8_t pool_of(uint64_t size, bool segment)
                                                                      : MT_POOL_LARGE;
 }
 
-int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
+/* An annotation as a memtrace marker, when its name says which: forward, backward,
+ * warm-up stages, and the start of an iteration or step. 0: none. */
+static int annotation_mark(const mt_ts_annotation_t *a)
+{
+    const char *n = a->name;
+    if (strstr(n, "forward") != NULL)
+        return a->start ? MT_MARK_FORWARD_BEGIN : MT_MARK_FORWARD_END;
+    if (strstr(n, "backward") != NULL)
+        return a->start ? MT_MARK_BACKWARD_BEGIN : MT_MARK_BACKWARD_END;
+    if (strstr(n, "warmup") != NULL || strstr(n, "warm-up") != NULL)
+        return a->start ? MT_MARK_WARMUP_BEGIN : MT_MARK_WARMUP_END;
+    if (a->start && (strncmp(n, "iteration", 9) == 0 || strncmp(n, "step", 4) == 0))
+        return MT_MARK_ITERATION;
+    return 0;
+}
+
+/* One device's cursor through its trace while records are made. */
+typedef struct cursor_s {
+    const mt_ts_event_t *ev;
+    size_t i, n;
+    uint64_t allocated, reserved;
+    walk_t w;
+} cursor_t;
+
+static int64_t ev_time(const cursor_t *c)
+{
+    return c->ev[c->i].time_us;
+}
+
+/* Event e of c as a record; *emit false for what memtrace does not model. */
+static int make_record(cursor_t *c, const mt_ts_event_t *e, mt_event_rec_t *r, bool *emit)
 {
     static const uint8_t kind[MT_TS_ACTION_COUNT] = {
         [MT_TS_ALLOC] = MT_EV_ALLOC,
@@ -314,89 +344,137 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         [MT_TS_SEGMENT_MAP] = MT_EV_SEGMENT_MAP,
         [MT_TS_SEGMENT_UNMAP] = MT_EV_SEGMENT_UNMAP,
         [MT_TS_OOM] = MT_EV_OOM,
-        [MT_TS_SNAPSHOT] = 0,
     };
-    uint64_t seq = 0;
-    for (unsigned d = 0; d < ts->ndevices; d++) {
-        mt_ts_figures_t fig;
-        int rc = mt_ts_figures(ts, d, &fig);
-        if (rc < 0)
-            return rc;
-        size_t n;
-        const mt_ts_event_t *ev = dev_events(ts, d, &n);
-        uint64_t allocated = 0, reserved = fig.reserved_start;
-        walk_t w = {0};
-        for (size_t i = 0; i < n && rc == 0; i++) {
-            const mt_ts_event_t *e = &ev[i];
-            mt_event_rec_t r = {
-                .seq = ++seq,
-                .time_ns = e->time_us > 0 ? (uint64_t)e->time_us * 1000u : i,
-                .addr = e->addr,
-                .size = e->size,
-                .requested = e->size,
-                .stream = (uint32_t)e->stream,
-                .kind = kind[e->action],
-                .device = (uint8_t)d,
-                .tag = e->tag,
-            };
-            live_t *l;
-            bool orphan;
-            int k = walk_step(&w, e, &l, &orphan);
-            if (k < 0) {
-                rc = k;
-                break;
-            }
-            switch (e->action) {
-            case MT_TS_ALLOC:
-                r.size = e->block_size ? e->block_size : round_block(e->size);
-                r.pool = pool_of(r.size, false);
-                if (k == W_OPEN) {
-                    allocated += r.size;
-                    l->size = r.size; /* the block's bytes leave at its free */
-                }
-                break;
-            case MT_TS_FREE_REQUESTED:
-            case MT_TS_FREE_COMPLETED:
-                if (k != W_CLOSE) {
-                    /* an orphan, or the second half of a free: the report sees the pair */
-                    r.size = l != NULL ? l->size : round_block(e->size);
-                    r.pool = pool_of(r.size, false);
-                    break;
-                }
-                r.size = l->size;
-                r.requested = e->size;
-                r.pool = pool_of(r.size, false);
-                allocated -= l->size;
-                if (!l->freed)
-                    lm_erase(l);
-                break;
-            case MT_TS_SEGMENT_ALLOC:
-            case MT_TS_SEGMENT_MAP:
-                reserved += e->size;
-                r.pool = pool_of(e->size, true);
-                break;
-            case MT_TS_SEGMENT_FREE:
-            case MT_TS_SEGMENT_UNMAP:
-                reserved -= e->size < reserved ? e->size : reserved;
-                r.pool = pool_of(e->size, true);
-                break;
-            case MT_TS_OOM:
-                r.requested = e->size;
-                r.size = e->addr; /* memtrace: size = free device bytes */
-                r.addr = 0;
-                break;
-            default:
-                continue; /* snapshot markers carry nothing memtrace models */
-            }
-            r.allocated = allocated;
-            r.reserved = reserved;
-            rc = fn(ctx, &r, e->stack);
+    *emit = true;
+    *r = (mt_event_rec_t){
+        .time_ns = e->time_us > 0 ? (uint64_t)e->time_us * 1000u : 0,
+        .addr = e->addr,
+        .size = e->size,
+        .requested = e->size,
+        .stream = (uint32_t)e->stream,
+        .kind = kind[e->action],
+        .device = e->device,
+        .tag = e->tag,
+    };
+    live_t *l;
+    bool orphan;
+    int k = walk_step(&c->w, e, &l, &orphan);
+    if (k < 0)
+        return k;
+    switch (e->action) {
+    case MT_TS_ALLOC:
+        r->size = e->block_size ? e->block_size : round_block(e->size);
+        r->pool = pool_of(r->size, false);
+        if (k == W_OPEN) {
+            c->allocated += r->size;
+            l->size = r->size; /* the block's bytes leave at its free */
         }
-        free(w.live.t);
-        if (rc != 0)
-            return rc;
+        break;
+    case MT_TS_FREE_REQUESTED:
+    case MT_TS_FREE_COMPLETED:
+        /* An orphan or the second half of a free keeps its own size: the report pairs
+         * free_requested with free_completed itself. */
+        r->size = l != NULL && l->size ? l->size : round_block(e->size);
+        r->pool = pool_of(r->size, false);
+        if (k == W_CLOSE) {
+            c->allocated -= l->size;
+            if (!l->freed)
+                lm_erase(l);
+        }
+        break;
+    case MT_TS_SEGMENT_ALLOC:
+    case MT_TS_SEGMENT_MAP:
+        c->reserved += e->size;
+        r->pool = pool_of(e->size, true);
+        break;
+    case MT_TS_SEGMENT_FREE:
+    case MT_TS_SEGMENT_UNMAP:
+        c->reserved -= e->size < c->reserved ? e->size : c->reserved;
+        r->pool = pool_of(e->size, true);
+        break;
+    case MT_TS_OOM:
+        r->size = e->addr; /* memtrace: size = free device bytes, requested = the request */
+        r->addr = 0;
+        break;
+    default:
+        *emit = false; /* snapshot markers carry nothing memtrace models */
+        break;
     }
+    r->allocated = c->allocated;
+    r->reserved = c->reserved;
     return 0;
+}
+
+static int cmp_annotation(const void *a, const void *b)
+{
+    const mt_ts_annotation_t *x = *(const mt_ts_annotation_t *const *)a;
+    const mt_ts_annotation_t *y = *(const mt_ts_annotation_t *const *)b;
+    return x->time_us < y->time_us ? -1 : x->time_us > y->time_us ? 1 : (x < y ? -1 : x > y);
+}
+
+int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
+{
+    int rc = 0;
+    cursor_t *cur = calloc(ts->ndevices ? ts->ndevices : 1, sizeof *cur);
+    const mt_ts_annotation_t **ann = calloc(ts->nannotations + 1, sizeof *ann);
+    if (cur == NULL || ann == NULL) {
+        rc = MT_ENOMEM;
+        goto done;
+    }
+    for (unsigned d = 0; d < ts->ndevices && rc == 0; d++) {
+        mt_ts_figures_t fig;
+        rc = mt_ts_figures(ts, d, &fig);
+        cur[d].ev = dev_events(ts, d, &cur[d].n);
+        cur[d].reserved = fig.reserved_start;
+    }
+    for (size_t i = 0; i < ts->nannotations; i++)
+        ann[i] = &ts->annotations[i];
+    qsort(ann, ts->nannotations, sizeof *ann, cmp_annotation);
+    size_t ai = 0, seq = 0;
+    /* Devices merged by time (PyTorch's clock is one per process); ties and untimed
+     * traces keep device order. Annotations come before events of the same time. */
+    while (rc == 0) {
+        int best = -1;
+        for (unsigned d = 0; d < ts->ndevices; d++)
+            if (cur[d].i < cur[d].n && (best < 0 || ev_time(&cur[d]) < ev_time(&cur[best])))
+                best = (int)d;
+        mt_event_rec_t r;
+        bool emit = true;
+        if (ai < ts->nannotations && (best < 0 || ann[ai]->time_us <= ev_time(&cur[best]))) {
+            const mt_ts_annotation_t *a = ann[ai++];
+            int mark = annotation_mark(a);
+            unsigned dev =
+                a->device >= 0 && (unsigned)a->device < ts->ndevices ? (unsigned)a->device : 0;
+            r = (mt_event_rec_t){
+                .time_ns = a->time_us > 0 ? (uint64_t)a->time_us * 1000u : 0,
+                .kind = MT_EV_MARK,
+                .addr = (uint64_t)mark,
+                .device = (uint8_t)dev,
+                .allocated = ts->ndevices ? cur[dev].allocated : 0,
+                .reserved = ts->ndevices ? cur[dev].reserved : 0,
+            };
+            emit = mark != 0;
+            if (mark == MT_MARK_ITERATION)
+                r.size = seq;
+        } else if (best >= 0) {
+            cursor_t *c = &cur[best];
+            rc = make_record(c, &c->ev[c->i], &r, &emit);
+            c->i++;
+        } else
+            break;
+        if (rc == 0 && emit) {
+            r.seq = ++seq;
+            if (r.time_ns == 0)
+                r.time_ns = seq; /* no clock in the file: event order */
+            rc = fn(ctx, &r, r.kind == MT_EV_MARK ? 0 : cur[best].ev[cur[best].i - 1].stack);
+        }
+    }
+done:
+    for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++)
+        free(cur[d].w.live.t);
+    free(cur);
+    free(ann);
+    return rc;
 }
 
 /* ---- call sites at the peak ---- */

@@ -157,6 +157,7 @@ typedef struct feed_s {
     size_t cap;
     char err[256];
     uint64_t seq; /* the records' own sequence numbers are replaced by one count */
+    int pid;
 } feed_t;
 
 static const char *tag_name(void *ud, int tag)
@@ -177,24 +178,25 @@ static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
     mt_event_rec_t e = *ev;
     e.seq = ++f->seq;
     ev = &e;
-    size_t n = mt_prof_event_write(f->line, f->cap, ev, 0, tag_name, (void *)f->ts);
+    size_t n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
     if (n >= f->cap) {
         char *nl = realloc(f->line, n + 1);
         if (nl == NULL)
             return MT_ENOMEM;
         f->line = nl;
         f->cap = n + 1;
-        n = mt_prof_event_write(f->line, f->cap, ev, 0, tag_name, (void *)f->ts);
+        n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
     }
     return feed_line(f, f->line, n);
 }
 
-int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path)
+int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path, int pid)
 {
     feed_t f = {.r = r, .ts = ts, .cap = 1024};
     if ((f.line = malloc(f.cap)) == NULL)
         return MT_ENOMEM;
-    json_t *hello = mt_prof_hello_to_json(0, path, 0, 0);
+    f.pid = pid;
+    json_t *hello = mt_prof_hello_to_json(pid, path, 0, 0);
     char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
     json_decref(hello);
     int rc = h ? feed_line(&f, h, strlen(h)) : MT_ENOMEM;
@@ -212,4 +214,129 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
         fprintf(stderr, "%s: %s\n", path, f.err[0] ? f.err : mt_strerror(rc));
     free(f.line);
     return rc;
+}
+
+/* ---- report and plot inputs ---- */
+
+#include "tools/logs.h"
+
+int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, int n,
+                        unsigned long *bad, mt_tool_inputs_t *in)
+{
+    memset(in, 0, sizeof *in);
+    int i = 0;
+    while (i < n) {
+        int j = i;
+        while (j < n && (strcmp(paths[j], "-") == 0 || !mt_ts_is_pickle(paths[j])))
+            j++;
+        /* Logs are read together: one process may be split over several of them. */
+        if (j > i && mt_tool_read_logs(r, prog, paths + i, j - i, bad) != 0)
+            return 1;
+        if (j == n)
+            break;
+        if (in->n == MT_TOOL_MAX_SNAPSHOTS) {
+            fprintf(stderr, "%s: more than %d snapshots\n", prog, MT_TOOL_MAX_SNAPSHOTS);
+            return 2;
+        }
+        int status = mt_tool_read_snapshot(prog, paths[j], &in->ts[in->n]);
+        if (status != 0)
+            return status;
+        in->path[in->n] = paths[j];
+        in->n++;
+        if (mt_tool_report_snapshot(r, in->ts[in->n - 1], paths[j], (int)in->n) != 0)
+            return 1;
+        i = j + 1;
+    }
+    return 0;
+}
+
+static json_t *sites_json(const mt_ts_t *ts, unsigned d, unsigned top)
+{
+    mt_ts_site_t sites[64];
+    size_t ns;
+    uint64_t peak;
+    if (top > 64)
+        top = 64;
+    if (mt_ts_sites_at_peak(ts, d, sites, top, &ns, &peak) != 0)
+        return NULL;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ns; i++) {
+        char name[512];
+        json_t *frames = json_array();
+        const mt_ts_stack_t *s = &ts->stacks[sites[i].stack];
+        for (uint32_t k = 0; k < s->n; k++) {
+            const mt_ts_frame_t *f = &ts->frames[s->first + k];
+            json_array_append_new(frames, json_pack("{s:s, s:s, s:I}", "name", f->name, "filename",
+                                                    f->filename, "line", (json_int_t)f->line));
+        }
+        json_array_append_new(arr, json_pack("{s:s, s:o, s:I, s:o}", "site",
+                                             mt_ts_site_name(ts, sites[i].stack, name, sizeof name),
+                                             "bytes", jb(sites[i].bytes), "count",
+                                             (json_int_t)sites[i].count, "frames", frames));
+    }
+    return json_pack("{s:i, s:o, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
+                     "call_sites_at_peak", arr);
+}
+
+void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top)
+{
+    if (in->n == 0)
+        return;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < in->n; i++) {
+        const mt_ts_t *ts = in->ts[i];
+        json_t *devs = json_array(), *ann = json_array();
+        for (unsigned d = 0; d < ts->ndevices; d++)
+            json_array_append_new(devs, sites_json(ts, d, top));
+        for (size_t k = 0; k < ts->nannotations; k++) {
+            const mt_ts_annotation_t *a = &ts->annotations[k];
+            json_array_append_new(
+                ann, json_pack("{s:s, s:s, s:i, s:I}", "stage", a->start ? "START" : "END", "name",
+                               a->name, "device", a->device, "time_us", (json_int_t)a->time_us));
+        }
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:i, s:s, s:o, s:o}", "file", in->path[i], "process",
+                                        (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x",
+                                        "devices", devs, "annotations", ann));
+    }
+    json_object_set_new(res, "snapshots", arr);
+}
+
+void mt_tool_inputs_print(const mt_tool_inputs_t *in, unsigned top)
+{
+    for (size_t i = 0; i < in->n; i++) {
+        const mt_ts_t *ts = in->ts[i];
+        printf("\nsnapshot %s (process %zu above; PyTorch %s layout)\n", in->path[i], i + 1,
+               ts->era == 1 ? "1.13" : "2.x");
+        for (unsigned d = 0; d < ts->ndevices; d++) {
+            mt_ts_site_t sites[64];
+            size_t ns;
+            uint64_t peak;
+            if (mt_ts_sites_at_peak(ts, d, sites, top > 64 ? 64 : top, &ns, &peak) != 0)
+                continue;
+            char b[32], name[512];
+            human(b, sizeof b, peak);
+            printf("  device %u: top call sites at the peak of allocated bytes (%s, requested)\n",
+                   d, b);
+            for (size_t k = 0; k < ns; k++) {
+                human(b, sizeof b, sites[k].bytes);
+                printf("    %12s %6zu  %s\n", b, sites[k].count,
+                       mt_ts_site_name(ts, sites[k].stack, name, sizeof name));
+            }
+        }
+        if (ts->nannotations)
+            printf("  annotations:\n");
+        for (size_t k = 0; k < ts->nannotations; k++) {
+            const mt_ts_annotation_t *a = &ts->annotations[k];
+            printf("    %12lld us  device %d  %-5s %s\n", (long long)a->time_us, a->device,
+                   a->start ? "START" : "END", a->name);
+        }
+    }
+}
+
+void mt_tool_inputs_free(mt_tool_inputs_t *in)
+{
+    for (size_t i = 0; i < in->n; i++)
+        mt_ts_destroy(&in->ts[i]);
+    in->n = 0;
 }
