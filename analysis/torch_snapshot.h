@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "analysis/pickle.h"
+#include "analysis/report.h"
 #include "analysis/trace_csv.h"
 #include "memtrace/event.h"
 
@@ -154,6 +155,13 @@ const char *mt_ts_action_name(int action);
 const char *mt_ts_state_name(int state);
 
 /* ---- conversions ---- */
+
+/* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
+ * the report's segment map after its last event as segments and blocks, each tag as a
+ * frame {"name": "tag <label>", "filename": "memtrace", "line": tag id} on its allocations
+ * and blocks, markers as external annotations. *out is new. MT_ENOENT (no such process or
+ * no events), MT_ENOMEM; message in err. */
+int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen);
 
 /* PyTorch's own figures for device d from its trace. reserved: segment_alloc/map minus
  * segment_free/unmap, starting from what the segments at the end imply was reserved

@@ -430,7 +430,7 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
     for (size_t i = 0; i < ts->nannotations; i++)
         ann[i] = &ts->annotations[i];
     qsort(ann, ts->nannotations, sizeof *ann, cmp_annotation);
-    size_t ai = 0, seq = 0;
+    size_t ai = 0, seq = 0, iterations = 0;
     /* Devices merged by time (PyTorch's clock is one per process); ties and untimed
      * traces keep device order. Annotations come before events of the same time. */
     while (rc == 0) {
@@ -454,8 +454,12 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
                 .reserved = ts->ndevices ? cur[dev].reserved : 0,
             };
             emit = mark != 0;
-            if (mark == MT_MARK_ITERATION)
-                r.size = seq;
+            if (mark == MT_MARK_ITERATION) {
+                /* "iteration 12" (what memtrace writes) keeps its number; else a count. */
+                const char *num = strpbrk(a->name, "0123456789");
+                r.size = num != NULL ? strtoull(num, NULL, 10) : iterations;
+                iterations++;
+            }
         } else if (best >= 0) {
             cursor_t *c = &cur[best];
             rc = make_record(c, &c->ev[c->i], &r, &emit);
