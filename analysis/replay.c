@@ -39,7 +39,8 @@ static void session_close(session_t *s)
 {
     if (s->a != NULL)
         mt_alloc_destroy(&s->a);
-    for (size_t i = 0; i < s->nstreams; i++)
+    /* streams is NULL when its allocation failed in session_open */
+    for (size_t i = 0; s->streams != NULL && i < s->nstreams; i++)
         if (s->streams[i] != NULL)
             mt_stream_destroy(s->b, &s->streams[i]);
     if (s->b != NULL)
