@@ -205,15 +205,15 @@ static int add_segments(ex_t *x, size_t last)
     mt_ts_block_t *blocks = malloc((2 * map.nblocks + 1) * sizeof *blocks);
     size_t b = 0; /* next live block of the map (sorted by address, as segments are) */
     for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL; s++) {
-        const mt__report_block_t *sg = &map.segs[s];
+        const mt_model_seg_t *sg = &map.segs[s];
         const seen_t *info = lookup(x, sg->addr, false);
         mt_ts_segment_t seg = {
             .device = info ? info->device : 0,
             .addr = sg->addr,
             .total_size = sg->size,
-            .stream = info ? info->stream : 0,
-            .large = info ? info->pool != MT_POOL_SMALL : sg->size > ((uint64_t)2 << 20),
-            .expandable = info && info->kind == MT_EV_SEGMENT_MAP,
+            .stream = sg->stream,
+            .large = sg->pool != MT_POOL_SMALL,
+            .expandable = sg->mapped,
             .stack = 0,
         };
         size_t n = 0;
