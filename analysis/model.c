@@ -326,6 +326,11 @@ static int block_event(mt__mclass_t *c, const mt_event_rec_t *ev)
         }
         block_settle(c, b);
         block_unaccount(c, b);
+        /* The free names the block as it is now (a gap may have hidden a reuse of the
+         * address). */
+        b->size = ev->size;
+        b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+        b->pool = ev->pool & 3;
         b->pending = 1;
         mt__model_seg_touch(c, ev->addr);
         return 0;
