@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/assert.h"
 
 mt_model_cfg_t mt_model_cfg_default(void)
 {
@@ -133,12 +134,12 @@ static void block_unaccount(mt__mclass_t *c, mt__mblock_t *b)
     if (b->pending)
         return;
     if (b->uncertain) {
-        assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
+        mt_assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
         c->unc_bytes[b->tag] -= b->size;
         c->unc_blocks[b->tag]--;
         c->unc -= b->size;
     } else {
-        assert(c->tag_bytes[b->tag] >= b->size && c->tag_blocks[b->tag] > 0);
+        mt_assert(c->tag_bytes[b->tag] >= b->size && c->tag_blocks[b->tag] > 0);
         c->tag_bytes[b->tag] -= b->size;
         c->tag_blocks[b->tag]--;
         c->pool_bytes[b->pool & 3] -= b->size;
@@ -325,6 +326,11 @@ static int block_event(mt__mclass_t *c, const mt_event_rec_t *ev)
         }
         block_settle(c, b);
         block_unaccount(c, b);
+        /* The free names the block as it is now (a gap may have hidden a reuse of the
+         * address). */
+        b->size = ev->size;
+        b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+        b->pool = ev->pool & 3;
         b->pending = 1;
         mt__model_seg_touch(c, ev->addr);
         return 0;
@@ -546,7 +552,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
         if (b->uncertain) {
             nunc++;
             bool listed = false;
-            for (size_t s = 0; s < c->nstale && !listed; s++)
+            size_t s = stale_lower(c, b->addr);
+            for (; s < c->nstale && c->stale[s].addr <= b->addr && !listed; s++)
                 listed = c->stale[s].addr == b->addr && c->stale[s].size == b->size;
             CHECK(listed, "class %d: uncertain block %#llx not in the stale index", k,
                   (unsigned long long)b->addr);

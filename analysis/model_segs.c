@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/assert.h"
 
 static uint64_t end_of(uint64_t addr, uint64_t size)
 {
@@ -99,7 +100,7 @@ int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
         }
     }
     mt__model_drop_uncertain_in(c, addr, size);
-    assert(c->seg_unc <= c->seg_bytes);
+    mt_assert(c->seg_unc <= c->seg_bytes);
     return rc;
 }
 
