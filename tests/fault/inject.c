@@ -35,6 +35,24 @@ static atomic_bool injected;
 static atomic_long fail_at;
 static atomic_long counted;
 static atomic_long live;
+static bool announce; /* say so on stderr when failing (tools: fault_arm_from_env) */
+
+/* "mt-fault: host allocation N failed" on stderr, without allocating. */
+static void say_failed(long n)
+{
+    char msg[64] = "\nmt-fault: host allocation ";
+    size_t len = strlen(msg);
+    char digits[24];
+    size_t nd = 0;
+    do {
+        digits[nd++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0 && nd < sizeof digits);
+    while (nd > 0)
+        msg[len++] = digits[--nd];
+    memcpy(msg + len, " failed\n", 8);
+    (void)!write(STDERR_FILENO, msg, len + 8);
+}
 
 /* True when this allocation is the one to fail. */
 static bool fail_now(void)
@@ -45,6 +63,8 @@ static bool fail_now(void)
     if (n != atomic_load(&fail_at))
         return false;
     atomic_store(&injected, true);
+    if (announce)
+        say_failed(n);
     errno = ENOMEM;
     return true;
 }
@@ -170,6 +190,15 @@ bool fault_disarm(void)
     atomic_store_explicit(&armed, false, memory_order_release);
     arming_thread = false;
     return atomic_load(&injected);
+}
+
+void fault_arm_from_env(void)
+{
+    const char *s = getenv("MT_FAULT_AT");
+    if (s == NULL)
+        return;
+    announce = true;
+    fault_arm(strtol(s, NULL, 10));
 }
 
 long fault_target(void)

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memtrace/alloc.h"
@@ -81,6 +82,10 @@ static void run_ops(mt_alloc_t *a, mt_backend_t *b, mt_stream_t *s1)
         STEP(a, mt_alloc_free(a, w[i]));
     STEP(a, mt_alloc_warmup_end(a, NULL));
     STEP(a, mt_alloc_reserve(a, 8 * MIB, s1));
+    /* A device OOM: garbage collection, release of the cache, the OOM report. */
+    void *big = NULL;
+    STEP(a, mt_alloc_malloc(a, 1024 * MIB, NULL, 0, &big));
+    assert_null(big);
     for (int i = 1; i < 8; i += 2)
         STEP(a, mt_alloc_free(a, p[i]));
     STEP(a, mt_alloc_empty_cache(a));
@@ -109,6 +114,7 @@ static void alloc_scenario(void *ud)
     char err[256];
     mt_alloc_t *a = NULL;
     mt_stream_t *s1 = NULL;
+    STEP(a, mt_alloc_cfg_from_env(&cfg, err, sizeof err));
     STEP(a, mt_alloc_cfg_parse(&cfg, c->conf, err, sizeof err));
     STEP(a, mt_alloc_create(&a, &cfg));
     if (a == NULL)
@@ -138,9 +144,13 @@ static void test_alloc_expandable(void **state)
 static void test_alloc_max_split(void **state)
 {
     (void)state;
+    /* Read from the environment too (mt_alloc_cfg_from_env). */
+    assert_int_equal(setenv("MEMTRACE_ALLOC_CONF", "release_on_oom:True,memory_fraction:0.9", 1),
+                     0);
     /* Oversize blocks, periodic statistics events. */
     alloc_case_t c = {"max_split_size_mb:24,release_smaller_segments:False,stats_period_ms:1"};
     assert_true(fault_loop("alloc max_split", alloc_scenario, &c) > 20);
+    assert_int_equal(unsetenv("MEMTRACE_ALLOC_CONF"), 0);
 }
 
 int main(void)
