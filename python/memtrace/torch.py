@@ -119,24 +119,27 @@ def tag_modules(model, root="model", grad_tag="grads", max_depth=None):
     local = threading.local()
     bwd = {}  # thread ident -> tag to restore when its backward ends
 
-    def pre(mod, args, _id=None):
+    def stack():
         st = getattr(local, "stack", None)
         if st is None:
             st = local.stack = []
-        if mod is model and st:  # an exception skipped post hooks: start clean
-            while depth() > st[0]:
-                pop()
-            st.clear()
-        st.append(depth())
+        return st
+
+    def unwind(d):
+        while depth() > d:
+            pop()
+
+    def pre(mod, args):
+        stack().append(depth())
         rc = push(ids[mod])
         if rc:
+            stack().pop()
             _mt._raise_push(rc, out.tags.get(name_of[mod], "?"))
 
     def post(mod, args, output):
-        st = local.stack
-        d = st.pop() if st else 0
-        while depth() > d:
-            pop()
+        if mod is not model:
+            st = stack()
+            unwind(st.pop() if st else depth())
         if _torch.is_grad_enabled():
             hook = _backward_hook(gid if gid is not None else ids[mod])
             for t in _tensors(output):
@@ -144,6 +147,24 @@ def tag_modules(model, root="model", grad_tag="grads", max_depth=None):
                 if t.requires_grad and not getattr(t, "_memtrace_hooked", False):
                     t.register_hook(hook)
                     t._memtrace_hooked = True
+
+    # The root's forward runs inside try/finally, so that an exception raised in any
+    # module (whose post hooks then never run) leaves the thread's tags as they were.
+    root_forward = model.forward
+    root_id = ids.get(model)
+
+    def forward(*args, **kwargs):
+        st, d = stack(), depth()
+        n = len(st)
+        if root_id is not None:
+            rc = push(root_id)
+            if rc:
+                _mt._raise_push(rc, root)
+        try:
+            return root_forward(*args, **kwargs)
+        finally:
+            unwind(d)
+            del st[n:]
 
     def _backward_hook(tid):
         def on_grad(grad):
@@ -163,9 +184,23 @@ def tag_modules(model, root="model", grad_tag="grads", max_depth=None):
 
     name_of = {mod: name for name, mod in mods}
     for mod in ids:
-        out._handles.append(mod.register_forward_pre_hook(pre))
+        if mod is not model:
+            out._handles.append(mod.register_forward_pre_hook(pre))
+    for mod in ids.keys() | {model}:
         out._handles.append(mod.register_forward_hook(post))
+    model.forward = forward
+    out._handles.append(_Restore(model))
     return out
+
+
+class _Restore:
+    """Takes the try/finally wrapper off the root's forward."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def remove(self):
+        self.model.__dict__.pop("forward", None)
 
 
 def _tensors(x):
