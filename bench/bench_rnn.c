@@ -75,7 +75,14 @@ static void run(mt_alloc_t *a, const shape_t *s, int iters)
     size_t nx = (size_t)s->T * s->B * s->in, ny = (size_t)s->T * s->B * D * s->H;
     float *x = buf(a, nx, MT_TAG_BATCH, 1), *y = buf(a, ny, MT_TAG_ACTIVATIONS, 0);
     float *dy = buf(a, ny, MT_TAG_ACTIVATIONS, 2), *dx = buf(a, nx, MT_TAG_BATCH, 0);
-    mt_rnn_io_t io = {s->T, s->B, x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {.seq_len = s->T,
+                      .batch = s->B,
+                      .x = x,
+                      .y = y,
+                      .hx = NULL,
+                      .cx = NULL,
+                      .hy = NULL,
+                      .cy = NULL};
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
     double tf = 0, tb = 0;
     int64_t kept = 0;

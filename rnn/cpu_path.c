@@ -6,31 +6,32 @@
  * reserve is a store of per-chunk blocks (offload.c), which activation offload can park in
  * pinned host memory; dropout masks are not in it (regenerated from the pass's key,
  * dropout.c), so offload works unchanged with dropout. */
+#include <stdint.h>
 #include <string.h>
 
 #include "memtrace/backend.h"
 
 #include "rnn/internal.h"
 
-static size_t cpu_reserve_bytes(const mt_rnn_t *m, int T, int B)
+static size_t cpu_reserve_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    return mt__rnn_cpu_reserve_floats(&m->shape, T, B) * sizeof(float);
+    return mt__rnn_cpu_io_reserve(&m->shape, io) * sizeof(float);
 }
 
-static size_t cpu_fwd_work_bytes(const mt_rnn_t *m, int T, int B, bool training)
+static size_t cpu_fwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {
-    return mt__rnn_cpu_fwd_work_floats(&m->shape, T, B, training) * sizeof(float);
+    return mt__rnn_cpu_io_fwd_work(&m->shape, io, training) * sizeof(float);
 }
 
-static size_t cpu_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
+static size_t cpu_bwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    return mt__rnn_cpu_bwd_work_floats(&m->shape, T, B) * sizeof(float);
+    return mt__rnn_cpu_io_bwd_work(&m->shape, io) * sizeof(float);
 }
 
 /* The reserve: one allocator block per chunk of time steps (offload.c). */
-static int cpu_reserve_new(mt_rnn_t *m, int T, int B, void **out)
+static int cpu_reserve_new(mt_rnn_t *m, const mt_rnn_io_t *io, void **out)
 {
-    return mt__rnn_store_new(m, T, B, (mt__rnn_store_t **)out);
+    return mt__rnn_store_new(m, io, (mt__rnn_store_t **)out);
 }
 
 static void cpu_reserve_free(mt_rnn_t *m, void *reserve)
@@ -62,6 +63,31 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     return mt__rnn_cpu_backward_chunks(&m->shape, w, dw, io, drop_key, &chunks, g, work);
 }
 
+/* FNV-1a over the bit patterns, four interleaved lanes (so the multiplies overlap), mixed
+ * at the end: a change of any bit of any float changes the sum, whatever its value. */
+static uint64_t cpu_checksum(mt_rnn_t *m, const float *p, size_t n)
+{
+    (void)m;
+    uint64_t h[4] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull, 0x9e3779b97f4a7c15ull,
+                     0xbf58476d1ce4e5b9ull};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        uint32_t w[4];
+        memcpy(w, p + i, sizeof w);
+        for (int j = 0; j < 4; j++)
+            h[j] = (h[j] ^ w[j]) * 0x100000001b3ull;
+    }
+    for (; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, p + i, sizeof w);
+        h[0] = (h[0] ^ w) * 0x100000001b3ull;
+    }
+    uint64_t r = n;
+    for (int j = 0; j < 4; j++)
+        r = (r ^ h[j]) * 0x9e3779b97f4a7c15ull + (r >> 29);
+    return r;
+}
+
 static int cpu_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
 {
     (void)m;
@@ -87,6 +113,7 @@ const mt__rnn_path_t mt__rnn_cpu_path = {
     .reserve_free = cpu_reserve_free,
     .fwd_work_bytes = cpu_fwd_work_bytes,
     .bwd_work_bytes = cpu_bwd_work_bytes,
+    .checksum = cpu_checksum,
     .forward = cpu_forward,
     .backward = cpu_backward,
     .copy = cpu_copy,

@@ -5,6 +5,7 @@
  * The trace is loaded and checked completely first (trace_csv.c), so malformed input is
  * reported before anything runs and the timed loop does no parsing or hashing: pointers
  * became slot numbers and each slot holds our pointer. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,46 +181,58 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     json_t *o = json_object();
     if (o == NULL)
         return MT_ENOMEM;
-    json_object_set_new(o, "file", json_string(path));
-    json_object_set_new(o, "backend", json_string(r->backend));
-    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)r->capacity));
-    json_object_set_new(o, "modelled_segment_malloc_ns",
-                        json_integer((json_int_t)r->malloc_cost_ns));
-    json_object_set_new(o, "alloc_conf",
-                        cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
-    json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
-    json_object_set_new(o, "events", json_integer((json_int_t)t->nrows));
-    json_object_set_new(o, "allocates", json_integer((json_int_t)t->nallocs));
-    json_object_set_new(o, "frees", json_integer((json_int_t)t->nfrees));
-    json_object_set_new(o, "allocate_failures", json_integer((json_int_t)t->nfailures));
-    json_object_set_new(o, "streams", json_integer((json_int_t)t->nstreams));
-    json_object_set_new(o, "trace_leaks", json_integer((json_int_t)t->leaked));
-    json_object_set_new(o, "trace_peak_live_bytes", jbytes(t->peak_live_bytes));
-    json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)r->peak_allocated));
-    json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)r->peak_reserved));
-    json_object_set_new(o, "utilization_at_peak", json_real(r->utilization_at_peak));
-    json_object_set_new(o, "fragmentation_at_peak",
-                        r->sampled ? json_real(r->fragmentation_at_peak) : json_null());
-    json_object_set_new(o, "largest_free_block_at_peak_bytes",
-                        json_integer((json_int_t)r->largest_free_at_peak));
-    json_object_set_new(o, "total_free_at_peak_bytes",
-                        json_integer((json_int_t)r->total_free_at_peak));
-    json_object_set_new(o, "backend_malloc_calls", json_integer((json_int_t)r->backend_malloc));
-    json_object_set_new(o, "backend_free_calls", json_integer((json_int_t)r->backend_free));
-    json_object_set_new(o, "backend_vm_map_calls", json_integer((json_int_t)r->backend_map));
-    json_object_set_new(o, "backend_vm_unmap_calls", json_integer((json_int_t)r->backend_unmap));
-    json_object_set_new(o, "warmup_backend_calls",
-                        json_integer((json_int_t)r->warmup_backend_calls));
-    json_object_set_new(o, "warmup_reserved_bytes", json_integer((json_int_t)r->warmup_reserved));
-    json_object_set_new(o, "num_alloc_retries", json_integer((json_int_t)r->num_alloc_retries));
-    json_object_set_new(o, "num_ooms", json_integer((json_int_t)r->num_ooms));
-    json_object_set_new(o, "ns_per_op", json_real((double)r->elapsed_ns / ops));
-    json_object_set_new(o, "modelled_ns_per_op", json_real((double)r->modelled_ns / ops));
+    int bad = 0; /* a field that could not be made (out of memory): print nothing */
+    bad |= json_object_set_new(o, "file", json_string(path));
+    bad |= json_object_set_new(o, "backend", json_string(r->backend));
+    bad |= json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)r->capacity));
+    bad |= json_object_set_new(o, "modelled_segment_malloc_ns",
+                               json_integer((json_int_t)r->malloc_cost_ns));
+    bad |= json_object_set_new(o, "alloc_conf",
+                               cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
+    bad |= json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
+    bad |= json_object_set_new(o, "events", json_integer((json_int_t)t->nrows));
+    bad |= json_object_set_new(o, "allocates", json_integer((json_int_t)t->nallocs));
+    bad |= json_object_set_new(o, "frees", json_integer((json_int_t)t->nfrees));
+    bad |= json_object_set_new(o, "allocate_failures", json_integer((json_int_t)t->nfailures));
+    bad |= json_object_set_new(o, "streams", json_integer((json_int_t)t->nstreams));
+    bad |= json_object_set_new(o, "trace_leaks", json_integer((json_int_t)t->leaked));
+    bad |= json_object_set_new(o, "trace_peak_live_bytes", jbytes(t->peak_live_bytes));
+    bad |=
+        json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)r->peak_allocated));
+    bad |=
+        json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)r->peak_reserved));
+    bad |= json_object_set_new(o, "utilization_at_peak", json_real(r->utilization_at_peak));
+    bad |= json_object_set_new(o, "fragmentation_at_peak",
+                               r->sampled ? json_real(r->fragmentation_at_peak) : json_null());
+    bad |= json_object_set_new(o, "largest_free_block_at_peak_bytes",
+                               json_integer((json_int_t)r->largest_free_at_peak));
+    bad |= json_object_set_new(o, "total_free_at_peak_bytes",
+                               json_integer((json_int_t)r->total_free_at_peak));
+    bad |=
+        json_object_set_new(o, "backend_malloc_calls", json_integer((json_int_t)r->backend_malloc));
+    bad |= json_object_set_new(o, "backend_free_calls", json_integer((json_int_t)r->backend_free));
+    bad |= json_object_set_new(o, "backend_vm_map_calls", json_integer((json_int_t)r->backend_map));
+    bad |= json_object_set_new(o, "backend_vm_unmap_calls",
+                               json_integer((json_int_t)r->backend_unmap));
+    bad |= json_object_set_new(o, "warmup_backend_calls",
+                               json_integer((json_int_t)r->warmup_backend_calls));
+    bad |= json_object_set_new(o, "warmup_reserved_bytes",
+                               json_integer((json_int_t)r->warmup_reserved));
+    bad |=
+        json_object_set_new(o, "num_alloc_retries", json_integer((json_int_t)r->num_alloc_retries));
+    bad |= json_object_set_new(o, "num_ooms", json_integer((json_int_t)r->num_ooms));
+    bad |= json_object_set_new(o, "ns_per_op", json_real((double)r->elapsed_ns / ops));
+    bad |= json_object_set_new(o, "modelled_ns_per_op", json_real((double)r->modelled_ns / ops));
+    if (bad) {
+        json_decref(o);
+        return MT_ENOMEM;
+    }
+    errno = 0; /* jansson reports a failure without a reason: errno tells */
     int rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (rc == 0)
         putchar('\n');
-    return rc == 0 ? 0 : MT_EIO;
+    return rc == 0 ? 0 : errno == ENOMEM ? MT_ENOMEM : MT_EIO;
 }
 
 int mt_cmd_replay(int argc, char **argv)
@@ -292,9 +305,9 @@ int mt_cmd_replay(int argc, char **argv)
         mt_trace_free(&t);
         return rc == MT_EINVAL ? 2 : 1;
     }
-    if (json)
-        rc = print_json(path, t, &cfg, &res);
-    else
+    if (json && (rc = print_json(path, t, &cfg, &res)) < 0)
+        fprintf(stderr, "memtrace replay: cannot print the result: %s\n", mt_strerror(rc));
+    else if (!json)
         print_text(path, t, &cfg, &res);
     mt_trace_free(&t);
     return rc < 0 ? 1 : 0;
