@@ -240,12 +240,17 @@ static char *write_head(char *w, const mt_event_rec_t *ev, int pid)
 
 /* A user tag's label: the tag's name is the label it announces, whatever tag_name says,
  * so that the line states what the allocator registered. A named mark carries its name
- * the same way, and no figures either. */
+ * the same way. */
 static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char *label)
 {
     w = write_head(w, ev, pid);
     if (ev->kind == MT_EV_MARK_NAMED) {
-        w = LIT(w, ",\"kind\":\"mark_named\",\"name\":");
+        /* Unlike a label, a named mark is a point of the allocator's timeline: its totals. */
+        w = LIT(w, ",\"kind\":\"mark_named\",\"allocated\":");
+        w = put_sat(w, ev->allocated);
+        w = LIT(w, ",\"reserved\":");
+        w = put_sat(w, ev->reserved);
+        w = LIT(w, ",\"name\":");
     } else {
         w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
         w = put_u64(w, ev->tag);

@@ -50,7 +50,9 @@ class TrainingLoopUnderRun(unittest.TestCase):
              "--", sys.executable, os.path.join(HERE, "prog_train.py"), os.environ["MT_CUDART"],
              cls.stats_path, cls.snap, str(STEPS)], env=env)
         rep = run([os.environ["MT_MEMTRACE"], "report", "--json", cls.log])
-        procs = json.loads(rep.stdout)["processes"]
+        doc = json.loads(rep.stdout)
+        assert doc["malformed"] == 0, doc  # named marks decode too
+        procs = doc["processes"]
         assert len(procs) == 1, procs
         cls.report = procs[0]
         with open(cls.stats_path) as f:
