@@ -107,29 +107,31 @@ def current_tag():
     return L.memtrace_tag_name(L.memtrace_tag_current()).decode("utf-8", "replace")
 
 
-class tag:
+def tag(name, create=True):
     """Tags the calling thread's allocations while active; a context manager and a
     decorator. Per thread, nests (the enclosing tag is restored on exit). A new name is
     registered as a user tag; create=False makes an unknown name a KeyError instead.
+    The object is cached per name and holds no state, so it may be kept and reused, by
+    any number of threads.
 
         with memtrace.tag("activations"): ...
         @memtrace.tag("optimizer")
         def step(): ...
     """
-    __slots__ = ("name", "id", "_push", "_pop")
-    _cache = {}
+    t = _Tag.cache.get(name)
+    return t if t is not None else _Tag(name, create)
 
-    def __new__(cls, name, create=True):
-        t = cls._cache.get(name)
-        if t is not None:
-            return t
-        t = object.__new__(cls)
-        t.name = name
-        t.id = register_tag(name) if create else tag_id(name)
+
+class _Tag:
+    __slots__ = ("name", "id", "_push", "_pop")
+    cache = {}
+
+    def __init__(self, name, create):
+        self.id = register_tag(name) if create else tag_id(name)
+        self.name = name
         L = _lib.lib()
-        t._push, t._pop = L.memtrace_tag_push, L.memtrace_tag_pop
-        cls._cache[name] = t
-        return t
+        self._push, self._pop = L.memtrace_tag_push, L.memtrace_tag_pop
+        _Tag.cache[name] = self
 
     def __enter__(self):
         rc = self._push(self.id)
