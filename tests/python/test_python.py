@@ -7,6 +7,7 @@ MT_PYTHONPATH (the package's directory). Exit 77 = skipped.
 import ctypes
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -202,6 +203,13 @@ class InProcess(unittest.TestCase):
             rec = json.loads(f.readline())
         self.assertEqual(rec["type"], "snapshot")
         self.assertIn("snap_t", [b["tag"] for s in rec["segments"] for b in s["blocks"]])
+        torch_path = os.path.join(os.path.dirname(path), "s.pickle")
+        memtrace.snapshot(torch_path, format="torch")
+        with open(torch_path, "rb") as f:
+            snap = pickle.load(f)  # PyTorch's layout; reading it needs no torch
+        frames = [fr["name"] for s in snap["segments"] for b in s["blocks"]
+                  for fr in b.get("frames", [])]
+        self.assertIn("tag snap_t", frames)
         self.L.cudaFree(p)
         with self.assertRaisesRegex(ValueError, "format"):
             memtrace.snapshot(path, format="xml")
