@@ -94,8 +94,8 @@ static json_t *snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, si
         goto fail;
     char line[1024];
     for (size_t i = 0; i < n; i++) {
-        size_t len = mt_prof_event_write(line, sizeof line, &evs[i], p->pid, mt__d_proc_label,
-                                         (void *)p);
+        size_t len =
+            mt_prof_event_write(line, sizeof line, &evs[i], p->pid, mt__d_proc_label, (void *)p);
         json_t *e = len < sizeof line ? json_loadb(line, len, 0, NULL) : NULL;
         if (e != NULL)
             json_array_append_new(events, e);
@@ -104,17 +104,16 @@ static json_t *snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, si
     if (mt_model_map(p->model, MT_MODEL_DEVICE, &map) == 0) {
         for (size_t i = 0; i < map.nsegs; i++) {
             const mt_model_seg_t *s = &map.segs[i];
-            json_array_append_new(segs, json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr",
-                                                  hex(s->addr), "size", (json_int_t)s->size,
-                                                  "stream", (json_int_t)s->stream, "pool",
-                                                  mt_pool_name(s->pool), "expandable",
-                                                  s->mapped));
+            json_array_append_new(segs, json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr", hex(s->addr),
+                                                  "size", (json_int_t)s->size, "stream",
+                                                  (json_int_t)s->stream, "pool",
+                                                  mt_pool_name(s->pool), "expandable", s->mapped));
         }
         for (size_t i = 0; i < map.nblocks; i++) {
             const mt_model_block_t *b = &map.blocks[i];
             json_array_append_new(blocks, json_pack("{s:o, s:I, s:i, s:b}", "addr", hex(b->addr),
-                                                    "size", (json_int_t)b->size, "tag_id",
-                                                    b->tag, "pending", b->pending));
+                                                    "size", (json_int_t)b->size, "tag_id", b->tag,
+                                                    "pending", b->pending));
         }
         mt_model_map_free(&map);
     }
@@ -176,19 +175,7 @@ void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
 
 int mt_d_oom_dir(char *buf, size_t len)
 {
-    const char *env = getenv("MEMTRACE_OOM_DIR");
-    const char *xdg = getenv("XDG_STATE_HOME");
-    const char *home = getenv("HOME");
-    int n;
-    if (env != NULL && env[0] != '\0')
-        n = snprintf(buf, len, "%s", env);
-    else if (xdg != NULL && xdg[0] == '/')
-        n = snprintf(buf, len, "%s/memtrace/oom", xdg);
-    else if (home != NULL && home[0] == '/')
-        n = snprintf(buf, len, "%s/.local/state/memtrace/oom", home);
-    else
-        return MT_ENOENT;
-    return n > 0 && (size_t)n < len ? 0 : MT_EINVAL;
+    return mt_prof_oom_dir(buf, len); /* one rule for the daemon and the recorder */
 }
 
 /* mkdir -p with mode 0700 for what it makes; the last directory must be ours and closed to
@@ -302,11 +289,8 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     char err[256], *pk = NULL;
     size_t pklen = 0;
     if (rc == 0 && (rc = mt_model_map(p->model, MT_MODEL_DEVICE, &map)) == 0) {
-        mt_ts_source_t src = {.evs = evs,
-                              .nevs = n,
-                              .map = &map,
-                              .tag_name = proc_label,
-                              .ud = (void *)p};
+        mt_ts_source_t src = {
+            .evs = evs, .nevs = n, .map = &map, .tag_name = proc_label, .ud = (void *)p};
         rc = mt_ts_from_events(&ts, &src, err, sizeof err);
         mt_model_map_free(&map);
     }
@@ -322,8 +306,9 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     if (rc == 0)
         rc = write_file(path, pk, pklen);
     if (rc == 0)
-        mt__d_log(d, MT_LOG_INFO, "process %d ran out of memory on device %u: wrote %s.json and "
-                                  ".pickle",
+        mt__d_log(d, MT_LOG_INFO,
+                  "process %d ran out of memory on device %u: wrote %s.json and "
+                  ".pickle",
                   p->pid, ev->device, base);
     else
         mt__d_log(d, MT_LOG_WARN, "OOM snapshot %s: %s", base, mt_strerror(rc));

@@ -157,8 +157,9 @@ int mt_cmd_snapshot(int argc, char **argv)
             help(stdout);
             return 0;
         default:
-            fprintf(stderr, "memtrace snapshot: unknown or incomplete option '%s' (see "
-                            "'memtrace snapshot --help')\n",
+            fprintf(stderr,
+                    "memtrace snapshot: unknown or incomplete option '%s' (see "
+                    "'memtrace snapshot --help')\n",
                     argv[optind - 1]);
             return 2;
         }
@@ -180,8 +181,7 @@ int mt_cmd_snapshot(int argc, char **argv)
     }
     int fd, status = 0;
     if (mt_d_client_connect(sock, &fd) != 0) {
-        fprintf(stderr, "memtrace snapshot: no daemon at %s (start one: memtrace daemon)\n",
-                sock);
+        fprintf(stderr, "memtrace snapshot: no daemon at %s (start one: memtrace daemon)\n", sock);
         return 1;
     }
     char req[64], *text = NULL;
@@ -194,7 +194,9 @@ int mt_cmd_snapshot(int argc, char **argv)
     if (ans == NULL || json_object_get(ans, "error") != NULL) {
         const char *e = json_string_value(json_object_get(ans, "error"));
         fprintf(stderr, "memtrace snapshot: %s\n",
-                e ? e : rc ? mt_strerror(rc) : "the daemon's answer is not JSON");
+                e    ? e
+                : rc ? mt_strerror(rc)
+                     : "the daemon's answer is not JSON");
         free(text);
         json_decref(ans);
         return e ? 2 : 1;

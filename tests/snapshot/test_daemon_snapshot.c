@@ -58,6 +58,17 @@ static void oomer_body(const char *sock, int stop_fd)
     for (int i = 0; i < 5; i++)
         if (mt_alloc_malloc(a, (size_t)1 << 30, NULL, MT_TAG_ACTIVATIONS, &x) != MT_ENOMEM)
             _exit(14);
+    /* The message gives the bytes by tag and names the daemon's snapshot of this OOM. */
+    char want[512];
+    snprintf(want, sizeof want, "%s/oom-%d-dev0-5.pickle", getenv("MEMTRACE_OOM_DIR"),
+             (int)getpid());
+    const char *msg = mt_alloc_last_error(a);
+    if (strstr(msg, "Allocated by tag: kv cache 20.00 MiB, activations 3.00 MiB, weights "
+                    "1.00 KiB.") == NULL ||
+        strstr(msg, want) == NULL) {
+        fprintf(stderr, "OOM message: %s\n", msg);
+        _exit(16);
+    }
     mt_prof_flush(p);
     char c = 1;
     if (write(stop_fd, &c, 1) != 1)
@@ -93,6 +104,7 @@ static void test_oom_and_live_snapshots(void **state)
     cfg.oom_dir = oomdir;
     cfg.oom_max_snapshots = 3;
     th_daemon_start(&t, cfg);
+    setenv("MEMTRACE_OOM_DIR", oomdir, 1); /* the recorder names the daemon's files by it */
     int fds[2];
     assert_int_equal(pipe(fds), 0);
     char fdarg[16];
@@ -101,7 +113,8 @@ static void test_oom_and_live_snapshots(void **state)
     pid_t pid = th_spawn("oomer", args);
     close(fds[1]);
     char c;
-    assert_int_equal(read(fds[0], &c, 1), 1);
+    if (read(fds[0], &c, 1) != 1)
+        fail_msg("the recording child failed: status %d", WEXITSTATUS(th_wait(pid)));
     close(fds[0]);
 
     /* The fifth OOM's snapshot, named as the allocator's message names it. */
