@@ -231,6 +231,10 @@ static void print_process(json_t *p)
     if (num(p, "unmatched_frees") > 0)
         printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
     printf("\n");
+    /* Blocks from before a gap whose free may be among the lost events: not counted above. */
+    if (num(nf, "uncertain_count") > 0)
+        printf("  uncertain (events lost): %.0f allocations, %s, whose free may have been lost\n",
+               num(nf, "uncertain_count"), human(num(nf, "uncertain_bytes"), b1, sizeof(b1)));
     json_t *groups = json_object_get(nf, "groups");
     if (json_array_size(groups)) {
         printf("    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
