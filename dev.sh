@@ -11,7 +11,8 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
           libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev
-          libxml2-utils)
+          libxml2-utils
+          libblis-dev libdnnl-dev python3-torch)
 
 install_missing() {
     local missing=()

@@ -267,9 +267,16 @@ static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t 
     if (seg->reserved != (seg->pool == MT__BP_RESERVED))
         return "reserved flag disagrees with the pool";
     if (seg->expandable) {
-        size_t page = seg->pool == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
-        if (seg->size % page != 0 || seg->size > seg->vsize)
-            return "expandable segment's mapped size is not whole pages within its range";
+        size_t page = mt__exp_page(a);
+        const mt_streamrec_t *sr = mt__alloc_streamrec(a, seg->stream);
+        if (seg->size % page != 0 || seg->addr % page != 0 || seg->vsize != seg->size)
+            return "expandable segment's mapped run is not whole pages";
+        if (sr == NULL || seg->pool > MT__BP_LARGE || seg->addr < sr->vbase[seg->pool] ||
+            seg->addr + seg->size > sr->vbase[seg->pool] + sr->vsize[seg->pool])
+            return "expandable segment outside its stream's range";
+        if (seg->next != NULL && seg->next->bins == seg->bins && seg->next->expandable &&
+            seg->next->addr == seg->addr + seg->size)
+            return "two touching runs of one range were not joined";
     } else if (seg->vsize != seg->size) {
         return "plain segment with a virtual size";
     }
@@ -322,9 +329,11 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
             binned += n;
         }
         for (int bp = 0; bp < 2; bp++) {
-            const mt_segment_t *e = sr->expandable[bp];
-            if (e != NULL && (!e->expandable || e->pool != bp || e->stream != sr->stream))
-                return "stream's expandable segment record is wrong";
+            size_t runs = 0;
+            for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
+                runs += seg->expandable && seg->pool == bp && seg->stream == sr->stream;
+            if (runs != sr->nruns[bp] || (sr->vsize[bp] == 0) != (runs == 0))
+                return "stream's count of expandable runs is wrong";
         }
     }
     if (binned != s.inactive)

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/assert.h"
 
 mt_model_cfg_t mt_model_cfg_default(void)
 {
@@ -133,12 +134,12 @@ static void block_unaccount(mt__mclass_t *c, mt__mblock_t *b)
     if (b->pending)
         return;
     if (b->uncertain) {
-        assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
+        mt_assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
         c->unc_bytes[b->tag] -= b->size;
         c->unc_blocks[b->tag]--;
         c->unc -= b->size;
     } else {
-        assert(c->tag_bytes[b->tag] >= b->size && c->tag_blocks[b->tag] > 0);
+        mt_assert(c->tag_bytes[b->tag] >= b->size && c->tag_blocks[b->tag] > 0);
         c->tag_bytes[b->tag] -= b->size;
         c->tag_blocks[b->tag]--;
         c->pool_bytes[b->pool & 3] -= b->size;
@@ -295,6 +296,85 @@ static void prune_by_totals(mt__mclass_t *c)
     c->unc_max = max;
 }
 
+/* ---- what each kind does to a class (one entry per kind that changes blocks or segments;
+ * kinds without one change only the totals, which every event carries) ---- */
+
+static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (b) /* its free was lost */
+        block_delete(c, b);
+    mt__model_drop_uncertain_in(c, ev->addr, ev->size);
+    if ((b = block_insert(c, ev->addr)) == NULL) {
+        c->had_gap = true; /* the block is missing: as good as a lost event */
+        return MT_ENOMEM;
+    }
+    b->size = ev->size;
+    b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+    b->pool = ev->pool & 3;
+    block_account(c, b);
+    mt__model_seg_touch(c, ev->addr);
+    mt_assert(c->live <= c->used && c->used <= c->cap / 2);
+    return 0;
+}
+
+static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (!b) {
+        c->unmatched_frees++;
+        return 0;
+    }
+    block_settle(c, b);
+    block_unaccount(c, b);
+    /* The free names the block as it is now (a gap may have hidden a reuse of the
+     * address). */
+    b->size = ev->size;
+    b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+    b->pool = ev->pool & 3;
+    b->pending = 1;
+    mt__model_seg_touch(c, ev->addr);
+    return 0;
+}
+
+static int on_free_completed(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (b) {
+        block_delete(c, b);
+        mt__model_seg_touch(c, ev->addr);
+    }
+    return 0;
+}
+
+static int on_segment_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_add(c, ev, false);
+}
+
+static int on_segment_map(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_add(c, ev, true);
+}
+
+/* A segment free and an unmap both release [addr, addr + size), whatever maps it covers. */
+static int on_segment_release(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_cut(c, ev->addr, ev->size);
+}
+
+typedef int (*apply_fn)(mt__mclass_t *c, const mt_event_rec_t *ev);
+
+static const apply_fn apply_kind[MT_EV_KIND_COUNT] = {
+    [MT_EV_ALLOC] = on_alloc,
+    [MT_EV_FREE_REQUESTED] = on_free_requested,
+    [MT_EV_FREE_COMPLETED] = on_free_completed,
+    [MT_EV_SEGMENT_ALLOC] = on_segment_alloc,
+    [MT_EV_SEGMENT_FREE] = on_segment_release,
+    [MT_EV_SEGMENT_MAP] = on_segment_map,
+    [MT_EV_SEGMENT_UNMAP] = on_segment_release,
+};
+
 /* ---- applying events ---- */
 
 static int gap(mt_model_t *m)
@@ -305,52 +385,6 @@ static int gap(mt_model_t *m)
         rc = rc ? rc : krc;
     }
     return rc;
-}
-
-static int block_event(mt__mclass_t *c, const mt_event_rec_t *ev)
-{
-    mt__mblock_t *b = block_find(c, ev->addr);
-    switch (ev->kind) {
-    case MT_EV_ALLOC:
-        if (b) /* its free was lost */
-            block_delete(c, b);
-        mt__model_drop_uncertain_in(c, ev->addr, ev->size);
-        if ((b = block_insert(c, ev->addr)) == NULL) {
-            c->had_gap = true; /* the block is missing: as good as a lost event */
-            return MT_ENOMEM;
-        }
-        b->size = ev->size;
-        b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
-        b->pool = ev->pool & 3;
-        block_account(c, b);
-        mt__model_seg_touch(c, ev->addr);
-        return 0;
-    case MT_EV_FREE_REQUESTED:
-        if (!b) {
-            c->unmatched_frees++;
-            return 0;
-        }
-        block_settle(c, b);
-        block_unaccount(c, b);
-        b->pending = 1;
-        mt__model_seg_touch(c, ev->addr);
-        return 0;
-    case MT_EV_FREE_COMPLETED:
-        if (b) {
-            block_delete(c, b);
-            mt__model_seg_touch(c, ev->addr);
-        }
-        return 0;
-    case MT_EV_SEGMENT_ALLOC:
-        return mt__model_seg_add(c, ev, false);
-    case MT_EV_SEGMENT_MAP:
-        return mt__model_seg_add(c, ev, true);
-    case MT_EV_SEGMENT_FREE:
-    case MT_EV_SEGMENT_UNMAP:
-        return mt__model_seg_cut(c, ev->addr, ev->size);
-    default:
-        return 0;
-    }
 }
 
 /* Each allocator (source) reports its own running totals; a class's are their sum. */
@@ -385,7 +419,7 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         return grc;
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     totals(m, c, ev);
-    int rc = block_event(c, ev);
+    int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
     prune_by_totals(c);
     mt__model_segs_prune(c);
     if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
@@ -553,7 +587,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
         if (b->uncertain) {
             nunc++;
             bool listed = false;
-            for (size_t s = 0; s < c->nstale && !listed; s++)
+            size_t s = stale_lower(c, b->addr);
+            for (; s < c->nstale && c->stale[s].addr <= b->addr && !listed; s++)
                 listed = c->stale[s].addr == b->addr && c->stale[s].size == b->size;
             CHECK(listed, "class %d: uncertain block %#llx not in the stale index", k,
                   (unsigned long long)b->addr);

@@ -3,8 +3,6 @@
 #ifndef MT_ANALYSIS_MODEL_INTERNAL_H
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
-#include <assert.h>
-
 #include "analysis/model.h"
 
 /* Exact sums: a class has at most MT_EVENT_SOURCES sources and any number of blocks of

@@ -110,15 +110,16 @@ int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     if (ev->kind < MT_EV_KIND_COUNT)
         p->kind_count[ev->kind]++;
-    if (ev->kind == MT_EV_GAP)
-        return 0; /* consumer-side record: carries no allocator figures */
+    if (ev->kind == MT_EV_GAP) /* no figures, but what is known so far becomes uncertain */
+        return mt_model_apply(p->model, ev);
     if (ev->kind == MT_EV_TAG_LABEL) {
-        /* A label, not an allocator operation: it changes no figure. */
+        /* A label, not an allocator operation: it changes no figure (the model sees it for
+         * its seq, so that no gap is taken for one). */
         if (ev->tag >= MT_TAG_USER_FIRST && ev->tag < MT_TAG_MAX) {
             mt_event_label_unpack(ev, p->labels[ev->tag]);
             names_update(p);
         }
-        return 0;
+        return mt_model_apply(p->model, ev);
     }
     p->last_kind = ev->kind;
     if (ev->kind == MT_EV_OOM) {

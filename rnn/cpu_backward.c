@@ -9,7 +9,6 @@
  * [C*B, in]), one for dR (GRU: two, because its n gate's recurrent gradient is r * dn), and
  * one for the input gradient. They accumulate into dw, as cuDNN's RNNBackwardWeights does.
  * The carried dh (and LSTM dc) of every layer and direction lives in the workspace. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +110,7 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
     return b < p->split ? p->cp + (size_t)b * H : p->c0 + (size_t)b * H;
 }
 
+MT__RNN_CELL_CLONES
 static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
 {
     int H = a->s->hidden, gh = 4 * H, B = a->q->bs[a->t0 + t];
@@ -121,6 +121,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
     for (int b = 0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         const float *cp = bprev_c(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -135,10 +136,10 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
             gb[3 * H + j] = d_o * oo * (1.0f - oo);
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f,
-                a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f, a->dhn, H);
 }
 
+MT__RNN_CELL_CLONES
 static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H, B = a->q->bs[a->t0 + t];
@@ -150,6 +151,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
         float *gb = g + (size_t)b * gh;
         float *db = a->dgh + (size_t)b * gh;
         const float *hp = bprev_h(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -167,10 +169,10 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
             db[2 * H + j] = dnp * rr;
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H,
-                1.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H, 1.0f, a->dhn, H);
 }
 
+MT__RNN_CELL_CLONES
 static void rnn_step(const dir_back_t *a, int t)
 {
     int H = a->s->hidden, B = a->q->bs[a->t0 + t];
@@ -187,8 +189,7 @@ static void rnn_step(const dir_back_t *a, int t)
             g[k] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f,
-                a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f, a->dhn, H);
 }
 
 /* dR += Gs^T Hs over n rows starting at chunk row r; for GRU the n gate's rows come from aux
@@ -200,13 +201,12 @@ static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int l
     if (n <= 0)
         return;
     if (a->s->mode == MT_RNN_GRU) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * H, H, n, 1.0f, gs, gh, hs, ldh,
-                    1.0f, a->dw.r, H);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, H, n, 1.0f, a->aux + r * H, H, hs,
-                    ldh, 1.0f, a->dw.r + (size_t)2 * H * H, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, 2 * H, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r,
+                      H);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, a->aux + r * H, H, hs, ldh, 1.0f,
+                      a->dw.r + (size_t)2 * H * H, H);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, gh, H, n, 1.0f, gs, gh, hs, ldh, 1.0f,
-                    a->dw.r, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, gh, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r, H);
     }
 }
 
@@ -255,8 +255,8 @@ static void back_dir(const dir_back_t *a)
     }
 
     /* Weight gradients merged over the chunk's steps. */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x,
-                a->in, 1.0f, a->dw.w, a->in);
+    mt__rnn_sgemm(a->s->gemm, true, false, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x, a->in, 1.0f,
+                  a->dw.w, a->in);
     recurrent_grad_inner(a);
     /* The first processed step's sequences running in the neighbouring chunk. */
     int tf = a->reverse ? T - 1 : 0;
@@ -290,8 +290,8 @@ static void back_dir(const dir_back_t *a)
         }
     }
     if (a->din)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, a->in, gh, 1.0f, a->g, gh,
-                    a->w.w, a->in, a->din_beta, a->din, a->in);
+        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gh, a->w.w, a->in,
+                      a->din_beta, a->din, a->in);
 }
 
 typedef struct bwd_s {

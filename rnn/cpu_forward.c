@@ -9,7 +9,6 @@
  * kept. Unidirectional modules run chunk-major (a chunk through all layers, then the next),
  * so inference's temporary memory is independent of T and a training chunk is complete,
  * ready to leave the device, before the next one starts. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,8 +232,8 @@ static void project_inputs(const dir_run_t *a)
         for (size_t r = 1; r < rows; r++)
             memcpy(a->gates + r * (size_t)gh, row0, (size_t)gh * sizeof(float));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, gh, a->in, 1.0f, a->x, a->in,
-                a->w.w, a->in, a->w.bw ? 1.0f : 0.0f, a->gates, gh);
+    mt__rnn_sgemm(a->s->gemm, false, true, (int)rows, gh, a->in, 1.0f, a->x, a->in, a->w.w, a->in,
+                  a->w.bw ? 1.0f : 0.0f, a->gates, gh);
 }
 
 /* The previous hidden state of the nb sequences running at a step: row b < split at
@@ -252,6 +251,7 @@ static const float *prev_row(const prev_t *p, int b, int H)
     return b < p->split ? p->hp + (size_t)b * p->ldh : p->h0 + (size_t)b * H;
 }
 
+MT__RNN_CELL_CLONES
 static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux)
 {
     int H = a->s->hidden, gh = 4 * H;
@@ -260,6 +260,7 @@ static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux
         const float *rb = a->rec + (size_t)b * gh;
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float ii = mt__rnn_sigmoid(gb[j] + rb[j]);
             float ff = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -278,6 +279,7 @@ static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux
     }
 }
 
+MT__RNN_CELL_CLONES
 static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux, const prev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H;
@@ -287,6 +289,7 @@ static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux,
         const float *rb = a->rec + (size_t)b * gh;
         const float *hb = prev_row(pv, b, H);
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float rr = mt__rnn_sigmoid(gb[j] + rb[j]);
             float zz = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -302,6 +305,7 @@ static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux,
     }
 }
 
+MT__RNN_CELL_CLONES
 static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
 {
     int H = a->s->hidden;
@@ -310,6 +314,7 @@ static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
         const float *gb = g + (size_t)b * H;
         const float *rb = a->rec + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float v = gb[j] + rb[j];
             ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);
@@ -344,12 +349,12 @@ static void run_dir(const dir_run_t *a)
             pv.ldh = a->ldo;
             pv.split = a->reverse ? bs[tg + 1] : nb;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, pv.split, gh, H, 1.0f, pv.hp, pv.ldh,
-                    a->w.r, H, 0.0f, a->rec, gh);
+        mt__rnn_sgemm(a->s->gemm, false, true, pv.split, gh, H, 1.0f, pv.hp, pv.ldh, a->w.r, H,
+                      0.0f, a->rec, gh);
         if (pv.split < nb)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb - pv.split, gh, H, 1.0f,
-                        a->h + (size_t)pv.split * H, H, a->w.r, H, 0.0f,
-                        a->rec + (size_t)pv.split * gh, gh);
+            mt__rnn_sgemm(a->s->gemm, false, true, nb - pv.split, gh, H, 1.0f,
+                          a->h + (size_t)pv.split * H, H, a->w.r, H, 0.0f,
+                          a->rec + (size_t)pv.split * gh, gh);
         float *g = a->gates + r * (size_t)gh;
         float *o = a->out + r * (size_t)a->ldo;
         float *aux = a->aux ? a->aux + r * (size_t)H : NULL;

@@ -63,28 +63,32 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     return mt__rnn_cpu_backward_chunks(&m->shape, w, dw, io, drop_key, &chunks, g, work);
 }
 
-/* FNV-1a over the bit patterns, four interleaved lanes (so the multiplies overlap), mixed
- * at the end: a change of any bit of any float changes the sum, whatever its value. */
+/* A Fletcher-style sum over the bit patterns in 8 independent lanes (a_j += w, b_j += a_j,
+ * 64-bit, so the compiler vectorizes it): any change of one float, and any reordering,
+ * changes it. It guards against a caller's mistake, not an adversary, and costs about a
+ * memory read of y per pass. */
 static uint64_t cpu_checksum(mt_rnn_t *m, const float *p, size_t n)
 {
     (void)m;
-    uint64_t h[4] = {0xcbf29ce484222325ull, 0x84222325cbf29ce4ull, 0x9e3779b97f4a7c15ull,
-                     0xbf58476d1ce4e5b9ull};
+    uint64_t a[8] = {0}, b[8] = {0};
     size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        uint32_t w[4];
+    for (; i + 8 <= n; i += 8) {
+        uint32_t w[8];
         memcpy(w, p + i, sizeof w);
-        for (int j = 0; j < 4; j++)
-            h[j] = (h[j] ^ w[j]) * 0x100000001b3ull;
+        for (int j = 0; j < 8; j++) {
+            a[j] += w[j];
+            b[j] += a[j];
+        }
     }
     for (; i < n; i++) {
         uint32_t w;
         memcpy(&w, p + i, sizeof w);
-        h[0] = (h[0] ^ w) * 0x100000001b3ull;
+        a[0] += w;
+        b[0] += a[0];
     }
     uint64_t r = n;
-    for (int j = 0; j < 4; j++)
-        r = (r ^ h[j]) * 0x9e3779b97f4a7c15ull + (r >> 29);
+    for (int j = 0; j < 8; j++)
+        r = (r ^ a[j] ^ (b[j] << 1)) * 0x9e3779b97f4a7c15ull + (r >> 29);
     return r;
 }
 

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "memtrace/host.h"
 #include "memtrace/rnn.h"
@@ -19,6 +20,9 @@
 /* The shape of a module, everything the layout and the kernels need.
  * Invariants: gates = 4 (LSTM), 3 (GRU), 1 (RNN); dirs in {1, 2}; layers, input, hidden
  * >= 1. */
+/* A GEMM library of the cpu path (gemm.c). */
+typedef struct mt__rnn_gemm_s mt__rnn_gemm_t;
+
 typedef struct mt__rnn_shape_s {
     int mode;      /* mt_rnn_mode_e */
     int gates;     /* g */
@@ -29,21 +33,68 @@ typedef struct mt__rnn_shape_s {
     bool bias;     /* the layout holds 2*g*H bias floats per pseudo-layer */
     int chunk;     /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
     float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
+    const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
 } mt__rnn_shape_t;
+
+/* ---- the GEMM seam (gemm.c) ---- */
+
+/* The library called name ("cblas", "blis", "dnnl"), loaded on first use: MT_EINVAL for
+ * another name, MT_ENOTSUP if it cannot be loaded here. Process-wide, never unloaded. */
+int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out);
+const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
+/* Library, version and kernel (or ISA), e.g. "OpenBLAS ..., kernel SkylakeX". */
+const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g);
+/* The library's thread count (process-wide for that library). */
+int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
+/* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
+void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 
-static inline float mt__rnn_sigmoid(float v)
+/* The cell loops are compiled for AVX-512 and AVX2 too, picked at load time for the CPU
+ * (GCC's function multiversioning), so they run 16 or 8 lanes wide where the CPU can. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MT__RNN_CELL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MT__RNN_CELL_CLONES
+#endif
+
+/* e^v without a libm call or a branch, so the cell loops vectorize (`#pragma omp simd`,
+ * -fopenmp-simd): v clamped to [-87, 88], v = n ln2 + r with |r| <= ln2/2 (n rounded by the
+ * 1.5 x 2^23 trick, ln2 in two parts), Cephes' degree-5 polynomial for e^r, 2^n put into the
+ * exponent bits. Relative error about 2e-7 (libm's expf: 1e-7); the golden tests against
+ * PyTorch hold it. */
+static inline float mt__rnn_exp(float v)
 {
-    return 1.0f / (1.0f + expf(-v));
+    v = v > 88.0f ? 88.0f : v;
+    v = v < -87.0f ? -87.0f : v;
+    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - fn * 0.693359375f - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
 }
 
-/* tanh through one expf: libm's tanhf goes through expm1f and was a tenth of a train step's
- * time. Absolute error ~1e-7 (the cancellation near 0 is absolute, not relative), far below
+static inline float mt__rnn_sigmoid(float v)
+{
+    return 1.0f / (1.0f + mt__rnn_exp(-v));
+}
+
+/* tanh through one exp: libm's tanhf goes through expm1f and was a tenth of a train step's
+ * time. Absolute error ~2e-7 (the cancellation near 0 is absolute, not relative), far below
  * what float training notices; the gradient checks run against a double reference. */
 static inline float mt__rnn_tanh(float v)
 {
-    return 2.0f / (1.0f + expf(-2.0f * v)) - 1.0f;
+    return 2.0f / (1.0f + mt__rnn_exp(-2.0f * v)) - 1.0f;
 }
 
 /* ---- layout (layout.c) ---- */

@@ -74,6 +74,37 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
     return rc;
 }
 
+/* The default GEMM library of the cpu path, by measurement (docs/blas.md). Builds with
+ * AddressSanitizer keep the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a
+ * process that runs oneDNN's OpenMP threads (libgomp), failing every test at exit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MT__RNN_GEMM_DEFAULT "cblas"
+#else
+#define MT__RNN_GEMM_DEFAULT "dnnl"
+#endif
+
+/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default if it loads, else the linked CBLAS. */
+static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out)
+{
+    const char *want = cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
+    const char *env = getenv("MEMTRACE_RNN_GEMM");
+    if (!want && env && *env && strcmp(env, "auto") != 0)
+        want = env;
+    if (!want) {
+        if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)
+            return 0;
+        return mt__rnn_gemm_get("cblas", out);
+    }
+    int rc = mt__rnn_gemm_get(want, out);
+    if (rc)
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "rnn: GEMM library \"%s\"%s %s: expected cblas, blis or dnnl, loadable here "
+                 "(libblis.so.4, libdnnl.so.2)",
+                 want, want == env ? " (MEMTRACE_RNN_GEMM)" : "",
+                 rc == MT_EINVAL ? "is unknown" : "cannot be loaded");
+    return rc;
+}
+
 /* ---- lifecycle ---- */
 
 mt_rnn_cfg_t mt_rnn_cfg_default(void)
@@ -128,6 +159,11 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     const mt__rnn_path_t *path = select_path(b);
     if (!path)
         return MT_ENOTSUP;
+    if (path == &mt__rnn_cpu_path) {
+        rc = select_gemm(cfg, &shape.gemm);
+        if (rc)
+            return rc;
+    }
 
     mt_rnn_t *m = calloc(1, sizeof *m);
     if (!m)
@@ -223,6 +259,25 @@ const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m)
 const char *mt_rnn_path_name(const mt_rnn_t *m)
 {
     return m->path->name;
+}
+
+const char *mt_rnn_gemm_name(const mt_rnn_t *m)
+{
+    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_name(m->shape.gemm) : m->path->name;
+}
+
+const char *mt_rnn_gemm_info(const mt_rnn_t *m)
+{
+    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_info(m->shape.gemm) : m->path->name;
+}
+
+int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
+{
+    if (!m || threads < 1)
+        return MT_EINVAL;
+    if (m->path != &mt__rnn_cpu_path)
+        return MT_ENOTSUP;
+    return mt__rnn_gemm_set_threads(m->shape.gemm, threads);
 }
 
 /* ---- parameters ---- */

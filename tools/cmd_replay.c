@@ -18,6 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "tools/commands.h"
+#include "tools/snapshot_in.h"
 
 /* ---- the command ---- */
 
@@ -31,7 +32,10 @@ static void usage(FILE *f)
                "reserved bytes, utilization and fragmentation at the peak, backend calls,\n"
                "retries/OOMs and the cost per operation.\n"
                "\n"
-               "FILE is RMM's logging CSV: the header Thread,Time,Action,Pointer,Size,Stream,\n"
+               "FILE is RMM's logging CSV, or a PyTorch memory snapshot (the pickle of\n"
+               "torch.cuda.memory._dump_snapshot; each device's trace is replayed and\n"
+               "PyTorch's own reserved and peak figures are printed beside memtrace's).\n"
+               "RMM's CSV: the header Thread,Time,Action,Pointer,Size,Stream,\n"
                "then rows like  2342727,15:47:02.841961,allocate,0x10012400000,1048576,0\n"
                "(Action allocate, free or 'allocate failure'; Pointer hex with 0x; Size\n"
                "decimal; Stream hex without 0x, 0 = default stream). Rows are replayed in file\n"
@@ -58,6 +62,7 @@ static void usage(FILE *f)
                "\n"
                "example:\n"
                "  memtrace replay data/traces/rnn_varlen.csv --warmup\n"
+               "  memtrace replay snapshot.pickle --alloc-conf expandable_segments:True\n"
                "  memtrace replay data/traces/somas_resnet50.csv \\\n"
                "      --alloc-conf expandable_segments:True --json\n");
 }
@@ -286,6 +291,8 @@ int mt_cmd_replay(int argc, char **argv)
         return 2;
     }
     const char *path = argv[optind];
+    if (mt_ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
+        return mt_tool_replay_snapshot(path, &cfg, json);
     char err[MT_TRACE_ERR_LEN + 256] = "";
     mt_backend_cfg_t env_bc = mt_backend_cfg_default();
     if (mt_backend_cfg_from_env(&env_bc, err, sizeof err) != 0) {

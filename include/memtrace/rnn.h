@@ -90,6 +90,11 @@ typedef struct mt_rnn_cfg_s {
      * logged error otherwise; a warning when > 0 with one layer, where it does nothing). */
     float dropout;
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
+    /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
+     * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
+     * chosen by measurement (docs/blas.md), else cblas. MT_ENOTSUP (logged) if a library
+     * asked for by name cannot be loaded. */
+    const char *gemm;
 } mt_rnn_cfg_t;
 
 /* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
@@ -222,6 +227,13 @@ MT_API void mt_rnn_destroy(mt_rnn_t **p);
 MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
 /* "cpu" (CBLAS, sim backend) or "cudnn". Static string. */
 MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
+/* cpu path: the GEMM library in use ("cblas", "blis", "dnnl"; "cudnn" on that path) and a
+ * line naming its version and kernel. Static strings. */
+MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
+MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
+/* Threads of the module's GEMM library (process-wide for that library). MT_ENOTSUP where
+ * the library has no setter (or on the cuDNN path). */
+MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
 
 /* ---- parameters ---- */
 

@@ -323,6 +323,89 @@ static void test_tag_labels(void **state)
     mt__d_proc_destroy(&p);
 }
 
+/* Issue 10's daemon cases: after dropped events a cleanly exited process shows no
+ * phantom tag bytes in /state, and a forged stream of sizes near 2^63 serves bounded
+ * figures (fragmentation in [0, 1], no negative byte counts). */
+static void test_gap_then_clean_exit(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 44, "gappy")), 0);
+    apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 64 * MIB, 0);
+    for (uint64_t i = 0; i < 16; i++)
+        apply(p, MT_EV_ALLOC, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    /* The daemon paused: 20 events lost (frees among them), then a gap record. */
+    for (uint64_t i = 0; i < 10; i++) {
+        (void)mgen_rec(&gen, MT_EV_FREE_REQUESTED, 0x100000000 + i * 4 * MIB, 4 * MIB, 4);
+        (void)mgen_rec(&gen, MT_EV_FREE_COMPLETED, 0x100000000 + i * 4 * MIB, 4 * MIB, 4);
+    }
+    mt_event_rec_t gap = rec(MT_EV_GAP, 0, 20, 0);
+    assert_int_equal(mt__d_proc_apply(p, &gap), 0);
+    json_t *j = mt__d_proc_json(p, false);
+    json_t *t0 = json_array_get(json_object_get(j, "tags"), 0);
+    assert_int_equal(json_integer_value(json_object_get(t0, "allocated_bytes")), 0);
+    assert_int_equal(json_integer_value(json_object_get(t0, "uncertain_blocks")), 16);
+    json_decref(j);
+    /* The rest is freed and seen; the process ends with 0 allocated. */
+    for (uint64_t i = 10; i < 16; i++) {
+        apply(p, MT_EV_FREE_REQUESTED, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+        apply(p, MT_EV_FREE_COMPLETED, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    j = mt__d_proc_json(p, true);
+    assert_int_equal(json_integer_value(json_object_get(j, "allocated_bytes")), 0);
+    assert_null(json_object_get(j, "uncertain_bytes"));
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(j, "tags"), i, t)
+    {
+        assert_int_equal(json_integer_value(json_object_get(t, "allocated_bytes")), 0);
+        assert_null(json_object_get(t, "uncertain_bytes"));
+    }
+    assert_int_equal(json_integer_value(json_object_get(j, "blocks")), 0);
+    json_decref(j);
+    mt__d_proc_destroy(&p);
+}
+
+static void test_forged_sizes_bounded(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 45, "forged"), 0);
+    const uint64_t huge = (UINT64_C(1) << 63) + 512;
+    mt_event_rec_t evs[] = {
+        {.kind = MT_EV_SEGMENT_ALLOC, .addr = 0x1000, .size = huge, .reserved = huge},
+        {.seq = 1, .kind = MT_EV_SEGMENT_ALLOC, .addr = 0x2000, .size = 4096, .reserved = 3},
+        {.seq = 2,
+         .kind = MT_EV_ALLOC,
+         .addr = 0x1000,
+         .size = UINT64_MAX,
+         .allocated = huge,
+         .reserved = 3,
+         .device = 1},
+        {.seq = 3,
+         .kind = MT_EV_ALLOC,
+         .addr = 0x9000,
+         .size = huge,
+         .allocated = huge,
+         .reserved = huge,
+         .device = 2},
+    };
+    for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
+        assert_int_equal(mt__d_proc_apply(p, &evs[k]), 0);
+    assert_int_equal(mt_model_check(p->model, NULL, 0), 0);
+    json_t *j = mt__d_proc_json(p, true);
+    double frag = json_real_value(json_object_get(j, "fragmentation"));
+    assert_true(frag >= 0.0 && frag <= 1.0);
+    const char *keys[] = {"allocated_bytes", "reserved_bytes", "total_free_bytes",
+                          "largest_free_block_bytes", "peak_allocated_bytes"};
+    for (size_t k = 0; k < 5; k++)
+        assert_true(json_integer_value(json_object_get(j, keys[k])) >= 0);
+    assert_true(json_integer_value(json_object_get(j, "total_free_bytes")) <=
+                json_integer_value(json_object_get(j, "reserved_bytes")));
+    json_decref(j);
+    mt__d_proc_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -331,6 +414,8 @@ int main(void)
         cmocka_unit_test(test_block_table_churn),
         cmocka_unit_test(test_totals_sum_over_sources),
         cmocka_unit_test(test_tag_labels),
+        cmocka_unit_test(test_gap_then_clean_exit),
+        cmocka_unit_test(test_forged_sizes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -97,6 +97,8 @@ static float *dev(rnn_fx_t *fx, size_t n)
     return fx_buf(fx, n ? n : 1, MT_TAG_BATCH, 0);
 }
 
+static const char *gemm_lib; /* the cpu path's GEMM library under test */
+
 static void run_file(const char *name)
 {
     char path[1024];
@@ -105,6 +107,7 @@ static void run_file(const char *name)
     load(path, &g);
     rnn_fx_t *fx = fx_new(256u << 20);
     mt_rnn_cfg_t c = fx_cfg(fx, g.mode, g.input, g.hidden, g.layers, g.bi);
+    c.gemm = gemm_lib;
     mt_rnn_t *m;
     assert_int_equal(mt_rnn_create(&m, &c), 0);
     size_t nw;
@@ -181,9 +184,10 @@ static void run_file(const char *name)
     unload(&g);
 }
 
-static void golden_files(void **state)
+static void golden_on(const char *lib)
 {
-    (void)state;
+    gemm_lib = lib;
+    worst_seen = 0.0;
     DIR *d = opendir(data_dir);
     assert_non_null(d);
     int files = 0, modes[4] = {0}, bi = 0, equal = 0;
@@ -204,7 +208,65 @@ static void golden_files(void **state)
     for (int mo = 0; mo < 4; mo++)
         assert_true(modes[mo] >= 3);
     assert_true(bi >= 4 && equal >= 4);
-    print_message("golden: %d files, worst relative error %.3g\n", files, worst_seen);
+    print_message("golden (%s): %d files, worst relative error %.3g\n", lib, files, worst_seen);
+}
+
+/* True if this machine has the library (the module says MT_ENOTSUP otherwise). */
+static bool have(const char *lib)
+{
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = lib;
+    mt_rnn_t *m;
+    int rc = mt_rnn_create(&m, &c);
+    if (rc == 0) {
+        assert_string_equal(mt_rnn_gemm_name(m), lib);
+        mt_rnn_destroy(&m);
+    } else {
+        assert_int_equal(rc, MT_ENOTSUP);
+    }
+    fx_free(&fx);
+    return rc == 0;
+}
+
+/* The linked CBLAS, then BLIS and oneDNN where they are installed (dev.sh installs both). */
+static void golden_cblas(void **state)
+{
+    (void)state;
+    golden_on("cblas");
+}
+
+static void golden_blis(void **state)
+{
+    (void)state;
+    if (!have("blis"))
+        skip();
+    golden_on("blis");
+}
+
+static void golden_dnnl(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    /* LeakSanitizer's exit-time tracer crashes with oneDNN's OpenMP threads alive (see
+     * MT__RNN_GEMM_DEFAULT in rnn/module.c): the plain build tests oneDNN. */
+    skip();
+#endif
+    if (!have("dnnl"))
+        skip();
+    golden_on("dnnl");
+}
+
+/* An unknown library is refused at creation. */
+static void gemm_unknown(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = "mkl";
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), MT_EINVAL);
+    fx_free(&fx);
 }
 
 int main(int argc, char **argv)
@@ -215,7 +277,10 @@ int main(int argc, char **argv)
     }
     data_dir = argv[1];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(golden_files),
+        cmocka_unit_test(golden_cblas),
+        cmocka_unit_test(golden_blis),
+        cmocka_unit_test(golden_dnnl),
+        cmocka_unit_test(gemm_unknown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
