@@ -302,7 +302,9 @@ def summary():
 def snapshot(path, format="memtrace"):
     """Writes the segment map of every device in use to path. format "memtrace": one
     `snapshot` record per line (docs/telemetry.md), what `memtrace report/plot` read;
-    "torch": PyTorch's snapshot pickle (needs `memtrace export`, see the README)."""
+    "torch": PyTorch's snapshot pickle (pytorch.org/memory_viz) of the state at the call,
+    tags as frames, converted by `memtrace export` (found on PATH, in the checkout's build
+    directory, or at $MEMTRACE_EXE)."""
     L = _lib.lib()
     text = _lib.json_call(L.memtrace_snapshot_json, "memtrace.snapshot()")
     recs = json.loads(text)
@@ -313,7 +315,13 @@ def snapshot(path, format="memtrace"):
         return path
     if format == "torch":
         from ._torch_snapshot import write
-        return write(recs, path)
+
+        def tid(name):
+            try:
+                return tag_id(name)
+            except (KeyError, ValueError):
+                return 0
+        return write(recs, path, tid)
     raise ValueError("memtrace.snapshot(format=%r): use 'memtrace' or 'torch'" % (format,))
 
 

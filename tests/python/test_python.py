@@ -7,11 +7,13 @@ MT_PYTHONPATH (the package's directory). Exit 77 = skipped.
 import ctypes
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,6 +116,53 @@ class TrainingLoopUnderRun(unittest.TestCase):
         self.assertEqual(tags.count("weights"), 4)
 
 
+class LiveInTop(unittest.TestCase):
+    """A daemon on a private socket; `memtrace top` shows the program's tags by name."""
+
+    def test_top_shows_tags(self):
+        tmp = tempfile.mkdtemp(prefix="mt-py-top-")
+        sock = os.path.join(tmp, "d.sock")
+        env = dict(os.environ, PYTHONPATH=PKG, MEMTRACE_SOCKET=sock, MEMTRACE_PROF="auto")
+        env.pop("MEMTRACE_BACKEND", None)
+        mt = os.environ["MT_MEMTRACE"]
+        daemon = subprocess.Popen([mt, "daemon", "--foreground", "--quiet", "--port", "off",
+                                   "--socket", sock], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        ready, stop = os.path.join(tmp, "ready"), os.path.join(tmp, "stop")
+        prog = None
+        try:
+            for _ in range(200):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+            prog = subprocess.Popen([mt, "run", "--backend", "sim", "--quiet", "--",
+                                     sys.executable, os.path.join(HERE, "prog_hold.py"),
+                                     os.environ["MT_CUDART"], ready, stop], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(400):
+                if os.path.exists(ready):
+                    break
+                time.sleep(0.05)
+            self.assertTrue(os.path.exists(ready), "the program never got ready")
+            time.sleep(0.3)  # the daemon drains the ring on its own beat
+            text = run([mt, "top", "--once", "--socket", sock], env=env).stdout
+            if os.environ.get("MT_SHOW"):
+                print(text)
+            self.assertIn("encoder.lstm", text)
+            self.assertIn("decoder.proj", text)
+            state = json.loads(run([mt, "top", "--json", "--socket", sock], env=env).stdout)
+            mine = [p for p in state["processes"] if p["pid"] != os.getpid()]
+            tags = {t["name"]: t for p in mine for t in p["tags"]}
+            self.assertIn("encoder.lstm", tags)
+        finally:
+            open(stop, "w").close()
+            if prog is not None:
+                prog.wait(30)
+            daemon.terminate()
+            daemon.wait(30)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class InProcess(unittest.TestCase):
     """The library loaded by path into this process (no `memtrace run`): the preload's own
     cudaMalloc is called through the handle, on the sim backend."""
@@ -202,6 +251,13 @@ class InProcess(unittest.TestCase):
             rec = json.loads(f.readline())
         self.assertEqual(rec["type"], "snapshot")
         self.assertIn("snap_t", [b["tag"] for s in rec["segments"] for b in s["blocks"]])
+        torch_path = os.path.join(os.path.dirname(path), "s.pickle")
+        memtrace.snapshot(torch_path, format="torch")
+        with open(torch_path, "rb") as f:
+            snap = pickle.load(f)  # PyTorch's layout; reading it needs no torch
+        frames = [fr["name"] for s in snap["segments"] for b in s["blocks"]
+                  for fr in b.get("frames", [])]
+        self.assertIn("tag snap_t", frames)
         self.L.cudaFree(p)
         with self.assertRaisesRegex(ValueError, "format"):
             memtrace.snapshot(path, format="xml")
