@@ -39,6 +39,9 @@ typedef struct mt_d_cfg_s {
     unsigned keepalive_ms;       /* SSE ": keep-alive" comment period; 15000 */
     unsigned idle_timeout_ms;    /* a connection that has not said what it is is closed; 10000 */
     bool handle_signals;         /* SIGINT/SIGTERM stop the daemon (the executables); false */
+    const char *oom_dir;         /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
+                                    "off" = none (docs/torch-snapshot.md) */
+    unsigned oom_max_snapshots;  /* OOM snapshots kept (a .json and a .pickle each); 8 */
     uv_loop_t *loop;             /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;               /* optional diagnostics sink */
     void *log_ud;
@@ -57,6 +60,9 @@ typedef struct mt_d_counters_s {
 } mt_d_counters_t;
 
 mt_d_cfg_t mt_d_cfg_default(void);
+/* The default OOM snapshot directory: $MEMTRACE_OOM_DIR, else $XDG_STATE_HOME/memtrace/oom,
+ * else $HOME/.local/state/memtrace/oom. MT_ENOENT when none can be named. */
+int mt_d_oom_dir(char *buf, size_t len);
 
 /* Creates the daemon: binds the Unix socket (a stale socket file is removed, but if another
  * daemon answers on it, MT_EBUSY) and the HTTP port, and opens the log. Nothing runs until
