@@ -85,6 +85,17 @@ const char *mt_d_socket_path(const mt_d_t *d);
 /* A copy of the counters. Only meaningful on the loop thread or after mt_d_run() returns. */
 void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
 
+/* Loads a recorded telemetry log (NDJSON; "-" = standard input) into d's state, for
+ * `memtrace view`: its processes appear as exited (reason from their exit line, else
+ * "unknown"), with their figures, history and event window. Call before mt_d_run().
+ * Events are added to *events; malformed lines are counted in *bad (the first named in
+ * err). An event seen twice (two logs of one run) counts once. Returns 0, MT_EIO (cannot
+ * open or read; err says why) or MT_ENOMEM. */
+int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                   char *err, size_t errlen);
+/* Sets how many events per process are kept for past states (default 65536; >= 1024). */
+void mt_d_set_event_window(mt_d_t *d, size_t events);
+
 /* The daemon's command line (options, --help, detaching unless --foreground), shared by
  * `memtraced` and `memtrace daemon`. prog names the program in messages. Returns the exit
  * status. */
