@@ -622,6 +622,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     if (p->fd >= 0)
         close(p->fd);
     mt__ring_close(&p->ring);
+    mt__oomsnap_destroy(&p->oomsnap);
     free(p->log_path);
     free(p->cfg_log_path);
     free(p->out);
