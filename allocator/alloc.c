@@ -507,7 +507,9 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         goto out;
     }
     size_t rsize = mt__alloc_round_size(size, a->cfg.roundup_power2_divisions);
-    int bp = rsize <= MT__SMALL_SIZE ? MT__BP_SMALL : MT__BP_LARGE;
+    int bp = rsize <= MT__SMALL_SIZE && !(a->cfg.expandable_segments && a->cfg.one_pool)
+                 ? MT__BP_SMALL
+                 : MT__BP_LARGE;
     mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
     if (sr == NULL || mt__alloc_binset(a, sr, bp) == NULL) {
         rc = MT_ENOMEM;
