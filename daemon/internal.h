@@ -194,6 +194,7 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
+    struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
@@ -225,6 +226,9 @@ void mt__d_sub_free(mt_d_sub_t *s);
 
 /* http.c */
 void mt__d_http_input(mt_d_conn_t *c);
+/* A complete answer (status line, the usual headers, body); closes after it. */
+void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
+                        const char *body, size_t blen, bool head_only);
 /* metrics.c */
 int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *out);
 json_t *mt__d_state_json(mt_d_t *d);
