@@ -1,8 +1,8 @@
-/* Offline analysis of a telemetry log: replays each process's events through a model
- * of its allocator state (live blocks, segments, per-tag bytes) and produces peaks, a
- * timeline, never-freed allocations and the growth verdict (see report.h). Device memory
- * and pinned host memory (pool host) are replayed through two separate models, so that
- * host pages never appear in the device figures. */
+/* Offline analysis of a telemetry log: collects each process's records, replays them
+ * through the event model (analysis/model.h, the daemon's too) and formats its figures:
+ * peaks, a timeline, never-freed allocations and the growth verdict (see report.h). Device
+ * memory and pinned host memory (pool host) are the model's two classes, so host pages
+ * never appear in the device figures. */
 #include "analysis/report.h"
 
 #include <stdbool.h>
