@@ -172,6 +172,18 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
     return 0;
 }
 
+int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    if (name)
+        snprintf(p->name, sizeof(p->name), "%s", name);
+    if (exit_state == 1 || exit_state == 2)
+        p->exit_state = exit_state;
+    return 0;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(err, errlen, __VA_ARGS__);                                                        \
