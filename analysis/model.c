@@ -419,6 +419,10 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         int irc = mt__model_iteration(m, ev->size);
         rc = rc ? rc : irc;
     }
+#if MT_ASSERT_LEVEL >= 2
+    char why[160];
+    mt_assert_valid(mt_model_check(m, why, sizeof why) != 0 ? why : NULL);
+#endif
     return rc;
 }
 
