@@ -444,7 +444,9 @@ void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *o
     out->uncertain_bytes = mt__model_sat(c->unc < room ? c->unc : room);
     out->untracked_bytes = c->had_gap && room > c->unc ? mt__model_sat(room - c->unc) : 0;
     out->unmatched_frees = c->unmatched_frees;
-    out->uncertain = c->nuncertain > 0 || c->seg_unc > 0 || out->untracked_bytes > 0;
+    /* Pending uncertain blocks count in no figure but the free extents: they alone do not
+     * make the class uncertain. */
+    out->uncertain = c->unc > 0 || c->seg_unc > 0 || out->untracked_bytes > 0;
 }
 
 int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
