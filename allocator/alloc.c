@@ -455,6 +455,8 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
      * matter; see mt_alloc_cfg_t.release_smaller_segments. */
     if (a->cfg.release_smaller_segments && bp == MT__BP_LARGE && !a->cfg.expandable_segments)
         mt__seg_release_smaller(a, sr->bins[bp], rsize);
+    if (a->cfg.release_to_fit && !a->cfg.expandable_segments)
+        mt__seg_release_to_fit(a, mt__seg_alloc_size(a, bp, rsize));
     int rc = mt__seg_grow(a, sr, bp, rsize, out);
     if (rc == 0)
         return 0;

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/internal.h"
+#include "daemon/web.h"
 #include "memtrace/prof.h"
 
 static uint64_t realtime_ns(void)
@@ -158,6 +159,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->ctr.events++;
     }
     mt__d_proc_apply(p, ev);
+    mt__d_recent_record(d, p, ev); /* kept for snapshots; an OOM writes one */
+    mt__d_web_record(d, p, ev);
     size_t off = d->batch_text.len;
     if (encode_event(&d->batch_text, p, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
@@ -270,6 +273,7 @@ static void evict_exited(mt_d_t *d)
             return;
         mt_d_proc_t *victim = *oldest;
         *oldest = victim->next;
+        mt__d_web_forget(d, victim);
         mt__d_proc_destroy(&victim);
     }
 }
@@ -348,6 +352,8 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
+    mt__d_recent_free(d);
+    mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;
         d->procs = p->next;

@@ -118,7 +118,8 @@ typedef struct mt_rnn_io_s {
     size_t tokens;          /* packed: rows of x and y (sum of the lengths); else unused */
 } mt_rnn_io_t;
 
-/* Backward inputs and outputs (gradients of the loss). */
+/* Backward inputs and outputs (gradients of the loss); packed: dy and dx have the rows of
+ * y and x ([tokens, ...]). */
 typedef struct mt_rnn_grad_io_s {
     const float *dy;  /* [T, B, D*H], required */
     const float *dhy; /* [L*D, B, H], NULL = zeros */
