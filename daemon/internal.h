@@ -239,6 +239,8 @@ void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const ch
 /* metrics.c */
 int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *out);
 json_t *mt__d_state_json(mt_d_t *d);
+/* metrics_info.c: process_info, per-device and per-pool families, appended to out. */
+int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
 
 /* snapshot.c */
 void mt__d_recent_init(mt_d_t *d);

@@ -95,6 +95,19 @@ try {
   if (code !== 2) fail(`view exited ${code} after Ctrl-C with a malformed line; want 2`);
   if (!/1 malformed line\(s\) skipped; the first: .*run\.ndjson:\d+/.test(v.err())) fail('stderr does not name the malformed line: ' + v.err());
   console.log('ok: the malformed line is named, exit status 2');
+
+  // Security: a non-local --host says what it exposes; no answer carries a CORS header.
+  const open = await serve(memtraced, ['--foreground', '--socket', join(tmp, 'sock2'), '--port', '0', '--host', '0.0.0.0']);
+  if (!/warning: HTTP on 0\.0\.0\.0 is reachable from other hosts: .*every process/.test(open.err()))
+    fail('no warning for a non-local --host: ' + open.err());
+  const port = new URL(open.url).port;
+  for (const path of ['/', '/app.js', '/state', '/spark', '/metrics']) {
+    const r = await fetch(`http://127.0.0.1:${port}${path}`, { headers: { Origin: 'http://evil.example' } });
+    if (r.headers.get('access-control-allow-origin') !== null) fail(`${path} answers with a CORS header`);
+  }
+  open.proc.kill('SIGTERM');
+  await exited(open.proc);
+  console.log('ok: non-local --host warns; no CORS header');
   rmSync(tmp, { recursive: true, force: true });
   process.exit(0);
 } catch (e) {
