@@ -236,7 +236,7 @@ struct mt_alloc_s {
     uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
-    char last_error[1024];
+    char last_error[2048];
 };
 
 /* ---- the lock ----

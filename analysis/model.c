@@ -200,18 +200,20 @@ static int cmp_range(const void *a, const void *b)
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/* A gap: every known block and segment becomes uncertain. */
-static void mark_gap(mt__mclass_t *c)
+/* A gap: every known block and segment becomes uncertain. MT_ENOMEM when the index of
+ * uncertain blocks cannot grow (see below). */
+static int mark_gap(mt__mclass_t *c)
 {
     c->had_gap = true;
     mt__model_segs_mark_uncertain(c);
     if (c->live == 0)
-        return;
+        return 0;
     mt__range_t *v = realloc(c->stale, c->live * sizeof(*v));
     if (!v) {
         /* No index: uncertain blocks are then settled by the totals and exact addresses
-         * only. Keep the old index, which still lists the older uncertain blocks. */
-        return;
+         * only. Keep the old index, which still lists the older uncertain blocks. The
+         * figures are no longer those the events determine: say so. */
+        return MT_ENOMEM;
     }
     c->stale = v;
     c->stale_cap = c->live;
@@ -231,6 +233,7 @@ static void mark_gap(mt__mclass_t *c)
         v[c->nstale++] = (mt__range_t){b->addr, b->size};
     }
     qsort(v, c->nstale, sizeof(*v), cmp_range);
+    return 0;
 }
 
 /* First stale entry whose range may reach past addr. */
@@ -374,10 +377,14 @@ static const apply_fn apply_kind[MT_EV_KIND_COUNT] = {
 
 /* ---- applying events ---- */
 
-static void gap(mt_model_t *m)
+static int gap(mt_model_t *m)
 {
-    for (int k = 0; k < MT_MODEL_CLASSES; k++)
-        mark_gap(&m->cls[k]);
+    int rc = 0;
+    for (int k = 0; k < MT_MODEL_CLASSES; k++) {
+        int krc = mark_gap(&m->cls[k]);
+        rc = rc ? rc : krc;
+    }
+    return rc;
 }
 
 /* Each allocator (source) reports its own running totals; a class's are their sum. */
@@ -398,18 +405,18 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     m->events++;
     if (ev->kind == MT_EV_GAP) { /* consumer side: carries no allocator figures */
         m->lost_rec = mt_model_sat_add(m->lost_rec, ev->size);
-        gap(m);
-        return 0;
+        return gap(m);
     }
+    int grc = 0; /* the gap's, returned after the event is applied */
     if (m->seq_seen && ev->seq > m->next_seq) {
         m->lost_seq = mt_model_sat_add(m->lost_seq, ev->seq - m->next_seq);
-        gap(m);
+        grc = gap(m);
     }
     if (!m->seq_seen || ev->seq >= m->next_seq)
         m->next_seq = ev->seq + 1;
     m->seq_seen = true;
     if (ev->kind == MT_EV_TAG_LABEL) /* a name, not an operation */
-        return 0;
+        return grc;
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     totals(m, c, ev);
     int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
@@ -419,7 +426,7 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         int irc = mt__model_iteration(m, ev->size);
         rc = rc ? rc : irc;
     }
-    return rc;
+    return rc ? rc : grc;
 }
 
 /* ---- figures ---- */

@@ -39,7 +39,8 @@ mt__report_cfg_t mt__report_cfg_default(void);
 int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg);
 void mt__report_destroy(mt__report_t **r);
 /* One log line (without or with its '\n'). Returns 0 (also for record types the
- * report does not use), or MT_EPROTO with a message in err for a malformed line. */
+ * report does not use), MT_EPROTO with a message in err for a malformed line, or
+ * MT_ENOMEM (the line is not counted). */
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen);
 /* One record of process pid (ev borrowed), as a log line would give it; tag_name, when
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that

@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "analysis/pickle.h"
+#include "analysis/model.h"
 #include "analysis/report.h"
 #include "analysis/trace_csv.h"
 #include "memtrace/event.h"
@@ -155,6 +156,22 @@ const char *mt_ts_action_name(int action);
 const char *mt_ts_state_name(int state);
 
 /* ---- conversions ---- */
+
+/* What a snapshot is made from: one process's events (any devices, in their order; the
+ * trace) and its segment map at the end (segments and live blocks; NULL: none). */
+typedef struct mt_ts_source_s {
+    const mt_event_rec_t *evs;
+    size_t nevs;
+    const mt_model_map_t *map;
+    const char *(*tag_name)(void *ud, int tag); /* a tag's label, or NULL: built-in name */
+    void *ud;
+} mt_ts_source_t;
+
+/* A snapshot of src: the device events as device_traces, the map's segments and blocks
+ * (free space as inactive blocks), each tag as a frame {"name": "tag <label>",
+ * "filename": "memtrace", "line": tag id} on its allocations and blocks, markers as
+ * external annotations. *out is new. MT_ENOMEM; message in err. */
+int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen);
 
 /* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
  * the report's segment map after its last event as segments and blocks, each tag as a

@@ -196,6 +196,8 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
         }
     }
 
+    rc |= mt__d_metrics_info(d, o); /* names, devices, pools: metrics_info.c */
+
     unsigned consumers = 0;
     for (const mt_d_conn_t *c = d->conns; c; c = c->next)
         consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);

@@ -109,6 +109,7 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .keepalive_ms = 15000,
         .idle_timeout_ms = 10000,
         .handle_signals = false,
+        .oom_max_snapshots = 8,
     };
 }
 
@@ -250,6 +251,8 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
             if (mt__d_conn_write(c, ok, sizeof ok - 1, false) == 0)
                 mt__d_consumer_start(c);
         }
+    } else if (type && strcmp(type, "snapshot") == 0) {
+        mt__d_snapshot_request(c, msg); /* snapshot.c */
     } else if (type && strcmp(type, "state") == 0) {
         json_t *st = mt__d_state_json(c->d);
         char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
@@ -264,8 +267,8 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
         free(s);
         json_decref(st);
     } else {
-        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer "
-                       "or state");
+        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer, "
+                       "state or snapshot");
     }
     json_decref(msg);
 }
@@ -568,6 +571,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->cfg.log_path = d->log_path;
     d->http_port = -1;
     d->start_realtime = realtime_ns();
+    mt__d_recent_init(d);
 
     if (cfg->loop) {
         d->loop = cfg->loop;

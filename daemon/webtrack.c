@@ -34,6 +34,11 @@ void mt__d_web_set_window(mt_d_t *d, size_t events)
         w->window = events < 1024 ? 1024 : events;
 }
 
+void mt_d_set_event_window(mt_d_t *d, size_t events)
+{
+    mt__d_web_set_window(d, events);
+}
+
 static void tracker_free(mt_d_web_proc_t *t)
 {
     free(t->coarse);

@@ -57,6 +57,7 @@ struct mt_prof_s {
     uint64_t written; /* lines written (events and gaps), under drain_lock */
     int write_err;    /* first write error, under drain_lock */
     char name[MT_RING_COMM_MAX];
+    char oom_dir[256]; /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
 };
 
 #define logf_(p, lvl, ...) mt__logf((p)->log, (p)->log_ud, lvl, __VA_ARGS__)
@@ -156,6 +157,43 @@ static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
     }
     for (size_t i = 0; i < n; i++)
         mt_prof_record(p, &ev[i]);
+}
+
+/* Names where this OOM's snapshot is (the allocator's message quotes it): the daemon's
+ * file, or in local mode the log and how to make a snapshot of it. */
+static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size_t len)
+{
+    mt_prof_t *p = ud;
+    int mode = atomic_load_explicit(&p->mode, memory_order_acquire);
+    if (mode == MT_PROF_DAEMON && p->oom_dir[0] != '\0')
+        snprintf(buf, len, "Snapshot of this OOM (by the daemon): %s/oom-%d-dev%u-%llu.pickle",
+                 p->oom_dir, p->pid, device, (unsigned long long)n);
+    else if (mode == MT_PROF_LOG && p->log_path != NULL)
+        snprintf(buf, len,
+                 "Events up to this OOM: %s (memtrace export --format torch-snapshot "
+                 "%s -o oom.pickle)",
+                 p->log_path, p->log_path);
+    else
+        buf[0] = '\0';
+}
+
+int mt_prof_oom_dir(char *buf, size_t len)
+{
+    const char *env = getenv("MEMTRACE_OOM_DIR");
+    const char *xdg = getenv("XDG_STATE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (env != NULL && strcmp(env, "off") == 0)
+        return MT_ENOENT;
+    if (env != NULL && env[0] != '\0')
+        n = snprintf(buf, len, "%s", env);
+    else if (xdg != NULL && xdg[0] == '/')
+        n = snprintf(buf, len, "%s/memtrace/oom", xdg);
+    else if (home != NULL && home[0] == '/')
+        n = snprintf(buf, len, "%s/.local/state/memtrace/oom", home);
+    else
+        return MT_ENOENT;
+    return n > 0 && (size_t)n < len ? 0 : MT_EINVAL;
 }
 
 const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
@@ -370,7 +408,10 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         return MT_ENOMEM;
     p->sink.emit = sink_emit;
     p->sink.emit_n = sink_emit_n;
+    p->sink.oom_note = sink_oom_note;
     p->sink.ud = p;
+    if (mt_prof_oom_dir(p->oom_dir, sizeof p->oom_dir) != 0)
+        p->oom_dir[0] = '\0';
     p->pid = (int)getpid();
     p->fd = -1;
     p->log_fd = -1;

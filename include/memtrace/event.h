@@ -90,6 +90,11 @@ typedef struct mt_event_sink_s {
     /* Optional: n events of one operation at once, in order (ev[0..n) borrowed), so a
      * recorder can claim their slots together. NULL: emit is called for each. */
     void (*emit_n)(void *ud, const mt_event_rec_t *ev, size_t n);
+    /* Optional: an allocator that ran out of memory asks where the snapshot of that OOM
+     * (the n-th on device, counted from 1) is kept, to name it in its message. Called as
+     * emit is (under the allocator's lock: no blocking, no allocation); writes a
+     * NUL-terminated note into buf ("" or NULL member: nothing to say). */
+    void (*oom_note)(void *ud, unsigned device, uint64_t n, char *buf, size_t len);
 } mt_event_sink_t;
 
 /* ---- tag labels (MT_EV_TAG_LABEL) ----

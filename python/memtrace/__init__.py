@@ -177,8 +177,11 @@ def mark(name):
     any other name (at most 16 bytes) is a named mark."""
     if not isinstance(name, str) or not name:
         raise ValueError("memtrace.mark(name) takes a non-empty str, got %r" % (name,))
+    if name == "iteration":
+        raise ValueError("memtrace.mark('iteration'): use memtrace.mark_iteration(i), which "
+                         "carries the iteration number")
     L = _lib.lib()
-    if name in _BUILTIN_MARKS and name != "iteration":
+    if name in _BUILTIN_MARKS:
         _lib.check(L.memtrace_mark(_BUILTIN_MARKS[name], 0), "memtrace.mark(%r)" % name)
         return
     b = name.encode("utf-8")

@@ -95,7 +95,9 @@ def tag_modules(model, root="model", grad_tag="grads", max_depth=None):
     the root module's with `root`) and the backward pass's with grad_tag (a tag name;
     None: the module whose backward began last). Hooks: forward pre/post on each module,
     a hook on its outputs' gradients for the backward. Modules deeper than max_depth,
-    or past the 25 user tags (registered breadth first), share their parent's tag."""
+    or past the 25 user tags (registered breadth first), share their parent's tag.
+    The root's forward is wrapped in try/finally (an instance attribute), so that an
+    exception leaves the thread's tag as it was; remove() takes everything out."""
     L = _lib.lib()
     push, pop, depth = L.memtrace_tag_push, L.memtrace_tag_pop, L.memtrace_tag_depth
     out = ModuleTags()
@@ -141,7 +143,7 @@ def tag_modules(model, root="model", grad_tag="grads", max_depth=None):
             st = stack()
             unwind(st.pop() if st else depth())
         if _torch.is_grad_enabled():
-            hook = _backward_hook(gid if gid is not None else ids[mod])
+            hook = _backward_hook(gid if gid is not None else ids.get(mod, 0))
             for t in _tensors(output):
                 # A tensor a submodule returned already says whose backward begins.
                 if t.requires_grad and not getattr(t, "_memtrace_hooked", False):

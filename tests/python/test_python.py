@@ -288,6 +288,8 @@ class InProcess(unittest.TestCase):
                 memtrace.mark_iteration(bad)
         with self.assertRaisesRegex(ValueError, "non-empty"):
             memtrace.mark("")
+        with self.assertRaisesRegex(ValueError, "mark_iteration"):
+            memtrace.mark("iteration")
         with self.assertRaisesRegex(ValueError, "at most 16 bytes"):
             memtrace.mark("a_very_long_mark_name")
 

@@ -148,6 +148,80 @@ class EnableForTorch(unittest.TestCase):
         with self.assertRaisesRegex(memtrace.MemtraceError, "has no CUDA"):
             memtrace.enable_for_torch()
 
+    def patched(self, extra):
+        """Stands in for a torch with CUDA (this machine has none) through torch's own
+        calls; returns the undo list."""
+        cuda = torch.cuda
+        patches = [(cuda, "is_available", lambda: True),
+                   (torch.backends.cuda, "is_built", lambda: True)] + extra
+        saved = []
+        for obj, name, val in patches:
+            saved.append((obj, name, getattr(obj, name, None)))
+            setattr(obj, name, val)
+        return saved
+
+    def undo(self, saved):
+        for obj, name, val in reversed(saved):
+            if val is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, val)
+
+    def test_wiring_of_the_entry_points(self):
+        calls = []
+
+        class Native:
+            def __getattr__(self, setter):
+                if not setter.startswith("set_"):
+                    raise AttributeError(setter)
+                return lambda ptr: calls.append((setter, ptr))
+
+        class Pluggable:
+            def __init__(self, path, alloc_fn, free_fn):
+                calls.append(("new", path, alloc_fn, free_fn))
+
+            def allocator(self):
+                return Native()
+
+        mem = torch.cuda.memory
+        saved = self.patched([(torch.cuda, "is_initialized", lambda: False),
+                              (mem, "CUDAPluggableAllocator", Pluggable),
+                              (mem, "change_current_allocator",
+                               lambda a: calls.append(("change", type(a).__name__)))])
+        try:
+            memtrace.enable_for_torch()
+        finally:
+            self.undo(saved)
+        import ctypes
+        L = memtrace._lib.lib()
+        addr = {s: ctypes.cast(getattr(L, s), ctypes.c_void_p).value
+                for s in ("memtrace_init", "memtrace_reset", "memtrace_base_alloc",
+                          "memtrace_record_stream")}
+        self.assertEqual(calls, [
+            ("new", memtrace.library_path(), "memtrace_alloc", "memtrace_free"),
+            ("set_init_fn", addr["memtrace_init"]), ("set_reset_fn", addr["memtrace_reset"]),
+            ("set_base_alloc_fn", addr["memtrace_base_alloc"]),
+            ("set_record_stream_fn", addr["memtrace_record_stream"]),
+            ("change", "Pluggable")])
+
+    def test_torch_refusing_the_swap_is_a_clear_error(self):
+        class Pluggable:
+            def __init__(self, *a):
+                pass
+
+        def refuse(a):
+            raise RuntimeError("Can't swap an already initialized allocator")
+        mem = torch.cuda.memory
+        saved = self.patched([(torch.cuda, "is_initialized", lambda: False),
+                              (mem, "CUDAPluggableAllocator", Pluggable),
+                              (mem, "change_current_allocator", refuse)])
+        try:
+            with self.assertRaisesRegex(memtrace.MemtraceError,
+                                        "after CUDA allocations: torch refused .*initialized"):
+                memtrace.enable_for_torch()
+        finally:
+            self.undo(saved)
+
     def test_after_cuda_allocations_is_a_clear_error(self):
         # torch with CUDA whose allocator already holds memory, as far as enable() can see
         # (this machine has no GPU: the state is stood in for through torch's own calls).
