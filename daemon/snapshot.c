@@ -18,6 +18,7 @@
 #include "analysis/torch_snapshot.h"
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
+#include "profiler/internal.h"
 
 /* One process's recent events: a ring. Invariants: n <= MT_D_RECENT; the events in order
  * are ring[(head + MT_D_RECENT - n + i) % MT_D_RECENT] for i < n, head the next slot. */
@@ -178,85 +179,6 @@ int mt_d_oom_dir(char *buf, size_t len)
     return mt_prof_oom_dir(buf, len); /* one rule for the daemon and the recorder */
 }
 
-/* mkdir -p with mode 0700 for what it makes; the last directory must be ours and closed to
- * others (another local user must not be able to swap or read the files). */
-static int make_private_dir(const char *dir)
-{
-    char path[512];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-        return MT_EINVAL;
-    for (char *s = path + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            mkdir(path, 0700);
-            *s = '/';
-        }
-    mkdir(path, 0700);
-    struct stat st;
-    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-        (st.st_mode & 077) != 0)
-        return MT_EIO;
-    return 0;
-}
-
-static int write_file(const char *path, const void *data, size_t n)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return MT_EIO;
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w <= 0) {
-            close(fd);
-            unlink(path);
-            return MT_EIO;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return close(fd) == 0 ? 0 : MT_EIO;
-}
-
-/* Keeps at most max snapshot pairs: removes the oldest oom-*.json/.pickle by mtime. */
-static void prune(const char *dir, unsigned max)
-{
-    for (;;) {
-        DIR *dh = opendir(dir);
-        if (dh == NULL)
-            return;
-        unsigned count = 0;
-        char oldest[256] = "";
-        struct timespec oldest_t = {0};
-        struct dirent *e;
-        while ((e = readdir(dh)) != NULL) {
-            size_t l = strlen(e->d_name);
-            if (strncmp(e->d_name, "oom-", 4) != 0 || l < 6 || l >= sizeof oldest ||
-                strcmp(e->d_name + l - 5, ".json") != 0)
-                continue;
-            char path[1024];
-            struct stat st;
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            if (lstat(path, &st) != 0)
-                continue;
-            count++;
-            if (oldest[0] == '\0' || st.st_mtim.tv_sec < oldest_t.tv_sec ||
-                (st.st_mtim.tv_sec == oldest_t.tv_sec && st.st_mtim.tv_nsec < oldest_t.tv_nsec)) {
-                oldest_t = st.st_mtim;
-                snprintf(oldest, sizeof oldest, "%s", e->d_name);
-            }
-        }
-        closedir(dh);
-        if (count <= max || oldest[0] == '\0')
-            return;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, oldest);
-        unlink(path);
-        snprintf(path + strlen(path) - 5, 8, ".pickle");
-        unlink(path);
-    }
-}
-
 static const char *proc_label(void *ud, int tag)
 {
     return mt__d_proc_label(ud, tag);
@@ -267,7 +189,7 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
 {
     if (d->oom_dir[0] == '\0')
         return;
-    if (make_private_dir(d->oom_dir) < 0) {
+    if (mt__oomsnap_dir_prepare(d->oom_dir) < 0) {
         mt__d_log(d, MT_LOG_WARN, "OOM snapshot of %d: %s is not a private directory of ours",
                   p->pid, d->oom_dir);
         return;
@@ -282,7 +204,7 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     int rc = text ? 0 : MT_ENOMEM;
     snprintf(path, sizeof path, "%s.json", base);
     if (rc == 0)
-        rc = write_file(path, text, strlen(text));
+        rc = mt__oomsnap_write_file(path, text, strlen(text));
     /* The PyTorch snapshot: the recent events as the trace, the model's map as segments. */
     mt_model_map_t map;
     mt_ts_t *ts = NULL;
@@ -304,7 +226,7 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     }
     snprintf(path, sizeof path, "%s.pickle", base);
     if (rc == 0)
-        rc = write_file(path, pk, pklen);
+        rc = mt__oomsnap_write_file(path, pk, pklen);
     if (rc == 0)
         mt__d_log(d, MT_LOG_INFO,
                   "process %d ran out of memory on device %u: wrote %s.json and "
@@ -317,7 +239,7 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     free(text);
     json_decref(j);
     free(evs);
-    prune(d->oom_dir, d->cfg.oom_max_snapshots);
+    mt__oomsnap_prune(d->oom_dir, d->cfg.oom_max_snapshots);
 }
 
 void mt__d_recent_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)

@@ -173,6 +173,72 @@ static void test_oom_and_live_snapshots(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* No daemon: the recorder writes the OOM snapshot itself, under the name the allocator's
+ * message gives. */
+static void test_recorder_oom_snapshot(void **state)
+{
+    (void)state;
+    char tmp[] = "/tmp/mt-test-recoom-XXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    char oomdir[128], logp[128], path[256], cmd[300];
+    snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
+    snprintf(logp, sizeof logp, "%s/run.ndjson", tmp);
+    setenv("MEMTRACE_OOM_DIR", oomdir, 1);
+    mt_prof_cfg_t pc = mt_prof_cfg_default();
+    pc.mode = MT_PROF_LOG;
+    pc.log_path = logp;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &pc), 0);
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = (size_t)64 << 20;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    int kv;
+    void *x, *y;
+    assert_int_equal(mt_alloc_tag_register(a, "kv cache", &kv), 0);
+    assert_int_equal(mt_alloc_malloc(a, 20 << 20, NULL, kv, &x), 0);
+    assert_int_equal(mt_alloc_malloc(a, 5000, NULL, MT_TAG_WEIGHTS, &y), 0);
+    assert_int_equal(mt_alloc_free(a, y), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(mt_alloc_malloc(a, (size_t)1 << 30, NULL, MT_TAG_ACTIVATIONS, &y),
+                         MT_ENOMEM);
+    snprintf(path, sizeof path, "%s/oom-%d-dev0-2.pickle", oomdir, (int)getpid());
+    const char *msg = mt_alloc_last_error(a);
+    if (strstr(msg, "(by the recorder)") == NULL || strstr(msg, path) == NULL ||
+        strstr(msg, "Allocated by tag: kv cache 20.00 MiB.") == NULL)
+        fail_msg("OOM message: %s", msg);
+    assert_int_equal(mt_prof_flush(p), 0); /* the drainer has followed every event */
+    mt_ts_t *ts = NULL;
+    char err[768];
+    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_true(ts->nsegments >= 1);
+    assert_int_equal(ts->events[ts->nevents - 1].action, MT_TS_OOM);
+    size_t active = 0;
+    for (size_t i = 0; i < ts->nblocks; i++)
+        active += ts->blocks[i].state == MT_TS_ACTIVE_ALLOCATED;
+    assert_int_equal(active, 1);
+    assert_string_equal(ts->tag_label[MT_TAG_USER_FIRST], "kv cache");
+    mt_ts_destroy(&ts);
+    snprintf(path, sizeof path, "%s/oom-%d-dev0-2.json", oomdir, (int)getpid());
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    assert_true(json_array_size(json_object_get(j, "events")) >= 5);
+    json_decref(j);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    mt_prof_destroy(&p);
+    unsetenv("MEMTRACE_OOM_DIR");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(int argc, char **argv)
 {
     char **args;
@@ -184,6 +250,7 @@ int main(int argc, char **argv)
         return 2;
     }
     memtrace_exe = argv[1];
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_oom_and_live_snapshots)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_oom_and_live_snapshots),
+                                       cmocka_unit_test(test_recorder_oom_snapshot)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
