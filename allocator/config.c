@@ -118,6 +118,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->split_large_tails = b;
+    } else if (strcmp(key, "one_pool") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->one_pool = b;
     } else if (strcmp(key, "stats_period_ms") == 0) {
         if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
             goto bad;

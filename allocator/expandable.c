@@ -470,7 +470,8 @@ int mt__exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
     exp_plan_t p;
     if (!exp_plan(a, sr, bp, rsize, &p))
         return MT_ENOMEM;
-    if (a->cfg.release_to_fit && exp_release_to_fit(a, p.len, &p) > 0 &&
+    size_t over = mt__seg_over_peak(a, p.len);
+    if (a->cfg.release_to_fit && over > 0 && exp_release_to_fit(a, over, &p) > 0 &&
         (sr->vsize[bp] == 0 || !exp_plan(a, sr, bp, rsize, &p)))
         return sr->vsize[bp] == 0 ? mt__exp_grow(a, sr, bp, rsize, out) : MT_ENOMEM;
     int rc = exp_apply(a, sr, bp, &p, rsize, out);

@@ -368,6 +368,9 @@ size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsiz
 /* Releases cached whole plain segments (not reservations), oldest first, until at least
  * need bytes went back (release_to_fit). Returns bytes released. */
 size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need);
+/* Bytes by which reserved + more would exceed the reserved_bytes peak:
+ * release_to_fit gives back only that much, so cache that costs no new peak is kept. */
+size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more);
 /* Releases every unused cached segment (reserved ones only when include_reserved).
  * Returns bytes released. Caller has synchronised pending events. */
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,

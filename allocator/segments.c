@@ -387,8 +387,17 @@ static bool pick_cached(const mt_segment_t *s, const void *arg)
     return !s->reserved && !s->expandable && mt__seg_is_whole_free(s);
 }
 
+size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more)
+{
+    size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    size_t high = (size_t)a->st.reserved_bytes[MT_STAT_ALL].peak;
+    return reserved + more > high ? reserved + more - high : 0;
+}
+
 size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need)
 {
+    if (need == 0)
+        return 0;
     size_t n, got = 0;
     mt_segment_t **v = collect(a, pick_cached, NULL, &n);
     if (v == NULL)

@@ -107,6 +107,7 @@ static void test_random_configs(void **state)
     (void)state;
     random_run("expandable_segments:True", 2048 * MIB, 20000, 7);
     random_run("expandable_segments:True,release_to_fit:True", 2048 * MIB, 20000, 13);
+    random_run("expandable_segments:True,release_to_fit:True,one_pool:True", 2048 * MIB, 20000, 23);
     random_run("release_to_fit:True,fit_large_segments:True,split_large_tails:True", 1024 * MIB,
                20000, 17);
     random_run("max_split_size_mb:24,roundup_power2_divisions:4,"

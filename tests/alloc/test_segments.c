@@ -123,6 +123,26 @@ static void test_expandable_release_to_fit(void **state)
     rec_fini(&rec);
 }
 
+/* one_pool: small requests share the large pool's pages with large blocks. */
+static void test_expandable_one_pool(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, "expandable_segments:True,one_pool:True", NULL);
+    char *big = xmalloc_dev(a, 3 * MIB, NULL, 0);
+    char *small = xmalloc_dev(a, 1000, NULL, 0);
+    assert_ptr_equal(small, big + 3 * MIB); /* in the free rest of the big block's pages */
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 0);
+    assert_int_equal(s.reserved_bytes[MT_STAT_LARGE].current, 4 * MIB);
+    assert_int_equal(s.segment[MT_STAT_ALL].current, 1);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, small);
+    mt_alloc_free(a, big);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 /* Variable shapes: expandable segments keep reserved close to allocated where plain
  * segments strand memory between segments. */
 static void test_expandable_less_reserved(void **state)
@@ -354,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_oom_report),
         cmocka_unit_test(test_release_smaller_segments),
         cmocka_unit_test(test_expandable_release_to_fit),
+        cmocka_unit_test(test_expandable_one_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,14 +80,17 @@ int main(int argc, char **argv)
     double t0 = now_s(), events = 0;
     while (now_s() - t0 < seconds) {
         unsigned k = (unsigned)(i % KEEP);
-        if (keep[k] && (rc = mt_alloc_free(a, keep[k])) != 0)
-            die("free", rc);
+        if (keep[k]) {
+            if ((rc = mt_alloc_free(a, keep[k])) != 0)
+                die("free", rc);
+            events += 2; /* free_requested, free_completed */
+        }
         size_t size = (size_t)(1 + (i * 7919) % 61) << 14; /* 16 KiB .. ~1 MiB */
         if (i % 5 == 0)
             size <<= 3; /* some large-pool blocks */
         if ((rc = mt_alloc_malloc(a, size, NULL, tags[i % 4], &keep[k])) != 0)
             die("malloc", rc);
-        events += 2;
+        events += 1;
         i++;
         /* Pace: sleep when ahead of the rate. */
         double ahead = events / rate - (now_s() - t0);
