@@ -36,6 +36,17 @@ static int label_value(mt_d_buf_t *o, const char *s)
     return rc;
 }
 
+/* For metrics_info.c: the same rules for its families. */
+bool mt__d_proc_newest(const mt_d_proc_t *p)
+{
+    return newest(p);
+}
+
+int mt__d_label_value(mt_d_buf_t *o, const char *s)
+{
+    return label_value(o, s);
+}
+
 typedef enum {
     F_ALLOC,
     F_RES,
