@@ -1,8 +1,8 @@
-/* Offline analysis of a telemetry log: replays each process's events through a model
- * of its allocator state (live blocks, segments, per-tag bytes) and produces peaks, a
- * timeline, never-freed allocations and the growth verdict (see report.h). Device memory
- * and pinned host memory (pool host) are replayed through two separate models, so that
- * host pages never appear in the device figures. */
+/* Offline analysis of a telemetry log: collects each process's records, replays them
+ * through the event model (analysis/model.h, the daemon's too) and formats its figures:
+ * peaks, a timeline, never-freed allocations and the growth verdict (see report.h). Device
+ * memory and pinned host memory (pool host) are the model's two classes, so host pages
+ * never appear in the device figures. */
 #include "analysis/report.h"
 
 #include <errno.h>
@@ -170,6 +170,18 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
         r->events++;
     if (tag_name && !p->tag_names[ev->tag % MT_TAG_MAX])
         p->tag_names[ev->tag % MT_TAG_MAX] = strdup(tag_name);
+    return 0;
+}
+
+int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    if (name)
+        snprintf(p->name, sizeof(p->name), "%s", name);
+    if (exit_state == 1 || exit_state == 2)
+        p->exit_state = exit_state;
     return 0;
 }
 

@@ -7,8 +7,11 @@
  * memory (events of pool MT_POOL_HOST, from a pinned host cache) is summarised apart, in
  * the process's "host" member (peaks, final totals, peaks by tag, never freed).
  *
- * Growth detector: at each MT_MARK_ITERATION marker the process's allocated total (and
- * each tag's live bytes) is sampled; the first sample is dropped as warm-up when there
+ * Blocks allocated before lost events whose free may have been lost are never counted as
+ * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
+ *
+ * Growth detector (mt_model_growth): at each MT_MARK_ITERATION marker the process's
+ * allocated total (and each tag's live bytes) is sampled; the first sample is dropped as warm-up when there
  * are at least five; a least-squares line is fitted over the rest. Growth is flagged
  * when the slope is positive, the fit explains the samples (r2 >= min_r2), the rise
  * over the fitted samples is at least min_growth_bytes, and at least 3/4 of the steps
@@ -46,6 +49,9 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
  * produce records, not lines. 0 or MT_ENOMEM. */
 int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name);
+/* Names process pid (as a hello line would) and, when exit_state is 1 (clean) or 2
+ * (unclean), says how it ended. 0 or MT_ENOMEM. */
+int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
 
