@@ -162,10 +162,16 @@ static void test_routes_agree_with_state(void **state)
     snprintf(path, sizeof path, "/history?pid=%d&from=10&to=5", (int)pid);
     want_status(t.port, path, 400, "from < to");
     snprintf(path, sizeof path, "/block?pid=%d&addr=zz", (int)pid);
-    want_status(t.port, path, 400, "addr=");
+    want_status(t.port, path, 400, "addr: not a valid number");
     snprintf(path, sizeof path, "/tail?pid=%d&n=100000", (int)pid);
     want_status(t.port, path, 400, "n <= 1000");
     want_status(t.port, "/spark?buckets=100000", 400, "buckets");
+    want_status(t.port, "/spark?buckets=abc", 400, "buckets: not a valid number");
+    snprintf(path, sizeof path, "/history?pid=%d&from=nan", (int)pid);
+    want_status(t.port, path, 400, "from: not a valid number");
+    snprintf(path, sizeof path, "/map?pid=%d&t=-1e300", (int)pid); /* before everything */
+    want_status(t.port, path, 200, "\"live\":false");
+    want_status(t.port, "/tail?pid=-3", 400, "pid: not a valid number");
     json_decref(st);
     th_daemon_stop(&t);
 }
