@@ -175,7 +175,7 @@ MT_HOOK int memtrace_mark_named(const char *name)
     mt_event_rec_t ev = {0};
     mt_event_mark_name_pack(&ev, name);
     mt__guard_enter();
-    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, tls_tag);
+    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, MT_TAG_OTHER); /* lines carry none */
     mt__guard_leave();
     return 0;
 }
