@@ -103,6 +103,20 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 
 /* ---- split and merge ---- */
 
+/* The blocks tile the segment's mapped bytes: linked both ways, contiguous, first at addr,
+ * last ending at addr + size (a walk: for mt_assert_expensive). */
+static inline bool seg_tiles(const mt_segment_t *seg)
+{
+    uintptr_t at = seg->addr;
+    const mt_block_t *prev = NULL;
+    for (const mt_block_t *b = seg->first; b != NULL; prev = b, b = b->next) {
+        if (b->prev != prev || b->seg != seg || b->addr != at)
+            return false;
+        at += b->size;
+    }
+    return prev == seg->last && at == seg->addr + seg->size;
+}
+
 bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 {
     mt_assert(size <= b->size);
@@ -140,6 +154,7 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
     b->size = size;
     mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
     mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
+    mt_assert_expensive(seg_tiles(seg));
     mt__seg_bin_in(a, r);
 }
 
@@ -178,6 +193,7 @@ mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
     mt_assert(b->next == NULL
                   ? seg->last == b && b->addr + b->size == seg->addr + seg->size
                   : b->next->state != MT_BLOCK_INACTIVE && b->next->addr == b->addr + b->size);
+    mt_assert_expensive(seg_tiles(seg));
     return b;
 }
 

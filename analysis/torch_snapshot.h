@@ -58,6 +58,8 @@ typedef struct mt_ts_block_s {
     uint8_t state;                  /* mt_ts_state_e */
     uint32_t stack;                 /* 0 = none */
     uint32_t first_history, nhistory;
+    uint8_t tag; /* memtrace's tag from its (or its first history entry's) frames, else
+                  * MT_TAG_OTHER; set when read */
 } mt_ts_block_t;
 
 /* Invariants (mt_ts_check): blocks[first_block, +nblocks) tile [addr, addr + total_size)
@@ -198,8 +200,10 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
 int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated
- * and reserved, device, tag, pool by size), time_ns = time_us * 1000. Calls fn for each
- * (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
+ * and reserved, device, tag, pool by size), time_ns = time_us * 1000. A snapshot with no
+ * trace at all (1.13's layout, or recorded without history) gives its state instead: a
+ * segment_alloc per segment, an alloc per active block, a free_requested per pending one. Calls fn
+ * for each (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
 typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
 int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
 

@@ -324,8 +324,7 @@ static const char *report_tag(void *ud, int tag)
     return mt__report_tag_name(t->r, t->proc, tag, t->buf, sizeof t->buf);
 }
 
-int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err,
-                      size_t errlen)
+int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
 {
     *out = NULL;
     int pid;

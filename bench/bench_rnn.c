@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/machine.h"
 #include "memtrace/alloc.h"
@@ -287,7 +288,11 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
     mt_rnn_t *m = module(a, &s, NULL);
     if (!m)
         fail("module", MT_EINVAL);
-    printf("\ngoals (engine GEMM: %s = %s)\n", mt_rnn_gemm_name(m), mt_rnn_gemm_info(m));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    mt_rnn_set_gemm_threads(m, (int)cores);
+    printf("\ngoals (engine GEMM: %s = %s; %ld threads for the packed, padded and PyTorch rows, "
+           "1 and 2 below)\n",
+           mt_rnn_gemm_name(m), mt_rnn_gemm_info(m), cores);
     printf("%-44s | %-32s | %-22s | %s\n", "row", "figure", "goal", "verdict");
     size_t full = (size_t)s.T * s.B;
     float *x = buf(a, full * s.in, MT_TAG_BATCH, 1), *y = buf(a, full * s.H, MT_TAG_BATCH, 0);

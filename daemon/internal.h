@@ -199,8 +199,8 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
-    mt_d_recent_t *recent; /* per process: its last events (snapshot.c) */
-    char oom_dir[512];     /* where OOM snapshots go; "" = off */
+    mt_d_recent_t *recent;  /* per process: its last events (snapshot.c) */
+    char oom_dir[512];      /* where OOM snapshots go; "" = off */
     struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
 
@@ -239,6 +239,10 @@ void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const ch
 /* metrics.c */
 int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *out);
 json_t *mt__d_state_json(mt_d_t *d);
+/* The newest registration of its pid? (Older ones are shadowed in /metrics.) */
+bool mt__d_proc_newest(const mt_d_proc_t *p);
+/* Appends s as a Prometheus label value (backslash, quote, line feed escaped). */
+int mt__d_label_value(mt_d_buf_t *o, const char *s);
 /* metrics_info.c: process_info, per-device and per-pool families, appended to out. */
 int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
 

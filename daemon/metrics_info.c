@@ -12,29 +12,6 @@
 #include "analysis/model.h"
 #include "daemon/internal.h"
 
-static bool newest_reg(const mt_d_proc_t *p)
-{
-    for (const mt_d_proc_t *q = p->next; q; q = q->next)
-        if (q->pid == p->pid)
-            return false;
-    return true;
-}
-
-/* A label value escaped as the text format wants it. */
-static int put_label(mt_d_buf_t *o, const char *s)
-{
-    int rc = 0;
-    for (; *s && !rc; s++) {
-        if (*s == '\\' || *s == '"')
-            rc = mt__d_buf_printf(o, "\\%c", *s);
-        else if (*s == '\n')
-            rc = mt__d_buf_append(o, "\\n", 2);
-        else
-            rc = mt__d_buf_append(o, s, 1);
-    }
-    return rc;
-}
-
 static int head(mt_d_buf_t *o, const char *name, const char *help)
 {
     return mt__d_buf_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", name, help, name);
@@ -45,12 +22,12 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
     int rc = head(o, "memtrace_process_info",
                   "Always 1: the process's name, state and backend as labels, to join on pid.");
     for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
-        if (!newest_reg(p))
+        if (!mt__d_proc_newest(p))
             continue;
         rc |= mt__d_buf_printf(o, "memtrace_process_info{pid=\"%d\",name=\"", p->pid);
-        rc |= put_label(o, p->name);
+        rc |= mt__d_label_value(o, p->name);
         rc |= mt__d_buf_printf(o, "\",state=\"%s\",backend=\"", p->exited ? "exited" : "running");
-        rc |= put_label(o, p->backend);
+        rc |= mt__d_label_value(o, p->backend);
         rc |= mt__d_buf_append(o, "\"} 1\n", 5);
     }
     static const char *const dev_fam[2][2] = {
@@ -61,7 +38,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
     for (int f = 0; f < 2 && !rc; f++) {
         rc |= head(o, dev_fam[f][0], dev_fam[f][1]);
         for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
-            if (!newest_reg(p))
+            if (!mt__d_proc_newest(p))
                 continue;
             for (unsigned dev = 0; dev < 256 && !rc; dev++) {
                 uint64_t a, r;
@@ -77,7 +54,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
                "Bytes of live blocks, by process and pool (small, large, host).");
     static const int pools[] = {MT_POOL_SMALL, MT_POOL_LARGE, MT_POOL_HOST};
     for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
-        if (!newest_reg(p))
+        if (!mt__d_proc_newest(p))
             continue;
         for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
             rc |= mt__d_buf_printf(

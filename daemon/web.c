@@ -2,6 +2,8 @@
  * http.c's dispatcher calls mt__d_web_route after its own checks; every answer goes
  * through mt__d_http_respond (same headers, no CORS header: the page is same-origin). */
 #include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,13 +40,26 @@ static bool qget(const char *query, const char *key, char *out, size_t n)
     return false;
 }
 
+/* Whether the query has key (with any value). */
+static bool qhas(const char *query, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *p = query; p && *p;) {
+        if (strncmp(p, key, kl) == 0 && p[kl] == '=')
+            return true;
+        p = strchr(p, '&');
+        p = p ? p + 1 : NULL;
+    }
+    return false;
+}
+
 static bool qnum(const char *query, const char *key, double *out)
 {
     char v[64], *end;
     if (!query || !qget(query, key, v, sizeof v) || !v[0])
         return false;
     double x = strtod(v, &end);
-    if (*end)
+    if (*end || !isfinite(x))
         return false;
     *out = x;
     return true;
@@ -55,11 +70,37 @@ static bool qu64(const char *query, const char *key, uint64_t *out)
     char v[64], *end;
     if (!query || !qget(query, key, v, sizeof v) || !v[0])
         return false;
+    if (v[0] == '-' || v[0] == '+' || v[0] == ' ')
+        return false; /* strtoull would wrap a minus sign */
     unsigned long long x = strtoull(v, &end, 0);
     if (*end)
         return false;
     *out = x;
     return true;
+}
+
+/* The first parameter present but malformed (not a finite number, or not an unsigned
+ * integer for pid, seq and addr), or NULL. */
+static const char *bad_param(const char *query)
+{
+    static const char *const nums[] = {"from", "to", "buckets", "span", "n", "t"};
+    static const char *const ints[] = {"pid", "seq", "addr"};
+    double x;
+    uint64_t u;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        if (qhas(query, nums[i]) && !qnum(query, nums[i], &x))
+            return nums[i];
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (qhas(query, ints[i]) && !qu64(query, ints[i], &u))
+            return ints[i];
+    return NULL;
+}
+
+/* Epoch seconds on t's clock as monotonic ns, clamped to [0, UINT64_MAX]. */
+static uint64_t mono_of(const mt_d_web_proc_t *t, double epoch_s)
+{
+    double ns = epoch_s * 1e9 - (double)t->off_ns;
+    return ns <= 0 ? 0 : ns >= 1.8e19 ? UINT64_MAX : (uint64_t)ns;
 }
 
 static uint64_t mono_now(void)
@@ -247,9 +288,8 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     uint64_t now = proc_now(p, t);
     uint64_t first = t->ncoarse ? t->coarse[0].t0 : now;
     double from_s, to_s, nbd = 300;
-    uint64_t from =
-        qnum(query, "from", &from_s) ? (uint64_t)(from_s * 1e9 - (double)t->off_ns) : first;
-    uint64_t to = qnum(query, "to", &to_s) ? (uint64_t)(to_s * 1e9 - (double)t->off_ns) : now + 1;
+    uint64_t from = qnum(query, "from", &from_s) ? mono_of(t, from_s) : first;
+    uint64_t to = qnum(query, "to", &to_s) ? mono_of(t, to_s) : now + 1;
     qnum(query, "buckets", &nbd);
     if (from < first)
         from = first; /* nothing before the process's first event */
@@ -499,7 +539,7 @@ static bool past_upto(const mt_d_web_proc_t *t, const char *query, size_t *upto)
         return true;
     }
     if (qnum(query, "t", &ts)) {
-        *upto = window_upto(t, true, (uint64_t)(ts * 1e9 - (double)t->off_ns));
+        *upto = window_upto(t, true, mono_of(t, ts));
         return true;
     }
     return false;
@@ -637,6 +677,13 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
                   {"/tail", serve_tail}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
+            const char *badp = query ? bad_param(query) : NULL;
+            if (badp) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "%s: not a valid number\n", badp);
+                bad(c, 400, msg);
+                return true;
+            }
             routes[i].fn(c, query, head);
             return true;
         }

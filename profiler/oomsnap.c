@@ -396,16 +396,6 @@ static void segments(snapw_t *o, seg_t *segs, size_t nsegs, const blk_t *blks, s
 
 static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
 {
-    static const char *const action[MT_EV_KIND_COUNT] = {
-        [MT_EV_ALLOC] = "alloc",
-        [MT_EV_FREE_REQUESTED] = "free_requested",
-        [MT_EV_FREE_COMPLETED] = "free_completed",
-        [MT_EV_SEGMENT_ALLOC] = "segment_alloc",
-        [MT_EV_SEGMENT_FREE] = "segment_free",
-        [MT_EV_SEGMENT_MAP] = "segment_map",
-        [MT_EV_SEGMENT_UNMAP] = "segment_unmap",
-        [MT_EV_OOM] = "oom",
-    };
     mt_pkw_str(&o->w, "device_traces");
     mt_pkw_list_begin(&o->w);
     for (unsigned d = 0; d < ndev; d++) {
@@ -413,13 +403,14 @@ static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
         for (size_t i = 0; i < s->n; i++) {
             const mt_event_rec_t *ev =
                 &s->recent[(s->head + OOMSNAP_RECENT - s->n + i) % OOMSNAP_RECENT];
-            if (ev->device != d || ev->pool == MT_POOL_HOST || ev->kind >= MT_EV_KIND_COUNT ||
-                action[ev->kind] == NULL)
+            /* memtrace's kind names are PyTorch's actions, from alloc to oom. */
+            if (ev->device != d || ev->pool == MT_POOL_HOST || ev->kind < MT_EV_ALLOC ||
+                ev->kind > MT_EV_OOM)
                 continue;
             bool blockish = ev->kind <= MT_EV_FREE_COMPLETED;
             mt_pkw_dict_begin(&o->w);
             mt_pkw_str(&o->w, "action");
-            mt_pkw_str(&o->w, action[ev->kind]);
+            mt_pkw_str(&o->w, mt_event_kind_name(ev->kind));
             if (ev->kind == MT_EV_OOM) {
                 kv_int(&o->w, "device_free", (int64_t)ev->size);
                 kv_int(&o->w, "size", (int64_t)ev->requested);

@@ -226,7 +226,7 @@ MT_API int mt_rnn_dropout_mask(const mt_rnn_t *m, uint64_t seed, uint64_t counte
 MT_API void mt_rnn_destroy(mt_rnn_t **p);
 
 MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
-/* "cpu" (CBLAS, sim backend) or "cudnn". Static string. */
+/* "cpu" (sim backend; GEMMs on CBLAS, BLIS or oneDNN) or "cudnn". Static string. */
 MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
 /* cpu path: the GEMM library in use ("cblas", "blis", "dnnl"; "cudnn" on that path) and a
  * line naming its version and kernel. Static strings. */
