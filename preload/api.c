@@ -11,6 +11,7 @@
 
 #include "preload/api.h"
 #include "preload/preload.h"
+#include "util/assert.h"
 
 /* ---- the calling thread's tag ----
  * Invariant: 0 <= tls_depth <= MEMTRACE_TAG_DEPTH; tls_tag is the current tag, and
@@ -82,6 +83,7 @@ MT_HOOK int memtrace_tag_register(const char *name)
         snprintf(P->tag_names[id], sizeof P->tag_names[id], "%s", name);
         rc = mt__preload_register_tag(P, id, -1);
         if (rc == 0) {
+            mt_assert(memtrace_tag_lookup(name) == MT_ENOENT); /* ids stay one per name */
             atomic_store(&P->ntags_user, n + 1);
             rc = id;
         } else {
@@ -121,6 +123,7 @@ MT_HOOK int memtrace_tag_push(int id)
         return MT_EOVERFLOW;
     tls_stack[tls_depth++] = (uint8_t)tls_tag;
     tls_tag = id;
+    mt_assert(tls_depth > 0 && tls_depth <= MEMTRACE_TAG_DEPTH);
     return 0;
 }
 
@@ -129,6 +132,7 @@ MT_HOOK int memtrace_tag_pop(void)
     if (tls_depth == 0)
         return MT_EINVAL;
     tls_tag = tls_stack[--tls_depth];
+    mt_assert(tls_depth >= 0 && tls_tag >= 0 && tls_tag < MT_TAG_MAX);
     return 0;
 }
 
@@ -171,7 +175,7 @@ MT_HOOK int memtrace_mark_named(const char *name)
     mt_event_rec_t ev = {0};
     mt_event_mark_name_pack(&ev, name);
     mt__guard_enter();
-    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, tls_tag);
+    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, MT_TAG_OTHER); /* lines carry none */
     mt__guard_leave();
     return 0;
 }

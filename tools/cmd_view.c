@@ -114,10 +114,21 @@ int mt_cmd_view(int argc, char **argv)
         }
     }
     if (status == 0) {
+        /* Where the daemon requires a token on its routes, it keeps it in SOCKET.token
+         * (0600, in our private directory): the address to open carries it. */
+        char tok[80] = "", tpath[sizeof sock + 8];
+        snprintf(tpath, sizeof tpath, "%s.token", sock);
+        FILE *tf = fopen(tpath, "r");
+        if (tf) {
+            if (!fgets(tok, sizeof tok, tf))
+                tok[0] = '\0';
+            tok[strcspn(tok, "\r\n")] = '\0';
+            fclose(tf);
+        }
         fprintf(stderr,
-                "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/ "
+                "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/%s%s "
                 "(Ctrl-C stops)\n",
-                events, argc - optind, mt_d_http_port(d));
+                events, argc - optind, mt_d_http_port(d), tok[0] ? "?token=" : "", tok);
         rc = mt_d_run(d);
         status = rc ? 1 : bad_total ? 2 : 0;
     }

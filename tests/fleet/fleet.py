@@ -40,8 +40,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+tokens = {}  # port -> the daemon's HTTP token, where it requires one (SOCKET.token)
+
+
 def get(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
+    req = urllib.request.Request(url)
+    tok = tokens.get(urllib.parse.urlparse(url).port)
+    if tok:
+        req.add_header("Authorization", "Bearer " + tok)
+    with urllib.request.urlopen(req, timeout=5) as r:
         return r.read().decode()
 
 
@@ -71,14 +78,22 @@ try:
     if out.returncode != 0:
         fail("promtool check rules: " + out.stdout + out.stderr)
 
+    # Prometheus scrapes /metrics without the daemon's token where the daemon has one.
+    helptext = subprocess.run([memtraced, "--help"], capture_output=True, text=True).stdout
+    metrics_open = ["--metrics-open"] if "--metrics-open" in helptext else []
+
     # Three nodes: a daemon each, 2, 1 and 1 producers (churn 1 s, then hold their blocks).
     nodes = []
     for i, nprod in enumerate((2, 1, 1)):
         port = free_port()
         sock = os.path.join(tmp, "node%d.sock" % i)
         d = subprocess.Popen([memtraced, "--foreground", "--quiet", "--socket", sock,
-                              "--port", str(port)])
+                              "--port", str(port)] + metrics_open)
         procs.append(d)
+        wait_for("daemon %d's socket" % i, lambda: os.path.exists(sock))
+        if os.path.exists(sock + ".token"):
+            with open(sock + ".token") as f:
+                tokens[port] = f.read().strip()
         wait_for("daemon %d to answer" % i, lambda: get("http://127.0.0.1:%d/healthz" % port) == "ok\n")
         for _ in range(nprod):
             procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"]))

@@ -106,6 +106,18 @@ class TrainingLoopUnderRun(unittest.TestCase):
                     named += 1
         self.assertEqual((iters, named), (STEPS + 1, STEPS))
 
+    def test_log_and_snapshot_match_the_schema(self):
+        node = shutil.which("node")
+        if node is None:
+            self.skipTest("node is not installed")
+        root = os.path.dirname(os.path.dirname(HERE))
+        p = run([node, os.path.join(root, "tests", "prof", "validate.mjs"),
+                 os.path.join(root, "docs", "telemetry.schema.json"), self.log, self.snap],
+                check=False)
+        if p.returncode == 77:
+            self.skipTest("ajv missing: npm ci --prefix tests/prof")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
     def test_snapshot_blocks_carry_tags(self):
         with open(self.snap) as f:
             recs = [json.loads(line) for line in f]

@@ -59,13 +59,17 @@ try {
     d.stderr.on('data', (b) => { err += b; const m = err.match(/http:\/\/\S+/); if (m) resolve(m[0]); });
     setTimeout(() => reject(new Error('memtraced did not start: ' + err)), 10000);
   });
+  const tokFile = join(tmp, 'sock') + '.token';
+  const tok = existsSync(tokFile) ? readFileSync(tokFile, 'utf8').trim() : null;
+  const api = (path) => { const u = new URL(path, url); if (tok) u.searchParams.set('token', tok); return u; };
+  const pageUrl = api('/').toString();
   const runFor = 6 + 2 * MEASURE_S + 12;
   for (let i = 0; i < NPROC; i++)
     children.push(spawn(producer, [join(tmp, 'sock'), String(runFor), String(RATE / NPROC), '0'], { stdio: 'inherit' }));
   await sleep(4000);
-  const events0 = JSON.parse(await (await fetch(new URL('/state', url))).text()).daemon.events;
+  const events0 = JSON.parse(await (await fetch(api('/state'))).text()).daemon.events;
   const base = await cpuShare(d.pid, MEASURE_S);
-  const events1 = JSON.parse(await (await fetch(new URL('/state', url))).text()).daemon.events;
+  const events1 = JSON.parse(await (await fetch(api('/state'))).text()).daemon.events;
   const rate = (events1 - events0) / MEASURE_S;
 
   const browser = await chromium.launch({ executablePath: chromiumPath,
@@ -74,7 +78,7 @@ try {
   const pages = [];
   for (let i = 0; i < PAGES; i++) {
     const p = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-    await p.goto(url);
+    await p.goto(pageUrl);
     pages.push(p);
   }
   await sleep(3000);

@@ -8,7 +8,7 @@
 //   node page.mjs MEMTRACED WEB_PRODUCER BUILD_DIR
 // Exit 0 = pass, 1 = fail (the failed check is named), 77 = skipped (the reason is said).
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -56,11 +56,19 @@ function startDaemon(port) {
     d.stderr.on('data', (b) => {
       err += b.toString();
       const m = err.match(/http:\/\/\S+/);
-      if (m) resolve({ proc: d, url: m[0] });
+      if (m) resolve({ proc: d, url: withToken(m[0], join(tmp, 'sock')) });
     });
     d.on('exit', (code) => reject(new Error(`memtraced exited (${code}): ${err}`)));
     setTimeout(() => reject(new Error('memtraced did not say where it listens: ' + err)), 10000);
   });
+}
+
+// The daemon's address with its token (SOCKET.token, where the daemon requires one).
+function withToken(url, sock) {
+  const u = new URL(url);
+  if (!u.searchParams.get('token') && existsSync(sock + '.token'))
+    u.searchParams.set('token', readFileSync(sock + '.token', 'utf8').trim());
+  return u.toString();
 }
 
 async function getJSON(base, path) {

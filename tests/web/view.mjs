@@ -5,7 +5,7 @@
 //
 //   node view.mjs MEMTRACED MEMTRACE WEB_PRODUCER
 import { spawn } from 'node:child_process';
-import { appendFileSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -33,14 +33,22 @@ function serve(cmd, args) {
     p.stderr.on('data', (b) => {
       err += b.toString();
       const m = err.match(/http:\/\/\S+/);
-      if (m) resolve({ proc: p, url: m[0].replace(/\/$/, '') + '/', err: () => err });
+      if (!m) return;
+      const u = new URL(m[0]);
+      const sock = args.includes('--socket') ? args[args.indexOf('--socket') + 1] : null;
+      if (!u.searchParams.get('token') && sock && existsSync(sock + '.token'))
+        u.searchParams.set('token', readFileSync(sock + '.token', 'utf8').trim());
+      resolve({ proc: p, url: u.toString(), err: () => err });
     });
     p.on('exit', (code) => reject(new Error(`${cmd} exited (${code}): ${err}`)));
     setTimeout(() => reject(new Error(`${cmd} did not say where it listens: ${err}`)), 10000);
   });
 }
 const get = async (base, path) => {
-  const r = await fetch(new URL(path, base));
+  const u = new URL(path, base);
+  const tok = new URL(base).searchParams.get('token');
+  if (tok) u.searchParams.set('token', tok);
+  const r = await fetch(u);
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };
@@ -100,9 +108,11 @@ try {
   const open = await serve(memtraced, ['--foreground', '--socket', join(tmp, 'sock2'), '--port', '0', '--host', '0.0.0.0']);
   if (!/warning: HTTP on 0\.0\.0\.0 is reachable from other hosts: .*every process/.test(open.err()))
     fail('no warning for a non-local --host: ' + open.err());
-  const port = new URL(open.url).port;
   for (const path of ['/', '/app.js', '/state', '/spark', '/metrics']) {
-    const r = await fetch(`http://127.0.0.1:${port}${path}`, { headers: { Origin: 'http://evil.example' } });
+    const u = new URL(path, open.url);
+    const tok = new URL(open.url).searchParams.get('token');
+    if (tok) u.searchParams.set('token', tok);
+    const r = await fetch(u, { headers: { Origin: 'http://evil.example' } });
     if (r.headers.get('access-control-allow-origin') !== null) fail(`${path} answers with a CORS header`);
   }
   open.proc.kill('SIGTERM');
