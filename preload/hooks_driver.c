@@ -26,6 +26,9 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 
 static CUresult to_cu(int rc)
 {
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (drv != 0 && rc != MT_ENOMEM && rc != MT_EINVAL && rc != MT_ENOENT)
+        return (CUresult)drv; /* the driver's own code, not a flattened one */
     switch (rc) {
     case 0:
         return CUDA_SUCCESS;
@@ -403,6 +406,8 @@ MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 
 MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
 {
+    if (!mt__preload()->sim)
+        mt__preload_stream_forget(hStream); /* the driver may hand the handle out again */
     FORWARD(cuStreamDestroy_v2, hStream);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
