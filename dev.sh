@@ -11,7 +11,8 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
           libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev
-          libxml2-utils)
+          libxml2-utils
+          libblis-dev libdnnl-dev python3-torch)
 
 install_missing() {
     local missing=()
@@ -23,9 +24,23 @@ install_missing() {
     echo "dev.sh: installing missing packages: ${missing[*]}"
     local sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}" >/dev/null
+    # Quiet on success; on failure the whole output is shown, naming what failed.
+    local out
+    out=$(mktemp)
+    if ! $sudo apt-get update >"$out" 2>&1; then
+        cat "$out" >&2
+        echo "dev.sh: 'apt-get update' failed (output above)" >&2
+        rm -f "$out"
+        return 1
+    fi
+    if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends \
+        "${missing[@]}" >"$out" 2>&1; then
+        cat "$out" >&2
+        echo "dev.sh: 'apt-get install ${missing[*]}' failed (output above)" >&2
+        rm -f "$out"
+        return 1
+    fi
+    rm -f "$out"
 }
 
 # The telemetry schema test validates JSON with ajv (npm registry), pinned by the lock file.
@@ -35,7 +50,8 @@ install_test_tools() {
         install_missing
     fi
     if [ ! -d tests/prof/node_modules/ajv ]; then
-        npm ci --prefix tests/prof --no-audit --no-fund --silent
+        npm ci --prefix tests/prof --no-audit --no-fund --loglevel=error ||
+            { echo "dev.sh: 'npm ci --prefix tests/prof' failed" >&2; return 1; }
     fi
 }
 
@@ -93,8 +109,15 @@ test)
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
     summarise tests build-test
-    # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
-    build build-asan --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+    # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, with the
+    # expensive assertions (whole-structure checks) on; a tree set up before that option
+    # existed gets it too.
+    asan_opts=(--buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+               -Dassert_level=expensive)
+    if [ -f build-asan/build.ninja ] && ! grep -q 'MT_ASSERT_LEVEL 2' build-asan/mt_config.h; then
+        meson configure build-asan "${asan_opts[@]}"
+    fi
+    build build-asan "${asan_opts[@]}"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
     summarise sanitizers build-asan

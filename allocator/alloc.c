@@ -58,6 +58,7 @@ static void stats_due(mt_alloc_t *a, uint64_t t)
 void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
                          uint32_t sid, int pool, int tag, uint64_t t)
 {
+    mt__alloc_assert_owner(a); /* events leave in the order of the state changes */
     if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
         return;
     mt_event_rec_t ev;
@@ -92,12 +93,12 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
 {
     if (a == NULL || a->cfg.sink == NULL)
         return;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     if (kind == MT_EV_STATS) /* one meaning for its fields, whoever asks for it */
         emit_stats(a, mt__clock_now(&a->clk));
     else
         mt__alloc_emit(a, kind, addr, size, 0, 0, MT_POOL_NONE, tag);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
 }
 
 /* ---- rounding ---- */
@@ -126,6 +127,7 @@ size_t mt__alloc_round_size(size_t size, unsigned divisions)
 
 mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
 {
+    mt__alloc_assert_owner(a);
     if (a->last_sr != NULL && a->last_sr->stream == s)
         return a->last_sr;
     for (size_t i = 0; i < a->nstreams; i++) {
@@ -189,6 +191,7 @@ static void event_put(mt_alloc_t *a, mt_event_t *ev)
 
 static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
 {
+    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && a->npending <= a->cap_pending);
     if (a->npending == a->cap_pending) {
         size_t cap = a->cap_pending ? a->cap_pending * 2 : 16;
         mt_pending_t *np = realloc(a->pending, cap * sizeof *np);
@@ -203,6 +206,10 @@ static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
 
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
 {
+    mt__alloc_assert_owner(a);
+    /* Freed, and every event recorded at its free seen complete. */
+    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending == 0);
+    mt_assert(a->st.active_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
     mt_segment_t *seg = b->seg;
     uintptr_t addr = b->addr;
     size_t size = b->size;
@@ -231,9 +238,11 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
 
 void mt__alloc_process_events(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     size_t i = 0;
     while (i < a->npending) {
         mt_pending_t p = a->pending[i];
+        mt_assert(p.blk->state == MT_BLOCK_ACTIVE_PENDING_FREE && p.blk->npending > 0);
         int rc = mt_event_query(a->backend, p.ev);
         if (rc == MT_EAGAIN) {
             i++;
@@ -253,10 +262,12 @@ void mt__alloc_process_events(mt_alloc_t *a)
 
 void mt__alloc_sync_pending(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     a->st.num_sync_all_streams++;
     for (size_t i = 0; i < a->npending; i++)
         (void)mt_event_synchronize(a->backend, a->pending[i].ev);
     mt__alloc_process_events(a);
+    mt_assert(a->npending == 0);
 }
 
 /* ---- lifecycle ---- */
@@ -303,7 +314,9 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
     *out = a;
+    mt__alloc_lock(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
+    mt__alloc_unlock(a);
     return 0;
 
 fail_mutex:
@@ -319,7 +332,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     if (p == NULL || *p == NULL)
         return;
     mt_alloc_t *a = *p;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
     int64_t leaks = a->st.allocation[MT_STAT_ALL].current;
@@ -342,7 +355,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     free(a->wops);
     mt__addrmap_fini(&a->map);
     mt__blocks_fini(a);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock_raw(a); /* nothing left to check */
     pthread_mutex_destroy(&a->mu);
     free(a);
     *p = NULL;
@@ -389,11 +402,11 @@ static bool run_free_callbacks(mt_alloc_t *a, size_t size, mt_stream_t *stream)
     unsigned n = a->nfree_cbs;
     memcpy(cbs, a->free_cbs, n * sizeof cbs[0]);
     a->in_free_cbs = true;
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     bool freed = false;
     for (unsigned i = 0; i < n; i++)
         freed |= cbs[i].cb(cbs[i].ud, a, size, stream);
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     a->in_free_cbs = false;
     if (freed && a->npending > 0)
         mt__alloc_process_events(a);
@@ -404,11 +417,11 @@ int mt_alloc_add_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
 {
     if (a == NULL || cb == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = a->nfree_cbs < MT__FREE_CB_MAX ? 0 : MT_EBUSY;
     if (rc == 0)
         a->free_cbs[a->nfree_cbs++] = (mt__free_cb_t){cb, ud};
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -416,7 +429,7 @@ int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
 {
     if (a == NULL || cb == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = MT_ENOENT;
     for (unsigned i = 0; i < a->nfree_cbs; i++) {
         if (a->free_cbs[i].cb == cb && a->free_cbs[i].ud == ud) {
@@ -427,7 +440,7 @@ int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
             break;
         }
     }
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -435,6 +448,7 @@ int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud)
 static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, size_t rsize,
                          mt_block_t **out)
 {
+    mt__alloc_assert_owner(a);
     if (a->gc_limit > 0)
         mt__seg_gc(a);
     /* Small-pool segments (2 MiB) always fit a small request, so this is a large-pool
@@ -479,7 +493,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     *out = NULL;
     if (size == 0)
         return 0;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = 0;
     if (a->npending > 0)
         mt__alloc_process_events(a);
@@ -505,6 +519,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         if (rc != 0)
             goto out;
     }
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
     mt__seg_bin_out(a, b);
     if (mt__seg_should_split(a, b, rsize))
         mt__seg_split(a, b, rsize);
@@ -531,6 +546,9 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     mt__stat_add(a->st.active, sp, 1);
     mt__stat_add1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
     mt__stat_add1(&a->st.tag_requested_bytes[tag], (int64_t)size);
+    mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current <=
+                  a->st.active_bytes[MT_STAT_ALL].current &&
+              a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);
     seg->last_used = ++a->clock;
     if (a->warming) {
         if (a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
@@ -540,7 +558,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
     *out = (void *)b->addr;
 out:
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -552,15 +570,18 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         return MT_EINVAL;
     if (ptr == NULL)
         return 0;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = 0;
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
     if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
         rc = MT_ENOENT;
         goto out;
     }
+    mt_assert(b->addr == (uintptr_t)ptr && b->requested > 0 && b->requested <= b->size);
+    mt_assert(b->npending == 0);
     mt_segment_t *seg = b->seg;
     int sp = seg->pool;
+    mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
     mt__stat_add(a->st.allocated_bytes, sp, -(int64_t)b->size);
     mt__stat_add(a->st.requested_bytes, sp, -(int64_t)b->requested);
     mt__stat_add(a->st.allocation, sp, -1);
@@ -595,12 +616,13 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
             continue;
         }
         b->npending++;
+        mt_assert(a->npending >= b->npending);
     }
     b->nuses = 0;
     if (b->npending == 0)
         mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
 out:
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -608,7 +630,7 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
 {
     if (a == NULL || ptr == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = 0;
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
     if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
@@ -632,7 +654,7 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
     }
     b->uses[b->nuses++] = stream;
 out:
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -640,7 +662,7 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
 {
     if (a == NULL || ptr == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
     if (b == NULL) {
         /* An interior pointer: find its segment, then walk that segment's blocks. */
@@ -663,7 +685,7 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
         if (tag != NULL)
             *tag = b->tag;
     }
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -671,12 +693,12 @@ int mt_alloc_empty_cache(mt_alloc_t *a)
 {
     if (a == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
     size_t released = mt__seg_release_all(a, false, NULL, false);
     mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return 0;
 }
 
@@ -692,7 +714,7 @@ int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag)
             return 0;
         }
     }
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = MT_ENOMEM, free_id = -1;
     for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++) {
         if (a->tag_names[t][0] == '\0') {
@@ -717,7 +739,7 @@ int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag)
         mt__alloc_emit(a, MT_EV_TAG_LABEL, lab.addr, lab.size, lab.requested, 0, MT_POOL_NONE,
                        free_id);
     }
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 

@@ -9,6 +9,15 @@
 
 #include "allocator/internal.h"
 
+/* The bitmap bits of class c agree with its list (the binset invariant, for one class). */
+static inline bool class_bits_agree(const mt_binset_t *bs, unsigned c)
+{
+    unsigned r = c / MT__SL_N;
+    bool cls_bit = (bs->cls_map[r] >> (c % MT__SL_N)) & 1;
+    bool row_bit = (bs->row_map >> r) & 1;
+    return cls_bit == (bs->heads[c] != NULL) && row_bit == (bs->cls_map[r] != 0);
+}
+
 unsigned mt__bin_class(size_t size)
 {
     size_t u = size / MT__ALIGN;
@@ -43,6 +52,8 @@ mt_binset_t *mt__bins_create(int bp, mt_stream_t *s)
 
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 {
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
+    mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
     unsigned c = mt__bin_class(b->size);
     b->cls = (uint16_t)c;
     b->bin_prev = NULL;
@@ -54,11 +65,17 @@ void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
     bs->row_map |= 1ull << (c / MT__SL_N);
     bs->nblocks++;
     bs->bytes += b->size;
+    mt_assert(class_bits_agree(bs, c));
 }
 
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
 {
     unsigned c = b->cls;
+    /* b is on the list of its class: a double remove or a stale cls fails here. */
+    mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
+    mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);
+    mt_assert(b->bin_next == NULL || b->bin_next->bin_prev == b);
+    mt_assert(bs->nblocks > 0 && bs->bytes >= b->size);
     if (b->bin_prev != NULL)
         b->bin_prev->bin_next = b->bin_next;
     else
@@ -74,6 +91,8 @@ void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
     }
     bs->nblocks--;
     bs->bytes -= b->size;
+    mt_assert(class_bits_agree(bs, c));
+    mt_assert(bs->nblocks > 0 || (bs->row_map == 0 && bs->bytes == 0));
 }
 
 /* First non-empty class strictly above c, or MT__NCLASS. */
@@ -87,6 +106,7 @@ static unsigned next_class(const mt_binset_t *bs, unsigned c)
     if (rows == 0)
         return MT__NCLASS;
     r = (unsigned)__builtin_ctzll(rows);
+    mt_assert(bs->cls_map[r] != 0);
     return r * MT__SL_N + (unsigned)__builtin_ctz(bs->cls_map[r]);
 }
 

@@ -132,8 +132,10 @@ int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t 
         return 0;
     mt_alloc_cfg_t c = *cfg;
     char *copy = strdup(conf);
-    if (copy == NULL)
+    if (copy == NULL) {
+        seterr(err, errlen, "%s%s", "out of memory", "");
         return MT_ENOMEM;
+    }
     int rc = 0;
     char *save = NULL;
     for (char *item = strtok_r(copy, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {

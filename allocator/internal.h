@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "memtrace/alloc.h"
+#include "util/assert.h"
 #include "util/clock.h"
 
 /* ---- policy constants (the reference allocator's values) ---- */
@@ -178,6 +179,12 @@ typedef struct mt__free_cb_s {
 
 struct mt_alloc_s {
     pthread_mutex_t mu;
+#if MT_ASSERT_LEVEL >= 1
+    uintptr_t owner; /* mt__thread_id() of the thread holding mu, 0 = none (debug builds) */
+#endif
+#if MT_ASSERT_LEVEL >= 2
+    uint64_t check_credit; /* steps of whole checks earned by operations (expensive level) */
+#endif
     mt_alloc_cfg_t cfg;    /* copy; sink and backend borrowed */
     mt_backend_t *backend; /* borrowed */
     int device;            /* backend device ordinal */
@@ -228,6 +235,57 @@ struct mt_alloc_s {
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[1024];
 };
+
+/* ---- the lock ----
+ * mt__alloc_lock/unlock wrap mu. Debug builds record the holder, so that functions that
+ * need the lock assert it (mt__alloc_assert_owner, after jemalloc's
+ * malloc_mutex_assert_owner). With expensive assertions, the unlock that ends a public
+ * operation checks the whole allocator, amortized: each operation earns
+ * MT__CHECK_STEPS steps and the walk runs once the credit covers its cost, so a small
+ * allocator is checked after every operation or few, and a large one stays within a
+ * constant factor of its speed (tests with 100 k operations stay fast). Release builds:
+ * the bare mutex. */
+#define MT__CHECK_STEPS 256
+/* Runs mt__alloc_is_valid when the credit allows and aborts on a violation. */
+void mt__alloc_check_amortized(mt_alloc_t *a);
+#if MT_ASSERT_LEVEL >= 1
+/* True when the calling thread holds a->mu. */
+static inline bool mt__alloc_held(const mt_alloc_t *a)
+{
+    return __atomic_load_n(&a->owner, __ATOMIC_RELAXED) == mt__thread_id();
+}
+/* A macro, so that a failure names the caller's file, line and function. */
+#define mt__alloc_assert_owner(a) mt_assert(mt__alloc_held(a))
+#else
+#define mt__alloc_assert_owner(a) ((void)(a))
+#endif
+/* Every invariant of the allocator (the struct comments), lock held; a static description
+ * of the first violation, or NULL. Allocates nothing. */
+const char *mt__alloc_is_valid(mt_alloc_t *a);
+static inline void mt__alloc_lock(mt_alloc_t *a)
+{
+    pthread_mutex_lock(&a->mu);
+#if MT_ASSERT_LEVEL >= 1
+    mt_assert(__atomic_load_n(&a->owner, __ATOMIC_RELAXED) == 0);
+    __atomic_store_n(&a->owner, mt__thread_id(), __ATOMIC_RELAXED);
+#endif
+}
+/* Releases the lock without the whole check (destroy, and the checker itself). */
+static inline void mt__alloc_unlock_raw(mt_alloc_t *a)
+{
+#if MT_ASSERT_LEVEL >= 1
+    mt__alloc_assert_owner(a);
+    __atomic_store_n(&a->owner, 0, __ATOMIC_RELAXED);
+#endif
+    pthread_mutex_unlock(&a->mu);
+}
+static inline void mt__alloc_unlock(mt_alloc_t *a)
+{
+#if MT_ASSERT_LEVEL >= 2
+    mt__alloc_check_amortized(a);
+#endif
+    mt__alloc_unlock_raw(a);
+}
 
 /* ---- alloc.c ---- */
 /* Sends one event to the sink, stamped t (0 = now). A free's free_requested and

@@ -33,6 +33,7 @@ static int grow_blocks(mt_alloc_t *a)
 
 mt_block_t *mt__block_new(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     if (a->blk_free == NULL && grow_blocks(a) != 0)
         return NULL;
     mt_block_t *b = a->blk_free;
@@ -43,6 +44,9 @@ mt_block_t *mt__block_new(mt_alloc_t *a)
 
 void mt__block_release(mt_alloc_t *a, mt_block_t *b)
 {
+    mt__alloc_assert_owner(a);
+    /* A struct going back to the pool is in no free list and no address map. */
+    mt_assert(mt__addrmap_get(&a->map, b->addr) != b);
     free(b->uses);
     b->uses = NULL;
     b->bin_next = a->blk_free;
@@ -108,6 +112,7 @@ static int rehash(mt_addrmap_t *m, size_t cap)
         free(vals);
         return MT_ENOMEM;
     }
+    mt_assert(cap > m->cap && (cap & (cap - 1)) == 0);
     for (size_t i = 0; i < m->cap; i++)
         if (m->keys[i] != 0)
             raw_put(keys, vals, cap, m->keys[i], m->vals[i]);
@@ -121,6 +126,7 @@ static int rehash(mt_addrmap_t *m, size_t cap)
 
 int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
 {
+    mt_assert(b->addr != 0 && b->addr % MT__ALIGN == 0 && b->state != MT_BLOCK_INACTIVE);
     if ((m->n + 1) * 2 > m->cap) {
         int rc = rehash(m, m->cap * 2);
         if (rc != 0)
@@ -129,6 +135,8 @@ int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
     size_t i = slot_of(b->addr, m->cap);
     while (m->keys[i] != 0) {
         if (m->keys[i] == b->addr) {
+            /* Two live blocks never share an address: only b itself may be put again. */
+            mt_assert(m->vals[i] == b);
             m->vals[i] = b;
             return 0;
         }
@@ -137,6 +145,7 @@ int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
     m->keys[i] = b->addr;
     m->vals[i] = b;
     m->n++;
+    mt_assert(m->n * 2 <= m->cap);
     return 0;
 }
 
@@ -144,6 +153,7 @@ mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
 {
     if (addr == 0)
         return NULL;
+    mt_assert(m->n < m->cap); /* an empty slot ends every probe */
     size_t i = slot_of(addr, m->cap);
     while (m->keys[i] != 0) {
         if (m->keys[i] == addr)
@@ -158,7 +168,10 @@ void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
 {
     size_t mask = m->cap - 1;
     size_t i = slot_of(addr, m->cap);
+    mt_assert(addr != 0 && m->n > 0);
     while (m->keys[i] != addr) {
+        /* Only active blocks are deleted, and each is in the map. */
+        mt_assert(m->keys[i] != 0);
         if (m->keys[i] == 0)
             return;
         i = (i + 1) & mask;
@@ -180,4 +193,5 @@ void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
     m->keys[i] = 0;
     m->vals[i] = NULL;
     m->n--;
+    mt_assert(mt__addrmap_get(m, addr) == NULL);
 }

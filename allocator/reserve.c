@@ -30,6 +30,7 @@
 
 static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
 {
+    mt__alloc_assert_owner(a);
     size_t size = (bytes + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
     mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
     if (sr == NULL)
@@ -79,11 +80,11 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         return 0;
     if (bytes > ((size_t)1 << 60))
         return MT_ENOMEM;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     if (a->npending > 0)
         mt__alloc_process_events(a);
     int rc = reserve_locked(a, bytes, stream);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }
 
@@ -91,13 +92,13 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
 {
     if (a == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     a->warming = true;
     a->gen++;
     a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
     a->nwops = 0;
     a->wops_failed = false;
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return 0;
 }
 
@@ -122,12 +123,16 @@ static void wop_push(mt_alloc_t *a, size_t rsize, uint32_t of)
 
 void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(a->warming && b->state == MT_BLOCK_ACTIVE_ALLOCATED);
     b->wid = (uint32_t)a->nwops;
     wop_push(a, rsize, 0);
 }
 
 void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(a->warming && (a->wops_failed || b->wid < a->nwops));
     wop_push(a, 0, b->wid);
 }
 
@@ -326,6 +331,7 @@ static int plan_search(plan_t *p, const mt_alloc_t *a, mt_segment_t *const *cand
  * stays the same. */
 static int seg_make_reserved(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *seg)
 {
+    mt_assert(seg->pool == MT__BP_LARGE && !seg->expandable && seg->stream == sr->stream);
     mt_binset_t *rb = mt__alloc_binset(a, sr, MT__BP_RESERVED);
     if (rb == NULL)
         return MT_ENOMEM;
@@ -415,7 +421,7 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
 {
     if (a == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = 0;
     if (!a->warming) {
         rc = MT_EINVAL;
@@ -438,6 +444,6 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
     rc = transient > 0 ? reserve_locked(a, transient + transient / WARMUP_SLACK_DIV, stream) : 0;
 out:
     a->nwops = 0;
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return rc;
 }

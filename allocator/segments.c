@@ -37,6 +37,10 @@ static void seg_link(mt_alloc_t *a, mt_segment_t *seg)
         prev = cur;
         cur = cur->next;
     }
+    /* Backend ranges never overlap: the list stays address-ordered and disjoint. */
+    mt_assert(seg->vsize >= seg->size && seg->vsize > 0);
+    mt_assert(prev == NULL || prev->addr + prev->vsize <= seg->addr);
+    mt_assert(cur == NULL || seg->addr + seg->vsize <= cur->addr);
     seg->prev = prev;
     seg->next = cur;
     if (prev != NULL)
@@ -50,6 +54,7 @@ static void seg_link(mt_alloc_t *a, mt_segment_t *seg)
 
 static void seg_unlink(mt_alloc_t *a, mt_segment_t *seg)
 {
+    mt_assert(a->nsegs > 0 && (seg->prev != NULL ? seg->prev->next == seg : a->segs == seg));
     if (seg->prev != NULL)
         seg->prev->next = seg->next;
     else
@@ -76,6 +81,11 @@ bool mt__seg_is_whole_free(const mt_segment_t *seg)
 
 void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(!b->split_counted && b->npending == 0);
+    /* Free neighbours were merged first (the previous one may be a block being split,
+     * still inactive until it is handed out). */
+    mt_assert(b->next == NULL || b->next->state != MT_BLOCK_INACTIVE);
     mt__bins_insert(b->seg->bins, b);
     if (b->prev != NULL || b->next != NULL) {
         b->split_counted = true;
@@ -86,6 +96,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
 
 void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
     mt__bins_remove(b->seg->bins, b);
     if (b->split_counted) {
         b->split_counted = false;
@@ -98,6 +110,7 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 
 bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 {
+    mt_assert(size <= b->size);
     size_t remaining = b->size - size;
     const mt_segment_t *seg = b->seg;
     /* Small blocks, warm-up reservations and expandable segments split down to the
@@ -109,6 +122,9 @@ bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
 {
+    /* b was just taken out of the bins and is not yet handed out. */
+    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted);
+    mt_assert(size % MT__ALIGN == 0 && size > 0 && size < b->size);
     mt_block_t *r = mt__block_new(a);
     if (r == NULL)
         return; /* no host memory for metadata: hand the block out whole */
@@ -125,11 +141,15 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
         seg->last = r;
     b->next = r;
     b->size = size;
+    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
+    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
     mt__seg_bin_in(a, r);
 }
 
 mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted);
     mt_segment_t *seg = b->seg;
     mt_block_t *p = b->prev;
     if (p != NULL && p->state == MT_BLOCK_INACTIVE) {
@@ -154,6 +174,13 @@ mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
             seg->last = b;
         mt__block_release(a, n);
     }
+    /* Contiguous with its neighbours, and none of them free. */
+    mt_assert(b->prev == NULL ? seg->first == b
+                              : b->prev->state != MT_BLOCK_INACTIVE &&
+                                    b->prev->addr + b->prev->size == b->addr);
+    mt_assert(b->next == NULL
+                  ? seg->last == b && b->addr + b->size == seg->addr + seg->size
+                  : b->next->state != MT_BLOCK_INACTIVE && b->next->addr == b->addr + b->size);
     return b;
 }
 
@@ -167,6 +194,8 @@ static bool within_limit(const mt_alloc_t *a, size_t more)
 
 int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segment_t **out)
 {
+    mt__alloc_assert_owner(a);
+    mt_assert(size > 0 && size % MT__ALIGN == 0);
     mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
     if (bins == NULL)
         return MT_ENOMEM;
@@ -278,6 +307,7 @@ static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_
     if (seg->size == 0)
         mt__stat_add(a->st.segment, bp, 1);
     seg->size += map;
+    mt_assert(seg->size <= seg->vsize && seg->size % page == 0);
     seg->last_used = ++a->clock;
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)map);
     a->st.num_device_alloc += map / page;
@@ -335,6 +365,7 @@ static size_t exp_trim(mt_alloc_t *a, mt_segment_t *seg)
         a->st.num_device_free++;
     }
     keep = end;
+    mt_assert(keep % page == 0 && keep <= seg->size && last->addr <= seg->addr + keep);
     size_t released = seg->size - keep;
     if (released == 0)
         return 0;
@@ -370,6 +401,7 @@ static bool exp_trimmable(const mt_segment_t *seg)
 
 int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
 {
+    mt__alloc_assert_owner(a);
     if (a->cfg.expandable_segments) {
         int rc = exp_grow(a, sr, bp, rsize, out);
         if (rc != MT_ENOTSUP)
@@ -387,6 +419,7 @@ int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
 
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
 {
+    mt__alloc_assert_owner(a);
     if (seg->expandable)
         return exp_trim(a, seg);
     if (!mt__seg_is_whole_free(seg))
@@ -399,6 +432,7 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
         mt__alloc_log(a, MT_LOG_WARN, "memtrace: backend free of a segment failed: %s",
                       mt_strerror(rc));
     size_t size = seg->size;
+    mt_assert(a->st.reserved_bytes[MT_STAT_ALL].current >= (int64_t)size);
     mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)size);
     mt__stat_add(a->st.segment, seg->pool, -1);
     a->st.num_device_free++;
@@ -448,6 +482,7 @@ static bool pick_gc(const mt_segment_t *s, const void *arg)
 
 void mt__seg_gc(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
         return;
     size_t n;
@@ -516,6 +551,7 @@ size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsiz
 
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *stream, bool only)
 {
+    mt__alloc_assert_owner(a);
     size_t released = 0;
     mt_segment_t *next;
     for (mt_segment_t *s = a->segs; s != NULL; s = next) {

@@ -23,6 +23,7 @@ static size_t largest_free(const mt_alloc_t *a)
 
 void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
 {
+    mt__alloc_assert_owner(a);
     *out = a->st;
     int64_t reserved = a->st.reserved_bytes[MT_STAT_ALL].current;
     int64_t allocated = a->st.allocated_bytes[MT_STAT_ALL].current;
@@ -40,9 +41,9 @@ int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
 {
     if (a == NULL || out == NULL)
         return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     mt__alloc_compute_stats(a, out);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     return 0;
 }
 
@@ -56,7 +57,7 @@ void mt_alloc_reset_peak(mt_alloc_t *a)
 {
     if (a == NULL)
         return;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     mt_alloc_stats_t *s = &a->st;
     reset_peaks(s->allocated_bytes, MT_STAT_N);
     reset_peaks(s->reserved_bytes, MT_STAT_N);
@@ -69,7 +70,7 @@ void mt_alloc_reset_peak(mt_alloc_t *a)
     reset_peaks(s->inactive_split, MT_STAT_N);
     reset_peaks(s->tag_allocated_bytes, MT_TAG_MAX);
     reset_peaks(s->tag_requested_bytes, MT_TAG_MAX);
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
 }
 
 const char *mt_alloc_last_error(mt_alloc_t *a)
@@ -94,6 +95,7 @@ static const char *human(size_t v, char *buf, size_t n)
 
 void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why)
 {
+    mt__alloc_assert_owner(a);
     size_t free_b = 0, total_b = 0;
     (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
     size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
@@ -127,7 +129,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
     mt_alloc_snapshot_t *snap = calloc(1, sizeof *snap);
     if (snap == NULL)
         return MT_ENOMEM;
-    pthread_mutex_lock(&a->mu);
+    mt__alloc_lock(a);
     int rc = 0;
     snap->segments = calloc(a->nsegs ? a->nsegs : 1, sizeof *snap->segments);
     if (snap->segments == NULL) {
@@ -161,7 +163,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
     }
     mt__alloc_compute_stats(a, &snap->stats);
 out:
-    pthread_mutex_unlock(&a->mu);
+    mt__alloc_unlock(a);
     if (rc != 0) {
         mt_alloc_snapshot_free(&snap);
         return rc;
@@ -199,12 +201,6 @@ static void add2(int64_t *arr, int bp, int64_t d)
     arr[MT_STAT_ALL] += d;
     arr[mt__stat_pool(bp)] += d;
 }
-
-#define FAIL(msg)                                                                                  \
-    do {                                                                                           \
-        why = (msg);                                                                               \
-        goto fail;                                                                                 \
-    } while (0)
 
 static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_block_t *b,
                                sums_t *s)
@@ -299,29 +295,21 @@ static const char *cmp_stat(const mt_stat_t *st, const int64_t *want, size_t n, 
     return NULL;
 }
 
-int mt_alloc_check(mt_alloc_t *a)
+const char *mt__alloc_is_valid(mt_alloc_t *a)
 {
-    if (a == NULL)
-        return MT_EINVAL;
-    pthread_mutex_lock(&a->mu);
     const char *why = NULL;
-    sums_t *s = calloc(1, sizeof *s);
-    if (s == NULL) {
-        pthread_mutex_unlock(&a->mu);
-        return MT_ENOMEM;
-    }
+    sums_t s = {0};
     size_t nsegs = 0;
     for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next) {
         nsegs++;
         if (seg->next != NULL &&
             (seg->next->prev != seg || seg->next->addr < seg->addr + seg->vsize))
-            FAIL("segments overlap or are not in address order");
-        why = check_segment(a, seg, s);
-        if (why != NULL)
-            goto fail;
+            return "segments overlap or are not in address order";
+        if ((why = check_segment(a, seg, &s)) != NULL)
+            return why;
     }
     if (nsegs != a->nsegs)
-        FAIL("segment count disagrees with the list");
+        return "segment count disagrees with the list";
     size_t binned = 0;
     for (size_t i = 0; i < a->nstreams; i++) {
         const mt_streamrec_t *sr = a->streams[i];
@@ -329,60 +317,81 @@ int mt_alloc_check(mt_alloc_t *a)
             if (sr->bins[bp] == NULL)
                 continue;
             size_t n = 0;
-            why = mt__bins_check(sr->bins[bp], &n);
-            if (why != NULL)
-                goto fail;
+            if ((why = mt__bins_check(sr->bins[bp], &n)) != NULL)
+                return why;
             binned += n;
         }
         for (int bp = 0; bp < 2; bp++) {
             const mt_segment_t *e = sr->expandable[bp];
             if (e != NULL && (!e->expandable || e->pool != bp || e->stream != sr->stream))
-                FAIL("stream's expandable segment record is wrong");
+                return "stream's expandable segment record is wrong";
         }
     }
-    if (binned != s->inactive)
-        FAIL("bins do not hold exactly the inactive blocks");
-    if (s->hashed != a->map.n)
-        FAIL("address map does not hold exactly the active blocks");
+    if (binned != s.inactive)
+        return "bins do not hold exactly the inactive blocks";
+    if (s.hashed != a->map.n)
+        return "address map does not hold exactly the active blocks";
     for (size_t i = 0, used = 0; i < a->map.cap; i++) {
         if (a->map.keys[i] == 0)
             continue;
         const mt_block_t *b = a->map.vals[i];
         if (b == NULL || b->addr != a->map.keys[i] || b->state == MT_BLOCK_INACTIVE)
-            FAIL("address map entry does not name an active block at its key");
+            return "address map entry does not name an active block at its key";
         if (mt__addrmap_get(&a->map, a->map.keys[i]) != b)
-            FAIL("address map entry unreachable by probing");
+            return "address map entry unreachable by probing";
         if (++used > a->map.cap / 2)
-            FAIL("address map above its load factor");
+            return "address map above its load factor";
     }
-    size_t pend = 0;
-    for (size_t i = 0; i < a->npending; i++) {
+    for (size_t i = 0; i < a->npending; i++)
         if (a->pending[i].blk->state != MT_BLOCK_ACTIVE_PENDING_FREE)
-            FAIL("pending event for a block that is not pending");
-        pend++;
-    }
-    if (pend != s->pending_events)
-        FAIL("pending events disagree with the blocks' counts");
+            return "pending event for a block that is not pending";
+    if (a->npending != s.pending_events)
+        return "pending events disagree with the blocks' counts";
     const mt_alloc_stats_t *st = &a->st;
-    if ((why = cmp_stat(st->reserved_bytes, s->reserved, MT_STAT_N, "reserved_bytes stat")) ||
-        (why = cmp_stat(st->segment, s->segments, MT_STAT_N, "segment stat")) ||
-        (why = cmp_stat(st->allocated_bytes, s->allocated, MT_STAT_N, "allocated_bytes stat")) ||
-        (why = cmp_stat(st->allocation, s->allocs, MT_STAT_N, "allocation stat")) ||
-        (why = cmp_stat(st->requested_bytes, s->requested, MT_STAT_N, "requested_bytes stat")) ||
-        (why = cmp_stat(st->active_bytes, s->active, MT_STAT_N, "active_bytes stat")) ||
-        (why = cmp_stat(st->active, s->nactive, MT_STAT_N, "active stat")) ||
-        (why = cmp_stat(st->inactive_split_bytes, s->split, MT_STAT_N, "inactive_split_bytes")) ||
-        (why = cmp_stat(st->inactive_split, s->nsplit, MT_STAT_N, "inactive_split stat")) ||
-        (why = cmp_stat(st->tag_allocated_bytes, s->tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
-        (why = cmp_stat(st->tag_requested_bytes, s->tag_req, MT_TAG_MAX, "tag_requested")))
-        goto fail;
-    free(s);
-    pthread_mutex_unlock(&a->mu);
-    return 0;
-fail:
-    snprintf(a->last_error, sizeof a->last_error, "allocator invariant violated: %s", why);
-    mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
-    free(s);
-    pthread_mutex_unlock(&a->mu);
-    return MT_EIO;
+    if ((why = cmp_stat(st->reserved_bytes, s.reserved, MT_STAT_N, "reserved_bytes stat")) ||
+        (why = cmp_stat(st->segment, s.segments, MT_STAT_N, "segment stat")) ||
+        (why = cmp_stat(st->allocated_bytes, s.allocated, MT_STAT_N, "allocated_bytes stat")) ||
+        (why = cmp_stat(st->allocation, s.allocs, MT_STAT_N, "allocation stat")) ||
+        (why = cmp_stat(st->requested_bytes, s.requested, MT_STAT_N, "requested_bytes stat")) ||
+        (why = cmp_stat(st->active_bytes, s.active, MT_STAT_N, "active_bytes stat")) ||
+        (why = cmp_stat(st->active, s.nactive, MT_STAT_N, "active stat")) ||
+        (why = cmp_stat(st->inactive_split_bytes, s.split, MT_STAT_N, "inactive_split_bytes")) ||
+        (why = cmp_stat(st->inactive_split, s.nsplit, MT_STAT_N, "inactive_split stat")) ||
+        (why = cmp_stat(st->tag_allocated_bytes, s.tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
+        (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")))
+        return why;
+    return NULL;
+}
+
+void mt__alloc_check_amortized(mt_alloc_t *a)
+{
+#if MT_ASSERT_LEVEL >= 2
+    size_t cost = a->nsegs + a->map.cap + a->map.n;
+    for (size_t i = 0; i < a->nstreams; i++)
+        for (int bp = 0; bp < MT__BP_N; bp++)
+            if (a->streams[i]->bins[bp] != NULL)
+                cost += MT__NCLASS + a->streams[i]->bins[bp]->nblocks;
+    a->check_credit += MT__CHECK_STEPS;
+    if (a->check_credit < cost)
+        return;
+    a->check_credit = 0;
+    mt_assert_valid(mt__alloc_is_valid(a));
+#else
+    (void)a;
+#endif
+}
+
+int mt_alloc_check(mt_alloc_t *a)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    mt__alloc_lock(a);
+    const char *why = mt__alloc_is_valid(a);
+    if (why != NULL) {
+        snprintf(a->last_error, sizeof a->last_error, "allocator invariant violated: %s", why);
+        mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
+    }
+    /* Raw: a violation is reported here, not turned into an abort. */
+    mt__alloc_unlock_raw(a);
+    return why != NULL ? MT_EIO : 0;
 }

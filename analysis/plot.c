@@ -65,7 +65,7 @@ typedef struct scan_s {
     uint64_t peak_alloc, peak_res;
     size_t map_index; /* the event after which the segment map is drawn */
     uint64_t map_res, map_alloc, map_t;
-    int64_t tag_peak[MT_TAG_MAX];
+    uint64_t tag_peak[MT_TAG_MAX];
     uint64_t host_peak_alloc, host_peak_res, host_events;
     uint64_t capacity;            /* from the device allocator's config event; 0 unknown */
     const mt_event_rec_t **marks; /* OOM events and iteration markers, in log order */
@@ -323,7 +323,7 @@ static mapstat_t map_stats(const mt__report_map_t *m)
     size_t b = 0;
     for (size_t i = 0; i < m->nsegs; i++) {
         uint64_t cur = m->segs[i].addr, end = cur + m->segs[i].size;
-        st.reserved += m->segs[i].size;
+        st.reserved = mt_model_sat_add(st.reserved, m->segs[i].size);
         while (b < m->nblocks && m->blocks[b].addr < m->segs[i].addr)
             b++;
         for (; b <= m->nblocks; b++) {
@@ -337,7 +337,8 @@ static mapstat_t map_stats(const mt__report_map_t *m)
             if (last)
                 break;
             const mt__report_block_t *k = &m->blocks[b];
-            *(k->pending ? &st.pending : &st.in_use) += k->size;
+            uint64_t *sum = k->pending ? &st.pending : &st.in_use;
+            *sum = mt_model_sat_add(*sum, k->size);
             cur = k->addr + k->size > cur ? k->addr + k->size : cur;
         }
     }
@@ -698,8 +699,11 @@ static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, con
                 x0, y + 24);
     } else {
         double bottom = map_draw(f, &m, &st, x0, l->tl.x1, y + 12);
-        double util = st.reserved ? (double)st.in_use / (double)st.reserved : 0;
-        double frag = st.free ? 1.0 - (double)st.largest_free / (double)st.free : 0;
+        /* The model's figures: one definition of each, as /state and the report give. */
+        st.free = m.total_free;
+        st.largest_free = m.largest_free;
+        double util = mt_model_utilization(st.in_use, st.reserved);
+        double frag = mt_model_fragmentation(st.largest_free, st.free);
         fprintf(f,
                 "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"12\" fill=\"#333\">"
                 "in use %s (utilization %.1f%%)",

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "analysis/model.h"
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
 #include "memtrace/alloc.h"
@@ -39,7 +40,8 @@ static void session_close(session_t *s)
 {
     if (s->a != NULL)
         mt_alloc_destroy(&s->a);
-    for (size_t i = 0; i < s->nstreams; i++)
+    /* streams is NULL when its allocation failed in session_open */
+    for (size_t i = 0; s->streams != NULL && i < s->nstreams; i++)
         if (s->streams[i] != NULL)
             mt_stream_destroy(s->b, &s->streams[i]);
     if (s->b != NULL)
@@ -207,8 +209,7 @@ static int run_once(const mt_trace_t *t, const mt_replay_cfg_t *cfg, bool sample
     out->ooms = ooms;
     out->peak_allocated = (uint64_t)st.allocated_bytes[MT_STAT_ALL].peak;
     out->peak_reserved = (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak;
-    out->utilization_at_peak =
-        out->peak_reserved ? (double)out->peak_allocated / (double)out->peak_reserved : 1.0;
+    out->utilization_at_peak = mt_model_utilization(out->peak_allocated, out->peak_reserved);
     out->num_alloc_retries = st.num_alloc_retries;
     out->num_ooms = st.num_ooms;
     out->backend_malloc = c1.malloc_calls - c0.malloc_calls;
@@ -219,7 +220,9 @@ static int run_once(const mt_trace_t *t, const mt_replay_cfg_t *cfg, bool sample
     out->modelled_ns = c1.modelled_ns - c0.modelled_ns;
     if (sampled && ps.allocated >= 0) {
         out->sampled = true;
-        out->fragmentation_at_peak = ps.at.fragmentation;
+        /* The model's definition, as every other figure of fragmentation. */
+        out->fragmentation_at_peak =
+            mt_model_fragmentation(ps.at.largest_free_block, ps.at.total_free);
         out->largest_free_at_peak = ps.at.largest_free_block;
         out->total_free_at_peak = ps.at.total_free;
         out->reserved_at_peak = (uint64_t)ps.at.reserved_bytes[MT_STAT_ALL].current;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/model.h"
 #include "memtrace/prof.h"
 
 /* ---- small containers ---- */
@@ -33,98 +34,6 @@ static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
     return 0;
 }
 
-/* Open-addressing map from a device address to a block or segment.
- * Invariants: cap is a power of two; used (live + tombstones) <= cap / 2. */
-enum { SLOT_EMPTY = 0, SLOT_FULL = 1, SLOT_DEAD = 2 };
-
-typedef struct entry_s {
-    uint64_t addr;
-    uint64_t size;
-    uint8_t state; /* SLOT_* */
-    uint8_t tag;
-    uint8_t pending; /* blocks: free requested, not yet completed */
-} entry_t;
-
-typedef struct amap_s {
-    entry_t *e;
-    size_t cap, used, live;
-} amap_t;
-
-static size_t hash64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-static int amap_grow(amap_t *m)
-{
-    size_t cap = m->cap ? 2 * m->cap : 1024;
-    while (m->live * 2 >= cap / 2)
-        cap *= 2;
-    entry_t *e = calloc(cap, sizeof(*e));
-    if (!e)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < m->cap; i++) {
-        if (m->e[i].state != SLOT_FULL)
-            continue;
-        size_t j = hash64(m->e[i].addr) & (cap - 1);
-        while (e[j].state == SLOT_FULL)
-            j = (j + 1) & (cap - 1);
-        e[j] = m->e[i];
-    }
-    free(m->e);
-    m->e = e;
-    m->cap = cap;
-    m->used = m->live;
-    return 0;
-}
-
-static entry_t *amap_find(amap_t *m, uint64_t addr)
-{
-    if (!m->cap)
-        return NULL;
-    for (size_t j = hash64(addr) & (m->cap - 1);; j = (j + 1) & (m->cap - 1)) {
-        if (m->e[j].state == SLOT_EMPTY)
-            return NULL;
-        if (m->e[j].state == SLOT_FULL && m->e[j].addr == addr)
-            return &m->e[j];
-    }
-}
-
-/* Inserts or replaces the entry for addr. */
-static entry_t *amap_put(amap_t *m, uint64_t addr)
-{
-    entry_t *old = amap_find(m, addr);
-    if (old)
-        return old;
-    if ((m->used + 1) * 2 > m->cap && amap_grow(m) != 0)
-        return NULL;
-    size_t j = hash64(addr) & (m->cap - 1);
-    while (m->e[j].state == SLOT_FULL)
-        j = (j + 1) & (m->cap - 1);
-    if (m->e[j].state == SLOT_EMPTY)
-        m->used++;
-    memset(&m->e[j], 0, sizeof(m->e[j]));
-    m->e[j].state = SLOT_FULL;
-    m->e[j].addr = addr;
-    m->live++;
-    return &m->e[j];
-}
-
-static void amap_del(amap_t *m, entry_t *e)
-{
-    e->state = SLOT_DEAD;
-    m->live--;
-}
-
-static void amap_free(amap_t *m)
-{
-    free(m->e);
-    memset(m, 0, sizeof(*m));
-}
-
 /* ---- the report ---- */
 
 /* Invariant: while !unordered, evs is in strictly increasing seq order and next_seq is the
@@ -138,6 +47,7 @@ typedef struct proc_s {
     uint64_t next_seq;
     bool unordered;              /* an event came with a seq below next_seq and was kept */
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
+    uint64_t labels;             /* tag label records among evs (kept for their seqs) */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
 } proc_t;
 
@@ -222,6 +132,46 @@ static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
     return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
 }
 
+int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    if (ev->kind == MT_EV_TAG_LABEL) {
+        /* The allocator's announcement names the tag (it carries no figures); a name taken
+         * from an earlier line gives way to it. It is replayed too: it has a seq. */
+        char label[MT_EVENT_LABEL_MAX + 1];
+        mt_event_label_unpack(ev, label);
+        char *dup = strdup(label);
+        if (!dup)
+            return MT_ENOMEM;
+        free(p->tag_names[ev->tag % MT_TAG_MAX]);
+        p->tag_names[ev->tag % MT_TAG_MAX] = dup;
+    }
+    if (ev->kind == MT_EV_GAP) { /* the model sees the gap as the seq jump it leaves */
+        p->lost = mt_model_sat_add(p->lost, ev->size);
+        return 0;
+    }
+    if (already_read(p, ev)) {
+        p->duplicates++;
+        r->duplicates++;
+        return 0;
+    }
+    if (evvec_push(&p->evs, ev) != 0)
+        return MT_ENOMEM;
+    if (ev->seq >= p->next_seq)
+        p->next_seq = ev->seq + 1;
+    else
+        p->unordered = true;
+    if (ev->kind == MT_EV_TAG_LABEL)
+        p->labels++;
+    else
+        r->events++;
+    if (tag_name && !p->tag_names[ev->tag % MT_TAG_MAX])
+        p->tag_names[ev->tag % MT_TAG_MAX] = strdup(tag_name);
+    return 0;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(err, errlen, __VA_ARGS__);                                                        \
@@ -263,36 +213,9 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
             r->lost_unattributed += ev.size;
             goto out;
         }
-        proc_t *p = proc_get(r, pid);
-        if (!p)
+        const char *tn = json_string_value(json_object_get(j, "tag"));
+        if (mt__report_add_event(r, pid, &ev, tn) != 0)
             FAIL("out of memory");
-        if (ev.kind == MT_EV_GAP) {
-            p->lost += ev.size;
-        } else if (ev.kind == MT_EV_TAG_LABEL) {
-            /* The allocator's announcement names the tag (it carries no figures, so it is
-             * not replayed); a name taken from an earlier line gives way to it. */
-            char label[MT_EVENT_LABEL_MAX + 1];
-            mt_event_label_unpack(&ev, label);
-            char *dup = strdup(label);
-            if (!dup)
-                FAIL("out of memory");
-            free(p->tag_names[ev.tag]);
-            p->tag_names[ev.tag] = dup;
-        } else if (already_read(p, &ev)) {
-            p->duplicates++;
-            r->duplicates++;
-        } else {
-            if (evvec_push(&p->evs, &ev) != 0)
-                FAIL("out of memory");
-            if (ev.seq >= p->next_seq)
-                p->next_seq = ev.seq + 1;
-            else
-                p->unordered = true;
-            r->events++;
-            const char *tn = json_string_value(json_object_get(j, "tag"));
-            if (tn && !p->tag_names[ev.tag])
-                p->tag_names[ev.tag] = strdup(tn);
-        }
     } else if (strcmp(type, "process_event") == 0) {
         /* The daemon's log: {"event":"register"|"exit","pid","name","reason"}. */
         const char *what = json_string_value(json_object_get(j, "event"));
@@ -329,183 +252,6 @@ out:
     return rc;
 }
 
-/* ---- replay of one process ---- */
-
-typedef struct sim_s {
-    amap_t blocks, segs;
-    uint64_t dev_alloc[MT_EVENT_SOURCES], dev_res[MT_EVENT_SOURCES]; /* latest, by source */
-    uint64_t allocated, reserved;                                    /* sums over sources */
-    int64_t tag_live[MT_TAG_MAX];
-    int64_t tag_peak[MT_TAG_MAX];
-    uint64_t peak_alloc, peak_res, interval_peak;
-    uint64_t unmatched_frees;
-} sim_t;
-
-typedef struct range_s {
-    uint64_t addr, size;
-} range_t;
-
-static int cmp_range(const void *a, const void *b)
-{
-    const range_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-static size_t collect(const amap_t *m, range_t **out)
-{
-    range_t *v = malloc((m->live ? m->live : 1) * sizeof(*v));
-    size_t n = 0;
-    for (size_t i = 0; v && i < m->cap; i++)
-        if (m->e[i].state == SLOT_FULL)
-            v[n++] = (range_t){m->e[i].addr, m->e[i].size};
-    if (v)
-        qsort(v, n, sizeof(*v), cmp_range);
-    *out = v;
-    return v ? n : 0;
-}
-
-/* 1 - largest free extent / total free, over the segments, from occupied blocks. */
-static double fragmentation(const sim_t *s)
-{
-    range_t *segs, *blks;
-    size_t ns = collect(&s->segs, &segs), nb = collect(&s->blocks, &blks);
-    uint64_t total = 0, largest = 0;
-    size_t b = 0;
-    for (size_t i = 0; segs && blks && i < ns; i++) {
-        uint64_t cur = segs[i].addr, end = segs[i].addr + segs[i].size;
-        while (b < nb && blks[b].addr < segs[i].addr)
-            b++;
-        for (; b < nb && blks[b].addr < end; b++) {
-            if (blks[b].addr > cur) {
-                uint64_t gap = blks[b].addr - cur;
-                total += gap;
-                largest = gap > largest ? gap : largest;
-            }
-            if (blks[b].addr + blks[b].size > cur)
-                cur = blks[b].addr + blks[b].size;
-        }
-        if (end > cur) {
-            total += end - cur;
-            largest = end - cur > largest ? end - cur : largest;
-        }
-    }
-    free(segs);
-    free(blks);
-    return total ? 1.0 - (double)largest / (double)total : 0.0;
-}
-
-static void sim_event(sim_t *s, const mt_event_rec_t *ev)
-{
-    entry_t *e;
-    switch (ev->kind) {
-    case MT_EV_ALLOC:
-        /* A live block at the same address means its free was lost (a gap). */
-        if ((e = amap_find(&s->blocks, ev->addr)) != NULL && !e->pending)
-            s->tag_live[e->tag] -= (int64_t)e->size;
-        if ((e = amap_put(&s->blocks, ev->addr)) != NULL) {
-            e->size = ev->size;
-            e->tag = ev->tag;
-            e->pending = 0;
-            s->tag_live[ev->tag] += (int64_t)ev->size;
-            if (s->tag_live[ev->tag] > s->tag_peak[ev->tag])
-                s->tag_peak[ev->tag] = s->tag_live[ev->tag];
-        }
-        break;
-    case MT_EV_FREE_REQUESTED:
-    case MT_EV_FREE_COMPLETED:
-        e = amap_find(&s->blocks, ev->addr);
-        if (!e) {
-            if (ev->kind == MT_EV_FREE_REQUESTED)
-                s->unmatched_frees++;
-            break;
-        }
-        if (!e->pending)
-            s->tag_live[e->tag] -= (int64_t)e->size;
-        e->pending = 1;
-        if (ev->kind == MT_EV_FREE_COMPLETED)
-            amap_del(&s->blocks, e);
-        break;
-    case MT_EV_SEGMENT_ALLOC:
-    case MT_EV_SEGMENT_MAP:
-        if ((e = amap_put(&s->segs, ev->addr)) != NULL)
-            e->size = ev->size;
-        break;
-    case MT_EV_SEGMENT_FREE:
-    case MT_EV_SEGMENT_UNMAP:
-        if ((e = amap_find(&s->segs, ev->addr)) != NULL)
-            amap_del(&s->segs, e);
-        break;
-    default:
-        break;
-    }
-    /* Totals: each allocator (one per device; one pinned host cache per device, replayed in
-     * a model of its own) reports its own; the model's figure is their sum. */
-    unsigned src = mt_event_source(ev);
-    s->allocated += ev->allocated - s->dev_alloc[src];
-    s->reserved += ev->reserved - s->dev_res[src];
-    s->dev_alloc[src] = ev->allocated;
-    s->dev_res[src] = ev->reserved;
-    if (s->allocated > s->peak_alloc)
-        s->peak_alloc = s->allocated;
-    if (s->reserved > s->peak_res)
-        s->peak_res = s->reserved;
-    if (s->allocated > s->interval_peak)
-        s->interval_peak = s->allocated;
-}
-
-static void timeline_sample(sim_t *s, json_t *tl, double t_s)
-{
-    double util = s->reserved ? (double)s->allocated / (double)s->reserved : 1.0;
-    json_array_append_new(tl,
-                          json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated",
-                                    (json_int_t)s->allocated, "reserved", (json_int_t)s->reserved,
-                                    "peak_allocated", (json_int_t)s->interval_peak, "utilization",
-                                    util > 1.0 ? 1.0 : util, "fragmentation", fragmentation(s)));
-    s->interval_peak = s->allocated;
-}
-
-/* Least squares y = a + b x over x = 0..n-1. */
-typedef struct fit_s {
-    double slope, r2;
-    double rise;    /* y[n-1] - y[0] */
-    double nondecr; /* fraction of steps with y[i+1] >= y[i] */
-} fit_t;
-
-static fit_t fit_line(const double *y, size_t n)
-{
-    fit_t f = {0, 0, 0, 0};
-    if (n < 2)
-        return f;
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (size_t i = 0; i < n; i++) {
-        sx += (double)i;
-        sy += y[i];
-        sxx += (double)i * (double)i;
-        sxy += (double)i * y[i];
-    }
-    double dn = (double)n, den = dn * sxx - sx * sx;
-    f.slope = (dn * sxy - sx * sy) / den;
-    double a = (sy - f.slope * sx) / dn, mean = sy / dn, ssr = 0, sst = 0;
-    size_t up = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = y[i] - (a + f.slope * (double)i);
-        ssr += d * d;
-        sst += (y[i] - mean) * (y[i] - mean);
-        if (i + 1 < n && y[i + 1] >= y[i])
-            up++;
-    }
-    f.r2 = sst > 0 ? 1.0 - ssr / sst : 0.0;
-    f.rise = y[n - 1] - y[0];
-    f.nondecr = (double)up / (double)(n - 1);
-    return f;
-}
-
-static bool grows(const mt__report_cfg_t *cfg, const fit_t *f)
-{
-    return f->slope > 0 && f->r2 >= cfg->min_r2 && f->rise >= (double)cfg->min_growth_bytes &&
-           f->nondecr >= 0.75;
-}
-
 static const char *tag_str(const proc_t *p, int tag, char *buf, size_t len)
 {
     if (p->tag_names[tag])
@@ -516,6 +262,14 @@ static const char *tag_str(const proc_t *p, int tag, char *buf, size_t len)
     return buf;
 }
 
+/* JSON integers are signed: a figure above INT64_MAX is written as INT64_MAX. */
+static json_int_t ji(uint64_t v)
+{
+    return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
+}
+
+/* ---- the analysis of one process, from its replay through the model ---- */
+
 typedef struct group_s {
     uint64_t size, count;
     int tag;
@@ -524,188 +278,186 @@ typedef struct group_s {
 static int cmp_group(const void *a, const void *b)
 {
     const group_t *x = a, *y = b;
-    uint64_t bx = x->size * x->count, by = y->size * y->count;
+    uint64_t bx = mt_model_sat_mul(x->size, x->count), by = mt_model_sat_mul(y->size, y->count);
     if (bx != by)
         return bx > by ? -1 : 1;
     return x->tag - y->tag;
 }
 
-static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const sim_t *s)
+/* Blocks still allocated at the end (not freed, not pending), grouped by tag and size.
+ * Blocks the model marks uncertain (allocated before a gap, their free maybe lost) are
+ * counted apart, never as never-freed. */
+static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
+                           int cls)
 {
-    group_t *g = malloc((s->blocks.live ? s->blocks.live : 1) * sizeof(*g));
+    mt_model_map_t map;
+    if (mt_model_map(m, cls, &map) != 0)
+        return NULL;
+    group_t *g = malloc((map.nblocks ? map.nblocks : 1) * sizeof(*g));
     size_t ng = 0;
-    uint64_t count = 0, bytes = 0;
-    for (size_t i = 0; g && i < s->blocks.cap; i++) {
-        const entry_t *e = &s->blocks.e[i];
-        if (e->state != SLOT_FULL || e->pending)
+    uint64_t count = 0, bytes = 0, ucount = 0, ubytes = 0;
+    for (size_t i = 0; g && i < map.nblocks; i++) {
+        const mt_model_block_t *b = &map.blocks[i];
+        if (b->pending)
             continue;
+        if (b->uncertain) {
+            ucount++;
+            ubytes = mt_model_sat_add(ubytes, b->size);
+            continue;
+        }
         count++;
-        bytes += e->size;
+        bytes = mt_model_sat_add(bytes, b->size);
         size_t k = 0;
-        while (k < ng && !(g[k].size == e->size && g[k].tag == e->tag))
+        while (k < ng && !(g[k].size == b->size && g[k].tag == b->tag))
             k++;
         if (k == ng)
-            g[ng++] = (group_t){e->size, 0, e->tag};
+            g[ng++] = (group_t){b->size, 0, b->tag};
         g[k].count++;
     }
+    mt_model_map_free(&map);
     if (g)
         qsort(g, ng, sizeof(*g), cmp_group);
     json_t *groups = json_array();
-    for (size_t k = 0; k < ng && k < cfg->top; k++) {
+    for (size_t k = 0; g && k < ng && k < cfg->top; k++) {
         char tb[16];
-        json_array_append_new(
-            groups, json_pack("{s:s, s:I, s:I, s:I}", "tag", tag_str(p, g[k].tag, tb, sizeof(tb)),
-                              "size", (json_int_t)g[k].size, "count", (json_int_t)g[k].count,
-                              "bytes", (json_int_t)(g[k].size * g[k].count)));
+        json_array_append_new(groups, json_pack("{s:s, s:I, s:I, s:I}", "tag",
+                                                tag_str(p, g[k].tag, tb, sizeof(tb)), "size",
+                                                ji(g[k].size), "count", ji(g[k].count), "bytes",
+                                                ji(mt_model_sat_mul(g[k].size, g[k].count))));
     }
     free(g);
-    return json_pack("{s:I, s:I, s:I, s:o}", "count", (json_int_t)count, "bytes", (json_int_t)bytes,
-                     "groups_total", (json_int_t)ng, "groups", groups);
+    json_t *o = json_pack("{s:I, s:I, s:I, s:o}", "count", ji(count), "bytes", ji(bytes),
+                          "groups_total", ji(ng), "groups", groups);
+    if (o && ucount) {
+        json_object_set_new(o, "uncertain_count", json_integer(ji(ucount)));
+        json_object_set_new(o, "uncertain_bytes", json_integer(ji(ubytes)));
+    }
+    return o;
 }
 
-static json_t *growth(const mt__report_cfg_t *cfg, const proc_t *p, const double *alloc,
-                      double *const *tags, const uint64_t *iters, size_t n)
+static json_t *fit_json(const char *tag, const mt_model_fit_t *f)
 {
-    /* The first iteration is warm-up (caches fill, workspaces appear) when there are
-     * enough to spare one. */
-    size_t skip = n >= 5 ? 1 : 0;
-    size_t m = n - skip;
-    fit_t f = fit_line(alloc + skip, m);
-    bool detected = m >= 3 && grows(cfg, &f);
+    return json_pack("{s:s, s:f, s:f, s:f}", "tag", tag, "slope_bytes_per_iteration", f->slope,
+                     "r2", f->r2, "rise_bytes", f->rise);
+}
+
+static json_t *growth(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m)
+{
+    mt_model_growth_cfg_t gc = {.min_growth_bytes = cfg->min_growth_bytes, .min_r2 = cfg->min_r2};
+    mt_model_growth_t g;
+    mt_model_growth(m, &gc, &g);
     json_t *jt = json_array();
-    for (int t = 0; m >= 3 && t < MT_TAG_MAX; t++) {
-        fit_t ft = fit_line(tags[t] + skip, m);
-        if (!grows(cfg, &ft))
-            continue;
+    for (int t = 0; t < MT_TAG_MAX; t++) {
         char tb[16];
-        json_array_append_new(jt,
-                              json_pack("{s:s, s:f, s:f, s:f}", "tag",
-                                        tag_str(p, t, tb, sizeof(tb)), "slope_bytes_per_iteration",
-                                        ft.slope, "r2", ft.r2, "rise_bytes", ft.rise));
+        if (g.tag[t].detected)
+            json_array_append_new(jt, fit_json(tag_str(p, t, tb, sizeof(tb)), &g.tag[t]));
     }
     return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:b, s:o}", "iterations",
-                     (json_int_t)n, "fitted", (json_int_t)m, "first_iteration",
-                     (json_int_t)(n ? iters[skip < n ? skip : 0] : 0), "last_iteration",
-                     (json_int_t)(n ? iters[n - 1] : 0), "slope_bytes_per_iteration", f.slope, "r2",
-                     f.r2, "rise_bytes", f.rise, "nondecreasing_steps", f.nondecr, "detected",
-                     detected, "tags", jt);
+                     ji(g.iterations), "fitted", ji(g.fitted), "first_iteration", ji(g.first),
+                     "last_iteration", ji(g.last), "slope_bytes_per_iteration", g.total.slope, "r2",
+                     g.total.r2, "rise_bytes", g.total.rise, "nondecreasing_steps", g.total.nondecr,
+                     "detected", g.total.detected, "tags", jt);
 }
 
-static json_t *peaks_by_tag(const proc_t *p, const sim_t *s)
+static json_t *peaks_by_tag(const proc_t *p, const mt_model_t *m, int cls)
 {
     json_t *peak_tags = json_object();
     for (int t = 0; peak_tags && t < MT_TAG_MAX; t++) {
         char tb[16];
-        if (s->tag_peak[t] > 0)
+        mt_model_tag_t tg;
+        mt_model_tag(m, cls, t, &tg);
+        if (tg.peak > 0)
             json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
-                                json_integer(s->tag_peak[t]));
+                                json_integer(ji(tg.peak)));
     }
     return peak_tags;
 }
 
+/* What a gap left uncertain in a class, when anything: bytes the model cannot place. */
+static void uncertain_json(json_t *o, const mt_model_figures_t *f)
+{
+    if (!o || !f->uncertain)
+        return;
+    json_object_set_new(o, "uncertain_bytes", json_integer(ji(f->uncertain_bytes)));
+    json_object_set_new(o, "untracked_bytes", json_integer(ji(f->untracked_bytes)));
+}
+
 /* The pinned host memory of a process, summarised apart from its device memory. */
-static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const sim_t *h,
+static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
                             uint64_t events)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", (json_int_t)events,
-                     "peak_allocated", (json_int_t)h->peak_alloc, "peak_reserved",
-                     (json_int_t)h->peak_res, "final_allocated", (json_int_t)h->allocated,
-                     "final_reserved", (json_int_t)h->reserved, "peak_by_tag", peaks_by_tag(p, h),
-                     "never_freed", never_freed(cfg, p, h), "unmatched_frees",
-                     (json_int_t)h->unmatched_frees);
+    mt_model_figures_t h;
+    mt_model_figures(m, MT_MODEL_HOST, &h);
+    json_t *o =
+        json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", ji(events),
+                  "peak_allocated", ji(h.peak_allocated), "peak_reserved", ji(h.peak_reserved),
+                  "final_allocated", ji(h.allocated), "final_reserved", ji(h.reserved),
+                  "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_HOST), "never_freed",
+                  never_freed(cfg, p, m, MT_MODEL_HOST), "unmatched_frees", ji(h.unmatched_frees));
+    uncertain_json(o, &h);
+    return o;
+}
+
+static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, double t_s)
+{
+    mt_model_figures_t f;
+    mt_model_figures(m, MT_MODEL_DEVICE, &f);
+    uint64_t peak = *interval_peak > f.allocated ? *interval_peak : f.allocated;
+    *interval_peak = f.allocated;
+    return json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated", ji(f.allocated),
+                     "reserved", ji(f.reserved), "peak_allocated", ji(peak), "utilization",
+                     f.utilization, "fragmentation", f.fragmentation);
 }
 
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
 {
-    sim_t *s = calloc(1, sizeof(*s)); /* device memory */
-    sim_t *h = calloc(1, sizeof(*h)); /* pinned host memory */
-    uint64_t host_events = 0;
-    size_t cap_it = 16, n_it = 0;
-    double *alloc_it = malloc(cap_it * sizeof(double));
-    uint64_t *iters = malloc(cap_it * sizeof(uint64_t));
-    double *tag_it[MT_TAG_MAX];
-    bool ok = s && h && alloc_it && iters;
-    for (int t = 0; t < MT_TAG_MAX; t++) {
-        tag_it[t] = malloc(cap_it * sizeof(double));
-        ok = ok && tag_it[t];
-    }
-    json_t *tl = json_array();
-    json_t *res = NULL;
-    if (!ok || !tl)
+    mt_model_t *m = NULL;
+    mt_model_cfg_t mc = {.keep_iterations = true};
+    json_t *tl = json_array(), *res = NULL;
+    if (mt_model_create(&m, &mc) != 0 || !tl)
         goto out;
-
     const mt_event_rec_t *ev = p->evs.v;
     size_t n = p->evs.n;
-    uint64_t t0 = n ? ev[0].time_ns : 0, t1 = n ? ev[n - 1].time_ns : 0;
+    uint64_t t0 = n ? ev[0].time_ns : 0, t1 = n ? ev[n - 1].time_ns : 0, host_events = 0;
     for (size_t i = 0; i < n; i++) {
         t0 = ev[i].time_ns < t0 ? ev[i].time_ns : t0;
         t1 = ev[i].time_ns > t1 ? ev[i].time_ns : t1;
     }
-    unsigned steps = cfg->timeline_steps;
+    unsigned steps = cfg->timeline_steps, k = 1;
     double step = (double)(t1 - t0) / steps;
-    unsigned k = 1;
+    uint64_t interval_peak = 0;
     for (size_t i = 0; i < n; i++) {
         while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
-            timeline_sample(s, tl, k * step / 1e9);
+            json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9));
             k++;
         }
-        if (ev[i].pool == MT_POOL_HOST) {
-            sim_event(h, &ev[i]);
-            host_events++;
-            continue;
-        }
-        sim_event(s, &ev[i]);
-        if (ev[i].kind == MT_EV_MARK && ev[i].addr == MT_MARK_ITERATION) {
-            if (n_it == cap_it) {
-                cap_it *= 2;
-                double *a = realloc(alloc_it, cap_it * sizeof(double));
-                uint64_t *it = realloc(iters, cap_it * sizeof(uint64_t));
-                alloc_it = a ? a : alloc_it;
-                iters = it ? it : iters;
-                ok = a && it;
-                for (int t = 0; t < MT_TAG_MAX; t++) {
-                    double *tt = realloc(tag_it[t], cap_it * sizeof(double));
-                    tag_it[t] = tt ? tt : tag_it[t];
-                    ok = ok && tt;
-                }
-                if (!ok)
-                    goto out;
-            }
-            alloc_it[n_it] = (double)s->allocated;
-            iters[n_it] = ev[i].size;
-            for (int t = 0; t < MT_TAG_MAX; t++)
-                tag_it[t][n_it] = (double)s->tag_live[t];
-            n_it++;
-        }
+        if (mt_model_apply(m, &ev[i]) == MT_ENOMEM)
+            goto out;
+        host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
+        mt_model_figures_t f;
+        mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
+        interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
     }
-    timeline_sample(s, tl, (double)(t1 - t0) / 1e9);
+    json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9));
 
-    json_t *peak_tags = peaks_by_tag(p, s);
+    mt_model_figures_t d;
+    mt_model_figures(m, MT_MODEL_DEVICE, &d);
     static const char *const exits[] = {"unknown", "clean", "unclean"};
+    uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(
         "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
-        p->pid, "name", p->name, "events", (json_int_t)n, "lost", (json_int_t)p->lost, "duplicates",
-        (json_int_t)p->duplicates, "exit", exits[p->exit_state], "peak_allocated",
-        (json_int_t)s->peak_alloc, "peak_reserved", (json_int_t)s->peak_res, "final_allocated",
-        (json_int_t)s->allocated, "final_reserved", (json_int_t)s->reserved, "peak_by_tag",
-        peak_tags, "timeline", tl, "never_freed", never_freed(cfg, p, s), "unmatched_frees",
-        (json_int_t)s->unmatched_frees, "growth", growth(cfg, p, alloc_it, tag_it, iters, n_it),
-        "host", host_summary(cfg, p, h, host_events));
+        p->pid, "name", p->name, "events", ji(n - p->labels), "lost", ji(lost), "duplicates",
+        ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated", ji(d.peak_allocated),
+        "peak_reserved", ji(d.peak_reserved), "final_allocated", ji(d.allocated), "final_reserved",
+        ji(d.reserved), "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl,
+        "never_freed", never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees",
+        ji(d.unmatched_frees), "growth", growth(cfg, p, m), "host",
+        host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
+    uncertain_json(res, &d);
 out:
     json_decref(tl);
-    for (int m = 0; m < 2; m++) {
-        sim_t *x = m ? h : s;
-        if (x) {
-            amap_free(&x->blocks);
-            amap_free(&x->segs);
-        }
-        free(x);
-    }
-    free(alloc_it);
-    free(iters);
-    for (int t = 0; t < MT_TAG_MAX; t++)
-        free(tag_it[t]);
+    mt_model_destroy(&m);
     return res;
 }
 
@@ -722,9 +474,8 @@ json_t *mt__report_result(mt__report_t *r)
         }
     }
     return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
-                     (json_int_t)r->lines, "events", (json_int_t)r->events, "malformed",
-                     (json_int_t)r->malformed, "lost_unattributed",
-                     (json_int_t)r->lost_unattributed, "duplicates", (json_int_t)r->duplicates,
+                     ji(r->lines), "events", ji(r->events), "malformed", ji(r->malformed),
+                     "lost_unattributed", ji(r->lost_unattributed), "duplicates", ji(r->duplicates),
                      "processes", procs);
 }
 
@@ -750,52 +501,31 @@ const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *
     return tag_str(&r->procs[i], tag, buf, len);
 }
 
-static void sim_free(sim_t *s)
-{
-    if (!s)
-        return;
-    amap_free(&s->blocks);
-    amap_free(&s->segs);
-    free(s);
-}
-
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx)
 {
     if (i >= r->nprocs)
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
-    sim_t *s = calloc(1, sizeof(*s)), *h = calloc(1, sizeof(*h));
-    int rc = s && h ? 0 : MT_ENOMEM;
+    mt_model_t *m = NULL;
+    int rc = mt_model_create(&m, NULL);
+    uint64_t tag_live[MT_TAG_MAX];
     for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
         const mt_event_rec_t *ev = &p->evs.v[k];
-        sim_event(ev->pool == MT_POOL_HOST ? h : s, ev);
-        mt__report_point_t pt = {ev,           k,           s->allocated, s->reserved,
-                                 h->allocated, h->reserved, s->tag_live};
+        if ((rc = mt_model_apply(m, ev)) != 0)
+            break;
+        mt_model_figures_t d, h;
+        mt_model_figures_totals(m, MT_MODEL_DEVICE, &d);
+        mt_model_figures_totals(m, MT_MODEL_HOST, &h);
+        for (int t = 0; t < MT_TAG_MAX; t++) {
+            mt_model_tag_t tg;
+            mt_model_tag(m, MT_MODEL_DEVICE, t, &tg);
+            tag_live[t] = tg.bytes;
+        }
+        mt__report_point_t pt = {ev, k, d.allocated, d.reserved, h.allocated, h.reserved, tag_live};
         rc = fn(ctx, &pt);
     }
-    sim_free(s);
-    sim_free(h);
+    mt_model_destroy(&m);
     return rc;
-}
-
-static int cmp_block(const void *a, const void *b)
-{
-    const mt__report_block_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-static mt__report_block_t *map_list(const amap_t *m, size_t *n)
-{
-    mt__report_block_t *v = malloc((m->live ? m->live : 1) * sizeof(*v));
-    *n = 0;
-    for (size_t k = 0; v && k < m->cap; k++) {
-        const entry_t *e = &m->e[k];
-        if (e->state == SLOT_FULL)
-            v[(*n)++] = (mt__report_block_t){e->addr, e->size, e->tag, e->pending};
-    }
-    if (v)
-        qsort(v, *n, sizeof(*v), cmp_block);
-    return v;
 }
 
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
@@ -805,25 +535,17 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
     if (i >= r->nprocs)
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
-    sim_t *s = calloc(1, sizeof(*s));
-    if (!s)
-        return MT_ENOMEM;
-    for (size_t k = 0; k < p->evs.n && k <= index; k++)
-        if ((p->evs.v[k].pool == MT_POOL_HOST) == host)
-            sim_event(s, &p->evs.v[k]);
-    out->segs = map_list(&s->segs, &out->nsegs);
-    out->blocks = map_list(&s->blocks, &out->nblocks);
-    sim_free(s);
-    if (!out->segs || !out->blocks) {
-        mt__report_map_free(out);
-        return MT_ENOMEM;
-    }
-    return 0;
+    mt_model_t *m = NULL;
+    int rc = mt_model_create(&m, NULL);
+    for (size_t k = 0; rc == 0 && k < p->evs.n && k <= index; k++)
+        rc = mt_model_apply(m, &p->evs.v[k]);
+    if (rc == 0)
+        rc = mt_model_map(m, host ? MT_MODEL_HOST : MT_MODEL_DEVICE, out);
+    mt_model_destroy(&m);
+    return rc;
 }
 
 void mt__report_map_free(mt__report_map_t *m)
 {
-    free(m->segs);
-    free(m->blocks);
-    memset(m, 0, sizeof(*m));
+    mt_model_map_free(m);
 }

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "analysis/model.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 
@@ -40,13 +41,17 @@ void mt__report_destroy(mt__report_t **r);
 /* One log line (without or with its '\n'). Returns 0 (also for record types the
  * report does not use), or MT_EPROTO with a message in err for a malformed line. */
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen);
+/* One record of process pid (ev borrowed), as a log line would give it; tag_name, when
+ * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
+ * produce records, not lines. 0 or MT_ENOMEM. */
+int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
 
 /* ---- replay for plots (`memtrace plot`) ----
- * The same models as the analysis, exposed event by event: the state after each event of
- * one process, and the segment map at one moment. Processes are numbered 0..count-1 in
- * the order the log first names them; their events are in log order. */
+ * The same model as the analysis (analysis/model.h), exposed event by event: the state after each
+ * event of one process, and the segment map at one moment. Processes are numbered 0..count-1 in the
+ * order the log first names them; their events are in log order. */
 size_t mt__report_process_count(const mt__report_t *r);
 /* pid, name ("" unknown) and number of replayed events of process i. MT_EINVAL: no such. */
 int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **name,
@@ -60,24 +65,16 @@ typedef struct mt__report_point_s {
     size_t index;                           /* its position among the process's events */
     uint64_t allocated, reserved;           /* device totals after it */
     uint64_t host_allocated, host_reserved; /* pinned host totals after it */
-    const int64_t *tag_live;                /* [MT_TAG_MAX] device bytes in use by tag */
+    const uint64_t *tag_live;               /* [MT_TAG_MAX] device bytes in use by tag (known) */
 } mt__report_point_t;
 
 /* Called after each event; a nonzero return stops the replay and is returned by it. */
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
-typedef struct mt__report_block_s {
-    uint64_t addr, size;
-    uint8_t tag;     /* blocks only */
-    uint8_t pending; /* blocks only: freed by the program, not yet back in a free bin */
-} mt__report_block_t;
-
-/* A segment map: segments and live blocks, each sorted by address. */
-typedef struct mt__report_map_s {
-    mt__report_block_t *segs, *blocks;
-    size_t nsegs, nblocks;
-} mt__report_map_t;
+/* A segment map: segments and live blocks, each sorted by address (the model's). */
+typedef mt_model_block_t mt__report_block_t;
+typedef mt_model_map_t mt__report_map_t;
 
 /* The segment map of process i right after its event number index: device memory, or the
  * pinned host memory (pool host) when host. Free with mt__report_map_free. */

@@ -323,8 +323,9 @@ int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, s
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return MT_ENOENT;
+        int e = errno;
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOMEM ? MT_ENOMEM : MT_ENOENT; /* fopen allocates its buffer */
     }
     int rc = mt_trace_reader_from_file(out, f, path, err, errlen);
     if (rc < 0) {
@@ -552,8 +553,11 @@ static int load_row(loader_t *L, const mt_trace_row_t *row, const char *name, ch
             goto too_big;
         live_t n = {
             .ptr = row->ptr, .size = row->size, .line = row->line, .slot = (uint32_t)t->nallocs};
-        if ((rc = stream_index(L, row->stream, &n.stream)) < 0)
+        if ((rc = stream_index(L, row->stream, &n.stream)) < 0) {
+            if (rc == MT_ENOMEM)
+                goto oom;
             goto too_big;
+        }
         if ((rc = live_insert(&L->live, &n)) < 0)
             goto oom;
         op.slot = n.slot;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/machine.h"
 #include "memtrace/host.h"
 
 #define MIB ((size_t)1 << 20)
@@ -487,10 +488,7 @@ int main(int argc, char **argv)
     if (quick)
         reps = 3;
     printf("# bench_host: pinned host cache, prefetch, paging, activation offload (sim)\n");
-    double load[1] = {0};
-    if (getloadavg(load, 1) == 1)
-        printf("machine: %ld cores online, load average %.2f (shared: timings are noisy)\n",
-               sysconf(_SC_NPROCESSORS_ONLN), load[0]);
+    mt_bench_print_machine(stdout);
     bench_prefetch(quick);
     bench_paging(quick);
     bench_offload(quick);

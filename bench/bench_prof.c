@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/machine.h"
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
 #include "memtrace/rnn.h"
@@ -289,7 +290,8 @@ static int run_rnn(int cfgi, int round, rnn_result_t *res)
     float *dy = rnn_buf(a, ny, MT_TAG_ACTIVATIONS), *dx = rnn_buf(a, nx, MT_TAG_BATCH);
     if (!x || !y || !dy || !dx)
         return -1;
-    mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
     uint64_t t0 = 0, ev0 = 0;
     for (int it = 0; it <= RNN_STEPS; it++) {
@@ -373,6 +375,7 @@ int main(void)
 {
     result_t res[NCFG];
     memset(res, 0, sizeof(res));
+    mt_bench_print_machine(stdout);
     for (int round = 0; round < ROUNDS; round++)
         for (int c = 0; c < NCFG; c++)
             if (run_loop(c, &res[c]) != 0) {

@@ -17,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "analysis/model.h"
 #include "daemon/daemon.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
@@ -42,47 +43,6 @@ void mt__d_buf_free(mt_d_buf_t *b);
 
 /* ---- per-process state model (state.c) ---- */
 
-/* A live block, keyed by address in an open-addressing table. */
-typedef struct mt_d_block_s {
-    uint64_t addr; /* 0 = empty slot, UINT64_MAX = tombstone */
-    uint64_t size; /* bytes, rounded */
-    uint8_t tag;
-    uint8_t freed; /* free requested, awaiting completion: no longer counted as allocated */
-} mt_d_block_t;
-
-/* An address range holding device memory: a whole segment or mapped expandable pages. */
-typedef struct mt_d_range_s {
-    uint64_t addr;
-    uint64_t size;
-    uint8_t mapped; /* 1 = pages of an expandable segment, 0 = a segment */
-    uint8_t pool;
-    uint32_t stream;
-} mt_d_range_t;
-
-typedef struct mt_d_frag_s {
-    uint64_t total_free;         /* bytes inside ranges not covered by a live block */
-    uint64_t largest_free_block; /* bytes, largest such contiguous gap */
-    double fragmentation;        /* 1 - largest / total_free; 0 when total_free = 0 */
-} mt_d_frag_t;
-
-/* The accounting of one class of memory of a process: its device memory, or its pinned
- * host memory (events of pool MT_POOL_HOST). The two are kept apart so that device figures
- * (totals, per-tag bytes, segment map, fragmentation) never count host pages.
- * Invariants: allocated/reserved = sum over this class's sources of their latest totals;
- * tag_allocated[t] = sum of sizes of blocks with tag t and !freed; tag_peak[t] >=
- * tag_allocated[t]; peak_allocated >= allocated; nblocks = live entries of blocks; ranges
- * sorted by addr, non-overlapping within one kind. */
-typedef struct mt_d_acct_s {
-    uint64_t allocated, reserved, peak_allocated, peak_reserved; /* bytes */
-    uint64_t tag_allocated[MT_TAG_MAX], tag_peak[MT_TAG_MAX], tag_blocks[MT_TAG_MAX];
-    /* blocks: open addressing, capacity a power of two, load <= 1/2 incl. tombstones */
-    mt_d_block_t *blocks;
-    size_t blocks_cap, nblocks, ntomb;
-    /* segment map */
-    mt_d_range_t *ranges;
-    size_t nranges, ranges_cap;
-} mt_d_acct_t;
-
 typedef struct mt_d_proc_s {
     struct mt_d_proc_s *next; /* d->procs, in registration order */
     int pid;
@@ -102,10 +62,7 @@ typedef struct mt_d_proc_s {
     uint64_t ooms;
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
-    /* latest running totals of each source (mt_event_source) */
-    uint64_t src_allocated[MT_EVENT_SOURCES], src_reserved[MT_EVENT_SOURCES];
-    mt_d_acct_t dev;  /* device memory: every pool but MT_POOL_HOST */
-    mt_d_acct_t host; /* pinned host memory */
+    mt_model_t *model; /* owned: totals, blocks, tags, segments of both memory classes */
     /* User tags' labels, as the process announced them (MT_EV_TAG_LABEL); "" = none.
      * Kept for the process's lifetime, so a consumer that comes after the announcement
      * still gets the names. names[t] is what /state, /metrics and tail call tag t: its
@@ -118,12 +75,9 @@ typedef struct mt_d_proc_s {
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
 void mt__d_proc_destroy(mt_d_proc_t **p);
-/* Applies one record to the model. Returns MT_ENOMEM only if the block table cannot grow
- * (the counters are updated anyway). */
+/* Applies one record to the counters and the model. Returns MT_ENOMEM only if the model's
+ * tables cannot grow (the counters and totals are updated anyway). */
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev);
-/* Free gaps of a class of memory (device: mt__d_proc_frag). */
-void mt__d_acct_frag(const mt_d_acct_t *a, mt_d_frag_t *out);
-void mt__d_proc_frag(const mt_d_proc_t *p, mt_d_frag_t *out);
 /* Device memory: allocated / reserved, clamped to [0, 1]. */
 double mt__d_proc_utilization(const mt_d_proc_t *p);
 /* JSON object of one process (counters, per-tag breakdown, segment map). *new*. */

@@ -103,54 +103,58 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
         for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
             if (!newest(p))
                 continue;
-            mt_d_frag_t fr = {0};
+            mt_model_figures_t fd, fh;
             if (f == F_FRAG || f == F_FREE || f == F_LFB)
-                mt__d_proc_frag(p, &fr);
-            const char *n = proc_families[f].name;
+                mt_model_figures(p->model, MT_MODEL_DEVICE, &fd);
+            else
+                mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &fd);
+            mt_model_figures_totals(p->model, MT_MODEL_HOST, &fh);
+            uint64_t v = 0;
+            bool ratio = false;
+            double r = 0;
             switch ((field_e)f) {
             case F_ALLOC:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       p->dev.allocated);
+                v = fd.allocated;
                 break;
             case F_RES:
-                rc |=
-                    mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, p->dev.reserved);
+                v = fd.reserved;
                 break;
             case F_PEAK:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       p->dev.peak_allocated);
+                v = fd.peak_allocated;
                 break;
             case F_PEAK_RES:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       p->dev.peak_reserved);
+                v = fd.peak_reserved;
                 break;
             case F_UTIL:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid,
-                                       mt__d_proc_utilization(p));
+                ratio = true, r = fd.utilization;
                 break;
             case F_FRAG:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, fr.fragmentation);
+                ratio = true, r = fd.fragmentation;
                 break;
             case F_FREE:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, fr.total_free);
+                v = fd.total_free;
                 break;
             case F_LFB:
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid,
-                                       fr.largest_free_block);
+                v = fd.largest_free;
                 break;
             case F_HOST_ALLOC:
+                v = fh.allocated;
+                break;
             case F_HOST_RES:
+                v = fh.reserved;
+                break;
             case F_HOST_PEAK:
-            case F_HOST_PEAK_RES: {
-                const mt_d_acct_t *h = &p->host;
-                uint64_t v = f == F_HOST_ALLOC  ? h->allocated
-                             : f == F_HOST_RES  ? h->reserved
-                             : f == F_HOST_PEAK ? h->peak_allocated
-                                                : h->peak_reserved;
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
+                v = fh.peak_allocated;
+                break;
+            case F_HOST_PEAK_RES:
+                v = fh.peak_reserved;
                 break;
             }
-            }
+            const char *n = proc_families[f].name;
+            if (ratio)
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, r);
+            else
+                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
         }
     }
 
@@ -164,13 +168,14 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
             if (!newest(p))
                 continue;
             for (int t = 0; t < MT_TAG_MAX; t++) {
-                if (!p->dev.tag_peak[t])
+                mt_model_tag_t tg;
+                mt_model_tag(p->model, MT_MODEL_DEVICE, t, &tg);
+                if (!tg.peak)
                     continue;
                 char nb[16];
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"", tag_fam[f][0], p->pid);
                 rc |= label_value(o, mt__d_tag_name(p, t, nb, sizeof nb));
-                rc |= mt__d_buf_printf(o, "\"} %" PRIu64 "\n",
-                                       f == 0 ? p->dev.tag_allocated[t] : p->dev.tag_peak[t]);
+                rc |= mt__d_buf_printf(o, "\"} %" PRIu64 "\n", f == 0 ? tg.bytes : tg.peak);
             }
         }
     }

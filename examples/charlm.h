@@ -58,33 +58,49 @@ int charlm_load_text(const char *path, charlm_text_t *t);
 
 #define CHARLM_AHEAD_MAX 4 /* batches submitted to the prefetcher and not yet trained, at most */
 
-/* One planned batch: T steps of every stream from offset pos of its share, in epoch. */
+/* A sequence of the text: the tokens [off, off + len) predict [off + 1, off + len + 1). */
+typedef struct charlm_seg_s {
+    size_t off;
+    int len;
+} charlm_seg_t;
+
+/* Splits the text into its lines (each with its newline as the last target), the lines
+ * longer than max_len cut into pieces of max_len, those shorter than min_len (empty lines
+ * too) joined with the line after them. *out is new (free). Returns the count. */
+size_t charlm_segments(const charlm_text_t *t, int min_len, int max_len, charlm_seg_t **out);
+
+/* One planned batch: `count` consecutive sequences from `first`, packed (sorted by length,
+ * as the engine takes them; pack is owned by the plan). */
 typedef struct charlm_plan_s {
-    int T, epoch;
-    size_t pos;
+    int epoch;
+    size_t first;
+    int count;
+    mt_rnn_pack_t pack;
 } charlm_plan_t;
 
-/* The batch plan: B streams through the text (stream b reads [b*span, (b+1)*span)), a
- * random length per batch, pass after pass. A batch is planned when it is submitted to the
- * prefetcher, which knows bytes only, so the plans of the batches in flight wait in queue.
- * Invariants: count <= CHARLM_AHEAD_MAX; queue[(head + i) % CHARLM_AHEAD_MAX] for i < count are the
- * batches submitted and not yet trained, oldest first. */
+/* The batch plan: B sequences (lines) at a time at their natural lengths, pass after pass
+ * over the text. A batch is planned when it is submitted to the prefetcher, which knows
+ * bytes only, so the plans of the batches in flight wait in queue. Invariants: count <=
+ * CHARLM_AHEAD_MAX; queue[(head + i) % CHARLM_AHEAD_MAX] for i < count are the batches
+ * submitted and not yet trained, oldest first. */
 typedef struct charlm_loader_s {
     const charlm_text_t *text;
-    int B, min_len, max_len, epochs;
-    size_t span;
-    size_t pos; /* where the next plan starts, in epoch */
+    const charlm_seg_t *seg;
+    size_t nseg;
+    int B, max_len, epochs;
+    size_t next; /* the sequence the next plan starts with, in epoch */
     int epoch;
-    uint64_t rng;
     charlm_plan_t queue[CHARLM_AHEAD_MAX];
     unsigned head, count;
 } charlm_loader_t;
 
-/* Plans the next batch and queues its copy; false when the run has no batch left (or
- * CHARLM_AHEAD_MAX are in flight). */
+/* Plans the next batch and queues its copy (inputs then targets, each in packed order);
+ * false when the run has no batch left (or CHARLM_AHEAD_MAX are in flight). */
 bool charlm_submit_next(charlm_loader_t *l, mt_prefetch_t *pf);
-/* Takes the plan of the oldest batch in flight; false if none is. */
+/* Takes the plan of the oldest batch in flight (the caller owns it: charlm_plan_fini);
+ * false if none is. */
 bool charlm_pop(charlm_loader_t *l, charlm_plan_t *out);
+void charlm_plan_fini(charlm_plan_t *p);
 /* True if the device batch holds exactly the planned tokens (so its copy had completed
  * before the CPU read it). */
 bool charlm_batch_matches(const charlm_loader_t *l, const charlm_plan_t *p, const unsigned char *in,
@@ -102,6 +118,9 @@ typedef struct charlm_run_s {
     uint64_t mallocs_after_warmup;            /* backend mallocs during training */
     size_t reserve_bytes, reserve_peak_bytes; /* largest LSTM reserve of a pass; most of one
                                                * on the device at once */
+    double act_packed, act_padded;  /* LSTM reserve bytes summed over batches, packed and as
+                                     * they would be padded to each batch's longest line */
+    uint64_t tokens, padded_tokens; /* real tokens trained, and with that padding */
 } charlm_run_t;
 
 double charlm_mib(double bytes);

@@ -38,45 +38,88 @@ int charlm_load_text(const char *path, charlm_text_t *t)
     return t->n > 1000 ? 0 : -1;
 }
 
+size_t charlm_segments(const charlm_text_t *t, int min_len, int max_len, charlm_seg_t **out)
+{
+    size_t cap = 1024, n = 0, start = 0;
+    charlm_seg_t *seg = malloc(cap * sizeof *seg);
+    if (!seg) {
+        *out = NULL;
+        return 0;
+    }
+    unsigned char nl = 0;
+    for (int v = 0; v < t->V; v++)
+        nl = t->chars[v] == '\n' ? (unsigned char)v : nl;
+    /* Token i predicts i + 1: a sequence may end at n - 2 at the latest. */
+    for (size_t i = 0; i + 1 < t->n; i++) {
+        bool eol = t->ids[i + 1] == nl || i + 2 == t->n;
+        size_t len = i + 1 - start; /* tokens [start, i] predict through the newline */
+        if (!(eol && (int)len >= min_len) && (int)len < max_len)
+            continue;
+        if (n == cap) {
+            charlm_seg_t *g = realloc(seg, 2 * cap * sizeof *seg);
+            if (!g)
+                break;
+            seg = g;
+            cap *= 2;
+        }
+        seg[n++] = (charlm_seg_t){start, (int)len};
+        start = i + 1;
+        /* The newline that ended a line starts no sequence of its own. */
+        if (eol && t->ids[i + 1] == nl)
+            start = i + 2, i++;
+    }
+    *out = seg;
+    return n;
+}
+
 static bool plan_next(charlm_loader_t *l, charlm_plan_t *out)
 {
-    if (l->pos + (size_t)l->min_len >= l->span) { /* this pass is done: start the next */
+    if (l->next >= l->nseg) { /* this pass is done: start the next */
         l->epoch++;
-        l->pos = 0;
+        l->next = 0;
     }
-    if (l->epoch >= l->epochs || l->pos + (size_t)l->min_len >= l->span)
+    if (l->epoch >= l->epochs || l->nseg == 0)
         return false;
-    int T = l->min_len + (int)(charlm_rng_next(&l->rng) % (uint64_t)(l->max_len - l->min_len + 1));
-    if (l->pos + (size_t)T > l->span)
-        T = (int)(l->span - l->pos);
-    *out = (charlm_plan_t){T, l->epoch, l->pos};
-    l->pos += (size_t)T;
+    int count = l->nseg - l->next < (size_t)l->B ? (int)(l->nseg - l->next) : l->B;
+    int *lens = malloc((size_t)count * sizeof *lens);
+    if (!lens) {
+        fprintf(stderr, "train_charlm: out of host memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < count; i++)
+        lens[i] = l->seg[l->next + (size_t)i].len;
+    *out = (charlm_plan_t){.epoch = l->epoch, .first = l->next, .count = count};
+    /* The lengths as they come; the packing sorts them (enforce_sorted = false). */
+    CHECK(mt_rnn_pack_init(&out->pack, lens, count, l->max_len, false, NULL, NULL));
+    free(lens);
+    l->next += (size_t)count;
     return true;
 }
 
-/* Token of stream b at step t of plan p; the target is the one after it. */
-static unsigned char token(const charlm_loader_t *l, const charlm_plan_t *p, int t, int b, int next)
+/* Token at step t of packed sequence i of plan p; the target is the one after it. */
+static unsigned char token(const charlm_loader_t *l, const charlm_plan_t *p, int t, int i, int next)
 {
-    return l->text->ids[(size_t)b * l->span + p->pos + (size_t)t + (size_t)next];
+    const charlm_seg_t *s = &l->seg[p->first + (size_t)p->pack.sorted_indices[i]];
+    return l->text->ids[s->off + (size_t)t + (size_t)next];
 }
 
 /* The prefetcher's fill: writes the batch planned last into pinned staging, the inputs
- * [T, B] then the targets [T, B], t-major. */
+ * [tokens] then the targets [tokens], in packed order (step-major, the sequences running at
+ * each step longest first). */
 static int fill_batch(void *ud, uint64_t index, void *dst, size_t bytes)
 {
     (void)index;
     const charlm_loader_t *l = ud;
     const charlm_plan_t *p = &l->queue[(l->head + l->count - 1) % CHARLM_AHEAD_MAX];
-    size_t tb = (size_t)p->T * l->B;
-    if (bytes != 2 * tb)
+    size_t n = p->pack.tokens, row = 0;
+    if (bytes != 2 * n)
         return MT_EINVAL;
-    unsigned char *in = dst, *tg = in + tb;
-    for (int t = 0; t < p->T; t++) {
-        for (int b = 0; b < l->B; b++) {
-            in[(size_t)t * l->B + b] = token(l, p, t, b, 0);
-            tg[(size_t)t * l->B + b] = token(l, p, t, b, 1);
+    unsigned char *in = dst, *tg = in + n;
+    for (int t = 0; t < p->pack.max_len; t++)
+        for (int i = 0; i < p->pack.batch_sizes[t]; i++, row++) {
+            in[row] = token(l, p, t, i, 0);
+            tg[row] = token(l, p, t, i, 1);
         }
-    }
     return 0;
 }
 
@@ -86,7 +129,7 @@ bool charlm_submit_next(charlm_loader_t *l, mt_prefetch_t *pf)
     if (l->count == CHARLM_AHEAD_MAX || !plan_next(l, &p))
         return false;
     l->queue[(l->head + l->count++) % CHARLM_AHEAD_MAX] = p;
-    CHECK(mt_prefetch_submit_fill(pf, 2 * (size_t)p.T * l->B, fill_batch, l));
+    CHECK(mt_prefetch_submit_fill(pf, 2 * p.pack.tokens, fill_batch, l));
     return true;
 }
 
@@ -100,13 +143,18 @@ bool charlm_pop(charlm_loader_t *l, charlm_plan_t *out)
     return true;
 }
 
+void charlm_plan_fini(charlm_plan_t *p)
+{
+    mt_rnn_pack_fini(&p->pack);
+}
+
 bool charlm_batch_matches(const charlm_loader_t *l, const charlm_plan_t *p, const unsigned char *in,
                           const unsigned char *tg)
 {
-    for (int t = 0; t < p->T; t++)
-        for (int b = 0; b < l->B; b++)
-            if (in[(size_t)t * l->B + b] != token(l, p, t, b, 0) ||
-                tg[(size_t)t * l->B + b] != token(l, p, t, b, 1))
+    size_t row = 0;
+    for (int t = 0; t < p->pack.max_len; t++)
+        for (int i = 0; i < p->pack.batch_sizes[t]; i++, row++)
+            if (in[row] != token(l, p, t, i, 0) || tg[row] != token(l, p, t, i, 1))
                 return false;
     return true;
 }

@@ -78,6 +78,15 @@ void charlm_memory_summary(mt_alloc_t *a, mt_host_cache_t *host, const mt_alloc_
                (unsigned long long)rs.restores, charlm_mib((double)rs.offload_bytes));
     else
         printf(" (no offload: see --offload)\n");
+    if (r->act_padded > 0)
+        printf("  packed batches: %llu real tokens of %llu padded to each batch's longest line "
+               "(%.1f %%); LSTM activations %s per batch on average vs %s padded (%.1f %% "
+               "saved)\n",
+               (unsigned long long)r->tokens, (unsigned long long)r->padded_tokens,
+               100.0 * (double)r->tokens / (double)r->padded_tokens,
+               human(r->act_packed / (double)r->batches, h1),
+               human(r->act_padded / (double)r->batches, h2),
+               100.0 * (1.0 - r->act_packed / r->act_padded));
     printf("  weight compactions: %llu, %.2f MiB copied (weights %s)\n",
            (unsigned long long)rs.compactions, charlm_mib((double)rs.compacted_bytes),
            rs.flat ? "flat" : "NOT flat: see --rebind");

@@ -2,10 +2,11 @@
  * text, on memtrace's allocator and RNN engine. The README demo.
  *
  * Model: embedding [V, E] -> LSTM (mt_rnn, L layers, hidden H) -> linear [V, H] -> softmax
- * cross-entropy; Adam. Batches are B parallel streams through the text with a random
- * length T in [min_len, max_len] per batch; truncated BPTT: the final (h, c) of a batch is
- * the initial state of the next, detached (no gradient flows across batches). After
- * training it samples characters with the constant-memory step API.
+ * cross-entropy; Adam. A batch is B lines of the text at their natural lengths (lines
+ * longer than --max-len cut, shorter than --min-len joined with the next), packed as the
+ * engine takes variable-length batches (docs/rnn-packed.md): no padding, so compute,
+ * activations and tokens/s are those of the real tokens. Every line starts from a zero
+ * state. After training it samples characters with the constant-memory step API.
  *
  * Everything allocates from the caching allocator with a tag (weights, grads, optimizer,
  * activations, batch, and the user tag "logits"), so the memory summary at the end says
@@ -70,11 +71,11 @@ static void usage(FILE *f)
             "  --layers L        LSTM layers (default 1)\n"
             "  --dropout P       dropout between LSTM layers while training, probability in\n"
             "                    [0, 1) (default 0; needs --layers 2 or more to do anything)\n"
-            "  --batch B         parallel streams (default 16)\n"
-            "  --min-len T       shortest batch, steps (default 32, at most --max-len)\n"
-            "  --max-len T       longest batch, steps (default 96)\n"
+            "  --batch B         lines per batch, each at its own length (default 16)\n"
+            "  --min-len T       shortest sequence: shorter lines join the next (default 8)\n"
+            "  --max-len T       longest sequence: longer lines are cut (default 96)\n"
             "  --lr X            Adam learning rate (default 0.004)\n"
-            "  --seed S          seed of the weights, batch lengths and sampling (default 1)\n"
+            "  --seed S          seed of the weights and sampling (default 1)\n"
             "  --sample N        characters to generate after training (default 400)\n"
             "  --text PATH       training text (default data/text/corpus.txt)\n"
             "  --offload W       activation offload (U4): keep W chunks of the LSTM's activations\n"
@@ -166,7 +167,7 @@ static int parse(int argc, char **argv, charlm_opts_t *o)
         }
     }
     if (o->min_len == 0)
-        o->min_len = o->max_len < 32 ? o->max_len : 32;
+        o->min_len = o->max_len < 8 ? o->max_len : 8;
     if (o->min_len > o->max_len) {
         fprintf(stderr, "train_charlm: --min-len must be <= --max-len\n");
         return -1;
@@ -323,20 +324,21 @@ static void adam_step(model_t *md, double lr)
     }
 }
 
-/* One forward + backward over tokens in[T*B] -> targets tg[T*B] (t-major). Returns the
- * summed cross-entropy in nats. The state advances: hy/cy become the next hx/cx. */
-static double train_step(model_t *md, const unsigned char *in, const unsigned char *tg, int T,
-                         int B)
+/* One forward + backward over the packed batch p: tokens in[N] -> targets tg[N], in packed
+ * order (N = p->tokens; every sequence from a zero state). Returns the summed cross-entropy
+ * in nats. */
+static double train_step(model_t *md, const unsigned char *in, const unsigned char *tg,
+                         const mt_rnn_pack_t *p)
 {
     mt_alloc_t *a = md->a;
     int V = md->V, H = md->H;
-    size_t tb = (size_t)T * B;
+    size_t tb = p->tokens;
     float *x = dev(a, tb * EMBED, MT_TAG_ACTIVATIONS);
     float *y = dev(a, tb * H, MT_TAG_ACTIVATIONS);
     for (size_t r = 0; r < tb; r++)
         memcpy(x + r * EMBED, md->emb + (size_t)in[r] * EMBED, EMBED * sizeof(float));
-    int nx = md->cur ^ 1;
-    mt_rnn_io_t io = {T, B, x, y, md->h[md->cur], md->c[md->cur], md->h[nx], md->c[nx]};
+    mt_rnn_io_t io = {.x = x, .y = y};
+    mt_rnn_pack_io(p, &io);
     mt_rnn_reserve_t *res;
     CHECK(mt_rnn_forward(md->rnn, &io, &res));
 
@@ -384,12 +386,11 @@ static double train_step(model_t *md, const unsigned char *in, const unsigned ch
     mt_alloc_free(a, dy);
     mt_alloc_free(a, y);
     mt_alloc_free(a, x);
-    md->cur = nx;
     return loss;
 }
 
-/* Samples n characters with the step API (constant memory), starting from the training
- * state of stream 0 and the given character. */
+/* Samples n characters with the step API (constant memory), starting from a zero state
+ * (every training line does) and the given character. */
 static void sample(model_t *md, const charlm_text_t *t, int n, int first, uint64_t *s, int B)
 {
     mt_alloc_t *a = md->a;
@@ -465,8 +466,7 @@ static void epoch_done(const epoch_acc_t *e, const charlm_text_t *text, charlm_r
 static void train(model_t *md, mt_prefetch_t *pf, charlm_loader_t *ld, const charlm_opts_t *o,
                   const charlm_text_t *text, charlm_run_t *r)
 {
-    int B = o->batch;
-    size_t ns = (size_t)o->layers * B * o->hidden * sizeof(float), cap = 0;
+    size_t cap = 0;
     unsigned ahead = o->prefetch ? 2 : 1;
     while (ld->count < ahead && charlm_submit_next(ld, pf))
         ;
@@ -480,21 +480,27 @@ static void train(model_t *md, mt_prefetch_t *pf, charlm_loader_t *ld, const cha
         double tw = now_s();
         CHECK(mt_prefetch_wait(pf, &pb)); /* the CPU path computes on this thread */
         r->wait_s += now_s() - tw;
-        size_t tb = (size_t)p.T * B;
+        size_t tb = p.pack.tokens;
         void *in, *tg;
         CHECK(mt_prefetch_slice(&pb, 0, tb, &in));
         CHECK(mt_prefetch_slice(&pb, tb, tb, &tg));
         r->bad_batches += !charlm_batch_matches(ld, &p, in, tg);
         if (p.epoch != e.epoch) {
             epoch_done(&e, text, r);
-            /* A new pass starts every stream from the beginning of its share. */
-            memset(md->h[md->cur], 0, ns);
-            memset(md->c[md->cur], 0, ns);
             e = (epoch_acc_t){.epoch = p.epoch, .t0 = now_s()};
         }
         /* An iteration marker, so a profiler can line memory up with training steps. */
         mt_alloc_emit(md->a, MT_EV_MARK, MT_MARK_ITERATION, r->batches, MT_TAG_OTHER);
-        double l = train_step(md, in, tg, p.T, B);
+        double l = train_step(md, in, tg, &p.pack);
+        /* What padding every line to the batch's longest would have kept and computed. */
+        mt_rnn_act_t pk, pad;
+        CHECK(mt_rnn_activation_bytes_packed(md->rnn, p.pack.max_len, p.pack.batch_sizes, &pk));
+        CHECK(mt_rnn_activation_bytes(md->rnn, p.pack.max_len, p.pack.batch, &pad));
+        r->act_packed += (double)pk.reserve_bytes;
+        r->act_padded += (double)pad.reserve_bytes;
+        r->tokens += tb;
+        r->padded_tokens += (uint64_t)p.pack.max_len * (uint64_t)p.pack.batch;
+        charlm_plan_fini(&p);
         adam_step(md, o->lr);
         zero_grads(md);
         CHECK(mt_prefetch_release(pf, &pb));
@@ -607,10 +613,17 @@ int main(int argc, char **argv)
         CHECK(mt_rnn_bind_param(md.rnn, p.name, moved));
         printf("rebind: weight_hh_l0 moved out of the flat buffer (%zu floats)\n", p.numel);
     }
-    printf("model: embedding %d -> LSTM %d x %d (%s path) -> linear %d; batch %d, lengths "
-           "%d..%d, Adam lr %g\n",
-           EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.batch, o.min_len,
-           o.max_len, o.lr);
+    charlm_seg_t *seg;
+    size_t nseg = charlm_segments(&text, o.min_len, o.max_len, &seg);
+    size_t seg_tokens = 0;
+    for (size_t i = 0; i < nseg; i++)
+        seg_tokens += (size_t)seg[i].len;
+    printf("model: embedding %d -> LSTM %d x %d (%s path) -> linear %d; Adam lr %g\n", EMBED,
+           o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.lr);
+    printf("batches: %d lines each, packed at their natural lengths (%d..%d, mean %.1f; %zu "
+           "lines, %zu tokens per pass)\n",
+           o.batch, o.min_len, o.max_len, nseg ? (double)seg_tokens / (double)nseg : 0.0, nseg,
+           seg_tokens);
     if (o.dropout > 0.0 && o.layers > 1)
         printf("dropout: %g on the output of LSTM layer%s 0..%d while training (none when "
                "sampling)\n",
@@ -630,22 +643,28 @@ int main(int argc, char **argv)
     CHECK(mt_prefetch_create(&pf, &pfc));
 
     if (o.warmup) {
-        /* U2: one full step at the largest shape, measured, then reserved; it leaves no
-         * trace in the model (gradients zeroed, state reset, no update). */
+        /* U2: one full step at the largest batch (B lines of --max-len: the most tokens
+         * and sequences a batch can have), measured, then reserved; any packed batch within
+         * those bounds then fits. It leaves no trace in the model (gradients zeroed, no
+         * update). */
         unsigned char *zeros = calloc((size_t)o.max_len * B, 1);
+        int *lens = malloc((size_t)B * sizeof *lens);
+        if (!zeros || !lens)
+            return 1;
+        for (int i = 0; i < B; i++)
+            lens[i] = o.max_len;
+        mt_rnn_pack_t wp;
+        CHECK(mt_rnn_pack_init(&wp, lens, B, o.max_len, true, NULL, NULL));
         CHECK(mt_alloc_warmup_begin(a));
-        train_step(&md, zeros, zeros, o.max_len, B);
+        train_step(&md, zeros, zeros, &wp);
         zero_grads(&md);
         CHECK(mt_alloc_warmup_end(a, NULL));
+        mt_rnn_pack_fini(&wp);
+        free(lens);
         free(zeros);
-        size_t ns = (size_t)o.layers * B * o.hidden * sizeof(float);
-        for (int i = 0; i < 2; i++) {
-            memset(md.h[i], 0, ns);
-            memset(md.c[i], 0, ns);
-        }
         mt_alloc_stats_t st;
         CHECK(mt_alloc_stats(a, &st));
-        printf("warm-up: one step at T=%d, B=%d; reserved %.2f MiB\n", o.max_len, B,
+        printf("warm-up: one step at %d tokens, B=%d; reserved %.2f MiB\n", o.max_len * B, B,
                charlm_mib((double)st.reserved_bytes[MT_STAT_ALL].current));
     } else {
         printf("warm-up: skipped (--no-warmup)\n");
@@ -657,18 +676,13 @@ int main(int argc, char **argv)
     mt_alloc_reset_peak(a); /* peaks below are those of training, not of the warm-up step */
     mt_alloc_reset_peak(mt_host_cache_alloc(host));
 
-    charlm_loader_t ld = {.text = &text,
-                          .B = B,
-                          .min_len = o.min_len,
-                          .max_len = o.max_len,
-                          .epochs = o.epochs,
-                          .span = (text.n - 1) / (size_t)B, /* each stream's share of the text */
-                          .rng = o.seed * 1000003u + 17};
+    charlm_loader_t ld = {
+        .text = &text, .seg = seg, .nseg = nseg, .B = B, .max_len = o.max_len, .epochs = o.epochs};
+    uint64_t rng = o.seed * 1000003u + 17;
     charlm_run_t run = {0};
     train(&md, pf, &ld, &o, &text, &run);
     if (run.batches == 0) {
-        fprintf(stderr, "train_charlm: the text is too short for %d streams of %d steps\n", B,
-                o.min_len);
+        fprintf(stderr, "train_charlm: the text has no line of %d characters\n", o.min_len);
         return 1;
     }
     mt_backend_counters_t c1;
@@ -698,8 +712,8 @@ int main(int argc, char **argv)
         CHECK(mt_alloc_stats(a, &st));
         int64_t before = st.allocated_bytes[MT_STAT_ALL].current;
         printf("\nsample (%d characters, temperature 0.8):\n", o.sample);
-        int first = text.ids[(size_t)(charlm_rng_next(&ld.rng) % (uint64_t)text.n)];
-        sample(&md, &text, o.sample, first, &ld.rng, B);
+        int first = text.ids[(size_t)(charlm_rng_next(&rng) % (uint64_t)text.n)];
+        sample(&md, &text, o.sample, first, &rng, B);
         CHECK(mt_alloc_stats(a, &st));
         printf("sampling peak: %.1f KiB above the model (constant in the number of "
                "characters)\n",
@@ -710,6 +724,7 @@ int main(int argc, char **argv)
     int failed = charlm_self_check(&o, &run, a, pf);
 
     free(run.batch_loss);
+    free(seg);
     free(text.ids);
     model_free(&md);
     mt_alloc_free(a, moved);

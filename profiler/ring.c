@@ -2,6 +2,7 @@
  * The layout and protocol are described once, in ring.h. */
 #include "profiler/ring.h"
 #include "memtrace/alloc.h"
+#include "util/assert.h"
 #include "util/safefile.h"
 
 #include <errno.h>
@@ -63,6 +64,7 @@ static uint32_t round_slots(uint32_t slots)
     uint32_t s = MT_RING_MIN_SLOTS;
     while (s < slots)
         s <<= 1;
+    mt_assert(s >= slots && s <= MT_RING_MAX_SLOTS && (s & (s - 1)) == 0);
     return s;
 }
 
@@ -83,6 +85,9 @@ static void bind_layout(mt__ring_t *r, uint32_t slots)
     r->recs = (mt_event_rec_t *)(void *)(base + MT_RING_HEADER_SIZE + commit_bytes(slots));
     r->mask = slots - 1;
     r->stuck_timeout_ns = DEFAULT_STUCK_NS;
+    /* Commit words and records are whole cache lines from the mapping's start. */
+    mt_assert((slots & r->mask) == 0 && (uintptr_t)r->recs % 64 == 0 &&
+              (char *)(r->recs + slots) == base + mt__ring_map_size(slots));
 }
 
 /* ---- lifecycle ---- */
@@ -339,6 +344,8 @@ static inline bool claim_n(mt__ring_t *r, uint64_t n, uint64_t *pos, uint64_t *s
         uint64_t d = atomic_load_explicit(&h->dropped, memory_order_relaxed);
         if (atomic_compare_exchange_weak_explicit(&h->claim, &c, c + n, memory_order_acq_rel,
                                                   memory_order_acquire)) {
+            /* n positions at most a ring ahead of what this producer saw consumed. */
+            mt_assert(n >= 1 && (int64_t)(c + n - rd) <= slots);
             *pos = c;
             *seq = c + d;
             return true;
@@ -360,6 +367,9 @@ static inline void prefetch_write(const void *p)
 
 static inline void publish(mt__ring_t *r, uint64_t pos)
 {
+    /* Only producers write claim: a position is published after its claim, once. */
+    mt_assert(pos < atomic_load_explicit(&r->hdr->claim, memory_order_relaxed));
+    mt_assert(atomic_load_explicit(&r->commit[pos & r->mask], memory_order_relaxed) != pos + 1);
     atomic_store_explicit(&r->commit[pos & r->mask], pos + 1, memory_order_release);
 }
 
@@ -453,6 +463,7 @@ static bool may_skip(mt__ring_t *r, uint64_t pos)
 
 static void skip_slot(mt__ring_t *r, uint64_t pos)
 {
+    mt_assert(r->stuck_since_ns == 0 || r->stuck_pos <= pos);
     atomic_fetch_add_explicit(&r->hdr->lost, 1, memory_order_relaxed);
     atomic_store_explicit(&r->hdr->read_idx, pos + 1, memory_order_release);
     r->stuck_since_ns = 0;
@@ -514,6 +525,8 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
     if (claim - pos > (uint64_t)r->mask + 1)
         return MT_EPROTO;
     while (n < max) {
+        /* The claim snapshot bounds the call (a forged header was refused above). */
+        mt_assert(claim - pos <= (uint64_t)r->mask + 1);
         if (pos == claim)
             break;
         _Atomic uint64_t *cw = &r->commit[pos & r->mask];
@@ -544,11 +557,13 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
             report_gap(r, cb, ud, ev.seq - r->next_seq);
         if (ev.seq + 1 > r->next_seq)
             r->next_seq = ev.seq + 1;
+        mt_assert(r->next_seq > ev.seq);
         cb(ud, &ev);
         n++;
     }
     /* Counted once per call: a locked add per record cost the consumer as much as the
      * rest of its work on a record. */
+    mt_assert(n <= max && pos <= claim);
     if (n > 0)
         atomic_fetch_add_explicit(&h->delivered, n, memory_order_relaxed);
     atomic_store_explicit(&h->read_idx, pos, memory_order_release);

@@ -9,7 +9,6 @@
  * [C*B, in]), one for dR (GRU: two, because its n gate's recurrent gradient is r * dn), and
  * one for the input gradient. They accumulate into dw, as cuDNN's RNNBackwardWeights does.
  * The carried dh (and LSTM dc) of every layer and direction lives in the workspace. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,57 +16,112 @@
 #include "rnn/internal.h"
 
 /* Workspace: dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN
- * modes' gate gradients [C, B, H], and (L > 1) two buffers for the gradient between layers,
- * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional), then (dropout)
- * the regenerated dropped input of the layer being differentiated [C, B, D*H]. */
-size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B)
+ * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient
+ * between layers, of a chunk's rows (unidirectional: chunk-major) or of all rows
+ * (bidirectional), D*H wide, then (dropout) the regenerated dropped input of the layer
+ * being differentiated [rows of a chunk, D*H]. */
+size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
-    int cl = mt__rnn_cpu_chunk_len(s);
-    size_t c = (size_t)(T < cl ? T : cl);
-    size_t b = (size_t)B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
+    size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
+    size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
     size_t n = 2 * ld * b * h + b * h + b * gh;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
-        n += c * b * gh;
+        n += c * gh;
     if (s->layers > 1)
-        n += 2 * (s->dirs == 1 ? c : (size_t)T) * b * (size_t)s->dirs * h;
+        n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
     if (mt__rnn_drop_on(s))
-        n += c * b * (size_t)s->dirs * h;
+        n += c * (size_t)s->dirs * h;
     return n;
 }
 
-/* One layer and direction over one chunk of T steps (chunk-local pointers). */
+/* One layer and direction over one chunk (chunk-local pointers, rows as in the seq). */
 typedef struct dir_back_s {
     const mt__rnn_shape_t *s;
+    const mt__rnn_seq_t *q;
     mt__rnn_mats_t w, dw;
-    int T, B, in;
-    const float *x;   /* layer input [T, B, in] */
+    int t0, T;        /* the chunk's first step and its steps */
+    size_t rows;      /* its rows */
+    int in;           /* input width */
+    const float *x;   /* layer input [rows, in] */
     const float *out; /* layer output, this direction's columns, row stride ldo */
     int ldo;
-    /* The state entering the chunk's first processed step: the neighbouring chunk's step
-     * (row stride ldh for h, H for c), or hx/cx at the sequence's end; NULL = zeros. */
+    /* The neighbouring chunk's step that precedes the chunk's first processed step (row
+     * stride ldh for h, H for c), NULL if none; and the initial states (hx, cx of this layer
+     * and direction, row b at b*H), NULL = zeros. */
     const float *hin;
     int ldh;
     const float *cin;
-    float *g;          /* [T, B, gH]: gates in, pre-activation gradients out */
-    float *aux;        /* [T, B, H] (LSTM c, GRU R_n h + b_Rn -> r * dn) or NULL */
+    const float *h0, *c0;
+    float *g;          /* [rows, gH]: gates in, pre-activation gradients out */
+    float *aux;        /* [rows, H] (LSTM c, GRU R_n h + b_Rn -> r * dn) or NULL */
     const float *dout; /* gradient of out, same strides as out */
-    float *din;        /* [T, B, in] or NULL */
+    float *din;        /* [rows, in] or NULL */
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
     bool reverse;
 } dir_back_t;
 
-static void lstm_step(const dir_back_t *a, int t, bool first, int tp)
+static size_t brow(const dir_back_t *a, int t)
 {
-    int H = a->s->hidden, gh = 4 * H, B = a->B;
-    const float *ct = a->aux + (size_t)t * B * H;
-    const float *cp = first ? (a->cin ? a->cin : a->zeros) : a->aux + (size_t)tp * B * H;
-    float *g = a->g + (size_t)t * B * gh;
-    const float *dout = a->dout + (size_t)t * B * a->ldo;
+    return a->q->off[a->t0 + t] - a->q->off[a->t0];
+}
+
+/* The state before step t (chunk-local) of each running sequence: rows b < split from the
+ * previous step of the direction (h at hp + b*ldh, c at cp + b*H); the others (at the
+ * sequence's start) from the initial states h0/c0, or zeros. */
+typedef struct bprev_s {
+    int split;
+    const float *hp, *cp;
+    int ldh;
+    const float *h0, *c0;
+} bprev_t;
+
+static bprev_t prev_of(const dir_back_t *a, int t)
+{
+    const int *bs = a->q->bs;
+    int tg = a->t0 + t, H = a->s->hidden;
+    bprev_t p = {0, NULL, NULL, H, a->h0 ? a->h0 : a->zeros, a->c0 ? a->c0 : a->zeros};
+    bool first = a->reverse ? t == a->T - 1 : t == 0;
+    int tp = a->reverse ? t + 1 : t - 1;
+    p.split = a->reverse ? bs[tg + 1] : bs[tg];
+    if (!first) {
+        p.hp = a->out + brow(a, tp) * (size_t)a->ldo;
+        p.ldh = a->ldo;
+        p.cp = a->aux ? a->aux + brow(a, tp) * (size_t)H : NULL;
+    } else if (a->hin) {
+        p.hp = a->hin;
+        p.ldh = a->ldh;
+        p.cp = a->cin;
+    } else {
+        p.split = 0; /* the sequence's first step in this direction */
+    }
+    return p;
+}
+
+static const float *bprev_h(const bprev_t *p, int b, int H)
+{
+    return b < p->split ? p->hp + (size_t)b * p->ldh : p->h0 + (size_t)b * H;
+}
+
+static const float *bprev_c(const bprev_t *p, int b, int H)
+{
+    return b < p->split ? p->cp + (size_t)b * H : p->c0 + (size_t)b * H;
+}
+
+MT__RNN_CELL_CLONES
+static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
+{
+    int H = a->s->hidden, gh = 4 * H, B = a->q->bs[a->t0 + t];
+    size_t r = brow(a, t);
+    const float *ct = a->aux + r * H;
+    float *g = a->g + r * gh;
+    const float *dout = a->dout + r * a->ldo;
     for (int b = 0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
+        const float *cp = bprev_c(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -77,31 +131,34 @@ static void lstm_step(const dir_back_t *a, int t, bool first, int tp)
             float d_o = dh * tc;
             a->dcn[k] = dc * ff;
             gb[j] = dc * gg * ii * (1.0f - ii);
-            gb[H + j] = dc * cp[k] * ff * (1.0f - ff);
+            gb[H + j] = dc * cp[j] * ff * (1.0f - ff);
             gb[2 * H + j] = dc * ii * (1.0f - gg * gg);
             gb[3 * H + j] = d_o * oo * (1.0f - oo);
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f,
-                a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f, a->dhn, H);
 }
 
-static void gru_step(const dir_back_t *a, int t, const float *hp, int ldh)
+MT__RNN_CELL_CLONES
+static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
 {
-    int H = a->s->hidden, gh = 3 * H, B = a->B;
-    float *g = a->g + (size_t)t * B * gh;
-    float *aux = a->aux + (size_t)t * B * H;
-    const float *dout = a->dout + (size_t)t * B * a->ldo;
+    int H = a->s->hidden, gh = 3 * H, B = a->q->bs[a->t0 + t];
+    size_t r = brow(a, t);
+    float *g = a->g + r * gh;
+    float *aux = a->aux + r * H;
+    const float *dout = a->dout + r * a->ldo;
     for (int b = 0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         float *db = a->dgh + (size_t)b * gh;
+        const float *hp = bprev_h(pv, b, H);
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
             float rr = gb[j], zz = gb[H + j], nn = gb[2 * H + j], rn = aux[k];
             float dnp = dh * (1.0f - zz) * (1.0f - nn * nn);
             float drp = dnp * rn * rr * (1.0f - rr);
-            float dzp = dh * (hp[(size_t)b * ldh + j] - nn) * zz * (1.0f - zz);
+            float dzp = dh * (hp[j] - nn) * zz * (1.0f - zz);
             a->dhn[k] = dh * zz;
             gb[j] = drp;
             gb[H + j] = dzp;
@@ -112,17 +169,18 @@ static void gru_step(const dir_back_t *a, int t, const float *hp, int ldh)
             db[2 * H + j] = dnp * rr;
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H,
-                1.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H, 1.0f, a->dhn, H);
 }
 
+MT__RNN_CELL_CLONES
 static void rnn_step(const dir_back_t *a, int t)
 {
-    int H = a->s->hidden, B = a->B;
+    int H = a->s->hidden, B = a->q->bs[a->t0 + t];
     bool relu = a->s->mode == MT_RNN_RELU;
-    float *g = a->g + (size_t)t * B * H;
-    const float *o = a->out + (size_t)t * B * a->ldo;
-    const float *dout = a->dout + (size_t)t * B * a->ldo;
+    size_t r = brow(a, t);
+    float *g = a->g + r * H;
+    const float *o = a->out + r * a->ldo;
+    const float *dout = a->dout + r * a->ldo;
     for (int b = 0; b < B; b++) {
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
@@ -131,66 +189,87 @@ static void rnn_step(const dir_back_t *a, int t)
             g[k] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
         }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f,
-                a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f, a->dhn, H);
 }
 
-/* dR += Gs^T Hs over n rows; for GRU the n gate's rows come from aux (r * dn). */
-static void recurrent_grad(const dir_back_t *a, const float *gs, const float *as, const float *hs,
-                           int ldh, int n)
+/* dR += Gs^T Hs over n rows starting at chunk row r; for GRU the n gate's rows come from aux
+ * (r * dn). */
+static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int ldh, int n)
 {
     int H = a->s->hidden, gh = a->s->gates * H;
+    const float *gs = a->g + r * gh;
+    if (n <= 0)
+        return;
     if (a->s->mode == MT_RNN_GRU) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 2 * H, H, n, 1.0f, gs, gh, hs, ldh,
-                    1.0f, a->dw.r, H);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, H, n, 1.0f, as, H, hs, ldh, 1.0f,
-                    a->dw.r + (size_t)2 * H * H, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, 2 * H, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r,
+                      H);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, a->aux + r * H, H, hs, ldh, 1.0f,
+                      a->dw.r + (size_t)2 * H * H, H);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, gh, H, n, 1.0f, gs, gh, hs, ldh, 1.0f,
-                    a->dw.r, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, gh, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r, H);
     }
+}
+
+/* dR over the steps whose previous h is in this chunk: one sgemm per run of steps whose
+ * rows of G and of h_prev are both evenly strided (all of them when every length is equal,
+ * as in the padded form), in time order. */
+static void recurrent_grad_inner(const dir_back_t *a)
+{
+    const int *bs = a->q->bs;
+    size_t gr = 0, hr = 0;
+    int n = 0;
+    for (int t = 0; t < a->T; t++) {
+        bool first = a->reverse ? t == a->T - 1 : t == 0;
+        if (first)
+            continue;
+        int tg = a->t0 + t, rows = a->reverse ? bs[tg + 1] : bs[tg];
+        size_t g = brow(a, t), h = brow(a, a->reverse ? t + 1 : t - 1);
+        if (n > 0 && g == gr + (size_t)n && h == hr + (size_t)n) {
+            n += rows;
+            continue;
+        }
+        recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
+        gr = g;
+        hr = h;
+        n = rows;
+    }
+    recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
 }
 
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    int H = s->hidden, gh = s->gates * H, B = a->B, T = a->T;
-    size_t bh = (size_t)B * H, tb = (size_t)T * B;
+    const int *bs = a->q->bs;
+    int H = s->hidden, gh = s->gates * H, T = a->T;
+    size_t tb = a->rows;
 
     for (int k = 0; k < T; k++) {
         int t = a->reverse ? k : T - 1 - k;
-        bool first = a->reverse ? t == T - 1 : t == 0;
-        int tp = a->reverse ? t + 1 : t - 1;
-        if (s->mode == MT_RNN_LSTM) {
-            lstm_step(a, t, first, tp);
-        } else if (s->mode == MT_RNN_GRU) {
-            const float *hp = a->hin ? a->hin : a->zeros;
-            int ldh = a->hin ? a->ldh : H;
-            if (!first) {
-                hp = a->out + (size_t)tp * B * a->ldo;
-                ldh = a->ldo;
-            }
-            gru_step(a, t, hp, ldh);
-        } else {
+        bprev_t pv = prev_of(a, t);
+        if (s->mode == MT_RNN_LSTM)
+            lstm_step(a, t, &pv);
+        else if (s->mode == MT_RNN_GRU)
+            gru_step(a, t, &pv);
+        else
             rnn_step(a, t);
-        }
     }
 
     /* Weight gradients merged over the chunk's steps. */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x,
-                a->in, 1.0f, a->dw.w, a->in);
-    if (T > 1) {
-        /* Step t's h_prev is the output of t-1 (forward) or t+1 (reverse). */
-        size_t skip_g = bh * (size_t)s->gates, skip_o = (size_t)B * a->ldo;
-        const float *gs = a->reverse ? a->g : a->g + skip_g;
-        const float *as = a->aux ? (a->reverse ? a->aux : a->aux + bh) : NULL;
-        const float *hs = a->reverse ? a->out + skip_o : a->out;
-        recurrent_grad(a, gs, as, hs, a->ldo, (T - 1) * B);
-    }
-    if (a->hin) {
-        int tf = a->reverse ? T - 1 : 0;
-        const float *as = a->aux ? a->aux + (size_t)tf * bh : NULL;
-        recurrent_grad(a, a->g + (size_t)tf * bh * s->gates, as, a->hin, a->ldh, B);
+    mt__rnn_sgemm(a->s->gemm, true, false, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x, a->in, 1.0f,
+                  a->dw.w, a->in);
+    recurrent_grad_inner(a);
+    /* The first processed step's sequences running in the neighbouring chunk. */
+    int tf = a->reverse ? T - 1 : 0;
+    bprev_t pf = prev_of(a, tf);
+    if (pf.split > 0)
+        recurrent_grad(a, brow(a, tf), pf.hp, pf.ldh, pf.split);
+    /* Sequences whose first step (in this direction) is here, from hx. */
+    for (int t = 0; a->h0 && t < T; t++) {
+        bprev_t pv = prev_of(a, t);
+        int nb = bs[a->t0 + t];
+        if (pv.split < nb)
+            recurrent_grad(a, brow(a, t) + (size_t)pv.split, a->h0 + (size_t)pv.split * H, H,
+                           nb - pv.split);
     }
     if (a->dw.bw) {
         for (size_t r = 0; r < tb; r++) {
@@ -211,12 +290,13 @@ static void back_dir(const dir_back_t *a)
         }
     }
     if (a->din)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)tb, a->in, gh, 1.0f, a->g, gh,
-                    a->w.w, a->in, a->din_beta, a->din, a->in);
+        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gh, a->w.w, a->in,
+                      a->din_beta, a->din, a->in);
 }
 
 typedef struct bwd_s {
     const mt__rnn_shape_t *s;
+    const mt__rnn_seq_t *q;
     const float *w;
     float *dw;
     const mt_rnn_io_t *io;
@@ -232,43 +312,47 @@ typedef struct bwd_s {
 static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
 {
     const mt__rnn_shape_t *s = b->s;
+    const mt__rnn_seq_t *q = b->q;
     const mt_rnn_io_t *io = b->io;
     const mt_rnn_grad_io_t *g = b->g;
-    int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
-    int dh = D * H, C = mt__rnn_cpu_chunk_len(s), K = mt__rnn_cpu_nchunks(s, T);
+    int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
+    int dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
     int n = mt__rnn_cpu_chunk_steps(s, T, k), p = l * D + d;
     bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
-    size_t bh = (size_t)B * H, so = (size_t)p * bh, t0 = (size_t)k * (size_t)C;
-    size_t ofs = D == 1 ? 0 : t0 * (size_t)B * (size_t)dh; /* into dbuf */
+    size_t bh = (size_t)B * H, so = (size_t)p * bh;
+    size_t row0 = mt__rnn_cpu_chunk_row0(s, q, k), nb = mt__rnn_cpu_chunk_rows(s, q, k);
+    size_t ofs = D == 1 ? 0 : row0 * (size_t)dh; /* into dbuf */
     const float *in =
-        l == 0 ? io->x + t0 * B * (size_t)s->input : mt__rnn_cpu_layer_out(s, r, n, B, l - 1);
+        l == 0 ? io->x + row0 * (size_t)s->input : mt__rnn_cpu_layer_out(s, r, nb, l - 1);
     if (l > 0 && b->xdrop) {
         /* The weight gradient needs the input forward used: the mask applied again. */
-        size_t row = (size_t)B * (size_t)dh;
-        mt__rnn_drop_apply(s, b->key, l - 1, t0 * row, (size_t)n * row, in, b->xdrop);
+        mt__rnn_drop_apply(s, b->key, l - 1, row0 * (size_t)dh, nb * (size_t)dh, in, b->xdrop);
         in = b->xdrop;
     }
-    const float *out =
-        l == L - 1 ? io->y + t0 * B * (size_t)dh : mt__rnn_cpu_layer_out(s, r, n, B, l);
-    const float *dout = l == L - 1 ? g->dy + t0 * B * (size_t)dh : b->dbuf[l % 2] + ofs;
+    const float *out = l == L - 1 ? io->y + row0 * (size_t)dh : mt__rnn_cpu_layer_out(s, r, nb, l);
+    const float *dout = l == L - 1 ? g->dy + row0 * (size_t)dh : b->dbuf[l % 2] + ofs;
     float *din = l > 0   ? b->dbuf[(l - 1) % 2] + ofs
-                 : g->dx ? g->dx + t0 * B * (size_t)s->input
+                 : g->dx ? g->dx + row0 * (size_t)s->input
                          : NULL;
     dir_back_t a = {
         .s = s,
+        .q = q,
         .w = mt__rnn_mats(s, (float *)b->w, l, d),
         .dw = mt__rnn_mats(s, b->dw, l, d),
+        .t0 = k * mt__rnn_cpu_chunk_len(s),
         .T = n,
-        .B = B,
+        .rows = nb,
         .in = mt__rnn_layer_in(s, l),
         .x = in,
         .out = out + (size_t)d * H,
         .ldo = dh,
-        .hin = io->hx ? io->hx + so : NULL,
+        .hin = NULL,
         .ldh = H,
-        .cin = io->cx && s->mode == MT_RNN_LSTM ? io->cx + so : NULL,
-        .g = gates_in_reserve ? mt__rnn_cpu_gates(s, r, n, B, p) : b->rbuf,
-        .aux = mt__rnn_cpu_aux(s, r, n, B, p),
+        .cin = NULL,
+        .h0 = io->hx ? io->hx + so : NULL,
+        .c0 = io->cx && s->mode == MT_RNN_LSTM ? io->cx + so : NULL,
+        .g = gates_in_reserve ? mt__rnn_cpu_gates(s, r, nb, p) : b->rbuf,
+        .aux = mt__rnn_cpu_aux(s, r, nb, p),
         .dout = dout + (size_t)d * H,
         .din = din,
         .din_beta = d == 0 ? 0.0f : 1.0f,
@@ -280,49 +364,51 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
     };
     int kn = d == 0 ? k - 1 : k + 1;
     if (kn >= 0 && kn < K) {
-        int nn = mt__rnn_cpu_chunk_steps(s, T, kn);
-        size_t row = d == 0 ? (size_t)nn - 1 : 0;
-        const float *hn = l == L - 1 ? io->y + ((size_t)kn * C + row) * B * (size_t)dh
-                                     : mt__rnn_cpu_layer_out(s, rn, nn, B, l) + row * B * dh;
+        /* The neighbour's step next to this chunk: its last (forward) or first (reverse). */
+        size_t nrow0 = mt__rnn_cpu_chunk_row0(s, q, kn), nnb = mt__rnn_cpu_chunk_rows(s, q, kn);
+        int tn = d == 0 ? a.t0 - 1 : a.t0 + n;
+        size_t row = q->off[tn] - nrow0;
+        const float *hn = l == L - 1 ? io->y + q->off[tn] * (size_t)dh
+                                     : mt__rnn_cpu_layer_out(s, rn, nnb, l) + row * dh;
         a.hin = hn + (size_t)d * H;
         a.ldh = dh;
-        a.cin = s->mode == MT_RNN_LSTM ? mt__rnn_cpu_aux(s, rn, nn, B, p) + row * bh : NULL;
+        a.cin = s->mode == MT_RNN_LSTM ? mt__rnn_cpu_aux(s, rn, nnb, p) + row * H : NULL;
     }
     back_dir(&a);
 }
 
-/* The gradient layer l > 0 sent to its input, over steps [t0, t0 + n) of dbuf (at ofs):
+/* The gradient layer l > 0 sent to its input, over rows [row0, row0 + nb) of dbuf (at ofs):
  * through the mask, it becomes the gradient of layer l-1's output. */
-static void drop_back(const bwd_t *b, int l, size_t t0, int n, size_t ofs)
+static void drop_back(const bwd_t *b, int l, size_t row0, size_t nb, size_t ofs)
 {
-    size_t row = (size_t)b->io->batch * (size_t)b->s->dirs * (size_t)b->s->hidden;
+    size_t dh = (size_t)b->s->dirs * (size_t)b->s->hidden;
     float *d = b->dbuf[(l - 1) % 2] + ofs;
-    mt__rnn_drop_apply(b->s, b->key, l - 1, t0 * row, (size_t)n * row, d, d);
+    mt__rnn_drop_apply(b->s, b->key, l - 1, row0 * dh, nb * dh, d, d);
 }
 
-int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float *dw,
-                                const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
-                                const mt_rnn_grad_io_t *g, float *work)
+static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const float *w, float *dw,
+                        const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
+                        const mt_rnn_grad_io_t *g, float *work)
 {
-    int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
+    int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
     int gh = s->gates * H, dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
-    int C = T < mt__rnn_cpu_chunk_len(s) ? T : mt__rnn_cpu_chunk_len(s);
+    size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t bh = (size_t)B * H, nstate = (size_t)L * (size_t)D * bh;
     bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 
-    bwd_t b = {.s = s, .w = w, .dw = dw, .io = io, .g = g, .key = key};
+    bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.dhn = work;
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
     b.rbuf = b.dgh + (size_t)B * gh;
-    float *next = gates_in_reserve ? b.rbuf : b.rbuf + (size_t)C * B * gh;
+    float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gh;
     if (L > 1) {
         b.dbuf[0] = next;
-        b.dbuf[1] = b.dbuf[0] + (size_t)(D == 1 ? C : T) * B * dh;
+        b.dbuf[1] = b.dbuf[0] + (D == 1 ? C : q->rows) * dh;
     }
     if (mt__rnn_drop_on(s))
-        b.xdrop = b.dbuf[1] + (size_t)(D == 1 ? C : T) * B * dh;
+        b.xdrop = b.dbuf[1] + (D == 1 ? C : q->rows) * dh;
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));
@@ -344,7 +430,8 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
             for (int l = L - 1; l >= 0 && rc == 0; l--) {
                 back_chunk(&b, l, 0, k, r, rp);
                 if (l > 0 && b.xdrop)
-                    drop_back(&b, l, (size_t)k * (size_t)C, mt__rnn_cpu_chunk_steps(s, T, k), 0);
+                    drop_back(&b, l, mt__rnn_cpu_chunk_row0(s, q, k),
+                              mt__rnn_cpu_chunk_rows(s, q, k), 0);
             }
             if (rc == 0)
                 rc = chunks->bwd_done(chunks->ud, k);
@@ -363,7 +450,7 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
                 }
             /* Both directions have added their part of the input gradient: mask it. */
             if (l > 0 && b.xdrop)
-                drop_back(&b, l, 0, T, 0);
+                drop_back(&b, l, 0, q->rows, 0);
         }
         for (int k = K - 1; k >= 0 && rc == 0; k--)
             rc = chunks->bwd_done(chunks->ud, k);
@@ -376,4 +463,17 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
     if (g->dcx && s->mode == MT_RNN_LSTM)
         memcpy(g->dcx, b.dcn, nstate * sizeof(float));
     return 0;
+}
+
+int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float *dw,
+                                const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
+                                const mt_rnn_grad_io_t *g, float *work)
+{
+    mt__rnn_seq_t q;
+    int rc = mt__rnn_seq_init(&q, io);
+    if (rc)
+        return rc;
+    rc = backward_seq(s, &q, w, dw, io, key, chunks, g, work);
+    mt__rnn_seq_fini(&q);
+    return rc;
 }

@@ -9,16 +9,87 @@
  * kept. Unidirectional modules run chunk-major (a chunk through all layers, then the next),
  * so inference's temporary memory is independent of T and a training chunk is complete,
  * ready to leave the device, before the next one starts. */
-#include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/log.h"
 #include "rnn/internal.h"
 
 static bool keeps_gates(const mt__rnn_shape_t *s)
 {
     return s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+}
+
+/* ---- the time structure of a batch ---- */
+
+int mt__rnn_seq_init(mt__rnn_seq_t *q, const mt_rnn_io_t *io)
+{
+    int T = io->seq_len;
+    q->T = T;
+    q->B = io->batch;
+    q->bs = malloc(((size_t)T + 1) * sizeof *q->bs);
+    q->off = malloc(((size_t)T + 1) * sizeof *q->off);
+    if (!q->bs || !q->off) {
+        mt__rnn_seq_fini(q);
+        return MT_ENOMEM;
+    }
+    q->off[0] = 0;
+    for (int t = 0; t < T; t++) {
+        q->bs[t] = io->batch_sizes ? io->batch_sizes[t] : io->batch;
+        q->off[t + 1] = q->off[t] + (size_t)q->bs[t];
+    }
+    q->bs[T] = 0;
+    q->rows = q->off[T];
+    return 0;
+}
+
+void mt__rnn_seq_fini(mt__rnn_seq_t *q)
+{
+    free(q->bs);
+    free(q->off);
+    q->bs = NULL;
+    q->off = NULL;
+}
+
+int mt__rnn_seq_check(const mt_rnn_io_t *io, mt_log_cb log, void *ud)
+{
+    const int *bs = io->batch_sizes;
+    if (!bs)
+        return 0;
+    if (bs[0] != io->batch) {
+        mt__logf(log, ud, MT_LOG_ERROR,
+                 "rnn: packed input: batch_sizes[0] = %d is not the batch %d (the number of "
+                 "sequences, all running at step 0)",
+                 bs[0], io->batch);
+        return MT_EINVAL;
+    }
+    size_t sum = 0;
+    for (int t = 0; t < io->seq_len; t++) {
+        if (bs[t] < 1) {
+            mt__logf(log, ud, MT_LOG_ERROR,
+                     "rnn: packed input: batch_sizes[%d] = %d: a step no sequence reaches "
+                     "(seq_len %d is above the longest length, or a length is zero)",
+                     t, bs[t], io->seq_len);
+            return MT_EINVAL;
+        }
+        if (t > 0 && bs[t] > bs[t - 1]) {
+            mt__logf(log, ud, MT_LOG_ERROR,
+                     "rnn: packed input: batch_sizes is not non-increasing: batch_sizes[%d] "
+                     "= %d > batch_sizes[%d] = %d (sequences not sorted by decreasing length)",
+                     t, bs[t], t - 1, bs[t - 1]);
+            return MT_EINVAL;
+        }
+        sum += (size_t)bs[t];
+    }
+    if (sum != io->tokens) {
+        mt__logf(log, ud, MT_LOG_ERROR,
+                 "rnn: packed input: batch_sizes sum to %zu rows but io.tokens is %zu (the "
+                 "rows of x and y)",
+                 sum, io->tokens);
+        return MT_EINVAL;
+    }
+    return 0;
 }
 
 /* ---- chunks and reserve layout ---- */
@@ -40,6 +111,23 @@ int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k)
     return T - k * c < c ? T - k * c : c;
 }
 
+size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k)
+{
+    return q->off[k * mt__rnn_cpu_chunk_len(s)];
+}
+
+size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k)
+{
+    int t0 = k * mt__rnn_cpu_chunk_len(s);
+    return q->off[t0 + mt__rnn_cpu_chunk_steps(s, q->T, k)] - q->off[t0];
+}
+
+size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
+{
+    /* Batch sizes do not increase: the first chunk has the most rows. */
+    return mt__rnn_cpu_chunk_rows(s, q, 0);
+}
+
 static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t nb)
 {
     if (!keeps_gates(s))
@@ -47,37 +135,34 @@ static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t nb)
     return nb * (size_t)(s->gates + 1) * (size_t)s->hidden;
 }
 
-size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, int n, int B)
+size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, size_t nb)
 {
-    size_t nb = (size_t)n * (size_t)B;
     size_t dh = (size_t)s->dirs * (size_t)s->hidden;
     return (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, nb) +
            (size_t)(s->layers - 1) * nb * dh;
 }
 
-size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, int T, int B)
+size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, size_t rows)
 {
-    return mt__rnn_cpu_chunk_floats(s, T, B);
+    return mt__rnn_cpu_chunk_floats(s, rows);
 }
 
-float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p)
+float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p)
 {
     if (!keeps_gates(s))
         return NULL;
-    return chunk + (size_t)p * pseudo_reserve(s, (size_t)n * (size_t)B);
+    return chunk + (size_t)p * pseudo_reserve(s, nb);
 }
 
-float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p)
+float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p)
 {
     if (!keeps_gates(s))
         return NULL;
-    size_t nb = (size_t)n * (size_t)B;
-    return mt__rnn_cpu_gates(s, chunk, n, B, p) + nb * (size_t)s->gates * (size_t)s->hidden;
+    return mt__rnn_cpu_gates(s, chunk, nb, p) + nb * (size_t)s->gates * (size_t)s->hidden;
 }
 
-float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int B, int l)
+float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, int l)
 {
-    size_t nb = (size_t)n * (size_t)B;
     size_t dh = (size_t)s->dirs * (size_t)s->hidden;
     return chunk + (size_t)s->layers * (size_t)s->dirs * pseudo_reserve(s, nb) +
            (size_t)l * nb * dh;
@@ -86,49 +171,57 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int 
 /* ---- workspace ---- */
 
 /* Workspace: rec [B, gH], h and c states [L*D, B, H] each, then (inference, or RNN modes in
- * training) the gate buffer [C, B, gH], then (inference with L > 1) two layer buffers
- * [C, B, D*H] (unidirectional: chunk-major) or [T, B, D*H] (bidirectional: layer-major), or
- * (training with dropout) the dropped input of the layer being run [C, B, D*H]. */
-size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training)
+ * training) the gate buffer [rows of a chunk, gH], then (inference with L > 1) two layer
+ * buffers of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional:
+ * layer-major), each D*H wide, or (training with dropout) the dropped input of the layer
+ * being run [rows of a chunk, D*H]. */
+size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
 {
-    int cl = mt__rnn_cpu_chunk_len(s);
-    size_t c = (size_t)(T < cl ? T : cl);
-    size_t b = (size_t)B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
+    size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
+    size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
     size_t n = b * gh + 2 * ld * b * h;
     if (!training || !keeps_gates(s))
-        n += c * b * gh;
+        n += c * gh;
     if (!training && s->layers > 1)
-        n += 2 * (s->dirs == 1 ? c : (size_t)T) * b * (size_t)s->dirs * h;
+        n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
     if (training && mt__rnn_drop_on(s))
-        n += c * b * (size_t)s->dirs * h;
+        n += c * (size_t)s->dirs * h;
     return n;
 }
 
-/* ---- one layer, one direction, over C steps ---- */
+/* ---- one layer, one direction, over one chunk ---- */
 
 typedef struct dir_run_s {
     const mt__rnn_shape_t *s;
+    const mt__rnn_seq_t *q;
     mt__rnn_mats_t w;
-    int steps;      /* C */
-    int batch;      /* B */
+    int t0;         /* the chunk's first step */
+    int steps;      /* its steps */
+    size_t rows;    /* its rows: q->off[t0 + steps] - q->off[t0] */
     int in;         /* input width */
-    const float *x; /* [C, B, in] */
-    float *out;     /* output of step 0, this direction's columns; row stride ldo */
+    const float *x; /* [rows, in] */
+    float *out;     /* output of the chunk's first row, this direction's columns; stride ldo */
     int ldo;
-    float *gates; /* [C, B, gH] */
-    float *aux;   /* [C, B, H] or NULL (inference) */
+    float *gates; /* [rows, gH] */
+    float *aux;   /* [rows, H] or NULL (inference) */
     float *h;     /* state [B, H], in/out */
     float *c;     /* LSTM state [B, H], in/out */
     float *rec;   /* [B, gH] */
     bool reverse;
 } dir_run_t;
 
+/* The chunk-local first row of step t0 + t. */
+static size_t lrow(const dir_run_t *a, int t)
+{
+    return a->q->off[a->t0 + t] - a->q->off[a->t0];
+}
+
 static void project_inputs(const dir_run_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
     int H = s->hidden, gh = s->gates * H;
-    size_t rows = (size_t)a->steps * (size_t)a->batch;
+    size_t rows = a->rows;
     if (a->w.bw) {
         /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
          * r * (R_n h + b_Rn). */
@@ -139,18 +232,35 @@ static void project_inputs(const dir_run_t *a)
         for (size_t r = 1; r < rows; r++)
             memcpy(a->gates + r * (size_t)gh, row0, (size_t)gh * sizeof(float));
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, gh, a->in, 1.0f, a->x, a->in,
-                a->w.w, a->in, a->w.bw ? 1.0f : 0.0f, a->gates, gh);
+    mt__rnn_sgemm(a->s->gemm, false, true, (int)rows, gh, a->in, 1.0f, a->x, a->in, a->w.w, a->in,
+                  a->w.bw ? 1.0f : 0.0f, a->gates, gh);
 }
 
-static void lstm_cell(const dir_run_t *a, float *g, float *o, float *aux)
+/* The previous hidden state of the nb sequences running at a step: row b < split at
+ * hp + b*ldh, row b >= split (reverse direction: sequences that start at this step) at
+ * h0 + b*H, the carried state. */
+typedef struct prev_s {
+    const float *hp;
+    int ldh;
+    int split;
+    const float *h0;
+} prev_t;
+
+static const float *prev_row(const prev_t *p, int b, int H)
+{
+    return b < p->split ? p->hp + (size_t)b * p->ldh : p->h0 + (size_t)b * H;
+}
+
+MT__RNN_CELL_CLONES
+static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux)
 {
     int H = a->s->hidden, gh = 4 * H;
-    for (int b = 0; b < a->batch; b++) {
+    for (int b = 0; b < nb; b++) {
         float *gb = g + (size_t)b * gh;
         const float *rb = a->rec + (size_t)b * gh;
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float ii = mt__rnn_sigmoid(gb[j] + rb[j]);
             float ff = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -169,15 +279,17 @@ static void lstm_cell(const dir_run_t *a, float *g, float *o, float *aux)
     }
 }
 
-static void gru_cell(const dir_run_t *a, float *g, float *o, float *aux, const float *hp, int ldh)
+MT__RNN_CELL_CLONES
+static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux, const prev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H;
     const float *brn = a->w.br ? a->w.br + 2 * H : NULL;
-    for (int b = 0; b < a->batch; b++) {
+    for (int b = 0; b < nb; b++) {
         float *gb = g + (size_t)b * gh;
         const float *rb = a->rec + (size_t)b * gh;
-        const float *hb = hp + (size_t)b * ldh;
+        const float *hb = prev_row(pv, b, H);
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float rr = mt__rnn_sigmoid(gb[j] + rb[j]);
             float zz = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
@@ -193,14 +305,16 @@ static void gru_cell(const dir_run_t *a, float *g, float *o, float *aux, const f
     }
 }
 
-static void rnn_cell(const dir_run_t *a, float *g, float *o)
+MT__RNN_CELL_CLONES
+static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
 {
     int H = a->s->hidden;
     bool relu = a->s->mode == MT_RNN_RELU;
-    for (int b = 0; b < a->batch; b++) {
+    for (int b = 0; b < nb; b++) {
         const float *gb = g + (size_t)b * H;
         const float *rb = a->rec + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             float v = gb[j] + rb[j];
             ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);
@@ -208,45 +322,62 @@ static void rnn_cell(const dir_run_t *a, float *g, float *o)
     }
 }
 
+/* Copies rows [lo, hi) of output step row r into the carried state. */
+static void carry(const dir_run_t *a, size_t r, int lo, int hi)
+{
+    int H = a->s->hidden;
+    for (int b = lo; b < hi; b++)
+        memcpy(a->h + (size_t)b * H, a->out + (r + (size_t)b) * a->ldo, (size_t)H * sizeof(float));
+}
+
 static void run_dir(const dir_run_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    int H = s->hidden, gh = s->gates * H, B = a->batch;
-    size_t step_out = (size_t)B * (size_t)a->ldo;
+    const int *bs = a->q->bs;
+    int H = s->hidden, gh = s->gates * H;
     project_inputs(a);
-    int last = 0;
     for (int k = 0; k < a->steps; k++) {
-        int t = a->reverse ? a->steps - 1 - k : k;
-        const float *hp = a->h;
-        int ldh = H;
+        int t = a->reverse ? a->steps - 1 - k : k, tg = a->t0 + t, nb = bs[tg];
+        size_t r = lrow(a, t);
+        /* The first step of the chunk starts from the carried state (whose rows of
+         * sequences not yet started in reverse hold hx); later ones from the step before,
+         * except, in reverse, the sequences that start at this step. */
+        prev_t pv = {a->h, H, nb, a->h};
         if (k > 0) {
             int tp = a->reverse ? t + 1 : t - 1;
-            hp = a->out + (size_t)tp * step_out;
-            ldh = a->ldo;
+            pv.hp = a->out + lrow(a, tp) * (size_t)a->ldo;
+            pv.ldh = a->ldo;
+            pv.split = a->reverse ? bs[tg + 1] : nb;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, gh, H, 1.0f, hp, ldh, a->w.r, H,
-                    0.0f, a->rec, gh);
-        float *g = a->gates + (size_t)t * (size_t)B * (size_t)gh;
-        float *o = a->out + (size_t)t * step_out;
-        float *aux = a->aux ? a->aux + (size_t)t * (size_t)B * (size_t)H : NULL;
+        mt__rnn_sgemm(a->s->gemm, false, true, pv.split, gh, H, 1.0f, pv.hp, pv.ldh, a->w.r, H,
+                      0.0f, a->rec, gh);
+        if (pv.split < nb)
+            mt__rnn_sgemm(a->s->gemm, false, true, nb - pv.split, gh, H, 1.0f,
+                          a->h + (size_t)pv.split * H, H, a->w.r, H, 0.0f,
+                          a->rec + (size_t)pv.split * gh, gh);
+        float *g = a->gates + r * (size_t)gh;
+        float *o = a->out + r * (size_t)a->ldo;
+        float *aux = a->aux ? a->aux + r * (size_t)H : NULL;
         if (s->mode == MT_RNN_LSTM)
-            lstm_cell(a, g, o, aux);
+            lstm_cell(a, nb, g, o, aux);
         else if (s->mode == MT_RNN_GRU)
-            gru_cell(a, g, o, aux, hp, ldh);
+            gru_cell(a, nb, g, o, aux, &pv);
         else
-            rnn_cell(a, g, o);
-        last = t;
+            rnn_cell(a, nb, g, o);
+        /* The carried state: every running sequence after the chunk's last step (the next
+         * chunk, hy); in forward, also a sequence that ends here (hy). */
+        if (k == a->steps - 1)
+            carry(a, r, 0, nb);
+        else if (!a->reverse)
+            carry(a, r, bs[tg + 1], nb);
     }
-    /* Carry the final hidden state (the next chunk, hy). */
-    for (int b = 0; b < B; b++)
-        memcpy(a->h + (size_t)b * H, a->out + (size_t)last * step_out + (size_t)b * a->ldo,
-               (size_t)H * sizeof(float));
 }
 
 /* ---- the whole stack ---- */
 
 typedef struct fwd_s {
     const mt__rnn_shape_t *s;
+    const mt__rnn_seq_t *q;
     const float *w;
     const mt_rnn_io_t *io;
     bool training;
@@ -260,36 +391,39 @@ typedef struct fwd_s {
 static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
 {
     const mt__rnn_shape_t *s = f->s;
-    int T = f->io->seq_len, B = f->io->batch, H = s->hidden, D = s->dirs, L = s->layers;
-    int dh = D * H, n = mt__rnn_cpu_chunk_steps(s, T, k), p = l * D + d;
-    size_t t0 = (size_t)k * (size_t)mt__rnn_cpu_chunk_len(s), bh = (size_t)B * (size_t)H;
+    const mt__rnn_seq_t *q = f->q;
+    int B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
+    int dh = D * H, n = mt__rnn_cpu_chunk_steps(s, q->T, k), p = l * D + d;
+    size_t row0 = mt__rnn_cpu_chunk_row0(s, q, k), nb = mt__rnn_cpu_chunk_rows(s, q, k);
+    size_t bh = (size_t)B * (size_t)H;
     /* Inference keeps layer outputs in lbuf: chunk-local (D = 1) or whole-sequence. */
-    size_t lofs = D == 1 ? 0 : t0 * (size_t)B * (size_t)dh;
+    size_t lofs = D == 1 ? 0 : row0 * (size_t)dh;
     const float *in;
     float *out;
     if (l == 0)
-        in = f->io->x + t0 * (size_t)B * (size_t)s->input;
+        in = f->io->x + row0 * (size_t)s->input;
     else if (f->training)
-        in = mt__rnn_cpu_layer_out(s, r, n, B, l - 1);
+        in = mt__rnn_cpu_layer_out(s, r, nb, l - 1);
     else
         in = f->lbuf[(l - 1) % 2] + lofs;
     if (l > 0 && f->dbuf) {
         /* The reserve keeps layer l-1's output h; layer l reads it through the mask. */
-        size_t row = (size_t)B * (size_t)dh;
-        mt__rnn_drop_apply(s, f->key, l - 1, t0 * row, (size_t)n * row, in, f->dbuf);
+        mt__rnn_drop_apply(s, f->key, l - 1, row0 * (size_t)dh, nb * (size_t)dh, in, f->dbuf);
         in = f->dbuf;
     }
     if (l == L - 1)
-        out = f->io->y + t0 * (size_t)B * (size_t)dh;
+        out = f->io->y + row0 * (size_t)dh;
     else if (f->training)
-        out = mt__rnn_cpu_layer_out(s, r, n, B, l);
+        out = mt__rnn_cpu_layer_out(s, r, nb, l);
     else
         out = f->lbuf[l % 2] + lofs;
     dir_run_t a = {
         .s = s,
+        .q = q,
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
+        .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
-        .batch = B,
+        .rows = nb,
         .in = mt__rnn_layer_in(s, l),
         .x = in,
         .out = out + (size_t)d * H,
@@ -302,34 +436,32 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .reverse = d == 1,
     };
     if (f->training && keeps_gates(s)) {
-        a.gates = mt__rnn_cpu_gates(s, r, n, B, p);
-        a.aux = mt__rnn_cpu_aux(s, r, n, B, p);
+        a.gates = mt__rnn_cpu_gates(s, r, nb, p);
+        a.aux = mt__rnn_cpu_aux(s, r, nb, p);
     }
     run_dir(&a);
 }
 
-int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
-                               bool training, uint64_t key, const mt__rnn_chunks_t *chunks,
-                               float *work)
+static int forward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const float *w,
+                       const mt_rnn_io_t *io, bool training, uint64_t key,
+                       const mt__rnn_chunks_t *chunks, float *work)
 {
-    int T = io->seq_len, B = io->batch, H = s->hidden, D = s->dirs, L = s->layers;
+    int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
     int gh = s->gates * H, K = mt__rnn_cpu_nchunks(s, T);
-    int C = T < mt__rnn_cpu_chunk_len(s) ? T : mt__rnn_cpu_chunk_len(s);
+    size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
-    if (training && !chunks)
-        return MT_EINVAL;
 
-    fwd_t f = {.s = s, .w = w, .io = io, .training = training, .key = key};
+    fwd_t f = {.s = s, .q = q, .w = w, .io = io, .training = training, .key = key};
     f.rec = work;
     f.hst = f.rec + (size_t)B * gh;
     f.cst = f.hst + nstate;
     f.gbuf = f.cst + nstate;
     if (!training && L > 1) {
-        f.lbuf[0] = f.gbuf + (size_t)C * B * gh;
-        f.lbuf[1] = f.lbuf[0] + (size_t)(D == 1 ? C : T) * B * D * H;
+        f.lbuf[0] = f.gbuf + C * gh;
+        f.lbuf[1] = f.lbuf[0] + (D == 1 ? C : q->rows) * D * H;
     }
     if (training && mt__rnn_drop_on(s))
-        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : (size_t)C * B * gh);
+        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : C * gh);
     if (io->hx)
         memcpy(f.hst, io->hx, nstate * sizeof(float));
     else
@@ -376,18 +508,33 @@ int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const m
     return 0;
 }
 
+int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
+                               bool training, uint64_t key, const mt__rnn_chunks_t *chunks,
+                               float *work)
+{
+    if (training && !chunks)
+        return MT_EINVAL;
+    mt__rnn_seq_t q;
+    int rc = mt__rnn_seq_init(&q, io);
+    if (rc)
+        return rc;
+    rc = forward_seq(s, &q, w, io, training, key, chunks, work);
+    mt__rnn_seq_fini(&q);
+    return rc;
+}
+
 /* ---- one flat reserve ---- */
 
 typedef struct flat_s {
     const mt__rnn_shape_t *s;
     float *base;
-    int B;
+    mt__rnn_seq_t q;
 } flat_t;
 
 static int flat_get(void *ud, int k, float **out)
 {
     const flat_t *f = ud;
-    *out = f->base + mt__rnn_cpu_chunk_floats(f->s, k * mt__rnn_cpu_chunk_len(f->s), f->B);
+    *out = f->base + mt__rnn_cpu_chunk_floats(f->s, mt__rnn_cpu_chunk_row0(f->s, &f->q, k));
     return 0;
 }
 
@@ -398,27 +545,38 @@ static int flat_done(void *ud, int k)
     return 0;
 }
 
-static mt__rnn_chunks_t flat_chunks(flat_t *f)
+static int flat_init(flat_t *f, const mt__rnn_shape_t *s, const mt_rnn_io_t *io, float *reserve,
+                     mt__rnn_chunks_t *c)
 {
-    mt__rnn_chunks_t c = {flat_get, flat_done, flat_get, flat_done, f};
-    return c;
+    f->s = s;
+    f->base = reserve;
+    *c = (mt__rnn_chunks_t){flat_get, flat_done, flat_get, flat_done, f};
+    return mt__rnn_seq_init(&f->q, io);
 }
 
 int mt__rnn_cpu_forward_drop(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                              bool training, uint64_t key, float *reserve, float *work)
 {
-    flat_t f = {s, reserve, io->batch};
-    mt__rnn_chunks_t c = flat_chunks(&f);
-    return mt__rnn_cpu_forward_chunks(s, w, io, training, key, training ? &c : NULL, work);
+    flat_t f;
+    mt__rnn_chunks_t c;
+    int rc = flat_init(&f, s, io, reserve, &c);
+    if (rc == 0)
+        rc = mt__rnn_cpu_forward_chunks(s, w, io, training, key, training ? &c : NULL, work);
+    mt__rnn_seq_fini(&f.q);
+    return rc;
 }
 
 int mt__rnn_cpu_backward_drop(const mt__rnn_shape_t *s, const float *w, float *dw,
                               const mt_rnn_io_t *io, uint64_t key, float *reserve,
                               const mt_rnn_grad_io_t *g, float *work)
 {
-    flat_t f = {s, reserve, io->batch};
-    mt__rnn_chunks_t c = flat_chunks(&f);
-    return mt__rnn_cpu_backward_chunks(s, w, dw, io, key, &c, g, work);
+    flat_t f;
+    mt__rnn_chunks_t c;
+    int rc = flat_init(&f, s, io, reserve, &c);
+    if (rc == 0)
+        rc = mt__rnn_cpu_backward_chunks(s, w, dw, io, key, &c, g, work);
+    mt__rnn_seq_fini(&f.q);
+    return rc;
 }
 
 int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
@@ -431,4 +589,32 @@ int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, co
                          float *reserve, const mt_rnn_grad_io_t *g, float *work)
 {
     return mt__rnn_cpu_backward_drop(s, w, dw, io, 0, reserve, g, work);
+}
+
+/* ---- sizes for one io ---- */
+
+size_t mt__rnn_cpu_io_fwd_work(const mt__rnn_shape_t *s, const mt_rnn_io_t *io, bool training)
+{
+    mt__rnn_seq_t q;
+    if (mt__rnn_seq_init(&q, io))
+        return 0;
+    size_t n = mt__rnn_cpu_fwd_work_floats(s, &q, training);
+    mt__rnn_seq_fini(&q);
+    return n;
+}
+
+size_t mt__rnn_cpu_io_bwd_work(const mt__rnn_shape_t *s, const mt_rnn_io_t *io)
+{
+    mt__rnn_seq_t q;
+    if (mt__rnn_seq_init(&q, io))
+        return 0;
+    size_t n = mt__rnn_cpu_bwd_work_floats(s, &q);
+    mt__rnn_seq_fini(&q);
+    return n;
+}
+
+size_t mt__rnn_cpu_io_reserve(const mt__rnn_shape_t *s, const mt_rnn_io_t *io)
+{
+    size_t rows = io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch;
+    return mt__rnn_cpu_reserve_floats(s, rows);
 }

@@ -22,10 +22,11 @@
  * grad buffer region by region (cudnnAddTensor), so gradients still accumulate where the
  * views are. That costs one copy per matrix and bias per call, and is logged once.
  *
- * Data layout: our tensors are dense [T, B, F] with every sequence T long. That is exactly
- * cuDNN's SEQ_MAJOR_PACKED layout with equal lengths, so padded I/O is not needed
- * (CUDNN_RNN_PADDED_IO_DISABLED); it would be for unpacked (padded) variable-length batches,
- * which the engine's API does not have.
+ * Data layout: our tensors are cuDNN's SEQ_MAJOR_PACKED layout: dense [T, B, F] when every
+ * sequence is T long, and the packed [tokens, F] of a packed batch (io.batch_sizes), whose
+ * per-sequence lengths (length b = #{t : batch_sizes[t] > b}) are the data descriptors'
+ * seqLengthArray; cuDNN sizes workspace and reserve for that descriptor. Padded I/O is not
+ * needed (CUDNN_RNN_PADDED_IO_DISABLED).
  *
  * Device: a cuDNN handle belongs to the device current when it was created, and its
  * kernels run on the current device, so every entry switches the calling thread to the
@@ -92,8 +93,11 @@ typedef struct cudnn_state_s {
     int T, B;
     size_t work_inf, work_train, reserve;
     int size_err;   /* a size query failed: the next forward/backward returns it */
-    int *host_lens; /* B ints, each T: the data descriptors' seqLengthArray */
+    int *host_lens; /* B ints: the data descriptors' seqLengthArray (each T unless packed) */
     int host_cap;
+    bool packed;    /* the described shape has per-sequence lengths (host_lens) */
+    int32_t *plens; /* packed: devSeqLengths of the described shape (plens_cap ints) */
+    int plens_cap;
     int32_t *lens; /* devSeqLengths for every T <= lens_T, B <= lens_B */
     int lens_T, lens_B;
 } cudnn_state_t;
@@ -318,11 +322,46 @@ static int scatter_add(mt_rnn_t *m, cudnn_state_t *st, float *dw)
     return 0;
 }
 
-/* Points the data descriptors and the size cache at (T, B). */
-static int describe_shape(const mt_rnn_t *m, int T, int B)
+/* Length of each sequence of io's shape: T each, or from the batch sizes (sequence b runs
+ * while b < batch_sizes[t]). */
+static void shape_lengths(const mt_rnn_io_t *io, int *lens)
+{
+    int T = io->seq_len, B = io->batch;
+    if (!io->batch_sizes) {
+        for (int i = 0; i < B; i++)
+            lens[i] = T;
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        int lo = t + 1 < T ? io->batch_sizes[t + 1] : 0;
+        for (int b = lo; b < io->batch_sizes[t] && b < B; b++)
+            lens[b] = t + 1;
+    }
+}
+
+/* True when io's shape is the one described (no lengths array to compare when padded). */
+static bool same_shape(const cudnn_state_t *st, const mt_rnn_io_t *io)
+{
+    if (st->T != io->seq_len || st->B != io->batch || st->packed != (io->batch_sizes != NULL))
+        return false;
+    if (!st->packed)
+        return true;
+    int T = io->seq_len;
+    for (int t = 0; t < T; t++) {
+        int lo = t + 1 < T ? io->batch_sizes[t + 1] : 0;
+        for (int b = lo; b < io->batch_sizes[t]; b++)
+            if (st->host_lens[b] != t + 1)
+                return false;
+    }
+    return true;
+}
+
+/* Points the data descriptors and the size cache at io's shape. */
+static int describe_shape(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
     cudnn_state_t *st = S(m);
     const mt__rnn_shape_t *s = &m->shape;
+    int T = io->seq_len, B = io->batch;
     st->T = st->B = 0;
     if (B > st->host_cap) {
         int *n = realloc(st->host_lens, (size_t)B * sizeof *n);
@@ -331,8 +370,8 @@ static int describe_shape(const mt_rnn_t *m, int T, int B)
         st->host_lens = n;
         st->host_cap = B;
     }
-    for (int i = 0; i < B; i++)
-        st->host_lens[i] = T;
+    shape_lengths(io, st->host_lens);
+    st->packed = io->batch_sizes != NULL;
     CK(m,
        cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
                                  T, B, s->input, st->host_lens, NULL));
@@ -352,26 +391,34 @@ static int describe_shape(const mt_rnn_t *m, int T, int B)
     return 0;
 }
 
-/* describe_shape on the backend's device; nothing to do when (T, B) is already described. */
-static int set_shape(const mt_rnn_t *m, int T, int B)
+/* describe_shape on the backend's device; nothing to do when the shape is already
+ * described. */
+static int set_shape(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
     cudnn_state_t *st = S(m);
-    if (st->T == T && st->B == B)
+    if (same_shape(st, io))
         return 0;
     dev_guard_t g;
     int rc = dev_enter(m, &g);
     if (rc == 0)
-        rc = describe_shape(m, T, B);
+        rc = describe_shape(m, io);
     dev_leave(&g);
     return rc;
 }
 
 /* A size function cannot return an error: keep it for the call that follows. */
-static void shape_for_size(const mt_rnn_t *m, int T, int B)
+static void shape_for_size(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    int rc = set_shape(m, T, B);
+    int rc = set_shape(m, io);
     if (rc)
         S(m)->size_err = rc;
+}
+
+/* The same for a padded shape (T, B). */
+static void padded_for_size(const mt_rnn_t *m, int T, int B)
+{
+    mt_rnn_io_t io = {.seq_len = T, .batch = B};
+    shape_for_size(m, &io);
 }
 
 /* devSeqLengths: cuDNN reads the lengths from device memory, asynchronously, possibly
@@ -380,8 +427,12 @@ static void shape_for_size(const mt_rnn_t *m, int T, int B)
  * warm-up at the largest shape cost nothing here. Growing makes a new table, filled on
  * the module's stream and waited for (the host staging must outlive the copy); the old one
  * goes back to the allocator stream-ordered, after the work that may still read it. */
+static int packed_lengths(mt_rnn_t *m, cudnn_state_t *st);
+
 static int device_lengths(mt_rnn_t *m, cudnn_state_t *st)
 {
+    if (st->packed)
+        return packed_lengths(m, st);
     if (st->lens && st->T <= st->lens_T && st->B <= st->lens_B)
         return 0;
     int nT = st->T > st->lens_T ? st->T : st->lens_T;
@@ -415,20 +466,46 @@ static int device_lengths(mt_rnn_t *m, cudnn_state_t *st)
     return 0;
 }
 
-/* The lengths of shape (T, B) in the table. */
+/* Packed shapes: their lengths copied to a device array that only grows (a warm-up at the
+ * largest batch makes it large enough), on the module's stream; the host waits for the copy
+ * because host_lens is the staging and changes with the next shape. */
+static int packed_lengths(mt_rnn_t *m, cudnn_state_t *st)
+{
+    if (st->B > st->plens_cap) {
+        int32_t *dev = NULL;
+        int rc = mt_alloc_malloc(m->alloc, (size_t)st->B * sizeof *dev, m->cfg.stream,
+                                 MT_TAG_WORKSPACE, (void **)&dev);
+        if (rc)
+            return rc;
+        if (st->plens)
+            mt_alloc_free(m->alloc, st->plens);
+        st->plens = dev;
+        st->plens_cap = st->B;
+    }
+    _Static_assert(sizeof(int) == sizeof(int32_t), "seqLengthArray is int, devSeqLengths int32");
+    int rc = mt_memcpy_async(m->backend, st->plens, st->host_lens, (size_t)st->B * sizeof(int32_t),
+                             MT_MEMCPY_HOST_TO_DEVICE, m->cfg.stream);
+    if (rc == 0)
+        rc = mt_stream_synchronize(m->backend, m->cfg.stream);
+    return rc;
+}
+
+/* The lengths of the described shape on the device. */
 static const int32_t *lengths(const cudnn_state_t *st)
 {
+    if (st->packed)
+        return st->plens;
     return st->lens + (size_t)(st->T - 1) * (size_t)st->lens_B;
 }
 
-/* Everything a compute call needs for (T, B). */
-static int prepare(mt_rnn_t *m, int T, int B)
+/* Everything a compute call needs for io's shape. */
+static int prepare(mt_rnn_t *m, const mt_rnn_io_t *io)
 {
     cudnn_state_t *st = S(m);
     int rc = st->size_err;
     st->size_err = 0;
     if (rc == 0)
-        rc = set_shape(m, T, B);
+        rc = set_shape(m, io);
     if (rc == 0)
         rc = device_lengths(m, st);
     return rc;
@@ -446,6 +523,8 @@ static void cudnn_fini(mt_rnn_t *m)
     /* Frees are stream-ordered: safe with work still in flight. */
     if (st->lens)
         mt_alloc_free(m->alloc, st->lens);
+    if (st->plens)
+        mt_alloc_free(m->alloc, st->plens);
     if (st->sw)
         mt_alloc_free(m->alloc, st->sw);
     if (st->sdw)
@@ -569,18 +648,19 @@ static int cudnn_init(mt_rnn_t *m)
     return rc;
 }
 
-static size_t cudnn_reserve_bytes(const mt_rnn_t *m, int T, int B)
+static size_t cudnn_reserve_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    shape_for_size(m, T, B);
+    shape_for_size(m, io);
     return S(m)->T ? S(m)->reserve : 0;
 }
 
 /* Inference of a unidirectional module runs in chunks of MT__RNN_CHUNK steps, each a
  * cudnnRNNForward whose final states start the next, so its workspace (cuDNN's grows with
- * T) is bounded independently of T, as the engine promises (U2). */
-static bool chunked(const mt_rnn_t *m, int T, bool training)
+ * T) is bounded independently of T, as the engine promises (U2). Packed batches run as one
+ * call: sequences end inside chunks, and their final states would be spread over them. */
+static bool chunked(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {
-    return !training && m->shape.dirs == 1 && T > MT__RNN_CHUNK;
+    return !training && m->shape.dirs == 1 && io->seq_len > MT__RNN_CHUNK && !io->batch_sizes;
 }
 
 /* Bytes of one [L, B, H] state buffer in the chunked workspace. */
@@ -598,7 +678,7 @@ static size_t chunk_work_bytes(const mt_rnn_t *m, int T, int B)
     int tail = T % MT__RNN_CHUNK;
     int shapes[2] = {MT__RNN_CHUNK, tail};
     for (int i = 0; i < (tail ? 2 : 1); i++) {
-        shape_for_size(m, shapes[i], B);
+        padded_for_size(m, shapes[i], B);
         if (!S(m)->T)
             return 0;
         w = S(m)->work_inf > w ? S(m)->work_inf : w;
@@ -606,13 +686,13 @@ static size_t chunk_work_bytes(const mt_rnn_t *m, int T, int B)
     return w;
 }
 
-static size_t cudnn_fwd_work_bytes(const mt_rnn_t *m, int T, int B, bool training)
+static size_t cudnn_fwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {
-    if (chunked(m, T, training)) {
-        size_t w = chunk_work_bytes(m, T, B);
-        return w ? align_up(w, 512) + 4 * state_bytes(m, B) : 0;
+    if (chunked(m, io, training)) {
+        size_t w = chunk_work_bytes(m, io->seq_len, io->batch);
+        return w ? align_up(w, 512) + 4 * state_bytes(m, io->batch) : 0;
     }
-    shape_for_size(m, T, B);
+    shape_for_size(m, io);
     return S(m)->T ? (training ? S(m)->work_train : S(m)->work_inf) : 0;
 }
 
@@ -623,12 +703,13 @@ static size_t dx_scratch_offset(const cudnn_state_t *st)
     return align_up(st->work_train, 512);
 }
 
-static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, int T, int B)
+static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    shape_for_size(m, T, B);
+    shape_for_size(m, io);
     if (!S(m)->T)
         return 0;
-    return dx_scratch_offset(S(m)) + (size_t)T * (size_t)B * (size_t)m->shape.input * sizeof(float);
+    size_t rows = io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch;
+    return dx_scratch_offset(S(m)) + rows * (size_t)m->shape.input * sizeof(float);
 }
 
 /* One cudnnRNNForward over io with weight space ws. */
@@ -636,7 +717,7 @@ static int forward_once(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, bool
                         void *reserve, void *work)
 {
     cudnn_state_t *st = S(m);
-    int rc = prepare(m, io->seq_len, io->batch);
+    int rc = prepare(m, io);
     if (rc)
         return rc;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
@@ -698,7 +779,7 @@ static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool 
     if (rc)
         return rc;
     const void *ws = st->gather ? (const void *)st->sw : w;
-    if (chunked(m, io->seq_len, training))
+    if (chunked(m, io, training))
         return forward_chunks(m, ws, io, work);
     return forward_once(m, ws, io, training, reserve, work);
 }
@@ -707,7 +788,7 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
                         void *reserve, const mt_rnn_grad_io_t *g, void *work)
 {
     cudnn_state_t *st = S(m);
-    int rc = prepare(m, io->seq_len, io->batch);
+    int rc = prepare(m, io);
     if (rc)
         return rc;
     /* Gather mode: the forward's weights again (another call may have used sw since), and a

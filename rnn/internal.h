@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "memtrace/host.h"
 #include "memtrace/rnn.h"
@@ -19,6 +20,9 @@
 /* The shape of a module, everything the layout and the kernels need.
  * Invariants: gates = 4 (LSTM), 3 (GRU), 1 (RNN); dirs in {1, 2}; layers, input, hidden
  * >= 1. */
+/* A GEMM library of the cpu path (gemm.c). */
+typedef struct mt__rnn_gemm_s mt__rnn_gemm_t;
+
 typedef struct mt__rnn_shape_s {
     int mode;      /* mt_rnn_mode_e */
     int gates;     /* g */
@@ -29,21 +33,68 @@ typedef struct mt__rnn_shape_s {
     bool bias;     /* the layout holds 2*g*H bias floats per pseudo-layer */
     int chunk;     /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
     float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
+    const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
 } mt__rnn_shape_t;
+
+/* ---- the GEMM seam (gemm.c) ---- */
+
+/* The library called name ("cblas", "blis", "dnnl"), loaded on first use: MT_EINVAL for
+ * another name, MT_ENOTSUP if it cannot be loaded here. Process-wide, never unloaded. */
+int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out);
+const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
+/* Library, version and kernel (or ISA), e.g. "OpenBLAS ..., kernel SkylakeX". */
+const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g);
+/* The library's thread count (process-wide for that library). */
+int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
+/* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
+void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 
-static inline float mt__rnn_sigmoid(float v)
+/* The cell loops are compiled for AVX-512 and AVX2 too, picked at load time for the CPU
+ * (GCC's function multiversioning), so they run 16 or 8 lanes wide where the CPU can. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MT__RNN_CELL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MT__RNN_CELL_CLONES
+#endif
+
+/* e^v without a libm call or a branch, so the cell loops vectorize (`#pragma omp simd`,
+ * -fopenmp-simd): v clamped to [-87, 88], v = n ln2 + r with |r| <= ln2/2 (n rounded by the
+ * 1.5 x 2^23 trick, ln2 in two parts), Cephes' degree-5 polynomial for e^r, 2^n put into the
+ * exponent bits. Relative error about 2e-7 (libm's expf: 1e-7); the golden tests against
+ * PyTorch hold it. */
+static inline float mt__rnn_exp(float v)
 {
-    return 1.0f / (1.0f + expf(-v));
+    v = v > 88.0f ? 88.0f : v;
+    v = v < -87.0f ? -87.0f : v;
+    float fn = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - fn * 0.693359375f - fn * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)fn + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
 }
 
-/* tanh through one expf: libm's tanhf goes through expm1f and was a tenth of a train step's
- * time. Absolute error ~1e-7 (the cancellation near 0 is absolute, not relative), far below
+static inline float mt__rnn_sigmoid(float v)
+{
+    return 1.0f / (1.0f + mt__rnn_exp(-v));
+}
+
+/* tanh through one exp: libm's tanhf goes through expm1f and was a tenth of a train step's
+ * time. Absolute error ~2e-7 (the cancellation near 0 is absolute, not relative), far below
  * what float training notices; the gradient checks run against a double reference. */
 static inline float mt__rnn_tanh(float v)
 {
-    return 2.0f / (1.0f + expf(-2.0f * v)) - 1.0f;
+    return 2.0f / (1.0f + mt__rnn_exp(-2.0f * v)) - 1.0f;
 }
 
 /* ---- layout (layout.c) ---- */
@@ -117,17 +168,21 @@ typedef struct mt__rnn_path_s {
      * fini releases it. */
     int (*init)(mt_rnn_t *m);
     void (*fini)(mt_rnn_t *m);
-    /* Bytes of the reserve a training forward of (T, B) keeps for backward. */
-    size_t (*reserve_bytes)(const mt_rnn_t *m, int T, int B);
+    /* Bytes of the reserve a training forward of io's shape (seq_len, batch and, packed,
+     * batch_sizes and tokens; io's pointers unused) keeps for backward. */
+    size_t (*reserve_bytes)(const mt_rnn_t *m, const mt_rnn_io_t *io);
     /* Optional: a path that keeps its reserve in pieces makes and frees it itself (the cpu
      * path: one allocator block per chunk of time steps, which activation offload can park
      * in pinned host memory). The handle is what forward and backward get as reserve.
      * Without them, module.c allocates reserve_bytes as one block tagged activations. */
-    int (*reserve_new)(mt_rnn_t *m, int T, int B, void **out);
+    int (*reserve_new)(mt_rnn_t *m, const mt_rnn_io_t *io, void **out);
     void (*reserve_free)(mt_rnn_t *m, void *reserve);
     /* Bytes of temporary workspace for forward (training or inference) and backward. */
-    size_t (*fwd_work_bytes)(const mt_rnn_t *m, int T, int B, bool training);
-    size_t (*bwd_work_bytes)(const mt_rnn_t *m, int T, int B);
+    size_t (*fwd_work_bytes)(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training);
+    size_t (*bwd_work_bytes)(const mt_rnn_t *m, const mt_rnn_io_t *io);
+    /* Optional: a checksum of n floats of device memory, kept in the reserve for what
+     * backward reads back from the caller (y, x, hx, cx) and compared before backward. */
+    uint64_t (*checksum)(mt_rnn_t *m, const float *p, size_t n);
     /* w: flat weights (the module's buffer or a compacted copy). reserve is unused (and
      * may be NULL) in inference mode, or when reserve_bytes is 0. drop_key: the training
      * pass's dropout key (mt__rnn_drop_key), the same for its forward and backward; a path
@@ -177,25 +232,53 @@ typedef struct mt__rnn_chunks_s {
     void *ud;
 } mt__rnn_chunks_t;
 
-/* Chunk geometry: C, the number of chunks of T steps, and the length of chunk k. */
+/* The time structure of a batch (built from mt_rnn_io_t by mt__rnn_seq_init, host memory).
+ * Padded input is the packed form with every batch size B.
+ * Invariants: T >= 1; bs[0] = B >= 1; B >= bs[t] >= bs[t+1] >= 1 for t < T-1; bs[T] = 0 (a
+ * sentinel: no sequence runs past T); off[0] = 0, off[t+1] = off[t] + bs[t]; rows = off[T].
+ * The rows of step t are [off[t], off[t] + bs[t]) of x, y and every per-step buffer, and
+ * sequence b (in packed order) runs at step t iff b < bs[t]. */
+typedef struct mt__rnn_seq_s {
+    int T;       /* steps (the longest sequence) */
+    int B;       /* sequences */
+    size_t rows; /* tokens: sum of the lengths */
+    int *bs;     /* [T + 1] */
+    size_t *off; /* [T + 1] */
+} mt__rnn_seq_t;
+
+/* From io (batch_sizes, or T steps of B): MT_ENOMEM, or 0. Does not validate: the module
+ * checks io first (mt__rnn_seq_check). */
+int mt__rnn_seq_init(mt__rnn_seq_t *q, const mt_rnn_io_t *io);
+void mt__rnn_seq_fini(mt__rnn_seq_t *q);
+/* 0 if io's batch_sizes describe a valid packed batch of io->tokens rows (see
+ * mt_rnn_io_t), else MT_EINVAL after logging what is wrong. Reads at most seq_len entries. */
+int mt__rnn_seq_check(const mt_rnn_io_t *io, mt_log_cb log, void *ud);
+
+/* Chunk geometry: C, the number of chunks of T steps, the steps of chunk k, its first row
+ * and its rows, and the most rows of any chunk. */
 int mt__rnn_cpu_chunk_len(const mt__rnn_shape_t *s);
 int mt__rnn_cpu_nchunks(const mt__rnn_shape_t *s, int T);
 int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
+size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
+size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
+size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
 
-/* Reserve layout of ONE chunk of n steps, in floats from its start: for each pseudo-layer
- * p = l*D + d in order, gates [n, B, g*H] then aux [n, B, H] (LSTM: c; GRU: R_n h + b_Rn;
- * none for RNN), then the outputs of layers 0 .. L-2, each [n, B, D*H]. Its size is linear
- * in n, so the whole reserve (mt__rnn_cpu_reserve_floats) is the chunk size at n = T. */
-size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, int n, int B);
-size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, int T, int B);
-float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p);
-float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, int n, int B, int p);
-float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, int n, int B, int l);
+/* Reserve layout of ONE chunk of nb rows (steps x sequences running), in floats from its
+ * start: for each pseudo-layer p = l*D + d in order, gates [nb, g*H] then aux [nb, H] (LSTM:
+ * c; GRU: R_n h + b_Rn; none for RNN), then the outputs of layers 0 .. L-2, each
+ * [nb, D*H]. Its size is linear in nb, so the whole reserve (mt__rnn_cpu_reserve_floats) is
+ * the chunk size at nb = sum of the lengths (T*B padded). */
+size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, size_t nb);
+size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, size_t rows);
+float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p);
+float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p);
+float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, int l);
 
-size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, int T, int B, bool training);
-size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, int T, int B);
+size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training);
+size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
 /* chunks: the training reserve (unused, may be NULL, in inference). key: the pass's dropout
- * key (used when mt__rnn_drop_on(s) in training; backward must get forward's). */
+ * key (used when mt__rnn_drop_on(s) in training; backward must get forward's). io may be
+ * packed (batch_sizes); it is not checked here. */
 int mt__rnn_cpu_forward_chunks(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                                bool training, uint64_t key, const mt__rnn_chunks_t *chunks,
                                float *work);
@@ -203,7 +286,8 @@ int mt__rnn_cpu_backward_chunks(const mt__rnn_shape_t *s, const float *w, float 
                                 const mt_rnn_io_t *io, uint64_t key, const mt__rnn_chunks_t *chunks,
                                 const mt_rnn_grad_io_t *g, float *work);
 /* The same over one flat reserve of mt__rnn_cpu_reserve_floats floats holding the chunks
- * one after the other (tests, and any caller with one buffer); without _drop, key 0. */
+ * one after the other (tests, and any caller with one buffer); without _drop, key 0. The
+ * workspace sizes are those of mt__rnn_cpu_*_work_floats for io's seq. */
 int mt__rnn_cpu_forward(const mt__rnn_shape_t *s, const float *w, const mt_rnn_io_t *io,
                         bool training, float *reserve, float *work);
 int mt__rnn_cpu_backward(const mt__rnn_shape_t *s, const float *w, float *dw, const mt_rnn_io_t *io,
@@ -213,6 +297,10 @@ int mt__rnn_cpu_forward_drop(const mt__rnn_shape_t *s, const float *w, const mt_
 int mt__rnn_cpu_backward_drop(const mt__rnn_shape_t *s, const float *w, float *dw,
                               const mt_rnn_io_t *io, uint64_t key, float *reserve,
                               const mt_rnn_grad_io_t *g, float *work);
+/* Workspace floats of mt__rnn_cpu_forward/backward for io (tests): MT_ENOMEM -> 0. */
+size_t mt__rnn_cpu_io_fwd_work(const mt__rnn_shape_t *s, const mt_rnn_io_t *io, bool training);
+size_t mt__rnn_cpu_io_bwd_work(const mt__rnn_shape_t *s, const mt_rnn_io_t *io);
+size_t mt__rnn_cpu_io_reserve(const mt__rnn_shape_t *s, const mt_rnn_io_t *io);
 
 /* ---- the cpu path's reserve store and activation offload (offload.c) ---- */
 
@@ -222,7 +310,7 @@ int mt__rnn_cpu_backward_drop(const mt__rnn_shape_t *s, const float *w, float *d
  * and its block freed after the copy's event; backward brings chunks back ahead of need,
  * holding at most W + 1 (the chunk differentiated reads its predecessor's last step). */
 typedef struct mt__rnn_store_s mt__rnn_store_t;
-int mt__rnn_store_new(mt_rnn_t *m, int T, int B, mt__rnn_store_t **out);
+int mt__rnn_store_new(mt_rnn_t *m, const mt_rnn_io_t *io, mt__rnn_store_t **out);
 void mt__rnn_store_free(mt_rnn_t *m, mt__rnn_store_t *st);
 /* The kernels' view of the store. */
 void mt__rnn_store_chunks(mt__rnn_store_t *st, mt__rnn_chunks_t *out);
@@ -275,6 +363,9 @@ struct mt_rnn_reserve_s {
     size_t bytes;
     float *wcopy;      /* compacted weights used by forward (tagged weights), or NULL */
     uint64_t drop_key; /* the forward's dropout key: backward regenerates its masks */
+    int *batch_sizes;  /* packed: a copy of the forward's (io.batch_sizes points here) */
+    bool summed;       /* sums[] hold checksums of io.y, x, hx, cx after forward */
+    uint64_t sums[4];
 };
 
 #endif

@@ -74,6 +74,37 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
     return rc;
 }
 
+/* The default GEMM library of the cpu path, by measurement (docs/blas.md). Builds with
+ * AddressSanitizer keep the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a
+ * process that runs oneDNN's OpenMP threads (libgomp), failing every test at exit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define MT__RNN_GEMM_DEFAULT "cblas"
+#else
+#define MT__RNN_GEMM_DEFAULT "dnnl"
+#endif
+
+/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default if it loads, else the linked CBLAS. */
+static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out)
+{
+    const char *want = cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
+    const char *env = getenv("MEMTRACE_RNN_GEMM");
+    if (!want && env && *env && strcmp(env, "auto") != 0)
+        want = env;
+    if (!want) {
+        if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)
+            return 0;
+        return mt__rnn_gemm_get("cblas", out);
+    }
+    int rc = mt__rnn_gemm_get(want, out);
+    if (rc)
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "rnn: GEMM library \"%s\"%s %s: expected cblas, blis or dnnl, loadable here "
+                 "(libblis.so.4, libdnnl.so.2)",
+                 want, want == env ? " (MEMTRACE_RNN_GEMM)" : "",
+                 rc == MT_EINVAL ? "is unknown" : "cannot be loaded");
+    return rc;
+}
+
 /* ---- lifecycle ---- */
 
 mt_rnn_cfg_t mt_rnn_cfg_default(void)
@@ -128,6 +159,11 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     const mt__rnn_path_t *path = select_path(b);
     if (!path)
         return MT_ENOTSUP;
+    if (path == &mt__rnn_cpu_path) {
+        rc = select_gemm(cfg, &shape.gemm);
+        if (rc)
+            return rc;
+    }
 
     mt_rnn_t *m = calloc(1, sizeof *m);
     if (!m)
@@ -223,6 +259,25 @@ const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m)
 const char *mt_rnn_path_name(const mt_rnn_t *m)
 {
     return m->path->name;
+}
+
+const char *mt_rnn_gemm_name(const mt_rnn_t *m)
+{
+    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_name(m->shape.gemm) : m->path->name;
+}
+
+const char *mt_rnn_gemm_info(const mt_rnn_t *m)
+{
+    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_info(m->shape.gemm) : m->path->name;
+}
+
+int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
+{
+    if (!m || threads < 1)
+        return MT_EINVAL;
+    if (m->path != &mt__rnn_cpu_path)
+        return MT_ENOTSUP;
+    return mt__rnn_gemm_set_threads(m->shape.gemm, threads);
 }
 
 /* ---- parameters ---- */
@@ -412,16 +467,67 @@ static int check_io(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
     if (!io || io->seq_len < 1 || io->batch < 1 || !io->x || !io->y)
         return MT_EINVAL;
-    (void)m;
+    return mt__rnn_seq_check(io, m->cfg.log, m->cfg.log_ud);
+}
+
+/* Rows of x and y. */
+static size_t io_rows(const mt_rnn_io_t *io)
+{
+    return io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch;
+}
+
+/* What backward reads back from the caller, in the order of mt_rnn_reserve_s.sums. */
+static const char *const summed_name[4] = {"y", "x", "hx", "cx"};
+
+static void io_summed(const mt_rnn_t *m, const mt_rnn_io_t *io, const float *p[4], size_t n[4])
+{
+    const mt__rnn_shape_t *s = &m->shape;
+    size_t st = (size_t)s->layers * (size_t)s->dirs * (size_t)io->batch * (size_t)s->hidden;
+    p[0] = io->y;
+    n[0] = io_rows(io) * (size_t)s->dirs * (size_t)s->hidden;
+    p[1] = io->x;
+    n[1] = io_rows(io) * (size_t)s->input;
+    p[2] = io->hx;
+    n[2] = io->hx ? st : 0;
+    p[3] = s->mode == MT_RNN_LSTM ? io->cx : NULL;
+    n[3] = p[3] ? st : 0;
+}
+
+static void io_sums(mt_rnn_t *m, const mt_rnn_io_t *io, uint64_t sums[4])
+{
+    const float *p[4];
+    size_t n[4];
+    io_summed(m, io, p, n);
+    for (int i = 0; i < 4; i++)
+        sums[i] = p[i] ? m->path->checksum(m, p[i], n[i]) : 0;
+}
+
+/* MT_EINVAL, logged, if something backward reads back changed since forward. */
+static int check_sums(mt_rnn_t *m, const mt_rnn_reserve_t *r)
+{
+    if (!r->summed)
+        return 0;
+    uint64_t now[4];
+    io_sums(m, &r->io, now);
+    for (int i = 0; i < 4; i++) {
+        if (now[i] != r->sums[i]) {
+            rlog(m, MT_LOG_ERROR,
+                 "rnn: backward: %s changed since the training forward (its checksum in the "
+                 "reserve differs); backward reads the forward's %s back, so its gradients "
+                 "would be wrong. Keep it unchanged until backward, or run forward again",
+                 summed_name[i], summed_name[i]);
+            return MT_EINVAL;
+        }
+    }
     return 0;
 }
 
 /* The path's reserve: its own handle (reserve_new) or one block tagged activations. */
 static int reserve_new(mt_rnn_t *m, mt_rnn_reserve_t *r)
 {
-    r->bytes = m->path->reserve_bytes(m, r->io.seq_len, r->io.batch);
+    r->bytes = m->path->reserve_bytes(m, &r->io);
     if (m->path->reserve_new)
-        return m->path->reserve_new(m, r->io.seq_len, r->io.batch, &r->space);
+        return m->path->reserve_new(m, &r->io, &r->space);
     return dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
 }
 
@@ -438,6 +544,7 @@ static void release(mt_rnn_t *m, mt_rnn_reserve_t *r)
 {
     reserve_free(m, r);
     dfree(m, r->wcopy);
+    free(r->batch_sizes);
     free(r);
 }
 
@@ -468,13 +575,21 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
             goto fail_res;
         res->m = m;
         res->io = *io;
+        if (io->batch_sizes) {
+            /* Backward needs the batch's shape; the caller's array may be gone by then. */
+            size_t n = (size_t)io->seq_len * sizeof(int);
+            res->batch_sizes = malloc(n);
+            if (!res->batch_sizes)
+                goto fail_space;
+            memcpy(res->batch_sizes, io->batch_sizes, n);
+            res->io.batch_sizes = res->batch_sizes;
+        }
         rc = reserve_new(m, res);
         if (rc)
             goto fail_space;
     }
     if (!step_work) {
-        rc = dmalloc(m, m->path->fwd_work_bytes(m, io->seq_len, io->batch, training),
-                     MT_TAG_WORKSPACE, &work);
+        rc = dmalloc(m, m->path->fwd_work_bytes(m, io, training), MT_TAG_WORKSPACE, &work);
         if (rc)
             goto fail_work;
     }
@@ -489,6 +604,10 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     if (training) {
         m->drop_counter++;
         res->drop_key = key;
+        if (m->path->checksum) {
+            io_sums(m, io, res->sums);
+            res->summed = true;
+        }
         /* The compacted copy lives until backward, which needs the same weights. */
         res->wcopy = copy;
         *reserve = res;
@@ -501,6 +620,8 @@ fail_work:
     if (res)
         reserve_free(m, res);
 fail_space:
+    if (res)
+        free(res->batch_sizes);
     free(res);
 fail_res:
     dfree(m, copy);
@@ -540,8 +661,9 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
     if (!w)
         rc = weights_for_call(m, &w, &copy);
     if (rc == 0)
-        rc = dmalloc(m, m->path->bwd_work_bytes(m, res->io.seq_len, res->io.batch),
-                     MT_TAG_WORKSPACE, &work);
+        rc = check_sums(m, res);
+    if (rc == 0)
+        rc = dmalloc(m, m->path->bwd_work_bytes(m, &res->io), MT_TAG_WORKSPACE, &work);
     if (rc == 0) {
         rc = m->path->backward(m, w, m->dw, &res->io, res->drop_key, res->space, g, work);
         m->stats.backwards++;
@@ -568,7 +690,8 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
     size_t ybytes = (size_t)batch * (size_t)m->shape.hidden * sizeof(float);
     /* y sits after the path's workspace, whose size may be any byte count (cuDNN's is):
      * round it up so y stays aligned for floats (and vector loads). */
-    size_t wbytes = (m->path->fwd_work_bytes(m, 1, batch, false) + 255) & ~(size_t)255;
+    mt_rnn_io_t shape = {.seq_len = 1, .batch = batch};
+    size_t wbytes = (m->path->fwd_work_bytes(m, &shape, false) + 255) & ~(size_t)255;
     size_t need = wbytes + ybytes;
     if (need > m->step_ws_bytes) {
         dfree(m, m->step_ws);
@@ -599,12 +722,10 @@ int mt_rnn_step_release(mt_rnn_t *m)
 
 /* ---- warm-up (U2) ---- */
 
-int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
+/* The warm-up of one training step of shape (max_T, max_B, batch_sizes, tb rows). */
+static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, size_t tb)
 {
-    if (!m || max_T < 1 || max_B < 1)
-        return MT_EINVAL;
     const mt__rnn_shape_t *s = &m->shape;
-    size_t tb = (size_t)max_T * (size_t)max_B;
     size_t xin = tb * (size_t)s->input * sizeof(float);
     size_t yout = tb * (size_t)s->dirs * (size_t)s->hidden * sizeof(float);
     size_t st =
@@ -648,6 +769,8 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     if (rc == 0) {
         mt_rnn_io_t io = {.seq_len = max_T,
                           .batch = max_B,
+                          .batch_sizes = batch_sizes,
+                          .tokens = batch_sizes ? tb : 0,
                           .x = buf[X].p,
                           .y = buf[Y].p,
                           .hx = buf[HX].p,
@@ -670,9 +793,43 @@ int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
     m->drop_counter = drop_counter;
     int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
     mark(m, MT_MARK_WARMUP_END, tb);
-    rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d done (%s)", max_T, max_B,
+    rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d, %zu tokens done (%s)", max_T, max_B, tb,
          rc ? mt_strerror(rc) : "ok");
     return rc ? rc : rc2;
+}
+
+int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
+{
+    if (!m || max_T < 1 || max_B < 1)
+        return MT_EINVAL;
+    return warmup(m, max_T, max_B, NULL, (size_t)max_T * (size_t)max_B);
+}
+
+int mt_rnn_warmup_packed(mt_rnn_t *m, size_t max_tokens, int max_batch)
+{
+    if (!m || max_batch < 1 || max_tokens < (size_t)max_batch) {
+        if (m)
+            rlog(m, MT_LOG_ERROR,
+                 "rnn: packed warm-up: %zu tokens cannot fill a batch of %d sequences of at "
+                 "least one step each",
+                 max_tokens, max_batch);
+        return MT_EINVAL;
+    }
+    /* Every sequence as long as possible: the first chunks hold the most rows any batch
+     * within the bounds can have (C * max_batch, or every token), and the reserve and the
+     * whole-batch buffers the most tokens. */
+    size_t full = max_tokens / (size_t)max_batch, rest = max_tokens % (size_t)max_batch;
+    if (full + (rest > 0) > (size_t)INT32_MAX)
+        return MT_EOVERFLOW;
+    int T = (int)(full + (rest > 0));
+    int *bs = malloc((size_t)T * sizeof *bs);
+    if (!bs)
+        return MT_ENOMEM;
+    for (int t = 0; t < T; t++)
+        bs[t] = (size_t)t < full ? max_batch : (int)rest;
+    int rc = warmup(m, T, max_batch, bs, max_tokens);
+    free(bs);
+    return rc;
 }
 
 /* ---- invariants ---- */
@@ -735,6 +892,23 @@ int mt_rnn_activation_bytes(const mt_rnn_t *m, int seq_len, int batch, mt_rnn_ac
     if (!m || !out || seq_len < 1 || batch < 1)
         return MT_EINVAL;
     mt__rnn_activation(&m->shape, seq_len, batch, out);
-    out->reserve_bytes = m->path->reserve_bytes(m, seq_len, batch);
+    mt_rnn_io_t io = {.seq_len = seq_len, .batch = batch};
+    out->reserve_bytes = m->path->reserve_bytes(m, &io);
+    return 0;
+}
+
+int mt_rnn_activation_bytes_packed(const mt_rnn_t *m, int seq_len, const int *batch_sizes,
+                                   mt_rnn_act_t *out)
+{
+    if (!m || !out || seq_len < 1 || !batch_sizes)
+        return MT_EINVAL;
+    mt_rnn_io_t io = {.seq_len = seq_len, .batch = batch_sizes[0], .batch_sizes = batch_sizes};
+    for (int t = 0; t < seq_len; t++)
+        io.tokens += batch_sizes[t] > 0 ? (size_t)batch_sizes[t] : 0;
+    int rc = mt__rnn_seq_check(&io, m->cfg.log, m->cfg.log_ud);
+    if (rc)
+        return rc;
+    mt__rnn_activation(&m->shape, seq_len, io.batch, out);
+    out->reserve_bytes = m->path->reserve_bytes(m, &io);
     return 0;
 }

@@ -99,23 +99,30 @@ void mt__rnn_store_free(mt_rnn_t *m, mt__rnn_store_t *st)
     free(st);
 }
 
-int mt__rnn_store_new(mt_rnn_t *m, int T, int B, mt__rnn_store_t **out)
+int mt__rnn_store_new(mt_rnn_t *m, const mt_rnn_io_t *io, mt__rnn_store_t **out)
 {
     *out = NULL;
     int window = m->cfg.offload_window;
     int rc = mt__rnn_offload_check(m, m->cfg.offload_host, window);
     if (rc)
         return rc;
+    mt__rnn_seq_t q;
+    rc = mt__rnn_seq_init(&q, io);
+    if (rc)
+        return rc;
     mt__rnn_store_t *st = calloc(1, sizeof *st);
-    if (!st)
+    if (!st) {
+        mt__rnn_seq_fini(&q);
         return MT_ENOMEM;
+    }
     st->m = m;
-    st->n = mt__rnn_cpu_nchunks(&m->shape, T);
+    st->n = mt__rnn_cpu_nchunks(&m->shape, q.T);
     st->window = window >= st->n ? 0 : window; /* a window holding every chunk moves nothing */
     st->host = m->cfg.offload_host;
     st->ch = calloc((size_t)st->n, sizeof *st->ch);
     if (!st->ch) {
         free(st);
+        mt__rnn_seq_fini(&q);
         return MT_ENOMEM;
     }
     if (st->window > 0 && !m->off_side) {
@@ -126,16 +133,18 @@ int mt__rnn_store_new(mt_rnn_t *m, int T, int B, mt__rnn_store_t **out)
             mt__rnn_offload_fini(m);
     }
     for (int i = 0; i < st->n && rc == 0; i++) {
-        int steps = mt__rnn_cpu_chunk_steps(&m->shape, T, i);
-        st->ch[i].bytes = mt__rnn_cpu_chunk_floats(&m->shape, steps, B) * sizeof(float);
+        size_t rows = mt__rnn_cpu_chunk_rows(&m->shape, &q, i);
+        st->ch[i].bytes = mt__rnn_cpu_chunk_floats(&m->shape, rows) * sizeof(float);
         if (st->window > 0)
             rc = mt_event_create(m->backend, &st->ch[i].ev);
     }
+    size_t rows = q.rows;
+    mt__rnn_seq_fini(&q);
     if (rc) {
         mt__rnn_store_free(m, st);
         return rc;
     }
-    m->stats.pass_reserve_bytes = mt__rnn_cpu_reserve_floats(&m->shape, T, B) * sizeof(float);
+    m->stats.pass_reserve_bytes = mt__rnn_cpu_reserve_floats(&m->shape, rows) * sizeof(float);
     m->stats.pass_reserve_peak_bytes = 0;
     *out = st;
     return 0;

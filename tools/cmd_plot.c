@@ -11,6 +11,7 @@
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
+#include "tools/snapshot_in.h"
 
 static void help(FILE *f)
 {
@@ -18,7 +19,8 @@ static void help(FILE *f)
             "usage: memtrace plot [options] LOG...\n"
             "\n"
             "Draws a memtrace telemetry log (NDJSON, schema v1: docs/telemetry.md; the input\n"
-            "of 'memtrace report') as one self-contained SVG image (no scripts, fonts or\n"
+            "of 'memtrace report'; or a PyTorch memory snapshot, docs/torch-snapshot.md) as one "
+            "self-contained SVG image (no scripts, fonts or\n"
             "files outside it; open it in a browser), to see where device memory went:\n"
             "  - top: device memory in use over time, stacked by tag (weights, grads,\n"
             "    optimizer, activations, workspace, batch, other, user labels), the\n"
@@ -151,7 +153,9 @@ int mt_cmd_plot(int argc, char **argv)
         return 1;
     }
     unsigned long bad = 0;
-    int status = mt_tool_read_logs(r, "memtrace plot", argv + optind, argc - optind, &bad);
+    mt_tool_inputs_t in; /* a LOG may be a PyTorch snapshot (its annotations become marks) */
+    int status = mt_tool_read_inputs(r, "memtrace plot", argv + optind, argc - optind, &bad, &in);
+    mt_tool_inputs_free(&in);
     char *dflt = NULL;
     if (!output && strcmp(path, "-") != 0)
         output = dflt = default_output(path);

@@ -5,6 +5,7 @@
  * The trace is loaded and checked completely first (trace_csv.c), so malformed input is
  * reported before anything runs and the timed loop does no parsing or hashing: pointers
  * became slot numbers and each slot holds our pointer. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "tools/commands.h"
+#include "tools/snapshot_in.h"
 
 /* ---- the command ---- */
 
@@ -30,7 +32,10 @@ static void usage(FILE *f)
                "reserved bytes, utilization and fragmentation at the peak, backend calls,\n"
                "retries/OOMs and the cost per operation.\n"
                "\n"
-               "FILE is RMM's logging CSV: the header Thread,Time,Action,Pointer,Size,Stream,\n"
+               "FILE is RMM's logging CSV, or a PyTorch memory snapshot (the pickle of\n"
+               "torch.cuda.memory._dump_snapshot; each device's trace is replayed and\n"
+               "PyTorch's own reserved and peak figures are printed beside memtrace's).\n"
+               "RMM's CSV: the header Thread,Time,Action,Pointer,Size,Stream,\n"
                "then rows like  2342727,15:47:02.841961,allocate,0x10012400000,1048576,0\n"
                "(Action allocate, free or 'allocate failure'; Pointer hex with 0x; Size\n"
                "decimal; Stream hex without 0x, 0 = default stream). Rows are replayed in file\n"
@@ -57,6 +62,7 @@ static void usage(FILE *f)
                "\n"
                "example:\n"
                "  memtrace replay data/traces/rnn_varlen.csv --warmup\n"
+               "  memtrace replay snapshot.pickle --alloc-conf expandable_segments:True\n"
                "  memtrace replay data/traces/somas_resnet50.csv \\\n"
                "      --alloc-conf expandable_segments:True --json\n");
 }
@@ -180,46 +186,58 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     json_t *o = json_object();
     if (o == NULL)
         return MT_ENOMEM;
-    json_object_set_new(o, "file", json_string(path));
-    json_object_set_new(o, "backend", json_string(r->backend));
-    json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)r->capacity));
-    json_object_set_new(o, "modelled_segment_malloc_ns",
-                        json_integer((json_int_t)r->malloc_cost_ns));
-    json_object_set_new(o, "alloc_conf",
-                        cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
-    json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
-    json_object_set_new(o, "events", json_integer((json_int_t)t->nrows));
-    json_object_set_new(o, "allocates", json_integer((json_int_t)t->nallocs));
-    json_object_set_new(o, "frees", json_integer((json_int_t)t->nfrees));
-    json_object_set_new(o, "allocate_failures", json_integer((json_int_t)t->nfailures));
-    json_object_set_new(o, "streams", json_integer((json_int_t)t->nstreams));
-    json_object_set_new(o, "trace_leaks", json_integer((json_int_t)t->leaked));
-    json_object_set_new(o, "trace_peak_live_bytes", jbytes(t->peak_live_bytes));
-    json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)r->peak_allocated));
-    json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)r->peak_reserved));
-    json_object_set_new(o, "utilization_at_peak", json_real(r->utilization_at_peak));
-    json_object_set_new(o, "fragmentation_at_peak",
-                        r->sampled ? json_real(r->fragmentation_at_peak) : json_null());
-    json_object_set_new(o, "largest_free_block_at_peak_bytes",
-                        json_integer((json_int_t)r->largest_free_at_peak));
-    json_object_set_new(o, "total_free_at_peak_bytes",
-                        json_integer((json_int_t)r->total_free_at_peak));
-    json_object_set_new(o, "backend_malloc_calls", json_integer((json_int_t)r->backend_malloc));
-    json_object_set_new(o, "backend_free_calls", json_integer((json_int_t)r->backend_free));
-    json_object_set_new(o, "backend_vm_map_calls", json_integer((json_int_t)r->backend_map));
-    json_object_set_new(o, "backend_vm_unmap_calls", json_integer((json_int_t)r->backend_unmap));
-    json_object_set_new(o, "warmup_backend_calls",
-                        json_integer((json_int_t)r->warmup_backend_calls));
-    json_object_set_new(o, "warmup_reserved_bytes", json_integer((json_int_t)r->warmup_reserved));
-    json_object_set_new(o, "num_alloc_retries", json_integer((json_int_t)r->num_alloc_retries));
-    json_object_set_new(o, "num_ooms", json_integer((json_int_t)r->num_ooms));
-    json_object_set_new(o, "ns_per_op", json_real((double)r->elapsed_ns / ops));
-    json_object_set_new(o, "modelled_ns_per_op", json_real((double)r->modelled_ns / ops));
+    int bad = 0; /* a field that could not be made (out of memory): print nothing */
+    bad |= json_object_set_new(o, "file", json_string(path));
+    bad |= json_object_set_new(o, "backend", json_string(r->backend));
+    bad |= json_object_set_new(o, "capacity_bytes", json_integer((json_int_t)r->capacity));
+    bad |= json_object_set_new(o, "modelled_segment_malloc_ns",
+                               json_integer((json_int_t)r->malloc_cost_ns));
+    bad |= json_object_set_new(o, "alloc_conf",
+                               cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
+    bad |= json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
+    bad |= json_object_set_new(o, "events", json_integer((json_int_t)t->nrows));
+    bad |= json_object_set_new(o, "allocates", json_integer((json_int_t)t->nallocs));
+    bad |= json_object_set_new(o, "frees", json_integer((json_int_t)t->nfrees));
+    bad |= json_object_set_new(o, "allocate_failures", json_integer((json_int_t)t->nfailures));
+    bad |= json_object_set_new(o, "streams", json_integer((json_int_t)t->nstreams));
+    bad |= json_object_set_new(o, "trace_leaks", json_integer((json_int_t)t->leaked));
+    bad |= json_object_set_new(o, "trace_peak_live_bytes", jbytes(t->peak_live_bytes));
+    bad |=
+        json_object_set_new(o, "peak_allocated_bytes", json_integer((json_int_t)r->peak_allocated));
+    bad |=
+        json_object_set_new(o, "peak_reserved_bytes", json_integer((json_int_t)r->peak_reserved));
+    bad |= json_object_set_new(o, "utilization_at_peak", json_real(r->utilization_at_peak));
+    bad |= json_object_set_new(o, "fragmentation_at_peak",
+                               r->sampled ? json_real(r->fragmentation_at_peak) : json_null());
+    bad |= json_object_set_new(o, "largest_free_block_at_peak_bytes",
+                               json_integer((json_int_t)r->largest_free_at_peak));
+    bad |= json_object_set_new(o, "total_free_at_peak_bytes",
+                               json_integer((json_int_t)r->total_free_at_peak));
+    bad |=
+        json_object_set_new(o, "backend_malloc_calls", json_integer((json_int_t)r->backend_malloc));
+    bad |= json_object_set_new(o, "backend_free_calls", json_integer((json_int_t)r->backend_free));
+    bad |= json_object_set_new(o, "backend_vm_map_calls", json_integer((json_int_t)r->backend_map));
+    bad |= json_object_set_new(o, "backend_vm_unmap_calls",
+                               json_integer((json_int_t)r->backend_unmap));
+    bad |= json_object_set_new(o, "warmup_backend_calls",
+                               json_integer((json_int_t)r->warmup_backend_calls));
+    bad |= json_object_set_new(o, "warmup_reserved_bytes",
+                               json_integer((json_int_t)r->warmup_reserved));
+    bad |=
+        json_object_set_new(o, "num_alloc_retries", json_integer((json_int_t)r->num_alloc_retries));
+    bad |= json_object_set_new(o, "num_ooms", json_integer((json_int_t)r->num_ooms));
+    bad |= json_object_set_new(o, "ns_per_op", json_real((double)r->elapsed_ns / ops));
+    bad |= json_object_set_new(o, "modelled_ns_per_op", json_real((double)r->modelled_ns / ops));
+    if (bad) {
+        json_decref(o);
+        return MT_ENOMEM;
+    }
+    errno = 0; /* jansson reports a failure without a reason: errno tells */
     int rc = json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (rc == 0)
         putchar('\n');
-    return rc == 0 ? 0 : MT_EIO;
+    return rc == 0 ? 0 : errno == ENOMEM ? MT_ENOMEM : MT_EIO;
 }
 
 int mt_cmd_replay(int argc, char **argv)
@@ -273,6 +291,8 @@ int mt_cmd_replay(int argc, char **argv)
         return 2;
     }
     const char *path = argv[optind];
+    if (mt_ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
+        return mt_tool_replay_snapshot(path, &cfg, json);
     char err[MT_TRACE_ERR_LEN + 256] = "";
     mt_backend_cfg_t env_bc = mt_backend_cfg_default();
     if (mt_backend_cfg_from_env(&env_bc, err, sizeof err) != 0) {
@@ -292,9 +312,9 @@ int mt_cmd_replay(int argc, char **argv)
         mt_trace_free(&t);
         return rc == MT_EINVAL ? 2 : 1;
     }
-    if (json)
-        rc = print_json(path, t, &cfg, &res);
-    else
+    if (json && (rc = print_json(path, t, &cfg, &res)) < 0)
+        fprintf(stderr, "memtrace replay: cannot print the result: %s\n", mt_strerror(rc));
+    else if (!json)
         print_text(path, t, &cfg, &res);
     mt_trace_free(&t);
     return rc < 0 ? 1 : 0;

@@ -14,6 +14,7 @@
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
+#include "tools/snapshot_in.h"
 
 static void help(FILE *f)
 {
@@ -35,6 +36,11 @@ static void help(FILE *f)
                "    of history kept alive from one iteration to the next.\n"
                "Pinned host memory (a pinned host cache's blocks, pool host) is not device\n"
                "memory: it is summarised apart (peaks, peak of each tag, never freed).\n"
+               "\n"
+               "A LOG may also be a PyTorch memory snapshot (the pickle of\n"
+               "torch.cuda.memory._dump_snapshot, docs/torch-snapshot.md): its trace is\n"
+               "reported as a process of its own, with the top call sites at the peak from\n"
+               "its frames and its external annotations.\n"
                "\n"
                "options:\n"
                "  --json              print the analysis as one JSON document\n"
@@ -225,6 +231,10 @@ static void print_process(json_t *p)
     if (num(p, "unmatched_frees") > 0)
         printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
     printf("\n");
+    /* Blocks from before a gap whose free may be among the lost events: not counted above. */
+    if (num(nf, "uncertain_count") > 0)
+        printf("  uncertain (events lost): %.0f allocations, %s, whose free may have been lost\n",
+               num(nf, "uncertain_count"), human(num(nf, "uncertain_bytes"), b1, sizeof(b1)));
     json_t *groups = json_object_get(nf, "groups");
     if (json_array_size(groups)) {
         printf("    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
@@ -311,16 +321,21 @@ int mt_cmd_report(int argc, char **argv)
         return 1;
     }
     unsigned long bad = 0;
-    if (mt_tool_read_logs(r, "memtrace report", argv + optind, argc - optind, &bad) != 0) {
+    mt_tool_inputs_t in;
+    int status = mt_tool_read_inputs(r, "memtrace report", argv + optind, argc - optind, &bad, &in);
+    if (status != 0) {
+        mt_tool_inputs_free(&in);
         mt__report_destroy(&r);
-        return 1;
+        return status;
     }
     json_t *res = mt__report_result(r);
     mt__report_destroy(&r);
     if (!res) {
         fprintf(stderr, "memtrace report: out of memory\n");
+        mt_tool_inputs_free(&in);
         return 1;
     }
+    mt_tool_inputs_json(&in, res, cfg.top);
     if (as_json) {
         json_dumpf(res, stdout, JSON_INDENT(2));
         printf("\n");
@@ -345,7 +360,9 @@ int mt_cmd_report(int argc, char **argv)
             printf("\n");
             print_process(p);
         }
+        mt_tool_inputs_print(&in, cfg.top);
     }
+    mt_tool_inputs_free(&in);
     json_decref(res);
     return bad ? 2 : 0;
 }

@@ -146,10 +146,23 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
             for (int k = 0; k < width; k++)
                 bar[k] = k < fill ? '#' : '.';
             bar[width] = '\0';
-            char vb[32], pb[32];
-            fprintf(f, "         %-14.14s [%s] %10s  peak %s\n",
+            char vb[32], pb[32], ub[32];
+            fprintf(f, "         %-14.14s [%s] %10s  peak %s",
                     json_string_value(json_object_get(tg, "name")) ?: "?", bar,
                     human(v, vb, sizeof vb), human(num(tg, "peak_bytes"), pb, sizeof pb));
+            /* After dropped events: blocks whose free may have been lost, not counted. */
+            if (num(tg, "uncertain_bytes") > 0)
+                fprintf(f, "  (+ up to %s uncertain)",
+                        human(num(tg, "uncertain_bytes"), ub, sizeof ub));
+            fputc('\n', f);
+        }
+        if (json_object_get(p, "uncertain_bytes")) {
+            char ub[32], tb[32];
+            fprintf(f,
+                    "         %-14s events were lost: up to %s of blocks may be freed already, %s "
+                    "allocated unseen\n",
+                    "uncertain", human(num(p, "uncertain_bytes"), ub, sizeof ub),
+                    human(num(p, "untracked_bytes"), tb, sizeof tb));
         }
         /* Pinned host memory is not device memory: the figures above exclude it. */
         json_t *h = json_object_get(p, "host");

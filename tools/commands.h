@@ -17,5 +17,6 @@ int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
 int mt_cmd_report(int argc, char **argv);
 int mt_cmd_plot(int argc, char **argv);
+int mt_cmd_export(int argc, char **argv);
 
 #endif

@@ -14,6 +14,7 @@ static const mt_cmd_t commands[] = {
     {"top", mt_cmd_top, "live view of memory per process and tag"},
     {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
     {"plot", mt_cmd_plot, "draw a telemetry log as an SVG: memory by tag over time, segments"},
+    {"export", mt_cmd_export, "write telemetry logs as a PyTorch memory snapshot (pickle)"},
 };
 
 static void usage(FILE *f)

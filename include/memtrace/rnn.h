@@ -90,20 +90,32 @@ typedef struct mt_rnn_cfg_s {
      * logged error otherwise; a warning when > 0 with one layer, where it does nothing). */
     float dropout;
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
+    /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
+     * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
+     * chosen by measurement (docs/blas.md), else cblas. MT_ENOTSUP (logged) if a library
+     * asked for by name cannot be loaded. */
+    const char *gemm;
 } mt_rnn_cfg_t;
 
 /* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
  * x, y, hx and cx must stay unchanged until mt_rnn_backward (the reserve refers to them, as
- * cuDNN's backward takes them again). */
+ * cuDNN's backward takes them again; the cpu path checks: MT_EINVAL naming the one changed).
+ * Packed input (batch_sizes != NULL, see docs/rnn-packed.md): x is [tokens, input_size] and
+ * y [tokens, D*H], time-major, the batch_sizes[t] rows of step t contiguous; sequences in
+ * decreasing length; states [L*D, B, H] in that order, hy/cy each sequence's state at its
+ * own last step. MT_EINVAL (logged) unless B = batch_sizes[0] >= batch_sizes[t] >=
+ * batch_sizes[t+1] >= 1 and their sum = tokens. */
 typedef struct mt_rnn_io_s {
-    int seq_len;     /* T >= 1 */
-    int batch;       /* B >= 1 */
-    const float *x;  /* [T, B, input_size], required */
-    float *y;        /* [T, B, D*H], required */
-    const float *hx; /* [L*D, B, H], NULL = zeros */
-    const float *cx; /* LSTM only: [L*D, B, H], NULL = zeros */
-    float *hy;       /* [L*D, B, H], optional: final hidden states */
-    float *cy;       /* LSTM only, optional: final cell states */
+    int seq_len;            /* T >= 1 (packed: the longest length) */
+    int batch;              /* B >= 1 */
+    const float *x;         /* [T, B, input_size], required */
+    float *y;               /* [T, B, D*H], required */
+    const float *hx;        /* [L*D, B, H], NULL = zeros */
+    const float *cx;        /* LSTM only: [L*D, B, H], NULL = zeros */
+    float *hy;              /* [L*D, B, H], optional: final hidden states */
+    float *cy;              /* LSTM only, optional: final cell states */
+    const int *batch_sizes; /* packed: [T] host memory, NULL = every sequence T steps */
+    size_t tokens;          /* packed: rows of x and y (sum of the lengths); else unused */
 } mt_rnn_io_t;
 
 /* Backward inputs and outputs (gradients of the loss). */
@@ -215,6 +227,13 @@ MT_API void mt_rnn_destroy(mt_rnn_t **p);
 MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
 /* "cpu" (CBLAS, sim backend) or "cudnn". Static string. */
 MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
+/* cpu path: the GEMM library in use ("cblas", "blis", "dnnl"; "cudnn" on that path) and a
+ * line naming its version and kernel. Static strings. */
+MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
+MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
+/* Threads of the module's GEMM library (process-wide for that library). MT_ENOTSUP where
+ * the library has no setter (or on the cuDNN path). */
+MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
 
 /* ---- parameters ---- */
 
@@ -265,17 +284,65 @@ MT_API int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, 
  * generation makes no allocator call per step; this frees it (the next step re-makes it). */
 MT_API int mt_rnn_step_release(mt_rnn_t *m);
 
+/* ---- packed sequences (docs/rnn-packed.md) ---- */
+
+/* The shape of a batch of sequences of their own lengths (host memory, owned: init/fini).
+ * Invariants: lengths non-increasing, in [1, capacity]; batch_sizes[t] = #{i : lengths[i] >
+ * t} for t < max_len = lengths[0]; tokens = sum of lengths; sorted_indices and
+ * unsorted_indices are inverse permutations of [0, batch). */
+typedef struct mt_rnn_pack_s {
+    int batch;             /* B >= 1 */
+    int capacity;          /* padded length of the tensors pack/unpack read and write */
+    int max_len;           /* T = the longest length */
+    size_t tokens;         /* N = rows of the packed form */
+    int *lengths;          /* [B], packed order (decreasing) */
+    int *batch_sizes;      /* [T] */
+    int *sorted_indices;   /* [B]: packed sequence i is input sequence sorted_indices[i] */
+    int *unsorted_indices; /* [B]: input sequence j is packed sequence unsorted_indices[j] */
+} mt_rnn_pack_t;
+
+/* From lengths[batch] (host memory) of sequences padded to capacity steps. enforce_sorted:
+ * the lengths are promised non-increasing (MT_EINVAL if not), the order is kept; false:
+ * sorted here (stable), as PyTorch's enforce_sorted=False. MT_EINVAL (logged through log)
+ * for a length < 1 or > capacity. */
+MT_API int mt_rnn_pack_init(mt_rnn_pack_t *p, const int *lengths, int batch, int capacity,
+                            bool enforce_sorted, mt_log_cb log, void *log_ud);
+MT_API void mt_rnn_pack_fini(mt_rnn_pack_t *p);
+/* Sets io's seq_len, batch, batch_sizes (borrowed from p) and tokens. */
+MT_API void mt_rnn_pack_io(const mt_rnn_pack_t *p, mt_rnn_io_t *io);
+/* Device copies through m's path: padded [capacity, B, width] (input order) -> packed
+ * [tokens, width]; unpack the reverse, steps past a sequence's end set to 0. */
+MT_API int mt_rnn_pack(mt_rnn_t *m, const mt_rnn_pack_t *p, int width, const float *padded,
+                       float *packed);
+MT_API int mt_rnn_unpack(mt_rnn_t *m, const mt_rnn_pack_t *p, int width, const float *packed,
+                         float *padded);
+/* States [groups, B, width] from input order to packed order (hx, cx) and back (hy, cy);
+ * src and dst must not alias. */
+MT_API int mt_rnn_pack_states(mt_rnn_t *m, const mt_rnn_pack_t *p, int groups, int width,
+                              const float *src, float *dst);
+MT_API int mt_rnn_unpack_states(mt_rnn_t *m, const mt_rnn_pack_t *p, int groups, int width,
+                                const float *src, float *dst);
+
 /* Warm-up (U2): runs a training forward and backward at the largest shape (max_T, max_B)
  * on zero inputs inside mt_alloc_warmup_begin/end, with its own input and output buffers
  * (tagged batch), so that later batches within those bounds make no backend malloc.
  * Gradients are unchanged (zero inputs give zero gradients). */
 MT_API int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B);
+/* The same for packed batches: afterwards any packed batch of at most max_tokens tokens and
+ * max_batch sequences (any lengths) makes no backend malloc. MT_EINVAL if max_tokens <
+ * max_batch. */
+MT_API int mt_rnn_warmup_packed(mt_rnn_t *m, size_t max_tokens, int max_batch);
 
 /* ---- reporting ---- */
 
 MT_API int mt_rnn_stats(const mt_rnn_t *m, mt_rnn_stats_t *out);
 /* Activation memory for a training forward of seq_len x batch; see mt_rnn_act_t. */
 MT_API int mt_rnn_activation_bytes(const mt_rnn_t *m, int seq_len, int batch, mt_rnn_act_t *out);
+/* The same for a packed batch (batch_sizes[seq_len], host memory; MT_EINVAL, logged, if it
+ * is not one): reserve_bytes is that of its tokens, the per-step figures those of B =
+ * batch_sizes[0]. */
+MT_API int mt_rnn_activation_bytes_packed(const mt_rnn_t *m, int seq_len, const int *batch_sizes,
+                                          mt_rnn_act_t *out);
 /* Static name of a mode: "rnn_tanh", "rnn_relu", "lstm", "gru"; "unknown" otherwise. */
 MT_API const char *mt_rnn_mode_name(int mode);
 

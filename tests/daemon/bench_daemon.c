@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/machine.h"
 #include "daemon/daemon.h"
 #include "profiler/internal.h"
 
@@ -199,6 +200,7 @@ int main(int argc, char **argv)
     uint64_t per = argc > 1 ? strtoull(argv[1], NULL, 10) : 250000;
     double paced = argc > 2 ? strtod(argv[2], NULL) : 1.2e6;
     result_t r[2];
+    mt_bench_print_machine(stdout);
     run(per, 0, &r[0]);
     run(per, paced, &r[1]);
     printf("daemon throughput: %d producer processes -> memtraced -> %d Unix consumers, "

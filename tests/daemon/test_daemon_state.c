@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <string.h>
 
+#include "analysis/model_gen.h"
 #include "daemon/internal.h"
 
 static mt_event_rec_t rec(int kind, uint64_t addr, uint64_t size, int tag)
@@ -16,10 +17,30 @@ static mt_event_rec_t rec(int kind, uint64_t addr, uint64_t size, int tag)
     return (mt_event_rec_t){.kind = (uint8_t)kind, .addr = addr, .size = size, .tag = (uint8_t)tag};
 }
 
+/* The running totals an allocator would carry (one process at a time). */
+static mgen_t gen;
+
 static void apply(mt_d_proc_t *p, int kind, uint64_t addr, uint64_t size, int tag)
 {
-    mt_event_rec_t ev = rec(kind, addr, size, tag);
+    mt_event_rec_t ev = mgen_rec(&gen, kind, addr, size, tag);
     assert_int_equal(mt__d_proc_apply(p, &ev), 0);
+    char why[256] = "";
+    if (mt_model_check(p->model, why, sizeof why) != 0)
+        fail_msg("mt_model_check: %s", why);
+}
+
+static mt_model_figures_t fig(const mt_d_proc_t *p, int cls)
+{
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(p->model, cls, &f), 0);
+    return f;
+}
+
+static mt_model_tag_t tagf(const mt_d_proc_t *p, int cls, int tag)
+{
+    mt_model_tag_t t;
+    mt_model_tag(p->model, cls, tag, &t);
+    return t;
 }
 
 #define MIB (1u << 20)
@@ -27,31 +48,30 @@ static void apply(mt_d_proc_t *p, int kind, uint64_t addr, uint64_t size, int ta
 static void test_tags_and_fragmentation(void **state)
 {
     mt_d_proc_t *p = NULL;
-    assert_int_equal(mt__d_proc_create(&p, 42, "unit"), 0);
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 42, "unit")), 0);
     /* One 2 MiB segment with blocks at [0,512K) weights, [1M,1.5M) grads: two free gaps
      * of 512K -> fragmentation 1 - 512K/1M = 1/2. */
     apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 2 * MIB, 0);
     apply(p, MT_EV_ALLOC, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
     apply(p, MT_EV_ALLOC, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], MIB / 2);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_GRADS], MIB / 2);
-    mt_d_frag_t f;
-    mt__d_proc_frag(p, &f);
+    assert_int_equal(tagf(p, 0, MT_TAG_WEIGHTS).bytes, MIB / 2);
+    assert_int_equal(tagf(p, 0, MT_TAG_GRADS).bytes, MIB / 2);
+    mt_model_figures_t f = fig(p, 0);
     assert_int_equal(f.total_free, MIB);
-    assert_int_equal(f.largest_free_block, MIB / 2);
+    assert_int_equal(f.largest_free, MIB / 2);
     assert_true(f.fragmentation > 0.4999 && f.fragmentation < 0.5001);
 
     /* Free requested: no longer allocated, still occupying until completed. */
     apply(p, MT_EV_FREE_REQUESTED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], 0);
-    assert_int_equal(p->dev.tag_peak[MT_TAG_WEIGHTS], MIB / 2);
-    mt__d_proc_frag(p, &f);
+    assert_int_equal(tagf(p, 0, MT_TAG_WEIGHTS).bytes, 0);
+    assert_int_equal(tagf(p, 0, MT_TAG_WEIGHTS).peak, MIB / 2);
+    f = fig(p, 0);
     assert_int_equal(f.total_free, MIB);
     apply(p, MT_EV_FREE_COMPLETED, 0x100000000, MIB / 2, MT_TAG_WEIGHTS);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_WEIGHTS], 0); /* not subtracted twice */
-    mt__d_proc_frag(p, &f);
+    assert_int_equal(tagf(p, 0, MT_TAG_WEIGHTS).bytes, 0); /* not subtracted twice */
+    f = fig(p, 0);
     assert_int_equal(f.total_free, MIB + MIB / 2); /* [0,1M) and [1.5M,2M) */
-    assert_int_equal(f.largest_free_block, MIB);
+    assert_int_equal(f.largest_free, MIB);
 
     /* JSON: segment map with used bytes, tags with peaks. */
     json_t *j = mt__d_proc_json(p, true);
@@ -64,13 +84,14 @@ static void test_tags_and_fragmentation(void **state)
     json_decref(j);
 
     /* Segment freed: no free space left. */
+    apply(p, MT_EV_FREE_REQUESTED, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
     apply(p, MT_EV_FREE_COMPLETED, 0x100000000 + MIB, MIB / 2, MT_TAG_GRADS);
     apply(p, MT_EV_SEGMENT_FREE, 0x100000000, 2 * MIB, 0);
-    mt__d_proc_frag(p, &f);
+    f = fig(p, 0);
     assert_int_equal(f.total_free, 0);
     assert_true(f.fragmentation == 0.0);
-    assert_int_equal(p->dev.nranges, 0);
-    assert_int_equal(p->dev.nblocks, 0);
+    assert_int_equal(fig(p, 0).segments, 0);
+    assert_int_equal(fig(p, 0).blocks, 0);
     mt__d_proc_destroy(&p);
     assert_null(p);
 }
@@ -78,17 +99,19 @@ static void test_tags_and_fragmentation(void **state)
 static void test_expandable_pages(void **state)
 {
     mt_d_proc_t *p = NULL;
-    assert_int_equal(mt__d_proc_create(&p, 7, "exp"), 0);
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 7, "exp")), 0);
     apply(p, MT_EV_SEGMENT_MAP, 0x200000000, 8 * MIB, 0);
     apply(p, MT_EV_SEGMENT_UNMAP, 0x200000000 + 2 * MIB, 2 * MIB, 0); /* a hole in the middle */
-    assert_int_equal(p->dev.nranges, 2);
-    assert_int_equal(p->dev.ranges[0].size, 2 * MIB);
-    assert_int_equal(p->dev.ranges[1].addr, 0x200000000 + 4 * MIB);
-    assert_int_equal(p->dev.ranges[1].size, 4 * MIB);
-    mt_d_frag_t f;
-    mt__d_proc_frag(p, &f);
+    assert_int_equal(fig(p, 0).segments, 2);
+    mt_model_map_t map;
+    assert_int_equal(mt_model_map(p->model, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(map.segs[0].size, 2 * MIB);
+    assert_int_equal(map.segs[1].addr, 0x200000000 + 4 * MIB);
+    assert_int_equal(map.segs[1].size, 4 * MIB);
+    mt_model_map_free(&map);
+    mt_model_figures_t f = fig(p, 0);
     assert_int_equal(f.total_free, 6 * MIB);
-    assert_int_equal(f.largest_free_block, 4 * MIB);
+    assert_int_equal(f.largest_free, 4 * MIB);
     mt__d_proc_destroy(&p);
 }
 
@@ -96,21 +119,25 @@ static void test_expandable_pages(void **state)
 static void test_block_table_churn(void **state)
 {
     mt_d_proc_t *p = NULL;
-    assert_int_equal(mt__d_proc_create(&p, 9, "churn"), 0);
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 9, "churn")), 0);
     for (int round = 0; round < 3; round++) {
         for (uint64_t i = 0; i < 5000; i++)
             apply(p, MT_EV_ALLOC, 0x1000 + i * 512, 512, (int)(i % 5));
-        assert_int_equal(p->dev.nblocks, 5000);
-        for (uint64_t i = 0; i < 5000; i += 2)
+        assert_int_equal(fig(p, 0).blocks, 5000);
+        for (uint64_t i = 0; i < 5000; i += 2) {
+            apply(p, MT_EV_FREE_REQUESTED, 0x1000 + i * 512, 512, 0);
             apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
-        assert_int_equal(p->dev.nblocks, 2500);
-        for (uint64_t i = 1; i < 5000; i += 2)
+        }
+        assert_int_equal(fig(p, 0).blocks, 2500);
+        for (uint64_t i = 1; i < 5000; i += 2) {
+            apply(p, MT_EV_FREE_REQUESTED, 0x1000 + i * 512, 512, 0);
             apply(p, MT_EV_FREE_COMPLETED, 0x1000 + i * 512, 512, 0);
-        assert_int_equal(p->dev.nblocks, 0);
+        }
+        assert_int_equal(fig(p, 0).blocks, 0);
         for (int t = 0; t < MT_TAG_MAX; t++)
-            assert_int_equal(p->dev.tag_allocated[t], 0);
+            assert_int_equal(tagf(p, 0, t).bytes, 0);
     }
-    assert_int_equal(p->dev.tag_peak[0], 1000 * 512);
+    assert_int_equal(tagf(p, 0, 0).peak, 1000 * 512);
     /* An unknown free and a GAP record change nothing. */
     apply(p, MT_EV_FREE_COMPLETED, 0xdead000, 512, 0);
     mt_event_rec_t gap = rec(MT_EV_GAP, 0, 12, 0);
@@ -127,7 +154,7 @@ static void test_totals_sum_over_sources(void **state)
 {
     (void)state;
     mt_d_proc_t *p = NULL;
-    assert_int_equal(mt__d_proc_create(&p, 43, "sources"), 0);
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 43, "sources")), 0);
     mt_event_rec_t d0 = {.kind = MT_EV_SEGMENT_ALLOC,
                          .addr = 0x1000000,
                          .size = 20 * MIB,
@@ -147,10 +174,10 @@ static void test_totals_sum_over_sources(void **state)
     assert_int_equal(mt__d_proc_apply(p, &d0), 0);
     assert_int_equal(mt__d_proc_apply(p, &d1), 0);
     assert_int_equal(mt__d_proc_apply(p, &host), 0);
-    assert_int_equal(p->dev.reserved, 60 * MIB);
-    assert_int_equal(p->host.reserved, 2 * MIB);
-    assert_int_equal(p->dev.nranges, 2);
-    assert_int_equal(p->host.nranges, 1);
+    assert_int_equal(fig(p, 0).reserved, 60 * MIB);
+    assert_int_equal(fig(p, 1).reserved, 2 * MIB);
+    assert_int_equal(fig(p, 0).segments, 2);
+    assert_int_equal(fig(p, 1).segments, 1);
     mt_event_rec_t a = {.kind = MT_EV_ALLOC,
                         .addr = 0x1000000,
                         .size = MIB,
@@ -172,23 +199,22 @@ static void test_totals_sum_over_sources(void **state)
                         .reserved = 2 * MIB};
     assert_int_equal(mt__d_proc_apply(p, &h), 0);
     /* Device: one 1 MiB block in 60 MiB; the host block is not there. */
-    assert_int_equal(p->dev.allocated, MIB);
-    assert_int_equal(p->dev.reserved, 60 * MIB);
-    assert_int_equal(p->dev.peak_allocated, MIB);
-    assert_int_equal(p->dev.peak_reserved, 60 * MIB);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_ACTIVATIONS], MIB);
-    assert_int_equal(p->dev.tag_peak[MT_TAG_ACTIVATIONS], MIB);
-    assert_int_equal(p->dev.nblocks, 1);
-    mt_d_frag_t f;
-    mt__d_proc_frag(p, &f);
+    assert_int_equal(fig(p, 0).allocated, MIB);
+    assert_int_equal(fig(p, 0).reserved, 60 * MIB);
+    assert_int_equal(fig(p, 0).peak_allocated, MIB);
+    assert_int_equal(fig(p, 0).peak_reserved, 60 * MIB);
+    assert_int_equal(tagf(p, 0, MT_TAG_ACTIVATIONS).bytes, MIB);
+    assert_int_equal(tagf(p, 0, MT_TAG_ACTIVATIONS).peak, MIB);
+    assert_int_equal(fig(p, 0).blocks, 1);
+    mt_model_figures_t f = fig(p, 0);
     /* The two device segments seen (device 1's allocator holds 20 MiB more, from before). */
     assert_int_equal(f.total_free, 39 * MIB);
     /* Host: its own totals, tags and free space. */
-    assert_int_equal(p->host.allocated, 4096);
-    assert_int_equal(p->host.peak_reserved, 2 * MIB);
-    assert_int_equal(p->host.tag_allocated[MT_TAG_ACTIVATIONS], 4096);
-    assert_int_equal(p->host.nblocks, 1);
-    mt__d_acct_frag(&p->host, &f);
+    assert_int_equal(fig(p, 1).allocated, 4096);
+    assert_int_equal(fig(p, 1).peak_reserved, 2 * MIB);
+    assert_int_equal(tagf(p, 1, MT_TAG_ACTIVATIONS).bytes, 4096);
+    assert_int_equal(fig(p, 1).blocks, 1);
+    f = fig(p, 1);
     assert_int_equal(f.total_free, 2 * MIB - 4096);
 
     json_t *j = mt__d_proc_json(p, true);
@@ -214,11 +240,11 @@ static void test_totals_sum_over_sources(void **state)
     h.kind = MT_EV_FREE_COMPLETED;
     h.allocated = 0;
     assert_int_equal(mt__d_proc_apply(p, &h), 0);
-    assert_int_equal(p->host.allocated, 0);
-    assert_int_equal(p->host.peak_allocated, 4096);
-    assert_int_equal(p->host.tag_allocated[MT_TAG_ACTIVATIONS], 0);
-    assert_int_equal(p->dev.allocated, MIB);
-    assert_int_equal(p->dev.tag_allocated[MT_TAG_ACTIVATIONS], MIB);
+    assert_int_equal(fig(p, 1).allocated, 0);
+    assert_int_equal(fig(p, 1).peak_allocated, 4096);
+    assert_int_equal(tagf(p, 1, MT_TAG_ACTIVATIONS).bytes, 0);
+    assert_int_equal(fig(p, 0).allocated, MIB);
+    assert_int_equal(tagf(p, 0, MT_TAG_ACTIVATIONS).bytes, MIB);
     mt__d_proc_destroy(&p);
 }
 
@@ -249,7 +275,7 @@ static void test_tag_labels(void **state)
 {
     (void)state;
     mt_d_proc_t *p = NULL;
-    assert_int_equal(mt__d_proc_create(&p, 7, "unit"), 0);
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 7, "unit")), 0);
     apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 2 * MIB, 0);
     announce(p, 7, "logits");
     announce(p, 8, "dup");
@@ -262,7 +288,7 @@ static void test_tag_labels(void **state)
     assert_int_equal(p->events, 0); /* counted by the drain loop, not here */
     for (int t = 7; t <= 12; t++)
         apply(p, MT_EV_ALLOC, 0x100000000 + (uint64_t)(t - 7) * 4096, 4096, t);
-    assert_int_equal(p->dev.tag_allocated[7], 4096);
+    assert_int_equal(tagf(p, 0, 7).bytes, 4096);
     char nb[16];
     assert_string_equal(mt__d_tag_name(p, 7, nb, sizeof nb), "logits");
     assert_string_equal(mt__d_tag_name(p, 8, nb, sizeof nb), "tag8");
@@ -297,6 +323,89 @@ static void test_tag_labels(void **state)
     mt__d_proc_destroy(&p);
 }
 
+/* Issue 10's daemon cases: after dropped events a cleanly exited process shows no
+ * phantom tag bytes in /state, and a forged stream of sizes near 2^63 serves bounded
+ * figures (fragmentation in [0, 1], no negative byte counts). */
+static void test_gap_then_clean_exit(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal((gen = (mgen_t){0}, mt__d_proc_create(&p, 44, "gappy")), 0);
+    apply(p, MT_EV_SEGMENT_ALLOC, 0x100000000, 64 * MIB, 0);
+    for (uint64_t i = 0; i < 16; i++)
+        apply(p, MT_EV_ALLOC, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    /* The daemon paused: 20 events lost (frees among them), then a gap record. */
+    for (uint64_t i = 0; i < 10; i++) {
+        (void)mgen_rec(&gen, MT_EV_FREE_REQUESTED, 0x100000000 + i * 4 * MIB, 4 * MIB, 4);
+        (void)mgen_rec(&gen, MT_EV_FREE_COMPLETED, 0x100000000 + i * 4 * MIB, 4 * MIB, 4);
+    }
+    mt_event_rec_t gap = rec(MT_EV_GAP, 0, 20, 0);
+    assert_int_equal(mt__d_proc_apply(p, &gap), 0);
+    json_t *j = mt__d_proc_json(p, false);
+    json_t *t0 = json_array_get(json_object_get(j, "tags"), 0);
+    assert_int_equal(json_integer_value(json_object_get(t0, "allocated_bytes")), 0);
+    assert_int_equal(json_integer_value(json_object_get(t0, "uncertain_blocks")), 16);
+    json_decref(j);
+    /* The rest is freed and seen; the process ends with 0 allocated. */
+    for (uint64_t i = 10; i < 16; i++) {
+        apply(p, MT_EV_FREE_REQUESTED, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+        apply(p, MT_EV_FREE_COMPLETED, 0x100000000 + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    j = mt__d_proc_json(p, true);
+    assert_int_equal(json_integer_value(json_object_get(j, "allocated_bytes")), 0);
+    assert_null(json_object_get(j, "uncertain_bytes"));
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(j, "tags"), i, t)
+    {
+        assert_int_equal(json_integer_value(json_object_get(t, "allocated_bytes")), 0);
+        assert_null(json_object_get(t, "uncertain_bytes"));
+    }
+    assert_int_equal(json_integer_value(json_object_get(j, "blocks")), 0);
+    json_decref(j);
+    mt__d_proc_destroy(&p);
+}
+
+static void test_forged_sizes_bounded(void **state)
+{
+    (void)state;
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 45, "forged"), 0);
+    const uint64_t huge = (UINT64_C(1) << 63) + 512;
+    mt_event_rec_t evs[] = {
+        {.kind = MT_EV_SEGMENT_ALLOC, .addr = 0x1000, .size = huge, .reserved = huge},
+        {.seq = 1, .kind = MT_EV_SEGMENT_ALLOC, .addr = 0x2000, .size = 4096, .reserved = 3},
+        {.seq = 2,
+         .kind = MT_EV_ALLOC,
+         .addr = 0x1000,
+         .size = UINT64_MAX,
+         .allocated = huge,
+         .reserved = 3,
+         .device = 1},
+        {.seq = 3,
+         .kind = MT_EV_ALLOC,
+         .addr = 0x9000,
+         .size = huge,
+         .allocated = huge,
+         .reserved = huge,
+         .device = 2},
+    };
+    for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
+        assert_int_equal(mt__d_proc_apply(p, &evs[k]), 0);
+    assert_int_equal(mt_model_check(p->model, NULL, 0), 0);
+    json_t *j = mt__d_proc_json(p, true);
+    double frag = json_real_value(json_object_get(j, "fragmentation"));
+    assert_true(frag >= 0.0 && frag <= 1.0);
+    const char *keys[] = {"allocated_bytes", "reserved_bytes", "total_free_bytes",
+                          "largest_free_block_bytes", "peak_allocated_bytes"};
+    for (size_t k = 0; k < 5; k++)
+        assert_true(json_integer_value(json_object_get(j, keys[k])) >= 0);
+    assert_true(json_integer_value(json_object_get(j, "total_free_bytes")) <=
+                json_integer_value(json_object_get(j, "reserved_bytes")));
+    json_decref(j);
+    mt__d_proc_destroy(&p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -305,6 +414,8 @@ int main(void)
         cmocka_unit_test(test_block_table_churn),
         cmocka_unit_test(test_totals_sum_over_sources),
         cmocka_unit_test(test_tag_labels),
+        cmocka_unit_test(test_gap_then_clean_exit),
+        cmocka_unit_test(test_forged_sizes_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -119,9 +119,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     mt__ring_stats_t st;
     mt__ring_stats(r, &st);
-    mt_d_frag_t fr;
-    mt__d_proc_frag(p, &fr);
+    mt_model_figures_t fr;
+    FUZZ_CHECK(mt_model_figures(p->model, MT_MODEL_DEVICE, &fr) == 0, "model figures");
     FUZZ_CHECK(fr.fragmentation >= 0.0 && fr.fragmentation <= 1.0, "fragmentation in [0, 1]");
+    FUZZ_CHECK(fr.total_free <= fr.reserved && fr.largest_free <= fr.total_free,
+               "free extents within the reserved bytes");
+    FUZZ_CHECK(mt_model_check(p->model, NULL, 0) == 0, "the model's invariants hold");
     json_t *j = mt__d_proc_json(p, true);
     FUZZ_CHECK(j != NULL, "the process model serializes");
     char *txt = json_dumps(j, JSON_COMPACT);

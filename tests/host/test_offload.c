@@ -104,7 +104,14 @@ static void run(prob_t *p, int window, run_t *r)
     assert_int_equal(mt_rnn_set_offload(p->m, window > 0 ? p->f.h : NULL, window), 0);
     mt_rnn_stats_t before;
     assert_int_equal(mt_rnn_stats(p->m, &before), 0);
-    mt_rnn_io_t io = {p->T, p->B, p->x, r->y, p->hx, p->cx, r->hy, r->cy};
+    mt_rnn_io_t io = {.seq_len = p->T,
+                      .batch = p->B,
+                      .x = p->x,
+                      .y = r->y,
+                      .hx = p->hx,
+                      .cx = p->cx,
+                      .hy = r->hy,
+                      .cy = r->cy};
     mt_rnn_grad_io_t g = {p->dy, p->dhy, p->dcy, r->dx, r->dhx, r->dcx};
     mt_alloc_reset_peak(p->f.a);
     mt_rnn_reserve_t *res = NULL;
@@ -261,7 +268,14 @@ static void test_release_without_backward(void **state)
     prob_init(&p, MT_RNN_LSTM, 32, 2, 4, 16, 2, false, 4);
     assert_int_equal(mt_rnn_set_offload(p.m, p.f.h, 2), 0);
     float *y = dev(&p, p.ny, MT_TAG_OTHER);
-    mt_rnn_io_t io = {p.T, p.B, p.x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {.seq_len = p.T,
+                      .batch = p.B,
+                      .x = p.x,
+                      .y = y,
+                      .hx = NULL,
+                      .cx = NULL,
+                      .hy = NULL,
+                      .cy = NULL};
     mt_rnn_reserve_t *res = NULL;
     assert_int_equal(mt_rnn_forward(p.m, &io, &res), 0);
     mt_rnn_stats_t ms;
@@ -292,7 +306,14 @@ static void test_host_cache_exhausted(void **state)
     assert_int_equal(mt_host_cache_create(&tiny, &hc), 0);
     assert_int_equal(mt_rnn_set_offload(p.m, tiny, 1), 0);
     float *y = dev(&p, p.ny, MT_TAG_OTHER);
-    mt_rnn_io_t io = {p.T, p.B, p.x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {.seq_len = p.T,
+                      .batch = p.B,
+                      .x = p.x,
+                      .y = y,
+                      .hx = NULL,
+                      .cx = NULL,
+                      .hy = NULL,
+                      .cy = NULL};
     mt_rnn_reserve_t *res = NULL;
     assert_int_equal(mt_rnn_forward(p.m, &io, &res), MT_ENOMEM);
     assert_null(res);

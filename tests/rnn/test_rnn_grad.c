@@ -15,6 +15,19 @@
 #include "rnn/internal.h"
 #include "tests/rnn/ref.h"
 
+/* Workspace floats of a padded (T, B) batch. */
+static size_t fwd_work(const mt__rnn_shape_t *s, int T, int B, bool training)
+{
+    mt_rnn_io_t io = {.seq_len = T, .batch = B};
+    return mt__rnn_cpu_io_fwd_work(s, &io, training);
+}
+
+static size_t bwd_work(const mt__rnn_shape_t *s, int T, int B)
+{
+    mt_rnn_io_t io = {.seq_len = T, .batch = B};
+    return mt__rnn_cpu_io_bwd_work(s, &io);
+}
+
 typedef struct gcase_s {
     int mode, layers;
     bool bi, bias, states;
@@ -161,12 +174,13 @@ static void check_grad_case(const gcase_t *c)
     float *cy = malloc(f.nst * sizeof(float));
     float *dw = calloc(f.nw, sizeof(float)), *dx = malloc(f.nx * sizeof(float));
     float *dhx = malloc(f.nst * sizeof(float)), *dcx = malloc(f.nst * sizeof(float));
-    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, f.T, f.B) * sizeof(float) + 4);
-    size_t nwork = mt__rnn_cpu_fwd_work_floats(&f.s, f.T, f.B, true);
-    size_t nbw = mt__rnn_cpu_bwd_work_floats(&f.s, f.T, f.B);
+    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, (size_t)f.T * f.B) * sizeof(float) + 4);
+    size_t nwork = fwd_work(&f.s, f.T, f.B, true);
+    size_t nbw = bwd_work(&f.s, f.T, f.B);
     float *work = malloc((nwork > nbw ? nwork : nbw) * sizeof(float));
 
-    mt_rnn_io_t io = {f.T, f.B, x, y, hx, cx, hy, cy};
+    mt_rnn_io_t io = {
+        .seq_len = f.T, .batch = f.B, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
     assert_int_equal(mt__rnn_cpu_forward_drop(&f.s, w, &io, true, DROP_KEY, res, work), 0);
 
     /* Forward equivalence with the reference. */
@@ -292,14 +306,16 @@ static void inference_matches_training(void **state)
             float *y1 = malloc(f.ny * 4), *y2 = malloc(f.ny * 4);
             float *h1 = malloc(f.nst * 4), *h2 = malloc(f.nst * 4);
             float *c1 = calloc(f.nst, 4), *c2 = calloc(f.nst, 4);
-            float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, T, 3) * 4 + 4);
-            float *wk1 = malloc(mt__rnn_cpu_fwd_work_floats(&f.s, T, 3, true) * 4);
-            size_t ninf = mt__rnn_cpu_fwd_work_floats(&f.s, T, 3, false);
+            float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, (size_t)T * 3) * 4 + 4);
+            float *wk1 = malloc(fwd_work(&f.s, T, 3, true) * 4);
+            size_t ninf = fwd_work(&f.s, T, 3, false);
             float *wk2 = malloc(ninf * 4);
             if (!bi) /* bounded workspace: independent of T */
-                assert_int_equal(ninf, mt__rnn_cpu_fwd_work_floats(&f.s, 10 * T, 3, false));
-            mt_rnn_io_t a = {T, 3, x, y1, hx, cx, h1, c1};
-            mt_rnn_io_t b = {T, 3, x, y2, hx, cx, h2, c2};
+                assert_int_equal(ninf, fwd_work(&f.s, 10 * T, 3, false));
+            mt_rnn_io_t a = {
+                .seq_len = T, .batch = 3, .x = x, .y = y1, .hx = hx, .cx = cx, .hy = h1, .cy = c1};
+            mt_rnn_io_t b = {
+                .seq_len = T, .batch = 3, .x = x, .y = y2, .hx = hx, .cx = cx, .hy = h2, .cy = c2};
             assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &a, true, res, wk1), 0);
             assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &b, false, NULL, wk2), 0);
             for (size_t i = 0; i < f.ny; i++)
@@ -326,11 +342,12 @@ static void gradients_accumulate(void **state)
     float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
     float *hx = to_float(f.hx, f.nst), *cx = to_float(f.cx, f.nst), *dy = to_float(f.ry, f.ny);
     float *y = malloc(f.ny * 4), *dw = calloc(f.nw, 4), *once = malloc(f.nw * 4);
-    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, 4, 2) * 4);
-    size_t nf = mt__rnn_cpu_fwd_work_floats(&f.s, 4, 2, true);
-    size_t nb = mt__rnn_cpu_bwd_work_floats(&f.s, 4, 2);
+    float *res = malloc(mt__rnn_cpu_reserve_floats(&f.s, 8) * 4);
+    size_t nf = fwd_work(&f.s, 4, 2, true);
+    size_t nb = bwd_work(&f.s, 4, 2);
     float *work = malloc((nf > nb ? nf : nb) * 4);
-    mt_rnn_io_t io = {4, 2, x, y, hx, cx, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = 4, .batch = 2, .x = x, .y = y, .hx = hx, .cx = cx, .hy = NULL, .cy = NULL};
     mt_rnn_grad_io_t g = {dy, NULL, NULL, NULL, NULL, NULL};
     for (int rep = 0; rep < 2; rep++) {
         assert_int_equal(mt__rnn_cpu_forward(&f.s, w, &io, true, res, work), 0);

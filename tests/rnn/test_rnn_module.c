@@ -56,7 +56,8 @@ static void public_forward_backward(void **state)
         ref_forward(&rs, wd, T, B, xd, hxd, cxd, yd, hyd, cyd);
 
         uint64_t marks0 = fx->kinds[MT_EV_MARK];
-        mt_rnn_io_t io = {T, B, x, y, hx, cx, hy, cy};
+        mt_rnn_io_t io = {
+            .seq_len = T, .batch = B, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
         mt_rnn_reserve_t *res = NULL;
         assert_int_equal(mt_rnn_forward(m, &io, &res), 0);
         assert_non_null(res);
@@ -136,7 +137,8 @@ static void compaction_and_flatten(void **state)
     float *y0 = fx_buf(fx, (size_t)T * B * H, MT_TAG_ACTIVATIONS, 0);
     float *y1 = fx_buf(fx, (size_t)T * B * H, MT_TAG_ACTIVATIONS, 0);
     float *dy = fx_buf(fx, (size_t)T * B * H, MT_TAG_ACTIVATIONS, 6);
-    mt_rnn_io_t io = {T, B, x, y0, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y0, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
     assert_true(mt_rnn_is_flat(m));
     assert_int_equal(fx->kinds[MT_EV_COMPACTION], 0);
@@ -239,8 +241,10 @@ static void replicate_is_flat(void **state)
     size_t ny = (size_t)T * B * 2 * H;
     float *x = fx_buf(fx, (size_t)T * B * in, MT_TAG_BATCH, 3), *y = fx_buf(fx, ny, 0, 0);
     float *x2 = fx_buf(fy, (size_t)T * B * in, MT_TAG_BATCH, 3), *y2 = fx_buf(fy, ny, 0, 0);
-    mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
-    mt_rnn_io_t io2 = {T, B, x2, y2, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
+    mt_rnn_io_t io2 = {
+        .seq_len = T, .batch = B, .x = x2, .y = y2, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
     assert_int_equal(mt_rnn_forward(r, &io2, NULL), 0);
     assert_memory_equal(y, y2, ny * sizeof(float));
@@ -327,7 +331,14 @@ static void inference_memory_constant(void **state)
         float *y = fx_buf(fx, (size_t)T * B * 8, MT_TAG_ACTIVATIONS, 0);
         mt_alloc_reset_peak(fx->a);
         int64_t base = fx_stats(fx).allocated_bytes[MT_STAT_ALL].current;
-        mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
+        mt_rnn_io_t io = {.seq_len = T,
+                          .batch = B,
+                          .x = x,
+                          .y = y,
+                          .hx = NULL,
+                          .cx = NULL,
+                          .hy = NULL,
+                          .cy = NULL};
         assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
         extra[k] = fx_stats(fx).allocated_bytes[MT_STAT_ALL].peak - base;
         fx_put(fx, x);
@@ -348,7 +359,8 @@ static void train_step(rnn_fx_t *fx, mt_rnn_t *m, int T, int B, int in, int H, i
     float *hx = fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 1);
     float *hy = fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 0);
     float *cy = fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 0);
-    mt_rnn_io_t io = {T, B, x, y, hx, NULL, hy, cy};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y, .hx = hx, .cx = NULL, .hy = hy, .cy = cy};
     mt_rnn_reserve_t *res;
     assert_int_equal(mt_rnn_forward(m, &io, &res), 0);
     float *dy = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 2);
@@ -428,7 +440,8 @@ static void out_of_memory_is_clean(void **state)
     int T = 2000, B = 16; /* reserve: T*B*5H floats = 40 MiB > capacity */
     float *x = fx_buf(fx, (size_t)T * B * 8, MT_TAG_BATCH, 1);
     float *y = fx_buf(fx, (size_t)T * B * 64, MT_TAG_ACTIVATIONS, 0);
-    mt_rnn_io_t io = {T, B, x, y, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     mt_rnn_reserve_t *res = (mt_rnn_reserve_t *)&io;
     assert_int_equal(mt_rnn_forward(m, &io, &res), MT_ENOMEM);
     assert_null(res);
@@ -482,7 +495,8 @@ static void cpu_path_orders_after_stream(void **state)
     float *y2 = fx_buf(fx, ny, 0, 0);
     late_fill_t f = {x, nx};
     assert_int_equal(mt_stream_launch_host_func(fx->b, s, late_fill, &f), 0);
-    mt_rnn_io_t io = {T, B, x, y1, NULL, NULL, NULL, NULL};
+    mt_rnn_io_t io = {
+        .seq_len = T, .batch = B, .x = x, .y = y1, .hx = NULL, .cx = NULL, .hy = NULL, .cy = NULL};
     assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
     assert_int_equal(mt_stream_synchronize(fx->b, s), 0);
     io.y = y2; /* x is final now */

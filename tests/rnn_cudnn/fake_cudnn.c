@@ -7,7 +7,8 @@
  *                               i7 mathType, i8 input, i9 hidden, i10 proj, i11 layers,
  *                               i12 auxFlags
  *   cudnnSetRNNDataDescriptor   p0 desc; i0 dataType, i1 layout, i2 T, i3 B, i4 vectorSize,
- *                               i5 1 if every seqLengthArray entry is T; p1 paddingFill
+ *                               i5 1 if every seqLengthArray entry is T; p1 paddingFill;
+ *                               n0 the sum of the lengths (fake_dnn_data_lengths: the array)
  *   cudnnSetTensorNdDescriptor  p0 desc; i0 nbDims, i1..i3 dims
  *   cudnnGetRNNWeightSpaceSize  n0 answer
  *   cudnnGetRNNTempSpaceSizes   p0 xDesc; i0 fwdMode; n0 workspace, n1 reserve
@@ -62,10 +63,14 @@ struct cudnnRNNStruct {
     cudnnDropoutDescriptor_t drop; /* as given to cudnnSetRNNDescriptor_v8 */
 };
 
+#define FAKE_MAX_BATCH 256
+
 struct cudnnRNNDataStruct {
     bool set;
     int layout, T, B, vec;
-    bool full; /* every sequence is T long */
+    bool full;                /* every sequence is T long */
+    size_t tokens;            /* sum of the lengths: the rows of a packed tensor */
+    int lens[FAKE_MAX_BATCH]; /* the seqLengthArray copied */
 };
 
 static struct {
@@ -431,9 +436,27 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
     c->p[1] = paddingFill;
     int v[] = {dataType, layout, maxSeqLength, batchSize, vectorSize, full};
     memcpy(c->i, v, sizeof v);
-    if (maxSeqLength < 1 || batchSize < 1 || vectorSize < 1)
+    if (maxSeqLength < 1 || batchSize < 1 || vectorSize < 1 || batchSize > FAKE_MAX_BATCH)
         return refuse(c, "bad sizes");
-    *d = (struct cudnnRNNDataStruct){true, layout, maxSeqLength, batchSize, vectorSize, full};
+    /* cuDNN's packed layout: lengths in [1, T], non-increasing (sorted by length). */
+    size_t tokens = 0;
+    for (int b = 0; b < batchSize; b++) {
+        int n = seqLengthArray[b];
+        if (n < 1 || n > maxSeqLength)
+            return refuse(c, "a sequence length outside [1, maxSeqLength]");
+        if (layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED && b > 0 && n > seqLengthArray[b - 1])
+            return refuse(c, "packed layout with lengths not in decreasing order");
+        tokens += (size_t)n;
+    }
+    c->n[0] = tokens;
+    *d = (struct cudnnRNNDataStruct){.set = true,
+                                     .layout = layout,
+                                     .T = maxSeqLength,
+                                     .B = batchSize,
+                                     .vec = vectorSize,
+                                     .full = full,
+                                     .tokens = tokens};
+    memcpy(d->lens, seqLengthArray, (size_t)batchSize * sizeof(int));
     return CUDNN_STATUS_SUCCESS;
 }
 
@@ -572,6 +595,24 @@ static size_t reserve_of(const struct cudnnRNNStruct *d, int T, int B)
     return n;
 }
 
+/* Workspace for a descriptor: training's grows with the tokens (T x B when every sequence
+ * is T long), inference's with the batch. */
+static size_t work_of(const struct cudnnRNNStruct *d, const struct cudnnRNNDataStruct *xd,
+                      bool training)
+{
+    if (training)
+        return fake_dnn_work_bytes(1, gates_of(d), d->hidden, (int)xd->tokens, 1);
+    return fake_dnn_work_bytes(0, gates_of(d), d->hidden, xd->T, xd->B);
+}
+
+size_t fake_dnn_data_lengths(const void *desc, int *out, int cap)
+{
+    const struct cudnnRNNDataStruct *d = desc;
+    for (int b = 0; b < d->B && b < cap; b++)
+        out[b] = d->lens[b];
+    return (size_t)d->B;
+}
+
 cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
                                         cudnnForwardMode_t fwdMode, cudnnRNNDataDescriptor_t xDesc,
                                         size_t *workSpaceSize, size_t *reserveSpaceSize)
@@ -582,8 +623,8 @@ cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor
     if (!handle || !d->set || !xDesc->set)
         return refuse(c, "descriptor not set");
     bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
-    *workSpaceSize = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xDesc->T, xDesc->B);
-    *reserveSpaceSize = training ? reserve_of(d, xDesc->T, xDesc->B) : 0;
+    *workSpaceSize = work_of(d, xDesc, training);
+    *reserveSpaceSize = training ? reserve_of(d, (int)xDesc->tokens, 1) : 0;
     c->n[0] = *workSpaceSize;
     c->n[1] = *reserveSpaceSize;
     return CUDNN_STATUS_SUCCESS;
@@ -608,20 +649,21 @@ static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNND
     if (h->device != F.device)
         return refuse(c, "called on another device than the handle's");
     if (xd->T != yd->T || xd->B != yd->B || xd->vec != d->input ||
-        yd->vec != dirs_of(d) * d->hidden || xd->layout != yd->layout || !xd->full)
+        yd->vec != dirs_of(d) * d->hidden || xd->layout != yd->layout ||
+        memcmp(xd->lens, yd->lens, (size_t)xd->B * sizeof(int)) != 0)
         return refuse(c, "data descriptors disagree with the RNN");
     if (!lens)
         return refuse(c, "devSeqLengths is NULL");
     for (int b = 0; b < xd->B; b++)
-        if (lens[b] != xd->T)
+        if (lens[b] != xd->lens[b])
             return refuse(c, "devSeqLengths differs from the data descriptor");
     if (wsize != space_bytes(d))
         return refuse(c, "weight space size");
-    size_t need = fake_dnn_work_bytes(training, gates_of(d), d->hidden, xd->T, xd->B);
+    size_t need = work_of(d, xd, training);
     if (work_size < need || (need && !work))
         return refuse(c, "workspace too small");
     if (training) {
-        size_t rneed = reserve_of(d, xd->T, xd->B);
+        size_t rneed = reserve_of(d, (int)xd->tokens, 1);
         if (res_size < rneed || !res)
             return refuse(c, "reserve space too small");
     }
@@ -697,7 +739,7 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
         memset(reserveSpace, 0x5A, reserveSpaceSize);
     /* the last float of the last region (the last recurrent bias, or matrix) */
     float last = ((const float *)(ws + R[k - 1].dnn))[R[k - 1].n - 1];
-    size_t ny = (size_t)xDesc->T * (size_t)xDesc->B * (size_t)yDesc->vec;
+    size_t ny = yDesc->tokens * (size_t)yDesc->vec;
     for (size_t k = 0; k < ny; k++)
         ((float *)y)[k] = last;
     size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
@@ -741,10 +783,9 @@ cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t
     for (size_t k = 0; k < reserveSpaceSize; k++)
         if (r[k] != 0x5A)
             return refuse(c, "reserve space does not hold the forward's contents");
-    size_t nx = (size_t)xDesc->T * (size_t)xDesc->B * (size_t)xDesc->vec;
+    size_t nx = xDesc->tokens * (size_t)xDesc->vec;
     for (size_t k = 0; k < nx; k++)
-        ((float *)dx)[k] =
-            2.0f * ((const float *)dy)[k % ((size_t)yDesc->T * yDesc->B * yDesc->vec)];
+        ((float *)dx)[k] = 2.0f * ((const float *)dy)[k % (yDesc->tokens * (size_t)yDesc->vec)];
     size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
     for (size_t k = 0; k < nh && dhx; k++)
         ((float *)dhx)[k] = dhy ? ((const float *)dhy)[k] : 0.0f;

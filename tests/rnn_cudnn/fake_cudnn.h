@@ -58,6 +58,11 @@ void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *u
 int fake_dnn_current_device(void);
 void fake_dnn_set_current_device(int device);
 
+/* The seqLengthArray a data descriptor (a call's p0) was last set with: its batch, and up to
+ * cap lengths copied to out. Packed shapes get workspace (training) and reserve sized by
+ * their sum of lengths, which is T x B when every sequence is T long. */
+size_t fake_dnn_data_lengths(const void *desc, int *out, int cap);
+
 size_t fake_dnn_ncalls(void);
 const fake_dnn_call_t *fake_dnn_call(size_t i);
 /* Index of the first call named name at or after from, or SIZE_MAX. */

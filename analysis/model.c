@@ -1,0 +1,644 @@
+/* The event-replay model: totals, blocks, tags and gaps (see model.h, docs/analysis.md).
+ *
+ * Gaps. Events lost between two records (a seq jump, an MT_EV_GAP record) may have freed
+ * any block known so far, or allocated blocks never seen. At a gap every known block
+ * becomes uncertain: its bytes leave the tag's figure for its uncertain figure. Later
+ * events settle it: a free of it proves it was live (certain again, now pending); an
+ * allocation overlapping it, or a segment free or unmap around it, proves it gone; and
+ * the carried allocated total bounds what can still be live, since
+ *     allocated = known + (uncertain blocks still live) + (allocations never seen),
+ * so an uncertain block larger than allocated - known is gone, and all of them are when
+ * allocated = known (a cleanly exited process ends with no phantom bytes). */
+#include "analysis/model_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/common.h"
+#include "util/assert.h"
+
+mt_model_cfg_t mt_model_cfg_default(void)
+{
+    return (mt_model_cfg_t){.keep_iterations = false};
+}
+
+int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
+{
+    *out = NULL;
+    mt_model_t *m = calloc(1, sizeof(*m));
+    if (!m)
+        return MT_ENOMEM;
+    m->cfg = cfg ? *cfg : mt_model_cfg_default();
+    *out = m;
+    return 0;
+}
+
+void mt_model_destroy(mt_model_t **pm)
+{
+    if (!pm || !*pm)
+        return;
+    mt_model_t *m = *pm;
+    for (int k = 0; k < MT_MODEL_CLASSES; k++) {
+        free(m->cls[k].tab);
+        free(m->cls[k].stale);
+        free(m->cls[k].segs);
+    }
+    mt__model_iterations_free(m);
+    free(m);
+    *pm = NULL;
+}
+
+/* ---- ratios: the one definition ---- */
+
+double mt_model_utilization(uint64_t allocated, uint64_t reserved)
+{
+    if (reserved == 0 || allocated >= reserved)
+        return 1.0;
+    return (double)allocated / (double)reserved;
+}
+
+double mt_model_fragmentation(uint64_t largest_free, uint64_t total_free)
+{
+    if (total_free == 0 || largest_free >= total_free)
+        return 0.0;
+    double f = 1.0 - (double)largest_free / (double)total_free;
+    return f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+}
+
+/* ---- block table ---- */
+
+static size_t hash64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= UINT64_C(0xff51afd7ed558ccd);
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
+{
+    if (!c->cap)
+        return NULL;
+    for (size_t j = hash64(addr) & (c->cap - 1);; j = (j + 1) & (c->cap - 1)) {
+        mt__mblock_t *b = &c->tab[j];
+        if (b->state == MT__SLOT_EMPTY)
+            return NULL;
+        if (b->state == MT__SLOT_FULL && b->addr == addr)
+            return b;
+    }
+}
+
+static int table_grow(mt__mclass_t *c)
+{
+    size_t cap = c->cap ? c->cap : 64;
+    while ((c->live + 1) * 4 > cap)
+        cap *= 2;
+    mt__mblock_t *t = calloc(cap, sizeof(*t));
+    if (!t)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < c->cap; i++) {
+        if (c->tab[i].state != MT__SLOT_FULL)
+            continue;
+        size_t j = hash64(c->tab[i].addr) & (cap - 1);
+        while (t[j].state == MT__SLOT_FULL)
+            j = (j + 1) & (cap - 1);
+        t[j] = c->tab[i];
+    }
+    free(c->tab);
+    c->tab = t;
+    c->cap = cap;
+    c->used = c->live;
+    return 0;
+}
+
+/* A new FULL slot for addr (none must exist), or NULL (no memory). */
+static mt__mblock_t *block_insert(mt__mclass_t *c, uint64_t addr)
+{
+    if ((c->used + 1) * 2 > c->cap && table_grow(c) != 0)
+        return NULL;
+    size_t j = hash64(addr) & (c->cap - 1);
+    while (c->tab[j].state == MT__SLOT_FULL)
+        j = (j + 1) & (c->cap - 1);
+    if (c->tab[j].state == MT__SLOT_EMPTY)
+        c->used++;
+    c->tab[j] = (mt__mblock_t){.addr = addr, .state = MT__SLOT_FULL};
+    c->live++;
+    return &c->tab[j];
+}
+
+/* Takes b out of the figures it counts in (a block whose free was requested counts in
+ * none). */
+static void block_unaccount(mt__mclass_t *c, mt__mblock_t *b)
+{
+    if (b->pending)
+        return;
+    if (b->uncertain) {
+        mt_assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
+        c->unc_bytes[b->tag] -= b->size;
+        c->unc_blocks[b->tag]--;
+        c->unc -= b->size;
+    } else {
+        mt_assert(c->tag_bytes[b->tag] >= b->size && c->tag_blocks[b->tag] > 0);
+        c->tag_bytes[b->tag] -= b->size;
+        c->tag_blocks[b->tag]--;
+        c->pool_bytes[b->pool & 3] -= b->size;
+        c->known -= b->size;
+    }
+}
+
+static void block_account(mt__mclass_t *c, mt__mblock_t *b)
+{
+    if (b->pending)
+        return;
+    if (b->uncertain) {
+        c->unc_bytes[b->tag] += b->size;
+        c->unc_blocks[b->tag]++;
+        c->unc += b->size;
+        return;
+    }
+    c->tag_bytes[b->tag] += b->size;
+    c->tag_blocks[b->tag]++;
+    c->pool_bytes[b->pool & 3] += b->size;
+    c->known += b->size;
+    uint64_t now = mt__model_sat(c->tag_bytes[b->tag]);
+    if (now > c->tag_peak[b->tag])
+        c->tag_peak[b->tag] = now;
+}
+
+static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
+{
+    block_unaccount(c, b);
+    if (b->uncertain)
+        c->nuncertain--;
+    b->state = MT__SLOT_DEAD;
+    c->live--;
+}
+
+/* The uncertain block is settled as live (a free of it was seen): certain again. */
+static void block_settle(mt__mclass_t *c, mt__mblock_t *b)
+{
+    if (!b->uncertain)
+        return;
+    block_unaccount(c, b);
+    b->uncertain = 0;
+    c->nuncertain--;
+    block_account(c, b);
+}
+
+/* ---- uncertain blocks (the stale index) ---- */
+
+static bool stale_valid(const mt__mclass_t *c, const mt__range_t *r)
+{
+    const mt__mblock_t *b = block_find(c, r->addr);
+    return b && b->uncertain && b->size == r->size;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const mt__range_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* A gap: every known block and segment becomes uncertain. */
+static void mark_gap(mt__mclass_t *c)
+{
+    c->had_gap = true;
+    mt__model_segs_mark_uncertain(c);
+    if (c->live == 0)
+        return;
+    mt__range_t *v = realloc(c->stale, c->live * sizeof(*v));
+    if (!v) {
+        /* No index: uncertain blocks are then settled by the totals and exact addresses
+         * only. Keep the old index, which still lists the older uncertain blocks. */
+        return;
+    }
+    c->stale = v;
+    c->stale_cap = c->live;
+    c->nstale = 0;
+    for (size_t i = 0; i < c->cap; i++) {
+        mt__mblock_t *b = &c->tab[i];
+        if (b->state != MT__SLOT_FULL)
+            continue;
+        if (!b->uncertain) {
+            block_unaccount(c, b);
+            b->uncertain = 1;
+            c->nuncertain++;
+            block_account(c, b);
+        }
+        if (!b->pending && b->size > c->unc_max)
+            c->unc_max = b->size;
+        v[c->nstale++] = (mt__range_t){b->addr, b->size};
+    }
+    qsort(v, c->nstale, sizeof(*v), cmp_range);
+}
+
+/* First stale entry whose range may reach past addr. */
+static size_t stale_lower(const mt__mclass_t *c, uint64_t addr)
+{
+    size_t lo = 0, hi = c->nstale;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->stale[mid].addr < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 ? lo - 1 : lo; /* the one before may overlap */
+}
+
+void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size)
+{
+    if (c->nuncertain == 0 || c->nstale == 0)
+        return;
+    uint64_t end = size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
+    for (size_t i = stale_lower(c, addr); i < c->nstale && c->stale[i].addr < end; i++) {
+        const mt__range_t *r = &c->stale[i];
+        uint64_t rend = r->size > UINT64_MAX - r->addr ? UINT64_MAX : r->addr + r->size;
+        if (rend <= addr || (r->size == 0 && r->addr < addr) || !stale_valid(c, r))
+            continue;
+        block_delete(c, block_find(c, r->addr));
+    }
+    if (c->nuncertain == 0)
+        c->nstale = 0;
+}
+
+/* Uncertain blocks larger than what the allocated total leaves room for are gone. */
+static void prune_by_totals(mt__mclass_t *c)
+{
+    if (c->nuncertain == 0) {
+        c->nstale = 0;
+        c->unc_max = 0;
+        return;
+    }
+    mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
+    if ((mt__u128)c->unc_max <= room)
+        return;
+    uint64_t max = 0;
+    size_t keep = 0;
+    for (size_t i = 0; i < c->nstale; i++) {
+        mt__range_t r = c->stale[i];
+        if (!stale_valid(c, &r))
+            continue;
+        mt__mblock_t *b = block_find(c, r.addr);
+        if (!b->pending && (mt__u128)b->size > room) {
+            block_delete(c, b);
+            continue;
+        }
+        if (!b->pending && b->size > max)
+            max = b->size;
+        c->stale[keep++] = r; /* compacts the index on the way */
+    }
+    c->nstale = keep;
+    c->unc_max = max;
+}
+
+/* ---- what each kind does to a class (one entry per kind that changes blocks or segments;
+ * kinds without one change only the totals, which every event carries) ---- */
+
+static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (b) /* its free was lost */
+        block_delete(c, b);
+    mt__model_drop_uncertain_in(c, ev->addr, ev->size);
+    if ((b = block_insert(c, ev->addr)) == NULL) {
+        c->had_gap = true; /* the block is missing: as good as a lost event */
+        return MT_ENOMEM;
+    }
+    b->size = ev->size;
+    b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+    b->pool = ev->pool & 3;
+    block_account(c, b);
+    mt__model_seg_touch(c, ev->addr);
+    mt_assert(c->live <= c->used && c->used <= c->cap / 2);
+    return 0;
+}
+
+static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (!b) {
+        c->unmatched_frees++;
+        return 0;
+    }
+    block_settle(c, b);
+    block_unaccount(c, b);
+    /* The free names the block as it is now (a gap may have hidden a reuse of the
+     * address). */
+    b->size = ev->size;
+    b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
+    b->pool = ev->pool & 3;
+    b->pending = 1;
+    mt__model_seg_touch(c, ev->addr);
+    return 0;
+}
+
+static int on_free_completed(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    mt__mblock_t *b = block_find(c, ev->addr);
+    if (b) {
+        block_delete(c, b);
+        mt__model_seg_touch(c, ev->addr);
+    }
+    return 0;
+}
+
+static int on_segment_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_add(c, ev, false);
+}
+
+static int on_segment_map(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_add(c, ev, true);
+}
+
+/* A segment free and an unmap both release [addr, addr + size), whatever maps it covers. */
+static int on_segment_release(mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    return mt__model_seg_cut(c, ev->addr, ev->size);
+}
+
+typedef int (*apply_fn)(mt__mclass_t *c, const mt_event_rec_t *ev);
+
+static const apply_fn apply_kind[MT_EV_KIND_COUNT] = {
+    [MT_EV_ALLOC] = on_alloc,
+    [MT_EV_FREE_REQUESTED] = on_free_requested,
+    [MT_EV_FREE_COMPLETED] = on_free_completed,
+    [MT_EV_SEGMENT_ALLOC] = on_segment_alloc,
+    [MT_EV_SEGMENT_FREE] = on_segment_release,
+    [MT_EV_SEGMENT_MAP] = on_segment_map,
+    [MT_EV_SEGMENT_UNMAP] = on_segment_release,
+};
+
+/* ---- applying events ---- */
+
+static void gap(mt_model_t *m)
+{
+    for (int k = 0; k < MT_MODEL_CLASSES; k++)
+        mark_gap(&m->cls[k]);
+}
+
+/* Each allocator (source) reports its own running totals; a class's are their sum. */
+static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
+{
+    unsigned src = mt_event_source(ev);
+    c->asum = c->asum - m->src_alloc[src] + ev->allocated;
+    c->rsum = c->rsum - m->src_res[src] + ev->reserved;
+    m->src_alloc[src] = ev->allocated;
+    m->src_res[src] = ev->reserved;
+    uint64_t a = mt__model_sat(c->asum), r = mt__model_sat(c->rsum);
+    c->peak_alloc = a > c->peak_alloc ? a : c->peak_alloc;
+    c->peak_res = r > c->peak_res ? r : c->peak_res;
+}
+
+int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
+{
+    m->events++;
+    if (ev->kind == MT_EV_GAP) { /* consumer side: carries no allocator figures */
+        m->lost_rec = mt_model_sat_add(m->lost_rec, ev->size);
+        gap(m);
+        return 0;
+    }
+    if (m->seq_seen && ev->seq > m->next_seq) {
+        m->lost_seq = mt_model_sat_add(m->lost_seq, ev->seq - m->next_seq);
+        gap(m);
+    }
+    if (!m->seq_seen || ev->seq >= m->next_seq)
+        m->next_seq = ev->seq + 1;
+    m->seq_seen = true;
+    if (ev->kind == MT_EV_TAG_LABEL) /* a name, not an operation */
+        return 0;
+    mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    totals(m, c, ev);
+    int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
+    prune_by_totals(c);
+    mt__model_segs_prune(c);
+    if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
+        int irc = mt__model_iteration(m, ev->size);
+        rc = rc ? rc : irc;
+    }
+    return rc;
+}
+
+/* ---- figures ---- */
+
+void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    *out = (mt_model_figures_t){0};
+    out->reserved = mt__model_sat(c->rsum);
+    out->allocated = mt__model_sat(c->asum);
+    out->peak_allocated = c->peak_alloc;
+    out->peak_reserved = c->peak_res;
+    out->utilization = mt_model_utilization(out->allocated, out->reserved);
+    out->blocks = c->live;
+    out->segments = c->nsegs;
+    /* At most allocated - known bytes of the uncertain blocks can still be live. */
+    mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
+    out->uncertain_bytes = mt__model_sat(c->unc < room ? c->unc : room);
+    out->untracked_bytes = c->had_gap && room > c->unc ? mt__model_sat(room - c->unc) : 0;
+    out->unmatched_frees = c->unmatched_frees;
+    out->uncertain = c->nuncertain > 0 || c->seg_unc > 0 || out->untracked_bytes > 0;
+}
+
+int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    mt_model_figures_totals(m, cls, out);
+    int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, NULL);
+    if (out->total_free > out->reserved)
+        out->total_free = out->reserved;
+    if (out->largest_free > out->total_free)
+        out->largest_free = out->total_free;
+    out->fragmentation = mt_model_fragmentation(out->largest_free, out->total_free);
+    return rc;
+}
+
+void mt_model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    *out = (mt_model_tag_t){0};
+    if (tag < 0 || tag >= MT_TAG_MAX)
+        return;
+    uint64_t a = mt__model_sat(c->asum);
+    mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
+    uint64_t b = mt__model_sat(c->tag_bytes[tag]);
+    uint64_t u = mt__model_sat(c->unc_bytes[tag] < room ? c->unc_bytes[tag] : room);
+    out->bytes = b < a ? b : a;
+    out->blocks = c->tag_blocks[tag];
+    out->peak = c->tag_peak[tag] < c->peak_alloc ? c->tag_peak[tag] : c->peak_alloc;
+    out->uncertain_bytes = u;
+    out->uncertain_blocks = c->unc_blocks[tag];
+}
+
+int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved)
+{
+    if (src >= MT_EVENT_SOURCES)
+        return MT_EINVAL;
+    *allocated = m->src_alloc[src];
+    *reserved = m->src_res[src];
+    return 0;
+}
+
+void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
+                     uint64_t *reserved)
+{
+    unsigned src = (host ? 256u : 0u) + (device & 255u);
+    *allocated = m->src_alloc[src];
+    *reserved = m->src_res[src];
+}
+
+uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool)
+{
+    if (pool < 0 || pool > MT_POOL_HOST)
+        return 0;
+    const mt__mclass_t *c = &m->cls[pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    return mt__model_sat(c->pool_bytes[pool]);
+}
+
+uint64_t mt_model_events(const mt_model_t *m)
+{
+    return m->events;
+}
+
+uint64_t mt_model_lost(const mt_model_t *m)
+{
+    return m->lost_rec > m->lost_seq ? m->lost_rec : m->lost_seq;
+}
+
+/* ---- blocks for the map ---- */
+
+static int cmp_block(const void *a, const void *b)
+{
+    const mt_model_block_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    memset(out, 0, sizeof(*out));
+    out->blocks = malloc((c->live ? c->live : 1) * sizeof(*out->blocks));
+    if (!out->blocks)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < c->cap; i++) {
+        const mt__mblock_t *b = &c->tab[i];
+        if (b->state == MT__SLOT_FULL)
+            out->blocks[out->nblocks++] =
+                (mt_model_block_t){b->addr, b->size, b->tag, b->pool, b->pending, b->uncertain};
+    }
+    qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
+    int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);
+    if (rc != 0) {
+        mt_model_map_free(out);
+        return rc;
+    }
+    uint64_t r = mt__model_sat(c->rsum);
+    out->total_free = out->total_free < r ? out->total_free : r;
+    out->largest_free = out->largest_free < out->total_free ? out->largest_free : out->total_free;
+    return 0;
+}
+
+void mt_model_map_free(mt_model_map_t *map)
+{
+    free(map->segs);
+    free(map->blocks);
+    memset(map, 0, sizeof(*map));
+}
+
+/* ---- checker ---- */
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (why)                                                                               \
+                snprintf(why, whylen, __VA_ARGS__);                                                \
+            return MT_EPROTO;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
+{
+    const mt__mclass_t *c = &m->cls[k];
+    CHECK(c->cap == 0 || (c->cap & (c->cap - 1)) == 0, "class %d: table size %zu", k, c->cap);
+    CHECK(c->used <= c->cap / 2 || c->cap == 0, "class %d: table load %zu/%zu", k, c->used, c->cap);
+    mt__u128 tb[MT_TAG_MAX] = {0}, ub[MT_TAG_MAX] = {0}, pb[4] = {0}, known = 0, unc = 0;
+    uint64_t tn[MT_TAG_MAX] = {0}, un[MT_TAG_MAX] = {0};
+    size_t live = 0, used = 0, nunc = 0;
+    for (size_t i = 0; i < c->cap; i++) {
+        const mt__mblock_t *b = &c->tab[i];
+        used += b->state != MT__SLOT_EMPTY;
+        if (b->state != MT__SLOT_FULL)
+            continue;
+        live++;
+        CHECK(b->tag < MT_TAG_MAX, "class %d: block %#llx tag %d", k, (unsigned long long)b->addr,
+              b->tag);
+        CHECK(block_find(c, b->addr) == b, "class %d: block %#llx not found by address", k,
+              (unsigned long long)b->addr);
+        if (b->uncertain) {
+            nunc++;
+            bool listed = false;
+            size_t s = stale_lower(c, b->addr);
+            for (; s < c->nstale && c->stale[s].addr <= b->addr && !listed; s++)
+                listed = c->stale[s].addr == b->addr && c->stale[s].size == b->size;
+            CHECK(listed, "class %d: uncertain block %#llx not in the stale index", k,
+                  (unsigned long long)b->addr);
+            CHECK(b->pending || b->size <= c->unc_max, "class %d: unc_max %llu < %llu", k,
+                  (unsigned long long)c->unc_max, (unsigned long long)b->size);
+        }
+        if (b->pending)
+            continue;
+        if (b->uncertain) {
+            ub[b->tag] += b->size;
+            un[b->tag]++;
+            unc += b->size;
+        } else {
+            tb[b->tag] += b->size;
+            tn[b->tag]++;
+            pb[b->pool & 3] += b->size;
+            known += b->size;
+        }
+    }
+    CHECK(live == c->live && used == c->used, "class %d: live %zu/%zu used %zu/%zu", k, live,
+          c->live, used, c->used);
+    CHECK(nunc == c->nuncertain, "class %d: uncertain blocks %zu, counted %zu", k, nunc,
+          c->nuncertain);
+    CHECK(known == c->known && unc == c->unc, "class %d: known/uncertain sums differ", k);
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        CHECK(tb[t] == c->tag_bytes[t] && tn[t] == c->tag_blocks[t],
+              "class %d: tag %d bytes %llu, blocks say %llu", k, t,
+              (unsigned long long)mt__model_sat(c->tag_bytes[t]),
+              (unsigned long long)mt__model_sat(tb[t]));
+        CHECK(ub[t] == c->unc_bytes[t] && un[t] == c->unc_blocks[t],
+              "class %d: tag %d uncertain bytes differ", k, t);
+        CHECK(c->tag_peak[t] >= mt__model_sat(c->tag_bytes[t]), "class %d: tag %d peak", k, t);
+    }
+    for (int p = 0; p < 4; p++)
+        CHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);
+    for (size_t s = 1; s < c->nstale; s++)
+        CHECK(c->stale[s - 1].addr <= c->stale[s].addr, "class %d: stale index unsorted", k);
+    mt__u128 a = 0, r = 0;
+    for (unsigned s = 0; s < MT_EVENT_SOURCES; s++) {
+        if ((s >= 256) == (k == MT_MODEL_HOST)) {
+            a += m->src_alloc[s];
+            r += m->src_res[s];
+        }
+    }
+    CHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
+    CHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r), "class %d: peaks",
+          k);
+    return mt__model_segs_check(c, why, whylen);
+}
+
+int mt_model_check(const mt_model_t *m, char *why, size_t whylen)
+{
+    for (int k = 0; k < MT_MODEL_CLASSES; k++) {
+        int rc = class_check(m, k, why, whylen);
+        if (rc)
+            return rc;
+    }
+    CHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
+    return 0;
+}

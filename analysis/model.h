@@ -1,0 +1,166 @@
+/* The event-replay model: what one process's event stream means. The one reader of
+ * allocator events for the daemon (/state, /metrics, top), `memtrace report`, `memtrace
+ * plot` and the replay's figures; docs/analysis.md explains the rules.
+ *
+ * Feed each producer's records in sequence order with mt_model_apply. Device memory and
+ * pinned host memory (pool MT_POOL_HOST) are two classes, each with its own totals, blocks,
+ * tags and segment map. Totals come from the running figures every event carries; blocks,
+ * tags and segments are rebuilt from the events. After a gap (a seq jump or MT_EV_GAP) the
+ * blocks and segments known so far become uncertain until an event proves them live or
+ * gone; uncertain bytes are reported apart, never as allocated. Every figure is bounded:
+ * tag bytes never above the allocated total, free extents never above the reserved total,
+ * fractions in [0, 1], sums saturate at UINT64_MAX. */
+#ifndef MT_ANALYSIS_MODEL_H
+#define MT_ANALYSIS_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/event.h"
+
+typedef struct mt_model_s mt_model_t;
+
+typedef enum mt_model_class_e {
+    MT_MODEL_DEVICE = 0, /* every pool but MT_POOL_HOST */
+    MT_MODEL_HOST = 1,   /* pinned host memory */
+    MT_MODEL_CLASSES = 2,
+} mt_model_class_e;
+
+typedef struct mt_model_cfg_s {
+    bool keep_iterations; /* sample totals and tags at each MT_MARK_ITERATION (growth) */
+} mt_model_cfg_t;
+
+mt_model_cfg_t mt_model_cfg_default(void);
+int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg);
+void mt_model_destroy(mt_model_t **m);
+/* Applies one record (ev borrowed). MT_ENOMEM when a table cannot grow: the totals are
+ * updated anyway and the model stays consistent (the block or segment is then missing,
+ * and the class is marked uncertain as after a gap). */
+int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev);
+/* Walks every invariant written at the model's structs. 0, or MT_EPROTO naming the first
+ * violation in why (may be NULL). */
+int mt_model_check(const mt_model_t *m, char *why, size_t whylen);
+
+/* ---- figures ---- */
+
+/* The one definition of each ratio. utilization = allocated / reserved (1 when nothing is
+ * reserved); fragmentation = 1 - largest free extent / total free (0 when nothing is free),
+ * as the allocator defines it. Both clamped to [0, 1]. */
+double mt_model_utilization(uint64_t allocated, uint64_t reserved);
+double mt_model_fragmentation(uint64_t largest_free, uint64_t total_free);
+/* a + b, UINT64_MAX when it does not fit. */
+static inline uint64_t mt_model_sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+/* a * b, UINT64_MAX when it does not fit. */
+static inline uint64_t mt_model_sat_mul(uint64_t a, uint64_t b)
+{
+    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+typedef struct mt_model_figures_s {
+    uint64_t allocated;      /* bytes: sum over the class's sources of their latest total */
+    uint64_t reserved;       /* bytes, likewise (>= allocated in any allocator's stream) */
+    uint64_t peak_allocated; /* bytes, highest allocated seen */
+    uint64_t peak_reserved;  /* bytes, highest reserved seen */
+    uint64_t total_free;     /* bytes of known segments not covered by a block, <= reserved */
+    uint64_t largest_free;   /* bytes, largest such extent, <= total_free */
+    double utilization;      /* mt_model_utilization(allocated, reserved) */
+    double fragmentation;    /* mt_model_fragmentation(largest_free, total_free) */
+    uint64_t blocks;         /* live blocks known (pending frees included) */
+    uint64_t segments;       /* segments (or mapped ranges) known */
+    /* After a gap, allocated = known + (uncertain blocks still live) + (allocations never
+     * seen), with room = allocated - known: */
+    uint64_t uncertain_bytes; /* min(bytes of uncertain blocks, room): may be live or gone */
+    uint64_t untracked_bytes; /* room - uncertain blocks' bytes, when > 0: never seen */
+    uint64_t unmatched_frees; /* frees of blocks the model never saw allocated */
+    bool uncertain;           /* a gap left figures the events no longer determine */
+} mt_model_figures_t;
+
+/* Figures of class cls. MT_ENOMEM only when the free extents cannot be computed (then
+ * total_free and largest_free are 0 and the rest is filled). */
+int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out);
+/* The same without the free extents (total_free, largest_free, fragmentation are 0): O(1),
+ * for a figure per event. */
+void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);
+
+typedef struct mt_model_tag_s {
+    uint64_t bytes;            /* live bytes known to hold tag t, <= the class's allocated */
+    uint64_t blocks;           /* those blocks */
+    uint64_t peak;             /* highest bytes seen */
+    uint64_t uncertain_bytes;  /* min(bytes of tag-t uncertain blocks, room): see figures */
+    uint64_t uncertain_blocks; /* those blocks */
+} mt_model_tag_t;
+
+void mt_model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out);
+/* Latest totals of one source (mt_event_source). MT_EINVAL: no such source. */
+int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved);
+/* Sums over the sources of one device ordinal (device memory: host = false). */
+void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
+                     uint64_t *reserved);
+/* Live bytes known in blocks of one pool (mt_pool_e), saturated. */
+uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool);
+/* Events applied, and events known lost (gap records, seq jumps). */
+uint64_t mt_model_events(const mt_model_t *m);
+uint64_t mt_model_lost(const mt_model_t *m);
+
+/* ---- segment map and blocks ---- */
+
+typedef struct mt_model_seg_s {
+    uint64_t addr, size; /* bytes; mapped pages of an expandable segment merge when adjacent */
+    uint64_t used;       /* bytes of it covered by blocks */
+    uint32_t stream;
+    uint8_t pool;      /* mt_pool_e */
+    uint8_t mapped;    /* 1: expandable pages, 0: a segment */
+    uint8_t uncertain; /* known before a gap and not seen since */
+} mt_model_seg_t;
+
+typedef struct mt_model_block_s {
+    uint64_t addr, size; /* bytes, rounded */
+    uint8_t tag;
+    uint8_t pool;
+    uint8_t pending;   /* freed by the program, not yet back in a free bin */
+    uint8_t uncertain; /* allocated before a gap; its free may have been lost */
+} mt_model_block_t;
+
+/* A class's segment map: segments and blocks, each sorted by address, with the free
+ * extents' figures. Free with mt_model_map_free. */
+typedef struct mt_model_map_s {
+    mt_model_seg_t *segs;
+    mt_model_block_t *blocks;
+    size_t nsegs, nblocks;
+    uint64_t total_free, largest_free; /* as in mt_model_figures_t */
+} mt_model_map_t;
+
+int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out);
+void mt_model_map_free(mt_model_map_t *map);
+
+/* ---- iterations and growth (cfg.keep_iterations) ---- */
+
+typedef struct mt_model_growth_cfg_s {
+    uint64_t min_growth_bytes; /* rise needed to flag growth; 1 MiB */
+    double min_r2;             /* goodness of fit needed; 0.8 */
+} mt_model_growth_cfg_t;
+
+typedef struct mt_model_fit_s {
+    double slope;   /* bytes per iteration */
+    double r2;      /* goodness of the least-squares fit, 0 when flat */
+    double rise;    /* last - first fitted sample, bytes */
+    double nondecr; /* fraction of steps that do not go down */
+    bool detected;  /* growth flagged (see report.h) */
+} mt_model_fit_t;
+
+typedef struct mt_model_growth_s {
+    size_t iterations;              /* samples taken (device memory, at MT_MARK_ITERATION) */
+    size_t fitted;                  /* samples fitted: the first is warm-up when there are >= 5 */
+    uint64_t first, last;           /* iteration numbers of the first fitted and the last sample */
+    mt_model_fit_t total;           /* allocated bytes */
+    mt_model_fit_t tag[MT_TAG_MAX]; /* bytes by tag (known + uncertain) */
+} mt_model_growth_t;
+
+void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out);
+
+#endif

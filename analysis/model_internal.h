@@ -1,0 +1,112 @@
+/* The model's structs, shared by its files (model.c: events, blocks, tags, gaps;
+ * model_segs.c: the segment map and free extents; model_growth.c: iterations). */
+#ifndef MT_ANALYSIS_MODEL_INTERNAL_H
+#define MT_ANALYSIS_MODEL_INTERNAL_H
+
+#include "analysis/model.h"
+
+/* Exact sums: a class has at most MT_EVENT_SOURCES sources and any number of blocks of
+ * up to 2^64 - 1 bytes; 128 bits hold every sum the model keeps, and figures saturate to
+ * 64 bits only when they are read (mt__model_sat). */
+typedef unsigned __int128 mt__u128;
+
+static inline uint64_t mt__model_sat(mt__u128 v)
+{
+    return v > UINT64_MAX ? UINT64_MAX : (uint64_t)v;
+}
+
+enum { MT__SLOT_EMPTY = 0, MT__SLOT_FULL = 1, MT__SLOT_DEAD = 2 };
+
+/* A live block (alloc seen, free_completed not), in an open-addressing table by addr. */
+typedef struct mt__mblock_s {
+    uint64_t addr, size; /* bytes */
+    uint8_t state;       /* MT__SLOT_* */
+    uint8_t tag;         /* < MT_TAG_MAX */
+    uint8_t pool;        /* mt_pool_e */
+    uint8_t pending;     /* free requested: no longer allocated, still occupying */
+    uint8_t uncertain;   /* live before a gap, not seen since: its free may be lost */
+} mt__mblock_t;
+
+typedef struct mt__range_s {
+    uint64_t addr, size;
+} mt__range_t;
+
+/* One class of memory (device, or pinned host).
+ * Invariants (mt_model_check):
+ *   cap = 0 or a power of two; live = #FULL; used = #FULL + #DEAD; used <= cap / 2;
+ *   known = sum_t tag_bytes[t]; unc = sum_t unc_bytes[t];
+ *   tag_bytes[t] = sum size over FULL, !pending, !uncertain blocks of tag t; tag_blocks[t] = #;
+ *   unc_bytes[t] = sum size over FULL, !pending, uncertain blocks of tag t; unc_blocks[t] = #;
+ *   pool_bytes[p] = sum size over FULL, !pending, !uncertain blocks of pool p;
+ *   tag_peak[t] >= min(tag_bytes[t], UINT64_MAX);
+ *   nuncertain = #FULL uncertain blocks, each of them in stale[0..nstale) (same addr, size);
+ *   stale sorted by addr; unc_max >= size of every FULL, !pending, uncertain block;
+ *   segs sorted by addr, disjoint, size > 0; seg_bytes = sum size; seg_unc = sum over
+ *   uncertain segs; seg_unc_max >= size of every uncertain seg;
+ *   asum/rsum = sum over the class's sources of src_alloc/src_res;
+ *   peak_alloc >= sat(asum), peak_res >= sat(rsum). */
+typedef struct mt__mclass_s {
+    mt__u128 asum, rsum;             /* bytes, exact sums of the sources' latest totals */
+    uint64_t peak_alloc, peak_res;   /* bytes, saturated */
+    mt__mblock_t *tab;               /* cap slots */
+    size_t cap, used, live;          /* slots; FULL + DEAD; FULL */
+    mt__u128 tag_bytes[MT_TAG_MAX];  /* known live bytes by tag */
+    uint64_t tag_blocks[MT_TAG_MAX]; /* known live blocks by tag */
+    uint64_t tag_peak[MT_TAG_MAX];   /* bytes, saturated */
+    mt__u128 unc_bytes[MT_TAG_MAX];  /* uncertain bytes by tag */
+    uint64_t unc_blocks[MT_TAG_MAX]; /* uncertain blocks by tag */
+    mt__u128 pool_bytes[4];          /* known live bytes by pool */
+    mt__u128 known, unc;             /* sums of tag_bytes, unc_bytes */
+    uint64_t unc_max;                /* bytes, bound on an uncertain block's size */
+    size_t nuncertain;               /* FULL uncertain blocks (pending ones too) */
+    mt__range_t *stale;              /* uncertain blocks by addr; entries may be dead */
+    size_t nstale, stale_cap;
+    mt_model_seg_t *segs; /* nsegs, by addr (used is not kept here: 0) */
+    size_t nsegs, segs_cap;
+    mt__u128 seg_bytes, seg_unc; /* bytes of all segments, of uncertain ones */
+    uint64_t seg_unc_max;        /* bytes, bound on an uncertain segment's size */
+    uint64_t unmatched_frees;    /* frees of blocks never seen allocated */
+    bool had_gap;                /* a gap happened (figures may be uncertain) */
+} mt__mclass_t;
+
+/* Invariants: a source's totals count in exactly the class of its pool
+ * (mt_event_source >= 256 <=> host); nit <= capit; lost_seq, lost_rec count events. */
+struct mt_model_s {
+    mt_model_cfg_t cfg;
+    uint64_t src_alloc[MT_EVENT_SOURCES], src_res[MT_EVENT_SOURCES]; /* latest, bytes */
+    mt__mclass_t cls[MT_MODEL_CLASSES];
+    uint64_t events;   /* records applied */
+    uint64_t lost_rec; /* events lost as MT_EV_GAP records say */
+    uint64_t lost_seq; /* events lost as seq jumps say */
+    uint64_t next_seq; /* last seq + 1 */
+    bool seq_seen;
+    /* iteration samples (cfg.keep_iterations) */
+    size_t nit, capit;
+    uint64_t *it_no;              /* iteration numbers */
+    double *it_alloc;             /* device allocated bytes */
+    double (*it_tag)[MT_TAG_MAX]; /* device bytes by tag, known + uncertain */
+};
+
+/* model_segs.c */
+void mt__model_segs_mark_uncertain(mt__mclass_t *c);
+/* A segment or mapped pages appear at [addr, addr + size): what overlapped is gone. */
+int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped);
+/* Segment free / unmap of [addr, addr + size). */
+int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size);
+/* A block at addr was just allocated or freed: the segment holding it is live. */
+void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr);
+/* Drops uncertain segments the class's reserved bytes prove gone. */
+void mt__model_segs_prune(mt__mclass_t *c);
+/* Free extents: total and largest, from segments and blocks. MT_ENOMEM. */
+int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *largest,
+                           mt_model_map_t *map);
+int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* model.c, for model_segs.c: drops the uncertain blocks within [addr, addr + size). */
+void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);
+
+/* model_growth.c */
+int mt__model_iteration(mt_model_t *m, uint64_t iteration);
+void mt__model_iterations_free(mt_model_t *m);
+
+#endif

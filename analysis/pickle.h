@@ -1,0 +1,114 @@
+/* A restricted pickle reader and writer for plain data (PyTorch memory snapshots).
+ *
+ * The reader accepts protocols 2 to 5 as Python's pickle.dump writes them for None, bool,
+ * int (64-bit), float, str, bytes, tuple, list and dict, with the memo and framing. Every
+ * other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, PERSID, sets,
+ * out-of-band buffers, protocol 0/1 text opcodes, ...) is refused by name: nothing is ever
+ * imported or called. Limits on nesting depth, stack, memo and memory bound what a hostile
+ * file can make the reader do; lengths are checked against the bytes left. A container is
+ * sealed once it is put inside another one (pickle.dump never changes it after that), so
+ * the result is a tree with shared leaves, never a cycle, and every depth is exact.
+ * docs/torch-snapshot.md describes the format and the limits. Not thread-safe per doc. */
+#ifndef MT_ANALYSIS_PICKLE_H
+#define MT_ANALYSIS_PICKLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum mt_pk_type_e {
+    MT_PK_NONE = 0,
+    MT_PK_BOOL,
+    MT_PK_INT,
+    MT_PK_FLOAT,
+    MT_PK_STR,
+    MT_PK_BYTES,
+    MT_PK_TUPLE,
+    MT_PK_LIST,
+    MT_PK_DICT,
+} mt_pk_type_e;
+
+/* One value. Invariants: depth = 1 for scalars, 1 + max(depth of items) for containers
+ * (0 items: 1); a sealed container never changes again; n <= cap. */
+typedef struct mt_pk_value_s mt_pk_value_t;
+struct mt_pk_value_s {
+    uint8_t type;   /* mt_pk_type_e */
+    uint8_t sealed; /* 1 once inside a container or used as a key */
+    uint16_t depth; /* nesting, <= cfg max_depth */
+    uint32_t pad;
+    size_t n;   /* str/bytes: bytes (NUL not counted); tuple/list: items; dict: pairs */
+    size_t cap; /* list/dict: room in items (pairs for a dict) */
+    union {
+        int64_t i;             /* int; bool: 0 or 1 */
+        double f;              /* float */
+        const char *s;         /* str (UTF-8) / bytes: n bytes then a NUL */
+        mt_pk_value_t **items; /* tuple/list: n; dict: 2n as key, value, key, value */
+    } u;
+};
+
+typedef struct mt_pk_cfg_s {
+    unsigned max_depth; /* nesting levels; 64 */
+    size_t max_stack;   /* values on the unpickler's stack; 1 << 20 */
+    size_t max_memo;    /* memo entries; 1 << 26 */
+    size_t max_memory;  /* bytes of values, strings, stack and memo; 4 GiB */
+} mt_pk_cfg_t;
+
+mt_pk_cfg_t mt_pk_cfg_default(void);
+
+typedef struct mt_pk_doc_s mt_pk_doc_t;
+
+/* Reads the pickle in buf[0, len) (borrowed; nothing points into it afterwards). *out is
+ * new (mt_pk_doc_destroy). Returns 0, MT_EPROTO for a malformed or refused file, MT_ENOMEM
+ * when a limit or the host ran out; err gets "offset N: what was wrong". */
+int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
+                size_t errlen);
+/* The same on a whole file; err then starts with path. MT_ENOENT/MT_EIO for the file. */
+int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
+                     size_t errlen);
+void mt_pk_doc_destroy(mt_pk_doc_t **p);
+/* The value STOP returned. Borrowed from doc. */
+const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc);
+/* Bytes the document holds (values, strings, arrays). */
+size_t mt_pk_memory(const mt_pk_doc_t *doc);
+
+/* The value under the str key in dict (the last one when repeated), or NULL (also when
+ * dict is NULL or not a dict). */
+const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key);
+/* Static names: "dict", "list", ...; "GLOBAL", "BINUNICODE", ... ("unknown" if none). */
+const char *mt_pk_type_name(int type);
+const char *mt_pk_opcode_name(unsigned op);
+
+/* ---- writer ----
+ * Protocol 4 without frames, for plain data; containers are written in batches of 1000 as
+ * pickle.dump does. Errors are sticky: check mt_pkw_finish. */
+typedef struct mt_pkw_s {
+    FILE *f;            /* borrowed */
+    int err;            /* first error, 0 or negative */
+    unsigned depth;     /* open containers */
+    uint32_t memo;      /* next memo index */
+    bool put;           /* memoize the next value written */
+    uint8_t kind[32];   /* per open container: 'l' list, 'd' dict, 't' tuple */
+    uint32_t count[32]; /* items (dict: keys and values) since the last MARK */
+} mt_pkw_t;
+
+void mt_pkw_init(mt_pkw_t *w, FILE *f);
+void mt_pkw_none(mt_pkw_t *w);
+void mt_pkw_bool(mt_pkw_t *w, bool v);
+void mt_pkw_int(mt_pkw_t *w, int64_t v);
+void mt_pkw_float(mt_pkw_t *w, double v);
+void mt_pkw_str(mt_pkw_t *w, const char *s); /* UTF-8; NULL writes None */
+void mt_pkw_list_begin(mt_pkw_t *w);
+void mt_pkw_list_end(mt_pkw_t *w);
+void mt_pkw_dict_begin(mt_pkw_t *w); /* then key, value, key, value, ... */
+void mt_pkw_dict_end(mt_pkw_t *w);
+void mt_pkw_tuple_begin(mt_pkw_t *w);
+void mt_pkw_tuple_end(mt_pkw_t *w);
+/* Memoizes the next value written (a scalar, list or dict; not a tuple) and returns its
+ * index, for mt_pkw_get. */
+uint32_t mt_pkw_put_next(mt_pkw_t *w);
+void mt_pkw_get(mt_pkw_t *w, uint32_t index);
+/* Writes STOP and returns the first error (MT_EIO, MT_EINVAL for unbalanced use) or 0. */
+int mt_pkw_finish(mt_pkw_t *w);
+
+#endif

@@ -1,0 +1,203 @@
+/* PyTorch CUDA memory snapshots (torch.cuda.memory._snapshot / _dump_snapshot and the
+ * 1.13-era torch.cuda.memory_snapshot()): a model of one, read from and written to the
+ * pickle (analysis/pickle.h), and its conversions to what memtrace runs on: an allocation
+ * trace per device for the replay, event records for the report and plot.
+ * docs/torch-snapshot.md describes both layouts field by field. */
+#ifndef MT_ANALYSIS_TORCH_SNAPSHOT_H
+#define MT_ANALYSIS_TORCH_SNAPSHOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "analysis/pickle.h"
+#include "analysis/report.h"
+#include "analysis/trace_csv.h"
+#include "memtrace/event.h"
+
+typedef enum mt_ts_action_e {
+    MT_TS_ALLOC = 0,
+    MT_TS_FREE_REQUESTED,
+    MT_TS_FREE_COMPLETED,
+    MT_TS_SEGMENT_ALLOC,
+    MT_TS_SEGMENT_FREE,
+    MT_TS_SEGMENT_MAP,
+    MT_TS_SEGMENT_UNMAP,
+    MT_TS_OOM,
+    MT_TS_SNAPSHOT,
+    MT_TS_ACTION_COUNT,
+} mt_ts_action_e;
+
+typedef enum mt_ts_state_e {
+    MT_TS_ACTIVE_ALLOCATED = 0,
+    MT_TS_ACTIVE_PENDING_FREE,
+    MT_TS_INACTIVE,
+} mt_ts_state_e;
+
+typedef struct mt_ts_frame_s {
+    const char *name;     /* function */
+    const char *filename; /* file */
+    int64_t line;
+} mt_ts_frame_t;
+
+/* A call stack: frames[first, first + n), innermost first as PyTorch writes them. */
+typedef struct mt_ts_stack_s {
+    uint32_t first, n;
+} mt_ts_stack_t;
+
+/* 1.13: one allocation that used (part of) a block. */
+typedef struct mt_ts_history_s {
+    uint64_t addr, real_size; /* bytes */
+    uint32_t stack;           /* index into stacks; 0 = none */
+} mt_ts_history_t;
+
+typedef struct mt_ts_block_s {
+    uint64_t addr, size, requested; /* bytes; requested 0 when the file has none */
+    uint8_t state;                  /* mt_ts_state_e */
+    uint32_t stack;                 /* 0 = none */
+    uint32_t first_history, nhistory;
+} mt_ts_block_t;
+
+/* Invariants (mt_ts_check): blocks[first_block, +nblocks) tile [addr, addr + total_size)
+ * in address order; allocated_size <= active_size <= total_size. */
+typedef struct mt_ts_segment_s {
+    int device;
+    uint64_t addr, total_size, allocated_size, active_size, requested_size; /* bytes */
+    int64_t stream;
+    bool large, expandable;
+    int64_t pool_id[2];
+    uint32_t stack;
+    uint32_t first_block, nblocks;
+} mt_ts_segment_t;
+
+typedef struct mt_ts_event_s {
+    uint64_t addr;       /* oom: device_free bytes */
+    uint64_t size;       /* bytes: requested for alloc and frees; the segment's for segment_* */
+    uint64_t block_size; /* alloc: the block's bytes when the file says ("memtrace_size",
+                          * written by memtrace), else 0: requested rounded up to 512 */
+    int64_t stream;      /* cudaStream_t as an integer */
+    int64_t time_us;     /* 0 when the file has none */
+    uint32_t stack;      /* 0 = none */
+    uint8_t action;      /* mt_ts_action_e */
+    uint8_t device;
+    uint8_t tag; /* memtrace's tag when a frame carries one (docs), else MT_TAG_OTHER */
+} mt_ts_event_t;
+
+typedef struct mt_ts_annotation_s {
+    bool start; /* stage START, else END */
+    int device;
+    int64_t time_us;
+    const char *name;
+} mt_ts_annotation_t;
+
+/* A snapshot. stacks[0] is the empty stack. Events are in file order, device by device:
+ * device d's are events[dev_first[d], dev_first[d + 1]). Strings are owned by the model. */
+typedef struct mt_ts_s {
+    int era; /* 1: 1.13 list of segments with history; 2: 2.x dict */
+    mt_ts_segment_t *segments;
+    size_t nsegments;
+    mt_ts_block_t *blocks;
+    size_t nblocks;
+    mt_ts_history_t *history;
+    size_t nhistory;
+    mt_ts_event_t *events;
+    size_t nevents;
+    uint32_t *dev_first; /* ndevices + 1 */
+    unsigned ndevices;
+    mt_ts_frame_t *frames;
+    size_t nframes;
+    mt_ts_stack_t *stacks;
+    size_t nstacks;
+    mt_ts_annotation_t *annotations;
+    size_t nannotations;
+    const char *alloc_conf;  /* allocator_settings' PYTORCH_CUDA_ALLOC_CONF, or NULL */
+    size_t skipped_actions;  /* trace entries of actions this reader does not know */
+    char *tag_label[256];    /* memtrace tag names found in frames (or set for export) */
+    struct mt_ts_mem_s *mem; /* owned strings, arrays' capacities, the pickle */
+} mt_ts_t;
+
+/* An empty snapshot of era 2, to fill with the mt_ts_add_* calls. */
+int mt_ts_create(mt_ts_t **out);
+void mt_ts_destroy(mt_ts_t **p);
+
+/* Reads a snapshot file (either era). MT_EPROTO with "path: where: what" in err for a
+ * malformed pickle or layout, MT_ENOENT/MT_EIO/MT_ENOMEM otherwise. */
+int mt_ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen);
+/* The same from a parsed pickle; doc is taken (freed even on failure); name in messages. */
+int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen);
+/* True when the file at path starts like a pickle (byte 0x80), for commands that take
+ * snapshots and other inputs. */
+bool mt_ts_is_pickle(const char *path);
+
+/* Writes ts as era 2 (the dict) or era 1 (the list of segments with history on blocks,
+ * built from the segments' blocks and the trace). MT_EIO, MT_EINVAL. */
+int mt_ts_write(const mt_ts_t *ts, FILE *f, int era);
+
+/* Checks the invariants above and that events, blocks and stacks index what exists.
+ * 0 or MT_EPROTO with the first broken one in err. */
+int mt_ts_check(const mt_ts_t *ts, char *err, size_t errlen);
+
+/* ---- building ---- */
+/* Interns a call stack (frames copied); *id is its index (0 for n == 0). */
+int mt_ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id);
+/* Appends an event to device ev->device, which must be the last device so far or a new one. */
+int mt_ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev);
+/* Appends a segment and its blocks (copied; their history is left empty). */
+int mt_ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block_t *blocks,
+                      size_t nblocks);
+int mt_ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a);
+/* Copies s into the model's strings; NULL when out of memory. */
+const char *mt_ts_strdup(mt_ts_t *ts, const char *s);
+
+/* Static name of an action ("alloc", ...) or state ("active_allocated", ...). */
+const char *mt_ts_action_name(int action);
+const char *mt_ts_state_name(int state);
+
+/* ---- conversions ---- */
+
+/* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
+ * the report's segment map after its last event as segments and blocks, each tag as a
+ * frame {"name": "tag <label>", "filename": "memtrace", "line": tag id} on its allocations
+ * and blocks, markers as external annotations. *out is new. MT_ENOENT (no such process or
+ * no events), MT_ENOMEM; message in err. */
+int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen);
+
+/* PyTorch's own figures for device d from its trace. reserved: segment_alloc/map minus
+ * segment_free/unmap, starting from what the segments at the end imply was reserved
+ * before the trace began; allocated: alloc minus free_completed, by requested bytes. */
+typedef struct mt_ts_figures_s {
+    uint64_t reserved_start, peak_reserved, end_reserved;
+    uint64_t peak_allocated;
+    size_t allocs, frees, segment_events, ooms;
+    size_t orphan_frees; /* frees of blocks allocated before the trace began */
+} mt_ts_figures_t;
+
+int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
+
+/* Device d's trace as an allocation trace for mt_replay_run: alloc opens a slot, the first
+ * of free_requested/free_completed closes it; frees of blocks allocated before the trace
+ * began are skipped. *out is new (mt_trace_free). */
+int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
+
+/* All devices' events as memtrace records (kind, addr, size, requested, running allocated
+ * and reserved, device, tag, pool by size), time_ns = time_us * 1000. Calls fn for each
+ * (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
+typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
+int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
+
+/* A call site's live bytes at the peak of allocated bytes on device d. */
+typedef struct mt_ts_site_s {
+    uint32_t stack;
+    uint64_t bytes;
+    size_t count;
+} mt_ts_site_t;
+
+/* The top n call sites (by live bytes) at the moment device d's allocated bytes peaked;
+ * *nout <= n are written to sites, largest first; *peak the peak. */
+int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t n,
+                        size_t *nout, uint64_t *peak);
+/* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */
+const char *mt_ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
+
+#endif

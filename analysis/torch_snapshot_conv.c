@@ -1,0 +1,575 @@
+/* Snapshot conversions (torch_snapshot.h): PyTorch's own figures, the allocation trace for
+ * the replay, memtrace event records for the report, call sites at the peak. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis/torch_snapshot.h"
+#include "memtrace/alloc.h"
+#include "memtrace/common.h"
+
+/* ---- live blocks by address: open addressing, tombstones, grown at half full ---- */
+
+typedef struct live_s {
+    uint64_t addr;  /* 0 = empty, 1 = deleted (addresses 0 and 1 are never blocks) */
+    uint64_t size;  /* requested bytes */
+    uint32_t slot;  /* trace slot */
+    uint32_t stack; /* call stack */
+    uint8_t freed;  /* free_requested seen, free_completed not yet */
+} live_t;
+
+typedef struct livemap_s {
+    live_t *t;
+    size_t cap, used; /* used counts deleted entries too */
+} livemap_t;
+
+static size_t hash64(uint64_t a)
+{
+    a ^= a >> 33;
+    a *= 0xff51afd7ed558ccdull;
+    a ^= a >> 33;
+    return (size_t)a;
+}
+
+static live_t *lm_find(livemap_t *m, uint64_t addr)
+{
+    if (m->cap == 0)
+        return NULL;
+    for (size_t h = hash64(addr) & (m->cap - 1);; h = (h + 1) & (m->cap - 1)) {
+        if (m->t[h].addr == addr)
+            return &m->t[h];
+        if (m->t[h].addr == 0)
+            return NULL;
+    }
+}
+
+static live_t *lm_insert(livemap_t *m, uint64_t addr)
+{
+    if ((m->used + 1) * 2 > m->cap) {
+        size_t ncap = m->cap ? m->cap * 2 : 1024;
+        live_t *nt = calloc(ncap, sizeof *nt);
+        if (nt == NULL)
+            return NULL;
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->t[i].addr > 1) {
+                size_t h = hash64(m->t[i].addr) & (ncap - 1);
+                while (nt[h].addr != 0)
+                    h = (h + 1) & (ncap - 1);
+                nt[h] = m->t[i];
+            }
+        free(m->t);
+        m->t = nt;
+        m->cap = ncap;
+        m->used = 0;
+        for (size_t i = 0; i < ncap; i++)
+            m->used += nt[i].addr != 0;
+    }
+    size_t h = hash64(addr) & (m->cap - 1);
+    while (m->t[h].addr > 1)
+        h = (h + 1) & (m->cap - 1);
+    if (m->t[h].addr == 0)
+        m->used++;
+    memset(&m->t[h], 0, sizeof m->t[h]);
+    m->t[h].addr = addr;
+    return &m->t[h];
+}
+
+static void lm_erase(live_t *e)
+{
+    e->addr = 1;
+}
+
+/* ---- walking one device's trace ----
+ * The one reading of the trace's meaning, shared by every conversion: an alloc opens a
+ * block, the first of free_requested / free_completed closes it (the other is then
+ * absorbed), a free of an unknown block is an orphan from before the trace began. */
+
+typedef struct walk_s {
+    livemap_t live;
+    uint32_t nslots;
+} walk_t;
+
+enum { W_SKIP = 0, W_OPEN = 1, W_CLOSE = 2 };
+
+/* What event e does to the live blocks: W_OPEN (*l the new block), W_CLOSE (*l the block,
+ * erase it after use with lm_erase), or W_SKIP. MT_ENOMEM. */
+static int walk_step(walk_t *w, const mt_ts_event_t *e, live_t **l, bool *orphan)
+{
+    *orphan = false;
+    *l = NULL;
+    live_t *x;
+    switch (e->action) {
+    case MT_TS_ALLOC:
+        if ((x = lm_find(&w->live, e->addr)) != NULL)
+            lm_erase(x); /* a block whose free_completed was not recorded */
+        if (e->addr <= 1 || (x = lm_insert(&w->live, e->addr)) == NULL)
+            return e->addr <= 1 ? W_SKIP : MT_ENOMEM;
+        x->size = e->size;
+        x->slot = w->nslots++;
+        x->stack = e->stack;
+        *l = x;
+        return W_OPEN;
+    case MT_TS_FREE_REQUESTED:
+    case MT_TS_FREE_COMPLETED:
+        x = lm_find(&w->live, e->addr);
+        if (x == NULL) {
+            /* Allocated before the trace began. Its free_completed is absorbed too. */
+            *orphan = true;
+            if (e->action == MT_TS_FREE_REQUESTED && e->addr > 1) {
+                if ((x = lm_insert(&w->live, e->addr)) == NULL)
+                    return MT_ENOMEM;
+                x->freed = 1;
+            }
+            return W_SKIP;
+        }
+        if (x->freed) { /* the free_completed after its free_requested */
+            lm_erase(x);
+            return W_SKIP;
+        }
+        if (e->action == MT_TS_FREE_REQUESTED)
+            x->freed = 1; /* kept until free_completed, to absorb it */
+        *l = x;
+        return W_CLOSE;
+    default:
+        return W_SKIP;
+    }
+}
+
+static uint64_t round_block(uint64_t requested)
+{
+    return requested <= 512 ? 512 : (requested + 511) & ~(uint64_t)511;
+}
+
+static const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, size_t *n)
+{
+    if (d >= ts->ndevices) {
+        *n = 0;
+        return NULL;
+    }
+    *n = ts->dev_first[d + 1] - ts->dev_first[d];
+    return ts->events + ts->dev_first[d];
+}
+
+int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t n;
+    const mt_ts_event_t *ev = dev_events(ts, device, &n);
+    int64_t res = 0, res_min = 0, res_max = 0;
+    uint64_t alloc = 0, alloc_max = 0;
+    walk_t w = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mt_ts_event_t *e = &ev[i];
+        switch (e->action) {
+        case MT_TS_SEGMENT_ALLOC:
+        case MT_TS_SEGMENT_MAP:
+            res += (int64_t)e->size;
+            out->segment_events++;
+            break;
+        case MT_TS_SEGMENT_FREE:
+        case MT_TS_SEGMENT_UNMAP:
+            res -= (int64_t)e->size;
+            out->segment_events++;
+            break;
+        case MT_TS_OOM:
+            out->ooms++;
+            break;
+        default:
+            break;
+        }
+        res_min = res < res_min ? res : res_min;
+        res_max = res > res_max ? res : res_max;
+        live_t *l;
+        bool orphan;
+        int k = walk_step(&w, e, &l, &orphan);
+        if (k < 0) {
+            rc = k;
+            break;
+        }
+        out->orphan_frees += orphan;
+        if (k == W_OPEN) {
+            out->allocs++;
+            alloc += l->size;
+            alloc_max = alloc > alloc_max ? alloc : alloc_max;
+        } else if (k == W_CLOSE) {
+            out->frees++;
+            alloc -= l->size;
+            if (!l->freed)
+                lm_erase(l);
+        }
+    }
+    free(w.live.t);
+    /* What was reserved before the trace: enough that it never went below zero, and what
+     * the segments at the end imply (they are the state after the last event). */
+    uint64_t end_segments = 0;
+    for (size_t i = 0; i < ts->nsegments; i++)
+        if (ts->segments[i].device == (int)device)
+            end_segments += ts->segments[i].total_size;
+    int64_t start = -res_min;
+    if (end_segments > 0 && (int64_t)end_segments - res > start)
+        start = (int64_t)end_segments - res;
+    out->reserved_start = (uint64_t)start;
+    out->peak_reserved = (uint64_t)(start + res_max);
+    out->end_reserved = (uint64_t)(start + res);
+    out->peak_allocated = alloc_max;
+    return rc;
+}
+
+int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    size_t n;
+    const mt_ts_event_t *ev = dev_events(ts, device, &n);
+    mt_trace_t *t = calloc(1, sizeof *t);
+    walk_t w = {0};
+    size_t cap_streams = 0;
+    uint64_t live_bytes = 0;
+    size_t live_count = 0;
+    if (t == NULL || (n && (t->ops = malloc(n * sizeof *t->ops)) == NULL))
+        goto fail_nomem;
+    for (size_t i = 0; i < n; i++) {
+        const mt_ts_event_t *e = &ev[i];
+        if (e->action == MT_TS_OOM)
+            t->nfailures++;
+        live_t *l;
+        bool orphan;
+        int k = walk_step(&w, e, &l, &orphan);
+        if (k < 0)
+            goto fail_nomem;
+        if (k == W_SKIP)
+            continue;
+        mt_trace_op_t *op = &t->ops[t->nops++];
+        op->size = l->size;
+        op->slot = l->slot;
+        op->pad = 0;
+        if (k == W_OPEN) {
+            size_t s = 0;
+            while (s < t->nstreams && t->streams[s] != (uint64_t)e->stream)
+                s++;
+            if (s == t->nstreams) {
+                if (s == UINT16_MAX) {
+                    snprintf(err, errlen, "device %u: more than %d streams", device, UINT16_MAX);
+                    goto fail;
+                }
+                if (t->nstreams == cap_streams) {
+                    cap_streams = cap_streams ? cap_streams * 2 : 8;
+                    uint64_t *ns = realloc(t->streams, cap_streams * sizeof *ns);
+                    if (ns == NULL)
+                        goto fail_nomem;
+                    t->streams = ns;
+                }
+                t->streams[t->nstreams++] = (uint64_t)e->stream;
+            }
+            op->stream = (uint16_t)s;
+            op->action = MT_TRACE_ALLOCATE;
+            /* The stream of the free is the block's: remembered in the slot's op. */
+            l->stack = (uint32_t)s;
+            t->nallocs++;
+            live_bytes += l->size;
+            live_count++;
+            if (live_bytes > t->peak_live_bytes)
+                t->peak_live_bytes = live_bytes;
+            if (live_count > t->peak_live_count)
+                t->peak_live_count = live_count;
+        } else {
+            op->stream = (uint16_t)l->stack;
+            op->action = MT_TRACE_FREE;
+            t->nfrees++;
+            live_bytes -= l->size;
+            live_count--;
+            if (!l->freed)
+                lm_erase(l);
+        }
+    }
+    t->nslots = t->nallocs;
+    t->nrows = t->nallocs + t->nfrees + t->nfailures;
+    t->leaked = live_count;
+    free(w.live.t);
+    *out = t;
+    return 0;
+fail_nomem:
+    snprintf(err, errlen, "out of memory");
+fail:
+    free(w.live.t);
+    mt_trace_free(&t);
+    return MT_ENOMEM;
+}
+
+/* ---- records ---- */
+
+static uint8_t pool_of(uint64_t size, bool segment)
+{
+    return size <= (segment ? (uint64_t)2 << 20 : (uint64_t)1 << 20) ? MT_POOL_SMALL
+                                                                     : MT_POOL_LARGE;
+}
+
+/* An annotation as a memtrace marker, when its name says which: forward, backward,
+ * warm-up stages, and the start of an iteration or step. 0: none. */
+static int annotation_mark(const mt_ts_annotation_t *a)
+{
+    const char *n = a->name;
+    if (strstr(n, "forward") != NULL)
+        return a->start ? MT_MARK_FORWARD_BEGIN : MT_MARK_FORWARD_END;
+    if (strstr(n, "backward") != NULL)
+        return a->start ? MT_MARK_BACKWARD_BEGIN : MT_MARK_BACKWARD_END;
+    if (strstr(n, "warmup") != NULL || strstr(n, "warm-up") != NULL)
+        return a->start ? MT_MARK_WARMUP_BEGIN : MT_MARK_WARMUP_END;
+    if (a->start && (strncmp(n, "iteration", 9) == 0 || strncmp(n, "step", 4) == 0))
+        return MT_MARK_ITERATION;
+    return 0;
+}
+
+/* One device's cursor through its trace while records are made. */
+typedef struct cursor_s {
+    const mt_ts_event_t *ev;
+    size_t i, n;
+    uint64_t allocated, reserved;
+    walk_t w;
+} cursor_t;
+
+static int64_t ev_time(const cursor_t *c)
+{
+    return c->ev[c->i].time_us;
+}
+
+/* Event e of c as a record; *emit false for what memtrace does not model. */
+static int make_record(cursor_t *c, const mt_ts_event_t *e, mt_event_rec_t *r, bool *emit)
+{
+    static const uint8_t kind[MT_TS_ACTION_COUNT] = {
+        [MT_TS_ALLOC] = MT_EV_ALLOC,
+        [MT_TS_FREE_REQUESTED] = MT_EV_FREE_REQUESTED,
+        [MT_TS_FREE_COMPLETED] = MT_EV_FREE_COMPLETED,
+        [MT_TS_SEGMENT_ALLOC] = MT_EV_SEGMENT_ALLOC,
+        [MT_TS_SEGMENT_FREE] = MT_EV_SEGMENT_FREE,
+        [MT_TS_SEGMENT_MAP] = MT_EV_SEGMENT_MAP,
+        [MT_TS_SEGMENT_UNMAP] = MT_EV_SEGMENT_UNMAP,
+        [MT_TS_OOM] = MT_EV_OOM,
+    };
+    *emit = true;
+    *r = (mt_event_rec_t){
+        .time_ns = e->time_us > 0 ? (uint64_t)e->time_us * 1000u : 0,
+        .addr = e->addr,
+        .size = e->size,
+        .requested = e->size,
+        .stream = (uint32_t)e->stream,
+        .kind = kind[e->action],
+        .device = e->device,
+        .tag = e->tag,
+    };
+    live_t *l;
+    bool orphan;
+    int k = walk_step(&c->w, e, &l, &orphan);
+    if (k < 0)
+        return k;
+    switch (e->action) {
+    case MT_TS_ALLOC:
+        r->size = e->block_size ? e->block_size : round_block(e->size);
+        r->pool = pool_of(r->size, false);
+        if (k == W_OPEN) {
+            c->allocated += r->size;
+            l->size = r->size; /* the block's bytes leave at its free */
+        }
+        break;
+    case MT_TS_FREE_REQUESTED:
+    case MT_TS_FREE_COMPLETED:
+        /* An orphan or the second half of a free keeps its own size: the report pairs
+         * free_requested with free_completed itself. */
+        r->size = l != NULL && l->size ? l->size : round_block(e->size);
+        r->pool = pool_of(r->size, false);
+        if (k == W_CLOSE) {
+            c->allocated -= l->size;
+            if (!l->freed)
+                lm_erase(l);
+        }
+        break;
+    case MT_TS_SEGMENT_ALLOC:
+    case MT_TS_SEGMENT_MAP:
+        c->reserved += e->size;
+        r->pool = pool_of(e->size, true);
+        break;
+    case MT_TS_SEGMENT_FREE:
+    case MT_TS_SEGMENT_UNMAP:
+        c->reserved -= e->size < c->reserved ? e->size : c->reserved;
+        r->pool = pool_of(e->size, true);
+        break;
+    case MT_TS_OOM:
+        r->size = e->addr; /* memtrace: size = free device bytes, requested = the request */
+        r->addr = 0;
+        break;
+    default:
+        *emit = false; /* snapshot markers carry nothing memtrace models */
+        break;
+    }
+    r->allocated = c->allocated;
+    r->reserved = c->reserved;
+    return 0;
+}
+
+static int cmp_annotation(const void *a, const void *b)
+{
+    const mt_ts_annotation_t *x = *(const mt_ts_annotation_t *const *)a;
+    const mt_ts_annotation_t *y = *(const mt_ts_annotation_t *const *)b;
+    return x->time_us < y->time_us ? -1 : x->time_us > y->time_us ? 1 : (x < y ? -1 : x > y);
+}
+
+int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
+{
+    int rc = 0;
+    cursor_t *cur = calloc(ts->ndevices ? ts->ndevices : 1, sizeof *cur);
+    const mt_ts_annotation_t **ann = calloc(ts->nannotations + 1, sizeof *ann);
+    if (cur == NULL || ann == NULL) {
+        rc = MT_ENOMEM;
+        goto done;
+    }
+    for (unsigned d = 0; d < ts->ndevices && rc == 0; d++) {
+        mt_ts_figures_t fig;
+        rc = mt_ts_figures(ts, d, &fig);
+        cur[d].ev = dev_events(ts, d, &cur[d].n);
+        cur[d].reserved = fig.reserved_start;
+    }
+    for (size_t i = 0; i < ts->nannotations; i++)
+        ann[i] = &ts->annotations[i];
+    qsort(ann, ts->nannotations, sizeof *ann, cmp_annotation);
+    size_t ai = 0, seq = 0, iterations = 0;
+    /* Devices merged by time (PyTorch's clock is one per process); ties and untimed
+     * traces keep device order. Annotations come before events of the same time. */
+    while (rc == 0) {
+        int best = -1;
+        for (unsigned d = 0; d < ts->ndevices; d++)
+            if (cur[d].i < cur[d].n && (best < 0 || ev_time(&cur[d]) < ev_time(&cur[best])))
+                best = (int)d;
+        mt_event_rec_t r;
+        bool emit = true;
+        if (ai < ts->nannotations && (best < 0 || ann[ai]->time_us <= ev_time(&cur[best]))) {
+            const mt_ts_annotation_t *a = ann[ai++];
+            int mark = annotation_mark(a);
+            unsigned dev =
+                a->device >= 0 && (unsigned)a->device < ts->ndevices ? (unsigned)a->device : 0;
+            r = (mt_event_rec_t){
+                .time_ns = a->time_us > 0 ? (uint64_t)a->time_us * 1000u : 0,
+                .kind = MT_EV_MARK,
+                .addr = (uint64_t)mark,
+                .device = (uint8_t)dev,
+                .allocated = ts->ndevices ? cur[dev].allocated : 0,
+                .reserved = ts->ndevices ? cur[dev].reserved : 0,
+            };
+            emit = mark != 0;
+            if (mark == MT_MARK_ITERATION) {
+                /* "iteration 12" (what memtrace writes) keeps its number; else a count. */
+                const char *num = strpbrk(a->name, "0123456789");
+                r.size = num != NULL ? strtoull(num, NULL, 10) : iterations;
+                iterations++;
+            }
+        } else if (best >= 0) {
+            cursor_t *c = &cur[best];
+            rc = make_record(c, &c->ev[c->i], &r, &emit);
+            c->i++;
+        } else
+            break;
+        if (rc == 0 && emit) {
+            r.seq = ++seq;
+            if (r.time_ns == 0)
+                r.time_ns = seq; /* no clock in the file: event order */
+            rc = fn(ctx, &r, r.kind == MT_EV_MARK ? 0 : cur[best].ev[cur[best].i - 1].stack);
+        }
+    }
+done:
+    for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++)
+        free(cur[d].w.live.t);
+    free(cur);
+    free(ann);
+    return rc;
+}
+
+/* ---- call sites at the peak ---- */
+
+static int cmp_site(const void *a, const void *b)
+{
+    const mt_ts_site_t *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return x->stack < y->stack ? -1 : x->stack > y->stack;
+}
+
+int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
+                        size_t *nout, uint64_t *peak)
+{
+    *nout = 0;
+    *peak = 0;
+    size_t n;
+    const mt_ts_event_t *ev = dev_events(ts, device, &n);
+    /* Pass 1 finds the event at which allocated bytes peak; pass 2 stops there and sums
+     * the live blocks by stack. */
+    size_t at = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        walk_t w = {0};
+        uint64_t alloc = 0;
+        size_t end = pass == 0 ? n : at + 1;
+        for (size_t i = 0; i < end; i++) {
+            live_t *l;
+            bool orphan;
+            int k = walk_step(&w, &ev[i], &l, &orphan);
+            if (k < 0) {
+                free(w.live.t);
+                return k;
+            }
+            if (k == W_OPEN) {
+                alloc += l->size;
+                if (pass == 0 && alloc > *peak) {
+                    *peak = alloc;
+                    at = i;
+                }
+            } else if (k == W_CLOSE) {
+                alloc -= l->size;
+                if (!l->freed)
+                    lm_erase(l);
+                else
+                    l->size = 0; /* freed: kept only to absorb its free_completed */
+            }
+        }
+        if (pass == 1) {
+            mt_ts_site_t *acc = calloc(ts->nstacks, sizeof *acc);
+            if (acc == NULL) {
+                free(w.live.t);
+                return MT_ENOMEM;
+            }
+            for (size_t i = 0; i < w.live.cap; i++) {
+                const live_t *l = &w.live.t[i];
+                if (l->addr > 1 && !l->freed) {
+                    acc[l->stack].stack = l->stack;
+                    acc[l->stack].bytes += l->size;
+                    acc[l->stack].count++;
+                }
+            }
+            qsort(acc, ts->nstacks, sizeof *acc, cmp_site);
+            for (size_t i = 0; i < ts->nstacks && *nout < nsites && acc[i].bytes > 0; i++)
+                sites[(*nout)++] = acc[i];
+            free(acc);
+        }
+        free(w.live.t);
+        if (n == 0)
+            break;
+    }
+    return 0;
+}
+
+const char *mt_ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)
+{
+    if (stack == 0 || stack >= ts->nstacks) {
+        snprintf(buf, len, "<no frames>");
+        return buf;
+    }
+    const mt_ts_stack_t *s = &ts->stacks[stack];
+    for (uint32_t i = 0; i < s->n; i++) {
+        const mt_ts_frame_t *f = &ts->frames[s->first + i];
+        if (strcmp(f->filename, "memtrace") == 0)
+            continue;
+        const char *base = strrchr(f->filename, '/');
+        snprintf(buf, len, "%s:%lld:%s", base ? base + 1 : f->filename, (long long)f->line,
+                 f->name);
+        return buf;
+    }
+    const mt_ts_frame_t *f = &ts->frames[s->first];
+    snprintf(buf, len, "%s", f->name);
+    return buf;
+}

@@ -1,0 +1,298 @@
+/* A snapshot from a memtrace log (torch_snapshot.h, mt_ts_from_report): the process's
+ * events become device_traces, the report's segment map at the last event becomes the
+ * segments and blocks, tags become frames and markers become external annotations. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis/torch_snapshot.h"
+#include "memtrace/alloc.h"
+#include "memtrace/common.h"
+
+/* What the segment map does not say, remembered from the events by address. */
+typedef struct seen_s {
+    uint64_t addr;
+    uint64_t requested; /* alloc: bytes asked for */
+    int64_t stream;
+    uint8_t device, kind, pool;
+    uint32_t order; /* later events win */
+} seen_t;
+
+typedef struct ex_s {
+    mt_ts_t *ts;
+    const mt__report_t *r;
+    size_t proc;
+    mt_ts_event_t *evs; /* all devices, in log order; sorted by device at the end */
+    size_t nevs, cap;
+    seen_t *seen;
+    size_t nseen, cap_seen;
+    uint32_t tag_stack[MT_TAG_MAX]; /* 0: not made yet */
+    uint64_t iteration;
+    bool in_iteration;
+    int rc;
+} ex_t;
+
+static uint32_t tag_stack(ex_t *x, int tag)
+{
+    if (tag < 0 || tag >= MT_TAG_MAX)
+        tag = MT_TAG_OTHER;
+    if (x->tag_stack[tag] == 0) {
+        char buf[64], name[96];
+        snprintf(name, sizeof name, "tag %s",
+                 mt__report_tag_name(x->r, x->proc, tag, buf, sizeof buf));
+        mt_ts_frame_t f = {.name = name, .filename = "memtrace", .line = tag};
+        if (mt_ts_add_stack(x->ts, &f, 1, &x->tag_stack[tag]) < 0)
+            x->rc = MT_ENOMEM;
+    }
+    return x->tag_stack[tag];
+}
+
+static void annotate(ex_t *x, const mt_event_rec_t *ev, bool start, const char *name)
+{
+    mt_ts_annotation_t a = {.start = start,
+                            .device = ev->device,
+                            .time_us = (int64_t)(ev->time_ns / 1000),
+                            .name = name};
+    if (x->rc == 0)
+        x->rc = mt_ts_add_annotation(x->ts, &a);
+}
+
+static void mark(ex_t *x, const mt_event_rec_t *ev)
+{
+    static const struct {
+        int mark;
+        bool start;
+        const char *name;
+    } marks[] = {
+        {MT_MARK_FORWARD_BEGIN, true, "forward"},   {MT_MARK_FORWARD_END, false, "forward"},
+        {MT_MARK_BACKWARD_BEGIN, true, "backward"}, {MT_MARK_BACKWARD_END, false, "backward"},
+        {MT_MARK_WARMUP_BEGIN, true, "warmup"},     {MT_MARK_WARMUP_END, false, "warmup"},
+    };
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++)
+        if (ev->addr == (uint64_t)marks[i].mark) {
+            annotate(x, ev, marks[i].start, marks[i].name);
+            return;
+        }
+    if (ev->addr == MT_MARK_ITERATION) {
+        char name[48];
+        if (x->in_iteration) {
+            snprintf(name, sizeof name, "iteration %llu", (unsigned long long)x->iteration);
+            annotate(x, ev, false, name);
+        }
+        x->iteration = ev->size;
+        x->in_iteration = true;
+        snprintf(name, sizeof name, "iteration %llu", (unsigned long long)x->iteration);
+        annotate(x, ev, true, name);
+    }
+}
+
+static int on_point(void *ctx, const mt__report_point_t *pt)
+{
+    ex_t *x = ctx;
+    const mt_event_rec_t *ev = pt->ev;
+    if (ev->pool == MT_POOL_HOST)
+        return 0; /* pinned host memory is not device memory */
+    mt_ts_event_t e = {
+        .addr = ev->addr,
+        .size = ev->size,
+        .stream = ev->stream,
+        .time_us = (int64_t)(ev->time_ns / 1000),
+        .device = ev->device,
+        .tag = ev->tag,
+    };
+    switch (ev->kind) {
+    case MT_EV_ALLOC:
+        e.action = MT_TS_ALLOC;
+        e.size = ev->requested ? ev->requested : ev->size; /* PyTorch's alloc: orig_size */
+        e.block_size = ev->size;
+        e.stack = tag_stack(x, ev->tag);
+        break;
+    case MT_EV_FREE_REQUESTED:
+    case MT_EV_FREE_COMPLETED:
+        e.action = ev->kind == MT_EV_FREE_REQUESTED ? MT_TS_FREE_REQUESTED : MT_TS_FREE_COMPLETED;
+        e.size = ev->requested ? ev->requested : ev->size;
+        e.stack = tag_stack(x, ev->tag);
+        break;
+    case MT_EV_SEGMENT_ALLOC:
+        e.action = MT_TS_SEGMENT_ALLOC;
+        break;
+    case MT_EV_SEGMENT_FREE:
+        e.action = MT_TS_SEGMENT_FREE;
+        break;
+    case MT_EV_SEGMENT_MAP:
+        e.action = MT_TS_SEGMENT_MAP;
+        break;
+    case MT_EV_SEGMENT_UNMAP:
+        e.action = MT_TS_SEGMENT_UNMAP;
+        break;
+    case MT_EV_OOM:
+        e.action = MT_TS_OOM;
+        e.size = ev->requested;
+        e.addr = ev->size; /* device_free */
+        break;
+    case MT_EV_MARK:
+        mark(x, ev);
+        return x->rc;
+    default:
+        return 0;
+    }
+    if (x->nevs == x->cap) {
+        size_t ncap = x->cap ? x->cap * 2 : 1024;
+        mt_ts_event_t *n = realloc(x->evs, ncap * sizeof *n);
+        if (n == NULL)
+            return MT_ENOMEM;
+        x->evs = n;
+        x->cap = ncap;
+    }
+    x->evs[x->nevs++] = e;
+    if (ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
+        ev->kind == MT_EV_SEGMENT_MAP) {
+        if (x->nseen == x->cap_seen) {
+            size_t ncap = x->cap_seen ? x->cap_seen * 2 : 1024;
+            seen_t *n = realloc(x->seen, ncap * sizeof *n);
+            if (n == NULL)
+                return MT_ENOMEM;
+            x->seen = n;
+            x->cap_seen = ncap;
+        }
+        x->seen[x->nseen] = (seen_t){ev->addr, ev->requested, ev->stream,        ev->device,
+                                     ev->kind, ev->pool,      (uint32_t)x->nseen};
+        x->nseen++;
+    }
+    return x->rc;
+}
+
+static int cmp_seen(const void *a, const void *b)
+{
+    const seen_t *x = a, *y = b;
+    if (x->addr != y->addr)
+        return x->addr < y->addr ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+/* The last event that named addr as a block (want_block) or a segment. */
+static const seen_t *lookup(const ex_t *x, uint64_t addr, bool want_block)
+{
+    size_t lo = 0, hi = x->nseen;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->seen[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i-- > 0 && x->seen[i].addr == addr;)
+        if ((x->seen[i].kind == MT_EV_ALLOC) == want_block)
+            return &x->seen[i];
+    return NULL;
+}
+
+static int cmp_dev_ptr(const void *a, const void *b)
+{
+    const mt_ts_event_t *x = *(const mt_ts_event_t *const *)a;
+    const mt_ts_event_t *y = *(const mt_ts_event_t *const *)b;
+    if (x->device != y->device)
+        return x->device < y->device ? -1 : 1;
+    return x < y ? -1 : x > y; /* log order within a device */
+}
+
+/* Segments and blocks of the report's map at the last event; gaps become inactive blocks. */
+static int add_segments(ex_t *x, size_t last)
+{
+    mt__report_map_t map;
+    int rc = mt__report_map_at(x->r, x->proc, last, false, &map);
+    if (rc < 0)
+        return rc;
+    mt_ts_block_t *blocks = malloc((2 * map.nblocks + 1) * sizeof *blocks);
+    size_t b = 0; /* next live block of the map (sorted by address, as segments are) */
+    for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL; s++) {
+        const mt_model_seg_t *sg = &map.segs[s];
+        const seen_t *info = lookup(x, sg->addr, false);
+        mt_ts_segment_t seg = {
+            .device = info ? info->device : 0,
+            .addr = sg->addr,
+            .total_size = sg->size,
+            .stream = sg->stream,
+            .large = sg->pool != MT_POOL_SMALL,
+            .expandable = sg->mapped,
+            .stack = 0,
+        };
+        size_t n = 0;
+        uint64_t at = sg->addr, end = sg->addr + sg->size;
+        while (b < map.nblocks && map.blocks[b].addr < sg->addr)
+            b++; /* a block outside every segment (a log that began late): not drawn */
+        for (; b < map.nblocks && map.blocks[b].addr < end; b++) {
+            const mt__report_block_t *lb = &map.blocks[b];
+            if (lb->addr > at)
+                blocks[n++] =
+                    (mt_ts_block_t){.addr = at, .size = lb->addr - at, .state = MT_TS_INACTIVE};
+            const seen_t *a = lookup(x, lb->addr, true);
+            uint64_t size = lb->size < end - lb->addr ? lb->size : end - lb->addr;
+            blocks[n++] = (mt_ts_block_t){
+                .addr = lb->addr,
+                .size = size,
+                .requested = a && a->requested ? a->requested : size,
+                .state = lb->pending ? MT_TS_ACTIVE_PENDING_FREE : MT_TS_ACTIVE_ALLOCATED,
+                .stack = tag_stack(x, lb->tag),
+            };
+            seg.active_size += size;
+            if (!lb->pending) {
+                seg.allocated_size += size;
+                seg.requested_size += blocks[n - 1].requested;
+            }
+            at = lb->addr + size;
+        }
+        if (at < end)
+            blocks[n++] = (mt_ts_block_t){.addr = at, .size = end - at, .state = MT_TS_INACTIVE};
+        rc = mt_ts_add_segment(x->ts, &seg, blocks, n);
+    }
+    if (blocks == NULL)
+        rc = MT_ENOMEM;
+    free(blocks);
+    mt__report_map_free(&map);
+    return rc;
+}
+
+int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
+{
+    *out = NULL;
+    int pid;
+    const char *name;
+    size_t nev;
+    if (mt__report_process(r, proc, &pid, &name, &nev) < 0 || nev == 0) {
+        snprintf(err, errlen, "no such process, or it has no events");
+        return MT_ENOENT;
+    }
+    ex_t x = {.r = r, .proc = proc};
+    int rc = mt_ts_create(&x.ts);
+    if (rc == 0)
+        rc = mt__report_replay(r, proc, on_point, &x);
+    if (rc == 0 && x.rc)
+        rc = x.rc;
+    if (rc == 0) {
+        qsort(x.seen, x.nseen, sizeof *x.seen, cmp_seen);
+        rc = add_segments(&x, nev - 1);
+    }
+    if (rc == 0) {
+        /* device_traces are per device: group the log's events, each device in log order. */
+        mt_ts_event_t **order = malloc((x.nevs + 1) * sizeof *order);
+        if (order == NULL)
+            rc = MT_ENOMEM;
+        for (size_t i = 0; order != NULL && i < x.nevs; i++)
+            order[i] = &x.evs[i];
+        if (order != NULL) {
+            qsort(order, x.nevs, sizeof *order, cmp_dev_ptr);
+            for (size_t i = 0; i < x.nevs && rc == 0; i++)
+                rc = mt_ts_add_event(x.ts, order[i]);
+        }
+        free(order);
+    }
+    free(x.evs);
+    free(x.seen);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", rc == MT_ENOMEM ? "out of memory" : mt_strerror(rc));
+        mt_ts_destroy(&x.ts);
+        return rc;
+    }
+    *out = x.ts;
+    return 0;
+}

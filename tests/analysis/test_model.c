@@ -1,0 +1,369 @@
+/* The event model on hand-written streams: the three cases of issue 10 (an unmap covering
+ * several maps, phantom tag bytes after a gap, sums near 2^63), gap rules, and the report
+ * and plot reading the same figures. The checker runs after every event. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "analysis/report.h"
+#include "model_gen.h"
+
+#define MIB  (UINT64_C(1) << 20)
+#define BASE UINT64_C(0x7f0000000000)
+
+static void check(const mt_model_t *m)
+{
+    char why[256] = "";
+    int rc = mt_model_check(m, why, sizeof why);
+    if (rc != 0)
+        fail_msg("mt_model_check: %s", why);
+}
+
+/* Applies ev to the model and, when r is set, adds it to the report as process pid 1. */
+static void put(mgen_t *g, mt__report_t *r, int kind, uint64_t addr, uint64_t size, int tag)
+{
+    mt_event_rec_t ev = mgen_rec(g, kind, addr, size, tag);
+    if (g->m) {
+        assert_int_equal(mt_model_apply(g->m, &ev), 0);
+        check(g->m);
+    }
+    if (r)
+        assert_int_equal(mt__report_add_event(r, 1, &ev, NULL), 0);
+}
+
+static void assert_bounded(const mt_model_figures_t *f)
+{
+    assert_true(f->utilization >= 0.0 && f->utilization <= 1.0);
+    assert_true(f->fragmentation >= 0.0 && f->fragmentation <= 1.0);
+    assert_true(f->total_free <= f->reserved);
+    assert_true(f->largest_free <= f->total_free);
+    assert_true(f->uncertain_bytes <= f->allocated);
+    assert_true(f->untracked_bytes <= f->allocated);
+}
+
+static json_t *report_process(mt__report_t *r)
+{
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    return res;
+}
+
+/* ---- case 1: one unmap covers several maps ---- */
+
+static void test_unmap_covers_several_maps(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    mgen_t g = {0};
+    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    /* An expandable segment mapped 20 MiB at a time up to 80 MiB, a block in each piece. */
+    for (int i = 0; i < 4; i++) {
+        put(&g, r, MT_EV_SEGMENT_MAP, BASE + i * 20 * MIB, 20 * MIB, 0);
+        put(&g, r, MT_EV_ALLOC, BASE + i * 20 * MIB, 10 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.reserved, 80 * MIB);
+    assert_int_equal(f.segments, 1); /* adjacent mapped pages: one range */
+    /* The upper two blocks go, then one unmap releases the upper 40 MiB (two maps). */
+    for (int i = 2; i < 4; i++) {
+        put(&g, r, MT_EV_FREE_REQUESTED, BASE + i * 20 * MIB, 10 * MIB, MT_TAG_ACTIVATIONS);
+        put(&g, r, MT_EV_FREE_COMPLETED, BASE + i * 20 * MIB, 10 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    put(&g, r, MT_EV_SEGMENT_UNMAP, BASE + 40 * MIB, 40 * MIB, 0);
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.reserved, 40 * MIB);
+    assert_int_equal(f.total_free, 20 * MIB); /* [10,20) and [30,40) */
+    assert_int_equal(f.largest_free, 10 * MIB);
+    assert_true(f.fragmentation > 0.499 && f.fragmentation < 0.501);
+    mt_model_map_t map;
+    assert_int_equal(mt_model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(map.nsegs, 1);
+    assert_int_equal(map.segs[0].size, 40 * MIB);
+    assert_int_equal(map.segs[0].used, 20 * MIB);
+    mt_model_map_free(&map);
+
+    /* The plot's map and the report's figures: 40 MiB mapped, not 80. */
+    mt__report_map_t pm;
+    int pid;
+    const char *name;
+    size_t events;
+    assert_int_equal(mt__report_process(r, 0, &pid, &name, &events), 0);
+    assert_int_equal(mt__report_map_at(r, 0, events - 1, false, &pm), 0);
+    uint64_t mapped = 0;
+    for (size_t i = 0; i < pm.nsegs; i++)
+        mapped += pm.segs[i].size;
+    assert_int_equal(mapped, 40 * MIB);
+    mt__report_map_free(&pm);
+    json_t *res = report_process(r);
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    assert_int_equal(json_integer_value(json_object_get(p, "final_reserved")), 40 * MIB);
+    json_t *tl = json_object_get(p, "timeline");
+    json_t *last = json_array_get(tl, json_array_size(tl) - 1);
+    double frag = json_real_value(json_object_get(last, "fragmentation"));
+    assert_true(frag > 0.499 && frag < 0.501);
+    json_decref(res);
+    mt__report_destroy(&r);
+    mt_model_destroy(&g.m);
+}
+
+/* An unmap in the middle of mapped pages splits them; a later map does not join a range
+ * across the hole. */
+static void test_unmap_middle_splits(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    put(&g, NULL, MT_EV_SEGMENT_MAP, BASE, 60 * MIB, 0);
+    put(&g, NULL, MT_EV_SEGMENT_UNMAP, BASE + 20 * MIB, 20 * MIB, 0);
+    mt_model_map_t map;
+    assert_int_equal(mt_model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(map.nsegs, 2);
+    assert_int_equal(map.segs[0].size, 20 * MIB);
+    assert_int_equal(map.segs[1].addr, BASE + 40 * MIB);
+    assert_int_equal(map.total_free, 40 * MIB);
+    mt_model_map_free(&map);
+    mt_model_destroy(&g.m);
+}
+
+/* ---- case 2: phantom tag bytes after a gap ---- */
+
+static void test_gap_no_phantom_tags(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    mgen_t g = {0};
+    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 64 * MIB, 0);
+    for (int i = 0; i < 8; i++)
+        put(&g, r, MT_EV_ALLOC, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    put(&g, r, MT_EV_ALLOC, BASE + 40 * MIB, 8 * MIB, MT_TAG_WEIGHTS);
+    /* Six frees are lost: their events never reach the model (a seq jump). */
+    for (int i = 0; i < 6; i++) {
+        (void)mgen_rec(&g, MT_EV_FREE_REQUESTED, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+        (void)mgen_rec(&g, MT_EV_FREE_COMPLETED, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    /* The next event: a new allocation over the first lost block's place. */
+    put(&g, r, MT_EV_ALLOC, BASE, 2 * MIB, MT_TAG_GRADS);
+    assert_int_equal(mt_model_lost(g.m), 12);
+    mt_model_figures_t f;
+    mt_model_tag_t act, w, gr;
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_bounded(&f);
+    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &act);
+    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &w);
+    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_GRADS, &gr);
+    assert_int_equal(gr.bytes, 2 * MIB);  /* seen after the gap: certain */
+    assert_int_equal(act.bytes, 0);       /* no longer counted as allocated ... */
+    assert_true(act.uncertain_bytes > 0); /* ... but marked uncertain */
+    assert_true(f.uncertain);
+    /* allocated = 2 + 8 + 8 MiB: the known 2 MiB leave room for 16 MiB of the 36 MiB of
+     * uncertain blocks (the one the new block overlaps is gone); none is larger than
+     * that, so none is proven gone yet. The uncertain figures are bounded by the room. */
+    assert_int_equal(f.allocated, 18 * MIB);
+    assert_int_equal(f.uncertain_bytes, 16 * MIB);
+    assert_int_equal(act.uncertain_bytes, 16 * MIB);
+    assert_int_equal(w.uncertain_bytes, 8 * MIB);
+    assert_int_equal(act.uncertain_blocks, 7);
+
+    /* The program frees everything it still holds and exits cleanly. */
+    for (int i = 6; i < 8; i++) {
+        put(&g, r, MT_EV_FREE_REQUESTED, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+        put(&g, r, MT_EV_FREE_COMPLETED, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
+    }
+    put(&g, r, MT_EV_FREE_REQUESTED, BASE + 40 * MIB, 8 * MIB, MT_TAG_WEIGHTS);
+    put(&g, r, MT_EV_FREE_COMPLETED, BASE + 40 * MIB, 8 * MIB, MT_TAG_WEIGHTS);
+    put(&g, r, MT_EV_FREE_REQUESTED, BASE, 2 * MIB, MT_TAG_GRADS);
+    put(&g, r, MT_EV_FREE_COMPLETED, BASE, 2 * MIB, MT_TAG_GRADS);
+    assert_int_equal(g.allocated, 0);
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.allocated, 0);
+    assert_int_equal(f.uncertain_bytes, 0);
+    assert_false(f.uncertain);
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        mt_model_tag_t tg;
+        mt_model_tag(g.m, MT_MODEL_DEVICE, t, &tg);
+        assert_int_equal(tg.bytes, 0);
+        assert_int_equal(tg.uncertain_bytes, 0);
+    }
+    assert_int_equal(f.blocks, 0);
+    assert_int_equal(f.total_free, 64 * MIB);
+
+    /* The report: never-freed agrees with the final allocated total (0). */
+    json_t *res = report_process(r);
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    assert_int_equal(json_integer_value(json_object_get(p, "final_allocated")), 0);
+    json_t *nf = json_object_get(p, "never_freed");
+    assert_int_equal(json_integer_value(json_object_get(nf, "bytes")), 0);
+    assert_int_equal(json_integer_value(json_object_get(nf, "count")), 0);
+    assert_int_equal(json_integer_value(json_object_get(p, "lost")), 12);
+    json_decref(res);
+    mt__report_destroy(&r);
+    mt_model_destroy(&g.m);
+}
+
+/* A gap record (the daemon's) makes blocks uncertain too; a segment free proves the
+ * uncertain blocks in it gone, and the totals bound them. */
+static void test_gap_record_and_segment_free(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE, 2 * MIB, 0);
+    put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE + 2 * MIB, 2 * MIB, 0);
+    put(&g, NULL, MT_EV_ALLOC, BASE, MIB, MT_TAG_BATCH);
+    put(&g, NULL, MT_EV_ALLOC, BASE + 2 * MIB, MIB, MT_TAG_BATCH);
+    mt_event_rec_t gap = {.kind = MT_EV_GAP, .size = 3};
+    assert_int_equal(mt_model_apply(g.m, &gap), 0);
+    check(g.m);
+    mt_model_tag_t tg;
+    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
+    assert_int_equal(tg.bytes, 0);
+    assert_int_equal(tg.uncertain_bytes, 2 * MIB);
+    /* Lost: the free of the first block. Seen: the free of its segment (the allocator
+     * frees only empty segments), which proves it gone. */
+    g.allocated -= MIB;
+    put(&g, NULL, MT_EV_SEGMENT_FREE, BASE, 2 * MIB, 0);
+    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
+    assert_int_equal(tg.uncertain_bytes, MIB);
+    /* The second block's free is seen: it was live, and now nothing is uncertain. */
+    put(&g, NULL, MT_EV_FREE_REQUESTED, BASE + 2 * MIB, MIB, MT_TAG_BATCH);
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_false(f.uncertain);
+    assert_int_equal(f.segments, 1);
+    mt_model_destroy(&g.m);
+}
+
+/* ---- case 3: sums near 2^63 ---- */
+
+static void test_overflow_saturates(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    mt_model_t *m = NULL;
+    assert_int_equal(mt_model_create(&m, NULL), 0);
+    const uint64_t huge = (UINT64_C(1) << 63) + 4096;
+    /* Two devices each claiming more than 2^63 bytes (a forged ring): the sums exceed
+     * 2^64, blocks and segments run past the top of the address space. */
+    for (int dev = 0; dev < 2; dev++) {
+        mt_event_rec_t seg = {.seq = (uint64_t)dev * 4,
+                              .kind = MT_EV_SEGMENT_ALLOC,
+                              .addr = UINT64_MAX - 8192 * (uint64_t)(dev + 1),
+                              .size = huge,
+                              .allocated = huge,
+                              .reserved = huge,
+                              .pool = MT_POOL_LARGE,
+                              .device = (uint8_t)dev};
+        mt_event_rec_t a1 = seg, a2 = seg, a3 = seg;
+        a1.seq++, a2.seq += 2, a3.seq += 3;
+        a1.kind = a2.kind = a3.kind = MT_EV_ALLOC;
+        a1.addr = UINT64_C(1) << 40;
+        a1.size = huge;
+        a2.addr = (UINT64_C(1) << 40) + 512;
+        a2.size = UINT64_MAX;
+        a3.addr = 4096 * (uint64_t)(dev + 1);
+        a3.size = huge;
+        a3.tag = MT_TAG_WEIGHTS;
+        const mt_event_rec_t *evs[] = {&seg, &a1, &a2, &a3};
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(mt_model_apply(m, evs[i]), 0);
+            check(m);
+            assert_int_equal(mt__report_add_event(r, 7, evs[i], NULL), 0);
+        }
+    }
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.allocated, UINT64_MAX); /* saturated, not wrapped */
+    assert_int_equal(f.reserved, UINT64_MAX);
+    assert_bounded(&f);
+    mt_model_tag_t tg;
+    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    assert_int_equal(tg.bytes, UINT64_MAX);
+    assert_true(tg.peak <= f.peak_allocated);
+
+    /* The report writes no negative figure and keeps fractions in [0, 1]. */
+    json_t *res = report_process(r);
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    const char *keys[] = {"peak_allocated", "peak_reserved", "final_allocated", "final_reserved"};
+    for (size_t i = 0; i < 4; i++)
+        assert_true(json_integer_value(json_object_get(p, keys[i])) > 0);
+    json_t *tl = json_object_get(p, "timeline"), *pt;
+    size_t i;
+    json_array_foreach(tl, i, pt)
+    {
+        double fr = json_real_value(json_object_get(pt, "fragmentation"));
+        double ut = json_real_value(json_object_get(pt, "utilization"));
+        assert_true(fr >= 0 && fr <= 1 && ut >= 0 && ut <= 1);
+        assert_true(json_integer_value(json_object_get(pt, "allocated")) >= 0);
+    }
+    json_t *nf = json_object_get(p, "never_freed");
+    assert_true(json_integer_value(json_object_get(nf, "bytes")) > 0);
+    json_decref(res);
+    mt__report_destroy(&r);
+    mt_model_destroy(&m);
+}
+
+static void test_ratios_defined_once(void **state)
+{
+    (void)state;
+    assert_true(mt_model_fragmentation(0, 0) == 0.0);
+    assert_true(mt_model_fragmentation(UINT64_MAX, 1) == 0.0);
+    assert_true(mt_model_fragmentation(1, 4) == 0.75);
+    assert_true(mt_model_utilization(5, 0) == 1.0);
+    assert_true(mt_model_utilization(UINT64_MAX, 1) == 1.0);
+    assert_true(mt_model_utilization(1, 4) == 0.25);
+    assert_int_equal(mt_model_sat_add(UINT64_MAX - 1, 2), UINT64_MAX);
+    assert_int_equal(mt_model_sat_mul(UINT64_C(1) << 40, UINT64_C(1) << 40), UINT64_MAX);
+}
+
+/* Host memory is a class of its own; sources sum within a class. */
+static void test_classes_and_sources(void **state)
+{
+    (void)state;
+    mgen_t d0 = {0}, d1 = {.device = 1}, h = {.pool = MT_POOL_HOST};
+    mt_model_t *m = NULL;
+    assert_int_equal(mt_model_create(&m, NULL), 0);
+    d0.m = d1.m = h.m = m;
+    put(&d0, NULL, MT_EV_SEGMENT_ALLOC, BASE, 2 * MIB, 0);
+    put(&d1, NULL, MT_EV_SEGMENT_ALLOC, BASE + 4 * MIB, 2 * MIB, 0);
+    d1.seq = d0.seq;
+    h.seq = d1.seq;
+    put(&h, NULL, MT_EV_SEGMENT_ALLOC, 0x1000000, 8 * MIB, 0);
+    d0.seq = h.seq;
+    put(&d0, NULL, MT_EV_ALLOC, BASE, MIB, MT_TAG_WEIGHTS);
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.reserved, 4 * MIB);
+    assert_int_equal(f.allocated, MIB);
+    assert_int_equal(mt_model_lost(m), 0);
+    assert_int_equal(mt_model_figures(m, MT_MODEL_HOST, &f), 0);
+    assert_int_equal(f.reserved, 8 * MIB);
+    uint64_t a, res;
+    mt_model_device(m, 1, false, &a, &res);
+    assert_int_equal(res, 2 * MIB);
+    assert_int_equal(mt_model_pool_bytes(m, MT_POOL_LARGE), MIB);
+    mt_model_destroy(&m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unmap_covers_several_maps),
+        cmocka_unit_test(test_unmap_middle_splits),
+        cmocka_unit_test(test_gap_no_phantom_tags),
+        cmocka_unit_test(test_gap_record_and_segment_free),
+        cmocka_unit_test(test_overflow_saturates),
+        cmocka_unit_test(test_ratios_defined_once),
+        cmocka_unit_test(test_classes_and_sources),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,240 @@
+/* Host-allocation fault injection (see inject.h). */
+#include <errno.h>
+#include <malloc.h>
+#include <stdlib.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "inject.h"
+
+/* glibc's allocator, always present. */
+extern void *__libc_malloc(size_t n);
+extern void *__libc_calloc(size_t k, size_t n);
+extern void *__libc_realloc(void *p, size_t n);
+extern void __libc_free(void *p);
+extern void *__libc_memalign(size_t align, size_t n);
+/* ASan's allocator, when the test is built with it (weak: NULL otherwise). */
+extern void *__interceptor_malloc(size_t n) __attribute__((weak));
+extern void *__interceptor_calloc(size_t k, size_t n) __attribute__((weak));
+extern void *__interceptor_realloc(void *p, size_t n) __attribute__((weak));
+extern void __interceptor_free(void *p) __attribute__((weak));
+extern int __interceptor_posix_memalign(void **out, size_t align, size_t n) __attribute__((weak));
+
+static atomic_bool armed;
+/* Only the thread that armed counts: numbering stays the same from run to run, and the
+ * runtime's own allocations in threads starting meanwhile (ASan's) are left alone. */
+static _Thread_local bool arming_thread;
+static atomic_bool injected;
+static atomic_long fail_at;
+static atomic_long counted;
+static atomic_long live;
+static bool announce; /* say so on stderr when failing (tools: fault_arm_from_env) */
+
+/* "mt-fault: host allocation N failed" on stderr, without allocating. */
+static void say_failed(long n)
+{
+    char msg[64] = "\nmt-fault: host allocation ";
+    size_t len = strlen(msg);
+    char digits[24];
+    size_t nd = 0;
+    do {
+        digits[nd++] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0 && nd < sizeof digits);
+    while (nd > 0)
+        msg[len++] = digits[--nd];
+    memcpy(msg + len, " failed\n", 8);
+    (void)!write(STDERR_FILENO, msg, len + 8);
+}
+
+/* True when this allocation is the one to fail. */
+static bool fail_now(void)
+{
+    if (!arming_thread || !atomic_load_explicit(&armed, memory_order_acquire))
+        return false;
+    long n = atomic_fetch_add(&counted, 1) + 1;
+    if (n != atomic_load(&fail_at))
+        return false;
+    atomic_store(&injected, true);
+    if (announce)
+        say_failed(n);
+    errno = ENOMEM;
+    return true;
+}
+
+static void *got(void *p)
+{
+    if (p != NULL)
+        atomic_fetch_add_explicit(&live, 1, memory_order_relaxed);
+    return p;
+}
+
+void *malloc(size_t n)
+{
+    if (fail_now())
+        return NULL;
+    return got(__interceptor_malloc ? __interceptor_malloc(n) : __libc_malloc(n));
+}
+
+void *calloc(size_t k, size_t n)
+{
+    if (fail_now())
+        return NULL;
+    return got(__interceptor_calloc ? __interceptor_calloc(k, n) : __libc_calloc(k, n));
+}
+
+void free(void *p)
+{
+    if (p == NULL)
+        return;
+    atomic_fetch_sub_explicit(&live, 1, memory_order_relaxed);
+    if (__interceptor_free)
+        __interceptor_free(p);
+    else
+        __libc_free(p);
+}
+
+void *realloc(void *p, size_t n)
+{
+    if (p == NULL)
+        return malloc(n);
+    if (n == 0) {
+        free(p);
+        return NULL;
+    }
+    if (fail_now())
+        return NULL;
+    return __interceptor_realloc ? __interceptor_realloc(p, n) : __libc_realloc(p, n);
+}
+
+void *reallocarray(void *p, size_t k, size_t n)
+{
+    if (n != 0 && k > SIZE_MAX / n) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    return realloc(p, k * n);
+}
+
+int posix_memalign(void **out, size_t align, size_t n)
+{
+    if (fail_now())
+        return ENOMEM;
+    if (__interceptor_posix_memalign) {
+        int rc = __interceptor_posix_memalign(out, align, n);
+        if (rc == 0)
+            got(*out);
+        return rc;
+    }
+    void *p = __libc_memalign(align, n);
+    if (p == NULL)
+        return ENOMEM;
+    *out = got(p);
+    return 0;
+}
+
+void *aligned_alloc(size_t align, size_t n)
+{
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, n) == 0 ? p : NULL;
+}
+
+void *memalign(size_t align, size_t n)
+{
+    return aligned_alloc(align, n);
+}
+
+void *valloc(size_t n)
+{
+    return aligned_alloc((size_t)sysconf(_SC_PAGESIZE), n);
+}
+
+char *strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    return d != NULL ? memcpy(d, s, n) : NULL;
+}
+
+char *strndup(const char *s, size_t max)
+{
+    size_t n = strnlen(s, max);
+    char *d = malloc(n + 1);
+    if (d == NULL)
+        return NULL;
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
+}
+
+/* ---- control ---- */
+
+void fault_arm(long n)
+{
+    atomic_store(&fail_at, n);
+    atomic_store(&counted, 0);
+    atomic_store(&injected, false);
+    arming_thread = true;
+    atomic_store_explicit(&armed, true, memory_order_release);
+}
+
+bool fault_disarm(void)
+{
+    atomic_store_explicit(&armed, false, memory_order_release);
+    arming_thread = false;
+    return atomic_load(&injected);
+}
+
+void fault_arm_from_env(void)
+{
+    const char *s = getenv("MT_FAULT_AT");
+    if (s == NULL)
+        return;
+    announce = true;
+    fault_arm(strtol(s, NULL, 10));
+}
+
+long fault_target(void)
+{
+    return atomic_load(&fail_at);
+}
+
+long fault_count(void)
+{
+    return atomic_load(&counted);
+}
+
+long fault_live(void)
+{
+    return atomic_load(&live);
+}
+
+long fault_loop(const char *name, fault_scenario_fn fn, void *ud)
+{
+    fault_arm(0);
+    fn(ud);
+    fault_disarm();
+    long sites = fault_count();
+    for (long n = 1;; n++) {
+        long before = fault_live();
+        fault_arm(n);
+        fn(ud);
+        bool hit = fault_disarm();
+        long after = fault_live();
+        if (after != before)
+            fail_msg("%s: failing host allocation %ld leaked %ld allocation(s)", name, n,
+                     after - before);
+        if (!hit) {
+            fprintf(stderr, "%s: %ld allocation sites failed, one at a time (%ld in a clean run)\n",
+                    name, n - 1, sites);
+            return n - 1;
+        }
+    }
+}

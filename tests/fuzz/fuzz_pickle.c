@@ -1,0 +1,96 @@
+/* libFuzzer harness: the restricted unpickler and the snapshot model (what `memtrace
+ * replay|report|plot SNAPSHOT.pickle` run on a file). The input is the whole file. Checks
+ * beyond "no crash": a refused file names the offset and what was wrong; an accepted one is
+ * a tree whose depths are exact and bounded; a snapshot that loads passes mt_ts_check, and
+ * writing it (both layouts) and reading that back keeps its segments, blocks and events. */
+#include <string.h>
+
+#include "analysis/pickle.h"
+#include "analysis/torch_snapshot.h"
+#include "memtrace/common.h"
+#include "tests/fuzz/fuzz.h"
+
+/* Walks v; returns its depth as recomputed. Sealed containers were never changed after
+ * their items were placed, so the stored depth must be exact. */
+static unsigned walk(const mt_pk_value_t *v, unsigned budget)
+{
+    FUZZ_CHECK(budget > 0, "the tree is no deeper than the limit");
+    unsigned d = 1;
+    size_t n = v->type == MT_PK_DICT ? 2 * v->n : v->n;
+    if (v->type == MT_PK_TUPLE || v->type == MT_PK_LIST || v->type == MT_PK_DICT)
+        for (size_t i = 0; i < n; i++) {
+            unsigned c = walk(v->u.items[i], budget - 1) + 1;
+            d = c > d ? c : d;
+        }
+    else if (v->type == MT_PK_STR || v->type == MT_PK_BYTES)
+        FUZZ_CHECK(v->u.s[v->n] == '\0', "strings are NUL-terminated");
+    FUZZ_CHECK(d == v->depth, "the stored depth is exact");
+    return d;
+}
+
+static mt_ts_t *reread(const mt_ts_t *ts, int era)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    FUZZ_CHECK(f != NULL, "memstream");
+    FUZZ_CHECK(mt_ts_write(ts, f, era) == 0, "a loaded snapshot can be written");
+    fclose(f);
+    char err[768];
+    mt_pk_doc_t *d = NULL;
+    int rc = mt_pk_parse(&d, buf, len, NULL, err, sizeof err);
+    free(buf);
+    FUZZ_CHECK(rc == 0, "our own output parses");
+    mt_ts_t *back = NULL;
+    FUZZ_CHECK(mt_ts_from_pickle(&back, d, "w", err, sizeof err) == 0, "and loads");
+    return back;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    mt_pk_cfg_t cfg = mt_pk_cfg_default();
+    cfg.max_memory = (size_t)256 << 20;
+    char err[768] = "";
+    mt_pk_doc_t *doc = NULL;
+    int rc = mt_pk_parse(&doc, data, size, &cfg, err, sizeof err);
+    if (rc != 0) {
+        FUZZ_CHECK(rc == MT_EPROTO || rc == MT_ENOMEM, "refusals are EPROTO or ENOMEM");
+        FUZZ_CHECK(doc == NULL, "no document on failure");
+        FUZZ_CHECK(strncmp(err, "offset ", 7) == 0, "the message names the offset");
+        FUZZ_CHECK(strlen(err) > 16, "the message says what was wrong");
+        return 0;
+    }
+    walk(mt_pk_root(doc), cfg.max_depth + 1);
+    mt_ts_t *ts = NULL;
+    rc = mt_ts_from_pickle(&ts, doc, "fuzz.pickle", err, sizeof err);
+    if (rc != 0) {
+        FUZZ_CHECK(ts == NULL, "no model on failure");
+        FUZZ_CHECK(rc == MT_ENOMEM || strncmp(err, "fuzz.pickle: ", 13) == 0,
+                   "the message names the file");
+        return 0;
+    }
+    FUZZ_CHECK(mt_ts_check(ts, err, sizeof err) == 0, "a loaded model keeps its invariants");
+    for (unsigned d = 0; d < ts->ndevices; d++) {
+        mt_ts_figures_t f;
+        mt_trace_t *t = NULL;
+        FUZZ_CHECK(mt_ts_figures(ts, d, &f) == 0, "figures");
+        FUZZ_CHECK(f.peak_reserved >= f.reserved_start && f.peak_reserved >= f.end_reserved,
+                   "the peak bounds the start and the end");
+        FUZZ_CHECK(mt_ts_to_trace(ts, d, &t, err, sizeof err) == 0, "trace");
+        FUZZ_CHECK(t->nops == t->nallocs + t->nfrees && t->nfrees + t->leaked == t->nallocs,
+                   "every allocate is freed once or leaked");
+        FUZZ_CHECK(t->peak_live_bytes <= f.peak_allocated || f.peak_allocated == 0 ||
+                       t->peak_live_bytes == f.peak_allocated,
+                   "the trace's peak is PyTorch's");
+        mt_trace_free(&t);
+    }
+    for (int era = 1; era <= 2; era++) {
+        mt_ts_t *back = reread(ts, era);
+        FUZZ_CHECK(back->nsegments == ts->nsegments && back->nblocks == ts->nblocks,
+                   "segments and blocks survive a write");
+        FUZZ_CHECK(era == 1 || back->nevents == ts->nevents, "events survive a write");
+        mt_ts_destroy(&back);
+    }
+    mt_ts_destroy(&ts);
+    return 0;
+}

@@ -1,0 +1,426 @@
+/* Packed batches through the public API (sim backend): pack/unpack and state permutation,
+ * equal lengths bit-identical to the padded path, the errors of bad packed input (with the
+ * log line naming the problem), backward refusing a y (or x, hx, cx) changed since forward,
+ * activation bytes in tokens, warm-up by tokens and batch (0 backend mallocs after), and
+ * activation offload on packed input bit-identical to the plain run. */
+#include "memtrace/host.h"
+#include "rnn/internal.h"
+#include "tests/rnn/fixture.h"
+
+typedef struct logcap_s {
+    int errors;
+    char last[512];
+} logcap_t;
+
+static void cap_log(void *ud, mt_log_level_e level, const char *msg)
+{
+    logcap_t *c = ud;
+    if (level == MT_LOG_ERROR) {
+        c->errors++;
+        snprintf(c->last, sizeof c->last, "%s", msg);
+    }
+}
+
+static void expect_error(logcap_t *c, int rc, const char *needle)
+{
+    assert_int_equal(rc, MT_EINVAL);
+    assert_true(c->errors > 0);
+    if (!strstr(c->last, needle)) {
+        print_error("log line \"%s\" lacks \"%s\"\n", c->last, needle);
+        fail();
+    }
+    c->errors = 0;
+    c->last[0] = '\0';
+}
+
+/* ---- pack / unpack ---- */
+
+static void pack_round_trip(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64u << 20);
+    logcap_t cap = {0};
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 3, 4, 1, false);
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    const int lens[5] = {2, 6, 1, 6, 3}, cap_T = 7, B = 5, W = 3;
+    mt_rnn_pack_t p;
+    assert_int_equal(mt_rnn_pack_init(&p, lens, B, cap_T, false, cap_log, &cap), 0);
+    assert_int_equal(p.max_len, 6);
+    assert_int_equal(p.tokens, 18);
+    /* Stable: the two 6s keep their order. */
+    const int sorted[5] = {1, 3, 4, 0, 2}, bs[6] = {5, 4, 3, 2, 2, 2};
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(p.sorted_indices[i], sorted[i]);
+        assert_int_equal(p.unsorted_indices[sorted[i]], i);
+        assert_int_equal(p.lengths[i], lens[sorted[i]]);
+    }
+    for (int t = 0; t < 6; t++)
+        assert_int_equal(p.batch_sizes[t], bs[t]);
+    float *pad = fx_buf(fx, (size_t)cap_T * B * W, MT_TAG_BATCH, 11);
+    float *pk = fx_buf(fx, p.tokens * W, MT_TAG_BATCH, 0);
+    float *back = fx_buf(fx, (size_t)cap_T * B * W, MT_TAG_BATCH, 12);
+    assert_int_equal(mt_rnn_pack(m, &p, W, pad, pk), 0);
+    /* Packed row (t, i) is padded (t, sorted[i]). */
+    size_t row = 0;
+    for (int t = 0; t < 6; t++)
+        for (int i = 0; i < bs[t]; i++, row++)
+            for (int k = 0; k < W; k++)
+                assert_true(pk[row * W + k] == pad[((size_t)t * B + sorted[i]) * W + k]);
+    assert_int_equal(mt_rnn_unpack(m, &p, W, pk, back), 0);
+    for (int t = 0; t < cap_T; t++)
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < W; k++) {
+                size_t i = ((size_t)t * B + b) * W + k;
+                assert_true(back[i] == (t < lens[b] ? pad[i] : 0.0f));
+            }
+    /* States: [2, B, W] to packed order and back. */
+    float *st = fx_buf(fx, 2 * B * W, MT_TAG_BATCH, 13), *sp = fx_buf(fx, 2 * B * W, 0, 0);
+    float *su = fx_buf(fx, 2 * B * W, 0, 0);
+    assert_int_equal(mt_rnn_pack_states(m, &p, 2, W, st, sp), 0);
+    assert_true(sp[(size_t)(B + 0) * W] == st[(size_t)(B + 1) * W]);
+    assert_int_equal(mt_rnn_unpack_states(m, &p, 2, W, sp, su), 0);
+    assert_memory_equal(st, su, 2 * B * W * sizeof(float));
+    assert_int_equal(mt_rnn_pack_states(m, &p, 2, W, st, st), MT_EINVAL);
+    mt_rnn_pack_fini(&p);
+    assert_null(p.batch_sizes);
+
+    /* Sorted input keeps its order. */
+    const int sl[3] = {4, 4, 2};
+    assert_int_equal(mt_rnn_pack_init(&p, sl, 3, 4, true, cap_log, &cap), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(p.sorted_indices[i], i);
+    mt_rnn_io_t io = {0};
+    mt_rnn_pack_io(&p, &io);
+    assert_int_equal(io.seq_len, 4);
+    assert_int_equal(io.batch, 3);
+    assert_int_equal(io.tokens, 10);
+    assert_ptr_equal(io.batch_sizes, p.batch_sizes);
+    mt_rnn_pack_fini(&p);
+
+    /* Bad lengths. */
+    const int unsorted[3] = {2, 4, 1}, zero[3] = {4, 0, 1}, big[3] = {9, 4, 1};
+    expect_error(&cap, mt_rnn_pack_init(&p, unsorted, 3, 4, true, cap_log, &cap), "not sorted");
+    expect_error(&cap, mt_rnn_pack_init(&p, zero, 3, 4, false, cap_log, &cap), "zero length");
+    expect_error(&cap, mt_rnn_pack_init(&p, big, 3, 8, false, cap_log, &cap), "above the capacity");
+    expect_error(&cap, mt_rnn_pack_init(&p, sl, 0, 8, false, cap_log, &cap), "batch");
+    mt_rnn_pack_fini(&p); /* harmless after a failed init */
+
+    void *bufs[] = {pad, pk, back, st, sp, su};
+    for (int i = 0; i < 6; i++)
+        fx_put(fx, bufs[i]);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
+/* ---- one training step through the public API ---- */
+
+typedef struct step_s {
+    float *x, *y, *hx, *cx, *hy, *cy, *dy, *dhy, *dcy, *dx, *dhx, *dcx;
+} step_t;
+
+static void step_alloc(rnn_fx_t *fx, step_t *s, const mt_rnn_cfg_t *c, size_t rows, int B,
+                       uint64_t seed)
+{
+    size_t D = c->bidirectional ? 2 : 1, H = (size_t)c->hidden_size;
+    size_t ny = rows * D * H, nst = (size_t)c->num_layers * D * (size_t)B * H;
+    s->x = fx_buf(fx, rows * (size_t)c->input_size, MT_TAG_BATCH, seed);
+    s->y = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 0);
+    s->hx = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, seed + 1);
+    s->cx = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, seed + 2);
+    s->hy = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, 0);
+    s->cy = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, 0);
+    s->dy = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, seed + 3);
+    s->dhy = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, seed + 4);
+    s->dcy = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, seed + 5);
+    s->dx = fx_buf(fx, rows * (size_t)c->input_size, MT_TAG_ACTIVATIONS, 0);
+    s->dhx = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, 0);
+    s->dcx = fx_buf(fx, nst, MT_TAG_ACTIVATIONS, 0);
+}
+
+static void step_free(rnn_fx_t *fx, step_t *s)
+{
+    float **p = &s->x;
+    for (int i = 0; i < 12; i++)
+        fx_put(fx, p[i]);
+}
+
+static mt_rnn_io_t step_io(const step_t *s, int T, int B, const int *bs, size_t rows)
+{
+    mt_rnn_io_t io = {.seq_len = T,
+                      .batch = B,
+                      .x = s->x,
+                      .y = s->y,
+                      .hx = s->hx,
+                      .cx = s->cx,
+                      .hy = s->hy,
+                      .cy = s->cy,
+                      .batch_sizes = bs,
+                      .tokens = bs ? rows : 0};
+    return io;
+}
+
+static mt_rnn_grad_io_t step_grad(const step_t *s)
+{
+    mt_rnn_grad_io_t g = {s->dy, s->dhy, s->dcy, s->dx, s->dhx, s->dcx};
+    return g;
+}
+
+static int step_run(mt_rnn_t *m, const step_t *s, int T, int B, const int *bs, size_t rows)
+{
+    mt_rnn_io_t io = step_io(s, T, B, bs, rows);
+    mt_rnn_grad_io_t g = step_grad(s);
+    mt_rnn_reserve_t *r;
+    int rc = mt_rnn_forward(m, &io, &r);
+    if (rc == 0)
+        rc = mt_rnn_backward(m, &r, &g);
+    return rc;
+}
+
+/* Equal lengths given as batch_sizes: the same bits as the padded call, every output and
+ * gradient, for every mode, 2 layers, uni and bi, with dropout and chunks of 3 steps. */
+static void equal_lengths_bit_identical(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(256u << 20);
+    const int T = 7, B = 3;
+    int bs[7];
+    for (int t = 0; t < T; t++)
+        bs[t] = B;
+    for (int mode = 0; mode < 4; mode++)
+        for (int bi = 0; bi < 2; bi++) {
+            mt_rnn_cfg_t c = fx_cfg(fx, mode, 5, 6, 2, bi);
+            c.dropout = 0.25f;
+            c.dropout_seed = 9;
+            c.chunk_steps = 3;
+            mt_rnn_t *a, *b;
+            assert_int_equal(mt_rnn_create(&a, &c), 0);
+            assert_int_equal(mt_rnn_create(&b, &c), 0);
+            step_t sa, sb;
+            step_alloc(fx, &sa, &c, (size_t)T * B, B, 21);
+            step_alloc(fx, &sb, &c, (size_t)T * B, B, 21);
+            assert_int_equal(step_run(a, &sa, T, B, NULL, 0), 0);
+            assert_int_equal(step_run(b, &sb, T, B, bs, (size_t)T * B), 0);
+            size_t ny = (size_t)T * B * (bi ? 2 : 1) * 6, nst = 2 * (bi ? 2 : 1) * B * 6;
+            assert_memory_equal(sa.y, sb.y, ny * sizeof(float));
+            assert_memory_equal(sa.hy, sb.hy, nst * sizeof(float));
+            assert_memory_equal(sa.dx, sb.dx, (size_t)T * B * 5 * sizeof(float));
+            assert_memory_equal(sa.dhx, sb.dhx, nst * sizeof(float));
+            if (mode == MT_RNN_LSTM) {
+                assert_memory_equal(sa.cy, sb.cy, nst * sizeof(float));
+                assert_memory_equal(sa.dcx, sb.dcx, nst * sizeof(float));
+            }
+            size_t nw;
+            float *ga = mt_rnn_grads(a, &nw), *gb = mt_rnn_grads(b, NULL);
+            assert_memory_equal(ga, gb, nw * sizeof(float));
+            step_free(fx, &sa);
+            step_free(fx, &sb);
+            mt_rnn_destroy(&a);
+            mt_rnn_destroy(&b);
+        }
+    fx_free(&fx);
+}
+
+/* ---- bad input ---- */
+
+static void bad_batch_sizes(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64u << 20);
+    logcap_t cap = {0};
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_GRU, 3, 4, 1, false);
+    c.log = cap_log;
+    c.log_ud = &cap;
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    step_t s;
+    step_alloc(fx, &s, &c, 12, 4, 5);
+    const int inc[3] = {4, 2, 3}, zero[3] = {4, 0, 0}, first[3] = {3, 2, 1}, ok[3] = {4, 3, 2};
+    mt_rnn_reserve_t *r = (mt_rnn_reserve_t *)&cap;
+    mt_rnn_io_t io = step_io(&s, 3, 4, inc, 9);
+    expect_error(&cap, mt_rnn_forward(m, &io, &r), "not non-increasing");
+    assert_null(r);
+    io = step_io(&s, 3, 4, zero, 4);
+    expect_error(&cap, mt_rnn_forward(m, &io, NULL), "a step no sequence reaches");
+    io = step_io(&s, 3, 4, first, 6);
+    expect_error(&cap, mt_rnn_forward(m, &io, NULL), "is not the batch");
+    io = step_io(&s, 3, 4, ok, 10);
+    expect_error(&cap, mt_rnn_forward(m, &io, NULL), "sum to 9 rows but io.tokens is 10");
+    mt_rnn_act_t act;
+    expect_error(&cap, mt_rnn_activation_bytes_packed(m, 3, inc, &act), "not non-increasing");
+    expect_error(&cap, mt_rnn_warmup_packed(m, 3, 4), "cannot fill");
+    /* Nothing was lost: a good batch still runs. */
+    assert_int_equal(step_run(m, &s, 3, 4, ok, 9), 0);
+    assert_int_equal(mt__rnn_check(m), 0);
+    step_free(fx, &s);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
+/* Backward reads y (and x, hx, cx) back: changing one between forward and backward is an
+ * error naming it, in every cell type; the reserve is released all the same. */
+static void changed_y_is_refused(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64u << 20);
+    logcap_t cap = {0};
+    const int bs[4] = {3, 3, 2, 1};
+    const char *names[4] = {"y changed", "x changed", "hx changed", "cx changed"};
+    for (int mode = 0; mode < 4; mode++) {
+        mt_rnn_cfg_t c = fx_cfg(fx, mode, 3, 4, 2, false);
+        c.log = cap_log;
+        c.log_ud = &cap;
+        mt_rnn_t *m;
+        assert_int_equal(mt_rnn_create(&m, &c), 0);
+        step_t s;
+        step_alloc(fx, &s, &c, 9, 3, 7);
+        for (int which = 0; which < (mode == MT_RNN_LSTM ? 4 : 3); which++) {
+            mt_rnn_io_t io = step_io(&s, 4, 3, bs, 9);
+            mt_rnn_grad_io_t g = step_grad(&s);
+            mt_rnn_reserve_t *r;
+            assert_int_equal(mt_rnn_forward(m, &io, &r), 0);
+            float *victim[4] = {s.y, s.x, s.hx, s.cx};
+            victim[which][4] += 0.5f;
+            expect_error(&cap, mt_rnn_backward(m, &r, &g), names[which]);
+            assert_null(r);
+            victim[which][4] -= 0.5f;
+        }
+        /* Unchanged: fine. */
+        assert_int_equal(step_run(m, &s, 4, 3, bs, 9), 0);
+        assert_int_equal(cap.errors, 0);
+        step_free(fx, &s);
+        mt_rnn_destroy(&m);
+        /* The refused passes' reserves and workspaces went back. */
+        mt_alloc_stats_t as = fx_stats(fx);
+        assert_int_equal(as.tag_allocated_bytes[MT_TAG_ACTIVATIONS].current, 0);
+        assert_int_equal(as.tag_allocated_bytes[MT_TAG_WORKSPACE].current, 0);
+    }
+    fx_free(&fx);
+}
+
+/* ---- memory ---- */
+
+static void activation_bytes_follow_tokens(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 8, 16, 2, false);
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    const int bs[6] = {4, 4, 2, 1, 1, 1}; /* 13 tokens of 24 padded */
+    mt_rnn_act_t pk, pad;
+    assert_int_equal(mt_rnn_activation_bytes_packed(m, 6, bs, &pk), 0);
+    assert_int_equal(mt_rnn_activation_bytes(m, 6, 4, &pad), 0);
+    assert_int_equal(pk.reserve_bytes * 24, pad.reserve_bytes * 13);
+    assert_int_equal(pk.engine_bytes_per_step, pad.engine_bytes_per_step);
+    /* A training pass keeps exactly that. */
+    step_t s;
+    step_alloc(fx, &s, &c, 13, 4, 3);
+    assert_int_equal(step_run(m, &s, 6, 4, bs, 13), 0);
+    mt_rnn_stats_t st;
+    assert_int_equal(mt_rnn_stats(m, &st), 0);
+    assert_int_equal(st.pass_reserve_bytes, pk.reserve_bytes);
+    step_free(fx, &s);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+/* Warm-up at (tokens, batch): then batches of any lengths within those bounds make no
+ * backend malloc (uni and bi, chunks of 8 steps). */
+static void warmup_packed_zero_mallocs(void **state)
+{
+    (void)state;
+    for (int bi = 0; bi < 2; bi++) {
+        rnn_fx_t *fx = fx_new(512u << 20);
+        mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 8, 16, 2, bi);
+        c.chunk_steps = 8;
+        mt_rnn_t *m;
+        assert_int_equal(mt_rnn_create(&m, &c), 0);
+        const size_t maxN = 400;
+        const int maxB = 8;
+        step_t s;
+        step_alloc(fx, &s, &c, maxN, maxB, 1);
+        assert_int_equal(mt_rnn_warmup_packed(m, maxN, maxB), 0);
+        uint64_t before = fx_backend_mallocs(fx), seed = 99 + (uint64_t)bi;
+        for (int it = 0; it < 40; it++) {
+            int B = 1 + (int)(rng(&seed) % maxB), lens[8];
+            size_t N = 0;
+            for (int b = 0; b < B; b++) {
+                lens[b] = 1 + (int)(rng(&seed) % (maxN / (size_t)B));
+                N += (size_t)lens[b];
+            }
+            mt_rnn_pack_t p;
+            assert_int_equal(mt_rnn_pack_init(&p, lens, B, 400, false, NULL, NULL), 0);
+            assert_true(p.tokens <= maxN);
+            assert_int_equal(step_run(m, &s, p.max_len, B, p.batch_sizes, p.tokens), 0);
+            mt_rnn_pack_fini(&p);
+        }
+        assert_int_equal(fx_backend_mallocs(fx), before);
+        step_free(fx, &s);
+        mt_rnn_destroy(&m);
+        fx_free(&fx);
+    }
+}
+
+/* Offload on packed input: the same bits as the plain run, chunks parked in host memory. */
+static void offload_packed(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(256u << 20);
+    mt_host_cfg_t hc = mt_host_cfg_default();
+    hc.backend = fx->b;
+    mt_host_cache_t *host;
+    assert_int_equal(mt_host_cache_create(&host, &hc), 0);
+    const int lens[5] = {11, 9, 9, 4, 1};
+    mt_rnn_pack_t p;
+    assert_int_equal(mt_rnn_pack_init(&p, lens, 5, 11, true, NULL, NULL), 0);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 4, 5, 2, false);
+    c.chunk_steps = 2;
+    mt_rnn_t *a, *b;
+    assert_int_equal(mt_rnn_create(&a, &c), 0);
+    c.offload_window = 1;
+    c.offload_host = host;
+    assert_int_equal(mt_rnn_create(&b, &c), 0);
+    step_t sa, sb;
+    step_alloc(fx, &sa, &c, p.tokens, 5, 4);
+    step_alloc(fx, &sb, &c, p.tokens, 5, 4);
+    assert_int_equal(step_run(a, &sa, p.max_len, 5, p.batch_sizes, p.tokens), 0);
+    assert_int_equal(step_run(b, &sb, p.max_len, 5, p.batch_sizes, p.tokens), 0);
+    assert_memory_equal(sa.y, sb.y, p.tokens * 5 * sizeof(float));
+    assert_memory_equal(sa.dx, sb.dx, p.tokens * 4 * sizeof(float));
+    assert_memory_equal(sa.hy, sb.hy, 2 * 5 * 5 * sizeof(float));
+    size_t nw;
+    float *ga = mt_rnn_grads(a, &nw);
+    assert_memory_equal(ga, mt_rnn_grads(b, NULL), nw * sizeof(float));
+    mt_rnn_stats_t st;
+    assert_int_equal(mt_rnn_stats(b, &st), 0);
+    assert_int_equal(st.offloads, 5); /* 6 chunks, a window of 1 */
+    assert_true(st.pass_reserve_peak_bytes < st.pass_reserve_bytes);
+    step_free(fx, &sa);
+    step_free(fx, &sb);
+    mt_rnn_destroy(&a);
+    mt_rnn_destroy(&b);
+    mt_rnn_pack_fini(&p);
+    mt_host_cache_destroy(&host);
+    fx_free(&fx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(pack_round_trip),
+        cmocka_unit_test(equal_lengths_bit_identical),
+        cmocka_unit_test(bad_batch_sizes),
+        cmocka_unit_test(changed_y_is_refused),
+        cmocka_unit_test(activation_bytes_follow_tokens),
+        cmocka_unit_test(warmup_packed_zero_mallocs),
+        cmocka_unit_test(offload_packed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

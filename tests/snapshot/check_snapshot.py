@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Checks that a file has the layout of a PyTorch CUDA memory snapshot, written from
+docs/torch-snapshot.md alone (standard library only; never imports torch).
+
+    check_snapshot.py FILE [--era 1|2]
+
+Era 2 (PyTorch 2.x) is a dict of segments, device_traces, allocator_settings and
+external_annotations; era 1 (1.13) is the list of segments with history on blocks. Prints
+one line per problem and exits 1 if there is any, else prints a summary and exits 0.
+The file is read with a restricted unpickler that refuses every global, like memtrace's.
+"""
+import argparse
+import io
+import pickle
+import sys
+
+ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+           "segment_map", "segment_unmap", "oom", "snapshot",
+           "annotate"}  # annotate: newer releases (metadata on a live allocation)
+STATES = {"active_allocated", "active_pending_free", "active_awaiting_free", "inactive"}
+
+
+class NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError("global %s.%s refused" % (module, name))
+
+
+class Checker:
+    def __init__(self):
+        self.problems = []
+
+    def bad(self, where, what):
+        self.problems.append("%s: %s" % (where, what))
+
+    def field(self, d, key, types, where, required=True):
+        if key not in d:
+            if required:
+                self.bad(where, "'%s' missing" % key)
+            return None
+        v = d[key]
+        if not isinstance(v, types) or (types is int and isinstance(v, bool)):
+            self.bad(where, "'%s' is %r, not %s" % (key, type(v).__name__, types))
+            return None
+        return v
+
+    def frames(self, d, where, required=True):
+        fl = self.field(d, "frames", list, where, required)
+        for i, f in enumerate(fl or []):
+            w = "%s.frames[%d]" % (where, i)
+            if not isinstance(f, dict):
+                self.bad(w, "not a dict")
+                continue
+            self.field(f, "name", str, w)
+            self.field(f, "filename", str, w)
+            self.field(f, "line", int, w)
+
+    def segment(self, s, where, era):
+        if not isinstance(s, dict):
+            return self.bad(where, "not a dict")
+        for k in ("device", "address", "total_size", "allocated_size", "active_size", "stream"):
+            self.field(s, k, int, where)
+        st = self.field(s, "segment_type", str, where)
+        if st is not None and st not in ("large", "small"):
+            self.bad(where, "segment_type %r" % st)
+        if era == 2:
+            self.field(s, "requested_size", int, where)
+            pool = self.field(s, "segment_pool_id", tuple, where)
+            if pool is not None and (len(pool) != 2 or not all(isinstance(x, int) for x in pool)):
+                self.bad(where, "segment_pool_id is not a pair of ints")
+            self.field(s, "is_expandable", bool, where)
+            self.frames(s, where)
+        blocks = self.field(s, "blocks", list, where) or []
+        total = 0
+        addr = s.get("address")
+        for j, b in enumerate(blocks):
+            w = "%s.blocks[%d]" % (where, j)
+            if not isinstance(b, dict):
+                self.bad(w, "not a dict")
+                continue
+            size = self.field(b, "size", int, w) or 0
+            state = self.field(b, "state", str, w)
+            if state is not None and state not in STATES:
+                self.bad(w, "state %r" % state)
+            if era == 2:
+                self.field(b, "requested_size", int, w)
+                a = self.field(b, "address", int, w)
+                if a is not None and addr is not None and a != addr:
+                    self.bad(w, "address 0x%x, the previous block ends at 0x%x" % (a, addr))
+                self.frames(b, w)
+            else:
+                if "address" in b:
+                    self.bad(w, "1.13 blocks have no address")
+                for k, h in enumerate(self.field(b, "history", list, w, required=False) or []):
+                    hw = "%s.history[%d]" % (w, k)
+                    self.field(h, "addr", int, hw)
+                    self.field(h, "real_size", int, hw)
+                    self.frames(h, hw)
+            total += size
+            if addr is not None:
+                addr += size
+        if isinstance(s.get("total_size"), int) and blocks and total != s["total_size"]:
+            self.bad(where, "blocks sum to %d, total_size is %d" % (total, s["total_size"]))
+
+    def trace(self, e, where):
+        if not isinstance(e, dict):
+            return self.bad(where, "not a dict")
+        action = self.field(e, "action", str, where)
+        if action is not None and action not in ACTIONS:
+            self.bad(where, "action %r" % action)
+        if action == "oom":
+            self.field(e, "device_free", int, where)
+        elif action != "snapshot":
+            self.field(e, "addr", int, where)
+        for k in ("size", "stream", "time_us"):
+            self.field(e, k, int, where)
+        self.frames(e, where, required=False)
+
+    def snapshot(self, snap, era):
+        if era == 1:
+            if not isinstance(snap, list):
+                return self.bad("top level", "%s, not the 1.13 list of segments" % type(snap).__name__)
+            for i, s in enumerate(snap):
+                self.segment(s, "segments[%d]" % i, 1)
+            return
+        if not isinstance(snap, dict):
+            return self.bad("top level", "%s, not the 2.x dict" % type(snap).__name__)
+        for i, s in enumerate(self.field(snap, "segments", list, "top level") or []):
+            self.segment(s, "segments[%d]" % i, 2)
+        for d, tl in enumerate(self.field(snap, "device_traces", list, "top level") or []):
+            if not isinstance(tl, list):
+                self.bad("device_traces[%d]" % d, "not a list")
+                continue
+            for i, e in enumerate(tl):
+                self.trace(e, "device_traces[%d][%d]" % (d, i))
+        settings = self.field(snap, "allocator_settings", dict, "top level")
+        if settings is not None:
+            self.field(settings, "PYTORCH_CUDA_ALLOC_CONF", str, "allocator_settings")
+        for i, a in enumerate(self.field(snap, "external_annotations", list, "top level") or []):
+            w = "external_annotations[%d]" % i
+            st = self.field(a, "stage", str, w)
+            if st is not None and st not in ("START", "END"):
+                self.bad(w, "stage %r" % st)
+            self.field(a, "name", str, w)
+            self.field(a, "device", int, w)
+            self.field(a, "time_us", int, w)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file")
+    ap.add_argument("--era", type=int, choices=(1, 2), help="expected layout (default: either)")
+    args = ap.parse_args()
+    with open(args.file, "rb") as f:
+        snap = NoGlobals(io.BytesIO(f.read())).load()
+    era = args.era or (1 if isinstance(snap, list) else 2)
+    c = Checker()
+    c.snapshot(snap, era)
+    for p in c.problems:
+        print("%s: %s" % (args.file, p))
+    if c.problems:
+        return 1
+    segs = snap if era == 1 else snap["segments"]
+    events = 0 if era == 1 else sum(len(t) for t in snap["device_traces"])
+    print("%s: a PyTorch %s snapshot: %d segments, %d trace entries" %
+          (args.file, "1.13" if era == 1 else "2.x", len(segs), events))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Writes the snapshot test files of tests/snapshot/data with Python's standard pickle
+(no torch): PyTorch's layouts written out by hand from docs/torch-snapshot.md, and
+malformed files, each beside a .expected file holding the exit status and a piece of the
+message `memtrace replay` must print. Run it from anywhere; it rewrites the data folder:
+
+    python3 tests/snapshot/make_snapshots.py
+"""
+import os
+import pickle
+import pickletools
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "data")
+MiB = 1 << 20
+
+
+def frame(name, filename, line):
+    return {"name": name, "filename": filename, "line": line}
+
+
+# Shared frame lists: pickle memoizes them, as in a real snapshot where one traceback
+# object is referenced by every event it produced.
+TRAIN = [frame("forward", "/work/model.py", 41), frame("train_step", "/work/train.py", 12)]
+LOSS = [frame("loss", "/work/model.py", 77), frame("train_step", "/work/train.py", 14)]
+OPT = [frame("step", "/usr/lib/torch/optim/adam.py", 150)]
+
+
+def ev(action, addr, size, stream=0, t=0, frames=None, **extra):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream, "time_us": t}
+    if action == "oom":
+        del e["addr"]
+        e["device_free"] = addr
+    e["frames"] = frames if frames is not None else []
+    e.update(extra)
+    return e
+
+
+def v2_snapshot():
+    """Two devices; every action; a large, a small and an expandable segment."""
+    L = 0x7F0000000000  # large segment, 20 MiB
+    S = 0x7F0001400000  # small segment, 2 MiB
+    X = 0x7F1000000000  # device 1, expandable
+    d0 = [
+        ev("segment_alloc", L, 20 * MiB, t=100, frames=TRAIN),
+        ev("alloc", L, 4 * MiB, t=101, frames=TRAIN),
+        ev("alloc", L + 4 * MiB, 6 * MiB - 100, t=102, frames=TRAIN),
+        ev("segment_alloc", S, 2 * MiB, t=103, frames=LOSS),
+        ev("alloc", S, 1000, t=104, frames=LOSS),
+        ev("alloc", S + 1024, 512, t=105, frames=LOSS),
+        ev("free_requested", S, 1000, t=106, frames=LOSS),
+        ev("free_completed", S, 1000, t=107, frames=LOSS),
+        ev("oom", 1 * MiB, 40 * MiB, t=108, frames=OPT),
+        ev("free_requested", L, 4 * MiB, t=109),
+        ev("free_completed", L, 4 * MiB, t=110),
+        ev("snapshot", 0, 0, t=111),
+        ev("alloc", L, 8 * MiB, t=112, frames=OPT),
+        ev("free_requested", L + 4 * MiB, 6 * MiB - 100, t=113),  # never completed
+        ev("free_requested", 0x7E0000000000, 4096, t=114),  # allocated before the trace
+        ev("free_completed", 0x7E0000000000, 4096, t=115),
+        ev("annotate", L, 0, t=116, user_metadata="step 3"),  # newer action: skipped
+    ]
+    d1 = [
+        ev("segment_map", X, 2 * MiB, stream=7, t=200, frames=TRAIN),
+        ev("alloc", X, 1536 * 1024, stream=7, t=201, frames=TRAIN),
+        ev("segment_map", X + 2 * MiB, 2 * MiB, stream=7, t=202),
+        ev("alloc", X + 1536 * 1024, 2 * MiB, stream=7, t=203, frames=LOSS),
+        ev("free_requested", X, 1536 * 1024, stream=7, t=204),
+        ev("free_completed", X, 1536 * 1024, stream=7, t=205),
+        ev("segment_unmap", X, 1 * MiB, stream=7, t=206),
+        ev("segment_alloc", X + 64 * MiB, 2 * MiB, stream=7, t=207),
+        ev("segment_free", X + 64 * MiB, 2 * MiB, stream=7, t=208),
+    ]
+    segments = [
+        {
+            "device": 0, "address": L, "total_size": 20 * MiB,
+            "allocated_size": 8 * MiB, "active_size": 14 * MiB - 100 + 100,
+            "requested_size": 8 * MiB, "stream": 0, "segment_type": "large",
+            "segment_pool_id": (0, 0), "is_expandable": False, "frames": TRAIN,
+            "blocks": [
+                {"address": L, "size": 8 * MiB, "requested_size": 8 * MiB,
+                 "state": "active_allocated", "frames": OPT},
+                {"address": L + 8 * MiB, "size": 6 * MiB, "requested_size": 6 * MiB - 100,
+                 "state": "active_pending_free", "frames": TRAIN},
+                {"address": L + 14 * MiB, "size": 6 * MiB, "requested_size": 0,
+                 "state": "inactive", "frames": []},
+            ],
+        },
+        {
+            "device": 0, "address": S, "total_size": 2 * MiB, "allocated_size": 512,
+            "active_size": 512, "requested_size": 512, "stream": 0,
+            "segment_type": "small", "segment_pool_id": (0, 0), "is_expandable": False,
+            "frames": LOSS,
+            "blocks": [
+                {"address": S, "size": 1024, "requested_size": 0, "state": "inactive",
+                 "frames": []},
+                {"address": S + 1024, "size": 512, "requested_size": 512,
+                 "state": "active_allocated", "frames": LOSS},
+                {"address": S + 1536, "size": 2 * MiB - 1536, "requested_size": 0,
+                 "state": "inactive", "frames": []},
+            ],
+        },
+        {
+            "device": 1, "address": X + 1 * MiB, "total_size": 3 * MiB,
+            "allocated_size": 2 * MiB, "active_size": 2 * MiB, "requested_size": 2 * MiB,
+            "stream": 7, "segment_type": "large", "segment_pool_id": (0, 0),
+            "is_expandable": True, "frames": [],
+            "blocks": [
+                {"address": X + 1 * MiB, "size": 512 * 1024, "requested_size": 0,
+                 "state": "inactive", "frames": []},
+                {"address": X + 1536 * 1024, "size": 2 * MiB, "requested_size": 2 * MiB,
+                 "state": "active_allocated", "frames": LOSS},
+                {"address": X + 3584 * 1024, "size": 512 * 1024, "requested_size": 0,
+                 "state": "inactive", "frames": []},
+            ],
+        },
+    ]
+    return {
+        "segments": segments,
+        "device_traces": [d0, d1],
+        "allocator_settings": {
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "max_split_size": -1, "garbage_collection_threshold": 0.0,
+            "expandable_segments": True, "release_lock_on_cudamalloc": False,
+            "pinned_use_cuda_host_register": False, "pinned_num_register_threads": 1,
+            "roundup_power2_divisions": {"1": 0, "2": 0},
+        },
+        "external_annotations": [
+            {"stage": "START", "name": "forward", "device": 0, "time_us": 100},
+            {"stage": "END", "name": "forward", "device": 0, "time_us": 105},
+            {"stage": "START", "name": "optimizer", "device": 0, "time_us": 108},
+        ],
+    }
+
+
+def v113_snapshot():
+    """1.13: the list of segments; blocks have size, state and history, no address."""
+    A = 0x7F2000000000
+    return [
+        {
+            "device": 0, "address": A, "total_size": 20 * MiB, "allocated_size": 12 * MiB,
+            "active_size": 12 * MiB, "stream": 0, "segment_type": "large",
+            "blocks": [
+                {"size": 4 * MiB, "state": "active_allocated",
+                 "history": [{"addr": A, "real_size": 4 * MiB - 24, "frames": TRAIN}]},
+                {"size": 8 * MiB, "state": "active_allocated",
+                 "history": [{"addr": A + 4 * MiB, "real_size": 8 * MiB, "frames": LOSS},
+                             {"addr": A + 4 * MiB, "real_size": 1 * MiB, "frames": OPT}]},
+                {"size": 8 * MiB, "state": "inactive"},
+            ],
+        },
+        {
+            "device": 0, "address": A + 32 * MiB, "total_size": 2 * MiB,
+            "allocated_size": 0, "active_size": 0, "stream": 0, "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "state": "inactive"}],
+        },
+    ]
+
+
+def write(name, data, expected=None):
+    path = os.path.join(DATA, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    if expected is not None:
+        with open(path + ".expected", "w") as f:
+            f.write(expected + "\n")
+
+
+def main():
+    os.makedirs(os.path.join(DATA, "invalid"), exist_ok=True)
+    snap = v2_snapshot()
+    for proto in (2, 3, 4, 5):
+        write("v2_all_actions_p%d.pickle" % proto, pickle.dumps(snap, protocol=proto))
+    write("v113_segments.pickle", pickle.dumps(v113_snapshot(), protocol=2))
+    write("v113_segments_p4.pickle", pickle.dumps(v113_snapshot(), protocol=4))
+
+    good = pickle.dumps(snap, protocol=4)
+    # Each malformed file: the exit status, then a piece of the message, on one line.
+    write("invalid/truncated.pickle", good[: len(good) // 2],
+          "2 FRAME (0x95): a length of 2472 bytes, the file has 1230 left (truncated")
+    p2 = pickle.dumps(snap, protocol=2)
+    cut = [pos for _, _, pos in pickletools.genops(p2)][200]  # at an opcode boundary
+    write("invalid/truncated_p2.pickle", p2[:cut], "2 the file ends before STOP (truncated)")
+    inside = [pos for op, _, pos in pickletools.genops(p2) if op.name == "BINUNICODE"][-1] + 3
+    write("invalid/truncated_operand.pickle", p2[:inside],
+          "2 bytes of operand, the file has")
+    write("invalid/global_os_system.pickle",
+          b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.",
+          "2 GLOBAL (0x63): refused: it would import os.system")
+    write("invalid/stack_global.pickle",
+          b"\x80\x04\x8c\x02os\x94\x8c\x06system\x94\x93\x94\x8c\x02id\x94\x85\x94R\x94.",
+          "2 STACK_GLOBAL (0x93): refused")
+    write("invalid/build.pickle", b"\x80\x02}q\x00}q\x01b.", "2 BUILD (0x62): refused")
+    write("invalid/persid.pickle", b"\x80\x02Q.", "2 BINPERSID (0x51): refused")
+    write("invalid/deep_nesting.pickle", b"\x80\x04N" + b"\x85" * 10**6 + b".",
+          "2 nesting deeper than 64 levels")
+    write("invalid/deep_lists.pickle", b"\x80\x04" + b"]" * 1000 + b"a" * 999 + b".",
+          "2 nesting deeper than 64 levels")
+    write("invalid/lying_length.pickle",
+          b"\x80\x04X\xff\xff\xff\x7fsegments" + b"." ,
+          "2 a length of 2147483647 bytes, the file has 9 left")
+    write("invalid/lying_length8.pickle",
+          b"\x80\x04\x8d" + struct.pack("<Q", 1 << 62) + b"ab.",
+          "2 a length of 4611686018427387904 bytes")
+    write("invalid/lying_frame.pickle",
+          b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + b"}.",
+          "2 FRAME (0x95): a length of 1099511627776 bytes")
+    write("invalid/memo_skip.pickle", b"\x80\x04Nr\xff\xff\xff\x00.",
+          "2 memo index 16777215 skips past")
+    write("invalid/memo_unset.pickle", b"\x80\x04h\x05.", "2 memo index 5 not set")
+    write("invalid/self_reference.pickle", b"\x80\x04]\x94(h\x00e.",
+          "2 a list put inside itself")
+    write("invalid/protocol0.pickle", b"(lp0\nI1\na.", "2 not a pickle of protocol 2 to 5")
+    write("invalid/bad_utf8.pickle", b"\x80\x04\x8c\x02\xff\xfe.", "2 not UTF-8")
+    write("invalid/huge_int.pickle", b"\x80\x04\x8a\x09" + b"\x01" * 9 + b".",
+          "2 an integer of 9 bytes does not fit in 64 bits")
+    write("invalid/set.pickle", b"\x80\x04\x8f.", "2 EMPTY_SET (0x8f): refused")
+    write("invalid/trailing.pickle", b"\x80\x04N.N", "2 1 bytes after STOP")
+    write("invalid/not_snapshot.pickle", pickle.dumps(42, protocol=4),
+          "2 top level: a int; a snapshot is a dict")
+    bad_blocks = v113_snapshot()
+    bad_blocks[0]["blocks"][2]["size"] = 7 * MiB
+    write("invalid/blocks_do_not_tile.pickle", pickle.dumps(bad_blocks, protocol=4),
+          "2 segments[0]: blocks sum to 19922944 bytes")
+    bad_action = v2_snapshot()
+    bad_action["device_traces"][0][1]["size"] = "4 MiB"
+    write("invalid/size_not_int.pickle", pickle.dumps(bad_action, protocol=4),
+          "2 device_traces[0][1]: 'size' is a str, not an int")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+/* PyTorch memory snapshots as input to `memtrace replay`, `report` and `plot`
+ * (snapshot_in.h). The model and its conversions are analysis/torch_snapshot*.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/prof.h"
+#include "tools/snapshot_in.h"
+
+int mt_tool_read_snapshot(const char *prog, const char *path, mt_ts_t **out)
+{
+    char err[768];
+    int rc = mt_ts_read(out, path, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "%s: %s\n", prog, err);
+        return rc == MT_EPROTO ? 2 : 1;
+    }
+    return 0;
+}
+
+/* ---- replay ---- */
+
+static void human(char *buf, size_t n, uint64_t bytes)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 4) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+}
+
+static void row(const char *what, uint64_t theirs, uint64_t ours)
+{
+    char a[32], b[32];
+    human(a, sizeof a, theirs);
+    human(b, sizeof b, ours);
+    printf("  %-22s %14s %14s", what, a, b);
+    if (theirs > 0)
+        printf("   (%+.1f%%)", 100.0 * ((double)ours - (double)theirs) / (double)theirs);
+    putchar('\n');
+}
+
+static json_t *jb(uint64_t v)
+{
+    return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
+}
+
+static json_t *device_json(unsigned d, const mt_trace_t *t, const mt_ts_figures_t *f,
+                           const mt_replay_result_t *r)
+{
+    return json_pack("{s:i, s:{s:o, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I}, "
+                     "s:{s:o, s:o, s:f, s:o, s:I, s:I, s:I, s:I, s:I}}",
+                     "device", (int)d, "pytorch", "peak_reserved_bytes", jb(f->peak_reserved),
+                     "reserved_at_start_bytes", jb(f->reserved_start), "reserved_at_end_bytes",
+                     jb(f->end_reserved), "peak_allocated_bytes", jb(f->peak_allocated), "allocs",
+                     (json_int_t)f->allocs, "frees", (json_int_t)f->frees, "ooms",
+                     (json_int_t)f->ooms, "segment_events", (json_int_t)f->segment_events,
+                     "orphan_frees", (json_int_t)f->orphan_frees, "memtrace", "peak_reserved_bytes",
+                     jb(r->peak_reserved), "peak_allocated_bytes", jb(r->peak_allocated),
+                     "utilization_at_peak", r->utilization_at_peak, "trace_peak_live_bytes",
+                     jb(t->peak_live_bytes), "backend_malloc_calls", (json_int_t)r->backend_malloc,
+                     "backend_free_calls", (json_int_t)r->backend_free, "backend_vm_map_calls",
+                     (json_int_t)r->backend_map, "num_alloc_retries",
+                     (json_int_t)r->num_alloc_retries, "ooms", (json_int_t)r->ooms);
+}
+
+int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool json)
+{
+    mt_ts_t *ts;
+    int status = mt_tool_read_snapshot("memtrace replay", path, &ts);
+    if (status != 0)
+        return status;
+    json_t *devs = json ? json_array() : NULL;
+    if (!json) {
+        printf("memtrace replay: %s (PyTorch snapshot, %s layout)%s\n", path,
+               ts->era == 1 ? "1.13" : "2.x", cfg->warmup ? ", after a warm-up pass" : "");
+        if (ts->alloc_conf != NULL && ts->alloc_conf[0] != '\0')
+            printf("  the run had PYTORCH_CUDA_ALLOC_CONF=%s (pass --alloc-conf to replay "
+                   "with memtrace's equivalent)\n",
+                   ts->alloc_conf);
+        if (cfg->alloc_conf != NULL)
+            printf("  memtrace alloc conf: %s\n", cfg->alloc_conf);
+        if (ts->era == 1 || ts->nevents == 0)
+            printf("  the snapshot has no trace (device_traces): nothing to replay; it was "
+                   "recorded without _record_memory_history, or is 1.13's layout\n");
+        if (ts->skipped_actions)
+            printf("  %zu trace entries of actions memtrace does not model were skipped\n",
+                   ts->skipped_actions);
+    }
+    for (unsigned d = 0; d < ts->ndevices && status == 0; d++) {
+        mt_ts_figures_t fig;
+        mt_trace_t *t = NULL;
+        mt_replay_result_t res;
+        char err[512];
+        if (ts->dev_first[d] == ts->dev_first[d + 1])
+            continue;
+        int rc = mt_ts_figures(ts, d, &fig);
+        if (rc == 0)
+            rc = mt_ts_to_trace(ts, d, &t, err, sizeof err);
+        if (rc == 0 && (rc = mt_replay_run(t, cfg, &res, err, sizeof err)) < 0) {
+            fprintf(stderr, "memtrace replay: %s: device %u: %s\n", path, d, err);
+            status = rc == MT_EINVAL ? 2 : 1;
+        } else if (rc < 0) {
+            fprintf(stderr, "memtrace replay: %s: device %u: out of memory\n", path, d);
+            status = 1;
+        }
+        if (status == 0 && json)
+            json_array_append_new(devs, device_json(d, t, &fig, &res));
+        else if (status == 0) {
+            printf("device %u: %zu allocs, %zu frees, %zu OOMs, %zu segment events", d, fig.allocs,
+                   fig.frees, fig.ooms, fig.segment_events);
+            if (fig.orphan_frees)
+                printf("; %zu frees of blocks allocated before the trace began (skipped)",
+                       fig.orphan_frees);
+            printf("\n  %-22s %14s %14s\n", "", "PyTorch", "memtrace");
+            row("peak reserved", fig.peak_reserved, res.peak_reserved);
+            row("peak allocated", fig.peak_allocated, res.peak_allocated);
+            printf("  %-22s %14.4f\n", "memtrace utilization", res.utilization_at_peak);
+            printf("  %-22s malloc %llu, free %llu, vm map %llu; retries %llu, OOMs %llu\n",
+                   "memtrace backend", (unsigned long long)res.backend_malloc,
+                   (unsigned long long)res.backend_free, (unsigned long long)res.backend_map,
+                   (unsigned long long)res.num_alloc_retries, (unsigned long long)res.ooms);
+            printf("  (PyTorch reserved: from the trace's segment events, %s at its start; "
+                   "allocated: requested bytes of live blocks)\n",
+                   fig.reserved_start ? "with what the segments imply was reserved" : "none");
+        }
+        mt_trace_free(&t);
+    }
+    if (json && status == 0) {
+        json_t *o = json_pack("{s:s, s:s, s:i, s:s?, s:s?, s:b, s:I, s:o}", "file", path, "format",
+                              "torch-snapshot", "era", ts->era, "pytorch_alloc_conf",
+                              ts->alloc_conf, "alloc_conf", cfg->alloc_conf, "warmup", cfg->warmup,
+                              "skipped_actions", (json_int_t)ts->skipped_actions, "devices", devs);
+        devs = NULL;
+        if (o == NULL || json_dumpf(o, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0)
+            status = 1;
+        putchar('\n');
+        json_decref(o);
+    }
+    json_decref(devs);
+    mt_ts_destroy(&ts);
+    return status;
+}
+
+/* ---- report ---- */
+
+typedef struct feed_s {
+    mt__report_t *r;
+    const mt_ts_t *ts;
+    char *line;
+    size_t cap;
+    char err[256];
+    uint64_t seq; /* the records' own sequence numbers are replaced by one count */
+    int pid;
+} feed_t;
+
+static const char *tag_name(void *ud, int tag)
+{
+    const mt_ts_t *ts = ud;
+    return tag >= 0 && tag < 256 && ts->tag_label[tag] ? ts->tag_label[tag] : NULL;
+}
+
+static int feed_line(feed_t *f, const char *line, size_t len)
+{
+    return mt__report_add_line(f->r, line, len, f->err, sizeof f->err);
+}
+
+static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+{
+    feed_t *f = ctx;
+    (void)stack;
+    mt_event_rec_t e = *ev;
+    e.seq = ++f->seq;
+    ev = &e;
+    size_t n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
+    if (n >= f->cap) {
+        char *nl = realloc(f->line, n + 1);
+        if (nl == NULL)
+            return MT_ENOMEM;
+        f->line = nl;
+        f->cap = n + 1;
+        n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
+    }
+    return feed_line(f, f->line, n);
+}
+
+int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path, int pid)
+{
+    feed_t f = {.r = r, .ts = ts, .cap = 1024};
+    if ((f.line = malloc(f.cap)) == NULL)
+        return MT_ENOMEM;
+    f.pid = pid;
+    json_t *hello = mt_prof_hello_to_json(pid, path, 0, 0);
+    char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
+    json_decref(hello);
+    int rc = h ? feed_line(&f, h, strlen(h)) : MT_ENOMEM;
+    free(h);
+    /* Tag labels first, so the report names memtrace's tags found in the frames. */
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX && rc == 0; t++)
+        if (ts->tag_label[t] != NULL) {
+            mt_event_rec_t ev = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
+            mt_event_label_pack(&ev, ts->tag_label[t]);
+            rc = feed_rec(&f, &ev, 0);
+        }
+    if (rc == 0)
+        rc = mt_ts_records(ts, feed_rec, &f);
+    if (rc != 0)
+        fprintf(stderr, "%s: %s\n", path, f.err[0] ? f.err : mt_strerror(rc));
+    free(f.line);
+    return rc;
+}
+
+/* ---- report and plot inputs ---- */
+
+#include "tools/logs.h"
+
+int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, int n,
+                        unsigned long *bad, mt_tool_inputs_t *in)
+{
+    memset(in, 0, sizeof *in);
+    int i = 0;
+    while (i < n) {
+        int j = i;
+        while (j < n && (strcmp(paths[j], "-") == 0 || !mt_ts_is_pickle(paths[j])))
+            j++;
+        /* Logs are read together: one process may be split over several of them. */
+        if (j > i && mt_tool_read_logs(r, prog, paths + i, j - i, bad) != 0)
+            return 1;
+        if (j == n)
+            break;
+        if (in->n == MT_TOOL_MAX_SNAPSHOTS) {
+            fprintf(stderr, "%s: more than %d snapshots\n", prog, MT_TOOL_MAX_SNAPSHOTS);
+            return 2;
+        }
+        int status = mt_tool_read_snapshot(prog, paths[j], &in->ts[in->n]);
+        if (status != 0)
+            return status;
+        in->path[in->n] = paths[j];
+        in->n++;
+        if (mt_tool_report_snapshot(r, in->ts[in->n - 1], paths[j], (int)in->n) != 0)
+            return 1;
+        i = j + 1;
+    }
+    return 0;
+}
+
+static json_t *sites_json(const mt_ts_t *ts, unsigned d, unsigned top)
+{
+    mt_ts_site_t sites[64];
+    size_t ns;
+    uint64_t peak;
+    if (top > 64)
+        top = 64;
+    if (mt_ts_sites_at_peak(ts, d, sites, top, &ns, &peak) != 0)
+        return NULL;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ns; i++) {
+        char name[512];
+        json_t *frames = json_array();
+        const mt_ts_stack_t *s = &ts->stacks[sites[i].stack];
+        for (uint32_t k = 0; k < s->n; k++) {
+            const mt_ts_frame_t *f = &ts->frames[s->first + k];
+            json_array_append_new(frames, json_pack("{s:s, s:s, s:I}", "name", f->name, "filename",
+                                                    f->filename, "line", (json_int_t)f->line));
+        }
+        json_array_append_new(arr, json_pack("{s:s, s:o, s:I, s:o}", "site",
+                                             mt_ts_site_name(ts, sites[i].stack, name, sizeof name),
+                                             "bytes", jb(sites[i].bytes), "count",
+                                             (json_int_t)sites[i].count, "frames", frames));
+    }
+    return json_pack("{s:i, s:o, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
+                     "call_sites_at_peak", arr);
+}
+
+void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top)
+{
+    if (in->n == 0)
+        return;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < in->n; i++) {
+        const mt_ts_t *ts = in->ts[i];
+        json_t *devs = json_array(), *ann = json_array();
+        for (unsigned d = 0; d < ts->ndevices; d++)
+            json_array_append_new(devs, sites_json(ts, d, top));
+        for (size_t k = 0; k < ts->nannotations; k++) {
+            const mt_ts_annotation_t *a = &ts->annotations[k];
+            json_array_append_new(
+                ann, json_pack("{s:s, s:s, s:i, s:I}", "stage", a->start ? "START" : "END", "name",
+                               a->name, "device", a->device, "time_us", (json_int_t)a->time_us));
+        }
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:i, s:s, s:o, s:o}", "file", in->path[i], "process",
+                                        (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x",
+                                        "devices", devs, "annotations", ann));
+    }
+    json_object_set_new(res, "snapshots", arr);
+}
+
+void mt_tool_inputs_print(const mt_tool_inputs_t *in, unsigned top)
+{
+    for (size_t i = 0; i < in->n; i++) {
+        const mt_ts_t *ts = in->ts[i];
+        printf("\nsnapshot %s (process %zu above; PyTorch %s layout)\n", in->path[i], i + 1,
+               ts->era == 1 ? "1.13" : "2.x");
+        for (unsigned d = 0; d < ts->ndevices; d++) {
+            mt_ts_site_t sites[64];
+            size_t ns;
+            uint64_t peak;
+            if (mt_ts_sites_at_peak(ts, d, sites, top > 64 ? 64 : top, &ns, &peak) != 0)
+                continue;
+            char b[32], name[512];
+            human(b, sizeof b, peak);
+            printf("  device %u: top call sites at the peak of allocated bytes (%s, requested)\n",
+                   d, b);
+            for (size_t k = 0; k < ns; k++) {
+                human(b, sizeof b, sites[k].bytes);
+                printf("    %12s %6zu  %s\n", b, sites[k].count,
+                       mt_ts_site_name(ts, sites[k].stack, name, sizeof name));
+            }
+        }
+        if (ts->nannotations)
+            printf("  annotations:\n");
+        for (size_t k = 0; k < ts->nannotations; k++) {
+            const mt_ts_annotation_t *a = &ts->annotations[k];
+            printf("    %12lld us  device %d  %-5s %s\n", (long long)a->time_us, a->device,
+                   a->start ? "START" : "END", a->name);
+        }
+    }
+}
+
+void mt_tool_inputs_free(mt_tool_inputs_t *in)
+{
+    for (size_t i = 0; i < in->n; i++)
+        mt_ts_destroy(&in->ts[i]);
+    in->n = 0;
+}
