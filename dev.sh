@@ -12,7 +12,7 @@ cd "$(dirname "$0")"
 PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
           libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev
           libxml2-utils
-          libblis-dev libdnnl-dev python3-torch)
+          libblis-dev libdnnl-dev python3-torch chromium)
 
 install_missing() {
     local missing=()
@@ -52,6 +52,12 @@ install_test_tools() {
     if [ ! -d tests/prof/node_modules/ajv ]; then
         npm ci --prefix tests/prof --no-audit --no-fund --loglevel=error ||
             { echo "dev.sh: 'npm ci --prefix tests/prof' failed" >&2; return 1; }
+    fi
+    # The web page test drives headless Chromium with playwright-core (no browser download).
+    if [ ! -d tests/web/node_modules/playwright-core ]; then
+        PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/web --no-audit --no-fund \
+            --loglevel=error ||
+            { echo "dev.sh: 'npm ci --prefix tests/web' failed" >&2; return 1; }
     fi
 }
 

@@ -455,6 +455,8 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
      * matter; see mt_alloc_cfg_t.release_smaller_segments. */
     if (a->cfg.release_smaller_segments && bp == MT__BP_LARGE && !a->cfg.expandable_segments)
         mt__seg_release_smaller(a, sr->bins[bp], rsize);
+    if (a->cfg.release_to_fit && !a->cfg.expandable_segments)
+        mt__seg_release_to_fit(a, mt__seg_over_peak(a, mt__seg_alloc_size(a, bp, rsize)));
     int rc = mt__seg_grow(a, sr, bp, rsize, out);
     if (rc == 0)
         return 0;
@@ -505,7 +507,9 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         goto out;
     }
     size_t rsize = mt__alloc_round_size(size, a->cfg.roundup_power2_divisions);
-    int bp = rsize <= MT__SMALL_SIZE ? MT__BP_SMALL : MT__BP_LARGE;
+    int bp = rsize <= MT__SMALL_SIZE && !(a->cfg.expandable_segments && a->cfg.one_pool)
+                 ? MT__BP_SMALL
+                 : MT__BP_LARGE;
     mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
     if (sr == NULL || mt__alloc_binset(a, sr, bp) == NULL) {
         rc = MT_ENOMEM;

@@ -106,6 +106,22 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->release_smaller_segments = b;
+    } else if (strcmp(key, "release_to_fit") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->release_to_fit = b;
+    } else if (strcmp(key, "fit_large_segments") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->fit_large_segments = b;
+    } else if (strcmp(key, "split_large_tails") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->split_large_tails = b;
+    } else if (strcmp(key, "one_pool") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->one_pool = b;
     } else if (strcmp(key, "stats_period_ms") == 0) {
         if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
             goto bad;

@@ -2,7 +2,8 @@
  *   alloc.c    create/destroy, malloc/free, streams and pending events, block info, tags
  *   bins.c     size-class bins (two-level segregated fit with bitmaps)
  *   meta.c     block-struct pool and the address -> block hash table
- *   segments.c segments, split/merge, expandable segments, release and garbage collection
+ *   segments.c segments, split/merge, release and garbage collection
+ *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
  *   reserve.c  warm-up reservations
@@ -30,8 +31,6 @@
 #define MT__LARGE_BUFFER  ((size_t)20 << 20) /* large pool segment for requests < MIN_LARGE */
 #define MT__MIN_LARGE     ((size_t)10 << 20) /* requests below get a LARGE_BUFFER segment */
 #define MT__ROUND_LARGE   ((size_t)2 << 20)  /* bigger large segments round up to this */
-#define MT__PAGE_SMALL    MT__SMALL_BUFFER   /* expandable: mapping unit of the small pool */
-#define MT__PAGE_LARGE    MT__LARGE_BUFFER   /* expandable: mapping unit of the large pool */
 #define MT__BEST_FIT_SCAN 16                 /* candidates examined per size class */
 
 /* ---- size classes ----
@@ -89,7 +88,8 @@ struct mt_block_s {
 /* A segment is one backend allocation (or, when expandable, one virtual range of which
  * the first `size` bytes are mapped).
  * Invariants: first..last tile [addr, addr + size); size > 0;
- * expandable => size is a multiple of the pool's page (MT__PAGE_SMALL/LARGE) and <= vsize;
+ * expandable => one maximal run of mapped pages of its stream's range: addr and size
+ * are multiples of mt__exp_page, vsize = size;
  * reserved => pool = MT__BP_RESERVED; segments are linked in address order.
  * A reserved (warm-up) segment is the user's explicit request for cached memory: garbage
  * collection, empty_cache, oversize release and OOM recovery never return it to the
@@ -97,7 +97,7 @@ struct mt_block_s {
 struct mt_segment_s {
     uintptr_t addr;      /* first device address */
     size_t size;         /* bytes backed by device memory (mapped bytes if expandable) */
-    size_t vsize;        /* expandable: bytes of the virtual range; else = size */
+    size_t vsize;        /* = size (kept for the disjointness checks) */
     mt_block_t *first;   /* lowest block */
     mt_block_t *last;    /* highest block */
     mt_binset_t *bins;   /* bins of (pool, stream) holding its inactive blocks */
@@ -127,12 +127,16 @@ struct mt_binset_s {
 };
 
 /* Per stream seen by the allocator: its bins (created lazily) and, with expandable
- * segments, the one expandable segment per pool. */
+ * segments, one virtual range per pool whose mapped runs are segments (expandable.c).
+ * Invariants: vsize = 0 <=> nruns = 0 <=> no expandable segment of (pool, stream);
+ * every run of (pool, stream) lies in [vbase, vbase + vsize); no two runs touch. */
 struct mt_streamrec_s {
     mt_stream_t *stream;
     uint32_t sid;                /* mt_stream_id(stream) at first use */
     mt_binset_t *bins[MT__BP_N]; /* NULL until first needed */
-    mt_segment_t *expandable[2]; /* small, large; NULL when nothing is mapped */
+    uintptr_t vbase[2];          /* small, large: reserved virtual range, page-aligned */
+    size_t vsize[2];             /* bytes of the range; 0 = none reserved */
+    uint32_t nruns[2];           /* expandable segments (mapped runs) in the range */
 };
 
 /* An event recorded at free on a stream that used the block, awaiting completion. */
@@ -233,7 +237,7 @@ struct mt_alloc_s {
     uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
-    char last_error[1024];
+    char last_error[2048];
 };
 
 /* ---- the lock ----
@@ -338,7 +342,7 @@ void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr);
 
 /* ---- segments.c ---- */
 /* Size of a new segment for a rounded request in pool bp (small/large). */
-size_t mt__seg_alloc_size(int bp, size_t rsize);
+size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize);
 /* Gets a block of at least rsize bytes by a backend malloc (or expandable mapping) for
  * (bp, sr); the returned block is inactive and in the bins. Fails with MT_ENOMEM when
  * the backend or the memory limit refuses. */
@@ -362,6 +366,12 @@ bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need);
 /* Releases the cached whole plain segments of bs smaller than rsize (they cannot serve
  * it). Returns bytes released. */
 size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsize);
+/* Releases cached whole plain segments (not reservations), oldest first, until at least
+ * need bytes went back (release_to_fit). Returns bytes released. */
+size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need);
+/* Bytes by which reserved + more would exceed the reserved_bytes peak:
+ * release_to_fit gives back only that much, so cache that costs no new peak is kept. */
+size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more);
 /* Releases every unused cached segment (reserved ones only when include_reserved).
  * Returns bytes released. Caller has synchronised pending events. */
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,
@@ -375,6 +385,23 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b);
 mt_segment_t *mt__seg_find(const mt_alloc_t *a, uintptr_t addr);
 /* Returns every segment to the backend regardless of its blocks (destroy). */
 void mt__seg_destroy_all(mt_alloc_t *a);
+
+void mt__seg_link(mt_alloc_t *a, mt_segment_t *seg);
+void mt__seg_unlink(mt_alloc_t *a, mt_segment_t *seg);
+/* reserved + more stays within the memory_fraction limit. */
+bool mt__seg_within_limit(const mt_alloc_t *a, size_t more);
+
+/* ---- expandable.c ---- */
+/* Mapping unit of expandable segments, bytes (a multiple of the VM granularity). */
+size_t mt__exp_page(const mt_alloc_t *a);
+/* Maps pages of the (bp, stream) range so that an rsize block fits; the block returned is
+ * inactive and in the bins. MT_ENOTSUP when the backend has no usable VM. */
+int mt__exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
+/* Unmaps every whole free page of run seg (NULL: of every run). Returns bytes unmapped. */
+size_t mt__exp_release(mt_alloc_t *a, mt_segment_t *seg);
+bool mt__exp_releasable(const mt_alloc_t *a, const mt_segment_t *seg);
+/* Releases the virtual ranges (destroy, after every run was unmapped). */
+void mt__exp_destroy(mt_alloc_t *a);
 
 /* ---- stats.c ---- */
 /* current += d; peak, allocated (d > 0) and freed (d < 0) follow. */

@@ -103,6 +103,21 @@ static void raw_put(uintptr_t *keys, mt_block_t **vals, size_t cap, uintptr_t k,
     vals[i] = v;
 }
 
+/* Every key is found by probing from its home slot, and n counts them (a walk: for
+ * mt_assert_expensive). */
+static inline bool map_consistent(const mt_addrmap_t *m)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (m->keys[i] == 0)
+            continue;
+        n++;
+        if (mt__addrmap_get(m, m->keys[i]) != m->vals[i])
+            return false;
+    }
+    return n == m->n;
+}
+
 static int rehash(mt_addrmap_t *m, size_t cap)
 {
     uintptr_t *keys = calloc(cap, sizeof *keys);
@@ -121,6 +136,7 @@ static int rehash(mt_addrmap_t *m, size_t cap)
     m->keys = keys;
     m->vals = vals;
     m->cap = cap;
+    mt_assert_expensive(map_consistent(m));
     return 0;
 }
 

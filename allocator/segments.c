@@ -14,23 +14,18 @@ static size_t round_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-size_t mt__seg_alloc_size(int bp, size_t rsize)
+size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize)
 {
     if (bp == MT__BP_SMALL)
         return MT__SMALL_BUFFER;
-    if (rsize < MT__MIN_LARGE)
+    if (rsize < MT__MIN_LARGE && !a->cfg.fit_large_segments)
         return MT__LARGE_BUFFER;
     return round_up(rsize, MT__ROUND_LARGE);
 }
 
-static size_t page_of(const mt_segment_t *seg)
-{
-    return seg->pool == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
-}
-
 /* ---- the address-ordered segment list ---- */
 
-static void seg_link(mt_alloc_t *a, mt_segment_t *seg)
+void mt__seg_link(mt_alloc_t *a, mt_segment_t *seg)
 {
     mt_segment_t *prev = NULL, *cur = a->segs;
     while (cur != NULL && cur->addr < seg->addr) {
@@ -52,7 +47,7 @@ static void seg_link(mt_alloc_t *a, mt_segment_t *seg)
     a->nsegs++;
 }
 
-static void seg_unlink(mt_alloc_t *a, mt_segment_t *seg)
+void mt__seg_unlink(mt_alloc_t *a, mt_segment_t *seg)
 {
     mt_assert(a->nsegs > 0 && (seg->prev != NULL ? seg->prev->next == seg : a->segs == seg));
     if (seg->prev != NULL)
@@ -108,6 +103,20 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 
 /* ---- split and merge ---- */
 
+/* The blocks tile the segment's mapped bytes: linked both ways, contiguous, first at addr,
+ * last ending at addr + size (a walk: for mt_assert_expensive). */
+static inline bool seg_tiles(const mt_segment_t *seg)
+{
+    uintptr_t at = seg->addr;
+    const mt_block_t *prev = NULL;
+    for (const mt_block_t *b = seg->first; b != NULL; prev = b, b = b->next) {
+        if (b->prev != prev || b->seg != seg || b->addr != at)
+            return false;
+        at += b->size;
+    }
+    return prev == seg->last && at == seg->addr + seg->size;
+}
+
 bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 {
     mt_assert(size <= b->size);
@@ -117,7 +126,9 @@ bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
      * minimum block: none of them strands a large remainder in a separate segment. */
     if (seg->pool != MT__BP_LARGE || seg->expandable)
         return remaining >= MT__MIN_BLOCK;
-    return size < a->cfg.max_split_size && remaining > MT__SMALL_SIZE;
+    if (size >= a->cfg.max_split_size)
+        return false;
+    return a->cfg.split_large_tails ? remaining >= MT__MIN_BLOCK : remaining > MT__SMALL_SIZE;
 }
 
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
@@ -143,6 +154,7 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
     b->size = size;
     mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
     mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
+    mt_assert_expensive(seg_tiles(seg));
     mt__seg_bin_in(a, r);
 }
 
@@ -181,12 +193,13 @@ mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
     mt_assert(b->next == NULL
                   ? seg->last == b && b->addr + b->size == seg->addr + seg->size
                   : b->next->state != MT_BLOCK_INACTIVE && b->next->addr == b->addr + b->size);
+    mt_assert_expensive(seg_tiles(seg));
     return b;
 }
 
 /* ---- new segments ---- */
 
-static bool within_limit(const mt_alloc_t *a, size_t more)
+bool mt__seg_within_limit(const mt_alloc_t *a, size_t more)
 {
     size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
     return more <= a->limit && reserved <= a->limit - more;
@@ -199,7 +212,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
     if (bins == NULL)
         return MT_ENOMEM;
-    if (!within_limit(a, size))
+    if (!mt__seg_within_limit(a, size))
         return MT_ENOMEM;
     void *p = NULL;
     int rc = mt_backend_malloc(a->backend, size, &p);
@@ -225,7 +238,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     b->size = size;
     b->seg = seg;
     b->state = MT_BLOCK_INACTIVE;
-    seg_link(a, seg);
+    mt__seg_link(a, seg);
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)size);
     mt__stat_add(a->st.segment, bp, 1);
     a->st.num_device_alloc++;
@@ -235,181 +248,17 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     return 0;
 }
 
-/* ---- expandable segments ---- */
-
-static void exp_drop(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *seg)
-{
-    int rc = mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
-    if (rc != 0)
-        mt__alloc_log(a, MT_LOG_WARN, "memtrace: releasing an expandable range failed: %s",
-                      mt_strerror(rc));
-    seg_unlink(a, seg);
-    if (sr != NULL)
-        sr->expandable[seg->pool] = NULL;
-    free(seg);
-}
-
-/* Maps enough pages at the end of the (pool, stream) range for an rsize block. */
-static int exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
-{
-    size_t page = bp == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
-    if (a->vm_gran == 0 || page % a->vm_gran != 0)
-        return MT_ENOTSUP; /* pages must be whole VM granules; use plain segments */
-    mt_segment_t *seg = sr->expandable[bp];
-    mt_binset_t *bins = mt__alloc_binset(a, sr, bp);
-    if (bins == NULL)
-        return MT_ENOMEM;
-    if (seg == NULL) {
-        /* As large as the device: the range costs address space only. */
-        size_t vsize = round_up(a->capacity > rsize ? a->capacity : rsize, page);
-        void *base = NULL;
-        int rc = mt_backend_vm_reserve(a->backend, vsize, &base);
-        if (rc != 0)
-            return rc;
-        seg = calloc(1, sizeof *seg);
-        if (seg == NULL) {
-            (void)mt_backend_vm_release(a->backend, base, vsize);
-            return MT_ENOMEM;
-        }
-        seg->addr = (uintptr_t)base;
-        seg->vsize = vsize;
-        seg->pool = (uint8_t)bp;
-        seg->expandable = true;
-        seg->stream = sr->stream;
-        seg->sid = sr->sid;
-        seg->bins = bins;
-        seg_link(a, seg);
-        sr->expandable[bp] = seg;
-    }
-    mt_block_t *last = seg->last;
-    size_t have = last != NULL && last->state == MT_BLOCK_INACTIVE ? last->size : 0;
-    if (have >= rsize) {
-        *out = last;
-        return 0;
-    }
-    size_t map = round_up(rsize - have, page);
-    int rc = MT_ENOMEM;
-    /* The block struct comes first so that nothing can fail after the pages are mapped. */
-    mt_block_t *b = have > 0 ? NULL : mt__block_new(a);
-    if ((have == 0 && b == NULL) || map > seg->vsize - seg->size || !within_limit(a, map))
-        goto fail;
-    uintptr_t start = seg->addr + seg->size;
-    for (size_t off = 0; off < map; off += page) {
-        rc = mt_backend_vm_map(a->backend, (void *)(start + off), page);
-        if (rc != 0) {
-            while (off > 0) {
-                off -= page;
-                (void)mt_backend_vm_unmap(a->backend, (void *)(start + off), page);
-            }
-            goto fail;
-        }
-    }
-    if (seg->size == 0)
-        mt__stat_add(a->st.segment, bp, 1);
-    seg->size += map;
-    mt_assert(seg->size <= seg->vsize && seg->size % page == 0);
-    seg->last_used = ++a->clock;
-    mt__stat_add(a->st.reserved_bytes, bp, (int64_t)map);
-    a->st.num_device_alloc += map / page;
-    mt__alloc_emit(a, MT_EV_SEGMENT_MAP, start, map, rsize, seg->sid, mt__public_pool(bp), 0);
-    if (have > 0) {
-        mt__seg_bin_out(a, last);
-        last->size += map;
-        mt__seg_bin_in(a, last);
-        *out = last;
-        return 0;
-    }
-    b->addr = start;
-    b->size = map;
-    b->seg = seg;
-    b->state = MT_BLOCK_INACTIVE;
-    b->prev = last;
-    if (last != NULL)
-        last->next = b;
-    else
-        seg->first = b;
-    seg->last = b;
-    mt__seg_bin_in(a, b);
-    *out = b;
-    return 0;
-fail:
-    if (b != NULL)
-        mt__block_release(a, b);
-    if (seg->size == 0)
-        exp_drop(a, sr, seg);
-    return rc;
-}
-
-/* Unmaps the whole free pages at the end of an expandable segment. */
-static size_t exp_trim(mt_alloc_t *a, mt_segment_t *seg)
-{
-    mt_block_t *last = seg->last;
-    if (last == NULL || last->state != MT_BLOCK_INACTIVE)
-        return 0;
-    size_t page = page_of(seg);
-    size_t keep = round_up(last->addr - seg->addr, page);
-    if (keep >= seg->size)
-        return 0;
-    /* Work queued on the segment's own stream may still touch these pages. The whole
-     * device is synchronised (a rare path): the stream itself may be gone by now. */
-    (void)mt_device_synchronize(a->backend);
-    size_t end = seg->size;
-    while (end > keep) {
-        int rc = mt_backend_vm_unmap(a->backend, (void *)(seg->addr + end - page), page);
-        if (rc != 0) {
-            mt__alloc_log(a, MT_LOG_WARN, "memtrace: unmapping expandable pages failed: %s",
-                          mt_strerror(rc));
-            break;
-        }
-        end -= page;
-        a->st.num_device_free++;
-    }
-    keep = end;
-    mt_assert(keep % page == 0 && keep <= seg->size && last->addr <= seg->addr + keep);
-    size_t released = seg->size - keep;
-    if (released == 0)
-        return 0;
-    mt__seg_bin_out(a, last);
-    if (last->addr == seg->addr + keep) {
-        seg->last = last->prev;
-        if (last->prev != NULL)
-            last->prev->next = NULL;
-        else
-            seg->first = NULL;
-        mt__block_release(a, last);
-    } else {
-        last->size = seg->addr + keep - last->addr;
-        mt__seg_bin_in(a, last);
-    }
-    seg->size = keep;
-    mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)released);
-    mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, seg->addr + keep, released, 0, seg->sid,
-                   mt__public_pool(seg->pool), 0);
-    if (seg->size == 0) {
-        mt__stat_add(a->st.segment, seg->pool, -1);
-        exp_drop(a, mt__alloc_streamrec(a, seg->stream), seg);
-    }
-    return released;
-}
-
-static bool exp_trimmable(const mt_segment_t *seg)
-{
-    const mt_block_t *last = seg->last;
-    return last != NULL && last->state == MT_BLOCK_INACTIVE &&
-           round_up(last->addr - seg->addr, page_of(seg)) < seg->size;
-}
-
 int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
 {
     mt__alloc_assert_owner(a);
     if (a->cfg.expandable_segments) {
-        int rc = exp_grow(a, sr, bp, rsize, out);
+        int rc = mt__exp_grow(a, sr, bp, rsize, out);
         if (rc != MT_ENOTSUP)
             return rc;
         /* A backend without virtual memory: fall back to plain segments. */
     }
     mt_segment_t *seg = NULL;
-    int rc = mt__seg_new(a, sr, bp, mt__seg_alloc_size(bp, rsize), &seg);
+    int rc = mt__seg_new(a, sr, bp, mt__seg_alloc_size(a, bp, rsize), &seg);
     if (rc == 0)
         *out = seg->first;
     return rc;
@@ -421,7 +270,7 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
 {
     mt__alloc_assert_owner(a);
     if (seg->expandable)
-        return exp_trim(a, seg);
+        return mt__exp_release(a, seg);
     if (!mt__seg_is_whole_free(seg))
         return 0;
     mt_block_t *b = seg->first;
@@ -438,14 +287,14 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
     a->st.num_device_free++;
     mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->sid, mt__public_pool(seg->pool),
                    0);
-    seg_unlink(a, seg);
+    mt__seg_unlink(a, seg);
     free(seg);
     return size;
 }
 
-static bool releasable(const mt_segment_t *seg)
+static bool releasable(const mt_alloc_t *a, const mt_segment_t *seg)
 {
-    return seg->expandable ? exp_trimmable(seg) : mt__seg_is_whole_free(seg);
+    return seg->expandable ? mt__exp_releasable(a, seg) : mt__seg_is_whole_free(seg);
 }
 
 static int by_age(const void *x, const void *y)
@@ -476,8 +325,7 @@ static mt_segment_t **collect(mt_alloc_t *a, bool (*pick)(const mt_segment_t *, 
 
 static bool pick_gc(const mt_segment_t *s, const void *arg)
 {
-    (void)arg;
-    return !s->reserved && releasable(s);
+    return !s->reserved && releasable(arg, s);
 }
 
 void mt__seg_gc(mt_alloc_t *a)
@@ -486,7 +334,7 @@ void mt__seg_gc(mt_alloc_t *a)
     if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
         return;
     size_t n;
-    mt_segment_t **v = collect(a, pick_gc, NULL, &n);
+    mt_segment_t **v = collect(a, pick_gc, a, &n);
     if (v == NULL)
         return;
     qsort(v, n, sizeof *v, by_age);
@@ -549,6 +397,34 @@ size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsiz
     return released;
 }
 
+static bool pick_cached(const mt_segment_t *s, const void *arg)
+{
+    (void)arg;
+    return !s->reserved && !s->expandable && mt__seg_is_whole_free(s);
+}
+
+size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more)
+{
+    size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    size_t high = (size_t)a->st.reserved_bytes[MT_STAT_ALL].peak;
+    return reserved + more > high ? reserved + more - high : 0;
+}
+
+size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need)
+{
+    if (need == 0)
+        return 0;
+    size_t n, got = 0;
+    mt_segment_t **v = collect(a, pick_cached, NULL, &n);
+    if (v == NULL)
+        return 0;
+    qsort(v, n, sizeof *v, by_age);
+    for (size_t i = 0; i < n && got < need; i++)
+        got += mt__seg_release(a, v[i]);
+    free(v);
+    return got;
+}
+
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *stream, bool only)
 {
     mt__alloc_assert_owner(a);
@@ -578,11 +454,8 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             if (!synced)
                 (void)mt_device_synchronize(a->backend);
             synced = true;
-            size_t page = page_of(seg);
-            for (size_t off = 0; off < seg->size; off += page)
-                (void)mt_backend_vm_unmap(a->backend, (void *)(seg->addr + off), page);
-            a->st.num_device_free += seg->size / page;
-            (void)mt_backend_vm_release(a->backend, (void *)seg->addr, seg->vsize);
+            (void)mt_backend_vm_unmap(a->backend, (void *)seg->addr, seg->size);
+            a->st.num_device_free++;
         } else {
             (void)mt_backend_free(a->backend, (void *)seg->addr);
             a->st.num_device_free++;
@@ -592,7 +465,8 @@ void mt__seg_destroy_all(mt_alloc_t *a)
         mt__stat_add(a->st.segment, seg->pool, -1);
         mt__alloc_emit(a, seg->expandable ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE, seg->addr,
                        seg->size, 0, seg->sid, mt__public_pool(seg->pool), 0);
-        seg_unlink(a, seg);
+        mt__seg_unlink(a, seg);
         free(seg);
     }
+    mt__exp_destroy(a); /* the virtual ranges, now that nothing is mapped */
 }

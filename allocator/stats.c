@@ -93,6 +93,44 @@ static const char *human(size_t v, char *buf, size_t n)
     return buf;
 }
 
+/* Appends to the OOM report what holds the memory, by tag, largest first ("activations
+ * 5.10 GiB, weights 1.20 GiB, ..."), and where the recorder keeps this OOM's snapshot (the
+ * sink's note), so the message says what to look at. */
+static void oom_report_tags(mt_alloc_t *a)
+{
+    size_t len = strlen(a->last_error), cap = sizeof a->last_error;
+    int order[MT_TAG_MAX], n = 0;
+    for (int t = 0; t < MT_TAG_MAX; t++)
+        if (a->st.tag_allocated_bytes[t].current > 0)
+            order[n++] = t;
+    for (int i = 1; i < n; i++) /* insertion sort by bytes, at most MT_TAG_MAX */
+        for (int j = i; j > 0 && a->st.tag_allocated_bytes[order[j]].current >
+                                     a->st.tag_allocated_bytes[order[j - 1]].current;
+             j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    for (int i = 0; i < n && len + 1 < cap; i++) {
+        char h[32];
+        int w = snprintf(a->last_error + len, cap - len, "%s%s %s",
+                         i ? ", " : " Allocated by tag: ", mt_alloc_tag_name(a, order[i]),
+                         human((size_t)a->st.tag_allocated_bytes[order[i]].current, h, sizeof h));
+        len = w > 0 && (size_t)w < cap - len ? len + (size_t)w : cap - 1;
+    }
+    if (n > 0 && len + 2 < cap) {
+        a->last_error[len++] = '.';
+        a->last_error[len] = '\0';
+    }
+    const mt_event_sink_t *s = a->cfg.sink;
+    if (s != NULL && s->oom_note != NULL && len + 2 < cap) {
+        char note[384] = "";
+        s->oom_note(s->ud, (unsigned)a->device, a->st.num_ooms, note, sizeof note);
+        if (note[0] != '\0')
+            snprintf(a->last_error + len, cap - len, " %s.", note);
+    }
+}
+
 void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why)
 {
     mt__alloc_assert_owner(a);
@@ -116,6 +154,7 @@ void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const cha
              human(a->limit, h[3], sizeof h[3]), human(allocated, h[4], sizeof h[4]),
              human(unalloc, h[5], sizeof h[5]), human(reserved, h[6], sizeof h[6]),
              human(largest, h[7], sizeof h[7]));
+    oom_report_tags(a);
     mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
 }
 
@@ -267,9 +306,16 @@ static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t 
     if (seg->reserved != (seg->pool == MT__BP_RESERVED))
         return "reserved flag disagrees with the pool";
     if (seg->expandable) {
-        size_t page = seg->pool == MT__BP_SMALL ? MT__PAGE_SMALL : MT__PAGE_LARGE;
-        if (seg->size % page != 0 || seg->size > seg->vsize)
-            return "expandable segment's mapped size is not whole pages within its range";
+        size_t page = mt__exp_page(a);
+        const mt_streamrec_t *sr = mt__alloc_streamrec(a, seg->stream);
+        if (seg->size % page != 0 || seg->addr % page != 0 || seg->vsize != seg->size)
+            return "expandable segment's mapped run is not whole pages";
+        if (sr == NULL || seg->pool > MT__BP_LARGE || seg->addr < sr->vbase[seg->pool] ||
+            seg->addr + seg->size > sr->vbase[seg->pool] + sr->vsize[seg->pool])
+            return "expandable segment outside its stream's range";
+        if (seg->next != NULL && seg->next->bins == seg->bins && seg->next->expandable &&
+            seg->next->addr == seg->addr + seg->size)
+            return "two touching runs of one range were not joined";
     } else if (seg->vsize != seg->size) {
         return "plain segment with a virtual size";
     }
@@ -322,9 +368,11 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
             binned += n;
         }
         for (int bp = 0; bp < 2; bp++) {
-            const mt_segment_t *e = sr->expandable[bp];
-            if (e != NULL && (!e->expandable || e->pool != bp || e->stream != sr->stream))
-                return "stream's expandable segment record is wrong";
+            size_t runs = 0;
+            for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
+                runs += seg->expandable && seg->pool == bp && seg->stream == sr->stream;
+            if (runs != sr->nruns[bp] || (sr->vsize[bp] == 0) != (runs == 0))
+                return "stream's count of expandable runs is wrong";
         }
     }
     if (binned != s.inactive)

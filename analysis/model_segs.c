@@ -44,6 +44,9 @@ static int seg_insert_at(mt__mclass_t *c, size_t i, const mt_model_seg_t *s)
         c->segs = v;
         c->segs_cap = cap;
     }
+    /* Segments stay sorted and disjoint: callers cut what overlapped first. */
+    mt_assert(i == 0 || end_of(c->segs[i - 1].addr, c->segs[i - 1].size) <= s->addr);
+    mt_assert(i == c->nsegs || end_of(s->addr, s->size) <= c->segs[i].addr);
     memmove(&c->segs[i + 1], &c->segs[i], (c->nsegs - i) * sizeof(*s));
     c->segs[i] = *s;
     c->nsegs++;
@@ -113,10 +116,32 @@ int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped)
         return rc;
     size_t i = seg_lower(c, ev->addr);
     mt_model_seg_t *prev = i > 0 ? &c->segs[i - 1] : NULL;
-    if (mapped && prev && prev->mapped && !prev->uncertain && prev->pool == ev->pool &&
-        prev->stream == ev->stream && end_of(prev->addr, prev->size) == ev->addr &&
-        ev->size <= UINT64_MAX - prev->size) {
+    mt_model_seg_t *next = i < c->nsegs ? &c->segs[i] : NULL;
+    /* Mapped pages of one (pool, stream) that touch mapped pages on either side are one
+     * expandable segment with them: the allocator maps at a run's end, at its start, or
+     * into the gap between two runs (which then join). */
+    bool with_prev = mapped && prev && prev->mapped && !prev->uncertain && prev->pool == ev->pool &&
+                     prev->stream == ev->stream && end_of(prev->addr, prev->size) == ev->addr &&
+                     ev->size <= UINT64_MAX - prev->size;
+    bool with_next = mapped && next && next->mapped && !next->uncertain && next->pool == ev->pool &&
+                     next->stream == ev->stream && end_of(ev->addr, ev->size) == next->addr &&
+                     ev->size <= UINT64_MAX - next->size;
+    if (with_prev && with_next && next->size <= UINT64_MAX - prev->size - ev->size) {
+        uint64_t more = next->size;
+        seg_remove_at(c, i);
+        prev = &c->segs[i - 1];
+        prev->size += ev->size + more;
+        c->seg_bytes += ev->size + more;
+        return 0;
+    }
+    if (with_prev) {
         prev->size += ev->size;
+        c->seg_bytes += ev->size;
+        return 0;
+    }
+    if (with_next) {
+        next->addr = ev->addr;
+        next->size += ev->size;
         c->seg_bytes += ev->size;
         return 0;
     }

@@ -4,10 +4,12 @@
  *
  * The trace is loaded and checked completely first (trace_csv.c), so the timed loop does
  * no parsing or hashing: pointers became slot numbers and each slot holds our pointer. */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "analysis/model.h"
 #include "analysis/replay.h"
@@ -261,4 +263,99 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     out->malloc_cost_ns = bc.sim_malloc_cost_ns;
     return 0;
+}
+
+/* ---- host allocators ---- */
+
+static void *glibc_alloc(size_t size)
+{
+    return malloc(size);
+}
+
+static void glibc_free(void *p)
+{
+    free(p);
+}
+
+static void load_lib(mt_host_alloc_t *h, const char *const libs[], const char *sym_alloc,
+                     const char *sym_free)
+{
+    void *lib = NULL;
+    for (size_t i = 0; libs[i] != NULL && lib == NULL; i++)
+        lib = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        const char *why = dlerror();
+        snprintf(h->note, sizeof h->note, "%s skipped: %s", h->name, why ? why : "not found");
+        return;
+    }
+    void *a = dlsym(lib, sym_alloc), *f = dlsym(lib, sym_free);
+    if (a == NULL || f == NULL) {
+        snprintf(h->note, sizeof h->note, "%s skipped: no %s/%s in the library", h->name, sym_alloc,
+                 sym_free);
+        return;
+    }
+    *(void **)&h->alloc = a;
+    *(void **)&h->free = f;
+}
+
+void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
+{
+    static const char *const je_libs[] = {"libjemalloc.so.2", "libjemalloc.so", NULL};
+    static const char *const mi_libs[] = {"libmimalloc.so.2", "libmimalloc.so", NULL};
+    memset(out, 0, MT_HOST_N * sizeof *out);
+    out[MT_HOST_GLIBC] =
+        (mt_host_alloc_t){.name = "glibc malloc", .alloc = glibc_alloc, .free = glibc_free};
+    out[MT_HOST_JEMALLOC].name = "jemalloc";
+    out[MT_HOST_MIMALLOC].name = "mimalloc";
+    /* The libraries' own malloc/free (a handle's dlsym looks in that library first). */
+    load_lib(&out[MT_HOST_JEMALLOC], je_libs, "malloc", "free");
+    load_lib(&out[MT_HOST_MIMALLOC], mi_libs, "mi_malloc", "mi_free");
+}
+
+uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)
+{
+    if (h->alloc == NULL)
+        return 0;
+    void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
+    if (ptrs == NULL)
+        return 0;
+    uint64_t best = 0;
+    for (unsigned r = 0; r < (rounds ? rounds : 1); r++) {
+        uint64_t t0 = now_ns();
+        for (size_t i = 0; i < t->nops; i++) {
+            const mt_trace_op_t *op = &t->ops[i];
+            if (op->action == MT_TRACE_ALLOCATE) {
+                ptrs[op->slot] = op->size ? h->alloc(op->size) : NULL;
+            } else if (ptrs[op->slot] != NULL) {
+                h->free(ptrs[op->slot]);
+                ptrs[op->slot] = NULL;
+            }
+        }
+        uint64_t el = now_ns() - t0;
+        for (size_t i = 0; i < t->nslots; i++)
+            if (ptrs[i] != NULL) {
+                h->free(ptrs[i]);
+                ptrs[i] = NULL;
+            }
+        best = r == 0 || el < best ? el : best;
+    }
+    free(ptrs);
+    return best;
+}
+
+void mt_replay_machine(char *buf, size_t n)
+{
+    char model[128] = "unknown CPU", line[256];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
+            snprintf(model, sizeof model, "%s", colon + 2);
+            model[strcspn(model, "\n")] = '\0';
+            break;
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    snprintf(buf, n, "%s, %ld cores online", model, sysconf(_SC_NPROCESSORS_ONLN));
 }

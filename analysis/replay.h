@@ -61,4 +61,25 @@ typedef struct mt_replay_result_s {
 int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
                   char *err, size_t errlen);
 
+/* ---- host allocators on the same sequence ----
+ * glibc malloc, jemalloc and mimalloc, for the per-operation cost beside memtrace's. jemalloc
+ * and mimalloc are dlopen'ed RTLD_LOCAL (linking either would replace the process malloc);
+ * an absent library leaves its entry's alloc NULL and says why in note. */
+enum { MT_HOST_GLIBC = 0, MT_HOST_JEMALLOC = 1, MT_HOST_MIMALLOC = 2, MT_HOST_N = 3 };
+typedef struct mt_host_alloc_s {
+    const char *name;
+    void *(*alloc)(size_t size); /* NULL when the library could not be loaded */
+    void (*free)(void *p);
+    char note[192];
+} mt_host_alloc_t;
+
+/* Fills out[MT_HOST_N] (the libraries stay loaded for the life of the process). */
+void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N]);
+/* Wall ns of the fastest of rounds passes of t's allocates and frees through h (sizes as
+ * recorded; what a pass leaves live is freed untimed). 0 if h is not loaded. */
+uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds);
+
+/* "CPU model, N cores online" of this machine, for tables that are compared within one run. */
+void mt_replay_machine(char *buf, size_t n);
+
 #endif

@@ -1,10 +1,11 @@
-/* Offline analysis of a telemetry log: replays each process's events through a model
- * of its allocator state (live blocks, segments, per-tag bytes) and produces peaks, a
- * timeline, never-freed allocations and the growth verdict (see report.h). Device memory
- * and pinned host memory (pool host) are replayed through two separate models, so that
- * host pages never appear in the device figures. */
+/* Offline analysis of a telemetry log: collects each process's records, replays them
+ * through the event model (analysis/model.h, the daemon's too) and formats its figures:
+ * peaks, a timeline, never-freed allocations and the growth verdict (see report.h). Device
+ * memory and pinned host memory (pool host) are the model's two classes, so host pages
+ * never appear in the device figures. */
 #include "analysis/report.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,10 +173,29 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
     return 0;
 }
 
+int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    if (name)
+        snprintf(p->name, sizeof(p->name), "%s", name);
+    if (exit_state == 1 || exit_state == 2)
+        p->exit_state = exit_state;
+    return 0;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(err, errlen, __VA_ARGS__);                                                        \
         rc = MT_EPROTO;                                                                            \
+        goto out;                                                                                  \
+    } while (0)
+/* Not the line's fault: no host memory to hold what it says. */
+#define NOMEM()                                                                                    \
+    do {                                                                                           \
+        snprintf(err, errlen, "out of memory");                                                    \
+        rc = MT_ENOMEM;                                                                            \
         goto out;                                                                                  \
     } while (0)
 
@@ -190,8 +210,11 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         return MT_EPROTO;
     }
     json_error_t jerr;
+    errno = 0; /* jansson 2.14 leaves jerr empty when an allocation fails: errno says it */
     json_t *j = json_loadb(line, len, 0, &jerr);
     int rc = 0;
+    if (!j && (json_error_code(&jerr) == json_error_out_of_memory || errno == ENOMEM))
+        NOMEM();
     if (!j)
         FAIL("not JSON: %s (column %d)", jerr.text, jerr.column);
     if (!json_is_object(j))
@@ -215,7 +238,7 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         }
         const char *tn = json_string_value(json_object_get(j, "tag"));
         if (mt__report_add_event(r, pid, &ev, tn) != 0)
-            FAIL("out of memory");
+            NOMEM();
     } else if (strcmp(type, "process_event") == 0) {
         /* The daemon's log: {"event":"register"|"exit","pid","name","reason"}. */
         const char *what = json_string_value(json_object_get(j, "event"));
@@ -223,7 +246,7 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
             FAIL("process_event: missing \"pid\" or \"event\"");
         proc_t *p = proc_get(r, (int)json_integer_value(jp));
         if (!p)
-            FAIL("out of memory");
+            NOMEM();
         const char *name = json_string_value(json_object_get(j, "name"));
         if (name && !p->name[0])
             snprintf(p->name, sizeof(p->name), "%s", name);
@@ -236,7 +259,7 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
             FAIL("%s: missing \"pid\"", type);
         proc_t *p = proc_get(r, (int)json_integer_value(jp));
         if (!p)
-            FAIL("out of memory");
+            NOMEM();
         if (type[0] == 'h') {
             const char *name = json_string_value(json_object_get(j, "name"));
             snprintf(p->name, sizeof(p->name), "%s", name ? name : "");
@@ -246,7 +269,7 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
     }
     /* Other record types (process state, snapshots, daemon records) are not used. */
 out:
-    if (rc)
+    if (rc == MT_EPROTO)
         r->malformed++;
     json_decref(j);
     return rc;
@@ -294,9 +317,13 @@ static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const m
     if (mt_model_map(m, cls, &map) != 0)
         return NULL;
     group_t *g = malloc((map.nblocks ? map.nblocks : 1) * sizeof(*g));
+    if (!g) {
+        mt_model_map_free(&map);
+        return NULL;
+    }
     size_t ng = 0;
     uint64_t count = 0, bytes = 0, ucount = 0, ubytes = 0;
-    for (size_t i = 0; g && i < map.nblocks; i++) {
+    for (size_t i = 0; i < map.nblocks; i++) {
         const mt_model_block_t *b = &map.blocks[i];
         if (b->pending)
             continue;
@@ -315,22 +342,27 @@ static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const m
         g[k].count++;
     }
     mt_model_map_free(&map);
-    if (g)
-        qsort(g, ng, sizeof(*g), cmp_group);
+    qsort(g, ng, sizeof(*g), cmp_group);
     json_t *groups = json_array();
-    for (size_t k = 0; g && k < ng && k < cfg->top; k++) {
+    for (size_t k = 0; groups && k < ng && k < cfg->top; k++) {
         char tb[16];
-        json_array_append_new(groups, json_pack("{s:s, s:I, s:I, s:I}", "tag",
-                                                tag_str(p, g[k].tag, tb, sizeof(tb)), "size",
-                                                ji(g[k].size), "count", ji(g[k].count), "bytes",
-                                                ji(mt_model_sat_mul(g[k].size, g[k].count))));
+        if (json_array_append_new(groups, json_pack("{s:s, s:I, s:I, s:I}", "tag",
+                                                    tag_str(p, g[k].tag, tb, sizeof(tb)), "size",
+                                                    ji(g[k].size), "count", ji(g[k].count), "bytes",
+                                                    ji(mt_model_sat_mul(g[k].size, g[k].count)))) !=
+            0) {
+            json_decref(groups);
+            groups = NULL; /* out of memory: the pack below fails */
+        }
     }
     free(g);
     json_t *o = json_pack("{s:I, s:I, s:I, s:o}", "count", ji(count), "bytes", ji(bytes),
                           "groups_total", ji(ng), "groups", groups);
-    if (o && ucount) {
-        json_object_set_new(o, "uncertain_count", json_integer(ji(ucount)));
-        json_object_set_new(o, "uncertain_bytes", json_integer(ji(ubytes)));
+    if (o && ucount &&
+        (json_object_set_new(o, "uncertain_count", json_integer(ji(ucount))) != 0 ||
+         json_object_set_new(o, "uncertain_bytes", json_integer(ji(ubytes))) != 0)) {
+        json_decref(o);
+        return NULL;
     }
     return o;
 }
@@ -347,10 +379,13 @@ static json_t *growth(const mt__report_cfg_t *cfg, const proc_t *p, const mt_mod
     mt_model_growth_t g;
     mt_model_growth(m, &gc, &g);
     json_t *jt = json_array();
-    for (int t = 0; t < MT_TAG_MAX; t++) {
+    for (int t = 0; jt && t < MT_TAG_MAX; t++) {
         char tb[16];
-        if (g.tag[t].detected)
-            json_array_append_new(jt, fit_json(tag_str(p, t, tb, sizeof(tb)), &g.tag[t]));
+        if (g.tag[t].detected &&
+            json_array_append_new(jt, fit_json(tag_str(p, t, tb, sizeof(tb)), &g.tag[t])) != 0) {
+            json_decref(jt);
+            jt = NULL; /* out of memory: the pack below fails */
+        }
     }
     return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:b, s:o}", "iterations",
                      ji(g.iterations), "fitted", ji(g.fitted), "first_iteration", ji(g.first),
@@ -366,20 +401,27 @@ static json_t *peaks_by_tag(const proc_t *p, const mt_model_t *m, int cls)
         char tb[16];
         mt_model_tag_t tg;
         mt_model_tag(m, cls, t, &tg);
-        if (tg.peak > 0)
-            json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
-                                json_integer(ji(tg.peak)));
+        if (tg.peak > 0 && json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
+                                               json_integer(ji(tg.peak))) != 0) {
+            json_decref(peak_tags);
+            return NULL;
+        }
     }
     return peak_tags;
 }
 
-/* What a gap left uncertain in a class, when anything: bytes the model cannot place. */
-static void uncertain_json(json_t *o, const mt_model_figures_t *f)
+/* What a gap left uncertain in a class, when anything: bytes the model cannot place.
+ * Returns o, or NULL (o released) when there was no memory to say it. */
+static json_t *uncertain_json(json_t *o, const mt_model_figures_t *f)
 {
     if (!o || !f->uncertain)
-        return;
-    json_object_set_new(o, "uncertain_bytes", json_integer(ji(f->uncertain_bytes)));
-    json_object_set_new(o, "untracked_bytes", json_integer(ji(f->untracked_bytes)));
+        return o;
+    if (json_object_set_new(o, "uncertain_bytes", json_integer(ji(f->uncertain_bytes))) != 0 ||
+        json_object_set_new(o, "untracked_bytes", json_integer(ji(f->untracked_bytes))) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
 }
 
 /* The pinned host memory of a process, summarised apart from its device memory. */
@@ -387,21 +429,22 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
                             uint64_t events)
 {
     mt_model_figures_t h;
-    mt_model_figures(m, MT_MODEL_HOST, &h);
+    if (mt_model_figures(m, MT_MODEL_HOST, &h) != 0)
+        return NULL; /* no memory for the free extents: no figure rather than a wrong one */
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", ji(events),
                   "peak_allocated", ji(h.peak_allocated), "peak_reserved", ji(h.peak_reserved),
                   "final_allocated", ji(h.allocated), "final_reserved", ji(h.reserved),
                   "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_HOST), "never_freed",
                   never_freed(cfg, p, m, MT_MODEL_HOST), "unmatched_frees", ji(h.unmatched_frees));
-    uncertain_json(o, &h);
-    return o;
+    return uncertain_json(o, &h);
 }
 
 static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, double t_s)
 {
     mt_model_figures_t f;
-    mt_model_figures(m, MT_MODEL_DEVICE, &f);
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+        return NULL;
     uint64_t peak = *interval_peak > f.allocated ? *interval_peak : f.allocated;
     *interval_peak = f.allocated;
     return json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated", ji(f.allocated),
@@ -428,20 +471,23 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
     uint64_t interval_peak = 0;
     for (size_t i = 0; i < n; i++) {
         while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
-            json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9));
+            if (json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9)))
+                goto out;
             k++;
         }
-        if (mt_model_apply(m, &ev[i]) == MT_ENOMEM)
-            goto out;
+        if (mt_model_apply(m, &ev[i]) != 0)
+            goto out; /* only MT_ENOMEM: the replay would not be the events' */
         host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
         mt_model_figures_t f;
         mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
         interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
     }
-    json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9));
+    if (json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9)))
+        goto out;
 
     mt_model_figures_t d;
-    mt_model_figures(m, MT_MODEL_DEVICE, &d);
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &d) != 0)
+        goto out;
     static const char *const exits[] = {"unknown", "clean", "unclean"};
     uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(
@@ -454,7 +500,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         ji(d.unmatched_frees), "growth", growth(cfg, p, m), "host",
         host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
-    uncertain_json(res, &d);
+    res = uncertain_json(res, &d);
 out:
     json_decref(tl);
     mt_model_destroy(&m);

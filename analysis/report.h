@@ -7,13 +7,16 @@
  * memory (events of pool MT_POOL_HOST, from a pinned host cache) is summarised apart, in
  * the process's "host" member (peaks, final totals, peaks by tag, never freed).
  *
- * Growth detector: at each MT_MARK_ITERATION marker the process's allocated total (and
- * each tag's live bytes) is sampled; the first sample is dropped as warm-up when there
- * are at least five; a least-squares line is fitted over the rest. Growth is flagged
- * when the slope is positive, the fit explains the samples (r2 >= min_r2), the rise
- * over the fitted samples is at least min_growth_bytes, and at least 3/4 of the steps
- * do not go down: memory that rises steadily from one iteration to the next, the sign
- * of history kept alive (a list of tensors appended to every step). */
+ * Blocks allocated before lost events whose free may have been lost are never counted as
+ * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
+ *
+ * Growth detector (mt_model_growth): at each MT_MARK_ITERATION marker the process's
+ * allocated total (and each tag's live bytes) is sampled; the first sample is dropped as
+ * warm-up when there are at least five; a least-squares line is fitted over the rest.
+ * Growth is flagged when the slope is positive, the fit explains the samples
+ * (r2 >= min_r2), the rise over the fitted samples is at least min_growth_bytes, and at
+ * least 3/4 of the steps do not go down: memory that rises steadily from one iteration to
+ * the next, the sign of history kept alive (a list of tensors appended to every step). */
 #ifndef MT_ANALYSIS_REPORT_H
 #define MT_ANALYSIS_REPORT_H
 
@@ -39,12 +42,16 @@ mt__report_cfg_t mt__report_cfg_default(void);
 int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg);
 void mt__report_destroy(mt__report_t **r);
 /* One log line (without or with its '\n'). Returns 0 (also for record types the
- * report does not use), or MT_EPROTO with a message in err for a malformed line. */
+ * report does not use), MT_EPROTO with a message in err for a malformed line, or
+ * MT_ENOMEM (the line is not counted). */
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen);
 /* One record of process pid (ev borrowed), as a log line would give it; tag_name, when
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
  * produce records, not lines. 0 or MT_ENOMEM. */
 int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name);
+/* Names process pid (as a hello line would) and, when exit_state is 1 (clean) or 2
+ * (unclean), says how it ended. 0 or MT_ENOMEM. */
+int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
 

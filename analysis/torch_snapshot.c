@@ -507,6 +507,10 @@ static int read_segment(rd_t *r, const mt_pk_value_t *s, size_t si)
         } else
             blk.addr = addr;
         addr = blk.addr + blk.size;
+        uint32_t st = blk.nhistory ? ts->history[blk.first_history].stack : blk.stack;
+        blk.tag = ts->mem->stack_tag[blk.stack ? blk.stack : st] == 0xff
+                      ? MT_TAG_OTHER
+                      : ts->mem->stack_tag[blk.stack ? blk.stack : st];
         ts->blocks[ts->nblocks++] = blk;
     }
     seg.nblocks = (uint32_t)bl->n;

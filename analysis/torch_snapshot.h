@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "analysis/pickle.h"
+#include "analysis/model.h"
 #include "analysis/report.h"
 #include "analysis/trace_csv.h"
 #include "memtrace/event.h"
@@ -57,6 +58,8 @@ typedef struct mt_ts_block_s {
     uint8_t state;                  /* mt_ts_state_e */
     uint32_t stack;                 /* 0 = none */
     uint32_t first_history, nhistory;
+    uint8_t tag; /* memtrace's tag from its (or its first history entry's) frames, else
+                  * MT_TAG_OTHER; set when read */
 } mt_ts_block_t;
 
 /* Invariants (mt_ts_check): blocks[first_block, +nblocks) tile [addr, addr + total_size)
@@ -156,6 +159,22 @@ const char *mt_ts_state_name(int state);
 
 /* ---- conversions ---- */
 
+/* What a snapshot is made from: one process's events (any devices, in their order; the
+ * trace) and its segment map at the end (segments and live blocks; NULL: none). */
+typedef struct mt_ts_source_s {
+    const mt_event_rec_t *evs;
+    size_t nevs;
+    const mt_model_map_t *map;
+    const char *(*tag_name)(void *ud, int tag); /* a tag's label, or NULL: built-in name */
+    void *ud;
+} mt_ts_source_t;
+
+/* A snapshot of src: the device events as device_traces, the map's segments and blocks
+ * (free space as inactive blocks), each tag as a frame {"name": "tag <label>",
+ * "filename": "memtrace", "line": tag id} on its allocations and blocks, markers as
+ * external annotations. *out is new. MT_ENOMEM; message in err. */
+int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen);
+
 /* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
  * the report's segment map after its last event as segments and blocks, each tag as a
  * frame {"name": "tag <label>", "filename": "memtrace", "line": tag id} on its allocations
@@ -181,8 +200,10 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
 int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated
- * and reserved, device, tag, pool by size), time_ns = time_us * 1000. Calls fn for each
- * (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
+ * and reserved, device, tag, pool by size), time_ns = time_us * 1000. A snapshot with no
+ * trace at all (1.13's layout, or recorded without history) gives its state instead: a
+ * segment_alloc per segment, an alloc per active block, a free_requested per pending one. Calls fn
+ * for each (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
 typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
 int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
 

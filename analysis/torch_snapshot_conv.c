@@ -412,8 +412,66 @@ static int cmp_annotation(const void *a, const void *b)
     return x->time_us < y->time_us ? -1 : x->time_us > y->time_us ? 1 : (x < y ? -1 : x > y);
 }
 
+/* A snapshot without a trace: its state as the events that would have made it. */
+static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
+{
+    uint64_t allocated[256] = {0}, reserved[256] = {0}, seq = 0;
+    int rc = 0;
+    for (size_t i = 0; i < ts->nsegments && rc == 0; i++) {
+        const mt_ts_segment_t *s = &ts->segments[i];
+        uint8_t d = (uint8_t)s->device;
+        reserved[d] += s->total_size;
+        mt_event_rec_t r = {
+            .seq = ++seq,
+            .time_ns = seq,
+            .kind = MT_EV_SEGMENT_ALLOC,
+            .addr = s->addr,
+            .size = s->total_size,
+            .stream = (uint32_t)s->stream,
+            .pool = s->large ? MT_POOL_LARGE : MT_POOL_SMALL,
+            .device = d,
+            .allocated = allocated[d],
+            .reserved = reserved[d],
+        };
+        rc = fn(ctx, &r, s->stack);
+        for (uint32_t k = 0; k < s->nblocks && rc == 0; k++) {
+            const mt_ts_block_t *b = &ts->blocks[s->first_block + k];
+            if (b->state == MT_TS_INACTIVE)
+                continue;
+            uint64_t req = b->requested;
+            for (uint32_t h = 0; req == 0 && h < b->nhistory; h++)
+                req = ts->history[b->first_history + h].real_size;
+            allocated[d] += b->size;
+            r = (mt_event_rec_t){
+                .seq = ++seq,
+                .time_ns = seq,
+                .kind = MT_EV_ALLOC,
+                .addr = b->addr,
+                .size = b->size,
+                .requested = req ? req : b->size,
+                .stream = (uint32_t)s->stream,
+                .pool = pool_of(b->size, false),
+                .device = d,
+                .tag = b->tag,
+                .allocated = allocated[d],
+                .reserved = reserved[d],
+            };
+            rc = fn(ctx, &r, b->stack);
+            if (rc == 0 && b->state == MT_TS_ACTIVE_PENDING_FREE) {
+                r.kind = MT_EV_FREE_REQUESTED;
+                r.seq = ++seq;
+                r.time_ns = seq;
+                rc = fn(ctx, &r, b->stack);
+            }
+        }
+    }
+    return rc;
+}
+
 int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
 {
+    if (ts->nevents == 0)
+        return state_records(ts, fn, ctx);
     int rc = 0;
     cursor_t *cur = calloc(ts->ndevices ? ts->ndevices : 1, sizeof *cur);
     const mt_ts_annotation_t **ann = calloc(ts->nannotations + 1, sizeof *ann);

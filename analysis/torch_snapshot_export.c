@@ -19,8 +19,7 @@ typedef struct seen_s {
 
 typedef struct ex_s {
     mt_ts_t *ts;
-    const mt__report_t *r;
-    size_t proc;
+    const mt_ts_source_t *src;
     mt_ts_event_t *evs; /* all devices, in log order; sorted by device at the end */
     size_t nevs, cap;
     seen_t *seen;
@@ -36,9 +35,14 @@ static uint32_t tag_stack(ex_t *x, int tag)
     if (tag < 0 || tag >= MT_TAG_MAX)
         tag = MT_TAG_OTHER;
     if (x->tag_stack[tag] == 0) {
-        char buf[64], name[96];
-        snprintf(name, sizeof name, "tag %s",
-                 mt__report_tag_name(x->r, x->proc, tag, buf, sizeof buf));
+        char name[96];
+        const char *label = x->src->tag_name ? x->src->tag_name(x->src->ud, tag) : NULL;
+        if (label != NULL && label[0] != '\0')
+            snprintf(name, sizeof name, "tag %s", label);
+        else if (tag < MT_TAG_USER_FIRST)
+            snprintf(name, sizeof name, "tag %s", mt_tag_builtin_name(tag));
+        else
+            snprintf(name, sizeof name, "tag tag%d", tag);
         mt_ts_frame_t f = {.name = name, .filename = "memtrace", .line = tag};
         if (mt_ts_add_stack(x->ts, &f, 1, &x->tag_stack[tag]) < 0)
             x->rc = MT_ENOMEM;
@@ -85,10 +89,8 @@ static void mark(ex_t *x, const mt_event_rec_t *ev)
     }
 }
 
-static int on_point(void *ctx, const mt__report_point_t *pt)
+static int on_event(ex_t *x, const mt_event_rec_t *ev)
 {
-    ex_t *x = ctx;
-    const mt_event_rec_t *ev = pt->ev;
     if (ev->pool == MT_POOL_HOST)
         return 0; /* pinned host memory is not device memory */
     mt_ts_event_t e = {
@@ -195,13 +197,11 @@ static int cmp_dev_ptr(const void *a, const void *b)
     return x < y ? -1 : x > y; /* log order within a device */
 }
 
-/* Segments and blocks of the report's map at the last event; gaps become inactive blocks. */
-static int add_segments(ex_t *x, size_t last)
+/* Segments and blocks of the map; gaps become inactive blocks. */
+static int add_segments(ex_t *x, const mt_model_map_t *mp)
 {
-    mt__report_map_t map;
-    int rc = mt__report_map_at(x->r, x->proc, last, false, &map);
-    if (rc < 0)
-        return rc;
+    mt_model_map_t map = *mp;
+    int rc = 0;
     mt_ts_block_t *blocks = malloc((2 * map.nblocks + 1) * sizeof *blocks);
     size_t b = 0; /* next live block of the map (sorted by address, as segments are) */
     for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL; s++) {
@@ -248,32 +248,25 @@ static int add_segments(ex_t *x, size_t last)
     if (blocks == NULL)
         rc = MT_ENOMEM;
     free(blocks);
-    mt__report_map_free(&map);
     return rc;
 }
 
-int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
+int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen)
 {
     *out = NULL;
-    int pid;
-    const char *name;
-    size_t nev;
-    if (mt__report_process(r, proc, &pid, &name, &nev) < 0 || nev == 0) {
-        snprintf(err, errlen, "no such process, or it has no events");
-        return MT_ENOENT;
-    }
-    ex_t x = {.r = r, .proc = proc};
+    ex_t x = {.src = src};
     int rc = mt_ts_create(&x.ts);
-    if (rc == 0)
-        rc = mt__report_replay(r, proc, on_point, &x);
+    for (size_t i = 0; i < src->nevs && rc == 0; i++)
+        rc = on_event(&x, &src->evs[i]);
     if (rc == 0 && x.rc)
         rc = x.rc;
     if (rc == 0) {
         qsort(x.seen, x.nseen, sizeof *x.seen, cmp_seen);
-        rc = add_segments(&x, nev - 1);
+        if (src->map != NULL)
+            rc = add_segments(&x, src->map);
     }
     if (rc == 0) {
-        /* device_traces are per device: group the log's events, each device in log order. */
+        /* device_traces are per device: group the events, each device in their order. */
         mt_ts_event_t **order = malloc((x.nevs + 1) * sizeof *order);
         if (order == NULL)
             rc = MT_ENOMEM;
@@ -295,4 +288,63 @@ int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *e
     }
     *out = x.ts;
     return 0;
+}
+
+/* ---- from a report (memtrace export) ---- */
+
+typedef struct collect_s {
+    mt_event_rec_t *evs;
+    size_t n, cap;
+} collect_t;
+
+static int collect(void *ctx, const mt__report_point_t *pt)
+{
+    collect_t *c = ctx;
+    if (c->n == c->cap) {
+        size_t ncap = c->cap ? c->cap * 2 : 4096;
+        mt_event_rec_t *n = realloc(c->evs, ncap * sizeof *n);
+        if (n == NULL)
+            return MT_ENOMEM;
+        c->evs = n;
+        c->cap = ncap;
+    }
+    c->evs[c->n++] = *pt->ev;
+    return 0;
+}
+
+typedef struct rtag_s {
+    const mt__report_t *r;
+    size_t proc;
+    char buf[64];
+} rtag_t;
+
+static const char *report_tag(void *ud, int tag)
+{
+    rtag_t *t = ud;
+    return mt__report_tag_name(t->r, t->proc, tag, t->buf, sizeof t->buf);
+}
+
+int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
+{
+    *out = NULL;
+    int pid;
+    const char *name;
+    size_t nev;
+    if (mt__report_process(r, proc, &pid, &name, &nev) < 0 || nev == 0) {
+        snprintf(err, errlen, "no such process, or it has no events");
+        return MT_ENOENT;
+    }
+    collect_t c = {0};
+    mt__report_map_t map;
+    int rc = mt__report_replay(r, proc, collect, &c);
+    if (rc == 0 && (rc = mt__report_map_at(r, proc, nev - 1, false, &map)) == 0) {
+        rtag_t rt = {.r = r, .proc = proc};
+        mt_ts_source_t src = {
+            .evs = c.evs, .nevs = c.n, .map = &map, .tag_name = report_tag, .ud = &rt};
+        rc = mt_ts_from_events(out, &src, err, errlen);
+        mt__report_map_free(&map);
+    } else
+        snprintf(err, errlen, "%s", mt_strerror(rc));
+    free(c.evs);
+    return rc;
 }

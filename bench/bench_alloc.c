@@ -1,17 +1,16 @@
-/* Allocator benchmark: prints a table of the cached path and of trace replays through
- * memtrace's caching allocator (sim backend), beside the same sequences through
- *   (a) no caching: one sim backend malloc/free per request, with its modelled cost, and
- *   (b) the host allocators glibc malloc, jemalloc (mallocx/dallocx) and mimalloc
- *       (mi_malloc/mi_free) for the per-operation cost.
- * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL: both libraries define malloc, and linking
- * either would replace the process allocator (and so the "glibc malloc" row).
- *
- * Goals (issue 2) are printed beside the figures: a cached alloc+free pair <= 100 ns
- * median on one thread; utilization at peak >= 0.95 on the RNN-like trace with warm-up,
- * >= 0.90 without. Only a release build's numbers count.
+/* Allocator benchmark (issue 17), three tables from one run on one machine:
+ *   (1) the cached path: an alloc+free pair on one stream, beside no caching (a sim backend
+ *       malloc/free per request, modelled cost) and the host allocators glibc malloc,
+ *       jemalloc and mimalloc; then 2 threads on 2 streams against 1 thread;
+ *   (2) trace replays: memtrace's ns per op (modelled backend cost taken out) beside the
+ *       host allocators on the same sequence;
+ *   (3) the policy table: utilization at peak, device calls and modelled ns per op for each
+ *       policy setting on each trace (docs/allocator-policy.md chose the defaults by it).
+ * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL (analysis/replay.c): both define malloc,
+ * and linking either would replace the process allocator (and so the glibc row).
  *
  * usage: bench_alloc [--quick] [TRACE.csv ...]   (default: the traces in data/traces) */
-#include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +22,15 @@
 #include "mt_config.h"
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
+#include "machine.h"
 
-#define UTIL_GOAL_WARM 0.95
-#define UTIL_GOAL_COLD 0.90
-#define PAIR_GOAL_NS   100.0
+#define PAIR_GOAL_NS     40.0 /* cached alloc+free pair, one thread */
+#define SCALE_GOAL       1.6  /* 2 threads on 2 streams against 1 thread */
+#define REPLAY_GOAL      1.3  /* memtrace ns/op against mimalloc's on the same trace */
+#define UTIL_GOAL_COLD   0.95 /* every trace, no warm-up */
+#define UTIL_GOAL_RESNET 0.97 /* somas_resnet50, no warm-up */
+#define UTIL_GOAL_EXPAND 0.98 /* every trace, expandable segments */
+#define UTIL_GOAL_WARM   0.96 /* with warm-up, 0 device calls after it */
 
 static uint64_t now_ns(void)
 {
@@ -65,11 +69,8 @@ typedef struct impl_s {
     const char *name;
     int (*alloc)(struct impl_s *im, size_t size, void **out);
     void (*free)(struct impl_s *im, void *p);
-    mt_backend_t *b;                           /* no caching: the sim backend */
-    void *(*x_malloc)(size_t size, int flags); /* jemalloc mallocx or a mi_malloc wrapper */
-    void (*x_free)(void *p, int flags);
-    void *(*mi_malloc)(size_t size);
-    void (*mi_free)(void *p);
+    mt_backend_t *b;             /* no caching: the sim backend */
+    const mt_host_alloc_t *host; /* host allocators */
 } impl_t;
 
 static int nocache_alloc(impl_t *im, size_t size, void **out)
@@ -80,57 +81,13 @@ static void nocache_free(impl_t *im, void *p)
 {
     mt_backend_free(im->b, p);
 }
-static int glibc_alloc(impl_t *im, size_t size, void **out)
+static int host_alloc(impl_t *im, size_t size, void **out)
 {
-    return (*out = malloc(size)) ? 0 : MT_ENOMEM;
+    return (*out = im->host->alloc(size)) ? 0 : MT_ENOMEM;
 }
-static void glibc_free(impl_t *im, void *p)
+static void host_free(impl_t *im, void *p)
 {
-    free(p);
-}
-static int je_alloc(impl_t *im, size_t size, void **out)
-{
-    return (*out = im->x_malloc(size, 0)) ? 0 : MT_ENOMEM;
-}
-static void je_free(impl_t *im, void *p)
-{
-    im->x_free(p, 0);
-}
-static int mi_alloc(impl_t *im, size_t size, void **out)
-{
-    return (*out = im->mi_malloc(size)) ? 0 : MT_ENOMEM;
-}
-static void mi_free_(impl_t *im, void *p)
-{
-    im->mi_free(p);
-}
-
-/* Loads a host allocator without letting it interpose malloc. Returns false (with a note)
- * when the library is absent. */
-static bool load_host(impl_t *im, const char *const libs[], const char *sym_alloc,
-                      const char *sym_free, char *note, size_t notelen)
-{
-    void *h = NULL;
-    for (size_t i = 0; libs[i] != NULL && h == NULL; i++)
-        h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL) {
-        snprintf(note, notelen, "%s skipped: %s", im->name, dlerror());
-        return false;
-    }
-    void *a = dlsym(h, sym_alloc), *f = dlsym(h, sym_free);
-    if (a == NULL || f == NULL) {
-        snprintf(note, notelen, "%s skipped: no %s/%s in the library", im->name, sym_alloc,
-                 sym_free);
-        return false;
-    }
-    if (im->alloc == je_alloc) {
-        *(void **)&im->x_malloc = a;
-        *(void **)&im->x_free = f;
-    } else {
-        *(void **)&im->mi_malloc = a;
-        *(void **)&im->mi_free = f;
-    }
-    return true;
+    im->host->free(p);
 }
 
 /* ---- the table ---- */
@@ -203,39 +160,60 @@ static double pairs_host(impl_t *im, size_t size, unsigned rounds, unsigned n)
     return (double)median(t, rounds) / n;
 }
 
-static int cached_path(const opts_t *o, impl_t *hosts, size_t nhosts, size_t size)
+/* Pairs of one size on one stream of one allocator, timed in rounds. */
+typedef struct pair_job_s {
+    mt_alloc_t *a;
+    mt_stream_t *s;
+    size_t size;
+    unsigned rounds, n;
+    uint64_t t[64];
+} pair_job_t;
+
+static void *pair_job(void *arg)
+{
+    pair_job_t *j = arg;
+    void *p = NULL;
+    for (unsigned r = 0; r < j->rounds; r++) {
+        uint64_t t0 = now_ns();
+        for (unsigned i = 0; i < j->n; i++)
+            if (mt_alloc_malloc(j->a, j->size, j->s, MT_TAG_OTHER, &p) == 0)
+                mt_alloc_free(j->a, p);
+        j->t[r] = now_ns() - t0;
+    }
+    return NULL;
+}
+
+static int sim_alloc(mt_backend_t **b, mt_alloc_t **a)
+{
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    int rc = mt_backend_create(b, &bc);
+    if (rc < 0)
+        return rc;
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = *b;
+    if ((rc = mt_alloc_create(a, &ac)) < 0)
+        mt_backend_destroy(b);
+    return rc;
+}
+
+static int cached_path(const opts_t *o, const mt_host_alloc_t *hosts, size_t size)
 {
     char workload[64], sz[16];
     human(sz, sizeof sz, (double)size);
     snprintf(workload, sizeof workload, "cached pair %s", sz);
     unsigned rounds = o->quick ? 5 : 15, n = o->quick ? 20000 : 200000;
-
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
     mt_backend_t *b;
     mt_alloc_t *a;
-    int rc = mt_backend_create(&b, &bc);
+    int rc = sim_alloc(&b, &a);
     if (rc < 0)
         return rc;
-    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
-    ac.backend = b;
-    if ((rc = mt_alloc_create(&a, &ac)) < 0) {
-        mt_backend_destroy(&b);
-        return rc;
-    }
-    uint64_t t[64];
     void *p = NULL;
     mt_alloc_malloc(a, size, NULL, MT_TAG_OTHER, &p); /* the first pair fills the cache */
     mt_alloc_free(a, p);
-    for (unsigned r = 0; r < rounds; r++) {
-        uint64_t t0 = now_ns();
-        for (unsigned i = 0; i < n; i++) {
-            if (mt_alloc_malloc(a, size, NULL, MT_TAG_OTHER, &p) == 0)
-                mt_alloc_free(a, p);
-        }
-        t[r] = now_ns() - t0;
-    }
-    double ns = (double)median(t, rounds) / n;
+    pair_job_t j = {a, NULL, size, rounds, n, {0}};
+    pair_job(&j);
+    double ns = (double)median(j.t, rounds) / n;
     char goal[64];
     mt_alloc_stats_t st;
     mt_alloc_stats(a, &st);
@@ -270,51 +248,61 @@ static int cached_path(const opts_t *o, impl_t *hosts, size_t nhosts, size_t siz
     print_line(&l);
     mt_backend_destroy(&b);
 
-    for (size_t i = 0; i < nhosts; i++) {
-        ns = pairs_host(&hosts[i], size, rounds, n);
-        l = (line_t){workload, hosts[i].name, ns, -1, -1, -1, -1, NULL};
+    for (size_t i = 0; i < MT_HOST_N; i++) {
+        if (hosts[i].alloc == NULL)
+            continue;
+        impl_t im = {
+            .name = hosts[i].name, .alloc = host_alloc, .free = host_free, .host = &hosts[i]};
+        ns = pairs_host(&im, size, rounds, n);
+        l = (line_t){workload, im.name, ns, -1, -1, -1, -1, NULL};
         print_line(&l);
     }
     return 0;
 }
 
-/* ---- (2) trace replays ---- */
-
-/* Replays the ops through im once; returns elapsed ns, 0 on failure. Live pointers are
- * freed at the end (untimed). *peak receives the highest sum of live sizes rounded to
- * 512 bytes (what a device malloc per request would hold). */
-static uint64_t replay_host(impl_t *im, const mt_trace_t *t, void **ptrs, uint64_t *peak)
+/* Throughput of cached pairs: 1 thread on one stream, then 2 threads on 2 streams at once
+ * (one allocator). Prints pairs per microsecond and the ratio. */
+static int threads_row(const opts_t *o, size_t size)
 {
-    uint64_t live = 0, hi = 0;
-    uint64_t t0 = now_ns();
-    for (size_t i = 0; i < t->nops; i++) {
-        const mt_trace_op_t *op = &t->ops[i];
-        uint64_t rounded = (op->size + 511) / 512 * 512;
-        if (op->action == MT_TRACE_ALLOCATE) {
-            if (op->size == 0 || im->alloc(im, op->size, &ptrs[op->slot]) < 0) {
-                ptrs[op->slot] = NULL;
-                continue;
-            }
-            live += rounded;
-            hi = live > hi ? live : hi;
-        } else if (ptrs[op->slot] != NULL) {
-            im->free(im, ptrs[op->slot]);
-            ptrs[op->slot] = NULL;
-            live -= rounded;
-        }
+    unsigned rounds = o->quick ? 5 : 15, n = o->quick ? 20000 : 200000;
+    mt_backend_t *b;
+    mt_alloc_t *a;
+    int rc = sim_alloc(&b, &a);
+    if (rc < 0)
+        return rc;
+    mt_stream_t *s[2] = {NULL, NULL};
+    for (int i = 0; i < 2 && rc == 0; i++)
+        rc = mt_stream_create(b, &s[i]);
+    pair_job_t j[2];
+    for (int i = 0; i < 2; i++)
+        j[i] = (pair_job_t){a, s[i], size, rounds, n, {0}};
+    double one = 0, two = 0;
+    if (rc == 0) {
+        pair_job(&j[0]);
+        one = (double)n / ((double)median(j[0].t, rounds) / 1000.0);
+        pthread_t th[2];
+        uint64_t t0 = now_ns();
+        for (int i = 0; i < 2; i++)
+            pthread_create(&th[i], NULL, pair_job, &j[i]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+        two = 2.0 * rounds * n / ((double)(now_ns() - t0) / 1000.0);
+        char goal[64];
+        printf("%-36s %-13s %10.1f pairs/us with 1 thread, %.1f with 2: %.2fx  %s\n",
+               "2 threads, 2 streams (64 KiB)", "memtrace", one, two, two / one,
+               goal_text(goal, sizeof goal, "2 threads >= %.1fx", two / one, SCALE_GOAL, false));
     }
-    uint64_t el = now_ns() - t0;
-    for (size_t i = 0; i < t->nslots; i++)
-        if (ptrs[i] != NULL) {
-            im->free(im, ptrs[i]);
-            ptrs[i] = NULL;
-        }
-    *peak = hi;
-    return el;
+    mt_alloc_destroy(&a);
+    for (int i = 0; i < 2; i++)
+        if (s[i] != NULL)
+            mt_stream_destroy(b, &s[i]);
+    mt_backend_destroy(&b);
+    return rc;
 }
 
-static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t nhosts,
-                      bool rnn_like)
+/* ---- (2) replay speed beside the host allocators ---- */
+
+static int speed_rows(const opts_t *o, const char *path, const mt_host_alloc_t *hosts)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
@@ -324,95 +312,114 @@ static int trace_rows(const opts_t *o, const char *path, impl_t *hosts, size_t n
         return rc;
     }
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    double pairs = t->nops / 2.0 > 0 ? t->nops / 2.0 : 1;
     unsigned rounds = o->quick ? 1 : 5;
-    /* The RNN-like trace carries the goals: default policies with and without warm-up,
-     * then the same with expandable segments for comparison. */
-    static const struct {
-        bool warm;
-        const char *conf;
-        const char *label;
-    } variants[] = {
-        {true, NULL, " (warm-up)"},
-        {false, NULL, ""},
-        {true, "expandable_segments:True", " (expandable, warm-up)"},
-        {false, "expandable_segments:True", " (expandable)"},
-    };
-    char wl[4][80];
-    for (size_t v = rnn_like ? 0 : 1; v < (rnn_like ? 4u : 2u); v++) {
-        snprintf(wl[v], sizeof wl[v], "%.20s%s", base, variants[v].label);
+    double ops = t->nops ? (double)t->nops : 1;
+    for (int warm = 1; warm >= 0; warm--) {
         mt_replay_cfg_t cfg = mt_replay_cfg_default();
-        cfg.warmup = variants[v].warm;
-        cfg.alloc_conf = variants[v].conf;
+        cfg.warmup = warm;
         cfg.rounds = rounds;
         mt_replay_result_t r;
         if ((rc = mt_replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
             fprintf(stderr, "bench_alloc: %s: %s\n", base, err);
-            mt_trace_free(&t);
-            return rc;
+            break;
         }
-        char goal_buf[64];
-        const char *goal = NULL;
-        if (rnn_like)
-            goal = goal_text(goal_buf, sizeof goal_buf, "util >= %.2f", r.utilization_at_peak,
-                             cfg.warmup ? UTIL_GOAL_WARM : UTIL_GOAL_COLD, false);
-        line_t l = {
-            wl[v],
-            "memtrace",
-            (double)r.elapsed_ns / pairs,
-            (double)r.modelled_ns / pairs,
-            (long long)(r.backend_malloc + r.backend_free + r.backend_map + r.backend_unmap),
-            (double)r.peak_reserved,
-            (double)r.peak_allocated,
-            goal};
-        print_line(&l);
-        if (r.ooms)
-            printf("%-36s %-13s %llu allocations failed (out of memory)\n", "", "",
-                   (unsigned long long)r.ooms);
-        if (cfg.warmup)
-            printf("%-36s %-13s warm-up pass: %llu backend calls, reserved %.1f MiB\n", "", "",
-                   (unsigned long long)r.warmup_backend_calls,
-                   (double)r.warmup_reserved / (1 << 20));
-    }
-    const char *w = wl[1];
-    void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
-    if (ptrs == NULL) {
-        mt_trace_free(&t);
-        return MT_ENOMEM;
-    }
-    /* No caching, on a fresh sim device of the default capacity. */
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
-    mt_backend_t *b;
-    if ((rc = mt_backend_create(&b, &bc)) == 0) {
-        impl_t nc = {.name = "no caching", .alloc = nocache_alloc, .free = nocache_free, .b = b};
-        uint64_t peak;
-        uint64_t el = replay_host(&nc, t, ptrs, &peak);
-        mt_backend_counters_t c;
-        mt_backend_counters(b, &c);
-        line_t l = {w,
-                    nc.name,
-                    (double)el / pairs,
-                    (double)c.modelled_ns / pairs,
-                    (long long)(c.malloc_calls + c.free_calls),
-                    (double)peak,
-                    (double)peak,
-                    NULL};
-        print_line(&l);
-        mt_backend_destroy(&b);
-    }
-    for (size_t i = 0; i < nhosts; i++) {
-        uint64_t best = UINT64_MAX, peak;
-        for (unsigned r = 0; r < rounds; r++) {
-            uint64_t el = replay_host(&hosts[i], t, ptrs, &peak);
-            best = el < best ? el : best;
+        double own =
+            (double)(r.elapsed_ns - (r.modelled_ns < r.elapsed_ns ? r.modelled_ns : r.elapsed_ns)) /
+            ops;
+        double mi = hosts[MT_HOST_MIMALLOC].alloc
+                        ? (double)mt_replay_host(&hosts[MT_HOST_MIMALLOC], t, rounds) / ops
+                        : 0;
+        char goal[64] = "";
+        if (mi > 0)
+            goal_text(goal, sizeof goal, "<= %.1fx mimalloc", own / mi, REPLAY_GOAL, true);
+        printf("%-24s %-9s %9.1f %9.1f", base, warm ? "warm-up" : "cold", own,
+               (double)r.elapsed_ns / ops);
+        for (size_t i = 0; i < MT_HOST_N; i++) {
+            double ns = hosts[i].alloc ? (double)mt_replay_host(&hosts[i], t, rounds) / ops : -1;
+            if (ns < 0)
+                printf(" %9s", "-");
+            else
+                printf(" %9.1f", ns);
         }
-        line_t l = {w, hosts[i].name, (double)best / pairs, -1, -1, -1, -1, NULL};
-        print_line(&l);
+        printf("  %.2fx %s\n", mi > 0 ? own / mi : 0.0, goal);
     }
-    free(ptrs);
     mt_trace_free(&t);
-    return 0;
+    return rc;
+}
+
+/* ---- (3) the policy table ---- */
+
+typedef struct policy_s {
+    const char *label;
+    const char *conf; /* NULL = defaults */
+    bool warm;
+} policy_t;
+
+static const policy_t policies[] = {
+    {"default (reference)", NULL, false},
+    {"default, warm-up", NULL, true},
+    {"release_to_fit", "release_to_fit:True", false},
+    {"rtf+fit_large+split_tails",
+     "release_to_fit:True,fit_large_segments:True,split_large_tails:True", false},
+    {"expandable", "expandable_segments:True", false},
+    {"expandable+rtf", "expandable_segments:True,release_to_fit:True", false},
+    {"expandable+rtf+one_pool", "expandable_segments:True,release_to_fit:True,one_pool:True",
+     false},
+    {"expandable+rtf+one_pool, warm-up",
+     "expandable_segments:True,release_to_fit:True,one_pool:True", true},
+};
+
+static const char *policy_goal(char *g, size_t n, const policy_t *p, const char *base,
+                               const mt_replay_result_t *r)
+{
+    double u = r->utilization_at_peak;
+    uint64_t calls = r->backend_malloc + r->backend_free + r->backend_map + r->backend_unmap;
+    if (p->warm) {
+        goal_text(g, n, "util >= %.2f", u, UTIL_GOAL_WARM, false);
+        if (calls != 0)
+            snprintf(g + strlen(g), n - strlen(g), ", device calls after warm-up: NOT 0");
+        return g;
+    }
+    if (p->conf != NULL && strstr(p->conf, "expandable") != NULL)
+        return goal_text(g, n, "util >= %.2f (expandable)", u, UTIL_GOAL_EXPAND, false);
+    bool resnet = strstr(base, "resnet50") != NULL;
+    return goal_text(g, n, "cold util >= %.2f", u, resnet ? UTIL_GOAL_RESNET : UTIL_GOAL_COLD,
+                     false);
+}
+
+static int policy_rows(const char *path)
+{
+    char err[MT_TRACE_ERR_LEN + 256];
+    mt_trace_t *t;
+    int rc = mt_trace_load(&t, path, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "bench_alloc: %s\n", err);
+        return rc;
+    }
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    double ops = t->nops ? (double)t->nops : 1;
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
+        mt_replay_cfg_t cfg = mt_replay_cfg_default();
+        cfg.alloc_conf = policies[i].conf;
+        cfg.warmup = policies[i].warm;
+        mt_replay_result_t r;
+        if ((rc = mt_replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
+            fprintf(stderr, "bench_alloc: %s: %s\n", base, err);
+            break;
+        }
+        uint64_t calls = r.backend_malloc + r.backend_free + r.backend_map + r.backend_unmap;
+        char g[96], warm[32] = "";
+        if (policies[i].warm)
+            snprintf(warm, sizeof warm, " (+%llu warm-up)",
+                     (unsigned long long)r.warmup_backend_calls);
+        char calls_s[48];
+        snprintf(calls_s, sizeof calls_s, "%llu%s", (unsigned long long)calls, warm);
+        printf("%-24s %-34s %6.4f %18s %10.1f %9.1f  %s\n", base, policies[i].label,
+               r.utilization_at_peak, calls_s, (double)r.modelled_ns / ops,
+               (double)r.elapsed_ns / ops, policy_goal(g, sizeof g, &policies[i], base, &r));
+    }
+    mt_trace_free(&t);
+    return rc;
 }
 
 /* Debian's jemalloc uses initial-exec TLS, which a dlopen'ed library may only get from the
@@ -455,48 +462,46 @@ int main(int argc, char **argv)
             snprintf(paths[i], sizeof paths[i], "%s/data/traces/%s", MT_SOURCE_ROOT, defaults[i]);
             traces[ntraces++] = paths[i];
         }
-
-    static const char *const je_libs[] = {"libjemalloc.so.2", "libjemalloc.so", NULL};
-    static const char *const mi_libs[] = {"libmimalloc.so.2", "libmimalloc.so", NULL};
-    impl_t all[3] = {
-        {.name = "glibc malloc", .alloc = glibc_alloc, .free = glibc_free},
-        {.name = "jemalloc", .alloc = je_alloc, .free = je_free},
-        {.name = "mimalloc", .alloc = mi_alloc, .free = mi_free_},
-    };
-    char notes[2][256] = {"", ""};
-    bool ok[3] = {true, load_host(&all[1], je_libs, "mallocx", "dallocx", notes[0], 256),
-                  load_host(&all[2], mi_libs, "mi_malloc", "mi_free", notes[1], 256)};
-    impl_t hosts[3];
-    size_t nhosts = 0;
-    for (size_t i = 0; i < 3; i++)
-        if (ok[i])
-            hosts[nhosts++] = all[i];
+    mt_host_alloc_t hosts[MT_HOST_N];
+    mt_host_allocs_load(hosts);
 
     mt_backend_cfg_t bc = mt_backend_cfg_default();
-    printf("memtrace allocator benchmark: %s build, sim backend (modelled segment malloc "
-           "%llu ns, free %llu ns)\n",
+    printf("memtrace allocator benchmark: %s build, sim backend (modelled segment malloc / vm "
+           "map %llu ns, free / unmap %llu ns)\n",
 #ifdef NDEBUG
            "release",
 #else
            "NON-RELEASE (figures not representative; use --buildtype=release)",
 #endif
            (unsigned long long)bc.sim_malloc_cost_ns, (unsigned long long)bc.sim_free_cost_ns);
-    printf("goals: cached alloc+free pair <= %.0f ns median (one thread); utilization at "
-           "peak >= %.2f on the RNN-like trace with warm-up, >= %.2f without\n",
-           PAIR_GOAL_NS, UTIL_GOAL_WARM, UTIL_GOAL_COLD);
-    printf("ns/pair = wall time per allocate+free pair (traces: total / (events/2)), modelled "
-           "backend cost included; util@peak = peak allocated / peak reserved\n");
-    for (int i = 0; i < 2; i++)
-        if (notes[i][0])
-            printf("note: %s\n", notes[i]);
-    printf("\n");
+    mt_bench_print_machine(stdout);
+    for (int i = 0; i < MT_HOST_N; i++)
+        if (hosts[i].alloc == NULL)
+            printf("note: %s\n", hosts[i].note);
+
+    printf("\n(1) the cached path. ns/pair = wall time per allocate+free pair (median of "
+           "rounds), modelled backend cost included\n");
     header();
     int rc = 0;
     static const size_t sizes[] = {64 << 10, 8 << 20};
     for (size_t i = 0; i < 2 && rc == 0; i++)
-        rc = cached_path(&o, hosts, nhosts, sizes[i]);
+        rc = cached_path(&o, hosts, sizes[i]);
+    if (rc == 0)
+        rc = threads_row(&o, 64 << 10);
+
+    printf("\n(2) trace replays, ns per allocate-or-free: memtrace without the modelled backend "
+           "cost (and with it), host allocators on the same sequence\n");
+    printf("%-24s %-9s %9s %9s %9s %9s %9s  %s\n", "trace", "pass", "memtrace", "(+model)", "glibc",
+           "jemalloc", "mimalloc", "memtrace/mimalloc");
     for (size_t i = 0; i < ntraces && rc == 0; i++)
-        rc = trace_rows(&o, traces[i], hosts, nhosts, strstr(traces[i], "rnn") != NULL);
+        rc = speed_rows(&o, traces[i], hosts);
+
+    printf("\n(3) policies: utilization at peak (peak allocated / peak reserved), device calls "
+           "in the measured pass, modelled device ns per op, wall ns per op\n");
+    printf("%-24s %-34s %6s %18s %10s %9s  %s\n", "trace", "policy (alloc conf)", "util",
+           "device calls", "modelled", "wall", "goal");
+    for (size_t i = 0; i < ntraces && rc == 0; i++)
+        rc = policy_rows(traces[i]);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", mt_strerror(rc));
         return 1;

@@ -149,6 +149,14 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
         fprintf(stderr, "%s: unexpected argument '%s'\n", prog, argv[optind]);
         return 2;
     }
+    if (cfg.http_host && cfg.http_port >= 0 && strncmp(cfg.http_host, "127.", 4) != 0 &&
+        strcmp(cfg.http_host, "::1") != 0 && strcmp(cfg.http_host, "localhost") != 0)
+        fprintf(stderr,
+                "%s: warning: HTTP on %s is reachable from other hosts: anyone who can reach "
+                "the port sees every process of this user (names, pids, memory figures, "
+                "events) at /, /state, /events, /metrics and the web page routes. Limit "
+                "who can reach it (firewall).\n",
+                prog, cfg.http_host);
     cfg.handle_signals = true;
     if (!quiet) {
         cfg.log = log_stderr;

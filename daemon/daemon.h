@@ -53,6 +53,9 @@ typedef struct mt_d_cfg_s {
     const char *http_name;        /* borrowed; a Host name accepted besides localhost,
                                      127.0.0.1, [::1] and http_host; NULL = none */
     bool handle_signals;          /* SIGINT/SIGTERM stop the daemon (the executables); false */
+    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
+                                     "off" = none (docs/torch-snapshot.md) */
+    unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;
@@ -71,6 +74,9 @@ typedef struct mt_d_counters_s {
 } mt_d_counters_t;
 
 mt_d_cfg_t mt_d_cfg_default(void);
+/* The default OOM snapshot directory: $MEMTRACE_OOM_DIR, else $XDG_STATE_HOME/memtrace/oom,
+ * else $HOME/.local/state/memtrace/oom. MT_ENOENT when none can be named. */
+int mt_d_oom_dir(char *buf, size_t len);
 
 /* Creates the daemon: binds the Unix socket (a stale socket file is removed, but if another
  * daemon answers on it, MT_EBUSY) and the HTTP port (taken: -EADDRINUSE), makes or reads
@@ -95,6 +101,17 @@ const char *mt_d_http_token(const mt_d_t *d);
 const char *mt_d_socket_path(const mt_d_t *d);
 /* A copy of the counters. Only meaningful on the loop thread or after mt_d_run() returns. */
 void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
+
+/* Loads a recorded telemetry log (NDJSON; "-" = standard input) into d's state, for
+ * `memtrace view`: its processes appear as exited (reason from their exit line, else
+ * "unknown"), with their figures, history and event window. Call before mt_d_run().
+ * Events are added to *events; malformed lines are counted in *bad (the first named in
+ * err). An event seen twice (two logs of one run) counts once. Returns 0, MT_EIO (cannot
+ * open or read; err says why) or MT_ENOMEM. */
+int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                   char *err, size_t errlen);
+/* Sets how many events per process are kept for past states (default 65536; >= 1024). */
+void mt_d_set_event_window(mt_d_t *d, size_t events);
 
 /* The daemon's command line (options, --help, detaching unless --foreground), shared by
  * `memtraced` and `memtrace daemon`. prog names the program in messages. Returns the exit

@@ -25,6 +25,7 @@
 #include <strings.h>
 
 #include "daemon/internal.h"
+#include "daemon/web.h"
 
 /* The cookie header of an answer to a request that gave the token in its query. */
 static int cookie_header(mt_d_conn_t *c, mt_d_buf_t *b)
@@ -60,6 +61,12 @@ static void respond(mt_d_conn_t *c, int status, const char *reason, const char *
         mt__d_conn_write(c, b->p, b->len, true);
     if (b->cap > (1u << 20))
         mt__d_buf_free(b); /* a big /state answer need not stay allocated */
+}
+
+void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
+                        const char *body, size_t blen, bool head_only)
+{
+    respond(c, status, reason, ctype, NULL, body, blen, head_only);
 }
 
 static void respond_text(mt_d_conn_t *c, int status, const char *reason, const char *text)
@@ -336,6 +343,6 @@ void mt__d_http_input(mt_d_conn_t *c)
         serve_state(c, head);
     else if (strcmp(path, "/healthz") == 0)
         respond(c, 200, "OK", "text/plain; charset=utf-8", NULL, "ok\n", 3, head);
-    else
+    else if (!mt__d_web_route(c, path, q ? q + 1 : NULL, head))
         respond_text(c, 404, "Not Found", "not found\n");
 }

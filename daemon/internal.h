@@ -156,6 +156,11 @@ typedef struct mt_d_conn_s {
     mt_d_sub_t sub;    /* consumers (Unix and SSE) */
 } mt_d_conn_t;
 
+/* ---- recent events, snapshots, OOM snapshots (snapshot.c) ---- */
+
+#define MT_D_RECENT 16384 /* events kept per process for its snapshot (1 MiB) */
+typedef struct mt_d_recent_s mt_d_recent_t;
+
 /* ---- the daemon ---- */
 
 typedef struct mt_d_batch_rec_s {
@@ -204,6 +209,9 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
+    mt_d_recent_t *recent;  /* per process: its last events (snapshot.c) */
+    char oom_dir[512];      /* where OOM snapshots go; "" = off */
+    struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
@@ -240,9 +248,26 @@ void mt__d_sub_free(mt_d_sub_t *s);
 
 /* http.c */
 void mt__d_http_input(mt_d_conn_t *c);
+/* A complete answer (status line, the usual headers, body); closes after it. */
+void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
+                        const char *body, size_t blen, bool head_only);
 /* metrics.c */
 int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *out);
 json_t *mt__d_state_json(mt_d_t *d);
+/* The newest registration of its pid? (Older ones are shadowed in /metrics.) */
+bool mt__d_proc_newest(const mt_d_proc_t *p);
+/* Appends s as a Prometheus label value (backslash, quote, line feed escaped). */
+int mt__d_label_value(mt_d_buf_t *o, const char *s);
+/* metrics_info.c: process_info, per-device and per-pool families, appended to out. */
+int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
+
+/* snapshot.c */
+void mt__d_recent_init(mt_d_t *d);
+/* Keeps ev (p's, after the model applied it); an OOM writes p's snapshot files. */
+void mt__d_recent_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev);
+void mt__d_recent_free(mt_d_t *d);
+/* {"type":"snapshot","pid":N}: answers p's recent events and segment map, one line. */
+void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg);
 
 /* logfile.c */
 int mt__d_logfile_open(mt_d_t *d);

@@ -36,6 +36,17 @@ static int label_value(mt_d_buf_t *o, const char *s)
     return rc;
 }
 
+/* For metrics_info.c: the same rules for its families. */
+bool mt__d_proc_newest(const mt_d_proc_t *p)
+{
+    return newest(p);
+}
+
+int mt__d_label_value(mt_d_buf_t *o, const char *s)
+{
+    return label_value(o, s);
+}
+
 typedef enum {
     F_ALLOC,
     F_RES,
@@ -196,6 +207,8 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
         }
     }
 
+    rc |= mt__d_metrics_info(d, o); /* names, devices, pools: metrics_info.c */
+
     unsigned consumers = 0;
     for (const mt_d_conn_t *c = d->conns; c; c = c->next)
         consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
@@ -225,17 +238,17 @@ json_t *mt__d_state_json(mt_d_t *d)
     }
     for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
         json_t *j = mt__d_proc_json(p, true);
-        if (!j) {
+        if (!j || json_array_append_new(procs, j) != 0) {
             json_decref(procs);
             json_decref(o);
             return NULL;
         }
-        json_array_append_new(procs, j);
     }
     unsigned consumers = 0;
     for (const mt_d_conn_t *c = d->conns; c; c = c->next)
         consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
-    json_object_set_new(
+    /* Both steal their value, also when they fail: a document short of a member is none. */
+    int bad = json_object_set_new(
         o, "daemon",
         json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:I}", "pid", (int)getpid(),
                   "start_realtime_ns", (json_int_t)d->start_realtime, "events",
@@ -243,6 +256,10 @@ json_t *mt__d_state_json(mt_d_t *d)
                   "consumer_dropped", (json_int_t)d->ctr.consumer_drops, "producers",
                   (json_int_t)d->ctr.producers, "rejected", (json_int_t)d->ctr.rejected,
                   "consumers", (int)consumers, "max_exited", (json_int_t)d->cfg.max_exited));
-    json_object_set_new(o, "processes", procs);
+    bad |= json_object_set_new(o, "processes", procs);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/internal.h"
+#include "daemon/web.h"
 #include "memtrace/prof.h"
 
 static uint64_t realtime_ns(void)
@@ -83,6 +84,8 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
         return MT_EPROTO;
     }
     mt__ring_unlink(ring);
+    /* read_idx moves only once what was drained is in the log (see ack_drained). */
+    mt__ring_defer_ack(ring);
     mt_d_proc_t *p = NULL;
     rc = mt__d_proc_create(&p, h->pid, name && *name ? name : h->comm);
     if (rc) {
@@ -158,6 +161,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->ctr.events++;
     }
     mt__d_proc_apply(p, ev);
+    mt__d_recent_record(d, p, ev); /* kept for snapshots; an OOM writes one */
+    mt__d_web_record(d, p, ev);
     size_t off = d->batch_text.len;
     if (encode_event(&d->batch_text, p, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
@@ -169,6 +174,18 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     b->pid = p->pid;
     b->off = (uint32_t)off;
     b->len = (uint32_t)(d->batch_text.len - off);
+}
+
+/* Writes the log out, then acknowledges to every ring what was drained from it: a
+ * producer that takes over after the daemon died starts its own log at read_idx, so
+ * read_idx must never pass what is not yet in the daemon's log (a SIGKILL between the two
+ * then gives an event twice, which the report counts once, never zero times). */
+static void ack_drained(mt_d_t *d)
+{
+    mt__d_logfile_flush(d);
+    for (mt_d_proc_t *p = d->procs; p; p = p->next)
+        if (p->ring)
+            mt__ring_ack(p->ring);
 }
 
 /* Drains up to budget records of p (everything when budget = SIZE_MAX). */
@@ -242,7 +259,7 @@ void mt__d_drain_all(mt_d_t *d)
         more |= p->events - before >= share;
     }
     process_batch(d);
-    mt__d_logfile_flush(d);
+    ack_drained(d);
     /* An idle handle, not a 0 ms timer: libuv 1.44 runs a timer re-armed from its own
      * callback again in the same pass, starving I/O; idle callbacks alternate with a
      * non-blocking poll. */
@@ -270,6 +287,7 @@ static void evict_exited(mt_d_t *d)
             return;
         mt_d_proc_t *victim = *oldest;
         *oldest = victim->next;
+        mt__d_web_forget(d, victim);
         mt__d_proc_destroy(&victim);
     }
 }
@@ -285,6 +303,7 @@ void mt__d_producer_eof(mt_d_conn_t *c)
     mt__ring_mark_dead(p->ring);
     drain_one(d, p, SIZE_MAX);
     process_batch(d);
+    ack_drained(d);
     mt__ring_stats_t st;
     mt__ring_stats(p->ring, &st);
     if (p->corrupt)
@@ -348,6 +367,8 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
+    mt__d_recent_free(d);
+    mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;
         d->procs = p->next;

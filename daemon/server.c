@@ -119,6 +119,7 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .consumer_budget_bytes = 64u << 20,
         .http_auth = true,
         .handle_signals = false,
+        .oom_max_snapshots = 8,
     };
 }
 
@@ -284,6 +285,8 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
             if (mt__d_conn_write(c, ok, sizeof ok - 1, false) == 0)
                 mt__d_consumer_start(c);
         }
+    } else if (type && strcmp(type, "snapshot") == 0) {
+        mt__d_snapshot_request(c, msg); /* snapshot.c */
     } else if (type && strcmp(type, "state") == 0) {
         json_t *st = mt__d_state_json(c->d);
         char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
@@ -298,8 +301,8 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
         free(s);
         json_decref(st);
     } else {
-        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer "
-                       "or state");
+        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer, "
+                       "state or snapshot");
     }
     json_decref(msg);
 }
@@ -682,6 +685,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->cfg.log_path = d->log_path;
     d->http_port = -1;
     d->start_realtime = realtime_ns();
+    mt__d_recent_init(d);
 
     if (cfg->loop) {
         d->loop = cfg->loop;

@@ -141,6 +141,21 @@ double mt__d_proc_utilization(const mt_d_proc_t *p)
 
 #define MAX_SEGMENTS_JSON 4096 /* a /state answer stays bounded */
 
+/* A JSON string of s, which comes from another process (its name, its backend) and need not
+ * be UTF-8: bytes of a malformed sequence become '?'. NULL only when out of memory. */
+static json_t *js(const char *s)
+{
+    json_t *j = json_string(s);
+    if (j || !s)
+        return j;
+    char buf[MT_RING_COMM_MAX + 64];
+    size_t n = 0;
+    for (; s[n] && n + 1 < sizeof buf; n++)
+        buf[n] = (unsigned char)s[n] < 0x80 ? s[n] : '?';
+    buf[n] = '\0';
+    return json_string(buf);
+}
+
 /* JSON integers are signed: a figure above INT64_MAX is written as INT64_MAX. */
 static json_t *ju(uint64_t v)
 {
@@ -152,6 +167,7 @@ static int tags_json(json_t *o, const mt_d_proc_t *p, int cls)
     json_t *tags = json_array();
     if (!tags)
         return MT_ENOMEM;
+    int bad = 0; /* a value that could not be made or added: out of memory */
     for (int t = 0; t < MT_TAG_MAX; t++) {
         mt_model_tag_t tg;
         mt_model_tag(p->model, cls, t, &tg);
@@ -162,13 +178,13 @@ static int tags_json(json_t *o, const mt_d_proc_t *p, int cls)
                               mt__d_tag_name(p, t, nb, sizeof nb), "allocated_bytes", ju(tg.bytes),
                               "peak_bytes", ju(tg.peak), "blocks", ju(tg.blocks));
         if (j && tg.uncertain_blocks) {
-            json_object_set_new(j, "uncertain_bytes", ju(tg.uncertain_bytes));
-            json_object_set_new(j, "uncertain_blocks", ju(tg.uncertain_blocks));
+            bad |= json_object_set_new(j, "uncertain_bytes", ju(tg.uncertain_bytes));
+            bad |= json_object_set_new(j, "uncertain_blocks", ju(tg.uncertain_blocks));
         }
-        json_array_append_new(tags, j);
+        bad |= json_array_append_new(tags, j);
     }
-    json_object_set_new(o, "tags", tags);
-    return 0;
+    bad |= json_object_set_new(o, "tags", tags);
+    return bad ? MT_ENOMEM : 0;
 }
 
 static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
@@ -179,6 +195,7 @@ static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
         json_decref(segs);
         return MT_ENOMEM;
     }
+    int bad = 0;
     size_t n = map.nsegs < MAX_SEGMENTS_JSON ? map.nsegs : MAX_SEGMENTS_JSON;
     for (size_t i = 0; i < n; i++) {
         const mt_model_seg_t *r = &map.segs[i];
@@ -187,14 +204,14 @@ static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
                       r->mapped ? "mapped" : "segment", "pool", mt_pool_name(r->pool), "stream",
                       (json_int_t)r->stream, "used_bytes", ju(r->used));
         if (j && r->uncertain)
-            json_object_set_new(j, "uncertain", json_true());
-        json_array_append_new(segs, j);
+            bad |= json_object_set_new(j, "uncertain", json_true());
+        bad |= json_array_append_new(segs, j);
     }
-    json_object_set_new(o, "segments", segs);
+    bad |= json_object_set_new(o, "segments", segs);
     if (map.nsegs > n)
-        json_object_set_new(o, "segments_truncated", json_true());
+        bad |= json_object_set_new(o, "segments_truncated", json_true());
     mt_model_map_free(&map);
-    return 0;
+    return bad ? MT_ENOMEM : 0;
 }
 
 /* The figures of one class of memory into o, as the model gives them: totals, peaks, free
@@ -204,20 +221,21 @@ static int class_json(json_t *o, const mt_d_proc_t *p, int cls, bool with_segmen
     mt_model_figures_t f;
     if (mt_model_figures(p->model, cls, &f) != 0)
         return MT_ENOMEM;
-    json_object_set_new(o, "allocated_bytes", ju(f.allocated));
-    json_object_set_new(o, "reserved_bytes", ju(f.reserved));
-    json_object_set_new(o, "peak_allocated_bytes", ju(f.peak_allocated));
-    json_object_set_new(o, "peak_reserved_bytes", ju(f.peak_reserved));
-    json_object_set_new(o, "utilization", json_real(f.utilization));
-    json_object_set_new(o, "fragmentation", json_real(f.fragmentation));
-    json_object_set_new(o, "total_free_bytes", ju(f.total_free));
-    json_object_set_new(o, "largest_free_block_bytes", ju(f.largest_free));
-    json_object_set_new(o, "blocks", ju(f.blocks));
+    int bad = 0;
+    bad |= json_object_set_new(o, "allocated_bytes", ju(f.allocated));
+    bad |= json_object_set_new(o, "reserved_bytes", ju(f.reserved));
+    bad |= json_object_set_new(o, "peak_allocated_bytes", ju(f.peak_allocated));
+    bad |= json_object_set_new(o, "peak_reserved_bytes", ju(f.peak_reserved));
+    bad |= json_object_set_new(o, "utilization", json_real(f.utilization));
+    bad |= json_object_set_new(o, "fragmentation", json_real(f.fragmentation));
+    bad |= json_object_set_new(o, "total_free_bytes", ju(f.total_free));
+    bad |= json_object_set_new(o, "largest_free_block_bytes", ju(f.largest_free));
+    bad |= json_object_set_new(o, "blocks", ju(f.blocks));
     if (f.uncertain) {
-        json_object_set_new(o, "uncertain_bytes", ju(f.uncertain_bytes));
-        json_object_set_new(o, "untracked_bytes", ju(f.untracked_bytes));
+        bad |= json_object_set_new(o, "uncertain_bytes", ju(f.uncertain_bytes));
+        bad |= json_object_set_new(o, "untracked_bytes", ju(f.untracked_bytes));
     }
-    if (tags_json(o, p, cls) != 0)
+    if (bad || tags_json(o, p, cls) != 0)
         return MT_ENOMEM;
     return with_segments ? segments_json(o, p, cls) : 0;
 }
@@ -227,39 +245,42 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
     json_t *o = json_object();
     json_t *host = json_object();
     json_t *kinds = json_object();
+    int bad = 0;
     if (!o || !host || !kinds)
         goto fail;
-    json_object_set_new(o, "pid", json_integer(p->pid));
-    json_object_set_new(o, "name", json_string(p->name));
+    bad |= json_object_set_new(o, "pid", json_integer(p->pid));
+    bad |= json_object_set_new(o, "name", js(p->name));
     if (p->backend[0])
-        json_object_set_new(o, "backend", json_string(p->backend));
-    json_object_set_new(o, "state", json_string(p->exited ? "exited" : "running"));
+        bad |= json_object_set_new(o, "backend", js(p->backend));
+    bad |= json_object_set_new(o, "state", json_string(p->exited ? "exited" : "running"));
     if (p->exited) {
-        json_object_set_new(o, "exit_reason", json_string(p->exit_reason));
-        json_object_set_new(o, "exited_realtime_ns", json_integer((json_int_t)p->exited_realtime));
+        bad |= json_object_set_new(o, "exit_reason", json_string(p->exit_reason));
+        bad |= json_object_set_new(o, "exited_realtime_ns",
+                                   json_integer((json_int_t)p->exited_realtime));
     }
-    json_object_set_new(o, "registered_realtime_ns",
-                        json_integer((json_int_t)p->registered_realtime));
-    json_object_set_new(o, "events", json_integer((json_int_t)p->events));
-    json_object_set_new(o, "dropped", json_integer((json_int_t)p->dropped));
-    json_object_set_new(o, "ooms", json_integer((json_int_t)p->ooms));
+    bad |= json_object_set_new(o, "registered_realtime_ns",
+                               json_integer((json_int_t)p->registered_realtime));
+    bad |= json_object_set_new(o, "events", json_integer((json_int_t)p->events));
+    bad |= json_object_set_new(o, "dropped", json_integer((json_int_t)p->dropped));
+    bad |= json_object_set_new(o, "ooms", json_integer((json_int_t)p->ooms));
     if (p->ooms) {
-        json_object_set_new(o, "last_oom",
-                            json_pack("{s:I,s:I}", "requested_bytes",
-                                      (json_int_t)p->last_oom_requested, "free_bytes",
-                                      (json_int_t)p->last_oom_free));
+        bad |= json_object_set_new(o, "last_oom",
+                                   json_pack("{s:I,s:I}", "requested_bytes",
+                                             (json_int_t)p->last_oom_requested, "free_bytes",
+                                             (json_int_t)p->last_oom_free));
     }
     /* Top level: device memory only. Pinned host memory has the same figures, apart. */
     if (class_json(o, p, MT_MODEL_DEVICE, with_segments) != 0 ||
         class_json(host, p, MT_MODEL_HOST, with_segments) != 0)
         goto fail;
-    json_object_set_new(o, "host", host);
-    host = NULL;
+    bad |= json_object_set_new(o, "host", host);
+    host = NULL; /* o's, even when the call failed */
     for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (p->kind_count[k])
-            json_object_set_new(kinds, mt_event_kind_name(k),
-                                json_integer((json_int_t)p->kind_count[k]));
-    json_object_set_new(o, "kinds", kinds);
+            bad |= json_object_set_new(kinds, mt_event_kind_name(k),
+                                       json_integer((json_int_t)p->kind_count[k]));
+    bad |= json_object_set_new(o, "kinds", kinds);
+    kinds = NULL;
     /* The labels as announced (names in "tags" may fall back to "tag<n>" when two
      * collide); only well-formed ones, since JSON strings must be UTF-8. */
     json_t *labels = NULL;
@@ -268,12 +289,16 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
             continue;
         char id[8];
         snprintf(id, sizeof id, "%d", t);
-        if (!labels && !(labels = json_object()))
+        if (!labels && !(labels = json_object())) {
+            bad = -1;
             break;
-        json_object_set_new(labels, id, json_string(p->labels[t]));
+        }
+        bad |= json_object_set_new(labels, id, json_string(p->labels[t]));
     }
     if (labels)
-        json_object_set_new(o, "tag_labels", labels);
+        bad |= json_object_set_new(o, "tag_labels", labels);
+    if (bad)
+        goto fail;
     return o;
 fail:
     json_decref(o);

@@ -65,8 +65,10 @@ size_t charlm_segments(const charlm_text_t *t, int min_len, int max_len, charlm_
         seg[n++] = (charlm_seg_t){start, (int)len};
         start = i + 1;
         /* The newline that ended a line starts no sequence of its own. */
-        if (eol && t->ids[i + 1] == nl)
-            start = i + 2, i++;
+        if (eol && t->ids[i + 1] == nl) {
+            start = i + 2;
+            i++;
+        }
     }
     *out = seg;
     return n;

@@ -618,8 +618,9 @@ int main(int argc, char **argv)
     size_t seg_tokens = 0;
     for (size_t i = 0; i < nseg; i++)
         seg_tokens += (size_t)seg[i].len;
-    printf("model: embedding %d -> LSTM %d x %d (%s path) -> linear %d; Adam lr %g\n", EMBED,
-           o.layers, o.hidden, mt_rnn_path_name(md.rnn), text.V, o.lr);
+    printf("model: embedding %d -> LSTM %d x %d (%s path, GEMM %s) -> linear %d; Adam lr %g\n",
+           EMBED, o.layers, o.hidden, mt_rnn_path_name(md.rnn), mt_rnn_gemm_name(md.rnn), text.V,
+           o.lr);
     printf("batches: %d lines each, packed at their natural lengths (%d..%d, mean %.1f; %zu "
            "lines, %zu tokens per pass)\n",
            o.batch, o.min_len, o.max_len, nseg ? (double)seg_tokens / (double)nseg : 0.0, nseg,

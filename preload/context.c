@@ -151,6 +151,25 @@ static bool driver_is_us(void)
     return us;
 }
 
+int mt__preload_register_tag(mt_preload_t *P, int id, int device)
+{
+    int rc = 0;
+    for (int d = device < 0 ? 0 : device; d < (device < 0 ? P->ndevices : device + 1); d++) {
+        mt_alloc_t *a = P->dev[d].alloc;
+        int got = -1;
+        if (a == NULL)
+            continue;
+        mt__guard_enter();
+        rc = mt_alloc_tag_register(a, P->tag_names[id], &got);
+        mt__guard_leave();
+        if (rc == 0 && got != id) /* only we register tags on these allocators */
+            rc = MT_EPROTO;
+        if (rc != 0)
+            break;
+    }
+    return rc;
+}
+
 static int create_device(mt_preload_t *P, int d)
 {
     mt_backend_cfg_t bcfg = P->bcfg;
@@ -163,6 +182,14 @@ static int create_device(mt_preload_t *P, int d)
     acfg.sink = &P->sink;
     rc = mt_alloc_create(&P->dev[d].alloc, &acfg);
     if (rc != 0) {
+        mt_backend_destroy(&P->dev[d].backend);
+        return rc;
+    }
+    /* The user tags registered so far, in id order, so every device agrees on ids. */
+    for (int i = 0; i < atomic_load(&P->ntags_user) && rc == 0; i++)
+        rc = mt__preload_register_tag(P, MT_TAG_USER_FIRST + i, d);
+    if (rc != 0) {
+        mt_alloc_destroy(&P->dev[d].alloc);
         mt_backend_destroy(&P->dev[d].backend);
         return rc;
     }

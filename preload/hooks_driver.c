@@ -86,7 +86,7 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream)
     if (rc == 0)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
-        rc = mt_alloc_malloc(a, size, s, MT_TAG_OTHER, &q);
+        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, size);

@@ -83,7 +83,7 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream)
     if (rc == 0)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
-        rc = mt_alloc_malloc(a, size, s, MT_TAG_OTHER, p);
+        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, size);
@@ -578,7 +578,7 @@ MT_HOOK void *memtrace_alloc(ssize_t size, int device, cudaStream_t stream)
     mt__guard_enter();
     int rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
-        rc = mt_alloc_malloc(a, (size_t)size, s, MT_TAG_OTHER, &p);
+        rc = mt_alloc_malloc(a, (size_t)size, s, mt__preload_tag(), &p);
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, (size_t)size);

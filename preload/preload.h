@@ -33,6 +33,7 @@
 #define MT_HOOK __attribute__((visibility("default")))
 
 #define MT_PRELOAD_MAX_DEVICES 16
+#define MEMTRACE_TAG_DEPTH     256 /* memtrace_tag_push nesting per thread */
 
 /* Per device: a backend and its caching allocator, created on first use. */
 typedef struct mt_preload_dev_s {
@@ -55,6 +56,11 @@ typedef struct mt_preload_s {
     pthread_mutex_t mu; /* guards device creation */
     mt_preload_dev_t dev[MT_PRELOAD_MAX_DEVICES];
     _Atomic(mt_alloc_t *) ready[MT_PRELOAD_MAX_DEVICES]; /* dev[i].alloc once published */
+    /* User tags (api.c): tag_names[MT_TAG_USER_FIRST + i] for i < ntags_user, registered
+     * with these ids on every device's allocator; written under mu before ntags_user
+     * grows, read without it. */
+    char tag_names[MT_TAG_MAX][32];
+    _Atomic int ntags_user;
 
     mt_prof_t *prof;        /* owned; NULL when the profiler could not start */
     _Atomic bool prof_live; /* the sink forwards to prof while true */
@@ -81,6 +87,12 @@ typedef struct mt_preload_s {
 struct CUstream_st;
 MT_HOOK void *memtrace_alloc(ssize_t size, int device, struct CUstream_st *stream);
 MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, struct CUstream_st *stream);
+
+/* The calling thread's current tag (api.c): what its allocations are tagged with. */
+int mt__preload_tag(void);
+/* Registers user tag id's name on device's allocator, or on every ready one (device -1);
+ * the allocator must give it that id. Caller holds P->mu (or is the one-time set-up). */
+int mt__preload_register_tag(mt_preload_t *P, int id, int device);
 
 /* Raised around everything the hooks call into (see above). */
 extern _Thread_local int mt__preload_guard;

@@ -239,13 +239,23 @@ static char *write_head(char *w, const mt_event_rec_t *ev, int pid)
 }
 
 /* A user tag's label: the tag's name is the label it announces, whatever tag_name says,
- * so that the line states what the allocator registered. */
+ * so that the line states what the allocator registered. A named mark carries its name
+ * the same way. */
 static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char *label)
 {
     w = write_head(w, ev, pid);
-    w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
-    w = put_u64(w, ev->tag);
-    w = LIT(w, ",\"label\":");
+    if (ev->kind == MT_EV_MARK_NAMED) {
+        /* Unlike a label, a named mark is a point of the allocator's timeline: its totals. */
+        w = LIT(w, ",\"kind\":\"mark_named\",\"allocated\":");
+        w = put_sat(w, ev->allocated);
+        w = LIT(w, ",\"reserved\":");
+        w = put_sat(w, ev->reserved);
+        w = LIT(w, ",\"name\":");
+    } else {
+        w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
+        w = put_u64(w, ev->tag);
+        w = LIT(w, ",\"label\":");
+    }
     w = put_str(w, label);
     return LIT(w, "}\n");
 }
@@ -260,7 +270,7 @@ size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
         *w = '\0';
         return (size_t)(w - buf);
     }
-    if (ev->kind == MT_EV_TAG_LABEL) {
+    if (ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_MARK_NAMED) {
         char label[MT_EVENT_LABEL_MAX + 1];
         mt_event_label_unpack(ev, label);
         size_t need = FIXED_MAX + ESC_MAX * MT_EVENT_LABEL_MAX + 1;

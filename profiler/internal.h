@@ -27,4 +27,24 @@ const char *mt__prof_tag_label(int tag, const char *(*tag_name)(void *ud, int ta
 void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t dropped, uint64_t lost,
                             uint64_t t_ns);
 
+/* ---- OOM snapshots (oomsnap.c; docs/torch-snapshot.md) ---- */
+
+/* mkdir -p dir (0700 for what it makes); it must end up a directory of ours closed to
+ * others. 0 or MT_EIO/MT_EINVAL. */
+int mt__oomsnap_dir_prepare(const char *dir);
+/* Creates path (0600, never over a file or through a link) holding data. */
+int mt__oomsnap_write_file(const char *path, const void *data, size_t n);
+/* Keeps the max newest oom-*.json in dir, with their .pickle. */
+void mt__oomsnap_prune(const char *dir, unsigned max);
+
+/* The recorder's follower (local mode): segments, live blocks, recent events. */
+typedef struct mt__oomsnap_s mt__oomsnap_t;
+int mt__oomsnap_create(mt__oomsnap_t **out, int pid, const char *dir);
+void mt__oomsnap_destroy(mt__oomsnap_t **p);
+/* Follows ev; at an OOM writes oom-<pid>-dev<d>-<n>.{json,pickle} (the last path in path)
+ * and returns 1; 0 otherwise; negative when the files could not be written. */
+int mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
+                       const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                       const char *(*tag_name)(void *, int), void *ud, char *path, size_t pathlen);
+
 #endif

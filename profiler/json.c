@@ -140,6 +140,18 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
         ev->tag = (uint8_t)tag;
         return 0;
     }
+    if (k == MT_EV_MARK_NAMED) {
+        /* The name, cut as the preload cuts it (requested stays 0), and the totals. */
+        const char *name = json_string_value(json_object_get(o, "name"));
+        if (!name || !name[0])
+            BAD("name");
+        mt_event_mark_name_pack(ev, name);
+        if (!get_u64(o, "allocated", &ev->allocated))
+            BAD("allocated");
+        if (!get_u64(o, "reserved", &ev->reserved))
+            BAD("reserved");
+        return 0;
+    }
     if (k == MT_EV_MARK) {
         const char *m = json_string_value(json_object_get(o, "mark"));
         int mk = m ? name_lookup(m, mt_mark_name, 1, MT_MARK_WARMUP_END) : -1;

@@ -58,6 +58,8 @@ struct mt_prof_s {
     uint64_t written; /* lines written (events and gaps), under drain_lock */
     int write_err;    /* first write error, under drain_lock */
     char name[MT_RING_COMM_MAX];
+    char oom_dir[256];      /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
+    mt__oomsnap_t *oomsnap; /* local mode with an OOM directory: writes OOM snapshots */
 };
 
 #define logf_(p, lvl, ...) mt__logf((p)->log, (p)->log_ud, lvl, __VA_ARGS__)
@@ -159,6 +161,46 @@ static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
         mt_prof_record(p, &ev[i]);
 }
 
+/* Names where this OOM's snapshot is (the allocator's message quotes it): the daemon's
+ * file, or in local mode the log and how to make a snapshot of it. */
+static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size_t len)
+{
+    mt_prof_t *p = ud;
+    int mode = atomic_load_explicit(&p->mode, memory_order_acquire);
+    if (mode == MT_PROF_DAEMON && p->oom_dir[0] != '\0')
+        snprintf(buf, len, "Snapshot of this OOM (by the daemon): %s/oom-%d-dev%u-%llu.pickle",
+                 p->oom_dir, p->pid, device, (unsigned long long)n);
+    else if (mode == MT_PROF_LOG && p->oomsnap != NULL)
+        snprintf(buf, len, "Snapshot of this OOM (by the recorder): %s/oom-%d-dev%u-%llu.pickle",
+                 p->oom_dir, p->pid, device, (unsigned long long)n);
+    else if (mode == MT_PROF_LOG && p->log_path != NULL)
+        snprintf(buf, len,
+                 "Events up to this OOM: %s (memtrace export --format torch-snapshot "
+                 "%s -o oom.pickle)",
+                 p->log_path, p->log_path);
+    else
+        buf[0] = '\0';
+}
+
+int mt_prof_oom_dir(char *buf, size_t len)
+{
+    const char *env = getenv("MEMTRACE_OOM_DIR");
+    const char *xdg = getenv("XDG_STATE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (env != NULL && strcmp(env, "off") == 0)
+        return MT_ENOENT;
+    if (env != NULL && env[0] != '\0')
+        n = snprintf(buf, len, "%s", env);
+    else if (xdg != NULL && xdg[0] == '/')
+        n = snprintf(buf, len, "%s/memtrace/oom", xdg);
+    else if (home != NULL && home[0] == '/')
+        n = snprintf(buf, len, "%s/.local/state/memtrace/oom", home);
+    else
+        return MT_ENOENT;
+    return n > 0 && (size_t)n < len ? 0 : MT_EINVAL;
+}
+
 const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
 {
     return &p->sink;
@@ -233,6 +275,16 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
     }
     p->out_len += n;
     p->written++;
+    if (p->oomsnap != NULL) {
+        char path[512];
+        int rc =
+            mt__oomsnap_record(p->oomsnap, ev, (const char(*)[MT_EVENT_LABEL_MAX + 1]) p->labels,
+                               drain_tag_name, p, path, sizeof path);
+        if (rc > 0)
+            logf_(p, MT_LOG_ERROR, "memtrace: out of memory: wrote %s", path);
+        else if (rc < 0)
+            logf_(p, MT_LOG_WARN, "memtrace: OOM snapshot %s: %s", path, mt_strerror(rc));
+    }
 }
 
 /* Drains everything published so far into the log. Caller holds drain_lock. */
@@ -314,6 +366,10 @@ static int start_local(mt_prof_t *p, const char *path)
     out_line(p, mt_prof_hello_to_json(p->pid, p->name, h->start_realtime_ns, h->start_mono_ns));
     out_flush(p);
     p->written = 0; /* counts events and gaps only */
+    /* No daemon to write OOM snapshots: the drainer does (the takeover from a daemon too). */
+    if (p->oom_dir[0] != '\0' && p->oomsnap == NULL &&
+        mt__oomsnap_create(&p->oomsnap, p->pid, p->oom_dir) != 0)
+        logf_(p, MT_LOG_WARN, "memtrace: no memory for OOM snapshots");
     rc = -pthread_create(&p->drainer, NULL, drainer_main, p);
     if (rc) {
         close(p->log_fd);
@@ -384,7 +440,10 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         return MT_ENOMEM;
     p->sink.emit = sink_emit;
     p->sink.emit_n = sink_emit_n;
+    p->sink.oom_note = sink_oom_note;
     p->sink.ud = p;
+    if (mt_prof_oom_dir(p->oom_dir, sizeof p->oom_dir) != 0)
+        p->oom_dir[0] = '\0';
     p->pid = (int)getpid();
     p->fd = -1;
     p->log_fd = -1;
@@ -492,6 +551,7 @@ fail:
     mt__ring_close(&p->ring);
     free(p->log_path);
     free(p->out);
+    mt__oomsnap_destroy(&p->oomsnap);
     pthread_mutex_destroy(&p->drain_lock);
     pthread_mutex_destroy(&p->stop_lock);
     pthread_cond_destroy(&p->stop_cond);
@@ -588,6 +648,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     if (p->fd >= 0)
         close(p->fd);
     mt__ring_close(&p->ring);
+    mt__oomsnap_destroy(&p->oomsnap);
     free(p->log_path);
     free(p->cfg_log_path);
     free(p->out);

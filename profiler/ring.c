@@ -46,6 +46,11 @@ struct mt__ring_s {
     uint64_t stuck_since_ns; /* 0 = not waiting */
     uint64_t gaps_reported;  /* dropped + lost already announced as gap records */
     uint64_t next_seq;       /* highest seq delivered + 1 (0 = none yet) */
+    /* Deferred acknowledgement (mt__ring_defer_ack): the consumer's own position, ahead of
+     * the shared read_idx by what it delivered but has not yet acknowledged.
+     * Invariant: defer => read_idx <= cons_pos <= claim. */
+    bool defer;
+    uint64_t cons_pos;
 };
 
 static uint64_t now_ns(clockid_t clk)
@@ -438,8 +443,9 @@ void mt__ring_set_stuck_timeout(mt__ring_t *r, uint64_t ns)
 
 bool mt__ring_empty(const mt__ring_t *r)
 {
-    return atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed) ==
-           atomic_load_explicit(&r->hdr->claim, memory_order_acquire);
+    uint64_t pos =
+        r->defer ? r->cons_pos : atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed);
+    return pos == atomic_load_explicit(&r->hdr->claim, memory_order_acquire);
 }
 
 /* May the unpublished slot at pos be given up? Only when its writer cannot finish. */
@@ -461,12 +467,37 @@ static bool may_skip(mt__ring_t *r, uint64_t pos)
     return now - r->stuck_since_ns >= r->stuck_timeout_ns;
 }
 
+/* The consumer has consumed up to pos: published now, or kept until mt__ring_ack. */
+static void consumed(mt__ring_t *r, uint64_t pos)
+{
+    if (r->defer)
+        r->cons_pos = pos;
+    else
+        atomic_store_explicit(&r->hdr->read_idx, pos, memory_order_release);
+}
+
 static void skip_slot(mt__ring_t *r, uint64_t pos)
 {
     mt_assert(r->stuck_since_ns == 0 || r->stuck_pos <= pos);
     atomic_fetch_add_explicit(&r->hdr->lost, 1, memory_order_relaxed);
-    atomic_store_explicit(&r->hdr->read_idx, pos + 1, memory_order_release);
+    consumed(r, pos + 1);
     r->stuck_since_ns = 0;
+}
+
+void mt__ring_defer_ack(mt__ring_t *r)
+{
+    if (r->defer)
+        return;
+    r->cons_pos = atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed);
+    r->defer = true;
+}
+
+void mt__ring_ack(mt__ring_t *r)
+{
+    if (!r || !r->defer)
+        return;
+    mt_assert(atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed) <= r->cons_pos);
+    atomic_store_explicit(&r->hdr->read_idx, r->cons_pos, memory_order_release);
 }
 
 /* Could a producer have written ev? Records are passed on to other programs (the
@@ -481,6 +512,10 @@ static bool record_valid(const mt_event_rec_t *ev)
     if (ev->kind == MT_EV_TAG_LABEL) {
         char label[MT_EVENT_LABEL_MAX + 1];
         return ev->tag >= MT_TAG_USER_FIRST && mt_event_label_unpack(ev, label) > 0;
+    }
+    if (ev->kind == MT_EV_MARK_NAMED) {
+        char name[MT_EVENT_LABEL_MAX + 1];
+        return ev->requested == 0 && mt_event_label_unpack(ev, name) > 0;
     }
     return ev->kind != MT_EV_MARK || (ev->addr >= 1 && ev->addr <= MT_MARK_WARMUP_END);
 }
@@ -511,7 +546,8 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
     if (!r || !cb)
         return MT_EINVAL;
     mt__ring_hdr_t *h = r->hdr;
-    uint64_t pos = atomic_load_explicit(&h->read_idx, memory_order_relaxed);
+    uint64_t pos =
+        r->defer ? r->cons_pos : atomic_load_explicit(&h->read_idx, memory_order_relaxed);
     size_t n = 0;
     /* claim is the producers' hot cache line: read once per call, and the call stops at
      * that snapshot instead of chasing the producer. A consumer reading slots and commit
@@ -550,7 +586,7 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         r->stuck_since_ns = 0;
         pos++;
         if ((pos & (READ_PUBLISH - 1)) == 0)
-            atomic_store_explicit(&h->read_idx, pos, memory_order_release);
+            consumed(r, pos);
         /* A hole in the seqs is a gap, as far as drops/losses account for it (with
          * concurrent producers, seqs may also arrive slightly out of order). */
         if (ev.seq > r->next_seq)
@@ -566,7 +602,7 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
     mt_assert(n <= max && pos <= claim);
     if (n > 0)
         atomic_fetch_add_explicit(&h->delivered, n, memory_order_relaxed);
-    atomic_store_explicit(&h->read_idx, pos, memory_order_release);
+    consumed(r, pos);
     /* Drops after the last record are announced once nothing is pending. */
     if (pos == atomic_load_explicit(&h->claim, memory_order_acquire))
         report_gap(r, cb, ud, UINT64_MAX);

@@ -181,6 +181,13 @@ void mt__ring_commit(mt__ring_t *r, uint64_t pos);
  * counted lost, like a torn one, not delivered. Never waits: an
  * unpublished slot ends the call unless it may be skipped (see the protocol above). */
 int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max);
+/* From now on, drains keep their position to themselves and read_idx moves only at
+ * mt__ring_ack: a consumer that writes what it drained somewhere durable (the daemon's
+ * log) acknowledges after the write, so that a producer taking over after the consumer
+ * died (its local log starts at read_idx) loses nothing the consumer had not written. */
+void mt__ring_defer_ack(mt__ring_t *r);
+/* Publishes read_idx = everything drained so far (deferred mode; no-op otherwise). */
+void mt__ring_ack(mt__ring_t *r);
 /* The producer is gone (its socket closed, or it was reaped): unpublished slots are
  * skipped at once from now on. */
 void mt__ring_mark_dead(mt__ring_t *r);

@@ -24,12 +24,12 @@ void mt_rnn_pack_fini(mt_rnn_pack_t *p)
 
 typedef struct key_s {
     int len, idx;
-} key_t_;
+} len_key_t;
 
 /* Decreasing length, then increasing index: a stable order. */
 static int by_length(const void *a, const void *b)
 {
-    const key_t_ *x = a, *y = b;
+    const len_key_t *x = a, *y = b;
     if (x->len != y->len)
         return x->len > y->len ? -1 : 1;
     return (x->idx > y->idx) - (x->idx < y->idx);
@@ -81,14 +81,14 @@ int mt_rnn_pack_init(mt_rnn_pack_t *p, const int *lengths, int batch, int capaci
     if (rc)
         return rc;
     size_t b = (size_t)batch;
-    key_t_ *keys = malloc(b * sizeof *keys);
+    len_key_t *keys = malloc(b * sizeof *keys);
     p->lengths = malloc(b * sizeof(int));
     p->sorted_indices = malloc(b * sizeof(int));
     p->unsorted_indices = malloc(b * sizeof(int));
     if (!keys || !p->lengths || !p->sorted_indices || !p->unsorted_indices)
         goto fail_mem;
     for (int i = 0; i < batch; i++)
-        keys[i] = (key_t_){lengths[i], i};
+        keys[i] = (len_key_t){lengths[i], i};
     if (!enforce_sorted)
         qsort(keys, b, sizeof *keys, by_length);
     for (int i = 0; i < batch; i++) {

@@ -172,6 +172,31 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
                ops);
 }
 
+/* The same sequence through the host allocators, in this run: the per-op cost to compare
+ * with memtrace's own (its wall time less the modelled backend cost). */
+static void print_hosts(const mt_trace_t *t, const mt_replay_cfg_t *cfg,
+                        const mt_replay_result_t *r)
+{
+    char machine[192];
+    mt_replay_machine(machine, sizeof machine);
+    printf("  %-24s %s\n", "machine", machine);
+    double ops = r->ops ? (double)r->ops : 1;
+    double own = (double)(r->elapsed_ns -
+                          (r->modelled_ns < r->elapsed_ns ? r->modelled_ns : r->elapsed_ns)) /
+                 ops;
+    mt_host_alloc_t h[MT_HOST_N];
+    mt_host_allocs_load(h);
+    for (int i = 0; i < MT_HOST_N; i++) {
+        if (h[i].alloc == NULL) {
+            printf("  %-24s %s\n", "", h[i].note);
+            continue;
+        }
+        double ns = (double)mt_replay_host(&h[i], t, cfg->rounds) / ops;
+        printf("  %-24s %.1f ns per op (memtrace without modelled cost: %.2fx)\n", h[i].name, ns,
+               ns > 0 ? own / ns : 0.0);
+    }
+}
+
 /* Byte counts are uint64; JSON integers (jansson's json_int_t) are signed 64-bit. A count
  * beyond INT64_MAX (only a nonsense trace gets there) is written as a real, not wrapped. */
 static json_t *jbytes(uint64_t v)
@@ -314,8 +339,10 @@ int mt_cmd_replay(int argc, char **argv)
     }
     if (json && (rc = print_json(path, t, &cfg, &res)) < 0)
         fprintf(stderr, "memtrace replay: cannot print the result: %s\n", mt_strerror(rc));
-    else if (!json)
+    else if (!json) {
         print_text(path, t, &cfg, &res);
+        print_hosts(t, &cfg, &res);
+    }
     mt_trace_free(&t);
     return rc < 0 ? 1 : 0;
 }

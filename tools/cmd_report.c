@@ -337,7 +337,13 @@ int mt_cmd_report(int argc, char **argv)
     }
     mt_tool_inputs_json(&in, res, cfg.top);
     if (as_json) {
-        json_dumpf(res, stdout, JSON_INDENT(2));
+        errno = 0; /* jansson reports a failure without a reason: errno tells */
+        if (json_dumpf(res, stdout, JSON_INDENT(2)) != 0) {
+            fprintf(stderr, "memtrace report: cannot write the report: %s\n",
+                    errno == ENOMEM ? "out of memory" : "write error");
+            json_decref(res);
+            return 1;
+        }
         printf("\n");
     } else {
         json_t *procs = json_object_get(res, "processes");

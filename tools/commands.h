@@ -18,5 +18,7 @@ int mt_cmd_top(int argc, char **argv);
 int mt_cmd_report(int argc, char **argv);
 int mt_cmd_plot(int argc, char **argv);
 int mt_cmd_export(int argc, char **argv);
+int mt_cmd_view(int argc, char **argv);
+int mt_cmd_snapshot(int argc, char **argv);
 
 #endif

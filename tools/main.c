@@ -14,7 +14,9 @@ static const mt_cmd_t commands[] = {
     {"top", mt_cmd_top, "live view of memory per process and tag"},
     {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
     {"plot", mt_cmd_plot, "draw a telemetry log as an SVG: memory by tag over time, segments"},
+    {"view", mt_cmd_view, "serve the web page for recorded logs, on localhost"},
     {"export", mt_cmd_export, "write telemetry logs as a PyTorch memory snapshot (pickle)"},
+    {"snapshot", mt_cmd_snapshot, "write a live process's memory as a PyTorch snapshot"},
 };
 
 static void usage(FILE *f)

@@ -153,23 +153,9 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
 typedef struct feed_s {
     mt__report_t *r;
     const mt_ts_t *ts;
-    char *line;
-    size_t cap;
-    char err[256];
     uint64_t seq; /* the records' own sequence numbers are replaced by one count */
     int pid;
 } feed_t;
-
-static const char *tag_name(void *ud, int tag)
-{
-    const mt_ts_t *ts = ud;
-    return tag >= 0 && tag < 256 && ts->tag_label[tag] ? ts->tag_label[tag] : NULL;
-}
-
-static int feed_line(feed_t *f, const char *line, size_t len)
-{
-    return mt__report_add_line(f->r, line, len, f->err, sizeof f->err);
-}
 
 static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
 {
@@ -177,42 +163,23 @@ static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
     (void)stack;
     mt_event_rec_t e = *ev;
     e.seq = ++f->seq;
-    ev = &e;
-    size_t n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
-    if (n >= f->cap) {
-        char *nl = realloc(f->line, n + 1);
-        if (nl == NULL)
-            return MT_ENOMEM;
-        f->line = nl;
-        f->cap = n + 1;
-        n = mt_prof_event_write(f->line, f->cap, ev, f->pid, tag_name, (void *)f->ts);
-    }
-    return feed_line(f, f->line, n);
+    /* memtrace's tags found in the frames keep their names (docs/torch-snapshot.md). */
+    return mt__report_add_event(f->r, f->pid, &e, f->ts->tag_label[e.tag]);
 }
 
 int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path, int pid)
 {
-    feed_t f = {.r = r, .ts = ts, .cap = 1024};
-    if ((f.line = malloc(f.cap)) == NULL)
-        return MT_ENOMEM;
-    f.pid = pid;
+    feed_t f = {.r = r, .ts = ts, .pid = pid};
+    char err[256] = "";
     json_t *hello = mt_prof_hello_to_json(pid, path, 0, 0);
     char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
     json_decref(hello);
-    int rc = h ? feed_line(&f, h, strlen(h)) : MT_ENOMEM;
+    int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
     free(h);
-    /* Tag labels first, so the report names memtrace's tags found in the frames. */
-    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX && rc == 0; t++)
-        if (ts->tag_label[t] != NULL) {
-            mt_event_rec_t ev = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
-            mt_event_label_pack(&ev, ts->tag_label[t]);
-            rc = feed_rec(&f, &ev, 0);
-        }
     if (rc == 0)
         rc = mt_ts_records(ts, feed_rec, &f);
     if (rc != 0)
-        fprintf(stderr, "%s: %s\n", path, f.err[0] ? f.err : mt_strerror(rc));
-    free(f.line);
+        fprintf(stderr, "%s: %s\n", path, err[0] ? err : mt_strerror(rc));
     return rc;
 }
 

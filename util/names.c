@@ -52,6 +52,7 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_COMPACTION] = "compaction",
         [MT_EV_GAP] = "gap",
         [MT_EV_TAG_LABEL] = "tag_label",
+        [MT_EV_MARK_NAMED] = "mark_named",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";

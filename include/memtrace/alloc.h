@@ -56,6 +56,21 @@ typedef struct mt_alloc_cfg_s {
      * use, checked against the stamps of the events it emits anyway (an idle allocator sends
      * none). 1000; 0 = none. */
     unsigned stats_period_ms;
+    /* Cold-start policies beyond the reference (docs/allocator-policy.md has the table that
+     * chose the defaults). release_to_fit: on a miss that needs a new segment, cached whole
+     * segments of any size go back first, oldest first, until their bytes cover the new one,
+     * so reserved grows only when the cache cannot cover it. */
+    bool release_to_fit;
+    /* Large requests under 10 MiB get a segment of their size rounded up to 2 MiB rather
+     * than the reference's 20 MiB. */
+    bool fit_large_segments;
+    /* Large blocks split whenever the rest is at least 512 B (the reference: only when the
+     * rest exceeds 1 MiB), so a block is never handed out bigger than asked. */
+    bool split_large_tails;
+    /* With expandable segments: small requests share the large pool's range (one pool,
+     * segregated fits), so small blocks fill the pages around large ones instead of pages
+     * of their own. Their statistics then count in the large pool. */
+    bool one_pool;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -63,7 +78,8 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
 /* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
- * release_on_oom, release_smaller_segments, stats_period_ms. An unknown key or a bad value returns
+ * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
+ * fit_large_segments, split_large_tails, one_pool. An unknown key or a bad value returns
  * MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then left unchanged.
  */
 MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);

@@ -31,9 +31,12 @@ typedef enum mt_event_kind_e {
     MT_EV_COMPACTION = 14,    /* RNN weights compacted: size = bytes copied */
     MT_EV_GAP = 15,           /* consumer side: size = number of events lost */
     MT_EV_TAG_LABEL = 16,     /* user tag named: tag = id, label in addr/size/requested */
+    MT_EV_MARK_NAMED = 17,    /* program's named marker: name packed as a label, in addr/size
+                                 only (at most MT_EVENT_MARK_NAME_MAX bytes; requested = 0) */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT 17 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT       18 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EVENT_MARK_NAME_MAX 16
 
 /* Markers the RNN engine and programs put into the stream (MT_EV_MARK, in addr). */
 typedef enum mt_mark_e {
@@ -87,6 +90,11 @@ typedef struct mt_event_sink_s {
     /* Optional: n events of one operation at once, in order (ev[0..n) borrowed), so a
      * recorder can claim their slots together. NULL: emit is called for each. */
     void (*emit_n)(void *ud, const mt_event_rec_t *ev, size_t n);
+    /* Optional: an allocator that ran out of memory asks where the snapshot of that OOM
+     * (the n-th on device, counted from 1) is kept, to name it in its message. Called as
+     * emit is (under the allocator's lock: no blocking, no allocation); writes a
+     * NUL-terminated note into buf ("" or NULL member: nothing to say). */
+    void (*oom_note)(void *ud, unsigned device, uint64_t n, char *buf, size_t len);
 } mt_event_sink_t;
 
 /* ---- tag labels (MT_EV_TAG_LABEL) ----
@@ -123,6 +131,24 @@ static inline void mt_event_label_pack(mt_event_rec_t *ev, const char *label)
     __builtin_memcpy(&ev->addr, b, 8);
     __builtin_memcpy(&ev->size, b + 8, 8);
     __builtin_memcpy(&ev->requested, b + 16, 8);
+}
+
+/* Packs a named mark's name into ev's addr and size (MT_EV_MARK_NAMED): cut to at most
+ * MT_EVENT_MARK_NAME_MAX bytes as a label is cut; requested = 0. Unpack it as a label. */
+static inline void mt_event_mark_name_pack(mt_event_rec_t *ev, const char *name)
+{
+    char b[MT_EVENT_MARK_NAME_MAX + 1];
+    size_t n = 0;
+    while (n < MT_EVENT_MARK_NAME_MAX && name[n] != '\0')
+        n++;
+    if (n == MT_EVENT_MARK_NAME_MAX)
+        while (n > 0 && ((unsigned char)name[n] & 0xc0u) == 0x80u)
+            n--;
+    for (size_t i = 0; i < n; i++)
+        b[i] = name[i];
+    b[n] = '\0';
+    mt_event_label_pack(ev, b);
+    ev->requested = 0;
 }
 
 /* The label of an MT_EV_TAG_LABEL event as a NUL-terminated string in out. Returns its

@@ -89,6 +89,11 @@ MT_API const char *mt_prof_mode_name(int mode);
  * /tmp/memtrace-<uid>.sock. Writes it into buf. MT_EOVERFLOW if it does not fit
  * (a Unix socket path is at most 107 bytes). */
 MT_API int mt_prof_socket_path(char *buf, size_t len);
+/* Where OOM snapshots go (docs/torch-snapshot.md): $MEMTRACE_OOM_DIR ("off": none), else
+ * $XDG_STATE_HOME/memtrace/oom, else $HOME/.local/state/memtrace/oom. The daemon writes
+ * oom-<pid>-dev<d>-<n>.{json,pickle} there and the allocator's OOM message names it.
+ * MT_ENOENT when none can be named (or "off"), MT_EINVAL when it does not fit. */
+MT_API int mt_prof_oom_dir(char *buf, size_t len);
 
 /* ---- JSON encoding (schema: docs/telemetry.schema.json, "v": 1) ---- */
 

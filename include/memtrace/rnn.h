@@ -118,7 +118,8 @@ typedef struct mt_rnn_io_s {
     size_t tokens;          /* packed: rows of x and y (sum of the lengths); else unused */
 } mt_rnn_io_t;
 
-/* Backward inputs and outputs (gradients of the loss). */
+/* Backward inputs and outputs (gradients of the loss); packed: dy and dx have the rows of
+ * y and x ([tokens, ...]). */
 typedef struct mt_rnn_grad_io_s {
     const float *dy;  /* [T, B, D*H], required */
     const float *dhy; /* [L*D, B, H], NULL = zeros */
@@ -225,7 +226,7 @@ MT_API int mt_rnn_dropout_mask(const mt_rnn_t *m, uint64_t seed, uint64_t counte
 MT_API void mt_rnn_destroy(mt_rnn_t **p);
 
 MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
-/* "cpu" (CBLAS, sim backend) or "cudnn". Static string. */
+/* "cpu" (sim backend; GEMMs on CBLAS, BLIS or oneDNN) or "cudnn". Static string. */
 MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
 /* cpu path: the GEMM library in use ("cblas", "blis", "dnnl"; "cudnn" on that path) and a
  * line naming its version and kernel. Static strings. */

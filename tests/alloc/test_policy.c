@@ -266,6 +266,14 @@ static void test_config_keys(void **state)
     assert_true(mt_alloc_cfg_default().release_smaller_segments);
     assert_int_equal(mt_alloc_cfg_parse(&c, "expandable_segments:0", err, sizeof err), 0);
     assert_false(c.expandable_segments);
+    assert_int_equal(mt_alloc_cfg_parse(&c,
+                                        "release_to_fit:True,fit_large_segments:1,"
+                                        "split_large_tails:true,one_pool:True",
+                                        err, sizeof err),
+                     0);
+    assert_true(c.release_to_fit && c.fit_large_segments && c.split_large_tails && c.one_pool);
+    mt_alloc_cfg_t d = mt_alloc_cfg_default();
+    assert_false(d.release_to_fit || d.fit_large_segments || d.split_large_tails || d.one_pool);
 }
 
 static void expect_bad(const char *conf, const char *key, const char *value)
@@ -283,6 +291,8 @@ static void test_config_errors(void **state)
 {
     (void)state;
     expect_bad("max_split_size_mb:abc", "max_split_size_mb", "abc");
+    expect_bad("release_to_fit:maybe", "release_to_fit", "maybe");
+    expect_bad("one_pool:2", "one_pool", "2");
     expect_bad("max_split_size_mb:10", "max_split_size_mb", "10");
     expect_bad("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
     expect_bad("roundup_power2_divisions:128", "roundup_power2_divisions", "128");

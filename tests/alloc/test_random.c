@@ -106,6 +106,10 @@ static void test_random_configs(void **state)
 {
     (void)state;
     random_run("expandable_segments:True", 2048 * MIB, 20000, 7);
+    random_run("expandable_segments:True,release_to_fit:True", 2048 * MIB, 20000, 13);
+    random_run("expandable_segments:True,release_to_fit:True,one_pool:True", 2048 * MIB, 20000, 23);
+    random_run("release_to_fit:True,fit_large_segments:True,split_large_tails:True", 1024 * MIB,
+               20000, 17);
     random_run("max_split_size_mb:24,roundup_power2_divisions:4,"
                "garbage_collection_threshold:0.3,release_smaller_segments:False",
                1024 * MIB, 20000, 11);
@@ -118,6 +122,8 @@ static void test_random_under_pressure(void **state)
     size_t fails = random_run(NULL, 160 * MIB, 20000, 3);
     assert_true(fails > 0);
     fails = random_run("expandable_segments:True", 160 * MIB, 20000, 5);
+    assert_true(fails > 0);
+    fails = random_run("expandable_segments:True,release_to_fit:True", 160 * MIB, 20000, 19);
     assert_true(fails > 0);
 }
 

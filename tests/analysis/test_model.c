@@ -197,8 +197,11 @@ static void test_gap_no_phantom_tags(void **state)
     assert_int_equal(f.total_free, 64 * MIB);
 
     /* The report: never-freed agrees with the final allocated total (0). */
+    assert_int_equal(mt__report_set_process(r, 1, "trainer", 1), 0);
     json_t *res = report_process(r);
     json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    assert_string_equal(json_string_value(json_object_get(p, "name")), "trainer");
+    assert_string_equal(json_string_value(json_object_get(p, "exit")), "clean");
     assert_int_equal(json_integer_value(json_object_get(p, "final_allocated")), 0);
     json_t *nf = json_object_get(p, "never_freed");
     assert_int_equal(json_integer_value(json_object_get(nf, "bytes")), 0);

@@ -20,6 +20,7 @@ static struct {
     size_t (*count)(const char *name);
     size_t (*used)(void);
     long (*ctx_depth)(void);
+    void (*idle)(void); /* waits until every stream's queue ran */
 } fk;
 
 static inline int fake_ctl_open(void **state)
@@ -39,8 +40,9 @@ static inline int fake_ctl_open(void **state)
     *(void **)&fk.count = dlsym(fk.lib, "fake_cuda_count");
     *(void **)&fk.used = dlsym(fk.lib, "fake_cuda_used");
     *(void **)&fk.ctx_depth = dlsym(fk.lib, "fake_cuda_ctx_depth");
+    *(void **)&fk.idle = dlsym(fk.lib, "fake_cuda_idle");
     return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
-                   fk.ctx_depth
+                   fk.ctx_depth && fk.idle
                ? 0
                : -1;
 }

@@ -152,7 +152,8 @@ static void test_stream_events_gate_reuse(void **state)
     assert_true(fk.count("cuEventQuery") >= 1);
     assert_int_equal(mt_alloc_free(f.a, q), 0);
 
-    fk.hold(false); /* the event completes */
+    fk.hold(false); /* the event completes, on s2's own thread */
+    fk.idle();
     void *r = NULL;
     assert_int_equal(mt_alloc_malloc(f.a, MiB, s1, MT_TAG_OTHER, &r), 0);
     assert_int_equal(mt_alloc_stats(f.a, &st), 0);

@@ -152,7 +152,8 @@ static void test_streams_events_pending(void **state)
     assert_int_equal(mt_event_record(b, ev, s), 0);
     assert_int_equal(mt_event_query(b, ev), MT_EAGAIN);
     assert_int_equal(mt_event_time_ns(b, ev), 0);
-    fk.hold(false);
+    fk.hold(false); /* the work runs on the stream's own thread, after this returns */
+    assert_int_equal(mt_event_synchronize(b, ev), 0);
     assert_int_equal(mt_event_query(b, ev), 0);
     assert_true(mt_event_time_ns(b, ev) > 0);
 

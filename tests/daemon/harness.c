@@ -34,6 +34,7 @@ mt_d_cfg_t th_cfg(void)
     cfg.idle_timeout_ms = 300;
     cfg.keepalive_ms = 200;
     cfg.http_token = TH_TOKEN;
+    cfg.oom_dir = "off"; /* tests never write OOM snapshots into $HOME */
     return cfg;
 }
 

@@ -7,7 +7,8 @@
  * forwards to ASan's allocator (its interceptors), else to glibc's, so leak detection
  * keeps working.
  *
- * While armed, the allocations of the arming thread are numbered from 1 and the one numbered
+ * While armed, the allocations of the arming thread are numbered from 1 (only the first
+ * two of each call stack, see inject.c) and the one numbered
  * `fail_at` returns NULL with errno ENOMEM; the others go through. fault_loop() runs a scenario
  * once per allocation site it reaches: fail_at = 1, 2, ... until a run completes with no injected
  * failure. */

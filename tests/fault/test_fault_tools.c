@@ -2,7 +2,7 @@
  * injector, armed by $MT_FAULT_AT) runs a command once per allocation site of its main
  * thread. Each run must end normally: exit 0 (the failure was absorbed) or a non-zero
  * status with a message that says memory ran out; never a crash.
- * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv */
+ * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -12,18 +12,34 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 static const char *tool;
 static const char *trace;
+static const char *logfile;
 
-/* Runs argv with MT_FAULT_AT=n; stderr into out. Returns the wait status. */
-static int run(char *const argv[], long n, char *out, size_t cap)
+/* Reads fd to its end into buf (truncated to cap - 1, NUL-terminated); returns the length. */
+static size_t slurp(int fd, char *buf, size_t cap)
 {
-    int fds[2];
+    size_t len = 0;
+    ssize_t r;
+    char sink[4096];
+    while ((r = read(fd, len < cap - 1 ? buf + len : sink,
+                     len < cap - 1 ? cap - 1 - len : sizeof sink)) > 0)
+        if (len < cap - 1)
+            len += (size_t)r;
+    buf[len] = '\0';
+    close(fd);
+    return len;
+}
+
+/* Runs argv with MT_FAULT_AT=n; stderr into err, stdout into out. Returns the wait status. */
+static int run(char *const argv[], long n, char *err, size_t errcap, char *out, size_t outcap)
+{
+    int fds[2], ofds[2];
     assert_int_equal(pipe(fds), 0);
+    assert_int_equal(pipe(ofds), 0);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -34,33 +50,32 @@ static int run(char *const argv[], long n, char *out, size_t cap)
         /* A tool may exit on an error without freeing what it holds: not a leak to hunt. */
         setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1", 1);
         dup2(fds[1], STDERR_FILENO);
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, STDOUT_FILENO);
+        dup2(ofds[1], STDOUT_FILENO);
         close(fds[0]);
         close(fds[1]);
+        close(ofds[0]);
+        close(ofds[1]);
         execv(argv[0], argv);
         _exit(127);
     }
     close(fds[1]);
-    size_t len = 0;
-    ssize_t r;
-    char sink[4096];
-    while ((r = read(fds[0], len < cap - 1 ? out + len : sink,
-                     len < cap - 1 ? cap - 1 - len : sizeof sink)) > 0)
-        if (len < cap - 1)
-            len += (size_t)r;
-    out[len] = '\0';
-    close(fds[0]);
+    close(ofds[1]);
+    /* stdout first: the tools write little to stderr, which the pipe holds meanwhile. */
+    slurp(ofds[0], out, outcap);
+    slurp(fds[0], err, errcap);
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     return status;
 }
 
-static long tool_loop(const char *name, char *const argv[])
+/* same_output: the command's output does not vary from run to run, so a run that absorbed
+ * its failure (exit 0) must print exactly what a clean run prints. */
+static long tool_loop(const char *name, char *const argv[], bool same_output)
 {
-    static char err[16384];
+    static char err[16384], clean[1 << 20], out[1 << 20];
+    assert_int_equal(run(argv, 0, err, sizeof err, clean, sizeof clean), 0);
     for (long n = 1;; n++) {
-        int status = run(argv, n, err, sizeof err);
+        int status = run(argv, n, err, sizeof err, out, sizeof out);
         bool injected = strstr(err, "mt-fault: host allocation") != NULL;
         if (WIFSIGNALED(status))
             fail_msg("%s: host allocation %ld failed: killed by signal %d; stderr:\n%s", name, n,
@@ -72,6 +87,10 @@ static long tool_loop(const char *name, char *const argv[])
             fprintf(stderr, "%s: %ld allocation sites failed, one at a time\n", name, n - 1);
             return n - 1;
         }
+        if (code == 0 && same_output && strcmp(out, clean) != 0)
+            fail_msg("%s: host allocation %ld failed: exit 0 but the output differs from a "
+                     "clean run's; stderr:\n%s",
+                     name, n, err);
         if (code != 0 && strstr(err, "out of memory") == NULL &&
             strstr(err, "Cannot allocate memory") == NULL)
             fail_msg("%s: host allocation %ld failed: exit %d without saying memory ran out; "
@@ -84,22 +103,41 @@ static void test_replay(void **state)
 {
     (void)state;
     char *argv[] = {(char *)tool, "replay", (char *)trace, "--warmup", "--json", NULL};
-    assert_true(tool_loop("memtrace replay --json", argv) > 10);
+    assert_true(tool_loop("memtrace replay --json", argv, false) > 10);
     char *text[] = {
         (char *)tool, "replay", (char *)trace, "--alloc-conf", "expandable_segments:True", NULL};
-    assert_true(tool_loop("memtrace replay", text) > 10);
+    assert_true(tool_loop("memtrace replay", text, false) > 10);
+}
+
+static void test_report(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)tool, "report", (char *)logfile, NULL};
+    assert_true(tool_loop("memtrace report", argv, true) > 10);
+    char *json[] = {(char *)tool, "report", "--json", (char *)logfile, NULL};
+    assert_true(tool_loop("memtrace report --json", json, true) > 10);
+}
+
+static void test_plot(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)tool, "plot", (char *)logfile, "-o", "/dev/stdout", NULL};
+    assert_true(tool_loop("memtrace plot", argv, true) > 10);
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: test_fault_tools MEMTRACE_FAULT TRACE.csv\n");
+    if (argc != 4) {
+        fprintf(stderr, "usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson\n");
         return 2;
     }
     tool = argv[1];
     trace = argv[2];
+    logfile = argv[3];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay),
+        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_plot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

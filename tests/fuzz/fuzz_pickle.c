@@ -28,6 +28,15 @@ static unsigned walk(const mt_pk_value_t *v, unsigned budget)
     return d;
 }
 
+static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+{
+    size_t *n = ctx;
+    FUZZ_CHECK(ev->kind >= MT_EV_ALLOC && ev->kind < MT_EV_KIND_COUNT, "records have a kind");
+    (void)stack;
+    (*n)++;
+    return 0;
+}
+
 static mt_ts_t *reread(const mt_ts_t *ts, int era)
 {
     char *buf = NULL;
@@ -83,6 +92,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                        t->peak_live_bytes == f.peak_allocated,
                    "the trace's peak is PyTorch's");
         mt_trace_free(&t);
+    }
+    size_t nrec = 0;
+    FUZZ_CHECK(mt_ts_records(ts, count_rec, &nrec) == 0, "records");
+    FUZZ_CHECK(ts->nevents == 0 || nrec <= ts->nevents + ts->nannotations,
+               "one record per event or annotation at most");
+    for (unsigned d = 0; d < ts->ndevices; d++) {
+        mt_ts_site_t sites[4];
+        size_t ns;
+        uint64_t peak, sum = 0;
+        FUZZ_CHECK(mt_ts_sites_at_peak(ts, d, sites, 4, &ns, &peak) == 0, "sites");
+        for (size_t i = 0; i < ns; i++)
+            sum += sites[i].bytes;
+        FUZZ_CHECK(sum <= peak, "the call sites hold no more than the peak");
     }
     for (int era = 1; era <= 2; era++) {
         mt_ts_t *back = reread(ts, era);

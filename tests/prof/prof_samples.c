@@ -107,6 +107,14 @@ static int put_event_sweep(FILE *f)
                                          "\xe2\x82\xac");
         bad |= put_event(f, &lab, tag == MT_TAG_MAX - 1 ? INT32_MAX : 7, NULL, NULL);
     }
+    /* Named marks: a short name and one cut at 16 bytes inside a multi-byte character. */
+    const char *marks[] = {"epoch_end", "\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac"
+                                        "\xe2\x82\xac\xe2\x82\xac"};
+    for (int i = 0; i < 2; i++) {
+        mt_event_rec_t mk = {.seq = (uint64_t)i, .time_ns = 6, .kind = MT_EV_MARK_NAMED};
+        mt_event_mark_name_pack(&mk, marks[i]);
+        bad |= put_event(f, &mk, 7, NULL, NULL);
+    }
     return bad;
 }
 

@@ -520,6 +520,65 @@ static void test_label_refused(void **state)
     }
 }
 
+/* ---- named marks (MT_EV_MARK_NAMED) ---- */
+
+/* A named mark as the preload emits it: the name in addr/size, the allocator's totals. */
+static mt_event_rec_t named_mark(const char *name)
+{
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.seq = 5;
+    ev.time_ns = 987654321;
+    ev.kind = MT_EV_MARK_NAMED;
+    ev.device = 1;
+    ev.allocated = UINT64_C(1) << 40;
+    ev.reserved = (UINT64_C(1) << 40) + 512;
+    mt_event_mark_name_pack(&ev, name);
+    return ev;
+}
+
+/* The line carries the name and the totals, and comes back to the same record; names are
+ * cut at 16 bytes, never inside a UTF-8 character. */
+static void test_mark_named(void **state)
+{
+    (void)state;
+    mt_event_rec_t ev = named_mark("epoch_end");
+    expect_same(&ev, 42);
+    json_t *j = write_parse(&ev, 42, NULL, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "kind")), "mark_named");
+    assert_string_equal(json_string_value(json_object_get(j, "name")), "epoch_end");
+    assert_true(json_integer_value(json_object_get(j, "reserved")) == (json_int_t)ev.reserved);
+    assert_null(json_object_get(j, "addr"));
+    assert_null(json_object_get(j, "tag"));
+    json_decref(j);
+    char back[MT_EVENT_LABEL_MAX + 1];
+    ev = named_mark("a_name_longer_than_sixteen");
+    assert_int_equal(ev.requested, 0);
+    assert_int_equal(mt_event_label_unpack(&ev, back), MT_EVENT_MARK_NAME_MAX);
+    assert_string_equal(back, "a_name_longer_th");
+    expect_same(&ev, 1);
+    ev = named_mark("abcdefghijklmno\xc3\xa9"); /* 15 + a 2-byte character: cut to 15 */
+    assert_int_equal(mt_event_label_unpack(&ev, back), 15);
+    expect_same(&ev, 1);
+    static const char *const bad[] = {
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"mark_named\",\"allocated\":0,\"reserved\":0,\"name\":\"\"}",
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"mark_named\",\"allocated\":0,\"reserved\":0}",
+        "{\"v\":1,\"type\":\"event\",\"seq\":1,\"t_ns\":1,\"pid\":1,\"dev\":0,"
+        "\"kind\":\"mark_named\",\"name\":\"x\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *b = json_loads(bad[i], 0, NULL);
+        assert_non_null(b);
+        mt_event_rec_t out;
+        char err[128] = "";
+        assert_int_equal(mt_prof_event_from_json(b, &out, NULL, err, sizeof err), MT_EPROTO);
+        assert_true(strstr(err, "name") != NULL || strstr(err, "allocated") != NULL);
+        json_decref(b);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_tag_name_escapes),    cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_long_tag_name),       cmocka_unit_test(test_label_roundtrip),
         cmocka_unit_test(test_label_truncation),    cmocka_unit_test(test_label_refused),
+        cmocka_unit_test(test_mark_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,7 @@
  *   cudnnSetDropoutDescriptor   p0 desc, p1 handle, p2 states; n0 stateSizeInBytes; f dropout,
  *                               u seed
  *   cudnnCreate/DestroyDropoutDescriptor  p0 desc */
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,10 +211,27 @@ size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T
                      (size_t)(gates + 1);
 }
 
+/* The fake driver's streams run on their own threads: a "kernel" of this fake runs on
+ * the caller's thread, so it first waits for all stream work queued before it, which
+ * keeps the stream order a real cuDNN kernel would see (more waiting, never less). */
+static void drain_streams(void)
+{
+    static void (*idle)(void);
+    const char *path = getenv("MEMTRACE_LIBCUDA");
+    if (idle == NULL && path != NULL) {
+        void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (lib != NULL)
+            *(void **)&idle = dlsym(lib, "fake_cuda_idle");
+    }
+    if (idle != NULL)
+        idle();
+}
+
 /* Records a call; returns the injected failure for it, if any. */
 static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
 {
     static fake_dnn_call_t overflow;
+    drain_streams();
     fake_dnn_call_t *c = F.ncalls < MAXCALLS ? &F.calls[F.ncalls++] : &overflow;
     memset(c, 0, sizeof *c);
     c->name = name;

@@ -409,6 +409,15 @@ static void test_records(void **state)
     assert_int_equal(c[1], 8 * MiB + 6 * MiB + 512); /* rounded block bytes */
     assert_int_equal(c[2], 22 * MiB);
     mt_ts_destroy(&ts);
+
+    /* No trace (1.13): the state as events: 2 segments, 2 allocated blocks. */
+    ts = load("v113_segments.pickle");
+    memset(c, 0, sizeof c);
+    assert_int_equal(mt_ts_records(ts, count_rec, c), 0);
+    assert_int_equal(c[0], 4);
+    assert_int_equal(c[1], 12 * MiB);
+    assert_int_equal(c[2], 22 * MiB);
+    mt_ts_destroy(&ts);
 }
 
 int main(int argc, char **argv)

@@ -1,8 +1,8 @@
-/* The pickle writer (pickle.h): protocol 4 opcodes for plain data, in the batches
+/* The pickle writer (pickle_write.h): protocol 4 opcodes for plain data, in the batches
  * pickle.dump uses, so Python's unpickler and our reader both take the output. */
 #include <string.h>
 
-#include "analysis/pickle.h"
+#include "profiler/pickle_write.h"
 #include "memtrace/common.h"
 
 enum { BATCH = 1000 };

@@ -1,0 +1,142 @@
+/* memtraced: recorded logs loaded into the daemon's state, for `memtrace view` (the page
+ * of a live daemon, served for a run that is over). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/internal.h"
+#include "daemon/web.h"
+#include "memtrace/prof.h"
+
+#define VIEW_LINE_MAX (1u << 20) /* a longer line is malformed */
+
+/* The newest registration of pid, created (as an exited process) if there is none. */
+static mt_d_proc_t *view_proc(mt_d_t *d, int pid, const char *name)
+{
+    mt_d_proc_t *p = NULL, **tail = &d->procs;
+    for (; *tail; tail = &(*tail)->next)
+        if ((*tail)->pid == pid)
+            p = *tail;
+    if (p)
+        return p;
+    char fallback[32];
+    snprintf(fallback, sizeof fallback, "pid%d", pid);
+    if (mt__d_proc_create(&p, pid, name ? name : fallback) != 0)
+        return NULL;
+    p->exited = true;
+    p->exit_reason = "unknown";
+    *tail = p;
+    d->ctr.known_processes++;
+    return p;
+}
+
+static const char *static_reason(const char *r)
+{
+    static const char *const known[] = {"clean", "oom", "killed", "corrupt"};
+    for (size_t i = 0; r && i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(r, known[i]) == 0)
+            return known[i];
+    return "unknown";
+}
+
+static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_loadb(line, len, 0, &je);
+    if (!j || !json_is_object(j)) {
+        snprintf(err, errlen, "not a JSON object (%.100s)", j ? "other value" : je.text);
+        json_decref(j);
+        return MT_EPROTO;
+    }
+    const char *type = json_string_value(json_object_get(j, "type"));
+    int rc = 0;
+    if (type && strcmp(type, "process_event") == 0) {
+        json_t *jp = json_object_get(j, "pid");
+        const char *ev = json_string_value(json_object_get(j, "event"));
+        if (!json_is_integer(jp) || !ev) {
+            snprintf(err, errlen, "process_event needs pid and event");
+            rc = MT_EPROTO;
+        } else {
+            mt_d_proc_t *p = view_proc(d, (int)json_integer_value(jp),
+                                       json_string_value(json_object_get(j, "name")));
+            json_t *rt = json_object_get(j, "time_realtime_ns");
+            if (!p) {
+                rc = MT_ENOMEM;
+            } else if (strcmp(ev, "register") == 0) {
+                p->registered_realtime = json_is_integer(rt) ? (uint64_t)json_integer_value(rt) : 0;
+            } else if (strcmp(ev, "exit") == 0) {
+                p->exit_reason = static_reason(json_string_value(json_object_get(j, "reason")));
+                p->exited_realtime = json_is_integer(rt) ? (uint64_t)json_integer_value(rt) : 0;
+            }
+        }
+    } else if (type && (strcmp(type, "event") == 0 || strcmp(type, "gap") == 0)) {
+        mt_event_rec_t ev;
+        int pid = -1;
+        rc = mt_prof_event_from_json(j, &ev, &pid, err, errlen);
+        if (!rc && pid >= 0) {
+            mt_d_proc_t *p = view_proc(d, pid, NULL);
+            mt_d_web_proc_t *t = p ? mt__d_web_find(d, p) : NULL;
+            if (!p) {
+                rc = MT_ENOMEM;
+            } else if (!t || t->wcount == 0 || ev.kind == MT_EV_GAP ||
+                       ev.seq > t->win[(t->whead + t->wcap - 1) % t->wcap].seq) {
+                /* An event found twice (two logs of one run) counts once. */
+                if (ev.kind == MT_EV_GAP)
+                    p->dropped += ev.size;
+                else
+                    p->events++;
+                d->ctr.events++;
+                mt__d_proc_apply(p, &ev);
+                mt__d_web_record(d, p, &ev);
+            }
+        }
+    }
+    json_decref(j);
+    return rc;
+}
+
+int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                   char *err, size_t errlen)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+        return MT_EIO;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    unsigned long lineno = 0;
+    uint64_t before = d->ctr.events;
+    char why[160];
+    while ((n = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+            n--;
+        if (n == 0)
+            continue;
+        int rc =
+            (size_t)n > VIEW_LINE_MAX ? MT_EPROTO : view_line(d, line, (size_t)n, why, sizeof why);
+        if (rc == MT_ENOMEM) {
+            snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
+            free(line);
+            if (f != stdin)
+                fclose(f);
+            return rc;
+        }
+        if (rc) {
+            if ((*bad)++ == 0)
+                snprintf(err, errlen, "%s:%lu: %s", path, lineno,
+                         (size_t)n > VIEW_LINE_MAX ? "line too long" : why);
+        }
+    }
+    int rc = ferror(f) ? MT_EIO : 0;
+    if (rc)
+        snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
+    free(line);
+    if (f != stdin)
+        fclose(f);
+    *events += (unsigned long)(d->ctr.events - before);
+    return rc;
+}

@@ -1,0 +1,692 @@
+/* memtraced: the web page's routes (web.h): its embedded files and the JSON it reads.
+ * http.c's dispatcher calls mt__d_web_route after its own checks; every answer goes
+ * through mt__d_http_respond (same headers, no CORS header: the page is same-origin). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "analysis/model.h"
+#include "daemon/internal.h"
+#include "daemon/web.h"
+
+#define MAX_BUCKETS 2000
+#define MAX_BLOCKS  20000 /* blocks in one /map answer */
+#define MAX_RANGES  4096
+#define MAX_TAIL    1000
+#define TOMB_ADDR   UINT64_MAX
+
+/* ---- query strings ---- */
+
+/* The value of key in query (a=1&b=2), copied into out; false if absent or too long. */
+static bool qget(const char *query, const char *key, char *out, size_t n)
+{
+    size_t kl = strlen(key);
+    for (const char *p = query; p && *p;) {
+        const char *amp = strchr(p, '&');
+        size_t len = amp ? (size_t)(amp - p) : strlen(p);
+        if (len > kl && strncmp(p, key, kl) == 0 && p[kl] == '=') {
+            size_t vl = len - kl - 1;
+            if (vl >= n)
+                return false;
+            memcpy(out, p + kl + 1, vl);
+            out[vl] = '\0';
+            return true;
+        }
+        p = amp ? amp + 1 : NULL;
+    }
+    return false;
+}
+
+/* Whether the query has key (with any value). */
+static bool qhas(const char *query, const char *key)
+{
+    size_t kl = strlen(key);
+    for (const char *p = query; p && *p;) {
+        if (strncmp(p, key, kl) == 0 && p[kl] == '=')
+            return true;
+        p = strchr(p, '&');
+        p = p ? p + 1 : NULL;
+    }
+    return false;
+}
+
+static bool qnum(const char *query, const char *key, double *out)
+{
+    char v[64], *end;
+    if (!query || !qget(query, key, v, sizeof v) || !v[0])
+        return false;
+    double x = strtod(v, &end);
+    if (*end || !isfinite(x))
+        return false;
+    *out = x;
+    return true;
+}
+
+static bool qu64(const char *query, const char *key, uint64_t *out)
+{
+    char v[64], *end;
+    if (!query || !qget(query, key, v, sizeof v) || !v[0])
+        return false;
+    if (v[0] == '-' || v[0] == '+' || v[0] == ' ')
+        return false; /* strtoull would wrap a minus sign */
+    unsigned long long x = strtoull(v, &end, 0);
+    if (*end)
+        return false;
+    *out = x;
+    return true;
+}
+
+/* The first parameter present but malformed (not a finite number, or not an unsigned
+ * integer for pid, seq and addr), or NULL. */
+static const char *bad_param(const char *query)
+{
+    static const char *const nums[] = {"from", "to", "buckets", "span", "n", "t"};
+    static const char *const ints[] = {"pid", "seq", "addr"};
+    double x;
+    uint64_t u;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        if (qhas(query, nums[i]) && !qnum(query, nums[i], &x))
+            return nums[i];
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (qhas(query, ints[i]) && !qu64(query, ints[i], &u))
+            return ints[i];
+    return NULL;
+}
+
+/* Epoch seconds on t's clock as monotonic ns, clamped to [0, UINT64_MAX]. */
+static uint64_t mono_of(const mt_d_web_proc_t *t, double epoch_s)
+{
+    double ns = epoch_s * 1e9 - (double)t->off_ns;
+    return ns <= 0 ? 0 : ns >= 1.8e19 ? UINT64_MAX : (uint64_t)ns;
+}
+
+static uint64_t mono_now(void)
+{
+    struct timespec m;
+    clock_gettime(CLOCK_MONOTONIC, &m);
+    return (uint64_t)m.tv_sec * 1000000000u + (uint64_t)m.tv_nsec;
+}
+
+/* ---- answers ---- */
+
+static void send_buf(mt_d_conn_t *c, mt_d_buf_t *b, int rc, bool head)
+{
+    if (rc)
+        mt__d_http_respond(c, 500, "Internal Server Error", "text/plain; charset=utf-8",
+                           "out of memory\n", 14, head);
+    else
+        mt__d_http_respond(c, 200, "OK", "application/json", b->p, b->len, head);
+    mt__d_buf_free(b);
+}
+
+static void bad(mt_d_conn_t *c, int status, const char *msg)
+{
+    mt__d_http_respond(c, status, status == 404 ? "Not Found" : "Bad Request",
+                       "text/plain; charset=utf-8", msg, strlen(msg), false);
+}
+
+/* The newest registration of the pid in query, with its tracker. */
+static bool find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **p, mt_d_web_proc_t **t)
+{
+    uint64_t pid;
+    if (!qu64(query, "pid", &pid)) {
+        bad(c, 400, "pid=N is required\n");
+        return false;
+    }
+    *p = NULL;
+    for (const mt_d_proc_t *q = c->d->procs; q; q = q->next)
+        if ((uint64_t)q->pid == pid)
+            *p = q;
+    *t = *p ? mt__d_web_find(c->d, *p) : NULL;
+    if (!*p || !*t) {
+        bad(c, 404, "no such process (or no events from it yet)\n");
+        return false;
+    }
+    return true;
+}
+
+static int json_str(mt_d_buf_t *o, const char *s)
+{
+    int rc = mt__d_buf_append(o, "\"", 1);
+    for (; *s && !rc; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            rc = mt__d_buf_printf(o, "\\%c", ch);
+        else if (ch < 0x20)
+            rc = mt__d_buf_printf(o, "\\u%04x", ch);
+        else
+            rc = mt__d_buf_append(o, s, 1);
+    }
+    return rc | mt__d_buf_append(o, "\"", 1);
+}
+
+static double secs(const mt_d_web_proc_t *t, uint64_t ns)
+{
+    return ((double)ns + (double)t->off_ns) / 1e9;
+}
+
+/* The latest time of p's figures: now while it runs, its last event once exited. */
+static uint64_t proc_now(const mt_d_proc_t *p, const mt_d_web_proc_t *t)
+{
+    if (p->exited || !p->ring)
+        return t->last_ns;
+    uint64_t m = mono_now();
+    return m > t->last_ns ? m : t->last_ns;
+}
+
+/* ---- history ---- */
+
+/* Folds the source buckets with t0 in [from, to) into nb output buckets; valid[j] says
+ * whether out[j] holds data (empty ones carry the previous figures forward). */
+static void hist_query(const mt_d_web_proc_t *t, uint64_t from, uint64_t to, size_t nb,
+                       mt_d_web_bkt_t *out, bool *valid)
+{
+    memset(valid, 0, nb * sizeof *valid);
+    uint64_t w = (to - from + nb - 1) / nb;
+    if (w == 0)
+        w = 1;
+    bool fine = from + MT_D_WEB_FINE_NS * (MT_D_WEB_FINE - 1) >= t->last_ns;
+    size_t n = fine ? MT_D_WEB_FINE : t->ncoarse;
+    size_t first = fine ? (t->last_ns / MT_D_WEB_FINE_NS + 1) % MT_D_WEB_FINE : 0;
+    for (size_t k = 0; k < n; k++) {
+        const mt_d_web_bkt_t *s = fine ? &t->fine[(first + k) % MT_D_WEB_FINE] : &t->coarse[k];
+        if (s->t0 == 0 || s->t0 + (fine ? MT_D_WEB_FINE_NS : t->coarse_ns) <= from || s->t0 >= to)
+            continue;
+        size_t j = s->t0 <= from ? 0 : (size_t)((s->t0 - from) / w);
+        if (j >= nb)
+            j = nb - 1;
+        if (!valid[j]) {
+            out[j] = *s;
+            valid[j] = true;
+        } else {
+            mt_d_web_bkt_t m = out[j];
+            /* the fine ring is in time order from `first`; the coarse array is sorted */
+            if (s->amin < m.amin)
+                m.amin = s->amin;
+            if (s->amax > m.amax)
+                m.amax = s->amax;
+            if (s->rmax > m.rmax)
+                m.rmax = s->rmax;
+            if (s->hmax > m.hmax)
+                m.hmax = s->hmax;
+            m.alast = s->alast;
+            m.rlast = s->rlast;
+            m.peak = s->peak;
+            m.hres = s->hres;
+            memcpy(m.tag, s->tag, sizeof m.tag);
+            m.ooms += s->ooms;
+            m.events += s->events;
+            out[j] = m;
+        }
+    }
+    for (size_t j = 0; j < nb; j++)
+        out[j].t0 = from + j * w;
+}
+
+typedef enum { S_AMIN, S_AMAX, S_ALAST, S_RMAX, S_RLAST, S_PEAK, S_HMAX, S_HRES, S_OOMS } series_e;
+
+static uint64_t series_value(const mt_d_web_bkt_t *b, series_e s)
+{
+    switch (s) {
+    case S_AMIN:
+        return b->amin;
+    case S_AMAX:
+        return b->amax;
+    case S_ALAST:
+        return b->alast;
+    case S_RMAX:
+        return b->rmax;
+    case S_RLAST:
+        return b->rlast;
+    case S_PEAK:
+        return b->peak;
+    case S_HMAX:
+        return b->hmax;
+    case S_HRES:
+        return b->hres;
+    case S_OOMS:
+        return b->ooms;
+    }
+    return 0;
+}
+
+/* One array of nb figures; an empty bucket repeats the last figure before it (OOM counts
+ * are 0), or is null before any data. tag >= 0 picks a tag's bytes instead of s. */
+static int put_series(mt_d_buf_t *o, const mt_d_web_bkt_t *b, const bool *valid, size_t nb,
+                      series_e s, int tag)
+{
+    int rc = mt__d_buf_append(o, "[", 1);
+    const mt_d_web_bkt_t *prev = NULL;
+    for (size_t j = 0; j < nb && !rc; j++) {
+        if (j)
+            rc |= mt__d_buf_append(o, ",", 1);
+        const mt_d_web_bkt_t *x = valid[j] ? &b[j] : prev;
+        if (valid[j])
+            prev = &b[j];
+        if (!x)
+            rc |= mt__d_buf_append(o, "null", 4);
+        else if (tag >= 0)
+            rc |= mt__d_buf_printf(o, "%" PRIu64, x->tag[tag]);
+        else if (s == S_OOMS || s == S_AMIN || s == S_AMAX)
+            rc |= mt__d_buf_printf(o, "%" PRIu64,
+                                   valid[j] ? series_value(x, s) : (s == S_OOMS ? 0 : x->alast));
+        else
+            rc |= mt__d_buf_printf(o, "%" PRIu64, series_value(x, s));
+    }
+    return rc | mt__d_buf_append(o, "]", 1);
+}
+
+static void serve_history(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    uint64_t now = proc_now(p, t);
+    uint64_t first = t->ncoarse ? t->coarse[0].t0 : now;
+    double from_s, to_s, nbd = 300;
+    uint64_t from = qnum(query, "from", &from_s) ? mono_of(t, from_s) : first;
+    uint64_t to = qnum(query, "to", &to_s) ? mono_of(t, to_s) : now + 1;
+    qnum(query, "buckets", &nbd);
+    if (from < first)
+        from = first; /* nothing before the process's first event */
+    if (!(nbd >= 1 && nbd <= MAX_BUCKETS) || to <= from) {
+        bad(c, 400, "need from < to and 1 <= buckets <= 2000\n");
+        return;
+    }
+    size_t nb = (size_t)nbd;
+    mt_d_web_bkt_t *b = malloc(nb * sizeof *b);
+    bool *valid = malloc(nb * sizeof *valid);
+    mt_d_buf_t o = {0};
+    int rc = (!b || !valid) ? MT_ENOMEM : 0;
+    if (!rc) {
+        hist_query(t, from, to, nb, b, valid);
+        rc |= mt__d_buf_printf(&o,
+                               "{\"pid\":%d,\"from\":%.3f,\"to\":%.3f,\"first\":%.3f,\"now\":%.3f,"
+                               "\"t\":[",
+                               p->pid, secs(t, from), secs(t, to), secs(t, first), secs(t, now));
+        for (size_t j = 0; j < nb && !rc; j++)
+            rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", secs(t, b[j].t0));
+        rc |= mt__d_buf_append(&o, "]", 1);
+        static const struct {
+            const char *name;
+            series_e s;
+        } series[] = {{"amin", S_AMIN},          {"amax", S_AMAX}, {"alast", S_ALAST},
+                      {"reserved", S_RMAX},      {"peak", S_PEAK}, {"host_allocated", S_HMAX},
+                      {"host_reserved", S_HRES}, {"ooms", S_OOMS}};
+        for (size_t k = 0; k < sizeof series / sizeof series[0] && !rc; k++) {
+            rc |= mt__d_buf_printf(&o, ",\"%s\":", series[k].name);
+            rc |= put_series(&o, b, valid, nb, series[k].s, -1);
+        }
+        rc |= mt__d_buf_append(&o, ",\"tags\":{", 9);
+        bool any = false;
+        for (int tag = 0; tag < MT_TAG_MAX && !rc; tag++) {
+            bool used = false;
+            for (size_t j = 0; j < nb && !used; j++)
+                used = valid[j] && b[j].tag[tag] != 0;
+            if (!used)
+                continue;
+            char nbuf[32];
+            rc |= mt__d_buf_append(&o, any ? "," : "", any ? 1 : 0);
+            rc |= json_str(&o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+            rc |= mt__d_buf_append(&o, ":", 1);
+            rc |= put_series(&o, b, valid, nb, S_ALAST, tag);
+            any = true;
+        }
+        rc |= mt__d_buf_append(&o, "}}\n", 3);
+    }
+    free(b);
+    free(valid);
+    send_buf(c, &o, rc, head);
+}
+
+static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
+{
+    double span = 120, nbd = 60;
+    if (query) {
+        qnum(query, "span", &span);
+        qnum(query, "buckets", &nbd);
+    }
+    if (!(span > 0 && span <= 86400 * 30) || !(nbd >= 1 && nbd <= 500)) {
+        bad(c, 400, "need 0 < span and 1 <= buckets <= 500\n");
+        return;
+    }
+    size_t nb = (size_t)nbd;
+    mt_d_web_bkt_t *b = malloc(nb * sizeof *b);
+    bool *valid = malloc(nb * sizeof *valid);
+    mt_d_buf_t o = {0};
+    int rc = (!b || !valid) ? MT_ENOMEM : 0;
+    rc |= mt__d_buf_append(&o, "{\"procs\":[", 10);
+    bool any = false;
+    for (const mt_d_proc_t *p = c->d->procs; p && !rc; p = p->next) {
+        mt_d_web_proc_t *t = mt__d_web_find(c->d, p);
+        if (!t)
+            continue;
+        uint64_t now = proc_now(p, t) + 1, sp = (uint64_t)(span * 1e9);
+        uint64_t first = t->ncoarse ? t->coarse[0].t0 : now - 1;
+        uint64_t from = now > sp ? now - sp : 0;
+        if (from < first)
+            from = first;
+        hist_query(t, from, now, nb, b, valid);
+        rc |= mt__d_buf_printf(&o, "%s{\"pid\":%d,\"exited\":%s,\"v\":", any ? "," : "", p->pid,
+                               p->exited ? "true" : "false");
+        rc |= put_series(&o, b, valid, nb, S_AMAX, -1);
+        rc |= mt__d_buf_append(&o, "}", 1);
+        any = true;
+    }
+    rc |= mt__d_buf_append(&o, "]}\n", 3);
+    free(b);
+    free(valid);
+    send_buf(c, &o, rc, head);
+}
+
+/* ---- allocator state at an event ---- */
+
+static const mt_event_rec_t *win_at(const mt_d_web_proc_t *t, size_t i)
+{
+    return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
+}
+
+/* Applies the event that made each segment and block of map (seq numbers from *seq on),
+ * with the class's totals as the running figures of its device 0 (or host 0) source. */
+static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model_figures_t *f,
+                        uint64_t t_ns, uint64_t *seq)
+{
+    mt_event_rec_t ev = {.time_ns = t_ns, .allocated = f->allocated, .reserved = f->reserved};
+    for (size_t i = 0; i < map->nsegs; i++) {
+        const mt_model_seg_t *g = &map->segs[i];
+        ev.seq = (*seq)++;
+        ev.kind = g->mapped ? MT_EV_SEGMENT_MAP : MT_EV_SEGMENT_ALLOC;
+        ev.addr = g->addr;
+        ev.size = ev.requested = g->size;
+        ev.pool = g->pool;
+        ev.stream = g->stream;
+        ev.tag = 0;
+        mt_model_apply(m, &ev);
+    }
+    for (size_t i = 0; i < map->nblocks; i++) {
+        const mt_model_block_t *k = &map->blocks[i];
+        ev.seq = (*seq)++;
+        ev.kind = MT_EV_ALLOC;
+        ev.addr = k->addr;
+        ev.size = ev.requested = k->size;
+        ev.pool = k->pool;
+        ev.stream = 0;
+        ev.tag = k->tag;
+        mt_model_apply(m, &ev);
+        if (k->pending) {
+            ev.seq = (*seq)++;
+            ev.kind = MT_EV_FREE_REQUESTED;
+            mt_model_apply(m, &ev);
+        }
+    }
+}
+
+int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
+{
+    mt_model_map_t map[MT_MODEL_CLASSES] = {{0}};
+    mt_model_figures_t f[MT_MODEL_CLASSES];
+    mt_model_t *m = NULL;
+    if (mt_model_create(&m, NULL) != 0)
+        goto fail_create;
+    size_t k = 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+        if (mt_model_map(t->base, cls, &map[cls]) != 0)
+            goto fail_map;
+        mt_model_figures_totals(t->base, cls, &f[cls]);
+        k += map[cls].nsegs + map[cls].nblocks;
+        for (size_t i = 0; i < map[cls].nblocks; i++)
+            k += map[cls].blocks[i].pending;
+    }
+    /* Seq numbers just before the window's: the model sees no gap. */
+    uint64_t first = t->wcount ? win_at(t, 0)->seq : 0;
+    uint64_t seq = first >= k ? first - k : 0;
+    uint64_t t0 = t->wcount ? win_at(t, 0)->time_ns : 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+        synth_class(m, &map[cls], &f[cls], t0, &seq);
+        mt_model_map_free(&map[cls]);
+    }
+    for (size_t i = 0; i < upto; i++)
+        mt_model_apply(m, win_at(t, i));
+    *out = m;
+    return 0;
+fail_map:
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
+        mt_model_map_free(&map[cls]);
+    mt_model_destroy(&m);
+fail_create:
+    return MT_ENOMEM;
+}
+
+/* The index just past the last window event with seq <= seq (or time <= t_ns). */
+static size_t window_upto(const mt_d_web_proc_t *t, bool by_time, uint64_t v)
+{
+    size_t lo = 0, hi = t->wcount; /* sequence numbers and times only grow within a process */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const mt_event_rec_t *e = win_at(t, mid);
+        if ((by_time ? e->time_ns : e->seq) <= v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int put_window(mt_d_buf_t *o, const mt_d_web_proc_t *t)
+{
+    if (!t->wcount)
+        return mt__d_buf_append(o, "\"window\":null", 13);
+    const mt_event_rec_t *a = win_at(t, 0), *z = win_at(t, t->wcount - 1);
+    return mt__d_buf_printf(o,
+                            "\"window\":{\"count\":%zu,\"first_seq\":%" PRIu64
+                            ",\"last_seq\":%" PRIu64 ",\"first_t\":%.6f,\"last_t\":%.6f}",
+                            t->wcount, a->seq, z->seq, secs(t, a->time_ns), secs(t, z->time_ns));
+}
+
+static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
+{
+    mt_model_figures_t f;
+    mt_model_map_t map;
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0 ||
+        mt_model_map(m, MT_MODEL_DEVICE, &map) != 0)
+        return MT_ENOMEM;
+    int rc = mt__d_buf_printf(o,
+                              ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64
+                              ",\"total_free\":%" PRIu64 ",\"largest_free\":%" PRIu64
+                              ",\"fragmentation\":%.4f,\"nblocks\":%" PRIu64 ",\"tag_names\":{",
+                              f.allocated, f.reserved, f.total_free, f.largest_free,
+                              f.fragmentation, f.blocks);
+    bool any = false;
+    for (int tag = 0; tag < MT_TAG_MAX && !rc; tag++) {
+        mt_model_tag_t tg;
+        mt_model_tag(m, MT_MODEL_DEVICE, tag, &tg);
+        if (!tg.blocks && !tg.peak && !tg.uncertain_blocks)
+            continue;
+        char nbuf[32];
+        rc |= mt__d_buf_printf(o, "%s\"%d\":", any ? "," : "", tag);
+        rc |= json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+        any = true;
+    }
+    rc |= mt__d_buf_append(o, "},\"ranges\":[", 12);
+    for (size_t i = 0; i < map.nsegs && i < MAX_RANGES && !rc; i++) {
+        const mt_model_seg_t *r = &map.segs[i];
+        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u,%u]", i ? "," : "",
+                               r->addr, r->size, r->mapped, r->pool, r->stream);
+    }
+    rc |= mt__d_buf_append(o, "],\"blocks\":[", 12);
+    size_t n = map.nblocks < MAX_BLOCKS ? map.nblocks : MAX_BLOCKS;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const mt_model_block_t *b = &map.blocks[i];
+        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u]", i ? "," : "", b->addr,
+                               b->size, b->tag, b->pending);
+    }
+    rc |= mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
+    mt_model_map_free(&map);
+    return rc;
+}
+
+/* Where the query asks for a past state: the window index (seq= or t=), else false. */
+static bool past_upto(const mt_d_web_proc_t *t, const char *query, size_t *upto)
+{
+    uint64_t seq;
+    double ts;
+    if (qu64(query, "seq", &seq)) {
+        *upto = window_upto(t, false, seq);
+        return true;
+    }
+    if (qnum(query, "t", &ts)) {
+        *upto = window_upto(t, true, mono_of(t, ts));
+        return true;
+    }
+    return false;
+}
+
+static void serve_map(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_d_buf_t o = {0};
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    const mt_event_rec_t *at = upto ? win_at(t, upto - 1) : NULL;
+    rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
+                           past ? "false" : "true", at ? at->seq : 0,
+                           at ? secs(t, at->time_ns) : 0.0);
+    rc |= put_window(&o, t);
+    if (!rc)
+        rc |= put_map(&o, past ? m : p->model, p);
+    rc |= mt__d_buf_append(&o, "}\n", 2);
+    mt_model_destroy(&m);
+    send_buf(c, &o, rc, head);
+}
+
+static void serve_block(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    uint64_t addr;
+    if (!qu64(query, "addr", &addr)) {
+        bad(c, 400, "addr=0x... is required\n");
+        return;
+    }
+    size_t upto = t->wcount;
+    bool past = past_upto(t, query, &upto);
+    uint64_t at_ns = past && upto ? win_at(t, upto - 1)->time_ns : proc_now(p, t);
+    const mt_event_rec_t *al = NULL;
+    for (size_t i = upto; i-- > 0;) {
+        const mt_event_rec_t *e = win_at(t, i);
+        if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
+            al = e;
+            break;
+        }
+        if (e->kind == MT_EV_FREE_COMPLETED && e->addr == addr && e->pool != MT_POOL_HOST)
+            break; /* the block there now was allocated later, or before the window */
+    }
+    mt_d_buf_t o = {0};
+    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"addr\":\"0x%" PRIx64 "\"", p->pid, addr);
+    if (al) {
+        char nbuf[32];
+        rc |= mt__d_buf_printf(&o,
+                               ",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
+                               ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64
+                               ",\"allocated_t\":%.6f,\"age_s\":%.3f,\"tag\":",
+                               al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
+                               secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
+        rc |= json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
+    } else {
+        rc |= mt__d_buf_append(&o, ",\"before_window\":true", 21);
+    }
+    rc |= mt__d_buf_append(&o, "}\n", 2);
+    send_buf(c, &o, rc, head);
+}
+
+/* ---- event tail ---- */
+
+static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    double nd = 200;
+    qnum(query, "n", &nd);
+    if (!(nd >= 1 && nd <= MAX_TAIL)) {
+        bad(c, 400, "need 1 <= n <= 1000\n");
+        return;
+    }
+    char kind[32] = "", tag[MT_EVENT_LABEL_MAX + 8] = "", pool[16] = "";
+    qget(query, "kind", kind, sizeof kind);
+    qget(query, "tag", tag, sizeof tag);
+    qget(query, "pool", pool, sizeof pool);
+    mt_d_buf_t o = {0};
+    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"matched_of\":%zu,\"events\":[", p->pid, t->wcount);
+    size_t n = 0;
+    for (size_t i = t->wcount; i-- > 0 && n < (size_t)nd && !rc;) {
+        const mt_event_rec_t *e = win_at(t, i);
+        char nbuf[32];
+        const char *tn = mt__d_tag_name(p, e->tag, nbuf, sizeof nbuf);
+        const char *kn = mt_event_kind_name(e->kind), *pn = mt_pool_name(e->pool);
+        if ((kind[0] && strcmp(kind, kn) != 0) || (tag[0] && strcmp(tag, tn) != 0) ||
+            (pool[0] && strcmp(pool, pn) != 0))
+            continue;
+        rc |= mt__d_buf_printf(&o,
+                               "%s{\"seq\":%" PRIu64
+                               ",\"t\":%.6f,\"kind\":\"%s\",\"addr\":\"0x%" PRIx64
+                               "\",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
+                               ",\"pool\":\"%s\",\"stream\":%u,\"allocated\":%" PRIu64
+                               ",\"reserved\":%" PRIu64 ",\"tag\":",
+                               n ? "," : "", e->seq, secs(t, e->time_ns), kn, e->addr, e->size,
+                               e->requested, pn, e->stream, e->allocated, e->reserved);
+        rc |= json_str(&o, tn);
+        rc |= mt__d_buf_append(&o, "}", 1);
+        n++;
+    }
+    rc |= mt__d_buf_append(&o, "]}\n", 3);
+    send_buf(c, &o, rc, head);
+}
+
+/* ---- routing ---- */
+
+bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool head)
+{
+    const char *want = strcmp(path, "/") == 0 ? "/index.html" : path;
+    for (size_t i = 0; i < mt__d_web_nassets; i++) {
+        const mt_d_asset_t *a = &mt__d_web_assets[i];
+        if (strcmp(a->path, want) == 0) {
+            mt__d_http_respond(c, 200, "OK", a->ctype, (const char *)a->data, a->len, head);
+            return true;
+        }
+    }
+    static const struct {
+        const char *path;
+        void (*fn)(mt_d_conn_t *c, const char *query, bool head);
+    } routes[] = {{"/history", serve_history},
+                  {"/spark", serve_spark},
+                  {"/map", serve_map},
+                  {"/block", serve_block},
+                  {"/tail", serve_tail}};
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        if (strcmp(path, routes[i].path) == 0) {
+            const char *badp = query ? bad_param(query) : NULL;
+            if (badp) {
+                char msg[96];
+                snprintf(msg, sizeof msg, "%s: not a valid number\n", badp);
+                bad(c, 400, msg);
+                return true;
+            }
+            routes[i].fn(c, query, head);
+            return true;
+        }
+    }
+    return false;
+}

@@ -1,0 +1,106 @@
+/* memtraced: what the web page reads, kept per process beside the state model.
+ *
+ * For each process the daemon (or `memtrace view`) keeps:
+ * - a downsampled history: buckets of min/max/last figures (device allocated, reserved,
+ *   peak; host allocated, reserved; allocated per tag; OOMs). Two levels: a fine ring of
+ *   the last MT_D_WEB_FINE buckets of MT_D_WEB_FINE_NS each, and a coarse array of at most
+ *   MT_D_WEB_COARSE buckets whose width doubles (pairs merged) when it is full, so that
+ *   hours of events fit in a fixed size;
+ * - a window of the latest events (a ring of `window` records) and a base model: the state
+ *   before the window's first event (evicted events are applied to it). The allocator
+ *   state at any event of the window is a fresh model given the base's segments and
+ *   blocks (as synthesized events), then the window's events up to it.
+ * Memory per process: about 0.6 MiB of history plus 64 bytes x window.
+ *
+ * Routes (GET, JSON unless said; registered in http.c's dispatcher, behind its checks):
+ *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time)
+ *   /history?pid=&from=&to=&buckets=    figures per bucket over [from, to] (seconds)
+ *   /spark?span=&buckets=               allocated per bucket of every process, last span s
+ *   /map?pid=[&seq=|&t=]                segment map and blocks now, or at an event
+ *   /block?pid=&addr=[&seq=]            one block: size, requested, tag, stream, age
+ *   /tail?pid=&n=[&kind=&tag=&pool=]    the latest events of the window, filtered */
+#ifndef MT_DAEMON_WEB_H
+#define MT_DAEMON_WEB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/event.h"
+
+#define MT_D_WEB_FINE       600           /* fine buckets kept */
+#define MT_D_WEB_FINE_NS    250000000ull  /* 250 ms each: the last 150 s */
+#define MT_D_WEB_COARSE     1024          /* coarse buckets at most */
+#define MT_D_WEB_COARSE0_NS 1000000000ull /* first coarse width: 1 s, doubled when full */
+#define MT_D_WEB_WINDOW     (1u << 16)    /* events kept per process (live daemon) */
+
+/* One bucket of history. Invariants: amin <= alast <= amax; t0 is a multiple of the
+ * bucket width; tag[t] = the tag's allocated bytes after the bucket's last event. */
+typedef struct mt_d_web_bkt_s {
+    uint64_t t0;                /* monotonic ns at its start; 0 = empty */
+    uint64_t amin, amax, alast; /* device allocated */
+    uint64_t rmax, rlast;       /* device reserved */
+    uint64_t peak;              /* device peak allocated, at its end */
+    uint64_t hmax, hres;        /* host allocated (max), host reserved (last) */
+    uint64_t tag[MT_TAG_MAX];   /* device allocated by tag, at its end */
+    uint32_t ooms, events;
+} mt_d_web_bkt_t;
+
+struct mt_d_proc_s;
+struct mt_d_s;
+struct mt_d_conn_s;
+
+/* A process's history and event window.
+ * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
+ * window events in arrival order, the oldest at (whead - wcount) mod wcap; base has had
+ * every evicted event applied, in order. */
+typedef struct mt_d_web_proc_s {
+    struct mt_d_web_proc_s *next;
+    const struct mt_d_proc_s *proc; /* the live model this one follows (not owned) */
+    int64_t off_ns;                 /* realtime - monotonic: shown times are epoch seconds */
+    mt_d_web_bkt_t fine[MT_D_WEB_FINE];
+    mt_d_web_bkt_t *coarse;
+    size_t ncoarse;
+    uint64_t coarse_ns; /* width of a coarse bucket */
+    mt_d_web_bkt_t cur; /* the figures now (updated per event), copied into buckets */
+    uint64_t last_ns;   /* monotonic time of the last event */
+    mt_event_rec_t *win;
+    size_t wcap, wcount, whead;
+    struct mt_model_s *base; /* the state before the window's first event */
+} mt_d_web_proc_t;
+
+typedef struct mt_d_web_s {
+    mt_d_web_proc_t *procs;
+    mt_d_web_proc_t *last; /* cache: the tracker of the last recorded event */
+    size_t window;         /* events per process window */
+} mt_d_web_t;
+
+/* Follows one record of p (after the state model applied it). Lazily creates p's tracker;
+ * on allocation failure the record is not tracked (counted nowhere else). */
+void mt__d_web_record(struct mt_d_s *d, const struct mt_d_proc_s *p, const mt_event_rec_t *ev);
+/* Forgets p's tracker (p is being destroyed). */
+void mt__d_web_forget(struct mt_d_s *d, const struct mt_d_proc_s *p);
+/* Frees every tracker. */
+void mt__d_web_free(struct mt_d_s *d);
+/* Sets the events kept per process for trackers created from now on (>= 1024). */
+void mt__d_web_set_window(struct mt_d_s *d, size_t events);
+mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
+
+/* The allocator state after the window's events before index upto (<= wcount): a fresh
+ * model given the base's segments and blocks, then those events. *out is new. */
+int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, struct mt_model_s **out);
+
+/* Answers a web route; returns false when path is not one of them. */
+bool mt__d_web_route(struct mt_d_conn_s *c, const char *path, const char *query, bool head);
+
+/* The page's files (generated by daemon/web/embed.py into web_assets.c). */
+typedef struct mt_d_asset_s {
+    const char *path; /* "/app.js" */
+    const char *ctype;
+    const unsigned char *data;
+    size_t len;
+} mt_d_asset_t;
+extern const mt_d_asset_t mt__d_web_assets[];
+extern const size_t mt__d_web_nassets;
+
+#endif

@@ -1,0 +1,493 @@
+/* memtrace web page: polls the daemon (or `memtrace view`) once a second and draws
+ * the process list, the selected process's charts (uPlot), its segment map, the event
+ * tail, alerts and the comparison of two time ranges. Every request goes to the page's
+ * own origin; a token in the page's URL (?token=) is passed on to every request. */
+'use strict';
+
+const REFRESH_MS = 1000;
+const TOKEN = new URLSearchParams(location.search).get('token');
+const $ = (id) => document.getElementById(id);
+
+const S = {
+  pid: null,            // selected process
+  view: { live: true, span: 300, from: 0, to: 0 },
+  mapSeq: null,         // null = live segment map, else the event seq shown
+  map: null,            // last /map answer (with parsed layout)
+  state: null,          // last /state answer
+  tagKey: '',           // tags of the current chart (it is rebuilt when they change)
+  chart: null, hostChart: null,
+  sparks: new Map(),    // pid -> uPlot
+  cmp: { a: null, b: null },
+  perf: [],             // ms per page update (Performance API), for the benchmark and test
+  updates: 0,
+  busy: false,
+};
+window.mtPage = S;
+
+function api(path) {
+  const sep = path.includes('?') ? '&' : '?';
+  const url = TOKEN ? path + sep + 'token=' + encodeURIComponent(TOKEN) : path;
+  return fetch(url, { cache: 'no-store' }).then((r) => {
+    if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
+    return r.json();
+  });
+}
+
+function fmtBytes(b) {
+  if (b == null) return '–';
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0, v = b;
+  while (Math.abs(v) >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+  return (i ? v.toFixed(v < 10 ? 2 : 1) : String(v)) + ' ' + u[i];
+}
+const fmtPct = (x) => (x == null ? '–' : (100 * x).toFixed(1) + ' %');
+const fmtTime = (s) => new Date(s * 1000).toLocaleTimeString([], { hour12: false }) +
+  '.' + String(Math.floor((s % 1) * 1000)).padStart(3, '0');
+
+const PALETTE = ['#1976d2', '#e53935', '#43a047', '#fb8c00', '#8e24aa', '#00acc1', '#6d4c41',
+  '#c0ca33', '#d81b60', '#3949ab', '#00897b', '#f4511e', '#5e35b1', '#7cb342', '#546e7a'];
+const tagColours = new Map();
+function tagColour(name) {
+  if (!tagColours.has(name)) tagColours.set(name, PALETTE[tagColours.size % PALETTE.length]);
+  return tagColours.get(name);
+}
+
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const k in attrs || {}) e.setAttribute(k, attrs[k]);
+  if (text != null) e.textContent = text;
+  return e;
+}
+
+/* ---- process list and sparklines ---- */
+
+function sparkline(td, pid) {
+  let u = S.sparks.get(pid);
+  if (!u || !td.contains(u.root)) {
+    if (u) u.destroy();
+    u = new uPlot({ width: 130, height: 26, cursor: { show: false }, legend: { show: false },
+      select: { show: false }, axes: [{ show: false }, { show: false }],
+      scales: { x: { time: false } },
+      series: [{}, { stroke: '#1976d2', fill: 'rgba(25,118,210,0.15)', width: 1 }] },
+      [[], []], td);
+    S.sparks.set(pid, u);
+  }
+  return u;
+}
+
+function renderProcs(state, spark) {
+  const tbody = $('procs').tBodies[0];
+  const procs = state.processes.slice().reverse(); // newest first
+  const seen = new Set();
+  const rows = new Map([...tbody.rows].map((r) => [Number(r.dataset.pid), r]));
+  for (const p of procs) {
+    if (seen.has(p.pid)) continue; // a pid registered twice: its newest registration
+    seen.add(p.pid);
+    let r = rows.get(p.pid);
+    if (!r) {
+      r = el('tr', { 'data-pid': p.pid });
+      r.append(el('td'), el('td'), el('td'));
+      r.addEventListener('click', () => select(p.pid));
+      tbody.append(r);
+    }
+    rows.delete(p.pid);
+    r.className = (p.pid === S.pid ? 'sel ' : '') + (p.state === 'exited' ? 'exited' : '');
+    r.cells[0].textContent = `${p.name} (${p.pid})` +
+      (p.state === 'exited' ? ' · ' + (p.exit_reason || 'exited') : '');
+    r.cells[1].textContent = fmtBytes(p.allocated_bytes);
+    const sp = spark.get(p.pid);
+    if (sp) {
+      const u = sparkline(r.cells[2], p.pid);
+      u.setData([sp.v.map((_, i) => i), sp.v]);
+    }
+  }
+  for (const [pid, r] of rows) { r.remove(); const u = S.sparks.get(pid); if (u) u.destroy(); S.sparks.delete(pid); }
+  if (S.pid == null && procs.length) select(procs[0].pid);
+}
+
+function select(pid) {
+  if (S.pid === pid) return;
+  S.pid = pid;
+  S.mapSeq = null;
+  S.view = { live: true, span: S.view.span || 300, from: 0, to: 0 };
+  S.tagKey = '';
+  if (S.chart) { S.chart.destroy(); S.chart = null; }
+  $('blockinfo').textContent = 'Click a block for its size, requested bytes, tag, stream and age.';
+  for (const r of $('procs').tBodies[0].rows) r.classList.toggle('sel', Number(r.dataset.pid) === pid);
+  refresh();
+}
+
+/* ---- alerts ---- */
+
+function renderAlerts(state, spark) {
+  const box = $('alerts');
+  box.textContent = '';
+  for (const p of state.processes) {
+    if (p.ooms > 0 || p.exit_reason === 'oom') {
+      const lo = p.last_oom || {};
+      box.append(el('div', { class: 'oom' }, `OOM: ${p.name} (${p.pid}) ${p.ooms} out-of-memory ` +
+        `error(s)` + (lo.requested_bytes != null ? `, last asked for ${fmtBytes(lo.requested_bytes)} ` +
+        `with ${fmtBytes(lo.free_bytes)} free` : '') + (p.exit_reason === 'oom' ? '; it exited on OOM' : '')));
+    }
+  }
+  for (const [pid, sp] of spark) {
+    const v = sp.v.filter((x) => x != null);
+    if (v.length < 8 || sp.exited) continue;
+    const q = 4, n = Math.floor(v.length / q), mins = [];
+    for (let i = 0; i < q; i++) mins.push(Math.min(...v.slice(i * n, (i + 1) * n)));
+    const rising = mins.every((m, i) => i === 0 || m > mins[i - 1]);
+    const grew = mins[q - 1] - mins[0];
+    if (rising && grew > Math.max(1 << 20, 0.05 * mins[0])) {
+      const p = state.processes.find((x) => x.pid === pid);
+      box.append(el('div', { class: 'growth' }, `Growth: ${p ? p.name : ''} (${pid}) allocated ` +
+        `keeps rising: its floor grew by ${fmtBytes(grew)} over the last 2 minutes`));
+    }
+  }
+}
+
+/* ---- charts ---- */
+
+function viewRange(h) {
+  if (S.view.live) {
+    const now = h ? h.now : Date.now() / 1000;
+    return S.view.span ? { from: now - S.view.span, to: now } : { from: null, to: null };
+  }
+  return { from: S.view.from, to: S.view.to };
+}
+
+function chartWidth(id) { return Math.max(300, $(id).clientWidth - 2); }
+
+function buildChart(tags) {
+  if (S.chart) S.chart.destroy();
+  const series = [{ value: (u, v) => (v == null ? '–' : fmtTime(v)) }];
+  // Stacked by tag: cumulative sums drawn from the largest down, each filled to zero.
+  for (let k = tags.length - 1; k >= 0; k--) {
+    const c = tagColour(tags[k]);
+    series.push({ label: tags[k], stroke: c, fill: c + '55', width: 1,
+      value: (u, v, si, i) => fmtBytes(S.raw && S.raw[tags[k]] ? S.raw[tags[k]][i] : null) });
+  }
+  series.push({ label: 'allocated (max)', stroke: '#000', width: 1.5, value: (u, v) => fmtBytes(v) });
+  series.push({ label: 'allocated (min)', stroke: '#888', width: 1, dash: [4, 3], value: (u, v) => fmtBytes(v) });
+  series.push({ label: 'reserved', stroke: '#b71c1c', width: 1.5, value: (u, v) => fmtBytes(v) });
+  series.push({ label: 'peak', stroke: '#ff6f00', width: 1, dash: [6, 4], value: (u, v) => fmtBytes(v) });
+  S.chart = new uPlot({
+    width: chartWidth('chart'), height: 280, series,
+    scales: { x: { time: true } },
+    axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
+    cursor: { drag: { x: true, y: false } },
+    hooks: { setSelect: [(u) => {
+      if (u.select.width < 3) return;
+      const from = u.posToVal(u.select.left, 'x'), to = u.posToVal(u.select.left + u.select.width, 'x');
+      u.setSelect({ left: 0, width: 0 }, false);
+      S.view = { live: false, span: S.view.span, from, to };
+      refresh();
+    }] },
+  }, [[]].concat(series.slice(1).map(() => [])), $('chart'));
+  S.chart.over.addEventListener('dblclick', () => { S.view.live = true; refresh(); });
+  let down = null;
+  S.chart.over.addEventListener('mousedown', (e) => { down = e.clientX; });
+  S.chart.over.addEventListener('click', (e) => {
+    if (down == null || Math.abs(e.clientX - down) > 2) return;
+    const t = S.chart.posToVal(S.chart.cursor.left, 'x');
+    mapAtTime(t);
+  });
+}
+
+function renderHistory(h) {
+  const tags = Object.keys(h.tags);
+  const key = tags.join('\u0000');
+  if (!S.chart || key !== S.tagKey) { S.tagKey = key; buildChart(tags); }
+  S.raw = h.tags;
+  const cum = [];
+  let acc = h.t.map(() => 0);
+  for (const k of tags) {
+    acc = acc.map((a, i) => a + (h.tags[k][i] || 0));
+    cum.push(acc.map((a, i) => (h.tags[k][i] == null && h.amax[i] == null ? null : a)));
+  }
+  const data = [h.t].concat(cum.reverse(), [h.amax, h.amin, h.reserved, h.peak]);
+  S.chart.setData(data);
+  if (!S.hostChart) {
+    S.hostChart = new uPlot({ width: chartWidth('hostchart'), height: 130,
+      scales: { x: { time: true } }, axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
+      series: [{}, { label: 'host allocated', stroke: '#00897b', fill: '#00897b33', value: (u, v) => fmtBytes(v) },
+        { label: 'host reserved', stroke: '#4e342e', value: (u, v) => fmtBytes(v) }] },
+    [[], [], []], $('hostchart'));
+  }
+  S.hostChart.setData([h.t, h.host_allocated, h.host_reserved]);
+  $('view-info').textContent = (S.view.live ? 'live, ' : 'fixed, ') + fmtTime(h.from) + ' – ' + fmtTime(h.to);
+  for (const b of document.querySelectorAll('[data-span]'))
+    b.classList.toggle('on', S.view.live && Number(b.dataset.span) === S.view.span);
+  $('go-live').classList.toggle('on', S.view.live);
+}
+
+/* ---- segment map ---- */
+
+function layoutMap(m) {
+  const ranges = m.ranges.map((r) => ({ addr: BigInt(r[0]), size: r[1], mapped: r[2], pool: r[3], stream: r[4] }))
+    .sort((a, b) => (a.addr < b.addr ? -1 : a.addr > b.addr ? 1 : 0));
+  let lin = 0;
+  for (const r of ranges) { r.lin = lin; lin += r.size; }
+  const blocks = m.blocks.map((b) => ({ hex: b[0], addr: BigInt(b[0]), size: b[1], tag: b[2], freed: b[3] }))
+    .sort((a, b) => (a.addr < b.addr ? -1 : a.addr > b.addr ? 1 : 0));
+  let k = 0;
+  for (const b of blocks) {
+    while (k < ranges.length && ranges[k].addr + BigInt(ranges[k].size) <= b.addr) k++;
+    b.lin = k < ranges.length && ranges[k].addr <= b.addr ? ranges[k].lin + Number(b.addr - ranges[k].addr) : -1;
+  }
+  m.layout = { ranges, blocks: blocks.filter((b) => b.lin >= 0), total: lin };
+}
+
+function drawMap(m) {
+  const cv = $('map');
+  const W = cv.clientWidth || 900, H = 220;
+  if (cv.width !== W) cv.width = W;
+  const g = cv.getContext('2d');
+  g.fillStyle = '#fff';
+  g.fillRect(0, 0, W, H);
+  const L = m.layout, rows = 10, rowH = H / rows;
+  const per = Math.max(1, L.total / (W * rows)); // bytes per pixel
+  m.layout.per = per; m.layout.rowH = rowH; m.layout.W = W;
+  const span = (lin, size, colour) => {
+    let x = lin / per, w = Math.max(size / per, 1);
+    g.fillStyle = colour;
+    while (w > 0) {
+      const row = Math.floor(x / W), cx = x - row * W, cw = Math.min(w, W - cx);
+      g.fillRect(cx, row * rowH + 1, cw, rowH - 2);
+      x += cw; w -= cw;
+    }
+  };
+  for (const r of L.ranges) span(r.lin, r.size, r.mapped ? '#e0f2f1' : '#eceff1');
+  for (const b of L.blocks) {
+    const name = m.tag_names[b.tag] || 'tag' + b.tag;
+    span(b.lin, b.size, b.freed ? '#bdbdbd' : tagColour(name));
+  }
+  g.fillStyle = '#263238';
+  for (const r of L.ranges) { const x = r.lin / per, row = Math.floor(x / W); g.fillRect(x - row * W, row * rowH, 1, rowH); }
+  const lg = $('legend');
+  lg.textContent = '';
+  for (const t in m.tag_names) {
+    const s = el('span'); const i = el('i'); i.style.background = tagColour(m.tag_names[t]);
+    s.append(i, m.tag_names[t]); lg.append(s);
+  }
+  const s = el('span'); const i = el('i'); i.style.background = '#bdbdbd'; s.append(i, 'freed, awaiting its stream'); lg.append(s);
+  const f = el('span'); const j = el('i'); j.style.background = '#eceff1'; f.append(j, 'free in a segment'); lg.append(f);
+}
+
+function renderMap(m) {
+  layoutMap(m);
+  S.map = m;
+  drawMap(m);
+  $('map-blocks').textContent = String(m.nblocks);
+  $('map-frag').textContent = `reserved ${fmtBytes(m.reserved)}, free ${fmtBytes(m.total_free)}, ` +
+    `largest free ${fmtBytes(m.largest_free)}, fragmentation ${fmtPct(m.fragmentation)}` +
+    (m.blocks_truncated ? ' (blocks truncated)' : '');
+  const w = m.window, sc = $('scrub');
+  if (w) {
+    sc.min = w.first_seq; sc.max = w.last_seq;
+    sc.value = S.mapSeq == null ? w.last_seq : m.seq;
+    $('scrub-info').textContent = (m.live ? 'live' : `at event ${m.seq}, ${fmtTime(m.t)}`) +
+      ` · history of the last ${w.count} events, from ${fmtTime(w.first_t)}`;
+  }
+  $('map-info').textContent = m.live ? '(live)' : `(at ${fmtTime(m.t)})`;
+  $('map-live').classList.toggle('on', m.live);
+}
+
+function mapQuery() {
+  return S.mapSeq == null ? '' : '&seq=' + S.mapSeq;
+}
+
+async function mapAtTime(t) {
+  const m = await api(`/map?pid=${S.pid}&t=${t}`);
+  S.mapSeq = m.seq;
+  renderMap(m);
+}
+
+async function mapAtSeq(seq) {
+  S.mapSeq = seq;
+  renderMap(await api(`/map?pid=${S.pid}&seq=${seq}`));
+}
+
+async function blockAt(ev) {
+  const m = S.map;
+  if (!m || !m.layout.per) return;
+  const r = $('map').getBoundingClientRect();
+  const x = ev.clientX - r.left, y = ev.clientY - r.top;
+  const row = Math.floor(y / m.layout.rowH);
+  const lin = (row * m.layout.W + x) * m.layout.per;
+  const slop = 2 * m.layout.per;
+  const b = m.layout.blocks.find((bb) => lin >= bb.lin - slop && lin < bb.lin + bb.size + slop);
+  const box = $('blockinfo');
+  if (!b) { box.textContent = 'No block there (free space).'; return; }
+  const info = await api(`/block?pid=${S.pid}&addr=${b.hex}${mapQuery()}`);
+  const name = m.tag_names[b.tag] || 'tag' + b.tag;
+  box.textContent = `block ${b.hex}: size ${fmtBytes(b.size)}, tag ${name}` + (b.freed ? ' (freed, awaiting its stream)' : '') +
+    (info.before_window ? '; allocated before the kept history (requested bytes, stream and age unknown)'
+      : `, requested ${fmtBytes(info.requested)}, stream ${info.stream}, pool ${info.pool}, ` +
+        `age ${info.age_s.toFixed(3)} s (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
+}
+
+/* ---- event tail ---- */
+
+const KINDS = ['alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free',
+  'segment_map', 'segment_unmap', 'oom', 'reserve', 'empty_cache', 'config', 'stats', 'mark',
+  'compaction', 'gap', 'tag_label'];
+
+const esc = (v) => String(v).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' }[c]));
+
+function renderTail(t) {
+  // One string, one parse: much cheaper than a thousand createElement calls a second.
+  let h = '';
+  for (const e of t.events) {
+    h += `<tr data-tag="${esc(e.tag)}" data-kind="${esc(e.kind)}" data-pool="${esc(e.pool)}">`;
+    for (const v of [e.seq, fmtTime(e.t), e.kind, e.tag, e.pool, fmtBytes(e.size), fmtBytes(e.requested),
+      e.addr, e.stream, fmtBytes(e.allocated)]) h += `<td>${esc(v)}</td>`;
+    h += '</tr>';
+  }
+  $('tail').tBodies[0].innerHTML = h;
+}
+
+function updateTagFilter(names) {
+  const sel = $('f-tag');
+  const have = new Set([...sel.options].map((o) => o.value));
+  for (const n of names) if (!have.has(n)) sel.append(el('option', { value: n }, n));
+}
+
+/* ---- tiles ---- */
+
+function renderTiles(p) {
+  $('title').textContent = `${p.name} (pid ${p.pid})` + (p.backend ? ' · ' + p.backend : '') +
+    (p.state === 'exited' ? ' · exited: ' + (p.exit_reason || '') : '');
+  const a = $('alloc-value');
+  a.textContent = fmtBytes(p.allocated_bytes);
+  a.dataset.bytes = String(p.allocated_bytes);
+  $('reserved-value').textContent = fmtBytes(p.reserved_bytes);
+  $('peak-value').textContent = fmtBytes(p.peak_allocated_bytes);
+  $('util-value').textContent = fmtPct(p.utilization);
+  $('frag-value').textContent = fmtPct(p.fragmentation);
+  $('lfb-value').textContent = fmtBytes(p.largest_free_block_bytes);
+  $('oom-value').textContent = String(p.ooms);
+  const h = p.host || {};
+  $('host-alloc-value').textContent = fmtBytes(h.allocated_bytes);
+  $('host-res-value').textContent = fmtBytes(h.reserved_bytes);
+  $('host-peak-value').textContent = fmtBytes(h.peak_allocated_bytes);
+  updateTagFilter((p.tags || []).map((t) => t.name));
+}
+
+/* ---- compare ---- */
+
+async function setRange(which) {
+  const h = S.lastHistory;
+  if (!h) return;
+  const r = { pid: S.pid, from: h.from, to: h.to };
+  S.cmp[which] = r;
+  $(which + '-info').textContent = `pid ${r.pid}, ${fmtTime(r.from)} – ${fmtTime(r.to)}`;
+  if (S.cmp.a && S.cmp.b) renderCompare();
+}
+
+async function renderCompare() {
+  const q = (r) => api(`/history?pid=${r.pid}&from=${r.from}&to=${r.to}&buckets=1`);
+  const [a, b] = await Promise.all([q(S.cmp.a), q(S.cmp.b)]);
+  const rows = [];
+  const names = new Set([...Object.keys(a.tags), ...Object.keys(b.tags)]);
+  for (const n of names) rows.push([n, (a.tags[n] || [0])[0] || 0, (b.tags[n] || [0])[0] || 0]);
+  rows.sort((x, y) => (y[2] - y[1]) - (x[2] - x[1]));
+  rows.push(['allocated (max in range)', a.amax[0] || 0, b.amax[0] || 0]);
+  rows.push(['reserved (max in range)', a.reserved[0] || 0, b.reserved[0] || 0]);
+  const tbody = $('compare').tBodies[0];
+  tbody.textContent = '';
+  for (const [n, x, y] of rows) {
+    const r = el('tr');
+    r.append(el('td', null, n), el('td', null, fmtBytes(x)), el('td', null, fmtBytes(y)));
+    const d = el('td', { class: y > x ? 'grew' : y < x ? 'shrank' : '' }, (y >= x ? '+' : '−') + fmtBytes(Math.abs(y - x)));
+    r.append(d);
+    tbody.append(r);
+  }
+}
+
+/* ---- the refresh loop ---- */
+
+function setStatus(ok, text) {
+  const s = $('status');
+  s.className = 'status ' + (ok ? 'ok' : 'down');
+  s.textContent = text;
+}
+
+async function refresh() {
+  if (S.busy) { S.again = true; return; }
+  S.busy = true;
+  try {
+    const [state, spark] = await Promise.all([api('/state'), api('/spark?span=120&buckets=60')]);
+    let hist = null, map = null, tail = null;
+    const p = state.processes.filter((x) => x.pid === S.pid).pop();
+    if (p) {
+      const r = viewRange(S.lastHistory && S.lastHistory.pid === S.pid ? S.lastHistory : null);
+      const rq = r.from == null ? '' : `&from=${r.from}&to=${r.to}`;
+      const nb = Math.min(1000, Math.max(50, Math.floor(chartWidth('chart') / 4)));
+      const f = ['kind', 'tag', 'pool'].map((k) => ($('f-' + k).value ? `&${k}=${encodeURIComponent($('f-' + k).value)}` : '')).join('');
+      [hist, map, tail] = await Promise.all([
+        api(`/history?pid=${S.pid}&buckets=${nb}${S.view.live ? (S.view.span ? `&from=${Date.now() / 1000 - S.view.span - 5}` : '') : rq}`).catch(() => null),
+        S.mapSeq == null ? api(`/map?pid=${S.pid}`).catch(() => null) : Promise.resolve(null),
+        api(`/tail?pid=${S.pid}&n=60${f}`).catch(() => null)]);
+    }
+    // Everything arrived: the page update proper, timed.
+    const t0 = performance.now();
+    const sec = [];
+    const lap = (name) => sec.push([name, performance.now()]);
+    const sp = new Map(spark.procs.map((x) => [x.pid, x]));
+    S.state = state;
+    renderProcs(state, sp); lap('procs');
+    renderAlerts(state, sp); lap('alerts');
+    $('empty').hidden = !!p;
+    $('selected').hidden = !p;
+    if (p) {
+      renderTiles(p); lap('tiles');
+      if (hist) {
+        S.lastHistory = hist;
+        renderHistory(hist); lap('history');
+      }
+      if (map) { renderMap(map); lap('map'); }
+      if (tail) { renderTail(tail); lap('tail'); }
+    }
+    const dt = performance.now() - t0;
+    S.sections = sec.map(([n, t], i) => [n, t - (i ? sec[i - 1][1] : t0)]);
+    if (dt > (S.worst ? S.worst.dt : 0)) S.worst = { dt, sections: S.sections };
+    performance.measure('mt-update', { start: t0, duration: dt });
+    S.perf.push(dt);
+    if (S.perf.length > 1000) S.perf.shift();
+    S.updates++;
+    setStatus(true, `live · ${state.processes.length} process(es) · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
+  } catch (e) {
+    setStatus(false, 'disconnected, retrying… (' + e.message + ')');
+  } finally {
+    S.busy = false;
+    if (S.again) { S.again = false; setTimeout(refresh, 0); }
+  }
+}
+
+function init() {
+  for (const k of KINDS) $('f-kind').append(el('option', { value: k }, k));
+  for (const b of document.querySelectorAll('[data-span]'))
+    b.addEventListener('click', () => { S.view = { live: true, span: Number(b.dataset.span) }; refresh(); });
+  const pan = (dir) => {
+    const h = S.lastHistory; if (!h) return;
+    const w = h.to - h.from;
+    S.view = { live: false, span: S.view.span, from: h.from + dir * w / 2, to: h.to + dir * w / 2 };
+    refresh();
+  };
+  $('pan-left').addEventListener('click', () => pan(-1));
+  $('pan-right').addEventListener('click', () => pan(1));
+  $('go-live').addEventListener('click', () => { S.view.live = true; refresh(); });
+  $('scrub').addEventListener('input', (e) => mapAtSeq(Number(e.target.value)));
+  $('step-back').addEventListener('click', () => mapAtSeq(Math.max(Number($('scrub').min), (S.map ? S.map.seq : 0) - 1)));
+  $('step-fwd').addEventListener('click', () => mapAtSeq((S.map ? S.map.seq : 0) + 1));
+  $('map-live').addEventListener('click', () => { S.mapSeq = null; refresh(); });
+  $('map').addEventListener('click', blockAt);
+  for (const k of ['kind', 'tag', 'pool']) $('f-' + k).addEventListener('change', refresh);
+  $('set-a').addEventListener('click', () => setRange('a'));
+  $('set-b').addEventListener('click', () => setRange('b'));
+  window.addEventListener('resize', () => { S.tagKey = ''; if (S.hostChart) { S.hostChart.destroy(); S.hostChart = null; } refresh(); });
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+}
+
+init();

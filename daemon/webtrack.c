@@ -1,0 +1,257 @@
+/* memtraced: per-process history buckets and event windows for the web page (web.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "analysis/model.h"
+#include "daemon/internal.h"
+#include "daemon/web.h"
+#include "util/assert.h"
+
+static int64_t clock_offset_ns(void)
+{
+    struct timespec r, m;
+    clock_gettime(CLOCK_REALTIME, &r);
+    clock_gettime(CLOCK_MONOTONIC, &m);
+    return ((int64_t)r.tv_sec - (int64_t)m.tv_sec) * 1000000000 +
+           ((int64_t)r.tv_nsec - (int64_t)m.tv_nsec);
+}
+
+static mt_d_web_t *web_of(mt_d_t *d, bool create)
+{
+    if (!d->web && create) {
+        d->web = calloc(1, sizeof *d->web);
+        if (d->web)
+            d->web->window = MT_D_WEB_WINDOW;
+    }
+    return d->web;
+}
+
+void mt__d_web_set_window(mt_d_t *d, size_t events)
+{
+    mt_d_web_t *w = web_of(d, true);
+    if (w)
+        w->window = events < 1024 ? 1024 : events;
+}
+
+void mt_d_set_event_window(mt_d_t *d, size_t events)
+{
+    mt__d_web_set_window(d, events);
+}
+
+static void tracker_free(mt_d_web_proc_t *t)
+{
+    free(t->coarse);
+    free(t->win);
+    mt_model_destroy(&t->base);
+    free(t);
+}
+
+static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
+{
+    mt_d_web_proc_t *t = calloc(1, sizeof *t);
+    if (!t)
+        goto fail_alloc;
+    t->coarse = calloc(MT_D_WEB_COARSE, sizeof *t->coarse);
+    if (!t->coarse)
+        goto fail_coarse;
+    t->wcap = w->window;
+    t->win = malloc(t->wcap * sizeof *t->win);
+    if (!t->win)
+        goto fail_window;
+    if (mt_model_create(&t->base, NULL) != 0)
+        goto fail_base;
+    t->proc = p;
+    t->off_ns = clock_offset_ns();
+    t->coarse_ns = MT_D_WEB_COARSE0_NS;
+    t->next = w->procs;
+    w->procs = t;
+    return t;
+fail_base:
+    free(t->win);
+fail_window:
+    free(t->coarse);
+fail_coarse:
+    free(t);
+fail_alloc:
+    return NULL;
+}
+
+mt_d_web_proc_t *mt__d_web_find(mt_d_t *d, const mt_d_proc_t *p)
+{
+    mt_d_web_t *w = d->web;
+    if (!w)
+        return NULL;
+    if (w->last && w->last->proc == p)
+        return w->last;
+    for (mt_d_web_proc_t *t = w->procs; t; t = t->next)
+        if (t->proc == p)
+            return w->last = t;
+    return NULL;
+}
+
+void mt__d_web_forget(mt_d_t *d, const mt_d_proc_t *p)
+{
+    mt_d_web_t *w = d->web;
+    if (!w)
+        return;
+    for (mt_d_web_proc_t **pp = &w->procs; *pp; pp = &(*pp)->next) {
+        if ((*pp)->proc != p)
+            continue;
+        mt_d_web_proc_t *t = *pp;
+        *pp = t->next;
+        if (w->last == t)
+            w->last = NULL;
+        tracker_free(t);
+        return;
+    }
+}
+
+void mt__d_web_free(mt_d_t *d)
+{
+    mt_d_web_t *w = d->web;
+    if (!w)
+        return;
+    while (w->procs) {
+        mt_d_web_proc_t *t = w->procs;
+        w->procs = t->next;
+        tracker_free(t);
+    }
+    free(w);
+    d->web = NULL;
+}
+
+/* Folds the figures now (cur) into bucket b, which starts at t0. */
+static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool is_oom)
+{
+    if (b->t0 != t0) {
+        *b = *cur;
+        b->t0 = t0;
+        b->amin = b->amax = cur->alast;
+        b->rmax = cur->rlast;
+        b->ooms = 0;
+        b->events = 0;
+    } else {
+        if (cur->alast < b->amin)
+            b->amin = cur->alast;
+        if (cur->alast > b->amax)
+            b->amax = cur->alast;
+        if (cur->rlast > b->rmax)
+            b->rmax = cur->rlast;
+        if (cur->hmax > b->hmax)
+            b->hmax = cur->hmax;
+        b->alast = cur->alast;
+        b->rlast = cur->rlast;
+        b->peak = cur->peak;
+        b->hres = cur->hres;
+        memcpy(b->tag, cur->tag, sizeof b->tag);
+    }
+    b->ooms += is_oom;
+    b->events++;
+    mt_assert(b->amin <= b->alast && b->alast <= b->amax);
+}
+
+/* a absorbs the later bucket b (same figures as one bucket over both spans). */
+static void bucket_merge(mt_d_web_bkt_t *a, const mt_d_web_bkt_t *b)
+{
+    if (b->amin < a->amin)
+        a->amin = b->amin;
+    if (b->amax > a->amax)
+        a->amax = b->amax;
+    if (b->rmax > a->rmax)
+        a->rmax = b->rmax;
+    if (b->hmax > a->hmax)
+        a->hmax = b->hmax;
+    a->alast = b->alast;
+    a->rlast = b->rlast;
+    a->peak = b->peak;
+    a->hres = b->hres;
+    memcpy(a->tag, b->tag, sizeof a->tag);
+    a->ooms += b->ooms;
+    a->events += b->events;
+}
+
+/* Halves the coarse resolution: buckets merged in pairs of the doubled width. */
+static void coarse_halve(mt_d_web_proc_t *t)
+{
+    uint64_t w2 = t->coarse_ns * 2;
+    size_t n = 0;
+    for (size_t i = 0; i < t->ncoarse; i++) {
+        uint64_t t0 = t->coarse[i].t0 / w2 * w2;
+        if (n > 0 && t->coarse[n - 1].t0 == t0) {
+            bucket_merge(&t->coarse[n - 1], &t->coarse[i]);
+        } else {
+            t->coarse[n] = t->coarse[i];
+            t->coarse[n].t0 = t0;
+            n++;
+        }
+    }
+    t->ncoarse = n;
+    t->coarse_ns = w2;
+}
+
+static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    mt_d_web_bkt_t *c = &t->cur;
+    mt_model_figures_t dev, host;
+    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &dev);
+    mt_model_figures_totals(p->model, MT_MODEL_HOST, &host);
+    c->alast = dev.allocated;
+    c->rlast = dev.reserved;
+    c->peak = dev.peak_allocated;
+    c->hmax = host.allocated;
+    c->hres = host.reserved;
+    if (ev->tag < MT_TAG_MAX && ev->pool != MT_POOL_HOST) {
+        mt_model_tag_t tg;
+        mt_model_tag(p->model, MT_MODEL_DEVICE, ev->tag, &tg);
+        c->tag[ev->tag] = tg.bytes;
+    }
+    uint64_t now = ev->time_ns ? ev->time_ns : 1;
+    t->last_ns = now;
+    bool oom = ev->kind == MT_EV_OOM;
+    uint64_t f0 = now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS;
+    bucket_fold(&t->fine[(now / MT_D_WEB_FINE_NS) % MT_D_WEB_FINE], f0, c, oom);
+    uint64_t c0 = now / t->coarse_ns * t->coarse_ns;
+    if (t->ncoarse > 0 && c0 < t->coarse[t->ncoarse - 1].t0)
+        c0 = t->coarse[t->ncoarse - 1].t0; /* a clock that went back: the last bucket */
+    if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0) {
+        if (t->ncoarse == MT_D_WEB_COARSE) {
+            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
+                coarse_halve(t);
+            c0 = now / t->coarse_ns * t->coarse_ns;
+            if (c0 < t->coarse[t->ncoarse - 1].t0)
+                c0 = t->coarse[t->ncoarse - 1].t0;
+        }
+        if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
+            t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
+    }
+    bucket_fold(&t->coarse[t->ncoarse - 1], c0, c, oom);
+    mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
+}
+
+static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
+{
+    if (t->wcount == t->wcap) {
+        /* The oldest event leaves the window: the base model takes it. */
+        const mt_event_rec_t *old = &t->win[t->whead];
+        mt_model_apply(t->base, old);
+        t->wcount--;
+    }
+    t->win[t->whead] = *ev;
+    t->whead = (t->whead + 1) % t->wcap;
+    t->wcount++;
+}
+
+void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    mt_d_web_t *w = web_of(d, true);
+    if (!w)
+        return;
+    mt_d_web_proc_t *t = mt__d_web_find(d, p);
+    if (!t && (t = tracker_new(w, p)) == NULL)
+        return;
+    w->last = t;
+    window_record(t, ev);
+    if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL)
+        history_record(t, p, ev);
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Writes dashboards/memtrace.json, the Grafana dashboard over memtraced's /metrics.
+
+Run it after changing the panels below: python3 dashboards/gen_dashboard.py
+Every expression names only families that /metrics serves (checked by tests/fleet).
+"""
+import json
+import os
+
+SEL = 'instance=~"$instance",pid=~"$pid"'
+NAME = ' * on(instance, pid) group_left(name) memtrace_process_info'
+PROC_LEGEND = '{{instance}} {{name}} ({{pid}})'
+
+
+def panel(pid, title, exprs, x, y, w=12, h=8, unit="bytes", stack=False, kind="timeseries"):
+    targets = [{"refId": chr(65 + i), "expr": e, "legendFormat": l,
+                "datasource": {"type": "prometheus", "uid": "${datasource}"}}
+               for i, (e, l) in enumerate(exprs)]
+    custom = {"fillOpacity": 30 if stack else 0, "lineWidth": 1, "showPoints": "never"}
+    if stack:
+        custom["stacking"] = {"mode": "normal", "group": "A"}
+    return {"id": pid, "type": kind, "title": title, "gridPos": {"x": x, "y": y, "w": w, "h": h},
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+            "options": {"legend": {"displayMode": "table", "placement": "right",
+                                   "calcs": ["lastNotNull", "max"]},
+                        "tooltip": {"mode": "multi"}},
+            "targets": targets}
+
+
+def row(pid, title, y):
+    return {"id": pid, "type": "row", "title": title, "collapsed": False,
+            "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
+
+
+def var(name, query, label, multi=True):
+    return {"name": name, "label": label, "type": "query",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {"query": query, "refId": name}, "definition": query,
+            "refresh": 2, "multi": multi, "includeAll": True, "allValue": ".*",
+            "current": {"text": "All", "value": "$__all"}, "sort": 1}
+
+
+panels = []
+n = iter(range(1, 100))
+y = 0
+panels.append(row(next(n), "Fleet (one memtraced per node)", y)); y += 1
+panels += [
+    panel(next(n), "Device allocated by node", [('sum by (instance) (memtrace_allocated_bytes{instance=~"$instance"})', "{{instance}}")], 0, y),
+    panel(next(n), "Device reserved by node", [('sum by (instance) (memtrace_reserved_bytes{instance=~"$instance"})', "{{instance}}")], 12, y),
+]
+y += 8
+panels += [
+    panel(next(n), "Running processes by node", [('memtrace_processes{instance=~"$instance",state="running"}', "{{instance}}")], 0, y, 8, 6, unit="short"),
+    panel(next(n), "OOMs (last 5 min) by node", [('sum by (instance) (increase(memtrace_ooms_total{instance=~"$instance"}[5m]))', "{{instance}}")], 8, y, 8, 6, unit="short"),
+    panel(next(n), "Events/s by node", [('rate(memtrace_daemon_events_total{instance=~"$instance"}[1m])', "{{instance}}"),
+                                        ('sum by (instance) (rate(memtrace_events_dropped_total{instance=~"$instance"}[1m]))', "{{instance}} dropped")], 16, y, 8, 6, unit="ops"),
+]
+y += 6
+panels.append(row(next(n), "Processes", y)); y += 1
+panels += [
+    panel(next(n), "Allocated (device) per process", [("memtrace_allocated_bytes{%s}%s" % (SEL, NAME), PROC_LEGEND)], 0, y),
+    panel(next(n), "Reserved (device) per process", [("memtrace_reserved_bytes{%s}%s" % (SEL, NAME), PROC_LEGEND)], 12, y),
+]
+y += 8
+panels += [
+    panel(next(n), "Utilization (allocated / reserved)", [("memtrace_utilization_ratio{%s}%s" % (SEL, NAME), PROC_LEGEND)], 0, y, 8, 8, unit="percentunit"),
+    panel(next(n), "Fragmentation (1 - largest free / free)", [("memtrace_fragmentation_ratio{%s}%s" % (SEL, NAME), PROC_LEGEND)], 8, y, 8, 8, unit="percentunit"),
+    panel(next(n), "Peaks", [("memtrace_peak_allocated_bytes{%s}%s" % (SEL, NAME), "allocated " + PROC_LEGEND),
+                              ("memtrace_peak_reserved_bytes{%s}%s" % (SEL, NAME), "reserved " + PROC_LEGEND)], 16, y, 8, 8),
+]
+y += 8
+panels += [
+    panel(next(n), "Pinned host memory per process", [("memtrace_host_allocated_bytes{%s}%s" % (SEL, NAME), "allocated " + PROC_LEGEND),
+                                                       ("memtrace_host_reserved_bytes{%s}%s" % (SEL, NAME), "reserved " + PROC_LEGEND)], 0, y),
+    panel(next(n), "Free cache and largest free block", [("memtrace_free_bytes{%s}%s" % (SEL, NAME), "free " + PROC_LEGEND),
+                                                          ("memtrace_largest_free_block_bytes{%s}%s" % (SEL, NAME), "largest " + PROC_LEGEND)], 12, y),
+]
+y += 8
+panels.append(row(next(n), "Tags", y)); y += 1
+panels += [
+    panel(next(n), "Device bytes by tag (stacked)", [('sum by (tag) (memtrace_tag_allocated_bytes{%s,tag=~"$tag"})' % SEL, "{{tag}}")], 0, y, stack=True),
+    panel(next(n), "Peak by tag, per process", [('memtrace_tag_peak_bytes{%s,tag=~"$tag"}%s' % (SEL, NAME), "{{tag}} " + PROC_LEGEND)], 12, y),
+]
+y += 8
+panels.append(row(next(n), "Devices and pools", y)); y += 1
+panels += [
+    panel(next(n), "Allocated by device", [('sum by (instance, device) (memtrace_device_allocated_bytes{%s,device=~"$device"})' % SEL, "{{instance}} device {{device}}")], 0, y, 8),
+    panel(next(n), "Reserved by device", [('sum by (instance, device) (memtrace_device_reserved_bytes{%s,device=~"$device"})' % SEL, "{{instance}} device {{device}}")], 8, y, 8),
+    panel(next(n), "Live blocks by pool", [('sum by (pool) (memtrace_pool_allocated_bytes{%s})' % SEL, "{{pool}}")], 16, y, 8, stack=True),
+]
+
+dashboard = {
+    "title": "memtrace",
+    "uid": "memtrace",
+    "description": "Device and pinned host memory of every instrumented process, from memtraced's /metrics (one daemon per node).",
+    "tags": ["memtrace", "gpu", "memory"],
+    "timezone": "browser",
+    "schemaVersion": 38,
+    "version": 1,
+    "editable": True,
+    "refresh": "10s",
+    "time": {"from": "now-1h", "to": "now"},
+    "templating": {"list": [
+        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
+         "current": {}, "hide": 0},
+        var("instance", "label_values(memtrace_processes, instance)", "node"),
+        var("name", 'label_values(memtrace_process_info{instance=~"$instance"}, name)', "process"),
+        var("pid", 'label_values(memtrace_process_info{instance=~"$instance",name=~"$name"}, pid)', "pid"),
+        var("tag", 'label_values(memtrace_tag_allocated_bytes{instance=~"$instance"}, tag)', "tag"),
+        var("device", 'label_values(memtrace_device_allocated_bytes{instance=~"$instance"}, device)', "device"),
+    ]},
+    "panels": panels,
+}
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memtrace.json")
+with open(out, "w") as f:
+    json.dump(dashboard, f, indent=2)
+    f.write("\n")

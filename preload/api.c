@@ -1,0 +1,342 @@
+/* The program-facing entry points of the preload library: the calling thread's current
+ * tag (a stack per thread), marks, statistics, snapshots, and PyTorch's optional
+ * pluggable-allocator entry points. Python's memtrace package calls these by symbol
+ * through ctypes; C programs may declare and call them too (preload/README.md). */
+#include <dlfcn.h>
+#include <jansson.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "preload/api.h"
+#include "preload/preload.h"
+#include "util/assert.h"
+
+/* ---- the calling thread's tag ----
+ * Invariant: 0 <= tls_depth <= MEMTRACE_TAG_DEPTH; tls_tag is the current tag, and
+ * tls_stack[0..tls_depth) holds the tags that were current before each push. */
+static _Thread_local int tls_tag;
+static _Thread_local int tls_depth;
+static _Thread_local uint8_t tls_stack[MEMTRACE_TAG_DEPTH];
+
+int mt__preload_tag(void)
+{
+    return tls_tag;
+}
+
+/* A tag id this process may use: a built-in one, or a user id registered here. */
+static bool tag_known(int id)
+{
+    mt_preload_t *P = mt__preload();
+    return id >= 0 && id < MT_TAG_USER_FIRST + atomic_load(&P->ntags_user);
+}
+
+/* Names the allocators accept: 1..31 bytes, no control characters, not "tag<N>" (the
+ * consumers' name for an unlabelled id). */
+static bool name_ok(const char *name)
+{
+    if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof mt__preload()->tag_names[0])
+        return false;
+    for (const char *c = name; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            return false;
+    if (strncmp(name, "tag", 3) == 0 && name[3] != '\0' &&
+        strspn(name + 3, "0123456789") == strlen(name + 3))
+        return false;
+    return true;
+}
+
+MT_HOOK int memtrace_tag_lookup(const char *name)
+{
+    if (name == NULL)
+        return MT_EINVAL;
+    for (int t = 0; t < MT_TAG_USER_FIRST; t++)
+        if (strcmp(name, mt_tag_builtin_name(t)) == 0)
+            return t;
+    mt_preload_t *P = mt__preload();
+    int n = atomic_load(&P->ntags_user);
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_USER_FIRST + n; t++)
+        if (strcmp(name, P->tag_names[t]) == 0)
+            return t;
+    return MT_ENOENT;
+}
+
+MT_HOOK int memtrace_tag_register(const char *name)
+{
+    if (!name_ok(name))
+        return MT_EINVAL;
+    int id = memtrace_tag_lookup(name);
+    if (id >= 0)
+        return id;
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    pthread_mutex_lock(&P->mu);
+    int n = atomic_load(&P->ntags_user);
+    int rc = MT_ENOMEM;
+    id = memtrace_tag_lookup(name); /* another thread may have registered it meanwhile */
+    if (id >= 0) {
+        rc = id;
+    } else if (MT_TAG_USER_FIRST + n < MT_TAG_MAX) {
+        id = MT_TAG_USER_FIRST + n;
+        snprintf(P->tag_names[id], sizeof P->tag_names[id], "%s", name);
+        rc = mt__preload_register_tag(P, id, -1);
+        if (rc == 0) {
+            mt_assert(memtrace_tag_lookup(name) == MT_ENOENT); /* ids stay one per name */
+            atomic_store(&P->ntags_user, n + 1);
+            rc = id;
+        } else {
+            P->tag_names[id][0] = '\0';
+        }
+    }
+    pthread_mutex_unlock(&P->mu);
+    return rc;
+}
+
+MT_HOOK const char *memtrace_tag_name(int id)
+{
+    if (!tag_known(id))
+        return NULL;
+    return id < MT_TAG_USER_FIRST ? mt_tag_builtin_name(id) : mt__preload()->tag_names[id];
+}
+
+MT_HOOK int memtrace_tag_current(void)
+{
+    return tls_tag;
+}
+
+MT_HOOK int memtrace_tag_set(int id)
+{
+    if (!tag_known(id))
+        return MT_EINVAL;
+    int prev = tls_tag;
+    tls_tag = id;
+    return prev;
+}
+
+MT_HOOK int memtrace_tag_push(int id)
+{
+    if (!tag_known(id))
+        return MT_EINVAL;
+    if (tls_depth == MEMTRACE_TAG_DEPTH)
+        return MT_EOVERFLOW;
+    tls_stack[tls_depth++] = (uint8_t)tls_tag;
+    tls_tag = id;
+    mt_assert(tls_depth > 0 && tls_depth <= MEMTRACE_TAG_DEPTH);
+    return 0;
+}
+
+MT_HOOK int memtrace_tag_pop(void)
+{
+    if (tls_depth == 0)
+        return MT_EINVAL;
+    tls_tag = tls_stack[--tls_depth];
+    mt_assert(tls_depth >= 0 && tls_tag >= 0 && tls_tag < MT_TAG_MAX);
+    return 0;
+}
+
+MT_HOOK int memtrace_tag_depth(void)
+{
+    return tls_depth;
+}
+
+/* ---- marks ---- */
+
+/* Marks go through device 0's allocator (created at start), so each reaches consumers
+ * once per process, ordered with that allocator's events and carrying its totals. */
+static int mark_alloc(mt_alloc_t **a)
+{
+    return mt__preload_alloc(0, a);
+}
+
+MT_HOOK int memtrace_mark(int mark, uint64_t payload)
+{
+    if (mark < MT_MARK_ITERATION || mark > MT_MARK_WARMUP_END)
+        return MT_EINVAL;
+    mt_alloc_t *a = NULL;
+    int rc = mark_alloc(&a);
+    if (rc != 0)
+        return rc;
+    mt__guard_enter();
+    mt_alloc_emit(a, MT_EV_MARK, (uint64_t)mark, payload, tls_tag);
+    mt__guard_leave();
+    return 0;
+}
+
+MT_HOOK int memtrace_mark_named(const char *name)
+{
+    if (name == NULL || name[0] == '\0')
+        return MT_EINVAL;
+    mt_alloc_t *a = NULL;
+    int rc = mark_alloc(&a);
+    if (rc != 0)
+        return rc;
+    mt_event_rec_t ev = {0};
+    mt_event_mark_name_pack(&ev, name);
+    mt__guard_enter();
+    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, MT_TAG_OTHER); /* lines carry none */
+    mt__guard_leave();
+    return 0;
+}
+
+/* ---- statistics, peaks, cache, snapshots ---- */
+
+static const char *tag_name_cb(void *ud, int tag)
+{
+    (void)ud;
+    return memtrace_tag_name(tag);
+}
+
+/* Writes j (taken) compactly into buf: the length it needs without the NUL (call again
+ * with more room when it is >= cap), or MT_ENOMEM. */
+static long dump(json_t *j, char *buf, size_t cap)
+{
+    if (j == NULL)
+        return MT_ENOMEM;
+    size_t need = json_dumpb(j, NULL, 0, JSON_COMPACT);
+    if (need == 0) {
+        json_decref(j);
+        return MT_ENOMEM;
+    }
+    if (buf != NULL && need < cap) {
+        json_dumpb(j, buf, need, JSON_COMPACT);
+        buf[need] = '\0';
+    }
+    json_decref(j);
+    return (long)need;
+}
+
+MT_HOOK long memtrace_stats_json(char *buf, size_t cap)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    mt__guard_enter();
+    json_t *devs = json_array();
+    for (int d = 0; devs != NULL && d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_stats_t st;
+        if (a == NULL || mt_alloc_stats(a, &st) != 0)
+            continue;
+        json_t *j = mt_prof_stats_to_json(&st, (int)getpid(), d, tag_name_cb, NULL);
+        if (j == NULL || json_array_append_new(devs, j) != 0) {
+            json_decref(devs);
+            devs = NULL;
+        }
+    }
+    json_t *o = devs == NULL ? NULL
+                             : json_pack("{s:o,s:I,s:I,s:I}", "devices", devs, "ooms",
+                                         (json_int_t)atomic_load(&P->ooms), "unknown_frees",
+                                         (json_int_t)atomic_load(&P->unknown_frees), "host_bytes",
+                                         (json_int_t)atomic_load(&P->host_bytes));
+    long rc = dump(o, buf, cap);
+    mt__guard_leave();
+    return rc;
+}
+
+MT_HOOK long memtrace_snapshot_json(char *buf, size_t cap)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    mt__guard_enter();
+    json_t *snaps = json_array();
+    for (int d = 0; snaps != NULL && d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_snapshot_t *s = NULL;
+        if (a == NULL)
+            continue;
+        json_t *j = NULL;
+        if (mt_alloc_snapshot(a, &s) == 0)
+            j = mt_prof_snapshot_to_json(s, (int)getpid(), d, tag_name_cb, NULL);
+        mt_alloc_snapshot_free(&s);
+        if (j == NULL || json_array_append_new(snaps, j) != 0) {
+            json_decref(snaps);
+            snaps = NULL;
+        }
+    }
+    long rc = dump(snaps, buf, cap);
+    mt__guard_leave();
+    return rc;
+}
+
+MT_HOOK int memtrace_reset_peak(void)
+{
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            mt_alloc_reset_peak(a);
+    }
+    return P->init_rc;
+}
+
+MT_HOOK int memtrace_empty_cache(void)
+{
+    mt_preload_t *P = mt__preload();
+    int rc = P->init_rc;
+    mt__guard_enter();
+    for (int d = 0; d < P->ndevices && rc == 0; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            rc = mt_alloc_empty_cache(a);
+    }
+    mt__guard_leave();
+    return rc;
+}
+
+MT_HOOK const char *memtrace_library_path(void)
+{
+    Dl_info info;
+    if (dladdr((void *)memtrace_library_path, &info) == 0 || info.dli_fname == NULL)
+        return NULL;
+    return info.dli_fname;
+}
+
+MT_HOOK const char *memtrace_strerror(int rc)
+{
+    return mt_strerror(rc);
+}
+
+/* ---- PyTorch's optional pluggable-allocator entry points ---- */
+
+/* init_fn(device_count): nothing to prepare, allocators are created on first use. */
+MT_HOOK void memtrace_init(int device_count)
+{
+    (void)device_count;
+    (void)mt__preload();
+}
+
+/* reset_fn: torch.cuda.empty_cache(). */
+MT_HOOK void memtrace_reset(void)
+{
+    (void)memtrace_empty_cache();
+}
+
+/* base_alloc_fn: the start and size of the block ptr lies in (IPC handles). */
+MT_HOOK void *memtrace_base_alloc(void *ptr, size_t *size)
+{
+    mt_alloc_t *a = NULL;
+    void *base = NULL;
+    size_t sz = 0;
+    mt__guard_enter();
+    if (mt__preload_alloc_of(ptr, &a) != 0 || mt_alloc_block_info(a, ptr, &base, &sz, NULL) != 0)
+        base = NULL;
+    mt__guard_leave();
+    if (size != NULL)
+        *size = base ? sz : 0;
+    return base;
+}
+
+/* record_stream_fn: ptr is used on stream too (tensor.record_stream). */
+MT_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream)
+{
+    mt_alloc_t *a = NULL;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    if (mt__preload_alloc_of(ptr, &a) == 0 &&
+        mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0 && s != NULL)
+        (void)mt_alloc_record_stream(a, ptr, s);
+    mt__guard_leave();
+}

@@ -1,0 +1,61 @@
+/* Entry points of libmemtrace-preload.so for the program itself (Python's memtrace package
+ * calls them through ctypes; see preload/README.md). All are thread-safe; none blocks on
+ * another thread's allocations for long. Negative returns are MT_E* codes
+ * (memtrace_strerror). */
+#ifndef MT_PRELOAD_API_H
+#define MT_PRELOAD_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MT_API_HOOK __attribute__((visibility("default")))
+struct CUstream_st;
+
+/* ---- the calling thread's tag: what its allocations are tagged with (0 = "other") ---- */
+
+/* Id of name: a built-in tag ("weights", ...) or a registered user tag; MT_ENOENT. */
+MT_API_HOOK int memtrace_tag_lookup(const char *name);
+/* Id of name, registering it on every device's allocator if new (1..31 bytes, no control
+ * characters, not "tag<N>": else MT_EINVAL). MT_ENOMEM when the 25 user ids are taken. */
+MT_API_HOOK int memtrace_tag_register(const char *name);
+/* Name of a known id (static or held for the process's life), NULL otherwise. */
+MT_API_HOOK const char *memtrace_tag_name(int id);
+MT_API_HOOK int memtrace_tag_current(void);
+/* Makes id current; returns the previous tag, or MT_EINVAL for an unknown id. */
+MT_API_HOOK int memtrace_tag_set(int id);
+/* Makes id current, remembering the previous one (at most 256 deep: MT_EOVERFLOW). */
+MT_API_HOOK int memtrace_tag_push(int id);
+/* Restores the tag current before the last push; MT_EINVAL when nothing was pushed. */
+MT_API_HOOK int memtrace_tag_pop(void);
+MT_API_HOOK int memtrace_tag_depth(void);
+
+/* ---- marks (through device 0's allocator, with the calling thread's tag) ---- */
+
+/* MT_EV_MARK: mark is an mt_mark_e (MT_MARK_ITERATION: payload = iteration number). */
+MT_API_HOOK int memtrace_mark(int mark, uint64_t payload);
+/* MT_EV_MARK_NAMED: name cut to 16 bytes at a UTF-8 boundary; MT_EINVAL if empty. */
+MT_API_HOOK int memtrace_mark_named(const char *name);
+
+/* ---- statistics and snapshots ---- */
+
+/* Writes {"devices":[<process record per device in use>],"ooms":N,"unknown_frees":N,
+ * "host_bytes":N} (docs/telemetry.md) NUL-terminated into buf when it fits. Returns the
+ * length it needs without the NUL (>= cap: call again with more room), or MT_E*. */
+MT_API_HOOK long memtrace_stats_json(char *buf, size_t cap);
+/* Same protocol: a JSON array of snapshot records, one per device in use. */
+MT_API_HOOK long memtrace_snapshot_json(char *buf, size_t cap);
+MT_API_HOOK int memtrace_reset_peak(void);
+/* Returns every unused cached segment of every device to the backend. */
+MT_API_HOOK int memtrace_empty_cache(void);
+/* Path this library was loaded from (for CUDAPluggableAllocator), or NULL. */
+MT_API_HOOK const char *memtrace_library_path(void);
+MT_API_HOOK const char *memtrace_strerror(int rc);
+
+/* ---- PyTorch's optional CUDAPluggableAllocator entry points ---- */
+
+MT_API_HOOK void memtrace_init(int device_count);               /* set_init_fn */
+MT_API_HOOK void memtrace_reset(void);                          /* set_reset_fn: empty_cache */
+MT_API_HOOK void *memtrace_base_alloc(void *ptr, size_t *size); /* set_base_alloc_fn */
+MT_API_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream);
+
+#endif

@@ -1,0 +1,543 @@
+/* OOM snapshots (docs/torch-snapshot.md): the files' rules, shared with the daemon, and the
+ * recorder's own snapshot when there is no daemon. In local mode the drainer follows the
+ * events (segments, live blocks, the last OOMSNAP_RECENT events) and at each OOM writes
+ * oom-<pid>-dev<d>-<n>.pickle, a PyTorch 2.x snapshot, and .json, the same as memtrace
+ * JSON, into the OOM directory: the name the allocator's message already gave. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/prof.h"
+#include "profiler/internal.h"
+#include "profiler/pickle_write.h"
+
+/* ---- the files ---- */
+
+int mt__oomsnap_dir_prepare(const char *dir)
+{
+    char path[512];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return MT_EINVAL;
+    for (char *s = path + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            mkdir(path, 0700);
+            *s = '/';
+        }
+    mkdir(path, 0700);
+    struct stat st;
+    /* Ours, a directory (not a link to one), closed to others: nobody else can swap the
+     * files or read them. */
+    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077) != 0)
+        return MT_EIO;
+    return 0;
+}
+
+int mt__oomsnap_write_file(const char *path, const void *data, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errno == EEXIST ? MT_EBUSY : MT_EIO;
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            close(fd);
+            unlink(path);
+            return MT_EIO;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return close(fd) == 0 ? 0 : MT_EIO;
+}
+
+void mt__oomsnap_prune(const char *dir, unsigned max)
+{
+    for (;;) {
+        DIR *dh = opendir(dir);
+        if (dh == NULL)
+            return;
+        unsigned count = 0;
+        char oldest[256] = "";
+        struct timespec oldest_t = {0};
+        struct dirent *e;
+        while ((e = readdir(dh)) != NULL) {
+            size_t l = strlen(e->d_name);
+            if (strncmp(e->d_name, "oom-", 4) != 0 || l < 6 || l >= sizeof oldest ||
+                strcmp(e->d_name + l - 5, ".json") != 0)
+                continue;
+            char path[1024];
+            struct stat st;
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (lstat(path, &st) != 0)
+                continue;
+            count++;
+            if (oldest[0] == '\0' || st.st_mtim.tv_sec < oldest_t.tv_sec ||
+                (st.st_mtim.tv_sec == oldest_t.tv_sec && st.st_mtim.tv_nsec < oldest_t.tv_nsec)) {
+                oldest_t = st.st_mtim;
+                snprintf(oldest, sizeof oldest, "%s", e->d_name);
+            }
+        }
+        closedir(dh);
+        if (count <= max || oldest[0] == '\0')
+            return;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", dir, oldest);
+        unlink(path);
+        snprintf(path + strlen(path) - 5, 8, ".pickle");
+        unlink(path);
+    }
+}
+
+/* ---- the recorder's follower ---- */
+
+#define OOMSNAP_RECENT 4096 /* events kept for the trace */
+#define OOMSNAP_KEEP   8    /* snapshots kept, as the daemon's default */
+
+typedef struct seg_s {
+    uint64_t addr, size;
+    uint32_t stream;
+    uint8_t device, pool, mapped;
+} seg_t;
+
+typedef struct blk_s {
+    uint64_t addr; /* 0 empty, 1 deleted */
+    uint64_t size, requested;
+    uint8_t tag, pending, device;
+} blk_t;
+
+/* Invariants: nsegs <= cap_segs; blocks is open addressing, used (live + deleted) <=
+ * cap_blocks / 2; recent holds the last n events, head the next slot. */
+struct mt__oomsnap_s {
+    int pid;
+    char dir[256];
+    seg_t *segs;
+    size_t nsegs, cap_segs;
+    blk_t *blocks;
+    size_t used, cap_blocks;
+    mt_event_rec_t recent[OOMSNAP_RECENT];
+    size_t head, n;
+    uint32_t ooms[256];
+};
+
+int mt__oomsnap_create(mt__oomsnap_t **out, int pid, const char *dir)
+{
+    *out = calloc(1, sizeof **out);
+    if (*out == NULL)
+        return MT_ENOMEM;
+    (*out)->pid = pid;
+    snprintf((*out)->dir, sizeof(*out)->dir, "%s", dir);
+    return 0;
+}
+
+void mt__oomsnap_destroy(mt__oomsnap_t **p)
+{
+    if (*p == NULL)
+        return;
+    free((*p)->segs);
+    free((*p)->blocks);
+    free(*p);
+    *p = NULL;
+}
+
+static size_t hash(uint64_t a, size_t cap)
+{
+    a ^= a >> 33;
+    a *= 0xff51afd7ed558ccdull;
+    a ^= a >> 33;
+    return (size_t)a & (cap - 1);
+}
+
+static blk_t *blk_find(mt__oomsnap_t *s, uint64_t addr)
+{
+    for (size_t h = s->cap_blocks ? hash(addr, s->cap_blocks) : 0; s->cap_blocks;
+         h = (h + 1) & (s->cap_blocks - 1)) {
+        if (s->blocks[h].addr == addr)
+            return &s->blocks[h];
+        if (s->blocks[h].addr == 0)
+            return NULL;
+    }
+    return NULL;
+}
+
+static blk_t *blk_insert(mt__oomsnap_t *s, uint64_t addr)
+{
+    if ((s->used + 1) * 2 > s->cap_blocks) {
+        size_t ncap = s->cap_blocks ? s->cap_blocks * 2 : 1024;
+        blk_t *nb = calloc(ncap, sizeof *nb);
+        if (nb == NULL)
+            return NULL;
+        size_t used = 0;
+        for (size_t i = 0; i < s->cap_blocks; i++)
+            if (s->blocks[i].addr > 1) {
+                size_t h = hash(s->blocks[i].addr, ncap);
+                while (nb[h].addr != 0)
+                    h = (h + 1) & (ncap - 1);
+                nb[h] = s->blocks[i];
+                used++;
+            }
+        free(s->blocks);
+        s->blocks = nb;
+        s->cap_blocks = ncap;
+        s->used = used;
+    }
+    size_t h = hash(addr, s->cap_blocks);
+    while (s->blocks[h].addr > 1)
+        h = (h + 1) & (s->cap_blocks - 1);
+    s->used += s->blocks[h].addr == 0;
+    s->blocks[h] = (blk_t){.addr = addr};
+    return &s->blocks[h];
+}
+
+static void seg_add(mt__oomsnap_t *s, const mt_event_rec_t *ev)
+{
+    /* Adjacent mapped pages of an expandable segment are one segment. */
+    for (size_t i = 0; ev->kind == MT_EV_SEGMENT_MAP && i < s->nsegs; i++)
+        if (s->segs[i].mapped && s->segs[i].addr + s->segs[i].size == ev->addr) {
+            s->segs[i].size += ev->size;
+            return;
+        }
+    if (s->nsegs == s->cap_segs) {
+        size_t ncap = s->cap_segs ? s->cap_segs * 2 : 64;
+        seg_t *n = realloc(s->segs, ncap * sizeof *n);
+        if (n == NULL)
+            return; /* the snapshot then misses this segment */
+        s->segs = n;
+        s->cap_segs = ncap;
+    }
+    s->segs[s->nsegs++] = (seg_t){ev->addr,   ev->size, ev->stream,
+                                  ev->device, ev->pool, ev->kind == MT_EV_SEGMENT_MAP};
+}
+
+static void seg_remove(mt__oomsnap_t *s, const mt_event_rec_t *ev)
+{
+    for (size_t i = 0; i < s->nsegs; i++) {
+        seg_t *g = &s->segs[i];
+        if (ev->addr < g->addr || ev->addr >= g->addr + g->size)
+            continue;
+        uint64_t end = ev->addr + ev->size;
+        if (ev->addr == g->addr && end >= g->addr + g->size)
+            *g = s->segs[--s->nsegs];   /* all of it */
+        else if (ev->addr == g->addr) { /* its start */
+            g->size -= end - g->addr;
+            g->addr = end;
+        } else /* its end (unmapped pages are the last ones) */
+            g->size = ev->addr - g->addr;
+        return;
+    }
+}
+
+static void follow(mt__oomsnap_t *s, const mt_event_rec_t *ev)
+{
+    blk_t *b;
+    switch (ev->kind) {
+    case MT_EV_ALLOC:
+        if ((b = blk_find(s, ev->addr)) == NULL)
+            b = blk_insert(s, ev->addr);
+        if (b != NULL)
+            *b = (blk_t){ev->addr, ev->size, ev->requested, ev->tag, 0, ev->device};
+        break;
+    case MT_EV_FREE_REQUESTED:
+        if ((b = blk_find(s, ev->addr)) != NULL)
+            b->pending = 1;
+        break;
+    case MT_EV_FREE_COMPLETED:
+        if ((b = blk_find(s, ev->addr)) != NULL)
+            b->addr = 1;
+        break;
+    case MT_EV_SEGMENT_ALLOC:
+    case MT_EV_SEGMENT_MAP:
+        seg_add(s, ev);
+        break;
+    case MT_EV_SEGMENT_FREE:
+    case MT_EV_SEGMENT_UNMAP:
+        seg_remove(s, ev);
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- writing the snapshot ---- */
+
+static int cmp_seg(const void *a, const void *b)
+{
+    const seg_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int cmp_blk(const void *a, const void *b)
+{
+    const blk_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+typedef struct snapw_s {
+    mt_pkw_t w;
+    uint32_t tag_memo[MT_TAG_MAX]; /* memo index + 1 of the tag's frames list */
+    const char (*labels)[MT_EVENT_LABEL_MAX + 1];
+} snapw_t;
+
+static void kv_int(mt_pkw_t *w, const char *k, int64_t v)
+{
+    mt_pkw_str(w, k);
+    mt_pkw_int(w, v);
+}
+
+/* The tag as a frame list, written once and then referred to through the memo. */
+static void tag_frames(snapw_t *o, int tag)
+{
+    mt_pkw_str(&o->w, "frames");
+    if (tag < 0 || tag >= MT_TAG_MAX)
+        tag = MT_TAG_OTHER;
+    if (o->tag_memo[tag] != 0) {
+        mt_pkw_get(&o->w, o->tag_memo[tag] - 1);
+        return;
+    }
+    o->tag_memo[tag] = mt_pkw_put_next(&o->w) + 1;
+    char name[64];
+    snprintf(name, sizeof name, "tag %s",
+             o->labels[tag][0]         ? o->labels[tag]
+             : tag < MT_TAG_USER_FIRST ? mt_tag_builtin_name(tag)
+                                       : "other");
+    mt_pkw_list_begin(&o->w);
+    mt_pkw_dict_begin(&o->w);
+    mt_pkw_str(&o->w, "name");
+    mt_pkw_str(&o->w, name);
+    mt_pkw_str(&o->w, "filename");
+    mt_pkw_str(&o->w, "memtrace");
+    kv_int(&o->w, "line", tag);
+    mt_pkw_dict_end(&o->w);
+    mt_pkw_list_end(&o->w);
+}
+
+static void block(snapw_t *o, uint64_t addr, uint64_t size, uint64_t requested, const char *state,
+                  int tag)
+{
+    mt_pkw_dict_begin(&o->w);
+    kv_int(&o->w, "address", (int64_t)addr);
+    kv_int(&o->w, "size", (int64_t)size);
+    kv_int(&o->w, "requested_size", (int64_t)requested);
+    mt_pkw_str(&o->w, "state");
+    mt_pkw_str(&o->w, state);
+    if (tag < 0) {
+        mt_pkw_str(&o->w, "frames");
+        mt_pkw_list_begin(&o->w);
+        mt_pkw_list_end(&o->w);
+    } else
+        tag_frames(o, tag);
+    mt_pkw_dict_end(&o->w);
+}
+
+static void segments(snapw_t *o, seg_t *segs, size_t nsegs, const blk_t *blks, size_t nblks)
+{
+    mt_pkw_str(&o->w, "segments");
+    mt_pkw_list_begin(&o->w);
+    size_t b = 0;
+    for (size_t i = 0; i < nsegs; i++) {
+        const seg_t *g = &segs[i];
+        uint64_t end = g->addr + g->size, at = g->addr, alloc = 0, active = 0, req = 0;
+        size_t first = b;
+        while (first < nblks && blks[first].addr < g->addr)
+            first++; /* a block outside every segment (recording began late) */
+        for (b = first; b < nblks && blks[b].addr < end; b++) {
+            active += blks[b].size;
+            if (!blks[b].pending) {
+                alloc += blks[b].size;
+                req += blks[b].requested;
+            }
+        }
+        mt_pkw_dict_begin(&o->w);
+        kv_int(&o->w, "device", g->device);
+        kv_int(&o->w, "address", (int64_t)g->addr);
+        kv_int(&o->w, "total_size", (int64_t)g->size);
+        kv_int(&o->w, "allocated_size", (int64_t)alloc);
+        kv_int(&o->w, "active_size", (int64_t)active);
+        kv_int(&o->w, "requested_size", (int64_t)req);
+        kv_int(&o->w, "stream", g->stream);
+        mt_pkw_str(&o->w, "segment_type");
+        mt_pkw_str(&o->w, g->pool == MT_POOL_SMALL ? "small" : "large");
+        mt_pkw_str(&o->w, "segment_pool_id");
+        mt_pkw_tuple_begin(&o->w);
+        mt_pkw_int(&o->w, 0);
+        mt_pkw_int(&o->w, 0);
+        mt_pkw_tuple_end(&o->w);
+        mt_pkw_str(&o->w, "is_expandable");
+        mt_pkw_bool(&o->w, g->mapped);
+        mt_pkw_str(&o->w, "frames");
+        mt_pkw_list_begin(&o->w);
+        mt_pkw_list_end(&o->w);
+        mt_pkw_str(&o->w, "blocks");
+        mt_pkw_list_begin(&o->w);
+        for (size_t k = first; k < b; k++) {
+            uint64_t size = blks[k].size < end - blks[k].addr ? blks[k].size : end - blks[k].addr;
+            if (blks[k].addr > at)
+                block(o, at, blks[k].addr - at, 0, "inactive", -1);
+            block(o, blks[k].addr, size, blks[k].requested ? blks[k].requested : size,
+                  blks[k].pending ? "active_pending_free" : "active_allocated", blks[k].tag);
+            at = blks[k].addr + size;
+        }
+        if (at < end)
+            block(o, at, end - at, 0, "inactive", -1);
+        mt_pkw_list_end(&o->w);
+        mt_pkw_dict_end(&o->w);
+    }
+    mt_pkw_list_end(&o->w);
+}
+
+static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
+{
+    mt_pkw_str(&o->w, "device_traces");
+    mt_pkw_list_begin(&o->w);
+    for (unsigned d = 0; d < ndev; d++) {
+        mt_pkw_list_begin(&o->w);
+        for (size_t i = 0; i < s->n; i++) {
+            const mt_event_rec_t *ev =
+                &s->recent[(s->head + OOMSNAP_RECENT - s->n + i) % OOMSNAP_RECENT];
+            /* memtrace's kind names are PyTorch's actions, from alloc to oom. */
+            if (ev->device != d || ev->pool == MT_POOL_HOST || ev->kind < MT_EV_ALLOC ||
+                ev->kind > MT_EV_OOM)
+                continue;
+            bool blockish = ev->kind <= MT_EV_FREE_COMPLETED;
+            mt_pkw_dict_begin(&o->w);
+            mt_pkw_str(&o->w, "action");
+            mt_pkw_str(&o->w, mt_event_kind_name(ev->kind));
+            if (ev->kind == MT_EV_OOM) {
+                kv_int(&o->w, "device_free", (int64_t)ev->size);
+                kv_int(&o->w, "size", (int64_t)ev->requested);
+            } else {
+                kv_int(&o->w, "addr", (int64_t)ev->addr);
+                kv_int(&o->w, "size",
+                       (int64_t)(blockish && ev->requested ? ev->requested : ev->size));
+            }
+            kv_int(&o->w, "stream", ev->stream);
+            kv_int(&o->w, "time_us", (int64_t)(ev->time_ns / 1000));
+            if (ev->kind == MT_EV_ALLOC)
+                kv_int(&o->w, "memtrace_size", (int64_t)ev->size);
+            if (blockish)
+                tag_frames(o, ev->tag);
+            else {
+                mt_pkw_str(&o->w, "frames");
+                mt_pkw_list_begin(&o->w);
+                mt_pkw_list_end(&o->w);
+            }
+            mt_pkw_dict_end(&o->w);
+        }
+        mt_pkw_list_end(&o->w);
+    }
+    mt_pkw_list_end(&o->w);
+}
+
+/* Writes the PyTorch snapshot into f. 0 or MT_E*. */
+static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT_LABEL_MAX + 1])
+{
+    seg_t *segs = malloc((s->nsegs + 1) * sizeof *segs);
+    blk_t *blks = malloc((s->used + 1) * sizeof *blks);
+    if (segs == NULL || blks == NULL) {
+        free(segs);
+        free(blks);
+        return MT_ENOMEM;
+    }
+    memcpy(segs, s->segs, s->nsegs * sizeof *segs);
+    size_t nb = 0;
+    unsigned ndev = 1;
+    for (size_t i = 0; i < s->cap_blocks; i++)
+        if (s->blocks[i].addr > 1)
+            blks[nb++] = s->blocks[i];
+    qsort(segs, s->nsegs, sizeof *segs, cmp_seg);
+    qsort(blks, nb, sizeof *blks, cmp_blk);
+    for (size_t i = 0; i < s->n; i++) {
+        unsigned d = s->recent[i].device;
+        ndev = d + 1u > ndev ? d + 1u : ndev;
+    }
+    snapw_t o = {.labels = labels};
+    mt_pkw_init(&o.w, f);
+    mt_pkw_dict_begin(&o.w);
+    segments(&o, segs, s->nsegs, blks, nb);
+    trace(&o, s, ndev);
+    mt_pkw_str(&o.w, "allocator_settings");
+    mt_pkw_dict_begin(&o.w);
+    mt_pkw_str(&o.w, "PYTORCH_CUDA_ALLOC_CONF");
+    mt_pkw_str(&o.w, "");
+    mt_pkw_dict_end(&o.w);
+    mt_pkw_str(&o.w, "external_annotations");
+    mt_pkw_list_begin(&o.w);
+    mt_pkw_list_end(&o.w);
+    mt_pkw_dict_end(&o.w);
+    free(segs);
+    free(blks);
+    return mt_pkw_finish(&o.w);
+}
+
+/* The memtrace JSON: the recent events as the log writes them. */
+static int write_json(mt__oomsnap_t *s, FILE *f, const char *(*tag_name)(void *, int), void *ud)
+{
+    fprintf(f, "{\"v\":1,\"type\":\"snapshot\",\"pid\":%d,\"source\":\"recorder\",\"events\":[",
+            s->pid);
+    char line[2048];
+    for (size_t i = 0; i < s->n; i++) {
+        const mt_event_rec_t *ev =
+            &s->recent[(s->head + OOMSNAP_RECENT - s->n + i) % OOMSNAP_RECENT];
+        size_t len = mt_prof_event_write(line, sizeof line, ev, s->pid, tag_name, ud);
+        if (len < sizeof line && len > 0)
+            fprintf(f, "%s%.*s", i ? "," : "", (int)(len - 1), line); /* without its '\n' */
+    }
+    fprintf(f, "]}\n");
+    return ferror(f) ? MT_EIO : 0;
+}
+
+static int write_one(mt__oomsnap_t *s, const char *path, bool pickle,
+                     const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                     const char *(*tag_name)(void *, int), void *ud)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f == NULL)
+        return MT_ENOMEM;
+    int rc = pickle ? write_pickle(s, f, labels) : write_json(s, f, tag_name, ud);
+    if (fclose(f) != 0 && rc == 0)
+        rc = MT_ENOMEM;
+    if (rc == 0)
+        rc = mt__oomsnap_write_file(path, buf, len);
+    free(buf);
+    return rc;
+}
+
+int mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
+                       const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                       const char *(*tag_name)(void *, int), void *ud, char *path, size_t pathlen)
+{
+    if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_STATS || ev->pool == MT_POOL_HOST)
+        return 0;
+    follow(s, ev);
+    s->recent[s->head] = *ev;
+    s->head = (s->head + 1) % OOMSNAP_RECENT;
+    if (s->n < OOMSNAP_RECENT)
+        s->n++;
+    if (ev->kind != MT_EV_OOM)
+        return 0;
+    s->ooms[ev->device]++;
+    int rc = mt__oomsnap_dir_prepare(s->dir);
+    char base[400];
+    snprintf(base, sizeof base, "%s/oom-%d-dev%u-%u", s->dir, s->pid, ev->device,
+             s->ooms[ev->device]);
+    snprintf(path, pathlen, "%s.json", base);
+    if (rc == 0)
+        rc = write_one(s, path, false, labels, tag_name, ud);
+    snprintf(path, pathlen, "%s.pickle", base);
+    if (rc == 0)
+        rc = write_one(s, path, true, labels, tag_name, ud);
+    if (rc == 0)
+        mt__oomsnap_prune(s->dir, OOMSNAP_KEEP);
+    return rc < 0 ? rc : 1;
+}

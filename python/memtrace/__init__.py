@@ -1,0 +1,338 @@
+"""memtrace from Python: tags, iteration marks, statistics and snapshots.
+
+Pure Python over ctypes. The library is the one already in the process (the preload
+that ``memtrace run`` puts there), else libmemtrace-preload.so found by path
+($MEMTRACE_PRELOAD or a build directory of the checkout). See the README's
+"From Python / PyTorch" section.
+
+    import memtrace
+    with memtrace.tag("activations"):
+        ...                                  # allocations here carry the tag
+    memtrace.mark_iteration(step)            # growth detector, plots, the page
+    print(memtrace.summary())
+"""
+import ctypes
+import functools
+import json
+import re
+
+from . import _lib
+from ._errors import MemtraceError, MemtraceUnavailable
+
+__all__ = [
+    "MemtraceError", "MemtraceUnavailable", "available", "tag", "register_tag", "tag_id",
+    "current_tag", "mark_iteration", "mark", "stats", "reset_peak", "empty_cache",
+    "summary", "snapshot", "enable_for_torch", "library_path",
+]
+
+BUILTIN_TAGS = ("other", "weights", "grads", "optimizer", "activations", "workspace", "batch")
+USER_TAGS = 25  # ids 7..31
+LABEL_MAX = 24  # bytes of a tag name that reach consumers (docs/telemetry.md)
+MARK_NAME_MAX = 16
+_BUILTIN_MARKS = {"iteration": 1, "forward_begin": 2, "forward_end": 3, "backward_begin": 4,
+                  "backward_end": 5, "warmup_begin": 6, "warmup_end": 7}
+_EOVERFLOW = -75
+_ENOMEM = -12
+
+
+def available():
+    """True when memtrace's library is in this process or can be loaded."""
+    return _lib.loaded()
+
+
+def library_path():
+    """Path of the memtrace library in use (what enable_for_torch() hands PyTorch)."""
+    p = _lib.lib().memtrace_library_path()
+    if not p:
+        raise MemtraceError("memtrace library path unknown (dladdr failed)")
+    return p.decode()
+
+
+# ---- tags ----
+
+_TAGNAME = re.compile(r"tag[0-9]+\Z")
+
+
+def _check_name(name):
+    if not isinstance(name, str):
+        raise TypeError("memtrace tag name must be a str, not %s" % type(name).__name__)
+    b = name.encode("utf-8")
+    if not b:
+        raise ValueError("memtrace tag name is empty")
+    if len(b) > LABEL_MAX:
+        raise ValueError("memtrace tag name %r is %d bytes; at most %d reach consumers"
+                         % (name, len(b), LABEL_MAX))
+    if any(ord(c) < 0x20 or ord(c) == 0x7f for c in name):
+        raise ValueError("memtrace tag name %r has a control character" % name)
+    if _TAGNAME.match(name):
+        raise ValueError("memtrace tag name %r is reserved (tag<N> names unlabelled ids)" % name)
+    return b
+
+
+def register_tag(name):
+    """Registers a user tag (or finds a built-in one) and returns its id."""
+    b = _check_name(name)
+    rc = _lib.lib().memtrace_tag_register(b)
+    if rc == _ENOMEM:
+        raise MemtraceError("no tag id left for %r: all %d user tags are taken (%s)"
+                            % (name, USER_TAGS, ", ".join(_user_tags())))
+    return _lib.check(rc, "registering tag %r" % name)
+
+
+def tag_id(name):
+    """Id of a known tag; KeyError naming the unknown tag otherwise."""
+    rc = _lib.lib().memtrace_tag_lookup(_check_name(name))
+    if rc < 0:
+        known = list(BUILTIN_TAGS) + _user_tags()
+        raise KeyError("unknown memtrace tag name %r (known: %s); register it with "
+                       "memtrace.tag(%r) or memtrace.register_tag(%r)"
+                       % (name, ", ".join(known), name, name))
+    return rc
+
+
+def _user_tags():
+    L = _lib.lib()
+    out = []
+    for i in range(7, 7 + USER_TAGS):
+        n = L.memtrace_tag_name(i)
+        if n is None:
+            break
+        out.append(n.decode("utf-8", "replace"))
+    return out
+
+
+def current_tag():
+    """Name of the calling thread's current tag."""
+    L = _lib.lib()
+    return L.memtrace_tag_name(L.memtrace_tag_current()).decode("utf-8", "replace")
+
+
+def tag(name, create=True):
+    """Tags the calling thread's allocations while active; a context manager and a
+    decorator. Per thread, nests (the enclosing tag is restored on exit). A new name is
+    registered as a user tag; create=False makes an unknown name a KeyError instead.
+    The object is cached per name and holds no state, so it may be kept and reused, by
+    any number of threads.
+
+        with memtrace.tag("activations"): ...
+        @memtrace.tag("optimizer")
+        def step(): ...
+    """
+    t = _Tag.cache.get(name)
+    return t if t is not None else _Tag(name, create)
+
+
+class _Tag:
+    __slots__ = ("name", "id", "_push", "_pop")
+    cache = {}
+
+    def __init__(self, name, create):
+        self.id = register_tag(name) if create else tag_id(name)
+        self.name = name
+        L = _lib.lib()
+        self._push, self._pop = L.memtrace_tag_push, L.memtrace_tag_pop
+        _Tag.cache[name] = self
+
+    def __enter__(self):
+        rc = self._push(self.id)
+        if rc:
+            _raise_push(rc, self.name)
+        return self
+
+    def __exit__(self, *exc):
+        if self._pop():
+            raise MemtraceError("memtrace.tag(%r) exit without a matching enter on this "
+                                "thread" % self.name)
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def tagged(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        return tagged
+
+    def __repr__(self):
+        return "memtrace.tag(%r)" % self.name
+
+
+def _raise_push(rc, name):
+    if rc == _EOVERFLOW:
+        raise MemtraceError("memtrace.tag(%r): tags nested deeper than 256 on this thread" % name)
+    _lib.check(rc, "entering memtrace.tag(%r)" % name)
+
+
+# ---- marks ----
+
+def mark_iteration(i):
+    """Marks the start of iteration i (an int >= 0): what the growth detector reads."""
+    if not isinstance(i, int) or isinstance(i, bool) or i < 0 or i >= 1 << 64:
+        raise ValueError("memtrace.mark_iteration(i) takes an int >= 0, got %r" % (i,))
+    _lib.check(_lib.lib().memtrace_mark(1, i), "memtrace.mark_iteration(%d)" % i)
+
+
+def mark(name):
+    """Puts a named marker into the timeline. Built-in names (forward_begin, forward_end,
+    backward_begin, backward_end, warmup_begin, warmup_end) are the engine's markers;
+    any other name (at most 16 bytes) is a named mark."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("memtrace.mark(name) takes a non-empty str, got %r" % (name,))
+    if name == "iteration":
+        raise ValueError("memtrace.mark('iteration'): use memtrace.mark_iteration(i), which "
+                         "carries the iteration number")
+    L = _lib.lib()
+    if name in _BUILTIN_MARKS:
+        _lib.check(L.memtrace_mark(_BUILTIN_MARKS[name], 0), "memtrace.mark(%r)" % name)
+        return
+    b = name.encode("utf-8")
+    if len(b) > MARK_NAME_MAX:
+        raise ValueError("memtrace.mark(%r): a mark name holds at most %d bytes, this one %d"
+                         % (name, MARK_NAME_MAX, len(b)))
+    _lib.check(L.memtrace_mark_named(b), "memtrace.mark(%r)" % name)
+
+
+# ---- statistics ----
+
+_POOLS = (("all", "all"), ("small", "small_pool"), ("large", "large_pool"))
+_STATS = ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+          "requested_bytes", "allocation", "segment", "active", "inactive_split")
+_COUNTS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+           "num_sync_all_streams")
+
+
+def _raw_stats():
+    L = _lib.lib()
+    return json.loads(_lib.json_call(L.memtrace_stats_json, "memtrace.stats()"))
+
+
+def stats():
+    """Memory statistics in PyTorch's memory_stats() vocabulary, summed over devices:
+    "allocated_bytes.all.current", "reserved_bytes.large_pool.peak", "num_ooms", ...
+    plus per tag "allocated_bytes.tag.<name>.{current,peak,allocated,freed}" and
+    "requested_bytes.tag.<name>.*". Peaks are summed per device (as torch's are kept)."""
+    raw = _raw_stats()
+    out = {}
+    for st in _STATS:
+        for src, dst in _POOLS:
+            for f in ("current", "peak", "allocated", "freed"):
+                out["%s.%s.%s" % (st, dst, f)] = sum(d[st][src][f] for d in raw["devices"])
+    for c in _COUNTS:
+        out[c] = sum(d[c] for d in raw["devices"])
+    out["max_split_size"] = -1
+    out["oversize_allocations.current"] = 0
+    out["oversize_segments.current"] = 0
+    out["largest_free_block"] = max([d["largest_free_block"] for d in raw["devices"]] or [0])
+    out["total_free"] = sum(d["total_free"] for d in raw["devices"])
+    out["capacity"] = sum(d["capacity"] for d in raw["devices"])
+    out["devices"] = len(raw["devices"])
+    for d in raw["devices"]:
+        for name, t in d["tags"].items():
+            for st in ("allocated_bytes", "requested_bytes"):
+                for f in ("current", "peak", "allocated", "freed"):
+                    k = "%s.tag.%s.%s" % (st, name, f)
+                    out[k] = out.get(k, 0) + t[st][f]
+    return dict(sorted(out.items()))
+
+
+def tags_in(s):
+    """Tag names present in a stats() dict."""
+    return sorted({k.split(".tag.", 1)[1].rsplit(".", 1)[0] for k in s
+                   if k.startswith("allocated_bytes.tag.")})
+
+
+def reset_peak():
+    """Resets every peak to the current value (torch.cuda.reset_peak_memory_stats)."""
+    _lib.check(_lib.lib().memtrace_reset_peak(), "memtrace.reset_peak()")
+
+
+def empty_cache():
+    """Returns every unused cached segment to the device (torch.cuda.empty_cache)."""
+    _lib.check(_lib.lib().memtrace_empty_cache(), "memtrace.empty_cache()")
+
+
+def _fmt(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.2f %s" % (n, unit))
+        n /= 1024.0
+
+
+def summary():
+    """A text table like torch.cuda.memory_summary(), with a row per tag."""
+    s = stats()
+    w = 75
+    rows = ["|" + "=" * w + "|",
+            "|" + ("memtrace memory summary, %d device(s)" % s["devices"]).center(w) + "|",
+            "|" + "-" * w + "|",
+            "| %-26s| %10s | %10s | %10s | %10s |" % ("Metric", "Cur Usage", "Peak Usage",
+                                                    "Tot Alloc", "Tot Freed"),
+            "|" + "-" * w + "|"]
+
+    def line(label, key, size=True):
+        f = _fmt if size else str
+        rows.append("| %-26s| %10s | %10s | %10s | %10s |" % (
+            label, f(s[key + ".current"]), f(s[key + ".peak"]), f(s[key + ".allocated"]),
+            f(s[key + ".freed"])))
+
+    for title, st, size in (("Allocated memory", "allocated_bytes", True),
+                            ("Active memory", "active_bytes", True),
+                            ("Requested memory", "requested_bytes", True),
+                            ("GPU reserved memory", "reserved_bytes", True),
+                            ("Non-releasable memory", "inactive_split_bytes", True),
+                            ("Allocations", "allocation", False),
+                            ("Active allocs", "active", False),
+                            ("GPU reserved segments", "segment", False)):
+        line(title, st + ".all", size)
+        line("      from large pool", st + ".large_pool", size)
+        line("      from small pool", st + ".small_pool", size)
+        rows.append("|" + "-" * w + "|")
+    tags = tags_in(s)
+    if tags:
+        rows.append("| %-73s |" % "Allocated memory by tag")
+        for t in tags:
+            line("      " + t, "allocated_bytes.tag." + t)
+        rows.append("|" + "-" * w + "|")
+    rows.append("| %-73s |" % ("Allocation retries: %d    OOMs: %d    device mallocs: %d    "
+                                 "device frees: %d" % (s["num_alloc_retries"], s["num_ooms"],
+                                                       s["num_device_alloc"],
+                                                       s["num_device_free"])))
+    rows.append("|" + "=" * w + "|")
+    return "\n".join(rows) + "\n"
+
+
+# ---- snapshots ----
+
+def snapshot(path, format="memtrace"):
+    """Writes the segment map of every device in use to path. format "memtrace": one
+    `snapshot` record per line (docs/telemetry.md), what `memtrace report/plot` read;
+    "torch": PyTorch's snapshot pickle (pytorch.org/memory_viz) of the state at the call,
+    tags as frames, converted by `memtrace export` (found on PATH, in the checkout's build
+    directory, or at $MEMTRACE_EXE)."""
+    L = _lib.lib()
+    text = _lib.json_call(L.memtrace_snapshot_json, "memtrace.snapshot()")
+    recs = json.loads(text)
+    if format == "memtrace":
+        with open(path, "w") as f:
+            for r in recs:
+                f.write(json.dumps(r, separators=(",", ":")) + "\n")
+        return path
+    if format == "torch":
+        from ._torch_snapshot import write
+
+        def tid(name):
+            try:
+                return tag_id(name)
+            except (KeyError, ValueError):
+                return 0
+        return write(recs, path, tid)
+    raise ValueError("memtrace.snapshot(format=%r): use 'memtrace' or 'torch'" % (format,))
+
+
+# ---- PyTorch ----
+
+def enable_for_torch():
+    """Makes memtrace PyTorch's CUDA allocator (change_current_allocator with
+    memtrace_alloc/memtrace_free, plus init/reset/base_alloc/record_stream where this
+    torch takes them). Call it before any CUDA allocation. Returns the allocator."""
+    from .torch import enable
+    return enable()

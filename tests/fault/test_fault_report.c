@@ -1,0 +1,291 @@
+/* Host-allocation failures in the readers of the event stream: the event model (apply,
+ * figures, segment map, growth; mt_model_check after every record), the daemon's
+ * per-process state (/state's JSON), the report (lines parsed by jansson, the result
+ * document), its replay and segment map for plots, and the SVG plot. The stream is a real
+ * one: an allocator run (expandable segments, tags, iterations, a gap) encoded by the
+ * profiler's line writer. Every call returns 0 or MT_ENOMEM (a document: NULL), and
+ * nothing leaks. */
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/backend.h"
+#include "memtrace/prof.h"
+#include "analysis/model.h"
+#include "analysis/plot.h"
+#include "analysis/report.h"
+#include "daemon/internal.h"
+#include "inject.h"
+
+#define MIB       ((size_t)1 << 20)
+#define MAX_LINES 512
+
+#define OK_OR_ENOMEM(call)                                                                         \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ != 0 && rc_ != MT_ENOMEM)                                                          \
+            fail_msg("%s returned %d (%s) with host allocation %ld failed", #call, rc_,            \
+                     mt_strerror(rc_), fault_target());                                            \
+    } while (0)
+
+/* The log, written once before the loop. */
+static char lines[MAX_LINES][1024];
+static size_t line_len[MAX_LINES];
+static size_t nlines;
+static mt_event_rec_t recs[MAX_LINES]; /* the same records, for the model and the daemon */
+static size_t nrecs;
+static uint64_t seq;
+
+static void add_line(const char *s, size_t n)
+{
+    assert_true(nlines < MAX_LINES && n < sizeof lines[0]);
+    memcpy(lines[nlines], s, n);
+    line_len[nlines++] = n;
+}
+
+static void log_emit(void *ud, const mt_event_rec_t *ev)
+{
+    (void)ud;
+    mt_event_rec_t e = *ev;
+    e.seq = seq++;
+    assert_true(nrecs < MAX_LINES);
+    recs[nrecs++] = e;
+    char buf[1024];
+    size_t n = mt_prof_event_write(buf, sizeof buf, &e, 4242, NULL, NULL);
+    add_line(buf, n);
+}
+
+static void make_log(void)
+{
+    json_t *hello = mt_prof_hello_to_json(4242, "fault", 1000, 2000);
+    char *s = json_dumps(hello, JSON_COMPACT);
+    add_line(s, strlen(s));
+    free(s);
+    json_decref(hello);
+
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 512 * MIB;
+    bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    mt_event_sink_t sink = {.emit = log_emit};
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = &sink;
+    char err[128];
+    assert_int_equal(mt_alloc_cfg_parse(&ac, "expandable_segments:True", err, sizeof err), 0);
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    int tag = 0;
+    assert_int_equal(mt_alloc_tag_register(a, "activations", &tag), 0);
+    void *keep[6] = {0};
+    for (int it = 0; it < 6; it++) {
+        mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
+        void *p[2];
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(mt_alloc_malloc(a, (size_t)(i + 1) * 700 * 1024, NULL, tag, &p[i]), 0);
+        assert_int_equal(mt_alloc_malloc(a, 1 * MIB, NULL, 0, &keep[it]), 0); /* grows */
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(mt_alloc_free(a, p[i]), 0);
+        if (it == 3)
+            seq += 3; /* three events lost: the report sees a hole */
+    }
+    mt_alloc_emit(a, MT_EV_STATS, 0, 0, 0);
+    for (int it = 0; it < 3; it++)
+        assert_int_equal(mt_alloc_free(a, keep[it]), 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static int count_points(void *ctx, const mt__report_point_t *pt)
+{
+    (void)pt;
+    (*(size_t *)ctx)++;
+    return 0;
+}
+
+/* Lines in, the result document out. */
+/* The document of a clean run (fault_loop's first, unarmed) and of one that read every
+ * line must be the same: a failure may refuse the document, never change it. */
+static void same_or_first(json_t **clean, json_t *doc, const char *what)
+{
+    if (*clean == NULL) {
+        *clean = json_incref(doc);
+        return;
+    }
+    if (!json_equal(*clean, doc))
+        fail_msg("%s differs from a clean run's with host allocation %ld failed", what,
+                 fault_target());
+}
+
+static void report_scenario(void *ud)
+{
+    json_t **clean = ud;
+    mt__report_t *r = NULL;
+    OK_OR_ENOMEM(mt__report_create(&r, NULL));
+    if (r == NULL)
+        return;
+    char err[256];
+    bool all = true;
+    for (size_t i = 0; i < nlines; i++) {
+        int rc = mt__report_add_line(r, lines[i], line_len[i], err, sizeof err);
+        OK_OR_ENOMEM(rc);
+        all &= rc == 0;
+    }
+    json_t *doc = mt__report_result(r);
+    if (doc != NULL && all)
+        same_or_first(clean, doc, "the report");
+    json_decref(doc);
+    mt__report_destroy(&r);
+}
+
+/* A report read before the loop: its replay, a segment map, the plot. */
+static void plot_scenario(void *ud)
+{
+    const mt__report_t *r = ud;
+    size_t points = 0;
+    OK_OR_ENOMEM(mt__report_replay(r, 0, count_points, &points));
+    mt__report_map_t map;
+    memset(&map, 0, sizeof map);
+    int rc = mt__report_map_at(r, 0, nlines / 2, false, &map);
+    OK_OR_ENOMEM(rc);
+    if (rc == 0)
+        mt__report_map_free(&map);
+    char *svg = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&svg, &len);
+    if (f != NULL) {
+        mt__plot_cfg_t pc = mt__plot_cfg_default();
+        pc.max_buckets = 50;
+        char err[256];
+        rc = mt__plot_svg(r, &pc, f, err, sizeof err);
+        /* The memory stream's own growth failing shows as a write error. */
+        if (rc == MT_EIO)
+            rc = 0;
+        OK_OR_ENOMEM(rc);
+        fclose(f);
+    }
+    free(svg);
+}
+
+static void model_scenario(void *ud)
+{
+    (void)ud;
+    mt_model_cfg_t cfg = mt_model_cfg_default();
+    cfg.keep_iterations = true;
+    mt_model_t *m = NULL;
+    OK_OR_ENOMEM(mt_model_create(&m, &cfg));
+    if (m == NULL)
+        return;
+    char why[256];
+    for (size_t i = 0; i < nrecs; i++) {
+        int rc = mt_model_apply(m, &recs[i]);
+        OK_OR_ENOMEM(rc);
+        if (rc != 0 && mt_model_check(m, why, sizeof why) != 0)
+            fail_msg("model inconsistent after a failed apply (allocation %ld): %s", fault_target(),
+                     why);
+    }
+    if (mt_model_check(m, why, sizeof why) != 0)
+        fail_msg("model inconsistent (allocation %ld failed): %s", fault_target(), why);
+    mt_model_figures_t f;
+    OK_OR_ENOMEM(mt_model_figures(m, MT_MODEL_DEVICE, &f));
+    assert_true(f.total_free <= f.reserved && f.largest_free <= f.total_free);
+    mt_model_map_t map;
+    memset(&map, 0, sizeof map);
+    int rc = mt_model_map(m, MT_MODEL_DEVICE, &map);
+    OK_OR_ENOMEM(rc);
+    if (rc == 0)
+        mt_model_map_free(&map);
+    mt_model_growth_cfg_t gc = {.min_growth_bytes = 1 << 20, .min_r2 = 0.8};
+    mt_model_growth_t g;
+    mt_model_growth(m, &gc, &g);
+    mt_model_destroy(&m);
+}
+
+static void daemon_state_scenario(void *ud)
+{
+    json_t **clean = ud;
+    mt_d_proc_t *p = NULL;
+    OK_OR_ENOMEM(mt__d_proc_create(&p, 4242, "fault"));
+    if (p == NULL)
+        return;
+    bool all = true;
+    for (size_t i = 0; i < nrecs; i++) {
+        int rc = mt__d_proc_apply(p, &recs[i]);
+        OK_OR_ENOMEM(rc);
+        all &= rc == 0;
+    }
+    json_t *doc = mt__d_proc_json(p, true);
+    if (doc != NULL && all)
+        same_or_first(clean, doc, "the daemon's process state");
+    json_decref(doc);
+    char why[256];
+    if (mt_model_check(p->model, why, sizeof why) != 0)
+        fail_msg("daemon's model inconsistent (allocation %ld failed): %s", fault_target(), why);
+    mt__d_proc_destroy(&p);
+}
+
+static void test_model(void **state)
+{
+    (void)state;
+    assert_true(fault_loop("model", model_scenario, NULL) > 10);
+}
+
+static void test_daemon_state(void **state)
+{
+    (void)state;
+    json_t *clean = NULL;
+    assert_true(fault_loop("daemon state", daemon_state_scenario, &clean) > 10);
+    assert_non_null(clean);
+    json_decref(clean);
+}
+
+static void test_report(void **state)
+{
+    (void)state;
+    json_t *clean = NULL;
+    assert_true(fault_loop("report", report_scenario, &clean) > 50);
+    assert_non_null(clean);
+    json_decref(clean);
+}
+
+static void test_plot(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    char err[256];
+    for (size_t i = 0; i < nlines; i++)
+        assert_int_equal(mt__report_add_line(r, lines[i], line_len[i], err, sizeof err), 0);
+    assert_int_equal(mt__report_process_count(r), 1);
+    assert_true(fault_loop("report replay+plot", plot_scenario, r) > 10);
+    mt__report_destroy(&r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    make_log();
+    return nlines > 50 && nrecs + 1 == nlines ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model),
+        cmocka_unit_test(test_daemon_state),
+        cmocka_unit_test(test_report),
+        cmocka_unit_test(test_plot),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

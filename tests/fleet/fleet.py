@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""A fleet through Prometheus: 3 memtraced daemons (each its own port, socket and
+producers, standing in for 3 nodes, all on 127.0.0.1) scraped by a real Prometheus server
+(one by a file_sd target file, two by static_configs). Checks that
+  sum by (instance) (memtrace_allocated_bytes)   equals each daemon's /state,
+  the process_info join gives each process its name,
+  every family the Grafana dashboard (dashboards/memtrace.json) uses is scraped,
+  the example alert rules pass `promtool check rules`, the config `promtool check config`.
+
+usage: fleet.py MEMTRACED WEB_PRODUCER SOURCE_ROOT
+Exit 0 pass, 1 fail (the check is named), 77 skipped (no prometheus: apt-get install prometheus).
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+
+memtraced, producer, src = sys.argv[1:4]
+procs = []
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+tokens = {}  # port -> the daemon's HTTP token, where it requires one (SOCKET.token)
+
+
+def get(url):
+    req = urllib.request.Request(url)
+    tok = tokens.get(urllib.parse.urlparse(url).port)
+    if tok:
+        req.add_header("Authorization", "Bearer " + tok)
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.read().decode()
+
+
+def wait_for(what, fn, seconds=20):
+    end = time.time() + seconds
+    last = None
+    while time.time() < end:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:  # the server may not answer yet
+            last = repr(e)
+        time.sleep(0.2)
+    fail("%s (last: %s)" % (what, last))
+
+
+for tool in ("prometheus", "promtool"):
+    if not shutil.which(tool):
+        print("SKIP: no %s (Debian package prometheus; ./dev.sh installs it)" % tool)
+        sys.exit(77)
+
+tmp = tempfile.mkdtemp(prefix="mt-fleet-")
+try:
+    rules = os.path.join(src, "dashboards", "memtrace-alerts.yml")
+    out = subprocess.run(["promtool", "check", "rules", rules], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail("promtool check rules: " + out.stdout + out.stderr)
+
+    # Prometheus scrapes /metrics without the daemon's token where the daemon has one.
+    helptext = subprocess.run([memtraced, "--help"], capture_output=True, text=True).stdout
+    metrics_open = ["--metrics-open"] if "--metrics-open" in helptext else []
+
+    # Three nodes: a daemon each, 2, 1 and 1 producers (churn 1 s, then hold their blocks).
+    nodes = []
+    for i, nprod in enumerate((2, 1, 1)):
+        port = free_port()
+        sock = os.path.join(tmp, "node%d.sock" % i)
+        d = subprocess.Popen([memtraced, "--foreground", "--quiet", "--socket", sock,
+                              "--port", str(port)] + metrics_open)
+        procs.append(d)
+        wait_for("daemon %d's socket" % i, lambda: os.path.exists(sock))
+        if os.path.exists(sock + ".token"):
+            with open(sock + ".token") as f:
+                tokens[port] = f.read().strip()
+        wait_for("daemon %d to answer" % i, lambda: get("http://127.0.0.1:%d/healthz" % port) == "ok\n")
+        for _ in range(nprod):
+            procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"]))
+        nodes.append({"port": port, "target": "127.0.0.1:%d" % port, "producers": nprod})
+
+    # Scrape config: two static targets, one through file_sd (as the README shows).
+    sd = os.path.join(tmp, "memtrace-targets.json")
+    with open(sd, "w") as f:
+        json.dump([{"targets": [nodes[2]["target"]], "labels": {"rack": "r2"}}], f)
+    pport = free_port()
+    cfg = os.path.join(tmp, "prometheus.yml")
+    with open(cfg, "w") as f:
+        f.write("""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - %s
+scrape_configs:
+  - job_name: memtrace
+    static_configs:
+      - targets: ['%s', '%s']
+    file_sd_configs:
+      - files: ['%s']
+        refresh_interval: 5s
+""" % (rules, nodes[0]["target"], nodes[1]["target"], sd))
+    out = subprocess.run(["promtool", "check", "config", cfg], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail("promtool check config: " + out.stdout + out.stderr)
+    prom = subprocess.Popen(["prometheus", "--config.file=" + cfg,
+                             "--storage.tsdb.path=" + os.path.join(tmp, "data"),
+                             "--web.listen-address=127.0.0.1:%d" % pport, "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(prom)
+    api = "http://127.0.0.1:%d/api/v1/" % pport
+
+    def query(q):
+        r = json.loads(get(api + "query?" + urllib.parse.urlencode({"query": q})))
+        if r.get("status") != "success":
+            raise RuntimeError(str(r))
+        return r["data"]["result"]
+
+    # Wait for the producers to hold still, and for a scrape after that.
+    time.sleep(2.5)
+
+    def state_sum(node):
+        st = json.loads(get("http://127.0.0.1:%d/state" % node["port"]))
+        running = [p for p in st["processes"] if p["state"] == "running"]
+        return len(running), sum(p["allocated_bytes"] for p in running)
+
+    def matches():
+        res = {r["metric"]["instance"]: float(r["value"][1])
+               for r in query("sum by (instance) (memtrace_allocated_bytes)")}
+        seen = []
+        for node in nodes:
+            n, want = state_sum(node)
+            if n != node["producers"] or want == 0 or res.get(node["target"]) != want:
+                return None
+            seen.append((node["target"], want))
+        return seen
+
+    seen = wait_for("Prometheus's sum by (instance) to equal each daemon's /state", matches, 30)
+    for target, v in seen:
+        print("ok: %s allocated %d in Prometheus = /state" % (target, v))
+
+    joined = query("memtrace_allocated_bytes * on(instance, pid) group_left(name) memtrace_process_info")
+    if len(joined) != 4 or any(r["metric"].get("name") != "web_producer" for r in joined):
+        fail("process_info join: %s" % joined)
+    rack = query('up{job="memtrace",rack="r2"}')
+    if len(rack) != 1 or rack[0]["metric"]["instance"] != nodes[2]["target"]:
+        fail("file_sd target not scraped with its labels: %s" % rack)
+    print("ok: 4 processes named through memtrace_process_info; file_sd target scraped")
+
+    # Every family the dashboard uses is scraped.
+    with open(os.path.join(src, "dashboards", "memtrace.json")) as f:
+        dash = json.load(f)
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if isinstance(v.get("query"), dict)]
+    families = set(re.findall(r"\bmemtrace_[a-z_]+", " ".join(exprs)))
+    names = set(json.loads(get(api + "label/__name__/values"))["data"])
+    missing = sorted(families - names)
+    if missing:
+        fail("the dashboard uses families Prometheus never scraped: %s" % missing)
+    nonempty, empty = 0, []
+    for e in exprs:
+        m = re.match(r"label_values\((.*), *[a-z_]+\)$", e)
+        q = re.sub(r"\$[a-z_]+", ".*", m.group(1) if m else e)
+        try:
+            got = bool(query(q))  # each query is valid PromQL, variables as .*
+            nonempty += got
+            if not got and not re.search(r"\b(rate|increase)\(", q):
+                empty.append(q)  # rates need more scrapes than this short run has
+        except Exception as ex:
+            fail("dashboard query %r: %s" % (q, ex))
+    if empty:
+        fail("only %d of %d dashboard queries return series; empty: %s" % (nonempty, len(exprs), empty))
+    print("ok: the dashboard's %d families are scraped; %d of %d queries return series"
+          % (len(families), nonempty, len(exprs)))
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    shutil.rmtree(tmp, ignore_errors=True)

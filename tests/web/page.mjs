@@ -1,0 +1,192 @@
+// The web page in a real browser: memtraced and an instrumented program, the page loaded
+// in headless Chromium (DevTools protocol, through playwright-core), and these checks:
+// the process appears; the allocated figure shown equals /state within one refresh; the
+// segment map's block count matches /state; selecting a tag filters the event tail; a past
+// state (scrubbed) at the last event equals the live one; the page reconnects after the
+// daemon restarts. Saves web-page.png in the build directory.
+//
+//   node page.mjs MEMTRACED WEB_PRODUCER BUILD_DIR
+// Exit 0 = pass, 1 = fail (the failed check is named), 77 = skipped (the reason is said).
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const [memtraced, producer, buildDir] = process.argv.slice(2);
+const here = dirname(fileURLToPath(import.meta.url));
+const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
+
+function skip(why) {
+  console.log('SKIP: ' + why);
+  process.exit(77);
+}
+if (!existsSync(chromiumPath)) skip(`no chromium at ${chromiumPath} (./dev.sh test installs it)`);
+let chromium;
+try {
+  chromium = createRequire(join(here, 'package.json'))('playwright-core').chromium;
+} catch (e) {
+  skip('playwright-core is not installed: npm ci --prefix tests/web');
+}
+
+const children = [];
+const tmp = mkdtempSync(join(tmpdir(), 'mt-web-'));
+let browser = null;
+
+function fail(msg) {
+  console.error('FAIL: ' + msg);
+  cleanup();
+  process.exit(1);
+}
+function cleanup() {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+  rmSync(tmp, { recursive: true, force: true });
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Starts memtraced in the foreground; resolves with its base URL (token included if the
+// daemon prints one) once it listens.
+function startDaemon(port) {
+  return new Promise((resolve, reject) => {
+    const d = spawn(memtraced, ['--foreground', '--socket', join(tmp, 'sock'), '--port', String(port)],
+      { stdio: ['ignore', 'ignore', 'pipe'] });
+    children.push(d);
+    let err = '';
+    d.stderr.on('data', (b) => {
+      err += b.toString();
+      const m = err.match(/http:\/\/\S+/);
+      if (m) resolve({ proc: d, url: withToken(m[0], join(tmp, 'sock')) });
+    });
+    d.on('exit', (code) => reject(new Error(`memtraced exited (${code}): ${err}`)));
+    setTimeout(() => reject(new Error('memtraced did not say where it listens: ' + err)), 10000);
+  });
+}
+
+// The daemon's address with its token (SOCKET.token, where the daemon requires one).
+function withToken(url, sock) {
+  const u = new URL(url);
+  if (!u.searchParams.get('token') && existsSync(sock + '.token'))
+    u.searchParams.set('token', readFileSync(sock + '.token', 'utf8').trim());
+  return u.toString();
+}
+
+async function getJSON(base, path) {
+  const u = new URL(path, base);
+  const tok = new URL(base).searchParams.get('token');
+  if (tok) u.searchParams.set('token', tok);
+  const r = await fetch(u);
+  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+  return r.json();
+}
+
+async function waitFor(what, fn, ms = 10000) {
+  const end = Date.now() + ms;
+  let last;
+  while (Date.now() < end) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e.message;
+    }
+    await sleep(100);
+  }
+  fail(`${what} (last: ${JSON.stringify(last)})`);
+}
+
+try {
+  let daemon = await startDaemon(0);
+  const base = daemon.url;
+  const port = Number(new URL(base).port);
+  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60'], { stdio: ['ignore', 'ignore', 'inherit'] });
+  children.push(prod);
+
+  browser = await chromium.launch({
+    executablePath: chromiumPath,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+  const page = await browser.newPage({ viewport: { width: 1400, height: 1600 } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(base, { waitUntil: 'load' });
+
+  // 1. The process appears.
+  const pid = prod.pid;
+  await page.waitForSelector(`#procs tr[data-pid="${pid}"]`, { timeout: 10000 });
+  console.log(`ok: process ${pid} listed`);
+
+  // Let the churn end: from then on the figures hold still.
+  await sleep(3500);
+  const updates = () => page.evaluate(() => window.mtPage.updates);
+  const waitUpdates = async (n) => {
+    const u0 = await updates();
+    await waitFor(`${n} page updates`, async () => (await updates()) >= u0 + n, 5000);
+  };
+
+  // 2. The allocated figure shown equals /state within one refresh.
+  const st = await getJSON(base, '/state');
+  const p = st.processes.filter((x) => x.pid === pid).pop();
+  if (!p) fail('the producer is not in /state');
+  await waitUpdates(1);
+  const shown = Number(await page.getAttribute('#alloc-value', 'data-bytes'));
+  if (shown !== p.allocated_bytes) fail(`page shows allocated ${shown}, /state says ${p.allocated_bytes}`);
+  if (!(shown > 0)) fail('allocated is 0: the producer recorded nothing');
+  console.log(`ok: allocated ${shown} = /state`);
+
+  // 3. The segment map's block count matches /state, and every block is drawn.
+  const blocksShown = Number(await page.textContent('#map-blocks'));
+  const drawn = await page.evaluate(() => window.mtPage.map.layout.blocks.length);
+  if (blocksShown !== p.blocks || drawn !== p.blocks)
+    fail(`segment map: ${blocksShown} blocks shown, ${drawn} drawn, /state says ${p.blocks}`);
+  console.log(`ok: segment map ${blocksShown} blocks = /state`);
+
+  // 4. Selecting a tag filters the event tail.
+  const allTags = await page.$$eval('#tail tbody tr', (rs) => [...new Set(rs.map((r) => r.dataset.tag))]);
+  if (allTags.length < 2) fail(`the unfiltered tail shows ${allTags.length} tag(s); want several`);
+  await page.selectOption('#f-tag', 'activations_user');
+  await waitUpdates(1);
+  const tags = await page.$$eval('#tail tbody tr', (rs) => rs.map((r) => r.dataset.tag));
+  if (tags.length === 0 || tags.some((t) => t !== 'activations_user'))
+    fail(`tag filter: rows ${JSON.stringify([...new Set(tags)])} (${tags.length})`);
+  console.log(`ok: tag filter leaves ${tags.length} activations_user rows (of tags ${allTags.join(',')})`);
+
+  // 5. The state at the last event, rebuilt from the kept history, is the live state; a
+  // state in the middle is another one.
+  const live = await getJSON(base, `/map?pid=${pid}`);
+  const past = await getJSON(base, `/map?pid=${pid}&seq=${live.window.last_seq}`);
+  if (past.nblocks !== live.nblocks || past.allocated !== live.allocated || past.total_free !== live.total_free)
+    fail(`state at the last event ${JSON.stringify([past.nblocks, past.allocated])} != live ${JSON.stringify([live.nblocks, live.allocated])}`);
+  await page.evaluate((s) => window.mtPage && document.getElementById('scrub').value !== undefined &&
+    (document.getElementById('scrub').value = s, document.getElementById('scrub').dispatchEvent(new Event('input'))),
+  Math.floor((live.window.first_seq + live.window.last_seq) / 2));
+  await waitFor('the scrubbed map', async () => (await page.textContent('#map-info')).includes('at '));
+  console.log('ok: scrubbed state at the last event = live; slider shows a past state');
+  await page.click('#map-live');
+
+  // Screenshot for the README, with the tag filter cleared.
+  await page.selectOption('#f-tag', '');
+  await waitUpdates(2);
+  const shot = join(buildDir, 'web-page.png');
+  await page.screenshot({ path: shot, fullPage: true });
+  console.log('screenshot: ' + shot);
+
+  // 6. The page reconnects by itself after the daemon restarts.
+  daemon.proc.kill('SIGTERM');
+  await waitFor('the page to notice the daemon is gone',
+    async () => (await page.textContent('#status')).includes('disconnected'));
+  daemon = await startDaemon(port);
+  await waitFor('the page to reconnect', async () => (await page.textContent('#status')).startsWith('live'), 10000);
+  console.log('ok: reconnected after a daemon restart');
+
+  const perf = await page.evaluate(() => window.mtPage.perf);
+  console.log(`page updates: ${perf.length}, max ${Math.max(...perf).toFixed(1)} ms`);
+  if (errors.length) fail('errors on the page: ' + errors.join('; '));
+  await browser.close();
+  cleanup();
+  process.exit(0);
+} catch (e) {
+  if (browser) await browser.close().catch(() => {});
+  fail(e.stack || String(e));
+}

@@ -1,0 +1,191 @@
+/* The web page's per-process tracker (daemon/web.h), fed records directly: the allocator
+ * state rebuilt at an event of the window equals the model fed the same prefix; history
+ * buckets keep min <= last <= max and stay bounded over hours; the window stays bounded. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis/model.h"
+#include "analysis/model_gen.h"
+#include "daemon/internal.h"
+#include "daemon/web.h"
+
+#define MIB (1ull << 20)
+#define SEG 0x100000000ull
+
+typedef struct stream_s {
+    mt_event_rec_t *ev;
+    size_t n, cap;
+} stream_t;
+
+static void push(stream_t *s, mt_event_rec_t ev)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        s->ev = realloc(s->ev, s->cap * sizeof *s->ev);
+        assert_non_null(s->ev);
+    }
+    s->ev[s->n++] = ev;
+}
+
+/* A stream with segments, tagged blocks that live a while, frees requested before they
+ * complete, and a second segment mapped and unmapped. */
+static void make_stream(stream_t *s, unsigned nops)
+{
+    mgen_t g = {0};
+    struct {
+        uint64_t addr, size;
+        int state; /* 0 free slot, 1 live, 2 free requested */
+    } slot[64] = {{0}};
+    push(s, mgen_rec(&g, MT_EV_SEGMENT_ALLOC, SEG, 64 * MIB, 0));
+    unsigned rnd = 12345;
+    for (unsigned i = 0; i < nops; i++) {
+        rnd = rnd * 1103515245u + 12345u;
+        unsigned k = (rnd >> 8) % 64;
+        if (i % 500 == 250)
+            push(s, mgen_rec(&g, MT_EV_SEGMENT_ALLOC, SEG + 128 * MIB + (i / 500) * 4 * MIB,
+                             2 * MIB, 0));
+        if (slot[k].state == 0) {
+            slot[k].addr = SEG + (uint64_t)k * MIB;
+            slot[k].size = (1 + (rnd >> 16) % 16) * 64 * 1024;
+            slot[k].state = 1;
+            push(s, mgen_rec(&g, MT_EV_ALLOC, slot[k].addr, slot[k].size, 1 + (int)(k % 7)));
+        } else if (slot[k].state == 1) {
+            slot[k].state = 2;
+            push(s, mgen_rec(&g, MT_EV_FREE_REQUESTED, slot[k].addr, slot[k].size, 0));
+        } else {
+            slot[k].state = 0;
+            push(s, mgen_rec(&g, MT_EV_FREE_COMPLETED, slot[k].addr, slot[k].size, 0));
+        }
+    }
+}
+
+static void same_state(const mt_model_t *a, const mt_model_t *b)
+{
+    mt_model_figures_t fa, fb;
+    assert_int_equal(mt_model_figures(a, MT_MODEL_DEVICE, &fa), 0);
+    assert_int_equal(mt_model_figures(b, MT_MODEL_DEVICE, &fb), 0);
+    assert_int_equal(fa.allocated, fb.allocated);
+    assert_int_equal(fa.reserved, fb.reserved);
+    assert_int_equal(fa.blocks, fb.blocks);
+    assert_int_equal(fa.total_free, fb.total_free);
+    assert_int_equal(fa.largest_free, fb.largest_free);
+    assert_false(fa.uncertain);
+    mt_model_map_t ma, mb;
+    assert_int_equal(mt_model_map(a, MT_MODEL_DEVICE, &ma), 0);
+    assert_int_equal(mt_model_map(b, MT_MODEL_DEVICE, &mb), 0);
+    assert_int_equal(ma.nblocks, mb.nblocks);
+    assert_int_equal(ma.nsegs, mb.nsegs);
+    for (size_t i = 0; i < ma.nblocks; i++) {
+        assert_int_equal(ma.blocks[i].addr, mb.blocks[i].addr);
+        assert_int_equal(ma.blocks[i].size, mb.blocks[i].size);
+        assert_int_equal(ma.blocks[i].tag, mb.blocks[i].tag);
+        assert_int_equal(ma.blocks[i].pending, mb.blocks[i].pending);
+    }
+    for (size_t i = 0; i < ma.nsegs; i++) {
+        assert_int_equal(ma.segs[i].addr, mb.segs[i].addr);
+        assert_int_equal(ma.segs[i].used, mb.segs[i].used);
+    }
+    mt_model_map_free(&ma);
+    mt_model_map_free(&mb);
+}
+
+static void test_state_at_equals_prefix(void **state)
+{
+    (void)state;
+    stream_t s = {0};
+    make_stream(&s, 6000);
+    mt_d_t *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    mt__d_web_set_window(d, 1024);
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 7, "unit"), 0);
+    for (size_t i = 0; i < s.n; i++) {
+        assert_int_equal(mt__d_proc_apply(p, &s.ev[i]), 0);
+        mt__d_web_record(d, p, &s.ev[i]);
+    }
+    mt_d_web_proc_t *t = mt__d_web_find(d, p);
+    assert_non_null(t);
+    assert_int_equal(t->wcount, 1024); /* the window is bounded */
+    /* At several points of the window, the rebuilt state is the model of that prefix. */
+    size_t evicted = s.n - t->wcount;
+    for (size_t upto = 0; upto <= t->wcount; upto += 341) {
+        mt_model_t *ref = NULL, *at = NULL;
+        assert_int_equal(mt_model_create(&ref, NULL), 0);
+        for (size_t i = 0; i < evicted + upto; i++)
+            mt_model_apply(ref, &s.ev[i]);
+        assert_int_equal(mt__d_web_state_at(t, upto, &at), 0);
+        same_state(at, ref);
+        mt_model_destroy(&at);
+        mt_model_destroy(&ref);
+    }
+    /* And at the window's end, the live state. */
+    mt_model_t *at = NULL;
+    assert_int_equal(mt__d_web_state_at(t, t->wcount, &at), 0);
+    same_state(at, p->model);
+    mt_model_destroy(&at);
+    mt__d_web_forget(d, p);
+    assert_null(mt__d_web_find(d, p));
+    mt__d_web_free(d);
+    mt__d_proc_destroy(&p);
+    free(d);
+    free(s.ev);
+}
+
+/* Three hours of events, one every 2 s: the coarse history halves its resolution instead
+ * of growing, buckets stay ordered and each keeps min <= last <= max; the last fine
+ * bucket holds the figures now. */
+static void test_history_bounded(void **state)
+{
+    (void)state;
+    stream_t s = {0};
+    make_stream(&s, 5400);
+    mt_d_t *d = calloc(1, sizeof *d);
+    assert_non_null(d);
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 8, "hours"), 0);
+    for (size_t i = 0; i < s.n; i++) {
+        s.ev[i].time_ns = 1000000000ull + (uint64_t)i * 2000000000ull;
+        assert_int_equal(mt__d_proc_apply(p, &s.ev[i]), 0);
+        mt__d_web_record(d, p, &s.ev[i]);
+    }
+    mt_d_web_proc_t *t = mt__d_web_find(d, p);
+    assert_non_null(t);
+    assert_true(t->ncoarse <= MT_D_WEB_COARSE);
+    assert_true(t->coarse_ns >= 8 * MT_D_WEB_COARSE0_NS); /* 3 h in <= 1024 buckets */
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (size_t i = 0; i < t->ncoarse; i++) {
+        const mt_d_web_bkt_t *b = &t->coarse[i];
+        if (i)
+            assert_true(b->t0 > t->coarse[i - 1].t0);
+        assert_true(b->amin <= b->alast && b->alast <= b->amax);
+        assert_int_equal(b->t0 % t->coarse_ns, 0);
+        lo = b->amin < lo ? b->amin : lo;
+        hi = b->amax > hi ? b->amax : hi;
+    }
+    mt_model_figures_t f;
+    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
+    assert_int_equal(t->coarse[t->ncoarse - 1].alast, f.allocated);
+    assert_int_equal(hi, f.peak_allocated);
+    const mt_d_web_bkt_t *fine = &t->fine[(t->last_ns / MT_D_WEB_FINE_NS) % MT_D_WEB_FINE];
+    assert_int_equal(fine->alast, f.allocated);
+    assert_int_equal(fine->rlast, f.reserved);
+    mt__d_web_free(d);
+    mt__d_proc_destroy(&p);
+    free(d);
+    free(s.ev);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_at_equals_prefix),
+        cmocka_unit_test(test_history_bounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,116 @@
+/* An instrumented program for the web tests and the web benchmark: a caching allocator on
+ * the sim backend, with a pinned host cache, recording to the daemon at SOCKET.
+ *
+ *   web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S]]
+ *
+ * It registers a user tag ("activations_user"), keeps some long-lived blocks, and churns
+ * tagged allocations (about EVENTS_PER_S events a second, default 2000) for SECONDS,
+ * holds its blocks still for HOLD_S seconds (default 0: figures that stop moving, for
+ * exact comparisons), then frees everything and exits 0. Any failure exits 1 with a
+ * message. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "memtrace/alloc.h"
+#include "memtrace/host.h"
+#include "memtrace/prof.h"
+
+#define KEEP 24
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "web_producer: %s: %s\n", what, mt_strerror(rc));
+    exit(1);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S]]\n");
+        return 2;
+    }
+    double seconds = atof(argv[2]);
+    double rate = argc > 3 ? atof(argv[3]) : 2000;
+    double hold = argc > 4 ? atof(argv[4]) : 0;
+    int rc;
+    mt_backend_cfg_t bcfg = mt_backend_cfg_default();
+    bcfg.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    if ((rc = mt_backend_create(&b, &bcfg)) != 0)
+        die("backend", rc);
+    mt_prof_cfg_t pcfg = mt_prof_cfg_default();
+    pcfg.mode = MT_PROF_DAEMON;
+    pcfg.socket = argv[1];
+    pcfg.name = "web_producer";
+    mt_prof_t *prof = NULL;
+    if ((rc = mt_prof_create(&prof, &pcfg)) != 0)
+        die("profiler (is the daemon running?)", rc);
+    mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
+    acfg.backend = b;
+    acfg.sink = mt_prof_sink(prof);
+    mt_alloc_t *a = NULL;
+    if ((rc = mt_alloc_create(&a, &acfg)) != 0)
+        die("allocator", rc);
+    mt_host_cfg_t hcfg = mt_host_cfg_default();
+    hcfg.backend = b;
+    hcfg.capacity = 64u << 20;
+    hcfg.sink = mt_prof_sink(prof);
+    mt_host_cache_t *h = NULL;
+    if ((rc = mt_host_cache_create(&h, &hcfg)) != 0)
+        die("host cache", rc);
+    int user = 0;
+    if ((rc = mt_alloc_tag_register(a, "activations_user", &user)) != 0)
+        die("tag", rc);
+    void *w = NULL, *hp = NULL;
+    if ((rc = mt_alloc_malloc(a, 6u << 20, NULL, MT_TAG_WEIGHTS, &w)) != 0)
+        die("malloc weights", rc);
+    if ((rc = mt_host_malloc(h, 3u << 20, MT_TAG_BATCH, &hp)) != 0)
+        die("host malloc", rc);
+    void *keep[KEEP] = {0};
+    const int tags[] = {MT_TAG_ACTIVATIONS, MT_TAG_GRADS, MT_TAG_WORKSPACE, user};
+    unsigned long i = 0;
+    double t0 = now_s(), events = 0;
+    while (now_s() - t0 < seconds) {
+        unsigned k = (unsigned)(i % KEEP);
+        if (keep[k]) {
+            if ((rc = mt_alloc_free(a, keep[k])) != 0)
+                die("free", rc);
+            events += 2; /* free_requested, free_completed */
+        }
+        size_t size = (size_t)(1 + (i * 7919) % 61) << 14; /* 16 KiB .. ~1 MiB */
+        if (i % 5 == 0)
+            size <<= 3; /* some large-pool blocks */
+        if ((rc = mt_alloc_malloc(a, size, NULL, tags[i % 4], &keep[k])) != 0)
+            die("malloc", rc);
+        events += 1;
+        i++;
+        /* Pace: sleep when ahead of the rate. */
+        double ahead = events / rate - (now_s() - t0);
+        if (ahead > 0.002) {
+            struct timespec ts = {0, (long)(ahead * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (hold > 0) {
+        struct timespec ts = {(time_t)hold, (long)((hold - (double)(time_t)hold) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    for (unsigned k = 0; k < KEEP; k++)
+        if (keep[k])
+            mt_alloc_free(a, keep[k]);
+    mt_host_free(h, hp);
+    mt_alloc_free(a, w);
+    mt_host_cache_destroy(&h);
+    mt_alloc_destroy(&a);
+    mt_prof_destroy(&prof);
+    mt_backend_destroy(&b);
+    return 0;
+}

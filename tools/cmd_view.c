@@ -1,0 +1,138 @@
+/* `memtrace view LOG...`: the daemon's web page for recorded logs. The logs are loaded into
+ * a daemon's state (daemon/view.c), which then serves its HTTP routes on 127.0.0.1 (its Unix
+ * socket lives in a private temporary directory) until Ctrl-C. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/daemon.h"
+#include "tools/commands.h"
+
+#define VIEW_DEFAULT_PORT 9478
+
+static void help(FILE *f)
+{
+    fprintf(f,
+            "usage: memtrace view [--port N] [--window N] LOG...\n"
+            "\n"
+            "Serves the web page of 'memtrace daemon' for recorded telemetry logs (NDJSON,\n"
+            "docs/telemetry.md: a daemon's --log, or a program's own log), on\n"
+            "http://127.0.0.1:PORT/ only, until Ctrl-C. Every process of the logs is listed;\n"
+            "its charts, segment map (with past states), event tail and comparisons work as\n"
+            "for a live process. Several logs are read in the order given, as one (an event\n"
+            "found twice counts once). Times are shown on this machine's clock: right for\n"
+            "logs recorded since it last booted.\n"
+            "\n"
+            "options:\n"
+            "  --port N     HTTP port (default %d; 0 = any free port)\n"
+            "  --window N   events kept per process for past states (default 1048576,\n"
+            "               64 bytes each; at least 1024)\n"
+            "  -h, --help   this text\n"
+            "\n"
+            "exit status: 0 stopped by Ctrl-C; 1 a log could not be read or the port is taken;\n"
+            "2 bad usage, or malformed lines (each log's first is named; the rest is shown).\n"
+            "\n"
+            "examples:\n"
+            "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
+            "  memtrace view --port 8080 memtrace-4242.ndjson\n",
+            VIEW_DEFAULT_PORT);
+}
+
+static int number(const char *s, unsigned long min, unsigned long max, unsigned long *out)
+{
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (end == s || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int mt_cmd_view(int argc, char **argv)
+{
+    unsigned long port = VIEW_DEFAULT_PORT, window = 1ul << 20;
+    static const struct option opts[] = {{"port", required_argument, NULL, 'p'},
+                                         {"window", required_argument, NULL, 'w'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    int ch;
+    optind = 1;
+    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (ch == 'h') {
+            help(stdout);
+            return 0;
+        }
+        if (ch == 'p' && number(optarg, 0, 65535, &port) == 0)
+            continue;
+        if (ch == 'w' && number(optarg, 1024, 1ul << 26, &window) == 0)
+            continue;
+        if (ch == 'p' || ch == 'w')
+            fprintf(stderr, "memtrace view: --%s: bad value '%s' (see --help)\n",
+                    ch == 'p' ? "port" : "window", optarg);
+        else
+            help(stderr);
+        return 2;
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "memtrace view: no LOG given (see --help)\n");
+        return 2;
+    }
+    char dir[] = "/tmp/memtrace-view-XXXXXX", sock[sizeof dir + 8];
+    if (!mkdtemp(dir)) {
+        perror("memtrace view: cannot make a private directory for the socket");
+        return 1;
+    }
+    snprintf(sock, sizeof sock, "%s/sock", dir);
+    mt_d_cfg_t cfg = mt_d_cfg_default();
+    cfg.socket_path = sock;
+    cfg.http_port = (int)port;
+    cfg.handle_signals = true;
+    cfg.max_exited = 1u << 16; /* every process of the logs stays */
+    mt_d_t *d = NULL;
+    int rc = mt_d_create(&d, &cfg), status = 0;
+    if (rc) {
+        fprintf(stderr, "memtrace view: cannot serve on 127.0.0.1:%lu: %s\n", port,
+                mt_strerror(rc));
+        rmdir(dir);
+        return 1;
+    }
+    mt_d_set_event_window(d, window);
+    unsigned long events = 0, bad_total = 0;
+    for (int i = optind; i < argc && status != 1; i++) {
+        unsigned long bad = 0;
+        char err[320] = "";
+        rc = mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
+        if (rc) {
+            fprintf(stderr, "memtrace view: %s\n", err);
+            status = 1;
+        } else if (bad) {
+            fprintf(stderr, "memtrace view: %lu malformed line(s) skipped; the first: %s\n", bad,
+                    err);
+            bad_total += bad;
+        }
+    }
+    if (status == 0) {
+        /* Where the daemon requires a token on its routes, it keeps it in SOCKET.token
+         * (0600, in our private directory): the address to open carries it. */
+        char tok[80] = "", tpath[sizeof sock + 8];
+        snprintf(tpath, sizeof tpath, "%s.token", sock);
+        FILE *tf = fopen(tpath, "r");
+        if (tf) {
+            if (!fgets(tok, sizeof tok, tf))
+                tok[0] = '\0';
+            tok[strcspn(tok, "\r\n")] = '\0';
+            fclose(tf);
+        }
+        fprintf(stderr,
+                "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/%s%s "
+                "(Ctrl-C stops)\n",
+                events, argc - optind, mt_d_http_port(d), tok[0] ? "?token=" : "", tok);
+        rc = mt_d_run(d);
+        status = rc ? 1 : bad_total ? 2 : 0;
+    }
+    mt_d_destroy(&d);
+    rmdir(dir);
+    return status;
+}
