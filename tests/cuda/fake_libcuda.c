@@ -15,8 +15,12 @@
  * - VMM: granularity alignment, cuMemMap only inside a reservation and over unmapped
  *   addresses, cuMemSetAccess only over mapped ranges (several descriptors accepted),
  *   cuMemUnmap of whole mappings, cuMemAddressFree of whole, unmapped reservations.
- * Not modelled (yet): device memory that the host cannot dereference, the legacy default
- * stream's implicit synchronisation with blocking streams, sticky errors.
+ * - device memory is not host-addressable: device addresses come from a PROT_NONE range,
+ *   so a host dereference faults as on a GPU; the bytes live in a separate shadow mapping
+ *   that copies and memsets go through, and that tests (and the fake cuDNN) reach with
+ *   fake_cuda_shadow(dptr).
+ * Not modelled (yet): the legacy default stream's implicit synchronisation with blocking
+ * streams, sticky errors, bounds checks of copies against live allocations.
  *
  * fake_cuda_hold(true) keeps every queue from running; a synchronising call (stream,
  * event or context synchronize, cuMemFree) lets the queues run while it waits. */
@@ -35,6 +39,7 @@
 #define MAXLOG   8192
 #define MAXDEV   64
 #define MAXSTACK 16
+#define DEVSPAN  ((size_t)16 << 30) /* device address space, never reused */
 
 typedef struct fake_call_s {
     const char *name;
@@ -129,6 +134,8 @@ static struct {
     const char *fail_name; /* the next fail_count calls of fail_name return fail_res */
     unsigned fail_count;
     CUresult fail_res;
+    uintptr_t dev_base, shadow_base; /* DEVSPAN bytes each; shadow of d is d - dev + shadow */
+    size_t dev_next;                 /* bytes of the device range handed out */
     bool hold;
     int drain;      /* synchronising calls waiting: queues run despite hold */
     long ctx_depth; /* pushes minus pops, all threads */
@@ -150,6 +157,47 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Maps the device range (PROT_NONE) and its shadow once. */
+static void dev_init(void)
+{
+    void *d = mmap(NULL, DEVSPAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *h = mmap(NULL, DEVSPAN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (d == MAP_FAILED || h == MAP_FAILED)
+        abort(); /* a test double without its address space cannot run */
+    fake.dev_base = (uintptr_t)d;
+    fake.shadow_base = (uintptr_t)h;
+}
+
+/* size bytes of fresh device addresses aligned to align, or 0. Caller holds mu. */
+static CUdeviceptr dev_take(size_t size, size_t align)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, dev_init);
+    size_t off = (fake.dev_base + fake.dev_next + align - 1) / align * align - fake.dev_base;
+    if (off > DEVSPAN || size > DEVSPAN - off)
+        return 0;
+    fake.dev_next = off + size;
+    return fake.dev_base + off;
+}
+
+static bool is_dev(uintptr_t p)
+{
+    return fake.dev_base != 0 && p - fake.dev_base < DEVSPAN;
+}
+
+/* The host address holding device byte p; host pointers map to themselves. */
+static void *shadow(uintptr_t p)
+{
+    return (void *)(is_dev(p) ? p - fake.dev_base + fake.shadow_base : p);
+}
+
+/* Drops the bytes of a device range (its shadow reads as zeros again). */
+static void dev_drop(uintptr_t p, size_t size)
+{
+    madvise(shadow(p), size, MADV_DONTNEED);
 }
 
 static fake_ctx_t *cur(void)
@@ -230,9 +278,9 @@ static void *worker(void *arg)
         if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN) {
             pthread_mutex_unlock(&fake.mu);
             if (op->kind == OP_COPY)
-                memmove(op->dst, op->src, op->n);
+                memmove(shadow((uintptr_t)op->dst), shadow((uintptr_t)op->src), op->n);
             else if (op->kind == OP_SET)
-                memset(op->dst, op->value, op->n);
+                memset(shadow((uintptr_t)op->dst), op->value, op->n);
             else {
                 in_hostfn = true;
                 op->fn(op->ud);
@@ -379,6 +427,14 @@ FAKE_API size_t fake_cuda_count(const char *name);
 FAKE_API size_t fake_cuda_used(void);
 FAKE_API long fake_cuda_ctx_depth(void);
 FAKE_API void fake_cuda_idle(void);
+FAKE_API void *fake_cuda_shadow(const void *dptr);
+
+/* The host address of device byte dptr (dptr itself for host memory): the backdoor by
+ * which tests and the fake cuDNN read and write device memory. */
+void *fake_cuda_shadow(const void *dptr)
+{
+    return shadow((uintptr_t)dptr);
+}
 
 /* Waits until every queue of every context is empty (held work is let run). */
 void fake_cuda_idle(void)
@@ -590,10 +646,18 @@ static CUresult blk_new(void **out, size_t size, bool host)
     if (!host && take(rounded) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     fake_blk_t *b = calloc(1, sizeof *b);
-    void *p = aligned_alloc(512, rounded);
+    void *p = NULL;
+    if (host)
+        p = aligned_alloc(512, rounded);
+    else {
+        pthread_mutex_lock(&fake.mu);
+        p = (void *)(uintptr_t)dev_take(rounded, 512);
+        pthread_mutex_unlock(&fake.mu);
+    }
     if (b == NULL || p == NULL) {
         free(b);
-        free(p);
+        if (host)
+            free(p);
         if (!host)
             give(rounded);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -621,9 +685,11 @@ static CUresult blk_free(void *p, bool host)
     pthread_mutex_unlock(&fake.mu);
     if (b == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!host)
+    if (!host) {
         give(b->size);
-    free(b->p);
+        dev_drop((uintptr_t)b->p, b->size);
+    } else
+        free(b->p);
     free(b);
     return CUDA_SUCCESS;
 }
@@ -869,20 +935,15 @@ FAKE_API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align,
     fake_resv_t *v = calloc(1, sizeof *v);
     if (v == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    /* Over-reserve, then trim to a GRAN-aligned range. */
-    uint8_t *m =
-        mmap(NULL, size + GRAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) {
+    pthread_mutex_lock(&fake.mu);
+    CUdeviceptr base = dev_take(size, align > GRAN ? align : GRAN);
+    if (base == 0) {
+        pthread_mutex_unlock(&fake.mu);
         free(v);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    uintptr_t base = ((uintptr_t)m + GRAN - 1) & ~(uintptr_t)(GRAN - 1);
-    if (base > (uintptr_t)m)
-        munmap(m, base - (uintptr_t)m);
-    munmap((void *)(base + size), (uintptr_t)m + size + GRAN - (base + size));
     v->base = base;
     v->size = size;
-    pthread_mutex_lock(&fake.mu);
     v->next = fake.resvs;
     fake.resvs = v;
     pthread_mutex_unlock(&fake.mu);
@@ -905,7 +966,6 @@ FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
     pthread_mutex_unlock(&fake.mu);
     if (r != CUDA_SUCCESS)
         return r;
-    munmap((void *)(uintptr_t)p, size);
     free(v);
     return CUDA_SUCCESS;
 }
@@ -977,34 +1037,27 @@ static size_t mapped_bytes(const fake_resv_t *v, CUdeviceptr p, size_t size)
     return n;
 }
 
-/* Every byte of the range mapped; each descriptor names an existing device. Host access
- * is opened when a descriptor grants this fake's device memory read-write. */
+/* Every byte of the range mapped; each descriptor names an existing device. The host
+ * never gains access: device memory stays reachable only through the API. */
 FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
                                  size_t count)
 {
     ENTER_CTX("cuMemSetAccess", p, size);
     if (count == 0 || desc == NULL || size == 0 || p % GRAN != 0 || size % GRAN != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    int prot = PROT_NONE;
     for (size_t i = 0; i < count; i++) {
         if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
             desc[i].location.id >= fake.devices)
             return CUDA_ERROR_INVALID_DEVICE;
-        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            prot = PROT_READ | PROT_WRITE;
-        else if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ && prot == PROT_NONE)
-            prot = PROT_READ;
-        else if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
-                 desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ)
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
             return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&fake.mu);
     fake_resv_t *v = resv_find(p, size);
     CUresult r =
         v == NULL || mapped_bytes(v, p, size) != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
-    if (r == CUDA_SUCCESS && mmap((void *)(uintptr_t)p, size, prot,
-                                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
-        r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -1031,7 +1084,6 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
     }
     pthread_mutex_unlock(&fake.mu);
     if (r == CUDA_SUCCESS)
-        mmap((void *)(uintptr_t)p, size, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        dev_drop(p, size);
     return r;
 }

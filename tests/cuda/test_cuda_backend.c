@@ -218,7 +218,7 @@ static void test_vm_mapping_order(void **state)
     }
     assert_true(mt_backend_is_device_ptr(b, base + 2 * MiB));
     assert_false(mt_backend_is_device_ptr(b, base + 6 * MiB));
-    memset(base + 2 * MiB, 0x5A, 4 * MiB); /* really usable */
+    memset(fk.shadow(base + 2 * MiB), 0x5A, 4 * MiB); /* really backed */
     assert_int_equal(fk.used(), 4 * MiB);
 
     /* mapping a mapped page again is refused without driver calls */

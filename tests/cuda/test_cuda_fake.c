@@ -11,6 +11,9 @@
 #include <errno.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "tests/cuda/fake_ctl.h"
@@ -228,7 +231,7 @@ static void test_wait_event_orders_streams(void **state)
     assert_int_equal(cu.EventSynchronize(done), CUDA_SUCCESS);
     assert_true(w.ok);
     assert_int_equal(cu.EventQuery(ev), CUDA_SUCCESS);
-    assert_int_equal(((unsigned char *)(uintptr_t)d)[15], 0x77);
+    assert_int_equal(((unsigned char *)fk.shadow((void *)(uintptr_t)d))[15], 0x77);
     /* timing disabled: no elapsed time, as the driver */
     float ms;
     assert_int_equal(cu.EventElapsedTime(&ms, ev, done), CUDA_ERROR_INVALID_HANDLE);
@@ -269,6 +272,31 @@ static void test_host_func_later_elsewhere_no_cuda(void **state)
     assert_false(pthread_equal(cb.ran_on, cb.caller));
     assert_int_equal(cb.alloc, CUDA_ERROR_NOT_PERMITTED);
     assert_int_equal(cb.push, CUDA_ERROR_NOT_PERMITTED);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
+/* A host dereference of device memory faults, as on a GPU; the API reaches its bytes. */
+static void test_device_memory_not_host_addressable(void **state)
+{
+    (void)state;
+    CUcontext popped;
+    CUdeviceptr d;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&d, 4096), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(d, 0x3C, 4096, NULL), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(((unsigned char *)fk.shadow((void *)(uintptr_t)d))[4095], 0x3C);
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL); /* cmocka's handler would report and exit */
+        volatile unsigned char *h = (volatile unsigned char *)(uintptr_t)d;
+        _exit(h[0] == 0x3C ? 0 : 1); /* must not get here */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st));
+    assert_int_equal(WTERMSIG(st), SIGSEGV);
+    assert_int_equal(cu.MemFree(d), CUDA_SUCCESS);
     assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
 }
 
@@ -328,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_streams_run_concurrently),
         cmocka_unit_test(test_wait_event_orders_streams),
         cmocka_unit_test(test_host_func_later_elsewhere_no_cuda),
+        cmocka_unit_test(test_device_memory_not_host_addressable),
         cmocka_unit_test(test_vmm_strict),
     };
     return cmocka_run_group_tests(tests, setup, fake_ctl_close);
