@@ -56,6 +56,9 @@ typedef struct mt_d_cfg_s {
                                      "off" = none (docs/torch-snapshot.md) */
     unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
     bool handle_signals;          /* SIGINT/SIGTERM stop the daemon (the executables); false */
+    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
+                                     "off" = none (docs/torch-snapshot.md) */
+    unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;

@@ -728,9 +728,10 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
         d->fd_limit = rl.rlim_cur > UINT32_MAX ? UINT32_MAX : (unsigned)rl.rlim_cur;
     if (!cfg->socket_path && (rc = default_dir_check(d)) != 0)
         goto fail_handles;
-    if ((rc = bind_unix(d)) != 0)
-        goto fail_handles;
+    /* The token file before the socket: whoever sees the socket finds the token. */
     if (d->http_on && (rc = load_token(d)) != 0)
+        goto fail_handles;
+    if ((rc = bind_unix(d)) != 0)
         goto fail_handles;
     if (d->http_on && (rc = bind_http(d)) != 0)
         goto fail_handles;

@@ -33,8 +33,8 @@ mt_d_cfg_t th_cfg(void)
     mt_d_cfg_t cfg = mt_d_cfg_default();
     cfg.idle_timeout_ms = 300;
     cfg.keepalive_ms = 200;
-    cfg.oom_dir = "off"; /* tests never write OOM snapshots into $HOME */
     cfg.http_token = TH_TOKEN;
+    cfg.oom_dir = "off"; /* tests never write OOM snapshots into $HOME */
     return cfg;
 }
 

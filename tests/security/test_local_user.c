@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -58,6 +59,7 @@ static pid_t fake_daemon(const char *dir, const char *sock)
     assert_true(pid >= 0);
     if (pid == 0) {
         close(ready[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* gone with the test, even if it fails */
         if (setresgid(SEC_OTHER_UID, SEC_OTHER_UID, SEC_OTHER_UID) != 0 ||
             setresuid(SEC_OTHER_UID, SEC_OTHER_UID, SEC_OTHER_UID) != 0)
             _exit(3);
@@ -145,6 +147,17 @@ static void test_default_socket_in_private_dir(void **state)
     free(env);
 }
 
+static int unsquat(void **state)
+{
+    (void)state;
+    char name[96];
+    for (unsigned n = 0; n < 1024; n++) {
+        snprintf(name, sizeof name, "/memtrace.%u.%d.%u", (unsigned)getuid(), (int)getpid(), n);
+        shm_unlink(name);
+    }
+    return 0;
+}
+
 /* Every ring name the old scheme (/memtrace.<uid>.<pid>.<n>) could pick is taken. */
 static void test_squatted_ring_names(void **state)
 {
@@ -169,10 +182,6 @@ static void test_squatted_ring_names(void **state)
     record(p, NEVENTS);
     mt_prof_destroy(&p);
     assert_int_equal(count_lines(log, "\"type\":\"event\""), NEVENTS);
-    for (unsigned n = 0; n < 1024; n++) {
-        snprintf(name, sizeof name, "/memtrace.%u.%d.%u", (unsigned)getuid(), (int)getpid(), n);
-        shm_unlink(name);
-    }
     unlink(log);
     rmdir(dir);
 }
@@ -304,7 +313,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fake_daemon_not_trusted),
         cmocka_unit_test(test_default_socket_in_private_dir),
-        cmocka_unit_test(test_squatted_ring_names),
+        cmocka_unit_test_teardown(test_squatted_ring_names, unsquat),
         cmocka_unit_test(test_log_symlink_not_followed),
         cmocka_unit_test(test_log_of_another_user_refused),
         cmocka_unit_test(test_default_log_planted),
