@@ -52,9 +52,6 @@ typedef struct mt_d_cfg_s {
     bool metrics_open;            /* /metrics needs no token (for Prometheus); false */
     const char *http_name;        /* borrowed; a Host name accepted besides localhost,
                                      127.0.0.1, [::1] and http_host; NULL = none */
-    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
-                                     "off" = none (docs/torch-snapshot.md) */
-    unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
     bool handle_signals;          /* SIGINT/SIGTERM stop the daemon (the executables); false */
     const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
                                      "off" = none (docs/torch-snapshot.md) */
