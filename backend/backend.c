@@ -104,9 +104,11 @@ static int env_u64(const char *name, uint64_t *dst, bool nonzero, char *err, siz
         *dst = v;
         return 0;
     }
-    first_err(err, errlen, "%s: %s '%s' (a %sdecimal number, K/M/G/T suffixes allowed)", name,
-              rc == MT_EOVERFLOW ? "too large" : "not a number", getenv(name),
-              nonzero ? "positive " : "");
+    if (rc == MT_EOVERFLOW)
+        first_err(err, errlen, "%s: too large (over 2^64 - 1): '%s'", name, getenv(name));
+    else
+        first_err(err, errlen, "%s: not a %sdecimal number (K/M/G/T suffixes allowed): '%s'",
+                  name, nonzero ? "positive " : "", getenv(name));
     return MT_EINVAL;
 }
 
