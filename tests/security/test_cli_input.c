@@ -39,7 +39,11 @@ static void test_endless_lines(void **state)
 {
     (void)state;
     /* bounded: 256 MiB of address space is plenty, and 20 s is an eternity */
+#ifdef __SANITIZE_ADDRESS__
+#define CAP "" /* ASan reserves terabytes of address space: the timeout alone bounds it */
+#else
 #define CAP "ulimit -v 262144 &&"
+#endif
     expect_fail(CAP, "replay /dev/zero", "", 2, "/dev/zero:1: line longer than 1024 bytes");
     expect_fail(CAP, "report /dev/zero", "", 1, "/dev/zero:1: line longer than 65536 bytes");
     expect_fail(CAP, "plot /dev/zero -o /dev/null", "", 1,
