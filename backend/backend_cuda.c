@@ -11,6 +11,7 @@
  * the virtual-memory calls expandable segments need. Every entry pushes the device's
  * primary context and pops it on the way out, so the calling thread's own context (the
  * program may use several devices) is left as it was. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,8 @@ typedef struct cuda_stream_s {
     mt_stream_t base; /* must be first: mt_stream_id reads it */
     struct cuda_stream_s *next;
     CUstream h;
-    bool owned; /* created by stream_create: destroyed with the wrapper */
+    bool owned;   /* created by stream_create: destroyed with the wrapper */
+    bool retired; /* the program destroyed h: never matched again, freed with the backend */
 } cuda_stream_t;
 
 struct mt_event_s {
@@ -52,15 +54,20 @@ struct mt_event_s {
 /* Invariants (under mu): segs[0..nsegs) are live cuMemAlloc results, pairwise disjoint;
  * hosts[0..nhosts) are live cuMemHostAlloc results; every cuda_vm_t in vms is a live
  * reservation. origin_ev was recorded on the default stream at creation and its host
- * time origin_ns, so event times are origin_ns + elapsed(origin_ev, ev). */
+ * time origin_ns, so event times are origin_ns + elapsed(origin_ev, ev). The elapsed
+ * time is a float of milliseconds (24-bit mantissa: 2 ms steps after 5 hours), so the
+ * origin moves forward (under anchor_mu) once an event is more than ANCHOR_MS past it. */
 typedef struct cuda_s {
     mt_backend_t base; /* must be first: backend.c sees this */
     mt_cuda_driver_t drv;
     CUdevice dev;
-    CUcontext ctx;      /* the device's primary context, retained */
-    size_t granularity; /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
-    CUevent origin_ev;  /* time origin of event_time_ns */
-    uint64_t origin_ns; /* CLOCK_MONOTONIC when origin_ev was recorded */
+    CUcontext ctx;             /* the device's primary context, retained */
+    size_t granularity;        /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
+    CUevent origin_ev;         /* time origin of event_time_ns */
+    uint64_t origin_ns;        /* CLOCK_MONOTONIC when origin_ev was recorded */
+    pthread_mutex_t anchor_mu; /* guards origin_ev, origin_ns, spare_ev, anchor_stream */
+    CUevent spare_ev;          /* the next origin, made on first use */
+    CUstream anchor_stream;    /* where new origins are recorded: no program work */
 
     pthread_mutex_t mu; /* guards everything below */
     cuda_seg_t *segs;
@@ -88,9 +95,11 @@ static uint64_t now_ns(void)
 
 /* ---- context scoping ---- */
 
+static int note(int res);
+
 static int enter(cuda_t *c)
 {
-    return mt__cuda_result_to_mt(c->drv.CtxPushCurrent(c->ctx));
+    return note(c->drv.CtxPushCurrent(c->ctx));
 }
 
 static void leave(cuda_t *c)
@@ -99,12 +108,30 @@ static void leave(cuda_t *c)
     c->drv.CtxPopCurrent(&popped);
 }
 
+/* The calling thread's latest failing CUresult (0 after mt__cuda_last_result): MT_E*
+ * codes are coarser than the driver's, and the drop-in must return the driver's own. */
+static __thread int last_result;
+
+static int note(int res)
+{
+    if (res != CUDA_SUCCESS && res != CUDA_ERROR_NOT_READY)
+        last_result = res;
+    return mt__cuda_result_to_mt(res);
+}
+
+int mt__cuda_last_result(void)
+{
+    int r = last_result;
+    last_result = 0;
+    return r;
+}
+
 /* Runs a driver call inside the context and maps its result. */
 #define CALL(c, expr)                                                                              \
     ({                                                                                             \
         int rc_ = enter(c);                                                                        \
         if (rc_ == 0) {                                                                            \
-            rc_ = mt__cuda_result_to_mt((c)->drv.expr);                                            \
+            rc_ = note((c)->drv.expr);                                                             \
             leave(c);                                                                              \
         }                                                                                          \
         rc_;                                                                                       \
@@ -399,7 +426,7 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
     cuda_t *c = C(b);
     pthread_mutex_lock(&c->mu);
     cuda_stream_t *s = c->streams;
-    while (s != NULL && (uintptr_t)s->h != handle)
+    while (s != NULL && ((uintptr_t)s->h != handle || s->retired))
         s = s->next;
     if (s == NULL && (s = calloc(1, sizeof *s)) != NULL) {
         s->h = (CUstream)handle;
@@ -412,6 +439,22 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
         return MT_ENOMEM;
     *out = &s->base;
     return 0;
+}
+
+int mt__cuda_stream_forget(mt_backend_t *b, uintptr_t handle)
+{
+    if (!mt__cuda_is_cuda(b))
+        return MT_EINVAL;
+    cuda_t *c = C(b);
+    int rc = MT_ENOENT;
+    pthread_mutex_lock(&c->mu);
+    for (cuda_stream_t *s = c->streams; s != NULL; s = s->next)
+        if ((uintptr_t)s->h == handle && !s->owned && !s->retired) {
+            s->retired = true; /* the allocator may still hold the wrapper: keep it */
+            rc = 0;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 uintptr_t mt__cuda_stream_handle(const mt_stream_t *s)
@@ -497,15 +540,46 @@ static int cuda_event_synchronize(mt_backend_t *b, mt_event_t *ev)
     return ev->recorded ? CALL(C(b), EventSynchronize(ev->h)) : 0;
 }
 
+#define ANCHOR_MS 1000.0f /* float ms steps are 61 ns at 1 s */
+
+/* Moves the origin to now: a new origin event on the backend's own stream, its time
+ * taken from the old origin while the gap is still short. Caller holds anchor_mu. */
+static int move_origin(cuda_t *c)
+{
+    int rc = 0;
+    if (c->anchor_stream == NULL)
+        rc = CALL(c, StreamCreate(&c->anchor_stream, CU_STREAM_NON_BLOCKING));
+    if (rc == 0 && c->spare_ev == NULL)
+        rc = CALL(c, EventCreate(&c->spare_ev, CU_EVENT_DEFAULT));
+    if (rc == 0)
+        rc = CALL(c, EventRecord(c->spare_ev, c->anchor_stream));
+    if (rc == 0)
+        rc = CALL(c, EventSynchronize(c->spare_ev));
+    float ms = 0;
+    if (rc == 0)
+        rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, c->spare_ev));
+    if (rc != 0 || ms < 0)
+        return rc != 0 ? rc : MT_EIO;
+    c->origin_ns += (uint64_t)llround((double)ms * 1e6);
+    CUevent old = c->origin_ev;
+    c->origin_ev = c->spare_ev;
+    c->spare_ev = old;
+    return 0;
+}
+
 static uint64_t cuda_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 {
     cuda_t *c = C(b);
     if (!ev->recorded || CALL(c, EventQuery(ev->h)) != 0)
         return 0;
+    pthread_mutex_lock(&c->anchor_mu);
     float ms = 0;
-    if (CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h)) != 0 || ms < 0)
-        return 0;
-    return c->origin_ns + (uint64_t)((double)ms * 1e6);
+    int rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h));
+    if (rc == 0 && ms > ANCHOR_MS && move_origin(c) == 0)
+        rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h));
+    int64_t t = rc == 0 ? (int64_t)c->origin_ns + llround((double)ms * 1e6) : 0;
+    pthread_mutex_unlock(&c->anchor_mu);
+    return t > 0 ? (uint64_t)t : 0;
 }
 
 /* ---- pinned host memory ---- */
@@ -583,11 +657,16 @@ static void cuda_destroy(mt_backend_t *b)
         }
         if (c->origin_ev != NULL)
             c->drv.EventDestroy(c->origin_ev);
+        if (c->spare_ev != NULL)
+            c->drv.EventDestroy(c->spare_ev);
+        if (c->anchor_stream != NULL)
+            c->drv.StreamDestroy(c->anchor_stream);
         leave(c);
     }
     c->drv.DevicePrimaryCtxRelease(c->dev);
     mt__cuda_driver_close(&c->drv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->anchor_mu);
     free(c->segs);
     free(c->hosts);
     free(c);
@@ -645,6 +724,7 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         goto fail_ctx;
     c->origin_ns = now_ns();
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->anchor_mu, NULL);
     *out = &c->base;
     return 0;
 

@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -286,6 +287,89 @@ static void test_vm_map_all_or_nothing(void **state)
     assert_int_equal(fk.count("cuMemAddressFree"), 1);
 }
 
+static void nap_3ms(void *ud)
+{
+    (void)ud;
+    struct timespec t = {0, 3 * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
+/* Item 13: five hours after the backend started, two events 3 ms apart are still 3 ms
+ * apart to the ns (a float of ms since the start has 2 ms steps by then). */
+static void test_event_time_precise_over_long_runs(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    fk.age_events((uint64_t)5 * 3600 * 1000000000u); /* the origin is 5 hours old */
+    mt_event_t *e1 = NULL, *e2 = NULL;
+    assert_int_equal(mt_event_create(b, &e1), 0);
+    assert_int_equal(mt_event_create(b, &e2), 0);
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(mt_event_record(b, e1, NULL), 0);
+        assert_int_equal(mt_stream_launch_host_func(b, NULL, nap_3ms, NULL), 0);
+        assert_int_equal(mt_event_record(b, e2, NULL), 0);
+        assert_int_equal(mt_event_synchronize(b, e2), 0);
+        uint64_t t1 = mt_event_time_ns(b, e1), t2 = mt_event_time_ns(b, e2);
+        assert_true(t1 > 0 && t2 > t1);
+        /* the truth, from a short elapsed time (float ms: sub-ns steps at 3 ms) */
+        CUevent h1 = *(CUevent *)e1, h2 = *(CUevent *)e2;
+        float ms = 0;
+        CUresult (*elapsed)(float *, CUevent, CUevent) =
+            (CUresult(*)(float *, CUevent, CUevent))dlsym(fk.lib, "cuEventElapsedTime_v2");
+        CUresult (*push)(CUcontext) = (CUresult(*)(CUcontext))dlsym(fk.lib, "cuCtxPushCurrent_v2");
+        CUresult (*pop)(CUcontext *) =
+            (CUresult(*)(CUcontext *))dlsym(fk.lib, "cuCtxPopCurrent_v2");
+        CUresult (*retain)(CUcontext *, CUdevice) =
+            (CUresult(*)(CUcontext *, CUdevice))dlsym(fk.lib, "cuDevicePrimaryCtxRetain");
+        CUcontext ctx;
+        assert_int_equal(retain(&ctx, 0), CUDA_SUCCESS);
+        assert_int_equal(push(ctx), CUDA_SUCCESS);
+        assert_int_equal(elapsed(&ms, h1, h2), CUDA_SUCCESS);
+        assert_int_equal(pop(&ctx), CUDA_SUCCESS);
+        int64_t want = (int64_t)((double)ms * 1e6), got = (int64_t)(t2 - t1);
+        assert_true(want >= 3000000);
+        assert_true(got - want < 1000 && want - got < 1000); /* within 1 us */
+    }
+    mt_event_destroy(b, &e2);
+    mt_event_destroy(b, &e1);
+    mt_backend_destroy(&b);
+}
+
+/* Item 8: the driver's own code survives the MT_E* mapping, for the drop-in to return. */
+static void test_driver_codes_kept(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    const CUresult codes[] = {CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED,
+                              CUDA_ERROR_NOT_INITIALIZED};
+    for (size_t i = 0; i < 3; i++) {
+        void *p = NULL;
+        fk.fail_next("cuMemAlloc_v2", 1, codes[i]);
+        assert_int_not_equal(mt_backend_malloc(b, MiB, &p), 0);
+        assert_int_equal(mt__cuda_last_result(), codes[i]);
+        assert_int_equal(mt__cuda_last_result(), 0); /* read once */
+    }
+    mt_backend_destroy(&b);
+}
+
+/* Item 5: a handle the program destroyed (and the driver may hand out again) is a new
+ * stream to the backend, not the old one. */
+static void test_destroyed_stream_forgotten(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    mt_stream_t *w1 = NULL, *w2 = NULL;
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x4321, &w1), 0);
+    uint32_t id1 = mt_stream_id(w1);
+    assert_int_equal(mt__cuda_stream_forget(b, 0x4321), 0);
+    assert_int_equal(mt__cuda_stream_forget(b, 0x4321), MT_ENOENT);
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x4321, &w2), 0);
+    assert_ptr_not_equal(w1, w2);
+    assert_int_not_equal(mt_stream_id(w2), id1);
+    assert_int_equal(mt__cuda_stream_handle(w1), 0x4321); /* the old wrapper stays valid */
+    mt_backend_destroy(&b);
+}
+
 static void test_host_memory(void **state)
 {
     (void)state;
@@ -303,10 +387,17 @@ static void test_host_memory(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_enodev_without_library), cmocka_unit_test(test_enodev_without_device),
-        cmocka_unit_test(test_malloc_free_info),       cmocka_unit_test(test_error_mapping),
-        cmocka_unit_test(test_streams_events_pending), cmocka_unit_test(test_vm_mapping_order),
-        cmocka_unit_test(test_vm_map_all_or_nothing),  cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_enodev_without_library),
+        cmocka_unit_test(test_enodev_without_device),
+        cmocka_unit_test(test_malloc_free_info),
+        cmocka_unit_test(test_error_mapping),
+        cmocka_unit_test(test_streams_events_pending),
+        cmocka_unit_test(test_vm_mapping_order),
+        cmocka_unit_test(test_vm_map_all_or_nothing),
+        cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_driver_codes_kept),
+        cmocka_unit_test(test_destroyed_stream_forgotten),
+        cmocka_unit_test(test_event_time_precise_over_long_runs),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }
