@@ -262,6 +262,24 @@ static void test_off_mode(void **state)
     mt_prof_destroy(&p);
 }
 
+/* The null device is a log a user may ask for (MEMTRACE_LOG=/dev/null discards events):
+ * the checks against planted files let it through, and recording stays on. */
+static void test_log_to_dev_null(void **state)
+{
+    (void)state;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = "/dev/null";
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    mt_event_rec_t ev = ev_of(MT_EV_ALLOC, 1);
+    assert_int_equal(mt_prof_record(p, &ev), 0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.mode, MT_PROF_LOG);
+    mt_prof_destroy(&p);
+}
+
 /* Auto mode never stops the program: no daemon and an unwritable log -> recording off. */
 static void test_auto_degrades_to_off(void **state)
 {
@@ -480,10 +498,15 @@ static void test_daemon_refuses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fallback_to_local_log), cmocka_unit_test(test_log_mode_drops_counted),
-        cmocka_unit_test(test_log_names_from_stream), cmocka_unit_test(test_off_mode),
-        cmocka_unit_test(test_auto_degrades_to_off),  cmocka_unit_test(test_env_mode),
-        cmocka_unit_test(test_daemon_mode),           cmocka_unit_test(test_daemon_refuses),
+        cmocka_unit_test(test_fallback_to_local_log),
+        cmocka_unit_test(test_log_mode_drops_counted),
+        cmocka_unit_test(test_log_names_from_stream),
+        cmocka_unit_test(test_off_mode),
+        cmocka_unit_test(test_log_to_dev_null),
+        cmocka_unit_test(test_auto_degrades_to_off),
+        cmocka_unit_test(test_env_mode),
+        cmocka_unit_test(test_daemon_mode),
+        cmocka_unit_test(test_daemon_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
