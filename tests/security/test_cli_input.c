@@ -97,19 +97,27 @@ static void make_log(const char *path)
 static void test_full_disk(void **state)
 {
     (void)state;
-    const char *log = "/tmp/mt-sec-plot.ndjson";
+    /* A private directory of its own: runs of this test in other build trees at the same
+     * time must not share (or race on) the files. */
+    char dir[64], log[128], svg[128];
+    sec_tmpdir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/plot.ndjson", dir);
+    snprintf(svg, sizeof svg, "%s/full.svg", dir);
     make_log(log);
-    char args[256];
+    char args[256], want[192];
     snprintf(args, sizeof args, "report --json %s", log);
     expect_fail("", args, "> /dev/full", 1, "writing standard output");
     expect_fail("", "replay data/traces/rnn_varlen.csv", "> /dev/full", 1,
                 "writing standard output: No space left on device");
     /* a disk that fills: the file size limit (SIGXFSZ ignored, so write fails EFBIG) */
-    snprintf(args, sizeof args, "plot %s -o /tmp/mt-sec-full.svg", log);
-    expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, "writing /tmp/mt-sec-full.svg:");
+    snprintf(args, sizeof args, "plot %s -o %s", log, svg);
+    snprintf(want, sizeof want, "writing %s:", svg);
+    expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, want);
     snprintf(args, sizeof args, "plot %s -o /dev/full", log);
     expect_fail("", args, "", 1, "writing /dev/full: No space left on device");
     unlink(log);
+    unlink(svg);
+    rmdir(dir);
 }
 
 int main(int argc, char **argv)
