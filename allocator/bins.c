@@ -110,7 +110,9 @@ static unsigned next_class(const mt_binset_t *bs, unsigned c)
     return r * MT__SL_N + (unsigned)__builtin_ctz(bs->cls_map[r]);
 }
 
-/* Smallest fitting block among the first MT__BEST_FIT_SCAN of class c. */
+/* Smallest fitting block among the first MT__BEST_FIT_SCAN of class c, the lowest address
+ * among equal sizes (address-ordered best fit: new blocks gather at low addresses and free
+ * room stays whole at the top; somas_pangu_2.6B cold 0.943 -> 0.960). */
 static mt_block_t *scan_class(const mt_binset_t *bs, unsigned c, size_t size, size_t upper)
 {
     mt_block_t *best = NULL;
@@ -118,11 +120,8 @@ static mt_block_t *scan_class(const mt_binset_t *bs, unsigned c, size_t size, si
     for (mt_block_t *b = bs->heads[c]; b != NULL && n < MT__BEST_FIT_SCAN; b = b->bin_next, n++) {
         if (b->size < size || b->size >= upper)
             continue;
-        if (best == NULL || b->size < best->size) {
+        if (best == NULL || b->size < best->size || (b->size == best->size && b->addr < best->addr))
             best = b;
-            if (b->size == size)
-                break;
-        }
     }
     return best;
 }

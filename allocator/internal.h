@@ -2,7 +2,8 @@
  *   alloc.c    create/destroy, malloc/free, streams and pending events, block info, tags
  *   bins.c     size-class bins (two-level segregated fit with bitmaps)
  *   meta.c     block-struct pool and the address -> block hash table
- *   segments.c segments, split/merge, expandable segments, release and garbage collection
+ *   segments.c segments, split/merge, release and garbage collection
+ *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
  *   reserve.c  warm-up reservations

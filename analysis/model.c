@@ -168,6 +168,7 @@ static void block_account(mt__mclass_t *c, mt__mblock_t *b)
 
 static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
 {
+    mt_assert(b->state == MT__SLOT_FULL && c->live > 0);
     block_unaccount(c, b);
     if (b->uncertain)
         c->nuncertain--;
@@ -398,6 +399,7 @@ static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
     uint64_t a = mt__model_sat(c->asum), r = mt__model_sat(c->rsum);
     c->peak_alloc = a > c->peak_alloc ? a : c->peak_alloc;
     c->peak_res = r > c->peak_res ? r : c->peak_res;
+    mt_assert(c->asum >= m->src_alloc[src] && c->rsum >= m->src_res[src]);
 }
 
 int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)

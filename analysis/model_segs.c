@@ -44,6 +44,9 @@ static int seg_insert_at(mt__mclass_t *c, size_t i, const mt_model_seg_t *s)
         c->segs = v;
         c->segs_cap = cap;
     }
+    /* Segments stay sorted and disjoint: callers cut what overlapped first. */
+    mt_assert(i == 0 || end_of(c->segs[i - 1].addr, c->segs[i - 1].size) <= s->addr);
+    mt_assert(i == c->nsegs || end_of(s->addr, s->size) <= c->segs[i].addr);
     memmove(&c->segs[i + 1], &c->segs[i], (c->nsegs - i) * sizeof(*s));
     c->segs[i] = *s;
     c->nsegs++;

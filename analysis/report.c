@@ -429,7 +429,8 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
                             uint64_t events)
 {
     mt_model_figures_t h;
-    mt_model_figures(m, MT_MODEL_HOST, &h);
+    if (mt_model_figures(m, MT_MODEL_HOST, &h) != 0)
+        return NULL; /* no memory for the free extents: no figure rather than a wrong one */
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", ji(events),
                   "peak_allocated", ji(h.peak_allocated), "peak_reserved", ji(h.peak_reserved),
@@ -442,7 +443,8 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
 static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, double t_s)
 {
     mt_model_figures_t f;
-    mt_model_figures(m, MT_MODEL_DEVICE, &f);
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+        return NULL;
     uint64_t peak = *interval_peak > f.allocated ? *interval_peak : f.allocated;
     *interval_peak = f.allocated;
     return json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated", ji(f.allocated),
@@ -473,8 +475,8 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
                 goto out;
             k++;
         }
-        if (mt_model_apply(m, &ev[i]) == MT_ENOMEM)
-            goto out;
+        if (mt_model_apply(m, &ev[i]) != 0)
+            goto out; /* only MT_ENOMEM: the replay would not be the events' */
         host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
         mt_model_figures_t f;
         mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
@@ -484,7 +486,8 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         goto out;
 
     mt_model_figures_t d;
-    mt_model_figures(m, MT_MODEL_DEVICE, &d);
+    if (mt_model_figures(m, MT_MODEL_DEVICE, &d) != 0)
+        goto out;
     static const char *const exits[] = {"unknown", "clean", "unclean"};
     uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(

@@ -11,12 +11,12 @@
  * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
  *
  * Growth detector (mt_model_growth): at each MT_MARK_ITERATION marker the process's
- * allocated total (and each tag's live bytes) is sampled; the first sample is dropped as warm-up when there
- * are at least five; a least-squares line is fitted over the rest. Growth is flagged
- * when the slope is positive, the fit explains the samples (r2 >= min_r2), the rise
- * over the fitted samples is at least min_growth_bytes, and at least 3/4 of the steps
- * do not go down: memory that rises steadily from one iteration to the next, the sign
- * of history kept alive (a list of tensors appended to every step). */
+ * allocated total (and each tag's live bytes) is sampled; the first sample is dropped as
+ * warm-up when there are at least five; a least-squares line is fitted over the rest.
+ * Growth is flagged when the slope is positive, the fit explains the samples
+ * (r2 >= min_r2), the rise over the fitted samples is at least min_growth_bytes, and at
+ * least 3/4 of the steps do not go down: memory that rises steadily from one iteration to
+ * the next, the sign of history kept alive (a list of tensors appended to every step). */
 #ifndef MT_ANALYSIS_REPORT_H
 #define MT_ANALYSIS_REPORT_H
 

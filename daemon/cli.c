@@ -1,4 +1,5 @@
 /* memtraced's command line, shared by the `memtraced` executable and `memtrace daemon`. */
+#include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -13,20 +14,31 @@ static void usage(FILE *f, const char *prog)
     fprintf(f,
             "usage: %s [--socket PATH] [--port N|off] [--host ADDR] [--log FILE]\n"
             "       %*s [--max-exited N] [--queue-bytes N] [--foreground] [--quiet]\n"
+            "       %*s [--metrics-open] [--http-name NAME] [--no-token]\n"
             "\n"
             "Runs memtraced, the memtrace profiler daemon: instrumented processes register\n"
             "their event rings on a Unix socket (mode 0600, same user only); the daemon\n"
             "drains them and serves the events live to `memtrace tail`, `memtrace top`, and\n"
             "over HTTP on 127.0.0.1: /events (Server-Sent Events), /metrics (Prometheus),\n"
-            "/state (JSON of every process), /healthz.\n"
+            "/state (JSON of every process), /healthz. Every HTTP route but /healthz needs\n"
+            "the token of `memtrace token` (stored 0600 beside the socket), as\n"
+            "'Authorization: Bearer TOKEN' or '?token=TOKEN'; docs/telemetry.md, \"Security\n"
+            "model\", says who can see what.\n"
             "\n"
             "options:\n"
             "  --socket PATH     Unix socket (default: $MEMTRACE_SOCKET, else\n"
-            "                    $XDG_RUNTIME_DIR/memtrace.sock, else /tmp/memtrace-<uid>.sock)\n"
+            "                    $XDG_RUNTIME_DIR/memtrace.sock, else\n"
+            "                    /tmp/memtrace-<uid>/memtrace.sock in a 0700 directory)\n"
             "  --port N|off      HTTP port on the host address (default %d; 0 = any free port)\n"
             "  --host ADDR       HTTP address (default 127.0.0.1)\n"
             "  --log FILE        append every event received to FILE as NDJSON\n"
-            "                    (for `memtrace report FILE`)\n"
+            "                    (for `memtrace report FILE`; created 0600, an existing FILE\n"
+            "                    must be ours and no symlink)\n"
+            "  --metrics-open    /metrics without the token (for a Prometheus scraper); the\n"
+            "                    other routes still need it\n"
+            "  --http-name NAME  accept Host: NAME too (default: localhost, 127.0.0.1, [::1],\n"
+            "                    the --host address)\n"
+            "  --no-token        no token on any route: every local user reads every event\n"
             "  --max-exited N    exited processes kept in /state and /metrics (default 16)\n"
             "  --queue-bytes N   per-consumer queue limit before the oldest events are dropped\n"
             "                    (default 4194304)\n"
@@ -35,9 +47,11 @@ static void usage(FILE *f, const char *prog)
             "\n"
             "examples:\n"
             "  %s --foreground --port 9477\n"
-            "  %s --log /tmp/run.ndjson && ./train && curl -s localhost:9477/metrics\n"
+            "  %s --log run.ndjson && ./train &&\n"
+            "    curl -s -H \"Authorization: Bearer $(memtrace token)\" localhost:9477/metrics\n"
             "  MEMTRACE_SOCKET=/tmp/mt.sock %s --port 0 --foreground\n",
-            prog, (int)strlen(prog), "", MT_D_DEFAULT_PORT, prog, prog, prog);
+            prog, (int)strlen(prog), "", (int)strlen(prog), "", MT_D_DEFAULT_PORT, prog, prog,
+            prog);
 }
 
 static void log_stderr(void *ud, mt_log_level_e level, const char *msg)
@@ -68,6 +82,9 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
         {"max-exited", required_argument, NULL, 'm'},
         {"queue-bytes", required_argument, NULL, 'q'},
         {"foreground", no_argument, NULL, 'f'},
+        {"metrics-open", no_argument, NULL, 'M'},
+        {"http-name", required_argument, NULL, 'N'},
+        {"no-token", no_argument, NULL, 'T'},
         {"quiet", no_argument, NULL, 'Q'},
         {"help", no_argument, NULL, 'h'},
         {0},
@@ -107,6 +124,15 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
             break;
         case 'f':
             foreground = true;
+            break;
+        case 'M':
+            cfg.metrics_open = true;
+            break;
+        case 'N':
+            cfg.http_name = optarg;
+            break;
+        case 'T':
+            cfg.http_auth = false;
             break;
         case 'Q':
             quiet = true;
@@ -170,17 +196,22 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
     mt_d_t *d = NULL;
     int rc = mt_d_create(&d, &cfg);
     if (rc) {
+        char why[320];
+        if (rc == -EADDRINUSE)
+            snprintf(why, sizeof why,
+                     "HTTP port %d on %s is taken by another program (--port N, or --port off)",
+                     cfg.http_port, cfg.http_host);
+        else if (rc == MT_EBUSY)
+            snprintf(why, sizeof why,
+                     "%s is in use (another daemon answers there, or it is not a socket)",
+                     cfg.socket_path ? cfg.socket_path : "the default socket");
+        else
+            snprintf(why, sizeof why, "%s", mt_strerror(rc));
         if (ready[1] >= 0) {
-            dprintf(ready[1], "%s", mt_strerror(rc));
+            dprintf(ready[1], "%s", why);
             _exit(1);
         }
-        if (rc == MT_EBUSY)
-            fprintf(stderr,
-                    "%s: cannot start: %s is in use (another daemon answers there, or it "
-                    "is not a socket)\n",
-                    prog, cfg.socket_path ? cfg.socket_path : "the socket");
-        else
-            fprintf(stderr, "%s: cannot start: %s\n", prog, mt_strerror(rc));
+        fprintf(stderr, "%s: cannot start: %s\n", prog, why);
         return 1;
     }
     if (ready[1] >= 0) {

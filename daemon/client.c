@@ -1,6 +1,7 @@
 /* Client side of the daemon's Unix socket, for the CLI (tail, top) and the tests:
  * plain blocking sockets, no libuv, so that any program can use it. */
 #include <errno.h>
+#include <stdio.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "daemon/daemon.h"
 #include "memtrace/prof.h"
+#include "util/safefile.h"
 
 int mt_d_client_connect(const char *socket_path, int *out_fd)
 {
@@ -33,8 +35,35 @@ int mt_d_client_connect(const char *socket_path, int *out_fd)
         close(fd);
         return rc;
     }
+    /* A daemon of another user (it bound the path first) gets no request of ours. */
+    unsigned uid;
+    int rc = mt__sf_peer_trusted(fd, &uid);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     *out_fd = fd;
     return 0;
+}
+
+int mt_d_token_path(const char *socket_path, char *buf, size_t len)
+{
+    char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    if (!socket_path) {
+        int rc = mt_prof_socket_path(sock, sizeof sock);
+        if (rc)
+            return rc;
+        socket_path = sock;
+    }
+    int n = snprintf(buf, len, "%s.token", socket_path);
+    return n < 0 || (size_t)n >= len ? MT_EOVERFLOW : 0;
+}
+
+int mt_d_client_token(const char *socket_path, char *buf, size_t len)
+{
+    char path[4200];
+    int rc = mt_d_token_path(socket_path, path, sizeof path);
+    return rc ? rc : mt__sf_token_read(path, buf, len);
 }
 
 int mt_d_client_send(int fd, const char *s, size_t n)

@@ -253,7 +253,7 @@ static void enqueue(mt_d_conn_t *c, mt_d_chunk_t *ch)
     s->queued_bytes += ch->len;
     /* What libuv can take now is no longer ours to drop: write first, then trim. */
     flush(c);
-    while (s->queued_bytes > c->d->cfg.consumer_queue_bytes && s->head) {
+    while (s->queued_bytes > s->queue_limit && s->head) {
         mt_d_chunk_t *old = s->head;
         s->head = old->next;
         if (!s->head)
@@ -264,6 +264,38 @@ static void enqueue(mt_d_conn_t *c, mt_d_chunk_t *ch)
         c->d->ctr.consumer_drops += old->nevents;
         free(old);
     }
+}
+
+#define MIN_QUEUE_BYTES (64u << 10)
+
+int mt__d_consumer_admit(mt_d_conn_t *c)
+{
+    mt_d_t *d = c->d;
+    size_t hw = d->cfg.write_high_water;
+    size_t avail = d->cfg.consumer_budget_bytes > d->consumer_reserved + hw
+                       ? d->cfg.consumer_budget_bytes - d->consumer_reserved - hw
+                       : 0;
+    size_t limit = avail < d->cfg.consumer_queue_bytes ? avail : d->cfg.consumer_queue_bytes;
+    size_t floor = d->cfg.consumer_queue_bytes < MIN_QUEUE_BYTES ? d->cfg.consumer_queue_bytes
+                                                                 : MIN_QUEUE_BYTES;
+    if (d->nconsumers >= d->cfg.max_consumers || limit < floor) {
+        mt__d_log(d, MT_LOG_WARN, "refused a consumer: %u connected, %zu of %zu budget bytes used",
+                  d->nconsumers, d->consumer_reserved, d->cfg.consumer_budget_bytes);
+        return MT_EBUSY;
+    }
+    c->sub.queue_limit = limit;
+    d->consumer_reserved += limit + hw;
+    d->nconsumers++;
+    return 0;
+}
+
+void mt__d_consumer_release(mt_d_conn_t *c)
+{
+    if (!c->sub.queue_limit)
+        return;
+    c->d->consumer_reserved -= c->sub.queue_limit + c->d->cfg.write_high_water;
+    c->d->nconsumers--;
+    c->sub.queue_limit = 0;
 }
 
 void mt__d_consumer_start(mt_d_conn_t *c)

@@ -24,26 +24,40 @@ typedef struct mt_d_s mt_d_t;
 #define MT_D_DEFAULT_PORT 9477 /* HTTP port of `memtrace daemon` unless --port says otherwise */
 
 typedef struct mt_d_cfg_s {
-    const char *socket_path;     /* borrowed; NULL = mt_prof_socket_path() */
-    const char *http_host;       /* borrowed; "127.0.0.1" by default */
-    int http_port;               /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
-    const char *log_path;        /* borrowed; NDJSON log of everything received, or NULL */
-    unsigned max_exited;         /* exited processes kept before the oldest is evicted; 16 */
-    size_t consumer_queue_bytes; /* per consumer, queued and not yet written; 4 MiB: more
-                                    than one tick's events (drain_budget x ~300 bytes) */
-    size_t write_high_water;     /* per consumer, bytes handed to libuv at most; 256 KiB */
-    size_t max_line_bytes;       /* Unix socket request line limit; 64 KiB */
-    size_t max_request_bytes;    /* HTTP request head limit; 8 KiB */
-    unsigned drain_interval_ms;  /* ring drain period; 5 */
-    unsigned drain_budget;       /* events drained per tick, all producers together; 4096 */
-    unsigned keepalive_ms;       /* SSE ": keep-alive" comment period; 15000 */
-    unsigned idle_timeout_ms;    /* a connection that has not said what it is is closed; 10000 */
-    bool handle_signals;         /* SIGINT/SIGTERM stop the daemon (the executables); false */
-    const char *oom_dir;         /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
-                                    "off" = none (docs/torch-snapshot.md) */
-    unsigned oom_max_snapshots;  /* OOM snapshots kept (a .json and a .pickle each); 8 */
-    uv_loop_t *loop;             /* borrowed, optional: run on this loop instead of our own */
-    mt_log_cb log;               /* optional diagnostics sink */
+    const char *socket_path;      /* borrowed; NULL = mt_prof_socket_path() */
+    const char *http_host;        /* borrowed; "127.0.0.1" by default */
+    int http_port;                /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
+    const char *log_path;         /* borrowed; NDJSON log of everything received, or NULL */
+    unsigned max_exited;          /* exited processes kept before the oldest is evicted; 16 */
+    size_t consumer_queue_bytes;  /* per consumer, queued and not yet written; 4 MiB: more
+                                     than one tick's events (drain_budget x ~300 bytes) */
+    size_t write_high_water;      /* per consumer, bytes handed to libuv at most; 256 KiB */
+    size_t max_line_bytes;        /* Unix socket request line limit; 64 KiB */
+    size_t max_request_bytes;     /* HTTP request head limit; 8 KiB */
+    unsigned drain_interval_ms;   /* ring drain period; 5 */
+    unsigned drain_budget;        /* events drained per tick, all producers together; 4096 */
+    unsigned keepalive_ms;        /* SSE ": keep-alive" comment period; 15000 */
+    unsigned idle_timeout_ms;     /* a connection that has not said what it is is closed; 10000 */
+    unsigned head_timeout_ms;     /* an HTTP request head must be complete within this of the
+                                     accept, however slowly it trickles in; 5000 */
+    unsigned max_http_conns;      /* HTTP connections open at once, all peers; 64 */
+    unsigned max_http_per_peer;   /* HTTP connections open at once from one address; 16 */
+    unsigned fd_reserve;          /* fds kept free of HTTP for producers and the socket; 64 */
+    unsigned max_consumers;       /* subscribers (Unix and SSE) at once; 64 */
+    size_t consumer_budget_bytes; /* queue + write limit of every consumer together; a new
+                                     consumer gets what is left (>= 64 KiB) or is refused;
+                                     64 MiB */
+    bool http_auth;               /* every route but /healthz needs the token; true */
+    const char *http_token;       /* borrowed; NULL = the token file (mt_d_token_path) */
+    bool metrics_open;            /* /metrics needs no token (for Prometheus); false */
+    const char *http_name;        /* borrowed; a Host name accepted besides localhost,
+                                     127.0.0.1, [::1] and http_host; NULL = none */
+    bool handle_signals;          /* SIGINT/SIGTERM stop the daemon (the executables); false */
+    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
+                                     "off" = none (docs/torch-snapshot.md) */
+    unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
+    uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
+    mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;
 } mt_d_cfg_t;
 
@@ -65,7 +79,8 @@ mt_d_cfg_t mt_d_cfg_default(void);
 int mt_d_oom_dir(char *buf, size_t len);
 
 /* Creates the daemon: binds the Unix socket (a stale socket file is removed, but if another
- * daemon answers on it, MT_EBUSY) and the HTTP port, and opens the log. Nothing runs until
+ * daemon answers on it, MT_EBUSY) and the HTTP port (taken: -EADDRINUSE), makes or reads
+ * the HTTP token, and opens the log (0600, never through a symlink). Nothing runs until
  * mt_d_run(). *out is new. */
 int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg);
 /* Runs the loop until mt_d_stop() (or a signal, if handle_signals); then every handle of the
@@ -80,6 +95,8 @@ void mt_d_destroy(mt_d_t **p);
 
 /* The HTTP port actually bound (useful with http_port = 0), or -1 when HTTP is off. */
 int mt_d_http_port(const mt_d_t *d);
+/* The HTTP token ("" when http_auth is off); borrowed, valid until mt_d_destroy(). */
+const char *mt_d_http_token(const mt_d_t *d);
 /* The Unix socket path; borrowed, valid until mt_d_destroy(). */
 const char *mt_d_socket_path(const mt_d_t *d);
 /* A copy of the counters. Only meaningful on the loop thread or after mt_d_run() returns. */
@@ -103,8 +120,15 @@ int mt_d_cli_main(int argc, char **argv, const char *prog);
 
 /* ---- client side (daemon/client.c): blocking sockets, usable from any program ---- */
 
-/* Connects to the daemon's socket (NULL = mt_prof_socket_path()). *out_fd is new. */
+/* Connects to the daemon's socket (NULL = mt_prof_socket_path()). -EPERM when the daemon
+ * there runs as another user than us or root (SO_PEERCRED). *out_fd is new. */
 int mt_d_client_connect(const char *socket_path, int *out_fd);
+/* The HTTP token file of the daemon at socket_path (NULL = mt_prof_socket_path()): the
+ * socket path with ".token" appended. */
+int mt_d_token_path(const char *socket_path, char *buf, size_t len);
+/* Reads that daemon's token (32 hex characters and a NUL; len >= 33). -EPERM if the file is
+ * not ours (or root's) and private. */
+int mt_d_client_token(const char *socket_path, char *buf, size_t len);
 /* Sends all of s, without SIGPIPE. */
 int mt_d_client_send(int fd, const char *s, size_t n);
 /* Reads until EOF (at most max bytes, within timeout_ms). *out is new, NUL-terminated. */

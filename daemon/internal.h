@@ -111,9 +111,10 @@ typedef struct mt_d_chunk_s {
 } mt_d_chunk_t;
 
 /* A subscription: filters and a bounded queue.
- * Invariants: queued_bytes = sum of len over the queue; queued_bytes <= cfg
- * consumer_queue_bytes after every enqueue; lost counts events dropped since the last
- * gap event was queued for writing. */
+ * Invariants: queued_bytes = sum of len over the queue; queued_bytes <= queue_limit <=
+ * cfg.consumer_queue_bytes after every enqueue; sum of (queue_limit + write_high_water) over
+ * admitted consumers = d->consumer_reserved <= cfg.consumer_budget_bytes; lost counts events
+ * dropped since the last gap event was queued for writing. */
 typedef struct mt_d_sub_s {
     int pids[MT_D_MAX_PIDS]; /* npids = 0: every process */
     unsigned npids;
@@ -125,6 +126,7 @@ typedef struct mt_d_sub_s {
     bool sse; /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
     mt_d_chunk_t *head, *tail;
     size_t queued_bytes;
+    size_t queue_limit;  /* bytes; its share of cfg.consumer_budget_bytes, 0 = not admitted */
     uint64_t lost;       /* pending gap */
     uint64_t lost_total; /* for the consumer's own counters */
     uint64_t sent_events;
@@ -143,6 +145,9 @@ typedef struct mt_d_conn_s {
     bool closing;
     bool is_tcp;
     uint64_t last_active_ms; /* uv_now when it last sent something */
+    uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
+    char peer_addr[48];      /* TCP peers: the address, for the per-peer cap */
+    bool set_cookie;         /* HTTP: the answer sets the token cookie (token in the query) */
     uint32_t peer_uid;       /* Unix peers: SO_PEERCRED at accept */
     int peer_pid;
     size_t line_len;   /* producers: bytes of the current line so far */
@@ -186,6 +191,11 @@ struct mt_d_s {
     uv_signal_t sigint, sigterm;
     mt_d_conn_t *conns;
     mt_d_proc_t *procs;
+    unsigned nhttp;           /* HTTP connections open (not yet through their close) */
+    unsigned nconsumers;      /* admitted consumers */
+    size_t consumer_reserved; /* sum of admitted consumers' queue_limit + write_high_water */
+    unsigned fd_limit;        /* RLIMIT_NOFILE at create */
+    char token[40];           /* HTTP token, "" when http_auth is off */
     FILE *logf;
     bool log_dirty;
     mt_d_counters_t ctr;
@@ -226,6 +236,11 @@ unsigned mt__d_live_count(const mt_d_t *d);
 /* consumers.c */
 int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen);
 int mt__d_sub_parse_query(mt_d_sub_t *s, const char *query, char *err, size_t errlen);
+/* Admits a new consumer under cfg.max_consumers and cfg.consumer_budget_bytes: sets its
+ * queue_limit. MT_EBUSY when there is no room (the caller refuses it). */
+int mt__d_consumer_admit(mt_d_conn_t *c);
+/* Gives back an admitted consumer's share (its close). */
+void mt__d_consumer_release(mt_d_conn_t *c);
 void mt__d_consumer_start(mt_d_conn_t *c);
 void mt__d_consumers_fanout(mt_d_t *d);
 void mt__d_consumers_keepalive(mt_d_t *d);

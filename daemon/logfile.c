@@ -4,7 +4,11 @@
  * {"type":"process_event"} lines when a producer registers or exits. The file is opened
  * for appending, written through stdio's buffer on the loop thread, and flushed after
  * every drain tick, so a crash of the daemon loses at most one tick. */
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "util/safefile.h"
 
 #include "daemon/internal.h"
 
@@ -12,10 +16,17 @@ int mt__d_logfile_open(mt_d_t *d)
 {
     if (!d->log_path)
         return 0;
-    d->logf = fopen(d->log_path, "ae");
-    if (!d->logf) {
-        mt__d_log(d, MT_LOG_ERROR, "cannot open log %s", d->log_path);
-        return MT_EIO;
+    /* Created 0600: the log holds every process's events, which only we may read. */
+    int fd;
+    int rc = mt__sf_open_append(d->log_path, &fd);
+    if (rc == 0 && (d->logf = fdopen(fd, "a")) == NULL) {
+        rc = MT_ENOMEM;
+        close(fd);
+    }
+    if (rc) {
+        mt__d_log(d, MT_LOG_ERROR, "cannot open log %s: %s%s", d->log_path, mt_strerror(rc),
+                  rc == -EPERM ? " (a symlink, or a file of another user)" : "");
+        return rc;
     }
     return 0;
 }

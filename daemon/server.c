@@ -3,10 +3,12 @@
  * Every handle the daemon initialises is counted in d->open_handles and uncounted in its
  * close callback, which is also the only place its memory is freed; shutdown closes them
  * all and runs the loop until the count is zero, so uv_loop_close() then succeeds. */
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/safefile.h"
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
 
@@ -108,6 +111,13 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .drain_budget = 4096,
         .keepalive_ms = 15000,
         .idle_timeout_ms = 10000,
+        .head_timeout_ms = 5000,
+        .max_http_conns = 64,
+        .max_http_per_peer = 16,
+        .fd_reserve = 64,
+        .max_consumers = 64,
+        .consumer_budget_bytes = 64u << 20,
+        .http_auth = true,
         .handle_signals = false,
         .oom_max_snapshots = 8,
     };
@@ -117,6 +127,25 @@ static char *default_socket_path(void)
 {
     char buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
     return mt_prof_socket_path(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
+}
+
+/* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket lives in a directory of
+ * ours under /tmp (mt_prof_socket_path): made 0700 here, and refused if another user made
+ * it first or opened it up. */
+static int default_dir_check(mt_d_t *d)
+{
+    const char *env = getenv("MEMTRACE_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
+    if ((env && *env) || (xdg && *xdg))
+        return 0;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/memtrace-%u", (unsigned)geteuid());
+    int rc = mt__sf_private_dir(dir, true);
+    if (rc)
+        mt__d_log(d, MT_LOG_ERROR,
+                  "%s is not a private directory of uid %u (mode 0700): %s; remove it or set "
+                  "XDG_RUNTIME_DIR or --socket",
+                  dir, (unsigned)geteuid(), mt_strerror(rc));
+    return rc;
 }
 
 /* ---- connections ---- */
@@ -139,6 +168,9 @@ static void on_conn_closed(uv_handle_t *h)
         c->next->prev = c->prev;
     if (c->proc && c->proc->conn == c)
         c->proc->conn = NULL;
+    if (c->is_tcp)
+        d->nhttp--;
+    mt__d_consumer_release(c);
     mt__d_sub_free(&c->sub);
     mt__d_buf_free(&c->in);
     free(c);
@@ -244,6 +276,8 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
         char err[128];
         if (mt__d_sub_parse_json(&c->sub, msg, err, sizeof err) != 0) {
             reply_error(c, err);
+        } else if (mt__d_consumer_admit(c) != 0) {
+            reply_error(c, "too many consumers, or their memory budget is spent: try later");
         } else {
             c->kind = MT_D_CONN_CONSUMER;
             c->d->ctr.consumers++;
@@ -338,6 +372,50 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
 }
 
+/* Open fds of this process (/proc/self/fd), or 0 if unknown. */
+static unsigned open_fds(void)
+{
+    unsigned n = 0;
+    uv_fs_t req;
+    if (uv_fs_scandir(NULL, &req, "/proc/self/fd", 0, NULL) >= 0) {
+        uv_dirent_t ent;
+        while (uv_fs_scandir_next(&req, &ent) != UV_EOF)
+            n++;
+    }
+    uv_fs_req_cleanup(&req);
+    return n;
+}
+
+/* HTTP is a guest: it may use neither the last cfg.fd_reserve fds (producers and Unix
+ * consumers always get in) nor more than its share of connections, in all and per peer. */
+static bool http_admit(mt_d_conn_t *c)
+{
+    mt_d_t *d = c->d;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    c->peer_addr[0] = '\0';
+    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6)
+            uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer_addr, sizeof c->peer_addr);
+        else
+            uv_ip4_name((struct sockaddr_in *)&ss, c->peer_addr, sizeof c->peer_addr);
+    }
+    unsigned same = 0;
+    for (mt_d_conn_t *o = d->conns; o; o = o->next)
+        same += o != c && o->is_tcp && !o->closing && strcmp(o->peer_addr, c->peer_addr) == 0;
+    const char *why = NULL;
+    if (d->nhttp > d->cfg.max_http_conns)
+        why = "too many HTTP connections";
+    else if (same >= d->cfg.max_http_per_peer)
+        why = "too many HTTP connections from one address";
+    else if (d->fd_limit && open_fds() + d->cfg.fd_reserve > d->fd_limit)
+        why = "file descriptors kept for producers";
+    if (!why)
+        return true;
+    mt__d_log(d, MT_LOG_WARN, "refused an HTTP connection from %s: %s", c->peer_addr, why);
+    return false;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     mt_d_t *d = server->data;
@@ -355,6 +433,8 @@ static void on_connection(uv_stream_t *server, int status)
         free(c);
         return;
     }
+    if (tcp)
+        d->nhttp++;
     d->open_handles++;
     c->u.handle.data = d;
     c->next = d->conns;
@@ -362,7 +442,13 @@ static void on_connection(uv_stream_t *server, int status)
         d->conns->prev = c;
     d->conns = c;
     c->last_active_ms = uv_now(d->loop);
+    c->accepted_ms = c->last_active_ms;
     if (uv_accept(server, &c->u.stream) != 0) {
+        mt__d_conn_close(c);
+        return;
+    }
+    if (tcp && !http_admit(c)) {
+        d->ctr.rejected++;
         mt__d_conn_close(c);
         return;
     }
@@ -400,7 +486,9 @@ static void on_sweep_timer(uv_timer_t *t)
     for (mt_d_conn_t *c = d->conns, *next; c; c = next) {
         next = c->next;
         bool pending = c->kind == MT_D_CONN_UNIX_NEW || c->kind == MT_D_CONN_HTTP_NEW;
-        if (pending && !c->closing && now - c->last_active_ms >= d->cfg.idle_timeout_ms) {
+        /* A head trickling in a byte at a time restarts the idle clock, not this one. */
+        bool late = c->kind == MT_D_CONN_HTTP_NEW && now - c->accepted_ms >= d->cfg.head_timeout_ms;
+        if (pending && !c->closing && (late || now - c->last_active_ms >= d->cfg.idle_timeout_ms)) {
             d->ctr.rejected++;
             mt__d_conn_close(c); /* a half request: it had its chance */
         }
@@ -524,11 +612,14 @@ static int bind_http(mt_d_t *d)
     if (uv_ip4_addr(d->host, d->cfg.http_port, (struct sockaddr_in *)&ss) != 0 &&
         uv_ip6_addr(d->host, d->cfg.http_port, (struct sockaddr_in6 *)&ss) != 0)
         return MT_EINVAL;
-    if (uv_tcp_bind(&d->http_listener, (struct sockaddr *)&ss, 0) != 0)
-        return MT_EIO;
-    if (uv_listen((uv_stream_t *)&d->http_listener, 128, on_connection) != 0) {
-        mt__d_log(d, MT_LOG_ERROR, "cannot listen on %s:%d", d->host, d->cfg.http_port);
-        return MT_EBUSY;
+    int uvrc = uv_tcp_bind(&d->http_listener, (struct sockaddr *)&ss, 0);
+    if (!uvrc)
+        uvrc = uv_listen((uv_stream_t *)&d->http_listener, 128, on_connection);
+    if (uvrc) {
+        mt__d_log(d, MT_LOG_ERROR, "cannot listen on HTTP port %s:%d: %s%s", d->host,
+                  d->cfg.http_port, uv_strerror(uvrc),
+                  uvrc == UV_EADDRINUSE ? " (choose another with --port N, or --port off)" : "");
+        return uvrc == UV_EADDRINUSE ? -EADDRINUSE : MT_EIO;
     }
     struct sockaddr_storage got;
     int len = sizeof got;
@@ -539,12 +630,35 @@ static int bind_http(mt_d_t *d)
     return 0;
 }
 
+/* The HTTP token: the configured one, else the token file beside the socket (kept if it is
+ * ours and valid, else made anew). */
+static int load_token(mt_d_t *d)
+{
+    if (!d->cfg.http_auth)
+        return 0;
+    if (d->cfg.http_token) {
+        if (strlen(d->cfg.http_token) < 16 || strlen(d->cfg.http_token) >= sizeof d->token)
+            return MT_EINVAL;
+        snprintf(d->token, sizeof d->token, "%s", d->cfg.http_token);
+        return 0;
+    }
+    char path[4200];
+    int rc = mt_d_token_path(d->socket_path, path, sizeof path);
+    if (!rc)
+        rc = mt__sf_token_ensure(path, d->token, sizeof d->token);
+    if (rc)
+        mt__d_log(d, MT_LOG_ERROR, "cannot make the HTTP token file %s: %s", path, mt_strerror(rc));
+    return rc;
+}
+
 static bool cfg_valid(const mt_d_cfg_t *cfg)
 {
     return cfg->http_port >= -1 && cfg->http_port <= 65535 && cfg->consumer_queue_bytes > 0 &&
            cfg->write_high_water > 0 && cfg->max_line_bytes >= 256 &&
            cfg->max_request_bytes >= 256 && cfg->drain_interval_ms > 0 && cfg->drain_budget > 0 &&
-           cfg->keepalive_ms > 0 && cfg->idle_timeout_ms > 0 &&
+           cfg->keepalive_ms > 0 && cfg->idle_timeout_ms > 0 && cfg->head_timeout_ms > 0 &&
+           cfg->max_http_conns > 0 && cfg->max_http_per_peer > 0 && cfg->max_consumers > 0 &&
+           cfg->consumer_budget_bytes > cfg->write_high_water &&
            (cfg->http_port < 0 || cfg->http_host);
 }
 
@@ -609,6 +723,14 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
         uv_signal_start(&d->sigint, on_signal, SIGINT);
         uv_signal_start(&d->sigterm, on_signal, SIGTERM);
     }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+        d->fd_limit = rl.rlim_cur > UINT32_MAX ? UINT32_MAX : (unsigned)rl.rlim_cur;
+    if (!cfg->socket_path && (rc = default_dir_check(d)) != 0)
+        goto fail_handles;
+    /* The token file before the socket: whoever sees the socket finds the token. */
+    if (d->http_on && (rc = load_token(d)) != 0)
+        goto fail_handles;
     if ((rc = bind_unix(d)) != 0)
         goto fail_handles;
     if (d->http_on && (rc = bind_http(d)) != 0)
@@ -685,6 +807,11 @@ void mt_d_destroy(mt_d_t **p)
 int mt_d_http_port(const mt_d_t *d)
 {
     return d->http_on ? d->http_port : -1;
+}
+
+const char *mt_d_http_token(const mt_d_t *d)
+{
+    return d->token;
 }
 
 const char *mt_d_socket_path(const mt_d_t *d)

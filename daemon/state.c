@@ -141,6 +141,21 @@ double mt__d_proc_utilization(const mt_d_proc_t *p)
 
 #define MAX_SEGMENTS_JSON 4096 /* a /state answer stays bounded */
 
+/* A JSON string of s, which comes from another process (its name, its backend) and need not
+ * be UTF-8: bytes of a malformed sequence become '?'. NULL only when out of memory. */
+static json_t *js(const char *s)
+{
+    json_t *j = json_string(s);
+    if (j || !s)
+        return j;
+    char buf[MT_RING_COMM_MAX + 64];
+    size_t n = 0;
+    for (; s[n] && n + 1 < sizeof buf; n++)
+        buf[n] = (unsigned char)s[n] < 0x80 ? s[n] : '?';
+    buf[n] = '\0';
+    return json_string(buf);
+}
+
 /* JSON integers are signed: a figure above INT64_MAX is written as INT64_MAX. */
 static json_t *ju(uint64_t v)
 {
@@ -234,9 +249,9 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
     if (!o || !host || !kinds)
         goto fail;
     bad |= json_object_set_new(o, "pid", json_integer(p->pid));
-    bad |= json_object_set_new(o, "name", json_string(p->name));
+    bad |= json_object_set_new(o, "name", js(p->name));
     if (p->backend[0])
-        bad |= json_object_set_new(o, "backend", json_string(p->backend));
+        bad |= json_object_set_new(o, "backend", js(p->backend));
     bad |= json_object_set_new(o, "state", json_string(p->exited ? "exited" : "running"));
     if (p->exited) {
         bad |= json_object_set_new(o, "exit_reason", json_string(p->exit_reason));

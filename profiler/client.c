@@ -3,6 +3,7 @@
  * line, then keep the connection open for the life of the process so the daemon
  * learns of its end by EOF. */
 #include "profiler/internal.h"
+#include "util/safefile.h"
 
 #include <jansson.h>
 #include <poll.h>
@@ -26,7 +27,7 @@ int mt_prof_socket_path(char *buf, size_t len)
     else if (xdg && *xdg)
         n = snprintf(buf, len, "%s/memtrace.sock", xdg);
     else
-        n = snprintf(buf, len, "/tmp/memtrace-%u.sock", (unsigned)getuid());
+        n = snprintf(buf, len, "/tmp/memtrace-%u/memtrace.sock", (unsigned)geteuid());
     struct sockaddr_un sa;
     if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(sa.sun_path))
         return MT_EOVERFLOW;
@@ -103,6 +104,14 @@ int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring, int 
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
         rc = -errno;
         snprintf(err, errlen, "no daemon at %s: %s", sock_path, strerror(errno));
+        goto fail;
+    }
+    /* Another user may have bound the path first: nothing (pid, name, ring) goes to a
+     * daemon that is neither us nor root. */
+    unsigned uid;
+    if ((rc = mt__sf_peer_trusted(fd, &uid)) != 0) {
+        snprintf(err, errlen, "the daemon at %s runs as uid %d, not uid %u or root: not trusted",
+                 sock_path, (int)uid, (unsigned)geteuid());
         goto fail;
     }
     const mt__ring_hdr_t *h = mt__ring_header(ring);

@@ -1,6 +1,7 @@
 /* The recorder: owns the ring, implements the allocator's event sink, registers with
  * the daemon, or else runs the local drainer thread that writes the NDJSON log. */
 #include "util/log.h"
+#include "util/safefile.h"
 #include "profiler/internal.h"
 
 #include <fcntl.h>
@@ -342,10 +343,23 @@ static int start_local(mt_prof_t *p, const char *path)
     p->out = malloc(OUTBUF_SIZE);
     if (!p->log_path || !p->out)
         return MT_ENOMEM;
-    p->log_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-    if (p->log_fd < 0) {
-        int rc = -errno;
-        logf_(p, MT_LOG_ERROR, "memtrace: cannot open log %s: %s", path, strerror(errno));
+    /* Created 0600 and exclusively; an existing log must be a plain file of ours: never a
+     * symlink or a file another user planted in a shared directory. */
+    int rc = mt__sf_open_append(path, &p->log_fd);
+    if (rc == -EPERM && path == def) {
+        /* Another user planted our default name (a shared working directory): a name
+         * they cannot guess instead. */
+        char rnd[9];
+        if (mt__sf_random_hex(rnd, 8) == 0) {
+            snprintf(def, sizeof(def), "./memtrace-%d.%s.ndjson", p->pid, rnd);
+            free(p->log_path);
+            p->log_path = strdup(def);
+            rc = p->log_path ? mt__sf_open_append(def, &p->log_fd) : MT_ENOMEM;
+        }
+    }
+    if (rc) {
+        logf_(p, MT_LOG_ERROR, "memtrace: cannot open log %s: %s%s", path, mt_strerror(rc),
+              rc == -EPERM ? " (a symlink, or a file of another user: not written)" : "");
         return rc;
     }
     const mt__ring_hdr_t *h = mt__ring_header(p->ring);
@@ -356,7 +370,7 @@ static int start_local(mt_prof_t *p, const char *path)
     if (p->oom_dir[0] != '\0' && p->oomsnap == NULL &&
         mt__oomsnap_create(&p->oomsnap, p->pid, p->oom_dir) != 0)
         logf_(p, MT_LOG_WARN, "memtrace: no memory for OOM snapshots");
-    int rc = -pthread_create(&p->drainer, NULL, drainer_main, p);
+    rc = -pthread_create(&p->drainer, NULL, drainer_main, p);
     if (rc) {
         close(p->log_fd);
         p->log_fd = -1;
@@ -457,12 +471,22 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         *out = p;
         return 0;
     }
-    rc = mt__ring_create(&p->ring, cfg->slots ? cfg->slots : MT_RING_DEFAULT_SLOTS, p->name);
+    uint32_t slots = cfg->slots ? cfg->slots : MT_RING_DEFAULT_SLOTS;
+    rc = mt__ring_create(&p->ring, slots, p->name);
+    bool shared = rc == 0;
+    if (rc && cfg->mode != MT_PROF_DAEMON) {
+        /* No shared ring (names taken by another user, /dev/shm full or absent): a private
+         * one still feeds the local log; only a daemon could not read it. */
+        logf_(p, MT_LOG_WARN,
+              "memtrace: cannot create a shared event ring (%s): recording to the local log",
+              mt_strerror(rc));
+        rc = mt__ring_create_private(&p->ring, slots, p->name);
+    }
     if (rc) {
         logf_(p, MT_LOG_ERROR, "memtrace: cannot create the event ring: %s", mt_strerror(rc));
         goto fail;
     }
-    if (cfg->mode == MT_PROF_AUTO || cfg->mode == MT_PROF_DAEMON) {
+    if (shared && (cfg->mode == MT_PROF_AUTO || cfg->mode == MT_PROF_DAEMON)) {
         char path[108];
         char err[256] = "";
         if (cfg->socket)
@@ -493,7 +517,9 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
             rc = rc == MT_EPROTO ? MT_EPROTO : MT_ENOENT;
             goto fail;
         }
-        logf_(p, MT_LOG_INFO, "memtrace: %s; falling back to the local log", err);
+        /* An impostor (another user's daemon) is worth a warning; no daemon is not. */
+        logf_(p, rc == -EPERM ? MT_LOG_WARN : MT_LOG_INFO,
+              "memtrace: %s; falling back to the local log", err);
     }
     /* Local mode: the drainer thread in this process is the ring's only consumer, so
      * no other process needs the name. */

@@ -3,7 +3,9 @@
 #include "profiler/ring.h"
 #include "memtrace/alloc.h"
 #include "util/assert.h"
+#include "util/safefile.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -95,7 +97,35 @@ static void bind_layout(mt__ring_t *r, uint32_t slots)
 
 /* ---- lifecycle ---- */
 
-int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
+#define NAME_TRIES 16
+
+/* A new shared-memory object for the ring: a name another user cannot guess (128 random
+ * bits), created exclusively; a taken name (a squatter, or a vanishingly rare repeat) just
+ * means another draw. Private: an unnamed memfd, for a ring no daemon will ever map. */
+static int open_object(mt__ring_t *r, bool private)
+{
+    if (private) {
+        r->name[0] = '\0';
+        int fd = memfd_create("memtrace-ring", MFD_CLOEXEC);
+        return fd >= 0 ? fd : -errno;
+    }
+    int err = EEXIST;
+    for (unsigned n = 0; n < NAME_TRIES && err == EEXIST; n++) {
+        char rnd[33];
+        int rc = mt__sf_random_hex(rnd, 32);
+        if (rc)
+            return rc;
+        snprintf(r->name, sizeof(r->name), "/memtrace.%u.%d.%s", (unsigned)getuid(), (int)getpid(),
+                 rnd);
+        int fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        if (fd >= 0)
+            return fd;
+        err = errno;
+    }
+    return -err;
+}
+
+static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool private)
 {
     if (!out)
         return MT_EINVAL;
@@ -105,18 +135,10 @@ int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
     if (!r)
         return MT_ENOMEM;
     size_t size = mt__ring_map_size(slots);
-    int fd = -1;
-    /* A stale name (a dead process whose pid was reused) just moves us to the next n. */
-    for (unsigned n = 0; n < 1024; n++) {
-        snprintf(r->name, sizeof(r->name), "/memtrace.%u.%d.%u", (unsigned)getuid(), (int)getpid(),
-                 n);
-        fd = shm_open(r->name, O_CREAT | O_EXCL | O_RDWR, 0600);
-        if (fd >= 0 || errno != EEXIST)
-            break;
-    }
+    int fd = open_object(r, private);
     int rc;
     if (fd < 0) {
-        rc = -errno;
+        rc = fd;
         goto fail_open;
     }
     if (ftruncate(fd, (off_t)size) != 0) {
@@ -134,7 +156,7 @@ int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
     r->hdr = p;
     r->map_size = size;
     r->owner = true;
-    r->linked = true;
+    r->linked = !private;
     r->owner_uid = (uint32_t)getuid();
     bind_layout(r, slots);
 
@@ -157,10 +179,21 @@ int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
 
 fail_truncate:
     close(fd);
-    shm_unlink(r->name);
+    if (!private)
+        shm_unlink(r->name);
 fail_open:
     free(r);
     return rc;
+}
+
+int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
+{
+    return ring_create(out, slots, comm, false);
+}
+
+int mt__ring_create_private(mt__ring_t **out, uint32_t slots, const char *comm)
+{
+    return ring_create(out, slots, comm, true);
 }
 
 static bool valid_name(const char *name)

@@ -130,10 +130,14 @@ typedef struct mt__ring_stats_s {
 /* Total bytes of a ring with slots slots. */
 size_t mt__ring_map_size(uint32_t slots);
 
-/* Producer: creates and maps a new ring named "/memtrace.<uid>.<pid>.<n>" (the first n
- * from 0 that is free). slots is rounded up to a power of two within
- * [MT_RING_MIN_SLOTS, MT_RING_MAX_SLOTS]; comm is copied (truncated). *out is new. */
+/* Producer: creates and maps a new ring named "/memtrace.<uid>.<pid>.<32 random hex>",
+ * exclusively, mode 0600 (a few draws if a name is taken). slots is rounded up to a power
+ * of two within [MT_RING_MIN_SLOTS, MT_RING_MAX_SLOTS]; comm is copied (truncated). *out
+ * is new. */
 int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm);
+/* The same ring without a name (a memfd): for the local log only, when no named ring can
+ * be made. mt__ring_name() is "". */
+int mt__ring_create_private(mt__ring_t **out, uint32_t slots, const char *comm);
 /* Consumer: maps an existing ring read/write after validating its header (magic,
  * version, sizes, file size). name must be "/memtrace.<...>" without further '/'.
  * MT_ENOENT if missing, MT_EPROTO if not a valid ring. *out is new. */

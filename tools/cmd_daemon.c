@@ -1,8 +1,42 @@
-/* memtrace daemon: runs memtraced (the same code as the memtraced executable). */
+/* memtrace daemon: the same command line as the memtraced executable (daemon/cli.c);
+ * memtrace token: the daemon's HTTP token, for curl and the browser. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
 #include "daemon/daemon.h"
 #include "tools/commands.h"
 
 int mt_cmd_daemon(int argc, char **argv)
 {
     return mt_d_cli_main(argc, argv, "memtrace daemon");
+}
+
+int mt_cmd_token(int argc, char **argv)
+{
+    const char *sock = NULL;
+    if (argc == 3 && strcmp(argv[1], "--socket") == 0) {
+        sock = argv[2];
+    } else if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: memtrace token [--socket PATH]\n\n"
+               "Prints the HTTP token of the daemon at PATH (default: the default socket), read\n"
+               "from PATH.token (0600, ours). Every HTTP route but /healthz needs it:\n"
+               "  curl -s -H \"Authorization: Bearer $(memtrace token)\" localhost:9477/state\n"
+               "  a browser: http://localhost:9477/?token=TOKEN (then a cookie carries it)\n");
+        return 0;
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: memtrace token [--socket PATH]\n");
+        return 2;
+    }
+    char path[4200], tok[40];
+    int rc = mt_d_token_path(sock, path, sizeof path);
+    if (!rc)
+        rc = mt_d_client_token(sock, tok, sizeof tok);
+    if (rc) {
+        fprintf(stderr, "memtrace token: cannot read %s: %s%s\n", path, mt_strerror(rc),
+                rc == -EPERM ? " (not ours, or readable by others)" : "");
+        return 1;
+    }
+    printf("%s\n", tok);
+    return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }

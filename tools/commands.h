@@ -12,6 +12,7 @@ typedef struct mt_cmd_s {
 int mt_cmd_replay(int argc, char **argv);
 int mt_cmd_run(int argc, char **argv);
 int mt_cmd_daemon(int argc, char **argv);
+int mt_cmd_token(int argc, char **argv);
 int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
 int mt_cmd_report(int argc, char **argv);

@@ -12,9 +12,3 @@ _Noreturn void mt__assert_fail(const char *file, int line, const char *func, con
     fflush(stderr);
     abort();
 }
-
-uintptr_t mt__thread_id(void)
-{
-    static _Thread_local char self;
-    return (uintptr_t)&self;
-}

@@ -20,6 +20,8 @@ static struct {
     size_t (*count)(const char *name);
     size_t (*used)(void);
     long (*ctx_depth)(void);
+    void (*idle)(void);                /* waits until every stream's queue ran */
+    void *(*shadow)(const void *dptr); /* host address of a device byte */
 } fk;
 
 static inline int fake_ctl_open(void **state)
@@ -39,8 +41,10 @@ static inline int fake_ctl_open(void **state)
     *(void **)&fk.count = dlsym(fk.lib, "fake_cuda_count");
     *(void **)&fk.used = dlsym(fk.lib, "fake_cuda_used");
     *(void **)&fk.ctx_depth = dlsym(fk.lib, "fake_cuda_ctx_depth");
+    *(void **)&fk.idle = dlsym(fk.lib, "fake_cuda_idle");
+    *(void **)&fk.shadow = dlsym(fk.lib, "fake_cuda_shadow");
     return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
-                   fk.ctx_depth
+                   fk.ctx_depth && fk.idle && fk.shadow
                ? 0
                : -1;
 }

@@ -1,11 +1,29 @@
 /* A fake CUDA driver on host memory, loaded by the cuda backend through
- * MEMTRACE_LIBCUDA=<path of this library>. It implements exactly the entry points the
- * backend resolves, records every call (name and two arguments), fails on demand, and
- * can hold stream work back so that events stay pending until released.
+ * MEMTRACE_LIBCUDA=<path of this library>. It implements the entry points the backend
+ * and the drop-in resolve, records every call (name and two arguments), fails on demand,
+ * and can hold stream work back so that events stay pending until released.
  *
- * It is a test double: one process-wide state (fake_t, below) is the whole device. Work
- * "on streams" runs at once unless held; held work runs in FIFO order (across streams,
- * which is one legal schedule) when released or when a synchronising call waits on it. */
+ * It is as strict as the real driver where a forgiving fake would hide bugs:
+ * - contexts: a per-thread context stack; calls that need one return
+ *   CUDA_ERROR_INVALID_CONTEXT when none is current; streams and events belong to the
+ *   context current at their creation, and using them under another one is refused;
+ * - streams: one queue per stream, each run by its own worker thread, so work on
+ *   different streams runs concurrently and completes after the call returns;
+ *   cuStreamWaitEvent really holds a queue until the event's work has run;
+ * - cuLaunchHostFunc runs the function later on the stream's worker thread, where every
+ *   CUDA call returns CUDA_ERROR_NOT_PERMITTED;
+ * - VMM: granularity alignment, cuMemMap only inside a reservation and over unmapped
+ *   addresses, cuMemSetAccess only over mapped ranges (several descriptors accepted),
+ *   cuMemUnmap of whole mappings, cuMemAddressFree of whole, unmapped reservations.
+ * - device memory is not host-addressable: device addresses come from a PROT_NONE range,
+ *   so a host dereference faults as on a GPU; the bytes live in a separate shadow mapping
+ *   that copies and memsets go through, and that tests (and the fake cuDNN) reach with
+ *   fake_cuda_shadow(dptr).
+ * Not modelled (yet): the legacy default stream's implicit synchronisation with blocking
+ * streams, sticky errors, bounds checks of copies against live allocations.
+ *
+ * fake_cuda_hold(true) keeps every queue from running; a synchronising call (stream,
+ * event or context synchronize, cuMemFree) lets the queues run while it waits. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -19,21 +37,37 @@
 #define FAKE_API __attribute__((visibility("default")))
 #define GRAN     ((size_t)2 << 20)
 #define MAXLOG   8192
-#define MAXQ     1024
+#define MAXDEV   64
+#define MAXSTACK 16
+#define DEVSPAN  ((size_t)16 << 30) /* device address space, never reused */
 
 typedef struct fake_call_s {
     const char *name;
     uint64_t a, b;
 } fake_call_t;
 
+typedef struct fake_ctx_s {
+    int dev;
+    struct fake_stream_s *null_stream; /* the context's default stream, made on demand */
+} fake_ctx_t;
+
+/* Pending iff done_gen < rec_gen. refs counts queued operations naming the event, so a
+ * destroyed event lives on until they ran. */
 typedef struct fake_event_s {
-    bool pending;
-    uint64_t t_ns; /* host time the event completed */
+    struct fake_event_s *next;
+    fake_ctx_t *ctx;
+    unsigned flags;
+    uint64_t rec_gen, done_gen;
+    uint64_t t_ns; /* host time the event's last record completed */
+    int refs;
+    bool dead;
 } fake_event_t;
 
-/* Held stream work. */
+enum { OP_COPY, OP_SET, OP_HOSTFN, OP_RECORD, OP_WAIT };
+
 typedef struct fake_op_s {
-    int kind; /* 0 copy, 1 set, 2 host func, 3 event */
+    struct fake_op_s *next;
+    int kind;
     void *dst;
     const void *src;
     size_t n;
@@ -41,7 +75,19 @@ typedef struct fake_op_s {
     CUhostFn fn;
     void *ud;
     fake_event_t *ev;
+    uint64_t gen; /* OP_RECORD: the generation it completes; OP_WAIT: the one it awaits */
 } fake_op_t;
+
+/* A stream: a FIFO run by its own worker thread. The worker frees the stream after
+ * cuStreamDestroy once the queue is empty. */
+typedef struct fake_stream_s {
+    struct fake_stream_s *next; /* live streams */
+    fake_ctx_t *ctx;
+    fake_op_t *head, *tail;
+    bool busy; /* the head is running */
+    bool dead;
+    pthread_t thread;
+} fake_stream_t;
 
 typedef struct fake_blk_s {
     struct fake_blk_s *next;
@@ -54,34 +100,109 @@ typedef struct fake_handle_s {
     size_t size;
 } fake_handle_t;
 
+/* A reservation [base, base + size) and the mappings inside it. */
+typedef struct fake_map_s {
+    struct fake_map_s *next;
+    CUdeviceptr p;
+    size_t size;
+    bool access; /* cuMemSetAccess opened it */
+} fake_map_t;
+
+typedef struct fake_resv_s {
+    struct fake_resv_s *next;
+    CUdeviceptr base;
+    size_t size;
+    fake_map_t *maps;
+} fake_resv_t;
+
 /* The whole fake device. used = bytes of live cuMemAlloc blocks + cuMemCreate handles;
- * used <= capacity at all times. */
+ * used <= capacity at all times. Every queue and event field is guarded by mu; cv is
+ * broadcast on every change of a queue, an event or the hold state. */
 static struct {
     pthread_mutex_t mu;
+    pthread_cond_t cv;
     size_t capacity;
     size_t used;
     int devices;
+    fake_ctx_t ctxs[MAXDEV];
     fake_blk_t *blks;
+    fake_stream_t *streams;
+    fake_event_t *events;
+    fake_resv_t *resvs;
     fake_call_t log[MAXLOG];
     size_t nlog;
     const char *fail_name; /* the next fail_count calls of fail_name return fail_res */
     unsigned fail_count;
     CUresult fail_res;
+    uintptr_t dev_base, shadow_base; /* DEVSPAN bytes each; shadow of d is d - dev + shadow */
+    size_t dev_next;                 /* bytes of the device range handed out */
     bool hold;
-    fake_op_t q[MAXQ];
-    size_t nq;
+    int drain;      /* synchronising calls waiting: queues run despite hold */
     long ctx_depth; /* pushes minus pops, all threads */
 } fake = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv = PTHREAD_COND_INITIALIZER,
     .capacity = (size_t)64 << 20,
     .devices = 1,
 };
+
+/* The calling thread's context stack, and whether it is a stream worker running a host
+ * function (where the driver refuses every call). */
+static __thread fake_ctx_t *stack[MAXSTACK];
+static __thread int depth;
+static __thread bool in_hostfn;
 
 static uint64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Maps the device range (PROT_NONE) and its shadow once. */
+static void dev_init(void)
+{
+    void *d = mmap(NULL, DEVSPAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *h = mmap(NULL, DEVSPAN, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (d == MAP_FAILED || h == MAP_FAILED)
+        abort(); /* a test double without its address space cannot run */
+    fake.dev_base = (uintptr_t)d;
+    fake.shadow_base = (uintptr_t)h;
+}
+
+/* size bytes of fresh device addresses aligned to align, or 0. Caller holds mu. */
+static CUdeviceptr dev_take(size_t size, size_t align)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, dev_init);
+    size_t off = (fake.dev_base + fake.dev_next + align - 1) / align * align - fake.dev_base;
+    if (off > DEVSPAN || size > DEVSPAN - off)
+        return 0;
+    fake.dev_next = off + size;
+    return fake.dev_base + off;
+}
+
+static bool is_dev(uintptr_t p)
+{
+    return fake.dev_base != 0 && p - fake.dev_base < DEVSPAN;
+}
+
+/* The host address holding device byte p; host pointers map to themselves. */
+static void *shadow(uintptr_t p)
+{
+    return (void *)(is_dev(p) ? p - fake.dev_base + fake.shadow_base : p);
+}
+
+/* Drops the bytes of a device range (its shadow reads as zeros again). */
+static void dev_drop(uintptr_t p, size_t size)
+{
+    madvise(shadow(p), size, MADV_DONTNEED);
+}
+
+static fake_ctx_t *cur(void)
+{
+    return depth > 0 ? stack[depth - 1] : NULL;
 }
 
 /* Logs the call and returns the injected failure for it, or CUDA_SUCCESS. */
@@ -96,6 +217,8 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
         r = fake.fail_res;
     }
     pthread_mutex_unlock(&fake.mu);
+    if (r == CUDA_SUCCESS && in_hostfn)
+        r = CUDA_ERROR_NOT_PERMITTED;
     return r;
 }
 
@@ -106,59 +229,191 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
             return r_;                                                                             \
     } while (0)
 
-static void run_op(fake_op_t *op)
+/* ENTER, then CUDA_ERROR_INVALID_CONTEXT unless a context is current. */
+#define ENTER_CTX(name, a, b)                                                                      \
+    do {                                                                                           \
+        ENTER(name, a, b);                                                                         \
+        if (cur() == NULL)                                                                         \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                     \
+    } while (0)
+
+/* ---- stream queues ---- */
+
+static bool event_done(const fake_event_t *e, uint64_t gen)
 {
-    switch (op->kind) {
-    case 0:
-        memmove(op->dst, op->src, op->n);
-        break;
-    case 1:
-        memset(op->dst, op->value, op->n);
-        break;
-    case 2:
-        op->fn(op->ud);
-        break;
-    default:
-        op->ev->t_ns = now_ns();
-        op->ev->pending = false;
-        break;
+    return e->done_gen >= gen;
+}
+
+static void event_unref(fake_event_t *e)
+{
+    if (--e->refs == 0 && e->dead) {
+        fake_event_t **pp = &fake.events;
+        while (*pp != e)
+            pp = &(*pp)->next;
+        *pp = e->next;
+        free(e);
     }
 }
 
-/* Runs all held work. Host functions run without the lock (they may call back). */
-static void flush(void)
+static bool stream_runnable(const fake_stream_t *s)
 {
-    for (;;) {
-        pthread_mutex_lock(&fake.mu);
-        if (fake.nq == 0) {
-            pthread_mutex_unlock(&fake.mu);
-            return;
-        }
-        fake_op_t op = fake.q[0];
-        memmove(fake.q, fake.q + 1, (fake.nq - 1) * sizeof op);
-        fake.nq--;
-        if (op.kind != 2)
-            run_op(&op);
-        pthread_mutex_unlock(&fake.mu);
-        if (op.kind == 2)
-            run_op(&op);
-    }
+    if (s->head == NULL || (fake.hold && fake.drain == 0))
+        return false;
+    return s->head->kind != OP_WAIT || event_done(s->head->ev, s->head->gen);
 }
 
-static CUresult submit(fake_op_t op)
+/* The worker: runs the head of the queue, outside the lock for copies and host
+ * functions, and removes it only when it is done (a synchronize waits for both). */
+static void *worker(void *arg)
 {
+    fake_stream_t *s = arg;
     pthread_mutex_lock(&fake.mu);
-    if (fake.hold && fake.nq < MAXQ) {
-        if (op.kind == 3)
-            op.ev->pending = true;
-        fake.q[fake.nq++] = op;
-        pthread_mutex_unlock(&fake.mu);
-        return CUDA_SUCCESS;
+    for (;;) {
+        while (!stream_runnable(s) && !(s->dead && s->head == NULL))
+            pthread_cond_wait(&fake.cv, &fake.mu);
+        if (s->head == NULL)
+            break; /* dead and drained */
+        fake_op_t *op = s->head;
+        s->busy = true;
+        if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN) {
+            pthread_mutex_unlock(&fake.mu);
+            if (op->kind == OP_COPY)
+                memmove(shadow((uintptr_t)op->dst), shadow((uintptr_t)op->src), op->n);
+            else if (op->kind == OP_SET)
+                memset(shadow((uintptr_t)op->dst), op->value, op->n);
+            else {
+                in_hostfn = true;
+                op->fn(op->ud);
+                in_hostfn = false;
+            }
+            pthread_mutex_lock(&fake.mu);
+        } else if (op->kind == OP_RECORD) {
+            op->ev->t_ns = now_ns();
+            if (op->ev->done_gen < op->gen)
+                op->ev->done_gen = op->gen;
+        }
+        if (op->ev != NULL)
+            event_unref(op->ev);
+        s->head = op->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        s->busy = false;
+        free(op);
+        pthread_cond_broadcast(&fake.cv);
+    }
+    fake_stream_t **pp = &fake.streams;
+    while (*pp != NULL && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp != NULL)
+        *pp = s->next;
+    pthread_mutex_unlock(&fake.mu);
+    free(s);
+    return NULL;
+}
+
+/* A new stream of ctx with its worker, or NULL. Caller holds mu. */
+static fake_stream_t *stream_new(fake_ctx_t *ctx)
+{
+    fake_stream_t *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->ctx = ctx;
+    if (pthread_create(&s->thread, NULL, worker, s) != 0) {
+        free(s);
+        return NULL;
+    }
+    pthread_detach(s->thread);
+    s->next = fake.streams;
+    fake.streams = s;
+    return s;
+}
+
+/* The stream a handle names under the current context, or NULL with *r set: NULL (and
+ * the legacy and per-thread handles) name the context's default stream. Caller holds mu. */
+static fake_stream_t *stream_of(CUstream h, CUresult *r)
+{
+    fake_ctx_t *ctx = cur();
+    if (ctx == NULL) {
+        *r = CUDA_ERROR_INVALID_CONTEXT;
+        return NULL;
+    }
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        if (ctx->null_stream == NULL)
+            ctx->null_stream = stream_new(ctx);
+        *r = ctx->null_stream ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        return ctx->null_stream;
+    }
+    fake_stream_t *s = fake.streams;
+    while (s != NULL && (s != (fake_stream_t *)h || s->dead))
+        s = s->next;
+    *r = s == NULL || s->ctx != ctx ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return *r == CUDA_SUCCESS ? s : NULL;
+}
+
+/* The live event a handle names, or NULL. Caller holds mu. */
+static fake_event_t *event_of(CUevent h)
+{
+    fake_event_t *e = fake.events;
+    while (e != NULL && (e != (fake_event_t *)h || e->dead))
+        e = e->next;
+    return e;
+}
+
+static CUresult submit(CUstream h, fake_op_t op)
+{
+    CUresult r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_of(h, &r);
+    fake_op_t *o = s ? malloc(sizeof *o) : NULL;
+    if (s != NULL && o == NULL)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (o != NULL) {
+        *o = op;
+        o->next = NULL;
+        if (o->ev != NULL)
+            o->ev->refs++;
+        if (s->tail)
+            s->tail->next = o;
+        else
+            s->head = o;
+        s->tail = o;
+        pthread_cond_broadcast(&fake.cv);
     }
     pthread_mutex_unlock(&fake.mu);
-    flush(); /* keep FIFO order with anything held before */
-    run_op(&op);
-    return CUDA_SUCCESS;
+    return r;
+}
+
+static bool all_idle(fake_ctx_t *ctx)
+{
+    for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
+        if ((ctx == NULL || s->ctx == ctx) && s->head != NULL)
+            return false;
+    return true;
+}
+
+/* Waits, with the queues allowed to run, until done(arg) holds. Caller holds mu. */
+static void drain_until(bool (*done)(void *), void *arg)
+{
+    fake.drain++;
+    pthread_cond_broadcast(&fake.cv);
+    while (!done(arg))
+        pthread_cond_wait(&fake.cv, &fake.mu);
+    fake.drain--;
+}
+
+static bool ctx_idle(void *ctx)
+{
+    return all_idle(ctx);
+}
+
+static bool stream_idle(void *s)
+{
+    return ((fake_stream_t *)s)->head == NULL;
+}
+
+static bool event_idle(void *e)
+{
+    return event_done(e, ((fake_event_t *)e)->rec_gen);
 }
 
 /* ---- control, for tests ---- */
@@ -171,18 +426,35 @@ FAKE_API const char *fake_cuda_call(size_t i, uint64_t *a, uint64_t *b);
 FAKE_API size_t fake_cuda_count(const char *name);
 FAKE_API size_t fake_cuda_used(void);
 FAKE_API long fake_cuda_ctx_depth(void);
+FAKE_API void fake_cuda_idle(void);
+FAKE_API void *fake_cuda_shadow(const void *dptr);
+
+/* The host address of device byte dptr (dptr itself for host memory): the backdoor by
+ * which tests and the fake cuDNN read and write device memory. */
+void *fake_cuda_shadow(const void *dptr)
+{
+    return shadow((uintptr_t)dptr);
+}
+
+/* Waits until every queue of every context is empty (held work is let run). */
+void fake_cuda_idle(void)
+{
+    pthread_mutex_lock(&fake.mu);
+    drain_until(ctx_idle, NULL);
+    pthread_mutex_unlock(&fake.mu);
+}
 
 /* Forgets the call log and failure plan; live memory stays (tests destroy backends). */
 void fake_cuda_reset(size_t capacity, int devices)
 {
-    flush();
     pthread_mutex_lock(&fake.mu);
+    fake.hold = false;
+    drain_until(ctx_idle, NULL);
     fake.capacity = capacity;
-    fake.devices = devices;
+    fake.devices = devices < MAXDEV ? devices : MAXDEV;
     fake.nlog = 0;
     fake.fail_name = NULL;
     fake.fail_count = 0;
-    fake.hold = false;
     pthread_mutex_unlock(&fake.mu);
 }
 
@@ -199,9 +471,8 @@ void fake_cuda_hold(bool on)
 {
     pthread_mutex_lock(&fake.mu);
     fake.hold = on;
+    pthread_cond_broadcast(&fake.cv);
     pthread_mutex_unlock(&fake.mu);
-    if (!on)
-        flush();
 }
 
 size_t fake_cuda_ncalls(void)
@@ -260,41 +531,91 @@ FAKE_API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
     return CUDA_SUCCESS;
 }
 
-static int ctx_token;
-
 FAKE_API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
 {
     ENTER("cuDevicePrimaryCtxRetain", dev, 0);
-    *ctx = (CUcontext)&ctx_token;
+    if (dev < 0 || dev >= fake.devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    fake.ctxs[dev].dev = dev;
+    *ctx = (CUcontext)&fake.ctxs[dev];
     return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     ENTER("cuDevicePrimaryCtxRelease", dev, 0);
-    return CUDA_SUCCESS;
+    return dev < 0 || dev >= fake.devices ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+static fake_ctx_t *ctx_of(CUcontext c)
+{
+    fake_ctx_t *x = (fake_ctx_t *)c;
+    return x >= fake.ctxs && x < fake.ctxs + fake.devices ? x : NULL;
 }
 
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
     /* Not logged: every backend entry does it, the logs stay readable. */
-    if (ctx != (CUcontext)&ctx_token)
+    if (in_hostfn)
+        return CUDA_ERROR_NOT_PERMITTED;
+    if (ctx_of(ctx) == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth == MAXSTACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    stack[depth++] = ctx_of(ctx);
     __atomic_add_fetch(&fake.ctx_depth, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuCtxPopCurrent_v2(CUcontext *ctx)
 {
-    *ctx = (CUcontext)&ctx_token;
+    if (in_hostfn)
+        return CUDA_ERROR_NOT_PERMITTED;
+    if (depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    CUcontext c = (CUcontext)stack[--depth];
+    if (ctx != NULL)
+        *ctx = c;
     __atomic_sub_fetch(&fake.ctx_depth, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    ENTER("cuCtxSetCurrent", (uintptr_t)ctx, 0);
+    if (ctx == NULL) {
+        if (depth > 0)
+            depth--;
+        return CUDA_SUCCESS;
+    }
+    if (ctx_of(ctx) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth == 0)
+        depth = 1;
+    stack[depth - 1] = ctx_of(ctx);
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxGetCurrent(CUcontext *ctx)
+{
+    ENTER("cuCtxGetCurrent", 0, 0);
+    *ctx = (CUcontext)cur();
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuCtxGetDevice(CUdevice *dev)
+{
+    ENTER_CTX("cuCtxGetDevice", 0, 0);
+    *dev = cur()->dev;
     return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuCtxSynchronize(void)
 {
-    ENTER("cuCtxSynchronize", 0, 0);
-    flush();
+    ENTER_CTX("cuCtxSynchronize", 0, 0);
+    pthread_mutex_lock(&fake.mu);
+    drain_until(ctx_idle, cur());
+    pthread_mutex_unlock(&fake.mu);
     return CUDA_SUCCESS;
 }
 
@@ -325,10 +646,18 @@ static CUresult blk_new(void **out, size_t size, bool host)
     if (!host && take(rounded) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     fake_blk_t *b = calloc(1, sizeof *b);
-    void *p = aligned_alloc(512, rounded);
+    void *p = NULL;
+    if (host)
+        p = aligned_alloc(512, rounded);
+    else {
+        pthread_mutex_lock(&fake.mu);
+        p = (void *)(uintptr_t)dev_take(rounded, 512);
+        pthread_mutex_unlock(&fake.mu);
+    }
     if (b == NULL || p == NULL) {
         free(b);
-        free(p);
+        if (host)
+            free(p);
         if (!host)
             give(rounded);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -356,16 +685,18 @@ static CUresult blk_free(void *p, bool host)
     pthread_mutex_unlock(&fake.mu);
     if (b == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!host)
+    if (!host) {
         give(b->size);
-    free(b->p);
+        dev_drop((uintptr_t)b->p, b->size);
+    } else
+        free(b->p);
     free(b);
     return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
 {
-    ENTER("cuMemAlloc_v2", 0, size);
+    ENTER_CTX("cuMemAlloc_v2", 0, size);
     void *q = NULL;
     CUresult r = blk_new(&q, size, false);
     *p = (CUdeviceptr)(uintptr_t)q;
@@ -374,14 +705,16 @@ FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size)
 
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr p)
 {
-    ENTER("cuMemFree_v2", p, 0);
-    flush(); /* cuMemFree synchronises */
+    ENTER_CTX("cuMemFree_v2", p, 0);
+    pthread_mutex_lock(&fake.mu); /* cuMemFree synchronises */
+    drain_until(ctx_idle, cur());
+    pthread_mutex_unlock(&fake.mu);
     return blk_free((void *)(uintptr_t)p, false);
 }
 
 FAKE_API CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
-    ENTER("cuMemGetInfo_v2", 0, 0);
+    ENTER_CTX("cuMemGetInfo_v2", 0, 0);
     pthread_mutex_lock(&fake.mu);
     *free_b = fake.capacity - fake.used;
     *total_b = fake.capacity;
@@ -391,13 +724,13 @@ FAKE_API CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 
 FAKE_API CUresult cuMemHostAlloc(void **p, size_t size, unsigned int flags)
 {
-    ENTER("cuMemHostAlloc", size, flags);
+    ENTER_CTX("cuMemHostAlloc", size, flags);
     return blk_new(p, size, true);
 }
 
 FAKE_API CUresult cuMemFreeHost(void *p)
 {
-    ENTER("cuMemFreeHost", (uintptr_t)p, 0);
+    ENTER_CTX("cuMemFreeHost", (uintptr_t)p, 0);
     return blk_free(p, true);
 }
 
@@ -405,95 +738,170 @@ FAKE_API CUresult cuMemFreeHost(void *p)
 
 FAKE_API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
 {
-    ENTER("cuStreamCreate", flags, 0);
-    *s = malloc(1);
-    return *s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    ENTER_CTX("cuStreamCreate", flags, 0);
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *st = stream_new(cur());
+    pthread_mutex_unlock(&fake.mu);
+    *s = (CUstream)st;
+    return st ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
-FAKE_API CUresult cuStreamDestroy_v2(CUstream s)
+/* As the driver: returns at once; queued work still runs, then the stream goes. */
+FAKE_API CUresult cuStreamDestroy_v2(CUstream h)
 {
-    ENTER("cuStreamDestroy", (uintptr_t)s, 0);
-    free(s);
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuStreamDestroy", (uintptr_t)h, 0);
+    CUresult r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = h == NULL ? NULL : stream_of(h, &r);
+    if (s == NULL || s == cur()->null_stream)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else {
+        s->dead = true;
+        pthread_cond_broadcast(&fake.cv);
+    }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
 }
 
-FAKE_API CUresult cuStreamSynchronize(CUstream s)
+FAKE_API CUresult cuStreamSynchronize(CUstream h)
 {
-    ENTER("cuStreamSynchronize", (uintptr_t)s, 0);
-    flush();
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuStreamSynchronize", (uintptr_t)h, 0);
+    CUresult r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_of(h, &r);
+    if (s != NULL)
+        drain_until(stream_idle, s);
+    pthread_mutex_unlock(&fake.mu);
+    return r;
 }
 
-FAKE_API CUresult cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
+/* The stream's later work waits for the event's latest record; an event never recorded
+ * (or already complete) makes it a no-op. The event may belong to another context. */
+FAKE_API CUresult cuStreamWaitEvent(CUstream h, CUevent ev, unsigned int flags)
 {
-    ENTER("cuStreamWaitEvent", (uintptr_t)s, (uintptr_t)ev);
-    return CUDA_SUCCESS; /* one global FIFO: everything queued earlier runs first */
+    ENTER_CTX("cuStreamWaitEvent", (uintptr_t)h, (uintptr_t)ev);
+    pthread_mutex_lock(&fake.mu);
+    fake_event_t *e = event_of(ev);
+    uint64_t gen = e ? e->rec_gen : 0;
+    pthread_mutex_unlock(&fake.mu);
+    if (e == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return submit(h, (fake_op_t){.kind = OP_WAIT, .ev = e, .gen = gen});
 }
 
 FAKE_API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *ud)
 {
-    ENTER("cuLaunchHostFunc", (uintptr_t)s, 0);
-    return submit((fake_op_t){.kind = 2, .fn = fn, .ud = ud});
+    ENTER_CTX("cuLaunchHostFunc", (uintptr_t)s, 0);
+    if (fn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return submit(s, (fake_op_t){.kind = OP_HOSTFN, .fn = fn, .ud = ud});
 }
 
 FAKE_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-    ENTER("cuMemcpyAsync", dst, n);
-    return submit((fake_op_t){
-        .kind = 0, .dst = (void *)(uintptr_t)dst, .src = (const void *)(uintptr_t)src, .n = n});
+    ENTER_CTX("cuMemcpyAsync", dst, n);
+    return submit(s, (fake_op_t){.kind = OP_COPY,
+                                 .dst = (void *)(uintptr_t)dst,
+                                 .src = (const void *)(uintptr_t)src,
+                                 .n = n});
 }
 
 FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 {
-    ENTER("cuMemsetD8Async", dst, n);
-    return submit((fake_op_t){.kind = 1, .dst = (void *)(uintptr_t)dst, .value = v, .n = n});
+    ENTER_CTX("cuMemsetD8Async", dst, n);
+    return submit(s,
+                  (fake_op_t){.kind = OP_SET, .dst = (void *)(uintptr_t)dst, .value = v, .n = n});
 }
 
 FAKE_API CUresult cuEventCreate(CUevent *ev, unsigned int flags)
 {
-    ENTER("cuEventCreate", flags, 0);
+    ENTER_CTX("cuEventCreate", flags, 0);
     fake_event_t *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->ctx = cur();
+    e->flags = flags;
+    pthread_mutex_lock(&fake.mu);
+    e->next = fake.events;
+    fake.events = e;
+    pthread_mutex_unlock(&fake.mu);
     *ev = (CUevent)e;
-    return e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
 }
 
+/* As the driver: allowed while the event is pending; it goes when its work ran. */
 FAKE_API CUresult cuEventDestroy_v2(CUevent ev)
 {
-    ENTER("cuEventDestroy", (uintptr_t)ev, 0);
-    free(ev);
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuEventDestroy", (uintptr_t)ev, 0);
+    pthread_mutex_lock(&fake.mu);
+    fake_event_t *e = event_of(ev);
+    if (e != NULL) {
+        e->dead = true;
+        e->refs++;
+        event_unref(e);
+    }
+    pthread_mutex_unlock(&fake.mu);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 FAKE_API CUresult cuEventRecord(CUevent ev, CUstream s)
 {
-    ENTER("cuEventRecord", (uintptr_t)ev, (uintptr_t)s);
-    return submit((fake_op_t){.kind = 3, .ev = (fake_event_t *)ev});
+    ENTER_CTX("cuEventRecord", (uintptr_t)ev, (uintptr_t)s);
+    pthread_mutex_lock(&fake.mu);
+    fake_event_t *e = event_of(ev);
+    CUresult r = e == NULL || e->ctx != cur() ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    uint64_t gen = r == CUDA_SUCCESS ? ++e->rec_gen : 0;
+    pthread_mutex_unlock(&fake.mu);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = submit(s, (fake_op_t){.kind = OP_RECORD, .ev = e, .gen = gen});
+    if (r != CUDA_SUCCESS) {
+        pthread_mutex_lock(&fake.mu);
+        e->rec_gen--;
+        pthread_mutex_unlock(&fake.mu);
+    }
+    return r;
 }
 
 FAKE_API CUresult cuEventQuery(CUevent ev)
 {
-    ENTER("cuEventQuery", (uintptr_t)ev, 0);
+    ENTER_CTX("cuEventQuery", (uintptr_t)ev, 0);
     pthread_mutex_lock(&fake.mu);
-    bool pending = ((fake_event_t *)ev)->pending;
+    fake_event_t *e = event_of(ev);
+    CUresult r = e == NULL                   ? CUDA_ERROR_INVALID_HANDLE
+                 : event_done(e, e->rec_gen) ? CUDA_SUCCESS
+                                             : CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&fake.mu);
-    return pending ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    return r;
 }
 
 FAKE_API CUresult cuEventSynchronize(CUevent ev)
 {
-    ENTER("cuEventSynchronize", (uintptr_t)ev, 0);
-    flush();
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuEventSynchronize", (uintptr_t)ev, 0);
+    pthread_mutex_lock(&fake.mu);
+    fake_event_t *e = event_of(ev);
+    if (e != NULL)
+        drain_until(event_idle, e);
+    pthread_mutex_unlock(&fake.mu);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
+/* As the driver: both events recorded and complete, both with timing enabled. */
 FAKE_API CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 {
-    ENTER("cuEventElapsedTime", (uintptr_t)start, (uintptr_t)end);
-    fake_event_t *a = (fake_event_t *)start, *b = (fake_event_t *)end;
-    if (a->pending || b->pending)
-        return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuEventElapsedTime", (uintptr_t)start, (uintptr_t)end);
+    pthread_mutex_lock(&fake.mu);
+    fake_event_t *a = event_of(start), *b = event_of(end);
+    CUresult r = CUDA_SUCCESS;
+    if (a == NULL || b == NULL || a->rec_gen == 0 || b->rec_gen == 0 ||
+        ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!event_done(a, a->rec_gen) || !event_done(b, b->rec_gen))
+        r = CUDA_ERROR_NOT_READY;
+    else
+        *ms = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
+    pthread_mutex_unlock(&fake.mu);
+    return r;
 }
 
 /* ---- virtual memory ---- */
@@ -502,41 +910,73 @@ FAKE_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocation
                                                 CUmemAllocationGranularity_flags opt)
 {
     ENTER("cuMemGetAllocationGranularity", prop->location.id, opt);
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= fake.devices)
+        return CUDA_ERROR_INVALID_DEVICE;
     *g = GRAN;
     return CUDA_SUCCESS;
+}
+
+/* The reservation holding [p, p + size), or NULL. Caller holds mu. */
+static fake_resv_t *resv_find(CUdeviceptr p, size_t size)
+{
+    for (fake_resv_t *v = fake.resvs; v != NULL; v = v->next)
+        if (p >= v->base && p - v->base <= v->size && size <= v->size - (p - v->base))
+            return v;
+    return NULL;
 }
 
 FAKE_API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
                                       unsigned long long flags)
 {
-    ENTER("cuMemAddressReserve", align, size);
-    if (size == 0 || size % GRAN != 0)
+    ENTER_CTX("cuMemAddressReserve", align, size);
+    if (size == 0 || size % GRAN != 0 || (align != 0 && align % GRAN != 0))
         return CUDA_ERROR_INVALID_VALUE;
-    /* Over-reserve, then trim to a GRAN-aligned range. */
-    uint8_t *m =
-        mmap(NULL, size + GRAN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED)
+    fake_resv_t *v = calloc(1, sizeof *v);
+    if (v == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uintptr_t base = ((uintptr_t)m + GRAN - 1) & ~(uintptr_t)(GRAN - 1);
-    if (base > (uintptr_t)m)
-        munmap(m, base - (uintptr_t)m);
-    munmap((void *)(base + size), (uintptr_t)m + size + GRAN - (base + size));
+    pthread_mutex_lock(&fake.mu);
+    CUdeviceptr base = dev_take(size, align > GRAN ? align : GRAN);
+    if (base == 0) {
+        pthread_mutex_unlock(&fake.mu);
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    v->base = base;
+    v->size = size;
+    v->next = fake.resvs;
+    fake.resvs = v;
+    pthread_mutex_unlock(&fake.mu);
     *p = (CUdeviceptr)base;
     return CUDA_SUCCESS;
 }
 
+/* Only a whole reservation, with nothing mapped in it. */
 FAKE_API CUresult cuMemAddressFree(CUdeviceptr p, size_t size)
 {
-    ENTER("cuMemAddressFree", p, size);
-    munmap((void *)(uintptr_t)p, size);
+    ENTER_CTX("cuMemAddressFree", p, size);
+    pthread_mutex_lock(&fake.mu);
+    fake_resv_t **pp = &fake.resvs;
+    while (*pp != NULL && ((*pp)->base != p || (*pp)->size != size))
+        pp = &(*pp)->next;
+    fake_resv_t *v = *pp;
+    CUresult r = v == NULL || v->maps != NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS)
+        *pp = v->next;
+    pthread_mutex_unlock(&fake.mu);
+    if (r != CUDA_SUCCESS)
+        return r;
+    free(v);
     return CUDA_SUCCESS;
 }
 
 FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                               const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    ENTER("cuMemCreate", prop->type, size);
-    if (size == 0 || size % GRAN != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+    ENTER_CTX("cuMemCreate", prop->type, size);
+    if (size == 0 || size % GRAN != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
+        prop->location.id >= fake.devices)
         return CUDA_ERROR_INVALID_VALUE;
     if (take(size) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -549,40 +989,101 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 FAKE_API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     fake_handle_t *fh = (fake_handle_t *)(uintptr_t)h;
-    ENTER("cuMemRelease", 0, fh->size);
+    ENTER_CTX("cuMemRelease", 0, fh->size);
     give(fh->size);
     free(fh);
     return CUDA_SUCCESS;
 }
 
+/* Inside one reservation, aligned, over addresses nothing maps yet. */
 FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
                            unsigned long long flags)
 {
-    ENTER("cuMemMap", p, size);
+    ENTER_CTX("cuMemMap", p, size);
     fake_handle_t *fh = (fake_handle_t *)(uintptr_t)h;
-    if (off != 0 || size != fh->size)
+    if (off != 0 || size != fh->size || p % GRAN != 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    /* Mapped but not yet accessible: cuMemSetAccess opens it. */
-    if (mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-             0) == MAP_FAILED)
+    fake_map_t *m = calloc(1, sizeof *m);
+    if (m == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    return CUDA_SUCCESS;
+    pthread_mutex_lock(&fake.mu);
+    fake_resv_t *v = resv_find(p, size);
+    CUresult r = v == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    for (fake_map_t *x = v ? v->maps : NULL; x != NULL && r == CUDA_SUCCESS; x = x->next)
+        if (p < x->p + x->size && x->p < p + size)
+            r = CUDA_ERROR_ALREADY_MAPPED;
+    if (r == CUDA_SUCCESS) {
+        m->p = p;
+        m->size = size;
+        m->next = v->maps;
+        v->maps = m;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    if (r != CUDA_SUCCESS)
+        free(m);
+    return r;
 }
 
+/* Bytes of [p, p + size) that mappings of v cover. Caller holds mu. */
+static size_t mapped_bytes(const fake_resv_t *v, CUdeviceptr p, size_t size)
+{
+    size_t n = 0;
+    for (const fake_map_t *x = v->maps; x != NULL; x = x->next) {
+        CUdeviceptr lo = x->p > p ? x->p : p;
+        CUdeviceptr hi = x->p + x->size < p + size ? x->p + x->size : p + size;
+        if (lo < hi)
+            n += hi - lo;
+    }
+    return n;
+}
+
+/* Every byte of the range mapped; each descriptor names an existing device. The host
+ * never gains access: device memory stays reachable only through the API. */
 FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
                                  size_t count)
 {
-    ENTER("cuMemSetAccess", p, size);
-    if (count != 1 || desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    ENTER_CTX("cuMemSetAccess", p, size);
+    if (count == 0 || desc == NULL || size == 0 || p % GRAN != 0 || size % GRAN != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    mprotect((void *)(uintptr_t)p, size, PROT_READ | PROT_WRITE);
-    return CUDA_SUCCESS;
+    for (size_t i = 0; i < count; i++) {
+        if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || desc[i].location.id < 0 ||
+            desc[i].location.id >= fake.devices)
+            return CUDA_ERROR_INVALID_DEVICE;
+        if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+            desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&fake.mu);
+    fake_resv_t *v = resv_find(p, size);
+    CUresult r =
+        v == NULL || mapped_bytes(v, p, size) != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    pthread_mutex_unlock(&fake.mu);
+    return r;
 }
 
+/* Whole mappings only. */
 FAKE_API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
 {
-    ENTER("cuMemUnmap", p, size);
-    mmap((void *)(uintptr_t)p, size, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    return CUDA_SUCCESS;
+    ENTER_CTX("cuMemUnmap", p, size);
+    pthread_mutex_lock(&fake.mu);
+    fake_resv_t *v = resv_find(p, size);
+    CUresult r = v == NULL || size == 0 || mapped_bytes(v, p, size) != size
+                     ? CUDA_ERROR_INVALID_VALUE
+                     : CUDA_SUCCESS;
+    for (fake_map_t *x = v ? v->maps : NULL; x != NULL && r == CUDA_SUCCESS; x = x->next)
+        if (x->p < p + size && p < x->p + x->size && (x->p < p || x->p + x->size > p + size))
+            r = CUDA_ERROR_INVALID_VALUE; /* cuts a mapping */
+    for (fake_map_t **pp = v ? &v->maps : NULL; r == CUDA_SUCCESS && pp && *pp != NULL;) {
+        fake_map_t *x = *pp;
+        if (x->p >= p && x->p + x->size <= p + size) {
+            *pp = x->next;
+            free(x);
+        } else
+            pp = &x->next;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    if (r == CUDA_SUCCESS)
+        dev_drop(p, size);
+    return r;
 }

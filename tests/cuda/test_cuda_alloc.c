@@ -152,7 +152,8 @@ static void test_stream_events_gate_reuse(void **state)
     assert_true(fk.count("cuEventQuery") >= 1);
     assert_int_equal(mt_alloc_free(f.a, q), 0);
 
-    fk.hold(false); /* the event completes */
+    fk.hold(false); /* the event completes, on s2's own thread */
+    fk.idle();
     void *r = NULL;
     assert_int_equal(mt_alloc_malloc(f.a, MiB, s1, MT_TAG_OTHER, &r), 0);
     assert_int_equal(mt_alloc_stats(f.a, &st), 0);
@@ -173,7 +174,7 @@ static void test_expandable_segments_mapping(void **state)
     make(&f, true);
     void *p = NULL, *q = NULL;
     assert_int_equal(mt_alloc_malloc(f.a, 3 * MiB, NULL, MT_TAG_OTHER, &p), 0);
-    memset(p, 0x11, 3 * MiB); /* mapped and accessible */
+    memset(fk.shadow(p), 0x11, 3 * MiB); /* mapped: its bytes exist */
     assert_int_equal(fk.count("cuMemAlloc_v2"), 0);
     assert_int_equal(fk.count("cuMemAddressReserve"), 1);
     uint64_t base = 0, vsize = 0;
@@ -197,7 +198,7 @@ static void test_expandable_segments_mapping(void **state)
 
     /* growing: more pages at the end of the same range, no new reservation */
     assert_int_equal(mt_alloc_malloc(f.a, 30 * MiB, NULL, MT_TAG_OTHER, &q), 0);
-    memset(q, 0x22, 30 * MiB);
+    memset(fk.shadow(q), 0x22, 30 * MiB);
     assert_int_equal(fk.count("cuMemAddressReserve"), 1);
     assert_true(fk.count("cuMemCreate") > creates);
     assert_int_equal(fk.used() % (2 * MiB), 0);

@@ -152,7 +152,8 @@ static void test_streams_events_pending(void **state)
     assert_int_equal(mt_event_record(b, ev, s), 0);
     assert_int_equal(mt_event_query(b, ev), MT_EAGAIN);
     assert_int_equal(mt_event_time_ns(b, ev), 0);
-    fk.hold(false);
+    fk.hold(false); /* the work runs on the stream's own thread, after this returns */
+    assert_int_equal(mt_event_synchronize(b, ev), 0);
     assert_int_equal(mt_event_query(b, ev), 0);
     assert_true(mt_event_time_ns(b, ev) > 0);
 
@@ -217,7 +218,7 @@ static void test_vm_mapping_order(void **state)
     }
     assert_true(mt_backend_is_device_ptr(b, base + 2 * MiB));
     assert_false(mt_backend_is_device_ptr(b, base + 6 * MiB));
-    memset(base + 2 * MiB, 0x5A, 4 * MiB); /* really usable */
+    memset(fk.shadow(base + 2 * MiB), 0x5A, 4 * MiB); /* really backed */
     assert_int_equal(fk.used(), 4 * MiB);
 
     /* mapping a mapped page again is refused without driver calls */

@@ -33,6 +33,7 @@ mt_d_cfg_t th_cfg(void)
     mt_d_cfg_t cfg = mt_d_cfg_default();
     cfg.idle_timeout_ms = 300;
     cfg.keepalive_ms = 200;
+    cfg.http_token = TH_TOKEN;
     cfg.oom_dir = "off"; /* tests never write OOM snapshots into $HOME */
     return cfg;
 }
@@ -323,7 +324,7 @@ int th_http_raw(int port, const char *request, size_t len, char **out)
 int th_http_get(int port, const char *path, char **out)
 {
     char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\n" TH_HDRS "\r\n", path);
     return th_http_raw(port, req, (size_t)n, out);
 }
 

@@ -20,7 +20,11 @@ typedef struct th_daemon_s {
     int port;       /* HTTP port (ephemeral) */
 } th_daemon_t;
 
-/* A test configuration: temp socket, ephemeral port, short idle timeout. */
+/* The HTTP token of th_cfg()'s daemons, and the request headers that pass its checks. */
+#define TH_TOKEN "0123456789abcdef0123456789abcdef"
+#define TH_HDRS  "Host: 127.0.0.1\r\nAuthorization: Bearer " TH_TOKEN "\r\n"
+
+/* A test configuration: temp socket, ephemeral port, short idle timeout, token TH_TOKEN. */
 mt_d_cfg_t th_cfg(void);
 /* Creates the daemon with cfg (socket_path, http_port and loop are filled in) and runs it
  * on a new thread. */

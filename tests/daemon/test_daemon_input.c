@@ -64,11 +64,11 @@ static void test_routes(void **state)
     free(r);
     assert_int_equal(th_http_get(t.port, "/events?kind=bogus", &r), 400);
     free(r);
-    static const char post[] = "POST /state HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+    static const char post[] = "POST /state HTTP/1.1\r\n" TH_HDRS "Content-Length: 0\r\n\r\n";
     assert_int_equal(th_http_raw(t.port, post, sizeof post - 1, &r), 405);
     assert_non_null(strstr(r, "Allow: GET"));
     free(r);
-    static const char head[] = "HEAD /healthz HTTP/1.1\r\n\r\n";
+    static const char head[] = "HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
     assert_int_equal(th_http_raw(t.port, head, sizeof head - 1, &r), 200);
     assert_string_equal(th_http_body(r), "");
     free(r);
@@ -215,7 +215,7 @@ static void test_sse(void **state)
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     static const char req[] =
-        "GET /events?kind=alloc HTTP/1.1\r\nAccept: text/event-stream\r\n\r\n";
+        "GET /events?kind=alloc HTTP/1.1\r\n" TH_HDRS "Accept: text/event-stream\r\n\r\n";
     assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
     char *all = NULL;
     assert_int_equal(read_until(fd, ": memtrace", 1, 3000, &all), 1);

@@ -68,6 +68,8 @@ static void say_failed(long n)
  * line shape, which would make a scenario's cost quadratic in its length. */
 #define SITE_FRAMES 10
 #define PER_SITE    2
+/* A tool's run is a process: its loop fails only the first use of each site. */
+static uint8_t per_site = PER_SITE;
 #define SITE_SLOTS  8192
 
 static uint64_t site_key[SITE_SLOTS]; /* 0 = empty; reset by fault_arm */
@@ -88,7 +90,7 @@ static _Unwind_Reason_Code walk_frame(struct _Unwind_Context *ctx, void *arg)
     return ++w->depth < SITE_FRAMES ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
 
-/* True when the calling allocation's site has been numbered PER_SITE times already. */
+/* True when the calling allocation's site has been numbered per_site times already. */
 static bool site_spent(void)
 {
     walk_t w = {0xcbf29ce484222325ull, 0};
@@ -103,7 +105,7 @@ static bool site_spent(void)
         i = (i + 1) & (SITE_SLOTS - 1);
     }
     site_key[i] = k;
-    if (site_uses[i] >= PER_SITE)
+    if (site_uses[i] >= per_site)
         return true;
     site_uses[i]++;
     return false;
@@ -315,6 +317,7 @@ void fault_arm_from_env(void)
     if (s == NULL)
         return;
     announce = true;
+    per_site = 1;
     fault_arm(strtol(s, NULL, 10));
 }
 

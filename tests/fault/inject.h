@@ -22,8 +22,9 @@
 void fault_arm(long fail_at);
 /* Stops numbering. Returns whether a failure was injected since fault_arm. */
 bool fault_disarm(void);
-/* For a tool built with the injector: arms with fail_at = $MT_FAULT_AT (if set), and a
- * failure then writes "mt-fault: host allocation N failed" to stderr. */
+/* For a tool built with the injector: arms with fail_at = $MT_FAULT_AT (if set), numbering
+ * the first use of each call stack only, and a failure then writes
+ * "mt-fault: host allocation N failed" to stderr. */
 void fault_arm_from_env(void);
 /* The fail_at of the current (or last) run, for messages. */
 long fault_target(void);

@@ -70,6 +70,7 @@ static fz_t *fz_start(void)
     cfg.loop = &f->loop;
     cfg.max_line_bytes = 4096; /* so that the fuzzer reaches the limit */
     cfg.max_request_bytes = 2048;
+    cfg.http_token = "fuzz0123456789abcdef0123456789ab"; /* the corpus's requests carry it */
     FUZZ_CHECK(mt_d_create(&f->d, &cfg) == 0, "daemon created");
     f->port = mt_d_http_port(f->d);
     FUZZ_CHECK(f->port > 0, "HTTP port");

@@ -315,6 +315,8 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     void (*dfree)(void *, ssize_t, int, void *) =
         (void (*)(void *, ssize_t, int, void *))dlsym(pre, "memtrace_free");
     size_t (*calls)(const char *) = (size_t(*)(const char *))dlsym(fake, "fake_cuda_count");
+    void *(*shadow)(const void *) = (void *(*)(const void *))dlsym(fake, "fake_cuda_shadow");
+    assert_non_null(shadow);
     assert_non_null(alloc);
     assert_non_null(dfree);
     assert_non_null(calls);
@@ -322,7 +324,7 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     for (int i = 0; i < 10; i++) {
         p[i] = alloc(1000 + i * 100, 0, NULL);
         assert_non_null(p[i]);
-        memset(p[i], i, 1000); /* the fake's device memory is host memory */
+        memset(shadow(p[i]), i, 1000); /* device memory: only through the fake's backdoor */
     }
     for (int i = 0; i < 10; i++)
         dfree(p[i], 1000 + i * 100, 0, NULL);

@@ -312,7 +312,7 @@ static void test_env_mode(void **state)
     unsetenv("XDG_RUNTIME_DIR");
     assert_int_equal(mt_prof_socket_path(buf, sizeof(buf)), 0);
     char want[64];
-    snprintf(want, sizeof(want), "/tmp/memtrace-%u.sock", (unsigned)getuid());
+    snprintf(want, sizeof(want), "/tmp/memtrace-%u/memtrace.sock", (unsigned)geteuid());
     assert_string_equal(buf, want);
     assert_int_equal(mt_prof_socket_path(buf, 8), MT_EOVERFLOW);
 }

@@ -27,6 +27,7 @@
  *   cudnnSetDropoutDescriptor   p0 desc, p1 handle, p2 states; n0 stateSizeInBytes; f dropout,
  *                               u seed
  *   cudnnCreate/DestroyDropoutDescriptor  p0 desc */
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,10 +211,35 @@ size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T
                      (size_t)(gates + 1);
 }
 
+/* The fake driver's streams run on their own threads: a "kernel" of this fake runs on
+ * the caller's thread, so it first waits for all stream work queued before it, which
+ * keeps the stream order a real cuDNN kernel would see (more waiting, never less). */
+static void (*drv_idle)(void);
+static void *(*drv_shadow)(const void *dptr);
+
+static void drain_streams(void)
+{
+    const char *path = getenv("MEMTRACE_LIBCUDA");
+    if (drv_idle == NULL && path != NULL) {
+        void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (lib != NULL) {
+            *(void **)&drv_idle = dlsym(lib, "fake_cuda_idle");
+            *(void **)&drv_shadow = dlsym(lib, "fake_cuda_shadow");
+        }
+    }
+    if (drv_idle != NULL)
+        drv_idle();
+}
+
+/* Where this fake's "kernels" read and write a device address: the fake driver's device
+ * memory is not host-addressable, its bytes live behind fake_cuda_shadow. */
+#define DEV(p) ((p) != NULL && drv_shadow != NULL ? drv_shadow(p) : (void *)(p))
+
 /* Records a call; returns the injected failure for it, if any. */
 static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
 {
     static fake_dnn_call_t overflow;
+    drain_streams();
     fake_dnn_call_t *c = F.ncalls < MAXCALLS ? &F.calls[F.ncalls++] : &overflow;
     memset(c, 0, sizeof *c);
     c->name = name;
@@ -361,7 +387,7 @@ cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t d, cudnnHandle_
     if (dropout > 0.0f && (!states || stateSizeInBytes < fake_dnn_dropout_states_bytes()))
         return refuse(c, "states missing or smaller than cudnnDropoutGetStatesSize");
     if (states)
-        memset(states, (int)(seed & 0xff), stateSizeInBytes);
+        memset(DEV(states), (int)(seed & 0xff), stateSizeInBytes);
     *d = (struct cudnnDropoutStruct){true, dropout, states, stateSizeInBytes, seed};
     return CUDNN_STATUS_SUCCESS;
 }
@@ -700,6 +726,9 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
     BEGIN("cudnnRNNForward");
     const void *p[] = {x, y, hx, hy, weightSpace, workSpace, reserveSpace, devSeqLengths};
     memcpy(c->p, p, sizeof p);
+    x = DEV(x), y = DEV(y), hx = DEV(hx), hy = DEV(hy), cx = DEV(cx), cy = DEV(cy);
+    weightSpace = DEV(weightSpace), workSpace = DEV(workSpace);
+    reserveSpace = DEV(reserveSpace), devSeqLengths = DEV(devSeqLengths);
     c->i[0] = fwdMode;
     c->i[1] = cx != NULL;
     c->i[2] = cy != NULL;
@@ -725,7 +754,7 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
     if (training && d->drop && d->drop->p > 0.0f) {
         /* The generator states are read (and advanced) by a training forward with dropout:
          * they must still be the live block cudnnSetDropoutDescriptor initialised. */
-        const unsigned char *stb = d->drop->states;
+        const unsigned char *stb = DEV(d->drop->states);
         for (size_t k = 0; k < d->drop->bytes; k++)
             if (stb[k] != (unsigned char)(d->drop->seed & 0xff))
                 return refuse(c, "dropout states do not hold what cudnnSetDropoutDescriptor set");
@@ -764,6 +793,10 @@ cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t
     BEGIN("cudnnRNNBackwardData_v8");
     const void *p[] = {y, dy, dx, weightSpace, workSpace, reserveSpace, devSeqLengths, dhx};
     memcpy(c->p, p, sizeof p);
+    y = DEV(y), dy = DEV(dy), dx = DEV(dx), hx = DEV(hx), dhy = DEV(dhy), dhx = DEV(dhx);
+    cx = DEV(cx), dcy = DEV(dcy), dcx = DEV(dcx), weightSpace = DEV(weightSpace);
+    workSpace = DEV(workSpace), reserveSpace = DEV(reserveSpace);
+    devSeqLengths = DEV(devSeqLengths);
     c->n[0] = weightSpaceSize;
     c->n[1] = workSpaceSize;
     c->n[2] = reserveSpaceSize;
@@ -808,6 +841,9 @@ cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescripto
     BEGIN("cudnnRNNBackwardWeights_v8");
     const void *p[] = {x, hx, y, dweightSpace, workSpace, reserveSpace, devSeqLengths};
     memcpy(c->p, p, sizeof p);
+    x = DEV(x), hx = DEV(hx), y = DEV(y), dweightSpace = DEV(dweightSpace);
+    workSpace = DEV(workSpace), reserveSpace = DEV(reserveSpace);
+    devSeqLengths = DEV(devSeqLengths);
     c->i[0] = addGrad;
     c->n[0] = weightSpaceSize;
     c->n[1] = workSpaceSize;
@@ -843,6 +879,7 @@ cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
     BEGIN("cudnnAddTensor");
     c->p[0] = A;
     c->p[1] = C;
+    A = DEV(A), C = DEV(C);
     if (!handle || handle->device != F.device || aDesc->nd != cDesc->nd || !A || !C)
         return refuse(c, "descriptors or pointers");
     size_t n = 1;

@@ -50,9 +50,10 @@ static void test_packed_step(void **state)
     check_lengths(i_yd, lens, 4);
     assert_int_equal(fake_dnn_call(i_yd)->i[4], H);
 
-    /* devSeqLengths (device memory of the fake driver is host memory) holds the lengths. */
+    /* devSeqLengths (device memory: read back through the driver) holds the lengths. */
     const fake_dnn_call_t *c = fake_dnn_call(i_fwd);
-    const int32_t *dl = c->p[7];
+    int32_t dl[4];
+    assert_int_equal(mt_memcpy(f.b, dl, c->p[7], sizeof dl, MT_MEMCPY_DEVICE_TO_HOST), 0);
     for (int b = 0; b < 4; b++)
         assert_int_equal(dl[b], lens[b]);
     /* cuDNN's sizes for this descriptor: 12 tokens, not 5 x 4. */
@@ -70,8 +71,8 @@ static void test_packed_step(void **state)
     const fake_dnn_call_t *bw = fake_dnn_call(fake_dnn_find("cudnnRNNBackwardWeights_v8", from));
     assert_non_null(bd);
     assert_non_null(bw);
-    assert_ptr_equal(bd->p[6], dl);
-    assert_ptr_equal(bw->p[6], dl);
+    assert_ptr_equal(bd->p[6], c->p[7]);
+    assert_ptr_equal(bw->p[6], c->p[7]);
     /* The fake's dx = 2 dy over exactly the packed rows. */
     float hdx[12 * 5];
     dget(&f, hdx, dx, N * I);
@@ -89,8 +90,10 @@ static void test_packed_step(void **state)
     assert_true(i_xd != SIZE_MAX);
     check_lengths(i_xd, lens2, 3);
     const fake_dnn_call_t *inf = fake_dnn_call(fake_dnn_find("cudnnRNNForward", from));
+    int32_t dl2[3];
+    assert_int_equal(mt_memcpy(f.b, dl2, inf->p[7], sizeof dl2, MT_MEMCPY_DEVICE_TO_HOST), 0);
     for (int b = 0; b < 3; b++)
-        assert_int_equal(((const int32_t *)inf->p[7])[b], lens2[b]);
+        assert_int_equal(dl2[b], lens2[b]);
     assert_int_equal(f.errors, 0);
 
     float *bufs[] = {x, y, dy, dx};
