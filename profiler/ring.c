@@ -506,8 +506,10 @@ void mt__ring_ack(mt__ring_t *r)
  * tag label that could not be named) is counted lost, as a torn one is. */
 static bool record_valid(const mt_event_rec_t *ev)
 {
+    /* seq is the producer's count of events: UINT64_MAX cannot be reached, and taking it
+     * would wrap the consumer's next_seq to 0. */
     if (ev->kind == 0 || ev->kind >= MT_EV_KIND_COUNT || ev->kind == MT_EV_GAP ||
-        ev->tag >= MT_TAG_MAX || ev->pool > MT_POOL_HOST)
+        ev->tag >= MT_TAG_MAX || ev->pool > MT_POOL_HOST || ev->seq == UINT64_MAX)
         return false;
     if (ev->kind == MT_EV_TAG_LABEL) {
         char label[MT_EVENT_LABEL_MAX + 1];
