@@ -41,7 +41,8 @@ typedef struct cuda_stream_s {
     mt_stream_t base; /* must be first: mt_stream_id reads it */
     struct cuda_stream_s *next;
     CUstream h;
-    bool owned; /* created by stream_create: destroyed with the wrapper */
+    bool owned;   /* created by stream_create: destroyed with the wrapper */
+    bool retired; /* the program destroyed h: never matched again, freed with the backend */
 } cuda_stream_t;
 
 struct mt_event_s {
@@ -88,9 +89,11 @@ static uint64_t now_ns(void)
 
 /* ---- context scoping ---- */
 
+static int note(int res);
+
 static int enter(cuda_t *c)
 {
-    return mt__cuda_result_to_mt(c->drv.CtxPushCurrent(c->ctx));
+    return note(c->drv.CtxPushCurrent(c->ctx));
 }
 
 static void leave(cuda_t *c)
@@ -99,12 +102,30 @@ static void leave(cuda_t *c)
     c->drv.CtxPopCurrent(&popped);
 }
 
+/* The calling thread's latest failing CUresult (0 after mt__cuda_last_result): MT_E*
+ * codes are coarser than the driver's, and the drop-in must return the driver's own. */
+static __thread int last_result;
+
+static int note(int res)
+{
+    if (res != CUDA_SUCCESS && res != CUDA_ERROR_NOT_READY)
+        last_result = res;
+    return mt__cuda_result_to_mt(res);
+}
+
+int mt__cuda_last_result(void)
+{
+    int r = last_result;
+    last_result = 0;
+    return r;
+}
+
 /* Runs a driver call inside the context and maps its result. */
 #define CALL(c, expr)                                                                              \
     ({                                                                                             \
         int rc_ = enter(c);                                                                        \
         if (rc_ == 0) {                                                                            \
-            rc_ = mt__cuda_result_to_mt((c)->drv.expr);                                            \
+            rc_ = note((c)->drv.expr);                                                             \
             leave(c);                                                                              \
         }                                                                                          \
         rc_;                                                                                       \
@@ -399,7 +420,7 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
     cuda_t *c = C(b);
     pthread_mutex_lock(&c->mu);
     cuda_stream_t *s = c->streams;
-    while (s != NULL && (uintptr_t)s->h != handle)
+    while (s != NULL && ((uintptr_t)s->h != handle || s->retired))
         s = s->next;
     if (s == NULL && (s = calloc(1, sizeof *s)) != NULL) {
         s->h = (CUstream)handle;
@@ -412,6 +433,22 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
         return MT_ENOMEM;
     *out = &s->base;
     return 0;
+}
+
+int mt__cuda_stream_forget(mt_backend_t *b, uintptr_t handle)
+{
+    if (!mt__cuda_is_cuda(b))
+        return MT_EINVAL;
+    cuda_t *c = C(b);
+    int rc = MT_ENOENT;
+    pthread_mutex_lock(&c->mu);
+    for (cuda_stream_t *s = c->streams; s != NULL; s = s->next)
+        if ((uintptr_t)s->h == handle && !s->owned && !s->retired) {
+            s->retired = true; /* the allocator may still hold the wrapper: keep it */
+            rc = 0;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
 }
 
 uintptr_t mt__cuda_stream_handle(const mt_stream_t *s)

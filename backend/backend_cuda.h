@@ -16,6 +16,14 @@ bool mt__cuda_is_cuda(const mt_backend_t *b);
  * mt_stream_destroy on it forgets the wrapper but leaves the program's stream alone.
  * The same handle always yields the same wrapper. handle 0 gives NULL (default stream). */
 int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out);
+/* The program destroyed its stream handle: later wraps of the same (reused) handle give a
+ * new wrapper, with a new id. The old wrapper stays valid for what still refers to it.
+ * MT_ENOENT if no wrapper had that handle. */
+int mt__cuda_stream_forget(mt_backend_t *b, uintptr_t handle);
+/* The calling thread's latest failing CUresult from the cuda backend, and clears it; 0 if
+ * none. Lets the drop-in return the driver's own code (illegal address, launch failure,
+ * not initialized), which MT_E* codes flatten. */
+int mt__cuda_last_result(void);
 /* The CUstream behind s (0 for the default stream). */
 uintptr_t mt__cuda_stream_handle(const mt_stream_t *s);
 

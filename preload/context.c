@@ -264,6 +264,29 @@ int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out)
 #endif
 }
 
+void mt__preload_stream_forget(void *handle)
+{
+#if MT_HAVE_CUDA_BACKEND
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            mt__cuda_stream_forget(mt_alloc_backend(a), (uintptr_t)handle);
+    }
+#else
+    (void)handle;
+#endif
+}
+
+int mt__preload_driver_result(void)
+{
+#if MT_HAVE_CUDA_BACKEND
+    return mt__cuda_last_result();
+#else
+    return 0;
+#endif
+}
+
 void mt__preload_note_oom(mt_alloc_t *a, size_t size)
 {
     mt_preload_t *P = mt__preload();

@@ -26,6 +26,14 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 
 static CUresult to_cu(int rc)
 {
+    /* The driver's own code, not a flattened one: always for the device-fatal codes
+     * (the allocator reports any failed device malloc as out of memory), else when
+     * memtrace's code would be a guess (I/O, no device). */
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    bool fatal = drv == CUDA_ERROR_ILLEGAL_ADDRESS || drv == CUDA_ERROR_LAUNCH_FAILED ||
+                 drv == CUDA_ERROR_NOT_INITIALIZED || drv == CUDA_ERROR_DEINITIALIZED;
+    if (drv != 0 && (fatal || rc == MT_EIO || rc == MT_ENODEV))
+        return (CUresult)drv;
     switch (rc) {
     case 0:
         return CUDA_SUCCESS;
@@ -52,16 +60,26 @@ static CUresult to_cu(int rc)
 /* Primary-context handles on sim: one constant address per device. */
 static const char sim_ctx[MT_PRELOAD_MAX_DEVICES];
 
-/* The device of the calling thread's current context. */
+/* Whether the calling thread's latest drv_device found no current context. */
+static _Thread_local bool tls_no_ctx;
+
+/* The device of the calling thread's current context; -1 when none is current (cuda
+ * mode): the driver answers CUDA_ERROR_INVALID_CONTEXT then, and so do we, rather than
+ * inventing device 0 (and a context on it). */
 static int drv_device(void)
 {
     if (mt__preload()->sim)
         return mt__preload_current_device();
     CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))mt__preload_real_drv("cuCtxGetDevice");
     CUdevice d = 0;
-    if (get == NULL || get(&d) != CUDA_SUCCESS)
-        d = 0;
-    return d;
+    tls_no_ctx = get == NULL || get(&d) != CUDA_SUCCESS;
+    return tls_no_ctx ? -1 : d;
+}
+
+/* The error of a hook that found no backend. */
+static CUresult no_backend(void)
+{
+    return tls_no_ctx ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NO_DEVICE;
 }
 
 static mt_backend_t *cur_backend(void)
@@ -79,7 +97,10 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream)
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE; /* cuMemAlloc refuses 0 bytes, unlike cudaMalloc */
     mt_alloc_t *a = NULL;
-    int rc = mt__preload_alloc(drv_device(), &a);
+    int dev = drv_device();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    int rc = mt__preload_alloc(dev, &a);
     void *q = NULL;
     mt_stream_t *s = NULL;
     mt__guard_enter();
@@ -145,7 +166,10 @@ MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
     if (free_b == NULL || total_b == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     mt_alloc_t *a = NULL;
-    int rc = mt__preload_alloc(drv_device(), &a);
+    int dev = drv_device();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    int rc = mt__preload_alloc(dev, &a);
     mt_alloc_stats_t st;
     mt__guard_enter();
     if (rc == 0)
@@ -168,7 +192,7 @@ MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         return CUDA_ERROR_INVALID_VALUE;
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt__guard_enter();
     int rc = mt_backend_host_malloc(b, bytesize, pp);
     mt__guard_leave();
@@ -281,7 +305,7 @@ MT_HOOK CUresult cuCtxSynchronize(void)
     FORWARD(cuCtxSynchronize);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt__guard_enter();
     int rc = mt_device_synchronize(b);
     mt__guard_leave();
@@ -296,7 +320,7 @@ static CUresult sim_copy(void *dst, const void *src, size_t n, mt_memcpy_kind_e 
 {
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt_stream_t *s = NULL;
     mt__guard_enter();
     int rc = mt__preload_stream(b, stream, &s);
@@ -314,7 +338,7 @@ static CUresult sim_set(CUdeviceptr dst, unsigned char v, size_t n, CUstream str
 {
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt_stream_t *s = NULL;
     mt__guard_enter();
     int rc = mt__preload_stream(b, stream, &s);
@@ -391,7 +415,7 @@ MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
         return CUDA_ERROR_INVALID_VALUE;
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt_stream_t *s = NULL;
     mt__guard_enter();
     int rc = mt_stream_create(b, &s);
@@ -403,10 +427,12 @@ MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 
 MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
 {
+    if (!mt__preload()->sim)
+        mt__preload_stream_forget(hStream); /* the driver may hand the handle out again */
     FORWARD(cuStreamDestroy_v2, hStream);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     if ((uintptr_t)hStream <= 2)
         return CUDA_ERROR_INVALID_HANDLE;
     mt_stream_t *s = (mt_stream_t *)hStream;
@@ -421,7 +447,7 @@ MT_HOOK CUresult cuStreamSynchronize(CUstream hStream)
     FORWARD(cuStreamSynchronize, hStream);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt_stream_t *s = NULL;
     mt__guard_enter();
     int rc = mt__preload_stream(b, hStream, &s);
@@ -438,7 +464,7 @@ MT_HOOK CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         return CUDA_ERROR_INVALID_VALUE;
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     mt_event_t *ev = NULL;
     mt__guard_enter();
     int rc = mt_event_create(b, &ev);
@@ -453,7 +479,7 @@ MT_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     FORWARD(cuEventRecord, hEvent, hStream);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     mt_stream_t *s = NULL;
@@ -472,7 +498,7 @@ MT_HOOK CUresult cuEventQuery(CUevent hEvent)
     FORWARD(cuEventQuery, hEvent);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     mt__guard_enter();
@@ -486,7 +512,7 @@ MT_HOOK CUresult cuEventSynchronize(CUevent hEvent)
     FORWARD(cuEventSynchronize, hEvent);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     mt__guard_enter();
@@ -500,7 +526,7 @@ MT_HOOK CUresult cuEventDestroy_v2(CUevent hEvent)
     FORWARD(cuEventDestroy_v2, hEvent);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
-        return CUDA_ERROR_NO_DEVICE;
+        return no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     mt_event_t *ev = (mt_event_t *)hEvent;

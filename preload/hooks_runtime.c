@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/types.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "mt_config.h"
@@ -13,8 +14,28 @@
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
 
+/* The runtime's code for the driver failures whose numbers differ or matter most. */
+static cudaError_t from_driver(int drv)
+{
+    switch (drv) {
+    case CUDA_ERROR_NOT_INITIALIZED:
+        return cudaErrorInitializationError;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+        return cudaErrorIllegalAddress;
+    case CUDA_ERROR_LAUNCH_FAILED:
+        return cudaErrorLaunchFailure;
+    case CUDA_ERROR_INVALID_CONTEXT:
+        return cudaErrorDeviceUninitialized;
+    default:
+        return cudaErrorUnknown;
+    }
+}
+
 static cudaError_t to_cuda(int rc)
 {
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (drv != 0 && from_driver(drv) != cudaErrorUnknown)
+        return from_driver(drv);
     switch (rc) {
     case 0:
         return cudaSuccess;
@@ -303,6 +324,8 @@ MT_HOOK cudaError_t cudaStreamCreate(cudaStream_t *pStream)
 
 MT_HOOK cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
+    if (!mt__preload()->sim)
+        mt__preload_stream_forget(stream); /* the runtime may hand the handle out again */
     FORWARD(cudaStreamDestroy, stream);
     mt_backend_t *b = cur_backend();
     if (b == NULL)

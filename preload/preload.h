@@ -134,6 +134,11 @@ void mt__preload_set_current_device(int device);
 
 /* The program's stream handle as an mt_stream_t of backend b. */
 int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out);
+/* cuda mode: the program destroys handle; the backends stop taking it for that stream. */
+void mt__preload_stream_forget(void *handle);
+/* cuda mode: the driver's own code behind the calling thread's latest backend failure,
+ * cleared by the read; 0 if none. */
+int mt__preload_driver_result(void);
 
 /* Guard helpers: hooks bracket calls into memtrace with these. */
 static inline void mt__guard_enter(void)

@@ -286,6 +286,41 @@ static void test_vm_map_all_or_nothing(void **state)
     assert_int_equal(fk.count("cuMemAddressFree"), 1);
 }
 
+/* Item 8: the driver's own code survives the MT_E* mapping, for the drop-in to return. */
+static void test_driver_codes_kept(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    const CUresult codes[] = {CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED,
+                              CUDA_ERROR_NOT_INITIALIZED};
+    for (size_t i = 0; i < 3; i++) {
+        void *p = NULL;
+        fk.fail_next("cuMemAlloc_v2", 1, codes[i]);
+        assert_int_not_equal(mt_backend_malloc(b, MiB, &p), 0);
+        assert_int_equal(mt__cuda_last_result(), codes[i]);
+        assert_int_equal(mt__cuda_last_result(), 0); /* read once */
+    }
+    mt_backend_destroy(&b);
+}
+
+/* Item 5: a handle the program destroyed (and the driver may hand out again) is a new
+ * stream to the backend, not the old one. */
+static void test_destroyed_stream_forgotten(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    mt_stream_t *w1 = NULL, *w2 = NULL;
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x4321, &w1), 0);
+    uint32_t id1 = mt_stream_id(w1);
+    assert_int_equal(mt__cuda_stream_forget(b, 0x4321), 0);
+    assert_int_equal(mt__cuda_stream_forget(b, 0x4321), MT_ENOENT);
+    assert_int_equal(mt__cuda_stream_wrap(b, 0x4321, &w2), 0);
+    assert_ptr_not_equal(w1, w2);
+    assert_int_not_equal(mt_stream_id(w2), id1);
+    assert_int_equal(mt__cuda_stream_handle(w1), 0x4321); /* the old wrapper stays valid */
+    mt_backend_destroy(&b);
+}
+
 static void test_host_memory(void **state)
 {
     (void)state;
@@ -303,10 +338,16 @@ static void test_host_memory(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_enodev_without_library), cmocka_unit_test(test_enodev_without_device),
-        cmocka_unit_test(test_malloc_free_info),       cmocka_unit_test(test_error_mapping),
-        cmocka_unit_test(test_streams_events_pending), cmocka_unit_test(test_vm_mapping_order),
-        cmocka_unit_test(test_vm_map_all_or_nothing),  cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_enodev_without_library),
+        cmocka_unit_test(test_enodev_without_device),
+        cmocka_unit_test(test_malloc_free_info),
+        cmocka_unit_test(test_error_mapping),
+        cmocka_unit_test(test_streams_events_pending),
+        cmocka_unit_test(test_vm_mapping_order),
+        cmocka_unit_test(test_vm_map_all_or_nothing),
+        cmocka_unit_test(test_host_memory),
+        cmocka_unit_test(test_driver_codes_kept),
+        cmocka_unit_test(test_destroyed_stream_forgotten),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -9,6 +9,9 @@
 #include <cmocka.h>
 
 #include <dlfcn.h>
+#if __has_include(<cuda.h>)
+#include <cuda.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,6 +337,31 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     assert_int_equal(calls("cuMemAlloc_v2"), 1); /* 11 requests, one device malloc */
     assert_null(alloc(-1, 0, NULL));
     assert_null(alloc(100, 7, NULL)); /* the fake has one device */
+
+#ifdef CUDA_VERSION
+    /* The driver entry points, as the runtime would call them. Without a current context
+     * the driver refuses, and so must the drop-in (issue 16 item 11): no device 0. */
+    CUresult (*cu_alloc)(CUdeviceptr *, size_t) =
+        (CUresult(*)(CUdeviceptr *, size_t))dlsym(pre, "cuMemAlloc_v2");
+    CUresult (*retain)(CUcontext *, CUdevice) =
+        (CUresult(*)(CUcontext *, CUdevice))dlsym(fake, "cuDevicePrimaryCtxRetain");
+    CUresult (*push)(CUcontext) = (CUresult(*)(CUcontext))dlsym(fake, "cuCtxPushCurrent_v2");
+    CUresult (*pop)(CUcontext *) = (CUresult(*)(CUcontext *))dlsym(fake, "cuCtxPopCurrent_v2");
+    void (*inject)(const char *, unsigned, CUresult) =
+        (void (*)(const char *, unsigned, CUresult))dlsym(fake, "fake_cuda_fail");
+    assert_true(cu_alloc && retain && push && pop && inject);
+    CUdeviceptr d = 0;
+    assert_int_equal(cu_alloc(&d, 4096), CUDA_ERROR_INVALID_CONTEXT);
+    CUcontext ctx;
+    assert_int_equal(retain(&ctx, 0), CUDA_SUCCESS);
+    assert_int_equal(push(ctx), CUDA_SUCCESS);
+    assert_int_equal(cu_alloc(&d, 4096), CUDA_SUCCESS);
+    /* the driver's own failure comes back as it is, not as CUDA_ERROR_UNKNOWN (item 8) */
+    inject("cuMemAlloc_v2", 1000, CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu_alloc(&d, (size_t)48 << 20), CUDA_ERROR_ILLEGAL_ADDRESS);
+    inject("cuMemAlloc_v2", 0, CUDA_SUCCESS);
+    assert_int_equal(pop(&ctx), CUDA_SUCCESS);
+#endif
 }
 
 int main(void)
