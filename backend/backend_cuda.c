@@ -11,6 +11,7 @@
  * the virtual-memory calls expandable segments need. Every entry pushes the device's
  * primary context and pops it on the way out, so the calling thread's own context (the
  * program may use several devices) is left as it was. */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,15 +54,20 @@ struct mt_event_s {
 /* Invariants (under mu): segs[0..nsegs) are live cuMemAlloc results, pairwise disjoint;
  * hosts[0..nhosts) are live cuMemHostAlloc results; every cuda_vm_t in vms is a live
  * reservation. origin_ev was recorded on the default stream at creation and its host
- * time origin_ns, so event times are origin_ns + elapsed(origin_ev, ev). */
+ * time origin_ns, so event times are origin_ns + elapsed(origin_ev, ev). The elapsed
+ * time is a float of milliseconds (24-bit mantissa: 2 ms steps after 5 hours), so the
+ * origin moves forward (under anchor_mu) once an event is more than ANCHOR_MS past it. */
 typedef struct cuda_s {
     mt_backend_t base; /* must be first: backend.c sees this */
     mt_cuda_driver_t drv;
     CUdevice dev;
-    CUcontext ctx;      /* the device's primary context, retained */
-    size_t granularity; /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
-    CUevent origin_ev;  /* time origin of event_time_ns */
-    uint64_t origin_ns; /* CLOCK_MONOTONIC when origin_ev was recorded */
+    CUcontext ctx;             /* the device's primary context, retained */
+    size_t granularity;        /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
+    CUevent origin_ev;         /* time origin of event_time_ns */
+    uint64_t origin_ns;        /* CLOCK_MONOTONIC when origin_ev was recorded */
+    pthread_mutex_t anchor_mu; /* guards origin_ev, origin_ns, spare_ev, anchor_stream */
+    CUevent spare_ev;          /* the next origin, made on first use */
+    CUstream anchor_stream;    /* where new origins are recorded: no program work */
 
     pthread_mutex_t mu; /* guards everything below */
     cuda_seg_t *segs;
@@ -534,15 +540,46 @@ static int cuda_event_synchronize(mt_backend_t *b, mt_event_t *ev)
     return ev->recorded ? CALL(C(b), EventSynchronize(ev->h)) : 0;
 }
 
+#define ANCHOR_MS 1000.0f /* float ms steps are 61 ns at 1 s */
+
+/* Moves the origin to now: a new origin event on the backend's own stream, its time
+ * taken from the old origin while the gap is still short. Caller holds anchor_mu. */
+static int move_origin(cuda_t *c)
+{
+    int rc = 0;
+    if (c->anchor_stream == NULL)
+        rc = CALL(c, StreamCreate(&c->anchor_stream, CU_STREAM_NON_BLOCKING));
+    if (rc == 0 && c->spare_ev == NULL)
+        rc = CALL(c, EventCreate(&c->spare_ev, CU_EVENT_DEFAULT));
+    if (rc == 0)
+        rc = CALL(c, EventRecord(c->spare_ev, c->anchor_stream));
+    if (rc == 0)
+        rc = CALL(c, EventSynchronize(c->spare_ev));
+    float ms = 0;
+    if (rc == 0)
+        rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, c->spare_ev));
+    if (rc != 0 || ms < 0)
+        return rc != 0 ? rc : MT_EIO;
+    c->origin_ns += (uint64_t)llround((double)ms * 1e6);
+    CUevent old = c->origin_ev;
+    c->origin_ev = c->spare_ev;
+    c->spare_ev = old;
+    return 0;
+}
+
 static uint64_t cuda_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 {
     cuda_t *c = C(b);
     if (!ev->recorded || CALL(c, EventQuery(ev->h)) != 0)
         return 0;
+    pthread_mutex_lock(&c->anchor_mu);
     float ms = 0;
-    if (CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h)) != 0 || ms < 0)
-        return 0;
-    return c->origin_ns + (uint64_t)((double)ms * 1e6);
+    int rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h));
+    if (rc == 0 && ms > ANCHOR_MS && move_origin(c) == 0)
+        rc = CALL(c, EventElapsedTime(&ms, c->origin_ev, ev->h));
+    int64_t t = rc == 0 ? (int64_t)c->origin_ns + llround((double)ms * 1e6) : 0;
+    pthread_mutex_unlock(&c->anchor_mu);
+    return t > 0 ? (uint64_t)t : 0;
 }
 
 /* ---- pinned host memory ---- */
@@ -620,11 +657,16 @@ static void cuda_destroy(mt_backend_t *b)
         }
         if (c->origin_ev != NULL)
             c->drv.EventDestroy(c->origin_ev);
+        if (c->spare_ev != NULL)
+            c->drv.EventDestroy(c->spare_ev);
+        if (c->anchor_stream != NULL)
+            c->drv.StreamDestroy(c->anchor_stream);
         leave(c);
     }
     c->drv.DevicePrimaryCtxRelease(c->dev);
     mt__cuda_driver_close(&c->drv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->anchor_mu);
     free(c->segs);
     free(c->hosts);
     free(c);
@@ -682,6 +724,7 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         goto fail_ctx;
     c->origin_ns = now_ns();
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->anchor_mu, NULL);
     *out = &c->base;
     return 0;
 

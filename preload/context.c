@@ -490,8 +490,11 @@ static void init_once(void)
         int (*count)(int *) =
             (int (*)(int *))mt__preload_real_dlsym(P->libcuda, "cuDeviceGetCount");
         int n = 1;
-        if (count != NULL && count(&n) == 0 && n > 0 && n < MT_PRELOAD_MAX_DEVICES)
+        if (count != NULL && count(&n) == 0 && n > 0 && n <= MT_PRELOAD_MAX_DEVICES)
             P->ndevices = n;
+        else if (n > MT_PRELOAD_MAX_DEVICES)
+            mt__preload_say(MT_LOG_ERROR, "%d CUDA devices; memtrace serves the first %d", n,
+                            MT_PRELOAD_MAX_DEVICES);
     }
 
 done:

@@ -32,8 +32,8 @@
 
 #define MT_HOOK __attribute__((visibility("default")))
 
-#define MT_PRELOAD_MAX_DEVICES 16
-#define MEMTRACE_TAG_DEPTH     256 /* memtrace_tag_push nesting per thread */
+#define MT_PRELOAD_MAX_DEVICES 1024 /* more than any node has; more are refused, loudly */
+#define MEMTRACE_TAG_DEPTH     256  /* memtrace_tag_push nesting per thread */
 
 /* Per device: a backend and its caching allocator, created on first use. */
 typedef struct mt_preload_dev_s {

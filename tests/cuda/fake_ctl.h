@@ -22,6 +22,7 @@ static struct {
     long (*ctx_depth)(void);
     void (*idle)(void);                /* waits until every stream's queue ran */
     void *(*shadow)(const void *dptr); /* host address of a device byte */
+    void (*age_events)(uint64_t ns);   /* recorded events move ns into the past */
 } fk;
 
 static inline int fake_ctl_open(void **state)
@@ -43,8 +44,9 @@ static inline int fake_ctl_open(void **state)
     *(void **)&fk.ctx_depth = dlsym(fk.lib, "fake_cuda_ctx_depth");
     *(void **)&fk.idle = dlsym(fk.lib, "fake_cuda_idle");
     *(void **)&fk.shadow = dlsym(fk.lib, "fake_cuda_shadow");
+    *(void **)&fk.age_events = dlsym(fk.lib, "fake_cuda_age_events");
     return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
-                   fk.ctx_depth && fk.idle && fk.shadow
+                   fk.ctx_depth && fk.idle && fk.shadow && fk.age_events
                ? 0
                : -1;
 }

@@ -428,6 +428,18 @@ FAKE_API size_t fake_cuda_used(void);
 FAKE_API long fake_cuda_ctx_depth(void);
 FAKE_API void fake_cuda_idle(void);
 FAKE_API void *fake_cuda_shadow(const void *dptr);
+FAKE_API void fake_cuda_age_events(uint64_t ns);
+
+/* Moves every event recorded so far ns into the past, as if the process had run that
+ * long since (for event-time precision over long runs). */
+void fake_cuda_age_events(uint64_t ns)
+{
+    pthread_mutex_lock(&fake.mu);
+    for (fake_event_t *e = fake.events; e != NULL; e = e->next)
+        if (e->rec_gen > 0)
+            e->t_ns -= ns;
+    pthread_mutex_unlock(&fake.mu);
+}
 
 /* The host address of device byte dptr (dptr itself for host memory): the backdoor by
  * which tests and the fake cuDNN read and write device memory. */

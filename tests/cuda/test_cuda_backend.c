@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -286,6 +287,54 @@ static void test_vm_map_all_or_nothing(void **state)
     assert_int_equal(fk.count("cuMemAddressFree"), 1);
 }
 
+static void nap_3ms(void *ud)
+{
+    (void)ud;
+    struct timespec t = {0, 3 * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
+/* Item 13: five hours after the backend started, two events 3 ms apart are still 3 ms
+ * apart to the ns (a float of ms since the start has 2 ms steps by then). */
+static void test_event_time_precise_over_long_runs(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    fk.age_events((uint64_t)5 * 3600 * 1000000000u); /* the origin is 5 hours old */
+    mt_event_t *e1 = NULL, *e2 = NULL;
+    assert_int_equal(mt_event_create(b, &e1), 0);
+    assert_int_equal(mt_event_create(b, &e2), 0);
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(mt_event_record(b, e1, NULL), 0);
+        assert_int_equal(mt_stream_launch_host_func(b, NULL, nap_3ms, NULL), 0);
+        assert_int_equal(mt_event_record(b, e2, NULL), 0);
+        assert_int_equal(mt_event_synchronize(b, e2), 0);
+        uint64_t t1 = mt_event_time_ns(b, e1), t2 = mt_event_time_ns(b, e2);
+        assert_true(t1 > 0 && t2 > t1);
+        /* the truth, from a short elapsed time (float ms: sub-ns steps at 3 ms) */
+        CUevent h1 = *(CUevent *)e1, h2 = *(CUevent *)e2;
+        float ms = 0;
+        CUresult (*elapsed)(float *, CUevent, CUevent) =
+            (CUresult(*)(float *, CUevent, CUevent))dlsym(fk.lib, "cuEventElapsedTime_v2");
+        CUresult (*push)(CUcontext) = (CUresult(*)(CUcontext))dlsym(fk.lib, "cuCtxPushCurrent_v2");
+        CUresult (*pop)(CUcontext *) =
+            (CUresult(*)(CUcontext *))dlsym(fk.lib, "cuCtxPopCurrent_v2");
+        CUresult (*retain)(CUcontext *, CUdevice) =
+            (CUresult(*)(CUcontext *, CUdevice))dlsym(fk.lib, "cuDevicePrimaryCtxRetain");
+        CUcontext ctx;
+        assert_int_equal(retain(&ctx, 0), CUDA_SUCCESS);
+        assert_int_equal(push(ctx), CUDA_SUCCESS);
+        assert_int_equal(elapsed(&ms, h1, h2), CUDA_SUCCESS);
+        assert_int_equal(pop(&ctx), CUDA_SUCCESS);
+        int64_t want = (int64_t)((double)ms * 1e6), got = (int64_t)(t2 - t1);
+        assert_true(want >= 3000000);
+        assert_true(got - want < 1000 && want - got < 1000); /* within 1 us */
+    }
+    mt_event_destroy(b, &e2);
+    mt_event_destroy(b, &e1);
+    mt_backend_destroy(&b);
+}
+
 /* Item 8: the driver's own code survives the MT_E* mapping, for the drop-in to return. */
 static void test_driver_codes_kept(void **state)
 {
@@ -348,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_host_memory),
         cmocka_unit_test(test_driver_codes_kept),
         cmocka_unit_test(test_destroyed_stream_forgotten),
+        cmocka_unit_test(test_event_time_precise_over_long_runs),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -311,6 +311,9 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     setenv("MEMTRACE_LOG_LEVEL", "quiet", 1);
     void *fake = dlopen(env("MT_FAKE_CUDA"), RTLD_NOW | RTLD_LOCAL);
     assert_non_null(fake);
+    void (*reset)(size_t, int) = (void (*)(size_t, int))dlsym(fake, "fake_cuda_reset");
+    assert_non_null(reset);
+    reset((size_t)64 << 20, 20); /* more devices than the drop-in once served (16) */
     void *pre = dlopen(env("MT_PRELOAD"), RTLD_NOW | RTLD_LOCAL);
     assert_non_null(pre);
     void *(*alloc)(ssize_t, int, void *) =
@@ -336,7 +339,10 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     dfree(again, 5000, 0, NULL);
     assert_int_equal(calls("cuMemAlloc_v2"), 1); /* 11 requests, one device malloc */
     assert_null(alloc(-1, 0, NULL));
-    assert_null(alloc(100, 7, NULL)); /* the fake has one device */
+    void *p17 = alloc(100, 17, NULL); /* issue 16 item 13: device 17 of 20 works */
+    assert_non_null(p17);
+    dfree(p17, 100, 17, NULL);
+    assert_null(alloc(100, 20, NULL)); /* the fake has 20 devices */
 
 #ifdef CUDA_VERSION
     /* The driver entry points, as the runtime would call them. Without a current context
