@@ -124,10 +124,13 @@ static int read_line(mt_trace_reader_t *r, size_t *length, bool *complete)
         if (memchr(start, '\0', take) != NULL)
             nul = true;
         if (n + take > MT_TRACE_MAX_LINE) {
+            /* Stop here: the rest of an endless line (/dev/zero) is never read. */
             too_long = true;
             size_t room = MT_TRACE_MAX_LINE - (n < MT_TRACE_MAX_LINE ? n : MT_TRACE_MAX_LINE);
             memcpy(r->text + n, start, room);
             n += room;
+            r->pos += take;
+            goto got;
         } else {
             memcpy(r->text + n, start, take);
             n += take;

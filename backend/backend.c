@@ -38,40 +38,46 @@ void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fm
     va_end(ap);
 }
 
+/* Decimal digits only (no sign, no space, no 0x/octal), then an optional K/M/G/T (binary
+ * units, "i"/"B"/"iB" after it allowed); MT_EOVERFLOW past 2^64 - 1. */
 static int parse_u64_env(const char *name, uint64_t *out)
 {
     const char *s = getenv(name);
     if (s == NULL || *s == '\0')
         return MT_ENOENT;
+    if (*s < '0' || *s > '9')
+        return MT_EINVAL;
     char *end = NULL;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno != 0 || end == s)
-        return MT_EINVAL;
-    /* Accept K/M/G/T suffixes (binary units) for capacities. */
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno == ERANGE)
+        return MT_EOVERFLOW;
+    unsigned shift = 0;
     switch (*end) {
     case 'k':
     case 'K':
-        v <<= 10;
-        end++;
+        shift = 10;
         break;
     case 'm':
     case 'M':
-        v <<= 20;
-        end++;
+        shift = 20;
         break;
     case 'g':
     case 'G':
-        v <<= 30;
-        end++;
+        shift = 30;
         break;
     case 't':
     case 'T':
-        v <<= 40;
-        end++;
+        shift = 40;
         break;
     default:
         break;
+    }
+    if (shift) {
+        if (v > (UINT64_MAX >> shift))
+            return MT_EOVERFLOW;
+        v <<= shift;
+        end++;
     }
     if (*end == 'i' || *end == 'B')
         end += (*end == 'i' && end[1] == 'B') ? 2 : 1;
@@ -105,8 +111,11 @@ static int env_u64(const char *name, uint64_t *dst, bool nonzero, char *err, siz
         *dst = v;
         return 0;
     }
-    first_err(err, errlen, "%s: not a %snumber (K/M/G/T suffixes allowed): '%s'", name,
-              nonzero ? "positive " : "", getenv(name));
+    if (rc == MT_EOVERFLOW)
+        first_err(err, errlen, "%s: too large (over 2^64 - 1): '%s'", name, getenv(name));
+    else
+        first_err(err, errlen, "%s: not a %sdecimal number (K/M/G/T suffixes allowed): '%s'",
+                  name, nonzero ? "positive " : "", getenv(name));
     return MT_EINVAL;
 }
 

@@ -2,10 +2,13 @@
  * over time stacked by tag with the reserved line above, pinned host memory apart, and the
  * segment map at the peak. The log is read by the report's parser (analysis/report.c); the
  * picture is analysis/plot.c; this file reads the arguments and the file. */
+#include <errno.h>
+#include <stdbool.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "analysis/plot.h"
 #include "analysis/report.h"
@@ -90,6 +93,14 @@ static char *default_output(const char *log)
     return out;
 }
 
+/* A half-written image goes; a device or pipe named with -o (/dev/full) stays. */
+static void remove_if_file(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+        remove(path);
+}
+
 int mt_cmd_plot(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -172,14 +183,21 @@ int mt_cmd_plot(int argc, char **argv)
     if (status == 0) {
         char err[256];
         int rc = mt__plot_svg(r, &cfg, out, err, sizeof err);
-        if (out != stdout && fclose(out) != 0 && rc == 0) {
-            rc = -1;
-            snprintf(err, sizeof err, "write error");
-        }
-        if (rc != 0) {
+        errno = 0;
+        bool werr = fflush(out) != 0 || ferror(out);
+        if (out != stdout && fclose(out) != 0)
+            werr = true;
+        if (werr) {
+            /* A full disk is the output's fault, not the log's: name the output. */
+            fprintf(stderr, "memtrace plot: writing %s: %s\n", output,
+                    errno ? strerror(errno) : "I/O error");
+            if (out != stdout)
+                remove_if_file(output);
+            status = 1;
+        } else if (rc != 0) {
             fprintf(stderr, "memtrace plot: %s: %s\n", path, err);
             if (out != stdout)
-                remove(output);
+                remove_if_file(output);
             status = rc == MT_ENOENT ? 2 : 1;
         } else if (out != stdout) {
             fprintf(stderr, "memtrace plot: wrote %s\n", output);

@@ -64,8 +64,11 @@ static void help(FILE *f)
 static int parse_bytes(const char *s, uint64_t *out)
 {
     char *end;
+    if (*s < '0' || *s > '9')
+        return -1; /* no sign, no space: strtoull would take "-1" as 2^64 - 1 */
+    errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
+    if (end == s || errno == ERANGE || v > (UINT64_MAX >> 30))
         return -1;
     switch (*end) {
     case 'K':
@@ -291,7 +294,7 @@ int mt_cmd_report(int argc, char **argv)
             break;
         case 'r':
             cfg.min_r2 = strtod(optarg, &end);
-            if (*end || cfg.min_r2 < 0 || cfg.min_r2 > 1) {
+            if (end == optarg || *end || !(cfg.min_r2 >= 0 && cfg.min_r2 <= 1)) { /* NaN too */
                 fprintf(stderr, "memtrace report: --min-r2 wants 0..1\n");
                 return 2;
             }

@@ -1,4 +1,5 @@
 /* memtrace: the command-line front end. Dispatches to one subcommand per file. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +32,19 @@ static void usage(FILE *f)
     fprintf(f, "\n'memtrace <command> --help' describes each command, with examples.\n");
 }
 
+/* A report written to a full disk is a failure, not an empty success: what stdio still
+ * holds is written now, and any error of stdout turns the status into 1. */
+static int finish_stdout(int status)
+{
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
+        fprintf(stderr, "memtrace: writing standard output: %s\n",
+                errno ? strerror(errno) : "I/O error");
+        return status ? status : 1;
+    }
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -48,7 +62,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].run(argc - 1, argv + 1);
+            return finish_stdout(commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "memtrace: unknown command '%s' (see 'memtrace --help')\n", argv[1]);
     return 2;
 }

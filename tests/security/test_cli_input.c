@@ -1,0 +1,129 @@
+/* Bad input and write errors of the CLI (issue 11, items 9-11, 14): endless lines, bad
+ * settings, full disks. argv[1] = the memtrace binary, argv[2] = the source root. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "memtrace/prof.h"
+#include "tests/security/common.h"
+
+static const char *mt, *src;
+
+/* Runs "memtrace ARGS" under a 20 s timeout; env is put before it (variables, ulimit). */
+static int run(const char *env, const char *args, const char *redirect, char **out)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "cd %s && %s timeout 20 %s %s 2>&1 %s", src, env, mt, args, redirect);
+    return sec_run(cmd, out);
+}
+
+static void expect_fail(const char *env, const char *args, const char *redirect, int status,
+                        const char *msg)
+{
+    char *out = NULL;
+    int rc = run(env, args, redirect, &out);
+    if (rc != status || !strstr(out, msg))
+        fail_msg("memtrace %s: status %d (want %d), output: %.300s (want '%s')", args, rc, status,
+                 out, msg);
+    free(out);
+}
+
+static void test_endless_lines(void **state)
+{
+    (void)state;
+    /* bounded: 256 MiB of address space is plenty, and 20 s is an eternity */
+#ifdef __SANITIZE_ADDRESS__
+#define CAP "" /* ASan reserves terabytes of address space: the timeout alone bounds it */
+#else
+#define CAP "ulimit -v 262144 &&"
+#endif
+    expect_fail(CAP, "replay /dev/zero", "", 2, "/dev/zero:1: line longer than 1024 bytes");
+    expect_fail(CAP, "report /dev/zero", "", 1, "/dev/zero:1: line longer than 65536 bytes");
+    expect_fail(CAP, "plot /dev/zero -o /dev/null", "", 1,
+                "/dev/zero:1: line longer than 65536 bytes");
+}
+
+static void test_settings(void **state)
+{
+    (void)state;
+    const char *trace = "replay data/traces/rnn_varlen.csv";
+    expect_fail("MEMTRACE_SIM_CAPACITY=-1", trace, "", 2, "MEMTRACE_SIM_CAPACITY: not a");
+    expect_fail("MEMTRACE_SIM_CAPACITY=16777217T", trace, "", 2,
+                "MEMTRACE_SIM_CAPACITY: too large");
+    expect_fail("MEMTRACE_SIM_CAPACITY=0x10G", trace, "", 2, "MEMTRACE_SIM_CAPACITY");
+    expect_fail("MEMTRACE_SIM_CAPACITY=' 8G'", trace, "", 2, "MEMTRACE_SIM_CAPACITY");
+    expect_fail("MEMTRACE_SIM_MALLOC_COST_NS=-1", trace, "", 2,
+                "MEMTRACE_SIM_MALLOC_COST_NS: not a");
+    expect_fail("MEMTRACE_SIM_FREE_COST_NS=99999999999999999999", trace, "", 2,
+                "MEMTRACE_SIM_FREE_COST_NS: too large");
+    /* 010G is ten GiB, not octal eight */
+    char *out = NULL;
+    assert_int_equal(run("MEMTRACE_SIM_CAPACITY=010G", trace, "", &out), 0);
+    assert_non_null(strstr(out, "capacity 10.00 GiB"));
+    free(out);
+    expect_fail("", "report --min-r2 nan x.ndjson", "", 2, "--min-r2");
+    expect_fail("", "report --min-r2 -0.5 x.ndjson", "", 2, "--min-r2");
+    expect_fail("", "report --min-growth -1 x.ndjson", "", 2, "--min-growth");
+    expect_fail("", "report --min-growth 99999999999999999999G x.ndjson", "", 2, "--min-growth");
+}
+
+/* A small log with events, recorded here, for plot. */
+static void make_log(const char *path)
+{
+    unlink(path);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = path;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    for (unsigned i = 0; i < 200; i++) {
+        mt_event_rec_t ev = {.kind = MT_EV_ALLOC,
+                             .addr = 0x10000 + 4096u * i,
+                             .size = 4096,
+                             .allocated = 4096u * (i + 1),
+                             .reserved = 1u << 24};
+        assert_int_equal(mt_prof_record(p, &ev), 0);
+    }
+    mt_prof_destroy(&p);
+}
+
+static void test_full_disk(void **state)
+{
+    (void)state;
+    const char *log = "/tmp/mt-sec-plot.ndjson";
+    make_log(log);
+    char args[256];
+    snprintf(args, sizeof args, "report --json %s", log);
+    expect_fail("", args, "> /dev/full", 1, "writing standard output");
+    expect_fail("", "replay data/traces/rnn_varlen.csv", "> /dev/full", 1,
+                "writing standard output: No space left on device");
+    /* a disk that fills: the file size limit (SIGXFSZ ignored, so write fails EFBIG) */
+    snprintf(args, sizeof args, "plot %s -o /tmp/mt-sec-full.svg", log);
+    expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, "writing /tmp/mt-sec-full.svg:");
+    snprintf(args, sizeof args, "plot %s -o /dev/full", log);
+    expect_fail("", args, "", 1, "writing /dev/full: No space left on device");
+    unlink(log);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s MEMTRACE SOURCE_ROOT\n", argv[0]);
+        return 2;
+    }
+    mt = argv[1];
+    src = argv[2];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_endless_lines),
+        cmocka_unit_test(test_settings),
+        cmocka_unit_test(test_full_disk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
