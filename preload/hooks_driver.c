@@ -131,7 +131,9 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0 && sync)
         rc = mt_device_synchronize(mt_alloc_backend(a)); /* cuMemFree synchronises */
-    if (rc == 0 && s != NULL && mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
+    /* An async free is ordered after its stream's work, the default stream's too (s NULL):
+     * the block is reused elsewhere only once that work is done. */
+    if (rc == 0 && (s != NULL || !sync) && mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
         rc = mt_alloc_record_stream(a, q, s);
     if (rc == 0)
         rc = mt_alloc_free(a, q);

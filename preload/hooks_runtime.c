@@ -127,8 +127,8 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
      * cudaFreeAsync only orders the reuse after the stream's work (record_stream). */
     if (rc == 0 && sync)
         rc = mt_device_synchronize(mt_alloc_backend(a));
-    if (rc == 0 && s != NULL && mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
-        rc = mt_alloc_record_stream(a, p, s);
+    if (rc == 0 && (s != NULL || !sync) && mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
+        rc = mt_alloc_record_stream(a, p, s); /* stream 0 too: after the legacy stream */
     if (rc == 0)
         rc = mt_alloc_free(a, p);
     mt__guard_leave();

@@ -12,6 +12,7 @@
 #if __has_include(<cuda.h>)
 #include <cuda.h>
 #endif
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +367,28 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     inject("cuMemAlloc_v2", 1000, CUDA_ERROR_ILLEGAL_ADDRESS);
     assert_int_equal(cu_alloc(&d, (size_t)48 << 20), CUDA_ERROR_ILLEGAL_ADDRESS);
     inject("cuMemAlloc_v2", 0, CUDA_SUCCESS);
+    /* cuMemFreeAsync(p, NULL) is ordered after the legacy stream's work (item 4): while
+     * that work is held, the block is not handed to another stream's allocation. */
+    CUresult (*mk)(CUstream *, unsigned) =
+        (CUresult(*)(CUstream *, unsigned))dlsym(pre, "cuStreamCreate");
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
+        (CUresult(*)(CUdeviceptr *, size_t, CUstream))dlsym(pre, "cuMemAllocAsync");
+    CUresult (*free_async)(CUdeviceptr, CUstream) =
+        (CUresult(*)(CUdeviceptr, CUstream))dlsym(pre, "cuMemFreeAsync");
+    CUresult (*sync_stream)(CUstream) = (CUresult(*)(CUstream))dlsym(pre, "cuStreamSynchronize");
+    void (*hold)(bool) = (void (*)(bool))dlsym(fake, "fake_cuda_hold");
+    assert_true(mk && alloc_async && free_async && sync_stream && hold);
+    CUstream sa;
+    assert_int_equal(mk(&sa, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    CUdeviceptr pa = 0, pb = 0;
+    assert_int_equal(alloc_async(&pa, 1 << 20, sa), CUDA_SUCCESS);
+    hold(true); /* the legacy stream's work (a kernel using pa, say) stays pending */
+    assert_int_equal(free_async(pa, NULL), CUDA_SUCCESS);
+    assert_int_equal(alloc_async(&pb, 1 << 20, sa), CUDA_SUCCESS);
+    assert_true(pb != pa);
+    hold(false);
+    assert_int_equal(free_async(pb, sa), CUDA_SUCCESS);
+    assert_int_equal(sync_stream(sa), CUDA_SUCCESS);
     assert_int_equal(pop(&ctx), CUDA_SUCCESS);
 #endif
 }
