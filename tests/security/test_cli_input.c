@@ -26,11 +26,11 @@ static const char *mt, *src;
 #define CAP "ulimit -v 262144 &&"
 #endif
 
-/* Runs "memtrace ARGS" under a 20 s timeout; env is put before it (variables, ulimit). */
+/* Runs "memtrace ARGS" under a 60 s timeout; env is put before it (variables, ulimit). */
 static int run(const char *env, const char *args, const char *redirect, char **out)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cd %s && %s timeout 20 %s %s 2>&1 %s", src, env, mt, args, redirect);
+    snprintf(cmd, sizeof cmd, "cd %s && %s timeout 60 %s %s 2>&1 %s", src, env, mt, args, redirect);
     return sec_run(cmd, out);
 }
 
@@ -48,7 +48,7 @@ static void expect_fail(const char *env, const char *args, const char *redirect,
 static void test_endless_lines(void **state)
 {
     (void)state;
-    /* bounded: 256 MiB of address space is plenty, and 20 s is an eternity */
+    /* bounded: 256 MiB of address space is plenty, and 60 s is an eternity */
     expect_fail(CAP, "replay /dev/zero", "", 2, "/dev/zero:1: line longer than 1024 bytes");
     expect_fail(CAP, "report /dev/zero", "", 1, "/dev/zero:1: line longer than 65536 bytes");
     expect_fail(CAP, "plot /dev/zero -o /dev/null", "", 1,
