@@ -102,7 +102,10 @@ static void make_log(const char *path)
 static void test_full_disk(void **state)
 {
     (void)state;
-    const char *log = "/tmp/mt-sec-plot.ndjson";
+    char dir[64], log[128], svg[128];
+    sec_tmpdir(dir, sizeof dir);
+    snprintf(log, sizeof log, "%s/plot.ndjson", dir);
+    snprintf(svg, sizeof svg, "%s/full.svg", dir);
     make_log(log);
     char args[256];
     snprintf(args, sizeof args, "report --json %s", log);
@@ -110,11 +113,15 @@ static void test_full_disk(void **state)
     expect_fail("", "replay data/traces/rnn_varlen.csv", "> /dev/full", 1,
                 "writing standard output: No space left on device");
     /* a disk that fills: the file size limit (SIGXFSZ ignored, so write fails EFBIG) */
-    snprintf(args, sizeof args, "plot %s -o /tmp/mt-sec-full.svg", log);
-    expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, "writing /tmp/mt-sec-full.svg:");
+    snprintf(args, sizeof args, "plot %s -o %s", log, svg);
+    char want[160];
+    snprintf(want, sizeof want, "writing %s:", svg);
+    expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, want);
     snprintf(args, sizeof args, "plot %s -o /dev/full", log);
     expect_fail("", args, "", 1, "writing /dev/full: No space left on device");
+    unlink(svg);
     unlink(log);
+    rmdir(dir);
 }
 
 /* A daemon (same uid) that accepts the subscription, then sends 64 MiB without a newline. */
