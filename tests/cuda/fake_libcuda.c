@@ -12,9 +12,10 @@
  *   cuStreamWaitEvent really holds a queue until the event's work has run;
  * - cuLaunchHostFunc runs the function later on the stream's worker thread, where every
  *   CUDA call returns CUDA_ERROR_NOT_PERMITTED;
- * - VMM: granularity alignment, cuMemMap only inside a reservation and over unmapped
- *   addresses, cuMemSetAccess only over mapped ranges (several descriptors accepted),
- *   cuMemUnmap of whole mappings, cuMemAddressFree of whole, unmapped reservations.
+ * - VMM: a granularity that varies by device (2 MiB even, 4 MiB odd), its alignment, cuMemMap only
+ * inside a reservation and over unmapped addresses, cuMemSetAccess only over mapped ranges (several
+ * descriptors accepted), cuMemUnmap of whole mappings, cuMemAddressFree of whole, unmapped
+ * reservations.
  * - device memory is not host-addressable: device addresses come from a PROT_NONE range,
  *   so a host dereference faults as on a GPU; the bytes live in a separate shadow mapping
  *   that copies and memsets go through, and that tests (and the fake cuDNN) reach with
@@ -98,6 +99,7 @@ typedef struct fake_blk_s {
 
 typedef struct fake_handle_s {
     size_t size;
+    size_t gran; /* its device's granularity: mappings of it are aligned to it */
 } fake_handle_t;
 
 /* A reservation [base, base + size) and the mappings inside it. */
@@ -918,6 +920,13 @@ FAKE_API CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end)
 
 /* ---- virtual memory ---- */
 
+/* Granularity varies by device, as on mixed machines: 2 MiB on even devices, 4 MiB on
+ * odd ones (GRAN is the smallest). */
+static size_t gran_of(int dev)
+{
+    return dev % 2 ? 2 * GRAN : GRAN;
+}
+
 FAKE_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop,
                                                 CUmemAllocationGranularity_flags opt)
 {
@@ -925,7 +934,7 @@ FAKE_API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocation
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
         prop->location.id >= fake.devices)
         return CUDA_ERROR_INVALID_DEVICE;
-    *g = GRAN;
+    *g = gran_of(prop->location.id);
     return CUDA_SUCCESS;
 }
 
@@ -986,14 +995,17 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                               const CUmemAllocationProp *prop, unsigned long long flags)
 {
     ENTER_CTX("cuMemCreate", prop->type, size);
-    if (size == 0 || size % GRAN != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+    if (size == 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
         prop->location.id >= fake.devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (size % gran_of(prop->location.id) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (take(size) != CUDA_SUCCESS)
         return CUDA_ERROR_OUT_OF_MEMORY;
     fake_handle_t *fh = calloc(1, sizeof *fh);
     fh->size = size;
+    fh->gran = gran_of(prop->location.id);
     *h = (CUmemGenericAllocationHandle)(uintptr_t)fh;
     return CUDA_SUCCESS;
 }
@@ -1013,7 +1025,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
 {
     ENTER_CTX("cuMemMap", p, size);
     fake_handle_t *fh = (fake_handle_t *)(uintptr_t)h;
-    if (off != 0 || size != fh->size || p % GRAN != 0 || flags != 0)
+    if (off != 0 || size != fh->size || p % fh->gran != 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     fake_map_t *m = calloc(1, sizeof *m);
     if (m == NULL)

@@ -335,6 +335,27 @@ static void test_event_time_precise_over_long_runs(void **state)
     mt_backend_destroy(&b);
 }
 
+/* The granularity is the device's own: 4 MiB on the fake's device 1. */
+static void test_granularity_per_device(void **state)
+{
+    (void)state;
+    fk.reset(64 * MiB, 2);
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    cfg.kind = MT_BACKEND_CUDA;
+    cfg.device = 1;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    assert_int_equal(mt_backend_vm_granularity(b), 4 * MiB);
+    uint8_t *base = NULL;
+    assert_int_equal(mt_backend_vm_reserve(b, 16 * MiB, (void **)&base), 0);
+    assert_int_equal(mt_backend_vm_map(b, base + 4 * MiB, 8 * MiB), 0);
+    assert_int_equal(mt_backend_vm_unmap(b, base + 8 * MiB, 4 * MiB), 0);
+    assert_int_equal(mt_backend_vm_unmap(b, base + 4 * MiB, 4 * MiB), 0);
+    assert_int_equal(mt_backend_vm_release(b, base, 16 * MiB), 0);
+    mt_backend_destroy(&b);
+    fk.reset(64 * MiB, 1);
+}
+
 /* Item 8: the driver's own code survives the MT_E* mapping, for the drop-in to return. */
 static void test_driver_codes_kept(void **state)
 {
@@ -398,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_driver_codes_kept),
         cmocka_unit_test(test_destroyed_stream_forgotten),
         cmocka_unit_test(test_event_time_precise_over_long_runs),
+        cmocka_unit_test(test_granularity_per_device),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -316,6 +316,13 @@ static void test_vmm_strict(void **state)
     prop.location.id = 0;
     CUmemGenericAllocationHandle h1, h2;
     assert_int_equal(cu.MemCreate(&h1, G + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    prop.location.id = 1; /* device 1's granularity is 4 MiB: 2 MiB is refused there */
+    assert_int_equal(cu.MemCreate(&h1, G, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.MemCreate(&h1, 2 * G, &prop, 0), CUDA_SUCCESS);
+    CUdeviceptr odd = base % (2 * G) == 0 ? base + G : base; /* 2 MiB- not 4 MiB-aligned */
+    assert_int_equal(cu.MemMap(odd, 2 * G, 0, h1, 0), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.MemRelease(h1), CUDA_SUCCESS);
+    prop.location.id = 0;
     assert_int_equal(cu.MemCreate(&h1, 2 * G, &prop, 0), CUDA_SUCCESS);
     assert_int_equal(cu.MemCreate(&h2, G, &prop, 0), CUDA_SUCCESS);
     /* alignment, inside the reservation, no overlap */
