@@ -21,6 +21,13 @@ void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d)
     atomic_fetch_add_explicit(&b->counters[COUNTER(modelled_ns)], d, memory_order_relaxed);
 }
 
+void mt__backend_add_peer(mt_backend_t *b, uint64_t n, uint64_t d)
+{
+    BUMP(b, peer_copies);
+    atomic_fetch_add_explicit(&b->counters[COUNTER(peer_bytes)], n, memory_order_relaxed);
+    atomic_fetch_add_explicit(&b->counters[COUNTER(peer_ns)], d, memory_order_relaxed);
+}
+
 void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
 {
     if (b == NULL)
@@ -112,6 +119,26 @@ static int env_u64(const char *name, uint64_t *dst, bool nonzero, char *err, siz
     return MT_EINVAL;
 }
 
+/* MEMTRACE_SIM_DEVICES: plain decimal digits only (no sign, base prefix, suffix or
+ * blanks), 1..MT_SIM_MAX_DEVICES; the digits are bounded before they can overflow. */
+static int env_devices(int *dst, char *err, size_t errlen)
+{
+    const char *s = getenv("MEMTRACE_SIM_DEVICES");
+    if (s == NULL || *s == '\0')
+        return 0;
+    long v = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9' && v <= MT_SIM_MAX_DEVICES; p++)
+        v = v * 10 + (*p - '0');
+    if (*p != '\0' || v < 1 || v > MT_SIM_MAX_DEVICES) {
+        first_err(err, errlen, "MEMTRACE_SIM_DEVICES: not a device count (1..%d): '%s'",
+                  MT_SIM_MAX_DEVICES, s);
+        return MT_EINVAL;
+    }
+    *dst = (int)v;
+    return 0;
+}
+
 int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
 {
     if (cfg == NULL)
@@ -140,6 +167,12 @@ int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
         rc = MT_EINVAL;
     if (env_u64("MEMTRACE_SIM_FREE_COST_NS", &cfg->sim_free_cost_ns, false, err, errlen) != 0)
         rc = MT_EINVAL;
+    if (env_devices(&cfg->sim_devices, err, errlen) != 0)
+        rc = MT_EINVAL;
+    if (env_u64("MEMTRACE_SIM_PEER_COST_NS", &cfg->sim_peer_cost_ns, false, err, errlen) != 0)
+        rc = MT_EINVAL;
+    if (env_u64("MEMTRACE_SIM_PEER_BANDWIDTH", &cfg->sim_peer_bandwidth, true, err, errlen) != 0)
+        rc = MT_EINVAL;
     return rc;
 }
 
@@ -150,6 +183,9 @@ mt_backend_cfg_t mt_backend_cfg_default(void)
     cfg.kind = MT_BACKEND_AUTO;
     cfg.sim_malloc_cost_ns = 20000;
     cfg.sim_free_cost_ns = 20000;
+    cfg.sim_devices = 1;
+    cfg.sim_peer_cost_ns = 10000;
+    cfg.sim_peer_bandwidth = (uint64_t)12 << 30;
     (void)mt_backend_cfg_from_env(&cfg, NULL, 0); /* malformed values: see from_env */
     return cfg;
 }
@@ -220,6 +256,38 @@ mt_backend_kind_e mt_backend_kind(const mt_backend_t *b)
 int mt_backend_device(const mt_backend_t *b)
 {
     return b->device;
+}
+
+int mt_backend_device_count(const mt_backend_t *b)
+{
+    if (b == NULL)
+        return 0;
+    return b->ops->device_count ? b->ops->device_count(b) : 1;
+}
+
+/* 0 if ordinal names a device reachable from b; else logs it and returns MT_EINVAL. */
+static int check_ordinal(const mt_backend_t *b, int ordinal)
+{
+    int n = mt_backend_device_count(b);
+    bool ok = b->ops->get_device ? ordinal >= 0 && ordinal < n : ordinal == b->device;
+    if (ok)
+        return 0;
+    mt__backend_log(b, MT_LOG_ERROR,
+                    "memtrace: device ordinal %d out of range: the %s backend has %d device%s",
+                    ordinal, b->ops->name, n, n == 1 ? "" : "s");
+    return MT_EINVAL;
+}
+
+int mt_backend_get_device(mt_backend_t *b, int ordinal, mt_backend_t **out)
+{
+    if (b == NULL || out == NULL)
+        return MT_EINVAL;
+    *out = NULL;
+    int rc = check_ordinal(b, ordinal);
+    if (rc != 0)
+        return rc;
+    *out = b->ops->get_device ? b->ops->get_device(b, ordinal) : b;
+    return 0;
 }
 
 void mt_backend_counters(const mt_backend_t *b, mt_backend_counters_t *out)
@@ -372,6 +440,22 @@ int mt_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n, mt_me
         return 0;
     BUMP(b, memcpy_calls);
     return b->ops->memcpy_async(b, dst, src, n, kind, s);
+}
+
+int mt_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                         int src_device, size_t n, mt_stream_t *s)
+{
+    if (b == NULL || (n != 0 && (dst == NULL || src == NULL)))
+        return MT_EINVAL;
+    int rc = check_ordinal(b, dst_device);
+    if (rc == 0)
+        rc = check_ordinal(b, src_device);
+    if (rc != 0 || n == 0)
+        return rc;
+    if (b->ops->memcpy_peer_async == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, memcpy_calls);
+    return b->ops->memcpy_peer_async(b, dst, dst_device, src, src_device, n, s);
 }
 
 int mt_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s)

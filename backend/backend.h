@@ -43,6 +43,12 @@ typedef struct mt_backend_ops_s {
 
     int (*host_malloc)(mt_backend_t *b, size_t size, void **out);
     int (*host_free)(mt_backend_t *b, void *ptr);
+    /* Optional (NULL: one device, b itself). Ordinals are checked by backend.c. */
+    int (*device_count)(const mt_backend_t *b);
+    mt_backend_t *(*get_device)(mt_backend_t *b, int ordinal);
+    /* Optional (NULL: MT_ENOTSUP). Counts peer_copies/peer_bytes/peer_ns itself. */
+    int (*memcpy_peer_async)(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                             int src_device, size_t n, mt_stream_t *s);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.
@@ -66,6 +72,8 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
 
 /* Adds d to the modelled-time counter (sim's segment cost). */
 void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d);
+/* Counts one peer copy of n bytes costing d modelled ns on b's stream. */
+void mt__backend_add_peer(mt_backend_t *b, uint64_t n, uint64_t d);
 /* printf-style logging through the backend's callback (no-op without one). */
 void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -10,7 +10,10 @@
  * cost for real (a busy-wait), so wall-clock benchmarks see what caching saves.
  * Virtual memory (expandable segments) is modelled with separate PROT_NONE reservations
  * whose pages are mprotect'ed read/write on map. Streams and events: sim_stream.c.
- * All bookkeeping lives on the host; nothing is ever written into "device" memory. */
+ * All bookkeeping lives on the host; nothing is ever written into "device" memory.
+ * With MEMTRACE_SIM_DEVICES=N one create makes a group of N such devices, each with its
+ * own range, capacity and streams; they share the event lock (cross-device waits) and
+ * the peer copy cost model. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,6 +22,7 @@
 
 #include "backend/backend_sim.h"
 #include "backend/sim_internal.h"
+#include "util/log.h"
 
 #define GIB                  ((size_t)1 << 30)
 #define SIM_DEFAULT_CAPACITY (8 * GIB)
@@ -542,9 +546,10 @@ static int sim_host_free(mt_backend_t *b, void *ptr)
 
 /* ---- lifecycle ---- */
 
-static void sim_destroy(mt_backend_t *b)
+/* Frees one device: its streams, events and memory. Every device of the group was
+ * synchronised first. */
+static void device_free(sim_t *s)
 {
-    sim_t *s = to_sim(b);
     mt__sim_streams_fini(s);
     while (s->vms != NULL) {
         sim_vm_t *v = s->vms;
@@ -567,28 +572,50 @@ static void sim_destroy(mt_backend_t *b)
     free(s);
 }
 
-int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
+/* Frees the group and its devices dev[0, made). */
+static void group_free(sim_group_t *g, int made)
 {
-    *out = NULL;
-    mt_backend_cfg_t def = mt_backend_cfg_default();
-    size_t capacity = cfg->sim_capacity ? cfg->sim_capacity : def.sim_capacity;
-    if (capacity == 0)
-        capacity = SIM_DEFAULT_CAPACITY;
-    if (capacity < SIM_MIN_ALIGN)
-        return MT_EINVAL;
-    /* UINT64_MAX asks for the environment's value (see mt_backend_cfg_t). */
-    uint64_t mcost =
-        cfg->sim_malloc_cost_ns == UINT64_MAX ? def.sim_malloc_cost_ns : cfg->sim_malloc_cost_ns;
-    uint64_t fcost =
-        cfg->sim_free_cost_ns == UINT64_MAX ? def.sim_free_cost_ns : cfg->sim_free_cost_ns;
+    /* A stream of one device may wait on a mark another device records. */
+    for (int i = 0; i < made; i++)
+        mt__sim_device_synchronize(&g->dev[i]->base);
+    for (int i = 0; i < made; i++)
+        device_free(g->dev[i]);
+    pthread_cond_destroy(&g->ev_cv);
+    pthread_mutex_destroy(&g->ev_mu);
+    free(g->dev);
+    free(g);
+}
 
+/* Only the handle mt_backend_create returned destroys; the others are borrowed. */
+static void sim_destroy(mt_backend_t *b)
+{
+    sim_t *s = to_sim(b);
+    if (s->owner)
+        group_free(s->group, s->group->n);
+}
+
+static int sim_device_count(const mt_backend_t *b)
+{
+    return to_sim(b)->group->n;
+}
+
+static mt_backend_t *sim_get_device(mt_backend_t *b, int ordinal)
+{
+    return &to_sim(b)->group->dev[ordinal]->base;
+}
+
+/* Makes device `ordinal` of group g. */
+static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, size_t capacity,
+                      uint64_t mcost, uint64_t fcost, sim_t **out)
+{
     sim_t *s = calloc(1, sizeof *s);
     if (s == NULL)
         return MT_ENOMEM;
     s->base.ops = &sim_ops;
-    s->base.device = cfg->device;
+    s->base.device = ordinal;
     s->base.log = cfg->log;
     s->base.log_ud = cfg->log_ud;
+    s->group = g;
     s->capacity = capacity;
     /* Room for SIM_VA_FACTOR x capacity of address space (see the top of the file), at
      * least the capacity itself. */
@@ -611,7 +638,7 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     rc = mt__sim_streams_init(s);
     if (rc != 0)
         goto fail_streams;
-    *out = &s->base;
+    *out = s;
     return 0;
 
 fail_streams:
@@ -625,6 +652,71 @@ fail_cost_mutex:
 fail_mutex:
     free(s);
     return rc;
+}
+
+int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
+{
+    *out = NULL;
+    mt_backend_cfg_t def = mt_backend_cfg_default();
+    size_t capacity = cfg->sim_capacity ? cfg->sim_capacity : def.sim_capacity;
+    if (capacity == 0)
+        capacity = SIM_DEFAULT_CAPACITY;
+    if (capacity < SIM_MIN_ALIGN)
+        return MT_EINVAL;
+    /* UINT64_MAX asks for the environment's value (see mt_backend_cfg_t). */
+    uint64_t mcost =
+        cfg->sim_malloc_cost_ns == UINT64_MAX ? def.sim_malloc_cost_ns : cfg->sim_malloc_cost_ns;
+    uint64_t fcost =
+        cfg->sim_free_cost_ns == UINT64_MAX ? def.sim_free_cost_ns : cfg->sim_free_cost_ns;
+    uint64_t pcost =
+        cfg->sim_peer_cost_ns == UINT64_MAX ? def.sim_peer_cost_ns : cfg->sim_peer_cost_ns;
+    uint64_t bw = cfg->sim_peer_bandwidth ? cfg->sim_peer_bandwidth : def.sim_peer_bandwidth;
+    int n = cfg->sim_devices ? cfg->sim_devices : def.sim_devices;
+    if (n < 1 || n > MT_SIM_MAX_DEVICES || bw == 0) {
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "memtrace: sim backend: %d devices asked for, the sim models 1..%d", n,
+                 MT_SIM_MAX_DEVICES);
+        return MT_EINVAL;
+    }
+    if (cfg->device >= n) {
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "memtrace: device ordinal %d out of range: the sim backend has %d device%s",
+                 cfg->device, n, n == 1 ? "" : "s");
+        return MT_EINVAL;
+    }
+
+    sim_group_t *g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return MT_ENOMEM;
+    g->n = n;
+    atomic_init(&g->peer_cost_ns, pcost);
+    atomic_init(&g->peer_bandwidth, bw);
+    g->dev = calloc((size_t)n, sizeof *g->dev);
+    if (g->dev == NULL)
+        goto fail_dev;
+    if (pthread_mutex_init(&g->ev_mu, NULL) != 0)
+        goto fail_ev_mu;
+    if (pthread_cond_init(&g->ev_cv, NULL) != 0)
+        goto fail_ev_cv;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = device_new(g, i, cfg, capacity, mcost, fcost, &g->dev[i]);
+        if (rc != 0) {
+            group_free(g, i); /* frees the group's mutex and cv too */
+            return rc;
+        }
+    }
+    g->dev[cfg->device]->owner = true;
+    *out = &g->dev[cfg->device]->base;
+    return 0;
+
+fail_ev_cv:
+    pthread_mutex_destroy(&g->ev_mu);
+fail_ev_mu:
+    free(g->dev);
+fail_dev:
+    free(g);
+    return MT_ENOMEM;
 }
 
 static const mt_backend_ops_t sim_ops = {
@@ -656,6 +748,9 @@ static const mt_backend_ops_t sim_ops = {
     .event_time_ns = mt__sim_event_time_ns,
     .host_malloc = sim_host_malloc,
     .host_free = sim_host_free,
+    .device_count = sim_device_count,
+    .get_device = sim_get_device,
+    .memcpy_peer_async = mt__sim_memcpy_peer_async,
 };
 
 /* ---- test hooks (backend_sim.h) ---- */

@@ -48,6 +48,21 @@ typedef struct sim_host_s {
 
 typedef struct sim_stream_s sim_stream_t;
 typedef struct sim_mark_s sim_mark_t;
+typedef struct sim_s sim_t;
+
+/* The devices made by one mt_backend_create. Events and marks of every device are
+ * guarded by the group's ev_mu, so a stream of one device can wait on a mark recorded by
+ * another (cross-device cudaStreamWaitEvent).
+ * Invariants: 1 <= n <= MT_SIM_MAX_DEVICES; dev[i]->base.device == i and
+ * dev[i]->group == this group; exactly one dev[i] has owner set. */
+typedef struct sim_group_s {
+    int n;
+    sim_t **dev;
+    pthread_mutex_t ev_mu;           /* guards every event and mark of the group */
+    pthread_cond_t ev_cv;            /* broadcast whenever a mark completes */
+    _Atomic uint64_t peer_cost_ns;   /* fixed part of a peer copy's modelled cost */
+    _Atomic uint64_t peer_bandwidth; /* bytes/s of a peer copy, > 0 */
+} sim_group_t;
 
 /* The sim device.
  * Invariants (under mu): free and used ranges are disjoint, sorted, and together cover
@@ -57,7 +72,9 @@ typedef struct sim_mark_s sim_mark_t;
  * Lock order: streams_mu before a stream's mu; mu, cost_mu and ev_mu are leaves (no
  * other lock is taken while one of them is held). */
 typedef struct sim_s {
-    mt_backend_t base; /* must be first: backend.c sees this */
+    mt_backend_t base;  /* must be first: backend.c sees this */
+    sim_group_t *group; /* shared by every device of the group */
+    bool owner;         /* the handle mt_backend_create returned: destroys the group */
 
     pthread_mutex_t mu;  /* guards the memory state below */
     uint8_t *dev_base;   /* start of the device range, 2 MiB aligned */
@@ -83,9 +100,8 @@ typedef struct sim_s {
     sim_stream_t *default_s;    /* the NULL-handle stream */
     uint32_t next_stream_id;    /* 1, 2, ... */
 
-    pthread_mutex_t ev_mu;     /* guards every event and mark of this backend */
-    pthread_cond_t ev_cv;      /* broadcast whenever a mark completes */
-    struct mt_event_s *events; /* every live event (freed at destroy if leaked) */
+    struct mt_event_s *events; /* every live event of this device, under group->ev_mu
+                                * (freed at destroy if leaked) */
 } sim_t;
 
 /* ---- backend_sim.c, used by sim_stream.c ---- */
@@ -104,6 +120,8 @@ int mt__sim_device_synchronize(mt_backend_t *b);
 int mt__sim_stream_create(mt_backend_t *b, mt_stream_t **out);
 void mt__sim_stream_destroy(mt_backend_t *b, mt_stream_t *st);
 int mt__sim_stream_synchronize(mt_backend_t *b, mt_stream_t *st);
+int mt__sim_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                              int src_device, size_t n, mt_stream_t *st);
 int mt__sim_stream_wait_event(mt_backend_t *b, mt_stream_t *st, mt_event_t *ev);
 int mt__sim_launch_host_func(mt_backend_t *b, mt_stream_t *st, void (*fn)(void *), void *ud);
 int mt__sim_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,

@@ -18,16 +18,18 @@
 
 /* A captured point in a stream. Refcounted: one reference from the event while it is
  * the event's latest mark, one from each queued op that records or waits on it.
- * Guarded by sim_t.ev_mu. */
+ * Guarded by sim_group_t.ev_mu (shared by the group's devices). */
 struct sim_mark_s {
     unsigned refs;    /* > 0 while reachable */
     bool done;        /* the recording stream reached it */
     uint64_t time_ns; /* CLOCK_MONOTONIC at completion; 0 until done */
 };
 
-/* Guarded by sim_t.ev_mu. latest == NULL: never recorded (queries report complete). */
+/* Guarded by sim_group_t.ev_mu. latest == NULL: never recorded (queries report
+ * complete). */
 struct mt_event_s {
-    struct mt_event_s *prev, *next; /* sim_t.events list */
+    struct mt_event_s *prev, *next; /* owner->events list */
+    sim_t *owner;                   /* the device that created it */
     sim_mark_t *latest;
 };
 
@@ -37,6 +39,7 @@ typedef enum op_kind_e {
     OP_RECORD,
     OP_WAIT,
     OP_HOST,
+    OP_PEER,
 } op_kind_e;
 
 typedef struct sim_op_s {
@@ -47,6 +50,7 @@ typedef struct sim_op_s {
             void *dst;
             const void *src;
             size_t n;
+            uint64_t cost_ns; /* OP_PEER: modelled time spent after the copy */
         } copy;
         struct {
             void *dst;
@@ -94,6 +98,25 @@ static sim_t *to_sim(mt_backend_t *b)
     return (sim_t *)b;
 }
 
+/* Holds this stream's worker for d ns, as a copy engine busy with a transfer. A sleep to
+ * an absolute deadline: peer copies are long enough that its overshoot does not matter,
+ * and the worker does not burn a core meanwhile. */
+static void spend_on_stream(uint64_t d)
+{
+    if (d == 0)
+        return;
+    uint64_t end = now_ns() + d;
+    struct timespec ts = {(time_t)(end / 1000000000u), (long)(end % 1000000000u)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
+    }
+}
+
+/* True if st is NULL or a stream of device s (a stream of another device is refused). */
+static bool own_stream(sim_t *s, mt_stream_t *st)
+{
+    return st == NULL || ((sim_stream_t *)st)->sim == s;
+}
+
 static sim_stream_t *resolve(sim_t *s, mt_stream_t *st)
 {
     return st == NULL ? s->default_s : (sim_stream_t *)st;
@@ -120,22 +143,26 @@ static void run_op(sim_stream_t *ss, sim_op_t *op)
         memset(op->u.set.dst, op->u.set.value, op->u.set.n);
         break;
     case OP_RECORD:
-        pthread_mutex_lock(&s->ev_mu);
+        pthread_mutex_lock(&s->group->ev_mu);
         op->u.mark->time_ns = now_ns();
         op->u.mark->done = true;
         mark_unref(op->u.mark);
-        pthread_cond_broadcast(&s->ev_cv);
-        pthread_mutex_unlock(&s->ev_mu);
+        pthread_cond_broadcast(&s->group->ev_cv);
+        pthread_mutex_unlock(&s->group->ev_mu);
         break;
     case OP_WAIT:
-        pthread_mutex_lock(&s->ev_mu);
+        pthread_mutex_lock(&s->group->ev_mu);
         while (!op->u.mark->done)
-            pthread_cond_wait(&s->ev_cv, &s->ev_mu);
+            pthread_cond_wait(&s->group->ev_cv, &s->group->ev_mu);
         mark_unref(op->u.mark);
-        pthread_mutex_unlock(&s->ev_mu);
+        pthread_mutex_unlock(&s->group->ev_mu);
         break;
     case OP_HOST:
         op->u.host.fn(op->u.host.ud);
+        break;
+    case OP_PEER:
+        memmove(op->u.copy.dst, op->u.copy.src, op->u.copy.n);
+        spend_on_stream(op->u.copy.cost_ns);
         break;
     }
 }
@@ -270,20 +297,12 @@ int mt__sim_streams_init(sim_t *s)
     s->next_stream_id = 1;
     if (pthread_mutex_init(&s->streams_mu, NULL) != 0)
         goto fail_streams_mu;
-    if (pthread_mutex_init(&s->ev_mu, NULL) != 0)
-        goto fail_ev_mu;
-    if (pthread_cond_init(&s->ev_cv, NULL) != 0)
-        goto fail_ev_cv;
     if (stream_new(s, 0, &s->default_s) != 0)
         goto fail_default;
     link_stream(s, s->default_s);
     return 0;
 
 fail_default:
-    pthread_cond_destroy(&s->ev_cv);
-fail_ev_cv:
-    pthread_mutex_destroy(&s->ev_mu);
-fail_ev_mu:
     pthread_mutex_destroy(&s->streams_mu);
 fail_streams_mu:
     return MT_ENOMEM;
@@ -291,7 +310,8 @@ fail_streams_mu:
 
 void mt__sim_streams_fini(sim_t *s)
 {
-    /* Synchronise everything first: a stream may wait on a mark another stream records. */
+    /* Synchronise everything first: a stream may wait on a mark another stream records.
+     * The group's owner synchronised every device before, for marks across devices. */
     mt__sim_device_synchronize(&s->base);
     while (s->streams != NULL) {
         sim_stream_t *ss = s->streams;
@@ -304,8 +324,6 @@ void mt__sim_streams_fini(sim_t *s)
         mark_unref(ev->latest);
         free(ev);
     }
-    pthread_cond_destroy(&s->ev_cv);
-    pthread_mutex_destroy(&s->ev_mu);
     pthread_mutex_destroy(&s->streams_mu);
 }
 
@@ -375,7 +393,7 @@ int mt__sim_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
      * a fault on the worker thread. */
     bool dst_dev = kind == MT_MEMCPY_HOST_TO_DEVICE || kind == MT_MEMCPY_DEVICE_TO_DEVICE;
     bool src_dev = kind == MT_MEMCPY_DEVICE_TO_HOST || kind == MT_MEMCPY_DEVICE_TO_DEVICE;
-    if ((dst_dev && !mt__sim_span_is_device(s, dst, n)) ||
+    if (!own_stream(s, st) || (dst_dev && !mt__sim_span_is_device(s, dst, n)) ||
         (src_dev && !mt__sim_span_is_device(s, src, n)))
         return MT_EINVAL;
     sim_op_t *op = op_new(OP_COPY);
@@ -388,11 +406,39 @@ int mt__sim_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
     return 0;
 }
 
+int mt__sim_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                              int src_device, size_t n, mt_stream_t *st)
+{
+    sim_t *s = to_sim(b);
+    sim_group_t *g = s->group;
+    /* backend.c checked both ordinals against g->n. */
+    if (!own_stream(s, st) || !mt__sim_span_is_device(g->dev[dst_device], dst, n) ||
+        !mt__sim_span_is_device(g->dev[src_device], src, n)) {
+        mt__backend_log(b, MT_LOG_ERROR,
+                        "memtrace: peer copy of %zu bytes from device %d to device %d: a span "
+                        "is not live memory of its device (or the stream is not device %d's)",
+                        n, src_device, dst_device, s->base.device);
+        return MT_EINVAL;
+    }
+    sim_op_t *op = op_new(OP_PEER);
+    if (op == NULL)
+        return MT_ENOMEM;
+    uint64_t bw = atomic_load_explicit(&g->peer_bandwidth, memory_order_relaxed);
+    op->u.copy.dst = dst;
+    op->u.copy.src = src;
+    op->u.copy.n = n;
+    op->u.copy.cost_ns = atomic_load_explicit(&g->peer_cost_ns, memory_order_relaxed) +
+                         (uint64_t)((double)n * 1e9 / (double)bw);
+    mt__backend_add_peer(b, n, op->u.copy.cost_ns);
+    enqueue(resolve(s, st), op);
+    return 0;
+}
+
 int mt__sim_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *st)
 {
     sim_t *s = to_sim(b);
     /* cudaMemsetAsync takes device memory only. */
-    if (!mt__sim_span_is_device(s, dst, n))
+    if (!own_stream(s, st) || !mt__sim_span_is_device(s, dst, n))
         return MT_EINVAL;
     sim_op_t *op = op_new(OP_SET);
     if (op == NULL)
@@ -412,12 +458,13 @@ int mt__sim_event_create(mt_backend_t *b, mt_event_t **out)
     struct mt_event_s *ev = calloc(1, sizeof *ev);
     if (ev == NULL)
         return MT_ENOMEM;
-    pthread_mutex_lock(&s->ev_mu);
+    ev->owner = s;
+    pthread_mutex_lock(&s->group->ev_mu);
     ev->next = s->events;
     if (s->events != NULL)
         s->events->prev = ev;
     s->events = ev;
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     *out = ev;
     return 0;
 }
@@ -426,8 +473,9 @@ int mt__sim_event_create(mt_backend_t *b, mt_event_t **out)
  * references to the marks. */
 void mt__sim_event_destroy(mt_backend_t *b, mt_event_t *ev)
 {
-    sim_t *s = to_sim(b);
-    pthread_mutex_lock(&s->ev_mu);
+    sim_t *s = ev->owner; /* the list it is on, whichever device's handle is passed */
+    (void)b;
+    pthread_mutex_lock(&s->group->ev_mu);
     if (ev->prev != NULL)
         ev->prev->next = ev->next;
     else
@@ -435,13 +483,15 @@ void mt__sim_event_destroy(mt_backend_t *b, mt_event_t *ev)
     if (ev->next != NULL)
         ev->next->prev = ev->prev;
     mark_unref(ev->latest);
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     free(ev);
 }
 
 int mt__sim_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *st)
 {
     sim_t *s = to_sim(b);
+    if (ev->owner != s || !own_stream(s, st))
+        return MT_EINVAL; /* cudaEventRecord: event and stream of the same device */
     sim_op_t *op = op_new(OP_RECORD);
     sim_mark_t *m = calloc(1, sizeof *m);
     if (op == NULL || m == NULL) {
@@ -453,10 +503,10 @@ int mt__sim_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *st)
     op->u.mark = m;
     /* The mark becomes the event's capture before the op is queued, so a query right
      * after this call sees it pending. */
-    pthread_mutex_lock(&s->ev_mu);
+    pthread_mutex_lock(&s->group->ev_mu);
     mark_unref(ev->latest);
     ev->latest = m;
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     enqueue(resolve(s, st), op);
     return 0;
 }
@@ -464,15 +514,17 @@ int mt__sim_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *st)
 int mt__sim_stream_wait_event(mt_backend_t *b, mt_stream_t *st, mt_event_t *ev)
 {
     sim_t *s = to_sim(b);
+    if (ev->owner->group != s->group || !own_stream(s, st))
+        return MT_EINVAL;
     sim_op_t *op = op_new(OP_WAIT);
     if (op == NULL)
         return MT_ENOMEM;
-    pthread_mutex_lock(&s->ev_mu);
+    pthread_mutex_lock(&s->group->ev_mu);
     sim_mark_t *m = ev->latest;
     bool needed = m != NULL && !m->done;
     if (needed)
         m->refs++;
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     if (!needed) {
         /* Never recorded or already complete: nothing to wait for (cudaStreamWaitEvent
          * on such an event is a no-op). */
@@ -487,32 +539,32 @@ int mt__sim_stream_wait_event(mt_backend_t *b, mt_stream_t *st, mt_event_t *ev)
 int mt__sim_event_query(mt_backend_t *b, mt_event_t *ev)
 {
     sim_t *s = to_sim(b);
-    pthread_mutex_lock(&s->ev_mu);
+    pthread_mutex_lock(&s->group->ev_mu);
     bool done = ev->latest == NULL || ev->latest->done;
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     return done ? 0 : MT_EAGAIN;
 }
 
 int mt__sim_event_synchronize(mt_backend_t *b, mt_event_t *ev)
 {
     sim_t *s = to_sim(b);
-    pthread_mutex_lock(&s->ev_mu);
+    pthread_mutex_lock(&s->group->ev_mu);
     sim_mark_t *m = ev->latest;
     if (m != NULL) {
         m->refs++; /* the event may be re-recorded while we wait */
         while (!m->done)
-            pthread_cond_wait(&s->ev_cv, &s->ev_mu);
+            pthread_cond_wait(&s->group->ev_cv, &s->group->ev_mu);
         mark_unref(m);
     }
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     return 0;
 }
 
 uint64_t mt__sim_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 {
     sim_t *s = to_sim(b);
-    pthread_mutex_lock(&s->ev_mu);
+    pthread_mutex_lock(&s->group->ev_mu);
     uint64_t t = ev->latest != NULL && ev->latest->done ? ev->latest->time_ns : 0;
-    pthread_mutex_unlock(&s->ev_mu);
+    pthread_mutex_unlock(&s->group->ev_mu);
     return t;
 }

@@ -50,7 +50,15 @@ typedef struct mt_backend_cfg_s {
     uint64_t sim_free_cost_ns;   /* the same for free (a device free synchronises), ns */
     mt_log_cb log;               /* optional diagnostics sink */
     void *log_ud;                /* passed to log */
+    /* Several sim devices (one group sharing events; each with sim_capacity bytes). */
+    int sim_devices;             /* 0 = MEMTRACE_SIM_DEVICES env, else 1; at most 64 */
+    uint64_t sim_peer_cost_ns;   /* fixed cost of one peer copy on its stream, ns;
+                                  * UINT64_MAX = MEMTRACE_SIM_PEER_COST_NS env, else 10000 */
+    uint64_t sim_peer_bandwidth; /* peer copy bytes per second; 0 = MEMTRACE_SIM_PEER_BANDWIDTH
+                                  * env, else 12 GiB/s */
 } mt_backend_cfg_t;
+
+#define MT_SIM_MAX_DEVICES 64
 
 /* Calls made to the backend since creation. Monotonic counters. */
 typedef struct mt_backend_counters_s {
@@ -71,6 +79,9 @@ typedef struct mt_backend_counters_s {
     uint64_t device_syncs;
     uint64_t mem_get_info_calls;
     uint64_t modelled_ns; /* modelled time spent in malloc/free (sim), ns */
+    uint64_t peer_copies; /* mt_memcpy_peer_async calls queued on this device's streams */
+    uint64_t peer_bytes;  /* bytes they moved */
+    uint64_t peer_ns;     /* modelled time their streams spent on them (sim), ns */
 } mt_backend_counters_t;
 
 /* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied (a malformed
@@ -78,17 +89,29 @@ typedef struct mt_backend_counters_s {
 MT_API mt_backend_cfg_t mt_backend_cfg_default(void);
 
 /* Applies MEMTRACE_BACKEND (auto|sim|cuda), MEMTRACE_SIM_CAPACITY (bytes, K/M/G/T
- * suffixes, > 0), MEMTRACE_SIM_MALLOC_COST_NS and MEMTRACE_SIM_FREE_COST_NS to cfg.
+ * suffixes, > 0), MEMTRACE_SIM_MALLOC_COST_NS, MEMTRACE_SIM_FREE_COST_NS,
+ * MEMTRACE_SIM_DEVICES (decimal, 1..MT_SIM_MAX_DEVICES), MEMTRACE_SIM_PEER_COST_NS and
+ * MEMTRACE_SIM_PEER_BANDWIDTH (bytes/s, K/M/G/T suffixes, > 0) to cfg.
  * Returns 0, or MT_EINVAL with err naming the first malformed variable and its value
  * (the well-formed ones are still applied). Unset or empty variables change nothing. */
 MT_API int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen);
 
 /* Creates a backend. *out is new. With MT_BACKEND_AUTO this falls back to sim when no
  * CUDA device answers and logs one MT_LOG_INFO line naming the backend in use.
- * Returns MT_ENODEV if MT_BACKEND_CUDA is asked for and no device answers. */
+ * Returns MT_ENODEV if MT_BACKEND_CUDA is asked for and no device answers. On sim, all
+ * sim_devices devices are created and *out is device cfg->device (MT_EINVAL, logged, if
+ * out of range); the others are reached with mt_backend_get_device. */
 MT_API int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
 /* Synchronises every stream, then releases everything. Sets *p = NULL. */
 MT_API void mt_backend_destroy(mt_backend_t **p);
+
+/* Devices reachable from b with mt_backend_get_device (1 on cuda for now). */
+MT_API int mt_backend_device_count(const mt_backend_t *b);
+/* *out = the handle of device `ordinal` of b's group (b itself for b's own ordinal).
+ * Borrowed: valid until the handle returned by mt_backend_create is destroyed, which
+ * destroys every device of the group; mt_backend_destroy on a borrowed handle does
+ * nothing. MT_EINVAL (logged with the ordinal and the device count) when out of range. */
+MT_API int mt_backend_get_device(mt_backend_t *b, int ordinal, mt_backend_t **out);
 
 /* "sim" or "cuda". Static string. */
 MT_API const char *mt_backend_name(const mt_backend_t *b);
@@ -129,7 +152,8 @@ MT_API int mt_stream_create(mt_backend_t *b, mt_stream_t **out);
 /* Waits for the stream's queued work, then destroys it. Sets *s = NULL. */
 MT_API void mt_stream_destroy(mt_backend_t *b, mt_stream_t **s);
 MT_API int mt_stream_synchronize(mt_backend_t *b, mt_stream_t *s);
-/* Work queued on s after this call starts only after ev has completed. */
+/* Work queued on s after this call starts only after ev has completed. ev may belong to
+ * another device of b's group (as cudaStreamWaitEvent allows). */
 MT_API int mt_stream_wait_event(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev);
 /* A small stable id for telemetry: 0 for the default stream, 1, 2, ... in creation order. */
 MT_API uint32_t mt_stream_id(const mt_stream_t *s);
@@ -141,6 +165,14 @@ MT_API int mt_stream_launch_host_func(mt_backend_t *b, mt_stream_t *s, void (*fn
 MT_API int mt_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
                            mt_memcpy_kind_e kind, mt_stream_t *s);
 MT_API int mt_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s);
+/* Copies n bytes from device memory of src_device to device memory of dst_device
+ * (cudaMemcpyPeerAsync), queued on s, a stream of b (NULL: b's default stream); b is any
+ * device of the group. Later work on s runs after the copy; other streams order against
+ * it with events, across devices too. On sim the stream spends sim_peer_cost_ns +
+ * n / sim_peer_bandwidth on it. MT_EINVAL (logged) for an ordinal out of range or a
+ * span that is not live memory of the device named. */
+MT_API int mt_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                                int src_device, size_t n, mt_stream_t *s);
 /* Synchronous copy: queues on the default stream and waits for it. */
 MT_API int mt_memcpy(mt_backend_t *b, void *dst, const void *src, size_t n, mt_memcpy_kind_e kind);
 MT_API int mt_device_synchronize(mt_backend_t *b);
@@ -149,7 +181,8 @@ MT_API int mt_device_synchronize(mt_backend_t *b);
 
 MT_API int mt_event_create(mt_backend_t *b, mt_event_t **out);
 MT_API void mt_event_destroy(mt_backend_t *b, mt_event_t **ev);
-/* Captures the work queued on s so far; the event completes when s reaches it. */
+/* Captures the work queued on s so far; the event completes when s reaches it. ev and s
+ * must be b's (MT_EINVAL otherwise, as CUDA refuses a stream of another device). */
 MT_API int mt_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s);
 /* 0 if complete (or never recorded), MT_EAGAIN if still pending. Never blocks. */
 MT_API int mt_event_query(mt_backend_t *b, mt_event_t *ev);
