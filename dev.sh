@@ -6,6 +6,7 @@
 #   ./dev.sh test     the whole test suite, then again under ASan+UBSan
 #   ./dev.sh build    configure and build only (release, in build/)
 #   ./dev.sh bench    the benchmarks (release), each printing a table
+#   ./dev.sh fuzz     every libFuzzer harness for FUZZ_SECONDS (default 300) each (clang)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -84,6 +85,31 @@ summarise() { # summarise LABEL DIR...
     echo "$label: $pass passed, $fail failed, $skip skipped"
 }
 
+# The libFuzzer harnesses (tests/fuzz), each run for $1 seconds from a copy of its seed
+# corpus; a crash fails. The whole build is coverage-instrumented (tests/fuzz/README.md).
+fuzz_run() { # fuzz_run SECONDS
+    local secs=$1 rc=0 t name work
+    CC=clang-14 build build-fuzz --buildtype=debug -Dfuzz=true -Db_lundef=false \
+        -Db_sanitize=address,undefined -Dc_args=-fsanitize=fuzzer-no-link
+    work=$(mktemp -d)
+    for t in build-fuzz/tests/fuzz/fuzz_*; do
+        [ -x "$t" ] && [ -f "$t" ] || continue
+        name=${t##*/fuzz_}
+        case $name in regress_*) continue ;; esac
+        mkdir -p "$work/$name"
+        [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
+        echo "== fuzz_$name: ${secs}s"
+        "$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=4096 \
+            -artifact_prefix="$work/$name-" "$work/$name" >"$work/$name.log" 2>&1 || {
+            rc=1
+            tail -40 "$work/$name.log"
+            echo "fuzz_$name FAILED: crashers in $work/$name-*"
+        }
+    done
+    [ $rc -eq 0 ] && rm -rf "$work"
+    return $rc
+}
+
 cmd=${1:-}
 case "$cmd" in
 build)
@@ -127,6 +153,8 @@ test)
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
     summarise sanitizers build-asan
+    # Each fuzzer a short fixed budget, so that CI stays inside its time.
+    fuzz_run "${FUZZ_CI_SECONDS:-5}" || rc=1
     [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
     summarise total build-test build-asan
     exit $rc
@@ -136,8 +164,12 @@ bench)
     build build --buildtype=release
     meson test -C build --benchmark --verbose
     ;;
+fuzz)
+    install_missing
+    fuzz_run "${FUZZ_SECONDS:-300}"
+    ;;
 *)
-    echo "usage: ./dev.sh demo|test|build|bench" >&2
+    echo "usage: ./dev.sh demo|test|build|bench|fuzz" >&2
     exit 2
     ;;
 esac

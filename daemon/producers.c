@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/internal.h"
+#include "util/safefile.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
 
@@ -109,7 +110,9 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
     mt__d_buf_free(&c->in);
     d->ctr.producers++;
     log_process_line(d, p, "register");
-    mt__d_log(d, MT_LOG_INFO, "producer %d (%s) registered, ring %s", p->pid, p->name, shm);
+    char esc[4 * MT_RING_COMM_MAX + 1]; /* the name is the process's: escaped for the log */
+    mt__d_log(d, MT_LOG_INFO, "producer %d (%s) registered, ring %s", p->pid,
+              mt__sf_escape(p->name, esc, sizeof esc), shm);
     static const char ok[] = "{\"ok\":true}\n";
     return mt__d_conn_write(c, ok, sizeof ok - 1, false);
 }
@@ -321,9 +324,10 @@ void mt__d_producer_eof(mt_d_conn_t *c)
     c->proc = NULL;
     log_process_line(d, p, "exit");
     mt__d_logfile_flush(d);
+    char esc[4 * MT_RING_COMM_MAX + 1];
     mt__d_log(d, MT_LOG_INFO, "producer %d (%s) exited: %s, %llu events, %llu dropped", p->pid,
-              p->name, p->exit_reason, (unsigned long long)p->events,
-              (unsigned long long)p->dropped);
+              mt__sf_escape(p->name, esc, sizeof esc), p->exit_reason,
+              (unsigned long long)p->events, (unsigned long long)p->dropped);
     evict_exited(d);
 }
 

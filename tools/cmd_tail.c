@@ -60,6 +60,23 @@ static int add_items(json_t *arr, const char *s, bool numeric)
     return 0;
 }
 
+#define TAIL_LINE_MAX (1 << 20) /* bytes of one line from the daemon, newline included */
+
+/* One line into buf (TAIL_LINE_MAX + 1 bytes): its length, 0 at EOF, -2 if too long. */
+static ssize_t read_line(FILE *in, char *buf)
+{
+    size_t n = 0;
+    int ch = EOF;
+    while (n < TAIL_LINE_MAX && (ch = getc_unlocked(in)) != EOF) {
+        buf[n++] = (char)ch;
+        if (ch == '\n')
+            return (ssize_t)n;
+    }
+    if (n == TAIL_LINE_MAX)
+        return -2;
+    return (ssize_t)n;
+}
+
 int mt_cmd_tail(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -147,20 +164,29 @@ int mt_cmd_tail(int argc, char **argv)
         fprintf(stderr, "memtrace tail: cannot talk to the daemon\n");
         goto out;
     }
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t n = getline(&buf, &cap, in);
+    /* Lines are bounded as the daemon bounds its own: a server that never sends a newline
+     * costs TAIL_LINE_MAX bytes, not all of memory. */
+    char *buf = malloc(TAIL_LINE_MAX + 1);
+    ssize_t n = buf ? read_line(in, buf) : -1;
     json_t *rep = n > 0 ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
     if (!json_is_true(json_object_get(rep, "ok"))) {
         const char *why = json_string_value(json_object_get(rep, "error"));
-        fprintf(stderr, "memtrace tail: refused: %s\n", why ? why : "no answer");
+        fprintf(stderr, "memtrace tail: refused: %s\n",
+                n == -2 ? "an answer line over 1 MiB"
+                : why   ? why
+                        : "no answer");
     } else {
         status = 0;
-        while ((count < 0 || count-- > 0) && (n = getline(&buf, &cap, in)) > 0) {
+        while ((count < 0 || count-- > 0) && (n = read_line(in, buf)) > 0) {
             if (fwrite(buf, 1, (size_t)n, stdout) != (size_t)n)
                 break; /* stdout closed (e.g. `| head`): done, not an error */
             if (fflush(stdout) != 0)
                 break;
+        }
+        if (n == -2) {
+            fprintf(stderr, "memtrace tail: the daemon sent a line over %d bytes: stopped\n",
+                    TAIL_LINE_MAX);
+            status = 1;
         }
     }
     json_decref(rep);

@@ -7,6 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -16,11 +20,17 @@
 
 static const char *mt, *src;
 
-/* Runs "memtrace ARGS" under a 20 s timeout; env is put before it (variables, ulimit). */
+#ifdef __SANITIZE_ADDRESS__
+#define CAP "" /* ASan reserves terabytes of address space: the timeout alone bounds it */
+#else
+#define CAP "ulimit -v 262144 &&"
+#endif
+
+/* Runs "memtrace ARGS" under a 60 s timeout; env is put before it (variables, ulimit). */
 static int run(const char *env, const char *args, const char *redirect, char **out)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cd %s && %s timeout 20 %s %s 2>&1 %s", src, env, mt, args, redirect);
+    snprintf(cmd, sizeof cmd, "cd %s && %s timeout 60 %s %s 2>&1 %s", src, env, mt, args, redirect);
     return sec_run(cmd, out);
 }
 
@@ -38,12 +48,7 @@ static void expect_fail(const char *env, const char *args, const char *redirect,
 static void test_endless_lines(void **state)
 {
     (void)state;
-    /* bounded: 256 MiB of address space is plenty, and 20 s is an eternity */
-#ifdef __SANITIZE_ADDRESS__
-#define CAP "" /* ASan reserves terabytes of address space: the timeout alone bounds it */
-#else
-#define CAP "ulimit -v 262144 &&"
-#endif
+    /* bounded: 256 MiB of address space is plenty, and 60 s is an eternity */
     expect_fail(CAP, "replay /dev/zero", "", 2, "/dev/zero:1: line longer than 1024 bytes");
     expect_fail(CAP, "report /dev/zero", "", 1, "/dev/zero:1: line longer than 65536 bytes");
     expect_fail(CAP, "plot /dev/zero -o /dev/null", "", 1,
@@ -97,26 +102,60 @@ static void make_log(const char *path)
 static void test_full_disk(void **state)
 {
     (void)state;
-    /* A private directory of its own: runs of this test in other build trees at the same
-     * time must not share (or race on) the files. */
     char dir[64], log[128], svg[128];
     sec_tmpdir(dir, sizeof dir);
     snprintf(log, sizeof log, "%s/plot.ndjson", dir);
     snprintf(svg, sizeof svg, "%s/full.svg", dir);
     make_log(log);
-    char args[256], want[192];
+    char args[256];
     snprintf(args, sizeof args, "report --json %s", log);
     expect_fail("", args, "> /dev/full", 1, "writing standard output");
     expect_fail("", "replay data/traces/rnn_varlen.csv", "> /dev/full", 1,
                 "writing standard output: No space left on device");
     /* a disk that fills: the file size limit (SIGXFSZ ignored, so write fails EFBIG) */
     snprintf(args, sizeof args, "plot %s -o %s", log, svg);
+    char want[160];
     snprintf(want, sizeof want, "writing %s:", svg);
     expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, want);
     snprintf(args, sizeof args, "plot %s -o /dev/full", log);
     expect_fail("", args, "", 1, "writing /dev/full: No space left on device");
-    unlink(log);
     unlink(svg);
+    unlink(log);
+    rmdir(dir);
+}
+
+/* A daemon (same uid) that accepts the subscription, then sends 64 MiB without a newline. */
+static void test_tail_line_cap(void **state)
+{
+    (void)state;
+    char dir[64], sock[100];
+    sec_tmpdir(dir, sizeof dir);
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGPIPE, SIG_IGN);
+        int c = accept(lfd, NULL, NULL);
+        char junk[4096];
+        if (c < 0 || read(c, junk, sizeof junk) <= 0 || write(c, "{\"ok\":true}\n", 12) != 12)
+            _exit(1);
+        memset(junk, 'a', sizeof junk);
+        for (int i = 0; i < (64 << 20) / (int)sizeof junk; i++)
+            if (write(c, junk, sizeof junk) <= 0)
+                _exit(0);
+        _exit(0);
+    }
+    close(lfd);
+    char args[160];
+    snprintf(args, sizeof args, "tail --socket %s", sock);
+    expect_fail(CAP, args, "> /dev/null", 1, "a line over 1048576 bytes");
+    waitpid(pid, NULL, 0);
+    unlink(sock);
     rmdir(dir);
 }
 
@@ -132,6 +171,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_endless_lines),
         cmocka_unit_test(test_settings),
         cmocka_unit_test(test_full_disk),
+        cmocka_unit_test(test_tail_line_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

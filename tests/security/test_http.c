@@ -19,7 +19,9 @@
 
 #include <cmocka.h>
 
+#include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
+#include "tests/security/common.h"
 
 static int get(int port, const char *path, const char *headers, char **out)
 {
@@ -360,6 +362,38 @@ static void test_port_taken(void **state)
     rmdir(dir);
 }
 
+/* A process named with a terminal escape and a newline cannot clear the daemon's terminal
+ * or forge a line of its log. */
+static void test_name_escaped_in_daemon_log(void **state)
+{
+    (void)state;
+    static sec_log_t msgs;
+    memset(&msgs, 0, sizeof msgs);
+    th_daemon_t t;
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.log = sec_log_cb;
+    cfg.log_ud = &msgs;
+    th_daemon_start(&t, cfg);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        mt_prof_cfg_t pc = mt_prof_cfg_default();
+        pc.mode = MT_PROF_DAEMON;
+        pc.socket = t.sock;
+        pc.name = "ev\x1b[2J\nforged";
+        mt_prof_t *p = NULL;
+        if (mt_prof_create(&p, &pc) != 0)
+            _exit(1);
+        mt_prof_destroy(&p);
+        _exit(0);
+    }
+    assert_int_equal(th_wait(pid), 0);
+    usleep(200 * 1000);
+    th_daemon_stop(&t);
+    assert_non_null(strstr(msgs.text, "(ev\\e[2J\\nforged) registered"));
+    assert_null(strchr(msgs.text, 0x1b));
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -374,6 +408,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_connection_caps),
         cmocka_unit_test(test_consumer_caps),
         cmocka_unit_test(test_port_taken),
+        cmocka_unit_test(test_name_escaped_in_daemon_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
