@@ -103,7 +103,7 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
             s->tag_peak[t] = pt->tag_live[t];
     bool oom = ev->kind == MT_EV_OOM;
     bool iter = ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION;
-    if (!oom && !iter)
+    if (!oom && !iter && ev->kind != MT_EV_MARK_NAMED)
         return 0;
     if (s->nmarks == s->cap_marks) {
         size_t cap = s->cap_marks ? 2 * s->cap_marks : 64;
@@ -574,6 +574,25 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
                 p->y0 + 7);
     }
     fprintf(f, "</g>\n");
+    /* Named marks (a program's mark("name"), a snapshot's external annotations): a dashed
+     * line with the name at its top, hover for the time. */
+    for (size_t i = 0; i < s->nmarks; i++) {
+        const mt_event_rec_t *ev = s->marks[i];
+        if (ev->kind != MT_EV_MARK_NAMED)
+            continue;
+        char name[MT_EVENT_LABEL_MAX + 1];
+        mt_event_label_unpack(ev, name);
+        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
+        fprintf(f, "<g class=\"mark\"><title>");
+        xml_text(f, name);
+        fprintf(f,
+                " at %.3f s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                "stroke=\"#555\" stroke-dasharray=\"3 3\" stroke-opacity=\"0.6\"/><text "
+                "x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"10\" fill=\"#333\">",
+                (double)(ev->time_ns - s->t0) / 1e9, x, p->y0, x, p->y1, x + 2, p->y0 + 18);
+        xml_text(f, name);
+        fprintf(f, "</text></g>\n");
+    }
     for (size_t i = 0; i < s->nmarks; i++) {
         const mt_event_rec_t *ev = s->marks[i];
         if (ev->kind != MT_EV_OOM)

@@ -511,7 +511,12 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
                 .allocated = ts->ndevices ? cur[dev].allocated : 0,
                 .reserved = ts->ndevices ? cur[dev].reserved : 0,
             };
-            emit = mark != 0;
+            /* Any other stage marks the timeline by its name where it starts. */
+            emit = mark != 0 || (a->start && a->name[0] != '\0');
+            if (mark == 0 && emit) {
+                r.kind = MT_EV_MARK_NAMED;
+                mt_event_mark_name_pack(&r, a->name);
+            }
             if (mark == MT_MARK_ITERATION) {
                 /* "iteration 12" (what memtrace writes) keeps its number; else a count. */
                 const char *num = strpbrk(a->name, "0123456789");
@@ -528,7 +533,8 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
             r.seq = ++seq;
             if (r.time_ns == 0)
                 r.time_ns = seq; /* no clock in the file: event order */
-            rc = fn(ctx, &r, r.kind == MT_EV_MARK ? 0 : cur[best].ev[cur[best].i - 1].stack);
+            bool mark = r.kind == MT_EV_MARK || r.kind == MT_EV_MARK_NAMED;
+            rc = fn(ctx, &r, mark ? 0 : cur[best].ev[cur[best].i - 1].stack);
         }
     }
 done:

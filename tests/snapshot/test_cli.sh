@@ -35,4 +35,11 @@ case "$out" in
 *"PyTorch"*"memtrace"*"peak reserved"*) ;;
 *) echo "FAIL: replay table: $out"; fail=1 ;;
 esac
+# External annotations mark the plot's timeline: memtrace's own stages as markers, any
+# other stage by its name.
+svg=$(mktemp -d)/a.svg
+"$mt" plot "$data/v2_all_actions_p4.pickle" -o "$svg" || { echo "FAIL: plot of a snapshot"; fail=1; }
+grep -q 'class="mark"><title>optimizer at ' "$svg" ||
+    { echo "FAIL: the 'optimizer' annotation is not on the plot's timeline"; fail=1; }
+rm -rf "${svg%/a.svg}"
 exit $fail
