@@ -114,8 +114,8 @@ static int env_u64(const char *name, uint64_t *dst, bool nonzero, char *err, siz
     if (rc == MT_EOVERFLOW)
         first_err(err, errlen, "%s: too large (over 2^64 - 1): '%s'", name, getenv(name));
     else
-        first_err(err, errlen, "%s: not a %sdecimal number (K/M/G/T suffixes allowed): '%s'",
-                  name, nonzero ? "positive " : "", getenv(name));
+        first_err(err, errlen, "%s: not a %sdecimal number (K/M/G/T suffixes allowed): '%s'", name,
+                  nonzero ? "positive " : "", getenv(name));
     return MT_EINVAL;
 }
 

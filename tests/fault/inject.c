@@ -70,7 +70,7 @@ static void say_failed(long n)
 #define PER_SITE    2
 /* A tool's run is a process: its loop fails only the first use of each site. */
 static uint8_t per_site = PER_SITE;
-#define SITE_SLOTS  8192
+#define SITE_SLOTS 8192
 
 static uint64_t site_key[SITE_SLOTS]; /* 0 = empty; reset by fault_arm */
 static uint8_t site_uses[SITE_SLOTS];
