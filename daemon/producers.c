@@ -167,8 +167,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->ctr.events++;
     }
     mt__d_proc_apply(p, ev);
-    mt__d_recent_record(d, p, ev); /* kept for snapshots; an OOM writes one */
-    mt__d_web_record(d, p, ev);
+    mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
+    mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
     size_t off = d->batch_text.len;
     if (encode_event(&d->batch_text, p, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
@@ -374,7 +374,6 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
-    mt__d_recent_free(d);
     mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;
