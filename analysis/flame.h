@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include "memtrace/common.h"
 
+#define MT_FLAME_DEPTH_MAX 1024 /* frames per stack */
+
 typedef struct mt_flame_s mt_flame_t;
 
 typedef struct mt_flame_cfg_s {
@@ -25,7 +27,8 @@ int mt_flame_create(mt_flame_t **out);
 void mt_flame_destroy(mt_flame_t **p);
 
 /* Adds bytes under the stack frames[0] (root) .. frames[n - 1] (leaf). Labels are copied.
- * n == 0 adds to the root itself. MT_EINVAL for a NULL label; MT_ENOMEM. */
+ * n == 0 adds to the root itself. MT_EINVAL for a NULL label or n outside
+ * [0, MT_FLAME_DEPTH_MAX]; MT_EOVERFLOW past the cap on distinct prefixes; MT_ENOMEM. */
 int mt_flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes);
 
 /* Total bytes added (saturating). */
