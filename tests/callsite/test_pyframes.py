@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 
-HERE = os.path.abspath(__file__)
+HERE = os.path.realpath(__file__)
 LIB = os.environ["MT_PYPROBE"]
 cdll = ctypes.CDLL(LIB)
 pydll = ctypes.PyDLL(LIB)
@@ -58,7 +58,7 @@ def expect_prefix(lines, want):
     if len(got) < len(want):
         fail("expected at least %d Python frames" % len(want), lines)
     for (func, line), (gfunc, gpath, gline, _) in zip(want, got):
-        if gfunc != func or gpath != HERE or gline != line:
+        if gfunc != func or os.path.realpath(gpath) != HERE or gline != line:
             fail("expected %s at %s:%d, got %s at %s:%d" % (func, HERE, line, gfunc, gpath,
                                                             gline), lines)
 

@@ -29,7 +29,7 @@ static __attribute__((noinline)) uintptr_t return_address(void)
 static __attribute__((noinline)) uintptr_t callsite_probe_fn(void)
 {
     uintptr_t ra = return_address();
-    call_line = __LINE__;
+    call_line = __LINE__ - 1;
     sink += ra;
     return ra;
 }
