@@ -392,6 +392,23 @@ int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
     return 0;
 }
 
+int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out)
+{
+    char buf[1024];
+    *out = (mt_sym_frame_t){0};
+    out->func = intern(s, func != NULL ? func : "?");
+    out->file = intern(s, file != NULL ? file : "?");
+    out->line = line > 0 ? line : 0;
+    snprintf(buf, sizeof(buf), "%s (%s:%d)", func != NULL ? func : "?",
+             base_name(file != NULL ? file : "?"), out->line);
+    out->label = intern(s, buf);
+    if (out->label == NULL || out->func == NULL || out->file == NULL) {
+        out->label = unknown_label;
+        return MT_ENOMEM;
+    }
+    return 0;
+}
+
 void mt_sym_stats(const mt_sym_t *s, mt_sym_stats_t *out)
 {
     *out = s->st;

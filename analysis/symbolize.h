@@ -47,6 +47,11 @@ int mt_sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base
  * Returns 0, or MT_ENOMEM (then *out reads "unknown frame"). */
 int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out);
 
+/* A Python frame (recorded as function, file, line) in the same form: func, file and line
+ * interned, module NULL, label "func (file.py:line)". NULL strings read "?". 0 or
+ * MT_ENOMEM (then label reads "unknown frame"). */
+int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out);
+
 /* Counters: ips resolved through the cache, through libdwfl, and left unknown. */
 typedef struct mt_sym_stats_s {
     uint64_t hits, misses, unknown, modules;

@@ -93,9 +93,9 @@ static void test_self_resolves_with_lines(void **state)
     snprintf(want, sizeof(want), "callsite_probe_fn (test_symbolize.c:%d)", call_line);
     assert_string_equal(fr.label, want);
     /* A libc function resolves by name through its symbol table. */
-    assert_int_equal(mt_sym_resolve(s, PID_SELF, (uintptr_t)&fopen + 1, &fr), 0);
+    assert_int_equal(mt_sym_resolve(s, PID_SELF, (uintptr_t)&getpid + 1, &fr), 0);
     assert_non_null(fr.func);
-    assert_non_null(strstr(fr.func, "fopen"));
+    assert_non_null(strstr(fr.func, "getpid"));
     assert_non_null(strstr(fr.module, "libc"));
     /* The second lookup of an ip is a cache hit with the same strings. */
     mt_sym_stats_t st0, st1;
