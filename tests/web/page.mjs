@@ -2,8 +2,10 @@
 // in headless Chromium (DevTools protocol, through playwright-core), and these checks:
 // the process appears; the allocated figure shown equals /state within one refresh; the
 // segment map's block count matches /state; selecting a tag filters the event tail; a past
-// state (scrubbed) at the last event equals the live one; the page reconnects after the
-// daemon restarts. Saves web-page.png in the build directory.
+// state (scrubbed) at the last event equals the live one; the rest of what the page shows
+// (sparkline, chart series by tag, utilization and fragmentation, pinned host memory apart,
+// the OOM alert, a clicked block's details, the comparison of two ranges); the page
+// reconnects after the daemon restarts. Saves web-page.png in the build directory.
 //
 //   node page.mjs MEMTRACED WEB_PRODUCER BUILD_DIR
 // Exit 0 = pass, 1 = fail (the failed check is named), 77 = skipped (the reason is said).
@@ -99,7 +101,7 @@ try {
   let daemon = await startDaemon(0);
   const base = daemon.url;
   const port = Number(new URL(base).port);
-  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60'], { stdio: ['ignore', 'ignore', 'inherit'] });
+  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60', '1'], { stdio: ['ignore', 'ignore', 'inherit'] });
   children.push(prod);
 
   browser = await chromium.launch({
@@ -165,6 +167,52 @@ try {
   console.log('ok: scrubbed state at the last event = live; slider shows a past state');
   await page.click('#map-live');
 
+  // 6. The rest of the page, against /state.
+  const st2 = await getJSON(base, '/state');
+  const p2 = st2.processes.filter((x) => x.pid === pid).pop();
+  await waitUpdates(1);
+  if (!(await page.$(`#procs tr[data-pid="${pid}"] td:nth-child(3) canvas`))) fail('no sparkline for the process');
+  const series = await page.evaluate(() => window.mtPage.chart.series.map((x) => x.label));
+  for (const t of p2.tags.map((x) => x.name))
+    if (!series.includes(t)) fail(`the chart has no series for tag ${t}: ${JSON.stringify(series)}`);
+  for (const want of ['allocated (max)', 'reserved', 'peak'])
+    if (!series.includes(want)) fail(`the chart has no ${want} series`);
+  const tiles = await page.evaluate((q) => ({
+    util: [document.getElementById('util-value').textContent, fmtPct(q.utilization)],
+    frag: [document.getElementById('frag-value').textContent, fmtPct(q.fragmentation)],
+    host: [document.getElementById('host-alloc-value').textContent, fmtBytes(q.host.allocated_bytes)],
+  }), p2);
+  for (const [k, [shownV, want]] of Object.entries(tiles))
+    if (shownV !== want) fail(`${k}: the page shows ${shownV}, /state gives ${want}`);
+  if (!(p2.host.allocated_bytes > 0)) fail('no pinned host memory in /state');
+  await waitFor('the OOM alert', async () => (await page.textContent('#alerts')).includes(`OOM: web_producer (${pid}) 1 out-of-memory`));
+  console.log(`ok: sparkline, chart series, util ${tiles.util[0]}, frag ${tiles.frag[0]}, host ${tiles.host[0]}, OOM alert`);
+
+  // A click on a block of the map gives its details.
+  const at = await page.evaluate(() => {
+    const L = window.mtPage.map.layout, b = L.blocks[0];
+    const px = (b.lin + b.size / 2) / L.per, row = Math.floor(px / L.W);
+    const r = document.getElementById('map').getBoundingClientRect();
+    return { x: r.left + px - row * L.W, y: r.top + row * L.rowH + L.rowH / 2, hex: b.hex };
+  });
+  await page.mouse.click(at.x, at.y);
+  await waitFor('the block details', async () => {
+    const t = await page.textContent('#blockinfo');
+    return t.includes(`block ${at.hex}`) && t.includes('stream') && t.includes('age') && t;
+  });
+  console.log(`ok: block ${at.hex} clicked: details shown`);
+
+  // Compare: A = the last 5 minutes, B = the last minute; a row per tag, what grew.
+  await page.click('#set-a');
+  await page.click('button[data-span="60"]');
+  await waitUpdates(1);
+  await page.click('#set-b');
+  await waitFor('the comparison', async () => {
+    const rows = await page.$$eval('#compare tbody tr', (rs) => rs.map((r) => r.cells[0].textContent));
+    return rows.includes('allocated (max in range)') && p2.tags.every((t) => rows.includes(t.name)) && rows;
+  });
+  console.log('ok: compare A/B lists every tag and the totals');
+
   // Screenshot for the README, with the tag filter cleared.
   await page.selectOption('#f-tag', '');
   await waitUpdates(2);
@@ -172,7 +220,7 @@ try {
   await page.screenshot({ path: shot, fullPage: true });
   console.log('screenshot: ' + shot);
 
-  // 6. The page reconnects by itself after the daemon restarts.
+  // 7. The page reconnects by itself after the daemon restarts.
   daemon.proc.kill('SIGTERM');
   await waitFor('the page to notice the daemon is gone',
     async () => (await page.textContent('#status')).includes('disconnected'));

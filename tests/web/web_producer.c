@@ -1,10 +1,11 @@
 /* An instrumented program for the web tests and the web benchmark: a caching allocator on
  * the sim backend, with a pinned host cache, recording to the daemon at SOCKET.
  *
- *   web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S]]
+ *   web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S [OOMS]]]
  *
  * It registers a user tag ("activations_user"), keeps some long-lived blocks, and churns
  * tagged allocations (about EVENTS_PER_S events a second, default 2000) for SECONDS,
+ * asks OOMS times (default 0) for more than the device has (each an OOM it survives),
  * holds its blocks still for HOLD_S seconds (default 0: figures that stop moving, for
  * exact comparisons), then frees everything and exits 0. Any failure exits 1 with a
  * message. */
@@ -34,12 +35,13 @@ static double now_s(void)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S]]\n");
+        fprintf(stderr, "usage: web_producer SOCKET SECONDS [EVENTS_PER_S [HOLD_S [OOMS]]]\n");
         return 2;
     }
     double seconds = atof(argv[2]);
     double rate = argc > 3 ? atof(argv[3]) : 2000;
     double hold = argc > 4 ? atof(argv[4]) : 0;
+    int ooms = argc > 5 ? atoi(argv[5]) : 0;
     int rc;
     mt_backend_cfg_t bcfg = mt_backend_cfg_default();
     bcfg.kind = MT_BACKEND_SIM;
@@ -98,6 +100,11 @@ int main(int argc, char **argv)
             struct timespec ts = {0, (long)(ahead * 1e9)};
             nanosleep(&ts, NULL);
         }
+    }
+    for (int k = 0; k < ooms; k++) {
+        void *big = NULL;
+        if ((rc = mt_alloc_malloc(a, (size_t)1 << 44, NULL, MT_TAG_ACTIVATIONS, &big)) != MT_ENOMEM)
+            die("an allocation past the device's capacity did not fail", rc);
     }
     if (hold > 0) {
         struct timespec ts = {(time_t)hold, (long)((hold - (double)(time_t)hold) * 1e9)};
