@@ -7,7 +7,10 @@
  * - they plant a symlink at the victim's default log name, in the shared directory the
  *   victim runs in, pointing at a file of the victim.
  * The victim (this test's uid, root) must record every event to a log of its own, leave
- * the target file untouched and say why. The user, its group, the shared directory and the
+ * the target file untouched and say why. And with the victim's daemon running (its socket
+ * even made world-writable), that user reads none of the victim's processes: not through
+ * the Unix socket, not over HTTP without the token (issue 18, "no user is ever shown
+ * another user's processes"). The user, its group, the shared directory and the
  * squatted names are removed afterwards, also when the test fails. Exits 77 (skipped),
  * saying why, where no user can be made (not root, no useradd). */
 #include <errno.h>
@@ -31,9 +34,12 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "memtrace/prof.h"
+#include "tests/daemon/harness.h"
 #include "tests/security/common.h"
+#include <netinet/in.h>
 
 #define NEVENTS 500
 #define SQUATS  1024
@@ -342,8 +348,94 @@ static void test_victim_records_everything(void **state)
         fail_msg("the victim's messages do not name the untrusted daemon:\n%s", text);
 }
 
-int main(void)
+/* The attacker's reads of the victim's daemon: 0 if it learned nothing, else the step. */
+static int attacker_reads(const char *sock, int port, int victim)
 {
+    become_attacker();
+    char pidtxt[32], buf[65536];
+    snprintf(pidtxt, sizeof pidtxt, "\"pid\":%d", victim);
+    /* The Unix socket, as a consumer asking for the state. */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+        return 1; /* it must get as far as the daemon's own check */
+    static const char req[] = "{\"type\":\"state\"}\n";
+    if (write(fd, req, sizeof req - 1) != (ssize_t)sizeof req - 1 && errno != EPIPE)
+        return 2;
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = '\0';
+    close(fd);
+    if (strstr(buf, pidtxt) || strstr(buf, "processes"))
+        return 3;
+    /* HTTP without the token. */
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&in, sizeof in) != 0)
+        return 4;
+    static const char get[] = "GET /state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, get, sizeof get - 1) != (ssize_t)sizeof get - 1)
+        return 5;
+    n = 0;
+    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
+        n += (size_t)r;
+    buf[n] = '\0';
+    close(fd);
+    if (strncmp(buf, "HTTP/1.1 401", 12) != 0 || strstr(buf, pidtxt))
+        return 6;
+    return 0;
+}
+
+static void test_other_user_sees_nothing(void **state)
+{
+    (void)state;
+    static sec_log_t msgs;
+    memset(&msgs, 0, sizeof msgs);
+    th_daemon_t t;
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.log = sec_log_cb;
+    cfg.log_ud = &msgs;
+    th_daemon_start(&t, cfg);
+    /* Made reachable on purpose: the daemon's own check must hold alone. */
+    assert_int_equal(chmod(t.dir, 0755), 0);
+    assert_int_equal(chmod(t.sock, 0666), 0);
+    fflush(NULL);
+    pid_t victim = fork();
+    assert_true(victim >= 0);
+    if (victim == 0) {
+        mt_prof_cfg_t pc = mt_prof_cfg_default();
+        pc.mode = MT_PROF_DAEMON;
+        pc.socket = t.sock;
+        pc.name = "victim";
+        mt_prof_t *p = NULL;
+        if (mt_prof_create(&p, &pc) != 0)
+            _exit(1);
+        mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512};
+        int rc = mt_prof_record(p, &ev);
+        mt_prof_destroy(&p);
+        _exit(rc ? 2 : 0);
+    }
+    assert_int_equal(wait_child(victim), 0);
+    json_t *p = th_wait_exited(t.sock, victim, 10000);
+    assert_non_null(p); /* the victim's own view has it */
+    json_decref(p);
+    pid_t atk = fork();
+    assert_true(atk >= 0);
+    if (atk == 0)
+        _exit(attacker_reads(t.sock, t.port, (int)victim));
+    int rc = wait_child(atk);
+    th_daemon_stop(&t);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(msgs.text, "refused a connection from another uid"));
+}
+
+int main(int argc, char **argv)
+{
+    th_producer_dispatch(argc, argv);
     const char *why = make_user();
     if (why) {
         printf("skipped: %s\n", why);
@@ -352,6 +444,7 @@ int main(void)
     printf("attacker: user %s, uid %u, gid %u\n", user, (unsigned)auid, (unsigned)agid);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_victim_records_everything, setup, teardown),
+        cmocka_unit_test(test_other_user_sees_nothing),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     remove_user();
