@@ -104,7 +104,9 @@ void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
 
 /* Loads a recorded telemetry log (NDJSON; "-" = standard input) into d's state, for
  * `memtrace view`: its processes appear as exited (reason from their exit line, else
- * "unknown"), with their figures, history and event window. Call before mt_d_run().
+ * "unknown"), with their figures, history and event window. A PyTorch snapshot (a pickle,
+ * docs/torch-snapshot.md) is one exited process named after the file, with a pid no
+ * loaded process has; a malformed one is MT_EPROTO (err says where). Call before mt_d_run().
  * Events are added to *events; malformed lines are counted in *bad (the first named in
  * err). An event seen twice (two logs of one run) counts once. Returns 0, MT_EIO (cannot
  * open or read; err says why) or MT_ENOMEM. */

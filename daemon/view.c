@@ -1,10 +1,11 @@
-/* memtraced: recorded logs loaded into the daemon's state, for `memtrace view` (the page
- * of a live daemon, served for a run that is over). */
+/* memtraced: recorded logs and PyTorch snapshots loaded into the daemon's state, for
+ * `memtrace view` (the page of a live daemon, served for a run that is over). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/torch_snapshot.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
@@ -96,9 +97,74 @@ static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t 
     return rc;
 }
 
+/* ---- PyTorch snapshots ---- */
+
+typedef struct snap_feed_s {
+    mt_d_t *d;
+    mt_d_proc_t *p;
+    uint64_t seq; /* the records' own sequence numbers are replaced by one count */
+} snap_feed_t;
+
+static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev)
+{
+    ev->seq = f->seq++;
+    f->p->events++;
+    f->d->ctr.events++;
+    mt__d_proc_apply(f->p, ev);
+    mt__d_web_record(f->d, f->p, ev);
+}
+
+static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+{
+    (void)stack;
+    mt_event_rec_t e = *ev;
+    snap_apply(ctx, &e);
+    return 0;
+}
+
+/* A snapshot as one exited process named after the file, with the smallest pid no loaded
+ * process has; its trace (or, with none, its state) as the process's events, memtrace's
+ * tag names found in its frames as the tags' labels. */
+static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
+{
+    mt_ts_t *ts = NULL;
+    int rc = mt_ts_read(&ts, path, err, errlen);
+    if (rc)
+        return rc;
+    int pid = 1;
+    for (const mt_d_proc_t *q = d->procs; q; q = q->next)
+        if (q->pid >= pid)
+            pid = q->pid + 1;
+    const char *base = strrchr(path, '/');
+    snap_feed_t f = {.d = d, .p = view_proc(d, pid, base ? base + 1 : path)};
+    if (!f.p) {
+        mt_ts_destroy(&ts);
+        snprintf(err, errlen, "%s: out of memory", path);
+        return MT_ENOMEM;
+    }
+    f.p->exit_reason = "clean";
+    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
+        if (ts->tag_label[t] != NULL) {
+            mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
+            mt_event_label_pack(&lab, ts->tag_label[t]);
+            snap_apply(&f, &lab);
+        }
+    rc = mt_ts_records(ts, snap_rec, &f);
+    mt_ts_destroy(&ts);
+    if (rc)
+        snprintf(err, errlen, "%s: %s", path, mt_strerror(rc));
+    return rc;
+}
+
 int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
                    char *err, size_t errlen)
 {
+    if (strcmp(path, "-") != 0 && mt_ts_is_pickle(path)) {
+        uint64_t before = d->ctr.events;
+        int rc = view_snapshot(d, path, err, errlen);
+        *events += (unsigned long)(d->ctr.events - before);
+        return rc;
+    }
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));

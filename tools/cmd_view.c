@@ -15,10 +15,11 @@
 static void help(FILE *f)
 {
     fprintf(f,
-            "usage: memtrace view [--port N] [--window N] LOG...\n"
+            "usage: memtrace view [--port N] [--window N] LOG|SNAPSHOT...\n"
             "\n"
             "Serves the web page of 'memtrace daemon' for recorded telemetry logs (NDJSON,\n"
-            "docs/telemetry.md: a daemon's --log, or a program's own log), on\n"
+            "docs/telemetry.md: a daemon's --log, or a program's own log) and PyTorch memory\n"
+            "snapshots (.pickle, each one process named after its file), on\n"
             "http://127.0.0.1:PORT/ only, until Ctrl-C. Every process of the logs is listed;\n"
             "its charts, segment map (with past states), event tail and comparisons work as\n"
             "for a live process. Several logs are read in the order given, as one (an event\n"
@@ -36,7 +37,8 @@ static void help(FILE *f)
             "\n"
             "examples:\n"
             "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
-            "  memtrace view --port 8080 memtrace-4242.ndjson\n",
+            "  memtrace view --port 8080 memtrace-4242.ndjson\n"
+            "  memtrace view snapshot.pickle\n",
             VIEW_DEFAULT_PORT);
 }
 
@@ -76,7 +78,7 @@ int mt_cmd_view(int argc, char **argv)
         return 2;
     }
     if (optind >= argc) {
-        fprintf(stderr, "memtrace view: no LOG given (see --help)\n");
+        fprintf(stderr, "memtrace view: no LOG or SNAPSHOT given (see --help)\n");
         return 2;
     }
     char dir[] = "/tmp/memtrace-view-XXXXXX", sock[sizeof dir + 8];

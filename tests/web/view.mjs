@@ -1,17 +1,18 @@
 // `memtrace view LOG`: a run recorded by the daemon's --log, served again. Checks that the
 // figures of the live daemon at the run's end are those the view serves, that the page
 // (headless Chromium, when it can be had) lists the process with its segment map, and that
-// a malformed line is named on stderr and makes the exit status 2 after Ctrl-C.
+// a malformed line is named on stderr and makes the exit status 2 after Ctrl-C; and that a
+// PyTorch snapshot is served as one process with the figures `memtrace report` gives it.
 //
-//   node view.mjs MEMTRACED MEMTRACE WEB_PRODUCER
-import { spawn } from 'node:child_process';
+//   node view.mjs MEMTRACED MEMTRACE WEB_PRODUCER SOURCE_ROOT
+import { execFileSync, spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-const [memtraced, memtrace, producer] = process.argv.slice(2);
+const [memtraced, memtrace, producer, srcRoot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
 const tmp = mkdtempSync(join(tmpdir(), 'mt-view-'));
 const children = [];
@@ -103,6 +104,22 @@ try {
   if (code !== 2) fail(`view exited ${code} after Ctrl-C with a malformed line; want 2`);
   if (!/1 malformed line\(s\) skipped; the first: .*run\.ndjson:\d+/.test(v.err())) fail('stderr does not name the malformed line: ' + v.err());
   console.log('ok: the malformed line is named, exit status 2');
+
+  // A PyTorch snapshot: one process, named after the file, with the report's figures.
+  const snap = join(srcRoot, 'tests', 'snapshot', 'data', 'v2_all_actions_p4.pickle');
+  const rep = JSON.parse(execFileSync(memtrace, ['report', '--json', snap], { encoding: 'utf8' })).processes[0];
+  const vs = await serve(memtrace, ['view', '--port', '0', snap]);
+  const sp = (await get(vs.url, '/state')).processes;
+  if (sp.length !== 1 || sp[0].name !== 'v2_all_actions_p4.pickle')
+    fail(`the snapshot's view lists ${JSON.stringify(sp.map((x) => x.name))}`);
+  const want = { events: rep.events, peak_allocated_bytes: rep.peak_allocated, allocated_bytes: rep.final_allocated };
+  for (const [k, w] of Object.entries(want))
+    if (sp[0][k] !== w) fail(`snapshot view ${k} ${sp[0][k]} != report ${w}`);
+  const smap = await get(vs.url, `/map?pid=${sp[0].pid}`);
+  if (smap.nblocks !== sp[0].blocks) fail(`snapshot map ${smap.nblocks} blocks, /state ${sp[0].blocks}`);
+  vs.proc.kill('SIGINT');
+  if ((await exited(vs.proc)) !== 0) fail('view of a snapshot did not exit 0 after Ctrl-C');
+  console.log(`ok: a snapshot is served as one process: ${sp[0].events} events, peak ${sp[0].peak_allocated_bytes} as the report`);
 
   // Security: a non-local --host says what it exposes; no answer carries a CORS header.
   const open = await serve(memtraced, ['--foreground', '--socket', join(tmp, 'sock2'), '--port', '0', '--host', '0.0.0.0']);
