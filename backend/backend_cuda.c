@@ -13,6 +13,7 @@
  * program may use several devices) is left as it was. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -419,6 +420,17 @@ static void cuda_stream_destroy(mt_backend_t *b, mt_stream_t *st)
     free(s);
 }
 
+/* A number for the calling thread, never reused in the process (pthread_self values are,
+ * and a new thread's per-thread stream is a new stream). */
+static uintptr_t thread_id(void)
+{
+    static _Atomic uintptr_t next = 1;
+    static __thread uintptr_t id;
+    if (id == 0)
+        id = atomic_fetch_add(&next, 1);
+    return id;
+}
+
 int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
 {
     if (!mt__cuda_is_cuda(b) || out == NULL)
@@ -428,7 +440,7 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
         return 0;
     cuda_t *c = C(b);
     /* The per-thread default stream is one stream per thread under one handle value. */
-    uintptr_t thread = handle == (uintptr_t)CU_STREAM_PER_THREAD ? (uintptr_t)pthread_self() : 0;
+    uintptr_t thread = handle == (uintptr_t)CU_STREAM_PER_THREAD ? thread_id() : 0;
     pthread_mutex_lock(&c->mu);
     cuda_stream_t *s = c->streams;
     while (s != NULL && ((uintptr_t)s->h != handle || s->thread != thread || s->retired))

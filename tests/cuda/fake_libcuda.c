@@ -1420,6 +1420,23 @@ FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdev
     return r;
 }
 
+/* The range attributes only (what a caching allocator changes). */
+FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
+{
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    CUresult r = cuMemGetAddressRange_v2(&base, &size, p);
+    if (r != CUDA_SUCCESS)
+        return r == CUDA_ERROR_NOT_FOUND ? CUDA_ERROR_INVALID_VALUE : r;
+    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+        *(CUdeviceptr *)data = base;
+    else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+        *(size_t *)data = size;
+    else
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return CUDA_SUCCESS;
+}
+
 /* As the driver: the handle names the whole allocation p lies in, whatever p's offset;
  * whoever opens it maps that allocation's start. Only cuMemAlloc memory. */
 FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
@@ -1650,6 +1667,7 @@ static const struct {
     P("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz, 11020),
     P("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz, 11020),
     P("cuIpcGetMemHandle", cuIpcGetMemHandle, NULL, 4010),
+    P("cuPointerGetAttribute", cuPointerGetAttribute, NULL, 4000),
     P("cuStreamCreate", cuStreamCreate, NULL, 2000),
     P("cuStreamDestroy", cuStreamDestroy_v2, NULL, 4000),
     P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize_ptsz, 2000),
@@ -1723,4 +1741,16 @@ FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersi
 {
     ENTER("cuGetProcAddress", cudaVersion, flags);
     return get_proc(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+FAKE_API void *fake_cuda_proc(const char *base, bool per_thread);
+
+/* The driver's own entry point for a base name, as cuGetProcAddress would give it, out
+ * of reach of any interposer (tests get the real function behind a hook). */
+void *fake_cuda_proc(const char *base, bool per_thread)
+{
+    void *f = NULL;
+    get_proc(base, &f, CUDA_VERSION,
+             per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, NULL);
+    return f;
 }

@@ -24,6 +24,15 @@
 
 #define RT_API __attribute__((visibility("default")))
 
+/* Declared by cuda_runtime_api.h only to programs built for per-thread default streams. */
+RT_API cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s);
+RT_API cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
+RT_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *st);
+/* The runtime's own cudaMalloc/cudaFree as a static libcudart runs them: no LD_PRELOAD
+ * can interpose them, so they reach memtrace only through the driver. */
+RT_API cudaError_t fakert_static_malloc(void **p, size_t n);
+RT_API cudaError_t fakert_static_free(void *p);
+
 typedef CUresult (*getproc_t)(const char *, void **, int, cuuint64_t,
                               CUdriverProcAddressQueryResult *);
 
@@ -233,7 +242,7 @@ RT_API cudaError_t cudaDeviceSynchronize(void)
     return ret(from_cu(drv.CtxSynchronize()));
 }
 
-RT_API cudaError_t cudaMalloc(void **p, size_t n)
+static cudaError_t rt_malloc(void **p, size_t n)
 {
     READY();
     if (n == 0) {
@@ -246,10 +255,30 @@ RT_API cudaError_t cudaMalloc(void **p, size_t n)
     return ret(e);
 }
 
-RT_API cudaError_t cudaFree(void *p)
+static cudaError_t rt_free(void *p)
 {
     READY();
     return p == NULL ? cudaSuccess : ret(from_cu(drv.MemFree(DP(p))));
+}
+
+RT_API cudaError_t cudaMalloc(void **p, size_t n)
+{
+    return rt_malloc(p, n);
+}
+
+RT_API cudaError_t cudaFree(void *p)
+{
+    return rt_free(p);
+}
+
+cudaError_t fakert_static_malloc(void **p, size_t n)
+{
+    return rt_malloc(p, n);
+}
+
+cudaError_t fakert_static_free(void *p)
+{
+    return rt_free(p);
 }
 
 RT_API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned flags)
