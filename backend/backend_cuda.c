@@ -45,7 +45,7 @@ typedef struct cuda_stream_s {
     CUstream h;
     uintptr_t thread; /* CU_STREAM_PER_THREAD: the thread whose stream it is; else 0 */
     bool owned;       /* created by stream_create: destroyed with the wrapper */
-    bool retired; /* the program destroyed h: never matched again, freed with the backend */
+    bool retired;     /* the program destroyed h: never matched again, freed with the backend */
 } cuda_stream_t;
 
 struct mt_event_s {
@@ -63,11 +63,11 @@ typedef struct cuda_s {
     mt_backend_t base; /* must be first: backend.c sees this */
     mt_cuda_driver_t drv;
     CUdevice dev;
-    CUcontext ctx;             /* the device's primary context, retained */
-    size_t granularity;        /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
+    CUcontext ctx;                          /* the device's primary context, retained */
+    size_t granularity;                     /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
     CUmemAllocationHandleType handle_types; /* asked of cuMemCreate (MEMTRACE_CUDA_HANDLE_TYPE) */
-    CUevent origin_ev;         /* time origin of event_time_ns */
-    uint64_t origin_ns;        /* CLOCK_MONOTONIC when origin_ev was recorded */
+    CUevent origin_ev;                      /* time origin of event_time_ns */
+    uint64_t origin_ns;                     /* CLOCK_MONOTONIC when origin_ev was recorded */
     pthread_mutex_t anchor_mu; /* guards origin_ev, origin_ns, spare_ev, anchor_stream */
     CUevent spare_ev;          /* the next origin, made on first use */
     CUstream anchor_stream;    /* where new origins are recorded: no program work */
@@ -716,7 +716,8 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         c->handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
     else {
         mt__backend_log(&c->base, MT_LOG_ERROR,
-                        "memtrace: MEMTRACE_CUDA_HANDLE_TYPE=%s: want none, posix_fd or fabric", ht);
+                        "memtrace: MEMTRACE_CUDA_HANDLE_TYPE=%s: want none, posix_fd or fabric",
+                        ht);
         free(c);
         return MT_EINVAL;
     }

@@ -635,16 +635,15 @@ static void init_once(void)
     if (P->bcfg.kind != MT_BACKEND_SIM) {
         const char *path = getenv("MEMTRACE_LIBCUDA");
         P->libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        int (*init)(unsigned) =
-            (int (*)(unsigned))mt__preload_real_dlsym(P->libcuda, "cuInit");
+        int (*init)(unsigned) = (int (*)(unsigned))mt__preload_real_dlsym(P->libcuda, "cuInit");
         int (*count)(int *) =
             (int (*)(int *))mt__preload_real_dlsym(P->libcuda, "cuDeviceGetCount");
         int n = 0;
-        if (P->libcuda != NULL && init != NULL && count != NULL && init(0) == 0 &&
-            count(&n) == 0 && n > 0) {
+        if (P->libcuda != NULL && init != NULL && count != NULL && init(0) == 0 && count(&n) == 0 &&
+            n > 0) {
             if (n > MT_PRELOAD_MAX_DEVICES)
-                mt__preload_say(MT_LOG_ERROR, "%d CUDA devices; memtrace serves the first %d",
-                                n, MT_PRELOAD_MAX_DEVICES);
+                mt__preload_say(MT_LOG_ERROR, "%d CUDA devices; memtrace serves the first %d", n,
+                                MT_PRELOAD_MAX_DEVICES);
             P->ndevices = n < MT_PRELOAD_MAX_DEVICES ? n : MT_PRELOAD_MAX_DEVICES;
             P->bcfg.kind = MT_BACKEND_CUDA;
             goto done;

@@ -264,8 +264,8 @@ MT_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUm
     RETRY_OOM(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
 }
 
-MT_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
-                                              CUmemoryPool pool, CUstream hStream)
+MT_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream)
 {
     RETRY_OOM(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
 }
@@ -838,7 +838,10 @@ MT_HOOK CUresult cuGetErrorName(CUresult error, const char **pStr)
 /* With a per-thread-default-stream variant, handed out under
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. */
 #define D2(base, fn, mem)                                                                          \
-    {base, #fn, (void *)fn, (void *)fn##_ptsz, mem}, {NULL, #fn "_ptsz", (void *)fn##_ptsz, NULL, mem}
+    {base, #fn, (void *)fn, (void *)fn##_ptsz, mem},                                               \
+    {                                                                                              \
+        NULL, #fn "_ptsz", (void *)fn##_ptsz, NULL, mem                                            \
+    }
 static const struct {
     const char *base; /* NULL: reached only through its legacy entry's ptsz */
     const char *exported;

@@ -1572,7 +1572,10 @@ FAKE_API CUresult cuEventRecord_ptsz(CUevent ev, CUstream h);
 FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
 FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
 FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st);
-FAKE_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *graph, const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps);
+FAKE_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st,
+                                                 cuuint64_t *id, CUgraph *graph,
+                                                 const CUgraphNode **deps,
+                                                 const CUgraphEdgeData **edges, size_t *ndeps);
 
 FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream h)
 {
@@ -1702,8 +1705,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t
 {
     const cuuint64_t known =
         CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-    if (symbol == NULL || pfn == NULL || (flags & ~known) != 0 ||
-        (flags & known) == known)
+    if (symbol == NULL || pfn == NULL || (flags & ~known) != 0 || (flags & known) == known)
         return CUDA_ERROR_INVALID_VALUE;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     *pfn = NULL;
@@ -1750,7 +1752,7 @@ FAKE_API void *fake_cuda_proc(const char *base, bool per_thread);
 void *fake_cuda_proc(const char *base, bool per_thread)
 {
     void *f = NULL;
-    get_proc(base, &f, CUDA_VERSION,
-             per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, NULL);
+    get_proc(base, &f, CUDA_VERSION, per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0,
+             NULL);
     return f;
 }

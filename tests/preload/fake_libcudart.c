@@ -68,8 +68,8 @@ static void *proc(getproc_t gp, const char *name, bool pt)
 {
     void *fn = NULL;
     CUdriverProcAddressQueryResult st;
-    cuuint64_t flags = pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
-                          : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+    cuuint64_t flags =
+        pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_LEGACY_STREAM;
     if (gp(name, &fn, CUDA_VERSION, flags, &st) != CUDA_SUCCESS)
         return NULL;
     return fn;

@@ -30,12 +30,12 @@ cudaError_t fakert_static_free(void *p);
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);              \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
             return 1;                                                                              \
         }                                                                                          \
     } while (0)
 
-#define MiB ((size_t)1 << 20)
+#define MiB   ((size_t)1 << 20)
 #define DP(p) ((CUdeviceptr)(uintptr_t)(p))
 
 /* The primary context of device 0 current on the calling thread (driver-API programs). */
@@ -275,8 +275,7 @@ static int oom(void)
     CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
                        unsigned long long) = NULL;
     CUdriverProcAddressQueryResult st;
-    CHECK(cuGetProcAddress("cuMemCreate", (void **)&create, CUDA_VERSION, 0, &st) ==
-              CUDA_SUCCESS &&
+    CHECK(cuGetProcAddress("cuMemCreate", (void **)&create, CUDA_VERSION, 0, &st) == CUDA_SUCCESS &&
           create != NULL);
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -329,7 +328,7 @@ static int staticrt(void)
     size_t n0 = fake_cuda_count("cuMemAlloc_v2");
     CHECK(fakert_static_malloc(&q, 3000) == cudaSuccess);
     CHECK(q == p && fake_cuda_count("cuMemAlloc_v2") == n0); /* memtrace's cache served it */
-    CHECK(cudaFree(q) == cudaSuccess); /* and memtrace knows the block */
+    CHECK(cudaFree(q) == cudaSuccess);                       /* and memtrace knows the block */
     return 0;
 }
 
@@ -339,10 +338,10 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},   {"procaddr", procaddr},     {"reset", reset},
-        {"foreign", foreign}, {"freeasync0", freeasync0}, {"capture", capture},
-        {"lasterror", lasterror}, {"fork", forked},       {"oom", oom},
-        {"range", range},     {"handles", handles},       {"static", staticrt},
+        {"lookup", lookup},       {"procaddr", procaddr},     {"reset", reset},
+        {"foreign", foreign},     {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror}, {"fork", forked},           {"oom", oom},
+        {"range", range},         {"handles", handles},       {"static", staticrt},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
