@@ -80,7 +80,6 @@ typedef struct cudnn_state_s {
     cudnnTensorDescriptor_t hd;  /* [L*D, B, H]: hx, hy, cx, cy and their gradients */
     cudnnTensorDescriptor_t qd;  /* scratch for cudnnGetRNNWeightParams answers */
     cudnnTensorDescriptor_t bd;
-    cudnnTensorDescriptor_t ad;  /* one region, for cudnnAddTensor */
     cudnnDropoutDescriptor_t dd; /* dropout, or NULL (no dropout: NULL to cuDNN) */
     void *dstates;               /* dd's generator states (tagged workspace) */
     size_t dstates_bytes;        /* cudnnDropoutGetStatesSize */
@@ -92,13 +91,15 @@ typedef struct cudnn_state_s {
     float *sdw;  /* its gradients (weight_bytes, tagged grads) */
     int T, B;
     size_t work_inf, work_train, reserve;
-    int size_err;   /* a size query failed: the next forward/backward returns it */
+    int size_err;   /* the last failed size query's code, 0 after a pass found its sizes */
     int *host_lens; /* B ints: the data descriptors' seqLengthArray (each T unless packed) */
     int host_cap;
     bool packed;    /* the described shape has per-sequence lengths (host_lens) */
     int32_t *plens; /* packed: devSeqLengths of the described shape (plens_cap ints) */
     int plens_cap;
-    int32_t *lens; /* devSeqLengths for every T <= lens_T, B <= lens_B */
+    int32_t *lens;     /* devSeqLengths for every T <= lens_T, B <= lens_B */
+    uint32_t *sum_buf; /* host staging of cudnn_checksum (sum_cap words) */
+    size_t sum_cap;
     int lens_T, lens_B;
 } cudnn_state_t;
 
@@ -133,9 +134,13 @@ static int status_to_mt(cudnnStatus_t s)
 static int check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
 {
     int rc = status_to_mt(s);
-    if (rc)
-        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)", what, cudnnGetErrorString(s),
-             (int)s);
+    if (rc) {
+        /* cuDNN 9 says why in its per-thread last-error text: the status alone rarely does. */
+        char why[512] = "";
+        cudnnGetLastErrorString(why, sizeof why);
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)%s%s", what, cudnnGetErrorString(s),
+             (int)s, why[0] ? ": " : "", why);
+    }
     return rc;
 }
 
@@ -202,39 +207,46 @@ static int set_rnn_descriptor(mt_rnn_t *m, cudnn_state_t *st)
     return 0;
 }
 
-/* Elements described by a tensor descriptor cudnnGetRNNWeightParams filled. */
-static int desc_numel(const mt_rnn_t *m, cudnnTensorDescriptor_t d, size_t *out)
+/* True when d (as cudnnGetRNNWeightParams filled it) describes a row-major [rows x cols]
+ * float matrix, as the engine's views keep each gate's rows: dims {1, rows, cols}, strides
+ * {rows cols, cols, 1}. Counting elements is not enough: a transposed or strided answer has
+ * as many and would be read in another order. */
+static int desc_matches(const mt_rnn_t *m, cudnnTensorDescriptor_t d, int rows, int cols, bool *ok,
+                        char *got, size_t gotlen)
 {
     cudnnDataType_t dt;
-    int nd = 0, dims[8], strides[8];
+    int nd = 0, dims[8] = {0}, strides[8] = {0};
     CK(m, cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
-    size_t n = 1;
-    for (int i = 0; i < nd && i < 8; i++)
-        n *= (size_t)dims[i];
-    *out = nd > 0 ? n : 0;
+    *ok = dt == CUDNN_DATA_FLOAT && nd == 3 && dims[0] == 1 && dims[1] == rows && dims[2] == cols &&
+          strides[1] == cols && strides[2] == 1;
+    snprintf(got, gotlen, "dims {%d, %d, %d} strides {%d, %d, %d} (%d dims)", dims[0], dims[1],
+             dims[2], strides[0], strides[1], strides[2], nd);
     return 0;
 }
 
 /* Records where cuDNN keeps one matrix or bias (got, relative to base) against where our
- * canonical layout keeps it (want). A region cuDNN describes with another element count,
- * or places outside its weight space, cannot be translated: MT_ENOTSUP. */
+ * canonical layout keeps it (want, rows x cols). A region cuDNN describes with another
+ * shape or strides, or places outside its weight space, cannot be translated: MT_ENOTSUP. */
 static int add_region(mt_rnn_t *m, cudnn_state_t *st, const char *what, int p, int id,
-                      const void *got, cudnnTensorDescriptor_t d, const float *want, size_t want_n)
+                      const void *got, cudnnTensorDescriptor_t d, const float *want, int rows,
+                      int cols)
 {
     if (!want && !got)
         return 0;
-    size_t n = 0;
-    int rc = got ? desc_numel(m, d, &n) : 0;
+    bool ok = false;
+    char shape[160] = "no address";
+    int rc = got ? desc_matches(m, d, rows, cols, &ok, shape, sizeof shape) : 0;
     if (rc)
         return rc;
-    size_t bytes = want_n * sizeof(float);
+    size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
     ptrdiff_t off = got ? (const char *)got - (const char *)m->w : -1;
-    if (!want || !got || n != want_n || off < 0 || off % (ptrdiff_t)sizeof(float) != 0 ||
+    if (!want || !ok || off < 0 || off % (ptrdiff_t)sizeof(float) != 0 ||
         (size_t)off > st->weight_bytes || st->weight_bytes - (size_t)off < bytes) {
         plog(m, MT_LOG_ERROR,
-             "rnn: cudnn describes the %s of pseudo-layer %d, linear layer %d as %zu floats at "
-             "byte %td of a %zu-byte weight space; the module has %zu floats there",
-             what, p, id, n, off, st->weight_bytes, want ? want_n : 0);
+             "rnn: cudnn describes the %s of pseudo-layer %d, linear layer %d as %s at byte %td "
+             "of a %zu-byte weight space; the module has a row-major [%d x %d] float %s there",
+             what, p, id, shape, off, st->weight_bytes, want ? rows : 0, cols,
+             want ? "block" : "nothing");
         return MT_ENOTSUP;
     }
     st->regions[st->nregions++] = (region_t){
@@ -243,6 +255,30 @@ static int add_region(mt_rnn_t *m, cudnn_state_t *st, const char *what, int p, i
         .bytes = bytes,
     };
     return 0;
+}
+
+static int by_ours(const void *a, const void *b)
+{
+    const region_t *x = a, *y = b;
+    return x->ours < y->ours ? -1 : x->ours > y->ours;
+}
+
+/* Regions next to each other in both layouts become one copy: cuDNN's layout keeps each
+ * pseudo-layer's matrices together and its biases together, so a gather is 2 copies per
+ * pseudo-layer (1 without bias), not one per gate. */
+static void coalesce(cudnn_state_t *st)
+{
+    qsort(st->regions, st->nregions, sizeof *st->regions, by_ours);
+    size_t n = 0;
+    for (size_t i = 0; i < st->nregions; i++) {
+        region_t *last = n ? &st->regions[n - 1] : NULL;
+        const region_t *r = &st->regions[i];
+        if (last && last->ours + last->bytes == r->ours && last->dnn + last->bytes == r->dnn)
+            last->bytes += r->bytes;
+        else
+            st->regions[n++] = *r;
+    }
+    st->nregions = n;
 }
 
 /* Asks cuDNN where every matrix and bias lives (addresses relative to a weight space at
@@ -255,7 +291,7 @@ static int locate_weights(mt_rnn_t *m, cudnn_state_t *st)
     if (!st->regions)
         return MT_ENOMEM;
     for (int l = 0; l < s->layers; l++) {
-        size_t in = (size_t)mt__rnn_layer_in(s, l);
+        int in = mt__rnn_layer_in(s, l);
         for (int d = 0; d < s->dirs; d++) {
             int p = l * s->dirs + d;
             mt__rnn_mats_t mats = mt__rnn_mats(s, m->w, l, d);
@@ -265,62 +301,63 @@ static int locate_weights(mt_rnn_t *m, cudnn_state_t *st)
                                               &ma, st->bd, &ba));
                 bool rec = id >= s->gates;
                 int gi = rec ? id - s->gates : id;
-                const float *wm = rec ? mats.r + (size_t)gi * H * H : mats.w + (size_t)gi * H * in;
+                int cols = rec ? s->hidden : in;
+                const float *wm = (rec ? mats.r : mats.w) + (size_t)gi * H * (size_t)cols;
                 const float *wb = NULL;
                 if (s->bias)
                     wb = (rec ? mats.br : mats.bw) + (size_t)gi * H;
-                int rc = add_region(m, st, "matrix", p, id, ma, st->qd, wm, H * (rec ? H : in));
+                int rc = add_region(m, st, "matrix", p, id, ma, st->qd, wm, s->hidden, cols);
                 if (rc == 0)
-                    rc = add_region(m, st, "bias", p, id, ba, st->bd, wb, wb ? H : 0);
+                    rc = add_region(m, st, "bias", p, id, ba, st->bd, wb, wb ? s->hidden : 0, 1);
                 if (rc)
                     return rc;
             }
         }
     }
+    coalesce(st);
     st->gather = st->weight_bytes != m->weight_floats * sizeof(float);
     for (size_t i = 0; i < st->nregions; i++)
         st->gather = st->gather || st->regions[i].dnn != st->regions[i].ours;
     if (!st->gather)
         return 0;
-    plog(m, MT_LOG_INFO,
-         "rnn: cudnn's weight layout (%zu bytes) is not the canonical one (%zu bytes): every call "
-         "gathers the %zu matrices and biases into a cudnn-layout copy",
-         st->weight_bytes, m->weight_floats * sizeof(float), st->nregions);
+    /* Zeroed once: the bytes between and after the regions are never written again, and
+     * cuDNN may read the whole space (garbage there could be NaN). */
     int rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_WEIGHTS,
                              (void **)&st->sw);
     if (rc == 0)
         rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_GRADS,
                              (void **)&st->sdw);
+    if (rc == 0)
+        rc = mt_memset_async(m->backend, st->sw, 0, st->weight_bytes, m->cfg.stream);
+    if (rc == 0)
+        rc = mt_memset_async(m->backend, st->sdw, 0, st->weight_bytes, m->cfg.stream);
+    if (rc == 0)
+        plog(m, MT_LOG_INFO,
+             "rnn: cudnn's weight layout (%zu bytes) is not the engine's (%zu bytes): each "
+             "forward copies the weights into a cudnn-layout copy and each backward the weights "
+             "and gradients there and the gradients back (%zu copies of %zu bytes each way), "
+             "and the two copies hold %zu bytes",
+             st->weight_bytes, m->weight_floats * sizeof(float), st->nregions,
+             m->weight_floats * sizeof(float), 2 * st->weight_bytes);
     return rc;
 }
 
-/* Gather mode: w (our layout) into sw (cuDNN's), on the module's stream. */
-static int gather(mt_rnn_t *m, cudnn_state_t *st, const float *w)
+/* Gather mode: copies every region of src (one layout) to dst (the other), on the module's
+ * stream; to_dnn: ours -> cuDNN's. */
+static int copy_regions(mt_rnn_t *m, cudnn_state_t *st, void *dst, const void *src, bool to_dnn)
 {
     for (size_t i = 0; i < st->nregions; i++) {
         const region_t *r = &st->regions[i];
-        int rc = mt_memcpy_async(m->backend, (char *)st->sw + r->dnn, (const char *)w + r->ours,
-                                 r->bytes, MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
+        size_t from = to_dnn ? r->ours : r->dnn, to = to_dnn ? r->dnn : r->ours;
+        int rc = mt_memcpy_async(m->backend, (char *)dst + to, (const char *)src + from, r->bytes,
+                                 MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-/* Gather mode: dw (our layout) += sdw (cuDNN's), region by region. */
-static int scatter_add(mt_rnn_t *m, cudnn_state_t *st, float *dw)
-{
-    const float one = 1.0f;
-    for (size_t i = 0; i < st->nregions; i++) {
-        const region_t *r = &st->regions[i];
-        int n = (int)(r->bytes / sizeof(float));
-        int dims[4] = {1, n, 1, 1}, strides[4] = {n, 1, 1, 1};
-        CK(m, cudnnSetTensorNdDescriptor(st->ad, CUDNN_DATA_FLOAT, 4, dims, strides));
-        CK(m, cudnnAddTensor(st->h, &one, st->ad, (const char *)st->sdw + r->dnn, &one, st->ad,
-                             (char *)dw + r->ours));
-    }
-    return 0;
-}
+/* ---- data descriptors ---- */
 
 /* Length of each sequence of io's shape: T each, or from the batch sizes (sequence b runs
  * while b < batch_sizes[t]). */
@@ -498,17 +535,34 @@ static const int32_t *lengths(const cudnn_state_t *st)
     return st->lens + (size_t)(st->T - 1) * (size_t)st->lens_B;
 }
 
-/* Everything a compute call needs for io's shape. */
+/* Everything a compute call needs for io's shape. A size query that failed earlier is not
+ * returned here: the shape is described afresh, and covers() catches the pass whose
+ * buffers were sized by the failed query. */
 static int prepare(mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    cudnn_state_t *st = S(m);
-    int rc = st->size_err;
-    st->size_err = 0;
+    int rc = set_shape(m, io);
     if (rc == 0)
-        rc = set_shape(m, io);
-    if (rc == 0)
-        rc = device_lengths(m, st);
+        rc = device_lengths(m, S(m));
     return rc;
+}
+
+/* The buffer at p (an allocator block, or a place inside one) has at least need bytes from
+ * p on. A pointer the allocator does not know cannot be measured and passes. Short: the
+ * error of the failed size query that sized it (logged then), else MT_EINVAL. */
+static int covers(const mt_rnn_t *m, const void *p, size_t need, const char *what)
+{
+    cudnn_state_t *st = S(m);
+    void *base = NULL;
+    size_t size = 0;
+    int tag;
+    if (need == 0 || (p && mt_alloc_block_info(m->alloc, p, &base, &size, &tag) != 0))
+        return 0;
+    size_t have = p ? size - (size_t)((const char *)p - (const char *)base) : 0;
+    if (have >= need)
+        return 0;
+    plog(m, MT_LOG_ERROR, "rnn: cudnn: the %s has %zu bytes, cuDNN needs %zu for this shape%s",
+         what, have, need, st->size_err ? " (its size query failed)" : "");
+    return st->size_err ? st->size_err : MT_EINVAL;
 }
 
 /* ---- the path ---- */
@@ -531,8 +585,6 @@ static void cudnn_fini(mt_rnn_t *m)
         mt_alloc_free(m->alloc, st->sdw);
     if (st->dstates)
         mt_alloc_free(m->alloc, st->dstates);
-    if (st->ad)
-        cudnnDestroyTensorDescriptor(st->ad);
     if (st->qd)
         cudnnDestroyTensorDescriptor(st->qd);
     if (st->bd)
@@ -553,6 +605,7 @@ static void cudnn_fini(mt_rnn_t *m)
         dev_leave(&g);
     free(st->host_lens);
     free(st->regions);
+    free(st->sum_buf);
     free(st);
     m->path_state = NULL;
 }
@@ -607,7 +660,6 @@ static int init_state(mt_rnn_t *m, cudnn_state_t *st)
     CK(m, cudnnCreateTensorDescriptor(&st->hd));
     CK(m, cudnnCreateTensorDescriptor(&st->qd));
     CK(m, cudnnCreateTensorDescriptor(&st->bd));
-    CK(m, cudnnCreateTensorDescriptor(&st->ad));
     int rc = init_dropout(m, st);
     if (rc == 0)
         rc = set_rnn_descriptor(m, st);
@@ -720,6 +772,12 @@ static int forward_once(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, bool
     int rc = prepare(m, io);
     if (rc)
         return rc;
+    rc = covers(m, work, training ? st->work_train : st->work_inf, "workspace");
+    if (rc == 0 && training)
+        rc = covers(m, reserve, st->reserve, "reserve");
+    if (rc)
+        return rc;
+    st->size_err = 0;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
     CK(m, cudnnRNNForward(st->h, st->rnn,
                           training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
@@ -775,7 +833,7 @@ static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool 
                        void *reserve, void *work)
 {
     cudnn_state_t *st = S(m);
-    int rc = st->gather ? gather(m, st, w) : 0;
+    int rc = st->gather ? copy_regions(m, st, st->sw, w, true) : 0;
     if (rc)
         return rc;
     const void *ws = st->gather ? (const void *)st->sw : w;
@@ -791,18 +849,26 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     int rc = prepare(m, io);
     if (rc)
         return rc;
-    /* Gather mode: the forward's weights again (another call may have used sw since), and a
-     * zeroed cudnn-layout grad space to add into ours afterwards. */
+    /* Gather mode: the forward's weights again (another call may have used sw since), and
+     * the module's gradients, which cuDNN adds to and which go back afterwards. */
     if (st->gather) {
-        rc = gather(m, st, w);
+        rc = copy_regions(m, st, st->sw, w, true);
         if (rc == 0)
-            rc = mt_memset_async(m->backend, st->sdw, 0, st->weight_bytes, m->cfg.stream);
+            rc = copy_regions(m, st, st->sdw, dw, true);
         if (rc)
             return rc;
     }
     const void *ws = st->gather ? (const void *)st->sw : w;
     float *dws = st->gather ? st->sdw : dw;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
+    size_t xbytes = (io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch) *
+                    (size_t)m->shape.input * sizeof(float);
+    rc = covers(m, work, g->dx ? st->work_train : dx_scratch_offset(st) + xbytes, "workspace");
+    if (rc == 0)
+        rc = covers(m, reserve, st->reserve, "reserve");
+    if (rc)
+        return rc;
+    st->size_err = 0;
     void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
     /* Data first: it leaves in the reserve what the weight gradients are computed from. */
     CK(m, cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
@@ -810,11 +876,11 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
                                   lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, ws,
                                   st->work_train, work, st->reserve, reserve));
     /* ADD: gradients accumulate in the module's grad buffer (zeroed by the module), or in
-     * the zeroed cudnn-layout space that is then added into it. */
+     * its cudnn-layout copy, which then goes back. */
     CK(m, cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
                                      io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dws,
                                      st->work_train, work, st->reserve, reserve));
-    return st->gather ? scatter_add(m, st, dw) : 0;
+    return st->gather ? copy_regions(m, st, dw, st->sdw, false) : 0;
 }
 
 /* drop_key is unused: cuDNN draws the masks from its states and keeps them in its reserve. */
@@ -842,6 +908,42 @@ static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_i
     return rc;
 }
 
+/* What backward reads back from the caller (y above all: cuDNN's backward takes it again)
+ * must be what forward saw. Device memory has no version counter here and memtrace has no
+ * kernels of its own, so the bytes come to the host (after the stream's work) and are summed
+ * there: a Fletcher sum over 32-bit words in 8 lanes, which any change of one float and any
+ * reordering alters. The price is a device-to-host copy of y, x, hx and cx and a stream wait
+ * at the end of each training forward and at the start of each backward. A failed copy
+ * gives 0 (logged), which the other end's sum then differs from unless it failed too. */
+static uint64_t cudnn_checksum(mt_rnn_t *m, const float *p, size_t n)
+{
+    cudnn_state_t *st = S(m);
+    if (n > st->sum_cap) {
+        uint32_t *b = realloc(st->sum_buf, n * sizeof *b);
+        if (!b)
+            goto fail;
+        st->sum_buf = b;
+        st->sum_cap = n;
+    }
+    _Static_assert(sizeof(float) == sizeof(uint32_t), "floats are summed as 32-bit words");
+    if (mt_stream_synchronize(m->backend, m->cfg.stream) != 0 ||
+        mt_memcpy(m->backend, st->sum_buf, p, n * sizeof(float), MT_MEMCPY_DEVICE_TO_HOST) != 0)
+        goto fail;
+    uint64_t a[8] = {0}, b[8] = {0};
+    for (size_t i = 0; i < n; i++) {
+        a[i % 8] += st->sum_buf[i];
+        b[i % 8] += a[i % 8];
+    }
+    uint64_t h = n;
+    for (int j = 0; j < 8; j++)
+        h = (h ^ a[j]) * 0x100000001b3ull ^ b[j];
+    return h;
+
+fail:
+    plog(m, MT_LOG_ERROR, "rnn: cudnn: cannot read %zu floats back to check them", n);
+    return 0;
+}
+
 /* Copies and zeroing are queued on the module's stream, in order with the cuDNN calls. */
 static int cudnn_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
 {
@@ -866,6 +968,7 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .bwd_work_bytes = cudnn_bwd_work_bytes,
     .forward = cudnn_forward,
     .backward = cudnn_backward,
+    .checksum = cudnn_checksum,
     .copy = cudnn_copy,
     .zero = cudnn_zero,
     .drop_reseed = cudnn_drop_reseed,
