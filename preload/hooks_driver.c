@@ -964,7 +964,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
         *pfn = NULL;
     if (status != NULL)
         *status = *pfn != NULL ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return *pfn != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS; /* as documented: a missing symbol is a NULL pfn, not an error */
 }
 
 MT_HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
