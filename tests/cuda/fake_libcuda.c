@@ -552,7 +552,8 @@ void fake_cuda_idle(void)
     pthread_mutex_unlock(&fake.mu);
 }
 
-/* Forgets the call log and failure plan; live memory stays (tests destroy backends). */
+/* Forgets the call log, failure plan and injected faults; live memory stays (tests
+ * destroy backends). */
 void fake_cuda_reset(size_t capacity, int devices)
 {
     pthread_mutex_lock(&fake.mu);
@@ -563,6 +564,8 @@ void fake_cuda_reset(size_t capacity, int devices)
     fake.nlog = 0;
     fake.fail_name = NULL;
     fake.fail_count = 0;
+    for (int i = 0; i < MAXDEV; i++)
+        fake.ctxs[i].sticky = CUDA_SUCCESS; /* faults injected by earlier tests */
     pthread_mutex_unlock(&fake.mu);
 }
 
