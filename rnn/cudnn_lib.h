@@ -6,6 +6,9 @@
 
 #include <stddef.h>
 
+/* Only builds with cuDNN's headers use it (the layer check compiles each folder's headers
+ * without them). */
+#if __has_include(<cudnn.h>)
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -53,4 +56,5 @@ typedef struct mt__dnn_s {
  * in err when a library or a symbol is missing. */
 int mt__dnn_open(const mt__dnn_t **out, char *err, size_t errlen);
 
+#endif
 #endif
