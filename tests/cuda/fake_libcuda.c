@@ -279,13 +279,14 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
     } while (0)
 
 /* Whether an unsafe call (allocation, free, synchronisation) is forbidden now: a
- * global-mode capture is under way on any thread, or a thread-local one on this thread.
+ * global-mode capture is under way (active or invalidated, until it is ended) on any
+ * thread, or a thread-local one on this thread.
  * Such a call invalidates those captures, as the driver does. Caller holds mu. */
 static bool capture_forbids(void)
 {
     bool no = false;
     for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
-        if (s->capture == 1 && !s->dead &&
+        if (s->capture != 0 && !s->dead && /* an invalidated capture goes on until ended */
             (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
              (s->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
               pthread_equal(s->capturer, pthread_self())))) {
