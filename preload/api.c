@@ -314,6 +314,17 @@ MT_HOOK void memtrace_reset(void)
     (void)memtrace_empty_cache();
 }
 
+/* memory_fraction_fn(fraction, device): torch.cuda.set_per_process_memory_fraction. torch
+ * checked the range; a device memtrace cannot reach is left alone (void: nothing to say). */
+MT_HOOK void memtrace_memory_fraction(double fraction, int device)
+{
+    mt_alloc_t *a = NULL;
+    mt__guard_enter();
+    if (mt__preload_alloc(device, &a) == 0)
+        (void)mt_alloc_set_memory_fraction(a, fraction);
+    mt__guard_leave();
+}
+
 /* base_alloc_fn: the start and size of the block ptr lies in (IPC handles). */
 MT_HOOK void *memtrace_base_alloc(void *ptr, size_t *size)
 {

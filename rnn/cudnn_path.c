@@ -2,7 +2,8 @@
  *
  * Honest status: this file has run only against the fake cuDNN in tests/rnn_cudnn (over the
  * fake driver of tests/cuda), never on a GPU. The fake checks the calls, their order, the
- * sizes and the pointers; the numbers cuDNN would compute are not checked here.
+ * sizes and the pointers, and computes a reference RNN from the weights where it says they
+ * are, so the numbers are compared with the cpu path's (docs/cudnn.md).
  *
  * Call sequence (design.md §2): at init, cudnnSetRNNDescriptor_v8 (algo STANDARD, double
  * bias, mathType FMA for fp32 parity with the CPU path), cudnnGetRNNWeightSpaceSize (must
@@ -13,14 +14,14 @@
  * left in the reserve). Weight gradients are accumulated (CUDNN_WGRAD_MODE_ADD) into the
  * module's grad buffer, which the module zeroes at creation and on mt_rnn_zero_grads.
  *
- * Weight layout: the module's flat buffer (and every view of it) is cuDNN's canonical
- * layout. When cuDNN reports exactly that layout (the expected case for fp32), the flat
- * weight and grad buffers go to cuDNN as they are. When it reports another one (a different
- * size, padding, another order), the path keeps a weight space and a grad space in cuDNN's
- * layout (tagged weights and grads), gathers every matrix into it with device copies before
- * each call, zeroes the grad space before backward weights, and adds it into the module's
- * grad buffer region by region (cudnnAddTensor), so gradients still accumulate where the
- * views are. That costs one copy per matrix and bias per call, and is logged once.
+ * Weight layout: the module's flat buffer (and every view of it) is the engine's layout
+ * (per pseudo-layer: matrices, then biases). When cuDNN reports exactly that layout, the flat
+ * weight and grad buffers go to cuDNN as they are. When it reports another one (all
+ * matrices first, as public descriptions of cuDNN give it; padding; a larger space), the
+ * path keeps a weight space and a grad space in cuDNN's layout (tagged weights and grads,
+ * zeroed once), copies the weights there before each call and, around backward weights, the
+ * module's gradients there and back, so gradients still accumulate where the views are.
+ * Regions adjacent in both layouts are copied together; the cost is in docs/cudnn.md.
  *
  * Data layout: our tensors are cuDNN's SEQ_MAJOR_PACKED layout: dense [T, B, F] when every
  * sequence is T long, and the packed [tokens, F] of a packed batch (io.batch_sizes), whose
@@ -61,6 +62,12 @@
 
 #include "backend/backend_cuda.h"
 #include "rnn/internal.h"
+
+/* The RNN API used here (cudnnRNNForward, the _v8 backward calls, cudnnGetRNNWeightParams,
+ * cudnnGetLastErrorString) is cuDNN 9's; meson checks this too and leaves the path out. */
+#if CUDNN_MAJOR < 9
+#error "the cudnn compute path needs cuDNN >= 9"
+#endif
 
 /* One matrix or bias: byte offsets in our flat buffer and in cuDNN's weight space. */
 typedef struct region_s {
@@ -679,6 +686,19 @@ static int cudnn_init(mt_rnn_t *m)
     m->path_state = st;
     /* Where there is no driver (this build machine), selecting the device or cudnnCreate
      * fails (NOT_INITIALIZED): ENODEV, with the reason in the log. */
+    /* The library loaded at run time may be older than the headers: cuDNN 9 encodes its
+     * version as major * 10000 + minor * 100 + patch. */
+    size_t v = cudnnGetVersion();
+    if (v < 90000) {
+        plog(m, MT_LOG_WARN,
+             "rnn: cudnn unavailable: the loaded libcudnn is version %zu (%zu.%zu), this path "
+             "needs 9 or newer (built against %d.%d.%d)",
+             v, v / 1000, v % 1000 / 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
+        cudnn_fini(m);
+        return MT_ENODEV;
+    }
+    plog(m, MT_LOG_INFO, "rnn: cudnn: libcudnn %zu.%zu.%zu (built against %d.%d.%d)", v / 10000,
+         v % 10000 / 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
     dev_guard_t g;
     int rc = dev_enter(m, &g);
     if (rc) {

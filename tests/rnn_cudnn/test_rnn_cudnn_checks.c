@@ -2,7 +2,8 @@
  * (and x) backward reads back changed since forward; a matrix cuDNN describes with another
  * shape than the engine's; the gathered weight space's padding zeroed; a failed size query
  * that does not poison later calls; cuDNN's last-error text in the log; the dropout states
- * advanced by each training forward. Against the computing fake in cuDNN's layout. */
+ * advanced by each training forward; a libcudnn older than 9. Against the computing fake in cuDNN's
+ * layout. */
 #include "tests/rnn_cudnn/fixture.h"
 
 static void up(fx_t *f)
@@ -197,6 +198,22 @@ static void test_dropout_states_advance(void **state)
     fx_down(&f);
 }
 
+/* A libcudnn older than 9 at run time (headers are checked at build time): the path does not
+ * start and says which version it found. */
+static void test_old_cudnn_refused(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    fake_dnn_set_version(8907);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), MT_ENODEV);
+    assert_null(f.m);
+    assert_non_null(strstr(f.last_log, "version 8907 (8.9)"));
+    assert_int_equal(fake_dnn_count("cudnnCreate"), 0);
+    fake_dnn_set_version(91900);
+    fx_down(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -206,6 +223,7 @@ int main(void)
         cmocka_unit_test(test_failed_size_query_does_not_poison),
         cmocka_unit_test(test_last_error_string_logged),
         cmocka_unit_test(test_dropout_states_advance),
+        cmocka_unit_test(test_old_cudnn_refused),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }
