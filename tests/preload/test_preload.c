@@ -190,8 +190,34 @@ static void test_two_devices(void **state)
     }
     assert_int_equal(on[0], 1);
     assert_int_equal(on[1], 1);
-    /* a device count the sim does not model is refused before the program runs */
+    /* report and plot: per device from the one model; the process's figures are sums */
     char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' report --json devs.ndjson > devs.report.json",
+             env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_report", cmd), 0);
+    json_t *rep = summary("devs.report.json");
+    json_t *proc = json_array_get(json_object_get(rep, "processes"), 0);
+    json_t *dv = json_object_get(proc, "devices");
+    assert_int_equal(json_array_size(dv), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *d = json_array_get(dv, i);
+        assert_int_equal(jint(d, "device"), (long long)i);
+        assert_int_equal(jint(d, "peak_allocated"), (long long)((i ? 5 : 3) << 20));
+        assert_int_equal(jint(d, "final_allocated"), 0);
+    }
+    assert_int_equal(jint(proc, "peak_allocated"), 8 << 20); /* both live at once */
+    json_decref(rep);
+    snprintf(cmd, sizeof cmd, "'%s' report devs.ndjson", env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_text", cmd), 0);
+    char *text = slurp("devs_text.out");
+    assert_non_null(strstr(text, "by device"));
+    assert_non_null(strstr(text, "device 1   peak allocated 5.0 MiB"));
+    snprintf(cmd, sizeof cmd, "'%s' plot -o devs.svg devs.ndjson", env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_plot", cmd), 0);
+    char *svg = slurp("devs.svg");
+    assert_int_equal(count(svg, "class=\"lane\""), 2);
+    assert_non_null(strstr(svg, "device 1: peak allocated 5.0 MiB"));
+    /* a device count the sim does not model is refused before the program runs */
     snprintf(cmd, sizeof cmd, "'%s' run --backend sim --devices 2x -- /bin/true",
              env("MT_MEMTRACE"));
     assert_int_equal(sh("devs_bad", cmd), 2);
