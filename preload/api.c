@@ -143,10 +143,15 @@ MT_HOOK int memtrace_tag_depth(void)
 
 /* ---- marks ---- */
 
-/* Marks go through device 0's allocator (created at start), so each reaches consumers
- * once per process, ordered with that allocator's events and carrying its totals. */
+/* Marks go through one allocator, so each reaches consumers once per process, ordered
+ * with that allocator's events and carrying its totals: the first device in use (device
+ * 0 on sim, where it exists from the start), else device 0's, made now. */
 static int mark_alloc(mt_alloc_t **a)
 {
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++)
+        if ((*a = atomic_load_explicit(&P->ready[d], memory_order_acquire)) != NULL)
+            return 0;
     return mt__preload_alloc(0, a);
 }
 

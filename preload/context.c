@@ -370,18 +370,27 @@ int mt__preload_capture_graph(void *handle, void **graph)
     mt_preload_t *P = mt__preload();
     if (P->sim || handle == NULL || (uintptr_t)handle == 1) /* the legacy stream: never */
         return 0;
-    typedef CUresult_t (*info_fn)(void *, int *, unsigned long long *, void **, const void **,
-                                  const void **, size_t *);
-    static _Atomic(info_fn) info;
-    info_fn f = atomic_load_explicit(&info, memory_order_relaxed);
-    if (f == NULL) {
-        f = (info_fn)mt__preload_real_drv("cuStreamGetCaptureInfo_v3");
-        atomic_store_explicit(&info, f, memory_order_relaxed);
+    /* cuStreamGetCaptureInfo_v3 (12.3+), else _v2 (11.3+): both give the graph. */
+    typedef CUresult_t (*info3_fn)(void *, int *, unsigned long long *, void **, const void **,
+                                   const void **, size_t *);
+    typedef CUresult_t (*info2_fn)(void *, int *, unsigned long long *, void **, const void **,
+                                   size_t *);
+    static _Atomic(void *) info3, info2;
+    static _Atomic bool looked;
+    if (!atomic_load_explicit(&looked, memory_order_acquire)) {
+        atomic_store(&info3, mt__preload_real_drv("cuStreamGetCaptureInfo_v3"));
+        atomic_store(&info2, mt__preload_real_drv("cuStreamGetCaptureInfo_v2"));
+        atomic_store_explicit(&looked, true, memory_order_release);
     }
+    info3_fn f3 = (info3_fn)atomic_load(&info3);
+    info2_fn f2 = (info2_fn)atomic_load(&info2);
     int st = 0;
     unsigned long long id = 0;
-    if (f == NULL || f(handle, &st, &id, graph, NULL, NULL, NULL) != 0)
-        return 0; /* no capture API, or no answer: nothing is being captured we know of */
+    CUresult_t r = f3   ? f3(handle, &st, &id, graph, NULL, NULL, NULL)
+                   : f2 ? f2(handle, &st, &id, graph, NULL, NULL)
+                        : -1;
+    if (r != 0) /* no capture API, or no answer: nothing is being captured we know of */
+        st = 0;
     if (st == 0)
         *graph = NULL;
     return st != 0;

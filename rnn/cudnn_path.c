@@ -5,6 +5,9 @@
  * sizes and the pointers, and computes a reference RNN from the weights where it says they
  * are, so the numbers are compared with the cpu path's (docs/cudnn.md).
  *
+ * Loading: libcudnn and the runtime calls are loaded at the first init (cudnn_lib.c); the
+ * loaded version must be 9 or newer, and is logged.
+ *
  * Call sequence (design.md §2): at init, cudnnSetRNNDescriptor_v8 (algo STANDARD, double
  * bias, mathType FMA for fp32 parity with the CPU path), cudnnGetRNNWeightSpaceSize (must
  * match our flat buffer), cudnnGetRNNWeightParams for every matrix and bias (where cuDNN
@@ -50,8 +53,6 @@
  * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on.
  * Inference of a unidirectional module runs chunk by chunk (MT__RNN_CHUNK steps), so its
  * workspace does not grow with the sequence length. */
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,7 @@
 #include "memtrace/backend.h"
 
 #include "backend/backend_cuda.h"
+#include "rnn/cudnn_lib.h"
 #include "rnn/internal.h"
 
 /* The RNN API used here (cudnnRNNForward, the _v8 backward calls, cudnnGetRNNWeightParams,
@@ -68,6 +70,10 @@
 #if CUDNN_MAJOR < 9
 #error "the cudnn compute path needs cuDNN >= 9"
 #endif
+
+/* libcudnn and the runtime calls, loaded by the first module's init (cudnn_lib.c) and kept
+ * for the process: every call below goes through it. */
+static const mt__dnn_t *dl;
 
 /* One matrix or bias: byte offsets in our flat buffer and in cuDNN's weight space. */
 typedef struct region_s {
@@ -144,9 +150,9 @@ static int check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
     if (rc) {
         /* cuDNN 9 says why in its per-thread last-error text: the status alone rarely does. */
         char why[512] = "";
-        cudnnGetLastErrorString(why, sizeof why);
-        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)%s%s", what, cudnnGetErrorString(s),
-             (int)s, why[0] ? ": " : "", why);
+        dl->cudnnGetLastErrorString(why, sizeof why);
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)%s%s", what,
+             dl->cudnnGetErrorString(s), (int)s, why[0] ? ": " : "", why);
     }
     return rc;
 }
@@ -168,14 +174,14 @@ static int dev_enter(const mt_rnn_t *m, dev_guard_t *g)
 {
     g->switched = false;
     int dev = mt_backend_device(m->backend);
-    cudaError_t e = cudaGetDevice(&g->prev);
+    cudaError_t e = dl->cudaGetDevice(&g->prev);
     if (e == cudaSuccess && g->prev != dev) {
-        e = cudaSetDevice(dev);
+        e = dl->cudaSetDevice(dev);
         g->switched = e == cudaSuccess;
     }
     if (e != cudaSuccess) {
         plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: selecting device %d: %s (%d)", dev,
-             cudaGetErrorString(e), (int)e);
+             dl->cudaGetErrorString(e), (int)e);
         return MT_ENODEV;
     }
     return 0;
@@ -184,7 +190,7 @@ static int dev_enter(const mt_rnn_t *m, dev_guard_t *g)
 static void dev_leave(const dev_guard_t *g)
 {
     if (g->switched)
-        cudaSetDevice(g->prev);
+        dl->cudaSetDevice(g->prev);
 }
 
 static size_t align_up(size_t n, size_t a)
@@ -205,12 +211,12 @@ static int set_rnn_descriptor(mt_rnn_t *m, cudnn_state_t *st)
     };
     /* dd: the dropout descriptor, NULL without dropout. projSize = hiddenSize means no LSTM
      * projection. */
-    CK(m, cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
-                                   s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
-                                   s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
-                                   CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                                   CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers,
-                                   st->dd, CUDNN_RNN_PADDED_IO_DISABLED));
+    CK(m, dl->cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
+                                       s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
+                                       s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
+                                       CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                                       CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers,
+                                       st->dd, CUDNN_RNN_PADDED_IO_DISABLED));
     return 0;
 }
 
@@ -223,7 +229,7 @@ static int desc_matches(const mt_rnn_t *m, cudnnTensorDescriptor_t d, int rows, 
 {
     cudnnDataType_t dt;
     int nd = 0, dims[8] = {0}, strides[8] = {0};
-    CK(m, cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
+    CK(m, dl->cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
     *ok = dt == CUDNN_DATA_FLOAT && nd == 3 && dims[0] == 1 && dims[1] == rows && dims[2] == cols &&
           strides[1] == cols && strides[2] == 1;
     snprintf(got, gotlen, "dims {%d, %d, %d} strides {%d, %d, %d} (%d dims)", dims[0], dims[1],
@@ -304,8 +310,8 @@ static int locate_weights(mt_rnn_t *m, cudnn_state_t *st)
             mt__rnn_mats_t mats = mt__rnn_mats(s, m->w, l, d);
             for (int id = 0; id < 2 * s->gates; id++) {
                 void *ma = NULL, *ba = NULL;
-                CK(m, cudnnGetRNNWeightParams(st->h, st->rnn, p, st->weight_bytes, m->w, id, st->qd,
-                                              &ma, st->bd, &ba));
+                CK(m, dl->cudnnGetRNNWeightParams(st->h, st->rnn, p, st->weight_bytes, m->w, id,
+                                                  st->qd, &ma, st->bd, &ba));
                 bool rec = id >= s->gates;
                 int gi = rec ? id - s->gates : id;
                 int cols = rec ? s->hidden : in;
@@ -416,20 +422,20 @@ static int describe_shape(const mt_rnn_t *m, const mt_rnn_io_t *io)
     }
     shape_lengths(io, st->host_lens);
     st->packed = io->batch_sizes != NULL;
-    CK(m,
-       cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                 T, B, s->input, st->host_lens, NULL));
-    CK(m,
-       cudnnSetRNNDataDescriptor(st->yd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                 T, B, s->dirs * s->hidden, st->host_lens, NULL));
+    CK(m, dl->cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT,
+                                        CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, T, B, s->input,
+                                        st->host_lens, NULL));
+    CK(m, dl->cudnnSetRNNDataDescriptor(st->yd, CUDNN_DATA_FLOAT,
+                                        CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, T, B,
+                                        s->dirs * s->hidden, st->host_lens, NULL));
     int dims[3] = {s->layers * s->dirs, B, s->hidden};
     int strides[3] = {B * s->hidden, s->hidden, 1};
-    CK(m, cudnnSetTensorNdDescriptor(st->hd, CUDNN_DATA_FLOAT, 3, dims, strides));
+    CK(m, dl->cudnnSetTensorNdDescriptor(st->hd, CUDNN_DATA_FLOAT, 3, dims, strides));
     size_t unused;
-    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_INFERENCE, st->xd, &st->work_inf,
-                                    &unused));
-    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_TRAINING, st->xd,
-                                    &st->work_train, &st->reserve));
+    CK(m, dl->cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_INFERENCE, st->xd,
+                                        &st->work_inf, &unused));
+    CK(m, dl->cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_TRAINING, st->xd,
+                                        &st->work_train, &st->reserve));
     st->T = T;
     st->B = B;
     return 0;
@@ -593,21 +599,21 @@ static void cudnn_fini(mt_rnn_t *m)
     if (st->dstates)
         mt_alloc_free(m->alloc, st->dstates);
     if (st->qd)
-        cudnnDestroyTensorDescriptor(st->qd);
+        dl->cudnnDestroyTensorDescriptor(st->qd);
     if (st->bd)
-        cudnnDestroyTensorDescriptor(st->bd);
+        dl->cudnnDestroyTensorDescriptor(st->bd);
     if (st->hd)
-        cudnnDestroyTensorDescriptor(st->hd);
+        dl->cudnnDestroyTensorDescriptor(st->hd);
     if (st->yd)
-        cudnnDestroyRNNDataDescriptor(st->yd);
+        dl->cudnnDestroyRNNDataDescriptor(st->yd);
     if (st->xd)
-        cudnnDestroyRNNDataDescriptor(st->xd);
+        dl->cudnnDestroyRNNDataDescriptor(st->xd);
     if (st->rnn)
-        cudnnDestroyRNNDescriptor(st->rnn);
+        dl->cudnnDestroyRNNDescriptor(st->rnn);
     if (st->dd) /* after the RNN descriptor that refers to it */
-        cudnnDestroyDropoutDescriptor(st->dd);
+        dl->cudnnDestroyDropoutDescriptor(st->dd);
     if (st->h)
-        cudnnDestroy(st->h);
+        dl->cudnnDestroy(st->h);
     if (on_device)
         dev_leave(&g);
     free(st->host_lens);
@@ -629,16 +635,16 @@ static int init_dropout(mt_rnn_t *m, cudnn_state_t *st)
 {
     if (!mt__rnn_drop_on(&m->shape))
         return 0;
-    CK(m, cudnnCreateDropoutDescriptor(&st->dd));
-    CK(m, cudnnDropoutGetStatesSize(st->h, &st->dstates_bytes));
+    CK(m, dl->cudnnCreateDropoutDescriptor(&st->dd));
+    CK(m, dl->cudnnDropoutGetStatesSize(st->h, &st->dstates_bytes));
     int rc =
         mt_alloc_malloc(m->alloc, st->dstates_bytes, m->cfg.stream, MT_TAG_WORKSPACE, &st->dstates);
     if (rc)
         return rc;
     /* Initialises the states with a kernel on the handle's stream, the module's: in order
      * with the allocation above and the forwards that follow. */
-    CK(m, cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates, st->dstates_bytes,
-                                    dropout_seed(m)));
+    CK(m, dl->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
+                                        st->dstates_bytes, dropout_seed(m)));
     return 0;
 }
 
@@ -651,8 +657,8 @@ static int cudnn_drop_reseed(mt_rnn_t *m)
     int rc = dev_enter(m, &g);
     if (rc == 0)
         rc = check(m,
-                   cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
-                                             st->dstates_bytes, dropout_seed(m)),
+                   dl->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
+                                                 st->dstates_bytes, dropout_seed(m)),
                    "cudnnSetDropoutDescriptor");
     dev_leave(&g);
     return rc;
@@ -660,19 +666,19 @@ static int cudnn_drop_reseed(mt_rnn_t *m)
 
 static int init_state(mt_rnn_t *m, cudnn_state_t *st)
 {
-    CK(m, cudnnSetStream(st->h, (cudaStream_t)mt__cuda_stream_handle(m->cfg.stream)));
-    CK(m, cudnnCreateRNNDescriptor(&st->rnn));
-    CK(m, cudnnCreateRNNDataDescriptor(&st->xd));
-    CK(m, cudnnCreateRNNDataDescriptor(&st->yd));
-    CK(m, cudnnCreateTensorDescriptor(&st->hd));
-    CK(m, cudnnCreateTensorDescriptor(&st->qd));
-    CK(m, cudnnCreateTensorDescriptor(&st->bd));
+    CK(m, dl->cudnnSetStream(st->h, (cudaStream_t)mt__cuda_stream_handle(m->cfg.stream)));
+    CK(m, dl->cudnnCreateRNNDescriptor(&st->rnn));
+    CK(m, dl->cudnnCreateRNNDataDescriptor(&st->xd));
+    CK(m, dl->cudnnCreateRNNDataDescriptor(&st->yd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->hd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->qd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->bd));
     int rc = init_dropout(m, st);
     if (rc == 0)
         rc = set_rnn_descriptor(m, st);
     if (rc)
         return rc;
-    CK(m, cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
+    CK(m, dl->cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
     return locate_weights(m, st);
 }
 
@@ -680,6 +686,11 @@ static int cudnn_init(mt_rnn_t *m)
 {
     if (!mt__cuda_is_cuda(m->backend))
         return MT_ENOTSUP;
+    char why[384];
+    if (mt__dnn_open(&dl, why, sizeof why) != 0) {
+        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: %s", why);
+        return MT_ENODEV;
+    }
     cudnn_state_t *st = calloc(1, sizeof *st);
     if (!st)
         return MT_ENOMEM;
@@ -688,7 +699,7 @@ static int cudnn_init(mt_rnn_t *m)
      * fails (NOT_INITIALIZED): ENODEV, with the reason in the log. */
     /* The library loaded at run time may be older than the headers: cuDNN 9 encodes its
      * version as major * 10000 + minor * 100 + patch. */
-    size_t v = cudnnGetVersion();
+    size_t v = dl->cudnnGetVersion();
     if (v < 90000) {
         plog(m, MT_LOG_WARN,
              "rnn: cudnn unavailable: the loaded libcudnn is version %zu (%zu.%zu), this path "
@@ -705,11 +716,11 @@ static int cudnn_init(mt_rnn_t *m)
         cudnn_fini(m);
         return rc;
     }
-    cudnnStatus_t cs = cudnnCreate(&st->h);
+    cudnnStatus_t cs = dl->cudnnCreate(&st->h);
     if (cs != CUDNN_STATUS_SUCCESS) {
         st->h = NULL;
         plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: cudnnCreate: %s (%d)",
-             cudnnGetErrorString(cs), (int)cs);
+             dl->cudnnGetErrorString(cs), (int)cs);
         rc = status_to_mt(cs) == MT_ENOMEM ? MT_ENOMEM : MT_ENODEV;
     } else {
         rc = init_state(m, st);
@@ -799,12 +810,12 @@ static int forward_once(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, bool
         return rc;
     st->size_err = 0;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
-    CK(m, cudnnRNNForward(st->h, st->rnn,
-                          training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                          lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy, st->hd,
-                          lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes, ws,
-                          training ? st->work_train : st->work_inf, work,
-                          training ? st->reserve : 0, training ? reserve : NULL));
+    CK(m, dl->cudnnRNNForward(st->h, st->rnn,
+                              training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+                              lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy,
+                              st->hd, lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes,
+                              ws, training ? st->work_train : st->work_inf, work,
+                              training ? st->reserve : 0, training ? reserve : NULL));
     return 0;
 }
 
@@ -891,15 +902,15 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     st->size_err = 0;
     void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
     /* Data first: it leaves in the reserve what the weight gradients are computed from. */
-    CK(m, cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
-                                  st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
-                                  lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, ws,
-                                  st->work_train, work, st->reserve, reserve));
+    CK(m, dl->cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
+                                      st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
+                                      lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes,
+                                      ws, st->work_train, work, st->reserve, reserve));
     /* ADD: gradients accumulate in the module's grad buffer (zeroed by the module), or in
      * its cudnn-layout copy, which then goes back. */
-    CK(m, cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
-                                     io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dws,
-                                     st->work_train, work, st->reserve, reserve));
+    CK(m, dl->cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
+                                         io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes,
+                                         dws, st->work_train, work, st->reserve, reserve));
     return st->gather ? copy_regions(m, st, dw, st->sdw, false) : 0;
 }
 

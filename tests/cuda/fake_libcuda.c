@@ -572,7 +572,8 @@ void fake_cuda_idle(void)
     pthread_mutex_unlock(&fake.mu);
 }
 
-/* Forgets the call log and failure plan; live memory stays (tests destroy backends). */
+/* Forgets the call log, failure plan and injected faults; live memory stays (tests
+ * destroy backends). */
 void fake_cuda_reset(size_t capacity, int devices)
 {
     pthread_mutex_lock(&fake.mu);
@@ -584,6 +585,8 @@ void fake_cuda_reset(size_t capacity, int devices)
     memset(fake.peer, 0, sizeof fake.peer);
     fake.fail_name = NULL;
     fake.fail_count = 0;
+    for (int i = 0; i < MAXDEV; i++)
+        fake.ctxs[i].sticky = CUDA_SUCCESS; /* faults injected by earlier tests */
     pthread_mutex_unlock(&fake.mu);
 }
 
@@ -1544,6 +1547,13 @@ FAKE_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
     return r;
 }
 
+static CUstreamCaptureStatus capture_status(const fake_stream_t *s)
+{
+    return s->capture == 0   ? CU_STREAM_CAPTURE_STATUS_NONE
+           : s->capture == 1 ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                             : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+}
+
 FAKE_API CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
 {
     ENTER_CTX("cuStreamEndCapture", (uintptr_t)h, 0);
@@ -1575,9 +1585,7 @@ FAKE_API CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *s = stream_of(h, &r);
     if (s != NULL)
-        *st = s->capture == 0   ? CU_STREAM_CAPTURE_STATUS_NONE
-              : s->capture == 1 ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        *st = capture_status(s);
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -1593,9 +1601,7 @@ FAKE_API CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *s
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *s = stream_of(h, &r);
     if (s != NULL) {
-        *st = s->capture == 0   ? CU_STREAM_CAPTURE_STATUS_NONE
-              : s->capture == 1 ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+        *st = capture_status(s);
         if (id)
             *id = s->capture ? s->capture_id : 0;
         if (graph)

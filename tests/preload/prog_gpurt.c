@@ -79,6 +79,18 @@ static void *pt_thread(void *arg)
     return NULL;
 }
 
+static void *rt_ptr[2];
+
+static void *rt_pt_thread(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    if (cudaMallocAsync(&rt_ptr[i], MiB, cudaStreamPerThread) != cudaSuccess)
+        return (void *)1;
+    if (i == 0 && cudaFreeAsync(rt_ptr[0], cudaStreamPerThread) != cudaSuccess)
+        return (void *)1;
+    return NULL;
+}
+
 static int procaddr(void)
 {
     void *f = NULL;
@@ -104,6 +116,14 @@ static int procaddr(void)
         CHECK(pthread_join(t, &res) == 0 && res == NULL);
     }
     CHECK(thread_ptr[1] != thread_ptr[0]);
+    /* the runtime's per-thread stream too */
+    for (int i = 0; i < 2; i++) {
+        pthread_t t;
+        void *res = NULL;
+        CHECK(pthread_create(&t, NULL, rt_pt_thread, (void *)(intptr_t)i) == 0);
+        CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    }
+    CHECK(rt_ptr[1] != rt_ptr[0]);
     return 0;
 }
 
