@@ -45,7 +45,7 @@ struct mt_sym_s {
     size_t n_mod, cap_mod;
     proc_t *procs;
     size_t n_proc, cap_proc;
-    cache_ent_t *cache; /* 2 * MT_SYM_CACHE_MAX slots, open addressing */
+    cache_ent_t *cache; /* 2 * MT_SYM_CACHE_MAX slots, open addressing; NULL until used */
     size_t cache_n;
     char **strs; /* interned strings, open addressing; NULL = free */
     size_t str_slots, str_n, str_bytes;
@@ -120,13 +120,8 @@ int mt_sym_create(mt_sym_t **out)
     mt_sym_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         goto fail_struct;
-    s->cache = calloc(2 * (size_t)MT_SYM_CACHE_MAX, sizeof(*s->cache));
-    if (s->cache == NULL)
-        goto fail_cache;
     *out = s;
     return 0;
-fail_cache:
-    free(s);
 fail_struct:
     return MT_ENOMEM;
 }
@@ -179,6 +174,8 @@ static proc_t *proc_get(mt_sym_t *s, uint32_t pid, bool create)
 
 static void cache_clear(mt_sym_t *s)
 {
+    if (s->cache == NULL)
+        return;
     memset(s->cache, 0, 2 * (size_t)MT_SYM_CACHE_MAX * sizeof(*s->cache));
     s->cache_n = 0;
 }
@@ -364,6 +361,10 @@ static const char *const unknown_label = "unknown frame";
 int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
 {
     size_t slots = 2 * (size_t)MT_SYM_CACHE_MAX;
+    if (s->cache == NULL && (s->cache = calloc(slots, sizeof(*s->cache))) == NULL) {
+        *out = (mt_sym_frame_t){.offset = ip, .label = unknown_label};
+        return MT_ENOMEM;
+    }
     size_t j = (size_t)((ip * 0x9E3779B97F4A7C15ull) ^ (pid * 0xC2B2AE3D27D4EB4Full)) & (slots - 1);
     while (s->cache[j].used) {
         if (s->cache[j].ip == ip && s->cache[j].pid == pid) {
