@@ -37,16 +37,35 @@ static void site_name(const mt_cs_row_t *row, char *buf, size_t len)
 
 /* ---- JSON ---- */
 
+/* A JSON string of s; names from a producer may not be UTF-8: then its bytes >= 0x80 read
+ * '?'. */
+static json_t *jstr(const char *s)
+{
+    json_t *j = json_string(s);
+    if (j != NULL || s == NULL)
+        return j;
+    char *c = strdup(s);
+    if (c == NULL)
+        return NULL;
+    for (char *p = c; *p; p++) {
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    }
+    j = json_string(c);
+    free(c);
+    return j;
+}
+
 static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
 {
     json_t *o = json_object();
     if (o == NULL)
         return NULL;
-    int bad = json_object_set_new(o, "label", json_string(fr->label));
-    bad |= json_object_set_new(o, "function", fr->func ? json_string(fr->func) : json_null());
-    bad |= json_object_set_new(o, "file", fr->file ? json_string(fr->file) : json_null());
+    int bad = json_object_set_new(o, "label", jstr(fr->label));
+    bad |= json_object_set_new(o, "function", fr->func ? jstr(fr->func) : json_null());
+    bad |= json_object_set_new(o, "file", fr->file ? jstr(fr->file) : json_null());
     bad |= json_object_set_new(o, "line", json_integer(fr->line));
-    bad |= json_object_set_new(o, "module", fr->module ? json_string(fr->module) : json_null());
+    bad |= json_object_set_new(o, "module", fr->module ? jstr(fr->module) : json_null());
     bad |= json_object_set_new(o, "python", json_boolean(python));
     if (bad) {
         json_decref(o);
@@ -80,7 +99,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
         bad |= json_object_set_new(
             o, "blocks",
             json_integer((json_int_t)(row->blocks > INT64_MAX ? INT64_MAX : row->blocks)));
-        bad |= json_object_set_new(o, "site", json_string(site_label));
+        bad |= json_object_set_new(o, "site", jstr(site_label));
         bad |= json_object_set(o, "frames", frames);
         bad |= json_object_set_new(o, "truncated", json_boolean(row->truncated));
         if (row->stack != 0 && row->frames == NULL)

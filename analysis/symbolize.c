@@ -3,6 +3,9 @@
 #include "analysis/symbolize.h"
 
 #include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -303,10 +306,23 @@ static void module_report(mt_sym_t *s, module_t *m)
         if (p->dwfl == NULL)
             return;
     }
+    /* The path comes from the producer: only a regular file is read (a FIFO or a device
+     * would block or never end), opened without waiting. */
+    int fd = open(m->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    if (fd < 0)
+        return;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return;
+    }
     dwfl_report_begin_add(p->dwfl);
-    /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr. */
-    m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, -1, m->base, true);
+    /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr.
+     * On success the module owns fd. */
+    m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, fd, m->base, true);
     dwfl_report_end(p->dwfl, NULL, NULL);
+    if (m->mod == NULL)
+        close(fd);
     m->trusted = m->mod != NULL && build_id_matches(m->mod, m->build_id);
 }
 

@@ -127,6 +127,22 @@ static void test_rows(void **state)
     mt_sym_destroy(&s);
 }
 
+/* Names from a producer that are not UTF-8 still make a JSON row (bytes read '?'). */
+static void test_not_utf8(void **state)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    mt_cs_frame_t fr = {.py_func = "bad\xff\xfename", .py_file = "/x/\xc3.py", .py_line = 3};
+    mt_cs_row_t row = {.stack = 9, .bytes = 10, .blocks = 1, .frames = &fr, .n_frames = 1};
+    json_t *a = mt_cs_rows_json(s, 1, &row, 1, 5, false);
+    assert_non_null(a);
+    json_t *f0 = json_array_get(json_object_get(json_array_get(a, 0), "frames"), 0);
+    assert_string_equal(json_string_value(json_object_get(f0, "function")), "bad??name");
+    assert_string_equal(json_string_value(json_object_get(f0, "label")), "bad??name (?.py:3)");
+    json_decref(a);
+    mt_sym_destroy(&s);
+}
+
 static void test_module_lines(void **state)
 {
     static const struct {
@@ -165,7 +181,7 @@ static void test_module_lines(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rows),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rows), cmocka_unit_test(test_not_utf8),
                                        cmocka_unit_test(test_module_lines)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
