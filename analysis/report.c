@@ -59,6 +59,7 @@ struct mt__report_s {
     uint64_t lines, events, malformed;
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
+    mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -73,6 +74,10 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     mt__report_t *r = calloc(1, sizeof(*r));
     if (!r)
         return MT_ENOMEM;
+    if (mt_sym_create(&r->sym) != 0) {
+        free(r);
+        return MT_ENOMEM;
+    }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
@@ -91,6 +96,7 @@ void mt__report_destroy(mt__report_t **pr)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt_sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
@@ -452,7 +458,7 @@ static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, dou
                      f.utilization, "fragmentation", f.fragmentation);
 }
 
-static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
+static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_model_t *m = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true};
@@ -501,6 +507,12 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
     res = uncertain_json(res, &d);
+    if (res != NULL && cfg->by_callsite &&
+        json_object_set_new(res, "callsites",
+                            mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg->top)) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
 out:
     json_decref(tl);
     mt_model_destroy(&m);
@@ -513,7 +525,7 @@ json_t *mt__report_result(mt__report_t *r)
     if (!procs)
         return NULL;
     for (size_t i = 0; i < r->nprocs; i++) {
-        json_t *p = analyse(&r->cfg, &r->procs[i]);
+        json_t *p = analyse(&r->cfg, &r->procs[i], r->sym);
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;
@@ -594,4 +606,28 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
 void mt__report_map_free(mt__report_map_t *m)
 {
     mt_model_map_free(m);
+}
+
+int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
+{
+    *out = NULL;
+    if (i >= r->nprocs)
+        return MT_EINVAL;
+    const proc_t *p = &r->procs[i];
+    mt_model_cfg_t mc = {.keep_iterations = true};
+    mt_model_t *m = NULL;
+    int rc = mt_model_create(&m, &mc);
+    for (size_t k = 0; rc == 0 && k < p->evs.n; k++)
+        rc = mt_model_apply(m, &p->evs.v[k]);
+    if (rc != 0) {
+        mt_model_destroy(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+mt_sym_t *mt__report_symbolizer(mt__report_t *r)
+{
+    return r->sym;
 }
