@@ -90,6 +90,9 @@ typedef mt_model_map_t mt__report_map_t;
  * pinned host memory (pool host) when host. Free with mt__report_map_free. */
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out);
+/* The model of process i after all its events, with its stack table and module map
+ * (keep_iterations on): for per-stack views (mt_model_stacks). *out is new. */
+int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
 void mt__report_map_free(mt__report_map_t *m);
 
 /* The model of process i after all its events (iterations kept). New; MT_EINVAL: no such

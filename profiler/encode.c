@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "profiler/internal.h"
+#include "util/text.h"
 
 /* The literal prefixes below write "v":1. */
 _Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema version literally");
@@ -124,38 +125,6 @@ static char *put_hex(char *w, uint64_t v)
 
 #define LIT(w, s) (memcpy((w), (s), sizeof(s) - 1), (w) + sizeof(s) - 1)
 
-/* Length of the well-formed UTF-8 sequence starting at p (Unicode table 3-7: no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0 if there is none. Stops at the
- * first byte out of range, so it never reads past a terminating NUL. */
-static int utf8_len(const unsigned char *p)
-{
-    unsigned c = p[0], lo = 0x80, hi = 0xbf;
-    int n;
-    if (c < 0x80)
-        return 1;
-    if (c < 0xc2)
-        return 0;
-    if (c < 0xe0) {
-        n = 2;
-    } else if (c < 0xf0) {
-        n = 3;
-        lo = c == 0xe0 ? 0xa0 : lo;
-        hi = c == 0xed ? 0x9f : hi;
-    } else if (c < 0xf5) {
-        n = 4;
-        lo = c == 0xf0 ? 0x90 : lo;
-        hi = c == 0xf4 ? 0x8f : hi;
-    } else {
-        return 0;
-    }
-    if (p[1] < lo || p[1] > hi)
-        return 0;
-    for (int i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xbf)
-            return 0;
-    return n;
-}
-
 /* A JSON string: at most ESC_MAX bytes per input byte plus the quotes. */
 static char *put_str(char *w, const char *s)
 {
@@ -182,7 +151,7 @@ static char *put_str(char *w, const char *s)
             }
             p++;
         } else {
-            int n = utf8_len(p);
+            int n = mt__text_utf8_len(p);
             if (n == 0) {
                 w = LIT(w, "\\ufffd");
                 p++;
@@ -263,6 +232,26 @@ static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char 
 size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                            const char *(*tag_name)(void *ud, int tag), void *ud)
 {
+    return mt_prof_alloc_write(buf, cap, ev, pid, 0, tag_name, ud);
+}
+
+size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid, uint32_t stack,
+                           const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    if (ev->kind == MT_EV_STACK_REF) {
+        if (!buf || cap <= FIXED_MAX)
+            return FIXED_MAX + 1;
+        char *w = write_head(buf, ev, pid);
+        w = LIT(w, ",\"kind\":\"stack_ref\",\"addr\":");
+        w = put_hex(w, ev->addr);
+        w = LIT(w, ",\"pool\":");
+        w = put_str(w, mt_pool_name(ev->pool));
+        w = LIT(w, ",\"stack\":");
+        w = put_sat(w, ev->size);
+        w = LIT(w, "}\n");
+        *w = '\0';
+        return (size_t)(w - buf);
+    }
     if (ev->kind == MT_EV_GAP) {
         if (!buf || cap <= FIXED_MAX)
             return FIXED_MAX + 1;
@@ -316,6 +305,10 @@ size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     w = put_sat(w, ev->allocated);
     w = LIT(w, ",\"reserved\":");
     w = put_sat(w, ev->reserved);
+    if (stack != 0 && ev->kind == MT_EV_ALLOC) {
+        w = LIT(w, ",\"stack\":");
+        w = put_u64(w, stack);
+    }
     w = LIT(w, "}\n");
     *w = '\0';
     return (size_t)(w - buf);

@@ -2,7 +2,11 @@
  *
  * Honest status: this file has run only against the fake cuDNN in tests/rnn_cudnn (over the
  * fake driver of tests/cuda), never on a GPU. The fake checks the calls, their order, the
- * sizes and the pointers; the numbers cuDNN would compute are not checked here.
+ * sizes and the pointers, and computes a reference RNN from the weights where it says they
+ * are, so the numbers are compared with the cpu path's (docs/cudnn.md).
+ *
+ * Loading: libcudnn and the runtime calls are loaded at the first init (cudnn_lib.c); the
+ * loaded version must be 9 or newer, and is logged.
  *
  * Call sequence (design.md §2): at init, cudnnSetRNNDescriptor_v8 (algo STANDARD, double
  * bias, mathType FMA for fp32 parity with the CPU path), cudnnGetRNNWeightSpaceSize (must
@@ -13,14 +17,14 @@
  * left in the reserve). Weight gradients are accumulated (CUDNN_WGRAD_MODE_ADD) into the
  * module's grad buffer, which the module zeroes at creation and on mt_rnn_zero_grads.
  *
- * Weight layout: the module's flat buffer (and every view of it) is cuDNN's canonical
- * layout. When cuDNN reports exactly that layout (the expected case for fp32), the flat
- * weight and grad buffers go to cuDNN as they are. When it reports another one (a different
- * size, padding, another order), the path keeps a weight space and a grad space in cuDNN's
- * layout (tagged weights and grads), gathers every matrix into it with device copies before
- * each call, zeroes the grad space before backward weights, and adds it into the module's
- * grad buffer region by region (cudnnAddTensor), so gradients still accumulate where the
- * views are. That costs one copy per matrix and bias per call, and is logged once.
+ * Weight layout: the module's flat buffer (and every view of it) is the engine's layout
+ * (per pseudo-layer: matrices, then biases). When cuDNN reports exactly that layout, the flat
+ * weight and grad buffers go to cuDNN as they are. When it reports another one (all
+ * matrices first, as public descriptions of cuDNN give it; padding; a larger space), the
+ * path keeps a weight space and a grad space in cuDNN's layout (tagged weights and grads,
+ * zeroed once), copies the weights there before each call and, around backward weights, the
+ * module's gradients there and back, so gradients still accumulate where the views are.
+ * Regions adjacent in both layouts are copied together; the cost is in docs/cudnn.md.
  *
  * Data layout: our tensors are cuDNN's SEQ_MAJOR_PACKED layout: dense [T, B, F] when every
  * sequence is T long, and the packed [tokens, F] of a packed batch (io.batch_sizes), whose
@@ -49,8 +53,6 @@
  * on the module's stream (cudnnSetStream), the stream the allocator orders those blocks on.
  * Inference of a unidirectional module runs chunk by chunk (MT__RNN_CHUNK steps), so its
  * workspace does not grow with the sequence length. */
-#include <cuda_runtime_api.h>
-#include <cudnn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +62,18 @@
 #include "memtrace/backend.h"
 
 #include "backend/backend_cuda.h"
+#include "rnn/cudnn_lib.h"
 #include "rnn/internal.h"
+
+/* The RNN API used here (cudnnRNNForward, the _v8 backward calls, cudnnGetRNNWeightParams,
+ * cudnnGetLastErrorString) is cuDNN 9's; meson checks this too and leaves the path out. */
+#if CUDNN_MAJOR < 9
+#error "the cudnn compute path needs cuDNN >= 9"
+#endif
+
+/* libcudnn and the runtime calls, loaded by the first module's init (cudnn_lib.c) and kept
+ * for the process: every call below goes through it. */
+static const mt__dnn_t *dl;
 
 /* One matrix or bias: byte offsets in our flat buffer and in cuDNN's weight space. */
 typedef struct region_s {
@@ -80,7 +93,6 @@ typedef struct cudnn_state_s {
     cudnnTensorDescriptor_t hd;  /* [L*D, B, H]: hx, hy, cx, cy and their gradients */
     cudnnTensorDescriptor_t qd;  /* scratch for cudnnGetRNNWeightParams answers */
     cudnnTensorDescriptor_t bd;
-    cudnnTensorDescriptor_t ad;  /* one region, for cudnnAddTensor */
     cudnnDropoutDescriptor_t dd; /* dropout, or NULL (no dropout: NULL to cuDNN) */
     void *dstates;               /* dd's generator states (tagged workspace) */
     size_t dstates_bytes;        /* cudnnDropoutGetStatesSize */
@@ -92,13 +104,15 @@ typedef struct cudnn_state_s {
     float *sdw;  /* its gradients (weight_bytes, tagged grads) */
     int T, B;
     size_t work_inf, work_train, reserve;
-    int size_err;   /* a size query failed: the next forward/backward returns it */
+    int size_err;   /* the last failed size query's code, 0 after a pass found its sizes */
     int *host_lens; /* B ints: the data descriptors' seqLengthArray (each T unless packed) */
     int host_cap;
     bool packed;    /* the described shape has per-sequence lengths (host_lens) */
     int32_t *plens; /* packed: devSeqLengths of the described shape (plens_cap ints) */
     int plens_cap;
-    int32_t *lens; /* devSeqLengths for every T <= lens_T, B <= lens_B */
+    int32_t *lens;     /* devSeqLengths for every T <= lens_T, B <= lens_B */
+    uint32_t *sum_buf; /* host staging of cudnn_checksum (sum_cap words) */
+    size_t sum_cap;
     int lens_T, lens_B;
 } cudnn_state_t;
 
@@ -133,9 +147,13 @@ static int status_to_mt(cudnnStatus_t s)
 static int check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
 {
     int rc = status_to_mt(s);
-    if (rc)
-        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)", what, cudnnGetErrorString(s),
-             (int)s);
+    if (rc) {
+        /* cuDNN 9 says why in its per-thread last-error text: the status alone rarely does. */
+        char why[512] = "";
+        dl->cudnnGetLastErrorString(why, sizeof why);
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)%s%s", what,
+             dl->cudnnGetErrorString(s), (int)s, why[0] ? ": " : "", why);
+    }
     return rc;
 }
 
@@ -156,14 +174,14 @@ static int dev_enter(const mt_rnn_t *m, dev_guard_t *g)
 {
     g->switched = false;
     int dev = mt_backend_device(m->backend);
-    cudaError_t e = cudaGetDevice(&g->prev);
+    cudaError_t e = dl->cudaGetDevice(&g->prev);
     if (e == cudaSuccess && g->prev != dev) {
-        e = cudaSetDevice(dev);
+        e = dl->cudaSetDevice(dev);
         g->switched = e == cudaSuccess;
     }
     if (e != cudaSuccess) {
         plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: selecting device %d: %s (%d)", dev,
-             cudaGetErrorString(e), (int)e);
+             dl->cudaGetErrorString(e), (int)e);
         return MT_ENODEV;
     }
     return 0;
@@ -172,7 +190,7 @@ static int dev_enter(const mt_rnn_t *m, dev_guard_t *g)
 static void dev_leave(const dev_guard_t *g)
 {
     if (g->switched)
-        cudaSetDevice(g->prev);
+        dl->cudaSetDevice(g->prev);
 }
 
 static size_t align_up(size_t n, size_t a)
@@ -193,48 +211,55 @@ static int set_rnn_descriptor(mt_rnn_t *m, cudnn_state_t *st)
     };
     /* dd: the dropout descriptor, NULL without dropout. projSize = hiddenSize means no LSTM
      * projection. */
-    CK(m, cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
-                                   s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
-                                   s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
-                                   CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
-                                   CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers,
-                                   st->dd, CUDNN_RNN_PADDED_IO_DISABLED));
+    CK(m, dl->cudnnSetRNNDescriptor_v8(st->rnn, CUDNN_RNN_ALGO_STANDARD, modes[s->mode],
+                                       s->bias ? CUDNN_RNN_DOUBLE_BIAS : CUDNN_RNN_NO_BIAS,
+                                       s->dirs == 2 ? CUDNN_BIDIRECTIONAL : CUDNN_UNIDIRECTIONAL,
+                                       CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                                       CUDNN_FMA_MATH, s->input, s->hidden, s->hidden, s->layers,
+                                       st->dd, CUDNN_RNN_PADDED_IO_DISABLED));
     return 0;
 }
 
-/* Elements described by a tensor descriptor cudnnGetRNNWeightParams filled. */
-static int desc_numel(const mt_rnn_t *m, cudnnTensorDescriptor_t d, size_t *out)
+/* True when d (as cudnnGetRNNWeightParams filled it) describes a row-major [rows x cols]
+ * float matrix, as the engine's views keep each gate's rows: dims {1, rows, cols}, strides
+ * {rows cols, cols, 1}. Counting elements is not enough: a transposed or strided answer has
+ * as many and would be read in another order. */
+static int desc_matches(const mt_rnn_t *m, cudnnTensorDescriptor_t d, int rows, int cols, bool *ok,
+                        char *got, size_t gotlen)
 {
     cudnnDataType_t dt;
-    int nd = 0, dims[8], strides[8];
-    CK(m, cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
-    size_t n = 1;
-    for (int i = 0; i < nd && i < 8; i++)
-        n *= (size_t)dims[i];
-    *out = nd > 0 ? n : 0;
+    int nd = 0, dims[8] = {0}, strides[8] = {0};
+    CK(m, dl->cudnnGetTensorNdDescriptor(d, 8, &dt, &nd, dims, strides));
+    *ok = dt == CUDNN_DATA_FLOAT && nd == 3 && dims[0] == 1 && dims[1] == rows && dims[2] == cols &&
+          strides[1] == cols && strides[2] == 1;
+    snprintf(got, gotlen, "dims {%d, %d, %d} strides {%d, %d, %d} (%d dims)", dims[0], dims[1],
+             dims[2], strides[0], strides[1], strides[2], nd);
     return 0;
 }
 
 /* Records where cuDNN keeps one matrix or bias (got, relative to base) against where our
- * canonical layout keeps it (want). A region cuDNN describes with another element count,
- * or places outside its weight space, cannot be translated: MT_ENOTSUP. */
+ * canonical layout keeps it (want, rows x cols). A region cuDNN describes with another
+ * shape or strides, or places outside its weight space, cannot be translated: MT_ENOTSUP. */
 static int add_region(mt_rnn_t *m, cudnn_state_t *st, const char *what, int p, int id,
-                      const void *got, cudnnTensorDescriptor_t d, const float *want, size_t want_n)
+                      const void *got, cudnnTensorDescriptor_t d, const float *want, int rows,
+                      int cols)
 {
     if (!want && !got)
         return 0;
-    size_t n = 0;
-    int rc = got ? desc_numel(m, d, &n) : 0;
+    bool ok = false;
+    char shape[160] = "no address";
+    int rc = got ? desc_matches(m, d, rows, cols, &ok, shape, sizeof shape) : 0;
     if (rc)
         return rc;
-    size_t bytes = want_n * sizeof(float);
+    size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
     ptrdiff_t off = got ? (const char *)got - (const char *)m->w : -1;
-    if (!want || !got || n != want_n || off < 0 || off % (ptrdiff_t)sizeof(float) != 0 ||
+    if (!want || !ok || off < 0 || off % (ptrdiff_t)sizeof(float) != 0 ||
         (size_t)off > st->weight_bytes || st->weight_bytes - (size_t)off < bytes) {
         plog(m, MT_LOG_ERROR,
-             "rnn: cudnn describes the %s of pseudo-layer %d, linear layer %d as %zu floats at "
-             "byte %td of a %zu-byte weight space; the module has %zu floats there",
-             what, p, id, n, off, st->weight_bytes, want ? want_n : 0);
+             "rnn: cudnn describes the %s of pseudo-layer %d, linear layer %d as %s at byte %td "
+             "of a %zu-byte weight space; the module has a row-major [%d x %d] float %s there",
+             what, p, id, shape, off, st->weight_bytes, want ? rows : 0, cols,
+             want ? "block" : "nothing");
         return MT_ENOTSUP;
     }
     st->regions[st->nregions++] = (region_t){
@@ -243,6 +268,30 @@ static int add_region(mt_rnn_t *m, cudnn_state_t *st, const char *what, int p, i
         .bytes = bytes,
     };
     return 0;
+}
+
+static int by_ours(const void *a, const void *b)
+{
+    const region_t *x = a, *y = b;
+    return x->ours < y->ours ? -1 : x->ours > y->ours;
+}
+
+/* Regions next to each other in both layouts become one copy: cuDNN's layout keeps each
+ * pseudo-layer's matrices together and its biases together, so a gather is 2 copies per
+ * pseudo-layer (1 without bias), not one per gate. */
+static void coalesce(cudnn_state_t *st)
+{
+    qsort(st->regions, st->nregions, sizeof *st->regions, by_ours);
+    size_t n = 0;
+    for (size_t i = 0; i < st->nregions; i++) {
+        region_t *last = n ? &st->regions[n - 1] : NULL;
+        const region_t *r = &st->regions[i];
+        if (last && last->ours + last->bytes == r->ours && last->dnn + last->bytes == r->dnn)
+            last->bytes += r->bytes;
+        else
+            st->regions[n++] = *r;
+    }
+    st->nregions = n;
 }
 
 /* Asks cuDNN where every matrix and bias lives (addresses relative to a weight space at
@@ -255,72 +304,73 @@ static int locate_weights(mt_rnn_t *m, cudnn_state_t *st)
     if (!st->regions)
         return MT_ENOMEM;
     for (int l = 0; l < s->layers; l++) {
-        size_t in = (size_t)mt__rnn_layer_in(s, l);
+        int in = mt__rnn_layer_in(s, l);
         for (int d = 0; d < s->dirs; d++) {
             int p = l * s->dirs + d;
             mt__rnn_mats_t mats = mt__rnn_mats(s, m->w, l, d);
             for (int id = 0; id < 2 * s->gates; id++) {
                 void *ma = NULL, *ba = NULL;
-                CK(m, cudnnGetRNNWeightParams(st->h, st->rnn, p, st->weight_bytes, m->w, id, st->qd,
-                                              &ma, st->bd, &ba));
+                CK(m, dl->cudnnGetRNNWeightParams(st->h, st->rnn, p, st->weight_bytes, m->w, id,
+                                                  st->qd, &ma, st->bd, &ba));
                 bool rec = id >= s->gates;
                 int gi = rec ? id - s->gates : id;
-                const float *wm = rec ? mats.r + (size_t)gi * H * H : mats.w + (size_t)gi * H * in;
+                int cols = rec ? s->hidden : in;
+                const float *wm = (rec ? mats.r : mats.w) + (size_t)gi * H * (size_t)cols;
                 const float *wb = NULL;
                 if (s->bias)
                     wb = (rec ? mats.br : mats.bw) + (size_t)gi * H;
-                int rc = add_region(m, st, "matrix", p, id, ma, st->qd, wm, H * (rec ? H : in));
+                int rc = add_region(m, st, "matrix", p, id, ma, st->qd, wm, s->hidden, cols);
                 if (rc == 0)
-                    rc = add_region(m, st, "bias", p, id, ba, st->bd, wb, wb ? H : 0);
+                    rc = add_region(m, st, "bias", p, id, ba, st->bd, wb, wb ? s->hidden : 0, 1);
                 if (rc)
                     return rc;
             }
         }
     }
+    coalesce(st);
     st->gather = st->weight_bytes != m->weight_floats * sizeof(float);
     for (size_t i = 0; i < st->nregions; i++)
         st->gather = st->gather || st->regions[i].dnn != st->regions[i].ours;
     if (!st->gather)
         return 0;
-    plog(m, MT_LOG_INFO,
-         "rnn: cudnn's weight layout (%zu bytes) is not the canonical one (%zu bytes): every call "
-         "gathers the %zu matrices and biases into a cudnn-layout copy",
-         st->weight_bytes, m->weight_floats * sizeof(float), st->nregions);
+    /* Zeroed once: the bytes between and after the regions are never written again, and
+     * cuDNN may read the whole space (garbage there could be NaN). */
     int rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_WEIGHTS,
                              (void **)&st->sw);
     if (rc == 0)
         rc = mt_alloc_malloc(m->alloc, st->weight_bytes, m->cfg.stream, MT_TAG_GRADS,
                              (void **)&st->sdw);
+    if (rc == 0)
+        rc = mt_memset_async(m->backend, st->sw, 0, st->weight_bytes, m->cfg.stream);
+    if (rc == 0)
+        rc = mt_memset_async(m->backend, st->sdw, 0, st->weight_bytes, m->cfg.stream);
+    if (rc == 0)
+        plog(m, MT_LOG_INFO,
+             "rnn: cudnn's weight layout (%zu bytes) is not the engine's (%zu bytes): each "
+             "forward copies the weights into a cudnn-layout copy and each backward the weights "
+             "and gradients there and the gradients back (%zu copies of %zu bytes each way), "
+             "and the two copies hold %zu bytes",
+             st->weight_bytes, m->weight_floats * sizeof(float), st->nregions,
+             m->weight_floats * sizeof(float), 2 * st->weight_bytes);
     return rc;
 }
 
-/* Gather mode: w (our layout) into sw (cuDNN's), on the module's stream. */
-static int gather(mt_rnn_t *m, cudnn_state_t *st, const float *w)
+/* Gather mode: copies every region of src (one layout) to dst (the other), on the module's
+ * stream; to_dnn: ours -> cuDNN's. */
+static int copy_regions(mt_rnn_t *m, cudnn_state_t *st, void *dst, const void *src, bool to_dnn)
 {
     for (size_t i = 0; i < st->nregions; i++) {
         const region_t *r = &st->regions[i];
-        int rc = mt_memcpy_async(m->backend, (char *)st->sw + r->dnn, (const char *)w + r->ours,
-                                 r->bytes, MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
+        size_t from = to_dnn ? r->ours : r->dnn, to = to_dnn ? r->dnn : r->ours;
+        int rc = mt_memcpy_async(m->backend, (char *)dst + to, (const char *)src + from, r->bytes,
+                                 MT_MEMCPY_DEVICE_TO_DEVICE, m->cfg.stream);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-/* Gather mode: dw (our layout) += sdw (cuDNN's), region by region. */
-static int scatter_add(mt_rnn_t *m, cudnn_state_t *st, float *dw)
-{
-    const float one = 1.0f;
-    for (size_t i = 0; i < st->nregions; i++) {
-        const region_t *r = &st->regions[i];
-        int n = (int)(r->bytes / sizeof(float));
-        int dims[4] = {1, n, 1, 1}, strides[4] = {n, 1, 1, 1};
-        CK(m, cudnnSetTensorNdDescriptor(st->ad, CUDNN_DATA_FLOAT, 4, dims, strides));
-        CK(m, cudnnAddTensor(st->h, &one, st->ad, (const char *)st->sdw + r->dnn, &one, st->ad,
-                             (char *)dw + r->ours));
-    }
-    return 0;
-}
+/* ---- data descriptors ---- */
 
 /* Length of each sequence of io's shape: T each, or from the batch sizes (sequence b runs
  * while b < batch_sizes[t]). */
@@ -372,20 +422,20 @@ static int describe_shape(const mt_rnn_t *m, const mt_rnn_io_t *io)
     }
     shape_lengths(io, st->host_lens);
     st->packed = io->batch_sizes != NULL;
-    CK(m,
-       cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                 T, B, s->input, st->host_lens, NULL));
-    CK(m,
-       cudnnSetRNNDataDescriptor(st->yd, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED,
-                                 T, B, s->dirs * s->hidden, st->host_lens, NULL));
+    CK(m, dl->cudnnSetRNNDataDescriptor(st->xd, CUDNN_DATA_FLOAT,
+                                        CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, T, B, s->input,
+                                        st->host_lens, NULL));
+    CK(m, dl->cudnnSetRNNDataDescriptor(st->yd, CUDNN_DATA_FLOAT,
+                                        CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED, T, B,
+                                        s->dirs * s->hidden, st->host_lens, NULL));
     int dims[3] = {s->layers * s->dirs, B, s->hidden};
     int strides[3] = {B * s->hidden, s->hidden, 1};
-    CK(m, cudnnSetTensorNdDescriptor(st->hd, CUDNN_DATA_FLOAT, 3, dims, strides));
+    CK(m, dl->cudnnSetTensorNdDescriptor(st->hd, CUDNN_DATA_FLOAT, 3, dims, strides));
     size_t unused;
-    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_INFERENCE, st->xd, &st->work_inf,
-                                    &unused));
-    CK(m, cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_TRAINING, st->xd,
-                                    &st->work_train, &st->reserve));
+    CK(m, dl->cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_INFERENCE, st->xd,
+                                        &st->work_inf, &unused));
+    CK(m, dl->cudnnGetRNNTempSpaceSizes(st->h, st->rnn, CUDNN_FWD_MODE_TRAINING, st->xd,
+                                        &st->work_train, &st->reserve));
     st->T = T;
     st->B = B;
     return 0;
@@ -498,17 +548,34 @@ static const int32_t *lengths(const cudnn_state_t *st)
     return st->lens + (size_t)(st->T - 1) * (size_t)st->lens_B;
 }
 
-/* Everything a compute call needs for io's shape. */
+/* Everything a compute call needs for io's shape. A size query that failed earlier is not
+ * returned here: the shape is described afresh, and covers() catches the pass whose
+ * buffers were sized by the failed query. */
 static int prepare(mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    cudnn_state_t *st = S(m);
-    int rc = st->size_err;
-    st->size_err = 0;
+    int rc = set_shape(m, io);
     if (rc == 0)
-        rc = set_shape(m, io);
-    if (rc == 0)
-        rc = device_lengths(m, st);
+        rc = device_lengths(m, S(m));
     return rc;
+}
+
+/* The buffer at p (an allocator block, or a place inside one) has at least need bytes from
+ * p on. A pointer the allocator does not know cannot be measured and passes. Short: the
+ * error of the failed size query that sized it (logged then), else MT_EINVAL. */
+static int covers(const mt_rnn_t *m, const void *p, size_t need, const char *what)
+{
+    cudnn_state_t *st = S(m);
+    void *base = NULL;
+    size_t size = 0;
+    int tag;
+    if (need == 0 || (p && mt_alloc_block_info(m->alloc, p, &base, &size, &tag) != 0))
+        return 0;
+    size_t have = p ? size - (size_t)((const char *)p - (const char *)base) : 0;
+    if (have >= need)
+        return 0;
+    plog(m, MT_LOG_ERROR, "rnn: cudnn: the %s has %zu bytes, cuDNN needs %zu for this shape%s",
+         what, have, need, st->size_err ? " (its size query failed)" : "");
+    return st->size_err ? st->size_err : MT_EINVAL;
 }
 
 /* ---- the path ---- */
@@ -531,28 +598,27 @@ static void cudnn_fini(mt_rnn_t *m)
         mt_alloc_free(m->alloc, st->sdw);
     if (st->dstates)
         mt_alloc_free(m->alloc, st->dstates);
-    if (st->ad)
-        cudnnDestroyTensorDescriptor(st->ad);
     if (st->qd)
-        cudnnDestroyTensorDescriptor(st->qd);
+        dl->cudnnDestroyTensorDescriptor(st->qd);
     if (st->bd)
-        cudnnDestroyTensorDescriptor(st->bd);
+        dl->cudnnDestroyTensorDescriptor(st->bd);
     if (st->hd)
-        cudnnDestroyTensorDescriptor(st->hd);
+        dl->cudnnDestroyTensorDescriptor(st->hd);
     if (st->yd)
-        cudnnDestroyRNNDataDescriptor(st->yd);
+        dl->cudnnDestroyRNNDataDescriptor(st->yd);
     if (st->xd)
-        cudnnDestroyRNNDataDescriptor(st->xd);
+        dl->cudnnDestroyRNNDataDescriptor(st->xd);
     if (st->rnn)
-        cudnnDestroyRNNDescriptor(st->rnn);
+        dl->cudnnDestroyRNNDescriptor(st->rnn);
     if (st->dd) /* after the RNN descriptor that refers to it */
-        cudnnDestroyDropoutDescriptor(st->dd);
+        dl->cudnnDestroyDropoutDescriptor(st->dd);
     if (st->h)
-        cudnnDestroy(st->h);
+        dl->cudnnDestroy(st->h);
     if (on_device)
         dev_leave(&g);
     free(st->host_lens);
     free(st->regions);
+    free(st->sum_buf);
     free(st);
     m->path_state = NULL;
 }
@@ -569,16 +635,16 @@ static int init_dropout(mt_rnn_t *m, cudnn_state_t *st)
 {
     if (!mt__rnn_drop_on(&m->shape))
         return 0;
-    CK(m, cudnnCreateDropoutDescriptor(&st->dd));
-    CK(m, cudnnDropoutGetStatesSize(st->h, &st->dstates_bytes));
+    CK(m, dl->cudnnCreateDropoutDescriptor(&st->dd));
+    CK(m, dl->cudnnDropoutGetStatesSize(st->h, &st->dstates_bytes));
     int rc =
         mt_alloc_malloc(m->alloc, st->dstates_bytes, m->cfg.stream, MT_TAG_WORKSPACE, &st->dstates);
     if (rc)
         return rc;
     /* Initialises the states with a kernel on the handle's stream, the module's: in order
      * with the allocation above and the forwards that follow. */
-    CK(m, cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates, st->dstates_bytes,
-                                    dropout_seed(m)));
+    CK(m, dl->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
+                                        st->dstates_bytes, dropout_seed(m)));
     return 0;
 }
 
@@ -591,8 +657,8 @@ static int cudnn_drop_reseed(mt_rnn_t *m)
     int rc = dev_enter(m, &g);
     if (rc == 0)
         rc = check(m,
-                   cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
-                                             st->dstates_bytes, dropout_seed(m)),
+                   dl->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout, st->dstates,
+                                                 st->dstates_bytes, dropout_seed(m)),
                    "cudnnSetDropoutDescriptor");
     dev_leave(&g);
     return rc;
@@ -600,20 +666,19 @@ static int cudnn_drop_reseed(mt_rnn_t *m)
 
 static int init_state(mt_rnn_t *m, cudnn_state_t *st)
 {
-    CK(m, cudnnSetStream(st->h, (cudaStream_t)mt__cuda_stream_handle(m->cfg.stream)));
-    CK(m, cudnnCreateRNNDescriptor(&st->rnn));
-    CK(m, cudnnCreateRNNDataDescriptor(&st->xd));
-    CK(m, cudnnCreateRNNDataDescriptor(&st->yd));
-    CK(m, cudnnCreateTensorDescriptor(&st->hd));
-    CK(m, cudnnCreateTensorDescriptor(&st->qd));
-    CK(m, cudnnCreateTensorDescriptor(&st->bd));
-    CK(m, cudnnCreateTensorDescriptor(&st->ad));
+    CK(m, dl->cudnnSetStream(st->h, (cudaStream_t)mt__cuda_stream_handle(m->cfg.stream)));
+    CK(m, dl->cudnnCreateRNNDescriptor(&st->rnn));
+    CK(m, dl->cudnnCreateRNNDataDescriptor(&st->xd));
+    CK(m, dl->cudnnCreateRNNDataDescriptor(&st->yd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->hd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->qd));
+    CK(m, dl->cudnnCreateTensorDescriptor(&st->bd));
     int rc = init_dropout(m, st);
     if (rc == 0)
         rc = set_rnn_descriptor(m, st);
     if (rc)
         return rc;
-    CK(m, cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
+    CK(m, dl->cudnnGetRNNWeightSpaceSize(st->h, st->rnn, &st->weight_bytes));
     return locate_weights(m, st);
 }
 
@@ -621,23 +686,41 @@ static int cudnn_init(mt_rnn_t *m)
 {
     if (!mt__cuda_is_cuda(m->backend))
         return MT_ENOTSUP;
+    char why[384];
+    if (mt__dnn_open(&dl, why, sizeof why) != 0) {
+        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: %s", why);
+        return MT_ENODEV;
+    }
     cudnn_state_t *st = calloc(1, sizeof *st);
     if (!st)
         return MT_ENOMEM;
     m->path_state = st;
     /* Where there is no driver (this build machine), selecting the device or cudnnCreate
      * fails (NOT_INITIALIZED): ENODEV, with the reason in the log. */
+    /* The library loaded at run time may be older than the headers: cuDNN 9 encodes its
+     * version as major * 10000 + minor * 100 + patch. */
+    size_t v = dl->cudnnGetVersion();
+    if (v < 90000) {
+        plog(m, MT_LOG_WARN,
+             "rnn: cudnn unavailable: the loaded libcudnn is version %zu (%zu.%zu), this path "
+             "needs 9 or newer (built against %d.%d.%d)",
+             v, v / 1000, v % 1000 / 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
+        cudnn_fini(m);
+        return MT_ENODEV;
+    }
+    plog(m, MT_LOG_INFO, "rnn: cudnn: libcudnn %zu.%zu.%zu (built against %d.%d.%d)", v / 10000,
+         v % 10000 / 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
     dev_guard_t g;
     int rc = dev_enter(m, &g);
     if (rc) {
         cudnn_fini(m);
         return rc;
     }
-    cudnnStatus_t cs = cudnnCreate(&st->h);
+    cudnnStatus_t cs = dl->cudnnCreate(&st->h);
     if (cs != CUDNN_STATUS_SUCCESS) {
         st->h = NULL;
         plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: cudnnCreate: %s (%d)",
-             cudnnGetErrorString(cs), (int)cs);
+             dl->cudnnGetErrorString(cs), (int)cs);
         rc = status_to_mt(cs) == MT_ENOMEM ? MT_ENOMEM : MT_ENODEV;
     } else {
         rc = init_state(m, st);
@@ -720,13 +803,19 @@ static int forward_once(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, bool
     int rc = prepare(m, io);
     if (rc)
         return rc;
+    rc = covers(m, work, training ? st->work_train : st->work_inf, "workspace");
+    if (rc == 0 && training)
+        rc = covers(m, reserve, st->reserve, "reserve");
+    if (rc)
+        return rc;
+    st->size_err = 0;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
-    CK(m, cudnnRNNForward(st->h, st->rnn,
-                          training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                          lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy, st->hd,
-                          lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes, ws,
-                          training ? st->work_train : st->work_inf, work,
-                          training ? st->reserve : 0, training ? reserve : NULL));
+    CK(m, dl->cudnnRNNForward(st->h, st->rnn,
+                              training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+                              lengths(st), st->xd, io->x, st->yd, io->y, st->hd, io->hx, io->hy,
+                              st->hd, lstm ? io->cx : NULL, lstm ? io->cy : NULL, st->weight_bytes,
+                              ws, training ? st->work_train : st->work_inf, work,
+                              training ? st->reserve : 0, training ? reserve : NULL));
     return 0;
 }
 
@@ -775,7 +864,7 @@ static int run_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, bool 
                        void *reserve, void *work)
 {
     cudnn_state_t *st = S(m);
-    int rc = st->gather ? gather(m, st, w) : 0;
+    int rc = st->gather ? copy_regions(m, st, st->sw, w, true) : 0;
     if (rc)
         return rc;
     const void *ws = st->gather ? (const void *)st->sw : w;
@@ -791,30 +880,38 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     int rc = prepare(m, io);
     if (rc)
         return rc;
-    /* Gather mode: the forward's weights again (another call may have used sw since), and a
-     * zeroed cudnn-layout grad space to add into ours afterwards. */
+    /* Gather mode: the forward's weights again (another call may have used sw since), and
+     * the module's gradients, which cuDNN adds to and which go back afterwards. */
     if (st->gather) {
-        rc = gather(m, st, w);
+        rc = copy_regions(m, st, st->sw, w, true);
         if (rc == 0)
-            rc = mt_memset_async(m->backend, st->sdw, 0, st->weight_bytes, m->cfg.stream);
+            rc = copy_regions(m, st, st->sdw, dw, true);
         if (rc)
             return rc;
     }
     const void *ws = st->gather ? (const void *)st->sw : w;
     float *dws = st->gather ? st->sdw : dw;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
+    size_t xbytes = (io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch) *
+                    (size_t)m->shape.input * sizeof(float);
+    rc = covers(m, work, g->dx ? st->work_train : dx_scratch_offset(st) + xbytes, "workspace");
+    if (rc == 0)
+        rc = covers(m, reserve, st->reserve, "reserve");
+    if (rc)
+        return rc;
+    st->size_err = 0;
     void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
     /* Data first: it leaves in the reserve what the weight gradients are computed from. */
-    CK(m, cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
-                                  st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
-                                  lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes, ws,
-                                  st->work_train, work, st->reserve, reserve));
+    CK(m, dl->cudnnRNNBackwardData_v8(st->h, st->rnn, lengths(st), st->yd, io->y, g->dy, st->xd, dx,
+                                      st->hd, io->hx, g->dhy, g->dhx, st->hd, lstm ? io->cx : NULL,
+                                      lstm ? g->dcy : NULL, lstm ? g->dcx : NULL, st->weight_bytes,
+                                      ws, st->work_train, work, st->reserve, reserve));
     /* ADD: gradients accumulate in the module's grad buffer (zeroed by the module), or in
-     * the zeroed cudnn-layout space that is then added into it. */
-    CK(m, cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
-                                     io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes, dws,
-                                     st->work_train, work, st->reserve, reserve));
-    return st->gather ? scatter_add(m, st, dw) : 0;
+     * its cudnn-layout copy, which then goes back. */
+    CK(m, dl->cudnnRNNBackwardWeights_v8(st->h, st->rnn, CUDNN_WGRAD_MODE_ADD, lengths(st), st->xd,
+                                         io->x, st->hd, io->hx, st->yd, io->y, st->weight_bytes,
+                                         dws, st->work_train, work, st->reserve, reserve));
+    return st->gather ? copy_regions(m, st, dw, st->sdw, false) : 0;
 }
 
 /* drop_key is unused: cuDNN draws the masks from its states and keeps them in its reserve. */
@@ -842,6 +939,42 @@ static int cudnn_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_i
     return rc;
 }
 
+/* What backward reads back from the caller (y above all: cuDNN's backward takes it again)
+ * must be what forward saw. Device memory has no version counter here and memtrace has no
+ * kernels of its own, so the bytes come to the host (after the stream's work) and are summed
+ * there: a Fletcher sum over 32-bit words in 8 lanes, which any change of one float and any
+ * reordering alters. The price is a device-to-host copy of y, x, hx and cx and a stream wait
+ * at the end of each training forward and at the start of each backward. A failed copy
+ * gives 0 (logged), which the other end's sum then differs from unless it failed too. */
+static uint64_t cudnn_checksum(mt_rnn_t *m, const float *p, size_t n)
+{
+    cudnn_state_t *st = S(m);
+    if (n > st->sum_cap) {
+        uint32_t *b = realloc(st->sum_buf, n * sizeof *b);
+        if (!b)
+            goto fail;
+        st->sum_buf = b;
+        st->sum_cap = n;
+    }
+    _Static_assert(sizeof(float) == sizeof(uint32_t), "floats are summed as 32-bit words");
+    if (mt_stream_synchronize(m->backend, m->cfg.stream) != 0 ||
+        mt_memcpy(m->backend, st->sum_buf, p, n * sizeof(float), MT_MEMCPY_DEVICE_TO_HOST) != 0)
+        goto fail;
+    uint64_t a[8] = {0}, b[8] = {0};
+    for (size_t i = 0; i < n; i++) {
+        a[i % 8] += st->sum_buf[i];
+        b[i % 8] += a[i % 8];
+    }
+    uint64_t h = n;
+    for (int j = 0; j < 8; j++)
+        h = (h ^ a[j]) * 0x100000001b3ull ^ b[j];
+    return h;
+
+fail:
+    plog(m, MT_LOG_ERROR, "rnn: cudnn: cannot read %zu floats back to check them", n);
+    return 0;
+}
+
 /* Copies and zeroing are queued on the module's stream, in order with the cuDNN calls. */
 static int cudnn_copy(mt_rnn_t *m, void *dst, const void *src, size_t n)
 {
@@ -866,6 +999,7 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .bwd_work_bytes = cudnn_bwd_work_bytes,
     .forward = cudnn_forward,
     .backward = cudnn_backward,
+    .checksum = cudnn_checksum,
     .copy = cudnn_copy,
     .zero = cudnn_zero,
     .drop_reseed = cudnn_drop_reseed,

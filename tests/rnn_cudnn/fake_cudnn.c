@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "tests/rnn_cudnn/fake_cudnn.h"
+#include "tests/rnn_cudnn/fake_cudnn_ref.h"
 
 #define MAXCALLS 16384
 
@@ -70,8 +71,10 @@ struct cudnnRNNDataStruct {
     bool set;
     int layout, T, B, vec;
     bool full;                /* every sequence is T long */
-    size_t tokens;            /* sum of the lengths: the rows of a packed tensor */
+    size_t tokens;            /* rows of the tensor: the sum of the lengths when packed, T B else */
     int lens[FAKE_MAX_BATCH]; /* the seqLengthArray copied */
+    bool has_fill;            /* unpacked: padding rows of outputs get fill */
+    float fill;
 };
 
 static struct {
@@ -81,10 +84,16 @@ static struct {
     const char *fail_name;
     cudnnStatus_t fail_status;
     int shift_p, shift_id;
+    int trans_p, trans_id; /* this matrix is described transposed ([cols x H]) */
     ptrdiff_t shift;
     size_t extra;
     size_t pad;          /* padded layout: region alignment in bytes, 0 = canonical */
     bool expect_weights; /* forward checks weight k of our layout holds the value k */
+    bool interleaved;    /* layout: per pseudo-layer matrices then biases (else all matrices
+                          * of all pseudo-layers first, then all biases: cuDNN's) */
+    bool markers;        /* compute calls write markers instead of computing */
+    bool check_pad;      /* forward refuses weight-space bytes outside regions that are not 0 */
+    size_t version;      /* cudnnGetVersion's answer */
     void (*hook)(const fake_dnn_call_t *c, void *ud);
     void *hook_ud;
     long live;
@@ -92,17 +101,22 @@ static struct {
     const void *data_done_reserve; /* reserve of the last backward data */
     size_t dropout_forwards;       /* training forwards with dropout applied */
     int device;                    /* the runtime's current device */
-} F = {.shift_p = -1};
+} F = {.shift_p = -1, .trans_p = -1, .version = 91900};
 
 void fake_dnn_reset(void)
 {
     F.ncalls = 0;
     F.fail_name = NULL;
     F.shift_p = -1;
+    F.trans_p = -1;
     F.shift = 0;
     F.extra = 0;
     F.pad = 0;
     F.expect_weights = false;
+    F.interleaved = false;
+    F.markers = false;
+    F.check_pad = false;
+    F.version = 91900;
     F.hook = NULL;
     F.err[0] = 0;
     F.data_done_reserve = NULL;
@@ -132,6 +146,12 @@ void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes)
     F.shift = bytes;
 }
 
+void fake_dnn_transpose_param(int pseudo_layer, int lin_id)
+{
+    F.trans_p = pseudo_layer;
+    F.trans_id = lin_id;
+}
+
 void fake_dnn_weight_space_extra(size_t bytes)
 {
     F.extra = bytes;
@@ -145,6 +165,26 @@ void fake_dnn_pad_layout(size_t align)
 void fake_dnn_expect_weights(bool on)
 {
     F.expect_weights = on;
+}
+
+void fake_dnn_interleaved_layout(bool on)
+{
+    F.interleaved = on;
+}
+
+void fake_dnn_markers(bool on)
+{
+    F.markers = on;
+}
+
+void fake_dnn_check_padding(bool on)
+{
+    F.check_pad = on;
+}
+
+void fake_dnn_set_version(size_t version)
+{
+    F.version = version;
 }
 
 void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud)
@@ -208,7 +248,7 @@ size_t fake_dnn_work_bytes(int training, int gates, int hidden, int T, int B)
 size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T, int B)
 {
     return 777 + 4 * (size_t)T * (size_t)B * (size_t)hidden * (size_t)layers * (size_t)dirs *
-                     (size_t)(gates + 1);
+                     (size_t)(2 * gates + 2);
 }
 
 /* The fake driver's streams run on their own threads: a "kernel" of this fake runs on
@@ -386,8 +426,12 @@ cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t d, cudnnHandle_
         return refuse(c, "dropout outside [0, 1)");
     if (dropout > 0.0f && (!states || stateSizeInBytes < fake_dnn_dropout_states_bytes()))
         return refuse(c, "states missing or smaller than cudnnDropoutGetStatesSize");
-    if (states)
+    if (states) {
+        /* a counter of training forwards (0), then the seed's low byte */
         memset(DEV(states), (int)(seed & 0xff), stateSizeInBytes);
+        if (stateSizeInBytes >= sizeof(uint64_t))
+            memset(DEV(states), 0, sizeof(uint64_t));
+    }
     *d = (struct cudnnDropoutStruct){true, dropout, states, stateSizeInBytes, seed};
     return CUDNN_STATUS_SUCCESS;
 }
@@ -464,6 +508,12 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
     memcpy(c->i, v, sizeof v);
     if (maxSeqLength < 1 || batchSize < 1 || vectorSize < 1 || batchSize > FAKE_MAX_BATCH)
         return refuse(c, "bad sizes");
+    if (dataType != CUDNN_DATA_FLOAT)
+        return refuse(c, "data type other than float");
+    if (layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED &&
+        layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED &&
+        layout != CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED)
+        return refuse(c, "unknown layout");
     /* cuDNN's packed layout: lengths in [1, T], non-increasing (sorted by length). */
     size_t tokens = 0;
     for (int b = 0; b < batchSize; b++) {
@@ -475,7 +525,11 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
         tokens += (size_t)n;
     }
     c->n[0] = tokens;
+    if (layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED) /* padded: T B rows */
+        tokens = (size_t)maxSeqLength * (size_t)batchSize;
     *d = (struct cudnnRNNDataStruct){.set = true,
+                                     .fill = paddingFill ? *(const float *)paddingFill : 0.0f,
+                                     .has_fill = paddingFill != NULL,
                                      .layout = layout,
                                      .T = maxSeqLength,
                                      .B = batchSize,
@@ -510,12 +564,15 @@ typedef struct region_s {
 static region_t R[MAXREG];
 
 /* Fills R in canonical order (per pseudo-layer: W_0..W_{g-1}, R_0..R_{g-1}, input biases,
- * recurrent biases) and returns their count; *space = the weight space's bytes. Canonical:
- * dnn = 4 * canon. Padded (F.pad > 0): the space starts with F.pad bytes and every region
- * starts at a multiple of F.pad. */
+ * recurrent biases; canon counts floats in that order, the engine's layout) and returns
+ * their count; *space = the weight space's bytes. Where this fake puts them (dnn, bytes):
+ * by default cuDNN's layout as every public description gives it, all matrices of all
+ * pseudo-layers first (in canonical order), then all biases; with F.interleaved, the
+ * canonical order itself. Padded (F.pad > 0): the space starts with F.pad bytes and every
+ * region starts at a multiple of F.pad. */
 static size_t layout(const struct cudnnRNNStruct *r, size_t *space)
 {
-    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden, canon = 0, cursor = F.pad, k = 0;
+    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden, canon = 0, k = 0;
     for (int p = 0; p < r->layers * dirs_of(r); p++) {
         size_t in = p / dirs_of(r) == 0 ? (size_t)r->input : (size_t)dirs_of(r) * H;
         for (int part = 0; part < 4; part++) {
@@ -530,15 +587,23 @@ static size_t layout(const struct cudnnRNNStruct *r, size_t *space)
                 e->bias = bias;
                 e->canon = canon;
                 e->n = n;
-                if (F.pad)
-                    cursor = (cursor + F.pad - 1) / F.pad * F.pad;
-                e->dnn = F.pad ? cursor : canon * sizeof(float);
                 canon += n;
-                cursor += n * sizeof(float);
             }
         }
     }
-    *space = (F.pad ? (cursor + F.pad - 1) / F.pad * F.pad : canon * sizeof(float)) + F.extra;
+    size_t cursor = F.pad;
+    for (int pass = 0; pass < (F.interleaved ? 1 : 2); pass++) {
+        for (size_t i = 0; i < k; i++) {
+            region_t *e = &R[i];
+            if (!F.interleaved && e->bias != (pass == 1))
+                continue;
+            if (F.pad)
+                cursor = (cursor + F.pad - 1) / F.pad * F.pad;
+            e->dnn = cursor;
+            cursor += e->n * sizeof(float);
+        }
+    }
+    *space = (F.pad ? (cursor + F.pad - 1) / F.pad * F.pad : cursor) + F.extra;
     return k;
 }
 
@@ -601,7 +666,10 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
             *mAddr = (void *)(base + e->dnn);
             if (pseudoLayer == F.shift_p && linLayerID == F.shift_id)
                 *mAddr = (char *)*mAddr + F.shift;
-            set_desc(mDesc, rows, cols);
+            if (pseudoLayer == F.trans_p && linLayerID == F.trans_id)
+                set_desc(mDesc, cols, rows);
+            else
+                set_desc(mDesc, rows, cols);
         }
     }
     c->p[1] = *mAddr;
@@ -708,10 +776,162 @@ static bool weights_home(const struct cudnnRNNStruct *d, const void *weightSpace
     return true;
 }
 
+/* With check_pad: every byte of the space outside the regions (padding, the extra tail) is
+ * zero, as a weight space cuDNN may read whole must be. */
+static bool padding_zero(const struct cudnnRNNStruct *d, const void *weightSpace)
+{
+    size_t space, k = layout(d, &space);
+    const unsigned char *ws = weightSpace;
+    for (size_t b = 0; b < space && F.check_pad; b++) {
+        bool inside = false;
+        for (size_t i = 0; i < k && !inside; i++)
+            inside = b >= R[i].dnn && b < R[i].dnn + R[i].n * sizeof(float);
+        if (!inside && ws[b] != 0)
+            return false;
+    }
+    return true;
+}
+
+/* A state tensor descriptor must be [L D, B, H], fully packed, float. */
+static bool state_desc_ok(const struct cudnnRNNStruct *d, cudnnTensorDescriptor_t t, int B)
+{
+    return t && t->nd == 3 && t->dims[0] == d->layers * dirs_of(d) && t->dims[1] == B &&
+           t->dims[2] == d->hidden && t->strides[2] == 1 && t->strides[1] == d->hidden &&
+           t->strides[0] == B * d->hidden;
+}
+
 static void done(const fake_dnn_call_t *c)
 {
     if (F.hook)
         F.hook(c, F.hook_ud);
+}
+
+/* ---- the reference network over a call's buffers ---- */
+
+typedef struct net_s {
+    fref_t n;
+    const float **mat, **bias;
+    long *row;
+} net_t;
+
+static void net_free(net_t *t)
+{
+    free(t->mat);
+    free(t->bias);
+    free(t->row);
+}
+
+/* The reference network of d over xd's rows, its weights where this layout puts them in
+ * the (host view of the) weight space ws. */
+static void net_init(net_t *t, const struct cudnnRNNStruct *d, const struct cudnnRNNDataStruct *xd,
+                     const void *ws)
+{
+    static const fref_cell_e cells[] = {
+        [CUDNN_RNN_RELU] = FREF_RELU,
+        [CUDNN_RNN_TANH] = FREF_TANH,
+        [CUDNN_LSTM] = FREF_LSTM,
+        [CUDNN_GRU] = FREF_GRU,
+    };
+    int g = gates_of(d), P = d->layers * dirs_of(d);
+    t->mat = calloc((size_t)(P * 2 * g), sizeof *t->mat);
+    t->bias = calloc((size_t)(P * 2 * g), sizeof *t->bias);
+    t->row = malloc((size_t)xd->T * (size_t)xd->B * sizeof *t->row);
+    size_t space, k = layout(d, &space);
+    for (size_t i = 0; i < k; i++) {
+        const float *a = (const float *)((const char *)ws + R[i].dnn);
+        if (R[i].bias)
+            t->bias[R[i].p * 2 * g + R[i].id] = a;
+        else
+            t->mat[R[i].p * 2 * g + R[i].id] = a;
+    }
+    /* rows: packed, step t's running sequences contiguous; padded, T x B or B x T */
+    long next = 0;
+    for (int tt = 0; tt < xd->T; tt++) {
+        for (int b = 0; b < xd->B; b++) {
+            long r = -1;
+            if (xd->layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED)
+                r = tt < xd->lens[b] ? next++ : -1;
+            else if (xd->layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED)
+                r = tt < xd->lens[b] ? (long)tt * xd->B + b : -1;
+            else
+                r = tt < xd->lens[b] ? (long)b * xd->T + tt : -1;
+            t->row[(size_t)tt * xd->B + b] = r;
+        }
+    }
+    t->n = (fref_t){
+        .cell = cells[d->mode],
+        .g = g,
+        .H = d->hidden,
+        .L = d->layers,
+        .D = dirs_of(d),
+        .in = d->input,
+        .mat = t->mat,
+        .bias = t->bias,
+        .T = xd->T,
+        .B = xd->B,
+        .lens = xd->lens,
+        .row = t->row,
+        .tokens = xd->tokens,
+        .drop_scale = 1.0f,
+    };
+}
+
+/* Where the reserve keeps the forward's activations, backward data's gradients, its
+ * marker tail (0x5A, checked by backward) and the dropout masks. */
+static float *res_act(void *res)
+{
+    return res;
+}
+
+static float *res_dpre(const net_t *t, void *res)
+{
+    return (float *)res + fref_act_floats(&t->n);
+}
+
+static unsigned char *res_tail(const net_t *t, void *res)
+{
+    return (unsigned char *)(res_dpre(t, res) + fref_dpre_floats(&t->n));
+}
+
+static uint8_t *res_mask(const net_t *t, void *res)
+{
+    return res_tail(t, res) + 777;
+}
+
+/* The dropout generator: states hold a 64-bit counter of training forwards in their first 8
+ * bytes, then the seed's low byte. */
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void draw_masks(const struct cudnnDropoutStruct *dr, uint64_t counter, uint8_t *mask,
+                       size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h =
+            mix(dr->seed * 0x9e3779b97f4a7c15ull + mix(counter * 0x632be59bd9b4e019ull + i));
+        double u = (double)(h >> 11) / 9007199254740992.0;
+        mask[i] = u >= (double)dr->p;
+    }
+}
+
+/* Padded layouts: the padding rows of an output get the descriptor's fill. */
+static void fill_padding(const net_t *t, const struct cudnnRNNDataStruct *yd, float *y)
+{
+    if (yd->layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED || !yd->has_fill)
+        return;
+    for (int tt = 0; tt < yd->T; tt++)
+        for (int b = 0; b < yd->B; b++) {
+            if (t->row[(size_t)tt * yd->B + b] >= 0)
+                continue;
+            long r = yd->layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED ? (long)tt * yd->B + b
+                                                                            : (long)b * yd->T + tt;
+            for (int k = 0; k < yd->vec; k++)
+                y[(size_t)r * yd->vec + k] = yd->fill;
+        }
 }
 
 cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
@@ -743,39 +963,65 @@ cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
                      workSpace, training, reserveSpaceSize, reserveSpace);
     if (s)
         return s;
-    if (!x || !y || !weightSpace || hDesc->nd != 3 || cDesc->nd != 3 ||
-        hDesc->dims[1] != xDesc->B || hDesc->dims[2] != d->hidden ||
-        hDesc->dims[0] != d->layers * dirs_of(d))
-        return refuse(c, "x, y, weights or state descriptors");
+    if (!x || !y || !weightSpace || !state_desc_ok(d, hDesc, xDesc->B))
+        return refuse(c, "x, y, weights or the hidden-state descriptor's shape or strides");
+    if (d->mode == CUDNN_LSTM && !state_desc_ok(d, cDesc, xDesc->B))
+        return refuse(c, "the cell-state descriptor's shape or strides");
     if (d->mode != CUDNN_LSTM && (cx || cy))
         return refuse(c, "cell states for a non-LSTM cell");
     if (!weights_home(d, weightSpace))
         return refuse(c, "a weight is not where this layout has it");
-    if (training && d->drop && d->drop->p > 0.0f) {
+    if (!padding_zero(d, weightSpace))
+        return refuse(c, "weight-space bytes outside every matrix and bias are not zero");
+    bool drop = training && d->drop && d->drop->p > 0.0f;
+    uint64_t counter = 0;
+    if (drop) {
         /* The generator states are read (and advanced) by a training forward with dropout:
          * they must still be the live block cudnnSetDropoutDescriptor initialised. */
         const unsigned char *stb = DEV(d->drop->states);
-        for (size_t k = 0; k < d->drop->bytes; k++)
+        for (size_t k = sizeof counter; k < d->drop->bytes; k++)
             if (stb[k] != (unsigned char)(d->drop->seed & 0xff))
                 return refuse(c, "dropout states do not hold what cudnnSetDropoutDescriptor set");
+        memcpy(&counter, stb, sizeof counter);
         c->i[5] = 1; /* dropout applied */
+        c->u = counter;
         F.dropout_forwards++;
     }
-    size_t space, k = layout(d, &space);
-    const char *ws = weightSpace;
     memset(workSpace, 0xA5, workSpaceSize);
-    if (training)
-        memset(reserveSpace, 0x5A, reserveSpaceSize);
-    /* the last float of the last region (the last recurrent bias, or matrix) */
-    float last = ((const float *)(ws + R[k - 1].dnn))[R[k - 1].n - 1];
-    size_t ny = yDesc->tokens * (size_t)yDesc->vec;
-    for (size_t k = 0; k < ny; k++)
-        ((float *)y)[k] = last;
-    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
-    for (size_t k = 0; k < nh && hy; k++)
-        ((float *)hy)[k] = hx ? ((const float *)hx)[k] + 1.0f : 1.0f;
-    for (size_t k = 0; k < nh && cy; k++)
-        ((float *)cy)[k] = cx ? ((const float *)cx)[k] + 1.0f : 1.0f;
+    net_t t;
+    net_init(&t, d, xDesc, weightSpace);
+    if (training) {
+        memset(reserveSpace, 0, reserveSpaceSize);
+        memset(res_tail(&t, reserveSpace), 0x5A, 777);
+    }
+    if (drop) {
+        draw_masks(d->drop, counter, res_mask(&t, reserveSpace), fref_mask_bytes(&t.n));
+        t.n.mask = res_mask(&t, reserveSpace);
+        t.n.drop_scale = 1.0f / (1.0f - d->drop->p);
+        counter++;
+        memcpy(DEV(d->drop->states), &counter, sizeof counter);
+    }
+    if (F.markers) {
+        /* the last float of the last region (the last recurrent bias, or matrix) */
+        size_t space, k = layout(d, &space);
+        float last = ((const float *)((const char *)weightSpace + R[k - 1].dnn))[R[k - 1].n - 1];
+        for (size_t e = 0; e < yDesc->tokens * (size_t)yDesc->vec; e++)
+            ((float *)y)[e] = last;
+        size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
+        for (size_t e = 0; e < nh && hy; e++)
+            ((float *)hy)[e] = hx ? ((const float *)hx)[e] + 1.0f : 1.0f;
+        for (size_t e = 0; e < nh && cy; e++)
+            ((float *)cy)[e] = cx ? ((const float *)cx)[e] + 1.0f : 1.0f;
+    } else {
+        /* inference keeps its activations in a scratch the size of training's */
+        float *act =
+            training ? res_act(reserveSpace) : calloc(fref_act_floats(&t.n) + 1, sizeof(float));
+        fref_forward(&t.n, x, y, hx, cx, hy, cy, act);
+        fill_padding(&t, yDesc, y);
+        if (!training)
+            free(act);
+    }
+    net_free(&t);
     done(c);
     return CUDNN_STATUS_SUCCESS;
 }
@@ -800,30 +1046,47 @@ cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t
     c->n[0] = weightSpaceSize;
     c->n[1] = workSpaceSize;
     c->n[2] = reserveSpaceSize;
-    (void)hx;
-    (void)cx;
-    (void)cDesc;
     cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
                                    workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
     if (s)
         return s;
-    if (!y || !dy || !dx || !weightSpace)
-        return refuse(c, "y, dy, dx or weights NULL");
+    if (!y || !dy || !dx || !weightSpace || !state_desc_ok(d, hDesc, xDesc->B))
+        return refuse(c, "y, dy, dx, weights or the hidden-state descriptor");
+    if (d->mode == CUDNN_LSTM && !state_desc_ok(d, cDesc, xDesc->B))
+        return refuse(c, "the cell-state descriptor's shape or strides");
     if (!weights_home(d, weightSpace))
         return refuse(c, "a weight is not where this layout has it");
-    /* forward's pattern must still be there: the same reserve, untouched since */
-    const unsigned char *r = reserveSpace;
-    for (size_t k = 0; k < reserveSpaceSize; k++)
-        if (r[k] != 0x5A)
+    net_t t;
+    net_init(&t, d, xDesc, weightSpace);
+    /* forward's tail must still be there: the same reserve, untouched since */
+    const unsigned char *r = res_tail(&t, reserveSpace);
+    for (size_t k = 0; k < 777; k++) {
+        if (r[k] != 0x5A) {
+            net_free(&t);
             return refuse(c, "reserve space does not hold the forward's contents");
-    size_t nx = xDesc->tokens * (size_t)xDesc->vec;
-    for (size_t k = 0; k < nx; k++)
-        ((float *)dx)[k] = 2.0f * ((const float *)dy)[k % (yDesc->tokens * (size_t)yDesc->vec)];
-    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
-    for (size_t k = 0; k < nh && dhx; k++)
-        ((float *)dhx)[k] = dhy ? ((const float *)dhy)[k] : 0.0f;
-    for (size_t k = 0; k < nh && dcx; k++)
-        ((float *)dcx)[k] = dcy ? ((const float *)dcy)[k] : 0.0f;
+        }
+    }
+    if (d->drop && d->drop->p > 0.0f) {
+        t.n.mask = res_mask(&t, reserveSpace);
+        t.n.drop_scale = 1.0f / (1.0f - d->drop->p);
+    }
+    if (F.markers) {
+        size_t nx = xDesc->tokens * (size_t)xDesc->vec;
+        for (size_t k = 0; k < nx; k++)
+            ((float *)dx)[k] = 2.0f * ((const float *)dy)[k % (yDesc->tokens * (size_t)yDesc->vec)];
+        size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
+        for (size_t k = 0; k < nh && dhx; k++)
+            ((float *)dhx)[k] = dhy ? ((const float *)dhy)[k] : 0.0f;
+        for (size_t k = 0; k < nh && dcx; k++)
+            ((float *)dcx)[k] = dcy ? ((const float *)dcy)[k] : 0.0f;
+    } else {
+        fref_backward_data(&t.n, y, dy, dx, hx, dhy, dhx, d->mode == CUDNN_LSTM ? cx : NULL, dcy,
+                           d->mode == CUDNN_LSTM ? dcx : NULL, res_act(reserveSpace),
+                           res_dpre(&t, reserveSpace));
+        fill_padding(&t, xDesc, dx);
+    }
+    net_free(&t);
+    memset(workSpace, 0xA6, workSpaceSize);
     F.data_done_reserve = reserveSpace;
     done(c);
     return CUDNN_STATUS_SUCCESS;
@@ -848,49 +1111,53 @@ cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescripto
     c->n[0] = weightSpaceSize;
     c->n[1] = workSpaceSize;
     c->n[2] = reserveSpaceSize;
-    (void)hDesc;
     cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
                                    workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
     if (s)
         return s;
-    if (!x || !y || !dweightSpace)
-        return refuse(c, "x, y or dweightSpace NULL");
+    if (!x || !y || !dweightSpace || !state_desc_ok(d, hDesc, xDesc->B))
+        return refuse(c, "x, y, dweightSpace or the hidden-state descriptor");
     if (F.data_done_reserve != reserveSpace)
         return refuse(c, "backward weights before backward data on this reserve");
     F.data_done_reserve = NULL;
-    /* element j of region i gets canon + j + 1: its index in our layout, plus one */
     size_t space, k = layout(d, &space);
-    for (size_t i = 0; i < k; i++) {
-        float *dw = (float *)((char *)dweightSpace + R[i].dnn);
-        for (size_t j = 0; j < R[i].n; j++) {
-            float v = (float)(R[i].canon + j + 1);
-            dw[j] = addGrad == CUDNN_WGRAD_MODE_ADD ? dw[j] + v : v;
+    if (addGrad != CUDNN_WGRAD_MODE_ADD)
+        for (size_t i = 0; i < k; i++)
+            memset((char *)dweightSpace + R[i].dnn, 0, R[i].n * sizeof(float));
+    if (F.markers) {
+        /* element j of region i gets canon + j + 1: its index in our layout, plus one */
+        for (size_t i = 0; i < k; i++) {
+            float *dw = (float *)((char *)dweightSpace + R[i].dnn);
+            for (size_t j = 0; j < R[i].n; j++)
+                dw[j] += (float)(R[i].canon + j + 1);
         }
+    } else {
+        net_t t, dt;
+        net_init(&t, d, xDesc, dweightSpace); /* its weights unused: the shape and rows */
+        net_init(&dt, d, xDesc, dweightSpace);
+        if (d->drop && d->drop->p > 0.0f) {
+            t.n.mask = res_mask(&t, reserveSpace);
+            t.n.drop_scale = 1.0f / (1.0f - d->drop->p);
+        }
+        fref_backward_weights(&t.n, x, hx, y, res_act(reserveSpace), res_dpre(&t, reserveSpace),
+                              (float **)dt.mat, (float **)dt.bias);
+        net_free(&t);
+        net_free(&dt);
     }
     done(c);
     return CUDNN_STATUS_SUCCESS;
 }
 
-/* C = alpha A + beta C over equal shapes (the only case the path uses). */
-cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
-                             const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
-                             const cudnnTensorDescriptor_t cDesc, void *C)
+/* ---- library ---- */
+
+size_t cudnnGetVersion(void)
 {
-    BEGIN("cudnnAddTensor");
-    c->p[0] = A;
-    c->p[1] = C;
-    A = DEV(A), C = DEV(C);
-    if (!handle || handle->device != F.device || aDesc->nd != cDesc->nd || !A || !C)
-        return refuse(c, "descriptors or pointers");
-    size_t n = 1;
-    for (int k = 0; k < aDesc->nd; k++) {
-        if (aDesc->dims[k] != cDesc->dims[k])
-            return refuse(c, "shapes differ");
-        n *= (size_t)aDesc->dims[k];
-    }
-    c->n[0] = n * sizeof(float);
-    float a = *(const float *)alpha, b = *(const float *)beta;
-    for (size_t k = 0; k < n; k++)
-        ((float *)C)[k] = a * ((const float *)A)[k] + b * ((float *)C)[k];
-    return CUDNN_STATUS_SUCCESS;
+    return F.version;
+}
+
+/* cuDNN keeps the last error's text per thread; the fake keeps the last refusal's. */
+void cudnnGetLastErrorString(char *message, size_t max_size)
+{
+    if (message && max_size)
+        snprintf(message, max_size, "%s", F.err);
 }
