@@ -655,25 +655,6 @@ void mt__report_map_free(mt__report_map_t *m)
     mt_model_map_free(m);
 }
 
-int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
-{
-    *out = NULL;
-    if (i >= r->nprocs)
-        return MT_EINVAL;
-    const proc_t *p = &r->procs[i];
-    mt_model_cfg_t mc = {.keep_iterations = true};
-    mt_model_t *m = NULL;
-    int rc = mt_model_create(&m, &mc);
-    for (size_t k = 0; rc == 0 && k < p->evs.n; k++)
-        rc = mt_model_apply(m, &p->evs.v[k]);
-    if (rc != 0) {
-        mt_model_destroy(&m);
-        return rc;
-    }
-    *out = m;
-    return 0;
-}
-
 mt_sym_t *mt__report_symbolizer(mt__report_t *r)
 {
     return r->sym;

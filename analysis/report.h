@@ -95,9 +95,6 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
 void mt__report_map_free(mt__report_map_t *m);
 
-/* The model of process i after all its events (iterations kept). New; MT_EINVAL: no such
- * process; MT_ENOMEM. */
-int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
 /* The symbolizer holding the module maps of the log's processes (borrowed). */
 mt_sym_t *mt__report_symbolizer(mt__report_t *r);
 
@@ -107,7 +104,7 @@ mt_sym_t *mt__report_symbolizer(mt__report_t *r);
  * first top rows of each (docs/telemetry.schema.json). New reference, NULL without memory. */
 json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid, unsigned top);
 
-/* The flame graph of process pid (0: the one with the most events) by which
+/* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each
  * with a message in err. */
 int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err,

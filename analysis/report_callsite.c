@@ -48,7 +48,7 @@ static int pick_process(const mt__report_t *r, int pid, size_t *idx)
         const char *name;
         size_t events;
         mt__report_process(r, i, &p, &name, &events);
-        if (pid != 0 ? p == pid : !found || events > best_events) {
+        if (pid > 0 ? p == pid : !found || events > best_events) {
             *idx = i;
             best_events = events;
             found = true;
@@ -61,7 +61,7 @@ int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *e
 {
     size_t i = 0;
     if (pick_process(r, pid, &i) != 0) {
-        if (pid != 0)
+        if (pid > 0)
             snprintf(err, errlen, "no process %d in the log", pid);
         else
             snprintf(err, errlen, "no process in the log");

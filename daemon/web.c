@@ -627,9 +627,8 @@ static void serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     mt_d_buf_t o = {0};
     rc |= !txt;
     if (!rc)
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n",
-                               p->pid, past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0,
-                               txt);
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
     free(txt);
     json_decref(a);
     free(rows);
@@ -656,7 +655,8 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
         const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
             al = e;
-            ref = i > 0 ? mt__d_web_window_at(t, i - 1) : NULL; /* its call stack comes right before it */
+            ref = i > 0 ? mt__d_web_window_at(t, i - 1)
+                        : NULL; /* its call stack comes right before it */
             break;
         }
         if (e->kind == MT_EV_FREE_COMPLETED && e->addr == addr && e->pool != MT_POOL_HOST)
@@ -742,12 +742,9 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
     static const struct {
         const char *path;
         void (*fn)(mt_d_conn_t *c, const char *query, bool head);
-    } routes[] = {{"/history", serve_history},
-                  {"/spark", serve_spark},
-                  {"/map", serve_map},
-                  {"/block", serve_block},
-                  {"/callsites", serve_callsites},
-                  {"/tail", serve_tail}};
+    } routes[] = {
+        {"/history", serve_history}, {"/spark", serve_spark},         {"/map", serve_map},
+        {"/block", serve_block},     {"/callsites", serve_callsites}, {"/tail", serve_tail}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;

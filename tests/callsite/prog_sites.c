@@ -9,6 +9,11 @@
 
 #define STEPS 8
 
+void *load_weights(void);
+void *make_activations(void);
+void *grow_history(int step);
+int train_step(int step);
+
 static void *history[STEPS];
 
 __attribute__((noinline)) void *load_weights(void)

@@ -143,20 +143,147 @@ class CudaRuntimeProgram(unittest.TestCase):
         check_svg(out, ["callsite_sites.stripped+0x"])
 
 
+def elf_is_pie(path):
+    with open(path, "rb") as f:
+        head = f.read(18)
+    return int.from_bytes(head[16:18], "little") == 3  # ET_DYN
+
+
+def symbol(path, name):
+    out = run(["nm", path]).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == name:
+            return int(parts[0], 16)
+    raise AssertionError("no symbol %s in %s" % (name, path))
+
+
+def crafted_log(tmp):
+    """A real log of prog_sites.c (no stacks recorded) given a stack table by hand: stack 1
+    (the 8 MiB weights) is two native frames inside load_weights and main of the real
+    binary at a made-up load bias, stack 2 (the 4 MiB activations) two Python frames,
+    stack 3 (the history) an id no line defines. Returns (lines, table line indexes)."""
+    prog = os.environ["MT_PROG_SITES"]
+    log = os.path.join(tmp, "plain.ndjson")
+    run([MEMTRACE, "run", "--backend", "sim", "--log", log, "--quiet", "--", prog],
+        env=base_env())
+    with open(log) as f:
+        lines = f.read().splitlines()
+    base = 0x555555554000 if elf_is_pie(prog) else 0
+    pid = json.loads(lines[0])["pid"]
+    ip = lambda name: "0x%x" % (base + symbol(prog, name) + 4)
+    table = [
+        {"v": 1, "kind": "module", "pid": pid, "path": prog, "base": "0x%x" % base,
+         "size": 1 << 24},
+        {"v": 1, "kind": "stack", "pid": pid, "id": 1,
+         "frames": [{"ip": ip("load_weights")}, {"ip": ip("main")}]},
+        {"v": 1, "kind": "stack", "pid": pid, "id": 2,
+         "frames": [{"py": "Model.forward", "file": "/src/train.py", "line": 10},
+                    {"py": "main", "file": "/src/train.py", "line": 20}], "truncated": True},
+    ]
+    # Each alloc with a stack follows its stack_ref event (one seq each: later seqs move).
+    out, at, shift = [], [], 0
+    by_size = {8 << 20: 1, 4 << 20: 2, 256 << 10: 3}
+    for l in lines:
+        d = json.loads(l)
+        if "seq" in d:
+            d["seq"] += shift
+            l = json.dumps(d)
+        if d.get("type") == "event" and d.get("kind") == "alloc" and d.get("size") in by_size:
+            if table:
+                for t in table:
+                    at.append(len(out))
+                    out.append(json.dumps(t))
+                table = []
+            sid = by_size[d["size"]]
+            ref = {k: d[k] for k in ("v", "type", "seq", "t_ns", "pid", "dev")}
+            ref.update(kind="stack_ref", addr=d["addr"], pool=d["pool"], stack=sid)
+            out.append(json.dumps(ref))
+            d["seq"] += 1
+            shift += 1
+            d["stack"] = sid
+            l = json.dumps(d)
+        out.append(l)
+    return out, at
+
+
+class CraftedLog(unittest.TestCase):
+    """The views on a log whose stack table is known: names from the real binary's debug
+    info through the module map, Python frames, an unknown id, JSON, text and flames."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="mt-callsite-crafted-")
+        lines, _ = crafted_log(cls.tmp)
+        cls.log = os.path.join(cls.tmp, "crafted.ndjson")
+        with open(cls.log, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_json(self):
+        cs = report(self.log)["callsites"]
+        self.assertEqual(cs["stacks"], 2)
+        peak = {r["stack"]: r for r in cs["at_peak"]}
+        w = peak[1]
+        self.assertEqual(w["bytes"], 8 << 20)
+        self.assertEqual(functions(w), ["load_weights", "main"])
+        self.assertTrue(w["frames"][0]["file"].endswith("prog_sites.c"))
+        # The ip is 4 bytes into load_weights: a line of its first statements.
+        src = os.path.join(HERE, "prog_sites.c")
+        self.assertIn(w["frames"][0]["line"], range(line_of(src, "noinline)) void *load_weights"),
+                                                    line_of(src, "cudaMalloc(&p, 8u << 20)") + 1))
+        self.assertEqual(w["site"], "load_weights (prog_sites.c:%d)" % w["frames"][0]["line"])
+        a = peak[2]
+        self.assertEqual(a["bytes"], 4 << 20)
+        self.assertEqual([(f["function"], f["line"], f["python"]) for f in a["frames"]],
+                         [("Model.forward", 10, True), ("main", 20, True)])
+        self.assertTrue(a["truncated"])
+        self.assertEqual(peak[3]["site"], "unknown stack 3")
+        self.assertTrue(peak[3]["unknown"])
+        nf = {r["stack"]: r["bytes"] for r in cs["never_freed"]}
+        self.assertEqual(nf, {1: 8 << 20, 3: 8 * (256 << 10)})
+        self.assertEqual(cs["growth"], [])  # no iteration marks
+
+    def test_text(self):
+        p = run([MEMTRACE, "report", "--by", "callsite", self.log])
+        self.assertIn("call sites: 2 distinct stacks recorded", p.stdout)
+        self.assertRegex(p.stdout, r"8\.0 MiB +\d+ blocks +load_weights \(prog_sites\.c:\d+\)\n"
+                                   r" +<- main \(prog_sites\.c:\d+\)")
+        self.assertRegex(p.stdout, r"Model\.forward \(train\.py:10\)\n +<- main \(train\.py:20\)"
+                                   r"\n +<- \.\.\.")
+        self.assertIn("unknown stack 3", p.stdout)
+
+    def test_flames(self):
+        out = os.path.join(self.tmp, "peak.svg")
+        run([MEMTRACE, "plot", "--flamegraph", "-o", out, self.log])
+        titles = check_svg(out, ["load_weights (prog_sites.c:", "main (prog_sites.c:",
+                                 "Model.forward (train.py:10)", "unknown stack 3"])
+        self.assertTrue(any(t.startswith("all (14.0 MiB") for t in titles), titles[:3])
+        leak = os.path.join(self.tmp, "leak.svg")
+        run([MEMTRACE, "plot", "--flamegraph", "--leaked", "-o", leak, self.log])
+        titles = check_svg(leak, ["load_weights (", "unknown stack 3"])
+        self.assertFalse(any("Model.forward" in t for t in titles))
+        self.assertTrue(any(t.startswith("all (10.0 MiB") for t in titles), titles[:3])
+        p = run([MEMTRACE, "plot", "--leaked", "-o", leak, self.log], check=False)
+        self.assertEqual(p.returncode, 2)
+        p = run([MEMTRACE, "plot", "--flamegraph", "--pid", "1", "-o", leak, self.log], check=False)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("no process 1", p.stderr)
+
+
 class BadInput(unittest.TestCase):
-    """Logs of prog_sites.c damaged three ways: each gives a named error or "unknown
-    stack", the rest of the log is still reported, and nothing crashes."""
+    """The crafted log damaged three ways: each gives a named error or "unknown stack", the
+    rest of the log is still reported, and nothing crashes."""
 
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="mt-callsite-bad-")
-        cls.log = os.path.join(cls.tmp, "good.ndjson")
-        run([MEMTRACE, "run", "--backend", "sim", "--log", cls.log, "--quiet", "--",
-             os.environ["MT_PROG_SITES"]], env=base_env(MEMTRACE_STACKS="all"))
-        with open(cls.log) as f:
-            cls.lines = f.read().splitlines()
-        cls.stack_at = [i for i, l in enumerate(cls.lines) if '"kind":"stack"' in l and '"type"' not in l]
-        assert cls.stack_at, "no stack lines in the log"
+        cls.lines, cls.table_at = crafted_log(cls.tmp)
+        cls.stack_at = [i for i in cls.table_at if '"kind": "stack"' in cls.lines[i]]
+        assert cls.stack_at
 
     @classmethod
     def tearDownClass(cls):
@@ -188,13 +315,13 @@ class BadInput(unittest.TestCase):
         self.assertTrue(any(s.startswith("unknown stack") for s in sites), sites)
 
     def test_unknown_stack_ids(self):
-        lines = [l for i, l in enumerate(self.lines) if i not in set(self.stack_at)]
+        lines = [l for i, l in enumerate(self.lines) if i not in set(self.table_at)]
         path = self.write("unknown.ndjson", lines)
         p, proc = self.report_of(path)
         self.assertEqual(p.returncode, 0, p.stderr)
         rows = proc["callsites"]["at_peak"]
-        self.assertTrue(rows and all(r.get("unknown") and r["site"].startswith("unknown stack")
-                                     for r in rows), rows)
+        self.assertTrue(any(r.get("unknown") for r in rows), rows)
+        self.assertTrue(all(r.get("unknown") or r["stack"] == 0 for r in rows), rows)
         out = os.path.join(self.tmp, "unknown.svg")
         run([MEMTRACE, "plot", "--flamegraph", "-o", out, path])
         check_svg(out, ["unknown stack "])
