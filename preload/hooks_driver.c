@@ -32,15 +32,35 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream);
 
-static CUresult to_cu(int rc)
+/* Driver failures that are no shortage of memory: faults of the context, a dead or
+ * uninitialised driver, the rules of stream capture. */
+static bool fatal_code(int drv)
 {
-    /* The driver's own code, not a flattened one: always for the device-fatal codes
-     * (the allocator reports any failed device malloc as out of memory), else when
-     * memtrace's code would be a guess (I/O, no device). */
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
-    bool fatal = drv == CUDA_ERROR_ILLEGAL_ADDRESS || drv == CUDA_ERROR_LAUNCH_FAILED ||
-                 drv == CUDA_ERROR_NOT_INITIALIZED || drv == CUDA_ERROR_DEINITIALIZED;
-    if (drv != 0 && (fatal || rc == MT_EIO || rc == MT_ENODEV))
+    switch (drv) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
+static CUresult to_cu_drv(int rc, int drv)
+{
+    /* The driver's own code, not a flattened one: always for the fatal codes (the
+     * allocator reports any failed device malloc as out of memory), else when memtrace's
+     * code would be a guess (I/O, no device). */
+    if (drv != 0 && (fatal_code(drv) || rc == MT_EIO || rc == MT_ENODEV))
         return (CUresult)drv;
     switch (rc) {
     case 0:
@@ -59,6 +79,11 @@ static CUresult to_cu(int rc)
     default:
         return CUDA_ERROR_UNKNOWN;
     }
+}
+
+static CUresult to_cu(int rc)
+{
+    return to_cu_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
 
 /* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
@@ -142,11 +167,12 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
     mt__guard_leave();
-    if (rc == MT_ENOMEM)
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (rc == MT_ENOMEM && !fatal_code(drv)) /* a fault or capture rule is no OOM */
         mt__preload_note_oom(a, size);
     if (rc == 0)
         *p = (CUdeviceptr)(uintptr_t)q;
-    return to_cu(rc);
+    return to_cu_drv(rc, drv);
 }
 
 /* real_free: the driver's own free for what memtrace did not hand out (managed, pitch,

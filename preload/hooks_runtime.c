@@ -45,9 +45,9 @@ static cudaError_t from_driver(int drv)
     }
 }
 
-static cudaError_t to_cuda(int rc)
+/* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
+static cudaError_t to_cuda_drv(int rc, int drv)
 {
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (drv != 0 && from_driver(drv) != cudaErrorUnknown)
         return from_driver(drv);
     switch (rc) {
@@ -67,6 +67,11 @@ static cudaError_t to_cuda(int rc)
     default:
         return cudaErrorUnknown;
     }
+}
+
+static cudaError_t to_cuda(int rc)
+{
+    return to_cuda_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
 
 /* Errors that corrupt the context: the runtime returns them from every later call and
@@ -148,9 +153,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
-    if (rc == MT_ENOMEM)
-        mt__preload_note_oom(a, size);
-    return ret(to_cuda(rc));
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
+        mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
+    return ret(to_cuda_drv(rc, drv));
 }
 
 /* real_free: the runtime's own free for pointers memtrace did not hand out (managed,

@@ -31,8 +31,10 @@
  *   (cuMemAlloc, cuMemFree, synchronisation) during a global-mode capture fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture;
  * - cuMemCreate records the shareable handle types asked for; exporting another fails.
+ * - a copy or memset touching device bytes that no live allocation or mapping holds
+ *   faults with CUDA_ERROR_ILLEGAL_ADDRESS, sticky as above;
  * Not modelled (yet): the legacy default stream's implicit synchronisation with blocking
- * streams, bounds checks of copies against live allocations, VMM objects across a reset.
+ * streams, VMM objects across a reset.
  *
  * fake_cuda_hold(true) keeps every queue from running; a synchronising call (stream,
  * event or context synchronize, cuMemFree) lets the queues run while it waits. */
@@ -279,13 +281,14 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
     } while (0)
 
 /* Whether an unsafe call (allocation, free, synchronisation) is forbidden now: a
- * global-mode capture is under way on any thread, or a thread-local one on this thread.
+ * global-mode capture is under way (active or invalidated, until it is ended) on any
+ * thread, or a thread-local one on this thread.
  * Such a call invalidates those captures, as the driver does. Caller holds mu. */
 static bool capture_forbids(void)
 {
     bool no = false;
     for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
-        if (s->capture == 1 && !s->dead &&
+        if (s->capture != 0 && !s->dead && /* an invalidated capture goes on until ended */
             (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
              (s->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
               pthread_equal(s->capturer, pthread_self())))) {
@@ -313,6 +316,23 @@ static CUresult unsafe_call(void)
 /* ---- stream queues ---- */
 
 static CUresult blk_free(void *p, bool host);
+static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size);
+
+/* Whether [p, p + n) is host memory (trusted) or device bytes inside one live
+ * allocation or mapped range. Caller holds mu. */
+static bool dev_live(uintptr_t p, size_t n)
+{
+    if (!is_dev(p))
+        return true;
+    for (const fake_blk_t *b = fake.blks; b != NULL; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p <= b->size &&
+            n <= b->size - (p - (uintptr_t)b->p))
+            return true;
+    for (const fake_resv_t *v = fake.resvs; v != NULL; v = v->next)
+        if (p >= v->base && p - v->base <= v->size && n <= v->size - (p - v->base))
+            return mapped_bytes(v, p, n) == n;
+    return false;
+}
 
 static bool event_done(const fake_event_t *e, uint64_t gen)
 {
@@ -350,8 +370,14 @@ static void *worker(void *arg)
             break; /* dead and drained */
         fake_op_t *op = s->head;
         s->busy = true;
-        if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN ||
-            op->kind == OP_FREE) {
+        /* A copy or memset touching device bytes no allocation holds faults, as a kernel
+         * would: the context's sticky error from now on. */
+        if ((op->kind == OP_COPY || op->kind == OP_SET) &&
+            (!dev_live((uintptr_t)op->dst, op->n) ||
+             (op->kind == OP_COPY && !dev_live((uintptr_t)op->src, op->n)))) {
+            s->ctx->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+        } else if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN ||
+                   op->kind == OP_FREE) {
             pthread_mutex_unlock(&fake.mu);
             if (op->kind == OP_FREE)
                 blk_free(op->dst, false);
@@ -728,8 +754,9 @@ FAKE_API CUresult cuCtxSynchronize(void)
     UNSAFE();
     pthread_mutex_lock(&fake.mu);
     drain_until(ctx_idle, cur());
+    CUresult r = cur()->sticky; /* a fault of the work waited for */
     pthread_mutex_unlock(&fake.mu);
-    return CUDA_SUCCESS;
+    return r;
 }
 
 /* ---- memory ---- */
@@ -888,8 +915,10 @@ FAKE_API CUresult cuStreamSynchronize(CUstream h)
     if (s != NULL && s->capture != 0) { /* synchronising a capturing stream breaks it */
         s->capture = 2;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    } else if (s != NULL)
+    } else if (s != NULL) {
         drain_until(stream_idle, s);
+        r = cur()->sticky; /* a fault of the work waited for */
+    }
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -999,10 +1028,13 @@ FAKE_API CUresult cuEventSynchronize(CUevent ev)
     ENTER_CTX("cuEventSynchronize", (uintptr_t)ev, 0);
     pthread_mutex_lock(&fake.mu);
     fake_event_t *e = event_of(ev);
-    if (e != NULL)
+    CUresult r = e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (e != NULL) {
         drain_until(event_idle, e);
+        r = cur()->sticky; /* a fault of the work waited for */
+    }
     pthread_mutex_unlock(&fake.mu);
-    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return r;
 }
 
 /* As the driver: both events recorded and complete, both with timing enabled. */
@@ -1159,7 +1191,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
 }
 
 /* Bytes of [p, p + size) that mappings of v cover. Caller holds mu. */
-static size_t mapped_bytes(const fake_resv_t *v, CUdeviceptr p, size_t size)
+static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size)
 {
     size_t n = 0;
     for (const fake_map_t *x = v->maps; x != NULL; x = x->next) {
@@ -1563,6 +1595,50 @@ FAKE_API CUresult cuGraphDestroy(CUgraph g)
     return CUDA_SUCCESS;
 }
 
+/* ---- synchronous copies: on the legacy stream, or (_ptds) the thread's own ---- */
+
+static CUresult copy_sync(void *dst, const void *src, size_t n, CUstream h)
+{
+    CUresult r = submit(h, (fake_op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_of(h, &r);
+    if (s != NULL) {
+        drain_until(stream_idle, s);
+        r = cur()->sticky;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
+FAKE_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    ENTER_CTX("cuMemcpyHtoD", dst, n);
+    return copy_sync((void *)(uintptr_t)dst, src, n, NULL);
+}
+
+FAKE_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    ENTER_CTX("cuMemcpyDtoH", src, n);
+    return copy_sync(dst, (const void *)(uintptr_t)src, n, NULL);
+}
+
+FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
+FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
+
+FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+    ENTER_CTX("cuMemcpyHtoD", dst, n);
+    return copy_sync((void *)(uintptr_t)dst, src, n, CU_STREAM_PER_THREAD);
+}
+
+FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
+{
+    ENTER_CTX("cuMemcpyDtoH", src, n);
+    return copy_sync(dst, (const void *)(uintptr_t)src, n, CU_STREAM_PER_THREAD);
+}
+
 /* ---- per-thread default stream variants: NULL is the thread's own stream ---- */
 
 #define PT(h) ((h) == NULL ? CU_STREAM_PER_THREAD : (h))
@@ -1683,6 +1759,8 @@ static const struct {
     P("cuStreamWaitEvent", cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 3020),
     P("cuLaunchHostFunc", cuLaunchHostFunc, cuLaunchHostFunc_ptsz, 10000),
     P("cuMemcpyAsync", cuMemcpyAsync, cuMemcpyAsync_ptsz, 4000),
+    P("cuMemcpyHtoD", cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, 3020),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, 3020),
     P("cuMemsetD8Async", cuMemsetD8Async, cuMemsetD8Async_ptsz, 3020),
     P("cuEventCreate", cuEventCreate, NULL, 2000),
     P("cuEventDestroy", cuEventDestroy_v2, NULL, 4000),
