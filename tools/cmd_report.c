@@ -198,16 +198,11 @@ static void print_host(json_t *h)
     }
 }
 
-/* A label as the log gave it, control characters escaped. */
+/* A label from the log (another process's text), escaped (util/text.h). */
 static void put_plain(const char *s)
 {
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c == 0x7f)
-            printf("\\x%02x", c);
-        else
-            putchar(c);
-    }
+    char buf[MT_TEXT_ESC_SIZE(512)];
+    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
 }
 
 static void print_sites(const char *title, json_t *rows, bool growth)
@@ -266,6 +261,24 @@ static void print_process(json_t *p)
            human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
            human(num(p, "final_allocated"), b3, sizeof(b3)),
            human(num(p, "final_reserved"), b4, sizeof(b4)));
+
+    /* Several devices: each one's figures, the line above being their sum. */
+    json_t *devs = json_object_get(p, "devices");
+    if (json_array_size(devs) > 1) {
+        printf("  by device (the process's figures at the end are the sums; each peak is the "
+               "device's own):\n");
+        size_t i;
+        json_t *d;
+        json_array_foreach(devs, i, d)
+        {
+            printf("    device %-3.0f peak allocated %s, peak reserved %s; at the end %s "
+                   "allocated, %s reserved\n",
+                   num(d, "device"), human(num(d, "peak_allocated"), b1, sizeof(b1)),
+                   human(num(d, "peak_reserved"), b2, sizeof(b2)),
+                   human(num(d, "final_allocated"), b3, sizeof(b3)),
+                   human(num(d, "final_reserved"), b4, sizeof(b4)));
+        }
+    }
 
     json_t *tags = json_object_get(p, "peak_by_tag");
     if (json_object_size(tags)) {

@@ -102,16 +102,12 @@ static double rate_of(const top_t *t, int pid, double events, double dt)
     return 0;
 }
 
-/* A label as it came from the daemon, with control characters shown escaped. */
-static void put_plain(FILE *f, const char *s, int max)
+/* A label from another process, escaped (util/text.h) and cut at max bytes. */
+static void put_plain(FILE *f, const char *s, size_t max)
 {
-    for (int n = 0; *s && n < max; s++, n++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\x%02x", c);
-        else
-            fputc(c, f);
-    }
+    char buf[MT_TEXT_ESC_SIZE(160)];
+    mt__text_escape(s, buf, max + 1 < sizeof buf ? max + 1 : sizeof buf);
+    fputs(buf, f);
 }
 
 /* The top call sites of the selected process (/state's "callsites", live bytes now). */
@@ -132,8 +128,9 @@ static void render_callsites(FILE *f, json_t *procs, const top_t *t, const char 
         return;
     }
     json_t *cs = json_object_get(sel, "callsites");
-    fprintf(f, "\n%stop call sites of %.0f (%s)%s\n", bold, num(sel, "pid"),
-            json_string_value(json_object_get(sel, "name")) ?: "", norm);
+    fprintf(f, "\n%stop call sites of %.0f (", bold, num(sel, "pid"));
+    put_plain(f, json_string_value(json_object_get(sel, "name")) ?: "", 64);
+    fprintf(f, ")%s\n", norm);
     if (json_array_size(cs) == 0) {
         fprintf(f, "  none recorded (run it with MEMTRACE_STACKS=sampled or all)\n");
         return;
@@ -225,6 +222,18 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
                     "uncertain", human(num(p, "uncertain_bytes"), ub, sizeof ub),
                     human(num(p, "untracked_bytes"), tb, sizeof tb));
         }
+        /* Several devices: one line each; the process line above is their sum. */
+        json_t *devs = json_object_get(p, "devices"), *dv;
+        if (json_array_size(devs) > 1)
+            json_array_foreach(devs, j, dv)
+            {
+                char da[32], dr[32], dp[32], dn[16];
+                snprintf(dn, sizeof dn, "device %d", (int)num(dv, "device"));
+                fprintf(f, "         %-14s %s allocated, %s reserved, peak %s (of the sum above)\n",
+                        dn, human(num(dv, "allocated_bytes"), da, sizeof da),
+                        human(num(dv, "reserved_bytes"), dr, sizeof dr),
+                        human(num(dv, "peak_allocated_bytes"), dp, sizeof dp));
+            }
         /* Pinned host memory is not device memory: the figures above exclude it. */
         json_t *h = json_object_get(p, "host");
         if (num(h, "peak_reserved_bytes") > 0) {
