@@ -85,17 +85,21 @@ static void test_gathered_space_zeroed(void **state)
     up(&f);
     fake_dnn_pad_layout(256);
     fake_dnn_check_padding(true);
-    /* a block of the weight space's size, dirtied and freed: the allocator reuses it */
+    /* the cache emptied, then 8 blocks of the weight space's size dirtied and freed: they
+     * merge into one free block at a segment's start, from which the module's blocks
+     * (weights, grads, then the gathered spaces) are cut in order */
     mt_rnn_t *probe = NULL;
     assert_int_equal(mt_rnn_create(&probe, &f.cfg), 0);
     size_t space = fake_dnn_call(fake_dnn_find("cudnnGetRNNWeightSpaceSize", 0))->n[0];
     mt_rnn_destroy(&probe);
-    void *dirty = NULL;
-    for (int k = 0; k < 2; k++) {
-        assert_int_equal(mt_alloc_malloc(f.a, space, f.s, MT_TAG_BATCH, &dirty), 0);
-        assert_int_equal(mt_memset_async(f.b, dirty, 0xff, space, f.s), 0);
-        assert_int_equal(mt_alloc_free(f.a, dirty), 0);
+    assert_int_equal(mt_alloc_empty_cache(f.a), 0);
+    void *dirty[8];
+    for (int k = 0; k < 8; k++) {
+        assert_int_equal(mt_alloc_malloc(f.a, space, f.s, MT_TAG_BATCH, &dirty[k]), 0);
+        assert_int_equal(mt_memset_async(f.b, dirty[k], 0xff, space, f.s), 0);
     }
+    for (int k = 0; k < 8; k++)
+        assert_int_equal(mt_alloc_free(f.a, dirty[k]), 0);
     assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
     float *x = dbuf(&f, 2 * 2 * 5, 0.5f), *y = dbuf(&f, 2 * 2 * 16, 0.0f);
     mt_rnn_io_t io = {.seq_len = 2, .batch = 2, .x = x, .y = y};
