@@ -45,9 +45,9 @@ static cudaError_t from_driver(int drv)
     }
 }
 
-static cudaError_t to_cuda(int rc)
+/* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
+static cudaError_t to_cuda_drv(int rc, int drv)
 {
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (drv != 0 && from_driver(drv) != cudaErrorUnknown)
         return from_driver(drv);
     switch (rc) {
@@ -67,6 +67,11 @@ static cudaError_t to_cuda(int rc)
     default:
         return cudaErrorUnknown;
     }
+}
+
+static cudaError_t to_cuda(int rc)
+{
+    return to_cuda_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
 
 /* Errors that corrupt the context: the runtime returns them from every later call and
@@ -148,9 +153,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
-    if (rc == MT_ENOMEM)
-        mt__preload_note_oom(a, size);
-    return ret(to_cuda(rc));
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
+        mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
+    return ret(to_cuda_drv(rc, drv));
 }
 
 /* real_free: the runtime's own free for pointers memtrace did not hand out (managed,
@@ -285,8 +291,7 @@ MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
-    (void)flags; /* portable/mapped/write-combined: one kind of pinned memory here */
-    if (pHost == NULL)
+    if (pHost == NULL || (flags & ~MT_HOST_ALLOC_FLAGS) != 0)
         return ret(cudaErrorInvalidValue);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
@@ -296,7 +301,7 @@ MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
         return cudaSuccess;
     }
     mt__guard_enter();
-    int rc = mt_backend_host_malloc(b, size, pHost);
+    int rc = mt_backend_host_malloc_flags(b, size, flags, pHost); /* flags reach the driver */
     mt__guard_leave();
     if (rc == 0) {
         atomic_fetch_add(&mt__preload()->host_allocs, 1);
@@ -370,6 +375,72 @@ MT_HOOK cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
 {
     FORWARD(cudaMemcpyAsync, dst, src, count, kind, stream);
     return sim_copy(dst, src, count, kind, stream, false);
+}
+
+/* A peer copy on the current device's stream (sim mode). */
+static cudaError_t sim_copy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+                                 cudaStream_t stream, bool sync)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = sim_default_begin(b, s);
+    if (rc == 0)
+        rc = mt_memcpy_peer_async(b, dst, dst_dev, src, src_dev, n, s);
+    rc = sim_default_end(b, s, rc);
+    if (rc == 0 && sync && s != NULL)
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return ret(rc == MT_EINVAL ? cudaErrorInvalidDevice : to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
+                                   size_t count)
+{
+    FORWARD(cudaMemcpyPeer, dst, dstDevice, src, srcDevice, count);
+    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, NULL, true);
+}
+
+MT_HOOK cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
+                                        size_t count, cudaStream_t stream)
+{
+    FORWARD(cudaMemcpyPeerAsync, dst, dstDevice, src, srcDevice, count, stream);
+    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, stream, false);
+}
+
+/* Peer access (issue 16 item 10): the runtime's call covers cuMemAlloc memory only, so
+ * the peer's expandable segments are granted to the current device too. */
+MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
+{
+    mt_preload_t *P = mt__preload();
+    if (!P->sim) {
+        cudaError_t (*real)(int, unsigned) =
+            (cudaError_t(*)(int, unsigned))mt__preload_real_rt("cudaDeviceEnablePeerAccess");
+        if (real == NULL)
+            return ret(cudaErrorInsufficientDriver);
+        cudaError_t e = real(peerDevice, flags);
+        if (e != cudaSuccess)
+            return e;
+    } else if (flags != 0) {
+        return ret(cudaErrorInvalidValue);
+    }
+    if (peerDevice < 0 || peerDevice >= P->ndevices || peerDevice == rt_device())
+        return ret(cudaErrorInvalidDevice);
+    return ret(to_cuda(mt__preload_peer_access(rt_device(), peerDevice)));
+}
+
+MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peerDevice)
+{
+    FORWARD(cudaDeviceCanAccessPeer, canAccess, device, peerDevice);
+    int n = mt__preload()->ndevices;
+    if (canAccess == NULL || device < 0 || device >= n || peerDevice < 0 || peerDevice >= n)
+        return ret(cudaErrorInvalidDevice);
+    *canAccess = device != peerDevice;
+    return cudaSuccess;
 }
 
 static cudaError_t sim_set(void *dst, int value, size_t n, cudaStream_t stream)
@@ -766,6 +837,10 @@ static const struct {
     H(cudaEventDestroy, false),
     H(cudaGetDeviceCount, false),
     H(cudaSetDevice, false),
+    H(cudaMemcpyPeer, true),
+    H(cudaMemcpyPeerAsync, true),
+    H(cudaDeviceEnablePeerAccess, false),
+    H(cudaDeviceCanAccessPeer, false),
     H(cudaGetDevice, false),
     H(cudaGetLastError, true),
     H(cudaPeekAtLastError, true),

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
-#include "rnn/cudnn_lib.h"
+#include "rnn/cudnn_internal.h"
 
 typedef struct sym_s {
     const char *name;
@@ -72,4 +72,63 @@ int mt__dnn_open(const mt__dnn_t **out, char *err, size_t errlen)
     pthread_mutex_unlock(&mu);
     *out = rc == 0 ? &table : NULL;
     return rc;
+}
+
+/* ---- status codes and the device guard ---- */
+
+/* cuDNN 9 groups its status codes by thousands. */
+int mt__dnn_status(cudnnStatus_t s)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return 0;
+    switch ((int)s / 1000) {
+    case 1:
+        return MT_ENODEV; /* not initialised: no driver or device */
+    case 2:
+        return MT_EINVAL;
+    case 3:
+        return MT_ENOTSUP;
+    default:
+        if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+            s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
+            return MT_ENOMEM;
+        return MT_EIO;
+    }
+}
+
+/* Maps s, logging the failing call once when it failed. */
+int mt__dnn_check(const mt_rnn_t *m, cudnnStatus_t s, const char *what)
+{
+    int rc = mt__dnn_status(s);
+    if (rc) {
+        /* cuDNN 9 says why in its per-thread last-error text: the status alone rarely does. */
+        char why[512] = "";
+        mt__dnn->cudnnGetLastErrorString(why, sizeof why);
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: %s failed: %s (%d)%s%s", what,
+             mt__dnn->cudnnGetErrorString(s), (int)s, why[0] ? ": " : "", why);
+    }
+    return rc;
+}
+
+int mt__dnn_dev_enter(const mt_rnn_t *m, dev_guard_t *g)
+{
+    g->switched = false;
+    int dev = mt_backend_device(m->backend);
+    cudaError_t e = mt__dnn->cudaGetDevice(&g->prev);
+    if (e == cudaSuccess && g->prev != dev) {
+        e = mt__dnn->cudaSetDevice(dev);
+        g->switched = e == cudaSuccess;
+    }
+    if (e != cudaSuccess) {
+        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: selecting device %d: %s (%d)", dev,
+             mt__dnn->cudaGetErrorString(e), (int)e);
+        return MT_ENODEV;
+    }
+    return 0;
+}
+
+void mt__dnn_dev_leave(const dev_guard_t *g)
+{
+    if (g->switched)
+        mt__dnn->cudaSetDevice(g->prev);
 }

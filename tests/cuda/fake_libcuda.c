@@ -31,8 +31,10 @@
  *   (cuMemAlloc, cuMemFree, synchronisation) during a global-mode capture fails with
  *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture;
  * - cuMemCreate records the shareable handle types asked for; exporting another fails.
+ * - a copy or memset touching device bytes that no live allocation or mapping holds
+ *   faults with CUDA_ERROR_ILLEGAL_ADDRESS, sticky as above;
  * Not modelled (yet): the legacy default stream's implicit synchronisation with blocking
- * streams, bounds checks of copies against live allocations, VMM objects across a reset.
+ * streams, VMM objects across a reset.
  *
  * fake_cuda_hold(true) keeps every queue from running; a synchronising call (stream,
  * event or context synchronize, cuMemFree) lets the queues run while it waits. */
@@ -133,7 +135,7 @@ typedef struct fake_map_s {
     struct fake_map_s *next;
     CUdeviceptr p;
     size_t size;
-    bool access; /* cuMemSetAccess opened it */
+    uint64_t access; /* bit d: cuMemSetAccess opened it to device d (d < 64) */
 } fake_map_t;
 
 typedef struct fake_resv_s {
@@ -171,6 +173,7 @@ static struct {
     bool forked;    /* this process is a fork child of one that used the driver */
     uint64_t next_capture_id;
     unsigned long long handle_types; /* OR of every cuMemCreate's requestedHandleTypes */
+    uint64_t peer[MAXDEV];           /* bit j of peer[i]: device i enabled access to device j */
 } fake = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
@@ -279,13 +282,14 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
     } while (0)
 
 /* Whether an unsafe call (allocation, free, synchronisation) is forbidden now: a
- * global-mode capture is under way on any thread, or a thread-local one on this thread.
+ * global-mode capture is under way (active or invalidated, until it is ended) on any
+ * thread, or a thread-local one on this thread.
  * Such a call invalidates those captures, as the driver does. Caller holds mu. */
 static bool capture_forbids(void)
 {
     bool no = false;
     for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
-        if (s->capture == 1 && !s->dead &&
+        if (s->capture != 0 && !s->dead && /* an invalidated capture goes on until ended */
             (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
              (s->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
               pthread_equal(s->capturer, pthread_self())))) {
@@ -313,6 +317,23 @@ static CUresult unsafe_call(void)
 /* ---- stream queues ---- */
 
 static CUresult blk_free(void *p, bool host);
+static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size);
+
+/* Whether [p, p + n) is host memory (trusted) or device bytes inside one live
+ * allocation or mapped range. Caller holds mu. */
+static bool dev_live(uintptr_t p, size_t n)
+{
+    if (!is_dev(p))
+        return true;
+    for (const fake_blk_t *b = fake.blks; b != NULL; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p <= b->size &&
+            n <= b->size - (p - (uintptr_t)b->p))
+            return true;
+    for (const fake_resv_t *v = fake.resvs; v != NULL; v = v->next)
+        if (p >= v->base && p - v->base <= v->size && n <= v->size - (p - v->base))
+            return mapped_bytes(v, p, n) == n;
+    return false;
+}
 
 static bool event_done(const fake_event_t *e, uint64_t gen)
 {
@@ -350,8 +371,14 @@ static void *worker(void *arg)
             break; /* dead and drained */
         fake_op_t *op = s->head;
         s->busy = true;
-        if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN ||
-            op->kind == OP_FREE) {
+        /* A copy or memset touching device bytes no allocation holds faults, as a kernel
+         * would: the context's sticky error from now on. */
+        if ((op->kind == OP_COPY || op->kind == OP_SET) &&
+            (!dev_live((uintptr_t)op->dst, op->n) ||
+             (op->kind == OP_COPY && !dev_live((uintptr_t)op->src, op->n)))) {
+            s->ctx->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
+        } else if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN ||
+                   op->kind == OP_FREE) {
             pthread_mutex_unlock(&fake.mu);
             if (op->kind == OP_FREE)
                 blk_free(op->dst, false);
@@ -525,6 +552,25 @@ FAKE_API long fake_cuda_ctx_depth(void);
 FAKE_API void fake_cuda_idle(void);
 FAKE_API void *fake_cuda_shadow(const void *dptr);
 FAKE_API void fake_cuda_age_events(uint64_t ns);
+FAKE_API bool fake_cuda_can_access(int dev, const void *dptr);
+
+/* Whether a kernel on device dev could touch device byte dptr: cuMemAlloc memory of its
+ * own device or of one it enabled peer access to; a VMM mapping opened to dev. */
+bool fake_cuda_can_access(int dev, const void *dptr)
+{
+    uintptr_t p = (uintptr_t)dptr;
+    bool ok = false;
+    pthread_mutex_lock(&fake.mu);
+    for (fake_blk_t *b = fake.blks; b != NULL && !ok; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size)
+            ok = b->ctx != NULL && (b->ctx->dev == dev || (fake.peer[dev] >> b->ctx->dev & 1));
+    for (fake_resv_t *v = fake.resvs; v != NULL && !ok; v = v->next)
+        for (fake_map_t *x = v->maps; x != NULL && !ok; x = x->next)
+            if (p >= x->p && p - x->p < x->size)
+                ok = x->access >> dev & 1;
+    pthread_mutex_unlock(&fake.mu);
+    return ok;
+}
 
 /* Moves every event recorded so far ns into the past, as if the process had run that
  * long since (for event-time precision over long runs). */
@@ -562,6 +608,7 @@ void fake_cuda_reset(size_t capacity, int devices)
     fake.capacity = capacity;
     fake.devices = devices < MAXDEV ? devices : MAXDEV;
     fake.nlog = 0;
+    memset(fake.peer, 0, sizeof fake.peer);
     fake.fail_name = NULL;
     fake.fail_count = 0;
     for (int i = 0; i < MAXDEV; i++)
@@ -728,8 +775,9 @@ FAKE_API CUresult cuCtxSynchronize(void)
     UNSAFE();
     pthread_mutex_lock(&fake.mu);
     drain_until(ctx_idle, cur());
+    CUresult r = cur()->sticky; /* a fault of the work waited for */
     pthread_mutex_unlock(&fake.mu);
-    return CUDA_SUCCESS;
+    return r;
 }
 
 /* ---- memory ---- */
@@ -888,8 +936,10 @@ FAKE_API CUresult cuStreamSynchronize(CUstream h)
     if (s != NULL && s->capture != 0) { /* synchronising a capturing stream breaks it */
         s->capture = 2;
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    } else if (s != NULL)
+    } else if (s != NULL) {
         drain_until(stream_idle, s);
+        r = cur()->sticky; /* a fault of the work waited for */
+    }
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -923,6 +973,39 @@ FAKE_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUst
                                  .dst = (void *)(uintptr_t)dst,
                                  .src = (const void *)(uintptr_t)src,
                                  .n = n});
+}
+
+/* Any two contexts (the driver stages the copy when peer access is off); the stream
+ * belongs to the current context. */
+FAKE_API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                    CUcontext src_ctx, size_t n, CUstream s)
+{
+    ENTER_CTX("cuMemcpyPeerAsync", dst, n);
+    if (ctx_of(dst_ctx) == NULL || ctx_of(src_ctx) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return submit(s, (fake_op_t){.kind = OP_COPY,
+                                 .dst = (void *)(uintptr_t)dst,
+                                 .src = (const void *)(uintptr_t)src,
+                                 .n = n});
+}
+
+/* The current context's device may access peer's memory allocated with cuMemAlloc; VMM
+ * mappings stay as cuMemSetAccess left them, as on the real driver. */
+FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    ENTER_CTX("cuCtxEnablePeerAccess", (uintptr_t)peer, flags);
+    fake_ctx_t *p = ctx_of(peer);
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags != 0 || p->dev == cur()->dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake.mu);
+    uint64_t bit = (uint64_t)1 << p->dev;
+    CUresult r =
+        fake.peer[cur()->dev] & bit ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    fake.peer[cur()->dev] |= bit;
+    pthread_mutex_unlock(&fake.mu);
+    return r;
 }
 
 FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
@@ -999,10 +1082,13 @@ FAKE_API CUresult cuEventSynchronize(CUevent ev)
     ENTER_CTX("cuEventSynchronize", (uintptr_t)ev, 0);
     pthread_mutex_lock(&fake.mu);
     fake_event_t *e = event_of(ev);
-    if (e != NULL)
+    CUresult r = e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (e != NULL) {
         drain_until(event_idle, e);
+        r = cur()->sticky; /* a fault of the work waited for */
+    }
     pthread_mutex_unlock(&fake.mu);
-    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    return r;
 }
 
 /* As the driver: both events recorded and complete, both with timing enabled. */
@@ -1159,7 +1245,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
 }
 
 /* Bytes of [p, p + size) that mappings of v cover. Caller holds mu. */
-static size_t mapped_bytes(const fake_resv_t *v, CUdeviceptr p, size_t size)
+static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size)
 {
     size_t n = 0;
     for (const fake_map_t *x = v->maps; x != NULL; x = x->next) {
@@ -1192,6 +1278,15 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDe
     fake_resv_t *v = resv_find(p, size);
     CUresult r =
         v == NULL || mapped_bytes(v, p, size) != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    for (fake_map_t *x = v ? v->maps : NULL; r == CUDA_SUCCESS && x != NULL; x = x->next)
+        if (x->p < p + size && p < x->p + x->size)
+            for (size_t i = 0; i < count; i++) {
+                uint64_t bit = (uint64_t)1 << desc[i].location.id;
+                if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                    x->access &= ~bit;
+                else
+                    x->access |= bit;
+            }
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -1563,6 +1658,50 @@ FAKE_API CUresult cuGraphDestroy(CUgraph g)
     return CUDA_SUCCESS;
 }
 
+/* ---- synchronous copies: on the legacy stream, or (_ptds) the thread's own ---- */
+
+static CUresult copy_sync(void *dst, const void *src, size_t n, CUstream h)
+{
+    CUresult r = submit(h, (fake_op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_of(h, &r);
+    if (s != NULL) {
+        drain_until(stream_idle, s);
+        r = cur()->sticky;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
+FAKE_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
+{
+    ENTER_CTX("cuMemcpyHtoD", dst, n);
+    return copy_sync((void *)(uintptr_t)dst, src, n, NULL);
+}
+
+FAKE_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
+{
+    ENTER_CTX("cuMemcpyDtoH", src, n);
+    return copy_sync(dst, (const void *)(uintptr_t)src, n, NULL);
+}
+
+FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
+FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
+
+FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
+{
+    ENTER_CTX("cuMemcpyHtoD", dst, n);
+    return copy_sync((void *)(uintptr_t)dst, src, n, CU_STREAM_PER_THREAD);
+}
+
+FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
+{
+    ENTER_CTX("cuMemcpyDtoH", src, n);
+    return copy_sync(dst, (const void *)(uintptr_t)src, n, CU_STREAM_PER_THREAD);
+}
+
 /* ---- per-thread default stream variants: NULL is the thread's own stream ---- */
 
 #define PT(h) ((h) == NULL ? CU_STREAM_PER_THREAD : (h))
@@ -1683,6 +1822,8 @@ static const struct {
     P("cuStreamWaitEvent", cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 3020),
     P("cuLaunchHostFunc", cuLaunchHostFunc, cuLaunchHostFunc_ptsz, 10000),
     P("cuMemcpyAsync", cuMemcpyAsync, cuMemcpyAsync_ptsz, 4000),
+    P("cuMemcpyHtoD", cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, 3020),
+    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, 3020),
     P("cuMemsetD8Async", cuMemsetD8Async, cuMemsetD8Async_ptsz, 3020),
     P("cuEventCreate", cuEventCreate, NULL, 2000),
     P("cuEventDestroy", cuEventDestroy_v2, NULL, 4000),

@@ -382,6 +382,14 @@ static void test_get_proc_address_flags(void **state)
         CUDA_SUCCESS);
     assert_ptr_equal(f, dlsym(fk.lib, "cuMemAllocAsync_ptsz"));
     assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    /* synchronous calls have _ptds variants */
+    assert_int_equal(
+        gp("cuMemcpyHtoD", &f, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+        CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemcpyHtoD_v2_ptds"));
+    assert_int_equal(gp("cuMemcpyHtoD", &f, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemcpyHtoD_v2"));
     /* no per-thread variant: the legacy one, whatever the flag */
     assert_int_equal(
         gp("cuMemAlloc", &f, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
@@ -480,6 +488,29 @@ static void test_sticky_error_until_reset(void **state)
     assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
 }
 
+/* Work touching device bytes no allocation holds (a use after free) faults: the wait for
+ * it returns CUDA_ERROR_ILLEGAL_ADDRESS, and so does every later call, until a reset. */
+static void test_stray_memset_faults(void **state)
+{
+    (void)state;
+    CUresult (*reset)(CUdevice) =
+        (CUresult(*)(CUdevice))dlsym(fk.lib, "cuDevicePrimaryCtxReset_v2");
+    CUdeviceptr p = 0;
+    CUcontext popped;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(p, 1, MiB, NULL), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(p, 2, 4096, NULL), CUDA_SUCCESS); /* queued */
+    assert_int_equal(cu.StreamSynchronize(NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(reset(0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
 /* A fork child gets CUDA_ERROR_NOT_INITIALIZED from every call, cuInit included. */
 static void test_fork_child_not_initialized(void **state)
 {
@@ -558,6 +589,7 @@ int main(void)
         cmocka_unit_test(test_get_proc_address_flags),
         cmocka_unit_test(test_per_thread_default_stream),
         cmocka_unit_test(test_sticky_error_until_reset),
+        cmocka_unit_test(test_stray_memset_faults),
         cmocka_unit_test(test_fork_child_not_initialized),
         cmocka_unit_test(test_capture_rules),
     };

@@ -233,6 +233,13 @@ static int capture(void)
     CHECK(cudaMalloc(&t, MiB) == cudaSuccess);
     CHECK(t == q); /* back in the pool: the lowest free address of the segment */
     CHECK(fake_cuda_count("cuMemAlloc_v2") == n0);
+    /* A cudaMalloc needing a new segment during a global capture fails as the runtime's
+     * own would, with the capture's code, not as an out-of-memory. */
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    void *x = NULL;
+    CHECK(cudaMalloc(&x, 8 * MiB) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
     return 0;
 }
 
