@@ -159,16 +159,17 @@ def symbol(path, name):
 
 
 def crafted_log(tmp):
-    """A real log of prog_sites.c (no stacks recorded) given a stack table by hand: stack 1
+    """A real log of prog_sites.c (stacks off) given a stack table by hand: stack 1
     (the 8 MiB weights) is two native frames inside load_weights and main of the real
     binary at a made-up load bias, stack 2 (the 4 MiB activations) two Python frames,
     stack 3 (the history) an id no line defines. Returns (lines, table line indexes)."""
     prog = os.environ["MT_PROG_SITES"]
     log = os.path.join(tmp, "plain.ndjson")
     run([MEMTRACE, "run", "--backend", "sim", "--log", log, "--quiet", "--", prog],
-        env=base_env())
+        env=base_env(MEMTRACE_STACKS="off"))
     with open(log) as f:
         lines = f.read().splitlines()
+    assert not any('"stack' in l for l in lines), "stacks recorded with MEMTRACE_STACKS=off"
     base = 0x555555554000 if elf_is_pie(prog) else 0
     pid = json.loads(lines[0])["pid"]
     ip = lambda name: "0x%x" % (base + symbol(prog, name) + 4)
