@@ -60,6 +60,7 @@ struct mt__report_s {
     uint64_t lines, events, malformed;
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
+    mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -74,6 +75,10 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     mt__report_t *r = calloc(1, sizeof(*r));
     if (!r)
         return MT_ENOMEM;
+    if (mt_sym_create(&r->sym) != 0) {
+        free(r);
+        return MT_ENOMEM;
+    }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
@@ -93,6 +98,7 @@ void mt__report_destroy(mt__report_t **pr)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt_sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
@@ -488,7 +494,7 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
-static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
+static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_model_t *m = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true};
@@ -542,6 +548,12 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         res = NULL;
     }
     res = uncertain_json(res, &d);
+    if (res != NULL && cfg->by_callsite &&
+        json_object_set_new(res, "callsites",
+                            mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg->top)) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
 out:
     json_decref(tl);
     mt_model_destroy(&m);
@@ -554,7 +566,7 @@ json_t *mt__report_result(mt__report_t *r)
     if (!procs)
         return NULL;
     for (size_t i = 0; i < r->nprocs; i++) {
-        json_t *p = analyse(&r->cfg, &r->procs[i]);
+        json_t *p = analyse(&r->cfg, &r->procs[i], r->sym);
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;
@@ -664,4 +676,9 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
 void mt__report_map_free(mt__report_map_t *m)
 {
     mt_model_map_free(m);
+}
+
+mt_sym_t *mt__report_symbolizer(mt__report_t *r)
+{
+    return r->sym;
 }
