@@ -572,7 +572,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
         mt__warm_record_alloc(a, b, rsize);
     }
-    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
+    if (__builtin_expect(a->cfg.sink != NULL && stack != 0, 0)) {
         /* with a stack: its ref and the alloc in one batch, the ref first */
         mt_event_rec_t ev[2];
         uint64_t t = mt__clock_now(&a->clk);
@@ -582,8 +582,10 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         ev[0].kind = MT_EV_STACK_REF;
         ev[0].size = stack;
         ev[0].requested = 0;
-        emit_recs(a, stack ? ev : &ev[1], stack ? 2 : 1);
+        emit_recs(a, ev, 2);
         stats_due(a, t);
+    } else {
+        mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
     }
     *out = (void *)b->addr;
 out:
