@@ -275,6 +275,17 @@ class CraftedLog(unittest.TestCase):
         self.assertIn("no process 1", p.stderr)
 
 
+    def test_web(self):
+        node = shutil.which("node")
+        if node is None:
+            self.skipTest("no node")
+        p = run([node, os.path.join(HERE, "web_callsite.mjs"), MEMTRACE, self.log], check=False)
+        if p.returncode == 77:
+            self.skipTest(p.stdout.strip())
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("clicking the weights block shows its call stack", p.stdout)
+
+
 class BadInput(unittest.TestCase):
     """The crafted log damaged three ways: each gives a named error or "unknown stack", the
     rest of the log is still reported, and nothing crashes."""
