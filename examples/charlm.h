@@ -98,7 +98,7 @@ typedef struct charlm_dp_s {
     uint64_t steps, copies, bytes; /* peer copies and bytes of the training steps */
 } charlm_dp_t;
 
-/* n >= 2 devices; model md on device 0 with allocator md->a over backend b0; acfg is the
+/* 2 <= n <= the backend's devices; model md on device 0 with allocator md->a over backend b0; acfg is the
  * template of the replicas' allocators (backend replaced). */
 void charlm_dp_init(charlm_dp_t *dp, charlm_model_t *md, mt_backend_t *b0,
                     const mt_alloc_cfg_t *acfg, int n, bool rebind);

@@ -17,14 +17,6 @@ void charlm_dp_init(charlm_dp_t *dp, charlm_model_t *md, mt_backend_t *b0,
                     const mt_alloc_cfg_t *acfg, int n, bool rebind)
 {
     memset(dp, 0, sizeof *dp);
-    if (n > mt_backend_device_count(b0)) {
-        fprintf(stderr,
-                "train_charlm: --devices %d but the %s backend has %d device%s (set "
-                "MEMTRACE_SIM_DEVICES=%d)\n",
-                n, mt_backend_name(b0), mt_backend_device_count(b0),
-                mt_backend_device_count(b0) == 1 ? "" : "s", n);
-        exit(2);
-    }
     dp->n = n;
     dp->rebind = rebind;
     dp->b[0] = b0;

@@ -549,6 +549,7 @@ int main(int argc, char **argv)
     char err[256];
     if (mt_backend_cfg_from_env(&bcfg, err, sizeof err) != 0) {
         fprintf(stderr, "train_charlm: %s\n", err);
+        free(text.ids);
         return 2;
     }
     bcfg.log = log_cb;
@@ -564,6 +565,17 @@ int main(int argc, char **argv)
         mt_backend_destroy(&b);
         bcfg.kind = MT_BACKEND_SIM;
         CHECK(mt_backend_create(&b, &bcfg));
+    }
+
+    if (o.devices > mt_backend_device_count(b)) {
+        fprintf(stderr,
+                "train_charlm: --devices %d but the %s backend has %d device%s (set "
+                "MEMTRACE_SIM_DEVICES=%d)\n",
+                o.devices, mt_backend_name(b), mt_backend_device_count(b),
+                mt_backend_device_count(b) == 1 ? "" : "s", o.devices);
+        mt_backend_destroy(&b);
+        free(text.ids);
+        return 2;
     }
 
     /* Telemetry: memtraced if it runs (auto), else a local NDJSON log. */
