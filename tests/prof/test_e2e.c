@@ -82,7 +82,7 @@ static json_t *analyse(const char *log, uint64_t emitted)
     size_t cap = 0;
     ssize_t len;
     uint64_t events = 0, next_seq = 0;
-    int kinds[MT_EV_GAP + 1] = {0};
+    int kinds[MT_EV_KIND_COUNT] = {0};
     while ((len = getline(&line, &cap, f)) > 0) {
         char err[256] = "";
         assert_int_equal(mt__report_add_line(r, line, (size_t)len, err, sizeof(err)), 0);
