@@ -390,17 +390,19 @@ class TrainCharlm(unittest.TestCase):
             rows = cs["at_peak"]
 
             def forward_then_caller(r):
-                fs = functions(r)
+                """The engine's forward function, then a function of the example."""
+                fs = r["frames"]
                 for i, f in enumerate(fs):
-                    if f and f.startswith("mt_rnn_forward"):
-                        rest = [x for x in fs[i + 1:] if x]
-                        return bool(rest) and rest[0] == "train_step"
+                    if (f["function"] or "").startswith("mt_rnn_forward"):
+                        rest = [x for x in fs[i + 1:] if x["function"]]
+                        return bool(rest) and (rest[0]["file"] or "").endswith("train_charlm.c")
                 return False
 
             a = find_row(rows, forward_then_caller)
             self.assertIsNotNone(a, json.dumps([[f["label"] for f in r["frames"]] for r in rows], indent=1)[:4000])
-            caller = next(f for f in a["frames"] if f["function"] == "train_step")
-            self.assertTrue(caller["file"].endswith("train_charlm.c"))
+            i = next(k for k, f in enumerate(a["frames"]) if f["function"].startswith("mt_rnn_forward"))
+            self.assertTrue(a["frames"][i]["file"].endswith("module.c"))
+            caller = next(f for f in a["frames"][i + 1:] if f["function"])
             self.assertGreater(caller["line"], 0)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -84,7 +84,7 @@ try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 1800 } });
   const errors = [];
   page.on('pageerror', (e) => errors.push(String(e)));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text() + ' ' + JSON.stringify(m.location())); });
   await page.goto(v.url);
   await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
   await page.click(`#procs tr[data-pid="${p.pid}"]`);
@@ -104,9 +104,11 @@ try {
   if (!/call stack 1/.test(info) || !/load_weights \(prog_sites\.c:\d+\)/.test(info) || !/main \(prog_sites\.c:\d+\)/.test(info))
     fail('the block panel does not show the call stack: ' + info);
   console.log('ok: clicking the weights block shows its call stack');
+  // The ranges are the chart's: wait until the page has fetched its history.
+  await page.waitForFunction((pid) => S.lastHistory && S.lastHistory.pid === pid, p.pid, { timeout: 20000 });
   await page.click('#set-a');
   await page.click('#set-b');
-  await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 10000 })
+  await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 20000 })
     .catch(() => fail('the compare view stays empty; page errors: ' + errors.join(' | ')));
   const rows = await page.$$eval('#compare-sites tbody tr', (trs) => trs.map((t) => t.textContent));
   if (!rows.some((r) => r.includes('load_weights (prog_sites.c:') && /8\.0+ MiB/.test(r)))
