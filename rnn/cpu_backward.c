@@ -111,14 +111,14 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
 }
 
 MT__RNN_CELL_CLONES
-static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
+static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 4 * H, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden, gh = 4 * H;
     size_t r = brow(a, t);
     const float *ct = a->aux + r * H;
     float *g = a->g + r * gh;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         const float *cp = bprev_c(pv, b, H);
 #pragma omp simd
@@ -136,18 +136,19 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
             gb[3 * H + j] = d_o * oo * (1.0f - oo);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gh, gh, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
+static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 3 * H, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden, gh = 3 * H;
     size_t r = brow(a, t);
     float *g = a->g + r * gh;
     float *aux = a->aux + r * H;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         float *db = a->dgh + (size_t)b * gh;
         const float *hp = bprev_h(pv, b, H);
@@ -169,19 +170,21 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
             db[2 * H + j] = dnp * rr;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H, 1.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gh, gh,
+                  a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void rnn_step(const dir_back_t *a, int t)
+static void rnn_step(const dir_back_t *a, int t, int b0, int B)
 {
-    int H = a->s->hidden, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden;
     bool relu = a->s->mode == MT_RNN_RELU;
     size_t r = brow(a, t);
     float *g = a->g + r * H;
     const float *o = a->out + r * a->ldo;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -189,7 +192,8 @@ static void rnn_step(const dir_back_t *a, int t)
             g[k] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * H, H, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 /* dR += Gs^T Hs over n rows starting at chunk row r; for GRU the n gate's rows come from aux
@@ -236,6 +240,27 @@ static void recurrent_grad_inner(const dir_back_t *a)
     recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
 }
 
+/* The chunk's steps, in reverse of forward's order, for the sequences b0 <= b < b1
+ * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step. */
+static void back_steps(void *arg, int b0, int b1)
+{
+    const dir_back_t *a = arg;
+    const mt__rnn_shape_t *s = a->s;
+    for (int k = 0; k < a->T; k++) {
+        int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
+        int e = b1 < nb ? b1 : nb;
+        if (e <= b0)
+            continue;
+        bprev_t pv = prev_of(a, t);
+        if (s->mode == MT_RNN_LSTM)
+            lstm_step(a, t, &pv, b0, e);
+        else if (s->mode == MT_RNN_GRU)
+            gru_step(a, t, &pv, b0, e);
+        else
+            rnn_step(a, t, b0, e);
+    }
+}
+
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
@@ -243,16 +268,7 @@ static void back_dir(const dir_back_t *a)
     int H = s->hidden, gh = s->gates * H, T = a->T;
     size_t tb = a->rows;
 
-    for (int k = 0; k < T; k++) {
-        int t = a->reverse ? k : T - 1 - k;
-        bprev_t pv = prev_of(a, t);
-        if (s->mode == MT_RNN_LSTM)
-            lstm_step(a, t, &pv);
-        else if (s->mode == MT_RNN_GRU)
-            gru_step(a, t, &pv);
-        else
-            rnn_step(a, t);
-    }
+    mt__rnn_rows_par(s, mt__rnn_cpu_split(s, a->q, a->t0, T), a->q->B, back_steps, (void *)a);
 
     /* Weight gradients merged over the chunk's steps. */
     mt__rnn_sgemm(a->s->gemm, true, false, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x, a->in, 1.0f,
@@ -274,6 +290,7 @@ static void back_dir(const dir_back_t *a)
     if (a->dw.bw) {
         for (size_t r = 0; r < tb; r++) {
             const float *gr = a->g + r * gh;
+#pragma omp simd
             for (int j = 0; j < gh; j++)
                 a->dw.bw[j] += gr[j];
             if (s->mode == MT_RNN_GRU) {
@@ -284,6 +301,7 @@ static void back_dir(const dir_back_t *a)
                     a->dw.br[2 * H + j] += ar[j];
             } else {
                 /* b_W and b_R enter the same sum: their gradients are equal. */
+#pragma omp simd
                 for (int j = 0; j < gh; j++)
                     a->dw.br[j] += gr[j];
             }
