@@ -13,6 +13,7 @@
  * program may use several devices) is left as it was. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -42,8 +43,9 @@ typedef struct cuda_stream_s {
     mt_stream_t base; /* must be first: mt_stream_id reads it */
     struct cuda_stream_s *next;
     CUstream h;
-    bool owned;   /* created by stream_create: destroyed with the wrapper */
-    bool retired; /* the program destroyed h: never matched again, freed with the backend */
+    uintptr_t thread; /* CU_STREAM_PER_THREAD: the thread whose stream it is; else 0 */
+    bool owned;       /* created by stream_create: destroyed with the wrapper */
+    bool retired;     /* the program destroyed h: never matched again, freed with the backend */
 } cuda_stream_t;
 
 struct mt_event_s {
@@ -61,10 +63,11 @@ typedef struct cuda_s {
     mt_backend_t base; /* must be first: backend.c sees this */
     mt_cuda_driver_t drv;
     CUdevice dev;
-    CUcontext ctx;             /* the device's primary context, retained */
-    size_t granularity;        /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
-    CUevent origin_ev;         /* time origin of event_time_ns */
-    uint64_t origin_ns;        /* CLOCK_MONOTONIC when origin_ev was recorded */
+    CUcontext ctx;                          /* the device's primary context, retained */
+    size_t granularity;                     /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
+    CUmemAllocationHandleType handle_types; /* asked of cuMemCreate (MEMTRACE_CUDA_HANDLE_TYPE) */
+    CUevent origin_ev;                      /* time origin of event_time_ns */
+    uint64_t origin_ns;                     /* CLOCK_MONOTONIC when origin_ev was recorded */
     pthread_mutex_t anchor_mu; /* guards origin_ev, origin_ns, spare_ev, anchor_stream */
     CUevent spare_ev;          /* the next origin, made on first use */
     CUstream anchor_stream;    /* where new origins are recorded: no program work */
@@ -228,6 +231,7 @@ static CUmemAllocationProp pinned_prop(const cuda_t *c)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = c->dev;
+    prop.requestedHandleTypes = c->handle_types;
     return prop;
 }
 
@@ -416,6 +420,17 @@ static void cuda_stream_destroy(mt_backend_t *b, mt_stream_t *st)
     free(s);
 }
 
+/* A number for the calling thread, never reused in the process (pthread_self values are,
+ * and a new thread's per-thread stream is a new stream). */
+static uintptr_t thread_id(void)
+{
+    static _Atomic uintptr_t next = 1;
+    static __thread uintptr_t id;
+    if (id == 0)
+        id = atomic_fetch_add(&next, 1);
+    return id;
+}
+
 int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
 {
     if (!mt__cuda_is_cuda(b) || out == NULL)
@@ -424,12 +439,15 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
     if (handle == 0)
         return 0;
     cuda_t *c = C(b);
+    /* The per-thread default stream is one stream per thread under one handle value. */
+    uintptr_t thread = handle == (uintptr_t)CU_STREAM_PER_THREAD ? thread_id() : 0;
     pthread_mutex_lock(&c->mu);
     cuda_stream_t *s = c->streams;
-    while (s != NULL && ((uintptr_t)s->h != handle || s->retired))
+    while (s != NULL && ((uintptr_t)s->h != handle || s->thread != thread || s->retired))
         s = s->next;
     if (s == NULL && (s = calloc(1, sizeof *s)) != NULL) {
         s->h = (CUstream)handle;
+        s->thread = thread;
         s->base.id = c->next_stream_id++;
         s->next = c->streams;
         c->streams = s;
@@ -687,6 +705,22 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     c->base.log = cfg->log;
     c->base.log_ud = cfg->log_ud;
     c->next_stream_id = 1;
+    /* Expandable segments export their pages only if created shareable (PyTorch's IPC of
+     * expandable segments asks for POSIX file descriptors). */
+    const char *ht = getenv("MEMTRACE_CUDA_HANDLE_TYPE");
+    if (ht == NULL || *ht == '\0' || strcmp(ht, "none") == 0)
+        c->handle_types = CU_MEM_HANDLE_TYPE_NONE;
+    else if (strcmp(ht, "posix_fd") == 0)
+        c->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    else if (strcmp(ht, "fabric") == 0)
+        c->handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
+    else {
+        mt__backend_log(&c->base, MT_LOG_ERROR,
+                        "memtrace: MEMTRACE_CUDA_HANDLE_TYPE=%s: want none, posix_fd or fabric",
+                        ht);
+        free(c);
+        return MT_EINVAL;
+    }
     char err[256];
     int rc = mt__cuda_driver_open(&c->drv, err, sizeof err);
     if (rc != 0) {
@@ -696,7 +730,7 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     /* Any failure before a context exists means no usable device: ENODEV, so that auto
      * falls back to sim. */
     int count = 0;
-    if (c->drv.Init(0) != CUDA_SUCCESS || c->drv.DeviceGetCount(&count) != CUDA_SUCCESS ||
+    if (note(c->drv.Init(0)) != 0 || c->drv.DeviceGetCount(&count) != CUDA_SUCCESS ||
         cfg->device >= count || c->drv.DeviceGet(&c->dev, cfg->device) != CUDA_SUCCESS) {
         mt__backend_log(&c->base, MT_LOG_DEBUG, "memtrace: cuda backend: no device %d",
                         cfg->device);

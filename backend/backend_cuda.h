@@ -14,7 +14,10 @@ bool mt__cuda_is_cuda(const mt_backend_t *b);
 /* An mt_stream_t standing for a CUstream the program created itself (cudaStream_t is the
  * same object). The wrapper is borrowed: it lives until the backend is destroyed, and
  * mt_stream_destroy on it forgets the wrapper but leaves the program's stream alone.
- * The same handle always yields the same wrapper. handle 0 gives NULL (default stream). */
+ * The same handle always yields the same wrapper, except CU_STREAM_PER_THREAD, which is
+ * one stream per thread: each calling thread gets its own wrapper for it (kept until the
+ * backend goes, one small record per thread that used it). handle 0 gives NULL (default
+ * stream). */
 int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out);
 /* The program destroyed its stream handle: later wraps of the same (reused) handle give a
  * new wrapper, with a new id. The old wrapper stays valid for what still refers to it.

@@ -156,10 +156,11 @@ typedef struct mt_d_conn_s {
     mt_d_sub_t sub;    /* consumers (Unix and SSE) */
 } mt_d_conn_t;
 
-/* ---- recent events, snapshots, OOM snapshots (snapshot.c) ---- */
+/* ---- snapshots, OOM snapshots (snapshot.c) ---- */
 
-#define MT_D_RECENT 16384 /* events kept per process for its snapshot (1 MiB) */
-typedef struct mt_d_recent_s mt_d_recent_t;
+/* A snapshot's trace: at most the newest MT_D_SNAPSHOT_EVENTS events of the process's one
+ * recent-event buffer, the web tracker's window (web.h), gaps and stats left out. */
+#define MT_D_SNAPSHOT_EVENTS 16384
 
 /* ---- the daemon ---- */
 
@@ -209,7 +210,6 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
-    mt_d_recent_t *recent;  /* per process: its last events (snapshot.c) */
     char oom_dir[512];      /* where OOM snapshots go; "" = off */
     struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
@@ -262,10 +262,9 @@ int mt__d_label_value(mt_d_buf_t *o, const char *s);
 int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
 
 /* snapshot.c */
-void mt__d_recent_init(mt_d_t *d);
-/* Keeps ev (p's, after the model applied it); an OOM writes p's snapshot files. */
-void mt__d_recent_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev);
-void mt__d_recent_free(mt_d_t *d);
+void mt__d_snapshot_init(mt_d_t *d);
+/* After ev (p's) was applied and recorded in p's window: an OOM writes p's snapshot files. */
+void mt__d_snapshot_event(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev);
 /* {"type":"snapshot","pid":N}: answers p's recent events and segment map, one line. */
 void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg);
 

@@ -11,6 +11,7 @@
 
 #include "daemon/internal.h"
 #include "util/safefile.h"
+#include "util/text.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
 
@@ -110,9 +111,11 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
     mt__d_buf_free(&c->in);
     d->ctr.producers++;
     log_process_line(d, p, "register");
-    char esc[4 * MT_RING_COMM_MAX + 1]; /* the name is the process's: escaped for the log */
+    /* The name and the ring's name are the process's: escaped for the log. */
+    char esc[MT_TEXT_ESC_SIZE(MT_RING_COMM_MAX)], esc_shm[MT_TEXT_ESC_SIZE(128)];
     mt__d_log(d, MT_LOG_INFO, "producer %d (%s) registered, ring %s", p->pid,
-              mt__sf_escape(p->name, esc, sizeof esc), shm);
+              mt__text_escape(p->name, esc, sizeof esc),
+              mt__text_escape(shm, esc_shm, sizeof esc_shm));
     static const char ok[] = "{\"ok\":true}\n";
     return mt__d_conn_write(c, ok, sizeof ok - 1, false);
 }
@@ -164,8 +167,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->ctr.events++;
     }
     mt__d_proc_apply(p, ev);
-    mt__d_recent_record(d, p, ev); /* kept for snapshots; an OOM writes one */
-    mt__d_web_record(d, p, ev);
+    mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
+    mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
     size_t off = d->batch_text.len;
     if (encode_event(&d->batch_text, p, ev) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
@@ -324,9 +327,9 @@ void mt__d_producer_eof(mt_d_conn_t *c)
     c->proc = NULL;
     log_process_line(d, p, "exit");
     mt__d_logfile_flush(d);
-    char esc[4 * MT_RING_COMM_MAX + 1];
+    char esc[MT_TEXT_ESC_SIZE(MT_RING_COMM_MAX)];
     mt__d_log(d, MT_LOG_INFO, "producer %d (%s) exited: %s, %llu events, %llu dropped", p->pid,
-              mt__sf_escape(p->name, esc, sizeof esc), p->exit_reason,
+              mt__text_escape(p->name, esc, sizeof esc), p->exit_reason,
               (unsigned long long)p->events, (unsigned long long)p->dropped);
     evict_exited(d);
 }
@@ -371,7 +374,6 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
-    mt__d_recent_free(d);
     mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;

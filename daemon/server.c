@@ -685,7 +685,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->cfg.log_path = d->log_path;
     d->http_port = -1;
     d->start_realtime = realtime_ns();
-    mt__d_recent_init(d);
+    mt__d_snapshot_init(d);
 
     if (cfg->loop) {
         d->loop = cfg->loop;

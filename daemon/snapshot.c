@@ -1,5 +1,7 @@
 /* Snapshots of a process from the daemon (docs/torch-snapshot.md):
- * - the last MT_D_RECENT events of every process are kept, beside the state model;
+ * - a snapshot's trace is the newest events (at most MT_D_SNAPSHOT_EVENTS) of the process's
+ *   one recent-event buffer, the web tracker's window (web.h, MT_D_WEB_WINDOW events),
+ *   which the page's history scrubbing reads too;
  * - {"type":"snapshot","pid":N} on the Unix socket answers one JSON line with the
  *   process's recent events and device segment map (what `memtrace snapshot PID` turns
  *   into a PyTorch snapshot);
@@ -17,60 +19,28 @@
 
 #include "analysis/torch_snapshot.h"
 #include "daemon/internal.h"
+#include "daemon/web.h"
 #include "memtrace/prof.h"
 #include "profiler/internal.h"
+#include "util/assert.h"
 
-/* One process's recent events: a ring. Invariants: n <= MT_D_RECENT; the events in order
- * are ring[(head + MT_D_RECENT - n + i) % MT_D_RECENT] for i < n, head the next slot. */
-struct mt_d_recent_s {
-    struct mt_d_recent_s *next;
-    int pid;
-    size_t head, n;
-    uint32_t ooms[256]; /* OOM events seen per device */
-    mt_event_rec_t ring[MT_D_RECENT];
-};
-
-static mt_d_recent_t *find(mt_d_t *d, int pid)
+/* The newest events of t's window in order, gaps and stats left out, at most
+ * MT_D_SNAPSHOT_EVENTS (malloc'ed, *n of them; t NULL: none). */
+static mt_event_rec_t *events_of(const mt_d_web_proc_t *t, size_t *n)
 {
-    for (mt_d_recent_t *r = d->recent; r != NULL; r = r->next)
-        if (r->pid == pid)
-            return r;
-    return NULL;
-}
-
-/* Drops the buffers of processes the daemon no longer keeps. */
-static void sweep(mt_d_t *d)
-{
-    for (mt_d_recent_t **pp = &d->recent; *pp != NULL;) {
-        bool kept = false;
-        for (const mt_d_proc_t *p = d->procs; p != NULL && !kept; p = p->next)
-            kept = p->pid == (*pp)->pid;
-        if (kept) {
-            pp = &(*pp)->next;
-        } else {
-            mt_d_recent_t *dead = *pp;
-            *pp = dead->next;
-            free(dead);
-        }
+    size_t have = t ? t->wcount : 0, take = 0, from = have;
+    while (from > 0 && take < MT_D_SNAPSHOT_EVENTS) {
+        const mt_event_rec_t *ev = mt__d_web_window_at(t, --from);
+        take += ev->kind != MT_EV_GAP && ev->kind != MT_EV_STATS;
     }
-}
-
-void mt__d_recent_free(mt_d_t *d)
-{
-    while (d->recent != NULL) {
-        mt_d_recent_t *r = d->recent;
-        d->recent = r->next;
-        free(r);
+    mt_event_rec_t *evs = malloc((take ? take : 1) * sizeof *evs);
+    *n = 0;
+    for (size_t i = from; evs != NULL && i < have; i++) {
+        const mt_event_rec_t *ev = mt__d_web_window_at(t, i);
+        if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_STATS)
+            evs[(*n)++] = *ev;
     }
-}
-
-/* The events in order, copied (malloc'ed, *n of them). */
-static mt_event_rec_t *events_of(const mt_d_recent_t *r, size_t *n)
-{
-    *n = r ? r->n : 0;
-    mt_event_rec_t *evs = malloc((*n ? *n : 1) * sizeof *evs);
-    for (size_t i = 0; evs != NULL && i < *n; i++)
-        evs[i] = r->ring[(r->head + MT_D_RECENT - r->n + i) % MT_D_RECENT];
+    mt_assert(evs == NULL || *n == take);
     return evs;
 }
 
@@ -154,7 +124,7 @@ void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
                           json_integer_value(jp));
     else {
         size_t n;
-        mt_event_rec_t *evs = events_of(find(d, p->pid), &n);
+        mt_event_rec_t *evs = events_of(mt__d_web_find(d, p), &n);
         reply = evs ? snapshot_json(p, evs, n) : NULL;
         free(evs);
     }
@@ -184,7 +154,7 @@ static const char *proc_label(void *ud, int tag)
     return mt__d_proc_label(ud, tag);
 }
 
-static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recent_t *r,
+static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_web_proc_t *t,
                                const mt_event_rec_t *ev)
 {
     if (d->oom_dir[0] == '\0')
@@ -196,9 +166,9 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     }
     char base[600], path[640];
     snprintf(base, sizeof base, "%s/oom-%d-dev%u-%u", d->oom_dir, p->pid, ev->device,
-             r->ooms[ev->device]);
+             t->ooms[ev->device]);
     size_t n;
-    mt_event_rec_t *evs = events_of(r, &n);
+    mt_event_rec_t *evs = events_of(t, &n);
     json_t *j = evs ? snapshot_json(p, evs, n) : NULL;
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     int rc = text ? 0 : MT_ENOMEM;
@@ -242,30 +212,18 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_recen
     mt__oomsnap_prune(d->oom_dir, d->cfg.oom_max_snapshots);
 }
 
-void mt__d_recent_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+void mt__d_snapshot_event(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
-    mt_d_recent_t *r = find(d, p->pid);
-    if (r == NULL) {
-        sweep(d);
-        if ((r = calloc(1, sizeof *r)) == NULL)
-            return; /* the snapshot then lacks these events; the state is unharmed */
-        r->pid = p->pid;
-        r->next = d->recent;
-        d->recent = r;
-    }
-    if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_STATS)
+    if (ev->kind != MT_EV_OOM || ev->pool == MT_POOL_HOST)
         return;
-    r->ring[r->head] = *ev;
-    r->head = (r->head + 1) % MT_D_RECENT;
-    if (r->n < MT_D_RECENT)
-        r->n++;
-    if (ev->kind == MT_EV_OOM && ev->pool != MT_POOL_HOST) {
-        r->ooms[ev->device]++;
-        write_oom_snapshot(d, p, r, ev);
-    }
+    mt_d_web_proc_t *t = mt__d_web_find(d, p);
+    if (t == NULL)
+        return; /* not tracked (out of memory): no events to write */
+    t->ooms[ev->device]++;
+    write_oom_snapshot(d, p, t, ev);
 }
 
-void mt__d_recent_init(mt_d_t *d)
+void mt__d_snapshot_init(mt_d_t *d)
 {
     d->oom_dir[0] = '\0';
     if (d->cfg.oom_dir != NULL)

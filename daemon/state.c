@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "daemon/internal.h"
+#include "util/text.h"
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name)
 {
@@ -48,37 +49,6 @@ const char *mt__d_proc_label(void *ud, int tag)
     return tag >= 0 && tag < MT_TAG_MAX && p->names[tag][0] ? p->names[tag] : NULL;
 }
 
-/* Well-formed UTF-8 without control characters? Only such a label names a tag: names go
- * into JSON strings and Prometheus label values as they are. */
-static bool printable_utf8(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s) {
-        unsigned c = *s;
-        int n = c < 0x80                ? 1
-                : c >= 0xc2 && c < 0xe0 ? 2
-                : c >= 0xe0 && c < 0xf0 ? 3
-                : c >= 0xf0 && c < 0xf5 ? 4
-                                        : 0;
-        if (n == 0 || c < 0x20 || c == 0x7f)
-            return false;
-        unsigned lo = 0x80, hi = 0xbf;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-        else if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-        for (int i = 1; i < n; i++, lo = 0x80, hi = 0xbf)
-            if (s[i] < lo || s[i] > hi)
-                return false;
-        s += n;
-    }
-    return true;
-}
-
 /* Could s be taken for another tag's default name? */
 static bool default_like(const char *s)
 {
@@ -99,7 +69,9 @@ static void names_update(mt_d_proc_t *p)
 {
     for (int t = 0; t < MT_TAG_MAX; t++) {
         const char *l = p->labels[t];
-        bool ok = l[0] != '\0' && !default_like(l) && printable_utf8(l);
+        /* Only well-formed UTF-8 without control characters names a tag: names go into
+         * JSON strings and Prometheus label values as they are. */
+        bool ok = l[0] != '\0' && !default_like(l) && mt__text_is_clean(l);
         for (int u = 0; ok && u < MT_TAG_MAX; u++)
             ok = u == t || strcmp(l, p->labels[u]) != 0;
         snprintf(p->names[t], sizeof p->names[t], "%s", ok ? l : "");
@@ -281,11 +253,13 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
                                        json_integer((json_int_t)p->kind_count[k]));
     bad |= json_object_set_new(o, "kinds", kinds);
     kinds = NULL;
-    /* The labels as announced (names in "tags" may fall back to "tag<n>" when two
-     * collide); only well-formed ones, since JSON strings must be UTF-8. */
+    /* Every label as announced (names in "tags" may fall back to "tag<n>" when two
+     * collide or a label holds control characters): control characters are escaped by
+     * JSON, bytes that are not UTF-8 become U+FFFD. */
     json_t *labels = NULL;
     for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++) {
-        if (!p->labels[t][0] || !printable_utf8(p->labels[t]))
+        char utf8[3 * MT_EVENT_LABEL_MAX + 1];
+        if (!p->labels[t][0])
             continue;
         char id[8];
         snprintf(id, sizeof id, "%d", t);
@@ -293,7 +267,8 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
             bad = -1;
             break;
         }
-        bad |= json_object_set_new(labels, id, json_string(p->labels[t]));
+        bad |= json_object_set_new(labels, id,
+                                   json_string(mt__text_utf8(p->labels[t], utf8, sizeof utf8)));
     }
     if (labels)
         bad |= json_object_set_new(o, "tag_labels", labels);

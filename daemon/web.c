@@ -385,11 +385,6 @@ static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
 
 /* ---- allocator state at an event ---- */
 
-static const mt_event_rec_t *win_at(const mt_d_web_proc_t *t, size_t i)
-{
-    return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
-}
-
 /* Applies the event that made each segment and block of map (seq numbers from *seq on),
  * with the class's totals as the running figures of its device 0 (or host 0) source. */
 static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model_figures_t *f,
@@ -442,15 +437,15 @@ int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
             k += map[cls].blocks[i].pending;
     }
     /* Seq numbers just before the window's: the model sees no gap. */
-    uint64_t first = t->wcount ? win_at(t, 0)->seq : 0;
+    uint64_t first = t->wcount ? mt__d_web_window_at(t, 0)->seq : 0;
     uint64_t seq = first >= k ? first - k : 0;
-    uint64_t t0 = t->wcount ? win_at(t, 0)->time_ns : 0;
+    uint64_t t0 = t->wcount ? mt__d_web_window_at(t, 0)->time_ns : 0;
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
         synth_class(m, &map[cls], &f[cls], t0, &seq);
         mt_model_map_free(&map[cls]);
     }
     for (size_t i = 0; i < upto; i++)
-        mt_model_apply(m, win_at(t, i));
+        mt_model_apply(m, mt__d_web_window_at(t, i));
     *out = m;
     return 0;
 fail_map:
@@ -467,7 +462,7 @@ static size_t window_upto(const mt_d_web_proc_t *t, bool by_time, uint64_t v)
     size_t lo = 0, hi = t->wcount; /* sequence numbers and times only grow within a process */
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        const mt_event_rec_t *e = win_at(t, mid);
+        const mt_event_rec_t *e = mt__d_web_window_at(t, mid);
         if ((by_time ? e->time_ns : e->seq) <= v)
             lo = mid + 1;
         else
@@ -480,7 +475,7 @@ static int put_window(mt_d_buf_t *o, const mt_d_web_proc_t *t)
 {
     if (!t->wcount)
         return mt__d_buf_append(o, "\"window\":null", 13);
-    const mt_event_rec_t *a = win_at(t, 0), *z = win_at(t, t->wcount - 1);
+    const mt_event_rec_t *a = mt__d_web_window_at(t, 0), *z = mt__d_web_window_at(t, t->wcount - 1);
     return mt__d_buf_printf(o,
                             "\"window\":{\"count\":%zu,\"first_seq\":%" PRIu64
                             ",\"last_seq\":%" PRIu64 ",\"first_t\":%.6f,\"last_t\":%.6f}",
@@ -556,7 +551,7 @@ static void serve_map(mt_d_conn_t *c, const char *query, bool head)
     mt_model_t *m = NULL;
     mt_d_buf_t o = {0};
     int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
-    const mt_event_rec_t *at = upto ? win_at(t, upto - 1) : NULL;
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
     rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
                            past ? "false" : "true", at ? at->seq : 0,
                            at ? secs(t, at->time_ns) : 0.0);
@@ -581,10 +576,10 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
     }
     size_t upto = t->wcount;
     bool past = past_upto(t, query, &upto);
-    uint64_t at_ns = past && upto ? win_at(t, upto - 1)->time_ns : proc_now(p, t);
+    uint64_t at_ns = past && upto ? mt__d_web_window_at(t, upto - 1)->time_ns : proc_now(p, t);
     const mt_event_rec_t *al = NULL;
     for (size_t i = upto; i-- > 0;) {
-        const mt_event_rec_t *e = win_at(t, i);
+        const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
             al = e;
             break;
@@ -632,7 +627,7 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
     int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"matched_of\":%zu,\"events\":[", p->pid, t->wcount);
     size_t n = 0;
     for (size_t i = t->wcount; i-- > 0 && n < (size_t)nd && !rc;) {
-        const mt_event_rec_t *e = win_at(t, i);
+        const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         char nbuf[32];
         const char *tn = mt__d_tag_name(p, e->tag, nbuf, sizeof nbuf);
         const char *kn = mt_event_kind_name(e->kind), *pn = mt_pool_name(e->pool);

@@ -6,11 +6,14 @@
  *   the last MT_D_WEB_FINE buckets of MT_D_WEB_FINE_NS each, and a coarse array of at most
  *   MT_D_WEB_COARSE buckets whose width doubles (pairs merged) when it is full, so that
  *   hours of events fit in a fixed size;
- * - a window of the latest events (a ring of `window` records) and a base model: the state
- *   before the window's first event (evicted events are applied to it). The allocator
- *   state at any event of the window is a fresh model given the base's segments and
- *   blocks (as synthesized events), then the window's events up to it.
- * Memory per process: about 0.6 MiB of history plus 64 bytes x window.
+ * - a window of the latest events (a ring of `window` records, MT_D_WEB_WINDOW in the live
+ *   daemon) and a base model: the state before the window's first event (evicted events
+ *   are applied to it). The allocator state at any event of the window is a fresh model
+ *   given the base's segments and blocks (as synthesized events), then the window's events
+ *   up to it. The window is the daemon's ONE buffer of a process's recent events, written
+ *   once per event: the page's scrubbing, /tail and /block read it, and so do snapshots
+ *   (snapshot.c: its newest MT_D_SNAPSHOT_EVENTS events, and an OOM's count per device).
+ * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live).
  *
  * Routes (GET, JSON unless said; registered in http.c's dispatcher, behind its checks):
  *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time)
@@ -67,6 +70,7 @@ typedef struct mt_d_web_proc_s {
     mt_event_rec_t *win;
     size_t wcap, wcount, whead;
     struct mt_model_s *base; /* the state before the window's first event */
+    uint32_t ooms[256];      /* OOM events seen per device (names of OOM snapshots) */
 } mt_d_web_proc_t;
 
 typedef struct mt_d_web_s {
@@ -85,6 +89,8 @@ void mt__d_web_free(struct mt_d_s *d);
 /* Sets the events kept per process for trackers created from now on (>= 1024). */
 void mt__d_web_set_window(struct mt_d_s *d, size_t events);
 mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
+/* Event i of t's window (i < wcount; 0 = the oldest). Borrowed. */
+const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i);
 
 /* The allocator state after the window's events before index upto (<= wcount): a fresh
  * model given the base's segments and blocks, then those events. *out is new. */

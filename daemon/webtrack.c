@@ -229,6 +229,12 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
     mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
 }
 
+const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
+{
+    mt_assert(i < t->wcount);
+    return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
+}
+
 static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 {
     if (t->wcount == t->wcap) {

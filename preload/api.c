@@ -143,10 +143,15 @@ MT_HOOK int memtrace_tag_depth(void)
 
 /* ---- marks ---- */
 
-/* Marks go through device 0's allocator (created at start), so each reaches consumers
- * once per process, ordered with that allocator's events and carrying its totals. */
+/* Marks go through one allocator, so each reaches consumers once per process, ordered
+ * with that allocator's events and carrying its totals: the first device in use (device
+ * 0 on sim, where it exists from the start), else device 0's, made now. */
 static int mark_alloc(mt_alloc_t **a)
 {
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++)
+        if ((*a = atomic_load_explicit(&P->ready[d], memory_order_acquire)) != NULL)
+            return 0;
     return mt__preload_alloc(0, a);
 }
 
@@ -312,6 +317,17 @@ MT_HOOK void memtrace_init(int device_count)
 MT_HOOK void memtrace_reset(void)
 {
     (void)memtrace_empty_cache();
+}
+
+/* memory_fraction_fn(fraction, device): torch.cuda.set_per_process_memory_fraction. torch
+ * checked the range; a device memtrace cannot reach is left alone (void: nothing to say). */
+MT_HOOK void memtrace_memory_fraction(double fraction, int device)
+{
+    mt_alloc_t *a = NULL;
+    mt__guard_enter();
+    if (mt__preload_alloc(device, &a) == 0)
+        (void)mt_alloc_set_memory_fraction(a, fraction);
+    mt__guard_leave();
 }
 
 /* base_alloc_fn: the start and size of the block ptr lies in (IPC handles). */

@@ -53,9 +53,10 @@ MT_API_HOOK const char *memtrace_strerror(int rc);
 
 /* ---- PyTorch's optional CUDAPluggableAllocator entry points ---- */
 
-MT_API_HOOK void memtrace_init(int device_count);               /* set_init_fn */
-MT_API_HOOK void memtrace_reset(void);                          /* set_reset_fn: empty_cache */
-MT_API_HOOK void *memtrace_base_alloc(void *ptr, size_t *size); /* set_base_alloc_fn */
+MT_API_HOOK void memtrace_init(int device_count); /* set_init_fn */
+MT_API_HOOK void memtrace_reset(void);            /* set_reset_fn: empty_cache */
+MT_API_HOOK void memtrace_memory_fraction(double fraction, int device); /* set_memory_fraction_fn */
+MT_API_HOOK void *memtrace_base_alloc(void *ptr, size_t *size);         /* set_base_alloc_fn */
 MT_API_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream);
 
 #endif

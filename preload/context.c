@@ -71,6 +71,7 @@ static int parse_level(const char *s)
 /* ---- symbol resolution ---- */
 
 typedef void *(*dlsym_fn)(void *, const char *);
+typedef int CUresult_t; /* the driver's result, without its headers here */
 
 static dlsym_fn real_dlsym_fn(void)
 {
@@ -222,6 +223,136 @@ int mt__preload_alloc(int device, mt_alloc_t **out)
     return 0;
 }
 
+/* Forgets device d's allocator and backend, freeing what they hold while the device's
+ * context still exists; the next request makes new ones. CUDA requires that no other
+ * thread use the device during a reset, and the drop-in relies on it. */
+void mt__preload_drop_device(int d)
+{
+    mt_preload_t *P = mt__preload();
+    if (d < 0 || d >= P->ndevices)
+        return;
+    pthread_mutex_lock(&P->mu);
+    mt_alloc_t *a = P->dev[d].alloc;
+    mt_backend_t *b = P->dev[d].backend;
+    atomic_store_explicit(&P->ready[d], NULL, memory_order_release);
+    P->dev[d].alloc = NULL;
+    P->dev[d].backend = NULL;
+    pthread_mutex_unlock(&P->mu);
+    if (a == NULL)
+        return;
+    mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
+    mt__guard_enter();
+    mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    mt__guard_leave();
+}
+
+bool mt__preload_release_cached(void)
+{
+    mt_preload_t *P = mt__preload();
+    bool any = false;
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_stats_t before, after;
+        if (a == NULL || mt_alloc_stats(a, &before) != 0)
+            continue;
+        mt__guard_enter();
+        mt_alloc_empty_cache(a);
+        mt__guard_leave();
+        if (mt_alloc_stats(a, &after) == 0 &&
+            after.reserved_bytes[0].current < before.reserved_bytes[0].current)
+            any = true;
+    }
+    return any;
+}
+
+/* ---- blocks freed during stream capture (see preload.h) ---- */
+
+typedef struct parked_s {
+    struct parked_s *next;
+    mt_alloc_t *alloc;
+    void *ptr;
+    void *graph;
+} parked_t;
+
+static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
+static parked_t *parked;
+
+int mt__preload_park(mt_alloc_t *a, void *ptr, void *graph)
+{
+    parked_t *k = malloc(sizeof *k);
+    if (k == NULL)
+        return MT_ENOMEM;
+    *k = (parked_t){.alloc = a, .ptr = ptr, .graph = graph};
+    pthread_mutex_lock(&parked_mu);
+    k->next = parked;
+    parked = k;
+    pthread_mutex_unlock(&parked_mu);
+    return 0;
+}
+
+int mt__preload_unpark(mt_alloc_t *a, void *graph)
+{
+    parked_t *mine = NULL;
+    pthread_mutex_lock(&parked_mu);
+    for (parked_t **pp = &parked; *pp != NULL;) {
+        parked_t *k = *pp;
+        if (a != NULL ? k->alloc == a : k->graph == graph) {
+            *pp = k->next;
+            k->next = mine;
+            mine = k;
+        } else
+            pp = &k->next;
+    }
+    pthread_mutex_unlock(&parked_mu);
+    int n = 0;
+    while (mine != NULL) {
+        parked_t *k = mine;
+        mine = k->next;
+        if (a == NULL) { /* the graph is gone: the block may be reused */
+            mt__guard_enter();
+            mt_alloc_free(k->alloc, k->ptr);
+            mt__guard_leave();
+        }
+        free(k);
+        n++;
+    }
+    return n;
+}
+
+int mt__preload_capture_graph(void *handle, void **graph)
+{
+    *graph = NULL;
+    mt_preload_t *P = mt__preload();
+    if (P->sim || handle == NULL || (uintptr_t)handle == 1) /* the legacy stream: never */
+        return 0;
+    /* cuStreamGetCaptureInfo_v3 (12.3+), else _v2 (11.3+): both give the graph. */
+    typedef CUresult_t (*info3_fn)(void *, int *, unsigned long long *, void **, const void **,
+                                   const void **, size_t *);
+    typedef CUresult_t (*info2_fn)(void *, int *, unsigned long long *, void **, const void **,
+                                   size_t *);
+    static _Atomic(void *) info3, info2;
+    static _Atomic bool looked;
+    if (!atomic_load_explicit(&looked, memory_order_acquire)) {
+        atomic_store(&info3, mt__preload_real_drv("cuStreamGetCaptureInfo_v3"));
+        atomic_store(&info2, mt__preload_real_drv("cuStreamGetCaptureInfo_v2"));
+        atomic_store_explicit(&looked, true, memory_order_release);
+    }
+    info3_fn f3 = (info3_fn)atomic_load(&info3);
+    info2_fn f2 = (info2_fn)atomic_load(&info2);
+    int st = 0;
+    unsigned long long id = 0;
+    CUresult_t r = f3   ? f3(handle, &st, &id, graph, NULL, NULL, NULL)
+                   : f2 ? f2(handle, &st, &id, graph, NULL, NULL)
+                        : -1;
+    if (r != 0) /* no capture API, or no answer: nothing is being captured we know of */
+        st = 0;
+    if (st == 0)
+        *graph = NULL;
+    return st != 0;
+}
+
 int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out)
 {
     mt_preload_t *P = mt__preload();
@@ -256,6 +387,10 @@ int mt__preload_stream(mt_backend_t *b, void *handle, mt_stream_t **out)
         return 0;
     }
 #if MT_HAVE_CUDA_BACKEND
+    if ((uintptr_t)handle == 1) { /* CU_STREAM_LEGACY: the NULL stream by another name */
+        *out = NULL;
+        return 0;
+    }
     return mt__cuda_stream_wrap(b, (uintptr_t)handle, out);
 #else
     (void)b;
@@ -334,9 +469,7 @@ static void write_summary(mt_preload_t *P, FILE *f)
                 tag_names[t] = mt_alloc_tag_name(a, t);
         }
     }
-    const char *bname = "none";
-    if (P->dev[0].backend != NULL)
-        bname = mt_backend_name(P->dev[0].backend);
+    const char *bname = P->init_rc != 0 ? "none" : P->sim ? "sim" : "cuda";
     double util = tot.reserved_bytes[0].peak > 0
                       ? (double)tot.allocated_bytes[0].peak / (double)tot.reserved_bytes[0].peak
                       : 1.0;
@@ -432,6 +565,37 @@ static void at_exit(void)
     mt__guard_leave();
 }
 
+/* ---- fork ---- */
+
+/* The child of a fork inherits the allocators but not the device state behind them (the
+ * driver refuses a fork child's calls): it drops them without a call, so its first
+ * request makes a new allocator, which gets the driver's own answer (on sim, a new
+ * device). Nothing of the parent's is handed out or written (summary, telemetry). */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&mt_preload_ctx.mu);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&mt_preload_ctx.mu);
+}
+
+static void fork_child(void)
+{
+    mt_preload_t *P = &mt_preload_ctx;
+    pthread_mutex_init(&P->mu, NULL);
+    pthread_mutex_init(&P->oom_mu, NULL);
+    for (int d = 0; d < P->ndevices; d++) {
+        atomic_store(&P->ready[d], NULL);
+        P->dev[d].alloc = NULL; /* the parent's: unusable here, so left as they are */
+        P->dev[d].backend = NULL;
+    }
+    atomic_store(&P->prof_live, false);
+    P->prof = NULL;
+    P->summary_path = NULL;
+}
+
 /* ---- one-time set-up ---- */
 
 static void init_once(void)
@@ -474,31 +638,46 @@ static void init_once(void)
         mt__preload_say(MT_LOG_INFO, "no CUDA driver on this machine; running on the sim "
                                      "backend");
     }
-    P->ndevices = MT_PRELOAD_MAX_DEVICES;
+    /* cuda mode when a driver answers with devices. No device is touched here: a context
+     * is made on a device only when memory is first asked of it (issue 16 item 11), never
+     * because a symbol was looked up. */
+    if (P->bcfg.kind != MT_BACKEND_SIM) {
+        const char *path = getenv("MEMTRACE_LIBCUDA");
+        P->libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        int (*init)(unsigned) = (int (*)(unsigned))mt__preload_real_dlsym(P->libcuda, "cuInit");
+        int (*count)(int *) =
+            (int (*)(int *))mt__preload_real_dlsym(P->libcuda, "cuDeviceGetCount");
+        int n = 0;
+        if (P->libcuda != NULL && init != NULL && count != NULL && init(0) == 0 && count(&n) == 0 &&
+            n > 0) {
+            if (n > MT_PRELOAD_MAX_DEVICES)
+                mt__preload_say(MT_LOG_ERROR, "%d CUDA devices; memtrace serves the first %d", n,
+                                MT_PRELOAD_MAX_DEVICES);
+            P->ndevices = n < MT_PRELOAD_MAX_DEVICES ? n : MT_PRELOAD_MAX_DEVICES;
+            P->bcfg.kind = MT_BACKEND_CUDA;
+            goto done;
+        }
+        if (P->libcuda != NULL)
+            dlclose(P->libcuda);
+        P->libcuda = NULL;
+        if (P->bcfg.kind == MT_BACKEND_CUDA) {
+            P->init_rc = MT_ENODEV;
+            mt__preload_say(MT_LOG_ERROR, "MEMTRACE_BACKEND=cuda but no CUDA device answers");
+            goto done;
+        }
+        P->bcfg.kind = MT_BACKEND_SIM;
+    }
+    P->ndevices = 1;
+    P->sim = true;
     P->init_rc = create_device(P, 0);
     if (P->init_rc != 0) {
         mt__preload_say(MT_LOG_ERROR, "cannot create device 0: %s", mt_strerror(P->init_rc));
         P->ndevices = 0;
-        goto done;
-    }
-    P->sim = mt_backend_kind(P->dev[0].backend) == MT_BACKEND_SIM;
-    if (P->sim) {
-        P->ndevices = 1;
-    } else {
-        const char *path = getenv("MEMTRACE_LIBCUDA");
-        P->libcuda = dlopen(path && *path ? path : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-        int (*count)(int *) =
-            (int (*)(int *))mt__preload_real_dlsym(P->libcuda, "cuDeviceGetCount");
-        int n = 1;
-        if (count != NULL && count(&n) == 0 && n > 0 && n <= MT_PRELOAD_MAX_DEVICES)
-            P->ndevices = n;
-        else if (n > MT_PRELOAD_MAX_DEVICES)
-            mt__preload_say(MT_LOG_ERROR, "%d CUDA devices; memtrace serves the first %d", n,
-                            MT_PRELOAD_MAX_DEVICES);
     }
 
 done:
     atexit(at_exit);
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
     mt__guard_leave();
 }
 

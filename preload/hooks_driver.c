@@ -23,16 +23,44 @@
  * its own name, so both are defined here. */
 #undef cuGetProcAddress
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+/* The unversioned reset (old binaries) and the per-thread variants, which cuda.h
+ * declares only to programs built for per-thread default streams. */
+#undef cuDevicePrimaryCtxReset
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream);
 
-static CUresult to_cu(int rc)
+/* Driver failures that are no shortage of memory: faults of the context, a dead or
+ * uninitialised driver, the rules of stream capture. */
+static bool fatal_code(int drv)
 {
-    /* The driver's own code, not a flattened one: always for the device-fatal codes
-     * (the allocator reports any failed device malloc as out of memory), else when
-     * memtrace's code would be a guess (I/O, no device). */
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
-    bool fatal = drv == CUDA_ERROR_ILLEGAL_ADDRESS || drv == CUDA_ERROR_LAUNCH_FAILED ||
-                 drv == CUDA_ERROR_NOT_INITIALIZED || drv == CUDA_ERROR_DEINITIALIZED;
-    if (drv != 0 && (fatal || rc == MT_EIO || rc == MT_ENODEV))
+    switch (drv) {
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+    case CUDA_ERROR_LAUNCH_FAILED:
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
+static CUresult to_cu_drv(int rc, int drv)
+{
+    /* The driver's own code, not a flattened one: always for the fatal codes (the
+     * allocator reports any failed device malloc as out of memory), else when memtrace's
+     * code would be a guess (I/O, no device). */
+    if (drv != 0 && (fatal_code(drv) || rc == MT_EIO || rc == MT_ENODEV))
         return (CUresult)drv;
     switch (rc) {
     case 0:
@@ -51,6 +79,11 @@ static CUresult to_cu(int rc)
     default:
         return CUDA_ERROR_UNKNOWN;
     }
+}
+
+static CUresult to_cu(int rc)
+{
+    return to_cu_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
 
 /* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
@@ -90,12 +123,37 @@ static mt_backend_t *cur_backend(void)
 
 /* ---- device memory (both modes) ---- */
 
-static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream)
+/* The real entry point `name` of the driver (cuda mode), looked up once per call site. */
+#define REAL(name)                                                                                 \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_drv(#name);                                                      \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        (__typeof__(&name))f_;                                                                     \
+    })
+
+/* The stream a call names: NULL in a _ptsz entry point is the per-thread stream. */
+static CUstream pt_stream(CUstream s, bool pt)
+{
+    return pt && s == NULL ? CU_STREAM_PER_THREAD : s;
+}
+
+/* real_async: the driver's own entry point for a stream-ordered call (NULL for
+ * cuMemAlloc). On a capturing stream the driver's makes the graph's allocation node: a
+ * device malloc of ours there would break the capture (issue 16 item 7). */
+static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
+                         CUresult (*real_async)(CUdeviceptr *, size_t, CUstream))
 {
     if (p == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE; /* cuMemAlloc refuses 0 bytes, unlike cudaMalloc */
+    void *graph = NULL;
+    if (real_async != NULL && mt__preload_capture_graph(stream, &graph))
+        return real_async(p, size, stream);
     mt_alloc_t *a = NULL;
     int dev = drv_device();
     if (dev < 0)
@@ -109,14 +167,17 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream)
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
     mt__guard_leave();
-    if (rc == MT_ENOMEM)
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (rc == MT_ENOMEM && !fatal_code(drv)) /* a fault or capture rule is no OOM */
         mt__preload_note_oom(a, size);
     if (rc == 0)
         *p = (CUdeviceptr)(uintptr_t)q;
-    return to_cu(rc);
+    return to_cu_drv(rc, drv);
 }
 
-static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
+/* real_free: the driver's own free for what memtrace did not hand out (managed, pitch,
+ * pool, graph allocations: issue 16 item 2); NULL on sim, where it is an error. */
+static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*real_free)(void))
 {
     if (p == 0)
         return CUDA_ERROR_INVALID_VALUE; /* as cuMemFree(0) answers */
@@ -127,6 +188,18 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(q, &a);
+    mt__guard_leave();
+    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+        if (sync)
+            return ((CUresult(*)(CUdeviceptr))(void *)real_free)(p);
+        return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
+    }
+    /* Freed on a capturing stream: the graph may use the block at every launch, so it
+     * stays out of the pool until the graph is destroyed (PyTorch's private-pool rule). */
+    void *graph = NULL;
+    if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
+        return to_cu(mt__preload_park(a, q, graph));
+    mt__guard_enter();
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0 && sync)
@@ -143,24 +216,161 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync)
     return to_cu(rc);
 }
 
+#define FN(f) ((CUresult(*)(void))(void *)(f))
+
 MT_HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    return do_alloc(dptr, bytesize, NULL);
+    return do_alloc(dptr, bytesize, NULL, NULL);
 }
 
 MT_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return do_free(dptr, NULL, true);
+    return do_free(dptr, NULL, true, FN(REAL(cuMemFree_v2)));
 }
 
 MT_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return do_alloc(dptr, bytesize, hStream);
+    return do_alloc(dptr, bytesize, hStream, REAL(cuMemAllocAsync));
 }
 
 MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    return do_free(dptr, hStream, false);
+    return do_free(dptr, hStream, false, FN(REAL(cuMemFreeAsync)));
+}
+
+/* The per-thread-default-stream variants (what cuGetProcAddress hands out under
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, and what programs built with
+ * --default-stream per-thread call): stream NULL is the calling thread's own stream. */
+MT_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return do_alloc(dptr, bytesize, pt_stream(hStream, true), REAL(cuMemAllocAsync_ptsz));
+}
+
+MT_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return do_free(dptr, pt_stream(hStream, true), false, FN(REAL(cuMemFreeAsync_ptsz)));
+}
+
+/* ---- allocations memtrace does not serve: the driver's, with the cache given back when
+ * the driver runs out (issue 16 item 12) ---- */
+
+#define RETRY_OOM(name, ...)                                                                       \
+    do {                                                                                           \
+        if (mt__preload()->sim)                                                                    \
+            return CUDA_ERROR_NOT_SUPPORTED;                                                       \
+        __typeof__(&name) f_ = REAL(name);                                                         \
+        if (f_ == NULL)                                                                            \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        CUresult r_ = f_(__VA_ARGS__);                                                             \
+        if (r_ == CUDA_ERROR_OUT_OF_MEMORY && mt__preload_release_cached())                        \
+            r_ = f_(__VA_ARGS__);                                                                  \
+        return r_;                                                                                 \
+    } while (0)
+
+MT_HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    RETRY_OOM(cuMemAllocManaged, dptr, bytesize, flags);
+}
+
+MT_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                    unsigned int elem)
+{
+    RETRY_OOM(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+}
+
+MT_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    RETRY_OOM(cuMemCreate, handle, size, prop, flags);
+}
+
+MT_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                         CUstream hStream)
+{
+    RETRY_OOM(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+}
+
+MT_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream)
+{
+    RETRY_OOM(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+}
+
+/* ---- sub-allocated blocks as the program sees them (issue 16 item 6) ---- */
+
+/* The block ptr lies in, if memtrace handed it out: [*base, *base + *size). */
+static bool our_block(CUdeviceptr p, CUdeviceptr *base, size_t *size)
+{
+    mt_alloc_t *a = NULL;
+    void *b = NULL;
+    size_t n = 0;
+    if (mt__preload()->init_rc != 0)
+        return false;
+    mt__guard_enter();
+    bool ok = mt__preload_alloc_of((void *)(uintptr_t)p, &a) == 0 &&
+              mt_alloc_block_info(a, (void *)(uintptr_t)p, &b, &n, NULL) == 0;
+    mt__guard_leave();
+    if (ok) {
+        *base = (CUdeviceptr)(uintptr_t)b;
+        *size = n;
+    }
+    return ok;
+}
+
+MT_HOOK CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    CUdeviceptr b;
+    size_t n;
+    if (our_block(dptr, &b, &n)) {
+        if (pbase)
+            *pbase = b;
+        if (psize)
+            *psize = n;
+        return CUDA_SUCCESS;
+    }
+    FORWARD(cuMemGetAddressRange_v2, pbase, psize, dptr);
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+MT_HOOK CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    CUdeviceptr b;
+    size_t n;
+    if ((attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR ||
+         attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) &&
+        data != NULL && our_block(ptr, &b, &n)) {
+        if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+            *(CUdeviceptr *)data = b;
+        else
+            *(size_t *)data = n;
+        return CUDA_SUCCESS;
+    }
+    FORWARD(cuPointerGetAttribute, data, attribute, ptr);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* The driver's handle names the whole device allocation, and whoever opens it maps that
+ * allocation's start. For a block that is not at the start of its cached segment that
+ * would be other bytes, so the export is refused, loudly. A block at its segment's start
+ * opens at the same address the program's own allocation would. */
+MT_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    CUdeviceptr b, seg = 0;
+    size_t n, segn = 0;
+    if (!mt__preload()->sim && our_block(dptr, &b, &n)) {
+        __typeof__(&cuMemGetAddressRange_v2) range = REAL(cuMemGetAddressRange_v2);
+        if (range == NULL || range(&seg, &segn, dptr) != CUDA_SUCCESS || seg != b) {
+            mt__preload_say(MT_LOG_ERROR,
+                            "cuIpcGetMemHandle/cudaIpcGetMemHandle of 0x%llx refused: the block "
+                            "lies at offset %llu of a cached segment, and the handle would "
+                            "open at the segment's start. Share the segment base plus offset, "
+                            "or allocate it alone (MEMTRACE_ALLOC_CONF=max_split_size_mb:...)",
+                            (unsigned long long)dptr, (unsigned long long)(b - seg));
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
+    FORWARD(cuIpcGetMemHandle, pHandle, dptr);
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
@@ -215,7 +425,71 @@ MT_HOOK CUresult cuMemFreeHost(void *p)
     mt__guard_enter();
     int rc = mt__preload_host_free(p);
     mt__guard_leave();
+    if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cuMemFreeHost) != NULL)
+        return REAL(cuMemFreeHost)(p); /* not ours: the driver's */
     return to_cu(rc);
+}
+
+/* ---- device reset and context teardown (issue 16 item 1) ---- */
+
+/* The device whose primary context ctx is, or -1 (another context, or none). */
+static int primary_device_of(CUcontext ctx)
+{
+    if (mt__preload()->sim) {
+        const char *c = (const char *)ctx;
+        return c >= sim_ctx && c < sim_ctx + mt__preload()->ndevices ? (int)(c - sim_ctx) : -1;
+    }
+    __typeof__(&cuCtxPushCurrent_v2) push = REAL(cuCtxPushCurrent_v2);
+    __typeof__(&cuCtxPopCurrent_v2) pop = REAL(cuCtxPopCurrent_v2);
+    __typeof__(&cuCtxGetDevice) getdev = REAL(cuCtxGetDevice);
+    __typeof__(&cuDevicePrimaryCtxRetain) retain = REAL(cuDevicePrimaryCtxRetain);
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) release = REAL(cuDevicePrimaryCtxRelease_v2);
+    if (!push || !pop || !getdev || !retain || !release || push(ctx) != CUDA_SUCCESS)
+        return -1;
+    CUdevice d = -1;
+    CUcontext popped;
+    if (getdev(&d) != CUDA_SUCCESS)
+        d = -1;
+    pop(&popped);
+    CUcontext pc = NULL;
+    if (d >= 0 && retain(&pc, d) == CUDA_SUCCESS)
+        release(d);
+    return pc == ctx ? d : -1;
+}
+
+MT_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    mt__preload_drop_device(dev);
+    FORWARD(cuDevicePrimaryCtxReset_v2, dev);
+    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+MT_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    mt__preload_drop_device(dev);
+    FORWARD(cuDevicePrimaryCtxReset, dev);
+    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* memtrace serves every context's requests from the device's primary context, so only
+ * destroying that one takes memtrace's memory with it. */
+MT_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    int d = primary_device_of(ctx);
+    if (d >= 0)
+        mt__preload_drop_device(d);
+    FORWARD(cuCtxDestroy_v2, ctx);
+    return d >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* ---- graphs: blocks freed while capturing them (issue 16 item 7) ---- */
+
+MT_HOOK CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    if (hGraph != NULL)
+        mt__preload_unpark(NULL, hGraph);
+    FORWARD(cuGraphDestroy, hGraph);
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* ---- initialisation, devices, contexts (sim-served) ---- */
@@ -585,18 +859,36 @@ MT_HOOK CUresult cuGetErrorName(CUresult error, const char **pStr)
 /* Base name (what cuGetProcAddress is asked for) -> exported name -> our function. */
 #define D(base, fn, mem)                                                                           \
     {                                                                                              \
-        base, #fn, (void *)fn, mem                                                                 \
+        base, #fn, (void *)fn, NULL, mem                                                           \
+    }
+/* With a per-thread-default-stream variant, handed out under
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. */
+#define D2(base, fn, mem)                                                                          \
+    {base, #fn, (void *)fn, (void *)fn##_ptsz, mem},                                               \
+    {                                                                                              \
+        NULL, #fn "_ptsz", (void *)fn##_ptsz, NULL, mem                                            \
     }
 static const struct {
-    const char *base;
+    const char *base; /* NULL: reached only through its legacy entry's ptsz */
     const char *exported;
     void *fn;
-    bool mem; /* a memory entry point: ours in both modes */
+    void *ptsz;
+    bool mem; /* a memory entry point (or one memtrace must see): ours in both modes */
 } drv_hooks[] = {
     D("cuMemAlloc", cuMemAlloc_v2, true),
     D("cuMemFree", cuMemFree_v2, true),
-    D("cuMemAllocAsync", cuMemAllocAsync, true),
-    D("cuMemFreeAsync", cuMemFreeAsync, true),
+    D2("cuMemAllocAsync", cuMemAllocAsync, true),
+    D2("cuMemFreeAsync", cuMemFreeAsync, true),
+    D("cuMemAllocManaged", cuMemAllocManaged, true),
+    D("cuMemAllocPitch", cuMemAllocPitch_v2, true),
+    D("cuMemCreate", cuMemCreate, true),
+    D2("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, true),
+    D("cuMemGetAddressRange", cuMemGetAddressRange_v2, true),
+    D("cuPointerGetAttribute", cuPointerGetAttribute, true),
+    D("cuIpcGetMemHandle", cuIpcGetMemHandle, true),
+    D("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, true),
+    D("cuCtxDestroy", cuCtxDestroy_v2, true),
+    D("cuGraphDestroy", cuGraphDestroy, true),
     D("cuMemGetInfo", cuMemGetInfo_v2, true),
     D("cuMemAllocHost", cuMemAllocHost_v2, true),
     D("cuMemHostAlloc", cuMemHostAlloc, true),
@@ -633,11 +925,14 @@ static const struct {
     D("cuGetErrorName", cuGetErrorName, false),
 };
 
-void *mt__preload_driver_proc(const char *base, bool mem_only)
+void *mt__preload_driver_proc(const char *base, bool mem_only, bool per_thread)
 {
     for (size_t i = 0; i < sizeof drv_hooks / sizeof drv_hooks[0]; i++)
-        if (strcmp(drv_hooks[i].base, base) == 0)
-            return !mem_only || drv_hooks[i].mem ? drv_hooks[i].fn : NULL;
+        if (drv_hooks[i].base != NULL && strcmp(drv_hooks[i].base, base) == 0) {
+            if (mem_only && !drv_hooks[i].mem)
+                return NULL;
+            return per_thread && drv_hooks[i].ptsz ? drv_hooks[i].ptsz : drv_hooks[i].fn;
+        }
     return NULL;
 }
 
@@ -668,8 +963,13 @@ void *mt__preload_hook_by_name(const char *name)
 static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *status, bool v2)
 {
-    if (symbol == NULL || pfn == NULL)
+    const cuuint64_t known =
+        CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (symbol == NULL || pfn == NULL || (flags & ~known) != 0 || (flags & known) == known)
         return CUDA_ERROR_INVALID_VALUE;
+    /* DEFAULT means the legacy stream to the driver: a program built for per-thread
+     * streams gets the flag added by cuda.h's inline cuGetProcAddress_v2_ptsz. */
+    bool pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
     mt_preload_t *P = mt__preload();
     if (!P->sim) {
         void *real = mt__preload_real_drv(v2 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
@@ -681,7 +981,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
         if (r != CUDA_SUCCESS || *pfn == NULL || mt__preload_guard > 0)
             return r;
     }
-    void *ours = mt__preload_driver_proc(symbol, !P->sim);
+    void *ours = mt__preload_driver_proc(symbol, !P->sim, pt);
     if (ours == (void *)cuGetProcAddress_v2 && cudaVersion < 12000)
         ours = (void *)cuGetProcAddress;
     if (ours != NULL)
@@ -690,7 +990,7 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
         *pfn = NULL;
     if (status != NULL)
         *status = *pfn != NULL ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return *pfn != NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    return CUDA_SUCCESS; /* as documented: a missing symbol is a NULL pfn, not an error */
 }
 
 MT_HOOK CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,

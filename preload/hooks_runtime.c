@@ -26,14 +26,28 @@ static cudaError_t from_driver(int drv)
         return cudaErrorLaunchFailure;
     case CUDA_ERROR_INVALID_CONTEXT:
         return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+        return cudaErrorStreamCaptureUnsupported;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+        return cudaErrorStreamCaptureInvalidated;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+        return cudaErrorStreamCaptureImplicit;
+    case CUDA_ERROR_MISALIGNED_ADDRESS:
+        return cudaErrorMisalignedAddress;
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+        return cudaErrorIllegalInstruction;
+    case CUDA_ERROR_HARDWARE_STACK_ERROR:
+        return cudaErrorHardwareStackError;
+    case CUDA_ERROR_ECC_UNCORRECTABLE:
+        return cudaErrorECCUncorrectable;
     default:
         return cudaErrorUnknown;
     }
 }
 
-static cudaError_t to_cuda(int rc)
+/* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
+static cudaError_t to_cuda_drv(int rc, int drv)
 {
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (drv != 0 && from_driver(drv) != cudaErrorUnknown)
         return from_driver(drv);
     switch (rc) {
@@ -55,12 +69,39 @@ static cudaError_t to_cuda(int rc)
     }
 }
 
+static cudaError_t to_cuda(int rc)
+{
+    return to_cuda_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
+}
+
+/* Errors that corrupt the context: the runtime returns them from every later call and
+ * cudaGetLastError never resets them (until cudaDeviceReset). */
+static bool sticky(cudaError_t e)
+{
+    return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
+           e == cudaErrorMisalignedAddress || e == cudaErrorIllegalInstruction ||
+           e == cudaErrorHardwareStackError || e == cudaErrorECCUncorrectable;
+}
+
+/* The real runtime's last-error call (cuda mode), or NULL. */
+static cudaError_t (*real_err(const char *name))(void)
+{
+    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))mt__preload_real_rt(name);
+}
+
 /* Records err as the thread's last error when it is one (cudaErrorNotReady is a status,
- * not an error, as in CUDA) and returns it. */
+ * not an error, as in CUDA) and returns it. The runtime keeps one last error per thread,
+ * the latest: an older one the real runtime holds is dropped now, so that whatever it
+ * holds at cudaGetLastError time is newer than ours. */
 static cudaError_t ret(cudaError_t err)
 {
-    if (err != cudaSuccess && err != cudaErrorNotReady)
-        tls_last_error = err;
+    if (err != cudaSuccess && err != cudaErrorNotReady) {
+        cudaError_t (*clear)(void) = real_err("cudaGetLastError");
+        if (clear != NULL)
+            clear();
+        if (!sticky(tls_last_error))
+            tls_last_error = err;
+    }
     return err;
 }
 
@@ -93,10 +134,16 @@ static mt_backend_t *cur_backend(void)
 
 /* ---- device memory (both modes) ---- */
 
-static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream)
+/* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
+ * (the graph's allocation node; a device malloc of ours would break the capture). */
+static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
+                             cudaError_t (*real_async)(void **, size_t, cudaStream_t))
 {
     if (p == NULL)
         return ret(cudaErrorInvalidValue);
+    void *graph = NULL;
+    if (real_async != NULL && mt__preload_capture_graph(stream, &graph))
+        return real_async(p, size, stream);
     mt_alloc_t *a = NULL;
     int rc = cur_alloc(&a);
     mt_stream_t *s = NULL;
@@ -106,12 +153,16 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream)
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
-    if (rc == MT_ENOMEM)
-        mt__preload_note_oom(a, size);
-    return ret(to_cuda(rc));
+    int drv = rc != 0 ? mt__preload_driver_result() : 0;
+    if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
+        mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
+    return ret(to_cuda_drv(rc, drv));
 }
 
-static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
+/* real_free: the runtime's own free for pointers memtrace did not hand out (managed,
+ * pitch, 3D, pool and graph allocations; issue 16 item 2). On sim there is none: such a
+ * free is an error there, as nothing else could have allocated device memory. */
+static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
 {
     if (p == NULL)
         return cudaSuccess;
@@ -120,6 +171,16 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(p, &a);
+    mt__guard_leave();
+    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+        if (sync)
+            return ((cudaError_t(*)(void *))(void *)real_free)(p);
+        return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
+    }
+    void *graph = NULL; /* freed while capturing: kept until the graph is destroyed */
+    if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
+        return ret(to_cuda(mt__preload_park(a, p, graph)));
+    mt__guard_enter();
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
@@ -137,24 +198,71 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync)
     return ret(to_cuda(rc));
 }
 
+/* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
+#define REAL(name)                                                                                 \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_rt(#name);                                                       \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        f_;                                                                                        \
+    })
+#define FN(f) ((void (*)(void))(f))
+
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+
 MT_HOOK cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
-    return do_malloc(devPtr, size, NULL);
+    return do_malloc(devPtr, size, NULL, NULL);
 }
 
 MT_HOOK cudaError_t cudaFree(void *devPtr)
 {
-    return do_free(devPtr, NULL, true);
+    return do_free(devPtr, NULL, true, FN(REAL(cudaFree)));
 }
 
 MT_HOOK cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
-    return do_malloc(devPtr, size, hStream);
+    return do_malloc(devPtr, size, hStream, REAL(cudaMallocAsync));
 }
 
 MT_HOOK cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
-    return do_free(devPtr, hStream, false);
+    return do_free(devPtr, hStream, false, FN(REAL(cudaFreeAsync)));
+}
+
+/* Programs built with --default-stream per-thread: stream 0 is the thread's own stream. */
+MT_HOOK cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
+{
+    cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
+    return do_malloc(devPtr, size, s, REAL(cudaMallocAsync_ptsz));
+}
+
+MT_HOOK cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
+{
+    cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
+    return do_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
+}
+
+/* Drops the current device's cache and state first (issue 16 item 1), then resets. */
+MT_HOOK cudaError_t cudaDeviceReset(void)
+{
+    mt__preload_drop_device(rt_device());
+    tls_last_error = cudaSuccess; /* a reset clears sticky errors too */
+    FORWARD(cudaDeviceReset);
+    return cudaSuccess;
+}
+
+/* Blocks freed while the graph was captured go back to the pool (issue 16 item 7). */
+MT_HOOK cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    if (graph != NULL)
+        mt__preload_unpark(NULL, graph);
+    FORWARD(cudaGraphDestroy, graph);
+    return ret(cudaErrorNotSupported);
 }
 
 /* What the program may still get: free device memory plus what our cache holds unused. */
@@ -215,6 +323,8 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
     mt__guard_enter();
     int rc = mt__preload_host_free(ptr);
     mt__guard_leave();
+    if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cudaFreeHost) != NULL)
+        return ((cudaError_t(*)(void *))REAL(cudaFreeHost))(ptr); /* not ours */
     return ret(to_cuda(rc));
 }
 
@@ -524,28 +634,26 @@ MT_HOOK cudaError_t cudaGetDevice(int *device)
     return cudaSuccess;
 }
 
+/* The latest error of the thread, ours or the real runtime's: ret() cleared the real
+ * runtime's when it recorded ours, so an error the runtime holds now is newer. A sticky
+ * error stays (the runtime's own do the same). */
 MT_HOOK cudaError_t cudaGetLastError(void)
 {
-    cudaError_t e = tls_last_error;
-    tls_last_error = cudaSuccess;
-    if (!mt__preload()->sim) {
-        /* Also clears the runtime's own record; ours (memory calls) comes first. */
-        cudaError_t (*real)(void) = (cudaError_t(*)(void))mt__preload_real_rt("cudaGetLastError");
-        cudaError_t r = real ? real() : cudaSuccess;
-        if (e == cudaSuccess)
-            e = r;
-    }
-    return e;
+    cudaError_t (*real)(void) = real_err("cudaGetLastError");
+    cudaError_t r = real ? real() : cudaSuccess;
+    cudaError_t e = r != cudaSuccess ? r : tls_last_error;
+    if (!sticky(tls_last_error))
+        tls_last_error = cudaSuccess;
+    return sticky(tls_last_error) ? tls_last_error : e;
 }
 
 MT_HOOK cudaError_t cudaPeekAtLastError(void)
 {
-    if (tls_last_error == cudaSuccess && !mt__preload()->sim) {
-        cudaError_t (*real)(void) =
-            (cudaError_t(*)(void))mt__preload_real_rt("cudaPeekAtLastError");
-        return real ? real() : cudaSuccess;
-    }
-    return tls_last_error;
+    cudaError_t (*real)(void) = real_err("cudaPeekAtLastError");
+    cudaError_t r = real ? real() : cudaSuccess;
+    if (sticky(tls_last_error))
+        return tls_last_error;
+    return r != cudaSuccess ? r : tls_last_error;
 }
 
 /* Names and strings of the codes our served calls return; others go to the runtime. */
@@ -637,6 +745,10 @@ static const struct {
     H(cudaFree, true),
     H(cudaMallocAsync, true),
     H(cudaFreeAsync, true),
+    H(cudaMallocAsync_ptsz, true),
+    H(cudaFreeAsync_ptsz, true),
+    H(cudaDeviceReset, true),
+    H(cudaGraphDestroy, true),
     H(cudaMemGetInfo, true),
     H(cudaMallocHost, true),
     H(cudaHostAlloc, true),

@@ -104,6 +104,21 @@ int mt__preload_alloc(int device, mt_alloc_t **out);
 /* The allocator (of any device in use) that handed out ptr; MT_ENOENT if none. CUDA
  * frees any device's pointer whatever the current device is, so frees look it up. */
 int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
+/* Device reset or primary-context teardown (issue 16 item 1): drops device d's cache and
+ * state first, while the context can still free them. */
+void mt__preload_drop_device(int device);
+/* Empties every device's cache (the driver ran out for an allocation memtrace does not
+ * serve). True if any memory went back to the driver. */
+bool mt__preload_release_cached(void);
+/* Stream capture (issue 16 item 7). capture_graph: 1 and the graph being captured into if
+ * the program's stream handle is capturing (cuda mode; the legacy stream never is), else
+ * 0. A block freed on a capturing stream is parked (mt__preload_park) rather than freed:
+ * the graph may use it whenever it is launched. unpark(NULL, graph) frees the blocks of a
+ * destroyed graph; unpark(a, NULL) forgets allocator a's (its device is being dropped).
+ * Returns how many blocks it let go. */
+int mt__preload_capture_graph(void *handle, void **graph);
+int mt__preload_park(mt_alloc_t *a, void *ptr, void *graph);
+int mt__preload_unpark(mt_alloc_t *a, void *graph);
 /* Frees pinned host memory from whichever device's backend gave it. Caller guarded. */
 int mt__preload_host_free(void *ptr);
 /* Records an OOM (the allocator's message) for the summary. */
@@ -125,8 +140,9 @@ void *mt__preload_hook_by_name(const char *name);
 void *mt__preload_rt_hook(const char *name, bool sim);  /* hooks_runtime.c */
 void *mt__preload_drv_hook(const char *name, bool sim); /* hooks_driver.c */
 /* Our driver hook for a cuGetProcAddress base name ("cuMemAlloc"), or NULL. mem_only:
- * only the memory entry points (cuda mode); else every sim-served one. */
-void *mt__preload_driver_proc(const char *base, bool mem_only);
+ * only the memory entry points (cuda mode); else every sim-served one. per_thread: the
+ * _ptsz variant where there is one (CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM). */
+void *mt__preload_driver_proc(const char *base, bool mem_only, bool per_thread);
 
 /* Current device of the calling thread. */
 int mt__preload_current_device(void);

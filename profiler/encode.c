@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "profiler/internal.h"
+#include "util/text.h"
 
 /* The literal prefixes below write "v":1. */
 _Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema version literally");
@@ -124,38 +125,6 @@ static char *put_hex(char *w, uint64_t v)
 
 #define LIT(w, s) (memcpy((w), (s), sizeof(s) - 1), (w) + sizeof(s) - 1)
 
-/* Length of the well-formed UTF-8 sequence starting at p (Unicode table 3-7: no overlong
- * forms, no surrogates, nothing above U+10FFFF), or 0 if there is none. Stops at the
- * first byte out of range, so it never reads past a terminating NUL. */
-static int utf8_len(const unsigned char *p)
-{
-    unsigned c = p[0], lo = 0x80, hi = 0xbf;
-    int n;
-    if (c < 0x80)
-        return 1;
-    if (c < 0xc2)
-        return 0;
-    if (c < 0xe0) {
-        n = 2;
-    } else if (c < 0xf0) {
-        n = 3;
-        lo = c == 0xe0 ? 0xa0 : lo;
-        hi = c == 0xed ? 0x9f : hi;
-    } else if (c < 0xf5) {
-        n = 4;
-        lo = c == 0xf0 ? 0x90 : lo;
-        hi = c == 0xf4 ? 0x8f : hi;
-    } else {
-        return 0;
-    }
-    if (p[1] < lo || p[1] > hi)
-        return 0;
-    for (int i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xbf)
-            return 0;
-    return n;
-}
-
 /* A JSON string: at most ESC_MAX bytes per input byte plus the quotes. */
 static char *put_str(char *w, const char *s)
 {
@@ -182,7 +151,7 @@ static char *put_str(char *w, const char *s)
             }
             p++;
         } else {
-            int n = utf8_len(p);
+            int n = mt__text_utf8_len(p);
             if (n == 0) {
                 w = LIT(w, "\\ufffd");
                 p++;

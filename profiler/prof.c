@@ -19,6 +19,12 @@
 #define REGISTER_TIMEOUT_MS 2000
 #define DRAIN_BATCH         4096
 #define OUTBUF_SIZE         (64 * 1024)
+/* An event line is at most this long with the stream's labels (24 bytes); a drain takes
+ * only as many records as surely fit the buffer's room, so that none is taken from the
+ * ring that the buffer cannot hold while the disk is full. */
+#define LINE_MAX_BYTES 512
+#define OUT_LINES      (OUTBUF_SIZE / 32) /* lines the buffer may hold (their seqs) */
+#define NO_SEQ         UINT64_MAX         /* a line of no event: hello, exit */
 
 /* Invariants: mode is the live mode (DAEMON, LOG or OFF), set at create; it changes
  * once at most, DAEMON -> LOG, when the daemon goes away (the watcher's takeover), and
@@ -53,10 +59,19 @@ struct mt_prof_s {
     /* user tags' labels as announced in the stream (MT_EV_TAG_LABEL); "" = none yet;
      * under drain_lock */
     char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
-    char *out; /* OUTBUF_SIZE bytes of pending lines, under drain_lock */
+    /* The log's pending lines, under drain_lock. Invariants: out[0..out_len) is whole
+     * lines, out_nlines of them, line i the event of seq out_seq[i] (NO_SEQ: hello, exit);
+     * held => out_len > 0 and drains stop (the rest stays in the ring). */
+    char *out; /* OUTBUF_SIZE bytes */
     size_t out_len;
-    uint64_t written; /* lines written (events and gaps), under drain_lock */
-    int write_err;    /* first write error, under drain_lock */
+    uint64_t *out_seq; /* OUT_LINES entries */
+    size_t out_nlines;
+    bool held;             /* the last write failed (disk full): out is kept and retried */
+    bool half_line;        /* a cut line could not be truncated away: a '\n' ends it first */
+    uint64_t written;      /* event and gap lines in the file, under drain_lock */
+    uint64_t unlogged;     /* events taken from the ring that no buffer could hold (lost) */
+    uint64_t unlogged_seq; /* the first of them */
+    int write_err;         /* the last write error while held, under drain_lock */
     char name[MT_RING_COMM_MAX];
     char oom_dir[256];      /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
     mt__oomsnap_t *oomsnap; /* local mode with an OOM directory: writes OOM snapshots */
@@ -208,24 +223,88 @@ const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
 
 /* ---- local log ---- */
 
+/* Event and gap lines among the first n lines of the buffer. */
+static uint64_t event_lines(const mt_prof_t *p, size_t n)
+{
+    uint64_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += p->out_seq[i] != NO_SEQ;
+    return k;
+}
+
+/* Drops the first `bytes` (n whole lines) of the buffer: they are in the file. */
+static void out_consume(mt_prof_t *p, size_t bytes, size_t n)
+{
+    p->written += event_lines(p, n);
+    memmove(p->out, p->out + bytes, p->out_len - bytes);
+    memmove(p->out_seq, p->out_seq + n, (p->out_nlines - n) * sizeof *p->out_seq);
+    p->out_len -= bytes;
+    p->out_nlines -= n;
+}
+
+/* Writes the buffer to the log, whole lines only. A failed or short write (disk full, a
+ * file size limit, EIO) cuts the file back to its last whole line, keeps the unwritten
+ * lines in the buffer and holds: drains stop, so later events stay in the ring, and the
+ * next flush (the drainer's next round) tries again. The failure is said once, when it
+ * begins; what is never written is counted at the end (finish). */
 static int out_flush(mt_prof_t *p)
 {
+    if (p->out_len == 0)
+        return 0;
+    if (p->half_line && write(p->log_fd, "\n", 1) == 1)
+        p->half_line = false;                    /* the reader skips the cut line as malformed */
+    off_t start = lseek(p->log_fd, 0, SEEK_END); /* O_APPEND: where this write begins */
     size_t off = 0;
-    while (off < p->out_len) {
+    int err = 0;
+    while (off < p->out_len && !p->half_line) {
         ssize_t w = write(p->log_fd, p->out + off, p->out_len - off);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            if (!p->write_err) {
-                p->write_err = -errno;
-                logf_(p, MT_LOG_ERROR, "memtrace: writing %s: %s", p->log_path, strerror(errno));
-            }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            err = w < 0 ? errno : ENOSPC;
             break;
         }
         off += (size_t)w;
     }
-    p->out_len = 0;
+    if (off == p->out_len) {
+        out_consume(p, off, p->out_nlines);
+        if (p->held)
+            logf_(p, MT_LOG_WARN, "memtrace: writing %s again", p->log_path);
+        p->held = false;
+        p->write_err = 0;
+        return 0;
+    }
+    /* Cut back to the last whole line written; the rest stays for the next try. */
+    size_t whole = off, lines = 0;
+    while (whole > 0 && p->out[whole - 1] != '\n')
+        whole--;
+    if (whole < off && (start < 0 || ftruncate(p->log_fd, start + (off_t)whole) != 0))
+        p->half_line = true;
+    for (size_t i = 0; i < whole; i++)
+        lines += p->out[i] == '\n';
+    out_consume(p, whole, lines);
+    if (!p->held) {
+        uint64_t first = NO_SEQ;
+        for (size_t i = 0; i < p->out_nlines && first == NO_SEQ; i++)
+            first = p->out_seq[i];
+        logf_(p, MT_LOG_ERROR,
+              "memtrace: writing %s: %s; from seq %llu on, events are kept in memory (the "
+              "ring, then dropped and counted when it is full) and written when it works again",
+              p->log_path, strerror(err ? err : EIO), (unsigned long long)first);
+    }
+    p->held = true;
+    p->write_err = -(err ? err : EIO);
     return p->write_err;
+}
+
+/* Room for `bytes` more bytes and 8 more lines, flushing if needed; false if the buffer
+ * is held that full. */
+static bool out_room(mt_prof_t *p, size_t bytes)
+{
+    if (OUTBUF_SIZE - p->out_len > bytes && p->out_nlines + 8 <= OUT_LINES)
+        return true;
+    out_flush(p);
+    return OUTBUF_SIZE - p->out_len > bytes && p->out_nlines + 8 <= OUT_LINES;
 }
 
 /* Appends one JSON document as a line (hello, exit); whole lines only reach the file (O_APPEND
@@ -234,16 +313,18 @@ static void out_line(mt_prof_t *p, json_t *j)
 {
     if (!j)
         return;
-    if (OUTBUF_SIZE - p->out_len < 1024)
-        out_flush(p);
+    if (!out_room(p, 1024)) {
+        json_decref(j); /* held full: the log goes without this hello or exit line */
+        return;
+    }
     size_t room = OUTBUF_SIZE - p->out_len - 1;
     size_t n = json_dumpb(j, p->out + p->out_len, room, JSON_COMPACT);
     json_decref(j);
     if (n == 0 || n > room)
-        return; /* an event line is < 512 bytes; this cannot happen with 1 KiB free */
+        return; /* these documents are < 1 KiB */
     p->out_len += n;
     p->out[p->out_len++] = '\n';
-    p->written++;
+    p->out_seq[p->out_nlines++] = NO_SEQ;
 }
 
 /* A tag's name in the log: the configured tag_name's when it gives one (an override),
@@ -264,17 +345,24 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
     mt_prof_t *p = ud;
     if (ev->kind == MT_EV_TAG_LABEL && ev->tag < MT_TAG_MAX)
         mt_event_label_unpack(ev, p->labels[ev->tag]);
-    size_t room = OUTBUF_SIZE - p->out_len;
-    size_t n = mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, drain_tag_name, p);
-    if (n >= room) {
-        out_flush(p);
-        room = OUTBUF_SIZE;
-        n = mt_prof_event_write(p->out, room, ev, p->pid, drain_tag_name, p);
-        if (n >= room)
-            return; /* only a tag name of over 10 KiB could need more */
+    size_t room = p->out_nlines < OUT_LINES ? OUTBUF_SIZE - p->out_len : 0;
+    size_t n =
+        room ? mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, drain_tag_name, p) : 0;
+    if (n == 0 || n >= room) {
+        /* Only a tag name of over 10 KiB (a tag_name override), or a flush mid-drain that
+         * failed, leaves no room: the event is lost, and counted. */
+        n = out_room(p, LINE_MAX_BYTES)
+                ? mt_prof_event_write(p->out + p->out_len, OUTBUF_SIZE - p->out_len, ev, p->pid,
+                                      drain_tag_name, p)
+                : 0;
+        if (n == 0 || n >= OUTBUF_SIZE - p->out_len) {
+            if (p->unlogged++ == 0)
+                p->unlogged_seq = ev->seq;
+            return;
+        }
     }
     p->out_len += n;
-    p->written++;
+    p->out_seq[p->out_nlines++] = ev->seq;
     if (p->oomsnap != NULL) {
         char path[512];
         int rc =
@@ -291,8 +379,15 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
 static int drain_locked(mt_prof_t *p)
 {
     int total = 0, n;
-    while ((n = mt__ring_drain(p->ring, drain_cb, p, DRAIN_BATCH)) > 0)
-        total += n;
+    do {
+        /* Room for the records taken, each perhaps after a gap line, and a last gap. */
+        if (!out_room(p, 8 * LINE_MAX_BYTES))
+            break; /* held: the rest stays in the ring */
+        size_t fit = (OUTBUF_SIZE - p->out_len) / LINE_MAX_BYTES - 2,
+               lines = OUT_LINES - p->out_nlines - 2;
+        n = mt__ring_drain(p->ring, drain_cb, p, (fit < lines ? fit : lines) / 2);
+        total += n > 0 ? n : 0;
+    } while (n > 0);
     out_flush(p);
     return total;
 }
@@ -341,7 +436,8 @@ static int start_local(mt_prof_t *p, const char *path)
     }
     p->log_path = strdup(path);
     p->out = malloc(OUTBUF_SIZE);
-    if (!p->log_path || !p->out)
+    p->out_seq = malloc(OUT_LINES * sizeof *p->out_seq);
+    if (!p->log_path || !p->out || !p->out_seq)
         return MT_ENOMEM;
     /* Created 0600 and exclusively; an existing log must be a plain file of ours: never a
      * symlink or a file another user planted in a shared directory. */
@@ -551,6 +647,7 @@ fail:
     mt__ring_close(&p->ring);
     free(p->log_path);
     free(p->out);
+    free(p->out_seq);
     mt__oomsnap_destroy(&p->oomsnap);
     pthread_mutex_destroy(&p->drain_lock);
     pthread_mutex_destroy(&p->stop_lock);
@@ -601,6 +698,26 @@ const char *mt_prof_log_path(const mt_prof_t *p)
     return p && mode_of(p) == MT_PROF_LOG ? p->log_path : NULL;
 }
 
+/* At the end, with the log still failing: says once how many events never reached it
+ * (held in the buffer, left in the ring, or taken with no room) and the first one. */
+static void lost_report(mt_prof_t *p)
+{
+    if (!p->held && p->unlogged == 0)
+        return;
+    mt__ring_stats_t st;
+    mt__ring_stats(p->ring, &st);
+    uint64_t first = p->unlogged ? p->unlogged_seq : NO_SEQ;
+    for (size_t i = 0; i < p->out_nlines; i++)
+        if (p->out_seq[i] < first)
+            first = p->out_seq[i];
+    uint64_t n = event_lines(p, p->out_nlines) + (st.claimed - st.read) + p->unlogged;
+    logf_(p, MT_LOG_ERROR,
+          "memtrace: %llu events were not written to %s (%s), the first of them seq %llu; "
+          "the file ends with whole lines",
+          (unsigned long long)n, p->log_path, p->write_err ? strerror(-p->write_err) : "no room",
+          (unsigned long long)first);
+}
+
 /* The end of this process's recording: exit flag, threads stopped, the local log's final
  * drain and exit line. */
 static void finish(mt_prof_t *p)
@@ -628,6 +745,7 @@ static void finish(mt_prof_t *p)
         out_line(p,
                  mt__prof_exit_to_json(p->pid, true, st.emitted, st.dropped, st.lost, mono_ns()));
         out_flush(p);
+        lost_report(p);
         pthread_mutex_unlock(&p->drain_lock);
     }
 }
@@ -652,6 +770,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     free(p->log_path);
     free(p->cfg_log_path);
     free(p->out);
+    free(p->out_seq);
     if (ours) {
         pthread_mutex_destroy(&p->drain_lock);
         pthread_mutex_destroy(&p->stop_lock);

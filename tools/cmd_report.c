@@ -15,6 +15,7 @@
 #include "tools/commands.h"
 #include "tools/logs.h"
 #include "tools/snapshot_in.h"
+#include "util/text.h"
 
 static void help(FILE *f)
 {
@@ -114,6 +115,14 @@ static double num(json_t *o, const char *k)
     return json_number_value(json_object_get(o, k));
 }
 
+/* Names and labels are the recorded processes' own strings: escaped, so that none can move
+ * the cursor or forge a line of the report. */
+typedef char esc_buf_t[MT_TEXT_ESC_SIZE(64)];
+static const char *esc(const char *s, esc_buf_t buf)
+{
+    return mt__text_escape(s ? s : "?", buf, sizeof(esc_buf_t));
+}
+
 static void bar(double frac, int width)
 {
     int n = (int)(frac * width + 0.5);
@@ -142,8 +151,9 @@ static void print_growth(json_t *g)
         json_t *t;
         json_array_foreach(json_object_get(g, "tags"), i, t)
         {
+            esc_buf_t e;
             printf("    - %s grows %s per iteration (r2 %.2f)\n",
-                   json_string_value(json_object_get(t, "tag")),
+                   esc(json_string_value(json_object_get(t, "tag")), e),
                    human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
         }
     } else {
@@ -168,7 +178,8 @@ static void print_host(json_t *h)
     json_t *v;
     json_object_foreach(tags, k, v)
     {
-        printf("    %-14s %12s peak\n", k, human(json_number_value(v), b1, sizeof(b1)));
+        esc_buf_t e;
+        printf("    %-14s %12s peak\n", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
     }
     json_t *nf = json_object_get(h, "never_freed");
     printf("    never freed: %.0f pinned blocks, %s\n", num(nf, "count"),
@@ -177,7 +188,8 @@ static void print_host(json_t *h)
     json_t *g;
     json_array_foreach(json_object_get(nf, "groups"), i, g)
     {
-        printf("      %-14s %12s x %.0f\n", json_string_value(json_object_get(g, "tag")),
+        esc_buf_t e;
+        printf("      %-14s %12s x %.0f\n", esc(json_string_value(json_object_get(g, "tag")), e),
                human(num(g, "size"), b1, sizeof(b1)), num(g, "count"));
     }
 }
@@ -186,10 +198,11 @@ static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
     const char *name = json_string_value(json_object_get(p, "name"));
+    esc_buf_t en, ex;
     printf("process %d%s%s%s: %.0f events, %.0f lost, exit %s\n",
            (int)json_integer_value(json_object_get(p, "pid")), name && *name ? " \"" : "",
-           name && *name ? name : "", name && *name ? "\"" : "", num(p, "events"), num(p, "lost"),
-           json_string_value(json_object_get(p, "exit")));
+           name && *name ? esc(name, en) : "", name && *name ? "\"" : "", num(p, "events"),
+           num(p, "lost"), esc(json_string_value(json_object_get(p, "exit")), ex));
     double peak = num(p, "peak_allocated");
     printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
            "reserved\n",
@@ -206,7 +219,8 @@ static void print_process(json_t *p)
         json_object_foreach(tags, k, v) top = num(tags, k) > top ? num(tags, k) : top;
         json_object_foreach(tags, k, v)
         {
-            printf("    %-14s %12s  ", k, human(json_number_value(v), b1, sizeof(b1)));
+            esc_buf_t e;
+            printf("    %-14s %12s  ", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
             bar(top > 0 ? json_number_value(v) / top : 0, 30);
             printf("\n");
         }
@@ -245,7 +259,9 @@ static void print_process(json_t *p)
         json_t *g;
         json_array_foreach(groups, i, g)
         {
-            printf("    %-14s %12s %8.0f %12s\n", json_string_value(json_object_get(g, "tag")),
+            esc_buf_t e;
+            printf("    %-14s %12s %8.0f %12s\n",
+                   esc(json_string_value(json_object_get(g, "tag")), e),
                    human(num(g, "size"), b1, sizeof(b1)), num(g, "count"),
                    human(num(g, "bytes"), b2, sizeof(b2)));
         }

@@ -26,6 +26,7 @@
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
 #include "tools/commands.h"
+#include "util/text.h"
 
 #define PRELOAD_NAME "libmemtrace-preload.so"
 
@@ -177,7 +178,9 @@ static void print_summary(json_t *s, const char *prog, int status_code, int sig)
     {
         human(a, sizeof a, num(tv, "peak"));
         human(b, sizeof b, num(tv, "total"));
-        fprintf(f, "  tag %-13s peak %s, %s allocated in total\n", tk, a, b);
+        char e[MT_TEXT_ESC_SIZE(64)]; /* the program's own label: escaped for the terminal */
+        fprintf(f, "  tag %-13s peak %s, %s allocated in total\n", mt__text_escape(tk, e, sizeof e),
+                a, b);
     }
     if (num(s, "host_allocs") > 0)
         fprintf(f, "  pinned host       %.0f allocations\n", num(s, "host_allocs"));
@@ -208,7 +211,9 @@ static void print_summary(json_t *s, const char *prog, int status_code, int sig)
         fprintf(f, "  out of memory     %.0f failed allocation(s), which the process survived\n",
                 ooms);
     fprintf(f, "  final state       allocated %s, reserved %s of %s\n", a, b, c);
-    fprintf(f, "  last OOM          %s\n", json_string_value(json_object_get(s, "oom_message")));
+    char e[MT_TEXT_ESC_SIZE(512)];
+    fprintf(f, "  last OOM          %s\n",
+            mt__text_escape(json_string_value(json_object_get(s, "oom_message")), e, sizeof e));
 }
 
 static pid_t child_pid;

@@ -18,6 +18,7 @@
 
 #include "daemon/daemon.h"
 #include "tools/commands.h"
+#include "util/text.h"
 
 #define MAX_RATES 256
 
@@ -126,10 +127,12 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
         const char *state = json_string_value(json_object_get(p, "state")) ?: "?";
         const char *reason = json_string_value(json_object_get(p, "exit_reason"));
         char st_buf[24];
-        snprintf(st_buf, sizeof st_buf, "%s", reason ? reason : state);
-        fprintf(f, "%-8d %-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", pid,
-                json_string_value(json_object_get(p, "name")) ?: "", st_buf,
-                human(num(p, "allocated_bytes"), a, sizeof a),
+        mt__text_escape(reason ? reason : state, st_buf, sizeof st_buf);
+        /* The name is the process's own: escaped, so that it cannot move the cursor. */
+        char name[MT_TEXT_ESC_SIZE(64)];
+        mt__text_escape(json_string_value(json_object_get(p, "name")), name, sizeof name);
+        fprintf(f, "%-8d %-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", pid, name,
+                st_buf, human(num(p, "allocated_bytes"), a, sizeof a),
                 human(num(p, "reserved_bytes"), r, sizeof r),
                 human(num(p, "peak_allocated_bytes"), pk, sizeof pk), 100 * num(p, "utilization"),
                 100 * num(p, "fragmentation"), rate_of(t, pid, events, dt), num(p, "dropped"));
@@ -146,10 +149,11 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
             for (int k = 0; k < width; k++)
                 bar[k] = k < fill ? '#' : '.';
             bar[width] = '\0';
-            char vb[32], pb[32], ub[32];
+            char vb[32], pb[32], ub[32], tn[MT_TEXT_ESC_SIZE(32)];
             fprintf(f, "         %-14.14s [%s] %10s  peak %s",
-                    json_string_value(json_object_get(tg, "name")) ?: "?", bar,
-                    human(v, vb, sizeof vb), human(num(tg, "peak_bytes"), pb, sizeof pb));
+                    mt__text_escape(json_string_value(json_object_get(tg, "name")) ?: "?", tn,
+                                    sizeof tn),
+                    bar, human(v, vb, sizeof vb), human(num(tg, "peak_bytes"), pb, sizeof pb));
             /* After dropped events: blocks whose free may have been lost, not counted. */
             if (num(tg, "uncertain_bytes") > 0)
                 fprintf(f, "  (+ up to %s uncertain)",

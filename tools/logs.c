@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include "util/text.h"
 
 #define MAX_ERRORS_SHOWN 10
 
@@ -51,8 +52,11 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
         rc = mt__report_add_line(r, line, len, err, sizeof(err));
         if (rc == MT_ENOMEM)
             break;
-        if (rc != 0 && mine++ < MAX_ERRORS_SHOWN)
-            fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno, err);
+        if (rc != 0 && mine++ < MAX_ERRORS_SHOWN) {
+            char e[MT_TEXT_ESC_SIZE(256)]; /* the parser's message quotes the line */
+            fprintf(stderr, "%s:%lu: malformed line: %s\n", path, lineno,
+                    mt__text_escape(err, e, sizeof e));
+        }
     }
     bool oom = rc == MT_ENOMEM;
     int read_err = ferror(f);

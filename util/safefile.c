@@ -163,31 +163,3 @@ int mt__sf_peer_trusted(int fd, unsigned *out_uid)
     *out_uid = cr.uid;
     return cr.uid == geteuid() || cr.uid == 0 ? 0 : -EPERM;
 }
-
-const char *mt__sf_escape(const char *s, char *buf, size_t len)
-{
-    size_t o = 0;
-    if (len == 0)
-        return buf;
-    for (const unsigned char *p = (const unsigned char *)s; p && *p; p++) {
-        char e[5];
-        size_t n;
-        if (*p == '\n' || *p == '\t' || *p == '\r' || *p == '\\' || *p == 0x1b) {
-            e[0] = '\\';
-            e[1] = *p == '\n' ? 'n' : *p == '\t' ? 't' : *p == '\r' ? 'r' : *p == '\\' ? '\\' : 'e';
-            n = 2;
-        } else if (*p < 0x20 || *p == 0x7f) {
-            snprintf(e, sizeof e, "\\x%02x", *p);
-            n = 4;
-        } else {
-            e[0] = (char)*p;
-            n = 1;
-        }
-        if (o + n >= len)
-            break;
-        memcpy(buf + o, e, n);
-        o += n;
-    }
-    buf[o] = '\0';
-    return buf;
-}

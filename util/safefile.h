@@ -31,9 +31,4 @@ int mt__sf_token_ensure(const char *path, char *buf, size_t len);
 /* The peer of a connected Unix socket is the effective uid or root (SO_PEERCRED).
  * *out_uid gets the peer's uid ((unsigned)-1 if unknown). 0, or -EPERM. */
 int mt__sf_peer_trusted(int fd, unsigned *out_uid);
-/* Copies s into buf with every control character (< 0x20, 0x7f) and backslash written as
- * a C escape (\n, \t, \e, \\, \xHH): safe to print on a terminal or in a log line.
- * Truncated to len - 1 bytes, always NUL-terminated. Returns buf. */
-const char *mt__sf_escape(const char *s, char *buf, size_t len);
-
 #endif

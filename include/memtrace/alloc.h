@@ -133,6 +133,10 @@ MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 
 /* Returns every unused cached segment to the backend (after pending events). */
 MT_API int mt_alloc_empty_cache(mt_alloc_t *a);
+/* Sets the memory limit to fraction x capacity, fraction in (0, 1] (else MT_EINVAL), as
+ * cfg.memory_fraction does at creation. Memory already reserved stays; later requests over
+ * the limit free cached blocks first and fail if that is not enough. */
+MT_API int mt_alloc_set_memory_fraction(mt_alloc_t *a, double fraction);
 
 /* Free-memory callbacks (the reference allocator's first step when a request finds no
  * cached block): before asking the device for a new segment, the allocator calls each

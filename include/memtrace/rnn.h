@@ -6,8 +6,9 @@
  * bidirectional). Every pointer passed to the engine is device memory of the module's
  * allocator (on the sim backend, host-addressable memory).
  *
- * All weights live in ONE flat buffer (tagged weights) in cuDNN's canonical layout:
- * pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...; inside
+ * All weights live in ONE flat buffer (tagged weights) in the engine's layout (the one
+ * older cuDNN documentation calls canonical; where cuDNN reports another, the cuDNN path
+ * copies, docs/cudnn.md): pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...; inside
  * each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g input biases,
  * then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
  * 1 (RNN); in = input_size for layer 0, D*H above. Parameters are exposed as named views with
@@ -30,7 +31,9 @@
  * activation offload works with dropout, bit-identical to the plain run with the same masks.
  * cuDNN path: cuDNN's own dropout (a dropout descriptor whose generator states, from
  * cudnnDropoutGetStatesSize, are one allocator block tagged workspace for the module's life),
- * its masks in cuDNN's reserve (tagged activations, sized by cuDNN).
+ * its masks in cuDNN's reserve (tagged activations, sized by cuDNN); each training forward
+ * advances the states. Its weight layout, math mode and the tolerance between the two paths:
+ * docs/cudnn.md.
  *
  * Activation offload (U4): with offload_window = W > 0, a training forward keeps the reserve
  * of at most W chunks of chunk_steps time steps on the device; older chunks are copied to
@@ -210,10 +213,12 @@ MT_API int mt_rnn_set_offload(mt_rnn_t *m, struct mt_host_cache_s *host, int win
  * again makes the following training forwards draw the same masks as after the first time:
  * save it with mt_rnn_dropout_state before a pass, set it back to redo the pass. A
  * replica (mt_rnn_replicate) starts at (cfg.dropout_seed, 0). cuDNN path: setting the state
- * re-initialises cuDNN's generator from a seed that mixes both (the seed itself when
- * counter is 0), so setting the same state again reproduces what followed it; its masks are
- * cuDNN's, not those of the cpu path, and reading the state back gives what was set plus
- * the forwards since. */
+ * re-initialises cuDNN's generator (cudnnSetDropoutDescriptor) from a seed that mixes both
+ * (the seed itself when counter is 0); it is a fresh start, not where cuDNN's generator
+ * would be after counter forwards. cuDNN promises the same masks again only for the same
+ * states, GPU model and cuDNN version and the same sequence of training forwards of the
+ * same shapes; nothing across GPU models or versions, and its masks are not the cpu path's.
+ * Reading the state back gives what was set plus the forwards since. */
 MT_API int mt_rnn_set_dropout_state(mt_rnn_t *m, uint64_t seed, uint64_t counter);
 MT_API int mt_rnn_dropout_state(const mt_rnn_t *m, uint64_t *seed, uint64_t *counter);
 /* The mask of the training forward made at state (seed, counter), applied to the output of

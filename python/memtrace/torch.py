@@ -20,6 +20,7 @@ __all__ = ["enable", "tag_modules", "ModuleTags"]
 # Optional entry points of torch's CUDAPluggableAllocator (torch >= 2.1 has setters for
 # them on allocator.allocator()), and ours that serve them.
 _OPTIONAL = (("set_init_fn", "memtrace_init"), ("set_reset_fn", "memtrace_reset"),
+             ("set_memory_fraction_fn", "memtrace_memory_fraction"),
              ("set_base_alloc_fn", "memtrace_base_alloc"),
              ("set_record_stream_fn", "memtrace_record_stream"))
 

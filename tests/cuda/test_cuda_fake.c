@@ -355,6 +355,227 @@ static void test_vmm_strict(void **state)
     assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
 }
 
+/* ---- issue 16: what the fake driver does beyond the backend's needs ---- */
+
+typedef CUresult (*gp2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gp1_t)(const char *, void **, int, cuuint64_t);
+
+/* By base name; the flags pick the _ptsz variant; a missing symbol is a NULL pfn with
+ * CUDA_SUCCESS, as documented; versions and flags are checked. */
+static void test_get_proc_address_flags(void **state)
+{
+    (void)state;
+    gp2_t gp = (gp2_t)dlsym(fk.lib, "cuGetProcAddress_v2");
+    gp1_t gp1 = (gp1_t)dlsym(fk.lib, "cuGetProcAddress");
+    assert_non_null(gp);
+    assert_non_null(gp1);
+    void *f = NULL;
+    CUdriverProcAddressQueryResult st;
+    assert_int_equal(gp("cuMemAllocAsync", &f, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemAllocAsync"));
+    assert_int_equal(gp("cuMemAllocAsync", &f, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemAllocAsync"));
+    assert_int_equal(
+        gp("cuMemAllocAsync", &f, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+        CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemAllocAsync_ptsz"));
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    /* synchronous calls have _ptds variants */
+    assert_int_equal(
+        gp("cuMemcpyHtoD", &f, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+        CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemcpyHtoD_v2_ptds"));
+    assert_int_equal(gp("cuMemcpyHtoD", &f, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st),
+                     CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemcpyHtoD_v2"));
+    /* no per-thread variant: the legacy one, whatever the flag */
+    assert_int_equal(
+        gp("cuMemAlloc", &f, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st),
+        CUDA_SUCCESS);
+    assert_ptr_equal(f, dlsym(fk.lib, "cuMemAlloc_v2"));
+    assert_int_equal(gp("cuNoSuchThing", &f, 13000, 0, &st), CUDA_SUCCESS);
+    assert_null(f);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    assert_int_equal(gp("cuMemAllocAsync", &f, 11000, 0, &st), CUDA_SUCCESS);
+    assert_null(f);
+    assert_int_equal(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    assert_int_equal(gp("cuMemAlloc", &f, 13000, 4, &st), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(gp("cuMemAlloc", &f, 13000, 3, &st), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(gp1("cuGetProcAddress", &f, 11030, 0), CUDA_SUCCESS);
+    assert_ptr_equal(f, (void *)gp1);
+    assert_int_equal(gp1("cuGetProcAddress", &f, 12000, 0), CUDA_SUCCESS);
+    assert_ptr_equal(f, (void *)gp);
+}
+
+typedef struct {
+    CUresult (*launch)(CUstream, CUhostFn, void *);
+    sem_t *sem;
+    CUresult r;
+} pt_arg_t;
+
+static void *post_on_own_stream(void *arg)
+{
+    pt_arg_t *a = arg;
+    CUcontext popped;
+    a->r = cu.Push(ctx0);
+    if (a->r == CUDA_SUCCESS)
+        a->r = a->launch(NULL, post_fn, a->sem); /* _ptsz: NULL is this thread's stream */
+    if (a->r == CUDA_SUCCESS)
+        a->r = cu.StreamSynchronize(CU_STREAM_PER_THREAD);
+    cu.Pop(&popped);
+    return NULL;
+}
+
+/* CU_STREAM_PER_THREAD is one stream per thread: work on one thread's does not wait for
+ * another's (with one shared stream the blocked host function never lets post run). */
+static void test_per_thread_default_stream(void **state)
+{
+    (void)state;
+    sem_t sem;
+    sem_init(&sem, 0, 0);
+    wait_t w = {&sem, false};
+    CUcontext popped;
+    pt_arg_t a = {(CUresult(*)(CUstream, CUhostFn, void *))dlsym(fk.lib, "cuLaunchHostFunc_ptsz"),
+                  &sem, CUDA_ERROR_UNKNOWN};
+    assert_non_null(a.launch);
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.LaunchHostFunc(CU_STREAM_PER_THREAD, wait_fn, &w), CUDA_SUCCESS);
+    pthread_t t;
+    pthread_create(&t, NULL, post_on_own_stream, &a);
+    assert_int_equal(cu.StreamSynchronize(CU_STREAM_PER_THREAD), CUDA_SUCCESS);
+    pthread_join(t, NULL);
+    assert_int_equal(a.r, CUDA_SUCCESS);
+    assert_true(w.ok);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+    sem_destroy(&sem);
+}
+
+/* After a fault every call of the context returns it (other contexts go on), until the
+ * primary context is reset, which also destroys what the context owned. */
+static void test_sticky_error_until_reset(void **state)
+{
+    (void)state;
+    void (*fault)(int, CUresult) = (void (*)(int, CUresult))dlsym(fk.lib, "fake_cuda_fault");
+    CUresult (*reset)(CUdevice) =
+        (CUresult(*)(CUdevice))dlsym(fk.lib, "cuDevicePrimaryCtxReset_v2");
+    assert_non_null(fault);
+    assert_non_null(reset);
+    CUdeviceptr p = 0, q = 0;
+    CUevent ev;
+    CUstream s;
+    CUcontext popped;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.EventCreate(&ev, 0), CUDA_SUCCESS);
+    fault(0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.MemAlloc(&q, MiB), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.StreamCreate(&s, 0), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.EventQuery(ev), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.MemAlloc(&q, MiB), CUDA_ERROR_ILLEGAL_ADDRESS); /* still */
+    assert_int_equal(cu.Push(ctx1), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&q, MiB), CUDA_SUCCESS); /* device 1 is fine */
+    assert_int_equal(cu.MemFree(q), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+    size_t used = fk.used();
+    assert_int_equal(reset(0), CUDA_SUCCESS);
+    assert_int_equal(fk.used(), used - MiB); /* p went with the context */
+    assert_int_equal(cu.MemFree(p), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(cu.EventQuery(ev), CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(cu.MemAlloc(&q, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(q), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
+/* Work touching device bytes no allocation holds (a use after free) faults: the wait for
+ * it returns CUDA_ERROR_ILLEGAL_ADDRESS, and so does every later call, until a reset. */
+static void test_stray_memset_faults(void **state)
+{
+    (void)state;
+    CUresult (*reset)(CUdevice) =
+        (CUresult(*)(CUdevice))dlsym(fk.lib, "cuDevicePrimaryCtxReset_v2");
+    CUdeviceptr p = 0;
+    CUcontext popped;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(p, 1, MiB, NULL), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamSynchronize(NULL), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(p, 2, 4096, NULL), CUDA_SUCCESS); /* queued */
+    assert_int_equal(cu.StreamSynchronize(NULL), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_int_equal(reset(0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, MiB), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
+/* A fork child gets CUDA_ERROR_NOT_INITIALIZED from every call, cuInit included. */
+static void test_fork_child_not_initialized(void **state)
+{
+    (void)state;
+    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(fk.lib, "cuInit");
+    assert_int_equal(init(0), CUDA_SUCCESS);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        CUdeviceptr p;
+        CUresult a = init(0);
+        CUresult b = cu.Push(ctx0) == CUDA_SUCCESS ? cu.MemAlloc(&p, 4096) : CUDA_ERROR_UNKNOWN;
+        _exit(a == CUDA_ERROR_NOT_INITIALIZED && b == CUDA_ERROR_NOT_INITIALIZED ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(init(0), CUDA_SUCCESS); /* the parent is unaffected */
+}
+
+/* Capture: work is recorded, not run; an unsafe call during a global capture fails and
+ * invalidates it; relaxed mode allows it; the legacy stream cannot be captured. */
+static void test_capture_rules(void **state)
+{
+    (void)state;
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) =
+        (CUresult(*)(CUstream, CUstreamCaptureMode))dlsym(fk.lib, "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) =
+        (CUresult(*)(CUstream, CUgraph *))dlsym(fk.lib, "cuStreamEndCapture");
+    CUresult (*is)(CUstream, CUstreamCaptureStatus *) =
+        (CUresult(*)(CUstream, CUstreamCaptureStatus *))dlsym(fk.lib, "cuStreamIsCapturing");
+    CUresult (*destroy)(CUgraph) = (CUresult(*)(CUgraph))dlsym(fk.lib, "cuGraphDestroy");
+    assert_true(begin && end && is && destroy);
+    CUstream s;
+    CUgraph g = NULL;
+    CUdeviceptr p = 0, d = 0;
+    CUstreamCaptureStatus st;
+    CUcontext popped;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&d, 4096), CUDA_SUCCESS);
+    assert_int_equal(begin(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cu.MemsetD8Async(d, 7, 4096, s), CUDA_SUCCESS);
+    assert_int_equal(is(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(cu.MemAlloc(&p, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(is(s, &st), CUDA_SUCCESS);
+    assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    assert_int_equal(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_null(g);
+    assert_int_equal(*(unsigned char *)fk.shadow((void *)(uintptr_t)d), 0); /* never ran */
+    assert_int_equal(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(end(s, &g), CUDA_SUCCESS);
+    assert_non_null(g);
+    assert_int_equal(destroy(g), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(d), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -365,6 +586,12 @@ int main(void)
         cmocka_unit_test(test_host_func_later_elsewhere_no_cuda),
         cmocka_unit_test(test_device_memory_not_host_addressable),
         cmocka_unit_test(test_vmm_strict),
+        cmocka_unit_test(test_get_proc_address_flags),
+        cmocka_unit_test(test_per_thread_default_stream),
+        cmocka_unit_test(test_sticky_error_until_reset),
+        cmocka_unit_test(test_stray_memset_faults),
+        cmocka_unit_test(test_fork_child_not_initialized),
+        cmocka_unit_test(test_capture_rules),
     };
     return cmocka_run_group_tests(tests, setup, fake_ctl_close);
 }

@@ -195,11 +195,12 @@ class EnableForTorch(unittest.TestCase):
         import ctypes
         L = memtrace._lib.lib()
         addr = {s: ctypes.cast(getattr(L, s), ctypes.c_void_p).value
-                for s in ("memtrace_init", "memtrace_reset", "memtrace_base_alloc",
-                          "memtrace_record_stream")}
+                for s in ("memtrace_init", "memtrace_reset", "memtrace_memory_fraction",
+                          "memtrace_base_alloc", "memtrace_record_stream")}
         self.assertEqual(calls, [
             ("new", memtrace.library_path(), "memtrace_alloc", "memtrace_free"),
             ("set_init_fn", addr["memtrace_init"]), ("set_reset_fn", addr["memtrace_reset"]),
+            ("set_memory_fraction_fn", addr["memtrace_memory_fraction"]),
             ("set_base_alloc_fn", addr["memtrace_base_alloc"]),
             ("set_record_stream_fn", addr["memtrace_record_stream"]),
             ("change", "Pluggable")])

@@ -33,76 +33,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/rnn_cudnn/fake_cudnn.h"
+#include "tests/rnn_cudnn/fake_cudnn_int.h"
 
-#define MAXCALLS 16384
-
-struct cudnnContext {
-    cudaStream_t stream;
-    int device; /* current when the handle was created */
-};
-
-struct cudnnTensorStruct {
-    int nd;
-    int dims[8];
-    int strides[8];
-};
-
-struct cudnnDropoutStruct {
-    bool set;
-    float p;
-    void *states;
-    size_t bytes;
-    unsigned long long seed;
-};
-
-struct cudnnRNNStruct {
-    bool set;
-    int algo, mode, bias, dir, input_mode, dtype, mprec, math;
-    int input, hidden, proj, layers;
-    uint32_t aux;
-    cudnnDropoutDescriptor_t drop; /* as given to cudnnSetRNNDescriptor_v8 */
-};
-
-#define FAKE_MAX_BATCH 256
-
-struct cudnnRNNDataStruct {
-    bool set;
-    int layout, T, B, vec;
-    bool full;                /* every sequence is T long */
-    size_t tokens;            /* sum of the lengths: the rows of a packed tensor */
-    int lens[FAKE_MAX_BATCH]; /* the seqLengthArray copied */
-};
-
-static struct {
-    fake_dnn_call_t calls[MAXCALLS];
-    size_t ncalls;
-    size_t (*clock)(void);
-    const char *fail_name;
-    cudnnStatus_t fail_status;
-    int shift_p, shift_id;
-    ptrdiff_t shift;
-    size_t extra;
-    size_t pad;          /* padded layout: region alignment in bytes, 0 = canonical */
-    bool expect_weights; /* forward checks weight k of our layout holds the value k */
-    void (*hook)(const fake_dnn_call_t *c, void *ud);
-    void *hook_ud;
-    long live;
-    char err[256];
-    const void *data_done_reserve; /* reserve of the last backward data */
-    size_t dropout_forwards;       /* training forwards with dropout applied */
-    int device;                    /* the runtime's current device */
-} F = {.shift_p = -1};
+fake_state_t fake_dnn_state = {.shift_p = -1, .trans_p = -1, .version = 91900};
 
 void fake_dnn_reset(void)
 {
     F.ncalls = 0;
     F.fail_name = NULL;
     F.shift_p = -1;
+    F.trans_p = -1;
     F.shift = 0;
     F.extra = 0;
     F.pad = 0;
     F.expect_weights = false;
+    F.interleaved = false;
+    F.markers = false;
+    F.check_pad = false;
+    F.version = 91900;
     F.hook = NULL;
     F.err[0] = 0;
     F.data_done_reserve = NULL;
@@ -132,6 +80,12 @@ void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes)
     F.shift = bytes;
 }
 
+void fake_dnn_transpose_param(int pseudo_layer, int lin_id)
+{
+    F.trans_p = pseudo_layer;
+    F.trans_id = lin_id;
+}
+
 void fake_dnn_weight_space_extra(size_t bytes)
 {
     F.extra = bytes;
@@ -145,6 +99,26 @@ void fake_dnn_pad_layout(size_t align)
 void fake_dnn_expect_weights(bool on)
 {
     F.expect_weights = on;
+}
+
+void fake_dnn_interleaved_layout(bool on)
+{
+    F.interleaved = on;
+}
+
+void fake_dnn_markers(bool on)
+{
+    F.markers = on;
+}
+
+void fake_dnn_check_padding(bool on)
+{
+    F.check_pad = on;
+}
+
+void fake_dnn_set_version(size_t version)
+{
+    F.version = version;
 }
 
 void fake_dnn_set_hook(void (*hook)(const fake_dnn_call_t *c, void *ud), void *ud)
@@ -208,7 +182,7 @@ size_t fake_dnn_work_bytes(int training, int gates, int hidden, int T, int B)
 size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T, int B)
 {
     return 777 + 4 * (size_t)T * (size_t)B * (size_t)hidden * (size_t)layers * (size_t)dirs *
-                     (size_t)(gates + 1);
+                     (size_t)(2 * gates + 2);
 }
 
 /* The fake driver's streams run on their own threads: a "kernel" of this fake runs on
@@ -216,6 +190,11 @@ size_t fake_dnn_reserve_bytes(int gates, int hidden, int layers, int dirs, int T
  * keeps the stream order a real cuDNN kernel would see (more waiting, never less). */
 static void (*drv_idle)(void);
 static void *(*drv_shadow)(const void *dptr);
+
+void *fake_dnn_dev(const void *p)
+{
+    return p != NULL && drv_shadow != NULL ? drv_shadow(p) : (void *)p;
+}
 
 static void drain_streams(void)
 {
@@ -231,12 +210,8 @@ static void drain_streams(void)
         drv_idle();
 }
 
-/* Where this fake's "kernels" read and write a device address: the fake driver's device
- * memory is not host-addressable, its bytes live behind fake_cuda_shadow. */
-#define DEV(p) ((p) != NULL && drv_shadow != NULL ? drv_shadow(p) : (void *)(p))
-
 /* Records a call; returns the injected failure for it, if any. */
-static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
+fake_dnn_call_t *fake_dnn_rec(const char *name, cudnnStatus_t *st)
 {
     static fake_dnn_call_t overflow;
     drain_streams();
@@ -254,18 +229,12 @@ static fake_dnn_call_t *rec(const char *name, cudnnStatus_t *st)
     return c;
 }
 
-static cudnnStatus_t refuse(fake_dnn_call_t *c, const char *why)
+cudnnStatus_t fake_dnn_refuse(fake_dnn_call_t *c, const char *why)
 {
     snprintf(F.err, sizeof F.err, "%s: %s", c->name, why);
     c->status = CUDNN_STATUS_BAD_PARAM;
     return CUDNN_STATUS_BAD_PARAM;
 }
-
-#define BEGIN(name)                                                                                \
-    cudnnStatus_t st_;                                                                             \
-    fake_dnn_call_t *c = rec(name, &st_);                                                          \
-    if (st_ != CUDNN_STATUS_SUCCESS)                                                               \
-    return st_
 
 /* ---- the runtime's device selection ---- */
 
@@ -278,7 +247,7 @@ cudaError_t cudaGetDevice(int *device)
 cudaError_t cudaSetDevice(int device)
 {
     cudnnStatus_t st;
-    fake_dnn_call_t *c = rec("cudaSetDevice", &st);
+    fake_dnn_call_t *c = fake_dnn_rec("cudaSetDevice", &st);
     c->i[0] = device;
     if (st != CUDNN_STATUS_SUCCESS)
         return cudaErrorInvalidDevice;
@@ -361,7 +330,7 @@ cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t handle, size_t *sizeInByte
     BEGIN("cudnnDropoutGetStatesSize");
     c->p[0] = handle;
     if (!handle)
-        return refuse(c, "no handle");
+        return fake_dnn_refuse(c, "no handle");
     *sizeInBytes = fake_dnn_dropout_states_bytes();
     c->n[0] = *sizeInBytes;
     return CUDNN_STATUS_SUCCESS;
@@ -381,13 +350,17 @@ cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t d, cudnnHandle_
     c->f = dropout;
     c->u = seed;
     if (!d || !handle || handle->device != F.device)
-        return refuse(c, "descriptor, handle or device");
+        return fake_dnn_refuse(c, "descriptor, handle or device");
     if (!(dropout >= 0.0f && dropout < 1.0f))
-        return refuse(c, "dropout outside [0, 1)");
+        return fake_dnn_refuse(c, "dropout outside [0, 1)");
     if (dropout > 0.0f && (!states || stateSizeInBytes < fake_dnn_dropout_states_bytes()))
-        return refuse(c, "states missing or smaller than cudnnDropoutGetStatesSize");
-    if (states)
+        return fake_dnn_refuse(c, "states missing or smaller than cudnnDropoutGetStatesSize");
+    if (states) {
+        /* a counter of training forwards (0), then the seed's low byte */
         memset(DEV(states), (int)(seed & 0xff), stateSizeInBytes);
+        if (stateSizeInBytes >= sizeof(uint64_t))
+            memset(DEV(states), 0, sizeof(uint64_t));
+    }
     *d = (struct cudnnDropoutStruct){true, dropout, states, stateSizeInBytes, seed};
     return CUDNN_STATUS_SUCCESS;
 }
@@ -399,7 +372,7 @@ cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataTyp
     c->p[0] = d;
     c->i[0] = nbDims;
     if (nbDims < 1 || nbDims > 8 || dataType != CUDNN_DATA_FLOAT)
-        return refuse(c, "bad dims or type");
+        return fake_dnn_refuse(c, "bad dims or type");
     d->nd = nbDims;
     for (int k = 0; k < nbDims; k++) {
         d->dims[k] = dimA[k];
@@ -440,9 +413,9 @@ cudnnStatus_t cudnnSetRNNDescriptor_v8(cudnnRNNDescriptor_t d, cudnnRNNAlgo_t al
                mathType, inputSize, hiddenSize, projSize, numLayers, (int)auxFlags};
     memcpy(c->i, v, sizeof v);
     if (inputSize < 1 || hiddenSize < 1 || numLayers < 1 || projSize != hiddenSize)
-        return refuse(c, "bad sizes");
+        return fake_dnn_refuse(c, "bad sizes");
     if (dropoutDesc && !dropoutDesc->set)
-        return refuse(c, "dropout descriptor not set");
+        return fake_dnn_refuse(c, "dropout descriptor not set");
     *d = (struct cudnnRNNStruct){true,       algo,     cellMode,  biasMode, dirMode,
                                  inputMode,  dataType, mathPrec,  mathType, inputSize,
                                  hiddenSize, projSize, numLayers, auxFlags, dropoutDesc};
@@ -463,19 +436,29 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
     int v[] = {dataType, layout, maxSeqLength, batchSize, vectorSize, full};
     memcpy(c->i, v, sizeof v);
     if (maxSeqLength < 1 || batchSize < 1 || vectorSize < 1 || batchSize > FAKE_MAX_BATCH)
-        return refuse(c, "bad sizes");
+        return fake_dnn_refuse(c, "bad sizes");
+    if (dataType != CUDNN_DATA_FLOAT)
+        return fake_dnn_refuse(c, "data type other than float");
+    if (layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED &&
+        layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_UNPACKED &&
+        layout != CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED)
+        return fake_dnn_refuse(c, "unknown layout");
     /* cuDNN's packed layout: lengths in [1, T], non-increasing (sorted by length). */
     size_t tokens = 0;
     for (int b = 0; b < batchSize; b++) {
         int n = seqLengthArray[b];
         if (n < 1 || n > maxSeqLength)
-            return refuse(c, "a sequence length outside [1, maxSeqLength]");
+            return fake_dnn_refuse(c, "a sequence length outside [1, maxSeqLength]");
         if (layout == CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED && b > 0 && n > seqLengthArray[b - 1])
-            return refuse(c, "packed layout with lengths not in decreasing order");
+            return fake_dnn_refuse(c, "packed layout with lengths not in decreasing order");
         tokens += (size_t)n;
     }
     c->n[0] = tokens;
+    if (layout != CUDNN_RNN_DATA_LAYOUT_SEQ_MAJOR_PACKED) /* padded: T B rows */
+        tokens = (size_t)maxSeqLength * (size_t)batchSize;
     *d = (struct cudnnRNNDataStruct){.set = true,
+                                     .fill = paddingFill ? *(const float *)paddingFill : 0.0f,
+                                     .has_fill = paddingFill != NULL,
                                      .layout = layout,
                                      .T = maxSeqLength,
                                      .B = batchSize,
@@ -488,36 +471,33 @@ cudnnStatus_t cudnnSetRNNDataDescriptor(cudnnRNNDataDescriptor_t d, cudnnDataTyp
 
 /* ---- the layout, written independently of the engine's layout.c ---- */
 
-static int gates_of(const struct cudnnRNNStruct *r)
+int fake_dnn_gates_of(const struct cudnnRNNStruct *r)
 {
     return r->mode == CUDNN_LSTM ? 4 : r->mode == CUDNN_GRU ? 3 : 1;
 }
 
-static int dirs_of(const struct cudnnRNNStruct *r)
+int fake_dnn_dirs_of(const struct cudnnRNNStruct *r)
 {
     return r->dir == CUDNN_BIDIRECTIONAL ? 2 : 1;
 }
 
 /* One matrix or bias: where the canonical layout has it (floats) and where this fake says
  * it is (bytes). */
-typedef struct region_s {
-    int p, id;
-    bool bias;
-    size_t canon, n, dnn;
-} region_t;
-
-#define MAXREG 4096
-static region_t R[MAXREG];
+region_t R[MAXREG];
 
 /* Fills R in canonical order (per pseudo-layer: W_0..W_{g-1}, R_0..R_{g-1}, input biases,
- * recurrent biases) and returns their count; *space = the weight space's bytes. Canonical:
- * dnn = 4 * canon. Padded (F.pad > 0): the space starts with F.pad bytes and every region
- * starts at a multiple of F.pad. */
-static size_t layout(const struct cudnnRNNStruct *r, size_t *space)
+ * recurrent biases; canon counts floats in that order, the engine's layout) and returns
+ * their count; *space = the weight space's bytes. Where this fake puts them (dnn, bytes):
+ * by default cuDNN's layout as every public description gives it, all matrices of all
+ * pseudo-layers first (in canonical order), then all biases; with F.interleaved, the
+ * canonical order itself. Padded (F.pad > 0): the space starts with F.pad bytes and every
+ * region starts at a multiple of F.pad. */
+size_t fake_dnn_layout(const struct cudnnRNNStruct *r, size_t *space)
 {
-    size_t g = (size_t)gates_of(r), H = (size_t)r->hidden, canon = 0, cursor = F.pad, k = 0;
-    for (int p = 0; p < r->layers * dirs_of(r); p++) {
-        size_t in = p / dirs_of(r) == 0 ? (size_t)r->input : (size_t)dirs_of(r) * H;
+    size_t g = (size_t)fake_dnn_gates_of(r), H = (size_t)r->hidden, canon = 0, k = 0;
+    for (int p = 0; p < r->layers * fake_dnn_dirs_of(r); p++) {
+        size_t in =
+            p / fake_dnn_dirs_of(r) == 0 ? (size_t)r->input : (size_t)fake_dnn_dirs_of(r) * H;
         for (int part = 0; part < 4; part++) {
             bool bias = part >= 2;
             if (bias && r->bias == CUDNN_RNN_NO_BIAS)
@@ -530,22 +510,30 @@ static size_t layout(const struct cudnnRNNStruct *r, size_t *space)
                 e->bias = bias;
                 e->canon = canon;
                 e->n = n;
-                if (F.pad)
-                    cursor = (cursor + F.pad - 1) / F.pad * F.pad;
-                e->dnn = F.pad ? cursor : canon * sizeof(float);
                 canon += n;
-                cursor += n * sizeof(float);
             }
         }
     }
-    *space = (F.pad ? (cursor + F.pad - 1) / F.pad * F.pad : canon * sizeof(float)) + F.extra;
+    size_t cursor = F.pad;
+    for (int pass = 0; pass < (F.interleaved ? 1 : 2); pass++) {
+        for (size_t i = 0; i < k; i++) {
+            region_t *e = &R[i];
+            if (!F.interleaved && e->bias != (pass == 1))
+                continue;
+            if (F.pad)
+                cursor = (cursor + F.pad - 1) / F.pad * F.pad;
+            e->dnn = cursor;
+            cursor += e->n * sizeof(float);
+        }
+    }
+    *space = (F.pad ? (cursor + F.pad - 1) / F.pad * F.pad : cursor) + F.extra;
     return k;
 }
 
-static size_t space_bytes(const struct cudnnRNNStruct *r)
+size_t fake_dnn_space_bytes(const struct cudnnRNNStruct *r)
 {
     size_t space;
-    layout(r, &space);
+    fake_dnn_layout(r, &space);
     return space;
 }
 
@@ -554,8 +542,8 @@ cudnnStatus_t cudnnGetRNNWeightSpaceSize(cudnnHandle_t handle, cudnnRNNDescripto
 {
     BEGIN("cudnnGetRNNWeightSpaceSize");
     if (!handle || !d->set)
-        return refuse(c, "descriptor not set");
-    *weightSpaceSize = space_bytes(d);
+        return fake_dnn_refuse(c, "descriptor not set");
+    *weightSpaceSize = fake_dnn_space_bytes(d);
     c->n[0] = *weightSpaceSize;
     return CUDNN_STATUS_SUCCESS;
 }
@@ -582,10 +570,10 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
     c->i[0] = pseudoLayer;
     c->i[1] = linLayerID;
     c->n[0] = weightSpaceSize;
-    size_t space, k = layout(d, &space);
-    if (!handle || !d->set || pseudoLayer < 0 || pseudoLayer >= d->layers * dirs_of(d) ||
-        linLayerID < 0 || linLayerID >= 2 * gates_of(d) || weightSpaceSize != space)
-        return refuse(c, "bad pseudo-layer, linear layer or size");
+    size_t space, k = fake_dnn_layout(d, &space);
+    if (!handle || !d->set || pseudoLayer < 0 || pseudoLayer >= d->layers * fake_dnn_dirs_of(d) ||
+        linLayerID < 0 || linLayerID >= 2 * fake_dnn_gates_of(d) || weightSpaceSize != space)
+        return fake_dnn_refuse(c, "bad pseudo-layer, linear layer or size");
     const char *base = weightSpace;
     *mAddr = NULL;
     *bAddr = NULL;
@@ -601,7 +589,10 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
             *mAddr = (void *)(base + e->dnn);
             if (pseudoLayer == F.shift_p && linLayerID == F.shift_id)
                 *mAddr = (char *)*mAddr + F.shift;
-            set_desc(mDesc, rows, cols);
+            if (pseudoLayer == F.trans_p && linLayerID == F.trans_id)
+                set_desc(mDesc, cols, rows);
+            else
+                set_desc(mDesc, rows, cols);
         }
     }
     c->p[1] = *mAddr;
@@ -609,26 +600,25 @@ cudnnStatus_t cudnnGetRNNWeightParams(cudnnHandle_t handle, cudnnRNNDescriptor_t
     return CUDNN_STATUS_SUCCESS;
 }
 
-size_t fake_dnn_dropout_reserve_bytes(int hidden, int layers, int dirs, int T, int B);
-
 /* The reserve: the plain size, plus a byte mask per element of the lower layers' outputs
  * when a dropout descriptor with p > 0 is attached. */
-static size_t reserve_of(const struct cudnnRNNStruct *d, int T, int B)
+size_t fake_dnn_reserve_of(const struct cudnnRNNStruct *d, int T, int B)
 {
-    size_t n = fake_dnn_reserve_bytes(gates_of(d), d->hidden, d->layers, dirs_of(d), T, B);
+    size_t n = fake_dnn_reserve_bytes(fake_dnn_gates_of(d), d->hidden, d->layers,
+                                      fake_dnn_dirs_of(d), T, B);
     if (d->drop && d->drop->p > 0.0f)
-        n += fake_dnn_dropout_reserve_bytes(d->hidden, d->layers, dirs_of(d), T, B);
+        n += fake_dnn_dropout_reserve_bytes(d->hidden, d->layers, fake_dnn_dirs_of(d), T, B);
     return n;
 }
 
 /* Workspace for a descriptor: training's grows with the tokens (T x B when every sequence
  * is T long), inference's with the batch. */
-static size_t work_of(const struct cudnnRNNStruct *d, const struct cudnnRNNDataStruct *xd,
-                      bool training)
+size_t fake_dnn_work_of(const struct cudnnRNNStruct *d, const struct cudnnRNNDataStruct *xd,
+                        bool training)
 {
     if (training)
-        return fake_dnn_work_bytes(1, gates_of(d), d->hidden, (int)xd->tokens, 1);
-    return fake_dnn_work_bytes(0, gates_of(d), d->hidden, xd->T, xd->B);
+        return fake_dnn_work_bytes(1, fake_dnn_gates_of(d), d->hidden, (int)xd->tokens, 1);
+    return fake_dnn_work_bytes(0, fake_dnn_gates_of(d), d->hidden, xd->T, xd->B);
 }
 
 size_t fake_dnn_data_lengths(const void *desc, int *out, int cap)
@@ -647,250 +637,11 @@ cudnnStatus_t cudnnGetRNNTempSpaceSizes(cudnnHandle_t handle, cudnnRNNDescriptor
     c->p[0] = xDesc;
     c->i[0] = fwdMode;
     if (!handle || !d->set || !xDesc->set)
-        return refuse(c, "descriptor not set");
+        return fake_dnn_refuse(c, "descriptor not set");
     bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
-    *workSpaceSize = work_of(d, xDesc, training);
-    *reserveSpaceSize = training ? reserve_of(d, (int)xDesc->tokens, 1) : 0;
+    *workSpaceSize = fake_dnn_work_of(d, xDesc, training);
+    *reserveSpaceSize = training ? fake_dnn_reserve_of(d, (int)xDesc->tokens, 1) : 0;
     c->n[0] = *workSpaceSize;
     c->n[1] = *reserveSpaceSize;
-    return CUDNN_STATUS_SUCCESS;
-}
-
-/* ---- compute ---- */
-
-size_t fake_dnn_dropout_reserve_bytes(int hidden, int layers, int dirs, int T, int B)
-{
-    return (size_t)T * (size_t)B * (size_t)dirs * (size_t)hidden * (size_t)(layers - 1);
-}
-
-/* The checks every compute call shares: descriptors agree with the RNN, sizes cover what
- * the size queries said, the device sequence lengths hold T for each batch entry. */
-static cudnnStatus_t check_common(fake_dnn_call_t *c, cudnnHandle_t h, cudnnRNNDescriptor_t d,
-                                  const int32_t *lens, cudnnRNNDataDescriptor_t xd,
-                                  cudnnRNNDataDescriptor_t yd, size_t wsize, size_t work_size,
-                                  const void *work, bool training, size_t res_size, const void *res)
-{
-    if (!h || !d->set || !xd->set || !yd->set)
-        return refuse(c, "descriptor not set");
-    if (h->device != F.device)
-        return refuse(c, "called on another device than the handle's");
-    if (xd->T != yd->T || xd->B != yd->B || xd->vec != d->input ||
-        yd->vec != dirs_of(d) * d->hidden || xd->layout != yd->layout ||
-        memcmp(xd->lens, yd->lens, (size_t)xd->B * sizeof(int)) != 0)
-        return refuse(c, "data descriptors disagree with the RNN");
-    if (!lens)
-        return refuse(c, "devSeqLengths is NULL");
-    for (int b = 0; b < xd->B; b++)
-        if (lens[b] != xd->lens[b])
-            return refuse(c, "devSeqLengths differs from the data descriptor");
-    if (wsize != space_bytes(d))
-        return refuse(c, "weight space size");
-    size_t need = work_of(d, xd, training);
-    if (work_size < need || (need && !work))
-        return refuse(c, "workspace too small");
-    if (training) {
-        size_t rneed = reserve_of(d, (int)xd->tokens, 1);
-        if (res_size < rneed || !res)
-            return refuse(c, "reserve space too small");
-    }
-    return CUDNN_STATUS_SUCCESS;
-}
-
-/* With expect_weights: every weight at this layout's place holds its canonical index. */
-static bool weights_home(const struct cudnnRNNStruct *d, const void *weightSpace)
-{
-    size_t space, k = layout(d, &space);
-    const char *ws = weightSpace;
-    for (size_t i = 0; i < k && F.expect_weights; i++)
-        for (size_t j = 0; j < R[i].n; j++)
-            if (((const float *)(ws + R[i].dnn))[j] != (float)(R[i].canon + j))
-                return false;
-    return true;
-}
-
-static void done(const fake_dnn_call_t *c)
-{
-    if (F.hook)
-        F.hook(c, F.hook_ud);
-}
-
-cudnnStatus_t cudnnRNNForward(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
-                              cudnnForwardMode_t fwdMode, const int32_t devSeqLengths[],
-                              cudnnRNNDataDescriptor_t xDesc, const void *x,
-                              cudnnRNNDataDescriptor_t yDesc, void *y,
-                              cudnnTensorDescriptor_t hDesc, const void *hx, void *hy,
-                              cudnnTensorDescriptor_t cDesc, const void *cx, void *cy,
-                              size_t weightSpaceSize, const void *weightSpace, size_t workSpaceSize,
-                              void *workSpace, size_t reserveSpaceSize, void *reserveSpace)
-{
-    BEGIN("cudnnRNNForward");
-    const void *p[] = {x, y, hx, hy, weightSpace, workSpace, reserveSpace, devSeqLengths};
-    memcpy(c->p, p, sizeof p);
-    x = DEV(x), y = DEV(y), hx = DEV(hx), hy = DEV(hy), cx = DEV(cx), cy = DEV(cy);
-    weightSpace = DEV(weightSpace), workSpace = DEV(workSpace);
-    reserveSpace = DEV(reserveSpace), devSeqLengths = DEV(devSeqLengths);
-    c->i[0] = fwdMode;
-    c->i[1] = cx != NULL;
-    c->i[2] = cy != NULL;
-    c->i[3] = xDesc->T;
-    c->i[4] = xDesc->B;
-    c->n[0] = weightSpaceSize;
-    c->n[1] = workSpaceSize;
-    c->n[2] = reserveSpaceSize;
-    bool training = fwdMode == CUDNN_FWD_MODE_TRAINING;
-    cudnnStatus_t s =
-        check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize, workSpaceSize,
-                     workSpace, training, reserveSpaceSize, reserveSpace);
-    if (s)
-        return s;
-    if (!x || !y || !weightSpace || hDesc->nd != 3 || cDesc->nd != 3 ||
-        hDesc->dims[1] != xDesc->B || hDesc->dims[2] != d->hidden ||
-        hDesc->dims[0] != d->layers * dirs_of(d))
-        return refuse(c, "x, y, weights or state descriptors");
-    if (d->mode != CUDNN_LSTM && (cx || cy))
-        return refuse(c, "cell states for a non-LSTM cell");
-    if (!weights_home(d, weightSpace))
-        return refuse(c, "a weight is not where this layout has it");
-    if (training && d->drop && d->drop->p > 0.0f) {
-        /* The generator states are read (and advanced) by a training forward with dropout:
-         * they must still be the live block cudnnSetDropoutDescriptor initialised. */
-        const unsigned char *stb = DEV(d->drop->states);
-        for (size_t k = 0; k < d->drop->bytes; k++)
-            if (stb[k] != (unsigned char)(d->drop->seed & 0xff))
-                return refuse(c, "dropout states do not hold what cudnnSetDropoutDescriptor set");
-        c->i[5] = 1; /* dropout applied */
-        F.dropout_forwards++;
-    }
-    size_t space, k = layout(d, &space);
-    const char *ws = weightSpace;
-    memset(workSpace, 0xA5, workSpaceSize);
-    if (training)
-        memset(reserveSpace, 0x5A, reserveSpaceSize);
-    /* the last float of the last region (the last recurrent bias, or matrix) */
-    float last = ((const float *)(ws + R[k - 1].dnn))[R[k - 1].n - 1];
-    size_t ny = yDesc->tokens * (size_t)yDesc->vec;
-    for (size_t k = 0; k < ny; k++)
-        ((float *)y)[k] = last;
-    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
-    for (size_t k = 0; k < nh && hy; k++)
-        ((float *)hy)[k] = hx ? ((const float *)hx)[k] + 1.0f : 1.0f;
-    for (size_t k = 0; k < nh && cy; k++)
-        ((float *)cy)[k] = cx ? ((const float *)cx)[k] + 1.0f : 1.0f;
-    done(c);
-    return CUDNN_STATUS_SUCCESS;
-}
-
-cudnnStatus_t cudnnRNNBackwardData_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
-                                      const int32_t devSeqLengths[], cudnnRNNDataDescriptor_t yDesc,
-                                      const void *y, const void *dy, cudnnRNNDataDescriptor_t xDesc,
-                                      void *dx, cudnnTensorDescriptor_t hDesc, const void *hx,
-                                      const void *dhy, void *dhx, cudnnTensorDescriptor_t cDesc,
-                                      const void *cx, const void *dcy, void *dcx,
-                                      size_t weightSpaceSize, const void *weightSpace,
-                                      size_t workSpaceSize, void *workSpace,
-                                      size_t reserveSpaceSize, void *reserveSpace)
-{
-    BEGIN("cudnnRNNBackwardData_v8");
-    const void *p[] = {y, dy, dx, weightSpace, workSpace, reserveSpace, devSeqLengths, dhx};
-    memcpy(c->p, p, sizeof p);
-    y = DEV(y), dy = DEV(dy), dx = DEV(dx), hx = DEV(hx), dhy = DEV(dhy), dhx = DEV(dhx);
-    cx = DEV(cx), dcy = DEV(dcy), dcx = DEV(dcx), weightSpace = DEV(weightSpace);
-    workSpace = DEV(workSpace), reserveSpace = DEV(reserveSpace);
-    devSeqLengths = DEV(devSeqLengths);
-    c->n[0] = weightSpaceSize;
-    c->n[1] = workSpaceSize;
-    c->n[2] = reserveSpaceSize;
-    (void)hx;
-    (void)cx;
-    (void)cDesc;
-    cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
-                                   workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
-    if (s)
-        return s;
-    if (!y || !dy || !dx || !weightSpace)
-        return refuse(c, "y, dy, dx or weights NULL");
-    if (!weights_home(d, weightSpace))
-        return refuse(c, "a weight is not where this layout has it");
-    /* forward's pattern must still be there: the same reserve, untouched since */
-    const unsigned char *r = reserveSpace;
-    for (size_t k = 0; k < reserveSpaceSize; k++)
-        if (r[k] != 0x5A)
-            return refuse(c, "reserve space does not hold the forward's contents");
-    size_t nx = xDesc->tokens * (size_t)xDesc->vec;
-    for (size_t k = 0; k < nx; k++)
-        ((float *)dx)[k] = 2.0f * ((const float *)dy)[k % (yDesc->tokens * (size_t)yDesc->vec)];
-    size_t nh = (size_t)hDesc->dims[0] * (size_t)hDesc->dims[1] * (size_t)hDesc->dims[2];
-    for (size_t k = 0; k < nh && dhx; k++)
-        ((float *)dhx)[k] = dhy ? ((const float *)dhy)[k] : 0.0f;
-    for (size_t k = 0; k < nh && dcx; k++)
-        ((float *)dcx)[k] = dcy ? ((const float *)dcy)[k] : 0.0f;
-    F.data_done_reserve = reserveSpace;
-    done(c);
-    return CUDNN_STATUS_SUCCESS;
-}
-
-cudnnStatus_t cudnnRNNBackwardWeights_v8(cudnnHandle_t handle, cudnnRNNDescriptor_t d,
-                                         cudnnWgradMode_t addGrad, const int32_t devSeqLengths[],
-                                         cudnnRNNDataDescriptor_t xDesc, const void *x,
-                                         cudnnTensorDescriptor_t hDesc, const void *hx,
-                                         cudnnRNNDataDescriptor_t yDesc, const void *y,
-                                         size_t weightSpaceSize, void *dweightSpace,
-                                         size_t workSpaceSize, void *workSpace,
-                                         size_t reserveSpaceSize, void *reserveSpace)
-{
-    BEGIN("cudnnRNNBackwardWeights_v8");
-    const void *p[] = {x, hx, y, dweightSpace, workSpace, reserveSpace, devSeqLengths};
-    memcpy(c->p, p, sizeof p);
-    x = DEV(x), hx = DEV(hx), y = DEV(y), dweightSpace = DEV(dweightSpace);
-    workSpace = DEV(workSpace), reserveSpace = DEV(reserveSpace);
-    devSeqLengths = DEV(devSeqLengths);
-    c->i[0] = addGrad;
-    c->n[0] = weightSpaceSize;
-    c->n[1] = workSpaceSize;
-    c->n[2] = reserveSpaceSize;
-    (void)hDesc;
-    cudnnStatus_t s = check_common(c, handle, d, devSeqLengths, xDesc, yDesc, weightSpaceSize,
-                                   workSpaceSize, workSpace, true, reserveSpaceSize, reserveSpace);
-    if (s)
-        return s;
-    if (!x || !y || !dweightSpace)
-        return refuse(c, "x, y or dweightSpace NULL");
-    if (F.data_done_reserve != reserveSpace)
-        return refuse(c, "backward weights before backward data on this reserve");
-    F.data_done_reserve = NULL;
-    /* element j of region i gets canon + j + 1: its index in our layout, plus one */
-    size_t space, k = layout(d, &space);
-    for (size_t i = 0; i < k; i++) {
-        float *dw = (float *)((char *)dweightSpace + R[i].dnn);
-        for (size_t j = 0; j < R[i].n; j++) {
-            float v = (float)(R[i].canon + j + 1);
-            dw[j] = addGrad == CUDNN_WGRAD_MODE_ADD ? dw[j] + v : v;
-        }
-    }
-    done(c);
-    return CUDNN_STATUS_SUCCESS;
-}
-
-/* C = alpha A + beta C over equal shapes (the only case the path uses). */
-cudnnStatus_t cudnnAddTensor(cudnnHandle_t handle, const void *alpha,
-                             const cudnnTensorDescriptor_t aDesc, const void *A, const void *beta,
-                             const cudnnTensorDescriptor_t cDesc, void *C)
-{
-    BEGIN("cudnnAddTensor");
-    c->p[0] = A;
-    c->p[1] = C;
-    A = DEV(A), C = DEV(C);
-    if (!handle || handle->device != F.device || aDesc->nd != cDesc->nd || !A || !C)
-        return refuse(c, "descriptors or pointers");
-    size_t n = 1;
-    for (int k = 0; k < aDesc->nd; k++) {
-        if (aDesc->dims[k] != cDesc->dims[k])
-            return refuse(c, "shapes differ");
-        n *= (size_t)aDesc->dims[k];
-    }
-    c->n[0] = n * sizeof(float);
-    float a = *(const float *)alpha, b = *(const float *)beta;
-    for (size_t k = 0; k < n; k++)
-        ((float *)C)[k] = a * ((const float *)A)[k] + b * ((float *)C)[k];
     return CUDNN_STATUS_SUCCESS;
 }

@@ -6,12 +6,16 @@
  * states them, and touches the memory it is given (device memory of the fake driver is host
  * memory), so an undersized buffer shows up under ASan.
  *
- * Its "kernels" are markers, not RNN math: forward writes every y element as the last float
- * of the last region (the last recurrent bias) and hy = hx + 1, and fills workspace and
- * reserve with byte patterns; backward data checks the reserve still holds forward's
- * pattern and writes dx = 2 dy; backward weights adds k + 1 to the float it keeps for
- * element k of the canonical layout (CUDNN_WGRAD_MODE_ADD) or sets it (SET), so a gradient
- * buffer in our layout reads k + 1 per backward exactly when every region landed home. */
+ * Its kernels compute: a reference RNN (fake_cudnn_ref.c) reads every matrix and bias where
+ * this fake's cudnnGetRNNWeightParams says it is, in cuDNN's layout (all matrices of all
+ * pseudo-layers first, then all biases), keeps its activations in the reserve, reads the
+ * top layer's h back from y in backward, and draws dropout masks from the generator states,
+ * whose counter each training forward with dropout advances. The state descriptors must be
+ * fully packed [L D, B, H]. fake_dnn_markers(true) turns the kernels into markers for the
+ * plumbing tests: forward writes every y element as the last float of the last region and
+ * hy = hx + 1; backward data writes dx = 2 dy; backward weights adds k + 1 to the float it
+ * keeps for element k of the canonical layout, so a gradient buffer in our layout reads
+ * k + 1 per backward exactly when every region landed home. */
 #ifndef MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
 #define MT_TESTS_RNN_CUDNN_FAKE_CUDNN_H
 
@@ -42,11 +46,22 @@ void fake_dnn_set_clock(size_t (*clock)(void));
 void fake_dnn_fail(const char *name, cudnnStatus_t status);
 /* Reports the matrix of (pseudo_layer, lin_id) bytes away from its canonical place. */
 void fake_dnn_shift_param(int pseudo_layer, int lin_id, ptrdiff_t bytes);
+/* Describes the matrix of (pseudo_layer, lin_id) transposed: [cols x H], as many elements. */
+void fake_dnn_transpose_param(int pseudo_layer, int lin_id);
 /* Reports a weight space this many bytes larger (unused bytes at its end). */
 void fake_dnn_weight_space_extra(size_t bytes);
 /* Reports a padded layout: the space starts with align bytes and every matrix and bias
  * starts at a multiple of align (0 = the canonical layout, the default). */
 void fake_dnn_pad_layout(size_t align);
+/* The layout: false (the default) = cuDNN's, all matrices first, then all biases; true =
+ * the engine's canonical one (per pseudo-layer: matrices, then biases). */
+void fake_dnn_interleaved_layout(bool on);
+/* Compute calls write markers (see above) instead of computing. */
+void fake_dnn_markers(bool on);
+/* Forward refuses a weight space whose bytes outside every region are not zero. */
+void fake_dnn_check_padding(bool on);
+/* cudnnGetVersion's answer (default 91900). */
+void fake_dnn_set_version(size_t version);
 /* Forward and backward data refuse to run unless element j of every region holds canon + j
  * (its index in the canonical layout), wherever this layout puts the region. */
 void fake_dnn_expect_weights(bool on);

@@ -58,6 +58,11 @@ static inline void fx_up_on(fx_t *f, int device)
     memset(f, 0, sizeof *f);
     fk.reset(256 * MiB, 2);
     fake_dnn_reset();
+    /* The plumbing tests (call order, pointers, sizes, tags) use the fake's markers over the
+     * engine's own layout, where cuDNN gets the flat buffers as they are; the numeric tests
+     * (test_rnn_cudnn_numeric.c) switch both off: cuDNN's layout, computed numbers. */
+    fake_dnn_markers(true);
+    fake_dnn_interleaved_layout(true);
     fake_dnn_set_current_device(0);
     f->live0 = fake_dnn_live();
     f->used0 = fk.used();

@@ -9,10 +9,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "memtrace/alloc.h"
 #include "memtrace/rnn.h"
+
+#include <cudnn_version.h>
 
 typedef struct logs_s {
     int warnings;
@@ -37,6 +40,42 @@ static void make(mt_backend_kind_e kind, mt_backend_t **b, mt_alloc_t **a)
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = *b;
     assert_int_equal(mt_alloc_create(a, &ac), 0);
+}
+
+/* libmemtrace does not need libcudnn to load: nothing has loaded it before a cudnn module
+ * is made (it was a NEEDED entry of libmemtrace.so before). */
+static void test_library_loads_without_cudnn(void **state)
+{
+    (void)state;
+    char name[32];
+    snprintf(name, sizeof name, "libcudnn.so.%d", CUDNN_MAJOR);
+    void *h = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    assert_null(h);
+    assert_string_equal(mt_rnn_mode_name(MT_RNN_LSTM), "lstm"); /* libmemtrace is loaded */
+}
+
+/* A libcudnn that cannot be loaded: the module is not made, the log names the path. */
+static void test_missing_cudnn_is_named(void **state)
+{
+    (void)state;
+    setenv("MEMTRACE_LIBCUDNN", "/nonexistent/libcudnn.so.9", 1);
+    mt_backend_t *b;
+    mt_alloc_t *a;
+    make(MT_BACKEND_CUDA, &b, &a);
+    logs_t logs = {0};
+    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
+    cfg.input_size = 4;
+    cfg.hidden_size = 4;
+    cfg.alloc = a;
+    cfg.log = on_log;
+    cfg.log_ud = &logs;
+    mt_rnn_t *m = NULL;
+    assert_int_equal(mt_rnn_create(&m, &cfg), MT_ENODEV);
+    assert_null(m);
+    assert_non_null(strstr(logs.last, "cudnn unavailable: cannot load /nonexistent/libcudnn.so.9"));
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    unsetenv("MEMTRACE_LIBCUDNN");
 }
 
 static void test_real_cudnn_without_driver(void **state)
@@ -82,6 +121,8 @@ static void test_real_cudnn_without_driver(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_library_loads_without_cudnn),
+        cmocka_unit_test(test_missing_cudnn_is_named),
         cmocka_unit_test(test_real_cudnn_without_driver),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon/harness.h"
 #include "daemon/web.h"
@@ -176,12 +177,68 @@ static void test_routes_agree_with_state(void **state)
     th_daemon_stop(&t);
 }
 
+/* One buffer of recent events per process: a snapshot's trace is the newest events of the
+ * web page's window, not a second copy. With the window cut to 2048 events and 5000 sent,
+ * the snapshot holds exactly the window's 2048, the same seqs /map and /tail report. */
+static void test_snapshot_reads_the_window(void **state)
+{
+    (void)state;
+    enum { N = 5000, WINDOW = 2048 };
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    mt_d_set_event_window(t.d, WINDOW); /* before any producer: trackers take it */
+    pid_t pid = th_producer(t.sock, N, 8192, 500, -1);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 10000);
+    assert_non_null(p);
+    assert_int_equal(json_integer_value(json_object_get(p, "events")), N);
+    json_decref(p);
+
+    char path[128], req[64];
+    snprintf(path, sizeof path, "/map?pid=%d", (int)pid);
+    json_t *m = get_json(t.port, path);
+    json_t *w = json_object_get(m, "window");
+    assert_int_equal(json_integer_value(json_object_get(w, "count")), WINDOW);
+    json_int_t first = json_integer_value(json_object_get(w, "first_seq"));
+    json_int_t last = json_integer_value(json_object_get(w, "last_seq"));
+    assert_int_equal(last, N - 1);
+    json_decref(m);
+
+    int fd = -1;
+    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    int n = snprintf(req, sizeof req, "{\"type\":\"snapshot\",\"pid\":%d}\n", (int)pid);
+    assert_int_equal(mt_d_client_send(fd, req, (size_t)n), 0);
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(mt_d_client_read_all(fd, 64u << 20, 10000, &out, &len), 0);
+    close(fd);
+    json_error_t e;
+    json_t *snap = json_loadb(out, len, 0, &e);
+    free(out);
+    assert_non_null(snap);
+    json_t *evs = json_object_get(snap, "events");
+    assert_int_equal(json_array_size(evs), WINDOW);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(evs, 0), "seq")), first);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(evs, WINDOW - 1), "seq")),
+                     last);
+    json_decref(snap);
+
+    snprintf(path, sizeof path, "/tail?pid=%d&n=1", (int)pid);
+    json_t *tl = get_json(t.port, path);
+    assert_int_equal(json_integer_value(
+                         json_object_get(json_array_get(json_object_get(tl, "events"), 0), "seq")),
+                     last);
+    json_decref(tl);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_files_served),
         cmocka_unit_test(test_routes_agree_with_state),
+        cmocka_unit_test(test_snapshot_reads_the_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,415 @@
+/* Reader-side symbolization (symbolize.h): per-process module maps, elfutils libdwfl for
+ * names and lines, a bounded cache of resolved ips, and interned strings. */
+#include "analysis/symbolize.h"
+
+#include <elfutils/libdwfl.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STR_BYTES_MAX (64u << 20) /* interned text, all processes */
+
+/* One mapped module of one process. The file is opened by libdwfl only when an ip in it is
+ * first resolved (reported = true from then on). */
+typedef struct module_s {
+    uint32_t pid;
+    char *path;       /* owned */
+    char *build_id;   /* owned lowercase hex, or NULL when not recorded */
+    uint64_t base;    /* load bias */
+    uint64_t lo, hi;  /* [lo, hi) = [base, base + size) */
+    Dwfl_Module *mod; /* in the process's Dwfl once reported, NULL if the file failed */
+    bool reported;    /* the file was offered to libdwfl */
+    bool trusted;     /* names may be read (file found, build ids agree) */
+} module_t;
+
+/* One process: its Dwfl session, rebuilt when a module is replaced. */
+typedef struct proc_s {
+    uint32_t pid;
+    Dwfl *dwfl; /* NULL until first needed */
+} proc_t;
+
+typedef struct cache_ent_s {
+    uint64_t ip;
+    uint32_t pid;
+    bool used;
+    mt_sym_frame_t fr;
+} cache_ent_t;
+
+/* Invariants: modules[0, n_mod) of one pid do not overlap; n_mod <= MT_SYM_MODULES_MAX;
+ * cache_n < MT_SYM_CACHE_MAX <= cache slots / 2 (the cache is cleared when it fills);
+ * str_bytes <= STR_BYTES_MAX; every string a cached frame points to is in strs. */
+struct mt_sym_s {
+    module_t *mods;
+    size_t n_mod, cap_mod;
+    proc_t *procs;
+    size_t n_proc, cap_proc;
+    cache_ent_t *cache; /* 2 * MT_SYM_CACHE_MAX slots, open addressing */
+    size_t cache_n;
+    char **strs; /* interned strings, open addressing; NULL = free */
+    size_t str_slots, str_n, str_bytes;
+    mt_sym_stats_t st;
+};
+
+static const Dwfl_Callbacks dwfl_cbs = {
+    .find_elf = NULL,
+    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .section_address = dwfl_offline_section_address,
+};
+
+/* ---- interned strings ---- */
+
+static uint64_t hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int strs_grow(mt_sym_t *s)
+{
+    size_t n = s->str_slots ? s->str_slots * 2 : 1024;
+    char **t = calloc(n, sizeof(*t));
+    if (t == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < s->str_slots; i++) {
+        if (s->strs[i] == NULL)
+            continue;
+        size_t j = hash_str(s->strs[i]) & (n - 1);
+        while (t[j] != NULL)
+            j = (j + 1) & (n - 1);
+        t[j] = s->strs[i];
+    }
+    free(s->strs);
+    s->strs = t;
+    s->str_slots = n;
+    return 0;
+}
+
+/* Returns the interned copy of str, or NULL (memory cap or allocation failure). */
+static const char *intern(mt_sym_t *s, const char *str)
+{
+    if (2 * (s->str_n + 1) > s->str_slots && strs_grow(s) != 0)
+        return NULL;
+    size_t j = hash_str(str) & (s->str_slots - 1);
+    while (s->strs[j] != NULL) {
+        if (strcmp(s->strs[j], str) == 0)
+            return s->strs[j];
+        j = (j + 1) & (s->str_slots - 1);
+    }
+    size_t len = strlen(str) + 1;
+    if (s->str_bytes + len > STR_BYTES_MAX)
+        return NULL;
+    char *c = malloc(len);
+    if (c == NULL)
+        return NULL;
+    memcpy(c, str, len);
+    s->strs[j] = c;
+    s->str_n++;
+    s->str_bytes += len;
+    return c;
+}
+
+/* ---- lifecycle ---- */
+
+int mt_sym_create(mt_sym_t **out)
+{
+    *out = NULL;
+    mt_sym_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        goto fail_struct;
+    s->cache = calloc(2 * (size_t)MT_SYM_CACHE_MAX, sizeof(*s->cache));
+    if (s->cache == NULL)
+        goto fail_cache;
+    *out = s;
+    return 0;
+fail_cache:
+    free(s);
+fail_struct:
+    return MT_ENOMEM;
+}
+
+void mt_sym_destroy(mt_sym_t **p)
+{
+    mt_sym_t *s = *p;
+    if (s == NULL)
+        return;
+    for (size_t i = 0; i < s->n_proc; i++) {
+        if (s->procs[i].dwfl != NULL)
+            dwfl_end(s->procs[i].dwfl);
+    }
+    for (size_t i = 0; i < s->n_mod; i++) {
+        free(s->mods[i].path);
+        free(s->mods[i].build_id);
+    }
+    for (size_t i = 0; i < s->str_slots; i++)
+        free(s->strs[i]);
+    free(s->strs);
+    free(s->mods);
+    free(s->procs);
+    free(s->cache);
+    free(s);
+    *p = NULL;
+}
+
+/* ---- module map ---- */
+
+static proc_t *proc_get(mt_sym_t *s, uint32_t pid, bool create)
+{
+    for (size_t i = 0; i < s->n_proc; i++) {
+        if (s->procs[i].pid == pid)
+            return &s->procs[i];
+    }
+    if (!create)
+        return NULL;
+    if (s->n_proc == s->cap_proc) {
+        size_t cap = s->cap_proc ? s->cap_proc * 2 : 8;
+        proc_t *p = realloc(s->procs, cap * sizeof(*p));
+        if (p == NULL)
+            return NULL;
+        s->procs = p;
+        s->cap_proc = cap;
+    }
+    proc_t *p = &s->procs[s->n_proc++];
+    *p = (proc_t){.pid = pid};
+    return p;
+}
+
+static void cache_clear(mt_sym_t *s)
+{
+    memset(s->cache, 0, 2 * (size_t)MT_SYM_CACHE_MAX * sizeof(*s->cache));
+    s->cache_n = 0;
+}
+
+/* Forgets the process's libdwfl session (after a module was replaced): every module of it
+ * is reported again when next needed. */
+static void proc_reset(mt_sym_t *s, proc_t *p)
+{
+    if (p->dwfl != NULL)
+        dwfl_end(p->dwfl);
+    p->dwfl = NULL;
+    for (size_t i = 0; i < s->n_mod; i++) {
+        if (s->mods[i].pid == p->pid) {
+            s->mods[i].reported = false;
+            s->mods[i].mod = NULL;
+        }
+    }
+}
+
+static void module_drop(mt_sym_t *s, size_t i)
+{
+    free(s->mods[i].path);
+    free(s->mods[i].build_id);
+    s->mods[i] = s->mods[--s->n_mod];
+}
+
+static bool hex_ok(const char *h)
+{
+    for (; *h; h++) {
+        if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'f') || (*h >= 'A' && *h <= 'F')))
+            return false;
+    }
+    return true;
+}
+
+int mt_sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base, uint64_t size,
+                      const char *build_id)
+{
+    if (path == NULL || path[0] == '\0' || size == 0 || base > UINT64_MAX - size ||
+        (build_id != NULL && !hex_ok(build_id)))
+        return MT_EINVAL;
+    proc_t *p = proc_get(s, pid, true);
+    if (p == NULL)
+        return MT_ENOMEM;
+    uint64_t lo = base, hi = base + size;
+    bool replaced = false;
+    for (size_t i = 0; i < s->n_mod;) {
+        module_t *m = &s->mods[i];
+        if (m->pid == pid && m->lo < hi && lo < m->hi) {
+            if (m->lo == lo && m->hi == hi && strcmp(m->path, path) == 0)
+                return 0; /* the same mapping again (a module map re-sent) */
+            module_drop(s, i);
+            replaced = true;
+            continue;
+        }
+        i++;
+    }
+    if (s->n_mod >= MT_SYM_MODULES_MAX)
+        return MT_EOVERFLOW;
+    if (s->n_mod == s->cap_mod) {
+        size_t cap = s->cap_mod ? s->cap_mod * 2 : 64;
+        module_t *m = realloc(s->mods, cap * sizeof(*m));
+        if (m == NULL)
+            return MT_ENOMEM;
+        s->mods = m;
+        s->cap_mod = cap;
+    }
+    module_t m = {.pid = pid, .base = base, .lo = lo, .hi = hi};
+    m.path = strdup(path);
+    m.build_id = build_id != NULL && build_id[0] != '\0' ? strdup(build_id) : NULL;
+    if (m.path == NULL || (build_id != NULL && build_id[0] != '\0' && m.build_id == NULL)) {
+        free(m.path);
+        free(m.build_id);
+        return MT_ENOMEM;
+    }
+    for (char *c = m.build_id; c != NULL && *c; c++) {
+        if (*c >= 'A' && *c <= 'F')
+            *c = (char)(*c - 'A' + 'a');
+    }
+    s->mods[s->n_mod++] = m;
+    s->st.modules = s->n_mod;
+    if (replaced)
+        proc_reset(s, p);
+    cache_clear(s); /* an ip may now lie in another module */
+    return 0;
+}
+
+static module_t *module_at(mt_sym_t *s, uint32_t pid, uint64_t ip)
+{
+    for (size_t i = 0; i < s->n_mod; i++) {
+        module_t *m = &s->mods[i];
+        if (m->pid == pid && ip >= m->lo && ip < m->hi)
+            return m;
+    }
+    return NULL;
+}
+
+static bool build_id_matches(Dwfl_Module *mod, const char *want)
+{
+    const unsigned char *bits;
+    GElf_Addr vaddr;
+    int n = dwfl_module_build_id(mod, &bits, &vaddr);
+    if (want == NULL)
+        return true; /* nothing recorded to compare with */
+    if (n <= 0 || strlen(want) != 2 * (size_t)n)
+        return false;
+    for (int i = 0; i < n; i++) {
+        char hx[3];
+        snprintf(hx, sizeof(hx), "%02x", bits[i]);
+        if (want[2 * i] != hx[0] || want[2 * i + 1] != hx[1])
+            return false;
+    }
+    return true;
+}
+
+/* Offers m's file to the process's libdwfl session. */
+static void module_report(mt_sym_t *s, module_t *m)
+{
+    m->reported = true;
+    proc_t *p = proc_get(s, m->pid, false);
+    if (p == NULL)
+        return;
+    if (p->dwfl == NULL) {
+        p->dwfl = dwfl_begin(&dwfl_cbs);
+        if (p->dwfl == NULL)
+            return;
+    }
+    dwfl_report_begin_add(p->dwfl);
+    /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr. */
+    m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, -1, m->base, true);
+    dwfl_report_end(p->dwfl, NULL, NULL);
+    m->trusted = m->mod != NULL && build_id_matches(m->mod, m->build_id);
+}
+
+/* ---- resolution ---- */
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b != NULL ? b + 1 : path;
+}
+
+static void resolve_uncached(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *fr)
+{
+    char buf[1024];
+    *fr = (mt_sym_frame_t){.offset = ip};
+    module_t *m = module_at(s, pid, ip);
+    if (m != NULL) {
+        fr->module = intern(s, m->path);
+        fr->offset = ip - m->base;
+        if (!m->reported)
+            module_report(s, m);
+    }
+    if (m != NULL && m->trusted) {
+        /* Recorded ips are return addresses: the call is the byte before. */
+        GElf_Addr look = ip > m->lo ? ip - 1 : ip, off;
+        GElf_Sym sym;
+        const char *name = dwfl_module_addrinfo(m->mod, look, &off, &sym, NULL, NULL, NULL);
+        if (name != NULL && name[0] != '\0')
+            fr->func = intern(s, name);
+        Dwfl_Line *l = dwfl_module_getsrc(m->mod, look);
+        int line = 0;
+        const char *file = l != NULL ? dwfl_lineinfo(l, NULL, &line, NULL, NULL, NULL) : NULL;
+        if (file != NULL && line > 0) {
+            fr->file = intern(s, file);
+            fr->line = fr->file != NULL ? line : 0;
+        }
+    }
+    if (fr->func != NULL && fr->file != NULL)
+        snprintf(buf, sizeof(buf), "%s (%s:%d)", fr->func, base_name(fr->file), fr->line);
+    else if (fr->func != NULL && fr->module != NULL)
+        snprintf(buf, sizeof(buf), "%s (%s+0x%" PRIx64 ")", fr->func, base_name(fr->module),
+                 fr->offset);
+    else if (fr->module != NULL)
+        snprintf(buf, sizeof(buf), "%s+0x%" PRIx64, base_name(fr->module), fr->offset);
+    else
+        snprintf(buf, sizeof(buf), "unknown frame 0x%" PRIx64, ip);
+    fr->label = intern(s, buf);
+}
+
+static const char *const unknown_label = "unknown frame";
+
+int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
+{
+    size_t slots = 2 * (size_t)MT_SYM_CACHE_MAX;
+    size_t j = (size_t)((ip * 0x9E3779B97F4A7C15ull) ^ (pid * 0xC2B2AE3D27D4EB4Full)) & (slots - 1);
+    while (s->cache[j].used) {
+        if (s->cache[j].ip == ip && s->cache[j].pid == pid) {
+            *out = s->cache[j].fr;
+            s->st.hits++;
+            return 0;
+        }
+        j = (j + 1) & (slots - 1);
+    }
+    s->st.misses++;
+    resolve_uncached(s, pid, ip, out);
+    if (out->label == NULL) {
+        /* Out of memory (or the text cap): keep what resolved, say so, do not cache. */
+        out->label = unknown_label;
+        s->st.unknown++;
+        return MT_ENOMEM;
+    }
+    if (out->module == NULL)
+        s->st.unknown++;
+    if (s->cache_n + 1 >= MT_SYM_CACHE_MAX) {
+        cache_clear(s);
+        return 0;
+    }
+    s->cache[j] = (cache_ent_t){.ip = ip, .pid = pid, .used = true, .fr = *out};
+    s->cache_n++;
+    return 0;
+}
+
+int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out)
+{
+    char buf[1024];
+    *out = (mt_sym_frame_t){0};
+    out->func = intern(s, func != NULL ? func : "?");
+    out->file = intern(s, file != NULL ? file : "?");
+    out->line = line > 0 ? line : 0;
+    snprintf(buf, sizeof(buf), "%s (%s:%d)", func != NULL ? func : "?",
+             base_name(file != NULL ? file : "?"), out->line);
+    out->label = intern(s, buf);
+    if (out->label == NULL || out->func == NULL || out->file == NULL) {
+        out->label = unknown_label;
+        return MT_ENOMEM;
+    }
+    return 0;
+}
+
+void mt_sym_stats(const mt_sym_t *s, mt_sym_stats_t *out)
+{
+    *out = s->st;
+}

@@ -1,0 +1,213 @@
+/* Symbolization (analysis/symbolize.c) against real binaries: this test's own code resolves
+ * to function and file:line through libdwfl, a stripped program to module+offset, an ip in
+ * no module to "unknown frame"; a replaced mapping, a build-id mismatch, a missing file and
+ * bad arguments are each handled; repeated ips come from the cache. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "analysis/symbolize.h"
+
+#define PID_SELF 1u
+
+static volatile uintptr_t sink;
+static int call_line;
+
+static __attribute__((noinline)) uintptr_t return_address(void)
+{
+    return (uintptr_t)__builtin_return_address(0);
+}
+
+static __attribute__((noinline)) uintptr_t callsite_probe_fn(void)
+{
+    uintptr_t ra = return_address();
+    call_line = __LINE__ - 1;
+    sink += ra;
+    return ra;
+}
+
+/* ---- the module map of this process, as the recorder sends it ---- */
+
+typedef struct add_ctx_s {
+    mt_sym_t *s;
+    uint32_t pid;
+    int n;
+} add_ctx_t;
+
+static int add_one(struct dl_phdr_info *info, size_t size, void *data)
+{
+    add_ctx_t *c = data;
+    char exe[4096];
+    const char *path = info->dlpi_name;
+    if (path == NULL || path[0] == '\0') {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+        if (n <= 0)
+            return 0;
+        exe[n] = '\0';
+        path = exe;
+    }
+    if (path[0] != '/')
+        return 0; /* the vDSO */
+    uint64_t end = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && ph->p_vaddr + ph->p_memsz > end)
+            end = ph->p_vaddr + ph->p_memsz;
+    }
+    if (end > 0 && mt_sym_add_module(c->s, c->pid, path, info->dlpi_addr, end, NULL) == 0)
+        c->n++;
+    return 0;
+}
+
+static void add_self(mt_sym_t *s, uint32_t pid)
+{
+    add_ctx_t c = {s, pid, 0};
+    dl_iterate_phdr(add_one, &c);
+    assert_true(c.n >= 2);
+}
+
+static void test_self_resolves_with_lines(void **state)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    add_self(s, PID_SELF);
+    uintptr_t ra = callsite_probe_fn();
+    mt_sym_frame_t fr;
+    assert_int_equal(mt_sym_resolve(s, PID_SELF, ra, &fr), 0);
+    assert_non_null(fr.func);
+    assert_string_equal(fr.func, "callsite_probe_fn");
+    assert_non_null(fr.file);
+    assert_non_null(strstr(fr.file, "test_symbolize.c"));
+    assert_int_equal(fr.line, call_line);
+    assert_non_null(fr.module);
+    assert_non_null(strstr(fr.module, "test_symbolize"));
+    char want[64];
+    snprintf(want, sizeof(want), "callsite_probe_fn (test_symbolize.c:%d)", call_line);
+    assert_string_equal(fr.label, want);
+    /* A libc function resolves by name through its symbol table. */
+    assert_int_equal(mt_sym_resolve(s, PID_SELF, (uintptr_t)&getpid + 1, &fr), 0);
+    assert_non_null(fr.func);
+    assert_non_null(strstr(fr.func, "getpid"));
+    assert_non_null(strstr(fr.module, "libc"));
+    /* The second lookup of an ip is a cache hit with the same strings. */
+    mt_sym_stats_t st0, st1;
+    mt_sym_stats(s, &st0);
+    mt_sym_frame_t again;
+    assert_int_equal(mt_sym_resolve(s, PID_SELF, ra, &again), 0);
+    mt_sym_stats(s, &st1);
+    assert_true(st1.hits == st0.hits + 1 && st1.misses == st0.misses);
+    assert_ptr_equal(again.label, mt_sym_resolve(s, PID_SELF, ra, &fr) == 0 ? fr.label : NULL);
+    mt_sym_destroy(&s);
+    assert_null(s);
+}
+
+static uint64_t stripme_offset(void)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof(cmd), "'%s'", getenv("MT_STRIPME"));
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    unsigned long long off = 0;
+    assert_int_equal(fscanf(p, "%llx", &off), 1);
+    assert_int_equal(pclose(p), 0);
+    return off;
+}
+
+static void test_stripped_degrades(void **state)
+{
+    const char *full = getenv("MT_STRIPME"), *stripped = getenv("MT_STRIPPED");
+    assert_non_null(full);
+    assert_non_null(stripped);
+    uint64_t off = stripme_offset(), base = 0x555500000000ull;
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt_sym_add_module(s, 10, full, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt_sym_add_module(s, 11, stripped, base, 1 << 20, NULL), 0);
+    mt_sym_frame_t fr;
+    assert_int_equal(mt_sym_resolve(s, 10, base + off, &fr), 0);
+    assert_string_equal(fr.func, "work");
+    assert_non_null(strstr(fr.file, "prog_stripme.c"));
+    assert_int_equal(mt_sym_resolve(s, 11, base + off, &fr), 0);
+    assert_null(fr.func);
+    assert_null(fr.file);
+    assert_true(fr.offset == off);
+    char want[128];
+    snprintf(want, sizeof(want), "callsite_stripme.stripped+0x%jx", (uintmax_t)off);
+    assert_string_equal(fr.label, want);
+    /* The same range mapped anew (dlclose, then dlopen of another file) resolves anew. */
+    assert_int_equal(mt_sym_add_module(s, 11, full, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt_sym_resolve(s, 11, base + off, &fr), 0);
+    assert_non_null(fr.func);
+    assert_string_equal(fr.func, "work");
+    mt_sym_stats_t st;
+    mt_sym_stats(s, &st);
+    assert_int_equal(st.modules, 2);
+    mt_sym_destroy(&s);
+}
+
+static void test_untrusted_and_unknown(void **state)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    const char *full = getenv("MT_STRIPME");
+    uint64_t off = stripme_offset(), base = 0x10000000;
+    /* Another build than the one recorded: names are not trusted. */
+    assert_int_equal(mt_sym_add_module(s, 20, full, base, 1 << 20, "00112233AABB"), 0);
+    mt_sym_frame_t fr;
+    assert_int_equal(mt_sym_resolve(s, 20, base + off, &fr), 0);
+    assert_null(fr.func);
+    assert_non_null(strstr(fr.label, "callsite_stripme+0x"));
+    /* A file that is gone. */
+    assert_int_equal(mt_sym_add_module(s, 21, "/nonexistent/libgone.so", base, 4096, NULL), 0);
+    assert_int_equal(mt_sym_resolve(s, 21, base + 0x10, &fr), 0);
+    assert_string_equal(fr.label, "libgone.so+0x10");
+    /* No module: an unknown frame, for a pid never seen too. */
+    assert_int_equal(mt_sym_resolve(s, 21, 0x1234, &fr), 0);
+    assert_string_equal(fr.label, "unknown frame 0x1234");
+    assert_null(fr.module);
+    assert_int_equal(mt_sym_resolve(s, 999, base + 0x10, &fr), 0);
+    assert_string_equal(fr.label, "unknown frame 0x10000010");
+    mt_sym_stats_t st;
+    mt_sym_stats(s, &st);
+    assert_int_equal(st.unknown, 2);
+    /* Bad arguments. */
+    assert_int_equal(mt_sym_add_module(s, 1, "", 0, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt_sym_add_module(s, 1, NULL, 0, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt_sym_add_module(s, 1, "/x", 0, 0, NULL), MT_EINVAL);
+    assert_int_equal(mt_sym_add_module(s, 1, "/x", UINT64_MAX - 5, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt_sym_add_module(s, 1, "/x", 0, 10, "zz"), MT_EINVAL);
+    mt_sym_destroy(&s);
+}
+
+static void test_module_cap(void **state)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    for (uint32_t i = 0; i < MT_SYM_MODULES_MAX; i++)
+        assert_int_equal(mt_sym_add_module(s, 5, "/x/lib.so", (uint64_t)i << 20, 4096, NULL), 0);
+    assert_int_equal(mt_sym_add_module(s, 5, "/x/lib.so", UINT64_C(1) << 40, 4096, NULL),
+                     MT_EOVERFLOW);
+    mt_sym_frame_t fr;
+    assert_int_equal(mt_sym_resolve(s, 5, (UINT64_C(7) << 20) + 8, &fr), 0);
+    assert_string_equal(fr.label, "lib.so+0x8");
+    mt_sym_destroy(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_self_resolves_with_lines),
+        cmocka_unit_test(test_stripped_degrades),
+        cmocka_unit_test(test_untrusted_and_unknown),
+        cmocka_unit_test(test_module_cap),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

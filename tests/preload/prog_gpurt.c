@@ -1,0 +1,378 @@
+/* A CUDA program linked against a runtime and a driver (the fakes: fake_libcudart.c and
+ * tests/cuda/fake_libcuda.c), run under LD_PRELOAD of the drop-in in cuda mode by
+ * test_preload_cuda.c. argv[1] names one scenario of issue 16; exit 0 iff it holds, else
+ * the failed check is printed. Never built against memtrace: it only calls CUDA and the
+ * fake driver's test controls. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+/* The fake driver's controls. */
+size_t fake_cuda_count(const char *name);
+void fake_cuda_hold(bool on);
+void fake_cuda_fault(int dev, CUresult res);
+unsigned long long fake_cuda_handle_types(void);
+void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, never ours */
+/* The fake runtime's own allocation calls: what a static libcudart runs, out of reach of
+ * LD_PRELOAD. */
+cudaError_t fakert_static_malloc(void **p, size_t n);
+cudaError_t fakert_static_free(void *p);
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            return 1;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+#define MiB   ((size_t)1 << 20)
+#define DP(p) ((CUdeviceptr)(uintptr_t)(p))
+
+/* The primary context of device 0 current on the calling thread (driver-API programs). */
+static int bind_ctx(CUcontext *out)
+{
+    CUcontext c;
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&c, 0) == CUDA_SUCCESS);
+    CHECK(cuCtxSetCurrent(c) == CUDA_SUCCESS);
+    if (out)
+        *out = c;
+    return 0;
+}
+
+/* Item 11: looking symbols up makes no context on any device. */
+static int lookup(void)
+{
+    CHECK(dlsym(RTLD_DEFAULT, "cudaMalloc") != NULL);
+    void *f = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(cuGetProcAddress("cuMemAlloc", &f, CUDA_VERSION, 0, &st) == CUDA_SUCCESS && f);
+    CHECK(fake_cuda_count("cuDevicePrimaryCtxRetain") == 0);
+    CHECK(fake_cuda_count("cuCtxSetCurrent") == 0);
+    return 0;
+}
+
+/* Item 3: the flags pick the entry points, and the per-thread stream is per thread. */
+typedef CUresult (*alloc_async_t)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_t)(CUdeviceptr, CUstream);
+static alloc_async_t pt_alloc;
+static free_async_t pt_free;
+static CUdeviceptr thread_ptr[2];
+
+static void *pt_thread(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    if (bind_ctx(NULL) != 0 || pt_alloc(&thread_ptr[i], MiB, NULL) != CUDA_SUCCESS)
+        return (void *)1;
+    if (i == 0 && pt_free(thread_ptr[0], NULL) != CUDA_SUCCESS) /* back to thread 0's pool */
+        return (void *)1;
+    return NULL;
+}
+
+static void *rt_ptr[2];
+
+static void *rt_pt_thread(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    if (cudaMallocAsync(&rt_ptr[i], MiB, cudaStreamPerThread) != cudaSuccess)
+        return (void *)1;
+    if (i == 0 && cudaFreeAsync(rt_ptr[0], cudaStreamPerThread) != cudaSuccess)
+        return (void *)1;
+    return NULL;
+}
+
+static int procaddr(void)
+{
+    void *f = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(cuGetProcAddress("cuMemAllocAsync", &f, CUDA_VERSION, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                           &st) == CUDA_SUCCESS);
+    CHECK(f != NULL && f == dlsym(RTLD_DEFAULT, "cuMemAllocAsync"));
+    CHECK(cuGetProcAddress("cuMemAllocAsync", &f, CUDA_VERSION,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
+    CHECK(f != NULL && f == dlsym(RTLD_DEFAULT, "cuMemAllocAsync_ptsz"));
+    pt_alloc = (alloc_async_t)f;
+    CHECK(cuGetProcAddress("cuMemFreeAsync", &f, CUDA_VERSION,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st) == CUDA_SUCCESS);
+    CHECK(f != NULL && f == dlsym(RTLD_DEFAULT, "cuMemFreeAsync_ptsz"));
+    pt_free = (free_async_t)f;
+    CHECK(cuGetProcAddress("cuMemAlloc", &f, CUDA_VERSION, 3, &st) == CUDA_ERROR_INVALID_VALUE);
+    /* Thread 0 frees its block on its own default stream; thread 1, on its own, must not
+     * get it: the two streams are not ordered. */
+    for (int i = 0; i < 2; i++) {
+        pthread_t t;
+        void *res = NULL;
+        CHECK(pthread_create(&t, NULL, pt_thread, (void *)(intptr_t)i) == 0);
+        CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    }
+    CHECK(thread_ptr[1] != thread_ptr[0]);
+    /* the runtime's per-thread stream too */
+    for (int i = 0; i < 2; i++) {
+        pthread_t t;
+        void *res = NULL;
+        CHECK(pthread_create(&t, NULL, rt_pt_thread, (void *)(intptr_t)i) == 0);
+        CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    }
+    CHECK(rt_ptr[1] != rt_ptr[0]);
+    return 0;
+}
+
+/* Item 1: reset and teardown drop the cache first; sticky errors until the reset. */
+static int reset(void)
+{
+    void *p = NULL, *q = NULL, *r = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached */
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess);
+    CHECK(q != p && fake_cuda_count("cuMemAlloc_v2") == n0 + 1); /* a new segment */
+    CHECK(cudaFree(q) == cudaSuccess);
+
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS); /* a kernel faulted */
+    CHECK(cudaMalloc(&r, 8 * MiB) == cudaErrorIllegalAddress);
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress); /* sticky */
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaMalloc(&r, 8 * MiB) == cudaSuccess);
+    CHECK(cudaFree(r) == cudaSuccess);
+
+    /* The driver's calls: the primary context reset, and its destruction. */
+    CUcontext c;
+    CHECK(bind_ctx(&c) == 0);
+    CUdeviceptr d = 0, e = 0;
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    n0 = fake_cuda_count("cuMemAlloc_v2");
+    CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&e, MiB) == CUDA_SUCCESS);
+    CHECK(e != d && fake_cuda_count("cuMemAlloc_v2") == n0 + 1);
+    CHECK(cuMemFree(e) == CUDA_SUCCESS);
+    n0 = fake_cuda_count("cuMemAlloc_v2");
+    CHECK(cuCtxDestroy(c) == CUDA_SUCCESS);
+    CHECK(bind_ctx(&c) == 0);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    CHECK(d != e && fake_cuda_count("cuMemAlloc_v2") == n0 + 1);
+    return 0;
+}
+
+/* Item 2: memory memtrace did not allocate is freed by the driver, not refused. */
+static int foreign(void)
+{
+    void *m = NULL, *pp = NULL;
+    size_t pitch = 0;
+    CHECK(cudaMallocManaged(&m, 4096, cudaMemAttachGlobal) == cudaSuccess);
+    CHECK(cudaFree(m) == cudaSuccess);
+    CHECK(cudaMallocPitch(&pp, &pitch, 100, 10) == cudaSuccess && pitch >= 100);
+    CHECK(cudaFree(pp) == cudaSuccess);
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr d = 0, a = 0;
+    CHECK(cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    /* stream-ordered memory from the driver itself (a pool's, a graph's) */
+    CUresult (*real_async)(CUdeviceptr *, size_t, CUstream) =
+        (CUresult(*)(CUdeviceptr *, size_t, CUstream))fake_cuda_proc("cuMemAllocAsync", false);
+    CHECK(real_async != NULL);
+    CHECK(real_async(&a, 4096, NULL) == CUDA_SUCCESS);
+    CHECK(cuMemFreeAsync(a, NULL) == CUDA_SUCCESS);
+    CHECK(cudaFree((void *)0x10) == cudaErrorInvalidValue); /* nobody's: the runtime says so */
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    return 0;
+}
+
+/* Item 4, runtime side: cudaFreeAsync(p, 0) is ordered after the legacy stream. */
+static int freeasync0(void)
+{
+    cudaStream_t s;
+    void *pa = NULL, *pb = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMallocAsync(&pa, MiB, s) == cudaSuccess);
+    fake_cuda_hold(true); /* the legacy stream's work (a kernel using pa) stays pending */
+    CHECK(cudaFreeAsync(pa, 0) == cudaSuccess);
+    CHECK(cudaMallocAsync(&pb, MiB, s) == cudaSuccess);
+    CHECK(pb != pa);
+    fake_cuda_hold(false);
+    CHECK(cudaFreeAsync(pb, s) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    return 0;
+}
+
+/* Item 7: no device malloc inside a capture; a block freed during it stays out of the
+ * pool until the graph is destroyed. */
+static int capture(void)
+{
+    cudaStream_t s;
+    void *q = NULL, *g1 = NULL, *r = NULL, *t = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaMallocAsync(&g1, 4 * MiB, s) == cudaSuccess); /* the graph's allocation */
+    CHECK(fake_cuda_count("cuMemAlloc_v2") == n0);
+    CHECK(cudaFreeAsync(q, s) == cudaSuccess);  /* the graph uses q up to here */
+    CHECK(cudaFreeAsync(g1, s) == cudaSuccess); /* the graph's free */
+    enum cudaStreamCaptureStatus st;
+    CHECK(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive);
+    cudaGraph_t g = NULL;
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess && g != NULL);
+    CHECK(cudaMalloc(&r, MiB) == cudaSuccess);
+    CHECK(r != q); /* q belongs to the graph still */
+    CHECK(cudaFree(r) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess);
+    CHECK(cudaMalloc(&t, MiB) == cudaSuccess);
+    CHECK(t == q); /* back in the pool: the lowest free address of the segment */
+    CHECK(fake_cuda_count("cuMemAlloc_v2") == n0);
+    /* A cudaMalloc needing a new segment during a global capture fails as the runtime's
+     * own would, with the capture's code, not as an out-of-memory. */
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    void *x = NULL;
+    CHECK(cudaMalloc(&x, 8 * MiB) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+    CHECK(cudaGetLastError() == cudaErrorStreamCaptureInvalidated);
+    return 0;
+}
+
+/* Item 8: the runtime's last error is the latest error, reset when read (unless sticky). */
+static int lasterror(void)
+{
+    void *p = NULL;
+    cudaStream_t bogus = (cudaStream_t)(uintptr_t)0x1234;
+    CHECK(cudaMalloc(&p, (size_t)1 << 40) == cudaErrorMemoryAllocation); /* memtrace's */
+    CHECK(cudaStreamDestroy(bogus) == cudaErrorInvalidResourceHandle);   /* the runtime's */
+    CHECK(cudaPeekAtLastError() == cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaErrorInvalidResourceHandle);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaStreamDestroy(bogus) == cudaErrorInvalidResourceHandle);
+    CHECK(cudaMalloc(&p, (size_t)1 << 40) == cudaErrorMemoryAllocation);
+    CHECK(cudaPeekAtLastError() == cudaErrorMemoryAllocation);
+    CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    return 0;
+}
+
+/* Item 9: a fork child never gets a parent's pointer from the inherited cache. */
+static int forked(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached in the parent */
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        void *q = NULL;
+        cudaError_t e = cudaMalloc(&q, MiB);
+        if (q == p && p != NULL)
+            _exit(1);
+        _exit(e == cudaErrorInitializationError ? 0 : 2); /* as the real runtime answers */
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fprintf(stderr, "child exit %d\n", WEXITSTATUS(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess); /* the parent goes on */
+    return 0;
+}
+
+/* Item 12: what memtrace caches is given back when another allocator runs out. */
+static int oom(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 40 * MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* 40 of the fake's 64 MiB cached */
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr m = 0;
+    CHECK(cuMemAllocManaged(&m, 40 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK(cuMemFree(m) == CUDA_SUCCESS);
+    /* NCCL's way: cuMemCreate fetched through cuGetProcAddress */
+    CHECK(cudaMalloc(&p, 40 * MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long) = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(cuGetProcAddress("cuMemCreate", (void **)&create, CUDA_VERSION, 0, &st) == CUDA_SUCCESS &&
+          create != NULL);
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CHECK(create(&h, 40 * MiB, &prop, 0) == CUDA_SUCCESS);
+    CHECK(cuMemRelease(h) == CUDA_SUCCESS);
+    return 0;
+}
+
+/* Item 6: queries on a sub-allocated block describe the block; IPC refuses loudly. */
+static int range(void)
+{
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, 1000) == cudaSuccess);
+    CHECK(cudaMalloc(&b, 1000) == cudaSuccess);
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr base = 0, start = 0;
+    size_t size = 0;
+    CHECK(cuMemGetAddressRange(&base, &size, DP(b) + 16) == CUDA_SUCCESS);
+    CHECK(base == DP(b) && size >= 1000 && size < MiB);
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, DP(b) + 16) ==
+          CUDA_SUCCESS);
+    CHECK(start == DP(b));
+    CUipcMemHandle ipc;
+    CHECK(cuIpcGetMemHandle(&ipc, DP(a)) == CUDA_SUCCESS); /* a starts its segment */
+    CHECK(cuIpcGetMemHandle(&ipc, DP(b)) == CUDA_ERROR_NOT_SUPPORTED);
+    return 0;
+}
+
+/* Item 6: expandable segments ask for the shareable handle type they are told to. */
+static int handles(void)
+{
+    void *a = NULL;
+    CHECK(cudaMalloc(&a, 4 * MiB) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemCreate") > 0);
+    CHECK(fake_cuda_handle_types() & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    return 0;
+}
+
+/* Item 16: a static libcudart's cudaMalloc reaches memtrace through the driver's entry
+ * points it fetched with cuGetProcAddress. */
+static int staticrt(void)
+{
+    void *p = NULL, *q = NULL;
+    CHECK(fakert_static_malloc(&p, 3000) == cudaSuccess);
+    CHECK(fakert_static_free(p) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    CHECK(fakert_static_malloc(&q, 3000) == cudaSuccess);
+    CHECK(q == p && fake_cuda_count("cuMemAlloc_v2") == n0); /* memtrace's cache served it */
+    CHECK(cudaFree(q) == cudaSuccess);                       /* and memtrace knows the block */
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } scen[] = {
+        {"lookup", lookup},       {"procaddr", procaddr},     {"reset", reset},
+        {"foreign", foreign},     {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror}, {"fork", forked},           {"oom", oom},
+        {"range", range},         {"handles", handles},       {"static", staticrt},
+    };
+    for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
+        if (strcmp(argv[1], scen[i].name) == 0)
+            return scen[i].fn();
+    fprintf(stderr, "usage: prog_gpurt SCENARIO\n");
+    return 2;
+}

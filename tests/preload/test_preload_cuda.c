@@ -1,0 +1,148 @@
+/* The drop-in in cuda mode under an unmodified program (prog_gpurt.c) linked against a
+ * CUDA runtime and driver: the fakes, which behave as the real ones where issue 16 says
+ * a GPU would break the drop-in. One test per item; each runs one scenario of prog_gpurt
+ * under LD_PRELOAD and asserts it exits 0 (its stderr says which check failed). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    assert_non_null(v);
+    return v;
+}
+
+/* Runs prog_gpurt SCENARIO with extra environment assignments; returns its exit status
+ * and prints its output when it is not expect. */
+static int run_expect(const char *scenario, const char *extra, int expect)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "env MEMTRACE_LIBCUDA='%s' MEMTRACE_BACKEND=cuda MEMTRACE_PROF=off "
+             "MEMTRACE_LOG_LEVEL=error %s LD_PRELOAD='%s' '%s' %s 2>&1",
+             env("MT_FAKE_CUDA"), extra ? extra : "", env("MT_PRELOAD"), env("MT_PROG_GPURT"),
+             scenario);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) != expect)
+        fprintf(stderr, "prog_gpurt %s (exit %d):\n%s", scenario, WEXITSTATUS(st), out);
+    return WEXITSTATUS(st);
+}
+
+static int run(const char *scenario, const char *extra)
+{
+    return run_expect(scenario, extra, 0);
+}
+
+/* Item 11: looking up a symbol (dlsym, cuGetProcAddress) makes no context anywhere. */
+static void test_lookup_makes_no_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("lookup", NULL), 0);
+}
+
+/* Item 3 and the fake's cuGetProcAddress: flags pick legacy or _ptsz entry points; the
+ * per-thread default stream is one stream per thread. */
+static void test_per_thread_stream_and_proc_flags(void **state)
+{
+    (void)state;
+    assert_int_equal(run("procaddr", NULL), 0);
+}
+
+/* Item 1 and the fake's sticky errors. */
+static void test_reset_drops_cache(void **state)
+{
+    (void)state;
+    assert_int_equal(run("reset", NULL), 0);
+}
+
+/* Item 2. */
+static void test_foreign_frees_forwarded(void **state)
+{
+    (void)state;
+    assert_int_equal(run("foreign", NULL), 0);
+}
+
+/* Item 4, runtime side. */
+static void test_free_async_stream0_runtime(void **state)
+{
+    (void)state;
+    assert_int_equal(run("freeasync0", NULL), 0);
+}
+
+/* Item 7. */
+static void test_capture_no_malloc_and_parked_frees(void **state)
+{
+    (void)state;
+    assert_int_equal(run("capture", NULL), 0);
+}
+
+/* Item 8. */
+static void test_last_error_as_runtime(void **state)
+{
+    (void)state;
+    assert_int_equal(run("lasterror", NULL), 0);
+}
+
+/* Item 9. */
+static void test_fork_child_starts_clean(void **state)
+{
+    (void)state;
+    assert_int_equal(run("fork", NULL), 0);
+}
+
+/* Item 12. */
+static void test_foreign_oom_releases_cache(void **state)
+{
+    (void)state;
+    assert_int_equal(run("oom", NULL), 0);
+}
+
+/* Item 6: address ranges and IPC of sub-allocated blocks; shareable handles. */
+static void test_block_queries_and_ipc(void **state)
+{
+    (void)state;
+    assert_int_equal(run("range", NULL), 0);
+    assert_int_equal(run("handles", "MEMTRACE_ALLOC_CONF=expandable_segments:True "
+                                    "MEMTRACE_CUDA_HANDLE_TYPE=posix_fd"),
+                     0);
+    assert_int_equal(run_expect("handles", "MEMTRACE_ALLOC_CONF=expandable_segments:True", 1), 1);
+}
+
+/* Item 16: a static runtime's allocations reach memtrace through the driver. */
+static void test_static_runtime_path(void **state)
+{
+    (void)state;
+    assert_int_equal(run("static", NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lookup_makes_no_context),
+        cmocka_unit_test(test_per_thread_stream_and_proc_flags),
+        cmocka_unit_test(test_reset_drops_cache),
+        cmocka_unit_test(test_foreign_frees_forwarded),
+        cmocka_unit_test(test_free_async_stream0_runtime),
+        cmocka_unit_test(test_capture_no_malloc_and_parked_frees),
+        cmocka_unit_test(test_last_error_as_runtime),
+        cmocka_unit_test(test_fork_child_starts_clean),
+        cmocka_unit_test(test_foreign_oom_releases_cache),
+        cmocka_unit_test(test_block_queries_and_ipc),
+        cmocka_unit_test(test_static_runtime_path),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

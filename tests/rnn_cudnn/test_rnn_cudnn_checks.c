@@ -1,0 +1,233 @@
+/* What the cuDNN path checks and keeps straight (issue 16 item 15, issue 12 item 7): the y
+ * (and x) backward reads back changed since forward; a matrix cuDNN describes with another
+ * shape than the engine's; the gathered weight space's padding zeroed; a failed size query
+ * that does not poison later calls; cuDNN's last-error text in the log; the dropout states
+ * advanced by each training forward; a libcudnn older than 9. Against the computing fake in cuDNN's
+ * layout. */
+#include "tests/rnn_cudnn/fixture.h"
+
+static void up(fx_t *f)
+{
+    fx_up(f);
+    fake_dnn_markers(false);
+    fake_dnn_interleaved_layout(false);
+    f->cfg.input_size = 5;
+    f->cfg.hidden_size = 8;
+}
+
+/* A training step whose y (then x) the caller changes before backward: MT_EINVAL naming it,
+ * in every cell type; unchanged, the same step passes. */
+static void test_changed_y_is_refused(void **state)
+{
+    (void)state;
+    mt_rnn_mode_e modes[] = {MT_RNN_LSTM, MT_RNN_GRU, MT_RNN_TANH, MT_RNN_RELU};
+    for (int mi = 0; mi < 4; mi++) {
+        fx_t f;
+        up(&f);
+        f.cfg.mode = modes[mi];
+        assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+        const int T = 3, B = 2, DH = 16;
+        float *x = dbuf(&f, (size_t)T * B * 5, 0.5f), *y = dbuf(&f, (size_t)T * B * DH, 0.0f);
+        float *dy = dbuf(&f, (size_t)T * B * DH, 1.0f);
+        const char *names[] = {"y", "x", NULL};
+        for (int k = 0; k < 3; k++) {
+            mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
+            mt_rnn_reserve_t *res = NULL;
+            assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+            float *victim = k == 0 ? y : x;
+            if (names[k]) {
+                float v = 0.25f;
+                assert_int_equal(mt_memcpy(f.b, victim + 3, &v, sizeof v, MT_MEMCPY_HOST_TO_DEVICE),
+                                 0);
+            }
+            mt_rnn_grad_io_t g = {.dy = dy};
+            int rc = mt_rnn_backward(f.m, &res, &g);
+            if (names[k]) {
+                assert_int_equal(rc, MT_EINVAL);
+                char want[32];
+                snprintf(want, sizeof want, "%s changed", names[k]);
+                assert_non_null(strstr(f.last_log, want));
+                mt_rnn_reserve_release(f.m, &res);
+                f.errors = 0;
+            } else {
+                assert_int_equal(rc, 0);
+            }
+        }
+        assert_int_equal(f.errors, 0);
+        float *bufs[] = {x, y, dy};
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(mt_alloc_free(f.a, bufs[k]), 0);
+        fx_down(&f);
+    }
+}
+
+/* cuDNN describes one matrix transposed ([in x H]: as many elements, another order): the
+ * path refuses to translate it and says what it got. */
+static void test_transposed_matrix_is_refused(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    fake_dnn_transpose_param(2, 1);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), MT_ENOTSUP);
+    assert_null(f.m);
+    assert_non_null(strstr(f.last_log, "pseudo-layer 2, linear layer 1"));
+    assert_non_null(strstr(f.last_log, "dims {1, 16, 8}"));
+    fx_down(&f);
+}
+
+/* A padded cuDNN layout: the bytes between regions of the gathered weight space are zero,
+ * even where the allocator hands back a block that held something else. */
+static void test_gathered_space_zeroed(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    fake_dnn_pad_layout(256);
+    fake_dnn_check_padding(true);
+    /* the cache emptied, then 8 blocks of the weight space's size dirtied and freed: they
+     * merge into one free block at a segment's start, from which the module's blocks
+     * (weights, grads, then the gathered spaces) are cut in order */
+    mt_rnn_t *probe = NULL;
+    assert_int_equal(mt_rnn_create(&probe, &f.cfg), 0);
+    size_t space = fake_dnn_call(fake_dnn_find("cudnnGetRNNWeightSpaceSize", 0))->n[0];
+    mt_rnn_destroy(&probe);
+    assert_int_equal(mt_alloc_empty_cache(f.a), 0);
+    void *dirty[8];
+    for (int k = 0; k < 8; k++) {
+        assert_int_equal(mt_alloc_malloc(f.a, space, f.s, MT_TAG_BATCH, &dirty[k]), 0);
+        assert_int_equal(mt_memset_async(f.b, dirty[k], 0xff, space, f.s), 0);
+    }
+    for (int k = 0; k < 8; k++)
+        assert_int_equal(mt_alloc_free(f.a, dirty[k]), 0);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    float *x = dbuf(&f, 2 * 2 * 5, 0.5f), *y = dbuf(&f, 2 * 2 * 16, 0.0f);
+    mt_rnn_io_t io = {.seq_len = 2, .batch = 2, .x = x, .y = y};
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    assert_string_equal(fake_dnn_last_error(), "");
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
+/* A size query that fails (here under mt_rnn_activation_bytes) does not make a later
+ * forward of another shape fail; a pass whose buffers it sized still does. */
+static void test_failed_size_query_does_not_poison(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    fake_dnn_fail("cudnnGetRNNTempSpaceSizes", CUDNN_STATUS_BAD_PARAM);
+    mt_rnn_act_t act;
+    mt_rnn_activation_bytes(f.m, 7, 2, &act);
+    assert_int_equal(act.reserve_bytes, 0);
+    float *x = dbuf(&f, 3 * 2 * 5, 0.5f), *y = dbuf(&f, 3 * 2 * 16, 0.0f);
+    mt_rnn_io_t io = {.seq_len = 3, .batch = 2, .x = x, .y = y};
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    mt_rnn_reserve_release(f.m, &res);
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    /* the reserve of this pass is sized by a failing query: the pass fails, with its code */
+    io.seq_len = 2;
+    fake_dnn_fail("cudnnGetRNNTempSpaceSizes", CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), MT_EINVAL);
+    assert_null(res);
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    mt_rnn_reserve_release(f.m, &res);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
+/* A refused call's log line carries cuDNN's own reason (cudnnGetLastErrorString). */
+static void test_last_error_string_logged(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    float *x = dbuf(&f, 3 * 2 * 5, 0.5f);
+    mt_rnn_io_t io = {.seq_len = 3, .batch = 2, .x = x, .y = NULL};
+    float *y = dbuf(&f, 3 * 2 * 16, 0.0f);
+    io.y = y;
+    /* an injected status without a reason: the status is logged */
+    fake_dnn_fail("cudnnRNNForward", CUDNN_STATUS_BAD_PARAM);
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), MT_EINVAL);
+    assert_non_null(strstr(f.last_log, "cudnnRNNForward"));
+    /* a refusal with a reason: weights not where the layout has them */
+    fake_dnn_expect_weights(true);
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), MT_EINVAL);
+    assert_non_null(strstr(f.last_log, "a weight is not where this layout has it"));
+    fake_dnn_expect_weights(false);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
+/* Each training forward with dropout advances cuDNN's generator states: two forwards of
+ * the same input differ; inference ones do not draw. */
+static void test_dropout_states_advance(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    f.cfg.dropout = 0.5f;
+    f.cfg.dropout_seed = 99;
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    const int T = 3, B = 2, N = T * B * 16;
+    float *x = dbuf(&f, (size_t)T * B * 5, 0.5f), *y = dbuf(&f, (size_t)N, 0.0f);
+    float a[96], b[96], c[96];
+    mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    size_t i1 = fake_dnn_find("cudnnRNNForward", 0);
+    dget(&f, a, y, (size_t)N);
+    mt_rnn_reserve_release(f.m, &res);
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    size_t i2 = fake_dnn_find("cudnnRNNForward", i1 + 1);
+    dget(&f, b, y, (size_t)N);
+    mt_rnn_reserve_release(f.m, &res);
+    assert_int_equal(fake_dnn_call(i1)->u, 0);
+    assert_int_equal(fake_dnn_call(i2)->u, 1);
+    assert_true(memcmp(a, b, sizeof a) != 0);
+    /* reseeding to the start reproduces the first pass */
+    assert_int_equal(mt_rnn_set_dropout_state(f.m, 99, 0), 0);
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    dget(&f, c, y, (size_t)N);
+    mt_rnn_reserve_release(f.m, &res);
+    assert_true(memcmp(a, c, sizeof a) == 0);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
+/* A libcudnn older than 9 at run time (headers are checked at build time): the path does not
+ * start and says which version it found. */
+static void test_old_cudnn_refused(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    fake_dnn_set_version(8907);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), MT_ENODEV);
+    assert_null(f.m);
+    assert_non_null(strstr(f.last_log, "version 8907 (8.9)"));
+    assert_int_equal(fake_dnn_count("cudnnCreate"), 0);
+    fake_dnn_set_version(91900);
+    fx_down(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_changed_y_is_refused),
+        cmocka_unit_test(test_transposed_matrix_is_refused),
+        cmocka_unit_test(test_gathered_space_zeroed),
+        cmocka_unit_test(test_failed_size_query_does_not_poison),
+        cmocka_unit_test(test_last_error_string_logged),
+        cmocka_unit_test(test_dropout_states_advance),
+        cmocka_unit_test(test_old_cudnn_refused),
+    };
+    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+}
