@@ -396,6 +396,11 @@ static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
     c->rsum = c->rsum - m->src_res[src] + ev->reserved;
     m->src_alloc[src] = ev->allocated;
     m->src_res[src] = ev->reserved;
+    m->src_seen[src] = true;
+    if (ev->allocated > m->src_peak_alloc[src])
+        m->src_peak_alloc[src] = ev->allocated;
+    if (ev->reserved > m->src_peak_res[src])
+        m->src_peak_res[src] = ev->reserved;
     uint64_t a = mt__model_sat(c->asum), r = mt__model_sat(c->rsum);
     c->peak_alloc = a > c->peak_alloc ? a : c->peak_alloc;
     c->peak_res = r > c->peak_res ? r : c->peak_res;
@@ -506,6 +511,23 @@ void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *
     unsigned src = (host ? 256u : 0u) + (device & 255u);
     *allocated = m->src_alloc[src];
     *reserved = m->src_res[src];
+}
+
+size_t mt_model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max)
+{
+    size_t n = 0;
+    for (unsigned d = 0; d < 256; d++) {
+        if (!m->src_seen[d])
+            continue;
+        if (n < max)
+            out[n] = (mt_model_dev_t){.device = d,
+                                      .allocated = m->src_alloc[d],
+                                      .reserved = m->src_res[d],
+                                      .peak_allocated = m->src_peak_alloc[d],
+                                      .peak_reserved = m->src_peak_res[d]};
+        n++;
+    }
+    return n;
 }
 
 uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool)
@@ -658,5 +680,9 @@ int mt_model_check(const mt_model_t *m, char *why, size_t whylen)
             return rc;
     }
     CHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
+    for (unsigned s = 0; s < MT_EVENT_SOURCES; s++)
+        CHECK(m->src_peak_alloc[s] >= m->src_alloc[s] && m->src_peak_res[s] >= m->src_res[s] &&
+                  (m->src_seen[s] || (m->src_alloc[s] == 0 && m->src_res[s] == 0)),
+              "source %u: peaks below the latest totals, or totals never reported", s);
     return 0;
 }

@@ -101,6 +101,17 @@ int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint
 /* Sums over the sources of one device ordinal (device memory: host = false). */
 void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
                      uint64_t *reserved);
+/* Device memory of one device ordinal. */
+typedef struct mt_model_dev_s {
+    unsigned device;
+    uint64_t allocated, reserved;           /* bytes, its allocator's latest totals */
+    uint64_t peak_allocated, peak_reserved; /* bytes, that device's own highest */
+} mt_model_dev_t;
+/* The devices whose allocators reported device-memory totals, by ordinal: fills
+ * out[0..min(n, max)) and returns n. The class's allocated and reserved are the sums of
+ * these (mt_model_figures); each peak is the device's own, so the peaks' sum may exceed
+ * the process's peak, which is the peak of the sum. */
+size_t mt_model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max);
 /* Live bytes known in blocks of one pool (mt_pool_e), saturated. */
 uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool);
 /* Events applied, and events known lost (gap records, seq jumps). */

@@ -74,6 +74,9 @@ typedef struct mt__mclass_s {
 struct mt_model_s {
     mt_model_cfg_t cfg;
     uint64_t src_alloc[MT_EVENT_SOURCES], src_res[MT_EVENT_SOURCES]; /* latest, bytes */
+    /* per source: src_peak_* >= src_*; src_seen: the source has reported totals */
+    uint64_t src_peak_alloc[MT_EVENT_SOURCES], src_peak_res[MT_EVENT_SOURCES];
+    bool src_seen[MT_EVENT_SOURCES];
     mt__mclass_t cls[MT_MODEL_CLASSES];
     uint64_t events;   /* records applied */
     uint64_t lost_rec; /* events lost as MT_EV_GAP records say */

@@ -60,7 +60,12 @@ mt__plot_cfg_t mt__plot_cfg_default(void)
 
 /* ---- pass 1: extent, peaks, the moment of the map ---- */
 
+/* Lanes: one per device when a process used several (the first MAX_LANES seen). */
+#define MAX_LANES 8
+
 typedef struct scan_s {
+    unsigned nlanes, lane_dev[MAX_LANES]; /* device ordinal of each lane, in order seen */
+    uint64_t lane_peak_alloc[MAX_LANES], lane_peak_res[MAX_LANES];
     uint64_t t0, t1;
     uint64_t peak_alloc, peak_res;
     size_t map_index; /* the event after which the segment map is drawn */
@@ -90,6 +95,19 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
     }
     if (ev->kind == MT_EV_CONFIG && !s->capacity)
         s->capacity = ev->size;
+    unsigned ln = 0;
+    while (ln < s->nlanes && s->lane_dev[ln] != ev->device)
+        ln++;
+    bool totals = ev->kind != MT_EV_MARK && ev->kind != MT_EV_MARK_NAMED && ev->kind != MT_EV_GAP &&
+                  ev->kind != MT_EV_TAG_LABEL; /* events that carry an allocator's totals */
+    if (ln == s->nlanes && ln < MAX_LANES && totals)
+        s->lane_dev[s->nlanes++] = ev->device;
+    if (ln < s->nlanes) {
+        uint64_t a, r;
+        mt_model_device(pt->model, ev->device, false, &a, &r);
+        s->lane_peak_alloc[ln] = a > s->lane_peak_alloc[ln] ? a : s->lane_peak_alloc[ln];
+        s->lane_peak_res[ln] = r > s->lane_peak_res[ln] ? r : s->lane_peak_res[ln];
+    }
     s->peak_alloc = pt->allocated > s->peak_alloc ? pt->allocated : s->peak_alloc;
     s->peak_res = pt->reserved > s->peak_res ? pt->reserved : s->peak_res;
     if (pt->reserved > s->map_res || (pt->reserved == s->map_res && pt->allocated > s->map_alloc)) {
@@ -129,6 +147,7 @@ typedef struct bucket_s {
     double lo_sum, hi_sum;
     size_t lo_idx, hi_idx;
     double res, host_alloc, host_res;
+    double lane_alloc[MAX_LANES], lane_res[MAX_LANES]; /* the most in the span, per device */
     bool seen;
 } bucket_t;
 
@@ -137,6 +156,7 @@ typedef struct fill_s {
     bucket_t *b;
     size_t nb, cur;
     double last[MT_TAG_MAX], last_sum, last_res, last_halloc, last_hres;
+    double last_lane_alloc[MAX_LANES], last_lane_res[MAX_LANES];
 } fill_t;
 
 static void bucket_fill_from_last(fill_t *f, bucket_t *b)
@@ -147,6 +167,8 @@ static void bucket_fill_from_last(fill_t *f, bucket_t *b)
     b->res = f->last_res;
     b->host_alloc = f->last_halloc;
     b->host_res = f->last_hres;
+    memcpy(b->lane_alloc, f->last_lane_alloc, sizeof b->lane_alloc);
+    memcpy(b->lane_res, f->last_lane_res, sizeof b->lane_res);
     b->seen = true;
 }
 
@@ -171,6 +193,15 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
     f->last_res = (double)pt->reserved;
     f->last_halloc = (double)pt->host_allocated;
     f->last_hres = (double)pt->host_reserved;
+    for (unsigned ln = 0; ln < s->nlanes; ln++)
+        if (s->lane_dev[ln] == pt->ev->device && pt->ev->pool != MT_POOL_HOST) {
+            uint64_t a, r;
+            mt_model_device(pt->model, pt->ev->device, false, &a, &r);
+            f->last_lane_alloc[ln] = (double)a;
+            f->last_lane_res[ln] = (double)r;
+            b->lane_alloc[ln] = b->seen && b->lane_alloc[ln] > a ? b->lane_alloc[ln] : (double)a;
+            b->lane_res[ln] = b->seen && b->lane_res[ln] > r ? b->lane_res[ln] : (double)r;
+        }
     if (!b->seen) {
         bucket_fill_from_last(f, b);
         b->lo_idx = b->hi_idx = pt->index;
@@ -494,23 +525,34 @@ static int find_process(const mt__report_t *r, int pid, size_t *out)
 typedef struct layout_s {
     double w, h;
     panel_t tl, host;
+    panel_t lane[MAX_LANES]; /* one per device when there are several (nlanes > 1) */
+    unsigned nlanes;
     double map_y;
     bool has_host;
 } layout_t;
 
-static layout_t layout(const mt__plot_cfg_t *cfg, bool has_host, int rows)
+#define LANE_H 100 /* px per device lane, added to the picture's height */
+
+static layout_t layout(const mt__plot_cfg_t *cfg, bool has_host, int rows, unsigned nlanes)
 {
     layout_t l;
     memset(&l, 0, sizeof l);
     l.w = cfg->width < 800 ? 800 : cfg->width;
     l.h = cfg->height < 600 ? 600 : cfg->height;
     l.has_host = has_host;
+    l.nlanes = nlanes > 1 ? nlanes : 0;
+    double lanes_block = l.nlanes * LANE_H;
+    l.h += lanes_block;
     double x0 = 84, x1 = l.w - 226;
     double top = 78, map_block = 100 + rows * (MAP_ROW_H + MAP_ROW_GAP);
-    double host_block = has_host ? l.h * 0.15 : 0;
-    double tl_bottom = l.h - map_block - host_block - 20;
+    double host_block = has_host ? (l.h - lanes_block) * 0.15 : 0;
+    double tl_bottom = l.h - map_block - host_block - lanes_block - 20;
     l.tl = (panel_t){x0, x1, top, tl_bottom, 0};
     l.host = (panel_t){x0, x1, tl_bottom + 70, tl_bottom + 44 + host_block - 30, 0};
+    double lane_top = tl_bottom + 44 + host_block;
+    for (unsigned i = 0; i < l.nlanes; i++)
+        l.lane[i] =
+            (panel_t){x0, x1, lane_top + i * LANE_H + 26, lane_top + (i + 1) * LANE_H - 14, 0};
     l.map_y = l.h - map_block + 30;
     return l;
 }
@@ -700,6 +742,34 @@ static void draw_host(FILE *f, const layout_t *l, const scan_t *s, const bucket_
             p.x0, p.y0, p.x1 - p.x0, p.y1 - p.y0);
 }
 
+/* Lane i: device s->lane_dev[i]'s allocated (filled) and reserved (line); the timeline
+ * above is the process's, the sum over these. */
+static void draw_lane(FILE *f, const layout_t *l, unsigned i, const scan_t *s, const bucket_t *bk,
+                      size_t nb, double *xs, double *vs, size_t npts)
+{
+    panel_t p = l->lane[i];
+    p.vmax = (double)s->lane_peak_res[i] * 1.1;
+    p.vmax = p.vmax > 0 ? p.vmax : 1;
+    char b1[32], b2[32];
+    fprintf(f,
+            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\" "
+            "class=\"lane\">device %u: peak allocated %s, peak reserved %s (the timeline above "
+            "is the sum of the devices)</text>\n",
+            p.x0, p.y0 - 8, s->lane_dev[i], human((double)s->lane_peak_alloc[i], b1, sizeof b1),
+            human((double)s->lane_peak_res[i], b2, sizeof b2));
+    byte_axis(f, &p, 2);
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = bk[k].lane_alloc[i];
+    series(f, &p, xs, vs, npts, builtin_colour[MT_TAG_WEIGHTS], NULL, " class=\"device\"");
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = bk[k].lane_res[i];
+    series(f, &p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.2\"");
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            p.x0, p.y0, p.x1 - p.x0, p.y1 - p.y0);
+}
+
 static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, const scan_t *s)
 {
     const mt__report_map_t m = *mp;
@@ -767,7 +837,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
     int rc = mt__report_replay(r, pi, scan_point, &s);
     if (rc == 0)
         rc = mt__report_map_at(r, pi, s.map_index, false, &map);
-    layout_t l = layout(cfg, s.host_events > 0, map_rows(&map));
+    layout_t l = layout(cfg, s.host_events > 0, map_rows(&map), s.nlanes);
     size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;
     nb = nb > (size_t)(l.tl.x1 - l.tl.x0) ? (size_t)(l.tl.x1 - l.tl.x0) : nb;
     size_t npts = 2 * nb;
@@ -823,6 +893,8 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
     draw_legend(f, &l, r, pi, &s, tags, ntags);
     if (l.has_host)
         draw_host(f, &l, &s, fl.b, nb, xs, vs, npts);
+    for (unsigned i = 0; i < l.nlanes; i++)
+        draw_lane(f, &l, i, &s, fl.b, nb, xs, vs, npts);
     draw_map(f, &l, &map, &s);
     fprintf(f, "</svg>\n");
     rc = ferror(f) ? MT_EIO : 0;

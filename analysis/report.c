@@ -452,6 +452,24 @@ static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, dou
                      f.utilization, "fragmentation", f.fragmentation);
 }
 
+/* Device memory per device, from the model: the process's final figures are the sums. */
+static json_t *by_device(const mt_model_t *m)
+{
+    mt_model_dev_t d[256];
+    size_t n = mt_model_devices(m, d, 256);
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n && i < 256; i++)
+        if (json_array_append_new(
+                a, json_pack("{s:i, s:I, s:I, s:I, s:I}", "device", (int)d[i].device,
+                             "final_allocated", ji(d[i].allocated), "final_reserved",
+                             ji(d[i].reserved), "peak_allocated", ji(d[i].peak_allocated),
+                             "peak_reserved", ji(d[i].peak_reserved))) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
 {
     mt_model_t *m = NULL;
@@ -500,6 +518,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         ji(d.unmatched_frees), "growth", growth(cfg, p, m), "host",
         host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
+    if (res != NULL && json_object_set_new(res, "devices", by_device(m)) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
     res = uncertain_json(res, &d);
 out:
     json_decref(tl);
@@ -567,7 +589,8 @@ int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, v
             mt_model_tag(m, MT_MODEL_DEVICE, t, &tg);
             tag_live[t] = tg.bytes;
         }
-        mt__report_point_t pt = {ev, k, d.allocated, d.reserved, h.allocated, h.reserved, tag_live};
+        mt__report_point_t pt = {ev,          k,          d.allocated, d.reserved,
+                                 h.allocated, h.reserved, tag_live,    m};
         rc = fn(ctx, &pt);
     }
     mt_model_destroy(&m);

@@ -287,7 +287,17 @@ int mt_backend_get_device(mt_backend_t *b, int ordinal, mt_backend_t **out)
     if (rc != 0)
         return rc;
     *out = b->ops->get_device ? b->ops->get_device(b, ordinal) : b;
-    return 0;
+    return *out != NULL ? 0 : MT_ENODEV;
+}
+
+int mt_backend_enable_peer_access(mt_backend_t *b, int peer)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    int rc = check_ordinal(b, peer);
+    if (rc != 0 || peer == b->device || b->ops->enable_peer_access == NULL)
+        return rc;
+    return b->ops->enable_peer_access(b, peer);
 }
 
 void mt_backend_counters(const mt_backend_t *b, mt_backend_counters_t *out)
@@ -525,6 +535,15 @@ int mt_event_synchronize(mt_backend_t *b, mt_event_t *ev)
     return b->ops->event_synchronize(b, ev);
 }
 
+int mt_event_create_timed(mt_backend_t *b, mt_event_t **out)
+{
+    if (b == NULL || out == NULL)
+        return MT_EINVAL;
+    if (b->ops->event_create_timed == NULL)
+        return mt_event_create(b, out);
+    return b->ops->event_create_timed(b, out);
+}
+
 uint64_t mt_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 {
     if (b == NULL || ev == NULL)
@@ -539,6 +558,15 @@ int mt_backend_host_malloc(mt_backend_t *b, size_t size, void **out)
     if (b == NULL || out == NULL || size == 0)
         return MT_EINVAL;
     return b->ops->host_malloc(b, size, out);
+}
+
+int mt_backend_host_malloc_flags(mt_backend_t *b, size_t size, unsigned flags, void **out)
+{
+    if (b == NULL || out == NULL || size == 0 || (flags & ~MT_HOST_ALLOC_FLAGS) != 0)
+        return MT_EINVAL;
+    if (b->ops->host_malloc_flags == NULL)
+        return b->ops->host_malloc(b, size, out);
+    return b->ops->host_malloc_flags(b, size, flags, out);
 }
 
 int mt_backend_host_free(mt_backend_t *b, void *ptr)

@@ -49,6 +49,12 @@ typedef struct mt_backend_ops_s {
     /* Optional (NULL: MT_ENOTSUP). Counts peer_copies/peer_bytes/peer_ns itself. */
     int (*memcpy_peer_async)(mt_backend_t *b, void *dst, int dst_device, const void *src,
                              int src_device, size_t n, mt_stream_t *s);
+    /* Optional (NULL: nothing to do, as on sim). peer is a checked ordinal != b's. */
+    int (*enable_peer_access)(mt_backend_t *b, int peer);
+    /* Optional (NULL: event_create, whose events already carry a time). */
+    int (*event_create_timed)(mt_backend_t *b, mt_event_t **out);
+    /* Optional (NULL: host_malloc, flags ignored). */
+    int (*host_malloc_flags)(mt_backend_t *b, size_t size, unsigned flags, void **out);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.

@@ -51,6 +51,7 @@ typedef struct cuda_stream_s {
 struct mt_event_s {
     CUevent h;
     bool recorded; /* an unrecorded event counts as complete, as in CUDA */
+    bool timed;    /* created with timing (mt_event_create_timed): has a time */
 };
 
 /* Invariants (under mu): segs[0..nsegs) are live cuMemAlloc results, pairwise disjoint;
@@ -80,9 +81,25 @@ typedef struct cuda_s {
     cuda_vm_t *vms;
     cuda_stream_t *streams;
     uint32_t next_stream_id; /* 1, 2, ... */
+    bool *peer_access;       /* [group->n]: device i enabled access to this one (VMM grants) */
+
+    struct cuda_group_s *group; /* every device of the process; set at creation */
+    bool owner;                 /* the handle mt_backend_create returned: frees the group */
 } cuda_t;
 
+/* The devices of one process. Invariants (under mu): 0 < n; dev[i] is NULL until device i
+ * is first reached (mt_backend_get_device retains its primary context then, never before:
+ * a context costs device memory), else dev[i]->base.device == i and dev[i]->group == this;
+ * exactly one dev[i] has owner set. */
+typedef struct cuda_group_s {
+    pthread_mutex_t mu;
+    int n;
+    cuda_t **dev;
+    mt_backend_cfg_t cfg; /* the creating config; device is rewritten per ordinal */
+} cuda_group_t;
+
 static const mt_backend_ops_t cuda_ops;
+static void cuda_destroy(mt_backend_t *b);
 
 static cuda_t *C(const mt_backend_t *b)
 {
@@ -235,6 +252,30 @@ static CUmemAllocationProp pinned_prop(const cuda_t *c)
     return prop;
 }
 
+/* Read-write access to [p, p + size), all mapped, for c's own device and every device
+ * that enabled peer access to it: cudaDeviceEnablePeerAccess covers cuMemAlloc memory
+ * only, VMM mappings need each accessor named. Caller holds mu. */
+static int grant_access(cuda_t *c, CUdeviceptr p, size_t size)
+{
+    int n = c->group ? c->group->n : 1;
+    CUmemAccessDesc *acc = calloc((size_t)n + 1, sizeof *acc);
+    if (acc == NULL)
+        return MT_ENOMEM;
+    size_t k = 0;
+    acc[k].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc[k++].location.id = c->dev;
+    for (int i = 0; c->peer_access != NULL && i < n; i++)
+        if (c->peer_access[i] && i != c->dev) {
+            acc[k].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            acc[k++].location.id = i;
+        }
+    for (size_t i = 0; i < k; i++)
+        acc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    int rc = CALL(c, MemSetAccess(p, size, acc, k));
+    free(acc);
+    return rc;
+}
+
 static size_t cuda_vm_granularity(const mt_backend_t *b)
 {
     return C(b)->granularity;
@@ -346,13 +387,8 @@ static int cuda_vm_map(mt_backend_t *b, void *addr, size_t size)
         }
         v->pages[first + done++] = h;
     }
-    if (rc == 0) {
-        CUmemAccessDesc acc;
-        memset(&acc, 0, sizeof acc);
-        acc.location = prop.location;
-        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        rc = CALL(c, MemSetAccess(p, size, &acc, 1));
-    }
+    if (rc == 0)
+        rc = grant_access(c, p, size);
     if (rc != 0 && v != NULL && done > 0)
         unmap_pages(c, v, first, done); /* all or nothing */
     pthread_mutex_unlock(&c->mu);
@@ -519,19 +555,31 @@ static int cuda_device_synchronize(mt_backend_t *b)
 
 /* ---- events ---- */
 
-static int cuda_event_create(mt_backend_t *b, mt_event_t **out)
+/* Timing disabled unless asked for: the allocator's events only order streams, and a
+ * timing event costs a timestamp write at every record (CUDA's guide). */
+static int event_new(mt_backend_t *b, bool timed, mt_event_t **out)
 {
     mt_event_t *ev = calloc(1, sizeof *ev);
     if (ev == NULL)
         return MT_ENOMEM;
-    /* Timing stays enabled: event_time_ns is measured against the origin event. */
-    int rc = CALL(C(b), EventCreate(&ev->h, CU_EVENT_DEFAULT));
+    ev->timed = timed;
+    int rc = CALL(C(b), EventCreate(&ev->h, timed ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING));
     if (rc != 0) {
         free(ev);
         return rc;
     }
     *out = ev;
     return 0;
+}
+
+static int cuda_event_create(mt_backend_t *b, mt_event_t **out)
+{
+    return event_new(b, false, out);
+}
+
+static int cuda_event_create_timed(mt_backend_t *b, mt_event_t **out)
+{
+    return event_new(b, true, out);
 }
 
 static void cuda_event_destroy(mt_backend_t *b, mt_event_t *ev)
@@ -588,7 +636,7 @@ static int move_origin(cuda_t *c)
 static uint64_t cuda_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 {
     cuda_t *c = C(b);
-    if (!ev->recorded || CALL(c, EventQuery(ev->h)) != 0)
+    if (!ev->timed || !ev->recorded || CALL(c, EventQuery(ev->h)) != 0)
         return 0;
     pthread_mutex_lock(&c->anchor_mu);
     float ms = 0;
@@ -602,7 +650,9 @@ static uint64_t cuda_event_time_ns(mt_backend_t *b, mt_event_t *ev)
 
 /* ---- pinned host memory ---- */
 
-static int cuda_host_malloc(mt_backend_t *b, size_t size, void **out)
+/* flags are cuMemHostAlloc's (the runtime's cudaHostAlloc flags have the same values);
+ * portable is always added, since the backend serves every context of the process. */
+static int cuda_host_malloc_flags(mt_backend_t *b, size_t size, unsigned flags, void **out)
 {
     cuda_t *c = C(b);
     pthread_mutex_lock(&c->mu);
@@ -611,7 +661,7 @@ static int cuda_host_malloc(mt_backend_t *b, size_t size, void **out)
     if (rc != 0)
         return rc;
     void *p = NULL;
-    rc = CALL(c, MemHostAlloc(&p, size, CU_MEMHOSTALLOC_PORTABLE));
+    rc = CALL(c, MemHostAlloc(&p, size, flags | CU_MEMHOSTALLOC_PORTABLE));
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&c->mu);
@@ -625,6 +675,11 @@ static int cuda_host_malloc(mt_backend_t *b, size_t size, void **out)
     }
     *out = p;
     return 0;
+}
+
+static int cuda_host_malloc(mt_backend_t *b, size_t size, void **out)
+{
+    return cuda_host_malloc_flags(b, size, 0, out);
 }
 
 static int cuda_host_free(mt_backend_t *b, void *ptr)
@@ -645,7 +700,7 @@ static int cuda_host_free(mt_backend_t *b, void *ptr)
 
 /* ---- lifecycle ---- */
 
-static void cuda_destroy(mt_backend_t *b)
+static void device_close(mt_backend_t *b)
 {
     cuda_t *c = C(b);
     if (enter(c) == 0) {
@@ -687,6 +742,7 @@ static void cuda_destroy(mt_backend_t *b)
     pthread_mutex_destroy(&c->anchor_mu);
     free(c->segs);
     free(c->hosts);
+    free(c->peer_access);
     free(c);
 }
 
@@ -695,7 +751,8 @@ bool mt__cuda_is_cuda(const mt_backend_t *b)
     return b != NULL && b->ops == &cuda_ops;
 }
 
-int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
+/* Opens device cfg->device as one backend object (its group not yet set). */
+static int device_open(mt_backend_t **out, const mt_backend_cfg_t *cfg)
 {
     cuda_t *c = calloc(1, sizeof *c);
     if (c == NULL)
@@ -773,6 +830,154 @@ fail_open:
     return rc;
 }
 
+/* ---- devices of the process ---- */
+
+static void group_free(cuda_group_t *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (g->dev[i] != NULL)
+            device_close(&g->dev[i]->base);
+    pthread_mutex_destroy(&g->mu);
+    free(g->dev);
+    free(g);
+}
+
+static void cuda_destroy(mt_backend_t *b)
+{
+    if (C(b)->owner)
+        group_free(C(b)->group);
+}
+
+static int cuda_device_count(const mt_backend_t *b)
+{
+    return C(b)->group->n;
+}
+
+/* Opens device i of g, or returns it. Caller holds g->mu. */
+static cuda_t *group_device(cuda_group_t *g, int i)
+{
+    if (g->dev[i] != NULL)
+        return g->dev[i];
+    mt_backend_cfg_t cfg = g->cfg;
+    cfg.device = i;
+    mt_backend_t *b = NULL;
+    bool *peers = calloc((size_t)g->n, sizeof *peers);
+    if (peers == NULL || device_open(&b, &cfg) != 0) {
+        free(peers);
+        return NULL;
+    }
+    C(b)->peer_access = peers;
+    C(b)->group = g;
+    g->dev[i] = C(b);
+    return g->dev[i];
+}
+
+/* NULL (backend.c returns MT_ENODEV) when the device's context cannot be had. */
+static mt_backend_t *cuda_get_device(mt_backend_t *b, int ordinal)
+{
+    cuda_group_t *g = C(b)->group;
+    pthread_mutex_lock(&g->mu);
+    cuda_t *c = group_device(g, ordinal);
+    pthread_mutex_unlock(&g->mu);
+    return c ? &c->base : NULL;
+}
+
+/* cuMemcpyPeerAsync on b's stream s, between the two devices' primary contexts. The
+ * copy's time is the driver's, not modelled: peer_ns stays 0 on cuda. */
+static int cuda_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const void *src,
+                                  int src_device, size_t n, mt_stream_t *s)
+{
+    cuda_t *c = C(b);
+    mt_backend_t *db = cuda_get_device(b, dst_device), *sb = cuda_get_device(b, src_device);
+    if (db == NULL || sb == NULL)
+        return MT_ENODEV;
+    int rc = CALL(c, MemcpyPeerAsync((CUdeviceptr)(uintptr_t)dst, C(db)->ctx,
+                                     (CUdeviceptr)(uintptr_t)src, C(sb)->ctx, n, SH(s)));
+    if (rc == 0)
+        mt__backend_add_peer(b, n, 0);
+    return rc;
+}
+
+/* Device b may now read and write device peer's memory: cuCtxEnablePeerAccess (already
+ * enabled is fine: the program's runtime may have done it), then every page peer has
+ * mapped for expandable segments is granted to b's device, and later maps are too. */
+static int cuda_enable_peer_access(mt_backend_t *b, int peer)
+{
+    cuda_t *c = C(b);
+    mt_backend_t *pb = cuda_get_device(b, peer);
+    if (pb == NULL)
+        return MT_ENODEV;
+    cuda_t *p = C(pb);
+    int rc = enter(c);
+    if (rc == 0) {
+        int res = c->drv.CtxEnablePeerAccess(p->ctx, 0);
+        rc = res == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED ? 0 : note(res);
+        leave(c);
+    }
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&p->mu);
+    bool was = p->peer_access[c->dev];
+    p->peer_access[c->dev] = true;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = c->dev;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    for (cuda_vm_t *v = p->vms; v != NULL && !was && rc == 0; v = v->next)
+        for (size_t i = 0; i < v->npages && rc == 0;) {
+            size_t j = i;
+            while (j < v->npages && v->pages[j] != 0)
+                j++;
+            if (j > i)
+                rc = CALL(p, MemSetAccess(v->base + i * p->granularity, (j - i) * p->granularity,
+                                          &acc, 1));
+            i = j + 1;
+        }
+    if (rc != 0)
+        p->peer_access[c->dev] = false;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
+{
+    mt_backend_t *b = NULL;
+    int rc = device_open(&b, cfg);
+    if (rc != 0)
+        return rc;
+    cuda_t *c = C(b);
+    int count = 0;
+    rc = MT_ENOMEM;
+    cuda_group_t *g = calloc(1, sizeof *g);
+    if (g == NULL)
+        goto fail_group;
+    if (c->drv.DeviceGetCount(&count) != CUDA_SUCCESS || count < 1) {
+        rc = MT_ENODEV;
+        goto fail_count;
+    }
+    g->n = count;
+    g->cfg = *cfg;
+    g->dev = calloc((size_t)count, sizeof *g->dev);
+    c->peer_access = calloc((size_t)count, sizeof *c->peer_access);
+    if (g->dev == NULL || c->peer_access == NULL)
+        goto fail_count;
+    if (pthread_mutex_init(&g->mu, NULL) != 0)
+        goto fail_count;
+    c->group = g;
+    c->owner = true;
+    g->dev[cfg->device] = c;
+    *out = b;
+    return 0;
+
+fail_count:
+    free(g->dev);
+    free(g);
+fail_group:
+    device_close(b);
+    return rc;
+}
+
 static const mt_backend_ops_t cuda_ops = {
     .name = "cuda",
     .kind = MT_BACKEND_CUDA,
@@ -802,4 +1007,10 @@ static const mt_backend_ops_t cuda_ops = {
     .event_time_ns = cuda_event_time_ns,
     .host_malloc = cuda_host_malloc,
     .host_free = cuda_host_free,
+    .device_count = cuda_device_count,
+    .get_device = cuda_get_device,
+    .memcpy_peer_async = cuda_memcpy_peer_async,
+    .enable_peer_access = cuda_enable_peer_access,
+    .event_create_timed = cuda_event_create_timed,
+    .host_malloc_flags = cuda_host_malloc_flags,
 };

@@ -43,6 +43,8 @@ static const sym_t syms[] = {
     SYM(StreamWaitEvent, "cuStreamWaitEvent", NULL),
     SYM(LaunchHostFunc, "cuLaunchHostFunc", NULL),
     SYM(MemcpyAsync, "cuMemcpyAsync", NULL),
+    SYM(MemcpyPeerAsync, "cuMemcpyPeerAsync", NULL),
+    SYM(CtxEnablePeerAccess, "cuCtxEnablePeerAccess", NULL),
     SYM(MemsetD8Async, "cuMemsetD8Async", NULL),
     SYM(EventCreate, "cuEventCreate", NULL),
     SYM(EventDestroy, "cuEventDestroy_v2", "cuEventDestroy"),

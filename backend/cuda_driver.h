@@ -33,6 +33,9 @@ typedef struct mt_cuda_driver_s {
     CUresult (*StreamWaitEvent)(CUstream s, CUevent ev, unsigned int flags);
     CUresult (*LaunchHostFunc)(CUstream s, CUhostFn fn, void *ud);
     CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+    CUresult (*MemcpyPeerAsync)(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                CUcontext src_ctx, size_t n, CUstream s);
+    CUresult (*CtxEnablePeerAccess)(CUcontext peer, unsigned int flags);
     CUresult (*MemsetD8Async)(CUdeviceptr dst, unsigned char v, size_t n, CUstream s);
     CUresult (*EventCreate)(CUevent *ev, unsigned int flags);
     CUresult (*EventDestroy)(CUevent ev);

@@ -30,23 +30,31 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
         rc |= mt__d_label_value(o, p->backend);
         rc |= mt__d_buf_append(o, "\"} 1\n", 5);
     }
-    static const char *const dev_fam[2][2] = {
+    /* Per device, as the model has them; a process's memtrace_allocated_bytes and
+     * memtrace_reserved_bytes are the sums of these over its devices. */
+    static const char *const dev_fam[4][2] = {
         {"memtrace_device_allocated_bytes", "Device bytes handed out, by process and device."},
         {"memtrace_device_reserved_bytes",
          "Device bytes held from the device, by process and device."},
+        {"memtrace_device_peak_allocated_bytes",
+         "Highest device bytes handed out on this device, by process and device."},
+        {"memtrace_device_peak_reserved_bytes",
+         "Highest device bytes held on this device, by process and device."},
     };
-    for (int f = 0; f < 2 && !rc; f++) {
+    for (int f = 0; f < 4 && !rc; f++) {
         rc |= head(o, dev_fam[f][0], dev_fam[f][1]);
         for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
             if (!mt__d_proc_newest(p))
                 continue;
-            for (unsigned dev = 0; dev < 256 && !rc; dev++) {
-                uint64_t a, r;
-                mt_model_device(p->model, dev, false, &a, &r);
-                if (dev > 0 && a == 0 && r == 0)
-                    continue; /* a device the process holds nothing on */
+            mt_model_dev_t dv[256];
+            size_t n = mt_model_devices(p->model, dv, 256);
+            for (size_t i = 0; i < n && i < 256 && !rc; i++) {
+                uint64_t v = f == 0   ? dv[i].allocated
+                             : f == 1 ? dv[i].reserved
+                             : f == 2 ? dv[i].peak_allocated
+                                      : dv[i].peak_reserved;
                 rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",device=\"%u\"} %" PRIu64 "\n",
-                                       dev_fam[f][0], p->pid, dev, f == 0 ? a : r);
+                                       dev_fam[f][0], p->pid, dv[i].device, v);
             }
         }
     }

@@ -212,6 +212,24 @@ static int class_json(json_t *o, const mt_d_proc_t *p, int cls, bool with_segmen
     return with_segments ? segments_json(o, p, cls) : 0;
 }
 
+/* Device memory per device (the model's): the top-level figures are their sums. */
+static json_t *devices_json(const mt_d_proc_t *p)
+{
+    mt_model_dev_t d[256];
+    size_t n = mt_model_devices(p->model, d, 256);
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n && i < 256; i++)
+        if (json_array_append_new(
+                a, json_pack("{s:i,s:o,s:o,s:o,s:o}", "device", (int)d[i].device, "allocated_bytes",
+                             ju(d[i].allocated), "reserved_bytes", ju(d[i].reserved),
+                             "peak_allocated_bytes", ju(d[i].peak_allocated), "peak_reserved_bytes",
+                             ju(d[i].peak_reserved))) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a;
+}
+
 json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
 {
     json_t *o = json_object();
@@ -247,6 +265,7 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
         goto fail;
     bad |= json_object_set_new(o, "host", host);
     host = NULL; /* o's, even when the call failed */
+    bad |= json_object_set_new(o, "devices", devices_json(p));
     for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (p->kind_count[k])
             bad |= json_object_set_new(kinds, mt_event_kind_name(k),

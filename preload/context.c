@@ -171,11 +171,22 @@ int mt__preload_register_tag(mt_preload_t *P, int id, int device)
     return rc;
 }
 
+/* Bit p of peer_mask[d]: device d enabled peer access to device p (devices < 64). */
+static _Atomic uint64_t peer_mask[64];
+
+static int grant_peer(mt_preload_t *P, int dev, int peer);
+
 static int create_device(mt_preload_t *P, int d)
 {
     mt_backend_cfg_t bcfg = P->bcfg;
     bcfg.device = d;
-    int rc = mt_backend_create(&P->dev[d].backend, &bcfg);
+    /* On sim every device is one of device 0's group (one address space, peer copies
+     * between them), kept across device resets; mt_backend_destroy on a borrowed handle
+     * does nothing. On cuda each device is its own backend, dropped at a reset. */
+    int rc = 0;
+    if (P->dev[d].backend == NULL)
+        rc = d > 0 && P->sim ? mt_backend_get_device(P->dev[0].backend, d, &P->dev[d].backend)
+                             : mt_backend_create(&P->dev[d].backend, &bcfg);
     if (rc != 0)
         return rc;
     mt_alloc_cfg_t acfg = P->acfg;
@@ -195,7 +206,36 @@ static int create_device(mt_preload_t *P, int d)
         return rc;
     }
     atomic_store_explicit(&P->ready[d], P->dev[d].alloc, memory_order_release);
+    for (int i = 0; i < 64 && d < 64 && !P->sim; i++) /* peer access enabled before */
+        if (atomic_load(&peer_mask[i]) >> d & 1)
+            grant_peer(P, i, d);
     return 0;
+}
+
+/* dev may access peer: grant peer's backend's mappings to dev (cuda mode; nothing to do
+ * on sim). Caller holds mu or peer's allocator is published. */
+static int grant_peer(mt_preload_t *P, int dev, int peer)
+{
+    mt_backend_t *pb = P->dev[peer].backend, *db = NULL;
+    if (P->sim || pb == NULL)
+        return 0;
+    int rc = mt_backend_get_device(pb, dev, &db);
+    return rc == 0 ? mt_backend_enable_peer_access(db, peer) : rc;
+}
+
+int mt__preload_peer_access(int dev, int peer)
+{
+    mt_preload_t *P = mt__preload();
+    if (dev < 0 || peer < 0 || dev >= P->ndevices || peer >= P->ndevices || dev == peer)
+        return MT_EINVAL;
+    if (dev < 64 && peer < 64)
+        atomic_fetch_or(&peer_mask[dev], (uint64_t)1 << peer);
+    pthread_mutex_lock(&P->mu);
+    mt__guard_enter();
+    int rc = P->dev[peer].alloc != NULL ? grant_peer(P, dev, peer) : 0;
+    mt__guard_leave();
+    pthread_mutex_unlock(&P->mu);
+    return rc;
 }
 
 int mt__preload_alloc(int device, mt_alloc_t **out)
@@ -236,7 +276,10 @@ void mt__preload_drop_device(int d)
     mt_backend_t *b = P->dev[d].backend;
     atomic_store_explicit(&P->ready[d], NULL, memory_order_release);
     P->dev[d].alloc = NULL;
-    P->dev[d].backend = NULL;
+    if (P->sim)
+        b = NULL; /* the group's: kept (see create_device) */
+    else
+        P->dev[d].backend = NULL;
     pthread_mutex_unlock(&P->mu);
     if (a == NULL)
         return;
@@ -673,6 +716,12 @@ static void init_once(void)
     if (P->init_rc != 0) {
         mt__preload_say(MT_LOG_ERROR, "cannot create device 0: %s", mt_strerror(P->init_rc));
         P->ndevices = 0;
+    } else { /* MEMTRACE_SIM_DEVICES */
+        int n = mt_backend_device_count(P->dev[0].backend);
+        if (n > MT_PRELOAD_MAX_DEVICES)
+            mt__preload_say(MT_LOG_ERROR, "%d sim devices; memtrace serves the first %d", n,
+                            MT_PRELOAD_MAX_DEVICES);
+        P->ndevices = n < MT_PRELOAD_MAX_DEVICES ? n : MT_PRELOAD_MAX_DEVICES;
     }
 
 done:

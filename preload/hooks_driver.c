@@ -399,14 +399,13 @@ MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 
 MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-    (void)Flags;
-    if (pp == NULL || bytesize == 0)
+    if (pp == NULL || bytesize == 0 || (Flags & ~MT_HOST_ALLOC_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     mt_backend_t *b = cur_backend();
     if (b == NULL)
         return no_backend();
     mt__guard_enter();
-    int rc = mt_backend_host_malloc(b, bytesize, pp);
+    int rc = mt_backend_host_malloc_flags(b, bytesize, Flags, pp); /* flags reach the driver */
     mt__guard_leave();
     if (rc == 0) {
         atomic_fetch_add(&mt__preload()->host_allocs, 1);
@@ -556,6 +555,55 @@ MT_HOOK CUresult cuCtxSetCurrent(CUcontext ctx)
         return CUDA_ERROR_INVALID_CONTEXT;
     mt__preload_set_current_device((int)(c - sim_ctx));
     return CUDA_SUCCESS;
+}
+
+/* The sim contexts pushed by each thread under its current one (cuCtxPushCurrent). */
+#define SIM_CTX_STACK 32
+static _Thread_local int tls_ctx_stack[SIM_CTX_STACK];
+static _Thread_local int tls_ctx_depth;
+
+MT_HOOK CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    FORWARD(cuCtxPushCurrent_v2, ctx);
+    const char *c = (const char *)ctx;
+    if (c < sim_ctx || c >= sim_ctx + mt__preload()->ndevices)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (tls_ctx_depth == SIM_CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    tls_ctx_stack[tls_ctx_depth++] = mt__preload_current_device();
+    mt__preload_set_current_device((int)(c - sim_ctx));
+    return CUDA_SUCCESS;
+}
+
+MT_HOOK CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    FORWARD(cuCtxPopCurrent_v2, pctx);
+    if (tls_ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx != NULL)
+        *pctx = (CUcontext)&sim_ctx[mt__preload_current_device()];
+    mt__preload_set_current_device(tls_ctx_stack[--tls_ctx_depth]);
+    return CUDA_SUCCESS;
+}
+
+/* The current context's device may use peer's memory; its expandable segments too. */
+MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
+{
+    int pd = primary_device_of(peer);
+    if (!mt__preload()->sim) {
+        __typeof__(&cuCtxEnablePeerAccess) real = REAL(cuCtxEnablePeerAccess);
+        CUresult r = real ? real(peer, Flags) : CUDA_ERROR_NOT_FOUND;
+        if (r != CUDA_SUCCESS)
+            return r;
+    } else if (Flags != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    int d = drv_device();
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pd < 0 || pd == d) /* not a primary context: not one memtrace allocates in */
+        return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
+    return to_cu(mt__preload_peer_access(d, pd));
 }
 
 MT_HOOK CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -901,6 +949,9 @@ static const struct {
     D("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, false),
     D("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, false),
     D("cuCtxSetCurrent", cuCtxSetCurrent, false),
+    D("cuCtxPushCurrent", cuCtxPushCurrent_v2, false),
+    D("cuCtxPopCurrent", cuCtxPopCurrent_v2, false),
+    D("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess, false),
     D("cuCtxGetCurrent", cuCtxGetCurrent, false),
     D("cuCtxGetDevice", cuCtxGetDevice, false),
     D("cuCtxSynchronize", cuCtxSynchronize, false),

@@ -291,8 +291,7 @@ MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 
 MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
-    (void)flags; /* portable/mapped/write-combined: one kind of pinned memory here */
-    if (pHost == NULL)
+    if (pHost == NULL || (flags & ~MT_HOST_ALLOC_FLAGS) != 0)
         return ret(cudaErrorInvalidValue);
     mt_backend_t *b = cur_backend();
     if (b == NULL)
@@ -302,7 +301,7 @@ MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
         return cudaSuccess;
     }
     mt__guard_enter();
-    int rc = mt_backend_host_malloc(b, size, pHost);
+    int rc = mt_backend_host_malloc_flags(b, size, flags, pHost); /* flags reach the driver */
     mt__guard_leave();
     if (rc == 0) {
         atomic_fetch_add(&mt__preload()->host_allocs, 1);
@@ -376,6 +375,72 @@ MT_HOOK cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
 {
     FORWARD(cudaMemcpyAsync, dst, src, count, kind, stream);
     return sim_copy(dst, src, count, kind, stream, false);
+}
+
+/* A peer copy on the current device's stream (sim mode). */
+static cudaError_t sim_copy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+                                 cudaStream_t stream, bool sync)
+{
+    mt_backend_t *b = cur_backend();
+    if (b == NULL)
+        return ret(cudaErrorNoDevice);
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = sim_default_begin(b, s);
+    if (rc == 0)
+        rc = mt_memcpy_peer_async(b, dst, dst_dev, src, src_dev, n, s);
+    rc = sim_default_end(b, s, rc);
+    if (rc == 0 && sync && s != NULL)
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return ret(rc == MT_EINVAL ? cudaErrorInvalidDevice : to_cuda(rc));
+}
+
+MT_HOOK cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
+                                   size_t count)
+{
+    FORWARD(cudaMemcpyPeer, dst, dstDevice, src, srcDevice, count);
+    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, NULL, true);
+}
+
+MT_HOOK cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
+                                        size_t count, cudaStream_t stream)
+{
+    FORWARD(cudaMemcpyPeerAsync, dst, dstDevice, src, srcDevice, count, stream);
+    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, stream, false);
+}
+
+/* Peer access (issue 16 item 10): the runtime's call covers cuMemAlloc memory only, so
+ * the peer's expandable segments are granted to the current device too. */
+MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
+{
+    mt_preload_t *P = mt__preload();
+    if (!P->sim) {
+        cudaError_t (*real)(int, unsigned) =
+            (cudaError_t(*)(int, unsigned))mt__preload_real_rt("cudaDeviceEnablePeerAccess");
+        if (real == NULL)
+            return ret(cudaErrorInsufficientDriver);
+        cudaError_t e = real(peerDevice, flags);
+        if (e != cudaSuccess)
+            return e;
+    } else if (flags != 0) {
+        return ret(cudaErrorInvalidValue);
+    }
+    if (peerDevice < 0 || peerDevice >= P->ndevices || peerDevice == rt_device())
+        return ret(cudaErrorInvalidDevice);
+    return ret(to_cuda(mt__preload_peer_access(rt_device(), peerDevice)));
+}
+
+MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peerDevice)
+{
+    FORWARD(cudaDeviceCanAccessPeer, canAccess, device, peerDevice);
+    int n = mt__preload()->ndevices;
+    if (canAccess == NULL || device < 0 || device >= n || peerDevice < 0 || peerDevice >= n)
+        return ret(cudaErrorInvalidDevice);
+    *canAccess = device != peerDevice;
+    return cudaSuccess;
 }
 
 static cudaError_t sim_set(void *dst, int value, size_t n, cudaStream_t stream)
@@ -772,6 +837,10 @@ static const struct {
     H(cudaEventDestroy, false),
     H(cudaGetDeviceCount, false),
     H(cudaSetDevice, false),
+    H(cudaMemcpyPeer, true),
+    H(cudaMemcpyPeerAsync, true),
+    H(cudaDeviceEnablePeerAccess, false),
+    H(cudaDeviceCanAccessPeer, false),
     H(cudaGetDevice, false),
     H(cudaGetLastError, true),
     H(cudaPeekAtLastError, true),

@@ -49,7 +49,7 @@ typedef struct mt_preload_dev_s {
 typedef struct mt_preload_s {
     int init_rc;  /* 0, or why no device can be served (MT_ENODEV, ...) */
     bool sim;     /* serve the memory API ourselves (see above) */
-    int ndevices; /* devices we may serve, 1 on sim */
+    int ndevices; /* devices we may serve (on sim: MEMTRACE_SIM_DEVICES) */
     mt_backend_cfg_t bcfg;
     mt_alloc_cfg_t acfg; /* template: backend and sink filled per device */
 
@@ -107,6 +107,10 @@ int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
 /* Device reset or primary-context teardown (issue 16 item 1): drops device d's cache and
  * state first, while the context can still free them. */
 void mt__preload_drop_device(int device);
+/* Device dev enabled peer access to device peer (both in range, distinct): peer's
+ * expandable segments are granted to dev now if its allocator exists, else when it is
+ * made (pairs of devices < 64 are remembered). */
+int mt__preload_peer_access(int dev, int peer);
 /* Empties every device's cache (the driver ran out for an allocation memtrace does not
  * serve). True if any memory went back to the driver. */
 bool mt__preload_release_cached(void);

@@ -30,6 +30,8 @@ static void help(FILE *f)
             "    reserved bytes as a line above, the cache (reserved, not in use) shaded,\n"
             "    OOM events as red markers, iteration markers as ticks; the legend gives\n"
             "    each tag's peak;\n"
+            "  - several devices: one lane per device (its allocated and reserved bytes);\n"
+            "    the timeline above is their sum;\n"
             "  - pinned host memory (pool host), when there is any, in a panel of its own:\n"
             "    it is not device memory and is not counted in the device figures;\n"
             "  - bottom: the segment map at the peak of reserved memory, each segment a\n"

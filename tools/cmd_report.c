@@ -210,6 +210,24 @@ static void print_process(json_t *p)
            human(num(p, "final_allocated"), b3, sizeof(b3)),
            human(num(p, "final_reserved"), b4, sizeof(b4)));
 
+    /* Several devices: each one's figures, the line above being their sum. */
+    json_t *devs = json_object_get(p, "devices");
+    if (json_array_size(devs) > 1) {
+        printf("  by device (the process's figures at the end are the sums; each peak is the "
+               "device's own):\n");
+        size_t i;
+        json_t *d;
+        json_array_foreach(devs, i, d)
+        {
+            printf("    device %-3.0f peak allocated %s, peak reserved %s; at the end %s "
+                   "allocated, %s reserved\n",
+                   num(d, "device"), human(num(d, "peak_allocated"), b1, sizeof(b1)),
+                   human(num(d, "peak_reserved"), b2, sizeof(b2)),
+                   human(num(d, "final_allocated"), b3, sizeof(b3)),
+                   human(num(d, "final_reserved"), b4, sizeof(b4)));
+        }
+    }
+
     json_t *tags = json_object_get(p, "peak_by_tag");
     if (json_object_size(tags)) {
         printf("\n  peak by tag:\n");

@@ -49,6 +49,7 @@ static void usage(FILE *f)
             "  --alloc-conf STR         allocator settings, e.g.\n"
             "                           expandable_segments:True,max_split_size_mb:128\n"
             "  --capacity BYTES         sim device size (K/M/G suffixes), default 8G\n"
+            "  --devices N              sim devices (each --capacity), default 1\n"
             "  --telemetry MODE         auto|daemon|log|off (default auto)\n"
             "  --log FILE               local event log (default ./memtrace-<pid>.ndjson)\n"
             "  --summary-json FILE      also write the summary as JSON to FILE\n"
@@ -259,6 +260,8 @@ int mt_cmd_run(int argc, char **argv)
             setenv("MEMTRACE_ALLOC_CONF", v, 1);
         } else if (strcmp(a, "--capacity") == 0) {
             setenv("MEMTRACE_SIM_CAPACITY", v, 1);
+        } else if (strcmp(a, "--devices") == 0) {
+            setenv("MEMTRACE_SIM_DEVICES", v, 1);
         } else if (strcmp(a, "--telemetry") == 0) {
             setenv("MEMTRACE_PROF", v, 1);
         } else if (strcmp(a, "--log") == 0) {
@@ -275,7 +278,9 @@ int mt_cmd_run(int argc, char **argv)
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     if (mt_backend_cfg_from_env(&bc, err, sizeof err) != 0) {
         fprintf(stderr, "memtrace run: %s%s\n", err,
-                strncmp(err, "MEMTRACE_SIM_CAPACITY", 21) == 0 ? " (--capacity)" : "");
+                strncmp(err, "MEMTRACE_SIM_CAPACITY", 21) == 0  ? " (--capacity)"
+                : strncmp(err, "MEMTRACE_SIM_DEVICES", 20) == 0 ? " (--devices)"
+                                                                : "");
         return 2;
     }
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();

@@ -168,6 +168,18 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
                     "uncertain", human(num(p, "uncertain_bytes"), ub, sizeof ub),
                     human(num(p, "untracked_bytes"), tb, sizeof tb));
         }
+        /* Several devices: one line each; the process line above is their sum. */
+        json_t *devs = json_object_get(p, "devices"), *dv;
+        if (json_array_size(devs) > 1)
+            json_array_foreach(devs, j, dv)
+            {
+                char da[32], dr[32], dp[32], dn[16];
+                snprintf(dn, sizeof dn, "device %d", (int)num(dv, "device"));
+                fprintf(f, "         %-14s %s allocated, %s reserved, peak %s (of the sum above)\n",
+                        dn, human(num(dv, "allocated_bytes"), da, sizeof da),
+                        human(num(dv, "reserved_bytes"), dr, sizeof dr),
+                        human(num(dv, "peak_allocated_bytes"), dp, sizeof dp));
+            }
         /* Pinned host memory is not device memory: the figures above exclude it. */
         json_t *h = json_object_get(p, "host");
         if (num(h, "peak_reserved_bytes") > 0) {

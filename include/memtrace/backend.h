@@ -105,13 +105,19 @@ MT_API int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
 /* Synchronises every stream, then releases everything. Sets *p = NULL. */
 MT_API void mt_backend_destroy(mt_backend_t **p);
 
-/* Devices reachable from b with mt_backend_get_device (1 on cuda for now). */
+/* Devices reachable from b with mt_backend_get_device (cuda: the driver's device count;
+ * a device's primary context is retained when it is first reached, not before). */
 MT_API int mt_backend_device_count(const mt_backend_t *b);
 /* *out = the handle of device `ordinal` of b's group (b itself for b's own ordinal).
  * Borrowed: valid until the handle returned by mt_backend_create is destroyed, which
  * destroys every device of the group; mt_backend_destroy on a borrowed handle does
  * nothing. MT_EINVAL (logged with the ordinal and the device count) when out of range. */
 MT_API int mt_backend_get_device(mt_backend_t *b, int ordinal, mt_backend_t **out);
+/* Device b may read and write the memory of device `peer` (cudaDeviceEnablePeerAccess
+ * from b's device). On cuda this also grants b's device access to every page peer's
+ * expandable segments map, now and later, which the runtime call does not cover. No-op
+ * for peer == b's own ordinal and on sim. MT_EINVAL (logged) when peer is out of range. */
+MT_API int mt_backend_enable_peer_access(mt_backend_t *b, int peer);
 
 /* "sim" or "cuda". Static string. */
 MT_API const char *mt_backend_name(const mt_backend_t *b);
@@ -179,7 +185,10 @@ MT_API int mt_device_synchronize(mt_backend_t *b);
 
 /* ---- events ---- */
 
+/* An event for ordering streams. On cuda its timing is disabled (mt_event_time_ns gives
+ * 0); mt_event_create_timed makes one that carries a time. */
 MT_API int mt_event_create(mt_backend_t *b, mt_event_t **out);
+MT_API int mt_event_create_timed(mt_backend_t *b, mt_event_t **out);
 MT_API void mt_event_destroy(mt_backend_t *b, mt_event_t **ev);
 /* Captures the work queued on s so far; the event completes when s reaches it. ev and s
  * must be b's (MT_EINVAL otherwise, as CUDA refuses a stream of another device). */
@@ -187,13 +196,18 @@ MT_API int mt_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s);
 /* 0 if complete (or never recorded), MT_EAGAIN if still pending. Never blocks. */
 MT_API int mt_event_query(mt_backend_t *b, mt_event_t *ev);
 MT_API int mt_event_synchronize(mt_backend_t *b, mt_event_t *ev);
-/* Monotonic time (ns) at which the stream reached the event; 0 if not yet complete.
+/* Monotonic time (ns) at which the stream reached the event; 0 if not yet complete or
+ * made by mt_event_create on cuda.
  * Used by tests and benchmarks to prove overlap between streams. */
 MT_API uint64_t mt_event_time_ns(mt_backend_t *b, mt_event_t *ev);
 
 /* ---- pinned host memory (page-locked; cudaHostAlloc on cuda) ---- */
 
 MT_API int mt_backend_host_malloc(mt_backend_t *b, size_t size, void **out);
+/* The same with cudaHostAlloc's flags (portable 1, mapped 2, write-combined 4; others are
+ * MT_EINVAL), passed to the driver on cuda (portable is always added), ignored on sim. */
+#define MT_HOST_ALLOC_FLAGS 7u
+MT_API int mt_backend_host_malloc_flags(mt_backend_t *b, size_t size, unsigned flags, void **out);
 MT_API int mt_backend_host_free(mt_backend_t *b, void *ptr);
 
 #ifdef __cplusplus

@@ -20,9 +20,10 @@ static struct {
     size_t (*count)(const char *name);
     size_t (*used)(void);
     long (*ctx_depth)(void);
-    void (*idle)(void);                /* waits until every stream's queue ran */
-    void *(*shadow)(const void *dptr); /* host address of a device byte */
-    void (*age_events)(uint64_t ns);   /* recorded events move ns into the past */
+    void (*idle)(void);                            /* waits until every stream's queue ran */
+    void *(*shadow)(const void *dptr);             /* host address of a device byte */
+    void (*age_events)(uint64_t ns);               /* recorded events move ns into the past */
+    bool (*can_access)(int dev, const void *dptr); /* a kernel on dev could touch dptr */
 } fk;
 
 static inline int fake_ctl_open(void **state)
@@ -45,8 +46,9 @@ static inline int fake_ctl_open(void **state)
     *(void **)&fk.idle = dlsym(fk.lib, "fake_cuda_idle");
     *(void **)&fk.shadow = dlsym(fk.lib, "fake_cuda_shadow");
     *(void **)&fk.age_events = dlsym(fk.lib, "fake_cuda_age_events");
+    *(void **)&fk.can_access = dlsym(fk.lib, "fake_cuda_can_access");
     return fk.reset && fk.fail_next && fk.hold && fk.ncalls && fk.call && fk.count && fk.used &&
-                   fk.ctx_depth && fk.idle && fk.shadow && fk.age_events
+                   fk.ctx_depth && fk.idle && fk.shadow && fk.age_events && fk.can_access
                ? 0
                : -1;
 }

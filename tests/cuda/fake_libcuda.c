@@ -135,7 +135,7 @@ typedef struct fake_map_s {
     struct fake_map_s *next;
     CUdeviceptr p;
     size_t size;
-    bool access; /* cuMemSetAccess opened it */
+    uint64_t access; /* bit d: cuMemSetAccess opened it to device d (d < 64) */
 } fake_map_t;
 
 typedef struct fake_resv_s {
@@ -173,6 +173,7 @@ static struct {
     bool forked;    /* this process is a fork child of one that used the driver */
     uint64_t next_capture_id;
     unsigned long long handle_types; /* OR of every cuMemCreate's requestedHandleTypes */
+    uint64_t peer[MAXDEV];           /* bit j of peer[i]: device i enabled access to device j */
 } fake = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
@@ -551,6 +552,25 @@ FAKE_API long fake_cuda_ctx_depth(void);
 FAKE_API void fake_cuda_idle(void);
 FAKE_API void *fake_cuda_shadow(const void *dptr);
 FAKE_API void fake_cuda_age_events(uint64_t ns);
+FAKE_API bool fake_cuda_can_access(int dev, const void *dptr);
+
+/* Whether a kernel on device dev could touch device byte dptr: cuMemAlloc memory of its
+ * own device or of one it enabled peer access to; a VMM mapping opened to dev. */
+bool fake_cuda_can_access(int dev, const void *dptr)
+{
+    uintptr_t p = (uintptr_t)dptr;
+    bool ok = false;
+    pthread_mutex_lock(&fake.mu);
+    for (fake_blk_t *b = fake.blks; b != NULL && !ok; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size)
+            ok = b->ctx != NULL && (b->ctx->dev == dev || (fake.peer[dev] >> b->ctx->dev & 1));
+    for (fake_resv_t *v = fake.resvs; v != NULL && !ok; v = v->next)
+        for (fake_map_t *x = v->maps; x != NULL && !ok; x = x->next)
+            if (p >= x->p && p - x->p < x->size)
+                ok = x->access >> dev & 1;
+    pthread_mutex_unlock(&fake.mu);
+    return ok;
+}
 
 /* Moves every event recorded so far ns into the past, as if the process had run that
  * long since (for event-time precision over long runs). */
@@ -588,6 +608,7 @@ void fake_cuda_reset(size_t capacity, int devices)
     fake.capacity = capacity;
     fake.devices = devices < MAXDEV ? devices : MAXDEV;
     fake.nlog = 0;
+    memset(fake.peer, 0, sizeof fake.peer);
     fake.fail_name = NULL;
     fake.fail_count = 0;
     for (int i = 0; i < MAXDEV; i++)
@@ -954,6 +975,39 @@ FAKE_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUst
                                  .n = n});
 }
 
+/* Any two contexts (the driver stages the copy when peer access is off); the stream
+ * belongs to the current context. */
+FAKE_API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+                                    CUcontext src_ctx, size_t n, CUstream s)
+{
+    ENTER_CTX("cuMemcpyPeerAsync", dst, n);
+    if (ctx_of(dst_ctx) == NULL || ctx_of(src_ctx) == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return submit(s, (fake_op_t){.kind = OP_COPY,
+                                 .dst = (void *)(uintptr_t)dst,
+                                 .src = (const void *)(uintptr_t)src,
+                                 .n = n});
+}
+
+/* The current context's device may access peer's memory allocated with cuMemAlloc; VMM
+ * mappings stay as cuMemSetAccess left them, as on the real driver. */
+FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+    ENTER_CTX("cuCtxEnablePeerAccess", (uintptr_t)peer, flags);
+    fake_ctx_t *p = ctx_of(peer);
+    if (p == NULL)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags != 0 || p->dev == cur()->dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake.mu);
+    uint64_t bit = (uint64_t)1 << p->dev;
+    CUresult r =
+        fake.peer[cur()->dev] & bit ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    fake.peer[cur()->dev] |= bit;
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
 FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
 {
     ENTER_CTX("cuMemsetD8Async", dst, n);
@@ -1224,6 +1278,15 @@ FAKE_API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDe
     fake_resv_t *v = resv_find(p, size);
     CUresult r =
         v == NULL || mapped_bytes(v, p, size) != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    for (fake_map_t *x = v ? v->maps : NULL; r == CUDA_SUCCESS && x != NULL; x = x->next)
+        if (x->p < p + size && p < x->p + x->size)
+            for (size_t i = 0; i < count; i++) {
+                uint64_t bit = (uint64_t)1 << desc[i].location.id;
+                if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE)
+                    x->access &= ~bit;
+                else
+                    x->access |= bit;
+            }
     pthread_mutex_unlock(&fake.mu);
     return r;
 }

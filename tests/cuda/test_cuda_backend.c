@@ -139,7 +139,7 @@ static void test_streams_events_pending(void **state)
     mt_event_t *ev = NULL;
     assert_int_equal(mt_stream_create(b, &s), 0);
     assert_int_equal(mt_stream_id(s), 1);
-    assert_int_equal(mt_event_create(b, &ev), 0);
+    assert_int_equal(mt_event_create_timed(b, &ev), 0);
     assert_int_equal(mt_event_query(b, ev), 0); /* never recorded = complete */
     uint8_t *d = NULL;
     assert_int_equal(mt_backend_malloc(b, MiB, (void **)&d), 0);
@@ -302,8 +302,8 @@ static void test_event_time_precise_over_long_runs(void **state)
     mt_backend_t *b = make();
     fk.age_events((uint64_t)5 * 3600 * 1000000000u); /* the origin is 5 hours old */
     mt_event_t *e1 = NULL, *e2 = NULL;
-    assert_int_equal(mt_event_create(b, &e1), 0);
-    assert_int_equal(mt_event_create(b, &e2), 0);
+    assert_int_equal(mt_event_create_timed(b, &e1), 0);
+    assert_int_equal(mt_event_create_timed(b, &e2), 0);
     for (int round = 0; round < 2; round++) {
         assert_int_equal(mt_event_record(b, e1, NULL), 0);
         assert_int_equal(mt_stream_launch_host_func(b, NULL, nap_3ms, NULL), 0);

@@ -148,6 +148,92 @@ static void test_host_series(void **state)
     th_daemon_stop(&t);
 }
 
+/* ---- several devices (issue 15) ---- */
+
+/* A forked producer with real allocators on 2 sim devices: 3 MiB live on device 0, 5 MiB
+ * on device 1 (each in its own segment). */
+static void devices_producer_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-devices";
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_devices = 2;
+    bc.sim_capacity = (size_t)256 << 20;
+    mt_backend_t *b = NULL, *b1 = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0 ||
+        mt_backend_get_device(b, 1, &b1) != 0)
+        _exit(10);
+    mt_alloc_t *a[2] = {NULL, NULL};
+    void *x;
+    for (int d = 0; d < 2; d++) {
+        mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+        ac.backend = d ? b1 : b;
+        ac.sink = mt_prof_sink(p);
+        if (mt_alloc_create(&a[d], &ac) != 0 ||
+            mt_alloc_malloc(a[d], (d ? 5u : 3u) << 20, NULL, MT_TAG_WEIGHTS, &x) != 0)
+            _exit(11);
+    }
+    mt_prof_destroy(&p); /* the allocators (and their blocks) outlive the recording */
+    _exit(0);
+}
+
+/* /state and /metrics break device memory down by device; the process's figures are the
+ * sums; promtool accepts the device label. */
+static void test_devices_series(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("devices", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    const uint64_t M = 1u << 20;
+    assert_int_equal(json_integer_value(json_object_get(p, "allocated_bytes")), 8 * M);
+    json_t *dv = json_object_get(p, "devices");
+    assert_int_equal(json_array_size(dv), 2);
+    uint64_t sum_r = 0;
+    for (size_t i = 0; i < 2; i++) {
+        json_t *d = json_array_get(dv, i);
+        assert_int_equal(json_integer_value(json_object_get(d, "device")), i);
+        assert_int_equal(json_integer_value(json_object_get(d, "allocated_bytes")),
+                         (i ? 5 : 3) * M);
+        assert_int_equal(json_integer_value(json_object_get(d, "peak_allocated_bytes")),
+                         (i ? 5 : 3) * M);
+        sum_r += (uint64_t)json_integer_value(json_object_get(d, "reserved_bytes"));
+    }
+    assert_int_equal(json_integer_value(json_object_get(p, "reserved_bytes")), sum_r);
+    json_decref(p);
+
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    char line[160];
+    for (int d = 0; d < 2; d++) {
+        snprintf(line, sizeof line,
+                 "memtrace_device_allocated_bytes{pid=\"%d\",device=\"%d\"} %llu\n", (int)pid, d,
+                 (unsigned long long)((d ? 5 : 3) * M));
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+        snprintf(line, sizeof line,
+                 "memtrace_device_peak_allocated_bytes{pid=\"%d\",device=\"%d\"} %llu\n", (int)pid,
+                 d, (unsigned long long)((d ? 5 : 3) * M));
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+    }
+    snprintf(line, sizeof line, "memtrace_allocated_bytes{pid=\"%d\"} %llu\n", (int)pid,
+             (unsigned long long)(8 * M));
+    assert_non_null(strstr(body, line));
+    promtool_ok(body);
+    free(r);
+    th_daemon_stop(&t);
+}
+
 /* ---- user tag labels ---- */
 
 /* A forked producer with a real allocator (sim backend) that registers two user tags,
@@ -278,6 +364,8 @@ int main(int argc, char **argv)
         host_producer_body(args[0]);
     if (role != NULL && strcmp(role, "labels") == 0)
         labelled_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "devices") == 0)
+        devices_producer_body(args[0]);
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
         fprintf(stderr, "promtool not found (Debian package prometheus): skipped\n");
         return 77;
@@ -285,6 +373,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_pass_promtool),
         cmocka_unit_test(test_host_series),
+        cmocka_unit_test(test_devices_series),
         cmocka_unit_test(test_labels_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

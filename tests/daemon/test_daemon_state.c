@@ -235,6 +235,20 @@ static void test_totals_sum_over_sources(void **state)
                             json_array_get(json_object_get(jh, "segments"), 0), "pool")),
                         "host");
     json_decref(j);
+    /* Per device (issue 15): device 0 holds the 1 MiB block in 20 MiB, device 1 40 MiB;
+     * the process's figures above are their sums. */
+    json_t *devs = mt__d_proc_json(p, false);
+    json_t *dv = json_object_get(devs, "devices");
+    assert_int_equal(json_array_size(dv), 2);
+    uint64_t want_a[2] = {MIB, 0}, want_r[2] = {20 * MIB, 40 * MIB};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *d = json_array_get(dv, i);
+        assert_int_equal(json_integer_value(json_object_get(d, "device")), i);
+        assert_int_equal(json_integer_value(json_object_get(d, "allocated_bytes")), want_a[i]);
+        assert_int_equal(json_integer_value(json_object_get(d, "reserved_bytes")), want_r[i]);
+        assert_int_equal(json_integer_value(json_object_get(d, "peak_reserved_bytes")), want_r[i]);
+    }
+    json_decref(devs);
 
     /* The host block freed: host allocated drops, its peak stays, the device is untouched. */
     h.kind = MT_EV_FREE_COMPLETED;

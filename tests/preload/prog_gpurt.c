@@ -331,6 +331,9 @@ static int range(void)
     CHECK(start == DP(b));
     CUipcMemHandle ipc;
     CHECK(cuIpcGetMemHandle(&ipc, DP(a)) == CUDA_SUCCESS); /* a starts its segment */
+    CUdeviceptr opens_at = 0; /* the fake's handle holds where it opens */
+    memcpy(&opens_at, ipc.reserved, sizeof opens_at);
+    CHECK(opens_at == DP(a));
     CHECK(cuIpcGetMemHandle(&ipc, DP(b)) == CUDA_ERROR_NOT_SUPPORTED);
     return 0;
 }

@@ -156,6 +156,74 @@ static void test_runtime_program(void **state)
     assert_int_equal(count(log, "\"kind\":\"stats\""), 1); /* final totals at exit */
 }
 
+/* Issue 15 item 2: an unmodified runtime program on 2 sim devices. Each thread's current
+ * device picks that device's allocator, cudaMemGetInfo answers for the current device,
+ * and the log carries each allocation's device. */
+static void test_two_devices(void **state)
+{
+    (void)state;
+    run_prog("devs", env("MT_PROG_DEVICES"), "--devices 2 --capacity 1G", 0);
+    char *out = slurp("devs.out");
+    assert_non_null(strstr(out, "devices: 2"));
+    assert_non_null(strstr(out, "ok\n"));
+    size_t fr[2], tot[2];
+    for (int d = 0; d < 2; d++) {
+        char key[16];
+        snprintf(key, sizeof key, "dev%d: ", d);
+        const char *p = strstr(out, key);
+        assert_non_null(p);
+        assert_int_equal(sscanf(p + strlen(key), "free=%zu total=%zu", &fr[d], &tot[d]), 2);
+        assert_int_equal(tot[d], (size_t)1 << 30);
+    }
+    assert_int_equal(tot[0] - fr[0], (size_t)3 << 20); /* device 0 holds 3 MiB */
+    assert_int_equal(tot[1] - fr[1], (size_t)5 << 20); /* device 1 holds 5 MiB */
+    char *log = slurp("devs.ndjson");
+    size_t on[2] = {0, 0};
+    for (const char *p = strstr(log, "\"kind\":\"alloc\""); p;
+         p = strstr(p + 1, "\"kind\":\"alloc\"")) {
+        const char *line = p;
+        while (line > log && line[-1] != '\n')
+            line--;
+        const char *dv = strstr(line, "\"dev\":");
+        assert_non_null(dv);
+        on[atoi(dv + 6) == 1]++;
+    }
+    assert_int_equal(on[0], 1);
+    assert_int_equal(on[1], 1);
+    /* report and plot: per device from the one model; the process's figures are sums */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' report --json devs.ndjson > devs.report.json",
+             env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_report", cmd), 0);
+    json_t *rep = summary("devs.report.json");
+    json_t *proc = json_array_get(json_object_get(rep, "processes"), 0);
+    json_t *dv = json_object_get(proc, "devices");
+    assert_int_equal(json_array_size(dv), 2);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *d = json_array_get(dv, i);
+        assert_int_equal(jint(d, "device"), (long long)i);
+        assert_int_equal(jint(d, "peak_allocated"), (long long)((i ? 5 : 3) << 20));
+        assert_int_equal(jint(d, "final_allocated"), 0);
+    }
+    assert_int_equal(jint(proc, "peak_allocated"), 8 << 20); /* both live at once */
+    json_decref(rep);
+    snprintf(cmd, sizeof cmd, "'%s' report devs.ndjson", env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_text", cmd), 0);
+    char *text = slurp("devs_text.out");
+    assert_non_null(strstr(text, "by device"));
+    assert_non_null(strstr(text, "device 1   peak allocated 5.0 MiB"));
+    snprintf(cmd, sizeof cmd, "'%s' plot -o devs.svg devs.ndjson", env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_plot", cmd), 0);
+    char *svg = slurp("devs.svg");
+    assert_int_equal(count(svg, "class=\"lane\""), 2);
+    assert_non_null(strstr(svg, "device 1: peak allocated 5.0 MiB"));
+    /* a device count the sim does not model is refused before the program runs */
+    snprintf(cmd, sizeof cmd, "'%s' run --backend sim --devices 2x -- /bin/true",
+             env("MT_MEMTRACE"));
+    assert_int_equal(sh("devs_bad", cmd), 2);
+    assert_non_null(strstr(slurp("devs_bad.out"), "MEMTRACE_SIM_DEVICES"));
+}
+
 /* With a daemon running, the daemon receives every allocation of the program. */
 static void test_daemon_sees_every_allocation(void **state)
 {
@@ -398,6 +466,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runtime_fails_without_memtrace),
         cmocka_unit_test(test_runtime_program),
+        cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_daemon_sees_every_allocation),
         cmocka_unit_test(test_driver_program_via_get_proc_address),
         cmocka_unit_test(test_oom_is_reported),
