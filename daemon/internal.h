@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "analysis/model.h"
+#include "analysis/symbolize.h"
 #include "daemon/daemon.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
@@ -27,6 +28,7 @@
 #define MT_D_MAX_TAG_LABELS    8    /* user tag labels in one subscription filter */
 #define MT_D_BATCH             1024 /* events per batch (one consumer chunk per batch) */
 #define MT_D_PRODUCER_LINE_MAX 4096 /* bytes of a line a registered producer may send */
+#define MT_D_CALLSITES_TOP     5    /* call sites per process in /state */
 
 /* ---- growable text buffer ---- */
 
@@ -63,6 +65,7 @@ typedef struct mt_d_proc_s {
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
     mt_model_t *model; /* owned: totals, blocks, tags, segments of both memory classes */
+    mt_sym_t *sym;     /* owned: names the frames of its call stacks (/state, /block) */
     /* User tags' labels, as the process announced them (MT_EV_TAG_LABEL); "" = none.
      * Kept for the process's lifetime, so a consumer that comes after the announcement
      * still gets the names. names[t] is what /state, /metrics and tail call tag t: its

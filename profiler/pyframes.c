@@ -135,8 +135,17 @@ void mt_pyframes_refresh(void)
     pthread_mutex_unlock(&state_lock);
 }
 
+/* The loader's count is read on a thread's first capture and then every GEN_EVERY
+ * captures: an interpreter loaded later (dlopen) is found within that many allocations,
+ * and a process without one pays dl_iterate_phdr rarely. */
+#define GEN_EVERY 64
+static _Thread_local unsigned gen_countdown;
+
 static py_api_t *api_get(void)
 {
+    if (gen_countdown-- != 0)
+        return atomic_load_explicit(&api_cur, memory_order_acquire);
+    gen_countdown = GEN_EVERY - 1;
     unsigned long gen = loader_generation();
     if (gen != atomic_load_explicit(&loaded_gen, memory_order_acquire)) {
         pthread_mutex_lock(&state_lock);

@@ -113,6 +113,13 @@ MT_API int mt_prof_oom_dir(char *buf, size_t len);
 MT_API size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                                   const char *(*tag_name)(void *ud, int tag), void *ud);
 
+/* The same, for an alloc with a call stack: its line carries "stack": stack (0: none). An
+ * MT_EV_STACK_REF record is written as {"v":1,"type":"event",...,"kind":"stack_ref",
+ * "addr":..,"pool":..,"stack":N} (by either function). */
+MT_API size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
+                                  uint32_t stack, const char *(*tag_name)(void *ud, int tag),
+                                  void *ud);
+
 /* Decodes an event or gap line parsed by jansson (json: a json_t *; the inverse of
  * mt_prof_event_write; the tag by "tag_id"). A gap without "pid" (a consumer queue's)
  * gives *pid = -1. MT_EPROTO naming the bad field in err. pid may be NULL. */
