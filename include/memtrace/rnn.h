@@ -215,9 +215,10 @@ MT_API int mt_rnn_set_offload(mt_rnn_t *m, struct mt_host_cache_s *host, int win
  * replica (mt_rnn_replicate) starts at (cfg.dropout_seed, 0). cuDNN path: setting the state
  * re-initialises cuDNN's generator (cudnnSetDropoutDescriptor) from a seed that mixes both
  * (the seed itself when counter is 0); it is a fresh start, not where cuDNN's generator
- * would be after counter forwards. cuDNN promises the same masks again only for the same
- * states, GPU model and cuDNN version and the same sequence of training forwards of the
- * same shapes; nothing across GPU models or versions, and its masks are not the cpu path's.
+ * would be after counter forwards. cuDNN documents only that each training forward reads
+ * and advances the states, and that its results repeat on the same GPU architecture and
+ * cuDNN version: the masks repeat for the same sequence of training forwards of the same
+ * shapes there, not across GPU models or cuDNN versions, and they are not the cpu path's.
  * Reading the state back gives what was set plus the forwards since. */
 MT_API int mt_rnn_set_dropout_state(mt_rnn_t *m, uint64_t seed, uint64_t counter);
 MT_API int mt_rnn_dropout_state(const mt_rnn_t *m, uint64_t *seed, uint64_t *counter);

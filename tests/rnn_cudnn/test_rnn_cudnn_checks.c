@@ -286,6 +286,10 @@ static void test_old_cudnn_refused(void **state)
     assert_null(f.m);
     assert_non_null(strstr(f.last_log, "version 8907 (8.9)"));
     assert_int_equal(fake_dnn_count("cudnnCreate"), 0);
+    /* a cuDNN 9 starts, and the loaded version is logged beside the built-against one */
+    fake_dnn_set_version(91203);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    assert_non_null(strstr(f.version_log, "libcudnn 9.12.3 (built against 9."));
     fake_dnn_set_version(91900);
     fx_down(&f);
 }
