@@ -277,7 +277,10 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
         return MT_EINVAL;
     if (m->path != &mt__rnn_cpu_path)
         return MT_ENOTSUP;
-    return mt__rnn_gemm_set_threads(m->shape.gemm, threads);
+    int rc = mt__rnn_gemm_set_threads(m->shape.gemm, threads);
+    if (rc == 0)
+        m->shape.threads = threads;
+    return rc;
 }
 
 /* ---- parameters ---- */
