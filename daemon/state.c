@@ -31,6 +31,7 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
         return;
     mt_d_proc_t *p = *pp;
     mt_model_destroy(&p->model);
+    mt__d_stacks_free(p);
     mt_sym_destroy(&p->sym);
     free(p);
     *pp = NULL;
