@@ -184,7 +184,9 @@ void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_m
  * bounded: ids above MT_STACK_ID_MAX (other than MT_STACK_ID_OVERFLOW) count as id 0's
  * "bad id" figure; a definition that does not fit MT_MODEL_FRAMES_MAX is refused. */
 
-#define MT_MODEL_FRAMES_MAX  (1u << 22) /* frames held over all stacks of a model */
+/* frames held over all stacks of a model: the producer's own cap (MT__STAB_FRAMES), so a
+ * daemon holds at most 64 MiB of frames per process */
+#define MT_MODEL_FRAMES_MAX  (1u << 21)
 #define MT_MODEL_MODULES_MAX 4096u
 #define MT_MODEL_PY_STR_MAX  (4u << 20) /* bytes of Python function and file names */
 
@@ -236,7 +238,8 @@ int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src);
 /* Per-stack figures of one class. */
 typedef struct mt_model_stack_s {
     uint32_t stack;           /* id; 0 = allocations without a stack; MT_STACK_ID_OVERFLOW */
-    uint64_t bytes;           /* live bytes now (known; pending frees excluded) */
+    uint64_t bytes;           /* live bytes now (known; pending frees excluded); figures are
+                                 bounded by the class's allocated / peak_allocated */
     uint64_t blocks;          /* live blocks now */
     uint64_t peak_bytes;      /* live bytes at the class's peak (the last time allocated rose to
                                  peak_allocated) */
