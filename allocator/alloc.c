@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/entry.h"
 #include "util/log.h"
 #include "allocator/internal.h"
 
@@ -492,6 +493,15 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     return MT_ENOMEM;
 }
 
+/* The allocation's call stack, asked of the sink before the lock (event.h); 0 = none. */
+static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    if (__builtin_expect(s == NULL || s->stack == NULL || a->cfg.stacks == MT_STACKS_OFF, 1))
+        return 0;
+    return s->stack(s->ud, size, MT_POOL_NONE, a->cfg.stacks);
+}
+
 int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
 {
     if (a == NULL || out == NULL || tag < 0 || tag >= MT_TAG_MAX)
@@ -499,6 +509,9 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     *out = NULL;
     if (size == 0)
         return 0;
+    /* the program's call into memtrace, where its stack is cut (util/entry.h) */
+    uintptr_t entry = mt__entry_enter((uintptr_t)__builtin_return_address(0));
+    uint32_t stack = alloc_stack(a, size);
     mt__alloc_lock(a);
     int rc = 0;
     if (a->npending > 0)
@@ -563,10 +576,25 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
         mt__warm_record_alloc(a, b, rsize);
     }
-    mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
+    if (__builtin_expect(a->cfg.sink != NULL && stack != 0, 0)) {
+        /* with a stack: its ref and the alloc in one batch, the ref first */
+        mt_event_rec_t ev[2];
+        uint64_t t = mt__clock_now(&a->clk);
+        fill_rec(a, &ev[1], MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag,
+                 t);
+        ev[0] = ev[1];
+        ev[0].kind = MT_EV_STACK_REF;
+        ev[0].size = stack;
+        ev[0].requested = 0;
+        emit_recs(a, ev, 2);
+        stats_due(a, t);
+    } else {
+        mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
+    }
     *out = (void *)b->addr;
 out:
     mt__alloc_unlock(a);
+    mt__entry_leave(entry);
     return rc;
 }
 

@@ -2,6 +2,7 @@
 #include "analysis/callsite.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,90 @@ void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n)
 {
     if (n > 1)
         qsort(rows, n, sizeof(*rows), row_cmp);
+}
+
+/* ---- merging rows that read the same ---- */
+
+typedef struct chain_s {
+    uint64_t hash;       /* of the label pointers (labels are interned: same text, same pointer) */
+    size_t row;          /* index in rows */
+    const char **labels; /* into one block of n_frames pointers per row */
+} chain_t;
+
+static int chain_cmp(const void *a, const void *b)
+{
+    const chain_t *x = a, *y = b;
+    if (x->hash != y->hash)
+        return x->hash < y->hash ? -1 : 1;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
+
+static bool chain_eq(const chain_t *a, const chain_t *b, const mt_cs_row_t *rows)
+{
+    const mt_cs_row_t *x = &rows[a->row], *y = &rows[b->row];
+    if (x->n_frames != y->n_frames || x->truncated != y->truncated)
+        return false;
+    for (int k = 0; k < x->n_frames; k++) {
+        if (a->labels[k] != b->labels[k])
+            return false;
+    }
+    return true;
+}
+
+int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < *n; i++)
+        total += rows[i].frames != NULL ? (size_t)rows[i].n_frames : 0;
+    chain_t *ch = calloc(*n ? *n : 1, sizeof(*ch));
+    const char **lab = calloc(total ? total : 1, sizeof(*lab));
+    bool *gone = calloc(*n ? *n : 1, sizeof(*gone));
+    if (ch == NULL || lab == NULL || gone == NULL) {
+        free(ch);
+        free(lab);
+        free(gone);
+        return MT_ENOMEM;
+    }
+    size_t used = 0;
+    for (size_t i = 0; i < *n; i++) {
+        uint64_t h = 1469598103934665603ull;
+        ch[i] = (chain_t){.row = i, .labels = lab + used};
+        int nf = rows[i].frames != NULL ? rows[i].n_frames : 0;
+        for (int k = 0; k < nf; k++) {
+            mt_sym_frame_t fr;
+            mt_cs_frame_label(s, pid, &rows[i].frames[k], &fr);
+            ch[i].labels[k] = fr.label;
+            h = (h ^ (uintptr_t)fr.label) * 1099511628211ull;
+        }
+        /* Rows without frames (id 0, unknown ids) never merge: their hash is their row. */
+        ch[i].hash = nf > 0 ? h : ~(uint64_t)i;
+        used += (size_t)nf;
+    }
+    qsort(ch, *n, sizeof(*ch), chain_cmp);
+    for (size_t i = 0; i < *n;) {
+        size_t j = i + 1;
+        for (; j < *n && ch[j].hash == ch[i].hash; j++) {
+            if (rows[ch[j].row].frames == NULL || !chain_eq(&ch[i], &ch[j], rows))
+                continue;
+            mt_cs_row_t *into = &rows[ch[i].row], *from = &rows[ch[j].row];
+            into->bytes =
+                into->bytes > UINT64_MAX - from->bytes ? UINT64_MAX : into->bytes + from->bytes;
+            into->blocks += from->blocks;
+            gone[ch[j].row] = true;
+        }
+        i = j;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (!gone[i])
+            rows[k++] = rows[i];
+    }
+    *n = k;
+    free(ch);
+    free(lab);
+    free(gone);
+    mt_cs_rows_sort(rows, *n);
+    return 0;
 }
 
 int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out)

@@ -35,6 +35,12 @@ typedef struct mt_cs_row_s {
 /* Sorts by bytes, largest first, then by stack id (a stable, total order). */
 void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n);
 
+/* Merges rows whose frames read the same (two stacks that differ only in ips of one line,
+ * or in frames below the labels' reach): bytes and blocks add up (saturating), the lowest
+ * id stays; rows without frames are kept apart. Then sorts as mt_cs_rows_sort. Not for
+ * growth rows (fits do not add). 0 or MT_ENOMEM (rows left as they were). */
+int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n);
+
 /* Labels one frame of process pid into *out (see mt_sym_frame_t). 0 or MT_ENOMEM (then
  * out->label reads "unknown frame"). */
 int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out);

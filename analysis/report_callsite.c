@@ -11,8 +11,11 @@ static json_t *section(const mt_model_t *m, mt_sym_t *s, uint32_t pid, int which
 {
     mt_cs_row_t *rows = NULL;
     size_t n = 0;
-    if (mt_cs_rows_from_model(m, which, &rows, &n) != 0)
+    if (mt_cs_rows_from_model(m, which, &rows, &n) != 0 ||
+        (which != MT_CS_GROWTH && mt_cs_rows_merge(s, pid, rows, &n) != 0)) {
+        free(rows);
         return NULL;
+    }
     json_t *a = mt_cs_rows_json(s, pid, rows, n, top, which == MT_CS_GROWTH);
     free(rows);
     return a;

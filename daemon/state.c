@@ -31,6 +31,7 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
         return;
     mt_d_proc_t *p = *pp;
     mt_model_destroy(&p->model);
+    mt__d_stacks_free(p);
     mt_sym_destroy(&p->sym);
     free(p);
     *pp = NULL;
@@ -224,6 +225,10 @@ static int callsites_json(json_t *o, const mt_d_proc_t *p)
     if (mt_cs_rows_from_model(p->model, MT_CS_LIVE, &rows, &n) != 0)
         return -1;
     mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+    if (mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
+        free(rows);
+        return -1;
+    }
     json_t *a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_CALLSITES_TOP, false);
     free(rows);
     return json_object_set_new(o, "callsites", a);

@@ -620,6 +620,9 @@ static void serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     json_t *a = NULL;
     if (!rc) {
         mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+        rc = mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
+    }
+    if (!rc) {
         a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
     }
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;

@@ -584,6 +584,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "train_charlm: MEMTRACE_PROF must be auto, daemon, log or off\n");
         return 2;
     }
+    char serr[128];
+    if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr)) {
+        fprintf(stderr, "train_charlm: %s\n", serr);
+        return 2;
+    }
     pcfg.log = log_cb;
     mt_prof_t *prof;
     CHECK(mt_prof_create(&prof, &pcfg));

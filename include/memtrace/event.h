@@ -94,6 +94,19 @@ static inline unsigned mt_event_source(const mt_event_rec_t *ev)
 #define MT_STACK_ID_OVERFLOW UINT32_MAX
 #define MT_STACK_DEPTH_MAX   64 /* frames kept per stack (native and Python) */
 
+/* Which allocations get a call stack (MEMTRACE_STACKS, the allocator config key "stacks",
+ * mt_prof_set_stacks). Sampled is by bytes: every allocation of at least
+ * MT_STACK_SAMPLE_MEAN bytes, and otherwise one at the end of each exponentially
+ * distributed run of allocated bytes of that mean (per thread), so that big allocations
+ * are always taken and small ones in proportion to their bytes. */
+typedef enum mt_stacks_e {
+    MT_STACKS_DEFAULT = -1, /* allocator config: the sink's (profiler's) setting */
+    MT_STACKS_OFF = 0,
+    MT_STACKS_SAMPLED = 1, /* the default */
+    MT_STACKS_ALL = 2,
+} mt_stacks_e;
+#define MT_STACK_SAMPLE_MEAN (512u << 10) /* bytes */
+
 typedef struct mt_event_sink_s {
     void (*emit)(void *ud, const mt_event_rec_t *ev); /* ev is borrowed */
     void *ud;
@@ -106,11 +119,11 @@ typedef struct mt_event_sink_s {
      * NUL-terminated note into buf ("" or NULL member: nothing to say). */
     void (*oom_note)(void *ud, unsigned device, uint64_t n, char *buf, size_t len);
     /* Optional: the call stack of an allocation of bytes (pool: MT_POOL_HOST for pinned
-     * host memory, else MT_POOL_NONE), asked on the allocating thread BEFORE the
-     * allocator's lock is taken (it may unwind, intern and take the sink's own locks).
-     * Returns a stack id, or 0 for none (not sampled, stacks off). With an id, the
-     * allocator emits MT_EV_STACK_REF then MT_EV_ALLOC in one batch. */
-    uint32_t (*stack)(void *ud, uint64_t bytes, int pool);
+     * host memory, else MT_POOL_NONE; mode: mt_stacks_e, the allocator's setting), asked on the
+     * allocating thread BEFORE the allocator's lock is taken (it may unwind, intern and take the
+     * sink's own locks). Returns a stack id, or 0 for none (not sampled, stacks off). With an id,
+     * the allocator emits MT_EV_STACK_REF then MT_EV_ALLOC in one batch. */
+    uint32_t (*stack)(void *ud, uint64_t bytes, int pool, int mode);
 } mt_event_sink_t;
 
 /* ---- tag labels (MT_EV_TAG_LABEL) ----

@@ -8,9 +8,9 @@
  *
  * All weights live in ONE flat buffer (tagged weights) in the engine's layout (the one
  * older cuDNN documentation calls canonical; where cuDNN reports another, the cuDNN path
- * copies, docs/cudnn.md): pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...; inside
- * each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g input biases,
- * then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
+ * copies, docs/cudnn.md): pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1
+ * forward, ...; inside each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g
+ * input biases, then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
  * 1 (RNN); in = input_size for layer 0, D*H above. Parameters are exposed as named views with
  * PyTorch's names and shapes (weight_ih_l{k}[_reverse] = [g*H, in], the g W matrices
  * stacked; weight_hh_... = [g*H, H]; bias_ih_..., bias_hh_... = [g*H]). Gradients live in a

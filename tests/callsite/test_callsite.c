@@ -127,9 +127,37 @@ static void test_not_utf8(void **state)
     mt_sym_destroy(&s);
 }
 
+/* Stacks that read the same merge (bytes and blocks add); others and frameless rows stay. */
+static void test_merge(void **state)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    mt_cs_frame_t a[2] = {{.py_func = "f", .py_file = "/x.py", .py_line = 1},
+                          {.py_func = "main", .py_file = "/x.py", .py_line = 9}};
+    mt_cs_frame_t b[2] = {{.py_func = "f", .py_file = "/x.py", .py_line = 1},
+                          {.py_func = "main", .py_file = "/x.py", .py_line = 9}};
+    mt_cs_frame_t c[1] = {{.py_func = "f", .py_file = "/x.py", .py_line = 1}};
+    mt_cs_row_t rows[5] = {
+        {.stack = 1, .bytes = 10, .blocks = 1, .frames = a, .n_frames = 2},
+        {.stack = 2, .bytes = 30, .blocks = 2, .frames = b, .n_frames = 2},
+        {.stack = 3, .bytes = 25, .blocks = 1, .frames = c, .n_frames = 1},
+        {.stack = 4, .bytes = 5, .blocks = 1},
+        {.stack = 5, .bytes = 5, .blocks = 1},
+    };
+    size_t n = 5;
+    assert_int_equal(mt_cs_rows_merge(s, 1, rows, &n), 0);
+    assert_int_equal(n, 4);
+    assert_true(rows[0].bytes == 40 && rows[0].blocks == 3);
+    assert_true(rows[0].stack == 1 || rows[0].stack == 2);
+    assert_int_equal(rows[1].stack, 3);
+    assert_int_equal(rows[2].stack, 4);
+    assert_int_equal(rows[3].stack, 5);
+    mt_sym_destroy(&s);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rows),
-                                       cmocka_unit_test(test_not_utf8)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_rows), cmocka_unit_test(test_not_utf8),
+                                       cmocka_unit_test(test_merge)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

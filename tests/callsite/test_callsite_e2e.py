@@ -159,16 +159,17 @@ def symbol(path, name):
 
 
 def crafted_log(tmp):
-    """A real log of prog_sites.c (no stacks recorded) given a stack table by hand: stack 1
+    """A real log of prog_sites.c (stacks off) given a stack table by hand: stack 1
     (the 8 MiB weights) is two native frames inside load_weights and main of the real
     binary at a made-up load bias, stack 2 (the 4 MiB activations) two Python frames,
     stack 3 (the history) an id no line defines. Returns (lines, table line indexes)."""
     prog = os.environ["MT_PROG_SITES"]
     log = os.path.join(tmp, "plain.ndjson")
     run([MEMTRACE, "run", "--backend", "sim", "--log", log, "--quiet", "--", prog],
-        env=base_env())
+        env=base_env(MEMTRACE_STACKS="off"))
     with open(log) as f:
         lines = f.read().splitlines()
+    assert not any('"stack' in l for l in lines), "stacks recorded with MEMTRACE_STACKS=off"
     base = 0x555555554000 if elf_is_pie(prog) else 0
     pid = json.loads(lines[0])["pid"]
     ip = lambda name: "0x%x" % (base + symbol(prog, name) + 4)
@@ -272,6 +273,17 @@ class CraftedLog(unittest.TestCase):
         p = run([MEMTRACE, "plot", "--flamegraph", "--pid", "1", "-o", leak, self.log], check=False)
         self.assertEqual(p.returncode, 2)
         self.assertIn("no process 1", p.stderr)
+
+
+    def test_web(self):
+        node = shutil.which("node")
+        if node is None:
+            self.skipTest("no node")
+        p = run([node, os.path.join(HERE, "web_callsite.mjs"), MEMTRACE, self.log], check=False)
+        if p.returncode == 77:
+            self.skipTest(p.stdout.strip())
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("clicking the weights block shows its call stack", p.stdout)
 
 
 class BadInput(unittest.TestCase):
@@ -378,17 +390,19 @@ class TrainCharlm(unittest.TestCase):
             rows = cs["at_peak"]
 
             def forward_then_caller(r):
-                fs = functions(r)
+                """The engine's forward function, then a function of the example."""
+                fs = r["frames"]
                 for i, f in enumerate(fs):
-                    if f and f.startswith("mt_rnn_forward"):
-                        rest = [x for x in fs[i + 1:] if x]
-                        return bool(rest) and rest[0] == "train_step"
+                    if (f["function"] or "").startswith("mt_rnn_forward"):
+                        rest = [x for x in fs[i + 1:] if x["function"]]
+                        return bool(rest) and (rest[0]["file"] or "").endswith("train_charlm.c")
                 return False
 
             a = find_row(rows, forward_then_caller)
             self.assertIsNotNone(a, json.dumps([[f["label"] for f in r["frames"]] for r in rows], indent=1)[:4000])
-            caller = next(f for f in a["frames"] if f["function"] == "train_step")
-            self.assertTrue(caller["file"].endswith("train_charlm.c"))
+            i = next(k for k, f in enumerate(a["frames"]) if f["function"].startswith("mt_rnn_forward"))
+            self.assertTrue(a["frames"][i]["file"].endswith("module.c"))
+            caller = next(f for f in a["frames"][i + 1:] if f["function"])
             self.assertGreater(caller["line"], 0)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
