@@ -236,7 +236,8 @@ int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src);
 /* Per-stack figures of one class. */
 typedef struct mt_model_stack_s {
     uint32_t stack;           /* id; 0 = allocations without a stack; MT_STACK_ID_OVERFLOW */
-    uint64_t bytes;           /* live bytes now (known; pending frees excluded) */
+    uint64_t bytes;           /* live bytes now (known; pending frees excluded); figures are
+                                 bounded by the class's allocated / peak_allocated */
     uint64_t blocks;          /* live blocks now */
     uint64_t peak_bytes;      /* live bytes at the class's peak (the last time allocated rose to
                                  peak_allocated) */

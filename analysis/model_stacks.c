@@ -314,9 +314,13 @@ int mt_model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *c
             continue;
         mt_model_stack_t *r = &v[w++];
         r->stack = s->defs[i].id;
+        /* bounded as every figure is: never above the class's allocated (peak) total */
+        uint64_t alloc = sat(c->asum);
         r->bytes = sat(f->bytes);
-        r->blocks = f->blocks;
         r->peak_bytes = f->snap_ep == c->peak_ep ? f->snap : r->bytes;
+        r->bytes = r->bytes < alloc ? r->bytes : alloc;
+        r->peak_bytes = r->peak_bytes < c->peak_alloc ? r->peak_bytes : c->peak_alloc;
+        r->blocks = f->blocks;
         r->uncertain_bytes = sat(f->unc);
         r->allocs = f->allocs;
         r->alloc_bytes = f->alloc_bytes;

@@ -4,11 +4,9 @@
 
 static volatile int sink;
 
-int mt_bench_deep(int depth, int (*fn)(void *), void *ud)
+__attribute__((noinline, noipa)) int mt_bench_deep(int depth, int (*fn)(void *), void *ud)
 {
-    if (depth <= 1)
-        return fn(ud);
-    int r = mt_bench_deep(depth - 1, fn, ud);
+    int r = depth <= 1 ? fn(ud) : mt_bench_deep(depth - 1, fn, ud);
     sink = r; /* not a tail call: each level keeps its frame */
     return r + 0 * sink;
 }

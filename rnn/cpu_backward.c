@@ -412,14 +412,21 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
 }
 
 /* dst[n, m] += src[m, n]^T, row-major with leading dimensions lds and ldd, in tiles. */
-static void add_transposed(float *dst, int ldd, const float *src, int lds, int m, int n)
+static void add_transposed(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
+                           int n)
 {
     enum { TILE = 32 };
-    for (int i0 = 0; i0 < m; i0 += TILE)
-        for (int j0 = 0; j0 < n; j0 += TILE)
-            for (int j = j0; j < n && j < j0 + TILE; j++)
-                for (int i = i0; i < m && i < i0 + TILE; i++)
-                    dst[(size_t)j * ldd + i] += src[(size_t)i * lds + j];
+    for (int i0 = 0; i0 < m; i0 += TILE) {
+        int i1 = i0 + TILE < m ? i0 + TILE : m;
+        for (int j0 = 0; j0 < n; j0 += TILE) {
+            int j1 = j0 + TILE < n ? j0 + TILE : n;
+            for (int j = j0; j < j1; j++) {
+                float *d = dst + (size_t)j * ldd;
+                for (int i = i0; i < i1; i++)
+                    d[i] += src[(size_t)i * lds + j];
+            }
+        }
+    }
 }
 
 /* dw += the accumulated dW and dR of every pseudo-layer. */

@@ -423,6 +423,25 @@ static void run_dir(const dir_run_t *a)
     mt__rnn_rows_par(a->s, split, a->q->B, run_steps, (void *)a);
 }
 
+/* dst[n, m] = src[m, n]^T, row-major with leading dimensions ldd and lds, in tiles of 32
+ * rows and columns (a cache line of each of 32 rows at a time). */
+static void transpose(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
+                      int n)
+{
+    enum { TILE = 32 };
+    for (int i0 = 0; i0 < m; i0 += TILE) {
+        int i1 = i0 + TILE < m ? i0 + TILE : m;
+        for (int j0 = 0; j0 < n; j0 += TILE) {
+            int j1 = j0 + TILE < n ? j0 + TILE : n;
+            for (int j = j0; j < j1; j++) {
+                float *d = dst + (size_t)j * ldd;
+                for (int i = i0; i < i1; i++)
+                    d[i] = src[(size_t)i * lds + j];
+            }
+        }
+    }
+}
+
 /* R^T and the folded bias of every pseudo-layer, into prep (prep_floats). */
 static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
 {
@@ -430,9 +449,7 @@ static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
     for (int p = 0; p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
         float *rt = prep + (size_t)p * ((size_t)H + 1) * gh, *bias = rt + (size_t)H * gh;
-        for (int i = 0; i < gh; i++)
-            for (int j = 0; j < H; j++)
-                rt[(size_t)j * gh + i] = m.r[(size_t)i * H + j];
+        transpose(rt, gh, m.r, H, gh, H);
         /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
          * r * (R_n h + b_Rn). */
         int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;

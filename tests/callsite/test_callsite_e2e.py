@@ -286,6 +286,51 @@ class CraftedLog(unittest.TestCase):
         self.assertIn("clicking the weights block shows its call stack", p.stdout)
 
 
+class LiveDaemon(unittest.TestCase):
+    """The CUDA runtime program reporting to a live daemon with MEMTRACE_STACKS=all: /state
+    (read through `top --json`) lists its call sites by name, and `top --once` shows them
+    under the selected process."""
+
+    def test_state_and_top(self):
+        import time
+        tmp = tempfile.mkdtemp(prefix="mt-callsite-d-")
+        sock = os.path.join(tmp, "mt.sock")
+        d = subprocess.Popen([MEMTRACE, "daemon", "--socket", sock, "--port", "off",
+                              "--foreground", "--quiet"])
+        try:
+            for _ in range(100):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+            run([MEMTRACE, "run", "--backend", "sim", "--telemetry", "daemon", "--quiet", "--",
+                 os.environ["MT_PROG_SITES"]],
+                env=base_env(MEMTRACE_STACKS="all", MEMTRACE_SOCKET=sock))
+            # The daemon drains the exited process's ring: wait for its call sites (bounded).
+            proc = None
+            for _ in range(100):
+                st = json.loads(run([MEMTRACE, "top", "--json", "--socket", sock]).stdout)
+                procs = [q for q in st["processes"] if q.get("callsites")]
+                proc = procs[0] if procs else None
+                if proc and any(r["site"].startswith("load_weights") for r in proc["callsites"]):
+                    break
+                time.sleep(0.05)
+            self.assertIsNotNone(proc, st)
+            top = proc["callsites"][0]
+            self.assertTrue(top["site"].startswith("load_weights (prog_sites.c:"), proc["callsites"])
+            self.assertEqual(top["bytes"], 8 << 20)
+            self.assertTrue(top["frames"][1]["label"].startswith("main (prog_sites.c:"))
+            out = run([MEMTRACE, "top", "--once", "--socket", sock, "--pid", str(proc["pid"])]).stdout
+            self.assertIn("top call sites of %d" % proc["pid"], out)
+            self.assertRegex(out, r"8\.0 MiB +1 blocks +load_weights \(prog_sites\.c:\d+\)"
+                                  r" +<- main \(prog_sites\.c:\d+\)")
+            out = run([MEMTRACE, "top", "--once", "--socket", sock, "--pid", "1"]).stdout
+            self.assertIn("no process 1", out)
+        finally:
+            d.terminate()
+            d.wait(30)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class BadInput(unittest.TestCase):
     """The crafted log damaged three ways: each gives a named error or "unknown stack", the
     rest of the log is still reported, and nothing crashes."""

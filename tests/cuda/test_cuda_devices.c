@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include <cuda.h>
@@ -19,11 +20,21 @@
 
 #define MiB ((size_t)1 << 20)
 
+static char last_log[512]; /* the latest line the backend logged */
+
+static void log_cb(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)ud;
+    (void)level;
+    snprintf(last_log, sizeof last_log, "%s", msg);
+}
+
 static mt_backend_t *make(int devices)
 {
     fk.reset(256 * MiB, devices);
     mt_backend_cfg_t cfg = mt_backend_cfg_default();
     cfg.kind = MT_BACKEND_CUDA;
+    cfg.log = log_cb;
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &cfg), 0);
     fk.reset(256 * MiB, devices); /* logs start after creation */
@@ -59,6 +70,8 @@ static void test_context_per_device(void **state)
     mt_backend_t *bad = NULL;
     assert_int_equal(mt_backend_get_device(b, 3, &bad), MT_EINVAL);
     assert_null(bad);
+    assert_non_null(strstr(last_log, "device ordinal 3 out of range"));
+    assert_non_null(strstr(last_log, "has 3 devices"));
     assert_int_equal(mt_backend_get_device(b, -1, &bad), MT_EINVAL);
     assert_int_equal(mt_backend_free(d1, p1), 0);
     assert_int_equal(mt_backend_free(b, p0), 0);

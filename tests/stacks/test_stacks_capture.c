@@ -20,6 +20,7 @@
 #include "analysis/report.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
+#include "memtrace/host.h"
 #include "memtrace/prof.h"
 #include "profiler/stack.h"
 
@@ -397,6 +398,46 @@ static void test_late_dlopen(void **state)
     unlink(rig.log);
 }
 
+__attribute__((noinline)) int stacks_test_pinned(mt_host_cache_t *h, void **out);
+__attribute__((noinline)) int stacks_test_pinned(mt_host_cache_t *h, void **out)
+{
+    int rc = mt_host_malloc(h, 1u << 20, MT_TAG_BATCH, out);
+    __asm__ volatile("" ::: "memory");
+    return rc;
+}
+
+/* Pinned host allocations get stacks too: pool host, the caller first. */
+static void test_pinned_host(void **state)
+{
+    (void)state;
+    rig_up(MT_STACKS_ALL);
+    mt_host_cfg_t hc = mt_host_cfg_default();
+    hc.backend = rig.b;
+    hc.capacity = 64u << 20;
+    hc.sink = mt_prof_sink(rig.p);
+    mt_host_cache_t *h;
+    assert_int_equal(mt_host_cache_create(&h, &hc), 0);
+    void *x;
+    assert_int_equal(stacks_test_pinned(h, &x), 0);
+    assert_int_equal(mt_prof_flush(rig.p), 0);
+    json_t *all = read_log();
+    uint32_t id;
+    assert_int_equal(alloc_stacks(all, &id, 1), 1);
+    assert_true(id != 0);
+    size_t i;
+    json_t *j;
+    json_array_foreach(all, i, j) if (strcmp(kind_of(j), "alloc") == 0)
+        assert_string_equal(json_string_value(json_object_get(j, "pool")), "host");
+    json_t *fr = json_object_get(stack_line(all, id), "frames");
+    assert_string_equal(fn_name(hexv(json_object_get(json_array_get(fr, 0), "ip"))),
+                        "stacks_test_pinned");
+    json_decref(all);
+    assert_int_equal(mt_host_free(h, x), 0);
+    mt_host_cache_destroy(&h);
+    rig_down();
+    unlink(rig.log);
+}
+
 /* MEMTRACE_STACKS is parsed strictly and named in the error. */
 static void test_env(void **state)
 {
@@ -431,6 +472,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_cap),
         cmocka_unit_test(test_log_round_trip),
         cmocka_unit_test(test_late_dlopen),
+        cmocka_unit_test(test_pinned_host),
         cmocka_unit_test(test_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
