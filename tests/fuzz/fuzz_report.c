@@ -1,6 +1,7 @@
 /* libFuzzer harness: `memtrace report` over an arbitrary log (analysis/report.c, the
  * analysis tools/cmd_report.c runs): every line is added, malformed ones must be refused
- * with a message, and the analysis of whatever was accepted must come out as JSON. */
+ * with a message, and the analysis of whatever was accepted must come out as JSON (with
+ * the call sites, named through the module lines' files, most of the time). */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size > 0) {
         cfg.timeline_steps = 1u + data[0] % 32u;
         cfg.top = data[0] % 8u;
+        cfg.by_callsite = (data[0] & 0x40) != 0; /* the call-site views and symbolizer too */
         data++;
         size--;
     }
