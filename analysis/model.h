@@ -184,7 +184,9 @@ void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_m
  * bounded: ids above MT_STACK_ID_MAX (other than MT_STACK_ID_OVERFLOW) count as id 0's
  * "bad id" figure; a definition that does not fit MT_MODEL_FRAMES_MAX is refused. */
 
-#define MT_MODEL_FRAMES_MAX  (1u << 22) /* frames held over all stacks of a model */
+/* frames held over all stacks of a model: the producer's own cap (MT__STAB_FRAMES), so a
+ * daemon holds at most 64 MiB of frames per process */
+#define MT_MODEL_FRAMES_MAX  (1u << 21)
 #define MT_MODEL_MODULES_MAX 4096u
 #define MT_MODEL_PY_STR_MAX  (4u << 20) /* bytes of Python function and file names */
 

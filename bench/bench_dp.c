@@ -5,8 +5,8 @@
  * replica (one peer copy), forward + backward of half the batch on each device (each on its
  * own thread and stream), the replica's flat gradients back to device 0 (one peer copy)
  * and summed, an SGD step. The goal is one flat copy per replica each way per step: no
- * per-parameter copies. Rows print the median of ROUNDS steps after WARM warm-up steps;
- * compare only ratios taken in one run. */
+ * per-parameter copies. Rounds alternate the two steps; rows print the median of ROUNDS
+ * of each after WARM warm-up rounds; compare only ratios taken in one run. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -148,24 +148,13 @@ int main(void)
            IN, H, T, B, B / 2, (double)wbytes / (1 << 20), mt_rnn_param_count(m0),
            mt_rnn_gemm_info(m0), load[0], load[1], load[2]);
 
-    /* 1 device, the whole batch. */
-    share_t one;
+    /* Rounds alternate the 1-device step (whole batch) and the 2-device step (half each),
+     * so that both see the same machine load. */
+    share_t one, d[2];
     dev_init(&one, a0, m0, B);
-    uint64_t t1[ROUNDS];
-    for (int r = 0; r < WARM + ROUNDS; r++) {
-        uint64_t t = now_ns();
-        fwd_bwd(&one);
-        sgd(m0);
-        if (r >= WARM)
-            t1[r - WARM] = now_ns() - t;
-    }
-    dev_fini(&one);
-
-    /* 2 devices, half the batch each. */
-    share_t d[2];
     dev_init(&d[0], a0, m0, B / 2);
     dev_init(&d[1], a1, m1, B / 2);
-    uint64_t t2[ROUNDS], tc[ROUNDS];
+    uint64_t t1[ROUNDS], t2[ROUNDS], tc[ROUNDS];
     mt_backend_counters_t c0a, c1a, c0b, c1b;
     for (int r = 0; r < WARM + ROUNDS; r++) {
         if (r == WARM) {
@@ -173,6 +162,12 @@ int main(void)
             mt_backend_counters(b1, &c1a);
         }
         uint64_t t = now_ns();
+        fwd_bwd(&one);
+        sgd(m0);
+        if (r >= WARM)
+            t1[r - WARM] = now_ns() - t;
+
+        t = now_ns();
         CHECK(mt_memcpy_peer_async(b1, w1, 1, w0, 0, wbytes, NULL)); /* broadcast */
         CHECK(mt_stream_synchronize(b1, NULL));
         uint64_t copy = now_ns() - t;
@@ -196,6 +191,7 @@ int main(void)
     }
     mt_backend_counters(b0, &c0b);
     mt_backend_counters(b1, &c1b);
+    dev_fini(&one);
     dev_fini(&d[0]);
     dev_fini(&d[1]);
 
