@@ -27,17 +27,17 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
     return n;
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), dh_next and dc_next [L*D, B, H] each, zeros [B,
- * H], dgh [B, gH] (GRU), the RNN modes' gate gradients [rows of a chunk, gH], and (L > 1) two
- * buffers for the gradient between layers, of a chunk's rows (unidirectional: chunk-major) or of
- * all rows (bidirectional), D*H wide, then (dropout) the regenerated dropped input of the layer
- * being differentiated [rows of a chunk, D*H]. */
+/* Workspace: the accumulators (acc_offset of L*D), hprev [rows of a chunk, H], dh_next and dc_next
+ * [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN modes' gate gradients [rows of a
+ * chunk, gH], and (L > 1) two buffers for the gradient between layers, of a chunk's rows
+ * (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then (dropout) the
+ * regenerated dropped input of the layer being differentiated [rows of a chunk, D*H]. */
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + 2 * ld * b * h + b * h + b * gh;
+    size_t n = acc_offset(s, s->layers * s->dirs) + c * h + 2 * ld * b * h + b * h + b * gh;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gh;
     if (s->layers > 1)
@@ -73,6 +73,7 @@ typedef struct dir_back_s {
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
+    float *hprev; /* [rows, H] (gather_prev) */
     bool reverse;
 } dir_back_t;
 
@@ -227,30 +228,17 @@ static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int l
     }
 }
 
-/* dR over the steps whose previous h is in this chunk: one sgemm per run of steps whose
- * rows of G and of h_prev are both evenly strided (all of them when every length is equal,
- * as in the padded form), in time order. */
-static void recurrent_grad_inner(const dir_back_t *a)
+/* hprev: the state each of the chunk's rows started its step from. */
+static void gather_prev(const dir_back_t *a)
 {
-    const int *bs = a->q->bs;
-    size_t gr = 0, hr = 0;
-    int n = 0;
+    int H = a->s->hidden;
     for (int t = 0; t < a->T; t++) {
-        bool first = a->reverse ? t == a->T - 1 : t == 0;
-        if (first)
-            continue;
-        int tg = a->t0 + t, rows = a->reverse ? bs[tg + 1] : bs[tg];
-        size_t g = brow(a, t), h = brow(a, a->reverse ? t + 1 : t - 1);
-        if (n > 0 && g == gr + (size_t)n && h == hr + (size_t)n) {
-            n += rows;
-            continue;
-        }
-        recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
-        gr = g;
-        hr = h;
-        n = rows;
+        bprev_t pv = prev_of(a, t);
+        int nb = a->q->bs[a->t0 + t];
+        float *d = a->hprev + brow(a, t) * (size_t)H;
+        for (int b = 0; b < nb; b++)
+            memcpy(d + (size_t)b * H, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
     }
-    recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
 }
 
 /* The chunk's steps, in reverse of forward's order, for the sequences b0 <= b < b1
@@ -277,7 +265,6 @@ static void back_steps(void *arg, int b0, int b1)
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    const int *bs = a->q->bs;
     int H = s->hidden, gh = s->gates * H, T = a->T;
     size_t tb = a->rows;
 
@@ -286,20 +273,11 @@ static void back_dir(const dir_back_t *a)
     /* Weight gradients merged over the chunk's steps. */
     mt__rnn_sgemm(a->s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->x, a->in, a->g, gh, 1.0f,
                   a->accw, gh);
-    recurrent_grad_inner(a);
-    /* The first processed step's sequences running in the neighbouring chunk. */
-    int tf = a->reverse ? T - 1 : 0;
-    bprev_t pf = prev_of(a, tf);
-    if (pf.split > 0)
-        recurrent_grad(a, brow(a, tf), pf.hp, pf.ldh, pf.split);
-    /* Sequences whose first step (in this direction) is here, from hx. */
-    for (int t = 0; a->h0 && t < T; t++) {
-        bprev_t pv = prev_of(a, t);
-        int nb = bs[a->t0 + t];
-        if (pv.split < nb)
-            recurrent_grad(a, brow(a, t) + (size_t)pv.split, a->h0 + (size_t)pv.split * H, H,
-                           nb - pv.split);
-    }
+    /* dR over every row of the chunk in one product, each row of G beside the state its
+     * step started from (gathered: the step before, the neighbouring chunk, hx or zeros);
+     * packed batches would otherwise make one small product per step. */
+    gather_prev(a);
+    recurrent_grad(a, 0, a->hprev, H, (int)tb);
     if (a->dw.bw) {
         for (size_t r = 0; r < tb; r++) {
             const float *gr = a->g + r * gh;
@@ -333,6 +311,7 @@ typedef struct bwd_s {
     const mt_rnn_io_t *io;
     const mt_rnn_grad_io_t *g;
     float *acc; /* acc_offset */
+    float *hprev;
     float *dhn, *dcn, *zeros, *dgh, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
@@ -394,6 +373,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .dcn = b->dcn + so,
         .zeros = b->zeros,
         .dgh = b->dgh,
+        .hprev = b->hprev,
         .reverse = d == 1,
     };
     int kn = d == 0 ? k - 1 : k + 1;
@@ -465,7 +445,8 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.acc = work;
     memset(b.acc, 0, acc_offset(s, L * D) * sizeof(float));
-    b.dhn = b.acc + acc_offset(s, L * D);
+    b.hprev = b.acc + acc_offset(s, L * D);
+    b.dhn = b.hprev + C * (size_t)H;
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
