@@ -407,7 +407,7 @@ async function renderCompare() {
   rows.push(['allocated (max in range)', a.amax[0] || 0, b.amax[0] || 0]);
   rows.push(['reserved (max in range)', a.reserved[0] || 0, b.reserved[0] || 0]);
   fillCompare($('compare'), rows);
-  renderCompareSites();
+  await renderCompareSites();
 }
 
 function fillCompare(table, rows) {

@@ -104,10 +104,14 @@ try {
   if (!/call stack 1/.test(info) || !/load_weights \(prog_sites\.c:\d+\)/.test(info) || !/main \(prog_sites\.c:\d+\)/.test(info))
     fail('the block panel does not show the call stack: ' + info);
   console.log('ok: clicking the weights block shows its call stack');
-  // The ranges are the chart's: wait until the page has fetched its history.
-  await page.waitForFunction((pid) => S.lastHistory && S.lastHistory.pid === pid, p.pid, { timeout: 20000 });
-  await page.click('#set-a');
-  await page.click('#set-b');
+  // Two ranges of the recorded run (A: its first half, B: all of it), compared as the
+  // page's A/B buttons do; awaited, so that a failure in the page comes back with its message.
+  const h = await get(v.url, `/history?pid=${p.pid}&buckets=10`);
+  await page.evaluate(async ({ pid, from, to }) => {
+    S.cmp.a = { pid, from, to: from + (to - from) / 2 };
+    S.cmp.b = { pid, from, to };
+    await renderCompare();
+  }, { pid: p.pid, from: h.from, to: h.to }).catch((e) => fail('the compare view failed: ' + e));
   await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 20000 })
     .catch(() => fail('the compare view stays empty; page errors: ' + errors.join(' | ')));
   const rows = await page.$$eval('#compare-sites tbody tr', (trs) => trs.map((t) => t.textContent));
