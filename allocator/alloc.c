@@ -461,10 +461,14 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     int rc = mt__seg_grow(a, sr, bp, rsize, out);
     if (rc == 0)
         return 0;
+    /* The recovery steps below are for memory only: a device that refuses for another
+     * reason (a stream capture, a sticky fault) keeps its cache, and its code is returned. */
+    if (rc != MT_ENOMEM)
+        return rc;
     if (a->cfg.max_split_size != SIZE_MAX && mt__seg_release_oversize(a, sr->bins[bp], rsize)) {
         rc = mt__seg_grow(a, sr, bp, rsize, out);
-        if (rc == 0)
-            return 0;
+        if (rc != MT_ENOMEM)
+            return rc;
     }
     if (a->cfg.release_on_oom) {
         if (a->npending > 0) {
@@ -476,8 +480,8 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
         mt__seg_release_all(a, false, NULL, false);
         a->st.num_alloc_retries++;
         rc = mt__seg_grow(a, sr, bp, rsize, out);
-        if (rc == 0)
-            return 0;
+        if (rc != MT_ENOMEM)
+            return rc;
     }
     a->st.num_ooms++;
     size_t free_b = 0, total_b = 0;

@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -81,6 +82,13 @@ static void test_context_per_device(void **state)
     assert_int_equal(fk.ctx_depth(), 0);
 }
 
+static void nap_20ms(void *ud)
+{
+    (void)ud;
+    struct timespec t = {0, 20 * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
 /* A peer copy is one cuMemcpyPeerAsync naming both primary contexts, ordered on the
  * stream it was queued on, counted on the device that queued it. */
 static void test_peer_copy(void **state)
@@ -99,12 +107,24 @@ static void test_peer_copy(void **state)
     assert_int_equal(mt_memcpy(b, p0, src, sizeof src, MT_MEMCPY_HOST_TO_DEVICE), 0);
 
     fk.hold(true);
+    assert_int_equal(mt_stream_launch_host_func(d1, s1, nap_20ms, NULL), 0); /* copy runs late */
     assert_int_equal(mt_memcpy_peer_async(d1, p1, 1, p0, 0, sizeof src, s1), 0);
     mt_event_t *done = NULL;
     assert_int_equal(mt_event_create(d1, &done), 0);
     assert_int_equal(mt_event_record(d1, done, s1), 0);
     assert_int_equal(mt_event_query(d1, done), MT_EAGAIN); /* queued, not run */
+    /* Device 0's stream waits on device 1's event (across contexts, as CUDA allows), then
+     * reads the copy's destination: it sees the copied bytes, whichever worker runs first. */
+    mt_stream_t *s0 = NULL;
+    assert_int_equal(mt_stream_create(b, &s0), 0);
+    assert_int_equal(mt_stream_wait_event(b, s0, done), 0);
+    uint8_t early[8192];
+    memset(early, 0, sizeof early);
+    assert_int_equal(mt_memcpy_async(b, early, p1, sizeof early, MT_MEMCPY_DEVICE_TO_HOST, s0), 0);
     fk.hold(false);
+    assert_int_equal(mt_stream_synchronize(b, s0), 0);
+    assert_memory_equal(early, src, sizeof src);
+    mt_stream_destroy(b, &s0);
     assert_int_equal(mt_stream_synchronize(d1, s1), 0);
     assert_int_equal(mt_memcpy(d1, dst, p1, sizeof dst, MT_MEMCPY_DEVICE_TO_HOST), 0);
     assert_memory_equal(dst, src, sizeof src);
