@@ -169,6 +169,17 @@ static double secs(const mt_d_web_proc_t *t, uint64_t ns)
     return ((double)ns + (double)t->off_ns) / 1e9;
 }
 
+/* Epoch seconds of ns as exact decimal text with microseconds, rounded down (up: rounded
+ * up), so that a range printed from..to still holds every event inside it when the page
+ * sends it back (a run can fit its events in less than a millisecond). */
+static int put_secs(mt_d_buf_t *o, const mt_d_web_proc_t *t, uint64_t ns, bool up)
+{
+    int64_t off = t->off_ns;
+    uint64_t e = off >= 0 ? ns + (uint64_t)off : ns > (uint64_t)-off ? ns - (uint64_t)-off : 0;
+    uint64_t us = e / 1000u + (up && e % 1000u ? 1u : 0u);
+    return mt__d_buf_printf(o, "%" PRIu64 ".%06" PRIu64, us / 1000000u, us % 1000000u);
+}
+
 /* The latest time of p's figures: now while it runs, its last event once exited. */
 static uint64_t proc_now(const mt_d_proc_t *p, const mt_d_web_proc_t *t)
 {
@@ -305,10 +316,15 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     int rc = (!b || !valid) ? MT_ENOMEM : 0;
     if (!rc) {
         hist_query(t, from, to, nb, b, valid);
-        rc |= mt__d_buf_printf(&o,
-                               "{\"pid\":%d,\"from\":%.3f,\"to\":%.3f,\"first\":%.3f,\"now\":%.3f,"
-                               "\"t\":[",
-                               p->pid, secs(t, from), secs(t, to), secs(t, first), secs(t, now));
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"from\":", p->pid);
+        rc |= put_secs(&o, t, from, false);
+        rc |= mt__d_buf_append(&o, ",\"to\":", 6);
+        rc |= put_secs(&o, t, to, true);
+        rc |= mt__d_buf_append(&o, ",\"first\":", 9);
+        rc |= put_secs(&o, t, first, false);
+        rc |= mt__d_buf_append(&o, ",\"now\":", 7);
+        rc |= put_secs(&o, t, now, true);
+        rc |= mt__d_buf_append(&o, ",\"t\":[", 6);
         for (size_t j = 0; j < nb && !rc; j++)
             rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", secs(t, b[j].t0));
         rc |= mt__d_buf_append(&o, "]", 1);
