@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/entry.h"
 #include "util/log.h"
 #include "allocator/internal.h"
 
@@ -460,10 +461,14 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     int rc = mt__seg_grow(a, sr, bp, rsize, out);
     if (rc == 0)
         return 0;
+    /* The recovery steps below are for memory only: a device that refuses for another
+     * reason (a stream capture, a sticky fault) keeps its cache, and its code is returned. */
+    if (rc != MT_ENOMEM)
+        return rc;
     if (a->cfg.max_split_size != SIZE_MAX && mt__seg_release_oversize(a, sr->bins[bp], rsize)) {
         rc = mt__seg_grow(a, sr, bp, rsize, out);
-        if (rc == 0)
-            return 0;
+        if (rc != MT_ENOMEM)
+            return rc;
     }
     if (a->cfg.release_on_oom) {
         if (a->npending > 0) {
@@ -475,8 +480,8 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
         mt__seg_release_all(a, false, NULL, false);
         a->st.num_alloc_retries++;
         rc = mt__seg_grow(a, sr, bp, rsize, out);
-        if (rc == 0)
-            return 0;
+        if (rc != MT_ENOMEM)
+            return rc;
     }
     a->st.num_ooms++;
     size_t free_b = 0, total_b = 0;
@@ -488,6 +493,15 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     return MT_ENOMEM;
 }
 
+/* The allocation's call stack, asked of the sink before the lock (event.h); 0 = none. */
+static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    if (__builtin_expect(s == NULL || s->stack == NULL || a->cfg.stacks == MT_STACKS_OFF, 1))
+        return 0;
+    return s->stack(s->ud, size, MT_POOL_NONE, a->cfg.stacks);
+}
+
 int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
 {
     if (a == NULL || out == NULL || tag < 0 || tag >= MT_TAG_MAX)
@@ -495,6 +509,9 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     *out = NULL;
     if (size == 0)
         return 0;
+    /* the program's call into memtrace, where its stack is cut (util/entry.h) */
+    uintptr_t entry = mt__entry_enter((uintptr_t)__builtin_return_address(0));
+    uint32_t stack = alloc_stack(a, size);
     mt__alloc_lock(a);
     int rc = 0;
     if (a->npending > 0)
@@ -559,10 +576,25 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
         mt__warm_record_alloc(a, b, rsize);
     }
-    mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
+    if (__builtin_expect(a->cfg.sink != NULL && stack != 0, 0)) {
+        /* with a stack: its ref and the alloc in one batch, the ref first */
+        mt_event_rec_t ev[2];
+        uint64_t t = mt__clock_now(&a->clk);
+        fill_rec(a, &ev[1], MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag,
+                 t);
+        ev[0] = ev[1];
+        ev[0].kind = MT_EV_STACK_REF;
+        ev[0].size = stack;
+        ev[0].requested = 0;
+        emit_recs(a, ev, 2);
+        stats_due(a, t);
+    } else {
+        mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
+    }
     *out = (void *)b->addr;
 out:
     mt__alloc_unlock(a);
+    mt__entry_leave(entry);
     return rc;
 }
 

@@ -22,6 +22,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.release_on_oom = true;
     c.release_smaller_segments = true;
     c.stats_period_ms = 1000;
+    c.stacks = MT_STACKS_DEFAULT;
     return c;
 }
 
@@ -122,6 +123,15 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->one_pool = b;
+    } else if (strcmp(key, "stacks") == 0) {
+        if (strcmp(val, "off") == 0)
+            c->stacks = MT_STACKS_OFF;
+        else if (strcmp(val, "sampled") == 0)
+            c->stacks = MT_STACKS_SAMPLED;
+        else if (strcmp(val, "all") == 0)
+            c->stacks = MT_STACKS_ALL;
+        else
+            goto bad;
     } else if (strcmp(key, "stats_period_ms") == 0) {
         if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
             goto bad;

@@ -1,8 +1,8 @@
-/* Call-site views (callsite.h): ranking, labelling, JSON, text and flame-graph input. */
+/* Call-site views (callsite.h): ranking, labelling, JSON and flame-graph input. */
 #include "analysis/callsite.h"
 
-#include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +18,90 @@ void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n)
 {
     if (n > 1)
         qsort(rows, n, sizeof(*rows), row_cmp);
+}
+
+/* ---- merging rows that read the same ---- */
+
+typedef struct chain_s {
+    uint64_t hash;       /* of the label pointers (labels are interned: same text, same pointer) */
+    size_t row;          /* index in rows */
+    const char **labels; /* into one block of n_frames pointers per row */
+} chain_t;
+
+static int chain_cmp(const void *a, const void *b)
+{
+    const chain_t *x = a, *y = b;
+    if (x->hash != y->hash)
+        return x->hash < y->hash ? -1 : 1;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
+
+static bool chain_eq(const chain_t *a, const chain_t *b, const mt_cs_row_t *rows)
+{
+    const mt_cs_row_t *x = &rows[a->row], *y = &rows[b->row];
+    if (x->n_frames != y->n_frames || x->truncated != y->truncated)
+        return false;
+    for (int k = 0; k < x->n_frames; k++) {
+        if (a->labels[k] != b->labels[k])
+            return false;
+    }
+    return true;
+}
+
+int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < *n; i++)
+        total += rows[i].frames != NULL ? (size_t)rows[i].n_frames : 0;
+    chain_t *ch = calloc(*n ? *n : 1, sizeof(*ch));
+    const char **lab = calloc(total ? total : 1, sizeof(*lab));
+    bool *gone = calloc(*n ? *n : 1, sizeof(*gone));
+    if (ch == NULL || lab == NULL || gone == NULL) {
+        free(ch);
+        free(lab);
+        free(gone);
+        return MT_ENOMEM;
+    }
+    size_t used = 0;
+    for (size_t i = 0; i < *n; i++) {
+        uint64_t h = 1469598103934665603ull;
+        ch[i] = (chain_t){.row = i, .labels = lab + used};
+        int nf = rows[i].frames != NULL ? rows[i].n_frames : 0;
+        for (int k = 0; k < nf; k++) {
+            mt_sym_frame_t fr;
+            mt_cs_frame_label(s, pid, &rows[i].frames[k], &fr);
+            ch[i].labels[k] = fr.label;
+            h = (h ^ (uintptr_t)fr.label) * 1099511628211ull;
+        }
+        /* Rows without frames (id 0, unknown ids) never merge: their hash is their row. */
+        ch[i].hash = nf > 0 ? h : ~(uint64_t)i;
+        used += (size_t)nf;
+    }
+    qsort(ch, *n, sizeof(*ch), chain_cmp);
+    for (size_t i = 0; i < *n;) {
+        size_t j = i + 1;
+        for (; j < *n && ch[j].hash == ch[i].hash; j++) {
+            if (rows[ch[j].row].frames == NULL || !chain_eq(&ch[i], &ch[j], rows))
+                continue;
+            mt_cs_row_t *into = &rows[ch[i].row], *from = &rows[ch[j].row];
+            into->bytes =
+                into->bytes > UINT64_MAX - from->bytes ? UINT64_MAX : into->bytes + from->bytes;
+            into->blocks += from->blocks;
+            gone[ch[j].row] = true;
+        }
+        i = j;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (!gone[i])
+            rows[k++] = rows[i];
+    }
+    *n = k;
+    free(ch);
+    free(lab);
+    free(gone);
+    mt_cs_rows_sort(rows, *n);
+    return 0;
 }
 
 int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out)
@@ -37,16 +121,35 @@ static void site_name(const mt_cs_row_t *row, char *buf, size_t len)
 
 /* ---- JSON ---- */
 
+/* A JSON string of s; names from a producer may not be UTF-8: then its bytes >= 0x80 read
+ * '?'. */
+static json_t *jstr(const char *s)
+{
+    json_t *j = json_string(s);
+    if (j != NULL || s == NULL)
+        return j;
+    char *c = strdup(s);
+    if (c == NULL)
+        return NULL;
+    for (char *p = c; *p; p++) {
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    }
+    j = json_string(c);
+    free(c);
+    return j;
+}
+
 static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
 {
     json_t *o = json_object();
     if (o == NULL)
         return NULL;
-    int bad = json_object_set_new(o, "label", json_string(fr->label));
-    bad |= json_object_set_new(o, "function", fr->func ? json_string(fr->func) : json_null());
-    bad |= json_object_set_new(o, "file", fr->file ? json_string(fr->file) : json_null());
+    int bad = json_object_set_new(o, "label", jstr(fr->label));
+    bad |= json_object_set_new(o, "function", fr->func ? jstr(fr->func) : json_null());
+    bad |= json_object_set_new(o, "file", fr->file ? jstr(fr->file) : json_null());
     bad |= json_object_set_new(o, "line", json_integer(fr->line));
-    bad |= json_object_set_new(o, "module", fr->module ? json_string(fr->module) : json_null());
+    bad |= json_object_set_new(o, "module", fr->module ? jstr(fr->module) : json_null());
     bad |= json_object_set_new(o, "python", json_boolean(python));
     if (bad) {
         json_decref(o);
@@ -80,7 +183,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
         bad |= json_object_set_new(
             o, "blocks",
             json_integer((json_int_t)(row->blocks > INT64_MAX ? INT64_MAX : row->blocks)));
-        bad |= json_object_set_new(o, "site", json_string(site_label));
+        bad |= json_object_set_new(o, "site", jstr(site_label));
         bad |= json_object_set(o, "frames", frames);
         bad |= json_object_set_new(o, "truncated", json_boolean(row->truncated));
         if (row->stack != 0 && row->frames == NULL)
@@ -112,70 +215,6 @@ json_t *mt_cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size
     return a;
 }
 
-/* ---- text ---- */
-
-static void put_label(FILE *out, const char *s)
-{
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c == 0x7f)
-            fprintf(out, "\\x%02x", c);
-        else
-            fputc(c, out);
-    }
-}
-
-static void human(uint64_t b, char *buf, size_t n)
-{
-    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024.0 && u < 6) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0)
-        snprintf(buf, n, "%" PRIu64 " B", b);
-    else
-        snprintf(buf, n, "%.1f %s", v, unit[u]);
-}
-
-int mt_cs_rows_text(FILE *out, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n,
-                    size_t top, int depth, bool growth)
-{
-    if (n == 0)
-        fprintf(out, "    (none)\n");
-    for (size_t i = 0; i < n && i < top; i++) {
-        const mt_cs_row_t *r = &rows[i];
-        char hb[32], site[64];
-        if (growth) {
-            double a = r->slope < 0 ? -r->slope : r->slope;
-            human((uint64_t)a, hb, sizeof(hb));
-            fprintf(out, "  %s%10s/iter  r2 %.2f%s  ", r->slope < 0 ? "-" : "+", hb, r->r2,
-                    r->detected ? "  GROWING" : "");
-        } else {
-            human(r->bytes, hb, sizeof(hb));
-            fprintf(out, "  %10s  %6" PRIu64 " blocks  ", hb, r->blocks);
-        }
-        if (r->frames == NULL || r->n_frames == 0) {
-            site_name(r, site, sizeof(site));
-            fprintf(out, "%s\n", site);
-            continue;
-        }
-        for (int k = 0; k < r->n_frames && k <= depth; k++) {
-            mt_sym_frame_t fr;
-            mt_cs_frame_label(s, pid, &r->frames[k], &fr);
-            if (k > 0)
-                fprintf(out, "      <- ");
-            put_label(out, fr.label);
-            fputc('\n', out);
-        }
-        if (r->n_frames > depth + 1 || r->truncated)
-            fprintf(out, "      <- ...\n");
-    }
-    return ferror(out) ? MT_EIO : 0;
-}
-
 /* ---- flame graph ---- */
 
 int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row)
@@ -195,56 +234,4 @@ int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t 
         }
     }
     return mt_flame_add(f, labels, n, row->bytes);
-}
-
-/* ---- module lines ---- */
-
-static int hex_u64(const json_t *v, uint64_t *out)
-{
-    const char *s = json_string_value(v);
-    if (s == NULL || strncmp(s, "0x", 2) != 0 || s[2] == '\0' || strlen(s) > 18)
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(s + 2, &end, 16);
-    if (errno != 0 || *end != '\0')
-        return -1;
-    *out = x;
-    return 0;
-}
-
-int mt_cs_module_line(mt_sym_t *s, const json_t *line, char *err, size_t errlen)
-{
-    json_t *pid = json_object_get(line, "pid"), *path = json_object_get(line, "path");
-    json_t *size = json_object_get(line, "size"), *bid = json_object_get(line, "build_id");
-    uint64_t base;
-    const char *what = NULL;
-    if (!json_is_integer(pid) || json_integer_value(pid) < 0 ||
-        json_integer_value(pid) > UINT32_MAX)
-        what = "pid";
-    else if (!json_is_string(path) || json_string_length(path) == 0)
-        what = "path";
-    else if (hex_u64(json_object_get(line, "base"), &base) != 0)
-        what = "base";
-    else if (!json_is_integer(size) || json_integer_value(size) <= 0)
-        what = "size";
-    else if (bid != NULL && !json_is_null(bid) && !json_is_string(bid))
-        what = "build_id";
-    if (what == NULL) {
-        int rc =
-            mt_sym_add_module(s, (uint32_t)json_integer_value(pid), json_string_value(path), base,
-                              (uint64_t)json_integer_value(size), json_string_value(bid));
-        if (rc == MT_EINVAL)
-            what = "base, size or build_id";
-        else if (rc != 0) {
-            snprintf(err, errlen, "module line: %s",
-                     rc == MT_EOVERFLOW ? "too many modules" : "out of memory");
-            return rc;
-        }
-    }
-    if (what != NULL) {
-        snprintf(err, errlen, "module line: missing or invalid \"%s\"", what);
-        return MT_EPROTO;
-    }
-    return 0;
 }

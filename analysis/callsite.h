@@ -1,14 +1,14 @@
-/* Call-site views: one process's stacks ranked by a figure (live bytes at the peak, never
- * freed, growth), labelled through the symbolizer, as JSON, text or flame-graph input.
- * Rows come from the model's per-stack figures; frames are innermost first. Reader side
- * only. Row and frame strings are borrowed for the duration of each call. */
+/* Call-site views: one process's stacks ranked by a figure (live bytes now or at the peak,
+ * never freed, growth), labelled through the symbolizer, as JSON (which the CLI and the
+ * page print) or flame-graph input. Rows come from the model's per-stack figures; frames
+ * are innermost first. Reader side only. Row and frame strings are borrowed for the
+ * duration of each call. */
 #ifndef MT_ANALYSIS_CALLSITE_H
 #define MT_ANALYSIS_CALLSITE_H
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "analysis/flame.h"
 #include "analysis/symbolize.h"
@@ -35,6 +35,12 @@ typedef struct mt_cs_row_s {
 /* Sorts by bytes, largest first, then by stack id (a stable, total order). */
 void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n);
 
+/* Merges rows whose frames read the same (two stacks that differ only in ips of one line,
+ * or in frames below the labels' reach): bytes and blocks add up (saturating), the lowest
+ * id stays; rows without frames are kept apart. Then sorts as mt_cs_rows_sort. Not for
+ * growth rows (fits do not add). 0 or MT_ENOMEM (rows left as they were). */
+int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n);
+
 /* Labels one frame of process pid into *out (see mt_sym_frame_t). 0 or MT_ENOMEM (then
  * out->label reads "unknown frame"). */
 int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out);
@@ -46,18 +52,25 @@ int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_
 json_t *mt_cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n, size_t top,
                         bool growth);
 
-/* The same as text: one row a line ("  12.0 MiB  34 blocks  site"), then up to depth
- * callers ("      <- caller"). Labels are printed with control characters escaped.
- * 0 or MT_EIO. */
-int mt_cs_rows_text(FILE *out, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n,
-                    size_t top, int depth, bool growth);
-
 /* Adds row's bytes to f under its frames, root first ("no stack recorded" / "unknown stack"
  * for id 0 or an unknown id). 0, MT_ENOMEM or MT_EOVERFLOW (flame caps). */
 int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row);
 
-/* Reads one module-map line ({"kind":"module","pid","path","base","size","build_id"},
- * docs/telemetry.md) into s. MT_EPROTO with a message in err for a malformed line. */
-int mt_cs_module_line(mt_sym_t *s, const json_t *line, char *err, size_t errlen);
+/* ---- from the event model ---- */
+
+struct mt_model_s;
+
+typedef enum mt_cs_which_e {
+    MT_CS_LIVE = 0,   /* live bytes now (at the end of a log) */
+    MT_CS_PEAK = 1,   /* live bytes at the peak of allocated device memory */
+    MT_CS_LEAKED = 2, /* never freed: live at the end of the stream */
+    MT_CS_GROWTH = 3, /* growth across iterations (slope > 0 only), by slope */
+} mt_cs_which_e;
+
+/* The device-memory stacks of m with something to show for which, ranked, as a new array
+ * in *out (free() it; frames borrowed from m until it changes). 0 or MT_ENOMEM. */
+int mt_cs_rows_from_model(const struct mt_model_s *m, int which, mt_cs_row_t **out, size_t *n);
+/* Gives s process pid's module map as m holds it (idempotent). */
+void mt_cs_sym_sync(mt_sym_t *s, uint32_t pid, const struct mt_model_s *m);
 
 #endif

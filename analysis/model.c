@@ -45,6 +45,7 @@ void mt_model_destroy(mt_model_t **pm)
         free(m->cls[k].segs);
     }
     mt__model_iterations_free(m);
+    mt__model_stacks_free(m);
     free(m);
     *pm = NULL;
 }
@@ -133,6 +134,7 @@ static void block_unaccount(mt__mclass_t *c, mt__mblock_t *b)
 {
     if (b->pending)
         return;
+    mt__model_stack_account(c, b, -1);
     if (b->uncertain) {
         mt_assert(c->unc_bytes[b->tag] >= b->size && c->unc_blocks[b->tag] > 0);
         c->unc_bytes[b->tag] -= b->size;
@@ -151,6 +153,7 @@ static void block_account(mt__mclass_t *c, mt__mblock_t *b)
 {
     if (b->pending)
         return;
+    mt__model_stack_account(c, b, 1);
     if (b->uncertain) {
         c->unc_bytes[b->tag] += b->size;
         c->unc_blocks[b->tag]++;
@@ -313,6 +316,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->size = ev->size;
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
+    b->sidx = c->next_sidx;
     block_account(c, b);
     mt__model_seg_touch(c, ev->addr);
     mt_assert(c->live <= c->used && c->used <= c->cap / 2);
@@ -424,13 +428,22 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     m->seq_seen = true;
     if (ev->kind == MT_EV_TAG_LABEL) /* a name, not an operation */
         return grc;
+    if (ev->kind == MT_EV_STACK_REF) { /* the stack of the alloc that follows */
+        mt__model_stack_ref(m, ev);
+        return grc;
+    }
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    uint64_t peak = c->peak_alloc;
     totals(m, c, ev);
+    mt__model_stack_before(m, c, ev);
     int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
+    if (c->peak_alloc > peak)
+        c->peak_ep++; /* every stack's bytes at the peak are now its bytes */
     prune_by_totals(c);
     mt__model_segs_prune(c);
     if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
         int irc = mt__model_iteration(m, ev->size);
+        mt__model_stacks_iteration(m);
         rc = rc ? rc : irc;
     }
 #if MT_ASSERT_LEVEL >= 2
@@ -566,8 +579,9 @@ int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
     for (size_t i = 0; i < c->cap; i++) {
         const mt__mblock_t *b = &c->tab[i];
         if (b->state == MT__SLOT_FULL)
-            out->blocks[out->nblocks++] =
-                (mt_model_block_t){b->addr, b->size, b->tag, b->pool, b->pending, b->uncertain};
+            out->blocks[out->nblocks++] = (mt_model_block_t){
+                b->addr,    b->size,     mt__model_stack_id(m, b->sidx), b->tag, b->pool,
+                b->pending, b->uncertain};
     }
     qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);
@@ -684,5 +698,5 @@ int mt_model_check(const mt_model_t *m, char *why, size_t whylen)
         CHECK(m->src_peak_alloc[s] >= m->src_alloc[s] && m->src_peak_res[s] >= m->src_res[s] &&
                   (m->src_seen[s] || (m->src_alloc[s] == 0 && m->src_res[s] == 0)),
               "source %u: peaks below the latest totals, or totals never reported", s);
-    return 0;
+    return mt__model_stacks_check(m, why, whylen);
 }

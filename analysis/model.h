@@ -131,6 +131,7 @@ typedef struct mt_model_seg_s {
 
 typedef struct mt_model_block_s {
     uint64_t addr, size; /* bytes, rounded */
+    uint32_t stack;      /* stack id (0: none recorded; see the call stacks section) */
     uint8_t tag;
     uint8_t pool;
     uint8_t pending;   /* freed by the program, not yet back in a free bin */
@@ -173,5 +174,93 @@ typedef struct mt_model_growth_s {
 } mt_model_growth_t;
 
 void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out);
+
+/* ---- call stacks (docs/telemetry.md, "Call stacks") ----
+ * Each block keeps the stack id its allocation carried (an MT_EV_STACK_REF record right
+ * before the MT_EV_ALLOC; mt_prof_events_from_json makes that pair from an alloc line
+ * with "stack"). The stack table and module map are the producer's, given with
+ * mt_model_stack_define / mt_model_module_add (the daemon reads them from the producer,
+ * report and plot from "stack" and "module" lines: mt_model_table_line). The table is
+ * bounded: ids above MT_STACK_ID_MAX (other than MT_STACK_ID_OVERFLOW) count as id 0's
+ * "bad id" figure; a definition that does not fit MT_MODEL_FRAMES_MAX is refused. */
+
+/* frames held over all stacks of a model: the producer's own cap (MT__STAB_FRAMES), so a
+ * daemon holds at most 64 MiB of frames per process */
+#define MT_MODEL_FRAMES_MAX  (1u << 21)
+#define MT_MODEL_MODULES_MAX 4096u
+#define MT_MODEL_PY_STR_MAX  (4u << 20) /* bytes of Python function and file names */
+
+/* One frame, innermost first: native (py_func NULL, ip the return address) or Python
+ * (py_func, py_file, py_line; ip 0). Same layout as analysis/callsite.h's mt_cs_frame_t. */
+typedef struct mt_model_frame_s {
+    uint64_t ip;
+    const char *py_func;
+    const char *py_file;
+    int py_line;
+} mt_model_frame_t;
+
+/* Defines stack id (1..MT_STACK_ID_MAX) as frames[0, n), n <= MT_STACK_DEPTH_MAX; Python
+ * strings are copied. A second definition of an id replaces the first only when it
+ * differs (a restarted recorder). MT_EINVAL (bad id or n), MT_EOVERFLOW (table full),
+ * MT_ENOMEM. */
+int mt_model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *frames, int n,
+                          bool truncated);
+/* Frames of id (borrowed until the next define or destroy). MT_ENOENT for an id the
+ * table does not hold (0, overflow, never defined): *frames = NULL, *n = 0. */
+int mt_model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame_t **frames, int *n,
+                          bool *truncated);
+
+typedef struct mt_model_module_s {
+    const char *path;     /* as the producer saw it */
+    uint64_t base, size;  /* load bias (file vaddr = ip - base) and mapped span, bytes */
+    const char *build_id; /* lowercase hex, "" when none */
+} mt_model_module_t;
+
+/* Adds a module (strings copied). A module overlapping a known one replaces it (dlclose
+ * then dlopen at the same place). MT_EINVAL (empty path, size 0), MT_EOVERFLOW past
+ * MT_MODEL_MODULES_MAX, MT_ENOMEM. */
+int mt_model_module_add(mt_model_t *m, const char *path, uint64_t base, uint64_t size,
+                        const char *build_id);
+/* The module map, in the order added (borrowed until the next add or destroy). */
+void mt_model_modules(const mt_model_t *m, const mt_model_module_t **mods, size_t *n);
+/* The module holding ip, or NULL. */
+const mt_model_module_t *mt_model_module_of(const mt_model_t *m, uint64_t ip);
+
+/* Reads a "stack" or "module" line (a jansson json_t *) into the model. 1 when the line
+ * is one of those (and was read), 0 when it is another kind of line, MT_EPROTO naming
+ * the bad field in err for a malformed one (the model is unchanged), or a define's error. */
+int mt_model_table_line(mt_model_t *m, const void *json, char *err, size_t errlen);
+
+/* Copies src's stack table and module map into dst (blocks and figures untouched). 0, or
+ * the first error of a define or add. */
+int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src);
+
+/* Per-stack figures of one class. */
+typedef struct mt_model_stack_s {
+    uint32_t stack;           /* id; 0 = allocations without a stack; MT_STACK_ID_OVERFLOW */
+    uint64_t bytes;           /* live bytes now (known; pending frees excluded); figures are
+                                 bounded by the class's allocated / peak_allocated */
+    uint64_t blocks;          /* live blocks now */
+    uint64_t peak_bytes;      /* live bytes at the class's peak (the last time allocated rose to
+                                 peak_allocated) */
+    uint64_t uncertain_bytes; /* live before a gap, not seen since */
+    uint64_t allocs;          /* allocations seen */
+    uint64_t alloc_bytes;     /* bytes allocated in total, saturated */
+    mt_model_fit_t growth;    /* device class, with cfg.keep_iterations: known + uncertain bytes
+                                 at each iteration, the rule of mt_model_growth */
+} mt_model_stack_t;
+
+/* Every stack that ever held a block of class cls, as a new array in *out (free() it),
+ * in id order; never-freed bytes at the end of a stream are the bytes of the rows read
+ * after the last event. cfg NULL: the defaults of mt_model_growth. 0 or MT_ENOMEM. */
+int mt_model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *cfg,
+                    mt_model_stack_t **out, size_t *n);
+/* Counters: stack refs applied, allocations with a stack, refs with a bad id, refs whose
+ * alloc did not follow, definitions refused. */
+typedef struct mt_model_stack_stats_s {
+    uint64_t refs, matched, bad_ids, orphan_refs, refused;
+    size_t defined, frames;
+} mt_model_stack_stats_t;
+void mt_model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out);
 
 #endif

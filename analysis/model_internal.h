@@ -20,12 +20,18 @@ enum { MT__SLOT_EMPTY = 0, MT__SLOT_FULL = 1, MT__SLOT_DEAD = 2 };
 /* A live block (alloc seen, free_completed not), in an open-addressing table by addr. */
 typedef struct mt__mblock_s {
     uint64_t addr, size; /* bytes */
+    uint32_t sidx;       /* its stack's index in the model's stacks (model_stacks.c); 0 = id 0,
+                            MT__SIDX_NONE = counted in no stack's figures */
     uint8_t state;       /* MT__SLOT_* */
     uint8_t tag;         /* < MT_TAG_MAX */
     uint8_t pool;        /* mt_pool_e */
     uint8_t pending;     /* free requested: no longer allocated, still occupying */
     uint8_t uncertain;   /* live before a gap, not seen since: its free may be lost */
 } mt__mblock_t;
+
+#define MT__SIDX_NONE UINT32_MAX
+
+typedef struct mt__mstacks_s mt__mstacks_t;
 
 typedef struct mt__range_s {
     uint64_t addr, size;
@@ -67,6 +73,13 @@ typedef struct mt__mclass_s {
     uint64_t seg_unc_max;        /* bytes, bound on an uncertain segment's size */
     uint64_t unmatched_frees;    /* frees of blocks never seen allocated */
     bool had_gap;                /* a gap happened (figures may be uncertain) */
+    /* call stacks (model_stacks.c): the model's table, this class's index in it, the
+     * count of times allocated rose to a new peak (per-stack peak figures are taken
+     * lazily against it), and the stack of the alloc being applied */
+    mt__mstacks_t *stk;
+    int k;
+    uint64_t peak_ep;
+    uint32_t next_sidx;
 } mt__mclass_t;
 
 /* Invariants: a source's totals count in exactly the class of its pool
@@ -88,6 +101,7 @@ struct mt_model_s {
     uint64_t *it_no;              /* iteration numbers */
     double *it_alloc;             /* device allocated bytes */
     double (*it_tag)[MT_TAG_MAX]; /* device bytes by tag, known + uncertain */
+    mt__mstacks_t *stacks;        /* NULL until a stack ref, definition or module arrives */
 };
 
 /* model_segs.c */
@@ -107,6 +121,20 @@ int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen);
 
 /* model.c, for model_segs.c: drops the uncertain blocks within [addr, addr + size). */
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);
+
+/* model_stacks.c */
+/* Adds (sign 1) or removes (sign -1) b in its stack's figures of class c. */
+void mt__model_stack_account(mt__mclass_t *c, const mt__mblock_t *b, int sign);
+/* A stack ref record: remembered for the alloc that follows. */
+void mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev);
+/* Before ev is applied to c: the stack index its alloc gets (c->next_sidx); clears the
+ * pending ref. */
+void mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev);
+/* One iteration sample of every stack's device bytes (growth). */
+void mt__model_stacks_iteration(mt_model_t *m);
+uint32_t mt__model_stack_id(const mt_model_t *m, uint32_t sidx);
+void mt__model_stacks_free(mt_model_t *m);
+int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen);
 
 /* model_growth.c */
 int mt__model_iteration(mt_model_t *m, uint64_t iteration);

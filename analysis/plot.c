@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -716,6 +717,25 @@ static void draw_legend(FILE *f, const layout_t *l, const mt__report_t *r, size_
     fprintf(f, "</g>\n");
 }
 
+/* A small panel under the timeline: allocated bytes filled, reserved as a line, from the
+ * buckets' doubles at byte offsets alloc_off and res_off; the title is already written. */
+static void draw_band(FILE *f, const panel_t *p, const bucket_t *bk, size_t nb, size_t alloc_off,
+                      size_t res_off, const char *fill, const char *cls, double *xs, double *vs,
+                      size_t npts)
+{
+    byte_axis(f, p, 2);
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = *(const double *)((const char *)&bk[k] + alloc_off);
+    series(f, p, xs, vs, npts, fill, NULL, cls);
+    for (size_t k = 0; k < nb; k++)
+        vs[2 * k] = vs[2 * k + 1] = *(const double *)((const char *)&bk[k] + res_off);
+    series(f, p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.2\"");
+    fprintf(f,
+            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#888\"/>\n",
+            p->x0, p->y0, p->x1 - p->x0, p->y1 - p->y0);
+}
+
 static void draw_host(FILE *f, const layout_t *l, const scan_t *s, const bucket_t *bk, size_t nb,
                       double *xs, double *vs, size_t npts)
 {
@@ -729,17 +749,8 @@ static void draw_host(FILE *f, const layout_t *l, const scan_t *s, const bucket_
             "reserved %s</text>\n",
             p.x0, p.y0 - 10, human((double)s->host_peak_alloc, b1, sizeof b1),
             human((double)s->host_peak_res, b2, sizeof b2));
-    byte_axis(f, &p, 2);
-    for (size_t k = 0; k < nb; k++)
-        vs[2 * k] = vs[2 * k + 1] = bk[k].host_alloc;
-    series(f, &p, xs, vs, npts, HOST_COLOUR, NULL, " class=\"host\"");
-    for (size_t k = 0; k < nb; k++)
-        vs[2 * k] = vs[2 * k + 1] = bk[k].host_res;
-    series(f, &p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.2\"");
-    fprintf(f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#888\"/>\n",
-            p.x0, p.y0, p.x1 - p.x0, p.y1 - p.y0);
+    draw_band(f, &p, bk, nb, offsetof(bucket_t, host_alloc), offsetof(bucket_t, host_res),
+              HOST_COLOUR, " class=\"host\"", xs, vs, npts);
 }
 
 /* Lane i: device s->lane_dev[i]'s allocated (filled) and reserved (line); the timeline
@@ -757,17 +768,9 @@ static void draw_lane(FILE *f, const layout_t *l, unsigned i, const scan_t *s, c
             "is the sum of the devices)</text>\n",
             p.x0, p.y0 - 8, s->lane_dev[i], human((double)s->lane_peak_alloc[i], b1, sizeof b1),
             human((double)s->lane_peak_res[i], b2, sizeof b2));
-    byte_axis(f, &p, 2);
-    for (size_t k = 0; k < nb; k++)
-        vs[2 * k] = vs[2 * k + 1] = bk[k].lane_alloc[i];
-    series(f, &p, xs, vs, npts, builtin_colour[MT_TAG_WEIGHTS], NULL, " class=\"device\"");
-    for (size_t k = 0; k < nb; k++)
-        vs[2 * k] = vs[2 * k + 1] = bk[k].lane_res[i];
-    series(f, &p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.2\"");
-    fprintf(f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#888\"/>\n",
-            p.x0, p.y0, p.x1 - p.x0, p.y1 - p.y0);
+    draw_band(f, &p, bk, nb, offsetof(bucket_t, lane_alloc) + i * sizeof(double),
+              offsetof(bucket_t, lane_res) + i * sizeof(double), builtin_colour[MT_TAG_WEIGHTS],
+              " class=\"device\"", xs, vs, npts);
 }
 
 static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, const scan_t *s)

@@ -50,6 +50,7 @@ typedef struct proc_s {
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
     uint64_t labels;             /* tag label records among evs (kept for their seqs) */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
+    mt_model_t *tables;          /* its stack table and module map ("stack", "module" lines) */
 } proc_t;
 
 struct mt__report_s {
@@ -59,6 +60,7 @@ struct mt__report_s {
     uint64_t lines, events, malformed;
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
+    mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -73,6 +75,10 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     mt__report_t *r = calloc(1, sizeof(*r));
     if (!r)
         return MT_ENOMEM;
+    if (mt_sym_create(&r->sym) != 0) {
+        free(r);
+        return MT_ENOMEM;
+    }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
@@ -87,10 +93,12 @@ void mt__report_destroy(mt__report_t **pr)
     mt__report_t *r = *pr;
     for (size_t i = 0; i < r->nprocs; i++) {
         free(r->procs[i].evs.v);
+        mt_model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt_sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
@@ -223,9 +231,25 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
     if (!json_is_integer(v) || json_integer_value(v) != 1)
         FAIL("unsupported or missing schema version \"v\" (want 1)");
     const char *type = json_string_value(json_object_get(j, "type"));
+    json_t *jp = json_object_get(j, "pid");
+    if (!type && json_object_get(j, "kind")) { /* a stack table or module map line */
+        char why[160] = "";
+        if (!json_is_integer(jp))
+            FAIL("%s: missing \"pid\"", json_string_value(json_object_get(j, "kind")));
+        proc_t *p = proc_get(r, (int)json_integer_value(jp));
+        if (!p || (!p->tables && mt_model_create(&p->tables, NULL) != 0))
+            NOMEM();
+        int trc = mt_model_table_line(p->tables, j, why, sizeof why);
+        if (trc == MT_ENOMEM)
+            NOMEM();
+        if (trc < 0)
+            FAIL("%s", why);
+        if (trc == 0)
+            FAIL("unknown line kind \"%s\"", json_string_value(json_object_get(j, "kind")));
+        goto out;
+    }
     if (!type)
         FAIL("missing \"type\"");
-    json_t *jp = json_object_get(j, "pid");
     if (strcmp(type, "event") == 0 || strcmp(type, "gap") == 0) {
         mt_event_rec_t ev;
         int pid;
@@ -470,12 +494,13 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
-static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
+static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_model_t *m = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true};
     json_t *tl = json_array(), *res = NULL;
-    if (mt_model_create(&m, &mc) != 0 || !tl)
+    if (mt_model_create(&m, &mc) != 0 || !tl ||
+        (p->tables && mt_model_tables_copy(m, p->tables) != 0))
         goto out;
     const mt_event_rec_t *ev = p->evs.v;
     size_t n = p->evs.n;
@@ -523,6 +548,12 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p)
         res = NULL;
     }
     res = uncertain_json(res, &d);
+    if (res != NULL && cfg->by_callsite &&
+        json_object_set_new(res, "callsites",
+                            mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg->top)) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
 out:
     json_decref(tl);
     mt_model_destroy(&m);
@@ -535,7 +566,7 @@ json_t *mt__report_result(mt__report_t *r)
     if (!procs)
         return NULL;
     for (size_t i = 0; i < r->nprocs; i++) {
-        json_t *p = analyse(&r->cfg, &r->procs[i]);
+        json_t *p = analyse(&r->cfg, &r->procs[i], r->sym);
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;
@@ -576,6 +607,8 @@ int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, v
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
     int rc = mt_model_create(&m, NULL);
+    if (rc == 0 && p->tables)
+        rc = mt_model_tables_copy(m, p->tables);
     uint64_t tag_live[MT_TAG_MAX];
     for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
         const mt_event_rec_t *ev = &p->evs.v[k];
@@ -606,6 +639,8 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
     int rc = mt_model_create(&m, NULL);
+    if (rc == 0 && p->tables)
+        rc = mt_model_tables_copy(m, p->tables);
     for (size_t k = 0; rc == 0 && k < p->evs.n && k <= index; k++)
         rc = mt_model_apply(m, &p->evs.v[k]);
     if (rc == 0)
@@ -614,7 +649,36 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
     return rc;
 }
 
+int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
+{
+    *out = NULL;
+    if (i >= r->nprocs)
+        return MT_EINVAL;
+    const proc_t *p = &r->procs[i];
+    mt_model_t *m = NULL;
+    mt_model_cfg_t mc = {.keep_iterations = true};
+    int rc = mt_model_create(&m, &mc);
+    if (rc == 0 && p->tables)
+        rc = mt_model_tables_copy(m, p->tables);
+    for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
+        rc = mt_model_apply(m, &p->evs.v[k]);
+        if (rc == MT_ENOMEM) /* the model stays consistent: a block is missing */
+            rc = 0;
+    }
+    if (rc != 0) {
+        mt_model_destroy(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
 void mt__report_map_free(mt__report_map_t *m)
 {
     mt_model_map_free(m);
+}
+
+mt_sym_t *mt__report_symbolizer(mt__report_t *r)
+{
+    return r->sym;
 }

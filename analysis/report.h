@@ -24,8 +24,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "analysis/model.h"
+#include "analysis/symbolize.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 
@@ -36,6 +38,7 @@ typedef struct mt__report_cfg_s {
     uint64_t min_growth_bytes; /* rise needed to flag growth; 1 MiB */
     double min_r2;             /* goodness of fit needed to flag growth; 0.8 */
     unsigned top;              /* rows of never-freed groups kept; 10 */
+    bool by_callsite;          /* add each process's "callsites" (report_callsite.c) */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);
@@ -88,6 +91,24 @@ typedef mt_model_map_t mt__report_map_t;
  * pinned host memory (pool host) when host. Free with mt__report_map_free. */
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out);
+/* The model of process i after all its events, with its stack table and module map
+ * (keep_iterations on): for per-stack views (mt_model_stacks). *out is new. */
+int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
 void mt__report_map_free(mt__report_map_t *m);
+
+/* The symbolizer holding the module maps of the log's processes (borrowed). */
+mt_sym_t *mt__report_symbolizer(mt__report_t *r);
+
+/* ---- call sites (report_callsite.c) ---- */
+
+/* A process's "callsites" member: {"stacks", "at_peak", "never_freed", "growth"}, the
+ * first top rows of each (docs/telemetry.schema.json). New reference, NULL without memory. */
+json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid, unsigned top);
+
+/* The flame graph of process pid (<= 0: the one with the most events) by which
+ * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each
+ * with a message in err. */
+int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err,
+                         size_t errlen);
 
 #endif

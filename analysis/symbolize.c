@@ -3,6 +3,9 @@
 #include "analysis/symbolize.h"
 
 #include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -45,7 +48,7 @@ struct mt_sym_s {
     size_t n_mod, cap_mod;
     proc_t *procs;
     size_t n_proc, cap_proc;
-    cache_ent_t *cache; /* 2 * MT_SYM_CACHE_MAX slots, open addressing */
+    cache_ent_t *cache; /* 2 * MT_SYM_CACHE_MAX slots, open addressing; NULL until used */
     size_t cache_n;
     char **strs; /* interned strings, open addressing; NULL = free */
     size_t str_slots, str_n, str_bytes;
@@ -120,13 +123,8 @@ int mt_sym_create(mt_sym_t **out)
     mt_sym_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         goto fail_struct;
-    s->cache = calloc(2 * (size_t)MT_SYM_CACHE_MAX, sizeof(*s->cache));
-    if (s->cache == NULL)
-        goto fail_cache;
     *out = s;
     return 0;
-fail_cache:
-    free(s);
 fail_struct:
     return MT_ENOMEM;
 }
@@ -179,6 +177,8 @@ static proc_t *proc_get(mt_sym_t *s, uint32_t pid, bool create)
 
 static void cache_clear(mt_sym_t *s)
 {
+    if (s->cache == NULL)
+        return;
     memset(s->cache, 0, 2 * (size_t)MT_SYM_CACHE_MAX * sizeof(*s->cache));
     s->cache_n = 0;
 }
@@ -306,10 +306,23 @@ static void module_report(mt_sym_t *s, module_t *m)
         if (p->dwfl == NULL)
             return;
     }
+    /* The path comes from the producer: only a regular file is read (a FIFO or a device
+     * would block or never end), opened without waiting. */
+    int fd = open(m->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    struct stat st;
+    if (fd < 0)
+        return;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return;
+    }
     dwfl_report_begin_add(p->dwfl);
-    /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr. */
-    m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, -1, m->base, true);
+    /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr.
+     * On success the module owns fd. */
+    m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, fd, m->base, true);
     dwfl_report_end(p->dwfl, NULL, NULL);
+    if (m->mod == NULL)
+        close(fd);
     m->trusted = m->mod != NULL && build_id_matches(m->mod, m->build_id);
 }
 
@@ -364,6 +377,10 @@ static const char *const unknown_label = "unknown frame";
 int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
 {
     size_t slots = 2 * (size_t)MT_SYM_CACHE_MAX;
+    if (s->cache == NULL && (s->cache = calloc(slots, sizeof(*s->cache))) == NULL) {
+        *out = (mt_sym_frame_t){.offset = ip, .label = unknown_label};
+        return MT_ENOMEM;
+    }
     size_t j = (size_t)((ip * 0x9E3779B97F4A7C15ull) ^ (pid * 0xC2B2AE3D27D4EB4Full)) & (slots - 1);
     while (s->cache[j].used) {
         if (s->cache[j].ip == ip && s->cache[j].pid == pid) {

@@ -16,7 +16,7 @@
 #include "memtrace/common.h"
 
 #define MT_SYM_MODULES_MAX 4096u      /* modules over all processes */
-#define MT_SYM_CACHE_MAX   (1u << 16) /* cached ips over all processes */
+#define MT_SYM_CACHE_MAX   (1u << 14) /* cached ips over all processes */
 
 typedef struct mt_sym_s mt_sym_t;
 
@@ -33,7 +33,8 @@ typedef struct mt_sym_frame_s {
                            "module+0x..", "unknown frame 0x.." */
 } mt_sym_frame_t;
 
-/* new; *out is NULL on failure (MT_ENOMEM). */
+/* new (small: the cache is allocated at the first resolve); *out is NULL on failure
+ * (MT_ENOMEM). */
 int mt_sym_create(mt_sym_t **out);
 void mt_sym_destroy(mt_sym_t **p);
 

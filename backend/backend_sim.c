@@ -206,7 +206,7 @@ static int sim_malloc(mt_backend_t *b, size_t size, void **out)
     pthread_mutex_lock(&s->mu);
     if (s->fail_next > 0) {
         s->fail_next--;
-        rc = MT_ENOMEM;
+        rc = s->fail_rc;
     } else if (rounded > s->capacity - s->seg_bytes - s->mapped_bytes) {
         rc = MT_ENOMEM;
     } else {
@@ -444,7 +444,7 @@ static int sim_vm_map(mt_backend_t *b, void *addr, size_t size)
     }
     if (s->fail_next > 0) {
         s->fail_next--;
-        rc = MT_ENOMEM;
+        rc = s->fail_rc;
         goto out;
     }
     if (size > s->capacity - s->seg_bytes - s->mapped_bytes) {
@@ -617,6 +617,7 @@ static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, 
     s->base.log_ud = cfg->log_ud;
     s->group = g;
     s->capacity = capacity;
+    s->fail_rc = MT_ENOMEM;
     /* Room for SIM_VA_FACTOR x capacity of address space (see the top of the file), at
      * least the capacity itself. */
     size_t va = capacity <= SIM_VA_MAX / SIM_VA_FACTOR ? capacity * SIM_VA_FACTOR : SIM_VA_MAX;
@@ -762,11 +763,17 @@ bool mt__sim_is_sim(const mt_backend_t *b)
 
 int mt__sim_inject_malloc_failures(mt_backend_t *b, unsigned n)
 {
-    if (!mt__sim_is_sim(b))
+    return mt__sim_inject_malloc_errors(b, n, MT_ENOMEM);
+}
+
+int mt__sim_inject_malloc_errors(mt_backend_t *b, unsigned n, int rc)
+{
+    if (!mt__sim_is_sim(b) || rc >= 0)
         return MT_EINVAL;
     sim_t *s = to_sim(b);
     pthread_mutex_lock(&s->mu);
     s->fail_next = n;
+    s->fail_rc = rc;
     pthread_mutex_unlock(&s->mu);
     return 0;
 }

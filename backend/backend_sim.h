@@ -14,6 +14,9 @@
 bool mt__sim_is_sim(const mt_backend_t *b);
 /* The next n segment mallocs and vm_maps fail with MT_ENOMEM (replaces any previous n). */
 int mt__sim_inject_malloc_failures(mt_backend_t *b, unsigned n);
+/* The same with another code (rc < 0): a device malloc that fails for a reason other than memory.
+ */
+int mt__sim_inject_malloc_errors(mt_backend_t *b, unsigned n, int rc);
 /* Replaces the modelled cost (busy-waited and added to modelled_ns) of one segment
  * malloc or vm_map (malloc_ns) and of one segment free or vm_unmap (free_ns). */
 void mt__sim_set_costs(mt_backend_t *b, uint64_t malloc_ns, uint64_t free_ns);

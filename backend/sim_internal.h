@@ -89,6 +89,7 @@ typedef struct sim_s {
     sim_vm_t *vms;       /* reservations, unordered list */
     sim_host_t *hosts;   /* pinned host allocations, unordered list */
     unsigned fail_next;  /* the next fail_next segment mallocs / vm_maps fail (test hook) */
+    int fail_rc;         /* ... with this code (MT_ENOMEM unless a test sets another) */
 
     pthread_mutex_t cost_mu;         /* held while a cost is spent: like the driver, the
                                       * sim runs one allocation call at a time */

@@ -8,11 +8,15 @@
  *               daemon does from its own process (the production path)
  *   local log   the profiler in log mode: its drainer thread encodes JSON to /dev/null
  *               (the no-daemon fallback; drops are counted when the encoder falls behind)
+ *   stacks      the ring path with call stacks (issue 13), sampled (the default) and all:
+ *               unwinding (libunwind), interning and the stack_ref record, on the
+ *               allocating thread
  * plus the ring's push alone (no allocator), with a draining consumer, and the event clock
- * alone. The same configurations then time LSTM training steps through the RNN engine: a
- * workload that computes between its allocations, as programs do.
- * Rounds alternate the configurations and the best (lowest) time of each is kept, which
- * filters out the noise of a shared machine; the drops shown are those of that round. */
+ * alone; then the call-stack rows: stacks=all through a 10-deep recursion built without
+ * frame pointers, and the table's memory for 1 M distinct stacks. The same configurations then time
+ * LSTM training steps through the RNN engine: a workload that computes between its allocations, as
+ * programs do. Rounds alternate the configurations and the best (lowest) time of each is kept,
+ * which filters out the noise of a shared machine; the drops shown are those of that round. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,6 +31,9 @@
 #include "memtrace/rnn.h"
 #include "allocator/internal.h"
 #include "profiler/ring.h"
+#include "profiler/stack.h"
+#include "bench/stack_deep.h"
+#include <sys/mman.h>
 
 #define PAIRS  400000
 #define ROUNDS 5
@@ -87,10 +94,13 @@ static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
 
 /* ---- the allocation loop ---- */
 
-enum { CFG_OFF, CFG_NULL, CFG_RING, CFG_LOG, NCFG };
-static const char *const cfg_names[NCFG] = {"recording off", "empty sink (allocator side)",
+enum { CFG_OFF, CFG_NULL, CFG_RING, CFG_LOG, CFG_STK_SAMPLED, CFG_STK_ALL, NCFG };
+static const char *const cfg_names[NCFG] = {"recording off",
+                                            "empty sink (allocator side)",
                                             "ring + reader (daemon path)",
-                                            "local log (JSON drainer)"};
+                                            "local log (JSON drainer)",
+                                            "ring + stacks=sampled",
+                                            "ring + stacks=all"};
 
 typedef struct result_s {
     double best_ns_per_pair;
@@ -107,7 +117,27 @@ typedef struct rec_s {
     mt_prof_t *prof;
     mt_event_sink_t sink; /* borrowed by the allocator: lives as long as it */
     uint64_t null_count;
+    mt__stab_t *stab; /* stack configurations: the table, over area */
+    void *area;
+    int stk_mode;
 } rec_t;
+
+static void stk_emit(void *ud, const mt_event_rec_t *ev)
+{
+    mt__ring_push(((rec_t *)ud)->ring, ev);
+}
+
+static void stk_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    mt__ring_push_n(((rec_t *)ud)->ring, ev, n);
+}
+
+static uint32_t stk_stack(void *ud, uint64_t bytes, int pool, int mode)
+{
+    (void)pool;
+    rec_t *r = ud;
+    return mt__stab_capture(r->stab, mode == MT_STACKS_DEFAULT ? r->stk_mode : mode, bytes);
+}
 
 /* Attaches configuration cfgi's recording (none for CFG_OFF) to ac. */
 static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
@@ -124,9 +154,24 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
         pthread_create(&r->rd.th, NULL, reader_main, &r->rd);
         r->sink = (mt_event_sink_t){.emit = ring_sink, .emit_n = ring_sink_n, .ud = r->ring};
         ac->sink = &r->sink;
+    } else if (cfgi == CFG_STK_SAMPLED || cfgi == CFG_STK_ALL) {
+        /* the ring path, with the profiler's stack table over an area of its own */
+        size_t sz = mt__stab_area_size();
+        r->area = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (r->area == MAP_FAILED || mt__stab_create(&r->stab, r->area, sz) != 0 ||
+            mt__ring_create(&r->ring, 1 << 16, "bench") != 0)
+            return -1;
+        mt__ring_unlink(r->ring);
+        r->rd.ring = r->ring;
+        pthread_create(&r->rd.th, NULL, reader_main, &r->rd);
+        r->stk_mode = cfgi == CFG_STK_ALL ? MT_STACKS_ALL : MT_STACKS_SAMPLED;
+        r->sink =
+            (mt_event_sink_t){.emit = stk_emit, .emit_n = stk_emit_n, .stack = stk_stack, .ud = r};
+        ac->sink = &r->sink;
     } else if (cfgi == CFG_LOG) {
         mt_prof_cfg_t pc = mt_prof_cfg_default();
         pc.mode = MT_PROF_LOG;
+        pc.stacks = MT_STACKS_OFF; /* the JSON drainer's cost alone, as before stacks */
         pc.log_path = "/dev/null";
         if (mt_prof_create(&r->prof, &pc) != 0)
             return -1;
@@ -153,7 +198,7 @@ static int rec_start(rec_t *r, int cfgi)
 /* Events offered so far. */
 static uint64_t rec_events(rec_t *r)
 {
-    if (r->cfgi == CFG_RING) {
+    if (r->ring) {
         mt__ring_stats_t st;
         mt__ring_stats(r->ring, &st);
         return st.emitted;
@@ -174,7 +219,7 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
     *events = *dropped = 0;
     if (r->cfgi == CFG_NULL) {
         *events = r->null_count;
-    } else if (r->cfgi == CFG_RING) {
+    } else if (r->ring) {
         atomic_store(&r->rd.stop, 1);
         pthread_join(r->rd.th, NULL);
         mt__ring_stats_t st;
@@ -182,6 +227,9 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
         *events = st.emitted;
         *dropped = st.dropped;
         mt__ring_close(&r->ring);
+        mt__stab_destroy(&r->stab);
+        if (r->area)
+            munmap(r->area, mt__stab_area_size());
     } else if (r->cfgi == CFG_LOG) {
         mt_prof_stats_t st;
         mt_prof_stats(r->prof, &st);
@@ -371,6 +419,102 @@ static double push_alone(uint64_t *dropped)
     return ns;
 }
 
+/* ---- call stacks: a 10-deep stack without frame pointers, and the table's bound ---- */
+
+#define DEEP        10
+#define DEEP_PAIRS  100000
+#define DISTINCT_1M 1000000
+
+static int deep_pair(void *ud)
+{
+    mt_alloc_t *a = ud;
+    void *p = NULL;
+    if (mt_alloc_malloc(a, 4096, NULL, MT_TAG_OTHER, &p) != 0)
+        return -1;
+    return mt_alloc_free(a, p);
+}
+
+typedef struct capture_ctx_s {
+    mt__stab_t *stab;
+    uint64_t ns;
+} capture_ctx_t;
+
+static int deep_capture(void *ud)
+{
+    capture_ctx_t *c = ud;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < DEEP_PAIRS; i++)
+        if (mt__stab_capture(c->stab, MT_STACKS_ALL, 4096) == 0)
+            return -1;
+    c->ns = now_ns() - t0;
+    return 0;
+}
+
+typedef struct deep_result_s {
+    double off_ns, all_ns, capture_ns, frames;
+    uint64_t dropped;
+} deep_result_t;
+
+/* alloc+free pairs at the bottom of a DEEP-frame recursion built without frame pointers,
+ * stacks off then all on the same allocator and ring (best of ROUNDS each, alternating),
+ * and the capture alone (unwinding + interning) at the same depth. */
+static int deep_stacks(deep_result_t *out)
+{
+    rec_t rec;
+    if (rec_start(&rec, CFG_STK_ALL) != 0)
+        return -1;
+    memset(out, 0, sizeof *out);
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int m = 0; m < 2; m++) {
+            rec.stk_mode = m ? MT_STACKS_ALL : MT_STACKS_OFF;
+            uint64_t t0 = now_ns();
+            for (int i = 0; i < DEEP_PAIRS; i++)
+                if (mt_bench_deep(DEEP, deep_pair, rec.a) != 0)
+                    return -1;
+            double ns = (double)(now_ns() - t0) / DEEP_PAIRS;
+            double *best = m ? &out->all_ns : &out->off_ns;
+            if (*best == 0 || ns < *best)
+                *best = ns;
+        }
+        capture_ctx_t c = {rec.stab, 0};
+        if (mt_bench_deep(DEEP, deep_capture, &c) != 0)
+            return -1;
+        double ns = (double)c.ns / DEEP_PAIRS;
+        if (out->capture_ns == 0 || ns < out->capture_ns)
+            out->capture_ns = ns;
+    }
+    mt__stab_stats_t st;
+    mt__stab_stats(rec.stab, &st);
+    out->frames = st.stacks ? (double)st.frames / st.stacks : 0;
+    uint64_t events;
+    rec_stop(&rec, &events, &out->dropped);
+    return 0;
+}
+
+/* Interns DISTINCT_1M distinct 10-frame stacks into a fresh table: what it stores, counts
+ * and occupies. */
+static int table_1m(mt__stab_stats_t *st, double *ns_per)
+{
+    size_t sz = mt__stab_area_size();
+    void *area = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    mt__stab_t *t = NULL;
+    if (area == MAP_FAILED || mt__stab_create(&t, area, sz) != 0)
+        return -1;
+    uint64_t w[10];
+    for (int k = 0; k < 10; k++)
+        w[k] = 0x400000 + (uint64_t)k * 0x1000;
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < DISTINCT_1M; i++) {
+        w[0] = 0x7f0000000000ull + i;
+        (void)mt__stab_intern(t, w, 10, false);
+    }
+    *ns_per = (double)(now_ns() - t0) / DISTINCT_1M;
+    mt__stab_stats(t, st);
+    mt__stab_destroy(&t);
+    munmap(area, sz);
+    return 0;
+}
+
 int main(void)
 {
     result_t res[NCFG];
@@ -418,7 +562,8 @@ int main(void)
                (unsigned long long)res[c].dropped,
                c == CFG_RING   ? "<= 5 %, <= 50 ns/event"
                : c == CFG_NULL ? "(time stamps + event build, no recording)"
-                               : "(fallback, informative)");
+               : c == CFG_LOG  ? "(fallback, informative)"
+                               : "(informative: shallow stack, one call site)");
     }
     printf("%-30s %10s %11s %10s %10.1f %9llu   %s\n", "ring push alone (1 thread)", "-", "1", "-",
            best_push, (unsigned long long)push_drops, "<= 50 ns/event");
@@ -459,10 +604,52 @@ int main(void)
         snprintf(cell, sizeof cell, "%.2f%% (%.1f..%.1f)", med, lo, hi);
         printf("%-30s %10.2f %11.1f %22s %9llu   %s\n", cfg_names[c], median(rr[c].ms, NULL, NULL),
                rr[c].events_per_step, cell, (unsigned long long)rr[c].dropped,
-               c == CFG_RING   ? "<= 5 %"
-               : c == CFG_NULL ? "(time stamps + event build, no recording)"
-                               : "(fallback, informative)");
+               c == CFG_RING          ? "<= 5 %"
+               : c == CFG_NULL        ? "(time stamps + event build, no recording)"
+               : c == CFG_STK_SAMPLED ? "<= 5 % over the ring's (stacks off)"
+               : c == CFG_STK_ALL     ? "(informative)"
+                                      : "(fallback, informative)");
     }
+    /* stacks=sampled against stacks off (the ring row), round by round */
+    double sover[RNN_ROUNDS], slo, shi;
+    for (int r = 0; r < RNN_ROUNDS; r++)
+        sover[r] = 100 * (rr[CFG_STK_SAMPLED].ms[r] - rr[CFG_RING].ms[r]) / rr[CFG_RING].ms[r];
+    double smed = median(sover, &slo, &shi);
+
+    deep_result_t dr;
+    mt__stab_stats_t t1m;
+    double ns_1m = 0;
+    if (deep_stacks(&dr) != 0 || table_1m(&t1m, &ns_1m) != 0) {
+        fprintf(stderr, "bench_prof: call-stack rows failed\n");
+        return 1;
+    }
+    double per_alloc = dr.all_ns - dr.off_ns;
+    printf("\ncall stacks (issue 13): alloc+free pairs at the bottom of a %d-deep recursion built "
+           "with -fomit-frame-pointer, ring + reader, best of %d rounds\n\n",
+           DEEP, ROUNDS);
+    printf("%-38s %10s   %s\n", "row", "figure", "goal");
+    printf("%-38s %7.1f ns   %s\n", "pair, stacks off", dr.off_ns, "(baseline)");
+    printf("%-38s %7.1f ns   %s\n", "pair, stacks=all", dr.all_ns, "");
+    printf("%-38s %7.1f ns   %s (%.1f frames kept per stack; %llu dropped)\n",
+           "stacks=all: cost per allocation", per_alloc, "<= 500 ns", dr.frames,
+           (unsigned long long)dr.dropped);
+    printf("%-38s %7.1f ns   %s\n", "  of which unwind + intern alone", dr.capture_ns,
+           "(informative)");
+    printf("%-38s %6.2f %%    %s (range %.1f..%.1f over %d rounds)\n",
+           "stacks=sampled over off, LSTM step", smed, "<= 5 %", slo, shi, RNN_ROUNDS);
+    /* The same overhead from its parts, which the machine's noise does not blur: the
+     * captures a step makes (its stack_ref records) times what one costs (the row above),
+     * over the step's time. */
+    double refs = rr[CFG_STK_SAMPLED].events_per_step - rr[CFG_RING].events_per_step;
+    double step_ns = median(rr[CFG_RING].ms, NULL, NULL) * 1e6;
+    printf("%-38s %6.3f %%    %s (%.1f captures per step x %.0f ns, over %.1f ms)\n",
+           "  the same, from its parts", 100 * refs * per_alloc / step_ns, "<= 5 %", refs,
+           per_alloc, step_ns / 1e6);
+    printf("%-38s %7.1f MiB  %s (%u stored, %llu counted not stored, %.0f ns per intern)\n",
+           "table memory, 1 M distinct stacks", (double)t1m.table_bytes / (1 << 20), "bounded",
+           t1m.stacks, (unsigned long long)t1m.overflow, ns_1m);
+    printf("%-38s %7.1f MiB  %s\n", "  bound (area + index, any workload)",
+           (double)t1m.bound_bytes / (1 << 20), "(documented in docs/telemetry.md)");
 
     double extra = res[CFG_RING].best_ns_per_pair - off;
     double per_pair = (double)res[CFG_RING].events / (PAIRS + 16);
@@ -473,6 +660,16 @@ int main(void)
         per_pair > 0 && extra / per_pair <= 50.0 ? "met" : "NOT met");
     printf("verdict (ring, LSTM training steps): overhead %.2f %% (goal <= 5 %%): %s\n", ring_over,
            ring_over <= 5.0 ? "met" : "NOT met");
+    printf(
+        "verdict (stacks=all, %d-deep, no frame pointers): %.1f ns per allocation (goal <= 500): "
+        "%s\n",
+        DEEP, per_alloc, per_alloc <= 500.0 ? "met" : "NOT met");
+    printf("verdict (stacks=sampled, LSTM training steps): %.2f %% over stacks off (goal <= 5 %%): "
+           "%s\n",
+           smed, smed <= 5.0 ? "met" : "NOT met");
+    printf("verdict (stack table, 1 M distinct stacks): %.1f MiB, bound %.1f MiB: %s\n",
+           (double)t1m.table_bytes / (1 << 20), (double)t1m.bound_bytes / (1 << 20),
+           t1m.table_bytes <= t1m.bound_bytes ? "met" : "NOT met");
     if (res[CFG_RING].dropped > 0)
         printf("(the ring round shown dropped %llu events: its reader was starved of CPU, a "
                "drop costs less than a record, so that figure is too low; run again)\n",

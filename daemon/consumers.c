@@ -178,8 +178,8 @@ static bool sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r)
         if (!hit)
             return false;
     }
-    if (r->ev.kind == MT_EV_GAP)
-        return true; /* whoever sees a process's events must see its gaps */
+    if (r->ev.kind == MT_EV_GAP || r->ev.kind == 0)
+        return true; /* whoever sees a process's events must see its gaps and its tables */
     if (s->kinds && !(r->ev.kind < 32 && (s->kinds >> r->ev.kind) & 1))
         return false;
     if (!s->tags && !s->ntag_labels)
@@ -298,8 +298,34 @@ void mt__d_consumer_release(mt_d_conn_t *c)
     c->sub.queue_limit = 0;
 }
 
+/* A new consumer first gets the stack tables and module maps of the processes it follows
+ * (daemon/stacks.c): the stack ids of the events it gets from now on resolve. */
+static void send_tables(mt_d_conn_t *c)
+{
+    for (mt_d_proc_t *p = c->d->procs; p; p = p->next) {
+        bool hit = c->sub.npids == 0;
+        for (unsigned i = 0; i < c->sub.npids && !hit; i++)
+            hit = c->sub.pids[i] == p->pid;
+        if (!hit)
+            continue;
+        mt_d_buf_t b = {0};
+        if (mt__d_stacks_tables(p, c->sub.sse, &b) == 0 && b.len > 0) {
+            mt_d_chunk_t *ch = malloc(sizeof *ch + b.len);
+            if (ch) {
+                ch->conn = c;
+                ch->nevents = 0;
+                memcpy(ch->data, b.p, b.len);
+                ch->len = b.len;
+                enqueue(c, ch);
+            }
+        }
+        mt__d_buf_free(&b);
+    }
+}
+
 void mt__d_consumer_start(mt_d_conn_t *c)
 {
+    send_tables(c);
     c->last_active_ms = uv_now(c->d->loop);
     /* A larger kernel buffer means fewer, larger writes and wake-ups at high rates; the
      * kernel caps it (net.core.wmem_max), and failing to raise it is harmless. */

@@ -18,15 +18,20 @@
 #include <jansson.h>
 
 #include "analysis/model.h"
+#include "analysis/symbolize.h"
 #include "daemon/daemon.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 #include "profiler/ring.h"
+#include "profiler/stack.h"
 
-#define MT_D_MAX_PIDS          16   /* pids in one subscription filter */
-#define MT_D_MAX_TAG_LABELS    8    /* user tag labels in one subscription filter */
-#define MT_D_BATCH             1024 /* events per batch (one consumer chunk per batch) */
+#define MT_D_MAX_PIDS       16   /* pids in one subscription filter */
+#define MT_D_MAX_TAG_LABELS 8    /* user tag labels in one subscription filter */
+#define MT_D_BATCH          1024 /* events per batch (one consumer chunk per batch) */
+/* records a batch holds: a batch's events plus the table lines (stacks.c) of its last one */
+#define MT_D_BATCH_CAP         (MT_D_BATCH + MT__STAB_MODULES + 2)
 #define MT_D_PRODUCER_LINE_MAX 4096 /* bytes of a line a registered producer may send */
+#define MT_D_CALLSITES_TOP     5    /* call sites per process in /state */
 
 /* ---- growable text buffer ---- */
 
@@ -63,6 +68,7 @@ typedef struct mt_d_proc_s {
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
     mt_model_t *model; /* owned: totals, blocks, tags, segments of both memory classes */
+    mt_sym_t *sym;     /* owned: names the frames of its call stacks (/state, /block) */
     /* User tags' labels, as the process announced them (MT_EV_TAG_LABEL); "" = none.
      * Kept for the process's lifetime, so a consumer that comes after the announcement
      * still gets the names. names[t] is what /state, /metrics and tail call tag t: its
@@ -71,6 +77,13 @@ typedef struct mt_d_proc_s {
      * MT_TAG_MAX names per process: the metrics' tag label stays bounded. */
     char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
     char names[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
+    /* call stacks (stacks.c): the producer's table (its ring's area; base NULL = none or
+     * gone with the ring), what the daemon has read of it into the model and its stream,
+     * and a stack ref waiting for its alloc */
+    mt__stab_view_t stab;
+    mt__stab_seen_t stab_seen;
+    uint32_t pending_stack;
+    uint64_t pending_addr;
 } mt_d_proc_t;
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
@@ -232,6 +245,16 @@ void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n);
 void mt__d_drain_all(mt_d_t *d);
 void mt__d_procs_free(mt_d_t *d);
 unsigned mt__d_live_count(const mt_d_t *d);
+
+/* stacks.c */
+void mt__d_stacks_attach(mt_d_proc_t *p);
+void mt__d_stacks_detach(mt_d_proc_t *p);
+void mt__d_stacks_free(mt_d_proc_t *p);
+/* Before ev's line: for a stack ref, the table lines it needs go into the batch (and the
+ * model). Returns the stack id an alloc line carries (0: none). */
+uint32_t mt__d_stacks_record(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev);
+/* p's module and stack lines (SSE-framed when sse), appended to out. 0 or MT_ENOMEM. */
+int mt__d_stacks_tables(const mt_d_proc_t *p, bool sse, mt_d_buf_t *out);
 
 /* consumers.c */
 int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen);

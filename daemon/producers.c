@@ -98,6 +98,7 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
     if (backend)
         snprintf(p->backend, sizeof p->backend, "%s", backend);
     p->ring = ring;
+    mt__d_stacks_attach(p);
     p->conn = c;
     p->registered_realtime = realtime_ns();
     mt__ring_set_flags(ring, MT_RING_F_ATTACHED);
@@ -136,7 +137,7 @@ static void process_batch(mt_d_t *d)
 /* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
  * encoder of the schema). User tags are named by the labels p announced (mt_d_proc_t
  * names), else "tag<n>". */
-static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev)
+static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev, uint32_t stack)
 {
     size_t need = 1024; /* enough for every line without a long user tag name */
     for (;;) {
@@ -144,7 +145,7 @@ static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev)
         if (rc)
             return rc;
         size_t room = b->cap - b->len;
-        size_t n = mt_prof_event_write(b->p + b->len, room, ev, p->pid, mt__d_proc_label, p);
+        size_t n = mt_prof_alloc_write(b->p + b->len, room, ev, p->pid, stack, mt__d_proc_label, p);
         if (n < room) {
             b->len += n;
             return 0;
@@ -157,7 +158,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
 {
     mt_d_t *d = ud;
     mt_d_proc_t *p = d->batch_proc;
-    if (d->nbatch == MT_D_BATCH)
+    /* room for this record and the table lines a stack ref may bring */
+    if (d->nbatch + (ev->kind == MT_EV_STACK_REF ? MT__STAB_MODULES + 2 : 1) > MT_D_BATCH_CAP)
         process_batch(d);
     if (ev->kind == MT_EV_GAP) {
         p->dropped += ev->size;
@@ -169,8 +171,9 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     mt__d_proc_apply(p, ev);
     mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
     mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
+    uint32_t stack = mt__d_stacks_record(d, p, ev);
     size_t off = d->batch_text.len;
-    if (encode_event(&d->batch_text, p, ev) != 0) {
+    if (encode_event(&d->batch_text, p, ev, stack) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
         return;
     }
@@ -220,6 +223,7 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
  * closed. Not evicted here: the callers are walking d->procs. */
 static void drop_corrupt(mt_d_t *d, mt_d_proc_t *p)
 {
+    mt__d_stacks_detach(p);
     mt__ring_close(&p->ring);
     p->exit_reason = "corrupt";
     p->exited = true;
@@ -320,6 +324,7 @@ void mt__d_producer_eof(mt_d_conn_t *c)
         p->exit_reason = "oom";
     else
         p->exit_reason = "killed";
+    mt__d_stacks_detach(p);
     mt__ring_close(&p->ring);
     p->exited = true;
     p->exited_realtime = realtime_ns();
@@ -379,7 +384,8 @@ void mt__d_procs_free(mt_d_t *d)
         mt_d_proc_t *p = d->procs;
         d->procs = p->next;
         if (p->ring)
-            mt__ring_close(&p->ring);
+            mt__d_stacks_detach(p);
+        mt__ring_close(&p->ring);
         mt__d_proc_destroy(&p);
     }
 }

@@ -676,7 +676,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->host = cfg->http_host ? strdup(cfg->http_host) : NULL;
     d->log_path = cfg->log_path ? strdup(cfg->log_path) : NULL;
     d->readbuf = malloc(READ_BUF_SIZE);
-    d->batch = malloc(MT_D_BATCH * sizeof *d->batch);
+    d->batch = malloc(MT_D_BATCH_CAP * sizeof *d->batch);
     if (!d->socket_path || (cfg->http_host && !d->host) || (cfg->log_path && !d->log_path) ||
         !d->readbuf || !d->batch)
         goto fail_alloc;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/callsite.h"
 #include "daemon/internal.h"
 #include "util/text.h"
 
@@ -13,7 +14,8 @@ int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name)
     mt_d_proc_t *p = calloc(1, sizeof *p);
     if (!p)
         return MT_ENOMEM;
-    if (mt_model_create(&p->model, NULL) != 0) {
+    if (mt_model_create(&p->model, NULL) != 0 || mt_sym_create(&p->sym) != 0) {
+        mt_model_destroy(&p->model);
         free(p);
         return MT_ENOMEM;
     }
@@ -29,6 +31,8 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
         return;
     mt_d_proc_t *p = *pp;
     mt_model_destroy(&p->model);
+    mt__d_stacks_free(p);
+    mt_sym_destroy(&p->sym);
     free(p);
     *pp = NULL;
 }
@@ -212,6 +216,24 @@ static int class_json(json_t *o, const mt_d_proc_t *p, int cls, bool with_segmen
     return with_segments ? segments_json(o, p, cls) : 0;
 }
 
+/* The process's top call sites by live device bytes now ("callsites"; empty without
+ * stacks). Frames are named here, in the daemon, never in the producer. */
+static int callsites_json(json_t *o, const mt_d_proc_t *p)
+{
+    mt_cs_row_t *rows = NULL;
+    size_t n = 0;
+    if (mt_cs_rows_from_model(p->model, MT_CS_LIVE, &rows, &n) != 0)
+        return -1;
+    mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+    if (mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
+        free(rows);
+        return -1;
+    }
+    json_t *a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_CALLSITES_TOP, false);
+    free(rows);
+    return json_object_set_new(o, "callsites", a);
+}
+
 /* Device memory per device (the model's): the top-level figures are their sums. */
 static json_t *devices_json(const mt_d_proc_t *p)
 {
@@ -265,6 +287,7 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
         goto fail;
     bad |= json_object_set_new(o, "host", host);
     host = NULL; /* o's, even when the call failed */
+    bad |= callsites_json(o, p);
     bad |= json_object_set_new(o, "devices", devices_json(p));
     for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (p->kind_count[k])

@@ -71,6 +71,11 @@ static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t 
                 p->exited_realtime = json_is_integer(rt) ? (uint64_t)json_integer_value(rt) : 0;
             }
         }
+    } else if (!type && json_is_integer(json_object_get(j, "pid"))) {
+        /* a stack table or module map line: into the process's model */
+        mt_d_proc_t *p = view_proc(d, (int)json_integer_value(json_object_get(j, "pid")), NULL);
+        rc = p ? mt_model_table_line(p->model, j, err, errlen) : MT_ENOMEM;
+        rc = rc > 0 ? 0 : rc;
     } else if (type && (strcmp(type, "event") == 0 || strcmp(type, "gap") == 0)) {
         mt_event_rec_t ev;
         int pid = -1;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "analysis/callsite.h"
 #include "analysis/model.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
@@ -168,6 +169,17 @@ static double secs(const mt_d_web_proc_t *t, uint64_t ns)
     return ((double)ns + (double)t->off_ns) / 1e9;
 }
 
+/* Epoch seconds of ns as exact decimal text with microseconds, rounded down (up: rounded
+ * up), so that a range printed from..to still holds every event inside it when the page
+ * sends it back (a run can fit its events in less than a millisecond). */
+static int put_secs(mt_d_buf_t *o, const mt_d_web_proc_t *t, uint64_t ns, bool up)
+{
+    int64_t off = t->off_ns;
+    uint64_t e = off >= 0 ? ns + (uint64_t)off : ns > (uint64_t)-off ? ns - (uint64_t)-off : 0;
+    uint64_t us = e / 1000u + (up && e % 1000u ? 1u : 0u);
+    return mt__d_buf_printf(o, "%" PRIu64 ".%06" PRIu64, us / 1000000u, us % 1000000u);
+}
+
 /* The latest time of p's figures: now while it runs, its last event once exited. */
 static uint64_t proc_now(const mt_d_proc_t *p, const mt_d_web_proc_t *t)
 {
@@ -304,10 +316,15 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     int rc = (!b || !valid) ? MT_ENOMEM : 0;
     if (!rc) {
         hist_query(t, from, to, nb, b, valid);
-        rc |= mt__d_buf_printf(&o,
-                               "{\"pid\":%d,\"from\":%.3f,\"to\":%.3f,\"first\":%.3f,\"now\":%.3f,"
-                               "\"t\":[",
-                               p->pid, secs(t, from), secs(t, to), secs(t, first), secs(t, now));
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"from\":", p->pid);
+        rc |= put_secs(&o, t, from, false);
+        rc |= mt__d_buf_append(&o, ",\"to\":", 6);
+        rc |= put_secs(&o, t, to, true);
+        rc |= mt__d_buf_append(&o, ",\"first\":", 9);
+        rc |= put_secs(&o, t, first, false);
+        rc |= mt__d_buf_append(&o, ",\"now\":", 7);
+        rc |= put_secs(&o, t, now, true);
+        rc |= mt__d_buf_append(&o, ",\"t\":[", 6);
         for (size_t j = 0; j < nb && !rc; j++)
             rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", secs(t, b[j].t0));
         rc |= mt__d_buf_append(&o, "]", 1);
@@ -404,6 +421,14 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
     }
     for (size_t i = 0; i < map->nblocks; i++) {
         const mt_model_block_t *k = &map->blocks[i];
+        if (k->stack != 0) { /* the block keeps its call stack */
+            ev.seq = (*seq)++;
+            ev.kind = MT_EV_STACK_REF;
+            ev.addr = k->addr;
+            ev.size = k->stack;
+            ev.pool = k->pool;
+            mt_model_apply(m, &ev);
+        }
         ev.seq = (*seq)++;
         ev.kind = MT_EV_ALLOC;
         ev.addr = k->addr;
@@ -434,7 +459,7 @@ int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
         mt_model_figures_totals(t->base, cls, &f[cls]);
         k += map[cls].nsegs + map[cls].nblocks;
         for (size_t i = 0; i < map[cls].nblocks; i++)
-            k += map[cls].blocks[i].pending;
+            k += map[cls].blocks[i].pending + (map[cls].blocks[i].stack != 0);
     }
     /* Seq numbers just before the window's: the model sees no gap. */
     uint64_t first = t->wcount ? mt__d_web_window_at(t, 0)->seq : 0;
@@ -563,6 +588,73 @@ static void serve_map(mt_d_conn_t *c, const char *query, bool head)
     send_buf(c, &o, rc, head);
 }
 
+/* ---- call stacks ---- */
+
+/* Appends ,"stack":N,"frames":[...] (frames named by the daemon's symbolizer; an id the
+ * table does not hold reads "unknown stack N"). */
+static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
+{
+    mt_cs_row_t row = {.stack = id};
+    const mt_model_frame_t *fr;
+    if (mt_model_stack_frames(p->model, id, &fr, &row.n_frames, &row.truncated) == 0)
+        row.frames = (const mt_cs_frame_t *)fr;
+    mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+    json_t *a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false);
+    char *txt = a ? json_dumps(json_array_get(a, 0), JSON_COMPACT) : NULL;
+    json_decref(a);
+    if (!txt)
+        return MT_ENOMEM;
+    /* {"stack":N,...}: its members go into the block's object. */
+    int rc = mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
+    free(txt);
+    return rc;
+}
+
+/* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
+ * window (the compare view). Frames come from the process's stack table. */
+static void serve_callsites(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_cs_row_t *rows = NULL;
+    size_t n = 0;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (!rc)
+        rc = mt_cs_rows_from_model(past ? m : p->model, MT_CS_LIVE, &rows, &n);
+    for (size_t i = 0; !rc && i < n; i++) { /* the table is the live model's */
+        const mt_model_frame_t *fr;
+        rows[i].frames = NULL;
+        if (mt_model_stack_frames(p->model, rows[i].stack, &fr, &rows[i].n_frames,
+                                  &rows[i].truncated) == 0)
+            rows[i].frames = (const mt_cs_frame_t *)fr;
+    }
+    json_t *a = NULL;
+    if (!rc) {
+        mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+        rc = mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
+    }
+    if (!rc) {
+        a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
+    }
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    rc |= !txt;
+    if (!rc)
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
+    free(txt);
+    json_decref(a);
+    free(rows);
+    mt_model_destroy(&m);
+    send_buf(c, &o, rc, head);
+}
+
 static void serve_block(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
@@ -577,11 +669,13 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
     size_t upto = t->wcount;
     bool past = past_upto(t, query, &upto);
     uint64_t at_ns = past && upto ? mt__d_web_window_at(t, upto - 1)->time_ns : proc_now(p, t);
-    const mt_event_rec_t *al = NULL;
+    const mt_event_rec_t *al = NULL, *ref = NULL;
     for (size_t i = upto; i-- > 0;) {
         const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
             al = e;
+            ref = i > 0 ? mt__d_web_window_at(t, i - 1)
+                        : NULL; /* its call stack comes right before it */
             break;
         }
         if (e->kind == MT_EV_FREE_COMPLETED && e->addr == addr && e->pool != MT_POOL_HOST)
@@ -598,6 +692,8 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
                                al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
                                secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
         rc |= json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
+        if (ref && ref->kind == MT_EV_STACK_REF && ref->addr == al->addr)
+            rc |= put_stack(&o, p, (uint32_t)ref->size);
     } else {
         rc |= mt__d_buf_append(&o, ",\"before_window\":true", 21);
     }
@@ -665,11 +761,9 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
     static const struct {
         const char *path;
         void (*fn)(mt_d_conn_t *c, const char *query, bool head);
-    } routes[] = {{"/history", serve_history},
-                  {"/spark", serve_spark},
-                  {"/map", serve_map},
-                  {"/block", serve_block},
-                  {"/tail", serve_tail}};
+    } routes[] = {
+        {"/history", serve_history}, {"/spark", serve_spark},         {"/map", serve_map},
+        {"/block", serve_block},     {"/callsites", serve_callsites}, {"/tail", serve_tail}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;

@@ -20,7 +20,8 @@
  *   /history?pid=&from=&to=&buckets=    figures per bucket over [from, to] (seconds)
  *   /spark?span=&buckets=               allocated per bucket of every process, last span s
  *   /map?pid=[&seq=|&t=]                segment map and blocks now, or at an event
- *   /block?pid=&addr=[&seq=]            one block: size, requested, tag, stream, age
+ *   /block?pid=&addr=[&seq=]            one block: size, requested, tag, stream, age, stack
+ *   /callsites?pid=[&seq=|&t=]          live bytes by call stack now, or at an event
  *   /tail?pid=&n=[&kind=&tag=&pool=]    the latest events of the window, filtered */
 #ifndef MT_DAEMON_WEB_H
 #define MT_DAEMON_WEB_H
@@ -36,6 +37,7 @@
 #define MT_D_WEB_COARSE     1024          /* coarse buckets at most */
 #define MT_D_WEB_COARSE0_NS 1000000000ull /* first coarse width: 1 s, doubled when full */
 #define MT_D_WEB_WINDOW     (1u << 16)    /* events kept per process (live daemon) */
+#define MT_D_WEB_CALLSITES  20            /* call sites in a /callsites answer */
 
 /* One bucket of history. Invariants: amin <= alast <= amax; t0 is a multiple of the
  * bucket width; tag[t] = the tag's allocated bytes after the bucket's last event. */

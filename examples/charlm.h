@@ -1,6 +1,7 @@
 /* train_charlm's parts (the README demo): the text and its batches through the prefetcher
- * (charlm_batches.c), the memory summary and the self-checks (charlm_report.c). Options,
- * the model and the training loop live in train_charlm.c. */
+ * (charlm_batches.c), the memory summary and the self-checks (charlm_report.c), the
+ * data-parallel step over several devices (charlm_dp.c). Options, the model and the
+ * training loop live in train_charlm.c. */
 #ifndef CHARLM_H
 #define CHARLM_H
 
@@ -32,8 +33,83 @@ typedef struct charlm_opts_s {
     bool warmup;
     bool prefetch; /* false: each batch is copied on the compute stream when needed */
     bool rebind;   /* U1 demo: move one LSTM weight out of the flat buffer */
+    int devices;   /* data parallel over this many (sim) devices; 1 = none */
     const char *text;
+    const char *loss_log; /* every batch's loss (bits/char), one a line; NULL = none */
 } charlm_opts_t;
+
+#define CHARLM_EMBED   64
+#define CHARLM_DEV_MAX 8
+
+/* One trainable tensor with its gradient and Adam moments (all allocator memory). */
+typedef struct charlm_param_s {
+    float *w, *g, *m, *v;
+    size_t n;
+} charlm_param_t;
+
+/* The model on one device. The head (embedding, linear layer) is one flat buffer hw of hn
+ * floats, emb | wo | bo, and its gradients one flat buffer hg in the same layout, so that
+ * a replica is refreshed by one copy of each flat buffer. A replica (charlm_dp.c) has no
+ * Adam moments (p[i].m, .v NULL): the optimizer steps on device 0 only. */
+typedef struct charlm_model_s {
+    mt_alloc_t *a;
+    mt_rnn_t *rnn;
+    int V, H, L;
+    int logits_tag;      /* user tag of the [T*B, V] logits */
+    float *hw, *hg;      /* head weights and gradients, hn floats each */
+    size_t hn;           /* V*EMBED + V*H + V */
+    float *emb, *demb;   /* [V, EMBED], views of hw / hg */
+    float *wo, *dwo;     /* [V, H] */
+    float *bo, *dbo;     /* [V] */
+    charlm_param_t p[4]; /* rnn flat, emb, wo, bo */
+    long adam_t;
+    float *h[2], *c[2]; /* ping-pong states [L, B, H] */
+    int cur;            /* which of h/c holds the current state */
+} charlm_model_t;
+
+/* train_charlm.c: forward + backward of the packed batch p (tokens in -> targets tg, packed
+ * order) on md's device; gradients accumulate, scaled by 1 / norm_tokens (the global
+ * batch's tokens, so that devices' gradients sum to the whole batch's). Returns the summed
+ * cross-entropy in nats. */
+double charlm_train_step(charlm_model_t *md, const unsigned char *in, const unsigned char *tg,
+                         const mt_rnn_pack_t *p, size_t norm_tokens);
+/* The head's flat buffers and their views on allocator a (weights not initialised). */
+void charlm_head_alloc(charlm_model_t *md, mt_alloc_t *a, int V, int H);
+
+/* ---- data parallel over devices (charlm_dp.c) ---- */
+
+/* Replicas of the model on devices 1..n-1 of b0's group, each with its own allocator (into
+ * the same event sink). Per step: the weights are broadcast (one peer copy per flat buffer
+ * and replica: the LSTM's and the head's), the batch's sequences are dealt round-robin to
+ * the devices, each device runs forward and backward on its own thread and stream, the
+ * gradients come back to device 0 (one peer copy per flat buffer and replica, then a sum),
+ * and the caller takes the optimizer step on device 0. With rebind, each replica's
+ * weight_hh_l0 lives outside its flat buffer (as torch's replicate leaves parameters): the
+ * broadcast then copies parameter by parameter and each replica warns once and compacts on
+ * every call. Invariants: n <= CHARLM_DEV_MAX; rep[d] for 1 <= d < n is a replica on a[d]. */
+typedef struct charlm_dp_s {
+    int n;
+    mt_backend_t *b[CHARLM_DEV_MAX];
+    mt_alloc_t *a[CHARLM_DEV_MAX]; /* a[0] = the model's */
+    charlm_model_t rep[CHARLM_DEV_MAX];
+    float *moved[CHARLM_DEV_MAX]; /* rebind: the replica's weight_hh_l0 */
+    float *recv_rnn, *recv_head;  /* device 0: gradients received from a replica */
+    bool rebind;
+    uint64_t steps, copies, bytes; /* peer copies and bytes of the training steps */
+} charlm_dp_t;
+
+/* 2 <= n <= the backend's devices; model md on device 0 with allocator md->a over backend b0; acfg is the
+ * template of the replicas' allocators (backend replaced). */
+void charlm_dp_init(charlm_dp_t *dp, charlm_model_t *md, mt_backend_t *b0,
+                    const mt_alloc_cfg_t *acfg, int n, bool rebind);
+/* One data-parallel step of packed batch p (as charlm_train_step, whole batch). */
+double charlm_dp_step(charlm_dp_t *dp, charlm_model_t *md, const unsigned char *in,
+                      const unsigned char *tg, const mt_rnn_pack_t *p);
+/* Backend mallocs and maps of the replicas' devices so far. */
+uint64_t charlm_dp_backend_allocs(const charlm_dp_t *dp);
+/* Per-device memory and the copies per step, then the replicas' compactions. */
+void charlm_dp_summary(const charlm_dp_t *dp);
+void charlm_dp_fini(charlm_dp_t *dp);
 
 /* splitmix64: the seeded sequence of weights, batch lengths and sampling. */
 static inline uint64_t charlm_rng_next(uint64_t *s)

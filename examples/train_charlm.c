@@ -40,27 +40,10 @@
 #include "charlm.h"
 #include "mt_config.h"
 
-#define EMBED 64
+#define EMBED CHARLM_EMBED
 
-/* One trainable tensor with its gradient and Adam moments (all allocator memory). */
-typedef struct param_s {
-    float *w, *g, *m, *v;
-    size_t n;
-} param_t;
-
-typedef struct model_s {
-    mt_alloc_t *a;
-    mt_rnn_t *rnn;
-    int V, H, L;
-    int logits_tag;    /* user tag of the [T*B, V] logits */
-    float *emb, *demb; /* [V, EMBED] */
-    float *wo, *dwo;   /* [V, H] */
-    float *bo, *dbo;   /* [V] */
-    param_t p[4];      /* rnn flat, emb, wo, bo */
-    long adam_t;
-    float *h[2], *c[2]; /* ping-pong states [L, B, H] */
-    int cur;            /* which of h/c holds the current state */
-} model_t;
+typedef charlm_param_t param_t;
+typedef charlm_model_t model_t;
 
 static void usage(FILE *f)
 {
@@ -88,7 +71,11 @@ static void usage(FILE *f)
             "  --no-warmup       skip the warm-up step at the largest shape (U2)\n"
             "  --rebind          move weight_hh_l0 out of the flat weight buffer, as a replicated\n"
             "                    module's parameters would be (U1: the engine warns once and\n"
-            "                    compacts on every call)\n"
+            "                    compacts on every call; with --devices, once per replica)\n"
+            "  --devices N       data parallel over N sim devices (default 1): each batch's lines\n"
+            "                    are dealt to the devices, weights broadcast and gradients\n"
+            "                    reduced into device 0 every step (MEMTRACE_SIM_DEVICES >= N)\n"
+            "  --loss-log FILE   write every batch's loss (bits/char), one a line\n"
             "  --help            this text\n"
             "environment: MEMTRACE_PROF=auto|daemon|log|off, MEMTRACE_LOG=path (telemetry),\n"
             "  MEMTRACE_ALLOC_CONF (allocator options), MEMTRACE_BACKEND, MEMTRACE_SIM_*\n");
@@ -107,6 +94,7 @@ static int parse(int argc, char **argv, charlm_opts_t *o)
                          .lr = 4e-3,
                          .warmup = true,
                          .prefetch = true,
+                         .devices = 1,
                          .text = MT_SOURCE_ROOT "/data/text/corpus.txt"};
     for (int i = 1; i < argc; i++) {
         const char *k = argv[i];
@@ -148,6 +136,10 @@ static int parse(int argc, char **argv, charlm_opts_t *o)
             o->offload = (int)n;
         else if (!strcmp(k, "--chunk-steps") && num && n > 0)
             o->chunk_steps = (int)n;
+        else if (!strcmp(k, "--devices") && num && n >= 1 && n <= CHARLM_DEV_MAX)
+            o->devices = (int)n;
+        else if (!strcmp(k, "--loss-log"))
+            o->loss_log = v;
         else if (!strcmp(k, "--lr") && (o->lr = strtod(v, &end)) > 0 && !*end)
             ;
         else if (!strcmp(k, "--dropout")) {
@@ -170,6 +162,12 @@ static int parse(int argc, char **argv, charlm_opts_t *o)
         o->min_len = o->max_len < 8 ? o->max_len : 8;
     if (o->min_len > o->max_len) {
         fprintf(stderr, "train_charlm: --min-len must be <= --max-len\n");
+        return -1;
+    }
+    if (o->devices > 1 && (o->dropout > 0.0 || o->offload > 0)) {
+        /* Masks are drawn per batch row, and a replica starts without offload. */
+        fprintf(stderr, "train_charlm: --devices %d takes neither --dropout nor --offload\n",
+                o->devices);
         return -1;
     }
     return 0;
@@ -236,15 +234,10 @@ static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const 
     rc.dropout_seed = o->seed;
     CHECK(mt_rnn_create(&md->rnn, &rc));
     uint64_t s = o->seed * 7919 + 1;
-    md->emb = dev(a, (size_t)V * EMBED, MT_TAG_WEIGHTS);
-    md->wo = dev(a, (size_t)V * o->hidden, MT_TAG_WEIGHTS);
-    md->bo = dev(a, (size_t)V, MT_TAG_WEIGHTS);
+    charlm_head_alloc(md, a, V, o->hidden);
     uniform_fill(md->emb, (size_t)V * EMBED, 1.0, &s);
     uniform_fill(md->wo, (size_t)V * o->hidden, 1.0 / sqrt((double)o->hidden), &s);
     memset(md->bo, 0, (size_t)V * sizeof(float));
-    md->demb = dev(a, (size_t)V * EMBED, MT_TAG_GRADS);
-    md->dwo = dev(a, (size_t)V * o->hidden, MT_TAG_GRADS);
-    md->dbo = dev(a, (size_t)V, MT_TAG_GRADS);
     size_t nr;
     float *rw = mt_rnn_weights(md->rnn, &nr);
     md->p[0] = (param_t){rw, mt_rnn_grads(md->rnn, NULL), NULL, NULL, nr};
@@ -274,8 +267,7 @@ static void model_free(model_t *md)
         mt_alloc_free(md->a, md->p[i].m);
         mt_alloc_free(md->a, md->p[i].v);
     }
-    float *bufs[] = {md->emb, md->demb, md->wo,   md->dwo,  md->bo,
-                     md->dbo, md->h[0], md->h[1], md->c[0], md->c[1]};
+    float *bufs[] = {md->hw, md->hg, md->h[0], md->h[1], md->c[0], md->c[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         mt_alloc_free(md->a, bufs[i]);
     mt_rnn_destroy(&md->rnn);
@@ -324,11 +316,24 @@ static void adam_step(model_t *md, double lr)
     }
 }
 
+void charlm_head_alloc(model_t *md, mt_alloc_t *a, int V, int H)
+{
+    md->hn = (size_t)V * EMBED + (size_t)V * H + (size_t)V;
+    md->hw = dev(a, md->hn, MT_TAG_WEIGHTS);
+    md->hg = dev(a, md->hn, MT_TAG_GRADS);
+    md->emb = md->hw;
+    md->wo = md->emb + (size_t)V * EMBED;
+    md->bo = md->wo + (size_t)V * H;
+    md->demb = md->hg;
+    md->dwo = md->demb + (size_t)V * EMBED;
+    md->dbo = md->dwo + (size_t)V * H;
+}
+
 /* One forward + backward over the packed batch p: tokens in[N] -> targets tg[N], in packed
  * order (N = p->tokens; every sequence from a zero state). Returns the summed cross-entropy
  * in nats. */
-static double train_step(model_t *md, const unsigned char *in, const unsigned char *tg,
-                         const mt_rnn_pack_t *p)
+double charlm_train_step(model_t *md, const unsigned char *in, const unsigned char *tg,
+                         const mt_rnn_pack_t *p, size_t norm_tokens)
 {
     mt_alloc_t *a = md->a;
     int V = md->V, H = md->H;
@@ -349,7 +354,7 @@ static double train_step(model_t *md, const unsigned char *in, const unsigned ch
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)tb, V, H, 1.0f, y, H, md->wo, H, 1.0f,
                 lg, V);
     double loss = 0;
-    float inv = 1.0f / (float)tb;
+    float inv = 1.0f / (float)norm_tokens;
     for (size_t r = 0; r < tb; r++) {
         float *l = lg + r * V, mx = l[0];
         for (int k = 1; k < V; k++)
@@ -463,8 +468,8 @@ static void epoch_done(const epoch_acc_t *e, const charlm_text_t *text, charlm_r
 /* Training: batch k+1 is submitted (copied on the side stream) before batch k trains; with
  * --no-prefetch a batch is submitted only once the previous one is released, and its copy
  * runs on the compute stream. */
-static void train(model_t *md, mt_prefetch_t *pf, charlm_loader_t *ld, const charlm_opts_t *o,
-                  const charlm_text_t *text, charlm_run_t *r)
+static void train(model_t *md, charlm_dp_t *dp, mt_prefetch_t *pf, charlm_loader_t *ld,
+                  const charlm_opts_t *o, const charlm_text_t *text, charlm_run_t *r)
 {
     size_t cap = 0;
     unsigned ahead = o->prefetch ? 2 : 1;
@@ -491,7 +496,8 @@ static void train(model_t *md, mt_prefetch_t *pf, charlm_loader_t *ld, const cha
         }
         /* An iteration marker, so a profiler can line memory up with training steps. */
         mt_alloc_emit(md->a, MT_EV_MARK, MT_MARK_ITERATION, r->batches, MT_TAG_OTHER);
-        double l = train_step(md, in, tg, &p.pack);
+        double l = dp ? charlm_dp_step(dp, md, in, tg, &p.pack)
+                      : charlm_train_step(md, in, tg, &p.pack, p.pack.tokens);
         /* What padding every line to the batch's longest would have kept and computed. */
         mt_rnn_act_t pk, pad;
         CHECK(mt_rnn_activation_bytes_packed(md->rnn, p.pack.max_len, p.pack.batch_sizes, &pk));
@@ -543,6 +549,7 @@ int main(int argc, char **argv)
     char err[256];
     if (mt_backend_cfg_from_env(&bcfg, err, sizeof err) != 0) {
         fprintf(stderr, "train_charlm: %s\n", err);
+        free(text.ids);
         return 2;
     }
     bcfg.log = log_cb;
@@ -560,10 +567,26 @@ int main(int argc, char **argv)
         CHECK(mt_backend_create(&b, &bcfg));
     }
 
+    if (o.devices > mt_backend_device_count(b)) {
+        fprintf(stderr,
+                "train_charlm: --devices %d but the %s backend has %d device%s (set "
+                "MEMTRACE_SIM_DEVICES=%d)\n",
+                o.devices, mt_backend_name(b), mt_backend_device_count(b),
+                mt_backend_device_count(b) == 1 ? "" : "s", o.devices);
+        mt_backend_destroy(&b);
+        free(text.ids);
+        return 2;
+    }
+
     /* Telemetry: memtraced if it runs (auto), else a local NDJSON log. */
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
     if (mt_prof_cfg_from_env(&pcfg)) {
         fprintf(stderr, "train_charlm: MEMTRACE_PROF must be auto, daemon, log or off\n");
+        return 2;
+    }
+    char serr[128];
+    if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr)) {
+        fprintf(stderr, "train_charlm: %s\n", serr);
         return 2;
     }
     pcfg.log = log_cb;
@@ -633,6 +656,15 @@ int main(int argc, char **argv)
         printf("activation offload: %d chunk%s of %d steps kept on the device during forward\n",
                o.offload, o.offload > 1 ? "s" : "", mt_rnn_cfg(md.rnn)->chunk_steps);
 
+    charlm_dp_t dp = {0};
+    if (o.devices > 1) {
+        mt_alloc_cfg_t rcfg = acfg;
+        charlm_dp_init(&dp, &md, b, &rcfg, o.devices, o.rebind);
+        printf("data parallel: %d devices, each batch's lines dealt round-robin; per step the "
+               "weights are broadcast and the gradients reduced into device 0 with peer "
+               "copies\n",
+               o.devices);
+    }
     int B = o.batch;
     mt_prefetch_cfg_t pfc = mt_prefetch_cfg_default();
     pfc.alloc = a;
@@ -657,9 +689,16 @@ int main(int argc, char **argv)
         mt_rnn_pack_t wp;
         CHECK(mt_rnn_pack_init(&wp, lens, B, o.max_len, true, NULL, NULL));
         CHECK(mt_alloc_warmup_begin(a));
-        train_step(&md, zeros, zeros, &wp);
+        for (int d = 1; d < o.devices; d++)
+            CHECK(mt_alloc_warmup_begin(dp.a[d]));
+        if (o.devices > 1)
+            charlm_dp_step(&dp, &md, zeros, zeros, &wp);
+        else
+            charlm_train_step(&md, zeros, zeros, &wp, wp.tokens);
         zero_grads(&md);
         CHECK(mt_alloc_warmup_end(a, NULL));
+        for (int d = 1; d < o.devices; d++)
+            CHECK(mt_alloc_warmup_end(dp.a[d], NULL));
         mt_rnn_pack_fini(&wp);
         free(lens);
         free(zeros);
@@ -672,6 +711,8 @@ int main(int argc, char **argv)
     }
     mt_backend_counters_t c0;
     mt_backend_counters(b, &c0);
+    uint64_t dp_allocs0 = o.devices > 1 ? charlm_dp_backend_allocs(&dp) : 0;
+    dp.steps = dp.copies = dp.bytes = 0; /* the training steps' own */
     mt_alloc_stats_t st0;
     CHECK(mt_alloc_stats(a, &st0));
     mt_alloc_reset_peak(a); /* peaks below are those of training, not of the warm-up step */
@@ -681,7 +722,7 @@ int main(int argc, char **argv)
         .text = &text, .seg = seg, .nseg = nseg, .B = B, .max_len = o.max_len, .epochs = o.epochs};
     uint64_t rng = o.seed * 1000003u + 17;
     charlm_run_t run = {0};
-    train(&md, pf, &ld, &o, &text, &run);
+    train(&md, o.devices > 1 ? &dp : NULL, pf, &ld, &o, &text, &run);
     if (run.batches == 0) {
         fprintf(stderr, "train_charlm: the text has no line of %d characters\n", o.min_len);
         return 1;
@@ -690,6 +731,17 @@ int main(int argc, char **argv)
     mt_backend_counters(b, &c1);
     run.mallocs_after_warmup =
         c1.malloc_calls + c1.vm_map_calls - c0.malloc_calls - c0.vm_map_calls;
+    if (o.devices > 1)
+        run.mallocs_after_warmup += charlm_dp_backend_allocs(&dp) - dp_allocs0;
+    if (o.loss_log) {
+        FILE *lf = fopen(o.loss_log, "w");
+        for (uint64_t i = 0; lf && i < run.batches; i++)
+            fprintf(lf, "%.9g\n", run.batch_loss[i]);
+        if (!lf || fclose(lf) != 0) {
+            fprintf(stderr, "train_charlm: cannot write %s\n", o.loss_log);
+            return 1;
+        }
+    }
     printf("train loss: %.3f -> %.3f bits/char, %.3f %s the unigram entropy\n", run.first_loss,
            run.last_loss, fabs(text.entropy_bits - run.last_loss),
            run.last_loss < text.entropy_bits ? "below" : "ABOVE");
@@ -721,6 +773,8 @@ int main(int argc, char **argv)
                (double)(st.allocated_bytes[MT_STAT_ALL].peak - before) / 1024.0);
     }
     charlm_memory_summary(a, host, &train_st, &c1, md.rnn, &run, &o);
+    if (o.devices > 1)
+        charlm_dp_summary(&dp);
     printf("\n");
     int failed = charlm_self_check(&o, &run, a, pf);
 
@@ -730,6 +784,8 @@ int main(int argc, char **argv)
     model_free(&md);
     mt_alloc_free(a, moved);
     mt_prefetch_destroy(&pf);
+    if (o.devices > 1)
+        charlm_dp_fini(&dp);
     mt_alloc_destroy(&a);
     mt_host_cache_destroy(&host);
     mt_prof_flush(prof);

@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "memtrace/host.h"
+#include "util/entry.h"
 
 /* One pinned allocation made through the view. */
 typedef struct hv_chunk_s {
@@ -292,6 +293,30 @@ static void relabel_emit(void *ud, const mt_event_rec_t *ev)
     h->sink->emit(h->sink->ud, &e);
 }
 
+static void relabel_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    const mt_host_cache_t *h = ud;
+    mt_event_rec_t e[4];
+    if (h->sink->emit_n == NULL || n > 4) {
+        for (size_t i = 0; i < n; i++)
+            relabel_emit(ud, &ev[i]);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        e[i] = ev[i];
+        e[i].pool = MT_POOL_HOST;
+    }
+    h->sink->emit_n(h->sink->ud, e, n);
+}
+
+/* Pinned allocations' stacks: the program's sink is asked, for pool host. */
+static uint32_t relabel_stack(void *ud, uint64_t bytes, int pool, int mode)
+{
+    (void)pool;
+    const mt_host_cache_t *h = ud;
+    return h->sink->stack ? h->sink->stack(h->sink->ud, bytes, MT_POOL_HOST, mode) : 0;
+}
+
 static size_t default_capacity(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES);
@@ -325,7 +350,8 @@ int mt_host_cache_create(mt_host_cache_t **out, const mt_host_cfg_t *cfg)
     if (rc != 0)
         goto fail;
     h->sink = (cfg->sink != NULL && cfg->sink->emit != NULL) ? cfg->sink : NULL;
-    h->relabel = (mt_event_sink_t){.emit = relabel_emit, .ud = h};
+    h->relabel = (mt_event_sink_t){
+        .emit = relabel_emit, .emit_n = relabel_emit_n, .stack = relabel_stack, .ud = h};
 
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = &h->view->base;
@@ -364,7 +390,10 @@ int mt_host_malloc(mt_host_cache_t *h, size_t size, int tag, void **out)
 {
     if (h == NULL)
         return MT_EINVAL;
-    return mt_alloc_malloc(h->alloc, size, h->owner, tag, out);
+    uintptr_t entry = mt__entry_enter((uintptr_t)__builtin_return_address(0));
+    int rc = mt_alloc_malloc(h->alloc, size, h->owner, tag, out);
+    mt__entry_leave(entry);
+    return rc;
 }
 
 int mt_host_free(mt_host_cache_t *h, void *ptr)

@@ -128,6 +128,27 @@ static void sink_emit(void *ud, const mt_event_rec_t *ev)
         mt_prof_sink(P->prof)->emit(mt_prof_sink(P->prof)->ud, ev);
 }
 
+/* An operation's events together (a stack ref and its alloc: one claim in the ring). */
+static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
+{
+    mt_preload_t *P = ud;
+    for (size_t i = 0; i < n; i++)
+        atomic_fetch_add_explicit(&P->ev_count[ev[i].kind < MT_EV_KIND_COUNT ? ev[i].kind : 0], 1,
+                                  memory_order_relaxed);
+    if (atomic_load(&P->prof_live))
+        mt_prof_sink(P->prof)->emit_n(mt_prof_sink(P->prof)->ud, ev, n);
+}
+
+/* The allocating thread's call stack (MEMTRACE_STACKS), before the allocator's lock. */
+static uint32_t sink_stack(void *ud, uint64_t bytes, int pool, int mode)
+{
+    mt_preload_t *P = ud;
+    if (!atomic_load(&P->prof_live))
+        return 0;
+    const mt_event_sink_t *s = mt_prof_sink(P->prof);
+    return s->stack(s->ud, bytes, pool, mode);
+}
+
 /* ---- devices ---- */
 
 int mt__preload_current_device(void)
@@ -647,7 +668,8 @@ static void init_once(void)
     mt__guard_enter();
     P->log_level = parse_level(getenv("MEMTRACE_LOG_LEVEL"));
     P->summary_path = getenv("MEMTRACE_SUMMARY_FILE");
-    P->sink = (mt_event_sink_t){.emit = sink_emit, .ud = P};
+    P->sink =
+        (mt_event_sink_t){.emit = sink_emit, .emit_n = sink_emit_n, .stack = sink_stack, .ud = P};
 
     P->bcfg = mt_backend_cfg_default();
     P->bcfg.log = log_cb;
@@ -664,6 +686,9 @@ static void init_once(void)
     pcfg.log = log_cb;
     if (mt_prof_cfg_from_env(&pcfg) != 0)
         mt__preload_say(MT_LOG_WARN, "MEMTRACE_PROF ignored (auto|daemon|log|off)");
+    char serr[128];
+    if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr) != 0)
+        mt__preload_say(MT_LOG_WARN, "%s; call stacks stay sampled", serr);
     if (mt_prof_create(&P->prof, &pcfg) == 0)
         atomic_store(&P->prof_live, true);
     else

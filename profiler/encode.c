@@ -232,6 +232,26 @@ static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char 
 size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                            const char *(*tag_name)(void *ud, int tag), void *ud)
 {
+    return mt_prof_alloc_write(buf, cap, ev, pid, 0, tag_name, ud);
+}
+
+size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid, uint32_t stack,
+                           const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    if (ev->kind == MT_EV_STACK_REF) {
+        if (!buf || cap <= FIXED_MAX)
+            return FIXED_MAX + 1;
+        char *w = write_head(buf, ev, pid);
+        w = LIT(w, ",\"kind\":\"stack_ref\",\"addr\":");
+        w = put_hex(w, ev->addr);
+        w = LIT(w, ",\"pool\":");
+        w = put_str(w, mt_pool_name(ev->pool));
+        w = LIT(w, ",\"stack\":");
+        w = put_sat(w, ev->size);
+        w = LIT(w, "}\n");
+        *w = '\0';
+        return (size_t)(w - buf);
+    }
     if (ev->kind == MT_EV_GAP) {
         if (!buf || cap <= FIXED_MAX)
             return FIXED_MAX + 1;
@@ -285,6 +305,10 @@ size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     w = put_sat(w, ev->allocated);
     w = LIT(w, ",\"reserved\":");
     w = put_sat(w, ev->reserved);
+    if (stack != 0 && ev->kind == MT_EV_ALLOC) {
+        w = LIT(w, ",\"stack\":");
+        w = put_u64(w, stack);
+    }
     w = LIT(w, "}\n");
     *w = '\0';
     return (size_t)(w - buf);

@@ -152,6 +152,26 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
             BAD("reserved");
         return 0;
     }
+    if (k == MT_EV_STACK_REF) {
+        /* The stack of the alloc that follows: addr, pool, stack (in size). */
+        uint64_t id;
+        const char *pool = json_string_value(json_object_get(o, "pool"));
+        int pl = pool ? name_lookup(pool, mt_pool_name, 0, MT_POOL_HOST) : -1;
+        if (!get_hex(o, "addr", &ev->addr))
+            BAD("addr");
+        if (pl < 0)
+            BAD("pool");
+        if (!get_u64(o, "stack", &id) || id == 0 || id > UINT32_MAX)
+            BAD("stack");
+        ev->pool = (uint8_t)pl;
+        ev->size = id;
+        return 0;
+    }
+    if (json_object_get(o, "stack") != NULL) {
+        uint64_t id;
+        if (k != MT_EV_ALLOC || !get_u64(o, "stack", &id) || id == 0 || id > UINT32_MAX)
+            BAD("stack");
+    }
     if (k == MT_EV_MARK) {
         const char *m = json_string_value(json_object_get(o, "mark"));
         int mk = m ? name_lookup(m, mt_mark_name, 1, MT_MARK_WARMUP_END) : -1;

@@ -3,6 +3,7 @@
 #include "util/log.h"
 #include "util/safefile.h"
 #include "profiler/internal.h"
+#include "profiler/stack.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -75,6 +76,14 @@ struct mt_prof_s {
     char name[MT_RING_COMM_MAX];
     char oom_dir[256];      /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
     mt__oomsnap_t *oomsnap; /* local mode with an OOM directory: writes OOM snapshots */
+    /* call stacks: the table in the ring's area (NULL: none could be made), the mode, and
+     * what the local log has written of the table (under drain_lock) */
+    mt__stab_t *stab;
+    _Atomic int stacks;
+    mt__stab_view_t view;
+    mt__stab_seen_t seen;
+    uint32_t pending_stack; /* a stack_ref's id, for the alloc line after it */
+    uint64_t pending_addr;
 };
 
 #define logf_(p, lvl, ...) mt__logf((p)->log, (p)->log_ud, lvl, __VA_ARGS__)
@@ -93,7 +102,37 @@ mt_prof_cfg_t mt_prof_cfg_default(void)
     c.mode = MT_PROF_AUTO;
     c.slots = MT_RING_DEFAULT_SLOTS;
     c.drain_ms = 20;
+    c.stacks = MT_STACKS_SAMPLED;
     return c;
+}
+
+int mt_prof_stacks_parse(const char *s, int *mode)
+{
+    static const char *const names[] = {"off", "sampled", "all"};
+    for (int i = 0; s && i < 3; i++) {
+        if (strcmp(s, names[i]) == 0) {
+            *mode = i;
+            return 0;
+        }
+    }
+    return MT_EINVAL;
+}
+
+int mt_prof_stacks_from_env(mt_prof_cfg_t *cfg, char *err, size_t errlen)
+{
+    const char *e = getenv("MEMTRACE_STACKS");
+    if (!cfg)
+        return MT_EINVAL;
+    if (!e)
+        return 0;
+    int mode;
+    if (mt_prof_stacks_parse(e, &mode) != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "MEMTRACE_STACKS='%.64s': want off, sampled or all", e);
+        return MT_EINVAL;
+    }
+    cfg->stacks = mode;
+    return 0;
 }
 
 int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
@@ -154,6 +193,42 @@ int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev)
         return mt__ring_push(p->ring, &copy);
     }
     return mt__ring_push(p->ring, ev);
+}
+
+/* The allocating thread's stack, before the allocator's lock (event.h). */
+static uint32_t sink_stack(void *ud, uint64_t bytes, int pool, int mode)
+{
+    (void)pool;
+    mt_prof_t *p = ud;
+    if (mode == MT_STACKS_DEFAULT)
+        mode = atomic_load_explicit(&p->stacks, memory_order_relaxed);
+    return mt__stab_capture(p->stab, mode, bytes);
+}
+
+int mt_prof_stacks(mt_prof_t *p)
+{
+    return p && p->stab ? atomic_load_explicit(&p->stacks, memory_order_relaxed) : MT_STACKS_OFF;
+}
+
+int mt_prof_set_stacks(mt_prof_t *p, int mode)
+{
+    if (!p || mode < MT_STACKS_OFF || mode > MT_STACKS_ALL)
+        return MT_EINVAL;
+    if (!p->stab && mode != MT_STACKS_OFF)
+        return MT_ENOTSUP;
+    atomic_store_explicit(&p->stacks, mode, memory_order_relaxed);
+    return 0;
+}
+
+void mt_prof_stack_stats(mt_prof_t *p, mt_prof_stack_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!p || !p->stab)
+        return;
+    mt__stab_stats_t st;
+    mt__stab_stats(p->stab, &st);
+    *out = (mt_prof_stack_stats_t){st.captures, st.overflow,    st.stacks,     st.modules,
+                                   st.frames,   st.table_bytes, st.bound_bytes};
 }
 
 static void sink_emit(void *ud, const mt_event_rec_t *ev)
@@ -340,20 +415,45 @@ static const char *drain_tag_name(void *ud, int tag)
 }
 
 /* Appends one event's line, written in place by the line writer. */
+/* A table line (stack, module) into the log, before the lines that use it. Caller holds
+ * drain_lock. */
+static void drain_table_line(void *ud, const char *line, size_t len)
+{
+    mt_prof_t *p = ud;
+    if (!out_room(p, len))
+        return; /* held full: the stack's frames read "unknown" */
+    memcpy(p->out + p->out_len, line, len);
+    p->out_len += len;
+    p->out_seq[p->out_nlines++] = NO_SEQ;
+}
+
 static void drain_cb(void *ud, const mt_event_rec_t *ev)
 {
     mt_prof_t *p = ud;
     if (ev->kind == MT_EV_TAG_LABEL && ev->tag < MT_TAG_MAX)
         mt_event_label_unpack(ev, p->labels[ev->tag]);
+    uint32_t stack = 0;
+    if (ev->kind == MT_EV_STACK_REF) {
+        /* the stack's line (and modules found since) before the first line using it */
+        (void)mt__stab_emit_for(&p->view, &p->seen, (uint32_t)ev->size, p->pid, drain_table_line,
+                                p);
+        p->pending_stack = (uint32_t)ev->size;
+        p->pending_addr = ev->addr;
+    } else {
+        if (ev->kind == MT_EV_ALLOC && p->pending_stack && ev->addr == p->pending_addr)
+            stack = p->pending_stack;
+        p->pending_stack = 0;
+    }
     size_t room = p->out_nlines < OUT_LINES ? OUTBUF_SIZE - p->out_len : 0;
     size_t n =
-        room ? mt_prof_event_write(p->out + p->out_len, room, ev, p->pid, drain_tag_name, p) : 0;
+        room ? mt_prof_alloc_write(p->out + p->out_len, room, ev, p->pid, stack, drain_tag_name, p)
+             : 0;
     if (n == 0 || n >= room) {
         /* Only a tag name of over 10 KiB (a tag_name override), or a flush mid-drain that
          * failed, leaves no room: the event is lost, and counted. */
         n = out_room(p, LINE_MAX_BYTES)
-                ? mt_prof_event_write(p->out + p->out_len, OUTBUF_SIZE - p->out_len, ev, p->pid,
-                                      drain_tag_name, p)
+                ? mt_prof_alloc_write(p->out + p->out_len, OUTBUF_SIZE - p->out_len, ev, p->pid,
+                                      stack, drain_tag_name, p)
                 : 0;
         if (n == 0 || n >= OUTBUF_SIZE - p->out_len) {
             if (p->unlogged++ == 0)
@@ -460,6 +560,11 @@ static int start_local(mt_prof_t *p, const char *path)
     }
     const mt__ring_hdr_t *h = mt__ring_header(p->ring);
     out_line(p, mt_prof_hello_to_json(p->pid, p->name, h->start_realtime_ns, h->start_mono_ns));
+    /* the module map at start; after a takeover from the daemon, the table again (this log
+     * needs it before its first stack) */
+    mt__stab_seen_free(&p->seen);
+    p->pending_stack = 0;
+    (void)mt__stab_emit_for(&p->view, &p->seen, 0, p->pid, drain_table_line, p);
     out_flush(p);
     p->written = 0; /* counts events and gaps only */
     /* No daemon to write OOM snapshots: the drainer does (the takeover from a daemon too). */
@@ -537,7 +642,10 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.emit = sink_emit;
     p->sink.emit_n = sink_emit_n;
     p->sink.oom_note = sink_oom_note;
+    p->sink.stack = sink_stack;
     p->sink.ud = p;
+    p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
+                                                                             : MT_STACKS_SAMPLED;
     if (mt_prof_oom_dir(p->oom_dir, sizeof p->oom_dir) != 0)
         p->oom_dir[0] = '\0';
     p->pid = (int)getpid();
@@ -568,7 +676,8 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         return 0;
     }
     uint32_t slots = cfg->slots ? cfg->slots : MT_RING_DEFAULT_SLOTS;
-    rc = mt__ring_create(&p->ring, slots, p->name);
+    size_t area = mt__stab_area_size();
+    rc = mt__ring_create_ex(&p->ring, slots, p->name, false, area);
     bool shared = rc == 0;
     if (rc && cfg->mode != MT_PROF_DAEMON) {
         /* No shared ring (names taken by another user, /dev/shm full or absent): a private
@@ -576,7 +685,14 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         logf_(p, MT_LOG_WARN,
               "memtrace: cannot create a shared event ring (%s): recording to the local log",
               mt_strerror(rc));
-        rc = mt__ring_create_private(&p->ring, slots, p->name);
+        rc = mt__ring_create_ex(&p->ring, slots, p->name, true, area);
+    }
+    if (rc == 0) {
+        /* The stack table lives in the ring's area, where the daemon reads it. */
+        size_t asz;
+        void *a = mt__ring_area(p->ring, &asz);
+        if (mt__stab_create(&p->stab, a, asz) != 0 || mt__stab_view(&p->view, a, asz) != 0)
+            logf_(p, MT_LOG_WARN, "memtrace: no call-stack table: stacks are off");
     }
     if (rc) {
         logf_(p, MT_LOG_ERROR, "memtrace: cannot create the event ring: %s", mt_strerror(rc));
@@ -649,6 +765,8 @@ fail:
     free(p->out);
     free(p->out_seq);
     mt__oomsnap_destroy(&p->oomsnap);
+    mt__stab_destroy(&p->stab);
+    mt__stab_seen_free(&p->seen);
     pthread_mutex_destroy(&p->drain_lock);
     pthread_mutex_destroy(&p->stop_lock);
     pthread_cond_destroy(&p->stop_cond);
@@ -767,6 +885,8 @@ void mt_prof_destroy(mt_prof_t **pp)
         close(p->fd);
     mt__ring_close(&p->ring);
     mt__oomsnap_destroy(&p->oomsnap);
+    mt__stab_destroy(&p->stab);
+    mt__stab_seen_free(&p->seen);
     free(p->log_path);
     free(p->cfg_log_path);
     free(p->out);

@@ -135,8 +135,17 @@ void mt_pyframes_refresh(void)
     pthread_mutex_unlock(&state_lock);
 }
 
+/* The loader's count is read on a thread's first capture and then every GEN_EVERY
+ * captures: an interpreter loaded later (dlopen) is found within that many allocations,
+ * and a process without one pays dl_iterate_phdr rarely. */
+#define GEN_EVERY 64
+static _Thread_local unsigned gen_countdown;
+
 static py_api_t *api_get(void)
 {
+    if (gen_countdown-- != 0)
+        return atomic_load_explicit(&api_cur, memory_order_acquire);
+    gen_countdown = GEN_EVERY - 1;
     unsigned long gen = loader_generation();
     if (gen != atomic_load_explicit(&loaded_gen, memory_order_acquire)) {
         pthread_mutex_lock(&state_lock);
@@ -176,9 +185,28 @@ static int code_used;
 static char *chunk;
 static size_t chunk_left;
 
+/* Interned strings are also found by text (a code object that is not cached, past the
+ * table's fill, still names the same string): STR_SLOTS pointers, open addressing. */
+#define STR_SLOTS 32768 /* power of two; past 3/4 full, strings are still stored, not indexed */
+static const char *str_tab[STR_SLOTS];
+static size_t str_used;
+
+static size_t str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (size_t)(h >> 17) & (STR_SLOTS - 1);
+}
+
 static const char *intern(const char *s)
 {
-    size_t n = strlen(s) + 1;
+    size_t n = strlen(s) + 1, j = str_hash(s);
+    while (str_tab[j] != NULL) {
+        if (strcmp(str_tab[j], s) == 0)
+            return str_tab[j];
+        j = (j + 1) & (STR_SLOTS - 1);
+    }
     if (n > 4096 || atomic_load(&st_str_bytes) + n > MT_PYFRAMES_STR_CAP)
         goto dropped;
     if (n > chunk_left) {
@@ -194,6 +222,10 @@ static const char *intern(const char *s)
     chunk += n;
     chunk_left -= n;
     atomic_fetch_add(&st_str_bytes, n);
+    if (str_used < STR_SLOTS / 4 * 3) {
+        str_tab[j] = out;
+        str_used++;
+    }
     return out;
 dropped:
     atomic_fetch_add(&st_str_dropped, 1);

@@ -45,7 +45,7 @@ int mt_pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated);
 bool mt_pyframes_ip_is_eval(uintptr_t ip);
 
 /* Looks the interpreter up again (after a dlopen); capture also does this by itself when
- * the loader's count of loaded objects changed. */
+ * the loader's count of loaded objects changed (checked every 64 captures per thread). */
 void mt_pyframes_refresh(void);
 
 /* Interleaves a native stack and Python frames (both innermost first) into out[0, cap):

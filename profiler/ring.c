@@ -31,7 +31,9 @@ struct mt__ring_s {
     _Atomic uint64_t *commit; /* shared, slots entries */
     mt_event_rec_t *recs;     /* shared, slots entries */
     size_t map_size;          /* bytes mapped */
-    uint64_t mask;            /* slots - 1 */
+    void *area;               /* the stack table's area, mapped apart, or NULL */
+    size_t area_size;
+    uint64_t mask; /* slots - 1 */
     char name[MT_RING_NAME_MAX];
     bool owner;         /* created here (producer) */
     bool linked;        /* the name still exists as far as we know */
@@ -125,7 +127,13 @@ static int open_object(mt__ring_t *r, bool private)
     return -err;
 }
 
-static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool private)
+static size_t page_round(size_t n)
+{
+    return (n + 4095) & ~(size_t)4095;
+}
+
+static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool private,
+                       size_t area_size)
 {
     if (!out)
         return MT_EINVAL;
@@ -135,13 +143,15 @@ static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool 
     if (!r)
         return MT_ENOMEM;
     size_t size = mt__ring_map_size(slots);
+    area_size = page_round(area_size > MT_RING_AREA_MAX ? MT_RING_AREA_MAX : area_size);
+    size_t area_off = page_round(size);
     int fd = open_object(r, private);
     int rc;
     if (fd < 0) {
         rc = fd;
         goto fail_open;
     }
-    if (ftruncate(fd, (off_t)size) != 0) {
+    if (ftruncate(fd, (off_t)(area_size ? area_off + area_size : size)) != 0) {
         rc = -errno;
         goto fail_truncate;
     }
@@ -151,6 +161,16 @@ static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool 
     if (p == MAP_FAILED) {
         rc = -errno;
         goto fail_truncate;
+    }
+    if (area_size) {
+        /* Not populated: the table's pages are touched only as stacks arrive. */
+        r->area = mmap(NULL, area_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)area_off);
+        if (r->area == MAP_FAILED) {
+            rc = -errno;
+            munmap(p, size);
+            goto fail_truncate;
+        }
+        r->area_size = area_size;
     }
     close(fd);
     r->hdr = p;
@@ -173,6 +193,8 @@ static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool 
     h->start_mono_ns = now_ns(CLOCK_MONOTONIC);
     if (comm)
         snprintf(h->comm, sizeof(h->comm), "%s", comm);
+    h->area_off = area_size ? area_off : 0;
+    h->area_size = area_size;
     atomic_thread_fence(memory_order_release);
     *out = r;
     return 0;
@@ -188,12 +210,24 @@ fail_open:
 
 int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm)
 {
-    return ring_create(out, slots, comm, false);
+    return ring_create(out, slots, comm, false, 0);
 }
 
 int mt__ring_create_private(mt__ring_t **out, uint32_t slots, const char *comm)
 {
-    return ring_create(out, slots, comm, true);
+    return ring_create(out, slots, comm, true, 0);
+}
+
+int mt__ring_create_ex(mt__ring_t **out, uint32_t slots, const char *comm, bool private,
+                       size_t area_size)
+{
+    return ring_create(out, slots, comm, private, area_size);
+}
+
+void *mt__ring_area(const mt__ring_t *r, size_t *size)
+{
+    *size = r->area_size;
+    return r->area;
 }
 
 static bool valid_name(const char *name)
@@ -230,11 +264,16 @@ int mt__ring_open(mt__ring_t **out, const char *name)
         goto fail_fd;
     }
     uint32_t slots = h->slots;
+    uint64_t area_off = h->area_off, area_size = h->area_size;
     bool ok = h->magic == MT_RING_MAGIC && h->version == MT_RING_VERSION &&
               h->header_size == MT_RING_HEADER_SIZE && h->rec_size == sizeof(mt_event_rec_t) &&
               slots >= MT_RING_MIN_SLOTS && slots <= MT_RING_MAX_SLOTS &&
               (slots & (slots - 1)) == 0;
     munmap(h, MT_RING_HEADER_SIZE);
+    /* The area, when there is one, is where the producer puts it, bounded, in the file. */
+    if (ok && area_size != 0)
+        ok = area_off == page_round(mt__ring_map_size(slots)) && area_size <= MT_RING_AREA_MAX &&
+             area_size % 4096 == 0 && (uint64_t)st.st_size >= area_off + area_size;
     if (!ok || (size_t)st.st_size < mt__ring_map_size(slots)) {
         rc = MT_EPROTO;
         goto fail_fd;
@@ -250,6 +289,16 @@ int mt__ring_open(mt__ring_t **out, const char *name)
         rc = -errno;
         free(r);
         goto fail_fd;
+    }
+    if (area_size != 0) {
+        r->area = mmap(NULL, area_size, PROT_READ, MAP_SHARED, fd, (off_t)area_off);
+        if (r->area == MAP_FAILED) {
+            rc = -errno;
+            munmap(p, size);
+            free(r);
+            goto fail_fd;
+        }
+        r->area_size = area_size;
     }
     close(fd);
     r->hdr = p;
@@ -287,6 +336,8 @@ void mt__ring_close(mt__ring_t **pr)
     if (r->owner && r->linked)
         mt__ring_unlink(r);
     munmap(r->hdr, r->map_size);
+    if (r->area)
+        munmap(r->area, r->area_size);
     free(r);
     *pr = NULL;
 }
@@ -515,6 +566,8 @@ static bool record_valid(const mt_event_rec_t *ev)
         char label[MT_EVENT_LABEL_MAX + 1];
         return ev->tag >= MT_TAG_USER_FIRST && mt_event_label_unpack(ev, label) > 0;
     }
+    if (ev->kind == MT_EV_STACK_REF)
+        return ev->size != 0 && (ev->size <= MT_STACK_ID_MAX || ev->size == MT_STACK_ID_OVERFLOW);
     if (ev->kind == MT_EV_MARK_NAMED) {
         char name[MT_EVENT_LABEL_MAX + 1];
         return ev->requested == 0 && mt_event_label_unpack(ev, name) > 0;

@@ -49,7 +49,7 @@
 #include "memtrace/event.h"
 
 #define MT_RING_MAGIC         UINT64_C(0x31474e4952544d00) /* "\0MTRING1" little-endian */
-#define MT_RING_VERSION       1u
+#define MT_RING_VERSION       1u   /* the area (2 header words once padding) is additive */
 #define MT_RING_HEADER_SIZE   512u /* bytes; the header struct is padded to this */
 #define MT_RING_NAME_MAX      64   /* bytes of the shm name, NUL included */
 #define MT_RING_COMM_MAX      64   /* bytes of the process name, NUL included */
@@ -83,7 +83,8 @@ typedef struct mt__ring_hdr_s {
     uint64_t start_realtime_ns;  /* CLOCK_REALTIME at creation, ns since the epoch */
     uint64_t start_mono_ns;      /* CLOCK_MONOTONIC at creation (events use this clock) */
     char comm[MT_RING_COMM_MAX]; /* process name, NUL-terminated */
-    uint8_t pad0[128 - 48 - MT_RING_COMM_MAX];
+    uint64_t area_off;           /* the stack table's area (profiler/stack.h): file offset, */
+    uint64_t area_size;          /* page-aligned after the records; 0 bytes = none */
     /* ---- cache line 2: flags ---- */
     _Alignas(64) _Atomic uint32_t flags; /* MT_RING_F_* */
     /* ---- cache line 3: producer counters ---- */
@@ -102,6 +103,7 @@ typedef struct mt__ring_hdr_s {
 _Static_assert(sizeof(mt__ring_hdr_t) == MT_RING_HEADER_SIZE, "fixed header size");
 _Static_assert(offsetof(mt__ring_hdr_t, comm) == 48, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, flags) == 128, "fixed layout");
+_Static_assert(offsetof(mt__ring_hdr_t, area_off) == 112, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, seq_unused) == 192, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, claim) == 200, "fixed layout");
 _Static_assert(offsetof(mt__ring_hdr_t, dropped) == 256, "fixed layout");
@@ -138,6 +140,14 @@ int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm);
 /* The same ring without a name (a memfd): for the local log only, when no named ring can
  * be made. mt__ring_name() is "". */
 int mt__ring_create_private(mt__ring_t **out, uint32_t slots, const char *comm);
+/* Either, with an area of area_size bytes (rounded up to pages, at most MT_RING_AREA_MAX)
+ * after the records, mapped apart and not populated: the stack table (profiler/stack.h),
+ * which the consumer maps read-only. */
+#define MT_RING_AREA_MAX ((size_t)256 << 20)
+int mt__ring_create_ex(mt__ring_t **out, uint32_t slots, const char *comm, bool private,
+                       size_t area_size);
+/* The area: writable for the producer, read-only for a consumer; NULL and 0 when none. */
+void *mt__ring_area(const mt__ring_t *r, size_t *size);
 /* Consumer: maps an existing ring read/write after validating its header (magic,
  * version, sizes, file size). name must be "/memtrace.<...>" without further '/'.
  * MT_ENOENT if missing, MT_EPROTO if not a valid ring. *out is new. */

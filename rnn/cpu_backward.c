@@ -15,17 +15,29 @@
 
 #include "rnn/internal.h"
 
-/* Workspace: dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN
- * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient
- * between layers, of a chunk's rows (unidirectional: chunk-major) or of all rows
- * (bidirectional), D*H wide, then (dropout) the regenerated dropped input of the layer
- * being differentiated [rows of a chunk, D*H]. */
+/* Offset in floats of pseudo-layer p's weight-gradient accumulators in the workspace:
+ * dW^T [in, gH] then dR^T [H, gH] per pseudo-layer. oneDNN runs X^T G (256 x 1024, k = the
+ * chunk's rows) at 175 GFLOP/s and G^T X at 125 (thread CPU time, one thread): the
+ * gradients are summed transposed over every chunk and added to dw once (acc_flush). */
+static size_t acc_offset(const mt__rnn_shape_t *s, int p)
+{
+    size_t gh = (size_t)s->gates * (size_t)s->hidden, n = 0;
+    for (int i = 0; i < p; i++)
+        n += (size_t)(mt__rnn_layer_in(s, i / s->dirs) + s->hidden) * gh;
+    return n;
+}
+
+/* Workspace: the accumulators (acc_offset of L*D), hprev [rows of a chunk, H], dh_next and dc_next
+ * [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN modes' gate gradients [rows of a
+ * chunk, gH], and (L > 1) two buffers for the gradient between layers, of a chunk's rows
+ * (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then (dropout) the
+ * regenerated dropped input of the layer being differentiated [rows of a chunk, D*H]. */
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = 2 * ld * b * h + b * h + b * gh;
+    size_t n = acc_offset(s, s->layers * s->dirs) + c * h + 2 * ld * b * h + b * h + b * gh;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gh;
     if (s->layers > 1)
@@ -40,11 +52,12 @@ typedef struct dir_back_s {
     const mt__rnn_shape_t *s;
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w, dw;
-    int t0, T;        /* the chunk's first step and its steps */
-    size_t rows;      /* its rows */
-    int in;           /* input width */
-    const float *x;   /* layer input [rows, in] */
-    const float *out; /* layer output, this direction's columns, row stride ldo */
+    float *accw, *accr; /* dW^T [in, gH], dR^T [H, gH] */
+    int t0, T;          /* the chunk's first step and its steps */
+    size_t rows;        /* its rows */
+    int in;             /* input width */
+    const float *x;     /* layer input [rows, in] */
+    const float *out;   /* layer output, this direction's columns, row stride ldo */
     int ldo;
     /* The neighbouring chunk's step that precedes the chunk's first processed step (row
      * stride ldh for h, H for c), NULL if none; and the initial states (hx, cx of this layer
@@ -60,6 +73,7 @@ typedef struct dir_back_s {
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
+    float *hprev; /* [rows, H] (gather_prev) */
     bool reverse;
 } dir_back_t;
 
@@ -111,14 +125,14 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
 }
 
 MT__RNN_CELL_CLONES
-static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
+static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 4 * H, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden, gh = 4 * H;
     size_t r = brow(a, t);
     const float *ct = a->aux + r * H;
     float *g = a->g + r * gh;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         const float *cp = bprev_c(pv, b, H);
 #pragma omp simd
@@ -136,18 +150,19 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv)
             gb[3 * H + j] = d_o * oo * (1.0f - oo);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, g, gh, a->w.r, H, 0.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gh, gh, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
+static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 3 * H, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden, gh = 3 * H;
     size_t r = brow(a, t);
     float *g = a->g + r * gh;
     float *aux = a->aux + r * H;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
         float *gb = g + (size_t)b * gh;
         float *db = a->dgh + (size_t)b * gh;
         const float *hp = bprev_h(pv, b, H);
@@ -169,19 +184,21 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv)
             db[2 * H + j] = dnp * rr;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, gh, 1.0f, a->dgh, gh, a->w.r, H, 1.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gh, gh,
+                  a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void rnn_step(const dir_back_t *a, int t)
+static void rnn_step(const dir_back_t *a, int t, int b0, int B)
 {
-    int H = a->s->hidden, B = a->q->bs[a->t0 + t];
+    int H = a->s->hidden;
     bool relu = a->s->mode == MT_RNN_RELU;
     size_t r = brow(a, t);
     float *g = a->g + r * H;
     const float *o = a->out + r * a->ldo;
     const float *dout = a->dout + r * a->ldo;
-    for (int b = 0; b < B; b++) {
+    for (int b = b0; b < B; b++) {
+#pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
@@ -189,11 +206,12 @@ static void rnn_step(const dir_back_t *a, int t)
             g[k] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B, H, H, 1.0f, g, H, a->w.r, H, 0.0f, a->dhn, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * H, H, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
-/* dR += Gs^T Hs over n rows starting at chunk row r; for GRU the n gate's rows come from aux
- * (r * dn). */
+/* dR^T += Hs^T Gs over n rows starting at chunk row r; for GRU the n gate's columns come
+ * from aux (r * dn). */
 static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int ldh, int n)
 {
     int H = a->s->hidden, gh = a->s->gates * H;
@@ -201,79 +219,69 @@ static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int l
     if (n <= 0)
         return;
     if (a->s->mode == MT_RNN_GRU) {
-        mt__rnn_sgemm(a->s->gemm, true, false, 2 * H, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r,
-                      H);
-        mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, a->aux + r * H, H, hs, ldh, 1.0f,
-                      a->dw.r + (size_t)2 * H * H, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, gs, gh, 1.0f, a->accr,
+                      gh);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, hs, ldh, a->aux + r * H, H, 1.0f,
+                      a->accr + (size_t)2 * H, gh);
     } else {
-        mt__rnn_sgemm(a->s->gemm, true, false, gh, H, n, 1.0f, gs, gh, hs, ldh, 1.0f, a->dw.r, H);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, gh, n, 1.0f, hs, ldh, gs, gh, 1.0f, a->accr, gh);
     }
 }
 
-/* dR over the steps whose previous h is in this chunk: one sgemm per run of steps whose
- * rows of G and of h_prev are both evenly strided (all of them when every length is equal,
- * as in the padded form), in time order. */
-static void recurrent_grad_inner(const dir_back_t *a)
+/* hprev: the state each of the chunk's rows started its step from. */
+static void gather_prev(const dir_back_t *a)
 {
-    const int *bs = a->q->bs;
-    size_t gr = 0, hr = 0;
-    int n = 0;
+    int H = a->s->hidden;
     for (int t = 0; t < a->T; t++) {
-        bool first = a->reverse ? t == a->T - 1 : t == 0;
-        if (first)
-            continue;
-        int tg = a->t0 + t, rows = a->reverse ? bs[tg + 1] : bs[tg];
-        size_t g = brow(a, t), h = brow(a, a->reverse ? t + 1 : t - 1);
-        if (n > 0 && g == gr + (size_t)n && h == hr + (size_t)n) {
-            n += rows;
-            continue;
-        }
-        recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
-        gr = g;
-        hr = h;
-        n = rows;
+        bprev_t pv = prev_of(a, t);
+        int nb = a->q->bs[a->t0 + t];
+        float *d = a->hprev + brow(a, t) * (size_t)H;
+        for (int b = 0; b < nb; b++)
+            memcpy(d + (size_t)b * H, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
     }
-    recurrent_grad(a, gr, a->out + hr * a->ldo, a->ldo, n);
+}
+
+/* The chunk's steps, in reverse of forward's order, for the sequences b0 <= b < b1
+ * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step. */
+static void back_steps(void *arg, int b0, int b1)
+{
+    const dir_back_t *a = arg;
+    const mt__rnn_shape_t *s = a->s;
+    for (int k = 0; k < a->T; k++) {
+        int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
+        int e = b1 < nb ? b1 : nb;
+        if (e <= b0)
+            continue;
+        bprev_t pv = prev_of(a, t);
+        if (s->mode == MT_RNN_LSTM)
+            lstm_step(a, t, &pv, b0, e);
+        else if (s->mode == MT_RNN_GRU)
+            gru_step(a, t, &pv, b0, e);
+        else
+            rnn_step(a, t, b0, e);
+    }
 }
 
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    const int *bs = a->q->bs;
     int H = s->hidden, gh = s->gates * H, T = a->T;
     size_t tb = a->rows;
 
-    for (int k = 0; k < T; k++) {
-        int t = a->reverse ? k : T - 1 - k;
-        bprev_t pv = prev_of(a, t);
-        if (s->mode == MT_RNN_LSTM)
-            lstm_step(a, t, &pv);
-        else if (s->mode == MT_RNN_GRU)
-            gru_step(a, t, &pv);
-        else
-            rnn_step(a, t);
-    }
+    mt__rnn_rows_par(s, mt__rnn_cpu_split(s, a->q, a->t0, T), a->q->B, back_steps, (void *)a);
 
     /* Weight gradients merged over the chunk's steps. */
-    mt__rnn_sgemm(a->s->gemm, true, false, gh, a->in, (int)tb, 1.0f, a->g, gh, a->x, a->in, 1.0f,
-                  a->dw.w, a->in);
-    recurrent_grad_inner(a);
-    /* The first processed step's sequences running in the neighbouring chunk. */
-    int tf = a->reverse ? T - 1 : 0;
-    bprev_t pf = prev_of(a, tf);
-    if (pf.split > 0)
-        recurrent_grad(a, brow(a, tf), pf.hp, pf.ldh, pf.split);
-    /* Sequences whose first step (in this direction) is here, from hx. */
-    for (int t = 0; a->h0 && t < T; t++) {
-        bprev_t pv = prev_of(a, t);
-        int nb = bs[a->t0 + t];
-        if (pv.split < nb)
-            recurrent_grad(a, brow(a, t) + (size_t)pv.split, a->h0 + (size_t)pv.split * H, H,
-                           nb - pv.split);
-    }
+    mt__rnn_sgemm(a->s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->x, a->in, a->g, gh, 1.0f,
+                  a->accw, gh);
+    /* dR over every row of the chunk in one product, each row of G beside the state its
+     * step started from (gathered: the step before, the neighbouring chunk, hx or zeros);
+     * packed batches would otherwise make one small product per step. */
+    gather_prev(a);
+    recurrent_grad(a, 0, a->hprev, H, (int)tb);
     if (a->dw.bw) {
         for (size_t r = 0; r < tb; r++) {
             const float *gr = a->g + r * gh;
+#pragma omp simd
             for (int j = 0; j < gh; j++)
                 a->dw.bw[j] += gr[j];
             if (s->mode == MT_RNN_GRU) {
@@ -284,6 +292,7 @@ static void back_dir(const dir_back_t *a)
                     a->dw.br[2 * H + j] += ar[j];
             } else {
                 /* b_W and b_R enter the same sum: their gradients are equal. */
+#pragma omp simd
                 for (int j = 0; j < gh; j++)
                     a->dw.br[j] += gr[j];
             }
@@ -301,6 +310,8 @@ typedef struct bwd_s {
     float *dw;
     const mt_rnn_io_t *io;
     const mt_rnn_grad_io_t *g;
+    float *acc; /* acc_offset */
+    float *hprev;
     float *dhn, *dcn, *zeros, *dgh, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
@@ -339,6 +350,8 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .q = q,
         .w = mt__rnn_mats(s, (float *)b->w, l, d),
         .dw = mt__rnn_mats(s, b->dw, l, d),
+        .accw = b->acc + acc_offset(s, p),
+        .accr = b->acc + acc_offset(s, p) + (size_t)mt__rnn_layer_in(s, l) * (size_t)(s->gates * H),
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .T = n,
         .rows = nb,
@@ -360,6 +373,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .dcn = b->dcn + so,
         .zeros = b->zeros,
         .dgh = b->dgh,
+        .hprev = b->hprev,
         .reverse = d == 1,
     };
     int kn = d == 0 ? k - 1 : k + 1;
@@ -375,6 +389,38 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         a.cin = s->mode == MT_RNN_LSTM ? mt__rnn_cpu_aux(s, rn, nnb, p) + row * H : NULL;
     }
     back_dir(&a);
+}
+
+/* dst[n, m] += src[m, n]^T, row-major with leading dimensions lds and ldd, in tiles. */
+static void add_transposed(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
+                           int n)
+{
+    enum { TILE = 32 };
+    for (int i0 = 0; i0 < m; i0 += TILE) {
+        int i1 = i0 + TILE < m ? i0 + TILE : m;
+        for (int j0 = 0; j0 < n; j0 += TILE) {
+            int j1 = j0 + TILE < n ? j0 + TILE : n;
+            for (int j = j0; j < j1; j++) {
+                float *d = dst + (size_t)j * ldd;
+                for (int i = i0; i < i1; i++)
+                    d[i] += src[(size_t)i * lds + j];
+            }
+        }
+    }
+}
+
+/* dw += the accumulated dW and dR of every pseudo-layer. */
+static void acc_flush(const bwd_t *b)
+{
+    const mt__rnn_shape_t *s = b->s;
+    int H = s->hidden, gh = s->gates * H;
+    for (int p = 0; p < s->layers * s->dirs; p++) {
+        int in = mt__rnn_layer_in(s, p / s->dirs);
+        mt__rnn_mats_t dw = mt__rnn_mats(s, b->dw, p / s->dirs, p % s->dirs);
+        const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gh;
+        add_transposed(dw.w, in, accw, gh, in, gh);
+        add_transposed(dw.r, H, accr, gh, H, gh);
+    }
 }
 
 /* The gradient layer l > 0 sent to its input, over rows [row0, row0 + nb) of dbuf (at ofs):
@@ -397,7 +443,10 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
-    b.dhn = work;
+    b.acc = work;
+    memset(b.acc, 0, acc_offset(s, L * D) * sizeof(float));
+    b.hprev = b.acc + acc_offset(s, L * D);
+    b.dhn = b.hprev + C * (size_t)H;
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
@@ -458,6 +507,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     }
     if (rc)
         return rc;
+    acc_flush(&b);
     if (g->dhx)
         memcpy(g->dhx, b.dhn, nstate * sizeof(float));
     if (g->dcx && s->mode == MT_RNN_LSTM)

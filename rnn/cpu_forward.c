@@ -170,17 +170,26 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* ---- workspace ---- */
 
-/* Workspace: rec [B, gH], h and c states [L*D, B, H] each, then (inference, or RNN modes in
- * training) the gate buffer [rows of a chunk, gH], then (inference with L > 1) two layer
- * buffers of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional:
- * layer-major), each D*H wide, or (training with dropout) the dropped input of the layer
- * being run [rows of a chunk, D*H]. */
+/* Floats of the per-pseudo-layer copies forward makes of its weights: R transposed [H, gH]
+ * (the recurrent product then reads it untransposed, which oneDNN and OpenBLAS run faster on
+ * 32-row products) and the input projection's bias [gH]. */
+static size_t prep_floats(const mt__rnn_shape_t *s)
+{
+    size_t gh = (size_t)s->gates * (size_t)s->hidden;
+    return (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gh;
+}
+
+/* Workspace: the prepared weights (prep_floats), rec [B, gH], h and c states [L*D, B, H]
+ * each, then (inference, or RNN modes in training) the gate buffer [rows of a chunk, gH],
+ * then (inference with L > 1) two layer buffers of a chunk's rows (unidirectional:
+ * chunk-major) or of all rows (bidirectional: layer-major), each D*H wide, or (training
+ * with dropout) the dropped input of the layer being run [rows of a chunk, D*H]. */
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = b * gh + 2 * ld * b * h;
+    size_t n = prep_floats(s) + b * gh + 2 * ld * b * h;
     if (!training || !keeps_gates(s))
         n += c * gh;
     if (!training && s->layers > 1)
@@ -190,18 +199,41 @@ size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
     return n;
 }
 
+/* The row that splits the steps [t0, t0 + n) of a batch into two halves of about equal
+ * work (the rows of sequence b are the steps it runs; sorted by decreasing length, the
+ * first sequences are the longest): the first row of the second half, or B when the
+ * module runs its step loops on one thread. */
+int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n)
+{
+    int B = q->B;
+    if (s->threads < 2 || B < 2)
+        return B;
+    size_t total = q->off[t0 + n] - q->off[t0], acc = 0;
+    for (int b = 0; b < B; b++) {
+        int steps = 0; /* of sequence b in the chunk: the steps t with bs[t] > b */
+        while (steps < n && q->bs[t0 + steps] > b)
+            steps++;
+        acc += (size_t)steps;
+        if (2 * acc >= total)
+            return b + 1 < B ? b + 1 : B - 1;
+    }
+    return B - 1;
+}
+
 /* ---- one layer, one direction, over one chunk ---- */
 
 typedef struct dir_run_s {
     const mt__rnn_shape_t *s;
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w;
-    int t0;         /* the chunk's first step */
-    int steps;      /* its steps */
-    size_t rows;    /* its rows: q->off[t0 + steps] - q->off[t0] */
-    int in;         /* input width */
-    const float *x; /* [rows, in] */
-    float *out;     /* output of the chunk's first row, this direction's columns; stride ldo */
+    const float *rt;   /* R transposed [H, gH] */
+    const float *bias; /* [gH]: b_W plus b_R folded (all but GRU's n gate), or zeros */
+    int t0;            /* the chunk's first step */
+    int steps;         /* its steps */
+    size_t rows;       /* its rows: q->off[t0 + steps] - q->off[t0] */
+    int in;            /* input width */
+    const float *x;    /* [rows, in] */
+    float *out;        /* output of the chunk's first row, this direction's columns; stride ldo */
     int ldo;
     float *gates; /* [rows, gH] */
     float *aux;   /* [rows, H] or NULL (inference) */
@@ -217,26 +249,16 @@ static size_t lrow(const dir_run_t *a, int t)
     return a->q->off[a->t0 + t] - a->q->off[a->t0];
 }
 
+/* gates = x W^T over the chunk's rows, on every thread of the library; the bias is added
+ * by the cell, in the same pass that reads the gates. */
 static void project_inputs(const dir_run_t *a)
 {
-    const mt__rnn_shape_t *s = a->s;
-    int H = s->hidden, gh = s->gates * H;
-    size_t rows = a->rows;
-    if (a->w.bw) {
-        /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
-         * r * (R_n h + b_Rn). */
-        int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
-        float *row0 = a->gates;
-        for (int j = 0; j < gh; j++)
-            row0[j] = a->w.bw[j] + (j < fold ? a->w.br[j] : 0.0f);
-        for (size_t r = 1; r < rows; r++)
-            memcpy(a->gates + r * (size_t)gh, row0, (size_t)gh * sizeof(float));
-    }
-    mt__rnn_sgemm(a->s->gemm, false, true, (int)rows, gh, a->in, 1.0f, a->x, a->in, a->w.w, a->in,
-                  a->w.bw ? 1.0f : 0.0f, a->gates, gh);
+    int gh = a->s->gates * a->s->hidden;
+    mt__rnn_sgemm(a->s->gemm, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w,
+                  a->in, 0.0f, a->gates, gh);
 }
 
-/* The previous hidden state of the nb sequences running at a step: row b < split at
+/* The previous hidden state of the sequences running at a step: row b < split at
  * hp + b*ldh, row b >= split (reverse direction: sequences that start at this step) at
  * h0 + b*H, the carried state. */
 typedef struct prev_s {
@@ -251,50 +273,54 @@ static const float *prev_row(const prev_t *p, int b, int H)
     return b < p->split ? p->hp + (size_t)b * p->ldh : p->h0 + (size_t)b * H;
 }
 
+/* The cells compute rows [b0, b1) of a step: g = the step's gates (x W^T), rec = h R^T. */
 MT__RNN_CELL_CLONES
-static void lstm_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux)
+static void lstm_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux)
 {
     int H = a->s->hidden, gh = 4 * H;
-    for (int b = 0; b < nb; b++) {
+    const float *bi = a->bias;
+    for (int b = b0; b < b1; b++) {
         float *gb = g + (size_t)b * gh;
         const float *rb = a->rec + (size_t)b * gh;
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
+        float *ab = aux ? aux + (size_t)b * H : cb;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
-            float ii = mt__rnn_sigmoid(gb[j] + rb[j]);
-            float ff = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
-            float gg = mt__rnn_tanh(gb[2 * H + j] + rb[2 * H + j]);
-            float oo = mt__rnn_sigmoid(gb[3 * H + j] + rb[3 * H + j]);
+            float ii = mt__rnn_sigmoid((gb[j] + bi[j]) + rb[j]);
+            float ff = mt__rnn_sigmoid((gb[H + j] + bi[H + j]) + rb[H + j]);
+            float gg = mt__rnn_tanh((gb[2 * H + j] + bi[2 * H + j]) + rb[2 * H + j]);
+            float oo = mt__rnn_sigmoid((gb[3 * H + j] + bi[3 * H + j]) + rb[3 * H + j]);
             float cc = ff * cb[j] + ii * gg;
             cb[j] = cc;
+            ab[j] = cc;
             ob[j] = oo * mt__rnn_tanh(cc);
             gb[j] = ii;
             gb[H + j] = ff;
             gb[2 * H + j] = gg;
             gb[3 * H + j] = oo;
         }
-        if (aux)
-            memcpy(aux + (size_t)b * H, cb, (size_t)H * sizeof(float));
     }
 }
 
 MT__RNN_CELL_CLONES
-static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux, const prev_t *pv)
+static void gru_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux,
+                     const prev_t *pv)
 {
     int H = a->s->hidden, gh = 3 * H;
     const float *brn = a->w.br ? a->w.br + 2 * H : NULL;
-    for (int b = 0; b < nb; b++) {
+    const float *bi = a->bias;
+    for (int b = b0; b < b1; b++) {
         float *gb = g + (size_t)b * gh;
         const float *rb = a->rec + (size_t)b * gh;
         const float *hb = prev_row(pv, b, H);
         float *ob = o + (size_t)b * a->ldo;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
-            float rr = mt__rnn_sigmoid(gb[j] + rb[j]);
-            float zz = mt__rnn_sigmoid(gb[H + j] + rb[H + j]);
+            float rr = mt__rnn_sigmoid((gb[j] + bi[j]) + rb[j]);
+            float zz = mt__rnn_sigmoid((gb[H + j] + bi[H + j]) + rb[H + j]);
             float rn = rb[2 * H + j] + (brn ? brn[j] : 0.0f);
-            float nn = mt__rnn_tanh(gb[2 * H + j] + rr * rn);
+            float nn = mt__rnn_tanh((gb[2 * H + j] + bi[2 * H + j]) + rr * rn);
             ob[j] = (1.0f - zz) * nn + zz * hb[j];
             gb[j] = rr;
             gb[H + j] = zz;
@@ -306,17 +332,18 @@ static void gru_cell(const dir_run_t *a, int nb, float *g, float *o, float *aux,
 }
 
 MT__RNN_CELL_CLONES
-static void rnn_cell(const dir_run_t *a, int nb, float *g, float *o)
+static void rnn_cell(const dir_run_t *a, int b0, int b1, float *g, float *o)
 {
     int H = a->s->hidden;
     bool relu = a->s->mode == MT_RNN_RELU;
-    for (int b = 0; b < nb; b++) {
+    const float *bi = a->bias;
+    for (int b = b0; b < b1; b++) {
         const float *gb = g + (size_t)b * H;
         const float *rb = a->rec + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
-            float v = gb[j] + rb[j];
+            float v = (gb[j] + bi[j]) + rb[j];
             ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);
         }
     }
@@ -330,14 +357,26 @@ static void carry(const dir_run_t *a, size_t r, int lo, int hi)
         memcpy(a->h + (size_t)b * H, a->out + (r + (size_t)b) * a->ldo, (size_t)H * sizeof(float));
 }
 
-static void run_dir(const dir_run_t *a)
+static int imin(int x, int y)
 {
+    return x < y ? x : y;
+}
+
+static int imax(int x, int y)
+{
+    return x > y ? x : y;
+}
+
+/* The chunk's steps for the sequences b0 <= b < b1 (mt__rnn_rows_par). */
+static void run_steps(void *arg, int b0, int b1)
+{
+    const dir_run_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
     const int *bs = a->q->bs;
     int H = s->hidden, gh = s->gates * H;
-    project_inputs(a);
     for (int k = 0; k < a->steps; k++) {
         int t = a->reverse ? a->steps - 1 - k : k, tg = a->t0 + t, nb = bs[tg];
+        int e = imin(b1, nb); /* rows [b0, e) of this step */
         size_t r = lrow(a, t);
         /* The first step of the chunk starts from the carried state (whose rows of
          * sequences not yet started in reverse hold hx); later ones from the step before,
@@ -349,27 +388,73 @@ static void run_dir(const dir_run_t *a)
             pv.ldh = a->ldo;
             pv.split = a->reverse ? bs[tg + 1] : nb;
         }
-        mt__rnn_sgemm(a->s->gemm, false, true, pv.split, gh, H, 1.0f, pv.hp, pv.ldh, a->w.r, H,
-                      0.0f, a->rec, gh);
-        if (pv.split < nb)
-            mt__rnn_sgemm(a->s->gemm, false, true, nb - pv.split, gh, H, 1.0f,
-                          a->h + (size_t)pv.split * H, H, a->w.r, H, 0.0f,
-                          a->rec + (size_t)pv.split * gh, gh);
+        if (e <= b0)
+            continue; /* none of these sequences runs at this step */
+        int m = imin(e, pv.split);
+        if (m > b0)
+            mt__rnn_sgemm(s->gemm, false, false, m - b0, gh, H, 1.0f, pv.hp + (size_t)b0 * pv.ldh,
+                          pv.ldh, a->rt, gh, 0.0f, a->rec + (size_t)b0 * gh, gh);
+        int m2 = imax(b0, pv.split);
+        if (m2 < e)
+            mt__rnn_sgemm(s->gemm, false, false, e - m2, gh, H, 1.0f, a->h + (size_t)m2 * H, H,
+                          a->rt, gh, 0.0f, a->rec + (size_t)m2 * gh, gh);
         float *g = a->gates + r * (size_t)gh;
         float *o = a->out + r * (size_t)a->ldo;
         float *aux = a->aux ? a->aux + r * (size_t)H : NULL;
         if (s->mode == MT_RNN_LSTM)
-            lstm_cell(a, nb, g, o, aux);
+            lstm_cell(a, b0, e, g, o, aux);
         else if (s->mode == MT_RNN_GRU)
-            gru_cell(a, nb, g, o, aux, &pv);
+            gru_cell(a, b0, e, g, o, aux, &pv);
         else
-            rnn_cell(a, nb, g, o);
+            rnn_cell(a, b0, e, g, o);
         /* The carried state: every running sequence after the chunk's last step (the next
          * chunk, hy); in forward, also a sequence that ends here (hy). */
         if (k == a->steps - 1)
-            carry(a, r, 0, nb);
+            carry(a, r, b0, e);
         else if (!a->reverse)
-            carry(a, r, bs[tg + 1], nb);
+            carry(a, r, imax(b0, bs[tg + 1]), e);
+    }
+}
+
+static void run_dir(const dir_run_t *a)
+{
+    project_inputs(a);
+    int split = mt__rnn_cpu_split(a->s, a->q, a->t0, a->steps);
+    mt__rnn_rows_par(a->s, split, a->q->B, run_steps, (void *)a);
+}
+
+/* dst[n, m] = src[m, n]^T, row-major with leading dimensions ldd and lds, in tiles of 32
+ * rows and columns (a cache line of each of 32 rows at a time). */
+static void transpose(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
+                      int n)
+{
+    enum { TILE = 32 };
+    for (int i0 = 0; i0 < m; i0 += TILE) {
+        int i1 = i0 + TILE < m ? i0 + TILE : m;
+        for (int j0 = 0; j0 < n; j0 += TILE) {
+            int j1 = j0 + TILE < n ? j0 + TILE : n;
+            for (int j = j0; j < j1; j++) {
+                float *d = dst + (size_t)j * ldd;
+                for (int i = i0; i < i1; i++)
+                    d[i] = src[(size_t)i * lds + j];
+            }
+        }
+    }
+}
+
+/* R^T and the folded bias of every pseudo-layer, into prep (prep_floats). */
+static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
+{
+    int H = s->hidden, gh = s->gates * H;
+    for (int p = 0; p < s->layers * s->dirs; p++) {
+        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
+        float *rt = prep + (size_t)p * ((size_t)H + 1) * gh, *bias = rt + (size_t)H * gh;
+        transpose(rt, gh, m.r, H, gh, H);
+        /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
+         * r * (R_n h + b_Rn). */
+        int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
+        for (int j = 0; j < gh; j++)
+            bias[j] = m.bw ? m.bw[j] + (j < fold ? m.br[j] : 0.0f) : 0.0f;
     }
 }
 
@@ -382,6 +467,7 @@ typedef struct fwd_s {
     const mt_rnn_io_t *io;
     bool training;
     uint64_t key; /* dropout */
+    float *prep;  /* prepare() */
     float *rec, *hst, *cst, *gbuf;
     float *lbuf[2]; /* inference, L > 1 */
     float *dbuf;    /* training with dropout: the dropped input of layer l > 0 */
@@ -421,6 +507,8 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .s = s,
         .q = q,
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
+        .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)(s->gates * H),
+        .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)(s->gates * H),
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
         .rows = nb,
@@ -452,7 +540,9 @@ static int forward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const f
     size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
 
     fwd_t f = {.s = s, .q = q, .w = w, .io = io, .training = training, .key = key};
-    f.rec = work;
+    f.prep = work;
+    prepare(s, w, f.prep);
+    f.rec = f.prep + prep_floats(s);
     f.hst = f.rec + (size_t)B * gh;
     f.cst = f.hst + nstate;
     f.gbuf = f.cst + nstate;

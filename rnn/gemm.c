@@ -220,3 +220,41 @@ void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int 
     else
         g->run(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+/* ---- two threads over the rows of a step loop ---- */
+
+typedef struct half_s {
+    const mt__rnn_gemm_t *g;
+    void (*fn)(void *, int, int);
+    void *arg;
+    int b0, b1;
+} half_t;
+
+static void *half_main(void *p)
+{
+    const half_t *h = p;
+    /* A new thread starts from OMP_NUM_THREADS (or the core count): one team per half. */
+    ((void (*)(int))(uintptr_t)h->g->thr)(1);
+    h->fn(h->arg, h->b0, h->b1);
+    return NULL;
+}
+
+void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
+                      void *arg)
+{
+    const mt__rnn_gemm_t *g = s->gemm;
+    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind != THR_OMP) {
+        fn(arg, 0, nb);
+        return;
+    }
+    half_t h = {g, fn, arg, split, nb};
+    pthread_t t;
+    bool second = pthread_create(&t, NULL, half_main, &h) == 0;
+    ((void (*)(int))(uintptr_t)g->thr)(1);
+    fn(arg, 0, split);
+    ((void (*)(int))(uintptr_t)g->thr)(s->threads);
+    if (second)
+        pthread_join(t, NULL);
+    else /* the same rows in the same order: the same results, on one thread */
+        fn(arg, split, nb);
+}

@@ -34,6 +34,7 @@ typedef struct mt__rnn_shape_s {
     int chunk;     /* cpu path: time steps per chunk (0 = MT__RNN_CHUNK); set by the module */
     float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
     const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
+    int threads; /* cpu path: mt_rnn_set_gemm_threads's count (0 = not set: one thread) */
 } mt__rnn_shape_t;
 
 /* ---- the GEMM seam (gemm.c) ---- */
@@ -46,6 +47,13 @@ const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
 const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g);
 /* The library's thread count (process-wide for that library). */
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
+/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on a second thread,
+ * both with the library at one thread, when s->threads >= 2, 0 < split < nb and the
+ * library's thread count is per calling thread (oneDNN's OpenMP); else fn(arg, 0, nb) on
+ * the caller. The step loops run the batch's rows in two halves this way: each sequence's
+ * recurrence is independent of the others', so the halves never wait for each other. */
+void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
+                      void *arg);
 /* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
 void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
@@ -262,6 +270,9 @@ int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
 size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
+/* The first sequence of the second half when the step loops of steps [t0, t0 + n) run on
+ * two threads (halves of about equal work), or B on one thread (s->threads < 2). */
+int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n);
 
 /* Reserve layout of ONE chunk of nb rows (steps x sequences running), in floats from its
  * start: for each pseudo-layer p = l*D + d in order, gates [nb, g*H] then aux [nb, H] (LSTM:

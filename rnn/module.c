@@ -277,7 +277,10 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
         return MT_EINVAL;
     if (m->path != &mt__rnn_cpu_path)
         return MT_ENOTSUP;
-    return mt__rnn_gemm_set_threads(m->shape.gemm, threads);
+    int rc = mt__rnn_gemm_set_threads(m->shape.gemm, threads);
+    if (rc == 0)
+        m->shape.threads = threads;
+    return rc;
 }
 
 /* ---- parameters ---- */
@@ -406,7 +409,16 @@ int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
     int rc = mt_rnn_create(&r, &cfg);
     if (rc)
         return rc;
-    /* Each parameter goes straight to its place in the replica's flat buffer. */
+    /* A flat module is one copy; otherwise each parameter goes straight to its place in
+     * the replica's flat buffer. */
+    if (m->rebound == 0) {
+        rc = r->path->copy(r, r->w, m->w, m->weight_floats * sizeof(float));
+        if (rc)
+            mt_rnn_destroy(&r);
+        else
+            *out = r;
+        return rc;
+    }
     for (size_t i = 0; i < m->nviews; i++) {
         const mt__rnn_view_t *v = &m->views[i];
         size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "analysis/callsite.h"
 #include "analysis/plot.h"
 #include "analysis/report.h"
 #include "tools/commands.h"
@@ -52,6 +53,11 @@ static void help(FILE *f)
             "  --height H          image height in px (default 800, at least 600)\n"
             "  --buckets N         time buckets of the timeline (default 1000, at most one\n"
             "                      per pixel)\n"
+            "  --flamegraph        draw instead a flame graph of the call stacks recorded\n"
+            "                      with MEMTRACE_STACKS: live device bytes at the peak,\n"
+            "                      width by bytes, callers below callees; hover a frame\n"
+            "                      for its bytes\n"
+            "  --leaked            with --flamegraph: the bytes never freed instead\n"
             "  -h, --help          this text\n"
             "\n"
             "exit status: 0 image written; 1 the log could not be read or the image not\n"
@@ -62,6 +68,8 @@ static void help(FILE *f)
             "  MEMTRACE_PROF=log MEMTRACE_LOG=run.ndjson ./train && memtrace plot run.ndjson\n"
             "  memtrace plot -o run.svg --width 1600 --height 1000 run.ndjson\n"
             "  memtrace plot --pid 4242 -o - /var/log/memtraced.ndjson > p4242.svg\n"
+            "  MEMTRACE_STACKS=all memtrace run -- ./train && memtrace plot --flamegraph \\\n"
+            "      -o f.svg memtrace-<pid>.ndjson\n"
             "  rsvg-convert run.svg > run.png    # a PNG, to paste somewhere\n");
 }
 
@@ -111,11 +119,14 @@ int mt_cmd_plot(int argc, char **argv)
         {"width", required_argument, NULL, 'W'},
         {"height", required_argument, NULL, 'H'},
         {"buckets", required_argument, NULL, 'b'},
+        {"flamegraph", no_argument, NULL, 'f'},
+        {"leaked", no_argument, NULL, 'l'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     mt__plot_cfg_t cfg = mt__plot_cfg_default();
     const char *output = NULL;
+    bool flame = false, leaked = false;
     unsigned long v;
     int c;
     optind = 1;
@@ -147,6 +158,12 @@ int mt_cmd_plot(int argc, char **argv)
             }
             cfg.max_buckets = (unsigned)v;
             break;
+        case 'f':
+            flame = true;
+            break;
+        case 'l':
+            leaked = true;
+            break;
         case 'h':
             help(stdout);
             return 0;
@@ -157,6 +174,10 @@ int mt_cmd_plot(int argc, char **argv)
     }
     if (optind >= argc) {
         help(stderr);
+        return 2;
+    }
+    if (leaked && !flame) {
+        fprintf(stderr, "memtrace plot: --leaked goes with --flamegraph\n");
         return 2;
     }
     const char *path = argv[optind]; /* the first log names the default output */
@@ -184,7 +205,10 @@ int mt_cmd_plot(int argc, char **argv)
     }
     if (status == 0) {
         char err[256];
-        int rc = mt__plot_svg(r, &cfg, out, err, sizeof err);
+        int rc = flame ? mt__report_flame_svg(r, cfg.pid,
+                                              leaked ? MT_CS_LEAKED : MT_CS_PEAK,
+                                              out, err, sizeof err)
+                       : mt__plot_svg(r, &cfg, out, err, sizeof err);
         errno = 0;
         bool werr = fflush(out) != 0 || ferror(out);
         if (out != stdout && fclose(out) != 0)

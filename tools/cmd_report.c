@@ -49,7 +49,11 @@ static void help(FILE *f)
                "  --min-growth BYTES  rise over the iterations needed to flag growth\n"
                "                      (default 1048576; suffixes K, M, G)\n"
                "  --min-r2 X          goodness of fit needed to flag growth (default 0.8)\n"
-               "  --top N             never-freed groups shown (default 10)\n"
+               "  --top N             never-freed groups (and call sites) shown (default 10)\n"
+               "  --by callsite       also rank call stacks (recorded with MEMTRACE_STACKS):\n"
+               "                      live bytes at the peak, never freed, growth per\n"
+               "                      iteration, each with its frames (function, file:line,\n"
+               "                      or module+offset without debug info)\n"
                "  -h, --help          this text\n"
                "\n"
                "exit status: 0 report printed; 1 the log could not be read; 2 bad usage, or\n"
@@ -194,6 +198,54 @@ static void print_host(json_t *h)
     }
 }
 
+/* A label from the log (another process's text), escaped (util/text.h). */
+static void put_plain(const char *s)
+{
+    char buf[MT_TEXT_ESC_SIZE(512)];
+    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
+}
+
+static void print_sites(const char *title, json_t *rows, bool growth)
+{
+    char b1[32];
+    printf("\n  %s:\n", title);
+    if (json_array_size(rows) == 0)
+        printf("    (none)\n");
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r)
+    {
+        if (growth)
+            printf("    %s%s/iter r2 %.2f%s  ", num(r, "slope") >= 0 ? "+" : "",
+                   human(num(r, "slope"), b1, sizeof(b1)), num(r, "r2"),
+                   json_is_true(json_object_get(r, "detected")) ? " GROWING" : "");
+        else
+            printf("    %10s %6.0f blocks  ", human(num(r, "bytes"), b1, sizeof(b1)),
+                   num(r, "blocks"));
+        put_plain(json_string_value(json_object_get(r, "site")));
+        printf("\n");
+        json_t *frames = json_object_get(r, "frames");
+        for (size_t k = 1; k < json_array_size(frames) && k < 6; k++) {
+            printf("        <- ");
+            put_plain(json_string_value(json_object_get(json_array_get(frames, k), "label")));
+            printf("\n");
+        }
+        if (json_array_size(frames) > 6 || json_is_true(json_object_get(r, "truncated")))
+            printf("        <- ...\n");
+    }
+}
+
+/* Call sites (--by callsite): nothing when the report was not asked for them. */
+static void print_callsites(json_t *cs)
+{
+    if (!cs)
+        return;
+    printf("\n  call sites: %.0f distinct stacks recorded\n", num(cs, "stacks"));
+    print_sites("live bytes at the peak, by call site", json_object_get(cs, "at_peak"), false);
+    print_sites("never freed, by call site", json_object_get(cs, "never_freed"), false);
+    print_sites("growth per iteration, by call site", json_object_get(cs, "growth"), true);
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -290,6 +342,7 @@ static void print_process(json_t *p)
 
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
+    print_callsites(json_object_get(p, "callsites"));
 }
 
 int mt_cmd_report(int argc, char **argv)
@@ -300,6 +353,7 @@ int mt_cmd_report(int argc, char **argv)
         {"min-growth", required_argument, NULL, 'g'},
         {"min-r2", required_argument, NULL, 'r'},
         {"top", required_argument, NULL, 't'},
+        {"by", required_argument, NULL, 'b'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -339,6 +393,13 @@ int mt_cmd_report(int argc, char **argv)
                 fprintf(stderr, "memtrace report: --top wants a number\n");
                 return 2;
             }
+            break;
+        case 'b':
+            if (strcmp(optarg, "callsite") != 0) {
+                fprintf(stderr, "memtrace report: --by wants callsite\n");
+                return 2;
+            }
+            cfg.by_callsite = true;
             break;
         case 'h':
             help(stdout);

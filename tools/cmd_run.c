@@ -296,6 +296,10 @@ int mt_cmd_run(int argc, char **argv)
                 getenv("MEMTRACE_PROF"));
         return 2;
     }
+    if (mt_prof_stacks_from_env(&pc, err, sizeof err) != 0) {
+        fprintf(stderr, "memtrace run: %s\n", err);
+        return 2;
+    }
     if (i >= argc) {
         fprintf(stderr, "memtrace run: no program given\n");
         usage(stderr);

@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ static void on_quit_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: memtrace top [--interval MS] [--once] [--json] [--socket PATH]\n"
+    fprintf(f, "usage: memtrace top [--interval MS] [--once] [--json] [--pid N] [--socket PATH]\n"
                "\n"
                "Live view of the processes the memtrace daemon knows, refreshed in place:\n"
                "per process allocated, reserved and peak bytes of device memory, utilization\n"
@@ -39,12 +40,15 @@ static void usage(FILE *f)
                "event rate and drops; below each, one bar per tag (share of the process's\n"
                "allocated bytes) and, if it has a pinned host cache, a \"pinned host\" line\n"
                "(page-locked host memory, never counted in the device figures).\n"
+               "Under the selected process (--pid, else the one with the most allocated\n"
+               "bytes), its top call sites: live bytes by allocating stack (MEMTRACE_STACKS).\n"
                "Press q to quit.\n"
                "\n"
                "options:\n"
                "  --interval MS  refresh period (default 1000)\n"
                "  --once         print one plain-text view and exit (no ANSI codes)\n"
                "  --json         print the daemon's state JSON once and exit\n"
+               "  --pid N        the process whose call sites are shown\n"
                "  --socket PATH  the daemon's socket (default: as `memtrace daemon`)\n"
                "\n"
                "examples:\n"
@@ -79,6 +83,7 @@ typedef struct top_s {
     rate_t prev[MAX_RATES];
     unsigned nprev;
     double prev_time;
+    int pid; /* the process whose call sites are shown; 0: the one with most allocated */
 } top_t;
 
 static double now_s(void)
@@ -95,6 +100,55 @@ static double rate_of(const top_t *t, int pid, double events, double dt)
         if (t->prev[i].pid == pid && dt > 0)
             return (events - t->prev[i].events) / dt;
     return 0;
+}
+
+/* A label from another process, escaped (util/text.h) and cut at max bytes. */
+static void put_plain(FILE *f, const char *s, size_t max)
+{
+    char buf[MT_TEXT_ESC_SIZE(160)];
+    mt__text_escape(s, buf, max + 1 < sizeof buf ? max + 1 : sizeof buf);
+    fputs(buf, f);
+}
+
+/* The top call sites of the selected process (/state's "callsites", live bytes now). */
+static void render_callsites(FILE *f, json_t *procs, const top_t *t, const char *bold,
+                             const char *norm)
+{
+    json_t *sel = NULL, *p;
+    size_t i;
+    json_array_foreach(procs, i, p)
+    {
+        if (t->pid != 0 ? num(p, "pid") == t->pid
+                        : sel == NULL || num(p, "allocated_bytes") > num(sel, "allocated_bytes"))
+            sel = p;
+    }
+    if (sel == NULL) {
+        if (t->pid != 0)
+            fprintf(f, "\nno process %d\n", t->pid);
+        return;
+    }
+    json_t *cs = json_object_get(sel, "callsites");
+    fprintf(f, "\n%stop call sites of %.0f (", bold, num(sel, "pid"));
+    put_plain(f, json_string_value(json_object_get(sel, "name")) ?: "", 64);
+    fprintf(f, ")%s\n", norm);
+    if (json_array_size(cs) == 0) {
+        fprintf(f, "  none recorded (run it with MEMTRACE_STACKS=sampled or all)\n");
+        return;
+    }
+    json_t *row;
+    json_array_foreach(cs, i, row)
+    {
+        char b[32];
+        fprintf(f, "  %10s %6.0f blocks  ", human(num(row, "bytes"), b, sizeof b),
+                num(row, "blocks"));
+        put_plain(f, json_string_value(json_object_get(row, "site")) ?: "?", 120);
+        json_t *caller = json_array_get(json_object_get(row, "frames"), 1);
+        if (caller != NULL) {
+            fputs("  <- ", f);
+            put_plain(f, json_string_value(json_object_get(caller, "label")) ?: "?", 80);
+        }
+        fputc('\n', f);
+    }
 }
 
 static void render(FILE *f, json_t *st, top_t *t, bool ansi)
@@ -190,6 +244,7 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
                     human(num(h, "peak_allocated_bytes"), hp, sizeof hp));
         }
     }
+    render_callsites(f, procs, t, bold, norm);
     memcpy(t->prev, cur, ncur * sizeof cur[0]);
     t->nprev = ncur;
     t->prev_time = now;
@@ -218,12 +273,16 @@ static json_t *fetch(const char *sock, char *err, size_t errlen)
 int mt_cmd_top(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"interval", required_argument, NULL, 'i'}, {"once", no_argument, NULL, 'o'},
-        {"json", no_argument, NULL, 'j'},           {"socket", required_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},           {0},
+        {"interval", required_argument, NULL, 'i'},
+        {"once", no_argument, NULL, 'o'},
+        {"json", no_argument, NULL, 'j'},
+        {"socket", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
+        {"pid", required_argument, NULL, 'p'},
+        {0},
     };
     const char *sock = NULL;
-    long interval = 1000;
+    long interval = 1000, pid = 0;
     bool once = false, json = false;
     int ch;
     optind = 1;
@@ -239,6 +298,15 @@ int mt_cmd_top(int argc, char **argv)
         case 'o':
             once = true;
             break;
+        case 'p': {
+            char *end;
+            pid = strtol(optarg, &end, 10);
+            if (*end != '\0' || pid <= 0 || pid > INT32_MAX) {
+                fprintf(stderr, "memtrace top: --pid wants a process id\n");
+                return 2;
+            }
+            break;
+        }
         case 'j':
             json = true;
             break;
@@ -258,7 +326,7 @@ int mt_cmd_top(int argc, char **argv)
         return 2;
     }
     char err[160];
-    top_t t = {0};
+    top_t t = {.pid = (int)pid};
     if (json || once) {
         json_t *st = fetch(sock, err, sizeof err);
         if (!st) {

@@ -127,3 +127,7 @@ uint64_t mt__clock_slow(mt__clock_t *c)
         c->last_ns = ns;
     return c->last_ns;
 }
+
+/* ---- util/entry.h ---- */
+#include "util/entry.h"
+_Thread_local uintptr_t mt__entry_ra;

@@ -53,6 +53,7 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_GAP] = "gap",
         [MT_EV_TAG_LABEL] = "tag_label",
         [MT_EV_MARK_NAMED] = "mark_named",
+        [MT_EV_STACK_REF] = "stack_ref",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";

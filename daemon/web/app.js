@@ -324,6 +324,19 @@ async function blockAt(ev) {
     (info.before_window ? '; allocated before the kept history (requested bytes, stream and age unknown)'
       : `, requested ${fmtBytes(info.requested)}, stream ${info.stream}, pool ${info.pool}, ` +
         `age ${info.age_s.toFixed(3)} s (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
+  box.append(stackList(info.call_stack));
+}
+
+/* A block's call stack, innermost frame first (text nodes only: labels come from programs). */
+function stackList(cs) {
+  const d = el('div', { class: 'callstack' });
+  if (!cs) { d.textContent = 'No call stack recorded (MEMTRACE_STACKS=all records one per allocation).'; return d; }
+  d.append(el('div', { class: 'muted' }, `call stack ${cs.stack}` + (cs.unknown ? ' (not in the stack table)' : '')));
+  const ol = el('ol');
+  for (const f of cs.frames || []) ol.append(el('li', { title: f.module || f.file || '' }, f.label));
+  if (cs.truncated) ol.append(el('li', { class: 'muted' }, '…'));
+  d.append(ol);
+  return d;
 }
 
 /* ---- event tail ---- */
@@ -393,7 +406,12 @@ async function renderCompare() {
   rows.sort((x, y) => (y[2] - y[1]) - (x[2] - x[1]));
   rows.push(['allocated (max in range)', a.amax[0] || 0, b.amax[0] || 0]);
   rows.push(['reserved (max in range)', a.reserved[0] || 0, b.reserved[0] || 0]);
-  const tbody = $('compare').tBodies[0];
+  fillCompare($('compare'), rows);
+  await renderCompareSites();
+}
+
+function fillCompare(table, rows) {
+  const tbody = table.tBodies[0];
   tbody.textContent = '';
   for (const [n, x, y] of rows) {
     const r = el('tr');
@@ -402,6 +420,26 @@ async function renderCompare() {
     r.append(d);
     tbody.append(r);
   }
+}
+
+/* Live bytes by call site at the end of A and of B, what grew first. */
+async function renderCompareSites() {
+  const q = (r) => api(`/callsites?pid=${r.pid}&t=${r.to}`);
+  const [a, b] = await Promise.all([q(S.cmp.a), q(S.cmp.b)]);
+  const sites = new Map();
+  const add = (list, k) => {
+    for (const c of list.callsites || []) {
+      const key = a.pid === b.pid ? String(c.stack) : c.site;
+      const e = sites.get(key) || { name: c.site + ((c.frames || [])[1] ? '  ← ' + c.frames[1].label : ''), v: [0, 0] };
+      e.v[k] += c.bytes;
+      sites.set(key, e);
+    }
+  };
+  add(a, 0);
+  add(b, 1);
+  const rows = [...sites.values()].map((e) => [e.name, e.v[0], e.v[1]]);
+  rows.sort((x, y) => (y[2] - y[1]) - (x[2] - x[1]));
+  fillCompare($('compare-sites'), rows);
 }
 
 /* ---- the refresh loop ---- */

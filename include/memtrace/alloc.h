@@ -71,6 +71,10 @@ typedef struct mt_alloc_cfg_s {
      * segregated fits), so small blocks fill the pages around large ones instead of pages
      * of their own. Their statistics then count in the large pool. */
     bool one_pool;
+    /* Call stacks of this allocator's allocations (mt_stacks_e, event.h): taken through the
+     * sink's stack callback; MT_STACKS_DEFAULT = the sink's own setting (the profiler's
+     * MEMTRACE_STACKS). Config key "stacks": off, sampled, all. */
+    int stacks;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -79,8 +83,9 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
- * fit_large_segments, split_large_tails, one_pool. An unknown key or a bad value returns
- * MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then left unchanged.
+ * fit_large_segments, split_large_tails, one_pool, stacks (off/sampled/all). An unknown key or a
+ * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then
+ * left unchanged.
  */
 MT_API int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t errlen);
 /* mt_alloc_cfg_parse of the MEMTRACE_ALLOC_CONF environment variable, if set. */

@@ -33,9 +33,12 @@ typedef enum mt_event_kind_e {
     MT_EV_TAG_LABEL = 16,     /* user tag named: tag = id, label in addr/size/requested */
     MT_EV_MARK_NAMED = 17,    /* program's named marker: name packed as a label, in addr/size
                                  only (at most MT_EVENT_MARK_NAME_MAX bytes; requested = 0) */
+    MT_EV_STACK_REF = 18,     /* the call stack of the MT_EV_ALLOC right after it (same batch):
+                                 size = stack id (mt_stack_id_e), addr, pool, device = the
+                                 alloc's; allocated, reserved = the alloc's totals */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT       18 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT       19 /* kinds are < MT_EV_KIND_COUNT */
 #define MT_EVENT_MARK_NAME_MAX 16
 
 /* Markers the RNN engine and programs put into the stream (MT_EV_MARK, in addr). */
@@ -84,6 +87,26 @@ static inline unsigned mt_event_source(const mt_event_rec_t *ev)
     return (ev->pool == MT_POOL_HOST ? 256u : 0u) + ev->device;
 }
 
+/* Call stacks (docs/telemetry.md, "Call stacks"). A stack id is per producer process:
+ * 0 = no stack recorded, 1..MT_STACK_ID_MAX name an entry of the producer's stack table,
+ * MT_STACK_ID_OVERFLOW = a stack was captured but the table was full (counted, not stored). */
+#define MT_STACK_ID_MAX      (1u << 18)
+#define MT_STACK_ID_OVERFLOW UINT32_MAX
+#define MT_STACK_DEPTH_MAX   64 /* frames kept per stack (native and Python) */
+
+/* Which allocations get a call stack (MEMTRACE_STACKS, the allocator config key "stacks",
+ * mt_prof_set_stacks). Sampled is by bytes: every allocation of at least
+ * MT_STACK_SAMPLE_MEAN bytes, and otherwise one at the end of each exponentially
+ * distributed run of allocated bytes of that mean (per thread), so that big allocations
+ * are always taken and small ones in proportion to their bytes. */
+typedef enum mt_stacks_e {
+    MT_STACKS_DEFAULT = -1, /* allocator config: the sink's (profiler's) setting */
+    MT_STACKS_OFF = 0,
+    MT_STACKS_SAMPLED = 1, /* the default */
+    MT_STACKS_ALL = 2,
+} mt_stacks_e;
+#define MT_STACK_SAMPLE_MEAN (512u << 10) /* bytes */
+
 typedef struct mt_event_sink_s {
     void (*emit)(void *ud, const mt_event_rec_t *ev); /* ev is borrowed */
     void *ud;
@@ -95,6 +118,12 @@ typedef struct mt_event_sink_s {
      * emit is (under the allocator's lock: no blocking, no allocation); writes a
      * NUL-terminated note into buf ("" or NULL member: nothing to say). */
     void (*oom_note)(void *ud, unsigned device, uint64_t n, char *buf, size_t len);
+    /* Optional: the call stack of an allocation of bytes (pool: MT_POOL_HOST for pinned
+     * host memory, else MT_POOL_NONE; mode: mt_stacks_e, the allocator's setting), asked on the
+     * allocating thread BEFORE the allocator's lock is taken (it may unwind, intern and take the
+     * sink's own locks). Returns a stack id, or 0 for none (not sampled, stacks off). With an id,
+     * the allocator emits MT_EV_STACK_REF then MT_EV_ALLOC in one batch. */
+    uint32_t (*stack)(void *ud, uint64_t bytes, int pool, int mode);
 } mt_event_sink_t;
 
 /* ---- tag labels (MT_EV_TAG_LABEL) ----

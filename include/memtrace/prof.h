@@ -46,6 +46,10 @@ typedef struct mt_prof_cfg_s {
     void *tag_ud;
     mt_log_cb log; /* optional; says which mode is live, and errors */
     void *log_ud;
+    /* Call stacks of allocations (mt_stacks_e: off, sampled, all; docs/telemetry.md "Call
+     * stacks"); MT_STACKS_SAMPLED. An allocator's "stacks" config key overrides it for
+     * that allocator; mt_prof_set_stacks changes it at run time. */
+    int stacks;
 } mt_prof_cfg_t;
 
 typedef struct mt_prof_stats_s {
@@ -62,6 +66,12 @@ MT_API mt_prof_cfg_t mt_prof_cfg_default(void);
 /* Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to cfg->mode if set.
  * MT_EINVAL for another value (cfg unchanged). */
 MT_API int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg);
+
+/* Applies $MEMTRACE_STACKS ("off", "sampled", "all") to cfg->stacks if set. MT_EINVAL for
+ * another value, with a message naming the variable in err (cfg unchanged). */
+MT_API int mt_prof_stacks_from_env(mt_prof_cfg_t *cfg, char *err, size_t errlen);
+/* Parses "off", "sampled" or "all" into *mode. MT_EINVAL otherwise. */
+MT_API int mt_prof_stacks_parse(const char *s, int *mode);
 
 /* Creates the ring and connects (see mode). *out is new. In MT_PROF_AUTO mode it never
  * fails for want of a daemon or a log: with neither, the live mode is MT_PROF_OFF (logged).
@@ -81,6 +91,22 @@ MT_API void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out);
 /* The local log path (borrowed), or NULL when not in local mode (yet: see the takeover
  * above). */
 MT_API const char *mt_prof_log_path(const mt_prof_t *p);
+/* Call stacks: the mode now (mt_stacks_e), and switching it (MT_STACKS_OFF, _SAMPLED or
+ * _ALL; MT_EINVAL otherwise, MT_ENOTSUP when the table could not be made at create). */
+MT_API int mt_prof_stacks(mt_prof_t *p);
+MT_API int mt_prof_set_stacks(mt_prof_t *p, int mode);
+
+typedef struct mt_prof_stack_stats_s {
+    uint64_t captures;    /* stacks captured (sampled in) */
+    uint64_t overflow;    /* captured after the table was full: counted, not stored */
+    uint32_t stacks;      /* distinct stacks stored, <= MT_STACK_ID_MAX */
+    uint32_t modules;     /* modules in the module map */
+    uint64_t frames;      /* frames stored */
+    uint64_t table_bytes; /* memory the table uses now (shared area + private index) */
+    uint64_t bound_bytes; /* the most it can use */
+} mt_prof_stack_stats_t;
+MT_API void mt_prof_stack_stats(mt_prof_t *p, mt_prof_stack_stats_t *out);
+
 /* The live mode name: "daemon", "log" or "off". Static. */
 MT_API const char *mt_prof_mode_name(int mode);
 
@@ -112,6 +138,13 @@ MT_API int mt_prof_oom_dir(char *buf, size_t len);
  * Allocates nothing; thread-safe (tag_name permitting). */
 MT_API size_t mt_prof_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                                   const char *(*tag_name)(void *ud, int tag), void *ud);
+
+/* The same, for an alloc with a call stack: its line carries "stack": stack (0: none). An
+ * MT_EV_STACK_REF record is written as {"v":1,"type":"event",...,"kind":"stack_ref",
+ * "addr":..,"pool":..,"stack":N} (by either function). */
+MT_API size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
+                                  uint32_t stack, const char *(*tag_name)(void *ud, int tag),
+                                  void *ud);
 
 /* Decodes an event or gap line parsed by jansson (json: a json_t *; the inverse of
  * mt_prof_event_write; the tag by "tag_id"). A gap without "pid" (a consumer queue's)

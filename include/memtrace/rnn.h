@@ -8,9 +8,9 @@
  *
  * All weights live in ONE flat buffer (tagged weights) in the engine's layout (the one
  * older cuDNN documentation calls canonical; where cuDNN reports another, the cuDNN path
- * copies, docs/cudnn.md): pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1 forward, ...; inside
- * each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g input biases,
- * then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
+ * copies, docs/cudnn.md): pseudo-layers in the order layer 0 forward, layer 0 reverse, layer 1
+ * forward, ...; inside each, W_0..W_{g-1} ([H x in] row-major), R_0..R_{g-1} ([H x H]), then the g
+ * input biases, then the g recurrent biases ([H] each); g = 4 (LSTM: i, f, g, o), 3 (GRU: r, z, n),
  * 1 (RNN); in = input_size for layer 0, D*H above. Parameters are exposed as named views with
  * PyTorch's names and shapes (weight_ih_l{k}[_reverse] = [g*H, in], the g W matrices
  * stacked; weight_hh_... = [g*H, H]; bias_ih_..., bias_hh_... = [g*H]). Gradients live in a
@@ -215,9 +215,10 @@ MT_API int mt_rnn_set_offload(mt_rnn_t *m, struct mt_host_cache_s *host, int win
  * replica (mt_rnn_replicate) starts at (cfg.dropout_seed, 0). cuDNN path: setting the state
  * re-initialises cuDNN's generator (cudnnSetDropoutDescriptor) from a seed that mixes both
  * (the seed itself when counter is 0); it is a fresh start, not where cuDNN's generator
- * would be after counter forwards. cuDNN promises the same masks again only for the same
- * states, GPU model and cuDNN version and the same sequence of training forwards of the
- * same shapes; nothing across GPU models or versions, and its masks are not the cpu path's.
+ * would be after counter forwards. cuDNN documents only that each training forward reads
+ * and advances the states, and that its results repeat on the same GPU architecture and
+ * cuDNN version: the masks repeat for the same sequence of training forwards of the same
+ * shapes there, not across GPU models or cuDNN versions, and they are not the cpu path's.
  * Reading the state back gives what was set plus the forwards since. */
 MT_API int mt_rnn_set_dropout_state(mt_rnn_t *m, uint64_t seed, uint64_t counter);
 MT_API int mt_rnn_dropout_state(const mt_rnn_t *m, uint64_t *seed, uint64_t *counter);

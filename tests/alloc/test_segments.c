@@ -250,6 +250,34 @@ static void test_release_cache_and_retry(void **state)
     mt_backend_destroy(&b);
 }
 
+/* A device malloc that fails for a reason other than memory is not an OOM: the cache is
+ * kept, nothing is counted as a retry or an OOM, and the caller gets the device's code. */
+static void test_non_memory_failure_is_not_oom(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc(b, "release_smaller_segments:False", NULL);
+    void *p = xmalloc_dev(a, 4 * MIB, NULL, 0);
+    mt_alloc_free(a, p);
+    mt_alloc_stats_t before = stats_of(a);
+    assert_int_equal(mt__sim_inject_malloc_errors(b, 1, MT_EIO), 0);
+    void *q = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 40 * MIB, NULL, 0, &q), MT_EIO);
+    assert_null(q);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_ooms, 0);
+    assert_int_equal(s.num_alloc_retries, before.num_alloc_retries);
+    assert_int_equal(s.num_device_free, before.num_device_free);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current,
+                     before.reserved_bytes[MT_STAT_ALL].current);
+    assert_int_equal(mt__sim_inject_malloc_errors(b, 1, 0), MT_EINVAL);
+    q = xmalloc_dev(a, 40 * MIB, NULL, 0);
+    mt_alloc_free(a, q);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 static void test_oversize_release(void **state)
 {
     (void)state;
@@ -370,6 +398,7 @@ int main(void)
         cmocka_unit_test(test_expandable_less_reserved),
         cmocka_unit_test(test_garbage_collection),
         cmocka_unit_test(test_release_cache_and_retry),
+        cmocka_unit_test(test_non_memory_failure_is_not_oom),
         cmocka_unit_test(test_oversize_release),
         cmocka_unit_test(test_oom_report),
         cmocka_unit_test(test_release_smaller_segments),

@@ -13,6 +13,9 @@
 PROBE_API int mt_test_pyprobe(char *buf, int len);
 PROBE_API int mt_test_pyprobe_cb(int (*cb)(void));
 PROBE_API int mt_test_pyprobe_is_eval_known(void);
+PROBE_API long long mt_test_pyprobe_str_bytes(void);
+PROBE_API long long mt_test_pyprobe_str_dropped(void);
+PROBE_API int mt_test_pyprobe_count(void);
 
 PROBE_API int mt_test_pyprobe(char *buf, int len)
 {
@@ -54,4 +57,25 @@ PROBE_API int mt_test_pyprobe_is_eval_known(void)
 {
     void *fn = dlsym(RTLD_DEFAULT, "_PyEval_EvalFrameDefault");
     return fn != NULL && mt_pyframes_ip_is_eval((uintptr_t)fn + 1);
+}
+
+PROBE_API long long mt_test_pyprobe_str_bytes(void)
+{
+    mt_pyframes_stats_t st;
+    mt_pyframes_stats(&st);
+    return (long long)st.str_bytes;
+}
+
+PROBE_API long long mt_test_pyprobe_str_dropped(void)
+{
+    mt_pyframes_stats_t st;
+    mt_pyframes_stats(&st);
+    return (long long)st.str_dropped;
+}
+
+/* Captures only (no formatting): the frame count. */
+PROBE_API int mt_test_pyprobe_count(void)
+{
+    mt_pyframe_t py[64];
+    return mt_pyframes_capture(py, 64, NULL);
 }

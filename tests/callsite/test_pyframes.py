@@ -137,6 +137,27 @@ def check_reentry():
              (cb_at, tramp_at, outer_at), lines)
 
 
+def check_names_bounded():
+    """More code objects than the capture caches (4096 functions): their names are
+    interned once, so capturing them all again stores nothing more."""
+    cdll.mt_test_pyprobe_str_bytes.restype = ctypes.c_longlong
+    cdll.mt_test_pyprobe_str_dropped.restype = ctypes.c_longlong
+    ns = {"probe_count": cdll.mt_test_pyprobe_count}
+    src = "".join("def site_%d():\n    return probe_count()\n" % i for i in range(4096))
+    exec(compile(src, "/generated/sites.py", "exec"), ns)
+    fns = [ns["site_%d" % i] for i in range(4096)]
+    for f in fns:
+        if f() < 2:
+            fail("a generated function's frames were not captured", [])
+    first = cdll.mt_test_pyprobe_str_bytes()
+    for f in fns:
+        f()
+    again = cdll.mt_test_pyprobe_str_bytes()
+    if again != first or cdll.mt_test_pyprobe_str_dropped() != 0:
+        fail("names stored again: %d then %d bytes, %d dropped"
+             % (first, again, cdll.mt_test_pyprobe_str_dropped()), [])
+
+
 if __name__ == "__main__":
     lines = check_gil_released()
     if cdll.mt_test_pyprobe_is_eval_known() != 1:
@@ -144,4 +165,5 @@ if __name__ == "__main__":
     check_gil_held()
     check_thread()
     check_reentry()
+    check_names_bounded()
     print("ok: %d frames, e.g.\n%s" % (len(lines), "\n".join(lines)))

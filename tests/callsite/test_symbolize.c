@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "analysis/symbolize.h"
@@ -169,6 +170,17 @@ static void test_untrusted_and_unknown(void **state)
     assert_int_equal(mt_sym_add_module(s, 21, "/nonexistent/libgone.so", base, 4096, NULL), 0);
     assert_int_equal(mt_sym_resolve(s, 21, base + 0x10, &fr), 0);
     assert_string_equal(fr.label, "libgone.so+0x10");
+    /* A FIFO as a module (a hostile producer's map): not opened for reading, no hang. */
+    char fifo[] = "/tmp/mt-sym-fifo-XXXXXX";
+    assert_non_null(mkdtemp(fifo));
+    char fpath[64];
+    snprintf(fpath, sizeof(fpath), "%s/libfifo.so", fifo);
+    assert_int_equal(mkfifo(fpath, 0600), 0);
+    assert_int_equal(mt_sym_add_module(s, 22, fpath, base, 4096, NULL), 0);
+    assert_int_equal(mt_sym_resolve(s, 22, base + 0x20, &fr), 0);
+    assert_string_equal(fr.label, "libfifo.so+0x20");
+    unlink(fpath);
+    rmdir(fifo);
     /* No module: an unknown frame, for a pid never seen too. */
     assert_int_equal(mt_sym_resolve(s, 21, 0x1234, &fr), 0);
     assert_string_equal(fr.label, "unknown frame 0x1234");

@@ -48,148 +48,22 @@
 
 #include <cuda.h>
 
-#define FAKE_API __attribute__((visibility("default")))
-#define GRAN     ((size_t)2 << 20)
-#define MAXLOG   8192
-#define MAXDEV   64
-#define MAXSTACK 16
-#define DEVSPAN  ((size_t)16 << 30) /* device address space, never reused */
+#include "fake_internal.h"
 
-typedef struct fake_call_s {
-    const char *name;
-    uint64_t a, b;
-} fake_call_t;
-
-typedef struct fake_ctx_s {
-    int dev;
-    struct fake_stream_s *null_stream; /* the context's default stream, made on demand */
-    CUresult sticky;                   /* a fault every later call returns, or 0 */
-    unsigned epoch;                    /* bumped by a reset: per-thread streams made before go */
-} fake_ctx_t;
-
-/* Pending iff done_gen < rec_gen. refs counts queued operations naming the event, so a
- * destroyed event lives on until they ran. */
-typedef struct fake_event_s {
-    struct fake_event_s *next;
-    fake_ctx_t *ctx;
-    unsigned flags;
-    uint64_t rec_gen, done_gen;
-    uint64_t t_ns; /* host time the event's last record completed */
-    int refs;
-    bool dead;
-} fake_event_t;
-
-enum { OP_COPY, OP_SET, OP_HOSTFN, OP_RECORD, OP_WAIT, OP_FREE };
-
-typedef struct fake_op_s {
-    struct fake_op_s *next;
-    int kind;
-    void *dst;
-    const void *src;
-    size_t n;
-    int value;
-    CUhostFn fn;
-    void *ud;
-    fake_event_t *ev;
-    uint64_t gen; /* OP_RECORD: the generation it completes; OP_WAIT: the one it awaits */
-} fake_op_t;
-
-/* A stream: a FIFO run by its own worker thread. The worker frees the stream after
- * cuStreamDestroy once the queue is empty. */
-typedef struct fake_stream_s {
-    struct fake_stream_s *next; /* live streams */
-    fake_ctx_t *ctx;
-    fake_op_t *head, *tail;
-    bool busy; /* the head is running */
-    bool dead;
-    pthread_t thread;
-    /* capture: 0 none, 1 active, 2 invalidated; the graph collects the recorded work */
-    int capture;
-    CUstreamCaptureMode mode;
-    uint64_t capture_id;
-    struct fake_graph_s *graph;
-    pthread_t capturer;
-} fake_stream_t;
-
-/* A graph made by stream capture: only how many operations it holds. */
-typedef struct fake_graph_s {
-    size_t nodes;
-} fake_graph_t;
-
-typedef struct fake_blk_s {
-    struct fake_blk_s *next;
-    void *p;
-    size_t size;
-    bool host;
-    fake_ctx_t *ctx; /* NULL for stream-ordered allocations (no context owns them) */
-} fake_blk_t;
-
-typedef struct fake_handle_s {
-    size_t size;
-    size_t gran;           /* its device's granularity: mappings of it are aligned to it */
-    unsigned long long ht; /* CUmemAllocationHandleType bits it may be exported as */
-} fake_handle_t;
-
-/* A reservation [base, base + size) and the mappings inside it. */
-typedef struct fake_map_s {
-    struct fake_map_s *next;
-    CUdeviceptr p;
-    size_t size;
-    uint64_t access; /* bit d: cuMemSetAccess opened it to device d (d < 64) */
-} fake_map_t;
-
-typedef struct fake_resv_s {
-    struct fake_resv_s *next;
-    CUdeviceptr base;
-    size_t size;
-    fake_map_t *maps;
-} fake_resv_t;
-
-/* The whole fake device. used = bytes of live cuMemAlloc blocks + cuMemCreate handles;
- * used <= capacity at all times. Every queue and event field is guarded by mu; cv is
- * broadcast on every change of a queue, an event or the hold state. */
-static struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    size_t capacity;
-    size_t used;
-    int devices;
-    fake_ctx_t ctxs[MAXDEV];
-    fake_blk_t *blks;
-    fake_stream_t *streams;
-    fake_event_t *events;
-    fake_resv_t *resvs;
-    fake_call_t log[MAXLOG];
-    size_t nlog;
-    const char *fail_name; /* the next fail_count calls of fail_name return fail_res */
-    unsigned fail_count;
-    CUresult fail_res;
-    uintptr_t dev_base, shadow_base; /* DEVSPAN bytes each; shadow of d is d - dev + shadow */
-    size_t dev_next;                 /* bytes of the device range handed out */
-    bool hold;
-    int drain;      /* synchronising calls waiting: queues run despite hold */
-    long ctx_depth; /* pushes minus pops, all threads */
-    bool inited;    /* cuInit ran in this process (or the parent of this fork child) */
-    bool forked;    /* this process is a fork child of one that used the driver */
-    uint64_t next_capture_id;
-    unsigned long long handle_types; /* OR of every cuMemCreate's requestedHandleTypes */
-    uint64_t peer[MAXDEV];           /* bit j of peer[i]: device i enabled access to device j */
-} fake = {
+fake_state_t fake = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
     .capacity = (size_t)64 << 20,
     .devices = 1,
 };
 
-/* The calling thread's context stack, and whether it is a stream worker running a host
- * function (where the driver refuses every call). */
-static __thread fake_ctx_t *stack[MAXSTACK];
-static __thread int depth;
-static __thread bool in_hostfn;
+__thread fake_ctx_t *stack[MAXSTACK];
+__thread int depth;
+__thread bool in_hostfn;
 /* The calling thread's per-thread default stream of each context, and the context epoch
  * it was made in. */
-static __thread struct fake_stream_s *ptds[MAXDEV];
-static __thread unsigned ptds_epoch[MAXDEV];
+__thread struct fake_stream_s *ptds[MAXDEV];
+__thread unsigned ptds_epoch[MAXDEV];
 
 static uint64_t now_ns(void)
 {
@@ -222,7 +96,7 @@ static CUdeviceptr dev_take(size_t size, size_t align)
     return fake.dev_base + off;
 }
 
-static bool is_dev(uintptr_t p)
+bool is_dev(uintptr_t p)
 {
     return fake.dev_base != 0 && p - fake.dev_base < DEVSPAN;
 }
@@ -234,18 +108,18 @@ static void *shadow(uintptr_t p)
 }
 
 /* Drops the bytes of a device range (its shadow reads as zeros again). */
-static void dev_drop(uintptr_t p, size_t size)
+void dev_drop(uintptr_t p, size_t size)
 {
     madvise(shadow(p), size, MADV_DONTNEED);
 }
 
-static fake_ctx_t *cur(void)
+fake_ctx_t *cur(void)
 {
     return depth > 0 ? stack[depth - 1] : NULL;
 }
 
 /* Logs the call and returns the injected failure for it, or CUDA_SUCCESS. */
-static CUresult enter(const char *name, uint64_t a, uint64_t b)
+CUresult enter(const char *name, uint64_t a, uint64_t b)
 {
     CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fake.mu);
@@ -263,29 +137,11 @@ static CUresult enter(const char *name, uint64_t a, uint64_t b)
     return r;
 }
 
-#define ENTER(name, a, b)                                                                          \
-    do {                                                                                           \
-        CUresult r_ = enter(name, (uint64_t)(a), (uint64_t)(b));                                   \
-        if (r_ != CUDA_SUCCESS)                                                                    \
-            return r_;                                                                             \
-    } while (0)
-
-/* ENTER, then CUDA_ERROR_INVALID_CONTEXT unless a context is current, and the context's
- * sticky fault if it has one. */
-#define ENTER_CTX(name, a, b)                                                                      \
-    do {                                                                                           \
-        ENTER(name, a, b);                                                                         \
-        if (cur() == NULL)                                                                         \
-            return CUDA_ERROR_INVALID_CONTEXT;                                                     \
-        if (cur()->sticky != CUDA_SUCCESS)                                                         \
-            return cur()->sticky;                                                                  \
-    } while (0)
-
 /* Whether an unsafe call (allocation, free, synchronisation) is forbidden now: a
  * global-mode capture is under way (active or invalidated, until it is ended) on any
  * thread, or a thread-local one on this thread.
  * Such a call invalidates those captures, as the driver does. Caller holds mu. */
-static bool capture_forbids(void)
+bool capture_forbids(void)
 {
     bool no = false;
     for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
@@ -299,7 +155,7 @@ static bool capture_forbids(void)
     return no;
 }
 
-static CUresult unsafe_call(void)
+CUresult unsafe_call(void)
 {
     pthread_mutex_lock(&fake.mu);
     bool no = capture_forbids();
@@ -307,17 +163,7 @@ static CUresult unsafe_call(void)
     return no ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
-#define UNSAFE()                                                                                   \
-    do {                                                                                           \
-        CUresult u_ = unsafe_call();                                                               \
-        if (u_ != CUDA_SUCCESS)                                                                    \
-            return u_;                                                                             \
-    } while (0)
-
 /* ---- stream queues ---- */
-
-static CUresult blk_free(void *p, bool host);
-static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size);
 
 /* Whether [p, p + n) is host memory (trusted) or device bytes inside one live
  * allocation or mapped range. Caller holds mu. */
@@ -340,7 +186,7 @@ static bool event_done(const fake_event_t *e, uint64_t gen)
     return e->done_gen >= gen;
 }
 
-static void event_unref(fake_event_t *e)
+void event_unref(fake_event_t *e)
 {
     if (--e->refs == 0 && e->dead) {
         fake_event_t **pp = &fake.events;
@@ -435,7 +281,7 @@ static fake_stream_t *stream_new(fake_ctx_t *ctx)
 
 /* The stream a handle names under the current context, or NULL with *r set: NULL (and
  * the legacy and per-thread handles) name the context's default stream. Caller holds mu. */
-static fake_stream_t *stream_of(CUstream h, CUresult *r)
+fake_stream_t *stream_of(CUstream h, CUresult *r)
 {
     fake_ctx_t *ctx = cur();
     if (ctx == NULL) {
@@ -465,7 +311,7 @@ static fake_stream_t *stream_of(CUstream h, CUresult *r)
 }
 
 /* The live event a handle names, or NULL. Caller holds mu. */
-static fake_event_t *event_of(CUevent h)
+fake_event_t *event_of(CUevent h)
 {
     fake_event_t *e = fake.events;
     while (e != NULL && (e != (fake_event_t *)h || e->dead))
@@ -473,7 +319,7 @@ static fake_event_t *event_of(CUevent h)
     return e;
 }
 
-static CUresult submit(CUstream h, fake_op_t op)
+CUresult submit(CUstream h, fake_op_t op)
 {
     CUresult r;
     pthread_mutex_lock(&fake.mu);
@@ -515,7 +361,7 @@ static bool all_idle(fake_ctx_t *ctx)
 }
 
 /* Waits, with the queues allowed to run, until done(arg) holds. Caller holds mu. */
-static void drain_until(bool (*done)(void *), void *arg)
+void drain_until(bool (*done)(void *), void *arg)
 {
     fake.drain++;
     pthread_cond_broadcast(&fake.cv);
@@ -524,12 +370,12 @@ static void drain_until(bool (*done)(void *), void *arg)
     fake.drain--;
 }
 
-static bool ctx_idle(void *ctx)
+bool ctx_idle(void *ctx)
 {
     return all_idle(ctx);
 }
 
-static bool stream_idle(void *s)
+bool stream_idle(void *s)
 {
     return ((fake_stream_t *)s)->head == NULL;
 }
@@ -706,7 +552,7 @@ FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     return dev < 0 || dev >= fake.devices ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
 }
 
-static fake_ctx_t *ctx_of(CUcontext c)
+fake_ctx_t *ctx_of(CUcontext c)
 {
     fake_ctx_t *x = (fake_ctx_t *)c;
     return x >= fake.ctxs && x < fake.ctxs + fake.devices ? x : NULL;
@@ -794,14 +640,14 @@ static CUresult take(size_t size)
     return r;
 }
 
-static void give(size_t size)
+void give(size_t size)
 {
     pthread_mutex_lock(&fake.mu);
     fake.used -= size;
     pthread_mutex_unlock(&fake.mu);
 }
 
-static CUresult blk_new(void **out, size_t size, bool host)
+CUresult blk_new(void **out, size_t size, bool host)
 {
     size_t rounded = (size + 511) & ~(size_t)511;
     if (!host && take(rounded) != CUDA_SUCCESS)
@@ -835,7 +681,7 @@ static CUresult blk_new(void **out, size_t size, bool host)
     return CUDA_SUCCESS;
 }
 
-static CUresult blk_free(void *p, bool host)
+CUresult blk_free(void *p, bool host)
 {
     pthread_mutex_lock(&fake.mu);
     fake_blk_t **pp = &fake.blks;
@@ -1245,7 +1091,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
 }
 
 /* Bytes of [p, p + size) that mappings of v cover. Caller holds mu. */
-static size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size)
+size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size)
 {
     size_t n = 0;
     for (const fake_map_t *x = v->maps; x != NULL; x = x->next) {
@@ -1315,591 +1161,4 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr p, size_t size)
     if (r == CUDA_SUCCESS)
         dev_drop(p, size);
     return r;
-}
-
-/* ---- what the driver does beyond the backend's needs (issue 16) ---- */
-
-FAKE_API void fake_cuda_fault(int dev, CUresult res);
-FAKE_API unsigned long long fake_cuda_handle_types(void);
-
-/* A kernel on device dev faulted with res: the context's sticky error from now on. */
-void fake_cuda_fault(int dev, CUresult res)
-{
-    pthread_mutex_lock(&fake.mu);
-    if (dev >= 0 && dev < MAXDEV)
-        fake.ctxs[dev].sticky = res;
-    pthread_mutex_unlock(&fake.mu);
-}
-
-/* Every shareable handle type a cuMemCreate has asked for so far. */
-unsigned long long fake_cuda_handle_types(void)
-{
-    return fake.handle_types;
-}
-
-/* A fork child inherits none of the driver's state: every later call fails as the real
- * driver's do. The lock may have been held by a thread that does not exist in the child. */
-static void fake_child(void)
-{
-    pthread_mutex_init(&fake.mu, NULL);
-    pthread_cond_init(&fake.cv, NULL);
-    if (fake.inited)
-        fake.forked = true;
-}
-
-__attribute__((constructor)) static void fake_init(void)
-{
-    pthread_atfork(NULL, NULL, fake_child);
-}
-
-/* Destroys everything ctx owns (allocations, streams, events) and clears its fault, after
- * its queued work ran. Its old handles are refused from then on. */
-static void ctx_teardown(fake_ctx_t *x)
-{
-    pthread_mutex_lock(&fake.mu);
-    drain_until(ctx_idle, x);
-    for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
-        if (s->ctx == x)
-            s->dead = true;
-    x->null_stream = NULL;
-    x->epoch++;
-    for (fake_event_t *e = fake.events, *n; e != NULL; e = n) {
-        n = e->next;
-        if (e->ctx == x && !e->dead) {
-            e->dead = true;
-            e->refs++;
-            event_unref(e);
-        }
-    }
-    fake_blk_t *gone = NULL;
-    for (fake_blk_t **pp = &fake.blks; *pp != NULL;) {
-        fake_blk_t *b = *pp;
-        if (b->ctx == x) {
-            *pp = b->next;
-            b->next = gone;
-            gone = b;
-        } else
-            pp = &b->next;
-    }
-    x->sticky = CUDA_SUCCESS;
-    pthread_cond_broadcast(&fake.cv);
-    pthread_mutex_unlock(&fake.mu);
-    while (gone != NULL) {
-        fake_blk_t *b = gone;
-        gone = b->next;
-        if (b->host)
-            free(b->p);
-        else {
-            give(b->size);
-            dev_drop((uintptr_t)b->p, b->size);
-        }
-        free(b);
-    }
-}
-
-FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
-{
-    ENTER("cuDevicePrimaryCtxReset", dev, 0);
-    if (dev < 0 || dev >= fake.devices)
-        return CUDA_ERROR_INVALID_DEVICE;
-    ctx_teardown(&fake.ctxs[dev]);
-    return CUDA_SUCCESS;
-}
-
-/* Only primary contexts exist here; destroying one tears it down as a reset does, and
- * pops it if it is current. */
-FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx)
-{
-    ENTER("cuCtxDestroy", (uintptr_t)ctx, 0);
-    fake_ctx_t *x = ctx_of(ctx);
-    if (x == NULL)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    ctx_teardown(x);
-    if (cur() == x) {
-        depth--;
-        __atomic_sub_fetch(&fake.ctx_depth, 1, __ATOMIC_RELAXED);
-    }
-    return CUDA_SUCCESS;
-}
-
-FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags)
-{
-    ENTER_CTX("cuMemAllocManaged", flags, size);
-    UNSAFE();
-    if (size == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
-        return CUDA_ERROR_INVALID_VALUE;
-    void *q = NULL;
-    CUresult r = blk_new(&q, size, false);
-    *p = (CUdeviceptr)(uintptr_t)q;
-    return r;
-}
-
-FAKE_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height,
-                                     unsigned int elem)
-{
-    ENTER_CTX("cuMemAllocPitch_v2", width, height);
-    UNSAFE();
-    if (width == 0 || height == 0 || (elem != 4 && elem != 8 && elem != 16))
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t pt = (width + 511) & ~(size_t)511;
-    void *q = NULL;
-    CUresult r = blk_new(&q, pt * height, false);
-    *p = (CUdeviceptr)(uintptr_t)q;
-    if (r == CUDA_SUCCESS)
-        *pitch = pt;
-    return r;
-}
-
-/* Stream-ordered: the memory is no context's, and a free happens when the stream gets to
- * it. On a capturing stream both become graph nodes (the allocation is made now). */
-FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
-{
-    ENTER_CTX("cuMemAllocAsync", (uintptr_t)h, size);
-    CUresult r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    if (s != NULL && s->capture == 1)
-        s->graph->nodes++;
-    pthread_mutex_unlock(&fake.mu);
-    if (s == NULL)
-        return r;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    void *q = NULL;
-    r = blk_new(&q, size, false);
-    if (r == CUDA_SUCCESS) {
-        pthread_mutex_lock(&fake.mu);
-        for (fake_blk_t *b = fake.blks; b != NULL; b = b->next)
-            if (b->p == q)
-                b->ctx = NULL;
-        pthread_mutex_unlock(&fake.mu);
-        *p = (CUdeviceptr)(uintptr_t)q;
-    }
-    return r;
-}
-
-FAKE_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h)
-{
-    ENTER_CTX("cuMemFreeAsync", p, (uintptr_t)h);
-    bool found = false;
-    pthread_mutex_lock(&fake.mu);
-    for (fake_blk_t *b = fake.blks; b != NULL && !found; b = b->next)
-        found = b->p == (void *)(uintptr_t)p && !b->host;
-    pthread_mutex_unlock(&fake.mu);
-    if (!found)
-        return CUDA_ERROR_INVALID_VALUE;
-    return submit(h, (fake_op_t){.kind = OP_FREE, .dst = (void *)(uintptr_t)p});
-}
-
-/* The allocation holding p: a cuMemAlloc-family block or a VMM mapping. */
-FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
-{
-    ENTER_CTX("cuMemGetAddressRange_v2", p, 0);
-    CUresult r = CUDA_ERROR_NOT_FOUND;
-    pthread_mutex_lock(&fake.mu);
-    for (fake_blk_t *b = fake.blks; b != NULL && r != CUDA_SUCCESS; b = b->next)
-        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size) {
-            if (base)
-                *base = (uintptr_t)b->p;
-            if (size)
-                *size = b->size;
-            r = CUDA_SUCCESS;
-        }
-    for (fake_resv_t *v = fake.resvs; v != NULL && r != CUDA_SUCCESS; v = v->next)
-        for (fake_map_t *m = v->maps; m != NULL && r != CUDA_SUCCESS; m = m->next)
-            if (p >= m->p && p - m->p < m->size) {
-                if (base)
-                    *base = m->p;
-                if (size)
-                    *size = m->size;
-                r = CUDA_SUCCESS;
-            }
-    pthread_mutex_unlock(&fake.mu);
-    return r;
-}
-
-/* The range attributes only (what a caching allocator changes). */
-FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
-{
-    CUdeviceptr base = 0;
-    size_t size = 0;
-    CUresult r = cuMemGetAddressRange_v2(&base, &size, p);
-    if (r != CUDA_SUCCESS)
-        return r == CUDA_ERROR_NOT_FOUND ? CUDA_ERROR_INVALID_VALUE : r;
-    if (attr == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
-        *(CUdeviceptr *)data = base;
-    else if (attr == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
-        *(size_t *)data = size;
-    else
-        return CUDA_ERROR_NOT_SUPPORTED;
-    return CUDA_SUCCESS;
-}
-
-/* As the driver: the handle names the whole allocation p lies in, whatever p's offset;
- * whoever opens it maps that allocation's start. Only cuMemAlloc memory. */
-FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
-{
-    ENTER_CTX("cuIpcGetMemHandle", p, 0);
-    CUdeviceptr base = 0;
-    pthread_mutex_lock(&fake.mu);
-    for (fake_blk_t *b = fake.blks; b != NULL && base == 0; b = b->next)
-        if (!b->host && b->ctx != NULL && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size)
-            base = (uintptr_t)b->p;
-    pthread_mutex_unlock(&fake.mu);
-    if (base == 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    memset(h, 0, sizeof *h);
-    memcpy(h->reserved, &base, sizeof base);
-    return CUDA_SUCCESS;
-}
-
-/* ---- stream capture ---- */
-
-FAKE_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
-{
-    ENTER_CTX("cuStreamBeginCapture", (uintptr_t)h, mode);
-    if (h == NULL || h == CU_STREAM_LEGACY)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream is not capturable */
-    CUresult r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    fake_graph_t *g = s && s->capture == 0 ? calloc(1, sizeof *g) : NULL;
-    if (s != NULL && s->capture != 0)
-        r = CUDA_ERROR_ILLEGAL_STATE;
-    else if (s != NULL && g == NULL)
-        r = CUDA_ERROR_OUT_OF_MEMORY;
-    else if (s != NULL) {
-        s->capture = 1;
-        s->mode = mode;
-        s->capture_id = ++fake.next_capture_id;
-        s->graph = g;
-        s->capturer = pthread_self();
-    }
-    pthread_mutex_unlock(&fake.mu);
-    return r;
-}
-
-static CUstreamCaptureStatus capture_status(const fake_stream_t *s)
-{
-    return s->capture == 0   ? CU_STREAM_CAPTURE_STATUS_NONE
-           : s->capture == 1 ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                             : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
-}
-
-FAKE_API CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
-{
-    ENTER_CTX("cuStreamEndCapture", (uintptr_t)h, 0);
-    CUresult r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    fake_graph_t *g = NULL;
-    if (s != NULL && s->capture == 0)
-        r = CUDA_ERROR_ILLEGAL_STATE;
-    else if (s != NULL) {
-        g = s->graph;
-        r = s->capture == 1 ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-        s->capture = 0;
-        s->graph = NULL;
-    }
-    pthread_mutex_unlock(&fake.mu);
-    if (r != CUDA_SUCCESS) {
-        free(g);
-        g = NULL;
-    }
-    *graph = (CUgraph)g;
-    return r;
-}
-
-FAKE_API CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
-{
-    ENTER_CTX("cuStreamIsCapturing", (uintptr_t)h, 0);
-    CUresult r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    if (s != NULL)
-        *st = capture_status(s);
-    pthread_mutex_unlock(&fake.mu);
-    return r;
-}
-
-FAKE_API CUresult cuStreamGetCaptureInfo_v3(CUstream h, CUstreamCaptureStatus *st, cuuint64_t *id,
-                                            CUgraph *graph, const CUgraphNode **deps,
-                                            const CUgraphEdgeData **edges, size_t *ndeps)
-{
-    ENTER_CTX("cuStreamGetCaptureInfo", (uintptr_t)h, 0);
-    if (st == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUresult r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    if (s != NULL) {
-        *st = capture_status(s);
-        if (id)
-            *id = s->capture ? s->capture_id : 0;
-        if (graph)
-            *graph = s->capture == 1 ? (CUgraph)s->graph : NULL;
-        if (deps)
-            *deps = NULL;
-        if (edges)
-            *edges = NULL;
-        if (ndeps)
-            *ndeps = 0;
-    }
-    pthread_mutex_unlock(&fake.mu);
-    return r;
-}
-
-FAKE_API CUresult cuGraphDestroy(CUgraph g)
-{
-    ENTER("cuGraphDestroy", (uintptr_t)g, 0);
-    if (g == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    free(g);
-    return CUDA_SUCCESS;
-}
-
-/* ---- synchronous copies: on the legacy stream, or (_ptds) the thread's own ---- */
-
-static CUresult copy_sync(void *dst, const void *src, size_t n, CUstream h)
-{
-    CUresult r = submit(h, (fake_op_t){.kind = OP_COPY, .dst = dst, .src = src, .n = n});
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
-    if (s != NULL) {
-        drain_until(stream_idle, s);
-        r = cur()->sticky;
-    }
-    pthread_mutex_unlock(&fake.mu);
-    return r;
-}
-
-FAKE_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
-{
-    ENTER_CTX("cuMemcpyHtoD", dst, n);
-    return copy_sync((void *)(uintptr_t)dst, src, n, NULL);
-}
-
-FAKE_API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
-{
-    ENTER_CTX("cuMemcpyDtoH", src, n);
-    return copy_sync(dst, (const void *)(uintptr_t)src, n, NULL);
-}
-
-FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n);
-FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n);
-
-FAKE_API CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dst, const void *src, size_t n)
-{
-    ENTER_CTX("cuMemcpyHtoD", dst, n);
-    return copy_sync((void *)(uintptr_t)dst, src, n, CU_STREAM_PER_THREAD);
-}
-
-FAKE_API CUresult cuMemcpyDtoH_v2_ptds(void *dst, CUdeviceptr src, size_t n)
-{
-    ENTER_CTX("cuMemcpyDtoH", src, n);
-    return copy_sync(dst, (const void *)(uintptr_t)src, n, CU_STREAM_PER_THREAD);
-}
-
-/* ---- per-thread default stream variants: NULL is the thread's own stream ---- */
-
-#define PT(h) ((h) == NULL ? CU_STREAM_PER_THREAD : (h))
-
-FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream h);
-FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream h);
-FAKE_API CUresult cuStreamSynchronize_ptsz(CUstream h);
-FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags);
-FAKE_API CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *ud);
-FAKE_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h);
-FAKE_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n, CUstream h);
-FAKE_API CUresult cuEventRecord_ptsz(CUevent ev, CUstream h);
-FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode);
-FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g);
-FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st);
-FAKE_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st,
-                                                 cuuint64_t *id, CUgraph *graph,
-                                                 const CUgraphNode **deps,
-                                                 const CUgraphEdgeData **edges, size_t *ndeps);
-
-FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream h)
-{
-    return cuMemAllocAsync(p, size, PT(h));
-}
-FAKE_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream h)
-{
-    return cuMemFreeAsync(p, PT(h));
-}
-FAKE_API CUresult cuStreamSynchronize_ptsz(CUstream h)
-{
-    return cuStreamSynchronize(PT(h));
-}
-FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream h, CUevent ev, unsigned int flags)
-{
-    return cuStreamWaitEvent(PT(h), ev, flags);
-}
-FAKE_API CUresult cuLaunchHostFunc_ptsz(CUstream h, CUhostFn fn, void *ud)
-{
-    return cuLaunchHostFunc(PT(h), fn, ud);
-}
-FAKE_API CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h)
-{
-    return cuMemcpyAsync(dst, src, n, PT(h));
-}
-FAKE_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dst, unsigned char v, size_t n, CUstream h)
-{
-    return cuMemsetD8Async(dst, v, n, PT(h));
-}
-FAKE_API CUresult cuEventRecord_ptsz(CUevent ev, CUstream h)
-{
-    return cuEventRecord(ev, PT(h));
-}
-FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
-{
-    return cuStreamBeginCapture_v2(PT(h), mode);
-}
-FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
-{
-    return cuStreamEndCapture(PT(h), g);
-}
-FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
-{
-    return cuStreamIsCapturing(PT(h), st);
-}
-FAKE_API CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream h, CUstreamCaptureStatus *st,
-                                                 cuuint64_t *id, CUgraph *graph,
-                                                 const CUgraphNode **deps,
-                                                 const CUgraphEdgeData **edges, size_t *ndeps)
-{
-    return cuStreamGetCaptureInfo_v3(PT(h), st, id, graph, deps, edges, ndeps);
-}
-
-/* ---- cuGetProcAddress ---- */
-
-#undef cuGetProcAddress
-FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
-                                   cuuint64_t flags);
-
-/* Base name -> the legacy entry point, its per-thread variant (or NULL), and the oldest
- * CUDA version it answers for. */
-#define P(base, fn, ptsz, ver)                                                                     \
-    {                                                                                              \
-        base, (void *)fn, (void *)ptsz, ver                                                        \
-    }
-static const struct {
-    const char *base;
-    void *fn, *ptsz;
-    int min_version;
-} procs[] = {
-    P("cuInit", cuInit, NULL, 2000),
-    P("cuDeviceGetCount", cuDeviceGetCount, NULL, 2000),
-    P("cuDeviceGet", cuDeviceGet, NULL, 2000),
-    P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, NULL, 7000),
-    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, NULL, 11000),
-    P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, NULL, 11000),
-    P("cuCtxPushCurrent", cuCtxPushCurrent_v2, NULL, 4000),
-    P("cuCtxPopCurrent", cuCtxPopCurrent_v2, NULL, 4000),
-    P("cuCtxSetCurrent", cuCtxSetCurrent, NULL, 4000),
-    P("cuCtxGetCurrent", cuCtxGetCurrent, NULL, 4000),
-    P("cuCtxGetDevice", cuCtxGetDevice, NULL, 2000),
-    P("cuCtxSynchronize", cuCtxSynchronize, NULL, 2000),
-    P("cuCtxDestroy", cuCtxDestroy_v2, NULL, 4000),
-    P("cuMemAlloc", cuMemAlloc_v2, NULL, 3020),
-    P("cuMemFree", cuMemFree_v2, NULL, 3020),
-    P("cuMemGetInfo", cuMemGetInfo_v2, NULL, 3020),
-    P("cuMemHostAlloc", cuMemHostAlloc, NULL, 2020),
-    P("cuMemFreeHost", cuMemFreeHost, NULL, 2000),
-    P("cuMemAllocManaged", cuMemAllocManaged, NULL, 6000),
-    P("cuMemAllocPitch", cuMemAllocPitch_v2, NULL, 3020),
-    P("cuMemGetAddressRange", cuMemGetAddressRange_v2, NULL, 3020),
-    P("cuMemAllocAsync", cuMemAllocAsync, cuMemAllocAsync_ptsz, 11020),
-    P("cuMemFreeAsync", cuMemFreeAsync, cuMemFreeAsync_ptsz, 11020),
-    P("cuIpcGetMemHandle", cuIpcGetMemHandle, NULL, 4010),
-    P("cuPointerGetAttribute", cuPointerGetAttribute, NULL, 4000),
-    P("cuStreamCreate", cuStreamCreate, NULL, 2000),
-    P("cuStreamDestroy", cuStreamDestroy_v2, NULL, 4000),
-    P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize_ptsz, 2000),
-    P("cuStreamWaitEvent", cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 3020),
-    P("cuLaunchHostFunc", cuLaunchHostFunc, cuLaunchHostFunc_ptsz, 10000),
-    P("cuMemcpyAsync", cuMemcpyAsync, cuMemcpyAsync_ptsz, 4000),
-    P("cuMemcpyHtoD", cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, 3020),
-    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, 3020),
-    P("cuMemsetD8Async", cuMemsetD8Async, cuMemsetD8Async_ptsz, 3020),
-    P("cuEventCreate", cuEventCreate, NULL, 2000),
-    P("cuEventDestroy", cuEventDestroy_v2, NULL, 4000),
-    P("cuEventRecord", cuEventRecord, cuEventRecord_ptsz, 2000),
-    P("cuEventQuery", cuEventQuery, NULL, 2000),
-    P("cuEventSynchronize", cuEventSynchronize, NULL, 2000),
-    P("cuEventElapsedTime", cuEventElapsedTime_v2, NULL, 12080),
-    P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, NULL, 10020),
-    P("cuMemAddressReserve", cuMemAddressReserve, NULL, 10020),
-    P("cuMemAddressFree", cuMemAddressFree, NULL, 10020),
-    P("cuMemCreate", cuMemCreate, NULL, 10020),
-    P("cuMemRelease", cuMemRelease, NULL, 10020),
-    P("cuMemMap", cuMemMap, NULL, 10020),
-    P("cuMemUnmap", cuMemUnmap, NULL, 10020),
-    P("cuMemSetAccess", cuMemSetAccess, NULL, 10020),
-    P("cuStreamBeginCapture", cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, 10010),
-    P("cuStreamEndCapture", cuStreamEndCapture, cuStreamEndCapture_ptsz, 10000),
-    P("cuStreamIsCapturing", cuStreamIsCapturing, cuStreamIsCapturing_ptsz, 10000),
-    P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz, 12030),
-    P("cuGraphDestroy", cuGraphDestroy, NULL, 10000),
-    P("cuGetProcAddress", cuGetProcAddress_v2, NULL, 12000),
-};
-
-static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
-                         CUdriverProcAddressQueryResult *status)
-{
-    const cuuint64_t known =
-        CU_GET_PROC_ADDRESS_LEGACY_STREAM | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
-    if (symbol == NULL || pfn == NULL || (flags & ~known) != 0 || (flags & known) == known)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    *pfn = NULL;
-    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++) {
-        if (strcmp(procs[i].base, symbol) != 0)
-            continue;
-        if (strcmp(symbol, "cuGetProcAddress") == 0 && version < 12000) {
-            *pfn = (void *)cuGetProcAddress; /* the 11.x signature */
-            st = CU_GET_PROC_ADDRESS_SUCCESS;
-        } else if (version < procs[i].min_version)
-            st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
-        else {
-            /* DEFAULT is the legacy stream here: the per-thread choice of a program built
-             * for it is made in cuda.h, which adds the flag. */
-            bool pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-            *pfn = pt && procs[i].ptsz ? procs[i].ptsz : procs[i].fn;
-            st = CU_GET_PROC_ADDRESS_SUCCESS;
-        }
-        break;
-    }
-    if (status)
-        *status = st;
-    return CUDA_SUCCESS; /* as documented: a missing symbol is a NULL pfn, not an error */
-}
-
-FAKE_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
-                                      cuuint64_t flags, CUdriverProcAddressQueryResult *status)
-{
-    ENTER("cuGetProcAddress", cudaVersion, flags);
-    return get_proc(symbol, pfn, cudaVersion, flags, status);
-}
-
-FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
-                                   cuuint64_t flags)
-{
-    ENTER("cuGetProcAddress", cudaVersion, flags);
-    return get_proc(symbol, pfn, cudaVersion, flags, NULL);
-}
-
-FAKE_API void *fake_cuda_proc(const char *base, bool per_thread);
-
-/* The driver's own entry point for a base name, as cuGetProcAddress would give it, out
- * of reach of any interposer (tests get the real function behind a hook). */
-void *fake_cuda_proc(const char *base, bool per_thread)
-{
-    void *f = NULL;
-    get_proc(base, &f, CUDA_VERSION, per_thread ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0,
-             NULL);
-    return f;
 }

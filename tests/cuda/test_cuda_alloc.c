@@ -111,16 +111,22 @@ static void test_limit_release_cache_then_oom(void **state)
     unmake(&f);
 }
 
-/* A driver failure is reported, and the allocator stays usable afterwards. */
+/* A driver failure other than memory is reported as itself, not as an OOM, and the
+ * allocator stays usable afterwards. */
 static void test_driver_error_reported(void **state)
 {
     (void)state;
     fixture_t f;
     make(&f, false);
     void *p = NULL;
-    fk.fail_next("cuMemAlloc_v2", 2, CUDA_ERROR_ILLEGAL_ADDRESS);
+    fk.fail_next("cuMemAlloc_v2", 1, CUDA_ERROR_ILLEGAL_ADDRESS);
     assert_int_not_equal(mt_alloc_malloc(f.a, 4 * MiB, NULL, MT_TAG_OTHER, &p), 0);
     assert_null(p);
+    /* Not memory: no out-of-memory steps (no retry, no OOM counted). */
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(f.a, &st), 0);
+    assert_int_equal(st.num_ooms, 0);
+    assert_int_equal(st.num_alloc_retries, 0);
     assert_int_equal(mt_alloc_malloc(f.a, 4 * MiB, NULL, MT_TAG_OTHER, &p), 0);
     assert_non_null(p);
     assert_int_equal(mt_alloc_free(f.a, p), 0);

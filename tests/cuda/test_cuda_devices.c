@@ -9,7 +9,9 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <cuda.h>
 
@@ -19,11 +21,21 @@
 
 #define MiB ((size_t)1 << 20)
 
+static char last_log[512]; /* the latest line the backend logged */
+
+static void log_cb(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)ud;
+    (void)level;
+    snprintf(last_log, sizeof last_log, "%s", msg);
+}
+
 static mt_backend_t *make(int devices)
 {
     fk.reset(256 * MiB, devices);
     mt_backend_cfg_t cfg = mt_backend_cfg_default();
     cfg.kind = MT_BACKEND_CUDA;
+    cfg.log = log_cb;
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &cfg), 0);
     fk.reset(256 * MiB, devices); /* logs start after creation */
@@ -59,6 +71,8 @@ static void test_context_per_device(void **state)
     mt_backend_t *bad = NULL;
     assert_int_equal(mt_backend_get_device(b, 3, &bad), MT_EINVAL);
     assert_null(bad);
+    assert_non_null(strstr(last_log, "device ordinal 3 out of range"));
+    assert_non_null(strstr(last_log, "has 3 devices"));
     assert_int_equal(mt_backend_get_device(b, -1, &bad), MT_EINVAL);
     assert_int_equal(mt_backend_free(d1, p1), 0);
     assert_int_equal(mt_backend_free(b, p0), 0);
@@ -66,6 +80,13 @@ static void test_context_per_device(void **state)
     mt_backend_destroy(&b);
     assert_int_equal(fk.count("cuDevicePrimaryCtxRelease"), 2);
     assert_int_equal(fk.ctx_depth(), 0);
+}
+
+static void nap_20ms(void *ud)
+{
+    (void)ud;
+    struct timespec t = {0, 20 * 1000 * 1000};
+    nanosleep(&t, NULL);
 }
 
 /* A peer copy is one cuMemcpyPeerAsync naming both primary contexts, ordered on the
@@ -86,12 +107,24 @@ static void test_peer_copy(void **state)
     assert_int_equal(mt_memcpy(b, p0, src, sizeof src, MT_MEMCPY_HOST_TO_DEVICE), 0);
 
     fk.hold(true);
+    assert_int_equal(mt_stream_launch_host_func(d1, s1, nap_20ms, NULL), 0); /* copy runs late */
     assert_int_equal(mt_memcpy_peer_async(d1, p1, 1, p0, 0, sizeof src, s1), 0);
     mt_event_t *done = NULL;
     assert_int_equal(mt_event_create(d1, &done), 0);
     assert_int_equal(mt_event_record(d1, done, s1), 0);
     assert_int_equal(mt_event_query(d1, done), MT_EAGAIN); /* queued, not run */
+    /* Device 0's stream waits on device 1's event (across contexts, as CUDA allows), then
+     * reads the copy's destination: it sees the copied bytes, whichever worker runs first. */
+    mt_stream_t *s0 = NULL;
+    assert_int_equal(mt_stream_create(b, &s0), 0);
+    assert_int_equal(mt_stream_wait_event(b, s0, done), 0);
+    uint8_t early[8192];
+    memset(early, 0, sizeof early);
+    assert_int_equal(mt_memcpy_async(b, early, p1, sizeof early, MT_MEMCPY_DEVICE_TO_HOST, s0), 0);
     fk.hold(false);
+    assert_int_equal(mt_stream_synchronize(b, s0), 0);
+    assert_memory_equal(early, src, sizeof src);
+    mt_stream_destroy(b, &s0);
     assert_int_equal(mt_stream_synchronize(d1, s1), 0);
     assert_int_equal(mt_memcpy(d1, dst, p1, sizeof dst, MT_MEMCPY_DEVICE_TO_HOST), 0);
     assert_memory_equal(dst, src, sizeof src);

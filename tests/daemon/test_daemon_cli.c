@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "memtrace/alloc.h"
+#include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 
 static const char *memtrace;
@@ -189,9 +191,64 @@ static void test_daemon_detached(void **state)
     rmdir(dir);
 }
 
+/* A producer with allocators on 2 sim devices: 3 MiB live on device 0, 5 MiB on 1. */
+static void devices_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-devices";
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_devices = 2;
+    bc.sim_capacity = (size_t)256 << 20;
+    mt_backend_t *b = NULL, *b1 = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0 ||
+        mt_backend_get_device(b, 1, &b1) != 0)
+        _exit(10);
+    void *x;
+    for (int d = 0; d < 2; d++) {
+        mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+        ac.backend = d ? b1 : b;
+        ac.sink = mt_prof_sink(p);
+        mt_alloc_t *a = NULL;
+        if (mt_alloc_create(&a, &ac) != 0 ||
+            mt_alloc_malloc(a, (d ? 5u : 3u) << 20, NULL, MT_TAG_WEIGHTS, &x) != 0)
+            _exit(11);
+    }
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* `memtrace top` with a process on 2 devices: a line per device under the process's,
+ * whose figures are the sums. */
+static void test_top_per_device(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("devices", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    char cmd[600], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    assert_non_null(strstr(out, "8.0 MiB")); /* the process: 3 + 5 */
+    assert_non_null(strstr(out, "device 0       3.0 MiB allocated"));
+    assert_non_null(strstr(out, "device 1       5.0 MiB allocated"));
+    free(out);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
+    char **rargs;
+    const char *role = th_role(argc, argv, &rargs);
+    if (role != NULL && strcmp(role, "devices") == 0)
+        devices_body(rargs[0]);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
         return 2;
@@ -201,6 +258,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_bad_values_named),
         cmocka_unit_test(test_tail_and_top),
+        cmocka_unit_test(test_top_per_device),
         cmocka_unit_test(test_daemon_detached),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

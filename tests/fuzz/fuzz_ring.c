@@ -9,7 +9,10 @@
  *              file gets the size those slots need, so the fuzzer spends its time on the
  *              counters, commit words and records; bit 5 names this process as the
  *              producer (alive: unpublished slots wait for the stuck timeout) instead of
- *              the input's pid; bit 6 marks the producer dead. */
+ *              the input's pid; bit 6 marks the producer dead; bit 7 appends a small
+ *              stack-table area (profiler/stack.h) after the records, its header's limits
+ *              and offsets made valid and its counts and entries from the input: the
+ *              daemon reads every stack and module it names (daemon/stacks.c). */
 #include <fcntl.h>
 #include <jansson.h>
 #include <string.h>
@@ -19,6 +22,7 @@
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
+#include "profiler/stack.h"
 #include "tests/fuzz/fuzz.h"
 
 typedef struct sink_s {
@@ -45,6 +49,40 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         fprintf(stderr, "%.*s: %s\n", (int)n, line, err);
     FUZZ_CHECK(rc == 0, "a delivered record's line decodes");
     json_decref(j);
+}
+
+/* A table line the daemon read from the area: JSON its model takes (or names as bad). */
+static void table_line(void *ud, const char *line, size_t len)
+{
+    mt_d_proc_t *p = ud;
+    json_t *j = json_loadb(line, len, 0, NULL);
+    FUZZ_CHECK(j != NULL, "a table line is JSON");
+    char err[160] = "";
+    int rc = mt_model_table_line(p->model, j, err, sizeof err);
+    FUZZ_CHECK(rc == 1 || (rc == MT_EPROTO && err[0]) || rc == MT_ENOMEM,
+               "a table line is read or named bad");
+    json_decref(j);
+}
+
+#define FZ_AREA 65536u
+
+/* The stack-table header of a small area at a (limits and offsets valid; counts as given). */
+static void area_repair(uint8_t *a)
+{
+    mt__stab_hdr_t *h = (mt__stab_hdr_t *)(void *)a;
+    h->magic = MT__STAB_MAGIC;
+    h->version = 1;
+    h->hdr_size = sizeof *h;
+    h->max_stacks = 64;
+    h->max_frames = 1024;
+    h->max_modules = 8;
+    h->max_py = 16;
+    h->str_bytes = 4096;
+    h->defs_off = 256;
+    h->frames_off = h->defs_off + 64 * sizeof(mt__stab_def_t);
+    h->mods_off = h->frames_off + 1024 * 8;
+    h->py_off = h->mods_off + 8 * sizeof(mt__stab_mod_t);
+    h->str_off = h->py_off + 16 * sizeof(mt__stab_py_t);
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -75,7 +113,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(write_all(fd, data, size) == 0, "writing the ring file");
     } else {
         uint32_t slots = MT_RING_MIN_SLOTS << ((mode >> 1) & 3);
-        size_t fsize = mt__ring_map_size(slots);
+        size_t rsize = mt__ring_map_size(slots), aoff = (rsize + 4095) & ~(size_t)4095;
+        size_t fsize = mode & 0x80 ? aoff + FZ_AREA : rsize;
         uint8_t *file = calloc(1, fsize);
         FUZZ_CHECK(file != NULL, "out of memory");
         memcpy(file, data, size < fsize ? size : fsize);
@@ -89,6 +128,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             h->pid = (int32_t)getpid();
         if (mode & 0x40)
             h->flags |= MT_RING_F_EXITED;
+        h->area_off = 0;
+        h->area_size = 0;
+        if (mode & 0x80) {
+            /* the input's bytes past the ring land in the area */
+            if (size > rsize)
+                memcpy(file + aoff, data + rsize, size - rsize < FZ_AREA ? size - rsize : FZ_AREA);
+            area_repair(file + aoff);
+            h->area_off = aoff;
+            h->area_size = FZ_AREA;
+        }
         FUZZ_CHECK(write_all(fd, file, fsize) == 0, "writing the ring file");
         free(file);
     }
@@ -116,6 +165,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(n < 0 || (size_t)n <= budget, "drain respects its budget");
         if (n < 0)
             break;
+    }
+    /* the table in the area, read as the daemon reads it: every stack and module */
+    size_t asz;
+    const void *area = mt__ring_area(r, &asz);
+    mt__stab_view_t v;
+    if (area && mt__stab_view(&v, area, asz) == 0) {
+        mt__stab_seen_t seen = {0};
+        for (uint32_t id = 0; id <= mt__stab_view_nstacks(&v) + 1 && id <= 70; id++)
+            FUZZ_CHECK(mt__stab_emit_for(&v, &seen, id, p->pid, table_line, p) == 0,
+                       "the table is read");
+        mt__stab_seen_free(&seen);
     }
     mt__ring_stats_t st;
     mt__ring_stats(r, &st);

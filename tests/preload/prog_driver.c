@@ -1,7 +1,9 @@
 /* A driver-API program that finds its entry points the way the CUDA runtime does:
  * dlopen("libcuda.so.1"), dlsym "cuGetProcAddress_v2" (else the 11.x "cuGetProcAddress"),
  * then every function by base name and CUDA version. Never modified for memtrace.
- * Exit 0 iff allocation, copies both ways and free work and the data is right. */
+ * Exit 0 iff allocation, copies both ways and free work and the data is right.
+ * With argument "devices": 1 MiB on device 0, then device 1's primary context pushed, 2 MiB
+ * on it and each device's cuMemGetInfo printed, popped back to device 0. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,6 +72,37 @@ int main(int argc, char **argv)
     CHECK(devget(&dev, 0));
     CHECK(retain(&ctx, dev));
     CHECK(setcur(ctx));
+    if (argc > 1 && strcmp(argv[1], "devices") == 0) {
+        CUresult (*push)(CUcontext) = get("cuCtxPushCurrent");
+        CUresult (*pop)(CUcontext *) = get("cuCtxPopCurrent");
+        CUresult (*getdev)(CUdevice *) = get("cuCtxGetDevice");
+        CUresult (*info)(size_t *, size_t *) = get("cuMemGetInfo");
+        CUdevice d1, now;
+        CUcontext ctx1, popped;
+        CUdeviceptr a, b;
+        size_t fr[2], tot[2];
+        CHECK(alloc(&a, 1 << 20));
+        CHECK(devget(&d1, 1));
+        CHECK(retain(&ctx1, d1));
+        CHECK(push(ctx1));
+        CHECK(getdev(&now));
+        CHECK(alloc(&b, 2 << 20));
+        CHECK(info(&fr[1], &tot[1]));
+        CHECK(pop(&popped));
+        CUdevice after;
+        CHECK(getdev(&after));
+        CHECK(info(&fr[0], &tot[0]));
+        if (now != 1 || after != 0 || popped != ctx1) {
+            fprintf(stderr, "pushed device %d, after the pop %d\n", (int)now, (int)after);
+            return 1;
+        }
+        printf("dev0: free=%zu total=%zu\ndev1: free=%zu total=%zu\n", fr[0], tot[0], fr[1],
+               tot[1]);
+        CHECK(dfree(a));
+        CHECK(dfree(b));
+        printf("ok: pushed and popped\n");
+        return 0;
+    }
     enum { N = 300000, K = 5 };
     unsigned char *h = malloc(N), *back = malloc(N);
     for (int i = 0; i < N; i++)

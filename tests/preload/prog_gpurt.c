@@ -286,6 +286,35 @@ static int forked(void)
     return 0;
 }
 
+/* Item 9 on sim: the child's first call finds no inherited allocator and makes its own. */
+static int forked_sim(void)
+{
+    long (*stats)(char *, size_t) =
+        (long (*)(char *, size_t))dlsym(RTLD_DEFAULT, "memtrace_stats_json");
+    CHECK(stats != NULL);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        static char js[1 << 16];
+        if (stats(js, sizeof js) <= 0 || strstr(js, "\"devices\":[]") == NULL)
+            _exit(1); /* the parent's allocator is still there */
+        void *q = NULL;
+        if (cudaMalloc(&q, MiB) != cudaSuccess || stats(js, sizeof js) <= 0 ||
+            strstr(js, "\"num_device_alloc\":1") == NULL)
+            _exit(2);
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status));
+    if (WEXITSTATUS(status) != 0)
+        fprintf(stderr, "child exit %d\n", WEXITSTATUS(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    return 0;
+}
+
 /* Item 12: what memtrace caches is given back when another allocator runs out. */
 static int oom(void)
 {
@@ -331,6 +360,9 @@ static int range(void)
     CHECK(start == DP(b));
     CUipcMemHandle ipc;
     CHECK(cuIpcGetMemHandle(&ipc, DP(a)) == CUDA_SUCCESS); /* a starts its segment */
+    CUdeviceptr opens_at = 0; /* the fake's handle holds where it opens */
+    memcpy(&opens_at, ipc.reserved, sizeof opens_at);
+    CHECK(opens_at == DP(a));
     CHECK(cuIpcGetMemHandle(&ipc, DP(b)) == CUDA_ERROR_NOT_SUPPORTED);
     return 0;
 }
@@ -365,10 +397,13 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},       {"procaddr", procaddr},     {"reset", reset},
-        {"foreign", foreign},     {"freeasync0", freeasync0}, {"capture", capture},
-        {"lasterror", lasterror}, {"fork", forked},           {"oom", oom},
-        {"range", range},         {"handles", handles},       {"static", staticrt},
+        {"lookup", lookup},         {"procaddr", procaddr},
+        {"reset", reset},           {"foreign", foreign},
+        {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror},   {"fork", forked},
+        {"fork_sim", forked_sim},   {"oom", oom},
+        {"range", range},           {"handles", handles},
+        {"static", staticrt},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -217,6 +217,21 @@ static void test_two_devices(void **state)
     char *svg = slurp("devs.svg");
     assert_int_equal(count(svg, "class=\"lane\""), 2);
     assert_non_null(strstr(svg, "device 1: peak allocated 5.0 MiB"));
+    /* the driver's context stack: a pushed primary context picks its device's allocator */
+    char prog[1024];
+    snprintf(prog, sizeof prog, "%s' 'devices", env("MT_PROG_DRIVER"));
+    run_prog("devs_drv", prog, "--devices 2 --capacity 1G", 0);
+    out = slurp("devs_drv.out");
+    assert_non_null(strstr(out, "ok: pushed and popped"));
+    for (int d = 0; d < 2; d++) {
+        char key[16];
+        snprintf(key, sizeof key, "dev%d: ", d);
+        const char *p = strstr(out, key);
+        assert_non_null(p);
+        assert_int_equal(sscanf(p + strlen(key), "free=%zu total=%zu", &fr[d], &tot[d]), 2);
+    }
+    assert_int_equal(tot[0] - fr[0], (size_t)1 << 20);
+    assert_int_equal(tot[1] - fr[1], (size_t)2 << 20);
     /* a device count the sim does not model is refused before the program runs */
     snprintf(cmd, sizeof cmd, "'%s' run --backend sim --devices 2x -- /bin/true",
              env("MT_MEMTRACE"));

@@ -102,6 +102,7 @@ static void test_fork_child_starts_clean(void **state)
 {
     (void)state;
     assert_int_equal(run("fork", NULL), 0);
+    assert_int_equal(run("fork_sim", "MEMTRACE_BACKEND=sim"), 0);
 }
 
 /* Item 12. */

@@ -254,6 +254,31 @@ class InProcess(unittest.TestCase):
         self.assertEqual(memtrace.stats()["reserved_bytes.all.current"],
                          memtrace.stats()["allocated_bytes.all.current"])
 
+    def test_pluggable_entry_points_through_ctypes(self):
+        # As torch's CUDAPluggableAllocator calls them: function pointers of these signatures.
+        L = self.L
+        alloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                 ctypes.c_void_p)(("memtrace_alloc", L))
+        free = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                ctypes.c_void_p)(("memtrace_free", L))
+        fraction = ctypes.CFUNCTYPE(None, ctypes.c_double, ctypes.c_int)(
+            ("memtrace_memory_fraction", L))
+        base = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_size_t))(("memtrace_base_alloc", L))
+        reset = ctypes.CFUNCTYPE(None)(("memtrace_reset", L))
+        fraction(1e-9, 0)  # torch.cuda.set_per_process_memory_fraction(1e-9)
+        self.assertIsNone(alloc(64 * MiB, 0, None))
+        fraction(1.0, 0)
+        p = alloc(64 * MiB, 0, None)
+        self.assertIsNotNone(p)
+        size = ctypes.c_size_t()
+        self.assertEqual(base(p + 4096, ctypes.byref(size)), p)
+        self.assertGreaterEqual(size.value, 64 * MiB)
+        free(p, 64 * MiB, 0, None)
+        reset()  # torch.cuda.empty_cache()
+        s = memtrace.stats()
+        self.assertEqual(s["reserved_bytes.all.current"], s["allocated_bytes.all.current"])
+
     def test_snapshot_file(self):
         with memtrace.tag("snap_t"):
             p = self.malloc(MiB)

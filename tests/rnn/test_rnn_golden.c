@@ -98,6 +98,7 @@ static float *dev(rnn_fx_t *fx, size_t n)
 }
 
 static const char *gemm_lib; /* the cpu path's GEMM library under test */
+static int gemm_threads = 1; /* and its thread count (2: the step loops run on two threads) */
 
 static void run_file(const char *name)
 {
@@ -110,6 +111,7 @@ static void run_file(const char *name)
     c.gemm = gemm_lib;
     mt_rnn_t *m;
     assert_int_equal(mt_rnn_create(&m, &c), 0);
+    assert_int_equal(mt_rnn_set_gemm_threads(m, gemm_threads), 0);
     size_t nw;
     float *w = mt_rnn_weights(m, &nw);
     assert_int_equal(nw, get(&g, "w")->n);
@@ -208,7 +210,8 @@ static void golden_on(const char *lib)
     for (int mo = 0; mo < 4; mo++)
         assert_true(modes[mo] >= 3);
     assert_true(bi >= 4 && equal >= 4);
-    print_message("golden (%s): %d files, worst relative error %.3g\n", lib, files, worst_seen);
+    print_message("golden (%s, %d thread%s): %d files, worst relative error %.3g\n", lib,
+                  gemm_threads, gemm_threads > 1 ? "s" : "", files, worst_seen);
 }
 
 /* True if this machine has the library (the module says MT_ENOTSUP otherwise). */
@@ -255,6 +258,10 @@ static void golden_dnnl(void **state)
     if (!have("dnnl"))
         skip();
     golden_on("dnnl");
+    /* The step loops in two halves on two threads (packed lengths: halves of equal work). */
+    gemm_threads = 2;
+    golden_on("dnnl");
+    gemm_threads = 1;
 }
 
 /* An unknown library is refused at creation. */

@@ -178,10 +178,10 @@ static int step_run(mt_rnn_t *m, const step_t *s, int T, int B, const int *bs, s
 }
 
 /* Equal lengths given as batch_sizes: the same bits as the padded call, every output and
- * gradient, for every mode, 2 layers, uni and bi, with dropout and chunks of 3 steps. */
-static void equal_lengths_bit_identical(void **state)
+ * gradient, for every mode, 2 layers, uni and bi, with dropout and chunks of 3 steps; on
+ * GEMM library lib (NULL: the default) with its step loops on threads threads. */
+static void equal_lengths_on(const char *lib, int threads)
 {
-    (void)state;
     rnn_fx_t *fx = fx_new(256u << 20);
     const int T = 7, B = 3;
     int bs[7];
@@ -193,9 +193,12 @@ static void equal_lengths_bit_identical(void **state)
             c.dropout = 0.25f;
             c.dropout_seed = 9;
             c.chunk_steps = 3;
+            c.gemm = lib;
             mt_rnn_t *a, *b;
             assert_int_equal(mt_rnn_create(&a, &c), 0);
             assert_int_equal(mt_rnn_create(&b, &c), 0);
+            assert_int_equal(mt_rnn_set_gemm_threads(a, threads), 0);
+            assert_int_equal(mt_rnn_set_gemm_threads(b, threads), 0);
             step_t sa, sb;
             step_alloc(fx, &sa, &c, (size_t)T * B, B, 21);
             step_alloc(fx, &sb, &c, (size_t)T * B, B, 21);
@@ -219,6 +222,33 @@ static void equal_lengths_bit_identical(void **state)
             mt_rnn_destroy(&b);
         }
     fx_free(&fx);
+}
+
+static void equal_lengths_bit_identical(void **state)
+{
+    (void)state;
+    equal_lengths_on(NULL, 1);
+}
+
+/* The same with oneDNN at 2 threads: the step loops run the batch in two halves on two
+ * threads (mt__rnn_rows_par), split alike for both forms. */
+static void equal_lengths_bit_identical_2threads(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    skip(); /* oneDNN's OpenMP threads and LeakSanitizer: see test_rnn_golden.c */
+#endif
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = "dnnl";
+    mt_rnn_t *m;
+    int rc = mt_rnn_create(&m, &c);
+    if (rc == 0)
+        mt_rnn_destroy(&m);
+    fx_free(&fx);
+    if (rc == MT_ENOTSUP)
+        skip();
+    equal_lengths_on("dnnl", 2);
 }
 
 /* ---- bad input ---- */
@@ -416,6 +446,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pack_round_trip),
         cmocka_unit_test(equal_lengths_bit_identical),
+        cmocka_unit_test(equal_lengths_bit_identical_2threads),
         cmocka_unit_test(bad_batch_sizes),
         cmocka_unit_test(changed_y_is_refused),
         cmocka_unit_test(activation_bytes_follow_tokens),

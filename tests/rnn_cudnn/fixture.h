@@ -33,6 +33,7 @@ typedef struct fx_s {
     mt_rnn_cfg_t cfg;
     int errors, warnings;
     char last_log[512];
+    char version_log[256]; /* the info line naming the loaded libcudnn */
     long live0;   /* fake cuDNN objects before the test (a failed test may leave some) */
     size_t used0; /* fake driver bytes before the test */
 } fx_t;
@@ -44,6 +45,8 @@ static inline void fx_log(void *ud, mt_log_level_e level, const char *msg)
     f->warnings += level == MT_LOG_WARN;
     if (level <= MT_LOG_WARN)
         snprintf(f->last_log, sizeof f->last_log, "%s", msg);
+    if (level == MT_LOG_INFO && strstr(msg, "libcudnn"))
+        snprintf(f->version_log, sizeof f->version_log, "%s", msg);
 }
 
 static inline size_t clock_fn(void)

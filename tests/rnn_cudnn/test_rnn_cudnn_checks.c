@@ -202,6 +202,78 @@ static void test_dropout_states_advance(void **state)
     fx_down(&f);
 }
 
+/* Copies from `from` on whose destination lies in [lo, lo + n): their count and bytes. */
+static size_t copies_into(size_t from, const void *lo, size_t n, size_t *bytes)
+{
+    uint64_t a = 0, len = 0;
+    size_t k = 0;
+    *bytes = 0;
+    for (size_t i = find_call("cuMemcpyAsync", from, &a, &len); i != SIZE_MAX;
+         i = find_call("cuMemcpyAsync", i + 1, &a, &len)) {
+        if (a >= (uintptr_t)lo && a < (uintptr_t)lo + n) {
+            k++;
+            *bytes += len;
+        }
+    }
+    return k;
+}
+
+/* The copy the engine's layout costs against cuDNN's (matrices first), measured on the fake
+ * driver for the 2-layer bidirectional LSTM with bias: two cuDNN-layout spaces held, and
+ * 2 copies per pseudo-layer of all the weight bytes into the weight space per forward; per
+ * backward the weights and gradients in and the gradients back. */
+static void test_gather_copies_measured(void **state)
+{
+    (void)state;
+    fx_t f;
+    up(&f);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    size_t nw = 0;
+    float *w = mt_rnn_weights(f.m, &nw);
+    float *dw = mt_rnn_grads(f.m, NULL);
+    size_t wbytes = nw * sizeof(float);
+    size_t space = fake_dnn_call(fake_dnn_find("cudnnGetRNNWeightSpaceSize", 0))->n[0];
+    assert_int_equal(space, wbytes); /* same size, another order */
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(f.a, &st), 0);
+    assert_int_equal(st.tag_requested_bytes[MT_TAG_WEIGHTS].current, (int64_t)(wbytes + space));
+    assert_int_equal(st.tag_requested_bytes[MT_TAG_GRADS].current, (int64_t)(wbytes + space));
+
+    float *x = dbuf(&f, 3 * 2 * 5, 0.5f), *y = dbuf(&f, 3 * 2 * 16, 0.0f);
+    float *dy = dbuf(&f, 3 * 2 * 16, 1.0f);
+    mt_rnn_io_t io = {.seq_len = 3, .batch = 2, .x = x, .y = y};
+    mt_rnn_reserve_t *res = NULL;
+    size_t from = fk.ncalls(), i0 = fake_dnn_ncalls();
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+    const fake_dnn_call_t *fw = fake_dnn_call(fake_dnn_find("cudnnRNNForward", i0));
+    void *sw = (void *)fw->p[4];
+    assert_ptr_not_equal(sw, w);
+    size_t b_fwd, n_fwd = copies_into(from, sw, space, &b_fwd);
+    assert_int_equal(n_fwd, 2 * 4); /* 2 layers x 2 directions, matrices and biases */
+    assert_int_equal(b_fwd, wbytes);
+
+    from = fk.ncalls();
+    i0 = fake_dnn_ncalls();
+    mt_rnn_grad_io_t g = {.dy = dy};
+    assert_int_equal(mt_rnn_backward(f.m, &res, &g), 0);
+    const fake_dnn_call_t *bw = fake_dnn_call(fake_dnn_find("cudnnRNNBackwardWeights_v8", i0));
+    void *sdw = (void *)bw->p[3];
+    size_t b_w, b_g, b_back;
+    size_t n_w = copies_into(from, sw, space, &b_w), n_g = copies_into(from, sdw, space, &b_g);
+    size_t n_back = copies_into(from, dw, wbytes, &b_back);
+    assert_int_equal(n_w, 8);
+    assert_int_equal(n_g, 8);
+    assert_int_equal(n_back, 8);
+    assert_true(b_w == wbytes && b_g == wbytes && b_back == wbytes);
+    print_message("gather, %zu weight bytes: forward %zu copies (%zu bytes), backward %zu "
+                  "copies (%zu bytes); held %zu bytes more\n",
+                  wbytes, n_fwd, b_fwd, n_w + n_g + n_back, b_w + b_g + b_back, 2 * space);
+    float *bufs[] = {x, y, dy};
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(mt_alloc_free(f.a, bufs[k]), 0);
+    fx_down(&f);
+}
+
 /* A libcudnn older than 9 at run time (headers are checked at build time): the path does not
  * start and says which version it found. */
 static void test_old_cudnn_refused(void **state)
@@ -214,6 +286,10 @@ static void test_old_cudnn_refused(void **state)
     assert_null(f.m);
     assert_non_null(strstr(f.last_log, "version 8907 (8.9)"));
     assert_int_equal(fake_dnn_count("cudnnCreate"), 0);
+    /* a cuDNN 9 starts, and the loaded version is logged beside the built-against one */
+    fake_dnn_set_version(91203);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    assert_non_null(strstr(f.version_log, "libcudnn 9.12.3 (built against 9."));
     fake_dnn_set_version(91900);
     fx_down(&f);
 }
@@ -228,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_last_error_string_logged),
         cmocka_unit_test(test_dropout_states_advance),
         cmocka_unit_test(test_old_cudnn_refused),
+        cmocka_unit_test(test_gather_copies_measured),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

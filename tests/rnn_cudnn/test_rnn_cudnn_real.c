@@ -42,6 +42,18 @@ static void make(mt_backend_kind_e kind, mt_backend_t **b, mt_alloc_t **a)
     assert_int_equal(mt_alloc_create(a, &ac), 0);
 }
 
+/* A 4 x 4 LSTM over a, logging into logs. */
+static mt_rnn_cfg_t small_cfg(mt_alloc_t *a, logs_t *logs)
+{
+    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
+    cfg.input_size = 4;
+    cfg.hidden_size = 4;
+    cfg.alloc = a;
+    cfg.log = on_log;
+    cfg.log_ud = logs;
+    return cfg;
+}
+
 /* libmemtrace does not need libcudnn to load: nothing has loaded it before a cudnn module
  * is made (it was a NEEDED entry of libmemtrace.so before). */
 static void test_library_loads_without_cudnn(void **state)
@@ -63,12 +75,7 @@ static void test_missing_cudnn_is_named(void **state)
     mt_alloc_t *a;
     make(MT_BACKEND_CUDA, &b, &a);
     logs_t logs = {0};
-    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
-    cfg.input_size = 4;
-    cfg.hidden_size = 4;
-    cfg.alloc = a;
-    cfg.log = on_log;
-    cfg.log_ud = &logs;
+    mt_rnn_cfg_t cfg = small_cfg(a, &logs);
     mt_rnn_t *m = NULL;
     assert_int_equal(mt_rnn_create(&m, &cfg), MT_ENODEV);
     assert_null(m);
@@ -92,12 +99,7 @@ static void test_real_cudnn_without_driver(void **state)
     mt_alloc_t *a;
     make(MT_BACKEND_CUDA, &b, &a);
     logs_t logs = {0};
-    mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
-    cfg.input_size = 4;
-    cfg.hidden_size = 4;
-    cfg.alloc = a;
-    cfg.log = on_log;
-    cfg.log_ud = &logs;
+    mt_rnn_cfg_t cfg = small_cfg(a, &logs);
     mt_rnn_t *m = NULL;
     assert_int_equal(mt_rnn_create(&m, &cfg), MT_ENODEV);
     assert_null(m);

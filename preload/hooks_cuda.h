@@ -1,0 +1,45 @@
+/* Shared by the driver hooks (hooks_driver.c: served and sim-served entry points, the
+ * lookup tables; hooks_watch.c: the entry points memtrace watches and forwards). */
+#ifndef MT_PRELOAD_HOOKS_CUDA_H
+#define MT_PRELOAD_HOOKS_CUDA_H
+
+#include <cuda.h>
+
+#include "preload/preload.h"
+
+/* cuda.h maps cuGetProcAddress to _v2; the runtime also asks for the 11.x version by
+ * its own name, so both are defined. */
+#undef cuGetProcAddress
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+/* The unversioned reset (old binaries) and the per-thread variants, which cuda.h
+ * declares only to programs built for per-thread default streams. */
+#undef cuDevicePrimaryCtxReset
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream);
+
+/* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
+#define FORWARD(name, ...)                                                                         \
+    MT_PRELOAD_FORWARD(mt__preload_real_drv, CUDA_ERROR_NOT_FOUND, name, __VA_ARGS__)
+
+/* The real entry point `name` of the driver (cuda mode), looked up once per call site. */
+#define REAL(name)                                                                                 \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_drv(#name);                                                      \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        (__typeof__(&name))f_;                                                                     \
+    })
+
+/* The device whose sim primary-context handle ctx is, or -1 (hooks_driver.c). */
+int mt__preload_sim_ctx_device(const void *ctx);
+/* The device whose primary context ctx is (either mode), or -1: another context, or none
+ * (hooks_watch.c). */
+int mt__preload_primary_device_of(CUcontext ctx);
+
+#endif
