@@ -32,25 +32,6 @@
 #define UTIL_GOAL_EXPAND 0.98 /* every trace, expandable segments */
 #define UTIL_GOAL_WARM   0.96 /* with warm-up, 0 device calls after it */
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_u64);
-    return v[n / 2];
-}
-
 static void human(char *buf, size_t n, double bytes)
 {
     const char *unit[] = {"B", "KiB", "MiB", "GiB"};
@@ -148,16 +129,16 @@ static double pairs_host(impl_t *im, size_t size, unsigned rounds, unsigned n)
 {
     uint64_t t[64];
     for (unsigned r = 0; r < rounds; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         for (unsigned i = 0; i < n; i++) {
             void *p;
             if (im->alloc(im, size, &p) == 0)
                 im->free(im, p);
             __asm__ volatile("" ::: "memory"); /* keep the pair from being elided */
         }
-        t[r] = now_ns() - t0;
+        t[r] = mt_bench_now_ns() - t0;
     }
-    return (double)median(t, rounds) / n;
+    return (double)mt_bench_median(t, rounds) / n;
 }
 
 /* Pairs of one size on one stream of one allocator, timed in rounds. */
@@ -174,11 +155,11 @@ static void *pair_job(void *arg)
     pair_job_t *j = arg;
     void *p = NULL;
     for (unsigned r = 0; r < j->rounds; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         for (unsigned i = 0; i < j->n; i++)
             if (mt_alloc_malloc(j->a, j->size, j->s, MT_TAG_OTHER, &p) == 0)
                 mt_alloc_free(j->a, p);
-        j->t[r] = now_ns() - t0;
+        j->t[r] = mt_bench_now_ns() - t0;
     }
     return NULL;
 }
@@ -213,7 +194,7 @@ static int cached_path(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
     mt_alloc_free(a, p);
     pair_job_t j = {a, NULL, size, rounds, n, {0}};
     pair_job(&j);
-    double ns = (double)median(j.t, rounds) / n;
+    double ns = (double)mt_bench_median(j.t, rounds) / n;
     char goal[64];
     mt_alloc_stats_t st;
     mt_alloc_stats(a, &st);
@@ -279,14 +260,14 @@ static int threads_row(const opts_t *o, size_t size)
     double one = 0, two = 0;
     if (rc == 0) {
         pair_job(&j[0]);
-        one = (double)n / ((double)median(j[0].t, rounds) / 1000.0);
+        one = (double)n / ((double)mt_bench_median(j[0].t, rounds) / 1000.0);
         pthread_t th[2];
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         for (int i = 0; i < 2; i++)
             pthread_create(&th[i], NULL, pair_job, &j[i]);
         for (int i = 0; i < 2; i++)
             pthread_join(th[i], NULL);
-        two = 2.0 * rounds * n / ((double)(now_ns() - t0) / 1000.0);
+        two = 2.0 * rounds * n / ((double)(mt_bench_now_ns() - t0) / 1000.0);
         char goal[64];
         printf("%-36s %-13s %10.1f pairs/us with 1 thread, %.1f with 2: %.2fx  %s\n",
                "2 threads, 2 streams (64 KiB)", "memtrace", one, two, two / one,

@@ -34,25 +34,6 @@
         }                                                                                          \
     } while (0)
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, size_t n)
-{
-    qsort(v, n, sizeof *v, cmp_u64);
-    return v[n / 2];
-}
-
 /* One device's share: its module and batch buffers. */
 typedef struct dev_s {
     mt_alloc_t *a;
@@ -161,31 +142,31 @@ int main(void)
             mt_backend_counters(b0, &c0a);
             mt_backend_counters(b1, &c1a);
         }
-        uint64_t t = now_ns();
+        uint64_t t = mt_bench_now_ns();
         fwd_bwd(&one);
         sgd(m0);
         if (r >= WARM)
-            t1[r - WARM] = now_ns() - t;
+            t1[r - WARM] = mt_bench_now_ns() - t;
 
-        t = now_ns();
+        t = mt_bench_now_ns();
         CHECK(mt_memcpy_peer_async(b1, w1, 1, w0, 0, wbytes, NULL)); /* broadcast */
         CHECK(mt_stream_synchronize(b1, NULL));
-        uint64_t copy = now_ns() - t;
+        uint64_t copy = mt_bench_now_ns() - t;
         pthread_t th;
         if (pthread_create(&th, NULL, fwd_bwd, &d[1]) != 0)
             return 1;
         fwd_bwd(&d[0]);
         pthread_join(th, NULL);
-        uint64_t tr = now_ns();
+        uint64_t tr = mt_bench_now_ns();
         CHECK(mt_memcpy_peer_async(b0, recv, 0, g1, 1, wbytes, NULL)); /* reduce */
         CHECK(mt_stream_synchronize(b0, NULL));
-        copy += now_ns() - tr;
+        copy += mt_bench_now_ns() - tr;
         for (size_t i = 0; i < nw; i++)
             g0[i] += recv[i];
         sgd(m0);
         CHECK(mt_rnn_zero_grads(m1));
         if (r >= WARM) {
-            t2[r - WARM] = now_ns() - t;
+            t2[r - WARM] = mt_bench_now_ns() - t;
             tc[r - WARM] = copy;
         }
     }
@@ -199,7 +180,8 @@ int main(void)
     uint64_t bytes = c0b.peer_bytes + c1b.peer_bytes - c0a.peer_bytes - c1a.peer_bytes;
     uint64_t mod = c0b.peer_ns + c1b.peer_ns - c0a.peer_ns - c1a.peer_ns;
     double per_copies = (double)copies / ROUNDS, per_mib = (double)bytes / ROUNDS / (1 << 20);
-    uint64_t m1s = median(t1, ROUNDS), m2s = median(t2, ROUNDS), mcs = median(tc, ROUNDS);
+    uint64_t m1s = mt_bench_median(t1, ROUNDS), m2s = mt_bench_median(t2, ROUNDS),
+             mcs = mt_bench_median(tc, ROUNDS);
     printf("\n%-44s %12s\n", "row", "median");
     printf("%-44s %9.3f ms\n", "1-device step (batch 16)", m1s / 1e6);
     printf("%-44s %9.3f ms   (x%.2f of 1 device)\n", "2-device data-parallel step (8 + 8)",

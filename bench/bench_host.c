@@ -29,25 +29,6 @@
 
 static int reps = 5;
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_u64);
-    return v[n / 2];
-}
-
 static void die(const char *what, int rc)
 {
     fprintf(stderr, "bench_host: %s: %s\n", what, mt_strerror(rc));
@@ -133,24 +114,24 @@ static uint64_t time_copy(env_t *e, void *dev, void *pinned, size_t bytes)
 {
     uint64_t t[16];
     for (int r = 0; r < reps; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         CHECK(mt_memcpy_async(e->b, dev, pinned, bytes, MT_MEMCPY_HOST_TO_DEVICE, e->compute));
         CHECK(mt_stream_synchronize(e->b, e->compute));
-        t[r] = now_ns() - t0;
+        t[r] = mt_bench_now_ns() - t0;
     }
-    return median(t, reps);
+    return mt_bench_median(t, reps);
 }
 
 static uint64_t time_compute(env_t *e, work_t *w)
 {
     uint64_t t[16];
     for (int r = 0; r < reps; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         CHECK(mt_stream_launch_host_func(e->b, e->compute, compute_fn, w));
         CHECK(mt_stream_synchronize(e->b, e->compute));
-        t[r] = now_ns() - t0;
+        t[r] = mt_bench_now_ns() - t0;
     }
-    return median(t, reps);
+    return mt_bench_median(t, reps);
 }
 
 static uint64_t time_loader(env_t *e, size_t bytes, const work_t *tmpl, bool overlap, int steps)
@@ -167,7 +148,7 @@ static uint64_t time_loader(env_t *e, size_t bytes, const work_t *tmpl, bool ove
     uint64_t t[16];
     for (int r = 0; r < reps; r++) {
         CHECK(mt_device_synchronize(e->b));
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         int submitted = 0;
         for (; submitted < 2; submitted++)
             CHECK(mt_prefetch_submit_fill(p, bytes, fill_header, NULL));
@@ -184,11 +165,11 @@ static uint64_t time_loader(env_t *e, size_t bytes, const work_t *tmpl, bool ove
             }
         }
         CHECK(mt_stream_synchronize(e->b, e->compute));
-        t[r] = (now_ns() - t0) / (uint64_t)steps;
+        t[r] = (mt_bench_now_ns() - t0) / (uint64_t)steps;
     }
     mt_prefetch_destroy(&p);
     free(w);
-    return median(t, reps);
+    return mt_bench_median(t, reps);
 }
 
 static void bench_prefetch(bool quick)
@@ -295,7 +276,7 @@ static page_res_t time_paging(env_t *e, size_t nparams, unsigned ntasks, unsigne
             CHECK(mt_param_pager_deactivate(p, k));
         }
         CHECK(mt_device_synchronize(e->b));
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         for (int s = 0; s < switches; s++) {
             unsigned task = (unsigned)s % ntasks;
             float *dw, *dg;
@@ -309,12 +290,12 @@ static page_res_t time_paging(env_t *e, size_t nparams, unsigned ntasks, unsigne
         for (unsigned k = 0; k < ntasks; k++)
             CHECK(mt_param_pager_host_wait(p, k));
         CHECK(mt_stream_synchronize(e->b, e->compute));
-        t[r] = (now_ns() - t0) / (uint64_t)switches;
+        t[r] = (mt_bench_now_ns() - t0) / (uint64_t)switches;
         mt_param_pager_stats(p, &out.st);
         mt_param_pager_destroy(&p);
     }
     free(steps);
-    out.per_switch = median(t, reps);
+    out.per_switch = mt_bench_median(t, reps);
     return out;
 }
 
@@ -375,11 +356,11 @@ static uint64_t offload_pass(env_t *e, mt_rnn_t *m, const mt_rnn_io_t *io,
     mt_rnn_stats_t before;
     CHECK(mt_rnn_stats(m, &before));
     mt_alloc_reset_peak(e->a);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mt_bench_now_ns();
     mt_rnn_reserve_t *res = NULL;
     CHECK(mt_rnn_forward(m, io, &res));
     CHECK(mt_rnn_backward(m, &res, g));
-    uint64_t t = now_ns() - t0;
+    uint64_t t = mt_bench_now_ns() - t0;
     mt_alloc_stats_t st;
     CHECK(mt_alloc_stats(e->a, &st));
     o->peak = (size_t)st.tag_allocated_bytes[MT_TAG_ACTIVATIONS].peak;
@@ -405,7 +386,7 @@ static void time_offload(env_t *e, mt_rnn_t *m, const mt_rnn_io_t *io, const mt_
         for (int i = 0; i < ncases; i++)
             t[i][r] = offload_pass(e, m, io, g, windows[i], &out[i]);
     for (int i = 0; i < ncases; i++)
-        out[i].step = median(t[i], reps);
+        out[i].step = mt_bench_median(t[i], reps);
 }
 
 static float *dev_floats(env_t *e, size_t n)

@@ -39,13 +39,6 @@
 #define ROUNDS 5
 #define PUSHES 2000000
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- a consumer thread draining a ring, as the daemon does ---- */
 
 typedef struct reader_s {
@@ -253,13 +246,13 @@ static int run_loop(int cfgi, result_t *res)
         mt_alloc_malloc(a, sizes[i], NULL, MT_TAG_ACTIVATIONS, &p[i]);
     for (int i = 0; i < 8; i++)
         mt_alloc_free(a, p[i]);
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mt_bench_now_ns();
     for (int i = 0; i < PAIRS; i++) {
         void *q;
         mt_alloc_malloc(a, sizes[i & 7], NULL, MT_TAG_ACTIVATIONS, &q);
         mt_alloc_free(a, q);
     }
-    uint64_t dt = now_ns() - t0;
+    uint64_t dt = mt_bench_now_ns() - t0;
     double ns = (double)dt / PAIRS;
     bool best = ns < res->best_ns_per_pair || res->best_ns_per_pair == 0;
     if (best)
@@ -344,14 +337,14 @@ static int run_rnn(int cfgi, int round, rnn_result_t *res)
     uint64_t t0 = 0, ev0 = 0;
     for (int it = 0; it <= RNN_STEPS; it++) {
         if (it == 1) { /* step 0 fills the cache */
-            t0 = now_ns();
+            t0 = mt_bench_now_ns();
             ev0 = rec_events(&rec);
         }
         mt_rnn_reserve_t *rsv = NULL;
         if (mt_rnn_forward(m, &io, &rsv) != 0 || mt_rnn_backward(m, &rsv, &g) != 0)
             return -1;
     }
-    double ms = (double)(now_ns() - t0) / 1e6 / RNN_STEPS;
+    double ms = (double)(mt_bench_now_ns() - t0) / 1e6 / RNN_STEPS;
     /* Events of the timed steps: counted before the buffers and the module are freed. */
     uint64_t ev1 = rec_events(&rec);
     mt_alloc_free(a, x);
@@ -377,11 +370,11 @@ static double clock_alone(void)
     mt__clock_t c;
     mt__clock_init(&c, true);
     volatile uint64_t sink = 0;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mt_bench_now_ns();
     for (int i = 0; i < PUSHES; i++)
         sink += mt__clock_now(&c);
     (void)sink;
-    return (double)(now_ns() - t0) / PUSHES;
+    return (double)(mt_bench_now_ns() - t0) / PUSHES;
 }
 
 /* ---- the ring alone ---- */
@@ -402,12 +395,12 @@ static double push_alone(uint64_t *dropped)
     ev.time_ns = 1;
     uint64_t spent = 0;
     for (int done = 0; done < PUSHES; done += slots / 2) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = mt_bench_now_ns();
         for (uint32_t i = 0; i < slots / 2; i++) {
             ev.addr = i;
             mt__ring_push(ring, &ev);
         }
-        spent += now_ns() - t0;
+        spent += mt_bench_now_ns() - t0;
         while (mt__ring_drain(ring, count_cb, &rd, SIZE_MAX) > 0) {
         }
     }
@@ -442,11 +435,11 @@ typedef struct capture_ctx_s {
 static int deep_capture(void *ud)
 {
     capture_ctx_t *c = ud;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mt_bench_now_ns();
     for (int i = 0; i < DEEP_PAIRS; i++)
         if (mt__stab_capture(c->stab, MT_STACKS_ALL, 4096) == 0)
             return -1;
-    c->ns = now_ns() - t0;
+    c->ns = mt_bench_now_ns() - t0;
     return 0;
 }
 
@@ -467,11 +460,11 @@ static int deep_stacks(deep_result_t *out)
     for (int round = 0; round < ROUNDS; round++) {
         for (int m = 0; m < 2; m++) {
             rec.stk_mode = m ? MT_STACKS_ALL : MT_STACKS_OFF;
-            uint64_t t0 = now_ns();
+            uint64_t t0 = mt_bench_now_ns();
             for (int i = 0; i < DEEP_PAIRS; i++)
                 if (mt_bench_deep(DEEP, deep_pair, rec.a) != 0)
                     return -1;
-            double ns = (double)(now_ns() - t0) / DEEP_PAIRS;
+            double ns = (double)(mt_bench_now_ns() - t0) / DEEP_PAIRS;
             double *best = m ? &out->all_ns : &out->off_ns;
             if (*best == 0 || ns < *best)
                 *best = ns;
@@ -503,12 +496,12 @@ static int table_1m(mt__stab_stats_t *st, double *ns_per)
     uint64_t w[10];
     for (int k = 0; k < 10; k++)
         w[k] = 0x400000 + (uint64_t)k * 0x1000;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = mt_bench_now_ns();
     for (uint32_t i = 0; i < DISTINCT_1M; i++) {
         w[0] = 0x7f0000000000ull + i;
         (void)mt__stab_intern(t, w, 10, false);
     }
-    *ns_per = (double)(now_ns() - t0) / DISTINCT_1M;
+    *ns_per = (double)(mt_bench_now_ns() - t0) / DISTINCT_1M;
     mt__stab_stats(t, st);
     mt__stab_destroy(&t);
     munmap(area, sz);

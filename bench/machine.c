@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -63,4 +64,23 @@ void mt_bench_print_machine(FILE *f)
             sysconf(_SC_NPROCESSORS_ONLN), nl == 1 ? load[0] : -1.0,
             " (shared: compare only ratios taken in one run)");
     blas_line(f);
+}
+
+uint64_t mt_bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t mt_bench_median(uint64_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_u64);
+    return v[n / 2];
 }

@@ -4,9 +4,15 @@
 #ifndef MT_BENCH_MACHINE_H
 #define MT_BENCH_MACHINE_H
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* Writes "machine: ..." and "blas: ..." lines to f. */
 void mt_bench_print_machine(FILE *f);
+/* CLOCK_MONOTONIC in ns. */
+uint64_t mt_bench_now_ns(void);
+/* The median of v[0..n), n > 0 (sorts v in place). */
+uint64_t mt_bench_median(uint64_t *v, size_t n);
 
 #endif
