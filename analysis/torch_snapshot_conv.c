@@ -421,8 +421,9 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         const mt_ts_segment_t *s = &ts->segments[i];
         uint8_t d = (uint8_t)s->device;
         reserved[d] += s->total_size;
+        seq++; /* not in the initializer: its expressions are not sequenced */
         mt_event_rec_t r = {
-            .seq = ++seq,
+            .seq = seq,
             .time_ns = seq,
             .kind = MT_EV_SEGMENT_ALLOC,
             .addr = s->addr,
@@ -442,8 +443,9 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
             for (uint32_t h = 0; req == 0 && h < b->nhistory; h++)
                 req = ts->history[b->first_history + h].real_size;
             allocated[d] += b->size;
+            seq++;
             r = (mt_event_rec_t){
-                .seq = ++seq,
+                .seq = seq,
                 .time_ns = seq,
                 .kind = MT_EV_ALLOC,
                 .addr = b->addr,

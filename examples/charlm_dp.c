@@ -154,7 +154,7 @@ static void *share_run(void *arg)
 double charlm_dp_step(charlm_dp_t *dp, charlm_model_t *md, const unsigned char *in,
                       const unsigned char *tg, const mt_rnn_pack_t *p)
 {
-    share_t sh[CHARLM_DEV_MAX];
+    share_t sh[CHARLM_DEV_MAX] = {0};
     pthread_t th[CHARLM_DEV_MAX];
     for (int d = 0; d < dp->n; d++) {
         if (d > 0) {

@@ -13,7 +13,8 @@
 
 #include "analysis/flame.h"
 
-static char *render(mt_flame_t *f)
+/* Not inlined: GCC 12 then takes the memstream buffer for a dangling local. */
+__attribute__((noinline)) static char *render(mt_flame_t *f)
 {
     char *buf = NULL;
     size_t len = 0;

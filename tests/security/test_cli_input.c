@@ -107,14 +107,14 @@ static void test_full_disk(void **state)
     snprintf(log, sizeof log, "%s/plot.ndjson", dir);
     snprintf(svg, sizeof svg, "%s/full.svg", dir);
     make_log(log);
-    char args[256];
+    char args[320];
     snprintf(args, sizeof args, "report --json %s", log);
     expect_fail("", args, "> /dev/full", 1, "writing standard output");
     expect_fail("", "replay data/traces/rnn_varlen.csv", "> /dev/full", 1,
                 "writing standard output: No space left on device");
     /* a disk that fills: the file size limit (SIGXFSZ ignored, so write fails EFBIG) */
     snprintf(args, sizeof args, "plot %s -o %s", log, svg);
-    char want[160];
+    char want[320];
     snprintf(want, sizeof want, "writing %s:", svg);
     expect_fail("trap '' XFSZ; ulimit -f 1;", args, "", 1, want);
     snprintf(args, sizeof args, "plot %s -o /dev/full", log);

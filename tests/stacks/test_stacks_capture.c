@@ -2,7 +2,9 @@
  * allocation >= the interval, ids are stable and interned once, the table's cap counts
  * what does not fit, the local log round-trips stack and module lines, and a library
  * loaded late resolves to its module. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
