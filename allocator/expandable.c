@@ -50,12 +50,29 @@ typedef struct exp_plan_s {
     mt_segment_t *left, *right;
 } exp_plan_t;
 
-static void consider(exp_plan_t *best, const exp_plan_t *c)
+/* Where a request prefers its pages (place_high): zoned => requests of at least place_high
+ * bytes (high) prefer the top half of the range, [mid, end), the others the bottom half. */
+typedef struct exp_zone_s {
+    uintptr_t mid;
+    bool zoned, high;
+} exp_zone_t;
+
+static bool in_zone(const exp_zone_t *z, const exp_plan_t *c)
+{
+    return !z->zoned || (z->high ? c->at >= z->mid : c->at + c->len <= z->mid);
+}
+
+static void consider(exp_plan_t *best, const exp_plan_t *c, const exp_zone_t *z)
 {
     if (c->len == 0 || c->len > c->gap)
         return;
     bool joins = c->left != NULL && c->right != NULL;
     bool best_joins = best->left != NULL && best->right != NULL;
+    if (best->len != 0 && in_zone(z, c) != in_zone(z, best)) {
+        if (in_zone(z, c))
+            *best = *c;
+        return;
+    }
     if (best->len == 0 || c->len < best->len ||
         (c->len == best->len &&
          (c->gap < best->gap || (c->gap == best->gap && joins > best_joins))))
@@ -80,15 +97,19 @@ static mt_segment_t *next_run(mt_segment_t *s, const mt_binset_t *bins)
     return s;
 }
 
-/* The placement of an rsize block that maps the fewest pages (then: the smallest gap, so
- * large gaps stay whole; then: one that joins two runs). Pages another thread is mapping
- * bound gaps like runs without free edges. False when the range is full. */
+/* The placement of an rsize block: in its zone (place_high), then the one that maps the
+ * fewest pages, then the smallest gap (so large gaps stay whole), then one that joins two
+ * runs. A high request may also start at the top of the last gap. Pages another thread is
+ * mapping bound gaps like runs without free edges. False when the range is full. */
 static bool exp_plan(const mt_alloc_t *a, const mt_streamrec_t *sr, int bp, size_t rsize,
                      exp_plan_t *best)
 {
     size_t page = mt__exp_page(a);
     const mt_binset_t *bins = sr->bins[bp];
     uintptr_t lo = sr->vbase[bp], end = lo + sr->vsize[bp];
+    exp_zone_t z = {.mid = lo + sr->vsize[bp] / 2,
+                    .zoned = a->cfg.place_high > 0,
+                    .high = a->cfg.place_high > 0 && rsize >= a->cfg.place_high};
     mt_segment_t *left = NULL, *s = next_run(a->segs, bins);
     *best = (exp_plan_t){0};
     for (;;) {
@@ -100,14 +121,19 @@ static bool exp_plan(const mt_alloc_t *a, const mt_streamrec_t *sr, int bp, size
         if (gap > 0) {
             size_t len = rsize > lf ? round_up(rsize - lf, page) : page;
             exp_plan_t c = {lo, len, gap, left, len == gap ? right : NULL};
-            consider(best, &c);
+            consider(best, &c, &z);
+            if (!busy && s == NULL && z.high) {
+                len = round_up(rsize, page);
+                c = (exp_plan_t){gap_end - len, len, gap, len == gap ? left : NULL, NULL};
+                consider(best, &c, &z);
+            }
             if (right != NULL) {
                 len = rsize > rf ? round_up(rsize - rf, page) : page;
                 c = (exp_plan_t){gap_end - len, len, gap, len == gap ? left : NULL, right};
-                consider(best, &c);
+                consider(best, &c, &z);
                 if (lf + gap + rf >= rsize) {
                     c = (exp_plan_t){lo, gap, gap, left, right};
-                    consider(best, &c);
+                    consider(best, &c, &z);
                 }
             }
         }
