@@ -308,7 +308,7 @@ static void range_drop(mt_alloc_t *a, mt_streamrec_t *sr, int bp)
     size_t size = sr->vsize[bp];
     sr->vbase[bp] = 0;
     sr->vsize[bp] = 0;
-    mt__alloc_unlock(a);
+    mt__alloc_unlock_raw(a); /* no whole check: destroy calls this on a half-freed state */
     int rc = mt_backend_vm_release(a->backend, base, size);
     mt__alloc_lock(a);
     if (rc != 0)
