@@ -6,10 +6,13 @@
  *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
- *   reserve.c  warm-up reservations
+ *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
+ *   plan.c     offline placement of a recorded warm-up (greedy by size)
  *
  * All metadata lives on the host; nothing is ever written into device memory.
- * Every function here expects the allocator's mutex held unless it says otherwise. */
+ * Every function here expects the allocator's mutex held unless it says otherwise; those
+ * that make a blocking backend call (a synchronize, a vm_* call) release it around the
+ * call and say so: their callers re-validate what they held (docs/allocator-locking.md). */
 #ifndef MT_ALLOCATOR_INTERNAL_H
 #define MT_ALLOCATOR_INTERNAL_H
 
@@ -56,13 +59,22 @@ typedef struct mt_segment_s mt_segment_t;
 typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
 
+/* Block state of the allocator's own, beside mt_block_state_e: the whole pages of a free
+ * block of an expandable run are being unmapped with the lock released (expandable.c).
+ * Snapshots report such a block as inactive. */
+#define MT__BLOCK_UNMAPPING 3
+
 /* A block is a contiguous piece of one segment.
  * Invariants: prev/next link the blocks of one segment in address order and
  * next->addr = addr + size (they tile the segment's mapped bytes exactly);
  * two inactive neighbours never coexist (merged at free completion);
  * state = INACTIVE  <=> the block is in exactly one bin: seg->bins, class mt__bin_class(size);
- * state != INACTIVE <=> the block is in the address hash table;
- * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete);
+ * state in {ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE} <=> the block is in the address hash table;
+ * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete, plus
+ * one while its free waits for a stream with the lock released);
+ * state = MT__BLOCK_UNMAPPING <=> the block is the blk of exactly one unfinished entry of
+ * an in-flight unmap batch (a->unmaps); it is in no bin and not in the hash table, its
+ * segment is expandable, and it counts in reserved but in no active or inactive stat;
  * split_counted <=> state = INACTIVE and (prev or next) (counted in inactive_split). */
 struct mt_block_s {
     uintptr_t addr;       /* device address, multiple of MT__ALIGN */
@@ -84,6 +96,7 @@ struct mt_block_s {
     uint8_t state;        /* mt_block_state_e */
     uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
     bool split_counted;   /* counted in inactive_split stats */
+    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which
@@ -129,8 +142,12 @@ struct mt_binset_s {
 
 /* Per stream seen by the allocator: its bins (created lazily) and, with expandable
  * segments, one virtual range per pool whose mapped runs are segments (expandable.c).
- * Invariants: vsize = 0 <=> nruns = 0 <=> no expandable segment of (pool, stream);
- * every run of (pool, stream) lies in [vbase, vbase + vsize); no two runs touch. */
+ * Invariants: nruns = number of expandable segments of (pool, stream);
+ * nruns > 0 or nmaps > 0 => vsize > 0; users = 0 => (vsize > 0 <=> nruns > 0) (a range
+ * left without runs is released by the operation that emptied it, or that reserved it and
+ * could not map); reserving => vsize = 0 and users > 0;
+ * every run and every in-flight mapping of (pool, stream) lies in [vbase, vbase + vsize);
+ * no two of them overlap, and no two runs touch. */
 struct mt_streamrec_s {
     mt_stream_t *stream;
     uint32_t sid;                /* mt_stream_id(stream) at first use */
@@ -138,12 +155,52 @@ struct mt_streamrec_s {
     uintptr_t vbase[2];          /* small, large: reserved virtual range, page-aligned */
     size_t vsize[2];             /* bytes of the range; 0 = none reserved */
     uint32_t nruns[2];           /* expandable segments (mapped runs) in the range */
+    uint32_t nmaps[2];           /* mappings in flight in the range (a->maps) */
+    uint32_t users[2];           /* threads in mt__exp_grow on the range (it may have no
+                                  * run yet while they map) */
+    bool reserving[2];           /* a vm_reserve for the range is in flight */
 };
+
+/* Pages of a free block being unmapped with the lock released. seg2 and t are allocated
+ * when the entry is planned, so that finishing after the unmap cannot fail: seg2 for the
+ * upper part of a run the pages split, t for the block above the pages when the block
+ * keeps a part below them too. Invariants: blk->state = MT__BLOCK_UNMAPPING;
+ * [at, at + len) is whole pages inside [blk->addr, blk->addr + blk->size). */
+typedef struct mt__unmap_s {
+    mt_block_t *blk;
+    uintptr_t at;       /* first page, multiple of mt__exp_page */
+    size_t len;         /* bytes, multiple of mt__exp_page, > 0 */
+    mt_segment_t *seg2; /* new, owned by the entry until used */
+    mt_block_t *t;      /* new or NULL, owned by the entry until used */
+    int rc;             /* the vm_unmap's result, once made */
+} mt__unmap_t;
+
+/* Entries planned together: one device synchronize, then their unmaps, all with the
+ * lock released. Linked into a->unmaps from the release of the lock until every entry is
+ * finished. Invariants: done <= n <= cap; entries [done, n) are unfinished. */
+typedef struct mt__unmap_batch_s {
+    mt__unmap_t *v;
+    size_t n, cap, done;
+    struct mt__unmap_batch_s *next;
+} mt__unmap_batch_t;
+
+/* Pages being mapped with the lock released: in no run yet, but no other mapping may
+ * place pages there (exp_plan treats the range as taken). Lives on the mapping thread's
+ * stack, linked into a->maps. */
+typedef struct mt__map_s {
+    uintptr_t at; /* first page */
+    size_t len;   /* bytes, whole pages */
+    mt_streamrec_t *sr;
+    int bp;
+    struct mt__map_s *next;
+} mt__map_t;
 
 /* An event recorded at free on a stream that used the block, awaiting completion. */
 typedef struct mt_pending_s {
     mt_event_t *ev;  /* pooled event (returned to evpool when complete) */
     mt_block_t *blk; /* its block, state ACTIVE_PENDING_FREE */
+    bool waited;     /* a thread synchronizes ev with the lock released: nobody else
+                      * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
 /* Open-addressing hash table (linear probing, backward-shift deletion) from a block's
@@ -163,9 +220,59 @@ typedef struct mt__warm_op_s {
     uint32_t of;
 } mt__warm_op_t;
 
+/* The warm-up plan (reserve.c): where each allocation of the last recorded warm-up goes in
+ * its reservation, so that a later run repeating the warm-up's requests lands every block
+ * where the offline placement put it. ent[k] is the k-th allocation of the warm-up; a run
+ * takes them in order from the cursor, one per request on the plan's stream.
+ * Invariants: n = 0 <=> sr = NULL <=> nsegs = 0; n > 0 => first, cursor < n and
+ * ent[first].addr != 0, ent[cursor].addr != 0 (first: the lowest such entry); ntaken = number of
+ * bits set in taken, each for an entry < n with addr != 0; every segs[i] is a segment of a->segs
+ * with reserved set and stream = sr->stream; ent[k].addr != 0 => ent[k].seg < nsegs, [addr, addr +
+ * size) lies in segs[ent[k].seg], size is a multiple of MT__ALIGN and >= MT__MIN_BLOCK; ent[k].left
+ * != MT__PLAN_NONE => ent[left].addr != 0, same seg, ent[left].addr + ent[left].size <=
+ * ent[k].addr; live = number of blocks with planned set; each is ACTIVE_ALLOCATED in one of segs.
+ */
+#define MT__PLAN_NONE UINT32_MAX
+typedef struct mt__plan_ent_s {
+    uintptr_t addr; /* planned device address; 0 = not placed (kept past the warm-up) */
+    size_t size;    /* planned bytes: the rounded request, rounded up to MT__MIN_BLOCK */
+    uint32_t left;  /* entry whose planned block ends nearest below addr while this one is
+                     * allocated (a start for finding its free block), or MT__PLAN_NONE */
+    uint16_t seg;   /* index into segs */
+    bool anchor;    /* no planned block is live just before it (an iteration may start here) */
+} mt__plan_ent_t;
+
+typedef struct mt__plan_s {
+    mt__plan_ent_t *ent; /* n entries, in the warm-up's allocation order */
+    size_t n;            /* entries; 0 = no plan */
+    size_t first;        /* first entry with a place: where a pass starts */
+    size_t cursor;       /* entry after the last one taken: the next request's */
+    uint64_t *taken;     /* bit k: ent[k] was taken in this pass over the sequence */
+    size_t ntaken;       /* bits set in taken */
+    size_t live;         /* blocks placed by the plan and still allocated */
+    mt_streamrec_t *sr;  /* the reservation's stream */
+    mt_segment_t **segs; /* segments the plan places into, nsegs of them */
+    size_t nsegs;
+} mt__plan_t;
+
+/* One item of the offline placement (plan.c): live at times t0 <= t < t1, size bytes;
+ * placed at offset off of strip `strip`. */
+typedef struct mt__plan_item_s {
+    size_t size;     /* bytes, > 0 */
+    size_t off;      /* out: offset in the strip */
+    uint32_t t0, t1; /* lifetime in op indices, t0 < t1 */
+    uint32_t strip;  /* out: strip index */
+} mt__plan_item_t;
+
 /* The allocator.
- * Thread-safety: one pthread mutex (mu) per allocator serialises every operation; the
- * event sink and the log callback are called with it held.
+ * Thread-safety: one pthread mutex (mu) per allocator guards all of its state; the event
+ * sink and the log callback are called with it held. No call that blocks on the device
+ * (device/stream/event synchronize) or takes the driver's VM locks (vm_reserve, release,
+ * map, unmap) is made with mu held: the operation decides under mu, marks what it works on
+ * as in flight (a pending entry `waited`, a block MT__BLOCK_UNMAPPING in a->unmaps, pages
+ * in a->maps, a range `reserving`), releases mu, makes the call, retakes mu and finishes;
+ * threads that need in-flight memory wait on cv. Plain segment mallocs and frees stay
+ * under mu (as in the reference allocator). docs/allocator-locking.md has the details.
  * Invariants (checked by mt_alloc_check):
  *   reserved_bytes[ALL].current = sum of segment sizes;
  *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
@@ -173,7 +280,9 @@ typedef struct mt__warm_op_s {
  *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour;
  *   each [SMALL] + [LARGE] = [ALL], warm-up reservations counting as LARGE; the counts
  *   likewise; tag_* likewise summed per tag;
- *   npending = sum of npending over the ACTIVE_PENDING_FREE blocks;
+ *   npending + nholds = sum of npending over the ACTIVE_PENDING_FREE blocks;
+ *   inflight_map_bytes = sum of len over a->maps; unmapping blocks = unfinished entries
+ *   of a->unmaps; syncing <=> some pending entry is waited (or a sync runs without any);
  *   the address map holds exactly the active blocks;
  *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks. */
 #define MT__FREE_CB_MAX 8
@@ -214,7 +323,15 @@ struct mt_alloc_s {
 
     mt_pending_t *pending; /* events awaiting completion */
     size_t npending, cap_pending;
-    mt_event_t **evpool; /* idle events, reused instead of create/destroy */
+    size_t nholds; /* frees waiting for a stream with the lock released (one npending each) */
+
+    /* In-flight work with the lock released (see the thread-safety note above). */
+    pthread_cond_t cv;         /* broadcast whenever in-flight work ends */
+    bool syncing;              /* a thread synchronizes the waited pending events */
+    mt__unmap_batch_t *unmaps; /* unmap batches under way */
+    mt__map_t *maps;           /* mappings under way */
+    size_t inflight_map_bytes; /* sum of their lengths: counted against the limit */
+    mt_event_t **evpool;       /* idle events, reused instead of create/destroy */
     size_t nevpool, cap_evpool;
 
     uint64_t clock;    /* operation counter: segment ages for GC */
@@ -227,6 +344,7 @@ struct mt_alloc_s {
     mt__warm_op_t *wops;
     size_t nwops, cap_wops;
     bool wops_failed;
+    mt__plan_t plan; /* placement of the last warm-up's allocations in its reservation */
 
     /* Free-memory callbacks (mt_alloc_add_free_callback), in registration order.
      * in_free_cbs: a run of them is under way (the lock is released meanwhile). */
@@ -291,6 +409,25 @@ static inline void mt__alloc_unlock(mt_alloc_t *a)
 #endif
     mt__alloc_unlock_raw(a);
 }
+/* Waits on a->cv for in-flight work of another thread to end (mu released meanwhile). */
+static inline void mt__alloc_wait(mt_alloc_t *a)
+{
+#if MT_ASSERT_LEVEL >= 1
+    mt__alloc_assert_owner(a);
+    __atomic_store_n(&a->owner, 0, __ATOMIC_RELAXED);
+#endif
+    pthread_cond_wait(&a->cv, &a->mu);
+#if MT_ASSERT_LEVEL >= 1
+    mt_assert(__atomic_load_n(&a->owner, __ATOMIC_RELAXED) == 0);
+    __atomic_store_n(&a->owner, mt__thread_id(), __ATOMIC_RELAXED);
+#endif
+}
+/* True when a thread has work in flight with the lock released that may give memory back
+ * or take it (a request that failed meanwhile may succeed after waiting). */
+static inline bool mt__alloc_inflight(const mt_alloc_t *a)
+{
+    return a->syncing || a->nholds > 0 || a->unmaps != NULL || a->maps != NULL;
+}
 
 /* ---- alloc.c ---- */
 /* Sends one event to the sink, stamped t (0 = now). A free's free_requested and
@@ -311,7 +448,8 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
 /* Queries pending events; completes blocks whose events are done. */
 void mt__alloc_process_events(mt_alloc_t *a);
-/* Waits for every pending event, then completes their blocks. */
+/* Waits for every pending event with the lock released, then completes their blocks (and
+ * any other thread's that completed meanwhile). */
 void mt__alloc_sync_pending(mt_alloc_t *a);
 /* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
@@ -350,8 +488,9 @@ size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize);
 int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
 /* Allocates a whole segment of exactly size bytes (already rounded) for pool bp. */
 int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segment_t **out);
-/* Returns a whole free segment (or an expandable one's trailing free pages) to the backend.
- * Returns bytes given back. */
+/* Returns a whole free segment (or an expandable one's whole free pages) to the backend.
+ * Returns bytes given back. An expandable segment's pages are unmapped with the lock
+ * released: seg may be gone on return. */
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
 /* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
@@ -359,7 +498,7 @@ bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 /* Merges inactive b with inactive neighbours; returns the merged block (b or prev). */
 mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b);
 /* Garbage collection: releases the oldest unused cached segments until reserved is at or
- * below the GC limit. */
+ * below the GC limit (expandable pages with the lock released). */
 void mt__seg_gc(mt_alloc_t *a);
 /* Releases cached oversize blocks (>= max_split_size) of (bp, stream) that form whole
  * segments, largest first, until `need` bytes were released. True if any. */
@@ -373,8 +512,9 @@ size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need);
 /* Bytes by which reserved + more would exceed the reserved_bytes peak:
  * release_to_fit gives back only that much, so cache that costs no new peak is kept. */
 size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more);
-/* Releases every unused cached segment (reserved ones only when include_reserved).
- * Returns bytes released. Caller has synchronised pending events. */
+/* Releases every unused cached segment (reserved ones only when include_reserved);
+ * expandable pages are unmapped with the lock released. Returns bytes released. Caller
+ * has synchronised pending events. */
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,
                            bool only);
 bool mt__seg_is_whole_free(const mt_segment_t *seg);
@@ -384,7 +524,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b);
 void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b);
 /* The segment containing addr, or NULL. */
 mt_segment_t *mt__seg_find(const mt_alloc_t *a, uintptr_t addr);
-/* Returns every segment to the backend regardless of its blocks (destroy). */
+/* Returns every segment to the backend regardless of its blocks (destroy: no other thread
+ * uses the allocator; synchronize and vm_* calls are made with the lock released). */
 void mt__seg_destroy_all(mt_alloc_t *a);
 
 void mt__seg_link(mt_alloc_t *a, mt_segment_t *seg);
@@ -396,12 +537,20 @@ bool mt__seg_within_limit(const mt_alloc_t *a, size_t more);
 /* Mapping unit of expandable segments, bytes (a multiple of the VM granularity). */
 size_t mt__exp_page(const mt_alloc_t *a);
 /* Maps pages of the (bp, stream) range so that an rsize block fits; the block returned is
- * inactive and in the bins. MT_ENOTSUP when the backend has no usable VM. */
+ * inactive and in the bins. Reserves and maps with the lock released. MT_ENOTSUP when the
+ * backend has no usable VM. */
 int mt__exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
-/* Unmaps every whole free page of run seg (NULL: of every run). Returns bytes unmapped. */
+/* Plans the unmapping of every whole free page of run seg into q (lock held): the blocks
+ * become MT__BLOCK_UNMAPPING. Returns bytes planned. */
+size_t mt__exp_plan_release(mt_alloc_t *a, mt__unmap_batch_t *q, mt_segment_t *seg);
+/* Runs q: one device synchronize and the unmaps with the lock released, then finishes each
+ * entry in order (stats, events) and frees q's array. Returns bytes unmapped. */
+size_t mt__exp_unmap_run(mt_alloc_t *a, mt__unmap_batch_t *q);
+/* Unmaps every whole free page of run seg (plan and run). Returns bytes unmapped. */
 size_t mt__exp_release(mt_alloc_t *a, mt_segment_t *seg);
 bool mt__exp_releasable(const mt_alloc_t *a, const mt_segment_t *seg);
-/* Releases the virtual ranges (destroy, after every run was unmapped). */
+/* Releases the virtual ranges (destroy, after every run was unmapped; lock released
+ * around each release). */
 void mt__exp_destroy(mt_alloc_t *a);
 
 /* ---- stats.c ---- */
@@ -440,6 +589,29 @@ void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
  * warm-up's recorded sequence; only called while a->warming. */
 void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
 void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
+/* The cached block the plan gives a request of rsize bytes on sr (inactive, in the bins,
+ * starting at the planned address), or NULL: no plan for sr, the request differs from
+ * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
+ * block split off below it, out of the bins until the caller has made the returned
+ * block active (then mt__seg_bin_in), or NULL. */
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front);
+/* b, placed by the plan, is being freed. */
+static inline void mt__plan_freed(mt_alloc_t *a, mt_block_t *b)
+{
+    mt_assert(b->planned && a->plan.live > 0);
+    b->planned = false;
+    a->plan.live--;
+}
+/* Frees the plan (destroy). */
+void mt__plan_fini(mt_alloc_t *a);
+/* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */
+const char *mt__plan_check(const mt_alloc_t *a);
+
+/* ---- plan.c ---- */
+/* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
+ * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
+int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                   size_t *extent);
 
 /* ---- config.c ---- */
 int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);
