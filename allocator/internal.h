@@ -65,16 +65,12 @@ typedef struct mt_streamrec_s mt_streamrec_t;
 #define MT__QDEPTH 8  /* blocks per slot at most */
 _Static_assert(MT__QSLOTS == 64, "slot bitmap is one uint64_t");
 /* Block state of a block held in a quick list (never in a snapshot: reported inactive).
- * The free states are the two largest: state >= MT_BLOCK_INACTIVE <=> free. */
-#define MT__BLOCK_QUICK 3
+ * 4: other private states may take the values right after the public ones. */
+#define MT__BLOCK_QUICK 4
 _Static_assert(MT__BLOCK_QUICK != MT_BLOCK_ACTIVE_ALLOCATED &&
                    MT__BLOCK_QUICK != MT_BLOCK_ACTIVE_PENDING_FREE &&
                    MT__BLOCK_QUICK != MT_BLOCK_INACTIVE,
                "quick is a state of its own");
-_Static_assert(MT_BLOCK_INACTIVE > MT_BLOCK_ACTIVE_ALLOCATED &&
-                   MT_BLOCK_INACTIVE > MT_BLOCK_ACTIVE_PENDING_FREE &&
-                   MT__BLOCK_QUICK > MT_BLOCK_INACTIVE,
-               "free states compare above the active ones");
 
 /* One quick list: blocks of exactly `size` bytes, linked both ways by bin_next/bin_prev,
  * newest first.
@@ -514,8 +510,18 @@ static inline unsigned mt__quick_slot(size_t size)
     return (unsigned)(((uint64_t)(size / MT__ALIGN) * 0x9E3779B97F4A7C15ull) >> 58);
 }
 /* Whether a block whose free completes now may go to a quick list (b is still
- * ACTIVE_ALLOCATED, its uses not yet cleared). */
-bool mt__quick_may_keep(const mt_alloc_t *a, const mt_block_t *b);
+ * ACTIVE_ALLOCATED, its uses not yet cleared). Not while warming, nor for a block another
+ * stream used (it waits for that stream's events), nor on a stream with a warm-up
+ * reservation: the plan assumes the bins' placement and promises no device call after
+ * it, which a LIFO reuse would not keep. */
+static inline bool mt__quick_may_keep(const mt_alloc_t *a, const mt_block_t *b)
+{
+    const mt_binset_t *bs = b->seg->bins;
+    if (a->warming || b->nuses != 0 || bs->sr->bins[MT__BP_RESERVED] != NULL)
+        return false;
+    const mt__qslot_t *q = &bs->quick[mt__quick_slot(b->size)];
+    return q->n == 0 || (q->size == b->size && q->n < MT__QDEPTH);
+}
 /* Puts b (ACTIVE_PENDING_FREE, free complete, stats of its allocation already taken off)
  * on its binset's quick list: active and inactive_split stats, GC age. */
 void mt__quick_push(mt_alloc_t *a, mt_block_t *b);

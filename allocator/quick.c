@@ -123,20 +123,6 @@ static void list_remove(mt_binset_t *bs, mt_block_t *b)
 
 /* ---- keep, take, dissolve, flush ---- */
 
-bool mt__quick_may_keep(const mt_alloc_t *a, const mt_block_t *b)
-{
-    const mt_binset_t *bs = b->seg->bins;
-    if (a->warming || b->nuses != 0)
-        return false;
-    /* A stream with a warm-up reservation keeps none: the reservation was planned for
-     * the bins' placement (reserve.c), which a LIFO reuse would not follow, and its
-     * promise is no device call after warm-up. */
-    if (bs->sr->bins[MT__BP_RESERVED] != NULL)
-        return false;
-    const mt__qslot_t *q = &bs->quick[mt__quick_slot(b->size)];
-    return q->n == 0 || (q->size == b->size && q->n < MT__QDEPTH);
-}
-
 void mt__quick_push(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
@@ -205,7 +191,7 @@ static void unquick(mt_alloc_t *a, mt_block_t *b)
 
 static runstat_t region_stats(const mt_block_t *b)
 {
-    return b->state >= MT_BLOCK_INACTIVE ? run_stats(b) : side_stats(b);
+    return is_free(b) ? run_stats(b) : side_stats(b);
 }
 
 void mt__quick_step_begin(mt_alloc_t *a, const mt_block_t *b, mt__qstep_t *st)
