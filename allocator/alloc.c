@@ -204,7 +204,7 @@ static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
         a->pending = np;
         a->cap_pending = cap;
     }
-    a->pending[a->npending++] = (mt_pending_t){ev, b};
+    a->pending[a->npending++] = (mt_pending_t){ev, b, false};
     return 0;
 }
 
@@ -274,6 +274,10 @@ void mt__alloc_process_events(mt_alloc_t *a)
     while (i < a->npending) {
         mt_pending_t p = a->pending[i];
         mt_assert(p.blk->state == MT_BLOCK_ACTIVE_PENDING_FREE && p.blk->npending > 0);
+        if (p.waited) {
+            i++; /* the waiting thread completes it once its wait ends */
+            continue;
+        }
         int rc = mt_event_query(a->backend, p.ev);
         if (rc == MT_EAGAIN) {
             i++;
@@ -294,11 +298,36 @@ void mt__alloc_process_events(mt_alloc_t *a)
 void mt__alloc_sync_pending(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
+    while (a->syncing)
+        mt__alloc_wait(a); /* one waiter at a time: the waited marks are its own */
     a->st.num_sync_all_streams++;
-    for (size_t i = 0; i < a->npending; i++)
-        (void)mt_event_synchronize(a->backend, a->pending[i].ev);
+    size_t n = a->npending;
+    if (n > 0) {
+        /* The waited entries stay in a->pending (their blocks stay pending), but nobody
+         * else queries or recycles their events until the waits end. Without host memory
+         * for the list, one device synchronize waits for them all. */
+        mt_event_t **evs = malloc(n * sizeof *evs);
+        for (size_t i = 0; i < n; i++) {
+            a->pending[i].waited = true;
+            if (evs != NULL)
+                evs[i] = a->pending[i].ev;
+        }
+        a->syncing = true;
+        mt__alloc_unlock(a);
+        if (evs != NULL)
+            for (size_t i = 0; i < n; i++)
+                (void)mt_event_synchronize(a->backend, evs[i]);
+        else
+            (void)mt_device_synchronize(a->backend);
+        free(evs);
+        mt__alloc_lock(a);
+        mt_assert(a->syncing);
+        for (size_t i = 0; i < a->npending; i++)
+            a->pending[i].waited = false;
+        a->syncing = false;
+        pthread_cond_broadcast(&a->cv);
+    }
     mt__alloc_process_events(a);
-    mt_assert(a->npending == 0);
 }
 
 /* ---- lifecycle ---- */
@@ -360,6 +389,10 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
         rc = MT_ENOMEM;
         goto fail_mutex;
     }
+    if (pthread_cond_init(&a->cv, NULL) != 0) {
+        rc = MT_ENOMEM;
+        goto fail_cond;
+    }
     mt__clock_init(&a->clk, cfg->sink != NULL); /* calibrating costs 50 us */
     a->stats_period_ns = (uint64_t)cfg->stats_period_ms * 1000000u;
     a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
@@ -371,6 +404,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_unlock(a);
     return 0;
 
+fail_cond:
+    pthread_mutex_destroy(&a->mu);
 fail_mutex:
     mt__addrmap_fini(&a->map);
 fail_map:
@@ -385,8 +420,12 @@ void mt_alloc_destroy(mt_alloc_t **p)
         return;
     mt_alloc_t *a = *p;
     mt__alloc_lock(a);
+    /* The program's threads are done with a: nothing is in flight, and the waits below
+     * leave nothing pending. */
+    mt_assert(!mt__alloc_inflight(a));
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
+    mt_assert(a->npending == 0);
     int64_t leaks = a->st.allocation[MT_STAT_ALL].current;
     if (leaks > 0)
         mt__alloc_log(a, MT_LOG_WARN,
@@ -408,6 +447,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     mt__addrmap_fini(&a->map);
     mt__blocks_fini(a);
     mt__alloc_unlock_raw(a); /* nothing left to check */
+    pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     free(a);
     *p = NULL;
@@ -530,6 +570,18 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
         }
         mt__seg_release_all(a, false, NULL, false);
         a->st.num_alloc_retries++;
+        rc = mt__seg_grow(a, sr, bp, rsize, out);
+        if (rc != MT_ENOMEM)
+            return rc;
+    }
+    /* Memory other threads are giving back with the lock released (unmaps, waited frees)
+     * may be all this request lacks: wait for their work, then look again. */
+    while (mt__alloc_inflight(a)) {
+        mt__alloc_wait(a);
+        if (a->npending > 0)
+            mt__alloc_process_events(a);
+        if ((*out = find_cached(a, sr, bp, rsize)) != NULL)
+            return 0;
         rc = mt__seg_grow(a, sr, bp, rsize, out);
         if (rc != MT_ENOMEM)
             return rc;
@@ -674,6 +726,26 @@ out:
 
 /* ---- free ---- */
 
+/* Without an event the only safe fallback is to wait for the streams that used b
+ * (b->uses[0..n)) before b can be reused: with the lock released, b held pending by one
+ * count of npending (a->nholds) meanwhile. Completes b when nothing else is pending. */
+static void wait_streams(mt_alloc_t *a, mt_block_t *b, uint32_t n)
+{
+    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->nuses == 0);
+    b->npending++;
+    a->nholds++;
+    mt__alloc_unlock(a);
+    /* b->uses stays b's: a pending block takes no record_stream and is never reused. */
+    for (uint32_t i = 0; i < n; i++)
+        (void)mt_stream_synchronize(a->backend, b->uses[i]);
+    mt__alloc_lock(a);
+    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending > 0 && a->nholds > 0);
+    a->nholds--;
+    pthread_cond_broadcast(&a->cv);
+    if (--b->npending == 0)
+        mt__alloc_free_complete(a, b, 0, NULL);
+}
+
 int mt_alloc_free(mt_alloc_t *a, void *ptr)
 {
     if (a == NULL)
@@ -714,16 +786,16 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         mt__warm_record_free(a, b);
     bool keep = mt__quick_may_keep(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
+    uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
     for (uint32_t i = 0; i < b->nuses; i++) {
         mt_event_t *ev = event_get(a);
         int erc = ev ? mt_event_record(a->backend, ev, b->uses[i]) : MT_ENOMEM;
         if (erc == 0)
             erc = pending_push(a, ev, b);
         if (erc != 0) {
-            /* Without an event the only safe fallback is to wait for the stream now. */
             if (ev != NULL)
                 event_put(a, ev);
-            (void)mt_stream_synchronize(a->backend, b->uses[i]);
+            b->uses[nwait++] = b->uses[i];
             continue;
         }
         b->npending++;
@@ -732,12 +804,14 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     b->nuses = 0;
     if (keep) {
         /* No other stream used it: free at once, kept whole for a reuse of its size. */
-        mt_assert(b->npending == 0);
+        mt_assert(b->npending == 0 && nwait == 0);
         uintptr_t addr = b->addr;
         size_t bsize = b->size;
         mt__quick_push(a, b);
         if (__builtin_expect(a->cfg.sink != NULL, 0))
             emit_free_completed(a, addr, bsize, seg, b->tag, t, req_held ? &req : NULL);
+    } else if (nwait > 0) {
+        wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
         mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
     }

@@ -26,6 +26,18 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     return c;
 }
 
+/* The reference allocator's plain-segment rules: the policies beyond it that change where
+ * blocks go and when memory returns to the device are off. */
+static void set_reference(mt_alloc_cfg_t *c)
+{
+    c->expandable_segments = false;
+    c->release_to_fit = false;
+    c->one_pool = false;
+    c->place_high = 0;
+    c->fit_large_segments = false;
+    c->split_large_tails = false;
+}
+
 static void seterr(char *err, size_t errlen, const char *fmt, const char *a, const char *b)
 {
     if (err != NULL && errlen > 0)
@@ -123,6 +135,14 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->one_pool = b;
+    } else if (strcmp(key, "place_high_mb") == 0) {
+        if (parse_uint(val, &u) != 0 || u > (SIZE_MAX >> 21))
+            goto bad;
+        c->place_high = (size_t)u << 20;
+    } else if (strcmp(key, "rules") == 0) {
+        if (strcmp(val, "reference") != 0)
+            goto bad;
+        set_reference(c);
     } else if (strcmp(key, "stacks") == 0) {
         if (strcmp(val, "off") == 0)
             c->stacks = MT_STACKS_OFF;

@@ -10,7 +10,9 @@
  *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
  *
  * All metadata lives on the host; nothing is ever written into device memory.
- * Every function here expects the allocator's mutex held unless it says otherwise. */
+ * Every function here expects the allocator's mutex held unless it says otherwise; those
+ * that make a blocking backend call (a synchronize, a vm_* call) release it around the
+ * call and say so: their callers re-validate what they held (docs/allocator-locking.md). */
 #ifndef MT_ALLOCATOR_INTERNAL_H
 #define MT_ALLOCATOR_INTERNAL_H
 
@@ -51,6 +53,11 @@ typedef struct mt_block_s mt_block_t;
 typedef struct mt_segment_s mt_segment_t;
 typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
+
+/* Block state of the allocator's own, beside mt_block_state_e: the whole pages of a free
+ * block of an expandable run are being unmapped with the lock released (expandable.c).
+ * Snapshots report such a block as inactive. */
+#define MT__BLOCK_UNMAPPING 3
 
 /* ---- quick lists ----
  * A free that completes at once (no other stream used the block) may keep the block
@@ -93,8 +100,13 @@ enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
  * state = INACTIVE  <=> the block is in exactly one bin: seg->bins, class mt__bin_class(size);
  * state = MT__BLOCK_QUICK <=> the block is in exactly one quick list, of seg->bins, slot
  *   mt__quick_slot(size); then requested = 0, nuses = 0 and npending = 0;
- * state != INACTIVE <=> the block is in the address hash table (quick blocks stay there);
- * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete);
+ * state in {ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, MT__BLOCK_QUICK} <=> the block is in the
+ * address hash table (quick blocks stay there);
+ * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete, plus
+ * one while its free waits for a stream with the lock released);
+ * state = MT__BLOCK_UNMAPPING <=> the block is the blk of exactly one unfinished entry of
+ * an in-flight unmap batch (a->unmaps); it is in no bin and not in the hash table, its
+ * segment is expandable, and it counts in reserved but in no active or inactive stat;
  * split_counted <=> state = INACTIVE and (prev or next) (mt__seg_bin_in's per-block count).
  * A quick block may neighbour an inactive or a quick one. "Free" means INACTIVE or QUICK;
  * a run is a maximal sequence of free blocks of one segment, and the stats, snapshots and
@@ -172,8 +184,12 @@ struct mt_binset_s {
 
 /* Per stream seen by the allocator: its bins (created lazily) and, with expandable
  * segments, one virtual range per pool whose mapped runs are segments (expandable.c).
- * Invariants: vsize = 0 <=> nruns = 0 <=> no expandable segment of (pool, stream);
- * every run of (pool, stream) lies in [vbase, vbase + vsize); no two runs touch. */
+ * Invariants: nruns = number of expandable segments of (pool, stream);
+ * nruns > 0 or nmaps > 0 => vsize > 0; users = 0 => (vsize > 0 <=> nruns > 0) (a range
+ * left without runs is released by the operation that emptied it, or that reserved it and
+ * could not map); reserving => vsize = 0 and users > 0;
+ * every run and every in-flight mapping of (pool, stream) lies in [vbase, vbase + vsize);
+ * no two of them overlap, and no two runs touch. */
 struct mt_streamrec_s {
     mt_stream_t *stream;
     uint32_t sid;                /* mt_stream_id(stream) at first use */
@@ -181,12 +197,52 @@ struct mt_streamrec_s {
     uintptr_t vbase[2];          /* small, large: reserved virtual range, page-aligned */
     size_t vsize[2];             /* bytes of the range; 0 = none reserved */
     uint32_t nruns[2];           /* expandable segments (mapped runs) in the range */
+    uint32_t nmaps[2];           /* mappings in flight in the range (a->maps) */
+    uint32_t users[2];           /* threads in mt__exp_grow on the range (it may have no
+                                  * run yet while they map) */
+    bool reserving[2];           /* a vm_reserve for the range is in flight */
 };
+
+/* Pages of a free block being unmapped with the lock released. seg2 and t are allocated
+ * when the entry is planned, so that finishing after the unmap cannot fail: seg2 for the
+ * upper part of a run the pages split, t for the block above the pages when the block
+ * keeps a part below them too. Invariants: blk->state = MT__BLOCK_UNMAPPING;
+ * [at, at + len) is whole pages inside [blk->addr, blk->addr + blk->size). */
+typedef struct mt__unmap_s {
+    mt_block_t *blk;
+    uintptr_t at;       /* first page, multiple of mt__exp_page */
+    size_t len;         /* bytes, multiple of mt__exp_page, > 0 */
+    mt_segment_t *seg2; /* new, owned by the entry until used */
+    mt_block_t *t;      /* new or NULL, owned by the entry until used */
+    int rc;             /* the vm_unmap's result, once made */
+} mt__unmap_t;
+
+/* Entries planned together: one device synchronize, then their unmaps, all with the
+ * lock released. Linked into a->unmaps from the release of the lock until every entry is
+ * finished. Invariants: done <= n <= cap; entries [done, n) are unfinished. */
+typedef struct mt__unmap_batch_s {
+    mt__unmap_t *v;
+    size_t n, cap, done;
+    struct mt__unmap_batch_s *next;
+} mt__unmap_batch_t;
+
+/* Pages being mapped with the lock released: in no run yet, but no other mapping may
+ * place pages there (exp_plan treats the range as taken). Lives on the mapping thread's
+ * stack, linked into a->maps. */
+typedef struct mt__map_s {
+    uintptr_t at; /* first page */
+    size_t len;   /* bytes, whole pages */
+    mt_streamrec_t *sr;
+    int bp;
+    struct mt__map_s *next;
+} mt__map_t;
 
 /* An event recorded at free on a stream that used the block, awaiting completion. */
 typedef struct mt_pending_s {
     mt_event_t *ev;  /* pooled event (returned to evpool when complete) */
     mt_block_t *blk; /* its block, state ACTIVE_PENDING_FREE */
+    bool waited;     /* a thread synchronizes ev with the lock released: nobody else
+                      * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
 /* Open-addressing hash table (linear probing, backward-shift deletion) from a block's
@@ -207,8 +263,14 @@ typedef struct mt__warm_op_s {
 } mt__warm_op_t;
 
 /* The allocator.
- * Thread-safety: one pthread mutex (mu) per allocator serialises every operation; the
- * event sink and the log callback are called with it held.
+ * Thread-safety: one pthread mutex (mu) per allocator guards all of its state; the event
+ * sink and the log callback are called with it held. No call that blocks on the device
+ * (device/stream/event synchronize) or takes the driver's VM locks (vm_reserve, release,
+ * map, unmap) is made with mu held: the operation decides under mu, marks what it works on
+ * as in flight (a pending entry `waited`, a block MT__BLOCK_UNMAPPING in a->unmaps, pages
+ * in a->maps, a range `reserving`), releases mu, makes the call, retakes mu and finishes;
+ * threads that need in-flight memory wait on cv. Plain segment mallocs and frees stay
+ * under mu (as in the reference allocator). docs/allocator-locking.md has the details.
  * Invariants (checked by mt_alloc_check):
  *   reserved_bytes[ALL].current = sum of segment sizes;
  *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
@@ -217,10 +279,12 @@ typedef struct mt__warm_op_s {
  *   non-free neighbour (inactive_split: their number);
  *   each [SMALL] + [LARGE] = [ALL], warm-up reservations counting as LARGE; the counts
  *   likewise; tag_* likewise summed per tag;
- *   npending = sum of npending over the ACTIVE_PENDING_FREE blocks;
+ *   npending + nholds = sum of npending over the ACTIVE_PENDING_FREE blocks;
+ *   inflight_map_bytes = sum of len over a->maps; unmapping blocks = unfinished entries
+ *   of a->unmaps; syncing <=> some pending entry is waited (or a sync runs without any);
  *   the address map holds exactly the active and the quick blocks;
  *   nquick = number of quick blocks; nquick = 0 while warming; a stream with a
- *   reserved binset has no quick block;
+ *   reserved binset, and an expandable run, has no quick block;
  *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks;
  *   st.*.freed is not kept (0): mt__alloc_compute_stats fills in allocated - current. */
 #define MT__FREE_CB_MAX 8
@@ -262,7 +326,15 @@ struct mt_alloc_s {
 
     mt_pending_t *pending; /* events awaiting completion */
     size_t npending, cap_pending;
-    mt_event_t **evpool; /* idle events, reused instead of create/destroy */
+    size_t nholds; /* frees waiting for a stream with the lock released (one npending each) */
+
+    /* In-flight work with the lock released (see the thread-safety note above). */
+    pthread_cond_t cv;         /* broadcast whenever in-flight work ends */
+    bool syncing;              /* a thread synchronizes the waited pending events */
+    mt__unmap_batch_t *unmaps; /* unmap batches under way */
+    mt__map_t *maps;           /* mappings under way */
+    size_t inflight_map_bytes; /* sum of their lengths: counted against the limit */
+    mt_event_t **evpool;       /* idle events, reused instead of create/destroy */
     size_t nevpool, cap_evpool;
 
     uint64_t clock;    /* operation counter: segment ages for GC */
@@ -339,6 +411,25 @@ static inline void mt__alloc_unlock(mt_alloc_t *a)
 #endif
     mt__alloc_unlock_raw(a);
 }
+/* Waits on a->cv for in-flight work of another thread to end (mu released meanwhile). */
+static inline void mt__alloc_wait(mt_alloc_t *a)
+{
+#if MT_ASSERT_LEVEL >= 1
+    mt__alloc_assert_owner(a);
+    __atomic_store_n(&a->owner, 0, __ATOMIC_RELAXED);
+#endif
+    pthread_cond_wait(&a->cv, &a->mu);
+#if MT_ASSERT_LEVEL >= 1
+    mt_assert(__atomic_load_n(&a->owner, __ATOMIC_RELAXED) == 0);
+    __atomic_store_n(&a->owner, mt__thread_id(), __ATOMIC_RELAXED);
+#endif
+}
+/* True when a thread has work in flight with the lock released that may give memory back
+ * or take it (a request that failed meanwhile may succeed after waiting). */
+static inline bool mt__alloc_inflight(const mt_alloc_t *a)
+{
+    return a->syncing || a->nholds > 0 || a->unmaps != NULL || a->maps != NULL;
+}
 
 /* ---- alloc.c ---- */
 /* Sends one event to the sink, stamped t (0 = now). A free's free_requested and
@@ -359,7 +450,8 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
 /* Queries pending events; completes blocks whose events are done. */
 void mt__alloc_process_events(mt_alloc_t *a);
-/* Waits for every pending event, then completes their blocks. */
+/* Waits for every pending event with the lock released, then completes their blocks (and
+ * any other thread's that completed meanwhile). */
 void mt__alloc_sync_pending(mt_alloc_t *a);
 /* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
@@ -398,8 +490,9 @@ size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize);
 int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
 /* Allocates a whole segment of exactly size bytes (already rounded) for pool bp. */
 int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segment_t **out);
-/* Returns a whole free segment (or an expandable one's trailing free pages) to the backend.
- * Returns bytes given back. */
+/* Returns a whole free segment (or an expandable one's whole free pages) to the backend.
+ * Returns bytes given back. An expandable segment's pages are unmapped with the lock
+ * released: seg may be gone on return. */
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
 /* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
@@ -407,7 +500,7 @@ bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
 /* Merges inactive b with inactive neighbours; returns the merged block (b or prev). */
 mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b);
 /* Garbage collection: releases the oldest unused cached segments until reserved is at or
- * below the GC limit. */
+ * below the GC limit (expandable pages with the lock released). */
 void mt__seg_gc(mt_alloc_t *a);
 /* Releases cached oversize blocks (>= max_split_size) of (bp, stream) that form whole
  * segments, largest first, until `need` bytes were released. True if any. */
@@ -421,8 +514,9 @@ size_t mt__seg_release_to_fit(mt_alloc_t *a, size_t need);
 /* Bytes by which reserved + more would exceed the reserved_bytes peak:
  * release_to_fit gives back only that much, so cache that costs no new peak is kept. */
 size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more);
-/* Releases every unused cached segment (reserved ones only when include_reserved).
- * Returns bytes released. Caller has synchronised pending events. */
+/* Releases every unused cached segment (reserved ones only when include_reserved);
+ * expandable pages are unmapped with the lock released. Returns bytes released. Caller
+ * has synchronised pending events. */
 size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *only_stream,
                            bool only);
 bool mt__seg_is_whole_free(const mt_segment_t *seg);
@@ -432,7 +526,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b);
 void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b);
 /* The segment containing addr, or NULL. */
 mt_segment_t *mt__seg_find(const mt_alloc_t *a, uintptr_t addr);
-/* Returns every segment to the backend regardless of its blocks (destroy). */
+/* Returns every segment to the backend regardless of its blocks (destroy: no other thread
+ * uses the allocator; synchronize and vm_* calls are made with the lock released). */
 void mt__seg_destroy_all(mt_alloc_t *a);
 
 void mt__seg_link(mt_alloc_t *a, mt_segment_t *seg);
@@ -444,12 +539,20 @@ bool mt__seg_within_limit(const mt_alloc_t *a, size_t more);
 /* Mapping unit of expandable segments, bytes (a multiple of the VM granularity). */
 size_t mt__exp_page(const mt_alloc_t *a);
 /* Maps pages of the (bp, stream) range so that an rsize block fits; the block returned is
- * inactive and in the bins. MT_ENOTSUP when the backend has no usable VM. */
+ * inactive and in the bins. Reserves and maps with the lock released. MT_ENOTSUP when the
+ * backend has no usable VM. */
 int mt__exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out);
-/* Unmaps every whole free page of run seg (NULL: of every run). Returns bytes unmapped. */
+/* Plans the unmapping of every whole free page of run seg into q (lock held): the blocks
+ * become MT__BLOCK_UNMAPPING. Returns bytes planned. */
+size_t mt__exp_plan_release(mt_alloc_t *a, mt__unmap_batch_t *q, mt_segment_t *seg);
+/* Runs q: one device synchronize and the unmaps with the lock released, then finishes each
+ * entry in order (stats, events) and frees q's array. Returns bytes unmapped. */
+size_t mt__exp_unmap_run(mt_alloc_t *a, mt__unmap_batch_t *q);
+/* Unmaps every whole free page of run seg (plan and run). Returns bytes unmapped. */
 size_t mt__exp_release(mt_alloc_t *a, mt_segment_t *seg);
 bool mt__exp_releasable(const mt_alloc_t *a, const mt_segment_t *seg);
-/* Releases the virtual ranges (destroy, after every run was unmapped). */
+/* Releases the virtual ranges (destroy, after every run was unmapped; lock released
+ * around each release). */
 void mt__exp_destroy(mt_alloc_t *a);
 
 /* ---- stats.c ---- */
@@ -513,11 +616,13 @@ static inline unsigned mt__quick_slot(size_t size)
  * ACTIVE_ALLOCATED, its uses not yet cleared). Not while warming, nor for a block another
  * stream used (it waits for that stream's events), nor on a stream with a warm-up
  * reservation: the plan assumes the bins' placement and promises no device call after
- * it, which a LIFO reuse would not keep. */
+ * it, which a LIFO reuse would not keep. Nor in an expandable run: its pages are mapped
+ * and unmapped with the lock released (expandable.c), and that code knows free blocks
+ * only as inactive ones. */
 static inline bool mt__quick_may_keep(const mt_alloc_t *a, const mt_block_t *b)
 {
     const mt_binset_t *bs = b->seg->bins;
-    if (a->warming || b->nuses != 0 || bs->sr->bins[MT__BP_RESERVED] != NULL)
+    if (a->warming || b->nuses != 0 || bs->sr->bins[MT__BP_RESERVED] != NULL || b->seg->expandable)
         return false;
     const mt__qslot_t *q = &bs->quick[mt__quick_slot(b->size)];
     return q->n == 0 || (q->size == b->size && q->n < MT__QDEPTH);

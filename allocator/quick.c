@@ -270,6 +270,8 @@ const char *mt__quick_check(const mt_alloc_t *a, const mt_binset_t *bs, size_t *
                 return "quick list's back link broken";
             if (b->state != MT__BLOCK_QUICK || b->seg->bins != bs || b->size != q->size)
                 return "quick list holds a block of another state, binset or size";
+            if (b->seg->expandable)
+                return "quick block in an expandable run";
             if (b->requested != 0 || b->nuses != 0 || b->npending != 0 || b->split_counted)
                 return "quick block with a request, uses, pending events or a split count";
         }

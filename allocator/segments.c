@@ -338,12 +338,20 @@ void mt__seg_gc(mt_alloc_t *a)
     if (v == NULL)
         return;
     qsort(v, n, sizeof *v, by_age);
+    /* Plain segments go at once; expandable runs' pages are planned (`planned` bytes) and
+     * unmapped together after the walk, with the lock released. */
+    mt__unmap_batch_t q = {0};
+    size_t planned = 0;
     for (size_t i = 0; i < n; i++) {
-        if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
+        if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit + planned)
             break;
-        mt__seg_release(a, v[i]);
+        if (v[i]->expandable)
+            planned += mt__exp_plan_release(a, &q, v[i]);
+        else
+            mt__seg_release(a, v[i]);
     }
     free(v);
+    mt__exp_unmap_run(a, &q);
 }
 
 typedef struct {
@@ -430,19 +438,24 @@ size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *st
     mt__alloc_assert_owner(a);
     size_t released = 0;
     mt_segment_t *next;
+    mt__unmap_batch_t q = {0}; /* expandable pages, unmapped after the walk */
     for (mt_segment_t *s = a->segs; s != NULL; s = next) {
         next = s->next;
         if (s->reserved && !include_reserved)
             continue;
         if (only && s->stream != stream)
             continue;
-        released += mt__seg_release(a, s);
+        if (s->expandable)
+            mt__exp_plan_release(a, &q, s);
+        else
+            released += mt__seg_release(a, s);
     }
-    return released;
+    return released + mt__exp_unmap_run(a, &q);
 }
 
 void mt__seg_destroy_all(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     bool synced = false;
     while (a->segs != NULL) {
         mt_segment_t *seg = a->segs;
@@ -451,10 +464,13 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             b->uses = NULL;
         }
         if (seg->expandable) {
+            /* No other thread uses a (destroy): the lock is released for the calls only. */
+            mt__alloc_unlock_raw(a);
             if (!synced)
                 (void)mt_device_synchronize(a->backend);
-            synced = true;
             (void)mt_backend_vm_unmap(a->backend, (void *)seg->addr, seg->size);
+            mt__alloc_lock(a);
+            synced = true;
             a->st.num_device_free++;
         } else {
             (void)mt_backend_free(a->backend, (void *)seg->addr);

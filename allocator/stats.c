@@ -224,9 +224,11 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
                 continue;
             }
             sb->size = b->size;
-            sb->requested = b->requested;
-            sb->state = b->state;
-            sb->tag = b->tag;
+            /* A block whose pages are being unmapped is free memory to the program. */
+            bool free_b = b->state == MT_BLOCK_INACTIVE || b->state == MT__BLOCK_UNMAPPING;
+            sb->requested = free_b ? 0 : b->requested;
+            sb->state = free_b ? MT_BLOCK_INACTIVE : b->state;
+            sb->tag = free_b ? MT_TAG_OTHER : b->tag;
         }
     }
     mt__alloc_compute_stats(a, &snap->stats);
@@ -261,7 +263,7 @@ typedef struct {
     int64_t active[MT_STAT_N], nactive[MT_STAT_N];
     int64_t split[MT_STAT_N], nsplit[MT_STAT_N];
     int64_t tag_alloc[MT_TAG_MAX], tag_req[MT_TAG_MAX];
-    size_t inactive, quick, hashed, pending_events;
+    size_t inactive, quick, hashed, pending_events, unmapping;
 } sums_t;
 
 static void add2(int64_t *arr, int bp, int64_t d)
@@ -298,6 +300,14 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
             return "quick block missing from the address map";
         s->quick++;
         s->hashed++;
+        return NULL;
+    }
+    if (b->state == MT__BLOCK_UNMAPPING) {
+        if (!seg->expandable || b->split_counted || b->npending != 0)
+            return "unmapping block outside an expandable run, or counted as free or pending";
+        if (mt__addrmap_get(&a->map, b->addr) != NULL)
+            return "unmapping block in the address map";
+        s->unmapping++;
         return NULL;
     }
     if (b->state != MT_BLOCK_ACTIVE_ALLOCATED && b->state != MT_BLOCK_ACTIVE_PENDING_FREE)
@@ -378,6 +388,44 @@ static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t 
     return NULL;
 }
 
+/* The in-flight unmaps and mappings (internal.h, at mt__unmap_t and mt__map_t). */
+static const char *check_inflight(mt_alloc_t *a, size_t unmapping)
+{
+    size_t page = mt__exp_page(a), entries = 0, bytes = 0;
+    for (const mt__unmap_batch_t *q = a->unmaps; q != NULL; q = q->next) {
+        if (q->done > q->n || q->n > q->cap)
+            return "unmap batch counts out of order";
+        for (size_t i = q->done; i < q->n; i++) {
+            const mt__unmap_t *u = &q->v[i];
+            const mt_block_t *b = u->blk;
+            if (b->state != MT__BLOCK_UNMAPPING || u->len == 0 || u->at % page != 0 ||
+                u->len % page != 0 || u->at < b->addr || u->at + u->len > b->addr + b->size ||
+                u->seg2 == NULL)
+                return "in-flight unmap outside its block's whole pages";
+            entries++;
+        }
+    }
+    if (entries != unmapping)
+        return "unmapping blocks disagree with the in-flight unmaps";
+    for (const mt__map_t *m = a->maps; m != NULL; m = m->next) {
+        const mt_streamrec_t *sr = m->sr;
+        if (m->bp < 0 || m->bp > MT__BP_LARGE || sr->nmaps[m->bp] == 0 || m->len == 0 ||
+            m->at % page != 0 || m->len % page != 0 || m->at < sr->vbase[m->bp] ||
+            m->at + m->len > sr->vbase[m->bp] + sr->vsize[m->bp])
+            return "in-flight mapping outside its range";
+        for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
+            if (seg->addr < m->at + m->len && m->at < seg->addr + seg->vsize)
+                return "in-flight mapping overlaps a segment";
+        for (const mt__map_t *o = m->next; o != NULL; o = o->next)
+            if (o->at < m->at + m->len && m->at < o->at + o->len)
+                return "two in-flight mappings overlap";
+        bytes += m->len;
+    }
+    if (bytes != a->inflight_map_bytes)
+        return "in-flight mapping bytes disagree with the mappings";
+    return NULL;
+}
+
 static const char *cmp_stat(const mt_stat_t *st, const int64_t *want, size_t n, const char *what)
 {
     for (size_t i = 0; i < n; i++)
@@ -420,8 +468,17 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
             size_t runs = 0;
             for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
                 runs += seg->expandable && seg->pool == bp && seg->stream == sr->stream;
-            if (runs != sr->nruns[bp] || (sr->vsize[bp] == 0) != (runs == 0))
-                return "stream's count of expandable runs is wrong";
+            size_t maps = 0;
+            for (const mt__map_t *m = a->maps; m != NULL; m = m->next)
+                maps += m->sr == sr && m->bp == bp;
+            if (runs != sr->nruns[bp] || maps != sr->nmaps[bp])
+                return "stream's count of expandable runs or mappings is wrong";
+            if ((runs > 0 || sr->nmaps[bp] > 0) && sr->vsize[bp] == 0)
+                return "expandable runs or mappings without a range";
+            if (sr->users[bp] == 0 && (sr->vsize[bp] > 0) != (runs > 0))
+                return "expandable range without runs kept, or runs without a range";
+            if (sr->reserving[bp] && (sr->vsize[bp] != 0 || sr->users[bp] == 0))
+                return "range reserved twice, or by nobody";
         }
     }
     if (binned != s.inactive)
@@ -441,11 +498,18 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         if (++used > a->map.cap / 2)
             return "address map above its load factor";
     }
-    for (size_t i = 0; i < a->npending; i++)
+    bool waited = false;
+    for (size_t i = 0; i < a->npending; i++) {
         if (a->pending[i].blk->state != MT_BLOCK_ACTIVE_PENDING_FREE)
             return "pending event for a block that is not pending";
-    if (a->npending != s.pending_events)
+        waited |= a->pending[i].waited;
+    }
+    if (waited && !a->syncing)
+        return "pending event marked waited with no thread waiting";
+    if (a->npending + a->nholds != s.pending_events)
         return "pending events disagree with the blocks' counts";
+    if ((why = check_inflight(a, s.unmapping)) != NULL)
+        return why;
     const mt_alloc_stats_t *st = &a->st;
     if ((why = cmp_stat(st->reserved_bytes, s.reserved, MT_STAT_N, "reserved_bytes stat")) ||
         (why = cmp_stat(st->segment, s.segments, MT_STAT_N, "segment stat")) ||

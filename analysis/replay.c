@@ -193,6 +193,16 @@ static int run_once(const mt_trace_t *t, const mt_replay_cfg_t *cfg, bool sample
         c0 = c1;
         ooms = 0;
     }
+    if (cfg->second_pass && !cfg->warmup) {
+        if ((rc = pass(&s, t, NULL, &ooms, err, errlen)) < 0)
+            goto done;
+        free_leftovers(&s, t);
+        mt_alloc_reset_peak(s.a);
+        mt_backend_counters(s.b, &c1);
+        out->first_pass_backend_calls = backend_calls(&c1) - backend_calls(&c0);
+        c0 = c1;
+        ooms = 0;
+    }
     peak_sample_t ps = {.allocated = -1};
     uint64_t t0 = now_ns();
     rc = pass(&s, t, sampled ? &ps : NULL, &ooms, err, errlen);

@@ -14,6 +14,8 @@ typedef struct mt_replay_cfg_s {
     const char *alloc_conf; /* "key:value,..." applied after MEMTRACE_ALLOC_CONF; NULL = none */
     size_t capacity;        /* sim device bytes; 0 = MEMTRACE_SIM_CAPACITY or 8 GiB */
     bool warmup;            /* a warm-up pass (mt_alloc_warmup_begin/end) before measuring */
+    bool second_pass;       /* an unmeasured pass on the same allocator before measuring (a
+                             * training loop's second iteration: cache kept, peaks reset) */
     bool sample_peak;       /* read the allocator's stats after every allocate to capture the
                              * state at peak allocated (fragmentation); slows the pass, so
                              * ns figures of a sampled run are not meaningful */
@@ -35,13 +37,15 @@ typedef struct mt_replay_result_s {
     double utilization_at_peak; /* peak_allocated / peak_reserved; 1 when nothing reserved */
     uint64_t num_alloc_retries; /* allocator stats of the measured pass */
     uint64_t num_ooms;
-    uint64_t backend_malloc;       /* backend calls during the measured pass: segment malloc */
-    uint64_t backend_free;         /*   segment free */
-    uint64_t backend_map;          /*   vm_map (expandable segments) */
-    uint64_t backend_unmap;        /*   vm_unmap */
-    uint64_t warmup_backend_calls; /* malloc+free+map+unmap during the warm-up pass and
-                                    * the reservation that ends it */
-    uint64_t warmup_reserved;      /* bytes reserved when the warm-up ended */
+    uint64_t backend_malloc;           /* backend calls during the measured pass: segment malloc */
+    uint64_t backend_free;             /*   segment free */
+    uint64_t backend_map;              /*   vm_map (expandable segments) */
+    uint64_t backend_unmap;            /*   vm_unmap */
+    uint64_t warmup_backend_calls;     /* malloc+free+map+unmap during the warm-up pass and
+                                        * the reservation that ends it */
+    uint64_t warmup_reserved;          /* bytes reserved when the warm-up ended */
+    uint64_t first_pass_backend_calls; /* malloc+free+map+unmap of the unmeasured first pass
+                                        * (second_pass only) */
     /* At the allocate that reached peak allocated (only with sample_peak). */
     bool sampled;
     double fragmentation_at_peak; /* 1 - largest free block / total free */

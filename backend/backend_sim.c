@@ -151,6 +151,17 @@ static sim_t *to_sim(const mt_backend_t *b)
 }
 
 /* Rounded size and alignment of a segment of `size` bytes, as the device accounts it. */
+/* The test hook of mt__sim_set_call_hook, if any, for one blocking call. */
+static void call_hook(sim_t *s, const char *call)
+{
+    pthread_mutex_lock(&s->mu);
+    void (*cb)(void *, const char *) = s->call_cb;
+    void *ud = s->call_ud;
+    pthread_mutex_unlock(&s->mu);
+    if (cb != NULL)
+        cb(ud, call);
+}
+
 static void segment_geometry(size_t size, size_t *rounded, size_t *align)
 {
     if (size >= SIM_BIG_ALIGN) {
@@ -363,6 +374,7 @@ static void *mmap_aligned(size_t len, size_t align, int prot)
 
 static int sim_vm_reserve(mt_backend_t *b, size_t size, void **out)
 {
+    call_hook(to_sim(b), "vm_reserve");
     sim_t *s = to_sim(b);
     sim_vm_t *v = calloc(1, sizeof *v);
     if (v == NULL)
@@ -387,6 +399,7 @@ static int sim_vm_reserve(mt_backend_t *b, size_t size, void **out)
 
 static int sim_vm_release(mt_backend_t *b, void *base, size_t size)
 {
+    call_hook(to_sim(b), "vm_release");
     sim_t *s = to_sim(b);
     pthread_mutex_lock(&s->mu);
     sim_vm_t **pp = &s->vms;
@@ -426,6 +439,7 @@ static sim_vm_t *vm_span(sim_t *s, void *addr, size_t size, size_t *first, size_
 
 static int sim_vm_map(mt_backend_t *b, void *addr, size_t size)
 {
+    call_hook(to_sim(b), "vm_map");
     sim_t *s = to_sim(b);
     spend(s, atomic_load_explicit(&s->malloc_cost_ns, memory_order_relaxed));
     size_t first, count;
@@ -466,6 +480,7 @@ out:
 
 static int sim_vm_unmap(mt_backend_t *b, void *addr, size_t size)
 {
+    call_hook(to_sim(b), "vm_unmap");
     sim_t *s = to_sim(b);
     size_t first, count;
     int rc = 0;
@@ -720,6 +735,36 @@ fail_dev:
     return MT_ENOMEM;
 }
 
+/* The synchronisations as the backend's user calls them, through the test hook. */
+static int sim_stream_synchronize(mt_backend_t *b, mt_stream_t *st)
+{
+    call_hook(to_sim(b), "stream_synchronize");
+    return mt__sim_stream_synchronize(b, st);
+}
+
+static int sim_device_synchronize(mt_backend_t *b)
+{
+    call_hook(to_sim(b), "device_synchronize");
+    return mt__sim_device_synchronize(b);
+}
+
+static int sim_event_synchronize(mt_backend_t *b, mt_event_t *ev)
+{
+    call_hook(to_sim(b), "event_synchronize");
+    return mt__sim_event_synchronize(b, ev);
+}
+
+static int sim_event_create(mt_backend_t *b, mt_event_t **out)
+{
+    sim_t *s = to_sim(b);
+    pthread_mutex_lock(&s->mu);
+    bool fail = s->ev_fail_next > 0;
+    if (fail)
+        s->ev_fail_next--;
+    pthread_mutex_unlock(&s->mu);
+    return fail ? MT_ENOMEM : mt__sim_event_create(b, out);
+}
+
 static const mt_backend_ops_t sim_ops = {
     .name = "sim",
     .kind = MT_BACKEND_SIM,
@@ -735,17 +780,17 @@ static const mt_backend_ops_t sim_ops = {
     .vm_unmap = sim_vm_unmap,
     .stream_create = mt__sim_stream_create,
     .stream_destroy = mt__sim_stream_destroy,
-    .stream_synchronize = mt__sim_stream_synchronize,
+    .stream_synchronize = sim_stream_synchronize,
     .stream_wait_event = mt__sim_stream_wait_event,
     .launch_host_func = mt__sim_launch_host_func,
     .memcpy_async = mt__sim_memcpy_async,
     .memset_async = mt__sim_memset_async,
-    .device_synchronize = mt__sim_device_synchronize,
-    .event_create = mt__sim_event_create,
+    .device_synchronize = sim_device_synchronize,
+    .event_create = sim_event_create,
     .event_destroy = mt__sim_event_destroy,
     .event_record = mt__sim_event_record,
     .event_query = mt__sim_event_query,
-    .event_synchronize = mt__sim_event_synchronize,
+    .event_synchronize = sim_event_synchronize,
     .event_time_ns = mt__sim_event_time_ns,
     .host_malloc = sim_host_malloc,
     .host_free = sim_host_free,
@@ -774,6 +819,29 @@ int mt__sim_inject_malloc_errors(mt_backend_t *b, unsigned n, int rc)
     pthread_mutex_lock(&s->mu);
     s->fail_next = n;
     s->fail_rc = rc;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int mt__sim_set_call_hook(mt_backend_t *b, void (*cb)(void *ud, const char *call), void *ud)
+{
+    if (!mt__sim_is_sim(b))
+        return MT_EINVAL;
+    sim_t *s = to_sim(b);
+    pthread_mutex_lock(&s->mu);
+    s->call_cb = cb;
+    s->call_ud = ud;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+int mt__sim_inject_event_failures(mt_backend_t *b, unsigned n)
+{
+    if (!mt__sim_is_sim(b))
+        return MT_EINVAL;
+    sim_t *s = to_sim(b);
+    pthread_mutex_lock(&s->mu);
+    s->ev_fail_next = n;
     pthread_mutex_unlock(&s->mu);
     return 0;
 }

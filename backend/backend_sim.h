@@ -24,6 +24,13 @@ void mt__sim_set_costs(mt_backend_t *b, uint64_t malloc_ns, uint64_t free_ns);
 size_t mt__sim_used_bytes(const mt_backend_t *b);
 /* Number of live segments. */
 size_t mt__sim_segment_count(const mt_backend_t *b);
+/* Calls cb(ud, name) at the start of every call that can block or take the driver's
+ * locks: device/stream/event synchronize and vm_reserve/release/map/unmap as the backend's
+ * user makes them (not the device synchronise inside a segment free). cb = NULL removes it.
+ * cb runs on the calling thread, without any lock of the sim held. */
+int mt__sim_set_call_hook(mt_backend_t *b, void (*cb)(void *ud, const char *call), void *ud);
+/* The next n event creations fail with MT_ENOMEM (replaces any previous n). */
+int mt__sim_inject_event_failures(mt_backend_t *b, unsigned n);
 /* Walks the invariants of the memory state (sim_internal.h, at sim_t); 0 if they hold,
  * MT_EIO on the first violation. */
 int mt__sim_check(const mt_backend_t *b);

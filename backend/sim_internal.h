@@ -90,6 +90,9 @@ typedef struct sim_s {
     sim_host_t *hosts;   /* pinned host allocations, unordered list */
     unsigned fail_next;  /* the next fail_next segment mallocs / vm_maps fail (test hook) */
     int fail_rc;         /* ... with this code (MT_ENOMEM unless a test sets another) */
+    void (*call_cb)(void *ud, const char *call); /* test hook: each blocking call (sync, vm_*) */
+    void *call_ud;                               /* its argument */
+    unsigned ev_fail_next; /* the next ev_fail_next event creations fail (test hook) */
 
     pthread_mutex_t cost_mu;         /* held while a cost is spent: like the driver, the
                                       * sim runs one allocation call at a time */

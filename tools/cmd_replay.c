@@ -24,8 +24,8 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: memtrace replay FILE [--alloc-conf STR] [--warmup] [--capacity BYTES]\n"
-               "                            [--json] [--help]\n"
+    fprintf(f, "usage: memtrace replay FILE [--alloc-conf STR] [--warmup] [--second-pass]\n"
+               "                            [--capacity BYTES] [--json] [--help]\n"
                "\n"
                "Replays an allocation trace through the memtrace caching allocator on the sim\n"
                "backend (host memory posing as a device) and reports peak allocated and\n"
@@ -48,6 +48,9 @@ static void usage(FILE *f)
                "                     it), e.g. expandable_segments:True,max_split_size_mb:64\n"
                "  --warmup           replay once to measure the peak (warm-up reservation),\n"
                "                     then replay again and report that second run\n"
+               "  --second-pass      replay once unmeasured on the same allocator, then replay\n"
+               "                     again and report that second run (a training loop's\n"
+               "                     later iterations; ignored with --warmup)\n"
                "  --capacity BYTES   size of the simulated device (suffixes K, M, G, T, binary;\n"
                "                     default MEMTRACE_SIM_CAPACITY or 8G)\n"
                "  --json             print one JSON object instead of the table\n"
@@ -130,7 +133,10 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
 {
     char b1[64], b2[64];
     double ops = r->ops ? (double)r->ops : 1;
-    printf("memtrace replay: %s%s\n", path, cfg->warmup ? " (after a warm-up pass)" : "");
+    printf("memtrace replay: %s%s\n", path,
+           cfg->warmup        ? " (after a warm-up pass)"
+           : cfg->second_pass ? " (second pass on the same allocator)"
+                              : "");
     human(b1, sizeof b1, r->capacity);
     printf("  %-24s %s, capacity %s, modelled segment malloc %llu ns\n", "backend", r->backend, b1,
            (unsigned long long)r->malloc_cost_ns);
@@ -160,6 +166,9 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
         printf("  %-24s %llu backend calls, reserved %s\n", "warm-up",
                (unsigned long long)r->warmup_backend_calls, b1);
     }
+    if (cfg->second_pass && !cfg->warmup)
+        printf("  %-24s %llu backend calls\n", "first pass",
+               (unsigned long long)r->first_pass_backend_calls);
     printf("  %-24s malloc %llu, free %llu, vm map %llu, vm unmap %llu\n", "backend calls",
            (unsigned long long)r->backend_malloc, (unsigned long long)r->backend_free,
            (unsigned long long)r->backend_map, (unsigned long long)r->backend_unmap);
@@ -220,6 +229,7 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     bad |= json_object_set_new(o, "alloc_conf",
                                cfg->alloc_conf ? json_string(cfg->alloc_conf) : json_null());
     bad |= json_object_set_new(o, "warmup", json_boolean(cfg->warmup));
+    bad |= json_object_set_new(o, "second_pass", json_boolean(cfg->second_pass && !cfg->warmup));
     bad |= json_object_set_new(o, "events", json_integer((json_int_t)t->nrows));
     bad |= json_object_set_new(o, "allocates", json_integer((json_int_t)t->nallocs));
     bad |= json_object_set_new(o, "frees", json_integer((json_int_t)t->nfrees));
@@ -246,6 +256,8 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
                                json_integer((json_int_t)r->backend_unmap));
     bad |= json_object_set_new(o, "warmup_backend_calls",
                                json_integer((json_int_t)r->warmup_backend_calls));
+    bad |= json_object_set_new(o, "first_pass_backend_calls",
+                               json_integer((json_int_t)r->first_pass_backend_calls));
     bad |= json_object_set_new(o, "warmup_reserved_bytes",
                                json_integer((json_int_t)r->warmup_reserved));
     bad |=
@@ -271,6 +283,7 @@ int mt_cmd_replay(int argc, char **argv)
         {"alloc-conf", required_argument, NULL, 'c'},
         {"json", no_argument, NULL, 'j'},
         {"warmup", no_argument, NULL, 'w'},
+        {"second-pass", no_argument, NULL, 's'},
         {"capacity", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -292,6 +305,9 @@ int mt_cmd_replay(int argc, char **argv)
             break;
         case 'w':
             cfg.warmup = true;
+            break;
+        case 's':
+            cfg.second_pass = true;
             break;
         case 'C':
             if (parse_bytes(optarg, &cfg.capacity) < 0) {

@@ -71,6 +71,11 @@ typedef struct mt_alloc_cfg_s {
      * segregated fits), so small blocks fill the pages around large ones instead of pages
      * of their own. Their statistics then count in the large pool. */
     bool one_pool;
+    /* With expandable segments: requests of at least this many bytes get new pages from the
+     * top half of their range, smaller ones from the bottom half, so that large short-lived
+     * blocks reuse the same pages and do not cut holes among long-lived small ones. 0 = off;
+     * config key place_high_mb. */
+    size_t place_high;
     /* Call stacks of this allocator's allocations (mt_stacks_e, event.h): taken through the
      * sink's stack callback; MT_STACKS_DEFAULT = the sink's own setting (the profiler's
      * MEMTRACE_STACKS). Config key "stacks": off, sampled, all. */
@@ -83,7 +88,9 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
- * fit_large_segments, split_large_tails, one_pool, stacks (off/sampled/all). An unknown key or a
+ * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), and
+ * rules:reference (the reference allocator's plain-segment rules: no expandable segments,
+ * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then
  * left unchanged.
  */

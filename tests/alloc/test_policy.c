@@ -273,6 +273,18 @@ static void test_config_keys(void **state)
                                         err, sizeof err),
                      0);
     assert_true(c.release_to_fit && c.fit_large_segments && c.split_large_tails && c.one_pool);
+    assert_int_equal(
+        mt_alloc_cfg_parse(&c, "place_high_mb:48,expandable_segments:1", err, sizeof err), 0);
+    assert_int_equal(c.place_high, 48 * MIB);
+    /* rules:reference turns every policy beyond the reference's off, and later keys apply
+     * on top of it. */
+    assert_int_equal(
+        mt_alloc_cfg_parse(&c, "rules:reference,max_split_size_mb:64", err, sizeof err), 0);
+    assert_false(c.expandable_segments || c.release_to_fit || c.fit_large_segments ||
+                 c.split_large_tails || c.one_pool);
+    assert_int_equal(c.place_high, 0);
+    assert_int_equal(c.max_split_size, 64 * MIB);
+    assert_false(c.release_on_oom); /* not a placement rule: left as set above */
     mt_alloc_cfg_t d = mt_alloc_cfg_default();
     assert_false(d.release_to_fit || d.fit_large_segments || d.split_large_tails || d.one_pool);
 }
@@ -305,6 +317,8 @@ static void test_config_errors(void **state)
     expect_bad("release_on_oom:yes", "release_on_oom", "yes");
     expect_bad("release_smaller_segments:2", "release_smaller_segments", "2");
     expect_bad("bogus_key:1", "bogus_key", "1");
+    expect_bad("place_high_mb:-1", "place_high_mb", "-1");
+    expect_bad("rules:pytorch", "rules", "pytorch");
     /* A good key before a bad one is not applied either. */
     expect_bad("expandable_segments:True,nope:2", "nope", "2");
     expect_bad("max_split_size_mb", "max_split_size_mb", "");

@@ -143,6 +143,47 @@ static void test_expandable_one_pool(void **state)
     mt_backend_destroy(&b);
 }
 
+/* place_high: requests of at least place_high bytes get pages from the top half of the
+ * range, the others from the bottom half, so large short-lived blocks do not cut holes
+ * among small long-lived ones. Without it the large block extends the small one's run. */
+static void test_expandable_place_high(void **state)
+{
+    (void)state;
+    for (int on = 0; on < 2; on++) {
+        mt_backend_t *b = sim_backend(256 * MIB);
+        mt_alloc_t *a = make_alloc(b,
+                                   on ? "expandable_segments:True,one_pool:True,place_high_mb:32"
+                                      : "expandable_segments:True,one_pool:True,place_high_mb:0",
+                                   NULL);
+        char *small = xmalloc_dev(a, 3 * MIB, NULL, 0);
+        char *big = xmalloc_dev(a, 40 * MIB, NULL, 0);
+        char *mid = xmalloc_dev(a, 30 * MIB, NULL, 0); /* below the threshold: low half */
+        if (on) {
+            /* The range is twice the device: its halves are 256 MiB each. */
+            assert_true(big >= small + 256 * MIB);
+            assert_true(mid < small + 256 * MIB);
+            assert_int_equal(stats_of(a).segment[MT_STAT_ALL].current, 2);
+        } else {
+            assert_ptr_equal(big, small + 3 * MIB);
+        }
+        assert_ptr_equal(mid, on ? small + 3 * MIB : big + 40 * MIB);
+        assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 74 * MIB);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_free(a, big);
+        /* A second large request reuses the top pages. */
+        char *big2 = xmalloc_dev(a, 40 * MIB, NULL, 0);
+        assert_ptr_equal(big2, big);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_free(a, big2);
+        mt_alloc_free(a, mid);
+        mt_alloc_free(a, small);
+        assert_int_equal(mt_alloc_empty_cache(a), 0);
+        assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+        mt_alloc_destroy(&a);
+        mt_backend_destroy(&b);
+    }
+}
+
 /* Variable shapes: expandable segments keep reserved close to allocated where plain
  * segments strand memory between segments. */
 static void test_expandable_less_reserved(void **state)
@@ -404,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_release_smaller_segments),
         cmocka_unit_test(test_expandable_release_to_fit),
         cmocka_unit_test(test_expandable_one_pool),
+        cmocka_unit_test(test_expandable_place_high),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -274,6 +274,25 @@ static void test_warmup_makes_no_backend_calls(void **state)
     json_decref(o);
 }
 
+/* --second-pass measures a second replay on the same allocator: the first pass's calls are
+ * reported apart, and a trace whose shapes repeat (the RNN one, reference rules) is served
+ * from the cache the first pass left. */
+static void test_second_pass(void **state)
+{
+    run_t r = run("replay", TRACES_DIR "/rnn_varlen.csv", "--second-pass", "--alloc-conf",
+                  "rules:reference", "--json", NULL);
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    json_t *o = json_loads(r.out, 0, NULL);
+    assert_non_null(o);
+    assert_true(json_is_true(json_object_get(o, "second_pass")));
+    assert_true(jint(o, "first_pass_backend_calls") >= 1);
+    assert_int_equal(jint(o, "backend_malloc_calls") + jint(o, "backend_free_calls"), 0);
+    assert_true(jint(o, "peak_reserved_bytes") >= jint(o, "peak_allocated_bytes"));
+    json_decref(o);
+    run_free(&r);
+}
+
 /* A device smaller than the trace's peak: allocations fail, are counted, nothing crashes. */
 static void test_small_device_counts_ooms(void **state)
 {
@@ -394,6 +413,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_json_resnet50),
         cmocka_unit_test(test_json_streams_exact_peak),
         cmocka_unit_test(test_warmup_makes_no_backend_calls),
+        cmocka_unit_test(test_second_pass),
         cmocka_unit_test(test_small_device_counts_ooms),
         cmocka_unit_test(test_huge_sizes_are_ooms),
         cmocka_unit_test(test_rnn_trace_reproducible),
