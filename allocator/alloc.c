@@ -260,8 +260,11 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     b->npending = 0;
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
-    if (__builtin_expect(near_quick, 0))
+    if (__builtin_expect(near_quick, 0)) {
+        /* merged through the quick blocks beside it: the bins' view, not a LIFO's */
+        b = mt__quick_dissolve(a, b);
         mt__quick_step_end(a, b, &step);
+    }
     seg->last_used = ++a->clock;
     if (__builtin_expect(a->cfg.sink != NULL, 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);
@@ -432,6 +435,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
                       "memtrace: allocator destroyed with %lld live allocations (%lld bytes); "
                       "released with it",
                       (long long)leaks, (long long)a->st.allocated_bytes[MT_STAT_ALL].current);
+    mt__plan_fini(a);
     mt__seg_destroy_all(a);
     for (size_t i = 0; i < a->nstreams; i++) {
         for (int bp = 0; bp < MT__BP_N; bp++)
@@ -637,11 +641,20 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         rc = MT_ENOMEM;
         goto out;
     }
+    mt_block_t *front = NULL;
     mt_block_t *b = a->nquick > 0 ? mt__quick_take(a, sr, bp, rsize) : NULL;
-    bool quick = b != NULL, near_quick = false;
+    bool quick = b != NULL, planned = false, near_quick = false;
     mt__qstep_t step;
     if (!quick) {
-        b = find_cached(a, sr, bp, rsize);
+        /* Any other request sees the stream's free space merged, as the bins alone would
+         * hold it, so that its placement is theirs. */
+        if (sr->bins[bp]->nquick > 0)
+            mt__quick_flush(a, sr->bins[bp]);
+        /* After a warm-up, its plan places the request first (reserve.c). */
+        b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front) : NULL;
+        planned = b != NULL;
+        if (b == NULL)
+            b = find_cached(a, sr, bp, rsize);
         if (b == NULL && a->nquick > 0) { /* merged, the quick blocks may fit */
             mt__quick_flush_all(a);
             b = find_cached(a, sr, bp, rsize);
@@ -664,6 +677,8 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
             mt__seg_split(a, b, rsize);
     }
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
+    if (front != NULL)
+        mt__seg_bin_in(a, front);
     if (__builtin_expect(near_quick, 0))
         mt__quick_step_end(a, b, &step);
     b->requested = size;
@@ -683,6 +698,10 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         if (near_quick)
             mt__quick_step_end(a, b, &step);
         goto out;
+    }
+    if (planned) {
+        b->planned = true;
+        a->plan.live++;
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool, st = mt__stat_pool(sp);
@@ -784,6 +803,8 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     }
     if (a->warming && b->gen == a->gen)
         mt__warm_record_free(a, b);
+    if (b->planned)
+        mt__plan_freed(a, b);
     bool keep = mt__quick_may_keep(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
@@ -802,14 +823,11 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         mt_assert(a->npending >= b->npending);
     }
     b->nuses = 0;
-    if (keep) {
+    if (keep && mt__quick_push(a, b)) {
         /* No other stream used it: free at once, kept whole for a reuse of its size. */
         mt_assert(b->npending == 0 && nwait == 0);
-        uintptr_t addr = b->addr;
-        size_t bsize = b->size;
-        mt__quick_push(a, b);
         if (__builtin_expect(a->cfg.sink != NULL, 0))
-            emit_free_completed(a, addr, bsize, seg, b->tag, t, req_held ? &req : NULL);
+            emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
     } else if (nwait > 0) {
         wait_streams(a, b, nwait);
     } else if (b->npending == 0) {

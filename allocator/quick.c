@@ -121,24 +121,49 @@ static void list_remove(mt_binset_t *bs, mt_block_t *b)
     bs->nquick--;
 }
 
+/* No bin of bs in classes [c0, c1] holds a block, but `except` alone in its class. */
+static bool classes_empty(const mt_binset_t *bs, unsigned c0, unsigned c1, const mt_block_t *except)
+{
+    for (unsigned r = c0 / MT__SL_N; r <= c1 / MT__SL_N; r++) {
+        if (((bs->row_map >> r) & 1) == 0)
+            continue;
+        uint32_t m = bs->cls_map[r];
+        if (r == c0 / MT__SL_N)
+            m &= ~0u << (c0 % MT__SL_N);
+        if (r == c1 / MT__SL_N && c1 % MT__SL_N != MT__SL_N - 1)
+            m &= (2u << (c1 % MT__SL_N)) - 1;
+        for (; m != 0; m &= m - 1) {
+            const mt_block_t *h = bs->heads[r * MT__SL_N + (unsigned)__builtin_ctz(m)];
+            if (h != except || h->bin_next != NULL)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* ---- keep, take, dissolve, flush ---- */
 
-void mt__quick_push(mt_alloc_t *a, mt_block_t *b)
+bool mt__quick_push(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending == 0 && b->nuses == 0);
     mt_assert(!b->split_counted && !a->warming);
+    /* Kept only where a later take can be what the bins would give (mt__quick_take):
+     * nothing free before it; a free run may follow. */
+    if (is_free(b->prev))
+        return false;
+    runstat_t apart, joined;
+    around(b, &apart, &joined);
     int bp = b->seg->pool, sp = mt__stat_pool(bp);
     mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
     mt__stat_sub2(a->st.active, sp, 1);
-    runstat_t apart, joined;
-    around(b, &apart, &joined);
     b->state = MT__BLOCK_QUICK;
     b->requested = 0;
     list_push(b->seg->bins, b);
     a->nquick++;
     split_move(a, bp, apart, joined);
     b->seg->last_used = ++a->clock;
+    return true;
 }
 
 mt_block_t *mt__quick_take(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize)
@@ -149,6 +174,13 @@ mt_block_t *mt__quick_take(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsi
     if (bs->quick[i].n == 0 || bs->quick[i].size != rsize)
         return NULL;
     mt_block_t *b = bs->quick[i].head;
+    /* Only the block the bins would give: with b merged into its free tail (if any),
+     * best fit finds nothing in the classes from rsize's to the merged block's but it. */
+    const mt_block_t *tail = is_free(b->next) ? b->next : NULL;
+    size_t merged = rsize + (tail != NULL ? tail->size : 0);
+    if (merged >= a->cfg.max_split_size ||
+        !classes_empty(bs, mt__bin_class(rsize), mt__bin_class(merged), tail))
+        return NULL;
     runstat_t apart, joined;
     around(b, &apart, &joined);
     list_remove(bs, b);
@@ -180,13 +212,33 @@ static void split_restore(mt_alloc_t *a, const splitsave_t *s)
 }
 
 /* Quick block b becomes inactive, merged with its inactive neighbours, in the bins. */
-static void unquick(mt_alloc_t *a, mt_block_t *b)
+static mt_block_t *unquick(mt_alloc_t *a, mt_block_t *b)
 {
     list_remove(b->seg->bins, b);
     a->nquick--;
     mt__addrmap_del(&a->map, b->addr);
     b->state = MT_BLOCK_INACTIVE;
-    mt__seg_bin_in(a, mt__seg_merge(a, b));
+    b = mt__seg_merge(a, b);
+    mt__seg_bin_in(a, b);
+    return b;
+}
+
+mt_block_t *mt__quick_dissolve(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(is_free(b));
+    while (is_free(b->prev))
+        b = b->prev;
+    /* Left to right: each quick block merges with the inactive one before it. */
+    for (;;) {
+        if (b->state == MT__BLOCK_QUICK)
+            b = unquick(a, b); /* b may be gone: merged into the block before it */
+        if (!is_free(b->next))
+            break;
+        b = b->next;
+    }
+    mt_assert(b->state == MT_BLOCK_INACTIVE && !is_free(b->prev));
+    return b;
 }
 
 static runstat_t region_stats(const mt_block_t *b)
@@ -210,6 +262,18 @@ void mt__quick_step_end(mt_alloc_t *a, const mt_block_t *b, const mt__qstep_t *s
     mt__alloc_assert_owner(a);
     split_restore(a, (const splitsave_t *)st->save);
     split_move(a, b->seg->pool, (runstat_t){st->n, st->bytes}, region_stats(b));
+}
+
+void mt__quick_flush(mt_alloc_t *a, mt_binset_t *bs)
+{
+    mt__alloc_assert_owner(a);
+    if (bs->nquick == 0)
+        return;
+    splitsave_t save;
+    split_save(a, &save);
+    while (bs->qmap != 0)
+        unquick(a, bs->quick[__builtin_ctzll(bs->qmap)].head);
+    split_restore(a, &save);
 }
 
 void mt__quick_flush_all(mt_alloc_t *a)

@@ -112,8 +112,8 @@ static void test_other_size_uses_their_space(void **state)
     char *p3 = xmalloc_dev(a, 1 * MIB, NULL, 0); /* the segment is full */
     assert_ptr_equal(p2, p1 + 512 * KIB);
     uint64_t m = backend_mallocs(b);
-    mt_alloc_free(a, p1);
     mt_alloc_free(a, p2);
+    mt_alloc_free(a, p1);
     assert_int_equal(nquick(a), 2);
     mt_alloc_stats_t s = stats_of(a);
     assert_int_equal(s.largest_free_block, 1 * MIB); /* the two, merged */
@@ -126,6 +126,35 @@ static void test_other_size_uses_their_space(void **state)
     assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_free(a, r);
     mt_alloc_free(a, p3);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* A free right after a free block merges: a later take of it would not be the block the
+ * bins give (their merged run starts lower). A free before a quick block merges through. */
+static void test_free_beside_free_merges(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    char *p1 = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    char *p2 = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    char *p3 = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    char *p4 = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    mt_alloc_free(a, p1);
+    assert_int_equal(nquick(a), 1);
+    mt_alloc_free(a, p2); /* after p1, free: merged with it */
+    assert_int_equal(nquick(a), 0);
+    mt_alloc_free(a, p4); /* after p3, allocated: kept */
+    assert_int_equal(nquick(a), 1);
+    stats_agree_with_snapshot(a);
+    mt_alloc_free(a, p3); /* before p4 (quick) and after p1+p2: one free segment */
+    assert_int_equal(nquick(a), 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.largest_free_block, 2 * MIB);
+    assert_int_equal(s.inactive_split[MT_STAT_ALL].current, 0);
+    stats_agree_with_snapshot(a);
+    assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
 }
@@ -262,6 +291,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_size_comes_back_whole),
         cmocka_unit_test(test_other_size_uses_their_space),
+        cmocka_unit_test(test_free_beside_free_merges),
         cmocka_unit_test(test_recorded_block_never_quick),
         cmocka_unit_test(test_empty_cache_and_warmup_flush),
         cmocka_unit_test(test_check_sees_quick_damage),
