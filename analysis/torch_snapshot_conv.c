@@ -319,13 +319,66 @@ static int annotation_mark(const mt_ts_annotation_t *a)
     return 0;
 }
 
+/* An expandable segment of the snapshot's final state: [addr, end), large or small pool. */
+typedef struct xseg_s {
+    uint64_t addr, end;
+    bool large;
+} xseg_t;
+
 /* One device's cursor through its trace while records are made. */
 typedef struct cursor_s {
     const mt_ts_event_t *ev;
     size_t i, n;
     uint64_t allocated, reserved;
     walk_t w;
+    xseg_t *xs; /* the device's expandable segments at the end, by address */
+    size_t nxs;
 } cursor_t;
+
+static int cmp_xseg(const void *a, const void *b)
+{
+    const xseg_t *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The device's expandable segments at the end, sorted, so that a map's pool is the pool of
+ * the segment it ends up in: the trace's events carry no pool, and the model joins mapped
+ * pages into one segment only within a pool. */
+static int cursor_xsegs(cursor_t *c, const mt_ts_t *ts, unsigned device)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < ts->nsegments; i++)
+        n += ts->segments[i].expandable && ts->segments[i].device == (int)device;
+    if (n == 0)
+        return 0;
+    c->xs = malloc(n * sizeof *c->xs);
+    if (c->xs == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *sg = &ts->segments[i];
+        if (sg->expandable && sg->device == (int)device)
+            c->xs[c->nxs++] = (xseg_t){sg->addr, sg->addr + sg->total_size, sg->large};
+    }
+    qsort(c->xs, c->nxs, sizeof *c->xs, cmp_xseg);
+    return 0;
+}
+
+/* The pool of a map or unmap of size bytes at addr: that of the final expandable segment
+ * holding addr, else (pages unmapped before the end) the pool its size implies. */
+static uint8_t map_pool(const cursor_t *c, uint64_t addr, uint64_t size)
+{
+    size_t lo = 0, hi = c->nxs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->xs[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0 && addr < c->xs[lo - 1].end)
+        return c->xs[lo - 1].large ? MT_POOL_LARGE : MT_POOL_SMALL;
+    return pool_of(size, true);
+}
 
 static int64_t ev_time(const cursor_t *c)
 {
@@ -385,12 +438,14 @@ static int make_record(cursor_t *c, const mt_ts_event_t *e, mt_event_rec_t *r, b
     case MT_TS_SEGMENT_ALLOC:
     case MT_TS_SEGMENT_MAP:
         c->reserved += e->size;
-        r->pool = pool_of(e->size, true);
+        r->pool =
+            e->action == MT_TS_SEGMENT_MAP ? map_pool(c, e->addr, e->size) : pool_of(e->size, true);
         break;
     case MT_TS_SEGMENT_FREE:
     case MT_TS_SEGMENT_UNMAP:
         c->reserved -= e->size < c->reserved ? e->size : c->reserved;
-        r->pool = pool_of(e->size, true);
+        r->pool = e->action == MT_TS_SEGMENT_UNMAP ? map_pool(c, e->addr, e->size)
+                                                   : pool_of(e->size, true);
         break;
     case MT_TS_OOM:
         r->size = e->addr; /* memtrace: size = free device bytes, requested = the request */
@@ -486,6 +541,8 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         rc = mt_ts_figures(ts, d, &fig);
         cur[d].ev = dev_events(ts, d, &cur[d].n);
         cur[d].reserved = fig.reserved_start;
+        if (rc == 0)
+            rc = cursor_xsegs(&cur[d], ts, d);
     }
     for (size_t i = 0; i < ts->nannotations; i++)
         ann[i] = &ts->annotations[i];
@@ -540,8 +597,10 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         }
     }
 done:
-    for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++)
+    for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++) {
         free(cur[d].w.live.t);
+        free(cur[d].xs);
+    }
     free(cur);
     free(ann);
     return rc;
