@@ -278,6 +278,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
                       "memtrace: allocator destroyed with %lld live allocations (%lld bytes); "
                       "released with it",
                       (long long)leaks, (long long)a->st.allocated_bytes[MT_STAT_ALL].current);
+    mt__plan_fini(a);
     mt__seg_destroy_all(a);
     for (size_t i = 0; i < a->nstreams; i++) {
         for (int bp = 0; bp < MT__BP_N; bp++)
@@ -481,7 +482,12 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         rc = MT_ENOMEM;
         goto out;
     }
-    mt_block_t *b = find_cached(a, sr, bp, rsize);
+    /* After a warm-up, its plan places the request first (reserve.c). */
+    mt_block_t *front = NULL;
+    mt_block_t *b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front) : NULL;
+    bool planned = b != NULL;
+    if (b == NULL)
+        b = find_cached(a, sr, bp, rsize);
     if (b == NULL && run_free_callbacks(a, size, stream))
         b = find_cached(a, sr, bp, rsize);
     if (b == NULL) {
@@ -494,6 +500,8 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     if (mt__seg_should_split(a, b, rsize))
         mt__seg_split(a, b, rsize);
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
+    if (front != NULL)
+        mt__seg_bin_in(a, front);
     b->requested = size;
     b->tag = (uint8_t)tag;
     b->gen = a->gen;
@@ -506,6 +514,10 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         b->requested = 0;
         mt__seg_bin_in(a, mt__seg_merge(a, b));
         goto out;
+    }
+    if (planned) {
+        b->planned = true;
+        a->plan.live++;
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool;
@@ -587,6 +599,8 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     }
     if (a->warming && b->gen == a->gen)
         mt__warm_record_free(a, b);
+    if (b->planned)
+        mt__plan_freed(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
     for (uint32_t i = 0; i < b->nuses; i++) {

@@ -7,7 +7,8 @@
  *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
- *   reserve.c  warm-up reservations
+ *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
+ *   plan.c     offline placement of a recorded warm-up (greedy by size)
  *
  * All metadata lives on the host; nothing is ever written into device memory.
  * Every function here expects the allocator's mutex held unless it says otherwise; those
@@ -95,6 +96,7 @@ struct mt_block_s {
     uint8_t state;        /* mt_block_state_e */
     uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
     bool split_counted;   /* counted in inactive_split stats */
+    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which
@@ -218,6 +220,50 @@ typedef struct mt__warm_op_s {
     uint32_t of;
 } mt__warm_op_t;
 
+/* The warm-up plan (reserve.c): where each allocation of the last recorded warm-up goes in
+ * its reservation, so that a later run repeating the warm-up's requests lands every block
+ * where the offline placement put it. ent[k] is the k-th allocation of the warm-up; a run
+ * takes them in order from the cursor, one per request on the plan's stream.
+ * Invariants: n = 0 <=> sr = NULL <=> nsegs = 0; n > 0 => first, cursor < n and
+ * ent[first].addr != 0, ent[cursor].addr != 0 (first: the lowest such entry); ntaken = number of
+ * bits set in taken, each for an entry < n with addr != 0; every segs[i] is a segment of a->segs
+ * with reserved set and stream = sr->stream; ent[k].addr != 0 => ent[k].seg < nsegs, [addr, addr +
+ * size) lies in segs[ent[k].seg], size is a multiple of MT__ALIGN and >= MT__MIN_BLOCK; ent[k].left
+ * != MT__PLAN_NONE => ent[left].addr != 0, same seg, ent[left].addr + ent[left].size <=
+ * ent[k].addr; live = number of blocks with planned set; each is ACTIVE_ALLOCATED in one of segs.
+ */
+#define MT__PLAN_NONE UINT32_MAX
+typedef struct mt__plan_ent_s {
+    uintptr_t addr; /* planned device address; 0 = not placed (kept past the warm-up) */
+    size_t size;    /* planned bytes: the rounded request, rounded up to MT__MIN_BLOCK */
+    uint32_t left;  /* entry whose planned block ends nearest below addr while this one is
+                     * allocated (a start for finding its free block), or MT__PLAN_NONE */
+    uint16_t seg;   /* index into segs */
+    bool anchor;    /* no planned block is live just before it (an iteration may start here) */
+} mt__plan_ent_t;
+
+typedef struct mt__plan_s {
+    mt__plan_ent_t *ent; /* n entries, in the warm-up's allocation order */
+    size_t n;            /* entries; 0 = no plan */
+    size_t first;        /* first entry with a place: where a pass starts */
+    size_t cursor;       /* entry after the last one taken: the next request's */
+    uint64_t *taken;     /* bit k: ent[k] was taken in this pass over the sequence */
+    size_t ntaken;       /* bits set in taken */
+    size_t live;         /* blocks placed by the plan and still allocated */
+    mt_streamrec_t *sr;  /* the reservation's stream */
+    mt_segment_t **segs; /* segments the plan places into, nsegs of them */
+    size_t nsegs;
+} mt__plan_t;
+
+/* One item of the offline placement (plan.c): live at times t0 <= t < t1, size bytes;
+ * placed at offset off of strip `strip`. */
+typedef struct mt__plan_item_s {
+    size_t size;     /* bytes, > 0 */
+    size_t off;      /* out: offset in the strip */
+    uint32_t t0, t1; /* lifetime in op indices, t0 < t1 */
+    uint32_t strip;  /* out: strip index */
+} mt__plan_item_t;
+
 /* The allocator.
  * Thread-safety: one pthread mutex (mu) per allocator guards all of its state; the event
  * sink and the log callback are called with it held. No call that blocks on the device
@@ -298,6 +344,7 @@ struct mt_alloc_s {
     mt__warm_op_t *wops;
     size_t nwops, cap_wops;
     bool wops_failed;
+    mt__plan_t plan; /* placement of the last warm-up's allocations in its reservation */
 
     /* Free-memory callbacks (mt_alloc_add_free_callback), in registration order.
      * in_free_cbs: a run of them is under way (the lock is released meanwhile). */
@@ -552,6 +599,29 @@ void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
  * warm-up's recorded sequence; only called while a->warming. */
 void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
 void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
+/* The cached block the plan gives a request of rsize bytes on sr (inactive, in the bins,
+ * starting at the planned address), or NULL: no plan for sr, the request differs from
+ * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
+ * block split off below it, out of the bins until the caller has made the returned
+ * block active (then mt__seg_bin_in), or NULL. */
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front);
+/* b, placed by the plan, is being freed. */
+static inline void mt__plan_freed(mt_alloc_t *a, mt_block_t *b)
+{
+    mt_assert(b->planned && a->plan.live > 0);
+    b->planned = false;
+    a->plan.live--;
+}
+/* Frees the plan (destroy). */
+void mt__plan_fini(mt_alloc_t *a);
+/* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */
+const char *mt__plan_check(const mt_alloc_t *a);
+
+/* ---- plan.c ---- */
+/* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
+ * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
+int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                   size_t *extent);
 
 /* ---- config.c ---- */
 int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);

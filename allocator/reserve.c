@@ -3,30 +3,64 @@
  * live transient bytes fit in them therefore never calls the backend's malloc.
  *
  * mt_alloc_reserve(bytes) reserves one new segment of the user's size. A measured
- * warm-up (warmup_begin/end) plans the reservation instead of sizing it by the peak
- * alone: the free room left in the stream's large segments that hold long-lived blocks
- * (weights, optimizer state: typically most of a 20 MiB segment) counts towards it, and
- * only what the warm-up's transient requests cannot fit there is reserved as a new
- * segment. "Fit" is decided by replaying the recorded request sequence (sizes and order)
- * with best fit over that free room plus a candidate new segment, growing the candidate
- * until the replay fits. The segments whose room the plan uses become reserved (they keep
- * serving any size on the stream and are never released while the reservation stands),
- * so a run that repeats the warm-up's pattern finds the same room. Requests on every
- * stream are recorded and replayed on the reservation's stream (conservative, like the
- * measured peak). A replay costs O(requests x free extents); the search makes
- * O(log(size / 2 MiB)) of them, once per warm-up. */
+ * warm-up (warmup_begin/end) records its requests in order and plans the reservation
+ * offline: every transient allocation (freed within the warm-up) gets an address such
+ * that allocations live at the same time never overlap (plan.c, greedy by size). The
+ * free room left in the stream's large segments that hold long-lived blocks (weights,
+ * optimizer state: typically most of a 20 MiB segment) is offered first; what does not
+ * fit there goes to one new segment, as large as the placement's extent (rounded up to
+ * 2 MiB). The segments the plan uses become reserved (they keep serving any size on the
+ * stream and are never released while the reservation stands).
+ *
+ * The plan stays with the allocator (mt__plan_t): later requests on the reservation's
+ * stream are matched, in order, with the warm-up's allocations, and one that is no
+ * larger than its planned block and whose planned place is free is put exactly there.
+ * A run that repeats the warm-up's sequence thus reproduces the plan block for block
+ * and needs no more than its extent. Any other request (larger than planned, or its
+ * place taken, or beyond the sequence) falls back to best fit in the reservation, then
+ * to the pools. When no planned block is live but the plan expects some, the run has
+ * left the sequence, and a request the first entry takes starts it again (the next
+ * iteration of a training loop). Requests on every stream are recorded and placed on
+ * the reservation's stream (conservative, like the measured peak). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "allocator/internal.h"
 
-/* Slack added to a measured warm-up peak: the peak is measured in rounded block sizes,
- * so rounding is already in it; the slack covers fragmentation inside the reservation
- * when a later run allocates the same shapes at other lengths or in another order. One
- * thirty-second of the peak (then rounded up to 2 MiB) keeps utilization at peak above
- * 0.95; the RNN-like test pattern needs none beyond the 2 MiB rounding. */
+/* Slack added to a measured warm-up peak when the sequence could not be recorded (no
+ * host memory) and the whole transient peak is reserved instead of a plan: it covers
+ * fragmentation inside the reservation under best fit. */
 #define WARMUP_SLACK_DIV 32
 #define RESERVE_ROUND    ((size_t)2 << 20)
+
+/* ---- the plan's lifetime ---- */
+
+/* Forgets the plan: its blocks become ordinary ones. */
+static void plan_drop(mt_alloc_t *a)
+{
+    mt__plan_t *p = &a->plan;
+    if (p->live > 0)
+        for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
+            for (mt_block_t *b = s->first; b != NULL; b = b->next)
+                b->planned = false;
+    free(p->ent);
+    free(p->segs);
+    free(p->taken);
+    *p = (mt__plan_t){0};
+}
+
+void mt__plan_fini(mt_alloc_t *a)
+{
+    plan_drop(a);
+}
+
+static bool plan_uses(const mt_alloc_t *a, const mt_segment_t *seg)
+{
+    for (size_t i = 0; i < a->plan.nsegs; i++)
+        if (a->plan.segs[i] == seg)
+            return true;
+    return false;
+}
 
 static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
 {
@@ -48,6 +82,8 @@ static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
                            mt__public_pool(s->pool), 0);
             return 0;
         }
+        if (plan_uses(a, s))
+            plan_drop(a);
         mt__seg_release(a, s);
     }
     mt_segment_t *seg = NULL;
@@ -136,194 +172,140 @@ void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b)
     wop_push(a, 0, b->wid);
 }
 
-/* ---- planning: best-fit replay of the warm-up over free extents ----
- * A model of the reserved pool: free extents (segment index, address, size) kept sorted
- * by (segment, address); an allocation takes the smallest extent that fits (the lowest
- * on ties) from its front, whole when the remainder would be under the minimum block
- * (the reserved pool's split rule); a free coalesces with same-segment neighbours. The
- * real bins are a segregated best fit, so the model is close to, not identical with,
- * the allocator; the plan's slack covers the difference. */
+/* ---- planning: offline placement of the recorded warm-up ----
+ * Items are the warm-up's transient allocations (freed within it), live from their
+ * allocation to their free (op indices). Strips are the free blocks of the candidate
+ * segments (bounded) and one new segment (unbounded); plan.c places the items. The new
+ * segment is the unbounded strip's extent rounded up to RESERVE_ROUND, with no slack: a
+ * later run that repeats the sequence lands every block where the plan put it. */
 
-typedef struct ext_s {
-    uint32_t seg;
-    uintptr_t addr;
-    size_t size;
-} ext_t;
+typedef struct strip_s {
+    uint32_t cand;  /* candidate segment index; ncand = the new segment */
+    uintptr_t base; /* address of the free block (0 for the new segment) */
+} strip_t;
 
-typedef struct plan_s {
-    ext_t *ext; /* free extents, sorted by (seg, addr) */
-    size_t next, cap;
-    ext_t *placed;  /* per op: where its allocation went (allocations only) */
-    bool *freed;    /* per op: the allocation is freed later in the warm-up */
-    bool *seg_used; /* per candidate segment: the replay placed a block in it */
-    size_t peak;    /* transient peak of the replay, bytes */
-} plan_t;
+typedef struct build_s {
+    mt__plan_item_t *items; /* transient allocations */
+    uint32_t *item_ent;     /* per item: its entry (allocation index) */
+    size_t nitems;
+    strip_t *strips; /* bounded strips, then the new segment */
+    size_t *cap;
+    size_t nstrips;
+    uint32_t *ent_of;  /* per op: index of the allocation it is (or frees) */
+    uint32_t *free_op; /* per entry: op index of its free, or MT__PLAN_NONE */
+    size_t nent;
+} build_t;
 
-static int ext_cmp(const ext_t *x, uint32_t seg, uintptr_t addr)
+static void build_free(build_t *bd)
 {
-    if (x->seg != seg)
-        return x->seg < seg ? -1 : 1;
-    return x->addr < addr ? -1 : x->addr > addr ? 1 : 0;
+    free(bd->items);
+    free(bd->item_ent);
+    free(bd->strips);
+    free(bd->cap);
+    free(bd->ent_of);
+    free(bd->free_op);
 }
 
-static int ext_insert(plan_t *p, ext_t e)
+/* Items and lifetimes from the recorded ops. */
+static int build_items(build_t *bd, const mt_alloc_t *a)
 {
-    size_t lo = 0, hi = p->next;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (ext_cmp(&p->ext[mid], e.seg, e.addr) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    ext_t *prev = lo > 0 ? &p->ext[lo - 1] : NULL;
-    ext_t *next = lo < p->next ? &p->ext[lo] : NULL;
-    bool with_prev = prev && prev->seg == e.seg && prev->addr + prev->size == e.addr;
-    bool with_next = next && next->seg == e.seg && e.addr + e.size == next->addr;
-    if (with_prev && with_next) {
-        prev->size += e.size + next->size;
-        memmove(next, next + 1, (p->next - lo - 1) * sizeof *next);
-        p->next--;
-    } else if (with_prev) {
-        prev->size += e.size;
-    } else if (with_next) {
-        next->addr = e.addr;
-        next->size += e.size;
-    } else {
-        if (p->next == p->cap) {
-            size_t cap = p->cap ? p->cap * 2 : 64;
-            ext_t *n = realloc(p->ext, cap * sizeof *n);
-            if (n == NULL)
-                return MT_ENOMEM;
-            p->ext = n;
-            p->cap = cap;
-        }
-        memmove(&p->ext[lo + 1], &p->ext[lo], (p->next - lo) * sizeof e);
-        p->ext[lo] = e;
-        p->next++;
-    }
-    return 0;
-}
-
-/* Free extents of the candidate segments (in candidate order) and, when extra > 0, one
- * fresh segment of extra bytes as candidate ncand. */
-static int plan_reset(plan_t *p, mt_segment_t *const *cand, size_t ncand, size_t extra)
-{
-    p->next = 0;
-    for (size_t i = 0; i < ncand; i++)
-        for (const mt_block_t *b = cand[i]->first; b != NULL; b = b->next)
-            if (b->state == MT_BLOCK_INACTIVE &&
-                ext_insert(p, (ext_t){(uint32_t)i, b->addr, b->size}) != 0)
-                return MT_ENOMEM;
-    if (extra > 0 && ext_insert(p, (ext_t){(uint32_t)ncand, 0, extra}) != 0)
+    bd->ent_of = malloc((a->nwops + 1) * sizeof *bd->ent_of);
+    bd->free_op = malloc((a->nwops + 1) * sizeof *bd->free_op);
+    bd->items = malloc((a->nwops + 1) * sizeof *bd->items);
+    bd->item_ent = malloc((a->nwops + 1) * sizeof *bd->item_ent);
+    if (!bd->ent_of || !bd->free_op || !bd->items || !bd->item_ent)
         return MT_ENOMEM;
-    return 0;
-}
-
-/* Replays the transient requests (allocations freed within the warm-up) over the extents;
- * 0 if every one fits, MT_ENOMEM if one does not (or host memory ran out). */
-static int plan_replay(plan_t *p, const mt_alloc_t *a, size_t ncand)
-{
-    memset(p->seg_used, 0, (ncand + 1) * sizeof *p->seg_used);
-    size_t live = 0;
-    p->peak = 0;
     for (size_t i = 0; i < a->nwops; i++) {
         const mt__warm_op_t *op = &a->wops[i];
-        if (op->rsize == 0) {
-            ext_t e = p->placed[op->of];
-            live -= e.size;
-            if (ext_insert(p, e) != 0)
-                return MT_ENOMEM;
-            continue;
-        }
-        if (!p->freed[i])
-            continue; /* kept past the warm-up: already has its memory */
-        size_t best = SIZE_MAX;
-        for (size_t k = 0; k < p->next; k++)
-            if (p->ext[k].size >= op->rsize &&
-                (best == SIZE_MAX || p->ext[k].size < p->ext[best].size))
-                best = k;
-        if (best == SIZE_MAX)
-            return MT_ENOMEM;
-        ext_t *e = &p->ext[best];
-        ext_t got = *e;
-        if (e->size - op->rsize >= MT__MIN_BLOCK) {
-            got.size = op->rsize;
-            e->addr += op->rsize;
-            e->size -= op->rsize;
+        if (op->rsize > 0) {
+            bd->ent_of[i] = (uint32_t)bd->nent;
+            bd->free_op[bd->nent++] = MT__PLAN_NONE;
         } else {
-            memmove(e, e + 1, (p->next - best - 1) * sizeof *e);
-            p->next--;
+            bd->ent_of[i] = bd->ent_of[op->of];
+            bd->free_op[bd->ent_of[i]] = (uint32_t)i;
         }
-        p->placed[i] = got;
-        p->seg_used[got.seg] = true;
-        live += got.size;
-        if (live > p->peak)
-            p->peak = live;
+    }
+    for (size_t i = 0; i < a->nwops; i++) {
+        const mt__warm_op_t *op = &a->wops[i];
+        uint32_t k = bd->ent_of[i];
+        if (op->rsize == 0 || bd->free_op[k] == MT__PLAN_NONE)
+            continue;
+        bd->item_ent[bd->nitems] = k;
+        bd->items[bd->nitems++] = (mt__plan_item_t){
+            .size = (op->rsize + MT__MIN_BLOCK - 1) / MT__MIN_BLOCK * MT__MIN_BLOCK,
+            .t0 = (uint32_t)i,
+            .t1 = bd->free_op[k],
+        };
     }
     return 0;
 }
 
-static int plan_fits(plan_t *p, const mt_alloc_t *a, mt_segment_t *const *cand, size_t ncand,
-                     size_t extra)
+/* One bounded strip per free block of the candidates, then the unbounded one. */
+static int build_strips(build_t *bd, mt_segment_t *const *cand, size_t ncand)
 {
-    int rc = plan_reset(p, cand, ncand, extra);
-    return rc != 0 ? rc : plan_replay(p, a, ncand);
-}
-
-static size_t round_reserve(size_t n)
-{
-    return (n + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
-}
-
-/* The smallest new segment (a multiple of 2 MiB, possibly 0) with which the replay fits
- * and the room (free room of the candidates + new segment) is at least the transient
- * peak plus its slack. Fit is close to monotonic in the size, not exactly: the search
- * doubles to a fitting size, bisects below it, and keeps only sizes that were replayed.
- * On success p describes the replay with the returned size. */
-static int plan_search(plan_t *p, const mt_alloc_t *a, mt_segment_t *const *cand, size_t ncand,
-                       size_t *extra)
-{
-    size_t room = 0;
+    size_t n = 1;
     for (size_t i = 0; i < ncand; i++)
         for (const mt_block_t *b = cand[i]->first; b != NULL; b = b->next)
-            if (b->state == MT_BLOCK_INACTIVE)
-                room += b->size;
-    /* The transient peak, measured on room enough for every request. */
-    size_t sum = 0;
-    for (size_t i = 0; i < a->nwops; i++)
-        if (a->wops[i].rsize > 0 && p->freed[i])
-            sum += a->wops[i].rsize;
-    int rc = plan_fits(p, a, cand, ncand, sum);
-    if (rc != 0)
-        return rc;
-    size_t need = p->peak + p->peak / WARMUP_SLACK_DIV;
-    size_t lo = need > room ? round_reserve(need - room) : 0;
-    if (plan_fits(p, a, cand, ncand, lo) == 0) {
-        *extra = lo;
-        return 0;
+            n += b->state == MT_BLOCK_INACTIVE;
+    bd->strips = malloc(n * sizeof *bd->strips);
+    bd->cap = malloc(n * sizeof *bd->cap);
+    if (!bd->strips || !bd->cap)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < ncand; i++)
+        for (const mt_block_t *b = cand[i]->first; b != NULL; b = b->next)
+            if (b->state == MT_BLOCK_INACTIVE) {
+                bd->strips[bd->nstrips] = (strip_t){(uint32_t)i, b->addr};
+                bd->cap[bd->nstrips++] = b->size;
+            }
+    bd->strips[bd->nstrips] = (strip_t){(uint32_t)ncand, 0};
+    bd->cap[bd->nstrips++] = SIZE_MAX;
+    return 0;
+}
+
+static bool ent_before(const mt__plan_ent_t *x, uint16_t seg, uintptr_t addr)
+{
+    return x->seg != seg ? x->seg < seg : x->addr < addr;
+}
+
+/* left and anchor of every entry: the recorded sequence swept in order with the planned
+ * blocks live at each step kept sorted by (segment, address). */
+static int plan_links(mt__plan_t *p, const mt_alloc_t *a, const build_t *bd)
+{
+    uint32_t *lv = malloc((p->n + 1) * sizeof *lv);
+    if (lv == NULL)
+        return MT_ENOMEM;
+    size_t nl = 0;
+    for (size_t i = 0; i < a->nwops; i++) {
+        uint32_t k = bd->ent_of[i];
+        mt__plan_ent_t *e = &p->ent[k];
+        if (a->wops[i].rsize > 0) {
+            e->anchor = nl == 0;
+            e->left = MT__PLAN_NONE;
+        }
+        if (e->addr == 0)
+            continue;
+        size_t lo = 0, hi = nl;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (ent_before(&p->ent[lv[mid]], e->seg, e->addr))
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (a->wops[i].rsize == 0) {
+            mt_assert(lo < nl && lv[lo] == k);
+            memmove(&lv[lo], &lv[lo + 1], (nl - lo - 1) * sizeof *lv);
+            nl--;
+            continue;
+        }
+        if (lo > 0 && p->ent[lv[lo - 1]].seg == e->seg)
+            e->left = lv[lo - 1];
+        memmove(&lv[lo + 1], &lv[lo], (nl - lo) * sizeof *lv);
+        lv[lo] = k;
+        nl++;
     }
-    size_t hi = lo > 0 ? lo : RESERVE_ROUND;
-    for (;;) {
-        if (hi > a->limit)
-            return MT_ENOMEM;
-        if (plan_fits(p, a, cand, ncand, hi) == 0)
-            break;
-        lo = hi;
-        hi *= 2;
-    }
-    /* Invariant: lo does not fit, hi fits. */
-    while (hi - lo > RESERVE_ROUND) {
-        size_t mid = round_reserve(lo + (hi - lo) / 2);
-        if (mid >= hi)
-            break;
-        if (plan_fits(p, a, cand, ncand, mid) == 0)
-            hi = mid;
-        else
-            lo = mid;
-    }
-    *extra = hi;
-    return plan_fits(p, a, cand, ncand, hi);
+    free(lv);
+    return 0;
 }
 
 /* Moves an existing segment's free room into the reserved pool of its stream. Only
@@ -347,6 +329,85 @@ static int seg_make_reserved(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *se
     return 0;
 }
 
+/* Makes the reservation the placement needs and installs the plan: candidates whose room
+ * it uses become (or stay) reservations, earlier reservations it does not use are
+ * released, and the unbounded strip becomes a new segment. */
+static int plan_commit(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t **cand, size_t ncand,
+                       build_t *bd, size_t extent)
+{
+    mt__plan_t p = {.n = bd->nent, .sr = sr};
+    p.ent = calloc(p.n, sizeof *p.ent);
+    p.taken = calloc((p.n + 63) / 64, sizeof *p.taken);
+    p.segs = malloc((ncand + 1) * sizeof *p.segs);
+    uint16_t *segno = malloc((ncand + 1) * sizeof *segno);
+    int rc = MT_ENOMEM;
+    if (p.ent == NULL || p.taken == NULL || p.segs == NULL || segno == NULL)
+        goto fail_host;
+    for (size_t i = 0; i <= ncand; i++)
+        segno[i] = UINT16_MAX;
+    for (size_t i = 0; i < bd->nitems; i++)
+        segno[bd->strips[bd->items[i].strip].cand] = 0;
+    for (size_t i = 0; i < ncand; i++) {
+        mt_segment_t *s = cand[i];
+        if (segno[i] == UINT16_MAX || p.nsegs == UINT16_MAX) {
+            segno[i] = UINT16_MAX;
+            if (s->reserved)
+                mt__seg_release(a, s);
+            continue;
+        }
+        if (!s->reserved && (rc = seg_make_reserved(a, sr, s)) != 0)
+            goto fail_host;
+        mt__alloc_emit(a, MT_EV_RESERVE, s->addr, s->size, 0, sr->sid, MT_POOL_LARGE, 0);
+        segno[i] = (uint16_t)p.nsegs;
+        p.segs[p.nsegs++] = s;
+    }
+    uintptr_t new_base = 0;
+    if (extent > 0) {
+        size_t size = (extent + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
+        mt_segment_t *seg = NULL;
+        if ((rc = mt__seg_new(a, sr, MT__BP_RESERVED, size, &seg)) != 0) {
+            a->st.num_ooms++;
+            mt__alloc_oom_report(a, size, size, "warm-up reservation");
+            goto fail_host;
+        }
+        mt__alloc_emit(a, MT_EV_RESERVE, seg->addr, seg->size, extent, sr->sid, MT_POOL_LARGE, 0);
+        new_base = seg->addr;
+        segno[ncand] = (uint16_t)p.nsegs;
+        p.segs[p.nsegs++] = seg;
+    }
+    for (size_t i = 0; i < bd->nitems; i++) {
+        const mt__plan_item_t *it = &bd->items[i];
+        const strip_t *st = &bd->strips[it->strip];
+        mt__plan_ent_t *e = &p.ent[bd->item_ent[i]];
+        if (segno[st->cand] == UINT16_MAX)
+            continue; /* more segments than a plan indexes: left unplanned */
+        e->seg = segno[st->cand];
+        e->addr = (st->cand == ncand ? new_base : st->base) + it->off;
+        e->size = it->size;
+    }
+    if ((rc = plan_links(&p, a, bd)) != 0)
+        goto fail_host;
+    free(segno);
+    while (p.first < p.n && p.ent[p.first].addr == 0)
+        p.first++;
+    p.cursor = p.first;
+    if (p.nsegs == 0 || p.first == p.n) {
+        free(p.ent);
+        free(p.taken);
+        free(p.segs);
+        return 0;
+    }
+    a->plan = p;
+    return 0;
+
+fail_host:
+    free(segno);
+    free(p.ent);
+    free(p.taken);
+    free(p.segs);
+    return rc;
+}
+
 /* Plans and makes the reservation of a recorded warm-up on stream (see the top of the
  * file). Candidates: the stream's reserved segments and its plain large segments still
  * holding blocks after the cache was emptied. */
@@ -355,54 +416,200 @@ static int warmup_plan(mt_alloc_t *a, mt_stream_t *stream)
     mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
     if (sr == NULL)
         return MT_ENOMEM;
-    plan_t p = {0};
+    build_t bd = {0};
     mt_segment_t **cand = malloc((a->nsegs + 1) * sizeof *cand);
-    p.placed = malloc((a->nwops + 1) * sizeof *p.placed);
-    p.freed = calloc(a->nwops + 1, sizeof *p.freed);
-    p.seg_used = calloc(a->nsegs + 2, sizeof *p.seg_used);
     int rc = MT_ENOMEM;
-    if (cand == NULL || p.placed == NULL || p.freed == NULL || p.seg_used == NULL)
+    if (cand == NULL)
         goto out;
-    for (size_t i = 0; i < a->nwops; i++)
-        if (a->wops[i].rsize == 0)
-            p.freed[a->wops[i].of] = true;
     size_t ncand = 0;
     for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
         if (s->stream == stream && !s->expandable &&
             (s->pool == MT__BP_RESERVED || s->pool == MT__BP_LARGE))
             cand[ncand++] = s;
-    size_t extra = 0;
-    if ((rc = plan_search(&p, a, cand, ncand, &extra)) != 0)
+    size_t extent = 0;
+    if ((rc = build_items(&bd, a)) != 0 || (rc = build_strips(&bd, cand, ncand)) != 0 ||
+        (rc = mt__plan_place(bd.items, bd.nitems, bd.cap, bd.nstrips, &extent)) != 0)
         goto out;
-    /* The plan supersedes reservations it does not use; large segments whose room it
-     * uses join the reserved pool. */
-    for (size_t i = 0; i < ncand; i++) {
-        mt_segment_t *s = cand[i];
-        if (!p.seg_used[i]) {
-            if (s->reserved)
-                mt__seg_release(a, s);
-            continue;
-        }
-        if (!s->reserved && (rc = seg_make_reserved(a, sr, s)) != 0)
-            goto out;
-        mt__alloc_emit(a, MT_EV_RESERVE, s->addr, s->size, 0, sr->sid, MT_POOL_LARGE, 0);
+    if (extent > a->limit) {
+        rc = MT_ENOMEM;
+        goto out;
     }
-    if (extra > 0) {
-        mt_segment_t *seg = NULL;
-        if ((rc = mt__seg_new(a, sr, MT__BP_RESERVED, extra, &seg)) != 0) {
-            a->st.num_ooms++;
-            mt__alloc_oom_report(a, extra, extra, "warm-up reservation");
-            goto out;
-        }
-        mt__alloc_emit(a, MT_EV_RESERVE, seg->addr, seg->size, extra, sr->sid, MT_POOL_LARGE, 0);
-    }
+    plan_drop(a); /* before any of its segments goes */
+    rc = plan_commit(a, sr, cand, ncand, &bd, extent);
 out:
     free(cand);
-    free(p.placed);
-    free(p.freed);
-    free(p.seg_used);
-    free(p.ext);
+    build_free(&bd);
     return rc;
+}
+
+/* ---- placement by the plan ---- */
+
+/* Blocks walked from a known block to the one holding a planned address. */
+#define PLAN_WALK 32
+/* Entries around the cursor searched for a request that is not the next one planned. */
+#define PLAN_WINDOW 32
+
+/* The free block holding [e->addr, e->addr + rsize), found from the block of e's left
+ * neighbour (in a run that follows the plan, the next block) or the segment's first. */
+static mt_block_t *free_block_at(mt_alloc_t *a, const mt__plan_t *p, const mt__plan_ent_t *e,
+                                 size_t rsize)
+{
+    mt_segment_t *seg = p->segs[e->seg];
+    mt_block_t *x = NULL;
+    if (e->left != MT__PLAN_NONE) {
+        x = mt__addrmap_get(&a->map, p->ent[e->left].addr);
+        if (x != NULL && (x->seg != seg || x->addr >= e->addr))
+            x = NULL;
+    }
+    if (x == NULL)
+        x = seg->first;
+    for (unsigned k = 0; x->addr + x->size <= e->addr; k++) {
+        if (k == PLAN_WALK || x->next == NULL)
+            return NULL;
+        x = x->next;
+    }
+    if (x->state != MT_BLOCK_INACTIVE || x->addr + x->size < e->addr + rsize)
+        return NULL;
+    return x;
+}
+
+static bool ent_taken(const mt__plan_t *p, size_t k)
+{
+    return (p->taken[k / 64] >> (k % 64)) & 1;
+}
+
+/* A new pass over the sequence: every entry may be taken again. */
+static void plan_restart(mt__plan_t *p)
+{
+    if (p->ntaken > 0)
+        memset(p->taken, 0, (p->n + 63) / 64 * sizeof *p->taken);
+    p->ntaken = 0;
+    p->cursor = p->first;
+}
+
+/* The entry for a request of rsize bytes, among the untaken ones within PLAN_WINDOW
+ * around the cursor: one planned for exactly this size, the cursor's first (a run that
+ * repeats the sequence, or a block whose size does not depend on the shape); otherwise
+ * the cursor's if it fits without being four times as large (the same sequence at a
+ * smaller shape); otherwise the smallest that fits (the same requests in another order,
+ * or a subset, or a shape so small that room is plenty). SIZE_MAX if none. */
+static size_t plan_pick(const mt__plan_t *p, size_t rsize)
+{
+    size_t want = (rsize + MT__MIN_BLOCK - 1) / MT__MIN_BLOCK * MT__MIN_BLOCK;
+    const mt__plan_ent_t *c = &p->ent[p->cursor];
+    bool at_cursor = !ent_taken(p, p->cursor) && rsize <= c->size && c->size / 4 < want;
+    if (at_cursor && c->size == want)
+        return p->cursor;
+    size_t lo = p->cursor > PLAN_WINDOW / 2 ? p->cursor - PLAN_WINDOW / 2 : 0;
+    size_t hi = p->cursor + PLAN_WINDOW / 2 < p->n ? p->cursor + PLAN_WINDOW / 2 : p->n;
+    size_t k = SIZE_MAX;
+    for (size_t j = lo; j < hi; j++) {
+        const mt__plan_ent_t *e = &p->ent[j];
+        if (ent_taken(p, j) || e->addr == 0 || e->size < rsize)
+            continue;
+        if (e->size == want)
+            return j;
+        if (k == SIZE_MAX || e->size < p->ent[k].size)
+            k = j;
+    }
+    return at_cursor ? p->cursor : k;
+}
+
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front)
+{
+    mt__alloc_assert_owner(a);
+    mt__plan_t *p = &a->plan;
+    *front = NULL;
+    if (sr != p->sr)
+        return NULL;
+    /* Nothing of the plan is live: a request the first entry takes starts the sequence
+     * again (the next iteration of a training loop), unless the cursor is at a place
+     * where the sequence itself had nothing live and the request fits there. */
+    const mt__plan_ent_t *c = &p->ent[p->cursor];
+    if (p->live == 0 && rsize <= p->ent[p->first].size &&
+        !(c->anchor && !ent_taken(p, p->cursor) && rsize <= c->size))
+        plan_restart(p);
+    size_t k = plan_pick(p, rsize);
+    if (k == SIZE_MAX)
+        return NULL;
+    const mt__plan_ent_t *e = &p->ent[k];
+    mt_block_t *f = free_block_at(a, p, e, rsize);
+    if (f == NULL)
+        return NULL;
+    p->taken[k / 64] |= (uint64_t)1 << (k % 64);
+    p->ntaken++;
+    p->cursor = k + 1;
+    while (p->cursor < p->n && p->ent[p->cursor].addr == 0)
+        p->cursor++; /* kept past the warm-up: a later run does not allocate it again */
+    if (p->cursor == p->n)
+        p->cursor = p->first; /* entries stay taken until their blocks are freed */
+    if (e->addr - f->addr < MT__MIN_BLOCK)
+        return f; /* at its place, or a sliver below it that cannot be a block */
+    /* Split off the free room below the planned address. It goes back to the bins once
+     * the block above is no longer free (two free neighbours never sit in the bins). */
+    mt__seg_bin_out(a, f);
+    mt__seg_split(a, f, e->addr - f->addr);
+    if (f->next == NULL || f->next->addr != e->addr) {
+        mt__seg_bin_in(a, f); /* no host memory to split: the block as it is */
+        return f;
+    }
+    *front = f;
+    return f->next;
+}
+
+const char *mt__plan_check(const mt_alloc_t *a)
+{
+    const mt__plan_t *p = &a->plan;
+    if ((p->n == 0) != (p->sr == NULL) || (p->n == 0) != (p->nsegs == 0))
+        return "plan: entries, stream and segments disagree";
+    if (p->n > 0 && (p->cursor >= p->n || p->ent[p->cursor].addr == 0 || p->first >= p->n ||
+                     p->ent[p->first].addr == 0))
+        return "plan: cursor or first entry not at a planned one";
+    size_t taken = 0;
+    for (size_t k = 0; k < p->n; k++) {
+        if (k < p->first && p->ent[k].addr != 0)
+            return "plan: a planned entry before the first";
+        if (ent_taken(p, k)) {
+            taken++;
+            if (p->ent[k].addr == 0)
+                return "plan: an entry without a place is taken";
+        }
+    }
+    if (taken != p->ntaken)
+        return "plan: count of taken entries is wrong";
+    for (size_t i = 0; i < p->nsegs; i++) {
+        const mt_segment_t *s = a->segs;
+        while (s != NULL && s != p->segs[i])
+            s = s->next;
+        if (s == NULL || !s->reserved || s->stream != p->sr->stream)
+            return "plan: a segment is not a reservation of its stream";
+    }
+    for (size_t k = 0; k < p->n; k++) {
+        const mt__plan_ent_t *e = &p->ent[k];
+        if (e->addr == 0)
+            continue;
+        if (e->seg >= p->nsegs || e->size < MT__MIN_BLOCK || e->size % MT__ALIGN != 0)
+            return "plan: entry with a bad segment or size";
+        const mt_segment_t *s = p->segs[e->seg];
+        if (e->addr < s->addr || e->addr + e->size > s->addr + s->size)
+            return "plan: entry outside its segment";
+        if (e->left != MT__PLAN_NONE &&
+            (e->left >= p->n || p->ent[e->left].addr == 0 || p->ent[e->left].seg != e->seg ||
+             p->ent[e->left].addr + p->ent[e->left].size > e->addr))
+            return "plan: entry's left neighbour is not below it";
+    }
+    size_t live = 0;
+    for (const mt_segment_t *s = a->segs; s != NULL; s = s->next)
+        for (const mt_block_t *b = s->first; b != NULL; b = b->next) {
+            if (!b->planned)
+                continue;
+            live++;
+            if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || !plan_uses(a, s))
+                return "plan: a planned block is not allocated in a plan segment";
+        }
+    if (live != p->live)
+        return "plan: live count disagrees with the planned blocks";
+    return NULL;
 }
 
 /* Bytes of blocks allocated before warmup_begin and still allocated: they were live for

@@ -472,7 +472,7 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_stat(st->tag_allocated_bytes, s.tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
         (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")))
         return why;
-    return NULL;
+    return mt__plan_check(a);
 }
 
 void mt__alloc_check_amortized(mt_alloc_t *a)

@@ -131,15 +131,17 @@ MT_API int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size
 MT_API int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream);
 /* Record/replay warm-up: between begin and end, the allocator records the sequence of
  * requests (rounded sizes and order). end releases the cache and plans the reservation
- * on stream by replaying that sequence (best fit) over the free room of the stream's
- * large segments that still hold blocks (weights, optimizer state, ...) and of its
- * earlier reservations, plus the smallest new segment (a multiple of 2 MiB, possibly
- * none) with which the replay fits and the room is at least the transient peak plus
- * 1/32 slack. Segments whose room the plan uses become reservations (never released by
- * empty_cache or GC); earlier reservations it does not use are released. Blocks
- * allocated during the warm-up and still live at end are not transient. If the sequence
- * could not be recorded (host memory), the whole measured transient peak is reserved as
- * one segment. warmup_end without begin returns MT_EINVAL. */
+ * on stream offline: each allocation freed within the warm-up gets an address so that
+ * allocations live at the same time never overlap, in the free room of the stream's large
+ * segments that still hold blocks (weights, optimizer state, ...) and of its earlier
+ * reservations, then in one new segment as large as the placement needs (2 MiB steps).
+ * Segments the plan uses become reservations (never released by empty_cache or GC);
+ * earlier reservations it does not use are released. Later requests on stream that
+ * repeat the sequence (or a smaller shape of it) are placed where the plan put them, the
+ * rest by best fit in the reservations. Blocks allocated during the warm-up and still
+ * live at end are not transient. If the sequence could not be recorded (host memory), the
+ * whole measured transient peak plus 1/32 is reserved as one segment. warmup_end without
+ * begin returns MT_EINVAL. See docs/allocator-policy.md. */
 MT_API int mt_alloc_warmup_begin(mt_alloc_t *a);
 MT_API int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream);
 

@@ -191,6 +191,149 @@ static void test_warmup_fresh_segment(void **state)
     mt_backend_destroy(&b);
 }
 
+/* ---- a planned warm-up: tensors of a static graph (the somas_* traces' kind) ---- */
+
+enum { NT = 700 };
+
+typedef struct tensor_s {
+    uint32_t t0, t1; /* allocated at step t0, freed at step t1 */
+    size_t size;
+} tensor_t;
+
+/* Deterministic tensors: one allocated per step, most short-lived, some living across
+ * much of the step, sizes from 512 B to 48 MiB. */
+static void make_tensors(tensor_t *t, unsigned seed)
+{
+    for (uint32_t i = 0; i < NT; i++) {
+        unsigned r = next_rand(&seed) % 100, life;
+        if (r < 70)
+            life = 1 + next_rand(&seed) % 8;
+        else if (r < 95)
+            life = 10 + next_rand(&seed) % 90;
+        else
+            life = 150 + next_rand(&seed) % 400;
+        size_t size = (size_t)512 << (next_rand(&seed) % 17);
+        size += (next_rand(&seed) % 64) * (size / 64);
+        t[i] = (tensor_t){i, i + life, size};
+    }
+}
+
+/* One pass: at each step the tensors ending there are freed, then that step's one is
+ * allocated; ptr[i] receives tensor i's address. Returns the peak of live bytes. */
+static size_t run_tensors(mt_alloc_t *a, mt_stream_t *s, const tensor_t *t, void **ptr)
+{
+    size_t live = 0, peak = 0;
+    for (uint32_t step = 0; step < NT + 600; step++) {
+        for (uint32_t i = 0; i < NT; i++)
+            if (t[i].t1 == step || (step == NT + 599 && t[i].t1 > step)) {
+                assert_int_equal(mt_alloc_free(a, ptr[i]), 0);
+                live -= t[i].size;
+            }
+        if (step < NT) {
+            ptr[step] = xmalloc_dev(a, t[step].size, s, MT_TAG_ACTIVATIONS);
+            live += t[step].size;
+            peak = live > peak ? live : peak;
+        }
+    }
+    return peak;
+}
+
+/* A warm-up of a fixed sequence is planned offline: the reservation is within 1/16 (and
+ * the 2 MiB rounding) of the sequence's peak of live bytes (330 MiB for a 311.8 MiB peak;
+ * sizing by a best-fit replay, as before, reserved 386 MiB), every later pass of the same
+ * sequence lands each tensor at the address it had in the pass before, and none calls
+ * the backend. */
+static void test_warmup_plan_repeats_exactly(void **state)
+{
+    (void)state;
+    tensor_t *t = malloc(NT * sizeof *t);
+    void **p0 = calloc(NT, sizeof *p0), **p1 = calloc(NT, sizeof *p1);
+    assert_true(t && p0 && p1);
+    make_tensors(t, 11);
+    mt_backend_t *b = sim_backend(4096 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_stream_t *s = NULL;
+    assert_int_equal(mt_stream_create(b, &s), 0);
+    assert_int_equal(mt_alloc_warmup_begin(a), 0);
+    size_t peak = run_tensors(a, s, t, p0);
+    assert_int_equal(mt_alloc_warmup_end(a, s), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    int64_t reserved = stats_of(a).reserved_bytes[MT_STAT_ALL].current;
+    print_message("tensor peak %.1f MiB, reservation %.1f MiB\n", (double)peak / MIB,
+                  (double)reserved / MIB);
+    assert_true(reserved >= (int64_t)peak);
+    assert_true(reserved <= (int64_t)(peak + peak / 16 + 2 * MIB));
+    uint64_t m0 = backend_mallocs(b);
+    mt_alloc_reset_peak(a);
+    run_tensors(a, s, t, p0);
+    for (int pass = 0; pass < 3; pass++) {
+        run_tensors(a, s, t, p1);
+        assert_memory_equal(p0, p1, NT * sizeof *p0);
+        assert_int_equal(mt_alloc_check(a), 0);
+    }
+    assert_int_equal(backend_mallocs(b), m0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.reserved_bytes[MT_STAT_ALL].peak, reserved);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s);
+    mt_backend_destroy(&b);
+    free(t);
+    free(p0);
+    free(p1);
+}
+
+/* The offline placement on random items: no two items live at the same time share a
+ * byte of a strip, bounded strips hold what they are given, and the unbounded strip's
+ * extent stays near the peak of what the bounded ones cannot hold. */
+static void test_plan_place_is_sound(void **state)
+{
+    (void)state;
+    enum { N = 1500, STRIPS = 3 };
+    mt__plan_item_t *it = malloc(N * sizeof *it);
+    assert_non_null(it);
+    for (unsigned seed = 1; seed <= 4; seed++) {
+        unsigned rs = seed;
+        for (uint32_t i = 0; i < N; i++) {
+            uint32_t life =
+                next_rand(&rs) % 10 < 8 ? 1 + next_rand(&rs) % 20 : 1 + next_rand(&rs) % 600;
+            it[i] = (mt__plan_item_t){
+                .size = (1 + next_rand(&rs) % 64) * 512 * (1 + i % 7), .t0 = i, .t1 = i + life};
+        }
+        /* Two small bounded strips (seed 1 has none) and the unbounded one. */
+        size_t cap[STRIPS] = {seed > 1 ? 96 * KIB : 0, seed > 1 ? 1 * MIB : 0, 0};
+        size_t extent = 0;
+        assert_int_equal(mt__plan_place(it, N, cap, STRIPS, &extent), 0);
+        size_t peak = 0;
+        for (uint32_t step = 0; step < N + 600; step++) {
+            size_t live = 0;
+            for (uint32_t i = 0; i < N; i++)
+                if (it[i].t0 <= step && step < it[i].t1)
+                    live += it[i].size;
+            peak = live > peak ? live : peak;
+        }
+        for (uint32_t i = 0; i < N; i++) {
+            assert_true(it[i].strip < STRIPS);
+            if (it[i].strip + 1 < STRIPS)
+                assert_true(it[i].off + it[i].size <= cap[it[i].strip]);
+            else
+                assert_true(it[i].off + it[i].size <= extent);
+            for (uint32_t j = i + 1; j < N; j++) {
+                bool in_time = it[i].t0 < it[j].t1 && it[j].t0 < it[i].t1;
+                bool in_space = it[i].strip == it[j].strip && it[i].off < it[j].off + it[j].size &&
+                                it[j].off < it[i].off + it[i].size;
+                assert_false(in_time && in_space);
+            }
+        }
+        print_message("seed %u: peak %zu, extent %zu (%.3f)\n", seed, peak, extent,
+                      (double)extent / (double)peak);
+        assert_true(extent <= peak + peak / 20);
+        if (seed == 1)
+            assert_true(extent >= peak);
+    }
+    free(it);
+}
+
 static void test_reserve(void **state)
 {
     (void)state;
@@ -418,6 +561,8 @@ int main(void)
         cmocka_unit_test(test_warmup_then_zero_backend_mallocs),
         cmocka_unit_test(test_warmup_uses_free_room),
         cmocka_unit_test(test_warmup_fresh_segment),
+        cmocka_unit_test(test_warmup_plan_repeats_exactly),
+        cmocka_unit_test(test_plan_place_is_sound),
         cmocka_unit_test(test_reserve),
         cmocka_unit_test(test_snapshot_content),
         cmocka_unit_test(test_tags_and_stats),
