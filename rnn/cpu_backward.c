@@ -21,9 +21,9 @@
  * gradients are summed transposed over every chunk and added to dw once (acc_flush). */
 static size_t acc_offset(const mt__rnn_shape_t *s, int p)
 {
-    size_t gh = (size_t)s->gates * (size_t)s->hidden, n = 0;
+    size_t gl = (size_t)mt__rnn_cpu_gld(s), n = 0;
     for (int i = 0; i < p; i++)
-        n += (size_t)(mt__rnn_layer_in(s, i / s->dirs) + s->hidden) * gh;
+        n += (size_t)(mt__rnn_layer_in(s, i / s->dirs) + s->hidden) * gl;
     return n;
 }
 
@@ -35,11 +35,11 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
-    size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
+    size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + c * h + 2 * ld * b * h + b * h + b * gh;
+    size_t n = acc_offset(s, s->layers * s->dirs) + c * h + 2 * ld * b * h + b * h + b * gl;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
-        n += c * gh;
+        n += c * gl;
     if (s->layers > 1)
         n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
     if (mt__rnn_drop_on(s))
@@ -127,13 +127,13 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
 MT__RNN_CELL_CLONES
 static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 4 * H;
+    int H = a->s->hidden, gh = 4 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
     const float *ct = a->aux + r * H;
-    float *g = a->g + r * gh;
+    float *g = a->g + r * gl;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gh;
+        float *gb = g + (size_t)b * gl;
         const float *cp = bprev_c(pv, b, H);
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -150,21 +150,21 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
             gb[3 * H + j] = d_o * oo * (1.0f - oo);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gh, gh, a->w.r, H,
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
                   0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
 static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
 {
-    int H = a->s->hidden, gh = 3 * H;
+    int H = a->s->hidden, gh = 3 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
-    float *g = a->g + r * gh;
+    float *g = a->g + r * gl;
     float *aux = a->aux + r * H;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gh;
-        float *db = a->dgh + (size_t)b * gh;
+        float *gb = g + (size_t)b * gl;
+        float *db = a->dgh + (size_t)b * gl;
         const float *hp = bprev_h(pv, b, H);
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -184,29 +184,30 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
             db[2 * H + j] = dnp * rr;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gh, gh,
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gl, gl,
                   a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
 static void rnn_step(const dir_back_t *a, int t, int b0, int B)
 {
-    int H = a->s->hidden;
+    int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
     size_t r = brow(a, t);
-    float *g = a->g + r * H;
+    float *g = a->g + r * gl;
     const float *o = a->out + r * a->ldo;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
+        float *gb = g + (size_t)b * gl;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
             float hv = o[(size_t)b * a->ldo + j];
-            g[k] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
+            gb[j] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * H, H, a->w.r, H,
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
                   0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
@@ -214,17 +215,17 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B)
  * from aux (r * dn). */
 static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int ldh, int n)
 {
-    int H = a->s->hidden, gh = a->s->gates * H;
-    const float *gs = a->g + r * gh;
+    int H = a->s->hidden, gh = a->s->gates * H, gl = mt__rnn_cpu_gld(a->s);
+    const float *gs = a->g + r * gl;
     if (n <= 0)
         return;
     if (a->s->mode == MT_RNN_GRU) {
-        mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, gs, gh, 1.0f, a->accr,
-                      gh);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, gs, gl, 1.0f, a->accr,
+                      gl);
         mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, hs, ldh, a->aux + r * H, H, 1.0f,
-                      a->accr + (size_t)2 * H, gh);
+                      a->accr + (size_t)2 * H, gl);
     } else {
-        mt__rnn_sgemm(a->s->gemm, true, false, H, gh, n, 1.0f, hs, ldh, gs, gh, 1.0f, a->accr, gh);
+        mt__rnn_sgemm(a->s->gemm, true, false, H, gh, n, 1.0f, hs, ldh, gs, gl, 1.0f, a->accr, gl);
     }
 }
 
@@ -265,14 +266,14 @@ static void back_steps(void *arg, int b0, int b1)
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    int H = s->hidden, gh = s->gates * H, T = a->T;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T;
     size_t tb = a->rows;
 
     mt__rnn_rows_par(s, mt__rnn_cpu_split(s, a->q, a->t0, T), a->q->B, back_steps, (void *)a);
 
     /* Weight gradients merged over the chunk's steps. */
-    mt__rnn_sgemm(a->s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->x, a->in, a->g, gh, 1.0f,
-                  a->accw, gh);
+    mt__rnn_sgemm(a->s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->x, a->in, a->g, gl, 1.0f,
+                  a->accw, gl);
     /* dR over every row of the chunk in one product, each row of G beside the state its
      * step started from (gathered: the step before, the neighbouring chunk, hx or zeros);
      * packed batches would otherwise make one small product per step. */
@@ -280,7 +281,7 @@ static void back_dir(const dir_back_t *a)
     recurrent_grad(a, 0, a->hprev, H, (int)tb);
     if (a->dw.bw) {
         for (size_t r = 0; r < tb; r++) {
-            const float *gr = a->g + r * gh;
+            const float *gr = a->g + r * gl;
 #pragma omp simd
             for (int j = 0; j < gh; j++)
                 a->dw.bw[j] += gr[j];
@@ -299,7 +300,7 @@ static void back_dir(const dir_back_t *a)
         }
     }
     if (a->din)
-        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gh, a->w.w, a->in,
+        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
                       a->din_beta, a->din, a->in);
 }
 
@@ -351,7 +352,8 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .w = mt__rnn_mats(s, (float *)b->w, l, d),
         .dw = mt__rnn_mats(s, b->dw, l, d),
         .accw = b->acc + acc_offset(s, p),
-        .accr = b->acc + acc_offset(s, p) + (size_t)mt__rnn_layer_in(s, l) * (size_t)(s->gates * H),
+        .accr =
+            b->acc + acc_offset(s, p) + (size_t)mt__rnn_layer_in(s, l) * (size_t)mt__rnn_cpu_gld(s),
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .T = n,
         .rows = nb,
@@ -413,13 +415,13 @@ static void add_transposed(float *restrict dst, int ldd, const float *restrict s
 static void acc_flush(const bwd_t *b)
 {
     const mt__rnn_shape_t *s = b->s;
-    int H = s->hidden, gh = s->gates * H;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
     for (int p = 0; p < s->layers * s->dirs; p++) {
         int in = mt__rnn_layer_in(s, p / s->dirs);
         mt__rnn_mats_t dw = mt__rnn_mats(s, b->dw, p / s->dirs, p % s->dirs);
-        const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gh;
-        add_transposed(dw.w, in, accw, gh, in, gh);
-        add_transposed(dw.r, H, accr, gh, H, gh);
+        const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gl;
+        add_transposed(dw.w, in, accw, gl, in, gh);
+        add_transposed(dw.r, H, accr, gl, H, gh);
     }
 }
 
@@ -437,7 +439,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
                         const mt_rnn_grad_io_t *g, float *work)
 {
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
-    int gh = s->gates * H, dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
+    int gl = mt__rnn_cpu_gld(s), dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
     size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t bh = (size_t)B * H, nstate = (size_t)L * (size_t)D * bh;
     bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
@@ -450,8 +452,8 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
-    b.rbuf = b.dgh + (size_t)B * gh;
-    float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gh;
+    b.rbuf = b.dgh + (size_t)B * gl;
+    float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
     if (L > 1) {
         b.dbuf[0] = next;
         b.dbuf[1] = b.dbuf[0] + (D == 1 ? C : q->rows) * dh;

@@ -128,11 +128,17 @@ size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t 
     return mt__rnn_cpu_chunk_rows(s, q, 0);
 }
 
+int mt__rnn_cpu_gld(const mt__rnn_shape_t *s)
+{
+    int gh = s->gates * s->hidden;
+    return gh % 256 == 0 ? gh + 16 : gh;
+}
+
 static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t nb)
 {
     if (!keeps_gates(s))
         return 0;
-    return nb * (size_t)(s->gates + 1) * (size_t)s->hidden;
+    return nb * (size_t)(mt__rnn_cpu_gld(s) + s->hidden);
 }
 
 size_t mt__rnn_cpu_chunk_floats(const mt__rnn_shape_t *s, size_t nb)
@@ -158,7 +164,7 @@ float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p)
 {
     if (!keeps_gates(s))
         return NULL;
-    return mt__rnn_cpu_gates(s, chunk, nb, p) + nb * (size_t)s->gates * (size_t)s->hidden;
+    return mt__rnn_cpu_gates(s, chunk, nb, p) + nb * (size_t)mt__rnn_cpu_gld(s);
 }
 
 float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, int l)
@@ -172,11 +178,11 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* Floats of the per-pseudo-layer copies forward makes of its weights: R transposed [H, gH]
  * (the recurrent product then reads it untransposed, which oneDNN and OpenBLAS run faster on
- * 32-row products) and the input projection's bias [gH]. */
+ * 32-row products) and the input projection's bias [gH], rows gld apart. */
 static size_t prep_floats(const mt__rnn_shape_t *s)
 {
-    size_t gh = (size_t)s->gates * (size_t)s->hidden;
-    return (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gh;
+    size_t gl = (size_t)mt__rnn_cpu_gld(s);
+    return (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gl;
 }
 
 /* Workspace: the prepared weights (prep_floats), rec [B, gH], h and c states [L*D, B, H]
@@ -187,11 +193,11 @@ static size_t prep_floats(const mt__rnn_shape_t *s)
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
-    size_t b = (size_t)q->B, h = (size_t)s->hidden, gh = (size_t)s->gates * h;
+    size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = prep_floats(s) + b * gh + 2 * ld * b * h;
+    size_t n = prep_floats(s) + b * gl + 2 * ld * b * h;
     if (!training || !keeps_gates(s))
-        n += c * gh;
+        n += c * gl;
     if (!training && s->layers > 1)
         n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
     if (training && mt__rnn_drop_on(s))
@@ -255,7 +261,7 @@ static void project_inputs(const dir_run_t *a)
 {
     int gh = a->s->gates * a->s->hidden;
     mt__rnn_sgemm(a->s->gemm, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w,
-                  a->in, 0.0f, a->gates, gh);
+                  a->in, 0.0f, a->gates, mt__rnn_cpu_gld(a->s));
 }
 
 /* The previous hidden state of the sequences running at a step: row b < split at
@@ -277,11 +283,11 @@ static const float *prev_row(const prev_t *p, int b, int H)
 MT__RNN_CELL_CLONES
 static void lstm_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux)
 {
-    int H = a->s->hidden, gh = 4 * H;
+    int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     const float *bi = a->bias;
     for (int b = b0; b < b1; b++) {
-        float *gb = g + (size_t)b * gh;
-        const float *rb = a->rec + (size_t)b * gh;
+        float *gb = g + (size_t)b * gl;
+        const float *rb = a->rec + (size_t)b * gl;
         float *cb = a->c + (size_t)b * H;
         float *ob = o + (size_t)b * a->ldo;
         float *ab = aux ? aux + (size_t)b * H : cb;
@@ -307,12 +313,12 @@ MT__RNN_CELL_CLONES
 static void gru_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux,
                      const prev_t *pv)
 {
-    int H = a->s->hidden, gh = 3 * H;
+    int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     const float *brn = a->w.br ? a->w.br + 2 * H : NULL;
     const float *bi = a->bias;
     for (int b = b0; b < b1; b++) {
-        float *gb = g + (size_t)b * gh;
-        const float *rb = a->rec + (size_t)b * gh;
+        float *gb = g + (size_t)b * gl;
+        const float *rb = a->rec + (size_t)b * gl;
         const float *hb = prev_row(pv, b, H);
         float *ob = o + (size_t)b * a->ldo;
 #pragma omp simd
@@ -334,12 +340,12 @@ static void gru_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, flo
 MT__RNN_CELL_CLONES
 static void rnn_cell(const dir_run_t *a, int b0, int b1, float *g, float *o)
 {
-    int H = a->s->hidden;
+    int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
     const float *bi = a->bias;
     for (int b = b0; b < b1; b++) {
-        const float *gb = g + (size_t)b * H;
-        const float *rb = a->rec + (size_t)b * H;
+        const float *gb = g + (size_t)b * gl;
+        const float *rb = a->rec + (size_t)b * gl;
         float *ob = o + (size_t)b * a->ldo;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -373,7 +379,7 @@ static void run_steps(void *arg, int b0, int b1)
     const dir_run_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
     const int *bs = a->q->bs;
-    int H = s->hidden, gh = s->gates * H;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
     for (int k = 0; k < a->steps; k++) {
         int t = a->reverse ? a->steps - 1 - k : k, tg = a->t0 + t, nb = bs[tg];
         int e = imin(b1, nb); /* rows [b0, e) of this step */
@@ -393,12 +399,12 @@ static void run_steps(void *arg, int b0, int b1)
         int m = imin(e, pv.split);
         if (m > b0)
             mt__rnn_sgemm(s->gemm, false, false, m - b0, gh, H, 1.0f, pv.hp + (size_t)b0 * pv.ldh,
-                          pv.ldh, a->rt, gh, 0.0f, a->rec + (size_t)b0 * gh, gh);
+                          pv.ldh, a->rt, gl, 0.0f, a->rec + (size_t)b0 * gl, gl);
         int m2 = imax(b0, pv.split);
         if (m2 < e)
             mt__rnn_sgemm(s->gemm, false, false, e - m2, gh, H, 1.0f, a->h + (size_t)m2 * H, H,
-                          a->rt, gh, 0.0f, a->rec + (size_t)m2 * gh, gh);
-        float *g = a->gates + r * (size_t)gh;
+                          a->rt, gl, 0.0f, a->rec + (size_t)m2 * gl, gl);
+        float *g = a->gates + r * (size_t)gl;
         float *o = a->out + r * (size_t)a->ldo;
         float *aux = a->aux ? a->aux + r * (size_t)H : NULL;
         if (s->mode == MT_RNN_LSTM)
@@ -445,11 +451,11 @@ static void transpose(float *restrict dst, int ldd, const float *restrict src, i
 /* R^T and the folded bias of every pseudo-layer, into prep (prep_floats). */
 static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
 {
-    int H = s->hidden, gh = s->gates * H;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
     for (int p = 0; p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
-        float *rt = prep + (size_t)p * ((size_t)H + 1) * gh, *bias = rt + (size_t)H * gh;
-        transpose(rt, gh, m.r, H, gh, H);
+        float *rt = prep + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
+        transpose(rt, gl, m.r, H, gh, H);
         /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
          * r * (R_n h + b_Rn). */
         int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
@@ -507,8 +513,8 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .s = s,
         .q = q,
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
-        .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)(s->gates * H),
-        .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)(s->gates * H),
+        .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)mt__rnn_cpu_gld(s),
+        .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)mt__rnn_cpu_gld(s),
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
         .rows = nb,
@@ -535,7 +541,7 @@ static int forward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const f
                        const mt__rnn_chunks_t *chunks, float *work)
 {
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
-    int gh = s->gates * H, K = mt__rnn_cpu_nchunks(s, T);
+    int gl = mt__rnn_cpu_gld(s), K = mt__rnn_cpu_nchunks(s, T);
     size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
 
@@ -543,15 +549,15 @@ static int forward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const f
     f.prep = work;
     prepare(s, w, f.prep);
     f.rec = f.prep + prep_floats(s);
-    f.hst = f.rec + (size_t)B * gh;
+    f.hst = f.rec + (size_t)B * gl;
     f.cst = f.hst + nstate;
     f.gbuf = f.cst + nstate;
     if (!training && L > 1) {
-        f.lbuf[0] = f.gbuf + C * gh;
+        f.lbuf[0] = f.gbuf + C * gl;
         f.lbuf[1] = f.lbuf[0] + (D == 1 ? C : q->rows) * D * H;
     }
     if (training && mt__rnn_drop_on(s))
-        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : C * gh);
+        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : C * gl);
     if (io->hx)
         memcpy(f.hst, io->hx, nstate * sizeof(float));
     else

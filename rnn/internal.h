@@ -274,8 +274,16 @@ size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t 
  * two threads (halves of about equal work), or B on one thread (s->threads < 2). */
 int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n);
 
+/* Row stride in floats of every [rows, g*H] gate buffer (the reserve's gates, the
+ * recurrent product, R^T, the weight-gradient sums): g*H, plus 16 when g*H is a multiple
+ * of 256 (at most 1/16 more). Rows 1 KiB-multiples apart put a column of the matrix in a
+ * few cache sets, and oneDNN's AVX2 kernels ran the products that read such a matrix as B
+ * at less than half speed (docs/blas.md: 31-35 GFLOP/s instead of 78-84 on an AMD EPYC). */
+int mt__rnn_cpu_gld(const mt__rnn_shape_t *s);
+
 /* Reserve layout of ONE chunk of nb rows (steps x sequences running), in floats from its
- * start: for each pseudo-layer p = l*D + d in order, gates [nb, g*H] then aux [nb, H] (LSTM:
+ * start: for each pseudo-layer p = l*D + d in order, gates [nb, g*H] (rows
+ * mt__rnn_cpu_gld apart) then aux [nb, H] (LSTM:
  * c; GRU: R_n h + b_Rn; none for RNN), then the outputs of layers 0 .. L-2, each
  * [nb, D*H]. Its size is linear in nb, so the whole reserve (mt__rnn_cpu_reserve_floats) is
  * the chunk size at nb = sum of the lengths (T*B padded). */

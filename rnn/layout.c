@@ -109,14 +109,14 @@ void mt__rnn_views_init(const mt__rnn_shape_t *s, mt__rnn_view_t *views, float *
 
 /* ---- activation accounting ---- */
 
-/* H-vectors per (step, batch element, layer-direction); derivations at mt_rnn_act_t. */
-static double engine_hvec(int mode)
+/* H-vectors per (step, batch element, layer-direction); derivations at mt_rnn_act_t. The
+ * gates take a row of mt__rnn_cpu_gld floats (g*H, or a little more). */
+static double engine_hvec(const mt__rnn_shape_t *s)
 {
-    switch (mode) {
-    case MT_RNN_LSTM:
-        return 6.0; /* i, f, g, o, c, h */
-    case MT_RNN_GRU:
-        return 5.0; /* r, z, n, R_n h + b_Rn, h */
+    switch (s->mode) {
+    case MT_RNN_LSTM: /* i, f, g, o, c, h */
+    case MT_RNN_GRU:  /* r, z, n, R_n h + b_Rn, h */
+        return (double)(mt__rnn_cpu_gld(s) + 2 * s->hidden) / (double)s->hidden;
     default:
         return 1.0; /* h */
     }
@@ -137,7 +137,7 @@ static double opbyop_hvec(int mode)
 void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *out)
 {
     size_t per = (size_t)B * (size_t)s->hidden * (size_t)s->layers * (size_t)s->dirs;
-    out->engine_hvec = engine_hvec(s->mode);
+    out->engine_hvec = engine_hvec(s);
     out->opbyop_hvec = opbyop_hvec(s->mode);
     /* Dropout: op by op, each lower layer's dropped output (1) and its byte mask (1/4) stay
      * too, averaged over the L layers; the engine regenerates the mask (dropout.c). */

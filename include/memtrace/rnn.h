@@ -175,7 +175,8 @@ typedef struct mt_rnn_stats_s {
 /* Activation memory of a training forward, and what an op-by-op cell would keep.
  * Units: "H-vectors" = H floats per (time step, batch element, layer, direction).
  * Engine: LSTM 6 (i, f, g, o after activation, c, h), GRU 5 (r, z, n, R_n h + b_Rn, h),
- * RNN 1 (h); the h of the top layer is the output y, which the caller holds.
+ * RNN 1 (h); the h of the top layer is the output y, which the caller holds. The cpu path
+ * pads a row of gates by 16 floats when g*H is a multiple of 256 (LSTM H = 256: 6.0625).
  * Op-by-op (every intermediate of a per-step autograd cell stays alive until backward):
  * LSTM 21 = W x + b (4) + R h + b (4) + their sum (4) + sigmoid/tanh outputs (4)
  *         + f*c, i*g, c, tanh(c), o*tanh(c) = h (5);

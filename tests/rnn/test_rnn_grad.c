@@ -34,6 +34,9 @@ typedef struct gcase_s {
     int chunk;     /* time steps per chunk of the kernels; 0 = MT__RNN_CHUNK (one chunk here) */
     float dropout; /* between layers, with the masks of key DROP_KEY (fixed across the
                     * perturbed forwards of the finite differences) */
+    int hidden;    /* 0 = 4 */
+    int samples;   /* 0: every gradient over T = 5 steps; n: about n weights and n/4 of each
+                    * data gradient, over T = 3 (the large shapes) */
 } gcase_t;
 
 #define DROP_KEY 0x5eedf00dull
@@ -51,11 +54,12 @@ typedef struct fixture_s {
 static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t seed)
 {
     memset(f, 0, sizeof *f);
-    f->rs = (ref_shape_t){c->mode, 3, 4, c->layers, c->bi ? 2 : 1, c->bias};
+    int H = c->hidden ? c->hidden : 4;
+    f->rs = (ref_shape_t){c->mode, 3, H, c->layers, c->bi ? 2 : 1, c->bias};
     mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
     cfg.mode = c->mode;
     cfg.input_size = 3;
-    cfg.hidden_size = 4;
+    cfg.hidden_size = H;
     cfg.num_layers = c->layers;
     cfg.bidirectional = c->bi;
     cfg.bias = c->bias;
@@ -67,15 +71,15 @@ static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t 
     f->nw = ref_total(&f->rs);
     assert_int_equal(f->nw, mt__rnn_weight_floats(&f->s));
     f->nx = (size_t)T * B * 3;
-    f->ny = (size_t)T * B * f->rs.dirs * 4;
-    f->nst = (size_t)c->layers * f->rs.dirs * B * 4;
+    f->ny = (size_t)T * B * f->rs.dirs * H;
+    f->nst = (size_t)c->layers * f->rs.dirs * B * H;
     uint64_t st = seed;
     double **arrs[] = {&f->w, &f->x, &f->hx, &f->cx, &f->ry, &f->rh, &f->rc};
     size_t lens[] = {f->nw, f->nx, f->nst, f->nst, f->ny, f->nst, f->nst};
     for (int a = 0; a < 7; a++) {
         *arrs[a] = malloc(lens[a] * sizeof(double));
         for (size_t i = 0; i < lens[a]; i++)
-            (*arrs[a])[i] = ref_rand(&st, a == 0 ? 0.6 : 1.0);
+            (*arrs[a])[i] = ref_rand(&st, a == 0 ? 0.6 * sqrt(4.0 / H) : 1.0);
     }
     if (!c->states) {
         free(f->hx);
@@ -86,7 +90,7 @@ static void fixture_init(fixture_t *f, const gcase_t *c, int T, int B, uint64_t 
         /* The engine's masks, read by applying them to ones; the reference applies them on
          * its own, so forward equivalence also checks where the kernels apply them. */
         assert_true(c->layers == 2);
-        size_t n = (size_t)T * B * f->rs.dirs * 4;
+        size_t n = (size_t)T * B * f->rs.dirs * H;
         float *ones = malloc(n * sizeof(float));
         for (size_t i = 0; i < n; i++)
             ones[i] = 1.0f;
@@ -166,7 +170,8 @@ static void expect_close(const char *what, size_t i, double want, double got, do
 static void check_grad_case(const gcase_t *c)
 {
     fixture_t f;
-    fixture_init(&f, c, 5, 2, 0x1234u + (uint64_t)c->mode * 97 + c->layers * 7 + c->bi);
+    fixture_init(&f, c, c->samples ? 3 : 5, 2,
+                 0x1234u + (uint64_t)c->mode * 97 + c->layers * 7 + c->bi);
     float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
     float *hx = to_float(f.hx, f.nst), *cx = to_float(f.cx, f.nst);
     float *dy = to_float(f.ry, f.ny), *dhy = to_float(f.rh, f.nst), *dcy = to_float(f.rc, f.nst);
@@ -200,15 +205,20 @@ static void check_grad_case(const gcase_t *c)
     assert_int_equal(mt__rnn_cpu_backward_drop(&f.s, w, dw, &io, DROP_KEY, res, &g, work), 0);
 
     const double tol = 2e-4;
-    for (size_t i = 0; i < f.nw; i++)
+    /* Sampled: strides prime to the layout's periods, so the samples spread over W, R, the
+     * biases, the gates and the batch. */
+    size_t wstep = c->samples ? f.nw / (size_t)c->samples + 1 : 1;
+    size_t xstep = c->samples ? 7 : 1;
+    size_t sstep = c->samples ? f.nst / (size_t)(c->samples / 4 + 1) + 1 : 1;
+    for (size_t i = 0; i < f.nw; i += wstep)
         expect_close("dw", i, fd(&f, f.w, i), dw[i], tol);
-    for (size_t i = 0; i < f.nx; i++)
+    for (size_t i = 0; i < f.nx; i += xstep)
         expect_close("dx", i, fd(&f, f.x, i), dx[i], tol);
     if (f.hx) {
-        for (size_t i = 0; i < f.nst; i++)
+        for (size_t i = 0; i < f.nst; i += sstep)
             expect_close("dhx", i, fd(&f, f.hx, i), dhx[i], tol);
         if (c->mode == MT_RNN_LSTM)
-            for (size_t i = 0; i < f.nst; i++)
+            for (size_t i = 0; i < f.nst; i += sstep)
                 expect_close("dcx", i, fd(&f, f.cx, i), dcx[i], tol);
     }
 
@@ -225,7 +235,7 @@ static void check_grad_case(const gcase_t *c)
     static void name(void **state)                                                                 \
     {                                                                                              \
         (void)state;                                                                               \
-        gcase_t c = {mode, layers, bi, true, true, 0, 0.0f};                                       \
+        gcase_t c = {mode, layers, bi, true, true, 0, 0.0f, 0, 0};                                 \
         check_grad_case(&c);                                                                       \
     }
 
@@ -251,8 +261,32 @@ static void grad_no_bias_no_states(void **state)
 {
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
-        gcase_t c = {mode, 2, true, false, false, 0, 0.0f};
+        gcase_t c = {mode, 2, true, false, false, 0, 0.0f, 0, 0};
         check_grad_case(&c);
+    }
+}
+
+/* Shapes whose g*H is a multiple of 256, where the kernels pad every row of gates (and of
+ * R^T, the recurrent product and the weight-gradient sums) to g*H + 16 floats: LSTM H = 64
+ * over 2 layers both ways and in chunks, GRU and tanh H = 256 (1 layer, sampled: the
+ * reference is slow at that size). */
+static void grad_padded_rows(void **state)
+{
+    (void)state;
+    const gcase_t cases[] = {
+        {MT_RNN_LSTM, 2, false, true, true, 0, 0.0f, 64, 20},
+        {MT_RNN_LSTM, 2, true, true, true, 2, 0.0f, 64, 20},
+        {MT_RNN_GRU, 1, false, true, true, 2, 0.0f, 256, 8},
+        {MT_RNN_TANH, 1, true, true, true, 2, 0.0f, 256, 8},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mt_rnn_cfg_t cfg = mt_rnn_cfg_default();
+        cfg.mode = cases[i].mode;
+        cfg.hidden_size = cases[i].hidden;
+        mt__rnn_shape_t s;
+        assert_int_equal(mt__rnn_shape_init(&s, &cfg), 0);
+        assert_int_equal(mt__rnn_cpu_gld(&s), s.gates * s.hidden + 16);
+        check_grad_case(&cases[i]);
     }
 }
 
@@ -264,10 +298,10 @@ static void grad_chunked(void **state)
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {mode, 2, bi, true, true, 2, 0.0f};
+            gcase_t c = {mode, 2, bi, true, true, 2, 0.0f, 0, 0};
             check_grad_case(&c);
         }
-        gcase_t c = {mode, 2, false, false, false, 1, 0.0f};
+        gcase_t c = {mode, 2, false, false, false, 1, 0.0f, 0, 0};
         check_grad_case(&c);
     }
 }
@@ -282,9 +316,9 @@ static void grad_dropout(void **state)
     const int modes[] = {MT_RNN_LSTM, MT_RNN_GRU, MT_RNN_TANH};
     for (int i = 0; i < 3; i++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {modes[i], 2, bi, true, true, 0, 0.4f};
+            gcase_t c = {modes[i], 2, bi, true, true, 0, 0.4f, 0, 0};
             check_grad_case(&c);
-            gcase_t ck = {modes[i], 2, bi, true, false, 2, 0.4f};
+            gcase_t ck = {modes[i], 2, bi, true, false, 2, 0.4f, 0, 0};
             check_grad_case(&ck);
         }
     }
@@ -297,7 +331,7 @@ static void inference_matches_training(void **state)
     (void)state;
     for (int mode = 0; mode < 4; mode++) {
         for (int bi = 0; bi < 2; bi++) {
-            gcase_t c = {mode, 2, bi, true, true, 0, 0.0f};
+            gcase_t c = {mode, 2, bi, true, true, 0, 0.0f, 0, 0};
             fixture_t f;
             int T = 2 * MT__RNN_CHUNK + 7;
             fixture_init(&f, &c, T, 3, 99 + mode);
@@ -336,7 +370,7 @@ static void inference_matches_training(void **state)
 static void gradients_accumulate(void **state)
 {
     (void)state;
-    gcase_t c = {MT_RNN_LSTM, 2, true, true, true, 0, 0.0f};
+    gcase_t c = {MT_RNN_LSTM, 2, true, true, true, 0, 0.0f, 0, 0};
     fixture_t f;
     fixture_init(&f, &c, 4, 2, 7);
     float *w = to_float(f.w, f.nw), *x = to_float(f.x, f.nx);
@@ -380,7 +414,7 @@ int main(void)
         cmocka_unit_test(grad_gru_2_uni),         cmocka_unit_test(grad_gru_2_bi),
         cmocka_unit_test(grad_no_bias_no_states), cmocka_unit_test(inference_matches_training),
         cmocka_unit_test(gradients_accumulate),   cmocka_unit_test(grad_chunked),
-        cmocka_unit_test(grad_dropout),
+        cmocka_unit_test(grad_dropout),           cmocka_unit_test(grad_padded_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
