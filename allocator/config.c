@@ -18,7 +18,11 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.roundup_power2_divisions = 0;
     c.garbage_collection_threshold = 0.0;
     c.memory_fraction = 1.0;
-    c.expandable_segments = false;
+    /* docs/allocator-policy.md: the policy table that chose these. */
+    c.expandable_segments = true;
+    c.release_to_fit = true;
+    c.one_pool = true;
+    c.place_high = MT__PLACE_HIGH;
     c.release_on_oom = true;
     c.release_smaller_segments = true;
     c.stats_period_ms = 1000;

@@ -35,6 +35,7 @@
 #define MT__MIN_LARGE     ((size_t)10 << 20) /* requests below get a LARGE_BUFFER segment */
 #define MT__ROUND_LARGE   ((size_t)2 << 20)  /* bigger large segments round up to this */
 #define MT__BEST_FIT_SCAN 16                 /* candidates examined per size class */
+#define MT__PLACE_HIGH    ((size_t)32 << 20) /* default place_high (docs/allocator-policy.md) */
 
 /* ---- size classes ----
  * Sizes are multiples of MT__ALIGN. With u = size / MT__ALIGN: u < 32 maps linearly to

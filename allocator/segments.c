@@ -255,7 +255,9 @@ int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
         int rc = mt__exp_grow(a, sr, bp, rsize, out);
         if (rc != MT_ENOTSUP)
             return rc;
-        /* A backend without virtual memory: fall back to plain segments. */
+        /* A backend without virtual memory: plain segments from now on, with their rules
+         * (small requests back in the small pool, one_pool having no range to share). */
+        a->cfg.expandable_segments = false;
     }
     mt_segment_t *seg = NULL;
     int rc = mt__seg_new(a, sr, bp, mt__seg_alloc_size(a, bp, rsize), &seg);

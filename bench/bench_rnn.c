@@ -12,7 +12,11 @@
  *   - The training step (LSTM 2x256, T=100, B=32) on each GEMM library (linked CBLAS,
  *     BLIS, oneDNN) at 1 and 2 threads, against the GEMM bound: the step's GEMM FLOPs at
  *     the best sgemm rate measured on this machine at that thread count (any library, a
- *     2048x1024x512 product). Goal: >= 85 % of the bound.
+ *     2048x1024x512 product). Goal: >= 85 % of the bound. At 1 thread every FLOP of the
+ *     step and of the bound's product runs on the calling thread, and both are timed with
+ *     its CPU clock too: on a shared machine the wall clock also counts the time other
+ *     processes hold the core, which the CPU clock does not. The 1-thread verdict uses the
+ *     CPU clock, the 2-thread one the wall clock (its figure says the load average).
  * Then the per-shape table: ms per step, tokens/s, activation bytes kept per time step
  * (measured) next to the op-by-op estimate, with the anchors of design.md section 2. */
 #include <cblas.h>
@@ -37,6 +41,20 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the calling thread. */
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double load_avg(void)
+{
+    double l[1] = {-1.0};
+    return getloadavg(l, 1) == 1 ? l[0] : -1.0;
 }
 
 static void fail(const char *what, int rc)
@@ -69,6 +87,7 @@ typedef struct shape_s {
 
 typedef struct step_s {
     double fwd, bwd, step; /* seconds: best of the timed steps (step = best fwd + bwd pair) */
+    double cpu_step;       /* the calling thread's CPU seconds of the best step */
     double mean_fwd, mean_bwd;
     size_t act_peak; /* activations-tag peak during a step above its start, plus y */
     size_t reserve;  /* the engine's reserve of the pass */
@@ -98,12 +117,12 @@ static step_t time_steps(mt_alloc_t *a, mt_rnn_t *m, const mt_rnn_io_t *io, size
     size_t nx = rows * (size_t)c->input_size;
     float *dy = buf(a, ny, MT_TAG_BATCH, 2), *dx = buf(a, nx, MT_TAG_BATCH, 0);
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
-    step_t r = {1e30, 1e30, 1e30, 0, 0, 0, 0};
+    step_t r = {1e30, 1e30, 1e30, 1e30, 0, 0, 0, 0};
     for (int it = 0; it <= iters; it++) {
         mt_alloc_stats_t st0, st1;
         mt_alloc_reset_peak(a);
         mt_alloc_stats(a, &st0);
-        double t0 = now_s();
+        double c0 = cpu_s(), t0 = now_s();
         mt_rnn_reserve_t *res;
         int rc = mt_rnn_forward(m, io, &res);
         if (rc)
@@ -111,13 +130,14 @@ static step_t time_steps(mt_alloc_t *a, mt_rnn_t *m, const mt_rnn_io_t *io, size
         double t1 = now_s();
         if ((rc = mt_rnn_backward(m, &res, &g)))
             fail("backward", rc);
-        double t2 = now_s();
+        double t2 = now_s(), c2 = cpu_s();
         mt_alloc_stats(a, &st1);
         if (it == 0) /* warms the caches */
             continue;
         r.fwd = t1 - t0 < r.fwd ? t1 - t0 : r.fwd;
         r.bwd = t2 - t1 < r.bwd ? t2 - t1 : r.bwd;
         r.step = t2 - t0 < r.step ? t2 - t0 : r.step;
+        r.cpu_step = c2 - c0 < r.cpu_step ? c2 - c0 : r.cpu_step;
         r.mean_fwd += (t1 - t0) / iters;
         r.mean_bwd += (t2 - t1) / iters;
         r.act_peak = (size_t)(st1.tag_allocated_bytes[MT_TAG_ACTIVATIONS].peak -
@@ -141,9 +161,11 @@ typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const
                              const float *, int64_t, float, float *, int64_t);
 
 /* GFLOP/s of one row-major 2048x1024x512 sgemm on library lib ("cblas", "blis", "dnnl") at
- * threads threads, best of 5; 0 if the library is not there. */
-static double sgemm_rate(const char *lib, int threads)
+ * threads threads, best of 5 by the wall clock, and in *cpu_rate by the calling thread's CPU
+ * clock (the rate at 1 thread); 0 if the library is not there. */
+static double sgemm_rate(const char *lib, int threads, double *cpu_rate)
 {
+    *cpu_rate = 0.0;
     const int M = 2048, N = 1024, K = 512;
     void *h = NULL, *fn = NULL;
     if (strcmp(lib, "blis") == 0) {
@@ -174,10 +196,10 @@ static double sgemm_rate(const char *lib, int threads)
         A[i] = (float)(i % 7) * 0.1f;
     for (int i = 0; i < K * N; i++)
         B[i] = (float)(i % 5) * 0.1f;
-    double best = 1e30;
+    double best = 1e30, cbest = 1e30;
     float one = 1.0f;
     for (int r = 0; r < 6; r++) {
-        double t0 = now_s();
+        double c0 = cpu_s(), t0 = now_s();
         if (strcmp(lib, "blis") == 0)
             ((bli_sgemm_fn)fn)(0, 8, M, N, K, &one, A, K, 1, B, K, 1, &one, C, N, 1);
         else if (strcmp(lib, "dnnl") == 0)
@@ -185,12 +207,14 @@ static double sgemm_rate(const char *lib, int threads)
         else
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 1.0f, C,
                         N);
-        double t = now_s() - t0;
+        double t = now_s() - t0, c = cpu_s() - c0;
         best = r > 0 && t < best ? t : best; /* the first call loads and packs */
+        cbest = r > 0 && c < cbest ? c : cbest;
     }
     free(A);
     free(B);
     free(C);
+    *cpu_rate = 2.0 * M * N * K / cbest * 1e-9;
     return 2.0 * M * N * K / best * 1e-9;
 }
 
@@ -221,7 +245,9 @@ static int cmp_double(const void *x, const void *y)
  * oneDNN's OpenMP team) keep running for a while after a call, and two teams on 2 cores
  * would measure each other. Each round measures the best sgemm rate of the three libraries
  * and then one step, back to back, so that the load of a shared machine weighs on both
- * alike; prints the medians "step <s> rate <GFLOP/s> ratio <bound / step>", or "step none". */
+ * alike; prints the medians "step <s> rate <GFLOP/s> ratio <bound / step>" by the wall
+ * clock, then the same by the calling thread's CPU clock ("cstep", "crate", "cratio"), or
+ * "step none". */
 static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bool quick)
 {
     shape_t t = {MT_RNN_LSTM, 100, 32, quick ? 64 : 256, quick ? 64 : 256, 2, false, false, 0.0f};
@@ -235,22 +261,27 @@ static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bo
     mt_rnn_io_t io = {.seq_len = t.T, .batch = t.B, .x = x, .y = y};
     const char *libs[3] = {"cblas", "blis", "dnnl"};
     double flops = step_flops(&t, full), step[16], rate[16], ratio[16];
+    double cstep[16], crate[16], cratio[16];
     int n = iters < 16 ? iters : 16;
     for (int r = 0; r < n; r++) {
-        rate[r] = 0;
+        rate[r] = crate[r] = 0;
         for (int i = 0; i < 3; i++) {
-            double g = sgemm_rate(libs[i], threads);
+            double c, g = sgemm_rate(libs[i], threads, &c);
             rate[r] = g > rate[r] ? g : rate[r];
+            crate[r] = c > crate[r] ? c : crate[r];
         }
         mt_rnn_set_gemm_threads(m, threads);
         step_t st = time_steps(a, m, &io, full, 1);
         step[r] = st.step;
         ratio[r] = flops / (rate[r] * 1e9) / st.step;
+        cstep[r] = st.cpu_step;
+        cratio[r] = flops / (crate[r] * 1e9) / st.cpu_step;
     }
-    qsort(step, (size_t)n, sizeof step[0], cmp_double);
-    qsort(rate, (size_t)n, sizeof rate[0], cmp_double);
-    qsort(ratio, (size_t)n, sizeof ratio[0], cmp_double);
-    printf("step %.6f rate %.3f ratio %.4f %s\n", step[n / 2], rate[n / 2], ratio[n / 2],
+    double *cols[6] = {step, rate, ratio, cstep, crate, cratio};
+    for (int i = 0; i < 6; i++)
+        qsort(cols[i], (size_t)n, sizeof step[0], cmp_double);
+    printf("step %.6f rate %.3f ratio %.4f cstep %.6f crate %.3f cratio %.4f %s\n", step[n / 2],
+           rate[n / 2], ratio[n / 2], cstep[n / 2], crate[n / 2], cratio[n / 2],
            mt_rnn_gemm_info(m));
     mt_alloc_free(a, x);
     mt_alloc_free(a, y);
@@ -361,9 +392,10 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
             snprintf(c2, sizeof c2, "%s --step %s %d %d %d", self_exe, libs[i], threads, iters,
                      quick ? 1 : 0);
             FILE *pf = popen(c2, "r");
-            double sec = 0, rate = 0, ratio = 0;
+            double sec = 0, rate = 0, ratio = 0, csec = 0, crate = 0, cratio = 0;
             while (pf && fgets(out, sizeof out, pf))
-                if (sscanf(out, "step %lf rate %lf ratio %lf", &sec, &rate, &ratio) == 3)
+                if (sscanf(out, "step %lf rate %lf ratio %lf cstep %lf crate %lf cratio %lf", &sec,
+                           &rate, &ratio, &csec, &crate, &cratio) == 6)
                     break;
             if (pf)
                 pclose(pf);
@@ -373,9 +405,19 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
             }
             snprintf(row, sizeof row, "  train step %dx%d T=%d B=%d, %s, %d thr", t.L, t.H, t.T,
                      t.B, libs[i], threads);
-            snprintf(fig, sizeof fig, "%.1f ms (bound %.1f) = %.0f %%", sec * 1e3,
-                     flops / (rate * 1e9) * 1e3, 100.0 * ratio);
-            verdict(row, fig, ">= 85 % of GEMM bound", ratio >= 0.85, NULL);
+            char note[96];
+            if (threads == 1) {
+                snprintf(fig, sizeof fig, "cpu %.1f ms (bound %.1f) = %.0f %%", csec * 1e3,
+                         flops / (crate * 1e9) * 1e3, 100.0 * cratio);
+                snprintf(note, sizeof note, "wall %.1f ms (bound %.1f) = %.0f %%, load %.1f",
+                         sec * 1e3, flops / (rate * 1e9) * 1e3, 100.0 * ratio, load_avg());
+            } else {
+                snprintf(fig, sizeof fig, "%.1f ms (bound %.1f) = %.0f %%", sec * 1e3,
+                         flops / (rate * 1e9) * 1e3, 100.0 * ratio);
+                snprintf(note, sizeof note, "wall clock, load %.1f", load_avg());
+            }
+            verdict(row, fig, ">= 85 % of GEMM bound", (threads == 1 ? cratio : ratio) >= 0.85,
+                    note);
         }
     }
     mt_alloc_free(a, x);

@@ -14,6 +14,7 @@
 
 #include "memtrace/alloc.h"
 #include "allocator/internal.h"
+#include "backend/backend.h"
 #include "backend/backend_sim.h"
 
 #define MIB ((size_t)1 << 20)
@@ -83,16 +84,32 @@ static inline mt_backend_t *sim_backend(size_t capacity)
     return b;
 }
 
-static inline mt_alloc_t *make_alloc(mt_backend_t *b, const char *conf, const mt_event_sink_t *sink)
+/* An allocator with the reference's rules (rules:reference: plain segments, as these tests
+ * assert segment shapes and device calls of those rules), then conf on top. make_alloc_default
+ * starts from mt_alloc_cfg_default() instead. */
+static inline mt_alloc_t *make_alloc_from(mt_backend_t *b, const char *base, const char *conf,
+                                          const mt_event_sink_t *sink)
 {
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
     cfg.sink = sink;
     char err[256];
+    assert_int_equal(mt_alloc_cfg_parse(&cfg, base, err, sizeof err), 0);
     assert_int_equal(mt_alloc_cfg_parse(&cfg, conf, err, sizeof err), 0);
     mt_alloc_t *a = NULL;
     assert_int_equal(mt_alloc_create(&a, &cfg), 0);
     return a;
+}
+
+static inline mt_alloc_t *make_alloc(mt_backend_t *b, const char *conf, const mt_event_sink_t *sink)
+{
+    return make_alloc_from(b, "rules:reference", conf, sink);
+}
+
+static inline mt_alloc_t *make_alloc_default(mt_backend_t *b, const char *conf,
+                                             const mt_event_sink_t *sink)
+{
+    return make_alloc_from(b, NULL, conf, sink);
 }
 
 static inline uint64_t backend_mallocs(mt_backend_t *b)

@@ -284,8 +284,11 @@ static void test_config_keys(void **state)
     assert_int_equal(c.place_high, 0);
     assert_int_equal(c.max_split_size, 64 * MIB);
     assert_false(c.release_on_oom); /* not a placement rule: left as set above */
+    /* The default: the recommended cold setting of docs/allocator-policy.md. */
     mt_alloc_cfg_t d = mt_alloc_cfg_default();
-    assert_false(d.release_to_fit || d.fit_large_segments || d.split_large_tails || d.one_pool);
+    assert_true(d.expandable_segments && d.release_to_fit && d.one_pool);
+    assert_int_equal(d.place_high, 32 * MIB);
+    assert_false(d.fit_large_segments || d.split_large_tails);
 }
 
 static void expect_bad(const char *conf, const char *key, const char *value)

@@ -184,6 +184,54 @@ static void test_expandable_place_high(void **state)
     }
 }
 
+/* The default (mt_alloc_cfg_default: expandable segments, release_to_fit, one_pool,
+ * place_high) maps pages of one range; a backend without virtual memory gets plain
+ * segments with the same config, and both pass the checker and give everything back. */
+static void test_default_policy_and_fallback(void **state)
+{
+    (void)state;
+    for (int vm = 1; vm >= 0; vm--) {
+        mt_backend_t *b = sim_backend(256 * MIB);
+        mt_backend_ops_t novm;
+        if (!vm) {
+            novm = *b->ops;
+            novm.vm_reserve = NULL; /* the seam answers MT_ENOTSUP */
+            b->ops = &novm;
+        }
+        rec_sink_t rec;
+        rec_init(&rec);
+        mt_alloc_t *a = make_alloc_default(b, NULL, &rec.sink);
+        char *big = xmalloc_dev(a, 3 * MIB, NULL, 0);
+        char *small = xmalloc_dev(a, 1000, NULL, 0);
+        char *huge = xmalloc_dev(a, 40 * MIB, NULL, 0);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_stats_t s = stats_of(a);
+        if (vm) {
+            /* 4 + 40 MiB of pages, the small block in the big one's last page */
+            assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_MAP), 2);
+            assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_ALLOC), 0);
+            assert_ptr_equal(small, big + 3 * MIB);
+            assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 0);
+            assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 44 * MIB);
+        } else {
+            /* the reference's segments: 20 MiB large, 2 MiB small, 40 MiB exact */
+            assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_MAP), 0);
+            assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_ALLOC), 3);
+            assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 2 * MIB);
+            assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 62 * MIB);
+        }
+        mt_alloc_free(a, huge);
+        mt_alloc_free(a, small);
+        mt_alloc_free(a, big);
+        assert_int_equal(mt_alloc_empty_cache(a), 0);
+        assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+        assert_int_equal(mt_alloc_check(a), 0);
+        mt_alloc_destroy(&a);
+        mt_backend_destroy(&b);
+        rec_fini(&rec);
+    }
+}
+
 /* Variable shapes: expandable segments keep reserved close to allocated where plain
  * segments strand memory between segments. */
 static void test_expandable_less_reserved(void **state)
@@ -344,6 +392,7 @@ static void test_oom_report(void **state)
     rec_init(&rec);
     log_capture_t cap = {{0}, 0};
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    assert_int_equal(mt_alloc_cfg_parse(&cfg, "rules:reference", NULL, 0), 0); /* 20 MiB segs */
     cfg.backend = b;
     cfg.sink = &rec.sink;
     cfg.log = capture_log;
@@ -446,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_expandable_release_to_fit),
         cmocka_unit_test(test_expandable_one_pool),
         cmocka_unit_test(test_expandable_place_high),
+        cmocka_unit_test(test_default_policy_and_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,9 @@ static void make(fixture_t *f, bool expandable)
     bcfg.kind = MT_BACKEND_CUDA;
     assert_int_equal(mt_backend_create(&f->b, &bcfg), 0);
     mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
+    /* These tests follow the driver calls of the reference's rules, with or without
+     * expandable segments; test_default_policy runs the default. */
+    assert_int_equal(mt_alloc_cfg_parse(&acfg, "rules:reference", NULL, 0), 0);
     acfg.backend = f->b;
     acfg.expandable_segments = expandable;
     assert_int_equal(mt_alloc_create(&f->a, &acfg), 0);
@@ -234,6 +237,57 @@ static void test_expandable_oom(void **state)
     unmake(&f);
 }
 
+/* The default config (expandable segments, release_to_fit, one_pool, place_high) under
+ * the fake's strict VMM: pages are created, mapped and made accessible before use, small
+ * and large blocks share the range, a block freed on a second stream waits for its event,
+ * and empty_cache and destroy give every page and the range back. */
+static void test_default_policy(void **state)
+{
+    (void)state;
+    fk.reset(128 * MiB, 1);
+    mt_backend_cfg_t bcfg = mt_backend_cfg_default();
+    bcfg.kind = MT_BACKEND_CUDA;
+    fixture_t f;
+    assert_int_equal(mt_backend_create(&f.b, &bcfg), 0);
+    mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
+    acfg.backend = f.b;
+    assert_int_equal(mt_alloc_create(&f.a, &acfg), 0);
+    fk.reset(128 * MiB, 1);
+    mt_stream_t *s2 = NULL;
+    assert_int_equal(mt_stream_create(f.b, &s2), 0);
+    void *big = NULL, *small = NULL, *huge = NULL, *again = NULL;
+    assert_int_equal(mt_alloc_malloc(f.a, 3 * MiB, NULL, MT_TAG_OTHER, &big), 0);
+    assert_int_equal(mt_alloc_malloc(f.a, 1000, NULL, MT_TAG_OTHER, &small), 0);
+    assert_int_equal(mt_alloc_malloc(f.a, 40 * MiB, NULL, MT_TAG_OTHER, &huge), 0);
+    memset(fk.shadow(big), 0x11, 3 * MiB); /* the fake faults on unmapped pages */
+    memset(fk.shadow(small), 0x22, 1000);
+    memset(fk.shadow(huge), 0x33, 40 * MiB);
+    assert_int_equal(fk.count("cuMemAlloc_v2"), 0);
+    assert_int_equal(fk.count("cuMemAddressReserve"), 1); /* one range: one_pool */
+    assert_true(fk.count("cuMemCreate") > 0);
+    assert_int_equal((char *)small, (char *)big + 3 * MiB);
+    assert_int_equal(fk.used(), 44 * MiB);
+    assert_int_equal(mt_alloc_check(f.a), 0);
+
+    /* stream-ordered reuse: used on s2, the block waits for s2's event */
+    assert_int_equal(mt_alloc_record_stream(f.a, huge, s2), 0);
+    fk.hold(true);
+    assert_int_equal(mt_alloc_free(f.a, huge), 0);
+    assert_int_equal(mt_alloc_malloc(f.a, 40 * MiB, NULL, MT_TAG_OTHER, &again), 0);
+    assert_true(again != huge);
+    fk.hold(false);
+    assert_int_equal(mt_alloc_free(f.a, again), 0);
+    assert_int_equal(mt_alloc_free(f.a, small), 0);
+    assert_int_equal(mt_alloc_free(f.a, big), 0);
+    assert_int_equal(mt_alloc_empty_cache(f.a), 0);
+    assert_int_equal(fk.used(), 0);
+    assert_int_equal(fk.count("cuMemUnmap"), fk.count("cuMemCreate"));
+    assert_int_equal(fk.count("cuMemRelease"), fk.count("cuMemCreate"));
+    mt_stream_destroy(f.b, &s2);
+    unmake(&f);
+    assert_int_equal(fk.count("cuMemAddressFree"), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -243,6 +297,7 @@ int main(void)
         cmocka_unit_test(test_stream_events_gate_reuse),
         cmocka_unit_test(test_expandable_segments_mapping),
         cmocka_unit_test(test_expandable_oom),
+        cmocka_unit_test(test_default_policy),
     };
     return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
 }

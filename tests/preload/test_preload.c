@@ -393,6 +393,7 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     setenv("MEMTRACE_BACKEND", "cuda", 1);
     setenv("MEMTRACE_PROF", "off", 1);
     setenv("MEMTRACE_LOG_LEVEL", "quiet", 1);
+    setenv("MEMTRACE_ALLOC_CONF", "rules:reference", 1); /* one plain segment, counted below */
     void *fake = dlopen(env("MT_FAKE_CUDA"), RTLD_NOW | RTLD_LOCAL);
     assert_non_null(fake);
     void (*reset)(size_t, int) = (void (*)(size_t, int))dlsym(fake, "fake_cuda_reset");

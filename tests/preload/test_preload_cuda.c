@@ -66,7 +66,8 @@ static void test_per_thread_stream_and_proc_flags(void **state)
 static void test_reset_drops_cache(void **state)
 {
     (void)state;
-    assert_int_equal(run("reset", NULL), 0);
+    /* plain segments: the scenario counts cuMemAlloc */
+    assert_int_equal(run("reset", "MEMTRACE_ALLOC_CONF=rules:reference"), 0);
 }
 
 /* Item 2. */
@@ -116,7 +117,9 @@ static void test_foreign_oom_releases_cache(void **state)
 static void test_block_queries_and_ipc(void **state)
 {
     (void)state;
-    assert_int_equal(run("range", NULL), 0);
+    /* IPC of a block at a plain segment's start; expandable segments export handles only
+     * with MEMTRACE_CUDA_HANDLE_TYPE (below) */
+    assert_int_equal(run("range", "MEMTRACE_ALLOC_CONF=rules:reference"), 0);
     assert_int_equal(run("handles", "MEMTRACE_ALLOC_CONF=expandable_segments:True "
                                     "MEMTRACE_CUDA_HANDLE_TYPE=posix_fd"),
                      0);

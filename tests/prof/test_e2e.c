@@ -38,6 +38,8 @@ static uint64_t program(const char *log, bool keep)
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &bc), 0);
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    /* The report's segment figures below are those of plain segments. */
+    assert_int_equal(mt_alloc_cfg_parse(&ac, "rules:reference", NULL, 0), 0);
     ac.backend = b;
     ac.sink = mt_prof_sink(prof);
     mt_alloc_t *a = NULL;

@@ -34,8 +34,8 @@ typedef struct fx_s {
     int errors, warnings;
     char last_log[512];
     char version_log[256]; /* the info line naming the loaded libcudnn */
-    long live0;   /* fake cuDNN objects before the test (a failed test may leave some) */
-    size_t used0; /* fake driver bytes before the test */
+    long live0;            /* fake cuDNN objects before the test (a failed test may leave some) */
+    size_t used0;          /* fake driver bytes before the test */
 } fx_t;
 
 static inline void fx_log(void *ud, mt_log_level_e level, const char *msg)
@@ -75,6 +75,9 @@ static inline void fx_up_on(fx_t *f, int device)
     bc.device = device;
     assert_int_equal(mt_backend_create(&f->b, &bc), 0);
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    /* Plain segments: the fake driver never reuses device addresses (16 GiB in all), and
+     * every expandable range reserves twice the device; these tests are about the RNN. */
+    assert_int_equal(mt_alloc_cfg_parse(&ac, "rules:reference", NULL, 0), 0);
     ac.backend = f->b;
     assert_int_equal(mt_alloc_create(&f->a, &ac), 0);
     assert_int_equal(mt_stream_create(f->b, &f->s), 0);

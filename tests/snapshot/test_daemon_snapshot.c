@@ -42,7 +42,8 @@ static void oomer_body(const char *sock, int stop_fd)
     mt_backend_t *b = NULL;
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     mt_alloc_t *a = NULL;
-    if (mt_backend_create(&b, &bc) != 0)
+    /* Plain segments: the snapshots below count a small and a large segment. */
+    if (mt_backend_create(&b, &bc) != 0 || mt_alloc_cfg_parse(&ac, "rules:reference", NULL, 0) != 0)
         _exit(11);
     ac.backend = b;
     ac.sink = mt_prof_sink(p);
@@ -195,6 +196,7 @@ static void test_recorder_oom_snapshot(void **state)
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &bc), 0);
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    assert_int_equal(mt_alloc_cfg_parse(&ac, "rules:reference", NULL, 0), 0); /* as above */
     ac.backend = b;
     ac.sink = mt_prof_sink(p);
     mt_alloc_t *a = NULL;

@@ -55,6 +55,8 @@ static void record(FILE *log, uint64_t *peak_reserved, unsigned seed)
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &bc), 0);
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    /* Plain segments: the segment map below is compared segment for segment. */
+    assert_int_equal(mt_alloc_cfg_parse(&ac, "rules:reference", NULL, 0), 0);
     ac.backend = b;
     ac.sink = &sink;
     mt_alloc_t *a = NULL;
@@ -247,6 +249,7 @@ static void test_roundtrip(void **state)
     assert_int_equal(t->nstreams, 2);
     mt_replay_cfg_t cfg = mt_replay_cfg_default();
     cfg.capacity = (size_t)8 << 30;
+    cfg.alloc_conf = "rules:reference"; /* the recording allocator's rules */
     mt_replay_result_t res;
     assert_int_equal(mt_replay_run(t, &cfg, &res, err, sizeof err), 0);
     assert_int_equal(res.peak_reserved, alloc_peak_reserved);
