@@ -42,9 +42,6 @@
 
 #define EMBED CHARLM_EMBED
 
-/* The allocator setting the demo runs unless MEMTRACE_ALLOC_CONF gives one. */
-static const char demo_alloc_conf[] = "expandable_segments:True,release_to_fit:True,one_pool:True";
-
 typedef charlm_param_t param_t;
 typedef charlm_model_t model_t;
 
@@ -596,15 +593,9 @@ int main(int argc, char **argv)
     mt_prof_t *prof;
     CHECK(mt_prof_create(&prof, &pcfg));
 
-    /* The demo runs the recommended setting (docs/allocator-policy.md): its small tensors
-     * share pages with the large ones instead of a 2 MiB segment of their own, so after the
-     * warm-up reserved stays within 2 MiB of the live peak. MEMTRACE_ALLOC_CONF replaces it. */
     mt_alloc_cfg_t acfg = mt_alloc_cfg_default();
-    const char *conf = getenv("MEMTRACE_ALLOC_CONF");
-    if (conf == NULL || conf[0] == '\0')
-        conf = demo_alloc_conf;
-    if (mt_alloc_cfg_parse(&acfg, conf, err, sizeof err)) {
-        fprintf(stderr, "train_charlm: allocator setting %s: %s\n", conf, err);
+    if (mt_alloc_cfg_from_env(&acfg, err, sizeof err)) {
+        fprintf(stderr, "train_charlm: MEMTRACE_ALLOC_CONF: %s\n", err);
         return 2;
     }
     acfg.backend = b;
@@ -623,9 +614,6 @@ int main(int argc, char **argv)
     CHECK(mt_host_cache_create(&host, &hcfg));
 
     printf("backend: %s\n", mt_backend_name(b));
-    printf("allocator: %s%s\n", conf,
-           conf == demo_alloc_conf ? " (the recommended setting; MEMTRACE_ALLOC_CONF replaces it)"
-                                   : " (MEMTRACE_ALLOC_CONF)");
     mt_prof_stats_t ps;
     mt_prof_stats(prof, &ps);
     const char *log_path = mt_prof_log_path(prof);

@@ -40,7 +40,7 @@ typedef struct mt_alloc_cfg_s {
     unsigned roundup_power2_divisions;   /* 0 = off, else a power of two in [1, 64] */
     double garbage_collection_threshold; /* 0 = off, else in (0, 1) of the memory limit */
     double memory_fraction;              /* limit = fraction x capacity, in (0, 1]; 1 */
-    bool expandable_segments;            /* virtual ranges + pages mapped on demand */
+    bool expandable_segments;            /* virtual ranges + pages mapped on demand; true */
     bool release_on_oom;                 /* release cache and retry before failing; true */
     const mt_event_sink_t *sink;         /* borrowed, optional */
     mt_log_cb log;                       /* optional */
@@ -57,9 +57,9 @@ typedef struct mt_alloc_cfg_s {
      * none). 1000; 0 = none. */
     unsigned stats_period_ms;
     /* Cold-start policies beyond the reference (docs/allocator-policy.md has the table that
-     * chose the defaults). release_to_fit: on a miss that needs a new segment, cached whole
-     * segments of any size go back first, oldest first, until their bytes cover the new one,
-     * so reserved grows only when the cache cannot cover it. */
+     * chose the defaults; "rules:reference" turns them all off). release_to_fit (true): on a
+     * miss that would raise reserved above its peak, cached whole segments (expandable: whole
+     * free pages) go back first until they cover the excess. */
     bool release_to_fit;
     /* Large requests under 10 MiB get a segment of their size rounded up to 2 MiB rather
      * than the reference's 20 MiB. */
@@ -69,12 +69,12 @@ typedef struct mt_alloc_cfg_s {
     bool split_large_tails;
     /* With expandable segments: small requests share the large pool's range (one pool,
      * segregated fits), so small blocks fill the pages around large ones instead of pages
-     * of their own. Their statistics then count in the large pool. */
+     * of their own. Their statistics then count in the large pool. true. */
     bool one_pool;
     /* With expandable segments: requests of at least this many bytes get new pages from the
      * top half of their range, smaller ones from the bottom half, so that large short-lived
-     * blocks reuse the same pages and do not cut holes among long-lived small ones. 0 = off;
-     * config key place_high_mb. */
+     * blocks reuse the same pages and do not cut holes among long-lived small ones. 32 MiB;
+     * 0 = off; config key place_high_mb. */
     size_t place_high;
     /* Call stacks of this allocator's allocations (mt_stacks_e, event.h): taken through the
      * sink's stack callback; MT_STACKS_DEFAULT = the sink's own setting (the profiler's
