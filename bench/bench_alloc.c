@@ -355,8 +355,6 @@ static const policy_t policies[] = {
     {"expandable+rtf", REF "," EXP ",release_to_fit:True", true, false, false, false},
     {"expandable+rtf+one_pool", REF "," EXP ",release_to_fit:True,one_pool:True", true, false,
      false, false},
-    {"expandable+rtf+one_pool, warm-up", REF "," EXP ",release_to_fit:True,one_pool:True", true,
-     false, true, false},
     {"expandable+rtf+place_high", REF "," EXP ",release_to_fit:True,place_high_mb:32", true, false,
      false, false},
     {"expandable+rtf+one_pool+place_high",
