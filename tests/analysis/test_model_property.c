@@ -339,23 +339,27 @@ static void one(const char *conf, size_t capacity, uint64_t seed)
     free_feed(&feed);
 }
 
+/* The default (expandable segments, release_to_fit, one_pool, place_high) and the
+ * reference's plain segments. */
 static void test_default(void **state)
 {
     (void)state;
     one(NULL, 1024 * MIB, 1);
+    one("rules:reference", 1024 * MIB, 5);
 }
 
+/* Expandable segments with a range per pool, pages placed without place_high. */
 static void test_expandable(void **state)
 {
     (void)state;
-    one("expandable_segments:True", 1024 * MIB, 2);
+    one("expandable_segments:True,one_pool:False,place_high_mb:0", 1024 * MIB, 2);
 }
 
 static void test_pressure_gc(void **state)
 {
     (void)state;
     /* Too small a device: OOMs, release-and-retry, garbage collection. */
-    one("garbage_collection_threshold:0.5,max_split_size_mb:24", 192 * MIB, 3);
+    one("rules:reference,garbage_collection_threshold:0.5,max_split_size_mb:24", 192 * MIB, 3);
     one("expandable_segments:True,garbage_collection_threshold:0.6", 160 * MIB, 4);
 }
 
