@@ -158,8 +158,11 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp)
 {
     (void)a;
-    if (sr->bins[bp] == NULL)
+    if (sr->bins[bp] == NULL) {
         sr->bins[bp] = mt__bins_create(bp, sr->stream);
+        if (sr->bins[bp] != NULL)
+            sr->bins[bp]->sr = sr;
+    }
     return sr->bins[bp];
 }
 
@@ -205,6 +208,34 @@ static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
     return 0;
 }
 
+/* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
+ * given, in one batch; stamped t (0 = now). */
+static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
+                                int tag, uint64_t t, const mt_event_rec_t *req)
+{
+    mt_event_rec_t ev[2];
+    size_t n = 0;
+    if (req != NULL)
+        ev[n++] = *req;
+    fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, mt__public_pool(seg->pool),
+             tag, t != 0 ? t : mt__clock_now(&a->clk));
+    emit_recs(a, ev, n);
+    stats_due(a, ev[n - 1].time_ns);
+}
+
+/* Whether the run of free blocks on either side of b holds a quick block (two inactive
+ * blocks never touch, so a run reaching past its first block goes through a quick one). */
+static bool quick_beside(const mt_block_t *b)
+{
+    const mt_block_t *p = b->prev, *n = b->next;
+    return (p != NULL &&
+            (p->state == MT__BLOCK_QUICK || (p->state == MT_BLOCK_INACTIVE && p->prev != NULL &&
+                                             p->prev->state == MT__BLOCK_QUICK))) ||
+           (n != NULL &&
+            (n->state == MT__BLOCK_QUICK || (n->state == MT_BLOCK_INACTIVE && n->next != NULL &&
+                                             n->next->state == MT__BLOCK_QUICK)));
+}
+
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
 {
     mt__alloc_assert_owner(a);
@@ -216,25 +247,27 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     size_t size = b->size;
     int tag = b->tag;
     mt__addrmap_del(&a->map, b->addr);
-    mt__stat_add(a->st.active_bytes, seg->pool, -(int64_t)b->size);
-    mt__stat_add(a->st.active, seg->pool, -1);
+    int sp = mt__stat_pool(seg->pool);
+    mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
+    mt__stat_sub2(a->st.active, sp, 1);
+    mt__qstep_t step;
+    bool near_quick = a->nquick > 0 && quick_beside(b);
+    if (__builtin_expect(near_quick, 0))
+        mt__quick_step_begin(a, b, &step);
     b->state = MT_BLOCK_INACTIVE;
     b->requested = 0;
     b->nuses = 0;
     b->npending = 0;
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
-    seg->last_used = ++a->clock;
-    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
-        mt_event_rec_t ev[2];
-        size_t n = 0;
-        if (req != NULL)
-            ev[n++] = *req;
-        fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
-                 mt__public_pool(seg->pool), tag, t != 0 ? t : mt__clock_now(&a->clk));
-        emit_recs(a, ev, n);
-        stats_due(a, ev[n - 1].time_ns);
+    if (__builtin_expect(near_quick, 0)) {
+        /* merged through the quick blocks beside it: the bins' view, not a LIFO's */
+        b = mt__quick_dissolve(a, b);
+        mt__quick_step_end(a, b, &step);
     }
+    seg->last_used = ++a->clock;
+    if (__builtin_expect(a->cfg.sink != NULL, 0))
+        emit_free_completed(a, addr, size, seg, tag, t, req);
 }
 
 void mt__alloc_process_events(mt_alloc_t *a)
@@ -302,6 +335,27 @@ void mt__alloc_sync_pending(mt_alloc_t *a)
 
 /* ---- lifecycle ---- */
 
+/* An adaptive mutex where the C library has one: a thread that finds the lock taken spins
+ * a little before it sleeps, and the allocator's critical sections are short (a cached
+ * pair holds it ~50 ns), so two threads mostly meet a lock about to be released instead
+ * of paying a futex sleep and wake-up each (2 threads on 2 streams: 0.3x -> see
+ * bench_alloc). */
+static int mutex_init(pthread_mutex_t *mu)
+{
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    pthread_mutexattr_t at;
+    if (pthread_mutexattr_init(&at) != 0)
+        return -1;
+    int rc = pthread_mutexattr_settype(&at, PTHREAD_MUTEX_ADAPTIVE_NP);
+    if (rc == 0)
+        rc = pthread_mutex_init(mu, &at);
+    pthread_mutexattr_destroy(&at);
+    return rc;
+#else
+    return pthread_mutex_init(mu, NULL);
+#endif
+}
+
 int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
 {
     if (out == NULL || cfg == NULL)
@@ -334,7 +388,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     rc = mt__addrmap_init(&a->map);
     if (rc != 0)
         goto fail_map;
-    if (pthread_mutex_init(&a->mu, NULL) != 0) {
+    if (mutex_init(&a->mu) != 0) {
         rc = MT_ENOMEM;
         goto fail_mutex;
     }
@@ -580,42 +634,69 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     int bp = rsize <= MT__SMALL_SIZE && !(a->cfg.expandable_segments && a->cfg.one_pool)
                  ? MT__BP_SMALL
                  : MT__BP_LARGE;
-    mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
-    if (sr == NULL || mt__alloc_binset(a, sr, bp) == NULL) {
+    mt_streamrec_t *sr = a->last_sr; /* the one-entry cache, inline */
+    if (sr == NULL || sr->stream != stream)
+        sr = mt__alloc_streamrec(a, stream);
+    if (sr == NULL || (sr->bins[bp] == NULL && mt__alloc_binset(a, sr, bp) == NULL)) {
         rc = MT_ENOMEM;
         goto out;
     }
-    /* After a warm-up, its plan places the request first (reserve.c). */
     mt_block_t *front = NULL;
-    mt_block_t *b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front) : NULL;
-    bool planned = b != NULL;
-    if (b == NULL)
-        b = find_cached(a, sr, bp, rsize);
-    if (b == NULL && run_free_callbacks(a, size, stream))
-        b = find_cached(a, sr, bp, rsize);
-    if (b == NULL) {
-        rc = get_new_block(a, sr, bp, size, rsize, &b);
-        if (rc != 0)
-            goto out;
+    mt_block_t *b = a->nquick > 0 ? mt__quick_take(a, sr, bp, rsize) : NULL;
+    bool quick = b != NULL, planned = false, near_quick = false;
+    mt__qstep_t step;
+    if (!quick) {
+        /* Any other request sees the stream's free space merged, as the bins alone would
+         * hold it, so that its placement is theirs. */
+        if (sr->bins[bp]->nquick > 0)
+            mt__quick_flush(a, sr->bins[bp]);
+        /* After a warm-up, its plan places the request first (reserve.c). */
+        b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front) : NULL;
+        planned = b != NULL;
+        if (b == NULL)
+            b = find_cached(a, sr, bp, rsize);
+        if (b == NULL && a->nquick > 0) { /* merged, the quick blocks may fit */
+            mt__quick_flush_all(a);
+            b = find_cached(a, sr, bp, rsize);
+        }
+        if (b == NULL && run_free_callbacks(a, size, stream)) {
+            mt__quick_flush_all(a); /* what they freed may sit in quick lists */
+            b = find_cached(a, sr, bp, rsize);
+        }
+        if (b == NULL) {
+            rc = get_new_block(a, sr, bp, size, rsize, &b);
+            if (rc != 0)
+                goto out;
+        }
+        mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
+        near_quick = mt__quick_near(b);
+        if (__builtin_expect(near_quick, 0))
+            mt__quick_step_begin(a, b, &step);
+        mt__seg_bin_out(a, b);
+        if (mt__seg_should_split(a, b, rsize))
+            mt__seg_split(a, b, rsize);
     }
-    mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
-    mt__seg_bin_out(a, b);
-    if (mt__seg_should_split(a, b, rsize))
-        mt__seg_split(a, b, rsize);
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
     if (front != NULL)
         mt__seg_bin_in(a, front);
+    if (__builtin_expect(near_quick, 0))
+        mt__quick_step_end(a, b, &step);
     b->requested = size;
     b->tag = (uint8_t)tag;
     b->gen = a->gen;
     b->nuses = 0;
     b->npending = 0;
-    rc = mt__addrmap_put(&a->map, b);
-    if (rc != 0) {
+    if (!quick && (rc = mt__addrmap_put(&a->map, b)) != 0) {
         /* Host memory for the hash table ran out: give the block back untouched. */
+        near_quick = a->nquick > 0 && quick_beside(b);
+        if (near_quick)
+            mt__quick_step_begin(a, b, &step);
         b->state = MT_BLOCK_INACTIVE;
         b->requested = 0;
-        mt__seg_bin_in(a, mt__seg_merge(a, b));
+        b = mt__seg_merge(a, b);
+        mt__seg_bin_in(a, b);
+        if (near_quick)
+            mt__quick_step_end(a, b, &step);
         goto out;
     }
     if (planned) {
@@ -623,14 +704,14 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         a->plan.live++;
     }
     mt_segment_t *seg = b->seg;
-    int sp = seg->pool;
-    mt__stat_add(a->st.allocated_bytes, sp, (int64_t)b->size);
-    mt__stat_add(a->st.requested_bytes, sp, (int64_t)size);
-    mt__stat_add(a->st.allocation, sp, 1);
-    mt__stat_add(a->st.active_bytes, sp, (int64_t)b->size);
-    mt__stat_add(a->st.active, sp, 1);
-    mt__stat_add1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
-    mt__stat_add1(&a->st.tag_requested_bytes[tag], (int64_t)size);
+    int sp = seg->pool, st = mt__stat_pool(sp);
+    mt__stat_inc2(a->st.allocated_bytes, st, (int64_t)b->size);
+    mt__stat_inc2(a->st.requested_bytes, st, (int64_t)size);
+    mt__stat_inc2(a->st.allocation, st, 1);
+    mt__stat_inc2(a->st.active_bytes, st, (int64_t)b->size);
+    mt__stat_inc2(a->st.active, st, 1);
+    mt__stat_inc1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
+    mt__stat_inc1(&a->st.tag_requested_bytes[tag], (int64_t)size);
     mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current <=
                   a->st.active_bytes[MT_STAT_ALL].current &&
               a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);
@@ -700,13 +781,13 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     mt_assert(b->addr == (uintptr_t)ptr && b->requested > 0 && b->requested <= b->size);
     mt_assert(b->npending == 0);
     mt_segment_t *seg = b->seg;
-    int sp = seg->pool;
+    int sp = seg->pool, st = mt__stat_pool(sp);
     mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
-    mt__stat_add(a->st.allocated_bytes, sp, -(int64_t)b->size);
-    mt__stat_add(a->st.requested_bytes, sp, -(int64_t)b->requested);
-    mt__stat_add(a->st.allocation, sp, -1);
-    mt__stat_add1(&a->st.tag_allocated_bytes[b->tag], -(int64_t)b->size);
-    mt__stat_add1(&a->st.tag_requested_bytes[b->tag], -(int64_t)b->requested);
+    mt__stat_sub2(a->st.allocated_bytes, st, (int64_t)b->size);
+    mt__stat_sub2(a->st.requested_bytes, st, (int64_t)b->requested);
+    mt__stat_sub2(a->st.allocation, st, 1);
+    mt__stat_sub1(&a->st.tag_allocated_bytes[b->tag], (int64_t)b->size);
+    mt__stat_sub1(&a->st.tag_requested_bytes[b->tag], (int64_t)b->requested);
     /* free_requested; when the free completes at once (no other stream used the block),
      * it goes out together with free_completed, one clock read and one batch for both. */
     uint64_t t = 0;
@@ -724,6 +805,7 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         mt__warm_record_free(a, b);
     if (b->planned)
         mt__plan_freed(a, b);
+    bool keep = mt__quick_may_keep(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
     for (uint32_t i = 0; i < b->nuses; i++) {
@@ -741,10 +823,16 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         mt_assert(a->npending >= b->npending);
     }
     b->nuses = 0;
-    if (nwait > 0)
+    if (keep && mt__quick_push(a, b)) {
+        /* No other stream used it: free at once, kept whole for a reuse of its size. */
+        mt_assert(b->npending == 0 && nwait == 0);
+        if (__builtin_expect(a->cfg.sink != NULL, 0))
+            emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
+    } else if (nwait > 0) {
         wait_streams(a, b, nwait);
-    else if (b->npending == 0)
+    } else if (b->npending == 0) {
         mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
+    }
 out:
     mt__alloc_unlock(a);
     return rc;
@@ -820,6 +908,7 @@ int mt_alloc_empty_cache(mt_alloc_t *a)
     mt__alloc_lock(a);
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
+    mt__quick_flush_all(a);
     size_t released = mt__seg_release_all(a, false, NULL, false);
     mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_unlock(a);

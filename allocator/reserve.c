@@ -119,6 +119,7 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
     mt__alloc_lock(a);
     if (a->npending > 0)
         mt__alloc_process_events(a);
+    mt__quick_flush_all(a); /* the plan sees merged free space */
     int rc = reserve_locked(a, bytes, stream);
     mt__alloc_unlock(a);
     return rc;
@@ -129,6 +130,7 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
     if (a == NULL)
         return MT_EINVAL;
     mt__alloc_lock(a);
+    mt__quick_flush_all(a); /* nothing is kept quick while warming */
     a->warming = true;
     a->gen++;
     a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
