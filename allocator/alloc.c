@@ -166,47 +166,7 @@ mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp)
     return sr->bins[bp];
 }
 
-/* ---- pending frees ---- */
-
-static mt_event_t *event_get(mt_alloc_t *a)
-{
-    if (a->nevpool > 0)
-        return a->evpool[--a->nevpool];
-    mt_event_t *ev = NULL;
-    if (mt_event_create(a->backend, &ev) != 0)
-        return NULL;
-    return ev;
-}
-
-static void event_put(mt_alloc_t *a, mt_event_t *ev)
-{
-    if (a->nevpool == a->cap_evpool) {
-        size_t cap = a->cap_evpool ? a->cap_evpool * 2 : 16;
-        mt_event_t **np = realloc(a->evpool, cap * sizeof *np);
-        if (np == NULL) {
-            mt_event_destroy(a->backend, &ev);
-            return;
-        }
-        a->evpool = np;
-        a->cap_evpool = cap;
-    }
-    a->evpool[a->nevpool++] = ev;
-}
-
-static int pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
-{
-    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && a->npending <= a->cap_pending);
-    if (a->npending == a->cap_pending) {
-        size_t cap = a->cap_pending ? a->cap_pending * 2 : 16;
-        mt_pending_t *np = realloc(a->pending, cap * sizeof *np);
-        if (np == NULL)
-            return MT_ENOMEM;
-        a->pending = np;
-        a->cap_pending = cap;
-    }
-    a->pending[a->npending++] = (mt_pending_t){ev, b, false};
-    return 0;
-}
+/* ---- pending frees (the events and waits: pending.c) ---- */
 
 /* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
  * given, in one batch; stamped t (0 = now). */
@@ -268,69 +228,6 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     seg->last_used = ++a->clock;
     if (__builtin_expect(a->cfg.sink != NULL, 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);
-}
-
-void mt__alloc_process_events(mt_alloc_t *a)
-{
-    mt__alloc_assert_owner(a);
-    size_t i = 0;
-    while (i < a->npending) {
-        mt_pending_t p = a->pending[i];
-        mt_assert(p.blk->state == MT_BLOCK_ACTIVE_PENDING_FREE && p.blk->npending > 0);
-        if (p.waited) {
-            i++; /* the waiting thread completes it once its wait ends */
-            continue;
-        }
-        int rc = mt_event_query(a->backend, p.ev);
-        if (rc == MT_EAGAIN) {
-            i++;
-            continue;
-        }
-        if (rc != 0)
-            mt__alloc_log(a, MT_LOG_WARN,
-                          "memtrace: event query failed (%s); treating the "
-                          "event as complete",
-                          mt_strerror(rc));
-        a->pending[i] = a->pending[--a->npending];
-        event_put(a, p.ev);
-        if (--p.blk->npending == 0)
-            mt__alloc_free_complete(a, p.blk, 0, NULL);
-    }
-}
-
-void mt__alloc_sync_pending(mt_alloc_t *a)
-{
-    mt__alloc_assert_owner(a);
-    while (a->syncing)
-        mt__alloc_wait(a); /* one waiter at a time: the waited marks are its own */
-    a->st.num_sync_all_streams++;
-    size_t n = a->npending;
-    if (n > 0) {
-        /* The waited entries stay in a->pending (their blocks stay pending), but nobody
-         * else queries or recycles their events until the waits end. Without host memory
-         * for the list, one device synchronize waits for them all. */
-        mt_event_t **evs = malloc(n * sizeof *evs);
-        for (size_t i = 0; i < n; i++) {
-            a->pending[i].waited = true;
-            if (evs != NULL)
-                evs[i] = a->pending[i].ev;
-        }
-        a->syncing = true;
-        mt__alloc_unlock(a);
-        if (evs != NULL)
-            for (size_t i = 0; i < n; i++)
-                (void)mt_event_synchronize(a->backend, evs[i]);
-        else
-            (void)mt_device_synchronize(a->backend);
-        free(evs);
-        mt__alloc_lock(a);
-        mt_assert(a->syncing);
-        for (size_t i = 0; i < a->npending; i++)
-            a->pending[i].waited = false;
-        a->syncing = false;
-        pthread_cond_broadcast(&a->cv);
-    }
-    mt__alloc_process_events(a);
 }
 
 /* ---- lifecycle ---- */
@@ -745,26 +642,6 @@ out:
 
 /* ---- free ---- */
 
-/* Without an event the only safe fallback is to wait for the streams that used b
- * (b->uses[0..n)) before b can be reused: with the lock released, b held pending by one
- * count of npending (a->nholds) meanwhile. Completes b when nothing else is pending. */
-static void wait_streams(mt_alloc_t *a, mt_block_t *b, uint32_t n)
-{
-    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->nuses == 0);
-    b->npending++;
-    a->nholds++;
-    mt__alloc_unlock(a);
-    /* b->uses stays b's: a pending block takes no record_stream and is never reused. */
-    for (uint32_t i = 0; i < n; i++)
-        (void)mt_stream_synchronize(a->backend, b->uses[i]);
-    mt__alloc_lock(a);
-    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending > 0 && a->nholds > 0);
-    a->nholds--;
-    pthread_cond_broadcast(&a->cv);
-    if (--b->npending == 0)
-        mt__alloc_free_complete(a, b, 0, NULL);
-}
-
 int mt_alloc_free(mt_alloc_t *a, void *ptr)
 {
     if (a == NULL)
@@ -809,13 +686,13 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
     for (uint32_t i = 0; i < b->nuses; i++) {
-        mt_event_t *ev = event_get(a);
+        mt_event_t *ev = mt__alloc_event_get(a);
         int erc = ev ? mt_event_record(a->backend, ev, b->uses[i]) : MT_ENOMEM;
         if (erc == 0)
-            erc = pending_push(a, ev, b);
+            erc = mt__alloc_pending_push(a, ev, b);
         if (erc != 0) {
             if (ev != NULL)
-                event_put(a, ev);
+                mt__alloc_event_put(a, ev);
             b->uses[nwait++] = b->uses[i];
             continue;
         }
@@ -829,7 +706,7 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         if (__builtin_expect(a->cfg.sink != NULL, 0))
             emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
     } else if (nwait > 0) {
-        wait_streams(a, b, nwait);
+        mt__alloc_wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
         mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
     }

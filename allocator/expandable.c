@@ -212,8 +212,10 @@ static int exp_map(mt_alloc_t *a, mt_streamrec_t *sr, int bp, const exp_plan_t *
     int rc = mt_backend_vm_map(a->backend, (void *)p->at, p->len);
     mt__alloc_lock(a);
     mt__map_t **pp = &a->maps;
-    while (*pp != &m)
+    while (*pp != &m) {
+        mt_assert(*pp != NULL); /* nobody else unlinks it */
         pp = &(*pp)->next;
+    }
     *pp = m.next;
     mt_assert(sr->nmaps[bp] > 0 && a->inflight_map_bytes >= p->len);
     sr->nmaps[bp]--;
@@ -353,6 +355,8 @@ static size_t plan_unmap(mt_alloc_t *a, mt__unmap_batch_t *q, mt_block_t *b, siz
         return 0;
     }
     mt__seg_bin_out(a, b);
+    mt_assert(b->seg->expandable && !b->split_counted && b->npending == 0 &&
+              p % mt__exp_page(a) == 0);
     b->state = MT__BLOCK_UNMAPPING;
     q->v[q->n++] = (mt__unmap_t){b, p, len, seg2, t, 0};
     return len;
@@ -495,8 +499,10 @@ size_t mt__exp_unmap_run(mt_alloc_t *a, mt__unmap_batch_t *q)
         while (q->done < q->n)
             got += finish_unmap(a, &q->v[q->done++]);
         mt__unmap_batch_t **pp = &a->unmaps;
-        while (*pp != q)
+        while (*pp != q) {
+            mt_assert(*pp != NULL); /* nobody else unlinks it */
             pp = &(*pp)->next;
+        }
         *pp = q->next;
         pthread_cond_broadcast(&a->cv);
     }

@@ -1,5 +1,6 @@
 /* Private layout of the caching allocator, shared by its files:
- *   alloc.c    create/destroy, malloc/free, streams and pending events, block info, tags
+ *   alloc.c    create/destroy, malloc/free, streams, block info, tags
+ *   pending.c  pending frees: events recorded at free, their pool, waits for them
  *   bins.c     size-class bins (two-level segregated fit with bitmaps)
  *   meta.c     block-struct pool and the address -> block hash table
  *   segments.c segments, split/merge, release and garbage collection
@@ -496,6 +497,16 @@ void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
 size_t mt__alloc_round_size(size_t size, unsigned divisions);
 mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
+/* ---- pending.c ---- */
+/* An idle event from the pool, or a new one; NULL when the backend cannot make one. */
+mt_event_t *mt__alloc_event_get(mt_alloc_t *a);
+/* Returns ev to the pool (destroys it when the pool cannot grow). */
+void mt__alloc_event_put(mt_alloc_t *a, mt_event_t *ev);
+/* Adds ev, recorded for pending block b, to a->pending. */
+int mt__alloc_pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b);
+/* Waits with the lock released for the streams b->uses[0..n) of pending block b that got
+ * no event, holding b pending meanwhile; completes b when nothing else is pending. */
+void mt__alloc_wait_streams(mt_alloc_t *a, mt_block_t *b, uint32_t n);
 /* Queries pending events; completes blocks whose events are done. */
 void mt__alloc_process_events(mt_alloc_t *a);
 /* Waits for every pending event with the lock released, then completes their blocks (and

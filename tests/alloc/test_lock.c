@@ -377,7 +377,9 @@ static void board_del(board_t *bd, uintptr_t addr)
 
 typedef struct worker_s {
     mt_alloc_t *a;
+    mt_backend_t *b;
     mt_stream_t *stream;
+    mt_stream_t *other; /* some blocks are used there too before their free (record_stream) */
     board_t *board;
     unsigned seed;
     bool big; /* sizes that force mapping and unmapping, and empty_cache */
@@ -391,13 +393,25 @@ static unsigned rnd(unsigned *s)
     return (*s >> 8) & 0xffffff;
 }
 
-static void put_free(worker_t *wk, live_t *l)
+static void nap(void *ud)
+{
+    (void)ud;
+    usleep(200);
+}
+
+static void put_free(worker_t *wk, live_t *l, unsigned r)
 {
     /* Its first and last bytes still hold this worker's seed: nobody else wrote there. */
     const unsigned char *p = (const unsigned char *)l->addr;
     if (p[0] != (unsigned char)wk->seed || p[l->size - 1] != (unsigned char)wk->seed)
         wk->errors++;
     board_del(wk->board, l->addr);
+    if (r % 8 == 0) {
+        /* Queued work on the other stream keeps the free pending for a while. */
+        if (mt_stream_launch_host_func(wk->b, wk->other, nap, NULL) != 0 ||
+            mt_alloc_record_stream(wk->a, (void *)l->addr, wk->other) != 0)
+            wk->errors++;
+    }
     if (mt_alloc_free(wk->a, (void *)l->addr) != 0)
         wk->errors++;
 }
@@ -412,7 +426,7 @@ static void *work(void *arg)
         unsigned r = rnd(&s);
         if (n == LIVE_MAX || (n > 0 && r % 3 == 0)) {
             size_t k = rnd(&s) % n;
-            put_free(wk, &live[k]);
+            put_free(wk, &live[k], r);
             live[k] = live[--n];
             continue;
         }
@@ -437,15 +451,20 @@ static void *work(void *arg)
         live[n++] = (live_t){(uintptr_t)p, size};
     }
     while (n > 0)
-        put_free(wk, &live[--n]);
+        put_free(wk, &live[--n], 1);
     return NULL;
 }
 
-static void test_two_threads(void **state)
+/* Two threads on two streams of one allocator over conf: one with sizes that map and
+ * unmap pages (or take plain segments) and empty the cache, the other with small blocks;
+ * both use some blocks on the other's stream before freeing them. shared: both threads
+ * take large blocks on one stream, so that they map and unmap in one range at once. The
+ * sim's VM calls cost 20 us each, like the driver's, so that they overlap. */
+static void two_threads(const char *conf, bool expandable, bool shared)
 {
-    (void)state;
     mt_backend_t *b = sim_backend(128 * MIB);
-    mt_alloc_t *a = make_alloc(b, "expandable_segments:True,release_to_fit:True", NULL);
+    mt_alloc_t *a = make_alloc(b, conf, NULL);
+    mt__sim_set_costs(b, 20000, 20000);
     mt_stream_t *s1 = NULL;
     assert_int_equal(mt_stream_create(b, &s1), 0);
     watch_t w;
@@ -454,8 +473,8 @@ static void test_two_threads(void **state)
     board_t bd = {.n = 0};
     pthread_mutex_init(&bd.mu, NULL);
     worker_t wk[2] = {
-        {.a = a, .stream = NULL, .board = &bd, .seed = 7, .big = true, .ops = 3000},
-        {.a = a, .stream = s1, .board = &bd, .seed = 11, .big = false, .ops = 3000},
+        {a, b, NULL, s1, &bd, .seed = 7, .big = true, .ops = 3000},
+        {a, b, shared ? NULL : s1, s1, &bd, .seed = 11, .big = shared, .ops = 3000},
     };
     pthread_t t[2];
     for (int i = 0; i < 2; i++)
@@ -465,23 +484,53 @@ static void test_two_threads(void **state)
     assert_int_equal(wk[0].errors, 0);
     assert_int_equal(wk[1].errors, 0);
     assert_int_equal(bd.overlaps, 0);
-    assert_true(w.calls[C_MAP] > 0 && w.calls[C_UNMAP] > 0);
+    if (expandable)
+        assert_true(w.calls[C_MAP] > 0 && w.calls[C_UNMAP] > 0 && w.calls[C_DEV] > 0);
 #if MT_ASSERT_LEVEL >= 1
     assert_no_violation(&w);
 #endif
     assert_int_equal(mt_alloc_check(a), 0);
-    mt_alloc_stats_t st = stats_of(a);
-    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
-    assert_int_equal(st.active_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(stats_of(a).allocated_bytes[MT_STAT_ALL].current, 0);
+    /* Every block came back once: after the pending frees, nothing is active and the
+     * whole cache goes back to the device. */
     assert_int_equal(mt_alloc_empty_cache(a), 0);
-    assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.active_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.active[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.reserved_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, st.allocation[MT_STAT_ALL].freed);
     assert_int_equal(mt__sim_used_bytes(b), 0);
     assert_int_equal(mt__sim_check(b), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
     unwatch(&w, b);
     pthread_mutex_destroy(&bd.mu);
     mt_alloc_destroy(&a);
     mt_stream_destroy(b, &s1);
     mt_backend_destroy(&b);
+}
+
+static void test_two_threads_release_to_fit(void **state)
+{
+    (void)state;
+    two_threads("expandable_segments:True,release_to_fit:True", true, false);
+}
+
+static void test_two_threads_gc(void **state)
+{
+    (void)state;
+    two_threads("expandable_segments:True,garbage_collection_threshold:0.5", true, false);
+}
+
+static void test_two_threads_plain(void **state)
+{
+    (void)state;
+    two_threads(NULL, false, false);
+}
+
+static void test_two_threads_one_range(void **state)
+{
+    (void)state;
+    two_threads("expandable_segments:True,release_to_fit:True", true, true);
 }
 
 int main(void)
@@ -495,7 +544,10 @@ int main(void)
         cmocka_unit_test(test_empty_cache_pending),
         cmocka_unit_test(test_warmup),
         cmocka_unit_test(test_destroy),
-        cmocka_unit_test(test_two_threads),
+        cmocka_unit_test(test_two_threads_release_to_fit),
+        cmocka_unit_test(test_two_threads_gc),
+        cmocka_unit_test(test_two_threads_plain),
+        cmocka_unit_test(test_two_threads_one_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
