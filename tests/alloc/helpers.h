@@ -3,6 +3,7 @@
 #ifndef MT_TESTS_ALLOC_HELPERS_H
 #define MT_TESTS_ALLOC_HELPERS_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,6 +72,31 @@ static inline void capture_log(void *ud, mt_log_level_e level, const char *msg)
         snprintf(c->last_error, sizeof c->last_error, "%s", msg);
         c->nerrors++;
     }
+}
+
+/* A gate that keeps a stream busy: work queued behind gate_wait runs once gate_open is
+ * called. */
+typedef struct gate_s {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+} gate_t;
+
+static inline void gate_wait(void *ud)
+{
+    gate_t *g = ud;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static inline void gate_open(gate_t *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static inline mt_backend_t *sim_backend(size_t capacity)

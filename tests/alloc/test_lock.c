@@ -19,30 +19,6 @@ static const char *const call_names[C_N] = {"device_synchronize",
                                             "vm_map",
                                             "vm_unmap"};
 
-/* A gate that keeps a stream busy: work queued behind it runs once it opens. */
-typedef struct gate_s {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool open;
-} gate_t;
-
-static void gate_wait(void *ud)
-{
-    gate_t *g = ud;
-    pthread_mutex_lock(&g->mu);
-    while (!g->open)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = true;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
 typedef struct watch_s {
     mt_alloc_t *a;
     gate_t gate;   /* closed by free_pending, opened by the first synchronize after it */

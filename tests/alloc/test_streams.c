@@ -7,29 +7,6 @@
 
 #include "helpers.h"
 
-typedef struct gate_s {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool open;
-} gate_t;
-
-static void gate_wait(void *ud)
-{
-    gate_t *g = ud;
-    pthread_mutex_lock(&g->mu);
-    while (!g->open)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = true;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
 static void *open_later(void *arg)
 {
     usleep(50 * 1000);
