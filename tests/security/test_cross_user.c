@@ -403,39 +403,67 @@ static void test_other_user_sees_nothing(void **state)
     /* Made reachable on purpose: the daemon's own check must hold alone. */
     assert_int_equal(chmod(t.dir, 0755), 0);
     assert_int_equal(chmod(t.sock, 0666), 0);
-    fflush(NULL);
-    pid_t victim = fork();
-    assert_true(victim >= 0);
-    if (victim == 0) {
-        mt_prof_cfg_t pc = mt_prof_cfg_default();
-        pc.mode = MT_PROF_DAEMON;
-        pc.socket = t.sock;
-        pc.name = "victim";
-        mt_prof_t *p = NULL;
-        if (mt_prof_create(&p, &pc) != 0)
-            _exit(1);
-        mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512};
-        int rc = mt_prof_record(p, &ev);
-        mt_prof_destroy(&p);
-        _exit(rc ? 2 : 0);
-    }
+    /* Both children exec this binary again (th_spawn): the daemon's thread runs here, and
+     * a forked child that mallocs (initgroups, the profiler) can hang on a lock it held. */
+    const char *const vargs[5] = {t.sock};
+    pid_t victim = th_spawn("victim", vargs);
     assert_int_equal(wait_child(victim), 0);
     json_t *p = th_wait_exited(t.sock, victim, 10000);
     assert_non_null(p); /* the victim's own view has it */
     json_decref(p);
-    pid_t atk = fork();
-    assert_true(atk >= 0);
-    if (atk == 0)
-        _exit(attacker_reads(t.sock, t.port, (int)victim));
+    char ids[48], port[16], vpid[16];
+    snprintf(ids, sizeof ids, "%u:%u", (unsigned)auid, (unsigned)agid);
+    snprintf(port, sizeof port, "%d", t.port);
+    snprintf(vpid, sizeof vpid, "%d", (int)victim);
+    const char *const aargs[5] = {user, ids, t.sock, port, vpid};
+    pid_t atk = th_spawn("attacker-reads", aargs);
     int rc = wait_child(atk);
     th_daemon_stop(&t);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(msgs.text, "refused a connection from another uid"));
 }
 
+/* The victim of test_other_user_sees_nothing: one event through the daemon at sock. */
+static int victim_body(const char *sock)
+{
+    mt_prof_cfg_t pc = mt_prof_cfg_default();
+    pc.mode = MT_PROF_DAEMON;
+    pc.socket = sock;
+    pc.name = "victim";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &pc) != 0)
+        return 1;
+    mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512};
+    int rc = mt_prof_record(p, &ev);
+    mt_prof_destroy(&p);
+    return rc ? 2 : 0;
+}
+
+/* The roles th_spawn runs in a fresh exec; returns only when this process has none. */
+static void child_dispatch(int argc, char **argv)
+{
+    char **a;
+    const char *role = th_role(argc, argv, &a);
+    if (role == NULL)
+        return;
+    if (strcmp(role, "victim") == 0 && argc == 4)
+        _exit(victim_body(a[0]));
+    if (strcmp(role, "attacker-reads") == 0 && argc == 8) {
+        unsigned u, g;
+        if (sscanf(a[1], "%u:%u", &u, &g) != 2)
+            _exit(97);
+        snprintf(user, sizeof user, "%s", a[0]);
+        auid = (uid_t)u;
+        agid = (gid_t)g;
+        _exit(attacker_reads(a[2], atoi(a[3]), atoi(a[4])));
+    }
+    _exit(98);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
+    child_dispatch(argc, argv);
     const char *why = make_user();
     if (why) {
         printf("skipped: %s\n", why);
