@@ -246,6 +246,10 @@ static void labelled_producer_body(const char *sock)
     cfg.mode = MT_PROF_DAEMON;
     cfg.socket = sock;
     cfg.name = "th-labels";
+    /* No call stacks: sampled ones come at random (an exponential interval, seeded per
+     * process), and a sampled logits allocation brings its module and stack table lines
+     * and a stack_ref into the filtered tail below, which counts its lines exactly. */
+    cfg.stacks = MT_STACKS_OFF;
     mt_prof_t *p = NULL;
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     bc.kind = MT_BACKEND_SIM;

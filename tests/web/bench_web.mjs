@@ -65,7 +65,7 @@ try {
   const pageUrl = api('/').toString();
   const runFor = 6 + 2 * MEASURE_S + 12;
   for (let i = 0; i < NPROC; i++)
-    children.push(spawn(producer, [join(tmp, 'sock'), String(runFor), String(RATE / NPROC), '0'], { stdio: 'inherit' }));
+    children.push(spawn(producer, [join(tmp, 'sock'), String(runFor), String(RATE / NPROC), '0'], { stdio: ['ignore', 'ignore', 'inherit'] }));
   await sleep(4000);
   const events0 = JSON.parse(await (await fetch(api('/state'))).text()).daemon.events;
   const base = await cpuShare(d.pid, MEASURE_S);

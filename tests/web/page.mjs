@@ -82,6 +82,23 @@ async function getJSON(base, path) {
   return r.json();
 }
 
+// Resolves once proc says `line` on stdout (web_producer's "holding": the daemon has read
+// every event it recorded, and its figures hold still); rejects if proc exits first or
+// after ms, a deadline far beyond what any load needs.
+function said(proc, line, ms) {
+  const p = new Promise((resolve, reject) => {
+    let out = '';
+    proc.stdout.on('data', (b) => {
+      out += b.toString();
+      if (out.split('\n').includes(line)) resolve();
+    });
+    proc.on('exit', (code) => reject(new Error(`the producer exited (${code}) before saying "${line}"`)));
+    setTimeout(() => reject(new Error(`the producer did not say "${line}" in ${ms} ms`)), ms).unref();
+  });
+  p.catch(() => {}); // awaited later: not an unhandled rejection meanwhile
+  return p;
+}
+
 async function waitFor(what, fn, ms = 10000) {
   const end = Date.now() + ms;
   let last;
@@ -101,8 +118,9 @@ try {
   let daemon = await startDaemon(0);
   const base = daemon.url;
   const port = Number(new URL(base).port);
-  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60', '1'], { stdio: ['ignore', 'ignore', 'inherit'] });
+  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60', '1'], { stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(prod);
+  const holding = said(prod, 'holding', 60000);
 
   browser = await chromium.launch({
     executablePath: chromiumPath,
@@ -119,8 +137,8 @@ try {
   await page.waitForSelector(`#procs tr[data-pid="${pid}"]`, { timeout: 10000 });
   console.log(`ok: process ${pid} listed`);
 
-  // Let the churn end: from then on the figures hold still.
-  await sleep(3500);
+  // Let the churn end and the daemon read all of it: from then on the figures hold still.
+  await holding;
   const updates = () => page.evaluate(() => window.mtPage.updates);
   const waitUpdates = async (n) => {
     const u0 = await updates();

@@ -16,7 +16,6 @@ const [memtraced, memtrace, producer, srcRoot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
 const tmp = mkdtempSync(join(tmpdir(), 'mt-view-'));
 const children = [];
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function fail(msg) {
   console.error('FAIL: ' + msg);
@@ -53,14 +52,27 @@ const get = async (base, path) => {
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };
+// Resolves once proc says `line` on stdout (web_producer's "holding": the daemon has read
+// every event it recorded, and its figures hold still); rejects if proc exits first or
+// after ms, a deadline far beyond what any load needs.
+const said = (proc, line, ms) => new Promise((resolve, reject) => {
+  let out = '';
+  proc.stdout.on('data', (b) => {
+    out += b.toString();
+    if (out.split('\n').includes(line)) resolve();
+  });
+  proc.on('exit', (code) => reject(new Error(`the producer exited (${code}) before saying "${line}"`)));
+  setTimeout(() => reject(new Error(`the producer did not say "${line}" in ${ms} ms`)), ms).unref();
+});
 const exited = (p) => new Promise((r) => (p.exitCode !== null ? r(p.exitCode) : p.on('exit', r)));
 
 try {
   const log = join(tmp, 'run.ndjson');
   const d = await serve(memtraced, ['--foreground', '--socket', join(tmp, 'sock'), '--port', '0', '--log', log]);
-  const prod = spawn(producer, [join(tmp, 'sock'), '1.5', '3000', '1.5'], { stdio: 'inherit' });
+  // Churns 1.5 s, then holds its blocks (killed below, long before the 60 s are up).
+  const prod = spawn(producer, [join(tmp, 'sock'), '1.5', '3000', '60'], { stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(prod);
-  await sleep(2200); // churned, now holding its blocks: the figures are still
+  await said(prod, 'holding', 40000); // the figures are still from here on
   const live = (await get(d.url, '/state')).processes.find((p) => p.pid === prod.pid);
   if (!live || !(live.allocated_bytes > 0)) fail('the producer is not live in the daemon');
   d.proc.kill('SIGTERM'); // the log ends with the blocks held

@@ -6,9 +6,10 @@
  * It registers a user tag ("activations_user"), keeps some long-lived blocks, and churns
  * tagged allocations (about EVENTS_PER_S events a second, default 2000) for SECONDS,
  * asks OOMS times (default 0) for more than the device has (each an OOM it survives),
- * holds its blocks still for HOLD_S seconds (default 0: figures that stop moving, for
- * exact comparisons), then frees everything and exits 0. Any failure exits 1 with a
- * message. */
+ * waits until the daemon has read every event it recorded and then says "holding" on
+ * stdout, holds its blocks still for HOLD_S seconds (default 0: figures that stop moving,
+ * for exact comparisons: a test waits for that line, never for a time), then frees
+ * everything and exits 0. Any failure exits 1 with a message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -30,6 +31,25 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Returns once the consumer (the daemon) has read every event recorded so far: from then
+ * on its figures for us are final until we record again. Polls, asking for a drain each
+ * time; gives up (exit 1) after 60 s, which no load of a test machine comes near. */
+static void wait_delivered(mt_prof_t *prof)
+{
+    double t0 = now_s();
+    for (;;) {
+        mt_prof_stats_t st;
+        mt_prof_stats(prof, &st);
+        if (st.delivered + st.lost >= st.emitted - st.dropped)
+            return;
+        if (now_s() - t0 > 60)
+            die("the daemon did not read our events in 60 s", MT_EAGAIN);
+        mt_prof_flush(prof);
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int main(int argc, char **argv)
@@ -106,6 +126,9 @@ int main(int argc, char **argv)
         if ((rc = mt_alloc_malloc(a, (size_t)1 << 44, NULL, MT_TAG_ACTIVATIONS, &big)) != MT_ENOMEM)
             die("an allocation past the device's capacity did not fail", rc);
     }
+    wait_delivered(prof);
+    printf("holding\n");
+    fflush(stdout);
     if (hold > 0) {
         struct timespec ts = {(time_t)hold, (long)((hold - (double)(time_t)hold) * 1e9)};
         nanosleep(&ts, NULL);
