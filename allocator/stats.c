@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 /* ---- stats ---- */
 
@@ -61,6 +61,9 @@ int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
     if (a == NULL || out == NULL)
         return MT_EINVAL;
     mt__alloc_lock(a);
+    /* Flushed, the counters are the truth, and the free-space figures (inactive_split,
+     * largest free block) see the cached blocks as the free space they are. */
+    mt__tc_flush_all(a);
     mt__alloc_compute_stats(a, out);
     mt__alloc_unlock(a);
     return 0;
@@ -77,6 +80,7 @@ void mt_alloc_reset_peak(mt_alloc_t *a)
     if (a == NULL)
         return;
     mt__alloc_lock(a);
+    mt__tc_flush_all(a); /* the counters are the truth: the peaks start from it */
     mt_alloc_stats_t *s = &a->st;
     reset_peaks(s->allocated_bytes, MT_STAT_N);
     reset_peaks(s->reserved_bytes, MT_STAT_N);
@@ -188,6 +192,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
     if (snap == NULL)
         return MT_ENOMEM;
     mt__alloc_lock(a);
+    mt__tc_flush_all(a); /* cached blocks are free memory in the snapshot */
     int rc = 0;
     snap->segments = calloc(a->nsegs ? a->nsegs : 1, sizeof *snap->segments);
     if (snap->segments == NULL) {
@@ -522,6 +527,8 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_stat(st->inactive_split, s.nsplit, MT_STAT_N, "inactive_split stat")) ||
         (why = cmp_stat(st->tag_allocated_bytes, s.tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
         (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")))
+        return why;
+    if ((why = mt__tc_check(a)) != NULL)
         return why;
     return mt__plan_check(a);
 }

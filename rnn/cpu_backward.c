@@ -27,17 +27,44 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
     return n;
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), hprev [rows of a chunk, H], dh_next and dc_next
- * [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the RNN modes' gate gradients [rows of a
- * chunk, gH], and (L > 1) two buffers for the gradient between layers, of a chunk's rows
- * (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then (dropout) the
- * regenerated dropped input of the layer being differentiated [rows of a chunk, D*H]. */
+/* Floats of backward's copies of W [gH, in] and R [gH, H] of every pseudo-layer with rows
+ * mt__rnn_cpu_ld apart, for the matrices whose rows would be a multiple of 1 KiB apart (0
+ * for the others, which the products read in place). They are the B operand of the input
+ * gradient and of the per-step dh products, and oneDNN's AVX2 kernels read B in place: rows
+ * 1 KiB apart put a column in a few cache sets (docs/blas.md: the dh product went from 75-80
+ * to 83-87 GFLOP/s, the input gradient from 60-73 to 75-80, on an AMD EPYC). */
+static size_t pad_floats(const mt__rnn_shape_t *s)
+{
+    size_t gh = (size_t)s->gates * (size_t)s->hidden, n = 0;
+    int H = s->hidden, rld = mt__rnn_cpu_ld(H);
+    for (int p = 0; p < s->layers * s->dirs; p++) {
+        int in = mt__rnn_layer_in(s, p / s->dirs), wld = mt__rnn_cpu_ld(in);
+        n += gh * ((wld != in ? (size_t)wld : 0) + (rld != H ? (size_t)rld : 0));
+    }
+    return n;
+}
+
+/* The widest row stride of the xh buffer: ld(in + H) of the widest layer input. */
+static int xh_ld(const mt__rnn_shape_t *s)
+{
+    int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
+    return mt__rnn_cpu_ld((in > up ? in : up) + s->hidden);
+}
+
+/* Workspace: the accumulators (acc_offset of L*D), the padded weights (pad_floats), xh [rows of
+ * a chunk, xh_ld], dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the
+ * bias-gradient sums of the two halves of the step loops [2, gH + H], the RNN
+ * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between
+ * layers, of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide,
+ * then (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
+ * D*H]. */
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + c * h + 2 * ld * b * h + b * h + b * gl;
+    size_t n = acc_offset(s, s->layers * s->dirs) + pad_floats(s) + c * (size_t)xh_ld(s) +
+               2 * ld * b * h + b * h + b * gl + 2 * ((size_t)s->gates + 1) * h;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gl;
     if (s->layers > 1)
@@ -52,6 +79,8 @@ typedef struct dir_back_s {
     const mt__rnn_shape_t *s;
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w, dw;
+    const float *wm, *rm; /* W and R as the products read them: rows wld, rld apart */
+    int wld, rld;
     float *accw, *accr; /* dW^T [in, gH], dR^T [H, gH] */
     int t0, T;          /* the chunk's first step and its steps */
     size_t rows;        /* its rows */
@@ -73,7 +102,13 @@ typedef struct dir_back_s {
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
-    float *hprev; /* [rows, H] (gather_prev) */
+    /* The bias gradients summed by the step loops, one [gH + H] per half (rows [0, split)
+     * and [split, B)): what b_W gets, then GRU's n-gate part of b_R (r * dn). */
+    float *db[2];
+    /* [rows, in + H] (gather_xh), rows xh_ld apart: each row of the chunk's input beside
+     * the state its step started from, the A operand of [dW^T; dR^T]. */
+    float *xh;
+    int xld;
     bool reverse;
 } dir_back_t;
 
@@ -125,7 +160,7 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
 }
 
 MT__RNN_CELL_CLONES
-static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
+static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *db)
 {
     int H = a->s->hidden, gh = 4 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -144,18 +179,24 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
             float dc = a->dcn[k] + dh * oo * (1.0f - tc * tc);
             float d_o = dh * tc;
             a->dcn[k] = dc * ff;
-            gb[j] = dc * gg * ii * (1.0f - ii);
-            gb[H + j] = dc * cp[j] * ff * (1.0f - ff);
-            gb[2 * H + j] = dc * ii * (1.0f - gg * gg);
-            gb[3 * H + j] = d_o * oo * (1.0f - oo);
+            float di = dc * gg * ii * (1.0f - ii), df = dc * cp[j] * ff * (1.0f - ff);
+            float dg = dc * ii * (1.0f - gg * gg), dop = d_o * oo * (1.0f - oo);
+            gb[j] = di;
+            gb[H + j] = df;
+            gb[2 * H + j] = dg;
+            gb[3 * H + j] = dop;
+            db[j] += di;
+            db[H + j] += df;
+            db[2 * H + j] += dg;
+            db[3 * H + j] += dop;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
-                  0.0f, a->dhn + (size_t)b0 * H, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->rm,
+                  a->rld, 0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B)
+static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *db)
 {
     int H = a->s->hidden, gh = 3 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -164,7 +205,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
         float *gb = g + (size_t)b * gl;
-        float *db = a->dgh + (size_t)b * gl;
+        float *dg = a->dgh + (size_t)b * gl;
         const float *hp = bprev_h(pv, b, H);
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -179,17 +220,21 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
             gb[H + j] = dzp;
             gb[2 * H + j] = dnp;
             aux[k] = dnp * rr;
-            db[j] = drp;
-            db[H + j] = dzp;
-            db[2 * H + j] = dnp * rr;
+            dg[j] = drp;
+            dg[H + j] = dzp;
+            dg[2 * H + j] = dnp * rr;
+            db[j] += drp;
+            db[H + j] += dzp;
+            db[2 * H + j] += dnp;
+            db[3 * H + j] += dnp * rr;
         }
     }
     mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gl, gl,
-                  a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
+                  a->rm, a->rld, 1.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
-static void rnn_step(const dir_back_t *a, int t, int b0, int B)
+static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *db)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
@@ -204,41 +249,39 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B)
             size_t k = (size_t)b * H + j;
             float dh = dout[(size_t)b * a->ldo + j] + a->dhn[k];
             float hv = o[(size_t)b * a->ldo + j];
-            gb[j] = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
+            float v = relu ? (hv > 0.0f ? dh : 0.0f) : dh * (1.0f - hv * hv);
+            gb[j] = v;
+            db[j] += v;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
-                  0.0f, a->dhn + (size_t)b0 * H, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->rm,
+                  a->rld, 0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
-/* dR^T += Hs^T Gs over n rows starting at chunk row r; for GRU the n gate's columns come
- * from aux (r * dn). */
-static void recurrent_grad(const dir_back_t *a, size_t r, const float *hs, int ldh, int n)
+/* GRU's dR^T += Hs^T Gs over the chunk's n rows: its n gate's columns come from aux
+ * (r * dn). */
+static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, int n)
 {
-    int H = a->s->hidden, gh = a->s->gates * H, gl = mt__rnn_cpu_gld(a->s);
-    const float *gs = a->g + r * gl;
+    int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     if (n <= 0)
         return;
-    if (a->s->mode == MT_RNN_GRU) {
-        mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, gs, gl, 1.0f, a->accr,
-                      gl);
-        mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, hs, ldh, a->aux + r * H, H, 1.0f,
-                      a->accr + (size_t)2 * H, gl);
-    } else {
-        mt__rnn_sgemm(a->s->gemm, true, false, H, gh, n, 1.0f, hs, ldh, gs, gl, 1.0f, a->accr, gl);
-    }
+    mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, a->g, gl, 1.0f, a->accr, gl);
+    mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, hs, ldh, a->aux, H, 1.0f,
+                  a->accr + (size_t)2 * H, gl);
 }
 
-/* hprev: the state each of the chunk's rows started its step from. */
-static void gather_prev(const dir_back_t *a)
+/* xh: row r of the chunk's input x, then the state its step started from. */
+static void gather_xh(const dir_back_t *a)
 {
-    int H = a->s->hidden;
+    int H = a->s->hidden, in = a->in;
+    for (size_t r = 0; r < a->rows; r++)
+        memcpy(a->xh + r * (size_t)a->xld, a->x + r * (size_t)in, (size_t)in * sizeof(float));
     for (int t = 0; t < a->T; t++) {
         bprev_t pv = prev_of(a, t);
         int nb = a->q->bs[a->t0 + t];
-        float *d = a->hprev + brow(a, t) * (size_t)H;
+        float *d = a->xh + brow(a, t) * (size_t)a->xld + in;
         for (int b = 0; b < nb; b++)
-            memcpy(d + (size_t)b * H, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
+            memcpy(d + (size_t)b * a->xld, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
     }
 }
 
@@ -248,6 +291,7 @@ static void back_steps(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
+    float *db = a->db[b0 == 0 ? 0 : 1];
     for (int k = 0; k < a->T; k++) {
         int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
         int e = b1 < nb ? b1 : nb;
@@ -255,11 +299,11 @@ static void back_steps(void *arg, int b0, int b1)
             continue;
         bprev_t pv = prev_of(a, t);
         if (s->mode == MT_RNN_LSTM)
-            lstm_step(a, t, &pv, b0, e);
+            lstm_step(a, t, &pv, b0, e, db);
         else if (s->mode == MT_RNN_GRU)
-            gru_step(a, t, &pv, b0, e);
+            gru_step(a, t, &pv, b0, e, db);
         else
-            rnn_step(a, t, b0, e);
+            rnn_step(a, t, b0, e, db);
     }
 }
 
@@ -269,38 +313,40 @@ static void back_dir(const dir_back_t *a)
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T;
     size_t tb = a->rows;
 
+    /* The halves' bias sums: both zeroed, as either half may not run (one thread). */
+    memset(a->db[0], 0, 2 * (size_t)(gh + H) * sizeof(float));
     mt__rnn_rows_par(s, mt__rnn_cpu_split(s, a->q, a->t0, T), a->q->B, back_steps, (void *)a);
 
-    /* Weight gradients merged over the chunk's steps. */
-    mt__rnn_sgemm(a->s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->x, a->in, a->g, gl, 1.0f,
-                  a->accw, gl);
-    /* dR over every row of the chunk in one product, each row of G beside the state its
-     * step started from (gathered: the step before, the neighbouring chunk, hx or zeros);
-     * packed batches would otherwise make one small product per step. */
-    gather_prev(a);
-    recurrent_grad(a, 0, a->hprev, H, (int)tb);
+    /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
+     * G beside its input and the state its step started from (gathered: the step before,
+     * the neighbouring chunk, hx or zeros; packed batches would otherwise make one small
+     * product per step), and accw, accr are one [in + H, gH] matrix. GRU's n gate takes
+     * another right-hand side for dR (r * dn). */
+    gather_xh(a);
+    if (s->mode == MT_RNN_GRU) {
+        mt__rnn_sgemm(s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
+                      a->accw, gl);
+        gru_recurrent_grad(a, a->xh + a->in, a->xld, (int)tb);
+    } else {
+        mt__rnn_sgemm(s->gemm, true, false, a->in + H, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl,
+                      1.0f, a->accw, gl);
+    }
     if (a->dw.bw) {
-        for (size_t r = 0; r < tb; r++) {
-            const float *gr = a->g + r * gl;
-#pragma omp simd
-            for (int j = 0; j < gh; j++)
-                a->dw.bw[j] += gr[j];
-            if (s->mode == MT_RNN_GRU) {
-                const float *ar = a->aux + r * H;
-                for (int j = 0; j < 2 * H; j++)
-                    a->dw.br[j] += gr[j];
-                for (int j = 0; j < H; j++)
-                    a->dw.br[2 * H + j] += ar[j];
-            } else {
-                /* b_W and b_R enter the same sum: their gradients are equal. */
-#pragma omp simd
-                for (int j = 0; j < gh; j++)
-                    a->dw.br[j] += gr[j];
-            }
+        /* b_W and b_R enter the same sum, so their gradients are equal, except GRU's n
+         * gate, whose b_R sits inside r * (R_n h + b_Rn). */
+        const float *d0 = a->db[0], *d1 = a->db[1];
+        int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
+        for (int j = 0; j < gh; j++) {
+            float v = d0[j] + d1[j];
+            a->dw.bw[j] += v;
+            if (j < fold)
+                a->dw.br[j] += v;
         }
+        for (int j = fold; j < gh; j++)
+            a->dw.br[j] += d0[gh + j - fold] + d1[gh + j - fold];
     }
     if (a->din)
-        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
+        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->wm, a->wld,
                       a->din_beta, a->din, a->in);
 }
 
@@ -311,13 +357,65 @@ typedef struct bwd_s {
     float *dw;
     const mt_rnn_io_t *io;
     const mt_rnn_grad_io_t *g;
-    float *acc; /* acc_offset */
-    float *hprev;
-    float *dhn, *dcn, *zeros, *dgh, *rbuf;
+    float *acc;  /* acc_offset */
+    float *wpad; /* pad_floats */
+    float *xh;
+    float *dhn, *dcn, *zeros, *dgh, *dbias, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
     float *xdrop;   /* dropout: layer l > 0's input, regenerated per chunk */
 } bwd_t;
+
+static void copy_rows(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
+                      int n)
+{
+    for (int i = 0; i < m; i++)
+        memcpy(dst + (size_t)i * ldd, src + (size_t)i * lds, (size_t)n * sizeof(float));
+}
+
+/* The padded copies of pad_floats, pseudo-layer after pseudo-layer (W, then R, each only if
+ * its stride changes). */
+static void pad_weights(const mt__rnn_shape_t *s, const float *w, float *pad)
+{
+    int H = s->hidden, gh = s->gates * H, rld = mt__rnn_cpu_ld(H);
+    for (int p = 0; p < s->layers * s->dirs; p++) {
+        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
+        int in = mt__rnn_layer_in(s, p / s->dirs), wld = mt__rnn_cpu_ld(in);
+        if (wld != in) {
+            copy_rows(pad, wld, m.w, in, gh, in);
+            pad += (size_t)gh * wld;
+        }
+        if (rld != H) {
+            copy_rows(pad, rld, m.r, H, gh, H);
+            pad += (size_t)gh * rld;
+        }
+    }
+}
+
+/* Where the products of pseudo-layer p find W and R (pad_weights, or w itself). */
+static void padded_mats(const bwd_t *b, int p, dir_back_t *a)
+{
+    const mt__rnn_shape_t *s = b->s;
+    int H = s->hidden, gh = s->gates * H, rld = mt__rnn_cpu_ld(H);
+    const float *pad = b->wpad;
+    for (int i = 0; i < p; i++) {
+        int in = mt__rnn_layer_in(s, i / s->dirs), wld = mt__rnn_cpu_ld(in);
+        pad += (size_t)gh * ((wld != in ? (size_t)wld : 0) + (rld != H ? (size_t)rld : 0));
+    }
+    a->wm = a->w.w;
+    a->wld = a->in;
+    if (mt__rnn_cpu_ld(a->in) != a->in) {
+        a->wm = pad;
+        a->wld = mt__rnn_cpu_ld(a->in);
+        pad += (size_t)gh * a->wld;
+    }
+    a->rm = a->w.r;
+    a->rld = H;
+    if (rld != H) {
+        a->rm = pad;
+        a->rld = rld;
+    }
+}
 
 /* Layer l, direction d over chunk k (reserve r); rn is the reserve of the neighbouring
  * chunk whose step enters this one (k-1 forward, k+1 reverse), NULL if there is none. */
@@ -375,9 +473,12 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .dcn = b->dcn + so,
         .zeros = b->zeros,
         .dgh = b->dgh,
-        .hprev = b->hprev,
+        .db = {b->dbias, b->dbias + (size_t)(s->gates + 1) * (size_t)H},
+        .xh = b->xh,
+        .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
         .reverse = d == 1,
     };
+    padded_mats(b, p, &a);
     int kn = d == 0 ? k - 1 : k + 1;
     if (kn >= 0 && kn < K) {
         /* The neighbour's step next to this chunk: its last (forward) or first (reverse). */
@@ -447,12 +548,15 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.acc = work;
     memset(b.acc, 0, acc_offset(s, L * D) * sizeof(float));
-    b.hprev = b.acc + acc_offset(s, L * D);
-    b.dhn = b.hprev + C * (size_t)H;
+    b.wpad = b.acc + acc_offset(s, L * D);
+    pad_weights(s, w, b.wpad);
+    b.xh = b.wpad + pad_floats(s);
+    b.dhn = b.xh + C * (size_t)xh_ld(s);
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
-    b.rbuf = b.dgh + (size_t)B * gl;
+    b.dbias = b.dgh + (size_t)B * gl;
+    b.rbuf = b.dbias + 2 * (size_t)(s->gates + 1) * (size_t)H;
     float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
     if (L > 1) {
         b.dbuf[0] = next;

@@ -128,10 +128,14 @@ size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t 
     return mt__rnn_cpu_chunk_rows(s, q, 0);
 }
 
+int mt__rnn_cpu_ld(int n)
+{
+    return n % 256 == 0 ? n + 16 : n;
+}
+
 int mt__rnn_cpu_gld(const mt__rnn_shape_t *s)
 {
-    int gh = s->gates * s->hidden;
-    return gh % 256 == 0 ? gh + 16 : gh;
+    return mt__rnn_cpu_ld(s->gates * s->hidden);
 }
 
 static size_t pseudo_reserve(const mt__rnn_shape_t *s, size_t nb)

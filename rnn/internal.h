@@ -280,6 +280,9 @@ int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, 
  * few cache sets, and oneDNN's AVX2 kernels ran the products that read such a matrix as B
  * at less than half speed (docs/blas.md: 31-35 GFLOP/s instead of 78-84 on an AMD EPYC). */
 int mt__rnn_cpu_gld(const mt__rnn_shape_t *s);
+/* A row stride for a matrix of n columns that the GEMMs read: n, plus 16 when n is a multiple
+ * of 256 (mt__rnn_cpu_gld is this for g*H). */
+int mt__rnn_cpu_ld(int n);
 
 /* Reserve layout of ONE chunk of nb rows (steps x sequences running), in floats from its
  * start: for each pseudo-layer p = l*D + d in order, gates [nb, g*H] (rows
