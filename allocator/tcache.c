@@ -601,6 +601,14 @@ static void thread_exit(void *arg)
 
 /* ---- checker ---- */
 
+size_t mt__tc_count(const mt_alloc_t *a)
+{
+    size_t n = 0;
+    for (const mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        n++;
+    return n;
+}
+
 static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
 {
     tc_counts_t want;
