@@ -48,6 +48,10 @@ void mt__tc_unlock_owner(mt_block_t *b);
  * then back on when the state allows (after). */
 void mt__tc_quiesce(mt_alloc_t *a);
 void mt__tc_resume(mt_alloc_t *a);
+/* Owned block b is in its owner's live table (mu held; the checker's walk). */
+bool mt__tc_in_owner(const mt_block_t *b);
+/* Caches registered with a (mu held). */
+size_t mt__tc_count(const mt_alloc_t *a);
 /* The caches' invariants (mt__tcache_t); static text of the first violation, or NULL. */
 const char *mt__tc_check(mt_alloc_t *a);
 
