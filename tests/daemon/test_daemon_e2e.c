@@ -142,6 +142,24 @@ static void test_sigkill_producer_delivers_everything(void **state)
     th_daemon_stop(&t);
 }
 
+/* Polls /state until process pid has more than n events. */
+static void wait_events(const char *sock, int pid, json_int_t n)
+{
+    json_int_t got = -1;
+    for (uint64_t end = th_now_ms() + 30000; got <= n && th_now_ms() < end; usleep(10000)) {
+        json_t *st = th_state(sock);
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(st, "processes"), i, p)
+        {
+            if (json_integer_value(json_object_get(p, "pid")) == pid)
+                got = json_integer_value(json_object_get(p, "events"));
+        }
+        json_decref(st);
+    }
+    assert_true(got > n);
+}
+
 /* SIGKILL while the producer is emitting: whatever it published is delivered, in order,
  * and the consumer's count matches the daemon's (a slot it was killed in the middle of
  * writing may show up as one lost event, in a gap record, never as a torn event). */
@@ -151,7 +169,7 @@ static void test_sigkill_mid_stream(void **state)
     th_daemon_start(&t, th_cfg());
     int fd = th_consumer(t.sock, "");
     pid_t pid = th_producer(t.sock, 100000000, 65536, 50, -1); /* ~50 k events/s, endless */
-    usleep(150000);
+    wait_events(t.sock, pid, 1000); /* killed mid-stream, whatever the load */
     assert_int_equal(kill(pid, SIGKILL), 0);
     int st = th_wait(pid);
     assert_true(WIFSIGNALED(st));
