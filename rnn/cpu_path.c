@@ -67,7 +67,6 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
  * 64-bit, so the compiler vectorizes it): any change of one float, and any reordering,
  * changes it. It guards against a caller's mistake, not an adversary, and costs about a
  * memory read of y per pass. */
-MT__RNN_CELL_CLONES
 static uint64_t cpu_checksum(mt_rnn_t *m, const float *p, size_t n)
 {
     (void)m;
