@@ -1,10 +1,11 @@
-/* The caching allocator's front door: create/destroy, malloc/free, stream-deferred
- * reuse through pooled events, block lookup, tags and event emission.
+/* The caching allocator's front door: create/destroy, malloc (the global path), tags,
+ * empty_cache and event emission (free and block lookup: free.c).
  *
- * Hot path (a cached malloc/free pair on one stream): one mutex, a one-entry stream
- * cache, an O(1) bin lookup, an O(1) hash insert/remove, counter updates. No backend
- * call unless a free recorded events (then queries, only while events are pending), and
- * no heap allocation once the block-struct pool and the hash table are warm. */
+ * Hot path: a cached malloc/free pair on one stream is served by the thread's cache
+ * (tcache.c) without the mutex. The global path: one mutex, a one-entry stream cache, an
+ * O(1) bin lookup, an O(1) hash insert/remove, counter updates. No backend call unless a
+ * free recorded events (then queries, only while events are pending), and no heap
+ * allocation once the block-struct pool and the hash table are warm. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,13 @@
 
 #include "util/entry.h"
 #include "util/log.h"
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 /* ---- events and logging ---- */
 
-static void fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
-                     uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag, uint64_t t)
+void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
+                        uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
+                        uint64_t t)
 {
     *ev = (mt_event_rec_t){
         .time_ns = t,
@@ -41,14 +43,14 @@ static void emit_stats(mt_alloc_t *a, uint64_t t)
     if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
         return;
     mt_event_rec_t ev;
-    fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
-             (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
+    mt__alloc_fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
+                       (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
 }
 
 /* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
  * emitted: one compare per event, and an idle allocator sends none. */
-static void stats_due(mt_alloc_t *a, uint64_t t)
+void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t)
 {
     if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
         return;
@@ -63,14 +65,14 @@ void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, 
     if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
         return;
     mt_event_rec_t ev;
-    fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
-             t != 0 ? t : mt__clock_now(&a->clk));
+    mt__alloc_fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
+                       t != 0 ? t : mt__clock_now(&a->clk));
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
-    stats_due(a, ev.time_ns);
+    mt__alloc_stats_due(a, ev.time_ns);
 }
 
 /* Emits ev[0..n) as one batch when the sink takes batches. */
-static void emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
+void mt__alloc_emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
 {
     const mt_event_sink_t *s = a->cfg.sink;
     if (s->emit_n != NULL) {
@@ -168,68 +170,6 @@ mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp)
 
 /* ---- pending frees (the events and waits: pending.c) ---- */
 
-/* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
- * given, in one batch; stamped t (0 = now). */
-static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
-                                int tag, uint64_t t, const mt_event_rec_t *req)
-{
-    mt_event_rec_t ev[2];
-    size_t n = 0;
-    if (req != NULL)
-        ev[n++] = *req;
-    fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, mt__public_pool(seg->pool),
-             tag, t != 0 ? t : mt__clock_now(&a->clk));
-    emit_recs(a, ev, n);
-    stats_due(a, ev[n - 1].time_ns);
-}
-
-/* Whether the run of free blocks on either side of b holds a quick block (two inactive
- * blocks never touch, so a run reaching past its first block goes through a quick one). */
-static bool quick_beside(const mt_block_t *b)
-{
-    const mt_block_t *p = b->prev, *n = b->next;
-    return (p != NULL &&
-            (p->state == MT__BLOCK_QUICK || (p->state == MT_BLOCK_INACTIVE && p->prev != NULL &&
-                                             p->prev->state == MT__BLOCK_QUICK))) ||
-           (n != NULL &&
-            (n->state == MT__BLOCK_QUICK || (n->state == MT_BLOCK_INACTIVE && n->next != NULL &&
-                                             n->next->state == MT__BLOCK_QUICK)));
-}
-
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
-{
-    mt__alloc_assert_owner(a);
-    /* Freed, and every event recorded at its free seen complete. */
-    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending == 0);
-    mt_assert(a->st.active_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
-    mt_segment_t *seg = b->seg;
-    uintptr_t addr = b->addr;
-    size_t size = b->size;
-    int tag = b->tag;
-    mt__addrmap_del(&a->map, b->addr);
-    int sp = mt__stat_pool(seg->pool);
-    mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
-    mt__stat_sub2(a->st.active, sp, 1);
-    mt__qstep_t step;
-    bool near_quick = a->nquick > 0 && quick_beside(b);
-    if (__builtin_expect(near_quick, 0))
-        mt__quick_step_begin(a, b, &step);
-    b->state = MT_BLOCK_INACTIVE;
-    b->requested = 0;
-    b->nuses = 0;
-    b->npending = 0;
-    b = mt__seg_merge(a, b);
-    mt__seg_bin_in(a, b);
-    if (__builtin_expect(near_quick, 0)) {
-        /* merged through the quick blocks beside it: the bins' view, not a LIFO's */
-        b = mt__quick_dissolve(a, b);
-        mt__quick_step_end(a, b, &step);
-    }
-    seg->last_used = ++a->clock;
-    if (__builtin_expect(a->cfg.sink != NULL, 0))
-        emit_free_completed(a, addr, size, seg, tag, t, req);
-}
-
 /* ---- lifecycle ---- */
 
 /* An adaptive mutex where the C library has one: a thread that finds the lock taken spins
@@ -298,8 +238,11 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
+    if (mt__tc_register(a) != 0)
+        a->id = 0; /* no registry entry: no thread caches, the rest works */
     *out = a;
     mt__alloc_lock(a);
+    mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_unlock(a);
     return 0;
@@ -319,7 +262,9 @@ void mt_alloc_destroy(mt_alloc_t **p)
     if (p == NULL || *p == NULL)
         return;
     mt_alloc_t *a = *p;
+    mt__tc_unregister(a); /* before mu: an exiting thread holds the registry, then mu */
     mt__alloc_lock(a);
+    mt__tc_free_all(a); /* what they hold is free, not a leak */
     /* The program's threads are done with a: nothing is in flight, and the waits below
      * leave nothing pending. */
     mt_assert(!mt__alloc_inflight(a));
@@ -513,11 +458,16 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     *out = NULL;
     if (size == 0)
         return 0;
+    if (mt__tc_malloc(a, size, stream, tag, out)) /* this thread's cache, without mu */
+        return 0;
     /* the program's call into memtrace, where its stack is cut (util/entry.h) */
     uintptr_t entry = mt__entry_enter((uintptr_t)__builtin_return_address(0));
     uint32_t stack = alloc_stack(a, size);
+    mt__tc_prepare(a);
     mt__alloc_lock(a);
     int rc = 0;
+    /* The search sees this thread's cached blocks merged, as the bins alone would. */
+    mt__tc_flush_mine(a);
     if (a->npending > 0)
         mt__alloc_process_events(a);
     if (size > ((size_t)1 << 60)) {
@@ -560,6 +510,10 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
             mt__quick_flush_all(a); /* what they freed may sit in quick lists */
             b = find_cached(a, sr, bp, rsize);
         }
+        if (b == NULL && mt__tc_flush_all(a)) { /* other threads' caches, before the device */
+            mt__quick_flush_all(a);
+            b = find_cached(a, sr, bp, rsize);
+        }
         if (b == NULL) {
             rc = get_new_block(a, sr, bp, size, rsize, &b);
             if (rc != 0)
@@ -585,7 +539,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     b->npending = 0;
     if (!quick && (rc = mt__addrmap_put(&a->map, b)) != 0) {
         /* Host memory for the hash table ran out: give the block back untouched. */
-        near_quick = a->nquick > 0 && quick_beside(b);
+        near_quick = a->nquick > 0 && mt__quick_beside(b);
         if (near_quick)
             mt__quick_step_begin(a, b, &step);
         b->state = MT_BLOCK_INACTIVE;
@@ -602,6 +556,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool, st = mt__stat_pool(sp);
+    mt__tc_peak_guard(a, st, b->size, size, tag); /* a new peak is set with truth = counters */
     mt__stat_inc2(a->st.allocated_bytes, st, (int64_t)b->size);
     mt__stat_inc2(a->st.requested_bytes, st, (int64_t)size);
     mt__stat_inc2(a->st.allocation, st, 1);
@@ -613,6 +568,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
                   a->st.active_bytes[MT_STAT_ALL].current &&
               a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);
     seg->last_used = ++a->clock;
+    mt__tc_own(a, b, st);
     if (a->warming) {
         if (a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
@@ -622,14 +578,14 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         /* with a stack: its ref and the alloc in one batch, the ref first */
         mt_event_rec_t ev[2];
         uint64_t t = mt__clock_now(&a->clk);
-        fill_rec(a, &ev[1], MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag,
-                 t);
+        mt__alloc_fill_rec(a, &ev[1], MT_EV_ALLOC, b->addr, b->size, size, seg->sid,
+                           mt__public_pool(sp), tag, t);
         ev[0] = ev[1];
         ev[0].kind = MT_EV_STACK_REF;
         ev[0].size = stack;
         ev[0].requested = 0;
-        emit_recs(a, ev, 2);
-        stats_due(a, t);
+        mt__alloc_emit_recs(a, ev, 2);
+        mt__alloc_stats_due(a, t);
     } else {
         mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
     }
@@ -640,149 +596,12 @@ out:
     return rc;
 }
 
-/* ---- free ---- */
-
-int mt_alloc_free(mt_alloc_t *a, void *ptr)
-{
-    if (a == NULL)
-        return MT_EINVAL;
-    if (ptr == NULL)
-        return 0;
-    mt__alloc_lock(a);
-    int rc = 0;
-    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
-    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
-        rc = MT_ENOENT;
-        goto out;
-    }
-    mt_assert(b->addr == (uintptr_t)ptr && b->requested > 0 && b->requested <= b->size);
-    mt_assert(b->npending == 0);
-    mt_segment_t *seg = b->seg;
-    int sp = seg->pool, st = mt__stat_pool(sp);
-    mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
-    mt__stat_sub2(a->st.allocated_bytes, st, (int64_t)b->size);
-    mt__stat_sub2(a->st.requested_bytes, st, (int64_t)b->requested);
-    mt__stat_sub2(a->st.allocation, st, 1);
-    mt__stat_sub1(&a->st.tag_allocated_bytes[b->tag], (int64_t)b->size);
-    mt__stat_sub1(&a->st.tag_requested_bytes[b->tag], (int64_t)b->requested);
-    /* free_requested; when the free completes at once (no other stream used the block),
-     * it goes out together with free_completed, one clock read and one batch for both. */
-    uint64_t t = 0;
-    mt_event_rec_t req;
-    bool req_held = false;
-    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
-        t = mt__clock_now(&a->clk);
-        fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
-                 mt__public_pool(sp), b->tag, t);
-        req_held = b->nuses == 0;
-        if (!req_held)
-            emit_recs(a, &req, 1);
-    }
-    if (a->warming && b->gen == a->gen)
-        mt__warm_record_free(a, b);
-    if (b->planned)
-        mt__plan_freed(a, b);
-    bool keep = mt__quick_may_keep(a, b);
-    b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
-    uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
-    for (uint32_t i = 0; i < b->nuses; i++) {
-        mt_event_t *ev = mt__alloc_event_get(a);
-        int erc = ev ? mt_event_record(a->backend, ev, b->uses[i]) : MT_ENOMEM;
-        if (erc == 0)
-            erc = mt__alloc_pending_push(a, ev, b);
-        if (erc != 0) {
-            if (ev != NULL)
-                mt__alloc_event_put(a, ev);
-            b->uses[nwait++] = b->uses[i];
-            continue;
-        }
-        b->npending++;
-        mt_assert(a->npending >= b->npending);
-    }
-    b->nuses = 0;
-    if (keep && mt__quick_push(a, b)) {
-        /* No other stream used it: free at once, kept whole for a reuse of its size. */
-        mt_assert(b->npending == 0 && nwait == 0);
-        if (__builtin_expect(a->cfg.sink != NULL, 0))
-            emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
-    } else if (nwait > 0) {
-        mt__alloc_wait_streams(a, b, nwait);
-    } else if (b->npending == 0) {
-        mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
-    }
-out:
-    mt__alloc_unlock(a);
-    return rc;
-}
-
-int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
-{
-    if (a == NULL || ptr == NULL)
-        return MT_EINVAL;
-    mt__alloc_lock(a);
-    int rc = 0;
-    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
-    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
-        rc = MT_ENOENT;
-        goto out;
-    }
-    if (stream == b->seg->stream)
-        goto out;
-    for (uint32_t i = 0; i < b->nuses; i++)
-        if (b->uses[i] == stream)
-            goto out;
-    if (b->nuses == b->cap_uses) {
-        uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
-        mt_stream_t **nu = realloc(b->uses, cap * sizeof *nu);
-        if (nu == NULL) {
-            rc = MT_ENOMEM;
-            goto out;
-        }
-        b->uses = nu;
-        b->cap_uses = cap;
-    }
-    b->uses[b->nuses++] = stream;
-out:
-    mt__alloc_unlock(a);
-    return rc;
-}
-
-int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size, int *tag)
-{
-    if (a == NULL || ptr == NULL)
-        return MT_EINVAL;
-    mt__alloc_lock(a);
-    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
-    if (b == NULL) {
-        /* An interior pointer: find its segment, then walk that segment's blocks. */
-        mt_segment_t *seg = mt__seg_find(a, (uintptr_t)ptr);
-        for (mt_block_t *x = seg ? seg->first : NULL; x != NULL; x = x->next) {
-            if ((uintptr_t)ptr >= x->addr && (uintptr_t)ptr < x->addr + x->size) {
-                b = x;
-                break;
-            }
-        }
-    }
-    int rc = 0;
-    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
-        rc = MT_ENOENT;
-    } else {
-        if (base != NULL)
-            *base = (void *)b->addr;
-        if (size != NULL)
-            *size = b->size;
-        if (tag != NULL)
-            *tag = b->tag;
-    }
-    mt__alloc_unlock(a);
-    return rc;
-}
-
 int mt_alloc_empty_cache(mt_alloc_t *a)
 {
     if (a == NULL)
         return MT_EINVAL;
     mt__alloc_lock(a);
+    mt__tc_flush_all(a);
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
     mt__quick_flush_all(a);

@@ -7,7 +7,7 @@
  * unless the oversize rules (upper bound) exclude it. */
 #include <stdlib.h>
 
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 /* The bitmap bits of class c agree with its list (the binset invariant, for one class). */
 static inline bool class_bits_agree(const mt_binset_t *bs, unsigned c)
@@ -54,6 +54,7 @@ void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 {
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
     mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
+    mt__tc_bump(bs->sr);
     unsigned c = mt__bin_class(b->size);
     b->cls = (uint16_t)c;
     b->bin_prev = NULL;
@@ -71,6 +72,7 @@ void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
 {
     unsigned c = b->cls;
+    mt__tc_bump(bs->sr);
     /* b is on the list of its class: a double remove or a stale cls fails here. */
     mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
     mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);

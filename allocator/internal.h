@@ -10,6 +10,8 @@
  *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
  *   plan.c     offline placement of a recorded warm-up (greedy by size)
  *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
+ *   free.c     free, record_stream and block lookup: the path a block takes back
+ *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
  *
  * All metadata lives on the host; nothing is ever written into device memory.
  * Every function here expects the allocator's mutex held unless it says otherwise; those
@@ -56,6 +58,7 @@ typedef struct mt_block_s mt_block_t;
 typedef struct mt_segment_s mt_segment_t;
 typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
+typedef struct mt__tcache_s mt__tcache_t;
 
 /* Block state of the allocator's own, beside mt_block_state_e: the whole pages of a free
  * block of an expandable run are being unmapped with the lock released (expandable.c).
@@ -115,28 +118,45 @@ enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
  * a run is a maximal sequence of free blocks of one segment, and the stats, snapshots and
  * the largest free block treat each run as the one block it would be once merged:
  * inactive_split counts the runs with a non-free neighbour (and their bytes). A run of
- * more than one block holds at least one quick block. */
+ * more than one block holds at least one quick block.
+ * owner != NULL => state = ACTIVE_ALLOCATED and the block is in owner's live table
+ * (tcache.c); requested and tag are then what the allocator's counters hold for it, and
+ * tc_* (guarded by the owner's lock, not by mu) what the program holds: tc_held = the
+ * thread freed it into its cache. owner = NULL => tc_held = tc_div = false. */
 struct mt_block_s {
-    uintptr_t addr;       /* device address, multiple of MT__ALIGN */
-    size_t size;          /* bytes, multiple of MT__ALIGN; >= MT__MIN_BLOCK except a free
-                           * tail left by unmapping expandable pages */
-    size_t requested;     /* bytes asked for; 0 when inactive */
-    mt_segment_t *seg;    /* owning segment */
-    mt_block_t *prev;     /* previous block of the segment (lower address) or NULL */
-    mt_block_t *next;     /* next block of the segment or NULL */
-    mt_block_t *bin_prev; /* free list of the block's size class (when inactive) */
-    mt_block_t *bin_next; /* also the free-list link of the block-struct pool */
-    mt_stream_t **uses;   /* streams other than seg->stream that used it (record_stream) */
-    uint32_t nuses;       /* entries in uses */
-    uint32_t cap_uses;    /* capacity of uses */
-    uint32_t npending;    /* events recorded at free, not yet seen complete */
-    uint32_t gen;         /* warm-up generation at allocation (reserve.c) */
-    uint32_t wid;         /* allocated while warming: index of its op in a->wops */
-    uint16_t cls;         /* size class while inactive */
-    uint8_t state;        /* mt_block_state_e or MT__BLOCK_QUICK */
-    uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
-    bool split_counted;   /* counted in inactive_split stats */
-    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
+    /* A cache line of its own: two threads' caches write their own blocks' tc_* fields
+     * without the lock, and blocks of the struct pool sit side by side. */
+    _Alignas(64) uintptr_t addr; /* device address, multiple of MT__ALIGN */
+    size_t size;                 /* bytes, multiple of MT__ALIGN; >= MT__MIN_BLOCK except a free
+                                  * tail left by unmapping expandable pages */
+    size_t requested;            /* bytes asked for; 0 when inactive */
+    mt_segment_t *seg;           /* owning segment */
+    mt_block_t *prev;            /* previous block of the segment (lower address) or NULL */
+    mt_block_t *next;            /* next block of the segment or NULL */
+    mt_block_t *bin_prev;        /* free list of the block's size class (when inactive) */
+    mt_block_t *bin_next;        /* also the free-list link of the block-struct pool */
+    mt_stream_t **uses;          /* streams other than seg->stream that used it (record_stream) */
+    uint32_t nuses;              /* entries in uses */
+    uint32_t cap_uses;           /* capacity of uses */
+    uint32_t npending;           /* events recorded at free, not yet seen complete */
+    uint32_t gen;                /* warm-up generation at allocation (reserve.c) */
+    uint32_t wid;                /* allocated while warming: index of its op in a->wops */
+    uint16_t cls;                /* size class while inactive */
+    uint8_t state;               /* mt_block_state_e or MT__BLOCK_QUICK */
+    uint8_t tag;                 /* mt_tag_e or user tag, < MT_TAG_MAX */
+    bool split_counted;          /* counted in inactive_split stats */
+    bool planned;          /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
+    bool tc_held;          /* in its owner's LIFO (freed by the program), linked by bin_next */
+    bool tc_div;           /* live, on the owner's list of blocks with tc_req/tc_tag !=
+                            * requested/tag (linked by bin_prev/bin_next) */
+    uint8_t tc_tag;        /* the program's tag while owned and live */
+    uint8_t tc_sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
+    mt__tcache_t *owner;   /* thread cache that owns it, or NULL (tcache.c) */
+    mt_streamrec_t *tc_sr; /* its segment's stream record, readable without mu while owned */
+    size_t tc_req;         /* the program's requested bytes while owned and live */
+    uint64_t tc_seq;       /* owner's operation count at its last free into the cache */
+    uint64_t tc_k;         /* owner's operation count when it was last handed out */
+    uint64_t tc_ver;       /* tc_sr->tc_ver when the global path handed it out */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which
@@ -205,6 +225,9 @@ struct mt_streamrec_s {
     uint32_t users[2];           /* threads in mt__exp_grow on the range (it may have no
                                   * run yet while they map) */
     bool reserving[2];           /* a vm_reserve for the range is in flight */
+    uint64_t tc_ver;             /* changes of its free space (bins, quick lists): written
+                                  * under mu with __atomic stores, read by the thread
+                                  * caches without it (mt__tc_bump) */
 };
 
 /* Pages of a free block being unmapped with the lock released. seg2 and t are allocated
@@ -408,6 +431,15 @@ struct mt_alloc_s {
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[2048];
+    /* Per-thread caches (tcache.c). id: unique over the process's life, the key of the
+     * threads' TLS entries (an address may be reused by a later allocator). tc_on: the fast
+     * paths may run (cfg.tcache, no sink, not warming, no plan); written under mu with
+     * __atomic stores, read under a cache's lock. caches: every thread's cache for this
+     * allocator, linked by next/prev, changed under mu. */
+    uint64_t id;
+    uint8_t tc_on;
+    uint8_t tc_pend; /* npending > 0 (atomic mirror): a malloc then polls, on the global path */
+    mt__tcache_t *caches;
 };
 
 /* ---- the lock ----
@@ -754,6 +786,31 @@ const char *mt__plan_check(const mt_alloc_t *a);
  * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
 int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                    size_t *extent);
+
+/* Whether the run of free blocks on either side of b holds a quick block (two inactive
+ * blocks never touch, so a run reaching past its first block goes through a quick one). */
+static inline bool mt__quick_beside(const mt_block_t *b)
+{
+    const mt_block_t *p = b->prev, *n = b->next;
+    return (p != NULL &&
+            (p->state == MT__BLOCK_QUICK || (p->state == MT_BLOCK_INACTIVE && p->prev != NULL &&
+                                             p->prev->state == MT__BLOCK_QUICK))) ||
+           (n != NULL &&
+            (n->state == MT__BLOCK_QUICK || (n->state == MT_BLOCK_INACTIVE && n->next != NULL &&
+                                             n->next->state == MT__BLOCK_QUICK)));
+}
+
+/* ---- alloc.c, shared with free.c ---- */
+void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
+                        uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
+                        uint64_t t);
+void mt__alloc_emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n);
+void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t);
+
+/* ---- free.c ---- */
+/* Frees allocated block b (lock held): its counters, events, pending events for the
+ * streams that used it, then the quick list or the bins. b->owner must be NULL. */
+void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b);
 
 /* ---- config.c ---- */
 int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);

@@ -20,7 +20,7 @@ static int grow_blocks(mt_alloc_t *a)
         a->blk_chunks = nc;
         a->cap_chunks = cap;
     }
-    mt_block_t *chunk = malloc(BLOCKS_PER_CHUNK * sizeof *chunk);
+    mt_block_t *chunk = aligned_alloc(_Alignof(mt_block_t), BLOCKS_PER_CHUNK * sizeof *chunk);
     if (chunk == NULL)
         return MT_ENOMEM;
     a->blk_chunks[a->nchunks++] = chunk;

@@ -46,6 +46,7 @@ int mt__alloc_pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
         a->cap_pending = cap;
     }
     a->pending[a->npending++] = (mt_pending_t){ev, b, false};
+    __atomic_store_n(&a->tc_pend, 1, __ATOMIC_RELAXED); /* mallocs poll: no fast path */
     return 0;
 }
 
@@ -71,6 +72,8 @@ void mt__alloc_process_events(mt_alloc_t *a)
                           "event as complete",
                           mt_strerror(rc));
         a->pending[i] = a->pending[--a->npending];
+        if (a->npending == 0)
+            __atomic_store_n(&a->tc_pend, 0, __ATOMIC_RELAXED);
         mt__alloc_event_put(a, p.ev);
         if (--p.blk->npending == 0)
             mt__alloc_free_complete(a, p.blk, 0, NULL);

@@ -8,7 +8,7 @@
  * one by one, which agrees with that for a run of one block; runs of several blocks hold a
  * quick block and change only here, where each operation is one logical step: the stats
  * of the runs it touches are taken off before and put back after (run_stats). */
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 static bool is_free(const mt_block_t *b)
 {
@@ -93,6 +93,7 @@ static void list_push(mt_binset_t *bs, mt_block_t *b)
     unsigned i = mt__quick_slot(b->size);
     mt__qslot_t *q = &bs->quick[i];
     mt_assert(q->n == 0 || (q->size == b->size && q->n < MT__QDEPTH));
+    mt__tc_bump(bs->sr);
     b->bin_prev = NULL;
     b->bin_next = q->head;
     if (q->head != NULL)
@@ -109,6 +110,7 @@ static void list_remove(mt_binset_t *bs, mt_block_t *b)
     unsigned i = mt__quick_slot(b->size);
     mt__qslot_t *q = &bs->quick[i];
     mt_assert(q->n > 0 && q->size == b->size && b->state == MT__BLOCK_QUICK);
+    mt__tc_bump(bs->sr);
     if (b->bin_prev != NULL)
         b->bin_prev->bin_next = b->bin_next;
     else

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 /* Slack added to a measured warm-up peak when the sequence could not be recorded (no
  * host memory) and the whole transient peak is reserved instead of a plan: it covers
@@ -117,10 +117,12 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
     if (bytes > ((size_t)1 << 60))
         return MT_ENOMEM;
     mt__alloc_lock(a);
+    mt__tc_quiesce(a); /* the reservation sees the threads' cached blocks free */
     if (a->npending > 0)
         mt__alloc_process_events(a);
     mt__quick_flush_all(a); /* the plan sees merged free space */
     int rc = reserve_locked(a, bytes, stream);
+    mt__tc_resume(a);
     mt__alloc_unlock(a);
     return rc;
 }
@@ -130,6 +132,7 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
     if (a == NULL)
         return MT_EINVAL;
     mt__alloc_lock(a);
+    mt__tc_quiesce(a);      /* no thread caches while warming: the warm-up sees every request */
     mt__quick_flush_all(a); /* nothing is kept quick while warming */
     a->warming = true;
     a->gen++;
@@ -653,6 +656,7 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
     rc = transient > 0 ? reserve_locked(a, transient + transient / WARMUP_SLACK_DIV, stream) : 0;
 out:
     a->nwops = 0;
+    mt__tc_resume(a); /* on again unless a plan is in force */
     mt__alloc_unlock(a);
     return rc;
 }

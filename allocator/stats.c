@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "allocator/internal.h"
+#include "allocator/tcache.h"
 
 /* ---- stats ---- */
 
@@ -61,6 +61,9 @@ int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
     if (a == NULL || out == NULL)
         return MT_EINVAL;
     mt__alloc_lock(a);
+    /* Flushed, the counters are the truth, and the free-space figures (inactive_split,
+     * largest free block) see the cached blocks as the free space they are. */
+    mt__tc_flush_all(a);
     mt__alloc_compute_stats(a, out);
     mt__alloc_unlock(a);
     return 0;
@@ -77,6 +80,7 @@ void mt_alloc_reset_peak(mt_alloc_t *a)
     if (a == NULL)
         return;
     mt__alloc_lock(a);
+    mt__tc_flush_all(a); /* the counters are the truth: the peaks start from it */
     mt_alloc_stats_t *s = &a->st;
     reset_peaks(s->allocated_bytes, MT_STAT_N);
     reset_peaks(s->reserved_bytes, MT_STAT_N);
@@ -188,6 +192,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
     if (snap == NULL)
         return MT_ENOMEM;
     mt__alloc_lock(a);
+    mt__tc_flush_all(a); /* cached blocks are free memory in the snapshot */
     int rc = 0;
     snap->segments = calloc(a->nsegs ? a->nsegs : 1, sizeof *snap->segments);
     if (snap->segments == NULL) {
@@ -277,6 +282,8 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
 {
     if (b->seg != seg)
         return "block points to another segment";
+    if (b->owner != NULL ? b->state != MT_BLOCK_ACTIVE_ALLOCATED : b->tc_held || b->tc_div)
+        return "tcache: owned block not allocated, or a block no cache owns marked held";
     if (b->size < MT__ALIGN || b->size % MT__ALIGN != 0 || b->addr % MT__ALIGN != 0)
         return "block size or address not aligned";
     if (b->next != NULL && (b->next->prev != b || b->next->addr != b->addr + b->size))
@@ -329,6 +336,8 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
     }
     if (b->npending != 0)
         return "allocated block with pending events";
+    if (b->owner != NULL && !mt__tc_in_owner(b))
+        return "tcache: owned block missing from its owner's table";
     if (b->requested == 0 || b->requested > b->size)
         return "requested size outside (0, block size]";
     add2(s->allocated, seg->pool, (int64_t)b->size);
@@ -522,6 +531,8 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_stat(st->inactive_split, s.nsplit, MT_STAT_N, "inactive_split stat")) ||
         (why = cmp_stat(st->tag_allocated_bytes, s.tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
         (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")))
+        return why;
+    if ((why = mt__tc_check(a)) != NULL)
         return why;
     return mt__plan_check(a);
 }

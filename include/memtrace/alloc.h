@@ -80,6 +80,11 @@ typedef struct mt_alloc_cfg_s {
      * sink's stack callback; MT_STACKS_DEFAULT = the sink's own setting (the profiler's
      * MEMTRACE_STACKS). Config key "stacks": off, sampled, all. */
     int stacks;
+    /* Per-thread caches (docs/allocator-tcache.md): a freed block kept whole by its thread
+     * for a reuse of its size on its stream without the allocator's lock. Off while a sink
+     * is attached, while warming up and while a warm-up plan is in force. true; config
+     * key tcache (0/1). */
+    bool tcache;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -88,8 +93,8 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
- * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), and
- * rules:reference (the reference allocator's plain-segment rules: no expandable segments,
+ * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,
+ * and rules:reference (the reference allocator's plain-segment rules: no expandable segments,
  * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then
  * left unchanged.

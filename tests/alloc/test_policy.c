@@ -377,7 +377,7 @@ static void test_check_detects_corruption(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* p's block to the bins (test_tcache) */
     char *p = xmalloc_dev(a, 1000, NULL, 0);
     char *q = xmalloc_dev(a, 1000, NULL, 0);
     mt_alloc_free(a, p);

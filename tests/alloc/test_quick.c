@@ -61,7 +61,7 @@ static void test_same_size_comes_back_whole(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     void *p = xmalloc_dev(a, 64 * KIB, NULL, MT_TAG_ACTIVATIONS);
     uint64_t m = backend_mallocs(b);
     assert_int_equal(mt_alloc_free(a, p), 0);
@@ -106,7 +106,7 @@ static void test_other_size_uses_their_space(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     char *p1 = xmalloc_dev(a, 512 * KIB, NULL, 0);
     char *p2 = xmalloc_dev(a, 512 * KIB, NULL, 0);
     char *p3 = xmalloc_dev(a, 1 * MIB, NULL, 0); /* the segment is full */
@@ -136,7 +136,7 @@ static void test_free_beside_free_merges(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     char *p1 = xmalloc_dev(a, 64 * KIB, NULL, 0);
     char *p2 = xmalloc_dev(a, 64 * KIB, NULL, 0);
     char *p3 = xmalloc_dev(a, 64 * KIB, NULL, 0);
@@ -165,7 +165,7 @@ static void test_recorded_block_never_quick(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     mt_stream_t *s2 = NULL;
     assert_int_equal(mt_stream_create(b, &s2), 0);
     void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
@@ -186,7 +186,7 @@ static void test_empty_cache_and_warmup_flush(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
     mt_alloc_free(a, p);
     assert_int_equal(nquick(a), 1);
@@ -221,7 +221,7 @@ static void test_check_sees_quick_damage(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
     void *q = xmalloc_dev(a, 64 * KIB, NULL, 0);
     mt_alloc_free(a, p);
@@ -253,7 +253,7 @@ static void test_random_against_snapshot(void **state)
     (void)state;
     static const size_t sizes[] = {512, 3 * KIB, 64 * KIB, 700 * KIB, 1 * MIB, 3 * MIB, 12 * MIB};
     mt_backend_t *b = sim_backend(512 * MIB);
-    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL); /* the quick lists alone */
     mt_stream_t *s2 = NULL;
     assert_int_equal(mt_stream_create(b, &s2), 0);
     void *live[64] = {0};

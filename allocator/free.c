@@ -1,0 +1,226 @@
+/* The path a block takes back: free (its counters and events, pending events for the
+ * streams that used it, then a quick list or the bins), record_stream, and the lookup of a
+ * block by address. */
+#include <stdlib.h>
+
+#include "allocator/tcache.h"
+
+/* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
+ * given, in one batch; stamped t (0 = now). */
+static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
+                                int tag, uint64_t t, const mt_event_rec_t *req)
+{
+    mt_event_rec_t ev[2];
+    size_t n = 0;
+    if (req != NULL)
+        ev[n++] = *req;
+    mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
+                       mt__public_pool(seg->pool), tag, t != 0 ? t : mt__clock_now(&a->clk));
+    mt__alloc_emit_recs(a, ev, n);
+    mt__alloc_stats_due(a, ev[n - 1].time_ns);
+}
+
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+{
+    mt__alloc_assert_owner(a);
+    /* Freed, and every event recorded at its free seen complete. */
+    mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && b->npending == 0);
+    mt_assert(a->st.active_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
+    mt_segment_t *seg = b->seg;
+    uintptr_t addr = b->addr;
+    size_t size = b->size;
+    int tag = b->tag;
+    mt__addrmap_del(&a->map, b->addr);
+    int sp = mt__stat_pool(seg->pool);
+    mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
+    mt__stat_sub2(a->st.active, sp, 1);
+    mt__qstep_t step;
+    bool near_quick = a->nquick > 0 && mt__quick_beside(b);
+    if (__builtin_expect(near_quick, 0))
+        mt__quick_step_begin(a, b, &step);
+    b->state = MT_BLOCK_INACTIVE;
+    b->requested = 0;
+    b->nuses = 0;
+    b->npending = 0;
+    b = mt__seg_merge(a, b);
+    mt__seg_bin_in(a, b);
+    if (__builtin_expect(near_quick, 0)) {
+        /* merged through the quick blocks beside it: the bins' view, not a LIFO's */
+        b = mt__quick_dissolve(a, b);
+        mt__quick_step_end(a, b, &step);
+    }
+    seg->last_used = ++a->clock;
+    if (__builtin_expect(a->cfg.sink != NULL, 0))
+        emit_free_completed(a, addr, size, seg, tag, t, req);
+}
+
+void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->owner == NULL);
+    mt_assert(b->requested > 0 && b->requested <= b->size);
+    mt_assert(b->npending == 0);
+    mt_segment_t *seg = b->seg;
+    int sp = seg->pool, st = mt__stat_pool(sp);
+    mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
+    mt__stat_sub2(a->st.allocated_bytes, st, (int64_t)b->size);
+    mt__stat_sub2(a->st.requested_bytes, st, (int64_t)b->requested);
+    mt__stat_sub2(a->st.allocation, st, 1);
+    mt__stat_sub1(&a->st.tag_allocated_bytes[b->tag], (int64_t)b->size);
+    mt__stat_sub1(&a->st.tag_requested_bytes[b->tag], (int64_t)b->requested);
+    /* free_requested; when the free completes at once (no other stream used the block),
+     * it goes out together with free_completed, one clock read and one batch for both. */
+    uint64_t t = 0;
+    mt_event_rec_t req;
+    bool req_held = false;
+    if (__builtin_expect(a->cfg.sink != NULL, 0)) {
+        t = mt__clock_now(&a->clk);
+        mt__alloc_fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
+                           mt__public_pool(sp), b->tag, t);
+        req_held = b->nuses == 0;
+        if (!req_held)
+            mt__alloc_emit_recs(a, &req, 1);
+    }
+    if (a->warming && b->gen == a->gen)
+        mt__warm_record_free(a, b);
+    if (b->planned)
+        mt__plan_freed(a, b);
+    bool keep = mt__quick_may_keep(a, b);
+    b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
+    uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
+    for (uint32_t i = 0; i < b->nuses; i++) {
+        mt_event_t *ev = mt__alloc_event_get(a);
+        int erc = ev ? mt_event_record(a->backend, ev, b->uses[i]) : MT_ENOMEM;
+        if (erc == 0)
+            erc = mt__alloc_pending_push(a, ev, b);
+        if (erc != 0) {
+            if (ev != NULL)
+                mt__alloc_event_put(a, ev);
+            b->uses[nwait++] = b->uses[i];
+            continue;
+        }
+        b->npending++;
+        mt_assert(a->npending >= b->npending);
+    }
+    b->nuses = 0;
+    if (keep && mt__quick_push(a, b)) {
+        /* No other stream used it: free at once, kept whole for a reuse of its size. */
+        mt_assert(b->npending == 0 && nwait == 0);
+        if (__builtin_expect(a->cfg.sink != NULL, 0))
+            emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
+    } else if (nwait > 0) {
+        mt__alloc_wait_streams(a, b, nwait);
+    } else if (b->npending == 0) {
+        mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
+    }
+}
+
+int mt_alloc_free(mt_alloc_t *a, void *ptr)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    if (mt__tc_free(a, ptr))
+        return 0;
+    mt__alloc_lock(a);
+    /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
+    mt__tc_flush_mine(a);
+    int rc = 0;
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
+        rc = MT_ENOENT;
+        goto out;
+    }
+    mt_assert(b->addr == (uintptr_t)ptr);
+    /* A block a thread cache owns leaves it first, its counters made the program's; one
+     * that cache holds was freed already. */
+    if (b->owner != NULL && (rc = mt__tc_disown(a, b)) != 0)
+        goto out;
+    mt__alloc_free_block(a, b);
+out:
+    mt__alloc_unlock(a);
+    return rc;
+}
+
+/* Adds stream to the streams that used allocated block b (none if it is b's own). */
+static int add_use(mt_block_t *b, mt_stream_t *stream)
+{
+    if (stream == b->seg->stream)
+        return 0;
+    for (uint32_t i = 0; i < b->nuses; i++)
+        if (b->uses[i] == stream)
+            return 0;
+    if (b->nuses == b->cap_uses) {
+        uint32_t cap = b->cap_uses ? b->cap_uses * 2 : 4;
+        mt_stream_t **nu = realloc(b->uses, cap * sizeof *nu);
+        if (nu == NULL)
+            return MT_ENOMEM;
+        b->uses = nu;
+        b->cap_uses = cap;
+    }
+    b->uses[b->nuses++] = stream;
+    return 0;
+}
+
+int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
+{
+    if (a == NULL || ptr == NULL)
+        return MT_EINVAL;
+    mt__alloc_lock(a);
+    int rc = 0;
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
+        rc = MT_ENOENT;
+        goto out;
+    }
+    /* The owner's fast free reads nuses under its cache's lock. */
+    mt__tcache_t *owner = b->owner;
+    if (owner != NULL)
+        mt__tc_lock_owner(b);
+    if (owner != NULL && b->tc_held)
+        rc = MT_ENOENT;
+    else
+        rc = add_use(b, stream);
+    if (owner != NULL)
+        mt__tc_unlock_owner(b);
+out:
+    mt__alloc_unlock(a);
+    return rc;
+}
+
+int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size, int *tag)
+{
+    if (a == NULL || ptr == NULL)
+        return MT_EINVAL;
+    mt__alloc_lock(a);
+    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    if (b == NULL) {
+        /* An interior pointer: find its segment, then walk that segment's blocks. */
+        mt_segment_t *seg = mt__seg_find(a, (uintptr_t)ptr);
+        for (mt_block_t *x = seg ? seg->first : NULL; x != NULL; x = x->next) {
+            if ((uintptr_t)ptr >= x->addr && (uintptr_t)ptr < x->addr + x->size) {
+                b = x;
+                break;
+            }
+        }
+    }
+    int rc = 0;
+    bool owned = b != NULL && b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->owner != NULL;
+    if (owned)
+        mt__tc_lock_owner(b);
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED || (owned && b->tc_held)) {
+        rc = MT_ENOENT;
+    } else {
+        if (base != NULL)
+            *base = (void *)b->addr;
+        if (size != NULL)
+            *size = b->size;
+        if (tag != NULL)
+            *tag = owned ? b->tc_tag : b->tag; /* the program's, not the counters' */
+    }
+    if (owned)
+        mt__tc_unlock_owner(b);
+    mt__alloc_unlock(a);
+    return rc;
+}

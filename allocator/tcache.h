@@ -1,0 +1,58 @@
+/* Per-thread caches (tcache.c, docs/allocator-tcache.md): the calls the allocator's other
+ * files make into them. */
+#ifndef MT_ALLOCATOR_TCACHE_H
+#define MT_ALLOCATOR_TCACHE_H
+
+#include "allocator/internal.h"
+
+/* The stream's free space changed (a block into or out of its bins or quick lists): a
+ * thread cache's block handed out before is no longer what best fit would give again. */
+static inline void mt__tc_bump(mt_streamrec_t *sr)
+{
+    if (sr != NULL)
+        __atomic_store_n(&sr->tc_ver, __atomic_load_n(&sr->tc_ver, __ATOMIC_RELAXED) + 1,
+                         __ATOMIC_RELAXED);
+}
+
+/* Lock order: mu, then one cache's lock; a thread holding a cache's lock takes no other
+ * lock. The fast paths take only the calling thread's cache lock. */
+/* Fast paths, without mu: true when done (a cached pair); false = take the global path. */
+bool mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out);
+bool mt__tc_free(mt_alloc_t *a, void *ptr);
+/* Before taking mu on a global path: frees a TLS entry for a (mu not held). */
+void mt__tc_prepare(mt_alloc_t *a);
+/* Registers a in the registry of live allocators (create) / removes it and frees its
+ * caches (destroy: unregister before taking mu, free_all with mu held). */
+int mt__tc_register(mt_alloc_t *a);
+void mt__tc_unregister(mt_alloc_t *a);
+void mt__tc_free_all(mt_alloc_t *a);
+/* Global-path malloc: the calling thread's cache is flushed (so the search sees its free
+ * blocks merged), before the search. */
+void mt__tc_flush_mine(mt_alloc_t *a);
+/* Flushes every cache; true when a held block went back to the bins. */
+bool mt__tc_flush_all(mt_alloc_t *a);
+/* Before counting a global-path allocation of a size-byte block, req requested, in stat
+ * pool sp with tag: flushes every cache if a counter would pass its peak (then the new
+ * peak is exact). */
+void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag);
+/* After a global-path allocation: the calling thread's cache owns b (so its free may take
+ * the fast path). */
+void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp);
+/* A global-path free of owned block b: MT_ENOENT when b is held in its cache (freed
+ * already); else b leaves its owner, its counters made the program's. */
+int mt__tc_disown(mt_alloc_t *a, mt_block_t *b);
+/* Locks/unlocks b's owner's cache (b->owner != NULL) around a read or record_stream. */
+void mt__tc_lock_owner(mt_block_t *b);
+void mt__tc_unlock_owner(mt_block_t *b);
+/* Fast paths off and every cache flushed (before reserve or warm-up change the state),
+ * then back on when the state allows (after). */
+void mt__tc_quiesce(mt_alloc_t *a);
+void mt__tc_resume(mt_alloc_t *a);
+/* Owned block b is in its owner's live table (mu held; the checker's walk). */
+bool mt__tc_in_owner(const mt_block_t *b);
+/* Caches registered with a (mu held). */
+size_t mt__tc_count(const mt_alloc_t *a);
+/* The caches' invariants (mt__tcache_t); static text of the first violation, or NULL. */
+const char *mt__tc_check(mt_alloc_t *a);
+
+#endif
