@@ -479,6 +479,16 @@ void mt__d_on_drain_idle(uv_idle_t *h)
     mt__d_drain_all(d);
 }
 
+/* Whether c's socket holds bytes we have not read yet. last_active_ms moves only when we
+ * read, so after a long turn of the loop (a big drain, a starved CPU) a client that spoke
+ * in time looks idle; its unread request says otherwise. */
+static bool has_unread(mt_d_conn_t *c)
+{
+    uv_os_fd_t fd;
+    char b;
+    return uv_fileno(&c->u.handle, &fd) == 0 && recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 static void on_sweep_timer(uv_timer_t *t)
 {
     mt_d_t *d = t->data;
@@ -486,9 +496,11 @@ static void on_sweep_timer(uv_timer_t *t)
     for (mt_d_conn_t *c = d->conns, *next; c; c = next) {
         next = c->next;
         bool pending = c->kind == MT_D_CONN_UNIX_NEW || c->kind == MT_D_CONN_HTTP_NEW;
+        if (!pending || c->closing)
+            continue;
         /* A head trickling in a byte at a time restarts the idle clock, not this one. */
         bool late = c->kind == MT_D_CONN_HTTP_NEW && now - c->accepted_ms >= d->cfg.head_timeout_ms;
-        if (pending && !c->closing && (late || now - c->last_active_ms >= d->cfg.idle_timeout_ms)) {
+        if (late || (now - c->last_active_ms >= d->cfg.idle_timeout_ms && !has_unread(c))) {
             d->ctr.rejected++;
             mt__d_conn_close(c); /* a half request: it had its chance */
         }

@@ -10,6 +10,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -325,6 +326,76 @@ static void test_producer_corrupt_ring(void **state)
     th_daemon_stop(&t);
 }
 
+/* Holds the daemon's thread, once, in its log callback at the first "registered" line:
+ * the loop is busy (as in a long drain on a starved CPU) until the test has sent its
+ * request and hold_ms have passed since the hold began. */
+typedef struct gate_s {
+    pthread_mutex_t mu;
+    bool held;        /* the daemon's thread is held */
+    bool sent;        /* the test has sent its request */
+    unsigned hold_ms; /* > the idle timeout */
+} gate_t;
+
+static void gate_log(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)level;
+    gate_t *g = ud;
+    pthread_mutex_lock(&g->mu);
+    bool first = !g->held && strstr(msg, " registered") != NULL;
+    g->held |= first;
+    pthread_mutex_unlock(&g->mu);
+    if (!first)
+        return;
+    uint64_t until = th_now_ms() + g->hold_ms, give_up = th_now_ms() + 30000;
+    for (bool sent = false; !sent && th_now_ms() < give_up; usleep(1000)) {
+        pthread_mutex_lock(&g->mu);
+        sent = g->sent;
+        pthread_mutex_unlock(&g->mu);
+    }
+    while (th_now_ms() < until)
+        usleep(1000);
+}
+
+/* A client whose request came in time is answered even when the daemon's loop was busy
+ * past the idle deadline before it could read the request: idle means nothing to read. */
+static void test_busy_daemon_answers_waiting_client(void **state)
+{
+    (void)state;
+    static gate_t g = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.log = gate_log;
+    cfg.log_ud = &g;
+    g.hold_ms = cfg.idle_timeout_ms + 200;
+    th_daemon_t t;
+    th_daemon_start(&t, cfg);
+    /* Connected first, so accepted before the producer's hello is read. */
+    int fd;
+    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    pid_t pid = th_producer(t.sock, 0, 1024, 0, -1); /* its registration holds the daemon */
+    bool held = false;
+    for (uint64_t end = th_now_ms() + 30000; !held && th_now_ms() < end; usleep(1000)) {
+        pthread_mutex_lock(&g.mu);
+        held = g.held;
+        pthread_mutex_unlock(&g.mu);
+    }
+    assert_true(held);
+    static const char req[] = "{\"type\":\"state\"}\n";
+    assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+    pthread_mutex_lock(&g.mu);
+    g.sent = true;
+    pthread_mutex_unlock(&g.mu);
+    char *out = NULL;
+    assert_int_equal(mt_d_client_read_all(fd, 1u << 20, 30000, &out, NULL), 0);
+    close(fd);
+    json_t *st = json_loads(out, 0, NULL);
+    free(out);
+    assert_non_null(st);
+    assert_non_null(json_object_get(st, "daemon"));
+    json_decref(st);
+    assert_int_equal(th_wait(pid), 0);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -335,6 +406,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_producer_misbehaving),
         cmocka_unit_test(test_producer_corrupt_ring),
+        cmocka_unit_test(test_busy_daemon_answers_waiting_client),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -374,29 +374,39 @@ static void test_name_escaped_in_daemon_log(void **state)
     cfg.log = sec_log_cb;
     cfg.log_ud = &msgs;
     th_daemon_start(&t, cfg);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        mt_prof_cfg_t pc = mt_prof_cfg_default();
-        pc.mode = MT_PROF_DAEMON;
-        pc.socket = t.sock;
-        pc.name = "ev\x1b[2J\nforged";
-        mt_prof_t *p = NULL;
-        if (mt_prof_create(&p, &pc) != 0)
-            _exit(1);
-        mt_prof_destroy(&p);
-        _exit(0);
-    }
+    /* The producer execs this binary again (th_spawn): the daemon's thread runs here, and a
+     * forked child that starts the profiler (malloc, a thread) can hang on a lock held at
+     * the fork. The daemon logs the registration before it answers it, so the line is
+     * there once the producer has exited. */
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("escaped-name", args);
     assert_int_equal(th_wait(pid), 0);
-    usleep(200 * 1000);
     th_daemon_stop(&t);
     assert_non_null(strstr(msgs.text, "(ev\\e[2J\\nforged) registered"));
     assert_null(strchr(msgs.text, 0x1b));
 }
 
+/* The producer of test_name_escaped_in_daemon_log: registers under a hostile name. */
+static int escaped_name_body(const char *sock)
+{
+    mt_prof_cfg_t pc = mt_prof_cfg_default();
+    pc.mode = MT_PROF_DAEMON;
+    pc.socket = sock;
+    pc.name = "ev\x1b[2J\nforged";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &pc) != 0)
+        return 1;
+    mt_prof_destroy(&p);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
+    char **a;
+    const char *role = th_role(argc, argv, &a);
+    if (role != NULL && strcmp(role, "escaped-name") == 0)
+        _exit(escaped_name_body(a[0]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_on_every_route),
         cmocka_unit_test(test_metrics_open),
