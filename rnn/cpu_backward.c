@@ -270,23 +270,26 @@ static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, in
                   a->accr + (size_t)2 * H, gl);
 }
 
-/* xh: row r of the chunk's input x, then the state its step started from. */
-static void gather_xh(const dir_back_t *a)
+/* xh, rows of sequences [b0, b1) at every step: the row's input x, then the state its step
+ * started from. */
+static void gather_xh(const dir_back_t *a, int b0, int b1)
 {
     int H = a->s->hidden, in = a->in;
-    for (size_t r = 0; r < a->rows; r++)
-        memcpy(a->xh + r * (size_t)a->xld, a->x + r * (size_t)in, (size_t)in * sizeof(float));
     for (int t = 0; t < a->T; t++) {
         bprev_t pv = prev_of(a, t);
-        int nb = a->q->bs[a->t0 + t];
-        float *d = a->xh + brow(a, t) * (size_t)a->xld + in;
-        for (int b = 0; b < nb; b++)
-            memcpy(d + (size_t)b * a->xld, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
+        int nb = a->q->bs[a->t0 + t], e = b1 < nb ? b1 : nb;
+        size_t r = brow(a, t);
+        for (int b = b0; b < e; b++) {
+            float *d = a->xh + (r + (size_t)b) * (size_t)a->xld;
+            memcpy(d, a->x + (r + (size_t)b) * (size_t)in, (size_t)in * sizeof(float));
+            memcpy(d + in, bprev_h(&pv, b, H), (size_t)H * sizeof(float));
+        }
     }
 }
 
 /* The chunk's steps, in reverse of forward's order, for the sequences b0 <= b < b1
- * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step. */
+ * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step; then
+ * those rows of xh (at two threads, each half gathers its own). */
 static void back_steps(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
@@ -305,6 +308,7 @@ static void back_steps(void *arg, int b0, int b1)
         else
             rnn_step(a, t, b0, e, db);
     }
+    gather_xh(a, b0, b1);
 }
 
 static void back_dir(const dir_back_t *a)
@@ -322,7 +326,6 @@ static void back_dir(const dir_back_t *a)
      * the neighbouring chunk, hx or zeros; packed batches would otherwise make one small
      * product per step), and accw, accr are one [in + H, gH] matrix. GRU's n gate takes
      * another right-hand side for dR (r * dn). */
-    gather_xh(a);
     if (s->mode == MT_RNN_GRU) {
         mt__rnn_sgemm(s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
                       a->accw, gl);
