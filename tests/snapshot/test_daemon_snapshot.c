@@ -123,7 +123,9 @@ static void test_oom_and_live_snapshots(void **state)
     uint64_t until = th_now_ms() + 10000;
     while (access(path, R_OK) != 0 && th_now_ms() < until)
         usleep(10000);
-    usleep(50000); /* its .json is written first; let the pruning run */
+    /* The pruning follows the .pickle: wait until it has run (five written, three kept). */
+    for (until = th_now_ms() + 10000; count_json(oomdir) > 3 && th_now_ms() < until;)
+        usleep(10000);
     mt_ts_t *ts = NULL;
     char err[768];
     if (mt_ts_read(&ts, path, err, sizeof err) != 0)
