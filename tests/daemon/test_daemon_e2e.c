@@ -56,7 +56,11 @@ static void test_counts_match_exactly(void **state)
 {
     enum { NPROD = 3, N = 6000 };
     th_daemon_t t;
-    th_daemon_start(&t, th_cfg());
+    /* Queues that hold every line (~4 MB each): no gap, however slow the readers' threads
+     * are on a loaded machine (a consumer that falls behind: the next test). */
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.consumer_queue_bytes = 16u << 20;
+    th_daemon_start(&t, cfg);
     reader_t r[2];
     reader_start(&r[0], th_consumer(t.sock, ""), NPROD * N);
     reader_start(&r[1], th_consumer(t.sock, ""), NPROD * N);
@@ -87,10 +91,17 @@ static void test_stuck_consumer_does_not_stall_others(void **state)
 {
     enum { N = 40000 };
     th_daemon_t t;
-    th_daemon_start(&t, th_cfg());
-    int stuck = th_consumer(t.sock, "");
+    /* The reader's queue holds all N lines (~9 MB): it gets everything however little CPU
+     * its thread gets on a loaded machine, and a gap can only come from the stuck one.
+     * Admitted first, it takes that much of the budget; the stuck one gets the 1 MiB left
+     * and overflows it. */
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.consumer_queue_bytes = 32u << 20;
+    cfg.consumer_budget_bytes = cfg.consumer_queue_bytes + (1u << 20) + 2 * cfg.write_high_water;
+    th_daemon_start(&t, cfg);
     reader_t fast;
     reader_start(&fast, th_consumer(t.sock, ""), N);
+    int stuck = th_consumer(t.sock, "");
     pid_t pid = th_producer(t.sock, N, 65536, 200, -1);
     int st = th_wait(pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
@@ -142,16 +153,43 @@ static void test_sigkill_producer_delivers_everything(void **state)
     th_daemon_stop(&t);
 }
 
+/* Polls /state until process pid has more than n events. */
+static void wait_events(const char *sock, int pid, json_int_t n)
+{
+    json_int_t got = -1;
+    for (uint64_t end = th_now_ms() + 30000; got <= n && th_now_ms() < end; usleep(10000)) {
+        json_t *st = th_state(sock);
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(st, "processes"), i, p)
+        {
+            if (json_integer_value(json_object_get(p, "pid")) == pid)
+                got = json_integer_value(json_object_get(p, "events"));
+        }
+        json_decref(st);
+    }
+    assert_true(got > n);
+}
+
 /* SIGKILL while the producer is emitting: whatever it published is delivered, in order,
  * and the consumer's count matches the daemon's (a slot it was killed in the middle of
  * writing may show up as one lost event, in a gap record, never as a torn event). */
 static void test_sigkill_mid_stream(void **state)
 {
+    enum { N = 60000 };
     th_daemon_t t;
-    th_daemon_start(&t, th_cfg());
+    /* The consumer reads only after the kill: its queue holds all the producer can emit
+     * (N lines, ~14 MB), so that a loaded machine's timing never makes it overflow. */
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.consumer_queue_bytes = 32u << 20;
+    th_daemon_start(&t, cfg);
     int fd = th_consumer(t.sock, "");
-    pid_t pid = th_producer(t.sock, 100000000, 65536, 50, -1); /* ~50 k events/s, endless */
-    usleep(150000);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    /* ~50 k events/s for over a second; after N it waits to be killed (it says so on pfd,
+     * unread: the kill then comes after the last event, which is as valid a test). */
+    pid_t pid = th_producer(t.sock, N, 65536, 50, pfd[1]);
+    wait_events(t.sock, pid, 1000); /* killed mid-stream, whatever the load */
     assert_int_equal(kill(pid, SIGKILL), 0);
     int st = th_wait(pid);
     assert_true(WIFSIGNALED(st));
@@ -168,6 +206,8 @@ static void test_sigkill_mid_stream(void **state)
     assert_false(cnt.bad_line);
     assert_int_equal(th_count_of(&cnt, pid), events);
     assert_int_equal(cnt.lost, dropped);
+    close(pfd[0]);
+    close(pfd[1]);
     close(fd);
     th_daemon_stop(&t);
 }

@@ -3,6 +3,7 @@
  * connection caps, consumers that never read, bare-LF request lines, a taken port. */
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -269,6 +270,29 @@ static void test_connection_caps(void **state)
     th_daemon_stop(&t);
 }
 
+/* Reads the head of the answer to a GET /events on fd: 200, the consumer was admitted. */
+static void assert_admitted(int fd)
+{
+    char buf[256] = {0};
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    assert_true(recv(fd, buf, sizeof buf - 1, 0) > 0);
+    assert_non_null(strstr(buf, "200 OK"));
+}
+
+/* Polls /state until the daemon counts n consumers (a closed one is released in the turn
+ * of the loop that sees it close, before the next connection is accepted). */
+static void wait_consumers(const char *sock, int n)
+{
+    int got = -1;
+    for (uint64_t end = th_now_ms() + 10000; got != n && th_now_ms() < end; usleep(10000)) {
+        json_t *st = th_state(sock);
+        got = (int)json_integer_value(json_object_get(json_object_get(st, "daemon"), "consumers"));
+        json_decref(st);
+    }
+    assert_int_equal(got, n);
+}
+
 static void test_consumer_caps(void **state)
 {
     (void)state;
@@ -282,8 +306,8 @@ static void test_consumer_caps(void **state)
         fds[i] = tcp_connect(t.port);
         static const char req[] = "GET /events HTTP/1.1\r\n" HOST BEARER "\r\n";
         assert_int_equal(send(fds[i], req, sizeof req - 1, MSG_NOSIGNAL), (ssize_t)sizeof req - 1);
+        assert_admitted(fds[i]); /* counted before the next one asks */
     }
-    usleep(200 * 1000);
     assert_int_equal(get(t.port, "/events", HOST BEARER, &r), 503);
     free(r);
     /* the Unix door is counted too */
@@ -296,7 +320,7 @@ static void test_consumer_caps(void **state)
     free(r);
     close(u);
     close(fds[0]);
-    usleep(200 * 1000);
+    wait_consumers(t.sock, 2); /* the daemon has seen it go */
     /* one left: there is room again */
     int fd = tcp_connect(t.port);
     static const char req[] = "GET /events HTTP/1.1\r\n" HOST BEARER "\r\n";
