@@ -148,8 +148,9 @@ typedef struct pair_job_s {
     size_t size;
     unsigned rounds, n;
     uint64_t t[64];
-    double cpu_ns;              /* the thread's CPU time over all rounds */
-    pthread_barrier_t *barrier; /* rounds start together (2 threads), or NULL */
+    double cpu_ns;               /* the thread's CPU time over all rounds */
+    pthread_barrier_t *barrier;  /* rounds start together (2 threads), or NULL */
+    const mt_host_alloc_t *host; /* a host allocator instead of a (the anchor), or NULL */
 } pair_job_t;
 
 static double thread_cpu_ns(void)
@@ -168,9 +169,17 @@ static void *pair_job(void *arg)
         if (j->barrier != NULL)
             pthread_barrier_wait(j->barrier);
         uint64_t t0 = mt_bench_now_ns();
-        for (unsigned i = 0; i < j->n; i++)
-            if (mt_alloc_malloc(j->a, j->size, j->s, MT_TAG_OTHER, &p) == 0)
-                mt_alloc_free(j->a, p);
+        if (j->host != NULL) {
+            for (unsigned i = 0; i < j->n; i++) {
+                if ((p = j->host->alloc(j->size)) != NULL)
+                    j->host->free(p);
+                __asm__ volatile("" ::: "memory"); /* keep the pair from being elided */
+            }
+        } else {
+            for (unsigned i = 0; i < j->n; i++)
+                if (mt_alloc_malloc(j->a, j->size, j->s, MT_TAG_OTHER, &p) == 0)
+                    mt_alloc_free(j->a, p);
+        }
         j->t[r] = mt_bench_now_ns() - t0;
     }
     j->cpu_ns = thread_cpu_ns() - c0;
@@ -205,7 +214,7 @@ static int cached_path(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
     void *p = NULL;
     mt_alloc_malloc(a, size, NULL, MT_TAG_OTHER, &p); /* the first pair fills the cache */
     mt_alloc_free(a, p);
-    pair_job_t j = {a, NULL, size, rounds, n, {0}, 0, NULL};
+    pair_job_t j = {a, NULL, size, rounds, n, {0}, 0, NULL, NULL};
     pair_job(&j);
     double ns = (double)mt_bench_median(j.t, rounds) / n;
     char goal[64];
@@ -271,7 +280,7 @@ static int warm_pair_row(const opts_t *o, size_t size)
     mt_alloc_warmup_end(a, NULL);
     mt_backend_counters_t c0, c;
     mt_backend_counters(b, &c0);
-    pair_job_t j = {a, NULL, size, rounds, n, {0}, 0, NULL};
+    pair_job_t j = {a, NULL, size, rounds, n, {0}, 0, NULL, NULL};
     pair_job(&j);
     mt_backend_counters(b, &c);
     char workload[64], sz[16];
@@ -294,9 +303,34 @@ static int warm_pair_row(const opts_t *o, size_t size)
     return rc;
 }
 
+/* Pairs per microsecond of j[0] alone, then of j[0] and j[1] at once: the median round in
+ * both, the rounds of the two threads started together and a round lasting until both
+ * finished it. */
+static void scaling(pair_job_t j[2], double *one, double *two, double *one_cpu)
+{
+    pair_job(&j[0]);
+    *one = (double)j[0].n / ((double)mt_bench_median(j[0].t, j[0].rounds) / 1000.0);
+    *one_cpu = j[0].cpu_ns;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        j[i].barrier = &bar;
+        pthread_create(&th[i], NULL, pair_job, &j[i]);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    uint64_t both[64];
+    for (unsigned r = 0; r < j[0].rounds; r++)
+        both[r] = j[0].t[r] > j[1].t[r] ? j[0].t[r] : j[1].t[r];
+    *two = 2.0 * j[0].n / ((double)mt_bench_median(both, j[0].rounds) / 1000.0);
+}
+
 /* Throughput of cached pairs: 1 thread on one stream, then 2 threads on 2 streams at once
- * (one allocator). Prints pairs per microsecond and the ratio. */
-static int threads_row(const opts_t *o, size_t size)
+ * (one allocator), beside the host allocators' own scaling in the same run: a machine
+ * whose two cores are not both free shows it in the anchors too. */
+static int threads_row(const opts_t *o, const mt_host_alloc_t *hosts, size_t size)
 {
     unsigned rounds = o->quick ? 5 : 15, n = o->quick ? 20000 : 200000;
     mt_backend_t *b;
@@ -309,28 +343,10 @@ static int threads_row(const opts_t *o, size_t size)
         rc = mt_stream_create(b, &s[i]);
     pair_job_t j[2];
     for (int i = 0; i < 2; i++)
-        j[i] = (pair_job_t){a, s[i], size, rounds, n, {0}, 0, NULL};
-    double one = 0, two = 0;
+        j[i] = (pair_job_t){a, s[i], size, rounds, n, {0}, 0, NULL, NULL};
     if (rc == 0) {
-        pair_job(&j[0]);
-        one = (double)n / ((double)mt_bench_median(j[0].t, rounds) / 1000.0);
-        double one_cpu = j[0].cpu_ns;
-        /* Like the 1-thread figure, the median round: the rounds start together and a
-         * round lasts until both threads finished it. */
-        pthread_barrier_t bar;
-        pthread_barrier_init(&bar, NULL, 2);
-        pthread_t th[2];
-        for (int i = 0; i < 2; i++) {
-            j[i].barrier = &bar;
-            pthread_create(&th[i], NULL, pair_job, &j[i]);
-        }
-        for (int i = 0; i < 2; i++)
-            pthread_join(th[i], NULL);
-        pthread_barrier_destroy(&bar);
-        uint64_t both[64];
-        for (unsigned r = 0; r < rounds; r++)
-            both[r] = j[0].t[r] > j[1].t[r] ? j[0].t[r] : j[1].t[r];
-        two = 2.0 * n / ((double)mt_bench_median(both, rounds) / 1000.0);
+        double one, two, one_cpu;
+        scaling(j, &one, &two, &one_cpu);
         char goal[64];
         printf("%-36s %-13s %10.1f pairs/us with 1 thread, %.1f with 2: %.2fx  %s\n",
                "2 threads, 2 streams (64 KiB)", "memtrace", one, two, two / one,
@@ -347,6 +363,16 @@ static int threads_row(const opts_t *o, size_t size)
         if (s[i] != NULL)
             mt_stream_destroy(b, &s[i]);
     mt_backend_destroy(&b);
+    for (size_t i = 0; i < MT_HOST_N && rc == 0; i++) {
+        if (hosts[i].alloc == NULL)
+            continue;
+        for (int k = 0; k < 2; k++)
+            j[k] = (pair_job_t){NULL, NULL, size, rounds, n, {0}, 0, NULL, &hosts[i]};
+        double one, two, one_cpu;
+        scaling(j, &one, &two, &one_cpu);
+        printf("%-36s %-13s %10.1f pairs/us with 1 thread, %.1f with 2: %.2fx  (anchor)\n",
+               "2 threads (64 KiB)", hosts[i].name, one, two, two / one);
+    }
     return rc;
 }
 
@@ -568,7 +594,7 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = warm_pair_row(&o, 64 << 10);
     if (rc == 0)
-        rc = threads_row(&o, 64 << 10);
+        rc = threads_row(&o, hosts, 64 << 10);
 
     printf("\n(2) trace replays, ns per allocate-or-free: memtrace without the modelled backend "
            "cost (and with it), host allocators on the same sequence\n");
