@@ -32,7 +32,8 @@ void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t drop
 /* mkdir -p dir (0700 for what it makes); it must end up a directory of ours closed to
  * others. 0 or MT_EIO/MT_EINVAL. */
 int mt__oomsnap_dir_prepare(const char *dir);
-/* Creates path (0600, never over a file or through a link) holding data. */
+/* Creates path (0600, never over a file or through a link) holding data, all at once: it
+ * appears complete or not at all (MT_EBUSY if it exists). */
 int mt__oomsnap_write_file(const char *path, const void *data, size_t n);
 /* Keeps the max newest oom-*.json in dir, with their .pickle. */
 void mt__oomsnap_prune(const char *dir, unsigned max);

@@ -39,25 +39,39 @@ int mt__oomsnap_dir_prepare(const char *dir)
     return 0;
 }
 
+/* Written under a hidden temporary name in the same (private) directory and linked to path
+ * only once complete and closed: a reader watching the directory never opens a half-written
+ * snapshot, and link keeps O_EXCL's rule that an existing path is never replaced. */
 int mt__oomsnap_write_file(const char *path, const void *data, size_t n)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    char tmp[1100];
+    const char *slash = strrchr(path, '/');
+    int dlen = slash ? (int)(slash - path + 1) : 0;
+    if (snprintf(tmp, sizeof tmp, "%.*s.%s.%d.tmp", dlen, path, slash ? slash + 1 : path,
+                 (int)getpid()) >= (int)sizeof tmp)
+        return MT_EINVAL;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return errno == EEXIST ? MT_EBUSY : MT_EIO;
     const char *p = data;
-    while (n > 0) {
+    int rc = 0;
+    while (n > 0 && rc == 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {
-            close(fd);
-            unlink(path);
-            return MT_EIO;
+            rc = MT_EIO;
+            break;
         }
         p += w;
         n -= (size_t)w;
     }
-    return close(fd) == 0 ? 0 : MT_EIO;
+    if (close(fd) != 0 && rc == 0)
+        rc = MT_EIO;
+    if (rc == 0 && link(tmp, path) != 0)
+        rc = errno == EEXIST ? MT_EBUSY : MT_EIO;
+    unlink(tmp);
+    return rc;
 }
 
 void mt__oomsnap_prune(const char *dir, unsigned max)

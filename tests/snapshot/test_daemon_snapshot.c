@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
+#include "profiler/internal.h"
 #include "tests/daemon/harness.h"
 
 static const char *memtrace_exe;
@@ -243,6 +245,59 @@ static void test_recorder_oom_snapshot(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A snapshot file appears whole: nothing is ever written under its final name (a reader
+ * watching the directory, as the tests above do, would open it half-written), an existing
+ * one is never replaced, and nothing else is left in the directory. */
+static void test_snapshot_file_appears_whole(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/mt-snapw-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/oom-1-dev0-1.json", dir);
+    int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    assert_true(in >= 0);
+    assert_true(inotify_add_watch(in, dir, IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE) >= 0);
+    size_t n = 4u << 20;
+    char *data = malloc(n);
+    assert_non_null(data);
+    for (size_t i = 0; i < n; i++)
+        data[i] = (char)('a' + i % 26);
+    assert_int_equal(mt__oomsnap_write_file(path, data, n), 0);
+    char buf[65536] __attribute__((aligned(8)));
+    unsigned created = 0, written_final = 0;
+    ssize_t r;
+    while ((r = read(in, buf, sizeof buf)) > 0)
+        for (char *q = buf; q < buf + r;) {
+            const struct inotify_event *e = (const struct inotify_event *)q;
+            if (e->len > 0 && strcmp(e->name, "oom-1-dev0-1.json") == 0) {
+                created += (e->mask & IN_CREATE) != 0;
+                written_final += (e->mask & (IN_MODIFY | IN_CLOSE_WRITE)) != 0;
+            }
+            q += sizeof *e + e->len;
+        }
+    close(in);
+    assert_int_equal(created, 1);
+    assert_int_equal(written_final, 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((size_t)st.st_size, n);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    /* never over an existing file: it keeps its content */
+    assert_int_equal(mt__oomsnap_write_file(path, "x", 1), MT_EBUSY);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((size_t)st.st_size, n);
+    unsigned entries = 0;
+    DIR *dh = opendir(dir);
+    assert_non_null(dh);
+    for (struct dirent *e; (e = readdir(dh)) != NULL;)
+        entries += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(dh);
+    assert_int_equal(entries, 1);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(rmdir(dir), 0);
+    free(data);
+}
+
 int main(int argc, char **argv)
 {
     char **args;
@@ -255,6 +310,7 @@ int main(int argc, char **argv)
     }
     memtrace_exe = argv[1];
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_oom_and_live_snapshots),
-                                       cmocka_unit_test(test_recorder_oom_snapshot)};
+                                       cmocka_unit_test(test_recorder_oom_snapshot),
+                                       cmocka_unit_test(test_snapshot_file_appears_whole)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
