@@ -15,6 +15,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { said } from './said.mjs';
 
 const [memtraced, producer, buildDir] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -80,23 +81,6 @@ async function getJSON(base, path) {
   const r = await fetch(u);
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
-}
-
-// Resolves once proc says `line` on stdout (web_producer's "holding": the daemon has read
-// every event it recorded, and its figures hold still); rejects if proc exits first or
-// after ms, a deadline far beyond what any load needs.
-function said(proc, line, ms) {
-  const p = new Promise((resolve, reject) => {
-    let out = '';
-    proc.stdout.on('data', (b) => {
-      out += b.toString();
-      if (out.split('\n').includes(line)) resolve();
-    });
-    proc.on('exit', (code) => reject(new Error(`the producer exited (${code}) before saying "${line}"`)));
-    setTimeout(() => reject(new Error(`the producer did not say "${line}" in ${ms} ms`)), ms).unref();
-  });
-  p.catch(() => {}); // awaited later: not an unhandled rejection meanwhile
-  return p;
 }
 
 async function waitFor(what, fn, ms = 10000) {

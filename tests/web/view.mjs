@@ -11,6 +11,7 @@ import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { said } from './said.mjs';
 
 const [memtraced, memtrace, producer, srcRoot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -52,18 +53,6 @@ const get = async (base, path) => {
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };
-// Resolves once proc says `line` on stdout (web_producer's "holding": the daemon has read
-// every event it recorded, and its figures hold still); rejects if proc exits first or
-// after ms, a deadline far beyond what any load needs.
-const said = (proc, line, ms) => new Promise((resolve, reject) => {
-  let out = '';
-  proc.stdout.on('data', (b) => {
-    out += b.toString();
-    if (out.split('\n').includes(line)) resolve();
-  });
-  proc.on('exit', (code) => reject(new Error(`the producer exited (${code}) before saying "${line}"`)));
-  setTimeout(() => reject(new Error(`the producer did not say "${line}" in ${ms} ms`)), ms).unref();
-});
 const exited = (p) => new Promise((r) => (p.exitCode !== null ? r(p.exitCode) : p.on('exit', r)));
 
 try {
