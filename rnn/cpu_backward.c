@@ -33,17 +33,6 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
  * gradient and of the per-step dh products, and oneDNN's AVX2 kernels read B in place: rows
  * 1 KiB apart put a column in a few cache sets (docs/blas.md: the dh product went from 75-80
  * to 83-87 GFLOP/s, the input gradient from 60-73 to 75-80, on an AMD EPYC). */
-static size_t pad_floats(const mt__rnn_shape_t *s)
-{
-    size_t gh = (size_t)s->gates * (size_t)s->hidden, n = 0;
-    int H = s->hidden, rld = mt__rnn_cpu_ld(H);
-    for (int p = 0; p < s->layers * s->dirs; p++) {
-        int in = mt__rnn_layer_in(s, p / s->dirs), wld = mt__rnn_cpu_ld(in);
-        n += gh * ((wld != in ? (size_t)wld : 0) + (rld != H ? (size_t)rld : 0));
-    }
-    return n;
-}
-
 /* The widest row stride of the xh buffer: ld(in + H) of the widest layer input. */
 static int xh_ld(const mt__rnn_shape_t *s)
 {
@@ -51,7 +40,7 @@ static int xh_ld(const mt__rnn_shape_t *s)
     return mt__rnn_cpu_ld((in > up ? in : up) + s->hidden);
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), the padded weights (pad_floats), xh [rows of
+/* Workspace: the accumulators (acc_offset of L*D), xh [rows of
  * a chunk, xh_ld], dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the
  * bias-gradient sums of the two halves of the step loops [2, gH + H], the RNN
  * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between
@@ -63,8 +52,8 @@ size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + pad_floats(s) + c * (size_t)xh_ld(s) +
-               2 * ld * b * h + b * h + b * gl + 2 * ((size_t)s->gates + 1) * h;
+    size_t n = acc_offset(s, s->layers * s->dirs) + c * (size_t)xh_ld(s) + 2 * ld * b * h + b * h +
+               b * gl + 2 * ((size_t)s->gates + 1) * h;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gl;
     if (s->layers > 1)
@@ -79,8 +68,6 @@ typedef struct dir_back_s {
     const mt__rnn_shape_t *s;
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w, dw;
-    const float *wm, *rm; /* W and R as the products read them: rows wld, rld apart */
-    int wld, rld;
     float *accw, *accr; /* dW^T [in, gH], dR^T [H, gH] */
     int t0, T;          /* the chunk's first step and its steps */
     size_t rows;        /* its rows */
@@ -191,8 +178,8 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
             db[3 * H + j] += dop;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->rm,
-                  a->rld, 0.0f, a->dhn + (size_t)b0 * H, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
@@ -230,7 +217,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
         }
     }
     mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gl, gl,
-                  a->rm, a->rld, 1.0f, a->dhn + (size_t)b0 * H, H);
+                  a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 MT__RNN_CELL_CLONES
@@ -254,8 +241,8 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *db)
             db[j] += v;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->rm,
-                  a->rld, 0.0f, a->dhn + (size_t)b0 * H, H);
+    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
+                  0.0f, a->dhn + (size_t)b0 * H, H);
 }
 
 /* GRU's dR^T += Hs^T Gs over the chunk's n rows: its n gate's columns come from aux
@@ -349,7 +336,7 @@ static void back_dir(const dir_back_t *a)
             a->dw.br[j] += d0[gh + j - fold] + d1[gh + j - fold];
     }
     if (a->din)
-        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->wm, a->wld,
+        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
                       a->din_beta, a->din, a->in);
 }
 
@@ -360,65 +347,13 @@ typedef struct bwd_s {
     float *dw;
     const mt_rnn_io_t *io;
     const mt_rnn_grad_io_t *g;
-    float *acc;  /* acc_offset */
-    float *wpad; /* pad_floats */
+    float *acc; /* acc_offset */
     float *xh;
     float *dhn, *dcn, *zeros, *dgh, *dbias, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
     float *xdrop;   /* dropout: layer l > 0's input, regenerated per chunk */
 } bwd_t;
-
-static void copy_rows(float *restrict dst, int ldd, const float *restrict src, int lds, int m,
-                      int n)
-{
-    for (int i = 0; i < m; i++)
-        memcpy(dst + (size_t)i * ldd, src + (size_t)i * lds, (size_t)n * sizeof(float));
-}
-
-/* The padded copies of pad_floats, pseudo-layer after pseudo-layer (W, then R, each only if
- * its stride changes). */
-static void pad_weights(const mt__rnn_shape_t *s, const float *w, float *pad)
-{
-    int H = s->hidden, gh = s->gates * H, rld = mt__rnn_cpu_ld(H);
-    for (int p = 0; p < s->layers * s->dirs; p++) {
-        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
-        int in = mt__rnn_layer_in(s, p / s->dirs), wld = mt__rnn_cpu_ld(in);
-        if (wld != in) {
-            copy_rows(pad, wld, m.w, in, gh, in);
-            pad += (size_t)gh * wld;
-        }
-        if (rld != H) {
-            copy_rows(pad, rld, m.r, H, gh, H);
-            pad += (size_t)gh * rld;
-        }
-    }
-}
-
-/* Where the products of pseudo-layer p find W and R (pad_weights, or w itself). */
-static void padded_mats(const bwd_t *b, int p, dir_back_t *a)
-{
-    const mt__rnn_shape_t *s = b->s;
-    int H = s->hidden, gh = s->gates * H, rld = mt__rnn_cpu_ld(H);
-    const float *pad = b->wpad;
-    for (int i = 0; i < p; i++) {
-        int in = mt__rnn_layer_in(s, i / s->dirs), wld = mt__rnn_cpu_ld(in);
-        pad += (size_t)gh * ((wld != in ? (size_t)wld : 0) + (rld != H ? (size_t)rld : 0));
-    }
-    a->wm = a->w.w;
-    a->wld = a->in;
-    if (mt__rnn_cpu_ld(a->in) != a->in) {
-        a->wm = pad;
-        a->wld = mt__rnn_cpu_ld(a->in);
-        pad += (size_t)gh * a->wld;
-    }
-    a->rm = a->w.r;
-    a->rld = H;
-    if (rld != H) {
-        a->rm = pad;
-        a->rld = rld;
-    }
-}
 
 /* Layer l, direction d over chunk k (reserve r); rn is the reserve of the neighbouring
  * chunk whose step enters this one (k-1 forward, k+1 reverse), NULL if there is none. */
@@ -481,7 +416,6 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
         .reverse = d == 1,
     };
-    padded_mats(b, p, &a);
     int kn = d == 0 ? k - 1 : k + 1;
     if (kn >= 0 && kn < K) {
         /* The neighbour's step next to this chunk: its last (forward) or first (reverse). */
@@ -551,9 +485,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.acc = work;
     memset(b.acc, 0, acc_offset(s, L * D) * sizeof(float));
-    b.wpad = b.acc + acc_offset(s, L * D);
-    pad_weights(s, w, b.wpad);
-    b.xh = b.wpad + pad_floats(s);
+    b.xh = b.acc + acc_offset(s, L * D);
     b.dhn = b.xh + C * (size_t)xh_ld(s);
     b.dcn = b.dhn + nstate;
     b.zeros = b.dcn + nstate;
