@@ -173,6 +173,15 @@ pid_t th_spawn(const char *role, const char *const args[5])
     _exit(13);
 }
 
+int th_prof_open(const char *sock, const char *name, mt_prof_t **out)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = name;
+    return mt_prof_create(out, &cfg);
+}
+
 const char *th_role(int argc, char **argv, char ***args)
 {
     if (argc < 3 || strcmp(argv[1], ROLE_ARG) != 0)

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "daemon/daemon.h"
+#include "memtrace/prof.h"
 
 typedef struct th_daemon_s {
     uv_loop_t loop;
@@ -51,6 +52,9 @@ void th_producer_dispatch(int argc, char **argv);
  * args, NULL-terminated if fewer): a fresh process, not a fork of one running threads.
  * Returns its pid. */
 pid_t th_spawn(const char *role, const char *const args[5]);
+/* A profiler that records through the daemon at sock under name (mode MT_PROF_DAEMON);
+ * mt_prof_create's return. */
+int th_prof_open(const char *sock, const char *name, mt_prof_t **out);
 /* In main: the role this process was spawned with (its args in *args), or NULL. */
 const char *th_role(int argc, char **argv, char ***args);
 /* Waits for pid to exit; returns its wait status. */

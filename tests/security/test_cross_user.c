@@ -426,12 +426,8 @@ static void test_other_user_sees_nothing(void **state)
 /* The victim of test_other_user_sees_nothing: one event through the daemon at sock. */
 static int victim_body(const char *sock)
 {
-    mt_prof_cfg_t pc = mt_prof_cfg_default();
-    pc.mode = MT_PROF_DAEMON;
-    pc.socket = sock;
-    pc.name = "victim";
     mt_prof_t *p = NULL;
-    if (mt_prof_create(&p, &pc) != 0)
+    if (th_prof_open(sock, "victim", &p) != 0)
         return 1;
     mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512};
     int rc = mt_prof_record(p, &ev);

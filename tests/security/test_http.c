@@ -413,12 +413,8 @@ static void test_name_escaped_in_daemon_log(void **state)
 /* The producer of test_name_escaped_in_daemon_log: registers under a hostile name. */
 static int escaped_name_body(const char *sock)
 {
-    mt_prof_cfg_t pc = mt_prof_cfg_default();
-    pc.mode = MT_PROF_DAEMON;
-    pc.socket = sock;
-    pc.name = "ev\x1b[2J\nforged";
     mt_prof_t *p = NULL;
-    if (mt_prof_create(&p, &pc) != 0)
+    if (th_prof_open(sock, "ev\x1b[2J\nforged", &p) != 0)
         return 1;
     mt_prof_destroy(&p);
     return 0;
