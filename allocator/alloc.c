@@ -238,6 +238,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
+    a->plan_ver = 1; /* a cached block's 0 means "not planned" */
     if (mt__tc_register(a) != 0)
         a->id = 0; /* no registry entry: no thread caches, the rest works */
     *out = a;
@@ -489,6 +490,7 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
         goto out;
     }
     mt_block_t *front = NULL;
+    size_t pk = 0; /* the plan's entry, when planned */
     mt_block_t *b = a->nquick > 0 ? mt__quick_take(a, sr, bp, rsize) : NULL;
     bool quick = b != NULL, planned = false, near_quick = false;
     mt__qstep_t step;
@@ -497,8 +499,11 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
          * hold it, so that its placement is theirs. */
         if (sr->bins[bp]->nquick > 0)
             mt__quick_flush(a, sr->bins[bp]);
-        /* After a warm-up, its plan places the request first (reserve.c). */
-        b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front) : NULL;
+        /* After a warm-up, its plan places the request first (reserve.c), seeing the
+         * planned blocks other threads' caches hold freed, as the global path alone would. */
+        if (a->plan.n != 0 && sr == a->plan.sr)
+            mt__tc_flush_others(a);
+        b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front, &pk) : NULL;
         planned = b != NULL;
         if (b == NULL)
             b = find_cached(a, sr, bp, rsize);
@@ -568,7 +573,12 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
                   a->st.active_bytes[MT_STAT_ALL].current &&
               a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);
     seg->last_used = ++a->clock;
-    mt__tc_own(a, b, st);
+    /* The thread's cache may repeat b's pair if the plan plays no part in it (another
+     * stream), or b is planned and its pair leaves the plan as it is. */
+    if (a->tc_on)
+        mt__tc_own(a, b, st,
+                   a->plan.n == 0 || sr != a->plan.sr ||
+                       (planned && mt__plan_repeats(a, pk, b->size)));
     if (a->warming) {
         if (a->st.allocated_bytes[MT_STAT_ALL].current > a->warm_peak)
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;

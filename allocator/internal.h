@@ -157,6 +157,8 @@ struct mt_block_s {
     uint64_t tc_seq;       /* owner's operation count at its last free into the cache */
     uint64_t tc_k;         /* owner's operation count when it was last handed out */
     uint64_t tc_ver;       /* tc_sr->tc_ver when the global path handed it out */
+    uint64_t tc_pver;      /* planned: a->plan_ver when the global path handed it out, its
+                            * pair then leaving the plan as it was (else 0) */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which
@@ -418,7 +420,8 @@ struct mt_alloc_s {
     mt__warm_op_t *wops;
     size_t nwops, cap_wops;
     bool wops_failed;
-    mt__plan_t plan; /* placement of the last warm-up's allocations in its reservation */
+    mt__plan_t plan;   /* placement of the last warm-up's allocations in its reservation */
+    uint64_t plan_ver; /* changes of the plan's state (mt__plan_bump), never reset: >= 1 */
 
     /* Free-memory callbacks (mt_alloc_add_free_callback), in registration order.
      * in_free_cbs: a run of them is under way (the lock is released meanwhile). */
@@ -433,7 +436,7 @@ struct mt_alloc_s {
     char last_error[2048];
     /* Per-thread caches (tcache.c). id: unique over the process's life, the key of the
      * threads' TLS entries (an address may be reused by a later allocator). tc_on: the fast
-     * paths may run (cfg.tcache, no sink, not warming, no plan); written under mu with
+     * paths may run (cfg.tcache, no sink, not warming); written under mu with
      * __atomic stores, read under a cache's lock. caches: every thread's cache for this
      * allocator, linked by next/prev, changed under mu. */
     uint64_t id;
@@ -767,15 +770,27 @@ void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
  * starting at the planned address), or NULL: no plan for sr, the request differs from
  * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
  * block split off below it, out of the bins until the caller has made the returned
- * block active (then mt__seg_bin_in), or NULL. */
-mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front);
+ * block active (then mt__seg_bin_in), or NULL; *entry: the entry taken. */
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front,
+                          size_t *entry);
+/* The plan's state changed (cursor, taken entries, live blocks, the plan itself): written
+ * under mu with an atomic store, read by the thread caches without it. */
+static inline void mt__plan_bump(mt_alloc_t *a)
+{
+    __atomic_store_n(&a->plan_ver, a->plan_ver + 1, __ATOMIC_RELAXED);
+}
 /* b, placed by the plan, is being freed. */
 static inline void mt__plan_freed(mt_alloc_t *a, mt_block_t *b)
 {
     mt_assert(b->planned && a->plan.live > 0);
     b->planned = false;
     a->plan.live--;
+    mt__plan_bump(a);
 }
+/* Whether a free of the block just taken for entry k, then a request of rsize bytes on the
+ * plan's stream, would give that block again with the plan's state as it is now (free
+ * space unchanged): a pair a thread cache may then repeat without the lock. */
+bool mt__plan_repeats(const mt_alloc_t *a, size_t k, size_t rsize);
 /* Frees the plan (destroy). */
 void mt__plan_fini(mt_alloc_t *a);
 /* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */

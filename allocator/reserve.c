@@ -47,6 +47,7 @@ static void plan_drop(mt_alloc_t *a)
     free(p->segs);
     free(p->taken);
     *p = (mt__plan_t){0};
+    mt__plan_bump(a);
 }
 
 void mt__plan_fini(mt_alloc_t *a)
@@ -403,6 +404,7 @@ static int plan_commit(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t **cand, s
         return 0;
     }
     a->plan = p;
+    mt__plan_bump(a);
     return 0;
 
 fail_host:
@@ -493,50 +495,59 @@ static void plan_restart(mt__plan_t *p)
 }
 
 /* The entry for a request of rsize bytes, among the untaken ones within PLAN_WINDOW
- * around the cursor: one planned for exactly this size, the cursor's first (a run that
+ * around cursor: one planned for exactly this size, the cursor's first (a run that
  * repeats the sequence, or a block whose size does not depend on the shape); otherwise
  * the cursor's if it fits without being four times as large (the same sequence at a
  * smaller shape); otherwise the smallest that fits (the same requests in another order,
- * or a subset, or a shape so small that room is plenty). SIZE_MAX if none. */
-static size_t plan_pick(const mt__plan_t *p, size_t rsize)
+ * or a subset, or a shape so small that room is plenty). SIZE_MAX if none. fresh: as if
+ * no entry were taken (a pass about to restart). */
+static size_t plan_pick(const mt__plan_t *p, size_t cursor, bool fresh, size_t rsize)
 {
     size_t want = (rsize + MT__MIN_BLOCK - 1) / MT__MIN_BLOCK * MT__MIN_BLOCK;
-    const mt__plan_ent_t *c = &p->ent[p->cursor];
-    bool at_cursor = !ent_taken(p, p->cursor) && rsize <= c->size && c->size / 4 < want;
+    const mt__plan_ent_t *c = &p->ent[cursor];
+    bool at_cursor = (fresh || !ent_taken(p, cursor)) && rsize <= c->size && c->size / 4 < want;
     if (at_cursor && c->size == want)
-        return p->cursor;
-    size_t lo = p->cursor > PLAN_WINDOW / 2 ? p->cursor - PLAN_WINDOW / 2 : 0;
-    size_t hi = p->cursor + PLAN_WINDOW / 2 < p->n ? p->cursor + PLAN_WINDOW / 2 : p->n;
+        return cursor;
+    size_t lo = cursor > PLAN_WINDOW / 2 ? cursor - PLAN_WINDOW / 2 : 0;
+    size_t hi = cursor + PLAN_WINDOW / 2 < p->n ? cursor + PLAN_WINDOW / 2 : p->n;
     size_t k = SIZE_MAX;
     for (size_t j = lo; j < hi; j++) {
         const mt__plan_ent_t *e = &p->ent[j];
-        if (ent_taken(p, j) || e->addr == 0 || e->size < rsize)
+        if ((!fresh && ent_taken(p, j)) || e->addr == 0 || e->size < rsize)
             continue;
         if (e->size == want)
             return j;
         if (k == SIZE_MAX || e->size < p->ent[k].size)
             k = j;
     }
-    return at_cursor ? p->cursor : k;
+    return at_cursor ? cursor : k;
 }
 
-mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front)
+/* Nothing of the plan is live: a request the first entry takes starts the sequence again
+ * (the next iteration of a training loop), unless the cursor is at a place where the
+ * sequence itself had nothing live and the request fits there. */
+static bool plan_restarts(const mt__plan_t *p, size_t live, size_t rsize)
+{
+    const mt__plan_ent_t *c = &p->ent[p->cursor];
+    return live == 0 && rsize <= p->ent[p->first].size &&
+           !(c->anchor && !ent_taken(p, p->cursor) && rsize <= c->size);
+}
+
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front,
+                          size_t *entry)
 {
     mt__alloc_assert_owner(a);
     mt__plan_t *p = &a->plan;
     *front = NULL;
     if (sr != p->sr)
         return NULL;
-    /* Nothing of the plan is live: a request the first entry takes starts the sequence
-     * again (the next iteration of a training loop), unless the cursor is at a place
-     * where the sequence itself had nothing live and the request fits there. */
-    const mt__plan_ent_t *c = &p->ent[p->cursor];
-    if (p->live == 0 && rsize <= p->ent[p->first].size &&
-        !(c->anchor && !ent_taken(p, p->cursor) && rsize <= c->size))
+    mt__plan_bump(a);
+    if (plan_restarts(p, p->live, rsize))
         plan_restart(p);
-    size_t k = plan_pick(p, rsize);
+    size_t k = plan_pick(p, p->cursor, false, rsize);
     if (k == SIZE_MAX)
         return NULL;
+    *entry = k;
     const mt__plan_ent_t *e = &p->ent[k];
     mt_block_t *f = free_block_at(a, p, e, rsize);
     if (f == NULL)
@@ -560,6 +571,20 @@ mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_bl
     }
     *front = f;
     return f->next;
+}
+
+bool mt__plan_repeats(const mt_alloc_t *a, size_t k, size_t rsize)
+{
+    mt__alloc_assert_owner(a);
+    const mt__plan_t *p = &a->plan;
+    mt_assert(k < p->n && ent_taken(p, k));
+    /* The free leaves nothing of the plan live (live 1 -> 0). The request must restart the
+     * pass, since entry k stays taken otherwise; after the restart k must be the only
+     * entry taken, as now, and the one picked. The cursor then moves past k, where the
+     * take of k left it; the free block at k's place is the one the take found (the
+     * caller's free space is unchanged), so the same block comes back. */
+    return p->live == 1 && p->ntaken == 1 && plan_restarts(p, 0, rsize) &&
+           plan_pick(p, p->first, true, rsize) == k;
 }
 
 const char *mt__plan_check(const mt_alloc_t *a)

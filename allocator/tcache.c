@@ -251,6 +251,7 @@ bool mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, voi
     if (l->n == 0 || l->stream != stream || l->size != rsize || b->tc_seq != c->nops ||
         b->tc_k + 1 != c->nops ||
         b->tc_ver != __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED) ||
+        (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
         !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) || c->allow.req[sp] < (int64_t)size ||
         c->allow.tag_bytes[tag] < (int64_t)rsize || c->allow.tag_req[tag] < (int64_t)size) {
         tc_unlock(c);
@@ -287,6 +288,9 @@ bool mt__tc_free(mt_alloc_t *a, void *ptr)
     /* Held: a double free, which the global path reports. nuses: record_stream's streams
      * get events, on the global path. */
     if (b == NULL || b->tc_held || b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        goto slow;
+    /* A planned block whose pair no longer repeats the plan: its free is the plan's. */
+    if (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED))
         goto slow;
     tc_lifo_t *l = &c->lifo[slot_of(b->tc_sr->stream, b->size)];
     if (l->n > 0 && (l->stream != b->tc_sr->stream || l->size != b->size || l->n >= TC_DEPTH))
@@ -428,6 +432,20 @@ bool mt__tc_flush_all(mt_alloc_t *a)
     return freed;
 }
 
+void mt__tc_flush_others(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    mt__tcache_t *mine = tls_find(a);
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
+        if (c == mine)
+            continue;
+        tc_lock(c);
+        if (dirty(c))
+            flush_locked(a, c);
+        tc_unlock(c);
+    }
+}
+
 static inline bool over(const mt_stat_t *s, int64_t d)
 {
     return s->current + d > s->peak;
@@ -488,10 +506,11 @@ fail_cache:
     return NULL;
 }
 
-void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp)
+void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
-    if (!a->tc_on || b->planned || b->seg->pool == MT__BP_RESERVED)
+    /* In a reservation only planned blocks: best fit there is the plan's fallback. */
+    if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned))
         return;
     mt__tcache_t *c = mine(a);
     if (c == NULL)
@@ -507,6 +526,7 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp)
         b->tc_sr = b->seg->bins->sr;
         b->tc_k = c->nops;
         b->tc_ver = __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED);
+        b->tc_pver = b->planned ? a->plan_ver : 0;
     }
     tc_unlock(c);
 }
@@ -550,7 +570,7 @@ void mt__tc_quiesce(mt_alloc_t *a)
 void mt__tc_resume(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
-    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->plan.n == 0 && a->id != 0;
+    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0;
     __atomic_store_n(&a->tc_on, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 
@@ -630,6 +650,10 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
             return "tcache: owned block not allocated in the address map";
         if (b->tc_sp != mt__stat_pool(b->seg->pool) || b->tc_sr != b->seg->bins->sr)
             return "tcache: owned block's stream or pool disagrees with its segment";
+        if (b->tc_pver != 0 && b->tc_pver == a->plan_ver && !b->planned)
+            return "tcache: block with the plan's current version not planned";
+        if (b->tc_pver > a->plan_ver)
+            return "tcache: block's plan version ahead of the plan's";
         counts_add(&want, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
         if (b->tc_held) {
             held++;

@@ -31,13 +31,15 @@ void mt__tc_free_all(mt_alloc_t *a);
 void mt__tc_flush_mine(mt_alloc_t *a);
 /* Flushes every cache; true when a held block went back to the bins. */
 bool mt__tc_flush_all(mt_alloc_t *a);
+/* Flushes every cache but the calling thread's (flushed already by the global path). */
+void mt__tc_flush_others(mt_alloc_t *a);
 /* Before counting a global-path allocation of a size-byte block, req requested, in stat
  * pool sp with tag: flushes every cache if a counter would pass its peak (then the new
  * peak is exact). */
 void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag);
 /* After a global-path allocation: the calling thread's cache owns b (so its free may take
- * the fast path). */
-void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp);
+ * the fast path), if repeat: b's pair would leave a warm-up plan as it is. */
+void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat);
 /* A global-path free of owned block b: MT_ENOENT when b is held in its cache (freed
  * already); else b leaves its owner, its counters made the program's. */
 int mt__tc_disown(mt_alloc_t *a, mt_block_t *b);

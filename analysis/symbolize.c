@@ -1,6 +1,7 @@
 /* Reader-side symbolization (symbolize.h): per-process module maps, elfutils libdwfl for
  * names and lines, a bounded cache of resolved ips, and interned strings. */
 #include "analysis/symbolize.h"
+#include "util/grow.h"
 
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
@@ -162,14 +163,10 @@ static proc_t *proc_get(mt_sym_t *s, uint32_t pid, bool create)
     }
     if (!create)
         return NULL;
-    if (s->n_proc == s->cap_proc) {
-        size_t cap = s->cap_proc ? s->cap_proc * 2 : 8;
-        proc_t *p = realloc(s->procs, cap * sizeof(*p));
-        if (p == NULL)
-            return NULL;
-        s->procs = p;
-        s->cap_proc = cap;
-    }
+    proc_t *procs = mt__grow(s->procs, &s->cap_proc, s->n_proc + 1, sizeof *procs, 8);
+    if (procs == NULL)
+        return NULL;
+    s->procs = procs;
     proc_t *p = &s->procs[s->n_proc++];
     *p = (proc_t){.pid = pid};
     return p;
@@ -238,14 +235,10 @@ int mt_sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base
     }
     if (s->n_mod >= MT_SYM_MODULES_MAX)
         return MT_EOVERFLOW;
-    if (s->n_mod == s->cap_mod) {
-        size_t cap = s->cap_mod ? s->cap_mod * 2 : 64;
-        module_t *m = realloc(s->mods, cap * sizeof(*m));
-        if (m == NULL)
-            return MT_ENOMEM;
-        s->mods = m;
-        s->cap_mod = cap;
-    }
+    module_t *mods = mt__grow(s->mods, &s->cap_mod, s->n_mod + 1, sizeof *mods, 64);
+    if (mods == NULL)
+        return MT_ENOMEM;
+    s->mods = mods;
     module_t m = {.pid = pid, .base = base, .lo = lo, .hi = hi};
     m.path = strdup(path);
     m.build_id = build_id != NULL && build_id[0] != '\0' ? strdup(build_id) : NULL;

@@ -8,6 +8,7 @@
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
+#include "util/grow.h"
 
 /* What the model owns besides its arrays: capacities, copied strings, the pickle whose
  * strings it points into, and the tag each stack carries. */
@@ -41,16 +42,10 @@ const char *mt_ts_state_name(int state)
 /* Grows *arr (of elem-byte entries) to hold need; MT_ENOMEM. */
 static int reserve(void **arr, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap * 2 : 16;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, n * elem);
+    void *p = mt__grow(*arr, cap, need, elem, 16);
     if (p == NULL)
         return MT_ENOMEM;
     *arr = p;
-    *cap = n;
     return 0;
 }
 

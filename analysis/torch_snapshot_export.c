@@ -7,6 +7,7 @@
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
+#include "util/grow.h"
 
 /* What the segment map does not say, remembered from the events by address. */
 typedef struct seen_s {
@@ -137,25 +138,17 @@ static int on_event(ex_t *x, const mt_event_rec_t *ev)
     default:
         return 0;
     }
-    if (x->nevs == x->cap) {
-        size_t ncap = x->cap ? x->cap * 2 : 1024;
-        mt_ts_event_t *n = realloc(x->evs, ncap * sizeof *n);
-        if (n == NULL)
-            return MT_ENOMEM;
-        x->evs = n;
-        x->cap = ncap;
-    }
+    mt_ts_event_t *n = mt__grow(x->evs, &x->cap, x->nevs + 1, sizeof *n, 1024);
+    if (n == NULL)
+        return MT_ENOMEM;
+    x->evs = n;
     x->evs[x->nevs++] = e;
     if (ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
         ev->kind == MT_EV_SEGMENT_MAP) {
-        if (x->nseen == x->cap_seen) {
-            size_t ncap = x->cap_seen ? x->cap_seen * 2 : 1024;
-            seen_t *n = realloc(x->seen, ncap * sizeof *n);
-            if (n == NULL)
-                return MT_ENOMEM;
-            x->seen = n;
-            x->cap_seen = ncap;
-        }
+        seen_t *sn = mt__grow(x->seen, &x->cap_seen, x->nseen + 1, sizeof *sn, 1024);
+        if (sn == NULL)
+            return MT_ENOMEM;
+        x->seen = sn;
         x->seen[x->nseen] = (seen_t){ev->addr, ev->requested, ev->stream,        ev->device,
                                      ev->kind, ev->pool,      (uint32_t)x->nseen};
         x->nseen++;
@@ -300,14 +293,10 @@ typedef struct collect_s {
 static int collect(void *ctx, const mt__report_point_t *pt)
 {
     collect_t *c = ctx;
-    if (c->n == c->cap) {
-        size_t ncap = c->cap ? c->cap * 2 : 4096;
-        mt_event_rec_t *n = realloc(c->evs, ncap * sizeof *n);
-        if (n == NULL)
-            return MT_ENOMEM;
-        c->evs = n;
-        c->cap = ncap;
-    }
+    mt_event_rec_t *n = mt__grow(c->evs, &c->cap, c->n + 1, sizeof *n, 4096);
+    if (n == NULL)
+        return MT_ENOMEM;
+    c->evs = n;
     c->evs[c->n++] = *pt->ev;
     return 0;
 }

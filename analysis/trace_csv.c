@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/grow.h"
 
 enum { NFIELDS = 6, CHUNK = 64 * 1024, EXCERPT = 40 };
 
@@ -490,14 +491,10 @@ static int stream_index(loader_t *L, uint64_t stream, uint16_t *out)
         }
     if (t->nstreams == UINT16_MAX)
         return MT_EOVERFLOW;
-    if (t->nstreams == L->cap_streams) {
-        size_t cap = L->cap_streams ? L->cap_streams * 2 : 4;
-        uint64_t *s = realloc(t->streams, cap * sizeof *s);
-        if (s == NULL)
-            return MT_ENOMEM;
-        t->streams = s;
-        L->cap_streams = cap;
-    }
+    uint64_t *s = mt__grow(t->streams, &L->cap_streams, t->nstreams + 1, sizeof *s, 4);
+    if (s == NULL)
+        return MT_ENOMEM;
+    t->streams = s;
     t->streams[t->nstreams] = stream;
     *out = (uint16_t)t->nstreams++;
     return 0;
@@ -506,14 +503,10 @@ static int stream_index(loader_t *L, uint64_t stream, uint16_t *out)
 static int push_op(loader_t *L, const mt_trace_op_t *op)
 {
     mt_trace_t *t = L->t;
-    if (t->nops == L->cap_ops) {
-        size_t cap = L->cap_ops ? L->cap_ops * 2 : 1024;
-        mt_trace_op_t *o = realloc(t->ops, cap * sizeof *o);
-        if (o == NULL)
-            return MT_ENOMEM;
-        t->ops = o;
-        L->cap_ops = cap;
-    }
+    mt_trace_op_t *o = mt__grow(t->ops, &L->cap_ops, t->nops + 1, sizeof *o, 1024);
+    if (o == NULL)
+        return MT_ENOMEM;
+    t->ops = o;
     t->ops[t->nops++] = *op;
     return 0;
 }

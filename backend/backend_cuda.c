@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/backend_cuda.h"
 #include "backend/cuda_driver.h"
+#include "util/grow.h"
 
 /* A device allocation handed out by malloc: [ptr, ptr + size). */
 typedef struct cuda_seg_s {
@@ -164,14 +165,10 @@ static CUstream SH(const mt_stream_t *s)
 
 static int grow(void **v, size_t *cap, size_t n, size_t elem)
 {
-    if (n < *cap)
-        return 0;
-    size_t ncap = *cap ? *cap * 2 : 16;
-    void *nv = realloc(*v, ncap * elem);
+    void *nv = mt__grow(*v, cap, n + 1, elem, 16);
     if (nv == NULL)
         return MT_ENOMEM;
     *v = nv;
-    *cap = ncap;
     return 0;
 }
 

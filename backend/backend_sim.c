@@ -23,6 +23,7 @@
 #include "backend/backend_sim.h"
 #include "backend/sim_internal.h"
 #include "util/log.h"
+#include "util/grow.h"
 
 #define GIB                  ((size_t)1 << 30)
 #define SIM_DEFAULT_CAPACITY (8 * GIB)
@@ -63,14 +64,10 @@ static void spend(sim_t *s, uint64_t d)
 
 static int ranges_insert_at(sim_ranges_t *r, size_t i, sim_range_t v)
 {
-    if (r->n == r->cap) {
-        size_t cap = r->cap ? r->cap * 2 : 16;
-        sim_range_t *nv = realloc(r->v, cap * sizeof *nv);
-        if (nv == NULL)
-            return MT_ENOMEM;
-        r->v = nv;
-        r->cap = cap;
-    }
+    sim_range_t *nv = mt__grow(r->v, &r->cap, r->n + 1, sizeof *nv, 16);
+    if (nv == NULL)
+        return MT_ENOMEM;
+    r->v = nv;
     memmove(&r->v[i + 1], &r->v[i], (r->n - i) * sizeof *r->v);
     r->v[i] = v;
     r->n++;

@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "memtrace/host.h"
 #include "util/entry.h"
+#include "util/grow.h"
 
 /* One pinned allocation made through the view. */
 typedef struct hv_chunk_s {
@@ -72,16 +73,12 @@ static int hv_malloc(mt_backend_t *b, size_t size, void **out)
         rc = MT_ENOMEM;
         goto out;
     }
-    if (v->nchunks == v->cap_chunks) {
-        size_t cap = v->cap_chunks ? v->cap_chunks * 2 : 16;
-        hv_chunk_t *nc = realloc(v->chunks, cap * sizeof *nc);
-        if (nc == NULL) {
-            rc = MT_ENOMEM;
-            goto out;
-        }
-        v->chunks = nc;
-        v->cap_chunks = cap;
+    hv_chunk_t *nc = mt__grow(v->chunks, &v->cap_chunks, v->nchunks + 1, sizeof *nc, 16);
+    if (nc == NULL) {
+        rc = MT_ENOMEM;
+        goto out;
     }
+    v->chunks = nc;
     void *p = NULL;
     rc = v->dev->ops->host_malloc(v->dev, size, &p);
     if (rc != 0)

@@ -15,6 +15,7 @@
 #include "memtrace/prof.h"
 #include "profiler/internal.h"
 #include "profiler/pickle_write.h"
+#include "util/grow.h"
 
 /* ---- the files ---- */
 
@@ -220,14 +221,10 @@ static void seg_add(mt__oomsnap_t *s, const mt_event_rec_t *ev)
             s->segs[i].size += ev->size;
             return;
         }
-    if (s->nsegs == s->cap_segs) {
-        size_t ncap = s->cap_segs ? s->cap_segs * 2 : 64;
-        seg_t *n = realloc(s->segs, ncap * sizeof *n);
-        if (n == NULL)
-            return; /* the snapshot then misses this segment */
-        s->segs = n;
-        s->cap_segs = ncap;
-    }
+    seg_t *n = mt__grow(s->segs, &s->cap_segs, s->nsegs + 1, sizeof *n, 64);
+    if (n == NULL)
+        return; /* the snapshot then misses this segment */
+    s->segs = n;
     s->segs[s->nsegs++] = (seg_t){ev->addr,   ev->size, ev->stream,
                                   ev->device, ev->pool, ev->kind == MT_EV_SEGMENT_MAP};
 }

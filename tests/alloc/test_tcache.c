@@ -568,7 +568,9 @@ static void test_destroy_while_named(void **state)
     mt_backend_destroy(&b);
 }
 
-/* Where the fast paths are off: tcache:0, a sink, while warming and with a plan. */
+/* Where the fast paths are off: tcache:0, a sink, while warming; and after a warm-up of
+ * two pairs, whose next request takes the plan's other entry (test_tcache_plan.c has the
+ * pairs a cache serves under a plan). */
 static void test_off_where_it_must_be(void **state)
 {
     (void)state;
@@ -598,7 +600,8 @@ static void test_off_where_it_must_be(void **state)
     assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
     assert_int_equal(mt_alloc_check(a), 0);
     uint64_t calls = backend_mallocs(b);
-    p = xmalloc_dev(a, MIB, NULL, 0); /* the plan places it: no cache, no device call */
+    p = xmalloc_dev(a, MIB, NULL, 0); /* the plan places it: no device call; its pair
+                                       * moves the plan's cursor, so no cache either */
     assert_int_equal(mt_alloc_free(a, p), 0);
     assert_int_equal(held_bytes(a, &m), 0);
     assert_int_equal(backend_mallocs(b), calls);
