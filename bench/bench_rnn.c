@@ -21,6 +21,7 @@
  * (measured) next to the op-by-op estimate, with the anchors of design.md section 2. */
 #include <cblas.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include "bench/machine.h"
 #include "memtrace/alloc.h"
 #include "memtrace/rnn.h"
+#include "rnn/internal.h"
 
 #ifndef BENCH_TORCH_SCRIPT
 #define BENCH_TORCH_SCRIPT "bench/torch_rnn.py"
@@ -160,15 +162,40 @@ typedef void (*bli_sgemm_fn)(int, int, int64_t, int64_t, int64_t, float *, float
 typedef int (*dnnl_sgemm_fn)(char, char, int64_t, int64_t, int64_t, float, const float *, int64_t,
                              const float *, int64_t, float, float *, int64_t);
 
-/* GFLOP/s of one row-major 2048x1024x512 sgemm on library lib ("cblas", "blis", "dnnl") at
- * threads threads, best of 5 by the wall clock, and in *cpu_rate by the calling thread's CPU
- * clock (the rate at 1 thread); 0 if the library is not there. */
+/* The bound's product on libxsmm: rows [r0, r1) of C = A P, P packed in the engine's panels
+ * (rnn/xsmm.c: 32 columns wide, 32 rows of A per kernel call, the rows outer; of the
+ * blockings measured, panels of 16, 32, 64 columns by 16, 32, 64 rows, rows or panels outer,
+ * this ran fastest: docs/blas.md). */
+typedef struct xs_part_s {
+    const float *A, *P;
+    float *C;
+    int r0, r1, N, K;
+} xs_part_t;
+
+static void *xs_part(void *arg)
+{
+    const xs_part_t *p = arg;
+    mt__rnn_xsmm_mm(p->r1 - p->r0, p->N, p->K, p->A + (size_t)p->r0 * p->K, p->K, p->P, 1.0f,
+                    p->C + (size_t)p->r0 * p->N, p->N);
+    return NULL;
+}
+
+/* GFLOP/s of one row-major 2048x1024x512 sgemm on library lib ("cblas", "blis", "dnnl", or
+ * "xsmm": libxsmm's kernels on the right operand packed, the packing not timed, the rows in
+ * two halves on two threads at 2) at threads threads, best of 5 by the wall clock, and in
+ * *cpu_rate by the calling thread's CPU clock (the rate at 1 thread); 0 if the library is not
+ * there. */
 static double sgemm_rate(const char *lib, int threads, double *cpu_rate)
 {
     *cpu_rate = 0.0;
     const int M = 2048, N = 1024, K = 512;
     void *h = NULL, *fn = NULL;
-    if (strcmp(lib, "blis") == 0) {
+    float *P = NULL;
+    if (strcmp(lib, "xsmm") == 0) {
+        if (!mt__rnn_xsmm_available())
+            return 0.0;
+        fn = (void *)(uintptr_t)mt__rnn_xsmm_mm;
+    } else if (strcmp(lib, "blis") == 0) {
         h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
         fn = h ? dlsym(h, "bli_sgemm") : NULL;
         void (*thr)(int64_t) =
@@ -196,11 +223,25 @@ static double sgemm_rate(const char *lib, int threads, double *cpu_rate)
         A[i] = (float)(i % 7) * 0.1f;
     for (int i = 0; i < K * N; i++)
         B[i] = (float)(i % 5) * 0.1f;
+    if (strcmp(lib, "xsmm") == 0) {
+        P = malloc(sizeof(float) * K * N);
+        mt__rnn_xsmm_pack(P, B, 1, K, K, N); /* P = B^T, as the others' 'T' */
+    }
     double best = 1e30, cbest = 1e30;
     float one = 1.0f;
     for (int r = 0; r < 6; r++) {
         double c0 = cpu_s(), t0 = now_s();
-        if (strcmp(lib, "blis") == 0)
+        if (P) {
+            xs_part_t part[2] = {{A, P, C, 0, threads > 1 ? M / 2 : M, N, K},
+                                 {A, P, C, M / 2, M, N, K}};
+            pthread_t t;
+            bool two = threads > 1 && pthread_create(&t, NULL, xs_part, &part[1]) == 0;
+            if (threads > 1 && !two)
+                part[0].r1 = M;
+            xs_part(&part[0]);
+            if (two)
+                pthread_join(t, NULL);
+        } else if (strcmp(lib, "blis") == 0)
             ((bli_sgemm_fn)fn)(0, 8, M, N, K, &one, A, K, 1, B, K, 1, &one, C, N, 1);
         else if (strcmp(lib, "dnnl") == 0)
             ((dnnl_sgemm_fn)fn)('N', 'T', M, N, K, 1.0f, A, K, B, K, 1.0f, C, N);
@@ -214,6 +255,7 @@ static double sgemm_rate(const char *lib, int threads, double *cpu_rate)
     free(A);
     free(B);
     free(C);
+    free(P);
     *cpu_rate = 2.0 * M * N * K / cbest * 1e-9;
     return 2.0 * M * N * K / best * 1e-9;
 }
@@ -234,6 +276,10 @@ static double step_flops(const shape_t *s, size_t rows)
 
 /* ---- one library's step in a fresh process ---- */
 
+/* The candidates of the GEMM bound's rate: the three libraries and libxsmm's kernels. */
+enum { NCAND = 4 };
+static const char *const cands[NCAND] = {"cblas", "blis", "dnnl", "xsmm"};
+
 static int cmp_double(const void *x, const void *y)
 {
     double a = *(const double *)x, b = *(const double *)y;
@@ -247,7 +293,8 @@ static int cmp_double(const void *x, const void *y)
  * and then one step, back to back, so that the load of a shared machine weighs on both
  * alike; prints the medians "step <s> rate <GFLOP/s> ratio <bound / step>" by the wall
  * clock, then the same by the calling thread's CPU clock ("cstep", "crate", "cratio"), or
- * "step none". */
+ * "step none"; then "rates" and each candidate's median rate (the CPU clock's at 1 thread,
+ * the wall clock's at 2; 0 where it is not there). */
 static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bool quick)
 {
     shape_t t = {MT_RNN_LSTM, 100, 32, quick ? 64 : 256, quick ? 64 : 256, 2, false, false, 0.0f};
@@ -259,16 +306,16 @@ static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bo
     size_t full = (size_t)t.T * t.B;
     float *x = buf(a, full * t.in, MT_TAG_BATCH, 1), *y = buf(a, full * t.H, MT_TAG_BATCH, 0);
     mt_rnn_io_t io = {.seq_len = t.T, .batch = t.B, .x = x, .y = y};
-    const char *libs[3] = {"cblas", "blis", "dnnl"};
     double flops = step_flops(&t, full), step[16], rate[16], ratio[16];
-    double cstep[16], crate[16], cratio[16];
+    double cstep[16], crate[16], cratio[16], each[NCAND][16];
     int n = iters < 16 ? iters : 16;
     for (int r = 0; r < n; r++) {
         rate[r] = crate[r] = 0;
-        for (int i = 0; i < 3; i++) {
-            double c, g = sgemm_rate(libs[i], threads, &c);
+        for (int i = 0; i < NCAND; i++) {
+            double c, g = sgemm_rate(cands[i], threads, &c);
             rate[r] = g > rate[r] ? g : rate[r];
             crate[r] = c > crate[r] ? c : crate[r];
+            each[i][r] = threads == 1 ? c : g;
         }
         mt_rnn_set_gemm_threads(m, threads);
         step_t st = time_steps(a, m, &io, full, 1);
@@ -283,6 +330,12 @@ static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bo
     printf("step %.6f rate %.3f ratio %.4f cstep %.6f crate %.3f cratio %.4f %s\n", step[n / 2],
            rate[n / 2], ratio[n / 2], cstep[n / 2], crate[n / 2], cratio[n / 2],
            mt_rnn_gemm_info(m));
+    printf("rates");
+    for (int i = 0; i < NCAND; i++) {
+        qsort(each[i], (size_t)n, sizeof step[0], cmp_double);
+        printf(" %s %.1f", cands[i], each[i][n / 2]);
+    }
+    printf("\n");
     mt_alloc_free(a, x);
     mt_alloc_free(a, y);
     mt_rnn_destroy(&m);
@@ -383,8 +436,9 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
     const char *libs[3] = {"cblas", "blis", "dnnl"};
     shape_t t = s;
     double flops = step_flops(&t, full);
-    printf("  GEMM bound = the step's %.2f GFLOP at the best sgemm rate of the three libraries "
-           "(2048x1024x512), measured right before each step; medians of %d rounds\n",
+    printf("  GEMM bound = the step's %.2f GFLOP at the best sgemm rate of the three libraries and "
+           "libxsmm's kernels on packed panels (2048x1024x512), measured right before each step; "
+           "medians of %d rounds\n",
            flops * 1e-9, iters);
     for (int threads = 1; threads <= 2; threads++) {
         for (int i = 0; i < 3; i++) {
@@ -393,10 +447,14 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
                      quick ? 1 : 0);
             FILE *pf = popen(c2, "r");
             double sec = 0, rate = 0, ratio = 0, csec = 0, crate = 0, cratio = 0;
-            while (pf && fgets(out, sizeof out, pf))
+            char rates[256] = "";
+            while (pf && fgets(out, sizeof out, pf)) {
                 if (sscanf(out, "step %lf rate %lf ratio %lf cstep %lf crate %lf cratio %lf", &sec,
                            &rate, &ratio, &csec, &crate, &cratio) == 6)
-                    break;
+                    continue;
+                if (strncmp(out, "rates ", 6) == 0)
+                    snprintf(rates, sizeof rates, "%.200s", out + 6);
+            }
             if (pf)
                 pclose(pf);
             if (sec <= 0) {
@@ -418,6 +476,9 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
             }
             verdict(row, fig, ">= 85 % of GEMM bound", (threads == 1 ? cratio : ratio) >= 0.85,
                     note);
+            rates[strcspn(rates, "\n")] = '\0';
+            printf("    bound's candidates, GFLOP/s (%s clock): %s\n",
+                   threads == 1 ? "CPU" : "wall", rates);
         }
     }
     mt_alloc_free(a, x);

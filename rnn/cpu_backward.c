@@ -96,6 +96,10 @@ typedef struct dir_back_s {
      * the state its step started from, the A operand of [dW^T; dR^T]. */
     float *xh;
     int xld;
+    size_t xh_cap; /* floats of xh */
+    /* R [gH, H] packed for libxsmm (s->xsmm), in xh while the step loops run (xh is
+     * gathered after them), or NULL: the dh products read R in place. */
+    const float *rp;
     bool reverse;
 } dir_back_t;
 
@@ -146,6 +150,18 @@ static const float *bprev_c(const bprev_t *p, int b, int H)
     return b < p->split ? p->cp + (size_t)b * H : p->c0 + (size_t)b * H;
 }
 
+/* dh[n, H] = X[n, K] R[K, H] + beta dh: the dh a step sends to its previous step, from the
+ * gate gradients (K = gH; GRU: its n gate's scaled by r). */
+static void dh_product(const dir_back_t *a, int n, const float *X, int ldx, int K, float beta,
+                       float *dh)
+{
+    int H = a->s->hidden;
+    if (a->rp)
+        mt__rnn_xsmm_mm(n, H, K, X, ldx, a->rp, beta, dh, H);
+    else
+        mt__rnn_sgemm(a->s->gemm, false, false, n, H, K, 1.0f, X, ldx, a->w.r, H, beta, dh, H);
+}
+
 MT__RNN_CELL_CLONES
 static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *db)
 {
@@ -178,8 +194,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
             db[3 * H + j] += dop;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
-                  0.0f, a->dhn + (size_t)b0 * H, H);
+    dh_product(a, B - b0, g + (size_t)b0 * gl, gl, gh, 0.0f, a->dhn + (size_t)b0 * H);
 }
 
 MT__RNN_CELL_CLONES
@@ -216,8 +231,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
             db[3 * H + j] += dnp * rr;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, gh, 1.0f, a->dgh + (size_t)b0 * gl, gl,
-                  a->w.r, H, 1.0f, a->dhn + (size_t)b0 * H, H);
+    dh_product(a, B - b0, a->dgh + (size_t)b0 * gl, gl, gh, 1.0f, a->dhn + (size_t)b0 * H);
 }
 
 MT__RNN_CELL_CLONES
@@ -241,8 +255,7 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *db)
             db[j] += v;
         }
     }
-    mt__rnn_sgemm(a->s->gemm, false, false, B - b0, H, H, 1.0f, g + (size_t)b0 * gl, gl, a->w.r, H,
-                  0.0f, a->dhn + (size_t)b0 * H, H);
+    dh_product(a, B - b0, g + (size_t)b0 * gl, gl, H, 0.0f, a->dhn + (size_t)b0 * H);
 }
 
 /* GRU's dR^T += Hs^T Gs over the chunk's n rows: its n gate's columns come from aux
@@ -275,8 +288,7 @@ static void gather_xh(const dir_back_t *a, int b0, int b1)
 }
 
 /* The chunk's steps, in reverse of forward's order, for the sequences b0 <= b < b1
- * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step; then
- * those rows of xh (at two threads, each half gathers its own). */
+ * (mt__rnn_rows_par): the gate gradients and the dh each sends to its previous step. */
 static void back_steps(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
@@ -295,7 +307,12 @@ static void back_steps(void *arg, int b0, int b1)
         else
             rnn_step(a, t, b0, e, db);
     }
-    gather_xh(a, b0, b1);
+}
+
+/* Rows of sequences [b0, b1) of xh (at two threads, each half gathers its own). */
+static void gather_rows(void *arg, int b0, int b1)
+{
+    gather_xh(arg, b0, b1);
 }
 
 static void back_dir(const dir_back_t *a)
@@ -306,7 +323,16 @@ static void back_dir(const dir_back_t *a)
 
     /* The halves' bias sums: both zeroed, as either half may not run (one thread). */
     memset(a->db[0], 0, 2 * (size_t)(gh + H) * sizeof(float));
-    mt__rnn_rows_par(s, mt__rnn_cpu_split(s, a->q, a->t0, T), a->q->B, back_steps, (void *)a);
+    /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit (no
+     * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md). */
+    dir_back_t run = *a;
+    if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
+        mt__rnn_xsmm_pack(a->xh, a->w.r, H, 1, gh, H);
+        run.rp = a->xh;
+    }
+    int split = mt__rnn_cpu_split(s, a->q, a->t0, T);
+    mt__rnn_rows_par(s, split, a->q->B, back_steps, &run);
+    mt__rnn_rows_par(s, split, a->q->B, gather_rows, (void *)a);
 
     /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
      * G beside its input and the state its step started from (gathered: the step before,
@@ -414,6 +440,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .db = {b->dbias, b->dbias + (size_t)(s->gates + 1) * (size_t)H},
         .xh = b->xh,
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
+        .xh_cap = mt__rnn_cpu_max_chunk_rows(s, q) * (size_t)xh_ld(s),
         .reverse = d == 1,
     };
     int kn = d == 0 ? k - 1 : k + 1;

@@ -182,7 +182,8 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* Floats of the per-pseudo-layer copies forward makes of its weights: R transposed [H, gH]
  * (the recurrent product then reads it untransposed, which oneDNN and OpenBLAS run faster on
- * 32-row products) and the input projection's bias [gH], rows gld apart. */
+ * 32-row products; with libxsmm, packed in panels, in H*gH of its floats) and the input
+ * projection's bias [gH], rows gld apart. */
 static size_t prep_floats(const mt__rnn_shape_t *s)
 {
     size_t gl = (size_t)mt__rnn_cpu_gld(s);
@@ -236,7 +237,7 @@ typedef struct dir_run_s {
     const mt__rnn_shape_t *s;
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w;
-    const float *rt;   /* R transposed [H, gH] */
+    const float *rt;   /* R transposed [H, gH], rows gl apart or packed (s->xsmm) */
     const float *bias; /* [gH]: b_W plus b_R folded (all but GRU's n gate), or zeros */
     int t0;            /* the chunk's first step */
     int steps;         /* its steps */
@@ -351,10 +352,17 @@ static void rnn_cell(const dir_run_t *a, int b0, int b1, float *g, float *o)
         const float *gb = g + (size_t)b * gl;
         const float *rb = a->rec + (size_t)b * gl;
         float *ob = o + (size_t)b * a->ldo;
+        /* Two loops: with the choice inside, GCC vectorized neither. */
+        if (relu) {
 #pragma omp simd
-        for (int j = 0; j < H; j++) {
-            float v = (gb[j] + bi[j]) + rb[j];
-            ob[j] = relu ? (v > 0.0f ? v : 0.0f) : mt__rnn_tanh(v);
+            for (int j = 0; j < H; j++) {
+                float v = (gb[j] + bi[j]) + rb[j];
+                ob[j] = v > 0.0f ? v : 0.0f;
+            }
+        } else {
+#pragma omp simd
+            for (int j = 0; j < H; j++)
+                ob[j] = mt__rnn_tanh((gb[j] + bi[j]) + rb[j]);
         }
     }
 }
@@ -377,13 +385,24 @@ static int imax(int x, int y)
     return x > y ? x : y;
 }
 
+/* rec[n, gH] = h[n, H] R^T: on libxsmm over R^T's panels, or the library's sgemm. */
+static void recurrent(const dir_run_t *a, int n, const float *h, int ldh, float *rec)
+{
+    const mt__rnn_shape_t *s = a->s;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
+    if (s->xsmm)
+        mt__rnn_xsmm_mm(n, gh, H, h, ldh, a->rt, 0.0f, rec, gl);
+    else
+        mt__rnn_sgemm(s->gemm, false, false, n, gh, H, 1.0f, h, ldh, a->rt, gl, 0.0f, rec, gl);
+}
+
 /* The chunk's steps for the sequences b0 <= b < b1 (mt__rnn_rows_par). */
 static void run_steps(void *arg, int b0, int b1)
 {
     const dir_run_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
     const int *bs = a->q->bs;
-    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
+    int H = s->hidden, gl = mt__rnn_cpu_gld(s);
     for (int k = 0; k < a->steps; k++) {
         int t = a->reverse ? a->steps - 1 - k : k, tg = a->t0 + t, nb = bs[tg];
         int e = imin(b1, nb); /* rows [b0, e) of this step */
@@ -402,12 +421,10 @@ static void run_steps(void *arg, int b0, int b1)
             continue; /* none of these sequences runs at this step */
         int m = imin(e, pv.split);
         if (m > b0)
-            mt__rnn_sgemm(s->gemm, false, false, m - b0, gh, H, 1.0f, pv.hp + (size_t)b0 * pv.ldh,
-                          pv.ldh, a->rt, gl, 0.0f, a->rec + (size_t)b0 * gl, gl);
+            recurrent(a, m - b0, pv.hp + (size_t)b0 * pv.ldh, pv.ldh, a->rec + (size_t)b0 * gl);
         int m2 = imax(b0, pv.split);
         if (m2 < e)
-            mt__rnn_sgemm(s->gemm, false, false, e - m2, gh, H, 1.0f, a->h + (size_t)m2 * H, H,
-                          a->rt, gl, 0.0f, a->rec + (size_t)m2 * gl, gl);
+            recurrent(a, e - m2, a->h + (size_t)m2 * H, H, a->rec + (size_t)m2 * gl);
         float *g = a->gates + r * (size_t)gl;
         float *o = a->out + r * (size_t)a->ldo;
         float *aux = a->aux ? a->aux + r * (size_t)H : NULL;
@@ -459,7 +476,10 @@ static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
     for (int p = 0; p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
         float *rt = prep + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
-        transpose(rt, gl, m.r, H, gh, H);
+        if (s->xsmm) /* R^T [H, gH] in panels: H*gH of the H*gl floats */
+            mt__rnn_xsmm_pack(rt, m.r, 1, H, H, gh);
+        else
+            transpose(rt, gl, m.r, H, gh, H);
         /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
          * r * (R_n h + b_Rn). */
         int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;

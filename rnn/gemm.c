@@ -30,7 +30,8 @@ struct mt__rnn_gemm_s {
     void *fn;  /* the library's entry point */
     void *thr; /* its thread-count setter, or NULL */
     int thr_kind;
-    char info[160]; /* library, version, kernel */
+    char info[160];   /* library, version, kernel */
+    char info_x[288]; /* the same, and the per-step products' libxsmm (xsmm.c) */
 };
 
 /* ---- cblas (linked) ---- */
@@ -174,6 +175,12 @@ int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out)
         }
     }
     int ok = loaded[i] > 0;
+    if (ok && !gemms[i].info_x[0]) {
+        char base[sizeof gemms[i].info];
+        memcpy(base, gemms[i].info, sizeof base);
+        snprintf(gemms[i].info_x, sizeof gemms[i].info_x, "%s; per-step products on %s", base,
+                 mt__rnn_xsmm_info());
+    }
     pthread_mutex_unlock(&lock);
     if (!ok)
         return MT_ENOTSUP;
@@ -186,9 +193,11 @@ const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g)
     return g ? g->name : "cblas";
 }
 
-const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g)
+const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm)
 {
-    return g ? g->info : "the linked CBLAS";
+    if (!g)
+        return "the linked CBLAS";
+    return xsmm && g->info_x[0] ? g->info_x : g->info;
 }
 
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n)

@@ -35,6 +35,7 @@ typedef struct mt__rnn_shape_s {
     float dropout; /* on the outputs of layers 0 .. L-2 in training, in [0, 1); 0 = none */
     const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
     int threads; /* cpu path: mt_rnn_set_gemm_threads's count (0 = not set: one thread) */
+    bool xsmm;   /* cpu path: per-step products on libxsmm over packed panels (xsmm.c) */
 } mt__rnn_shape_t;
 
 /* ---- the GEMM seam (gemm.c) ---- */
@@ -43,8 +44,9 @@ typedef struct mt__rnn_shape_s {
  * another name, MT_ENOTSUP if it cannot be loaded here. Process-wide, never unloaded. */
 int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out);
 const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
-/* Library, version and kernel (or ISA), e.g. "OpenBLAS ..., kernel SkylakeX". */
-const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g);
+/* Library, version and kernel (or ISA), e.g. "OpenBLAS ..., kernel SkylakeX"; with xsmm,
+ * followed by the libxsmm the per-step products run on. */
+const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm);
 /* The library's thread count (process-wide for that library). */
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
 /* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on a second thread,
@@ -58,12 +60,36 @@ void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(vo
 void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* ---- small-GEMM kernels on packed panels (xsmm.c) ----
+ *
+ * The per-step products (32 rows) read a weight matrix P[K, N] packed in column panels of
+ * MT__RNN_XSMM_MB: panel j (columns [j*MB, j*MB + w), w = min(MB, N - j*MB)) starts at
+ * j*MB*K floats, its row k at k*w. Exactly K*N floats, no padding. */
+#define MT__RNN_XSMM_MB 32
+/* Built with libxsmm, the CPU has AVX2 and its JIT works (probed once). */
+bool mt__rnn_xsmm_available(void);
+/* Available and not switched off by MEMTRACE_RNN_XSMM=0: what a new shape takes. */
+bool mt__rnn_xsmm_wanted(void);
+/* "libxsmm 1.17..., JIT for hsw", or why it is not used. */
+const char *mt__rnn_xsmm_info(void);
+/* dst = the packed form of P[k, n] = src[k*rs + n*cs] (P = src: rs = row stride, cs = 1;
+ * P = src^T: rs = 1, cs = src's row stride). */
+void mt__rnn_xsmm_pack(float *dst, const float *src, int rs, int cs, int K, int N);
+/* Row-major C[M, N] = X[M, K] P + beta C, P packed (beta 0 or 1). On libxsmm's kernels, or
+ * plain loops where it has none. */
+void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *P, float beta,
+                     float *C, int ldc);
+
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 
-/* The cell loops are compiled for AVX-512 and AVX2 too, picked at load time for the CPU
- * (GCC's function multiversioning), so they run 16 or 8 lanes wide where the CPU can. */
+/* The cell loops are compiled for x86-64-v4 (AVX-512) and v3 (AVX2 and FMA) too, picked at
+ * load time for the CPU (GCC's function multiversioning), so they run 16 or 8 lanes wide
+ * where the CPU can, their polynomials as fused multiply-adds (rnn/ is built with
+ * -ffp-contract=fast: a v3 LSTM cell went from 930 to 809 instructions, 4.3 % to 3.2 % of a
+ * step's samples). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MT__RNN_CELL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define MT__RNN_CELL_CLONES                                                                        \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MT__RNN_CELL_CLONES
 #endif

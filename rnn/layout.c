@@ -33,6 +33,7 @@ int mt__rnn_shape_init(mt__rnn_shape_t *s, const mt_rnn_cfg_t *cfg)
     if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f))
         return MT_EINVAL;
     s->dropout = cfg->dropout;
+    s->xsmm = mt__rnn_xsmm_wanted();
     return 0;
 }
 

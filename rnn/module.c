@@ -268,7 +268,8 @@ const char *mt_rnn_gemm_name(const mt_rnn_t *m)
 
 const char *mt_rnn_gemm_info(const mt_rnn_t *m)
 {
-    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_info(m->shape.gemm) : m->path->name;
+    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_info(m->shape.gemm, m->shape.xsmm)
+                                        : m->path->name;
 }
 
 int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
