@@ -268,17 +268,24 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     /* tc_on after fast_enter: a flush that turned it off is ordered by the exclusion.
      * Only the block best fit would give again: since the global path handed it out,
      * this cache did nothing but free it (tc_k, tc_seq) and its stream's free space did
-     * not change (tc_ver), nor the plan (tc_pver). Only if every allowance stays >= 0. */
+     * not change (tc_ver), nor the plan (tc_pver). */
     if (b == NULL || l->size != rsize || l->sr->stream != stream || b->tc_seq != c->nops ||
         b->tc_k + 1 != c->nops || b->tc_ver != __atomic_load_n(&l->sr->tc_ver, __ATOMIC_RELAXED) ||
         (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
-        !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) || c->allow.req[sp] < (int64_t)size ||
-        c->allow.tag_bytes[tag] < (int64_t)rsize || c->allow.tag_req[tag] < (int64_t)size) {
-        fast_exit(c);
-        goto global;
-    }
+        !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        goto refuse;
+    /* Only if every allowance stays >= 0. A pop with the block's own request and tag, no
+     * live block diverging, cannot make one negative: the allowances are then the held
+     * blocks' g, b's among them. */
+    bool same = size == b->requested && tag == b->tag;
+    if ((!same || c->ndiv != 0) &&
+        (c->allow.req[sp] < (int64_t)size || c->allow.tag_bytes[tag] < (int64_t)rsize ||
+         c->allow.tag_req[tag] < (int64_t)size))
+        goto refuse;
     mt_assert(b->tc_held && b->owner == c && b->size == rsize && b->tc_sr == l->sr);
-    mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1);
+    mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1 &&
+              c->allow.req[sp] >= (int64_t)size && c->allow.tag_bytes[tag] >= (int64_t)rsize &&
+              c->allow.tag_req[tag] >= (int64_t)size);
     l->head = b->bin_next;
     l->n--;
     c->nheld--;
@@ -290,11 +297,13 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     b->tc_k = ++c->nops;
     mt__tc_counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
     mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
-    if (size != b->requested || tag != b->tag)
+    if (!same)
         div_link(c, b);
     fast_exit(c);
     *out = (void *)b->addr;
     return 0;
+refuse:
+    fast_exit(c);
 global:
     return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
 }
