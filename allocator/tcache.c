@@ -410,6 +410,7 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         mt__addrmap_del(&c->live, b->addr);
         if (c->last == b)
             c->last = NULL;
+        c->nplan -= b->tc_pver != 0;
         b->owner = NULL;
         b->tc_held = false;
         mt__alloc_free_block(a, b);
@@ -470,7 +471,9 @@ void mt__tc_flush_others(mt_alloc_t *a)
     mt__alloc_assert_owner(a);
     mt__tcache_t *mine = tls_find(a);
     for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
-        if (c == mine)
+        /* Only a cache that owns planned blocks may hold one (nplan changes under mu):
+         * the others are not claimed, which costs a system call. */
+        if (c == mine || c->nplan == 0)
             continue;
         mt__tc_claim(c);
         if (dirty(c))
@@ -561,6 +564,7 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
         b->tc_k = c->nops;
         b->tc_ver = __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED);
         b->tc_pver = b->planned ? a->plan_ver : 0;
+        c->nplan += b->planned;
         b->tc_slot = (uint8_t)mt__tc_slot_of(b->tc_sr->stream, b->size);
         c->last = b;
     }
@@ -591,6 +595,7 @@ int mt__tc_disown(mt_alloc_t *a, mt_block_t *b)
     mt__addrmap_del(&c->live, b->addr);
     if (c->last == b)
         c->last = NULL;
+    c->nplan -= b->tc_pver != 0;
     b->owner = NULL;
     mt__tc_unclaim(c);
     return 0;
@@ -621,6 +626,7 @@ static void drop(mt_alloc_t *a, mt__tcache_t *c)
         if (c->live.keys[i] != 0)
             c->live.vals[i]->owner = NULL;
     c->last = NULL;
+    c->nplan = 0;
     mt__tc_unclaim(c);
     if (c->prev != NULL)
         c->prev->next = c->next;

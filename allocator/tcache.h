@@ -38,7 +38,8 @@ void mt__tc_free_all(mt_alloc_t *a);
 void mt__tc_flush_mine(mt_alloc_t *a);
 /* Flushes every cache; true when a held block went back to the bins. */
 bool mt__tc_flush_all(mt_alloc_t *a);
-/* Flushes every cache but the calling thread's (flushed already by the global path). */
+/* Flushes every cache but the calling thread's (flushed already by the global path) that
+ * owns planned blocks (the plan's global path: it must see them freed). */
 void mt__tc_flush_others(mt_alloc_t *a);
 /* Before counting a global-path allocation of a size-byte block, req requested, in stat
  * pool sp with tag: flushes every cache if a counter would pass its peak (then the new

@@ -21,7 +21,7 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
 {
     tc_counts_t want;
     memset(&want, 0, sizeof want);
-    size_t held = 0, div = 0;
+    size_t held = 0, div = 0, plan = 0;
     for (size_t i = 0; i < c->live.cap; i++) {
         if (c->live.keys[i] == 0)
             continue;
@@ -39,6 +39,7 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
         if (b->tc_slot != mt__tc_slot_of(b->tc_sr->stream, b->size))
             return "tcache: owned block's LIFO slot is not its (stream, size)'s";
         mt__tc_counts_add(&want, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
+        plan += b->tc_pver != 0;
         if (b->tc_held) {
             held++;
             if (b->tc_div)
@@ -59,6 +60,8 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
     for (const mt_block_t *b = c->div; b != NULL; b = b->bin_next)
         if (++nlist > div || b->owner != c || !b->tc_div)
             return "tcache: diverged list disagrees with its blocks";
+    if (plan != c->nplan)
+        return "tcache: count of owned planned blocks wrong";
     if (div != c->ndiv || nlist != div)
         return "tcache: diverged count wrong";
     size_t nlifo = 0;

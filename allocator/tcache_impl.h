@@ -53,6 +53,7 @@ struct mt__tcache_s {
     mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */
     mt_block_t *last;  /* an owned block, the last handed out (a free looks here first), or NULL */
     size_t ndiv, nheld;
+    size_t nplan;      /* live-table blocks with tc_pver != 0 (changed under mu only) */
     uint64_t nops;     /* pushes and pops so far: the held blocks' order, and whether a
                         * block's pop repeats the best fit that handed it out */
     tc_counts_t allow; /* >= 0 each */
