@@ -452,17 +452,11 @@ static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
     return s->stack(s->ud, size, MT_POOL_NONE, a->cfg.stacks);
 }
 
-int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
+int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
+                            uintptr_t ra)
 {
-    if (a == NULL || out == NULL || tag < 0 || tag >= MT_TAG_MAX)
-        return MT_EINVAL;
-    *out = NULL;
-    if (size == 0)
-        return 0;
-    if (mt__tc_malloc(a, size, stream, tag, out)) /* this thread's cache, without mu */
-        return 0;
     /* the program's call into memtrace, where its stack is cut (util/entry.h) */
-    uintptr_t entry = mt__entry_enter((uintptr_t)__builtin_return_address(0));
+    uintptr_t entry = mt__entry_enter(ra);
     uint32_t stack = alloc_stack(a, size);
     mt__tc_prepare(a);
     mt__alloc_lock(a);
@@ -604,6 +598,17 @@ out:
     mt__alloc_unlock(a);
     mt__entry_leave(entry);
     return rc;
+}
+
+int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
+{
+    if (a == NULL || out == NULL || tag < 0 || tag >= MT_TAG_MAX)
+        return MT_EINVAL;
+    *out = NULL;
+    if (size == 0)
+        return 0;
+    /* this thread's cache without mu, else (a tail call) the global path */
+    return mt__tc_malloc(a, size, stream, tag, out, (uintptr_t)__builtin_return_address(0));
 }
 
 int mt_alloc_empty_cache(mt_alloc_t *a)

@@ -115,14 +115,8 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     }
 }
 
-int mt_alloc_free(mt_alloc_t *a, void *ptr)
+int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
 {
-    if (a == NULL)
-        return MT_EINVAL;
-    if (ptr == NULL)
-        return 0;
-    if (mt__tc_free(a, ptr))
-        return 0;
     mt__alloc_lock(a);
     /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
     mt__tc_flush_mine(a);
@@ -141,6 +135,15 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
 out:
     mt__alloc_unlock(a);
     return rc;
+}
+
+int mt_alloc_free(mt_alloc_t *a, void *ptr)
+{
+    if (a == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    return mt__tc_free(a, ptr); /* this thread's cache, else (a tail call) the global path */
 }
 
 /* Adds stream to the streams that used allocated block b (none if it is b's own). */
@@ -174,7 +177,7 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
         rc = MT_ENOENT;
         goto out;
     }
-    /* The owner's fast free reads nuses under its cache's lock. */
+    /* The owner's fast free reads nuses: its cache is claimed meanwhile. */
     mt__tcache_t *owner = b->owner;
     if (owner != NULL)
         mt__tc_lock_owner(b);

@@ -12,6 +12,8 @@
  *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
  *   free.c     free, record_stream and block lookup: the path a block takes back
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
+ *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
+ *   plan.h     the warm-up plan's types and the calls of reserve.c and plan.c on it
  *
  * All metadata lives on the host; nothing is ever written into device memory.
  * Every function here expects the allocator's mutex held unless it says otherwise; those
@@ -121,8 +123,8 @@ enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
  * more than one block holds at least one quick block.
  * owner != NULL => state = ACTIVE_ALLOCATED and the block is in owner's live table
  * (tcache.c); requested and tag are then what the allocator's counters hold for it, and
- * tc_* (guarded by the owner's lock, not by mu) what the program holds: tc_held = the
- * thread freed it into its cache. owner = NULL => tc_held = tc_div = false. */
+ * tc_* (written by the owner's fast paths, or with mu and its cache claimed) what the program
+ * holds: tc_held = the thread freed it into its cache. owner = NULL => tc_held = tc_div = false. */
 struct mt_block_s {
     /* A cache line of its own: two threads' caches write their own blocks' tc_* fields
      * without the lock, and blocks of the struct pool sit side by side. */
@@ -151,6 +153,7 @@ struct mt_block_s {
                             * requested/tag (linked by bin_prev/bin_next) */
     uint8_t tc_tag;        /* the program's tag while owned and live */
     uint8_t tc_sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
+    uint8_t tc_slot;       /* index of its (stream, size) LIFO in its owner's cache */
     mt__tcache_t *owner;   /* thread cache that owns it, or NULL (tcache.c) */
     mt_streamrec_t *tc_sr; /* its segment's stream record, readable without mu while owned */
     size_t tc_req;         /* the program's requested bytes while owned and live */
@@ -284,56 +287,7 @@ typedef struct mt_addrmap_s {
     size_t n;   /* used slots */
 } mt_addrmap_t;
 
-/* One request of a warm-up, in order: an allocation of rsize bytes (its index is the
- * block's wid), or, when rsize = 0, the free of the allocation at index `of`. */
-typedef struct mt__warm_op_s {
-    size_t rsize;
-    uint32_t of;
-} mt__warm_op_t;
-
-/* The warm-up plan (reserve.c): where each allocation of the last recorded warm-up goes in
- * its reservation, so that a later run repeating the warm-up's requests lands every block
- * where the offline placement put it. ent[k] is the k-th allocation of the warm-up; a run
- * takes them in order from the cursor, one per request on the plan's stream.
- * Invariants: n = 0 <=> sr = NULL <=> nsegs = 0; n > 0 => first, cursor < n and
- * ent[first].addr != 0, ent[cursor].addr != 0 (first: the lowest such entry); ntaken = number of
- * bits set in taken, each for an entry < n with addr != 0; every segs[i] is a segment of a->segs
- * with reserved set and stream = sr->stream; ent[k].addr != 0 => ent[k].seg < nsegs, [addr, addr +
- * size) lies in segs[ent[k].seg], size is a multiple of MT__ALIGN and >= MT__MIN_BLOCK; ent[k].left
- * != MT__PLAN_NONE => ent[left].addr != 0, same seg, ent[left].addr + ent[left].size <=
- * ent[k].addr; live = number of blocks with planned set; each is ACTIVE_ALLOCATED in one of segs.
- */
-#define MT__PLAN_NONE UINT32_MAX
-typedef struct mt__plan_ent_s {
-    uintptr_t addr; /* planned device address; 0 = not placed (kept past the warm-up) */
-    size_t size;    /* planned bytes: the rounded request, rounded up to MT__MIN_BLOCK */
-    uint32_t left;  /* entry whose planned block ends nearest below addr while this one is
-                     * allocated (a start for finding its free block), or MT__PLAN_NONE */
-    uint16_t seg;   /* index into segs */
-    bool anchor;    /* no planned block is live just before it (an iteration may start here) */
-} mt__plan_ent_t;
-
-typedef struct mt__plan_s {
-    mt__plan_ent_t *ent; /* n entries, in the warm-up's allocation order */
-    size_t n;            /* entries; 0 = no plan */
-    size_t first;        /* first entry with a place: where a pass starts */
-    size_t cursor;       /* entry after the last one taken: the next request's */
-    uint64_t *taken;     /* bit k: ent[k] was taken in this pass over the sequence */
-    size_t ntaken;       /* bits set in taken */
-    size_t live;         /* blocks placed by the plan and still allocated */
-    mt_streamrec_t *sr;  /* the reservation's stream */
-    mt_segment_t **segs; /* segments the plan places into, nsegs of them */
-    size_t nsegs;
-} mt__plan_t;
-
-/* One item of the offline placement (plan.c): live at times t0 <= t < t1, size bytes;
- * placed at offset off of strip `strip`. */
-typedef struct mt__plan_item_s {
-    size_t size;     /* bytes, > 0 */
-    size_t off;      /* out: offset in the strip */
-    uint32_t t0, t1; /* lifetime in op indices, t0 < t1 */
-    uint32_t strip;  /* out: strip index */
-} mt__plan_item_t;
+#include "allocator/plan.h" /* the warm-up plan's types (mt__plan_t) and calls */
 
 /* The allocator.
  * Thread-safety: one pthread mutex (mu) per allocator guards all of its state; the event
@@ -437,7 +391,7 @@ struct mt_alloc_s {
     /* Per-thread caches (tcache.c). id: unique over the process's life, the key of the
      * threads' TLS entries (an address may be reused by a later allocator). tc_on: the fast
      * paths may run (cfg.tcache, no sink, not warming); written under mu with
-     * __atomic stores, read under a cache's lock. caches: every thread's cache for this
+     * __atomic stores, read inside a cache's exclusion. caches: every thread's cache for this
      * allocator, linked by next/prev, changed under mu. */
     uint64_t id;
     uint8_t tc_on;
@@ -761,18 +715,7 @@ size_t mt__quick_largest(const mt_alloc_t *a);
 /* Checks the quick lists of bs; adds their blocks to *n. Static text of a violation. */
 const char *mt__quick_check(const mt_alloc_t *a, const mt_binset_t *bs, size_t *n);
 
-/* ---- reserve.c ---- */
-/* Appends an allocation (b just allocated, rounded request rsize) / the free of b to the
- * warm-up's recorded sequence; only called while a->warming. */
-void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
-void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
-/* The cached block the plan gives a request of rsize bytes on sr (inactive, in the bins,
- * starting at the planned address), or NULL: no plan for sr, the request differs from
- * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
- * block split off below it, out of the bins until the caller has made the returned
- * block active (then mt__seg_bin_in), or NULL; *entry: the entry taken. */
-mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front,
-                          size_t *entry);
+/* ---- reserve.c (the rest in plan.h) ---- */
 /* The plan's state changed (cursor, taken entries, live blocks, the plan itself): written
  * under mu with an atomic store, read by the thread caches without it. */
 static inline void mt__plan_bump(mt_alloc_t *a)
@@ -787,20 +730,6 @@ static inline void mt__plan_freed(mt_alloc_t *a, mt_block_t *b)
     a->plan.live--;
     mt__plan_bump(a);
 }
-/* Whether a free of the block just taken for entry k, then a request of rsize bytes on the
- * plan's stream, would give that block again with the plan's state as it is now (free
- * space unchanged): a pair a thread cache may then repeat without the lock. */
-bool mt__plan_repeats(const mt_alloc_t *a, size_t k, size_t rsize);
-/* Frees the plan (destroy). */
-void mt__plan_fini(mt_alloc_t *a);
-/* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */
-const char *mt__plan_check(const mt_alloc_t *a);
-
-/* ---- plan.c ---- */
-/* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
- * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
-int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                   size_t *extent);
 
 /* Whether the run of free blocks on either side of b holds a quick block (two inactive
  * blocks never touch, so a run reaching past its first block goes through a quick one). */

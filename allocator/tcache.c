@@ -10,83 +10,13 @@
  * first flushes every cache, so the peak it sets is the truth's. */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-#include "allocator/tcache.h"
-
-#define TC_SLOTS 64 /* LIFOs per cache, direct-mapped by (stream, size) */
-#define TC_DEPTH 16 /* blocks per LIFO at most */
-#define TC_TLS   4  /* allocators a thread caches for at once */
-_Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
-
-/* One LIFO: blocks of exactly `size` bytes of `stream`, newest first, linked by bin_next.
- * Invariants: n <= TC_DEPTH; n > 0 => every block on it has tc_held, owner = this cache,
- * size = size, tc_sr->stream = stream, tc_sp = sp, and slot_of(stream, size) is its index. */
-typedef struct tc_lifo_s {
-    mt_block_t *head;
-    mt_stream_t *stream;
-    size_t size; /* bytes */
-    uint32_t n;
-    uint8_t sp; /* MT_STAT_SMALL or MT_STAT_LARGE */
-} tc_lifo_t;
-
-/* The allowances and cumulative counts of one cache, per counter the fast paths touch.
- * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused):
- * the ALL counter's allowance is their sum; active_bytes and active have the allowances
- * of allocated_bytes and allocation (a held block is neither allocated nor active to the
- * program, a popped one both). */
-typedef struct tc_counts_s {
-    int64_t bytes[MT_STAT_N], count[MT_STAT_N], req[MT_STAT_N];
-    int64_t tag_bytes[MT_TAG_MAX], tag_req[MT_TAG_MAX];
-} tc_counts_t;
-
-/* A thread's cache for one allocator.
- * Invariants (g(b) = the block's values in the allocator's counters: size, 1, requested
- * under tag; t(b) = the program's: 0 when tc_held, else size, 1, tc_req under tc_tag):
- *   live holds exactly the blocks with owner = this cache, each ACTIVE_ALLOCATED in a->map;
- *   nheld = number of them with tc_held = sum of lifo[i].n;
- *   div lists exactly the live (not held) ones whose t differs from g, ndiv of them;
- *   allow.c = sum over live of g_c(b) - t_c(b) >= 0 for every counter c;
- *   so for every counter: truth_c = a->st.c.current - sum over caches allow.c and
- *   truth_c <= a->st.c.current <= a->st.c.peak;
- *   cum.c = sum of t_c over the pops since the last flush (added to .allocated at flush). */
-struct mt__tcache_s {
-    _Alignas(64) uint8_t lock; /* test-and-set spin lock: the owner's fast ops, a flush */
-    mt_alloc_t *a;             /* borrowed */
-    mt__tcache_t *next;        /* a->caches, under mu */
-    mt__tcache_t *prev;
-    mt_addrmap_t live; /* owned blocks by address */
-    mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */
-    size_t ndiv, nheld;
-    uint64_t nops;     /* pushes and pops so far: the held blocks' order, and whether a
-                        * block's pop repeats the best fit that handed it out */
-    tc_counts_t allow; /* >= 0 each */
-    tc_counts_t cum;   /* cumulative truth increments since the last flush */
-    tc_lifo_t lifo[TC_SLOTS];
-};
-
-/* ---- the lock ---- */
-
-static inline void tc_lock(mt__tcache_t *c)
-{
-    while (__atomic_test_and_set(&c->lock, __ATOMIC_ACQUIRE))
-        while (__atomic_load_n(&c->lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
-}
-
-static inline void tc_unlock(mt__tcache_t *c)
-{
-    __atomic_clear(&c->lock, __ATOMIC_RELEASE);
-}
-
-void mt__tc_lock_owner(mt_block_t *b)
-{
-    tc_lock(b->owner);
-}
-
-void mt__tc_unlock_owner(mt_block_t *b)
-{
-    tc_unlock(b->owner);
-}
+#include "allocator/tcache_impl.h"
 
 /* ---- TLS entries and the registry of live allocators ---- */
 
@@ -158,9 +88,11 @@ void mt__tc_unregister(mt_alloc_t *a)
 
 static inline mt__tcache_t *tls_find(const mt_alloc_t *a)
 {
+    const tc_tls_t *t = tls; /* one TLS address computation */
+    uint64_t id = a->id;
     for (int i = 0; i < TC_TLS; i++)
-        if (tls[i].id == a->id)
-            return tls[i].c;
+        if (t[i].id == id)
+            return t[i].c;
     return NULL;
 }
 
@@ -187,23 +119,104 @@ void mt__tc_prepare(mt_alloc_t *a)
     pthread_mutex_unlock(&reg_mu);
 }
 
+/* ---- exclusion of the owner's fast paths ----
+ * Every access to a cache other than its owner's fast paths holds mu (flushes, disown,
+ * record_stream and block_info, the checker, thread exit): those exclude each other
+ * through mu, and the owner needs no exclusion from its own fast paths while it holds mu.
+ * The fast paths must be excluded by the others. With membarrier (Linux >= 4.14) this is
+ * Dekker's algorithm with the full fence on the rare side only: the owner stores busy,
+ * then loads claim; a claimer stores claim, makes every running thread of the process
+ * pass a full memory barrier, then waits for busy = 0. Either the owner's store of busy
+ * came before that barrier (the claimer sees it and waits for the fast path to end) or
+ * its load of claim came after it (the owner sees the claim and takes the global path,
+ * which waits for mu). The owner pays a plain store and a load instead of an atomic
+ * exchange per operation; a claim costs a system call. Without membarrier both sides
+ * take a test-and-set lock. */
+
+static bool asym; /* membarrier registered: set once, before the first cache exists */
+static pthread_once_t asym_once = PTHREAD_ONCE_INIT;
+
+static void asym_init(void)
+{
+#if defined(__linux__) && defined(SYS_membarrier)
+    asym = syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+#endif
+}
+
+static inline void tc_lock(mt__tcache_t *c)
+{
+    while (__atomic_test_and_set(&c->lock, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&c->lock, __ATOMIC_RELAXED))
+            __builtin_ia32_pause();
+}
+
+static inline void tc_unlock(mt__tcache_t *c)
+{
+    __atomic_clear(&c->lock, __ATOMIC_RELEASE);
+}
+
+/* The owner, before a fast operation; false = a claim stands: take the global path. */
+static inline bool fast_enter(mt__tcache_t *c)
+{
+    if (__builtin_expect(!asym, 0)) {
+        tc_lock(c);
+        return true;
+    }
+    __atomic_store_n(&c->busy, 1, __ATOMIC_RELAXED);
+    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the store stays before the load */
+    if (__builtin_expect(!__atomic_load_n(&c->claim, __ATOMIC_ACQUIRE), 1))
+        return true;
+    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    return false;
+}
+
+static inline void fast_exit(mt__tcache_t *c)
+{
+    if (__builtin_expect(!asym, 0))
+        tc_unlock(c);
+    else
+        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+}
+
+void mt__tc_claim(mt__tcache_t *c)
+{
+    if (tls_find(c->a) == c)
+        return;
+    if (!asym) {
+        tc_lock(c);
+        return;
+    }
+    __atomic_store_n(&c->claim, 1, __ATOMIC_RELAXED);
+#if defined(__linux__) && defined(SYS_membarrier)
+    long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    mt_assert(rc == 0); /* registered (asym_init): it cannot fail */
+    (void)rc;
+#endif
+    while (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE))
+        __builtin_ia32_pause();
+}
+
+void mt__tc_unclaim(mt__tcache_t *c)
+{
+    if (tls_find(c->a) == c)
+        return;
+    if (!asym)
+        tc_unlock(c);
+    else
+        __atomic_store_n(&c->claim, 0, __ATOMIC_RELEASE);
+}
+
+void mt__tc_lock_owner(mt_block_t *b)
+{
+    mt__tc_claim(b->owner);
+}
+
+void mt__tc_unlock_owner(mt_block_t *b)
+{
+    mt__tc_unclaim(b->owner);
+}
+
 /* ---- fast paths ---- */
-
-static inline unsigned slot_of(const mt_stream_t *s, size_t size)
-{
-    uint64_t h = ((uint64_t)(uintptr_t)s >> 4) * 0xff51afd7ed558ccdull ^ (uint64_t)(size >> 8);
-    return (unsigned)((h * 0x9E3779B97F4A7C15ull) >> 58);
-}
-
-static inline void counts_add(tc_counts_t *k, int sp, int tag, int64_t size, int64_t req,
-                              int64_t sign)
-{
-    k->bytes[sp] += sign * size;
-    k->count[sp] += sign;
-    k->req[sp] += sign * req;
-    k->tag_bytes[tag] += sign * size;
-    k->tag_req[tag] += sign * req;
-}
 
 static inline void div_link(mt__tcache_t *c, mt_block_t *b)
 {
@@ -229,76 +242,94 @@ static inline void div_unlink(mt__tcache_t *c, mt_block_t *b)
     c->ndiv--;
 }
 
-bool mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out)
+/* The rounded size of a request (mt__alloc_round_size), the default rounding inline. */
+static inline size_t round_size(const mt_alloc_t *a, size_t size)
 {
+    unsigned d = a->cfg.roundup_power2_divisions;
+    if (__builtin_expect(d == 0 && size > MT__MIN_BLOCK, 1))
+        return (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
+    return mt__alloc_round_size(size, d);
+}
+
+int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
+                  uintptr_t ra)
+{
+    mt__tcache_t *c = tls_find(a);
     /* With events pending, a malloc polls them first (the global path), as it always did:
      * a block another stream was using becomes reusable at the first malloc after. */
-    if (!__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED))
-        return false;
-    mt__tcache_t *c = tls_find(a);
-    if (c == NULL || size > ((size_t)1 << 60))
-        return false;
-    size_t rsize = mt__alloc_round_size(size, a->cfg.roundup_power2_divisions);
-    tc_lifo_t *l = &c->lifo[slot_of(stream, rsize)];
-    tc_lock(c);
+    if (c == NULL || __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
+        goto global;
+    size_t rsize = round_size(a, size);
+    tc_lifo_t *l = &c->lifo[mt__tc_slot_of(stream, rsize)];
+    if (!fast_enter(c))
+        goto global;
     mt_block_t *b = l->head;
     int sp = l->sp;
-    /* tc_on again under the lock: a flush that turned it off is ordered by the lock.
+    /* tc_on after fast_enter: a flush that turned it off is ordered by the exclusion.
      * Only the block best fit would give again: since the global path handed it out,
      * this cache did nothing but free it (tc_k, tc_seq) and its stream's free space did
-     * not change (tc_ver). Only if every allowance stays >= 0. */
-    if (l->n == 0 || l->stream != stream || l->size != rsize || b->tc_seq != c->nops ||
-        b->tc_k + 1 != c->nops ||
-        b->tc_ver != __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED) ||
+     * not change (tc_ver), nor the plan (tc_pver). */
+    if (b == NULL || l->size != rsize || l->sr->stream != stream || b->tc_seq != c->nops ||
+        b->tc_k + 1 != c->nops || b->tc_ver != __atomic_load_n(&l->sr->tc_ver, __ATOMIC_RELAXED) ||
         (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
-        !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) || c->allow.req[sp] < (int64_t)size ||
-        c->allow.tag_bytes[tag] < (int64_t)rsize || c->allow.tag_req[tag] < (int64_t)size) {
-        tc_unlock(c);
-        return false;
-    }
-    mt_assert(b->tc_held && b->owner == c && b->size == rsize);
-    mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1);
+        !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        goto refuse;
+    /* Only if every allowance stays >= 0. A pop with the block's own request and tag, no
+     * live block diverging, cannot make one negative: the allowances are then the held
+     * blocks' g, b's among them. */
+    bool same = size == b->requested && tag == b->tag;
+    if ((!same || c->ndiv != 0) &&
+        (c->allow.req[sp] < (int64_t)size || c->allow.tag_bytes[tag] < (int64_t)rsize ||
+         c->allow.tag_req[tag] < (int64_t)size))
+        goto refuse;
+    mt_assert(b->tc_held && b->owner == c && b->size == rsize && b->tc_sr == l->sr);
+    mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1 &&
+              c->allow.req[sp] >= (int64_t)size && c->allow.tag_bytes[tag] >= (int64_t)rsize &&
+              c->allow.tag_req[tag] >= (int64_t)size);
     l->head = b->bin_next;
     l->n--;
     c->nheld--;
+    c->last = b;
     b->bin_next = NULL;
     b->tc_held = false;
     b->tc_req = size;
     b->tc_tag = (uint8_t)tag;
     b->tc_k = ++c->nops;
-    counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
-    counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
-    if (size != b->requested || tag != b->tag)
+    mt__tc_counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
+    mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
+    if (!same)
         div_link(c, b);
-    tc_unlock(c);
+    fast_exit(c);
     *out = (void *)b->addr;
-    return true;
+    return 0;
+refuse:
+    fast_exit(c);
+global:
+    return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
 }
 
-bool mt__tc_free(mt_alloc_t *a, void *ptr)
+int mt__tc_free(mt_alloc_t *a, void *ptr)
 {
-    if (!__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
-        return false;
     mt__tcache_t *c = tls_find(a);
-    if (c == NULL)
-        return false;
-    tc_lock(c);
-    mt_block_t *b = mt__addrmap_get(&c->live, (uintptr_t)ptr);
+    if (c == NULL || !fast_enter(c))
+        return mt__alloc_free_global(a, ptr);
+    /* The block handed out last first: in a pair, the one freed now. */
+    mt_block_t *b = c->last;
+    if (b == NULL || b->addr != (uintptr_t)ptr)
+        b = mt__addrmap_get(&c->live, (uintptr_t)ptr);
     /* Held: a double free, which the global path reports. nuses: record_stream's streams
-     * get events, on the global path. */
-    if (b == NULL || b->tc_held || b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+     * get events, on the global path. A planned block whose pair no longer repeats the
+     * plan: its free is the plan's. */
+    if (b == NULL || b->tc_held || b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
+        (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)))
         goto slow;
-    /* A planned block whose pair no longer repeats the plan: its free is the plan's. */
-    if (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED))
-        goto slow;
-    tc_lifo_t *l = &c->lifo[slot_of(b->tc_sr->stream, b->size)];
-    if (l->n > 0 && (l->stream != b->tc_sr->stream || l->size != b->size || l->n >= TC_DEPTH))
+    tc_lifo_t *l = &c->lifo[b->tc_slot];
+    if (l->head != NULL && (l->sr != b->tc_sr || l->size != b->size || l->n >= TC_DEPTH))
         goto slow;
     if (b->tc_div)
         div_unlink(c, b);
-    counts_add(&c->allow, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, 1);
-    l->stream = b->tc_sr->stream;
+    mt__tc_counts_add(&c->allow, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, 1);
+    l->sr = b->tc_sr;
     l->size = b->size;
     l->sp = b->tc_sp;
     b->bin_next = l->head;
@@ -307,11 +338,11 @@ bool mt__tc_free(mt_alloc_t *a, void *ptr)
     c->nheld++;
     b->tc_held = true;
     b->tc_seq = ++c->nops;
-    tc_unlock(c);
-    return true;
+    fast_exit(c);
+    return 0;
 slow:
-    tc_unlock(c);
-    return false;
+    fast_exit(c);
+    return mt__alloc_free_global(a, ptr);
 }
 
 /* ---- flushing (mu held) ---- */
@@ -375,8 +406,11 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
     for (size_t i = 0; i < n; i++) {
         mt_block_t *b = held[i];
         b->bin_next = NULL;
-        counts_add(&c->allow, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
+        mt__tc_counts_add(&c->allow, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
         mt__addrmap_del(&c->live, b->addr);
+        if (c->last == b)
+            c->last = NULL;
+        c->nplan -= b->tc_pver != 0;
         b->owner = NULL;
         b->tc_held = false;
         mt__alloc_free_block(a, b);
@@ -413,10 +447,10 @@ void mt__tc_flush_mine(mt_alloc_t *a)
     mt__tcache_t *c = tls_find(a);
     if (c == NULL)
         return;
-    tc_lock(c);
+    mt__tc_claim(c);
     if (c->nheld > 0 || c->ndiv > 0)
         flush_locked(a, c);
-    tc_unlock(c);
+    mt__tc_unclaim(c);
 }
 
 bool mt__tc_flush_all(mt_alloc_t *a)
@@ -424,10 +458,10 @@ bool mt__tc_flush_all(mt_alloc_t *a)
     mt__alloc_assert_owner(a);
     bool freed = false;
     for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
-        tc_lock(c);
+        mt__tc_claim(c);
         if (dirty(c))
             freed |= flush_locked(a, c);
-        tc_unlock(c);
+        mt__tc_unclaim(c);
     }
     return freed;
 }
@@ -437,12 +471,14 @@ void mt__tc_flush_others(mt_alloc_t *a)
     mt__alloc_assert_owner(a);
     mt__tcache_t *mine = tls_find(a);
     for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
-        if (c == mine)
+        /* Only a cache that owns planned blocks may hold one (nplan changes under mu):
+         * the others are not claimed, which costs a system call. */
+        if (c == mine || c->nplan == 0)
             continue;
-        tc_lock(c);
+        mt__tc_claim(c);
         if (dirty(c))
             flush_locked(a, c);
-        tc_unlock(c);
+        mt__tc_unclaim(c);
     }
 }
 
@@ -480,6 +516,7 @@ static mt__tcache_t *mine(mt_alloc_t *a)
         if (tls[i].id == 0)
             slot = i;
     pthread_once(&tls_once, make_key);
+    pthread_once(&asym_once, asym_init);
     if (slot < 0 || tls_key_rc != 0)
         return NULL;
     c = aligned_alloc(_Alignof(mt__tcache_t), sizeof *c); /* no line shared with others */
@@ -515,7 +552,7 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
     mt__tcache_t *c = mine(a);
     if (c == NULL)
         return;
-    tc_lock(c);
+    mt__tc_claim(c);
     if (mt__addrmap_put(&c->live, b) == 0) {
         b->owner = c;
         b->tc_held = false;
@@ -527,17 +564,20 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
         b->tc_k = c->nops;
         b->tc_ver = __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED);
         b->tc_pver = b->planned ? a->plan_ver : 0;
+        c->nplan += b->planned;
+        b->tc_slot = (uint8_t)mt__tc_slot_of(b->tc_sr->stream, b->size);
+        c->last = b;
     }
-    tc_unlock(c);
+    mt__tc_unclaim(c);
 }
 
 int mt__tc_disown(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt__tcache_t *c = b->owner;
-    tc_lock(c);
+    mt__tc_claim(c);
     if (b->tc_held) {
-        tc_unlock(c);
+        mt__tc_unclaim(c);
         return MT_ENOENT;
     }
     if (b->tc_div) {
@@ -553,8 +593,11 @@ int mt__tc_disown(mt_alloc_t *a, mt_block_t *b)
             rebase(a, c, b);
     }
     mt__addrmap_del(&c->live, b->addr);
+    if (c->last == b)
+        c->last = NULL;
+    c->nplan -= b->tc_pver != 0;
     b->owner = NULL;
-    tc_unlock(c);
+    mt__tc_unclaim(c);
     return 0;
 }
 
@@ -577,12 +620,14 @@ void mt__tc_resume(mt_alloc_t *a)
 /* Flushes c, gives up its live blocks and frees it (mu held). */
 static void drop(mt_alloc_t *a, mt__tcache_t *c)
 {
-    tc_lock(c);
+    mt__tc_claim(c);
     flush_locked(a, c);
     for (size_t i = 0; i < c->live.cap; i++)
         if (c->live.keys[i] != 0)
             c->live.vals[i]->owner = NULL;
-    tc_unlock(c);
+    c->last = NULL;
+    c->nplan = 0;
+    mt__tc_unclaim(c);
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
@@ -617,129 +662,4 @@ static void thread_exit(void *arg)
         pthread_mutex_unlock(&reg_mu);
         tls[i] = (tc_tls_t){0, NULL};
     }
-}
-
-/* ---- checker ---- */
-
-bool mt__tc_in_owner(const mt_block_t *b)
-{
-    /* The live table changes only under mu, which the checker holds. */
-    return mt__addrmap_get(&b->owner->live, b->addr) == b;
-}
-
-size_t mt__tc_count(const mt_alloc_t *a)
-{
-    size_t n = 0;
-    for (const mt__tcache_t *c = a->caches; c != NULL; c = c->next)
-        n++;
-    return n;
-}
-
-static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
-{
-    tc_counts_t want;
-    memset(&want, 0, sizeof want);
-    size_t held = 0, div = 0;
-    for (size_t i = 0; i < c->live.cap; i++) {
-        if (c->live.keys[i] == 0)
-            continue;
-        mt_block_t *b = c->live.vals[i];
-        if (b->owner != c || b->addr != c->live.keys[i])
-            return "tcache: live entry names a block of another owner";
-        if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
-            return "tcache: owned block not allocated in the address map";
-        if (b->tc_sp != mt__stat_pool(b->seg->pool) || b->tc_sr != b->seg->bins->sr)
-            return "tcache: owned block's stream or pool disagrees with its segment";
-        if (b->tc_pver != 0 && b->tc_pver == a->plan_ver && !b->planned)
-            return "tcache: block with the plan's current version not planned";
-        if (b->tc_pver > a->plan_ver)
-            return "tcache: block's plan version ahead of the plan's";
-        counts_add(&want, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
-        if (b->tc_held) {
-            held++;
-            if (b->tc_div)
-                return "tcache: held block on the diverged list";
-            continue;
-        }
-        counts_add(&want, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, -1);
-        div += b->tc_div;
-        if (b->tc_div != (b->tc_req != b->requested || b->tc_tag != b->tag))
-            return "tcache: diverged flag disagrees with the block's values";
-        if (b->tc_req == 0 || b->tc_req > b->size)
-            return "tcache: live block's requested size outside (0, size]";
-    }
-    size_t nlist = 0;
-    for (const mt_block_t *b = c->div; b != NULL; b = b->bin_next)
-        if (++nlist > div || b->owner != c || !b->tc_div)
-            return "tcache: diverged list disagrees with its blocks";
-    if (div != c->ndiv || nlist != div)
-        return "tcache: diverged count wrong";
-    size_t nlifo = 0;
-    for (int i = 0; i < TC_SLOTS; i++) {
-        const tc_lifo_t *l = &c->lifo[i];
-        if (l->n > TC_DEPTH)
-            return "tcache: LIFO over its depth";
-        size_t k = 0;
-        for (const mt_block_t *b = l->head; b != NULL; b = b->bin_next, k++)
-            if (k >= l->n || b->owner != c || !b->tc_held || b->size != l->size ||
-                b->tc_sr->stream != l->stream || b->tc_sp != l->sp ||
-                slot_of(l->stream, l->size) != (unsigned)i)
-                return "tcache: LIFO block out of place";
-        if (k != l->n)
-            return "tcache: LIFO count wrong";
-        nlifo += k;
-    }
-    if (nlifo != held || held != c->nheld)
-        return "tcache: held blocks and LIFOs disagree";
-    if (memcmp(&want, &c->allow, sizeof want) != 0)
-        return "tcache: allowances differ from the owned blocks' counters minus the program's";
-    const int64_t *w = (const int64_t *)&c->allow;
-    for (size_t i = 0; i < sizeof want / sizeof *w; i++)
-        if (w[i] < 0)
-            return "tcache: negative allowance";
-    return NULL;
-}
-
-/* Counters minus every allowance must stay within [0, peak]. */
-static const char *check_truth(const mt_alloc_t *a, const tc_counts_t *sum)
-{
-    const mt_alloc_stats_t *st = &a->st;
-    for (int sp = MT_STAT_ALL; sp < MT_STAT_N; sp++) {
-        int64_t z = sp == MT_STAT_ALL ? sum->bytes[1] + sum->bytes[2] : sum->bytes[sp];
-        int64_t n = sp == MT_STAT_ALL ? sum->count[1] + sum->count[2] : sum->count[sp];
-        int64_t r = sp == MT_STAT_ALL ? sum->req[1] + sum->req[2] : sum->req[sp];
-        if (st->allocated_bytes[sp].current - z < 0 || st->allocation[sp].current - n < 0 ||
-            st->requested_bytes[sp].current - r < 0 || st->active_bytes[sp].current - z < 0 ||
-            st->active[sp].current - n < 0)
-            return "tcache: a counter minus the allowances is negative";
-    }
-    for (int t = 0; t < MT_TAG_MAX; t++)
-        if (st->tag_allocated_bytes[t].current < sum->tag_bytes[t] ||
-            st->tag_requested_bytes[t].current < sum->tag_req[t])
-            return "tcache: a tag counter minus the allowances is negative";
-    return NULL;
-}
-
-const char *mt__tc_check(mt_alloc_t *a)
-{
-    tc_counts_t sum;
-    memset(&sum, 0, sizeof sum);
-    const char *why = NULL;
-    bool on = a->tc_on;
-    for (mt__tcache_t *c = a->caches; c != NULL && why == NULL; c = c->next) {
-        if (c->a != a || (c->next != NULL && c->next->prev != c))
-            return "tcache: cache list broken";
-        tc_lock(c);
-        why = check_one(a, c);
-        if (why == NULL && !on && (c->nheld > 0 || c->ndiv > 0))
-            why = "tcache: blocks held while the fast paths are off";
-        int64_t *s = (int64_t *)&sum;
-        const int64_t *k = (const int64_t *)&c->allow;
-        for (size_t i = 0; i < sizeof sum / sizeof *s; i++)
-            s[i] += k[i];
-        tc_unlock(c);
-    }
-    if (why != NULL)
-        return why;
-    return check_truth(a, &sum);
 }

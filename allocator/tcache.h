@@ -14,11 +14,18 @@ static inline void mt__tc_bump(mt_streamrec_t *sr)
                          __ATOMIC_RELAXED);
 }
 
-/* Lock order: mu, then one cache's lock; a thread holding a cache's lock takes no other
- * lock. The fast paths take only the calling thread's cache lock. */
-/* Fast paths, without mu: true when done (a cached pair); false = take the global path. */
-bool mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out);
-bool mt__tc_free(mt_alloc_t *a, void *ptr);
+/* The fast paths run without mu, excluded from a cache by a thread holding mu that claims
+ * it (tcache.c); a claimer takes no other lock meanwhile. */
+/* Fast paths, without mu (a cached pair), each ending in a tail call of the global path
+ * when it cannot serve: mt_alloc_malloc's and mt_alloc_free's results (arguments checked;
+ * size > 0, *out = NULL; ra: the program's return address, where its stack is cut). */
+int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
+                  uintptr_t ra);
+int mt__tc_free(mt_alloc_t *a, void *ptr);
+/* The global paths (alloc.c, free.c). */
+int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
+                            uintptr_t ra);
+int mt__alloc_free_global(mt_alloc_t *a, void *ptr);
 /* Before taking mu on a global path: frees a TLS entry for a (mu not held). */
 void mt__tc_prepare(mt_alloc_t *a);
 /* Registers a in the registry of live allocators (create) / removes it and frees its
@@ -31,7 +38,8 @@ void mt__tc_free_all(mt_alloc_t *a);
 void mt__tc_flush_mine(mt_alloc_t *a);
 /* Flushes every cache; true when a held block went back to the bins. */
 bool mt__tc_flush_all(mt_alloc_t *a);
-/* Flushes every cache but the calling thread's (flushed already by the global path). */
+/* Flushes every cache but the calling thread's (flushed already by the global path) that
+ * owns planned blocks (the plan's global path: it must see them freed). */
 void mt__tc_flush_others(mt_alloc_t *a);
 /* Before counting a global-path allocation of a size-byte block, req requested, in stat
  * pool sp with tag: flushes every cache if a counter would pass its peak (then the new
@@ -43,7 +51,7 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat);
 /* A global-path free of owned block b: MT_ENOENT when b is held in its cache (freed
  * already); else b leaves its owner, its counters made the program's. */
 int mt__tc_disown(mt_alloc_t *a, mt_block_t *b);
-/* Locks/unlocks b's owner's cache (b->owner != NULL) around a read or record_stream. */
+/* Claims/releases b's owner's cache (b->owner != NULL) around a read or record_stream. */
 void mt__tc_lock_owner(mt_block_t *b);
 void mt__tc_unlock_owner(mt_block_t *b);
 /* Fast paths off and every cache flushed (before reserve or warm-up change the state),

@@ -3,6 +3,7 @@
  * blocks held in another thread's cache, thread exit, destroy while a thread still names
  * the allocator, and mt_alloc_check after every step. */
 #include <pthread.h>
+#include <sched.h>
 
 #include "helpers.h"
 #include "allocator/tcache.h"
@@ -636,6 +637,83 @@ static void test_pop_only_where_best_fit_would(void **state)
     mt_backend_destroy(&b);
 }
 
+/* ---- the exclusion of the fast paths by claims ---- */
+
+typedef struct spin_s {
+    mt_alloc_t *a;
+    mt_stream_t *s;
+    int stop;       /* atomic: the claimer is done */
+    unsigned pairs; /* atomic: pairs made */
+    void *live;     /* a block of the spinner's, live throughout (block_info's target) */
+} spin_t;
+
+static void *spin_pairs(void *arg)
+{
+    spin_t *x = arg;
+    __atomic_store_n(&x->live, xmalloc_dev(x->a, 128 * KIB, x->s, 1), __ATOMIC_RELEASE);
+    while (!__atomic_load_n(&x->stop, __ATOMIC_ACQUIRE)) {
+        void *p = xmalloc_dev(x->a, 64 * KIB, x->s, 0);
+        assert_int_equal(mt_alloc_free(x->a, p), 0);
+        __atomic_fetch_add(&x->pairs, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+/* One thread makes pairs, mostly in its cache, while this one claims that cache over and
+ * over: stats (a flush), the checker, block_info and record_stream on the other thread's
+ * live block. Every claim sees a consistent cache (the checker) and the counts stay exact:
+ * with membarrier the owner takes no lock, so this is the protocol's test. */
+static void test_claims_against_fast_paths(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    spin_t x = {.a = a};
+    assert_int_equal(mt_stream_create(b, &x.s), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, spin_pairs, &x), 0);
+    while (__atomic_load_n(&x.live, __ATOMIC_ACQUIRE) == NULL)
+        sched_yield();
+    unsigned p0 = __atomic_load_n(&x.pairs, __ATOMIC_RELAXED);
+    /* at least 2000 claims, and until the other thread made 1000 pairs meanwhile */
+    for (int i = 0; i < 2000 || __atomic_load_n(&x.pairs, __ATOMIC_RELAXED) - p0 < 1000; i++) {
+        switch (i % 4) {
+        case 0:
+            assert_int_equal(mt_alloc_check(a), 0);
+            break;
+        case 1: {
+            mt_alloc_stats_t st = stats_of(a);
+            /* the live block, and at most the pair in flight */
+            assert_true(st.allocation[MT_STAT_ALL].current >= 1 &&
+                        st.allocation[MT_STAT_ALL].current <= 2);
+            break;
+        }
+        case 2: {
+            int tag = -1;
+            size_t size = 0;
+            assert_int_equal(mt_alloc_block_info(a, x.live, NULL, &size, &tag), 0);
+            assert_int_equal(tag, 1);
+            assert_int_equal(size, 128 * KIB);
+            break;
+        }
+        default:
+            assert_int_equal(mt_alloc_record_stream(a, x.live, x.s), 0); /* its own stream */
+        }
+    }
+    __atomic_store_n(&x.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    assert_int_equal(mt_alloc_free(a, x.live), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.allocation[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, (uint64_t)x.pairs + 1);
+    assert_int_equal(st.tag_allocated_bytes[0].allocated, (uint64_t)x.pairs * 64 * KIB);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &x.s);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -650,6 +728,7 @@ int main(void)
         cmocka_unit_test(test_destroy_while_named),
         cmocka_unit_test(test_off_where_it_must_be),
         cmocka_unit_test(test_pop_only_where_best_fit_would),
+        cmocka_unit_test(test_claims_against_fast_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

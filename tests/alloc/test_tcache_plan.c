@@ -3,6 +3,8 @@
  * nothing the plan decides: every address, the plan's cursor, taken entries and live
  * blocks, device calls and stats equal those of the same sequence with tcache:0, with
  * mt_alloc_check after every step. */
+#include <pthread.h>
+
 #include "helpers.h"
 #include "allocator/tcache.h"
 
@@ -68,6 +70,61 @@ static void test_pair_after_warmup_is_cached(void **state)
     assert_int_equal(a->plan.live, 1);
     mt__alloc_unlock(a);
     s = stats_of(a); /* flushes the cache: the block's free reaches the plan */
+    mt__alloc_lock(a);
+    assert_int_equal(a->plan.live, 0);
+    mt__alloc_unlock(a);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* Another thread's pair: its cache owns the planned block and holds it freed. */
+typedef struct other_s {
+    mt_alloc_t *a;
+    void *first, *p; /* the first pair's block, the last one's */
+} other_t;
+
+static void *other_pair(void *arg)
+{
+    other_t *o = arg;
+    for (int i = 0; i < 3; i++) {
+        o->p = xmalloc_dev(o->a, 64 * KIB, NULL, 0);
+        if (i == 0)
+            o->first = o->p;
+        assert_int_equal(mt_alloc_free(o->a, o->p), 0);
+    }
+    return NULL;
+}
+
+/* A planned block another thread's cache holds is freed, to the plan, before this thread's
+ * request on the plan's stream: the plan restarts its pass and gives the same place, as it
+ * would had the other thread's free taken the global path. */
+static void test_other_threads_planned_block(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    assert_int_equal(mt_alloc_warmup_begin(a), 0);
+    void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
+    other_t o = {a, NULL, NULL};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, other_pair, &o), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(held(a, 0), 0); /* its exit flushed its cache */
+    /* Now this thread's cache holds the planned block and the other thread asks. */
+    void *q = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    assert_ptr_equal(q, o.p);
+    assert_int_equal(mt_alloc_free(a, q), 0);
+    assert_int_equal(held(a, 0), 64 * KIB); /* held in this thread's cache, planned */
+    uint64_t v = plan_ver(a);
+    assert_int_equal(pthread_create(&th, NULL, other_pair, &o), 0);
+    pthread_join(th, NULL);
+    assert_ptr_equal(o.first, q); /* the planned place at once, the pass restarted */
+    assert_ptr_equal(o.p, q);
+    assert_true(plan_ver(a) != v);
+    assert_int_equal(held(a, 0), 0); /* this thread's cache was flushed to the plan */
     mt__alloc_lock(a);
     assert_int_equal(a->plan.live, 0);
     mt__alloc_unlock(a);
@@ -258,6 +315,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pair_after_warmup_is_cached),
+        cmocka_unit_test(test_other_threads_planned_block),
         cmocka_unit_test(test_plan_exact_with_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

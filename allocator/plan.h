@@ -1,0 +1,96 @@
+/* The warm-up plan of the caching allocator (reserve.c records a warm-up and follows its
+ * plan, plan.c places it): the plan's types and calls. internal.h includes this header; the
+ * inline functions that change the plan's state in the allocator (mt__plan_bump,
+ * mt__plan_freed) live there, beside struct mt_alloc_s. */
+#ifndef MT_ALLOCATOR_PLAN_H
+#define MT_ALLOCATOR_PLAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memtrace/alloc.h"
+
+typedef struct mt_block_s mt_block_t;
+typedef struct mt_segment_s mt_segment_t;
+typedef struct mt_streamrec_s mt_streamrec_t;
+
+/* One request of a warm-up, in order: an allocation of rsize bytes (its index is the
+ * block's wid), or, when rsize = 0, the free of the allocation at index `of`. */
+typedef struct mt__warm_op_s {
+    size_t rsize;
+    uint32_t of;
+} mt__warm_op_t;
+
+/* The warm-up plan (reserve.c): where each allocation of the last recorded warm-up goes in
+ * its reservation, so that a later run repeating the warm-up's requests lands every block
+ * where the offline placement put it. ent[k] is the k-th allocation of the warm-up; a run
+ * takes them in order from the cursor, one per request on the plan's stream.
+ * Invariants: n = 0 <=> sr = NULL <=> nsegs = 0; n > 0 => first, cursor < n and
+ * ent[first].addr != 0, ent[cursor].addr != 0 (first: the lowest such entry); ntaken = number of
+ * bits set in taken, each for an entry < n with addr != 0; every segs[i] is a segment of a->segs
+ * with reserved set and stream = sr->stream; ent[k].addr != 0 => ent[k].seg < nsegs, [addr, addr +
+ * size) lies in segs[ent[k].seg], size is a multiple of MT__ALIGN and >= MT__MIN_BLOCK; ent[k].left
+ * != MT__PLAN_NONE => ent[left].addr != 0, same seg, ent[left].addr + ent[left].size <=
+ * ent[k].addr; live = number of blocks with planned set; each is ACTIVE_ALLOCATED in one of segs.
+ */
+#define MT__PLAN_NONE UINT32_MAX
+typedef struct mt__plan_ent_s {
+    uintptr_t addr; /* planned device address; 0 = not placed (kept past the warm-up) */
+    size_t size;    /* planned bytes: the rounded request, rounded up to MT__MIN_BLOCK */
+    uint32_t left;  /* entry whose planned block ends nearest below addr while this one is
+                     * allocated (a start for finding its free block), or MT__PLAN_NONE */
+    uint16_t seg;   /* index into segs */
+    bool anchor;    /* no planned block is live just before it (an iteration may start here) */
+} mt__plan_ent_t;
+
+typedef struct mt__plan_s {
+    mt__plan_ent_t *ent; /* n entries, in the warm-up's allocation order */
+    size_t n;            /* entries; 0 = no plan */
+    size_t first;        /* first entry with a place: where a pass starts */
+    size_t cursor;       /* entry after the last one taken: the next request's */
+    uint64_t *taken;     /* bit k: ent[k] was taken in this pass over the sequence */
+    size_t ntaken;       /* bits set in taken */
+    size_t live;         /* blocks placed by the plan and still allocated */
+    mt_streamrec_t *sr;  /* the reservation's stream */
+    mt_segment_t **segs; /* segments the plan places into, nsegs of them */
+    size_t nsegs;
+} mt__plan_t;
+
+/* One item of the offline placement (plan.c): live at times t0 <= t < t1, size bytes;
+ * placed at offset off of strip `strip`. */
+typedef struct mt__plan_item_s {
+    size_t size;     /* bytes, > 0 */
+    size_t off;      /* out: offset in the strip */
+    uint32_t t0, t1; /* lifetime in op indices, t0 < t1 */
+    uint32_t strip;  /* out: strip index */
+} mt__plan_item_t;
+
+/* ---- reserve.c ---- */
+/* Appends an allocation (b just allocated, rounded request rsize) / the free of b to the
+ * warm-up's recorded sequence; only called while a->warming. */
+void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
+void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
+/* The cached block the plan gives a request of rsize bytes on sr (inactive, in the bins,
+ * starting at the planned address), or NULL: no plan for sr, the request differs from
+ * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
+ * block split off below it, out of the bins until the caller has made the returned
+ * block active (then mt__seg_bin_in), or NULL; *entry: the entry taken. */
+mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front,
+                          size_t *entry);
+/* Whether a free of the block just taken for entry k, then a request of rsize bytes on the
+ * plan's stream, would give that block again with the plan's state as it is now (free
+ * space unchanged): a pair a thread cache may then repeat without the lock. */
+bool mt__plan_repeats(const mt_alloc_t *a, size_t k, size_t rsize);
+/* Frees the plan (destroy). */
+void mt__plan_fini(mt_alloc_t *a);
+/* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */
+const char *mt__plan_check(const mt_alloc_t *a);
+
+/* ---- plan.c ---- */
+/* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
+ * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
+int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                   size_t *extent);
+
+#endif

@@ -1,0 +1,134 @@
+/* The per-thread caches' invariants (mt__tcache_t, tcache_impl.h), for mt_alloc_check. */
+#include <string.h>
+
+#include "allocator/tcache_impl.h"
+
+bool mt__tc_in_owner(const mt_block_t *b)
+{
+    /* The live table changes only under mu, which the checker holds. */
+    return mt__addrmap_get(&b->owner->live, b->addr) == b;
+}
+
+size_t mt__tc_count(const mt_alloc_t *a)
+{
+    size_t n = 0;
+    for (const mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        n++;
+    return n;
+}
+
+static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
+{
+    tc_counts_t want;
+    memset(&want, 0, sizeof want);
+    size_t held = 0, div = 0, plan = 0;
+    for (size_t i = 0; i < c->live.cap; i++) {
+        if (c->live.keys[i] == 0)
+            continue;
+        mt_block_t *b = c->live.vals[i];
+        if (b->owner != c || b->addr != c->live.keys[i])
+            return "tcache: live entry names a block of another owner";
+        if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
+            return "tcache: owned block not allocated in the address map";
+        if (b->tc_sp != mt__stat_pool(b->seg->pool) || b->tc_sr != b->seg->bins->sr)
+            return "tcache: owned block's stream or pool disagrees with its segment";
+        if (b->tc_pver != 0 && b->tc_pver == a->plan_ver && !b->planned)
+            return "tcache: block with the plan's current version not planned";
+        if (b->tc_pver > a->plan_ver)
+            return "tcache: block's plan version ahead of the plan's";
+        if (b->tc_slot != mt__tc_slot_of(b->tc_sr->stream, b->size))
+            return "tcache: owned block's LIFO slot is not its (stream, size)'s";
+        mt__tc_counts_add(&want, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
+        plan += b->tc_pver != 0;
+        if (b->tc_held) {
+            held++;
+            if (b->tc_div)
+                return "tcache: held block on the diverged list";
+            continue;
+        }
+        mt__tc_counts_add(&want, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, -1);
+        div += b->tc_div;
+        if (b->tc_div != (b->tc_req != b->requested || b->tc_tag != b->tag))
+            return "tcache: diverged flag disagrees with the block's values";
+        if (b->tc_req == 0 || b->tc_req > b->size)
+            return "tcache: live block's requested size outside (0, size]";
+    }
+    if (c->last != NULL &&
+        (c->last->owner != c || mt__addrmap_get(&c->live, c->last->addr) != c->last))
+        return "tcache: the last block handed out is not owned";
+    size_t nlist = 0;
+    for (const mt_block_t *b = c->div; b != NULL; b = b->bin_next)
+        if (++nlist > div || b->owner != c || !b->tc_div)
+            return "tcache: diverged list disagrees with its blocks";
+    if (plan != c->nplan)
+        return "tcache: count of owned planned blocks wrong";
+    if (div != c->ndiv || nlist != div)
+        return "tcache: diverged count wrong";
+    size_t nlifo = 0;
+    for (int i = 0; i < TC_SLOTS; i++) {
+        const tc_lifo_t *l = &c->lifo[i];
+        if (l->n > TC_DEPTH)
+            return "tcache: LIFO over its depth";
+        size_t k = 0;
+        for (const mt_block_t *b = l->head; b != NULL; b = b->bin_next, k++)
+            if (k >= l->n || b->owner != c || !b->tc_held || b->size != l->size ||
+                b->tc_sr != l->sr || b->tc_sp != l->sp || b->tc_slot != (unsigned)i)
+                return "tcache: LIFO block out of place";
+        if (k != l->n || (l->head == NULL) != (l->n == 0))
+            return "tcache: LIFO count wrong";
+        nlifo += k;
+    }
+    if (nlifo != held || held != c->nheld)
+        return "tcache: held blocks and LIFOs disagree";
+    if (memcmp(&want, &c->allow, sizeof want) != 0)
+        return "tcache: allowances differ from the owned blocks' counters minus the program's";
+    const int64_t *w = (const int64_t *)&c->allow;
+    for (size_t i = 0; i < sizeof want / sizeof *w; i++)
+        if (w[i] < 0)
+            return "tcache: negative allowance";
+    return NULL;
+}
+
+/* Counters minus every allowance must stay within [0, peak]. */
+static const char *check_truth(const mt_alloc_t *a, const tc_counts_t *sum)
+{
+    const mt_alloc_stats_t *st = &a->st;
+    for (int sp = MT_STAT_ALL; sp < MT_STAT_N; sp++) {
+        int64_t z = sp == MT_STAT_ALL ? sum->bytes[1] + sum->bytes[2] : sum->bytes[sp];
+        int64_t n = sp == MT_STAT_ALL ? sum->count[1] + sum->count[2] : sum->count[sp];
+        int64_t r = sp == MT_STAT_ALL ? sum->req[1] + sum->req[2] : sum->req[sp];
+        if (st->allocated_bytes[sp].current - z < 0 || st->allocation[sp].current - n < 0 ||
+            st->requested_bytes[sp].current - r < 0 || st->active_bytes[sp].current - z < 0 ||
+            st->active[sp].current - n < 0)
+            return "tcache: a counter minus the allowances is negative";
+    }
+    for (int t = 0; t < MT_TAG_MAX; t++)
+        if (st->tag_allocated_bytes[t].current < sum->tag_bytes[t] ||
+            st->tag_requested_bytes[t].current < sum->tag_req[t])
+            return "tcache: a tag counter minus the allowances is negative";
+    return NULL;
+}
+
+const char *mt__tc_check(mt_alloc_t *a)
+{
+    tc_counts_t sum;
+    memset(&sum, 0, sizeof sum);
+    const char *why = NULL;
+    bool on = a->tc_on;
+    for (mt__tcache_t *c = a->caches; c != NULL && why == NULL; c = c->next) {
+        if (c->a != a || (c->next != NULL && c->next->prev != c))
+            return "tcache: cache list broken";
+        mt__tc_claim(c);
+        why = check_one(a, c);
+        if (why == NULL && !on && (c->nheld > 0 || c->ndiv > 0))
+            why = "tcache: blocks held while the fast paths are off";
+        int64_t *s = (int64_t *)&sum;
+        const int64_t *k = (const int64_t *)&c->allow;
+        for (size_t i = 0; i < sizeof sum / sizeof *s; i++)
+            s[i] += k[i];
+        mt__tc_unclaim(c);
+    }
+    if (why != NULL)
+        return why;
+    return check_truth(a, &sum);
+}

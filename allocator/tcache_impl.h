@@ -1,0 +1,87 @@
+/* The layout of a per-thread cache, shared by tcache.c (the caches) and tcache_check.c
+ * (their invariants). Nothing else reads it: the allocator's other files use tcache.h. */
+#ifndef MT_ALLOCATOR_TCACHE_IMPL_H
+#define MT_ALLOCATOR_TCACHE_IMPL_H
+
+#include "allocator/tcache.h"
+
+#define TC_SLOTS 64 /* LIFOs per cache, direct-mapped by (stream, size) */
+#define TC_DEPTH 16 /* blocks per LIFO at most */
+#define TC_TLS   4  /* allocators a thread caches for at once */
+_Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
+
+/* One LIFO: blocks of exactly `size` bytes of sr's stream, newest first, linked by bin_next.
+ * Invariants: n <= TC_DEPTH; head = NULL <=> n = 0; n > 0 => every block on it has tc_held,
+ * owner = this cache, size = size, tc_sr = sr, tc_sp = sp, and tc_slot =
+ * slot_of(sr->stream, size) is its index. */
+typedef struct tc_lifo_s {
+    mt_block_t *head;
+    mt_streamrec_t *sr; /* the blocks' stream's record */
+    size_t size;        /* bytes */
+    uint32_t n;
+    uint8_t sp; /* MT_STAT_SMALL or MT_STAT_LARGE */
+} tc_lifo_t;
+
+/* The allowances and cumulative counts of one cache, per counter the fast paths touch.
+ * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused):
+ * the ALL counter's allowance is their sum; active_bytes and active have the allowances
+ * of allocated_bytes and allocation (a held block is neither allocated nor active to the
+ * program, a popped one both). */
+typedef struct tc_counts_s {
+    int64_t bytes[MT_STAT_N], count[MT_STAT_N], req[MT_STAT_N];
+    int64_t tag_bytes[MT_TAG_MAX], tag_req[MT_TAG_MAX];
+} tc_counts_t;
+
+/* A thread's cache for one allocator.
+ * Invariants (g(b) = the block's values in the allocator's counters: size, 1, requested
+ * under tag; t(b) = the program's: 0 when tc_held, else size, 1, tc_req under tc_tag):
+ *   live holds exactly the blocks with owner = this cache, each ACTIVE_ALLOCATED in a->map;
+ *   nheld = number of them with tc_held = sum of lifo[i].n;
+ *   div lists exactly the live (not held) ones whose t differs from g, ndiv of them;
+ *   allow.c = sum over live of g_c(b) - t_c(b) >= 0 for every counter c;
+ *   so for every counter: truth_c = a->st.c.current - sum over caches allow.c and
+ *   truth_c <= a->st.c.current <= a->st.c.peak;
+ *   cum.c = sum of t_c over the pops since the last flush (added to .allocated at flush). */
+struct mt__tcache_s {
+    _Alignas(64) uint8_t busy; /* the owner's fast path runs (written by the owner only) */
+    uint8_t claim;             /* a thread holding mu excludes the fast paths */
+    uint8_t lock;              /* without membarrier: a test-and-set lock both sides take */
+    mt_alloc_t *a;             /* borrowed */
+    mt__tcache_t *next;        /* a->caches, under mu */
+    mt__tcache_t *prev;
+    mt_addrmap_t live; /* owned blocks by address */
+    mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */
+    mt_block_t *last;  /* an owned block, the last handed out (a free looks here first), or NULL */
+    size_t ndiv, nheld;
+    size_t nplan;      /* live-table blocks with tc_pver != 0 (changed under mu only) */
+    uint64_t nops;     /* pushes and pops so far: the held blocks' order, and whether a
+                        * block's pop repeats the best fit that handed it out */
+    tc_counts_t allow; /* >= 0 each */
+    tc_counts_t cum;   /* cumulative truth increments since the last flush */
+    tc_lifo_t lifo[TC_SLOTS];
+};
+
+/* Excludes c's owner's fast paths (mu held; a no-op for the owner itself, whose fast paths
+ * do not run meanwhile) / ends the exclusion. */
+void mt__tc_claim(mt__tcache_t *c);
+void mt__tc_unclaim(mt__tcache_t *c);
+
+/* The LIFO slot of (stream, size). */
+static inline unsigned mt__tc_slot_of(const mt_stream_t *s, size_t size)
+{
+    uint64_t h = ((uint64_t)(uintptr_t)s >> 4) * 0xff51afd7ed558ccdull ^ (uint64_t)(size >> 8);
+    return (unsigned)((h * 0x9E3779B97F4A7C15ull) >> 58);
+}
+
+/* k += sign x (size, 1, req) in stat pool sp and tag. */
+static inline void mt__tc_counts_add(tc_counts_t *k, int sp, int tag, int64_t size, int64_t req,
+                                     int64_t sign)
+{
+    k->bytes[sp] += sign * size;
+    k->count[sp] += sign;
+    k->req[sp] += sign * req;
+    k->tag_bytes[tag] += sign * size;
+    k->tag_req[tag] += sign * req;
+}
+
+#endif
