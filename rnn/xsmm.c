@@ -29,7 +29,14 @@ static char info[96] = "libxsmm not built in";
 static void probe(void)
 {
 #if MT_HAVE_XSMM
+    /* libxsmm_init sets OMP_PROC_BIND=TRUE when no affinity variable is set ("autopin").
+     * libgomp, loaded later with oneDNN, then pinned the calling thread to one core, and
+     * the second half of the step loops, a thread it creates, inherited that core: both
+     * halves ran on one core (docs/blas.md). The program's setting is put back. */
+    bool bind_unset = getenv("OMP_PROC_BIND") == NULL;
     libxsmm_init();
+    if (bind_unset)
+        unsetenv("OMP_PROC_BIND");
     int arch = libxsmm_get_target_archid();
     if (arch < LIBXSMM_X86_AVX2) {
         snprintf(info, sizeof info, "libxsmm %s: CPU below AVX2 (target %s)", LIBXSMM_VERSION,

@@ -267,13 +267,28 @@ static void engine_small_xh(void **state)
     run_free(&b);
 }
 
+/* The probe (the first use of libxsmm in the process, in main) left OMP_PROC_BIND as the
+ * program had it: libxsmm_init sets it to TRUE, which made libgomp pin the engine's thread and
+ * the second half of its step loops to one core. */
+static bool bind_leaked;
+
+static void probe_keeps_omp_env(void **state)
+{
+    (void)state;
+    assert_false(bind_leaked);
+}
+
 int main(void)
 {
+    unsetenv("OMP_PROC_BIND");
+    const char *info = mt__rnn_xsmm_info();
+    bind_leaked = getenv("OMP_PROC_BIND") != NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pack_layout), cmocka_unit_test(mm_matches_reference),
-        cmocka_unit_test(engine_lstm), cmocka_unit_test(engine_gru),
-        cmocka_unit_test(engine_tanh), cmocka_unit_test(engine_small_xh),
+        cmocka_unit_test(pack_layout),         cmocka_unit_test(mm_matches_reference),
+        cmocka_unit_test(engine_lstm),         cmocka_unit_test(engine_gru),
+        cmocka_unit_test(engine_tanh),         cmocka_unit_test(engine_small_xh),
+        cmocka_unit_test(probe_keeps_omp_env),
     };
-    printf("# per-step products on %s\n", mt__rnn_xsmm_info());
+    printf("# per-step products on %s\n", info);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
