@@ -242,8 +242,10 @@ typedef struct half_s {
 static void *half_main(void *p)
 {
     const half_t *h = p;
-    /* A new thread starts from OMP_NUM_THREADS (or the core count): one team per half. */
-    ((void (*)(int))(uintptr_t)h->g->thr)(1);
+    /* A new thread starts from OMP_NUM_THREADS (or the core count): one team per half. The
+     * other libraries' counts are global, set by the caller. */
+    if (h->g->thr_kind == THR_OMP)
+        ((void (*)(int))(uintptr_t)h->g->thr)(1);
     h->fn(h->arg, h->b0, h->b1);
     return NULL;
 }
@@ -252,18 +254,20 @@ void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(vo
                       void *arg)
 {
     const mt__rnn_gemm_t *g = s->gemm;
-    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind != THR_OMP) {
+    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind == THR_NONE) {
         fn(arg, 0, nb);
         return;
     }
+    /* OpenBLAS and BLIS take single-threaded calls from two threads at once; their count
+     * is process-wide, so it goes back up only once both halves are done. */
+    (void)mt__rnn_gemm_set_threads(g, 1);
     half_t h = {g, fn, arg, split, nb};
     pthread_t t;
     bool second = pthread_create(&t, NULL, half_main, &h) == 0;
-    ((void (*)(int))(uintptr_t)g->thr)(1);
     fn(arg, 0, split);
-    ((void (*)(int))(uintptr_t)g->thr)(s->threads);
     if (second)
         pthread_join(t, NULL);
-    else /* the same rows in the same order: the same results, on one thread */
+    (void)mt__rnn_gemm_set_threads(g, s->threads);
+    if (!second) /* the same rows in the same order: the same results, on one thread */
         fn(arg, split, nb);
 }

@@ -251,6 +251,24 @@ static void equal_lengths_bit_identical_2threads(void **state)
     equal_lengths_on("dnnl", 2);
 }
 
+/* The same with OpenBLAS and BLIS at 2 threads, whose step loops run in two halves too. */
+static void equal_lengths_bit_identical_2threads_global(void **state)
+{
+    (void)state;
+    equal_lengths_on("cblas", 2);
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = "blis";
+    mt_rnn_t *m;
+    int rc = mt_rnn_create(&m, &c);
+    if (rc == 0)
+        mt_rnn_destroy(&m);
+    fx_free(&fx);
+    if (rc == MT_ENOTSUP)
+        return; /* BLIS is not installed here */
+    equal_lengths_on("blis", 2);
+}
+
 /* ---- bad input ---- */
 
 static void bad_batch_sizes(void **state)
@@ -447,6 +465,7 @@ int main(void)
         cmocka_unit_test(pack_round_trip),
         cmocka_unit_test(equal_lengths_bit_identical),
         cmocka_unit_test(equal_lengths_bit_identical_2threads),
+        cmocka_unit_test(equal_lengths_bit_identical_2threads_global),
         cmocka_unit_test(bad_batch_sizes),
         cmocka_unit_test(changed_y_is_refused),
         cmocka_unit_test(activation_bytes_follow_tokens),
