@@ -254,12 +254,15 @@ void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(vo
                       void *arg)
 {
     const mt__rnn_gemm_t *g = s->gemm;
-    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind == THR_NONE) {
+    /* Not OpenBLAS: its worker threads spin after its own 2-thread calls, beside the halves;
+     * in bench_rnn --goals its 2-thread step was slower with them (docs/blas.md). */
+    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind == THR_NONE ||
+        g->thr_kind == THR_OPENBLAS) {
         fn(arg, 0, nb);
         return;
     }
-    /* OpenBLAS and BLIS take single-threaded calls from two threads at once; their count
-     * is process-wide, so it goes back up only once both halves are done. */
+    /* BLIS takes single-threaded calls from two threads at once; its count is process-wide,
+     * so it goes back up only once both halves are done. */
     (void)mt__rnn_gemm_set_threads(g, 1);
     half_t h = {g, fn, arg, split, nb};
     pthread_t t;

@@ -51,10 +51,10 @@ const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm);
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
 /* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on a second thread,
  * both with the library at one thread, when s->threads >= 2, 0 < split < nb and the
- * library's thread count can be set (oneDNN's per calling thread, OpenBLAS's and BLIS's
- * for the process, back to s->threads after both halves); else fn(arg, 0, nb) on the
- * caller. The step loops run the batch's rows in two halves this way: each sequence's
- * recurrence is independent of the others', so the halves never wait for each other. */
+ * library's thread count can be set (oneDNN's per calling thread, BLIS's for the process,
+ * back to s->threads after both halves; not OpenBLAS, measured slower); else
+ * fn(arg, 0, nb) on the caller. The step loops run the batch's rows in two halves this way: each
+ * sequence's recurrence is independent of the others', so the halves never wait for each other. */
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg);
 /* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */

@@ -251,7 +251,7 @@ static void equal_lengths_bit_identical_2threads(void **state)
     equal_lengths_on("dnnl", 2);
 }
 
-/* The same with OpenBLAS and BLIS at 2 threads, whose step loops run in two halves too. */
+/* The same with OpenBLAS (step loops on one thread) and BLIS (in two halves) at 2 threads. */
 static void equal_lengths_bit_identical_2threads_global(void **state)
 {
     (void)state;

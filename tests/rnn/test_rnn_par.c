@@ -1,5 +1,5 @@
-/* mt__rnn_rows_par: the step loops' two halves run on two threads with every library whose
- * thread count can be set (oneDNN per thread; OpenBLAS and BLIS for the process). */
+/* mt__rnn_rows_par: the step loops' two halves run on two threads with oneDNN (its count is
+ * per thread) and BLIS (for the process); with OpenBLAS on the caller (docs/blas.md). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,8 +30,9 @@ static void record(void *arg, int b0, int b1)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* Rows [0, 5) on the caller and [5, 12) on another thread, for library name. */
-static void halves_on_two_threads(const char *name)
+/* Rows [0, 5) on the caller and [5, 12) on another thread, for library name (two = false:
+ * all rows in one call on the caller). */
+static void halves_on(const char *name, bool two)
 {
     const mt__rnn_gemm_t *g;
     int rc = mt__rnn_gemm_get(name, &g);
@@ -50,6 +51,12 @@ static void halves_on_two_threads(const char *name)
                           .threads = 2};
     seen_t s = {.calls = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
     mt__rnn_rows_par(&sh, 5, 12, record, &s);
+    if (!two) {
+        assert_int_equal(s.calls, 1);
+        assert_int_equal(s.hi[0], 12);
+        assert_true(pthread_equal(s.who[0], pthread_self()));
+        return;
+    }
     assert_int_equal(s.calls, 2);
     assert_int_equal(s.lo[0], 0);
     assert_int_equal(s.hi[0], 5);
@@ -70,13 +77,13 @@ static void halves_on_two_threads(const char *name)
 static void cblas_halves(void **state)
 {
     (void)state;
-    halves_on_two_threads("cblas");
+    halves_on("cblas", false);
 }
 
 static void blis_halves(void **state)
 {
     (void)state;
-    halves_on_two_threads("blis");
+    halves_on("blis", true);
 }
 
 static void dnnl_halves(void **state)
@@ -85,7 +92,7 @@ static void dnnl_halves(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* oneDNN's OpenMP threads and LeakSanitizer: see test_rnn_golden.c */
 #endif
-    halves_on_two_threads("dnnl");
+    halves_on("dnnl", true);
 }
 
 int main(void)
