@@ -438,7 +438,7 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
     double flops = step_flops(&t, full);
     printf("  GEMM bound = the step's %.2f GFLOP at the best sgemm rate of the three libraries and "
            "libxsmm's kernels on packed panels (2048x1024x512), measured right before each step; "
-           "medians of %d rounds\n",
+           "medians of %d rounds (the %% is the median of the rounds' bound/step ratios)\n",
            flops * 1e-9, iters);
     for (int threads = 1; threads <= 2; threads++) {
         for (int i = 0; i < 3; i++) {
@@ -465,12 +465,12 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
                      t.B, libs[i], threads);
             char note[96];
             if (threads == 1) {
-                snprintf(fig, sizeof fig, "cpu %.1f ms (bound %.1f) = %.0f %%", csec * 1e3,
+                snprintf(fig, sizeof fig, "cpu %.1f ms (bound %.1f) = %.1f %%", csec * 1e3,
                          flops / (crate * 1e9) * 1e3, 100.0 * cratio);
-                snprintf(note, sizeof note, "wall %.1f ms (bound %.1f) = %.0f %%, load %.1f",
+                snprintf(note, sizeof note, "wall %.1f ms (bound %.1f) = %.1f %%, load %.1f",
                          sec * 1e3, flops / (rate * 1e9) * 1e3, 100.0 * ratio, load_avg());
             } else {
-                snprintf(fig, sizeof fig, "%.1f ms (bound %.1f) = %.0f %%", sec * 1e3,
+                snprintf(fig, sizeof fig, "%.1f ms (bound %.1f) = %.1f %%", sec * 1e3,
                          flops / (rate * 1e9) * 1e3, 100.0 * ratio);
                 snprintf(note, sizeof note, "wall clock, load %.1f", load_avg());
             }
