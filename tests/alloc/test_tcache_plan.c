@@ -32,6 +32,17 @@ static uint64_t device_calls(mt_backend_t *b)
     return c.malloc_calls + c.free_calls + c.vm_map_calls + c.vm_unmap_calls;
 }
 
+/* An allocator on b after a warm-up of one 64 KiB pair on the default stream: its plan. */
+static mt_alloc_t *warm_pair(mt_backend_t *b)
+{
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    assert_int_equal(mt_alloc_warmup_begin(a), 0);
+    void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
+    return a;
+}
+
 /* The bench's case: a warm-up of one pair, then pairs. Each free leaves the block in the
  * thread's cache and each request takes it back there: the plan is not consulted (its
  * version does not move), its block stays planned and live, no device call. */
@@ -39,13 +50,10 @@ static void test_pair_after_warmup_is_cached(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
-    assert_int_equal(mt_alloc_warmup_begin(a), 0);
-    void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
-    assert_int_equal(mt_alloc_free(a, p), 0);
-    assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
+    mt_alloc_t *a = warm_pair(b);
     uint64_t calls = device_calls(b);
     void *first = xmalloc_dev(a, 64 * KIB, NULL, 0); /* the global path: the plan places it */
+    void *p = first;
     uint64_t v = plan_ver(a);
     for (int i = 0; i < 100; i++) {
         assert_int_equal(mt_alloc_free(a, first), 0);
@@ -103,11 +111,7 @@ static void test_other_threads_planned_block(void **state)
 {
     (void)state;
     mt_backend_t *b = sim_backend(256 * MIB);
-    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
-    assert_int_equal(mt_alloc_warmup_begin(a), 0);
-    void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
-    assert_int_equal(mt_alloc_free(a, p), 0);
-    assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
+    mt_alloc_t *a = warm_pair(b);
     other_t o = {a, NULL, NULL};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, other_pair, &o), 0);

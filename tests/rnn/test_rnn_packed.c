@@ -230,6 +230,20 @@ static void equal_lengths_bit_identical(void **state)
     equal_lengths_on(NULL, 1);
 }
 
+/* GEMM library lib can be loaded here (a module on it is created). */
+static bool gemm_here(const char *lib)
+{
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = lib;
+    mt_rnn_t *m;
+    int rc = mt_rnn_create(&m, &c);
+    if (rc == 0)
+        mt_rnn_destroy(&m);
+    fx_free(&fx);
+    return rc != MT_ENOTSUP;
+}
+
 /* The same with oneDNN at 2 threads: the step loops run the batch in two halves on two
  * threads (mt__rnn_rows_par), split alike for both forms. */
 static void equal_lengths_bit_identical_2threads(void **state)
@@ -238,15 +252,7 @@ static void equal_lengths_bit_identical_2threads(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     skip(); /* oneDNN's OpenMP threads and LeakSanitizer: see test_rnn_golden.c */
 #endif
-    rnn_fx_t *fx = fx_new(16u << 20);
-    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
-    c.gemm = "dnnl";
-    mt_rnn_t *m;
-    int rc = mt_rnn_create(&m, &c);
-    if (rc == 0)
-        mt_rnn_destroy(&m);
-    fx_free(&fx);
-    if (rc == MT_ENOTSUP)
+    if (!gemm_here("dnnl"))
         skip();
     equal_lengths_on("dnnl", 2);
 }
@@ -256,17 +262,8 @@ static void equal_lengths_bit_identical_2threads_global(void **state)
 {
     (void)state;
     equal_lengths_on("cblas", 2);
-    rnn_fx_t *fx = fx_new(16u << 20);
-    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
-    c.gemm = "blis";
-    mt_rnn_t *m;
-    int rc = mt_rnn_create(&m, &c);
-    if (rc == 0)
-        mt_rnn_destroy(&m);
-    fx_free(&fx);
-    if (rc == MT_ENOTSUP)
-        return; /* BLIS is not installed here */
-    equal_lengths_on("blis", 2);
+    if (gemm_here("blis")) /* else BLIS is not installed here */
+        equal_lengths_on("blis", 2);
 }
 
 /* ---- bad input ---- */
