@@ -441,6 +441,16 @@ static inline bool dirty(const mt__tcache_t *c)
            c->cum.count[MT_STAT_LARGE] != 0;
 }
 
+/* Another thread's cache (or this one's), claimed meanwhile, flushed if it has anything to
+ * give back; true when a held block went back to the bins. */
+static bool flush_claimed(mt_alloc_t *a, mt__tcache_t *c)
+{
+    mt__tc_claim(c);
+    bool freed = dirty(c) && flush_locked(a, c);
+    mt__tc_unclaim(c);
+    return freed;
+}
+
 void mt__tc_flush_mine(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
@@ -457,12 +467,8 @@ bool mt__tc_flush_all(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
     bool freed = false;
-    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
-        mt__tc_claim(c);
-        if (dirty(c))
-            freed |= flush_locked(a, c);
-        mt__tc_unclaim(c);
-    }
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        freed |= flush_claimed(a, c);
     return freed;
 }
 
@@ -473,12 +479,8 @@ void mt__tc_flush_others(mt_alloc_t *a)
     for (mt__tcache_t *c = a->caches; c != NULL; c = c->next) {
         /* Only a cache that owns planned blocks may hold one (nplan changes under mu):
          * the others are not claimed, which costs a system call. */
-        if (c == mine || c->nplan == 0)
-            continue;
-        mt__tc_claim(c);
-        if (dirty(c))
-            flush_locked(a, c);
-        mt__tc_unclaim(c);
+        if (c != mine && c->nplan != 0)
+            (void)flush_claimed(a, c);
     }
 }
 

@@ -361,8 +361,10 @@ static double scaling(pair_job_t *j0, pair_job_t *j1, unsigned n, unsigned round
                       double *two, double cpu[3])
 {
     duo_t *d = calloc(1, sizeof *d);
-    if (d == NULL)
+    if (d == NULL) {
+        *one = *two = cpu[0] = cpu[1] = cpu[2] = 0;
         return 0;
+    }
     *d = (duo_t){.j = {j0, j1}, .n = n, .rounds = rounds};
     for (int i = 0; i < 2; i++) /* warm: the caches filled, the first miss taken */
         pairs_run(d->j[i], 100);

@@ -271,9 +271,10 @@ static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, in
 }
 
 /* xh, rows of sequences [b0, b1) at every step: the row's input x, then the state its step
- * started from. */
-static void gather_xh(const dir_back_t *a, int b0, int b1)
+ * started from (mt__rnn_rows_par: at two threads, each half gathers its own). */
+static void gather_xh(void *arg, int b0, int b1)
 {
+    const dir_back_t *a = arg;
     int H = a->s->hidden, in = a->in;
     for (int t = 0; t < a->T; t++) {
         bprev_t pv = prev_of(a, t);
@@ -309,12 +310,6 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
-/* Rows of sequences [b0, b1) of xh (at two threads, each half gathers its own). */
-static void gather_rows(void *arg, int b0, int b1)
-{
-    gather_xh(arg, b0, b1);
-}
-
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
@@ -332,7 +327,7 @@ static void back_dir(const dir_back_t *a)
     }
     int split = mt__rnn_cpu_split(s, a->q, a->t0, T);
     mt__rnn_rows_par(s, split, a->q->B, back_steps, &run);
-    mt__rnn_rows_par(s, split, a->q->B, gather_rows, (void *)a);
+    mt__rnn_rows_par(s, split, a->q->B, gather_xh, (void *)a);
 
     /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
      * G beside its input and the state its step started from (gathered: the step before,

@@ -16,6 +16,15 @@ static uint64_t plan_ver(mt_alloc_t *a)
     return v;
 }
 
+/* The plan's count of live planned blocks. */
+static size_t plan_live(mt_alloc_t *a)
+{
+    mt__alloc_lock(a);
+    size_t n = a->plan.live;
+    mt__alloc_unlock(a);
+    return n;
+}
+
 /* Bytes the allocator's counter holds beyond what the program holds (live): a cache's. */
 static int64_t held(mt_alloc_t *a, int64_t live)
 {
@@ -74,13 +83,9 @@ static void test_pair_after_warmup_is_cached(void **state)
     assert_int_equal(s.allocation[MT_STAT_ALL].allocated, 102);
     assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 64 * KIB);
     assert_int_equal(mt_alloc_free(a, p), 0); /* held: planned and live to the plan */
-    mt__alloc_lock(a);
-    assert_int_equal(a->plan.live, 1);
-    mt__alloc_unlock(a);
+    assert_int_equal(plan_live(a), 1);
     s = stats_of(a); /* flushes the cache: the block's free reaches the plan */
-    mt__alloc_lock(a);
-    assert_int_equal(a->plan.live, 0);
-    mt__alloc_unlock(a);
+    assert_int_equal(plan_live(a), 0);
     assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
@@ -129,9 +134,7 @@ static void test_other_threads_planned_block(void **state)
     assert_ptr_equal(o.p, q);
     assert_true(plan_ver(a) != v);
     assert_int_equal(held(a, 0), 0); /* this thread's cache was flushed to the plan */
-    mt__alloc_lock(a);
-    assert_int_equal(a->plan.live, 0);
-    mt__alloc_unlock(a);
+    assert_int_equal(plan_live(a), 0);
     assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
