@@ -265,9 +265,9 @@ static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, in
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     if (n <= 0)
         return;
-    mt__rnn_sgemm(a->s->gemm, true, false, H, 2 * H, n, 1.0f, hs, ldh, a->g, gl, 1.0f, a->accr, gl);
-    mt__rnn_sgemm(a->s->gemm, true, false, H, H, n, 1.0f, hs, ldh, a->aux, H, 1.0f,
-                  a->accr + (size_t)2 * H, gl);
+    mt__rnn_sgemm_par(a->s, true, false, H, 2 * H, n, 1.0f, hs, ldh, a->g, gl, 1.0f, a->accr, gl);
+    mt__rnn_sgemm_par(a->s, true, false, H, H, n, 1.0f, hs, ldh, a->aux, H, 1.0f,
+                      a->accr + (size_t)2 * H, gl);
 }
 
 /* xh, rows of sequences [b0, b1) at every step: the row's input x, then the state its step
@@ -310,6 +310,15 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
+/* R [gH, H] into xh, panels [p0, p1) of its MT__RNN_XSMM_MB columns (mt__rnn_rows_par). */
+static void pack_r(void *arg, int p0, int p1)
+{
+    const dir_back_t *a = arg;
+    int H = a->s->hidden, gh = a->s->gates * H, c0 = p0 * MT__RNN_XSMM_MB;
+    int c1 = p1 * MT__RNN_XSMM_MB < H ? p1 * MT__RNN_XSMM_MB : H;
+    mt__rnn_xsmm_pack(a->xh + (size_t)c0 * gh, a->w.r + c0, H, 1, gh, c1 - c0);
+}
+
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
@@ -322,7 +331,8 @@ static void back_dir(const dir_back_t *a)
      * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md). */
     dir_back_t run = *a;
     if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
-        mt__rnn_xsmm_pack(a->xh, a->w.r, H, 1, gh, H);
+        int np = (H + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB;
+        mt__rnn_rows_par(s, np / 2, np, pack_r, (void *)a);
         run.rp = a->xh;
     }
     int split = mt__rnn_cpu_split(s, a->q, a->t0, T);
@@ -335,12 +345,12 @@ static void back_dir(const dir_back_t *a)
      * product per step), and accw, accr are one [in + H, gH] matrix. GRU's n gate takes
      * another right-hand side for dR (r * dn). */
     if (s->mode == MT_RNN_GRU) {
-        mt__rnn_sgemm(s->gemm, true, false, a->in, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
-                      a->accw, gl);
+        mt__rnn_sgemm_par(s, true, false, a->in, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
+                          a->accw, gl);
         gru_recurrent_grad(a, a->xh + a->in, a->xld, (int)tb);
     } else {
-        mt__rnn_sgemm(s->gemm, true, false, a->in + H, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl,
-                      1.0f, a->accw, gl);
+        mt__rnn_sgemm_par(s, true, false, a->in + H, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl,
+                          1.0f, a->accw, gl);
     }
     if (a->dw.bw) {
         /* b_W and b_R enter the same sum, so their gradients are equal, except GRU's n
@@ -357,8 +367,8 @@ static void back_dir(const dir_back_t *a)
             a->dw.br[j] += d0[gh + j - fold] + d1[gh + j - fold];
     }
     if (a->din)
-        mt__rnn_sgemm(a->s->gemm, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
-                      a->din_beta, a->din, a->in);
+        mt__rnn_sgemm_par(a->s, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
+                          a->din_beta, a->din, a->in);
 }
 
 typedef struct bwd_s {
@@ -471,18 +481,45 @@ static void add_transposed(float *restrict dst, int ldd, const float *restrict s
     }
 }
 
-/* dw += the accumulated dW and dR of every pseudo-layer. */
+/* acc_flush's work in items of 32 rows of an accumulator [in + H, gH] (a tile of 32
+ * columns of dw's W and R), pseudo-layer by pseudo-layer. */
+static void flush_items(void *arg, int i0, int i1)
+{
+    const bwd_t *b = arg;
+    const mt__rnn_shape_t *s = b->s;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), i = 0;
+    for (int p = 0; p < s->layers * s->dirs && i < i1; p++) {
+        int in = mt__rnn_layer_in(s, p / s->dirs), nw = (in + 31) / 32, nr = (H + 31) / 32;
+        mt__rnn_mats_t dw = mt__rnn_mats(s, b->dw, p / s->dirs, p % s->dirs);
+        const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gl;
+        for (int t = 0; t < nw + nr; t++, i++) {
+            if (i < i0 || i >= i1)
+                continue;
+            bool isw = t < nw;
+            int r0 = (isw ? t : t - nw) * 32, n = isw ? in : H;
+            int m = n - r0 < 32 ? n - r0 : 32;
+            const float *src = (isw ? accw : accr) + (size_t)r0 * gl;
+            add_transposed((isw ? dw.w : dw.r) + r0, n, src, gl, m, gh);
+        }
+    }
+}
+
+/* dw += the accumulated dW and dR of every pseudo-layer (in two halves at two threads). */
 static void acc_flush(const bwd_t *b)
 {
     const mt__rnn_shape_t *s = b->s;
-    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
-    for (int p = 0; p < s->layers * s->dirs; p++) {
-        int in = mt__rnn_layer_in(s, p / s->dirs);
-        mt__rnn_mats_t dw = mt__rnn_mats(s, b->dw, p / s->dirs, p % s->dirs);
-        const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gl;
-        add_transposed(dw.w, in, accw, gl, in, gh);
-        add_transposed(dw.r, H, accr, gl, H, gh);
-    }
+    int n = 0;
+    for (int p = 0; p < s->layers * s->dirs; p++)
+        n += (mt__rnn_layer_in(s, p / s->dirs) + 31) / 32 + (s->hidden + 31) / 32;
+    mt__rnn_rows_par(s, n / 2, n, flush_items, (void *)b);
+}
+
+/* Zeroes the accumulators, blocks [k0, k1) of 4 KiB (mt__rnn_rows_par). */
+static void zero_acc(void *arg, int k0, int k1)
+{
+    const bwd_t *b = arg;
+    size_t n = acc_offset(b->s, b->s->layers * b->s->dirs), e = (size_t)k1 * 1024;
+    memset(b->acc + (size_t)k0 * 1024, 0, ((e < n ? e : n) - (size_t)k0 * 1024) * sizeof(float));
 }
 
 /* The gradient layer l > 0 sent to its input, over rows [row0, row0 + nb) of dbuf (at ofs):
@@ -506,7 +543,8 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.acc = work;
-    memset(b.acc, 0, acc_offset(s, L * D) * sizeof(float));
+    int nz = (int)((acc_offset(s, L * D) + 1023) / 1024);
+    mt__rnn_rows_par(s, nz / 2, nz, zero_acc, &b);
     b.xh = b.acc + acc_offset(s, L * D);
     b.dhn = b.xh + C * (size_t)xh_ld(s);
     b.dcn = b.dhn + nstate;

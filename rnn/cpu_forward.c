@@ -260,13 +260,13 @@ static size_t lrow(const dir_run_t *a, int t)
     return a->q->off[a->t0 + t] - a->q->off[a->t0];
 }
 
-/* gates = x W^T over the chunk's rows, on every thread of the library; the bias is added
- * by the cell, in the same pass that reads the gates. */
+/* gates = x W^T over the chunk's rows, in two halves at two threads; the bias is added by
+ * the cell, in the same pass that reads the gates. */
 static void project_inputs(const dir_run_t *a)
 {
     int gh = a->s->gates * a->s->hidden;
-    mt__rnn_sgemm(a->s->gemm, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w,
-                  a->in, 0.0f, a->gates, mt__rnn_cpu_gld(a->s));
+    mt__rnn_sgemm_par(a->s, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w, a->in,
+                      0.0f, a->gates, mt__rnn_cpu_gld(a->s));
 }
 
 /* The previous hidden state of the sequences running at a step: row b < split at
@@ -469,23 +469,48 @@ static void transpose(float *restrict dst, int ldd, const float *restrict src, i
     }
 }
 
-/* R^T and the folded bias of every pseudo-layer, into prep (prep_floats). */
-static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
+/* prepare()'s work in items of 32 rows of R (a panel of R^T): item i is block i % nblk of
+ * pseudo-layer i / nblk, and block 0 also computes the layer's folded bias. */
+typedef struct prep_job_s {
+    const mt__rnn_shape_t *s;
+    const float *w;
+    float *prep;
+    int nblk;
+} prep_job_t;
+
+static void prepare_items(void *arg, int i0, int i1)
 {
+    const prep_job_t *j = arg;
+    const mt__rnn_shape_t *s = j->s;
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s);
-    for (int p = 0; p < s->layers * s->dirs; p++) {
-        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
-        float *rt = prep + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
+    for (int i = i0; i < i1; i++) {
+        int p = i / j->nblk, r0 = (i % j->nblk) * MT__RNN_XSMM_MB;
+        int n = gh - r0 < MT__RNN_XSMM_MB ? gh - r0 : MT__RNN_XSMM_MB;
+        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)j->w, p / s->dirs, p % s->dirs);
+        float *rt = j->prep + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
+        const float *r = m.r + (size_t)r0 * H;
         if (s->xsmm) /* R^T [H, gH] in panels: H*gH of the H*gl floats */
-            mt__rnn_xsmm_pack(rt, m.r, 1, H, H, gh);
+            mt__rnn_xsmm_pack(rt + (size_t)r0 * H, r, 1, H, H, n);
         else
-            transpose(rt, gl, m.r, H, gh, H);
+            transpose(rt + r0, gl, r, H, n, H);
+        if (r0 > 0)
+            continue;
         /* The recurrent bias is folded in too, except GRU's n gate, where it sits inside
          * r * (R_n h + b_Rn). */
         int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
-        for (int j = 0; j < gh; j++)
-            bias[j] = m.bw ? m.bw[j] + (j < fold ? m.br[j] : 0.0f) : 0.0f;
+        for (int c = 0; c < gh; c++)
+            bias[c] = m.bw ? m.bw[c] + (c < fold ? m.br[c] : 0.0f) : 0.0f;
     }
+}
+
+/* R^T and the folded bias of every pseudo-layer, into prep (prep_floats); at two threads
+ * in two halves of the items (a serial part would cost twice its share of the step). */
+static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
+{
+    int gh = s->gates * s->hidden;
+    prep_job_t j = {s, w, prep, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
+    int n = s->layers * s->dirs * j.nblk;
+    mt__rnn_rows_par(s, n / 2, n, prepare_items, &j);
 }
 
 /* ---- the whole stack ---- */

@@ -230,47 +230,17 @@ void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int 
         g->run(g, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* ---- two threads over the rows of a step loop ---- */
-
-typedef struct half_s {
-    const mt__rnn_gemm_t *g;
-    void (*fn)(void *, int, int);
-    void *arg;
-    int b0, b1;
-} half_t;
-
-static void *half_main(void *p)
+bool mt__rnn_gemm_halves(const mt__rnn_gemm_t *g)
 {
-    const half_t *h = p;
-    /* A new thread starts from OMP_NUM_THREADS (or the core count): one team per half. The
-     * other libraries' counts are global, set by the caller. */
-    if (h->g->thr_kind == THR_OMP)
-        ((void (*)(int))(uintptr_t)h->g->thr)(1);
-    h->fn(h->arg, h->b0, h->b1);
-    return NULL;
+    /* OpenBLAS too since every large product of a pass runs in halves (mt__rnn_sgemm_par):
+     * with no 2-thread call of its own in the pass, its worker threads no longer spin beside
+     * the halves (docs/blas.md, sessions 7 and 8). */
+    return g && g->thr_kind != THR_NONE;
 }
 
-void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
-                      void *arg)
+int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n)
 {
-    const mt__rnn_gemm_t *g = s->gemm;
-    /* Not OpenBLAS: its worker threads spin after its own 2-thread calls, beside the halves;
-     * in bench_rnn --goals its 2-thread step was slower with them (docs/blas.md). */
-    if (s->threads < 2 || split <= 0 || split >= nb || !g || g->thr_kind == THR_NONE ||
-        g->thr_kind == THR_OPENBLAS) {
-        fn(arg, 0, nb);
-        return;
-    }
-    /* BLIS takes single-threaded calls from two threads at once; its count is process-wide,
-     * so it goes back up only once both halves are done. */
-    (void)mt__rnn_gemm_set_threads(g, 1);
-    half_t h = {g, fn, arg, split, nb};
-    pthread_t t;
-    bool second = pthread_create(&t, NULL, half_main, &h) == 0;
-    fn(arg, 0, split);
-    if (second)
-        pthread_join(t, NULL);
-    (void)mt__rnn_gemm_set_threads(g, s->threads);
-    if (!second) /* the same rows in the same order: the same results, on one thread */
-        fn(arg, split, nb);
+    /* A thread starts from OMP_NUM_THREADS (or the core count): one team per half. The other
+     * libraries' counts are global, set by the caller. */
+    return g && g->thr_kind == THR_OMP ? mt__rnn_gemm_set_threads(g, n) : 0;
 }

@@ -49,14 +49,27 @@ const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
 const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm);
 /* The library's thread count (process-wide for that library). */
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
-/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on a second thread,
- * both with the library at one thread, when s->threads >= 2, 0 < split < nb and the
- * library's thread count can be set (oneDNN's per calling thread, BLIS's for the process,
- * back to s->threads after both halves; not OpenBLAS, measured slower); else
- * fn(arg, 0, nb) on the caller. The step loops run the batch's rows in two halves this way: each
- * sequence's recurrence is independent of the others', so the halves never wait for each other. */
+/* Whether the library's thread count can be set for each half of mt__rnn_rows_par: oneDNN's
+ * per calling thread, BLIS's and OpenBLAS's for the process; not an unknown CBLAS. */
+bool mt__rnn_gemm_halves(const mt__rnn_gemm_t *g);
+/* The count for the calling thread where the library keeps one per thread (oneDNN); 0. */
+int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n);
+
+/* ---- two threads (par.c) ---- */
+
+/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on the process's worker
+ * thread (or a thread of its own when the worker serves another caller), both with the
+ * library at one thread, when s->threads >= 2, 0 < split < nb and mt__rnn_gemm_halves(s->gemm)
+ * (back to s->threads after both halves); else fn(arg, 0, nb) on the caller. The step loops
+ * run the batch's rows in two halves this way: each sequence's recurrence is independent of
+ * the others', so the halves never wait for each other. */
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg);
+/* mt__rnn_sgemm on s->gemm, C split in two halves of its rows (M >= N) or columns, 32 at a
+ * time, by mt__rnn_rows_par; else one call with the library's own threads. */
+void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc);
 /* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
 void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);

@@ -1,18 +1,25 @@
-/* mt__rnn_rows_par: the step loops' two halves run on two threads with oneDNN (its count is
- * per thread) and BLIS (for the process); with OpenBLAS on the caller (docs/blas.md). */
+/* mt__rnn_rows_par: the two halves of a job run on two threads with oneDNN (its count is per
+ * thread), BLIS and OpenBLAS (for the process), the second on the process's worker thread,
+ * which stays the same from job to job; mt__rnn_sgemm_par's halves make the product. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "rnn/internal.h"
 
 typedef struct seen_s {
     pthread_t who[2];
+    long tid[2]; /* the kernel's ids: a new thread may reuse an old one's pthread_t */
     int lo[2], hi[2];
     int calls;
     pthread_mutex_t lock;
@@ -24,6 +31,7 @@ static void record(void *arg, int b0, int b1)
     pthread_mutex_lock(&s->lock);
     int i = b0 == 0 ? 0 : 1;
     s->who[i] = pthread_self();
+    s->tid[i] = (long)syscall(SYS_gettid);
     s->lo[i] = b0;
     s->hi[i] = b1;
     s->calls++;
@@ -77,7 +85,7 @@ static void halves_on(const char *name, bool two)
 static void cblas_halves(void **state)
 {
     (void)state;
-    halves_on("cblas", false);
+    halves_on("cblas", true);
 }
 
 static void blis_halves(void **state)
@@ -95,12 +103,126 @@ static void dnnl_halves(void **state)
     halves_on("dnnl", true);
 }
 
+static mt__rnn_shape_t two_threads(void)
+{
+    const mt__rnn_gemm_t *g;
+    assert_int_equal(mt__rnn_gemm_get("cblas", &g), 0);
+    return (mt__rnn_shape_t){.mode = MT_RNN_LSTM,
+                             .gates = 4,
+                             .input = 3,
+                             .hidden = 4,
+                             .layers = 1,
+                             .dirs = 1,
+                             .gemm = g,
+                             .threads = 2};
+}
+
+/* The second halves of consecutive jobs run on one thread, also after it slept (longer
+ * than it spins between jobs). */
+static void worker_persists(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    long first = 0;
+    for (int i = 0; i < 50; i++) {
+        seen_t s = {.calls = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
+        if (i % 10 == 9)
+            nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+        mt__rnn_rows_par(&sh, 3, 8, record, &s);
+        assert_int_equal(s.calls, 2);
+        assert_int_equal(s.lo[1], 3);
+        assert_int_equal(s.hi[1], 8);
+        assert_false(pthread_equal(s.who[1], pthread_self()));
+        if (i == 0)
+            first = s.tid[1];
+        assert_int_equal(s.tid[1], first);
+    }
+}
+
+/* Jobs from two threads at once: the worker serves one, the other gets a thread of its own;
+ * every half runs exactly once. */
+typedef struct count_s {
+    int hits[64];
+} count_t;
+
+static void count_rows(void *arg, int b0, int b1)
+{
+    count_t *c = arg;
+    for (int b = b0; b < b1; b++)
+        c->hits[b]++;
+}
+
+static void *caller_main(void *p)
+{
+    int *bad = p;
+    mt__rnn_shape_t sh = two_threads();
+    for (int i = 0; i < 400; i++) {
+        count_t c = {{0}};
+        int nb = 2 + i % 62;
+        mt__rnn_rows_par(&sh, nb / 2, nb, count_rows, &c);
+        for (int b = 0; b < 64; b++)
+            *bad += c.hits[b] != (b < nb);
+    }
+    return NULL;
+}
+
+static void two_callers(void **state)
+{
+    (void)state;
+    pthread_t t[2];
+    int bad[2] = {0, 0};
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, caller_main, &bad[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(bad[0] + bad[1], 0);
+}
+
+/* The product in halves (rows when M >= N, else columns; every transposition) against one
+ * call, on odd sizes. */
+static void sgemm_halves(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    const int shapes[][3] = {{70, 45, 33}, {45, 70, 33}, {64, 64, 1}, {1, 96, 7}, {33, 2, 5}};
+    srand(7);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 100;
+        float *A = malloc(sizeof(float) * ld * ld), *B = malloc(sizeof(float) * ld * ld);
+        float *C = malloc(sizeof(float) * ld * ld), *R = malloc(sizeof(float) * ld * ld);
+        assert_non_null(A && B && C && R);
+        for (int i = 0; i < ld * ld; i++) {
+            A[i] = (float)rand() / RAND_MAX - 0.5f;
+            B[i] = (float)rand() / RAND_MAX - 0.5f;
+            C[i] = R[i] = (float)rand() / RAND_MAX;
+        }
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            for (int i = 0; i < ld * ld; i++)
+                R[i] = C[i];
+            mt__rnn_sgemm(sh.gemm, ta, tb, M, N, K, 0.5f, A, ld, B, ld, 1.0f, R, ld);
+            mt__rnn_sgemm_par(&sh, ta, tb, M, N, K, 0.5f, A, ld, B, ld, 1.0f, C, ld);
+            for (int i = 0; i < ld * ld; i++) {
+                bool inside = i / ld < M && i % ld < N;
+                if (inside)
+                    assert_true(fabsf(C[i] - R[i]) <= 1e-5f * (1.0f + fabsf(R[i])));
+                else
+                    assert_true(C[i] == R[i]); /* outside C[M, N]: untouched */
+            }
+        }
+        free(A);
+        free(B);
+        free(C);
+        free(R);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cblas_halves),
-        cmocka_unit_test(blis_halves),
-        cmocka_unit_test(dnnl_halves),
+        cmocka_unit_test(cblas_halves), cmocka_unit_test(blis_halves),
+        cmocka_unit_test(dnnl_halves),  cmocka_unit_test(worker_persists),
+        cmocka_unit_test(two_callers),  cmocka_unit_test(sgemm_halves),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

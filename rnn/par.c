@@ -1,0 +1,231 @@
+/* The cpu path's second thread. mt__rnn_rows_par runs one half of a job on the caller and
+ * the other on a worker thread that lives as long as the process; mt__rnn_sgemm_par splits a
+ * large product into two such halves.
+ *
+ * Sessions 4-7 created a thread per job. On the 2-vCPU KVM machine it started about 100 us
+ * after pthread_create, because the idle vCPU had to be woken, and the caller waited for it
+ * at every join, a pass having about 20 jobs. The worker now spins for a while after each
+ * job, so that the pass's next job starts at once, then sleeps on a condition variable
+ * (docs/blas.md, session 8).
+ *
+ * The worker serves one caller at a time (`own`). A second caller, a job posted from inside
+ * a job, or a forked child gets a thread of its own, as before. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "rnn/internal.h"
+#include "util/assert.h"
+
+/* How long the worker spins for its next job before it sleeps, and how long the caller spins
+ * for the worker's half before it yields its core. */
+enum { WORKER_SPIN_NS = 300 * 1000, CALLER_SPIN_NS = 200 * 1000 };
+
+typedef struct job_s {
+    const mt__rnn_gemm_t *g;
+    void (*fn)(void *, int, int);
+    void *arg;
+    int b0, b1;
+} job_t;
+
+/* Invariants: done <= posted <= done + 1 (sequence numbers, modulo 2^32); the worker reads
+ * job only while posted != done, and the caller, holding own, writes it only while
+ * posted == done. sleeping is true only while the worker waits on cv (holding mu when it
+ * changes). */
+static struct {
+    pthread_mutex_t init; /* with started and ok */
+    bool started, ok;
+    pthread_mutex_t own; /* held by the caller whose job the worker runs */
+    pthread_mutex_t mu;  /* with cv: the worker's sleep */
+    pthread_cond_t cv;
+    atomic_uint posted, done;
+    atomic_bool sleeping;
+    job_t job;
+} w = {.init = PTHREAD_MUTEX_INITIALIZER,
+       .own = PTHREAD_MUTEX_INITIALIZER,
+       .mu = PTHREAD_MUTEX_INITIALIZER,
+       .cv = PTHREAD_COND_INITIALIZER};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Spins while *v == old, for at most budget_ns; true if it changed. */
+static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
+{
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        if (atomic_load_explicit(v, memory_order_acquire) != old)
+            return true;
+        relax();
+        if ((i & 63) == 63) {
+            uint64_t t = now_ns();
+            if (!t0)
+                t0 = t;
+            else if (t - t0 > budget_ns)
+                return false;
+        }
+    }
+}
+
+static void *worker_main(void *unused)
+{
+    (void)unused;
+    unsigned seen = 0;
+    for (;;) {
+        if (!spin_while(&w.posted, seen, WORKER_SPIN_NS)) {
+            pthread_mutex_lock(&w.mu);
+            /* sleeping, then posted; the caller stores posted, then reads sleeping (both
+             * sequentially consistent): one of the two sees the other's store. */
+            atomic_store(&w.sleeping, true);
+            while (atomic_load(&w.posted) == seen)
+                pthread_cond_wait(&w.cv, &w.mu);
+            atomic_store(&w.sleeping, false);
+            pthread_mutex_unlock(&w.mu);
+        }
+        seen = atomic_load_explicit(&w.posted, memory_order_acquire);
+        mt_assert(seen == atomic_load(&w.done) + 1);
+        job_t j = w.job;
+        (void)mt__rnn_gemm_set_threads_here(j.g, 1);
+        j.fn(j.arg, j.b0, j.b1);
+        atomic_store_explicit(&w.done, seen, memory_order_release);
+    }
+    return NULL;
+}
+
+/* A forked child has no worker: its jobs get threads of their own. */
+static void forked(void)
+{
+    w.ok = false;
+}
+
+/* Starts the worker once; false if it could not (or this is a forked child). */
+static bool worker_up(void)
+{
+    pthread_mutex_lock(&w.init);
+    if (!w.started) {
+        w.started = true;
+        pthread_attr_t at;
+        if (pthread_atfork(NULL, NULL, forked) == 0 && pthread_attr_init(&at) == 0) {
+            pthread_t t;
+            (void)pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+            w.ok = pthread_create(&t, &at, worker_main, NULL) == 0;
+            pthread_attr_destroy(&at);
+        }
+    }
+    bool ok = w.ok;
+    pthread_mutex_unlock(&w.init);
+    return ok;
+}
+
+/* The caller's wait for the worker's half: spin, then yield its core (the worker may share
+ * it with other work). */
+static void wait_done(unsigned seq)
+{
+    if (spin_while(&w.done, seq - 1, CALLER_SPIN_NS))
+        return;
+    while (atomic_load_explicit(&w.done, memory_order_acquire) != seq)
+        sched_yield();
+}
+
+static void *spawned_main(void *p)
+{
+    const job_t *j = p;
+    (void)mt__rnn_gemm_set_threads_here(j->g, 1);
+    j->fn(j->arg, j->b0, j->b1);
+    return NULL;
+}
+
+/* The second half on a thread of its own, or after the first on the caller. */
+static void run_spawned(const job_t *j, int split)
+{
+    pthread_t t;
+    bool second = pthread_create(&t, NULL, spawned_main, (void *)j) == 0;
+    j->fn(j->arg, 0, split);
+    if (second)
+        pthread_join(t, NULL);
+    else /* the same rows in the same order: the same results, on one thread */
+        j->fn(j->arg, j->b0, j->b1);
+}
+
+void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
+                      void *arg)
+{
+    const mt__rnn_gemm_t *g = s->gemm;
+    if (s->threads < 2 || split <= 0 || split >= nb || !mt__rnn_gemm_halves(g)) {
+        fn(arg, 0, nb);
+        return;
+    }
+    /* BLIS and OpenBLAS take single-threaded calls from two threads at once; their count is
+     * process-wide, so it goes back up only once both halves are done. */
+    (void)mt__rnn_gemm_set_threads(g, 1);
+    job_t j = {g, fn, arg, split, nb};
+    if (!worker_up() || pthread_mutex_trylock(&w.own) != 0) {
+        run_spawned(&j, split);
+    } else {
+        mt_assert(atomic_load(&w.posted) == atomic_load(&w.done));
+        w.job = j;
+        unsigned seq = atomic_load(&w.posted) + 1;
+        atomic_store(&w.posted, seq);
+        if (atomic_load(&w.sleeping)) {
+            pthread_mutex_lock(&w.mu);
+            pthread_cond_signal(&w.cv);
+            pthread_mutex_unlock(&w.mu);
+        }
+        fn(arg, 0, split);
+        wait_done(seq);
+        pthread_mutex_unlock(&w.own);
+    }
+    (void)mt__rnn_gemm_set_threads(g, s->threads);
+}
+
+/* ---- a product in two halves ---- */
+
+typedef struct gpart_s {
+    const mt__rnn_gemm_t *g;
+    bool ta, tb, rows; /* rows: C split by rows, else by columns */
+    int M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    int lda, ldb, ldc;
+    float *C;
+} gpart_t;
+
+/* Blocks [i0, i1) of 32 rows (or columns) of C. */
+static void gemm_part(void *arg, int i0, int i1)
+{
+    const gpart_t *p = arg;
+    int n = p->rows ? p->M : p->N, a = i0 * 32, e = i1 * 32 < n ? i1 * 32 : n;
+    if (p->rows) {
+        const float *A = p->ta ? p->A + a : p->A + (size_t)a * p->lda;
+        mt__rnn_sgemm(p->g, p->ta, p->tb, e - a, p->N, p->K, p->alpha, A, p->lda, p->B, p->ldb,
+                      p->beta, p->C + (size_t)a * p->ldc, p->ldc);
+    } else {
+        const float *B = p->tb ? p->B + (size_t)a * p->ldb : p->B + a;
+        mt__rnn_sgemm(p->g, p->ta, p->tb, p->M, e - a, p->K, p->alpha, p->A, p->lda, B, p->ldb,
+                      p->beta, p->C + a, p->ldc);
+    }
+}
+
+void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc)
+{
+    gpart_t p = {s->gemm, ta, tb, M >= N, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
+    int nb = ((M >= N ? M : N) + 31) / 32;
+    if (M <= 0 || N <= 0)
+        return;
+    mt__rnn_rows_par(s, nb / 2, nb, gemm_part, &p);
+}
