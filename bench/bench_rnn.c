@@ -440,6 +440,15 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
            "libxsmm's kernels on packed panels (2048x1024x512), measured right before each step; "
            "medians of %d rounds (the %% is the median of the rounds' bound/step ratios)\n",
            flops * 1e-9, iters);
+    /* The library a module takes by default at each thread count, marked in the rows. */
+    char def[3][8] = {"", "", ""};
+    for (int threads = 1; threads <= 2; threads++) {
+        mt_rnn_t *dm = module(a, &s, NULL);
+        if (dm && mt_rnn_set_gemm_threads(dm, threads) == 0)
+            snprintf(def[threads], sizeof def[threads], "%s", mt_rnn_gemm_name(dm));
+        mt_rnn_destroy(&dm);
+    }
+    printf("  * the engine's default library at that thread count\n");
     for (int threads = 1; threads <= 2; threads++) {
         for (int i = 0; i < 3; i++) {
             char c2[1200], out[512] = "";
@@ -461,8 +470,8 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
                 printf("    %-6s not available here\n", libs[i]);
                 continue;
             }
-            snprintf(row, sizeof row, "  train step %dx%d T=%d B=%d, %s, %d thr", t.L, t.H, t.T,
-                     t.B, libs[i], threads);
+            snprintf(row, sizeof row, "  train step %dx%d T=%d B=%d, %s, %d thr%s", t.L, t.H, t.T,
+                     t.B, libs[i], threads, strcmp(def[threads], libs[i]) == 0 ? " *" : "");
             char note[96];
             if (threads == 1) {
                 snprintf(fig, sizeof fig, "cpu %.1f ms (bound %.1f) = %.1f %%", csec * 1e3,

@@ -392,6 +392,7 @@ struct mt_rnn_s {
     mt_rnn_cfg_t cfg;
     mt__rnn_shape_t shape;
     const mt__rnn_path_t *path;
+    bool gemm_auto;        /* cpu path: the library is the default for the thread count */
     mt_alloc_t *alloc;     /* borrowed */
     mt_backend_t *backend; /* borrowed, the allocator's */
     float *w;              /* flat weights */

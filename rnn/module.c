@@ -74,27 +74,40 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
     return rc;
 }
 
-/* The default GEMM library of the cpu path, by measurement (docs/blas.md). Builds with
- * AddressSanitizer keep the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a
- * process that runs oneDNN's OpenMP threads (libgomp), failing every test at exit. */
+/* The default GEMM library of the cpu path at one thread and at two or more, by measurement
+ * (docs/blas.md: on an AMD EPYC with every large product in halves, BLIS ran the 2-thread
+ * step at 85-92 % of the GEMM bound where oneDNN ran 71-84 %; oneDNN is as fast or faster at
+ * one thread, and far faster on AVX-512). Builds with AddressSanitizer keep the linked CBLAS:
+ * LeakSanitizer's exit-time tracer crashes in a process that runs oneDNN's or BLIS's OpenMP
+ * threads (libgomp), failing every test at exit. */
 #if defined(__SANITIZE_ADDRESS__)
-#define MT__RNN_GEMM_DEFAULT "cblas"
+#define MT__RNN_GEMM_DEFAULT    "cblas"
+#define MT__RNN_GEMM_DEFAULT_MT "cblas"
 #else
-#define MT__RNN_GEMM_DEFAULT "dnnl"
+#define MT__RNN_GEMM_DEFAULT    "dnnl"
+#define MT__RNN_GEMM_DEFAULT_MT "blis"
 #endif
 
-/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default if it loads, else the linked CBLAS. */
-static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out)
+/* The default for threads (the next default if it cannot be loaded, then the linked CBLAS). */
+static int default_gemm(int threads, const mt__rnn_gemm_t **out)
+{
+    if (threads >= 2 && mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT_MT, out) == 0)
+        return 0;
+    if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)
+        return 0;
+    return mt__rnn_gemm_get("cblas", out);
+}
+
+/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default (*is_default). */
+static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out, bool *is_default)
 {
     const char *want = cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
     const char *env = getenv("MEMTRACE_RNN_GEMM");
     if (!want && env && *env && strcmp(env, "auto") != 0)
         want = env;
-    if (!want) {
-        if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)
-            return 0;
-        return mt__rnn_gemm_get("cblas", out);
-    }
+    *is_default = !want;
+    if (!want)
+        return default_gemm(1, out);
     int rc = mt__rnn_gemm_get(want, out);
     if (rc)
         mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
@@ -159,8 +172,9 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     const mt__rnn_path_t *path = select_path(b);
     if (!path)
         return MT_ENOTSUP;
+    bool gemm_auto = false;
     if (path == &mt__rnn_cpu_path) {
-        rc = select_gemm(cfg, &shape.gemm);
+        rc = select_gemm(cfg, &shape.gemm, &gemm_auto);
         if (rc)
             return rc;
     }
@@ -171,6 +185,7 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     m->cfg = *cfg;
     m->shape = shape;
     m->path = path;
+    m->gemm_auto = gemm_auto;
     m->alloc = cfg->alloc;
     m->backend = b;
     m->drop_seed = cfg->dropout_seed;
@@ -278,9 +293,17 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
         return MT_EINVAL;
     if (m->path != &mt__rnn_cpu_path)
         return MT_ENOTSUP;
-    int rc = mt__rnn_gemm_set_threads(m->shape.gemm, threads);
-    if (rc == 0)
+    const mt__rnn_gemm_t *g = m->shape.gemm;
+    if (m->gemm_auto) {
+        int rc = default_gemm(threads, &g);
+        if (rc)
+            return rc;
+    }
+    int rc = mt__rnn_gemm_set_threads(g, threads);
+    if (rc == 0) {
+        m->shape.gemm = g;
         m->shape.threads = threads;
+    }
     return rc;
 }
 

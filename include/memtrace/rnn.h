@@ -95,8 +95,9 @@ typedef struct mt_rnn_cfg_s {
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
     /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
      * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
-     * chosen by measurement (docs/blas.md), else cblas. MT_ENOTSUP (logged) if a library
-     * asked for by name cannot be loaded. */
+     * chosen by measurement for the thread count (docs/blas.md: dnnl at one thread, blis at
+     * two or more, each else the other, else cblas). MT_ENOTSUP (logged) if a library asked
+     * for by name cannot be loaded. */
     const char *gemm;
 } mt_rnn_cfg_t;
 
@@ -240,8 +241,10 @@ MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
  * (built with libxsmm, an AVX2 CPU, MEMTRACE_RNN_XSMM not "0"). Static strings. */
 MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
-/* Threads of the module's GEMM library (process-wide for that library). MT_ENOTSUP where
- * the library has no setter (or on the cuDNN path). */
+/* Threads of the module's GEMM library (process-wide for that library); at two or more, the
+ * step loops, the large products and the rest of a pass run in two halves on two threads.
+ * A module on the default library takes the default for the new count. MT_ENOTSUP where the
+ * library has no setter (or on the cuDNN path). */
 MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
 
 /* ---- parameters ---- */

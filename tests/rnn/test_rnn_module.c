@@ -3,6 +3,7 @@
  * compaction events (U1), flatten, replicate, inference memory constant in T (U2), and
  * warm-up -> zero backend mallocs over 50 random-length batches (U2). */
 #include <math.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "rnn/internal.h"
@@ -510,6 +511,49 @@ static void cpu_path_orders_after_stream(void **state)
     fx_free(&fx);
 }
 
+/* With no library named, the module takes the default for its thread count (docs/blas.md:
+ * oneDNN at one thread, BLIS at two, where they load; the linked CBLAS under ASan), and
+ * follows mt_rnn_set_gemm_threads; a library named in the configuration stays. */
+static const char *loads(rnn_fx_t *fx, const char *lib)
+{
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 3, 4, 1, false);
+    c.gemm = lib;
+    mt_rnn_t *m;
+    if (mt_rnn_create(&m, &c) != 0)
+        return NULL;
+    mt_rnn_destroy(&m);
+    return lib;
+}
+
+static void default_library_follows_threads(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64 * MIB);
+    unsetenv("MEMTRACE_RNN_GEMM");
+#if defined(__SANITIZE_ADDRESS__)
+    const char *one = "cblas", *two = "cblas";
+#else
+    const char *one = loads(fx, "dnnl") ? "dnnl" : loads(fx, "blis") ? "blis" : "cblas";
+    const char *two = loads(fx, "blis") ? "blis" : one;
+#endif
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 3, 4, 1, false);
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    assert_string_equal(mt_rnn_gemm_name(m), one);
+    assert_int_equal(mt_rnn_set_gemm_threads(m, 2), 0);
+    assert_string_equal(mt_rnn_gemm_name(m), two);
+    assert_int_equal(mt_rnn_set_gemm_threads(m, 1), 0);
+    assert_string_equal(mt_rnn_gemm_name(m), one);
+    mt_rnn_destroy(&m);
+
+    c.gemm = "cblas";
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    assert_int_equal(mt_rnn_set_gemm_threads(m, 2), 0);
+    assert_string_equal(mt_rnn_gemm_name(m), "cblas");
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
 int main(void)
 {
     /* clang-format off */
@@ -521,6 +565,7 @@ int main(void)
         cmocka_unit_test(warmup_zero_backend_mallocs),
         cmocka_unit_test(out_of_memory_is_clean),
         cmocka_unit_test(cpu_path_orders_after_stream),
+        cmocka_unit_test(default_library_follows_threads),
     };
     /* clang-format on */
     return cmocka_run_group_tests(tests, NULL, NULL);
