@@ -119,16 +119,10 @@ static void free_ranges_put(sim_ranges_t *f, size_t off, size_t size)
 
 static int ranges_reserve(sim_ranges_t *r, size_t extra)
 {
-    if (r->n + extra <= r->cap)
-        return 0;
-    size_t cap = r->cap ? r->cap : 16;
-    while (cap < r->n + extra)
-        cap *= 2;
-    sim_range_t *nv = realloc(r->v, cap * sizeof *nv);
+    sim_range_t *nv = mt__grow(r->v, &r->cap, r->n + extra, sizeof *nv, 16);
     if (nv == NULL)
         return MT_ENOMEM;
     r->v = nv;
-    r->cap = cap;
     return 0;
 }
 
