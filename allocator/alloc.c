@@ -13,6 +13,7 @@
 
 #include "util/entry.h"
 #include "util/log.h"
+#include "util/grow.h"
 #include "allocator/tcache.h"
 
 /* ---- events and logging ---- */
@@ -139,14 +140,10 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
             return a->last_sr;
         }
     }
-    if (a->nstreams == a->cap_streams) {
-        size_t cap = a->cap_streams ? a->cap_streams * 2 : 4;
-        mt_streamrec_t **ns = realloc(a->streams, cap * sizeof *ns);
-        if (ns == NULL)
-            return NULL;
-        a->streams = ns;
-        a->cap_streams = cap;
-    }
+    mt_streamrec_t **ns = mt__grow(a->streams, &a->cap_streams, a->nstreams + 1, sizeof *ns, 4);
+    if (ns == NULL)
+        return NULL;
+    a->streams = ns;
     mt_streamrec_t *sr = calloc(1, sizeof *sr);
     if (sr == NULL)
         return NULL;

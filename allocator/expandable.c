@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include "allocator/internal.h"
+#include "util/grow.h"
 
 #define EXP_PAGE ((size_t)2 << 20) /* mapping unit: the usual VM granularity */
 
@@ -339,14 +340,10 @@ static size_t plan_unmap(mt_alloc_t *a, mt__unmap_batch_t *q, mt_block_t *b, siz
     if (limit < len)
         len = round_up(limit, mt__exp_page(a));
     p = e - len;
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? 2 * q->cap : 8;
-        mt__unmap_t *nv = realloc(q->v, cap * sizeof *nv);
-        if (nv == NULL)
-            return 0;
-        q->v = nv;
-        q->cap = cap;
-    }
+    mt__unmap_t *nv = mt__grow(q->v, &q->cap, q->n + 1, sizeof *nv, 8);
+    if (nv == NULL)
+        return 0;
+    q->v = nv;
     mt_segment_t *seg2 = calloc(1, sizeof *seg2);
     bool two = p > b->addr && e < b->addr + b->size; /* b keeps parts on both sides */
     mt_block_t *t = seg2 != NULL && two ? mt__block_new(a) : NULL;
@@ -557,13 +554,10 @@ static mt_block_t **candidates(mt_alloc_t *a, size_t *n)
         for (mt_block_t *b = s->first; b != NULL; b = b->next) {
             if (!has_whole_page(a, b))
                 continue;
-            if (*n == cap) {
-                mt_block_t **nv = realloc(v, 2 * cap * sizeof *nv);
-                if (nv == NULL)
-                    return v;
-                v = nv;
-                cap *= 2;
-            }
+            mt_block_t **nv = mt__grow(v, &cap, *n + 1, sizeof *nv, 16);
+            if (nv == NULL)
+                return v;
+            v = nv;
             v[(*n)++] = b;
         }
     }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "allocator/internal.h"
+#include "util/grow.h"
 
 #define BLOCKS_PER_CHUNK 256
 
@@ -12,14 +13,10 @@
 
 static int grow_blocks(mt_alloc_t *a)
 {
-    if (a->nchunks == a->cap_chunks) {
-        size_t cap = a->cap_chunks ? a->cap_chunks * 2 : 8;
-        void **nc = realloc(a->blk_chunks, cap * sizeof *nc);
-        if (nc == NULL)
-            return MT_ENOMEM;
-        a->blk_chunks = nc;
-        a->cap_chunks = cap;
-    }
+    void **nc = mt__grow(a->blk_chunks, &a->cap_chunks, a->nchunks + 1, sizeof *nc, 8);
+    if (nc == NULL)
+        return MT_ENOMEM;
+    a->blk_chunks = nc;
     mt_block_t *chunk = aligned_alloc(_Alignof(mt_block_t), BLOCKS_PER_CHUNK * sizeof *chunk);
     if (chunk == NULL)
         return MT_ENOMEM;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include "allocator/internal.h"
+#include "util/grow.h"
 
 mt_event_t *mt__alloc_event_get(mt_alloc_t *a)
 {
@@ -21,30 +22,22 @@ mt_event_t *mt__alloc_event_get(mt_alloc_t *a)
 
 void mt__alloc_event_put(mt_alloc_t *a, mt_event_t *ev)
 {
-    if (a->nevpool == a->cap_evpool) {
-        size_t cap = a->cap_evpool ? a->cap_evpool * 2 : 16;
-        mt_event_t **np = realloc(a->evpool, cap * sizeof *np);
-        if (np == NULL) {
-            mt_event_destroy(a->backend, &ev);
-            return;
-        }
-        a->evpool = np;
-        a->cap_evpool = cap;
+    mt_event_t **np = mt__grow(a->evpool, &a->cap_evpool, a->nevpool + 1, sizeof *np, 16);
+    if (np == NULL) {
+        mt_event_destroy(a->backend, &ev);
+        return;
     }
+    a->evpool = np;
     a->evpool[a->nevpool++] = ev;
 }
 
 int mt__alloc_pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b)
 {
     mt_assert(b->state == MT_BLOCK_ACTIVE_PENDING_FREE && a->npending <= a->cap_pending);
-    if (a->npending == a->cap_pending) {
-        size_t cap = a->cap_pending ? a->cap_pending * 2 : 16;
-        mt_pending_t *np = realloc(a->pending, cap * sizeof *np);
-        if (np == NULL)
-            return MT_ENOMEM;
-        a->pending = np;
-        a->cap_pending = cap;
-    }
+    mt_pending_t *np = mt__grow(a->pending, &a->cap_pending, a->npending + 1, sizeof *np, 16);
+    if (np == NULL)
+        return MT_ENOMEM;
+    a->pending = np;
     a->pending[a->npending++] = (mt_pending_t){ev, b, false};
     __atomic_store_n(&a->tc_pend, 1, __ATOMIC_RELAXED); /* mallocs poll: no fast path */
     return 0;

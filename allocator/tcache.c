@@ -17,6 +17,7 @@
 #endif
 
 #include "allocator/tcache_impl.h"
+#include "util/grow.h"
 
 /* ---- TLS entries and the registry of live allocators ---- */
 
@@ -53,16 +54,11 @@ int mt__tc_register(mt_alloc_t *a)
     a->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&reg_mu);
     int rc = 0;
-    if (nreg == cap_reg) {
-        size_t cap = cap_reg ? cap_reg * 2 : 8;
-        struct reg_ent_s *n = realloc(reg, cap * sizeof *n);
-        if (n == NULL)
-            rc = MT_ENOMEM;
-        else {
-            reg = n;
-            cap_reg = cap;
-        }
-    }
+    struct reg_ent_s *n = mt__grow(reg, &cap_reg, nreg + 1, sizeof *n, 8);
+    if (n == NULL)
+        rc = MT_ENOMEM;
+    else
+        reg = n;
     if (rc == 0)
         reg[nreg++] = (struct reg_ent_s){a->id, a};
     pthread_mutex_unlock(&reg_mu);

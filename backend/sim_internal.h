@@ -1,6 +1,7 @@
-/* Private layout of the sim backend, shared by backend_sim.c (device memory, virtual
- * memory, pinned host memory, lifecycle) and sim_stream.c (streams, events, copies).
- * Nothing outside those two files includes this; tests use backend_sim.h. */
+/* Private layout of the sim backend, shared by backend_sim.c (lifecycle, ops table, test
+ * hooks), sim_mem.c (device memory, virtual memory, pinned host memory) and sim_stream.c
+ * (streams, events, copies). Nothing outside those files includes this; tests use
+ * backend_sim.h. */
 #ifndef MT_ALLOCATOR_SIM_INTERNAL_H
 #define MT_ALLOCATOR_SIM_INTERNAL_H
 
@@ -108,11 +109,33 @@ typedef struct sim_s {
                                 * (freed at destroy if leaked) */
 } sim_t;
 
-/* ---- backend_sim.c, used by sim_stream.c ---- */
+/* ---- backend_sim.c, used by sim_mem.c ---- */
 
+/* Calls the test hook of mt__sim_set_call_hook, if any, for one blocking call. */
+void mt__sim_call_hook(sim_t *s, const char *call);
+
+/* ---- sim_mem.c, used by backend_sim.c and sim_stream.c ---- */
+
+/* Maps the device range (dev_size from capacity) and makes it one free range. MT_ENOMEM
+ * when the mapping or the range array cannot be had; then nothing stays mapped. */
+int mt__sim_mem_init(sim_t *s);
+/* Unmaps every VM reservation, pinned host allocation and the device range. */
+void mt__sim_mem_fini(sim_t *s);
 /* True if [p, p+n) lies inside one live segment, or inside one VM reservation with every
  * page it touches mapped. */
 bool mt__sim_span_is_device(sim_t *s, const void *p, size_t n);
+
+int mt__sim_malloc(mt_backend_t *b, size_t size, void **out);
+int mt__sim_free(mt_backend_t *b, void *ptr);
+int mt__sim_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+bool mt__sim_is_device_ptr(const mt_backend_t *b, const void *ptr);
+size_t mt__sim_vm_granularity(const mt_backend_t *b);
+int mt__sim_vm_reserve(mt_backend_t *b, size_t size, void **out);
+int mt__sim_vm_release(mt_backend_t *b, void *base, size_t size);
+int mt__sim_vm_map(mt_backend_t *b, void *addr, size_t size);
+int mt__sim_vm_unmap(mt_backend_t *b, void *addr, size_t size);
+int mt__sim_host_malloc(mt_backend_t *b, size_t size, void **out);
+int mt__sim_host_free(mt_backend_t *b, void *ptr);
 
 /* ---- sim_stream.c, used by backend_sim.c ---- */
 
