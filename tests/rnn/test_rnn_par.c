@@ -38,6 +38,19 @@ static void record(void *arg, int b0, int b1)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* A small shape whose jobs run on library g at two threads. */
+static mt__rnn_shape_t shape_on(const mt__rnn_gemm_t *g)
+{
+    return (mt__rnn_shape_t){.mode = MT_RNN_LSTM,
+                             .gates = 4,
+                             .input = 3,
+                             .hidden = 4,
+                             .layers = 1,
+                             .dirs = 1,
+                             .gemm = g,
+                             .threads = 2};
+}
+
 /* Rows [0, 5) on the caller and [5, 12) on another thread, for library name (two = false:
  * all rows in one call on the caller). */
 static void halves_on(const char *name, bool two)
@@ -49,14 +62,7 @@ static void halves_on(const char *name, bool two)
         return;
     }
     assert_int_equal(rc, 0);
-    mt__rnn_shape_t sh = {.mode = MT_RNN_LSTM,
-                          .gates = 4,
-                          .input = 3,
-                          .hidden = 4,
-                          .layers = 1,
-                          .dirs = 1,
-                          .gemm = g,
-                          .threads = 2};
+    mt__rnn_shape_t sh = shape_on(g);
     seen_t s = {.calls = 0, .lock = PTHREAD_MUTEX_INITIALIZER};
     mt__rnn_rows_par(&sh, 5, 12, record, &s);
     if (!two) {
@@ -107,14 +113,7 @@ static mt__rnn_shape_t two_threads(void)
 {
     const mt__rnn_gemm_t *g;
     assert_int_equal(mt__rnn_gemm_get("cblas", &g), 0);
-    return (mt__rnn_shape_t){.mode = MT_RNN_LSTM,
-                             .gates = 4,
-                             .input = 3,
-                             .hidden = 4,
-                             .layers = 1,
-                             .dirs = 1,
-                             .gemm = g,
-                             .threads = 2};
+    return shape_on(g);
 }
 
 /* The second halves of consecutive jobs run on one thread, also after it slept (longer
