@@ -417,6 +417,17 @@ struct mt_rnn_s {
  * violation. Tests call it after every step. */
 int mt__rnn_check(const mt_rnn_t *m);
 
+/* Allocation helpers of the module's files (module.c). dmalloc: a block of bytes tagged
+ * tag on the module's stream (bytes 0: *out = NULL and 0); dfree: its free (NULL: nothing);
+ * mark: an MT_EV_MARK event (which: mt_mark_e) through the module's allocator. */
+int mt__rnn_dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out);
+void mt__rnn_dfree(mt_rnn_t *m, void *p);
+void mt__rnn_mark(mt_rnn_t *m, int which, uint64_t payload);
+
+/* The weights for one call: the flat buffer, or a compacted copy in *copy that the caller
+ * frees (module.c). */
+int mt__rnn_weights_for_call(mt_rnn_t *m, const float **w, float **copy);
+
 /* What a training forward hands to backward. */
 struct mt_rnn_reserve_s {
     mt_rnn_t *m;    /* the module that made it */

@@ -16,12 +16,12 @@
 
 #define rlog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
 
-static void mark(mt_rnn_t *m, int which, uint64_t payload)
+void mt__rnn_mark(mt_rnn_t *m, int which, uint64_t payload)
 {
     mt_alloc_emit(m->alloc, MT_EV_MARK, (uint64_t)which, payload, MT_TAG_OTHER);
 }
 
-static int dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out)
+int mt__rnn_dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out)
 {
     *out = NULL;
     if (bytes == 0)
@@ -29,7 +29,7 @@ static int dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out)
     return mt_alloc_malloc(m->alloc, bytes, m->cfg.stream, tag, out);
 }
 
-static void dfree(mt_rnn_t *m, void *p)
+void mt__rnn_dfree(mt_rnn_t *m, void *p)
 {
     if (p)
         mt_alloc_free(m->alloc, p);
@@ -202,10 +202,10 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     m->views = calloc(m->nviews, sizeof *m->views);
     if (!m->views)
         goto fail_views;
-    rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&m->w);
+    rc = mt__rnn_dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&m->w);
     if (rc)
         goto fail_weights;
-    rc = dmalloc(m, bytes, MT_TAG_GRADS, (void **)&m->dw);
+    rc = mt__rnn_dmalloc(m, bytes, MT_TAG_GRADS, (void **)&m->dw);
     if (rc)
         goto fail_grads;
     rc = init_weights(m, cfg->seed);
@@ -228,9 +228,9 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
     return 0;
 
 fail_init:
-    dfree(m, m->dw);
+    mt__rnn_dfree(m, m->dw);
 fail_grads:
-    dfree(m, m->w);
+    mt__rnn_dfree(m, m->w);
 fail_weights:
     free(m->views);
 fail_views:
@@ -246,9 +246,9 @@ void mt_rnn_destroy(mt_rnn_t **p)
     if (m->path->fini)
         m->path->fini(m);
     mt__rnn_offload_fini(m);
-    dfree(m, m->step_ws);
-    dfree(m, m->dw);
-    dfree(m, m->w);
+    mt__rnn_dfree(m, m->step_ws);
+    mt__rnn_dfree(m, m->dw);
+    mt__rnn_dfree(m, m->w);
     free(m->views);
     free(m);
     *p = NULL;
@@ -461,7 +461,7 @@ int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
 /* Weights for one call: the flat buffer, or (when parameters were rebound) a new compacted
  * copy in *copy (tagged weights, the caller frees it), announced by a one-time warning and
  * an MT_EV_COMPACTION event per call. */
-static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
+int mt__rnn_weights_for_call(mt_rnn_t *m, const float **w, float **copy)
 {
     *copy = NULL;
     *w = m->w;
@@ -477,7 +477,7 @@ static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
              m->rebound, m->nviews, bytes);
     }
     float *c;
-    int rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&c);
+    int rc = mt__rnn_dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&c);
     if (rc)
         return rc;
     for (size_t i = 0; i < m->nviews; i++) {
@@ -485,7 +485,7 @@ static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
         rc = m->path->copy(m, c + v->offset, v->data,
                            (size_t)v->rows * (size_t)v->cols * sizeof(float));
         if (rc) {
-            dfree(m, c);
+            mt__rnn_dfree(m, c);
             return rc;
         }
     }
@@ -564,7 +564,7 @@ static int reserve_new(mt_rnn_t *m, mt_rnn_reserve_t *r)
     r->bytes = m->path->reserve_bytes(m, &r->io);
     if (m->path->reserve_new)
         return m->path->reserve_new(m, &r->io, &r->space);
-    return dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
+    return mt__rnn_dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
 }
 
 static void reserve_free(mt_rnn_t *m, mt_rnn_reserve_t *r)
@@ -572,14 +572,14 @@ static void reserve_free(mt_rnn_t *m, mt_rnn_reserve_t *r)
     if (m->path->reserve_free)
         m->path->reserve_free(m, r->space);
     else
-        dfree(m, r->space);
+        mt__rnn_dfree(m, r->space);
     r->space = NULL;
 }
 
 static void release(mt_rnn_t *m, mt_rnn_reserve_t *r)
 {
     reserve_free(m, r);
-    dfree(m, r->wcopy);
+    mt__rnn_dfree(m, r->wcopy);
     free(r->batch_sizes);
     free(r);
 }
@@ -601,7 +601,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     const float *w;
     float *copy;
     void *work = step_work;
-    int rc = weights_for_call(m, &w, &copy);
+    int rc = mt__rnn_weights_for_call(m, &w, &copy);
     if (rc)
         return rc;
     if (training) {
@@ -625,7 +625,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
             goto fail_space;
     }
     if (!step_work) {
-        rc = dmalloc(m, m->path->fwd_work_bytes(m, io, training), MT_TAG_WORKSPACE, &work);
+        rc = mt__rnn_dmalloc(m, m->path->fwd_work_bytes(m, io, training), MT_TAG_WORKSPACE, &work);
         if (rc)
             goto fail_work;
     }
@@ -633,7 +633,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     uint64_t key = training ? mt__rnn_drop_key(m->drop_seed, m->drop_counter) : 0;
     rc = m->path->forward(m, w, io, training, key, res ? res->space : NULL, work);
     if (!step_work)
-        dfree(m, work);
+        mt__rnn_dfree(m, work);
     if (rc)
         goto fail_work;
     m->stats.forwards++;
@@ -648,7 +648,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
         res->wcopy = copy;
         *reserve = res;
     } else {
-        dfree(m, copy);
+        mt__rnn_dfree(m, copy);
     }
     return 0;
 
@@ -660,7 +660,7 @@ fail_space:
         free(res->batch_sizes);
     free(res);
 fail_res:
-    dfree(m, copy);
+    mt__rnn_dfree(m, copy);
     return rc;
 }
 
@@ -673,9 +673,9 @@ int mt_rnn_forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     int rc = check_io(m, io);
     if (rc)
         return rc;
-    mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
+    mt__rnn_mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
     rc = forward(m, io, reserve, NULL);
-    mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
+    mt__rnn_mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
     return rc;
 }
 
@@ -689,25 +689,25 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
         release(res->m, res);
         return MT_EINVAL;
     }
-    mark(m, MT_MARK_BACKWARD_BEGIN, (uint64_t)res->io.seq_len);
+    mt__rnn_mark(m, MT_MARK_BACKWARD_BEGIN, (uint64_t)res->io.seq_len);
     const float *w = res->wcopy;
     float *copy = NULL;
     void *work = NULL;
     int rc = 0;
     if (!w)
-        rc = weights_for_call(m, &w, &copy);
+        rc = mt__rnn_weights_for_call(m, &w, &copy);
     if (rc == 0)
         rc = check_sums(m, res);
     if (rc == 0)
-        rc = dmalloc(m, m->path->bwd_work_bytes(m, &res->io), MT_TAG_WORKSPACE, &work);
+        rc = mt__rnn_dmalloc(m, m->path->bwd_work_bytes(m, &res->io), MT_TAG_WORKSPACE, &work);
     if (rc == 0) {
         rc = m->path->backward(m, w, m->dw, &res->io, res->drop_key, res->space, g, work);
         m->stats.backwards++;
     }
-    dfree(m, work);
-    dfree(m, copy);
+    mt__rnn_dfree(m, work);
+    mt__rnn_dfree(m, copy);
     release(m, res);
-    mark(m, MT_MARK_BACKWARD_END, (uint64_t)0);
+    mt__rnn_mark(m, MT_MARK_BACKWARD_END, (uint64_t)0);
     return rc;
 }
 
@@ -730,10 +730,10 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
     size_t wbytes = (m->path->fwd_work_bytes(m, &shape, false) + 255) & ~(size_t)255;
     size_t need = wbytes + ybytes;
     if (need > m->step_ws_bytes) {
-        dfree(m, m->step_ws);
+        mt__rnn_dfree(m, m->step_ws);
         m->step_ws = NULL;
         m->step_ws_bytes = 0;
-        int rc = dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
+        int rc = mt__rnn_dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
         if (rc)
             return rc;
         m->step_ws_bytes = need;
@@ -750,7 +750,7 @@ int mt_rnn_step_release(mt_rnn_t *m)
 {
     if (!m)
         return MT_EINVAL;
-    dfree(m, m->step_ws);
+    mt__rnn_dfree(m, m->step_ws);
     m->step_ws = NULL;
     m->step_ws_bytes = 0;
     return 0;
@@ -786,13 +786,13 @@ static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, siz
     int rc = mt_alloc_warmup_begin(m->alloc);
     if (rc)
         return rc;
-    mark(m, MT_MARK_WARMUP_BEGIN, tb);
+    mt__rnn_mark(m, MT_MARK_WARMUP_BEGIN, tb);
     /* Its training forward does not count: the masks of later passes are those the module
      * would have drawn without the warm-up. */
     uint64_t drop_counter = m->drop_counter;
     int i = 0;
     for (; i < NBUF; i++) {
-        rc = dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
+        rc = mt__rnn_dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
         if (rc)
             break;
         /* Zero inputs make every gradient exactly zero: the grad buffer is unchanged. */
@@ -825,10 +825,10 @@ static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, siz
             rc = mt_rnn_backward(m, &res, &g);
     }
     while (i-- > 0)
-        dfree(m, buf[i].p);
+        mt__rnn_dfree(m, buf[i].p);
     m->drop_counter = drop_counter;
     int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
-    mark(m, MT_MARK_WARMUP_END, tb);
+    mt__rnn_mark(m, MT_MARK_WARMUP_END, tb);
     rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d, %zu tokens done (%s)", max_T, max_B, tb,
          rc ? mt_strerror(rc) : "ok");
     return rc ? rc : rc2;
