@@ -4,7 +4,8 @@
  * buffers and the parameter views; it knows nothing of how a cell is computed. A compute
  * path (mt__rnn_path_t: "cpu" here, "cudnn" on a GPU build) implements forward, backward and
  * the sizes of its reserve and workspace. module.c allocates those from the caching
- * allocator with the right tags, handles compaction, and dispatches through m->path. */
+ * allocator with the right tags and dispatches through m->path; params.c compacts rebound
+ * weights for a call. */
 #ifndef MT_RNN_INTERNAL_H
 #define MT_RNN_INTERNAL_H
 
@@ -425,7 +426,7 @@ void mt__rnn_dfree(mt_rnn_t *m, void *p);
 void mt__rnn_mark(mt_rnn_t *m, int which, uint64_t payload);
 
 /* The weights for one call: the flat buffer, or a compacted copy in *copy that the caller
- * frees (module.c). */
+ * frees (params.c). */
 int mt__rnn_weights_for_call(mt_rnn_t *m, const float **w, float **copy);
 
 /* What a training forward hands to backward. */
