@@ -5,7 +5,7 @@
  * path (mt__rnn_path_t: "cpu" here, "cudnn" on a GPU build) implements forward, backward and
  * the sizes of its reserve and workspace. module.c allocates those from the caching
  * allocator with the right tags and dispatches through m->path; params.c compacts rebound
- * weights for a call. */
+ * weights for a call; warmup.c warms the module up. */
 #ifndef MT_RNN_INTERNAL_H
 #define MT_RNN_INTERNAL_H
 
