@@ -5,7 +5,7 @@
  * path (mt__rnn_path_t: "cpu" here, "cudnn" on a GPU build) implements forward, backward and
  * the sizes of its reserve and workspace. module.c allocates those from the caching
  * allocator with the right tags and dispatches through m->path; params.c compacts rebound
- * weights for a call; warmup.c warms the module up. */
+ * weights for a call; lifecycle.c creates the module and warmup.c warms it up. */
 #ifndef MT_RNN_INTERNAL_H
 #define MT_RNN_INTERNAL_H
 
@@ -418,7 +418,7 @@ struct mt_rnn_s {
  * violation. Tests call it after every step. */
 int mt__rnn_check(const mt_rnn_t *m);
 
-/* Allocation helpers of the module's files (module.c). dmalloc: a block of bytes tagged
+/* Allocation helpers of the module's files (lifecycle.c). dmalloc: a block of bytes tagged
  * tag on the module's stream (bytes 0: *out = NULL and 0); dfree: its free (NULL: nothing);
  * mark: an MT_EV_MARK event (which: mt_mark_e) through the module's allocator. */
 int mt__rnn_dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out);
