@@ -4,7 +4,8 @@
  * buffers and the parameter views; it knows nothing of how a cell is computed. A compute
  * path (mt__rnn_path_t: "cpu" here, "cudnn" on a GPU build) implements forward, backward and
  * the sizes of its reserve and workspace. module.c allocates those from the caching
- * allocator with the right tags, handles compaction, and dispatches through m->path. */
+ * allocator with the right tags and dispatches through m->path; params.c compacts rebound
+ * weights for a call; lifecycle.c creates the module and warmup.c warms it up. */
 #ifndef MT_RNN_INTERNAL_H
 #define MT_RNN_INTERNAL_H
 
@@ -416,6 +417,17 @@ struct mt_rnn_s {
  * allocator blocks with their tags). 0 if they hold, MT_EIO after logging the first
  * violation. Tests call it after every step. */
 int mt__rnn_check(const mt_rnn_t *m);
+
+/* Allocation helpers of the module's files (lifecycle.c). dmalloc: a block of bytes tagged
+ * tag on the module's stream (bytes 0: *out = NULL and 0); dfree: its free (NULL: nothing);
+ * mark: an MT_EV_MARK event (which: mt_mark_e) through the module's allocator. */
+int mt__rnn_dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out);
+void mt__rnn_dfree(mt_rnn_t *m, void *p);
+void mt__rnn_mark(mt_rnn_t *m, int which, uint64_t payload);
+
+/* The weights for one call: the flat buffer, or a compacted copy in *copy that the caller
+ * frees (params.c). */
+int mt__rnn_weights_for_call(mt_rnn_t *m, const float **w, float **copy);
 
 /* What a training forward hands to backward. */
 struct mt_rnn_reserve_s {

@@ -1,501 +1,14 @@
-/* The RNN module: descriptors, the flat weight and gradient buffers, named parameter
- * views, non-contiguity detection and compaction (U1), replicate and flatten, and the
- * forward/backward entry points, which allocate reserve and workspace from the caching
- * allocator with their tags and dispatch to a compute path. */
-#include <math.h>
-#include <stdarg.h>
-#include <stdio.h>
+/* The RNN module's passes: forward, backward and step, which take the weights from
+ * compaction (params.c), allocate reserve and workspace from the caching allocator with
+ * their tags and dispatch to a compute path; the checksums of what backward reads back from
+ * the caller; and the module's statistics and activation sizes. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "util/log.h"
-#include "mt_config.h"
 #include "rnn/internal.h"
 
-/* ---- small helpers ---- */
-
 #define rlog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
-
-static void mark(mt_rnn_t *m, int which, uint64_t payload)
-{
-    mt_alloc_emit(m->alloc, MT_EV_MARK, (uint64_t)which, payload, MT_TAG_OTHER);
-}
-
-static int dmalloc(mt_rnn_t *m, size_t bytes, int tag, void **out)
-{
-    *out = NULL;
-    if (bytes == 0)
-        return 0;
-    return mt_alloc_malloc(m->alloc, bytes, m->cfg.stream, tag, out);
-}
-
-static void dfree(mt_rnn_t *m, void *p)
-{
-    if (p)
-        mt_alloc_free(m->alloc, p);
-}
-
-/* The compute path for a backend: cuDNN on the cuda backend when built with it. */
-static const mt__rnn_path_t *select_path(mt_backend_t *b)
-{
-    if (mt_backend_kind(b) == MT_BACKEND_SIM)
-        return &mt__rnn_cpu_path;
-#if MT_HAVE_CUDNN
-    if (mt_backend_kind(b) == MT_BACKEND_CUDA)
-        return &mt__rnn_cudnn_path;
-#endif
-    return NULL;
-}
-
-static uint64_t splitmix64(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* uniform(-1/sqrt(H), 1/sqrt(H)) for every weight and bias, as PyTorch's reset_parameters.
- * Written in host memory, then copied to the device buffer. */
-static int init_weights(mt_rnn_t *m, uint64_t seed)
-{
-    size_t n = m->weight_floats;
-    float *host = malloc(n * sizeof(float));
-    if (!host)
-        return MT_ENOMEM;
-    float k = 1.0f / sqrtf((float)m->shape.hidden);
-    uint64_t st = seed;
-    for (size_t i = 0; i < n; i++) {
-        double u = (double)(splitmix64(&st) >> 11) * (1.0 / 9007199254740992.0);
-        host[i] = (float)((2.0 * u - 1.0) * k);
-    }
-    int rc = mt_memcpy(m->backend, m->w, host, n * sizeof(float), MT_MEMCPY_HOST_TO_DEVICE);
-    free(host);
-    return rc;
-}
-
-/* The default GEMM library of the cpu path at one thread and at two or more, by measurement
- * (docs/blas.md: on an AMD EPYC with every large product in halves, BLIS ran the 2-thread
- * step at 85-92 % of the GEMM bound where oneDNN ran 71-84 %; oneDNN is as fast or faster at
- * one thread, and far faster on AVX-512). Builds with AddressSanitizer keep the linked CBLAS:
- * LeakSanitizer's exit-time tracer crashes in a process that runs oneDNN's or BLIS's OpenMP
- * threads (libgomp), failing every test at exit. */
-#if defined(__SANITIZE_ADDRESS__)
-#define MT__RNN_GEMM_DEFAULT    "cblas"
-#define MT__RNN_GEMM_DEFAULT_MT "cblas"
-#else
-#define MT__RNN_GEMM_DEFAULT    "dnnl"
-#define MT__RNN_GEMM_DEFAULT_MT "blis"
-#endif
-
-/* The default for threads (the next default if it cannot be loaded, then the linked CBLAS). */
-static int default_gemm(int threads, const mt__rnn_gemm_t **out)
-{
-    if (threads >= 2 && mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT_MT, out) == 0)
-        return 0;
-    if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)
-        return 0;
-    return mt__rnn_gemm_get("cblas", out);
-}
-
-/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default (*is_default). */
-static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out, bool *is_default)
-{
-    const char *want = cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
-    const char *env = getenv("MEMTRACE_RNN_GEMM");
-    if (!want && env && *env && strcmp(env, "auto") != 0)
-        want = env;
-    *is_default = !want;
-    if (!want)
-        return default_gemm(1, out);
-    int rc = mt__rnn_gemm_get(want, out);
-    if (rc)
-        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
-                 "rnn: GEMM library \"%s\"%s %s: expected cblas, blis or dnnl, loadable here "
-                 "(libblis.so.4, libdnnl.so.2)",
-                 want, want == env ? " (MEMTRACE_RNN_GEMM)" : "",
-                 rc == MT_EINVAL ? "is unknown" : "cannot be loaded");
-    return rc;
-}
-
-/* ---- lifecycle ---- */
-
-mt_rnn_cfg_t mt_rnn_cfg_default(void)
-{
-    mt_rnn_cfg_t c;
-    memset(&c, 0, sizeof c);
-    c.mode = MT_RNN_LSTM;
-    c.input_size = 1;
-    c.hidden_size = 1;
-    c.num_layers = 1;
-    c.bias = true;
-    c.seed = 1;
-    return c;
-}
-
-const char *mt_rnn_mode_name(int mode)
-{
-    switch (mode) {
-    case MT_RNN_TANH:
-        return "rnn_tanh";
-    case MT_RNN_RELU:
-        return "rnn_relu";
-    case MT_RNN_LSTM:
-        return "lstm";
-    case MT_RNN_GRU:
-        return "gru";
-    default:
-        return "unknown";
-    }
-}
-
-int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
-{
-    if (!out || !cfg || !cfg->alloc)
-        return MT_EINVAL;
-    *out = NULL;
-    if (!(cfg->dropout >= 0.0f && cfg->dropout < 1.0f)) {
-        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
-                 "rnn: dropout %g is outside [0, 1): it is the probability of zeroing an element",
-                 (double)cfg->dropout);
-        return MT_EINVAL;
-    }
-    mt__rnn_shape_t shape;
-    memset(&shape, 0, sizeof shape);
-    int rc = mt__rnn_shape_init(&shape, cfg);
-    if (rc)
-        return rc;
-    if (cfg->chunk_steps < 0)
-        return MT_EINVAL;
-    shape.chunk = cfg->chunk_steps;
-    mt_backend_t *b = mt_alloc_backend(cfg->alloc);
-    const mt__rnn_path_t *path = select_path(b);
-    if (!path)
-        return MT_ENOTSUP;
-    bool gemm_auto = false;
-    if (path == &mt__rnn_cpu_path) {
-        rc = select_gemm(cfg, &shape.gemm, &gemm_auto);
-        if (rc)
-            return rc;
-    }
-
-    mt_rnn_t *m = calloc(1, sizeof *m);
-    if (!m)
-        return MT_ENOMEM;
-    m->cfg = *cfg;
-    m->shape = shape;
-    m->path = path;
-    m->gemm_auto = gemm_auto;
-    m->alloc = cfg->alloc;
-    m->backend = b;
-    m->drop_seed = cfg->dropout_seed;
-    if (cfg->dropout > 0.0f && cfg->num_layers == 1)
-        rlog(m, MT_LOG_WARN,
-             "rnn: dropout %g has no effect with 1 layer: it applies to the output of every "
-             "layer but the last",
-             (double)cfg->dropout);
-    m->weight_floats = mt__rnn_weight_floats(&shape);
-    m->nviews = mt__rnn_view_count(&shape);
-    size_t bytes = m->weight_floats * sizeof(float);
-
-    rc = MT_ENOMEM;
-    m->views = calloc(m->nviews, sizeof *m->views);
-    if (!m->views)
-        goto fail_views;
-    rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&m->w);
-    if (rc)
-        goto fail_weights;
-    rc = dmalloc(m, bytes, MT_TAG_GRADS, (void **)&m->dw);
-    if (rc)
-        goto fail_grads;
-    rc = init_weights(m, cfg->seed);
-    if (rc)
-        goto fail_init;
-    rc = path->zero(m, m->dw, bytes);
-    if (rc)
-        goto fail_init;
-    mt__rnn_views_init(&shape, m->views, m->w);
-    m->stats.weight_bytes = bytes;
-    rc = mt__rnn_offload_check(m, cfg->offload_host, cfg->offload_window);
-    if (rc)
-        goto fail_init;
-    if (path->init) {
-        rc = path->init(m);
-        if (rc)
-            goto fail_init;
-    }
-    *out = m;
-    return 0;
-
-fail_init:
-    dfree(m, m->dw);
-fail_grads:
-    dfree(m, m->w);
-fail_weights:
-    free(m->views);
-fail_views:
-    free(m);
-    return rc;
-}
-
-void mt_rnn_destroy(mt_rnn_t **p)
-{
-    if (!p || !*p)
-        return;
-    mt_rnn_t *m = *p;
-    if (m->path->fini)
-        m->path->fini(m);
-    mt__rnn_offload_fini(m);
-    dfree(m, m->step_ws);
-    dfree(m, m->dw);
-    dfree(m, m->w);
-    free(m->views);
-    free(m);
-    *p = NULL;
-}
-
-int mt_rnn_set_offload(mt_rnn_t *m, mt_host_cache_t *host, int window)
-{
-    if (!m)
-        return MT_EINVAL;
-    int rc = mt__rnn_offload_check(m, host, window);
-    if (rc)
-        return rc;
-    m->cfg.offload_window = window;
-    m->cfg.offload_host = window > 0 ? host : NULL;
-    return 0;
-}
-
-const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m)
-{
-    return &m->cfg;
-}
-
-const char *mt_rnn_path_name(const mt_rnn_t *m)
-{
-    return m->path->name;
-}
-
-const char *mt_rnn_gemm_name(const mt_rnn_t *m)
-{
-    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_name(m->shape.gemm) : m->path->name;
-}
-
-const char *mt_rnn_gemm_info(const mt_rnn_t *m)
-{
-    return m->path == &mt__rnn_cpu_path ? mt__rnn_gemm_info(m->shape.gemm, m->shape.xsmm)
-                                        : m->path->name;
-}
-
-int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
-{
-    if (!m || threads < 1)
-        return MT_EINVAL;
-    if (m->path != &mt__rnn_cpu_path)
-        return MT_ENOTSUP;
-    const mt__rnn_gemm_t *g = m->shape.gemm;
-    if (m->gemm_auto) {
-        int rc = default_gemm(threads, &g);
-        if (rc)
-            return rc;
-    }
-    int rc = mt__rnn_gemm_set_threads(g, threads);
-    if (rc == 0) {
-        m->shape.gemm = g;
-        m->shape.threads = threads;
-    }
-    return rc;
-}
-
-/* ---- parameters ---- */
-
-float *mt_rnn_weights(const mt_rnn_t *m, size_t *count)
-{
-    if (count)
-        *count = m->weight_floats;
-    return m->w;
-}
-
-float *mt_rnn_grads(const mt_rnn_t *m, size_t *count)
-{
-    if (count)
-        *count = m->weight_floats;
-    return m->dw;
-}
-
-int mt_rnn_zero_grads(mt_rnn_t *m)
-{
-    return m->path->zero(m, m->dw, m->weight_floats * sizeof(float));
-}
-
-size_t mt_rnn_param_count(const mt_rnn_t *m)
-{
-    return m->nviews;
-}
-
-static void fill_param(const mt_rnn_t *m, const mt__rnn_view_t *v, mt_rnn_param_t *out)
-{
-    out->name = v->name;
-    out->kind = v->kind;
-    out->layer = v->layer;
-    out->dir = v->dir;
-    out->offset = v->offset;
-    out->rows = v->rows;
-    out->cols = v->cols;
-    out->numel = (size_t)v->rows * (size_t)v->cols;
-    out->data = v->data;
-    out->grad = m->dw + v->offset;
-}
-
-int mt_rnn_param_get(const mt_rnn_t *m, size_t i, mt_rnn_param_t *out)
-{
-    if (!m || !out)
-        return MT_EINVAL;
-    if (i >= m->nviews)
-        return MT_ENOENT;
-    fill_param(m, &m->views[i], out);
-    return 0;
-}
-
-static mt__rnn_view_t *find_view(const mt_rnn_t *m, const char *name)
-{
-    for (size_t i = 0; i < m->nviews; i++)
-        if (strcmp(m->views[i].name, name) == 0)
-            return &m->views[i];
-    return NULL;
-}
-
-int mt_rnn_param_find(const mt_rnn_t *m, const char *name, mt_rnn_param_t *out)
-{
-    if (!m || !name || !out)
-        return MT_EINVAL;
-    mt__rnn_view_t *v = find_view(m, name);
-    if (!v)
-        return MT_ENOENT;
-    fill_param(m, v, out);
-    return 0;
-}
-
-int mt_rnn_bind_param(mt_rnn_t *m, const char *name, float *ptr)
-{
-    if (!m || !name || !ptr)
-        return MT_EINVAL;
-    mt__rnn_view_t *v = find_view(m, name);
-    if (!v)
-        return MT_ENOENT;
-    bool was = v->data != m->w + v->offset;
-    bool now = ptr != m->w + v->offset;
-    v->data = ptr;
-    m->rebound = m->rebound - (was ? 1 : 0) + (now ? 1 : 0);
-    return 0;
-}
-
-bool mt_rnn_is_flat(const mt_rnn_t *m)
-{
-    return m->rebound == 0;
-}
-
-int mt_rnn_flatten(mt_rnn_t *m)
-{
-    if (!m)
-        return MT_EINVAL;
-    for (size_t i = 0; i < m->nviews; i++) {
-        mt__rnn_view_t *v = &m->views[i];
-        float *home = m->w + v->offset;
-        if (v->data == home)
-            continue;
-        size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
-        int rc = m->path->copy(m, home, v->data, n);
-        if (rc)
-            return rc;
-        v->data = home;
-        m->rebound--;
-    }
-    rlog(m, MT_LOG_INFO, "rnn: weights flattened into one buffer of %zu bytes",
-         m->weight_floats * sizeof(float));
-    return 0;
-}
-
-int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
-{
-    if (!m || !alloc || !out)
-        return MT_EINVAL;
-    mt_rnn_cfg_t cfg = m->cfg;
-    cfg.alloc = alloc;
-    if (alloc != m->alloc)
-        cfg.stream = NULL; /* streams belong to their backend */
-    if (mt_alloc_backend(alloc) != m->backend) {
-        /* So does a pinned host cache: the replica starts without offload. */
-        cfg.offload_window = 0;
-        cfg.offload_host = NULL;
-    }
-    mt_rnn_t *r;
-    int rc = mt_rnn_create(&r, &cfg);
-    if (rc)
-        return rc;
-    /* A flat module is one copy; otherwise each parameter goes straight to its place in
-     * the replica's flat buffer. */
-    if (m->rebound == 0) {
-        rc = r->path->copy(r, r->w, m->w, m->weight_floats * sizeof(float));
-        if (rc)
-            mt_rnn_destroy(&r);
-        else
-            *out = r;
-        return rc;
-    }
-    for (size_t i = 0; i < m->nviews; i++) {
-        const mt__rnn_view_t *v = &m->views[i];
-        size_t n = (size_t)v->rows * (size_t)v->cols * sizeof(float);
-        rc = r->path->copy(r, r->w + v->offset, v->data, n);
-        if (rc) {
-            mt_rnn_destroy(&r);
-            return rc;
-        }
-    }
-    *out = r;
-    return 0;
-}
-
-/* ---- compaction (U1) ---- */
-
-/* Weights for one call: the flat buffer, or (when parameters were rebound) a new compacted
- * copy in *copy (tagged weights, the caller frees it), announced by a one-time warning and
- * an MT_EV_COMPACTION event per call. */
-static int weights_for_call(mt_rnn_t *m, const float **w, float **copy)
-{
-    *copy = NULL;
-    *w = m->w;
-    if (m->rebound == 0)
-        return 0;
-    size_t bytes = m->weight_floats * sizeof(float);
-    if (!m->warned) {
-        m->warned = true;
-        rlog(m, MT_LOG_WARN,
-             "rnn: %zu of %zu parameters are not in the flat weight buffer; every call now "
-             "copies all %zu bytes of weights into a temporary buffer. Call mt_rnn_flatten() "
-             "(or replicate with mt_rnn_replicate(), which is flat) to avoid it",
-             m->rebound, m->nviews, bytes);
-    }
-    float *c;
-    int rc = dmalloc(m, bytes, MT_TAG_WEIGHTS, (void **)&c);
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < m->nviews; i++) {
-        const mt__rnn_view_t *v = &m->views[i];
-        rc = m->path->copy(m, c + v->offset, v->data,
-                           (size_t)v->rows * (size_t)v->cols * sizeof(float));
-        if (rc) {
-            dfree(m, c);
-            return rc;
-        }
-    }
-    m->stats.compactions++;
-    m->stats.compacted_bytes += bytes;
-    mt_alloc_emit(m->alloc, MT_EV_COMPACTION, (uint64_t)(uintptr_t)c, bytes, MT_TAG_WEIGHTS);
-    *copy = c;
-    *w = c;
-    return 0;
-}
 
 /* ---- compute ---- */
 
@@ -564,7 +77,7 @@ static int reserve_new(mt_rnn_t *m, mt_rnn_reserve_t *r)
     r->bytes = m->path->reserve_bytes(m, &r->io);
     if (m->path->reserve_new)
         return m->path->reserve_new(m, &r->io, &r->space);
-    return dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
+    return mt__rnn_dmalloc(m, r->bytes, MT_TAG_ACTIVATIONS, &r->space);
 }
 
 static void reserve_free(mt_rnn_t *m, mt_rnn_reserve_t *r)
@@ -572,14 +85,14 @@ static void reserve_free(mt_rnn_t *m, mt_rnn_reserve_t *r)
     if (m->path->reserve_free)
         m->path->reserve_free(m, r->space);
     else
-        dfree(m, r->space);
+        mt__rnn_dfree(m, r->space);
     r->space = NULL;
 }
 
 static void release(mt_rnn_t *m, mt_rnn_reserve_t *r)
 {
     reserve_free(m, r);
-    dfree(m, r->wcopy);
+    mt__rnn_dfree(m, r->wcopy);
     free(r->batch_sizes);
     free(r);
 }
@@ -601,7 +114,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     const float *w;
     float *copy;
     void *work = step_work;
-    int rc = weights_for_call(m, &w, &copy);
+    int rc = mt__rnn_weights_for_call(m, &w, &copy);
     if (rc)
         return rc;
     if (training) {
@@ -625,7 +138,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
             goto fail_space;
     }
     if (!step_work) {
-        rc = dmalloc(m, m->path->fwd_work_bytes(m, io, training), MT_TAG_WORKSPACE, &work);
+        rc = mt__rnn_dmalloc(m, m->path->fwd_work_bytes(m, io, training), MT_TAG_WORKSPACE, &work);
         if (rc)
             goto fail_work;
     }
@@ -633,7 +146,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     uint64_t key = training ? mt__rnn_drop_key(m->drop_seed, m->drop_counter) : 0;
     rc = m->path->forward(m, w, io, training, key, res ? res->space : NULL, work);
     if (!step_work)
-        dfree(m, work);
+        mt__rnn_dfree(m, work);
     if (rc)
         goto fail_work;
     m->stats.forwards++;
@@ -648,7 +161,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
         res->wcopy = copy;
         *reserve = res;
     } else {
-        dfree(m, copy);
+        mt__rnn_dfree(m, copy);
     }
     return 0;
 
@@ -660,7 +173,7 @@ fail_space:
         free(res->batch_sizes);
     free(res);
 fail_res:
-    dfree(m, copy);
+    mt__rnn_dfree(m, copy);
     return rc;
 }
 
@@ -673,9 +186,9 @@ int mt_rnn_forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     int rc = check_io(m, io);
     if (rc)
         return rc;
-    mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
+    mt__rnn_mark(m, MT_MARK_FORWARD_BEGIN, (uint64_t)io->seq_len);
     rc = forward(m, io, reserve, NULL);
-    mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
+    mt__rnn_mark(m, MT_MARK_FORWARD_END, (uint64_t)io->seq_len);
     return rc;
 }
 
@@ -689,25 +202,25 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
         release(res->m, res);
         return MT_EINVAL;
     }
-    mark(m, MT_MARK_BACKWARD_BEGIN, (uint64_t)res->io.seq_len);
+    mt__rnn_mark(m, MT_MARK_BACKWARD_BEGIN, (uint64_t)res->io.seq_len);
     const float *w = res->wcopy;
     float *copy = NULL;
     void *work = NULL;
     int rc = 0;
     if (!w)
-        rc = weights_for_call(m, &w, &copy);
+        rc = mt__rnn_weights_for_call(m, &w, &copy);
     if (rc == 0)
         rc = check_sums(m, res);
     if (rc == 0)
-        rc = dmalloc(m, m->path->bwd_work_bytes(m, &res->io), MT_TAG_WORKSPACE, &work);
+        rc = mt__rnn_dmalloc(m, m->path->bwd_work_bytes(m, &res->io), MT_TAG_WORKSPACE, &work);
     if (rc == 0) {
         rc = m->path->backward(m, w, m->dw, &res->io, res->drop_key, res->space, g, work);
         m->stats.backwards++;
     }
-    dfree(m, work);
-    dfree(m, copy);
+    mt__rnn_dfree(m, work);
+    mt__rnn_dfree(m, copy);
     release(m, res);
-    mark(m, MT_MARK_BACKWARD_END, (uint64_t)0);
+    mt__rnn_mark(m, MT_MARK_BACKWARD_END, (uint64_t)0);
     return rc;
 }
 
@@ -730,10 +243,10 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
     size_t wbytes = (m->path->fwd_work_bytes(m, &shape, false) + 255) & ~(size_t)255;
     size_t need = wbytes + ybytes;
     if (need > m->step_ws_bytes) {
-        dfree(m, m->step_ws);
+        mt__rnn_dfree(m, m->step_ws);
         m->step_ws = NULL;
         m->step_ws_bytes = 0;
-        int rc = dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
+        int rc = mt__rnn_dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
         if (rc)
             return rc;
         m->step_ws_bytes = need;
@@ -750,165 +263,9 @@ int mt_rnn_step_release(mt_rnn_t *m)
 {
     if (!m)
         return MT_EINVAL;
-    dfree(m, m->step_ws);
+    mt__rnn_dfree(m, m->step_ws);
     m->step_ws = NULL;
     m->step_ws_bytes = 0;
-    return 0;
-}
-
-/* ---- warm-up (U2) ---- */
-
-/* The warm-up of one training step of shape (max_T, max_B, batch_sizes, tb rows). */
-static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, size_t tb)
-{
-    const mt__rnn_shape_t *s = &m->shape;
-    size_t xin = tb * (size_t)s->input * sizeof(float);
-    size_t yout = tb * (size_t)s->dirs * (size_t)s->hidden * sizeof(float);
-    size_t st =
-        (size_t)s->layers * (size_t)s->dirs * (size_t)max_B * (size_t)s->hidden * sizeof(float);
-    /* The buffers a training step at the largest shape holds; states are allocated even
-     * if a caller does not use them, so the reservation covers every combination. */
-    struct {
-        size_t bytes;
-        int tag;
-        void *p;
-    } buf[] = {
-        {xin, MT_TAG_BATCH, NULL},        {yout, MT_TAG_ACTIVATIONS, NULL},
-        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
-        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
-        {yout, MT_TAG_ACTIVATIONS, NULL}, {xin, MT_TAG_BATCH, NULL},
-        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
-        {st, MT_TAG_ACTIVATIONS, NULL},   {st, MT_TAG_ACTIVATIONS, NULL},
-    };
-    enum { X, Y, HX, CX, HY, CY, DY, DX, DHY, DCY, DHX, DCX, NBUF };
-    _Static_assert(sizeof buf / sizeof buf[0] == NBUF, "one buffer per role");
-
-    int rc = mt_alloc_warmup_begin(m->alloc);
-    if (rc)
-        return rc;
-    mark(m, MT_MARK_WARMUP_BEGIN, tb);
-    /* Its training forward does not count: the masks of later passes are those the module
-     * would have drawn without the warm-up. */
-    uint64_t drop_counter = m->drop_counter;
-    int i = 0;
-    for (; i < NBUF; i++) {
-        rc = dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
-        if (rc)
-            break;
-        /* Zero inputs make every gradient exactly zero: the grad buffer is unchanged. */
-        rc = m->path->zero(m, buf[i].p, buf[i].bytes);
-        if (rc) {
-            i++;
-            break;
-        }
-    }
-    if (rc == 0) {
-        mt_rnn_io_t io = {.seq_len = max_T,
-                          .batch = max_B,
-                          .batch_sizes = batch_sizes,
-                          .tokens = batch_sizes ? tb : 0,
-                          .x = buf[X].p,
-                          .y = buf[Y].p,
-                          .hx = buf[HX].p,
-                          .cx = buf[CX].p,
-                          .hy = buf[HY].p,
-                          .cy = buf[CY].p};
-        mt_rnn_grad_io_t g = {.dy = buf[DY].p,
-                              .dhy = buf[DHY].p,
-                              .dcy = buf[DCY].p,
-                              .dx = buf[DX].p,
-                              .dhx = buf[DHX].p,
-                              .dcx = buf[DCX].p};
-        mt_rnn_reserve_t *res;
-        rc = mt_rnn_forward(m, &io, &res);
-        if (rc == 0)
-            rc = mt_rnn_backward(m, &res, &g);
-    }
-    while (i-- > 0)
-        dfree(m, buf[i].p);
-    m->drop_counter = drop_counter;
-    int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
-    mark(m, MT_MARK_WARMUP_END, tb);
-    rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d, %zu tokens done (%s)", max_T, max_B, tb,
-         rc ? mt_strerror(rc) : "ok");
-    return rc ? rc : rc2;
-}
-
-int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B)
-{
-    if (!m || max_T < 1 || max_B < 1)
-        return MT_EINVAL;
-    return warmup(m, max_T, max_B, NULL, (size_t)max_T * (size_t)max_B);
-}
-
-int mt_rnn_warmup_packed(mt_rnn_t *m, size_t max_tokens, int max_batch)
-{
-    if (!m || max_batch < 1 || max_tokens < (size_t)max_batch) {
-        if (m)
-            rlog(m, MT_LOG_ERROR,
-                 "rnn: packed warm-up: %zu tokens cannot fill a batch of %d sequences of at "
-                 "least one step each",
-                 max_tokens, max_batch);
-        return MT_EINVAL;
-    }
-    /* Every sequence as long as possible: the first chunks hold the most rows any batch
-     * within the bounds can have (C * max_batch, or every token), and the reserve and the
-     * whole-batch buffers the most tokens. */
-    size_t full = max_tokens / (size_t)max_batch, rest = max_tokens % (size_t)max_batch;
-    if (full + (rest > 0) > (size_t)INT32_MAX)
-        return MT_EOVERFLOW;
-    int T = (int)(full + (rest > 0));
-    int *bs = malloc((size_t)T * sizeof *bs);
-    if (!bs)
-        return MT_ENOMEM;
-    for (int t = 0; t < T; t++)
-        bs[t] = (size_t)t < full ? max_batch : (int)rest;
-    int rc = warmup(m, T, max_batch, bs, max_tokens);
-    free(bs);
-    return rc;
-}
-
-/* ---- invariants ---- */
-
-static int violated(const mt_rnn_t *m, const char *what)
-{
-    rlog(m, MT_LOG_ERROR, "rnn: invariant violated: %s", what);
-    return MT_EIO;
-}
-
-int mt__rnn_check(const mt_rnn_t *m)
-{
-    size_t rebound = 0, next = 0;
-    for (size_t i = 0; i < m->nviews; i++) {
-        const mt__rnn_view_t *v = &m->views[i];
-        if (v->offset != next)
-            return violated(m, "views do not tile the flat buffer in order");
-        next += (size_t)v->rows * (size_t)v->cols;
-        rebound += v->data != m->w + v->offset;
-    }
-    if (next != m->weight_floats)
-        return violated(m, "views do not cover the flat buffer");
-    if (rebound != m->rebound)
-        return violated(m, "rebound count differs from the views");
-    struct {
-        void *p;
-        size_t bytes;
-        int tag;
-    } blocks[] = {{m->w, m->weight_floats * sizeof(float), MT_TAG_WEIGHTS},
-                  {m->dw, m->weight_floats * sizeof(float), MT_TAG_GRADS},
-                  {m->step_ws, m->step_ws_bytes, MT_TAG_WORKSPACE}};
-    for (int i = 0; i < 3; i++) {
-        if (!blocks[i].p)
-            continue;
-        void *base;
-        size_t size;
-        int tag;
-        if (mt_alloc_block_info(m->alloc, blocks[i].p, &base, &size, &tag) != 0 ||
-            base != blocks[i].p || size < blocks[i].bytes || tag != blocks[i].tag)
-            return violated(m, "a module buffer is not its own allocator block with its tag");
-    }
-    if ((m->step_ws == NULL) != (m->step_ws_bytes == 0))
-        return violated(m, "step workspace and its size disagree");
     return 0;
 }
 
