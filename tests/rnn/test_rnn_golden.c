@@ -252,7 +252,7 @@ static void golden_dnnl(void **state)
     (void)state;
 #if defined(__SANITIZE_ADDRESS__)
     /* LeakSanitizer's exit-time tracer crashes with oneDNN's OpenMP threads alive (see
-     * MT__RNN_GEMM_DEFAULT in rnn/module.c): the plain build tests oneDNN. */
+     * MT__RNN_GEMM_DEFAULT in rnn/lifecycle.c): the plain build tests oneDNN. */
     skip();
 #endif
     if (!have("dnnl"))
