@@ -1,7 +1,8 @@
 /* The SVG of `memtrace plot` (see plot.h). Two replays of the process's events through
  * the report's models: the first finds the extent, the peaks and the moment of the segment
- * map; the second fills the time buckets. Then the picture is written top to bottom. */
-#include "analysis/plot.h"
+ * map; the second fills the time buckets. Then the picture is written top to bottom (the
+ * segment map by plot_map.c). */
+#include "analysis/plot_internal.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -24,14 +25,12 @@ static const char *const builtin_colour[MT_TAG_USER_FIRST] = {
 };
 static const char *const user_colour[] = {"#b07aa1", "#ff9da7", "#17becf", "#bcbd22",
                                           "#8c564b", "#1f77b4", "#d62728", "#7f7f7f"};
-#define FREE_COLOUR     "#dcdcdc"
 #define CACHE_COLOUR    "#eeeeee"
 #define RESERVED_COLOUR "#222222"
 #define OOM_COLOUR      "#d00000"
 #define HOST_COLOUR     "#8cd17d"
-#define FONT            "font-family=\"DejaVu Sans,Helvetica,Arial,sans-serif\""
 
-static const char *colour(int tag)
+const char *mt__plot_colour(int tag)
 {
     return tag < MT_TAG_USER_FIRST ? builtin_colour[tag]
                                    : user_colour[(tag - MT_TAG_USER_FIRST) %
@@ -226,7 +225,7 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
 
 /* ---- drawing helpers ---- */
 
-static const char *human(double b, char *buf, size_t len)
+const char *mt__plot_human(double b, char *buf, size_t len)
 {
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
@@ -293,7 +292,7 @@ static void byte_axis(FILE *f, const panel_t *p, int nticks)
         u++;
     }
     double step = nice_step(p->vmax / unit, nticks);
-    fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"end\">\n");
+    fprintf(f, "<g " MT__PLOT_FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"end\">\n");
     for (double v = 0; v <= p->vmax / unit * 1.0001; v += step) {
         double y = py(p, v * unit);
         fprintf(f,
@@ -307,7 +306,7 @@ static void byte_axis(FILE *f, const panel_t *p, int nticks)
 static void time_axis(FILE *f, const panel_t *p, double seconds)
 {
     double step = nice_step(seconds > 0 ? seconds : 1, 8);
-    fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"middle\">\n");
+    fprintf(f, "<g " MT__PLOT_FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"middle\">\n");
     for (double t = 0; t <= seconds * 1.0001; t += step) {
         double x = p->x0 + (seconds > 0 ? t / seconds : 0) * (p->x1 - p->x0);
         fprintf(f,
@@ -341,155 +340,6 @@ static void series(FILE *f, const panel_t *p, const double *xs, const double *vs
         fprintf(f, "L%.1f %.1fZ", xs[n - 1], p->y1);
     fprintf(f, "\" fill=\"%s\" stroke=\"%s\"%s/>\n", fill ? fill : "none", stroke ? stroke : "none",
             extra ? extra : "");
-}
-
-/* ---- the segment map ---- */
-
-typedef struct mapstat_s {
-    uint64_t reserved, in_use, pending, free, largest_free, free_extents;
-} mapstat_t;
-
-static mapstat_t map_stats(const mt__report_map_t *m)
-{
-    mapstat_t st = {0};
-    size_t b = 0;
-    for (size_t i = 0; i < m->nsegs; i++) {
-        uint64_t cur = m->segs[i].addr, end = cur + m->segs[i].size;
-        st.reserved = mt_model_sat_add(st.reserved, m->segs[i].size);
-        while (b < m->nblocks && m->blocks[b].addr < m->segs[i].addr)
-            b++;
-        for (; b <= m->nblocks; b++) {
-            bool last = b == m->nblocks || m->blocks[b].addr >= end;
-            uint64_t start = last ? end : m->blocks[b].addr;
-            if (start > cur) {
-                st.free += start - cur;
-                st.free_extents++;
-                st.largest_free = start - cur > st.largest_free ? start - cur : st.largest_free;
-            }
-            if (last)
-                break;
-            const mt__report_block_t *k = &m->blocks[b];
-            uint64_t *sum = k->pending ? &st.pending : &st.in_use;
-            *sum = mt_model_sat_add(*sum, k->size);
-            cur = k->addr + k->size > cur ? k->addr + k->size : cur;
-        }
-    }
-    return st;
-}
-
-/* Segments in address order, left to right in rows of the panel's width; a segment longer
- * than what is left of a row goes on in the next one. Widths are proportional to bytes. */
-typedef struct flow_s {
-    FILE *f;
-    double x0, x1, y0, row_h, gap, bytes_per_px, x;
-    int row, rows;
-} flow_t;
-
-static void map_part(flow_t *fl, const mt__report_map_t *m, size_t *bi, uint64_t a, uint64_t e)
-{
-    double w = (double)(e - a) / fl->bytes_per_px, y = fl->y0 + fl->row * (fl->row_h + fl->gap);
-    fprintf(fl->f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"/>\n",
-            fl->x, y, w < 0.5 ? 0.5 : w, fl->row_h, FREE_COLOUR);
-    /* Blocks in [a, e), adjacent ones of one tag and state drawn as one run. */
-    double rx = 0, rw = 0;
-    int rtag = -1, rpend = 0;
-    size_t b = *bi;
-    while (b < m->nblocks && m->blocks[b].addr + m->blocks[b].size <= a)
-        b++;
-    for (;; b++) {
-        const mt__report_block_t *k = b < m->nblocks && m->blocks[b].addr < e ? &m->blocks[b] : 0;
-        double kx = 0, kw = 0;
-        if (k) {
-            uint64_t s = k->addr > a ? k->addr : a,
-                     t = k->addr + k->size < e ? k->addr + k->size : e;
-            kx = fl->x + (double)(s - a) / fl->bytes_per_px;
-            kw = (double)(t - s) / fl->bytes_per_px;
-        }
-        if (rtag >= 0 && (!k || k->tag != rtag || k->pending != rpend || kx > rx + rw + 0.3)) {
-            fprintf(fl->f,
-                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\"%s/>\n",
-                    rx, y, rw, fl->row_h, colour(rtag), rpend ? " fill-opacity=\"0.4\"" : "");
-            rtag = -1;
-        }
-        if (!k)
-            break;
-        if (rtag < 0) {
-            rx = kx;
-            rw = kw;
-            rtag = k->tag;
-            rpend = k->pending;
-        } else {
-            rw = kx + kw - rx;
-        }
-    }
-    *bi = b > 0 && b <= m->nblocks ? b - 1 : b; /* the last block may go on in the next part */
-    fprintf(fl->f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"none\" "
-            "stroke=\"#555\" stroke-width=\"0.8\"/>\n",
-            fl->x, y, w < 0.5 ? 0.5 : w, fl->row_h);
-    fl->x += w;
-}
-
-/* Rows the map takes: one per segment when they are few (each a bar from the left edge,
- * the largest the full width), else up to MAP_FLOW_ROWS rows that segments flow through. */
-#define MAP_ROW_H       26
-#define MAP_ROW_GAP     6
-#define MAP_ONE_PER_ROW 8
-#define MAP_FLOW_ROWS   6
-
-static int map_rows(const mt__report_map_t *m)
-{
-    return m->nsegs == 0 ? 1 : m->nsegs <= MAP_ONE_PER_ROW ? (int)m->nsegs : MAP_FLOW_ROWS;
-}
-
-/* Draws the map from y0; returns the y below it. */
-static double map_draw(FILE *f, const mt__report_map_t *m, const mapstat_t *st, double x0,
-                       double x1, double y0)
-{
-    flow_t fl = {f, x0, x1, y0, MAP_ROW_H, MAP_ROW_GAP, 1, x0, 0, map_rows(m)};
-    size_t bi = 0;
-    if (m->nsegs <= MAP_ONE_PER_ROW) {
-        uint64_t largest = 1;
-        for (size_t i = 0; i < m->nsegs; i++)
-            largest = m->segs[i].size > largest ? m->segs[i].size : largest;
-        fl.bytes_per_px = (double)largest / (x1 - x0);
-        fprintf(f, "<g " FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"end\">");
-        for (size_t i = 0; i < m->nsegs; i++) {
-            char b1[32];
-            fl.row = (int)i;
-            fl.x = x0;
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>", x0 - 6,
-                    y0 + i * (MAP_ROW_H + MAP_ROW_GAP) + MAP_ROW_H / 2 + 4,
-                    human((double)m->segs[i].size, b1, sizeof b1));
-        }
-        fprintf(f, "</g>\n");
-        for (size_t i = 0; i < m->nsegs; i++) {
-            fl.row = (int)i;
-            fl.x = x0;
-            map_part(&fl, m, &bi, m->segs[i].addr, m->segs[i].addr + m->segs[i].size);
-        }
-        return y0 + fl.rows * (MAP_ROW_H + MAP_ROW_GAP);
-    }
-    double room = fl.rows * (x1 - x0), seg_gap = 4;
-    while (seg_gap > 0.25 && m->nsegs * seg_gap > room / 4)
-        seg_gap /= 2;
-    fl.bytes_per_px = (double)st->reserved / (room - (double)m->nsegs * seg_gap);
-    for (size_t i = 0; i < m->nsegs; i++) {
-        uint64_t a = m->segs[i].addr, end = a + m->segs[i].size;
-        if (fl.x > x0)
-            fl.x += seg_gap;
-        while (a < end) {
-            if (fl.x >= x1 - 0.5 && fl.row + 1 < fl.rows) {
-                fl.row++;
-                fl.x = x0;
-            }
-            uint64_t fit = (uint64_t)((x1 - fl.x) * fl.bytes_per_px);
-            uint64_t e = fl.row + 1 == fl.rows || end - a <= fit ? end : a + (fit ? fit : 1);
-            map_part(&fl, m, &bi, a, e);
-            a = e;
-        }
-    }
-    return y0 + fl.rows * (MAP_ROW_H + MAP_ROW_GAP);
 }
 
 /* ---- the picture ---- */
@@ -545,7 +395,7 @@ static layout_t layout(const mt__plot_cfg_t *cfg, bool has_host, int rows, unsig
     double lanes_block = l.nlanes * LANE_H;
     l.h += lanes_block;
     double x0 = 84, x1 = l.w - 226;
-    double top = 78, map_block = 100 + rows * (MAP_ROW_H + MAP_ROW_GAP);
+    double top = 78, map_block = 100 + rows * (MT__PLOT_MAP_ROW_H + MT__PLOT_MAP_ROW_GAP);
     double host_block = has_host ? (l.h - lanes_block) * 0.15 : 0;
     double tl_bottom = l.h - map_block - host_block - lanes_block - 20;
     l.tl = (panel_t){x0, x1, top, tl_bottom, 0};
@@ -562,17 +412,18 @@ static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, co
                        size_t events)
 {
     char b1[32], b2[32], b3[32];
-    fprintf(f, "<text x=\"%.1f\" y=\"28\" " FONT " font-size=\"18\" font-weight=\"bold\">",
+    fprintf(f, "<text x=\"%.1f\" y=\"28\" " MT__PLOT_FONT " font-size=\"18\" font-weight=\"bold\">",
             l->tl.x0);
     xml_text(f, name && *name ? name : "process");
     fprintf(f, " (pid %d): device memory</text>\n", pid);
     fprintf(f,
-            "<text x=\"%.1f\" y=\"50\" " FONT " font-size=\"13\" fill=\"#333\">peak allocated "
+            "<text x=\"%.1f\" y=\"50\" " MT__PLOT_FONT
+            " font-size=\"13\" fill=\"#333\">peak allocated "
             "%s, peak reserved %s",
-            l->tl.x0, human((double)s->peak_alloc, b1, sizeof b1),
-            human((double)s->peak_res, b2, sizeof b2));
+            l->tl.x0, mt__plot_human((double)s->peak_alloc, b1, sizeof b1),
+            mt__plot_human((double)s->peak_res, b2, sizeof b2));
     if (s->capacity)
-        fprintf(f, ", device capacity %s", human((double)s->capacity, b3, sizeof b3));
+        fprintf(f, ", device capacity %s", mt__plot_human((double)s->capacity, b3, sizeof b3));
     fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
     if (s->n_oom)
         fprintf(f, "; <tspan fill=\"%s\" font-weight=\"bold\">%zu OOM</tspan>", OOM_COLOUR,
@@ -595,7 +446,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
     for (int j = ntags - 1; j >= 0; j--) {
         char extra[64];
         snprintf(extra, sizeof extra, " class=\"area tag-%d\"", tags[j]);
-        series(f, p, xs, cum[j], npts, colour(tags[j]), NULL, extra);
+        series(f, p, xs, cum[j], npts, mt__plot_colour(tags[j]), NULL, extra);
     }
     series(f, p, xs, vs, npts, NULL, RESERVED_COLOUR, " stroke-width=\"1.5\"");
     fprintf(f,
@@ -631,7 +482,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
         fprintf(f,
                 " at %.3f s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"#555\" stroke-dasharray=\"3 3\" stroke-opacity=\"0.6\"/><text "
-                "x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"10\" fill=\"#333\">",
+                "x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"10\" fill=\"#333\">",
                 (double)(ev->time_ns - s->t0) / 1e9, x, p->y0, x, p->y1, x + 2, p->y0 + 18);
         xml_text(f, name);
         fprintf(f, "</text></g>\n");
@@ -647,8 +498,9 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
                 "device</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"%s\" stroke-opacity=\"0.5\"/><path d=\"M%.1f %.1fl-5 -8h10z\" "
                 "fill=\"%s\"/></g>\n",
-                (double)(ev->time_ns - s->t0) / 1e9, human((double)ev->requested, b1, sizeof b1),
-                human((double)ev->size, b2, sizeof b2), x, p->y0, x, p->y1, OOM_COLOUR, x,
+                (double)(ev->time_ns - s->t0) / 1e9,
+                mt__plot_human((double)ev->requested, b1, sizeof b1),
+                mt__plot_human((double)ev->size, b2, sizeof b2), x, p->y0, x, p->y1, OOM_COLOUR, x,
                 p->y0 + 9, OOM_COLOUR);
     }
     /* The peak of memory in use, and the moment of the segment map below. */
@@ -660,15 +512,16 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
         double y = py(p, cum[ntags - 1][pk]);
         fprintf(f,
                 "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#000\"/><text x=\"%.1f\" "
-                "y=\"%.1f\" " FONT " font-size=\"11\"%s>peak in use %s</text>\n",
+                "y=\"%.1f\" " MT__PLOT_FONT " font-size=\"11\"%s>peak in use %s</text>\n",
                 xs[pk], y, xs[pk] + (xs[pk] > (p->x0 + p->x1) / 2 ? -6 : 6), y - 6,
                 xs[pk] > (p->x0 + p->x1) / 2 ? " text-anchor=\"end\"" : "",
-                human(cum[ntags - 1][pk], b1, sizeof b1));
+                mt__plot_human(cum[ntags - 1][pk], b1, sizeof b1));
     }
     double mx = p->x0 + (double)(s->map_t - s->t0) / span * (p->x1 - p->x0);
     fprintf(f,
             "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\" "
-            "stroke-dasharray=\"3 3\"/><text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"10\" "
+            "stroke-dasharray=\"3 3\"/><text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT
+            " font-size=\"10\" "
             "fill=\"#333\"%s>segment map</text>\n",
             mx, p->y0 - 10, mx, p->y1, mx + (mx > (p->x0 + p->x1) / 2 ? -4 : 4), p->y0 - 4,
             mx > (p->x0 + p->x1) / 2 ? " text-anchor=\"end\"" : "");
@@ -679,15 +532,16 @@ static void draw_legend(FILE *f, const layout_t *l, const mt__report_t *r, size_
 {
     char b1[32], tb[16];
     double x = l->tl.x1 + 18, y = l->tl.y0 + 12;
-    fprintf(f, "<g " FONT " font-size=\"12\" fill=\"#222\">\n");
+    fprintf(f, "<g " MT__PLOT_FONT " font-size=\"12\" fill=\"#222\">\n");
     fprintf(f,
             "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\">tag</text>"
             "<text x=\"%.1f\" y=\"%.1f\" font-weight=\"bold\" text-anchor=\"end\">peak</text>\n",
             x, y, x + 190, y);
     y += 20;
     for (int j = ntags - 1; j >= 0; j--, y += 18) /* top of the stack first, as drawn */
-        legend_row(f, x, y, colour(tags[j]), mt__report_tag_name(r, pi, tags[j], tb, sizeof tb),
-                   human((double)s->tag_peak[tags[j]], b1, sizeof b1));
+        legend_row(f, x, y, mt__plot_colour(tags[j]),
+                   mt__report_tag_name(r, pi, tags[j], tb, sizeof tb),
+                   mt__plot_human((double)s->tag_peak[tags[j]], b1, sizeof b1));
     y += 8;
     legend_row(f, x, y, CACHE_COLOUR, "cached (reserved, free)", "");
     y += 18;
@@ -698,7 +552,7 @@ static void draw_legend(FILE *f, const layout_t *l, const mt__report_t *r, size_
     fprintf(f,
             "<text x=\"%.1f\" y=\"%.1f\">reserved</text><text x=\"%.1f\" y=\"%.1f\" "
             "text-anchor=\"end\">%s</text>\n",
-            x + 18, y, x + 190, y, human((double)s->peak_res, b1, sizeof b1));
+            x + 18, y, x + 190, y, mt__plot_human((double)s->peak_res, b1, sizeof b1));
     if (s->n_iter) {
         y += 18;
         fprintf(f,
@@ -744,11 +598,11 @@ static void draw_host(FILE *f, const layout_t *l, const scan_t *s, const bucket_
     p.vmax = p.vmax > 0 ? p.vmax : 1;
     char b1[32], b2[32];
     fprintf(f,
-            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\">"
+            "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"13\" font-weight=\"bold\">"
             "pinned host memory (pool host, not device memory): peak allocated %s, peak "
             "reserved %s</text>\n",
-            p.x0, p.y0 - 10, human((double)s->host_peak_alloc, b1, sizeof b1),
-            human((double)s->host_peak_res, b2, sizeof b2));
+            p.x0, p.y0 - 10, mt__plot_human((double)s->host_peak_alloc, b1, sizeof b1),
+            mt__plot_human((double)s->host_peak_res, b2, sizeof b2));
     draw_band(f, &p, bk, nb, offsetof(bucket_t, host_alloc), offsetof(bucket_t, host_res),
               HOST_COLOUR, " class=\"host\"", xs, vs, npts);
 }
@@ -763,58 +617,15 @@ static void draw_lane(FILE *f, const layout_t *l, unsigned i, const scan_t *s, c
     p.vmax = p.vmax > 0 ? p.vmax : 1;
     char b1[32], b2[32];
     fprintf(f,
-            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\" "
+            "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"13\" font-weight=\"bold\" "
             "class=\"lane\">device %u: peak allocated %s, peak reserved %s (the timeline above "
             "is the sum of the devices)</text>\n",
-            p.x0, p.y0 - 8, s->lane_dev[i], human((double)s->lane_peak_alloc[i], b1, sizeof b1),
-            human((double)s->lane_peak_res[i], b2, sizeof b2));
+            p.x0, p.y0 - 8, s->lane_dev[i],
+            mt__plot_human((double)s->lane_peak_alloc[i], b1, sizeof b1),
+            mt__plot_human((double)s->lane_peak_res[i], b2, sizeof b2));
     draw_band(f, &p, bk, nb, offsetof(bucket_t, lane_alloc) + i * sizeof(double),
               offsetof(bucket_t, lane_res) + i * sizeof(double), builtin_colour[MT_TAG_WEIGHTS],
               " class=\"device\"", xs, vs, npts);
-}
-
-static void draw_map(FILE *f, const layout_t *l, const mt__report_map_t *mp, const scan_t *s)
-{
-    const mt__report_map_t m = *mp;
-    mapstat_t st = map_stats(&m);
-    char b1[32], b2[32], b3[32], b4[32];
-    double x0 = l->tl.x0, y = l->map_y;
-    fprintf(f,
-            "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"13\" font-weight=\"bold\">"
-            "segment map at %.3f s (peak reserved): %zu segment%s, %s</text>\n",
-            x0, y, (double)(s->map_t - s->t0) / 1e9, m.nsegs, m.nsegs == 1 ? "" : "s",
-            human((double)st.reserved, b1, sizeof b1));
-    if (m.nsegs == 0) {
-        fprintf(f,
-                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"12\" fill=\"#666\">no "
-                "segment events in the log</text>\n",
-                x0, y + 24);
-    } else {
-        double bottom = map_draw(f, &m, &st, x0, l->tl.x1, y + 12);
-        /* The model's figures: one definition of each, as /state and the report give. */
-        st.free = m.total_free;
-        st.largest_free = m.largest_free;
-        double util = mt_model_utilization(st.in_use, st.reserved);
-        double frag = mt_model_fragmentation(st.largest_free, st.free);
-        fprintf(f,
-                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"12\" fill=\"#333\">"
-                "in use %s (utilization %.1f%%)",
-                x0, bottom + 12, human((double)st.in_use, b1, sizeof b1), 100 * util);
-        if (st.pending)
-            fprintf(f, ", %s freed and waiting on a stream (faded)",
-                    human((double)st.pending, b2, sizeof b2));
-        fprintf(f, "; free %s in %llu extent%s, largest %s: fragmentation %.1f%%</text>\n",
-                human((double)st.free, b3, sizeof b3), (unsigned long long)st.free_extents,
-                st.free_extents == 1 ? "" : "s", human((double)st.largest_free, b4, sizeof b4),
-                100 * frag);
-        fprintf(f,
-                "<text x=\"%.1f\" y=\"%.1f\" " FONT " font-size=\"11\" fill=\"#666\">"
-                "fragmentation = 1 - largest free extent / free; %s; free space grey</text>\n",
-                x0, bottom + 28,
-                m.nsegs <= MAP_ONE_PER_ROW
-                    ? "one bar per segment, width proportional to bytes"
-                    : "segments in address order, wrapping at the end of a row");
-    }
 }
 
 int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char *err,
@@ -840,7 +651,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
     int rc = mt__report_replay(r, pi, scan_point, &s);
     if (rc == 0)
         rc = mt__report_map_at(r, pi, s.map_index, false, &map);
-    layout_t l = layout(cfg, s.host_events > 0, map_rows(&map), s.nlanes);
+    layout_t l = layout(cfg, s.host_events > 0, mt__plot_map_rows(&map), s.nlanes);
     size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;
     nb = nb > (size_t)(l.tl.x1 - l.tl.x0) ? (size_t)(l.tl.x1 - l.tl.x0) : nb;
     size_t npts = 2 * nb;
@@ -898,7 +709,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
         draw_host(f, &l, &s, fl.b, nb, xs, vs, npts);
     for (unsigned i = 0; i < l.nlanes; i++)
         draw_lane(f, &l, i, &s, fl.b, nb, xs, vs, npts);
-    draw_map(f, &l, &map, &s);
+    mt__plot_map(f, &map, l.tl.x0, l.tl.x1, l.map_y, (double)(s.map_t - s.t0) / 1e9);
     fprintf(f, "</svg>\n");
     rc = ferror(f) ? MT_EIO : 0;
 out:

@@ -1,0 +1,26 @@
+/* Shared by the plot's files: plot.c (the passes and the picture) and plot_map.c (the
+ * segment map). */
+#ifndef MT_ANALYSIS_PLOT_INTERNAL_H
+#define MT_ANALYSIS_PLOT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "analysis/plot.h"
+
+#define MT__PLOT_FONT        "font-family=\"DejaVu Sans,Helvetica,Arial,sans-serif\""
+#define MT__PLOT_MAP_ROW_H   26 /* px of one row of the segment map */
+#define MT__PLOT_MAP_ROW_GAP 6  /* px between rows */
+
+/* A tag's fill colour. Borrowed: a static string. */
+const char *mt__plot_colour(int tag);
+/* b bytes as "12.3 MiB" into buf; returns buf. */
+const char *mt__plot_human(double b, char *buf, size_t len);
+
+/* Rows the segment map of m takes (at least 1). */
+int mt__plot_map_rows(const mt__report_map_t *m);
+/* Draws the segment map panel of m at [x0, x1] from y: its title (the map's moment, at_s
+ * seconds into the log), the bars and its figures. */
+void mt__plot_map(FILE *f, const mt__report_map_t *m, double x0, double x1, double y, double at_s);
+
+#endif
