@@ -7,7 +7,7 @@
  *
  * Input: byte 0 picks the door. Even: an HTTP request head on the TCP port
  * (daemon/http.c). Odd: a request line on the Unix socket: hello, subscribe or state
- * (daemon/server.c, producers.c, consumers.c). The rest is sent as it is. */
+ * (daemon/server.c, connections.c, producers.c, consumers.c). The rest is sent as it is. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
