@@ -20,7 +20,7 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream);
 
-/* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
+/* In cuda mode, the sim-served calls go to the real driver (see hooks_rt.h). */
 #define FORWARD(name, ...)                                                                         \
     MT_PRELOAD_FORWARD(mt__preload_real_drv, CUDA_ERROR_NOT_FOUND, name, __VA_ARGS__)
 
