@@ -1,10 +1,11 @@
 /* The restricted pickle reader (pickle.h): one pass over the bytes, a stack machine for
  * the plain-data opcodes only, values in an arena. Opcodes and their operands follow
  * Python's Lib/pickletools.py, the format's own description. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "analysis/pickle.h"
+#include "analysis/pickle_internal.h"
 #include "memtrace/common.h"
 
 mt_pk_cfg_t mt_pk_cfg_default(void)
@@ -17,332 +18,14 @@ mt_pk_cfg_t mt_pk_cfg_default(void)
     };
 }
 
-/* ---- opcode names ---- */
-
-static const struct {
-    unsigned char op;
-    const char *name;
-} opnames[] = {
-    {'I', "INT"},
-    {'J', "BININT"},
-    {'K', "BININT1"},
-    {'M', "BININT2"},
-    {'L', "LONG"},
-    {0x8a, "LONG1"},
-    {0x8b, "LONG4"},
-    {'S', "STRING"},
-    {'T', "BINSTRING"},
-    {'U', "SHORT_BINSTRING"},
-    {'B', "BINBYTES"},
-    {'C', "SHORT_BINBYTES"},
-    {0x8e, "BINBYTES8"},
-    {0x96, "BYTEARRAY8"},
-    {0x97, "NEXT_BUFFER"},
-    {0x98, "READONLY_BUFFER"},
-    {'N', "NONE"},
-    {0x88, "NEWTRUE"},
-    {0x89, "NEWFALSE"},
-    {'V', "UNICODE"},
-    {0x8c, "SHORT_BINUNICODE"},
-    {'X', "BINUNICODE"},
-    {0x8d, "BINUNICODE8"},
-    {'F', "FLOAT"},
-    {'G', "BINFLOAT"},
-    {']', "EMPTY_LIST"},
-    {'a', "APPEND"},
-    {'e', "APPENDS"},
-    {'l', "LIST"},
-    {')', "EMPTY_TUPLE"},
-    {'t', "TUPLE"},
-    {0x85, "TUPLE1"},
-    {0x86, "TUPLE2"},
-    {0x87, "TUPLE3"},
-    {'}', "EMPTY_DICT"},
-    {'d', "DICT"},
-    {'s', "SETITEM"},
-    {'u', "SETITEMS"},
-    {0x8f, "EMPTY_SET"},
-    {0x90, "ADDITEMS"},
-    {0x91, "FROZENSET"},
-    {'0', "POP"},
-    {'2', "DUP"},
-    {'(', "MARK"},
-    {'1', "POP_MARK"},
-    {'g', "GET"},
-    {'h', "BINGET"},
-    {'j', "LONG_BINGET"},
-    {'p', "PUT"},
-    {'q', "BINPUT"},
-    {'r', "LONG_BINPUT"},
-    {0x94, "MEMOIZE"},
-    {0x82, "EXT1"},
-    {0x83, "EXT2"},
-    {0x84, "EXT4"},
-    {'c', "GLOBAL"},
-    {0x93, "STACK_GLOBAL"},
-    {'R', "REDUCE"},
-    {'b', "BUILD"},
-    {'i', "INST"},
-    {'o', "OBJ"},
-    {0x81, "NEWOBJ"},
-    {0x92, "NEWOBJ_EX"},
-    {0x80, "PROTO"},
-    {'.', "STOP"},
-    {0x95, "FRAME"},
-    {'P', "PERSID"},
-    {'Q', "BINPERSID"},
-};
-
-const char *mt_pk_opcode_name(unsigned op)
-{
-    for (size_t i = 0; i < sizeof opnames / sizeof opnames[0]; i++)
-        if (opnames[i].op == op)
-            return opnames[i].name;
-    return "unknown";
-}
-
-const char *mt_pk_type_name(int type)
-{
-    static const char *names[] = {"None",  "bool",  "int",  "float", "str",
-                                  "bytes", "tuple", "list", "dict"};
-    return type >= 0 && type <= MT_PK_DICT ? names[type] : "unknown";
-}
-
-/* ---- the arena ---- */
-
-typedef struct chunk_s {
-    struct chunk_s *next;
-    size_t used, size;
-    _Alignas(16) unsigned char mem[];
-} chunk_t;
-
-enum { CHUNK = 1 << 20 };
-
-struct mt_pk_doc_s {
-    chunk_t *chunks; /* newest first; the head is the one being filled */
-    size_t memory;   /* bytes of all chunks */
-    const mt_pk_value_t *root;
-};
-
-/* The reader's state. Invariants: marks[i] <= marks[i+1] <= sp <= stack_cap;
- * memory = doc->memory + (stack_cap + memo_cap + marks_cap) * sizeof(pointer). */
-typedef struct reader_s {
-    const mt_pk_cfg_t *cfg;
-    mt_pk_doc_t *doc;
-    const unsigned char *p, *end, *start;
-    mt_pk_value_t **stack;
-    size_t sp, stack_cap;
-    mt_pk_value_t **memo;
-    size_t nmemo, memo_cap;
-    size_t *marks;
-    size_t nmarks, marks_cap;
-    unsigned op;      /* the opcode being run */
-    size_t op_offset; /* its offset */
-    char *err;
-    size_t errlen;
-    int rc;
-} reader_t;
-
-static size_t memory_used(const reader_t *r)
-{
-    return r->doc->memory + (r->stack_cap + r->memo_cap) * sizeof(void *) +
-           r->marks_cap * sizeof(size_t);
-}
-
-#include <stdarg.h>
-__attribute__((format(printf, 3, 4))) static int fail(reader_t *r, int rc, const char *fmt, ...)
-{
-    if (r->rc != 0)
-        return r->rc;
-    char msg[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    snprintf(r->err, r->errlen, "offset %zu: %s (0x%02x): %s", r->op_offset,
-             mt_pk_opcode_name(r->op), r->op, msg);
-    r->rc = rc;
-    return rc;
-}
-
-static void *arena_alloc(reader_t *r, size_t n)
-{
-    n = (n + 15) & ~(size_t)15;
-    chunk_t *c = r->doc->chunks;
-    if (c == NULL || c->size - c->used < n) {
-        size_t size = n > CHUNK / 4 ? n : CHUNK;
-        if (memory_used(r) + size > r->cfg->max_memory) {
-            fail(r, MT_ENOMEM, "the document would need more than the reader's %zu bytes",
-                 r->cfg->max_memory);
-            return NULL;
-        }
-        chunk_t *nc = malloc(sizeof *nc + size);
-        if (nc == NULL) {
-            fail(r, MT_ENOMEM, "out of memory");
-            return NULL;
-        }
-        nc->used = 0;
-        nc->size = size;
-        r->doc->memory += sizeof *nc + size;
-        if (c != NULL && size != CHUNK) {
-            /* A big block of its own goes behind the head, which keeps its free room. */
-            nc->next = c->next;
-            c->next = nc;
-        } else {
-            nc->next = c;
-            r->doc->chunks = nc;
-        }
-        c = nc;
-    }
-    void *m = c->mem + c->used;
-    c->used += n;
-    return m;
-}
-
-/* Grows an array of pointers to at least need entries, within the memory limit. */
-static int grow(reader_t *r, void **arr, size_t *cap, size_t need, size_t elem, size_t limit,
-                const char *what)
-{
-    if (need <= *cap)
-        return 0;
-    if (need > limit)
-        return fail(r, MT_ENOMEM, "more than %zu %s (limit of this reader)", limit, what);
-    size_t ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    if (ncap > limit)
-        ncap = limit;
-    if (memory_used(r) + (ncap - *cap) * elem > r->cfg->max_memory)
-        return fail(r, MT_ENOMEM, "the document would need more than the reader's %zu bytes",
-                    r->cfg->max_memory);
-    void *n = realloc(*arr, ncap * elem);
-    if (n == NULL)
-        return fail(r, MT_ENOMEM, "out of memory");
-    *arr = n;
-    *cap = ncap;
-    return 0;
-}
-
-/* ---- values ---- */
-
-static mt_pk_value_t *new_value(reader_t *r, int type)
-{
-    mt_pk_value_t *v = arena_alloc(r, sizeof *v);
-    if (v == NULL)
-        return NULL;
-    memset(v, 0, sizeof *v);
-    v->type = (uint8_t)type;
-    v->depth = 1;
-    return v;
-}
-
-static int push(reader_t *r, mt_pk_value_t *v)
-{
-    if (v == NULL)
-        return r->rc;
-    if (r->sp == r->stack_cap &&
-        grow(r, (void **)&r->stack, &r->stack_cap, r->sp + 1, sizeof *r->stack, r->cfg->max_stack,
-             "values on the stack") < 0)
-        return r->rc;
-    r->stack[r->sp++] = v;
-    return 0;
-}
-
-static int need_stack(reader_t *r, size_t n)
-{
-    size_t base = r->nmarks ? r->marks[r->nmarks - 1] : 0;
-    if (r->sp - base < n)
-        return fail(r, MT_EPROTO, "needs %zu value%s on the stack, %zu there", n, n == 1 ? "" : "s",
-                    r->sp - base);
-    return 0;
-}
-
-/* Puts item inside container c: seals it, and raises c's depth. */
-static int adopt(reader_t *r, mt_pk_value_t *c, mt_pk_value_t *item)
-{
-    if (item == c)
-        return fail(r, MT_EPROTO, "a %s put inside itself (a self-referential object)",
-                    mt_pk_type_name(c->type));
-    item->sealed = 1;
-    if (item->depth + 1u > c->depth) {
-        if (item->depth + 1u > r->cfg->max_depth)
-            return fail(r, MT_EPROTO, "nesting deeper than %u levels (limit of this reader)",
-                        r->cfg->max_depth);
-        c->depth = (uint16_t)(item->depth + 1);
-    }
-    return 0;
-}
-
-/* Appends n values (pairs: 2n for a dict) to the list or dict c. */
-static int extend(reader_t *r, mt_pk_value_t *c, mt_pk_value_t **items, size_t n)
-{
-    int type = r->op == 'a' || r->op == 'e' ? MT_PK_LIST : MT_PK_DICT;
-    if (c->type != type)
-        return fail(r, MT_EPROTO, "applied to a %s, not a %s", mt_pk_type_name(c->type),
-                    mt_pk_type_name(type));
-    if (c->sealed)
-        return fail(r, MT_EPROTO,
-                    "changes a %s already inside another object (pickle.dump "
-                    "never does; a cycle or a rewritten file)",
-                    mt_pk_type_name(c->type));
-    size_t per = type == MT_PK_DICT ? 2 : 1;
-    size_t npairs = n / per;
-    if (c->n + npairs > c->cap) {
-        size_t ncap = c->cap ? c->cap * 2 : 4;
-        while (ncap < c->n + npairs)
-            ncap *= 2;
-        mt_pk_value_t **a = arena_alloc(r, ncap * per * sizeof *a);
-        if (a == NULL)
-            return r->rc;
-        if (c->n)
-            memcpy(a, c->u.items, c->n * per * sizeof *a);
-        c->u.items = a;
-        c->cap = ncap;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (adopt(r, c, items[i]) < 0)
-            return r->rc;
-    memcpy(c->u.items + c->n * per, items, n * sizeof *items);
-    c->n += npairs;
-    return 0;
-}
-
-static int make_tuple(reader_t *r, size_t n)
-{
-    if (need_stack(r, n) < 0)
-        return r->rc;
-    mt_pk_value_t *t = new_value(r, MT_PK_TUPLE);
-    mt_pk_value_t **a = n ? arena_alloc(r, n * sizeof *a) : NULL;
-    if (t == NULL || (n && a == NULL))
-        return r->rc;
-    mt_pk_value_t **items = r->stack + r->sp - n;
-    for (size_t i = 0; i < n; i++)
-        if (adopt(r, t, items[i]) < 0)
-            return r->rc;
-    if (n)
-        memcpy(a, items, n * sizeof *a);
-    t->u.items = a;
-    t->n = t->cap = n;
-    r->sp -= n;
-    return push(r, t);
-}
-
-/* Values above the last mark, which is popped. */
-static int pop_mark(reader_t *r, size_t *base)
-{
-    if (r->nmarks == 0)
-        return fail(r, MT_EPROTO, "no MARK before it");
-    *base = r->marks[--r->nmarks];
-    return 0;
-}
-
 /* ---- operands ---- */
 
-static int take(reader_t *r, size_t n, const unsigned char **out)
+static int take(mt__pk_reader_t *r, size_t n, const unsigned char **out)
 {
     if ((size_t)(r->end - r->p) < n)
-        return fail(r, MT_EPROTO, "needs %zu bytes of operand, the file has %zu left (truncated)",
-                    n, (size_t)(r->end - r->p));
+        return mt__pk_fail(r, MT_EPROTO,
+                           "needs %zu bytes of operand, the file has %zu left (truncated)", n,
+                           (size_t)(r->end - r->p));
     *out = r->p;
     r->p += n;
     return 0;
@@ -357,17 +40,17 @@ static uint64_t le(const unsigned char *b, size_t n)
 }
 
 /* A length operand of n bytes, checked against the bytes left. */
-static int take_len(reader_t *r, size_t n, size_t *len)
+static int take_len(mt__pk_reader_t *r, size_t n, size_t *len)
 {
     const unsigned char *b = NULL;
     if (take(r, n, &b) < 0)
         return r->rc;
     uint64_t v = le(b, n);
     if (v > (uint64_t)(r->end - r->p))
-        return fail(r, MT_EPROTO,
-                    "a length of %llu bytes, the file has %zu left (truncated, or a length "
-                    "that lies)",
-                    (unsigned long long)v, (size_t)(r->end - r->p));
+        return mt__pk_fail(r, MT_EPROTO,
+                           "a length of %llu bytes, the file has %zu left (truncated, or a length "
+                           "that lies)",
+                           (unsigned long long)v, (size_t)(r->end - r->p));
     *len = (size_t)v;
     return 0;
 }
@@ -418,7 +101,7 @@ static bool utf8_ok(const unsigned char *s, size_t n)
     return true;
 }
 
-static int string(reader_t *r, int type, size_t lenbytes)
+static int string(mt__pk_reader_t *r, int type, size_t lenbytes)
 {
     size_t n;
     if (take_len(r, lenbytes, &n) < 0)
@@ -426,29 +109,29 @@ static int string(reader_t *r, int type, size_t lenbytes)
     const unsigned char *b = r->p;
     r->p += n;
     if (type == MT_PK_STR && !utf8_ok(b, n))
-        return fail(r, MT_EPROTO, "a str of %zu bytes that is not UTF-8", n);
-    mt_pk_value_t *v = new_value(r, type);
-    char *s = v ? arena_alloc(r, n + 1) : NULL;
+        return mt__pk_fail(r, MT_EPROTO, "a str of %zu bytes that is not UTF-8", n);
+    mt_pk_value_t *v = mt__pk_new_value(r, type);
+    char *s = v ? mt__pk_alloc(r, n + 1) : NULL;
     if (s == NULL)
         return r->rc;
     memcpy(s, b, n);
     s[n] = '\0';
     v->u.s = s;
     v->n = n;
-    return push(r, v);
+    return mt__pk_push(r, v);
 }
 
-static int integer(reader_t *r, int64_t i)
+static int integer(mt__pk_reader_t *r, int64_t i)
 {
-    mt_pk_value_t *v = new_value(r, MT_PK_INT);
+    mt_pk_value_t *v = mt__pk_new_value(r, MT_PK_INT);
     if (v == NULL)
         return r->rc;
     v->u.i = i;
-    return push(r, v);
+    return mt__pk_push(r, v);
 }
 
 /* LONG1/LONG4: little-endian two's complement of n bytes. */
-static int long_n(reader_t *r, size_t lenbytes)
+static int long_n(mt__pk_reader_t *r, size_t lenbytes)
 {
     size_t n;
     const unsigned char *b = NULL;
@@ -459,7 +142,7 @@ static int long_n(reader_t *r, size_t lenbytes)
            ((b[n - 1] == 0 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
         n--;
     if (n > 8)
-        return fail(r, MT_EPROTO, "an integer of %zu bytes does not fit in 64 bits", n);
+        return mt__pk_fail(r, MT_EPROTO, "an integer of %zu bytes does not fit in 64 bits", n);
     if (n == 0)
         return integer(r, 0);
     uint64_t u = le(b, n);
@@ -468,16 +151,16 @@ static int long_n(reader_t *r, size_t lenbytes)
     return integer(r, (int64_t)u);
 }
 
-static int memo_put(reader_t *r, size_t idx)
+static int memo_put(mt__pk_reader_t *r, size_t idx)
 {
     if (r->sp == 0 || (r->nmarks && r->marks[r->nmarks - 1] == r->sp))
-        return fail(r, MT_EPROTO, "nothing on the stack to memoize");
+        return mt__pk_fail(r, MT_EPROTO, "nothing on the stack to memoize");
     if (idx > r->nmemo)
-        return fail(r, MT_EPROTO, "memo index %zu skips past the memo's %zu entries", idx,
-                    r->nmemo);
+        return mt__pk_fail(r, MT_EPROTO, "memo index %zu skips past the memo's %zu entries", idx,
+                           r->nmemo);
     if (idx == r->nmemo) {
-        if (grow(r, (void **)&r->memo, &r->memo_cap, idx + 1, sizeof *r->memo, r->cfg->max_memo,
-                 "memo entries") < 0)
+        if (mt__pk_grow(r, (void **)&r->memo, &r->memo_cap, idx + 1, sizeof *r->memo,
+                        r->cfg->max_memo, "memo entries") < 0)
             return r->rc;
         r->nmemo++;
     }
@@ -485,16 +168,16 @@ static int memo_put(reader_t *r, size_t idx)
     return 0;
 }
 
-static int memo_get(reader_t *r, size_t idx)
+static int memo_get(mt__pk_reader_t *r, size_t idx)
 {
     if (idx >= r->nmemo)
-        return fail(r, MT_EPROTO, "memo index %zu not set (the memo has %zu entries)", idx,
-                    r->nmemo);
-    return push(r, r->memo[idx]);
+        return mt__pk_fail(r, MT_EPROTO, "memo index %zu not set (the memo has %zu entries)", idx,
+                           r->nmemo);
+    return mt__pk_push(r, r->memo[idx]);
 }
 
 /* GLOBAL's operands, for the message only: "module.name" cut short and made printable. */
-static void global_name(reader_t *r, char *out, size_t len)
+static void global_name(mt__pk_reader_t *r, char *out, size_t len)
 {
     size_t o = 0;
     int lines = 0;
@@ -511,17 +194,17 @@ static void global_name(reader_t *r, char *out, size_t len)
 
 /* ---- the machine ---- */
 
-static int refuse(reader_t *r)
+static int refuse(mt__pk_reader_t *r)
 {
     switch (r->op) {
     case 'c':
     case 'i': {
         char name[96];
         global_name(r, name, sizeof name);
-        return fail(r, MT_EPROTO,
-                    "refused: it would import %s (a snapshot holds only plain "
-                    "data; nothing is imported or called)",
-                    name[0] ? name : "a name");
+        return mt__pk_fail(r, MT_EPROTO,
+                           "refused: it would import %s (a snapshot holds only plain "
+                           "data; nothing is imported or called)",
+                           name[0] ? name : "a name");
     }
     case 0x93:
     case 'R':
@@ -534,19 +217,19 @@ static int refuse(reader_t *r)
     case 0x84:
     case 'P':
     case 'Q':
-        return fail(r, MT_EPROTO,
-                    "refused: it imports, builds or calls objects (a snapshot "
-                    "holds only plain data; nothing is imported or called)");
+        return mt__pk_fail(r, MT_EPROTO,
+                           "refused: it imports, builds or calls objects (a snapshot "
+                           "holds only plain data; nothing is imported or called)");
     default:
         if (strcmp(mt_pk_opcode_name(r->op), "unknown") == 0)
-            return fail(r, MT_EPROTO, "not a pickle opcode");
-        return fail(r, MT_EPROTO,
-                    "refused: not one of the opcodes pickle.dump writes for "
-                    "a snapshot (protocols 2 to 5, plain data)");
+            return mt__pk_fail(r, MT_EPROTO, "not a pickle opcode");
+        return mt__pk_fail(r, MT_EPROTO,
+                           "refused: not one of the opcodes pickle.dump writes for "
+                           "a snapshot (protocols 2 to 5, plain data)");
     }
 }
 
-static int step(reader_t *r, bool *stop)
+static int step(mt__pk_reader_t *r, bool *stop)
 {
     const unsigned char *b = NULL;
     size_t n = 0, base = 0;
@@ -556,24 +239,25 @@ static int step(reader_t *r, bool *stop)
         if (take(r, 1, &b) < 0)
             return r->rc;
         if (*b < 2 || *b > 5)
-            return fail(r, MT_EPROTO, "protocol %u; this reader takes protocols 2 to 5", *b);
+            return mt__pk_fail(r, MT_EPROTO, "protocol %u; this reader takes protocols 2 to 5", *b);
         return 0;
     case 0x95: /* FRAME: a hint for buffered readers; the length must hold */
         return take_len(r, 8, &n);
     case '.':
         if (r->nmarks)
-            return fail(r, MT_EPROTO, "%zu MARK%s left open", r->nmarks, r->nmarks == 1 ? "" : "s");
+            return mt__pk_fail(r, MT_EPROTO, "%zu MARK%s left open", r->nmarks,
+                               r->nmarks == 1 ? "" : "s");
         if (r->sp != 1)
-            return fail(r, MT_EPROTO, "%zu values on the stack instead of one", r->sp);
+            return mt__pk_fail(r, MT_EPROTO, "%zu values on the stack instead of one", r->sp);
         *stop = true;
         return 0;
     case 'N':
-        return push(r, new_value(r, MT_PK_NONE));
+        return mt__pk_push(r, mt__pk_new_value(r, MT_PK_NONE));
     case 0x88:
     case 0x89:
-        if ((v = new_value(r, MT_PK_BOOL)) != NULL)
+        if ((v = mt__pk_new_value(r, MT_PK_BOOL)) != NULL)
             v->u.i = r->op == 0x88;
-        return push(r, v);
+        return mt__pk_push(r, v);
     case 'J':
         if (take(r, 4, &b) < 0)
             return r->rc;
@@ -596,9 +280,9 @@ static int step(reader_t *r, bool *stop)
         uint64_t u = 0;
         for (int i = 0; i < 8; i++)
             u = u << 8 | b[i];
-        if ((v = new_value(r, MT_PK_FLOAT)) != NULL)
+        if ((v = mt__pk_new_value(r, MT_PK_FLOAT)) != NULL)
             memcpy(&v->u.f, &u, 8);
-        return push(r, v);
+        return mt__pk_push(r, v);
     }
     case 0x8c:
         return string(r, MT_PK_STR, 1);
@@ -614,48 +298,50 @@ static int step(reader_t *r, bool *stop)
     case 0x96:
         return string(r, MT_PK_BYTES, 8);
     case ']':
-        return push(r, new_value(r, MT_PK_LIST));
+        return mt__pk_push(r, mt__pk_new_value(r, MT_PK_LIST));
     case '}':
-        return push(r, new_value(r, MT_PK_DICT));
+        return mt__pk_push(r, mt__pk_new_value(r, MT_PK_DICT));
     case ')':
-        return push(r, new_value(r, MT_PK_TUPLE));
+        return mt__pk_push(r, mt__pk_new_value(r, MT_PK_TUPLE));
     case 0x85:
     case 0x86:
     case 0x87:
-        return make_tuple(r, r->op - 0x84u);
+        return mt__pk_make_tuple(r, r->op - 0x84u);
     case 't':
-        if (pop_mark(r, &base) < 0)
+        if (mt__pk_pop_mark(r, &base) < 0)
             return r->rc;
-        return make_tuple(r, r->sp - base);
+        return mt__pk_make_tuple(r, r->sp - base);
     case '(':
         if (r->nmarks >= r->cfg->max_depth * 2u)
-            return fail(r, MT_EPROTO, "more than %u MARKs open (limit of this reader)",
-                        r->cfg->max_depth * 2u);
+            return mt__pk_fail(r, MT_EPROTO, "more than %u MARKs open (limit of this reader)",
+                               r->cfg->max_depth * 2u);
         if (r->nmarks == r->marks_cap &&
-            grow(r, (void **)&r->marks, &r->marks_cap, r->nmarks + 1, sizeof *r->marks,
-                 r->cfg->max_depth * 2u, "MARKs") < 0)
+            mt__pk_grow(r, (void **)&r->marks, &r->marks_cap, r->nmarks + 1, sizeof *r->marks,
+                        r->cfg->max_depth * 2u, "MARKs") < 0)
             return r->rc;
         r->marks[r->nmarks++] = r->sp;
         return 0;
     case 'a':
     case 's':
         n = r->op == 'a' ? 1 : 2;
-        if (need_stack(r, n + 1) < 0)
+        if (mt__pk_need_stack(r, n + 1) < 0)
             return r->rc;
-        if (extend(r, r->stack[r->sp - n - 1], r->stack + r->sp - n, n) < 0)
+        if (mt__pk_extend(r, r->stack[r->sp - n - 1], r->stack + r->sp - n, n) < 0)
             return r->rc;
         r->sp -= n;
         return 0;
     case 'e':
     case 'u':
-        if (pop_mark(r, &base) < 0)
+        if (mt__pk_pop_mark(r, &base) < 0)
             return r->rc;
         n = r->sp - base;
         if (base == 0 || (r->nmarks && r->marks[r->nmarks - 1] == base))
-            return fail(r, MT_EPROTO, "no %s below its MARK", r->op == 'e' ? "list" : "dict");
+            return mt__pk_fail(r, MT_EPROTO, "no %s below its MARK",
+                               r->op == 'e' ? "list" : "dict");
         if (r->op == 'u' && n % 2)
-            return fail(r, MT_EPROTO, "an odd number of values (%zu) for key, value pairs", n);
-        if (extend(r, r->stack[base - 1], r->stack + base, n) < 0)
+            return mt__pk_fail(r, MT_EPROTO, "an odd number of values (%zu) for key, value pairs",
+                               n);
+        if (mt__pk_extend(r, r->stack[base - 1], r->stack + base, n) < 0)
             return r->rc;
         r->sp = base;
         return 0;
@@ -682,21 +368,12 @@ static int step(reader_t *r, bool *stop)
     }
 }
 
-static void doc_free(mt_pk_doc_t *d)
-{
-    for (chunk_t *c = d->chunks, *next; c != NULL; c = next) {
-        next = c->next;
-        free(c);
-    }
-    free(d);
-}
-
 int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
                 size_t errlen)
 {
     mt_pk_cfg_t def = mt_pk_cfg_default();
     char dummy[1];
-    reader_t r = {
+    mt__pk_reader_t r = {
         .cfg = cfg ? cfg : &def,
         .start = buf,
         .p = buf,
@@ -736,7 +413,7 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
     free(r.memo);
     free(r.marks);
     if (r.rc != 0) {
-        doc_free(r.doc);
+        mt__pk_doc_free(r.doc);
         return r.rc;
     }
     *out = r.doc;
@@ -777,35 +454,4 @@ done:
     free(buf);
     fclose(f);
     return rc;
-}
-
-void mt_pk_doc_destroy(mt_pk_doc_t **p)
-{
-    if (p == NULL || *p == NULL)
-        return;
-    doc_free(*p);
-    *p = NULL;
-}
-
-const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc)
-{
-    return doc->root;
-}
-
-size_t mt_pk_memory(const mt_pk_doc_t *doc)
-{
-    return doc->memory;
-}
-
-const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key)
-{
-    if (dict == NULL || dict->type != MT_PK_DICT)
-        return NULL;
-    size_t klen = strlen(key);
-    for (size_t i = dict->n; i-- > 0;) {
-        const mt_pk_value_t *k = dict->u.items[2 * i];
-        if (k->type == MT_PK_STR && k->n == klen && memcmp(k->u.s, key, klen) == 0)
-            return dict->u.items[2 * i + 1];
-    }
-    return NULL;
 }

@@ -1,0 +1,67 @@
+/* Shared by the pickle reader's files: pickle.c (the operands and the machine) and
+ * pickle_values.c (the opcode names, the arena and the values). */
+#ifndef MT_ANALYSIS_PICKLE_INTERNAL_H
+#define MT_ANALYSIS_PICKLE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "analysis/pickle.h"
+
+typedef struct mt__pk_chunk_s {
+    struct mt__pk_chunk_s *next;
+    size_t used, size;
+    _Alignas(16) unsigned char mem[];
+} mt__pk_chunk_t;
+
+struct mt_pk_doc_s {
+    mt__pk_chunk_t *chunks; /* newest first; the head is the one being filled */
+    size_t memory;          /* bytes of all chunks */
+    const mt_pk_value_t *root;
+};
+
+/* The reader's state. Invariants: marks[i] <= marks[i+1] <= sp <= stack_cap;
+ * memory = doc->memory + (stack_cap + memo_cap + marks_cap) * sizeof(pointer). */
+typedef struct mt__pk_reader_s {
+    const mt_pk_cfg_t *cfg;
+    mt_pk_doc_t *doc;
+    const unsigned char *p, *end, *start;
+    mt_pk_value_t **stack;
+    size_t sp, stack_cap;
+    mt_pk_value_t **memo;
+    size_t nmemo, memo_cap;
+    size_t *marks;
+    size_t nmarks, marks_cap;
+    unsigned op;      /* the opcode being run */
+    size_t op_offset; /* its offset */
+    char *err;
+    size_t errlen;
+    int rc;
+} mt__pk_reader_t;
+
+/* Records the first failure: rc and "offset N: OPNAME (0xNN): message" in r->err. Later
+ * failures keep the first. Returns r->rc. */
+__attribute__((format(printf, 3, 4))) int mt__pk_fail(mt__pk_reader_t *r, int rc, const char *fmt,
+                                                      ...);
+/* n bytes from the document's arena, 16-byte aligned, within the memory limit; NULL (and
+ * r->rc set) if not. */
+void *mt__pk_alloc(mt__pk_reader_t *r, size_t n);
+/* Grows an array of pointers to at least need entries, within the memory limit. */
+int mt__pk_grow(mt__pk_reader_t *r, void **arr, size_t *cap, size_t need, size_t elem, size_t limit,
+                const char *what);
+/* A new value of type (depth 1, empty), or NULL with r->rc set. */
+mt_pk_value_t *mt__pk_new_value(mt__pk_reader_t *r, int type);
+/* Pushes v (NULL: returns r->rc, the failure that made it NULL). */
+int mt__pk_push(mt__pk_reader_t *r, mt_pk_value_t *v);
+/* Fails unless n values lie above the last mark. */
+int mt__pk_need_stack(mt__pk_reader_t *r, size_t n);
+/* Appends n values (pairs: 2n for a dict) to the list or dict c. */
+int mt__pk_extend(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t **items, size_t n);
+/* Replaces the top n values with a tuple of them. */
+int mt__pk_make_tuple(mt__pk_reader_t *r, size_t n);
+/* Values above the last mark, which is popped. */
+int mt__pk_pop_mark(mt__pk_reader_t *r, size_t *base);
+/* Frees d's chunks and d. */
+void mt__pk_doc_free(mt_pk_doc_t *d);
+
+#endif
