@@ -30,8 +30,9 @@
 #define MT_D_BATCH          1024 /* events per batch (one consumer chunk per batch) */
 /* records a batch holds: a batch's events plus the table lines (stacks.c) of its last one */
 #define MT_D_BATCH_CAP         (MT_D_BATCH + MT__STAB_MODULES + 2)
-#define MT_D_PRODUCER_LINE_MAX 4096 /* bytes of a line a registered producer may send */
-#define MT_D_CALLSITES_TOP     5    /* call sites per process in /state */
+#define MT_D_PRODUCER_LINE_MAX 4096  /* bytes of a line a registered producer may send */
+#define MT_D_CALLSITES_TOP     5     /* call sites per process in /state */
+#define MT_D_READ_BUF_SIZE     65536 /* bytes of d->readbuf, every connection's reads */
 
 /* ---- growable text buffer ---- */
 
@@ -233,6 +234,10 @@ void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
 /* server.c */
 void mt__d_on_drain_timer(uv_timer_t *t);
 void mt__d_on_drain_idle(uv_idle_t *h);
+
+/* connections.c */
+/* The listeners' callback: accepts, admits or refuses, starts reading. */
+void mt__d_on_connection(uv_stream_t *server, int status);
 void mt__d_conn_close(mt_d_conn_t *c);
 /* Writes a copy of data; closes the connection after it if close_after. */
 int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after);

@@ -1,0 +1,319 @@
+/* memtraced's connections (internal.h): accept and admission (peer credentials, HTTP's
+ * caps), reads and their dispatch by kind, the Unix socket's request line, writes and close.
+ * A connection is counted in d->open_handles from its init to its close callback, which
+ * unlinks it from d->conns and frees it. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/internal.h"
+
+static void on_conn_closed(uv_handle_t *h)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)h;
+    mt_d_t *d = c->d;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        d->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    if (c->proc && c->proc->conn == c)
+        c->proc->conn = NULL;
+    if (c->is_tcp)
+        d->nhttp--;
+    mt__d_consumer_release(c);
+    mt__d_sub_free(&c->sub);
+    mt__d_buf_free(&c->in);
+    free(c);
+    d->open_handles--;
+}
+
+void mt__d_conn_close(mt_d_conn_t *c)
+{
+    if (c->closing)
+        return;
+    c->closing = true;
+    uv_read_stop(&c->u.stream);
+    uv_close(&c->u.handle, on_conn_closed);
+}
+
+typedef struct write_req_s {
+    uv_write_t req;
+    mt_d_conn_t *conn;
+    bool close_after;
+    char data[];
+} write_req_t;
+
+static void on_write_done(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    mt_d_conn_t *c = w->conn;
+    bool close = w->close_after || status < 0;
+    free(w);
+    if (close)
+        mt__d_conn_close(c);
+}
+
+int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after)
+{
+    if (c->closing)
+        return MT_EIO;
+    write_req_t *w = malloc(sizeof *w + len);
+    if (!w) {
+        mt__d_conn_close(c);
+        return MT_ENOMEM;
+    }
+    w->conn = c;
+    w->close_after = close_after;
+    memcpy(w->data, data, len);
+    uv_buf_t buf = uv_buf_init(w->data, (unsigned)len);
+    int rc = uv_write(&w->req, &c->u.stream, &buf, 1, on_write_done);
+    if (rc) {
+        free(w);
+        mt__d_conn_close(c);
+        return MT_EIO;
+    }
+    return 0;
+}
+
+bool mt__d_peer_allowed(mt_d_conn_t *c)
+{
+    uv_os_fd_t fd;
+    if (uv_fileno(&c->u.handle, &fd))
+        return false;
+    struct ucred cr;
+    socklen_t len = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
+        return false;
+    c->peer_uid = cr.uid;
+    c->peer_pid = cr.pid;
+    return cr.uid == geteuid() || cr.uid == 0;
+}
+
+static void reply_error(mt_d_conn_t *c, const char *msg)
+{
+    json_t *o = json_pack("{s:b,s:s}", "ok", 0, "error", msg);
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (s) {
+        size_t n = strlen(s);
+        s[n] = '\n'; /* json_dumps leaves room only for the NUL, which we overwrite */
+        mt__d_conn_write(c, s, n + 1, true);
+    } else {
+        mt__d_conn_close(c);
+    }
+    free(s);
+    json_decref(o);
+    c->d->ctr.rejected++;
+}
+
+/* One request line on the Unix socket: hello (producer), subscribe (consumer) or state. */
+static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
+{
+    json_error_t jerr;
+    json_t *msg = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!msg || !json_is_object(msg)) {
+        json_decref(msg);
+        reply_error(c, "malformed request: expected one JSON object per line");
+        return;
+    }
+    const char *type = json_string_value(json_object_get(msg, "type"));
+    const char *role = json_string_value(json_object_get(msg, "role"));
+    if (type && strcmp(type, "hello") == 0 && role && strcmp(role, "producer") == 0) {
+        char err[160] = "";
+        int rc = mt__d_producer_hello(c, msg, err, sizeof err);
+        if (rc < 0 && !c->closing)
+            reply_error(c, err[0] ? err : mt_strerror(rc));
+    } else if (type && strcmp(type, "subscribe") == 0 && role && strcmp(role, "consumer") == 0) {
+        char err[128];
+        if (mt__d_sub_parse_json(&c->sub, msg, err, sizeof err) != 0) {
+            reply_error(c, err);
+        } else if (mt__d_consumer_admit(c) != 0) {
+            reply_error(c, "too many consumers, or their memory budget is spent: try later");
+        } else {
+            c->kind = MT_D_CONN_CONSUMER;
+            c->d->ctr.consumers++;
+            static const char ok[] = "{\"ok\":true}\n";
+            if (mt__d_conn_write(c, ok, sizeof ok - 1, false) == 0)
+                mt__d_consumer_start(c);
+        }
+    } else if (type && strcmp(type, "snapshot") == 0) {
+        mt__d_snapshot_request(c, msg); /* snapshot.c */
+    } else if (type && strcmp(type, "state") == 0) {
+        json_t *st = mt__d_state_json(c->d);
+        char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
+        if (s) {
+            size_t n = strlen(s);
+            s[n] = '\n';
+            c->kind = MT_D_CONN_DONE;
+            mt__d_conn_write(c, s, n + 1, true);
+        } else {
+            reply_error(c, "out of memory");
+        }
+        free(s);
+        json_decref(st);
+    } else {
+        reply_error(c, "unknown request: expected type hello/producer, subscribe/consumer, "
+                       "state or snapshot");
+    }
+    json_decref(msg);
+}
+
+static void unix_input(mt_d_conn_t *c, const char *data, size_t n)
+{
+    const char *nl = memchr(data, '\n', n);
+    size_t take = nl ? (size_t)(nl - data) : n;
+    if (c->in.len + take > c->d->cfg.max_line_bytes) {
+        reply_error(c, "request line too long");
+        return;
+    }
+    if (mt__d_buf_append(&c->in, data, take)) {
+        mt__d_conn_close(c);
+        return;
+    }
+    if (nl)
+        handle_unix_line(c, c->in.p, c->in.len);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)h;
+    *buf = uv_buf_init(c->d->readbuf, MT_D_READ_BUF_SIZE);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+    mt_d_conn_t *c = (mt_d_conn_t *)s;
+    if (c->closing)
+        return;
+    if (n < 0) {
+        if (c->kind == MT_D_CONN_PRODUCER)
+            mt__d_producer_eof(c);
+        mt__d_conn_close(c);
+        return;
+    }
+    if (n == 0)
+        return;
+    c->last_active_ms = uv_now(c->d->loop);
+    switch (c->kind) {
+    case MT_D_CONN_UNIX_NEW:
+        unix_input(c, buf->base, (size_t)n);
+        break;
+    case MT_D_CONN_HTTP_NEW:
+        if (c->in.len + (size_t)n > c->d->cfg.max_request_bytes) {
+            static const char r[] = "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                    "Content-Length: 0\r\nConnection: close\r\n\r\n";
+            c->kind = MT_D_CONN_DONE;
+            c->d->ctr.rejected++;
+            mt__d_conn_write(c, r, sizeof r - 1, true);
+            break;
+        }
+        if (mt__d_buf_append(&c->in, buf->base, (size_t)n)) {
+            mt__d_conn_close(c);
+            break;
+        }
+        mt__d_http_input(c);
+        break;
+    case MT_D_CONN_PRODUCER:
+        mt__d_producer_input(c, buf->base, (size_t)n);
+        break;
+    default:
+        /* Consumers have nothing more to say once subscribed; whatever they send is read
+         * and discarded so that it cannot pile up. */
+        break;
+    }
+}
+
+/* Open fds of this process (/proc/self/fd), or 0 if unknown. */
+static unsigned open_fds(void)
+{
+    unsigned n = 0;
+    uv_fs_t req;
+    if (uv_fs_scandir(NULL, &req, "/proc/self/fd", 0, NULL) >= 0) {
+        uv_dirent_t ent;
+        while (uv_fs_scandir_next(&req, &ent) != UV_EOF)
+            n++;
+    }
+    uv_fs_req_cleanup(&req);
+    return n;
+}
+
+/* HTTP is a guest: it may use neither the last cfg.fd_reserve fds (producers and Unix
+ * consumers always get in) nor more than its share of connections, in all and per peer. */
+static bool http_admit(mt_d_conn_t *c)
+{
+    mt_d_t *d = c->d;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    c->peer_addr[0] = '\0';
+    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) == 0) {
+        if (ss.ss_family == AF_INET6)
+            uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer_addr, sizeof c->peer_addr);
+        else
+            uv_ip4_name((struct sockaddr_in *)&ss, c->peer_addr, sizeof c->peer_addr);
+    }
+    unsigned same = 0;
+    for (mt_d_conn_t *o = d->conns; o; o = o->next)
+        same += o != c && o->is_tcp && !o->closing && strcmp(o->peer_addr, c->peer_addr) == 0;
+    const char *why = NULL;
+    if (d->nhttp > d->cfg.max_http_conns)
+        why = "too many HTTP connections";
+    else if (same >= d->cfg.max_http_per_peer)
+        why = "too many HTTP connections from one address";
+    else if (d->fd_limit && open_fds() + d->cfg.fd_reserve > d->fd_limit)
+        why = "file descriptors kept for producers";
+    if (!why)
+        return true;
+    mt__d_log(d, MT_LOG_WARN, "refused an HTTP connection from %s: %s", c->peer_addr, why);
+    return false;
+}
+
+void mt__d_on_connection(uv_stream_t *server, int status)
+{
+    mt_d_t *d = server->data;
+    if (status < 0 || d->stopping)
+        return;
+    bool tcp = server == (uv_stream_t *)&d->http_listener;
+    mt_d_conn_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return;
+    c->d = d;
+    c->is_tcp = tcp;
+    c->kind = tcp ? MT_D_CONN_HTTP_NEW : MT_D_CONN_UNIX_NEW;
+    int rc = tcp ? uv_tcp_init(d->loop, &c->u.tcp) : uv_pipe_init(d->loop, &c->u.pipe, 0);
+    if (rc) {
+        free(c);
+        return;
+    }
+    if (tcp)
+        d->nhttp++;
+    d->open_handles++;
+    c->u.handle.data = d;
+    c->next = d->conns;
+    if (d->conns)
+        d->conns->prev = c;
+    d->conns = c;
+    c->last_active_ms = uv_now(d->loop);
+    c->accepted_ms = c->last_active_ms;
+    if (uv_accept(server, &c->u.stream) != 0) {
+        mt__d_conn_close(c);
+        return;
+    }
+    if (tcp && !http_admit(c)) {
+        d->ctr.rejected++;
+        mt__d_conn_close(c);
+        return;
+    }
+    if (!tcp && !mt__d_peer_allowed(c)) {
+        /* Another user's process: it may neither read our events nor feed us a ring. */
+        d->ctr.rejected++;
+        mt__d_log(d, MT_LOG_WARN, "refused a connection from another uid");
+        mt__d_conn_close(c);
+        return;
+    }
+    if (tcp)
+        uv_tcp_nodelay(&c->u.tcp, 1);
+    if (uv_read_start(&c->u.stream, on_alloc, on_read) != 0)
+        mt__d_conn_close(c);
+}
