@@ -1,5 +1,6 @@
-/* Shared by the driver hooks (hooks_driver.c: served and sim-served entry points, the
- * lookup tables; hooks_watch.c: the entry points memtrace watches and forwards). */
+/* Shared by the driver hooks (hooks_driver.c: the memory, device and context entry
+ * points and the lookup tables; hooks_driver_sim.c: the sim-served copies, memsets,
+ * streams and events; hooks_watch.c: the entry points memtrace watches and forwards). */
 #ifndef MT_PRELOAD_HOOKS_CUDA_H
 #define MT_PRELOAD_HOOKS_CUDA_H
 
@@ -20,7 +21,7 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream hStream);
 
-/* In cuda mode, the sim-served calls go to the real driver (see hooks_runtime.c). */
+/* In cuda mode, the sim-served calls go to the real driver (see hooks_rt.h). */
 #define FORWARD(name, ...)                                                                         \
     MT_PRELOAD_FORWARD(mt__preload_real_drv, CUDA_ERROR_NOT_FOUND, name, __VA_ARGS__)
 
@@ -36,6 +37,13 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
         (__typeof__(&name))f_;                                                                     \
     })
 
+/* The driver's code for rc (0 or MT_E*), the driver's own failure first when known
+ * (hooks_driver.c, as the two below). */
+CUresult mt__preload_drv_code(int rc);
+/* The backend of the device of the calling thread's current context, or NULL. */
+mt_backend_t *mt__preload_drv_backend(void);
+/* The error of a hook that found no backend: no current context, or no device. */
+CUresult mt__preload_drv_no_backend(void);
 /* The device whose sim primary-context handle ctx is, or -1 (hooks_driver.c). */
 int mt__preload_sim_ctx_device(const void *ctx);
 /* The device whose primary context ctx is (either mode), or -1: another context, or none

@@ -1,5 +1,6 @@
 /* CUDA driver API hooks (cuMemAlloc_v2, ...), both cuGetProcAddress versions, and the
- * name lookup behind our dlsym. See preload.h for the two modes.
+ * name lookup behind our dlsym; the sim-served copies, memsets, streams and events are in
+ * hooks_driver_sim.c. See preload.h for the two modes.
  *
  * Since CUDA 11.3 the runtime fetches driver entry points with cuGetProcAddress by
  * *base name* ("cuMemAlloc") and a CUDA version, so exporting cuMemAlloc_v2 alone is
@@ -8,10 +9,10 @@
  * On a machine with no driver, `memtrace run` puts a directory first on LD_LIBRARY_PATH
  * whose libcuda.so.1 is a link to this library (cmd_run.c): dlopen("libcuda.so.1") then
  * returns this library, and dlsym(handle, "cuGetProcAddress_v2") our resolver, which
- * hands out the sim-served driver functions below. No dlopen interposition is needed,
- * and dlopen keeps its caller-relative semantics (RUNPATH, $ORIGIN) for every other
- * library. Without memtrace run, the same directory can be put on LD_LIBRARY_PATH by
- * hand (README). */
+ * hands out the sim-served driver functions (here and in hooks_driver_sim.c). No
+ * dlopen interposition is needed, and dlopen keeps its caller-relative semantics
+ * (RUNPATH, $ORIGIN) for every other library. Without memtrace run, the same directory
+ * can be put on LD_LIBRARY_PATH by hand (README). */
 #include <string.h>
 
 #include "mt_config.h"
@@ -67,7 +68,7 @@ static CUresult to_cu_drv(int rc, int drv)
     }
 }
 
-static CUresult to_cu(int rc)
+CUresult mt__preload_drv_code(int rc)
 {
     return to_cu_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
@@ -98,12 +99,12 @@ static int drv_device(void)
 }
 
 /* The error of a hook that found no backend. */
-static CUresult no_backend(void)
+CUresult mt__preload_drv_no_backend(void)
 {
     return tls_no_ctx ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NO_DEVICE;
 }
 
-static mt_backend_t *cur_backend(void)
+mt_backend_t *mt__preload_drv_backend(void)
 {
     mt_alloc_t *a = NULL;
     return mt__preload_alloc(drv_device(), &a) == 0 ? mt_alloc_backend(a) : NULL;
@@ -174,7 +175,7 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
      * stays out of the pool until the graph is destroyed (PyTorch's private-pool rule). */
     void *graph = NULL;
     if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
-        return to_cu(mt__preload_park(a, q, graph));
+        return mt__preload_drv_code(mt__preload_park(a, q, graph));
     mt__guard_enter();
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
@@ -189,7 +190,7 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
     mt__guard_leave();
     if (rc == MT_ENOENT)
         atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-    return to_cu(rc);
+    return mt__preload_drv_code(rc);
 }
 
 #define FN(f) ((CUresult(*)(void))(void *)(f))
@@ -248,16 +249,16 @@ MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
         if (*free_b > *total_b)
             *free_b = *total_b;
     }
-    return to_cu(rc);
+    return mt__preload_drv_code(rc);
 }
 
 MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
     if (pp == NULL || bytesize == 0 || (Flags & ~MT_HOST_ALLOC_FLAGS) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    mt_backend_t *b = cur_backend();
+    mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
-        return no_backend();
+        return mt__preload_drv_no_backend();
     mt__guard_enter();
     int rc = mt_backend_host_malloc_flags(b, bytesize, Flags, pp); /* flags reach the driver */
     mt__guard_leave();
@@ -265,7 +266,7 @@ MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         atomic_fetch_add(&mt__preload()->host_allocs, 1);
         atomic_fetch_add(&mt__preload()->host_bytes, bytesize);
     }
-    return to_cu(rc);
+    return mt__preload_drv_code(rc);
 }
 
 MT_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -280,7 +281,7 @@ MT_HOOK CUresult cuMemFreeHost(void *p)
     mt__guard_leave();
     if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cuMemFreeHost) != NULL)
         return REAL(cuMemFreeHost)(p); /* not ours: the driver's */
-    return to_cu(rc);
+    return mt__preload_drv_code(rc);
 }
 
 /* ---- initialisation, devices, contexts (sim-served) ---- */
@@ -395,7 +396,7 @@ MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (pd < 0 || pd == d) /* not a primary context: not one memtrace allocates in */
         return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-    return to_cu(mt__preload_peer_access(d, pd));
+    return mt__preload_drv_code(mt__preload_peer_access(d, pd));
 }
 
 MT_HOOK CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -419,238 +420,16 @@ MT_HOOK CUresult cuCtxGetDevice(CUdevice *device)
 MT_HOOK CUresult cuCtxSynchronize(void)
 {
     FORWARD(cuCtxSynchronize);
-    mt_backend_t *b = cur_backend();
+    mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
-        return no_backend();
+        return mt__preload_drv_no_backend();
     mt__guard_enter();
     int rc = mt_device_synchronize(b);
     mt__guard_leave();
-    return to_cu(rc);
+    return mt__preload_drv_code(rc);
 }
 
-/* ---- copies, memsets, streams, events (sim-served) ---- */
-
-/* Synchronous driver copies/memsets drain the device first, as on the legacy stream. */
-static CUresult sim_copy(void *dst, const void *src, size_t n, mt_memcpy_kind_e kind,
-                         CUstream stream, bool sync)
-{
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_memcpy_async(b, dst, src, n, kind, s);
-    if (rc == 0 && (sync || s == NULL))
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-static CUresult sim_set(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream, bool sync)
-{
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_memset_async(b, (void *)(uintptr_t)dst, v, n, s);
-    if (rc == 0 && (sync || s == NULL))
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-#define DP(x) ((void *)(uintptr_t)(x))
-
-MT_HOOK CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
-{
-    FORWARD(cuMemcpyHtoD_v2, dst, src, n);
-    return sim_copy(DP(dst), src, n, MT_MEMCPY_HOST_TO_DEVICE, NULL, true);
-}
-
-MT_HOOK CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
-{
-    FORWARD(cuMemcpyDtoH_v2, dst, src, n);
-    return sim_copy(dst, DP(src), n, MT_MEMCPY_DEVICE_TO_HOST, NULL, true);
-}
-
-MT_HOOK CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
-    FORWARD(cuMemcpyDtoD_v2, dst, src, n);
-    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEVICE_TO_DEVICE, NULL, false);
-}
-
-MT_HOOK CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
-    FORWARD(cuMemcpy, dst, src, n);
-    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEFAULT, NULL, true);
-}
-
-MT_HOOK CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s)
-{
-    FORWARD(cuMemcpyHtoDAsync_v2, dst, src, n, s);
-    return sim_copy(DP(dst), src, n, MT_MEMCPY_HOST_TO_DEVICE, s, false);
-}
-
-MT_HOOK CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s)
-{
-    FORWARD(cuMemcpyDtoHAsync_v2, dst, src, n, s);
-    return sim_copy(dst, DP(src), n, MT_MEMCPY_DEVICE_TO_HOST, s, false);
-}
-
-MT_HOOK CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
-{
-    FORWARD(cuMemcpyAsync, dst, src, n, s);
-    return sim_copy(DP(dst), DP(src), n, MT_MEMCPY_DEFAULT, s, false);
-}
-
-MT_HOOK CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
-{
-    FORWARD(cuMemsetD8_v2, dst, uc, n);
-    return sim_set(dst, uc, n, NULL, true);
-}
-
-MT_HOOK CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char uc, size_t n, CUstream s)
-{
-    FORWARD(cuMemsetD8Async, dst, uc, n, s);
-    return sim_set(dst, uc, n, s, false);
-}
-
-MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
-{
-    FORWARD(cuStreamCreate, phStream, Flags);
-    if (phStream == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt_stream_create(b, &s);
-    mt__guard_leave();
-    if (rc == 0)
-        *phStream = (CUstream)s;
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
-{
-    if (!mt__preload()->sim)
-        mt__preload_stream_forget(hStream); /* the driver may hand the handle out again */
-    FORWARD(cuStreamDestroy_v2, hStream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    if ((uintptr_t)hStream <= 2)
-        return CUDA_ERROR_INVALID_HANDLE;
-    mt_stream_t *s = (mt_stream_t *)hStream;
-    mt__guard_enter();
-    mt_stream_destroy(b, &s);
-    mt__guard_leave();
-    return CUDA_SUCCESS;
-}
-
-MT_HOOK CUresult cuStreamSynchronize(CUstream hStream)
-{
-    FORWARD(cuStreamSynchronize, hStream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, hStream, &s);
-    if (rc == 0)
-        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
-{
-    FORWARD(cuEventCreate, phEvent, Flags);
-    if (phEvent == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    mt_event_t *ev = NULL;
-    mt__guard_enter();
-    int rc = mt_event_create(b, &ev);
-    mt__guard_leave();
-    if (rc == 0)
-        *phEvent = (CUevent)ev;
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
-{
-    FORWARD(cuEventRecord, hEvent, hStream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    if (hEvent == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, hStream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_event_record(b, (mt_event_t *)hEvent, s);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuEventQuery(CUevent hEvent)
-{
-    FORWARD(cuEventQuery, hEvent);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    if (hEvent == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    mt__guard_enter();
-    int rc = mt_event_query(b, (mt_event_t *)hEvent);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuEventSynchronize(CUevent hEvent)
-{
-    FORWARD(cuEventSynchronize, hEvent);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    if (hEvent == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    mt__guard_enter();
-    int rc = mt_event_synchronize(b, (mt_event_t *)hEvent);
-    mt__guard_leave();
-    return to_cu(rc);
-}
-
-MT_HOOK CUresult cuEventDestroy_v2(CUevent hEvent)
-{
-    FORWARD(cuEventDestroy_v2, hEvent);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return no_backend();
-    if (hEvent == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    mt_event_t *ev = (mt_event_t *)hEvent;
-    mt__guard_enter();
-    mt_event_destroy(b, &ev);
-    mt__guard_leave();
-    return CUDA_SUCCESS;
-}
+/* ---- errors (sim-served) ---- */
 
 static const struct {
     CUresult code;

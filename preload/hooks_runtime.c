@@ -1,6 +1,8 @@
-/* CUDA runtime API hooks (cudaMalloc, ...) and PyTorch's pluggable-allocator entry
- * points. See preload.h for the two modes. Runtime symbols are interposable only when
- * the program links libcudart dynamically (PyTorch does; nvcc's default is static). */
+/* CUDA runtime API hooks: device and pinned host memory (both modes), devices, peer
+ * access and errors, PyTorch's pluggable-allocator entry points, and the dlsym table.
+ * The sim-served copies, memsets, streams and events are in hooks_runtime_sim.c. See
+ * preload.h for the two modes. Runtime symbols are interposable only when the program
+ * links libcudart dynamically (PyTorch does; nvcc's default is static). */
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -9,7 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "mt_config.h"
-#include "preload/preload.h"
+#include "preload/hooks_rt.h"
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
@@ -69,7 +71,7 @@ static cudaError_t to_cuda_drv(int rc, int drv)
     }
 }
 
-static cudaError_t to_cuda(int rc)
+cudaError_t mt__preload_rt_code(int rc)
 {
     return to_cuda_drv(rc, rc != 0 ? mt__preload_driver_result() : 0);
 }
@@ -93,7 +95,7 @@ static cudaError_t (*real_err(const char *name))(void)
  * not an error, as in CUDA) and returns it. The runtime keeps one last error per thread,
  * the latest: an older one the real runtime holds is dropped now, so that whatever it
  * holds at cudaGetLastError time is newer than ours. */
-static cudaError_t ret(cudaError_t err)
+cudaError_t mt__preload_rt_ret(cudaError_t err)
 {
     if (err != cudaSuccess && err != cudaErrorNotReady) {
         cudaError_t (*clear)(void) = real_err("cudaGetLastError");
@@ -104,10 +106,6 @@ static cudaError_t ret(cudaError_t err)
     }
     return err;
 }
-
-/* In cuda mode, every call but the memory ones goes to the real runtime. */
-#define FORWARD(name, ...)                                                                         \
-    MT_PRELOAD_FORWARD(mt__preload_real_rt, ret(cudaErrorInsufficientDriver), name, __VA_ARGS__)
 
 /* The device the runtime considers current for this thread. */
 static int rt_device(void)
@@ -126,7 +124,7 @@ static int cur_alloc(mt_alloc_t **a)
     return mt__preload_alloc(rt_device(), a);
 }
 
-static mt_backend_t *cur_backend(void)
+mt_backend_t *mt__preload_rt_backend(void)
 {
     mt_alloc_t *a = NULL;
     return cur_alloc(&a) == 0 ? mt_alloc_backend(a) : NULL;
@@ -140,7 +138,7 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
                              cudaError_t (*real_async)(void **, size_t, cudaStream_t))
 {
     if (p == NULL)
-        return ret(cudaErrorInvalidValue);
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
     void *graph = NULL;
     if (real_async != NULL && mt__preload_capture_graph(stream, &graph))
         return real_async(p, size, stream);
@@ -156,7 +154,7 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
         mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
-    return ret(to_cuda_drv(rc, drv));
+    return mt__preload_rt_ret(to_cuda_drv(rc, drv));
 }
 
 /* real_free: the runtime's own free for pointers memtrace did not hand out (managed,
@@ -179,7 +177,7 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     }
     void *graph = NULL; /* freed while capturing: kept until the graph is destroyed */
     if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
-        return ret(to_cuda(mt__preload_park(a, p, graph)));
+        return mt__preload_rt_ret(mt__preload_rt_code(mt__preload_park(a, p, graph)));
     mt__guard_enter();
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
@@ -195,7 +193,7 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     mt__guard_leave();
     if (rc == MT_ENOENT)
         atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-    return ret(to_cuda(rc));
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
 /* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
@@ -262,14 +260,14 @@ MT_HOOK cudaError_t cudaGraphDestroy(cudaGraph_t graph)
     if (graph != NULL)
         mt__preload_unpark(NULL, graph);
     FORWARD(cudaGraphDestroy, graph);
-    return ret(cudaErrorNotSupported);
+    return mt__preload_rt_ret(cudaErrorNotSupported);
 }
 
 /* What the program may still get: free device memory plus what our cache holds unused. */
 MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
     if (free_b == NULL || total_b == NULL)
-        return ret(cudaErrorInvalidValue);
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
     mt_alloc_t *a = NULL;
     int rc = cur_alloc(&a);
     mt_alloc_stats_t st;
@@ -284,7 +282,7 @@ MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
         if (*free_b > *total_b)
             *free_b = *total_b;
     }
-    return ret(to_cuda(rc));
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
 /* ---- pinned host memory (both modes) ---- */
@@ -292,10 +290,10 @@ MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
     if (pHost == NULL || (flags & ~MT_HOST_ALLOC_FLAGS) != 0)
-        return ret(cudaErrorInvalidValue);
-    mt_backend_t *b = cur_backend();
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
+    mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
-        return ret(cudaErrorNoDevice);
+        return mt__preload_rt_ret(cudaErrorNoDevice);
     if (size == 0) {
         *pHost = NULL;
         return cudaSuccess;
@@ -307,7 +305,7 @@ MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
         atomic_fetch_add(&mt__preload()->host_allocs, 1);
         atomic_fetch_add(&mt__preload()->host_bytes, size);
     }
-    return ret(to_cuda(rc));
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
 MT_HOOK cudaError_t cudaMallocHost(void **ptr, size_t size)
@@ -324,93 +322,10 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
     mt__guard_leave();
     if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cudaFreeHost) != NULL)
         return ((cudaError_t(*)(void *))REAL(cudaFreeHost))(ptr); /* not ours */
-    return ret(to_cuda(rc));
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
-/* ---- copies and memsets (sim-served) ---- */
-
-/* On sim, work the program puts on the default stream (0, cudaStreamLegacy,
- * cudaStreamPerThread) is done synchronously after draining the device. That is
- * stricter than CUDA's legacy-stream barrier, never weaker, so programs stay correct. */
-static int sim_default_begin(mt_backend_t *b, mt_stream_t *s)
-{
-    return s == NULL ? mt_device_synchronize(b) : 0;
-}
-
-static int sim_default_end(mt_backend_t *b, mt_stream_t *s, int rc)
-{
-    return rc == 0 && s == NULL ? mt_stream_synchronize(b, NULL) : rc;
-}
-
-static cudaError_t sim_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
-                            cudaStream_t stream, bool sync)
-{
-    if ((int)kind < 0 || kind > cudaMemcpyDefault)
-        return ret(cudaErrorInvalidMemcpyDirection);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memcpy_async(b, dst, src, n, (mt_memcpy_kind_e)kind, s);
-    rc = sim_default_end(b, s, rc);
-    if (rc == 0 && sync && s != NULL)
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
-{
-    FORWARD(cudaMemcpy, dst, src, count, kind);
-    return sim_copy(dst, src, count, kind, NULL, true);
-}
-
-MT_HOOK cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count,
-                                    enum cudaMemcpyKind kind, cudaStream_t stream)
-{
-    FORWARD(cudaMemcpyAsync, dst, src, count, kind, stream);
-    return sim_copy(dst, src, count, kind, stream, false);
-}
-
-/* A peer copy on the current device's stream (sim mode). */
-static cudaError_t sim_copy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
-                                 cudaStream_t stream, bool sync)
-{
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memcpy_peer_async(b, dst, dst_dev, src, src_dev, n, s);
-    rc = sim_default_end(b, s, rc);
-    if (rc == 0 && sync && s != NULL)
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return ret(rc == MT_EINVAL ? cudaErrorInvalidDevice : to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
-                                   size_t count)
-{
-    FORWARD(cudaMemcpyPeer, dst, dstDevice, src, srcDevice, count);
-    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, NULL, true);
-}
-
-MT_HOOK cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice,
-                                        size_t count, cudaStream_t stream)
-{
-    FORWARD(cudaMemcpyPeerAsync, dst, dstDevice, src, srcDevice, count, stream);
-    return sim_copy_peer(dst, dstDevice, src, srcDevice, count, stream, false);
-}
+/* ---- devices, peer access and errors (sim-served) ---- */
 
 /* Peer access (issue 16 item 10): the runtime's call covers cuMemAlloc memory only, so
  * the peer's expandable segments are granted to the current device too. */
@@ -421,16 +336,17 @@ MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flag
         cudaError_t (*real)(int, unsigned) =
             (cudaError_t(*)(int, unsigned))mt__preload_real_rt("cudaDeviceEnablePeerAccess");
         if (real == NULL)
-            return ret(cudaErrorInsufficientDriver);
+            return mt__preload_rt_ret(cudaErrorInsufficientDriver);
         cudaError_t e = real(peerDevice, flags);
         if (e != cudaSuccess)
             return e;
     } else if (flags != 0) {
-        return ret(cudaErrorInvalidValue);
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
     }
     if (peerDevice < 0 || peerDevice >= P->ndevices || peerDevice == rt_device())
-        return ret(cudaErrorInvalidDevice);
-    return ret(to_cuda(mt__preload_peer_access(rt_device(), peerDevice)));
+        return mt__preload_rt_ret(cudaErrorInvalidDevice);
+    return mt__preload_rt_ret(
+        mt__preload_rt_code(mt__preload_peer_access(rt_device(), peerDevice)));
 }
 
 MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peerDevice)
@@ -438,244 +354,20 @@ MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peer
     FORWARD(cudaDeviceCanAccessPeer, canAccess, device, peerDevice);
     int n = mt__preload()->ndevices;
     if (canAccess == NULL || device < 0 || device >= n || peerDevice < 0 || peerDevice >= n)
-        return ret(cudaErrorInvalidDevice);
+        return mt__preload_rt_ret(cudaErrorInvalidDevice);
     *canAccess = device != peerDevice;
     return cudaSuccess;
 }
-
-static cudaError_t sim_set(void *dst, int value, size_t n, cudaStream_t stream)
-{
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memset_async(b, dst, value, n, s);
-    rc = sim_default_end(b, s, rc);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaMemset(void *devPtr, int value, size_t count)
-{
-    FORWARD(cudaMemset, devPtr, value, count);
-    return sim_set(devPtr, value, count, NULL);
-}
-
-MT_HOOK cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
-{
-    FORWARD(cudaMemsetAsync, devPtr, value, count, stream);
-    return sim_set(devPtr, value, count, stream);
-}
-
-/* ---- streams (sim-served) ---- */
-
-MT_HOOK cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
-{
-    FORWARD(cudaStreamCreateWithFlags, pStream, flags);
-    if (pStream == NULL)
-        return ret(cudaErrorInvalidValue);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt_stream_create(b, &s);
-    mt__guard_leave();
-    if (rc == 0)
-        *pStream = (cudaStream_t)s;
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaStreamCreate(cudaStream_t *pStream)
-{
-    FORWARD(cudaStreamCreate, pStream);
-    return cudaStreamCreateWithFlags(pStream, cudaStreamDefault);
-}
-
-MT_HOOK cudaError_t cudaStreamDestroy(cudaStream_t stream)
-{
-    if (!mt__preload()->sim)
-        mt__preload_stream_forget(stream); /* the runtime may hand the handle out again */
-    FORWARD(cudaStreamDestroy, stream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if ((uintptr_t)stream <= 2)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt_stream_t *s = (mt_stream_t *)stream;
-    mt__guard_enter();
-    mt_stream_destroy(b, &s);
-    mt__guard_leave();
-    return cudaSuccess;
-}
-
-MT_HOOK cudaError_t cudaStreamSynchronize(cudaStream_t stream)
-{
-    FORWARD(cudaStreamSynchronize, stream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    /* The legacy default stream waits for every blocking stream. */
-    if (rc == 0)
-        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
-{
-    FORWARD(cudaStreamWaitEvent, stream, event, flags);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (event == NULL)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = s == NULL ? mt_event_synchronize(b, (mt_event_t *)event)
-                       : mt_stream_wait_event(b, s, (mt_event_t *)event);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaDeviceSynchronize(void)
-{
-    FORWARD(cudaDeviceSynchronize);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt__guard_enter();
-    int rc = mt_device_synchronize(b);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-/* ---- events (sim-served) ---- */
-
-MT_HOOK cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
-{
-    FORWARD(cudaEventCreateWithFlags, event, flags);
-    if (event == NULL)
-        return ret(cudaErrorInvalidValue);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    mt_event_t *ev = NULL;
-    mt__guard_enter();
-    int rc = mt_event_create(b, &ev);
-    mt__guard_leave();
-    if (rc == 0)
-        *event = (cudaEvent_t)ev;
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaEventCreate(cudaEvent_t *event)
-{
-    FORWARD(cudaEventCreate, event);
-    return cudaEventCreateWithFlags(event, cudaEventDefault);
-}
-
-MT_HOOK cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
-{
-    FORWARD(cudaEventRecord, event, stream);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (event == NULL)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_event_record(b, (mt_event_t *)event, s);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaEventQuery(cudaEvent_t event)
-{
-    FORWARD(cudaEventQuery, event);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (event == NULL)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt__guard_enter();
-    int rc = mt_event_query(b, (mt_event_t *)event);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaEventSynchronize(cudaEvent_t event)
-{
-    FORWARD(cudaEventSynchronize, event);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (event == NULL)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt__guard_enter();
-    int rc = mt_event_synchronize(b, (mt_event_t *)event);
-    mt__guard_leave();
-    return ret(to_cuda(rc));
-}
-
-MT_HOOK cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
-{
-    FORWARD(cudaEventElapsedTime, ms, start, end);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (ms == NULL || start == NULL || end == NULL)
-        return ret(cudaErrorInvalidValue);
-    mt__guard_enter();
-    uint64_t t0 = mt_event_time_ns(b, (mt_event_t *)start);
-    uint64_t t1 = mt_event_time_ns(b, (mt_event_t *)end);
-    mt__guard_leave();
-    if (t0 == 0 || t1 == 0)
-        return ret(cudaErrorNotReady);
-    *ms = (float)((double)(int64_t)(t1 - t0) / 1e6);
-    return cudaSuccess;
-}
-
-MT_HOOK cudaError_t cudaEventDestroy(cudaEvent_t event)
-{
-    FORWARD(cudaEventDestroy, event);
-    mt_backend_t *b = cur_backend();
-    if (b == NULL)
-        return ret(cudaErrorNoDevice);
-    if (event == NULL)
-        return ret(cudaErrorInvalidResourceHandle);
-    mt_event_t *ev = (mt_event_t *)event;
-    mt__guard_enter();
-    mt_event_destroy(b, &ev);
-    mt__guard_leave();
-    return cudaSuccess;
-}
-
-/* ---- devices and errors (sim-served) ---- */
 
 MT_HOOK cudaError_t cudaGetDeviceCount(int *count)
 {
     FORWARD(cudaGetDeviceCount, count);
     if (count == NULL)
-        return ret(cudaErrorInvalidValue);
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
     mt_preload_t *P = mt__preload();
     if (P->init_rc != 0 || P->ndevices == 0) {
         *count = 0;
-        return ret(cudaErrorNoDevice);
+        return mt__preload_rt_ret(cudaErrorNoDevice);
     }
     *count = P->ndevices;
     return cudaSuccess;
@@ -685,7 +377,7 @@ MT_HOOK cudaError_t cudaSetDevice(int device)
 {
     FORWARD(cudaSetDevice, device);
     if (device < 0 || device >= mt__preload()->ndevices)
-        return ret(cudaErrorInvalidDevice);
+        return mt__preload_rt_ret(cudaErrorInvalidDevice);
     mt__preload_set_current_device(device);
     return cudaSuccess;
 }
@@ -694,12 +386,12 @@ MT_HOOK cudaError_t cudaGetDevice(int *device)
 {
     FORWARD(cudaGetDevice, device);
     if (device == NULL)
-        return ret(cudaErrorInvalidValue);
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
     *device = mt__preload_current_device();
     return cudaSuccess;
 }
 
-/* The latest error of the thread, ours or the real runtime's: ret() cleared the real
+/* The latest error of the thread, ours or the real runtime's: mt__preload_rt_ret() cleared the real
  * runtime's when it recorded ours, so an error the runtime holds now is newer. A sticky
  * error stays (the runtime's own do the same). */
 MT_HOOK cudaError_t cudaGetLastError(void)
