@@ -6,7 +6,8 @@
  * exit into a file named by MEMTRACE_SUMMARY_FILE, which this command reads back. On a
  * machine with no CUDA driver, a private directory whose libcuda.so.1 links to the
  * preload library goes first on LD_LIBRARY_PATH, so programs that dlopen the driver (as
- * the CUDA runtime does) find our sim-served driver functions (preload/hooks_driver.c). */
+ * the CUDA runtime does) find our sim-served driver functions (preload/hooks_driver.c and
+ * hooks_driver_sim.c). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
