@@ -446,12 +446,11 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
         flops * 1e-9, iters);
     /* The library a module takes by default at each thread count, marked in the rows. */
     char def[3][8] = {"", "", ""};
-    for (int threads = 1; threads <= 2; threads++) {
-        mt_rnn_t *dm = module(a, &s, NULL);
-        if (dm && mt_rnn_set_gemm_threads(dm, threads) == 0)
+    mt_rnn_t *dm = module(a, &s, NULL);
+    for (int threads = 1; dm && threads <= 2; threads++)
+        if (mt_rnn_set_gemm_threads(dm, threads) == 0)
             snprintf(def[threads], sizeof def[threads], "%s", mt_rnn_gemm_name(dm));
-        mt_rnn_destroy(&dm);
-    }
+    mt_rnn_destroy(&dm);
     printf("  * the engine's default library at that thread count\n");
     for (int threads = 1; threads <= 2; threads++) {
         for (int i = 0; i < 3; i++) {

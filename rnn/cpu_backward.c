@@ -482,14 +482,21 @@ static void add_transposed(float *restrict dst, int ldd, const float *restrict s
 }
 
 /* acc_flush's work in items of 32 rows of an accumulator [in + H, gH] (a tile of 32
- * columns of dw's W and R), pseudo-layer by pseudo-layer. */
+ * columns of dw's W and R), pseudo-layer by pseudo-layer: nw of W's, then nr of R's. */
+static void flush_tiles(const mt__rnn_shape_t *s, int p, int *nw, int *nr)
+{
+    *nw = (mt__rnn_layer_in(s, p / s->dirs) + 31) / 32;
+    *nr = (s->hidden + 31) / 32;
+}
+
 static void flush_items(void *arg, int i0, int i1)
 {
     const bwd_t *b = arg;
     const mt__rnn_shape_t *s = b->s;
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), i = 0;
     for (int p = 0; p < s->layers * s->dirs && i < i1; p++) {
-        int in = mt__rnn_layer_in(s, p / s->dirs), nw = (in + 31) / 32, nr = (H + 31) / 32;
+        int in = mt__rnn_layer_in(s, p / s->dirs), nw, nr;
+        flush_tiles(s, p, &nw, &nr);
         mt__rnn_mats_t dw = mt__rnn_mats(s, b->dw, p / s->dirs, p % s->dirs);
         const float *accw = b->acc + acc_offset(s, p), *accr = accw + (size_t)in * gl;
         for (int t = 0; t < nw + nr; t++, i++) {
@@ -509,17 +516,23 @@ static void acc_flush(const bwd_t *b)
 {
     const mt__rnn_shape_t *s = b->s;
     int n = 0;
-    for (int p = 0; p < s->layers * s->dirs; p++)
-        n += (mt__rnn_layer_in(s, p / s->dirs) + 31) / 32 + (s->hidden + 31) / 32;
+    for (int p = 0; p < s->layers * s->dirs; p++) {
+        int nw, nr;
+        flush_tiles(s, p, &nw, &nr);
+        n += nw + nr;
+    }
     mt__rnn_rows_par(s, n / 2, n, flush_items, (void *)b);
 }
 
-/* Zeroes the accumulators, blocks [k0, k1) of 4 KiB (mt__rnn_rows_par). */
+enum { ZERO_BLOCK = 1024 }; /* floats: zero_acc's unit */
+
+/* Zeroes the accumulators, blocks [k0, k1) of ZERO_BLOCK floats (mt__rnn_rows_par). */
 static void zero_acc(void *arg, int k0, int k1)
 {
     const bwd_t *b = arg;
-    size_t n = acc_offset(b->s, b->s->layers * b->s->dirs), e = (size_t)k1 * 1024;
-    memset(b->acc + (size_t)k0 * 1024, 0, ((e < n ? e : n) - (size_t)k0 * 1024) * sizeof(float));
+    size_t n = acc_offset(b->s, b->s->layers * b->s->dirs);
+    size_t a = (size_t)k0 * ZERO_BLOCK, e = (size_t)k1 * ZERO_BLOCK;
+    memset(b->acc + a, 0, ((e < n ? e : n) - a) * sizeof(float));
 }
 
 /* The gradient layer l > 0 sent to its input, over rows [row0, row0 + nb) of dbuf (at ofs):
@@ -543,7 +556,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
     b.acc = work;
-    int nz = (int)((acc_offset(s, L * D) + 1023) / 1024);
+    int nz = (int)((acc_offset(s, L * D) + ZERO_BLOCK - 1) / ZERO_BLOCK);
     mt__rnn_rows_par(s, nz / 2, nz, zero_acc, &b);
     b.xh = b.acc + acc_offset(s, L * D);
     b.dhn = b.xh + C * (size_t)xh_ld(s);

@@ -80,6 +80,13 @@ static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
     }
 }
 
+/* A job's half off the caller: oneDNN's thread count is per thread, so it is set here. */
+static void run_job(const job_t *j)
+{
+    (void)mt__rnn_gemm_set_threads_here(j->g, 1);
+    j->fn(j->arg, j->b0, j->b1);
+}
+
 static void *worker_main(void *unused)
 {
     (void)unused;
@@ -98,8 +105,7 @@ static void *worker_main(void *unused)
         seen = atomic_load_explicit(&w.posted, memory_order_acquire);
         mt_assert(seen == atomic_load(&w.done) + 1);
         job_t j = w.job;
-        (void)mt__rnn_gemm_set_threads_here(j.g, 1);
-        j.fn(j.arg, j.b0, j.b1);
+        run_job(&j);
         atomic_store_explicit(&w.done, seen, memory_order_release);
     }
     return NULL;
@@ -142,9 +148,7 @@ static void wait_done(unsigned seq)
 
 static void *spawned_main(void *p)
 {
-    const job_t *j = p;
-    (void)mt__rnn_gemm_set_threads_here(j->g, 1);
-    j->fn(j->arg, j->b0, j->b1);
+    run_job(p);
     return NULL;
 }
 
@@ -223,9 +227,10 @@ void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc)
 {
-    gpart_t p = {s->gemm, ta, tb, M >= N, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
-    int nb = ((M >= N ? M : N) + 31) / 32;
     if (M <= 0 || N <= 0)
         return;
+    bool rows = M >= N;
+    gpart_t p = {s->gemm, ta, tb, rows, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
+    int nb = ((rows ? M : N) + 31) / 32;
     mt__rnn_rows_par(s, nb / 2, nb, gemm_part, &p);
 }
