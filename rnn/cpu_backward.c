@@ -310,15 +310,6 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
-/* R [gH, H] into xh, panels [p0, p1) of its MT__RNN_XSMM_MB columns (mt__rnn_rows_par). */
-static void pack_r(void *arg, int p0, int p1)
-{
-    const dir_back_t *a = arg;
-    int H = a->s->hidden, gh = a->s->gates * H, c0 = p0 * MT__RNN_XSMM_MB;
-    int c1 = p1 * MT__RNN_XSMM_MB < H ? p1 * MT__RNN_XSMM_MB : H;
-    mt__rnn_xsmm_pack(a->xh + (size_t)c0 * gh, a->w.r + c0, H, 1, gh, c1 - c0);
-}
-
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
@@ -331,12 +322,19 @@ static void back_dir(const dir_back_t *a)
      * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md). */
     dir_back_t run = *a;
     if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
-        int np = (H + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB;
-        mt__rnn_rows_par(s, np / 2, np, pack_r, (void *)a);
+        mt__rnn_xsmm_pack_par(s, a->xh, a->w.r, H, 1, gh, H);
         run.rp = a->xh;
     }
     int split = mt__rnn_cpu_split(s, a->q, a->t0, T);
     mt__rnn_rows_par(s, split, a->q->B, back_steps, &run);
+    /* The input gradient, while xh is still free for W's panels: at two threads in tiles
+     * taken in turn (libxsmm), else in two halves after the weight gradients. */
+    bool dx_done = false;
+    if (a->din && s->xsmm && (size_t)gh * (size_t)a->in <= a->xh_cap) {
+        mt__rnn_xsmm_pack_par(s, a->xh, a->w.w, a->in, 1, gh, a->in);
+        mt__rnn_xsmm_mm_par(s, (int)tb, a->in, gh, a->g, gl, a->xh, a->din_beta, a->din, a->in);
+        dx_done = true;
+    }
     mt__rnn_rows_par(s, split, a->q->B, gather_xh, (void *)a);
 
     /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
@@ -366,7 +364,7 @@ static void back_dir(const dir_back_t *a)
         for (int j = fold; j < gh; j++)
             a->dw.br[j] += d0[gh + j - fold] + d1[gh + j - fold];
     }
-    if (a->din)
+    if (a->din && !dx_done)
         mt__rnn_sgemm_par(a->s, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
                           a->din_beta, a->din, a->in);
 }

@@ -180,14 +180,24 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* ---- workspace ---- */
 
-/* Floats of the per-pseudo-layer copies forward makes of its weights: R transposed [H, gH]
- * (the recurrent product then reads it untransposed, which oneDNN and OpenBLAS run faster on
- * 32-row products; with libxsmm, packed in panels, in H*gH of its floats) and the input
- * projection's bias [gH], rows gld apart. */
+/* Offset in floats of pseudo-layer p's W^T panels in prep, or with p = L*D, the floats of the
+ * copies forward makes of its weights: per pseudo-layer, R transposed [H, gH] (the recurrent
+ * product then reads it untransposed, which oneDNN and OpenBLAS run faster on 32-row
+ * products; with libxsmm, packed in panels, in H*gH of its floats) and the input
+ * projection's bias [gH], rows gld apart; then, with libxsmm, W^T [in, gH] of each in panels,
+ * so that the input projection runs in tiles that either thread may take (par.c). */
+static size_t wt_offset(const mt__rnn_shape_t *s, int p)
+{
+    size_t gl = (size_t)mt__rnn_cpu_gld(s), gh = (size_t)s->gates * (size_t)s->hidden;
+    size_t n = (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gl;
+    for (int i = 0; s->xsmm && i < p; i++)
+        n += (size_t)mt__rnn_layer_in(s, i / s->dirs) * gh;
+    return n;
+}
+
 static size_t prep_floats(const mt__rnn_shape_t *s)
 {
-    size_t gl = (size_t)mt__rnn_cpu_gld(s);
-    return (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gl;
+    return wt_offset(s, s->layers * s->dirs);
 }
 
 /* Workspace: the prepared weights (prep_floats), rec [B, gH], h and c states [L*D, B, H]
@@ -238,6 +248,7 @@ typedef struct dir_run_s {
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w;
     const float *rt;   /* R transposed [H, gH], rows gl apart or packed (s->xsmm) */
+    const float *wt;   /* W^T [in, gH] packed (s->xsmm), or NULL: the library reads W */
     const float *bias; /* [gH]: b_W plus b_R folded (all but GRU's n gate), or zeros */
     int t0;            /* the chunk's first step */
     int steps;         /* its steps */
@@ -260,13 +271,16 @@ static size_t lrow(const dir_run_t *a, int t)
     return a->q->off[a->t0 + t] - a->q->off[a->t0];
 }
 
-/* gates = x W^T over the chunk's rows, in two halves at two threads; the bias is added by
- * the cell, in the same pass that reads the gates. */
+/* gates = x W^T over the chunk's rows, at two threads in tiles taken in turn (libxsmm) or in
+ * two halves; the bias is added by the cell, in the same pass that reads the gates. */
 static void project_inputs(const dir_run_t *a)
 {
-    int gh = a->s->gates * a->s->hidden;
-    mt__rnn_sgemm_par(a->s, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w, a->in,
-                      0.0f, a->gates, mt__rnn_cpu_gld(a->s));
+    int gh = a->s->gates * a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
+    if (a->wt)
+        mt__rnn_xsmm_mm_par(a->s, (int)a->rows, gh, a->in, a->x, a->in, a->wt, 0.0f, a->gates, gl);
+    else
+        mt__rnn_sgemm_par(a->s, false, true, (int)a->rows, gh, a->in, 1.0f, a->x, a->in, a->w.w,
+                          a->in, 0.0f, a->gates, gl);
 }
 
 /* The previous hidden state of the sequences running at a step: row b < split at
@@ -503,14 +517,20 @@ static void prepare_items(void *arg, int i0, int i1)
     }
 }
 
-/* R^T and the folded bias of every pseudo-layer, into prep (prep_floats); at two threads
- * in two halves of the items (a serial part would cost twice its share of the step). */
+/* R^T and the folded bias of every pseudo-layer, then (libxsmm) W^T's panels, into prep
+ * (wt_offset); at two threads in two halves of the items or in tiles (a serial part would
+ * cost twice its share of the step). */
 static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
 {
     int gh = s->gates * s->hidden;
     prep_job_t j = {s, w, prep, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
     int n = s->layers * s->dirs * j.nblk;
     mt__rnn_rows_par(s, n / 2, n, prepare_items, &j);
+    for (int p = 0; s->xsmm && p < s->layers * s->dirs; p++) {
+        mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
+        int in = mt__rnn_layer_in(s, p / s->dirs);
+        mt__rnn_xsmm_pack_par(s, prep + wt_offset(s, p), m.w, 1, in, in, gh);
+    }
 }
 
 /* ---- the whole stack ---- */
@@ -564,6 +584,7 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
         .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)mt__rnn_cpu_gld(s),
         .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)mt__rnn_cpu_gld(s),
+        .wt = s->xsmm ? f->prep + wt_offset(s, p) : NULL,
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
         .rows = nb,

@@ -66,6 +66,10 @@ int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n);
  * the others', so the halves never wait for each other. */
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg);
+/* fn(arg, i) for each tile 0 <= i < n, taken in turn by the two threads of mt__rnn_rows_par
+ * (by the caller alone where that runs one): a core the host runs slower takes fewer tiles.
+ * The tiles are fixed by n, so the results are the same whichever thread runs a tile. */
+void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int), void *arg);
 /* mt__rnn_sgemm on s->gemm, C split in two halves of its rows (M >= N) or columns, 32 at a
  * time, by mt__rnn_rows_par; else one call with the library's own threads. */
 void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
@@ -94,6 +98,15 @@ void mt__rnn_xsmm_pack(float *dst, const float *src, int rs, int cs, int K, int 
  * plain loops where it has none. */
 void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *P, float beta,
                      float *C, int ldc);
+/* mt__rnn_xsmm_pack of panels [p0, p1) alone (the same floats of dst as the whole). */
+void mt__rnn_xsmm_pack_panels(float *dst, const float *src, int rs, int cs, int K, int N, int p0,
+                              int p1);
+/* mt__rnn_xsmm_pack and mt__rnn_xsmm_mm in tiles of mt__rnn_tiles_par: panels, then 32 rows of
+ * C, each the same call at one thread or two (the large products of a pass). */
+void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *src, int rs, int cs,
+                           int K, int N);
+void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const float *X, int ldx,
+                         const float *P, float beta, float *C, int ldc);
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 

@@ -1,6 +1,7 @@
 /* The cpu path's second thread. mt__rnn_rows_par runs one half of a job on the caller and
- * the other on a worker thread that lives as long as the process; mt__rnn_sgemm_par splits a
- * large product into two such halves.
+ * the other on a worker thread that lives as long as the process; mt__rnn_tiles_par lets both
+ * take fixed tiles of a job in turn; mt__rnn_sgemm_par splits a large product into two
+ * halves.
  *
  * Sessions 4-7 created a thread per job. On the 2-vCPU KVM machine it started about 100 us
  * after pthread_create, because the idle vCPU had to be woken, and the caller waited for it
@@ -193,6 +194,35 @@ void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(vo
         pthread_mutex_unlock(&w.own);
     }
     (void)mt__rnn_gemm_set_threads(g, s->threads);
+}
+
+/* ---- tiles taken in turn ---- */
+
+typedef struct tiles_s {
+    void (*fn)(void *, int);
+    void *arg;
+    int n;
+    atomic_int next; /* the next tile not yet taken */
+} tiles_t;
+
+/* One thread's share: the next tile until none is left. */
+static void take_tiles(void *arg, int unused0, int unused1)
+{
+    (void)unused0, (void)unused1;
+    tiles_t *t = arg;
+    for (int i; (i = atomic_fetch_add_explicit(&t->next, 1, memory_order_relaxed)) < t->n;)
+        t->fn(t->arg, i);
+}
+
+void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int), void *arg)
+{
+    if (n <= 0)
+        return;
+    tiles_t t = {.fn = fn, .arg = arg, .n = n};
+    atomic_init(&t.next, 0);
+    /* Both halves run take_tiles; at one thread the caller's takes them all. */
+    mt__rnn_rows_par(s, n > 1 ? 1 : 0, 2, take_tiles, &t);
+    mt_assert(atomic_load(&t.next) >= n);
 }
 
 /* ---- a product in two halves ---- */

@@ -157,3 +157,50 @@ void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *
 #endif
     }
 }
+
+void mt__rnn_xsmm_pack_panels(float *dst, const float *src, int rs, int cs, int K, int N, int p0,
+                              int p1)
+{
+    int c0 = p0 * MT__RNN_XSMM_MB, c1 = p1 * MT__RNN_XSMM_MB < N ? p1 * MT__RNN_XSMM_MB : N;
+    if (c0 < c1)
+        mt__rnn_xsmm_pack(dst + (size_t)c0 * (size_t)K, src + (size_t)c0 * (size_t)cs, rs, cs, K,
+                          c1 - c0);
+}
+
+typedef struct par_s {
+    int M, N, K, ldx, ldc, rs, cs;
+    const float *X, *P, *src;
+    float beta;
+    float *C, *dst;
+} par_t;
+
+static void pack_tile(void *arg, int i)
+{
+    const par_t *p = arg;
+    mt__rnn_xsmm_pack_panels(p->dst, p->src, p->rs, p->cs, p->K, p->N, i, i + 1);
+}
+
+void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *src, int rs, int cs,
+                           int K, int N)
+{
+    par_t p = {.K = K, .N = N, .rs = rs, .cs = cs, .src = src, .dst = dst};
+    mt__rnn_tiles_par(s, (N + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB, pack_tile, &p);
+}
+
+static void mm_tile(void *arg, int i)
+{
+    const par_t *p = arg;
+    int i0 = i * ROWS, n = p->M - i0 < ROWS ? p->M - i0 : ROWS;
+    mt__rnn_xsmm_mm(n, p->N, p->K, p->X + (size_t)i0 * (size_t)p->ldx, p->ldx, p->P, p->beta,
+                    p->C + (size_t)i0 * (size_t)p->ldc, p->ldc);
+}
+
+void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const float *X, int ldx,
+                         const float *P, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    par_t p = {
+        .M = M, .N = N, .K = K, .ldx = ldx, .ldc = ldc, .X = X, .P = P, .beta = beta, .C = C};
+    mt__rnn_tiles_par(s, (M + ROWS - 1) / ROWS, mm_tile, &p);
+}

@@ -1,6 +1,8 @@
 /* mt__rnn_rows_par: the two halves of a job run on two threads with oneDNN (its count is per
  * thread), BLIS and OpenBLAS (for the process), the second on the process's worker thread,
- * which stays the same from job to job; mt__rnn_sgemm_par's halves make the product. */
+ * which stays the same from job to job; mt__rnn_sgemm_par's halves make the product;
+ * mt__rnn_tiles_par's tiles each run once, more of them on the faster thread, and libxsmm's
+ * products in tiles are the same bits as in one call. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -9,6 +11,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -216,12 +219,110 @@ static void sgemm_halves(void **state)
     }
 }
 
+/* ---- tiles taken in turn ---- */
+
+typedef struct tally_s {
+    pthread_t caller;
+    atomic_int worker_tiles, caller_tiles;
+    atomic_int hits[200];
+    atomic_bool worker_seen;
+} tally_t;
+
+static void tally(void *arg, int i)
+{
+    tally_t *t = arg;
+    atomic_fetch_add(&t->hits[i], 1);
+    if (!pthread_equal(pthread_self(), t->caller)) {
+        atomic_store(&t->worker_seen, true);
+        atomic_fetch_add(&t->worker_tiles, 1);
+        return;
+    }
+    atomic_fetch_add(&t->caller_tiles, 1);
+    /* The caller's core is the slow one: it waits (5 s at most) until the other thread has
+     * started, then takes 5 ms a tile. */
+    for (int w = 0; w < 5000 && !atomic_load(&t->worker_seen); w++)
+        nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+}
+
+/* Every tile runs once, for any count; where the caller is slow, the other thread takes
+ * the tiles it does not get to (fixed halves would give each 20). */
+static void tiles_taken_in_turn(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    for (int n = 0; n <= 40; n += n < 5 ? 1 : 7) {
+        tally_t *t = calloc(1, sizeof *t);
+        assert_non_null(t);
+        t->caller = pthread_self();
+        mt__rnn_tiles_par(&sh, n, tally, t);
+        for (int i = 0; i < 200; i++)
+            assert_int_equal(atomic_load(&t->hits[i]), i < n);
+        assert_int_equal(atomic_load(&t->caller_tiles) + atomic_load(&t->worker_tiles), n);
+        if (n == 40) {
+            assert_true(atomic_load(&t->worker_seen));
+            assert_true(atomic_load(&t->caller_tiles) <= 3);
+        }
+        free(t);
+    }
+    /* One thread: the caller takes them all. */
+    sh.threads = 1;
+    tally_t *t = calloc(1, sizeof *t);
+    assert_non_null(t);
+    t->caller = pthread_self();
+    atomic_store(&t->worker_seen, true); /* no wait in tally */
+    mt__rnn_tiles_par(&sh, 6, tally, t);
+    assert_int_equal(atomic_load(&t->caller_tiles), 6);
+    free(t);
+}
+
+/* The packing and the product in tiles are the same bits as one call, whichever thread
+ * takes which tile (odd sizes, beta 0 and 1; C untouched outside [M, N]). */
+static void xsmm_tiles_match(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    const int shapes[][3] = {{70, 45, 33}, {129, 100, 64}, {31, 7, 5}, {1, 64, 3}};
+    srand(9);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 140;
+        size_t nf = (size_t)ld * ld;
+        float *X = malloc(sizeof(float) * nf), *W = malloc(sizeof(float) * nf);
+        float *P1 = calloc(nf, sizeof(float)), *P2 = calloc(nf, sizeof(float));
+        float *C1 = malloc(sizeof(float) * nf), *C2 = malloc(sizeof(float) * nf);
+        assert_non_null(X && W && P1 && P2 && C1 && C2);
+        for (size_t i = 0; i < nf; i++) {
+            X[i] = (float)rand() / RAND_MAX - 0.5f;
+            W[i] = (float)rand() / RAND_MAX - 0.5f;
+            C1[i] = C2[i] = (float)rand() / RAND_MAX;
+        }
+        for (int tr = 0; tr < 2; tr++) { /* P = W [K, N], then P = W^T (W [N, K]) */
+            int rs = tr ? 1 : ld, cs = tr ? ld : 1;
+            mt__rnn_xsmm_pack(P1, W, rs, cs, K, N);
+            mt__rnn_xsmm_pack_par(&sh, P2, W, rs, cs, K, N);
+            assert_memory_equal(P1, P2, sizeof(float) * nf);
+            for (int b = 0; b < 2; b++) {
+                mt__rnn_xsmm_mm(M, N, K, X, ld, P1, (float)b, C1, ld);
+                mt__rnn_xsmm_mm_par(&sh, M, N, K, X, ld, P2, (float)b, C2, ld);
+                assert_memory_equal(C1, C2, sizeof(float) * nf);
+            }
+        }
+        free(X);
+        free(W);
+        free(P1);
+        free(P2);
+        free(C1);
+        free(C2);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cblas_halves), cmocka_unit_test(blis_halves),
-        cmocka_unit_test(dnnl_halves),  cmocka_unit_test(worker_persists),
-        cmocka_unit_test(two_callers),  cmocka_unit_test(sgemm_halves),
+        cmocka_unit_test(cblas_halves),        cmocka_unit_test(blis_halves),
+        cmocka_unit_test(dnnl_halves),         cmocka_unit_test(worker_persists),
+        cmocka_unit_test(two_callers),         cmocka_unit_test(sgemm_halves),
+        cmocka_unit_test(tiles_taken_in_turn), cmocka_unit_test(xsmm_tiles_match),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
