@@ -12,6 +12,7 @@
 #include "memtrace/backend.h"
 
 #include "rnn/internal.h"
+#include "util/assert.h"
 
 static size_t cpu_reserve_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
@@ -66,29 +67,72 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
 /* A Fletcher-style sum over the bit patterns in 8 independent lanes (a_j += w, b_j += a_j,
  * 64-bit, so the compiler vectorizes it): any change of one float, and any reordering,
  * changes it. It guards against a caller's mistake, not an adversary, and costs about a
- * memory read of y per pass. */
-static uint64_t cpu_checksum(mt_rnn_t *m, const float *p, size_t n)
+ * memory read of y per pass.
+ *
+ * The sums compose: lanes that went through (a1, b1) and then n2 more words each, which
+ * alone give (a2, b2), hold (a1 + a2, b1 + b2 + n2 a1). So the floats are summed in pieces,
+ * by two threads at two (mt__rnn_tiles_par), and the pieces combined in order give the
+ * sequential sum exactly. */
+enum { SUM_LANES = 8, SUM_PIECES = 64, SUM_MIN_PIECE = 1 << 16 };
+
+typedef struct sum_piece_s {
+    uint64_t a[SUM_LANES], b[SUM_LANES], n[SUM_LANES];
+} sum_piece_t;
+
+typedef struct sum_job_s {
+    const float *p;
+    size_t n, piece; /* floats; piece: a multiple of SUM_LANES */
+    sum_piece_t *out;
+} sum_job_t;
+
+static void sum_piece(void *arg, int k)
 {
-    (void)m;
-    uint64_t a[8] = {0}, b[8] = {0};
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint32_t w[8];
+    const sum_job_t *j = arg;
+    size_t i0 = (size_t)k * j->piece, e = i0 + j->piece < j->n ? i0 + j->piece : j->n;
+    uint64_t a[SUM_LANES] = {0}, b[SUM_LANES] = {0};
+    const float *p = j->p;
+    size_t i = i0;
+    for (; i + SUM_LANES <= e; i += SUM_LANES) {
+        uint32_t w[SUM_LANES];
         memcpy(w, p + i, sizeof w);
-        for (int j = 0; j < 8; j++) {
-            a[j] += w[j];
-            b[j] += a[j];
+        for (int l = 0; l < SUM_LANES; l++) {
+            a[l] += w[l];
+            b[l] += a[l];
         }
     }
-    for (; i < n; i++) {
+    sum_piece_t *o = &j->out[k];
+    for (int l = 0; l < SUM_LANES; l++)
+        o->n[l] = (i - i0) / SUM_LANES;
+    for (; i < e; i++) { /* the tail, in the last piece: lane 0 */
         uint32_t w;
         memcpy(&w, p + i, sizeof w);
         a[0] += w;
         b[0] += a[0];
+        o->n[0]++;
     }
+    memcpy(o->a, a, sizeof a);
+    memcpy(o->b, b, sizeof b);
+}
+
+static uint64_t cpu_checksum(mt_rnn_t *m, const float *p, size_t n)
+{
+    /* The pieces depend on n alone, not on the thread count. */
+    size_t piece = (n + SUM_PIECES - 1) / SUM_PIECES;
+    piece = piece < SUM_MIN_PIECE ? SUM_MIN_PIECE : (piece + SUM_LANES - 1) / SUM_LANES * SUM_LANES;
+    int np = n ? (int)((n + piece - 1) / piece) : 0;
+    sum_piece_t out[SUM_PIECES];
+    sum_job_t j = {p, n, piece, out};
+    mt_assert(np <= SUM_PIECES);
+    mt__rnn_tiles_par(&m->shape, np, sum_piece, &j);
+    uint64_t a[SUM_LANES] = {0}, b[SUM_LANES] = {0};
+    for (int k = 0; k < np; k++)
+        for (int l = 0; l < SUM_LANES; l++) {
+            b[l] += out[k].b[l] + out[k].n[l] * a[l];
+            a[l] += out[k].a[l];
+        }
     uint64_t r = n;
-    for (int j = 0; j < 8; j++)
-        r = (r ^ a[j] ^ (b[j] << 1)) * 0x9e3779b97f4a7c15ull + (r >> 29);
+    for (int l = 0; l < SUM_LANES; l++)
+        r = (r ^ a[l] ^ (b[l] << 1)) * 0x9e3779b97f4a7c15ull + (r >> 29);
     return r;
 }
 

@@ -347,6 +347,79 @@ static void changed_y_is_refused(void **state)
     fx_free(&fx);
 }
 
+/* The cpu path's checksum, summed in one sequence (what its pieces must compose to). */
+static uint64_t fletcher_ref(const float *p, size_t n)
+{
+    uint64_t a[8] = {0}, b[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            uint32_t w;
+            memcpy(&w, p + i + j, sizeof w);
+            a[j] += w;
+            b[j] += a[j];
+        }
+    for (; i < n; i++) {
+        uint32_t w;
+        memcpy(&w, p + i, sizeof w);
+        a[0] += w;
+        b[0] += a[0];
+    }
+    uint64_t r = n;
+    for (int j = 0; j < 8; j++)
+        r = (r ^ a[j] ^ (b[j] << 1)) * 0x9e3779b97f4a7c15ull + (r >> 29);
+    return r;
+}
+
+/* A y of several of the checksum's pieces, summed by two threads: one float changed in any
+ * piece, or two floats of different pieces swapped, is refused; unchanged passes. */
+static void changed_large_y_is_refused_at_two_threads(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(256u << 20);
+    logcap_t cap = {0};
+    enum { T = 50, B = 40, H = 96 }; /* y: 192000 floats, 3 pieces */
+    int bs[T];
+    for (int t = 0; t < T; t++)
+        bs[t] = B;
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 8, H, 1, false);
+    c.log = cap_log;
+    c.log_ud = &cap;
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    assert_int_equal(mt_rnn_set_gemm_threads(m, 2), 0);
+    step_t s;
+    size_t rows = (size_t)T * B, ny = rows * H;
+    step_alloc(fx, &s, &c, rows, B, 11);
+    const size_t at[4] = {5, ny / 2 + 3, ny - 70000, ny - 1};
+    for (int k = 0; k < 5; k++) {
+        mt_rnn_io_t io = step_io(&s, T, B, bs, rows);
+        mt_rnn_grad_io_t g = step_grad(&s);
+        mt_rnn_reserve_t *r;
+        assert_int_equal(mt_rnn_forward(m, &io, &r), 0);
+        /* The pieces compose to the sequential sum, for lengths with and without a tail. */
+        for (size_t n = ny - 13; k == 0 && n <= ny; n += 13)
+            assert_true(mt__rnn_cpu_path.checksum(m, s.y, n) == fletcher_ref(s.y, n));
+        size_t i = k < 4 ? at[k] : 17, j = ny - 19; /* k = 4: y[i] and y[j] swapped */
+        float keep = s.y[i], other = s.y[j];
+        if (k < 4) {
+            s.y[i] += 0.25f;
+        } else {
+            assert_true(keep != other);
+            s.y[i] = other;
+            s.y[j] = keep;
+        }
+        expect_error(&cap, mt_rnn_backward(m, &r, &g), "y changed");
+        s.y[i] = keep;
+        s.y[j] = other;
+    }
+    assert_int_equal(step_run(m, &s, T, B, bs, rows), 0);
+    assert_int_equal(cap.errors, 0);
+    step_free(fx, &s);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+}
+
 /* ---- memory ---- */
 
 static void activation_bytes_follow_tokens(void **state)
@@ -469,6 +542,7 @@ int main(void)
         cmocka_unit_test(equal_lengths_bit_identical_2threads_global),
         cmocka_unit_test(bad_batch_sizes),
         cmocka_unit_test(changed_y_is_refused),
+        cmocka_unit_test(changed_large_y_is_refused_at_two_threads),
         cmocka_unit_test(activation_bytes_follow_tokens),
         cmocka_unit_test(warmup_packed_zero_mallocs),
         cmocka_unit_test(offload_packed),
