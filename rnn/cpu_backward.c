@@ -42,7 +42,7 @@ static int xh_ld(const mt__rnn_shape_t *s)
 
 /* Workspace: the accumulators (acc_offset of L*D), xh [rows of
  * a chunk, xh_ld], dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the
- * bias-gradient sums of the two halves of the step loops [2, gH + H], the RNN
+ * bias-gradient sums of the step loops, one per sequence [B, gH + H], the RNN
  * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between
  * layers, of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide,
  * then (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
@@ -53,7 +53,7 @@ size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
     size_t n = acc_offset(s, s->layers * s->dirs) + c * (size_t)xh_ld(s) + 2 * ld * b * h + b * h +
-               b * gl + 2 * ((size_t)s->gates + 1) * h;
+               b * gl + b * ((size_t)s->gates + 1) * h;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gl;
     if (s->layers > 1)
@@ -89,9 +89,10 @@ typedef struct dir_back_s {
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
-    /* The bias gradients summed by the step loops, one [gH + H] per half (rows [0, split)
-     * and [split, B)): what b_W gets, then GRU's n-gate part of b_R (r * dn). */
-    float *db[2];
+    /* The bias gradients summed by the step loops, one [gH + H] per sequence (row b at
+     * b * (gH + H)), so that they do not depend on where the loops split the batch: what b_W
+     * gets, then GRU's n-gate part of b_R (r * dn). */
+    float *db;
     /* [rows, in + H] (gather_xh), rows xh_ld apart: each row of the chunk's input beside
      * the state its step started from, the A operand of [dW^T; dR^T]. */
     float *xh;
@@ -163,7 +164,7 @@ static void dh_product(const dir_back_t *a, int n, const float *X, int ldx, int 
 }
 
 MT__RNN_CELL_CLONES
-static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *db)
+static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs)
 {
     int H = a->s->hidden, gh = 4 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -171,7 +172,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
     float *g = a->g + r * gl;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl;
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * (gh + H);
         const float *cp = bprev_c(pv, b, H);
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -198,7 +199,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
 }
 
 MT__RNN_CELL_CLONES
-static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *db)
+static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs)
 {
     int H = a->s->hidden, gh = 3 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -206,7 +207,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
     float *aux = a->aux + r * H;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl;
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * (gh + H);
         float *dg = a->dgh + (size_t)b * gl;
         const float *hp = bprev_h(pv, b, H);
 #pragma omp simd
@@ -235,7 +236,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
 }
 
 MT__RNN_CELL_CLONES
-static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *db)
+static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *dbs)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
@@ -244,7 +245,7 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *db)
     const float *o = a->out + r * a->ldo;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl;
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * 2 * H;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
@@ -294,7 +295,7 @@ static void back_steps(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
-    float *db = a->db[b0 == 0 ? 0 : 1];
+    float *db = a->db;
     for (int k = 0; k < a->T; k++) {
         int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
         int e = b1 < nb ? b1 : nb;
@@ -316,8 +317,9 @@ static void back_dir(const dir_back_t *a)
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T;
     size_t tb = a->rows;
 
-    /* The halves' bias sums: both zeroed, as either half may not run (one thread). */
-    memset(a->db[0], 0, 2 * (size_t)(gh + H) * sizeof(float));
+    /* The sequences' bias sums: all zeroed, as a sequence may not run in this chunk. */
+    size_t dbl = (size_t)(gh + H);
+    memset(a->db, 0, (size_t)a->q->B * dbl * sizeof(float));
     /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit (no
      * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md). */
     dir_back_t run = *a;
@@ -325,8 +327,11 @@ static void back_dir(const dir_back_t *a)
         mt__rnn_xsmm_pack_par(s, a->xh, a->w.r, H, 1, gh, H);
         run.rp = a->xh;
     }
-    int split = mt__rnn_cpu_split(s, a->q, a->t0, T);
-    mt__rnn_rows_par(s, split, a->q->B, back_steps, &run);
+    /* Split where the threads' speeds say when the dh products are libxsmm's (as forward's
+     * run_dir); the bias sums are per sequence. */
+    double w[2], f = run.rp ? mt__rnn_par_share() : 0.5;
+    int split = mt__rnn_cpu_split(s, a->q, a->t0, T, f, w);
+    mt__rnn_rows_par_w(s, split, a->q->B, w[0], w[1], back_steps, &run);
     /* The input gradient, while xh is still free for W's panels: at two threads in tiles
      * taken in turn (libxsmm), else in two halves after the weight gradients. */
     bool dx_done = false;
@@ -353,16 +358,20 @@ static void back_dir(const dir_back_t *a)
     if (a->dw.bw) {
         /* b_W and b_R enter the same sum, so their gradients are equal, except GRU's n
          * gate, whose b_R sits inside r * (R_n h + b_Rn). */
-        const float *d0 = a->db[0], *d1 = a->db[1];
+        /* The sequences' sums in their order, into row 0: the same bits wherever the step
+         * loops split the batch. */
+        float *d = a->db;
+        for (int b = 1; b < a->q->B; b++)
+            for (size_t j = 0; j < dbl; j++)
+                d[j] += d[(size_t)b * dbl + j];
         int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
         for (int j = 0; j < gh; j++) {
-            float v = d0[j] + d1[j];
-            a->dw.bw[j] += v;
+            a->dw.bw[j] += d[j];
             if (j < fold)
-                a->dw.br[j] += v;
+                a->dw.br[j] += d[j];
         }
         for (int j = fold; j < gh; j++)
-            a->dw.br[j] += d0[gh + j - fold] + d1[gh + j - fold];
+            a->dw.br[j] += d[gh + j - fold];
     }
     if (a->din && !dx_done)
         mt__rnn_sgemm_par(a->s, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
@@ -440,7 +449,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .dcn = b->dcn + so,
         .zeros = b->zeros,
         .dgh = b->dgh,
-        .db = {b->dbias, b->dbias + (size_t)(s->gates + 1) * (size_t)H},
+        .db = b->dbias,
         .xh = b->xh,
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
         .xh_cap = mt__rnn_cpu_max_chunk_rows(s, q) * (size_t)xh_ld(s),
@@ -562,7 +571,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
     b.dbias = b.dgh + (size_t)B * gl;
-    b.rbuf = b.dbias + 2 * (size_t)(s->gates + 1) * (size_t)H;
+    b.rbuf = b.dbias + (size_t)B * (size_t)(s->gates + 1) * (size_t)H;
     float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
     if (L > 1) {
         b.dbuf[0] = next;

@@ -220,25 +220,32 @@ size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
     return n;
 }
 
-/* The row that splits the steps [t0, t0 + n) of a batch into two halves of about equal
- * work (the rows of sequence b are the steps it runs; sorted by decreasing length, the
- * first sequences are the longest): the first row of the second half, or B when the
- * module runs its step loops on one thread. */
-int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n)
+/* The row that splits the steps [t0, t0 + n) of a batch in two parts, the first about
+ * share of the work (the rows of sequence b are the steps it runs; sorted by decreasing
+ * length, the first sequences are the longest): the first row of the second part, or B when
+ * the module runs its step loops on one thread; w gets each part's rows. */
+int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      double w[2])
 {
-    int B = q->B;
+    int B = q->B, split = B - 1;
+    size_t total = q->off[t0 + n] - q->off[t0], acc = 0;
+    w[0] = (double)total;
+    w[1] = 0;
     if (s->threads < 2 || B < 2)
         return B;
-    size_t total = q->off[t0 + n] - q->off[t0], acc = 0;
-    for (int b = 0; b < B; b++) {
+    for (int b = 0; b < B - 1; b++) {
         int steps = 0; /* of sequence b in the chunk: the steps t with bs[t] > b */
         while (steps < n && q->bs[t0 + steps] > b)
             steps++;
         acc += (size_t)steps;
-        if (2 * acc >= total)
-            return b + 1 < B ? b + 1 : B - 1;
+        if ((double)acc >= share * (double)total) {
+            split = b + 1;
+            break;
+        }
     }
-    return B - 1;
+    w[0] = (double)acc;
+    w[1] = (double)(total - acc);
+    return split;
 }
 
 /* ---- one layer, one direction, over one chunk ---- */
@@ -460,8 +467,13 @@ static void run_steps(void *arg, int b0, int b1)
 static void run_dir(const dir_run_t *a)
 {
     project_inputs(a);
-    int split = mt__rnn_cpu_split(a->s, a->q, a->t0, a->steps);
-    mt__rnn_rows_par(a->s, split, a->q->B, run_steps, (void *)a);
+    /* The share follows the threads' speeds where the per-step products are libxsmm's,
+     * whose rows come out the same however the batch is cut: the split then changes no
+     * result. A library may round a row differently with other rows beside it (OpenBLAS's
+     * and oneDNN's did), so its products keep halves. */
+    double w[2], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
+    int split = mt__rnn_cpu_split(a->s, a->q, a->t0, a->steps, f, w);
+    mt__rnn_rows_par_w(a->s, split, a->q->B, w[0], w[1], run_steps, (void *)a);
 }
 
 /* dst[n, m] = src[m, n]^T, row-major with leading dimensions ldd and lds, in tiles of 32

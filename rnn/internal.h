@@ -66,6 +66,15 @@ int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n);
  * the others', so the halves never wait for each other. */
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg);
+/* mt__rnn_rows_par where rows [0, split) hold work w0 and [split, nb) work w1 (any unit):
+ * the halves' times on the two threads update mt__rnn_par_share. */
+void mt__rnn_rows_par_w(const mt__rnn_shape_t *s, int split, int nb, double w0, double w1,
+                        void (*fn)(void *, int, int), void *arg);
+/* The share of a job's work the caller should take for both halves to end together, from
+ * the speeds recent mt__rnn_rows_par_w jobs measured (1/2 to begin with). Tests set it; frozen,
+ * jobs do not change it. */
+double mt__rnn_par_share(void);
+void mt__rnn_par_set_share(double f, bool freeze);
 /* fn(arg, i) for each tile 0 <= i < n, taken in turn by the two threads of mt__rnn_rows_par
  * (by the caller alone where that runs one): a core the host runs slower takes fewer tiles.
  * The tiles are fixed by n, so the results are the same whichever thread runs a tile. */
@@ -324,9 +333,11 @@ int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
 size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
-/* The first sequence of the second half when the step loops of steps [t0, t0 + n) run on
- * two threads (halves of about equal work), or B on one thread (s->threads < 2). */
-int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n);
+/* The first sequence of the second part when the step loops of steps [t0, t0 + n) run on
+ * two threads (the first about share of the work), or B on one thread (s->threads < 2); w
+ * gets the rows of each part. */
+int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      double w[2]);
 
 /* Row stride in floats of every [rows, g*H] gate buffer (the reserve's gates, the
  * recurrent product, R^T, the weight-gradient sums): g*H, plus 16 when g*H is a multiple

@@ -44,6 +44,7 @@ static struct {
     atomic_uint posted, done;
     atomic_bool sleeping;
     job_t job;
+    uint64_t took; /* ns of the worker's last half, written before done */
 } w = {.init = PTHREAD_MUTEX_INITIALIZER,
        .own = PTHREAD_MUTEX_INITIALIZER,
        .mu = PTHREAD_MUTEX_INITIALIZER,
@@ -106,7 +107,9 @@ static void *worker_main(void *unused)
         seen = atomic_load_explicit(&w.posted, memory_order_acquire);
         mt_assert(seen == atomic_load(&w.done) + 1);
         job_t j = w.job;
+        uint64_t t0 = now_ns();
         run_job(&j);
+        w.took = now_ns() - t0;
         atomic_store_explicit(&w.done, seen, memory_order_release);
     }
     return NULL;
@@ -165,8 +168,41 @@ static void run_spawned(const job_t *j, int split)
         j->fn(j->arg, j->b0, j->b1);
 }
 
-void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
-                      void *arg)
+/* ---- the caller's share ----
+ *
+ * The host runs the two vCPUs at different speeds for stretches of seconds (docs/blas.md).
+ * A job whose halves' work is known (mt__rnn_rows_par_w) gives both threads' speeds; the
+ * share the caller should take for the halves to end together follows them (an average over
+ * jobs, each weighing 1/4, kept in [1/5, 4/5]), in 1/65536. */
+enum { SHARE_ONE = 65536 };
+static atomic_uint share = SHARE_ONE / 2;
+static atomic_bool share_frozen;
+
+double mt__rnn_par_share(void)
+{
+    return (double)atomic_load_explicit(&share, memory_order_relaxed) / SHARE_ONE;
+}
+
+void mt__rnn_par_set_share(double f, bool freeze)
+{
+    f = f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+    atomic_store(&share, (unsigned)(f * SHARE_ONE));
+    atomic_store(&share_frozen, freeze);
+}
+
+/* Halves of work w0 and w1 took tc and tw ns on the caller and on the worker. */
+static void learn_share(double w0, double w1, uint64_t tc, uint64_t tw)
+{
+    if (atomic_load(&share_frozen) || w0 <= 0 || w1 <= 0 || tc + tw < 200 * 1000 || !tc || !tw)
+        return; /* short jobs are mostly noise */
+    double vc = w0 / (double)tc, vw = w1 / (double)tw, f = vc / (vc + vw);
+    double cur = mt__rnn_par_share(), next = 0.75 * cur + 0.25 * f;
+    next = next < 0.2 ? 0.2 : next > 0.8 ? 0.8 : next;
+    atomic_store_explicit(&share, (unsigned)(next * SHARE_ONE), memory_order_relaxed);
+}
+
+static void rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
+                     void *arg, const double *work)
 {
     const mt__rnn_gemm_t *g = s->gemm;
     if (s->threads < 2 || split <= 0 || split >= nb || !mt__rnn_gemm_halves(g)) {
@@ -189,11 +225,28 @@ void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(vo
             pthread_cond_signal(&w.cv);
             pthread_mutex_unlock(&w.mu);
         }
+        uint64_t t0 = now_ns();
         fn(arg, 0, split);
+        uint64_t tc = now_ns() - t0;
         wait_done(seq);
+        if (work)
+            learn_share(work[0], work[1], tc, w.took);
         pthread_mutex_unlock(&w.own);
     }
     (void)mt__rnn_gemm_set_threads(g, s->threads);
+}
+
+void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
+                      void *arg)
+{
+    rows_par(s, split, nb, fn, arg, NULL);
+}
+
+void mt__rnn_rows_par_w(const mt__rnn_shape_t *s, int split, int nb, double w0, double w1,
+                        void (*fn)(void *, int, int), void *arg)
+{
+    const double work[2] = {w0, w1};
+    rows_par(s, split, nb, fn, arg, work);
 }
 
 /* ---- tiles taken in turn ---- */

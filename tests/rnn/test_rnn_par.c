@@ -316,13 +316,49 @@ static void xsmm_tiles_match(void **state)
     }
 }
 
+/* ---- the caller's share ---- */
+
+static void slow_caller(void *arg, int b0, int b1)
+{
+    (void)b1;
+    const pthread_t *caller = arg;
+    bool mine = pthread_equal(pthread_self(), *caller);
+    (void)b0;
+    nanosleep(&(struct timespec){0, (mine ? 4 : 1) * 1000 * 1000}, NULL);
+}
+
+/* Halves of equal work where the caller takes 4 times as long: its share falls toward 1/5;
+ * frozen, it stays. */
+static void share_follows_speeds(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    pthread_t me = pthread_self();
+    mt__rnn_par_set_share(0.5, false);
+    for (int i = 0; i < 20; i++)
+        mt__rnn_rows_par_w(&sh, 4, 8, 1.0, 1.0, slow_caller, &me);
+    double f = mt__rnn_par_share();
+    assert_true(f < 0.35);
+    assert_true(f >= 0.2);
+    mt__rnn_par_set_share(0.5, true);
+    for (int i = 0; i < 5; i++)
+        mt__rnn_rows_par_w(&sh, 4, 8, 1.0, 1.0, slow_caller, &me);
+    assert_true(mt__rnn_par_share() == 0.5);
+    /* Jobs without work figures leave it alone. */
+    mt__rnn_par_set_share(0.5, false);
+    for (int i = 0; i < 5; i++)
+        mt__rnn_rows_par(&sh, 4, 8, slow_caller, &me);
+    assert_true(mt__rnn_par_share() == 0.5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cblas_halves),        cmocka_unit_test(blis_halves),
-        cmocka_unit_test(dnnl_halves),         cmocka_unit_test(worker_persists),
-        cmocka_unit_test(two_callers),         cmocka_unit_test(sgemm_halves),
-        cmocka_unit_test(tiles_taken_in_turn), cmocka_unit_test(xsmm_tiles_match),
+        cmocka_unit_test(cblas_halves),         cmocka_unit_test(blis_halves),
+        cmocka_unit_test(dnnl_halves),          cmocka_unit_test(worker_persists),
+        cmocka_unit_test(two_callers),          cmocka_unit_test(sgemm_halves),
+        cmocka_unit_test(tiles_taken_in_turn),  cmocka_unit_test(xsmm_tiles_match),
+        cmocka_unit_test(share_follows_speeds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
