@@ -75,11 +75,14 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
 }
 
 /* The default GEMM library of the cpu path at one thread and at two or more, by measurement
- * (docs/blas.md: on an AMD EPYC with every large product in halves, BLIS ran the 2-thread
- * step at 85-92 % of the GEMM bound where oneDNN ran 71-84 %; oneDNN is as fast or faster at
- * one thread, and far faster on AVX-512). Builds with AddressSanitizer keep the linked CBLAS:
- * LeakSanitizer's exit-time tracer crashes in a process that runs oneDNN's or BLIS's OpenMP
- * threads (libgomp), failing every test at exit. */
+ * (docs/blas.md). At one thread, oneDNN: as fast as the others or faster here, and far faster
+ * on AVX-512. At two, the linked OpenBLAS where it is that (its thread count can be set for
+ * each half), else BLIS: with the input projection, the input gradient and the per-step
+ * products on libxsmm, the libraries run only the weight gradients, and in rotation on an
+ * AMD EPYC OpenBLAS ran the 2-thread step at 84.8-95.2 % of the GEMM bound (mean 88.6) where
+ * BLIS ran 79.3-93.2 % (85.6) and oneDNN 81.8-88.8 % (85.1). Builds with AddressSanitizer keep
+ * the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a process that runs oneDNN's
+ * or BLIS's OpenMP threads (libgomp), failing every test at exit. */
 #if defined(__SANITIZE_ADDRESS__)
 #define MT__RNN_GEMM_DEFAULT    "cblas"
 #define MT__RNN_GEMM_DEFAULT_MT "cblas"
@@ -91,6 +94,8 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
 /* The default for threads (the next default if it cannot be loaded, then the linked CBLAS). */
 static int default_gemm(int threads, const mt__rnn_gemm_t **out)
 {
+    if (threads >= 2 && mt__rnn_gemm_get("cblas", out) == 0 && mt__rnn_gemm_halves(*out))
+        return 0;
     if (threads >= 2 && mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT_MT, out) == 0)
         return 0;
     if (mt__rnn_gemm_get(MT__RNN_GEMM_DEFAULT, out) == 0)

@@ -95,9 +95,9 @@ typedef struct mt_rnn_cfg_s {
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
     /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
      * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
-     * chosen by measurement for the thread count (docs/blas.md: dnnl at one thread, blis at
-     * two or more, each else the other, else cblas). MT_ENOTSUP (logged) if a library asked
-     * for by name cannot be loaded. */
+     * chosen by measurement for the thread count (docs/blas.md: dnnl at one thread; at two
+     * or more, cblas where it is OpenBLAS, else blis; each else the next, else cblas).
+     * MT_ENOTSUP (logged) if a library asked for by name cannot be loaded. */
     const char *gemm;
 } mt_rnn_cfg_t;
 

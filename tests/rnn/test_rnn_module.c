@@ -512,7 +512,8 @@ static void cpu_path_orders_after_stream(void **state)
 }
 
 /* With no library named, the module takes the default for its thread count (docs/blas.md:
- * oneDNN at one thread, BLIS at two, where they load; the linked CBLAS under ASan), and
+ * oneDNN at one thread; at two the linked CBLAS where it is OpenBLAS, else BLIS, where they
+ * load; the linked CBLAS under ASan), and
  * follows mt_rnn_set_gemm_threads; a library named in the configuration stays. */
 static const char *loads(rnn_fx_t *fx, const char *lib)
 {
@@ -533,8 +534,10 @@ static void default_library_follows_threads(void **state)
 #if defined(__SANITIZE_ADDRESS__)
     const char *one = "cblas", *two = "cblas";
 #else
+    const mt__rnn_gemm_t *cb;
+    assert_int_equal(mt__rnn_gemm_get("cblas", &cb), 0);
     const char *one = loads(fx, "dnnl") ? "dnnl" : loads(fx, "blis") ? "blis" : "cblas";
-    const char *two = loads(fx, "blis") ? "blis" : one;
+    const char *two = mt__rnn_gemm_halves(cb) ? "cblas" : loads(fx, "blis") ? "blis" : one;
 #endif
     mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 3, 4, 1, false);
     mt_rnn_t *m;
