@@ -42,7 +42,8 @@ static int xh_ld(const mt__rnn_shape_t *s)
 
 /* Workspace: the accumulators (acc_offset of L*D), xh [rows of
  * a chunk, xh_ld], dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the
- * bias-gradient sums of the step loops, one per sequence [B, gH + H], the RNN
+ * bias-gradient sums of the step loops' two halves [2, gH + H] (one per sequence goes in xh,
+ * back_dir), the RNN
  * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between
  * layers, of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide,
  * then (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
@@ -53,7 +54,7 @@ size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs;
     size_t n = acc_offset(s, s->layers * s->dirs) + c * (size_t)xh_ld(s) + 2 * ld * b * h + b * h +
-               b * gl + b * ((size_t)s->gates + 1) * h;
+               b * gl + 2 * ((size_t)s->gates + 1) * h;
     if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
         n += c * gl;
     if (s->layers > 1)
@@ -89,10 +90,12 @@ typedef struct dir_back_s {
     float din_beta;    /* 0 for the first direction, 1 to add the second */
     float *dhn, *dcn;  /* carried dh, dc [B, H] of this layer and direction */
     float *zeros, *dgh;
-    /* The bias gradients summed by the step loops, one [gH + H] per sequence (row b at
-     * b * (gH + H)), so that they do not depend on where the loops split the batch: what b_W
-     * gets, then GRU's n-gate part of b_R (r * dn). */
+    /* The bias gradients summed by the step loops, rows of [gH + H]: what b_W gets, then
+     * GRU's n-gate part of b_R (r * dn). Sequence b adds into db + b * dbst: one row per
+     * sequence (dbst = gH + H), so that the sums do not depend on where the loops split the
+     * batch, or one per half (dbst = 0, db the half's row; back_steps picks it). */
     float *db;
+    size_t dbst;
     /* [rows, in + H] (gather_xh), rows xh_ld apart: each row of the chunk's input beside
      * the state its step started from, the A operand of [dW^T; dR^T]. */
     float *xh;
@@ -172,7 +175,7 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
     float *g = a->g + r * gl;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * (gh + H);
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * a->dbst;
         const float *cp = bprev_c(pv, b, H);
 #pragma omp simd
         for (int j = 0; j < H; j++) {
@@ -207,7 +210,7 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
     float *aux = a->aux + r * H;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * (gh + H);
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * a->dbst;
         float *dg = a->dgh + (size_t)b * gl;
         const float *hp = bprev_h(pv, b, H);
 #pragma omp simd
@@ -245,7 +248,7 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *dbs)
     const float *o = a->out + r * a->ldo;
     const float *dout = a->dout + r * a->ldo;
     for (int b = b0; b < B; b++) {
-        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * 2 * H;
+        float *gb = g + (size_t)b * gl, *db = dbs + (size_t)b * a->dbst;
 #pragma omp simd
         for (int j = 0; j < H; j++) {
             size_t k = (size_t)b * H + j;
@@ -295,7 +298,8 @@ static void back_steps(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
-    float *db = a->db;
+    size_t dbl = (size_t)(s->gates + 1) * (size_t)s->hidden;
+    float *db = a->dbst || b0 == 0 ? a->db : a->db + dbl;
     for (int k = 0; k < a->T; k++) {
         int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
         int e = b1 < nb ? b1 : nb;
@@ -314,24 +318,46 @@ static void back_steps(void *arg, int b0, int b1)
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
-    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T;
-    size_t tb = a->rows;
+    int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T, B = a->q->B;
+    size_t tb = a->rows, dbl = (size_t)(gh + H), rpn = 0;
 
-    /* The sequences' bias sums: all zeroed, as a sequence may not run in this chunk. */
-    size_t dbl = (size_t)(gh + H);
-    memset(a->db, 0, (size_t)a->q->B * dbl * sizeof(float));
     /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit (no
-     * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md). */
+     * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md), and
+     * after them the sequences' bias sums, when those fit too. */
     dir_back_t run = *a;
     if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
         mt__rnn_xsmm_pack_par(s, a->xh, a->w.r, H, 1, gh, H);
         run.rp = a->xh;
+        rpn = (size_t)gh * (size_t)H;
     }
-    /* Split where the threads' speeds say when the dh products are libxsmm's (as forward's
-     * run_dir); the bias sums are per sequence. */
-    double w[2], f = run.rp ? mt__rnn_par_share() : 0.5;
+    /* With the dh products on libxsmm and a row of sums per sequence, the split changes no
+     * result: it follows the threads' speeds (as forward's run_dir). Else two halves, each
+     * with its row of sums in the workspace. */
+    bool per_seq = run.rp && rpn + (size_t)B * dbl <= a->xh_cap;
+    run.db = per_seq ? a->xh + rpn : a->db;
+    run.dbst = per_seq ? dbl : 0;
+    size_t nsum = per_seq ? (size_t)B : 2;
+    memset(run.db, 0, nsum * dbl * sizeof(float));
+    double w[2], f = per_seq ? mt__rnn_par_share() : 0.5;
     int split = mt__rnn_cpu_split(s, a->q, a->t0, T, f, w);
-    mt__rnn_rows_par_w(s, split, a->q->B, w[0], w[1], back_steps, &run);
+    mt__rnn_rows_par_w(s, split, B, w[0], w[1], back_steps, &run);
+    if (a->dw.bw) {
+        /* The rows of sums in their order, into the first (now, before xh is reused); b_W
+         * and b_R enter the same sum, so their gradients are equal, except GRU's n gate,
+         * whose b_R sits inside r * (R_n h + b_Rn). */
+        float *d = run.db;
+        for (size_t r = 1; r < nsum; r++)
+            for (size_t j = 0; j < dbl; j++)
+                d[j] += d[r * dbl + j];
+        int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
+        for (int j = 0; j < gh; j++) {
+            a->dw.bw[j] += d[j];
+            if (j < fold)
+                a->dw.br[j] += d[j];
+        }
+        for (int j = fold; j < gh; j++)
+            a->dw.br[j] += d[gh + j - fold];
+    }
     /* The input gradient, while xh is still free for W's panels: at two threads in tiles
      * taken in turn (libxsmm), else in two halves after the weight gradients. */
     bool dx_done = false;
@@ -354,24 +380,6 @@ static void back_dir(const dir_back_t *a)
     } else {
         mt__rnn_sgemm_par(s, true, false, a->in + H, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl,
                           1.0f, a->accw, gl);
-    }
-    if (a->dw.bw) {
-        /* b_W and b_R enter the same sum, so their gradients are equal, except GRU's n
-         * gate, whose b_R sits inside r * (R_n h + b_Rn). */
-        /* The sequences' sums in their order, into row 0: the same bits wherever the step
-         * loops split the batch. */
-        float *d = a->db;
-        for (int b = 1; b < a->q->B; b++)
-            for (size_t j = 0; j < dbl; j++)
-                d[j] += d[(size_t)b * dbl + j];
-        int fold = s->mode == MT_RNN_GRU ? 2 * H : gh;
-        for (int j = 0; j < gh; j++) {
-            a->dw.bw[j] += d[j];
-            if (j < fold)
-                a->dw.br[j] += d[j];
-        }
-        for (int j = fold; j < gh; j++)
-            a->dw.br[j] += d[gh + j - fold];
     }
     if (a->din && !dx_done)
         mt__rnn_sgemm_par(a->s, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
@@ -571,7 +579,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     b.zeros = b.dcn + nstate;
     b.dgh = b.zeros + bh;
     b.dbias = b.dgh + (size_t)B * gl;
-    b.rbuf = b.dbias + (size_t)B * (size_t)(s->gates + 1) * (size_t)H;
+    b.rbuf = b.dbias + 2 * (size_t)(s->gates + 1) * (size_t)H;
     float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
     if (L > 1) {
         b.dbuf[0] = next;

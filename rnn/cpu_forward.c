@@ -180,17 +180,25 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* ---- workspace ---- */
 
+/* The input projection runs on libxsmm over W^T's panels at two threads, in tiles either
+ * thread may take (par.c). At one thread the library's product is as fast, and W^T's panels
+ * would be a copy of W in the workspace: the demo's utilization fell from 92.9 to 84.8 %. */
+static bool wt_panels(const mt__rnn_shape_t *s)
+{
+    return s->xsmm && s->threads >= 2;
+}
+
 /* Offset in floats of pseudo-layer p's W^T panels in prep, or with p = L*D, the floats of the
  * copies forward makes of its weights: per pseudo-layer, R transposed [H, gH] (the recurrent
  * product then reads it untransposed, which oneDNN and OpenBLAS run faster on 32-row
  * products; with libxsmm, packed in panels, in H*gH of its floats) and the input
- * projection's bias [gH], rows gld apart; then, with libxsmm, W^T [in, gH] of each in panels,
- * so that the input projection runs in tiles that either thread may take (par.c). */
+ * projection's bias [gH], rows gld apart; then, where wt_panels, W^T [in, gH] of each in
+ * panels. */
 static size_t wt_offset(const mt__rnn_shape_t *s, int p)
 {
     size_t gl = (size_t)mt__rnn_cpu_gld(s), gh = (size_t)s->gates * (size_t)s->hidden;
     size_t n = (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gl;
-    for (int i = 0; s->xsmm && i < p; i++)
+    for (int i = 0; wt_panels(s) && i < p; i++)
         n += (size_t)mt__rnn_layer_in(s, i / s->dirs) * gh;
     return n;
 }
@@ -255,7 +263,7 @@ typedef struct dir_run_s {
     const mt__rnn_seq_t *q;
     mt__rnn_mats_t w;
     const float *rt;   /* R transposed [H, gH], rows gl apart or packed (s->xsmm) */
-    const float *wt;   /* W^T [in, gH] packed (s->xsmm), or NULL: the library reads W */
+    const float *wt;   /* W^T [in, gH] packed (wt_panels), or NULL: the library reads W */
     const float *bias; /* [gH]: b_W plus b_R folded (all but GRU's n gate), or zeros */
     int t0;            /* the chunk's first step */
     int steps;         /* its steps */
@@ -538,7 +546,7 @@ static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
     prep_job_t j = {s, w, prep, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
     int n = s->layers * s->dirs * j.nblk;
     mt__rnn_rows_par(s, n / 2, n, prepare_items, &j);
-    for (int p = 0; s->xsmm && p < s->layers * s->dirs; p++) {
+    for (int p = 0; wt_panels(s) && p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
         int in = mt__rnn_layer_in(s, p / s->dirs);
         mt__rnn_xsmm_pack_par(s, prep + wt_offset(s, p), m.w, 1, in, in, gh);
@@ -596,7 +604,7 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
         .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)mt__rnn_cpu_gld(s),
         .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)mt__rnn_cpu_gld(s),
-        .wt = s->xsmm ? f->prep + wt_offset(s, p) : NULL,
+        .wt = wt_panels(s) ? f->prep + wt_offset(s, p) : NULL,
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
         .rows = nb,

@@ -241,10 +241,12 @@ MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
  * (built with libxsmm, an AVX2 CPU, MEMTRACE_RNN_XSMM not "0"). Static strings. */
 MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
-/* Threads of the module's GEMM library (process-wide for that library); at two or more, the
- * step loops, the large products and the rest of a pass run in two halves on two threads.
- * A module on the default library takes the default for the new count. MT_ENOTSUP where the
- * library has no setter (or on the cuDNN path). */
+/* Threads of the module's GEMM library (process-wide for that library); at two or more, a
+ * pass runs on two threads: the step loops split where the threads' speeds say, the input
+ * projection and gradient in tiles either takes, the rest in two halves. A module on the
+ * default library takes the default for the new count. At two, the forward's workspace holds
+ * W^T in libxsmm's panels too: call mt_rnn_warmup after this. MT_ENOTSUP where the library
+ * has no setter (or on the cuDNN path). */
 MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
 
 /* ---- parameters ---- */
