@@ -241,13 +241,18 @@ int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, 
     w[1] = 0;
     if (s->threads < 2 || B < 2)
         return B;
+    double want = share * (double)total;
     for (int b = 0; b < B - 1; b++) {
         int steps = 0; /* of sequence b in the chunk: the steps t with bs[t] > b */
         while (steps < n && q->bs[t0 + steps] > b)
             steps++;
         acc += (size_t)steps;
-        if ((double)acc >= share * (double)total) {
-            split = b + 1;
+        if ((double)acc >= want) {
+            /* The nearer of the rows before and after the target (never an empty part). */
+            size_t before = acc - (size_t)steps;
+            bool back = b > 0 && want - (double)before < (double)acc - want;
+            split = back ? b : b + 1;
+            acc = back ? before : acc;
             break;
         }
     }

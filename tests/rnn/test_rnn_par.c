@@ -351,6 +351,37 @@ static void share_follows_speeds(void **state)
     assert_true(mt__rnn_par_share() == 0.5);
 }
 
+/* The step loops' cut: the row nearest the share of the work, never an empty part, and the
+ * parts' rows in w; at one thread the whole batch. */
+static void split_nearest_share(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    mt_rnn_io_t io = {.seq_len = 10, .batch = 32};
+    mt__rnn_seq_t q;
+    assert_int_equal(mt__rnn_seq_init(&q, &io), 0);
+    const double shares[] = {0.5, 0.47, 0.2, 0.8, 0.0, 1.0};
+    const int want[] = {16, 15, 6, 26, 1, 31};
+    for (int i = 0; i < 6; i++) {
+        double w[2];
+        assert_int_equal(mt__rnn_cpu_split(&sh, &q, 0, 10, shares[i], w), want[i]);
+        assert_true(w[0] == 10.0 * want[i] && w[1] == 10.0 * (32 - want[i]));
+    }
+    mt__rnn_seq_fini(&q);
+    /* Packed, lengths 6, 5, 3, 1 (15 rows): half is 7.5, nearer after 1 sequence (6) than
+     * after 2 (11). */
+    const int bs[6] = {4, 3, 3, 2, 2, 1};
+    io = (mt_rnn_io_t){.seq_len = 6, .batch = 4, .batch_sizes = bs, .tokens = 15};
+    assert_int_equal(mt__rnn_seq_init(&q, &io), 0);
+    double w[2];
+    assert_int_equal(mt__rnn_cpu_split(&sh, &q, 0, 6, 0.5, w), 1);
+    assert_true(w[0] == 6.0 && w[1] == 9.0);
+    sh.threads = 1;
+    assert_int_equal(mt__rnn_cpu_split(&sh, &q, 0, 6, 0.5, w), 4);
+    assert_true(w[0] == 15.0 && w[1] == 0.0);
+    mt__rnn_seq_fini(&q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -358,7 +389,7 @@ int main(void)
         cmocka_unit_test(dnnl_halves),          cmocka_unit_test(worker_persists),
         cmocka_unit_test(two_callers),          cmocka_unit_test(sgemm_halves),
         cmocka_unit_test(tiles_taken_in_turn),  cmocka_unit_test(xsmm_tiles_match),
-        cmocka_unit_test(share_follows_speeds),
+        cmocka_unit_test(share_follows_speeds), cmocka_unit_test(split_nearest_share),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
