@@ -48,6 +48,16 @@ static int xh_ld(const mt__rnn_shape_t *s)
  * layers, of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide,
  * then (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
  * D*H]. */
+/* Floats of W's panels for the input gradient beside the weight gradients: at two threads
+ * with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
+static size_t wpan_floats(const mt__rnn_shape_t *s)
+{
+    int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
+    if (!s->xsmm || s->threads < 2)
+        return 0;
+    return (size_t)s->gates * (size_t)s->hidden * (size_t)(in > up ? in : up);
+}
+
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
@@ -61,7 +71,7 @@ size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t
         n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
     if (mt__rnn_drop_on(s))
         n += c * (size_t)s->dirs * h;
-    return n;
+    return n + wpan_floats(s);
 }
 
 /* One layer and direction over one chunk (chunk-local pointers, rows as in the seq). */
@@ -104,6 +114,9 @@ typedef struct dir_back_s {
     /* R [gH, H] packed for libxsmm (s->xsmm), in xh while the step loops run (xh is
      * gathered after them), or NULL: the dh products read R in place. */
     const float *rp;
+    /* At two threads with libxsmm (wpan_floats): room for W [gH, in] in panels, so that the
+     * input gradient's tiles can run beside the weight gradients, or NULL. */
+    float *wpan;
     bool reverse;
 } dir_back_t;
 
@@ -315,6 +328,35 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
+/* The weight gradients' two halves (tiles 0 and 1, the same calls as mt__rnn_sgemm_par's)
+ * and the input gradient's 32-row tiles, in one job whose tiles both threads take in turn:
+ * the thread that ends its half first takes input-gradient tiles while the other ends its. */
+typedef struct wdx_s {
+    const dir_back_t *a;
+    int wm; /* rows of the weight-gradient product */
+} wdx_t;
+
+static void wdx_tile(void *arg, int i)
+{
+    const wdx_t *j = arg;
+    const dir_back_t *a = j->a;
+    int gh = a->s->gates * a->s->hidden, gl = mt__rnn_cpu_gld(a->s), tb = (int)a->rows;
+    if (i < 2) {
+        mt__rnn_sgemm_half(a->s, i, true, false, j->wm, gh, tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
+                           a->accw, gl);
+        return;
+    }
+    int r0 = (i - 2) * 32, n = tb - r0 < 32 ? tb - r0 : 32;
+    mt__rnn_xsmm_mm(n, a->in, gh, a->g + (size_t)r0 * gl, gl, a->wpan, a->din_beta,
+                    a->din + (size_t)r0 * a->in, a->in);
+}
+
+static void weights_and_dx(const dir_back_t *a, int wm)
+{
+    wdx_t j = {a, wm};
+    mt__rnn_tiles_par(a->s, 2 + ((int)a->rows + 31) / 32, wdx_tile, &j);
+}
+
 static void back_dir(const dir_back_t *a)
 {
     const mt__rnn_shape_t *s = a->s;
@@ -358,10 +400,13 @@ static void back_dir(const dir_back_t *a)
         for (int j = fold; j < gh; j++)
             a->dw.br[j] += d[gh + j - fold];
     }
-    /* The input gradient, while xh is still free for W's panels: at two threads in tiles
-     * taken in turn (libxsmm), else in two halves after the weight gradients. */
-    bool dx_done = false;
-    if (a->din && s->xsmm && (size_t)gh * (size_t)a->in <= a->xh_cap) {
+    /* The input gradient on libxsmm: at two threads, W's panels in wpan and its tiles in the
+     * weight gradients' job (below); else, while xh is still free for W's panels, in tiles
+     * taken in turn, before the gather. */
+    bool dx_done = false, dx_beside = a->din && a->wpan;
+    if (dx_beside) {
+        mt__rnn_xsmm_pack_par(s, a->wpan, a->w.w, a->in, 1, gh, a->in);
+    } else if (a->din && s->xsmm && (size_t)gh * (size_t)a->in <= a->xh_cap) {
         mt__rnn_xsmm_pack_par(s, a->xh, a->w.w, a->in, 1, gh, a->in);
         mt__rnn_xsmm_mm_par(s, (int)tb, a->in, gh, a->g, gl, a->xh, a->din_beta, a->din, a->in);
         dx_done = true;
@@ -373,14 +418,16 @@ static void back_dir(const dir_back_t *a)
      * the neighbouring chunk, hx or zeros; packed batches would otherwise make one small
      * product per step), and accw, accr are one [in + H, gH] matrix. GRU's n gate takes
      * another right-hand side for dR (r * dn). */
-    if (s->mode == MT_RNN_GRU) {
-        mt__rnn_sgemm_par(s, true, false, a->in, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
-                          a->accw, gl);
-        gru_recurrent_grad(a, a->xh + a->in, a->xld, (int)tb);
+    int wm = s->mode == MT_RNN_GRU ? a->in : a->in + H;
+    if (dx_beside) {
+        weights_and_dx(a, wm);
+        dx_done = true;
     } else {
-        mt__rnn_sgemm_par(s, true, false, a->in + H, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl,
-                          1.0f, a->accw, gl);
+        mt__rnn_sgemm_par(s, true, false, wm, gh, (int)tb, 1.0f, a->xh, a->xld, a->g, gl, 1.0f,
+                          a->accw, gl);
     }
+    if (s->mode == MT_RNN_GRU)
+        gru_recurrent_grad(a, a->xh + a->in, a->xld, (int)tb);
     if (a->din && !dx_done)
         mt__rnn_sgemm_par(a->s, false, false, (int)tb, a->in, gh, 1.0f, a->g, gl, a->w.w, a->in,
                           a->din_beta, a->din, a->in);
@@ -399,6 +446,7 @@ typedef struct bwd_s {
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
     float *xdrop;   /* dropout: layer l > 0's input, regenerated per chunk */
+    float *wpan;    /* wpan_floats, or NULL */
 } bwd_t;
 
 /* Layer l, direction d over chunk k (reserve r); rn is the reserve of the neighbouring
@@ -461,6 +509,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .xh = b->xh,
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
         .xh_cap = mt__rnn_cpu_max_chunk_rows(s, q) * (size_t)xh_ld(s),
+        .wpan = b->wpan,
         .reverse = d == 1,
     };
     int kn = d == 0 ? k - 1 : k + 1;
@@ -587,6 +636,9 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     }
     if (mt__rnn_drop_on(s))
         b.xdrop = b.dbuf[1] + (D == 1 ? C : q->rows) * dh;
+    /* The last wpan_floats of the workspace. */
+    if (wpan_floats(s))
+        b.wpan = work + mt__rnn_cpu_bwd_work_floats(s, q) - wpan_floats(s);
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));

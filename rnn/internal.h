@@ -84,6 +84,11 @@ void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int),
 void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc);
+/* Half 0 or 1 of mt__rnn_sgemm_par's product, on the calling thread: the same calls, so the
+ * same bits, as the half it runs there. */
+void mt__rnn_sgemm_half(const mt__rnn_shape_t *s, int half, bool ta, bool tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                        float *C, int ldc);
 /* Row-major C[M, N] = alpha op(A) op(B) + beta C; g NULL = the linked CBLAS. */
 void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);

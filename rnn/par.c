@@ -306,6 +306,19 @@ static void gemm_part(void *arg, int i0, int i1)
     }
 }
 
+void mt__rnn_sgemm_half(const mt__rnn_shape_t *s, int half, bool ta, bool tb, int M, int N, int K,
+                        float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                        float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    bool rows = M >= N;
+    gpart_t p = {s->gemm, ta, tb, rows, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
+    int nb = ((rows ? M : N) + 31) / 32;
+    if (half ? nb / 2 < nb : nb / 2 > 0)
+        gemm_part(&p, half ? nb / 2 : 0, half ? nb : nb / 2);
+}
+
 void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc)

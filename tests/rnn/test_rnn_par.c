@@ -219,6 +219,39 @@ static void sgemm_halves(void **state)
     }
 }
 
+/* mt__rnn_sgemm_half's two halves, run one after the other on one thread, are the same bits
+ * as mt__rnn_sgemm_par's at two threads (the backward runs them as tiles beside the input
+ * gradient's); odd sizes, rows and columns. */
+static void sgemm_half_matches_par(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    const int shapes[][3] = {{70, 45, 33}, {45, 70, 33}, {96, 130, 17}, {20, 3, 9}};
+    srand(11);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 140;
+        size_t nf = (size_t)ld * ld;
+        float *A = malloc(sizeof(float) * nf), *B = malloc(sizeof(float) * nf);
+        float *C1 = malloc(sizeof(float) * nf), *C2 = malloc(sizeof(float) * nf);
+        assert_non_null(A && B && C1 && C2);
+        for (size_t i = 0; i < nf; i++) {
+            A[i] = (float)rand() / RAND_MAX - 0.5f;
+            B[i] = (float)rand() / RAND_MAX - 0.5f;
+            C1[i] = C2[i] = (float)rand() / RAND_MAX;
+        }
+        mt__rnn_sgemm_par(&sh, true, false, M, N, K, 1.0f, A, ld, B, ld, 1.0f, C1, ld);
+        (void)mt__rnn_gemm_set_threads(sh.gemm, 1);
+        for (int h = 1; h >= 0; h--) /* either order */
+            mt__rnn_sgemm_half(&sh, h, true, false, M, N, K, 1.0f, A, ld, B, ld, 1.0f, C2, ld);
+        (void)mt__rnn_gemm_set_threads(sh.gemm, 2);
+        assert_memory_equal(C1, C2, sizeof(float) * nf);
+        free(A);
+        free(B);
+        free(C1);
+        free(C2);
+    }
+}
+
 /* ---- tiles taken in turn ---- */
 
 typedef struct tally_s {
@@ -385,11 +418,17 @@ static void split_nearest_share(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cblas_halves),         cmocka_unit_test(blis_halves),
-        cmocka_unit_test(dnnl_halves),          cmocka_unit_test(worker_persists),
-        cmocka_unit_test(two_callers),          cmocka_unit_test(sgemm_halves),
-        cmocka_unit_test(tiles_taken_in_turn),  cmocka_unit_test(xsmm_tiles_match),
-        cmocka_unit_test(share_follows_speeds), cmocka_unit_test(split_nearest_share),
+        cmocka_unit_test(cblas_halves),
+        cmocka_unit_test(blis_halves),
+        cmocka_unit_test(dnnl_halves),
+        cmocka_unit_test(worker_persists),
+        cmocka_unit_test(two_callers),
+        cmocka_unit_test(sgemm_halves),
+        cmocka_unit_test(tiles_taken_in_turn),
+        cmocka_unit_test(xsmm_tiles_match),
+        cmocka_unit_test(share_follows_speeds),
+        cmocka_unit_test(split_nearest_share),
+        cmocka_unit_test(sgemm_half_matches_par),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
