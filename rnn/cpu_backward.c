@@ -346,15 +346,13 @@ static void wdx_tile(void *arg, int i)
                            a->accw, gl);
         return;
     }
-    int r0 = (i - 2) * 32, n = tb - r0 < 32 ? tb - r0 : 32;
-    mt__rnn_xsmm_mm(n, a->in, gh, a->g + (size_t)r0 * gl, gl, a->wpan, a->din_beta,
-                    a->din + (size_t)r0 * a->in, a->in);
+    mt__rnn_xsmm_mm_tile(i - 2, tb, a->in, gh, a->g, gl, a->wpan, a->din_beta, a->din, a->in);
 }
 
 static void weights_and_dx(const dir_back_t *a, int wm)
 {
     wdx_t j = {a, wm};
-    mt__rnn_tiles_par(a->s, 2 + ((int)a->rows + 31) / 32, wdx_tile, &j);
+    mt__rnn_tiles_par(a->s, 2 + mt__rnn_xsmm_tiles((int)a->rows), wdx_tile, &j);
 }
 
 static void back_dir(const dir_back_t *a)

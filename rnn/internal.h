@@ -115,6 +115,11 @@ void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *
 /* mt__rnn_xsmm_pack of panels [p0, p1) alone (the same floats of dst as the whole). */
 void mt__rnn_xsmm_pack_panels(float *dst, const float *src, int rs, int cs, int K, int N, int p0,
                               int p1);
+/* mt__rnn_xsmm_mm's row tiles: their count for M rows, and tile i alone (rows [32 i, 32 i + 32)
+ * of C, the same call mt__rnn_xsmm_mm_par makes for it). */
+int mt__rnn_xsmm_tiles(int M);
+void mt__rnn_xsmm_mm_tile(int i, int M, int N, int K, const float *X, int ldx, const float *P,
+                          float beta, float *C, int ldc);
 /* mt__rnn_xsmm_pack and mt__rnn_xsmm_mm in tiles of mt__rnn_tiles_par: panels, then 32 rows of
  * C, each the same call at one thread or two (the large products of a pass). */
 void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *src, int rs, int cs,

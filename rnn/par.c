@@ -306,17 +306,27 @@ static void gemm_part(void *arg, int i0, int i1)
     }
 }
 
+/* The product as 32-row (or column) blocks, split by rows when M >= N; its block count. */
+static int gemm_blocks(gpart_t *p, const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K,
+                       float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                       float *C, int ldc)
+{
+    bool rows = M >= N;
+    *p = (gpart_t){s->gemm, ta, tb, rows, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
+    return ((rows ? M : N) + 31) / 32;
+}
+
 void mt__rnn_sgemm_half(const mt__rnn_shape_t *s, int half, bool ta, bool tb, int M, int N, int K,
                         float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                         float *C, int ldc)
 {
     if (M <= 0 || N <= 0)
         return;
-    bool rows = M >= N;
-    gpart_t p = {s->gemm, ta, tb, rows, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
-    int nb = ((rows ? M : N) + 31) / 32;
-    if (half ? nb / 2 < nb : nb / 2 > 0)
-        gemm_part(&p, half ? nb / 2 : 0, half ? nb : nb / 2);
+    gpart_t p;
+    int nb = gemm_blocks(&p, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int b0 = half ? nb / 2 : 0, b1 = half ? nb : nb / 2;
+    if (b0 < b1)
+        gemm_part(&p, b0, b1);
 }
 
 void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
@@ -325,8 +335,7 @@ void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N,
 {
     if (M <= 0 || N <= 0)
         return;
-    bool rows = M >= N;
-    gpart_t p = {s->gemm, ta, tb, rows, M, N, K, alpha, beta, A, B, lda, ldb, ldc, C};
-    int nb = ((rows ? M : N) + 31) / 32;
+    gpart_t p;
+    int nb = gemm_blocks(&p, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     mt__rnn_rows_par(s, nb / 2, nb, gemm_part, &p);
 }

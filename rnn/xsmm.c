@@ -187,12 +187,23 @@ void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *sr
     mt__rnn_tiles_par(s, (N + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB, pack_tile, &p);
 }
 
+int mt__rnn_xsmm_tiles(int M)
+{
+    return (M + ROWS - 1) / ROWS;
+}
+
+void mt__rnn_xsmm_mm_tile(int i, int M, int N, int K, const float *X, int ldx, const float *P,
+                          float beta, float *C, int ldc)
+{
+    int i0 = i * ROWS, n = M - i0 < ROWS ? M - i0 : ROWS;
+    mt__rnn_xsmm_mm(n, N, K, X + (size_t)i0 * (size_t)ldx, ldx, P, beta,
+                    C + (size_t)i0 * (size_t)ldc, ldc);
+}
+
 static void mm_tile(void *arg, int i)
 {
     const par_t *p = arg;
-    int i0 = i * ROWS, n = p->M - i0 < ROWS ? p->M - i0 : ROWS;
-    mt__rnn_xsmm_mm(n, p->N, p->K, p->X + (size_t)i0 * (size_t)p->ldx, p->ldx, p->P, p->beta,
-                    p->C + (size_t)i0 * (size_t)p->ldc, p->ldc);
+    mt__rnn_xsmm_mm_tile(i, p->M, p->N, p->K, p->X, p->ldx, p->P, p->beta, p->C, p->ldc);
 }
 
 void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const float *X, int ldx,
@@ -202,5 +213,5 @@ void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const fl
         return;
     par_t p = {
         .M = M, .N = N, .K = K, .ldx = ldx, .ldc = ldc, .X = X, .P = P, .beta = beta, .C = C};
-    mt__rnn_tiles_par(s, (M + ROWS - 1) / ROWS, mm_tile, &p);
+    mt__rnn_tiles_par(s, mt__rnn_xsmm_tiles(M), mm_tile, &p);
 }

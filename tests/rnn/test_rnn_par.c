@@ -180,6 +180,32 @@ static void two_callers(void **state)
     assert_int_equal(bad[0] + bad[1], 0);
 }
 
+/* Two operands of n floats in [-0.5, 0.5) and two equal outputs in [0, 1), from rand(). */
+typedef struct mats_s {
+    float *a, *b, *c1, *c2;
+} mats_t;
+
+static mats_t mats_new(size_t n)
+{
+    mats_t m = {malloc(sizeof(float) * n), malloc(sizeof(float) * n), malloc(sizeof(float) * n),
+                malloc(sizeof(float) * n)};
+    assert_non_null(m.a && m.b && m.c1 && m.c2);
+    for (size_t i = 0; i < n; i++) {
+        m.a[i] = (float)rand() / RAND_MAX - 0.5f;
+        m.b[i] = (float)rand() / RAND_MAX - 0.5f;
+        m.c1[i] = m.c2[i] = (float)rand() / RAND_MAX;
+    }
+    return m;
+}
+
+static void mats_free(mats_t *m)
+{
+    free(m->a);
+    free(m->b);
+    free(m->c1);
+    free(m->c2);
+}
+
 /* The product in halves (rows when M >= N, else columns; every transposition) against one
  * call, on odd sizes. */
 static void sgemm_halves(void **state)
@@ -190,14 +216,8 @@ static void sgemm_halves(void **state)
     srand(7);
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 100;
-        float *A = malloc(sizeof(float) * ld * ld), *B = malloc(sizeof(float) * ld * ld);
-        float *C = malloc(sizeof(float) * ld * ld), *R = malloc(sizeof(float) * ld * ld);
-        assert_non_null(A && B && C && R);
-        for (int i = 0; i < ld * ld; i++) {
-            A[i] = (float)rand() / RAND_MAX - 0.5f;
-            B[i] = (float)rand() / RAND_MAX - 0.5f;
-            C[i] = R[i] = (float)rand() / RAND_MAX;
-        }
+        mats_t m = mats_new((size_t)ld * ld);
+        float *A = m.a, *B = m.b, *C = m.c1, *R = m.c2;
         for (int t = 0; t < 4; t++) {
             bool ta = t & 1, tb = t & 2;
             for (int i = 0; i < ld * ld; i++)
@@ -212,10 +232,7 @@ static void sgemm_halves(void **state)
                     assert_true(C[i] == R[i]); /* outside C[M, N]: untouched */
             }
         }
-        free(A);
-        free(B);
-        free(C);
-        free(R);
+        mats_free(&m);
     }
 }
 
@@ -231,24 +248,15 @@ static void sgemm_half_matches_par(void **state)
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 140;
         size_t nf = (size_t)ld * ld;
-        float *A = malloc(sizeof(float) * nf), *B = malloc(sizeof(float) * nf);
-        float *C1 = malloc(sizeof(float) * nf), *C2 = malloc(sizeof(float) * nf);
-        assert_non_null(A && B && C1 && C2);
-        for (size_t i = 0; i < nf; i++) {
-            A[i] = (float)rand() / RAND_MAX - 0.5f;
-            B[i] = (float)rand() / RAND_MAX - 0.5f;
-            C1[i] = C2[i] = (float)rand() / RAND_MAX;
-        }
+        mats_t m = mats_new(nf);
+        float *A = m.a, *B = m.b, *C1 = m.c1, *C2 = m.c2;
         mt__rnn_sgemm_par(&sh, true, false, M, N, K, 1.0f, A, ld, B, ld, 1.0f, C1, ld);
         (void)mt__rnn_gemm_set_threads(sh.gemm, 1);
         for (int h = 1; h >= 0; h--) /* either order */
             mt__rnn_sgemm_half(&sh, h, true, false, M, N, K, 1.0f, A, ld, B, ld, 1.0f, C2, ld);
         (void)mt__rnn_gemm_set_threads(sh.gemm, 2);
         assert_memory_equal(C1, C2, sizeof(float) * nf);
-        free(A);
-        free(B);
-        free(C1);
-        free(C2);
+        mats_free(&m);
     }
 }
 
@@ -320,15 +328,10 @@ static void xsmm_tiles_match(void **state)
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int M = shapes[k][0], N = shapes[k][1], K = shapes[k][2], ld = 140;
         size_t nf = (size_t)ld * ld;
-        float *X = malloc(sizeof(float) * nf), *W = malloc(sizeof(float) * nf);
+        mats_t m = mats_new(nf);
+        float *X = m.a, *W = m.b, *C1 = m.c1, *C2 = m.c2;
         float *P1 = calloc(nf, sizeof(float)), *P2 = calloc(nf, sizeof(float));
-        float *C1 = malloc(sizeof(float) * nf), *C2 = malloc(sizeof(float) * nf);
-        assert_non_null(X && W && P1 && P2 && C1 && C2);
-        for (size_t i = 0; i < nf; i++) {
-            X[i] = (float)rand() / RAND_MAX - 0.5f;
-            W[i] = (float)rand() / RAND_MAX - 0.5f;
-            C1[i] = C2[i] = (float)rand() / RAND_MAX;
-        }
+        assert_non_null(P1 && P2);
         for (int tr = 0; tr < 2; tr++) { /* P = W [K, N], then P = W^T (W [N, K]) */
             int rs = tr ? 1 : ld, cs = tr ? ld : 1;
             mt__rnn_xsmm_pack(P1, W, rs, cs, K, N);
@@ -340,12 +343,9 @@ static void xsmm_tiles_match(void **state)
                 assert_memory_equal(C1, C2, sizeof(float) * nf);
             }
         }
-        free(X);
-        free(W);
         free(P1);
         free(P2);
-        free(C1);
-        free(C2);
+        mats_free(&m);
     }
 }
 
