@@ -75,6 +75,10 @@ void mt__rnn_rows_par_w(const mt__rnn_shape_t *s, int split, int nb, double w0, 
  * jobs do not change it. */
 double mt__rnn_par_share(void);
 void mt__rnn_par_set_share(double f, bool freeze);
+/* Halves of work w0 and w1 took tc and tw ns on the caller and on the worker: the share moves
+ * 1/4 of the way to the caller's part of the speed, within [1/5, 4/5]; jobs under 200 us, or
+ * with a half of no work or no time, leave it. */
+void mt__rnn_par_learn(double w0, double w1, uint64_t tc, uint64_t tw);
 /* fn(arg, i) for each tile 0 <= i < n, taken in turn by the two threads of mt__rnn_rows_par
  * (by the caller alone where that runs one): a core the host runs slower takes fewer tiles.
  * The tiles are fixed by n, so the results are the same whichever thread runs a tile. */

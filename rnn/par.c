@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <math.h>
 #include <time.h>
 
 #include "rnn/internal.h"
@@ -173,8 +174,9 @@ static void run_spawned(const job_t *j, int split)
  * The host runs the two vCPUs at different speeds for stretches of seconds (docs/blas.md).
  * A job whose halves' work is known (mt__rnn_rows_par_w) gives both threads' speeds; the
  * share the caller should take for the halves to end together follows them (an average over
- * jobs, each weighing 1/4, kept in [1/5, 4/5]), in 1/65536. */
-enum { SHARE_ONE = 65536 };
+ * jobs, each weighing 1/4, kept in [1/5, 4/5]), in 1/65536. The bounds are kept in those
+ * units, so that the share read back is never outside them. */
+enum { SHARE_ONE = 65536, SHARE_MIN = (SHARE_ONE + 4) / 5, SHARE_MAX = SHARE_ONE - SHARE_MIN };
 static atomic_uint share = SHARE_ONE / 2;
 static atomic_bool share_frozen;
 
@@ -186,19 +188,19 @@ double mt__rnn_par_share(void)
 void mt__rnn_par_set_share(double f, bool freeze)
 {
     f = f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
-    atomic_store(&share, (unsigned)(f * SHARE_ONE));
+    atomic_store(&share, (unsigned)lround(f * SHARE_ONE));
     atomic_store(&share_frozen, freeze);
 }
 
-/* Halves of work w0 and w1 took tc and tw ns on the caller and on the worker. */
-static void learn_share(double w0, double w1, uint64_t tc, uint64_t tw)
+void mt__rnn_par_learn(double w0, double w1, uint64_t tc, uint64_t tw)
 {
     if (atomic_load(&share_frozen) || w0 <= 0 || w1 <= 0 || tc + tw < 200 * 1000 || !tc || !tw)
         return; /* short jobs are mostly noise */
     double vc = w0 / (double)tc, vw = w1 / (double)tw, f = vc / (vc + vw);
-    double cur = mt__rnn_par_share(), next = 0.75 * cur + 0.25 * f;
-    next = next < 0.2 ? 0.2 : next > 0.8 ? 0.8 : next;
-    atomic_store_explicit(&share, (unsigned)(next * SHARE_ONE), memory_order_relaxed);
+    double next = 0.75 * mt__rnn_par_share() + 0.25 * f;
+    long u = lround(next * SHARE_ONE);
+    u = u < SHARE_MIN ? SHARE_MIN : u > SHARE_MAX ? SHARE_MAX : u;
+    atomic_store_explicit(&share, (unsigned)u, memory_order_relaxed);
 }
 
 static void rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
@@ -230,7 +232,7 @@ static void rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(voi
         uint64_t tc = now_ns() - t0;
         wait_done(seq);
         if (work)
-            learn_share(work[0], work[1], tc, w.took);
+            mt__rnn_par_learn(work[0], work[1], tc, w.took);
         pthread_mutex_unlock(&w.own);
     }
     (void)mt__rnn_gemm_set_threads(g, s->threads);

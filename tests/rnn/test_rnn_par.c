@@ -302,7 +302,7 @@ static void tiles_taken_in_turn(void **state)
         assert_int_equal(atomic_load(&t->caller_tiles) + atomic_load(&t->worker_tiles), n);
         if (n == 40) {
             assert_true(atomic_load(&t->worker_seen));
-            assert_true(atomic_load(&t->caller_tiles) <= 3);
+            assert_true(atomic_load(&t->caller_tiles) <= 10); /* ~1, with room for a slow host */
         }
         free(t);
     }
@@ -360,8 +360,9 @@ static void slow_caller(void *arg, int b0, int b1)
     nanosleep(&(struct timespec){0, (mine ? 4 : 1) * 1000 * 1000}, NULL);
 }
 
-/* Halves of equal work where the caller takes 4 times as long: its share falls toward 1/5;
- * frozen, it stays. */
+/* Halves of equal work where the caller sleeps 4 times as long: its share falls from 1/2
+ * toward 1/5, and never under it (a sleep may run long on a loaded host, so only the
+ * direction and the bound are asserted here); frozen, it stays. */
 static void share_follows_speeds(void **state)
 {
     (void)state;
@@ -371,7 +372,7 @@ static void share_follows_speeds(void **state)
     for (int i = 0; i < 20; i++)
         mt__rnn_rows_par_w(&sh, 4, 8, 1.0, 1.0, slow_caller, &me);
     double f = mt__rnn_par_share();
-    assert_true(f < 0.35);
+    assert_true(f < 0.45);
     assert_true(f >= 0.2);
     mt__rnn_par_set_share(0.5, true);
     for (int i = 0; i < 5; i++)
@@ -382,6 +383,36 @@ static void share_follows_speeds(void **state)
     for (int i = 0; i < 5; i++)
         mt__rnn_rows_par(&sh, 4, 8, slow_caller, &me);
     assert_true(mt__rnn_par_share() == 0.5);
+}
+
+/* The learning itself, on given times: a quarter of the way each job, within [1/5, 4/5]
+ * exactly as read back, and short or empty halves ignored. */
+static void share_learning(void **state)
+{
+    (void)state;
+    const uint64_t ms = 1000 * 1000;
+    mt__rnn_par_set_share(0.5, false);
+    mt__rnn_par_learn(1.0, 1.0, 4 * ms, 1 * ms); /* caller's speed share 1/5 */
+    assert_true(fabs(mt__rnn_par_share() - (0.75 * 0.5 + 0.25 * 0.2)) < 1e-4);
+    mt__rnn_par_learn(3.0, 1.0, 1 * ms, 1 * ms); /* 3/4 */
+    assert_true(fabs(mt__rnn_par_share() - (0.75 * 0.425 + 0.25 * 0.75)) < 1e-4);
+    for (int i = 0; i < 60; i++) /* the caller 100 times slower: down to the bound */
+        mt__rnn_par_learn(1.0, 1.0, 100 * ms, 1 * ms);
+    assert_true(mt__rnn_par_share() >= 0.2);
+    assert_true(mt__rnn_par_share() < 0.2 + 1e-4);
+    for (int i = 0; i < 60; i++)
+        mt__rnn_par_learn(1.0, 1.0, 1 * ms, 100 * ms);
+    assert_true(mt__rnn_par_share() <= 0.8);
+    assert_true(mt__rnn_par_share() > 0.8 - 1e-4);
+    mt__rnn_par_set_share(0.5, false);
+    mt__rnn_par_learn(1.0, 1.0, 150 * 1000, 40 * 1000); /* 190 us in all: noise */
+    mt__rnn_par_learn(0.0, 1.0, 4 * ms, 1 * ms);
+    mt__rnn_par_learn(1.0, 1.0, 0, 1 * ms);
+    assert_true(mt__rnn_par_share() == 0.5);
+    mt__rnn_par_set_share(0.5, true);
+    mt__rnn_par_learn(1.0, 1.0, 4 * ms, 1 * ms);
+    assert_true(mt__rnn_par_share() == 0.5);
+    mt__rnn_par_set_share(0.5, false);
 }
 
 /* The step loops' cut: the row nearest the share of the work, never an empty part, and the
@@ -418,17 +449,12 @@ static void split_nearest_share(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(cblas_halves),
-        cmocka_unit_test(blis_halves),
-        cmocka_unit_test(dnnl_halves),
-        cmocka_unit_test(worker_persists),
-        cmocka_unit_test(two_callers),
-        cmocka_unit_test(sgemm_halves),
-        cmocka_unit_test(tiles_taken_in_turn),
-        cmocka_unit_test(xsmm_tiles_match),
-        cmocka_unit_test(share_follows_speeds),
-        cmocka_unit_test(split_nearest_share),
-        cmocka_unit_test(sgemm_half_matches_par),
+        cmocka_unit_test(cblas_halves),         cmocka_unit_test(blis_halves),
+        cmocka_unit_test(dnnl_halves),          cmocka_unit_test(worker_persists),
+        cmocka_unit_test(two_callers),          cmocka_unit_test(sgemm_halves),
+        cmocka_unit_test(tiles_taken_in_turn),  cmocka_unit_test(xsmm_tiles_match),
+        cmocka_unit_test(share_follows_speeds), cmocka_unit_test(share_learning),
+        cmocka_unit_test(split_nearest_share),  cmocka_unit_test(sgemm_half_matches_par),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
