@@ -332,6 +332,8 @@ static int child_step(mt_alloc_t *a, const char *lib, int threads, int iters, bo
     printf("step %.6f rate %.3f ratio %.4f cstep %.6f crate %.3f cratio %.4f %s\n", step[n / 2],
            rate[n / 2], ratio[n / 2], cstep[n / 2], crate[n / 2], cratio[n / 2],
            mt_rnn_gemm_info(m));
+    printf("spread %.4f %.4f %.4f %.4f\n", ratio[n / 4], ratio[n - 1 - n / 4], cratio[n / 4],
+           cratio[n - 1 - n / 4]);
     printf("rates");
     for (int i = 0; i < NCAND; i++) {
         qsort(each[i], (size_t)n, sizeof step[0], cmp_double);
@@ -438,12 +440,16 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
     const char *libs[3] = {"cblas", "blis", "dnnl"};
     shape_t t = s;
     double flops = step_flops(&t, full);
+    /* The host's speed moves by several percent from one round to the next: the median of
+     * 9 rounds is steadier than that of the 3 the other rows take (docs/blas.md, session 10). */
+    int srounds = quick ? 3 : 9;
     printf(
         "  GEMM bound = the step's %.2f GFLOP at the best sgemm rate of the three libraries and "
         "libxsmm's kernels on packed panels (2048x1024x512), measured right before each step; "
         "medians of %d rounds, each the best of 3 steps against the best of 6 repetitions of the "
-        "bound's product (the %% is the median of the rounds' bound/step ratios)\n",
-        flops * 1e-9, iters);
+        "bound's product (the %% is the median of the rounds' bound/step ratios; 'rounds' gives "
+        "their quartiles)\n",
+        flops * 1e-9, srounds);
     /* The library a module takes by default at each thread count, marked in the rows. */
     char def[3][8] = {"", "", ""};
     mt_rnn_t *dm = module(a, &s, NULL);
@@ -455,14 +461,17 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
     for (int threads = 1; threads <= 2; threads++) {
         for (int i = 0; i < 3; i++) {
             char c2[1200], out[512] = "";
-            snprintf(c2, sizeof c2, "%s --step %s %d %d %d", self_exe, libs[i], threads, iters,
+            snprintf(c2, sizeof c2, "%s --step %s %d %d %d", self_exe, libs[i], threads, srounds,
                      quick ? 1 : 0);
             FILE *pf = popen(c2, "r");
             double sec = 0, rate = 0, ratio = 0, csec = 0, crate = 0, cratio = 0;
             char rates[256] = "";
+            double q[4] = {0, 0, 0, 0}; /* the rounds' quartiles: wall ratio, CPU ratio */
             while (pf && fgets(out, sizeof out, pf)) {
                 if (sscanf(out, "step %lf rate %lf ratio %lf cstep %lf crate %lf cratio %lf", &sec,
                            &rate, &ratio, &csec, &crate, &cratio) == 6)
+                    continue;
+                if (sscanf(out, "spread %lf %lf %lf %lf", &q[0], &q[1], &q[2], &q[3]) == 4)
                     continue;
                 if (strncmp(out, "rates ", 6) == 0)
                     snprintf(rates, sizeof rates, "%.200s", out + 6);
@@ -475,16 +484,19 @@ static void goals(mt_alloc_t *a, int iters, bool quick)
             }
             snprintf(row, sizeof row, "  train step %dx%d T=%d B=%d, %s, %d thr%s", t.L, t.H, t.T,
                      t.B, libs[i], threads, strcmp(def[threads], libs[i]) == 0 ? " *" : "");
-            char note[96];
+            char note[128];
             if (threads == 1) {
                 snprintf(fig, sizeof fig, "cpu %.1f ms (bound %.1f) = %.1f %%", csec * 1e3,
                          flops / (crate * 1e9) * 1e3, 100.0 * cratio);
-                snprintf(note, sizeof note, "wall %.1f ms (bound %.1f) = %.1f %%, load %.1f",
-                         sec * 1e3, flops / (rate * 1e9) * 1e3, 100.0 * ratio, load_avg());
+                snprintf(note, sizeof note,
+                         "rounds %.1f-%.1f %%; wall %.1f ms (bound %.1f) = %.1f %%, load %.1f",
+                         100.0 * q[2], 100.0 * q[3], sec * 1e3, flops / (rate * 1e9) * 1e3,
+                         100.0 * ratio, load_avg());
             } else {
                 snprintf(fig, sizeof fig, "%.1f ms (bound %.1f) = %.1f %%", sec * 1e3,
                          flops / (rate * 1e9) * 1e3, 100.0 * ratio);
-                snprintf(note, sizeof note, "wall clock, load %.1f", load_avg());
+                snprintf(note, sizeof note, "rounds %.1f-%.1f %%; wall clock, load %.1f",
+                         100.0 * q[0], 100.0 * q[1], load_avg());
             }
             verdict(row, fig, ">= 85 % of GEMM bound", (threads == 1 ? cratio : ratio) >= 0.85,
                     note);
