@@ -11,11 +11,11 @@
  *
  * The worker serves one caller at a time (`own`). A second caller, a job posted from inside
  * a job, or a forked child gets a thread of its own, as before. */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <math.h>
 #include <time.h>
 
 #include "rnn/internal.h"
