@@ -40,14 +40,6 @@ static int xh_ld(const mt__rnn_shape_t *s)
     return mt__rnn_cpu_ld((in > up ? in : up) + s->hidden);
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), xh [rows of
- * a chunk, xh_ld], dh_next and dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the
- * bias-gradient sums of the step loops' two halves [2, gH + H] (one per sequence goes in xh,
- * back_dir), the RNN
- * modes' gate gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between
- * layers, of a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide,
- * then (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
- * D*H]. */
 /* Floats of W's panels for the input gradient beside the weight gradients: at two threads
  * with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
 static size_t wpan_floats(const mt__rnn_shape_t *s)
@@ -58,6 +50,13 @@ static size_t wpan_floats(const mt__rnn_shape_t *s)
     return (size_t)s->gates * (size_t)s->hidden * (size_t)(in > up ? in : up);
 }
 
+/* Workspace: the accumulators (acc_offset of L*D), xh [rows of a chunk, xh_ld], dh_next and
+ * dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the bias-gradient sums of the step
+ * loops' two halves [2, gH + H] (one per sequence goes in xh, back_dir), the RNN modes' gate
+ * gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between layers, of
+ * a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then
+ * (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
+ * D*H], and last wpan_floats for W's panels. */
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
@@ -634,9 +633,9 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     }
     if (mt__rnn_drop_on(s))
         b.xdrop = b.dbuf[1] + (D == 1 ? C : q->rows) * dh;
-    /* The last wpan_floats of the workspace. */
-    if (wpan_floats(s))
-        b.wpan = work + mt__rnn_cpu_bwd_work_floats(s, q) - wpan_floats(s);
+    size_t wp = wpan_floats(s); /* the last floats of the workspace */
+    if (wp)
+        b.wpan = work + mt__rnn_cpu_bwd_work_floats(s, q) - wp;
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));
