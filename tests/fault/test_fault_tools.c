@@ -9,11 +9,16 @@
 #include <stdint.h>
 #include <setjmp.h>
 #include <cmocka.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* One run of a command with one failed allocation takes well under a second on a quiet
+ * host; this bounds a run that hangs, with room for a host loaded many times over. */
+enum { CHILD_SECONDS = 60 };
 
 static const char *tool;
 static const char *trace;
@@ -49,6 +54,9 @@ static int run(char *const argv[], long n, char *err, size_t errcap, char *out, 
         setenv("MT_FAULT_AT", at, 1);
         /* A tool may exit on an error without freeing what it holds: not a leak to hunt. */
         setenv("ASAN_OPTIONS", "detect_leaks=0:abort_on_error=1", 1);
+        /* A hang is bounded per run, and named by the site that hung: the alarm survives
+         * execv and its SIGALRM ends the run (reported as killed by signal 14). */
+        alarm(CHILD_SECONDS);
         dup2(fds[1], STDERR_FILENO);
         dup2(ofds[1], STDOUT_FILENO);
         close(fds[0]);
@@ -77,6 +85,9 @@ static long tool_loop(const char *name, char *const argv[], bool same_output)
     for (long n = 1;; n++) {
         int status = run(argv, n, err, sizeof err, out, sizeof out);
         bool injected = strstr(err, "mt-fault: host allocation") != NULL;
+        if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
+            fail_msg("%s: host allocation %ld failed: no exit within %d s; stderr:\n%s", name, n,
+                     CHILD_SECONDS, err);
         if (WIFSIGNALED(status))
             fail_msg("%s: host allocation %ld failed: killed by signal %d; stderr:\n%s", name, n,
                      WTERMSIG(status), err);
