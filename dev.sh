@@ -7,6 +7,7 @@
 #   ./dev.sh build    configure and build only (release, in build/)
 #   ./dev.sh bench    the benchmarks (release), each printing a table
 #   ./dev.sh fuzz     every libFuzzer harness for FUZZ_SECONDS (default 300) each (clang)
+#   ./dev.sh stress [RUNS]  the debugoptimized suite RUNS (10) times under stress-ng --cpu 2
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -141,6 +142,10 @@ test)
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
     summarise tests build-test
+    # The release build users make (./dev.sh build): no assertions, no debug info, -O3.
+    build build --buildtype=release
+    meson test -C build --print-errorlogs --num-processes 2 || rc=1
+    summarise release build
     # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, with the
     # expensive assertions (whole-structure checks) on; a tree set up before that option
     # existed gets it too.
@@ -158,7 +163,7 @@ test)
     # seed is random); a crasher found there goes into tests/fuzz/regress.
     fuzz_run "${FUZZ_CI_SECONDS:-5}" "${FUZZ_CI_SEED:-1}" || rc=1
     [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
-    summarise total build-test build-asan
+    summarise total build-test build build-asan
     exit $rc
     ;;
 bench)
@@ -170,8 +175,15 @@ fuzz)
     install_missing
     fuzz_run "${FUZZ_SECONDS:-300}"
     ;;
+stress)
+    PACKAGES+=(stress-ng)
+    install_missing
+    install_test_tools
+    build build-test --buildtype=debugoptimized
+    tests/stress.sh build-test "${2:-10}" 2
+    ;;
 *)
-    echo "usage: ./dev.sh demo|test|build|bench|fuzz" >&2
+    echo "usage: ./dev.sh demo|test|build|bench|fuzz|stress" >&2
     exit 2
     ;;
 esac
