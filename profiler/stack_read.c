@@ -11,6 +11,16 @@
 
 #include "memtrace/common.h"
 
+/* [off, off + len) lies inside an area of size bytes; *end = off + len. Written so that
+ * no sum can wrap: a forged offset near 2^64 must fail here, not pass as a small one. */
+static bool span(uint64_t off, uint64_t len, size_t size, uint64_t *end)
+{
+    if (off > size || len > size - off)
+        return false;
+    *end = off + len;
+    return true;
+}
+
 int mt__stab_view(mt__stab_view_t *v, const void *area, size_t size)
 {
     memset(v, 0, sizeof *v);
@@ -22,15 +32,21 @@ int mt__stab_view(mt__stab_view_t *v, const void *area, size_t size)
     mt__stab_hdr_t c;
     memcpy(&c, h, offsetof(mt__stab_hdr_t, nstacks));
     /* each table inside the area, in order, of the size its count says */
+    uint64_t defs_end, frames_end, mods_end, py_end, str_end;
     bool ok = c.max_stacks <= MT_STACK_ID_MAX && c.max_frames <= (1u << 26) &&
               c.max_modules <= (1u << 16) && c.max_py <= (1u << 24) && c.str_bytes <= (64u << 20) &&
               c.defs_off >= sizeof(mt__stab_hdr_t) &&
-              c.frames_off >= c.defs_off + (uint64_t)c.max_stacks * sizeof(mt__stab_def_t) &&
-              c.mods_off >= c.frames_off + (uint64_t)c.max_frames * 8u &&
-              c.py_off >= c.mods_off + (uint64_t)c.max_modules * sizeof(mt__stab_mod_t) &&
-              c.str_off >= c.py_off + (uint64_t)c.max_py * sizeof(mt__stab_py_t) &&
-              c.str_off + c.str_bytes <= size && c.defs_off % 8 == 0 && c.frames_off % 8 == 0 &&
-              c.mods_off % 8 == 0 && c.py_off % 8 == 0;
+              span(c.defs_off, (uint64_t)c.max_stacks * sizeof(mt__stab_def_t), size, &defs_end) &&
+              c.frames_off >= defs_end &&
+              span(c.frames_off, (uint64_t)c.max_frames * 8u, size, &frames_end) &&
+              c.mods_off >= frames_end &&
+              span(c.mods_off, (uint64_t)c.max_modules * sizeof(mt__stab_mod_t), size,
+                   &mods_end) &&
+              c.py_off >= mods_end &&
+              span(c.py_off, (uint64_t)c.max_py * sizeof(mt__stab_py_t), size, &py_end) &&
+              c.str_off >= py_end && span(c.str_off, c.str_bytes, size, &str_end) &&
+              c.defs_off % 8 == 0 && c.frames_off % 8 == 0 && c.mods_off % 8 == 0 &&
+              c.py_off % 8 == 0;
     if (!ok)
         return MT_EPROTO;
     v->base = area;

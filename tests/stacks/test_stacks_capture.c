@@ -311,9 +311,22 @@ static void test_cap(void **state)
     assert_true(n > 0 && n < sizeof line);
     assert_non_null(strstr(line, "\"0x500007\""));
     assert_int_equal(mt__stab_stack_line(&v, MT_STACK_ID_MAX + 1, 1, line, sizeof line), 0);
-    ((mt__stab_hdr_t *)area)->frames_off = sz;
+    mt__stab_hdr_t *h = area, keep = *h;
+    h->frames_off = sz;
     assert_int_equal(mt__stab_view(&v, area, sz), MT_EPROTO);
     assert_int_equal(mt__stab_view(&v, area, 16), MT_EPROTO);
+    /* Forged offsets whose sums with their tables' sizes wrap to small numbers. */
+    h->frames_off = keep.frames_off;
+    h->str_off = (uint64_t)0 - keep.str_bytes;
+    assert_int_equal(mt__stab_view(&v, area, sz), MT_EPROTO);
+    h->str_off = keep.str_off;
+    h->py_off = (uint64_t)0 - (uint64_t)keep.max_py * sizeof(mt__stab_py_t);
+    assert_int_equal(mt__stab_view(&v, area, sz), MT_EPROTO);
+    h->py_off = keep.py_off;
+    h->frames_off = (uint64_t)0 - (uint64_t)keep.max_frames * 8u;
+    assert_int_equal(mt__stab_view(&v, area, sz), MT_EPROTO);
+    h->frames_off = keep.frames_off;
+    assert_int_equal(mt__stab_view(&v, area, sz), 0);
     mt__stab_destroy(&t);
     munmap(area, sz);
 }
