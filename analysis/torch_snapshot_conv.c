@@ -149,13 +149,21 @@ static const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, size_t *n)
     return ts->events + ts->dev_first[d];
 }
 
+/* v in [0, UINT64_MAX]: a figure too large for its field reads as the largest it holds. */
+static uint64_t sat_u64(__int128 v)
+{
+    return v < 0 ? 0 : v > (__int128)UINT64_MAX ? UINT64_MAX : (uint64_t)v;
+}
+
 int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
 {
     memset(out, 0, sizeof *out);
     size_t n;
     const mt_ts_event_t *ev = dev_events(ts, device, &n);
-    int64_t res = 0, res_min = 0, res_max = 0;
-    uint64_t alloc = 0, alloc_max = 0;
+    /* Sums of a hostile file's sizes (each up to 2^64 - 1) can pass 2^63: they are kept in
+     * 128 bits, which no count of events this reader accepts can overflow, and saturated
+     * into the uint64 figures at the end. */
+    __int128 res = 0, res_min = 0, res_max = 0, alloc = 0, alloc_max = 0;
     walk_t w = {0};
     int rc = 0;
     for (size_t i = 0; i < n; i++) {
@@ -163,12 +171,12 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
         switch (e->action) {
         case MT_TS_SEGMENT_ALLOC:
         case MT_TS_SEGMENT_MAP:
-            res += (int64_t)e->size;
+            res += e->size;
             out->segment_events++;
             break;
         case MT_TS_SEGMENT_FREE:
         case MT_TS_SEGMENT_UNMAP:
-            res -= (int64_t)e->size;
+            res -= e->size;
             out->segment_events++;
             break;
         case MT_TS_OOM:
@@ -201,17 +209,17 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
     free(w.live.t);
     /* What was reserved before the trace: enough that it never went below zero, and what
      * the segments at the end imply (they are the state after the last event). */
-    uint64_t end_segments = 0;
+    __int128 end_segments = 0;
     for (size_t i = 0; i < ts->nsegments; i++)
         if (ts->segments[i].device == (int)device)
             end_segments += ts->segments[i].total_size;
-    int64_t start = -res_min;
-    if (end_segments > 0 && (int64_t)end_segments - res > start)
-        start = (int64_t)end_segments - res;
-    out->reserved_start = (uint64_t)start;
-    out->peak_reserved = (uint64_t)(start + res_max);
-    out->end_reserved = (uint64_t)(start + res);
-    out->peak_allocated = alloc_max;
+    __int128 start = -res_min;
+    if (end_segments > 0 && end_segments - res > start)
+        start = end_segments - res;
+    out->reserved_start = sat_u64(start);
+    out->peak_reserved = sat_u64(start + res_max);
+    out->end_reserved = sat_u64(start + res);
+    out->peak_allocated = sat_u64(alloc_max);
     return rc;
 }
 

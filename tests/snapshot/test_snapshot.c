@@ -421,6 +421,36 @@ static void test_records(void **state)
     mt_ts_destroy(&ts);
 }
 
+/* A file's segment sizes are 64-bit and unchecked: sums past 2^63 are still exact, and a
+ * figure past 2^64 reads as the largest a field holds (no signed overflow, for UBSan). */
+static void test_figures_huge_sizes(void **state)
+{
+    (void)state;
+    mt_ts_t *ts;
+    assert_int_equal(mt_ts_create(&ts), 0);
+    const uint64_t big = (UINT64_C(1) << 63) - 512;
+    mt_ts_event_t e = {.action = MT_TS_SEGMENT_ALLOC, .addr = 0x10000, .size = big};
+    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    e.addr += big;
+    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    e.action = MT_TS_SEGMENT_FREE;
+    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    mt_ts_figures_t f;
+    assert_int_equal(mt_ts_figures(ts, 0, &f), 0);
+    assert_true(f.peak_reserved == 2 * big);
+    assert_true(f.end_reserved == big);
+    assert_int_equal(f.segment_events, 3);
+    /* Three at once exceed 2^64. */
+    e.action = MT_TS_SEGMENT_ALLOC;
+    for (int k = 0; k < 2; k++) {
+        e.addr += big;
+        assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    }
+    assert_int_equal(mt_ts_figures(ts, 0, &f), 0);
+    assert_true(f.peak_reserved == UINT64_MAX);
+    mt_ts_destroy(&ts);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -433,6 +463,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_v2_layout),           cmocka_unit_test(test_v113_layout),
         cmocka_unit_test(test_invalid_files),       cmocka_unit_test(test_write_roundtrip),
         cmocka_unit_test(test_to_trace_and_replay), cmocka_unit_test(test_records),
+        cmocka_unit_test(test_figures_huge_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
