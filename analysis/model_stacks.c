@@ -424,7 +424,9 @@ int mt_model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *fr
         s->frames = f;
         s->capframes = cap;
     }
-    mt_model_frame_t *dst = &s->frames[s->nframes];
+    /* An empty stack owns no frames: with none stored yet, frames is NULL, and even
+     * NULL + 0 is undefined in C. */
+    mt_model_frame_t *dst = n > 0 ? &s->frames[s->nframes] : NULL;
     for (int j = 0; j < n; j++) {
         dst[j] = frames[j];
         if (frames[j].py_func) {
