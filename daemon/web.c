@@ -175,7 +175,11 @@ static double secs(const mt_d_web_proc_t *t, uint64_t ns)
 static int put_secs(mt_d_buf_t *o, const mt_d_web_proc_t *t, uint64_t ns, bool up)
 {
     int64_t off = t->off_ns;
-    uint64_t e = off >= 0 ? ns + (uint64_t)off : ns > (uint64_t)-off ? ns - (uint64_t)-off : 0;
+    uint64_t e;
+    if (off >= 0) /* saturated: a far bound (to=1e300) must not wrap below from */
+        e = __builtin_add_overflow(ns, (uint64_t)off, &e) ? UINT64_MAX : e;
+    else
+        e = ns > 0 - (uint64_t)off ? ns - (0 - (uint64_t)off) : 0;
     uint64_t us = e / 1000u + (up && e % 1000u ? 1u : 0u);
     return mt__d_buf_printf(o, "%" PRIu64 ".%06" PRIu64, us / 1000000u, us % 1000000u);
 }

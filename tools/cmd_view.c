@@ -1,6 +1,7 @@
 /* `memtrace view LOG...`: the daemon's web page for recorded logs. The logs are loaded into
  * a daemon's state (daemon/view.c), which then serves its HTTP routes on 127.0.0.1 (its Unix
  * socket lives in a private temporary directory) until Ctrl-C. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,11 @@ int mt_cmd_view(int argc, char **argv)
         return 1;
     }
     snprintf(sock, sizeof sock, "%s/sock", dir);
+    /* Where the daemon requires a token on its routes, it keeps it in SOCKET.token (0600, in
+     * our private directory): the address to open carries it. The daemon keeps the file
+     * for its next start; this directory has none, so it goes with the directory. */
+    char tpath[sizeof sock + 8];
+    snprintf(tpath, sizeof tpath, "%s.token", sock);
     mt_d_cfg_t cfg = mt_d_cfg_default();
     cfg.socket_path = sock;
     cfg.http_port = (int)port;
@@ -97,6 +103,7 @@ int mt_cmd_view(int argc, char **argv)
     if (rc) {
         fprintf(stderr, "memtrace view: cannot serve on 127.0.0.1:%lu: %s\n", port,
                 mt_strerror(rc));
+        unlink(tpath);
         rmdir(dir);
         return 1;
     }
@@ -116,10 +123,7 @@ int mt_cmd_view(int argc, char **argv)
         }
     }
     if (status == 0) {
-        /* Where the daemon requires a token on its routes, it keeps it in SOCKET.token
-         * (0600, in our private directory): the address to open carries it. */
-        char tok[80] = "", tpath[sizeof sock + 8];
-        snprintf(tpath, sizeof tpath, "%s.token", sock);
+        char tok[80] = "";
         FILE *tf = fopen(tpath, "r");
         if (tf) {
             if (!fgets(tok, sizeof tok, tf))
@@ -135,6 +139,8 @@ int mt_cmd_view(int argc, char **argv)
         status = rc ? 1 : bad_total ? 2 : 0;
     }
     mt_d_destroy(&d);
-    rmdir(dir);
+    unlink(tpath);
+    if (rmdir(dir) != 0)
+        fprintf(stderr, "memtrace view: cannot remove %s: %s\n", dir, strerror(errno));
     return status;
 }
