@@ -549,7 +549,8 @@ int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src)
         const sdef_t *d = &s->defs[i];
         if (!d->defined)
             continue;
-        int rc = mt_model_stack_define(dst, d->id, &s->frames[d->off], d->n, d->truncated);
+        const mt_model_frame_t *f = d->n ? &s->frames[d->off] : NULL; /* none stored: NULL */
+        int rc = mt_model_stack_define(dst, d->id, f, d->n, d->truncated);
         if (rc)
             return rc;
     }
