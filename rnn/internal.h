@@ -113,7 +113,8 @@ const char *mt__rnn_xsmm_info(void);
  * P = src^T: rs = 1, cs = src's row stride). */
 void mt__rnn_xsmm_pack(float *dst, const float *src, int rs, int cs, int K, int N);
 /* Row-major C[M, N] = X[M, K] P + beta C, P packed (beta 0 or 1). On libxsmm's kernels, or
- * plain loops where it has none. */
+ * plain loops where it has none. A row of C comes out the same bits whatever M is and
+ * wherever the row sits in X: the step loops' split may fall anywhere (xsmm.c). */
 void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *P, float beta,
                      float *C, int ldc);
 /* mt__rnn_xsmm_pack of panels [p0, p1) alone (the same floats of dst as the whole). */
