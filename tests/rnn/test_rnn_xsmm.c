@@ -1,10 +1,11 @@
 /* The per-step products on packed panels (rnn/xsmm.c): the panel layout element by element,
  * the product against a double reference at odd sizes (panels not a multiple of the panel
  * width, rows across the kernel calls, strided X and C, beta 0 over NaN and beta 1), a row's
- * bits the same whatever rows are computed beside it, and the kernels' forward and backward with the packed products against the same kernels
- * with the library's sgemm, hidden 13 and 45 (gate columns 52 and 180: full panels and a
- * remainder), packed and padded, every mode, 2 layers, both directions. Runs on libxsmm
- * where it is built in, else on the plain loops over the same layout. Host buffers. */
+ * bits the same whatever rows are computed beside it, and the kernels' forward and backward with
+ * the packed products against the same kernels with the library's sgemm, hidden 13 and 45 (gate
+ * columns 52 and 180: full panels and a remainder), packed and padded, every mode, 2 layers, both
+ * directions. Runs on libxsmm where it is built in, else on the plain loops over the same layout.
+ * Host buffers. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
