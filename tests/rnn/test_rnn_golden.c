@@ -338,7 +338,8 @@ static void golden_every_isa(void **state)
         golden_on("cblas");
     }
     /* The levels run code of their own: the baseline's polynomials round without fused
-     * multiply-adds, so some of its outputs differ from the AVX2 build's in the last bits. */
+     * multiply-adds, so some of its outputs differ from the AVX2 build's in the last bits.
+     * Unoptimized builds contract and vectorize nothing: every level is the same code. */
     if (top >= MT__RNN_ISA_AVX2) {
         size_t n;
         mt__rnn_isa_set(MT__RNN_ISA_AVX2);
@@ -350,9 +351,11 @@ static void golden_every_isa(void **state)
             differ += memcmp(&y0[i], &y2[i], sizeof(float)) != 0;
         print_message("baseline vs avx2 cell loops: %zu of %zu outputs differ in their bits\n",
                       differ, n);
-        assert_true(differ > 0);
         free(y0);
         free(y2);
+#if defined(__OPTIMIZE__)
+        assert_true(differ > 0);
+#endif
     }
     assert_int_equal(mt__rnn_isa_set(was), was);
 }
