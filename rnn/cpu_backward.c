@@ -178,8 +178,8 @@ static void dh_product(const dir_back_t *a, int n, const float *X, int ldx, int 
         mt__rnn_sgemm(a->s->gemm, false, false, n, H, K, 1.0f, X, ldx, a->w.r, H, beta, dh, H);
 }
 
-MT__RNN_CELL_CLONES
-static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs)
+MT__RNN_ISA_BODY void lstm_step_body(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B,
+                                     float *dbs)
 {
     int H = a->s->hidden, gh = 4 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -212,9 +212,12 @@ static void lstm_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int
     }
     dh_product(a, B - b0, g + (size_t)b0 * gl, gl, gh, 0.0f, a->dhn + (size_t)b0 * H);
 }
+MT__RNN_ISA_DISPATCH(lstm_step,
+                     (const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs),
+                     (a, t, pv, b0, B, dbs))
 
-MT__RNN_CELL_CLONES
-static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs)
+MT__RNN_ISA_BODY void gru_step_body(const dir_back_t *a, int t, const bprev_t *pv, int b0, int B,
+                                    float *dbs)
 {
     int H = a->s->hidden, gh = 3 * H, gl = mt__rnn_cpu_gld(a->s);
     size_t r = brow(a, t);
@@ -249,9 +252,11 @@ static void gru_step(const dir_back_t *a, int t, const bprev_t *pv, int b0, int 
     }
     dh_product(a, B - b0, a->dgh + (size_t)b0 * gl, gl, gh, 1.0f, a->dhn + (size_t)b0 * H);
 }
+MT__RNN_ISA_DISPATCH(gru_step,
+                     (const dir_back_t *a, int t, const bprev_t *pv, int b0, int B, float *dbs),
+                     (a, t, pv, b0, B, dbs))
 
-MT__RNN_CELL_CLONES
-static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *dbs)
+MT__RNN_ISA_BODY void rnn_step_body(const dir_back_t *a, int t, int b0, int B, float *dbs)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
@@ -273,6 +278,8 @@ static void rnn_step(const dir_back_t *a, int t, int b0, int B, float *dbs)
     }
     dh_product(a, B - b0, g + (size_t)b0 * gl, gl, H, 0.0f, a->dhn + (size_t)b0 * H);
 }
+MT__RNN_ISA_DISPATCH(rnn_step, (const dir_back_t *a, int t, int b0, int B, float *dbs),
+                     (a, t, b0, B, dbs))
 
 /* GRU's dR^T += Hs^T Gs over the chunk's n rows: its n gate's columns come from aux
  * (r * dn). */

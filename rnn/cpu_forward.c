@@ -319,8 +319,8 @@ static const float *prev_row(const prev_t *p, int b, int H)
 }
 
 /* The cells compute rows [b0, b1) of a step: g = the step's gates (x W^T), rec = h R^T. */
-MT__RNN_CELL_CLONES
-static void lstm_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux)
+MT__RNN_ISA_BODY void lstm_cell_body(const dir_run_t *a, int b0, int b1, float *g, float *o,
+                                     float *aux)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     const float *bi = a->bias;
@@ -347,10 +347,12 @@ static void lstm_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, fl
         }
     }
 }
+MT__RNN_ISA_DISPATCH(lstm_cell,
+                     (const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux),
+                     (a, b0, b1, g, o, aux))
 
-MT__RNN_CELL_CLONES
-static void gru_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux,
-                     const prev_t *pv)
+MT__RNN_ISA_BODY void gru_cell_body(const dir_run_t *a, int b0, int b1, float *g, float *o,
+                                    float *aux, const prev_t *pv)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     const float *brn = a->w.br ? a->w.br + 2 * H : NULL;
@@ -375,9 +377,12 @@ static void gru_cell(const dir_run_t *a, int b0, int b1, float *g, float *o, flo
         }
     }
 }
+MT__RNN_ISA_DISPATCH(gru_cell,
+                     (const dir_run_t *a, int b0, int b1, float *g, float *o, float *aux,
+                      const prev_t *pv),
+                     (a, b0, b1, g, o, aux, pv))
 
-MT__RNN_CELL_CLONES
-static void rnn_cell(const dir_run_t *a, int b0, int b1, float *g, float *o)
+MT__RNN_ISA_BODY void rnn_cell_body(const dir_run_t *a, int b0, int b1, float *g, float *o)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
     bool relu = a->s->mode == MT_RNN_RELU;
@@ -400,6 +405,8 @@ static void rnn_cell(const dir_run_t *a, int b0, int b1, float *g, float *o)
         }
     }
 }
+MT__RNN_ISA_DISPATCH(rnn_cell, (const dir_run_t *a, int b0, int b1, float *g, float *o),
+                     (a, b0, b1, g, o))
 
 /* Copies rows [lo, hi) of output step row r into the carried state. */
 static void carry(const dir_run_t *a, size_t r, int lo, int hi)

@@ -30,8 +30,11 @@ struct mt__rnn_gemm_s {
     void *fn;  /* the library's entry point */
     void *thr; /* its thread-count setter, or NULL */
     int thr_kind;
-    char info[160];   /* library, version, kernel */
-    char info_x[288]; /* the same, and the per-step products' libxsmm (xsmm.c) */
+    char info[160]; /* library, version, kernel (what the loaders write) */
+    /* Per level of the cell loops (mt__rnn_isa_e): the same, and that level's name (isa.c);
+     * then also the per-step products' libxsmm (xsmm.c). */
+    char info_c[MT__RNN_ISA_AVX512 + 1][192];
+    char info_x[MT__RNN_ISA_AVX512 + 1][320];
 };
 
 /* ---- cblas (linked) ---- */
@@ -175,10 +178,12 @@ int mt__rnn_gemm_get(const char *name, const mt__rnn_gemm_t **out)
         }
     }
     int ok = loaded[i] > 0;
-    if (ok && !gemms[i].info_x[0]) {
-        char base[sizeof gemms[i].info];
-        memcpy(base, gemms[i].info, sizeof base);
-        snprintf(gemms[i].info_x, sizeof gemms[i].info_x, "%s; per-step products on %s", base,
+    bool fill = ok && !gemms[i].info_x[0][0];
+    for (int l = 0; fill && l <= MT__RNN_ISA_AVX512; l++) {
+        mt__rnn_gemm_t *g = &gemms[i];
+        snprintf(g->info_c[l], sizeof g->info_c[l], "%s; cell loops %s", g->info,
+                 mt__rnn_isa_name(l));
+        snprintf(g->info_x[l], sizeof g->info_x[l], "%s; per-step products on %s", g->info_c[l],
                  mt__rnn_xsmm_info());
     }
     pthread_mutex_unlock(&lock);
@@ -197,7 +202,8 @@ const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm)
 {
     if (!g)
         return "the linked CBLAS";
-    return xsmm && g->info_x[0] ? g->info_x : g->info;
+    int l = mt__rnn_isa();
+    return xsmm ? g->info_x[l] : g->info_c[l];
 }
 
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n)

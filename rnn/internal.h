@@ -113,7 +113,8 @@ const char *mt__rnn_xsmm_info(void);
  * P = src^T: rs = 1, cs = src's row stride). */
 void mt__rnn_xsmm_pack(float *dst, const float *src, int rs, int cs, int K, int N);
 /* Row-major C[M, N] = X[M, K] P + beta C, P packed (beta 0 or 1). On libxsmm's kernels, or
- * plain loops where it has none. */
+ * plain loops where it has none. A row of C comes out the same bits whatever M is and
+ * wherever the row sits in X: the step loops' split may fall anywhere (xsmm.c). */
 void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *P, float beta,
                      float *C, int ldc);
 /* mt__rnn_xsmm_pack of panels [p0, p1) alone (the same floats of dst as the whole). */
@@ -133,16 +134,78 @@ void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const fl
 
 /* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
 
-/* The cell loops are compiled for x86-64-v4 (AVX-512) and v3 (AVX2 and FMA) too, picked at
- * load time for the CPU (GCC's function multiversioning), so they run 16 or 8 lanes wide
- * where the CPU can, their polynomials as fused multiply-adds (rnn/ is built with
- * -ffp-contract=fast: a v3 LSTM cell went from 930 to 809 instructions, 4.3 % to 3.2 % of a
- * step's samples). */
+/* ---- the cell loops' instruction set (isa.c) ----
+ *
+ * The cell loops are compiled for x86-64-v4 (AVX-512) and v3 (AVX2 and FMA) too, so that they
+ * run 16 or 8 lanes wide where the CPU can, their polynomials as fused multiply-adds (rnn/ is
+ * built with -ffp-contract=fast: a v3 LSTM cell went from 930 to 809 instructions, 4.3 % to
+ * 3.2 % of a step's samples). One level is chosen once per process: the highest the CPU
+ * runs, capped by $MEMTRACE_CPU_ISA (avx512, avx2, baseline), so that a host with AVX-512
+ * tests the lower builds too. GCC on x86-64 only; elsewhere the one default build. */
+typedef enum mt__rnn_isa_e {
+    MT__RNN_ISA_BASELINE = 0, /* the build's default target (x86-64: SSE2) */
+    MT__RNN_ISA_AVX2 = 1,     /* x86-64-v3 */
+    MT__RNN_ISA_AVX512 = 2,   /* x86-64-v4 */
+} mt__rnn_isa_e;
+
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MT__RNN_CELL_CLONES                                                                        \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define MT__RNN_ISA_X86 1
 #else
-#define MT__RNN_CELL_CLONES
+#define MT__RNN_ISA_X86 0
+#endif
+
+/* "baseline", "avx2", "avx512" ("unknown" for another value). */
+const char *mt__rnn_isa_name(int level);
+/* The highest level this CPU runs (baseline where the build has one level). */
+int mt__rnn_isa_cpu(void);
+/* $MEMTRACE_CPU_ISA as a cap, read now: 0 with *cap the level it names (avx512 when unset or
+ * empty), or MT_EINVAL for another value (*cap avx512). */
+int mt__rnn_isa_from_env(int *cap);
+/* The level in use: min(mt__rnn_isa_cpu(), the cap), chosen on the first call of any of
+ * these (a bad $MEMTRACE_CPU_ISA caps nothing: mt__rnn_isa_check refuses it). */
+int mt__rnn_isa(void);
+/* 0, or MT_EINVAL after logging, when $MEMTRACE_CPU_ISA was unknown at the choice (module
+ * creation on the cpu path fails then). */
+int mt__rnn_isa_check(mt_log_cb log, void *ud);
+/* Tests: sets the level in use, at most mt__rnn_isa_cpu(); returns the level set. */
+int mt__rnn_isa_set(int level);
+
+/* Defines static void name params, which runs name##_body args (a MT__RNN_ISA_BODY function)
+ * compiled for the level in use. */
+#define MT__RNN_ISA_BODY static inline __attribute__((always_inline))
+#if MT__RNN_ISA_X86
+#define MT__RNN_ISA_DISPATCH(name, params, args)                                                   \
+    __attribute__((target("arch=x86-64-v4"))) static void name##_v4 params                         \
+    {                                                                                              \
+        name##_body args;                                                                          \
+    }                                                                                              \
+    __attribute__((target("arch=x86-64-v3"))) static void name##_v3 params                         \
+    {                                                                                              \
+        name##_body args;                                                                          \
+    }                                                                                              \
+    static void name##_v1 params                                                                   \
+    {                                                                                              \
+        name##_body args;                                                                          \
+    }                                                                                              \
+    static void name params                                                                        \
+    {                                                                                              \
+        switch (mt__rnn_isa()) {                                                                   \
+        case MT__RNN_ISA_AVX512:                                                                   \
+            name##_v4 args;                                                                        \
+            break;                                                                                 \
+        case MT__RNN_ISA_AVX2:                                                                     \
+            name##_v3 args;                                                                        \
+            break;                                                                                 \
+        default:                                                                                   \
+            name##_v1 args;                                                                        \
+        }                                                                                          \
+    }
+#else
+#define MT__RNN_ISA_DISPATCH(name, params, args)                                                   \
+    static void name params                                                                        \
+    {                                                                                              \
+        name##_body args;                                                                          \
+    }
 #endif
 
 /* e^v without a libm call or a branch, so the cell loops vectorize (`#pragma omp simd`,

@@ -179,7 +179,9 @@ int mt_rnn_create(mt_rnn_t **out, const mt_rnn_cfg_t *cfg)
         return MT_ENOTSUP;
     bool gemm_auto = false;
     if (path == &mt__rnn_cpu_path) {
-        rc = select_gemm(cfg, &shape.gemm, &gemm_auto);
+        rc = mt__rnn_isa_check(cfg->log, cfg->log_ud);
+        if (rc == 0)
+            rc = select_gemm(cfg, &shape.gemm, &gemm_auto);
         if (rc)
             return rc;
     }

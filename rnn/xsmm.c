@@ -20,7 +20,12 @@
 #include <libxsmm.h>
 #endif
 
-enum { ROWS = 32 }; /* rows of X per kernel call: kernels of at most 32 x 32 x K */
+/* Rows of C per tile of mt__rnn_xsmm_mm_par, and per kernel call (KROWS divides ROWS). */
+#ifndef MT__RNN_XSMM_KROWS
+#define MT__RNN_XSMM_KROWS 8
+#endif
+enum { ROWS = 32, KROWS = MT__RNN_XSMM_KROWS };
+_Static_assert(ROWS % KROWS == 0, "a tile of mt__rnn_xsmm_mm_par is whole kernel calls");
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool usable;
@@ -110,14 +115,107 @@ static void panel_ref(int M, int w, int K, const float *X, int ldx, const float 
     }
 }
 
+/* ---- the product ----
+ *
+ * Every KROWS rows of X go through the one kernel of KROWS rows, whatever M is. The step loops
+ * split a batch where the threads' speeds say, so a row may fall anywhere in a call of any row
+ * count, and libxsmm's AVX-512 code generator builds a panel narrower than 17 columns over
+ * 2..11 rows with another order of the sums than over 12 or more (the row's bits then followed
+ * the split). A kernel gives a row the same bits at any of its positions, so the last rows,
+ * fewer than KROWS, run it too, on a thread's scratch of KROWS rows: their X rows copied in,
+ * C's too when beta is 1, their rows of C copied back. The scratch keeps X's and C's row
+ * strides, so that the very kernel of the whole tiles runs it. KROWS = 8 keeps the padding
+ * small (a half of a 32-sequence batch split 14/18 computes 16 and 24 rows) at about the rate
+ * of a 32-row kernel; the panels are the outer loop, so a panel stays in L1 across a call's
+ * tiles. tests/rnn/test_rnn_xsmm.c checks a row's bits against the whole product at every row
+ * count and offset. */
+
 #if MT_HAVE_XSMM
-/* The kernel of a panel w wide over n rows (column-major: C[w x n] = P[w x K] X[K x n]), with
- * prefetch of the next panel into L2; NULL if libxsmm makes none. */
-static libxsmm_smmfunction kernel(int w, int n, int K, int ldx, int ldc, float beta)
+/* The kernel of a panel w wide over KROWS rows (column-major: C[w x KROWS] = P[w x K]
+ * X[K x KROWS]), with prefetch of the next panel into L2; NULL if libxsmm makes none. */
+static libxsmm_smmfunction kernel(int w, int K, int ldx, int ldc, float beta)
 {
     float one = 1.0f;
-    int fl = LIBXSMM_GEMM_FLAGS('N', 'N'), pf = LIBXSMM_GEMM_PREFETCH_AL2;
+    int n = KROWS, fl = LIBXSMM_GEMM_FLAGS('N', 'N'), pf = LIBXSMM_GEMM_PREFETCH_AL2;
     return libxsmm_smmdispatch(w, n, K, &w, &ldx, &ldc, &one, &beta, &fl, &pf);
+}
+
+/* A thread's scratch of KROWS rows of X (ldx apart) then KROWS of C (ldc apart), kept for the
+ * thread's next partial tiles and freed when it exits. Only the first K floats of an X row
+ * and N of a C row are written; rows past a tile's are whatever an earlier tile left (zeros
+ * at first): they feed only rows of C that are not copied back, since a row of C reads no
+ * other row of X. */
+typedef struct scratch_s {
+    size_t cap; /* floats of f */
+    float f[];
+} scratch_t;
+
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static pthread_key_t scratch_key;
+static bool scratch_ok;
+
+static void scratch_key_init(void)
+{
+    scratch_ok = pthread_key_create(&scratch_key, free) == 0;
+}
+
+/* The calling thread's scratch of at least n floats, or NULL (no memory). */
+static float *scratch(size_t n)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    if (!scratch_ok)
+        return NULL;
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (s && s->cap >= n)
+        return s->f;
+    scratch_t *t = calloc(1, sizeof *t + n * sizeof(float));
+    if (!t || pthread_setspecific(scratch_key, t) != 0) {
+        free(t);
+        return NULL;
+    }
+    free(s);
+    t->cap = n;
+    return t->f;
+}
+
+/* C[M, N] (+)= X[M, K] P on the kernels f (full panels) and fr (the last, narrower one);
+ * false, having done nothing, if M is not a multiple of KROWS and the thread has no scratch
+ * (no memory). */
+static bool mm_kernels(libxsmm_smmfunction f, libxsmm_smmfunction fr, int M, int N, int K,
+                       const float *X, int ldx, const float *P, float beta, float *C, int ldc)
+{
+    int whole = M - M % KROWS, part = M - whole;
+    float *sx = NULL, *sc = NULL;
+    if (part) {
+        size_t xs = (size_t)KROWS * (size_t)ldx;
+        sx = scratch(xs + (size_t)KROWS * (size_t)ldc);
+        if (!sx)
+            return false;
+        sc = sx + xs;
+        for (int i = 0; i < part; i++) {
+            size_t r = (size_t)(whole + i);
+            memcpy(sx + (size_t)i * ldx, X + r * ldx, (size_t)K * sizeof(float));
+            if (beta != 0.0f)
+                memcpy(sc + (size_t)i * ldc, C + r * ldc, (size_t)N * sizeof(float));
+        }
+    }
+    size_t pstride = (size_t)MT__RNN_XSMM_MB * (size_t)K;
+    for (int j = 0; j * MT__RNN_XSMM_MB < N; j++) {
+        const float *p = P + (size_t)j * pstride;
+        const float *pn = (j + 1) * MT__RNN_XSMM_MB < N ? p + pstride : P;
+        libxsmm_smmfunction k = N - j * MT__RNN_XSMM_MB >= MT__RNN_XSMM_MB ? f : fr;
+        size_t c0 = (size_t)j * MT__RNN_XSMM_MB;
+        for (int i0 = 0; i0 < whole; i0 += KROWS) {
+            const float *x = X + (size_t)i0 * ldx;
+            float *c = C + (size_t)i0 * ldc + c0;
+            k(p, x, c, pn, x, c);
+        }
+        if (part)
+            k(p, sx, sc + c0, pn, sx, sc + c0);
+    }
+    for (int i = 0; i < part; i++)
+        memcpy(C + (size_t)(whole + i) * ldc, sc + (size_t)i * ldc, (size_t)N * sizeof(float));
+    return true;
 }
 #endif
 
@@ -125,37 +223,24 @@ void mt__rnn_xsmm_mm(int M, int N, int K, const float *X, int ldx, const float *
                      float *C, int ldc)
 {
     mt_assert(beta == 0.0f || beta == 1.0f);
+    if (M <= 0 || N <= 0)
+        return;
     int full = N / MT__RNN_XSMM_MB, rem = N % MT__RNN_XSMM_MB;
-    size_t pstride = (size_t)MT__RNN_XSMM_MB * (size_t)K;
-    for (int i0 = 0; i0 < M; i0 += ROWS) {
-        int n = M - i0 < ROWS ? M - i0 : ROWS;
-        const float *x = X + (size_t)i0 * ldx;
-        float *c = C + (size_t)i0 * ldc;
 #if MT_HAVE_XSMM
-        libxsmm_smmfunction f = full ? kernel(MT__RNN_XSMM_MB, n, K, ldx, ldc, beta) : NULL;
-        libxsmm_smmfunction fr = rem ? kernel(rem, n, K, ldx, ldc, beta) : NULL;
-        for (int j = 0; j < full; j++) {
-            const float *p = P + (size_t)j * pstride, *pn = j + 1 < full ? p + pstride : P;
-            float *cj = c + (size_t)j * MT__RNN_XSMM_MB;
-            if (f)
-                f(p, x, cj, pn, x, cj);
-            else
-                panel_ref(n, MT__RNN_XSMM_MB, K, x, ldx, p, beta, cj, ldc);
-        }
-        if (rem) {
-            const float *p = P + (size_t)full * pstride;
-            float *cj = c + (size_t)full * MT__RNN_XSMM_MB;
-            if (fr)
-                fr(p, x, cj, P, x, cj);
-            else
-                panel_ref(n, rem, K, x, ldx, p, beta, cj, ldc);
-        }
-#else
-        for (int j = 0; j * MT__RNN_XSMM_MB < N; j++)
-            panel_ref(n, j < full ? MT__RNN_XSMM_MB : rem, K, x, ldx, P + (size_t)j * pstride, beta,
-                      c + (size_t)j * MT__RNN_XSMM_MB, ldc);
+    /* The kernels depend on the panels, K, the strides and beta, never on M: a product runs
+     * on them for all its rows or, where libxsmm has one of them not, on the plain loops for
+     * all its rows. Without its scratch a thread falls to the plain loops too: the right
+     * values, but not the kernels' bits. */
+    libxsmm_smmfunction f = full ? kernel(MT__RNN_XSMM_MB, K, ldx, ldc, beta) : NULL;
+    libxsmm_smmfunction fr = rem ? kernel(rem, K, ldx, ldc, beta) : NULL;
+    if ((!full || f) && (!rem || fr) && mm_kernels(f, fr, M, N, K, X, ldx, P, beta, C, ldc))
+        return;
 #endif
-    }
+    /* The plain loops compute a row alone: the same bits whatever rows are beside it. */
+    size_t pstride = (size_t)MT__RNN_XSMM_MB * (size_t)K;
+    for (int j = 0; j * MT__RNN_XSMM_MB < N; j++)
+        panel_ref(M, j < full ? MT__RNN_XSMM_MB : rem, K, X, ldx, P + (size_t)j * pstride, beta,
+                  C + (size_t)j * MT__RNN_XSMM_MB, ldc);
 }
 
 void mt__rnn_xsmm_pack_panels(float *dst, const float *src, int rs, int cs, int K, int N, int p0,

@@ -5,11 +5,15 @@
  * all-equal batch. The padded input goes through mt_rnn_pack, the states through
  * mt_rnn_pack_states, the outputs back through mt_rnn_unpack(_states); y, h_n, c_n and
  * every gradient must be within a relative error of 1e-5 (see rel_err; the worst seen is
- * printed, about 5e-7 on the machine it was written on). The test needs no
- * torch: argv[1] is the data directory. */
+ * printed, about 5e-7 on the machine it was written on). The same at every instruction set
+ * level of the cell loops this CPU runs, and $MEMTRACE_CPU_ISA capping the level (in a child
+ * process: the level is chosen once per process). The test needs no torch: argv[1] is the
+ * data directory. */
 #include <dirent.h>
 #include <math.h>
+#include <unistd.h>
 
+#include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
 
 static const char *data_dir;
@@ -276,18 +280,226 @@ static void gemm_unknown(void **state)
     fx_free(&fx);
 }
 
+/* ---- instruction set levels of the cell loops ---- */
+
+/* What the info line of a module on lib says (a static copy). */
+static const char *info_of(const char *lib)
+{
+    static char info[512];
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = lib;
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    snprintf(info, sizeof info, "%s", mt_rnn_gemm_info(m));
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+    return info;
+}
+
+/* y of an LSTM forward (1 layer, T 5, B 3, hidden 37) at the level in use: a new copy. */
+static float *lstm_y(size_t *n)
+{
+    enum { T = 5, B = 3, IN = 4, H = 37 };
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, IN, H, 1, false);
+    c.gemm = "cblas";
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    float *x = fx_buf(fx, T * B * IN, MT_TAG_BATCH, 3), *y = fx_buf(fx, T * B * H, MT_TAG_BATCH, 0);
+    mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
+    assert_int_equal(mt_rnn_forward(m, &io, NULL), 0);
+    *n = T * B * H;
+    float *out = malloc(*n * sizeof(float));
+    assert_non_null(out);
+    memcpy(out, y, *n * sizeof(float));
+    fx_put(fx, x);
+    fx_put(fx, y);
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+    return out;
+}
+
+/* Every level this CPU runs, from its highest down: the level in use is that one, the info
+ * line names it, and the goldens hold at it (the cell loops are the level's own code). */
+static void golden_every_isa(void **state)
+{
+    (void)state;
+    int top = mt__rnn_isa_cpu(), was = mt__rnn_isa();
+    for (int l = top; l >= MT__RNN_ISA_BASELINE; l--) {
+        assert_int_equal(mt__rnn_isa_set(l), l);
+        assert_int_equal(mt__rnn_isa(), l);
+        char want[64];
+        snprintf(want, sizeof want, "cell loops %s", mt__rnn_isa_name(l));
+        const char *info = info_of("cblas");
+        if (!strstr(info, want))
+            fail_msg("level %s: info \"%s\" lacks \"%s\"", mt__rnn_isa_name(l), info, want);
+        print_message("cell loops %s:\n", mt__rnn_isa_name(l));
+        golden_on("cblas");
+    }
+    /* The levels run code of their own: the baseline's polynomials round without fused
+     * multiply-adds, so some of its outputs differ from the AVX2 build's in the last bits.
+     * Unoptimized builds contract and vectorize nothing: every level is the same code. */
+    if (top >= MT__RNN_ISA_AVX2) {
+        size_t n;
+        mt__rnn_isa_set(MT__RNN_ISA_AVX2);
+        float *y2 = lstm_y(&n);
+        mt__rnn_isa_set(MT__RNN_ISA_BASELINE);
+        float *y0 = lstm_y(&n);
+        size_t differ = 0;
+        for (size_t i = 0; i < n; i++)
+            differ += memcmp(&y0[i], &y2[i], sizeof(float)) != 0;
+        print_message("baseline vs avx2 cell loops: %zu of %zu outputs differ in their bits\n",
+                      differ, n);
+        free(y0);
+        free(y2);
+#if defined(__OPTIMIZE__)
+        assert_true(differ > 0);
+#endif
+    }
+    assert_int_equal(mt__rnn_isa_set(was), was);
+}
+
+/* A child of this test with MEMTRACE_CPU_ISA=value (NULL: unset) prints "level NAME create
+ * RC" and its error log line; its first line here. */
+static void isa_child(const char *value, char *out, size_t n)
+{
+    char exe[1024], cmd[1200];
+    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    assert_true(k > 0);
+    exe[k] = '\0';
+    snprintf(cmd, sizeof cmd, "'%s' --isa-probe", exe);
+    if (value)
+        assert_int_equal(setenv("MEMTRACE_CPU_ISA", value, 1), 0);
+    else
+        assert_int_equal(unsetenv("MEMTRACE_CPU_ISA"), 0);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(unsetenv("MEMTRACE_CPU_ISA"), 0);
+}
+
+typedef struct errlog_s {
+    char last[512];
+} errlog_t;
+
+static void err_log(void *ud, mt_log_level_e level, const char *msg)
+{
+    errlog_t *e = ud;
+    if (level == MT_LOG_ERROR)
+        snprintf(e->last, sizeof e->last, "%s", msg);
+}
+
+/* The child's side: the level chosen from its environment, and whether a module is made. */
+static int isa_probe(void)
+{
+    errlog_t e = {""};
+    rnn_fx_t *fx = fx_new(16u << 20);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = "cblas";
+    c.log = err_log;
+    c.log_ud = &e;
+    mt_rnn_t *m = NULL;
+    int rc = mt_rnn_create(&m, &c);
+    printf("level %s create %d\n%s\n", mt__rnn_isa_name(mt__rnn_isa()), rc, e.last);
+    if (m)
+        mt_rnn_destroy(&m);
+    fx_free(&fx);
+    return 0;
+}
+
+/* MEMTRACE_CPU_ISA caps the level (never above the CPU's); an unknown value is refused at
+ * module creation with a log line naming it. */
+static void isa_env_caps(void **state)
+{
+    (void)state;
+    int top = mt__rnn_isa_cpu();
+    const char *values[] = {NULL, "avx512", "avx2", "baseline"};
+    const int caps[] = {MT__RNN_ISA_AVX512, MT__RNN_ISA_AVX512, MT__RNN_ISA_AVX2,
+                        MT__RNN_ISA_BASELINE};
+    char out[1024], want[128];
+    for (int i = 0; i < 4; i++) {
+        isa_child(values[i], out, sizeof out);
+        snprintf(want, sizeof want, "level %s create 0\n",
+                 mt__rnn_isa_name(caps[i] < top ? caps[i] : top));
+        if (strncmp(out, want, strlen(want)) != 0)
+            fail_msg("MEMTRACE_CPU_ISA=%s: child said \"%s\", want \"%s\"",
+                     values[i] ? values[i] : "(unset)", out, want);
+    }
+    isa_child("avx3", out, sizeof out);
+    snprintf(want, sizeof want, "level %s create %d\n", mt__rnn_isa_name(top), MT_EINVAL);
+    assert_true(strncmp(out, want, strlen(want)) == 0);
+    if (!strstr(out, "MEMTRACE_CPU_ISA=\"avx3\" is unknown"))
+        fail_msg("no log line naming the bad value: \"%s\"", out);
+    /* The parser itself, read now. */
+    int cap;
+    assert_int_equal(setenv("MEMTRACE_CPU_ISA", "AVX2", 1), 0);
+    assert_int_equal(mt__rnn_isa_from_env(&cap), MT_EINVAL);
+    assert_int_equal(setenv("MEMTRACE_CPU_ISA", "avx2", 1), 0);
+    assert_int_equal(mt__rnn_isa_from_env(&cap), 0);
+    assert_int_equal(cap, MT__RNN_ISA_AVX2);
+    assert_int_equal(setenv("MEMTRACE_CPU_ISA", "", 1), 0);
+    assert_int_equal(mt__rnn_isa_from_env(&cap), 0);
+    assert_int_equal(cap, MT__RNN_ISA_AVX512);
+    assert_int_equal(unsetenv("MEMTRACE_CPU_ISA"), 0);
+}
+
+/* ---- the ISA matrix's cells (tests/rnn/isa_matrix.sh) ----
+ *
+ * With --matrix, the goldens on each library at 1 and 2 threads, one test each, each naming
+ * what the library and libxsmm run here (the script lowers them through their own switches
+ * and reads these lines). */
+typedef struct cell_s {
+    const char *lib;
+    int threads;
+} cell_t;
+
+static void golden_cell(void **state)
+{
+    const cell_t *c = *state;
+#if defined(__SANITIZE_ADDRESS__)
+    if (strcmp(c->lib, "cblas") != 0)
+        skip(); /* their OpenMP threads and LeakSanitizer (golden_dnnl) */
+#endif
+    if (!have(c->lib))
+        skip();
+    print_message("matrix-info %s %d: %s\n", c->lib, c->threads, info_of(c->lib));
+    gemm_threads = c->threads;
+    golden_on(c->lib);
+    gemm_threads = 1;
+}
+
+static int run_matrix(void)
+{
+    static cell_t cells[6];
+    static char names[6][32];
+    struct CMUnitTest tests[6];
+    const char *libs[3] = {"cblas", "blis", "dnnl"};
+    for (int i = 0; i < 6; i++) {
+        cells[i] = (cell_t){libs[i / 2], 1 + i % 2};
+        snprintf(names[i], sizeof names[i], "golden_%s_%dthr", cells[i].lib, cells[i].threads);
+        tests[i] = (struct CMUnitTest){names[i], golden_cell, NULL, NULL, &cells[i]};
+    }
+    return cmocka_run_group_tests_name("isa matrix", tests, NULL, NULL);
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--isa-probe") == 0)
+        return isa_probe();
     if (argc < 2) {
         fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
         return 2;
     }
     data_dir = argv[1];
+    if (argc == 3 && strcmp(argv[2], "--matrix") == 0)
+        return run_matrix();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(golden_cblas),
-        cmocka_unit_test(golden_blis),
-        cmocka_unit_test(golden_dnnl),
-        cmocka_unit_test(gemm_unknown),
+        cmocka_unit_test(golden_cblas),     cmocka_unit_test(golden_blis),
+        cmocka_unit_test(golden_dnnl),      cmocka_unit_test(gemm_unknown),
+        cmocka_unit_test(golden_every_isa), cmocka_unit_test(isa_env_caps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

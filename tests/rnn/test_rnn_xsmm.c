@@ -1,10 +1,11 @@
 /* The per-step products on packed panels (rnn/xsmm.c): the panel layout element by element,
  * the product against a double reference at odd sizes (panels not a multiple of the panel
- * width, rows across the 32-row kernel calls, strided X and C, beta 0 over NaN and beta 1),
- * and the kernels' forward and backward with the packed products against the same kernels
- * with the library's sgemm, hidden 13 and 45 (gate columns 52 and 180: full panels and a
- * remainder), packed and padded, every mode, 2 layers, both directions. Runs on libxsmm
- * where it is built in, else on the plain loops over the same layout. Host buffers. */
+ * width, rows across the kernel calls, strided X and C, beta 0 over NaN and beta 1), a row's
+ * bits the same whatever rows are computed beside it, and the kernels' forward and backward with
+ * the packed products against the same kernels with the library's sgemm, hidden 13 and 45 (gate
+ * columns 52 and 180: full panels and a remainder), packed and padded, every mode, 2 layers, both
+ * directions. Runs on libxsmm where it is built in, else on the plain loops over the same layout.
+ * Host buffers. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rnn/internal.h"
 
@@ -111,6 +113,71 @@ static void mm_matches_reference(void **state)
                 check_mm(Ms[a], Ns[b], Ks[c], 0.0f);
                 check_mm(Ms[a], Ns[b], Ks[c], 1.0f);
             }
+}
+
+/* A row of C comes out the same bits whatever rows are computed beside it: the step loops
+ * split the batch where the threads' speeds say, so a row lands at any position of a 32-row
+ * tile, in a tile of any row count. For each shape, the rows [a, a + m) computed alone must
+ * equal those rows of the whole product, for every m in 1..70 at offsets that put them at
+ * every kind of place (tile starts, ends, across tiles). */
+static void check_rows_anywhere(int N, int K, float beta)
+{
+    enum { MR = 70 };
+    uint64_t st = (uint64_t)(N * 131 + K * 7) + (beta != 0.0f);
+    int ldx = K + 1, ldc = N + 3;
+    size_t nx = (size_t)MR * ldx, nc = (size_t)MR * ldc;
+    float *X = malloc(nx * sizeof(float)), *P0 = malloc((size_t)K * N * sizeof(float));
+    float *P = malloc((size_t)K * N * sizeof(float)), *C0 = malloc(nc * sizeof(float));
+    float *full = malloc(nc * sizeof(float)), *part = malloc(nc * sizeof(float));
+    for (size_t i = 0; i < nx; i++)
+        X[i] = frand(&st);
+    for (size_t i = 0; i < (size_t)K * N; i++)
+        P0[i] = frand(&st);
+    for (size_t i = 0; i < nc; i++)
+        C0[i] = beta != 0.0f ? frand(&st) : 0.0f;
+    mt__rnn_xsmm_pack(P, P0, N, 1, K, N);
+    memcpy(full, C0, nc * sizeof(float));
+    mt__rnn_xsmm_mm(MR, N, K, X, ldx, P, beta, full, ldc);
+    for (int m = 1; m <= MR; m++) {
+        int offs[] = {0, 1, 7, 31, 32, 33, 45, MR - m};
+        for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
+            int a = offs[o];
+            if (a + m > MR)
+                continue;
+            memcpy(part, C0, nc * sizeof(float));
+            mt__rnn_xsmm_mm(m, N, K, X + (size_t)a * ldx, ldx, P, beta, part + (size_t)a * ldc,
+                            ldc);
+            for (int i = a; i < a + m; i++) {
+                const float *f = full + (size_t)i * ldc, *g = part + (size_t)i * ldc;
+                if (memcmp(f, g, (size_t)N * sizeof(float)) == 0)
+                    continue;
+                int j = 0;
+                while (f[j] == g[j] && j < N - 1)
+                    j++;
+                fail_msg("N %d K %d beta %g: row %d computed in rows [%d, %d) gives C[%d, %d] = "
+                         "%a, the whole product %a (%s)",
+                         N, K, (double)beta, i, a, a + m, i, j, (double)g[j], (double)f[j],
+                         mt__rnn_xsmm_info());
+            }
+        }
+    }
+    free(X);
+    free(P0);
+    free(P);
+    free(C0);
+    free(full);
+    free(part);
+}
+
+static void rows_same_bits_anywhere(void **state)
+{
+    (void)state;
+    int Ns[] = {13, 32, 52, 70, 100}, Ks[] = {1, 13, 40, 64, 100};
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 5; b++) {
+            check_rows_anywhere(Ns[a], Ks[b], 0.0f);
+            check_rows_anywhere(Ns[a], Ks[b], 1.0f);
+        }
 }
 
 /* ---- the kernels with packed products against the same kernels on sgemm ---- */
@@ -284,9 +351,13 @@ int main(void)
     const char *info = mt__rnn_xsmm_info();
     bind_leaked = getenv("OMP_PROC_BIND") != NULL;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pack_layout),         cmocka_unit_test(mm_matches_reference),
-        cmocka_unit_test(engine_lstm),         cmocka_unit_test(engine_gru),
-        cmocka_unit_test(engine_tanh),         cmocka_unit_test(engine_small_xh),
+        cmocka_unit_test(pack_layout),
+        cmocka_unit_test(mm_matches_reference),
+        cmocka_unit_test(rows_same_bits_anywhere),
+        cmocka_unit_test(engine_lstm),
+        cmocka_unit_test(engine_gru),
+        cmocka_unit_test(engine_tanh),
+        cmocka_unit_test(engine_small_xh),
         cmocka_unit_test(probe_keeps_omp_env),
     };
     printf("# per-step products on %s\n", info);
