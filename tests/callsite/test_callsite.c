@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "analysis/callsite.h"
+#include "tests/common/test_main.h"
 
 static volatile uintptr_t sink;
 
@@ -159,5 +160,5 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_rows), cmocka_unit_test(test_not_utf8),
                                        cmocka_unit_test(test_merge)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

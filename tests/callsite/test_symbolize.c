@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "analysis/symbolize.h"
+#include "tests/common/test_main.h"
 
 #define PID_SELF 1u
 
@@ -221,5 +222,5 @@ int main(void)
         cmocka_unit_test(test_untrusted_and_unknown),
         cmocka_unit_test(test_module_cap),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/common/test_main.h"
 
 static const char *tool;
 static const char *trace;
@@ -139,5 +140,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_plot),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

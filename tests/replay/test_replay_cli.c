@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include "tests/common/test_main.h"
 
 #ifndef REPLAY_DATA_DIR
 #error "REPLAY_DATA_DIR must name tests/replay/data"
@@ -419,5 +420,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rnn_trace_reproducible),
         cmocka_unit_test(test_invalid_files),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "tests/rnn/fixture.h"
+#include "tests/common/test_main.h"
 
 static const char *data_dir;
 
@@ -289,5 +290,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(golden_dnnl),
         cmocka_unit_test(gemm_unknown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

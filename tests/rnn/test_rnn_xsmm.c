@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "rnn/internal.h"
+#include "tests/common/test_main.h"
 
 static float frand(uint64_t *s)
 {
@@ -290,5 +291,5 @@ int main(void)
         cmocka_unit_test(probe_keeps_omp_env),
     };
     printf("# per-step products on %s\n", info);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }
