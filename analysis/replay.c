@@ -5,6 +5,7 @@
  * The trace is loaded and checked completely first (trace_csv.c), so the timed loop does
  * no parsing or hashing: pointers became slot numbers and each slot holds our pointer. */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,35 +292,66 @@ static void load_lib(mt_host_alloc_t *h, const char *const libs[], const char *s
                      const char *sym_free)
 {
     void *lib = NULL;
-    for (size_t i = 0; libs[i] != NULL && lib == NULL; i++)
+    const char *why = NULL;
+    bool absent = true; /* every name failed for want of the file */
+    for (size_t i = 0; libs[i] != NULL && lib == NULL; i++) {
         lib = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib == NULL) {
+            why = dlerror();
+            absent = absent && why != NULL && strstr(why, "cannot open shared object") != NULL;
+        }
+    }
+    if (lib == NULL && absent) {
+        /* The loader's own text ("cannot open shared object file: No such file...") says
+         * less to a reader of the table than this. */
+        snprintf(h->note, sizeof h->note, "%s left out: not installed (%s not found)", h->name,
+                 libs[0]);
+        return;
+    }
     if (lib == NULL) {
-        const char *why = dlerror();
-        snprintf(h->note, sizeof h->note, "%s skipped: %s", h->name, why ? why : "not found");
+        snprintf(h->note, sizeof h->note, "%s left out: %s did not load (%s)", h->name, libs[0],
+                 why ? why : "no reason given");
         return;
     }
     void *a = dlsym(lib, sym_alloc), *f = dlsym(lib, sym_free);
     if (a == NULL || f == NULL) {
-        snprintf(h->note, sizeof h->note, "%s skipped: no %s/%s in the library", h->name, sym_alloc,
-                 sym_free);
+        snprintf(h->note, sizeof h->note, "%s left out: no %s/%s in %s", h->name, sym_alloc,
+                 sym_free, libs[0]);
         return;
     }
     *(void **)&h->alloc = a;
     *(void **)&h->free = f;
 }
 
-void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
+void mt_host_alloc_load(mt_host_alloc_t *out, int which)
 {
     static const char *const je_libs[] = {"libjemalloc.so.2", "libjemalloc.so", NULL};
     static const char *const mi_libs[] = {"libmimalloc.so.2", "libmimalloc.so", NULL};
-    memset(out, 0, MT_HOST_N * sizeof *out);
-    out[MT_HOST_GLIBC] =
-        (mt_host_alloc_t){.name = "glibc malloc", .alloc = glibc_alloc, .free = glibc_free};
-    out[MT_HOST_JEMALLOC].name = "jemalloc";
-    out[MT_HOST_MIMALLOC].name = "mimalloc";
-    /* The libraries' own malloc/free (a handle's dlsym looks in that library first). */
-    load_lib(&out[MT_HOST_JEMALLOC], je_libs, "malloc", "free");
-    load_lib(&out[MT_HOST_MIMALLOC], mi_libs, "mi_malloc", "mi_free");
+    memset(out, 0, sizeof *out);
+    switch (which) {
+    case MT_HOST_GLIBC:
+        *out = (mt_host_alloc_t){.name = "glibc malloc", .alloc = glibc_alloc, .free = glibc_free};
+        break;
+    case MT_HOST_JEMALLOC:
+        /* The library's own malloc/free (a handle's dlsym looks in that library first). */
+        out->name = "jemalloc";
+        load_lib(out, je_libs, "malloc", "free");
+        break;
+    case MT_HOST_MIMALLOC:
+        out->name = "mimalloc";
+        load_lib(out, mi_libs, "mi_malloc", "mi_free");
+        break;
+    default:
+        out->name = "?";
+        snprintf(out->note, sizeof out->note, "no host allocator %d", which);
+        break;
+    }
+}
+
+void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
+{
+    for (int i = 0; i < MT_HOST_N; i++)
+        mt_host_alloc_load(&out[i], i);
 }
 
 uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)

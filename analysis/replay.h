@@ -68,7 +68,10 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
 /* ---- host allocators on the same sequence ----
  * glibc malloc, jemalloc and mimalloc, for the per-operation cost beside memtrace's. jemalloc
  * and mimalloc are dlopen'ed RTLD_LOCAL (linking either would replace the process malloc);
- * an absent library leaves its entry's alloc NULL and says why in note. */
+ * an absent library leaves its entry's alloc NULL and says why in note, in one line
+ * ("mimalloc left out: not installed (libmimalloc.so.2 not found)"). Debian's jemalloc needs static
+ * TLS that a dlopen may not get: `memtrace replay` measures it in a child process that
+ * preloads it instead (tools/replay_host.c), bench_alloc re-executes with more. */
 enum { MT_HOST_GLIBC = 0, MT_HOST_JEMALLOC = 1, MT_HOST_MIMALLOC = 2, MT_HOST_N = 3 };
 typedef struct mt_host_alloc_s {
     const char *name;
@@ -77,7 +80,10 @@ typedef struct mt_host_alloc_s {
     char note[192];
 } mt_host_alloc_t;
 
-/* Fills out[MT_HOST_N] (the libraries stay loaded for the life of the process). */
+/* Fills *out for one of them (MT_HOST_*); the library stays loaded for the life of the
+ * process. glibc malloc is the process's malloc, whichever library provides it. */
+void mt_host_alloc_load(mt_host_alloc_t *out, int which);
+/* Fills out[MT_HOST_N]: each of them, as above. */
 void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N]);
 /* Wall ns of the fastest of rounds passes of t's allocates and frees through h (sizes as
  * recorded; what a pass leaves live is freed untimed). 0 if h is not loaded. */

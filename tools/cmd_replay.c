@@ -18,6 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "tools/commands.h"
+#include "tools/replay_host.h"
 #include "tools/snapshot_in.h"
 
 /* ---- the command ---- */
@@ -58,7 +59,12 @@ static void usage(FILE *f)
                "\n"
                "ns per op is wall time per allocate or free and includes the sim backend's\n"
                "modelled cost of each segment malloc/free (MEMTRACE_SIM_MALLOC_COST_NS),\n"
-               "which is also shown on its own.\n"
+               "which is also shown on its own. The table then times the same allocates and\n"
+               "frees through glibc malloc, mimalloc and jemalloc on this machine. jemalloc\n"
+               "runs in a second process of this program that preloads it (LD_PRELOAD of\n"
+               "$MEMTRACE_JEMALLOC, default " MT_TOOL_JEMALLOC_DEFAULT "), so that it is that\n"
+               "process's malloc; an allocator that is not installed is left out, and the\n"
+               "table says so.\n"
                "\n"
                "exit status: 0 replayed; 1 the allocator or backend failed; 2 bad usage or a\n"
                "malformed trace (the message names the line and the field).\n"
@@ -183,7 +189,7 @@ static void print_text(const char *path, const mt_trace_t *t, const mt_replay_cf
 
 /* The same sequence through the host allocators, in this run: the per-op cost to compare
  * with memtrace's own (its wall time less the modelled backend cost). */
-static void print_hosts(const mt_trace_t *t, const mt_replay_cfg_t *cfg,
+static void print_hosts(const char *path, const mt_trace_t *t, const mt_replay_cfg_t *cfg,
                         const mt_replay_result_t *r)
 {
     char machine[192];
@@ -193,15 +199,30 @@ static void print_hosts(const mt_trace_t *t, const mt_replay_cfg_t *cfg,
     double own = (double)(r->elapsed_ns -
                           (r->modelled_ns < r->elapsed_ns ? r->modelled_ns : r->elapsed_ns)) /
                  ops;
-    mt_host_alloc_t h[MT_HOST_N];
-    mt_host_allocs_load(h);
     for (int i = 0; i < MT_HOST_N; i++) {
-        if (h[i].alloc == NULL) {
-            printf("  %-24s %s\n", "", h[i].note);
-            continue;
+        char name[64];
+        double ns;
+        if (i == MT_HOST_JEMALLOC) {
+            /* Not dlopen'ed here: measured by a child that preloads it (replay_host.h). */
+            mt_tool_jemalloc_t je;
+            mt_tool_jemalloc_measure(path, cfg->rounds, &je);
+            if (!je.measured) {
+                printf("  %-24s %s\n", "", je.note);
+                continue;
+            }
+            snprintf(name, sizeof name, "jemalloc %s", je.version);
+            ns = (double)je.ns / ops;
+        } else {
+            mt_host_alloc_t h;
+            mt_host_alloc_load(&h, i);
+            if (h.alloc == NULL) {
+                printf("  %-24s %s\n", "", h.note);
+                continue;
+            }
+            snprintf(name, sizeof name, "%s", h.name);
+            ns = (double)mt_replay_host(&h, t, cfg->rounds) / ops;
         }
-        double ns = (double)mt_replay_host(&h[i], t, cfg->rounds) / ops;
-        printf("  %-24s %.1f ns per op (memtrace without modelled cost: %.2fx)\n", h[i].name, ns,
+        printf("  %-24s %.1f ns per op (memtrace without modelled cost: %.2fx)\n", name, ns,
                ns > 0 ? own / ns : 0.0);
     }
 }
@@ -286,12 +307,14 @@ int mt_cmd_replay(int argc, char **argv)
         {"second-pass", no_argument, NULL, 's'},
         {"capacity", required_argument, NULL, 'C'},
         {"help", no_argument, NULL, 'h'},
+        {MT_TOOL_HOST_OPTION, required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
     mt_replay_cfg_t cfg = mt_replay_cfg_default();
     cfg.sample_peak = true;
     cfg.rounds = 3; /* the fastest of three passes: one pass of a short trace is noisy */
     bool json = false;
+    long host_rounds = 0; /* > 0: the child that times jemalloc (replay_host.h) */
     int c;
     optind = 1;
     opterr = 0;
@@ -318,6 +341,11 @@ int mt_cmd_replay(int argc, char **argv)
         case 'h':
             usage(stdout);
             return 0;
+        case 'H':
+            host_rounds = strtol(optarg, NULL, 10);
+            if (host_rounds < 1 || host_rounds > 1000)
+                return 2;
+            break;
         default:
             fprintf(stderr,
                     "memtrace replay: unknown or incomplete option '%s' "
@@ -332,6 +360,8 @@ int mt_cmd_replay(int argc, char **argv)
         return 2;
     }
     const char *path = argv[optind];
+    if (host_rounds > 0)
+        return mt_tool_jemalloc_child(path, (unsigned)host_rounds);
     if (mt_ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
         return mt_tool_replay_snapshot(path, &cfg, json);
     char err[MT_TRACE_ERR_LEN + 256] = "";
@@ -357,7 +387,7 @@ int mt_cmd_replay(int argc, char **argv)
         fprintf(stderr, "memtrace replay: cannot print the result: %s\n", mt_strerror(rc));
     else if (!json) {
         print_text(path, t, &cfg, &res);
-        print_hosts(t, &cfg, &res);
+        print_hosts(path, t, &cfg, &res);
     }
     mt_trace_free(&t);
     return rc < 0 ? 1 : 0;

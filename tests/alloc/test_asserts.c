@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 #include "mt_config.h"
+#include "tests/common/test_main.h"
 
 typedef void (*breaker_fn)(void);
 
@@ -135,5 +136,5 @@ int main(void)
         cmocka_unit_test(test_addrmap_duplicate),
         cmocka_unit_test(test_expensive_check),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include "helpers.h"
 
 #include <time.h>
+#include "tests/common/test_main.h"
 
 static uint64_t mono(void)
 {
@@ -185,5 +186,5 @@ int main(void)
         cmocka_unit_test(test_event_stamps),
         cmocka_unit_test(test_periodic_stats),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

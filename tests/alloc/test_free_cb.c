@@ -2,6 +2,7 @@
  * the allocator's lock (so they can free into it), their frees reused at once, one run at a
  * time, registration limits. */
 #include "tests/alloc/helpers.h"
+#include "tests/common/test_main.h"
 
 /* A callback that holds some blocks of the allocator and frees them when asked. */
 typedef struct holder_s {
@@ -134,5 +135,5 @@ int main(void)
         cmocka_unit_test(test_no_recursion_and_order),
         cmocka_unit_test(test_registration_limits),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 /* ---- the watcher ---- */
 
@@ -525,5 +526,5 @@ int main(void)
         cmocka_unit_test(test_two_threads_plain),
         cmocka_unit_test(test_two_threads_one_range),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* Rounding, size classes and bins, split and merge rules, and the configuration keys. */
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 /* ---- rounding ---- */
 
@@ -432,5 +433,5 @@ int main(void)
         cmocka_unit_test(test_memory_fraction_limit),
         cmocka_unit_test(test_check_detects_corruption),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

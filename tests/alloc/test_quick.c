@@ -2,6 +2,7 @@
  * next request of its size, while every stat, snapshot and search sees it as merged free
  * space; record_stream, warm-up and the release paths keep their contracts. */
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 static uint32_t rng(uint32_t *s)
 {
@@ -297,5 +298,5 @@ int main(void)
         cmocka_unit_test(test_check_sees_quick_damage),
         cmocka_unit_test(test_random_against_snapshot),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 typedef struct live_s {
     void *p;
@@ -199,5 +200,5 @@ int main(void)
         cmocka_unit_test(test_random_under_pressure),
         cmocka_unit_test(test_threads),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

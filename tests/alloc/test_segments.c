@@ -1,6 +1,7 @@
 /* Segments over the backend: expandable segments, garbage collection, oversize release,
  * release-and-retry, and the out-of-memory path with its report. */
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 static void test_expandable_segments(void **state)
 {
@@ -497,5 +498,5 @@ int main(void)
         cmocka_unit_test(test_expandable_place_high),
         cmocka_unit_test(test_default_policy_and_fallback),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

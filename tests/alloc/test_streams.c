@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 static void *open_later(void *arg)
 {
@@ -220,5 +221,5 @@ int main(void)
         cmocka_unit_test(test_pending_block_recovered_on_oom),
         cmocka_unit_test(test_segments_outlive_their_stream),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 #include "allocator/tcache.h"
+#include "tests/common/test_main.h"
 
 /* ---- a thread that runs jobs on request (its cache lives as long as it does) ---- */
 
@@ -730,5 +731,5 @@ int main(void)
         cmocka_unit_test(test_pop_only_where_best_fit_would),
         cmocka_unit_test(test_claims_against_fast_paths),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 #include "allocator/tcache.h"
+#include "tests/common/test_main.h"
 
 static uint64_t plan_ver(mt_alloc_t *a)
 {
@@ -325,5 +326,5 @@ int main(void)
         cmocka_unit_test(test_other_threads_planned_block),
         cmocka_unit_test(test_plan_exact_with_cache),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -1,5 +1,6 @@
 /* Warm-up reservations, snapshots, tags, statistics and the event stream. */
 #include "helpers.h"
+#include "tests/common/test_main.h"
 
 /* ---- an RNN-like batch: per-step activations kept for backward, temporaries ---- */
 
@@ -568,5 +569,5 @@ int main(void)
         cmocka_unit_test(test_tags_and_stats),
         cmocka_unit_test(test_event_stream),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

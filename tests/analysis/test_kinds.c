@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "memtrace/event.h"
+#include "tests/common/test_main.h"
 
 static const char *schema_path;
 
@@ -49,5 +50,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_kind_named_and_in_schema),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 
 #include "analysis/report.h"
 #include "model_gen.h"
+#include "tests/common/test_main.h"
 
 #define MIB  (UINT64_C(1) << 20)
 #define BASE UINT64_C(0x7f0000000000)
@@ -368,5 +369,5 @@ int main(void)
         cmocka_unit_test(test_ratios_defined_once),
         cmocka_unit_test(test_classes_and_sources),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

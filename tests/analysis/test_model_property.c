@@ -18,6 +18,7 @@
 #include "analysis/model.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
+#include "tests/common/test_main.h"
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -370,5 +371,5 @@ int main(void)
         cmocka_unit_test(test_expandable),
         cmocka_unit_test(test_pressure_gc),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

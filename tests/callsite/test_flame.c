@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "analysis/flame.h"
+#include "tests/common/test_main.h"
 
 /* Not inlined: GCC 12 then takes the memstream buffer for a dangling local. */
 __attribute__((noinline)) static char *render(mt_flame_t *f)
@@ -151,5 +152,5 @@ int main(void)
         cmocka_unit_test(test_empty_and_bad),    cmocka_unit_test(test_deep_stack),
         cmocka_unit_test(test_write_error),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include "profiler/pyframes.h"
+#include "tests/common/test_main.h"
 
 static void test_no_interpreter(void **state)
 {
@@ -40,5 +41,5 @@ static void test_no_interpreter(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_no_interpreter)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

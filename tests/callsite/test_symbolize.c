@@ -1,7 +1,10 @@
 /* Symbolization (analysis/symbolize.c) against real binaries: this test's own code resolves
- * to function and file:line through libdwfl, a stripped program to module+offset, an ip in
- * no module to "unknown frame"; a replaced mapping, a build-id mismatch, a missing file and
- * bad arguments are each handled; repeated ips come from the cache. */
+ * to function and file:line through libdwfl where the binary has DWARF line info (it is
+ * built with -g in every build type) and to "function (module+0x..)" where it has not; a
+ * copy of a small program without its debug sections resolves to its function names and
+ * module+offset, a stripped one to module+offset, an ip in no module to "unknown frame"; a
+ * replaced mapping, a build-id mismatch, a missing file and bad arguments are each handled;
+ * repeated ips come from the cache. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +19,8 @@
 #include <unistd.h>
 
 #include "analysis/symbolize.h"
+#include "tests/callsite/dwarf.h"
+#include "tests/common/test_main.h"
 
 #define PID_SELF 1u
 
@@ -75,6 +80,13 @@ static void add_self(mt_sym_t *s, uint32_t pid)
     assert_true(c.n >= 2);
 }
 
+static void self_path(char *buf, size_t n)
+{
+    ssize_t len = readlink("/proc/self/exe", buf, n - 1);
+    assert_true(len > 0);
+    buf[len] = '\0';
+}
+
 static void test_self_resolves_with_lines(void **state)
 {
     mt_sym_t *s;
@@ -85,13 +97,23 @@ static void test_self_resolves_with_lines(void **state)
     assert_int_equal(mt_sym_resolve(s, PID_SELF, ra, &fr), 0);
     assert_non_null(fr.func);
     assert_string_equal(fr.func, "callsite_probe_fn");
-    assert_non_null(fr.file);
-    assert_non_null(strstr(fr.file, "test_symbolize.c"));
-    assert_int_equal(fr.line, call_line);
     assert_non_null(fr.module);
     assert_non_null(strstr(fr.module, "test_symbolize"));
-    char want[64];
-    snprintf(want, sizeof(want), "callsite_probe_fn (test_symbolize.c:%d)", call_line);
+    char exe[4096], want[128];
+    self_path(exe, sizeof exe);
+    if (mt_test_has_line_info(exe)) {
+        assert_non_null(fr.file);
+        assert_non_null(strstr(fr.file, "test_symbolize.c"));
+        assert_int_equal(fr.line, call_line);
+        snprintf(want, sizeof(want), "callsite_probe_fn (test_symbolize.c:%d)", call_line);
+    } else {
+        /* Built without -g: the name from the symbol table, the place as module+offset. */
+        print_message("no DWARF line info in %s: expecting module+offset\n", exe);
+        assert_null(fr.file);
+        assert_int_equal(fr.line, 0);
+        snprintf(want, sizeof(want), "callsite_probe_fn (test_symbolize+0x%jx)",
+                 (uintmax_t)fr.offset);
+    }
     assert_string_equal(fr.label, want);
     /* A libc function resolves by name through its symbol table. */
     assert_int_equal(mt_sym_resolve(s, PID_SELF, (uintptr_t)&getpid + 1, &fr), 0);
@@ -135,7 +157,10 @@ static void test_stripped_degrades(void **state)
     mt_sym_frame_t fr;
     assert_int_equal(mt_sym_resolve(s, 10, base + off, &fr), 0);
     assert_string_equal(fr.func, "work");
+    assert_true(mt_test_has_line_info(full)); /* built with -g whatever the build type */
+    assert_non_null(fr.file);
     assert_non_null(strstr(fr.file, "prog_stripme.c"));
+    assert_true(fr.line > 0);
     assert_int_equal(mt_sym_resolve(s, 11, base + off, &fr), 0);
     assert_null(fr.func);
     assert_null(fr.file);
@@ -151,6 +176,33 @@ static void test_stripped_degrades(void **state)
     mt_sym_stats_t st;
     mt_sym_stats(s, &st);
     assert_int_equal(st.modules, 2);
+    mt_sym_destroy(&s);
+}
+
+/* A copy of the same program without its debug sections (objcopy --strip-debug: a release
+ * build's binary, or one whose DWARF went to a debug package): the function comes from the
+ * symbol table and the place reads module+offset; no file, no line, no "??:0". */
+static void test_no_dwarf_names_from_symtab(void **state)
+{
+    const char *nodebug = getenv("MT_NODEBUG");
+    assert_non_null(nodebug);
+    assert_false(mt_test_has_line_info(nodebug));
+    uint64_t off = stripme_offset(), base = 0x7f0000000000ull;
+    mt_sym_t *s;
+    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt_sym_add_module(s, 12, nodebug, base, 1 << 20, NULL), 0);
+    mt_sym_frame_t fr;
+    assert_int_equal(mt_sym_resolve(s, 12, base + off, &fr), 0);
+    assert_non_null(fr.func);
+    assert_string_equal(fr.func, "work");
+    assert_null(fr.file);
+    assert_int_equal(fr.line, 0);
+    assert_non_null(fr.module);
+    assert_string_equal(fr.module, nodebug);
+    assert_true(fr.offset == off);
+    char want[128];
+    snprintf(want, sizeof(want), "work (callsite_stripme.nodebug+0x%jx)", (uintmax_t)off);
+    assert_string_equal(fr.label, want);
     mt_sym_destroy(&s);
 }
 
@@ -218,8 +270,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self_resolves_with_lines),
         cmocka_unit_test(test_stripped_degrades),
+        cmocka_unit_test(test_no_dwarf_names_from_symtab),
         cmocka_unit_test(test_untrusted_and_unknown),
         cmocka_unit_test(test_module_cap),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

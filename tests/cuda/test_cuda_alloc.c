@@ -10,6 +10,7 @@
 
 #include "memtrace/alloc.h"
 #include "tests/cuda/fake_ctl.h"
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -299,5 +300,5 @@ int main(void)
         cmocka_unit_test(test_expandable_oom),
         cmocka_unit_test(test_default_policy),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -17,6 +17,7 @@
 #include "memtrace/backend.h"
 #include "backend/backend_cuda.h"
 #include "backend/cuda_driver.h"
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -421,5 +422,5 @@ int main(void)
         cmocka_unit_test(test_event_time_precise_over_long_runs),
         cmocka_unit_test(test_granularity_per_device),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -18,6 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "tests/cuda/fake_ctl.h"
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -266,5 +267,5 @@ int main(void)
         cmocka_unit_test(test_allocator_events_untimed),
         cmocka_unit_test(test_host_alloc_flags_passed),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "tests/cuda/fake_ctl.h"
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -593,5 +594,5 @@ int main(void)
         cmocka_unit_test(test_fork_child_not_initialized),
         cmocka_unit_test(test_capture_rules),
     };
-    return cmocka_run_group_tests(tests, setup, fake_ctl_close);
+    return MT_TEST_RUN(tests, setup, fake_ctl_close);
 }

@@ -18,6 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 static const char *memtrace;
 
@@ -261,5 +262,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top_per_device),
         cmocka_unit_test(test_daemon_detached),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

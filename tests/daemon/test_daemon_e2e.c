@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 typedef struct reader_s {
     pthread_t th;
@@ -247,5 +248,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigkill_mid_stream),
         cmocka_unit_test(test_filters),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -20,6 +20,7 @@
 #include "daemon/harness.h"
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
+#include "tests/common/test_main.h"
 
 #define MIB ((size_t)1 << 20)
 enum { LIVE = 96 };
@@ -160,5 +161,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_phantom_tags_after_pause),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 
 #include "profiler/ring.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 static void assert_healthy(const th_daemon_t *t)
 {
@@ -408,5 +409,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_producer_corrupt_ring),
         cmocka_unit_test(test_busy_daemon_answers_waiting_client),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

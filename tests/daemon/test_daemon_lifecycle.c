@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 static void make_dir(char *dir, size_t n)
 {
@@ -181,5 +182,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_eviction_and_log),
         cmocka_unit_test(test_cfg_validation),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 /* promtool accepts body as Prometheus text exposition. */
 static void promtool_ok(const char *body)
@@ -380,5 +381,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_devices_series),
         cmocka_unit_test(test_labels_named),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

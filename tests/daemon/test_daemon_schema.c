@@ -20,6 +20,7 @@
 
 #include "mt_config.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 static const char validator[] = MT_SOURCE_ROOT "/tests/prof/validate.mjs";
 static const char schema[] = MT_SOURCE_ROOT "/docs/telemetry.schema.json";
@@ -118,5 +119,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_output_matches_schema),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

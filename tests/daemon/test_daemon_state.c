@@ -11,6 +11,7 @@
 
 #include "analysis/model_gen.h"
 #include "daemon/internal.h"
+#include "tests/common/test_main.h"
 
 static mt_event_rec_t rec(int kind, uint64_t addr, uint64_t size, int tag)
 {
@@ -432,5 +433,5 @@ int main(void)
         cmocka_unit_test(test_gap_then_clean_exit),
         cmocka_unit_test(test_forged_sizes_bounded),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

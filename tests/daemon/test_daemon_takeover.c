@@ -20,6 +20,7 @@
 #include "memtrace/prof.h"
 #include "analysis/report.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 #define MAX_SEQ 40000
 
@@ -287,5 +288,5 @@ int main(void)
         cmocka_unit_test(test_daemon_killed),
         cmocka_unit_test(test_forked_child_leaves_parent),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

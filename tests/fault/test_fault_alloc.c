@@ -15,6 +15,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "inject.h"
+#include "tests/common/test_main.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -160,5 +161,5 @@ int main(void)
         cmocka_unit_test(test_alloc_expandable),
         cmocka_unit_test(test_alloc_max_split),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

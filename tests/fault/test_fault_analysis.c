@@ -16,6 +16,7 @@
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
 #include "inject.h"
+#include "tests/common/test_main.h"
 
 #define OK_OR_ENOMEM(call)                                                                         \
     do {                                                                                           \
@@ -111,5 +112,5 @@ int main(void)
         cmocka_unit_test(test_trace_replay),
         cmocka_unit_test(test_trace_replay_expandable),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
 #include "inject.h"
+#include "tests/common/test_main.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -163,5 +164,5 @@ int main(void)
         cmocka_unit_test(test_prof),
         cmocka_unit_test(test_decode),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

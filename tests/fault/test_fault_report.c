@@ -24,6 +24,7 @@
 #include "analysis/report.h"
 #include "daemon/internal.h"
 #include "inject.h"
+#include "tests/common/test_main.h"
 
 #define MIB       ((size_t)1 << 20)
 #define MAX_LINES 512
@@ -287,5 +288,5 @@ int main(void)
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_plot),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return MT_TEST_RUN(tests, setup, NULL);
 }

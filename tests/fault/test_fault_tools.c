@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/common/test_main.h"
 
 /* One run of a command with one failed allocation takes well under a second on a quiet
  * host; this bounds a run that hangs, with room for a host loaded many times over. */
@@ -150,5 +151,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_plot),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

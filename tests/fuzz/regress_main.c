@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "tests/fuzz/fuzz.h"
+#include "tests/common/test_main.h"
 
 typedef struct regress_s {
     int ndirs;
@@ -70,5 +71,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_inputs, &r),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

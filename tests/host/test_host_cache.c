@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "host_fixture.h"
+#include "tests/common/test_main.h"
 
 static void test_malloc_free_caches(void **state)
 {
@@ -169,5 +170,5 @@ int main(void)
         cmocka_unit_test(test_events_say_pool_host),
         cmocka_unit_test(test_bad_args),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

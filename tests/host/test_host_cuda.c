@@ -10,6 +10,7 @@
 
 #include "memtrace/host.h"
 #include "tests/cuda/fake_ctl.h"
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -136,5 +137,5 @@ int main(void)
         cmocka_unit_test(test_pinned_reuse_waits_for_driver_event),
         cmocka_unit_test(test_prefetch_orders_with_events_only),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "host_fixture.h"
+#include "tests/common/test_main.h"
 
 typedef struct run_s {
     float *y, *hy, *cy, *dx, *dhx, *dcx, *dw;
@@ -379,5 +380,5 @@ int main(void)
         cmocka_unit_test(test_host_cache_exhausted),
         cmocka_unit_test(test_replicate),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "host_fixture.h"
+#include "tests/common/test_main.h"
 
 #define M      32
 #define N      64
@@ -397,5 +398,5 @@ int main(void)
         cmocka_unit_test(test_release_under_pressure),
         cmocka_unit_test(test_no_release_without_it),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "host_fixture.h"
+#include "tests/common/test_main.h"
 
 #define POISON 0xA5
 
@@ -400,5 +401,5 @@ int main(void)
         cmocka_unit_test(test_fill_failure),
         cmocka_unit_test(test_bad_config),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include "tests/common/test_main.h"
 
 #define MiB ((size_t)1 << 20)
 
@@ -155,5 +156,5 @@ int main(void)
         cmocka_unit_test(test_base_alloc),
         cmocka_unit_test(test_reset_empties_cache),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return MT_TEST_RUN(tests, setup, teardown);
 }

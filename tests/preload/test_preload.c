@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <dlfcn.h>
+#include "tests/common/test_main.h"
 #if __has_include(<cuda.h>)
 #include <cuda.h>
 #endif
@@ -491,5 +492,5 @@ int main(void)
         cmocka_unit_test(test_cuda_mode_on_fake_driver),
         cmocka_unit_test(test_torch_entry_points_on_fake_driver),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return MT_TEST_RUN(tests, group_setup, group_teardown);
 }

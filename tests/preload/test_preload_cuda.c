@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include "tests/common/test_main.h"
 
 static const char *env(const char *name)
 {
@@ -148,5 +149,5 @@ int main(void)
         cmocka_unit_test(test_block_queries_and_ipc),
         cmocka_unit_test(test_static_runtime_path),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
 #include "analysis/report.h"
+#include "tests/common/test_main.h"
 
 #define ITERS 12
 #define MiB   ((size_t)1 << 20)
@@ -161,5 +162,5 @@ int main(void)
         cmocka_unit_test(test_e2e_leaky),
         cmocka_unit_test(test_e2e_steady),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

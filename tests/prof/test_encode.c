@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "memtrace/prof.h"
+#include "tests/common/test_main.h"
 
 #define LINE_CAP 1024 /* the header's promise for tag names under 64 bytes */
 
@@ -591,5 +592,5 @@ int main(void)
         cmocka_unit_test(test_label_truncation),    cmocka_unit_test(test_label_refused),
         cmocka_unit_test(test_mark_named),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "memtrace/prof.h"
+#include "tests/common/test_main.h"
 
 static mt_event_rec_t sample(int kind)
 {
@@ -162,5 +163,5 @@ int main(void)
         cmocka_unit_test(test_decode_rejects),
         cmocka_unit_test(test_stats_and_snapshot),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

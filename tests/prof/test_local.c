@@ -18,6 +18,7 @@
 
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
+#include "tests/common/test_main.h"
 
 typedef struct logrec_s {
     char msgs[8][256];
@@ -513,5 +514,5 @@ int main(void)
         cmocka_unit_test(test_daemon_mode),
         cmocka_unit_test(test_daemon_refuses),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

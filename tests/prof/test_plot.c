@@ -16,6 +16,7 @@
 #include "memtrace/prof.h"
 #include "analysis/plot.h"
 #include "analysis/report.h"
+#include "tests/common/test_main.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -189,5 +190,5 @@ int main(void)
         cmocka_unit_test(test_training_picture),
         cmocka_unit_test(test_bounded_and_peak_kept),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

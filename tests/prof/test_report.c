@@ -18,6 +18,7 @@
 #include "memtrace/prof.h"
 #include "mt_config.h"
 #include "analysis/report.h"
+#include "tests/common/test_main.h"
 
 #define MiB (UINT64_C(1) << 20)
 
@@ -513,5 +514,5 @@ int main(void)
         cmocka_unit_test(test_host_empty),
         cmocka_unit_test(test_report_matches_schema),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "profiler/ring.h"
+#include "tests/common/test_main.h"
 
 typedef struct collect_s {
     mt_event_rec_t *evs; /* events delivered, in order */
@@ -464,5 +465,5 @@ int main(void)
         cmocka_unit_test(test_producer_sigkill),   cmocka_unit_test(test_stuck_slot_timeout),
         cmocka_unit_test(test_push_batches),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

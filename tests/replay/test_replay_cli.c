@@ -1,6 +1,8 @@
 /* `memtrace replay` as a user runs it: the memtrace binary (argv[1]) is executed on valid
  * traces (exit 0, the figures printed, JSON that parses and adds up) and on every malformed
- * case in data/invalid (exit 2, one message on stderr naming the file, line and field). */
+ * case in data/invalid (exit 2, one message on stderr naming the file, line and field); the
+ * host allocators' rows hold figures or one line saying why an allocator is left out, never
+ * a message of the dynamic loader. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -8,6 +10,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +19,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+#include "mt_config.h"
+#include "tests/common/test_main.h"
 
 #ifndef REPLAY_DATA_DIR
 #error "REPLAY_DATA_DIR must name tests/replay/data"
@@ -188,6 +193,121 @@ static void test_text_report(void **state)
         if (strstr(r.out, want[i]) == NULL)
             fail_msg("missing \"%s\" in:\n%s", want[i], r.out);
     assert_string_equal(r.err, "");
+    run_free(&r);
+}
+
+/* ---- the host allocators' rows ---- */
+
+/* Words of the dynamic loader's and dlerror's messages, which a table must never show. */
+static void assert_no_loader_text(const char *text)
+{
+    static const char *const bad[] = {
+        "static TLS", "cannot open shared object", "cannot be preloaded", "ld.so", "ERROR",
+        "skipped:",   "cannot allocate memory",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        if (strstr(text, bad[i]) != NULL)
+            fail_msg("\"%s\" in:\n%s", bad[i], text);
+}
+
+/* The lines of text that contain word (at most 8, each copied into lines[i], new). */
+static int lines_with(const char *text, const char *word, char *lines[8])
+{
+    int n = 0;
+    for (const char *l = text; *l != '\0' && n < 8;) {
+        const char *end = strchr(l, '\n');
+        size_t len = end != NULL ? (size_t)(end - l) : strlen(l);
+        char *line = strndup(l, len);
+        assert_non_null(line);
+        if (strstr(line, word) != NULL)
+            lines[n++] = line;
+        else
+            free(line);
+        l += len + (end != NULL);
+    }
+    return n;
+}
+
+/* Whether the dynamic loader can find libjemalloc.so.2 here, asked apart from memtrace. */
+static bool jemalloc_installed(void)
+{
+    FILE *p = popen("/sbin/ldconfig -p 2>/dev/null", "r");
+    char line[1024];
+    bool found = false;
+    while (p != NULL && fgets(line, sizeof line, p) != NULL)
+        found = found || strstr(line, "libjemalloc.so.2 ") != NULL;
+    if (p != NULL)
+        pclose(p);
+    return found;
+}
+
+/* The demo's own command (./dev.sh demo, step 3): a row with figures for jemalloc when it is
+ * installed, else one line that says it is not; nothing from the loader either way. */
+static void test_host_rows_demo(void **state)
+{
+    unsetenv("MEMTRACE_JEMALLOC");
+    /* meson sets MALLOC_PERTURB_, with which glibc malloc fills every block it hands out
+     * and takes back: minutes for this trace's 700 MiB. The demo runs without it. */
+    char *perturb = getenv("MALLOC_PERTURB_") ? strdup(getenv("MALLOC_PERTURB_")) : NULL;
+    unsetenv("MALLOC_PERTURB_");
+    /* Under AddressSanitizer each of its 700 MiB costs shadow writes: minutes again. There
+     * the jemalloc row is a note whatever the trace, so a small one says as much. */
+    char small[1024];
+    data_path(small, sizeof small, "valid/streams.csv");
+    run_t r = run("replay", MT_SANITIZED ? small : TRACES_DIR "/rnn_varlen.csv", "--warmup", NULL);
+    if (perturb != NULL)
+        setenv("MALLOC_PERTURB_", perturb, 1);
+    free(perturb);
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    const char *rows_from = strstr(r.out, "  machine");
+    print_message("%s", rows_from != NULL ? rows_from : r.out);
+    assert_no_loader_text(r.out);
+    assert_string_equal(r.err, "");
+    char *rows[8];
+    int n = lines_with(r.out, "glibc malloc", rows);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(rows[0], " ns per op"));
+    free(rows[0]);
+    n = lines_with(r.out, "jemalloc", rows);
+    assert_int_equal(n, 1);
+    if (MT_SANITIZED) {
+        assert_non_null(strstr(rows[0], "jemalloc left out: a sanitizer build"));
+    } else if (jemalloc_installed()) {
+        unsigned a, b, c;
+        double ns = 0;
+        if (sscanf(rows[0], " jemalloc %u.%u.%u %lf ns per op", &a, &b, &c, &ns) != 4 || ns <= 0)
+            fail_msg("no figures in the jemalloc row: \"%s\"", rows[0]);
+    } else {
+        assert_non_null(
+            strstr(rows[0], "jemalloc left out: not installed (libjemalloc.so.2 not found)"));
+    }
+    free(rows[0]);
+    run_free(&r);
+}
+
+/* A jemalloc that is not there (MEMTRACE_JEMALLOC names a missing file): one line says so,
+ * and the loader's complaint is not passed on. */
+static void test_host_rows_jemalloc_absent(void **state)
+{
+    char path[1024];
+    data_path(path, sizeof path, "valid/streams.csv");
+    setenv("MEMTRACE_JEMALLOC", "/nonexistent/libjemalloc.so.2", 1);
+    run_t r = run("replay", path, NULL);
+    unsetenv("MEMTRACE_JEMALLOC");
+    if (r.status != 0)
+        fail_msg("exit %d: %s", r.status, r.err);
+    assert_no_loader_text(r.out);
+    assert_string_equal(r.err, "");
+    char *rows[8];
+    int n = lines_with(r.out, "jemalloc", rows);
+    assert_int_equal(n, 1);
+    if (MT_SANITIZED)
+        assert_non_null(strstr(rows[0], "jemalloc left out: a sanitizer build"));
+    else
+        assert_non_null(strstr(rows[0], "jemalloc left out: not installed "
+                                        "(/nonexistent/libjemalloc.so.2 not found)"));
+    free(rows[0]);
     run_free(&r);
 }
 
@@ -410,6 +530,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_alloc_conf),
         cmocka_unit_test(test_bad_env),
         cmocka_unit_test(test_text_report),
+        cmocka_unit_test(test_host_rows_demo),
+        cmocka_unit_test(test_host_rows_jemalloc_absent),
         cmocka_unit_test(test_json_resnet50),
         cmocka_unit_test(test_json_streams_exact_peak),
         cmocka_unit_test(test_warmup_makes_no_backend_calls),
@@ -419,5 +541,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rnn_trace_reproducible),
         cmocka_unit_test(test_invalid_files),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 
 #include "memtrace/common.h"
 #include "analysis/trace_csv.h"
+#include "tests/common/test_main.h"
 
 #ifndef REPLAY_DATA_DIR
 #error "REPLAY_DATA_DIR must name tests/replay/data"
@@ -289,5 +290,5 @@ int main(void)
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_invalid_files),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

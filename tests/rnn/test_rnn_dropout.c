@@ -10,6 +10,7 @@
 #include "memtrace/host.h"
 #include "tests/rnn/fixture.h"
 #include "tests/rnn/ref.h"
+#include "tests/common/test_main.h"
 
 static int errors_seen;
 static char last_error[512];
@@ -464,5 +465,5 @@ int main(void)
         cmocka_unit_test(activation_accounting),
         cmocka_unit_test(offload_with_dropout),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 
 #include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
+#include "tests/common/test_main.h"
 
 static const char *data_dir;
 
@@ -501,5 +502,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(golden_dnnl),      cmocka_unit_test(gemm_unknown),
         cmocka_unit_test(golden_every_isa), cmocka_unit_test(isa_env_caps),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 
 #include "rnn/internal.h"
 #include "tests/rnn/ref.h"
+#include "tests/common/test_main.h"
 
 /* Workspace floats of a padded (T, B) batch. */
 static size_t fwd_work(const mt__rnn_shape_t *s, int T, int B, bool training)
@@ -422,5 +423,5 @@ int main(void)
         cmocka_unit_test(gradients_accumulate),   cmocka_unit_test(grad_chunked),
         cmocka_unit_test(grad_dropout),           cmocka_unit_test(grad_padded_rows),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@
 
 #include "tests/rnn/fixture.h"
 #include "tests/rnn/ref.h"
+#include "tests/common/test_main.h"
 
 static void check_layout(rnn_fx_t *fx, int mode, int L, bool bi, bool bias)
 {
@@ -191,5 +192,5 @@ int main(void)
         cmocka_unit_test(bad_configs_are_rejected),
         cmocka_unit_test(activation_accounting),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

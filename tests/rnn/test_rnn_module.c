@@ -9,6 +9,7 @@
 #include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
 #include "tests/rnn/ref.h"
+#include "tests/common/test_main.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -571,5 +572,5 @@ int main(void)
         cmocka_unit_test(default_library_follows_threads),
     };
     /* clang-format on */
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include "memtrace/host.h"
 #include "rnn/internal.h"
 #include "tests/rnn/fixture.h"
+#include "tests/common/test_main.h"
 
 typedef struct logcap_s {
     int errors;
@@ -665,5 +666,5 @@ int main(void)
         cmocka_unit_test(warmup_packed_zero_mallocs),
         cmocka_unit_test(offload_packed),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

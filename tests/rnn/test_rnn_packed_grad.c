@@ -14,6 +14,7 @@
 
 #include "rnn/internal.h"
 #include "tests/rnn/ref.h"
+#include "tests/common/test_main.h"
 
 enum { IN = 3, HID = 4, NB = 4 };
 static const int LENS[NB] = {5, 3, 3, 1};
@@ -245,5 +246,5 @@ int main(void)
         cmocka_unit_test(packed_gru),
         cmocka_unit_test(packed_relu),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "rnn/internal.h"
+#include "tests/common/test_main.h"
 
 typedef struct seen_s {
     pthread_t who[2];
@@ -456,5 +457,5 @@ int main(void)
         cmocka_unit_test(share_follows_speeds), cmocka_unit_test(share_learning),
         cmocka_unit_test(split_nearest_share),  cmocka_unit_test(sgemm_half_matches_par),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "rnn/internal.h"
+#include "tests/common/test_main.h"
 
 static float frand(uint64_t *s)
 {
@@ -361,5 +362,5 @@ int main(void)
         cmocka_unit_test(probe_keeps_omp_env),
     };
     printf("# per-step products on %s\n", info);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -4,6 +4,7 @@
  * zeroed before they accumulate, the clear error when cuDNN cannot start, warm-up, and
  * compaction. Layouts other than ours, devices and chunked inference: test_rnn_cudnn_layout.c. */
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 /* Descriptors with the design's settings, weight space = our flat buffer, one
  * cudnnGetRNNWeightParams per matrix on our buffer whose answers are the views' places. */
@@ -511,5 +512,5 @@ int main(void)
         cmocka_unit_test(test_warmup_and_shapes),
         cmocka_unit_test(test_compaction_and_step),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

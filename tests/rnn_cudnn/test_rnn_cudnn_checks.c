@@ -5,6 +5,7 @@
  * advanced by each training forward; a libcudnn older than 9. Against the computing fake in cuDNN's
  * layout. */
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 static void up(fx_t *f)
 {
@@ -306,5 +307,5 @@ int main(void)
         cmocka_unit_test(test_old_cudnn_refused),
         cmocka_unit_test(test_gather_copies_measured),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

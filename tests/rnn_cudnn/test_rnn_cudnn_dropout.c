@@ -5,6 +5,7 @@
  * training forwards only, re-seeding through mt_rnn_set_dropout_state, teardown order, and
  * p = 0 (or one layer) still passing a NULL descriptor with no dropout call at all. */
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 static void block(fx_t *f, const void *p, void **base, size_t *size, int *tag)
 {
@@ -208,5 +209,5 @@ int main(void)
         cmocka_unit_test(test_no_dropout),
         cmocka_unit_test(test_dropout_failures),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

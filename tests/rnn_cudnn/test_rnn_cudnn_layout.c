@@ -2,6 +2,7 @@
  * cuDNN-layout copy, or refused when they cannot be translated), the device a module lives
  * on, and unidirectional inference in chunks whose memory does not grow with T. */
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 /* A region cuDNN places outside its weight space cannot be translated: the module is
  * refused with a message naming it, after every earlier answer was taken. Nothing leaks. */
@@ -248,5 +249,5 @@ int main(void)
         cmocka_unit_test(test_gather_larger_space),   cmocka_unit_test(test_inference_chunks),
         cmocka_unit_test(test_device_guard),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

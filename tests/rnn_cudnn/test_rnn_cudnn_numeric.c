@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 /* Both paths compute in float with FMA and no TF32 (CUDNN_FMA_MATH); the fake sums in
  * double, the cpu path through BLAS in float. Measured worst: ~2e-6 relative; this bound
@@ -280,5 +281,5 @@ int main(void)
         cmocka_unit_test(test_matches_cpu_packed),
         cmocka_unit_test(test_matches_cpu_no_bias),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -5,6 +5,7 @@
  * re-describes the shape, and after a packed warm-up batches within its bounds make no
  * device malloc. */
 #include "tests/rnn_cudnn/fixture.h"
+#include "tests/common/test_main.h"
 
 static void check_lengths(size_t i_desc, const int *want, int B)
 {
@@ -147,5 +148,5 @@ int main(void)
         cmocka_unit_test(test_packed_step),
         cmocka_unit_test(test_packed_warmup),
     };
-    return cmocka_run_group_tests(tests, fake_ctl_open, fake_ctl_close);
+    return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -16,6 +16,7 @@
 #include "memtrace/rnn.h"
 
 #include <cudnn_version.h>
+#include "tests/common/test_main.h"
 
 typedef struct logs_s {
     int warnings;
@@ -127,5 +128,5 @@ int main(void)
         cmocka_unit_test(test_missing_cudnn_is_named),
         cmocka_unit_test(test_real_cudnn_without_driver),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

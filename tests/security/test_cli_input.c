@@ -17,6 +17,7 @@
 
 #include "memtrace/prof.h"
 #include "tests/security/common.h"
+#include "tests/common/test_main.h"
 
 static const char *mt, *src;
 
@@ -178,5 +179,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_full_disk),
         cmocka_unit_test(test_tail_line_cap),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

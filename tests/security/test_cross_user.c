@@ -40,6 +40,7 @@
 #include "tests/daemon/harness.h"
 #include "tests/security/common.h"
 #include <netinet/in.h>
+#include "tests/common/test_main.h"
 
 #define NEVENTS 500
 #define SQUATS  1024
@@ -472,5 +473,5 @@ int main(int argc, char **argv)
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     remove_user();
-    return rc;
+    return mt_test_end(rc);
 }

@@ -27,6 +27,7 @@
 
 #include "memtrace/prof.h"
 #include "tests/security/common.h"
+#include "tests/common/test_main.h"
 
 #define N     3000 /* about 600 KB of lines: far past 64 KiB */
 #define LIMIT (64 << 10)
@@ -250,5 +251,5 @@ int main(void)
         cmocka_unit_test(test_fsize_full_to_the_end),
         cmocka_unit_test(test_tmpfs_full_to_the_end),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -24,6 +24,7 @@
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 #include "tests/security/common.h"
+#include "tests/common/test_main.h"
 
 #define NAME                                                                                       \
     "ev\x1b[2J\nFORGED \xc2\x9b"                                                                   \
@@ -173,5 +174,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_escaped_everywhere),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -23,6 +23,7 @@
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 #include "tests/security/common.h"
+#include "tests/common/test_main.h"
 
 static int get(int port, const char *path, const char *headers, char **out)
 {
@@ -440,5 +441,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_port_taken),
         cmocka_unit_test(test_name_escaped_in_daemon_log),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

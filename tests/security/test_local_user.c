@@ -24,6 +24,7 @@
 #include "daemon/daemon.h"
 #include "memtrace/prof.h"
 #include "tests/security/common.h"
+#include "tests/common/test_main.h"
 
 #define NEVENTS 200
 
@@ -319,5 +320,5 @@ int main(void)
         cmocka_unit_test(test_default_log_planted),
         cmocka_unit_test(test_new_log_is_private),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

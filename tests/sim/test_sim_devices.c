@@ -19,6 +19,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 static char last_log[512];
 
@@ -334,5 +335,5 @@ int main(void)
         cmocka_unit_test(test_env_parsing),
         cmocka_unit_test(test_allocator_on_device_1),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

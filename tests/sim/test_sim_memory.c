@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 static void test_create_and_info(void **state)
 {
@@ -391,5 +392,5 @@ int main(void)
         cmocka_unit_test(test_pinned_host_memory),
         cmocka_unit_test(test_randomized),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

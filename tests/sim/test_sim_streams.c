@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 static void block_on_sem(void *ud)
 {
@@ -410,5 +411,5 @@ int main(void)
         cmocka_unit_test(test_sync_waits_for_work),
         cmocka_unit_test(test_argument_errors),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 enum { THREADS = 4, ITERS = 600, MAX_BYTES = 64 * 1024 };
 
@@ -208,5 +209,5 @@ int main(void)
         cmocka_unit_test(test_concurrent_streams_copies_and_memory),
         cmocka_unit_test(test_concurrent_fill_to_capacity),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

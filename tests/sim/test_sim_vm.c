@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 static void test_reserve_is_free(void **state)
 {
@@ -186,5 +187,5 @@ int main(void)
         cmocka_unit_test(test_vm_costs),
         cmocka_unit_test(test_unmapped_access_faults),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

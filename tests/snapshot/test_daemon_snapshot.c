@@ -24,6 +24,7 @@
 #include "memtrace/prof.h"
 #include "profiler/internal.h"
 #include "tests/daemon/harness.h"
+#include "tests/common/test_main.h"
 
 static const char *memtrace_exe;
 
@@ -312,5 +313,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_oom_and_live_snapshots),
                                        cmocka_unit_test(test_recorder_oom_snapshot),
                                        cmocka_unit_test(test_snapshot_file_appears_whole)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

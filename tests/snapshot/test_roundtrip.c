@@ -22,6 +22,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
+#include "tests/common/test_main.h"
 
 enum { PID = 77 };
 
@@ -304,5 +305,5 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_roundtrip_default),
                                        cmocka_unit_test(test_roundtrip_reference)};
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

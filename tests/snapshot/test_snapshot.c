@@ -16,6 +16,7 @@
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
+#include "tests/common/test_main.h"
 
 static const char *data_dir;
 #define MiB (1024ull * 1024)
@@ -465,5 +466,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_to_trace_and_replay), cmocka_unit_test(test_records),
         cmocka_unit_test(test_figures_huge_sizes),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -25,6 +25,7 @@
 #include "memtrace/host.h"
 #include "memtrace/prof.h"
 #include "profiler/stack.h"
+#include "tests/common/test_main.h"
 
 static const char *late_lib_path;
 
@@ -490,5 +491,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pinned_host),
         cmocka_unit_test(test_env),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

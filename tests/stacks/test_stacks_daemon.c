@@ -19,6 +19,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
+#include "tests/common/test_main.h"
 
 #define NALLOC 6
 
@@ -185,5 +186,5 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_consumers_get_tables),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 
 #include "analysis/report.h"
 #include "../analysis/model_gen.h"
+#include "tests/common/test_main.h"
 
 #define MIB  (UINT64_C(1) << 20)
 #define BASE UINT64_C(0x7f0000000000)
@@ -279,5 +280,5 @@ int main(void)
         cmocka_unit_test(test_table_lines),  cmocka_unit_test(test_bad_refs),
         cmocka_unit_test(test_report_lines),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

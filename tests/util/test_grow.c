@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "util/grow.h"
+#include "tests/common/test_main.h"
 
 static void test_doubles_from_first(void **state)
 {
@@ -74,5 +75,5 @@ int main(void)
         cmocka_unit_test(test_overflow_refused),
         cmocka_unit_test(test_zero_first_still_grows),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

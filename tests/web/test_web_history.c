@@ -14,6 +14,7 @@
 #include "analysis/model_gen.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
+#include "tests/common/test_main.h"
 
 #define MIB (1ull << 20)
 #define SEG 0x100000000ull
@@ -187,5 +188,5 @@ int main(void)
         cmocka_unit_test(test_state_at_equals_prefix),
         cmocka_unit_test(test_history_bounded),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

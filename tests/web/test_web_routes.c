@@ -15,6 +15,7 @@
 
 #include "daemon/harness.h"
 #include "daemon/web.h"
+#include "tests/common/test_main.h"
 
 static json_t *get_json(int port, const char *path)
 {
@@ -240,5 +241,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_routes_agree_with_state),
         cmocka_unit_test(test_snapshot_reads_the_window),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }
