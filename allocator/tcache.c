@@ -17,6 +17,7 @@
 #endif
 
 #include "allocator/tcache_impl.h"
+#include "util/cpu.h"
 #include "util/grow.h"
 
 /* ---- TLS entries and the registry of live allocators ---- */
@@ -143,7 +144,7 @@ static inline void tc_lock(mt__tcache_t *c)
 {
     while (__atomic_test_and_set(&c->lock, __ATOMIC_ACQUIRE))
         while (__atomic_load_n(&c->lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
+            mt__cpu_relax();
 }
 
 static inline void tc_unlock(mt__tcache_t *c)
@@ -189,7 +190,7 @@ void mt__tc_claim(mt__tcache_t *c)
     (void)rc;
 #endif
     while (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE))
-        __builtin_ia32_pause();
+        mt__cpu_relax();
 }
 
 void mt__tc_unclaim(mt__tcache_t *c)
