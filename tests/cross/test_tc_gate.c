@@ -77,10 +77,14 @@ static void meet(litmus_t *l, unsigned *phase)
     }
 }
 
+/* A random delay before the racing accesses, in the unit of meet's spin loop: the thread
+ * that arrives last at meet leaves it first, ahead of the other by about one turn of that
+ * loop (a few ns natively, far longer under qemu's TCG), so without it the two would reach
+ * the race in the same order every round. */
 static void jitter(uint32_t *seed)
 {
-    for (unsigned n = rng(seed) % 64; n > 0; n--)
-        __asm__ __volatile__("" ::: "memory");
+    for (unsigned n = rng(seed) % 8; n > 0; n--)
+        mt__cpu_relax();
 }
 
 static void *litmus_owner(void *arg)
