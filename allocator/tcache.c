@@ -119,15 +119,8 @@ void mt__tc_prepare(mt_alloc_t *a)
  * Every access to a cache other than its owner's fast paths holds mu (flushes, disown,
  * record_stream and block_info, the checker, thread exit): those exclude each other
  * through mu, and the owner needs no exclusion from its own fast paths while it holds mu.
- * The fast paths must be excluded by the others. With membarrier (Linux >= 4.14) this is
- * Dekker's algorithm with the full fence on the rare side only: the owner stores busy,
- * then loads claim; a claimer stores claim, makes every running thread of the process
- * pass a full memory barrier, then waits for busy = 0. Either the owner's store of busy
- * came before that barrier (the claimer sees it and waits for the fast path to end) or
- * its load of claim came after it (the owner sees the claim and takes the global path,
- * which waits for mu). The owner pays a plain store and a load instead of an atomic
- * exchange per operation; a claim costs a system call. Without membarrier both sides
- * take a test-and-set lock. */
+ * The fast paths must be excluded by the others: the gate of tcache_gate.h (an asymmetric
+ * Dekker with membarrier, else a test-and-set lock). */
 
 static bool asym; /* membarrier registered: set once, before the first cache exists */
 static pthread_once_t asym_once = PTHREAD_ONCE_INIT;
@@ -139,67 +132,49 @@ static void asym_init(void)
 #endif
 }
 
-static inline void tc_lock(mt__tcache_t *c)
+bool mt__tc_gate_asym(void)
 {
-    while (__atomic_test_and_set(&c->lock, __ATOMIC_ACQUIRE))
-        while (__atomic_load_n(&c->lock, __ATOMIC_RELAXED))
-            __builtin_ia32_pause();
+    pthread_once(&asym_once, asym_init);
+    return asym;
 }
 
-static inline void tc_unlock(mt__tcache_t *c)
+void mt__tc_gate_announce(mt__tc_gate_t *g)
 {
-    __atomic_clear(&c->lock, __ATOMIC_RELEASE);
+    __atomic_store_n(&g->claim, 1, __ATOMIC_RELAXED);
+    /* The store is ordered before the barriers membarrier makes the other threads pass by
+     * this fence, not by what the kernel happens to do on entry: the C11 model sees no
+     * fence in a system call. It costs nothing beside the call. */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#if defined(__linux__) && defined(SYS_membarrier)
+    long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+    mt_assert(rc == 0); /* registered (asym_init): it cannot fail */
+    (void)rc;
+#endif
 }
 
 /* The owner, before a fast operation; false = a claim stands: take the global path. */
 static inline bool fast_enter(mt__tcache_t *c)
 {
-    if (__builtin_expect(!asym, 0)) {
-        tc_lock(c);
-        return true;
-    }
-    __atomic_store_n(&c->busy, 1, __ATOMIC_RELAXED);
-    __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the store stays before the load */
-    if (__builtin_expect(!__atomic_load_n(&c->claim, __ATOMIC_ACQUIRE), 1))
-        return true;
-    __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
-    return false;
+    return mt__tc_gate_enter(&c->gate, asym);
 }
 
 static inline void fast_exit(mt__tcache_t *c)
 {
-    if (__builtin_expect(!asym, 0))
-        tc_unlock(c);
-    else
-        __atomic_store_n(&c->busy, 0, __ATOMIC_RELEASE);
+    mt__tc_gate_exit(&c->gate, asym);
 }
 
 void mt__tc_claim(mt__tcache_t *c)
 {
     if (tls_find(c->a) == c)
         return;
-    if (!asym) {
-        tc_lock(c);
-        return;
-    }
-    __atomic_store_n(&c->claim, 1, __ATOMIC_RELAXED);
-#if defined(__linux__) && defined(SYS_membarrier)
-    long rc = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
-    mt_assert(rc == 0); /* registered (asym_init): it cannot fail */
-    (void)rc;
-#endif
-    while (__atomic_load_n(&c->busy, __ATOMIC_ACQUIRE))
-        __builtin_ia32_pause();
+    mt__tc_gate_claim(&c->gate, asym);
 }
 
 void mt__tc_unclaim(mt__tcache_t *c)
 {
     if (tls_find(c->a) == c)
         return;
-    if (!asym)
-        tc_unlock(c);
-    else
-        __atomic_store_n(&c->claim, 0, __ATOMIC_RELEASE);
+    mt__tc_gate_unclaim(&c->gate, asym);
 }
 
 void mt__tc_lock_owner(mt_block_t *b)
@@ -514,7 +489,7 @@ static mt__tcache_t *mine(mt_alloc_t *a)
         if (tls[i].id == 0)
             slot = i;
     pthread_once(&tls_once, make_key);
-    pthread_once(&asym_once, asym_init);
+    (void)mt__tc_gate_asym();
     if (slot < 0 || tls_key_rc != 0)
         return NULL;
     c = aligned_alloc(_Alignof(mt__tcache_t), sizeof *c); /* no line shared with others */

@@ -4,6 +4,7 @@
 #define MT_ALLOCATOR_TCACHE_IMPL_H
 
 #include "allocator/tcache.h"
+#include "allocator/tcache_gate.h"
 
 #define TC_SLOTS 64 /* LIFOs per cache, direct-mapped by (stream, size) */
 #define TC_DEPTH 16 /* blocks per LIFO at most */
@@ -43,11 +44,9 @@ typedef struct tc_counts_s {
  *   truth_c <= a->st.c.current <= a->st.c.peak;
  *   cum.c = sum of t_c over the pops since the last flush (added to .allocated at flush). */
 struct mt__tcache_s {
-    _Alignas(64) uint8_t busy; /* the owner's fast path runs (written by the owner only) */
-    uint8_t claim;             /* a thread holding mu excludes the fast paths */
-    uint8_t lock;              /* without membarrier: a test-and-set lock both sides take */
-    mt_alloc_t *a;             /* borrowed */
-    mt__tcache_t *next;        /* a->caches, under mu */
+    _Alignas(64) mt__tc_gate_t gate; /* excludes the owner's fast paths (tcache_gate.h) */
+    mt_alloc_t *a;                   /* borrowed */
+    mt__tcache_t *next;              /* a->caches, under mu */
     mt__tcache_t *prev;
     mt_addrmap_t live; /* owned blocks by address */
     mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */

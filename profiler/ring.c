@@ -625,9 +625,16 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         if (c != pos + 1) {
             if (!may_skip(r, pos))
                 break;
-            skip_slot(r, pos);
-            pos++;
-            continue;
+            /* What let the slot go (the exit flag, acquired, or the producer's death) was
+             * seen after the commit word was read, and the producer may have published
+             * in between: its last records come just before its exit flag. Read the word
+             * again, after that, so a record published before the exit is delivered. */
+            c = atomic_load_explicit(cw, memory_order_acquire);
+            if (c != pos + 1) {
+                skip_slot(r, pos);
+                pos++;
+                continue;
+            }
         }
         mt_event_rec_t ev = r->recs[pos & r->mask];
         /* Seqlock-style re-check: if a writer reused the slot while we copied it

@@ -31,7 +31,9 @@
  *   counted lost, not delivered torn), then stores read_idx = p + 1 (release).
  * - A slot claimed but never published (its producer was killed mid-write) is skipped
  *   and counted in lost once the producer is known dead (mt__ring_mark_dead, or its
- *   pid no longer exists) or the slot stayed unpublished for stuck_timeout_ns.
+ *   pid no longer exists), has exited (MT_RING_F_EXITED, acquire) or the slot stayed
+ *   unpublished for stuck_timeout_ns; its commit word is read again after that is known,
+ *   so a record published just before the exit or death is delivered, not skipped.
  *
  * Invariants: read_idx <= claim; claim - read_idx <= S; events emitted = claim + dropped;
  *   commit[i] is 0 (never written) or p + 1 for the last published p with p % S == i;
