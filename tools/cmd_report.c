@@ -337,6 +337,17 @@ static void fit_sections(json_t *res)
             json_object_del(json_object_get(h, "never_freed"), "groups");
         }
         json_t *cs = json_object_get(p, "callsites");
+        /* A snapshot's stacks are its frames, grouped in "snapshots": its process has none. */
+        size_t k;
+        json_t *sn;
+        json_array_foreach(json_object_get(res, "snapshots"), k, sn)
+        {
+            if (cs != NULL && num(cs, "stacks") <= 0 &&
+                json_integer_value(json_object_get(sn, "process")) ==
+                    json_integer_value(json_object_get(p, "pid")))
+                json_object_del(p, "callsites");
+        }
+        cs = json_object_get(p, "callsites");
         if (cs != NULL &&
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");
@@ -584,8 +595,8 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
         mt_tool_inputs_free(&in);
         return 1;
     }
-    fit_sections(res);
     mt_tool_inputs_json(&in, res, &cfg);
+    fit_sections(res);
     if (as_json) {
         errno = 0; /* jansson reports a failure without a reason: errno tells */
         if (json_dumpf(res, stdout, JSON_INDENT(2)) != 0) {
