@@ -1,5 +1,6 @@
 /* Call-site views (callsite.h): ranking, labelling, JSON and flame-graph input. */
 #include "analysis/callsite.h"
+#include "analysis/frames.h"
 
 #include <inttypes.h>
 #include <stdbool.h>
@@ -162,14 +163,49 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
 {
     json_t *o = json_object(), *frames = json_array();
     char site[64];
-    const char *site_label = NULL;
+    const char *site_label = NULL, *first_label = NULL;
     int bad = o == NULL || frames == NULL;
+    /* The site is the user's frame (analysis/frames.h, default rules): the first that is
+     * not the recorder's, the framework's or the interpreter's. */
+    bool found = false;
+    int user = 0;
     for (int i = 0; !bad && row->frames != NULL && i < row->n_frames; i++) {
         mt_sym_frame_t fr;
         mt_cs_frame_label(s, pid, &row->frames[i], &fr);
+        mt_fr_frame_t ff = {.func = fr.func,
+                            .file = fr.file,
+                            .line = fr.line,
+                            .module = fr.module,
+                            .python = row->frames[i].py_func != NULL};
+        const mt_fr_rule_t *m = mt_fr_match(NULL, &ff);
         if (i == 0)
+            first_label = fr.label;
+        if (!found && m == NULL) {
+            found = true;
             site_label = fr.label;
+            user = i;
+        }
         bad |= json_array_append_new(frames, frame_json(&fr, row->frames[i].py_func != NULL));
+    }
+    if (!found && first_label != NULL) {
+        /* every frame skipped: mt_fr_pick's fallback, the first past the recorder */
+        user = 0;
+        site_label = first_label;
+        for (int i = 0; i < row->n_frames; i++) {
+            mt_sym_frame_t fr;
+            mt_cs_frame_label(s, pid, &row->frames[i], &fr);
+            mt_fr_frame_t ff = {.func = fr.func,
+                                .file = fr.file,
+                                .line = fr.line,
+                                .module = fr.module,
+                                .python = row->frames[i].py_func != NULL};
+            const mt_fr_rule_t *m = mt_fr_match(NULL, &ff);
+            if (m == NULL || m->cls != MT_FR_RECORDER) {
+                user = i;
+                site_label = fr.label;
+                break;
+            }
+        }
     }
     if (site_label == NULL) {
         site_name(row, site, sizeof(site));
@@ -184,6 +220,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
             o, "blocks",
             json_integer((json_int_t)(row->blocks > INT64_MAX ? INT64_MAX : row->blocks)));
         bad |= json_object_set_new(o, "site", jstr(site_label));
+        bad |= json_object_set_new(o, "user_frame", json_integer(user));
         bad |= json_object_set(o, "frames", frames);
         bad |= json_object_set_new(o, "truncated", json_boolean(row->truncated));
         if (row->stack != 0 && row->frames == NULL)

@@ -141,6 +141,10 @@ static int long_n(mt__pk_reader_t *r, size_t lenbytes)
     while (n > 8 &&
            ((b[n - 1] == 0 && !(b[n - 2] & 0x80)) || (b[n - 1] == 0xff && (b[n - 2] & 0x80))))
         n--;
+    /* 2^63..2^64-1: PyTorch writes C++'s size_t as it is (a frame's unknown line is
+     * SIZE_MAX); kept as its 64-bit pattern, which reads -1 for SIZE_MAX. */
+    if (n == 9 && b[8] == 0 && (b[7] & 0x80))
+        return integer(r, (int64_t)le(b, 8));
     if (n > 8)
         return mt__pk_fail(r, MT_EPROTO, "an integer of %zu bytes does not fit in 64 bits", n);
     if (n == 0)

@@ -550,7 +550,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     res = uncertain_json(res, &d);
     if (res != NULL && cfg->by_callsite &&
         json_object_set_new(res, "callsites",
-                            mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg->top)) != 0) {
+                            mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg)) != 0) {
         json_decref(res);
         res = NULL;
     }

@@ -39,6 +39,9 @@ typedef struct mt__report_cfg_s {
     double min_r2;             /* goodness of fit needed to flag growth; 0.8 */
     unsigned top;              /* rows of never-freed groups kept; 10 */
     bool by_callsite;          /* add each process's "callsites" (report_callsite.c) */
+    int by;                    /* callsites grouped by (mt_fr_by_e, analysis/frames.h); site */
+    const struct mt_fr_rules_s *frames; /* which frames are the user's (borrowed); NULL:
+                                         * the default rules */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);
@@ -101,9 +104,13 @@ mt_sym_t *mt__report_symbolizer(mt__report_t *r);
 
 /* ---- call sites (report_callsite.c) ---- */
 
-/* A process's "callsites" member: {"stacks", "at_peak", "never_freed", "growth"}, the
- * first top rows of each (docs/telemetry.schema.json). New reference, NULL without memory. */
-json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid, unsigned top);
+/* A process's "callsites" member: {"stacks", "by", "at_peak", "never_freed", "growth"}, the
+ * first top rows of each (docs/telemetry.schema.json), grouped by cfg->by: each row's
+ * "site" names its user frame (cfg->frames, analysis/frames.h) or its key, "user_frame" is
+ * that frame's index and a frame the rules skip says why in "skipped". New reference, NULL
+ * without memory. */
+json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
+                                  const mt__report_cfg_t *cfg);
 
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each

@@ -1,13 +1,131 @@
 /* Call sites in the report and the plot (report.h, "call sites"): the model's per-stack
  * figures made rows (callsite.h), labelled by the report's symbolizer, as the process's
  * "callsites" member and as flame graphs. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "analysis/callsite.h"
+#include "analysis/frames.h"
 #include "analysis/report.h"
 
-static json_t *section(const mt_model_t *m, mt_sym_t *s, uint32_t pid, int which, unsigned top)
+/* A JSON frame (callsite.c's frame_json) as the rules see it. */
+static mt_fr_frame_t rule_frame(json_t *f)
+{
+    return (mt_fr_frame_t){
+        .func = json_string_value(json_object_get(f, "function")),
+        .file = json_string_value(json_object_get(f, "file")),
+        .line = json_integer_value(json_object_get(f, "line")),
+        .module = json_string_value(json_object_get(f, "module")),
+        .python = json_is_true(json_object_get(f, "python")),
+    };
+}
+
+/* Names row by its user frame (the site keeps the label form of callsite.c) or by its key,
+ * marks the frames the rules skip; the key into key. 0 or MT_ENOMEM. */
+static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen)
+{
+    json_t *frames = json_object_get(row, "frames");
+    size_t n = json_array_size(frames);
+    if (n == 0) {
+        snprintf(key, keylen, "%s", json_string_value(json_object_get(row, "site")));
+        return 0;
+    }
+    mt_fr_frame_t *fr = calloc(n, sizeof *fr);
+    if (fr == NULL)
+        return MT_ENOMEM;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *f = json_array_get(frames, i);
+        fr[i] = rule_frame(f);
+        const mt_fr_rule_t *m = mt_fr_match(cfg->frames, &fr[i]);
+        if (m != NULL)
+            bad |= json_object_set_new(f, "skipped", json_string(m->reason));
+    }
+    int u = mt_fr_pick(cfg->frames, fr, n);
+    json_t *uf = json_array_get(frames, (size_t)u);
+    bad |= json_object_set_new(row, "user_frame", json_integer(u));
+    if (cfg->by == MT_FR_BY_SITE) {
+        snprintf(key, keylen, "%s", json_string_value(json_object_get(uf, "label")));
+    } else if (cfg->by == MT_FR_BY_STACK) {
+        /* the stack as callsite.c merged it: its labels from the user's frame on */
+        size_t used = 0;
+        key[0] = '\0';
+        for (size_t i = (size_t)u; i < n && used + 1 < keylen; i++) {
+            if (i > (size_t)u && mt_fr_match(cfg->frames, &fr[i]) != NULL)
+                continue;
+            int w =
+                snprintf(key + used, keylen - used, "%s%s", used ? " <- " : "",
+                         json_string_value(json_object_get(json_array_get(frames, i), "label")));
+            used = w < 0 ? keylen : used + (size_t)w;
+        }
+    } else {
+        mt_fr_key(&fr[u], cfg->by, key, keylen);
+    }
+    json_t *site = json_string(
+        cfg->by != MT_FR_BY_STACK ? key : json_string_value(json_object_get(uf, "label")));
+    if (site != NULL) /* NULL also for a key cut inside a UTF-8 sequence: the label stays */
+        bad |= json_object_set_new(row, "site", site);
+    free(fr);
+    return bad ? MT_ENOMEM : 0;
+}
+
+static json_int_t jint(json_t *o, const char *k)
+{
+    return json_integer_value(json_object_get(o, k));
+}
+
+/* Rows with one key made one (bytes and blocks add; the largest row's frames stay), then
+ * the first top. Growth rows are never merged: fits do not add. */
+static json_t *group_rows(json_t *rows, const mt__report_cfg_t *cfg, bool growth)
+{
+    json_t *out = json_array(), *seen = json_object();
+    char key[2048];
+    size_t i;
+    json_t *r;
+    if (out == NULL || seen == NULL)
+        goto fail;
+    json_array_foreach(rows, i, r)
+    {
+        if (name_row(r, cfg, key, sizeof key) != 0)
+            goto fail;
+        json_t *into = growth ? NULL : json_object_get(seen, key);
+        if (into != NULL) {
+            json_object_set_new(into, "bytes",
+                                json_integer(jint(into, "bytes") + jint(r, "bytes")));
+            json_object_set_new(into, "blocks",
+                                json_integer(jint(into, "blocks") + jint(r, "blocks")));
+            json_object_set_new(into, "stacks", json_integer(jint(into, "stacks") + 1));
+            continue;
+        }
+        if (json_object_set_new(r, "stacks", json_integer(1)) != 0 ||
+            json_array_append(out, r) != 0 ||
+            (!growth && json_object_set_nocheck(seen, key, r) != 0))
+            goto fail;
+    }
+    json_decref(seen);
+    /* Merged rows may now outrank others: sort again by bytes (growth keeps its order). */
+    size_t n = json_array_size(out);
+    for (size_t a = 1; !growth && a < n; a++) {
+        for (size_t b = a; b > 0 && jint(json_array_get(out, b - 1), "bytes") <
+                                        jint(json_array_get(out, b), "bytes");
+             b--) {
+            json_t *x = json_incref(json_array_get(out, b - 1));
+            json_array_set(out, b - 1, json_array_get(out, b));
+            json_array_set_new(out, b, x);
+        }
+    }
+    while (json_array_size(out) > cfg->top)
+        json_array_remove(out, json_array_size(out) - 1);
+    return out;
+fail:
+    json_decref(out);
+    json_decref(seen);
+    return NULL;
+}
+
+static json_t *section(const mt_model_t *m, mt_sym_t *s, uint32_t pid, int which,
+                       const mt__report_cfg_t *cfg)
 {
     mt_cs_row_t *rows = NULL;
     size_t n = 0;
@@ -16,12 +134,15 @@ static json_t *section(const mt_model_t *m, mt_sym_t *s, uint32_t pid, int which
         free(rows);
         return NULL;
     }
-    json_t *a = mt_cs_rows_json(s, pid, rows, n, top, which == MT_CS_GROWTH);
+    json_t *a = mt_cs_rows_json(s, pid, rows, n, n, which == MT_CS_GROWTH);
     free(rows);
-    return a;
+    json_t *g = a ? group_rows(a, cfg, which == MT_CS_GROWTH) : NULL;
+    json_decref(a);
+    return g;
 }
 
-json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid, unsigned top)
+json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
+                                  const mt__report_cfg_t *cfg)
 {
     json_t *o = json_object();
     if (o == NULL)
@@ -30,9 +151,10 @@ json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
     mt_model_stack_stats_t ss;
     mt_model_stack_stats(m, &ss);
     int bad = json_object_set_new(o, "stacks", json_integer((json_int_t)ss.defined));
-    bad |= json_object_set_new(o, "at_peak", section(m, s, pid, MT_CS_PEAK, top));
-    bad |= json_object_set_new(o, "never_freed", section(m, s, pid, MT_CS_LEAKED, top));
-    bad |= json_object_set_new(o, "growth", section(m, s, pid, MT_CS_GROWTH, top));
+    bad |= json_object_set_new(o, "by", json_string(mt_fr_by_name(cfg->by)));
+    bad |= json_object_set_new(o, "at_peak", section(m, s, pid, MT_CS_PEAK, cfg));
+    bad |= json_object_set_new(o, "never_freed", section(m, s, pid, MT_CS_LEAKED, cfg));
+    bad |= json_object_set_new(o, "growth", section(m, s, pid, MT_CS_GROWTH, cfg));
     if (bad) {
         json_decref(o);
         return NULL;

@@ -221,4 +221,28 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
 /* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */
 const char *mt_ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
 
+/* ---- call sites grouped by the user's frame (torch_snapshot_sites.c, analysis/frames.h) ---- */
+
+struct mt_fr_rules_s;
+struct mt_fr_frame_s;
+
+/* Live bytes at device d's peak grouped by a key of their stacks (mt_fr_by_e; by tag: the
+ * memtrace tag frame's label, else "other"). */
+typedef struct mt_ts_group_s {
+    char *key;      /* owned */
+    uint32_t stack; /* the group's stack with the most bytes */
+    int frame;      /* index of its user frame (mt_fr_pick), -1 for the empty stack */
+    uint64_t bytes; /* requested bytes live at the peak */
+    size_t count;   /* blocks */
+    size_t stacks;  /* distinct stacks merged */
+} mt_ts_group_t;
+
+/* All groups, largest first (ties by key), into *out (new; mt_ts_groups_free); *peak the
+ * peak. r NULL: the default rules. 0 or MT_ENOMEM. */
+int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const struct mt_fr_rules_s *r, int by,
+                         mt_ts_group_t **out, size_t *n, uint64_t *peak);
+void mt_ts_groups_free(mt_ts_group_t **g, size_t n);
+/* The frames of stack as the rules see them, into out[cap]; returns how many (<= cap). */
+size_t mt_ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out, size_t cap);
+
 #endif

@@ -213,6 +213,7 @@ struct mt_d_s {
     char token[40];           /* HTTP token, "" when http_auth is off */
     FILE *logf;
     bool log_dirty;
+    bool recorded; /* serves recorded files (`memtrace view`), not live producers */
     mt_d_counters_t ctr;
     unsigned open_handles; /* initialised and not yet through their close callback */
     char *readbuf;         /* one read buffer for every connection: reads are handled at once */

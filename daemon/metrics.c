@@ -250,12 +250,13 @@ json_t *mt__d_state_json(mt_d_t *d)
     /* Both steal their value, also when they fail: a document short of a member is none. */
     int bad = json_object_set_new(
         o, "daemon",
-        json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:I}", "pid", (int)getpid(),
+        json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:I,s:b}", "pid", (int)getpid(),
                   "start_realtime_ns", (json_int_t)d->start_realtime, "events",
                   (json_int_t)d->ctr.events, "producer_dropped", (json_int_t)d->ctr.producer_drops,
                   "consumer_dropped", (json_int_t)d->ctr.consumer_drops, "producers",
                   (json_int_t)d->ctr.producers, "rejected", (json_int_t)d->ctr.rejected,
-                  "consumers", (int)consumers, "max_exited", (json_int_t)d->cfg.max_exited));
+                  "consumers", (int)consumers, "max_exited", (json_int_t)d->cfg.max_exited,
+                  "recorded", d->recorded));
     bad |= json_object_set_new(o, "processes", procs);
     if (bad) {
         json_decref(o);

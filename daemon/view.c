@@ -155,6 +155,22 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
             snap_apply(&f, &lab);
         }
     rc = mt_ts_records(ts, snap_rec, &f);
+    /* PyTorch's time_us count from the Unix epoch (the records' time_ns = time_us * 1000):
+     * the page's times are epoch seconds as they are, not this machine's monotonic clock
+     * moved to its wall clock. A file without times keeps event order on that clock. */
+    int64_t first_us = 0, last_us = 0;
+    for (size_t i = 0; i < ts->nevents; i++) {
+        int64_t us = ts->events[i].time_us;
+        if (us > 0 && (first_us == 0 || us < first_us))
+            first_us = us;
+        last_us = us > last_us ? us : last_us;
+    }
+    mt_d_web_proc_t *t = mt__d_web_find(d, f.p);
+    if (rc == 0 && t != NULL && first_us > 0) {
+        t->off_ns = 0;
+        f.p->registered_realtime = (uint64_t)first_us * 1000u;
+        f.p->exited_realtime = (uint64_t)last_us * 1000u;
+    }
     mt_ts_destroy(&ts);
     if (rc)
         snprintf(err, errlen, "%s: %s", path, mt_strerror(rc));
@@ -164,6 +180,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
 int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
                    char *err, size_t errlen)
 {
+    d->recorded = true;
     if (strcmp(path, "-") != 0 && mt_ts_is_pickle(path)) {
         uint64_t before = d->ctr.events;
         int rc = view_snapshot(d, path, err, errlen);

@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "analysis/frames.h"
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
@@ -50,10 +51,21 @@ static void help(FILE *f)
                "                      (default 1048576; suffixes K, M, G)\n"
                "  --min-r2 X          goodness of fit needed to flag growth (default 0.8)\n"
                "  --top N             never-freed groups (and call sites) shown (default 10)\n"
-               "  --by callsite       also rank call stacks (recorded with MEMTRACE_STACKS):\n"
-               "                      live bytes at the peak, never freed, growth per\n"
-               "                      iteration, each with its frames (function, file:line,\n"
-               "                      or module+offset without debug info)\n"
+               "  --by KEY            group the call stacks (recorded with MEMTRACE_STACKS, or a\n"
+               "                      snapshot's frames) by KEY: site (the user's frame,\n"
+               "                      'transformer.py:54 forward'; 'callsite' says the same),\n"
+               "                      function, file, module, stack (the user's frames), or\n"
+               "                      tag (memtrace's tags: peak and never freed by tag).\n"
+               "                      Ranks live bytes at the peak, never freed, growth per\n"
+               "                      iteration. Default: tag for tagged input, else site\n"
+               "  --frames all        no frame is skipped: each stack's innermost frame is its\n"
+               "                      site, and every frame is printed under it\n"
+               "  --skip-frames PAT   also skip frames matching PAT: func:PREFIX, file:TEXT,\n"
+               "                      module:TEXT, or TEXT (a function prefix or file text);\n"
+               "                      repeatable. The default rules (docs/frames.md) skip the\n"
+               "                      recorder, the allocator, PyTorch's C++ and dispatcher,\n"
+               "                      CPython's eval loop and installed packages\n"
+               "  --stacks            under each site, its whole stack of kept frames\n"
                "  -h, --help          this text\n"
                "\n"
                "exit status: 0 report printed; 1 the log could not be read; 2 bad usage, or\n"
@@ -63,7 +75,9 @@ static void help(FILE *f)
                "  memtrace report memtrace-4242.ndjson\n"
                "  memtrace report --json run.ndjson | jq '.processes[].growth'\n"
                "  MEMTRACE_LOG=run.ndjson ./train && memtrace report --steps 40 run.ndjson\n"
-               "  memtrace report daemon.ndjson memtrace-4242.ndjson\n");
+               "  memtrace report daemon.ndjson memtrace-4242.ndjson\n"
+               "  memtrace report --by file --stacks snapshot.pickle\n"
+               "  memtrace report --skip-frames file:my_utils.py snapshot.pickle\n");
 }
 
 static int parse_bytes(const char *s, uint64_t *out)
@@ -205,6 +219,42 @@ static void put_plain(const char *s)
     fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
 }
 
+/* How call sites are printed (options of this run). */
+typedef struct print_opts_s {
+    int by;           /* mt_fr_by_e */
+    bool explicit_by; /* --by given */
+    bool all;         /* --frames all: every frame under each site */
+    bool stacks;      /* --stacks: every kept frame under each site */
+} print_opts_t;
+static print_opts_t popt;
+
+/* Under a site: the frames after its user frame that the rules keep (the next five; all
+ * with --stacks; none for a function, file or module group unless --stacks), or every frame
+ * of the stack with --frames all. */
+static void print_frames(json_t *r)
+{
+    json_t *frames = json_object_get(r, "frames");
+    size_t n = json_array_size(frames), shown = 0, cap = popt.stacks || popt.all ? SIZE_MAX : 5;
+    size_t from = (size_t)json_integer_value(json_object_get(r, "user_frame")) + 1;
+    if (!popt.all && !popt.stacks &&
+        ((popt.by != MT_FR_BY_SITE && popt.by != MT_FR_BY_STACK) || num(r, "stacks") > 1))
+        return; /* several stacks: the largest one's callers would speak for all */
+    for (size_t k = from; k < n; k++) {
+        json_t *f = json_array_get(frames, k);
+        if (!popt.all && json_object_get(f, "skipped") != NULL)
+            continue;
+        if (shown++ == cap) {
+            printf("        <- ...\n");
+            return;
+        }
+        printf("        <- ");
+        put_plain(json_string_value(json_object_get(f, "label")));
+        printf("\n");
+    }
+    if (json_is_true(json_object_get(r, "truncated")))
+        printf("        <- ...\n");
+}
+
 static void print_sites(const char *title, json_t *rows, bool growth)
 {
     char b1[32];
@@ -224,26 +274,84 @@ static void print_sites(const char *title, json_t *rows, bool growth)
                    num(r, "blocks"));
         put_plain(json_string_value(json_object_get(r, "site")));
         printf("\n");
-        json_t *frames = json_object_get(r, "frames");
-        for (size_t k = 1; k < json_array_size(frames) && k < 6; k++) {
-            printf("        <- ");
-            put_plain(json_string_value(json_object_get(json_array_get(frames, k), "label")));
-            printf("\n");
-        }
-        if (json_array_size(frames) > 6 || json_is_true(json_object_get(r, "truncated")))
-            printf("        <- ...\n");
+        print_frames(r);
     }
 }
 
-/* Call sites (--by callsite): nothing when the report was not asked for them. */
-static void print_callsites(json_t *cs)
+/* Call sites: printed when asked for (--by), or for untagged input that recorded stacks. */
+static void print_callsites(json_t *cs, bool tagged)
 {
-    if (!cs)
+    if (!cs || popt.by == MT_FR_BY_TAG)
         return;
+    if (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))
+        return;
+    char t[3][96];
+    const char *by = popt.by == MT_FR_BY_SITE ? "call site" : mt_fr_by_name(popt.by);
+    snprintf(t[0], sizeof t[0], "live bytes at the peak, by %s", by);
+    snprintf(t[1], sizeof t[1], "never freed, by %s", by);
+    snprintf(t[2], sizeof t[2], "growth per iteration, by %s", by);
     printf("\n  call sites: %.0f distinct stacks recorded\n", num(cs, "stacks"));
-    print_sites("live bytes at the peak, by call site", json_object_get(cs, "at_peak"), false);
-    print_sites("never freed, by call site", json_object_get(cs, "never_freed"), false);
-    print_sites("growth per iteration, by call site", json_object_get(cs, "growth"), true);
+    print_sites(t[0], json_object_get(cs, "at_peak"), false);
+    print_sites(t[1], json_object_get(cs, "never_freed"), false);
+    print_sites(t[2], json_object_get(cs, "growth"), true);
+}
+
+/* Whether a process's input carried tags: any byte under a tag other than "other". */
+static bool is_tagged(json_t *p)
+{
+    const char *k;
+    json_t *v;
+    json_t *h = json_object_get(p, "host");
+    json_object_foreach(json_object_get(p, "peak_by_tag"), k,
+                        v) if (strcmp(k, "other") != 0) return true;
+    json_object_foreach(json_object_get(h, "peak_by_tag"), k,
+                        v) if (strcmp(k, "other") != 0) return true;
+    size_t i;
+    json_t *g;
+    json_array_foreach(json_object_get(json_object_get(p, "never_freed"), "groups"), i, g)
+    {
+        const char *t = json_string_value(json_object_get(g, "tag"));
+        if (t != NULL && strcmp(t, "other") != 0)
+            return true;
+    }
+    return false;
+}
+
+/* Untagged input: the sections by tag would say "other" for every byte. They are dropped
+ * (text and JSON; "tagged": false says why) unless --by tag asks for them; the call sites
+ * stand in for them. A tagged process run without --by keeps its report as it was. */
+static void fit_sections(json_t *res)
+{
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(res, "processes"), i, p)
+    {
+        bool tagged = is_tagged(p);
+        json_object_set_new(p, "tagged", json_boolean(tagged));
+        if (!tagged && popt.by != MT_FR_BY_TAG) {
+            json_object_del(p, "peak_by_tag");
+            json_object_del(json_object_get(p, "never_freed"), "groups");
+            json_object_del(json_object_get(p, "never_freed"), "groups_total");
+            json_t *h = json_object_get(p, "host");
+            json_object_del(h, "peak_by_tag");
+            json_object_del(json_object_get(h, "never_freed"), "groups");
+        }
+        json_t *cs = json_object_get(p, "callsites");
+        /* A snapshot's stacks are its frames, grouped in "snapshots": its process has none. */
+        size_t k;
+        json_t *sn;
+        json_array_foreach(json_object_get(res, "snapshots"), k, sn)
+        {
+            if (cs != NULL && num(cs, "stacks") <= 0 &&
+                json_integer_value(json_object_get(sn, "process")) ==
+                    json_integer_value(json_object_get(p, "pid")))
+                json_object_del(p, "callsites");
+        }
+        cs = json_object_get(p, "callsites");
+        if (cs != NULL &&
+            (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
+            json_object_del(p, "callsites");
+    }
 }
 
 static void print_process(json_t *p)
@@ -342,8 +450,10 @@ static void print_process(json_t *p)
 
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
-    print_callsites(json_object_get(p, "callsites"));
+    print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
 }
+
+static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv);
 
 int mt_cmd_report(int argc, char **argv)
 {
@@ -354,11 +464,18 @@ int mt_cmd_report(int argc, char **argv)
         {"min-r2", required_argument, NULL, 'r'},
         {"top", required_argument, NULL, 't'},
         {"by", required_argument, NULL, 'b'},
+        {"frames", required_argument, NULL, 'f'},
+        {"skip-frames", required_argument, NULL, 'k'},
+        {"stacks", no_argument, NULL, 'S'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     mt__report_cfg_t cfg = mt__report_cfg_default();
     bool as_json = false;
+    /* Rules are made once the options are read: --frames all may come after --skip-frames. */
+    const char *skips[64];
+    int nskips = 0;
+    popt = (print_opts_t){.by = MT_FR_BY_SITE};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -395,11 +512,30 @@ int mt_cmd_report(int argc, char **argv)
             }
             break;
         case 'b':
-            if (strcmp(optarg, "callsite") != 0) {
-                fprintf(stderr, "memtrace report: --by wants callsite\n");
+            popt.by = mt_fr_by_parse(optarg);
+            if (popt.by < 0) {
+                fprintf(stderr, "memtrace report: --by wants site, function, file, module, "
+                                "stack or tag\n");
                 return 2;
             }
-            cfg.by_callsite = true;
+            popt.explicit_by = true;
+            break;
+        case 'f':
+            if (strcmp(optarg, "all") != 0 && strcmp(optarg, "user") != 0) {
+                fprintf(stderr, "memtrace report: --frames wants all (or user, the default)\n");
+                return 2;
+            }
+            popt.all = strcmp(optarg, "all") == 0;
+            break;
+        case 'k':
+            if (nskips == (int)(sizeof skips / sizeof skips[0]) || optarg[0] == '\0') {
+                fprintf(stderr, "memtrace report: --skip-frames wants a pattern (64 at most)\n");
+                return 2;
+            }
+            skips[nskips++] = optarg;
+            break;
+        case 'S':
+            popt.stacks = true;
             break;
         case 'h':
             help(stdout);
@@ -413,6 +549,32 @@ int mt_cmd_report(int argc, char **argv)
         help(stderr);
         return 2;
     }
+    mt_fr_rules_t *rules = NULL;
+    if (mt_fr_rules_create(&rules, popt.all) != 0) {
+        fprintf(stderr, "memtrace report: out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < nskips; i++) {
+        int rc = mt_fr_rules_add(rules, skips[i]);
+        if (rc != 0) {
+            fprintf(stderr, "memtrace report: --skip-frames %s: %s\n", skips[i],
+                    rc == MT_EINVAL ? "empty pattern" : "out of memory");
+            mt_fr_rules_destroy(&rules);
+            return rc == MT_EINVAL ? 2 : 1;
+        }
+    }
+    /* Call sites are computed for every process: untagged input shows them by default. */
+    cfg.by = popt.by;
+    cfg.frames = rules;
+    cfg.by_callsite = popt.by != MT_FR_BY_TAG;
+    int status = report_run(&cfg, as_json, argc, argv);
+    mt_fr_rules_destroy(&rules);
+    return status;
+}
+
+static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv)
+{
+    mt__report_cfg_t cfg = *cfgp;
     mt__report_t *r = NULL;
     if (mt__report_create(&r, &cfg) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
@@ -433,7 +595,8 @@ int mt_cmd_report(int argc, char **argv)
         mt_tool_inputs_free(&in);
         return 1;
     }
-    mt_tool_inputs_json(&in, res, cfg.top);
+    mt_tool_inputs_json(&in, res, &cfg);
+    fit_sections(res);
     if (as_json) {
         errno = 0; /* jansson reports a failure without a reason: errno tells */
         if (json_dumpf(res, stdout, JSON_INDENT(2)) != 0) {
@@ -464,7 +627,7 @@ int mt_cmd_report(int argc, char **argv)
             printf("\n");
             print_process(p);
         }
-        mt_tool_inputs_print(&in, cfg.top);
+        mt_tool_inputs_print(&in, &cfg, popt.stacks);
     }
     mt_tool_inputs_free(&in);
     json_decref(res);

@@ -6,9 +6,18 @@
 
 #include <jansson.h>
 
+#include "analysis/frames.h"
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
 #include "tools/snapshot_in.h"
+#include "util/text.h"
+
+/* A frame's text from the file (another program's strings), escaped (util/text.h). */
+static void put_text(const char *s)
+{
+    char buf[MT_TEXT_ESC_SIZE(512)];
+    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
+}
 
 int mt_tool_read_snapshot(const char *prog, const char *path, mt_ts_t **out)
 {
@@ -217,35 +226,48 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
     return 0;
 }
 
-static json_t *sites_json(const mt_ts_t *ts, unsigned d, unsigned top)
+/* The frames of one stack: each {name, filename, line}, and "skipped" (the rule's reason)
+ * for a frame that is not the user's. */
+static json_t *frames_json(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *rules)
 {
-    mt_ts_site_t sites[64];
-    size_t ns;
-    uint64_t peak;
-    if (top > 64)
-        top = 64;
-    if (mt_ts_sites_at_peak(ts, d, sites, top, &ns, &peak) != 0)
-        return NULL;
-    json_t *arr = json_array();
-    for (size_t i = 0; i < ns; i++) {
-        char name[512];
-        json_t *frames = json_array();
-        const mt_ts_stack_t *s = &ts->stacks[sites[i].stack];
-        for (uint32_t k = 0; k < s->n; k++) {
-            const mt_ts_frame_t *f = &ts->frames[s->first + k];
-            json_array_append_new(frames, json_pack("{s:s, s:s, s:I}", "name", f->name, "filename",
-                                                    f->filename, "line", (json_int_t)f->line));
-        }
-        json_array_append_new(arr, json_pack("{s:s, s:o, s:I, s:o}", "site",
-                                             mt_ts_site_name(ts, sites[i].stack, name, sizeof name),
-                                             "bytes", jb(sites[i].bytes), "count",
-                                             (json_int_t)sites[i].count, "frames", frames));
+    json_t *frames = json_array();
+    if (stack == 0 || stack >= ts->nstacks)
+        return frames;
+    const mt_ts_stack_t *s = &ts->stacks[stack];
+    for (uint32_t k = 0; k < s->n; k++) {
+        const mt_ts_frame_t *f = &ts->frames[s->first + k];
+        mt_fr_frame_t fr;
+        fr = (mt_fr_frame_t){.func = f->name, .file = f->filename, .line = f->line};
+        size_t len = strlen(f->filename);
+        fr.python = len > 3 && strcmp(f->filename + len - 3, ".py") == 0;
+        const mt_fr_rule_t *m = mt_fr_match(rules, &fr);
+        json_array_append_new(
+            frames, json_pack("{s:s, s:s, s:I, s:s*}", "name", f->name, "filename", f->filename,
+                              "line", (json_int_t)f->line, "skipped", m ? m->reason : NULL));
     }
-    return json_pack("{s:i, s:o, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
-                     "call_sites_at_peak", arr);
+    return frames;
 }
 
-void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top)
+static json_t *sites_json(const mt_ts_t *ts, unsigned d, const mt__report_cfg_t *cfg)
+{
+    mt_ts_group_t *g = NULL;
+    size_t ng = 0;
+    uint64_t peak;
+    if (mt_ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+        return NULL;
+    json_t *arr = json_array();
+    for (size_t i = 0; i < ng && i < cfg->top; i++)
+        json_array_append_new(arr,
+                              json_pack("{s:s, s:o, s:I, s:I, s:i, s:o}", "site", g[i].key, "bytes",
+                                        jb(g[i].bytes), "count", (json_int_t)g[i].count, "stacks",
+                                        (json_int_t)g[i].stacks, "user_frame", g[i].frame, "frames",
+                                        frames_json(ts, g[i].stack, cfg->frames)));
+    mt_ts_groups_free(&g, ng);
+    return json_pack("{s:i, s:o, s:s, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
+                     "by", mt_fr_by_name(cfg->by), "call_sites_at_peak", arr);
+}
+
+void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg)
 {
     if (in->n == 0)
         return;
@@ -254,7 +276,7 @@ void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top)
         const mt_ts_t *ts = in->ts[i];
         json_t *devs = json_array(), *ann = json_array();
         for (unsigned d = 0; d < ts->ndevices; d++)
-            json_array_append_new(devs, sites_json(ts, d, top));
+            json_array_append_new(devs, sites_json(ts, d, cfg));
         for (size_t k = 0; k < ts->nannotations; k++) {
             const mt_ts_annotation_t *a = &ts->annotations[k];
             json_array_append_new(
@@ -269,27 +291,67 @@ void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top)
     json_object_set_new(res, "snapshots", arr);
 }
 
-void mt_tool_inputs_print(const mt_tool_inputs_t *in, unsigned top)
+/* Under a group's line: its stack's frames after the user's that the rules keep (all of
+ * them with stacks, else the next few; none when grouped by function, file or module), or
+ * every frame of the stack with --frames all. */
+static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__report_cfg_t *cfg,
+                        bool stacks)
+{
+    if (g->stack == 0 || g->stack >= ts->nstacks || g->frame < 0)
+        return;
+    const mt_ts_stack_t *s = &ts->stacks[g->stack];
+    bool all = mt_fr_rules_all(cfg->frames);
+    if (!stacks && !all && cfg->by != MT_FR_BY_SITE)
+        return;
+    if (!stacks && !all && g->stacks > 1)
+        return; /* several stacks: the largest one's callers would speak for all */
+    unsigned shown = 0, cap = stacks || all ? UINT32_MAX : 3;
+    for (uint32_t k = (uint32_t)g->frame + 1; k < s->n; k++) {
+        const mt_ts_frame_t *f = &ts->frames[s->first + k];
+        mt_fr_frame_t fr = {.func = f->name, .file = f->filename, .line = f->line};
+        size_t len = strlen(f->filename);
+        fr.python = len > 3 && strcmp(f->filename + len - 3, ".py") == 0;
+        if (!all && mt_fr_match(cfg->frames, &fr) != NULL)
+            continue;
+        if (shown++ == cap) {
+            printf("                          <- ...\n");
+            break;
+        }
+        char site[512];
+        printf("                          <- ");
+        put_text(mt_fr_site(&fr, site, sizeof site));
+        printf("\n");
+    }
+}
+
+void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks)
 {
     for (size_t i = 0; i < in->n; i++) {
         const mt_ts_t *ts = in->ts[i];
         printf("\nsnapshot %s (process %zu above; PyTorch %s layout)\n", in->path[i], i + 1,
                ts->era == 1 ? "1.13" : "2.x");
         for (unsigned d = 0; d < ts->ndevices; d++) {
-            mt_ts_site_t sites[64];
-            size_t ns;
+            mt_ts_group_t *g = NULL;
+            size_t ng;
             uint64_t peak;
-            if (mt_ts_sites_at_peak(ts, d, sites, top > 64 ? 64 : top, &ns, &peak) != 0)
+            if (mt_ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
                 continue;
-            char b[32], name[512];
+            char b[32];
             human(b, sizeof b, peak);
-            printf("  device %u: top call sites at the peak of allocated bytes (%s, requested)\n",
-                   d, b);
-            for (size_t k = 0; k < ns; k++) {
-                human(b, sizeof b, sites[k].bytes);
-                printf("    %12s %6zu  %s\n", b, sites[k].count,
-                       mt_ts_site_name(ts, sites[k].stack, name, sizeof name));
+            printf("  device %u: live bytes at the peak of allocated bytes (%s, requested), by "
+                   "%s%s\n",
+                   d, b, mt_fr_by_name(cfg->by),
+                   mt_fr_rules_all(cfg->frames) ? " (every frame: --frames all)" : "");
+            for (size_t k = 0; k < ng && k < cfg->top; k++) {
+                human(b, sizeof b, g[k].bytes);
+                printf("    %12s %6zu  ", b, g[k].count);
+                put_text(g[k].key);
+                printf("\n");
+                print_stack(ts, &g[k], cfg, stacks);
             }
+            if (ng > cfg->top)
+                printf("    ... %zu more\n", ng - cfg->top);
+            mt_ts_groups_free(&g, ng);
         }
         if (ts->nannotations)
             printf("  annotations:\n");

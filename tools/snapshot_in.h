@@ -33,11 +33,12 @@ typedef struct mt_tool_inputs_s {
  * 2 (a malformed snapshot; said on stderr with prog). */
 int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, int n,
                         unsigned long *bad, mt_tool_inputs_t *in);
-/* Adds "snapshots": [{file, layout, devices: [{device, peak_allocated, call_sites}],
- * annotations}] to the report's result. */
-void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, unsigned top);
-/* The same as text, after the report's. */
-void mt_tool_inputs_print(const mt_tool_inputs_t *in, unsigned top);
+/* Adds "snapshots": [{file, layout, devices: [{device, peak_allocated_bytes, by,
+ * call_sites_at_peak}], annotations}] to the report's result: cfg->top groups of live bytes
+ * at the peak by cfg->by, named by their user frame (cfg->frames, analysis/frames.h). */
+void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg);
+/* The same as text, after the report's; stacks: each group's whole kept stack below it. */
+void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks);
 void mt_tool_inputs_free(mt_tool_inputs_t *in);
 
 /* Reads a snapshot file, printing "prog: message" on failure. Returns 0, or the exit status

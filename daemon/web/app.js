@@ -43,6 +43,14 @@ function fmtBytes(b) {
 const fmtPct = (x) => (x == null ? '–' : (100 * x).toFixed(1) + ' %');
 const fmtTime = (s) => new Date(s * 1000).toLocaleTimeString([], { hour12: false }) +
   '.' + String(Math.floor((s % 1) * 1000)).padStart(3, '0');
+// The day of epoch seconds s, as YYYY-MM-DD in local time.
+const fmtDay = (s) => {
+  const d = new Date(s * 1000);
+  return `${d.getFullYear()}-${String(d.getMonth() + 1).padStart(2, '0')}-${String(d.getDate()).padStart(2, '0')}`;
+};
+// A time with its day in front when it is not today (recorded files: a snapshot's clock is
+// the run's, days or months ago).
+const fmtWhen = (s) => (fmtDay(s) === fmtDay(Date.now() / 1000) ? '' : fmtDay(s) + ' ') + fmtTime(s);
 
 const PALETTE = ['#1976d2', '#e53935', '#43a047', '#fb8c00', '#8e24aa', '#00acc1', '#6d4c41',
   '#c0ca33', '#d81b60', '#3949ab', '#00897b', '#f4511e', '#5e35b1', '#7cb342', '#546e7a'];
@@ -155,6 +163,16 @@ function viewRange(h) {
   return { from: S.view.from, to: S.view.to };
 }
 
+// The start of the live view of p: the last span seconds before now while it runs, before
+// its last event once it has exited (a recording's may be days old: no window of the
+// wall clock holds it); the whole run until that last event is known.
+function liveFrom(p) {
+  if (!S.view.span) return '';
+  if (p.state !== 'exited') return `&from=${Date.now() / 1000 - S.view.span - 5}`;
+  const h = S.lastHistory && S.lastHistory.pid === S.pid ? S.lastHistory : null;
+  return h ? `&from=${Number(h.now) - S.view.span}` : '';
+}
+
 function chartWidth(id) { return Math.max(300, $(id).clientWidth - 2); }
 
 function buildChart(tags) {
@@ -214,7 +232,8 @@ function renderHistory(h) {
     [[], [], []], $('hostchart'));
   }
   S.hostChart.setData([h.t, h.host_allocated, h.host_reserved]);
-  $('view-info').textContent = (S.view.live ? 'live, ' : 'fixed, ') + fmtTime(h.from) + ' – ' + fmtTime(h.to);
+  $('view-info').textContent = (S.view.live ? (S.recorded ? 'to the end, ' : 'live, ') : 'fixed, ') + fmtWhen(h.from) + ' – ' +
+    (fmtDay(h.from) === fmtDay(h.to) ? fmtTime(h.to) : fmtWhen(h.to));
   for (const b of document.querySelectorAll('[data-span]'))
     b.classList.toggle('on', S.view.live && Number(b.dataset.span) === S.view.span);
   $('go-live').classList.toggle('on', S.view.live);
@@ -455,6 +474,7 @@ async function refresh() {
   S.busy = true;
   try {
     const [state, spark] = await Promise.all([api('/state'), api('/spark?span=120&buckets=60')]);
+    S.recorded = !!(state.daemon && state.daemon.recorded);
     let hist = null, map = null, tail = null;
     const p = state.processes.filter((x) => x.pid === S.pid).pop();
     if (p) {
@@ -463,7 +483,7 @@ async function refresh() {
       const nb = Math.min(1000, Math.max(50, Math.floor(chartWidth('chart') / 4)));
       const f = ['kind', 'tag', 'pool'].map((k) => ($('f-' + k).value ? `&${k}=${encodeURIComponent($('f-' + k).value)}` : '')).join('');
       [hist, map, tail] = await Promise.all([
-        api(`/history?pid=${S.pid}&buckets=${nb}${S.view.live ? (S.view.span ? `&from=${Date.now() / 1000 - S.view.span - 5}` : '') : rq}`).catch(() => null),
+        api(`/history?pid=${S.pid}&buckets=${nb}${S.view.live ? liveFrom(p) : rq}`).catch(() => null),
         S.mapSeq == null ? api(`/map?pid=${S.pid}`).catch(() => null) : Promise.resolve(null),
         api(`/tail?pid=${S.pid}&n=60${f}`).catch(() => null)]);
     }
@@ -493,7 +513,14 @@ async function refresh() {
     S.perf.push(dt);
     if (S.perf.length > 1000) S.perf.shift();
     S.updates++;
-    setStatus(true, `live · ${state.processes.length} process(es) · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
+    // Files loaded by `memtrace view` are a recording: say so, with the day it was made.
+    if (state.daemon && state.daemon.recorded) {
+      const rt = p && p.registered_realtime_ns ? p.registered_realtime_ns / 1e9 : null;
+      setStatus(true, `recorded · ${state.processes.length} process(es)` +
+        (rt ? ` · ${fmtDay(rt)} ${fmtTime(rt)}` : ''));
+    } else {
+      setStatus(true, `live · ${state.processes.length} process(es) · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
+    }
   } catch (e) {
     setStatus(false, 'disconnected, retrying… (' + e.message + ')');
   } finally {

@@ -1,0 +1,329 @@
+/* The user's frame of a call stack (frames.h): the default rules, matching, names and keys.
+ * docs/frames.md explains the table; keep the two in step. */
+#include "analysis/frames.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/alloc.h"
+
+/* ---- the default table ----
+ * Recorder rules come first: a frame they match is never the site, even when every frame
+ * of its stack is skipped (mt_fr_pick's fallback). Function rules of the defaults apply to
+ * native frames only: a Python function named like a C++ namespace is still the user's. */
+#define R(kind, cls, pat, why)                                                                     \
+    {                                                                                              \
+        kind, cls, pat, why                                                                        \
+    }
+static const mt_fr_rule_t defaults[] = {
+    /* the recorders and the allocators */
+    R(MT_FR_FUNC, MT_FR_RECORDER, "torch::unwind::", "PyTorch's stack unwinder"),
+    R(MT_FR_FUNC, MT_FR_RECORDER, "torch::CapturedTraceback::", "PyTorch's traceback capture"),
+    R(MT_FR_FUNC, MT_FR_RECORDER, "torch::cuda::(anonymous namespace)::gather",
+      "PyTorch's memory-history recorder"),
+    R(MT_FR_FILE, MT_FR_RECORDER, "memory_snapshot.cpp", "PyTorch's memory-history recorder"),
+    R(MT_FR_FUNC, MT_FR_RECORDER, "gather_traceback", "the profiler's traceback capture"),
+    R(MT_FR_FUNC, MT_FR_RECORDER, "c10::cuda::CUDACachingAllocator::", "PyTorch's CUDA allocator"),
+    R(MT_FR_FILE, MT_FR_RECORDER, "CUDACachingAllocator", "PyTorch's CUDA allocator"),
+    R(MT_FR_FUNC, MT_FR_RECORDER, "mt_", "memtrace's recorder"),
+    R(MT_FR_MODULE, MT_FR_RECORDER, "libmemtrace", "memtrace's recorder"),
+    R(MT_FR_FILE_IS, MT_FR_RECORDER, "memtrace", "memtrace's tag frame"),
+    /* the framework's C++ */
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "c10::", "PyTorch's core (c10)"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "at::", "ATen operators and the dispatcher"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "torch::", "PyTorch's C++ (autograd, Python bindings)"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "caffe2::", "PyTorch's C++"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "pybind11::", "Python bindings"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "std::", "the C++ standard library"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "Dispatcher.h", "the dispatcher"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "BoxedKernel", "the dispatcher's boxing"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "core/boxing", "the dispatcher's boxing"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "VariableType", "autograd's generated kernels"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "ADInplaceOrView", "autograd's generated kernels"),
+    R(MT_FR_MODULE, MT_FR_FRAMEWORK, "libtorch", "PyTorch's libraries"),
+    R(MT_FR_MODULE, MT_FR_FRAMEWORK, "libc10", "PyTorch's libraries"),
+    /* the interpreter (CPython's eval loop and calls) */
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "_Py", "CPython's internals"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "Py", "CPython's C API"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "cfunction_", "CPython's calls"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "method_vectorcall", "CPython's calls"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "slot_tp_", "CPython's calls"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "type_call", "CPython's calls"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "do_call_core", "CPython's eval loop"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "__libc_start", "the C library's start-up"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "_start", "the C library's start-up"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "Objects/", "CPython's objects and calls"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "Python/", "CPython's eval loop and built-ins"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "Modules/", "CPython's C modules"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "Include/", "CPython's inline calls"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "Programs/", "CPython's start-up"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "eval_frame.c", "TorchDynamo's frame hook"),
+    R(MT_FR_MODULE, MT_FR_FRAMEWORK, "libpython", "CPython"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "libstdc++", "the C++ standard library"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, ".cudafe1.",
+      "a CUDA library's kernels (nvcc's "
+      "intermediate file)"),
+    R(MT_FR_NATIVE_NO_FILE, MT_FR_FRAMEWORK, "",
+      "a native frame with no source file: a "
+      "library or the interpreter, not code being developed"),
+    /* installed Python packages and the standard library */
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "site-packages/", "an installed package"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "dist-packages/", "an installed package"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "/torch/", "PyTorch's Python (torch/nn/modules/module.py, ...)"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "/lib/python3", "Python's standard library"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "<frozen ", "Python's frozen start-up modules"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "torchinductor_", "TorchInductor's generated code"),
+};
+#undef R
+
+const mt_fr_rule_t *mt_fr_default_rules(size_t *n)
+{
+    *n = sizeof defaults / sizeof defaults[0];
+    return defaults;
+}
+
+/* ---- a set of rules ---- */
+
+struct mt_fr_rules_s {
+    bool all;           /* no rule applies */
+    mt_fr_rule_t *user; /* [nuser], patterns owned */
+    size_t nuser;
+};
+
+int mt_fr_rules_create(mt_fr_rules_t **out, bool all)
+{
+    *out = calloc(1, sizeof **out);
+    if (*out == NULL)
+        return MT_ENOMEM;
+    (*out)->all = all;
+    return 0;
+}
+
+void mt_fr_rules_destroy(mt_fr_rules_t **p)
+{
+    if (*p == NULL)
+        return;
+    for (size_t i = 0; i < (*p)->nuser; i++)
+        free((char *)(*p)->user[i].pattern);
+    free((*p)->user);
+    free(*p);
+    *p = NULL;
+}
+
+bool mt_fr_rules_all(const mt_fr_rules_t *r)
+{
+    return r != NULL && r->all;
+}
+
+/* A rule of text alone matches either way: kept as two rules with one pattern string. */
+static int add_rule(mt_fr_rules_t *r, int kind, const char *pat, size_t len)
+{
+    mt_fr_rule_t *u = realloc(r->user, (r->nuser + 1) * sizeof *u);
+    if (u == NULL)
+        return MT_ENOMEM;
+    r->user = u;
+    char *p = strndup(pat, len);
+    if (p == NULL)
+        return MT_ENOMEM;
+    u[r->nuser++] = (mt_fr_rule_t){(uint8_t)kind, MT_FR_USER_RULE, p, "--skip-frames"};
+    return 0;
+}
+
+int mt_fr_rules_add(mt_fr_rules_t *r, const char *spec)
+{
+    static const struct {
+        const char *prefix;
+        int kind;
+    } kinds[] = {{"func:", MT_FR_FUNC}, {"file:", MT_FR_FILE}, {"module:", MT_FR_MODULE}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        size_t pl = strlen(kinds[i].prefix);
+        if (strncmp(spec, kinds[i].prefix, pl) == 0) {
+            if (spec[pl] == '\0')
+                return MT_EINVAL;
+            return add_rule(r, kinds[i].kind, spec + pl, strlen(spec + pl));
+        }
+    }
+    if (spec[0] == '\0')
+        return MT_EINVAL;
+    int rc = add_rule(r, MT_FR_FUNC, spec, strlen(spec));
+    return rc ? rc : add_rule(r, MT_FR_FILE, spec, strlen(spec));
+}
+
+/* ---- matching ---- */
+
+static bool no_file(const char *file)
+{
+    return file == NULL || file[0] == '\0' || strcmp(file, "??") == 0;
+}
+
+/* The function starts with pat, or one of its words does: a C++ name may begin with its
+ * return type ("void at::native::f<float>()"). */
+static bool func_match(const char *func, const char *pat)
+{
+    size_t pl = strlen(pat);
+    for (const char *s = func; s != NULL; s = strchr(s, ' ')) {
+        while (*s == ' ')
+            s++;
+        if (strncmp(s, pat, pl) == 0)
+            return true;
+    }
+    return false;
+}
+
+static bool rule_match(const mt_fr_rule_t *r, const mt_fr_frame_t *f, bool builtin)
+{
+    switch (r->kind) {
+    case MT_FR_FUNC:
+        return f->func != NULL && !(builtin && f->python) && func_match(f->func, r->pattern);
+    case MT_FR_FILE:
+        /* "/torch/" also matches a relative "torch/..." */
+        return f->file != NULL && (strstr(f->file, r->pattern) != NULL ||
+                                   (r->pattern[0] == '/' &&
+                                    strncmp(f->file, r->pattern + 1, strlen(r->pattern + 1)) == 0));
+    case MT_FR_NATIVE_FILE:
+        return !f->python && f->file != NULL && strstr(f->file, r->pattern) != NULL;
+    case MT_FR_FILE_IS:
+        return f->file != NULL && strcmp(f->file, r->pattern) == 0;
+    case MT_FR_MODULE:
+        return f->module != NULL && strstr(f->module, r->pattern) != NULL;
+    case MT_FR_NATIVE_NO_FILE:
+        return !f->python && no_file(f->file);
+    default:
+        return false;
+    }
+}
+
+const mt_fr_rule_t *mt_fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
+{
+    if (r != NULL && r->all)
+        return NULL;
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        if (rule_match(&defaults[i], f, true))
+            return &defaults[i];
+    for (size_t i = 0; r != NULL && i < r->nuser; i++)
+        if (rule_match(&r->user[i], f, false))
+            return &r->user[i];
+    return NULL;
+}
+
+int mt_fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
+{
+    if (n == 0)
+        return -1;
+    int fallback = -1;
+    for (size_t i = 0; i < n; i++) {
+        const mt_fr_rule_t *m = mt_fr_match(r, &frames[i]);
+        if (m == NULL)
+            return (int)i;
+        if (fallback < 0 && m->cls != MT_FR_RECORDER)
+            fallback = (int)i;
+    }
+    return fallback >= 0 ? fallback : 0;
+}
+
+/* ---- names and keys ---- */
+
+static const char *const by_names[MT_FR_BY_COUNT] = {"site",   "function", "file",
+                                                     "module", "stack",    "tag"};
+
+const char *mt_fr_by_name(int by)
+{
+    return by >= 0 && by < MT_FR_BY_COUNT ? by_names[by] : NULL;
+}
+
+int mt_fr_by_parse(const char *name)
+{
+    if (strcmp(name, "callsite") == 0)
+        return MT_FR_BY_SITE;
+    for (int i = 0; i < MT_FR_BY_COUNT; i++)
+        if (strcmp(name, by_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    return b ? b + 1 : path;
+}
+
+const char *mt_fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
+{
+    const char *func = f->func != NULL && f->func[0] ? f->func : NULL;
+    if (!no_file(f->file)) {
+        const char *b = base_name(f->file);
+        if (f->line > 0)
+            snprintf(buf, len, "%s:%lld%s%s", b, (long long)f->line, func ? " " : "",
+                     func ? func : "");
+        else
+            snprintf(buf, len, "%s%s%s", b, func ? " " : "", func ? func : "");
+    } else if (func != NULL) {
+        snprintf(buf, len, "%s", func);
+    } else if (f->module != NULL) {
+        snprintf(buf, len, "%s", base_name(f->module));
+    } else {
+        snprintf(buf, len, "??");
+    }
+    return buf;
+}
+
+const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
+{
+    const char *func = f->func != NULL && f->func[0] ? f->func : "??";
+    const char *file = no_file(f->file) ? NULL : base_name(f->file);
+    switch (by) {
+    case MT_FR_BY_FUNCTION:
+        if (file != NULL)
+            snprintf(buf, len, "%s (%s)", func, file);
+        else
+            snprintf(buf, len, "%s", func);
+        return buf;
+    case MT_FR_BY_FILE:
+        snprintf(buf, len, "%s", file ? file : f->module ? base_name(f->module) : "??");
+        return buf;
+    case MT_FR_BY_MODULE:
+        if (f->module != NULL) {
+            snprintf(buf, len, "%s", base_name(f->module));
+        } else if (file != NULL) {
+            const char *dot = strrchr(file, '.');
+            int n = dot && strcmp(dot, ".py") == 0 ? (int)(dot - file) : (int)strlen(file);
+            snprintf(buf, len, "%.*s", n, file);
+        } else {
+            snprintf(buf, len, "??");
+        }
+        return buf;
+    default:
+        return mt_fr_site(f, buf, len);
+    }
+}
+
+const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
+                            char *buf, size_t len)
+{
+    if (len == 0)
+        return buf;
+    buf[0] = '\0';
+    int u = mt_fr_pick(r, frames, n);
+    if (u < 0) {
+        snprintf(buf, len, "<no frames>");
+        return buf;
+    }
+    if (by != MT_FR_BY_STACK)
+        return mt_fr_key(&frames[u], by, buf, len);
+    size_t used = 0;
+    for (size_t i = (size_t)u; i < n; i++) {
+        if (i > (size_t)u && mt_fr_match(r, &frames[i]) != NULL)
+            continue;
+        char one[512];
+        mt_fr_site(&frames[i], one, sizeof one);
+        int w = snprintf(buf + used, len - used, "%s%s", used ? " <- " : "", one);
+        if (w < 0 || (size_t)w >= len - used) {
+            if (len > 4)
+                memcpy(buf + len - 4, "...", 4);
+            return buf;
+        }
+        used += (size_t)w;
+    }
+    return buf;
+}

@@ -1,0 +1,134 @@
+/* A snapshot's live bytes at the peak grouped by the user's frame of their stacks
+ * (torch_snapshot.h, "call sites grouped"): PyTorch's stacks start with its unwinder, its
+ * allocator and ATen, so the stacks' innermost frames all read the same; the rules of
+ * analysis/frames.h find the frame the user wrote. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis/frames.h"
+#include "analysis/torch_snapshot.h"
+#include "memtrace/alloc.h"
+
+static bool is_py(const char *file)
+{
+    size_t n = file != NULL ? strlen(file) : 0;
+    return n > 3 && strcmp(file + n - 3, ".py") == 0;
+}
+
+size_t mt_ts_stack_frames(const mt_ts_t *ts, uint32_t stack, mt_fr_frame_t *out, size_t cap)
+{
+    if (stack == 0 || stack >= ts->nstacks)
+        return 0;
+    const mt_ts_stack_t *s = &ts->stacks[stack];
+    size_t n = s->n < cap ? s->n : cap;
+    for (size_t i = 0; i < n; i++) {
+        const mt_ts_frame_t *f = &ts->frames[s->first + i];
+        out[i] = (mt_fr_frame_t){
+            .func = f->name, .file = f->filename, .line = f->line, .python = is_py(f->filename)};
+    }
+    return n;
+}
+
+/* The key of one stack into buf (by tag: its memtrace tag frame, "tag <label>"). */
+static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *r, int by,
+                             mt_fr_frame_t *fr, size_t cap, int *frame, char *buf, size_t len)
+{
+    size_t n = mt_ts_stack_frames(ts, stack, fr, cap);
+    *frame = mt_fr_pick(r, fr, n);
+    if (by == MT_FR_BY_TAG) {
+        snprintf(buf, len, "other");
+        for (size_t i = 0; i < n; i++)
+            if (fr[i].file != NULL && strcmp(fr[i].file, "memtrace") == 0 &&
+                strncmp(fr[i].func, "tag ", 4) == 0) {
+                snprintf(buf, len, "%s", fr[i].func + 4);
+                break;
+            }
+        return buf;
+    }
+    if (n == 0) {
+        snprintf(buf, len, "<no frames>");
+        return buf;
+    }
+    return mt_fr_stack_key(r, fr, n, by, buf, len);
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const mt_ts_group_t *x = a, *y = b;
+    int c = strcmp(x->key, y->key);
+    if (c != 0)
+        return c;
+    return x->bytes != y->bytes ? (x->bytes < y->bytes ? 1 : -1)
+                                : (x->stack > y->stack) - (x->stack < y->stack);
+}
+
+static int by_bytes(const void *a, const void *b)
+{
+    const mt_ts_group_t *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes < y->bytes ? 1 : -1;
+    return strcmp(x->key, y->key);
+}
+
+void mt_ts_groups_free(mt_ts_group_t **g, size_t n)
+{
+    if (*g == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        free((*g)[i].key);
+    free(*g);
+    *g = NULL;
+}
+
+int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_t *r, int by,
+                         mt_ts_group_t **out, size_t *nout, uint64_t *peak)
+{
+    *out = NULL;
+    *nout = 0;
+    size_t cap = ts->nstacks ? ts->nstacks : 1, ns = 0, maxf = 1;
+    for (size_t i = 0; i < ts->nstacks; i++)
+        maxf = ts->stacks[i].n > maxf ? ts->stacks[i].n : maxf;
+    mt_ts_site_t *sites = calloc(cap, sizeof *sites);
+    mt_ts_group_t *g = calloc(cap, sizeof *g);
+    mt_fr_frame_t *fr = calloc(maxf, sizeof *fr);
+    char *buf = malloc(4096);
+    int rc = sites && g && fr && buf ? 0 : MT_ENOMEM;
+    if (rc == 0)
+        rc = mt_ts_sites_at_peak(ts, device, sites, cap, &ns, peak);
+    for (size_t i = 0; rc == 0 && i < ns; i++) {
+        int frame;
+        g[i] = (mt_ts_group_t){
+            .stack = sites[i].stack, .bytes = sites[i].bytes, .count = sites[i].count, .stacks = 1};
+        g[i].key = strdup(stack_key(ts, sites[i].stack, r, by, fr, maxf, &frame, buf, 4096));
+        g[i].frame = frame;
+        if (g[i].key == NULL)
+            rc = MT_ENOMEM;
+    }
+    size_t k = 0;
+    if (rc == 0 && ns > 0) {
+        /* Equal keys side by side, the one with the most bytes first: it stays, the rest
+         * add to it. */
+        qsort(g, ns, sizeof *g, by_key);
+        for (size_t i = 0; i < ns; i++) {
+            if (k > 0 && strcmp(g[k - 1].key, g[i].key) == 0) {
+                g[k - 1].bytes += g[i].bytes;
+                g[k - 1].count += g[i].count;
+                g[k - 1].stacks++;
+                free(g[i].key);
+            } else {
+                g[k++] = g[i];
+            }
+        }
+        qsort(g, k, sizeof *g, by_bytes);
+    }
+    free(sites);
+    free(fr);
+    free(buf);
+    if (rc != 0) {
+        mt_ts_groups_free(&g, ns);
+        return rc;
+    }
+    *out = g;
+    *nout = k;
+    return 0;
+}
