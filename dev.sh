@@ -152,6 +152,10 @@ test)
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
     summarise tests build-test
+    # The RNN suites again at each instruction-set level this host has, lowered through the
+    # libraries' own switches and MEMTRACE_CPU_ISA: an AVX-512 host also checks the AVX2 and
+    # baseline paths. It prints the matrix it ran (level x library x threads).
+    tests/rnn/isa_matrix.sh build-test || rc=1
     # The release build users make (./dev.sh build): no assertions, no debug info, -O3.
     build build --buildtype=release
     meson test -C build --print-errorlogs --num-processes 2 || rc=1
@@ -168,12 +172,14 @@ test)
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
     summarise sanitizers build-asan
+    # The core layers built for aarch64 (Grace) and their suites run under qemu-user.
+    tests/cross/aarch64.sh || rc=1
     # Each fuzzer a short fixed budget, so that CI stays inside its time, from a fixed seed:
     # the test explores the same inputs every run (new ground is for `./dev.sh fuzz`, whose
     # seed is random); a crasher found there goes into tests/fuzz/regress.
     fuzz_run "${FUZZ_CI_SECONDS:-5}" "${FUZZ_CI_SEED:-1}" || rc=1
     [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
-    summarise total build-test build build-asan
+    summarise total build-test build build-asan build-aarch64
     exit $rc
     ;;
 bench)
