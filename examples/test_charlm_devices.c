@@ -10,6 +10,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/test_main.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,5 +174,5 @@ int main(void)
         cmocka_unit_test(test_rebind_warns_once_per_replica),
         cmocka_unit_test(test_bad_device_count),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return MT_TEST_RUN(tests, setup, teardown);
 }

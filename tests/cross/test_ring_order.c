@@ -9,6 +9,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/test_main.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -244,5 +246,5 @@ int main(void)
         cmocka_unit_test(test_mpsc_stress),
         cmocka_unit_test(test_exit_flag_rounds),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -15,6 +15,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include "tests/common/test_main.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -265,5 +267,5 @@ int main(void)
         cmocka_unit_test(test_gate_litmus_sb),
         cmocka_unit_test(test_fast_paths_under_claims),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -483,7 +483,7 @@ static int run_matrix(void)
         snprintf(names[i], sizeof names[i], "golden_%s_%dthr", cells[i].lib, cells[i].threads);
         tests[i] = (struct CMUnitTest){names[i], golden_cell, NULL, NULL, &cells[i]};
     }
-    return cmocka_run_group_tests_name("isa matrix", tests, NULL, NULL);
+    return mt_test_end(cmocka_run_group_tests_name("isa matrix", tests, NULL, NULL));
 }
 
 int main(int argc, char **argv)

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "tests/common/test_main.h"
+
 #include "analysis/callsite.h"
 #include "analysis/frames.h"
 #include "memtrace/alloc.h"
@@ -171,5 +173,5 @@ int main(void)
         cmocka_unit_test(test_fallback),      cmocka_unit_test(test_user_rules),
         cmocka_unit_test(test_keys),          cmocka_unit_test(test_callsite_rows),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }
