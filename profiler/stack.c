@@ -475,7 +475,9 @@ uint32_t mt__stab_capture(mt__stab_t *t, int mode, uint64_t bytes)
     int start = n > 1 ? 1 : 0;
     uintptr_t ra = mt__entry_ra;
     for (int i = 0; ra != 0 && i < n; i++) {
-        if ((uintptr_t)ips[i] == ra) {
+        /* aarch64's unwinders (libunwind's and glibc's backtrace) give a caller's frame as
+         * its return address minus 1, inside the call; x86's give the address itself. */
+        if ((uintptr_t)ips[i] == ra || (uintptr_t)ips[i] + 1 == ra) {
             start = i;
             break;
         }

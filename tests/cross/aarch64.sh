@@ -7,8 +7,9 @@
 #   BUILD_AARCH64=dir tests/cross/aarch64.sh    another build dir (default build-aarch64)
 #
 # Core suites: util, sim (backend), alloc, host, prof, analysis, plus headers and cross
-# (tests/cross: the ISA of the objects, the thread caches' exclusion, the ring's order) and
-# trace_csv (analysis). What is left out of the build or of the run is printed, with why.
+# (tests/cross: the ISA of the objects, the thread caches' exclusion, the ring's order),
+# trace_csv (analysis) and stacks_capture (the profiler's call stacks: aarch64's unwinders
+# give return addresses minus 1). What is left out of the build or of the run is printed, with why.
 # The last line is CI's plain summary: "aarch64: N passed, N failed, N skipped".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +18,7 @@ BUILD=${BUILD_AARCH64:-build-aarch64}
 CROSS=tests/cross/aarch64-linux-gnu.ini
 ARM_PC=/usr/lib/aarch64-linux-gnu/pkgconfig
 SUITES=(util sim alloc host prof analysis headers cross)
-EXTRA_TESTS=(trace_csv)
+EXTRA_TESTS=(trace_csv stacks_capture)
 # Build machine tools and arm64 libraries of the core. libunwind is optional (backtrace()
 # otherwise); libxsmm has no arm64 package, its option is turned off below.
 PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user pkg-config meson ninja-build
