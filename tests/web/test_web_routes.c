@@ -163,6 +163,14 @@ static void test_routes_agree_with_state(void **state)
     want_status(t.port, path, 400, "buckets");
     snprintf(path, sizeof path, "/history?pid=%d&from=10&to=5", (int)pid);
     want_status(t.port, path, 400, "from < to");
+    /* A far bound is answered as given, clamped, never wrapped below from. */
+    snprintf(path, sizeof path, "/history?pid=%d&to=1e300&buckets=4", (int)pid);
+    json_t *far = get_json(t.port, path);
+    double far_from = json_number_value(json_object_get(far, "from")),
+           far_to = json_number_value(json_object_get(far, "to"));
+    if (!(far_to > far_from))
+        fail_msg("/history?to=1e300 answered from %.6f to %.6f", far_from, far_to);
+    json_decref(far);
     snprintf(path, sizeof path, "/block?pid=%d&addr=zz", (int)pid);
     want_status(t.port, path, 400, "addr: not a valid number");
     snprintf(path, sizeof path, "/tail?pid=%d&n=100000", (int)pid);
