@@ -115,8 +115,9 @@ for lv in "${levels[@]}"; do
                 s/^oneDNN [^,]*, JIT for cpu isa /oneDNN isa /' <<<"$info")
             xsmm=$(grep -oE 'libxsmm [^;]*' <<<"$info" | sed -E 's/^libxsmm [0-9.]+, JIT for //')
             cells=$(grep -oE 'cell loops [a-z0-9]+' <<<"$info" | sed 's/cell loops //')
+            [ -n "$info" ] && xsmm=${xsmm:-off}
             rows+=("$(printf '%-8s  %-5s %3s  %-22s %-8s %-8s %s' "$lv" "$lib" "$thr" \
-                "${kern:--}" "${xsmm:-off}" "${cells:--}" "${res:-MISSING}")")
+                "${kern:--}" "${xsmm:--}" "${cells:--}" "${res:-MISSING}")")
             [ "${res:-MISSING}" = MISSING ] && failed=1
         done
     done
