@@ -20,6 +20,7 @@
 
 #include "rnn/internal.h"
 #include "util/assert.h"
+#include "util/cpu.h"
 
 /* How long the worker spins for its next job before it sleeps, and how long the caller spins
  * for the worker's half before it yields its core. */
@@ -58,13 +59,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline void relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 /* Spins while *v == old, for at most budget_ns; true if it changed. */
 static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
 {
@@ -72,7 +66,7 @@ static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
     for (unsigned i = 0;; i++) {
         if (atomic_load_explicit(v, memory_order_acquire) != old)
             return true;
-        relax();
+        mt__cpu_relax();
         if ((i & 63) == 63) {
             uint64_t t = now_ns();
             if (!t0)

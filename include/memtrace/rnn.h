@@ -237,8 +237,9 @@ MT_API const mt_rnn_cfg_t *mt_rnn_cfg(const mt_rnn_t *m);
 /* "cpu" (sim backend; GEMMs on CBLAS, BLIS or oneDNN) or "cudnn". Static string. */
 MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
 /* cpu path: the GEMM library in use ("cblas", "blis", "dnnl"; "cudnn" on that path) and a
- * line naming its version and kernel, and libxsmm's when the per-step products run on it
- * (built with libxsmm, an AVX2 CPU, MEMTRACE_RNN_XSMM not "0"). Static strings. */
+ * line naming its version and kernel, the cell loops' ISA level (MEMTRACE_CPU_ISA caps it;
+ * docs/blas.md), and libxsmm's when the per-step products run on it (built with libxsmm,
+ * an AVX2 CPU, MEMTRACE_RNN_XSMM not "0"). Static strings. */
 MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
 /* Threads of the module's GEMM library (process-wide for that library); at two or more, a
