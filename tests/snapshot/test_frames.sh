@@ -3,12 +3,15 @@
 # docs/frames.md) on a snapshot shaped like PyTorch 2.x's (v2_torch_frames.pickle) and on
 # an untagged memtrace log with Python stacks (frames_log.ndjson); both are written by
 # make_frames_snapshot.py.
-# usage: test_frames.sh MEMTRACE DATA_DIR PYTHON
+# usage: test_frames.sh MEMTRACE DATA_DIR PYTHON [SOURCE_ROOT]
+# With SOURCE_ROOT, node and tests/prof's ajv (npm ci --prefix tests/prof), the reports'
+# JSON is validated against docs/telemetry.schema.json too.
 set -u
 mt=$1
 snap=$2/v2_torch_frames.pickle
 log=$2/frames_log.ndjson
 py=$3
+root=${4:-}
 fail=0
 no() { echo "FAIL: $*"; fail=1; }
 tmp=$(mktemp -d)
@@ -110,4 +113,19 @@ grep -Eq '12\.0 MiB +2 blocks +forward \(model\.py:12\)' "$tmp/log.txt" ||
 "$mt" report --by tag "$log" > "$tmp/tag.txt" || no "--by tag"
 grep -q 'peak by tag' "$tmp/tag.txt" || no "--by tag: no 'peak by tag'"
 grep -q 'call sites' "$tmp/tag.txt" && no "--by tag: call sites printed"
+# The JSON of each grouping validates against the schema (an untagged report has no
+# peak_by_tag; rows carry user_frame, stacks, skipped).
+if [ -n "$root" ] && command -v node >/dev/null && [ -d "$root/tests/prof/node_modules/ajv" ]; then
+    : > "$tmp/all.ndjson"
+    for a in "" "--by stack" "--by file" "--frames all" "--by tag" "--skip-frames forw"; do
+        for f in "$snap" "$log"; do
+            "$mt" report --json $a "$f" |
+                "$py" -c "import json, sys; print(json.dumps(json.load(sys.stdin)))" >> "$tmp/all.ndjson"
+        done
+    done
+    node "$root/tests/prof/validate.mjs" "$root/docs/telemetry.schema.json" "$tmp/all.ndjson" ||
+        no "a report's JSON breaks docs/telemetry.schema.json"
+else
+    echo "note: no node or ajv (npm ci --prefix tests/prof): the schema check is skipped"
+fi
 exit $fail
