@@ -302,10 +302,16 @@ static bool is_tagged(json_t *p)
     const char *k;
     json_t *v;
     json_t *h = json_object_get(p, "host");
-    json_object_foreach(json_object_get(p, "peak_by_tag"), k,
-                        v) if (strcmp(k, "other") != 0) return true;
-    json_object_foreach(json_object_get(h, "peak_by_tag"), k,
-                        v) if (strcmp(k, "other") != 0) return true;
+    json_object_foreach(json_object_get(p, "peak_by_tag"), k, v)
+    {
+        if (strcmp(k, "other") != 0)
+            return true;
+    }
+    json_object_foreach(json_object_get(h, "peak_by_tag"), k, v)
+    {
+        if (strcmp(k, "other") != 0)
+            return true;
+    }
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(json_object_get(p, "never_freed"), "groups"), i, g)
@@ -344,10 +350,11 @@ static void fit_sections(json_t *res)
         {
             if (cs != NULL && num(cs, "stacks") <= 0 &&
                 json_integer_value(json_object_get(sn, "process")) ==
-                    json_integer_value(json_object_get(p, "pid")))
+                    json_integer_value(json_object_get(p, "pid"))) {
                 json_object_del(p, "callsites");
+                cs = NULL;
+            }
         }
-        cs = json_object_get(p, "callsites");
         if (cs != NULL &&
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");

@@ -113,6 +113,18 @@ grep -Eq '12\.0 MiB +2 blocks +forward \(model\.py:12\)' "$tmp/log.txt" ||
 "$mt" report --by tag "$log" > "$tmp/tag.txt" || no "--by tag"
 grep -q 'peak by tag' "$tmp/tag.txt" || no "--by tag: no 'peak by tag'"
 grep -q 'call sites' "$tmp/tag.txt" && no "--by tag: call sites printed"
+# Several inputs at once: two snapshots (their processes have no call-site section) and
+# the log (which has one).
+"$mt" report --json "$snap" "$snap" "$log" > "$tmp/many.json" || no "report of three inputs"
+"$py" - "$tmp/many.json" <<'PY' || no "three inputs: see above"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+ps = {p["pid"]: p for p in doc["processes"]}
+assert "callsites" not in ps[1] and "callsites" not in ps[2], sorted(ps[1])
+assert ps[4242]["callsites"]["at_peak"][0]["site"] == "forward (model.py:12)", ps[4242]
+assert len(doc["snapshots"]) == 2, doc["snapshots"]
+PY
+
 # The JSON of each grouping validates against the schema (an untagged report has no
 # peak_by_tag; rows carry user_frame, stacks, skipped).
 if [ -n "$root" ] && command -v node >/dev/null && [ -d "$root/tests/prof/node_modules/ajv" ]; then
