@@ -60,6 +60,7 @@ static void help(FILE *f)
                "                      iteration. Default: tag for tagged input, else site\n"
                "  --frames all        no frame is skipped: each stack's innermost frame is its\n"
                "                      site, and every frame is printed under it\n"
+               "  --frames rules      print the default rules and exit\n"
                "  --skip-frames PAT   also skip frames matching PAT: func:PREFIX, file:TEXT,\n"
                "                      module:TEXT, or TEXT (a function prefix or file text);\n"
                "                      repeatable. The default rules (docs/frames.md) skip the\n"
@@ -462,6 +463,20 @@ static void print_process(json_t *p)
 
 static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv);
 
+/* `--frames rules`: the default table, as docs/frames.md lists it. */
+static void print_rules(void)
+{
+    static const char *const kinds[] = {"function", "file",        "file is",
+                                        "module",   "native file", "native, no file"};
+    size_t n;
+    const mt_fr_rule_t *r = mt_fr_default_rules(&n);
+    printf("%-16s %-44s %-10s %s\n", "kind", "pattern", "class", "why");
+    for (size_t i = 0; i < n; i++)
+        printf("%-16s %-44s %-10s %s\n", r[i].kind < 6 ? kinds[r[i].kind] : "?",
+               r[i].pattern[0] ? r[i].pattern : "-",
+               r[i].cls == MT_FR_RECORDER ? "recorder" : "framework", r[i].reason);
+}
+
 int mt_cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -528,8 +543,13 @@ int mt_cmd_report(int argc, char **argv)
             popt.explicit_by = true;
             break;
         case 'f':
+            if (strcmp(optarg, "rules") == 0) {
+                print_rules();
+                return 0;
+            }
             if (strcmp(optarg, "all") != 0 && strcmp(optarg, "user") != 0) {
-                fprintf(stderr, "memtrace report: --frames wants all (or user, the default)\n");
+                fprintf(stderr, "memtrace report: --frames wants all, user (the default) or "
+                                "rules\n");
                 return 2;
             }
             popt.all = strcmp(optarg, "all") == 0;

@@ -40,6 +40,20 @@ n=$(grep -c '^ *<- ' "$tmp/all.txt")
 [ "$n" -ge 30 ] || no "--frames all printed $n frames under the site, not the whole stack"
 grep -q '<- module.py:1527 _call_impl' "$tmp/all.txt" || no "--frames all: module.py frame missing"
 
+# --frames rules prints the default table; docs/frames.md lists each of its patterns.
+"$mt" report --frames rules > "$tmp/rules.txt" || no "--frames rules"
+n=$(($(wc -l < "$tmp/rules.txt") - 1))
+[ "$n" -ge 40 ] || no "--frames rules printed $n rules"
+if [ -n "$root" ]; then
+    tail -n +2 "$tmp/rules.txt" | while IFS= read -r line; do
+        pat=$(echo "$line" | cut -c18-61 | sed 's/ *$//')
+        [ "$pat" = "-" ] && continue
+        # (trailing blanks of a pattern are cut by the column: match its start)
+        grep -qF -- "| \`$pat" "$root/docs/frames.md" || echo "docs/frames.md lacks rule '$pat'"
+    done > "$tmp/docs.txt"
+    [ -s "$tmp/docs.txt" ] && no "$(cat "$tmp/docs.txt")"
+fi
+
 # --skip-frames adds a rule: the helper's caller becomes the site.
 "$mt" report --skip-frames file:my_utils.py "$snap" > "$tmp/skip.txt" || no "--skip-frames"
 grep -Eq '24\.00 MiB +1  transformer\.py:60 forward$' "$tmp/skip.txt" ||
