@@ -60,6 +60,7 @@ static void help(FILE *f)
                "                      iteration. Default: tag for tagged input, else site\n"
                "  --frames all        no frame is skipped: each stack's innermost frame is its\n"
                "                      site, and every frame is printed under it\n"
+               "  --frames rules      print the default rules and exit\n"
                "  --skip-frames PAT   also skip frames matching PAT: func:PREFIX, file:TEXT,\n"
                "                      module:TEXT, or TEXT (a function prefix or file text);\n"
                "                      repeatable. The default rules (docs/frames.md) skip the\n"
@@ -302,10 +303,16 @@ static bool is_tagged(json_t *p)
     const char *k;
     json_t *v;
     json_t *h = json_object_get(p, "host");
-    json_object_foreach(json_object_get(p, "peak_by_tag"), k,
-                        v) if (strcmp(k, "other") != 0) return true;
-    json_object_foreach(json_object_get(h, "peak_by_tag"), k,
-                        v) if (strcmp(k, "other") != 0) return true;
+    json_object_foreach(json_object_get(p, "peak_by_tag"), k, v)
+    {
+        if (strcmp(k, "other") != 0)
+            return true;
+    }
+    json_object_foreach(json_object_get(h, "peak_by_tag"), k, v)
+    {
+        if (strcmp(k, "other") != 0)
+            return true;
+    }
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(json_object_get(p, "never_freed"), "groups"), i, g)
@@ -344,10 +351,11 @@ static void fit_sections(json_t *res)
         {
             if (cs != NULL && num(cs, "stacks") <= 0 &&
                 json_integer_value(json_object_get(sn, "process")) ==
-                    json_integer_value(json_object_get(p, "pid")))
+                    json_integer_value(json_object_get(p, "pid"))) {
                 json_object_del(p, "callsites");
+                cs = NULL;
+            }
         }
-        cs = json_object_get(p, "callsites");
         if (cs != NULL &&
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");
@@ -455,6 +463,20 @@ static void print_process(json_t *p)
 
 static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv);
 
+/* `--frames rules`: the default table, as docs/frames.md lists it. */
+static void print_rules(void)
+{
+    static const char *const kinds[] = {"function", "file",        "file is",
+                                        "module",   "native file", "native, no file"};
+    size_t n;
+    const mt_fr_rule_t *r = mt_fr_default_rules(&n);
+    printf("%-16s %-44s %-10s %s\n", "kind", "pattern", "class", "why");
+    for (size_t i = 0; i < n; i++)
+        printf("%-16s %-44s %-10s %s\n", r[i].kind < 6 ? kinds[r[i].kind] : "?",
+               r[i].pattern[0] ? r[i].pattern : "-",
+               r[i].cls == MT_FR_RECORDER ? "recorder" : "framework", r[i].reason);
+}
+
 int mt_cmd_report(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -521,8 +543,13 @@ int mt_cmd_report(int argc, char **argv)
             popt.explicit_by = true;
             break;
         case 'f':
+            if (strcmp(optarg, "rules") == 0) {
+                print_rules();
+                return 0;
+            }
             if (strcmp(optarg, "all") != 0 && strcmp(optarg, "user") != 0) {
-                fprintf(stderr, "memtrace report: --frames wants all (or user, the default)\n");
+                fprintf(stderr, "memtrace report: --frames wants all, user (the default) or "
+                                "rules\n");
                 return 2;
             }
             popt.all = strcmp(optarg, "all") == 0;

@@ -3,12 +3,15 @@
 # docs/frames.md) on a snapshot shaped like PyTorch 2.x's (v2_torch_frames.pickle) and on
 # an untagged memtrace log with Python stacks (frames_log.ndjson); both are written by
 # make_frames_snapshot.py.
-# usage: test_frames.sh MEMTRACE DATA_DIR PYTHON
+# usage: test_frames.sh MEMTRACE DATA_DIR PYTHON [SOURCE_ROOT]
+# With SOURCE_ROOT, node and tests/prof's ajv (npm ci --prefix tests/prof), the reports'
+# JSON is validated against docs/telemetry.schema.json too.
 set -u
 mt=$1
 snap=$2/v2_torch_frames.pickle
 log=$2/frames_log.ndjson
 py=$3
+root=${4:-}
 fail=0
 no() { echo "FAIL: $*"; fail=1; }
 tmp=$(mktemp -d)
@@ -36,6 +39,20 @@ grep -q 'torch::unwind::unwind()$' "$tmp/all.txt" || no "--frames all: site is n
 n=$(grep -c '^ *<- ' "$tmp/all.txt")
 [ "$n" -ge 30 ] || no "--frames all printed $n frames under the site, not the whole stack"
 grep -q '<- module.py:1527 _call_impl' "$tmp/all.txt" || no "--frames all: module.py frame missing"
+
+# --frames rules prints the default table; docs/frames.md lists each of its patterns.
+"$mt" report --frames rules > "$tmp/rules.txt" || no "--frames rules"
+n=$(($(wc -l < "$tmp/rules.txt") - 1))
+[ "$n" -ge 40 ] || no "--frames rules printed $n rules"
+if [ -n "$root" ]; then
+    tail -n +2 "$tmp/rules.txt" | while IFS= read -r line; do
+        pat=$(echo "$line" | cut -c18-61 | sed 's/ *$//')
+        [ "$pat" = "-" ] && continue
+        # (trailing blanks of a pattern are cut by the column: match its start)
+        grep -qF -- "| \`$pat" "$root/docs/frames.md" || echo "docs/frames.md lacks rule '$pat'"
+    done > "$tmp/docs.txt"
+    [ -s "$tmp/docs.txt" ] && no "$(cat "$tmp/docs.txt")"
+fi
 
 # --skip-frames adds a rule: the helper's caller becomes the site.
 "$mt" report --skip-frames file:my_utils.py "$snap" > "$tmp/skip.txt" || no "--skip-frames"
@@ -110,4 +127,31 @@ grep -Eq '12\.0 MiB +2 blocks +forward \(model\.py:12\)' "$tmp/log.txt" ||
 "$mt" report --by tag "$log" > "$tmp/tag.txt" || no "--by tag"
 grep -q 'peak by tag' "$tmp/tag.txt" || no "--by tag: no 'peak by tag'"
 grep -q 'call sites' "$tmp/tag.txt" && no "--by tag: call sites printed"
+# Several inputs at once: two snapshots (their processes have no call-site section) and
+# the log (which has one).
+"$mt" report --json "$snap" "$snap" "$log" > "$tmp/many.json" || no "report of three inputs"
+"$py" - "$tmp/many.json" <<'PY' || no "three inputs: see above"
+import json, sys
+doc = json.load(open(sys.argv[1]))
+ps = {p["pid"]: p for p in doc["processes"]}
+assert "callsites" not in ps[1] and "callsites" not in ps[2], sorted(ps[1])
+assert ps[4242]["callsites"]["at_peak"][0]["site"] == "forward (model.py:12)", ps[4242]
+assert len(doc["snapshots"]) == 2, doc["snapshots"]
+PY
+
+# The JSON of each grouping validates against the schema (an untagged report has no
+# peak_by_tag; rows carry user_frame, stacks, skipped).
+if [ -n "$root" ] && command -v node >/dev/null && [ -d "$root/tests/prof/node_modules/ajv" ]; then
+    : > "$tmp/all.ndjson"
+    for a in "" "--by stack" "--by file" "--frames all" "--by tag" "--skip-frames forw"; do
+        for f in "$snap" "$log"; do
+            "$mt" report --json $a "$f" |
+                "$py" -c "import json, sys; print(json.dumps(json.load(sys.stdin)))" >> "$tmp/all.ndjson"
+        done
+    done
+    node "$root/tests/prof/validate.mjs" "$root/docs/telemetry.schema.json" "$tmp/all.ndjson" ||
+        no "a report's JSON breaks docs/telemetry.schema.json"
+else
+    echo "note: no node or ajv (npm ci --prefix tests/prof): the schema check is skipped"
+fi
 exit $fail
