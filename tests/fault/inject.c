@@ -111,12 +111,31 @@ static bool site_spent(void)
     return false;
 }
 
-/* True when this allocation is the one to fail. */
-static bool fail_now(void)
+/* True when the allocation was called from elfutils (libdw, libelf). Those are neither
+ * failed nor numbered: elfutils does not check every allocation (a failed malloc inside
+ * dwarf_getsrclines dereferences NULL), and its handling is not ours to test; the symbolizer's
+ * own allocations around its calls still are. dladdr does not allocate; in_site covers it
+ * if a libc ever did. */
+static bool from_elfutils(const void *ra)
+{
+    Dl_info di;
+    in_site = true;
+    bool found = ra != NULL && dladdr(ra, &di) != 0 && di.dli_fname != NULL;
+    in_site = false;
+    if (!found)
+        return false;
+    const char *b = strrchr(di.dli_fname, '/');
+    b = b ? b + 1 : di.dli_fname;
+    return strncmp(b, "libdw.", 6) == 0 || strncmp(b, "libdw-", 6) == 0 ||
+           strncmp(b, "libelf.", 7) == 0 || strncmp(b, "libelf-", 7) == 0;
+}
+
+/* True when this allocation, called from ra, is the one to fail. */
+static bool fail_now(const void *ra)
 {
     if (!arming_thread || in_site || !atomic_load_explicit(&armed, memory_order_acquire))
         return false;
-    if (site_spent())
+    if (from_elfutils(ra) || site_spent())
         return false;
     long n = atomic_fetch_add(&counted, 1) + 1;
     if (n != atomic_load(&fail_at))
@@ -141,14 +160,14 @@ static void *got(void *p)
 
 void *malloc(size_t n)
 {
-    if (fail_now())
+    if (fail_now(__builtin_return_address(0)))
         return NULL;
     return got(__interceptor_malloc ? __interceptor_malloc(n) : __libc_malloc(n));
 }
 
 void *calloc(size_t k, size_t n)
 {
-    if (fail_now())
+    if (fail_now(__builtin_return_address(0)))
         return NULL;
     return got(__interceptor_calloc ? __interceptor_calloc(k, n) : __libc_calloc(k, n));
 }
@@ -172,7 +191,7 @@ void *realloc(void *p, size_t n)
         free(p);
         return NULL;
     }
-    if (fail_now())
+    if (fail_now(__builtin_return_address(0)))
         return NULL;
     return __interceptor_realloc ? __interceptor_realloc(p, n) : __libc_realloc(p, n);
 }
@@ -188,7 +207,7 @@ void *reallocarray(void *p, size_t k, size_t n)
 
 int posix_memalign(void **out, size_t align, size_t n)
 {
-    if (fail_now())
+    if (fail_now(__builtin_return_address(0)))
         return ENOMEM;
     if (__interceptor_posix_memalign) {
         int rc = __interceptor_posix_memalign(out, align, n);
