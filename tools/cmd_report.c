@@ -326,15 +326,17 @@ static bool is_tagged(json_t *p)
 
 /* Untagged input: the sections by tag would say "other" for every byte. They are dropped
  * (text and JSON; "tagged": false says why) unless --by tag asks for them; the call sites
- * stand in for them. A tagged process run without --by keeps its report as it was. */
-static void fit_sections(json_t *res)
+ * stand in for them. A tagged process run without --by keeps its report as it was.
+ * MT_ENOMEM if "tagged" could not be added (the report must not go out without it). */
+static int fit_sections(json_t *res)
 {
     size_t i;
     json_t *p;
     json_array_foreach(json_object_get(res, "processes"), i, p)
     {
         bool tagged = is_tagged(p);
-        json_object_set_new(p, "tagged", json_boolean(tagged));
+        if (json_object_set_new(p, "tagged", json_boolean(tagged)) != 0)
+            return MT_ENOMEM;
         if (!tagged && popt.by != MT_FR_BY_TAG) {
             json_object_del(p, "peak_by_tag");
             json_object_del(json_object_get(p, "never_freed"), "groups");
@@ -360,6 +362,7 @@ static void fit_sections(json_t *res)
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");
     }
+    return 0;
 }
 
 static void print_process(json_t *p)
@@ -623,7 +626,12 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
         return 1;
     }
     mt_tool_inputs_json(&in, res, &cfg);
-    fit_sections(res);
+    if (fit_sections(res) != 0) {
+        fprintf(stderr, "memtrace report: out of memory\n");
+        json_decref(res);
+        mt_tool_inputs_free(&in);
+        return 1;
+    }
     if (as_json) {
         errno = 0; /* jansson reports a failure without a reason: errno tells */
         if (json_dumpf(res, stdout, JSON_INDENT(2)) != 0) {
