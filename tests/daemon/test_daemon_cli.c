@@ -191,9 +191,11 @@ static void test_daemon_detached(void **state)
                      dpid);
     json_decref(st);
     assert_int_equal(kill(dpid, SIGTERM), 0);
-    for (int i = 0; i < 300 && access(sock, F_OK) == 0; i++)
+    /* A deadline, not a count of polls: a loaded machine may take seconds to schedule it. */
+    for (uint64_t end = th_now_ms() + 30000; access(sock, F_OK) == 0 && th_now_ms() < end;)
         usleep(10000);
-    assert_int_equal(access(sock, F_OK), -1);
+    if (access(sock, F_OK) == 0)
+        fail_msg("the detached daemon (pid %d) left %s in place 30 s after SIGTERM", dpid, sock);
     rmdir(dir);
 }
 
