@@ -78,11 +78,12 @@ static pid_t start_daemon(const char *sock, const char *log, const char *err)
     }
     /* A connect, not the file: the socket exists from bind(), a moment before listen(),
      * and a producer connecting in between is refused. */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(sock) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
     for (uint64_t end = th_now_ms() + 30000;; usleep(10000)) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         assert_true(fd >= 0);
-        struct sockaddr_un sa = {.sun_family = AF_UNIX};
-        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", sock);
         int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
         close(fd);
         if (rc == 0)
