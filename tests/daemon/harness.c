@@ -9,6 +9,7 @@
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -217,6 +218,25 @@ int th_wait(pid_t pid)
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
     return st;
+}
+
+int th_wait_within(pid_t pid, int timeout_ms, const char *what)
+{
+    uint64_t deadline = th_now_ms() + (uint64_t)timeout_ms;
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return st;
+        if (r < 0 && errno != EINTR)
+            fail_msg("waitpid on %s (pid %d): %s", what, (int)pid, strerror(errno));
+        if (r == 0 && th_now_ms() >= deadline) {
+            kill(pid, SIGKILL);
+            th_wait(pid);
+            fail_msg("%s (pid %d) still running after %d ms: killed", what, (int)pid, timeout_ms);
+        }
+        usleep(10000);
+    }
 }
 
 int th_consumer(const char *sock, const char *filter)

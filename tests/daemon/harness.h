@@ -59,6 +59,9 @@ int th_prof_open(const char *sock, const char *name, mt_prof_t **out);
 const char *th_role(int argc, char **argv, char ***args);
 /* Waits for pid to exit; returns its wait status. */
 int th_wait(pid_t pid);
+/* th_wait with a deadline: a child still running after timeout_ms is killed and the test
+ * fails, naming what it was waiting for. */
+int th_wait_within(pid_t pid, int timeout_ms, const char *what);
 
 /* Connects a consumer and subscribes with the given filter members (a JSON fragment like
  * "\"pid\":[12]" or ""); asserts the {"ok":true} answer. Returns the fd. */

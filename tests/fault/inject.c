@@ -13,6 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 #include <unwind.h>
+#ifdef MT_HAVE_LIBUNWIND
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+#endif
 #include <cmocka.h>
 
 #include "inject.h"
@@ -76,8 +80,32 @@ static uint64_t site_key[SITE_SLOTS]; /* 0 = empty; reset by fault_arm */
 static uint8_t site_uses[SITE_SLOTS];
 static _Thread_local bool in_site; /* the unwinder may allocate: not numbered */
 
-/* libgcc's unwinder directly: glibc's backtrace() dlopens it, and LeakSanitizer then
- * reports the loader's bookkeeping (allocated through this file's malloc) as leaked. */
+/* The site's key: a hash of its SITE_FRAMES innermost return addresses.
+ * With libunwind (linked whenever the library is, see meson.build), its cached
+ * unw_backtrace: libunwind also exports _Unwind_Backtrace, which then wins over libgcc's,
+ * and that compatibility walk takes a global lock with two sigprocmask calls per frame,
+ * for every host allocation of a loop: fault_prof spent three quarters of its time there
+ * and, on a loaded machine, ran past its timeout. Without libunwind, libgcc's unwinder
+ * directly: glibc's backtrace() dlopens it, and LeakSanitizer then reports the loader's
+ * bookkeeping (allocated through this file's malloc) as leaked. */
+#ifdef MT_HAVE_LIBUNWIND
+static void unwinder_init(void)
+{
+    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+    void *ips[SITE_FRAMES];
+    (void)unw_backtrace(ips, SITE_FRAMES); /* first-use set-up, not while armed */
+}
+
+static uint64_t site_key_now(void)
+{
+    void *ips[SITE_FRAMES];
+    int n = unw_backtrace(ips, SITE_FRAMES);
+    uint64_t key = 0xcbf29ce484222325ull;
+    for (int i = 0; i < n; i++)
+        key = (key ^ (uint64_t)(uintptr_t)ips[i]) * 0x100000001b3ull;
+    return key;
+}
+#else
 typedef struct {
     uint64_t key;
     int depth;
@@ -90,14 +118,26 @@ static _Unwind_Reason_Code walk_frame(struct _Unwind_Context *ctx, void *arg)
     return ++w->depth < SITE_FRAMES ? _URC_NO_REASON : _URC_END_OF_STACK;
 }
 
+static void unwinder_init(void)
+{
+    walk_t w = {0, 0};
+    _Unwind_Backtrace(walk_frame, &w); /* first-use set-up, not while armed */
+}
+
+static uint64_t site_key_now(void)
+{
+    walk_t w = {0xcbf29ce484222325ull, 0};
+    _Unwind_Backtrace(walk_frame, &w);
+    return w.key;
+}
+#endif
+
 /* True when the calling allocation's site has been numbered per_site times already. */
 static bool site_spent(void)
 {
-    walk_t w = {0xcbf29ce484222325ull, 0};
     in_site = true;
-    _Unwind_Backtrace(walk_frame, &w);
+    uint64_t k = site_key_now() | 1;
     in_site = false;
-    uint64_t k = w.key | 1;
     size_t i = (size_t)(k >> 17) & (SITE_SLOTS - 1);
     for (size_t probes = 0; site_key[i] != 0 && site_key[i] != k; probes++) {
         if (probes == SITE_SLOTS)
@@ -312,8 +352,7 @@ json_t *json_load_file(const char *path, size_t flags, json_error_t *error)
 
 void fault_arm(long n)
 {
-    walk_t w = {0, 0};
-    _Unwind_Backtrace(walk_frame, &w); /* the unwinder's first-use set-up, not while armed */
+    unwinder_init();
     memset(site_key, 0, sizeof site_key);
     memset(site_uses, 0, sizeof site_uses);
     atomic_store(&fail_at, n);

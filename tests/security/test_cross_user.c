@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -183,12 +185,46 @@ static void attacker_daemon(const char *sock, int ready)
     }
 }
 
-static int wait_child(pid_t pid)
+/* Every wait of the parent is bounded, far beyond what any load needs, and names what it
+ * waited for: a child that hangs fails the test with that name instead of running into
+ * meson's timeout. */
+#define WAIT_MS 30000
+
+/* pid's exit status (128 + signal if killed); a child still running after WAIT_MS is
+ * killed and the test fails, naming what. */
+static int wait_child(pid_t pid, const char *what)
 {
-    int st;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
+    uint64_t deadline = th_now_ms() + WAIT_MS;
+    int st = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0 && errno != EINTR)
+            fail_msg("waitpid on %s (pid %d): %s", what, (int)pid, strerror(errno));
+        if (r == 0 && th_now_ms() >= deadline) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+                ;
+            fail_msg("%s (pid %d) did not exit within %d s: killed", what, (int)pid,
+                     WAIT_MS / 1000);
+        }
+        usleep(10000);
+    }
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* read() of up to len bytes from fd once something or EOF is there; fails the test,
+ * naming what, if nothing came within WAIT_MS. */
+static ssize_t read_within(int fd, void *buf, size_t len, const char *what)
+{
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int pr;
+    while ((pr = poll(&pfd, 1, WAIT_MS)) < 0 && errno == EINTR)
+        ;
+    if (pr == 0)
+        fail_msg("no word from %s within %d s", what, WAIT_MS / 1000);
+    return read(fd, buf, len);
 }
 
 static unsigned count_lines(const char *path, const char *needle)
@@ -219,7 +255,7 @@ static int teardown(void **state)
     (void)state;
     if (fake_pid > 0) {
         kill(fake_pid, SIGKILL);
-        wait_child(fake_pid);
+        wait_child(fake_pid, "the fake daemon, killed");
         fake_pid = -1;
     }
     char cmd[256];
@@ -247,8 +283,16 @@ static void test_victim_records_everything(void **state)
     assert_true(fake_pid >= 0);
     if (fake_pid == 0)
         attacker_daemon(sock, ready[1]);
+    close(ready[1]); /* a fake daemon that dies before binding is then an EOF here */
     char b;
-    assert_int_equal(read(ready[0], &b, 1), 1);
+    if (read_within(ready[0], &b, 1, "the fake daemon (bound, or why not)") != 1) {
+        int why = wait_child(fake_pid, "the fake daemon, failed");
+        fake_pid = -1;
+        fail_msg("the fake daemon exited %d before it was bound (90: not the attacker; 93: "
+                 "bind, listen or chmod)",
+                 why);
+    }
+    close(ready[0]);
     struct stat st;
     assert_int_equal(lstat(sock, &st), 0);
     assert_int_equal(st.st_uid, auid);
@@ -302,22 +346,22 @@ static void test_victim_records_everything(void **state)
     assert_true(squat >= 0);
     if (squat == 0)
         attacker_squat(victim);
-    assert_int_equal(wait_child(squat), 0);
+    assert_int_equal(wait_child(squat, "the attacker squatting ring names"), 0);
     char link[128];
     snprintf(link, sizeof link, "%s/memtrace-%d.ndjson", dir, (int)victim);
     pid_t linker = fork();
     assert_true(linker >= 0);
     if (linker == 0)
         attacker_link(link, target);
-    assert_int_equal(wait_child(linker), 0);
+    assert_int_equal(wait_child(linker, "the attacker planting the link"), 0);
     assert_int_equal(lstat(link, &st), 0);
     assert_true(S_ISLNK(st.st_mode));
     assert_int_equal(st.st_uid, auid);
 
     assert_int_equal(write(go[1], "x", 1), 1);
     char path[512] = "";
-    ssize_t n = read(out[0], path, sizeof path - 1);
-    int rc = wait_child(victim);
+    ssize_t n = read_within(out[0], path, sizeof path - 1, "the victim (its log's path)");
+    int rc = wait_child(victim, "the victim recording to its own log");
     close(go[1]);
     close(out[0]);
 
@@ -349,7 +393,24 @@ static void test_victim_records_everything(void **state)
         fail_msg("the victim's messages do not name the untrusted daemon:\n%s", text);
 }
 
-/* The attacker's reads of the victim's daemon: 0 if it learned nothing, else the step. */
+/* Reads fd until EOF into buf (NUL-terminated); -1 if the peer neither closed nor sent
+ * anything for 10 s: a daemon that leaves a refused client hanging is a failure too. A
+ * reset is a close: the daemon closing on our unread request resets a Unix socket. */
+static ssize_t read_to_eof(int fd, char *buf, size_t cap)
+{
+    struct timeval tv = {.tv_sec = 10};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0)
+        return -1;
+    size_t n = 0;
+    ssize_t r = 0;
+    while (n < cap - 1 && ((r = read(fd, buf + n, cap - 1 - n)) > 0 || (r < 0 && errno == EINTR)))
+        n += r > 0 ? (size_t)r : 0;
+    buf[n] = '\0';
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? -1 : (ssize_t)n;
+}
+
+/* The attacker's reads of the victim's daemon: 0 if it learned nothing, else the step
+ * (7 and 8: the daemon kept the Unix or the HTTP connection open without an answer). */
 static int attacker_reads(const char *sock, int port, int victim)
 {
     become_attacker();
@@ -364,12 +425,10 @@ static int attacker_reads(const char *sock, int port, int victim)
     static const char req[] = "{\"type\":\"state\"}\n";
     if (write(fd, req, sizeof req - 1) != (ssize_t)sizeof req - 1 && errno != EPIPE)
         return 2;
-    size_t n = 0;
-    ssize_t r;
-    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
-        n += (size_t)r;
-    buf[n] = '\0';
+    ssize_t got = read_to_eof(fd, buf, sizeof buf);
     close(fd);
+    if (got < 0)
+        return 7;
     if (strstr(buf, pidtxt) || strstr(buf, "processes"))
         return 3;
     /* HTTP without the token. */
@@ -381,11 +440,10 @@ static int attacker_reads(const char *sock, int port, int victim)
     static const char get[] = "GET /state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
     if (write(fd, get, sizeof get - 1) != (ssize_t)sizeof get - 1)
         return 5;
-    n = 0;
-    while (n < sizeof buf - 1 && (r = read(fd, buf + n, sizeof buf - 1 - n)) > 0)
-        n += (size_t)r;
-    buf[n] = '\0';
+    got = read_to_eof(fd, buf, sizeof buf);
     close(fd);
+    if (got < 0)
+        return 8;
     if (strncmp(buf, "HTTP/1.1 401", 12) != 0 || strstr(buf, pidtxt))
         return 6;
     return 0;
@@ -408,7 +466,7 @@ static void test_other_user_sees_nothing(void **state)
      * a forked child that mallocs (initgroups, the profiler) can hang on a lock it held. */
     const char *const vargs[5] = {t.sock};
     pid_t victim = th_spawn("victim", vargs);
-    assert_int_equal(wait_child(victim), 0);
+    assert_int_equal(wait_child(victim, "the victim recording through the daemon"), 0);
     json_t *p = th_wait_exited(t.sock, victim, 10000);
     assert_non_null(p); /* the victim's own view has it */
     json_decref(p);
@@ -418,7 +476,7 @@ static void test_other_user_sees_nothing(void **state)
     snprintf(vpid, sizeof vpid, "%d", (int)victim);
     const char *const aargs[5] = {user, ids, t.sock, port, vpid};
     pid_t atk = th_spawn("attacker-reads", aargs);
-    int rc = wait_child(atk);
+    int rc = wait_child(atk, "the attacker reading the daemon");
     th_daemon_stop(&t);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(msgs.text, "refused a connection from another uid"));

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,10 +77,28 @@ static pid_t start_daemon(const char *sock, const char *log, const char *err)
               "--log", log, (char *)NULL);
         _exit(4);
     }
-    for (int i = 0; i < 500 && access(sock, F_OK) != 0; i++)
-        usleep(10000);
-    assert_int_equal(access(sock, F_OK), 0);
-    return pid;
+    /* A connect, not the file: the socket exists from bind(), a moment before listen(),
+     * and a producer connecting in between is refused. */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    assert_true(strlen(sock) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    for (uint64_t end = th_now_ms() + 30000;; usleep(10000)) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fd >= 0);
+        int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+        close(fd);
+        if (rc == 0)
+            return pid;
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            fail_msg("memtrace daemon exited (status %d) before it answered on %s:\n%s", st, sock,
+                     read_all(err));
+        if (th_now_ms() >= end) {
+            kill(pid, SIGKILL);
+            th_wait(pid);
+            fail_msg("memtrace daemon did not answer on %s within 30 s:\n%s", sock, read_all(err));
+        }
+    }
 }
 
 /* A producer named NAME announcing LABEL for a user tag, and one allocation under it. */

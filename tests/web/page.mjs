@@ -13,7 +13,7 @@ import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve as absolute } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { said } from './said.mjs';
 
@@ -102,7 +102,9 @@ try {
   let daemon = await startDaemon(0);
   const base = daemon.url;
   const port = Number(new URL(base).port);
-  const prod = spawn(producer, [join(tmp, 'sock'), '3', '3000', '60', '1'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  // In tmp: while the daemon is down below, the producer takes over into a local log in
+  // its working directory, which must not be the build tree.
+  const prod = spawn(absolute(producer), [join(tmp, 'sock'), '3', '3000', '60', '1'], { cwd: tmp, stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(prod);
   const holding = said(prod, 'holding', 60000);
 

@@ -9,7 +9,7 @@ import { execFileSync, spawn } from 'node:child_process';
 import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve as absolute } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { said } from './said.mjs';
 
@@ -59,7 +59,9 @@ try {
   const log = join(tmp, 'run.ndjson');
   const d = await serve(memtraced, ['--foreground', '--socket', join(tmp, 'sock'), '--port', '0', '--log', log]);
   // Churns 1.5 s, then holds its blocks (killed below, long before the 60 s are up).
-  const prod = spawn(producer, [join(tmp, 'sock'), '1.5', '3000', '60'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  // In tmp: once the daemon is stopped below, the producer takes over into a local log
+  // in its working directory, which must not be the build tree.
+  const prod = spawn(absolute(producer), [join(tmp, 'sock'), '1.5', '3000', '60'], { cwd: tmp, stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(prod);
   await said(prod, 'holding', 40000); // the figures are still from here on
   const live = (await get(d.url, '/state')).processes.find((p) => p.pid === prod.pid);
