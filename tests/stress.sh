@@ -2,7 +2,7 @@
 # The whole suite, RUNS times in a row, each under `stress-ng --cpu CPUS` (a host that is
 # busy with something else, as CI machines and developers' laptops are). Prints each run's
 # verdict, then every test that failed in any run with its count, and exits non-zero if
-# any run failed.
+# any run failed. The build is made once: every run tests the same binaries.
 #   tests/stress.sh BUILD_DIR [RUNS=10] [CPUS=2]
 set -uo pipefail
 dir=${1:?usage: tests/stress.sh BUILD_DIR [RUNS] [CPUS]}
@@ -19,7 +19,7 @@ failed_runs=0
 declare -A fails=()
 for r in $(seq 1 "$runs"); do
     t0=$(date +%s)
-    meson test -C "$dir" --num-processes 2 --logbase "stress-$r" >/dev/null 2>&1
+    meson test -C "$dir" --no-rebuild --num-processes 2 --logbase "stress-$r" >/dev/null 2>&1
     log=$dir/meson-logs/stress-$r.json
     bad=$(python3 -c '
 import json, sys
