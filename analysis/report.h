@@ -115,7 +115,6 @@ json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each
  * with a message in err. */
-int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err,
-                         size_t errlen);
+int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err, size_t errlen);
 
 #endif

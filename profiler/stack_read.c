@@ -40,8 +40,7 @@ int mt__stab_view(mt__stab_view_t *v, const void *area, size_t size)
               c.frames_off >= defs_end &&
               span(c.frames_off, (uint64_t)c.max_frames * 8u, size, &frames_end) &&
               c.mods_off >= frames_end &&
-              span(c.mods_off, (uint64_t)c.max_modules * sizeof(mt__stab_mod_t), size,
-                   &mods_end) &&
+              span(c.mods_off, (uint64_t)c.max_modules * sizeof(mt__stab_mod_t), size, &mods_end) &&
               c.py_off >= mods_end &&
               span(c.py_off, (uint64_t)c.max_py * sizeof(mt__stab_py_t), size, &py_end) &&
               c.str_off >= py_end && span(c.str_off, c.str_bytes, size, &str_end) &&
