@@ -159,6 +159,20 @@ static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
     return o;
 }
 
+/* The frame labelled (into *fr) and the default rule that skips it, or NULL for a user
+ * frame (analysis/frames.h). */
+static const mt_fr_rule_t *frame_rule(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f,
+                                      mt_sym_frame_t *fr)
+{
+    mt_cs_frame_label(s, pid, f, fr);
+    mt_fr_frame_t ff = {.func = fr->func,
+                        .file = fr->file,
+                        .line = fr->line,
+                        .module = fr->module,
+                        .python = f->py_func != NULL};
+    return mt_fr_match(NULL, &ff);
+}
+
 static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool growth)
 {
     json_t *o = json_object(), *frames = json_array();
@@ -171,13 +185,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
     int user = 0;
     for (int i = 0; !bad && row->frames != NULL && i < row->n_frames; i++) {
         mt_sym_frame_t fr;
-        mt_cs_frame_label(s, pid, &row->frames[i], &fr);
-        mt_fr_frame_t ff = {.func = fr.func,
-                            .file = fr.file,
-                            .line = fr.line,
-                            .module = fr.module,
-                            .python = row->frames[i].py_func != NULL};
-        const mt_fr_rule_t *m = mt_fr_match(NULL, &ff);
+        const mt_fr_rule_t *m = frame_rule(s, pid, &row->frames[i], &fr);
         if (i == 0)
             first_label = fr.label;
         if (!found && m == NULL) {
@@ -193,13 +201,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
         site_label = first_label;
         for (int i = 0; i < row->n_frames; i++) {
             mt_sym_frame_t fr;
-            mt_cs_frame_label(s, pid, &row->frames[i], &fr);
-            mt_fr_frame_t ff = {.func = fr.func,
-                                .file = fr.file,
-                                .line = fr.line,
-                                .module = fr.module,
-                                .python = row->frames[i].py_func != NULL};
-            const mt_fr_rule_t *m = mt_fr_match(NULL, &ff);
+            const mt_fr_rule_t *m = frame_rule(s, pid, &row->frames[i], &fr);
             if (m == NULL || m->cls != MT_FR_RECORDER) {
                 user = i;
                 site_label = fr.label;
