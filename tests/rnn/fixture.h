@@ -122,4 +122,17 @@ static inline uint64_t fx_backend_mallocs(rnn_fx_t *fx)
     return c.malloc_calls + c.vm_map_calls;
 }
 
+/* What mt_rnn_gemm_info says of a small module on lib, built on fx (a static copy). */
+static inline const char *fx_gemm_info(rnn_fx_t *fx, const char *lib)
+{
+    static char info[512];
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
+    c.gemm = lib;
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    snprintf(info, sizeof info, "%s", mt_rnn_gemm_info(m));
+    mt_rnn_destroy(&m);
+    return info;
+}
+
 #endif

@@ -350,19 +350,6 @@ static int split_same_bits_on(rnn_fx_t *fx, const char *lib, int H, int chunk)
     return bad;
 }
 
-/* What mt_rnn_gemm_info says of a module on lib at two threads. */
-static const char *lib_info(rnn_fx_t *fx, const char *lib)
-{
-    static char info[512];
-    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 2, 2, 1, false);
-    c.gemm = lib;
-    mt_rnn_t *m;
-    assert_int_equal(mt_rnn_create(&m, &c), 0);
-    snprintf(info, sizeof info, "%s", mt_rnn_gemm_info(m));
-    mt_rnn_destroy(&m);
-    return info;
-}
-
 static void any_split_same_bits(void **state)
 {
     (void)state;
@@ -381,7 +368,7 @@ static void any_split_same_bits(void **state)
         int b = split_same_bits_on(fx, libs[i], 40, 3) + split_same_bits_on(fx, libs[i], 4, 0);
         print_message("any_split_same_bits: %s: %s (%s)\n", libs[i],
                       b ? "arrays differ (above)" : "the same bits at shares 0.2 and 0.8",
-                      lib_info(fx, libs[i]));
+                      fx_gemm_info(fx, libs[i]));
         bad += b;
     }
     fx_free(&fx);
