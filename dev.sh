@@ -8,6 +8,7 @@
 #   ./dev.sh bench    the benchmarks (release), each printing a table
 #   ./dev.sh fuzz     every libFuzzer harness for FUZZ_SECONDS (default 300) each (clang)
 #   ./dev.sh stress [RUNS]  the debugoptimized suite RUNS (10) times under stress-ng --cpu 2
+#   ./dev.sh check SUITE... one or more meson suites (or test names) in the debugoptimized build
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -191,6 +192,20 @@ fuzz)
     install_missing
     fuzz_run "${FUZZ_SECONDS:-300}"
     ;;
+check)
+    [ $# -ge 2 ] || { echo "usage: ./dev.sh check SUITE|TEST..." >&2; exit 2; }
+    shift
+    install_missing
+    install_test_tools
+    build build-test --buildtype=debugoptimized
+    # A suite name runs the suite; anything else is taken as a test's name.
+    suites=$(meson test -C build-test --list 2>/dev/null | sed -n 's/^\([^:]*\):\([^ ]*\) \/ .*/\2/p' | sort -u)
+    args=()
+    for s in "$@"; do
+        if grep -qx -- "$s" <<<"$suites"; then args+=(--suite "$s"); else args+=("$s"); fi
+    done
+    meson test -C build-test --print-errorlogs --num-processes 2 "${args[@]}"
+    ;;
 stress)
     PACKAGES+=(stress-ng)
     install_missing
@@ -199,7 +214,7 @@ stress)
     tests/stress.sh build-test "${2:-10}" 2
     ;;
 *)
-    echo "usage: ./dev.sh demo|test|build|bench|fuzz|stress" >&2
+    echo "usage: ./dev.sh demo|test|build|check SUITE|bench|fuzz|stress" >&2
     exit 2
     ;;
 esac

@@ -2,8 +2,7 @@
 
 Pure Python over ctypes. The library is the one already in the process (the preload
 that ``memtrace run`` puts there), else libmemtrace-preload.so found by path
-($MEMTRACE_PRELOAD or a build directory of the checkout). See the README's
-"From Python / PyTorch" section.
+($MEMTRACE_PRELOAD or a build directory of the checkout). See docs/python.md.
 
     import memtrace
     with memtrace.tag("activations"):

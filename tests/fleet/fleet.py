@@ -99,7 +99,7 @@ try:
             procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"]))
         nodes.append({"port": port, "target": "127.0.0.1:%d" % port, "producers": nprod})
 
-    # Scrape config: two static targets, one through file_sd (as the README shows).
+    # Scrape config: two static targets, one through file_sd (as docs/fleet.md shows).
     sd = os.path.join(tmp, "memtrace-targets.json")
     with open(sd, "w") as f:
         json.dump([{"targets": [nodes[2]["target"]], "labels": {"rack": "r2"}}], f)
