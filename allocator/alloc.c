@@ -107,24 +107,31 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
 
 /* ---- rounding ---- */
 
-/* The reference's rounding: at least 512 B, multiples of 512 B; with
- * roundup_power2_divisions N, sizes above 512 B round up to the next of N equal steps
- * between two powers of two (1200 B, N = 4: steps of 256 B from 1024 B -> 1280 B).
- * Steps finer than the device alignment (256 B) are rounded up to it, so every block
- * stays 256-byte aligned. */
+/* The reference's rounding, as its round_size: at least 512 B, multiples of 512 B; with
+ * N > 1 divisions for the size's interval and a size above N x 512 B, up to the next of N
+ * equal steps between two powers of two (5 MiB + 1, N = 4: steps of 1 MiB -> 6 MiB). A
+ * step is then at least 512 B, so every block stays 512-byte aligned. */
 size_t mt__alloc_round_size(size_t size, unsigned divisions)
 {
     if (size <= MT__MIN_BLOCK)
         return MT__MIN_BLOCK;
-    if (divisions == 0)
+    if (divisions <= 1 || size <= (size_t)MT__MIN_BLOCK * divisions)
         return (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
     if ((size & (size - 1)) == 0)
         return size;
     size_t floor2 = (size_t)1 << (63 - __builtin_clzll((unsigned long long)size));
     size_t step = floor2 / divisions;
-    if (step < MT__ALIGN)
-        step = MT__ALIGN;
     return (size + step - 1) & ~(step - 1);
+}
+
+unsigned mt__alloc_divisions(const mt_alloc_cfg_t *c, size_t size)
+{
+    int i = (63 - __builtin_clzll((unsigned long long)size | 1)) - 20; /* 2^20: 1 MiB */
+    if (i < 0)
+        i = 0;
+    if (i >= MT_ALLOC_ROUNDUP_INTERVALS)
+        i = MT_ALLOC_ROUNDUP_INTERVALS - 1;
+    return c->roundup_power2_divisions[i];
 }
 
 /* ---- streams and bins ---- */
@@ -219,6 +226,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
                       ? (size_t)((double)a->limit * cfg->garbage_collection_threshold)
                       : 0;
     a->vm_gran = mt_backend_vm_granularity(a->backend);
+    for (size_t i = 0; i < MT_ALLOC_ROUNDUP_INTERVALS; i++)
+        a->round_pow2 |= cfg->roundup_power2_divisions[i] > 1;
     rc = mt__addrmap_init(&a->map);
     if (rc != 0)
         goto fail_map;
@@ -311,7 +320,8 @@ static size_t oversize_upper(const mt_alloc_t *a, size_t rsize)
         return SIZE_MAX;
     if (rsize < ms)
         return ms; /* never take an oversize block for a small request */
-    return rsize > SIZE_MAX - MT__LARGE_BUFFER ? SIZE_MAX : rsize + MT__LARGE_BUFFER;
+    size_t r = a->cfg.max_non_split_rounding;
+    return rsize > SIZE_MAX - r ? SIZE_MAX : rsize + r;
 }
 
 /* A cached block for (sr, bp): the stream's warm-up reservation first, then the pool. */
@@ -469,7 +479,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         rc = MT_ENOMEM;
         goto out;
     }
-    size_t rsize = mt__alloc_round_size(size, a->cfg.roundup_power2_divisions);
+    size_t rsize = mt__alloc_round(a, size);
     int bp = rsize <= MT__SMALL_SIZE && !(a->cfg.expandable_segments && a->cfg.one_pool)
                  ? MT__BP_SMALL
                  : MT__BP_LARGE;

@@ -15,7 +15,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     mt_alloc_cfg_t c;
     memset(&c, 0, sizeof c);
     c.max_split_size = SIZE_MAX;
-    c.roundup_power2_divisions = 0;
+    c.max_non_split_rounding = MT__LARGE_BUFFER;
     c.garbage_collection_threshold = 0.0;
     c.memory_fraction = 1.0;
     /* docs/allocator-policy.md: the policy table that chose these. */
@@ -88,6 +88,77 @@ static int parse_double(const char *v, double *out)
     return 0;
 }
 
+#define MAX_DIVISIONS (1u << 30)
+
+static bool divisions_ok(unsigned long long d)
+{
+    return d <= MAX_DIVISIONS && (d & (d - 1)) == 0;
+}
+
+/* roundup_power2_divisions: "N" for every interval, or "[K:N,...,>:N]" as PyTorch's
+ * parser reads it: K a power of two in MiB names interval log2(K) (clamped to the table);
+ * the first entry also fills the intervals below it; ">" fills from the last named
+ * interval, that one included, to the end. */
+static int parse_divisions(const char *val, unsigned out[MT_ALLOC_ROUNDUP_INTERVALS])
+{
+    unsigned long long u;
+    if (val[0] != '[') {
+        if (parse_uint(val, &u) != 0 || !divisions_ok(u))
+            return MT_EINVAL;
+        for (size_t i = 0; i < MT_ALLOC_ROUNDUP_INTERVALS; i++)
+            out[i] = (unsigned)u;
+        return 0;
+    }
+    size_t len = strlen(val);
+    if (len < 2 || val[len - 1] != ']')
+        return MT_EINVAL;
+    char buf[256];
+    if (len - 2 >= sizeof buf)
+        return MT_EINVAL;
+    memcpy(buf, val + 1, len - 2);
+    buf[len - 2] = '\0';
+    unsigned tab[MT_ALLOC_ROUNDUP_INTERVALS] = {0};
+    size_t last = 0;
+    bool first = true;
+    char *save = NULL;
+    for (char *e = strtok_r(buf, ",", &save); e != NULL; e = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*e))
+            e++;
+        char *colon = strchr(e, ':');
+        if (colon == NULL)
+            return MT_EINVAL;
+        *colon = '\0';
+        char *k = e, *v = colon + 1;
+        for (char *t = colon; t > k && isspace((unsigned char)t[-1]);)
+            *--t = '\0';
+        while (isspace((unsigned char)*v))
+            v++;
+        for (char *t = v + strlen(v); t > v && isspace((unsigned char)t[-1]);)
+            *--t = '\0';
+        if (parse_uint(v, &u) != 0 || !divisions_ok(u))
+            return MT_EINVAL;
+        if (strcmp(k, ">") == 0) {
+            for (size_t i = last; i < MT_ALLOC_ROUNDUP_INTERVALS; i++)
+                tab[i] = (unsigned)u;
+            continue;
+        }
+        unsigned long long key;
+        if (parse_uint(k, &key) != 0 || key == 0 || (key & (key - 1)) != 0)
+            return MT_EINVAL;
+        size_t idx = (size_t)(63 - __builtin_clzll(key));
+        if (idx >= MT_ALLOC_ROUNDUP_INTERVALS)
+            idx = MT_ALLOC_ROUNDUP_INTERVALS - 1;
+        if (first)
+            for (size_t i = 0; i < idx; i++)
+                tab[i] = (unsigned)u;
+        first = false;
+        tab[idx] = (unsigned)u;
+        last = idx;
+    }
+    memcpy(out, tab, sizeof tab);
+    return 0;
+}
+
 /* Applies one key:value to c. */
 static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err, size_t errlen)
 {
@@ -100,10 +171,14 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_uint(val, &u) != 0 || u <= MT__LARGE_BUFFER >> 20 || u > (SIZE_MAX >> 21))
             goto bad;
         c->max_split_size = (size_t)u << 20;
-    } else if (strcmp(key, "roundup_power2_divisions") == 0) {
-        if (parse_uint(val, &u) != 0 || u > 64 || (u != 0 && (u & (u - 1)) != 0))
+    } else if (strcmp(key, "max_non_split_rounding_mb") == 0) {
+        /* As the reference: at least the 20 MiB large-segment size. */
+        if (parse_uint(val, &u) != 0 || u < MT__LARGE_BUFFER >> 20 || u > (SIZE_MAX >> 21))
             goto bad;
-        c->roundup_power2_divisions = (unsigned)u;
+        c->max_non_split_rounding = (size_t)u << 20;
+    } else if (strcmp(key, "roundup_power2_divisions") == 0) {
+        if (parse_divisions(val, c->roundup_power2_divisions) != 0)
+            goto bad;
     } else if (strcmp(key, "garbage_collection_threshold") == 0) {
         if (parse_double(val, &d) != 0 || !(d > 0.0 && d < 1.0))
             goto bad;
@@ -192,8 +267,16 @@ int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t 
         return MT_ENOMEM;
     }
     int rc = 0;
-    char *save = NULL;
-    for (char *item = strtok_r(copy, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
+    /* Items end at commas outside brackets (a per-interval list has its own). */
+    char *next = copy;
+    while (next != NULL) {
+        char *item = next;
+        int depth = 0;
+        char *p = item;
+        for (; *p != '\0' && !(*p == ',' && depth == 0); p++)
+            depth += (*p == '[') - (*p == ']');
+        next = *p == ',' ? p + 1 : NULL;
+        *p = '\0';
         while (isspace((unsigned char)*item))
             item++;
         char *end = item + strlen(item);
@@ -247,11 +330,19 @@ int mt__alloc_cfg_validate(const mt_alloc_cfg_t *c, char *err, size_t errlen)
                "max_split_size", v);
         return MT_EINVAL;
     }
-    unsigned d = c->roundup_power2_divisions;
-    if (d > 64 || (d & (d - 1)) != 0) {
-        snprintf(v, sizeof v, "%u", d);
-        seterr(err, errlen, "bad value for allocator config key '%s': '%s'",
-               "roundup_power2_divisions", v);
+    for (size_t i = 0; i < MT_ALLOC_ROUNDUP_INTERVALS; i++) {
+        unsigned d = c->roundup_power2_divisions[i];
+        if (!divisions_ok(d)) {
+            snprintf(v, sizeof v, "[%zu] = %u", i, d);
+            seterr(err, errlen, "bad value for allocator config key '%s': '%s'",
+                   "roundup_power2_divisions", v);
+            return MT_EINVAL;
+        }
+    }
+    if (c->max_non_split_rounding < MT__LARGE_BUFFER) {
+        snprintf(v, sizeof v, "%zu", c->max_non_split_rounding);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s' (at least 20 MiB)",
+               "max_non_split_rounding", v);
         return MT_EINVAL;
     }
     double g = c->garbage_collection_threshold;

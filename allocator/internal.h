@@ -34,7 +34,7 @@
 /* ---- policy constants (the reference allocator's values) ---- */
 
 #define MT__MIN_BLOCK     ((size_t)512)      /* smallest block; default rounding step */
-#define MT__ALIGN         ((size_t)256)      /* finest block step (roundup_power2 only) */
+#define MT__ALIGN         ((size_t)256)      /* finest block step: addresses and sizes */
 #define MT__SMALL_SIZE    ((size_t)1 << 20)  /* requests <= this go to the small pool */
 #define MT__SMALL_BUFFER  ((size_t)2 << 20)  /* small pool segment size */
 #define MT__LARGE_BUFFER  ((size_t)20 << 20) /* large pool segment for requests < MIN_LARGE */
@@ -335,6 +335,7 @@ struct mt_alloc_s {
     size_t limit;          /* memory_fraction x capacity, bytes */
     size_t gc_limit;       /* garbage_collection_threshold x limit; 0 = off */
     size_t vm_gran;        /* backend VM granularity, bytes (0 = no VM support) */
+    bool round_pow2;       /* some interval has roundup_power2_divisions > 1 */
 
     mt_segment_t *segs; /* all segments, address order */
     size_t nsegs;
@@ -484,6 +485,16 @@ static inline void mt__alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 size_t mt__alloc_round_size(size_t size, unsigned divisions);
+/* The divisions cfg gives a request of size bytes (its interval's). */
+unsigned mt__alloc_divisions(const mt_alloc_cfg_t *c, size_t size);
+/* The size a request of size bytes is served as: the one place a request is rounded. */
+static inline size_t mt__alloc_round(const mt_alloc_t *a, size_t size)
+{
+    if (__builtin_expect(!a->round_pow2, 1))
+        return size <= MT__MIN_BLOCK ? MT__MIN_BLOCK
+                                     : (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
+    return mt__alloc_round_size(size, mt__alloc_divisions(&a->cfg, size));
+}
 mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
 /* ---- pending.c ---- */

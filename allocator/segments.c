@@ -330,27 +330,47 @@ static bool pick_gc(const mt_segment_t *s, const void *arg)
     return !s->reserved && releasable(arg, s);
 }
 
+/* PyTorch's collection by reuse age: while less than the excess over the threshold has
+ * been reclaimed, release every candidate whose age (allocator operations since its last
+ * use) is at least the candidates' mean age, then recompute the mean over those left. A
+ * sweep does not stop at the target, so that the collection does not run again at once. */
 void mt__seg_gc(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
-    if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit)
+    size_t reserved = (size_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    if (reserved <= a->gc_limit)
         return;
+    size_t target = reserved - a->gc_limit;
     size_t n;
     mt_segment_t **v = collect(a, pick_gc, a, &n);
     if (v == NULL)
         return;
-    qsort(v, n, sizeof *v, by_age);
-    /* Plain segments go at once; expandable runs' pages are planned (`planned` bytes) and
-     * unmapped together after the walk, with the lock released. */
+    /* Expandable runs' pages are planned and unmapped together after the sweeps, with the
+     * lock released; plain segments go at once. */
     mt__unmap_batch_t q = {0};
-    size_t planned = 0;
-    for (size_t i = 0; i < n; i++) {
-        if ((size_t)a->st.reserved_bytes[MT_STAT_ALL].current <= a->gc_limit + planned)
-            break;
-        if (v[i]->expandable)
-            planned += mt__exp_plan_release(a, &q, v[i]);
-        else
-            mt__seg_release(a, v[i]);
+    size_t reclaimed = 0;
+    long double total_age = 0;
+    for (size_t i = 0; i < n; i++)
+        total_age += (long double)(a->clock - v[i]->last_used);
+    bool freed = true;
+    while (reclaimed < target && freed && n > 0) {
+        long double mean = total_age / (long double)n;
+        freed = false;
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t age = a->clock - v[i]->last_used;
+            if ((long double)age < mean) {
+                v[kept++] = v[i];
+                continue;
+            }
+            freed = true;
+            total_age -= (long double)age;
+            if (v[i]->expandable)
+                reclaimed += mt__exp_plan_release(a, &q, v[i]);
+            else
+                reclaimed += mt__seg_release(a, v[i]);
+        }
+        n = kept;
     }
     free(v);
     mt__exp_unmap_run(a, &q);

@@ -213,15 +213,6 @@ static inline void div_unlink(mt__tcache_t *c, mt_block_t *b)
     c->ndiv--;
 }
 
-/* The rounded size of a request (mt__alloc_round_size), the default rounding inline. */
-static inline size_t round_size(const mt_alloc_t *a, size_t size)
-{
-    unsigned d = a->cfg.roundup_power2_divisions;
-    if (__builtin_expect(d == 0 && size > MT__MIN_BLOCK, 1))
-        return (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
-    return mt__alloc_round_size(size, d);
-}
-
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                   uintptr_t ra)
 {
@@ -230,7 +221,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
      * a block another stream was using becomes reusable at the first malloc after. */
     if (c == NULL || __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
         goto global;
-    size_t rsize = round_size(a, size);
+    size_t rsize = mt__alloc_round(a, size);
     tc_lifo_t *l = &c->lifo[mt__tc_slot_of(stream, rsize)];
     if (!fast_enter(c))
         goto global;

@@ -34,10 +34,18 @@ typedef enum mt_tag_e {
     MT_TAG_MAX = 32, /* tags are < MT_TAG_MAX */
 } mt_tag_e;
 
+#define MT_ALLOC_ROUNDUP_INTERVALS 16 /* 1 MiB .. 32 GiB, as PyTorch's */
+
 typedef struct mt_alloc_cfg_s {
-    mt_backend_t *backend;               /* borrowed, required; outlives the allocator */
-    size_t max_split_size;               /* bytes; SIZE_MAX = unlimited (default) */
-    unsigned roundup_power2_divisions;   /* 0 = off, else a power of two in [1, 64] */
+    mt_backend_t *backend; /* borrowed, required; outlives the allocator */
+    size_t max_split_size; /* bytes; SIZE_MAX = unlimited (default) */
+    /* A request of at least max_split_size may take a cached unsplit block at most this many
+     * bytes larger than itself (PyTorch's max_non_split_rounding_mb); 20 MiB. */
+    size_t max_non_split_rounding;
+    /* Divisions per size interval (PyTorch's roundup_power2_divisions): interval i holds the
+     * sizes in [2^i, 2^(i+1)) MiB, interval 0 also those below 1 MiB, the last also those
+     * above. 0 or 1: 512-byte steps; else a power of two. All 0 by default. */
+    unsigned roundup_power2_divisions[MT_ALLOC_ROUNDUP_INTERVALS];
     double garbage_collection_threshold; /* 0 = off, else in (0, 1) of the memory limit */
     double memory_fraction;              /* limit = fraction x capacity, in (0, 1]; 1 */
     bool expandable_segments;            /* virtual ranges + pages mapped on demand; true */
@@ -90,7 +98,9 @@ typedef struct mt_alloc_cfg_s {
 /* Defaults (no environment read). */
 MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
 /* Applies a PyTorch-style config string "key:value,key:value" to cfg. Keys:
- * max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold,
+ * max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions (N, or per interval
+ * "[256:1,512:2,>:8]": MiB keys, powers of two, read as PyTorch's code reads them),
+ * garbage_collection_threshold,
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
  * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,

@@ -14,29 +14,77 @@ static void test_round_default(void **state)
     assert_int_equal(mt__alloc_round_size(MIB + 1, 0), MIB + 512);
 }
 
+/* PyTorch's round_size: with N > 1 divisions and a size above N x 512 B, the next of N
+ * steps between two powers of two; else 512-byte steps. Values worked from its code. */
 static void test_round_power2_divisions(void **state)
 {
     (void)state;
-    assert_int_equal(mt__alloc_round_size(1200, 4), 1280);
+    assert_int_equal(mt__alloc_round_size(1200, 4), 1536); /* <= 4 x 512: plain */
     assert_int_equal(mt__alloc_round_size(1024, 4), 1024);
-    assert_int_equal(mt__alloc_round_size(1025, 4), 1280);
-    assert_int_equal(mt__alloc_round_size(1793, 4), 2048);
+    assert_int_equal(mt__alloc_round_size(2049, 2), 3072); /* steps of 1024 from 2048 */
+    assert_int_equal(mt__alloc_round_size(3000, 4), 3072);
     assert_int_equal(mt__alloc_round_size(300, 4), 512);
-    /* 5 MiB + 1 with 4 divisions of [4, 8) MiB -> 6 MiB; with 1 division -> 8 MiB. */
+    assert_int_equal(mt__alloc_round_size(4096, 4), 4096); /* a power of two stays */
+    /* 5 MiB + 1 with 4 divisions of [4, 8) MiB -> 6 MiB; 1 division means none. */
     assert_int_equal(mt__alloc_round_size(5 * MIB + 1, 4), 6 * MIB);
-    assert_int_equal(mt__alloc_round_size(5 * MIB + 1, 1), 8 * MIB);
-    /* Steps finer than the 256 B alignment are rounded up to it. */
-    assert_int_equal(mt__alloc_round_size(600, 64), 768);
+    assert_int_equal(mt__alloc_round_size(5 * MIB + 1, 1), 5 * MIB + 512);
+    assert_int_equal(mt__alloc_round_size(600, 64), 1024);
+    assert_int_equal(mt__alloc_round_size(40000, 64), 40448); /* floor 32768 / 64 = 512 */
 
     mt_backend_t *b = sim_backend(256 * MIB);
     mt_alloc_t *a = make_alloc(b, "roundup_power2_divisions:4", NULL);
-    void *p = xmalloc_dev(a, 1200, NULL, MT_TAG_OTHER);
+    void *p = xmalloc_dev(a, 5 * MIB + 1, NULL, MT_TAG_OTHER);
     size_t sz = 0;
     assert_int_equal(mt_alloc_block_info(a, p, NULL, &sz, NULL), 0);
-    assert_int_equal(sz, 1280);
+    assert_int_equal(sz, 6 * MIB);
     void *q = xmalloc_dev(a, 1200, NULL, MT_TAG_OTHER);
-    assert_int_equal((uintptr_t)q % 256, 0);
+    assert_int_equal(mt_alloc_block_info(a, q, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 1536);
+    assert_int_equal((uintptr_t)q % 512, 0);
     assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, p);
+    mt_alloc_free(a, q);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* The per-interval list, read as PyTorch's parser reads it: the first key also fills the
+ * intervals below it, and ">" fills from the last key's interval (that one included). */
+static void test_round_divisions_per_interval(void **state)
+{
+    (void)state;
+    mt_alloc_cfg_t c = mt_alloc_cfg_default();
+    char err[256];
+    assert_int_equal(
+        mt_alloc_cfg_parse(&c, "roundup_power2_divisions:[256:1,512:2,1024:4,>:8],tcache:1", err,
+                           sizeof err),
+        0);
+    assert_int_equal(mt__alloc_divisions(&c, 1000), 1);
+    assert_int_equal(mt__alloc_divisions(&c, 300 * MIB), 1);
+    assert_int_equal(mt__alloc_divisions(&c, 600 * MIB), 2);
+    assert_int_equal(mt__alloc_divisions(&c, 1536 * MIB), 8); /* ">" overwrote 1024's 4 */
+    assert_int_equal(mt__alloc_divisions(&c, (size_t)100 << 30), 8);
+    assert_int_equal(
+        mt_alloc_cfg_parse(&c, "roundup_power2_divisions:[ 2 : 4 , >:2 ]", err, sizeof err), 0);
+    assert_int_equal(mt__alloc_divisions(&c, 512), 4);     /* below 1 MiB: interval 0 */
+    assert_int_equal(mt__alloc_divisions(&c, 3 * MIB), 2); /* [2, 4) MiB, overwritten */
+    assert_int_equal(mt__alloc_divisions(&c, 9 * MIB), 2);
+    assert_int_equal(mt_alloc_cfg_parse(&c, "roundup_power2_divisions:16", err, sizeof err), 0);
+    for (size_t i = 0; i < MT_ALLOC_ROUNDUP_INTERVALS; i++)
+        assert_int_equal(c.roundup_power2_divisions[i], 16);
+
+    /* The allocator rounds by the interval of each request. */
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc(b, "roundup_power2_divisions:[4:1,8:4,16:1]", NULL);
+    void *p = xmalloc_dev(a, 5 * MIB + 1, NULL, MT_TAG_OTHER); /* [4, 8): 1 -> 512 B steps */
+    void *q = xmalloc_dev(a, 9 * MIB + 1, NULL, MT_TAG_OTHER); /* [8, 16): 4 -> 10 MiB */
+    size_t sz = 0;
+    assert_int_equal(mt_alloc_block_info(a, p, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 5 * MIB + 512);
+    assert_int_equal(mt_alloc_block_info(a, q, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 10 * MIB);
+    assert_int_equal(mt__alloc_round(a, 17 * MIB + 1), 17 * MIB + 512); /* [16, 32): 1 */
     mt_alloc_free(a, p);
     mt_alloc_free(a, q);
     assert_int_equal(mt_alloc_check(a), 0);
@@ -236,6 +284,25 @@ static void test_max_split_size_rules(void **state)
     mt_alloc_free(a, over);
     mt_alloc_free(a, over2);
     mt_alloc_destroy(&a);
+
+    /* max_non_split_rounding_mb widens that 20 MiB: a 64 MiB margin lets the 70 MiB request
+     * take the cached 100 MiB block whole. */
+    a = make_alloc(b, "max_split_size_mb:64,max_non_split_rounding_mb:64", NULL);
+    big = xmalloc_dev(a, 100 * MIB, NULL, 0);
+    mt_alloc_free(a, big);
+    m = backend_mallocs(b);
+    over = xmalloc_dev(a, 70 * MIB, NULL, 0);
+    assert_ptr_equal(over, big);
+    assert_int_equal(backend_mallocs(b), m);
+    assert_int_equal(mt_alloc_block_info(a, over, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 100 * MIB);
+    /* ...but not a request under max_split_size. */
+    mt_alloc_free(a, over);
+    small = xmalloc_dev(a, 30 * MIB, NULL, 0);
+    assert_true(small != big);
+    mt_alloc_free(a, small);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
 }
 
@@ -258,7 +325,11 @@ static void test_config_keys(void **state)
                                         err, sizeof err),
                      0);
     assert_int_equal(c.max_split_size, 128 * MIB);
-    assert_int_equal(c.roundup_power2_divisions, 8);
+    assert_int_equal(c.roundup_power2_divisions[0], 8);
+    assert_int_equal(c.roundup_power2_divisions[MT_ALLOC_ROUNDUP_INTERVALS - 1], 8);
+    assert_int_equal(c.max_non_split_rounding, 20 * MIB);
+    assert_int_equal(mt_alloc_cfg_parse(&c, "max_non_split_rounding_mb:48", err, sizeof err), 0);
+    assert_int_equal(c.max_non_split_rounding, 48 * MIB);
     assert_true(c.garbage_collection_threshold == 0.6);
     assert_true(c.memory_fraction == 0.5);
     assert_true(c.expandable_segments);
@@ -311,7 +382,12 @@ static void test_config_errors(void **state)
     expect_bad("one_pool:2", "one_pool", "2");
     expect_bad("max_split_size_mb:10", "max_split_size_mb", "10");
     expect_bad("roundup_power2_divisions:3", "roundup_power2_divisions", "3");
-    expect_bad("roundup_power2_divisions:128", "roundup_power2_divisions", "128");
+    expect_bad("roundup_power2_divisions:[3:2]", "roundup_power2_divisions", "[3:2]");
+    expect_bad("roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "[256:3]");
+    expect_bad("roundup_power2_divisions:[256:2", "roundup_power2_divisions", "[256:2");
+    expect_bad("roundup_power2_divisions:[256]", "roundup_power2_divisions", "[256]");
+    expect_bad("roundup_power2_divisions:[256:2,x:4]", "roundup_power2_divisions", "x:4");
+    expect_bad("max_non_split_rounding_mb:10", "max_non_split_rounding_mb", "10");
     expect_bad("garbage_collection_threshold:1.5", "garbage_collection_threshold", "1.5");
     expect_bad("garbage_collection_threshold:x", "garbage_collection_threshold", "x");
     expect_bad("memory_fraction:0", "memory_fraction", "0");
@@ -423,6 +499,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_default),
         cmocka_unit_test(test_round_power2_divisions),
+        cmocka_unit_test(test_round_divisions_per_interval),
         cmocka_unit_test(test_class_mapping),
         cmocka_unit_test(test_bins_find),
         cmocka_unit_test(test_small_split_merge),

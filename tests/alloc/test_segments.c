@@ -300,6 +300,39 @@ static void test_garbage_collection(void **state)
     mt_backend_destroy(&b);
 }
 
+/* PyTorch's rule: every cached segment at least as old as the mean goes, even past the
+ * target, so the next miss does not collect again at once. */
+static void test_garbage_collection_by_mean_age(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(200 * MIB);
+    mt_alloc_t *a =
+        make_alloc(b, "garbage_collection_threshold:0.35,release_smaller_segments:False", NULL);
+    void *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = xmalloc_dev(a, 20 * MIB, NULL, 0);
+    for (int i = 0; i < 4; i++)
+        mt_alloc_free(a, p[i]); /* ages 3, 2, 1, 0: the mean is 1.5 */
+    /* 80 MiB reserved, limit 70 MiB: the excess is 10 MiB, one segment would cover it, but
+     * both segments older than the mean go. */
+    void *q = xmalloc_dev(a, 30 * MIB, NULL, 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.num_device_free, 2);
+    assert_int_equal(s.reserved_bytes[MT_STAT_ALL].current, 70 * MIB);
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    int kept = 0;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        kept += (snap->segments[i].addr == (uint64_t)(uintptr_t)p[2]) +
+                (snap->segments[i].addr == (uint64_t)(uintptr_t)p[3]);
+    assert_int_equal(kept, 2);
+    mt_alloc_snapshot_free(&snap);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, q);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 static void test_release_cache_and_retry(void **state)
 {
     (void)state;
@@ -488,6 +521,7 @@ int main(void)
         cmocka_unit_test(test_expandable_segments),
         cmocka_unit_test(test_expandable_less_reserved),
         cmocka_unit_test(test_garbage_collection),
+        cmocka_unit_test(test_garbage_collection_by_mean_age),
         cmocka_unit_test(test_release_cache_and_retry),
         cmocka_unit_test(test_non_memory_failure_is_not_oom),
         cmocka_unit_test(test_oversize_release),
