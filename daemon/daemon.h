@@ -47,6 +47,11 @@ typedef struct mt_d_cfg_s {
                                      address; 16 */
     unsigned fd_reserve;          /* fds kept free of HTTP for producers and the socket; 64 */
     unsigned max_consumers;       /* subscribers (Unix and SSE) at once; 64 */
+    unsigned max_rings_per_proc;  /* live rings of one process (the SO_PEERCRED pid of its
+                                     hello); more are refused; 16 */
+    unsigned max_rings_per_uid;   /* live rings of one user (SO_PEERCRED uid), all its
+                                     processes together: each costs a connection and about
+                                     0.2 MB of state here; 256 */
     size_t consumer_budget_bytes; /* queue + write limit of every consumer together; a new
                                      consumer gets what is left (>= 64 KiB) or is refused;
                                      64 MiB */

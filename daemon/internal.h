@@ -51,7 +51,8 @@ void mt__d_buf_free(mt_d_buf_t *b);
 
 typedef struct mt_d_proc_s {
     struct mt_d_proc_s *next; /* d->procs, in registration order */
-    int pid;
+    int pid;                  /* its hello's, which is its connection's SO_PEERCRED pid */
+    uint32_t uid;             /* its connection's SO_PEERCRED uid (the ring caps' key) */
     char name[MT_RING_COMM_MAX];
     char backend[32];             /* from the hello, "" if not given */
     uint64_t registered_realtime; /* ns since the epoch */

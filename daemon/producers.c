@@ -45,6 +45,35 @@ static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
     json_decref(o);
 }
 
+/* The ring caps (docs/telemetry.md, "Security model"): a process, and a user, may hold
+ * only so many live rings; one process registering ring after ring would otherwise take
+ * the daemon's memory and descriptors from every other producer. Keyed on the peer's
+ * credentials (SO_PEERCRED), not on anything the hello says. */
+static int ring_caps_admit(mt_d_conn_t *c, int pid, char *err, size_t errlen)
+{
+    mt_d_t *d = c->d;
+    unsigned of_pid = 0, of_uid = 0;
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+        if (!p->ring)
+            continue;
+        of_pid += p->pid == pid;
+        of_uid += p->uid == c->peer_uid;
+    }
+    if (of_pid >= d->cfg.max_rings_per_proc)
+        snprintf(err, errlen,
+                 "too many rings for process %d: %u registered (the daemon's "
+                 "max_rings_per_proc)",
+                 pid, of_pid);
+    else if (of_uid >= d->cfg.max_rings_per_uid)
+        snprintf(err, errlen,
+                 "too many rings for uid %u: %u registered (the daemon's max_rings_per_uid)",
+                 (unsigned)c->peer_uid, of_uid);
+    else
+        return 0;
+    mt__d_warn(d, &d->warn_rings, "refused a ring: %s", err);
+    return MT_EBUSY;
+}
+
 /* Checks the hello as docs/telemetry.md §2 says: version 1, a ring name of ours
  * ("/memtrace.*"), the peer's own pid, a ring owned by the peer's uid (or a root peer). */
 int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
@@ -73,8 +102,11 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
         snprintf(err, errlen, "pid %d is not the connecting process (%d)", pid, c->peer_pid);
         return MT_EPROTO;
     }
+    int rc = ring_caps_admit(c, pid, err, errlen);
+    if (rc)
+        return rc;
     mt__ring_t *ring = NULL;
-    int rc = mt__ring_open(&ring, shm);
+    rc = mt__ring_open(&ring, shm);
     if (rc) {
         snprintf(err, errlen, "cannot map ring %.80s: %s", shm, mt_strerror(rc));
         return rc;
@@ -95,6 +127,7 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return rc;
     }
+    p->uid = c->peer_uid;
     if (backend)
         snprintf(p->backend, sizeof p->backend, "%s", backend);
     p->ring = ring;

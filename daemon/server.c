@@ -143,6 +143,8 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .max_http_per_peer = 16,
         .fd_reserve = 64,
         .max_consumers = 64,
+        .max_rings_per_proc = 16,
+        .max_rings_per_uid = 256,
         .consumer_budget_bytes = 64u << 20,
         .http_auth = true,
         .handle_signals = false,
@@ -392,6 +394,7 @@ static bool cfg_valid(const mt_d_cfg_t *cfg)
            cfg->max_request_bytes >= 256 && cfg->drain_interval_ms > 0 && cfg->drain_budget > 0 &&
            cfg->keepalive_ms > 0 && cfg->idle_timeout_ms > 0 && cfg->head_timeout_ms > 0 &&
            cfg->max_http_conns > 0 && cfg->max_http_per_peer > 0 && cfg->max_consumers > 0 &&
+           cfg->max_rings_per_proc > 0 && cfg->max_rings_per_uid > 0 &&
            cfg->consumer_budget_bytes > cfg->write_high_water &&
            (cfg->http_port < 0 || cfg->http_host);
 }
