@@ -346,10 +346,11 @@ void mt__d_on_connection(uv_stream_t *server, int status)
         /* Another user's process: it may neither read our events nor feed us a ring. */
         d->ctr.rejected++;
         if (c->peer_uid_known)
-            mt__d_warn(d, &d->warn_unix, "refused a connection from uid %u (not ours or root)",
+            mt__d_warn(d, &d->warn_unix, "refused a connection from another uid (%u)",
                        (unsigned)c->peer_uid);
         else
-            mt__d_warn(d, &d->warn_unix, "refused a connection whose uid is unknown");
+            mt__d_warn(d, &d->warn_unix,
+                       "refused a connection from another uid (its credentials are unknown)");
         mt__d_conn_close(c);
         return;
     }
