@@ -21,8 +21,6 @@ static void on_conn_closed(uv_handle_t *h)
         c->next->prev = c->prev;
     if (c->proc && c->proc->conn == c)
         c->proc->conn = NULL;
-    if (c->is_tcp)
-        d->nhttp--;
     mt__d_consumer_release(c);
     mt__d_sub_free(&c->sub);
     mt__d_buf_free(&c->in);
@@ -88,6 +86,7 @@ bool mt__d_peer_allowed(mt_d_conn_t *c)
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0 || len != sizeof cr)
         return false;
     c->peer_uid = cr.uid;
+    c->peer_uid_known = true;
     c->peer_pid = cr.pid;
     return cr.uid == geteuid() || cr.uid == 0;
 }
@@ -239,33 +238,73 @@ static unsigned open_fds(void)
     return n;
 }
 
+/* Who c's peer is: its address, and its uid when its socket is on this host. */
+static void tcp_peer(mt_d_conn_t *c)
+{
+    struct sockaddr_storage peer, self;
+    int plen = sizeof peer, slen = sizeof self;
+    c->peer_addr[0] = '\0';
+    c->peer_uid_known = false;
+    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&peer, &plen) != 0)
+        return;
+    if (peer.ss_family == AF_INET6)
+        uv_ip6_name((struct sockaddr_in6 *)&peer, c->peer_addr, sizeof c->peer_addr);
+    else
+        uv_ip4_name((struct sockaddr_in *)&peer, c->peer_addr, sizeof c->peer_addr);
+    uint32_t uid;
+    if (uv_tcp_getsockname(&c->u.tcp, (struct sockaddr *)&self, &slen) == 0 &&
+        mt__d_tcp_peer_uid((struct sockaddr *)&self, (struct sockaddr *)&peer, &uid) == 0) {
+        c->peer_uid = uid;
+        c->peer_uid_known = true;
+    }
+}
+
+/* The per-peer cap's key: the same user, else (neither user known) the same address. */
+static bool same_peer(const mt_d_conn_t *a, const mt_d_conn_t *b)
+{
+    if (a->peer_uid_known || b->peer_uid_known)
+        return a->peer_uid_known && b->peer_uid_known && a->peer_uid == b->peer_uid;
+    return strcmp(a->peer_addr, b->peer_addr) == 0;
+}
+
+/* The daemon's own user and root: whoever may read the events anyway. */
+static bool peer_trusted(const mt_d_conn_t *c)
+{
+    return c->peer_uid_known && (c->peer_uid == geteuid() || c->peer_uid == 0);
+}
+
 /* HTTP is a guest: it may use neither the last cfg.fd_reserve fds (producers and Unix
- * consumers always get in) nor more than its share of connections, in all and per peer. */
+ * consumers always get in) nor more than its share of connections. The share is counted
+ * per peer (its uid: every local user connects from 127.0.0.1, and by address one user's
+ * idle connections would lock another out), and in all for the guests (other users and
+ * peers whose user is unknown): the owner's and root's connections are not counted
+ * there, so no other user can spend them. */
 static bool http_admit(mt_d_conn_t *c)
 {
     mt_d_t *d = c->d;
-    struct sockaddr_storage ss;
-    int len = sizeof ss;
-    c->peer_addr[0] = '\0';
-    if (uv_tcp_getpeername(&c->u.tcp, (struct sockaddr *)&ss, &len) == 0) {
-        if (ss.ss_family == AF_INET6)
-            uv_ip6_name((struct sockaddr_in6 *)&ss, c->peer_addr, sizeof c->peer_addr);
-        else
-            uv_ip4_name((struct sockaddr_in *)&ss, c->peer_addr, sizeof c->peer_addr);
+    tcp_peer(c);
+    unsigned same = 0, guests = 0;
+    for (mt_d_conn_t *o = d->conns; o; o = o->next) {
+        if (o == c || !o->is_tcp || o->closing)
+            continue;
+        same += same_peer(o, c);
+        guests += !peer_trusted(o);
     }
-    unsigned same = 0;
-    for (mt_d_conn_t *o = d->conns; o; o = o->next)
-        same += o != c && o->is_tcp && !o->closing && strcmp(o->peer_addr, c->peer_addr) == 0;
     const char *why = NULL;
-    if (d->nhttp > d->cfg.max_http_conns)
+    if (!peer_trusted(c) && guests >= d->cfg.max_http_conns)
         why = "too many HTTP connections";
     else if (same >= d->cfg.max_http_per_peer)
-        why = "too many HTTP connections from one address";
+        why = c->peer_uid_known ? "too many HTTP connections from one user"
+                                : "too many HTTP connections from one address";
     else if (d->fd_limit && open_fds() + d->cfg.fd_reserve > d->fd_limit)
         why = "file descriptors kept for producers";
     if (!why)
         return true;
-    mt__d_log(d, MT_LOG_WARN, "refused an HTTP connection from %s: %s", c->peer_addr, why);
+    if (c->peer_uid_known)
+        mt__d_warn(d, &d->warn_http, "refused an HTTP connection from uid %u (%s): %s",
+                   (unsigned)c->peer_uid, c->peer_addr, why);
+    else
+        mt__d_warn(d, &d->warn_http, "refused an HTTP connection from %s: %s", c->peer_addr, why);
     return false;
 }
 
@@ -286,8 +325,6 @@ void mt__d_on_connection(uv_stream_t *server, int status)
         free(c);
         return;
     }
-    if (tcp)
-        d->nhttp++;
     d->open_handles++;
     c->u.handle.data = d;
     c->next = d->conns;
@@ -308,7 +345,12 @@ void mt__d_on_connection(uv_stream_t *server, int status)
     if (!tcp && !mt__d_peer_allowed(c)) {
         /* Another user's process: it may neither read our events nor feed us a ring. */
         d->ctr.rejected++;
-        mt__d_log(d, MT_LOG_WARN, "refused a connection from another uid");
+        if (c->peer_uid_known)
+            mt__d_warn(d, &d->warn_unix, "refused a connection from another uid (%u)",
+                       (unsigned)c->peer_uid);
+        else
+            mt__d_warn(d, &d->warn_unix,
+                       "refused a connection from another uid (its credentials are unknown)");
         mt__d_conn_close(c);
         return;
     }

@@ -40,10 +40,18 @@ typedef struct mt_d_cfg_s {
     unsigned idle_timeout_ms;     /* a connection that has not said what it is is closed; 10000 */
     unsigned head_timeout_ms;     /* an HTTP request head must be complete within this of the
                                      accept, however slowly it trickles in; 5000 */
-    unsigned max_http_conns;      /* HTTP connections open at once, all peers; 64 */
-    unsigned max_http_per_peer;   /* HTTP connections open at once from one address; 16 */
+    unsigned max_http_conns;      /* HTTP connections open at once of every peer but our own
+                                     user and root (their connections are not counted); 64 */
+    unsigned max_http_per_peer;   /* HTTP connections open at once of one peer: one uid (the
+                                     peer's socket's, when it is on this host), else one
+                                     address; 16 */
     unsigned fd_reserve;          /* fds kept free of HTTP for producers and the socket; 64 */
     unsigned max_consumers;       /* subscribers (Unix and SSE) at once; 64 */
+    unsigned max_rings_per_proc;  /* live rings of one process (the SO_PEERCRED pid of its
+                                     hello); more are refused; 16 */
+    unsigned max_rings_per_uid;   /* live rings of one user (SO_PEERCRED uid), all its
+                                     processes together: each costs a connection and about
+                                     0.2 MB of state here; 256 */
     size_t consumer_budget_bytes; /* queue + write limit of every consumer together; a new
                                      consumer gets what is left (>= 64 KiB) or is refused;
                                      64 MiB */

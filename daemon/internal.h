@@ -51,7 +51,8 @@ void mt__d_buf_free(mt_d_buf_t *b);
 
 typedef struct mt_d_proc_s {
     struct mt_d_proc_s *next; /* d->procs, in registration order */
-    int pid;
+    int pid;                  /* its hello's, which is its connection's SO_PEERCRED pid */
+    uint32_t uid;             /* its connection's SO_PEERCRED uid (the ring caps' key) */
     char name[MT_RING_COMM_MAX];
     char backend[32];             /* from the hello, "" if not given */
     uint64_t registered_realtime; /* ns since the epoch */
@@ -160,10 +161,14 @@ typedef struct mt_d_conn_s {
     bool is_tcp;
     uint64_t last_active_ms; /* uv_now when it last sent something */
     uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
-    char peer_addr[48];      /* TCP peers: the address, for the per-peer cap */
+    char peer_addr[48];      /* TCP peers: the address, "" if unknown */
     bool set_cookie;         /* HTTP: the answer sets the token cookie (token in the query) */
-    uint32_t peer_uid;       /* Unix peers: SO_PEERCRED at accept */
-    int peer_pid;
+    /* The peer's user: SO_PEERCRED (Unix, always known), or for TCP the uid of the peer's
+     * socket in the kernel's table (peer.c; unknown for a peer on another host or one
+     * that closed its end). The HTTP caps are keyed on it, else on peer_addr. */
+    bool peer_uid_known;
+    uint32_t peer_uid;
+    int peer_pid;      /* Unix peers: SO_PEERCRED at accept */
     size_t line_len;   /* producers: bytes of the current line so far */
     mt_d_buf_t in;     /* partial request, bounded by the line/head limits */
     mt_d_proc_t *proc; /* producers */
@@ -177,6 +182,17 @@ typedef struct mt_d_conn_s {
 #define MT_D_SNAPSHOT_EVENTS 16384
 
 /* ---- the daemon ---- */
+
+#define MT_D_WARN_INTERVAL_MS 10000 /* at most one line per this of each repeated warning */
+
+/* A repeated warning's state (mt__d_warn). Invariant: suppressed > 0 => logged. */
+typedef struct mt_d_warn_s {
+    const char *what;    /* static: what is counted, for the count's line ("HTTP
+                            connections refused") */
+    bool logged;         /* a line was logged (last_ms is valid) */
+    uint64_t last_ms;    /* uv_now of the last line */
+    uint64_t suppressed; /* warnings since then, not logged */
+} mt_d_warn_t;
 
 typedef struct mt_d_batch_rec_s {
     mt_event_rec_t ev;
@@ -206,7 +222,6 @@ struct mt_d_s {
     uv_signal_t sigint, sigterm;
     mt_d_conn_t *conns;
     mt_d_proc_t *procs;
-    unsigned nhttp;           /* HTTP connections open (not yet through their close) */
     unsigned nconsumers;      /* admitted consumers */
     size_t consumer_reserved; /* sum of admitted consumers' queue_limit + write_high_water */
     unsigned fd_limit;        /* RLIMIT_NOFILE at create */
@@ -225,12 +240,23 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
+    mt_d_warn_t warn_http;  /* HTTP connections refused (connections.c) */
+    mt_d_warn_t warn_unix;  /* Unix connections of other users refused */
+    mt_d_warn_t warn_rings; /* registrations refused by the ring caps (producers.c) */
     char oom_dir[512];      /* where OOM snapshots go; "" = off */
     struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* A warning that a client can make repeat at will (refused connections and
+ * registrations): the first is logged, then at most one per MT_D_WARN_INTERVAL_MS; the
+ * others are counted and told in one line when the interval is over (mt__d_warn_flush,
+ * from the sweep timer, and at shutdown). */
+void mt__d_warn(mt_d_t *d, mt_d_warn_t *w, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Tells w's count of warnings not logged, once the interval is over (or now, if force). */
+void mt__d_warn_flush(mt_d_t *d, mt_d_warn_t *w, bool force);
 
 /* server.c */
 void mt__d_on_drain_timer(uv_timer_t *t);
@@ -243,6 +269,12 @@ void mt__d_conn_close(mt_d_conn_t *c);
 /* Writes a copy of data; closes the connection after it if close_after. */
 int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after);
 bool mt__d_peer_allowed(mt_d_conn_t *c);
+
+/* peer.c: the uid of the socket at the other end of a TCP connection whose ends are self
+ * (ours) and peer, from the kernel's socket table. MT_ENOENT when no process of this host
+ * holds that socket (a remote peer, or one that closed it); another negative code when
+ * the table cannot be asked. */
+int mt__d_tcp_peer_uid(const struct sockaddr *self, const struct sockaddr *peer, uint32_t *uid);
 
 /* producers.c */
 int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen);

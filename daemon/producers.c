@@ -45,6 +45,35 @@ static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
     json_decref(o);
 }
 
+/* The ring caps (docs/telemetry.md, "Security model"): a process, and a user, may hold
+ * only so many live rings; one process registering ring after ring would otherwise take
+ * the daemon's memory and descriptors from every other producer. Keyed on the peer's
+ * credentials (SO_PEERCRED), not on anything the hello says. */
+static int ring_caps_admit(mt_d_conn_t *c, int pid, char *err, size_t errlen)
+{
+    mt_d_t *d = c->d;
+    unsigned of_pid = 0, of_uid = 0;
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+        if (!p->ring)
+            continue;
+        of_pid += p->pid == pid;
+        of_uid += p->uid == c->peer_uid;
+    }
+    if (of_pid >= d->cfg.max_rings_per_proc)
+        snprintf(err, errlen,
+                 "too many rings for process %d: %u registered (the daemon's "
+                 "max_rings_per_proc)",
+                 pid, of_pid);
+    else if (of_uid >= d->cfg.max_rings_per_uid)
+        snprintf(err, errlen,
+                 "too many rings for uid %u: %u registered (the daemon's max_rings_per_uid)",
+                 (unsigned)c->peer_uid, of_uid);
+    else
+        return 0;
+    mt__d_warn(d, &d->warn_rings, "refused a ring: %s", err);
+    return MT_EBUSY;
+}
+
 /* Checks the hello as docs/telemetry.md §2 says: version 1, a ring name of ours
  * ("/memtrace.*"), the peer's own pid, a ring owned by the peer's uid (or a root peer). */
 int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
@@ -73,14 +102,18 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
         snprintf(err, errlen, "pid %d is not the connecting process (%d)", pid, c->peer_pid);
         return MT_EPROTO;
     }
+    int rc = ring_caps_admit(c, pid, err, errlen);
+    if (rc)
+        return rc;
     mt__ring_t *ring = NULL;
-    int rc = mt__ring_open(&ring, shm);
+    rc = mt__ring_open(&ring, shm);
     if (rc) {
         snprintf(err, errlen, "cannot map ring %.80s: %s", shm, mt_strerror(rc));
         return rc;
     }
     const mt__ring_hdr_t *h = mt__ring_header(ring);
-    if (h->pid != pid || (c->peer_uid != 0 && mt__ring_owner_uid(ring) != c->peer_uid)) {
+    if (h->pid != pid || (c->peer_uid != 0 && mt__ring_owner_uid(ring) != c->peer_uid) ||
+        mt__ring_faulted(ring)) {
         snprintf(err, errlen, "ring %.80s does not belong to the connecting process", shm);
         mt__ring_close(&ring);
         return MT_EPROTO;
@@ -95,6 +128,7 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return rc;
     }
+    p->uid = c->peer_uid;
     if (backend)
         snprintf(p->backend, sizeof p->backend, "%s", backend);
     p->ring = ring;
@@ -197,22 +231,34 @@ static void ack_drained(mt_d_t *d)
             mt__ring_ack(p->ring);
 }
 
+/* Marks p's ring to be let go of (drop_corrupt, or its EOF), saying why once. */
+static void mark_corrupt(mt_d_t *d, mt_d_proc_t *p, const char *why)
+{
+    if (p->corrupt)
+        return;
+    p->corrupt = true;
+    d->ctr.rejected++;
+    char esc[MT_TEXT_ESC_SIZE(MT_RING_COMM_MAX)];
+    mt__d_log(d, MT_LOG_WARN, "producer %d (%s): %s; no longer reading it", p->pid,
+              mt__text_escape(p->name, esc, sizeof esc), why);
+}
+
 /* Drains up to budget records of p (everything when budget = SIZE_MAX). */
 static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
 {
     d->batch_proc = p;
-    while (budget > 0) {
+    while (budget > 0 && !p->corrupt) {
         size_t max = budget < MT_D_BATCH ? budget : MT_D_BATCH;
         int n = mt__ring_drain(p->ring, on_record, d, max);
-        if (n == MT_EPROTO && !p->corrupt) {
-            /* The producer's header lies (indices out of range): its memory is not to be
-             * trusted any more. What was read stays; the ring is let go of below. */
-            p->corrupt = true;
-            d->ctr.rejected++;
-            mt__d_log(d, MT_LOG_WARN,
-                      "producer %d (%s): its event ring is corrupt; no longer reading it", p->pid,
-                      p->name);
-        }
+        /* The producer shrank its ring file under our mapping: the pages that went read
+         * as zeros (util/busguard.h), so the ring says nothing true any more. Or its
+         * header lies (indices out of range). Either way its memory is not to be trusted
+         * any more: what was read stays (records read as zeros were refused as invalid),
+         * and the caller lets go of the ring. */
+        if (mt__ring_faulted(p->ring))
+            mark_corrupt(d, p, "its ring file shrank under the daemon's mapping (truncated)");
+        else if (n == MT_EPROTO)
+            mark_corrupt(d, p, "its event ring is corrupt");
         if (n <= 0)
             break;
         budget -= (size_t)n;

@@ -87,6 +87,34 @@ void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
     va_end(ap);
 }
 
+void mt__d_warn_flush(mt_d_t *d, mt_d_warn_t *w, bool force)
+{
+    uint64_t since = uv_now(d->loop) - w->last_ms;
+    if (w->suppressed == 0 || (!force && since < MT_D_WARN_INTERVAL_MS))
+        return;
+    mt__d_log(d, MT_LOG_WARN, "%llu more %s in the last %.1f s (logged once per %u s)",
+              (unsigned long long)w->suppressed, w->what, (double)since / 1000.0,
+              MT_D_WARN_INTERVAL_MS / 1000);
+    w->suppressed = 0;
+    w->last_ms = uv_now(d->loop);
+}
+
+void mt__d_warn(mt_d_t *d, mt_d_warn_t *w, const char *fmt, ...)
+{
+    uint64_t now = uv_now(d->loop);
+    if (w->logged && now - w->last_ms < MT_D_WARN_INTERVAL_MS) {
+        w->suppressed++;
+        return;
+    }
+    mt__d_warn_flush(d, w, true);
+    va_list ap;
+    va_start(ap, fmt);
+    mt__vlogf(d->cfg.log, d->cfg.log_ud, MT_LOG_WARN, fmt, ap);
+    va_end(ap);
+    w->logged = true;
+    w->last_ms = now;
+}
+
 static uint64_t realtime_ns(void)
 {
     struct timespec ts;
@@ -115,6 +143,8 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .max_http_per_peer = 16,
         .fd_reserve = 64,
         .max_consumers = 64,
+        .max_rings_per_proc = 16,
+        .max_rings_per_uid = 256,
         .consumer_budget_bytes = 64u << 20,
         .http_auth = true,
         .handle_signals = false,
@@ -187,6 +217,9 @@ static void on_sweep_timer(uv_timer_t *t)
             mt__d_conn_close(c); /* a half request: it had its chance */
         }
     }
+    mt__d_warn_flush(d, &d->warn_http, false);
+    mt__d_warn_flush(d, &d->warn_unix, false);
+    mt__d_warn_flush(d, &d->warn_rings, false);
     if (now - d->last_keepalive_ms >= d->cfg.keepalive_ms) {
         d->last_keepalive_ms = now;
         mt__d_consumers_keepalive(d);
@@ -238,6 +271,9 @@ static void begin_shutdown(mt_d_t *d)
         d->socket_bound = false;
     }
     mt__d_logfile_flush(d);
+    mt__d_warn_flush(d, &d->warn_http, true);
+    mt__d_warn_flush(d, &d->warn_unix, true);
+    mt__d_warn_flush(d, &d->warn_rings, true);
     if (d->owns_loop)
         uv_walk(d->loop, close_walk_cb, NULL);
 }
@@ -358,6 +394,7 @@ static bool cfg_valid(const mt_d_cfg_t *cfg)
            cfg->max_request_bytes >= 256 && cfg->drain_interval_ms > 0 && cfg->drain_budget > 0 &&
            cfg->keepalive_ms > 0 && cfg->idle_timeout_ms > 0 && cfg->head_timeout_ms > 0 &&
            cfg->max_http_conns > 0 && cfg->max_http_per_peer > 0 && cfg->max_consumers > 0 &&
+           cfg->max_rings_per_proc > 0 && cfg->max_rings_per_uid > 0 &&
            cfg->consumer_budget_bytes > cfg->write_high_water &&
            (cfg->http_port < 0 || cfg->http_host);
 }
@@ -385,6 +422,9 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->cfg.log_path = d->log_path;
     d->http_port = -1;
     d->start_realtime = realtime_ns();
+    d->warn_http.what = "HTTP connections refused";
+    d->warn_unix.what = "Unix connections of other users refused";
+    d->warn_rings.what = "ring registrations refused";
     mt__d_snapshot_init(d);
 
     if (cfg->loop) {

@@ -334,8 +334,9 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
             rc = rc == MT_EPROTO ? MT_EPROTO : MT_ENOENT;
             goto fail;
         }
-        /* An impostor (another user's daemon) is worth a warning; no daemon is not. */
-        logf_(p, rc == -EPERM ? MT_LOG_WARN : MT_LOG_INFO,
+        /* An impostor (another user's daemon) or a refusal (a limit of the daemon's) is
+         * worth a warning; no daemon is not. */
+        logf_(p, rc == -EPERM || rc == MT_EPROTO ? MT_LOG_WARN : MT_LOG_INFO,
               "memtrace: %s; falling back to the local log", err);
     }
     /* Local mode: the drainer thread in this process is the ring's only consumer, so

@@ -3,6 +3,7 @@
 #include "profiler/ring.h"
 #include "memtrace/alloc.h"
 #include "util/assert.h"
+#include "util/busguard.h"
 #include "util/safefile.h"
 
 #include <errno.h>
@@ -38,6 +39,9 @@ struct mt__ring_s {
     bool owner;         /* created here (producer) */
     bool linked;        /* the name still exists as far as we know */
     uint32_t owner_uid; /* st_uid of the shm object */
+    /* consumer: the busguard ids (util/busguard.h) of the mapping and the area, 0 = none.
+     * The producer owns the file and may shrink it under us at any time. */
+    int guard_map, guard_area;
     /* producer: a process-local copy of read_idx, never ahead of the shared one, so a
      * push reads the consumer's cache line only when the ring looks full */
     _Atomic uint64_t cached_read;
@@ -237,6 +241,18 @@ static bool valid_name(const char *name)
            strchr(name + 1, '/') == NULL;
 }
 
+/* Unmaps r's pages, their guards first (a consumer's; the producer's have none). */
+static void unmap_all(mt__ring_t *r)
+{
+    mt__busguard_remove(r->guard_map);
+    mt__busguard_remove(r->guard_area);
+    r->guard_map = r->guard_area = 0;
+    if (r->hdr)
+        munmap(r->hdr, r->map_size);
+    if (r->area)
+        munmap(r->area, r->area_size);
+}
+
 int mt__ring_open(mt__ring_t **out, const char *name)
 {
     if (!out || !name)
@@ -257,10 +273,18 @@ int mt__ring_open(mt__ring_t **out, const char *name)
         rc = MT_EPROTO;
         goto fail_fd;
     }
-    /* Map the header alone first: slots must be validated before the size is trusted. */
+    /* Map the header alone first: slots must be validated before the size is trusted.
+     * Every mapping of the producer's file is guarded: the file may shrink under it
+     * (after the fstat above, too), and a faulting page then reads as zeros. */
     mt__ring_hdr_t *h = mmap(NULL, MT_RING_HEADER_SIZE, PROT_READ, MAP_SHARED, fd, 0);
     if (h == MAP_FAILED) {
         rc = -errno;
+        goto fail_fd;
+    }
+    int guard = mt__busguard_add(h, MT_RING_HEADER_SIZE, PROT_READ);
+    if (guard < 0) {
+        munmap(h, MT_RING_HEADER_SIZE);
+        rc = guard;
         goto fail_fd;
     }
     uint32_t slots = h->slots;
@@ -269,6 +293,7 @@ int mt__ring_open(mt__ring_t **out, const char *name)
               h->header_size == MT_RING_HEADER_SIZE && h->rec_size == sizeof(mt_event_rec_t) &&
               slots >= MT_RING_MIN_SLOTS && slots <= MT_RING_MAX_SLOTS &&
               (slots & (slots - 1)) == 0;
+    mt__busguard_remove(guard);
     munmap(h, MT_RING_HEADER_SIZE);
     /* The area, when there is one, is where the producer puts it, bounded, in the file. */
     if (ok && area_size != 0)
@@ -287,22 +312,24 @@ int mt__ring_open(mt__ring_t **out, const char *name)
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         rc = -errno;
-        free(r);
-        goto fail_fd;
+        goto fail_ring;
     }
+    r->hdr = p;
+    r->map_size = size;
+    if ((rc = r->guard_map = mt__busguard_add(p, size, PROT_READ | PROT_WRITE)) < 0)
+        goto fail_map;
     if (area_size != 0) {
         r->area = mmap(NULL, area_size, PROT_READ, MAP_SHARED, fd, (off_t)area_off);
         if (r->area == MAP_FAILED) {
             rc = -errno;
-            munmap(p, size);
-            free(r);
-            goto fail_fd;
+            r->area = NULL;
+            goto fail_map;
         }
         r->area_size = area_size;
+        if ((rc = r->guard_area = mt__busguard_add(r->area, area_size, PROT_READ)) < 0)
+            goto fail_map;
     }
     close(fd);
-    r->hdr = p;
-    r->map_size = size;
     r->owner = false;
     r->linked = true;
     r->owner_uid = (uint32_t)st.st_uid;
@@ -311,6 +338,10 @@ int mt__ring_open(mt__ring_t **out, const char *name)
     *out = r;
     return 0;
 
+fail_map:
+    unmap_all(r);
+fail_ring:
+    free(r);
 fail_fd:
     close(fd);
     return rc;
@@ -335,9 +366,7 @@ void mt__ring_close(mt__ring_t **pr)
     mt__ring_t *r = *pr;
     if (r->owner && r->linked)
         mt__ring_unlink(r);
-    munmap(r->hdr, r->map_size);
-    if (r->area)
-        munmap(r->area, r->area_size);
+    unmap_all(r);
     free(r);
     *pr = NULL;
 }
@@ -350,6 +379,11 @@ const char *mt__ring_name(const mt__ring_t *r)
 const mt__ring_hdr_t *mt__ring_header(const mt__ring_t *r)
 {
     return r->hdr;
+}
+
+bool mt__ring_faulted(const mt__ring_t *r)
+{
+    return mt__busguard_hit(r->guard_map) || mt__busguard_hit(r->guard_area);
 }
 
 uint32_t mt__ring_owner_uid(const mt__ring_t *r)

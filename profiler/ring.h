@@ -162,6 +162,9 @@ void mt__ring_close(mt__ring_t **r);
 const char *mt__ring_name(const mt__ring_t *r);             /* borrowed */
 const mt__ring_hdr_t *mt__ring_header(const mt__ring_t *r); /* borrowed, shared */
 uint32_t mt__ring_owner_uid(const mt__ring_t *r);           /* st_uid of the shm object */
+/* Consumer: whether a page of the mapping faulted since mt__ring_open, the producer having
+ * shrunk its file (util/busguard.h): such a page reads as zeros. Let go of the ring. */
+bool mt__ring_faulted(const mt__ring_t *r);
 void mt__ring_stats(const mt__ring_t *r, mt__ring_stats_t *out);
 void mt__ring_set_flags(mt__ring_t *r, uint32_t flags); /* atomic OR */
 

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -271,6 +273,114 @@ static void test_connection_caps(void **state)
     th_daemon_stop(&t);
 }
 
+/* ---- another local user against the owner's HTTP access ---- */
+
+/* Counts the daemon's lines about refused connections (it logs on its own thread). */
+static _Atomic unsigned g_refusal_lines;
+
+static void count_refusals(void *ud, mt_log_level_e level, const char *msg)
+{
+    (void)ud;
+    (void)level;
+    if (strstr(msg, "refused"))
+        atomic_fetch_add(&g_refusal_lines, 1);
+}
+
+/* A TCP connection to 127.0.0.1:port, or -1 (the attacker does not assert). */
+static int try_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* An authorised GET /state that does not assert: its status, 0 if refused. */
+static int owner_get(int port)
+{
+    static const char req[] = "GET /state HTTP/1.1\r\n" HOST BEARER "\r\n";
+    int fd = try_connect(port);
+    if (fd < 0)
+        return 0;
+    char *resp = NULL;
+    int status = 0;
+    if (mt_d_client_send(fd, req, sizeof req - 1) == 0 &&
+        mt_d_client_read_all(fd, 64u << 20, 5000, &resp, NULL) == 0)
+        sscanf(resp, "HTTP/1.1 %d", &status);
+    free(resp);
+    close(fd);
+    return status;
+}
+
+/* The attacker of test_other_user_lockout, as uid SEC_OTHER_UID: 16 idle connections,
+ * each reopened as soon as the daemon closes it, and a connect loop, for ms. */
+static int lockout_body(int port, int ms)
+{
+    if (setresgid(SEC_OTHER_UID, SEC_OTHER_UID, SEC_OTHER_UID) != 0 ||
+        setresuid(SEC_OTHER_UID, SEC_OTHER_UID, SEC_OTHER_UID) != 0)
+        return 2;
+    int idle[16];
+    for (int i = 0; i < 16; i++)
+        idle[i] = try_connect(port);
+    for (uint64_t end = th_now_ms() + (uint64_t)ms; th_now_ms() < end;) {
+        for (int i = 0; i < 16; i++) {
+            char b[64];
+            if (idle[i] >= 0 && recv(idle[i], b, sizeof b, MSG_DONTWAIT) < 0 && errno == EAGAIN)
+                continue; /* still open */
+            if (idle[i] >= 0)
+                close(idle[i]);
+            idle[i] = try_connect(port);
+        }
+        for (int i = 0; i < 20; i++) {
+            int fd = try_connect(port);
+            if (fd >= 0)
+                close(fd);
+        }
+        usleep(1000);
+    }
+    return 0;
+}
+
+/* Another local user holds 16 idle connections to the owner's daemon (the per-peer cap)
+ * and loops connecting: every local user is 127.0.0.1, so a cap keyed on the address
+ * locked the owner out (19 of 19 authorised requests failed) and the refusals wrote tens
+ * of thousands of warnings. The owner's requests must all succeed, and the refusals must
+ * cost a bounded number of lines. */
+static void test_other_user_lockout(void **state)
+{
+    (void)state;
+    if (!sec_can_switch_uid())
+        skip();
+    atomic_store(&g_refusal_lines, 0);
+    th_daemon_t t;
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.idle_timeout_ms = 5000; /* the defaults: idle connections live their 5 s */
+    cfg.head_timeout_ms = 5000;
+    cfg.log = count_refusals;
+    th_daemon_start(&t, cfg);
+    char port[16];
+    snprintf(port, sizeof port, "%d", t.port);
+    const char *const args[5] = {port, "4000"};
+    pid_t pid = th_spawn("lockout", args);
+    usleep(500 * 1000); /* its idle connections are in */
+    int ok = 0, tried = 0;
+    for (uint64_t end = th_now_ms() + 3000; th_now_ms() < end; usleep(100 * 1000)) {
+        tried++;
+        ok += owner_get(t.port) == 200;
+    }
+    int st = th_wait_within(pid, 20000, "the attacker");
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    th_daemon_stop(&t);
+    unsigned lines = atomic_load(&g_refusal_lines);
+    if (ok != tried || lines > 4)
+        fail_msg("%d of %d authorised requests answered, %u lines about refusals", ok, tried,
+                 lines);
+}
+
 /* Reads the head of the answer to a GET /events on fd: 200, the consumer was admitted. */
 static void assert_admitted(int fd)
 {
@@ -428,6 +538,8 @@ int main(int argc, char **argv)
     const char *role = th_role(argc, argv, &a);
     if (role != NULL && strcmp(role, "escaped-name") == 0)
         _exit(escaped_name_body(a[0]));
+    if (role != NULL && strcmp(role, "lockout") == 0)
+        _exit(lockout_body(atoi(a[0]), atoi(a[1])));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_on_every_route),
         cmocka_unit_test(test_metrics_open),
@@ -437,6 +549,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bare_lf),
         cmocka_unit_test(test_slowloris),
         cmocka_unit_test(test_connection_caps),
+        cmocka_unit_test(test_other_user_lockout),
         cmocka_unit_test(test_consumer_caps),
         cmocka_unit_test(test_port_taken),
         cmocka_unit_test(test_name_escaped_in_daemon_log),
