@@ -494,6 +494,22 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
+/* The gap of device memory right after event at of p (the peak of allocated). */
+static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym, size_t at)
+{
+    mt_model_t *m = NULL;
+    json_t *o = NULL;
+    if (mt_model_create(&m, NULL) != 0 || (p->tables && mt_model_tables_copy(m, p->tables) != 0))
+        goto out;
+    for (size_t k = 0; k < p->evs.n && k <= at; k++)
+        if (mt_model_apply(m, &p->evs.v[k]) == MT_ENOMEM)
+            goto out;
+    o = mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
+out:
+    mt_model_destroy(&m);
+    return o;
+}
+
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_model_t *m = NULL;
@@ -511,7 +527,8 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     }
     unsigned steps = cfg->timeline_steps, k = 1;
     double step = (double)(t1 - t0) / steps;
-    uint64_t interval_peak = 0;
+    uint64_t interval_peak = 0, peak = 0;
+    size_t peak_at = 0; /* the event after which allocated first reached its peak */
     for (size_t i = 0; i < n; i++) {
         while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
             if (json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9)))
@@ -524,6 +541,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         mt_model_figures_t f;
         mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
         interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
+        if (f.allocated > peak) {
+            peak = f.allocated;
+            peak_at = i;
+        }
     }
     if (json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9)))
         goto out;
@@ -548,6 +569,14 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         res = NULL;
     }
     res = uncertain_json(res, &d);
+    if (res != NULL &&
+        (json_object_set_new(res, "end_gap",
+                             mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg)) !=
+             0 ||
+         json_object_set_new(res, "peak_gap", peak_gap(cfg, p, sym, peak_at)) != 0)) {
+        json_decref(res);
+        res = NULL;
+    }
     if (res != NULL && cfg->by_callsite &&
         json_object_set_new(res, "callsites",
                             mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg)) != 0) {

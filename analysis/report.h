@@ -112,6 +112,17 @@ mt_sym_t *mt__report_symbolizer(mt__report_t *r);
 json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
                                   const mt__report_cfg_t *cfg);
 
+/* Names a row of mt_cs_rows_json as the "callsites" rows are named: its "site" by cfg->by,
+ * "user_frame", "skipped" on the frames the rules skip; its key into key. 0 or MT_ENOMEM. */
+int mt__report_name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen);
+
+/* ---- the gap (report_gap.c) ---- */
+
+/* The gap of class cls of m now (analysis/gap.h's mt_gap_json), each pin named by its site
+ * (cfg->by, cfg->frames) with its frames. New reference, NULL without memory. */
+json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
+                            const mt__report_cfg_t *cfg);
+
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each
  * with a message in err. */

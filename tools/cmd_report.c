@@ -365,6 +365,65 @@ static int fit_sections(json_t *res)
     return 0;
 }
 
+/* reserved - allocated at the peak and at the end, by cause (analysis/gap.h). */
+static void print_gap(json_t *p)
+{
+    static const char *const what[][2] = {
+        {"pinned_free", "free in segments that hold live blocks"},
+        {"cached_segments", "whole free segments kept in the cache"},
+        {"stream_pending", "freed, waiting on stream events"},
+        {"expandable_slack", "free mapped pages of expandable segments"},
+        {"untracked", "not in the segment map (before the log, lost events)"},
+    };
+    json_t *g[2] = {json_object_get(p, "peak_gap"), json_object_get(p, "end_gap")};
+    if (!g[0] || !g[1])
+        return;
+    char b[4][32];
+    printf("\n  why reserved exceeds allocated:      %14s %14s\n", "at the peak", "at the end");
+    printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
+           human(num(g[1], "reserved_bytes"), b[1], 32));
+    printf("    %-44s %12s %14s\n", "allocated", human(num(g[0], "allocated_bytes"), b[0], 32),
+           human(num(g[1], "allocated_bytes"), b[1], 32));
+    printf("    %-44s %12s %14s\n", "reserved - allocated", human(num(g[0], "gap_bytes"), b[0], 32),
+           human(num(g[1], "gap_bytes"), b[1], 32));
+    for (size_t c = 0; c < sizeof what / sizeof what[0]; c++) {
+        double v[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(json_object_get(g[k], "causes"), i, e)
+            {
+                const char *name = json_string_value(json_object_get(e, "cause"));
+                if (name && strcmp(name, what[c][0]) == 0)
+                    v[k] = num(e, "bytes");
+            }
+        }
+        if (v[0] == 0 && v[1] == 0)
+            continue;
+        printf("      %-42s %12s %14s\n", what[c][1], human(v[0], b[0], 32), human(v[1], b[1], 32));
+    }
+    if (num(g[0], "rounding_bytes") > 0 || num(g[1], "rounding_bytes") > 0)
+        printf("    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
+               human(num(g[0], "rounding_bytes"), b[0], 32),
+               human(num(g[1], "rounding_bytes"), b[1], 32));
+    if (num(p, "replay_reserved_bytes") > 0)
+        printf("    %-44s %12s\n", "memtrace's allocator, same sequence: peak reserved",
+               human(num(p, "replay_reserved_bytes"), b[0], 32));
+    json_t *pins = json_object_get(g[0], "pins");
+    if (json_array_size(pins) == 0)
+        return;
+    printf("    segments pinned at the peak, by the site of each one's largest live block:\n");
+    size_t i;
+    json_t *r;
+    json_array_foreach(pins, i, r)
+    {
+        printf("      %10s free in %.0f segment%s  ", human(num(r, "bytes"), b[0], 32),
+               num(r, "segments"), num(r, "segments") == 1 ? "" : "s");
+        put_plain(json_string_value(json_object_get(r, "site")));
+        printf("\n");
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -459,6 +518,7 @@ static void print_process(json_t *p)
                    num(nf, "groups_total") - (double)json_array_size(groups));
     }
 
+    print_gap(p);
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
