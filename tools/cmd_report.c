@@ -379,7 +379,7 @@ static void print_gap(json_t *p)
     if (!g[0] || !g[1])
         return;
     char b[4][32];
-    printf("\n  why reserved exceeds allocated:      %14s %14s\n", "at the peak", "at the end");
+    printf("\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak", "at the end");
     printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
            human(num(g[1], "reserved_bytes"), b[1], 32));
     printf("    %-44s %12s %14s\n", "allocated", human(num(g[0], "allocated_bytes"), b[0], 32),
