@@ -49,6 +49,7 @@ typedef struct proc_s {
     bool unordered;              /* an event came with a seq below next_seq and was kept */
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
     uint64_t labels;             /* tag label records among evs (kept for their seqs) */
+    uint64_t added;              /* records among evs no input held (mt__report_add_ref) */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
     mt_model_t *tables;          /* its stack table and module map ("stack", "module" lines) */
 } proc_t;
@@ -179,6 +180,17 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
     if (tag_name && !p->tag_names[ev->tag % MT_TAG_MAX])
         p->tag_names[ev->tag % MT_TAG_MAX] = strdup(tag_name);
     return 0;
+}
+
+int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev)
+{
+    uint64_t n = r->events;
+    int rc = mt__report_add_event(r, pid, ev, NULL);
+    if (rc == 0 && r->events > n) {
+        r->events = n;
+        proc_get(r, pid)->added++; /* found: the event was just added to it */
+    }
+    return rc;
 }
 
 int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state)
@@ -556,7 +568,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(
         "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
-        p->pid, "name", p->name, "events", ji(n - p->labels), "lost", ji(lost), "duplicates",
+        p->pid, "name", p->name, "events", ji(n - p->labels - p->added), "lost", ji(lost), "duplicates",
         ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated", ji(d.peak_allocated),
         "peak_reserved", ji(d.peak_reserved), "final_allocated", ji(d.allocated), "final_reserved",
         ji(d.reserved), "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl,

@@ -55,6 +55,9 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
  * produce records, not lines. 0 or MT_ENOMEM. */
 int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name);
+/* A record a converter adds that its input did not hold (a snapshot's stack ref): replayed
+ * as mt__report_add_event's, not counted among the events read. 0 or MT_ENOMEM. */
+int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev);
 /* Names process pid (as a hello line would) and, when exit_state is 1 (clean) or 2
  * (unclean), says how it ended. 0 or MT_ENOMEM. */
 int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state);
