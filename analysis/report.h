@@ -89,6 +89,13 @@ typedef struct mt__report_point_s {
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
+/* Process i's device allocations (requested sizes) and frees as a trace for mt_replay_run
+ * (analysis/replay.h): what memtrace's allocator would reserve for the same sequence. An
+ * alloc at an address still open (its free lost) is left out. *out new (mt_trace_free).
+ * 0, MT_EINVAL (no such process), MT_ENOMEM, MT_EOVERFLOW (more than 65535 streams). */
+struct mt_trace_s;
+int mt__report_trace(const mt__report_t *r, size_t i, struct mt_trace_s **out);
+
 /* A segment map: segments and live blocks, each sorted by address (the model's). */
 typedef mt_model_block_t mt__report_block_t;
 typedef mt_model_map_t mt__report_map_t;

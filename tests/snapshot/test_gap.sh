@@ -80,5 +80,19 @@ for want in "why reserved exceeds allocated:" \
     "14.0 MiB free in 1 segment  transformer.py:54 forward"; do
     grep -qF -- "$want" "$T/gap.txt" || { echo "FAIL: text: no '$want' in:"; cat "$T/gap.txt"; fails=$((fails + 1)); }
 done
+# --replay: memtrace's allocator on the same sequence, the figure `memtrace replay` prints.
+"$MT" report --replay --json "$T/gap.pickle" >"$T/rep.json" || exit 1
+"$MT" replay --json "$T/gap.pickle" >"$T/replay.json" || exit 1
+"$PY" - "$T/rep.json" "$T/replay.json" <<'PYEOF' || fails=$((fails + 1))
+import json, sys
+p = json.load(open(sys.argv[1]))["processes"][0]
+r = json.load(open(sys.argv[2]))["devices"][0]["memtrace"]
+if p.get("replay_reserved_bytes") != r["peak_reserved_bytes"] or p["replay_reserved_bytes"] <= 0:
+    sys.exit("FAIL: report --replay %s, memtrace replay %s" % (p.get("replay_reserved_bytes"),
+                                                                r["peak_reserved_bytes"]))
+print("ok: report --replay says what memtrace replay says")
+PYEOF
+"$MT" report --replay "$T/gap.pickle" | grep -q "memtrace's allocator would reserve (peak)        12.0 MiB" ||
+    { echo "FAIL: report --replay text"; fails=$((fails + 1)); }
 [ "$fails" -eq 0 ] || exit 1
 echo "ok"
