@@ -82,6 +82,15 @@ tag = {r["key"]: r for r in d["tags"]}
 assert tag["activations"]["before"] == 8 << 20 and tag["activations"]["after"] == 16 << 20
 PYEOF
 
+# The JSON keeps to docs/telemetry.schema.json ("diff"), when ajv is installed
+# (npm ci --prefix tests/prof; validate.mjs exits 77 without it).
+if command -v node >/dev/null 2>&1; then
+    "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$T/json.out" >"$T/json.ndjson"
+    node "$HERE/../prof/validate.mjs" "$HERE/../../docs/telemetry.schema.json" "$T/json.ndjson"
+    st=$?
+    [ "$st" -eq 0 ] || [ "$st" -eq 77 ] || fail "the diff's JSON breaks docs/telemetry.schema.json"
+fi
+
 # ---- snapshots ----
 A=$DATA/v2_all_actions_p4.pickle
 B=$DATA/v2_torch_frames.pickle

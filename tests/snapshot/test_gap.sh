@@ -94,5 +94,13 @@ print("ok: report --replay says what memtrace replay says")
 PYEOF
 "$MT" report --replay "$T/gap.pickle" | grep -q "memtrace's allocator would reserve (peak)        12.0 MiB" ||
     { echo "FAIL: report --replay text"; fails=$((fails + 1)); }
+# The report's JSON, gaps and replay included, keeps to docs/telemetry.schema.json (when ajv
+# is installed: npm ci --prefix tests/prof; validate.mjs exits 77 without it).
+if command -v node >/dev/null 2>&1; then
+    "$PY" -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$T/rep.json" >"$T/rep.ndjson"
+    node "$HERE/../prof/validate.mjs" "$HERE/../../docs/telemetry.schema.json" "$T/rep.ndjson"
+    st=$?
+    [ "$st" -eq 0 ] || [ "$st" -eq 77 ] || { echo "FAIL: the report's JSON breaks the schema"; fails=$((fails + 1)); }
+fi
 [ "$fails" -eq 0 ] || exit 1
 echo "ok"
