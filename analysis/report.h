@@ -3,7 +3,8 @@
  * Lines are fed one at a time; the result is one JSON document (new json_t *) with,
  * per process: peaks (allocated, reserved, by tag), a timeline of allocated, reserved,
  * utilization and fragmentation, the allocations never freed grouped by tag and size,
- * and the growth detector's verdict. All of these are device memory only: pinned host
+ * why reserved exceeds allocated at the peak and at the end (peak_gap, end_gap:
+ * analysis/gap.h), and the growth detector's verdict. All of these are device memory only: pinned host
  * memory (events of pool MT_POOL_HOST, from a pinned host cache) is summarised apart, in
  * the process's "host" member (peaks, final totals, peaks by tag, never freed).
  *
