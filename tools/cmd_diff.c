@@ -204,8 +204,12 @@ static void print_text(const char *before, const char *after, const json_t *d, u
     print_figure("final allocated", json_object_get(d, "final_allocated"));
     print_figure("final reserved", json_object_get(d, "final_reserved"));
     print_rows("by site (live bytes at the peak)", json_object_get(d, "sites"), top);
-    if (json_array_size(json_object_get(d, "tags")) > 0)
-        print_rows("by tag (peak bytes)", json_object_get(d, "tags"), top);
+    /* Input without tags has every byte under "other": a section that says nothing. */
+    json_t *tags = json_object_get(d, "tags");
+    json_t *first = json_array_get(tags, 0);
+    if (json_array_size(tags) > 1 ||
+        (first && strcmp(json_string_value(json_object_get(first, "key")), "other") != 0))
+        print_rows("by tag (peak bytes)", tags, top);
     printf("\n");
     print_list("new sites", json_object_get(d, "new"), top);
     print_list("grew", json_object_get(d, "grew"), top);

@@ -381,8 +381,8 @@ static void print_gap(json_t *p)
         {"untracked", "not in the segment map (before the log, lost events)"},
     };
     json_t *g[2] = {json_object_get(p, "peak_gap"), json_object_get(p, "end_gap")};
-    if (!g[0] || !g[1])
-        return;
+    if (!g[0] || !g[1] || (num(g[0], "reserved_bytes") <= 0 && num(g[1], "reserved_bytes") <= 0))
+        return; /* no device memory reserved: nothing to explain */
     char b[4][32];
     printf("\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak", "at the end");
     printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),

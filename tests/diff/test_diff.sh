@@ -101,6 +101,7 @@ has snap "new             0 B -> 100.0 MiB     transformer.py:54 forward"
 has snap "gone        8.0 MiB -> 0 B           adam.py:150 step"
 has snap "peak allocated       14.0 MiB -> 152.0 MiB"
 has snap "CROSSED"
+hasnt snap "by tag"
 run snap_site 4 --max-site-growth 64M "$A" "$B"
 has snap_site "largest growth 100.0 MiB at transformer.py:54 forward: CROSSED"
 # A log against a snapshot: any input report reads.
