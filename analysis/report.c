@@ -568,13 +568,13 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(
         "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
-        p->pid, "name", p->name, "events", ji(n - p->labels - p->added), "lost", ji(lost), "duplicates",
-        ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated", ji(d.peak_allocated),
-        "peak_reserved", ji(d.peak_reserved), "final_allocated", ji(d.allocated), "final_reserved",
-        ji(d.reserved), "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl,
-        "never_freed", never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees",
-        ji(d.unmatched_frees), "growth", growth(cfg, p, m), "host",
-        host_summary(cfg, p, m, host_events));
+        p->pid, "name", p->name, "events", ji(n - p->labels - p->added), "lost", ji(lost),
+        "duplicates", ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated",
+        ji(d.peak_allocated), "peak_reserved", ji(d.peak_reserved), "final_allocated",
+        ji(d.allocated), "final_reserved", ji(d.reserved), "peak_by_tag",
+        peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl, "never_freed",
+        never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees", ji(d.unmatched_frees), "growth",
+        growth(cfg, p, m), "host", host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
     if (res != NULL && json_object_set_new(res, "devices", by_device(m)) != 0) {
         json_decref(res);

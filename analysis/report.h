@@ -4,9 +4,10 @@
  * per process: peaks (allocated, reserved, by tag), a timeline of allocated, reserved,
  * utilization and fragmentation, the allocations never freed grouped by tag and size,
  * why reserved exceeds allocated at the peak and at the end (peak_gap, end_gap:
- * analysis/gap.h), and the growth detector's verdict. All of these are device memory only: pinned host
- * memory (events of pool MT_POOL_HOST, from a pinned host cache) is summarised apart, in
- * the process's "host" member (peaks, final totals, peaks by tag, never freed).
+ * analysis/gap.h), and the growth detector's verdict. All of these are device memory
+ * only: pinned host memory (events of pool MT_POOL_HOST, from a pinned host cache) is
+ * summarised apart, in the process's "host" member (peaks, final totals, peaks by tag,
+ * never freed).
  *
  * Blocks allocated before lost events whose free may have been lost are never counted as
  * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
