@@ -314,6 +314,8 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
         return MT_ENOMEM;
     }
     b->size = ev->size;
+    /* A request above the block's size is not one the allocator served: unknown. */
+    b->requested = ev->requested <= ev->size ? ev->requested : 0;
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
     b->sidx = c->next_sidx;
@@ -334,6 +336,8 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     block_unaccount(c, b);
     /* The free names the block as it is now (a gap may have hidden a reuse of the
      * address). */
+    if (b->size != ev->size)
+        b->requested = 0; /* another block than the one allocated: its request is unknown */
     b->size = ev->size;
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
@@ -579,9 +583,15 @@ int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
     for (size_t i = 0; i < c->cap; i++) {
         const mt__mblock_t *b = &c->tab[i];
         if (b->state == MT__SLOT_FULL)
-            out->blocks[out->nblocks++] = (mt_model_block_t){
-                b->addr,    b->size,     mt__model_stack_id(m, b->sidx), b->tag, b->pool,
-                b->pending, b->uncertain};
+            out->blocks[out->nblocks++] =
+                (mt_model_block_t){.addr = b->addr,
+                                   .size = b->size,
+                                   .stack = mt__model_stack_id(m, b->sidx),
+                                   .tag = b->tag,
+                                   .pool = b->pool,
+                                   .pending = b->pending,
+                                   .uncertain = b->uncertain,
+                                   .requested = b->requested};
     }
     qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);

@@ -134,8 +134,10 @@ typedef struct mt_model_block_s {
     uint32_t stack;      /* stack id (0: none recorded; see the call stacks section) */
     uint8_t tag;
     uint8_t pool;
-    uint8_t pending;   /* freed by the program, not yet back in a free bin */
-    uint8_t uncertain; /* allocated before a gap; its free may have been lost */
+    uint8_t pending;    /* freed by the program, not yet back in a free bin */
+    uint8_t uncertain;  /* allocated before a gap; its free may have been lost */
+    uint64_t requested; /* bytes the alloc asked for, <= size; 0 unknown (rounding = size -
+                           requested, analysis/gap.h) */
 } mt_model_block_t;
 
 /* A class's segment map: segments and blocks, each sorted by address, with the free

@@ -20,6 +20,7 @@ enum { MT__SLOT_EMPTY = 0, MT__SLOT_FULL = 1, MT__SLOT_DEAD = 2 };
 /* A live block (alloc seen, free_completed not), in an open-addressing table by addr. */
 typedef struct mt__mblock_s {
     uint64_t addr, size; /* bytes */
+    uint64_t requested;  /* bytes the alloc asked for, <= size; 0 unknown */
     uint32_t sidx;       /* its stack's index in the model's stacks (model_stacks.c); 0 = id 0,
                             MT__SIDX_NONE = counted in no stack's figures */
     uint8_t state;       /* MT__SLOT_* */

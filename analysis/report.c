@@ -49,6 +49,7 @@ typedef struct proc_s {
     bool unordered;              /* an event came with a seq below next_seq and was kept */
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
     uint64_t labels;             /* tag label records among evs (kept for their seqs) */
+    uint64_t added;              /* records among evs no input held (mt__report_add_ref) */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
     mt_model_t *tables;          /* its stack table and module map ("stack", "module" lines) */
 } proc_t;
@@ -179,6 +180,17 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
     if (tag_name && !p->tag_names[ev->tag % MT_TAG_MAX])
         p->tag_names[ev->tag % MT_TAG_MAX] = strdup(tag_name);
     return 0;
+}
+
+int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev)
+{
+    uint64_t n = r->events;
+    int rc = mt__report_add_event(r, pid, ev, NULL);
+    if (rc == 0 && r->events > n) {
+        r->events = n;
+        proc_get(r, pid)->added++; /* found: the event was just added to it */
+    }
+    return rc;
 }
 
 int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state)
@@ -494,6 +506,22 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
+/* The gap of device memory right after event at of p (the peak of allocated). */
+static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym, size_t at)
+{
+    mt_model_t *m = NULL;
+    json_t *o = NULL;
+    if (mt_model_create(&m, NULL) != 0 || (p->tables && mt_model_tables_copy(m, p->tables) != 0))
+        goto out;
+    for (size_t k = 0; k < p->evs.n && k <= at; k++)
+        if (mt_model_apply(m, &p->evs.v[k]) == MT_ENOMEM)
+            goto out;
+    o = mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
+out:
+    mt_model_destroy(&m);
+    return o;
+}
+
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_model_t *m = NULL;
@@ -511,7 +539,8 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     }
     unsigned steps = cfg->timeline_steps, k = 1;
     double step = (double)(t1 - t0) / steps;
-    uint64_t interval_peak = 0;
+    uint64_t interval_peak = 0, peak = 0;
+    size_t peak_at = 0; /* the event after which allocated first reached its peak */
     for (size_t i = 0; i < n; i++) {
         while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
             if (json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9)))
@@ -524,6 +553,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         mt_model_figures_t f;
         mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
         interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
+        if (f.allocated > peak) {
+            peak = f.allocated;
+            peak_at = i;
+        }
     }
     if (json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9)))
         goto out;
@@ -535,19 +568,27 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
     res = json_pack(
         "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
-        p->pid, "name", p->name, "events", ji(n - p->labels), "lost", ji(lost), "duplicates",
-        ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated", ji(d.peak_allocated),
-        "peak_reserved", ji(d.peak_reserved), "final_allocated", ji(d.allocated), "final_reserved",
-        ji(d.reserved), "peak_by_tag", peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl,
-        "never_freed", never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees",
-        ji(d.unmatched_frees), "growth", growth(cfg, p, m), "host",
-        host_summary(cfg, p, m, host_events));
+        p->pid, "name", p->name, "events", ji(n - p->labels - p->added), "lost", ji(lost),
+        "duplicates", ji(p->duplicates), "exit", exits[p->exit_state], "peak_allocated",
+        ji(d.peak_allocated), "peak_reserved", ji(d.peak_reserved), "final_allocated",
+        ji(d.allocated), "final_reserved", ji(d.reserved), "peak_by_tag",
+        peaks_by_tag(p, m, MT_MODEL_DEVICE), "timeline", tl, "never_freed",
+        never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees", ji(d.unmatched_frees), "growth",
+        growth(cfg, p, m), "host", host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
     if (res != NULL && json_object_set_new(res, "devices", by_device(m)) != 0) {
         json_decref(res);
         res = NULL;
     }
     res = uncertain_json(res, &d);
+    if (res != NULL &&
+        (json_object_set_new(res, "end_gap",
+                             mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg)) !=
+             0 ||
+         json_object_set_new(res, "peak_gap", peak_gap(cfg, p, sym, peak_at)) != 0)) {
+        json_decref(res);
+        res = NULL;
+    }
     if (res != NULL && cfg->by_callsite &&
         json_object_set_new(res, "callsites",
                             mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg)) != 0) {

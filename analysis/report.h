@@ -3,9 +3,11 @@
  * Lines are fed one at a time; the result is one JSON document (new json_t *) with,
  * per process: peaks (allocated, reserved, by tag), a timeline of allocated, reserved,
  * utilization and fragmentation, the allocations never freed grouped by tag and size,
- * and the growth detector's verdict. All of these are device memory only: pinned host
- * memory (events of pool MT_POOL_HOST, from a pinned host cache) is summarised apart, in
- * the process's "host" member (peaks, final totals, peaks by tag, never freed).
+ * why reserved exceeds allocated at the peak and at the end (peak_gap, end_gap:
+ * analysis/gap.h), and the growth detector's verdict. All of these are device memory
+ * only: pinned host memory (events of pool MT_POOL_HOST, from a pinned host cache) is
+ * summarised apart, in the process's "host" member (peaks, final totals, peaks by tag,
+ * never freed).
  *
  * Blocks allocated before lost events whose free may have been lost are never counted as
  * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
@@ -55,6 +57,9 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
  * produce records, not lines. 0 or MT_ENOMEM. */
 int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name);
+/* A record a converter adds that its input did not hold (a snapshot's stack ref): replayed
+ * as mt__report_add_event's, not counted among the events read. 0 or MT_ENOMEM. */
+int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev);
 /* Names process pid (as a hello line would) and, when exit_state is 1 (clean) or 2
  * (unclean), says how it ended. 0 or MT_ENOMEM. */
 int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state);
@@ -86,6 +91,13 @@ typedef struct mt__report_point_s {
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
+/* Process i's device allocations (requested sizes) and frees as a trace for mt_replay_run
+ * (analysis/replay.h): what memtrace's allocator would reserve for the same sequence. An
+ * alloc at an address still open (its free lost) is left out. *out new (mt_trace_free).
+ * 0, MT_EINVAL (no such process), MT_ENOMEM, MT_EOVERFLOW (more than 65535 streams). */
+struct mt_trace_s;
+int mt__report_trace(const mt__report_t *r, size_t i, struct mt_trace_s **out);
+
 /* A segment map: segments and live blocks, each sorted by address (the model's). */
 typedef mt_model_block_t mt__report_block_t;
 typedef mt_model_map_t mt__report_map_t;
@@ -111,6 +123,17 @@ mt_sym_t *mt__report_symbolizer(mt__report_t *r);
  * without memory. */
 json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
                                   const mt__report_cfg_t *cfg);
+
+/* Names a row of mt_cs_rows_json as the "callsites" rows are named: its "site" by cfg->by,
+ * "user_frame", "skipped" on the frames the rules skip; its key into key. 0 or MT_ENOMEM. */
+int mt__report_name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen);
+
+/* ---- the gap (report_gap.c) ---- */
+
+/* The gap of class cls of m now (analysis/gap.h's mt_gap_json), each pin named by its site
+ * (cfg->by, cfg->frames) with its frames. New reference, NULL without memory. */
+json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
+                            const mt__report_cfg_t *cfg);
 
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each

@@ -70,6 +70,11 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
     return bad ? MT_ENOMEM : 0;
 }
 
+int mt__report_name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen)
+{
+    return name_row(row, cfg, key, keylen);
+}
+
 static json_int_t jint(json_t *o, const char *k)
 {
     return json_integer_value(json_object_get(o, k));

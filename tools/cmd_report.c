@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "analysis/frames.h"
+#include "analysis/replay.h"
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
@@ -67,6 +68,9 @@ static void help(FILE *f)
                "                      recorder, the allocator, PyTorch's C++ and dispatcher,\n"
                "                      CPython's eval loop and installed packages\n"
                "  --stacks            under each site, its whole stack of kept frames\n"
+               "  --replay            beside why reserved exceeds allocated, the peak reserved\n"
+               "                      of memtrace's allocator replaying the same allocations\n"
+               "                      (the sim backend, as `memtrace replay`)\n"
                "  -h, --help          this text\n"
                "\n"
                "exit status: 0 report printed; 1 the log could not be read; 2 bad usage, or\n"
@@ -226,6 +230,7 @@ typedef struct print_opts_s {
     bool explicit_by; /* --by given */
     bool all;         /* --frames all: every frame under each site */
     bool stacks;      /* --stacks: every kept frame under each site */
+    bool replay;      /* --replay: memtrace's allocator on the same sequence */
 } print_opts_t;
 static print_opts_t popt;
 
@@ -365,6 +370,65 @@ static int fit_sections(json_t *res)
     return 0;
 }
 
+/* reserved - allocated at the peak and at the end, by cause (analysis/gap.h). */
+static void print_gap(json_t *p)
+{
+    static const char *const what[][2] = {
+        {"pinned_free", "free in segments that hold live blocks"},
+        {"cached_segments", "whole free segments kept in the cache"},
+        {"stream_pending", "freed, waiting on stream events"},
+        {"expandable_slack", "free mapped pages of expandable segments"},
+        {"untracked", "not in the segment map (before the log, lost events)"},
+    };
+    json_t *g[2] = {json_object_get(p, "peak_gap"), json_object_get(p, "end_gap")};
+    if (!g[0] || !g[1] || (num(g[0], "reserved_bytes") <= 0 && num(g[1], "reserved_bytes") <= 0))
+        return; /* no device memory reserved: nothing to explain */
+    char b[4][32];
+    printf("\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak", "at the end");
+    printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
+           human(num(g[1], "reserved_bytes"), b[1], 32));
+    printf("    %-44s %12s %14s\n", "allocated", human(num(g[0], "allocated_bytes"), b[0], 32),
+           human(num(g[1], "allocated_bytes"), b[1], 32));
+    printf("    %-44s %12s %14s\n", "reserved - allocated", human(num(g[0], "gap_bytes"), b[0], 32),
+           human(num(g[1], "gap_bytes"), b[1], 32));
+    for (size_t c = 0; c < sizeof what / sizeof what[0]; c++) {
+        double v[2] = {0, 0};
+        for (int k = 0; k < 2; k++) {
+            size_t i;
+            json_t *e;
+            json_array_foreach(json_object_get(g[k], "causes"), i, e)
+            {
+                const char *name = json_string_value(json_object_get(e, "cause"));
+                if (name && strcmp(name, what[c][0]) == 0)
+                    v[k] = num(e, "bytes");
+            }
+        }
+        if (v[0] == 0 && v[1] == 0)
+            continue;
+        printf("      %-42s %12s %14s\n", what[c][1], human(v[0], b[0], 32), human(v[1], b[1], 32));
+    }
+    if (num(g[0], "rounding_bytes") > 0 || num(g[1], "rounding_bytes") > 0)
+        printf("    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
+               human(num(g[0], "rounding_bytes"), b[0], 32),
+               human(num(g[1], "rounding_bytes"), b[1], 32));
+    if (num(p, "replay_reserved_bytes") > 0)
+        printf("    %-44s %12s\n", "memtrace's allocator would reserve (peak)",
+               human(num(p, "replay_reserved_bytes"), b[0], 32));
+    json_t *pins = json_object_get(g[0], "pins");
+    if (json_array_size(pins) == 0)
+        return;
+    printf("    segments pinned at the peak, by the site of each one's largest live block:\n");
+    size_t i;
+    json_t *r;
+    json_array_foreach(pins, i, r)
+    {
+        printf("      %10s free in %.0f segment%s  ", human(num(r, "bytes"), b[0], 32),
+               num(r, "segments"), num(r, "segments") == 1 ? "" : "s");
+        put_plain(json_string_value(json_object_get(r, "site")));
+        printf("\n");
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -459,6 +523,7 @@ static void print_process(json_t *p)
                    num(nf, "groups_total") - (double)json_array_size(groups));
     }
 
+    print_gap(p);
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
@@ -492,6 +557,7 @@ int mt_cmd_report(int argc, char **argv)
         {"frames", required_argument, NULL, 'f'},
         {"skip-frames", required_argument, NULL, 'k'},
         {"stacks", no_argument, NULL, 'S'},
+        {"replay", no_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -567,6 +633,9 @@ int mt_cmd_report(int argc, char **argv)
         case 'S':
             popt.stacks = true;
             break;
+        case 'R':
+            popt.replay = true;
+            break;
         case 'h':
             help(stdout);
             return 0;
@@ -602,6 +671,38 @@ int mt_cmd_report(int argc, char **argv)
     return status;
 }
 
+/* --replay: beside each process's gap, the peak reserved of memtrace's allocator replaying
+ * its allocations (analysis/replay.h, on the sim backend). A process whose replay fails
+ * gets no figure; the reason goes to stderr. */
+static void add_replay(mt__report_t *r, json_t *res)
+{
+    json_t *procs = json_object_get(res, "processes");
+    for (size_t i = 0; i < json_array_size(procs); i++) {
+        json_t *p = json_array_get(procs, i);
+        mt_trace_t *t = NULL;
+        mt_replay_result_t out;
+        char err[256] = "out of memory";
+        mt_replay_cfg_t rc = mt_replay_cfg_default();
+        /* the sim device must hold what the program reserved: room for twice that */
+        uint64_t need = (uint64_t)num(p, "peak_reserved") * 2;
+        rc.capacity = need > (UINT64_C(8) << 30) ? (size_t)need : 0;
+        int st = mt__report_trace(r, i, &t);
+        if (st == 0)
+            st = mt_replay_run(t, &rc, &out, err, sizeof err);
+        if (st == 0) {
+            json_object_set_new(p, "replay_reserved_bytes",
+                                json_integer((json_int_t)(out.peak_reserved & INT64_MAX)));
+            json_object_set_new(p, "replay_allocated_bytes",
+                                json_integer((json_int_t)(out.peak_allocated & INT64_MAX)));
+            json_object_set_new(p, "replay_ooms", json_integer((json_int_t)out.ooms));
+        } else {
+            fprintf(stderr, "memtrace report: --replay of process %d: %s\n",
+                    (int)json_integer_value(json_object_get(p, "pid")), err);
+        }
+        mt_trace_free(&t);
+    }
+}
+
 static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv)
 {
     mt__report_cfg_t cfg = *cfgp;
@@ -619,6 +720,8 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
         return status;
     }
     json_t *res = mt__report_result(r);
+    if (res != NULL && popt.replay)
+        add_replay(r, res);
     mt__report_destroy(&r);
     if (!res) {
         fprintf(stderr, "memtrace report: out of memory\n");

@@ -16,6 +16,7 @@ int mt_cmd_token(int argc, char **argv);
 int mt_cmd_tail(int argc, char **argv);
 int mt_cmd_top(int argc, char **argv);
 int mt_cmd_report(int argc, char **argv);
+int mt_cmd_diff(int argc, char **argv);
 int mt_cmd_plot(int argc, char **argv);
 int mt_cmd_export(int argc, char **argv);
 int mt_cmd_view(int argc, char **argv);

@@ -14,6 +14,7 @@ static const mt_cmd_t commands[] = {
     {"tail", mt_cmd_tail, "print the daemon's live event stream as JSON Lines"},
     {"top", mt_cmd_top, "live view of memory per process and tag"},
     {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
+    {"diff", mt_cmd_diff, "compare two runs (logs or snapshots): what grew, what is new; CI gates"},
     {"plot", mt_cmd_plot, "draw a telemetry log as an SVG: memory by tag over time, segments"},
     {"view", mt_cmd_view, "serve the web page for recorded logs, on localhost"},
     {"export", mt_cmd_export, "write telemetry logs as a PyTorch memory snapshot (pickle)"},

@@ -169,8 +169,20 @@ typedef struct feed_s {
 static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
 {
     feed_t *f = ctx;
-    (void)stack;
     mt_event_rec_t e = *ev;
+    if (ev->kind == MT_EV_ALLOC && stack != 0 && stack <= MT_STACK_ID_MAX) {
+        /* The block keeps the snapshot's stack id, as memtrace's own capture keeps its
+         * table's: the report's gap names the stacks that pin segments by it
+         * (mt_tool_inputs_json). The id names no stack of the model's table. */
+        mt_event_rec_t ref = *ev;
+        ref.kind = MT_EV_STACK_REF;
+        ref.size = stack;
+        ref.requested = 0;
+        ref.seq = ++f->seq;
+        int rc = mt__report_add_ref(f->r, f->pid, &ref);
+        if (rc != 0)
+            return rc;
+    }
     e.seq = ++f->seq;
     /* memtrace's tags found in the frames keep their names (docs/torch-snapshot.md). */
     return mt__report_add_event(f->r, f->pid, &e, f->ts->tag_label[e.tag]);
@@ -267,10 +279,42 @@ static json_t *sites_json(const mt_ts_t *ts, unsigned d, const mt__report_cfg_t 
                      "by", mt_fr_by_name(cfg->by), "call_sites_at_peak", arr);
 }
 
+/* The gap's pins of snapshot process number proc (peak_gap, end_gap) carry the snapshot's
+ * stack ids: named here from its frames, as its call sites are. */
+static void name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__report_cfg_t *cfg)
+{
+    size_t i, k;
+    json_t *p, *pin;
+    json_array_foreach(json_object_get(res, "processes"), i, p)
+    {
+        if (json_integer_value(json_object_get(p, "pid")) != proc)
+            continue;
+        static const char *const which[] = {"peak_gap", "end_gap"};
+        for (int w = 0; w < 2; w++) {
+            json_array_foreach(json_object_get(json_object_get(p, which[w]), "pins"), k, pin)
+            {
+                uint32_t stack = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
+                mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
+                size_t n = mt_ts_stack_frames(ts, stack, fr, sizeof fr / sizeof fr[0]);
+                char key[1024];
+                json_object_set_new(
+                    pin, "site",
+                    json_string(n ? mt_fr_stack_key(cfg->frames, fr, n, cfg->by, key, sizeof key)
+                                  : "no stack recorded"));
+                json_object_set_new(pin, "user_frame",
+                                    json_integer(mt_fr_pick(cfg->frames, fr, n)));
+                json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames));
+            }
+        }
+    }
+}
+
 void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg)
 {
     if (in->n == 0)
         return;
+    for (size_t i = 0; i < in->n; i++)
+        name_gap_pins(in->ts[i], res, (int)i + 1, cfg);
     json_t *arr = json_array();
     for (size_t i = 0; i < in->n; i++) {
         const mt_ts_t *ts = in->ts[i];

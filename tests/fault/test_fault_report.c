@@ -19,9 +19,12 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
+#include "analysis/diff.h"
+#include "analysis/gap.h"
 #include "analysis/model.h"
 #include "analysis/plot.h"
 #include "analysis/report.h"
+#include "analysis/trace_csv.h"
 #include "daemon/internal.h"
 #include "inject.h"
 #include "tests/common/test_main.h"
@@ -273,6 +276,63 @@ static void test_plot(void **state)
     mt__report_destroy(&r);
 }
 
+/* A report read before the loop and its document: the gap of its model, its allocations as
+ * a replay trace, and the diff of the document with itself. */
+typedef struct gap_diff_s {
+    const mt__report_t *r;
+    const json_t *doc;
+} gap_diff_t;
+
+static void gap_diff_scenario(void *ud)
+{
+    const gap_diff_t *gd = ud;
+    mt_model_t *m = NULL;
+    int rc = mt__report_model(gd->r, 0, &m);
+    OK_OR_ENOMEM(rc);
+    if (rc == 0) {
+        mt_gap_t g;
+        rc = mt_gap_of_model(m, MT_MODEL_DEVICE, &g);
+        OK_OR_ENOMEM(rc);
+        if (rc == 0) {
+            json_decref(mt_gap_json(&g, 10));
+            mt_gap_free(&g);
+        }
+        mt_model_destroy(&m);
+    }
+    mt_trace_t *t = NULL;
+    OK_OR_ENOMEM(mt__report_trace(gd->r, 0, &t));
+    mt_trace_free(&t);
+    json_t *d = NULL;
+    mt_diff_cfg_t dc = mt_diff_cfg_default();
+    dc.max_peak_growth_pct = 0;
+    dc.max_site_growth = 0;
+    int crossed = -1;
+    rc = mt_diff_reports(gd->doc, gd->doc, &dc, &d, &crossed);
+    OK_OR_ENOMEM(rc);
+    if (rc == 0)
+        assert_int_equal(crossed, 0); /* a run against itself crosses no gate */
+    json_decref(d);
+}
+
+static void test_gap_diff(void **state)
+{
+    (void)state;
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    cfg.by_callsite = true;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, &cfg), 0);
+    char err[256];
+    for (size_t i = 0; i < nlines; i++)
+        assert_int_equal(mt__report_add_line(r, lines[i], line_len[i], err, sizeof err), 0);
+    gap_diff_t gd = {.r = r, .doc = mt__report_result(r)};
+    assert_non_null(gd.doc);
+    assert_non_null(
+        json_object_get(json_array_get(json_object_get(gd.doc, "processes"), 0), "peak_gap"));
+    assert_true(fault_loop("gap, replay trace, diff", gap_diff_scenario, &gd) > 10);
+    json_decref((json_t *)gd.doc);
+    mt__report_destroy(&r);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -283,10 +343,9 @@ static int setup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model),
-        cmocka_unit_test(test_daemon_state),
-        cmocka_unit_test(test_report),
-        cmocka_unit_test(test_plot),
+        cmocka_unit_test(test_model),    cmocka_unit_test(test_daemon_state),
+        cmocka_unit_test(test_report),   cmocka_unit_test(test_plot),
+        cmocka_unit_test(test_gap_diff),
     };
     return MT_TEST_RUN(tests, setup, NULL);
 }

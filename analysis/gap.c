@@ -1,0 +1,204 @@
+/* The gap reserved - allocated by cause, from the model's segment map (gap.h). The map's
+ * segments and blocks are both sorted by address: one pass over the two. */
+#include "analysis/gap.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "memtrace/common.h"
+
+typedef __int128 i128;
+
+static const char *const cause_names[MT_GAP_CAUSES] = {
+    [MT_GAP_PINNED_FREE] = "pinned_free",       [MT_GAP_CACHED_SEGMENTS] = "cached_segments",
+    [MT_GAP_STREAM_PENDING] = "stream_pending", [MT_GAP_EXPANDABLE_SLACK] = "expandable_slack",
+    [MT_GAP_UNTRACKED] = "untracked",
+};
+
+const char *mt_gap_cause_name(int cause)
+{
+    return cause >= 0 && cause < MT_GAP_CAUSES ? cause_names[cause] : NULL;
+}
+
+static int64_t clamp64(i128 v)
+{
+    return v > INT64_MAX ? INT64_MAX : v < INT64_MIN ? INT64_MIN : (int64_t)v;
+}
+
+static uint64_t end_of(uint64_t addr, uint64_t size)
+{
+    return size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
+}
+
+/* What the blocks inside one segment say about it. */
+typedef struct seg_use_s {
+    uint64_t pending;   /* bytes of pending blocks, clipped to the segment */
+    uint64_t live;      /* live (not pending) blocks */
+    uint64_t top_size;  /* bytes, the largest live block */
+    uint32_t top_stack; /* its stack */
+} seg_use_t;
+
+static int cmp_pin_stack(const void *a, const void *b)
+{
+    const mt_gap_pin_t *x = a, *y = b;
+    return x->stack < y->stack ? -1 : x->stack > y->stack;
+}
+
+static int cmp_pin_bytes(const void *a, const void *b)
+{
+    const mt_gap_pin_t *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return cmp_pin_stack(a, b);
+}
+
+/* One row per stack: rows of one stack add up (bytes saturate), then largest first. */
+static void pins_merge(mt_gap_t *g)
+{
+    if (g->npins == 0)
+        return;
+    qsort(g->pins, g->npins, sizeof *g->pins, cmp_pin_stack);
+    size_t k = 0;
+    for (size_t i = 1; i < g->npins; i++) {
+        mt_gap_pin_t *p = &g->pins[k], *q = &g->pins[i];
+        if (q->stack == p->stack) {
+            p->bytes = mt_model_sat_add(p->bytes, q->bytes);
+            p->segments++;
+            p->block = q->block > p->block ? q->block : p->block;
+        } else {
+            g->pins[++k] = *q;
+        }
+    }
+    g->npins = k + 1;
+    qsort(g->pins, g->npins, sizeof *g->pins, cmp_pin_bytes);
+}
+
+/* The blocks from *k on that start inside [a, e) (blocks before a were passed). */
+static seg_use_t seg_use(const mt_model_map_t *map, size_t *k, uint64_t a, uint64_t e)
+{
+    seg_use_t u = {0};
+    while (*k < map->nblocks && map->blocks[*k].addr < a)
+        (*k)++;
+    for (; *k < map->nblocks && map->blocks[*k].addr < e; (*k)++) {
+        const mt_model_block_t *b = &map->blocks[*k];
+        if (b->pending) {
+            uint64_t be = end_of(b->addr, b->size);
+            u.pending = mt_model_sat_add(u.pending, (be < e ? be : e) - b->addr);
+            continue;
+        }
+        u.live++;
+        if (u.live == 1 || b->size > u.top_size) {
+            u.top_size = b->size;
+            u.top_stack = b->stack;
+        }
+    }
+    return u;
+}
+
+static void rounding(const mt_model_map_t *map, mt_gap_t *g)
+{
+    for (size_t i = 0; i < map->nblocks; i++) {
+        const mt_model_block_t *b = &map->blocks[i];
+        if (b->pending || b->uncertain)
+            continue; /* not in the allocated total */
+        if (b->requested == 0 || b->requested > b->size) {
+            g->blocks_unknown++;
+            continue;
+        }
+        g->rounding = mt_model_sat_add(g->rounding, b->size - b->requested);
+        g->requested_known = mt_model_sat_add(g->requested_known, b->requested);
+    }
+}
+
+int mt_gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserved, mt_gap_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->reserved = reserved;
+    out->allocated = allocated;
+    out->segments = map->nsegs;
+    rounding(map, out);
+    out->pins = malloc((map->nsegs ? map->nsegs : 1) * sizeof *out->pins);
+    int rc = out->pins ? 0 : MT_ENOMEM;
+    i128 part[MT_GAP_CAUSES] = {0};
+    size_t k = 0;
+    for (size_t i = 0; i < map->nsegs; i++) {
+        const mt_model_seg_t *s = &map->segs[i];
+        seg_use_t u = seg_use(map, &k, s->addr, end_of(s->addr, s->size));
+        uint64_t used = s->used < s->size ? s->used : s->size;
+        uint64_t pend = u.pending < used ? u.pending : used;
+        uint64_t free_b = s->size - used;
+        part[MT_GAP_STREAM_PENDING] += pend;
+        if (s->mapped)
+            part[MT_GAP_EXPANDABLE_SLACK] += free_b;
+        else if (u.live > 0)
+            part[MT_GAP_PINNED_FREE] += free_b;
+        else if (pend > 0)
+            part[MT_GAP_STREAM_PENDING] += free_b; /* goes back once the events complete */
+        else
+            part[MT_GAP_CACHED_SEGMENTS] += s->size; /* no block in it: used is 0 */
+        if (!s->mapped && u.live > 0 && free_b > 0 && out->pins)
+            out->pins[out->npins++] = (mt_gap_pin_t){
+                .stack = u.top_stack, .bytes = free_b, .segments = 1, .block = u.top_size};
+    }
+    /* Live blocks the allocated total does not count (uncertain ones, after a gap) and
+     * reserved bytes no known segment holds are what untracked adds up. */
+    i128 sum = 0;
+    for (int c = 0; c < MT_GAP_UNTRACKED; c++)
+        sum += part[c];
+    part[MT_GAP_UNTRACKED] = (i128)reserved - (i128)allocated - sum;
+    for (int c = 0; c < MT_GAP_CAUSES; c++)
+        out->cause[c] = clamp64(part[c]);
+    pins_merge(out);
+    return rc;
+}
+
+int mt_gap_of_model(const mt_model_t *m, int cls, mt_gap_t *out)
+{
+    memset(out, 0, sizeof *out);
+    mt_model_figures_t f;
+    mt_model_figures_totals(m, cls, &f);
+    mt_model_map_t map;
+    int rc = mt_model_map(m, cls, &map);
+    if (rc != 0)
+        return rc;
+    rc = mt_gap_of_map(&map, f.allocated, f.reserved, out);
+    mt_model_map_free(&map);
+    return rc;
+}
+
+void mt_gap_free(mt_gap_t *g)
+{
+    free(g->pins);
+    g->pins = NULL;
+    g->npins = 0;
+}
+
+static json_int_t ji(uint64_t v)
+{
+    return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
+}
+
+json_t *mt_gap_json(const mt_gap_t *g, size_t top)
+{
+    json_t *causes = json_array(), *pins = json_array();
+    for (int c = 0; causes && c < MT_GAP_CAUSES; c++)
+        if (json_array_append_new(causes, json_pack("{s:s, s:I}", "cause", cause_names[c], "bytes",
+                                                    (json_int_t)g->cause[c])) != 0) {
+            json_decref(causes);
+            causes = NULL;
+        }
+    for (size_t i = 0; pins && i < g->npins && i < top; i++)
+        if (json_array_append_new(
+                pins, json_pack("{s:I, s:I, s:I, s:I}", "stack", (json_int_t)g->pins[i].stack,
+                                "bytes", ji(g->pins[i].bytes), "segments", ji(g->pins[i].segments),
+                                "largest_block_bytes", ji(g->pins[i].block))) != 0) {
+            json_decref(pins);
+            pins = NULL;
+        }
+    i128 gap = (i128)g->reserved - (i128)g->allocated;
+    return json_pack("{s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:o}", "reserved_bytes",
+                     ji(g->reserved), "allocated_bytes", ji(g->allocated), "gap_bytes",
+                     (json_int_t)clamp64(gap), "causes", causes, "rounding_bytes", ji(g->rounding),
+                     "requested_known_bytes", ji(g->requested_known), "blocks_request_unknown",
+                     ji(g->blocks_unknown), "segments", ji(g->segments), "pins", pins);
+}
