@@ -570,6 +570,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     mt__stat_inc2(a->st.active, st, 1);
     mt__stat_inc1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
     mt__stat_inc1(&a->st.tag_requested_bytes[tag], (int64_t)size);
+    if (__builtin_expect(b->size >= a->cfg.max_split_size, 0))
+        mt__stat_inc1(&a->st.oversize_allocations, 1);
     mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current <=
                   a->st.active_bytes[MT_STAT_ALL].current &&
               a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);

@@ -68,6 +68,8 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     mt__stat_sub2(a->st.allocation, st, 1);
     mt__stat_sub1(&a->st.tag_allocated_bytes[b->tag], (int64_t)b->size);
     mt__stat_sub1(&a->st.tag_requested_bytes[b->tag], (int64_t)b->requested);
+    if (__builtin_expect(b->size >= a->cfg.max_split_size, 0))
+        mt__stat_sub1(&a->st.oversize_allocations, 1);
     /* free_requested; when the free completes at once (no other stream used the block),
      * it goes out together with free_completed, one clock read and one batch for both. */
     uint64_t t = 0;

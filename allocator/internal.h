@@ -387,6 +387,7 @@ struct mt_alloc_s {
     uint64_t stats_period_ns;       /* cfg.stats_period_ms in ns; 0 = no MT_EV_STATS */
     uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */
     mt_alloc_stats_t st;            /* incrementally maintained parts of the stats */
+    mt_alloc_stats_t acc0;          /* st's cumulative figures at the last reset_accumulated */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[2048];
     /* Per-thread caches (tcache.c). id: unique over the process's life, the key of the

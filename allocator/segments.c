@@ -241,6 +241,8 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     mt__seg_link(a, seg);
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)size);
     mt__stat_add(a->st.segment, bp, 1);
+    if (size >= a->cfg.max_split_size)
+        mt__stat_add1(&a->st.oversize_segments, 1);
     a->st.num_device_alloc++;
     mt__alloc_emit(a, MT_EV_SEGMENT_ALLOC, seg->addr, size, 0, seg->sid, mt__public_pool(bp), 0);
     mt__seg_bin_in(a, b);
@@ -286,6 +288,8 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
     mt_assert(a->st.reserved_bytes[MT_STAT_ALL].current >= (int64_t)size);
     mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)size);
     mt__stat_add(a->st.segment, seg->pool, -1);
+    if (size >= a->cfg.max_split_size)
+        mt__stat_add1(&a->st.oversize_segments, -1);
     a->st.num_device_free++;
     mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->sid, mt__public_pool(seg->pool),
                    0);
@@ -501,6 +505,8 @@ void mt__seg_destroy_all(mt_alloc_t *a)
         /* Totals first: the event carries the reserved bytes after the release. */
         mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)seg->size);
         mt__stat_add(a->st.segment, seg->pool, -1);
+        if (!seg->expandable && seg->size >= a->cfg.max_split_size)
+            mt__stat_add1(&a->st.oversize_segments, -1);
         mt__alloc_emit(a, seg->expandable ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE, seg->addr,
                        seg->size, 0, seg->sid, mt__public_pool(seg->pool), 0);
         mt__seg_unlink(a, seg);

@@ -29,21 +29,53 @@ static void fill_freed(mt_stat_t *s, size_t n)
         s[i].freed = s[i].allocated - (uint64_t)s[i].current;
 }
 
+/* Every mt_stat_t array of the stats, for the loops over all of them. */
+#define FOR_EACH_STAT(X, s)                                                                        \
+    X((s)->allocated_bytes, MT_STAT_N);                                                            \
+    X((s)->reserved_bytes, MT_STAT_N);                                                             \
+    X((s)->active_bytes, MT_STAT_N);                                                               \
+    X((s)->inactive_split_bytes, MT_STAT_N);                                                       \
+    X((s)->requested_bytes, MT_STAT_N);                                                            \
+    X((s)->allocation, MT_STAT_N);                                                                 \
+    X((s)->segment, MT_STAT_N);                                                                    \
+    X((s)->active, MT_STAT_N);                                                                     \
+    X((s)->inactive_split, MT_STAT_N);                                                             \
+    X((s)->tag_allocated_bytes, MT_TAG_MAX);                                                       \
+    X((s)->tag_requested_bytes, MT_TAG_MAX);                                                       \
+    X(&(s)->oversize_allocations, 1);                                                              \
+    X(&(s)->oversize_segments, 1)
+
+/* The raw figures: st with freed filled in (cumulative since creation). */
+static void raw_stats(const mt_alloc_t *a, mt_alloc_stats_t *out)
+{
+    *out = a->st;
+    FOR_EACH_STAT(fill_freed, out);
+}
+
+/* Subtracts the cumulative figures kept at the last reset_accumulated. */
+static void since(mt_stat_t *s, const mt_stat_t *base, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        s[i].allocated -= base[i].allocated;
+        s[i].freed -= base[i].freed;
+    }
+}
+
 void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
 {
     mt__alloc_assert_owner(a);
-    *out = a->st;
-    fill_freed(out->allocated_bytes, MT_STAT_N);
-    fill_freed(out->reserved_bytes, MT_STAT_N);
-    fill_freed(out->active_bytes, MT_STAT_N);
-    fill_freed(out->inactive_split_bytes, MT_STAT_N);
-    fill_freed(out->requested_bytes, MT_STAT_N);
-    fill_freed(out->allocation, MT_STAT_N);
-    fill_freed(out->segment, MT_STAT_N);
-    fill_freed(out->active, MT_STAT_N);
-    fill_freed(out->inactive_split, MT_STAT_N);
-    fill_freed(out->tag_allocated_bytes, MT_TAG_MAX);
-    fill_freed(out->tag_requested_bytes, MT_TAG_MAX);
+    raw_stats(a, out);
+    const mt_alloc_stats_t *b = &a->acc0;
+#define SINCE(arr, n)                                                                              \
+    since(arr, (const mt_stat_t *)((const char *)(arr) - (const char *)out + (const char *)b), n)
+    FOR_EACH_STAT(SINCE, out);
+#undef SINCE
+    out->num_alloc_retries -= b->num_alloc_retries;
+    out->num_ooms -= b->num_ooms;
+    out->num_device_alloc -= b->num_device_alloc;
+    out->num_device_free -= b->num_device_free;
+    out->num_sync_all_streams -= b->num_sync_all_streams;
+    out->max_split_size = a->cfg.max_split_size;
     int64_t reserved = a->st.reserved_bytes[MT_STAT_ALL].current;
     int64_t allocated = a->st.allocated_bytes[MT_STAT_ALL].current;
     int64_t active = a->st.active_bytes[MT_STAT_ALL].current;
@@ -93,6 +125,18 @@ void mt_alloc_reset_peak(mt_alloc_t *a)
     reset_peaks(s->inactive_split, MT_STAT_N);
     reset_peaks(s->tag_allocated_bytes, MT_TAG_MAX);
     reset_peaks(s->tag_requested_bytes, MT_TAG_MAX);
+    reset_peaks(&s->oversize_allocations, 1);
+    reset_peaks(&s->oversize_segments, 1);
+    mt__alloc_unlock(a);
+}
+
+void mt_alloc_reset_accumulated(mt_alloc_t *a)
+{
+    if (a == NULL)
+        return;
+    mt__alloc_lock(a);
+    mt__tc_flush_all(a); /* the cached pairs' counts folded in first */
+    raw_stats(a, &a->acc0);
     mt__alloc_unlock(a);
 }
 
@@ -268,6 +312,7 @@ typedef struct {
     int64_t active[MT_STAT_N], nactive[MT_STAT_N];
     int64_t split[MT_STAT_N], nsplit[MT_STAT_N];
     int64_t tag_alloc[MT_TAG_MAX], tag_req[MT_TAG_MAX];
+    int64_t oversize_allocs, oversize_segs;
     size_t inactive, quick, hashed, pending_events, unmapping;
 } sums_t;
 
@@ -342,6 +387,7 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
         return "requested size outside (0, block size]";
     add2(s->allocated, seg->pool, (int64_t)b->size);
     add2(s->allocs, seg->pool, 1);
+    s->oversize_allocs += b->size >= a->cfg.max_split_size;
     add2(s->requested, seg->pool, (int64_t)b->requested);
     s->tag_alloc[b->tag] += (int64_t)b->size;
     s->tag_req[b->tag] += (int64_t)b->requested;
@@ -376,6 +422,7 @@ static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t 
         return "segment attached to the bins of another pool or stream";
     add2(s->reserved, seg->pool, (int64_t)seg->size);
     add2(s->segments, seg->pool, 1);
+    s->oversize_segs += !seg->expandable && seg->size >= a->cfg.max_split_size;
     for (const mt_block_t *b = seg->first; b != NULL; b = b->next) {
         const char *why = check_block(a, seg, b, s);
         if (why != NULL)
@@ -530,7 +577,10 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_stat(st->inactive_split_bytes, s.split, MT_STAT_N, "inactive_split_bytes")) ||
         (why = cmp_stat(st->inactive_split, s.nsplit, MT_STAT_N, "inactive_split stat")) ||
         (why = cmp_stat(st->tag_allocated_bytes, s.tag_alloc, MT_TAG_MAX, "tag_allocated")) ||
-        (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")))
+        (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")) ||
+        (why =
+             cmp_stat(&st->oversize_allocations, &s.oversize_allocs, 1, "oversize_allocations")) ||
+        (why = cmp_stat(&st->oversize_segments, &s.oversize_segs, 1, "oversize_segments")))
         return why;
     if ((why = mt__tc_check(a)) != NULL)
         return why;

@@ -511,7 +511,9 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
     /* In a reservation only planned blocks: best fit there is the plan's fallback. */
-    if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned))
+    /* Oversize blocks stay on the global path, which keeps their counters. */
+    if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned) ||
+        b->size >= a->cfg.max_split_size)
         return;
     mt__tcache_t *c = mine(a);
     if (c == NULL)

@@ -277,6 +277,17 @@ MT_HOOK int memtrace_reset_peak(void)
     return P->init_rc;
 }
 
+MT_HOOK int memtrace_reset_accumulated(void)
+{
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            mt_alloc_reset_accumulated(a);
+    }
+    return P->init_rc;
+}
+
 MT_HOOK int memtrace_empty_cache(void)
 {
     mt_preload_t *P = mt__preload();

@@ -45,6 +45,8 @@ MT_API_HOOK long memtrace_stats_json(char *buf, size_t cap);
 /* Same protocol: a JSON array of snapshot records, one per device in use. */
 MT_API_HOOK long memtrace_snapshot_json(char *buf, size_t cap);
 MT_API_HOOK int memtrace_reset_peak(void);
+/* Zeroes the cumulative statistics (torch.cuda.reset_accumulated_memory_stats). */
+MT_API_HOOK int memtrace_reset_accumulated(void);
 /* Returns every unused cached segment of every device to the backend. */
 MT_API_HOOK int memtrace_empty_cache(void);
 /* Path this library was loaded from (for CUDAPluggableAllocator), or NULL. */

@@ -258,6 +258,12 @@ static bool put_stats(json_t *o, const mt_alloc_stats_t *st,
     put(o, "num_device_alloc", u64(st->num_device_alloc), &ok);
     put(o, "num_device_free", u64(st->num_device_free), &ok);
     put(o, "num_sync_all_streams", u64(st->num_sync_all_streams), &ok);
+    put(o, "oversize_allocations", stat_json(&st->oversize_allocations), &ok);
+    put(o, "oversize_segments", stat_json(&st->oversize_segments), &ok);
+    put(o, "max_split_size",
+        json_integer(st->max_split_size >= (uint64_t)INT64_MAX ? -1
+                                                               : (json_int_t)st->max_split_size),
+        &ok);
     put(o, "largest_free_block", u64(st->largest_free_block), &ok);
     put(o, "total_free", u64(st->total_free), &ok);
     put(o, "utilization", json_real(st->utilization), &ok);

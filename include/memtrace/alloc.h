@@ -227,6 +227,11 @@ typedef struct mt_alloc_stats_s {
     uint64_t num_device_alloc;  /* backend malloc (or vm map) calls */
     uint64_t num_device_free;   /* backend free (or vm unmap) calls */
     uint64_t num_sync_all_streams;
+    /* PyTorch's oversize counters: allocated blocks, and plain segments, of at least
+     * max_split_size bytes (never any while it is unlimited). */
+    mt_stat_t oversize_allocations;
+    mt_stat_t oversize_segments;
+    uint64_t max_split_size;     /* the config's; SIZE_MAX = unlimited */
     uint64_t largest_free_block; /* bytes, largest inactive block */
     uint64_t total_free;         /* bytes, reserved - allocated - pending */
     double utilization;          /* allocated / reserved, current; 1 when reserved = 0 */
@@ -237,6 +242,9 @@ typedef struct mt_alloc_stats_s {
 
 MT_API int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
 MT_API void mt_alloc_reset_peak(mt_alloc_t *a);
+/* Zeroes the cumulative figures: every stat's allocated and freed, and the num_* counters
+ * (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay. */
+MT_API void mt_alloc_reset_accumulated(mt_alloc_t *a);
 
 /* ---- snapshot ---- */
 

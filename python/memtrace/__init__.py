@@ -20,7 +20,8 @@ from ._errors import MemtraceError, MemtraceUnavailable
 
 __all__ = [
     "MemtraceError", "MemtraceUnavailable", "available", "tag", "register_tag", "tag_id",
-    "current_tag", "mark_iteration", "mark", "stats", "reset_peak", "empty_cache",
+    "current_tag", "mark_iteration", "mark", "stats", "memory_stats", "reset_peak",
+    "reset_accumulated_memory_stats", "empty_cache",
     "summary", "snapshot", "enable_for_torch", "library_path",
 ]
 
@@ -217,9 +218,10 @@ def stats():
                 out["%s.%s.%s" % (st, dst, f)] = sum(d[st][src][f] for d in raw["devices"])
     for c in _COUNTS:
         out[c] = sum(d[c] for d in raw["devices"])
-    out["max_split_size"] = -1
-    out["oversize_allocations.current"] = 0
-    out["oversize_segments.current"] = 0
+    out["max_split_size"] = max([d["max_split_size"] for d in raw["devices"]] or [-1])
+    for st in ("oversize_allocations", "oversize_segments"):
+        for f in ("current", "peak", "allocated", "freed"):
+            out["%s.%s" % (st, f)] = sum(d[st][f] for d in raw["devices"])
     out["largest_free_block"] = max([d["largest_free_block"] for d in raw["devices"]] or [0])
     out["total_free"] = sum(d["total_free"] for d in raw["devices"])
     out["capacity"] = sum(d["capacity"] for d in raw["devices"])
@@ -231,6 +233,24 @@ def stats():
                     k = "%s.tag.%s.%s" % (st, name, f)
                     out[k] = out.get(k, 0) + t[st][f]
     return dict(sorted(out.items()))
+
+
+def memory_stats():
+    """torch.cuda.memory_stats()'s keys and only those, from memtrace's allocator: what code
+    written for torch's dict reads unchanged. stats() has these and memtrace's own."""
+    s = stats()
+    keys = ["%s.%s.%s" % (st, pool, f) for st in _STATS for _, pool in _POOLS
+            for f in ("current", "peak", "allocated", "freed")]
+    keys += list(_COUNTS) + ["max_split_size"]
+    keys += ["%s.%s" % (st, f) for st in ("oversize_allocations", "oversize_segments")
+             for f in ("current", "peak", "allocated", "freed")]
+    return dict(sorted((k, s[k]) for k in keys))
+
+
+def reset_accumulated_memory_stats():
+    """Zeroes every cumulative figure ("allocated", "freed", num_*), as
+    torch.cuda.reset_accumulated_memory_stats(); current values and peaks stay."""
+    _lib.check(_lib.lib().memtrace_reset_accumulated(), "memtrace.reset_accumulated_memory_stats()")
 
 
 def tags_in(s):

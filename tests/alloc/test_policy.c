@@ -296,11 +296,35 @@ static void test_max_split_size_rules(void **state)
     assert_int_equal(backend_mallocs(b), m);
     assert_int_equal(mt_alloc_block_info(a, over, NULL, &sz, NULL), 0);
     assert_int_equal(sz, 100 * MIB);
+    /* PyTorch's oversize counters: the 100 MiB block and its segment. */
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.oversize_allocations.current, 1);
+    assert_int_equal(st.oversize_allocations.allocated, 2);
+    assert_int_equal(st.oversize_segments.current, 1);
+    assert_int_equal(st.max_split_size, 64 * MIB);
     /* ...but not a request under max_split_size. */
     mt_alloc_free(a, over);
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.oversize_allocations.current, 0);
+    assert_int_equal(st.oversize_allocations.freed, 2);
+    assert_int_equal(st.oversize_allocations.peak, 1);
+    /* reset_accumulated zeroes what is cumulative, keeps what is current and the peaks. */
+    mt_alloc_reset_accumulated(a);
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.oversize_allocations.allocated, 0);
+    assert_int_equal(st.oversize_allocations.freed, 0);
+    assert_int_equal(st.oversize_allocations.peak, 1);
+    assert_int_equal(st.oversize_segments.current, 1);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, 0);
+    assert_int_equal(st.num_device_alloc, 0);
+    assert_true(st.reserved_bytes[MT_STAT_ALL].current >= (int64_t)(100 * MIB));
     small = xmalloc_dev(a, 30 * MIB, NULL, 0);
     assert_true(small != big);
     mt_alloc_free(a, small);
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, 1);
+    assert_int_equal(st.allocation[MT_STAT_ALL].freed, 1);
     assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);

@@ -254,6 +254,38 @@ class InProcess(unittest.TestCase):
         self.assertEqual(memtrace.stats()["reserved_bytes.all.current"],
                          memtrace.stats()["allocated_bytes.all.current"])
 
+    def test_memory_stats_has_torchs_keys_and_resets_accumulated(self):
+        # torch.cuda.memory_stats()'s keys (torch 2.x, from its documentation), no others.
+        want = {"%s.%s.%s" % (st, pool, f)
+                for st in ("allocated_bytes", "reserved_bytes", "active_bytes",
+                           "inactive_split_bytes", "requested_bytes", "allocation", "segment",
+                           "active", "inactive_split")
+                for pool in ("all", "small_pool", "large_pool")
+                for f in ("current", "peak", "allocated", "freed")}
+        want |= {"num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc",
+                 "num_device_free", "max_split_size"}
+        want |= {"%s.%s" % (st, f) for st in ("oversize_allocations", "oversize_segments")
+                 for f in ("current", "peak", "allocated", "freed")}
+        s = memtrace.memory_stats()
+        self.assertEqual(set(s), want)
+        self.assertEqual(s["max_split_size"], -1)  # unlimited, as torch reports it
+        p = self.malloc(2 * MiB)
+        s = memtrace.memory_stats()
+        self.assertGreater(s["allocation.all.allocated"], 0)
+        self.assertEqual(self.L.cudaFree(p), 0)
+        memtrace.reset_accumulated_memory_stats()
+        s = memtrace.memory_stats()
+        self.assertEqual(s["allocation.all.allocated"], 0)
+        self.assertEqual(s["allocation.all.freed"], 0)
+        self.assertEqual(s["allocated_bytes.all.allocated"], 0)
+        self.assertEqual(s["num_device_alloc"], 0)
+        q = self.malloc(1 * MiB)
+        self.assertEqual(self.L.cudaFree(q), 0)
+        s = memtrace.memory_stats()
+        self.assertEqual(s["allocation.all.allocated"], 1)
+        self.assertEqual(s["allocation.all.freed"], 1)
+        self.assertEqual(s["allocated_bytes.all.allocated"], s["allocated_bytes.all.freed"])
+
     def test_pluggable_entry_points_through_ctypes(self):
         # As torch's CUDAPluggableAllocator calls them: function pointers of these signatures.
         L = self.L
