@@ -161,7 +161,6 @@ typedef struct mt_d_conn_s {
     uint64_t last_active_ms; /* uv_now when it last sent something */
     uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
     char peer_addr[48];      /* TCP peers: the address, for the per-peer cap */
-    bool set_cookie;         /* HTTP: the answer sets the token cookie (token in the query) */
     uint32_t peer_uid;       /* Unix peers: SO_PEERCRED at accept */
     int peer_pid;
     size_t line_len;   /* producers: bytes of the current line so far */
