@@ -390,6 +390,7 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
         snprintf(r.err, r.errlen, "out of memory");
         return MT_ENOMEM;
     }
+    r.doc->input_size = len;
     bool stop = false;
     if (len < 2 || r.p[0] != 0x80) {
         snprintf(r.err, r.errlen,

@@ -73,6 +73,10 @@ void mt_pk_doc_destroy(mt_pk_doc_t **p);
 const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc);
 /* Bytes the document holds (values, strings, arrays). */
 size_t mt_pk_memory(const mt_pk_doc_t *doc);
+/* Bytes of the pickle the document was read from. A document is a tree whose leaves and
+ * subtrees may be shared through the memo, so a walk that follows every reference can
+ * visit far more values than the file holds; walkers bound their work by this size. */
+size_t mt_pk_input_size(const mt_pk_doc_t *doc);
 
 /* The value under the str key in dict (the last one when repeated), or NULL (also when
  * dict is NULL or not a dict). */

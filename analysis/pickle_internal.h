@@ -17,6 +17,7 @@ typedef struct mt__pk_chunk_s {
 struct mt_pk_doc_s {
     mt__pk_chunk_t *chunks; /* newest first; the head is the one being filled */
     size_t memory;          /* bytes of all chunks */
+    size_t input_size;      /* bytes of the pickle it was read from */
     const mt_pk_value_t *root;
 };
 

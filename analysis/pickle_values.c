@@ -324,6 +324,11 @@ size_t mt_pk_memory(const mt_pk_doc_t *doc)
     return doc->memory;
 }
 
+size_t mt_pk_input_size(const mt_pk_doc_t *doc)
+{
+    return doc->input_size;
+}
+
 const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key)
 {
     if (dict == NULL || dict->type != MT_PK_DICT)

@@ -239,7 +239,20 @@ int mt_ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a)
 
 /* ---- reading ---- */
 
-/* Where in the file a value is, for messages: "device_traces[0][17]". */
+/* The reader's work budget: values visited (list items, dict pairs, frames lookups) per
+ * byte of the file, plus a floor for small files. A pickle can refer to one list or dict
+ * from many places through the memo (BINGET: 2 bytes), so a file of a few hundred KB can
+ * describe 10^12 trace entries as lists of lists of one shared dict. The reader charges
+ * each visit once per reference it follows; in a file pickle.dump made from a snapshot,
+ * every value followed is a distinct object of at least a byte of the file, except the
+ * shared frames lists, read once each (by identity) and charged 1 per reference, and the
+ * shared frame dicts (a few pairs, 2 bytes per reference). 16 per byte leaves such files
+ * far below the budget and bounds the model at a few hundred times the file's size. */
+#define VISITS_PER_BYTE 16u
+#define VISITS_FLOOR    ((uint64_t)1 << 20)
+
+/* Where in the file a value is, for messages: "device_traces[0][17]".
+ * Invariant: visits <= budget while the read goes on. */
 typedef struct rd_s {
     mt_ts_t *ts;
     const char *name;
@@ -249,6 +262,8 @@ typedef struct rd_s {
     const mt_pk_value_t **seen;
     uint32_t *seen_id;
     size_t seen_cap, nseen;
+    uint64_t visits; /* values visited so far, shared ones once per reference */
+    uint64_t budget; /* VISITS_PER_BYTE * file bytes + VISITS_FLOOR */
 } rd_t;
 
 __attribute__((format(printf, 3, 4))) static int bad(rd_t *r, const char *where, const char *fmt,
@@ -322,11 +337,25 @@ static const mt_pk_value_t *get_seq(rd_t *r, const mt_pk_value_t *d, const char 
     return v;
 }
 
+/* Charges n visits; past the budget the file is refused by name: only values shared
+ * through the memo, followed again and again, get there. */
+static int visit(rd_t *r, size_t n, const char *where)
+{
+    r->visits += n;
+    if (r->visits <= r->budget)
+        return 0;
+    return bad(r, where,
+               "refused: the file's shared values (pickle memo references) expand to more than "
+               "%llu values, %u per byte of the file (visit budget of this reader)",
+               (unsigned long long)r->budget, VISITS_PER_BYTE);
+}
+
+/* A dict, charged its pairs: the lookups that follow scan them. */
 static int want_dict(rd_t *r, const mt_pk_value_t *v, const char *where)
 {
     if (v->type != MT_PK_DICT)
         return bad(r, where, "a %s, not a dict", mt_pk_type_name(v->type));
-    return 0;
+    return visit(r, v->n + 1, where);
 }
 
 /* The stack of a 'frames' list, made once per distinct list object. */
@@ -364,10 +393,12 @@ static int read_frames(rd_t *r, const mt_pk_value_t *d, const char *where, uint3
     while (r->seen[h] != NULL) {
         if (r->seen[h] == fl) {
             *id = r->seen_id[h];
-            return 0;
+            return visit(r, 1, where);
         }
         h = (h + 1) & (r->seen_cap - 1);
     }
+    if ((rc = visit(r, fl->n, where)) < 0)
+        return rc;
     mt_ts_frame_t stackbuf[64];
     mt_ts_frame_t *frames = fl->n <= 64 ? stackbuf : malloc(fl->n * sizeof *frames);
     if (frames == NULL)
@@ -421,7 +452,7 @@ static int read_history(rd_t *r, const mt_pk_value_t *b, const char *where, mt_t
     mt_ts_t *ts = r->ts;
     blk->first_history = (uint32_t)ts->nhistory;
     blk->nhistory = 0;
-    if (rc < 0 || h == NULL)
+    if (rc < 0 || h == NULL || (rc = visit(r, h->n, where)) < 0)
         return rc;
     if (reserve((void **)&ts->history, &ts->mem->cap_history, ts->nhistory + h->n,
                 sizeof *ts->history) < 0)
@@ -475,7 +506,7 @@ static int read_segment(rd_t *r, const mt_pk_value_t *s, size_t si)
             if (pool->u.items[i]->type == MT_PK_INT)
                 seg.pool_id[i] = pool->u.items[i]->u.i;
     const mt_pk_value_t *bl = get_seq(r, s, "blocks", true, where, &rc);
-    if (rc < 0)
+    if (rc < 0 || (rc = visit(r, bl->n, where)) < 0)
         return rc;
     mt_ts_t *ts = r->ts;
     if (reserve((void **)&ts->blocks, &ts->mem->cap_blocks, ts->nblocks + bl->n,
@@ -537,6 +568,9 @@ static int read_traces(rd_t *r, const mt_pk_value_t *traces)
         snprintf(where, sizeof where, "device_traces[%zu]", d);
         if (tl->type != MT_PK_LIST && tl->type != MT_PK_TUPLE)
             return bad(r, where, "a %s, not a list", mt_pk_type_name(tl->type));
+        int vrc = visit(r, tl->n, where);
+        if (vrc < 0)
+            return vrc;
         if (reserve((void **)&ts->events, &ts->mem->cap_events, ts->nevents + tl->n,
                     sizeof *ts->events) < 0 ||
             reserve((void **)&ts->dev_first, &ts->mem->cap_dev, d + 2, sizeof *ts->dev_first) < 0)
@@ -578,6 +612,9 @@ static int read_traces(rd_t *r, const mt_pk_value_t *traces)
 static int read_annotations(rd_t *r, const mt_pk_value_t *list)
 {
     char where[64];
+    int vrc = visit(r, list->n, "external_annotations");
+    if (vrc < 0)
+        return vrc;
     for (size_t i = 0; i < list->n; i++) {
         const mt_pk_value_t *a = list->u.items[i];
         snprintf(where, sizeof where, "external_annotations[%zu]", i);
@@ -621,6 +658,8 @@ static int read_root(rd_t *r, const mt_pk_value_t *root)
                    "a %s; a snapshot is a dict (PyTorch 2.x) or a list of "
                    "segments (1.13)",
                    mt_pk_type_name(root->type));
+    if ((rc = visit(r, segs->n, "segments")) < 0)
+        return rc;
     for (size_t i = 0; i < segs->n; i++)
         if ((rc = read_segment(r, segs->u.items[i], i)) < 0)
             return rc;
@@ -653,7 +692,11 @@ int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *e
         return rc;
     }
     ts->mem->doc = doc;
-    rd_t r = {.ts = ts, .name = name, .err = err, .errlen = errlen};
+    rd_t r = {.ts = ts,
+              .name = name,
+              .err = err,
+              .errlen = errlen,
+              .budget = (uint64_t)VISITS_PER_BYTE * mt_pk_input_size(doc) + VISITS_FLOOR};
     rc = read_root(&r, mt_pk_root(doc));
     free(r.seen);
     free(r.seen_id);

@@ -11,9 +11,11 @@
  *            cfg.http_name, with any port (a browser tricked by DNS rebinding sends the
  *            attacker's name): else 403;
  *   token    with cfg.http_auth, every route but /healthz (and /metrics with
- *            cfg.metrics_open) needs the token: "Authorization: Bearer T", or "?token=T"
- *            (then the answer sets the cookie memtrace_token=T, HttpOnly, SameSite=Strict,
- *            so a page's later requests and EventSource carry it), or that cookie: else 401.
+ *            cfg.metrics_open) and the page's own static files needs the token:
+ *            "Authorization: Bearer T" or "?token=T", else 401. No answer sets a cookie: a
+ *            cookie for localhost goes to every port of it, another user's server too. The
+ *            page takes the token from its URL's fragment (#token=T, never sent) and keeps
+ *            it in sessionStorage, which is per origin, port included.
  * Routes:
  *   GET /events   Server-Sent Events of the event stream (filters: ?pid=&kind=&tag=)
  *   GET /metrics  Prometheus text exposition (version 0.0.4)
@@ -27,15 +29,6 @@
 #include "daemon/internal.h"
 #include "daemon/web.h"
 
-/* The cookie header of an answer to a request that gave the token in its query. */
-static int cookie_header(mt_d_conn_t *c, mt_d_buf_t *b)
-{
-    if (!c->set_cookie)
-        return 0;
-    return mt__d_buf_printf(
-        b, "Set-Cookie: memtrace_token=%s; Path=/; HttpOnly; SameSite=Strict\r\n", c->d->token);
-}
-
 static void respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
                     const char *extra_headers, const char *body, size_t blen, bool head_only)
 {
@@ -46,8 +39,6 @@ static void respond(mt_d_conn_t *c, int status, const char *reason, const char *
                               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                               "Cache-Control: no-store\r\nConnection: close\r\n%s",
                               status, reason, ctype, blen, extra_headers ? extra_headers : "");
-    if (!rc)
-        rc = cookie_header(c, b);
     if (!rc)
         rc = mt__d_buf_append(b, "\r\n", 2);
     if (!rc && !head_only && blen)
@@ -207,21 +198,6 @@ static long take_query_token(char *query, char tok[64])
     return -1;
 }
 
-/* The value of the cookie memtrace_token in a Cookie header, or NULL (length in *n). */
-static const char *cookie_token(const char *cookie, size_t *n)
-{
-    for (const char *p = cookie; p && *p;) {
-        p += strspn(p, " ;");
-        size_t len = strcspn(p, ";");
-        if (len > 15 && strncmp(p, "memtrace_token=", 15) == 0) {
-            *n = len - 15;
-            return p + 15;
-        }
-        p += len;
-    }
-    return NULL;
-}
-
 /* The end of the head: the '\n' before its blank line (CRLF or bare LF), NULL while
  * incomplete. */
 static char *head_end(char *s)
@@ -245,7 +221,7 @@ void mt__d_http_input(mt_d_conn_t *c)
     *nl = '\0';
     if (nl > line && nl[-1] == '\r')
         nl[-1] = '\0';
-    const char *host = NULL, *auth = NULL, *cookie = NULL;
+    const char *host = NULL, *auth = NULL;
     for (char *h = nl + 1; *h;) {
         char *e = strchr(h, '\n');
         *e = '\0';
@@ -264,8 +240,6 @@ void mt__d_http_input(mt_d_conn_t *c)
                 host = v;
             } else if (strcasecmp(h, "Authorization") == 0) {
                 auth = v;
-            } else if (strcasecmp(h, "Cookie") == 0) {
-                cookie = v;
             }
         }
         h = e + 1;
@@ -300,20 +274,19 @@ void mt__d_http_input(mt_d_conn_t *c)
     if (q && !q[1])
         *q = '\0';
     size_t plen0 = q ? (size_t)(q - target) : strlen(target);
-    bool open_route = (plen0 == 8 && strncmp(target, "/healthz", 8) == 0) ||
-                      (c->d->cfg.metrics_open && plen0 == 8 && strncmp(target, "/metrics", 8) == 0);
+    /* Open: the health check, the metrics when configured so, and the page's static
+     * files (the same bytes as in the source; a browser's navigation to the page cannot
+     * carry the token, which the page sends with each request for data). */
+    bool open_route =
+        (plen0 == 8 && strncmp(target, "/healthz", 8) == 0) ||
+        (c->d->cfg.metrics_open && plen0 == 8 && strncmp(target, "/metrics", 8) == 0) ||
+        mt__d_web_is_asset(target, plen0);
     if (c->d->cfg.http_auth && !open_route) {
-        size_t clen = 0;
-        const char *ctok = cookie ? cookie_token(cookie, &clen) : NULL;
         bool ok = false;
         if (auth && strncasecmp(auth, "Bearer ", 7) == 0)
             ok = token_equal(c->d->token, auth + 7, strlen(auth + 7));
-        if (!ok && qlen >= 0) {
+        if (!ok && qlen >= 0)
             ok = token_equal(c->d->token, qtok, (size_t)qlen);
-            c->set_cookie = ok;
-        }
-        if (!ok && ctok)
-            ok = token_equal(c->d->token, ctok, clen);
         if (!ok) {
             static const char why[] = "token required: see `memtrace token`\n";
             respond(c, 401, "Unauthorized", "text/plain; charset=utf-8",

@@ -162,7 +162,6 @@ typedef struct mt_d_conn_s {
     uint64_t last_active_ms; /* uv_now when it last sent something */
     uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
     char peer_addr[48];      /* TCP peers: the address, "" if unknown */
-    bool set_cookie;         /* HTTP: the answer sets the token cookie (token in the query) */
     /* The peer's user: SO_PEERCRED (Unix, always known), or for TCP the uid of the peer's
      * socket in the kernel's table (peer.c; unknown for a peer on another host or one
      * that closed its end). The HTTP caps are keyed on it, else on peer_addr. */

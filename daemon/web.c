@@ -752,6 +752,18 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
 
 /* ---- routing ---- */
 
+bool mt__d_web_is_asset(const char *target, size_t len)
+{
+    if (len == 1 && target[0] == '/')
+        return true;
+    for (size_t i = 0; i < mt__d_web_nassets; i++) {
+        const char *a = mt__d_web_assets[i].path;
+        if (strlen(a) == len && memcmp(a, target, len) == 0)
+            return true;
+    }
+    return false;
+}
+
 bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool head)
 {
     const char *want = strcmp(path, "/") == 0 ? "/index.html" : path;

@@ -16,7 +16,7 @@
  * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live).
  *
  * Routes (GET, JSON unless said; registered in http.c's dispatcher, behind its checks):
- *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time)
+ *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time; no token needed)
  *   /history?pid=&from=&to=&buckets=    figures per bucket over [from, to] (seconds)
  *   /spark?span=&buckets=               allocated per bucket of every process, last span s
  *   /map?pid=[&seq=|&t=]                segment map and blocks now, or at an event
@@ -97,6 +97,10 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i);
 /* The allocator state after the window's events before index upto (<= wcount): a fresh
  * model given the base's segments and blocks, then those events. *out is new. */
 int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, struct mt_model_s **out);
+
+/* True when target[0, len) names one of the page's embedded files ("/" is index.html):
+ * static bytes, served without the token. */
+bool mt__d_web_is_asset(const char *target, size_t len);
 
 /* Answers a web route; returns false when path is not one of them. */
 bool mt__d_web_route(struct mt_d_conn_s *c, const char *path, const char *query, bool head);

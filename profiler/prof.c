@@ -283,6 +283,19 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     uint32_t slots = cfg->slots ? cfg->slots : MT_RING_DEFAULT_SLOTS;
     size_t area = mt__stab_area_size();
     rc = mt__ring_create_ex(&p->ring, slots, p->name, false, area);
+    if (rc == MT_EFBIG) {
+        /* A file size limit (ulimit -f) below the ring: a smaller ring that fits, said. */
+        uint64_t limit = mt__ring_fsize_limit();
+        size_t want = mt__ring_file_size(slots, area);
+        if (mt__ring_fit(limit, &slots, &area) == 0) {
+            logf_(p, MT_LOG_WARN,
+                  "memtrace: the file size limit (ulimit -f, %llu bytes) is below the event "
+                  "ring's %zu bytes: using a ring of %u events%s",
+                  (unsigned long long)limit, want, slots,
+                  area ? "" : " without the call-stack table");
+            rc = mt__ring_create_ex(&p->ring, slots, p->name, false, area);
+        }
+    }
     bool shared = rc == 0;
     if (rc && cfg->mode != MT_PROF_DAEMON) {
         /* No shared ring (names taken by another user, /dev/shm full or absent): a private
@@ -296,7 +309,8 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         /* The stack table lives in the ring's area, where the daemon reads it. */
         size_t asz;
         void *a = mt__ring_area(p->ring, &asz);
-        if (mt__stab_create(&p->stab, a, asz) != 0 || mt__stab_view(&p->view, a, asz) != 0)
+        if (asz != 0 &&
+            (mt__stab_create(&p->stab, a, asz) != 0 || mt__stab_view(&p->view, a, asz) != 0))
             logf_(p, MT_LOG_WARN, "memtrace: no call-stack table: stacks are off");
     }
     if (rc) {

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,6 +41,21 @@ static void out_consume(mt_prof_t *p, size_t bytes, size_t n)
     p->out_nlines -= n;
 }
 
+/* The bytes a write at offset `at` of the log may take before the file size limit
+ * (RLIMIT_FSIZE), or SIZE_MAX with no limit (or not a regular file, which has none). A
+ * write that begins at or past the limit raises SIGXFSZ, whose default action kills the
+ * program: the writer stops short of it instead, as on a full disk. */
+static size_t room_below_limit(int fd, off_t at)
+{
+    struct rlimit rl;
+    struct stat st;
+    if (at < 0 || getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return SIZE_MAX;
+    return (uint64_t)at >= (uint64_t)rl.rlim_cur ? 0
+                                                 : (size_t)((uint64_t)rl.rlim_cur - (uint64_t)at);
+}
+
 /* Writes the buffer to the log, whole lines only. A failed or short write (disk full, a
  * file size limit, EIO) cuts the file back to its last whole line, keeps the unwritten
  * lines in the buffer and holds: drains stop, so later events stay in the ring, and the
@@ -48,13 +65,21 @@ int mt__prof_log_flush(mt_prof_t *p)
 {
     if (p->out_len == 0)
         return 0;
-    if (p->half_line && write(p->log_fd, "\n", 1) == 1)
+    if (p->half_line && room_below_limit(p->log_fd, lseek(p->log_fd, 0, SEEK_END)) > 0 &&
+        write(p->log_fd, "\n", 1) == 1)
         p->half_line = false;                    /* the reader skips the cut line as malformed */
     off_t start = lseek(p->log_fd, 0, SEEK_END); /* O_APPEND: where this write begins */
-    size_t off = 0;
+    size_t off = 0, room = room_below_limit(p->log_fd, start);
     int err = 0;
     while (off < p->out_len && !p->half_line) {
-        ssize_t w = write(p->log_fd, p->out + off, p->out_len - off);
+        size_t n = p->out_len - off;
+        if (room != SIZE_MAX && n > room - off)
+            n = room - off;
+        if (n == 0) {
+            err = EFBIG;
+            break;
+        }
+        ssize_t w = write(p->log_fd, p->out + off, n);
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0) {

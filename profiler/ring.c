@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,6 +137,63 @@ static size_t page_round(size_t n)
     return (n + 4095) & ~(size_t)4095;
 }
 
+/* ---- the file size limit ---- */
+
+/* The area's bytes as ring_create makes them: whole pages, at most MT_RING_AREA_MAX. */
+static size_t area_round(size_t area_size)
+{
+    return page_round(area_size > MT_RING_AREA_MAX ? MT_RING_AREA_MAX : area_size);
+}
+
+size_t mt__ring_file_size(uint32_t slots, size_t area_size)
+{
+    size_t size = mt__ring_map_size(round_slots(slots));
+    area_size = area_round(area_size);
+    return area_size ? page_round(size) + area_size : size;
+}
+
+uint64_t mt__ring_fsize_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return UINT64_MAX;
+    return (uint64_t)rl.rlim_cur;
+}
+
+/* The stack table is kept only with at least this many slots beside it: a ring much
+ * smaller drops events faster than the table saves. */
+#define FIT_MIN_SLOTS_WITH_AREA 1024u
+
+int mt__ring_fit(uint64_t limit, uint32_t *slots, size_t *area_size)
+{
+    uint32_t s = round_slots(*slots);
+    size_t a = area_round(*area_size);
+    if (mt__ring_file_size(s, a) <= limit) {
+        *slots = s;
+        *area_size = a;
+        return 0;
+    }
+    if (a != 0) {
+        uint32_t k = s;
+        while (k > FIT_MIN_SLOTS_WITH_AREA && mt__ring_file_size(k, a) > limit)
+            k >>= 1;
+        if (k >= FIT_MIN_SLOTS_WITH_AREA && mt__ring_file_size(k, a) <= limit) {
+            *slots = k;
+            *area_size = a;
+            return 0;
+        }
+    }
+    while (s > MT_RING_MIN_SLOTS && mt__ring_file_size(s, 0) > limit)
+        s >>= 1;
+    if (mt__ring_file_size(s, 0) > limit)
+        return MT_EFBIG;
+    *slots = s;
+    *area_size = 0;
+    return 0;
+}
+
+/* ---- lifecycle, continued ---- */
+
 static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool private,
                        size_t area_size)
 {
@@ -143,12 +201,16 @@ static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool 
         return MT_EINVAL;
     *out = NULL;
     slots = round_slots(slots);
+    size_t size = mt__ring_map_size(slots);
+    area_size = area_round(area_size);
+    size_t area_off = page_round(size);
+    /* Checked before anything exists: sizing a file past RLIMIT_FSIZE raises SIGXFSZ,
+     * whose default action kills the program, before ftruncate can return EFBIG. */
+    if (mt__ring_file_size(slots, area_size) > mt__ring_fsize_limit())
+        return MT_EFBIG;
     mt__ring_t *r = calloc(1, sizeof(*r));
     if (!r)
         return MT_ENOMEM;
-    size_t size = mt__ring_map_size(slots);
-    area_size = page_round(area_size > MT_RING_AREA_MAX ? MT_RING_AREA_MAX : area_size);
-    size_t area_off = page_round(size);
     int fd = open_object(r, private);
     int rc;
     if (fd < 0) {
@@ -156,7 +218,7 @@ static int ring_create(mt__ring_t **out, uint32_t slots, const char *comm, bool 
         goto fail_open;
     }
     if (ftruncate(fd, (off_t)(area_size ? area_off + area_size : size)) != 0) {
-        rc = -errno;
+        rc = -errno; /* EFBIG (MT_EFBIG) when the limit fell since the check */
         goto fail_truncate;
     }
     /* MAP_POPULATE: the pages are faulted in now, not by the first lap of pushes (a

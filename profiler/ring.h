@@ -137,7 +137,8 @@ size_t mt__ring_map_size(uint32_t slots);
 /* Producer: creates and maps a new ring named "/memtrace.<uid>.<pid>.<32 random hex>",
  * exclusively, mode 0600 (a few draws if a name is taken). slots is rounded up to a power
  * of two within [MT_RING_MIN_SLOTS, MT_RING_MAX_SLOTS]; comm is copied (truncated). *out
- * is new. */
+ * is new. MT_EFBIG, with nothing made, when the file would pass RLIMIT_FSIZE; every
+ * failure removes what it made. */
 int mt__ring_create(mt__ring_t **out, uint32_t slots, const char *comm);
 /* The same ring without a name (a memfd): for the local log only, when no named ring can
  * be made. mt__ring_name() is "". */
@@ -148,6 +149,17 @@ int mt__ring_create_private(mt__ring_t **out, uint32_t slots, const char *comm);
 #define MT_RING_AREA_MAX ((size_t)256 << 20)
 int mt__ring_create_ex(mt__ring_t **out, uint32_t slots, const char *comm, bool private,
                        size_t area_size);
+/* Bytes of the file a ring of slots slots and an area of area_size bytes takes (both
+ * rounded as create rounds them). */
+size_t mt__ring_file_size(uint32_t slots, size_t area_size);
+/* The soft RLIMIT_FSIZE in bytes; UINT64_MAX when there is none. Create fails with
+ * MT_EFBIG, making nothing, when the ring's file would be larger. */
+uint64_t mt__ring_fsize_limit(void);
+/* Shrinks *slots and *area_size (rounded as create rounds them) until the file fits limit
+ * bytes: fewer slots first while at least 1024 remain beside the area, then no area and
+ * fewer slots. 0 (values unchanged but rounded when they fit), MT_EFBIG if even
+ * MT_RING_MIN_SLOTS without an area do not fit. */
+int mt__ring_fit(uint64_t limit, uint32_t *slots, size_t *area_size);
 /* The area: writable for the producer, read-only for a consumer; NULL and 0 when none. */
 void *mt__ring_area(const mt__ring_t *r, size_t *size);
 /* Consumer: maps an existing ring read/write after validating its header (magic,

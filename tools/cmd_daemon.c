@@ -22,7 +22,8 @@ int mt_cmd_token(int argc, char **argv)
                "Prints the HTTP token of the daemon at PATH (default: the default socket), read\n"
                "from PATH.token (0600, ours). Every HTTP route but /healthz needs it:\n"
                "  curl -s -H \"Authorization: Bearer $(memtrace token)\" localhost:9477/state\n"
-               "  a browser: http://localhost:9477/?token=TOKEN (then a cookie carries it)\n");
+               "  a browser: http://localhost:9477/#token=TOKEN (the fragment is never sent;\n"
+               "  the page keeps the token for that tab and port only, and sets no cookie)\n");
         return 0;
     } else if (argc != 1) {
         fprintf(stderr, "usage: memtrace token [--socket PATH]\n");

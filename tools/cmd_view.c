@@ -135,7 +135,7 @@ int mt_cmd_view(int argc, char **argv)
         fprintf(stderr,
                 "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/%s%s "
                 "(Ctrl-C stops)\n",
-                events, argc - optind, mt_d_http_port(d), tok[0] ? "?token=" : "", tok);
+                events, argc - optind, mt_d_http_port(d), tok[0] ? "#token=" : "", tok);
         rc = mt_d_run(d);
         status = rc ? 1 : bad_total ? 2 : 0;
     }

@@ -28,6 +28,8 @@ const char *mt_strerror(int code)
         return "malformed input";
     case MT_EOVERFLOW:
         return "size overflow";
+    case MT_EFBIG:
+        return "file size limit (ulimit -f) too small";
     default:
         return code < 0 ? strerror(-code) : "unknown error";
     }

@@ -1,11 +1,29 @@
 /* memtrace web page: polls the daemon (or `memtrace view`) once a second and draws
  * the process list, the selected process's charts (uPlot), its segment map, the event
  * tail, alerts and the comparison of two time ranges. Every request goes to the page's
- * own origin; a token in the page's URL (?token=) is passed on to every request. */
+ * own origin. The token comes in the URL's fragment (#token=..., which the browser never
+ * sends), is kept in sessionStorage (per scheme, host and port: a server on another port
+ * of localhost cannot read it, as it could a cookie) and leaves the address bar at once;
+ * each request carries it as "Authorization: Bearer". */
 'use strict';
 
 const REFRESH_MS = 1000;
-const TOKEN = new URLSearchParams(location.search).get('token');
+const TOKEN_KEY = 'memtrace_token';
+const TOKEN = (() => {
+  const frag = new URLSearchParams(location.hash.slice(1));
+  const query = new URLSearchParams(location.search);
+  // An older link gave the token in the query: taken the same way, then scrubbed too.
+  const tok = frag.get('token') || query.get('token');
+  if (tok) {
+    try { sessionStorage.setItem(TOKEN_KEY, tok); } catch (e) { /* storage off: this load only */ }
+    frag.delete('token');
+    query.delete('token');
+    const q = query.toString(), f = frag.toString();
+    history.replaceState(history.state, '', location.pathname + (q ? '?' + q : '') + (f ? '#' + f : ''));
+    return tok;
+  }
+  try { return sessionStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
+})();
 const $ = (id) => document.getElementById(id);
 
 const S = {
@@ -21,13 +39,14 @@ const S = {
   perf: [],             // ms per page update (Performance API), for the benchmark and test
   updates: 0,
   busy: false,
+  unauthorized: false,  // the last request was refused for its token (401)
 };
 window.mtPage = S;
 
 function api(path) {
-  const sep = path.includes('?') ? '&' : '?';
-  const url = TOKEN ? path + sep + 'token=' + encodeURIComponent(TOKEN) : path;
-  return fetch(url, { cache: 'no-store' }).then((r) => {
+  const headers = TOKEN ? { Authorization: 'Bearer ' + TOKEN } : {};
+  return fetch(path, { cache: 'no-store', credentials: 'omit', headers }).then((r) => {
+    S.unauthorized = r.status === 401;
     if (!r.ok) throw new Error(path + ': HTTP ' + r.status);
     return r.json();
   });
@@ -522,7 +541,11 @@ async function refresh() {
       setStatus(true, `live · ${state.processes.length} process(es) · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
     }
   } catch (e) {
-    setStatus(false, 'disconnected, retrying… (' + e.message + ')');
+    if (S.unauthorized)
+      setStatus(false, TOKEN ? 'the token was refused: open the address the daemon gives (…/#token=…)'
+        : 'token required: open the page as http://HOST:PORT/#token=TOKEN (memtrace token)');
+    else
+      setStatus(false, 'disconnected, retrying… (' + e.message + ')');
   } finally {
     S.busy = false;
     if (S.again) { S.again = false; setTimeout(refresh, 0); }

@@ -40,6 +40,7 @@ extern "C" {
 #define MT_ENODEV    (-ENODEV)    /* no usable device for the requested backend */
 #define MT_EPROTO    (-EPROTO)    /* malformed input (trace file, socket message) */
 #define MT_EOVERFLOW (-EOVERFLOW) /* size arithmetic would overflow */
+#define MT_EFBIG     (-EFBIG)     /* a file would pass the file size limit (ulimit -f) */
 
 /* A short, static, human-readable description of an MT_E* code (or any -errno). */
 MT_API const char *mt_strerror(int code);

@@ -36,9 +36,8 @@ function serve() {
 }
 
 const get = async (base, path) => {
-  const u = new URL(path, base);
-  u.searchParams.set('token', new URL(base).searchParams.get('token'));
-  const r = await fetch(u);
+  const tok = new URLSearchParams(new URL(base).hash.slice(1)).get('token'); // #token=...
+  const r = await fetch(new URL(path, base), { headers: tok ? { Authorization: 'Bearer ' + tok } : {} });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };

@@ -12,8 +12,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "memtrace/prof.h"
@@ -501,6 +505,130 @@ static void test_daemon_refuses(void **state)
     unlink(logp);
 }
 
+/* A file size limit (ulimit -f) of 1 MiB, below the 24 MiB of the default ring and stack
+ * table: the program is not killed by SIGXFSZ, records into a smaller ring, says so in a
+ * warning, and leaves nothing in /dev/shm. In a child: the limit is per process. */
+static void test_fsize_limit_smaller_ring(void **state)
+{
+    (void)state;
+    char sock[108], logp[108];
+    tmp_path(sock, sizeof(sock), "fsize.sock");
+    tmp_path(logp, sizeof(logp), "fsize.ndjson");
+    unlink(logp);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(10);
+        rl.rlim_cur = 1 << 20;
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(11);
+        logrec_t lr = {.n = 0};
+        mt_prof_cfg_t cfg = mt_prof_cfg_default();
+        cfg.socket = sock; /* nobody listens there */
+        cfg.log_path = logp;
+        cfg.log = log_cb;
+        cfg.log_ud = &lr;
+        cfg.drain_ms = 1;
+        mt_prof_t *p = NULL;
+        if (mt_prof_create(&p, &cfg) != 0)
+            _exit(12);
+        if (!logged(&lr, "file size limit (ulimit -f, 1048576 bytes)"))
+            _exit(13);
+        for (uint64_t i = 0; i < 100; i++) {
+            mt_event_rec_t ev = ev_of(MT_EV_ALLOC, i);
+            mt_prof_record(p, &ev);
+        }
+        mt_prof_flush(p);
+        mt_prof_stats_t st;
+        mt_prof_stats(p, &st);
+        if (st.mode != MT_PROF_LOG || st.written != 100)
+            _exit(14);
+        mt_prof_destroy(&p);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "memtrace.%u.%d.", (unsigned)getuid(), (int)pid);
+    DIR *d = opendir("/dev/shm");
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            fail_msg("/dev/shm/%s was left behind", e->d_name);
+    closedir(d);
+    unlink(logp);
+}
+
+/* The local log reaches the file size limit (ulimit -f): a write that begins at the limit
+ * raises SIGXFSZ, which kills the program. The log is held instead, as on a full disk:
+ * the program lives on, what was written is whole lines, and the failure is said. */
+static void test_fsize_limit_log_held(void **state)
+{
+    (void)state;
+    char sock[108], logp[108];
+    tmp_path(sock, sizeof(sock), "fsize2.sock");
+    tmp_path(logp, sizeof(logp), "fsize2.ndjson");
+    unlink(logp);
+    const long limit = 64 * 1024;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(10);
+        rl.rlim_cur = (rlim_t)limit;
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(11);
+        logrec_t lr = {.n = 0};
+        mt_prof_cfg_t cfg = mt_prof_cfg_default();
+        cfg.socket = sock;
+        cfg.log_path = logp;
+        cfg.log = log_cb;
+        cfg.log_ud = &lr;
+        cfg.drain_ms = 1;
+        mt_prof_t *p = NULL;
+        if (mt_prof_create(&p, &cfg) != 0)
+            _exit(12);
+        for (uint64_t i = 0; i < 4000; i++) {
+            mt_event_rec_t ev = ev_of(i % 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC, i);
+            mt_prof_record(p, &ev);
+            if (i % 64 == 0)
+                mt_prof_flush(p);
+        }
+        mt_prof_flush(p);
+        mt_prof_stats_t st;
+        mt_prof_stats(p, &st);
+        if (st.written == 0 || st.written >= 4000)
+            _exit(13);
+        if (!logged(&lr, "File too large"))
+            _exit(14);
+        mt_prof_destroy(&p);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    /* The file stops at the limit on a whole line. */
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    assert_true(size > 0 && size <= limit);
+    fseek(f, size - 1, SEEK_SET);
+    assert_int_equal(fgetc(f), '\n');
+    fclose(f);
+    unlink(logp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -513,6 +641,8 @@ int main(void)
         cmocka_unit_test(test_env_mode),
         cmocka_unit_test(test_daemon_mode),
         cmocka_unit_test(test_daemon_refuses),
+        cmocka_unit_test(test_fsize_limit_smaller_ring),
+        cmocka_unit_test(test_fsize_limit_log_held),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -456,14 +458,79 @@ static void test_push_batches(void **state)
     mt__ring_close(&r);
 }
 
+/* Objects in /dev/shm named for process pid's rings. */
+static int shm_objects_of(pid_t pid)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "memtrace.%u.%d.", (unsigned)getuid(), (int)pid);
+    DIR *d = opendir("/dev/shm");
+    if (d == NULL)
+        return 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+/* A file size limit (ulimit -f) below the ring: sizing the file past it would raise
+ * SIGXFSZ and kill the program. Create refuses by name, makes nothing, and a ring that
+ * mt__ring_fit shrinks is made. Run in a child: the limit is per process. */
+static void test_fsize_limit(void **state)
+{
+    (void)state;
+    const size_t area = (size_t)20 << 20; /* the stack table's order of size */
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {.rlim_cur = 1 << 20, .rlim_max = RLIM_INFINITY};
+        if (getrlimit(RLIMIT_FSIZE, &rl) == 0)
+            rl.rlim_cur = 1 << 20;
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(10);
+        mt__ring_t *r = NULL;
+        if (mt__ring_fsize_limit() != 1 << 20)
+            _exit(11);
+        if (mt__ring_create_ex(&r, MT_RING_DEFAULT_SLOTS, "fsize", false, area) != MT_EFBIG ||
+            r != NULL)
+            _exit(12);
+        if (mt__ring_create_ex(&r, MT_RING_DEFAULT_SLOTS, "fsize", true, area) != MT_EFBIG)
+            _exit(13);
+        uint32_t slots = MT_RING_DEFAULT_SLOTS;
+        size_t a = area;
+        if (mt__ring_fit(1 << 20, &slots, &a) != 0 || a != 0 || slots >= MT_RING_DEFAULT_SLOTS ||
+            mt__ring_file_size(slots, a) > 1 << 20 || mt__ring_file_size(slots * 2, a) <= 1 << 20)
+            _exit(14);
+        if (mt__ring_create_ex(&r, slots, "fsize", false, a) != 0)
+            _exit(15);
+        mt_event_rec_t ev = mkev(1);
+        if (mt__ring_push(r, &ev) != 0)
+            _exit(16);
+        mt__ring_close(&r);
+        /* Nothing at all fits a limit below the smallest ring. */
+        slots = MT_RING_DEFAULT_SLOTS;
+        a = 0;
+        if (mt__ring_fit(mt__ring_file_size(MT_RING_MIN_SLOTS, 0) - 1, &slots, &a) != MT_EFBIG)
+            _exit(17);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(shm_objects_of(pid), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_create_open_layout), cmocka_unit_test(test_open_rejects_bad),
-        cmocka_unit_test(test_wraparound),         cmocka_unit_test(test_deferred_ack),
-        cmocka_unit_test(test_drops_and_gap),      cmocka_unit_test(test_concurrent_writers),
-        cmocka_unit_test(test_producer_sigkill),   cmocka_unit_test(test_stuck_slot_timeout),
-        cmocka_unit_test(test_push_batches),
+        cmocka_unit_test(test_fsize_limit),        cmocka_unit_test(test_create_open_layout),
+        cmocka_unit_test(test_open_rejects_bad),   cmocka_unit_test(test_wraparound),
+        cmocka_unit_test(test_deferred_ack),       cmocka_unit_test(test_drops_and_gap),
+        cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_producer_sigkill),
+        cmocka_unit_test(test_stuck_slot_timeout), cmocka_unit_test(test_push_batches),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

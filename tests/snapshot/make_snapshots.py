@@ -227,6 +227,12 @@ def main():
     bad_action["device_traces"][0][1]["size"] = "4 MiB"
     write("invalid/size_not_int.pickle", pickle.dumps(bad_action, protocol=4),
           "2 device_traces[0][1]: 'size' is a str, not an int")
+    # One event dict, one trace list of it 2000 times, 255 devices of that list: 5 KB
+    # that pickle writes with memo references (BINGET), 510 000 events when followed.
+    shared = [{"action": "alloc", "addr": 0, "size": 512}] * 2000
+    write("invalid/shared_traces.pickle",
+          pickle.dumps({"segments": [], "device_traces": [shared] * 255}, protocol=4),
+          "2 refused: the file's shared values (pickle memo references) expand")
 
 
 if __name__ == "__main__":

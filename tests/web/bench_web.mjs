@@ -61,15 +61,16 @@ try {
   });
   const tokFile = join(tmp, 'sock') + '.token';
   const tok = existsSync(tokFile) ? readFileSync(tokFile, 'utf8').trim() : null;
-  const api = (path) => { const u = new URL(path, url); if (tok) u.searchParams.set('token', tok); return u; };
-  const pageUrl = api('/').toString();
+  const api = (path) => new URL(path, url);
+  const hdr = { headers: tok ? { Authorization: 'Bearer ' + tok } : {} };
+  const pageUrl = new URL(tok ? '/#token=' + tok : '/', url).toString();
   const runFor = 6 + 2 * MEASURE_S + 12;
   for (let i = 0; i < NPROC; i++)
     children.push(spawn(producer, [join(tmp, 'sock'), String(runFor), String(RATE / NPROC), '0'], { stdio: ['ignore', 'ignore', 'inherit'] }));
   await sleep(4000);
-  const events0 = JSON.parse(await (await fetch(api('/state'))).text()).daemon.events;
+  const events0 = JSON.parse(await (await fetch(api('/state'), hdr)).text()).daemon.events;
   const base = await cpuShare(d.pid, MEASURE_S);
-  const events1 = JSON.parse(await (await fetch(api('/state'))).text()).daemon.events;
+  const events1 = JSON.parse(await (await fetch(api('/state'), hdr)).text()).daemon.events;
   const rate = (events1 - events0) / MEASURE_S;
 
   const browser = await chromium.launch({ executablePath: chromiumPath,

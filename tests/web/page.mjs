@@ -66,19 +66,18 @@ function startDaemon(port) {
   });
 }
 
-// The daemon's address with its token (SOCKET.token, where the daemon requires one).
+// The page's address with the daemon's token (SOCKET.token, where the daemon requires one)
+// in the fragment, as `memtrace view` prints it: the page reads it there.
 function withToken(url, sock) {
   const u = new URL(url);
-  if (!u.searchParams.get('token') && existsSync(sock + '.token'))
-    u.searchParams.set('token', readFileSync(sock + '.token', 'utf8').trim());
+  if (!new URLSearchParams(u.hash.slice(1)).get('token') && existsSync(sock + '.token'))
+    u.hash = 'token=' + readFileSync(sock + '.token', 'utf8').trim();
   return u.toString();
 }
 
 async function getJSON(base, path) {
-  const u = new URL(path, base);
-  const tok = new URL(base).searchParams.get('token');
-  if (tok) u.searchParams.set('token', tok);
-  const r = await fetch(u);
+  const tok = new URLSearchParams(new URL(base).hash.slice(1)).get('token');
+  const r = await fetch(new URL(path, base), { headers: tok ? { Authorization: 'Bearer ' + tok } : {} });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 }

@@ -37,19 +37,19 @@ function serve(cmd, args) {
       if (!m) return;
       const u = new URL(m[0]);
       const sock = args.includes('--socket') ? args[args.indexOf('--socket') + 1] : null;
-      if (!u.searchParams.get('token') && sock && existsSync(sock + '.token'))
-        u.searchParams.set('token', readFileSync(sock + '.token', 'utf8').trim());
+      if (!new URLSearchParams(u.hash.slice(1)).get('token') && sock && existsSync(sock + '.token'))
+        u.hash = 'token=' + readFileSync(sock + '.token', 'utf8').trim();
       resolve({ proc: p, url: u.toString(), err: () => err });
     });
     p.on('exit', (code) => reject(new Error(`${cmd} exited (${code}): ${err}`)));
     setTimeout(() => reject(new Error(`${cmd} did not say where it listens: ${err}`)), 10000);
   });
 }
+// The token of a page address (#token=..., as `memtrace view` prints it), or null.
+const tokenOf = (base) => new URLSearchParams(new URL(base).hash.slice(1)).get('token');
+const auth = (base) => (tokenOf(base) ? { Authorization: 'Bearer ' + tokenOf(base) } : {});
 const get = async (base, path) => {
-  const u = new URL(path, base);
-  const tok = new URL(base).searchParams.get('token');
-  if (tok) u.searchParams.set('token', tok);
-  const r = await fetch(u);
+  const r = await fetch(new URL(path, base), { headers: auth(base) });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };
@@ -129,10 +129,7 @@ try {
   if (!/warning: HTTP on 0\.0\.0\.0 is reachable from other hosts: .*every process/.test(open.err()))
     fail('no warning for a non-local --host: ' + open.err());
   for (const path of ['/', '/app.js', '/state', '/spark', '/metrics']) {
-    const u = new URL(path, open.url);
-    const tok = new URL(open.url).searchParams.get('token');
-    if (tok) u.searchParams.set('token', tok);
-    const r = await fetch(u, { headers: { Origin: 'http://evil.example' } });
+    const r = await fetch(new URL(path, open.url), { headers: { Origin: 'http://evil.example', ...auth(open.url) } });
     if (r.headers.get('access-control-allow-origin') !== null) fail(`${path} answers with a CORS header`);
   }
   open.proc.kill('SIGTERM');

@@ -38,10 +38,8 @@ function serve() {
 }
 
 const get = async (base, path) => {
-  const u = new URL(path, base);
-  const tok = new URL(base).searchParams.get('token');
-  if (tok) u.searchParams.set('token', tok);
-  const r = await fetch(u);
+  const tok = new URLSearchParams(new URL(base).hash.slice(1)).get('token'); // #token=...
+  const r = await fetch(new URL(path, base), { headers: tok ? { Authorization: 'Bearer ' + tok } : {} });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
   return r.json();
 };
