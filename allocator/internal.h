@@ -13,6 +13,7 @@
  *   free.c     free, record_stream and block lookup: the path a block takes back
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
  *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
+ *   fork.c     pthread_atfork handlers (cfg.atfork): a fork child may use the allocator
  *   plan.h     the warm-up plan's types and the calls of reserve.c and plan.c on it
  *
  * All metadata lives on the host; nothing is ever written into device memory.
@@ -602,6 +603,13 @@ bool mt__exp_releasable(const mt_alloc_t *a, const mt_segment_t *seg);
 /* Releases the virtual ranges (destroy, after every run was unmapped; lock released
  * around each release). */
 void mt__exp_destroy(mt_alloc_t *a);
+/* In a fork child: the counts of threads inside mt__exp_grow cleared (they are gone) and a
+ * range they had reserved but not mapped released (lock released around it). */
+void mt__exp_fork_child(mt_alloc_t *a);
+
+/* ---- fork.c ---- */
+/* Registers the fork handlers, once per process (cfg.atfork). 0 or MT_ENOMEM. */
+int mt__alloc_fork_register(void);
 
 /* ---- stats.c ---- */
 /* current += d; peak and allocated (d > 0) follow. freed is not kept here: it is always
