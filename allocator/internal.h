@@ -8,7 +8,8 @@
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
  *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
- *   plan.c     offline placement of a recorded warm-up (greedy by size)
+ *   plan.c     offline placement of a recorded warm-up (greedy by size, or a sweep)
+ *   pset.c     an ordered set (treap) for the planner's sweep and the plan's links
  *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
  *   free.c     free, record_stream and block lookup: the path a block takes back
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)

@@ -6,18 +6,23 @@
  * extent the caller minimises. The lower bound of that extent is the peak of live bytes
  * that the bounded strips cannot hold.
  *
- * Heuristic: greedy by size (the planners of TFLite and MindSpore's SOMAS do the same).
- * Items in decreasing size (or size weighed by lifetime: two orders are tried, the
- * smaller extent kept) each take the smallest gap,
- * among the items already placed that overlap them in time, that fits ("best fit in
- * space"); when no gap between placed items fits, the lowest free tail of a bounded
- * strip, and only then the tail of the unbounded strip. Keeping tails last makes the plan
- * of a sequence reproduce itself when its own reservation is offered back as a bounded
- * strip (a second warm-up of the same shape), so it fits there again.
+ * Two strategies; the placement with the smaller extent is kept (the greedy one on a tie).
+ * Both choose a place by the same rule: the smallest free gap between placed items that
+ * fits ("best fit in space"), else the lowest free tail of a bounded strip, and only then
+ * the tail of the unbounded strip. Keeping tails last makes the plan of a sequence
+ * reproduce itself when its own reservation is offered back as a bounded strip (a second
+ * warm-up of the same shape), so it fits there again.
  *
- * Cost: O(n^2) time for n items per order (each scans the placed ones, kept sorted by
- * strip and offset), O(n) memory; the 18 700 allocations of somas_pangu_2.6B plan in
- * about 0.3 s per order (SSE2, 2-core EPYC under load). */
+ * - Greedy by size (the planners of TFLite and MindSpore's SOMAS do the same): items in
+ *   decreasing size (or size weighed by lifetime: two orders are tried), each placed among
+ *   the items already placed that overlap it in time. The best on the bundled traces
+ *   (within 0.3 % of the peak), but O(n^2): each item scans the placed ones. It runs only
+ *   up to MT__PLAN_GREEDY_MAX items (about a second per order there).
+ * - The sweep: items in time order, each placed among the free intervals left by the items
+ *   live at its start (later ones are placed after it and avoid it in turn), which are kept
+ *   in ordered sets (pset.c): by (length, place) for the best-fitting gap, by place with
+ *   the longest length of a subtree for the lowest bounded tail that fits, by place for
+ *   merging a freed item with its free neighbours. O(n log n) time, O(n) memory. */
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
@@ -179,8 +184,8 @@ static void place_in_order(mt__plan_item_t *items, const order_t *keys, size_t n
     }
 }
 
-int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                   size_t *extent)
+int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                          size_t *extent)
 {
     mt_assert(nstrips >= 1 && n <= UINT32_MAX);
     *extent = 0;
@@ -229,5 +234,184 @@ out:
     free(pl.strip);
     free(pl.off);
     free(pl.end);
+    return rc;
+}
+
+/* ---- the sweep ---- */
+
+/* The free intervals of the sweep. Each is [off, end) of a strip, end = SIZE_MAX for the
+ * unbounded strip's tail (always there), cap[s] for a bounded strip's tail. Every free
+ * interval is in addr, keyed (strip, off), val = end; the other tails and gaps are also in
+ * exactly one of tails, keyed (off, strip), val = length, and gaps, keyed (length, strip
+ * and off / MT__MIN_BLOCK in one word), val = end. No two free intervals of a strip touch. */
+typedef struct sweep_s {
+    mt__pset_t addr, tails, gaps;
+    const size_t *cap;
+    uint32_t last; /* the unbounded strip */
+    size_t utail;  /* start of the unbounded strip's tail */
+} sweep_t;
+
+#define GAP_OFF_BITS 40
+static uint64_t gap_k2(uint32_t s, size_t off)
+{
+    return (uint64_t)s << GAP_OFF_BITS | (uint64_t)(off / MT__MIN_BLOCK);
+}
+
+/* Files [off, end) of strip s (not empty) in addr and in its class. */
+static int free_add(sweep_t *w, uint32_t s, size_t off, size_t end)
+{
+    mt_assert(off < end && off % MT__MIN_BLOCK == 0 && (end < SIZE_MAX || s == w->last));
+    int rc = mt__pset_insert(&w->addr, s, off, end);
+    if (rc != 0)
+        return rc;
+    if (end == SIZE_MAX) {
+        w->utail = off;
+        return 0;
+    }
+    if (s != w->last && end == w->cap[s])
+        return mt__pset_insert(&w->tails, off, s, end - off);
+    return mt__pset_insert(&w->gaps, end - off, gap_k2(s, off), end);
+}
+
+static void free_del(sweep_t *w, uint32_t s, size_t off, size_t end)
+{
+    bool ok = mt__pset_erase(&w->addr, s, off);
+    if (end == SIZE_MAX)
+        ok = ok && s == w->last;
+    else if (s != w->last && end == w->cap[s])
+        ok = ok && mt__pset_erase(&w->tails, off, s);
+    else
+        ok = ok && mt__pset_erase(&w->gaps, end - off, gap_k2(s, off));
+    mt_assert(ok);
+    (void)ok;
+}
+
+/* Places it at the start of a free interval chosen by the rule at the top of the file. */
+static int sweep_alloc(sweep_t *w, mt__plan_item_t *it)
+{
+    uint32_t s = w->last;
+    size_t off = w->utail, end = SIZE_MAX;
+    const mt__pset_node_t *x = mt__pset_ceil(&w->gaps, it->size, 0);
+    if (x != NULL) {
+        s = (uint32_t)(x->k2 >> GAP_OFF_BITS);
+        off = (size_t)(x->k2 & (((uint64_t)1 << GAP_OFF_BITS) - 1)) * MT__MIN_BLOCK;
+        end = x->val;
+    } else if ((x = mt__pset_first_val(&w->tails, it->size)) != NULL) {
+        s = (uint32_t)x->k2;
+        off = x->k1;
+        end = off + x->val;
+    }
+    free_del(w, s, off, end);
+    it->strip = s;
+    it->off = off;
+    return end - off > it->size ? free_add(w, s, off + it->size, end) : 0;
+}
+
+/* Gives it's place back, merged with the free intervals beside it. */
+static int sweep_free(sweep_t *w, const mt__plan_item_t *it)
+{
+    uint32_t s = it->strip;
+    size_t lo = it->off, hi = it->off + it->size;
+    const mt__pset_node_t *x = mt__pset_below(&w->addr, s, lo);
+    if (x != NULL && x->k1 == s && x->val == lo) {
+        lo = x->k2;
+        free_del(w, s, lo, it->off);
+    }
+    x = mt__pset_ceil(&w->addr, s, hi);
+    if (x != NULL && x->k1 == s && x->k2 == hi) {
+        size_t end = x->val;
+        free_del(w, s, hi, end);
+        hi = end;
+    }
+    return free_add(w, s, lo, hi);
+}
+
+int mt__plan_place_sweep(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                         size_t *extent)
+{
+    mt_assert(nstrips >= 1 && nstrips < ((size_t)1 << (64 - GAP_OFF_BITS)) && n <= UINT32_MAX / 2);
+    *extent = 0;
+    if (n == 0)
+        return 0;
+    /* The items' starts and ends in time order, ends first at equal times (an item ending
+     * at t and one starting at t do not overlap): a counting sort by time, O(n + span);
+     * the recorded ops make every time distinct, but the contract does not ask it. */
+    size_t span = 0;
+    for (size_t i = 0; i < n; i++) {
+        mt_assert(items[i].t0 < items[i].t1 && items[i].size % MT__MIN_BLOCK == 0);
+        if ((size_t)items[i].t1 + 1 > span)
+            span = (size_t)items[i].t1 + 1;
+    }
+    uint32_t *first = calloc(span + 1, sizeof *first); /* first event of each time */
+    uint32_t *ev = malloc(2 * n * sizeof *ev);         /* 2i = start of i; 2i + 1 = end */
+    sweep_t w = {.cap = cap, .last = (uint32_t)(nstrips - 1)};
+    int rc = MT_ENOMEM;
+    if (first == NULL || ev == NULL)
+        goto fail_ev;
+    if (mt__pset_init(&w.addr, nstrips + n / 4) != 0)
+        goto fail_addr;
+    if (mt__pset_init(&w.tails, nstrips) != 0)
+        goto fail_tails;
+    if (mt__pset_init(&w.gaps, n / 4) != 0)
+        goto fail_gaps;
+    for (size_t i = 0; i < n; i++) {
+        first[items[i].t0 + 1]++;
+        first[items[i].t1 + 1]++;
+    }
+    for (size_t t = 0; t < span; t++)
+        first[t + 1] += first[t];
+    for (size_t i = 0; i < n; i++) /* the ends first, */
+        ev[first[items[i].t1]++] = (uint32_t)(2 * i + 1);
+    for (size_t i = 0; i < n; i++) /* then the starts */
+        ev[first[items[i].t0]++] = (uint32_t)(2 * i);
+    rc = 0;
+    for (uint32_t s = 0; s < w.last && rc == 0; s++)
+        if (cap[s] > 0)
+            rc = free_add(&w, s, 0, cap[s]);
+    if (rc == 0)
+        rc = free_add(&w, w.last, 0, SIZE_MAX); /* whatever cap[last] says */
+    for (size_t e = 0; e < 2 * n && rc == 0; e++) {
+        mt__plan_item_t *it = &items[ev[e] / 2];
+        if (ev[e] % 2 == 1) {
+            rc = sweep_free(&w, it);
+            continue;
+        }
+        rc = sweep_alloc(&w, it);
+        if (it->strip == w.last && it->off + it->size > *extent)
+            *extent = it->off + it->size;
+    }
+    mt__pset_fini(&w.gaps);
+fail_gaps:
+    mt__pset_fini(&w.tails);
+fail_tails:
+    mt__pset_fini(&w.addr);
+fail_addr:
+fail_ev:
+    free(first);
+    free(ev);
+    return rc;
+}
+
+int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                   size_t *extent)
+{
+    *extent = 0;
+    if (n == 0)
+        return 0;
+    mt__plan_item_t *sw = malloc(n * sizeof *sw);
+    if (sw == NULL)
+        return MT_ENOMEM;
+    memcpy(sw, items, n * sizeof *sw);
+    size_t e = 0;
+    int rc = mt__plan_place_sweep(sw, n, cap, nstrips, &e);
+    if (rc == 0 && n <= MT__PLAN_GREEDY_MAX &&
+        (rc = mt__plan_place_greedy(items, n, cap, nstrips, extent)) == 0 && *extent <= e)
+        goto out;
+    if (rc == 0) {
+        memcpy(items, sw, n * sizeof *items);
+        *extent = e;
+    }
+out:
+    free(sw);
     return rc;
 }

@@ -89,8 +89,43 @@ const char *mt__plan_check(const mt_alloc_t *a);
 
 /* ---- plan.c ---- */
 /* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
- * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
+ * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory).
+ * Item sizes are multiples of MT__MIN_BLOCK, and so are the offsets given. */
 int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                    size_t *extent);
+/* Items up to which the greedy orders (O(n^2)) run beside the sweep (O(n log n)). */
+#define MT__PLAN_GREEDY_MAX ((size_t)1 << 15)
+/* The strategies of mt__plan_place, one at a time (the bench compares them): the greedy
+ * orders (n <= MT__PLAN_GREEDY_MAX or not) or the sweep. */
+int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                          size_t *extent);
+int mt__plan_place_sweep(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                         size_t *extent);
+
+/* ---- pset.c: an ordered set of (k1, k2) keys with a value, for the planner ----
+ * Invariants: the nodes reachable from root are a treap: in-order by (k1, k2), which are
+ * unique; a node's pri >= its children's; max = the largest val of its subtree; n of them. */
+typedef struct mt__pset_node_s {
+    uint64_t k1, k2;
+    uint64_t val, max;
+    uint32_t l, r; /* children, 0 = none (node 0 is never used) */
+    uint32_t pri;
+} mt__pset_node_t;
+typedef struct mt__pset_s {
+    mt__pset_node_t *v; /* nodes 1..used (freed ones linked by l from free) */
+    size_t cap, n;
+    uint32_t root, used, free, rng;
+} mt__pset_t;
+int mt__pset_init(mt__pset_t *t, size_t hint);
+void mt__pset_fini(mt__pset_t *t);
+/* Adds a key not in the set. 0 or MT_ENOMEM. Node pointers given out before are stale. */
+int mt__pset_insert(mt__pset_t *t, uint64_t k1, uint64_t k2, uint64_t val);
+/* Removes the key; false if it was not there. */
+bool mt__pset_erase(mt__pset_t *t, uint64_t k1, uint64_t k2);
+/* The node of the smallest key >= (k1, k2) / of the largest key < (k1, k2), or NULL. */
+const mt__pset_node_t *mt__pset_ceil(const mt__pset_t *t, uint64_t k1, uint64_t k2);
+const mt__pset_node_t *mt__pset_below(const mt__pset_t *t, uint64_t k1, uint64_t k2);
+/* The node of the smallest key whose val >= bound, or NULL. */
+const mt__pset_node_t *mt__pset_first_val(const mt__pset_t *t, uint64_t bound);
 
 #endif
