@@ -309,11 +309,16 @@ static int build_strips(build_t *bd, const mt_alloc_t *a, mt_stream_t *stream)
 /* Whether x and y were taken from the same candidates and free blocks. */
 static bool strips_same(const build_t *x, const build_t *y)
 {
-    return x->ncand == y->ncand && x->nstrips == y->nstrips &&
-           memcmp(x->cand, y->cand, x->ncand * sizeof *x->cand) == 0 &&
-           memcmp(x->cand_addr, y->cand_addr, x->ncand * sizeof *x->cand_addr) == 0 &&
-           memcmp(x->strips, y->strips, x->nstrips * sizeof *x->strips) == 0 &&
-           memcmp(x->cap, y->cap, x->nstrips * sizeof *x->cap) == 0;
+    if (x->ncand != y->ncand || x->nstrips != y->nstrips)
+        return false;
+    for (size_t i = 0; i < x->ncand; i++)
+        if (x->cand[i] != y->cand[i] || x->cand_addr[i] != y->cand_addr[i])
+            return false;
+    for (size_t i = 0; i < x->nstrips; i++) /* field by field: strip_t has padding */
+        if (x->strips[i].cand != y->strips[i].cand || x->strips[i].base != y->strips[i].base ||
+            x->cap[i] != y->cap[i])
+            return false;
+    return true;
 }
 
 /* left and anchor of every entry: the recorded sequence swept in order with the placed

@@ -361,6 +361,8 @@ typedef struct unlocked_s {
     pthread_cond_t cv;
     pthread_t th;
     bool started, done, done_in_time;
+    int plans;    /* planning messages seen */
+    void *change; /* test_plan_again: allocated by the first message's callback */
 } unlocked_t;
 
 static void *other_thread(void *arg)
@@ -379,7 +381,7 @@ static void *other_thread(void *arg)
 static void planning_log(void *ud, mt_log_level_e level, const char *msg)
 {
     unlocked_t *u = ud;
-    if (level != MT_LOG_DEBUG || strstr(msg, "lock released") == NULL || u->started)
+    if (level != MT_LOG_DEBUG || strstr(msg, "lock released") == NULL || u->plans++ > 0)
         return;
     u->started = true;
     assert_int_equal(pthread_create(&u->th, NULL, other_thread, u), 0);
@@ -418,10 +420,70 @@ static void test_plan_leaves_the_lock(void **state)
     for (int i = 0; i < LIVE; i++)
         assert_int_equal(mt_alloc_free(a, live[i]), 0);
     assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
-    assert_true(u.started);      /* the planner ran with the lock released */
-    assert_true(u.done_in_time); /* and another thread allocated meanwhile */
+    assert_true(u.started);       /* the planner ran with the lock released */
+    assert_true(u.done_in_time);  /* and another thread allocated meanwhile */
+    assert_int_equal(u.plans, 1); /* once: nothing it planned with had changed */
     assert_int_equal(pthread_join(u.th, NULL), 0);
     assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* A plan made with the lock released is installed only if the free blocks it was made for
+ * are still there: here the first planning message's callback takes a block from the free
+ * room of the weights' segment (a candidate), so the planner must plan again, and the plan
+ * it installs must leave that block alone. */
+static void changing_log(void *ud, mt_log_level_e level, const char *msg)
+{
+    unlocked_t *u = ud;
+    if (level != MT_LOG_DEBUG || strstr(msg, "lock released") == NULL || u->plans++ > 0)
+        return;
+    assert_int_equal(mt_alloc_malloc(u->a, 3 * MIB, NULL, MT_TAG_OTHER, &u->change), 0);
+}
+
+static void test_plan_again_when_blocks_change(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    unlocked_t u = {0};
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    cfg.backend = b;
+    cfg.log = changing_log;
+    cfg.log_ud = &u;
+    char err[128];
+    assert_int_equal(mt_alloc_cfg_parse(&cfg, "rules:reference", err, sizeof err), 0);
+    assert_int_equal(mt_alloc_create(&u.a, &cfg), 0);
+    mt_alloc_t *a = u.a;
+    void *w = xmalloc_dev(a, 4 * MIB, NULL, MT_TAG_WEIGHTS); /* a 20 MiB segment, 16 free */
+    assert_int_equal(mt_alloc_warmup_begin(a), 0);
+    void *p[16];
+    for (int i = 0; i < 16; i++)
+        p[i] = xmalloc_dev(a, (size_t)(1 + i % 4) * MIB, NULL, MT_TAG_OTHER);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(mt_alloc_free(a, p[i]), 0);
+    assert_int_equal(mt_alloc_warmup_end(a, NULL), 0);
+    assert_int_equal(u.plans, 2); /* planned again after the change */
+    assert_non_null(u.change);
+    assert_int_equal(mt_alloc_check(a), 0);
+    /* The plan is followed with the changed block still live: no planned block may land on
+     * it (the checker and the sim would catch an overlap). */
+    uint64_t m0 = backend_mallocs(b);
+    for (int i = 0; i < 16; i++)
+        p[i] = xmalloc_dev(a, (size_t)(1 + i % 4) * MIB, NULL, MT_TAG_OTHER);
+    void *base = NULL;
+    size_t size = 0;
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(mt_alloc_block_info(a, p[i], &base, &size, NULL), 0);
+        bool apart = (uintptr_t)p[i] + size <= (uintptr_t)u.change ||
+                     (uintptr_t)u.change + 3 * MIB <= (uintptr_t)p[i];
+        assert_true(apart);
+    }
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(mt_alloc_free(a, p[i]), 0);
+    assert_int_equal(backend_mallocs(b), m0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    assert_int_equal(mt_alloc_free(a, u.change), 0);
+    assert_int_equal(mt_alloc_free(a, w), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
 }
@@ -656,6 +718,7 @@ int main(void)
         cmocka_unit_test(test_warmup_plan_repeats_exactly),
         cmocka_unit_test(test_plan_place_is_sound),
         cmocka_unit_test(test_plan_leaves_the_lock),
+        cmocka_unit_test(test_plan_again_when_blocks_change),
         cmocka_unit_test(test_reserve),
         cmocka_unit_test(test_snapshot_content),
         cmocka_unit_test(test_tags_and_stats),
