@@ -88,19 +88,28 @@ void mt__plan_fini(mt_alloc_t *a);
 const char *mt__plan_check(const mt_alloc_t *a);
 
 /* ---- plan.c ---- */
+/* Entries of its index the greedy placement may visit per item and per factor of two of
+ * n, both orders together, before it gives up for the sweep (plan.c). */
+#define MT__PLAN_WORK 1024
 /* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
  * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory).
  * Item sizes are multiples of MT__MIN_BLOCK, and so are the offsets given. */
 int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                    size_t *extent);
-/* Items up to which the greedy orders (O(n^2)) run beside the sweep (O(n log n)). */
-#define MT__PLAN_GREEDY_MAX ((size_t)1 << 15)
-/* The strategies of mt__plan_place, one at a time (the bench compares them): the greedy
- * orders (n <= MT__PLAN_GREEDY_MAX or not) or the sweep. */
+/* The strategies of mt__plan_place, one at a time (tests and the bench compare them).
+ * The greedy orders give up with MT_EAGAIN once they visited more than `budget` entries of
+ * their index (mt__plan_budget(n): O(n log n); UINT64_MAX: never). */
 int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                          size_t *extent);
+                          size_t *extent, uint64_t budget);
 int mt__plan_place_sweep(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                          size_t *extent);
+static inline uint64_t mt__plan_budget(size_t n)
+{
+    uint64_t lg = 1;
+    while (lg < 64 && ((uint64_t)1 << lg) < n)
+        lg++;
+    return MT__PLAN_WORK * (uint64_t)n * lg + ((uint64_t)1 << 24);
+}
 
 /* ---- pset.c: an ordered set of (k1, k2) keys with a value, for the planner ----
  * Invariants: the nodes reachable from root are a treap: in-order by (k1, k2), which are

@@ -3,14 +3,16 @@
  * direction and step, saved activations that live until backward passes that step again,
  * and short temporaries; sequence lengths vary, so sizes do).
  *
- * (1) placement: the greedy orders (the planner before: O(n^2)), the sweep (O(n log n)),
+ * (1) placement: the greedy orders over their time-blocked index, the sweep (O(n log n)),
  *     and what mt__plan_place keeps; time and planned extent against the peak of live
- *     bytes (its lower bound; no bounded strips here).
+ *     bytes (its lower bound; no bounded strips here). Built with -DMT_PLAN_BEFORE against
+ *     the tree before this planner, the one row is that tree's greedy (all placed items
+ *     scanned per item).
  * (2) lock: mt_alloc_warmup_end of such a warm-up on the sim backend, while another thread
  *     allocates and frees in a loop: the time warmup_end took, and the longest that one of
  *     the other thread's pairs waited (the lock was held for at least that long).
- * usage: bench_plan [--quick] [--greedy-max N]: --quick stops at 100 k; the greedy orders
- * run up to N items (default 100 k: at 1 M they would take hours). */
+ * usage: bench_plan [--quick] [--greedy-max N] [--trace FILE.csv]: --quick stops at 100 k;
+ * the planner before runs up to N items (default 100 k: at 1 M it would take hours). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +147,14 @@ static double now_s(void)
 
 typedef int (*place_fn)(mt__plan_item_t *, size_t, const size_t *, size_t, size_t *);
 
+#ifndef MT_PLAN_BEFORE
+/* The greedy orders alone, without a budget. */
+static int greedy(mt__plan_item_t *it, size_t n, const size_t *cap, size_t ns, size_t *extent)
+{
+    return mt__plan_place_greedy(it, n, cap, ns, extent, UINT64_MAX);
+}
+#endif
+
 static void place_row(const char *name, place_fn fn, const mt__plan_item_t *src, size_t n,
                       size_t peak)
 {
@@ -253,12 +263,17 @@ int main(int argc, char **argv)
         size_t n = 0;
         mt__plan_item_t *it = items_of(&s, &n);
         size_t peak = peak_of(&s, it);
+#ifdef MT_PLAN_BEFORE /* built against the tree before: its one planner */
         if (n <= greedy_max)
-            place_row("greedy (before)", mt__plan_place_greedy, it, n, peak);
+            place_row("greedy, all placed scanned (before)", mt__plan_place, it, n, peak);
         else
-            printf("| %zu | greedy (before) | not run (O(n^2)) | | |\n", n);
+            printf("| %zu | greedy, all placed scanned (before) | not run (O(n^2)) | | |\n", n);
+#else
+        (void)greedy_max;
+        place_row("greedy, time-blocked index", greedy, it, n, peak);
         place_row("sweep", mt__plan_place_sweep, it, n, peak);
         place_row("kept (after)", mt__plan_place, it, n, peak);
+#endif
         free(it);
         free(s.v);
     }
