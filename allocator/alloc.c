@@ -239,6 +239,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
         rc = MT_ENOMEM;
         goto fail_cond;
     }
+    if (cfg->atfork && (rc = mt__alloc_fork_register()) != 0)
+        goto fail_fork;
     mt__clock_init(&a->clk, cfg->sink != NULL); /* calibrating costs 50 us */
     a->stats_period_ns = (uint64_t)cfg->stats_period_ms * 1000000u;
     a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
@@ -254,6 +256,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_unlock(a);
     return 0;
 
+fail_fork:
+    pthread_cond_destroy(&a->cv);
 fail_cond:
     pthread_mutex_destroy(&a->mu);
 fail_mutex:

@@ -28,6 +28,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.stats_period_ms = 1000;
     c.stacks = MT_STACKS_DEFAULT;
     c.tcache = true;
+    c.atfork = true;
     return c;
 }
 
@@ -219,6 +220,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->tcache = b;
+    } else if (strcmp(key, "atfork") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->atfork = b;
     } else if (strcmp(key, "place_high_mb") == 0) {
         if (parse_uint(val, &u) != 0 || u > (SIZE_MAX >> 21))
             goto bad;

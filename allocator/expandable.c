@@ -679,6 +679,15 @@ int mt__exp_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
     return rc;
 }
 
+void mt__exp_fork_child(mt_alloc_t *a)
+{
+    for (size_t i = 0; i < a->nstreams; i++)
+        for (int bp = 0; bp < 2; bp++) {
+            a->streams[i]->users[bp] = 0;
+            range_drop(a, a->streams[i], bp); /* a range its users had not mapped yet */
+        }
+}
+
 void mt__exp_destroy(mt_alloc_t *a)
 {
     for (size_t i = 0; i < a->nstreams; i++)

@@ -8,11 +8,13 @@
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
  *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
- *   plan.c     offline placement of a recorded warm-up (greedy by size)
+ *   plan.c     offline placement of a recorded warm-up (greedy by size, or a sweep)
+ *   pset.c     an ordered set (treap) for the planner's sweep and the plan's links
  *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
  *   free.c     free, record_stream and block lookup: the path a block takes back
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
  *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
+ *   fork.c     pthread_atfork handlers (cfg.atfork): a fork child may use the allocator
  *   plan.h     the warm-up plan's types and the calls of reserve.c and plan.c on it
  *
  * All metadata lives on the host; nothing is ever written into device memory.
@@ -614,6 +616,13 @@ bool mt__exp_releasable(const mt_alloc_t *a, const mt_segment_t *seg);
 /* Releases the virtual ranges (destroy, after every run was unmapped; lock released
  * around each release). */
 void mt__exp_destroy(mt_alloc_t *a);
+/* In a fork child: the counts of threads inside mt__exp_grow cleared (they are gone) and a
+ * range they had reserved but not mapped released (lock released around it). */
+void mt__exp_fork_child(mt_alloc_t *a);
+
+/* ---- fork.c ---- */
+/* Registers the fork handlers, once per process (cfg.atfork). 0 or MT_ENOMEM. */
+int mt__alloc_fork_register(void);
 
 /* ---- stats.c ---- */
 /* current += d; peak and allocated (d > 0) follow. freed is not kept here: it is always

@@ -88,9 +88,57 @@ void mt__plan_fini(mt_alloc_t *a);
 const char *mt__plan_check(const mt_alloc_t *a);
 
 /* ---- plan.c ---- */
+/* Entries of its index the greedy placement may visit per item and per factor of two of
+ * n, both orders together, before it gives up for the sweep (plan.c). */
+#define MT__PLAN_WORK 1024
+/* ... plus this many whatever n: small sequences whose blocks mostly live at once
+ * (somas_pangu_2.6B: 18 692 allocations, 0.6 G entries) keep the greedy's plan, as they
+ * did when it scanned every placed item; a few seconds at most. */
+#define MT__PLAN_WORK_MIN ((uint64_t)1 << 32)
 /* Places items[0..n) in strips 0..nstrips-1: strips below nstrips - 1 hold cap[s] bytes,
- * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory). */
+ * the last is unbounded; *extent = bytes used of the last. 0 or MT_ENOMEM (host memory).
+ * Item sizes are multiples of MT__MIN_BLOCK, and so are the offsets given. */
 int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                    size_t *extent);
+/* The strategies of mt__plan_place, one at a time (tests and the bench compare them).
+ * The greedy orders give up with MT_EAGAIN once they visited more than `budget` entries of
+ * their index (mt__plan_budget(n): O(n log n) plus a constant; UINT64_MAX: never). */
+int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                          size_t *extent, uint64_t budget);
+int mt__plan_place_sweep(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
+                         size_t *extent);
+static inline uint64_t mt__plan_budget(size_t n)
+{
+    uint64_t lg = 1;
+    while (lg < 64 && ((uint64_t)1 << lg) < n)
+        lg++;
+    return MT__PLAN_WORK * (uint64_t)n * lg + MT__PLAN_WORK_MIN;
+}
+
+/* ---- pset.c: an ordered set of (k1, k2) keys with a value, for the planner ----
+ * Invariants: the nodes reachable from root are a treap: in-order by (k1, k2), which are
+ * unique; a node's pri >= its children's; max = the largest val of its subtree; n of them. */
+typedef struct mt__pset_node_s {
+    uint64_t k1, k2;
+    uint64_t val, max;
+    uint32_t l, r; /* children, 0 = none (node 0 is never used) */
+    uint32_t pri;
+} mt__pset_node_t;
+typedef struct mt__pset_s {
+    mt__pset_node_t *v; /* nodes 1..used (freed ones linked by l from free) */
+    size_t cap, n;
+    uint32_t root, used, free, rng;
+} mt__pset_t;
+int mt__pset_init(mt__pset_t *t, size_t hint);
+void mt__pset_fini(mt__pset_t *t);
+/* Adds a key not in the set. 0 or MT_ENOMEM. Node pointers given out before are stale. */
+int mt__pset_insert(mt__pset_t *t, uint64_t k1, uint64_t k2, uint64_t val);
+/* Removes the key; false if it was not there. */
+bool mt__pset_erase(mt__pset_t *t, uint64_t k1, uint64_t k2);
+/* The node of the smallest key >= (k1, k2) / of the largest key < (k1, k2), or NULL. */
+const mt__pset_node_t *mt__pset_ceil(const mt__pset_t *t, uint64_t k1, uint64_t k2);
+const mt__pset_node_t *mt__pset_below(const mt__pset_t *t, uint64_t k1, uint64_t k2);
+/* The node of the smallest key whose val >= bound, or NULL. */
+const mt__pset_node_t *mt__pset_first_val(const mt__pset_t *t, uint64_t bound);
 
 #endif

@@ -5,7 +5,7 @@
  * mt_alloc_reserve(bytes) reserves one new segment of the user's size. A measured
  * warm-up (warmup_begin/end) records its requests in order and plans the reservation
  * offline: every transient allocation (freed within the warm-up) gets an address such
- * that allocations live at the same time never overlap (plan.c, greedy by size). The
+ * that allocations live at the same time never overlap (plan.c, with the lock released). The
  * free room left in the stream's large segments that hold long-lived blocks (weights,
  * optimizer state: typically most of a 20 MiB segment) is offered first; what does not
  * fit there goes to one new segment, as large as the placement's extent (rounded up to
@@ -183,7 +183,12 @@ void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b)
  * allocation to their free (op indices). Strips are the free blocks of the candidate
  * segments (bounded) and one new segment (unbounded); plan.c places the items. The new
  * segment is the unbounded strip's extent rounded up to RESERVE_ROUND, with no slack: a
- * later run that repeats the sequence lands every block where the plan put it. */
+ * later run that repeats the sequence lands every block where the plan put it.
+ *
+ * The placement runs with the lock released (it is O(n log n), but n may be a million):
+ * warmup_end takes the recorded sequence and the strips under the lock, plans without it,
+ * and installs under the lock if the candidates and their free blocks are still what it
+ * planned with; otherwise it plans again from what they are now. */
 
 typedef struct strip_s {
     uint32_t cand;  /* candidate segment index; ncand = the new segment */
@@ -191,38 +196,60 @@ typedef struct strip_s {
 } strip_t;
 
 typedef struct build_s {
-    mt__plan_item_t *items; /* transient allocations */
-    uint32_t *item_ent;     /* per item: its entry (allocation index) */
-    size_t nitems;
+    /* Taken under the lock (build_strips): what the plan is valid for. */
+    mt_segment_t **cand; /* candidate segments, address order */
+    uintptr_t *cand_addr;
+    size_t ncand;
     strip_t *strips; /* bounded strips, then the new segment */
     size_t *cap;
     size_t nstrips;
+    /* Made from the sequence alone, without the lock. */
+    mt__plan_item_t *items; /* transient allocations */
+    uint32_t *item_ent;     /* per item: its entry (allocation index) */
+    size_t nitems;
     uint32_t *ent_of;  /* per op: index of the allocation it is (or frees) */
     uint32_t *free_op; /* per entry: op index of its free, or MT__PLAN_NONE */
     size_t nent;
+    uint32_t *left; /* per entry: mt__plan_ent_t.left, for the placement of items */
+    bool *anchor;   /* per entry: mt__plan_ent_t.anchor */
+    size_t extent;  /* the placement's */
 } build_t;
+
+static void strips_free(build_t *bd)
+{
+    free(bd->cand);
+    free(bd->cand_addr);
+    free(bd->strips);
+    free(bd->cap);
+    bd->cand = NULL;
+    bd->cand_addr = NULL;
+    bd->strips = NULL;
+    bd->cap = NULL;
+    bd->ncand = bd->nstrips = 0;
+}
 
 static void build_free(build_t *bd)
 {
+    strips_free(bd);
     free(bd->items);
     free(bd->item_ent);
-    free(bd->strips);
-    free(bd->cap);
     free(bd->ent_of);
     free(bd->free_op);
+    free(bd->left);
+    free(bd->anchor);
 }
 
-/* Items and lifetimes from the recorded ops. */
-static int build_items(build_t *bd, const mt_alloc_t *a)
+/* Items and lifetimes from the recorded ops (no lock needed). */
+static int build_items(build_t *bd, const mt__warm_op_t *ops, size_t nops)
 {
-    bd->ent_of = malloc((a->nwops + 1) * sizeof *bd->ent_of);
-    bd->free_op = malloc((a->nwops + 1) * sizeof *bd->free_op);
-    bd->items = malloc((a->nwops + 1) * sizeof *bd->items);
-    bd->item_ent = malloc((a->nwops + 1) * sizeof *bd->item_ent);
+    bd->ent_of = malloc((nops + 1) * sizeof *bd->ent_of);
+    bd->free_op = malloc((nops + 1) * sizeof *bd->free_op);
+    bd->items = malloc((nops + 1) * sizeof *bd->items);
+    bd->item_ent = malloc((nops + 1) * sizeof *bd->item_ent);
     if (!bd->ent_of || !bd->free_op || !bd->items || !bd->item_ent)
         return MT_ENOMEM;
-    for (size_t i = 0; i < a->nwops; i++) {
-        const mt__warm_op_t *op = &a->wops[i];
+    for (size_t i = 0; i < nops; i++) {
+        const mt__warm_op_t *op = &ops[i];
         if (op->rsize > 0) {
             bd->ent_of[i] = (uint32_t)bd->nent;
             bd->free_op[bd->nent++] = MT__PLAN_NONE;
@@ -231,8 +258,8 @@ static int build_items(build_t *bd, const mt_alloc_t *a)
             bd->free_op[bd->ent_of[i]] = (uint32_t)i;
         }
     }
-    for (size_t i = 0; i < a->nwops; i++) {
-        const mt__warm_op_t *op = &a->wops[i];
+    for (size_t i = 0; i < nops; i++) {
+        const mt__warm_op_t *op = &ops[i];
         uint32_t k = bd->ent_of[i];
         if (op->rsize == 0 || bd->free_op[k] == MT__PLAN_NONE)
             continue;
@@ -246,72 +273,117 @@ static int build_items(build_t *bd, const mt_alloc_t *a)
     return 0;
 }
 
-/* One bounded strip per free block of the candidates, then the unbounded one. */
-static int build_strips(build_t *bd, mt_segment_t *const *cand, size_t ncand)
+/* The candidates of stream (its reserved segments and its plain large segments), and one
+ * bounded strip per free block of theirs, then the unbounded one (lock held). */
+static int build_strips(build_t *bd, const mt_alloc_t *a, mt_stream_t *stream)
 {
+    mt__alloc_assert_owner(a);
+    bd->cand = malloc((a->nsegs + 1) * sizeof *bd->cand);
+    bd->cand_addr = malloc((a->nsegs + 1) * sizeof *bd->cand_addr);
+    if (bd->cand == NULL || bd->cand_addr == NULL)
+        return MT_ENOMEM;
     size_t n = 1;
-    for (size_t i = 0; i < ncand; i++)
-        for (const mt_block_t *b = cand[i]->first; b != NULL; b = b->next)
-            n += b->state == MT_BLOCK_INACTIVE;
+    for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
+        if (s->stream == stream && !s->expandable &&
+            (s->pool == MT__BP_RESERVED || s->pool == MT__BP_LARGE)) {
+            bd->cand_addr[bd->ncand] = s->addr;
+            bd->cand[bd->ncand++] = s;
+            for (const mt_block_t *b = s->first; b != NULL; b = b->next)
+                n += b->state == MT_BLOCK_INACTIVE;
+        }
     bd->strips = malloc(n * sizeof *bd->strips);
     bd->cap = malloc(n * sizeof *bd->cap);
     if (!bd->strips || !bd->cap)
         return MT_ENOMEM;
-    for (size_t i = 0; i < ncand; i++)
-        for (const mt_block_t *b = cand[i]->first; b != NULL; b = b->next)
+    for (size_t i = 0; i < bd->ncand; i++)
+        for (const mt_block_t *b = bd->cand[i]->first; b != NULL; b = b->next)
             if (b->state == MT_BLOCK_INACTIVE) {
                 bd->strips[bd->nstrips] = (strip_t){(uint32_t)i, b->addr};
                 bd->cap[bd->nstrips++] = b->size;
             }
-    bd->strips[bd->nstrips] = (strip_t){(uint32_t)ncand, 0};
+    bd->strips[bd->nstrips] = (strip_t){(uint32_t)bd->ncand, 0};
     bd->cap[bd->nstrips++] = SIZE_MAX;
     return 0;
 }
 
-static bool ent_before(const mt__plan_ent_t *x, uint16_t seg, uintptr_t addr)
+/* Whether x and y were taken from the same candidates and free blocks. */
+static bool strips_same(const build_t *x, const build_t *y)
 {
-    return x->seg != seg ? x->seg < seg : x->addr < addr;
+    if (x->ncand != y->ncand || x->nstrips != y->nstrips)
+        return false;
+    for (size_t i = 0; i < x->ncand; i++)
+        if (x->cand[i] != y->cand[i] || x->cand_addr[i] != y->cand_addr[i])
+            return false;
+    for (size_t i = 0; i < x->nstrips; i++) /* field by field: strip_t has padding */
+        if (x->strips[i].cand != y->strips[i].cand || x->strips[i].base != y->strips[i].base ||
+            x->cap[i] != y->cap[i])
+            return false;
+    return true;
 }
 
-/* left and anchor of every entry: the recorded sequence swept in order with the planned
- * blocks live at each step kept sorted by (segment, address). */
-static int plan_links(mt__plan_t *p, const mt_alloc_t *a, const build_t *bd)
+/* left and anchor of every entry: the recorded sequence swept in order with the placed
+ * entries live at each step in an ordered set by (segment, address); k1/k2 give an
+ * entry's, k1 = UINT64_MAX for one without a place. */
+static int links(build_t *bd, const mt__warm_op_t *ops, size_t nops, const uint64_t *k1,
+                 const uint64_t *k2)
 {
-    uint32_t *lv = malloc((p->n + 1) * sizeof *lv);
-    if (lv == NULL)
+    mt__pset_t lv;
+    if (mt__pset_init(&lv, 64) != 0)
         return MT_ENOMEM;
-    size_t nl = 0;
-    for (size_t i = 0; i < a->nwops; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < nops && rc == 0; i++) {
         uint32_t k = bd->ent_of[i];
-        mt__plan_ent_t *e = &p->ent[k];
-        if (a->wops[i].rsize > 0) {
-            e->anchor = nl == 0;
-            e->left = MT__PLAN_NONE;
+        bool alloc = ops[i].rsize > 0;
+        if (alloc) {
+            bd->anchor[k] = lv.n == 0;
+            bd->left[k] = MT__PLAN_NONE;
         }
-        if (e->addr == 0)
+        if (k1[k] == UINT64_MAX)
             continue;
-        size_t lo = 0, hi = nl;
-        while (lo < hi) {
-            size_t mid = (lo + hi) / 2;
-            if (ent_before(&p->ent[lv[mid]], e->seg, e->addr))
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (a->wops[i].rsize == 0) {
-            mt_assert(lo < nl && lv[lo] == k);
-            memmove(&lv[lo], &lv[lo + 1], (nl - lo - 1) * sizeof *lv);
-            nl--;
+        if (!alloc) {
+            bool ok = mt__pset_erase(&lv, k1[k], k2[k]);
+            mt_assert(ok);
+            (void)ok;
             continue;
         }
-        if (lo > 0 && p->ent[lv[lo - 1]].seg == e->seg)
-            e->left = lv[lo - 1];
-        memmove(&lv[lo + 1], &lv[lo], (nl - lo) * sizeof *lv);
-        lv[lo] = k;
-        nl++;
+        const mt__pset_node_t *x = mt__pset_below(&lv, k1[k], k2[k]);
+        if (x != NULL && x->k1 == k1[k])
+            bd->left[k] = (uint32_t)x->val;
+        rc = mt__pset_insert(&lv, k1[k], k2[k], k);
     }
-    free(lv);
-    return 0;
+    mt__pset_fini(&lv);
+    return rc;
+}
+
+/* The placement of the items in the strips, and the entries' links by the places it gives
+ * (candidate, then address; the new segment's base is not known yet but the order is):
+ * everything of the plan that needs no lock. */
+static int plan_compute(build_t *bd, const mt__warm_op_t *ops, size_t nops)
+{
+    int rc = mt__plan_place(bd->items, bd->nitems, bd->cap, bd->nstrips, &bd->extent);
+    if (rc != 0)
+        return rc;
+    uint64_t *k1 = malloc((bd->nent + 1) * sizeof *k1);
+    uint64_t *k2 = malloc((bd->nent + 1) * sizeof *k2);
+    free(bd->left);
+    free(bd->anchor);
+    bd->left = malloc((bd->nent + 1) * sizeof *bd->left);
+    bd->anchor = malloc((bd->nent + 1) * sizeof *bd->anchor);
+    rc = MT_ENOMEM;
+    if (k1 != NULL && k2 != NULL && bd->left != NULL && bd->anchor != NULL) {
+        for (size_t k = 0; k < bd->nent; k++)
+            k1[k] = UINT64_MAX;
+        for (size_t i = 0; i < bd->nitems; i++) {
+            const mt__plan_item_t *it = &bd->items[i];
+            const strip_t *st = &bd->strips[it->strip];
+            k1[bd->item_ent[i]] = st->cand;
+            k2[bd->item_ent[i]] = st->base + it->off;
+        }
+        rc = links(bd, ops, nops, k1, k2);
+    }
+    free(k1);
+    free(k2);
+    return rc;
 }
 
 /* Moves an existing segment's free room into the reserved pool of its stream. Only
@@ -338,9 +410,11 @@ static int seg_make_reserved(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *se
 /* Makes the reservation the placement needs and installs the plan: candidates whose room
  * it uses become (or stay) reservations, earlier reservations it does not use are
  * released, and the unbounded strip becomes a new segment. */
-static int plan_commit(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t **cand, size_t ncand,
-                       build_t *bd, size_t extent)
+static int plan_commit(mt_alloc_t *a, mt_streamrec_t *sr, build_t *bd, const mt__warm_op_t *ops,
+                       size_t nops)
 {
+    size_t ncand = bd->ncand, extent = bd->extent;
+    mt_segment_t **cand = bd->cand;
     mt__plan_t p = {.n = bd->nent, .sr = sr};
     p.ent = calloc(p.n, sizeof *p.ent);
     p.taken = calloc((p.n + 63) / 64, sizeof *p.taken);
@@ -381,18 +455,38 @@ static int plan_commit(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t **cand, s
         segno[ncand] = (uint16_t)p.nsegs;
         p.segs[p.nsegs++] = seg;
     }
+    bool all = true; /* every item placed (the links were computed for that) */
     for (size_t i = 0; i < bd->nitems; i++) {
         const mt__plan_item_t *it = &bd->items[i];
         const strip_t *st = &bd->strips[it->strip];
         mt__plan_ent_t *e = &p.ent[bd->item_ent[i]];
-        if (segno[st->cand] == UINT16_MAX)
+        if (segno[st->cand] == UINT16_MAX) {
+            all = false;
             continue; /* more segments than a plan indexes: left unplanned */
+        }
         e->seg = segno[st->cand];
         e->addr = (st->cand == ncand ? new_base : st->base) + it->off;
         e->size = it->size;
     }
-    if ((rc = plan_links(&p, a, bd)) != 0)
-        goto fail_host;
+    if (!all) { /* links again, by the places the entries got */
+        uint64_t *k1 = malloc((p.n + 1) * sizeof *k1), *k2 = malloc((p.n + 1) * sizeof *k2);
+        rc = MT_ENOMEM;
+        if (k1 != NULL && k2 != NULL) {
+            for (size_t k = 0; k < p.n; k++) {
+                k1[k] = p.ent[k].addr != 0 ? p.ent[k].seg : UINT64_MAX;
+                k2[k] = p.ent[k].addr;
+            }
+            rc = links(bd, ops, nops, k1, k2);
+        }
+        free(k1);
+        free(k2);
+        if (rc != 0)
+            goto fail_host;
+    }
+    for (size_t k = 0; k < p.n; k++) {
+        p.ent[k].left = bd->left[k];
+        p.ent[k].anchor = bd->anchor[k];
+    }
     free(segno);
     while (p.first < p.n && p.ent[p.first].addr == 0)
         p.first++;
@@ -415,36 +509,60 @@ fail_host:
     return rc;
 }
 
-/* Plans and makes the reservation of a recorded warm-up on stream (see the top of the
- * file). Candidates: the stream's reserved segments and its plain large segments still
- * holding blocks after the cache was emptied. */
-static int warmup_plan(mt_alloc_t *a, mt_stream_t *stream)
+/* Unlocked passes tried before the plan is made with the lock held: each ends in vain only
+ * when another thread changed the candidates' free blocks meanwhile. */
+#define PLAN_TRIES 3
+
+/* Plans and makes the reservation of the recorded warm-up ops[0..nops) on stream (see the
+ * top of the file), lock held on entry and on return, released while placing. */
+static int warmup_plan(mt_alloc_t *a, mt_stream_t *stream, const mt__warm_op_t *ops, size_t nops)
 {
     mt_streamrec_t *sr = mt__alloc_streamrec(a, stream);
     if (sr == NULL)
         return MT_ENOMEM;
-    build_t bd = {0};
-    mt_segment_t **cand = malloc((a->nsegs + 1) * sizeof *cand);
-    int rc = MT_ENOMEM;
-    if (cand == NULL)
+    build_t bd = {0}, now = {0};
+    int rc = build_strips(&bd, a, stream);
+    for (int tries = 0; rc == 0; tries++) {
+        bool unlocked = tries < PLAN_TRIES;
+        if (unlocked) {
+            mt__alloc_unlock(a);
+            /* Called without the lock, unlike the allocator's other messages. */
+            mt__alloc_log(a, MT_LOG_DEBUG,
+                          "memtrace: planning a warm-up of %zu operations with the lock "
+                          "released",
+                          nops);
+        }
+        if (tries == 0)
+            rc = build_items(&bd, ops, nops);
+        if (rc == 0)
+            rc = plan_compute(&bd, ops, nops);
+        if (unlocked)
+            mt__alloc_lock(a);
+        if (!unlocked || rc != 0)
+            break;
+        strips_free(&now);
+        if ((rc = build_strips(&now, a, stream)) != 0 || strips_same(&bd, &now))
+            break;
+        /* The free blocks changed while planning: plan again with what they are now. */
+        strips_free(&bd);
+        bd.cand = now.cand;
+        bd.cand_addr = now.cand_addr;
+        bd.ncand = now.ncand;
+        bd.strips = now.strips;
+        bd.cap = now.cap;
+        bd.nstrips = now.nstrips;
+        now = (build_t){0};
+    }
+    if (rc != 0)
         goto out;
-    size_t ncand = 0;
-    for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
-        if (s->stream == stream && !s->expandable &&
-            (s->pool == MT__BP_RESERVED || s->pool == MT__BP_LARGE))
-            cand[ncand++] = s;
-    size_t extent = 0;
-    if ((rc = build_items(&bd, a)) != 0 || (rc = build_strips(&bd, cand, ncand)) != 0 ||
-        (rc = mt__plan_place(bd.items, bd.nitems, bd.cap, bd.nstrips, &extent)) != 0)
-        goto out;
-    if (extent > a->limit) {
+    if (bd.extent > a->limit) {
         rc = MT_ENOMEM;
         goto out;
     }
     plan_drop(a); /* before any of its segments goes */
-    rc = plan_commit(a, sr, cand, ncand, &bd, extent);
+    rc = plan_commit(a, sr, &bd, ops, nops);
 out:
-    free(cand);
+    build_free(&now);
     build_free(&bd);
     return rc;
 }
@@ -670,7 +788,19 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
     size_t released = mt__seg_release_all(a, false, NULL, false);
     mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
     if (!a->wops_failed && a->nwops > 0) {
-        rc = warmup_plan(a, stream);
+        /* The sequence is this call's while it plans with the lock released (a warm-up
+         * begun meanwhile records into a new one). */
+        mt__warm_op_t *ops = a->wops;
+        size_t nops = a->nwops;
+        a->wops = NULL;
+        a->nwops = a->cap_wops = 0;
+        rc = warmup_plan(a, stream, ops, nops);
+        if (a->wops == NULL) { /* kept for the next warm-up */
+            a->wops = ops;
+            a->cap_wops = nops;
+        } else {
+            free(ops);
+        }
         if (rc != MT_ENOMEM)
             goto out;
         /* No host memory to plan, or no room found below the limit: the whole peak. */
@@ -680,7 +810,8 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
     size_t transient = peak > persist ? peak - persist : 0;
     rc = transient > 0 ? reserve_locked(a, transient + transient / WARMUP_SLACK_DIV, stream) : 0;
 out:
-    a->nwops = 0;
+    if (!a->warming)
+        a->nwops = 0;
     mt__tc_resume(a); /* on again unless a plan is in force */
     mt__alloc_unlock(a);
     return rc;

@@ -583,17 +583,20 @@ void mt__tc_resume(mt_alloc_t *a)
     __atomic_store_n(&a->tc_on, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 
-/* Flushes c, gives up its live blocks and frees it (mu held). */
-static void drop(mt_alloc_t *a, mt__tcache_t *c)
+/* Flushes c and gives up its live blocks (mu held, c claimed or its thread gone). */
+static void give_back(mt_alloc_t *a, mt__tcache_t *c)
 {
-    mt__tc_claim(c);
     flush_locked(a, c);
     for (size_t i = 0; i < c->live.cap; i++)
         if (c->live.keys[i] != 0)
             c->live.vals[i]->owner = NULL;
     c->last = NULL;
     c->nplan = 0;
-    mt__tc_unclaim(c);
+}
+
+/* Unlinks c (given back) from a and frees it (mu held). */
+static void unlink_free(mt_alloc_t *a, mt__tcache_t *c)
+{
     if (c->prev != NULL)
         c->prev->next = c->next;
     else
@@ -602,6 +605,15 @@ static void drop(mt_alloc_t *a, mt__tcache_t *c)
         c->next->prev = c->prev;
     mt__addrmap_fini(&c->live);
     free(c);
+}
+
+/* Flushes c, gives up its live blocks and frees it (mu held). */
+static void drop(mt_alloc_t *a, mt__tcache_t *c)
+{
+    mt__tc_claim(c);
+    give_back(a, c);
+    mt__tc_unclaim(c);
+    unlink_free(a, c);
 }
 
 void mt__tc_free_all(mt_alloc_t *a)
@@ -627,5 +639,69 @@ static void thread_exit(void *arg)
         }
         pthread_mutex_unlock(&reg_mu);
         tls[i] = (tc_tls_t){0, NULL};
+    }
+}
+
+/* ---- fork (fork.c) ---- */
+
+void mt__tc_reg_lock(void)
+{
+    pthread_mutex_lock(&reg_mu);
+}
+
+void mt__tc_reg_unlock(void)
+{
+    pthread_mutex_unlock(&reg_mu);
+}
+
+size_t mt__tc_reg_count(void)
+{
+    return nreg;
+}
+
+mt_alloc_t *mt__tc_reg_get(size_t i)
+{
+    return i < nreg ? reg[i].a : NULL;
+}
+
+void mt__tc_claim_all(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        mt__tc_claim(c);
+}
+
+void mt__tc_unclaim_all(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        mt__tc_unclaim(c);
+}
+
+void mt__tc_fork_child_reg(void)
+{
+    pthread_mutex_init(&reg_mu, NULL);
+    /* Registration is a property of the process's memory; made again, in case the kernel
+     * does not carry it into the child. Without it the gates fall back to their lock,
+     * which is safe to switch to now that every gate is open and one thread runs. */
+    if (asym)
+        asym_init();
+}
+
+void mt__tc_fork_child(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    mt__tcache_t *mine = tls_find(a), *next;
+    for (mt__tcache_t *c = a->caches; c != NULL; c = next) {
+        next = c->next;
+        /* The parent's claims (and, without membarrier, their locks) are held by this
+         * thread, and no fast path was running: every gate is simply open again. */
+        c->gate = (mt__tc_gate_t){0};
+        if (c == mine)
+            continue;
+        /* Its thread does not exist here: what it held is free, what it had handed out
+         * stays allocated, as an ordinary block the program may still free. */
+        give_back(a, c);
+        unlink_free(a, c);
     }
 }

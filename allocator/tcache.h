@@ -58,6 +58,21 @@ void mt__tc_unlock_owner(mt_block_t *b);
  * then back on when the state allows (after). */
 void mt__tc_quiesce(mt_alloc_t *a);
 void mt__tc_resume(mt_alloc_t *a);
+/* ---- fork (fork.c) ----
+ * The registry of live allocators, in the fork handlers: its lock (taken before any
+ * allocator's mu), its size and its i-th allocator (lock held). */
+void mt__tc_reg_lock(void);
+void mt__tc_reg_unlock(void);
+size_t mt__tc_reg_count(void);
+mt_alloc_t *mt__tc_reg_get(size_t i);
+/* Claims / releases every cache of a but the calling thread's (mu held). */
+void mt__tc_claim_all(mt_alloc_t *a);
+void mt__tc_unclaim_all(mt_alloc_t *a);
+/* In a fork child: the registry's lock made anew (the parent's handler held it). */
+void mt__tc_fork_child_reg(void);
+/* In a fork child, mu held: every gate opened, and every cache but the calling thread's
+ * given back and freed (their threads do not exist in the child). */
+void mt__tc_fork_child(mt_alloc_t *a);
 /* Owned block b is in its owner's live table (mu held; the checker's walk). */
 bool mt__tc_in_owner(const mt_block_t *b);
 /* Caches registered with a (mu held). */

@@ -28,6 +28,12 @@ void mt__backend_add_peer(mt_backend_t *b, uint64_t n, uint64_t d)
     atomic_fetch_add_explicit(&b->counters[COUNTER(peer_ns)], d, memory_order_relaxed);
 }
 
+void mt__backend_fork(mt_backend_t *b, int phase)
+{
+    if (b != NULL && b->ops->fork != NULL)
+        b->ops->fork(b, phase);
+}
+
 void mt__backend_log(const mt_backend_t *b, mt_log_level_e level, const char *fmt, ...)
 {
     if (b == NULL)

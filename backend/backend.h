@@ -55,6 +55,8 @@ typedef struct mt_backend_ops_s {
     int (*event_create_timed)(mt_backend_t *b, mt_event_t **out);
     /* Optional (NULL: host_malloc, flags ignored). */
     int (*host_malloc_flags)(mt_backend_t *b, size_t size, unsigned flags, void **out);
+    /* Optional (NULL: nothing is held across a fork). See mt__backend_fork. */
+    void (*fork)(mt_backend_t *b, int phase);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.
@@ -75,6 +77,16 @@ struct mt_stream_s {
 /* Constructors of the implementations. *out is new. */
 int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
 int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
+
+/* Phases of a fork, as pthread_atfork names them. */
+enum { MT__FORK_PREPARE = 0, MT__FORK_PARENT = 1, MT__FORK_CHILD = 2 };
+/* Around a fork (the allocator's handlers, allocator/fork.c): PREPARE takes every lock of
+ * b's backend object that the allocator's calls take, so that none is held by a thread
+ * that will not exist in the child; PARENT releases them; CHILD makes them anew. Calls
+ * nest per object (several allocators may share one backend); only the forking thread
+ * makes them, all of one phase before the next. Work queued on streams belongs to threads
+ * the child does not have: the child may allocate and free, not wait for a stream. */
+void mt__backend_fork(mt_backend_t *b, int phase);
 
 /* Adds d to the modelled-time counter (sim's segment cost). */
 void mt__backend_add_modelled_ns(mt_backend_t *b, uint64_t d);

@@ -213,6 +213,45 @@ static int sim_event_create(mt_backend_t *b, mt_event_t **out)
     return fail ? MT_ENOMEM : mt__sim_event_create(b, out);
 }
 
+/* A fork locks the whole group once, however many of its devices' allocators ask:
+ * every device's streams (non-leaf locks first), then every device's mu and cost_mu, then
+ * the group's ev_mu. The leaves are taken last, so no thread holding one waits for a lock
+ * the forking thread holds. */
+static void sim_fork(mt_backend_t *b, int phase)
+{
+    sim_group_t *g = to_sim(b)->group;
+    if (phase == MT__FORK_PREPARE) {
+        if (g->fork_held++ > 0)
+            return;
+        for (int i = 0; i < g->n; i++)
+            mt__sim_streams_fork(g->dev[i], phase);
+        for (int i = 0; i < g->n; i++) {
+            pthread_mutex_lock(&g->dev[i]->mu);
+            pthread_mutex_lock(&g->dev[i]->cost_mu);
+        }
+        pthread_mutex_lock(&g->ev_mu);
+        return;
+    }
+    if (g->fork_held == 0 || --g->fork_held > 0)
+        return;
+    if (phase == MT__FORK_PARENT) {
+        pthread_mutex_unlock(&g->ev_mu);
+        for (int i = 0; i < g->n; i++) {
+            pthread_mutex_unlock(&g->dev[i]->cost_mu);
+            pthread_mutex_unlock(&g->dev[i]->mu);
+        }
+    } else {
+        pthread_mutex_init(&g->ev_mu, NULL);
+        pthread_cond_init(&g->ev_cv, NULL);
+        for (int i = 0; i < g->n; i++) {
+            pthread_mutex_init(&g->dev[i]->cost_mu, NULL);
+            pthread_mutex_init(&g->dev[i]->mu, NULL);
+        }
+    }
+    for (int i = 0; i < g->n; i++)
+        mt__sim_streams_fork(g->dev[i], phase);
+}
+
 static const mt_backend_ops_t sim_ops = {
     .name = "sim",
     .kind = MT_BACKEND_SIM,
@@ -245,6 +284,7 @@ static const mt_backend_ops_t sim_ops = {
     .device_count = sim_device_count,
     .get_device = sim_get_device,
     .memcpy_peer_async = mt__sim_memcpy_peer_async,
+    .fork = sim_fork,
 };
 
 /* ---- test hooks (backend_sim.h) ---- */

@@ -63,6 +63,7 @@ typedef struct sim_group_s {
     pthread_cond_t ev_cv;            /* broadcast whenever a mark completes */
     _Atomic uint64_t peer_cost_ns;   /* fixed part of a peer copy's modelled cost */
     _Atomic uint64_t peer_bandwidth; /* bytes/s of a peer copy, > 0 */
+    unsigned fork_held;              /* nesting of MT__FORK_PREPARE calls (forking thread) */
 } sim_group_t;
 
 /* The sim device.
@@ -108,6 +109,11 @@ typedef struct sim_s {
     struct mt_event_s *events; /* every live event of this device, under group->ev_mu
                                 * (freed at destroy if leaked) */
 } sim_t;
+
+/* ---- sim_stream.c, used by backend_sim.c around a fork ---- */
+/* PREPARE: streams_mu, then each stream's mu; PARENT: released; CHILD: made anew (the
+ * workers are gone: what is queued stays queued). */
+void mt__sim_streams_fork(sim_t *s, int phase);
 
 /* ---- backend_sim.c, used by sim_mem.c ---- */
 

@@ -327,6 +327,30 @@ void mt__sim_streams_fini(sim_t *s)
     pthread_mutex_destroy(&s->streams_mu);
 }
 
+void mt__sim_streams_fork(sim_t *s, int phase)
+{
+    if (phase == MT__FORK_PREPARE) {
+        pthread_mutex_lock(&s->streams_mu);
+        for (sim_stream_t *ss = s->streams; ss != NULL; ss = ss->next)
+            pthread_mutex_lock(&ss->mu);
+        return;
+    }
+    for (sim_stream_t *ss = s->streams; ss != NULL; ss = ss->next) {
+        if (phase == MT__FORK_PARENT) {
+            pthread_mutex_unlock(&ss->mu);
+            continue;
+        }
+        pthread_mutex_init(&ss->mu, NULL);
+        pthread_cond_init(&ss->work_cv, NULL);
+        pthread_cond_init(&ss->idle_cv, NULL);
+        ss->sync_waiters = 0; /* the parent's waiters are not here */
+    }
+    if (phase == MT__FORK_PARENT)
+        pthread_mutex_unlock(&s->streams_mu);
+    else
+        pthread_mutex_init(&s->streams_mu, NULL);
+}
+
 int mt__sim_stream_create(mt_backend_t *b, mt_stream_t **out)
 {
     sim_t *s = to_sim(b);

@@ -93,6 +93,13 @@ typedef struct mt_alloc_cfg_s {
      * is attached, while warming up and while a warm-up plan is in force. true; config
      * key tcache (0/1). */
     bool tcache;
+    /* Fork handling (docs/allocator-policy.md, "Fork"): the first allocator created with it
+     * registers pthread_atfork handlers, once per process, and a fork child may then use
+     * every allocator that asked for it (the fork waits for their locks and for work they
+     * have in flight; the child takes back the caches of the threads it does not have).
+     * Without it the library registers nothing, and a child must not touch the allocator.
+     * true; config key atfork (0/1). */
+    bool atfork;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -104,6 +111,7 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
  * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,
+ * atfork,
  * and rules:reference (the reference allocator's plain-segment rules: no expandable segments,
  * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then
