@@ -13,8 +13,12 @@
  *   d->oom_interval_ms; the snapshot is copied on the loop and made and written on libuv's
  *   pool, one at a time, at most MT_D_OOM_JOBS waiting: an OOM storm never stalls the loop
  *   (the drain, HTTP, signals). What is not written is counted. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "analysis/torch_snapshot.h"
 #include "daemon/internal.h"
@@ -182,6 +186,8 @@ int mt_d_oom_dir(char *buf, size_t len)
     return mt_prof_oom_dir(buf, len); /* one rule for the daemon and the recorder */
 }
 
+#define OOM_NICE 10 /* the pool thread's niceness while it makes a snapshot */
+
 /* An OOM snapshot in the making: copies of what it needs, taken on the loop. */
 struct mt_d_oom_job_s {
     uv_work_t req;
@@ -209,10 +215,16 @@ static const char *job_label(void *ud, int tag)
     return tag >= 0 && tag < MT_TAG_MAX && j->names[tag][0] ? j->names[tag] : NULL;
 }
 
-/* On a thread of libuv's pool: everything here is the job's own copy, nothing of the loop's. */
+/* On a thread of libuv's pool: everything here is the job's own copy, nothing of the loop's.
+ * At a lower priority for its duration: a snapshot is background work, and on a busy
+ * machine it must not take the CPU from the loop (the drain, HTTP, signals). */
 static void oom_work(uv_work_t *req)
 {
     mt_d_oom_job_t *j = req->data;
+    pid_t tid = (pid_t)syscall(SYS_gettid); /* Linux: the priority of this thread alone */
+    errno = 0;
+    int prio = getpriority(PRIO_PROCESS, (id_t)tid);
+    bool reniced = errno == 0 && setpriority(PRIO_PROCESS, (id_t)tid, OOM_NICE) == 0;
     snap_src_t src = {.pid = j->pid,
                       .name = j->name,
                       .process = j->process,
@@ -252,6 +264,10 @@ static void oom_work(uv_work_t *req)
     mt_ts_destroy(&ts);
     free(pk);
     free(text);
+    /* Back, where we may (RLIMIT_NICE); else the thread stays lower: the daemon gives the
+     * pool nothing else. */
+    if (reniced)
+        (void)setpriority(PRIO_PROCESS, (id_t)tid, prio);
 }
 
 static void oom_job_free(mt_d_oom_job_t *j)

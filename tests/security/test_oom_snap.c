@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -175,6 +176,7 @@ static void test_local_storm(void **state)
  * waits to be killed. */
 static void storm_producer(const char *sock, int stop_fd)
 {
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a test that failed does not wait to kill it */
     mt_prof_t *p = NULL;
     if (th_prof_open(sock, "stormer", &p) != 0)
         _exit(10);
@@ -460,9 +462,10 @@ int main(int argc, char **argv)
         storm_producer(args[0], atoi(args[1]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_local_storm),
-        cmocka_unit_test(test_daemon_storm),
         cmocka_unit_test(test_link_higher_up),
         cmocka_unit_test(test_full_disk),
+        /* last: failing, it leaves its daemon's threads behind, and the others fork */
+        cmocka_unit_test(test_daemon_storm),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
