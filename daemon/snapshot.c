@@ -290,9 +290,9 @@ static void oom_done(uv_work_t *req, int status)
     if (rc == 0) {
         d->ctr.oom_snapshots++;
         mt__d_log(d, MT_LOG_INFO,
-                  "process %d ran out of memory on device %u: wrote %s/%s.json and .pickle%s",
-                  j->pid, j->device, j->dir, j->base,
-                  j->since > 0 ? " (OOMs before it since the previous snapshot got none)" : "");
+                  "process %d ran out of memory on device %u: wrote %s/%s.json and .pickle (%llu "
+                  "OOMs of it since its previous snapshot got none)",
+                  j->pid, j->device, j->dir, j->base, (unsigned long long)j->since);
     } else {
         d->ctr.oom_snapshots_failed++;
         mt__d_log(d, MT_LOG_WARN, "OOM snapshot %s/%s: %s", j->dir, j->base,

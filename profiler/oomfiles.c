@@ -35,8 +35,10 @@ static bool trusted_link(const struct stat *parent, const struct stat *link)
  * without following a link, unless the link is trusted (trusted_link). New fd or -errno. */
 static int open_component(int dfd, const char *name, bool make)
 {
-    if (make && mkdirat(dfd, name, 0700) != 0 && errno != EEXIST)
-        return -errno;
+    /* A failed mkdir is not an answer: the directory may exist where we may not write (a
+     * read-only file system may say EROFS first); the open says whether it is there. */
+    if (make)
+        (void)mkdirat(dfd, name, 0700);
     int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd >= 0 || (errno != ELOOP && errno != ENOTDIR))
         return fd >= 0 ? fd : -errno;

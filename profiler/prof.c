@@ -187,9 +187,10 @@ static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size
 {
     mt_prof_t *p = ud;
     int mode = atomic_load_explicit(&p->mode, memory_order_acquire);
-    const char *limit = n > 1 && p->oom_interval_ms > 0
-                            ? ", unless an earlier one of the last few seconds has one"
-                            : "";
+    char limit[64] = "";
+    if (n > 1 && p->oom_interval_ms > 0)
+        snprintf(limit, sizeof limit, ", if no OOM of the previous %u ms got one",
+                 p->oom_interval_ms);
     if (mode == MT_PROF_DAEMON && p->oom_dir[0] != '\0')
         snprintf(buf, len, "Snapshot of this OOM (by the daemon%s): %s/oom-%d-dev%u-%llu.pickle",
                  limit, p->oom_dir, p->pid, device, (unsigned long long)n);
