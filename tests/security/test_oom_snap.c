@@ -1,8 +1,8 @@
 /* OOM snapshots under attack and in bad weather: an OOM storm (a program that catches OOMs
  * and retries) in local mode and through the daemon, a symbolic link higher up the OOM
  * directory's path, and a full disk. Each case names what it must keep: bounded time and a
- * snapshot per interval, a daemon that keeps answering, files elsewhere left alone, the
- * newest snapshot written. */
+ * snapshot per interval, a daemon that keeps answering and acts on SIGTERM, files elsewhere
+ * left alone, the newest snapshot written. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -276,6 +276,74 @@ static void test_daemon_storm(void **state)
     rm_rf(dir);
 }
 
+/* The daemon in a child of its own, signals handled, snapshots into oomdir; returns once
+ * its socket is bound. The child exits 0 when it stopped cleanly. */
+static pid_t daemon_child(const char *sock, const char *oomdir)
+{
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uv_loop_t loop;
+        if (uv_loop_init(&loop) != 0)
+            _exit(3);
+        mt_d_cfg_t cfg = th_cfg();
+        cfg.socket_path = sock;
+        cfg.http_port = -1;
+        cfg.loop = &loop;
+        cfg.handle_signals = true;
+        cfg.oom_dir = oomdir;
+        cfg.oom_interval_ms = 60000;
+        mt_d_t *d = NULL;
+        if (mt_d_create(&d, &cfg) != 0)
+            _exit(4);
+        char c = 1;
+        if (write(ready[1], &c, 1) != 1)
+            _exit(5);
+        int rc = mt_d_run(d);
+        mt_d_destroy(&d);
+        _exit(rc == 0 && uv_loop_close(&loop) == 0 ? 0 : 6);
+    }
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    close(ready[1]);
+    return pid;
+}
+
+/* SIGTERM in the middle of a storm: the daemon acts on it within 3 s (it finishes the
+ * snapshot it has queued, and exits cleanly). */
+static void test_daemon_sigterm_in_storm(void **state)
+{
+    (void)state;
+    char dir[64], oomdir[128], sock[128];
+    sec_tmpdir(dir, sizeof dir);
+    snprintf(oomdir, sizeof oomdir, "%s/oom", dir);
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    pid_t dpid = daemon_child(sock, oomdir);
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    char fdarg[16];
+    snprintf(fdarg, sizeof fdarg, "%d", fds[1]);
+    const char *const args[5] = {sock, fdarg, NULL};
+    pid_t pid = th_spawn("stormer", args);
+    close(fds[1]);
+    char c;
+    if (read(fds[0], &c, 1) != 1)
+        fail_msg("the storm's producer failed: status %d", WEXITSTATUS(th_wait(pid)));
+    close(fds[0]);
+    usleep(20000); /* the daemon is draining the storm */
+    assert_int_equal(kill(dpid, SIGTERM), 0);
+    int st = th_wait_within(dpid, 3000, "the daemon to act on SIGTERM during an OOM storm");
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    kill(pid, SIGKILL);
+    th_wait(pid);
+    rm_rf(dir);
+}
+
 /* ---- a link higher up the path ---- */
 
 /* One OOM of a local recorder whose OOM directory is oomdir. */
@@ -464,6 +532,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_local_storm),
         cmocka_unit_test(test_link_higher_up),
         cmocka_unit_test(test_full_disk),
+        cmocka_unit_test(test_daemon_sigterm_in_storm),
         /* last: failing, it leaves its daemon's threads behind, and the others fork */
         cmocka_unit_test(test_daemon_storm),
     };
