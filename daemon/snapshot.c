@@ -371,12 +371,14 @@ static bool oom_due(mt_d_t *d, mt_d_proc_t *p)
 
 void mt__d_snapshot_event(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
-    if (ev->kind != MT_EV_OOM || ev->pool == MT_POOL_HOST || d->oom_dir[0] == '\0')
+    if (ev->kind != MT_EV_OOM || ev->pool == MT_POOL_HOST)
         return;
     mt_d_web_proc_t *t = mt__d_web_find(d, p);
     if (t == NULL)
         return; /* not tracked (out of memory): no events to write */
     t->ooms[ev->device]++;
+    if (d->oom_dir[0] == '\0')
+        return;
     if (d->stopping || !oom_due(d, p)) {
         d->ctr.oom_snapshots_suppressed++;
         p->oom_since++;

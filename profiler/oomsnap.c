@@ -4,8 +4,9 @@
  * oom-<pid>-dev<d>-<n>.pickle, a PyTorch 2.x snapshot, and .json, the same as memtrace
  * JSON, into the OOM directory: the name the allocator's message already gave. A program
  * that catches OOMs and retries makes thousands a second: the first gets a snapshot, then
- * one per interval, and the files are written by a thread of their own, so the drainer
- * (and the ring behind it) never waits for the disk. */
+ * one per interval, and the files are written by a thread of their own: the drainer (and
+ * the ring behind it) waits for the disk only when a snapshot is due while the previous one
+ * is still being written, at most once per interval. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
