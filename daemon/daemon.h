@@ -64,6 +64,10 @@ typedef struct mt_d_cfg_s {
     const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
                                      "off" = none (docs/torch-snapshot.md) */
     unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
+    int oom_interval_ms;          /* least ms between two OOM snapshots of one process (the
+                                     first always gets one); 0 = every OOM; -1 (default) =
+                                     mt_prof_oom_interval_ms(): $MEMTRACE_OOM_INTERVAL_MS,
+                                     else 10000 */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;
@@ -71,14 +75,17 @@ typedef struct mt_d_cfg_s {
 
 /* Counters of the whole daemon, for tests and the CLI. */
 typedef struct mt_d_counters_s {
-    uint64_t events;          /* events drained from every ring */
-    uint64_t producer_drops;  /* events the producers' rings lost (sequence gaps) */
-    uint64_t consumer_drops;  /* events dropped from slow consumers' queues */
-    uint64_t producers;       /* registrations accepted */
-    uint64_t consumers;       /* subscriptions accepted (Unix and SSE) */
-    uint64_t rejected;        /* connections refused: bad input, wrong uid, limits */
-    unsigned live_processes;  /* producers connected now */
-    unsigned known_processes; /* live + exited still kept */
+    uint64_t events;                   /* events drained from every ring */
+    uint64_t producer_drops;           /* events the producers' rings lost (sequence gaps) */
+    uint64_t consumer_drops;           /* events dropped from slow consumers' queues */
+    uint64_t producers;                /* registrations accepted */
+    uint64_t consumers;                /* subscriptions accepted (Unix and SSE) */
+    uint64_t rejected;                 /* connections refused: bad input, wrong uid, limits */
+    uint64_t oom_snapshots;            /* OOM snapshots written */
+    uint64_t oom_snapshots_suppressed; /* OOMs that got none: the interval, a full queue */
+    uint64_t oom_snapshots_failed;     /* OOM snapshots that could not be written */
+    unsigned live_processes;           /* producers connected now */
+    unsigned known_processes;          /* live + exited still kept */
 } mt_d_counters_t;
 
 mt_d_cfg_t mt_d_cfg_default(void);

@@ -69,8 +69,12 @@ typedef struct mt_d_proc_s {
     uint64_t ooms;
     uint64_t last_oom_requested, last_oom_free;
     uint8_t last_kind;
-    mt_model_t *model; /* owned: totals, blocks, tags, segments of both memory classes */
-    mt_sym_t *sym;     /* owned: names the frames of its call stacks (/state, /block) */
+    /* OOM snapshots (snapshot.c): one per d->oom_interval_ms at most */
+    bool oom_snapped;     /* one was queued */
+    uint64_t oom_snap_ms; /* when, uv_now */
+    uint64_t oom_since;   /* OOMs that got none since then */
+    mt_model_t *model;    /* owned: totals, blocks, tags, segments of both memory classes */
+    mt_sym_t *sym;        /* owned: names the frames of its call stacks (/state, /block) */
     /* User tags' labels, as the process announced them (MT_EV_TAG_LABEL); "" = none.
      * Kept for the process's lifetime, so a consumer that comes after the announcement
      * still gets the names. names[t] is what /state, /metrics and tail call tag t: its
@@ -179,6 +183,10 @@ typedef struct mt_d_conn_s {
 /* A snapshot's trace: at most the newest MT_D_SNAPSHOT_EVENTS events of the process's one
  * recent-event buffer, the web tracker's window (web.h), gaps and stats left out. */
 #define MT_D_SNAPSHOT_EVENTS 16384
+/* OOM snapshots queued or being written at once, all processes together; an OOM that finds
+ * the queue full gets none (counted). Each holds a copy of a process's window and map. */
+#define MT_D_OOM_JOBS 8
+typedef struct mt_d_oom_job_s mt_d_oom_job_t;
 
 /* ---- the daemon ---- */
 
@@ -239,11 +247,15 @@ struct mt_d_s {
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
     mt_d_buf_t scratch;
-    mt_d_warn_t warn_http;  /* HTTP connections refused (connections.c) */
-    mt_d_warn_t warn_unix;  /* Unix connections of other users refused */
-    mt_d_warn_t warn_rings; /* registrations refused by the ring caps (producers.c) */
-    char oom_dir[512];      /* where OOM snapshots go; "" = off */
-    struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
+    mt_d_warn_t warn_http;       /* HTTP connections refused (connections.c) */
+    mt_d_warn_t warn_unix;       /* Unix connections of other users refused */
+    mt_d_warn_t warn_rings;      /* registrations refused by the ring caps (producers.c) */
+    char oom_dir[512];           /* where OOM snapshots go; "" = off */
+    unsigned oom_interval_ms;    /* least time between two OOM snapshots of a process; 0 = none */
+    mt_d_oom_job_t *oom_queue;   /* OOM snapshots waiting for the pool, oldest first */
+    mt_d_oom_job_t *oom_running; /* the one on the pool, or NULL */
+    unsigned oom_jobs;           /* queued + running, <= MT_D_OOM_JOBS; the loop runs until 0 */
+    struct mt_d_web_s *web;      /* the web page's history and event windows (web.h), lazily */
 };
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
@@ -323,8 +335,9 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
 
 /* snapshot.c */
 void mt__d_snapshot_init(mt_d_t *d);
-/* After ev (p's) was applied and recorded in p's window: an OOM writes p's snapshot files. */
-void mt__d_snapshot_event(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev);
+/* After ev (p's) was applied and recorded in p's window: an OOM queues p's snapshot files
+ * (the first, then one per interval), or counts that it got none. */
+void mt__d_snapshot_event(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev);
 /* {"type":"snapshot","pid":N}: answers p's recent events and segment map, one line. */
 void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg);
 

@@ -224,6 +224,15 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
     rc |= family_head(o, "memtrace_rejected_connections_total", "counter",
                       "Connections and requests refused (bad input, wrong uid, limits).");
     rc |= mt__d_buf_printf(o, "memtrace_rejected_connections_total %" PRIu64 "\n", d->ctr.rejected);
+    rc |= family_head(o, "memtrace_daemon_oom_snapshots_total", "counter",
+                      "OOMs by what became of their snapshot: written, suppressed (at most one "
+                      "per interval per process, or the queue full), failed.");
+    rc |= mt__d_buf_printf(
+        o,
+        "memtrace_daemon_oom_snapshots_total{result=\"written\"} %" PRIu64 "\n"
+        "memtrace_daemon_oom_snapshots_total{result=\"suppressed\"} %" PRIu64 "\n"
+        "memtrace_daemon_oom_snapshots_total{result=\"failed\"} %" PRIu64 "\n",
+        d->ctr.oom_snapshots, d->ctr.oom_snapshots_suppressed, d->ctr.oom_snapshots_failed);
     return rc ? MT_ENOMEM : 0;
 }
 

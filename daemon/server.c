@@ -149,6 +149,7 @@ mt_d_cfg_t mt_d_cfg_default(void)
         .http_auth = true,
         .handle_signals = false,
         .oom_max_snapshots = 8,
+        .oom_interval_ms = -1,
     };
 }
 
@@ -506,8 +507,8 @@ int mt_d_run(mt_d_t *d)
         return MT_EINVAL;
     uv_run(d->loop, UV_RUN_DEFAULT);
     /* On a borrowed loop other handles may keep uv_run going; ours are closed by now or
-     * closing, and finishing them is enough. */
-    while (d->open_handles > 0)
+     * closing, and finishing them is enough. The OOM snapshots queued are written too. */
+    while (d->open_handles > 0 || d->oom_jobs > 0)
         uv_run(d->loop, UV_RUN_ONCE);
     return 0;
 }
@@ -525,7 +526,7 @@ void mt_d_destroy(mt_d_t **p)
     mt_d_t *d = *p;
     *p = NULL;
     begin_shutdown(d);
-    while (d->open_handles > 0)
+    while (d->open_handles > 0 || d->oom_jobs > 0)
         uv_run(d->loop, UV_RUN_ONCE);
     mt__d_logfile_close(d);
     mt__d_procs_free(d);

@@ -8,13 +8,16 @@
  * - an OOM event makes the daemon write that snapshot into the OOM directory, as memtrace
  *   JSON and as a PyTorch snapshot: oom-<pid>-dev<d>-<n>.{json,pickle}, n counting the
  *   OOMs of that process on that device from 1, the name the allocator's OOM message gives;
- *   at most cfg.oom_max_snapshots pairs are kept (the oldest go). */
-#include <dirent.h>
-#include <fcntl.h>
+ *   at most cfg.oom_max_snapshots pairs are kept (the oldest go, before the new one is
+ *   written). A process gets its first OOM's snapshot, then at most one per
+ *   d->oom_interval_ms; the snapshot is copied on the loop and made and written on libuv's
+ *   pool, one at a time, at most MT_D_OOM_JOBS waiting: an OOM storm never stalls the loop
+ *   (the drain, HTTP, signals). What is not written is counted. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "analysis/torch_snapshot.h"
@@ -46,6 +49,20 @@ static mt_event_rec_t *events_of(const mt_d_web_proc_t *t, size_t *n)
 
 /* ---- the reply: memtrace JSON of a process's snapshot ---- */
 
+/* What a snapshot is made of: a live process's own state (the request, on the loop) or a
+ * job's copy of it (an OOM snapshot, on the pool). */
+typedef struct snap_src_s {
+    int pid;
+    const char *name;
+    json_t *process; /* taken by snapshot_json */
+    const mt_event_rec_t *evs;
+    size_t n;
+    const mt_model_map_t *map; /* NULL: no segments, no blocks */
+    const char (*labels)[MT_EVENT_LABEL_MAX + 1];
+    const char *(*label)(void *ud, int tag); /* the line writer's tag names */
+    void *ud;
+} snap_src_t;
+
 static json_t *hex(uint64_t v)
 {
     char b[24];
@@ -54,45 +71,43 @@ static json_t *hex(uint64_t v)
 }
 
 /* {"v":1,"type":"snapshot","pid",..,"process":{..},"events":[..],"segments":[..],
- *  "blocks":[..],"tags":{"7":"kv cache"}}. New, or NULL. */
-static json_t *snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, size_t n)
+ *  "blocks":[..],"tags":{"7":"kv cache"}} of src. Takes src->process (even on failure).
+ * New, or NULL. */
+static json_t *snapshot_json(const snap_src_t *src)
 {
-    json_t *o = json_pack("{s:i, s:s, s:i, s:s, s:o}", "v", 1, "type", "snapshot", "pid", p->pid,
-                          "name", p->name, "process", mt__d_proc_json(p, false));
+    json_t *o = json_pack("{s:i, s:s, s:i, s:s, s:o}", "v", 1, "type", "snapshot", "pid", src->pid,
+                          "name", src->name, "process", src->process);
     json_t *events = json_array(), *segs = json_array(), *blocks = json_array(),
            *tags = json_object();
     if (o == NULL || events == NULL || segs == NULL || blocks == NULL || tags == NULL)
         goto fail;
     char line[1024];
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < src->n; i++) {
         size_t len =
-            mt_prof_event_write(line, sizeof line, &evs[i], p->pid, mt__d_proc_label, (void *)p);
+            mt_prof_event_write(line, sizeof line, &src->evs[i], src->pid, src->label, src->ud);
         json_t *e = len < sizeof line ? json_loadb(line, len, 0, NULL) : NULL;
         if (e != NULL)
             json_array_append_new(events, e);
     }
-    mt_model_map_t map;
-    if (mt_model_map(p->model, MT_MODEL_DEVICE, &map) == 0) {
-        for (size_t i = 0; i < map.nsegs; i++) {
-            const mt_model_seg_t *s = &map.segs[i];
-            json_array_append_new(segs, json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr", hex(s->addr),
-                                                  "size", (json_int_t)s->size, "stream",
-                                                  (json_int_t)s->stream, "pool",
-                                                  mt_pool_name(s->pool), "expandable", s->mapped));
-        }
-        for (size_t i = 0; i < map.nblocks; i++) {
-            const mt_model_block_t *b = &map.blocks[i];
-            json_array_append_new(blocks, json_pack("{s:o, s:I, s:i, s:b}", "addr", hex(b->addr),
-                                                    "size", (json_int_t)b->size, "tag_id", b->tag,
-                                                    "pending", b->pending));
-        }
-        mt_model_map_free(&map);
+    const mt_model_map_t *map = src->map;
+    for (size_t i = 0; map != NULL && i < map->nsegs; i++) {
+        const mt_model_seg_t *s = &map->segs[i];
+        json_array_append_new(segs,
+                              json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr", hex(s->addr), "size",
+                                        (json_int_t)s->size, "stream", (json_int_t)s->stream,
+                                        "pool", mt_pool_name(s->pool), "expandable", s->mapped));
+    }
+    for (size_t i = 0; map != NULL && i < map->nblocks; i++) {
+        const mt_model_block_t *b = &map->blocks[i];
+        json_array_append_new(blocks, json_pack("{s:o, s:I, s:i, s:b}", "addr", hex(b->addr),
+                                                "size", (json_int_t)b->size, "tag_id", b->tag,
+                                                "pending", b->pending));
     }
     for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
-        if (p->labels[t][0] != '\0') {
+        if (src->labels[t][0] != '\0') {
             char k[8];
             snprintf(k, sizeof k, "%d", t);
-            json_object_set_new(tags, k, json_string(p->labels[t]));
+            json_object_set_new(tags, k, json_string(src->labels[t]));
         }
     json_object_set_new(o, "events", events);
     json_object_set_new(o, "segments", segs);
@@ -100,12 +115,34 @@ static json_t *snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, si
     json_object_set_new(o, "tags", tags);
     return o;
 fail:
+    if (o == NULL)
+        json_decref(src->process); /* "o" steals it only when the pack succeeds */
     json_decref(o);
     json_decref(events);
     json_decref(segs);
     json_decref(blocks);
     json_decref(tags);
     return NULL;
+}
+
+/* The snapshot of live process p with events evs[0..n). New, or NULL. */
+static json_t *proc_snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, size_t n)
+{
+    mt_model_map_t map;
+    bool have_map = mt_model_map(p->model, MT_MODEL_DEVICE, &map) == 0;
+    snap_src_t src = {.pid = p->pid,
+                      .name = p->name,
+                      .process = mt__d_proc_json(p, false),
+                      .evs = evs,
+                      .n = n,
+                      .map = have_map ? &map : NULL,
+                      .labels = (const char(*)[MT_EVENT_LABEL_MAX + 1]) p->labels,
+                      .label = mt__d_proc_label,
+                      .ud = (void *)p};
+    json_t *o = snapshot_json(&src);
+    if (have_map)
+        mt_model_map_free(&map);
+    return o;
 }
 
 void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
@@ -125,7 +162,7 @@ void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
     else {
         size_t n;
         mt_event_rec_t *evs = events_of(mt__d_web_find(d, p), &n);
-        reply = evs ? snapshot_json(p, evs, n) : NULL;
+        reply = evs ? proc_snapshot_json(p, evs, n) : NULL;
         free(evs);
     }
     char *s = reply ? json_dumps(reply, JSON_COMPACT) : NULL;
@@ -149,42 +186,69 @@ int mt_d_oom_dir(char *buf, size_t len)
     return mt_prof_oom_dir(buf, len); /* one rule for the daemon and the recorder */
 }
 
-static const char *proc_label(void *ud, int tag)
+#define OOM_NICE 10 /* the pool thread's niceness while it makes a snapshot */
+
+/* An OOM snapshot in the making: copies of what it needs, taken on the loop. */
+struct mt_d_oom_job_s {
+    uv_work_t req;
+    struct mt_d_oom_job_s *next; /* d->oom_queue */
+    mt_d_t *d;
+    int pid;
+    unsigned device;
+    uint64_t since; /* OOMs of the process that got no snapshot since its previous one */
+    unsigned keep;  /* cfg.oom_max_snapshots */
+    int rc;         /* the pool's result */
+    char dir[512], name[MT_RING_COMM_MAX], base[64];
+    char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
+    char names[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
+    json_t *process; /* new: mt__d_proc_json */
+    mt_event_rec_t *evs;
+    size_t nevs;
+    mt_model_map_t map;
+    bool have_map;
+};
+
+/* A tag's label in a job's copy of its process's names (the line writer's callback). */
+static const char *job_label(void *ud, int tag)
 {
-    return mt__d_proc_label(ud, tag);
+    const mt_d_oom_job_t *j = ud;
+    return tag >= 0 && tag < MT_TAG_MAX && j->names[tag][0] ? j->names[tag] : NULL;
 }
 
-static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_web_proc_t *t,
-                               const mt_event_rec_t *ev)
+/* On a thread of libuv's pool: everything here is the job's own copy, nothing of the loop's.
+ * At a lower priority for its duration: a snapshot is background work, and on a busy
+ * machine it must not take the CPU from the loop (the drain, HTTP, signals). */
+static void oom_work(uv_work_t *req)
 {
-    if (d->oom_dir[0] == '\0')
-        return;
-    if (mt__oomsnap_dir_prepare(d->oom_dir) < 0) {
-        mt__d_log(d, MT_LOG_WARN, "OOM snapshot of %d: %s is not a private directory of ours",
-                  p->pid, d->oom_dir);
-        return;
-    }
-    char base[600], path[640];
-    snprintf(base, sizeof base, "%s/oom-%d-dev%u-%u", d->oom_dir, p->pid, ev->device,
-             t->ooms[ev->device]);
-    size_t n;
-    mt_event_rec_t *evs = events_of(t, &n);
-    json_t *j = evs ? snapshot_json(p, evs, n) : NULL;
-    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    mt_d_oom_job_t *j = req->data;
+    pid_t tid = (pid_t)syscall(SYS_gettid); /* Linux: the priority of this thread alone */
+    errno = 0;
+    int prio = getpriority(PRIO_PROCESS, (id_t)tid);
+    bool reniced = errno == 0 && setpriority(PRIO_PROCESS, (id_t)tid, OOM_NICE) == 0;
+    snap_src_t src = {.pid = j->pid,
+                      .name = j->name,
+                      .process = j->process,
+                      .evs = j->evs,
+                      .n = j->nevs,
+                      .map = j->have_map ? &j->map : NULL,
+                      .labels = (const char(*)[MT_EVENT_LABEL_MAX + 1]) j->labels,
+                      .label = job_label,
+                      .ud = j};
+    j->process = NULL; /* snapshot_json took it */
+    json_t *doc = snapshot_json(&src);
+    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    json_decref(doc);
     int rc = text ? 0 : MT_ENOMEM;
-    snprintf(path, sizeof path, "%s.json", base);
-    if (rc == 0)
-        rc = mt__oomsnap_write_file(path, text, strlen(text));
     /* The PyTorch snapshot: the recent events as the trace, the model's map as segments. */
-    mt_model_map_t map;
     mt_ts_t *ts = NULL;
     char err[256], *pk = NULL;
     size_t pklen = 0;
-    if (rc == 0 && (rc = mt_model_map(p->model, MT_MODEL_DEVICE, &map)) == 0) {
-        mt_ts_source_t src = {
-            .evs = evs, .nevs = n, .map = &map, .tag_name = proc_label, .ud = (void *)p};
-        rc = mt_ts_from_events(&ts, &src, err, sizeof err);
-        mt_model_map_free(&map);
+    if (rc == 0 && !j->have_map)
+        rc = MT_ENOMEM;
+    if (rc == 0) {
+        mt_ts_source_t ts_src = {
+            .evs = j->evs, .nevs = j->nevs, .map = &j->map, .tag_name = job_label, .ud = j};
+        rc = mt_ts_from_events(&ts, &ts_src, err, sizeof err);
     }
     FILE *mem = rc == 0 ? open_memstream(&pk, &pklen) : NULL;
     if (rc == 0 && mem == NULL)
@@ -194,25 +258,118 @@ static void write_oom_snapshot(mt_d_t *d, const mt_d_proc_t *p, const mt_d_web_p
         if (fclose(mem) != 0 && rc == 0)
             rc = MT_EIO;
     }
-    snprintf(path, sizeof path, "%s.pickle", base);
     if (rc == 0)
-        rc = mt__oomsnap_write_file(path, pk, pklen);
-    if (rc == 0)
-        mt__d_log(d, MT_LOG_INFO,
-                  "process %d ran out of memory on device %u: wrote %s.json and "
-                  ".pickle",
-                  p->pid, ev->device, base);
-    else
-        mt__d_log(d, MT_LOG_WARN, "OOM snapshot %s: %s", base, mt_strerror(rc));
+        rc = mt__oomsnap_write_pair(j->dir, j->keep, j->base, text, strlen(text), pk, pklen);
+    j->rc = rc;
     mt_ts_destroy(&ts);
     free(pk);
     free(text);
-    json_decref(j);
-    free(evs);
-    mt__oomsnap_prune(d->oom_dir, d->cfg.oom_max_snapshots);
+    /* Back, where we may (RLIMIT_NICE); else the thread stays lower: the daemon gives the
+     * pool nothing else. */
+    if (reniced)
+        (void)setpriority(PRIO_PROCESS, (id_t)tid, prio);
 }
 
-void mt__d_snapshot_event(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+static void oom_job_free(mt_d_oom_job_t *j)
+{
+    json_decref(j->process);
+    free(j->evs);
+    if (j->have_map)
+        mt_model_map_free(&j->map);
+    free(j);
+}
+
+static void oom_start_next(mt_d_t *d);
+
+/* Back on the loop: the result counted and said, the next job started. */
+static void oom_done(uv_work_t *req, int status)
+{
+    mt_d_oom_job_t *j = req->data;
+    mt_d_t *d = j->d;
+    int rc = status == 0 ? j->rc : MT_EIO;
+    if (rc == 0) {
+        d->ctr.oom_snapshots++;
+        mt__d_log(d, MT_LOG_INFO,
+                  "process %d ran out of memory on device %u: wrote %s/%s.json and .pickle (%llu "
+                  "OOMs of it since its previous snapshot got none)",
+                  j->pid, j->device, j->dir, j->base, (unsigned long long)j->since);
+    } else {
+        d->ctr.oom_snapshots_failed++;
+        mt__d_log(d, MT_LOG_WARN, "OOM snapshot %s/%s: %s", j->dir, j->base,
+                  rc == MT_EIO ? "not a private directory of ours, or it cannot be written"
+                               : mt_strerror(rc));
+    }
+    d->oom_running = NULL;
+    d->oom_jobs--;
+    oom_job_free(j);
+    oom_start_next(d);
+}
+
+static void oom_start_next(mt_d_t *d)
+{
+    mt_d_oom_job_t *j = d->oom_queue;
+    if (d->oom_running != NULL || j == NULL)
+        return;
+    d->oom_queue = j->next;
+    j->next = NULL;
+    d->oom_running = j;
+    j->req.data = j;
+    if (uv_queue_work(d->loop, &j->req, oom_work, oom_done) != 0) {
+        j->rc = MT_EIO;
+        d->oom_running = NULL;
+        d->oom_jobs--;
+        d->ctr.oom_snapshots_failed++;
+        oom_job_free(j);
+        oom_start_next(d);
+    }
+}
+
+/* A copy of what p's snapshot needs, queued for the pool (copies: the loop goes on changing
+ * p's model and window meanwhile). MT_ENOMEM. */
+static int oom_enqueue(mt_d_t *d, const mt_d_proc_t *p, const mt_d_web_proc_t *t,
+                       const mt_event_rec_t *ev, uint64_t since)
+{
+    mt_d_oom_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return MT_ENOMEM;
+    j->d = d;
+    j->pid = p->pid;
+    j->device = ev->device;
+    j->since = since;
+    j->keep = d->cfg.oom_max_snapshots;
+    snprintf(j->dir, sizeof j->dir, "%s", d->oom_dir);
+    snprintf(j->name, sizeof j->name, "%s", p->name);
+    snprintf(j->base, sizeof j->base, "oom-%d-dev%u-%u", p->pid, ev->device, t->ooms[ev->device]);
+    memcpy(j->labels, p->labels, sizeof j->labels);
+    memcpy(j->names, p->names, sizeof j->names);
+    j->evs = events_of(t, &j->nevs);
+    j->process = mt__d_proc_json(p, false);
+    j->have_map = mt_model_map(p->model, MT_MODEL_DEVICE, &j->map) == 0;
+    if (j->evs == NULL || j->process == NULL || !j->have_map) {
+        oom_job_free(j);
+        return MT_ENOMEM;
+    }
+    mt_d_oom_job_t **tail = &d->oom_queue;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = j;
+    d->oom_jobs++;
+    oom_start_next(d);
+    return 0;
+}
+
+/* Whether p's OOM now gets a snapshot: p's first does, then one per interval by the
+ * daemon's clock (not the producer's: a producer's time stamps are its own to forge), and
+ * only while fewer than MT_D_OOM_JOBS are waiting for the disk, whatever the processes. */
+static bool oom_due(mt_d_t *d, mt_d_proc_t *p)
+{
+    uint64_t now = uv_now(d->loop);
+    if (d->oom_interval_ms > 0 && p->oom_snapped && now - p->oom_snap_ms < d->oom_interval_ms)
+        return false;
+    return d->oom_jobs < MT_D_OOM_JOBS;
+}
+
+void mt__d_snapshot_event(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     if (ev->kind != MT_EV_OOM || ev->pool == MT_POOL_HOST)
         return;
@@ -220,7 +377,21 @@ void mt__d_snapshot_event(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t 
     if (t == NULL)
         return; /* not tracked (out of memory): no events to write */
     t->ooms[ev->device]++;
-    write_oom_snapshot(d, p, t, ev);
+    if (d->oom_dir[0] == '\0')
+        return;
+    if (d->stopping || !oom_due(d, p)) {
+        d->ctr.oom_snapshots_suppressed++;
+        p->oom_since++;
+        return;
+    }
+    if (oom_enqueue(d, p, t, ev, p->oom_since) != 0) {
+        d->ctr.oom_snapshots_failed++;
+        mt__d_log(d, MT_LOG_WARN, "OOM snapshot of %d: %s", p->pid, mt_strerror(MT_ENOMEM));
+        return;
+    }
+    p->oom_snapped = true;
+    p->oom_snap_ms = uv_now(d->loop);
+    p->oom_since = 0;
 }
 
 void mt__d_snapshot_init(mt_d_t *d)
@@ -232,4 +403,10 @@ void mt__d_snapshot_init(mt_d_t *d)
         d->oom_dir[0] = '\0'; /* no home: no OOM snapshots */
     if (strcmp(d->oom_dir, "off") == 0)
         d->oom_dir[0] = '\0';
+    d->oom_interval_ms = MT_PROF_OOM_INTERVAL_MS;
+    if (d->cfg.oom_interval_ms >= 0)
+        d->oom_interval_ms = (unsigned)d->cfg.oom_interval_ms;
+    else if (mt_prof_oom_interval_ms(&d->oom_interval_ms) != 0)
+        mt__d_log(d, MT_LOG_WARN, "MEMTRACE_OOM_INTERVAL_MS is not a number of ms: using %u",
+                  d->oom_interval_ms);
 }

@@ -29,23 +29,50 @@ void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t drop
 
 /* ---- OOM snapshots (oomsnap.c; docs/torch-snapshot.md) ---- */
 
-/* mkdir -p dir (0700 for what it makes); it must end up a directory of ours closed to
- * others. 0 or MT_EIO/MT_EINVAL. */
-int mt__oomsnap_dir_prepare(const char *dir);
-/* Creates path (0600, never over a file or through a link) holding data, all at once: it
- * appears complete or not at all (MT_EBUSY if it exists). */
-int mt__oomsnap_write_file(const char *path, const void *data, size_t n);
-/* Keeps the max newest oom-*.json in dir, with their .pickle. */
-void mt__oomsnap_prune(const char *dir, unsigned max);
+#define MT__OOMSNAP_KEEP 8 /* pairs the recorder keeps, as the daemon's default */
 
-/* The recorder's follower (local mode): segments, live blocks, recent events. */
+/* Opens dir, made 0700 where missing, one component at a time from / or the working
+ * directory: a symbolic link is followed only if it and the directory holding it are ours or
+ * root's and nobody else could have put it there (a directory closed to others, or sticky
+ * and the link ours); the last component must be a directory of ours closed to others.
+ * *out_fd is new. 0, MT_EIO (not so) or MT_EINVAL. */
+int mt__oomsnap_dir_open(const char *dir, int *out_fd);
+/* Creates name in dfd (0600, never over a file or through a link) holding data, all at once:
+ * it appears complete or not at all; a failed write leaves nothing. MT_EBUSY if it exists,
+ * -ENOSPC/-EDQUOT/-EFBIG when there is no room, MT_EIO. */
+int mt__oomsnap_write_at(int dfd, const char *name, const void *data, size_t n);
+/* Keeps the keep newest oom-*.json in dfd, with their .pickle; never removes spare's pair
+ * (spare: a name without .json, or NULL). */
+void mt__oomsnap_prune_at(int dfd, unsigned keep, const char *spare);
+/* One snapshot: opens dir, makes room first (keep - 1 older pairs stay), writes base.json then
+ * base.pickle; a write that finds the disk full removes the oldest other pair and is tried
+ * once more, so the newest snapshot is the one kept. 0 or as above. */
+int mt__oomsnap_write_pair(const char *dir, unsigned keep, const char *base, const void *json,
+                           size_t json_len, const void *pickle, size_t pickle_len);
+
+/* The recorder's follower (local mode): segments, live blocks, recent events; its writer. */
 typedef struct mt__oomsnap_s mt__oomsnap_t;
-int mt__oomsnap_create(mt__oomsnap_t **out, int pid, const char *dir);
+typedef struct mt__oomsnap_cfg_s {
+    int pid;
+    const char *dir;      /* borrowed */
+    unsigned keep;        /* pairs kept, >= 1 */
+    unsigned interval_ms; /* between snapshots; 0 = every OOM */
+    mt_log_cb log;        /* optional; called from the drainer and the writer thread */
+    void *log_ud;
+} mt__oomsnap_cfg_t;
+int mt__oomsnap_create(mt__oomsnap_t **out, const mt__oomsnap_cfg_t *cfg);
+/* Writes what is pending, joins the writer, says how many OOMs got no snapshot. */
 void mt__oomsnap_destroy(mt__oomsnap_t **p);
-/* Follows ev; at an OOM writes oom-<pid>-dev<d>-<n>.{json,pickle} (the last path in path)
- * and returns 1; 0 otherwise; negative when the files could not be written. */
-int mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
-                       const char (*labels)[MT_EVENT_LABEL_MAX + 1],
-                       const char *(*tag_name)(void *, int), void *ud, char *path, size_t pathlen);
+/* Follows ev (caller: the drainer, with drain_lock); an OOM that is due (the first, then one
+ * per interval by the events' clock) is serialised and handed to the writer thread as
+ * oom-<pid>-dev<d>-<n>.{json,pickle} (after the previous one is written); the others are
+ * counted. */
+void mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
+                        const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                        const char *(*tag_name)(void *, int), void *ud);
+/* Waits until the snapshot handed to the writer, if any, is written (or failed). */
+void mt__oomsnap_flush(mt__oomsnap_t *s);
+/* Snapshots written so far, and OOMs that got none. */
+void mt__oomsnap_stats(mt__oomsnap_t *s, uint64_t *written, uint64_t *suppressed);
 
 #endif

@@ -2,13 +2,15 @@
  * recorder's own snapshot when there is no daemon. In local mode the drainer follows the
  * events (segments, live blocks, the last OOMSNAP_RECENT events) and at each OOM writes
  * oom-<pid>-dev<d>-<n>.pickle, a PyTorch 2.x snapshot, and .json, the same as memtrace
- * JSON, into the OOM directory: the name the allocator's message already gave. */
-#include <dirent.h>
+ * JSON, into the OOM directory: the name the allocator's message already gave. A program
+ * that catches OOMs and retries makes thousands a second: the first gets a snapshot, then
+ * one per interval, and the files are written by a thread of their own: the drainer (and
+ * the ring behind it) waits for the disk only when a snapshot is due while the previous one
+ * is still being written, at most once per interval. */
 #include <errno.h>
-#include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "memtrace/alloc.h"
@@ -16,107 +18,11 @@
 #include "profiler/internal.h"
 #include "profiler/pickle_write.h"
 #include "util/grow.h"
-
-/* ---- the files ---- */
-
-int mt__oomsnap_dir_prepare(const char *dir)
-{
-    char path[512];
-    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
-        return MT_EINVAL;
-    for (char *s = path + 1; *s; s++)
-        if (*s == '/') {
-            *s = '\0';
-            mkdir(path, 0700);
-            *s = '/';
-        }
-    mkdir(path, 0700);
-    struct stat st;
-    /* Ours, a directory (not a link to one), closed to others: nobody else can swap the
-     * files or read them. */
-    if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
-        (st.st_mode & 077) != 0)
-        return MT_EIO;
-    return 0;
-}
-
-/* Written under a hidden temporary name in the same (private) directory and linked to path
- * only once complete and closed: a reader watching the directory never opens a half-written
- * snapshot, and link keeps O_EXCL's rule that an existing path is never replaced. */
-int mt__oomsnap_write_file(const char *path, const void *data, size_t n)
-{
-    char tmp[1100];
-    const char *slash = strrchr(path, '/');
-    int dlen = slash ? (int)(slash - path + 1) : 0;
-    if (snprintf(tmp, sizeof tmp, "%.*s.%s.%d.tmp", dlen, path, slash ? slash + 1 : path,
-                 (int)getpid()) >= (int)sizeof tmp)
-        return MT_EINVAL;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return errno == EEXIST ? MT_EBUSY : MT_EIO;
-    const char *p = data;
-    int rc = 0;
-    while (n > 0 && rc == 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            rc = MT_EIO;
-            break;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    if (close(fd) != 0 && rc == 0)
-        rc = MT_EIO;
-    if (rc == 0 && link(tmp, path) != 0)
-        rc = errno == EEXIST ? MT_EBUSY : MT_EIO;
-    unlink(tmp);
-    return rc;
-}
-
-void mt__oomsnap_prune(const char *dir, unsigned max)
-{
-    for (;;) {
-        DIR *dh = opendir(dir);
-        if (dh == NULL)
-            return;
-        unsigned count = 0;
-        char oldest[256] = "";
-        struct timespec oldest_t = {0};
-        struct dirent *e;
-        while ((e = readdir(dh)) != NULL) {
-            size_t l = strlen(e->d_name);
-            if (strncmp(e->d_name, "oom-", 4) != 0 || l < 6 || l >= sizeof oldest ||
-                strcmp(e->d_name + l - 5, ".json") != 0)
-                continue;
-            char path[1024];
-            struct stat st;
-            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-            if (lstat(path, &st) != 0)
-                continue;
-            count++;
-            if (oldest[0] == '\0' || st.st_mtim.tv_sec < oldest_t.tv_sec ||
-                (st.st_mtim.tv_sec == oldest_t.tv_sec && st.st_mtim.tv_nsec < oldest_t.tv_nsec)) {
-                oldest_t = st.st_mtim;
-                snprintf(oldest, sizeof oldest, "%s", e->d_name);
-            }
-        }
-        closedir(dh);
-        if (count <= max || oldest[0] == '\0')
-            return;
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, oldest);
-        unlink(path);
-        snprintf(path + strlen(path) - 5, 8, ".pickle");
-        unlink(path);
-    }
-}
+#include "util/log.h"
 
 /* ---- the recorder's follower ---- */
 
 #define OOMSNAP_RECENT 4096 /* events kept for the trace */
-#define OOMSNAP_KEEP   8    /* snapshots kept, as the daemon's default */
 
 typedef struct seg_s {
     uint64_t addr, size;
@@ -130,11 +36,25 @@ typedef struct blk_s {
     uint8_t tag, pending, device;
 } blk_t;
 
+/* A snapshot on its way to the disk: both files, serialised. */
+typedef struct job_s {
+    char base[64]; /* oom-<pid>-dev<d>-<n> */
+    char *json, *pickle;
+    size_t json_len, pickle_len;
+    uint64_t suppressed; /* OOMs without a snapshot since the previous one */
+} job_t;
+
 /* Invariants: nsegs <= cap_segs; blocks is open addressing, used (live + deleted) <=
- * cap_blocks / 2; recent holds the last n events, head the next slot. */
+ * cap_blocks / 2; recent holds the last n events, head the next slot. The follower's
+ * fields belong to the drainer (drain_lock), the writer's to mu. A job is pending or being
+ * written iff busy; at most one is, so a storm holds one job's memory at most. */
 struct mt__oomsnap_s {
     int pid;
     char dir[256];
+    unsigned keep;        /* pairs kept in dir, >= 1 */
+    uint64_t interval_ns; /* between two snapshots, by the events' clock; 0 = every OOM */
+    mt_log_cb log;
+    void *log_ud;
     seg_t *segs;
     size_t nsegs, cap_segs;
     blk_t *blocks;
@@ -142,26 +62,132 @@ struct mt__oomsnap_s {
     mt_event_rec_t recent[OOMSNAP_RECENT];
     size_t head, n;
     uint32_t ooms[256];
+    bool have_last;      /* a snapshot was handed to the writer */
+    uint64_t last_ns;    /* its OOM's time_ns */
+    uint64_t since_last; /* OOMs suppressed since then (said with the next one) */
+    uint64_t suppressed; /* OOMs that got no snapshot: within the interval */
+    /* The writer thread, started at the first snapshot (most programs never run out of
+     * memory: they get no idle thread), joined in destroy. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t writer;
+    bool writer_on, busy, quit; /* under mu */
+    job_t *job;                 /* under mu: the pending one, taken by the writer */
+    uint64_t written, failed;   /* under mu: snapshots written, and that could not be */
 };
 
-int mt__oomsnap_create(mt__oomsnap_t **out, int pid, const char *dir)
+#define logf_(s, lvl, ...) mt__logf((s)->log, (s)->log_ud, lvl, __VA_ARGS__)
+
+static void job_free(job_t *j)
 {
-    *out = calloc(1, sizeof **out);
-    if (*out == NULL)
+    if (j != NULL) {
+        free(j->json);
+        free(j->pickle);
+        free(j);
+    }
+}
+
+static void *writer_main(void *arg)
+{
+    mt__oomsnap_t *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->job == NULL && !s->quit)
+            pthread_cond_wait(&s->cv, &s->mu);
+        job_t *j = s->job;
+        if (j == NULL)
+            break; /* quit, and nothing pending */
+        s->job = NULL;
+        pthread_mutex_unlock(&s->mu);
+        int rc = mt__oomsnap_write_pair(s->dir, s->keep, j->base, j->json, j->json_len, j->pickle,
+                                        j->pickle_len);
+        if (rc == 0 && j->suppressed > 0)
+            logf_(s, MT_LOG_ERROR,
+                  "memtrace: out of memory: wrote %s/%s.pickle (%llu OOMs since the previous "
+                  "snapshot got none: at most one per %llu ms)",
+                  s->dir, j->base, (unsigned long long)j->suppressed,
+                  (unsigned long long)(s->interval_ns / 1000000u));
+        else if (rc == 0)
+            logf_(s, MT_LOG_ERROR, "memtrace: out of memory: wrote %s/%s.pickle", s->dir, j->base);
+        else
+            logf_(s, MT_LOG_WARN, "memtrace: OOM snapshot %s/%s: %s", s->dir, j->base,
+                  rc == MT_EIO ? "not a private directory of ours" : mt_strerror(rc));
+        job_free(j);
+        pthread_mutex_lock(&s->mu);
+        s->written += rc == 0;
+        s->failed += rc != 0;
+        s->busy = false;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+int mt__oomsnap_create(mt__oomsnap_t **out, const mt__oomsnap_cfg_t *cfg)
+{
+    *out = NULL;
+    mt__oomsnap_t *s = calloc(1, sizeof *s);
+    if (s == NULL)
         return MT_ENOMEM;
-    (*out)->pid = pid;
-    snprintf((*out)->dir, sizeof(*out)->dir, "%s", dir);
+    s->pid = cfg->pid;
+    snprintf(s->dir, sizeof s->dir, "%s", cfg->dir);
+    s->keep = cfg->keep ? cfg->keep : 1;
+    s->interval_ns = (uint64_t)cfg->interval_ms * 1000000u;
+    s->log = cfg->log;
+    s->log_ud = cfg->log_ud;
+    if (pthread_mutex_init(&s->mu, NULL) != 0)
+        goto fail_mutex;
+    if (pthread_cond_init(&s->cv, NULL) != 0)
+        goto fail_cond;
+    *out = s;
     return 0;
+
+fail_cond:
+    pthread_mutex_destroy(&s->mu);
+fail_mutex:
+    free(s);
+    return MT_ENOMEM;
 }
 
 void mt__oomsnap_destroy(mt__oomsnap_t **p)
 {
-    if (*p == NULL)
+    mt__oomsnap_t *s = *p;
+    if (s == NULL)
         return;
-    free((*p)->segs);
-    free((*p)->blocks);
-    free(*p);
+    /* A forked child's copy: the writer thread is the parent's, and mu may have been held
+     * at the fork; only the memory is the child's own. */
+    bool ours = s->pid == (int)getpid();
+    if (ours && s->writer_on) {
+        pthread_mutex_lock(&s->mu);
+        s->quit = true; /* the pending job is written first */
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->writer, NULL);
+    }
+    if (ours && s->suppressed > 0)
+        logf_(s, MT_LOG_WARN,
+              "memtrace: %llu of %llu OOMs got no snapshot (at most one per %llu ms: "
+              "MEMTRACE_OOM_INTERVAL_MS)",
+              (unsigned long long)s->suppressed,
+              (unsigned long long)(s->suppressed + s->written + s->failed),
+              (unsigned long long)(s->interval_ns / 1000000u));
+    if (ours) {
+        pthread_cond_destroy(&s->cv);
+        pthread_mutex_destroy(&s->mu);
+    }
+    job_free(s->job);
+    free(s->segs);
+    free(s->blocks);
+    free(s);
     *p = NULL;
+}
+
+void mt__oomsnap_stats(mt__oomsnap_t *s, uint64_t *written, uint64_t *suppressed)
+{
+    pthread_mutex_lock(&s->mu);
+    *written = s->written;
+    pthread_mutex_unlock(&s->mu);
+    *suppressed = s->suppressed;
 }
 
 static size_t hash(uint64_t a, size_t cap)
@@ -506,49 +532,95 @@ static int write_json(mt__oomsnap_t *s, FILE *f, const char *(*tag_name)(void *,
     return ferror(f) ? MT_EIO : 0;
 }
 
-static int write_one(mt__oomsnap_t *s, const char *path, bool pickle,
-                     const char (*labels)[MT_EVENT_LABEL_MAX + 1],
-                     const char *(*tag_name)(void *, int), void *ud)
+/* Serialises one file of the snapshot into *buf (new). */
+static int serialise(mt__oomsnap_t *s, bool pickle, const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                     const char *(*tag_name)(void *, int), void *ud, char **buf, size_t *len)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
+    FILE *f = open_memstream(buf, len);
     if (f == NULL)
         return MT_ENOMEM;
     int rc = pickle ? write_pickle(s, f, labels) : write_json(s, f, tag_name, ud);
     if (fclose(f) != 0 && rc == 0)
         rc = MT_ENOMEM;
-    if (rc == 0)
-        rc = mt__oomsnap_write_file(path, buf, len);
-    free(buf);
     return rc;
 }
 
-int mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
-                       const char (*labels)[MT_EVENT_LABEL_MAX + 1],
-                       const char *(*tag_name)(void *, int), void *ud, char *path, size_t pathlen)
+/* Whether the OOM at time t gets a snapshot: the first does, then one per interval by the
+ * events' own clock, so the choice depends neither on how late the drainer runs nor on the
+ * disk. A due one waits for the writer to finish the previous: at most one write per
+ * interval of the program's time. Takes the writer's slot (busy) when it answers true. */
+static bool due(mt__oomsnap_t *s, uint64_t t)
+{
+    if (s->interval_ns > 0 && s->have_last && (t < s->last_ns || t - s->last_ns < s->interval_ns))
+        return false;
+    pthread_mutex_lock(&s->mu);
+    while (s->busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    s->busy = true;
+    pthread_mutex_unlock(&s->mu);
+    return true;
+}
+
+void mt__oomsnap_flush(mt__oomsnap_t *s)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->busy)
+        pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Gives j (NULL: it could not be made) to the writer, started on first use. */
+static void hand_over(mt__oomsnap_t *s, job_t *j)
+{
+    pthread_mutex_lock(&s->mu);
+    if (j != NULL && !s->writer_on)
+        s->writer_on = pthread_create(&s->writer, NULL, writer_main, s) == 0;
+    if (j != NULL && s->writer_on) {
+        s->job = j;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    s->failed++;
+    s->busy = false;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    job_free(j);
+    logf_(s, MT_LOG_WARN, "memtrace: OOM snapshot: %s", mt_strerror(MT_ENOMEM));
+}
+
+void mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
+                        const char (*labels)[MT_EVENT_LABEL_MAX + 1],
+                        const char *(*tag_name)(void *, int), void *ud)
 {
     if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_STATS || ev->pool == MT_POOL_HOST)
-        return 0;
+        return;
     follow(s, ev);
     s->recent[s->head] = *ev;
     s->head = (s->head + 1) % OOMSNAP_RECENT;
     if (s->n < OOMSNAP_RECENT)
         s->n++;
     if (ev->kind != MT_EV_OOM)
-        return 0;
+        return;
     s->ooms[ev->device]++;
-    int rc = mt__oomsnap_dir_prepare(s->dir);
-    char base[400];
-    snprintf(base, sizeof base, "%s/oom-%d-dev%u-%u", s->dir, s->pid, ev->device,
-             s->ooms[ev->device]);
-    snprintf(path, pathlen, "%s.json", base);
-    if (rc == 0)
-        rc = write_one(s, path, false, labels, tag_name, ud);
-    snprintf(path, pathlen, "%s.pickle", base);
-    if (rc == 0)
-        rc = write_one(s, path, true, labels, tag_name, ud);
-    if (rc == 0)
-        mt__oomsnap_prune(s->dir, OOMSNAP_KEEP);
-    return rc < 0 ? rc : 1;
+    if (!due(s, ev->time_ns)) {
+        s->suppressed++;
+        s->since_last++;
+        return;
+    }
+    s->have_last = true;
+    s->last_ns = ev->time_ns;
+    job_t *j = calloc(1, sizeof *j);
+    if (j != NULL) {
+        snprintf(j->base, sizeof j->base, "oom-%d-dev%u-%u", s->pid, ev->device,
+                 s->ooms[ev->device]);
+        j->suppressed = s->since_last;
+        if (serialise(s, false, labels, tag_name, ud, &j->json, &j->json_len) != 0 ||
+            serialise(s, true, labels, tag_name, ud, &j->pickle, &j->pickle_len) != 0) {
+            job_free(j);
+            j = NULL;
+        }
+    }
+    s->since_last = 0;
+    hand_over(s, j);
 }

@@ -2,6 +2,7 @@
  * the daemon, or else starts the local log (prof_log.c). */
 #include "profiler/prof_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
@@ -179,17 +180,23 @@ static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
 }
 
 /* Names where this OOM's snapshot is (the allocator's message quotes it): the daemon's
- * file, or in local mode the log and how to make a snapshot of it. */
+ * file, or in local mode the log and how to make a snapshot of it. An OOM soon after
+ * another gets no snapshot (one per interval): the note says so, since which ones do is
+ * decided later, by the drainer or the daemon. */
 static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size_t len)
 {
     mt_prof_t *p = ud;
     int mode = atomic_load_explicit(&p->mode, memory_order_acquire);
+    char limit[64] = "";
+    if (n > 1 && p->oom_interval_ms > 0)
+        snprintf(limit, sizeof limit, ", if no OOM of the previous %u ms got one",
+                 p->oom_interval_ms);
     if (mode == MT_PROF_DAEMON && p->oom_dir[0] != '\0')
-        snprintf(buf, len, "Snapshot of this OOM (by the daemon): %s/oom-%d-dev%u-%llu.pickle",
-                 p->oom_dir, p->pid, device, (unsigned long long)n);
+        snprintf(buf, len, "Snapshot of this OOM (by the daemon%s): %s/oom-%d-dev%u-%llu.pickle",
+                 limit, p->oom_dir, p->pid, device, (unsigned long long)n);
     else if (mode == MT_PROF_LOG && p->oomsnap != NULL)
-        snprintf(buf, len, "Snapshot of this OOM (by the recorder): %s/oom-%d-dev%u-%llu.pickle",
-                 p->oom_dir, p->pid, device, (unsigned long long)n);
+        snprintf(buf, len, "Snapshot of this OOM (by the recorder%s): %s/oom-%d-dev%u-%llu.pickle",
+                 limit, p->oom_dir, p->pid, device, (unsigned long long)n);
     else if (mode == MT_PROF_LOG && p->log_path != NULL)
         snprintf(buf, len,
                  "Events up to this OOM: %s (memtrace export --format torch-snapshot "
@@ -216,6 +223,21 @@ int mt_prof_oom_dir(char *buf, size_t len)
     else
         return MT_ENOENT;
     return n > 0 && (size_t)n < len ? 0 : MT_EINVAL;
+}
+
+int mt_prof_oom_interval_ms(unsigned *ms)
+{
+    const char *e = getenv("MEMTRACE_OOM_INTERVAL_MS");
+    *ms = MT_PROF_OOM_INTERVAL_MS;
+    if (e == NULL || e[0] == '\0')
+        return 0;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(e, &end, 10);
+    if (e[0] < '0' || e[0] > '9' || *end != '\0' || errno != 0 || v > 86400000ul)
+        return MT_EINVAL; /* at most a day */
+    *ms = (unsigned)v;
+    return 0;
 }
 
 const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
@@ -258,6 +280,11 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->log_fd = -1;
     p->log = cfg->log;
     p->log_ud = cfg->log_ud;
+    if (mt_prof_oom_interval_ms(&p->oom_interval_ms) != 0)
+        logf_(p, MT_LOG_WARN,
+              "memtrace: MEMTRACE_OOM_INTERVAL_MS='%.32s': want ms (0-86400000); "
+              "using %u",
+              getenv("MEMTRACE_OOM_INTERVAL_MS"), p->oom_interval_ms);
     p->tag_name = cfg->tag_name;
     p->tag_ud = cfg->tag_ud;
     p->drain_ms = cfg->drain_ms ? cfg->drain_ms : 20;
@@ -405,6 +432,8 @@ int mt_prof_flush(mt_prof_t *p)
         return 0;
     pthread_mutex_lock(&p->drain_lock);
     mt__prof_log_drain(p);
+    if (p->oomsnap != NULL)
+        mt__oomsnap_flush(p->oomsnap); /* the OOM snapshots of what was drained */
     int rc = p->write_err;
     pthread_mutex_unlock(&p->drain_lock);
     return rc;
@@ -427,6 +456,8 @@ void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
     if (out->mode == MT_PROF_LOG) {
         pthread_mutex_lock(&p->drain_lock);
         out->written = p->written;
+        if (p->oomsnap != NULL)
+            mt__oomsnap_stats(p->oomsnap, &out->oom_snapshots, &out->oom_snapshots_suppressed);
         pthread_mutex_unlock(&p->drain_lock);
     }
 }

@@ -210,16 +210,9 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
     }
     p->out_len += n;
     p->out_seq[p->out_nlines++] = ev->seq;
-    if (p->oomsnap != NULL) {
-        char path[512];
-        int rc =
-            mt__oomsnap_record(p->oomsnap, ev, (const char(*)[MT_EVENT_LABEL_MAX + 1]) p->labels,
-                               drain_tag_name, p, path, sizeof path);
-        if (rc > 0)
-            logf_(p, MT_LOG_ERROR, "memtrace: out of memory: wrote %s", path);
-        else if (rc < 0)
-            logf_(p, MT_LOG_WARN, "memtrace: OOM snapshot %s: %s", path, mt_strerror(rc));
-    }
+    if (p->oomsnap != NULL)
+        mt__oomsnap_record(p->oomsnap, ev, (const char(*)[MT_EVENT_LABEL_MAX + 1]) p->labels,
+                           drain_tag_name, p);
 }
 
 /* Drains everything published so far into the log. Caller holds drain_lock. */
@@ -316,8 +309,13 @@ int mt__prof_log_start(mt_prof_t *p, const char *path)
     mt__prof_log_flush(p);
     p->written = 0; /* counts events and gaps only */
     /* No daemon to write OOM snapshots: the drainer does (the takeover from a daemon too). */
-    if (p->oom_dir[0] != '\0' && p->oomsnap == NULL &&
-        mt__oomsnap_create(&p->oomsnap, p->pid, p->oom_dir) != 0)
+    mt__oomsnap_cfg_t oc = {.pid = p->pid,
+                            .dir = p->oom_dir,
+                            .keep = MT__OOMSNAP_KEEP,
+                            .interval_ms = p->oom_interval_ms,
+                            .log = p->log,
+                            .log_ud = p->log_ud};
+    if (p->oom_dir[0] != '\0' && p->oomsnap == NULL && mt__oomsnap_create(&p->oomsnap, &oc) != 0)
         logf_(p, MT_LOG_WARN, "memtrace: no memory for OOM snapshots");
     rc = -pthread_create(&p->drainer, NULL, drainer_main, p);
     if (rc) {

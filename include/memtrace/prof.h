@@ -53,12 +53,14 @@ typedef struct mt_prof_cfg_s {
 } mt_prof_cfg_t;
 
 typedef struct mt_prof_stats_s {
-    uint64_t emitted;   /* events offered to the sink */
-    uint64_t dropped;   /* events dropped because the ring was full */
-    uint64_t lost;      /* slots the consumer had to skip (producer died mid-write) */
-    uint64_t delivered; /* events read by the consumer so far (daemon or local drainer) */
-    uint64_t written;   /* JSON lines written to the local log (local mode) */
-    int mode;           /* the live mode: MT_PROF_DAEMON, MT_PROF_LOG or MT_PROF_OFF */
+    uint64_t emitted;       /* events offered to the sink */
+    uint64_t dropped;       /* events dropped because the ring was full */
+    uint64_t lost;          /* slots the consumer had to skip (producer died mid-write) */
+    uint64_t delivered;     /* events read by the consumer so far (daemon or local drainer) */
+    uint64_t written;       /* JSON lines written to the local log (local mode) */
+    uint64_t oom_snapshots; /* OOM snapshots the recorder wrote (local mode) */
+    uint64_t oom_snapshots_suppressed; /* OOMs it gave none: at most one per interval */
+    int mode; /* the live mode: MT_PROF_DAEMON, MT_PROF_LOG or MT_PROF_OFF */
 } mt_prof_stats_t;
 
 /* Defaults (no environment read). */
@@ -85,7 +87,8 @@ MT_API void mt_prof_destroy(mt_prof_t **p);
 MT_API const mt_event_sink_t *mt_prof_sink(mt_prof_t *p);
 /* Records one event directly (what the sink does). Returns 0 or MT_EAGAIN (dropped). */
 MT_API int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev);
-/* Local mode: drains the ring into the log now and flushes the file. Daemon mode: 0. */
+/* Local mode: drains the ring into the log now, flushes the file and waits for the OOM
+ * snapshot being written, if any. Daemon mode: asks the daemon to drain now. */
 MT_API int mt_prof_flush(mt_prof_t *p);
 MT_API void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out);
 /* The local log path (borrowed), or NULL when not in local mode (yet: see the takeover
@@ -120,6 +123,12 @@ MT_API int mt_prof_socket_path(char *buf, size_t len);
  * oom-<pid>-dev<d>-<n>.{json,pickle} there and the allocator's OOM message names it.
  * MT_ENOENT when none can be named (or "off"), MT_EINVAL when it does not fit. */
 MT_API int mt_prof_oom_dir(char *buf, size_t len);
+/* The least time between two OOM snapshots of one process, in ms (docs/torch-snapshot.md):
+ * $MEMTRACE_OOM_INTERVAL_MS (decimal; 0 = a snapshot at every OOM), else
+ * MT_PROF_OOM_INTERVAL_MS. The first OOM always gets one. MT_EINVAL for a malformed value
+ * (*ms is then the default). */
+#define MT_PROF_OOM_INTERVAL_MS 10000u
+MT_API int mt_prof_oom_interval_ms(unsigned *ms);
 
 /* ---- JSON encoding (schema: docs/telemetry.schema.json, "v": 1) ---- */
 

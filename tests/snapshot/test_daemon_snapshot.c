@@ -107,6 +107,7 @@ static void test_oom_and_live_snapshots(void **state)
     mt_d_cfg_t cfg = th_cfg();
     cfg.oom_dir = oomdir;
     cfg.oom_max_snapshots = 3;
+    cfg.oom_interval_ms = 0; /* every OOM: five in a row */
     th_daemon_start(&t, cfg);
     setenv("MEMTRACE_OOM_DIR", oomdir, 1); /* the recorder names the daemon's files by it */
     int fds[2];
@@ -190,6 +191,7 @@ static void test_recorder_oom_snapshot(void **state)
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
     snprintf(logp, sizeof logp, "%s/run.ndjson", tmp);
     setenv("MEMTRACE_OOM_DIR", oomdir, 1);
+    setenv("MEMTRACE_OOM_INTERVAL_MS", "0", 1); /* every OOM: two in a row */
     mt_prof_cfg_t pc = mt_prof_cfg_default();
     pc.mode = MT_PROF_LOG;
     pc.log_path = logp;
@@ -242,6 +244,7 @@ static void test_recorder_oom_snapshot(void **state)
     mt_backend_destroy(&b);
     mt_prof_destroy(&p);
     unsetenv("MEMTRACE_OOM_DIR");
+    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }
@@ -254,6 +257,8 @@ static void test_snapshot_file_appears_whole(void **state)
     (void)state;
     char dir[] = "/tmp/mt-snapw-XXXXXX", path[64];
     assert_non_null(mkdtemp(dir));
+    int dfd;
+    assert_int_equal(mt__oomsnap_dir_open(dir, &dfd), 0);
     snprintf(path, sizeof path, "%s/oom-1-dev0-1.json", dir);
     int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     assert_true(in >= 0);
@@ -263,7 +268,7 @@ static void test_snapshot_file_appears_whole(void **state)
     assert_non_null(data);
     for (size_t i = 0; i < n; i++)
         data[i] = (char)('a' + i % 26);
-    assert_int_equal(mt__oomsnap_write_file(path, data, n), 0);
+    assert_int_equal(mt__oomsnap_write_at(dfd, "oom-1-dev0-1.json", data, n), 0);
     char buf[65536] __attribute__((aligned(8)));
     unsigned created = 0, written_final = 0;
     ssize_t r;
@@ -284,7 +289,8 @@ static void test_snapshot_file_appears_whole(void **state)
     assert_int_equal((size_t)st.st_size, n);
     assert_int_equal(st.st_mode & 0777, 0600);
     /* never over an existing file: it keeps its content */
-    assert_int_equal(mt__oomsnap_write_file(path, "x", 1), MT_EBUSY);
+    assert_int_equal(mt__oomsnap_write_at(dfd, "oom-1-dev0-1.json", "x", 1), MT_EBUSY);
+    close(dfd);
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal((size_t)st.st_size, n);
     unsigned entries = 0;
