@@ -6,7 +6,7 @@
 #   ./dev.sh test     the whole test suite, then again under ASan+UBSan
 #   ./dev.sh build    configure and build only (release, in build/)
 #   ./dev.sh bench    the benchmarks (release), each printing a table
-#   ./dev.sh fuzz     every libFuzzer harness for FUZZ_SECONDS (default 300) each (clang)
+#   ./dev.sh fuzz     every libFuzzer harness (or those in FUZZ_ONLY) for FUZZ_SECONDS (300) each
 #   ./dev.sh stress [RUNS]  the debugoptimized suite RUNS (10) times under stress-ng --cpu 2
 #   ./dev.sh check SUITE... one or more meson suites (or test names) in the debugoptimized build
 set -euo pipefail
@@ -100,6 +100,8 @@ fuzz_run() { # fuzz_run SECONDS [SEED]
         [ -x "$t" ] && [ -f "$t" ] || continue
         name=${t##*/fuzz_}
         case $name in regress_*) continue ;; esac
+        # FUZZ_ONLY="pickle daemon": only those harnesses.
+        if [ -n "${FUZZ_ONLY:-}" ] && [[ " $FUZZ_ONLY " != *" $name "* ]]; then continue; fi
         mkdir -p "$work/$name"
         [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
         # Every crasher fixed so far first, under clang's sanitizers (the fuzz-regress suite
