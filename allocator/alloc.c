@@ -131,7 +131,7 @@ unsigned mt__alloc_divisions(const mt_alloc_cfg_t *c, size_t size)
         i = 0;
     if (i >= MT_ALLOC_ROUNDUP_INTERVALS)
         i = MT_ALLOC_ROUNDUP_INTERVALS - 1;
-    return c->roundup_power2_divisions[i];
+    return __atomic_load_n(&c->roundup_power2_divisions[i], __ATOMIC_RELAXED);
 }
 
 /* ---- streams and bins ---- */

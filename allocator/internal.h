@@ -493,7 +493,7 @@ unsigned mt__alloc_divisions(const mt_alloc_cfg_t *c, size_t size);
 /* The size a request of size bytes is served as: the one place a request is rounded. */
 static inline size_t mt__alloc_round(const mt_alloc_t *a, size_t size)
 {
-    if (__builtin_expect(!a->round_pow2, 1))
+    if (__builtin_expect(!__atomic_load_n(&a->round_pow2, __ATOMIC_RELAXED), 1))
         return size <= MT__MIN_BLOCK ? MT__MIN_BLOCK
                                      : (size + MT__MIN_BLOCK - 1) & ~(MT__MIN_BLOCK - 1);
     return mt__alloc_round_size(size, mt__alloc_divisions(&a->cfg, size));

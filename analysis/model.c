@@ -46,6 +46,7 @@ void mt_model_destroy(mt_model_t **pm)
     }
     mt__model_iterations_free(m);
     mt__model_stacks_free(m);
+    free(m->settings);
     free(m);
     *pm = NULL;
 }
@@ -415,6 +416,39 @@ static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
     mt_assert(c->asum >= m->src_alloc[src] && c->rsum >= m->src_res[src]);
 }
 
+static bool setting(mt_model_t *m, const mt_event_rec_t *ev)
+{
+    if (m->nsettings == MT_MODEL_SETTINGS_MAX) {
+        m->settings_dropped++;
+        return true;
+    }
+    if (m->nsettings == m->capsettings) {
+        size_t cap = m->capsettings ? m->capsettings * 2 : 16;
+        mt_model_setting_t *v = realloc(m->settings, cap * sizeof *v);
+        if (v == NULL)
+            return false;
+        m->settings = v;
+        m->capsettings = cap;
+    }
+    m->settings[m->nsettings++] = (mt_model_setting_t){
+        .time_ns = ev->time_ns,
+        .device = ev->device,
+        .id = ev->addr < MT_SETTING_END ? (int)ev->addr : 0,
+        .value = ev->size,
+        .before = ev->requested,
+    };
+    return true;
+}
+
+void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
+                       uint64_t *dropped)
+{
+    *out = m->settings;
+    *n = m->nsettings;
+    if (dropped != NULL)
+        *dropped = m->settings_dropped;
+}
+
 int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
 {
     m->events++;
@@ -436,6 +470,8 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         mt__model_stack_ref(m, ev);
         return grc;
     }
+    if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
+        return setting(m, ev) ? grc : MT_ENOMEM;
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
     totals(m, c, ev);

@@ -83,6 +83,19 @@ typedef struct mt_model_figures_s {
 /* Figures of class cls. MT_ENOMEM only when the free extents cannot be computed (then
  * total_free and largest_free are 0 and the rest is filled). */
 int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out);
+
+/* A setting changed at run time (MT_EV_SETTING): when, which (mt_setting_e), the values. */
+typedef struct mt_model_setting_s {
+    uint64_t time_ns;
+    unsigned device;
+    int id;
+    uint64_t value, before;
+} mt_model_setting_t;
+#define MT_MODEL_SETTINGS_MAX 4096
+/* The changes seen, oldest first (*n of them; the array lives as long as m), and how many
+ * past MT_MODEL_SETTINGS_MAX were only counted. */
+void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
+                       uint64_t *dropped);
 /* The same without the free extents (total_free, largest_free, fragmentation are 0): O(1),
  * for a figure per event. */
 void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);

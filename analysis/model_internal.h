@@ -103,6 +103,11 @@ struct mt_model_s {
     double *it_alloc;             /* device allocated bytes */
     double (*it_tag)[MT_TAG_MAX]; /* device bytes by tag, known + uncertain */
     mt__mstacks_t *stacks;        /* NULL until a stack ref, definition or module arrives */
+    /* settings changed at run time (MT_EV_SETTING), in order: at most MT_MODEL_SETTINGS_MAX
+     * kept, the rest counted in settings_dropped */
+    mt_model_setting_t *settings;
+    size_t nsettings, capsettings;
+    uint64_t settings_dropped;
 };
 
 /* model_segs.c */

@@ -327,6 +327,31 @@ static json_int_t ji(uint64_t v)
     return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
 }
 
+/* The settings changed at run time, with seconds from the first event; NULL when none. */
+static json_t *settings_json(const mt_model_t *m, uint64_t t0)
+{
+    const mt_model_setting_t *v;
+    size_t n;
+    uint64_t dropped;
+    mt_model_settings(m, &v, &n, &dropped);
+    if (n == 0)
+        return NULL;
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < n; i++) {
+        char name[48];
+        json_t *e =
+            json_pack("{s:f, s:i, s:s, s:I, s:I}", "t",
+                      v[i].time_ns >= t0 ? (double)(v[i].time_ns - t0) / 1e9 : 0.0, "device",
+                      (int)v[i].device, "key", mt_setting_name(v[i].id, name, sizeof name), "value",
+                      ji(v[i].value), "before", ji(v[i].before));
+        if (e == NULL || json_array_append_new(a, e) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
 /* ---- the analysis of one process, from its replay through the model ---- */
 
 typedef struct group_s {
@@ -586,6 +611,11 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
                              mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg)) !=
              0 ||
          json_object_set_new(res, "peak_gap", peak_gap(cfg, p, sym, peak_at)) != 0)) {
+        json_decref(res);
+        res = NULL;
+    }
+    json_t *sets = res != NULL ? settings_json(m, t0) : NULL;
+    if (sets != NULL && json_object_set_new(res, "settings_changes", sets) != 0) {
         json_decref(res);
         res = NULL;
     }

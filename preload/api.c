@@ -288,6 +288,21 @@ MT_HOOK int memtrace_reset_accumulated(void)
     return P->init_rc;
 }
 
+MT_HOOK int memtrace_set_allocator_settings(const char *conf, char *err, size_t errlen)
+{
+    mt_preload_t *P = mt__preload();
+    int rc = P->init_rc;
+    if (rc == 0 && conf == NULL)
+        rc = MT_EINVAL;
+    /* Every allocator gets the same string: the first refusal stops before the next. */
+    for (int d = 0; d < P->ndevices && rc == 0; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            rc = mt_alloc_set_settings(a, conf, err, errlen);
+    }
+    return rc;
+}
+
 MT_HOOK int memtrace_empty_cache(void)
 {
     mt_preload_t *P = mt__preload();

@@ -47,6 +47,9 @@ MT_API_HOOK long memtrace_snapshot_json(char *buf, size_t cap);
 MT_API_HOOK int memtrace_reset_peak(void);
 /* Zeroes the cumulative statistics (torch.cuda.reset_accumulated_memory_stats). */
 MT_API_HOOK int memtrace_reset_accumulated(void);
+/* Applies an allocator config string at run time to every device's allocator
+ * (torch.cuda.memory._set_allocator_settings); a refusal's reason goes into err. */
+MT_API_HOOK int memtrace_set_allocator_settings(const char *conf, char *err, size_t errlen);
 /* Returns every unused cached segment of every device to the backend. */
 MT_API_HOOK int memtrace_empty_cache(void);
 /* Path this library was loaded from (for CUDAPluggableAllocator), or NULL. */

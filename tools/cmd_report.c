@@ -429,6 +429,38 @@ static void print_gap(json_t *p)
     }
 }
 
+/* A setting's value as the config string writes it: MiB for sizes, fractions, counts. */
+static void setting_value(const char *key, double v, char *buf, size_t len)
+{
+    if (v >= 1.8e19)
+        snprintf(buf, len, "unlimited");
+    else if (strstr(key, "_mb") != NULL)
+        snprintf(buf, len, "%.0f", v / 1048576.0);
+    else if (strstr(key, "threshold") != NULL || strstr(key, "fraction") != NULL)
+        snprintf(buf, len, "%g", v / 1e6);
+    else
+        snprintf(buf, len, "%.0f", v);
+}
+
+static void print_settings(json_t *v)
+{
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return;
+    printf("\n  settings changed at run time:\n");
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        const char *key = json_string_value(json_object_get(e, "key"));
+        char was[32], now[32];
+        setting_value(key ? key : "", num(e, "before"), was, sizeof was);
+        setting_value(key ? key : "", num(e, "value"), now, sizeof now);
+        esc_buf_t k;
+        printf("    %9.3f s  device %.0f  %s: %s -> %s\n", num(e, "t"), num(e, "device"),
+               esc(key ? key : "?", k), was, now);
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -524,6 +556,7 @@ static void print_process(json_t *p)
     }
 
     print_gap(p);
+    print_settings(json_object_get(p, "settings_changes"));
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));

@@ -1,4 +1,5 @@
 /* Static names for codes and enums shared by every module. */
+#include <stdio.h>
 #include <string.h>
 
 #include "memtrace/alloc.h"
@@ -56,10 +57,34 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_TAG_LABEL] = "tag_label",
         [MT_EV_MARK_NAMED] = "mark_named",
         [MT_EV_STACK_REF] = "stack_ref",
+        [MT_EV_SETTING] = "setting",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";
     return names[kind];
+}
+
+const char *mt_setting_name(int id, char *buf, size_t len)
+{
+    static const char *const names[] = {
+        [MT_SETTING_MAX_SPLIT_SIZE] = "max_split_size_mb",
+        [MT_SETTING_MAX_NON_SPLIT_ROUNDING] = "max_non_split_rounding_mb",
+        [MT_SETTING_GC_THRESHOLD] = "garbage_collection_threshold",
+        [MT_SETTING_MEMORY_FRACTION] = "memory_fraction",
+        [MT_SETTING_RELEASE_ON_OOM] = "release_on_oom",
+        [MT_SETTING_RELEASE_SMALLER] = "release_smaller_segments",
+        [MT_SETTING_RELEASE_TO_FIT] = "release_to_fit",
+        [MT_SETTING_PLACE_HIGH] = "place_high_mb",
+    };
+    const char *n = "unknown";
+    if (id >= MT_SETTING_ROUNDUP_0 && id < MT_SETTING_END) {
+        snprintf(buf, len, "roundup_power2_divisions[%d]", id - MT_SETTING_ROUNDUP_0);
+        return buf;
+    }
+    if (id > 0 && id < (int)(sizeof names / sizeof names[0]) && names[id] != NULL)
+        n = names[id];
+    snprintf(buf, len, "%s", n);
+    return buf;
 }
 
 const char *mt_mark_name(int mark)

@@ -174,6 +174,14 @@ MT_API int mt_alloc_empty_cache(mt_alloc_t *a);
  * cfg.memory_fraction does at creation. Memory already reserved stays; later requests over
  * the limit free cached blocks first and fail if that is not enough. */
 MT_API int mt_alloc_set_memory_fraction(mt_alloc_t *a, double fraction);
+/* Applies a config string at run time (torch.cuda.memory._set_allocator_settings):
+ * max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions,
+ * garbage_collection_threshold, memory_fraction, release_on_oom, release_smaller_segments,
+ * release_to_fit, place_high_mb. A key that shapes existing segments or caches
+ * (expandable_segments, one_pool, tcache, stacks, ...) is MT_ENOTSUP, a bad string
+ * MT_EINVAL, each naming it in err; nothing changes then. Every changed value is an
+ * MT_EV_SETTING event. Blocks already handed out keep their sizes. */
+MT_API int mt_alloc_set_settings(mt_alloc_t *a, const char *conf, char *err, size_t errlen);
 
 /* Free-memory callbacks (the reference allocator's first step when a request finds no
  * cached block): before asking the device for a new segment, the allocator calls each

@@ -36,10 +36,27 @@ typedef enum mt_event_kind_e {
     MT_EV_STACK_REF = 18,     /* the call stack of the MT_EV_ALLOC right after it (same batch):
                                  size = stack id (mt_stack_id_e), addr, pool, device = the
                                  alloc's; allocated, reserved = the alloc's totals */
+    MT_EV_SETTING = 19,       /* a setting changed at run time (mt_alloc_set_settings): addr =
+                               * mt_setting_e, size = new value, requested = old value */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT       19 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT       20 /* kinds are < MT_EV_KIND_COUNT */
 #define MT_EVENT_MARK_NAME_MAX 16
+
+/* The settings an MT_EV_SETTING names (in addr), with the unit of its values: bytes
+ * (UINT64_MAX = unlimited), parts per million of a fraction, a count, or 0/1. */
+typedef enum mt_setting_e {
+    MT_SETTING_MAX_SPLIT_SIZE = 1,         /* bytes */
+    MT_SETTING_MAX_NON_SPLIT_ROUNDING = 2, /* bytes */
+    MT_SETTING_GC_THRESHOLD = 3,           /* ppm of the limit; 0 = off */
+    MT_SETTING_MEMORY_FRACTION = 4,        /* ppm of the device */
+    MT_SETTING_RELEASE_ON_OOM = 5,         /* 0/1 */
+    MT_SETTING_RELEASE_SMALLER = 6,        /* 0/1 */
+    MT_SETTING_RELEASE_TO_FIT = 7,         /* 0/1 */
+    MT_SETTING_PLACE_HIGH = 8,             /* bytes; 0 = off */
+    MT_SETTING_ROUNDUP_0 = 16,             /* + interval i: roundup_power2_divisions[i] */
+    MT_SETTING_END = 32,
+} mt_setting_e;
 
 /* Markers the RNN engine and programs put into the stream (MT_EV_MARK, in addr). */
 typedef enum mt_mark_e {
@@ -198,6 +215,9 @@ static inline size_t mt_event_label_unpack(const mt_event_rec_t *ev,
 /* Static name of an event kind ("alloc", "free_requested", ...), or "unknown". */
 MT_API const char *mt_event_kind_name(int kind);
 MT_API const char *mt_mark_name(int mark);
+/* The config key of an mt_setting_e ("max_split_size_mb", "roundup_power2_divisions[3]"
+ * for interval 3), written into buf (>= 40 bytes); "unknown" for an id outside the enum. */
+MT_API const char *mt_setting_name(int id, char *buf, size_t len);
 MT_API const char *mt_pool_name(int pool);
 
 #ifdef __cplusplus

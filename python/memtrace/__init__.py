@@ -21,7 +21,7 @@ from ._errors import MemtraceError, MemtraceUnavailable
 __all__ = [
     "MemtraceError", "MemtraceUnavailable", "available", "tag", "register_tag", "tag_id",
     "current_tag", "mark_iteration", "mark", "stats", "memory_stats", "reset_peak",
-    "reset_accumulated_memory_stats", "empty_cache",
+    "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache",
     "summary", "snapshot", "enable_for_torch", "library_path",
 ]
 
@@ -245,6 +245,20 @@ def memory_stats():
     keys += ["%s.%s" % (st, f) for st in ("oversize_allocations", "oversize_segments")
              for f in ("current", "peak", "allocated", "freed")]
     return dict(sorted((k, s[k]) for k in keys))
+
+
+def set_allocator_settings(settings):
+    """Changes allocator settings at run time, as torch.cuda.memory._set_allocator_settings:
+    "max_split_size_mb:64,garbage_collection_threshold:0.6". Keys that shape the existing
+    segments (expandable_segments, ...) raise MemtraceError naming the key; each change is
+    recorded, so the report shows when it happened."""
+    if not isinstance(settings, str):
+        raise ValueError("memtrace.set_allocator_settings(s) takes a str, got %r" % (settings,))
+    err = ctypes.create_string_buffer(512)
+    rc = _lib.lib().memtrace_set_allocator_settings(settings.encode("utf-8"), err, len(err))
+    if rc < 0:
+        why = err.value.decode("utf-8", "replace") or _lib.lib().memtrace_strerror(rc).decode()
+        raise MemtraceError("memtrace.set_allocator_settings(%r): %s" % (settings, why))
 
 
 def reset_accumulated_memory_stats():

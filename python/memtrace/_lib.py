@@ -44,6 +44,7 @@ def _bind(lib):
         "memtrace_snapshot_json": ([ctypes.c_char_p, ctypes.c_size_t], c_long),
         "memtrace_reset_peak": ([], c_int),
         "memtrace_reset_accumulated": ([], c_int),
+        "memtrace_set_allocator_settings": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t], c_int),
         "memtrace_empty_cache": ([], c_int),
         "memtrace_library_path": ([], c_char_p),
         "memtrace_strerror": ([c_int], c_char_p),

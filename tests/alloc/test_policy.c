@@ -451,6 +451,66 @@ static void test_config_errors(void **state)
     mt_backend_destroy(&b);
 }
 
+/* torch.cuda.memory._set_allocator_settings: the keys that can change do, each change is
+ * an event, and the rest are refused by name with nothing changed. */
+static void test_settings_at_run_time(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    rec_sink_t r;
+    rec_init(&r);
+    mt_alloc_t *a = make_alloc(b, "tcache:1", &r.sink);
+    void *p = xmalloc_dev(a, 100 * MIB, NULL, 0);
+    char err[256];
+    assert_int_equal(mt_alloc_set_settings(a,
+                                           "max_split_size_mb:64,roundup_power2_divisions:4,"
+                                           "garbage_collection_threshold:0.5",
+                                           err, sizeof err),
+                     0);
+    /* The live 100 MiB block counts as oversize under the new rule. */
+    mt_alloc_stats_t st;
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.max_split_size, 64 * MIB);
+    assert_int_equal(st.oversize_allocations.current, 1);
+    assert_int_equal(mt_alloc_check(a), 0);
+    /* New requests take the new rounding. */
+    void *q = xmalloc_dev(a, 5 * MIB + 1, NULL, 0);
+    size_t sz = 0;
+    assert_int_equal(mt_alloc_block_info(a, q, NULL, &sz, NULL), 0);
+    assert_int_equal(sz, 6 * MIB);
+    /* One event per changed value: max_split, gc threshold, 16 intervals. */
+    assert_int_equal(rec_count(&r, MT_EV_SETTING), 18);
+    bool seen = false;
+    for (size_t i = 0; i < r.n; i++)
+        if (r.ev[i].kind == MT_EV_SETTING && r.ev[i].addr == MT_SETTING_MAX_SPLIT_SIZE) {
+            assert_int_equal(r.ev[i].size, 64 * MIB);
+            assert_true(r.ev[i].requested == UINT64_MAX);
+            seen = true;
+        }
+    assert_true(seen);
+    char nb[48];
+    assert_string_equal(mt_setting_name(MT_SETTING_ROUNDUP_0 + 3, nb, sizeof nb),
+                        "roundup_power2_divisions[3]");
+    /* Keys that shape existing segments are refused by name; nothing changes. */
+    size_t n0 = r.n;
+    assert_int_equal(mt_alloc_set_settings(a, "release_on_oom:False,tcache:False", err, sizeof err),
+                     MT_ENOTSUP);
+    assert_non_null(strstr(err, "tcache"));
+    assert_int_equal(mt_alloc_set_settings(a, "max_split_size_mb:x", err, sizeof err), MT_EINVAL);
+    assert_int_equal(r.n, n0);
+    assert_int_equal(mt_alloc_stats(a, &st), 0);
+    assert_int_equal(st.max_split_size, 64 * MIB);
+    /* Back to unlimited: the block is no longer oversize. */
+    assert_int_equal(mt_alloc_set_settings(a, "max_split_size_mb:1000000000000", err, sizeof err),
+                     0);
+    mt_alloc_free(a, p);
+    mt_alloc_free(a, q);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    rec_fini(&r);
+    mt_backend_destroy(&b);
+}
+
 static void test_memory_fraction_limit(void **state)
 {
     (void)state;
@@ -531,6 +591,7 @@ int main(void)
         cmocka_unit_test(test_max_split_size_rules),
         cmocka_unit_test(test_config_keys),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_settings_at_run_time),
         cmocka_unit_test(test_memory_fraction_limit),
         cmocka_unit_test(test_check_detects_corruption),
     };

@@ -330,6 +330,52 @@ static void test_ratios_defined_once(void **state)
 }
 
 /* Host memory is a class of its own; sources sum within a class. */
+/* A setting changed at run time is kept in the model, in order, and the report lists it
+ * with its config key; a log without one has no such member. */
+static void test_settings_changes(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 20 * MIB, 0);
+    put(&g, r, MT_EV_ALLOC, BASE, 4 * MIB, MT_TAG_WEIGHTS);
+    mt_event_rec_t ev = mgen_rec(&g, MT_EV_SETTING, MT_SETTING_MAX_SPLIT_SIZE, 64 * MIB, 0);
+    ev.requested = UINT64_MAX;
+    assert_int_equal(mt_model_apply(g.m, &ev), 0);
+    assert_int_equal(mt__report_add_event(r, 1, &ev, NULL), 0);
+    ev = mgen_rec(&g, MT_EV_SETTING, MT_SETTING_ROUNDUP_0 + 2, 4, 0);
+    assert_int_equal(mt_model_apply(g.m, &ev), 0);
+    assert_int_equal(mt__report_add_event(r, 1, &ev, NULL), 0);
+    check(g.m);
+    const mt_model_setting_t *v;
+    size_t n;
+    uint64_t dropped;
+    mt_model_settings(g.m, &v, &n, &dropped);
+    assert_int_equal(n, 2);
+    assert_int_equal(dropped, 0);
+    assert_int_equal(v[0].id, MT_SETTING_MAX_SPLIT_SIZE);
+    assert_int_equal(v[0].value, 64 * MIB);
+    assert_true(v[0].before == UINT64_MAX);
+    assert_int_equal(v[1].id, MT_SETTING_ROUNDUP_0 + 2);
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.allocated, 4 * MIB); /* no operation on memory */
+    json_t *res = report_process(r);
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    json_t *sc = json_object_get(p, "settings_changes");
+    assert_int_equal(json_array_size(sc), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(sc, 0), "key")),
+                        "max_split_size_mb");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(sc, 1), "key")),
+                        "roundup_power2_divisions[2]");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(sc, 1), "value")), 4);
+    json_decref(res);
+    mt__report_destroy(&r);
+    mt_model_destroy(&g.m);
+}
+
 static void test_classes_and_sources(void **state)
 {
     (void)state;
@@ -362,6 +408,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unmap_covers_several_maps),
+        cmocka_unit_test(test_settings_changes),
         cmocka_unit_test(test_unmap_middle_splits),
         cmocka_unit_test(test_gap_no_phantom_tags),
         cmocka_unit_test(test_gap_record_and_segment_free),

@@ -286,6 +286,19 @@ class InProcess(unittest.TestCase):
         self.assertEqual(s["allocation.all.freed"], 1)
         self.assertEqual(s["allocated_bytes.all.allocated"], s["allocated_bytes.all.freed"])
 
+    def test_set_allocator_settings(self):
+        memtrace.set_allocator_settings("max_split_size_mb:64,garbage_collection_threshold:0.9")
+        self.assertEqual(memtrace.memory_stats()["max_split_size"], 64 * MiB)
+        with self.assertRaisesRegex(memtrace.MemtraceError, "expandable_segments"):
+            memtrace.set_allocator_settings("expandable_segments:%s" % (
+                "False" if os.environ.get("MEMTRACE_ALLOC_CONF", "").find("expandable_segments:False") < 0
+                else "True"))
+        with self.assertRaisesRegex(memtrace.MemtraceError, "no_such_key"):
+            memtrace.set_allocator_settings("no_such_key:1")
+        self.assertEqual(memtrace.memory_stats()["max_split_size"], 64 * MiB)
+        memtrace.set_allocator_settings("max_split_size_mb:%d" % (1 << 40))
+        self.assertEqual(memtrace.memory_stats()["max_split_size"], (1 << 60))
+
     def test_pluggable_entry_points_through_ctypes(self):
         # As torch's CUDAPluggableAllocator calls them: function pointers of these signatures.
         L = self.L
