@@ -683,7 +683,7 @@ static void serve_sites(mt_d_conn_t *c, const char *query, bool head)
         rc |= json_str(&o, tl->names[s]);
         rc |= mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
     }
-    rc |= mt__d_buf_append(&o, "],\"t\":[", 8);
+    rc |= mt__d_buf_append(&o, "],\"t\":[", 7);
     for (size_t b = 0; b < tl->nbuckets && !rc; b++)
         rc |= mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
     rc |= mt__d_buf_append(&o, "],\"bytes\":[", 11);
