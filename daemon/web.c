@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "analysis/callsite.h"
+#include "analysis/gap.h"
 #include "analysis/model.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
@@ -697,6 +698,51 @@ static void serve_sites(mt_d_conn_t *c, const char *query, bool head)
     send_buf(c, &o, rc, head);
 }
 
+/* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
+ * window (analysis/gap.h, the report's peak_gap and end_gap); a snapshot's pinning stacks
+ * named by their user frame ("site"). */
+static void serve_gap(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_gap_t g = {0};
+    json_t *j = NULL;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (!rc)
+        rc = mt_gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
+    if (!rc)
+        j = mt_gap_json(&g, 5);
+    json_t *pins = json_object_get(j, "pins");
+    for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
+        json_t *pin = json_array_get(pins, i);
+        uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
+        mt_fr_frame_t fr[256];
+        size_t n = mt_ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
+        int user = mt_fr_pick(NULL, fr, n);
+        char buf[512];
+        json_object_set_new(
+            pin, "site",
+            json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
+    }
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    rc |= !txt;
+    if (!rc)
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
+    free(txt);
+    json_decref(j);
+    mt_gap_free(&g);
+    mt_model_destroy(&m);
+    send_buf(c, &o, rc, head);
+}
+
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
  * window (the compare view). Frames come from the process's stack table. */
 static void serve_callsites(mt_d_conn_t *c, const char *query, bool head)
@@ -861,10 +907,14 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
     static const struct {
         const char *path;
         void (*fn)(mt_d_conn_t *c, const char *query, bool head);
-    } routes[] = {
-        {"/history", serve_history}, {"/spark", serve_spark},         {"/map", serve_map},
-        {"/block", serve_block},     {"/callsites", serve_callsites}, {"/tail", serve_tail},
-        {"/sites", serve_sites}};
+    } routes[] = {{"/history", serve_history},
+                  {"/spark", serve_spark},
+                  {"/map", serve_map},
+                  {"/block", serve_block},
+                  {"/callsites", serve_callsites},
+                  {"/tail", serve_tail},
+                  {"/sites", serve_sites},
+                  {"/gap", serve_gap}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;

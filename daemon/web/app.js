@@ -351,7 +351,25 @@ function renderMap(m) {
       ` · history of the last ${w.count} events, from ${fmtTime(w.first_t)}`;
   }
   $('map-info').textContent = m.live ? '(live)' : `(at ${fmtTime(m.t)})`;
+  loadGap(m);
   $('map-live').classList.toggle('on', m.live);
+}
+
+/* Why reserved exceeds allocated at the map's moment: the causes (analysis/gap.h) that add
+ * up to the gap, and the sites whose blocks pin the most free memory. */
+async function loadGap(m) {
+  let d;
+  try { d = await api(`/gap?pid=${S.pid}` + (m.live ? '' : '&seq=' + m.seq)); } catch (e) { return; }
+  if (S.map !== m) return;
+  const g = d.gap, box = $('gap');
+  box.textContent = '';
+  box.append(el('b', null, `reserved − allocated = ${fmtBytes(g.gap_bytes)}`),
+    ': ' + g.causes.filter((c) => c.bytes !== 0).map((c) => `${c.cause.replace(/_/g, ' ')} ${fmtBytes(c.bytes)}`).join(', '));
+  const pins = (g.pins || []).filter((x) => x.bytes > 0);
+  if (pins.length)
+    box.append(el('div', { class: 'muted' }, 'free memory pinned by live blocks of: ' +
+      pins.map((x) => `${x.site || 'stack ' + x.stack} ${fmtBytes(x.bytes)}`).join(', ')));
+  box.dataset.gap = String(g.gap_bytes);
 }
 
 function mapQuery() {

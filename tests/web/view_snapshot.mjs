@@ -79,6 +79,14 @@ try {
   if (!SITE_RE.test(cs.site || '') || !cs.frames || !cs.frames[0].user || cs.frames[0].label !== cs.site ||
       cs.frames.some((f) => /\?\?|c10::|at::/.test(f.label)) || !(cs.hidden > 0))
     fail(`/block's stack is not the user frame then the filtered frames: ${JSON.stringify(cs)}`);
+  const gap = (await get(url, `/gap?pid=${p.pid}`)).gap;
+  const sum = gap.causes.reduce((a, c) => a + c.bytes, 0);
+  if (gap.reserved_bytes !== map.reserved || gap.gap_bytes !== gap.reserved_bytes - gap.allocated_bytes ||
+      sum !== gap.gap_bytes || !(gap.gap_bytes > 0))
+    fail(`/gap's causes do not add up to reserved - allocated: ${JSON.stringify(gap)}`);
+  if (gap.pins.some((x) => x.bytes > 0 && !SITE_RE.test(x.site || '')))
+    fail(`/gap's pinning stacks are not named by their user frame: ${JSON.stringify(gap.pins)}`);
+  console.log(`ok: /gap ${JSON.stringify(gap.causes)} add up to ${gap.gap_bytes}; pins ${JSON.stringify(gap.pins.map((x) => x.site))}`);
   console.log(`ok: ${map.sites.length} sites, block ${blk.addr} at ${cs.site} (${cs.hidden} frames hidden), ` +
     `timeline of ${sites.t.length} buckets`);
 
@@ -143,6 +151,16 @@ try {
       fail(`the site timeline is missing or lacks the top site: ${JSON.stringify(series)}`);
     console.log(`ok: ${colourOf.size} sites in ${colourOf.size} colours; legend ${JSON.stringify(legend)}; ` +
       `site timeline series ${JSON.stringify(series)}`);
+
+    // The gap at the map's moment, with the same figures as /gap.
+    try {
+      await page.waitForFunction((want) => document.getElementById('gap').dataset.gap === String(want), gap.gap_bytes, { timeout: 10000 });
+    } catch (e) {
+      fail(`the page shows no gap of ${gap.gap_bytes}: '${await page.textContent('#gap')}'`);
+    }
+    const gapText = await page.textContent('#gap');
+    if (!/^reserved − allocated = /.test(gapText)) fail(`gap text '${gapText}'`);
+    console.log(`ok: the page says '${gapText}'`);
 
     // Hover and click on the first block: its user frame, then its filtered stack.
     const at = await page.evaluate(() => {
