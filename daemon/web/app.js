@@ -322,7 +322,7 @@ function drawMap(m) {
   if (m.bySite) {
     const shown = new Set(L.blocks.map((b) => b.site || 'other'));
     for (const n of m.sites.filter((x) => shown.has(x))) {
-      const s = el('span', { class: 'site', 'data-site': n }); const i = el('i'); i.style.background = siteColour(n);
+      const s = el('span', { class: 'site', 'data-site': n, title: n }); const i = el('i'); i.style.background = siteColour(n);
       s.append(i, n); lg.append(s);
     }
   } else {
