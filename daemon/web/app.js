@@ -481,6 +481,7 @@ function renderTail(t) {
   // One string, one parse: much cheaper than a thousand createElement calls a second.
   let h = '';
   for (const e of t.events) {
+    if (e.kind === 'stack_ref') continue; // a block's stack: shown on a click on the block
     h += `<tr data-tag="${esc(e.tag)}" data-kind="${esc(e.kind)}" data-pool="${esc(e.pool)}">`;
     for (const v of [e.seq, fmtTime(e.t), e.kind, e.tag, e.pool, fmtBytes(e.size), fmtBytes(e.requested),
       e.addr, e.stream, fmtBytes(e.allocated)]) h += `<td>${esc(v)}</td>`;
