@@ -90,6 +90,10 @@ typedef struct mt_d_proc_s {
     mt__stab_seen_t stab_seen;
     uint32_t pending_stack;
     uint64_t pending_addr;
+    /* A PyTorch snapshot loaded by `memtrace view` (NULL otherwise), kept for its stacks'
+     * frames (its blocks' stack ids are the snapshot's), and its live bytes by site. */
+    struct mt_ts_s *snap;
+    struct mt_ts_timeline_s *sites;
 } mt_d_proc_t;
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);

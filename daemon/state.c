@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "analysis/callsite.h"
+#include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "util/text.h"
 
@@ -33,6 +34,8 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
     mt_model_destroy(&p->model);
     mt__d_stacks_free(p);
     mt_sym_destroy(&p->sym);
+    mt_ts_timeline_destroy(&p->sites);
+    mt_ts_destroy(&p->snap);
     free(p);
     *pp = NULL;
 }

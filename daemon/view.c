@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "analysis/torch_snapshot.h"
+#include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
@@ -119,9 +120,26 @@ static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev)
     mt__d_web_record(f->d, f->p, ev);
 }
 
+/* Sites kept by name on the page (the rest are "other") and the timeline's buckets. */
+#define VIEW_SITES        10
+#define VIEW_SITE_BUCKETS 400
+
 static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
 {
-    (void)stack;
+    snap_feed_t *f = ctx;
+    if (ev->kind == MT_EV_ALLOC && stack != 0 && stack <= MT_STACK_ID_MAX) {
+        /* The block keeps the snapshot's stack id, as a producer's block keeps its own:
+         * the page finds the block's site and frames by it. Not an event of the file. */
+        mt_event_rec_t ref = {.seq = f->seq++,
+                              .time_ns = ev->time_ns,
+                              .kind = MT_EV_STACK_REF,
+                              .addr = ev->addr,
+                              .size = stack,
+                              .pool = ev->pool,
+                              .device = ev->device};
+        mt__d_proc_apply(f->p, &ref);
+        mt__d_web_record(f->d, f->p, &ref);
+    }
     mt_event_rec_t e = *ev;
     snap_apply(ctx, &e);
     return 0;
@@ -159,11 +177,16 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
      * the page's times are epoch seconds as they are, not this machine's monotonic clock
      * moved to its wall clock. A file without times keeps event order on that clock. */
     int64_t first_us = 0, last_us = 0;
-    for (size_t i = 0; i < ts->nevents; i++) {
+    for (size_t i = 0; ts != NULL && i < ts->nevents; i++) {
         int64_t us = ts->events[i].time_us;
         if (us > 0 && (first_us == 0 || us < first_us))
             first_us = us;
         last_us = us > last_us ? us : last_us;
+    }
+    if (rc == 0 && f.p->sites == NULL &&
+        mt_ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS) == 0) {
+        f.p->snap = ts; /* the page names blocks' frames from it */
+        ts = NULL;
     }
     mt_d_web_proc_t *t = mt__d_web_find(d, f.p);
     if (rc == 0 && t != NULL && first_us > 0) {

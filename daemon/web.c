@@ -9,7 +9,9 @@
 #include <time.h>
 
 #include "analysis/callsite.h"
+#include "analysis/gap.h"
 #include "analysis/model.h"
+#include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 
@@ -535,7 +537,17 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
         rc |= json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
         any = true;
     }
-    rc |= mt__d_buf_append(o, "},\"ranges\":[", 12);
+    rc |= mt__d_buf_append(o, "}", 1);
+    const mt_ts_timeline_t *tl = p->sites;
+    if (tl) { /* a snapshot: its blocks by site (the site's index after each block) */
+        rc |= mt__d_buf_append(o, ",\"sites\":[", 10);
+        for (size_t i = 0; i < tl->nsites && !rc; i++) {
+            rc |= mt__d_buf_append(o, i ? "," : "", i ? 1 : 0);
+            rc |= json_str(o, tl->names[i]);
+        }
+        rc |= mt__d_buf_append(o, "]", 1);
+    }
+    rc |= mt__d_buf_append(o, ",\"ranges\":[", 11);
     for (size_t i = 0; i < map.nsegs && i < MAX_RANGES && !rc; i++) {
         const mt_model_seg_t *r = &map.segs[i];
         rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u,%u]", i ? "," : "",
@@ -545,8 +557,13 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
     size_t n = map.nblocks < MAX_BLOCKS ? map.nblocks : MAX_BLOCKS;
     for (size_t i = 0; i < n && !rc; i++) {
         const mt_model_block_t *b = &map.blocks[i];
-        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u]", i ? "," : "", b->addr,
+        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u", i ? "," : "", b->addr,
                                b->size, b->tag, b->pending);
+        if (tl) {
+            uint32_t s = b->stack < tl->nstacks ? tl->site_of[b->stack] : MT_TS_TIMELINE_NONE;
+            rc |= mt__d_buf_printf(o, ",%d", s == MT_TS_TIMELINE_NONE ? -1 : (int)s);
+        }
+        rc |= mt__d_buf_append(o, "]", 1);
     }
     rc |= mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
     mt_model_map_free(&map);
@@ -612,6 +629,118 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     int rc = mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
     free(txt);
     return rc;
+}
+
+/* ,"call_stack":{"stack":N,"site":S,"frames":[...],"hidden":K} of a snapshot's stack: its
+ * site (the user's frame, analysis/frames.h), then the frames no rule skips from the user's
+ * frame out, as PyTorch's viewer filters them; hidden counts the frames left out. */
+static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
+{
+    const mt_ts_t *ts = p->snap;
+    size_t n = id < ts->nstacks ? ts->stacks[id].n : 0;
+    mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
+    if (!fr)
+        return MT_ENOMEM;
+    n = mt_ts_stack_frames(ts, id, fr, n);
+    int user = mt_fr_pick(NULL, fr, n);
+    char buf[512];
+    int rc = mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
+    rc |= json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
+    rc |= mt__d_buf_append(o, ",\"frames\":[", 11);
+    size_t shown = 0;
+    for (size_t i = user >= 0 ? (size_t)user : n; i < n && !rc; i++) {
+        if ((int)i != user && mt_fr_match(NULL, &fr[i]) != NULL)
+            continue;
+        rc |= mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
+        rc |= json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
+        rc |= mt__d_buf_append(o, ",\"file\":", 8);
+        rc |= json_str(o, fr[i].file ? fr[i].file : "");
+        rc |= mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");
+    }
+    rc |= mt__d_buf_printf(o, "],\"hidden\":%zu}", n - shown);
+    free(fr);
+    return rc;
+}
+
+/* /sites?pid=: a snapshot's live bytes by site over its trace (the top sites, then
+ * "other"): t[b] the buckets' starts, bytes[s][b] site s's bytes at bucket b's largest
+ * total. 404 for a process that is not a snapshot. */
+static void serve_sites(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    const mt_ts_timeline_t *tl = p->sites;
+    if (!tl) {
+        bad(c, 404, "no sites: not a snapshot\n");
+        return;
+    }
+    mt_d_buf_t o = {0};
+    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"by_time\":%s,\"sites\":[", p->pid,
+                              tl->by_time ? "true" : "false");
+    for (size_t s = 0; s < tl->nsites && !rc; s++) {
+        rc |= mt__d_buf_append(&o, s ? ",{\"name\":" : "{\"name\":", s ? 9 : 8);
+        rc |= json_str(&o, tl->names[s]);
+        rc |= mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
+    }
+    rc |= mt__d_buf_append(&o, "],\"t\":[", 7);
+    for (size_t b = 0; b < tl->nbuckets && !rc; b++)
+        rc |= mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
+    rc |= mt__d_buf_append(&o, "],\"bytes\":[", 11);
+    for (size_t s = 0; s < tl->nsites && !rc; s++) {
+        rc |= mt__d_buf_append(&o, s ? ",[" : "[", s ? 2 : 1);
+        for (size_t b = 0; b < tl->nbuckets && !rc; b++)
+            rc |= mt__d_buf_printf(&o, "%s%" PRIu64, b ? "," : "", tl->bytes[b * tl->nsites + s]);
+        rc |= mt__d_buf_append(&o, "]", 1);
+    }
+    rc |= mt__d_buf_append(&o, "]}\n", 3);
+    send_buf(c, &o, rc, head);
+}
+
+/* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
+ * window (analysis/gap.h, the report's peak_gap and end_gap); a snapshot's pinning stacks
+ * named by their user frame ("site"). */
+static void serve_gap(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_gap_t g = {0};
+    json_t *j = NULL;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (!rc)
+        rc = mt_gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
+    if (!rc)
+        j = mt_gap_json(&g, 5);
+    json_t *pins = json_object_get(j, "pins");
+    for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
+        json_t *pin = json_array_get(pins, i);
+        uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
+        mt_fr_frame_t fr[256];
+        size_t n = mt_ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
+        int user = mt_fr_pick(NULL, fr, n);
+        char buf[512];
+        json_object_set_new(
+            pin, "site",
+            json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
+    }
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    rc |= !txt;
+    if (!rc)
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
+    free(txt);
+    json_decref(j);
+    mt_gap_free(&g);
+    mt_model_destroy(&m);
+    send_buf(c, &o, rc, head);
 }
 
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
@@ -697,7 +826,8 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
                                secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
         rc |= json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
         if (ref && ref->kind == MT_EV_STACK_REF && ref->addr == al->addr)
-            rc |= put_stack(&o, p, (uint32_t)ref->size);
+            rc |= p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)
+                          : put_stack(&o, p, (uint32_t)ref->size);
     } else {
         rc |= mt__d_buf_append(&o, ",\"before_window\":true", 21);
     }
@@ -777,9 +907,14 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
     static const struct {
         const char *path;
         void (*fn)(mt_d_conn_t *c, const char *query, bool head);
-    } routes[] = {
-        {"/history", serve_history}, {"/spark", serve_spark},         {"/map", serve_map},
-        {"/block", serve_block},     {"/callsites", serve_callsites}, {"/tail", serve_tail}};
+    } routes[] = {{"/history", serve_history},
+                  {"/spark", serve_spark},
+                  {"/map", serve_map},
+                  {"/block", serve_block},
+                  {"/callsites", serve_callsites},
+                  {"/tail", serve_tail},
+                  {"/sites", serve_sites},
+                  {"/gap", serve_gap}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;

@@ -36,6 +36,7 @@ const S = {
   chart: null, hostChart: null,
   sparks: new Map(),    // pid -> uPlot
   cmp: { a: null, b: null },
+  sites: null,          // /sites of the selected process; false: it has none
   perf: [],             // ms per page update (Performance API), for the benchmark and test
   updates: 0,
   busy: false,
@@ -77,6 +78,14 @@ const tagColours = new Map();
 function tagColour(name) {
   if (!tagColours.has(name)) tagColours.set(name, PALETTE[tagColours.size % PALETTE.length]);
   return tagColours.get(name);
+}
+
+// Sites (a snapshot's blocks have no tags): one colour per site name, "other" grey.
+const siteColours = new Map();
+function siteColour(name) {
+  if (name === 'other') return '#90a4ae';
+  if (!siteColours.has(name)) siteColours.set(name, PALETTE[siteColours.size % PALETTE.length]);
+  return siteColours.get(name);
 }
 
 function el(tag, attrs, text) {
@@ -139,6 +148,9 @@ function select(pid) {
   S.view = { live: true, span: S.view.span || 300, from: 0, to: 0 };
   S.tagKey = '';
   if (S.chart) { S.chart.destroy(); S.chart = null; }
+  if (S.siteChart) { S.siteChart.destroy(); S.siteChart = null; }
+  S.sites = null;
+  $('sites-box').hidden = true;
   $('blockinfo').textContent = 'Click a block for its size, requested bytes, tag, stream and age.';
   for (const r of $('procs').tBodies[0].rows) r.classList.toggle('sel', Number(r.dataset.pid) === pid);
   refresh();
@@ -265,7 +277,8 @@ function layoutMap(m) {
     .sort((a, b) => (a.addr < b.addr ? -1 : a.addr > b.addr ? 1 : 0));
   let lin = 0;
   for (const r of ranges) { r.lin = lin; lin += r.size; }
-  const blocks = m.blocks.map((b) => ({ hex: b[0], addr: BigInt(b[0]), size: b[1], tag: b[2], freed: b[3] }))
+  const blocks = m.blocks.map((b) => ({ hex: b[0], addr: BigInt(b[0]), size: b[1], tag: b[2], freed: b[3],
+    site: b.length > 4 && b[4] >= 0 && m.sites ? m.sites[b[4]] : null }))
     .sort((a, b) => (a.addr < b.addr ? -1 : a.addr > b.addr ? 1 : 0));
   let k = 0;
   for (const b of blocks) {
@@ -273,6 +286,9 @@ function layoutMap(m) {
     b.lin = k < ranges.length && ranges[k].addr <= b.addr ? ranges[k].lin + Number(b.addr - ranges[k].addr) : -1;
   }
   m.layout = { ranges, blocks: blocks.filter((b) => b.lin >= 0), total: lin };
+  // Without tags (a snapshot, or a process that tagged nothing) the blocks are coloured
+  // by their site: tags would all read "other".
+  m.bySite = !!m.sites && Object.values(m.tag_names).every((n) => n === 'other');
 }
 
 function drawMap(m) {
@@ -297,15 +313,23 @@ function drawMap(m) {
   for (const r of L.ranges) span(r.lin, r.size, r.mapped ? '#e0f2f1' : '#eceff1');
   for (const b of L.blocks) {
     const name = m.tag_names[b.tag] || 'tag' + b.tag;
-    span(b.lin, b.size, b.freed ? '#bdbdbd' : tagColour(name));
+    span(b.lin, b.size, b.freed ? '#bdbdbd' : m.bySite ? siteColour(b.site || 'other') : tagColour(name));
   }
   g.fillStyle = '#263238';
   for (const r of L.ranges) { const x = r.lin / per, row = Math.floor(x / W); g.fillRect(x - row * W, row * rowH, 1, rowH); }
   const lg = $('legend');
   lg.textContent = '';
-  for (const t in m.tag_names) {
-    const s = el('span'); const i = el('i'); i.style.background = tagColour(m.tag_names[t]);
-    s.append(i, m.tag_names[t]); lg.append(s);
+  if (m.bySite) {
+    const shown = new Set(L.blocks.map((b) => b.site || 'other'));
+    for (const n of m.sites.filter((x) => shown.has(x))) {
+      const s = el('span', { class: 'site', 'data-site': n, title: n }); const i = el('i'); i.style.background = siteColour(n);
+      s.append(i, n); lg.append(s);
+    }
+  } else {
+    for (const t in m.tag_names) {
+      const s = el('span'); const i = el('i'); i.style.background = tagColour(m.tag_names[t]);
+      s.append(i, m.tag_names[t]); lg.append(s);
+    }
   }
   const s = el('span'); const i = el('i'); i.style.background = '#bdbdbd'; s.append(i, 'freed, awaiting its stream'); lg.append(s);
   const f = el('span'); const j = el('i'); j.style.background = '#eceff1'; f.append(j, 'free in a segment'); lg.append(f);
@@ -327,7 +351,25 @@ function renderMap(m) {
       ` · history of the last ${w.count} events, from ${fmtTime(w.first_t)}`;
   }
   $('map-info').textContent = m.live ? '(live)' : `(at ${fmtTime(m.t)})`;
+  loadGap(m);
   $('map-live').classList.toggle('on', m.live);
+}
+
+/* Why reserved exceeds allocated at the map's moment: the causes (analysis/gap.h) that add
+ * up to the gap, and the sites whose blocks pin the most free memory. */
+async function loadGap(m) {
+  let d;
+  try { d = await api(`/gap?pid=${S.pid}` + (m.live ? '' : '&seq=' + m.seq)); } catch (e) { return; }
+  if (S.map !== m) return;
+  const g = d.gap, box = $('gap');
+  box.textContent = '';
+  box.append(el('b', null, `reserved − allocated = ${fmtBytes(g.gap_bytes)}`),
+    ': ' + g.causes.filter((c) => c.bytes !== 0).map((c) => `${c.cause.replace(/_/g, ' ')} ${fmtBytes(c.bytes)}`).join(', '));
+  const pins = (g.pins || []).filter((x) => x.bytes > 0);
+  if (pins.length)
+    box.append(el('div', { class: 'muted' }, 'free memory pinned by live blocks of: ' +
+      pins.map((x) => `${x.site || 'stack ' + x.stack} ${fmtBytes(x.bytes)}`).join(', ')));
+  box.dataset.gap = String(g.gap_bytes);
 }
 
 function mapQuery() {
@@ -345,20 +387,37 @@ async function mapAtSeq(seq) {
   renderMap(await api(`/map?pid=${S.pid}&seq=${seq}`));
 }
 
-async function blockAt(ev) {
+// The block under the mouse event ev, or null.
+function blockUnder(ev) {
   const m = S.map;
-  if (!m || !m.layout.per) return;
+  if (!m || !m.layout.per) return null;
   const r = $('map').getBoundingClientRect();
   const x = ev.clientX - r.left, y = ev.clientY - r.top;
   const row = Math.floor(y / m.layout.rowH);
   const lin = (row * m.layout.W + x) * m.layout.per;
   const slop = 2 * m.layout.per;
-  const b = m.layout.blocks.find((bb) => lin >= bb.lin - slop && lin < bb.lin + bb.size + slop);
+  return m.layout.blocks.find((bb) => lin >= bb.lin - slop && lin < bb.lin + bb.size + slop) || null;
+}
+
+function hoverMap(ev) {
+  const b = blockUnder(ev), h = $('maphover');
+  const text = !b ? '' : `${b.site ? b.site + ' · ' : ''}${fmtBytes(b.size)} at ${b.hex}` +
+    (b.freed ? ' (freed, awaiting its stream)' : '') + ' · click for its stack';
+  h.textContent = text;
+  $('map').title = text;
+}
+
+async function blockAt(ev) {
+  const m = S.map;
+  const b = blockUnder(ev);
+  if (!m || !m.layout.per) return;
   const box = $('blockinfo');
   if (!b) { box.textContent = 'No block there (free space).'; return; }
   const info = await api(`/block?pid=${S.pid}&addr=${b.hex}${mapQuery()}`);
   const name = m.tag_names[b.tag] || 'tag' + b.tag;
-  box.textContent = `block ${b.hex}: size ${fmtBytes(b.size)}, tag ${name}` + (b.freed ? ' (freed, awaiting its stream)' : '') +
+  const cs = info.call_stack;
+  box.textContent = `block ${b.hex}: size ${fmtBytes(b.size)}` +
+    (cs && cs.site ? `, site ${cs.site}` : '') + `, tag ${name}` + (b.freed ? ' (freed, awaiting its stream)' : '') +
     (info.before_window ? '; allocated before the kept history (requested bytes, stream and age unknown)'
       : `, requested ${fmtBytes(info.requested)}, stream ${info.stream}, pool ${info.pool}, ` +
         `age ${info.age_s.toFixed(3)} s (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
@@ -369,12 +428,45 @@ async function blockAt(ev) {
 function stackList(cs) {
   const d = el('div', { class: 'callstack' });
   if (!cs) { d.textContent = 'No call stack recorded (MEMTRACE_STACKS=all records one per allocation).'; return d; }
-  d.append(el('div', { class: 'muted' }, `call stack ${cs.stack}` + (cs.unknown ? ' (not in the stack table)' : '')));
+  d.append(el('div', { class: 'muted' }, `call stack ${cs.stack}` + (cs.unknown ? ' (not in the stack table)' : '') +
+    (cs.site ? ` · user frame ${cs.site}; from it outwards, ${cs.hidden} framework, interpreter and allocator frame(s) hidden` : '')));
   const ol = el('ol');
-  for (const f of cs.frames || []) ol.append(el('li', { title: f.module || f.file || '' }, f.label));
+  for (const f of cs.frames || []) ol.append(el('li', { title: f.module || f.file || '', class: f.user ? 'user' : '' }, f.label));
   if (cs.truncated) ol.append(el('li', { class: 'muted' }, '…'));
   d.append(ol);
   return d;
+}
+
+/* ---- live bytes by site (snapshots) ---- */
+
+// The snapshot's timeline by site, computed by the daemon at load: stacked, largest site
+// at the bottom. Fetched once per process (a recording does not change).
+async function loadSites(pid) {
+  let d;
+  try { d = await api(`/sites?pid=${pid}`); } catch (e) { return; } // not a snapshot
+  if (S.pid !== pid) return;
+  S.sites = d;
+  const box = $('sites-box');
+  box.hidden = false;
+  if (S.siteChart) S.siteChart.destroy();
+  const names = d.sites.map((s) => s.name);
+  const keep = names.map((n, k) => k).filter((k) => d.sites[k].peak > 0);
+  const series = [{ value: (u, v) => (v == null ? '–' : d.by_time ? fmtWhen(v) : 'record ' + v) }];
+  const cum = [];
+  let acc = d.t.map(() => 0);
+  for (const k of keep) {
+    acc = acc.map((a, i) => a + d.bytes[k][i]);
+    cum.push(acc);
+  }
+  // Drawn from the top of the stack down, each filled to zero.
+  for (let j = keep.length - 1; j >= 0; j--) {
+    const k = keep[j], c = siteColour(names[k]);
+    series.push({ label: names[k], stroke: c, fill: c + '88', width: 1,
+      value: (u, v, si, i) => fmtBytes(d.bytes[k][i]) });
+  }
+  S.siteChart = new uPlot({ width: chartWidth('sitechart'), height: 240, series,
+    scales: { x: { time: d.by_time } }, axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }] },
+  [d.t].concat(cum.reverse()), $('sitechart'));
 }
 
 /* ---- event tail ---- */
@@ -389,6 +481,7 @@ function renderTail(t) {
   // One string, one parse: much cheaper than a thousand createElement calls a second.
   let h = '';
   for (const e of t.events) {
+    if (e.kind === 'stack_ref') continue; // a block's stack: shown on a click on the block
     h += `<tr data-tag="${esc(e.tag)}" data-kind="${esc(e.kind)}" data-pool="${esc(e.pool)}">`;
     for (const v of [e.seq, fmtTime(e.t), e.kind, e.tag, e.pool, fmtBytes(e.size), fmtBytes(e.requested),
       e.addr, e.stream, fmtBytes(e.allocated)]) h += `<td>${esc(v)}</td>`;
@@ -523,6 +616,7 @@ async function refresh() {
         renderHistory(hist); lap('history');
       }
       if (map) { renderMap(map); lap('map'); }
+      if (S.recorded && S.sites === null) { S.sites = false; loadSites(S.pid); }
       if (tail) { renderTail(tail); lap('tail'); }
     }
     const dt = performance.now() - t0;
@@ -570,6 +664,7 @@ function init() {
   $('step-fwd').addEventListener('click', () => mapAtSeq((S.map ? S.map.seq : 0) + 1));
   $('map-live').addEventListener('click', () => { S.mapSeq = null; refresh(); });
   $('map').addEventListener('click', blockAt);
+  $('map').addEventListener('mousemove', hoverMap);
   for (const k of ['kind', 'tag', 'pool']) $('f-' + k).addEventListener('change', refresh);
   $('set-a').addEventListener('click', () => setRange('a'));
   $('set-b').addEventListener('click', () => setRange('b'));
