@@ -463,6 +463,20 @@ static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
     return s->stack(s->ud, size, MT_POOL_NONE, a->cfg.stacks);
 }
 
+/* An OOM's end: the observers, called without the lock and outside the program's entry
+ * (mu held on entry, released on return). Out of line, to keep its buffer off the hot
+ * path's stack. */
+static __attribute__((noinline, cold)) int oom_observe(mt_alloc_t *a, size_t size, int rc,
+                                                       uintptr_t entry)
+{
+    mt__oom_call_t call;
+    mt__oom_prepare(a, size, &call);
+    mt__alloc_unlock(a);
+    mt__entry_leave(entry);
+    mt__oom_run(&call);
+    return rc;
+}
+
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                             uintptr_t ra)
 {
@@ -613,14 +627,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     *out = (void *)b->addr;
 out:
-    if (__builtin_expect(oom, 0) && a->noom_obs > 0) {
-        mt__oom_call_t call; /* observers run without the lock and outside the entry */
-        mt__oom_prepare(a, size, &call);
-        mt__alloc_unlock(a);
-        mt__entry_leave(entry);
-        mt__oom_run(&call);
-        return rc;
-    }
+    if (__builtin_expect(oom, 0) && a->noom_obs > 0)
+        return oom_observe(a, size, rc, entry);
     mt__alloc_unlock(a);
     mt__entry_leave(entry);
     return rc;

@@ -209,7 +209,8 @@ typedef struct mt_alloc_oom_info_s {
 typedef void (*mt_alloc_oom_cb)(void *ud, const mt_alloc_oom_info_t *info);
 /* Adds cb (with ud, borrowed until removed). MT_EBUSY when 8 are registered already. */
 MT_API int mt_alloc_add_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud);
-/* Removes the (cb, ud) registration; MT_ENOENT if there is none. */
+/* Removes the (cb, ud) registration; MT_ENOENT if there is none. An OOM on another thread
+ * that began before may still call it: keep ud alive until such requests have returned. */
 MT_API int mt_alloc_remove_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud);
 
 /* Registers a user label as a tag; *out_tag receives its id (the same id if the label
