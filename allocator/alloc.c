@@ -463,6 +463,20 @@ static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
     return s->stack(s->ud, size, MT_POOL_NONE, a->cfg.stacks);
 }
 
+/* An OOM's end: the observers, called without the lock and outside the program's entry
+ * (mu held on entry, released on return). Out of line, to keep its buffer off the hot
+ * path's stack. */
+static __attribute__((noinline, cold)) int oom_observe(mt_alloc_t *a, size_t size, int rc,
+                                                       uintptr_t entry)
+{
+    mt__oom_call_t call;
+    mt__oom_prepare(a, size, &call);
+    mt__alloc_unlock(a);
+    mt__entry_leave(entry);
+    mt__oom_run(&call);
+    return rc;
+}
+
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                             uintptr_t ra)
 {
@@ -472,6 +486,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     mt__tc_prepare(a);
     mt__alloc_lock(a);
     int rc = 0;
+    bool oom = false; /* the device's memory, not the host's, ran out */
     /* The search sees this thread's cached blocks merged, as the bins alone would. */
     mt__tc_flush_mine(a);
     if (a->npending > 0)
@@ -481,6 +496,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         mt__alloc_emit(a, MT_EV_OOM, 0, 0, size, mt_stream_id(stream), MT_POOL_LARGE, tag);
         mt__alloc_oom_report(a, size, size, "size beyond any device");
         rc = MT_ENOMEM;
+        oom = true;
         goto out;
     }
     size_t rsize = mt__alloc_round(a, size);
@@ -526,8 +542,10 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         }
         if (b == NULL) {
             rc = get_new_block(a, sr, bp, size, rsize, &b);
-            if (rc != 0)
+            if (rc != 0) {
+                oom = rc == MT_ENOMEM; /* get_new_block's only MT_ENOMEM is an OOM */
                 goto out;
+            }
         }
         mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
         near_quick = mt__quick_near(b);
@@ -568,6 +586,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     int sp = seg->pool, st = mt__stat_pool(sp);
     mt__tc_peak_guard(a, st, b->size, size, tag); /* a new peak is set with truth = counters */
     mt__stat_inc2(a->st.allocated_bytes, st, (int64_t)b->size);
+    mt__scope_track(a);
     mt__stat_inc2(a->st.requested_bytes, st, (int64_t)size);
     mt__stat_inc2(a->st.allocation, st, 1);
     mt__stat_inc2(a->st.active_bytes, st, (int64_t)b->size);
@@ -608,6 +627,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     *out = (void *)b->addr;
 out:
+    if (__builtin_expect(oom, 0) && a->noom_obs > 0)
+        return oom_observe(a, size, rc, entry);
     mt__alloc_unlock(a);
     mt__entry_leave(entry);
     return rc;

@@ -322,6 +322,24 @@ typedef struct mt__free_cb_s {
     void *ud;
 } mt__free_cb_t;
 
+#define MT__OOM_OBS_MAX 8
+typedef struct mt__oom_obs_s {
+    mt_alloc_oom_cb cb;
+    void *ud;
+} mt__oom_obs_t;
+
+/* An open statistics scope (observe.c). Invariant, for the open scopes i < nscopes:
+ * start <= peak, and max(peak, scope_hw) is the highest allocated_bytes[ALL] truth
+ * since its push. */
+typedef struct mt__scope_s {
+    int64_t start;   /* allocated bytes at push */
+    int64_t peak;    /* highest allocated bytes seen up to the last push/pop */
+    uint64_t alloc0; /* allocated_bytes[ALL].allocated at push */
+    uint64_t count0; /* allocation[ALL].allocated at push */
+    int64_t ccount0; /* allocation[ALL].current at push */
+    char name[MT_EVENT_MARK_NAME_MAX + 1]; /* recorded at pop as "/" + name; "" = none */
+} mt__scope_t;
+
 struct mt_alloc_s {
     pthread_mutex_t mu;
 #if MT_ASSERT_LEVEL >= 1
@@ -385,6 +403,14 @@ struct mt_alloc_s {
     mt__free_cb_t free_cbs[MT__FREE_CB_MAX];
     unsigned nfree_cbs; /* <= MT__FREE_CB_MAX */
     bool in_free_cbs;
+    mt__oom_obs_t oom_obs[MT__OOM_OBS_MAX]; /* OOM observers, registration order */
+    unsigned noom_obs;                      /* <= MT__OOM_OBS_MAX */
+    /* Statistics scopes (observe.c). scope_hw: while nscopes > 0, the highest
+     * allocated_bytes[ALL] truth since the last push or pop, and
+     * allocated_bytes[ALL].current <= scope_hw (the thread caches' peak guard keeps it). */
+    mt__scope_t scopes[MT_ALLOC_SCOPE_MAX];
+    unsigned nscopes; /* <= MT_ALLOC_SCOPE_MAX */
+    int64_t scope_hw; /* bytes */
     mt__clock_t clk;                /* time of events (only read with a sink) */
     uint64_t stats_period_ns;       /* cfg.stats_period_ms in ns; 0 = no MT_EV_STATS */
     uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */
@@ -674,6 +700,26 @@ static inline int mt__public_pool(int bp)
 }
 /* Fills a->last_error with the OOM report and logs it. */
 void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why);
+
+/* ---- observe.c ---- */
+/* An OOM observers' run, prepared under mu and made without it. */
+typedef struct mt__oom_call_s {
+    mt__oom_obs_t obs[MT__OOM_OBS_MAX];
+    unsigned n;
+    mt_alloc_oom_info_t info;
+    char msg[sizeof((mt_alloc_t *)0)->last_error];
+} mt__oom_call_t;
+/* Under mu, after an OOM of a request of size bytes: fills *call (n = 0 if no observer). */
+void mt__oom_prepare(mt_alloc_t *a, size_t size, mt__oom_call_t *call);
+/* Without mu: calls the observers of a prepared run. */
+void mt__oom_run(const mt__oom_call_t *call);
+/* Under mu, on the global path's allocation: keeps scope_hw (see mt_alloc_s). */
+static inline void mt__scope_track(mt_alloc_t *a)
+{
+    if (__builtin_expect(a->nscopes != 0, 0) &&
+        a->st.allocated_bytes[MT_STAT_ALL].current > a->scope_hw)
+        a->scope_hw = a->st.allocated_bytes[MT_STAT_ALL].current;
+}
 void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
 
 /* ---- quick.c ---- */

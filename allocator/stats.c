@@ -537,6 +537,13 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
                 return "range reserved twice, or by nobody";
         }
     }
+    if (a->nscopes > MT_ALLOC_SCOPE_MAX || a->noom_obs > MT__OOM_OBS_MAX)
+        return "more statistics scopes or OOM observers than room for them";
+    for (unsigned i = 0; i < a->nscopes; i++)
+        if (a->scopes[i].start > a->scopes[i].peak)
+            return "statistics scope whose peak is below its start";
+    if (a->nscopes > 0 && a->st.allocated_bytes[MT_STAT_ALL].current > a->scope_hw)
+        return "allocated bytes above the open scopes' high-water mark";
     if (binned != s.inactive)
         return "bins do not hold exactly the inactive blocks";
     if (quick != s.quick || quick != a->nquick)

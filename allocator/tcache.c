@@ -457,7 +457,9 @@ void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag)
         return;
     const mt_alloc_stats_t *st = &a->st;
     int64_t z = (int64_t)size, r = (int64_t)req;
-    if (over(&st->allocated_bytes[MT_STAT_ALL], z) || over(&st->allocated_bytes[sp], z) ||
+    /* An open statistics scope's peak is guarded as the others are (observe.c). */
+    if ((a->nscopes != 0 && st->allocated_bytes[MT_STAT_ALL].current + z > a->scope_hw) ||
+        over(&st->allocated_bytes[MT_STAT_ALL], z) || over(&st->allocated_bytes[sp], z) ||
         over(&st->active_bytes[MT_STAT_ALL], z) || over(&st->active_bytes[sp], z) ||
         over(&st->requested_bytes[MT_STAT_ALL], r) || over(&st->requested_bytes[sp], r) ||
         over(&st->allocation[MT_STAT_ALL], 1) || over(&st->allocation[sp], 1) ||

@@ -3,6 +3,8 @@
  * pluggable-allocator entry points. Python's memtrace package calls these by symbol
  * through ctypes; C programs may declare and call them too (preload/README.md). */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <jansson.h>
 #include <string.h>
 #include <unistd.h>
@@ -328,6 +330,92 @@ MT_HOOK const char *memtrace_library_path(void)
 MT_HOOK const char *memtrace_strerror(int rc)
 {
     return mt_strerror(rc);
+}
+
+/* ---- OOM observers ----
+ * Every device's allocator calls mt__preload_oom_observer; it forwards to the program's
+ * observers, copied under obs_mu so that one may be added or removed meanwhile. */
+
+#define OOM_OBS_MAX 8
+static pthread_mutex_t obs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    memtrace_oom_cb cb;
+    void *ud;
+} oom_obs[OOM_OBS_MAX];
+static unsigned noom_obs; /* <= OOM_OBS_MAX, under obs_mu */
+
+void mt__preload_oom_observer(void *ud, const mt_alloc_oom_info_t *info)
+{
+    (void)ud;
+    pthread_mutex_lock(&obs_mu);
+    unsigned n = noom_obs;
+    __typeof__(oom_obs) obs;
+    memcpy(obs, oom_obs, n * sizeof obs[0]);
+    pthread_mutex_unlock(&obs_mu);
+    for (unsigned i = 0; i < n; i++)
+        obs[i].cb(obs[i].ud, info->device, info->requested, info->allocated, info->reserved,
+                  info->limit, info->free, info->message);
+}
+
+MT_HOOK int memtrace_add_oom_observer(memtrace_oom_cb cb, void *ud)
+{
+    if (cb == NULL)
+        return MT_EINVAL;
+    pthread_mutex_lock(&obs_mu);
+    int rc = noom_obs < OOM_OBS_MAX ? 0 : MT_EBUSY;
+    if (rc == 0) {
+        oom_obs[noom_obs].cb = cb;
+        oom_obs[noom_obs++].ud = ud;
+    }
+    pthread_mutex_unlock(&obs_mu);
+    return rc;
+}
+
+MT_HOOK int memtrace_remove_oom_observer(memtrace_oom_cb cb, void *ud)
+{
+    pthread_mutex_lock(&obs_mu);
+    int rc = MT_ENOENT;
+    for (unsigned i = 0; i < noom_obs; i++) {
+        if (oom_obs[i].cb == cb && oom_obs[i].ud == ud) {
+            memmove(&oom_obs[i], &oom_obs[i + 1], (noom_obs - i - 1) * sizeof oom_obs[0]);
+            noom_obs--;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&obs_mu);
+    return rc;
+}
+
+/* ---- scoped statistics ---- */
+
+_Static_assert(sizeof(struct memtrace_scope_stats) == sizeof(mt_alloc_scope_stats_t) &&
+                   offsetof(struct memtrace_scope_stats, frees) ==
+                       offsetof(mt_alloc_scope_stats_t, frees),
+               "memtrace_scope_stats mirrors mt_alloc_scope_stats_t");
+
+MT_HOOK int memtrace_stats_push(int device, const char *name)
+{
+    mt_alloc_t *a = NULL;
+    int rc = mt__preload_alloc(device, &a);
+    if (rc != 0)
+        return rc;
+    mt__guard_enter();
+    rc = mt_alloc_stats_push(a, name);
+    mt__guard_leave();
+    return rc;
+}
+
+MT_HOOK int memtrace_stats_pop(int device, struct memtrace_scope_stats *out)
+{
+    mt_alloc_t *a = NULL;
+    int rc = mt__preload_alloc(device, &a);
+    if (rc != 0)
+        return rc;
+    mt__guard_enter();
+    rc = mt_alloc_stats_pop(a, (mt_alloc_scope_stats_t *)out);
+    mt__guard_leave();
+    return rc;
 }
 
 /* ---- PyTorch's optional pluggable-allocator entry points ---- */

@@ -56,6 +56,33 @@ MT_API_HOOK int memtrace_empty_cache(void);
 MT_API_HOOK const char *memtrace_library_path(void);
 MT_API_HOOK const char *memtrace_strerror(int rc);
 
+/* ---- OOM observers (torch._C._cuda_attach_out_of_memory_observer) ---- */
+
+/* Called once per failed request, on the failing thread, after the allocator has given up
+ * and without its lock (an observer may call memtrace_stats_json), before the failing call
+ * returns. Bytes: requested, allocated and reserved now, the memory limit and the device's
+ * free bytes; message (borrowed for the call) is the OOM report. */
+typedef void (*memtrace_oom_cb)(void *ud, int device, uint64_t requested, uint64_t allocated,
+                                uint64_t reserved, uint64_t limit, uint64_t free,
+                                const char *message);
+/* Adds cb (with ud, borrowed until removed) for every device; MT_EBUSY when 8 are. */
+MT_API_HOOK int memtrace_add_oom_observer(memtrace_oom_cb cb, void *ud);
+/* Removes the (cb, ud) registration; MT_ENOENT if there is none. */
+MT_API_HOOK int memtrace_remove_oom_observer(memtrace_oom_cb cb, void *ud);
+
+/* ---- scoped statistics (RMM's push_statistics / pop_statistics) ---- */
+
+/* mt_alloc_scope_stats_t (memtrace/alloc.h), field for field. */
+struct memtrace_scope_stats {
+    int64_t start_bytes, peak_bytes, current_bytes;
+    uint64_t allocated_bytes, freed_bytes, allocations, frees;
+};
+/* Opens a statistics scope on device's allocator (mt_alloc_stats_push): name (optional) is
+ * recorded as a named mark. MT_EOVERFLOW beyond 64 open scopes. */
+MT_API_HOOK int memtrace_stats_push(int device, const char *name);
+/* Closes device's innermost scope, its figures into *out (may be NULL); MT_EINVAL if none. */
+MT_API_HOOK int memtrace_stats_pop(int device, struct memtrace_scope_stats *out);
+
 /* ---- PyTorch's optional CUDAPluggableAllocator entry points ---- */
 
 MT_API_HOOK void memtrace_init(int device_count); /* set_init_fn */

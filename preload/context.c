@@ -218,6 +218,7 @@ static int create_device(mt_preload_t *P, int d)
         mt_backend_destroy(&P->dev[d].backend);
         return rc;
     }
+    rc = mt_alloc_add_oom_observer(P->dev[d].alloc, mt__preload_oom_observer, NULL);
     /* The user tags registered so far, in id order, so every device agrees on ids. */
     for (int i = 0; i < atomic_load(&P->ntags_user) && rc == 0; i++)
         rc = mt__preload_register_tag(P, MT_TAG_USER_FIRST + i, d);

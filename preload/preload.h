@@ -94,6 +94,9 @@ int mt__preload_tag(void);
  * the allocator must give it that id. Caller holds P->mu (or is the one-time set-up). */
 int mt__preload_register_tag(mt_preload_t *P, int id, int device);
 
+/* The allocators' OOM observer (api.c): forwards to the observers the program added. */
+void mt__preload_oom_observer(void *ud, const mt_alloc_oom_info_t *info);
+
 /* Raised around everything the hooks call into (see above). */
 extern _Thread_local int mt__preload_guard;
 

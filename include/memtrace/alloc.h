@@ -199,6 +199,28 @@ MT_API int mt_alloc_add_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *
  * another thread may be allocating from a: it may be running a copy of the list. */
 MT_API int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, void *ud);
 
+/* OOM observers (PyTorch's torch._C._cuda_attach_out_of_memory_observer): called once per
+ * failed request, after the allocator has given up (free callbacks, cache release and
+ * retry all done), before mt_alloc_malloc returns MT_ENOMEM. Called on the failing thread
+ * with the allocator's lock RELEASED: an observer may call mt_alloc_stats, mt_alloc_snapshot
+ * or mt_alloc_free on a; it should not allocate from a. info and its message are borrowed
+ * for the call only. Host-memory failures of the allocator's own tables call none. */
+typedef struct mt_alloc_oom_info_s {
+    int device;            /* backend device ordinal */
+    uint64_t requested;    /* bytes asked for */
+    uint64_t allocated;    /* allocated bytes now (all pools) */
+    uint64_t reserved;     /* reserved bytes now */
+    uint64_t limit;        /* memory_fraction x capacity, bytes */
+    uint64_t free;         /* the device's free bytes (mt_backend_mem_get_info) */
+    const char *message;   /* the OOM report, as mt_alloc_last_error */
+} mt_alloc_oom_info_t;
+typedef void (*mt_alloc_oom_cb)(void *ud, const mt_alloc_oom_info_t *info);
+/* Adds cb (with ud, borrowed until removed). MT_EBUSY when 8 are registered already. */
+MT_API int mt_alloc_add_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud);
+/* Removes the (cb, ud) registration; MT_ENOENT if there is none. An OOM on another thread
+ * that began before may still call it: keep ud alive until such requests have returned. */
+MT_API int mt_alloc_remove_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud);
+
 /* Registers a user label as a tag; *out_tag receives its id (the same id if the label
  * exists). MT_ENOMEM when all MT_TAG_MAX ids are taken. label is copied. */
 MT_API int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag);
@@ -261,6 +283,29 @@ MT_API void mt_alloc_reset_peak(mt_alloc_t *a);
 /* Zeroes the cumulative figures: every stat's allocated and freed, and the num_* counters
  * (torch.cuda.reset_accumulated_memory_stats). Current values and peaks stay. */
 MT_API void mt_alloc_reset_accumulated(mt_alloc_t *a);
+
+/* Scoped statistics (RMM's push_statistics / pop_statistics): a stack of at most
+ * MT_ALLOC_SCOPE_MAX open scopes per allocator; each sees the allocations and frees made
+ * while it is open (by every thread) and the peak of allocated bytes meanwhile, exact with
+ * thread caches on. name (optional, NULL = none) is recorded in the event stream as a named
+ * mark (MT_EV_MARK_NAMED, cut to 16 bytes) at push, and "/" + name at pop. */
+#define MT_ALLOC_SCOPE_MAX 64
+typedef struct mt_alloc_scope_stats_s {
+    int64_t start_bytes;      /* allocated bytes at push */
+    int64_t peak_bytes;       /* highest allocated bytes while open minus start_bytes, >= 0 */
+    int64_t current_bytes;    /* allocated bytes at pop minus start_bytes (< 0 if net freed) */
+    uint64_t allocated_bytes; /* bytes allocated while open (rounded) */
+    uint64_t freed_bytes;     /* bytes freed while open, of any block */
+    uint64_t allocations;     /* allocations made while open */
+    uint64_t frees;           /* frees made while open, of any block */
+} mt_alloc_scope_stats_t;
+/* Opens a scope; MT_EOVERFLOW when MT_ALLOC_SCOPE_MAX are open. */
+MT_API int mt_alloc_stats_push(mt_alloc_t *a, const char *name);
+/* Closes the innermost scope and writes its figures to *out (out may be NULL). Its peak
+ * counts in the enclosing scopes' peaks. MT_EINVAL when none is open. */
+MT_API int mt_alloc_stats_pop(mt_alloc_t *a, mt_alloc_scope_stats_t *out);
+/* Number of open scopes. */
+MT_API int mt_alloc_stats_depth(mt_alloc_t *a);
 
 /* ---- snapshot ---- */
 

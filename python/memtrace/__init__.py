@@ -14,6 +14,9 @@ import ctypes
 import functools
 import json
 import re
+import sys
+import threading
+import traceback
 
 from . import _lib
 from ._errors import MemtraceError, MemtraceUnavailable
@@ -21,7 +24,8 @@ from ._errors import MemtraceError, MemtraceUnavailable
 __all__ = [
     "MemtraceError", "MemtraceUnavailable", "available", "tag", "register_tag", "tag_id",
     "current_tag", "mark_iteration", "mark", "stats", "memory_stats", "reset_peak",
-    "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache",
+    "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache", "attach_out_of_memory_observer",
+    "detach_out_of_memory_observer", "statistics", "push_statistics", "pop_statistics",
     "summary", "snapshot", "enable_for_torch", "library_path",
 ]
 
@@ -281,6 +285,94 @@ def reset_peak():
 def empty_cache():
     """Returns every unused cached segment to the device (torch.cuda.empty_cache)."""
     _lib.check(_lib.lib().memtrace_empty_cache(), "memtrace.empty_cache()")
+
+
+# ---- OOM observers (torch._C._cuda_attach_out_of_memory_observer) ----
+
+_observers = {}  # fn -> its C callback (kept alive while attached)
+_observers_lock = threading.Lock()
+
+
+def attach_out_of_memory_observer(fn):
+    """Calls fn(device, alloc, device_allocated, device_free) when a request fails for lack
+    of memory (torch._C._cuda_attach_out_of_memory_observer's arguments: the device, the
+    bytes asked for, the bytes allocated on the device and the device's free bytes), on the
+    failing thread, after the allocator has given up and before the request fails. fn may
+    call stats(). An exception in fn is printed to stderr, not raised through the
+    allocator."""
+    def call(ud, device, requested, allocated, reserved, limit, free, message):
+        try:
+            fn(device, requested, allocated, free)
+        except BaseException:  # noqa: B036 (nothing may unwind through C)
+            traceback.print_exc(file=sys.stderr)
+    with _observers_lock:
+        if fn in _observers:
+            return
+        cb = _lib.OOM_CB(call)
+        _lib.check(_lib.lib().memtrace_add_oom_observer(cb, None),
+                   "memtrace.attach_out_of_memory_observer()")
+        _observers[fn] = cb
+
+
+def detach_out_of_memory_observer(fn):
+    """Stops calling fn (attached by attach_out_of_memory_observer)."""
+    with _observers_lock:
+        cb = _observers.pop(fn, None)
+        if cb is not None:
+            _lib.check(_lib.lib().memtrace_remove_oom_observer(cb, None),
+                       "memtrace.detach_out_of_memory_observer()")
+
+
+# ---- scoped statistics (rmm.statistics) ----
+
+_SCOPE_FIELDS = ("start_bytes", "peak_bytes", "current_bytes", "allocated_bytes",
+                 "freed_bytes", "allocations", "frees")
+
+
+def push_statistics(name=None, device=0):
+    """Opens a statistics scope on device (rmm.statistics.push_statistics); scopes nest, at
+    most 64 deep. name (optional, <= 16 bytes reach the stream) marks the event stream."""
+    n = name.encode("utf-8") if name is not None else None
+    _lib.check(_lib.lib().memtrace_stats_push(device, n), "memtrace.push_statistics()")
+
+
+def pop_statistics(device=0):
+    """Closes device's innermost scope (rmm.statistics.pop_statistics) and returns its
+    figures: peak_bytes (highest allocated bytes while open, above those at its start),
+    current_bytes (net change), allocated_bytes, freed_bytes, allocations, frees,
+    start_bytes, and RMM's total_bytes / total_count (= allocated_bytes / allocations)."""
+    s = _lib.ScopeStats()
+    _lib.check(_lib.lib().memtrace_stats_pop(device, ctypes.byref(s)),
+               "memtrace.pop_statistics()")
+    d = {f: getattr(s, f) for f in _SCOPE_FIELDS}
+    d["total_bytes"], d["total_count"] = d["allocated_bytes"], d["allocations"]
+    return d
+
+
+class statistics:
+    """with memtrace.statistics("name") as s: ...  -- s.peak_bytes, s.allocated_bytes,
+    s.freed_bytes, s.allocations (and the other pop_statistics() fields) are filled at the
+    block's exit (rmm.statistics.statistics). Peaks are exact, every thread's allocations
+    on device counted."""
+
+    def __init__(self, name=None, device=0):
+        self.name, self.device = name, device
+        for f in _SCOPE_FIELDS:
+            setattr(self, f, None)
+
+    def __enter__(self):
+        push_statistics(self.name, self.device)
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in pop_statistics(self.device).items():
+            setattr(self, k, v)
+        return False
+
+    def __repr__(self):
+        return "memtrace.statistics(%r, peak_bytes=%r, allocated_bytes=%r, freed_bytes=%r, " \
+               "allocations=%r)" % (self.name, self.peak_bytes, self.allocated_bytes,
+                                    self.freed_bytes, self.allocations)
 
 
 def _fmt(n):

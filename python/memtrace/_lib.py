@@ -32,6 +32,20 @@ def _candidates():
     yield _LIBNAME  # the dynamic loader's search path (installed builds)
 
 
+# memtrace_oom_cb (preload/api.h): ud, device, requested, allocated, reserved, limit, free,
+# message.
+OOM_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64,
+                          ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p)
+
+
+class ScopeStats(ctypes.Structure):
+    """struct memtrace_scope_stats (preload/api.h)."""
+    _fields_ = [("start_bytes", ctypes.c_int64), ("peak_bytes", ctypes.c_int64),
+                ("current_bytes", ctypes.c_int64), ("allocated_bytes", ctypes.c_uint64),
+                ("freed_bytes", ctypes.c_uint64), ("allocations", ctypes.c_uint64),
+                ("frees", ctypes.c_uint64)]
+
+
 def _bind(lib):
     c_int, c_char_p, c_long = ctypes.c_int, ctypes.c_char_p, ctypes.c_long
     sig = {
@@ -48,6 +62,10 @@ def _bind(lib):
         "memtrace_empty_cache": ([], c_int),
         "memtrace_library_path": ([], c_char_p),
         "memtrace_strerror": ([c_int], c_char_p),
+        "memtrace_add_oom_observer": ([OOM_CB, ctypes.c_void_p], c_int),
+        "memtrace_remove_oom_observer": ([OOM_CB, ctypes.c_void_p], c_int),
+        "memtrace_stats_push": ([c_int, c_char_p], c_int),
+        "memtrace_stats_pop": ([c_int, ctypes.POINTER(ScopeStats)], c_int),
     }
     for name, (args, res) in sig.items():
         f = getattr(lib, name)

@@ -254,6 +254,72 @@ class InProcess(unittest.TestCase):
         self.assertEqual(memtrace.stats()["reserved_bytes.all.current"],
                          memtrace.stats()["allocated_bytes.all.current"])
 
+    def test_oom_observer_gets_the_figures(self):
+        seen = []
+
+        def observer(device, alloc, device_allocated, device_free):
+            # the allocator's lock is released: stats() may be called here
+            seen.append((device, alloc, device_allocated, device_free,
+                         memtrace.stats()["allocated_bytes.all.current"]))
+        keep = self.malloc(2 * MiB)
+        memtrace.attach_out_of_memory_observer(observer)
+        try:
+            huge = 1 << 50  # beyond the sim device, below the allocator's size bound
+            p = ctypes.c_void_p()
+            self.assertNotEqual(self.L.cudaMalloc(ctypes.byref(p), huge), 0)
+            self.assertEqual(len(seen), 1)
+            device, alloc, allocated, free, inside = seen[0]
+            self.assertEqual((device, alloc), (0, huge))
+            self.assertEqual(allocated, inside)
+            self.assertGreaterEqual(allocated, 2 * MiB)
+            raw = memtrace._raw_stats()["devices"][0]
+            self.assertLessEqual(free, raw["capacity"])
+            # an exception in the observer is printed, the request still just fails
+            import io
+            err, sys.stderr = sys.stderr, io.StringIO()
+
+            def broken(*args):
+                raise RuntimeError("observer boom")
+            memtrace.attach_out_of_memory_observer(broken)
+            try:
+                self.assertNotEqual(self.L.cudaMalloc(ctypes.byref(p), huge), 0)
+                printed = sys.stderr.getvalue()
+            finally:
+                sys.stderr = err
+                memtrace.detach_out_of_memory_observer(broken)
+            self.assertIn("observer boom", printed)
+            self.assertEqual(len(seen), 2)
+        finally:
+            memtrace.detach_out_of_memory_observer(observer)
+        self.assertNotEqual(self.L.cudaMalloc(ctypes.byref(p), huge), 0)
+        self.assertEqual(len(seen), 2)  # detached
+        self.assertEqual(self.L.cudaFree(keep), 0)
+
+    def test_scoped_statistics(self):
+        before = self.malloc(4 * MiB)
+        with memtrace.statistics("outer_s") as outer:
+            a = self.malloc(3 * MiB)
+            memtrace.push_statistics("inner_s")
+            b = self.malloc(2 * MiB)
+            self.assertEqual(self.L.cudaFree(b), 0)
+            c = self.malloc(1 * MiB)
+            inner = memtrace.pop_statistics()
+            self.assertEqual(self.L.cudaFree(a), 0)
+            self.assertEqual(self.L.cudaFree(c), 0)
+        self.assertEqual(inner["peak_bytes"], 2 * MiB)
+        self.assertEqual(inner["allocated_bytes"], 3 * MiB)
+        self.assertEqual(inner["total_bytes"], 3 * MiB)
+        self.assertEqual(inner["freed_bytes"], 2 * MiB)
+        self.assertEqual((inner["allocations"], inner["frees"]), (2, 1))
+        self.assertEqual(outer.peak_bytes, 5 * MiB)
+        self.assertEqual(outer.allocated_bytes, 6 * MiB)
+        self.assertEqual(outer.freed_bytes, 6 * MiB)
+        self.assertEqual(outer.allocations, 3)
+        self.assertEqual(outer.current_bytes, 0)
+        with self.assertRaises(memtrace.MemtraceError):
+            memtrace.pop_statistics()  # none open
+        self.assertEqual(self.L.cudaFree(before), 0)
+
     def test_memory_stats_has_torchs_keys_and_resets_accumulated(self):
         # torch.cuda.memory_stats()'s keys (torch 2.x, from its documentation), no others.
         want = {"%s.%s.%s" % (st, pool, f)
