@@ -461,6 +461,25 @@ static void print_settings(json_t *v)
     }
 }
 
+static void print_scopes(json_t *v)
+{
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return;
+    printf("\n  scoped statistics (push/pop; peak above the scope's start):\n");
+    printf("    %-18s %8s %12s %12s %10s\n", "scope", "count", "peak", "mean peak", "mean time");
+    size_t i;
+    json_t *e;
+    json_array_foreach(v, i, e)
+    {
+        char b1[32], b2[32];
+        esc_buf_t k;
+        const char *name = json_string_value(json_object_get(e, "name"));
+        printf("    %-18s %8.0f %12s %12s %9.3fs\n", esc(name ? name : "?", k), num(e, "count"),
+               human(num(e, "peak_bytes"), b1, sizeof b1),
+               human(num(e, "mean_peak_bytes"), b2, sizeof b2), num(e, "mean_seconds"));
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -557,6 +576,7 @@ static void print_process(json_t *p)
 
     print_gap(p);
     print_settings(json_object_get(p, "settings_changes"));
+    print_scopes(json_object_get(p, "scopes"));
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));

@@ -1,0 +1,43 @@
+/* Scoped statistics read back from a log: the named marks "name" ... "/name" that
+ * mt_alloc_stats_push / mt_alloc_stats_pop (RMM's push_statistics / pop_statistics) put in
+ * the stream, each scope's peak of allocated bytes above its start, totalled per name. */
+#ifndef MT_ANALYSIS_SCOPES_H
+#define MT_ANALYSIS_SCOPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "memtrace/event.h"
+
+#define MT_SCOPES_OPEN_MAX  64   /* scopes open at once; an older one is dropped past it */
+#define MT_SCOPES_NAMES_MAX 1024 /* distinct names kept; later ones are counted only */
+
+typedef struct mt_scope_row_s {
+    char name[MT_EVENT_LABEL_MAX + 1];
+    uint64_t count;    /* scopes of this name closed */
+    uint64_t peak_max; /* the highest (peak - start) bytes among them */
+    uint64_t peak_sum; /* their (peak - start) summed, for the mean */
+    uint64_t ns_sum;   /* their durations summed */
+} mt_scope_row_t;
+
+/* Invariants: nopen <= MT_SCOPES_OPEN_MAX; each open scope's peak >= its start; nrows <=
+ * MT_SCOPES_NAMES_MAX. An open scope's peak covers the events up to the next scope opened
+ * above it; that one's is merged into it when it closes (scopes nest). */
+typedef struct mt_scopes_s {
+    struct {
+        char name[MT_EVENT_LABEL_MAX + 1];
+        uint64_t start, peak, t;
+    } open[MT_SCOPES_OPEN_MAX];
+    size_t nopen;
+    mt_scope_row_t *rows;
+    size_t nrows, cap;
+    uint64_t unmatched; /* "/name" with no open "name" */
+    uint64_t dropped;   /* scopes dropped: too many open, or names past the limit */
+} mt_scopes_t;
+
+void mt_scopes_init(mt_scopes_t *s);
+void mt_scopes_fini(mt_scopes_t *s);
+/* Feeds one event, with the device's allocated bytes after it. MT_ENOMEM. */
+int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated);
+
+#endif
