@@ -285,7 +285,8 @@ typedef struct mt_model_temp_s {
     uint64_t count;       /* temporary allocations, > 0 */
     uint64_t bytes;       /* their bytes (rounded sizes), saturated */
     const uint64_t *hist; /* lifetimes: count per bucket, mt_model_temp_buckets(m) of them;
-                             borrowed until m changes */
+                             borrowed until m changes. NULL past the bound on histogram memory
+                             (16 MiB per class): then the row has no lifetimes */
 } mt_model_temp_t;
 
 /* Buckets of every histogram of m (from its window; 0 when not tracked). */

@@ -16,11 +16,16 @@
 
 #define EXACT ((uint64_t)1 << MT_MODEL_TEMP_EXACT_BITS) /* buckets below the log scale */
 
-/* One row's figures. Invariant: count = sum of hist (hist NULL when count = 0). */
+/* Histogram memory of a class is bounded (a forged stream may bring 2^18 stacks): past this,
+ * rows still count and add bytes, without lifetimes. */
+#define HIST_BYTES_MAX (UINT64_C(16) << 20)
+
+/* One row's figures. Invariant: count = sum of hist + unbinned (hist NULL: all unbinned). */
 typedef struct tfig_s {
     uint64_t count;
-    uint64_t bytes; /* saturated */
-    uint64_t *hist; /* nb counts */
+    uint64_t bytes;    /* saturated */
+    uint64_t *hist;    /* nb counts, or NULL */
+    uint64_t unbinned; /* counted without a histogram (the bound above) */
 } tfig_t;
 
 /* Invariants: st[i] is the row of the stack index i (model_stacks.c), i < nst <= cap;
@@ -32,6 +37,7 @@ typedef struct mt__mtemp_s {
     tfig_t *st;
     size_t nst, cap;
     uint64_t unstacked; /* temporaries of blocks counted in no stack (MT__SIDX_NONE) */
+    size_t nhist;       /* histograms allocated; nhist * nb * 8 <= HIST_BYTES_MAX */
 } mt__mtemp_t;
 
 size_t mt_model_temp_bucket(uint64_t us)
@@ -73,15 +79,18 @@ uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb)
     return mt_model_temp_bucket_low(nb - 1);
 }
 
-/* Adds one lifetime; false without memory (the row is then left as it was). */
-static bool fig_add(tfig_t *f, size_t nb, uint64_t bytes, size_t bucket)
+/* Adds one lifetime (without it when no histogram may be had). */
+static void fig_add(mt__mtemp_t *t, tfig_t *f, uint64_t bytes, size_t bucket)
 {
-    if (f->hist == NULL && (f->hist = calloc(nb, sizeof *f->hist)) == NULL)
-        return false;
+    if (f->hist == NULL && (t->nhist + 1) * t->nb * sizeof *f->hist <= HIST_BYTES_MAX &&
+        (f->hist = calloc(t->nb, sizeof *f->hist)) != NULL)
+        t->nhist++;
     f->count++;
     f->bytes = mt_model_sat_add(f->bytes, bytes);
-    f->hist[bucket]++;
-    return true;
+    if (f->hist != NULL)
+        f->hist[bucket]++;
+    else
+        f->unbinned++;
 }
 
 static mt__mtemp_t *temp_get(mt__mclass_t *c)
@@ -115,22 +124,12 @@ void mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free
             t->st = st;
             t->cap = cap;
         }
-        if (!fig_add(&t->st[b->sidx], t->nb, b->size, bk))
-            return;
+        fig_add(t, &t->st[b->sidx], b->size, bk);
         t->nst = b->sidx >= t->nst ? b->sidx + 1 : t->nst;
     } else {
         t->unstacked++;
     }
-    if (!fig_add(&t->tag[b->tag], t->nb, b->size, bk)) {
-        /* keep the two views equal: take it back from the stack's row */
-        if (b->sidx != MT__SIDX_NONE) {
-            tfig_t *f = &t->st[b->sidx];
-            f->count--;
-            f->hist[bk]--;
-        } else {
-            t->unstacked--;
-        }
-    }
+    fig_add(t, &t->tag[b->tag], b->size, bk);
 }
 
 void mt__model_temp_free_all(mt__mclass_t *c)
@@ -177,10 +176,10 @@ int mt_model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_
 static int fig_check(const tfig_t *f, size_t nb, char *why, size_t whylen, const char *what,
                      size_t i)
 {
-    uint64_t sum = 0;
+    uint64_t sum = f->unbinned;
     for (size_t b = 0; f->hist != NULL && b < nb; b++)
         sum += f->hist[b];
-    if (sum != f->count || (f->hist == NULL && f->count != 0)) {
+    if (sum != f->count) {
         if (why)
             snprintf(why, whylen, "temporary %s %zu: count %llu, histogram %llu", what, i,
                      (unsigned long long)f->count, (unsigned long long)sum);
@@ -195,17 +194,21 @@ int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen)
     if (t == NULL)
         return 0;
     uint64_t by_tag = 0, by_stack = t->unstacked;
+    size_t nhist = 0;
     for (size_t k = 0; k < MT_TAG_MAX; k++) {
         if (fig_check(&t->tag[k], t->nb, why, whylen, "tag", k) != 0)
             return MT_EPROTO;
         by_tag += t->tag[k].count;
+        nhist += t->tag[k].hist != NULL;
     }
     for (size_t i = 0; i < t->nst; i++) {
         if (fig_check(&t->st[i], t->nb, why, whylen, "stack index", i) != 0)
             return MT_EPROTO;
         by_stack += t->st[i].count;
+        nhist += t->st[i].hist != NULL;
     }
-    if (t->nst > t->cap || by_tag != by_stack ||
+    if (t->nst > t->cap || by_tag != by_stack || nhist != t->nhist ||
+        t->nhist * t->nb * sizeof(uint64_t) > HIST_BYTES_MAX ||
         t->nb != mt_model_temp_bucket(c->tmp_window_us) + 1) {
         if (why)
             snprintf(why, whylen, "temporary: %llu by tag, %llu by stack, %zu buckets",

@@ -57,7 +57,7 @@ json_t *mt__report_temp_group(const mt_model_temp_t *rows, size_t n, size_t nb,
         }
         d->count = mt_model_sat_add(d->count, rows[i].count);
         d->bytes = mt_model_sat_add(d->bytes, rows[i].bytes);
-        for (size_t b = 0; b < nb; b++)
+        for (size_t b = 0; rows[i].hist != NULL && b < nb; b++)
             d->hist[b] = mt_model_sat_add(d->hist[b], rows[i].hist[b]);
     }
     qsort(g, k, sizeof *g, by_count);
