@@ -340,8 +340,9 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
         return 0;
     }
     /* Only a block seen allocated and not hidden by a gap has a known lifetime. */
+    int rc = 0;
     if (!b->uncertain && !b->pending && b->size == ev->size)
-        mt__model_temp_free(c, b, ev->time_ns);
+        rc = mt__model_temp_free(c, b, ev->time_ns);
     block_settle(c, b);
     block_unaccount(c, b);
     /* The free names the block as it is now (a gap may have hidden a reuse of the
@@ -353,7 +354,7 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->pool = ev->pool & 3;
     b->pending = 1;
     mt__model_seg_touch(c, ev->addr);
-    return 0;
+    return rc; /* MT_ENOMEM: the temporary figures miss this free, the rest is applied */
 }
 
 static int on_free_completed(mt__mclass_t *c, const mt_event_rec_t *ev)

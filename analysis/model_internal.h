@@ -142,8 +142,9 @@ void mt__model_stacks_free(mt_model_t *m);
 int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen);
 
 /* model_temp.c */
-/* The program frees b (certain, not pending) at t_free ns: counted when temporary. */
-void mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free);
+/* The program frees b (certain, not pending) at t_free ns: counted when temporary. 0, or
+ * MT_ENOMEM (not counted). */
+int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free);
 void mt__model_temp_free_all(mt__mclass_t *c);
 int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen);
 

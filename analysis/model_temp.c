@@ -79,12 +79,20 @@ uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb)
     return mt_model_temp_bucket_low(nb - 1);
 }
 
-/* Adds one lifetime (without it when no histogram may be had). */
-static void fig_add(mt__mtemp_t *t, tfig_t *f, uint64_t bytes, size_t bucket)
+/* Gives f its histogram unless past the bound. 0 or MT_ENOMEM. */
+static int ensure_hist(mt__mtemp_t *t, tfig_t *f)
 {
-    if (f->hist == NULL && (t->nhist + 1) * t->nb * sizeof *f->hist <= HIST_BYTES_MAX &&
-        (f->hist = calloc(t->nb, sizeof *f->hist)) != NULL)
-        t->nhist++;
+    if (f->hist != NULL || (t->nhist + 1) * t->nb * sizeof *f->hist > HIST_BYTES_MAX)
+        return 0;
+    if ((f->hist = calloc(t->nb, sizeof *f->hist)) == NULL)
+        return MT_ENOMEM;
+    t->nhist++;
+    return 0;
+}
+
+/* Adds one lifetime (without it past the bound). */
+static void fig_add(tfig_t *f, uint64_t bytes, size_t bucket)
+{
     f->count++;
     f->bytes = mt_model_sat_add(f->bytes, bytes);
     if (f->hist != NULL)
@@ -100,18 +108,22 @@ static mt__mtemp_t *temp_get(mt__mclass_t *c)
     return c->tmp;
 }
 
-void mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free)
+int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free)
 {
     /* Without both clocks the lifetime is unknown: never temporary. */
     if (c->tmp_window_us == 0 || b->t_alloc == 0 || t_free < b->t_alloc)
-        return;
+        return 0;
     uint64_t us = (t_free - b->t_alloc) / 1000u;
     if (us > c->tmp_window_us)
-        return;
+        return 0;
     mt__mtemp_t *t = temp_get(c);
     if (t == NULL)
-        return;
+        return MT_ENOMEM;
     size_t bk = mt_model_temp_bucket(us);
+    /* Every row's memory first, so a failure adds to neither view (they must agree). */
+    tfig_t *ft = &t->tag[b->tag], *fs = NULL;
+    if (ensure_hist(t, ft) != 0)
+        return MT_ENOMEM;
     if (b->sidx != MT__SIDX_NONE) {
         if (b->sidx >= t->cap) {
             size_t cap = t->cap ? t->cap : 64;
@@ -119,17 +131,21 @@ void mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free
                 cap *= 2;
             tfig_t *st = realloc(t->st, cap * sizeof *st);
             if (st == NULL)
-                return;
+                return MT_ENOMEM;
             memset(st + t->cap, 0, (cap - t->cap) * sizeof *st);
             t->st = st;
             t->cap = cap;
         }
-        fig_add(t, &t->st[b->sidx], b->size, bk);
+        fs = &t->st[b->sidx];
+        if (ensure_hist(t, fs) != 0)
+            return MT_ENOMEM;
         t->nst = b->sidx >= t->nst ? b->sidx + 1 : t->nst;
+        fig_add(fs, b->size, bk);
     } else {
         t->unstacked++;
     }
-    fig_add(t, &t->tag[b->tag], b->size, bk);
+    fig_add(ft, b->size, bk);
+    return 0;
 }
 
 void mt__model_temp_free_all(mt__mclass_t *c)
