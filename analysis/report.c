@@ -545,6 +545,11 @@ static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, 
         mt__report_temporary_json(m, sym, (uint32_t)p->pid, cfg, by_tag, tag_key, (void *)p);
     if (t == NULL || json_object_set_new(res, "temporary", t) != 0)
         return MT_ENOMEM;
+    /* By tag too, for a reader that shows tagged input by tag (the CLI without --by). */
+    if (!by_tag && json_object_set_new(res, "temporary_by_tag",
+                                       mt__report_temporary_json(m, sym, (uint32_t)p->pid, cfg,
+                                                                 true, tag_key, (void *)p)) != 0)
+        return MT_ENOMEM;
     return json_object_set_new(res, "temporary_window_us",
                                json_integer(ji(cfg->temporary_window_us))) ||
                    json_object_set_new(res, "temporary_by",

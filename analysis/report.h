@@ -141,7 +141,9 @@ typedef int (*mt__report_temp_key_fn)(void *ctx, const mt_model_temp_t *row, cha
 json_t *mt__report_temp_group(const mt_model_temp_t *rows, size_t n, size_t nb,
                               mt__report_temp_key_fn key_fn, void *ctx, unsigned top);
 /* The process's "temporary" member from m's device class: by tag (tag_key names a tag),
- * or by stack named as the "callsites" rows are (cfg->by, cfg->frames). */
+ * or by stack named as the "callsites" rows are (cfg->by, cfg->frames). The report adds
+ * beside rows by stack the same by tag ("temporary_by_tag"), for a reader that shows tagged
+ * input by tag: the CLI keeps one of them. */
 json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
                                   const mt__report_cfg_t *cfg, bool by_tag,
                                   mt__report_temp_key_fn tag_key, void *tag_ctx);

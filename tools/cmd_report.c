@@ -331,7 +331,9 @@ static void print_temporary(json_t *p)
            tag ? "tag"
            : strcmp(by ? by : "site", "site") == 0 ? "call site"
                                                    : by,
-           tag && popt.by != MT_FR_BY_TAG ? " (no stacks recorded)" : "");
+           tag && popt.by != MT_FR_BY_TAG && !json_is_true(json_object_get(p, "tagged"))
+               ? " (no stacks recorded)"
+               : "");
     if (json_array_size(rows) == 0) {
         printf("    (none)\n");
         return;
@@ -412,6 +414,13 @@ static int fit_sections(json_t *res)
         if (cs != NULL &&
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");
+        /* Temporary allocations follow the same rule: tagged input without --by, by tag. */
+        json_t *tt = json_object_get(p, "temporary_by_tag");
+        if (tt != NULL && (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && tagged)) &&
+            (json_object_set(p, "temporary", tt) != 0 ||
+             json_object_set_new(p, "temporary_by", json_string("tag")) != 0))
+            return MT_ENOMEM;
+        json_object_del(p, "temporary_by_tag");
     }
     return 0;
 }

@@ -388,6 +388,13 @@ int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t
                             : NULL;
         free(rows);
         mt_model_destroy(&m);
+        /* the report's rows (by tag: the snapshot has no stack table) stay beside */
+        json_t *tags = json_object_get(p, "temporary");
+        if (tags != NULL && json_object_get(p, "temporary_by_tag") == NULL &&
+            json_object_set(p, "temporary_by_tag", tags) != 0) {
+            json_decref(a);
+            return MT_ENOMEM;
+        }
         if (a == NULL || json_object_set_new(p, "temporary", a) != 0 ||
             json_object_set_new(p, "temporary_by", json_string(mt_fr_by_name(cfg->by))) != 0)
             return MT_ENOMEM;

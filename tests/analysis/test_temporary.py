@@ -136,10 +136,13 @@ try:
     doc = json.loads(report("--json", "--temporary-window", "10ms", log))
     docs.append(doc)
     # 5000 us is in (a 4 MiB block); 1001 too; bucket of 5000 us is [4992, 5120)
-    expect("--temporary-window 10ms", rows(doc)[:2], [
-        ("forward (model.py:12)", 6, 11 * MiB, 7),
-        ("loss (model.py:30)", 4, 4 * (512 << 10), 30),
+    # tagged input without --by: by tag, as the report's other sections
+    expect("--temporary-window 10ms, tagged input without --by", rows(doc), [
+        ("activations", 6, 11 * MiB, 7),
+        ("workspace", 4, 4 * (512 << 10), 30),
+        ("other", 1, 8 << 10, 2),
     ])
+    expect("tagged input without --by: by tag", doc["processes"][0]["temporary_by"], "tag")
 
     doc = json.loads(report("--json", "--by", "tag", log))
     docs.append(doc)
