@@ -20,7 +20,8 @@
 
 mt_model_cfg_t mt_model_cfg_default(void)
 {
-    return (mt_model_cfg_t){.keep_iterations = false};
+    return (mt_model_cfg_t){.keep_iterations = false,
+                            .temporary_window_us = MT_MODEL_TEMP_WINDOW_US};
 }
 
 int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
@@ -30,6 +31,10 @@ int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
     if (!m)
         return MT_ENOMEM;
     m->cfg = cfg ? *cfg : mt_model_cfg_default();
+    if (m->cfg.temporary_window_us > MT_MODEL_TEMP_WINDOW_MAX)
+        m->cfg.temporary_window_us = MT_MODEL_TEMP_WINDOW_MAX;
+    for (int k = 0; k < MT_MODEL_CLASSES; k++)
+        m->cls[k].tmp_window_us = m->cfg.temporary_window_us;
     *out = m;
     return 0;
 }
@@ -43,6 +48,7 @@ void mt_model_destroy(mt_model_t **pm)
         free(m->cls[k].tab);
         free(m->cls[k].stale);
         free(m->cls[k].segs);
+        mt__model_temp_free_all(&m->cls[k]);
     }
     mt__model_iterations_free(m);
     mt__model_stacks_free(m);
@@ -320,6 +326,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
     b->sidx = c->next_sidx;
+    b->t_alloc = ev->time_ns;
     block_account(c, b);
     mt__model_seg_touch(c, ev->addr);
     mt_assert(c->live <= c->used && c->used <= c->cap / 2);
@@ -333,6 +340,10 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
         c->unmatched_frees++;
         return 0;
     }
+    /* Only a block seen allocated and not hidden by a gap has a known lifetime. */
+    int rc = 0;
+    if (!b->uncertain && !b->pending && b->size == ev->size)
+        rc = mt__model_temp_free(c, b, ev->time_ns);
     block_settle(c, b);
     block_unaccount(c, b);
     /* The free names the block as it is now (a gap may have hidden a reuse of the
@@ -344,7 +355,7 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->pool = ev->pool & 3;
     b->pending = 1;
     mt__model_seg_touch(c, ev->addr);
-    return 0;
+    return rc; /* MT_ENOMEM: the temporary figures miss this free, the rest is applied */
 }
 
 static int on_free_completed(mt__mclass_t *c, const mt_event_rec_t *ev)
@@ -729,7 +740,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     CHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
     CHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r), "class %d: peaks",
           k);
-    return mt__model_segs_check(c, why, whylen);
+    int rc = mt__model_temp_check(c, why, whylen);
+    return rc ? rc : mt__model_segs_check(c, why, whylen);
 }
 
 int mt_model_check(const mt_model_t *m, char *why, size_t whylen)

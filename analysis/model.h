@@ -29,8 +29,15 @@ typedef enum mt_model_class_e {
 } mt_model_class_e;
 
 typedef struct mt_model_cfg_s {
-    bool keep_iterations; /* sample totals and tags at each MT_MARK_ITERATION (growth) */
+    bool keep_iterations;         /* sample totals and tags at each MT_MARK_ITERATION (growth) */
+    uint64_t temporary_window_us; /* µs, <= MT_MODEL_TEMP_WINDOW_MAX: a block freed within this
+                                     long of its alloc is temporary; 0 = not tracked */
 } mt_model_cfg_t;
+
+/* The default window (mt_model_cfg_default): long enough for an op's scratch and an
+ * autograd temporary freed a few ops later, short of a step's saved activations. */
+#define MT_MODEL_TEMP_WINDOW_US  1000u
+#define MT_MODEL_TEMP_WINDOW_MAX (UINT64_C(1) << 40) /* µs, about 12.7 days */
 
 mt_model_cfg_t mt_model_cfg_default(void);
 int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg);
@@ -277,5 +284,34 @@ typedef struct mt_model_stack_stats_s {
     size_t defined, frames;
 } mt_model_stack_stats_t;
 void mt_model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out);
+
+/* ---- temporary allocations (docs/analysis.md, "Temporary allocations") ----
+ * A block is temporary when the program frees it (free_requested) at most
+ * cfg.temporary_window_us after its alloc, both times known (time_ns != 0), the block
+ * certain (not from before a gap). Lifetimes are kept per stack and per tag in a log-bucket
+ * histogram of µs: exact below 2^MT_MODEL_TEMP_EXACT_BITS µs, then 2^MT_MODEL_TEMP_EXACT_BITS
+ * buckets per power of two (a bucket's lower bound is within 1/32 of any lifetime in it). */
+#define MT_MODEL_TEMP_EXACT_BITS 5
+
+typedef struct mt_model_temp_s {
+    uint32_t key;         /* stack id (by stack), or tag (by tag) */
+    uint64_t count;       /* temporary allocations, > 0 */
+    uint64_t bytes;       /* their bytes (rounded sizes), saturated */
+    const uint64_t *hist; /* lifetimes: count per bucket, mt_model_temp_buckets(m) of them;
+                             borrowed until m changes. NULL past the bound on histogram memory
+                             (16 MiB per class): then the row has no lifetimes */
+} mt_model_temp_t;
+
+/* Buckets of every histogram of m (from its window; 0 when not tracked). */
+size_t mt_model_temp_buckets(const mt_model_t *m);
+/* The bucket of a lifetime of us µs, and a bucket's lower bound in µs. */
+size_t mt_model_temp_bucket(uint64_t us);
+uint64_t mt_model_temp_bucket_low(size_t b);
+/* The lower median (the ceil(n/2)-th smallest lifetime) of a histogram, as its bucket's
+ * lower bound in µs; 0 for an empty one. */
+uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb);
+/* The rows of class cls with a temporary allocation, by stack (id order) or by tag (tag
+ * order), as a new array in *out (free() it). 0 or MT_ENOMEM. */
+int mt_model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out, size_t *n);
 
 #endif

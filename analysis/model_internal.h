@@ -28,6 +28,7 @@ typedef struct mt__mblock_s {
     uint8_t pool;        /* mt_pool_e */
     uint8_t pending;     /* free requested: no longer allocated, still occupying */
     uint8_t uncertain;   /* live before a gap, not seen since: its free may be lost */
+    uint64_t t_alloc;    /* ns, its alloc's time_ns (0 unknown) */
 } mt__mblock_t;
 
 #define MT__SIDX_NONE UINT32_MAX
@@ -81,6 +82,9 @@ typedef struct mt__mclass_s {
     int k;
     uint64_t peak_ep;
     uint32_t next_sidx;
+    /* temporary allocations (model_temp.c): NULL until the first one, or when not tracked */
+    struct mt__mtemp_s *tmp;
+    uint64_t tmp_window_us; /* µs, the model's cfg.temporary_window_us */
 } mt__mclass_t;
 
 /* Invariants: a source's totals count in exactly the class of its pool
@@ -141,6 +145,13 @@ void mt__model_stacks_iteration(mt_model_t *m);
 uint32_t mt__model_stack_id(const mt_model_t *m, uint32_t sidx);
 void mt__model_stacks_free(mt_model_t *m);
 int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen);
+
+/* model_temp.c */
+/* The program frees b (certain, not pending) at t_free ns: counted when temporary. 0, or
+ * MT_ENOMEM (not counted). */
+int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free);
+void mt__model_temp_free_all(mt__mclass_t *c);
+int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen);
 
 /* model_growth.c */
 int mt__model_iteration(mt_model_t *m, uint64_t iteration);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/frames.h"
 #include "analysis/model.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
@@ -67,8 +68,11 @@ struct mt__report_s {
 
 mt__report_cfg_t mt__report_cfg_default(void)
 {
-    return (mt__report_cfg_t){
-        .timeline_steps = 20, .min_growth_bytes = 1u << 20, .min_r2 = 0.8, .top = 10};
+    return (mt__report_cfg_t){.timeline_steps = 20,
+                              .min_growth_bytes = 1u << 20,
+                              .min_r2 = 0.8,
+                              .top = 10,
+                              .temporary_window_us = MT_MODEL_TEMP_WINDOW_US};
 }
 
 int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
@@ -568,12 +572,44 @@ out:
     return o;
 }
 
+static int tag_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
+{
+    char tb[32];
+    snprintf(key, len, "%s", tag_str(ctx, (int)row->key, tb, sizeof tb));
+    return 0;
+}
+
+/* Temporary allocations by site when the input recorded stacks and the report groups by
+ * them, else by tag. */
+static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
+                     mt_sym_t *sym)
+{
+    mt_model_stack_stats_t ss;
+    mt_model_stack_stats(m, &ss);
+    bool by_tag = !cfg->by_callsite || cfg->by == MT_FR_BY_TAG || ss.defined == 0;
+    json_t *t =
+        mt__report_temporary_json(m, sym, (uint32_t)p->pid, cfg, by_tag, tag_key, (void *)p);
+    if (t == NULL || json_object_set_new(res, "temporary", t) != 0)
+        return MT_ENOMEM;
+    /* By tag too, for a reader that shows tagged input by tag (the CLI without --by). */
+    if (!by_tag && json_object_set_new(res, "temporary_by_tag",
+                                       mt__report_temporary_json(m, sym, (uint32_t)p->pid, cfg,
+                                                                 true, tag_key, (void *)p)) != 0)
+        return MT_ENOMEM;
+    return json_object_set_new(res, "temporary_window_us",
+                               json_integer(ji(cfg->temporary_window_us))) ||
+                   json_object_set_new(res, "temporary_by",
+                                       json_string(by_tag ? "tag" : mt_fr_by_name(cfg->by)))
+               ? MT_ENOMEM
+               : 0;
+}
+
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_scopes_t sc;
     mt_scopes_init(&sc);
     mt_model_t *m = NULL;
-    mt_model_cfg_t mc = {.keep_iterations = true};
+    mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
     json_t *tl = json_array(), *res = NULL;
     if (mt_model_create(&m, &mc) != 0 || !tl ||
         (p->tables && mt_model_tables_copy(m, p->tables) != 0))
@@ -652,6 +688,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     if (res != NULL && cfg->by_callsite &&
         json_object_set_new(res, "callsites",
                             mt__report_callsites_json(m, sym, (uint32_t)p->pid, cfg)) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
+    if (res != NULL && temporary(res, cfg, p, m, sym) != 0) {
         json_decref(res);
         res = NULL;
     }
@@ -758,7 +798,8 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
-    mt_model_cfg_t mc = {.keep_iterations = true};
+    mt_model_cfg_t mc = {.keep_iterations = true,
+                         .temporary_window_us = r->cfg.temporary_window_us};
     int rc = mt_model_create(&m, &mc);
     if (rc == 0 && p->tables)
         rc = mt_model_tables_copy(m, p->tables);

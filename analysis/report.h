@@ -44,6 +44,8 @@ typedef struct mt__report_cfg_s {
     int by;                    /* callsites grouped by (mt_fr_by_e, analysis/frames.h); site */
     const struct mt_fr_rules_s *frames; /* which frames are the user's (borrowed); NULL:
                                          * the default rules */
+    uint64_t temporary_window_us;       /* µs: a block freed this soon is temporary (model.h);
+                                           MT_MODEL_TEMP_WINDOW_US; 0 = none tracked */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);
@@ -127,6 +129,24 @@ json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
 /* Names a row of mt_cs_rows_json as the "callsites" rows are named: its "site" by cfg->by,
  * "user_frame", "skipped" on the frames the rules skip; its key into key. 0 or MT_ENOMEM. */
 int mt__report_name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen);
+
+/* ---- temporary allocations (report_temp.c) ---- */
+
+/* Names one row of mt_model_temporary (a stack id or a tag) into key. 0 or MT_ENOMEM. */
+typedef int (*mt__report_temp_key_fn)(void *ctx, const mt_model_temp_t *row, char *key,
+                                      size_t keylen);
+/* Rows (nb buckets each) with one key made one (counts, bytes, histograms add), sorted by
+ * count then bytes, the first top as a JSON array of {site, count, bytes,
+ * median_lifetime_us}. New reference, NULL without memory. */
+json_t *mt__report_temp_group(const mt_model_temp_t *rows, size_t n, size_t nb,
+                              mt__report_temp_key_fn key_fn, void *ctx, unsigned top);
+/* The process's "temporary" member from m's device class: by tag (tag_key names a tag),
+ * or by stack named as the "callsites" rows are (cfg->by, cfg->frames). The report adds
+ * beside rows by stack the same by tag ("temporary_by_tag"), for a reader that shows tagged
+ * input by tag: the CLI keeps one of them. */
+json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
+                                  const mt__report_cfg_t *cfg, bool by_tag,
+                                  mt__report_temp_key_fn tag_key, void *tag_ctx);
 
 /* ---- the gap (report_gap.c) ---- */
 

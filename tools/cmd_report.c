@@ -71,6 +71,10 @@ static void help(FILE *f)
                "  --replay            beside why reserved exceeds allocated, the peak reserved\n"
                "                      of memtrace's allocator replaying the same allocations\n"
                "                      (the sim backend, as `memtrace replay`)\n"
+               "  --temporary-window T  a block freed within T of its allocation is temporary\n"
+               "                      (N in us, or Nus, Nms, Ns; default 1ms; 0: none); the\n"
+               "                      top temporary sites are shown by count, with their\n"
+               "                      bytes and median lifetime\n"
                "  -h, --help          this text\n"
                "\n"
                "exit status: 0 report printed; 1 the log could not be read; 2 bad usage, or\n"
@@ -302,6 +306,50 @@ static void print_callsites(json_t *cs, bool tagged)
     print_sites(t[2], json_object_get(cs, "growth"), true);
 }
 
+static const char *lifetime(double us, char *buf, size_t len)
+{
+    if (us < 1000)
+        snprintf(buf, len, "%.0f us", us);
+    else if (us < 1e6)
+        snprintf(buf, len, "%.1f ms", us / 1e3);
+    else
+        snprintf(buf, len, "%.1f s", us / 1e6);
+    return buf;
+}
+
+/* Blocks freed soon after their allocation, by site (or by tag without stacks). */
+static void print_temporary(json_t *p)
+{
+    json_t *rows = json_object_get(p, "temporary");
+    if (rows == NULL)
+        return;
+    char b1[32], b2[32];
+    const char *by = json_string_value(json_object_get(p, "temporary_by"));
+    bool tag = by != NULL && strcmp(by, "tag") == 0;
+    printf("\n  temporary allocations (freed within %s of their allocation), by %s%s:\n",
+           lifetime(num(p, "temporary_window_us"), b1, sizeof b1),
+           tag ? "tag"
+           : strcmp(by ? by : "site", "site") == 0 ? "call site"
+                                                   : by,
+           tag && popt.by != MT_FR_BY_TAG && !json_is_true(json_object_get(p, "tagged"))
+               ? " (no stacks recorded)"
+               : "");
+    if (json_array_size(rows) == 0) {
+        printf("    (none)\n");
+        return;
+    }
+    printf("    %8s %10s %12s  %s\n", "count", "bytes", "median life", tag ? "tag" : "site");
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r)
+    {
+        printf("    %8.0f %10s %12s  ", num(r, "count"), human(num(r, "bytes"), b1, sizeof b1),
+               lifetime(num(r, "median_lifetime_us"), b2, sizeof b2));
+        put_plain(json_string_value(json_object_get(r, "site")));
+        printf("\n");
+    }
+}
+
 /* Whether a process's input carried tags: any byte under a tag other than "other". */
 static bool is_tagged(json_t *p)
 {
@@ -366,6 +414,13 @@ static int fit_sections(json_t *res)
         if (cs != NULL &&
             (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
             json_object_del(p, "callsites");
+        /* Temporary allocations follow the same rule: tagged input without --by, by tag. */
+        json_t *tt = json_object_get(p, "temporary_by_tag");
+        if (tt != NULL && (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && tagged)) &&
+            (json_object_set(p, "temporary", tt) != 0 ||
+             json_object_set_new(p, "temporary_by", json_string("tag")) != 0))
+            return MT_ENOMEM;
+        json_object_del(p, "temporary_by_tag");
     }
     return 0;
 }
@@ -580,9 +635,28 @@ static void print_process(json_t *p)
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
+    print_temporary(p);
 }
 
 static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv);
+
+/* "250", "250us", "2ms", "0.5s" into µs. 0 or MT_EINVAL. */
+static int parse_window(const char *s, uint64_t *us)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno != 0 || !(v >= 0))
+        return MT_EINVAL;
+    double scale = strcmp(end, "") == 0 || strcmp(end, "us") == 0 ? 1
+                   : strcmp(end, "ms") == 0                       ? 1e3
+                   : strcmp(end, "s") == 0                        ? 1e6
+                                                                  : -1;
+    if (scale < 0 || v * scale > (double)MT_MODEL_TEMP_WINDOW_MAX)
+        return MT_EINVAL;
+    *us = (uint64_t)(v * scale + 0.5);
+    return 0;
+}
 
 /* `--frames rules`: the default table, as docs/frames.md lists it. */
 static void print_rules(void)
@@ -611,6 +685,7 @@ int mt_cmd_report(int argc, char **argv)
         {"skip-frames", required_argument, NULL, 'k'},
         {"stacks", no_argument, NULL, 'S'},
         {"replay", no_argument, NULL, 'R'},
+        {"temporary-window", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -688,6 +763,13 @@ int mt_cmd_report(int argc, char **argv)
             break;
         case 'R':
             popt.replay = true;
+            break;
+        case 'T':
+            if (parse_window(optarg, &cfg.temporary_window_us) != 0) {
+                fprintf(stderr, "memtrace report: --temporary-window wants a time: N (us), Nus, "
+                                "Nms or Ns, at most 2^40 us; 0 turns it off\n");
+                return 2;
+            }
             break;
         case 'h':
             help(stdout);
@@ -775,6 +857,10 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
     json_t *res = mt__report_result(r);
     if (res != NULL && popt.replay)
         add_replay(r, res);
+    if (res != NULL && mt_tool_inputs_temporary(&in, r, res, &cfg) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
     mt__report_destroy(&r);
     if (!res) {
         fprintf(stderr, "memtrace report: out of memory\n");

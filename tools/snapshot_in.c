@@ -335,6 +335,73 @@ void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__repo
     json_object_set_new(res, "snapshots", arr);
 }
 
+/* ---- temporary allocations by the snapshot's frames ---- */
+
+typedef struct temp_ctx_s {
+    const mt_ts_t *ts;
+    const mt__report_cfg_t *cfg;
+} temp_ctx_t;
+
+static int temp_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
+{
+    temp_ctx_t *c = ctx;
+    mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
+    size_t n = mt_ts_stack_frames(c->ts, row->key, fr, sizeof fr / sizeof fr[0]);
+    if (n == 0)
+        snprintf(key, len, "no stack recorded");
+    else
+        mt_fr_stack_key(c->cfg->frames, fr, n, c->cfg->by, key, len);
+    return 0;
+}
+
+int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t *res,
+                             const mt__report_cfg_t *cfg)
+{
+    if (cfg->by == MT_FR_BY_TAG)
+        return 0; /* the report's rows by tag stand */
+    json_t *procs = json_object_get(res, "processes");
+    for (size_t i = 0; i < json_array_size(procs); i++) {
+        json_t *p = json_array_get(procs, i);
+        json_int_t pid = json_integer_value(json_object_get(p, "pid"));
+        if (pid < 1 || (size_t)pid > in->n)
+            continue;
+        /* the report numbers processes as the inputs first name them: find this one's */
+        size_t idx = SIZE_MAX;
+        for (size_t k = 0; k < mt__report_process_count(r); k++) {
+            int kp;
+            const char *name;
+            size_t events;
+            if (mt__report_process(r, k, &kp, &name, &events) == 0 && kp == pid)
+                idx = k;
+        }
+        mt_model_t *m = NULL;
+        mt_model_temp_t *rows = NULL;
+        size_t n = 0;
+        if (idx == SIZE_MAX)
+            continue;
+        int rc = mt__report_model(r, idx, &m);
+        if (rc == 0)
+            rc = mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n);
+        temp_ctx_t c = {in->ts[pid - 1], cfg};
+        json_t *a = rc == 0 ? mt__report_temp_group(rows, n, mt_model_temp_buckets(m), temp_key, &c,
+                                                    cfg->top)
+                            : NULL;
+        free(rows);
+        mt_model_destroy(&m);
+        /* the report's rows (by tag: the snapshot has no stack table) stay beside */
+        json_t *tags = json_object_get(p, "temporary");
+        if (tags != NULL && json_object_get(p, "temporary_by_tag") == NULL &&
+            json_object_set(p, "temporary_by_tag", tags) != 0) {
+            json_decref(a);
+            return MT_ENOMEM;
+        }
+        if (a == NULL || json_object_set_new(p, "temporary", a) != 0 ||
+            json_object_set_new(p, "temporary_by", json_string(mt_fr_by_name(cfg->by))) != 0)
+            return MT_ENOMEM;
+    }
+    return 0;
+}
+
 /* Under a group's line: its stack's frames after the user's that the rules keep (all of
  * them with stacks, else the next few; none when grouped by function, file or module), or
  * every frame of the stack with --frames all. */

@@ -37,6 +37,10 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
  * call_sites_at_peak}], annotations}] to the report's result: cfg->top groups of live bytes
  * at the peak by cfg->by, named by their user frame (cfg->frames, analysis/frames.h). */
 void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg);
+/* Each snapshot process's "temporary" member (res from mt__report_result(r)) by the sites
+ * of the snapshot's frames, unless grouped by tag. 0 or MT_ENOMEM. */
+int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t *res,
+                             const mt__report_cfg_t *cfg);
 /* The same as text, after the report's; stacks: each group's whole kept stack below it. */
 void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks);
 void mt_tool_inputs_free(mt_tool_inputs_t *in);

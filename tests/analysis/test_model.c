@@ -404,6 +404,162 @@ static void test_classes_and_sources(void **state)
     mt_model_destroy(&m);
 }
 
+/* ---- temporary allocations ---- */
+
+static bool check_each = true; /* the checker after every temporary test event */
+
+/* One record of device 0 at t_ns, totals alloc (reserved 1 GiB), checked after. */
+static void tput(mt_model_t *m, uint64_t *seq, int kind, uint64_t addr, uint64_t size, int tag,
+                 uint64_t t_ns, uint64_t alloc)
+{
+    mt_event_rec_t ev = {.seq = (*seq)++,
+                         .time_ns = t_ns,
+                         .addr = addr,
+                         .size = size,
+                         .requested = size,
+                         .allocated = alloc,
+                         .reserved = 1024 * MIB,
+                         .kind = (uint8_t)kind,
+                         .pool = MT_POOL_LARGE,
+                         .tag = (uint8_t)tag};
+    assert_int_equal(mt_model_apply(m, &ev), 0);
+    if (check_each)
+        check(m);
+}
+
+/* Allocates size at addr with stack id (0: none) at t us, frees it life us later. */
+static void tblock(mt_model_t *m, uint64_t *seq, uint32_t stack, uint64_t addr, uint64_t size,
+                   int tag, uint64_t t, uint64_t life)
+{
+    if (stack != 0)
+        tput(m, seq, MT_EV_STACK_REF, addr, stack, tag, t * 1000, 0);
+    tput(m, seq, MT_EV_ALLOC, addr, size, tag, t * 1000, size);
+    tput(m, seq, MT_EV_FREE_REQUESTED, addr, size, tag, (t + life) * 1000, 0);
+    tput(m, seq, MT_EV_FREE_COMPLETED, addr, size, tag, (t + life) * 1000 + 1, 0);
+}
+
+static void test_temporary_buckets(void **state)
+{
+    (void)state;
+    for (uint64_t v = 0; v < 32; v++)
+        assert_int_equal(mt_model_temp_bucket_low(mt_model_temp_bucket(v)), v);
+    size_t last = 0;
+    for (uint64_t v = 1; v < (UINT64_C(1) << 40); v = v * 5 / 4 + 1) {
+        size_t b = mt_model_temp_bucket(v);
+        uint64_t lo = mt_model_temp_bucket_low(b);
+        assert_true(b >= last);                   /* monotonic */
+        assert_true(lo <= v && v - lo <= v / 32); /* within 1/32 below */
+        assert_int_equal(mt_model_temp_bucket(lo), b);
+        last = b;
+    }
+    uint64_t h[40] = {0};
+    assert_int_equal(mt_model_temp_median_us(h, 40), 0);
+    h[3] = 2, h[9] = 2; /* {3, 3, 9, 9}: the lower median is 3 */
+    assert_int_equal(mt_model_temp_median_us(h, 40), 3);
+    h[9] = 3;
+    assert_int_equal(mt_model_temp_median_us(h, 40), 9);
+}
+
+static void test_temporary_by_stack_and_tag(void **state)
+{
+    (void)state;
+    mt_model_t *m = NULL;
+    mt_model_cfg_t cfg = mt_model_cfg_default();
+    assert_int_equal(cfg.temporary_window_us, MT_MODEL_TEMP_WINDOW_US);
+    cfg.temporary_window_us = 1000;
+    assert_int_equal(mt_model_create(&m, &cfg), 0);
+    assert_int_equal(mt_model_temp_buckets(m), mt_model_temp_bucket(1000) + 1);
+    uint64_t seq = 0, t = 10;
+    const uint64_t lives[] = {100, 3, 40, 7, 5}; /* stack 7: median 7 */
+    for (size_t i = 0; i < 5; i++, t += 5000)
+        tblock(m, &seq, 7, BASE, MIB, MT_TAG_ACTIVATIONS, t, lives[i]);
+    tblock(m, &seq, 7, BASE, MIB, MT_TAG_ACTIVATIONS, t, 1001), t += 5000;   /* past the window */
+    tblock(m, &seq, 9, BASE, 2 * MIB, MT_TAG_WORKSPACE, t, 1000), t += 5000; /* at it */
+    tblock(m, &seq, 0, BASE, 512, MT_TAG_WORKSPACE, t, 2), t += 5000;        /* no stack */
+    /* no clock: never temporary */
+    tput(m, &seq, MT_EV_ALLOC, BASE, MIB, MT_TAG_ACTIVATIONS, 0, MIB);
+    tput(m, &seq, MT_EV_FREE_REQUESTED, BASE, MIB, MT_TAG_ACTIVATIONS, 0, 0);
+    tput(m, &seq, MT_EV_FREE_COMPLETED, BASE, MIB, MT_TAG_ACTIVATIONS, 0, 0);
+    /* allocated before lost events: its lifetime is not known to be the block's */
+    tput(m, &seq, MT_EV_ALLOC, BASE, MIB, MT_TAG_ACTIVATIONS, t * 1000, MIB);
+    seq += 3;
+    tput(m, &seq, MT_EV_FREE_REQUESTED, BASE, MIB, MT_TAG_ACTIVATIONS, (t + 1) * 1000, 0);
+
+    mt_model_temp_t *rows = NULL;
+    size_t n = 0, nb = mt_model_temp_buckets(m);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
+    assert_int_equal(n, 3); /* id order */
+    assert_int_equal(rows[0].key, 0);
+    assert_int_equal(rows[0].count, 1);
+    assert_int_equal(rows[0].bytes, 512);
+    assert_int_equal(mt_model_temp_median_us(rows[0].hist, nb), 2);
+    assert_int_equal(rows[1].key, 7);
+    assert_int_equal(rows[1].count, 5);
+    assert_int_equal(rows[1].bytes, 5 * MIB);
+    assert_int_equal(mt_model_temp_median_us(rows[1].hist, nb), 7);
+    assert_int_equal(rows[2].key, 9);
+    assert_int_equal(rows[2].count, 1);
+    assert_int_equal(mt_model_temp_median_us(rows[2].hist, nb),
+                     mt_model_temp_bucket_low(mt_model_temp_bucket(1000)));
+    free(rows);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(rows[0].key, MT_TAG_ACTIVATIONS);
+    assert_int_equal(rows[0].count, 5);
+    assert_int_equal(rows[1].key, MT_TAG_WORKSPACE);
+    assert_int_equal(rows[1].count, 2);
+    assert_int_equal(rows[1].bytes, 2 * MIB + 512);
+    free(rows);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_HOST, false, &rows, &n), 0);
+    assert_int_equal(n, 0);
+    free(rows);
+    mt_model_destroy(&m);
+
+    /* window 0: nothing tracked */
+    cfg.temporary_window_us = 0;
+    assert_int_equal(mt_model_create(&m, &cfg), 0);
+    seq = 0;
+    tblock(m, &seq, 7, BASE, MIB, MT_TAG_ACTIVATIONS, 10, 1);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(n, 0);
+    free(rows);
+    mt_model_destroy(&m);
+}
+
+/* Histogram memory is bounded: with the widest window (1184 buckets), about 1770 rows get
+ * one; the rest still count, and the checker holds. */
+static void test_temporary_hist_bound(void **state)
+{
+    (void)state;
+    mt_model_t *m = NULL;
+    mt_model_cfg_t cfg = {.temporary_window_us = MT_MODEL_TEMP_WINDOW_MAX};
+    assert_int_equal(mt_model_create(&m, &cfg), 0);
+    uint64_t seq = 0;
+    check_each = false; /* each walk reads every histogram: once at the end */
+    for (uint32_t id = 1; id <= 2500; id++)
+        tblock(m, &seq, id, BASE, 512, MT_TAG_WORKSPACE, 10 * id, 1);
+    check_each = true;
+    check(m);
+    mt_model_temp_t *rows = NULL;
+    size_t n = 0, with = 0, nb = mt_model_temp_buckets(m);
+    assert_int_equal(nb, mt_model_temp_bucket(MT_MODEL_TEMP_WINDOW_MAX) + 1);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
+    assert_int_equal(n, 2500);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(rows[i].count, 1);
+        with += rows[i].hist != NULL;
+    }
+    assert_true(with > 1000 && with < 2500);
+    assert_true((with + 1) * nb * sizeof(uint64_t) <= (UINT64_C(16) << 20));
+    free(rows);
+    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(rows[0].count, 2500);
+    assert_int_equal(mt_model_temp_median_us(rows[0].hist, nb), 1);
+    free(rows);
+    mt_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -415,6 +571,9 @@ int main(void)
         cmocka_unit_test(test_overflow_saturates),
         cmocka_unit_test(test_ratios_defined_once),
         cmocka_unit_test(test_classes_and_sources),
+        cmocka_unit_test(test_temporary_buckets),
+        cmocka_unit_test(test_temporary_by_stack_and_tag),
+        cmocka_unit_test(test_temporary_hist_bound),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
