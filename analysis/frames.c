@@ -224,8 +224,8 @@ int mt_fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
 
 /* ---- names and keys ---- */
 
-static const char *const by_names[MT_FR_BY_COUNT] = {"site",   "function", "file",
-                                                     "module", "stack",    "tag"};
+static const char *const by_names[MT_FR_BY_COUNT] = {"site",  "function", "file",   "module",
+                                                     "stack", "tag",      "modules"};
 
 const char *mt_fr_by_name(int by)
 {
@@ -298,6 +298,60 @@ const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
     }
 }
 
+bool mt_fr_module_call(const mt_fr_frame_t *f)
+{
+    return f->func != NULL && f->file != NULL &&
+           (strcmp(f->func, "_call_impl") == 0 || strcmp(f->func, "_wrapped_call_impl") == 0) &&
+           strstr(f->file, "torch/nn/modules/module.py") != NULL;
+}
+
+/* Whether frames[i] is a module's forward: the nearest Python frame outwards of it is a
+ * module call frame. */
+static bool module_forward(const mt_fr_frame_t *frames, size_t n, size_t i)
+{
+    for (size_t j = i + 1; j < n; j++)
+        if (frames[j].python)
+            return mt_fr_module_call(&frames[j]);
+    return false;
+}
+
+/* The nn.Module chain (MT_FR_BY_MODULES) from the user's frame u, outermost first. */
+static const char *modules_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n,
+                               size_t u, char *buf, size_t len)
+{
+    size_t keep[64], nk = 0;
+    bool in_model = false;
+    keep[nk++] = u;
+    for (size_t i = u + 1; i < n && nk < sizeof keep / sizeof keep[0]; i++) {
+        if (mt_fr_match(r, &frames[i]) != NULL)
+            continue;
+        if (module_forward(frames, n, i)) {
+            keep[nk++] = i;
+            in_model = true;
+        } else if (in_model) {
+            break; /* past the outermost module: the loop that called the model */
+        }
+    }
+    /* The user's frame alone counts as a module only when it is one's forward. */
+    if (nk == 1 && !module_forward(frames, n, u)) {
+        mt_fr_site(&frames[u], buf, len);
+        return buf;
+    }
+    size_t used = 0;
+    for (size_t k = nk; k-- > 0;) {
+        char one[512];
+        mt_fr_site(&frames[keep[k]], one, sizeof one);
+        int w = snprintf(buf + used, len - used, "%s%s", used ? " > " : "", one);
+        if (w < 0 || (size_t)w >= len - used) {
+            if (len > 4)
+                memcpy(buf + len - 4, "...", 4);
+            return buf;
+        }
+        used += (size_t)w;
+    }
+    return buf;
+}
+
 const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
                             char *buf, size_t len)
 {
@@ -309,6 +363,8 @@ const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames,
         snprintf(buf, len, "<no frames>");
         return buf;
     }
+    if (by == MT_FR_BY_MODULES)
+        return modules_key(r, frames, n, (size_t)u, buf, len);
     if (by != MT_FR_BY_STACK)
         return mt_fr_key(&frames[u], by, buf, len);
     size_t used = 0;

@@ -73,6 +73,8 @@ typedef enum mt_fr_by_e {
     MT_FR_BY_MODULE,   /* a native frame's shared object, a Python file without ".py" */
     MT_FR_BY_STACK,    /* the kept frames' sites from the user's frame out, " <- " between */
     MT_FR_BY_TAG,      /* memtrace's tag (not a frame key: the report's tag sections) */
+    MT_FR_BY_MODULES,  /* the nn.Module chain: each module's forward frame, outermost first,
+                        * " > " between, ending at the user's frame */
     MT_FR_BY_COUNT,
 } mt_fr_by_e;
 
@@ -86,9 +88,13 @@ int mt_fr_by_parse(const char *name);
 const char *mt_fr_site(const mt_fr_frame_t *f, char *buf, size_t len);
 /* f's key for by (not MT_FR_BY_STACK, MT_FR_BY_TAG) into buf. */
 const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len);
+/* True for torch's module call frame (nn.Module._call_impl / _wrapped_call_impl). */
+bool mt_fr_module_call(const mt_fr_frame_t *f);
 /* The key of a whole stack for by: for MT_FR_BY_STACK the sites of user frame and the frames
- * after it that no rule skips (every frame with an "all" set), else mt_fr_key of the user's
- * frame. Truncated to len with "..." at the end. */
+ * after it that no rule skips (every frame with an "all" set); for MT_FR_BY_MODULES the
+ * user's frame and, outwards, the frames that a module call frame calls (a module's
+ * forward), up to the first kept frame past them that is none (the training loop); else
+ * mt_fr_key of the user's frame. Truncated to len with "..." at the end. */
 const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
                             char *buf, size_t len);
 

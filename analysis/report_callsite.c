@@ -59,11 +59,14 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
                          json_string_value(json_object_get(json_array_get(frames, i), "label")));
             used = w < 0 ? keylen : used + (size_t)w;
         }
+    } else if (cfg->by == MT_FR_BY_MODULES) {
+        mt_fr_stack_key(cfg->frames, fr, n, MT_FR_BY_MODULES, key, keylen);
     } else {
         mt_fr_key(&fr[u], cfg->by, key, keylen);
     }
-    json_t *site = json_string(
-        cfg->by != MT_FR_BY_STACK ? key : json_string_value(json_object_get(uf, "label")));
+    json_t *site = json_string(cfg->by != MT_FR_BY_STACK && cfg->by != MT_FR_BY_MODULES
+                                   ? key
+                                   : json_string_value(json_object_get(uf, "label")));
     if (site != NULL) /* NULL also for a key cut inside a UTF-8 sequence: the label stays */
         bad |= json_object_set_new(row, "site", site);
     free(fr);

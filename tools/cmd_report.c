@@ -55,8 +55,9 @@ static void help(FILE *f)
                "  --by KEY            group the call stacks (recorded with MEMTRACE_STACKS, or a\n"
                "                      snapshot's frames) by KEY: site (the user's frame,\n"
                "                      'transformer.py:54 forward'; 'callsite' says the same),\n"
-               "                      function, file, module, stack (the user's frames), or\n"
-               "                      tag (memtrace's tags: peak and never freed by tag).\n"
+               "                      function, file, module, stack (the user's frames),\n"
+               "                      modules (the nn.Module chain: each module's forward,\n"
+               "                      outermost first), or tag (memtrace's tags).\n"
                "                      Ranks live bytes at the peak, never freed, growth per\n"
                "                      iteration. Default: tag for tagged input, else site\n"
                "  --frames all        no frame is skipped: each stack's innermost frame is its\n"
@@ -734,7 +735,7 @@ int mt_cmd_report(int argc, char **argv)
             popt.by = mt_fr_by_parse(optarg);
             if (popt.by < 0) {
                 fprintf(stderr, "memtrace report: --by wants site, function, file, module, "
-                                "stack or tag\n");
+                                "stack, modules or tag\n");
                 return 2;
             }
             popt.explicit_by = true;

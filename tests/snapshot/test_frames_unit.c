@@ -139,6 +139,45 @@ static void test_keys(void **state)
         assert_int_equal(mt_fr_by_parse(mt_fr_by_name(b)), b);
 }
 
+/* The nn.Module chain (--by modules): each module's forward, outermost first, from the
+ * model's outermost module to the user's frame; a helper inside a module and the training
+ * loop outside the model are left out. Innermost first, as a snapshot writes it. */
+#define MOD_PY "/opt/env/lib/python3.11/site-packages/torch/nn/modules/module.py"
+static const mt_fr_frame_t module_stack[] = {
+    {.func = "at::mm(at::Tensor const&)", .file = "??"},
+    {.func = "forward", .file = "/home/me/proj/layers.py", .line = 22, .python = true},
+    {.func = "_call_impl", .file = MOD_PY, .line = 1527, .python = true},
+    {.func = "_wrapped_call_impl", .file = MOD_PY, .line = 1518, .python = true},
+    {.func = "attend", .file = "/home/me/proj/attn.py", .line = 40, .python = true},
+    {.func = "forward", .file = "/home/me/proj/attn.py", .line = 60, .python = true},
+    {.func = "_PyEval_EvalFrameDefault", .file = "??"},
+    {.func = "_call_impl", .file = MOD_PY, .line = 1527, .python = true},
+    {.func = "forward", .file = "/home/me/proj/model.py", .line = 88, .python = true},
+    {.func = "_call_impl", .file = MOD_PY, .line = 1527, .python = true},
+    {.func = "train_step", .file = "/home/me/proj/train.py", .line = 30, .python = true},
+    {.func = "<module>", .file = "/home/me/proj/train.py", .line = 80, .python = true},
+};
+
+static void test_module_chain(void **state)
+{
+    (void)state;
+    char buf[256];
+    assert_true(mt_fr_module_call(&module_stack[2]));
+    assert_false(mt_fr_module_call(&module_stack[1]));
+    assert_string_equal(
+        mt_fr_stack_key(NULL, module_stack, N(module_stack), MT_FR_BY_MODULES, buf, sizeof buf),
+        "model.py:88 forward > attn.py:60 forward > layers.py:22 forward");
+    /* Outside any module the key is the user's frame, as by site. */
+    assert_string_equal(
+        mt_fr_stack_key(NULL, module_stack + 10, 2, MT_FR_BY_MODULES, buf, sizeof buf),
+        "train.py:30 train_step");
+    /* A helper of a module is the user's frame; the chain starts at its module. */
+    assert_string_equal(mt_fr_stack_key(NULL, module_stack + 4, N(module_stack) - 4,
+                                        MT_FR_BY_MODULES, buf, sizeof buf),
+                        "model.py:88 forward > attn.py:60 forward > attn.py:40 attend");
+    assert_int_equal(mt_fr_by_parse("modules"), MT_FR_BY_MODULES);
+}
+
 /* memtrace's own stacks: the row's site is the user's frame, past torch's Python. */
 static void test_callsite_rows(void **state)
 {
@@ -171,7 +210,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_table), cmocka_unit_test(test_pick_torch),
         cmocka_unit_test(test_fallback),      cmocka_unit_test(test_user_rules),
-        cmocka_unit_test(test_keys),          cmocka_unit_test(test_callsite_rows),
+        cmocka_unit_test(test_keys),          cmocka_unit_test(test_module_chain),
+        cmocka_unit_test(test_callsite_rows),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
