@@ -261,7 +261,8 @@ int mt__pk_extend(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t **items, s
     for (size_t i = 0; i < n; i++)
         if (adopt(r, c, items[i]) < 0)
             return r->rc;
-    memcpy(c->u.items + c->n * per, items, n * sizeof *items);
+    if (n > 0) /* APPENDS/SETITEMS of an empty mark: the list may have no array yet */
+        memcpy(c->u.items + c->n * per, items, n * sizeof *items);
     c->n += npairs;
     return 0;
 }
