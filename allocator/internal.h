@@ -409,8 +409,8 @@ struct mt_alloc_s {
      * allocated_bytes[ALL] truth since the last push or pop, and
      * allocated_bytes[ALL].current <= scope_hw (the thread caches' peak guard keeps it). */
     mt__scope_t scopes[MT_ALLOC_SCOPE_MAX];
-    unsigned nscopes; /* <= MT_ALLOC_SCOPE_MAX */
-    int64_t scope_hw; /* bytes */
+    unsigned nscopes;               /* <= MT_ALLOC_SCOPE_MAX */
+    int64_t scope_hw;               /* bytes */
     mt__clock_t clk;                /* time of events (only read with a sink) */
     uint64_t stats_period_ns;       /* cfg.stats_period_ms in ns; 0 = no MT_EV_STATS */
     uint64_t stats_next_ns;         /* event time from which the next MT_EV_STATS is due */

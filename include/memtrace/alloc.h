@@ -206,13 +206,13 @@ MT_API int mt_alloc_remove_free_callback(mt_alloc_t *a, mt_alloc_free_cb cb, voi
  * or mt_alloc_free on a; it should not allocate from a. info and its message are borrowed
  * for the call only. Host-memory failures of the allocator's own tables call none. */
 typedef struct mt_alloc_oom_info_s {
-    int device;            /* backend device ordinal */
-    uint64_t requested;    /* bytes asked for */
-    uint64_t allocated;    /* allocated bytes now (all pools) */
-    uint64_t reserved;     /* reserved bytes now */
-    uint64_t limit;        /* memory_fraction x capacity, bytes */
-    uint64_t free;         /* the device's free bytes (mt_backend_mem_get_info) */
-    const char *message;   /* the OOM report, as mt_alloc_last_error */
+    int device;          /* backend device ordinal */
+    uint64_t requested;  /* bytes asked for */
+    uint64_t allocated;  /* allocated bytes now (all pools) */
+    uint64_t reserved;   /* reserved bytes now */
+    uint64_t limit;      /* memory_fraction x capacity, bytes */
+    uint64_t free;       /* the device's free bytes (mt_backend_mem_get_info) */
+    const char *message; /* the OOM report, as mt_alloc_last_error */
 } mt_alloc_oom_info_t;
 typedef void (*mt_alloc_oom_cb)(void *ud, const mt_alloc_oom_info_t *info);
 /* Adds cb (with ud, borrowed until removed). MT_EBUSY when 8 are registered already. */
