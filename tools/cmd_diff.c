@@ -54,26 +54,6 @@ static void help(FILE *f)
                "  memtrace diff --json a.ndjson b.ndjson | jq '.new'\n");
 }
 
-static int parse_bytes(const char *s, int64_t *out)
-{
-    char *end;
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || errno == ERANGE || v > (UINT64_MAX >> 32))
-        return -1;
-    int shift = *end == 'K' || *end == 'k'   ? 10
-                : *end == 'M' || *end == 'm' ? 20
-                : *end == 'G' || *end == 'g' ? 30
-                                             : 0;
-    end += shift != 0;
-    if (*end)
-        return -1;
-    *out = (int64_t)(v << shift);
-    return 0;
-}
-
 /* One side as `memtrace report --json` would compute it, before its sections are fitted to
  * the input: every call-site row kept. Returns the exit status; *out new on 0. */
 static int read_side(const char *path, const mt__report_cfg_t *cfg, json_t **out)
@@ -275,12 +255,15 @@ int mt_cmd_diff(int argc, char **argv)
                 return 2;
             }
             break;
-        case 's':
-            if (parse_bytes(optarg, &dc.max_site_growth) != 0) {
+        case 's': {
+            uint64_t bytes;
+            if (mt_tool_parse_bytes(optarg, &bytes) != 0 || bytes > (uint64_t)INT64_MAX) {
                 fprintf(stderr, "memtrace diff: --max-site-growth wants bytes (e.g. 64M)\n");
                 return 2;
             }
+            dc.max_site_growth = (int64_t)bytes;
             break;
+        }
         case 'b':
             cfg.by = mt_fr_by_parse(optarg);
             if (cfg.by < 0 || cfg.by == MT_FR_BY_TAG) {

@@ -90,7 +90,7 @@ static void help(FILE *f)
                "  memtrace report --skip-frames file:my_utils.py snapshot.pickle\n");
 }
 
-static int parse_bytes(const char *s, uint64_t *out)
+int mt_tool_parse_bytes(const char *s, uint64_t *out)
 {
     char *end;
     if (*s < '0' || *s > '9')
@@ -712,7 +712,7 @@ int mt_cmd_report(int argc, char **argv)
             }
             break;
         case 'g':
-            if (parse_bytes(optarg, &cfg.min_growth_bytes) != 0) {
+            if (mt_tool_parse_bytes(optarg, &cfg.min_growth_bytes) != 0) {
                 fprintf(stderr, "memtrace report: --min-growth wants bytes (e.g. 4M)\n");
                 return 2;
             }

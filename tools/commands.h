@@ -3,6 +3,8 @@
 #ifndef MT_TOOLS_COMMANDS_H
 #define MT_TOOLS_COMMANDS_H
 
+#include <stdint.h>
+
 typedef struct mt_cmd_s {
     const char *name;
     int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
@@ -21,5 +23,8 @@ int mt_cmd_plot(int argc, char **argv);
 int mt_cmd_export(int argc, char **argv);
 int mt_cmd_view(int argc, char **argv);
 int mt_cmd_snapshot(int argc, char **argv);
+
+/* "64", "512K", "4M", "8G" (no sign, no space) → bytes. 0, or -1 naming nothing. */
+int mt_tool_parse_bytes(const char *s, uint64_t *out);
 
 #endif
