@@ -355,8 +355,11 @@ MT__RNN_ISA_BODY void gru_cell_body(const dir_run_t *a, int b0, int b1, float *g
                                     float *aux, const prev_t *pv)
 {
     int H = a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
-    const float *brn = a->w.br ? a->w.br + 2 * H : NULL;
     const float *bi = a->bias;
+    /* Without biases the folded bias row is gH zeros: reading it keeps the loop free of a
+     * per-element choice, which compilers turn into masked loads from NULL (an emulator
+     * that faults on masked-out lanes, qemu's, then stops the program). */
+    const float *brn = a->w.br ? a->w.br + 2 * H : bi;
     for (int b = b0; b < b1; b++) {
         float *gb = g + (size_t)b * gl;
         const float *rb = a->rec + (size_t)b * gl;
@@ -366,7 +369,7 @@ MT__RNN_ISA_BODY void gru_cell_body(const dir_run_t *a, int b0, int b1, float *g
         for (int j = 0; j < H; j++) {
             float rr = mt__rnn_sigmoid((gb[j] + bi[j]) + rb[j]);
             float zz = mt__rnn_sigmoid((gb[H + j] + bi[H + j]) + rb[H + j]);
-            float rn = rb[2 * H + j] + (brn ? brn[j] : 0.0f);
+            float rn = rb[2 * H + j] + brn[j];
             float nn = mt__rnn_tanh((gb[2 * H + j] + bi[2 * H + j]) + rr * rn);
             ob[j] = (1.0f - zz) * nn + zz * hb[j];
             gb[j] = rr;
