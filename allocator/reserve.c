@@ -117,6 +117,8 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         return 0;
     if (bytes > ((size_t)1 << 60))
         return MT_ENOMEM;
+    if (a->async != NULL)
+        return MT_ENOTSUP; /* the pool holds memory, not the allocator */
     mt__alloc_lock(a);
     mt__tc_quiesce(a); /* the reservation sees the threads' cached blocks free */
     if (a->npending > 0)
