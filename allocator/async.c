@@ -40,6 +40,8 @@ struct mt__async_s {
     async_rec_t *recs;
     size_t cap, n;
     mt_stream_t *unify; /* made on the first free of a block used on several streams */
+    uintptr_t lo, hi;   /* every allocation ever made lies in [lo, hi): lookups of other
+                         * devices' pointers end at once (0, 0 before the first) */
 };
 
 /* ---- the table ---- */
@@ -227,6 +229,10 @@ int mt__async_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, v
                      .stream = stream,
                      .tag = (uint8_t)tag};
     rc = insert(as, &r);
+    if (rc == 0) {
+        as->lo = as->lo == 0 || r.addr < as->lo ? r.addr : as->lo;
+        as->hi = r.addr + rsize > as->hi ? r.addr + rsize : as->hi;
+    }
     if (rc != 0) {
         (void)mt_backend_free_async(a->backend, p, stream);
         goto out;
@@ -351,7 +357,8 @@ int mt__async_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *si
     mt__alloc_lock(a);
     mt__async_t *as = a->async;
     const async_rec_t *r = find(as, (uintptr_t)ptr);
-    for (size_t i = 0; r == NULL && i < as->cap; i++) {
+    bool inside = (uintptr_t)ptr >= as->lo && (uintptr_t)ptr < as->hi;
+    for (size_t i = 0; r == NULL && inside && i < as->cap; i++) {
         /* An interior pointer: the pool tells no block boundaries, so every one is looked at. */
         const async_rec_t *x = &as->recs[i];
         if (x->addr != 0 && (uintptr_t)ptr > x->addr && (uintptr_t)ptr < x->addr + x->requested)
@@ -402,6 +409,8 @@ const char *mt__async_is_valid(mt_alloc_t *a)
             return "async: an allocation is not where its probe sequence reaches";
         if (r->requested == 0 || r->size < r->requested || r->size % ASYNC_ALIGN != 0)
             return "async: an allocation's size is not its request rounded to 512 B";
+        if (r->addr < as->lo || r->addr + r->size > as->hi)
+            return "async: an allocation lies outside [lo, hi)";
         bytes += (int64_t)r->size;
         req += (int64_t)r->requested;
         tags[r->tag] += (int64_t)r->size;

@@ -425,6 +425,8 @@ static void test_stats_and_events(void **state)
     assert_int_equal(snap->nsegments, 0);
     mt_alloc_snapshot_free(&snap);
     assert_int_equal(mt_alloc_reserve(a, 4 * MIB, NULL), MT_ENOTSUP);
+    assert_int_equal(mt_alloc_warmup_begin(a), MT_ENOTSUP);
+    assert_int_equal(mt_alloc_warmup_end(a, NULL), MT_ENOTSUP);
     mt_alloc_destroy(&a);
     rec_fini(&r);
     mt_backend_destroy(&b);
