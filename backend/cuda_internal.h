@@ -73,8 +73,8 @@ typedef struct cuda_s {
     uint32_t next_stream_id; /* 1, 2, ... */
     bool *peer_access;       /* [group->n]: device i enabled access to this one (VMM grants) */
 
-    struct cuda_pool_s *pool; /* the default pool's entry points (cuda_async.c), made on
-                               * first use under mu */
+    struct cuda_pool_s *pool;   /* the default pool's entry points (cuda_async.c), made on
+                                 * first use under mu */
     struct cuda_group_s *group; /* every device of the process; set at creation */
     bool owner;                 /* the handle mt_backend_create returned: frees the group */
 } cuda_t;
