@@ -247,6 +247,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->st.capacity = a->capacity;
     a->st.limit = a->limit;
     a->plan_ver = 1; /* a cached block's 0 means "not planned" */
+    if (cfg->alloc_backend == MT_ALLOC_BACKEND_ASYNC && (rc = mt__async_init(a)) != 0)
+        goto fail_async;
     if (mt__tc_register(a) != 0)
         a->id = 0; /* no registry entry: no thread caches, the rest works */
     *out = a;
@@ -256,6 +258,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_unlock(a);
     return 0;
 
+fail_async:
 fail_fork:
     pthread_cond_destroy(&a->cv);
 fail_cond:
@@ -276,6 +279,8 @@ void mt_alloc_destroy(mt_alloc_t **p)
     mt__tc_unregister(a); /* before mu: an exiting thread holds the registry, then mu */
     mt__alloc_lock(a);
     mt__tc_free_all(a); /* what they hold is free, not a leak */
+    if (a->async != NULL)
+        mt__async_fini(a);
     /* The program's threads are done with a: nothing is in flight, and the waits below
      * leave nothing pending. */
     mt_assert(!mt__alloc_inflight(a));
@@ -641,6 +646,8 @@ int mt_alloc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, vo
     *out = NULL;
     if (size == 0)
         return 0;
+    if (__builtin_expect(a->async != NULL, 0))
+        return mt__async_malloc(a, size, stream, tag, out);
     /* this thread's cache without mu, else (a tail call) the global path */
     return mt__tc_malloc(a, size, stream, tag, out, (uintptr_t)__builtin_return_address(0));
 }
@@ -649,6 +656,8 @@ int mt_alloc_empty_cache(mt_alloc_t *a)
 {
     if (a == NULL)
         return MT_EINVAL;
+    if (a->async != NULL)
+        return mt__async_empty_cache(a);
     mt__alloc_lock(a);
     mt__tc_flush_all(a);
     if (a->npending > 0)

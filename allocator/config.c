@@ -241,6 +241,18 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
             c->stacks = MT_STACKS_ALL;
         else
             goto bad;
+    } else if (strcmp(key, "backend") == 0) {
+        /* PyTorch's values; ROCm's build also takes hipMallocAsync, and so does memtrace. */
+        if (strcmp(val, "native") == 0)
+            c->alloc_backend = MT_ALLOC_BACKEND_NATIVE;
+        else if (strcmp(val, "cudaMallocAsync") == 0 || strcmp(val, "hipMallocAsync") == 0)
+            c->alloc_backend = MT_ALLOC_BACKEND_ASYNC;
+        else {
+            seterr(err, errlen,
+                   "bad value for allocator config key '%s': '%s' (native or cudaMallocAsync)", key,
+                   val);
+            return MT_EINVAL;
+        }
     } else if (strcmp(key, "stats_period_ms") == 0) {
         if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
             goto bad;
@@ -355,6 +367,11 @@ int mt__alloc_cfg_validate(const mt_alloc_cfg_t *c, char *err, size_t errlen)
         snprintf(v, sizeof v, "%g", g);
         seterr(err, errlen, "bad value for allocator config key '%s': '%s'",
                "garbage_collection_threshold", v);
+        return MT_EINVAL;
+    }
+    if (c->alloc_backend != MT_ALLOC_BACKEND_NATIVE && c->alloc_backend != MT_ALLOC_BACKEND_ASYNC) {
+        snprintf(v, sizeof v, "%d", c->alloc_backend);
+        seterr(err, errlen, "bad value for allocator config key '%s': '%s'", "backend", v);
         return MT_EINVAL;
     }
     double f = c->memory_fraction;

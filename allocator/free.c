@@ -145,6 +145,8 @@ int mt_alloc_free(mt_alloc_t *a, void *ptr)
         return MT_EINVAL;
     if (ptr == NULL)
         return 0;
+    if (__builtin_expect(a->async != NULL, 0))
+        return mt__async_free(a, ptr);
     return mt__tc_free(a, ptr); /* this thread's cache, else (a tail call) the global path */
 }
 
@@ -172,6 +174,8 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
 {
     if (a == NULL || ptr == NULL)
         return MT_EINVAL;
+    if (a->async != NULL)
+        return mt__async_record_stream(a, ptr, stream);
     mt__alloc_lock(a);
     int rc = 0;
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
@@ -198,6 +202,8 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
 {
     if (a == NULL || ptr == NULL)
         return MT_EINVAL;
+    if (a->async != NULL)
+        return mt__async_block_info(a, ptr, base, size, tag);
     mt__alloc_lock(a);
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
     if (b == NULL) {

@@ -63,6 +63,7 @@ typedef struct mt_segment_s mt_segment_t;
 typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
 typedef struct mt__tcache_s mt__tcache_t;
+typedef struct mt__async_s mt__async_t;
 
 /* Block state of the allocator's own, beside mt_block_state_e: the whole pages of a free
  * block of an expandable run are being unmapped with the lock released (expandable.c).
@@ -427,6 +428,9 @@ struct mt_alloc_s {
     uint8_t tc_on;
     uint8_t tc_pend; /* npending > 0 (atomic mirror): a malloc then polls, on the global path */
     mt__tcache_t *caches;
+    /* backend:cudaMallocAsync (async.c): the live allocations; NULL under the caching
+     * allocator. Set at creation, never changed: the entry points test it without mu. */
+    mt__async_t *async;
 };
 
 /* ---- the lock ----
@@ -825,5 +829,20 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b);
 
 /* ---- config.c ---- */
 int mt__alloc_cfg_validate(const mt_alloc_cfg_t *cfg, char *err, size_t errlen);
+
+/* ---- async.c: backend:cudaMallocAsync, the public entry points' other path ---- */
+/* Sets the pool up (release threshold UINT64_MAX) and a->async; a->cfg.tcache off. */
+int mt__async_init(mt_alloc_t *a);
+/* Frees what is still live into the pool and a->async (mu held). */
+void mt__async_fini(mt_alloc_t *a);
+int mt__async_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out);
+int mt__async_free(mt_alloc_t *a, void *ptr);
+int mt__async_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream);
+int mt__async_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *size, int *tag);
+int mt__async_empty_cache(mt_alloc_t *a);
+/* reserved_bytes from the pool (mu held). */
+void mt__async_refresh(mt_alloc_t *a);
+/* The invariants of async.c's struct, mu held; a static description or NULL. */
+const char *mt__async_is_valid(mt_alloc_t *a);
 
 #endif

@@ -28,6 +28,9 @@ int mt_alloc_set_memory_fraction(mt_alloc_t *a, double fraction)
 
 static const char *fixed_key(const mt_alloc_cfg_t *o, const mt_alloc_cfg_t *n)
 {
+    /* PyTorch refuses it too: the backend parsed at run time must be the one at load time. */
+    if (o->alloc_backend != n->alloc_backend)
+        return "backend";
     if (o->expandable_segments != n->expandable_segments)
         return "expandable_segments";
     if (o->one_pool != n->one_pool)

@@ -117,6 +117,8 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         return 0;
     if (bytes > ((size_t)1 << 60))
         return MT_ENOMEM;
+    if (a->async != NULL)
+        return MT_ENOTSUP; /* the pool holds memory, not the allocator */
     mt__alloc_lock(a);
     mt__tc_quiesce(a); /* the reservation sees the threads' cached blocks free */
     if (a->npending > 0)
@@ -132,6 +134,8 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
 {
     if (a == NULL)
         return MT_EINVAL;
+    if (a->async != NULL)
+        return MT_ENOTSUP; /* a warm-up plans a reservation, which the pool has no use for */
     mt__alloc_lock(a);
     mt__tc_quiesce(a);      /* no thread caches while warming: the warm-up sees every request */
     mt__quick_flush_all(a); /* nothing is kept quick while warming */
@@ -776,6 +780,8 @@ int mt_alloc_warmup_end(mt_alloc_t *a, mt_stream_t *stream)
 {
     if (a == NULL)
         return MT_EINVAL;
+    if (a->async != NULL)
+        return MT_ENOTSUP;
     mt__alloc_lock(a);
     int rc = 0;
     if (!a->warming) {

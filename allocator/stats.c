@@ -96,6 +96,8 @@ int mt_alloc_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
     /* Flushed, the counters are the truth, and the free-space figures (inactive_split,
      * largest free block) see the cached blocks as the free space they are. */
     mt__tc_flush_all(a);
+    if (a->async != NULL)
+        mt__async_refresh(a); /* the pool may have given memory back at a synchronize */
     mt__alloc_compute_stats(a, out);
     mt__alloc_unlock(a);
     return 0;
@@ -492,6 +494,8 @@ static const char *cmp_stat(const mt_stat_t *st, const int64_t *want, size_t n, 
 
 const char *mt__alloc_is_valid(mt_alloc_t *a)
 {
+    if (a->async != NULL)
+        return mt__async_is_valid(a);
     const char *why = NULL;
     sums_t s = {0};
     size_t nsegs = 0;

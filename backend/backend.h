@@ -57,6 +57,14 @@ typedef struct mt_backend_ops_s {
     int (*host_malloc_flags)(mt_backend_t *b, size_t size, unsigned flags, void **out);
     /* Optional (NULL: nothing is held across a fork). See mt__backend_fork. */
     void (*fork)(mt_backend_t *b, int phase);
+    /* Optional, all or none (NULL: MT_ENOTSUP): the device's stream-ordered pool
+     * (pool.c checks the arguments; s is NULL or a stream of b). */
+    int (*malloc_async)(mt_backend_t *b, size_t size, mt_stream_t *s, void **out);
+    int (*free_async)(mt_backend_t *b, void *ptr, mt_stream_t *s);
+    int (*pool_set_release_threshold)(mt_backend_t *b, uint64_t bytes);
+    int (*pool_trim_to)(mt_backend_t *b, size_t keep);
+    int (*pool_usage)(mt_backend_t *b, mt_pool_usage_t *out);
+    int (*pool_reset_high)(mt_backend_t *b);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.

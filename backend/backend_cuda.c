@@ -107,6 +107,7 @@ static void device_close(mt_backend_t *b)
         mt__cuda_leave(c);
     }
     c->drv.DevicePrimaryCtxRelease(c->dev);
+    mt__cuda_pool_fini(c);
     mt__cuda_driver_close(&c->drv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->anchor_mu);
@@ -367,4 +368,10 @@ static const mt_backend_ops_t cuda_ops = {
     .enable_peer_access = cuda_enable_peer_access,
     .event_create_timed = mt__cuda_event_create_timed,
     .host_malloc_flags = mt__cuda_host_malloc_flags,
+    .malloc_async = mt__cuda_malloc_async,
+    .free_async = mt__cuda_free_async,
+    .pool_set_release_threshold = mt__cuda_pool_set_release_threshold,
+    .pool_trim_to = mt__cuda_pool_trim_to,
+    .pool_usage = mt__cuda_pool_usage,
+    .pool_reset_high = mt__cuda_pool_reset_high,
 };

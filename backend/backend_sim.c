@@ -39,6 +39,7 @@ void mt__sim_call_hook(sim_t *s, const char *call)
 static void device_free(sim_t *s)
 {
     mt__sim_streams_fini(s);
+    mt__sim_pool_fini(s);
     mt__sim_mem_fini(s);
     pthread_mutex_destroy(&s->cost_mu);
     pthread_mutex_destroy(&s->mu);
@@ -104,9 +105,14 @@ static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, 
     rc = mt__sim_streams_init(s);
     if (rc != 0)
         goto fail_streams;
+    rc = mt__sim_pool_init(s);
+    if (rc != 0)
+        goto fail_pool;
     *out = s;
     return 0;
 
+fail_pool:
+    mt__sim_streams_fini(s);
 fail_streams:
     mt__sim_mem_fini(s);
 fail_mem:
@@ -187,19 +193,25 @@ fail_dev:
 static int sim_stream_synchronize(mt_backend_t *b, mt_stream_t *st)
 {
     mt__sim_call_hook(to_sim(b), "stream_synchronize");
-    return mt__sim_stream_synchronize(b, st);
+    int rc = mt__sim_stream_synchronize(b, st);
+    mt__sim_pool_on_sync(to_sim(b));
+    return rc;
 }
 
 static int sim_device_synchronize(mt_backend_t *b)
 {
     mt__sim_call_hook(to_sim(b), "device_synchronize");
-    return mt__sim_device_synchronize(b);
+    int rc = mt__sim_device_synchronize(b);
+    mt__sim_pool_on_sync(to_sim(b));
+    return rc;
 }
 
 static int sim_event_synchronize(mt_backend_t *b, mt_event_t *ev)
 {
     mt__sim_call_hook(to_sim(b), "event_synchronize");
-    return mt__sim_event_synchronize(b, ev);
+    int rc = mt__sim_event_synchronize(b, ev);
+    mt__sim_pool_on_sync(to_sim(b));
+    return rc;
 }
 
 static int sim_event_create(mt_backend_t *b, mt_event_t **out)
@@ -223,6 +235,8 @@ static void sim_fork(mt_backend_t *b, int phase)
     if (phase == MT__FORK_PREPARE) {
         if (g->fork_held++ > 0)
             return;
+        for (int i = 0; i < g->n; i++)
+            mt__sim_pool_fork(g->dev[i], phase);
         for (int i = 0; i < g->n; i++)
             mt__sim_streams_fork(g->dev[i], phase);
         for (int i = 0; i < g->n; i++) {
@@ -250,6 +264,8 @@ static void sim_fork(mt_backend_t *b, int phase)
     }
     for (int i = 0; i < g->n; i++)
         mt__sim_streams_fork(g->dev[i], phase);
+    for (int i = 0; i < g->n; i++)
+        mt__sim_pool_fork(g->dev[i], phase);
 }
 
 static const mt_backend_ops_t sim_ops = {
@@ -285,6 +301,12 @@ static const mt_backend_ops_t sim_ops = {
     .get_device = sim_get_device,
     .memcpy_peer_async = mt__sim_memcpy_peer_async,
     .fork = sim_fork,
+    .malloc_async = mt__sim_malloc_async,
+    .free_async = mt__sim_free_async,
+    .pool_set_release_threshold = mt__sim_pool_set_release_threshold,
+    .pool_trim_to = mt__sim_pool_trim_to,
+    .pool_usage = mt__sim_pool_usage,
+    .pool_reset_high = mt__sim_pool_reset_high,
 };
 
 /* ---- test hooks (backend_sim.h) ---- */

@@ -34,5 +34,10 @@ int mt__sim_inject_event_failures(mt_backend_t *b, unsigned n);
 /* Walks the invariants of the memory state (sim_internal.h, at sim_t); 0 if they hold,
  * MT_EIO on the first violation. */
 int mt__sim_check(const mt_backend_t *b);
+/* Walks the invariants of the stream-ordered pool (sim_async.c, at sim_pool_t); 0 if they
+ * hold, MT_EIO on a violation. */
+int mt__sim_pool_check(const mt_backend_t *b);
+/* Chunks (device segments) the stream-ordered pool holds. */
+size_t mt__sim_pool_chunk_count(const mt_backend_t *b);
 
 #endif

@@ -73,6 +73,8 @@ typedef struct cuda_s {
     uint32_t next_stream_id; /* 1, 2, ... */
     bool *peer_access;       /* [group->n]: device i enabled access to this one (VMM grants) */
 
+    struct cuda_pool_s *pool;   /* the default pool's entry points (cuda_async.c), made on
+                                 * first use under mu */
     struct cuda_group_s *group; /* every device of the process; set at creation */
     bool owner;                 /* the handle mt_backend_create returned: frees the group */
 } cuda_t;
@@ -130,6 +132,17 @@ int mt__cuda_vm_unmap(mt_backend_t *b, void *addr, size_t size);
 int mt__cuda_host_malloc_flags(mt_backend_t *b, size_t size, unsigned flags, void **out);
 int mt__cuda_host_malloc(mt_backend_t *b, size_t size, void **out);
 int mt__cuda_host_free(mt_backend_t *b, void *ptr);
+
+/* ---- cuda_async.c, used by backend_cuda.c ---- */
+
+/* Forgets the pool's entry points (the driver's pool itself is the device's). */
+void mt__cuda_pool_fini(cuda_t *c);
+int mt__cuda_malloc_async(mt_backend_t *b, size_t size, mt_stream_t *s, void **out);
+int mt__cuda_free_async(mt_backend_t *b, void *ptr, mt_stream_t *s);
+int mt__cuda_pool_set_release_threshold(mt_backend_t *b, uint64_t bytes);
+int mt__cuda_pool_trim_to(mt_backend_t *b, size_t keep);
+int mt__cuda_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
+int mt__cuda_pool_reset_high(mt_backend_t *b);
 
 /* ---- cuda_stream.c, used by backend_cuda.c ---- */
 

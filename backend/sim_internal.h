@@ -108,6 +108,8 @@ typedef struct sim_s {
 
     struct mt_event_s *events; /* every live event of this device, under group->ev_mu
                                 * (freed at destroy if leaked) */
+
+    struct sim_pool_s *pool; /* the stream-ordered pool (sim_async.c), made with the device */
 } sim_t;
 
 /* ---- sim_stream.c, used by backend_sim.c around a fork ---- */
@@ -142,6 +144,33 @@ int mt__sim_vm_map(mt_backend_t *b, void *addr, size_t size);
 int mt__sim_vm_unmap(mt_backend_t *b, void *addr, size_t size);
 int mt__sim_host_malloc(mt_backend_t *b, size_t size, void **out);
 int mt__sim_host_free(mt_backend_t *b, void *ptr);
+
+/* ---- sim_stream.c, used by sim_async.c ---- */
+
+/* Ops queued (enq) and finished (done) so far on stream id of s; MT_ENOENT once it is
+ * destroyed (it drained first: everything queued on it has finished). */
+int mt__sim_stream_progress(sim_t *s, uint32_t id, uint64_t *enq, uint64_t *done);
+
+/* ---- sim_async.c: the stream-ordered pool ---- */
+
+int mt__sim_pool_init(sim_t *s);
+/* Gives every chunk back to the device (the streams drained first). */
+void mt__sim_pool_fini(sim_t *s);
+/* Stream waiter_id of s now waits on a record made on stream sid of s after seq ops:
+ * frees queued there before the record become reusable on waiter_id. No lock held. */
+void mt__sim_pool_note_wait(sim_t *s, uint32_t waiter_id, uint32_t sid, uint64_t seq);
+/* After a stream, event or device synchronize: the pool gives back what it holds unused
+ * above its release threshold. No lock held. */
+void mt__sim_pool_on_sync(sim_t *s);
+/* PREPARE takes the pool's lock (before any other lock of the device), PARENT releases
+ * it, CHILD makes it anew. */
+void mt__sim_pool_fork(sim_t *s, int phase);
+int mt__sim_malloc_async(mt_backend_t *b, size_t size, mt_stream_t *st, void **out);
+int mt__sim_free_async(mt_backend_t *b, void *ptr, mt_stream_t *st);
+int mt__sim_pool_set_release_threshold(mt_backend_t *b, uint64_t bytes);
+int mt__sim_pool_trim_to(mt_backend_t *b, size_t keep);
+int mt__sim_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
+int mt__sim_pool_reset_high(mt_backend_t *b);
 
 /* ---- sim_stream.c, used by backend_sim.c ---- */
 

@@ -23,6 +23,9 @@ struct sim_mark_s {
     unsigned refs;    /* > 0 while reachable */
     bool done;        /* the recording stream reached it */
     uint64_t time_ns; /* CLOCK_MONOTONIC at completion; 0 until done */
+    sim_t *origin;    /* the device of the recording stream */
+    uint32_t sid;     /* its stream id */
+    uint64_t seq;     /* ops queued on that stream before the record (the pool's ordering) */
 };
 
 /* Guarded by sim_group_t.ev_mu. latest == NULL: never recorded (queries report
@@ -192,11 +195,13 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Takes ownership of op (and of any mark reference in it), even on failure. */
-static void enqueue(sim_stream_t *ss, sim_op_t *op)
+/* Takes ownership of op (and of any mark reference in it), even on failure. Returns the
+ * number of ops queued on ss before op. */
+static uint64_t enqueue(sim_stream_t *ss, sim_op_t *op)
 {
     op->next = NULL;
     pthread_mutex_lock(&ss->mu);
+    uint64_t before = ss->enq_seq;
     if (ss->tail != NULL)
         ss->tail->next = op;
     else
@@ -205,6 +210,7 @@ static void enqueue(sim_stream_t *ss, sim_op_t *op)
     ss->enq_seq++;
     pthread_cond_signal(&ss->work_cv);
     pthread_mutex_unlock(&ss->mu);
+    return before;
 }
 
 static sim_op_t *op_new(op_kind_e kind)
@@ -384,6 +390,24 @@ int mt__sim_stream_synchronize(mt_backend_t *b, mt_stream_t *st)
     return 0;
 }
 
+int mt__sim_stream_progress(sim_t *s, uint32_t id, uint64_t *enq, uint64_t *done)
+{
+    int rc = MT_ENOENT;
+    pthread_mutex_lock(&s->streams_mu);
+    for (sim_stream_t *ss = s->streams; ss != NULL; ss = ss->next) {
+        if (ss->hdr.id != id)
+            continue;
+        pthread_mutex_lock(&ss->mu);
+        *enq = ss->enq_seq;
+        *done = ss->done_seq;
+        pthread_mutex_unlock(&ss->mu);
+        rc = 0;
+        break;
+    }
+    pthread_mutex_unlock(&s->streams_mu);
+    return rc;
+}
+
 int mt__sim_device_synchronize(mt_backend_t *b)
 {
     sim_t *s = to_sim(b);
@@ -527,11 +551,19 @@ int mt__sim_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *st)
     op->u.mark = m;
     /* The mark becomes the event's capture before the op is queued, so a query right
      * after this call sees it pending. */
+    sim_stream_t *ss = resolve(s, st);
+    m->origin = s;
+    m->sid = ss->hdr.id;
     pthread_mutex_lock(&s->group->ev_mu);
     mark_unref(ev->latest);
     ev->latest = m;
+    m->refs++; /* kept until its seq is written (the op may complete and unref first) */
     pthread_mutex_unlock(&s->group->ev_mu);
-    enqueue(resolve(s, st), op);
+    uint64_t seq = enqueue(ss, op);
+    pthread_mutex_lock(&s->group->ev_mu);
+    m->seq = seq;
+    mark_unref(m);
+    pthread_mutex_unlock(&s->group->ev_mu);
     return 0;
 }
 
@@ -548,7 +580,13 @@ int mt__sim_stream_wait_event(mt_backend_t *b, mt_stream_t *st, mt_event_t *ev)
     bool needed = m != NULL && !m->done;
     if (needed)
         m->refs++;
+    sim_t *origin = m != NULL ? m->origin : NULL;
+    uint32_t sid = m != NULL ? m->sid : 0;
+    uint64_t seq = m != NULL ? m->seq : 0;
     pthread_mutex_unlock(&s->group->ev_mu);
+    /* Later allocations on st may reuse what the recording stream freed before the record. */
+    if (origin == s)
+        mt__sim_pool_note_wait(s, resolve(s, st)->hdr.id, sid, seq);
     if (!needed) {
         /* Never recorded or already complete: nothing to wait for (cudaStreamWaitEvent
          * on such an event is a no-op). */

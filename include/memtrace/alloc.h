@@ -36,6 +36,13 @@ typedef enum mt_tag_e {
 
 #define MT_ALLOC_ROUNDUP_INTERVALS 16 /* 1 MiB .. 32 GiB, as PyTorch's */
 
+/* Where an allocator's memory comes from (PyTorch's "backend" key). */
+typedef enum mt_alloc_backend_e {
+    MT_ALLOC_BACKEND_NATIVE = 0, /* the caching allocator (segments, bins, caches) */
+    MT_ALLOC_BACKEND_ASYNC = 1,  /* each request to the backend's stream-ordered pool
+                                  * (cudaMallocAsync; docs/allocator-async.md) */
+} mt_alloc_backend_e;
+
 typedef struct mt_alloc_cfg_s {
     mt_backend_t *backend; /* borrowed, required; outlives the allocator */
     size_t max_split_size; /* bytes; SIZE_MAX = unlimited (default) */
@@ -100,6 +107,12 @@ typedef struct mt_alloc_cfg_s {
      * Without it the library registers nothing, and a child must not touch the allocator.
      * true; config key atfork (0/1). */
     bool atfork;
+    /* mt_alloc_backend_e; config key backend: native | cudaMallocAsync (hipMallocAsync
+     * too). Under cudaMallocAsync the caching allocator's keys (max_split_size_mb,
+     * roundup_power2_divisions, garbage_collection_threshold, expandable_segments, ...)
+     * are ignored, with a warning through log, as PyTorch ignores them; it cannot change
+     * at run time. MT_ALLOC_BACKEND_NATIVE. */
+    int alloc_backend;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -111,7 +124,7 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
  * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,
- * atfork,
+ * atfork, backend (native, cudaMallocAsync),
  * and rules:reference (the reference allocator's plain-segment rules: no expandable segments,
  * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then

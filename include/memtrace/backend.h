@@ -210,6 +210,35 @@ MT_API int mt_backend_host_malloc(mt_backend_t *b, size_t size, void **out);
 MT_API int mt_backend_host_malloc_flags(mt_backend_t *b, size_t size, unsigned flags, void **out);
 MT_API int mt_backend_host_free(mt_backend_t *b, void *ptr);
 
+/* ---- the device's stream-ordered pool (cudaMallocAsync) ----
+ * Each device has one pool (the driver's default pool on cuda; a model of it on sim,
+ * docs/allocator-async.md). A block freed on stream s is reused at once on s, and on
+ * another stream once the free is ordered before it (s reached the free, or the other
+ * stream waits on an event recorded on s after the free). At a stream, event or device
+ * synchronize the pool gives back to the device what it holds unused above its release
+ * threshold (0 by default, as the driver's). MT_ENOTSUP from a backend without a pool. */
+
+typedef struct mt_pool_usage_s {
+    uint64_t reserved;      /* bytes the pool holds from the device (RESERVED_MEM_CURRENT) */
+    uint64_t used;          /* bytes of its live allocations (USED_MEM_CURRENT) */
+    uint64_t reserved_high; /* highest reserved since creation or mt_backend_pool_reset_high */
+    uint64_t used_high;     /* highest used likewise */
+} mt_pool_usage_t;
+
+/* cudaMallocAsync on s (NULL: the default stream). MT_ENOMEM when the device cannot give
+ * the pool more, after the pool gave back what it could. */
+MT_API int mt_backend_malloc_async(mt_backend_t *b, size_t size, mt_stream_t *s, void **out);
+/* cudaFreeAsync: the block returns to the pool when s reaches this point. NULL is a no-op. */
+MT_API int mt_backend_free_async(mt_backend_t *b, void *ptr, mt_stream_t *s);
+/* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes; UINT64_MAX keeps everything (PyTorch's). */
+MT_API int mt_backend_pool_set_release_threshold(mt_backend_t *b, uint64_t bytes);
+/* cuMemPoolTrimTo: gives back unused memory whose frees completed until the pool holds
+ * at most keep bytes (or nothing more can go). */
+MT_API int mt_backend_pool_trim_to(mt_backend_t *b, size_t keep);
+MT_API int mt_backend_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
+/* The high-water marks restart from the current values (PyTorch's resetPeakStats). */
+MT_API int mt_backend_pool_reset_high(mt_backend_t *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -469,6 +469,44 @@ class InProcess(unittest.TestCase):
         self.assertEqual(memtrace.current_tag(), "other")
 
 
+class AsyncBackend(unittest.TestCase):
+    """MEMTRACE_ALLOC_CONF=backend:cudaMallocAsync (PyTorch's key): requests go to the
+    backend's stream-ordered pool (the sim's model of it), and the package's statistics,
+    settings and empty_cache work under it. A child process: the allocator is made once."""
+
+    def test_memory_stats_settings_and_empty_cache(self):
+        code = """
+import ctypes, memtrace
+MiB = 1 << 20
+L = memtrace._lib.lib()
+L.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
+L.cudaFree.argtypes = [ctypes.c_void_p]
+p = ctypes.c_void_p()
+assert L.cudaMalloc(ctypes.byref(p), 3 * MiB) == 0
+s = memtrace.memory_stats()
+assert s["allocated_bytes.all.current"] == 3 * MiB, s["allocated_bytes.all.current"]
+assert s["reserved_bytes.all.current"] >= 3 * MiB, s["reserved_bytes.all.current"]
+assert s["segment.all.current"] == 0 and s["allocated_bytes.large_pool.current"] == 0
+try:
+    memtrace.set_allocator_settings("backend:native")
+    raise SystemExit("backend changed at run time")
+except memtrace.MemtraceError as e:
+    assert "backend" in str(e), e
+memtrace.set_allocator_settings("memory_fraction:0.5")
+assert L.cudaFree(p) == 0
+assert memtrace.memory_stats()["reserved_bytes.all.current"] >= 3 * MiB  # the pool keeps it
+memtrace.empty_cache()
+s = memtrace.memory_stats()
+assert s["reserved_bytes.all.current"] == 0, s["reserved_bytes.all.current"]
+assert s["allocated_bytes.all.peak"] == 3 * MiB
+print("ok")
+"""
+        env = dict(os.environ, MEMTRACE_ALLOC_CONF="backend:cudaMallocAsync",
+                   MEMTRACE_BACKEND="sim", PYTHONPATH=PKG)
+        p = run([sys.executable, "-c", code], env=env)
+        self.assertEqual(p.stdout.strip(), "ok", p.stdout + p.stderr)
+
+
 class WithoutLibrary(unittest.TestCase):
     def test_clear_error(self):
         tmp = tempfile.mkdtemp(prefix="mt-py-nolib-")
