@@ -188,6 +188,23 @@ try {
   }
   c.proc.kill('SIGINT');
   if ((await exited(c.proc)) !== 0) await fail('memtrace view BEFORE AFTER did not exit 0');
+
+  /* ---- snapshots: temporary sites by their frames, and two of them compared ---- */
+  const data = join(srcRoot, 'tests', 'snapshot', 'data');
+  const sa = join(data, 'v2_all_actions_p4.pickle'), sb = join(data, 'v2_torch_frames.pickle');
+  const srep = cli(['report', '--json', sa]).processes[0];
+  const s = await view([sa, sb]);
+  const sana = await get(s.url, '/analysis?pid=1');
+  if (!isDeepStrictEqual(sana.temporary, srep.temporary) || sana.temporary_by !== srep.temporary_by)
+    await fail(`snapshot /analysis temporary ${JSON.stringify(sana.temporary)} != report ${JSON.stringify(srep.temporary)}`);
+  if (!sana.temporary.length) await fail('the snapshot has no temporary site: nothing was compared');
+  const sdiff = cli(['diff', '--json', sa, sb]);
+  if (!isDeepStrictEqual((await get(s.url, '/diff')).diff, sdiff))
+    await fail('/diff of two snapshots is not `memtrace diff --json`\'s document');
+  s.proc.kill('SIGINT');
+  if ((await exited(s.proc)) !== 0) await fail('memtrace view of two snapshots did not exit 0');
+  console.log(`ok: a snapshot's temporary sites (${sana.temporary.map((x) => x.site).join(', ')}) and two snapshots' /diff as the CLI`);
+
   if (browser) await browser.close();
   rmSync(tmp, { recursive: true, force: true });
   process.exit(0);
