@@ -332,28 +332,7 @@ static json_int_t ji(uint64_t v)
     return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
 }
 
-/* The named scopes closed in the stream, per name; NULL when none. */
-static json_t *scopes_json(const mt_scopes_t *sc)
-{
-    if (sc->nrows == 0)
-        return NULL;
-    json_t *a = json_array();
-    for (size_t i = 0; a != NULL && i < sc->nrows; i++) {
-        const mt_scope_row_t *r = &sc->rows[i];
-        json_t *e =
-            json_pack("{s:s, s:I, s:I, s:I, s:f}", "name", r->name, "count", ji(r->count),
-                      "peak_bytes", ji(r->peak_max), "mean_peak_bytes", ji(r->peak_sum / r->count),
-                      "mean_seconds", (double)r->ns_sum / (double)r->count / 1e9);
-        if (e == NULL || json_array_append_new(a, e) != 0) {
-            json_decref(a);
-            return NULL;
-        }
-    }
-    return a;
-}
-
-/* The settings changed at run time, with seconds from the first event; NULL when none. */
-static json_t *settings_json(const mt_model_t *m, uint64_t t0)
+json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0)
 {
     const mt_model_setting_t *v;
     size_t n;
@@ -675,12 +654,12 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
-    json_t *scj = res != NULL ? scopes_json(&sc) : NULL;
+    json_t *scj = res != NULL ? mt_scopes_json(&sc) : NULL;
     if (scj != NULL && json_object_set_new(res, "scopes", scj) != 0) {
         json_decref(res);
         res = NULL;
     }
-    json_t *sets = res != NULL ? settings_json(m, t0) : NULL;
+    json_t *sets = res != NULL ? mt__report_settings_json(m, t0) : NULL;
     if (sets != NULL && json_object_set_new(res, "settings_changes", sets) != 0) {
         json_decref(res);
         res = NULL;

@@ -148,6 +148,13 @@ json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
                                   const mt__report_cfg_t *cfg, bool by_tag,
                                   mt__report_temp_key_fn tag_key, void *tag_ctx);
 
+/* ---- settings changed at run time (report.c) ---- */
+
+/* The process's "settings_changes" member from m (mt_model_settings): [{t (seconds from t0,
+ * 0 before it), device, key (mt_setting_name), value, before}], oldest first. New reference;
+ * NULL when there are none or without memory. */
+json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
+
 /* ---- the gap (report_gap.c) ---- */
 
 /* The gap of class cls of m now (analysis/gap.h's mt_gap_json), each pin named by its site

@@ -6,6 +6,12 @@
 
 #include "memtrace/common.h"
 
+/* JSON integers are signed: a figure above INT64_MAX is written as INT64_MAX. */
+static json_int_t ji(uint64_t v)
+{
+    return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
+}
+
 void mt_scopes_init(mt_scopes_t *s)
 {
     memset(s, 0, sizeof *s);
@@ -83,4 +89,23 @@ int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated
     s->open[k].start = s->open[k].peak = allocated;
     s->open[k].t = ev->time_ns;
     return 0;
+}
+
+json_t *mt_scopes_json(const mt_scopes_t *sc)
+{
+    if (sc == NULL || sc->nrows == 0)
+        return NULL;
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < sc->nrows; i++) {
+        const mt_scope_row_t *r = &sc->rows[i];
+        json_t *e =
+            json_pack("{s:s, s:I, s:I, s:I, s:f}", "name", r->name, "count", ji(r->count),
+                      "peak_bytes", ji(r->peak_max), "mean_peak_bytes", ji(r->peak_sum / r->count),
+                      "mean_seconds", (double)r->ns_sum / (double)r->count / 1e9);
+        if (e == NULL || json_array_append_new(a, e) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
 }

@@ -4,6 +4,7 @@
 #ifndef MT_ANALYSIS_SCOPES_H
 #define MT_ANALYSIS_SCOPES_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,5 +40,9 @@ void mt_scopes_init(mt_scopes_t *s);
 void mt_scopes_fini(mt_scopes_t *s);
 /* Feeds one event, with the device's allocated bytes after it. MT_ENOMEM. */
 int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated);
+/* The closed scopes per name, as the report's "scopes" and the page's /analysis give them:
+ * [{name, count, peak_bytes (the highest), mean_peak_bytes, mean_seconds}]. New reference;
+ * NULL when none closed (s may be NULL) or without memory. */
+json_t *mt_scopes_json(const mt_scopes_t *s);
 
 #endif

@@ -127,6 +127,14 @@ void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
  * open or read; err says why) or MT_ENOMEM. */
 int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
                    char *err, size_t errlen);
+/* The same for a file that is a run of its own (`memtrace view BEFORE AFTER`): a pid that
+ * a process of an earlier file has is given a new one (the smallest above every pid), so
+ * two runs are two processes. */
+int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                       char *err, size_t errlen);
+/* Gives the page's compare view its document (`memtrace view BEFORE AFTER`): the JSON text
+ * served as is at /diff (copied; a second call replaces the first). 0 or MT_ENOMEM. */
+int mt_d_view_set_diff(mt_d_t *d, const char *json);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
 void mt_d_set_event_window(mt_d_t *d, size_t events);
 

@@ -94,6 +94,12 @@ typedef struct mt_d_proc_s {
      * frames (its blocks' stack ids are the snapshot's), and its live bytes by site. */
     struct mt_ts_s *snap;
     struct mt_ts_timeline_s *sites;
+    /* Named scopes (analysis/scopes.h) fed as the report feeds them: NULL until the first
+     * named mark (no scope is open before it). first_ns is the earliest event time applied
+     * (valid once events > 0 or any_time), the report's t0 of settings changes. */
+    struct mt_scopes_s *scopes;
+    uint64_t first_ns;
+    bool any_time;
 } mt_d_proc_t;
 
 int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name);
@@ -240,6 +246,7 @@ struct mt_d_s {
     FILE *logf;
     bool log_dirty;
     bool recorded; /* serves recorded files (`memtrace view`), not live producers */
+    char *diff;    /* owned: /diff's JSON document (`memtrace view BEFORE AFTER`), or NULL */
     mt_d_counters_t ctr;
     unsigned open_handles; /* initialised and not yet through their close callback */
     char *readbuf;         /* one read buffer for every connection: reads are handled at once */

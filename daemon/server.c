@@ -542,6 +542,7 @@ void mt_d_destroy(mt_d_t **p)
     free(d->socket_path);
     free(d->host);
     free(d->log_path);
+    free(d->diff);
     free(d);
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "analysis/callsite.h"
+#include "analysis/scopes.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "util/text.h"
@@ -36,6 +37,9 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
     mt_sym_destroy(&p->sym);
     mt_ts_timeline_destroy(&p->sites);
     mt_ts_destroy(&p->snap);
+    if (p->scopes)
+        mt_scopes_fini(p->scopes);
+    free(p->scopes);
     free(p);
     *pp = NULL;
 }
@@ -85,7 +89,35 @@ static void names_update(mt_d_proc_t *p)
     }
 }
 
+static int proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev);
+
+/* After ev was applied: the scopes see it with the device's allocated bytes after it, as the
+ * report's replay feeds them. MT_ENOMEM when a scope's row cannot be kept. */
+static int scopes_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    if (!p->any_time || ev->time_ns < p->first_ns)
+        p->first_ns = ev->time_ns;
+    p->any_time = true;
+    if (!p->scopes && ev->kind == MT_EV_MARK_NAMED) {
+        if (!(p->scopes = malloc(sizeof *p->scopes)))
+            return MT_ENOMEM;
+        mt_scopes_init(p->scopes);
+    }
+    if (!p->scopes)
+        return 0;
+    mt_model_figures_t f;
+    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
+    return mt_scopes_event(p->scopes, ev, f.allocated);
+}
+
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    int rc = proc_apply(p, ev);
+    int src = scopes_apply(p, ev);
+    return rc ? rc : src;
+}
+
+static int proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     if (ev->kind < MT_EV_KIND_COUNT)
         p->kind_count[ev->kind]++;

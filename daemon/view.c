@@ -33,6 +33,49 @@ static mt_d_proc_t *view_proc(mt_d_t *d, int pid, const char *name)
     return p;
 }
 
+/* A file loaded as a run of its own (mt_d_view_load_run): its pids that a process of an
+ * earlier file has are given new ones, so two runs never merge into one process.
+ * Invariants: older is the last process before this file (NULL: none); from[i] -> to[i]. */
+typedef struct view_map_s {
+    const mt_d_proc_t *older;
+    int *from, *to;
+    size_t n, cap;
+} view_map_t;
+
+/* The pid a line's pid stands for in d (pid itself unless m remaps it); -1 without memory. */
+static int view_pid(mt_d_t *d, view_map_t *m, int pid)
+{
+    if (!m || !m->older)
+        return pid;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->from[i] == pid)
+            return m->to[i];
+    bool taken = false;
+    for (const mt_d_proc_t *q = d->procs; q && !taken; q = q == m->older ? NULL : q->next)
+        taken = q->pid == pid;
+    if (!taken)
+        return pid;
+    int fresh = 1;
+    for (const mt_d_proc_t *q = d->procs; q; q = q->next)
+        fresh = q->pid >= fresh ? q->pid + 1 : fresh;
+    for (size_t i = 0; i < m->n; i++) /* a remapped pid may not have its process yet */
+        fresh = m->to[i] >= fresh ? m->to[i] + 1 : fresh;
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 8;
+        int *f = realloc(m->from, cap * sizeof *f);
+        if (f)
+            m->from = f;
+        int *t = f ? realloc(m->to, cap * sizeof *t) : NULL;
+        if (!t)
+            return -1;
+        m->to = t;
+        m->cap = cap;
+    }
+    m->from[m->n] = pid;
+    m->to[m->n++] = fresh;
+    return fresh;
+}
+
 static const char *static_reason(const char *r)
 {
     static const char *const known[] = {"clean", "oom", "killed", "corrupt"};
@@ -42,7 +85,8 @@ static const char *static_reason(const char *r)
     return "unknown";
 }
 
-static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t errlen)
+static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, char *err,
+                     size_t errlen)
 {
     json_error_t je;
     json_t *j = json_loadb(line, len, 0, &je);
@@ -60,8 +104,9 @@ static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t 
             snprintf(err, errlen, "process_event needs pid and event");
             rc = MT_EPROTO;
         } else {
-            mt_d_proc_t *p = view_proc(d, (int)json_integer_value(jp),
-                                       json_string_value(json_object_get(j, "name")));
+            int vp = view_pid(d, m, (int)json_integer_value(jp));
+            mt_d_proc_t *p =
+                vp < 0 ? NULL : view_proc(d, vp, json_string_value(json_object_get(j, "name")));
             json_t *rt = json_object_get(j, "time_realtime_ns");
             if (!p) {
                 rc = MT_ENOMEM;
@@ -74,7 +119,8 @@ static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t 
         }
     } else if (!type && json_is_integer(json_object_get(j, "pid"))) {
         /* a stack table or module map line: into the process's model */
-        mt_d_proc_t *p = view_proc(d, (int)json_integer_value(json_object_get(j, "pid")), NULL);
+        int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
+        mt_d_proc_t *p = vp < 0 ? NULL : view_proc(d, vp, NULL);
         rc = p ? mt_model_table_line(p->model, j, err, errlen) : MT_ENOMEM;
         rc = rc > 0 ? 0 : rc;
     } else if (type && (strcmp(type, "event") == 0 || strcmp(type, "gap") == 0)) {
@@ -82,7 +128,8 @@ static int view_line(mt_d_t *d, const char *line, size_t len, char *err, size_t 
         int pid = -1;
         rc = mt_prof_event_from_json(j, &ev, &pid, err, errlen);
         if (!rc && pid >= 0) {
-            mt_d_proc_t *p = view_proc(d, pid, NULL);
+            pid = view_pid(d, m, pid);
+            mt_d_proc_t *p = pid < 0 ? NULL : view_proc(d, pid, NULL);
             mt_d_web_proc_t *t = p ? mt__d_web_find(d, p) : NULL;
             if (!p) {
                 rc = MT_ENOMEM;
@@ -200,8 +247,39 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+int mt_d_view_set_diff(mt_d_t *d, const char *json)
+{
+    char *copy = strdup(json);
+    if (!copy)
+        return MT_ENOMEM;
+    free(d->diff);
+    d->diff = copy;
+    return 0;
+}
+
+static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,
+                     unsigned long *bad, char *err, size_t errlen);
+
 int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
                    char *err, size_t errlen)
+{
+    return view_load(d, NULL, path, events, bad, err, errlen);
+}
+
+int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                       char *err, size_t errlen)
+{
+    view_map_t m = {0};
+    for (const mt_d_proc_t *q = d->procs; q; q = q->next)
+        m.older = q;
+    int rc = view_load(d, &m, path, events, bad, err, errlen);
+    free(m.from);
+    free(m.to);
+    return rc;
+}
+
+static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,
+                     unsigned long *bad, char *err, size_t errlen)
 {
     d->recorded = true;
     if (strcmp(path, "-") != 0 && mt_ts_is_pickle(path)) {
@@ -227,8 +305,8 @@ int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned 
             n--;
         if (n == 0)
             continue;
-        int rc =
-            (size_t)n > VIEW_LINE_MAX ? MT_EPROTO : view_line(d, line, (size_t)n, why, sizeof why);
+        int rc = (size_t)n > VIEW_LINE_MAX ? MT_EPROTO
+                                           : view_line(d, m, line, (size_t)n, why, sizeof why);
         if (rc == MT_ENOMEM) {
             snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
             free(line);

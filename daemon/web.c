@@ -9,7 +9,6 @@
 #include <time.h>
 
 #include "analysis/callsite.h"
-#include "analysis/gap.h"
 #include "analysis/model.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
@@ -115,7 +114,7 @@ static uint64_t mono_now(void)
 
 /* ---- answers ---- */
 
-static void send_buf(mt_d_conn_t *c, mt_d_buf_t *b, int rc, bool head)
+void mt__d_web_send(mt_d_conn_t *c, mt_d_buf_t *b, int rc, bool head)
 {
     if (rc)
         mt__d_http_respond(c, 500, "Internal Server Error", "text/plain; charset=utf-8",
@@ -125,18 +124,19 @@ static void send_buf(mt_d_conn_t *c, mt_d_buf_t *b, int rc, bool head)
     mt__d_buf_free(b);
 }
 
-static void bad(mt_d_conn_t *c, int status, const char *msg)
+void mt__d_web_bad(mt_d_conn_t *c, int status, const char *msg)
 {
     mt__d_http_respond(c, status, status == 404 ? "Not Found" : "Bad Request",
                        "text/plain; charset=utf-8", msg, strlen(msg), false);
 }
 
 /* The newest registration of the pid in query, with its tracker. */
-static bool find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **p, mt_d_web_proc_t **t)
+bool mt__d_web_find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **p,
+                         mt_d_web_proc_t **t)
 {
     uint64_t pid;
     if (!qu64(query, "pid", &pid)) {
-        bad(c, 400, "pid=N is required\n");
+        mt__d_web_bad(c, 400, "pid=N is required\n");
         return false;
     }
     *p = NULL;
@@ -145,13 +145,13 @@ static bool find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **p, 
             *p = q;
     *t = *p ? mt__d_web_find(c->d, *p) : NULL;
     if (!*p || !*t) {
-        bad(c, 404, "no such process (or no events from it yet)\n");
+        mt__d_web_bad(c, 404, "no such process (or no events from it yet)\n");
         return false;
     }
     return true;
 }
 
-static int json_str(mt_d_buf_t *o, const char *s)
+int mt__d_web_json_str(mt_d_buf_t *o, const char *s)
 {
     int rc = mt__d_buf_append(o, "\"", 1);
     for (; *s && !rc; s++) {
@@ -166,7 +166,7 @@ static int json_str(mt_d_buf_t *o, const char *s)
     return rc | mt__d_buf_append(o, "\"", 1);
 }
 
-static double secs(const mt_d_web_proc_t *t, uint64_t ns)
+double mt__d_web_secs(const mt_d_web_proc_t *t, uint64_t ns)
 {
     return ((double)ns + (double)t->off_ns) / 1e9;
 }
@@ -301,7 +301,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
+    if (!mt__d_web_find_proc(c, query, &p, &t))
         return;
     uint64_t now = proc_now(p, t);
     uint64_t first = t->ncoarse ? t->coarse[0].t0 : now;
@@ -312,7 +312,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     if (from < first)
         from = first; /* nothing before the process's first event */
     if (!(nbd >= 1 && nbd <= MAX_BUCKETS) || to <= from) {
-        bad(c, 400, "need from < to and 1 <= buckets <= 2000\n");
+        mt__d_web_bad(c, 400, "need from < to and 1 <= buckets <= 2000\n");
         return;
     }
     size_t nb = (size_t)nbd;
@@ -332,7 +332,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
         rc |= put_secs(&o, t, now, true);
         rc |= mt__d_buf_append(&o, ",\"t\":[", 6);
         for (size_t j = 0; j < nb && !rc; j++)
-            rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", secs(t, b[j].t0));
+            rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", mt__d_web_secs(t, b[j].t0));
         rc |= mt__d_buf_append(&o, "]", 1);
         static const struct {
             const char *name;
@@ -354,7 +354,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
                 continue;
             char nbuf[32];
             rc |= mt__d_buf_append(&o, any ? "," : "", any ? 1 : 0);
-            rc |= json_str(&o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+            rc |= mt__d_web_json_str(&o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
             rc |= mt__d_buf_append(&o, ":", 1);
             rc |= put_series(&o, b, valid, nb, S_ALAST, tag);
             any = true;
@@ -363,7 +363,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     }
     free(b);
     free(valid);
-    send_buf(c, &o, rc, head);
+    mt__d_web_send(c, &o, rc, head);
 }
 
 static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
@@ -374,7 +374,7 @@ static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
         qnum(query, "buckets", &nbd);
     }
     if (!(span > 0 && span <= 86400 * 30) || !(nbd >= 1 && nbd <= 500)) {
-        bad(c, 400, "need 0 < span and 1 <= buckets <= 500\n");
+        mt__d_web_bad(c, 400, "need 0 < span and 1 <= buckets <= 500\n");
         return;
     }
     size_t nb = (size_t)nbd;
@@ -403,7 +403,7 @@ static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
     rc |= mt__d_buf_append(&o, "]}\n", 3);
     free(b);
     free(valid);
-    send_buf(c, &o, rc, head);
+    mt__d_web_send(c, &o, rc, head);
 }
 
 /* ---- allocator state at an event ---- */
@@ -510,7 +510,8 @@ static int put_window(mt_d_buf_t *o, const mt_d_web_proc_t *t)
     return mt__d_buf_printf(o,
                             "\"window\":{\"count\":%zu,\"first_seq\":%" PRIu64
                             ",\"last_seq\":%" PRIu64 ",\"first_t\":%.6f,\"last_t\":%.6f}",
-                            t->wcount, a->seq, z->seq, secs(t, a->time_ns), secs(t, z->time_ns));
+                            t->wcount, a->seq, z->seq, mt__d_web_secs(t, a->time_ns),
+                            mt__d_web_secs(t, z->time_ns));
 }
 
 static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
@@ -534,7 +535,7 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
             continue;
         char nbuf[32];
         rc |= mt__d_buf_printf(o, "%s\"%d\":", any ? "," : "", tag);
-        rc |= json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+        rc |= mt__d_web_json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
         any = true;
     }
     rc |= mt__d_buf_append(o, "}", 1);
@@ -543,7 +544,7 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
         rc |= mt__d_buf_append(o, ",\"sites\":[", 10);
         for (size_t i = 0; i < tl->nsites && !rc; i++) {
             rc |= mt__d_buf_append(o, i ? "," : "", i ? 1 : 0);
-            rc |= json_str(o, tl->names[i]);
+            rc |= mt__d_web_json_str(o, tl->names[i]);
         }
         rc |= mt__d_buf_append(o, "]", 1);
     }
@@ -571,7 +572,7 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
 }
 
 /* Where the query asks for a past state: the window index (seq= or t=), else false. */
-static bool past_upto(const mt_d_web_proc_t *t, const char *query, size_t *upto)
+bool mt__d_web_past_upto(const mt_d_web_proc_t *t, const char *query, size_t *upto)
 {
     uint64_t seq;
     double ts;
@@ -590,23 +591,23 @@ static void serve_map(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
+    if (!mt__d_web_find_proc(c, query, &p, &t))
         return;
     size_t upto = t->wcount;
-    bool past = past_upto(t, query, &upto);
+    bool past = mt__d_web_past_upto(t, query, &upto);
     mt_model_t *m = NULL;
     mt_d_buf_t o = {0};
     int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
     rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
                            past ? "false" : "true", at ? at->seq : 0,
-                           at ? secs(t, at->time_ns) : 0.0);
+                           at ? mt__d_web_secs(t, at->time_ns) : 0.0);
     rc |= put_window(&o, t);
     if (!rc)
         rc |= put_map(&o, past ? m : p->model, p);
     rc |= mt__d_buf_append(&o, "}\n", 2);
     mt_model_destroy(&m);
-    send_buf(c, &o, rc, head);
+    mt__d_web_send(c, &o, rc, head);
 }
 
 /* ---- call stacks ---- */
@@ -645,16 +646,16 @@ static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     int user = mt_fr_pick(NULL, fr, n);
     char buf[512];
     int rc = mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
-    rc |= json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
+    rc |= mt__d_web_json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
     rc |= mt__d_buf_append(o, ",\"frames\":[", 11);
     size_t shown = 0;
     for (size_t i = user >= 0 ? (size_t)user : n; i < n && !rc; i++) {
         if ((int)i != user && mt_fr_match(NULL, &fr[i]) != NULL)
             continue;
         rc |= mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
-        rc |= json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
+        rc |= mt__d_web_json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
         rc |= mt__d_buf_append(o, ",\"file\":", 8);
-        rc |= json_str(o, fr[i].file ? fr[i].file : "");
+        rc |= mt__d_web_json_str(o, fr[i].file ? fr[i].file : "");
         rc |= mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");
     }
     rc |= mt__d_buf_printf(o, "],\"hidden\":%zu}", n - shown);
@@ -662,145 +663,19 @@ static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     return rc;
 }
 
-/* /sites?pid=: a snapshot's live bytes by site over its trace (the top sites, then
- * "other"): t[b] the buckets' starts, bytes[s][b] site s's bytes at bucket b's largest
- * total. 404 for a process that is not a snapshot. */
-static void serve_sites(mt_d_conn_t *c, const char *query, bool head)
-{
-    const mt_d_proc_t *p;
-    mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
-        return;
-    const mt_ts_timeline_t *tl = p->sites;
-    if (!tl) {
-        bad(c, 404, "no sites: not a snapshot\n");
-        return;
-    }
-    mt_d_buf_t o = {0};
-    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"by_time\":%s,\"sites\":[", p->pid,
-                              tl->by_time ? "true" : "false");
-    for (size_t s = 0; s < tl->nsites && !rc; s++) {
-        rc |= mt__d_buf_append(&o, s ? ",{\"name\":" : "{\"name\":", s ? 9 : 8);
-        rc |= json_str(&o, tl->names[s]);
-        rc |= mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
-    }
-    rc |= mt__d_buf_append(&o, "],\"t\":[", 7);
-    for (size_t b = 0; b < tl->nbuckets && !rc; b++)
-        rc |= mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
-    rc |= mt__d_buf_append(&o, "],\"bytes\":[", 11);
-    for (size_t s = 0; s < tl->nsites && !rc; s++) {
-        rc |= mt__d_buf_append(&o, s ? ",[" : "[", s ? 2 : 1);
-        for (size_t b = 0; b < tl->nbuckets && !rc; b++)
-            rc |= mt__d_buf_printf(&o, "%s%" PRIu64, b ? "," : "", tl->bytes[b * tl->nsites + s]);
-        rc |= mt__d_buf_append(&o, "]", 1);
-    }
-    rc |= mt__d_buf_append(&o, "]}\n", 3);
-    send_buf(c, &o, rc, head);
-}
-
-/* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
- * window (analysis/gap.h, the report's peak_gap and end_gap); a snapshot's pinning stacks
- * named by their user frame ("site"). */
-static void serve_gap(mt_d_conn_t *c, const char *query, bool head)
-{
-    const mt_d_proc_t *p;
-    mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
-        return;
-    size_t upto = t->wcount;
-    bool past = past_upto(t, query, &upto);
-    mt_model_t *m = NULL;
-    mt_gap_t g = {0};
-    json_t *j = NULL;
-    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
-    if (!rc)
-        rc = mt_gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
-    if (!rc)
-        j = mt_gap_json(&g, 5);
-    json_t *pins = json_object_get(j, "pins");
-    for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
-        json_t *pin = json_array_get(pins, i);
-        uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
-        mt_fr_frame_t fr[256];
-        size_t n = mt_ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
-        int user = mt_fr_pick(NULL, fr, n);
-        char buf[512];
-        json_object_set_new(
-            pin, "site",
-            json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
-    }
-    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    mt_d_buf_t o = {0};
-    rc |= !txt;
-    if (!rc)
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
-                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
-    free(txt);
-    json_decref(j);
-    mt_gap_free(&g);
-    mt_model_destroy(&m);
-    send_buf(c, &o, rc, head);
-}
-
-/* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
- * window (the compare view). Frames come from the process's stack table. */
-static void serve_callsites(mt_d_conn_t *c, const char *query, bool head)
-{
-    const mt_d_proc_t *p;
-    mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
-        return;
-    size_t upto = t->wcount;
-    bool past = past_upto(t, query, &upto);
-    mt_model_t *m = NULL;
-    mt_cs_row_t *rows = NULL;
-    size_t n = 0;
-    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
-    if (!rc)
-        rc = mt_cs_rows_from_model(past ? m : p->model, MT_CS_LIVE, &rows, &n);
-    for (size_t i = 0; !rc && i < n; i++) { /* the table is the live model's */
-        const mt_model_frame_t *fr;
-        rows[i].frames = NULL;
-        if (mt_model_stack_frames(p->model, rows[i].stack, &fr, &rows[i].n_frames,
-                                  &rows[i].truncated) == 0)
-            rows[i].frames = (const mt_cs_frame_t *)fr;
-    }
-    json_t *a = NULL;
-    if (!rc) {
-        mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-        rc = mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
-    }
-    if (!rc) {
-        a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
-    }
-    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    char *txt = a ? json_dumps(a, JSON_COMPACT) : NULL;
-    mt_d_buf_t o = {0};
-    rc |= !txt;
-    if (!rc)
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
-                               past ? "false" : "true", at ? secs(t, at->time_ns) : 0.0, txt);
-    free(txt);
-    json_decref(a);
-    free(rows);
-    mt_model_destroy(&m);
-    send_buf(c, &o, rc, head);
-}
-
 static void serve_block(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
+    if (!mt__d_web_find_proc(c, query, &p, &t))
         return;
     uint64_t addr;
     if (!qu64(query, "addr", &addr)) {
-        bad(c, 400, "addr=0x... is required\n");
+        mt__d_web_bad(c, 400, "addr=0x... is required\n");
         return;
     }
     size_t upto = t->wcount;
-    bool past = past_upto(t, query, &upto);
+    bool past = mt__d_web_past_upto(t, query, &upto);
     uint64_t at_ns = past && upto ? mt__d_web_window_at(t, upto - 1)->time_ns : proc_now(p, t);
     const mt_event_rec_t *al = NULL, *ref = NULL;
     for (size_t i = upto; i-- > 0;) {
@@ -823,8 +698,8 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
                                ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64
                                ",\"allocated_t\":%.6f,\"age_s\":%.3f,\"tag\":",
                                al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
-                               secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
-        rc |= json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
+                               mt__d_web_secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
+        rc |= mt__d_web_json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
         if (ref && ref->kind == MT_EV_STACK_REF && ref->addr == al->addr)
             rc |= p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)
                           : put_stack(&o, p, (uint32_t)ref->size);
@@ -832,7 +707,7 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
         rc |= mt__d_buf_append(&o, ",\"before_window\":true", 21);
     }
     rc |= mt__d_buf_append(&o, "}\n", 2);
-    send_buf(c, &o, rc, head);
+    mt__d_web_send(c, &o, rc, head);
 }
 
 /* ---- event tail ---- */
@@ -841,12 +716,12 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
-    if (!find_proc(c, query, &p, &t))
+    if (!mt__d_web_find_proc(c, query, &p, &t))
         return;
     double nd = 200;
     qnum(query, "n", &nd);
     if (!(nd >= 1 && nd <= MAX_TAIL)) {
-        bad(c, 400, "need 1 <= n <= 1000\n");
+        mt__d_web_bad(c, 400, "need 1 <= n <= 1000\n");
         return;
     }
     char kind[32] = "", tag[MT_EVENT_LABEL_MAX + 8] = "", pool[16] = "";
@@ -870,14 +745,14 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
                                "\",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
                                ",\"pool\":\"%s\",\"stream\":%u,\"allocated\":%" PRIu64
                                ",\"reserved\":%" PRIu64 ",\"tag\":",
-                               n ? "," : "", e->seq, secs(t, e->time_ns), kn, e->addr, e->size,
-                               e->requested, pn, e->stream, e->allocated, e->reserved);
-        rc |= json_str(&o, tn);
+                               n ? "," : "", e->seq, mt__d_web_secs(t, e->time_ns), kn, e->addr,
+                               e->size, e->requested, pn, e->stream, e->allocated, e->reserved);
+        rc |= mt__d_web_json_str(&o, tn);
         rc |= mt__d_buf_append(&o, "}", 1);
         n++;
     }
     rc |= mt__d_buf_append(&o, "]}\n", 3);
-    send_buf(c, &o, rc, head);
+    mt__d_web_send(c, &o, rc, head);
 }
 
 /* ---- routing ---- */
@@ -911,17 +786,19 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
                   {"/spark", serve_spark},
                   {"/map", serve_map},
                   {"/block", serve_block},
-                  {"/callsites", serve_callsites},
+                  {"/callsites", mt__d_web_serve_callsites},
                   {"/tail", serve_tail},
-                  {"/sites", serve_sites},
-                  {"/gap", serve_gap}};
+                  {"/sites", mt__d_web_serve_sites},
+                  {"/gap", mt__d_web_serve_gap},
+                  {"/analysis", mt__d_web_serve_analysis},
+                  {"/diff", mt__d_web_serve_diff}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;
             if (badp) {
                 char msg[96];
                 snprintf(msg, sizeof msg, "%s: not a valid number\n", badp);
-                bad(c, 400, msg);
+                mt__d_web_bad(c, 400, msg);
                 return true;
             }
             routes[i].fn(c, query, head);

@@ -56,26 +56,26 @@ static void help(FILE *f)
 
 /* One side as `memtrace report --json` would compute it, before its sections are fitted to
  * the input: every call-site row kept. Returns the exit status; *out new on 0. */
-static int read_side(const char *path, const mt__report_cfg_t *cfg, json_t **out)
+static int read_side(const char *prog, const char *path, const mt__report_cfg_t *cfg, json_t **out)
 {
     *out = NULL;
     mt__report_t *r = NULL;
     if (mt__report_create(&r, cfg) != 0) {
-        fprintf(stderr, "memtrace diff: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", prog);
         return 1;
     }
     unsigned long bad = 0;
     mt_tool_inputs_t in;
     char *paths[1] = {(char *)path};
-    int status = mt_tool_read_inputs(r, "memtrace diff", paths, 1, &bad, &in);
+    int status = mt_tool_read_inputs(r, prog, paths, 1, &bad, &in);
     if (status == 0 && bad > 0) {
-        fprintf(stderr, "memtrace diff: %s: %lu malformed lines\n", path, bad);
+        fprintf(stderr, "%s: %s: %lu malformed lines\n", prog, path, bad);
         status = 2;
     }
     if (status == 0) {
         *out = mt__report_result(r);
         if (*out == NULL) {
-            fprintf(stderr, "memtrace diff: out of memory\n");
+            fprintf(stderr, "%s: out of memory\n", prog);
             status = 1;
         } else {
             mt_tool_inputs_json(&in, *out, cfg);
@@ -83,6 +83,34 @@ static int read_side(const char *path, const mt__report_cfg_t *cfg, json_t **out
     }
     mt_tool_inputs_free(&in);
     mt__report_destroy(&r);
+    return status;
+}
+
+int mt_tool_diff(const char *prog, const char *before, const char *after, int by, bool all_frames,
+                 const mt_diff_cfg_t *dc, json_t **out, int *crossed)
+{
+    *out = NULL;
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    mt_fr_rules_t *rules = NULL;
+    if (mt_fr_rules_create(&rules, all_frames) != 0) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        return 1;
+    }
+    cfg.frames = rules;
+    cfg.by = by;
+    cfg.by_callsite = true;
+    cfg.top = UINT32_MAX; /* every site: one outside the top ten may be the one that grew */
+    json_t *side[2] = {NULL, NULL};
+    int status = read_side(prog, before, &cfg, &side[0]);
+    if (status == 0)
+        status = read_side(prog, after, &cfg, &side[1]);
+    if (status == 0 && mt_diff_reports(side[0], side[1], dc, out, crossed) != 0) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        status = 1;
+    }
+    json_decref(side[0]);
+    json_decref(side[1]);
+    mt_fr_rules_destroy(&rules);
     return status;
 }
 
@@ -298,23 +326,10 @@ int mt_cmd_diff(int argc, char **argv)
         help(stderr);
         return 2;
     }
-    mt_fr_rules_t *rules = NULL;
-    if (mt_fr_rules_create(&rules, all) != 0) {
-        fprintf(stderr, "memtrace diff: out of memory\n");
-        return 1;
-    }
-    cfg.frames = rules;
-    cfg.by_callsite = true;
-    cfg.top = UINT32_MAX; /* every site: one outside the top ten may be the one that grew */
-    json_t *side[2] = {NULL, NULL}, *d = NULL;
-    int status = read_side(argv[optind], &cfg, &side[0]);
-    if (status == 0)
-        status = read_side(argv[optind + 1], &cfg, &side[1]);
+    json_t *d = NULL;
     int crossed = 0;
-    if (status == 0 && mt_diff_reports(side[0], side[1], &dc, &d, &crossed) != 0) {
-        fprintf(stderr, "memtrace diff: out of memory\n");
-        status = 1;
-    }
+    int status = mt_tool_diff("memtrace diff", argv[optind], argv[optind + 1], cfg.by, all, &dc, &d,
+                              &crossed);
     if (status == 0 && as_json) {
         if (json_dumpf(d, stdout, JSON_INDENT(2)) != 0) {
             fprintf(stderr, "memtrace diff: cannot write the result\n");
@@ -327,8 +342,5 @@ int mt_cmd_diff(int argc, char **argv)
     if (status == 0 && crossed > 0)
         status = DIFF_CROSSED;
     json_decref(d);
-    json_decref(side[0]);
-    json_decref(side[1]);
-    mt_fr_rules_destroy(&rules);
     return status;
 }

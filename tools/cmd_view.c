@@ -8,6 +8,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
+#include "analysis/diff.h"
+#include "analysis/frames.h"
 #include "daemon/daemon.h"
 #include "tools/commands.h"
 
@@ -17,16 +21,25 @@ static void help(FILE *f)
 {
     fprintf(f,
             "usage: memtrace view [--port N] [--window N] LOG|SNAPSHOT...\n"
+            "       memtrace view [--port N] [--window N] BEFORE AFTER\n"
             "\n"
             "Serves the web page of 'memtrace daemon' for recorded telemetry logs (NDJSON,\n"
             "docs/telemetry.md: a daemon's --log, or a program's own log) and PyTorch memory\n"
             "snapshots (.pickle, each one process named after its file), on\n"
             "http://127.0.0.1:PORT/ only, until Ctrl-C. Every process of the logs is listed;\n"
             "its charts, segment map (with past states), event tail and comparisons work as\n"
-            "for a live process. Several logs are read in the order given, as one (an event\n"
-            "found twice counts once). A log's times are shown on this machine's clock: right\n"
-            "for logs recorded since it last booted; a snapshot's on its own (time_us since\n"
-            "the Unix epoch). The page's header says 'recorded'.\n"
+            "for a live process. Three or more logs are read in the order given, as one (an\n"
+            "event found twice counts once). A log's times are shown on this machine's\n"
+            "clock: right for logs recorded since it last booted; a snapshot's on its own\n"
+            "(time_us since the Unix epoch). The page's header says 'recorded'.\n"
+            "\n"
+            "Two inputs are two runs, BEFORE and AFTER (logs or snapshots): each keeps its\n"
+            "processes (a pid of both gets a new one in AFTER), and the page shows them\n"
+            "compared: peak and final allocated and reserved, and the call sites that are\n"
+            "new, grew or are gone, as 'memtrace diff --json BEFORE AFTER' computes them.\n"
+            "Two logs of ONE run (a daemon's log and the program's own after a takeover) are\n"
+            "read as one from standard input: cat daemon.ndjson memtrace-PID.ndjson |\n"
+            "memtrace view -\n"
             "\n"
             "options:\n"
             "  --port N     HTTP port (default %d; 0 = any free port)\n"
@@ -40,7 +53,8 @@ static void help(FILE *f)
             "examples:\n"
             "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
             "  memtrace view --port 8080 memtrace-4242.ndjson\n"
-            "  memtrace view snapshot.pickle\n",
+            "  memtrace view snapshot.pickle\n"
+            "  memtrace view before.pickle after.pickle\n",
             VIEW_DEFAULT_PORT);
 }
 
@@ -51,6 +65,32 @@ static int number(const char *s, unsigned long min, unsigned long max, unsigned 
     if (end == s || *end || v < min || v > max)
         return -1;
     *out = v;
+    return 0;
+}
+
+/* The compare view of two inputs: `memtrace diff --json`'s document, served at /diff. An
+ * input diff cannot read was already refused by the load; without memory, 1. */
+static int compare(mt_d_t *d, const char *before, const char *after)
+{
+    mt_diff_cfg_t dc = mt_diff_cfg_default();
+    json_t *doc = NULL;
+    int crossed = 0;
+    int status =
+        mt_tool_diff("memtrace view", before, after, MT_FR_BY_SITE, false, &dc, &doc, &crossed);
+    if (status != 0) {
+        fprintf(stderr, "memtrace view: no compare view of %s and %s\n", before, after);
+        return 0; /* the inputs are still served, each on its own */
+    }
+    json_t *o = json_pack("{s:s, s:s, s:O}", "before", before, "after", after, "diff", doc);
+    char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    int rc = txt ? mt_d_view_set_diff(d, txt) : MT_ENOMEM;
+    free(txt);
+    json_decref(o);
+    json_decref(doc);
+    if (rc) {
+        fprintf(stderr, "memtrace view: out of memory\n");
+        return 1;
+    }
     return 0;
 }
 
@@ -113,7 +153,9 @@ int mt_cmd_view(int argc, char **argv)
     for (int i = optind; i < argc && status != 1; i++) {
         unsigned long bad = 0;
         char err[320] = "";
-        rc = mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
+        /* Two inputs are two runs compared: each keeps its processes. */
+        rc = argc - optind == 2 ? mt_d_view_load_run(d, argv[i], &events, &bad, err, sizeof err)
+                                : mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
         if (rc) {
             fprintf(stderr, "memtrace view: %s\n", err);
             status = 1;
@@ -123,6 +165,8 @@ int mt_cmd_view(int argc, char **argv)
             bad_total += bad;
         }
     }
+    if (status == 0 && argc - optind == 2)
+        status = compare(d, argv[optind], argv[optind + 1]);
     if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");

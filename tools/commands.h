@@ -3,6 +3,7 @@
 #ifndef MT_TOOLS_COMMANDS_H
 #define MT_TOOLS_COMMANDS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct mt_cmd_s {
@@ -26,5 +27,15 @@ int mt_cmd_snapshot(int argc, char **argv);
 
 /* "64", "512K", "4M", "8G" (no sign, no space) → bytes. 0, or -1 naming nothing. */
 int mt_tool_parse_bytes(const char *s, uint64_t *out);
+
+/* `memtrace diff`'s comparison of two inputs (logs or snapshots, each read as `memtrace
+ * report` reads it; analysis/diff.h), grouped by (mt_fr_by_e) with every frame or the
+ * default rules: the document `diff --json` prints, new in *out, and the gates crossed in
+ * *crossed. Returns the exit status (0, 1 unreadable, 2 malformed), said on stderr with
+ * prog. Shared with `memtrace view BEFORE AFTER`, whose compare view serves it. */
+struct json_t;
+struct mt_diff_cfg_s;
+int mt_tool_diff(const char *prog, const char *before, const char *after, int by, bool all_frames,
+                 const struct mt_diff_cfg_s *dc, struct json_t **out, int *crossed);
 
 #endif

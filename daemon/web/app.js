@@ -37,6 +37,9 @@ const S = {
   sparks: new Map(),    // pid -> uPlot
   cmp: { a: null, b: null },
   sites: null,          // /sites of the selected process; false: it has none
+  analysis: null,       // last /analysis of the selected process (scopes, temporaries, settings)
+  runs: undefined,      // /diff (memtrace view BEFORE AFTER); null: there is none
+  settingMarks: 0,      // settings changes drawn on the chart at its last draw
   perf: [],             // ms per page update (Performance API), for the benchmark and test
   updates: 0,
   busy: false,
@@ -150,6 +153,7 @@ function select(pid) {
   if (S.chart) { S.chart.destroy(); S.chart = null; }
   if (S.siteChart) { S.siteChart.destroy(); S.siteChart = null; }
   S.sites = null;
+  S.analysis = null;
   $('sites-box').hidden = true;
   $('blockinfo').textContent = 'Click a block for its size, requested bytes, tag, stream and age.';
   for (const r of $('procs').tBodies[0].rows) r.classList.toggle('sel', Number(r.dataset.pid) === pid);
@@ -224,7 +228,7 @@ function buildChart(tags) {
     scales: { x: { time: true } },
     axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
     cursor: { drag: { x: true, y: false } },
-    hooks: { setSelect: [(u) => {
+    hooks: { draw: [drawSettingMarks], setSelect: [(u) => {
       if (u.select.width < 3) return;
       const from = u.posToVal(u.select.left, 'x'), to = u.posToVal(u.select.left + u.select.width, 'x');
       u.setSelect({ left: 0, width: 0 }, false);
@@ -268,6 +272,30 @@ function renderHistory(h) {
   for (const b of document.querySelectorAll('[data-span]'))
     b.classList.toggle('on', S.view.live && Number(b.dataset.span) === S.view.span);
   $('go-live').classList.toggle('on', S.view.live);
+}
+
+/* Settings changed at run time (/analysis): a dashed line at each change inside the x
+ * range, with its key. */
+function drawSettingMarks(u) {
+  const a = S.analysis;
+  let n = 0;
+  if (a && a.pid === S.pid) {
+    const g = u.ctx, { left, top, width, height } = u.bbox;
+    const lo = u.scales.x.min, hi = u.scales.x.max;
+    g.save();
+    g.strokeStyle = '#6a1b9a'; g.fillStyle = '#6a1b9a'; g.lineWidth = 1;
+    g.setLineDash([3, 3]);
+    g.font = `${10 * devicePixelRatio}px sans-serif`;
+    for (const c of a.settings_changes) {
+      if (!(c.at >= lo && c.at <= hi)) continue;
+      const x = Math.round(u.valToPos(c.at, 'x', true));
+      g.beginPath(); g.moveTo(x, top); g.lineTo(x, top + height); g.stroke();
+      g.fillText(c.key, Math.min(x + 3, left + width - 60), top + 12 * devicePixelRatio * (1 + (n % 3)));
+      n++;
+    }
+    g.restore();
+  }
+  S.settingMarks = n;
 }
 
 /* ---- segment map ---- */
@@ -469,6 +497,90 @@ async function loadSites(pid) {
   [d.t].concat(cum.reverse()), $('sitechart'));
 }
 
+/* ---- scopes, temporary allocations, settings changed (/analysis) ---- */
+
+// A setting's value as the config string writes it (as `memtrace report` prints it).
+function settingValue(key, v) {
+  if (v >= 9.2e18) return 'unlimited';
+  if (/_mb/.test(key)) return String(Math.round(v / 1048576)) + ' MiB';
+  if (/threshold|fraction/.test(key)) return String(v / 1e6);
+  return String(v);
+}
+const fmtUs = (us) => (us >= 1000 ? (us / 1000).toFixed(us >= 10000 ? 1 : 2) + ' ms' : us + ' µs');
+
+// One table body from rows of [text, attributes] cells; a muted line when there are none.
+function fillRows(table, rows, none) {
+  const tb = table.tBodies[0];
+  tb.textContent = '';
+  if (!rows.length) {
+    const r = el('tr');
+    r.append(el('td', { class: 'muted', colspan: table.tHead.rows[0].cells.length }, none));
+    tb.append(r);
+  }
+  for (const cells of rows) {
+    const r = el('tr');
+    for (const [text, attrs] of cells) r.append(el('td', attrs, text));
+    tb.append(r);
+  }
+}
+
+// What `memtrace report` says of the process in "scopes", "temporary" and
+// "settings_changes": the daemon answers from the same analysis code.
+async function loadAnalysis(pid) {
+  let a;
+  try { a = await api(`/analysis?pid=${pid}`); } catch (e) { return; }
+  if (S.pid !== pid) return;
+  S.analysis = a;
+  fillRows($('scopes'), a.scopes.map((x) => [[x.name, { class: 'key' }],
+    [String(x.count), { 'data-n': x.count }], [fmtBytes(x.peak_bytes), { 'data-bytes': x.peak_bytes }],
+    [fmtBytes(x.mean_peak_bytes), { 'data-bytes': x.mean_peak_bytes }],
+    [(x.mean_seconds * 1000).toFixed(3) + ' ms', { 'data-s': x.mean_seconds }]]), 'none closed yet');
+  $('temp-info').textContent = `(blocks freed within ${fmtUs(a.temporary_window_us)} of their allocation, ` +
+    `by ${a.temporary_by}, the most first)`;
+  fillRows($('temporary'), a.temporary.map((x) => [[x.site, { class: 'site' }],
+    [String(x.count), { 'data-n': x.count }], [fmtBytes(x.bytes), { 'data-bytes': x.bytes }],
+    [fmtUs(x.median_lifetime_us), { 'data-us': x.median_lifetime_us }]]), 'none yet');
+  fillRows($('settings'), a.settings_changes.map((x) => [[fmtWhen(x.at), { 'data-at': x.at }],
+    [x.t.toFixed(3) + ' s', { 'data-t': x.t }], [String(x.device)], [x.key, { class: 'key' }],
+    [settingValue(x.key, x.before), { 'data-v': x.before }], [settingValue(x.key, x.value), { 'data-v': x.value }]]), 'none');
+  if (S.chart) S.chart.redraw(false);
+}
+
+/* ---- two runs compared (/diff, `memtrace view BEFORE AFTER`) ---- */
+
+async function loadRuns() {
+  let d;
+  try { d = await api('/diff'); } catch (e) { S.runs = null; return; }
+  S.runs = d;
+  const f = d.diff;
+  $('runs').hidden = false;
+  $('runs-names').textContent = `${d.before} → ${d.after}`;
+  const delta = (v) => (v > 0 ? '+' : v < 0 ? '−' : '') + fmtBytes(Math.abs(v));
+  const figs = [['peak allocated', 'peak_allocated'], ['peak reserved', 'peak_reserved'],
+    ['final allocated', 'final_allocated'], ['final reserved', 'final_reserved']];
+  fillRows($('runs-figures'), figs.map(([name, k]) => {
+    const x = f[k];
+    return [[name, { 'data-key': k }], [fmtBytes(x.before), { 'data-bytes': x.before }],
+      [fmtBytes(x.after), { 'data-bytes': x.after }],
+      [delta(x.delta), { 'data-bytes': x.delta, class: x.delta > 0 ? 'grew' : x.delta < 0 ? 'shrank' : '' }],
+      [x.growth_pct == null ? '–' : (x.growth_pct >= 0 ? '+' : '') + x.growth_pct.toFixed(1) + ' %']];
+  }), '');
+  const lists = $('runs-lists');
+  lists.textContent = '';
+  for (const [title, k] of [['new sites', 'new'], ['grew', 'grew'], ['gone', 'gone'],
+    ['freed now, never freed before', 'freed_now'], ['never freed now, freed before', 'never_freed_now']]) {
+    if (!(f[k] || []).length) continue;
+    const div = el('div', { 'data-list': k });
+    div.append(el('b', null, title + ': '), f[k].join('; '));
+    lists.append(div);
+  }
+  fillRows($('runs-sites'), f.sites.filter((x) => x.status !== 'same').map((x) => [
+    [x.status, { class: x.status === 'new' || x.status === 'grew' ? 'new' : x.status === 'gone' ? 'gone' : '' }],
+    [x.key, { class: 'site' }], [fmtBytes(x.before), { 'data-bytes': x.before }],
+    [fmtBytes(x.after), { 'data-bytes': x.after }], [delta(x.delta), { 'data-bytes': x.delta }],
+    [fmtBytes(x.never_freed_before) + ' → ' + fmtBytes(x.never_freed_after)]]), 'no site changed');
+}
+
 /* ---- event tail ---- */
 
 const KINDS = ['alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free',
@@ -587,6 +699,7 @@ async function refresh() {
   try {
     const [state, spark] = await Promise.all([api('/state'), api('/spark?span=120&buckets=60')]);
     S.recorded = !!(state.daemon && state.daemon.recorded);
+    if (S.recorded && S.runs === undefined) { S.runs = null; loadRuns(); }
     let hist = null, map = null, tail = null;
     const p = state.processes.filter((x) => x.pid === S.pid).pop();
     if (p) {
@@ -617,6 +730,11 @@ async function refresh() {
       }
       if (map) { renderMap(map); lap('map'); }
       if (S.recorded && S.sites === null) { S.sites = false; loadSites(S.pid); }
+      // A recording's analysis once; a live process's every 5 s (it walks the model).
+      if (!S.analysis || (!S.recorded && S.updates % 5 === 0)) {
+        if (!S.analysis) S.analysis = { pid: S.pid, scopes: [], temporary: [], settings_changes: [], temporary_window_us: 0, pending: true };
+        loadAnalysis(S.pid);
+      }
       if (tail) { renderTail(tail); lap('tail'); }
     }
     const dt = performance.now() - t0;

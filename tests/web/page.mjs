@@ -106,6 +106,8 @@ try {
   const prod = spawn(absolute(producer), [join(tmp, 'sock'), '3', '3000', '60', '1'], { cwd: tmp, stdio: ['ignore', 'pipe', 'inherit'] });
   children.push(prod);
   const holding = said(prod, 'holding', 60000);
+  let prodOut = '';
+  prod.stdout.on('data', (b) => { prodOut += b.toString(); });
 
   browser = await chromium.launch({
     executablePath: chromiumPath,
@@ -215,6 +217,30 @@ try {
     return rows.includes('allocated (max in range)') && p2.tags.every((t) => rows.includes(t.name)) && rows;
   });
   console.log('ok: compare A/B lists every tag and the totals');
+
+  // The analysis panels, live: the producer's named scope with the peak the allocator
+  // counted, its temporary block (by tag: no stacks), and its settings change marked on the
+  // chart. The daemon refreshes them every 5 s.
+  const scopePeak = Number((prodOut.match(/scope web_step peak (\d+)/) || [])[1]);
+  if (!(scopePeak > 0)) fail('the producer did not say its scope\'s peak: ' + prodOut);
+  await waitFor('the live scopes panel', async () => {
+    const rows = await page.$$eval('#scopes tbody tr', (rs) => rs.map((r) => [...r.cells].map((c) => c.dataset.bytes || c.textContent)));
+    return rows.some((r) => r[0] === 'web_step' && Number(r[2]) === scopePeak) && rows;
+  }, 15000);
+  // The scope's block is a temporary of the site that allocated it (the producer records
+  // stacks): main at the line of that malloc.
+  const srcLines = readFileSync(join(here, 'web_producer.c'), 'utf8').split('\n');
+  const site = `main (web_producer.c:${srcLines.findIndex((l) => l.includes('mt_alloc_malloc(a, 2u << 20')) + 1})`;
+  let panels;
+  await waitFor('the live temporary and settings panels', async () => {
+    const t = await page.$$eval('#temporary tbody tr', (rs) => rs.map((r) => [r.cells[0].textContent, r.cells[2] && r.cells[2].dataset.bytes]));
+    const s = await page.$$eval('#settings tbody tr', (rs) => rs.map((r) => r.cells[3] && r.cells[3].textContent));
+    const marks = await page.evaluate(() => window.mtPage.settingMarks);
+    panels = [t, s, marks];
+    if (t.some((r) => r[0] === site && Number(r[1]) >= 2 << 20) && s.includes('max_split_size_mb') && marks >= 1) return panels;
+    throw new Error(`${JSON.stringify(panels)}: want a row of ${site}, max_split_size_mb, a mark`);
+  }, 15000);
+  console.log(`ok: live panels: scope web_step peak ${scopePeak} B, temporary blocks of ${site}, the settings change marked`);
 
   // Screenshot for the README, with the tag filter cleared.
   await page.selectOption('#f-tag', '');

@@ -7,9 +7,10 @@
  * tagged allocations (about EVENTS_PER_S events a second, default 2000) for SECONDS,
  * asks OOMS times (default 0) for more than the device has (each an OOM it survives),
  * waits until the daemon has read every event it recorded and then says "holding" on
- * stdout, holds its blocks still for HOLD_S seconds (default 0: figures that stop moving,
- * for exact comparisons: a test waits for that line, never for a time), then frees
- * everything and exits 0. Any failure exits 1 with a message. */
+ * stdout (after "scope web_step peak BYTES": a named scope and a setting changed at run
+ * time, for the page's analysis panels), holds its blocks still for HOLD_S seconds (default 0:
+ * figures that stop moving, for exact comparisons: a test waits for that line, never for a time),
+ * then frees everything and exits 0. Any failure exits 1 with a message. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -126,6 +127,23 @@ int main(int argc, char **argv)
         if ((rc = mt_alloc_malloc(a, (size_t)1 << 44, NULL, MT_TAG_ACTIVATIONS, &big)) != MT_ENOMEM)
             die("an allocation past the device's capacity did not fail", rc);
     }
+    /* A named scope (2 MiB allocated and freed inside it: a temporary block too) and a
+     * setting changed at run time, for the page's panels; the scope's peak as the
+     * allocator counts it is said for the test to compare. */
+    void *s1 = NULL;
+    mt_alloc_scope_stats_t ss;
+    char err[160];
+    if ((rc = mt_alloc_stats_push(a, "web_step")) != 0)
+        die("stats push", rc);
+    if ((rc = mt_alloc_malloc(a, 2u << 20, NULL, MT_TAG_WORKSPACE, &s1)) != 0)
+        die("malloc in the scope", rc);
+    if ((rc = mt_alloc_free(a, s1)) != 0)
+        die("free in the scope", rc);
+    if ((rc = mt_alloc_stats_pop(a, &ss)) != 0)
+        die("stats pop", rc);
+    if ((rc = mt_alloc_set_settings(a, "max_split_size_mb:64", err, sizeof err)) != 0)
+        die(err, rc);
+    printf("scope web_step peak %lld\n", (long long)ss.peak_bytes);
     wait_delivered(prof);
     printf("holding\n");
     fflush(stdout);

@@ -1,0 +1,251 @@
+/* memtraced: the page's routes that read the analysis layer (web.h): each answer is built
+ * by the functions `memtrace report` and `memtrace diff` run, so the page and the report
+ * say the same thing of the same events. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "analysis/callsite.h"
+#include "analysis/frames.h"
+#include "analysis/gap.h"
+#include "analysis/model.h"
+#include "analysis/report.h"
+#include "analysis/scopes.h"
+#include "analysis/torch_snapshot.h"
+#include "analysis/torch_snapshot_timeline.h"
+#include "daemon/internal.h"
+#include "daemon/web.h"
+
+/* ---- allocator state: sites, gap, call sites ---- */
+
+/* /sites?pid=: a snapshot's live bytes by site over its trace (the top sites, then
+ * "other"): t[b] the buckets' starts, bytes[s][b] site s's bytes at bucket b's largest
+ * total. 404 for a process that is not a snapshot. */
+void mt__d_web_serve_sites(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!mt__d_web_find_proc(c, query, &p, &t))
+        return;
+    const mt_ts_timeline_t *tl = p->sites;
+    if (!tl) {
+        mt__d_web_bad(c, 404, "no sites: not a snapshot\n");
+        return;
+    }
+    mt_d_buf_t o = {0};
+    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"by_time\":%s,\"sites\":[", p->pid,
+                              tl->by_time ? "true" : "false");
+    for (size_t s = 0; s < tl->nsites && !rc; s++) {
+        rc |= mt__d_buf_append(&o, s ? ",{\"name\":" : "{\"name\":", s ? 9 : 8);
+        rc |= mt__d_web_json_str(&o, tl->names[s]);
+        rc |= mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
+    }
+    rc |= mt__d_buf_append(&o, "],\"t\":[", 7);
+    for (size_t b = 0; b < tl->nbuckets && !rc; b++)
+        rc |= mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
+    rc |= mt__d_buf_append(&o, "],\"bytes\":[", 11);
+    for (size_t s = 0; s < tl->nsites && !rc; s++) {
+        rc |= mt__d_buf_append(&o, s ? ",[" : "[", s ? 2 : 1);
+        for (size_t b = 0; b < tl->nbuckets && !rc; b++)
+            rc |= mt__d_buf_printf(&o, "%s%" PRIu64, b ? "," : "", tl->bytes[b * tl->nsites + s]);
+        rc |= mt__d_buf_append(&o, "]", 1);
+    }
+    rc |= mt__d_buf_append(&o, "]}\n", 3);
+    mt__d_web_send(c, &o, rc, head);
+}
+
+/* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
+ * window (analysis/gap.h, the report's peak_gap and end_gap); a snapshot's pinning stacks
+ * named by their user frame ("site"). */
+void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!mt__d_web_find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = mt__d_web_past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_gap_t g = {0};
+    json_t *j = NULL;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (!rc)
+        rc = mt_gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
+    if (!rc)
+        j = mt_gap_json(&g, 5);
+    json_t *pins = json_object_get(j, "pins");
+    for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
+        json_t *pin = json_array_get(pins, i);
+        uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
+        mt_fr_frame_t fr[256];
+        size_t n = mt_ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
+        int user = mt_fr_pick(NULL, fr, n);
+        char buf[512];
+        json_object_set_new(
+            pin, "site",
+            json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
+    }
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    rc |= !txt;
+    if (!rc)
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0,
+                               txt);
+    free(txt);
+    json_decref(j);
+    mt_gap_free(&g);
+    mt_model_destroy(&m);
+    mt__d_web_send(c, &o, rc, head);
+}
+
+/* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
+ * window (the compare view). Frames come from the process's stack table. */
+void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!mt__d_web_find_proc(c, query, &p, &t))
+        return;
+    size_t upto = t->wcount;
+    bool past = mt__d_web_past_upto(t, query, &upto);
+    mt_model_t *m = NULL;
+    mt_cs_row_t *rows = NULL;
+    size_t n = 0;
+    int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (!rc)
+        rc = mt_cs_rows_from_model(past ? m : p->model, MT_CS_LIVE, &rows, &n);
+    for (size_t i = 0; !rc && i < n; i++) { /* the table is the live model's */
+        const mt_model_frame_t *fr;
+        rows[i].frames = NULL;
+        if (mt_model_stack_frames(p->model, rows[i].stack, &fr, &rows[i].n_frames,
+                                  &rows[i].truncated) == 0)
+            rows[i].frames = (const mt_cs_frame_t *)fr;
+    }
+    json_t *a = NULL;
+    if (!rc) {
+        mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+        rc = mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
+    }
+    if (!rc) {
+        a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
+    }
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    rc |= !txt;
+    if (!rc)
+        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
+                               past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0,
+                               txt);
+    free(txt);
+    json_decref(a);
+    free(rows);
+    mt_model_destroy(&m);
+    mt__d_web_send(c, &o, rc, head);
+}
+
+/* ---- scopes, temporary allocations, settings changed ---- */
+
+static int tag_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
+{
+    char nbuf[32];
+    snprintf(key, len, "%s", mt__d_tag_name(ctx, (int)row->key, nbuf, sizeof nbuf));
+    return 0;
+}
+
+/* A snapshot's stack named by its user frame, as /gap and the report name its sites. */
+static int snap_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
+{
+    const mt_d_proc_t *p = ctx;
+    mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
+    size_t n = mt_ts_stack_frames(p->snap, row->key, fr, sizeof fr / sizeof fr[0]);
+    if (n == 0)
+        snprintf(key, len, "no stack recorded");
+    else
+        mt_fr_stack_key(NULL, fr, n, MT_FR_BY_SITE, key, len);
+    return 0;
+}
+
+/* The temporary-allocation rows of `memtrace report` (report_temp.c): by site when the
+ * process recorded stacks (a snapshot's by its frames), else by tag. New, NULL without
+ * memory; *by says which. */
+static json_t *temporary_json(const mt_d_proc_t *p, const mt__report_cfg_t *cfg, const char **by)
+{
+    mt_model_stack_stats_t ss;
+    mt_model_stack_stats(p->model, &ss);
+    if (p->snap) {
+        mt_model_temp_t *rows = NULL;
+        size_t n = 0;
+        *by = "site";
+        if (mt_model_temporary(p->model, MT_MODEL_DEVICE, false, &rows, &n) != 0)
+            return NULL;
+        json_t *a = mt__report_temp_group(rows, n, mt_model_temp_buckets(p->model), snap_key,
+                                          (void *)p, cfg->top);
+        free(rows);
+        return a;
+    }
+    bool by_tag = ss.defined == 0;
+    *by = by_tag ? "tag" : "site";
+    return mt__report_temporary_json(p->model, p->sym, (uint32_t)p->pid, cfg, by_tag, tag_key,
+                                     (void *)p);
+}
+
+/* The settings changes of the report (t: seconds from the process's first event), each with
+ * "at", its time in the page's epoch seconds, for the timeline's marks. */
+static json_t *settings_json(const mt_d_proc_t *p, const mt_d_web_proc_t *t)
+{
+    json_t *a = mt__report_settings_json(p->model, p->first_ns);
+    const mt_model_setting_t *v;
+    size_t n;
+    uint64_t dropped;
+    mt_model_settings(p->model, &v, &n, &dropped);
+    for (size_t i = 0; a && i < n && i < json_array_size(a); i++)
+        if (json_object_set_new(json_array_get(a, i), "at",
+                                json_real(mt__d_web_secs(t, v[i].time_ns))) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    return a ? a : json_array();
+}
+
+/* /analysis?pid=: what `memtrace report` says of the process's events so far in "scopes",
+ * "temporary" and "settings_changes" (with the report's defaults: the top 10 rows, a block
+ * freed within 1 ms is temporary). Empty arrays where there is nothing. */
+void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
+{
+    const mt_d_proc_t *p;
+    mt_d_web_proc_t *t;
+    if (!mt__d_web_find_proc(c, query, &p, &t))
+        return;
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    const char *by = "tag";
+    json_t *sc = mt_scopes_json(p->scopes);
+    json_t *tmp = temporary_json(p, &cfg, &by); /* sets by: before the pack reads it */
+    json_t *o =
+        json_pack("{s:i, s:o, s:o, s:s, s:I, s:o}", "pid", p->pid, "scopes", sc ? sc : json_array(),
+                  "temporary", tmp, "temporary_by", by, "temporary_window_us",
+                  (json_int_t)cfg.temporary_window_us, "settings_changes", settings_json(p, t));
+    char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    mt_d_buf_t b = {0};
+    int rc = txt ? mt__d_buf_printf(&b, "%s\n", txt) : MT_ENOMEM;
+    free(txt);
+    mt__d_web_send(c, &b, rc, head);
+}
+
+/* ---- two runs compared ---- */
+
+/* /diff: analysis/diff.h's document for `memtrace view BEFORE AFTER` (made by the command
+ * as `memtrace diff --json` makes it); 404 when the view was given one input. */
+void mt__d_web_serve_diff(mt_d_conn_t *c, const char *query, bool head)
+{
+    (void)query;
+    if (!c->d->diff) {
+        mt__d_web_bad(c, 404, "no comparison: memtrace view BEFORE AFTER makes one\n");
+        return;
+    }
+    mt__d_http_respond(c, 200, "OK", "application/json", c->d->diff, strlen(c->d->diff), head);
+}
