@@ -3,6 +3,7 @@
  * socket lives in a private temporary directory) until Ctrl-C. */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,28 +22,28 @@ static void help(FILE *f)
 {
     fprintf(f,
             "usage: memtrace view [--port N] [--window N] LOG|SNAPSHOT...\n"
-            "       memtrace view [--port N] [--window N] BEFORE AFTER\n"
+            "       memtrace view [--port N] [--window N] --compare BEFORE AFTER\n"
             "\n"
             "Serves the web page of 'memtrace daemon' for recorded telemetry logs (NDJSON,\n"
             "docs/telemetry.md: a daemon's --log, or a program's own log) and PyTorch memory\n"
             "snapshots (.pickle, each one process named after its file), on\n"
             "http://127.0.0.1:PORT/ only, until Ctrl-C. Every process of the logs is listed;\n"
             "its charts, segment map (with past states), event tail and comparisons work as\n"
-            "for a live process. Three or more logs are read in the order given, as one (an\n"
-            "event found twice counts once). A log's times are shown on this machine's\n"
+            "for a live process. Several logs are read in the order given, as one recording\n"
+            "(an event found twice counts once: a daemon's log and the program's own after\n"
+            "a takeover). A log's times are shown on this machine's\n"
             "clock: right for logs recorded since it last booted; a snapshot's on its own\n"
             "(time_us since the Unix epoch). The page's header says 'recorded'.\n"
             "\n"
-            "Two inputs are two runs, BEFORE and AFTER (logs or snapshots): each keeps its\n"
-            "processes (a pid of both gets a new one in AFTER), and the page shows them\n"
-            "compared: peak and final allocated and reserved, and the call sites that are\n"
-            "new, grew or are gone, as 'memtrace diff --json BEFORE AFTER' computes them.\n"
-            "Two logs of ONE run (a daemon's log and the program's own after a takeover) are\n"
-            "read as one from standard input: cat daemon.ndjson memtrace-PID.ndjson |\n"
-            "memtrace view -\n"
+            "With --compare, the two inputs are two runs, BEFORE and AFTER (logs or\n"
+            "snapshots): each keeps its processes (a pid of both gets a new one in AFTER),\n"
+            "and the page shows them compared: peak and final allocated and reserved, and\n"
+            "the call sites that are new, grew or are gone, as 'memtrace diff --json BEFORE\n"
+            "AFTER' computes them.\n"
             "\n"
             "options:\n"
             "  --port N     HTTP port (default %d; 0 = any free port)\n"
+            "  --compare    BEFORE AFTER are two runs: the page compares them\n"
             "  --window N   events kept per process for past states (default 1048576,\n"
             "               64 bytes each; at least 1024)\n"
             "  -h, --help   this text\n"
@@ -54,7 +55,7 @@ static void help(FILE *f)
             "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
             "  memtrace view --port 8080 memtrace-4242.ndjson\n"
             "  memtrace view snapshot.pickle\n"
-            "  memtrace view before.pickle after.pickle\n",
+            "  memtrace view --compare before.pickle after.pickle\n",
             VIEW_DEFAULT_PORT);
 }
 
@@ -99,14 +100,20 @@ int mt_cmd_view(int argc, char **argv)
     unsigned long port = VIEW_DEFAULT_PORT, window = 1ul << 20;
     static const struct option opts[] = {{"port", required_argument, NULL, 'p'},
                                          {"window", required_argument, NULL, 'w'},
+                                         {"compare", no_argument, NULL, 'c'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     int ch;
+    bool two_runs = false;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (ch == 'h') {
             help(stdout);
             return 0;
+        }
+        if (ch == 'c') {
+            two_runs = true;
+            continue;
         }
         if (ch == 'p' && number(optarg, 0, 65535, &port) == 0)
             continue;
@@ -121,6 +128,11 @@ int mt_cmd_view(int argc, char **argv)
     }
     if (optind >= argc) {
         fprintf(stderr, "memtrace view: no LOG or SNAPSHOT given (see --help)\n");
+        return 2;
+    }
+    if (two_runs && argc - optind != 2) {
+        fprintf(stderr, "memtrace view: --compare takes two inputs, BEFORE and AFTER; %d given\n",
+                argc - optind);
         return 2;
     }
     char dir[] = "/tmp/memtrace-view-XXXXXX", sock[sizeof dir + 8];
@@ -153,9 +165,9 @@ int mt_cmd_view(int argc, char **argv)
     for (int i = optind; i < argc && status != 1; i++) {
         unsigned long bad = 0;
         char err[320] = "";
-        /* Two inputs are two runs compared: each keeps its processes. */
-        rc = argc - optind == 2 ? mt_d_view_load_run(d, argv[i], &events, &bad, err, sizeof err)
-                                : mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
+        /* Two runs compared: each keeps its processes. */
+        rc = two_runs ? mt_d_view_load_run(d, argv[i], &events, &bad, err, sizeof err)
+                      : mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
         if (rc) {
             fprintf(stderr, "memtrace view: %s\n", err);
             status = 1;
@@ -165,7 +177,7 @@ int mt_cmd_view(int argc, char **argv)
             bad_total += bad;
         }
     }
-    if (status == 0 && argc - optind == 2)
+    if (status == 0 && two_runs)
         status = compare(d, argv[optind], argv[optind + 1]);
     if (status == 0) {
         char tok[80] = "";

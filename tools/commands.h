@@ -32,7 +32,7 @@ int mt_tool_parse_bytes(const char *s, uint64_t *out);
  * report` reads it; analysis/diff.h), grouped by (mt_fr_by_e) with every frame or the
  * default rules: the document `diff --json` prints, new in *out, and the gates crossed in
  * *crossed. Returns the exit status (0, 1 unreadable, 2 malformed), said on stderr with
- * prog. Shared with `memtrace view BEFORE AFTER`, whose compare view serves it. */
+ * prog. Shared with `memtrace view --compare BEFORE AFTER`, whose compare view serves it. */
 struct json_t;
 struct mt_diff_cfg_s;
 int mt_tool_diff(const char *prog, const char *before, const char *after, int by, bool all_frames,

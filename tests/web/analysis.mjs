@@ -152,7 +152,7 @@ try {
   const diff = cli(['diff', '--json', before, after]);
   const rb = cli(['report', '--json', before]).processes[0];
   const ra = cli(['report', '--json', after]).processes[0];
-  const c = await view([before, after]);
+  const c = await view(['--compare', before, after]);
   const d = await get(c.url, '/diff');
   if (!isDeepStrictEqual(d.diff, diff)) await fail('/diff is not `memtrace diff --json`\'s document');
   if (d.before !== before || d.after !== after) await fail(`/diff names ${d.before}, ${d.after}`);
@@ -193,7 +193,7 @@ try {
   const data = join(srcRoot, 'tests', 'snapshot', 'data');
   const sa = join(data, 'v2_all_actions_p4.pickle'), sb = join(data, 'v2_torch_frames.pickle');
   const srep = cli(['report', '--json', sa]).processes[0];
-  const s = await view([sa, sb]);
+  const s = await view(['--compare', sa, sb]);
   const sana = await get(s.url, '/analysis?pid=1');
   if (!isDeepStrictEqual(sana.temporary, srep.temporary) || sana.temporary_by !== srep.temporary_by)
     await fail(`snapshot /analysis temporary ${JSON.stringify(sana.temporary)} != report ${JSON.stringify(srep.temporary)}`);
