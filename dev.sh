@@ -48,8 +48,10 @@ install_missing() {
 
 # The telemetry schema test validates JSON with ajv (npm registry), pinned by the lock file.
 install_test_tools() {
-    if ! command -v npm >/dev/null 2>&1; then
-        PACKAGES=(nodejs npm)
+    # npm for the tests below; qemu-user runs the suites on an emulated AVX2-only CPU
+    # (tests/cross/avx2_qemu.sh) and for aarch64.
+    if ! command -v npm >/dev/null 2>&1 || ! command -v qemu-x86_64 >/dev/null 2>&1; then
+        PACKAGES=(nodejs npm qemu-user)
         install_missing
     fi
     if [ ! -d tests/prof/node_modules/ajv ]; then
@@ -159,6 +161,10 @@ test)
     # libraries' own switches and MEMTRACE_CPU_ISA: an AVX-512 host also checks the AVX2 and
     # baseline paths. It prints the matrix it ran (level x library x threads).
     tests/rnn/isa_matrix.sh build-test || rc=1
+    # Then the whole process on an emulated AVX2-only CPU (qemu-user, -cpu Haswell-v4), where
+    # every CPUID choice takes its AVX2 branch: the suites that can depend on the CPU.
+    # On a host without AVX-512 it says so and does nothing.
+    tests/cross/avx2_qemu.sh build-test || rc=1
     # The release build users make (./dev.sh build): no assertions, no debug info, -O3.
     build build --buildtype=release
     meson test -C build --print-errorlogs --num-processes 2 || rc=1
