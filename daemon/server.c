@@ -5,6 +5,7 @@
  * close callback, which is also the only place its memory is freed; shutdown closes them
  * all and runs the loop until the count is zero, so uv_loop_close() then succeeds. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -438,9 +439,6 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
         d->loop = &d->own_loop;
         d->owns_loop = true;
     }
-    /* A consumer that vanishes mid-write must cost an EPIPE, not the process. */
-    signal(SIGPIPE, SIG_IGN);
-
     uv_pipe_init(d->loop, &d->unix_listener, 0);
     init_static(d, (uv_handle_t *)&d->unix_listener);
     uv_timer_init(d->loop, &d->drain_timer);
@@ -501,15 +499,63 @@ fail_alloc:
     return rc;
 }
 
+/* ---- SIGPIPE, per thread ----
+ *
+ * libuv writes to sockets with write(2), so a consumer that vanishes mid-write raises
+ * SIGPIPE in the writing thread. The process's disposition is the program's, not ours:
+ * while the loop runs, SIGPIPE is blocked in this thread only, and the ones our writes
+ * left pending are taken with sigtimedwait before the thread's mask is put back (the write
+ * itself already failed with EPIPE). A SIGPIPE pending before we blocked is left alone. */
+
+typedef struct sigpipe_guard_s {
+    sigset_t old;     /* the thread's mask before */
+    bool was_pending; /* SIGPIPE was pending (so blocked by the caller) before */
+    bool on;          /* pthread_sigmask succeeded: restore must undo it */
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigemptyset(&pending);
+    g->was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    g->on = pthread_sigmask(SIG_BLOCK, &pipe_set, &g->old) == 0;
+}
+
+static void sigpipe_restore(const sigpipe_guard_t *g)
+{
+    if (!g->on)
+        return;
+    if (!g->was_pending) {
+        sigset_t pipe_set;
+        sigemptyset(&pipe_set);
+        sigaddset(&pipe_set, SIGPIPE);
+        const struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &zero) == SIGPIPE) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* uv_run with SIGPIPE blocked in this thread (above). */
+static void run_loop(uv_loop_t *loop, uv_run_mode mode)
+{
+    sigpipe_guard_t g;
+    sigpipe_block(&g);
+    uv_run(loop, mode);
+    sigpipe_restore(&g);
+}
+
 int mt_d_run(mt_d_t *d)
 {
     if (!d || d->stopping)
         return MT_EINVAL;
-    uv_run(d->loop, UV_RUN_DEFAULT);
+    run_loop(d->loop, UV_RUN_DEFAULT);
     /* On a borrowed loop other handles may keep uv_run going; ours are closed by now or
      * closing, and finishing them is enough. The OOM snapshots queued are written too. */
     while (d->open_handles > 0 || d->oom_jobs > 0)
-        uv_run(d->loop, UV_RUN_ONCE);
+        run_loop(d->loop, UV_RUN_ONCE);
     return 0;
 }
 
@@ -527,7 +573,7 @@ void mt_d_destroy(mt_d_t **p)
     *p = NULL;
     begin_shutdown(d);
     while (d->open_handles > 0 || d->oom_jobs > 0)
-        uv_run(d->loop, UV_RUN_ONCE);
+        run_loop(d->loop, UV_RUN_ONCE);
     mt__d_logfile_close(d);
     mt__d_procs_free(d);
     if (d->owns_loop) {
