@@ -253,6 +253,7 @@ void mt_rnn_destroy(mt_rnn_t **p)
     if (m->path->fini)
         m->path->fini(m);
     mt__rnn_offload_fini(m);
+    mt__rnn_par_destroy(&m->shape.par);
     mt__rnn_dfree(m, m->step_ws);
     mt__rnn_dfree(m, m->dw);
     mt__rnn_dfree(m, m->w);
@@ -303,6 +304,11 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
     const mt__rnn_gemm_t *g = m->shape.gemm;
     if (m->gemm_auto) {
         int rc = default_gemm(threads, &g);
+        if (rc)
+            return rc;
+    }
+    if (threads >= 2 && !m->shape.par) {
+        int rc = mt__rnn_par_create(&m->shape.par);
         if (rc)
             return rc;
     }
