@@ -24,19 +24,36 @@
 
 /* ---- small utilities ---- */
 
+int mt__d_buf_fail(mt_d_buf_t *b, int rc)
+{
+    if (!b->err)
+        b->err = rc;
+    return b->err;
+}
+
+void mt__d_buf_clear(mt_d_buf_t *b)
+{
+    b->len = 0;
+    b->err = 0;
+}
+
 int mt__d_buf_reserve(mt_d_buf_t *b, size_t extra)
 {
+    if (b->err)
+        return b->err;
+    if (extra > SIZE_MAX - 1 - b->len)
+        return b->err = MT_EOVERFLOW;
     if (b->len + extra + 1 <= b->cap)
         return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra + 1) {
         if (cap > SIZE_MAX / 2)
-            return MT_EOVERFLOW;
+            return b->err = MT_EOVERFLOW;
         cap *= 2;
     }
     char *p = realloc(b->p, cap);
     if (!p)
-        return MT_ENOMEM;
+        return b->err = MT_ENOMEM;
     b->p = p;
     b->cap = cap;
     return 0;
@@ -55,13 +72,15 @@ int mt__d_buf_append(mt_d_buf_t *b, const void *s, size_t n)
 
 int mt__d_buf_printf(mt_d_buf_t *b, const char *fmt, ...)
 {
+    if (b->err)
+        return b->err;
     va_list ap;
     va_start(ap, fmt);
     char tmp[512];
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (n < 0)
-        return MT_EINVAL;
+        return b->err = MT_EINVAL;
     if ((size_t)n < sizeof tmp)
         return mt__d_buf_append(b, tmp, (size_t)n);
     int rc = mt__d_buf_reserve(b, (size_t)n);
