@@ -220,6 +220,7 @@ static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const 
     md->H = o->hidden;
     md->L = o->layers;
     mt_rnn_cfg_t rc = mt_rnn_cfg_default();
+    (void)mt_rnn_cfg_from_env(&rc); /* MEMTRACE_RNN_GEMM */
     rc.mode = MT_RNN_LSTM;
     rc.input_size = EMBED;
     rc.hidden_size = o->hidden;

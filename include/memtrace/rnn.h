@@ -94,7 +94,7 @@ typedef struct mt_rnn_cfg_s {
     float dropout;
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
     /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
-     * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
+     * loaded at run time; NULL or "auto" = the default
      * chosen by measurement for the thread count (docs/blas.md: dnnl at one thread; at two
      * or more, cblas where it is OpenBLAS, else blis; each else the next, else cblas).
      * MT_ENOTSUP (logged) if a library asked for by name cannot be loaded. oneDNN runs on
@@ -203,6 +203,10 @@ typedef struct mt_rnn_act_s {
 /* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks
  * of 64 steps, no offload, no dropout (dropout_seed 0). */
 MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
+/* Applies $MEMTRACE_RNN_GEMM (a gemm name, or "auto") to cfg->gemm if set and not empty:
+ * the value is borrowed from the environment. mt_rnn_create reads no environment variable
+ * of a module's settings; programs that honour this one call this at their edge. */
+MT_API int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg);
 
 /* Creates a module and its flat weight and gradient buffers (gradients zeroed), weights
  * initialised from cfg->seed. *out is new. MT_ENOTSUP if the allocator's backend has no

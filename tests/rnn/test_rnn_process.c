@@ -150,6 +150,30 @@ static void worker_joined_at_destroy(void **state)
     fx_free(&fx);
 }
 
+/* mt_rnn_create follows its configuration: MEMTRACE_RNN_GEMM is read only by
+ * mt_rnn_cfg_from_env, which the program calls at its edge. */
+static void cfg_over_environment(void **state)
+{
+    (void)state;
+    rnn_fx_t *fx = fx_new(64u << 20);
+    setenv("MEMTRACE_RNN_GEMM", "no-such-library", 1);
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 8, 16, 1, false);
+    mt_rnn_t *m = NULL;
+    assert_int_equal(mt_rnn_create(&m, &c), 0); /* the default library */
+    mt_rnn_destroy(&m);
+    assert_int_equal(mt_rnn_cfg_from_env(&c), 0);
+    assert_string_equal(c.gemm, "no-such-library");
+    assert_int_equal(mt_rnn_create(&m, &c), MT_EINVAL);
+    setenv("MEMTRACE_RNN_GEMM", "cblas", 1);
+    c.gemm = NULL;
+    assert_int_equal(mt_rnn_cfg_from_env(&c), 0);
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    assert_string_equal(mt_rnn_gemm_name(m), "cblas");
+    mt_rnn_destroy(&m);
+    unsetenv("MEMTRACE_RNN_GEMM");
+    fx_free(&fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -157,6 +181,7 @@ int main(void)
          * the count (the library before modules owned theirs). */
         cmocka_unit_test(worker_joined_at_destroy),
         cmocka_unit_test(environment_unchanged),
+        cmocka_unit_test(cfg_over_environment),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
