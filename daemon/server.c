@@ -179,16 +179,17 @@ static char *default_socket_path(void)
     return mt_prof_socket_path(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
 }
 
-/* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket lives in a directory of
- * ours under /tmp (mt_prof_socket_path): made 0700 here, and refused if another user made
- * it first or opened it up. */
+/* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket (mt_prof_socket_path)
+ * lives in a directory of ours under /tmp: made 0700 here, and refused if another user made
+ * it first or opened it up. Told by the path itself, so that the environment is read in one
+ * place only. */
 static int default_dir_check(mt_d_t *d)
 {
-    const char *env = getenv("MEMTRACE_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-    if ((env && *env) || (xdg && *xdg))
-        return 0;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/memtrace-%u", (unsigned)geteuid());
+    int n = snprintf(dir, sizeof dir, "/tmp/memtrace-%u", (unsigned)geteuid());
+    if (strncmp(d->socket_path, dir, (size_t)n) != 0 ||
+        strcmp(d->socket_path + n, "/memtrace.sock") != 0)
+        return 0;
     int rc = mt__sf_private_dir(dir, true);
     if (rc)
         mt__d_log(d, MT_LOG_ERROR,
