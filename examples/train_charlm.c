@@ -539,6 +539,9 @@ static void train(model_t *md, charlm_dp_t *dp, mt_prefetch_t *pf, charlm_loader
 
 int main(int argc, char **argv)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     charlm_opts_t o;
     if (parse(argc, argv, &o))
         return 2;
