@@ -206,9 +206,6 @@ int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         def = mt_backend_cfg_default();
         cfg = &def;
     }
-    const char *k = getenv("MEMTRACE_BACKEND");
-    if (k != NULL && strcmp(k, "auto") != 0 && strcmp(k, "sim") != 0 && strcmp(k, "cuda") != 0)
-        return MT_EINVAL;
     if (cfg->device < 0)
         return MT_EINVAL;
     int rc = MT_ENODEV;

@@ -91,6 +91,9 @@ static void sgd(mt_rnn_t *m)
 
 int main(void)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     mt_bench_print_machine(stdout);
     double load[3] = {0, 0, 0};
     getloadavg(load, 3);

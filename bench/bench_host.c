@@ -465,6 +465,9 @@ static void bench_offload(bool quick)
 
 int main(int argc, char **argv)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     if (quick)
         reps = 3;

@@ -510,6 +510,9 @@ static int table_1m(mt__stab_stats_t *st, double *ns_per)
 
 int main(void)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     result_t res[NCFG];
     memset(res, 0, sizeof(res));
     mt_bench_print_machine(stdout);

@@ -566,6 +566,9 @@ static void run(mt_alloc_t *a, const shape_t *s, int iters)
 
 int main(int argc, char **argv)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     bool goals_only = argc > 1 && strcmp(argv[1], "--goals") == 0;
     bool step = argc == 6 && strcmp(argv[1], "--step") == 0;

@@ -99,7 +99,9 @@ int mt_d_oom_dir(char *buf, size_t len);
  * mt_d_run(). *out is new. */
 int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg);
 /* Runs the loop until mt_d_stop() (or a signal, if handle_signals); then every handle of the
- * daemon is closed and the socket file removed. Returns 0, or a negative MT_E* code. */
+ * daemon is closed and the socket file removed. Returns 0, or a negative MT_E* code.
+ * SIGPIPE is blocked in the calling thread while it runs (a write to a vanished peer fails
+ * with EPIPE); the process's disposition is never changed. */
 int mt_d_run(mt_d_t *d);
 /* Asks the daemon to stop; safe from any thread. */
 void mt_d_stop(mt_d_t *d);

@@ -34,7 +34,7 @@ static void respond(mt_d_conn_t *c, int status, const char *reason, const char *
 {
     mt_d_t *d = c->d;
     mt_d_buf_t *b = &d->scratch;
-    b->len = 0;
+    mt__d_buf_clear(b);
     int rc = mt__d_buf_printf(b,
                               "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
                               "Cache-Control: no-store\r\nConnection: close\r\n%s",
@@ -90,7 +90,7 @@ static void start_sse(mt_d_conn_t *c, const char *query, bool head_only)
     /* The comment line flushes proxies and tells the client the stream is live. */
     static const char hello[] = ": memtrace event stream\nretry: 2000\n\n";
     mt_d_buf_t *b = &c->d->scratch;
-    b->len = 0;
+    mt__d_buf_clear(b);
     if (mt__d_buf_append(b, head, sizeof head - 1) ||
         mt__d_buf_append(b, hello, sizeof hello - 1) ||
         mt__d_conn_write(c, b->p, b->len, false) != 0) {

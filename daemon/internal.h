@@ -36,15 +36,25 @@
 
 /* ---- growable text buffer ---- */
 
+/* A writer of many pieces appends them all and reads err once, at the end: the first
+ * failure is kept as it was (never merged with a later one), and every append after it
+ * does nothing and returns it. */
 typedef struct mt_d_buf_s {
     char *p;    /* malloc'ed, NUL-terminated when len > 0 */
     size_t len; /* bytes used, len < cap */
     size_t cap; /* bytes allocated */
+    int err;    /* 0, or the first failure (negative MT_E*): sticky until clear or free */
 } mt_d_buf_t;
 
+/* Each returns b->err after the call: 0, or the first failure. */
 int mt__d_buf_reserve(mt_d_buf_t *b, size_t extra);
 int mt__d_buf_append(mt_d_buf_t *b, const void *s, size_t n);
 int mt__d_buf_printf(mt_d_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records rc (negative) as b's failure unless one is recorded already; returns b->err. For
+ * a writer whose own step (not an append) failed, so its output is known incomplete. */
+int mt__d_buf_fail(mt_d_buf_t *b, int rc);
+/* Empties b for reuse, failure included; keeps its memory. */
+void mt__d_buf_clear(mt_d_buf_t *b);
 void mt__d_buf_free(mt_d_buf_t *b);
 
 /* ---- per-process state model (state.c) ---- */

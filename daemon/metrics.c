@@ -24,16 +24,15 @@ static bool newest(const mt_d_proc_t *p)
  * escaped (a user's tag label may hold any of them). */
 static int label_value(mt_d_buf_t *o, const char *s)
 {
-    int rc = 0;
-    for (; *s && !rc; s++) {
+    for (; *s && !o->err; s++) {
         if (*s == '\\' || *s == '"')
-            rc = mt__d_buf_printf(o, "\\%c", *s);
+            mt__d_buf_printf(o, "\\%c", *s);
         else if (*s == '\n')
-            rc = mt__d_buf_append(o, "\\n", 2);
+            mt__d_buf_append(o, "\\n", 2);
         else
-            rc = mt__d_buf_append(o, s, 1);
+            mt__d_buf_append(o, s, 1);
     }
-    return rc;
+    return o->err;
 }
 
 /* For metrics_info.c: the same rules for its families. */
@@ -101,16 +100,15 @@ static int family_head(mt_d_buf_t *o, const char *name, const char *type, const 
 
 int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
 {
-    int rc = 0;
     unsigned running = 0, exited = 0;
     for (const mt_d_proc_t *p = d->procs; p; p = p->next)
         p->exited ? exited++ : running++;
-    rc |= family_head(o, "memtrace_processes", "gauge", "Processes known to the daemon.");
-    rc |= mt__d_buf_printf(o, "memtrace_processes{state=\"running\"} %u\n", running);
-    rc |= mt__d_buf_printf(o, "memtrace_processes{state=\"exited\"} %u\n", exited);
+    family_head(o, "memtrace_processes", "gauge", "Processes known to the daemon.");
+    mt__d_buf_printf(o, "memtrace_processes{state=\"running\"} %u\n", running);
+    mt__d_buf_printf(o, "memtrace_processes{state=\"exited\"} %u\n", exited);
 
     for (size_t f = 0; f < sizeof proc_families / sizeof proc_families[0]; f++) {
-        rc |= family_head(o, proc_families[f].name, proc_families[f].type, proc_families[f].help);
+        family_head(o, proc_families[f].name, proc_families[f].type, proc_families[f].help);
         for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
             if (!newest(p))
                 continue;
@@ -163,9 +161,9 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
             }
             const char *n = proc_families[f].name;
             if (ratio)
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, r);
+                mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, r);
             else
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
+                mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
         }
     }
 
@@ -174,7 +172,7 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
         {"memtrace_tag_peak_bytes", "Highest device bytes allocated with this tag, by process."},
     };
     for (int f = 0; f < 2; f++) {
-        rc |= family_head(o, tag_fam[f][0], "gauge", tag_fam[f][1]);
+        family_head(o, tag_fam[f][0], "gauge", tag_fam[f][1]);
         for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
             if (!newest(p))
                 continue;
@@ -184,9 +182,9 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 if (!tg.peak)
                     continue;
                 char nb[16];
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"", tag_fam[f][0], p->pid);
-                rc |= label_value(o, mt__d_tag_name(p, t, nb, sizeof nb));
-                rc |= mt__d_buf_printf(o, "\"} %" PRIu64 "\n", f == 0 ? tg.bytes : tg.peak);
+                mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"", tag_fam[f][0], p->pid);
+                label_value(o, mt__d_tag_name(p, t, nb, sizeof nb));
+                mt__d_buf_printf(o, "\"} %" PRIu64 "\n", f == 0 ? tg.bytes : tg.peak);
             }
         }
     }
@@ -198,42 +196,42 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
         {"memtrace_ooms_total", "Out-of-memory failures reported by the process."},
     };
     for (int f = 0; f < 3; f++) {
-        rc |= family_head(o, ctr_fam[f][0], "counter", ctr_fam[f][1]);
+        family_head(o, ctr_fam[f][0], "counter", ctr_fam[f][1]);
         for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
             if (!newest(p))
                 continue;
             uint64_t v = f == 0 ? p->events : f == 1 ? p->dropped : p->ooms;
-            rc |= mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", ctr_fam[f][0], p->pid, v);
+            mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", ctr_fam[f][0], p->pid, v);
         }
     }
 
-    rc |= mt__d_metrics_info(d, o); /* names, devices, pools: metrics_info.c */
+    mt__d_metrics_info(d, o); /* names, devices, pools: metrics_info.c */
 
     unsigned consumers = 0;
     for (const mt_d_conn_t *c = d->conns; c; c = c->next)
         consumers += !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
-    rc |= family_head(o, "memtrace_consumers", "gauge", "Connected consumers (Unix and SSE).");
-    rc |= mt__d_buf_printf(o, "memtrace_consumers %u\n", consumers);
-    rc |= family_head(o, "memtrace_daemon_events_total", "counter",
-                      "Events received by the daemon from every process.");
-    rc |= mt__d_buf_printf(o, "memtrace_daemon_events_total %" PRIu64 "\n", d->ctr.events);
-    rc |= family_head(o, "memtrace_consumer_events_dropped_total", "counter",
-                      "Events dropped from slow consumers' queues.");
-    rc |= mt__d_buf_printf(o, "memtrace_consumer_events_dropped_total %" PRIu64 "\n",
-                           d->ctr.consumer_drops);
-    rc |= family_head(o, "memtrace_rejected_connections_total", "counter",
-                      "Connections and requests refused (bad input, wrong uid, limits).");
-    rc |= mt__d_buf_printf(o, "memtrace_rejected_connections_total %" PRIu64 "\n", d->ctr.rejected);
-    rc |= family_head(o, "memtrace_daemon_oom_snapshots_total", "counter",
-                      "OOMs by what became of their snapshot: written, suppressed (at most one "
-                      "per interval per process, or the queue full), failed.");
-    rc |= mt__d_buf_printf(
-        o,
-        "memtrace_daemon_oom_snapshots_total{result=\"written\"} %" PRIu64 "\n"
-        "memtrace_daemon_oom_snapshots_total{result=\"suppressed\"} %" PRIu64 "\n"
-        "memtrace_daemon_oom_snapshots_total{result=\"failed\"} %" PRIu64 "\n",
-        d->ctr.oom_snapshots, d->ctr.oom_snapshots_suppressed, d->ctr.oom_snapshots_failed);
-    return rc ? MT_ENOMEM : 0;
+    family_head(o, "memtrace_consumers", "gauge", "Connected consumers (Unix and SSE).");
+    mt__d_buf_printf(o, "memtrace_consumers %u\n", consumers);
+    family_head(o, "memtrace_daemon_events_total", "counter",
+                "Events received by the daemon from every process.");
+    mt__d_buf_printf(o, "memtrace_daemon_events_total %" PRIu64 "\n", d->ctr.events);
+    family_head(o, "memtrace_consumer_events_dropped_total", "counter",
+                "Events dropped from slow consumers' queues.");
+    mt__d_buf_printf(o, "memtrace_consumer_events_dropped_total %" PRIu64 "\n",
+                     d->ctr.consumer_drops);
+    family_head(o, "memtrace_rejected_connections_total", "counter",
+                "Connections and requests refused (bad input, wrong uid, limits).");
+    mt__d_buf_printf(o, "memtrace_rejected_connections_total %" PRIu64 "\n", d->ctr.rejected);
+    family_head(o, "memtrace_daemon_oom_snapshots_total", "counter",
+                "OOMs by what became of their snapshot: written, suppressed (at most one "
+                "per interval per process, or the queue full), failed.");
+    mt__d_buf_printf(o,
+                     "memtrace_daemon_oom_snapshots_total{result=\"written\"} %" PRIu64 "\n"
+                     "memtrace_daemon_oom_snapshots_total{result=\"suppressed\"} %" PRIu64 "\n"
+                     "memtrace_daemon_oom_snapshots_total{result=\"failed\"} %" PRIu64 "\n",
+                     d->ctr.oom_snapshots, d->ctr.oom_snapshots_suppressed,
+                     d->ctr.oom_snapshots_failed);
+    return o->err;
 }
 
 json_t *mt__d_state_json(mt_d_t *d)

@@ -19,16 +19,16 @@ static int head(mt_d_buf_t *o, const char *name, const char *help)
 
 int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
 {
-    int rc = head(o, "memtrace_process_info",
-                  "Always 1: the process's name, state and backend as labels, to join on pid.");
-    for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
+    head(o, "memtrace_process_info",
+         "Always 1: the process's name, state and backend as labels, to join on pid.");
+    for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
         if (!mt__d_proc_newest(p))
             continue;
-        rc |= mt__d_buf_printf(o, "memtrace_process_info{pid=\"%d\",name=\"", p->pid);
-        rc |= mt__d_label_value(o, p->name);
-        rc |= mt__d_buf_printf(o, "\",state=\"%s\",backend=\"", p->exited ? "exited" : "running");
-        rc |= mt__d_label_value(o, p->backend);
-        rc |= mt__d_buf_append(o, "\"} 1\n", 5);
+        mt__d_buf_printf(o, "memtrace_process_info{pid=\"%d\",name=\"", p->pid);
+        mt__d_label_value(o, p->name);
+        mt__d_buf_printf(o, "\",state=\"%s\",backend=\"", p->exited ? "exited" : "running");
+        mt__d_label_value(o, p->backend);
+        mt__d_buf_append(o, "\"} 1\n", 5);
     }
     /* Per device, as the model has them; a process's memtrace_allocated_bytes and
      * memtrace_reserved_bytes are the sums of these over its devices. */
@@ -41,33 +41,33 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
         {"memtrace_device_peak_reserved_bytes",
          "Highest device bytes held on this device, by process and device."},
     };
-    for (int f = 0; f < 4 && !rc; f++) {
-        rc |= head(o, dev_fam[f][0], dev_fam[f][1]);
-        for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
+    for (int f = 0; f < 4 && !o->err; f++) {
+        head(o, dev_fam[f][0], dev_fam[f][1]);
+        for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
             if (!mt__d_proc_newest(p))
                 continue;
             mt_model_dev_t dv[256];
             size_t n = mt_model_devices(p->model, dv, 256);
-            for (size_t i = 0; i < n && i < 256 && !rc; i++) {
+            for (size_t i = 0; i < n && i < 256 && !o->err; i++) {
                 uint64_t v = f == 0   ? dv[i].allocated
                              : f == 1 ? dv[i].reserved
                              : f == 2 ? dv[i].peak_allocated
                                       : dv[i].peak_reserved;
-                rc |= mt__d_buf_printf(o, "%s{pid=\"%d\",device=\"%u\"} %" PRIu64 "\n",
-                                       dev_fam[f][0], p->pid, dv[i].device, v);
+                mt__d_buf_printf(o, "%s{pid=\"%d\",device=\"%u\"} %" PRIu64 "\n", dev_fam[f][0],
+                                 p->pid, dv[i].device, v);
             }
         }
     }
-    rc |= head(o, "memtrace_pool_allocated_bytes",
-               "Bytes of live blocks, by process and pool (small, large, host).");
+    head(o, "memtrace_pool_allocated_bytes",
+         "Bytes of live blocks, by process and pool (small, large, host).");
     static const int pools[] = {MT_POOL_SMALL, MT_POOL_LARGE, MT_POOL_HOST};
-    for (const mt_d_proc_t *p = d->procs; p && !rc; p = p->next) {
+    for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
         if (!mt__d_proc_newest(p))
             continue;
         for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
-            rc |= mt__d_buf_printf(
+            mt__d_buf_printf(
                 o, "memtrace_pool_allocated_bytes{pid=\"%d\",pool=\"%s\"} %" PRIu64 "\n", p->pid,
                 mt_pool_name(pools[i]), mt_model_pool_bytes(p->model, pools[i]));
     }
-    return rc;
+    return o->err;
 }

@@ -165,7 +165,7 @@ static void process_batch(mt_d_t *d)
         mt__d_logfile_record(d, d->batch_text.p, d->batch_text.len);
     mt__d_consumers_fanout(d);
     d->nbatch = 0;
-    d->batch_text.len = 0;
+    mt__d_buf_clear(&d->batch_text);
 }
 
 /* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
@@ -406,7 +406,7 @@ void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n)
         }
         if (c->in.len > 0 && strstr(c->in.p, "\"poke\""))
             poke = true;
-        c->in.len = 0;
+        mt__d_buf_clear(&c->in);
         c->line_len = 0;
     }
     if (poke && c->proc && c->proc->ring && !d->stopping) {

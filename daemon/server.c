@@ -5,6 +5,7 @@
  * close callback, which is also the only place its memory is freed; shutdown closes them
  * all and runs the loop until the count is zero, so uv_loop_close() then succeeds. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -23,19 +24,36 @@
 
 /* ---- small utilities ---- */
 
+int mt__d_buf_fail(mt_d_buf_t *b, int rc)
+{
+    if (!b->err)
+        b->err = rc;
+    return b->err;
+}
+
+void mt__d_buf_clear(mt_d_buf_t *b)
+{
+    b->len = 0;
+    b->err = 0;
+}
+
 int mt__d_buf_reserve(mt_d_buf_t *b, size_t extra)
 {
+    if (b->err)
+        return b->err;
+    if (extra > SIZE_MAX - 1 - b->len)
+        return b->err = MT_EOVERFLOW;
     if (b->len + extra + 1 <= b->cap)
         return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra + 1) {
         if (cap > SIZE_MAX / 2)
-            return MT_EOVERFLOW;
+            return b->err = MT_EOVERFLOW;
         cap *= 2;
     }
     char *p = realloc(b->p, cap);
     if (!p)
-        return MT_ENOMEM;
+        return b->err = MT_ENOMEM;
     b->p = p;
     b->cap = cap;
     return 0;
@@ -54,13 +72,15 @@ int mt__d_buf_append(mt_d_buf_t *b, const void *s, size_t n)
 
 int mt__d_buf_printf(mt_d_buf_t *b, const char *fmt, ...)
 {
+    if (b->err)
+        return b->err;
     va_list ap;
     va_start(ap, fmt);
     char tmp[512];
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (n < 0)
-        return MT_EINVAL;
+        return b->err = MT_EINVAL;
     if ((size_t)n < sizeof tmp)
         return mt__d_buf_append(b, tmp, (size_t)n);
     int rc = mt__d_buf_reserve(b, (size_t)n);
@@ -159,16 +179,17 @@ static char *default_socket_path(void)
     return mt_prof_socket_path(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
 }
 
-/* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket lives in a directory of
- * ours under /tmp (mt_prof_socket_path): made 0700 here, and refused if another user made
- * it first or opened it up. */
+/* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket (mt_prof_socket_path)
+ * lives in a directory of ours under /tmp: made 0700 here, and refused if another user made
+ * it first or opened it up. Told by the path itself, so that the environment is read in one
+ * place only. */
 static int default_dir_check(mt_d_t *d)
 {
-    const char *env = getenv("MEMTRACE_SOCKET"), *xdg = getenv("XDG_RUNTIME_DIR");
-    if ((env && *env) || (xdg && *xdg))
-        return 0;
     char dir[64];
-    snprintf(dir, sizeof dir, "/tmp/memtrace-%u", (unsigned)geteuid());
+    int n = snprintf(dir, sizeof dir, "/tmp/memtrace-%u", (unsigned)geteuid());
+    if (strncmp(d->socket_path, dir, (size_t)n) != 0 ||
+        strcmp(d->socket_path + n, "/memtrace.sock") != 0)
+        return 0;
     int rc = mt__sf_private_dir(dir, true);
     if (rc)
         mt__d_log(d, MT_LOG_ERROR,
@@ -438,9 +459,6 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
         d->loop = &d->own_loop;
         d->owns_loop = true;
     }
-    /* A consumer that vanishes mid-write must cost an EPIPE, not the process. */
-    signal(SIGPIPE, SIG_IGN);
-
     uv_pipe_init(d->loop, &d->unix_listener, 0);
     init_static(d, (uv_handle_t *)&d->unix_listener);
     uv_timer_init(d->loop, &d->drain_timer);
@@ -501,15 +519,63 @@ fail_alloc:
     return rc;
 }
 
+/* ---- SIGPIPE, per thread ----
+ *
+ * libuv writes to sockets with write(2), so a consumer that vanishes mid-write raises
+ * SIGPIPE in the writing thread. The process's disposition is the program's, not ours:
+ * while the loop runs, SIGPIPE is blocked in this thread only, and the ones our writes
+ * left pending are taken with sigtimedwait before the thread's mask is put back (the write
+ * itself already failed with EPIPE). A SIGPIPE pending before we blocked is left alone. */
+
+typedef struct sigpipe_guard_s {
+    sigset_t old;     /* the thread's mask before */
+    bool was_pending; /* SIGPIPE was pending (so blocked by the caller) before */
+    bool on;          /* pthread_sigmask succeeded: restore must undo it */
+} sigpipe_guard_t;
+
+static void sigpipe_block(sigpipe_guard_t *g)
+{
+    sigset_t pipe_set, pending;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigemptyset(&pending);
+    g->was_pending = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    g->on = pthread_sigmask(SIG_BLOCK, &pipe_set, &g->old) == 0;
+}
+
+static void sigpipe_restore(const sigpipe_guard_t *g)
+{
+    if (!g->on)
+        return;
+    if (!g->was_pending) {
+        sigset_t pipe_set;
+        sigemptyset(&pipe_set);
+        sigaddset(&pipe_set, SIGPIPE);
+        const struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &zero) == SIGPIPE) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
+/* uv_run with SIGPIPE blocked in this thread (above). */
+static void run_loop(uv_loop_t *loop, uv_run_mode mode)
+{
+    sigpipe_guard_t g;
+    sigpipe_block(&g);
+    uv_run(loop, mode);
+    sigpipe_restore(&g);
+}
+
 int mt_d_run(mt_d_t *d)
 {
     if (!d || d->stopping)
         return MT_EINVAL;
-    uv_run(d->loop, UV_RUN_DEFAULT);
+    run_loop(d->loop, UV_RUN_DEFAULT);
     /* On a borrowed loop other handles may keep uv_run going; ours are closed by now or
      * closing, and finishing them is enough. The OOM snapshots queued are written too. */
     while (d->open_handles > 0 || d->oom_jobs > 0)
-        uv_run(d->loop, UV_RUN_ONCE);
+        run_loop(d->loop, UV_RUN_ONCE);
     return 0;
 }
 
@@ -527,7 +593,7 @@ void mt_d_destroy(mt_d_t **p)
     *p = NULL;
     begin_shutdown(d);
     while (d->open_handles > 0 || d->oom_jobs > 0)
-        uv_run(d->loop, UV_RUN_ONCE);
+        run_loop(d->loop, UV_RUN_ONCE);
     mt__d_logfile_close(d);
     mt__d_procs_free(d);
     if (d->owns_loop) {

@@ -114,9 +114,10 @@ static uint64_t mono_now(void)
 
 /* ---- answers ---- */
 
-void mt__d_web_send(mt_d_conn_t *c, mt_d_buf_t *b, int rc, bool head)
+/* b as the answer, or a 500 if building it failed (b->err); b is freed. */
+void mt__d_web_send(mt_d_conn_t *c, mt_d_buf_t *b, bool head)
 {
-    if (rc)
+    if (b->err)
         mt__d_http_respond(c, 500, "Internal Server Error", "text/plain; charset=utf-8",
                            "out of memory\n", 14, head);
     else
@@ -153,17 +154,17 @@ bool mt__d_web_find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **
 
 int mt__d_web_json_str(mt_d_buf_t *o, const char *s)
 {
-    int rc = mt__d_buf_append(o, "\"", 1);
-    for (; *s && !rc; s++) {
+    mt__d_buf_append(o, "\"", 1);
+    for (; *s && !o->err; s++) {
         unsigned char ch = (unsigned char)*s;
         if (ch == '"' || ch == '\\')
-            rc = mt__d_buf_printf(o, "\\%c", ch);
+            mt__d_buf_printf(o, "\\%c", ch);
         else if (ch < 0x20)
-            rc = mt__d_buf_printf(o, "\\u%04x", ch);
+            mt__d_buf_printf(o, "\\u%04x", ch);
         else
-            rc = mt__d_buf_append(o, s, 1);
+            mt__d_buf_append(o, s, 1);
     }
-    return rc | mt__d_buf_append(o, "\"", 1);
+    return mt__d_buf_append(o, "\"", 1);
 }
 
 double mt__d_web_secs(const mt_d_web_proc_t *t, uint64_t ns)
@@ -276,25 +277,25 @@ static uint64_t series_value(const mt_d_web_bkt_t *b, series_e s)
 static int put_series(mt_d_buf_t *o, const mt_d_web_bkt_t *b, const bool *valid, size_t nb,
                       series_e s, int tag)
 {
-    int rc = mt__d_buf_append(o, "[", 1);
+    mt__d_buf_append(o, "[", 1);
     const mt_d_web_bkt_t *prev = NULL;
-    for (size_t j = 0; j < nb && !rc; j++) {
+    for (size_t j = 0; j < nb && !o->err; j++) {
         if (j)
-            rc |= mt__d_buf_append(o, ",", 1);
+            mt__d_buf_append(o, ",", 1);
         const mt_d_web_bkt_t *x = valid[j] ? &b[j] : prev;
         if (valid[j])
             prev = &b[j];
         if (!x)
-            rc |= mt__d_buf_append(o, "null", 4);
+            mt__d_buf_append(o, "null", 4);
         else if (tag >= 0)
-            rc |= mt__d_buf_printf(o, "%" PRIu64, x->tag[tag]);
+            mt__d_buf_printf(o, "%" PRIu64, x->tag[tag]);
         else if (s == S_OOMS || s == S_AMIN || s == S_AMAX)
-            rc |= mt__d_buf_printf(o, "%" PRIu64,
-                                   valid[j] ? series_value(x, s) : (s == S_OOMS ? 0 : x->alast));
+            mt__d_buf_printf(o, "%" PRIu64,
+                             valid[j] ? series_value(x, s) : (s == S_OOMS ? 0 : x->alast));
         else
-            rc |= mt__d_buf_printf(o, "%" PRIu64, series_value(x, s));
+            mt__d_buf_printf(o, "%" PRIu64, series_value(x, s));
     }
-    return rc | mt__d_buf_append(o, "]", 1);
+    return mt__d_buf_append(o, "]", 1);
 }
 
 static void serve_history(mt_d_conn_t *c, const char *query, bool head)
@@ -319,51 +320,52 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     mt_d_web_bkt_t *b = malloc(nb * sizeof *b);
     bool *valid = malloc(nb * sizeof *valid);
     mt_d_buf_t o = {0};
-    int rc = (!b || !valid) ? MT_ENOMEM : 0;
-    if (!rc) {
+    if (!b || !valid)
+        mt__d_buf_fail(&o, MT_ENOMEM);
+    if (!o.err) {
         hist_query(t, from, to, nb, b, valid);
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"from\":", p->pid);
-        rc |= put_secs(&o, t, from, false);
-        rc |= mt__d_buf_append(&o, ",\"to\":", 6);
-        rc |= put_secs(&o, t, to, true);
-        rc |= mt__d_buf_append(&o, ",\"first\":", 9);
-        rc |= put_secs(&o, t, first, false);
-        rc |= mt__d_buf_append(&o, ",\"now\":", 7);
-        rc |= put_secs(&o, t, now, true);
-        rc |= mt__d_buf_append(&o, ",\"t\":[", 6);
-        for (size_t j = 0; j < nb && !rc; j++)
-            rc |= mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", mt__d_web_secs(t, b[j].t0));
-        rc |= mt__d_buf_append(&o, "]", 1);
+        mt__d_buf_printf(&o, "{\"pid\":%d,\"from\":", p->pid);
+        put_secs(&o, t, from, false);
+        mt__d_buf_append(&o, ",\"to\":", 6);
+        put_secs(&o, t, to, true);
+        mt__d_buf_append(&o, ",\"first\":", 9);
+        put_secs(&o, t, first, false);
+        mt__d_buf_append(&o, ",\"now\":", 7);
+        put_secs(&o, t, now, true);
+        mt__d_buf_append(&o, ",\"t\":[", 6);
+        for (size_t j = 0; j < nb && !o.err; j++)
+            mt__d_buf_printf(&o, "%s%.3f", j ? "," : "", mt__d_web_secs(t, b[j].t0));
+        mt__d_buf_append(&o, "]", 1);
         static const struct {
             const char *name;
             series_e s;
         } series[] = {{"amin", S_AMIN},          {"amax", S_AMAX}, {"alast", S_ALAST},
                       {"reserved", S_RMAX},      {"peak", S_PEAK}, {"host_allocated", S_HMAX},
                       {"host_reserved", S_HRES}, {"ooms", S_OOMS}};
-        for (size_t k = 0; k < sizeof series / sizeof series[0] && !rc; k++) {
-            rc |= mt__d_buf_printf(&o, ",\"%s\":", series[k].name);
-            rc |= put_series(&o, b, valid, nb, series[k].s, -1);
+        for (size_t k = 0; k < sizeof series / sizeof series[0] && !o.err; k++) {
+            mt__d_buf_printf(&o, ",\"%s\":", series[k].name);
+            put_series(&o, b, valid, nb, series[k].s, -1);
         }
-        rc |= mt__d_buf_append(&o, ",\"tags\":{", 9);
+        mt__d_buf_append(&o, ",\"tags\":{", 9);
         bool any = false;
-        for (int tag = 0; tag < MT_TAG_MAX && !rc; tag++) {
+        for (int tag = 0; tag < MT_TAG_MAX && !o.err; tag++) {
             bool used = false;
             for (size_t j = 0; j < nb && !used; j++)
                 used = valid[j] && b[j].tag[tag] != 0;
             if (!used)
                 continue;
             char nbuf[32];
-            rc |= mt__d_buf_append(&o, any ? "," : "", any ? 1 : 0);
-            rc |= mt__d_web_json_str(&o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
-            rc |= mt__d_buf_append(&o, ":", 1);
-            rc |= put_series(&o, b, valid, nb, S_ALAST, tag);
+            mt__d_buf_append(&o, any ? "," : "", any ? 1 : 0);
+            mt__d_web_json_str(&o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+            mt__d_buf_append(&o, ":", 1);
+            put_series(&o, b, valid, nb, S_ALAST, tag);
             any = true;
         }
-        rc |= mt__d_buf_append(&o, "}}\n", 3);
+        mt__d_buf_append(&o, "}}\n", 3);
     }
     free(b);
     free(valid);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_web_send(c, &o, head);
 }
 
 static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
@@ -381,10 +383,11 @@ static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
     mt_d_web_bkt_t *b = malloc(nb * sizeof *b);
     bool *valid = malloc(nb * sizeof *valid);
     mt_d_buf_t o = {0};
-    int rc = (!b || !valid) ? MT_ENOMEM : 0;
-    rc |= mt__d_buf_append(&o, "{\"procs\":[", 10);
+    if (!b || !valid)
+        mt__d_buf_fail(&o, MT_ENOMEM);
+    mt__d_buf_append(&o, "{\"procs\":[", 10);
     bool any = false;
-    for (const mt_d_proc_t *p = c->d->procs; p && !rc; p = p->next) {
+    for (const mt_d_proc_t *p = c->d->procs; p && !o.err; p = p->next) {
         mt_d_web_proc_t *t = mt__d_web_find(c->d, p);
         if (!t)
             continue;
@@ -394,16 +397,16 @@ static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
         if (from < first)
             from = first;
         hist_query(t, from, now, nb, b, valid);
-        rc |= mt__d_buf_printf(&o, "%s{\"pid\":%d,\"exited\":%s,\"v\":", any ? "," : "", p->pid,
-                               p->exited ? "true" : "false");
-        rc |= put_series(&o, b, valid, nb, S_AMAX, -1);
-        rc |= mt__d_buf_append(&o, "}", 1);
+        mt__d_buf_printf(&o, "%s{\"pid\":%d,\"exited\":%s,\"v\":", any ? "," : "", p->pid,
+                         p->exited ? "true" : "false");
+        put_series(&o, b, valid, nb, S_AMAX, -1);
+        mt__d_buf_append(&o, "}", 1);
         any = true;
     }
-    rc |= mt__d_buf_append(&o, "]}\n", 3);
+    mt__d_buf_append(&o, "]}\n", 3);
     free(b);
     free(valid);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_web_send(c, &o, head);
 }
 
 /* ---- allocator state at an event ---- */
@@ -520,55 +523,55 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
     mt_model_map_t map;
     if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0 ||
         mt_model_map(m, MT_MODEL_DEVICE, &map) != 0)
-        return MT_ENOMEM;
-    int rc = mt__d_buf_printf(o,
-                              ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64
-                              ",\"total_free\":%" PRIu64 ",\"largest_free\":%" PRIu64
-                              ",\"fragmentation\":%.4f,\"nblocks\":%" PRIu64 ",\"tag_names\":{",
-                              f.allocated, f.reserved, f.total_free, f.largest_free,
-                              f.fragmentation, f.blocks);
+        return mt__d_buf_fail(o, MT_ENOMEM);
+    mt__d_buf_printf(o,
+                     ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"total_free\":%" PRIu64
+                     ",\"largest_free\":%" PRIu64 ",\"fragmentation\":%.4f,\"nblocks\":%" PRIu64
+                     ",\"tag_names\":{",
+                     f.allocated, f.reserved, f.total_free, f.largest_free, f.fragmentation,
+                     f.blocks);
     bool any = false;
-    for (int tag = 0; tag < MT_TAG_MAX && !rc; tag++) {
+    for (int tag = 0; tag < MT_TAG_MAX && !o->err; tag++) {
         mt_model_tag_t tg;
         mt_model_tag(m, MT_MODEL_DEVICE, tag, &tg);
         if (!tg.blocks && !tg.peak && !tg.uncertain_blocks)
             continue;
         char nbuf[32];
-        rc |= mt__d_buf_printf(o, "%s\"%d\":", any ? "," : "", tag);
-        rc |= mt__d_web_json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
+        mt__d_buf_printf(o, "%s\"%d\":", any ? "," : "", tag);
+        mt__d_web_json_str(o, mt__d_tag_name(p, tag, nbuf, sizeof nbuf));
         any = true;
     }
-    rc |= mt__d_buf_append(o, "}", 1);
+    mt__d_buf_append(o, "}", 1);
     const mt_ts_timeline_t *tl = p->sites;
     if (tl) { /* a snapshot: its blocks by site (the site's index after each block) */
-        rc |= mt__d_buf_append(o, ",\"sites\":[", 10);
-        for (size_t i = 0; i < tl->nsites && !rc; i++) {
-            rc |= mt__d_buf_append(o, i ? "," : "", i ? 1 : 0);
-            rc |= mt__d_web_json_str(o, tl->names[i]);
+        mt__d_buf_append(o, ",\"sites\":[", 10);
+        for (size_t i = 0; i < tl->nsites && !o->err; i++) {
+            mt__d_buf_append(o, i ? "," : "", i ? 1 : 0);
+            mt__d_web_json_str(o, tl->names[i]);
         }
-        rc |= mt__d_buf_append(o, "]", 1);
+        mt__d_buf_append(o, "]", 1);
     }
-    rc |= mt__d_buf_append(o, ",\"ranges\":[", 11);
-    for (size_t i = 0; i < map.nsegs && i < MAX_RANGES && !rc; i++) {
+    mt__d_buf_append(o, ",\"ranges\":[", 11);
+    for (size_t i = 0; i < map.nsegs && i < MAX_RANGES && !o->err; i++) {
         const mt_model_seg_t *r = &map.segs[i];
-        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u,%u]", i ? "," : "",
-                               r->addr, r->size, r->mapped, r->pool, r->stream);
+        mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u,%u]", i ? "," : "", r->addr,
+                         r->size, r->mapped, r->pool, r->stream);
     }
-    rc |= mt__d_buf_append(o, "],\"blocks\":[", 12);
+    mt__d_buf_append(o, "],\"blocks\":[", 12);
     size_t n = map.nblocks < MAX_BLOCKS ? map.nblocks : MAX_BLOCKS;
-    for (size_t i = 0; i < n && !rc; i++) {
+    for (size_t i = 0; i < n && !o->err; i++) {
         const mt_model_block_t *b = &map.blocks[i];
-        rc |= mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u", i ? "," : "", b->addr,
-                               b->size, b->tag, b->pending);
+        mt__d_buf_printf(o, "%s[\"0x%" PRIx64 "\",%" PRIu64 ",%u,%u", i ? "," : "", b->addr,
+                         b->size, b->tag, b->pending);
         if (tl) {
             uint32_t s = b->stack < tl->nstacks ? tl->site_of[b->stack] : MT_TS_TIMELINE_NONE;
-            rc |= mt__d_buf_printf(o, ",%d", s == MT_TS_TIMELINE_NONE ? -1 : (int)s);
+            mt__d_buf_printf(o, ",%d", s == MT_TS_TIMELINE_NONE ? -1 : (int)s);
         }
-        rc |= mt__d_buf_append(o, "]", 1);
+        mt__d_buf_append(o, "]", 1);
     }
-    rc |= mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
+    mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
     mt_model_map_free(&map);
-    return rc;
+    return o->err;
 }
 
 /* Where the query asks for a past state: the window index (seq= or t=), else false. */
@@ -598,16 +601,18 @@ static void serve_map(mt_d_conn_t *c, const char *query, bool head)
     mt_model_t *m = NULL;
     mt_d_buf_t o = {0};
     int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
+    if (rc)
+        mt__d_buf_fail(&o, rc);
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
-                           past ? "false" : "true", at ? at->seq : 0,
-                           at ? mt__d_web_secs(t, at->time_ns) : 0.0);
-    rc |= put_window(&o, t);
-    if (!rc)
-        rc |= put_map(&o, past ? m : p->model, p);
-    rc |= mt__d_buf_append(&o, "}\n", 2);
+    mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"seq\":%" PRIu64 ",\"t\":%.6f,", p->pid,
+                     past ? "false" : "true", at ? at->seq : 0,
+                     at ? mt__d_web_secs(t, at->time_ns) : 0.0);
+    put_window(&o, t);
+    if (!o.err)
+        put_map(&o, past ? m : p->model, p);
+    mt__d_buf_append(&o, "}\n", 2);
     mt_model_destroy(&m);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_web_send(c, &o, head);
 }
 
 /* ---- call stacks ---- */
@@ -625,11 +630,11 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     char *txt = a ? json_dumps(json_array_get(a, 0), JSON_COMPACT) : NULL;
     json_decref(a);
     if (!txt)
-        return MT_ENOMEM;
+        return mt__d_buf_fail(o, MT_ENOMEM);
     /* {"stack":N,...}: its members go into the block's object. */
-    int rc = mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
+    mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
     free(txt);
-    return rc;
+    return o->err;
 }
 
 /* ,"call_stack":{"stack":N,"site":S,"frames":[...],"hidden":K} of a snapshot's stack: its
@@ -641,26 +646,26 @@ static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     size_t n = id < ts->nstacks ? ts->stacks[id].n : 0;
     mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
     if (!fr)
-        return MT_ENOMEM;
+        return mt__d_buf_fail(o, MT_ENOMEM);
     n = mt_ts_stack_frames(ts, id, fr, n);
     int user = mt_fr_pick(NULL, fr, n);
     char buf[512];
-    int rc = mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
-    rc |= mt__d_web_json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
-    rc |= mt__d_buf_append(o, ",\"frames\":[", 11);
+    mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
+    mt__d_web_json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
+    mt__d_buf_append(o, ",\"frames\":[", 11);
     size_t shown = 0;
-    for (size_t i = user >= 0 ? (size_t)user : n; i < n && !rc; i++) {
+    for (size_t i = user >= 0 ? (size_t)user : n; i < n && !o->err; i++) {
         if ((int)i != user && mt_fr_match(NULL, &fr[i]) != NULL)
             continue;
-        rc |= mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
-        rc |= mt__d_web_json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
-        rc |= mt__d_buf_append(o, ",\"file\":", 8);
-        rc |= mt__d_web_json_str(o, fr[i].file ? fr[i].file : "");
-        rc |= mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");
+        mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
+        mt__d_web_json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
+        mt__d_buf_append(o, ",\"file\":", 8);
+        mt__d_web_json_str(o, fr[i].file ? fr[i].file : "");
+        mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");
     }
-    rc |= mt__d_buf_printf(o, "],\"hidden\":%zu}", n - shown);
+    mt__d_buf_printf(o, "],\"hidden\":%zu}", n - shown);
     free(fr);
-    return rc;
+    return o->err;
 }
 
 static void serve_block(mt_d_conn_t *c, const char *query, bool head)
@@ -690,24 +695,24 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
             break; /* the block there now was allocated later, or before the window */
     }
     mt_d_buf_t o = {0};
-    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"addr\":\"0x%" PRIx64 "\"", p->pid, addr);
+    mt__d_buf_printf(&o, "{\"pid\":%d,\"addr\":\"0x%" PRIx64 "\"", p->pid, addr);
     if (al) {
         char nbuf[32];
-        rc |= mt__d_buf_printf(&o,
-                               ",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
-                               ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64
-                               ",\"allocated_t\":%.6f,\"age_s\":%.3f,\"tag\":",
-                               al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
-                               mt__d_web_secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
-        rc |= mt__d_web_json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
+        mt__d_buf_printf(&o,
+                         ",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
+                         ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64
+                         ",\"allocated_t\":%.6f,\"age_s\":%.3f,\"tag\":",
+                         al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
+                         mt__d_web_secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
+        mt__d_web_json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
         if (ref && ref->kind == MT_EV_STACK_REF && ref->addr == al->addr)
-            rc |= p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)
-                          : put_stack(&o, p, (uint32_t)ref->size);
+            p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)
+                    : put_stack(&o, p, (uint32_t)ref->size);
     } else {
-        rc |= mt__d_buf_append(&o, ",\"before_window\":true", 21);
+        mt__d_buf_append(&o, ",\"before_window\":true", 21);
     }
-    rc |= mt__d_buf_append(&o, "}\n", 2);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_buf_append(&o, "}\n", 2);
+    mt__d_web_send(c, &o, head);
 }
 
 /* ---- event tail ---- */
@@ -729,9 +734,9 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
     qget(query, "tag", tag, sizeof tag);
     qget(query, "pool", pool, sizeof pool);
     mt_d_buf_t o = {0};
-    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"matched_of\":%zu,\"events\":[", p->pid, t->wcount);
+    mt__d_buf_printf(&o, "{\"pid\":%d,\"matched_of\":%zu,\"events\":[", p->pid, t->wcount);
     size_t n = 0;
-    for (size_t i = t->wcount; i-- > 0 && n < (size_t)nd && !rc;) {
+    for (size_t i = t->wcount; i-- > 0 && n < (size_t)nd && !o.err;) {
         const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         char nbuf[32];
         const char *tn = mt__d_tag_name(p, e->tag, nbuf, sizeof nbuf);
@@ -739,20 +744,19 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
         if ((kind[0] && strcmp(kind, kn) != 0) || (tag[0] && strcmp(tag, tn) != 0) ||
             (pool[0] && strcmp(pool, pn) != 0))
             continue;
-        rc |= mt__d_buf_printf(&o,
-                               "%s{\"seq\":%" PRIu64
-                               ",\"t\":%.6f,\"kind\":\"%s\",\"addr\":\"0x%" PRIx64
-                               "\",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
-                               ",\"pool\":\"%s\",\"stream\":%u,\"allocated\":%" PRIu64
-                               ",\"reserved\":%" PRIu64 ",\"tag\":",
-                               n ? "," : "", e->seq, mt__d_web_secs(t, e->time_ns), kn, e->addr,
-                               e->size, e->requested, pn, e->stream, e->allocated, e->reserved);
-        rc |= mt__d_web_json_str(&o, tn);
-        rc |= mt__d_buf_append(&o, "}", 1);
+        mt__d_buf_printf(&o,
+                         "%s{\"seq\":%" PRIu64 ",\"t\":%.6f,\"kind\":\"%s\",\"addr\":\"0x%" PRIx64
+                         "\",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
+                         ",\"pool\":\"%s\",\"stream\":%u,\"allocated\":%" PRIu64
+                         ",\"reserved\":%" PRIu64 ",\"tag\":",
+                         n ? "," : "", e->seq, mt__d_web_secs(t, e->time_ns), kn, e->addr, e->size,
+                         e->requested, pn, e->stream, e->allocated, e->reserved);
+        mt__d_web_json_str(&o, tn);
+        mt__d_buf_append(&o, "}", 1);
         n++;
     }
-    rc |= mt__d_buf_append(&o, "]}\n", 3);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_buf_append(&o, "]}\n", 3);
+    mt__d_web_send(c, &o, head);
 }
 
 /* ---- routing ---- */

@@ -113,15 +113,15 @@ bool mt__d_web_route(struct mt_d_conn_s *c, const char *path, const char *query,
 /* ---- shared by web.c and web_analysis.c ---- */
 
 struct mt_d_buf_s;
-/* Sends b (freed) as the JSON answer, or 500 when rc says it is incomplete. */
-void mt__d_web_send(struct mt_d_conn_s *c, struct mt_d_buf_s *b, int rc, bool head);
+/* Sends b (freed) as the JSON answer, or a 500 when building it failed (b->err). */
+void mt__d_web_send(struct mt_d_conn_s *c, struct mt_d_buf_s *b, bool head);
 /* A plain-text error answer (400 or 404). */
 void mt__d_web_bad(struct mt_d_conn_s *c, int status, const char *msg);
 /* The newest registration of the query's pid= with its tracker; false (answered 400 or
  * 404) when there is none. */
 bool mt__d_web_find_proc(struct mt_d_conn_s *c, const char *query, const struct mt_d_proc_s **p,
                          mt_d_web_proc_t **t);
-/* Appends s as a JSON string. 0 or MT_ENOMEM. */
+/* Appends s as a JSON string. 0 or o's first error (sticky, daemon/internal.h). */
 int mt__d_web_json_str(struct mt_d_buf_s *o, const char *s);
 /* Monotonic ns of t's process as the page's epoch seconds. */
 double mt__d_web_secs(const mt_d_web_proc_t *t, uint64_t ns);

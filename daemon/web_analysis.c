@@ -34,25 +34,25 @@ void mt__d_web_serve_sites(mt_d_conn_t *c, const char *query, bool head)
         return;
     }
     mt_d_buf_t o = {0};
-    int rc = mt__d_buf_printf(&o, "{\"pid\":%d,\"by_time\":%s,\"sites\":[", p->pid,
-                              tl->by_time ? "true" : "false");
-    for (size_t s = 0; s < tl->nsites && !rc; s++) {
-        rc |= mt__d_buf_append(&o, s ? ",{\"name\":" : "{\"name\":", s ? 9 : 8);
-        rc |= mt__d_web_json_str(&o, tl->names[s]);
-        rc |= mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
+    mt__d_buf_printf(&o, "{\"pid\":%d,\"by_time\":%s,\"sites\":[", p->pid,
+                     tl->by_time ? "true" : "false");
+    for (size_t s = 0; s < tl->nsites && !o.err; s++) {
+        mt__d_buf_append(&o, s ? ",{\"name\":" : "{\"name\":", s ? 9 : 8);
+        mt__d_web_json_str(&o, tl->names[s]);
+        mt__d_buf_printf(&o, ",\"peak\":%" PRIu64 "}", tl->peak[s]);
     }
-    rc |= mt__d_buf_append(&o, "],\"t\":[", 7);
-    for (size_t b = 0; b < tl->nbuckets && !rc; b++)
-        rc |= mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
-    rc |= mt__d_buf_append(&o, "],\"bytes\":[", 11);
-    for (size_t s = 0; s < tl->nsites && !rc; s++) {
-        rc |= mt__d_buf_append(&o, s ? ",[" : "[", s ? 2 : 1);
-        for (size_t b = 0; b < tl->nbuckets && !rc; b++)
-            rc |= mt__d_buf_printf(&o, "%s%" PRIu64, b ? "," : "", tl->bytes[b * tl->nsites + s]);
-        rc |= mt__d_buf_append(&o, "]", 1);
+    mt__d_buf_append(&o, "],\"t\":[", 7);
+    for (size_t b = 0; b < tl->nbuckets && !o.err; b++)
+        mt__d_buf_printf(&o, "%s%.6f", b ? "," : "", tl->t[b]);
+    mt__d_buf_append(&o, "],\"bytes\":[", 11);
+    for (size_t s = 0; s < tl->nsites && !o.err; s++) {
+        mt__d_buf_append(&o, s ? ",[" : "[", s ? 2 : 1);
+        for (size_t b = 0; b < tl->nbuckets && !o.err; b++)
+            mt__d_buf_printf(&o, "%s%" PRIu64, b ? "," : "", tl->bytes[b * tl->nsites + s]);
+        mt__d_buf_append(&o, "]", 1);
     }
-    rc |= mt__d_buf_append(&o, "]}\n", 3);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_buf_append(&o, "]}\n", 3);
+    mt__d_web_send(c, &o, head);
 }
 
 /* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
@@ -89,16 +89,16 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
     char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
     mt_d_buf_t o = {0};
-    rc |= !txt;
-    if (!rc)
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
-                               past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0,
-                               txt);
+    if (rc || !txt)
+        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
+    else
+        mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
+                         past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, txt);
     free(txt);
     json_decref(j);
     mt_gap_free(&g);
     mt_model_destroy(&m);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_web_send(c, &o, head);
 }
 
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
@@ -135,16 +135,16 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
     char *txt = a ? json_dumps(a, JSON_COMPACT) : NULL;
     mt_d_buf_t o = {0};
-    rc |= !txt;
-    if (!rc)
-        rc |= mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
-                               past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0,
-                               txt);
+    if (rc || !txt)
+        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
+    else
+        mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
+                         past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, txt);
     free(txt);
     json_decref(a);
     free(rows);
     mt_model_destroy(&m);
-    mt__d_web_send(c, &o, rc, head);
+    mt__d_web_send(c, &o, head);
 }
 
 /* ---- scopes, temporary allocations, settings changed ---- */
@@ -231,20 +231,23 @@ void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     mt_d_buf_t b = {0};
-    int rc = txt ? mt__d_buf_printf(&b, "%s\n", txt) : MT_ENOMEM;
+    if (txt)
+        mt__d_buf_printf(&b, "%s\n", txt);
+    else
+        mt__d_buf_fail(&b, MT_ENOMEM);
     free(txt);
-    mt__d_web_send(c, &b, rc, head);
+    mt__d_web_send(c, &b, head);
 }
 
 /* ---- two runs compared ---- */
 
-/* /diff: analysis/diff.h's document for `memtrace view BEFORE AFTER` (made by the command
+/* /diff: analysis/diff.h's document for `memtrace view --compare BEFORE AFTER` (made by the command
  * as `memtrace diff --json` makes it); 404 when the view was given one input. */
 void mt__d_web_serve_diff(mt_d_conn_t *c, const char *query, bool head)
 {
     (void)query;
     if (!c->d->diff) {
-        mt__d_web_bad(c, 404, "no comparison: memtrace view BEFORE AFTER makes one\n");
+        mt__d_web_bad(c, 404, "no comparison: memtrace view --compare BEFORE AFTER makes one\n");
         return;
     }
     mt__d_http_respond(c, 200, "OK", "application/json", c->d->diff, strlen(c->d->diff), head);

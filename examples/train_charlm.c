@@ -220,6 +220,7 @@ static void model_init(model_t *md, mt_alloc_t *a, mt_host_cache_t *host, const 
     md->H = o->hidden;
     md->L = o->layers;
     mt_rnn_cfg_t rc = mt_rnn_cfg_default();
+    (void)mt_rnn_cfg_from_env(&rc); /* MEMTRACE_RNN_GEMM */
     rc.mode = MT_RNN_LSTM;
     rc.input_size = EMBED;
     rc.hidden_size = o->hidden;
@@ -538,6 +539,9 @@ static void train(model_t *md, charlm_dp_t *dp, mt_prefetch_t *pf, charlm_loader
 
 int main(int argc, char **argv)
 {
+    /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
+     * calls instead of spinning on cores the cell math needs (docs/blas.md). */
+    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     charlm_opts_t o;
     if (parse(argc, argv, &o))
         return 2;

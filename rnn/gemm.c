@@ -128,10 +128,9 @@ static int load_blis(mt__rnn_gemm_t *g)
 
 static int load_dnnl(mt__rnn_gemm_t *g)
 {
-    /* Its OpenMP team would otherwise spin between calls, on cores the cell math and, on a
-     * shared machine, other processes need (docs/blas.md: measured). Read when libgomp
-     * starts; a program that set it keeps its choice. */
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
+    /* Its OpenMP team spins between calls unless the program set OMP_WAIT_POLICY=PASSIVE
+     * before libgomp starts (docs/blas.md: measured). That is the program's environment to
+     * set, not ours: see the gemm field in rnn.h. */
     g->lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!g->lib)
         return -1;

@@ -37,6 +37,10 @@ typedef struct mt__rnn_shape_s {
     const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
     int threads; /* cpu path: mt_rnn_set_gemm_threads's count (0 = not set: one thread) */
     bool xsmm;   /* cpu path: per-step products on libxsmm over packed panels (xsmm.c) */
+    /* cpu path: the module's worker thread (par.c), owned by the module: made when
+     * mt_rnn_set_gemm_threads asks for two or more, joined by mt_rnn_destroy; NULL = the
+     * second half of a job on a thread of its own */
+    struct mt__rnn_par_s *par;
 } mt__rnn_shape_t;
 
 /* ---- the GEMM seam (gemm.c) ---- */
@@ -58,8 +62,14 @@ int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n);
 
 /* ---- two threads (par.c) ---- */
 
-/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on the process's worker
- * thread (or a thread of its own when the worker serves another caller), both with the
+/* A worker thread, started here and joined by mt__rnn_par_destroy. *out is new. */
+typedef struct mt__rnn_par_s mt__rnn_par_t;
+int mt__rnn_par_create(mt__rnn_par_t **out);
+/* Stops and joins the worker (in a forked child, where it does not run, only frees it).
+ * Sets *p = NULL. */
+void mt__rnn_par_destroy(mt__rnn_par_t **p);
+/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on s->par's worker
+ * thread (or a thread of its own when there is none or it serves another caller), both with the
  * library at one thread, when s->threads >= 2, 0 < split < nb and mt__rnn_gemm_halves(s->gemm)
  * (back to s->threads after both halves); else fn(arg, 0, nb) on the caller. The step loops
  * run the batch's rows in two halves this way: each sequence's recurrence is independent of

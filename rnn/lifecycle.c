@@ -103,24 +103,30 @@ static int default_gemm(int threads, const mt__rnn_gemm_t **out)
     return mt__rnn_gemm_get("cblas", out);
 }
 
-/* cfg->gemm, else $MEMTRACE_RNN_GEMM, else the default (*is_default). */
+/* cfg->gemm, else the default (*is_default). */
 static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out, bool *is_default)
 {
-    const char *want = cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
-    const char *env = getenv("MEMTRACE_RNN_GEMM");
-    if (!want && env && *env && strcmp(env, "auto") != 0)
-        want = env;
+    const char *want = cfg->gemm && *cfg->gemm && strcmp(cfg->gemm, "auto") != 0 ? cfg->gemm : NULL;
     *is_default = !want;
     if (!want)
         return default_gemm(1, out);
     int rc = mt__rnn_gemm_get(want, out);
     if (rc)
         mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
-                 "rnn: GEMM library \"%s\"%s %s: expected cblas, blis or dnnl, loadable here "
+                 "rnn: GEMM library \"%s\" %s: expected cblas, blis or dnnl, loadable here "
                  "(libblis.so.4, libdnnl.so.2)",
-                 want, want == env ? " (MEMTRACE_RNN_GEMM)" : "",
-                 rc == MT_EINVAL ? "is unknown" : "cannot be loaded");
+                 want, rc == MT_EINVAL ? "is unknown" : "cannot be loaded");
     return rc;
+}
+
+int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg)
+{
+    if (!cfg)
+        return MT_EINVAL;
+    const char *env = getenv("MEMTRACE_RNN_GEMM");
+    if (env && *env)
+        cfg->gemm = env;
+    return 0;
 }
 
 /* ---- lifecycle ---- */
@@ -253,6 +259,7 @@ void mt_rnn_destroy(mt_rnn_t **p)
     if (m->path->fini)
         m->path->fini(m);
     mt__rnn_offload_fini(m);
+    mt__rnn_par_destroy(&m->shape.par);
     mt__rnn_dfree(m, m->step_ws);
     mt__rnn_dfree(m, m->dw);
     mt__rnn_dfree(m, m->w);
@@ -303,6 +310,11 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
     const mt__rnn_gemm_t *g = m->shape.gemm;
     if (m->gemm_auto) {
         int rc = default_gemm(threads, &g);
+        if (rc)
+            return rc;
+    }
+    if (threads >= 2 && !m->shape.par) {
+        int rc = mt__rnn_par_create(&m->shape.par);
         if (rc)
             return rc;
     }

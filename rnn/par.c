@@ -1,22 +1,25 @@
 /* The cpu path's second thread. mt__rnn_rows_par runs one half of a job on the caller and
- * the other on a worker thread that lives as long as the process; mt__rnn_tiles_par lets both
- * take fixed tiles of a job in turn; mt__rnn_sgemm_par splits a large product into two
- * halves.
+ * the other on the module's worker thread; mt__rnn_tiles_par lets both take fixed tiles of a
+ * job in turn; mt__rnn_sgemm_par splits a large product into two halves.
  *
- * Sessions 4-7 created a thread per job. On the 2-vCPU KVM machine it started about 100 us
- * after pthread_create, because the idle vCPU had to be woken, and the caller waited for it
- * at every join, a pass having about 20 jobs. The worker now spins for a while after each
- * job, so that the pass's next job starts at once, then sleeps on a condition variable
- * (docs/blas.md, session 8).
+ * The worker belongs to the module (mt__rnn_par_create when mt_rnn_set_gemm_threads asks
+ * for two or more threads, joined by mt__rnn_par_destroy from mt_rnn_destroy): the library
+ * starts no thread of its own accord and leaves none behind. A thread per job started late
+ * on an idle vCPU and the caller waited for it at every join (docs/blas.md), so the worker
+ * spins for a while after each job, so that the pass's next job starts at once, then sleeps
+ * on a condition variable.
  *
  * The worker serves one caller at a time (`own`). A second caller, a job posted from inside
- * a job, or a forked child gets a thread of its own, as before. */
+ * a job, a shape without a worker, or a forked child (the worker is not in it: the pid
+ * differs) gets a thread of its own for the second half. */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rnn/internal.h"
 #include "util/assert.h"
@@ -36,21 +39,19 @@ typedef struct job_s {
 /* Invariants: done <= posted <= done + 1 (sequence numbers, modulo 2^32); the worker reads
  * job only while posted != done, and the caller, holding own, writes it only while
  * posted == done. sleeping is true only while the worker waits on cv (holding mu when it
- * changes). */
-static struct {
-    pthread_mutex_t init; /* with started and ok */
-    bool started, ok;
+ * changes). quit is set, under own, only by mt__rnn_par_destroy, with one more post. */
+struct mt__rnn_par_s {
     pthread_mutex_t own; /* held by the caller whose job the worker runs */
     pthread_mutex_t mu;  /* with cv: the worker's sleep */
     pthread_cond_t cv;
     atomic_uint posted, done;
     atomic_bool sleeping;
+    atomic_bool quit;
     job_t job;
-    uint64_t took; /* ns of the worker's last half, written before done */
-} w = {.init = PTHREAD_MUTEX_INITIALIZER,
-       .own = PTHREAD_MUTEX_INITIALIZER,
-       .mu = PTHREAD_MUTEX_INITIALIZER,
-       .cv = PTHREAD_COND_INITIALIZER};
+    uint64_t took;    /* ns of the worker's last half, written before done */
+    pthread_t thread; /* the worker, joined by mt__rnn_par_destroy */
+    pid_t pid;        /* the process the worker runs in */
+};
 
 static uint64_t now_ns(void)
 {
@@ -84,64 +85,112 @@ static void run_job(const job_t *j)
     j->fn(j->arg, j->b0, j->b1);
 }
 
-static void *worker_main(void *unused)
+static void *worker_main(void *arg)
 {
-    (void)unused;
+    mt__rnn_par_t *w = arg;
     unsigned seen = 0;
     for (;;) {
-        if (!spin_while(&w.posted, seen, WORKER_SPIN_NS)) {
-            pthread_mutex_lock(&w.mu);
+        if (!spin_while(&w->posted, seen, WORKER_SPIN_NS)) {
+            pthread_mutex_lock(&w->mu);
             /* sleeping, then posted; the caller stores posted, then reads sleeping (both
              * sequentially consistent): one of the two sees the other's store. */
-            atomic_store(&w.sleeping, true);
-            while (atomic_load(&w.posted) == seen)
-                pthread_cond_wait(&w.cv, &w.mu);
-            atomic_store(&w.sleeping, false);
-            pthread_mutex_unlock(&w.mu);
+            atomic_store(&w->sleeping, true);
+            while (atomic_load(&w->posted) == seen)
+                pthread_cond_wait(&w->cv, &w->mu);
+            atomic_store(&w->sleeping, false);
+            pthread_mutex_unlock(&w->mu);
         }
-        seen = atomic_load_explicit(&w.posted, memory_order_acquire);
-        mt_assert(seen == atomic_load(&w.done) + 1);
-        job_t j = w.job;
+        seen = atomic_load_explicit(&w->posted, memory_order_acquire);
+        mt_assert(seen == atomic_load(&w->done) + 1);
+        if (atomic_load(&w->quit))
+            break;
+        job_t j = w->job;
         uint64_t t0 = now_ns();
         run_job(&j);
-        w.took = now_ns() - t0;
-        atomic_store_explicit(&w.done, seen, memory_order_release);
+        w->took = now_ns() - t0;
+        atomic_store_explicit(&w->done, seen, memory_order_release);
     }
     return NULL;
 }
 
-/* A forked child has no worker: its jobs get threads of their own. */
-static void forked(void)
+/* Wakes the worker for the post just made. */
+static void wake(mt__rnn_par_t *w)
 {
-    w.ok = false;
+    if (atomic_load(&w->sleeping)) {
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
 }
 
-/* Starts the worker once; false if it could not (or this is a forked child). */
-static bool worker_up(void)
+int mt__rnn_par_create(mt__rnn_par_t **out)
 {
-    pthread_mutex_lock(&w.init);
-    if (!w.started) {
-        w.started = true;
-        pthread_attr_t at;
-        if (pthread_atfork(NULL, NULL, forked) == 0 && pthread_attr_init(&at) == 0) {
-            pthread_t t;
-            (void)pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-            w.ok = pthread_create(&t, &at, worker_main, NULL) == 0;
-            pthread_attr_destroy(&at);
-        }
+    mt__rnn_par_t *w = calloc(1, sizeof *w);
+    if (!w)
+        return MT_ENOMEM;
+    int rc = MT_EAGAIN;
+    if (pthread_mutex_init(&w->own, NULL) != 0)
+        goto fail_own;
+    if (pthread_mutex_init(&w->mu, NULL) != 0)
+        goto fail_mu;
+    if (pthread_cond_init(&w->cv, NULL) != 0)
+        goto fail_cv;
+    w->pid = getpid();
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
+        goto fail_thread;
+    *out = w;
+    return 0;
+
+fail_thread:
+    pthread_cond_destroy(&w->cv);
+fail_cv:
+    pthread_mutex_destroy(&w->mu);
+fail_mu:
+    pthread_mutex_destroy(&w->own);
+fail_own:
+    free(w);
+    return rc;
+}
+
+void mt__rnn_par_destroy(mt__rnn_par_t **p)
+{
+    if (!p || !*p)
+        return;
+    mt__rnn_par_t *w = *p;
+    *p = NULL;
+    /* In a forked child the worker does not exist (and own may have been held by a thread
+     * that is not there either): only the memory is ours to free. */
+    if (w->pid == getpid()) {
+        pthread_mutex_lock(&w->own);
+        atomic_store(&w->quit, true);
+        atomic_store(&w->posted, atomic_load(&w->posted) + 1);
+        wake(w);
+        pthread_join(w->thread, NULL);
+        pthread_mutex_unlock(&w->own);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        pthread_mutex_destroy(&w->own);
     }
-    bool ok = w.ok;
-    pthread_mutex_unlock(&w.init);
-    return ok;
+    free(w);
+}
+
+/* The worker of s for this caller (own taken), or NULL: none, another caller's, or not in
+ * this process. */
+static mt__rnn_par_t *take_worker(const mt__rnn_shape_t *s)
+{
+    mt__rnn_par_t *w = s->par;
+    if (!w || w->pid != getpid() || pthread_mutex_trylock(&w->own) != 0)
+        return NULL;
+    return w;
 }
 
 /* The caller's wait for the worker's half: spin, then yield its core (the worker may share
  * it with other work). */
-static void wait_done(unsigned seq)
+static void wait_done(mt__rnn_par_t *w, unsigned seq)
 {
-    if (spin_while(&w.done, seq - 1, CALLER_SPIN_NS))
+    if (spin_while(&w->done, seq - 1, CALLER_SPIN_NS))
         return;
-    while (atomic_load_explicit(&w.done, memory_order_acquire) != seq)
+    while (atomic_load_explicit(&w->done, memory_order_acquire) != seq)
         sched_yield();
 }
 
@@ -209,25 +258,22 @@ static void rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(voi
      * process-wide, so it goes back up only once both halves are done. */
     (void)mt__rnn_gemm_set_threads(g, 1);
     job_t j = {g, fn, arg, split, nb};
-    if (!worker_up() || pthread_mutex_trylock(&w.own) != 0) {
+    mt__rnn_par_t *w = take_worker(s);
+    if (!w) {
         run_spawned(&j, split);
     } else {
-        mt_assert(atomic_load(&w.posted) == atomic_load(&w.done));
-        w.job = j;
-        unsigned seq = atomic_load(&w.posted) + 1;
-        atomic_store(&w.posted, seq);
-        if (atomic_load(&w.sleeping)) {
-            pthread_mutex_lock(&w.mu);
-            pthread_cond_signal(&w.cv);
-            pthread_mutex_unlock(&w.mu);
-        }
+        mt_assert(atomic_load(&w->posted) == atomic_load(&w->done));
+        w->job = j;
+        unsigned seq = atomic_load(&w->posted) + 1;
+        atomic_store(&w->posted, seq);
+        wake(w);
         uint64_t t0 = now_ns();
         fn(arg, 0, split);
         uint64_t tc = now_ns() - t0;
-        wait_done(seq);
+        wait_done(w, seq);
         if (work)
-            mt__rnn_par_learn(work[0], work[1], tc, w.took);
-        pthread_mutex_unlock(&w.own);
+            mt__rnn_par_learn(work[0], work[1], tc, w->took);
+        pthread_mutex_unlock(&w->own);
     }
     (void)mt__rnn_gemm_set_threads(g, s->threads);
 }

@@ -100,7 +100,8 @@ MT_API int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errl
  * CUDA device answers and logs one MT_LOG_INFO line naming the backend in use.
  * Returns MT_ENODEV if MT_BACKEND_CUDA is asked for and no device answers. On sim, all
  * sim_devices devices are created and *out is device cfg->device (MT_EINVAL, logged, if
- * out of range); the others are reached with mt_backend_get_device. */
+ * out of range); the others are reached with mt_backend_get_device. Reads no environment
+ * of its own: cfg says what is made (a field left 0 takes mt_backend_cfg_default's value). */
 MT_API int mt_backend_create(mt_backend_t **out, const mt_backend_cfg_t *cfg);
 /* Synchronises every stream, then releases everything. Sets *p = NULL. */
 MT_API void mt_backend_destroy(mt_backend_t **p);

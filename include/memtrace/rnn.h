@@ -94,10 +94,13 @@ typedef struct mt_rnn_cfg_s {
     float dropout;
     uint64_t dropout_seed; /* the masks' seed (the cuDNN path seeds cuDNN's states with it) */
     /* cpu path: the GEMM library, "cblas" (the linked one), "blis" or "dnnl" (oneDNN),
-     * loaded at run time; NULL or "auto" = $MEMTRACE_RNN_GEMM if set, else the default
+     * loaded at run time; NULL or "auto" = the default
      * chosen by measurement for the thread count (docs/blas.md: dnnl at one thread; at two
      * or more, cblas where it is OpenBLAS, else blis; each else the next, else cblas).
-     * MT_ENOTSUP (logged) if a library asked for by name cannot be loaded. */
+     * MT_ENOTSUP (logged) if a library asked for by name cannot be loaded. oneDNN runs on
+     * libgomp, whose team spins between calls unless the program's environment has
+     * OMP_WAIT_POLICY=PASSIVE before the first call (docs/blas.md): the library never sets
+     * it. */
     const char *gemm;
 } mt_rnn_cfg_t;
 
@@ -200,6 +203,10 @@ typedef struct mt_rnn_act_s {
 /* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks
  * of 64 steps, no offload, no dropout (dropout_seed 0). */
 MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
+/* Applies $MEMTRACE_RNN_GEMM (a gemm name, or "auto") to cfg->gemm if set and not empty:
+ * the value is borrowed from the environment. mt_rnn_create reads no environment variable
+ * of a module's settings; programs that honour this one call this at their edge. */
+MT_API int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg);
 
 /* Creates a module and its flat weight and gradient buffers (gradients zeroed), weights
  * initialised from cfg->seed. *out is new. MT_ENOTSUP if the allocator's backend has no
@@ -242,12 +249,13 @@ MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
  * an AVX2 CPU, MEMTRACE_RNN_XSMM not "0"). Static strings. */
 MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
-/* Threads of the module's GEMM library (process-wide for that library); at two or more, a
- * pass runs on two threads: the step loops split where the threads' speeds say, the input
- * projection and gradient in tiles either takes, the rest in two halves. A module on the
- * default library takes the default for the new count. At two, the forward's workspace holds
- * W^T in libxsmm's panels too: call mt_rnn_warmup after this. MT_ENOTSUP where the library
- * has no setter (or on the cuDNN path). */
+/* Threads of the module's GEMM library (process-wide for that library: this call is the
+ * program's choice to change it); at two or more, the module starts a worker thread of its
+ * own (joined by mt_rnn_destroy) and a pass runs on two threads: the step loops split where the
+ * threads' speeds say, the input projection and gradient in tiles either takes, the rest in two
+ * halves. A module on the default library takes the default for the new count. At two, the
+ * forward's workspace holds W^T in libxsmm's panels too: call mt_rnn_warmup after this. MT_ENOTSUP
+ * where the library has no setter (or on the cuDNN path). */
 MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
 
 /* ---- parameters ---- */

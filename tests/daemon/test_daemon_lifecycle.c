@@ -173,14 +173,44 @@ static void test_cfg_validation(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* The daemon leaves the process's SIGPIPE disposition alone, and with the default one (a
+ * SIGPIPE kills) consumers that hang up before their answer is written cost it nothing:
+ * each write fails with EPIPE in the loop's thread, where SIGPIPE is blocked and drained. */
+static void test_sigpipe_left_alone(void **state)
+{
+    struct sigaction dfl = {.sa_handler = SIG_DFL}, before, after;
+    sigemptyset(&dfl.sa_mask);
+    assert_int_equal(sigaction(SIGPIPE, &dfl, &before), 0);
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    assert_int_equal(sigaction(SIGPIPE, NULL, &after), 0);
+    assert_ptr_equal(after.sa_handler, SIG_DFL);
+    static const char req[] = "{\"type\":\"state\"}\n";
+    for (int i = 0; i < 50; i++) {
+        int fd;
+        assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+        assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+        close(fd); /* before the answer: the daemon's write meets a closed peer */
+    }
+    json_t *st = th_state(t.sock); /* still alive and answering */
+    assert_non_null(json_object_get(st, "processes"));
+    json_decref(st);
+    th_daemon_stop(&t);
+    assert_int_equal(sigaction(SIGPIPE, NULL, &after), 0);
+    assert_ptr_equal(after.sa_handler, SIG_DFL);
+    sigset_t pending;
+    assert_int_equal(sigpending(&pending), 0);
+    assert_int_equal(sigismember(&pending, SIGPIPE), 0);
+    assert_int_equal(sigaction(SIGPIPE, &before, NULL), 0);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sigterm_clean_shutdown),
-        cmocka_unit_test(test_stale_and_busy_socket),
-        cmocka_unit_test(test_eviction_and_log),
-        cmocka_unit_test(test_cfg_validation),
+        cmocka_unit_test(test_sigterm_clean_shutdown), cmocka_unit_test(test_stale_and_busy_socket),
+        cmocka_unit_test(test_eviction_and_log),       cmocka_unit_test(test_cfg_validation),
+        cmocka_unit_test(test_sigpipe_left_alone),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

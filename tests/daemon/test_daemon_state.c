@@ -7,7 +7,10 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "analysis/model_gen.h"
 #include "daemon/internal.h"
@@ -422,6 +425,49 @@ static void test_forged_sizes_bounded(void **state)
     mt__d_proc_destroy(&p);
 }
 
+/* A writer of many pieces reports the first failure as it was: a buffer that cannot grow
+ * (its length at the top of size_t) makes every append fail with MT_EOVERFLOW, and the
+ * metrics text says so, not another code. A failure sticks: an append that would fit after
+ * it does nothing and returns the same code, until the buffer is cleared. */
+static void test_buffer_first_error(void **state)
+{
+    (void)state;
+    mt_d_buf_t b = {0};
+    assert_int_equal(mt__d_buf_append(&b, "ab", 2), 0);
+    size_t len = b.len;
+    b.len = SIZE_MAX - 1;
+    assert_int_equal(mt__d_buf_printf(&b, "%d", 12), MT_EOVERFLOW);
+    b.len = len;
+    assert_int_equal(mt__d_buf_append(&b, "c", 1), MT_EOVERFLOW);
+    assert_int_equal(mt__d_buf_fail(&b, MT_ENOMEM), MT_EOVERFLOW);
+    assert_int_equal(b.len, 2);
+    mt__d_buf_clear(&b);
+    assert_int_equal(mt__d_buf_append(&b, "c", 1), 0);
+    assert_string_equal(b.p, "c");
+    mt__d_buf_free(&b);
+
+    char dir[] = "/tmp/mt-dstate-XXXXXX", sock[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    mt_d_cfg_t cfg = mt_d_cfg_default();
+    cfg.socket_path = sock;
+    cfg.http_port = -1;
+    cfg.loop = &loop;
+    mt_d_t *d = NULL;
+    assert_int_equal(mt_d_create(&d, &cfg), 0);
+    mt_d_buf_t o = {.len = SIZE_MAX / 2 + 1};
+    assert_int_equal(mt__d_metrics_text(d, &o), MT_EOVERFLOW);
+    o = (mt_d_buf_t){0};
+    assert_int_equal(mt__d_metrics_text(d, &o), 0);
+    assert_non_null(strstr(o.p, "memtrace_processes"));
+    mt__d_buf_free(&o);
+    mt_d_destroy(&d);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -432,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_tag_labels),
         cmocka_unit_test(test_gap_then_clean_exit),
         cmocka_unit_test(test_forged_sizes_bounded),
+        cmocka_unit_test(test_buffer_first_error),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

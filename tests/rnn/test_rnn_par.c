@@ -1,8 +1,8 @@
 /* mt__rnn_rows_par: the two halves of a job run on two threads with oneDNN (its count is per
- * thread), BLIS and OpenBLAS (for the process), the second on the process's worker thread,
- * which stays the same from job to job; mt__rnn_sgemm_par's halves make the product;
- * mt__rnn_tiles_par's tiles each run once, more of them on the faster thread, and libxsmm's
- * products in tiles are the same bits as in one call. */
+ * thread), BLIS and OpenBLAS (for the process), the second on the shape's worker thread
+ * (a module's, here the test's), which stays the same from job to job; mt__rnn_sgemm_par's halves
+ * make the product; mt__rnn_tiles_par's tiles each run once, more of them on the faster thread, and
+ * libxsmm's products in tiles are the same bits as in one call. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,10 +42,27 @@ static void record(void *arg, int b0, int b1)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* The worker of every shape here, as a module at two threads has its own. */
+static mt__rnn_par_t *par;
+
+static int make_par(void **state)
+{
+    (void)state;
+    return mt__rnn_par_create(&par);
+}
+
+static int free_par(void **state)
+{
+    (void)state;
+    mt__rnn_par_destroy(&par);
+    return par != NULL;
+}
+
 /* A small shape whose jobs run on library g at two threads. */
 static mt__rnn_shape_t shape_on(const mt__rnn_gemm_t *g)
 {
-    return (mt__rnn_shape_t){.mode = MT_RNN_LSTM,
+    return (mt__rnn_shape_t){.par = par,
+                             .mode = MT_RNN_LSTM,
                              .gates = 4,
                              .input = 3,
                              .hidden = 4,
@@ -457,5 +474,5 @@ int main(void)
         cmocka_unit_test(share_follows_speeds), cmocka_unit_test(share_learning),
         cmocka_unit_test(split_nearest_share),  cmocka_unit_test(sgemm_half_matches_par),
     };
-    return MT_TEST_RUN(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, make_par, free_par);
 }

@@ -423,7 +423,7 @@ static int attacker_reads(const char *sock, int port, int victim)
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
         return 1; /* it must get as far as the daemon's own check */
     static const char req[] = "{\"type\":\"state\"}\n";
-    if (write(fd, req, sizeof req - 1) != (ssize_t)sizeof req - 1 && errno != EPIPE)
+    if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)sizeof req - 1 && errno != EPIPE)
         return 2;
     ssize_t got = read_to_eof(fd, buf, sizeof buf);
     close(fd);
@@ -438,7 +438,7 @@ static int attacker_reads(const char *sock, int port, int victim)
     if (connect(fd, (struct sockaddr *)&in, sizeof in) != 0)
         return 4;
     static const char get[] = "GET /state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, get, sizeof get - 1) != (ssize_t)sizeof get - 1)
+    if (send(fd, get, sizeof get - 1, MSG_NOSIGNAL) != (ssize_t)sizeof get - 1)
         return 5;
     got = read_to_eof(fd, buf, sizeof buf);
     close(fd);

@@ -283,6 +283,25 @@ static void test_env_parsing(void **state)
     unsetenv("MEMTRACE_SIM_PEER_COST_NS");
 }
 
+/* A configuration is what mt_backend_create follows: a malformed MEMTRACE_BACKEND in the
+ * environment is mt_backend_cfg_from_env's to report, not a reason to refuse a cfg that
+ * names its kind. */
+static void test_cfg_over_env(void **state)
+{
+    (void)state;
+    setenv("MEMTRACE_BACKEND", "bogus", 1);
+    mt_backend_cfg_t cfg = mt_backend_cfg_default();
+    cfg.kind = MT_BACKEND_SIM;
+    cfg.sim_capacity = 4 * MIB;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    mt_backend_destroy(&b);
+    char err[128];
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_BACKEND"));
+    unsetenv("MEMTRACE_BACKEND");
+}
+
 typedef struct {
     unsigned n, not_dev1;
 } dev_count_t;
@@ -333,6 +352,7 @@ int main(void)
         cmocka_unit_test(test_cross_device_event_wait),
         cmocka_unit_test(test_bad_ordinals),
         cmocka_unit_test(test_env_parsing),
+        cmocka_unit_test(test_cfg_over_env),
         cmocka_unit_test(test_allocator_on_device_1),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
