@@ -285,6 +285,12 @@ static const mt_backend_ops_t sim_ops = {
     .get_device = sim_get_device,
     .memcpy_peer_async = mt__sim_memcpy_peer_async,
     .fork = sim_fork,
+    .managed_malloc = mt__sim_managed_malloc,
+    .managed_free = mt__sim_managed_free,
+    .managed_prefetch = mt__sim_managed_prefetch,
+    .managed_advise = mt__sim_managed_advise,
+    .managed_stats = mt__sim_managed_stats,
+    .is_managed = mt__sim_is_managed,
 };
 
 /* ---- test hooks (backend_sim.h) ---- */
