@@ -367,4 +367,10 @@ static const mt_backend_ops_t cuda_ops = {
     .enable_peer_access = cuda_enable_peer_access,
     .event_create_timed = mt__cuda_event_create_timed,
     .host_malloc_flags = mt__cuda_host_malloc_flags,
+    .managed_malloc = mt__cuda_managed_malloc,
+    .managed_free = mt__cuda_managed_free,
+    .managed_prefetch = mt__cuda_managed_prefetch,
+    .managed_advise = mt__cuda_managed_advise,
+    .managed_stats = mt__cuda_managed_stats,
+    .is_managed = mt__cuda_is_managed,
 };

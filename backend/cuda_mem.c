@@ -53,7 +53,7 @@ int mt__cuda_free(mt_backend_t *b, void *ptr)
     cuda_t *c = C(b);
     pthread_mutex_lock(&c->mu);
     size_t i = 0;
-    while (i < c->nsegs && c->segs[i].ptr != (CUdeviceptr)(uintptr_t)ptr)
+    while (i < c->nsegs && (c->segs[i].ptr != (CUdeviceptr)(uintptr_t)ptr || c->segs[i].managed))
         i++;
     if (i == c->nsegs) {
         pthread_mutex_unlock(&c->mu);
