@@ -28,6 +28,8 @@ int mt_alloc_set_memory_fraction(mt_alloc_t *a, double fraction)
 
 static const char *fixed_key(const mt_alloc_cfg_t *o, const mt_alloc_cfg_t *n)
 {
+    if (o->managed_memory != n->managed_memory)
+        return "managed_memory";
     if (o->expandable_segments != n->expandable_segments)
         return "expandable_segments";
     if (o->one_pool != n->one_pool)
