@@ -12,9 +12,10 @@
 #include "backend/cuda_internal.h"
 #include "util/grow.h"
 
-_Static_assert(MT_ADVISE_SET_READ_MOSTLY == CU_MEM_ADVISE_SET_READ_MOSTLY &&
-                   MT_ADVISE_SET_PREFERRED_LOCATION == CU_MEM_ADVISE_SET_PREFERRED_LOCATION &&
-                   MT_ADVISE_UNSET_ACCESSED_BY == CU_MEM_ADVISE_UNSET_ACCESSED_BY,
+_Static_assert((int)MT_ADVISE_SET_READ_MOSTLY == (int)CU_MEM_ADVISE_SET_READ_MOSTLY &&
+                   (int)MT_ADVISE_SET_PREFERRED_LOCATION ==
+                       (int)CU_MEM_ADVISE_SET_PREFERRED_LOCATION &&
+                   (int)MT_ADVISE_UNSET_ACCESSED_BY == (int)CU_MEM_ADVISE_UNSET_ACCESSED_BY,
                "advice is passed to the driver as is");
 
 static cuda_t *C(const mt_backend_t *b)
@@ -154,6 +155,8 @@ int mt__cuda_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int advi
 int mt__cuda_managed_stats(mt_backend_t *b, mt_managed_stats_t *out)
 {
     cuda_t *c = C(b);
+    if (c->drv.MemAllocManaged == NULL)
+        return MT_ENOTSUP;
     pthread_mutex_lock(&c->mu);
     *out = c->mstats;
     pthread_mutex_unlock(&c->mu);

@@ -38,7 +38,7 @@ int mt__cuda_malloc(mt_backend_t *b, size_t size, void **out)
     pthread_mutex_lock(&c->mu);
     rc = grow((void **)&c->segs, &c->segs_cap, c->nsegs, sizeof *c->segs);
     if (rc == 0)
-        c->segs[c->nsegs++] = (cuda_seg_t){p, size};
+        c->segs[c->nsegs++] = (cuda_seg_t){p, size, false};
     pthread_mutex_unlock(&c->mu);
     if (rc != 0) {
         CALL(c, MemFree(p));

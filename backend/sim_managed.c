@@ -117,14 +117,15 @@ static void set_where(sim_t *s, sim_mpage_t *pg, uint8_t where)
 }
 
 /* The device page to push out: least recently used first, pages preferred on the device
- * only when no other is left; none used at or after `since` (the access being served). */
-static sim_mpage_t *victim(sim_t *s, uint64_t since)
+ * only when no other is left. A pass larger than the device evicts its own first pages, as
+ * the driver's thrashing does. */
+static sim_mpage_t *victim(sim_t *s)
 {
     sim_mpage_t *best = NULL;
     for (sim_managed_t *m = s->managed; m != NULL; m = m->next) {
         for (size_t i = 0; i < m->npages; i++) {
             sim_mpage_t *pg = &m->pages[i];
-            if (!(pg->where & ON_DEV) || pg->used >= since)
+            if (!(pg->where & ON_DEV))
                 continue;
             bool pref = pg->advice & ADV_PREF_DEV;
             bool best_pref = best != NULL && (best->advice & ADV_PREF_DEV);
@@ -138,11 +139,11 @@ static sim_mpage_t *victim(sim_t *s, uint64_t since)
 
 /* Pushes device pages out until `need` bytes are free on the device or none is left to
  * push; returns the modelled time spent. */
-static uint64_t evict(sim_t *s, size_t need, uint64_t since)
+static uint64_t evict(sim_t *s, size_t need)
 {
     uint64_t ns = 0;
     while (dev_room(s) < need) {
-        sim_mpage_t *pg = victim(s, since);
+        sim_mpage_t *pg = victim(s);
         if (pg == NULL)
             break;
         if (pg->where & ON_HOST) {
@@ -160,13 +161,13 @@ static uint64_t evict(sim_t *s, size_t need, uint64_t since)
 
 void mt__sim_managed_evict_locked(sim_t *s, size_t need)
 {
-    (void)evict(s, need, UINT64_MAX);
+    (void)evict(s, need);
 }
 
 /* Brings pg to the device (a copy if keep_host); false when the device has no room. */
-static bool to_device(sim_t *s, sim_mpage_t *pg, bool keep_host, uint64_t since, uint64_t *ns)
+static bool to_device(sim_t *s, sim_mpage_t *pg, bool keep_host, uint64_t *ns)
 {
-    *ns += evict(s, SIM_MANAGED_PAGE, since);
+    *ns += evict(s, SIM_MANAGED_PAGE);
     if (dev_room(s) < SIM_MANAGED_PAGE)
         return false;
     if (pg->where != 0) {
@@ -191,7 +192,7 @@ static void to_host(sim_t *s, sim_mpage_t *pg, bool keep_dev, uint64_t *ns)
 static uint64_t access_locked(sim_t *s, sim_managed_t *m, size_t first, size_t last, bool dev,
                               bool write)
 {
-    uint64_t ns = 0, since = s->managed_tick + 1;
+    uint64_t ns = 0;
     uint8_t here = dev ? ON_DEV : ON_HOST;
     for (size_t i = first; i <= last; i++) {
         sim_mpage_t *pg = &m->pages[i];
@@ -215,7 +216,7 @@ static uint64_t access_locked(sim_t *s, sim_managed_t *m, size_t first, size_t l
         bool copy = (pg->advice & ADV_READ_MOSTLY) && !write;
         if (!dev) {
             to_host(s, pg, copy, &ns);
-        } else if (!to_device(s, pg, copy, since, &ns)) {
+        } else if (!to_device(s, pg, copy, &ns)) {
             if (pg->where == 0)
                 set_where(s, pg, ON_HOST); /* first touch where there is room */
             s->mstats.remote_accesses++;
@@ -346,14 +347,14 @@ typedef struct sim_mwork_s {
 
 static uint64_t prefetch_locked(sim_t *s, sim_managed_t *m, size_t first, size_t last, bool dev)
 {
-    uint64_t ns = 0, since = s->managed_tick + 1;
+    uint64_t ns = 0;
     for (size_t i = first; i <= last; i++) {
         sim_mpage_t *pg = &m->pages[i];
         bool copy = (pg->advice & ADV_READ_MOSTLY) != 0;
         if (dev) {
             pg->used = ++s->managed_tick;
-            if (!(pg->where & ON_DEV) && !to_device(s, pg, copy, since, &ns))
-                break; /* the device is full of what this prefetch brought */
+            if (!(pg->where & ON_DEV) && !to_device(s, pg, copy, &ns))
+                break; /* the device is all segments */
         } else if (pg->where != ON_HOST) {
             to_host(s, pg, copy, &ns);
         }
