@@ -45,9 +45,9 @@ static void test_config(void **state)
     cfg.backend = b;
     char err[256];
     /* Both asked for in one string: refused, named, cfg untouched. */
-    assert_int_equal(mt_alloc_cfg_parse(&cfg, "expandable_segments:True,managed_memory:True", err,
-                                        sizeof err),
-                     MT_EINVAL);
+    assert_int_equal(
+        mt_alloc_cfg_parse(&cfg, "expandable_segments:True,managed_memory:True", err, sizeof err),
+        MT_EINVAL);
     assert_non_null(strstr(err, "managed_memory"));
     assert_non_null(strstr(err, "expandable_segments"));
     assert_false(cfg.managed_memory);
@@ -70,8 +70,7 @@ static void test_config(void **state)
     assert_non_null(strstr(cap.last_error, "managed_memory needs expandable_segments off"));
     /* Not a setting that changes at run time. */
     a = managed_alloc(b, NULL);
-    assert_int_equal(mt_alloc_set_settings(a, "managed_memory:False", err, sizeof err),
-                     MT_ENOTSUP);
+    assert_int_equal(mt_alloc_set_settings(a, "managed_memory:False", err, sizeof err), MT_ENOTSUP);
     assert_non_null(strstr(err, "managed_memory"));
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
@@ -136,8 +135,8 @@ static void test_prefetch_advise_checked(void **state)
         } else if (e->tag == MT_MANAGED_ADVISE) {
             adv++;
             if (adv == 2)
-                assert_int_equal(e->requested, MT_ADVISE_SET_PREFERRED_LOCATION |
-                                                   (uint64_t)0xffffffffu << 32);
+                assert_int_equal(e->requested,
+                                 MT_ADVISE_SET_PREFERRED_LOCATION | (uint64_t)0xffffffffu << 32);
         } else if (e->tag == MT_MANAGED_RESIDENCY) {
             res++;
         }

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include "sim_fixture.h"
+#include "tests/common/test_main.h"
 
 #define PAGE (2 * MIB)
 
@@ -301,5 +302,5 @@ int main(void)
         cmocka_unit_test(test_advice),
         cmocka_unit_test(test_prefetch_cost_on_stream),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return MT_TEST_RUN(tests, NULL, NULL);
 }
