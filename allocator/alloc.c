@@ -222,6 +222,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->capacity = total_b;
     a->limit =
         cfg->memory_fraction >= 1.0 ? total_b : (size_t)((double)total_b * cfg->memory_fraction);
+    if (cfg->managed_memory && cfg->memory_fraction >= 1.0)
+        a->limit = SIZE_MAX; /* managed memory may oversubscribe the device */
     a->gc_limit = cfg->garbage_collection_threshold > 0.0
                       ? (size_t)((double)a->limit * cfg->garbage_collection_threshold)
                       : 0;

@@ -253,6 +253,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
                    val);
             return MT_EINVAL;
         }
+    } else if (strcmp(key, "managed_memory") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->managed_memory = b;
     } else if (strcmp(key, "stats_period_ms") == 0) {
         if (parse_uint(val, &u) != 0 || u > 86400000u) /* a day */
             goto bad;
@@ -318,6 +322,19 @@ int mt_alloc_cfg_parse(mt_alloc_cfg_t *cfg, const char *conf, char *err, size_t 
             break;
     }
     free(copy);
+    /* Managed memory has plain segments: the default's expandable segments give way, and
+     * a string that asks for both is refused. */
+    if (rc == 0 && c.managed_memory && c.expandable_segments) {
+        if (strstr(conf, "expandable_segments") != NULL) {
+            seterr(err, errlen,
+                   "allocator config keys '%s' and '%s' exclude each other (expandable segments "
+                   "map cuMemCreate memory, which cannot be managed)",
+                   "managed_memory", "expandable_segments");
+            rc = MT_EINVAL;
+        } else {
+            c.expandable_segments = false;
+        }
+    }
     if (rc == 0)
         *cfg = c;
     return rc;
@@ -380,5 +397,5 @@ int mt__alloc_cfg_validate(const mt_alloc_cfg_t *c, char *err, size_t errlen)
         seterr(err, errlen, "bad value for allocator config key '%s': '%s'", "memory_fraction", v);
         return MT_EINVAL;
     }
-    return 0;
+    return mt__managed_cfg_validate(c, err, errlen);
 }

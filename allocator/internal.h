@@ -431,6 +431,7 @@ struct mt_alloc_s {
     /* backend:cudaMallocAsync (async.c): the live allocations; NULL under the caching
      * allocator. Set at creation, never changed: the entry points test it without mu. */
     mt__async_t *async;
+    mt_managed_stats_t mlast; /* managed.c: the figures of the last residency sample sent */
 };
 
 /* ---- the lock ----
@@ -502,6 +503,14 @@ static inline bool mt__alloc_inflight(const mt_alloc_t *a)
 {
     return a->syncing || a->nholds > 0 || a->unmaps != NULL || a->maps != NULL;
 }
+
+/* ---- managed.c ---- */
+/* A segment from the backend: managed memory with cfg.managed_memory, else plain. */
+int mt__managed_seg_malloc(mt_alloc_t *a, size_t size, void **out);
+int mt__managed_seg_free(mt_alloc_t *a, void *ptr);
+/* cfg.managed_memory's demands on the rest of cfg and on the backend; 0 or an MT_E* code
+ * with err naming the conflict. */
+int mt__managed_cfg_validate(const mt_alloc_cfg_t *c, char *err, size_t errlen);
 
 /* ---- alloc.c ---- */
 /* Sends one event to the sink, stamped t (0 = now). A free's free_requested and

@@ -31,6 +31,8 @@ static const char *fixed_key(const mt_alloc_cfg_t *o, const mt_alloc_cfg_t *n)
     /* PyTorch refuses it too: the backend parsed at run time must be the one at load time. */
     if (o->alloc_backend != n->alloc_backend)
         return "backend";
+    if (o->managed_memory != n->managed_memory)
+        return "managed_memory";
     if (o->expandable_segments != n->expandable_segments)
         return "expandable_segments";
     if (o->one_pool != n->one_pool)

@@ -215,14 +215,14 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     if (!mt__seg_within_limit(a, size))
         return MT_ENOMEM;
     void *p = NULL;
-    int rc = mt_backend_malloc(a->backend, size, &p);
+    int rc = mt__managed_seg_malloc(a, size, &p);
     if (rc != 0)
         return rc;
     mt_segment_t *seg = calloc(1, sizeof *seg);
     mt_block_t *b = seg ? mt__block_new(a) : NULL;
     if (b == NULL) {
         free(seg);
-        (void)mt_backend_free(a->backend, p);
+        (void)mt__managed_seg_free(a, p);
         return MT_ENOMEM;
     }
     seg->addr = (uintptr_t)p;
@@ -280,7 +280,7 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
     mt_block_t *b = seg->first;
     mt__seg_bin_out(a, b);
     mt__block_release(a, b);
-    int rc = mt_backend_free(a->backend, (void *)seg->addr);
+    int rc = mt__managed_seg_free(a, (void *)seg->addr);
     if (rc != 0)
         mt__alloc_log(a, MT_LOG_WARN, "memtrace: backend free of a segment failed: %s",
                       mt_strerror(rc));
@@ -499,7 +499,7 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             synced = true;
             a->st.num_device_free++;
         } else {
-            (void)mt_backend_free(a->backend, (void *)seg->addr);
+            (void)mt__managed_seg_free(a, (void *)seg->addr);
             a->st.num_device_free++;
         }
         /* Totals first: the event carries the reserved bytes after the release. */

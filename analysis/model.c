@@ -460,6 +460,51 @@ void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size
         *dropped = m->settings_dropped;
 }
 
+/* Managed figures: every event of a managed device moves its reserved bytes; the managed
+ * events bring the rest. */
+static void managed(mt_model_t *m, const mt_event_rec_t *ev)
+{
+    mt_model_managed_t *g = &m->managed;
+    unsigned d = ev->device;
+    if (ev->kind == MT_EV_MANAGED)
+        m->mon[d] = true;
+    if (!m->mon[d] || ev->pool == MT_POOL_HOST)
+        return;
+    m->mres_sum = m->mres_sum - m->mres[d] + ev->reserved;
+    m->mres[d] = ev->reserved;
+    if (m->mres_sum > g->managed_peak)
+        g->managed_peak = m->mres_sum;
+    if (ev->kind != MT_EV_MANAGED)
+        return;
+    g->events++;
+    switch (ev->tag) {
+    case MT_MANAGED_PREFETCH:
+        g->prefetches++;
+        g->prefetch_bytes = mt_model_sat_add(g->prefetch_bytes, ev->size);
+        break;
+    case MT_MANAGED_ADVISE:
+        g->advises++;
+        break;
+    case MT_MANAGED_RESIDENCY:
+        g->device_now = g->device_now - m->mdev[d] + ev->size;
+        g->faults = g->faults - m->mfaults[d] + ev->addr;
+        g->migrated = g->migrated - m->mmoved[d] + ev->requested;
+        m->mdev[d] = ev->size;
+        m->mfaults[d] = ev->addr;
+        m->mmoved[d] = ev->requested;
+        if (g->device_now > g->device_peak)
+            g->device_peak = g->device_now;
+        break;
+    default:
+        break;
+    }
+}
+
+void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out)
+{
+    *out = m->managed;
+}
+
 int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
 {
     m->events++;
@@ -483,6 +528,7 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     }
     if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
         return setting(m, ev) ? grc : MT_ENOMEM;
+    managed(m, ev);
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
     totals(m, c, ev);

@@ -103,6 +103,19 @@ typedef struct mt_model_setting_s {
  * past MT_MODEL_SETTINGS_MAX were only counted. */
 void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
                        uint64_t *dropped);
+/* Managed memory (MT_EV_MANAGED), summed over the devices whose allocators are managed. */
+typedef struct mt_model_managed_s {
+    uint64_t events;         /* MT_EV_MANAGED events seen; 0: no managed allocator */
+    uint64_t prefetches;     /* MT_MANAGED_PREFETCH events */
+    uint64_t prefetch_bytes; /* bytes they named */
+    uint64_t advises;        /* MT_MANAGED_ADVISE events */
+    uint64_t managed_peak;   /* highest sum of the managed allocators' reserved bytes */
+    uint64_t device_now;     /* managed bytes resident on the devices at the last samples */
+    uint64_t device_peak;    /* highest such sum */
+    uint64_t faults;         /* faults so far, at the last samples */
+    uint64_t migrated;       /* bytes migrated so far (both ways), at the last samples */
+} mt_model_managed_t;
+void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out);
 /* The same without the free extents (total_free, largest_free, fragmentation are 0): O(1),
  * for a figure per event. */
 void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);

@@ -112,6 +112,12 @@ struct mt_model_s {
     mt_model_setting_t *settings;
     size_t nsettings, capsettings;
     uint64_t settings_dropped;
+    /* managed memory: the figures summed, and each device's latest (a device is managed
+     * once one of its MT_EV_MANAGED events arrived; mres its reserved bytes since) */
+    mt_model_managed_t managed;
+    bool mon[256];
+    uint64_t mres[256], mdev[256], mfaults[256], mmoved[256];
+    uint64_t mres_sum;
 };
 
 /* model_segs.c */

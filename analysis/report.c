@@ -356,6 +356,19 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0)
     return a;
 }
 
+/* Managed memory totals (MT_EV_MANAGED); NULL when the process had no managed allocator. */
+static json_t *managed_json(const mt_model_t *m)
+{
+    mt_model_managed_t g;
+    mt_model_managed(m, &g);
+    if (g.events == 0)
+        return NULL;
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "managed_peak_bytes",
+                     ji(g.managed_peak), "device_peak_bytes", ji(g.device_peak), "migrated_bytes",
+                     ji(g.migrated), "faults", ji(g.faults), "prefetches", ji(g.prefetches),
+                     "prefetch_bytes", ji(g.prefetch_bytes), "advises", ji(g.advises));
+}
+
 /* ---- the analysis of one process, from its replay through the model ---- */
 
 typedef struct group_s {
@@ -661,6 +674,11 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     }
     json_t *sets = res != NULL ? mt__report_settings_json(m, t0) : NULL;
     if (sets != NULL && json_object_set_new(res, "settings_changes", sets) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
+    json_t *mgd = res != NULL ? managed_json(m) : NULL;
+    if (mgd != NULL && json_object_set_new(res, "managed", mgd) != 0) {
         json_decref(res);
         res = NULL;
     }

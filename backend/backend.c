@@ -580,3 +580,79 @@ int mt_backend_host_free(mt_backend_t *b, void *ptr)
         return 0;
     return b->ops->host_free(b, ptr);
 }
+
+/* ---- managed memory ---- */
+
+int mt_backend_managed_malloc(mt_backend_t *b, size_t size, void **out)
+{
+    if (b == NULL || out == NULL || size == 0)
+        return MT_EINVAL;
+    if (b->ops->managed_malloc == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, malloc_calls);
+    int rc = b->ops->managed_malloc(b, size, out);
+    if (rc != 0)
+        BUMP(b, malloc_failures);
+    return rc;
+}
+
+int mt_backend_managed_free(mt_backend_t *b, void *ptr)
+{
+    if (b == NULL)
+        return MT_EINVAL;
+    if (ptr == NULL)
+        return 0;
+    if (b->ops->managed_free == NULL)
+        return MT_ENOTSUP;
+    BUMP(b, free_calls);
+    return b->ops->managed_free(b, ptr);
+}
+
+/* A location is the host or a device of b's group. */
+static int check_location(const mt_backend_t *b, int location)
+{
+    return location == MT_MANAGED_HOST ? 0 : check_ordinal(b, location);
+}
+
+int mt_backend_managed_prefetch(mt_backend_t *b, const void *ptr, size_t n, int location,
+                                mt_stream_t *s)
+{
+    if (b == NULL || ptr == NULL || n == 0 || (uintptr_t)ptr + n < (uintptr_t)ptr)
+        return MT_EINVAL;
+    int rc = check_location(b, location);
+    if (rc != 0)
+        return rc;
+    if (b->ops->managed_prefetch == NULL)
+        return MT_ENOTSUP;
+    return b->ops->managed_prefetch(b, ptr, n, location, s);
+}
+
+int mt_backend_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int advice, int location)
+{
+    if (b == NULL || ptr == NULL || n == 0 || (uintptr_t)ptr + n < (uintptr_t)ptr ||
+        advice < MT_ADVISE_SET_READ_MOSTLY || advice > MT_ADVISE_UNSET_ACCESSED_BY)
+        return MT_EINVAL;
+    bool uses_location = advice > MT_ADVISE_UNSET_READ_MOSTLY;
+    int rc = uses_location ? check_location(b, location) : 0;
+    if (rc != 0)
+        return rc;
+    if (b->ops->managed_advise == NULL)
+        return MT_ENOTSUP;
+    return b->ops->managed_advise(b, ptr, n, advice, uses_location ? location : MT_MANAGED_HOST);
+}
+
+int mt_backend_managed_stats(mt_backend_t *b, mt_managed_stats_t *out)
+{
+    if (b == NULL || out == NULL)
+        return MT_EINVAL;
+    memset(out, 0, sizeof *out);
+    if (b->ops->managed_stats == NULL)
+        return MT_ENOTSUP;
+    return b->ops->managed_stats(b, out);
+}
+
+bool mt_backend_is_managed(const mt_backend_t *b, const void *ptr, size_t n)
+{
+    return b != NULL && ptr != NULL && n != 0 && b->ops->is_managed != NULL &&
+           b->ops->is_managed(b, ptr, n);
+}

@@ -65,6 +65,16 @@ typedef struct mt_backend_ops_s {
     int (*pool_trim_to)(mt_backend_t *b, size_t keep);
     int (*pool_usage)(mt_backend_t *b, mt_pool_usage_t *out);
     int (*pool_reset_high)(mt_backend_t *b);
+    /* Managed memory, optional (NULL: MT_ENOTSUP). Ranges and locations are checked by
+     * backend.c (n > 0, location MT_MANAGED_HOST or an ordinal of the group); each op checks
+     * the range lies in one managed allocation. */
+    int (*managed_malloc)(mt_backend_t *b, size_t size, void **out);
+    int (*managed_free)(mt_backend_t *b, void *ptr);
+    int (*managed_prefetch)(mt_backend_t *b, const void *ptr, size_t n, int location,
+                            mt_stream_t *s);
+    int (*managed_advise)(mt_backend_t *b, const void *ptr, size_t n, int advice, int location);
+    int (*managed_stats)(mt_backend_t *b, mt_managed_stats_t *out);
+    bool (*is_managed)(const mt_backend_t *b, const void *ptr, size_t n);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.

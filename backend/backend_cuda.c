@@ -374,4 +374,10 @@ static const mt_backend_ops_t cuda_ops = {
     .pool_trim_to = mt__cuda_pool_trim_to,
     .pool_usage = mt__cuda_pool_usage,
     .pool_reset_high = mt__cuda_pool_reset_high,
+    .managed_malloc = mt__cuda_managed_malloc,
+    .managed_free = mt__cuda_managed_free,
+    .managed_prefetch = mt__cuda_managed_prefetch,
+    .managed_advise = mt__cuda_managed_advise,
+    .managed_stats = mt__cuda_managed_stats,
+    .is_managed = mt__cuda_is_managed,
 };

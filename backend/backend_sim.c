@@ -307,6 +307,12 @@ static const mt_backend_ops_t sim_ops = {
     .pool_trim_to = mt__sim_pool_trim_to,
     .pool_usage = mt__sim_pool_usage,
     .pool_reset_high = mt__sim_pool_reset_high,
+    .managed_malloc = mt__sim_managed_malloc,
+    .managed_free = mt__sim_managed_free,
+    .managed_prefetch = mt__sim_managed_prefetch,
+    .managed_advise = mt__sim_managed_advise,
+    .managed_stats = mt__sim_managed_stats,
+    .is_managed = mt__sim_is_managed,
 };
 
 /* ---- test hooks (backend_sim.h) ---- */

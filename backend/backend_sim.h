@@ -31,6 +31,11 @@ size_t mt__sim_segment_count(const mt_backend_t *b);
 int mt__sim_set_call_hook(mt_backend_t *b, void (*cb)(void *ud, const char *call), void *ud);
 /* The next n event creations fail with MT_ENOMEM (replaces any previous n). */
 int mt__sim_inject_event_failures(mt_backend_t *b, unsigned n);
+/* An access of [ptr, ptr+n) of managed memory from location (MT_MANAGED_HOST: the CPU;
+ * b's ordinal: a kernel), made now on the calling thread: faults, migrations and evictions
+ * as docs/managed-memory.md says, counted in mt_backend_managed_stats. MT_EINVAL when the
+ * span is not inside one managed allocation of b. */
+int mt__sim_managed_access(mt_backend_t *b, const void *ptr, size_t n, int location, bool write);
 /* Walks the invariants of the memory state (sim_internal.h, at sim_t); 0 if they hold,
  * MT_EIO on the first violation. */
 int mt__sim_check(const mt_backend_t *b);

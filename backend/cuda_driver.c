@@ -1,5 +1,6 @@
 /* Run-time loading of the CUDA driver (see cuda_driver.h for why it is never linked). */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,14 +14,12 @@
 typedef struct sym_s {
     size_t off;
     const char *names[2];
+    bool optional; /* missing: the field stays NULL and the driver still opens */
 } sym_t;
 
 #define SYM(field, a, b)                                                                           \
     {                                                                                              \
-        offsetof(mt_cuda_driver_t, field),                                                         \
-        {                                                                                          \
-            a, b                                                                                   \
-        }                                                                                          \
+        offsetof(mt_cuda_driver_t, field), {a, b}, false                                           \
     }
 
 static const sym_t syms[] = {
@@ -60,6 +59,9 @@ static const sym_t syms[] = {
     SYM(MemUnmap, "cuMemUnmap", NULL),
     SYM(MemSetAccess, "cuMemSetAccess", NULL),
     SYM(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", NULL),
+    {offsetof(mt_cuda_driver_t, MemAllocManaged), {"cuMemAllocManaged", NULL}, true},
+    {offsetof(mt_cuda_driver_t, MemPrefetchAsync), {"cuMemPrefetchAsync_v2", NULL}, true},
+    {offsetof(mt_cuda_driver_t, MemAdvise), {"cuMemAdvise_v2", NULL}, true},
 };
 
 int mt__cuda_driver_open(mt_cuda_driver_t *d, char *err, size_t errlen)
@@ -79,6 +81,8 @@ int mt__cuda_driver_open(mt_cuda_driver_t *d, char *err, size_t errlen)
         void *fn = NULL;
         for (int k = 0; k < 2 && fn == NULL && syms[i].names[k] != NULL; k++)
             fn = dlsym(d->lib, syms[i].names[k]);
+        if (fn == NULL && syms[i].optional)
+            continue;
         if (fn == NULL) {
             snprintf(err, errlen, "the CUDA driver %s lacks %s", path, syms[i].names[0]);
             mt__cuda_driver_close(d);

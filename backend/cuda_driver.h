@@ -11,7 +11,7 @@
 #include <cuda.h>
 
 /* One function pointer per driver entry point, named after the base name. Every field
- * is non-NULL after a successful mt__cuda_driver_open. */
+ * but the optional ones at the end is non-NULL after a successful mt__cuda_driver_open. */
 typedef struct mt_cuda_driver_s {
     void *lib; /* dlopen handle, closed by mt__cuda_driver_close */
     CUresult (*Init)(unsigned int flags);
@@ -55,6 +55,12 @@ typedef struct mt_cuda_driver_s {
     CUresult (*MemSetAccess)(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count);
     CUresult (*MemGetAllocationGranularity)(size_t *g, const CUmemAllocationProp *prop,
                                             CUmemAllocationGranularity_flags opt);
+    /* Optional: NULL when the driver lacks them (managed memory is then MT_ENOTSUP). The
+     * location forms are the CUDA 12.2+ _v2 entry points, the only ones CUDA 13 declares. */
+    CUresult (*MemAllocManaged)(CUdeviceptr *p, size_t size, unsigned int flags);
+    CUresult (*MemPrefetchAsync)(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
+                                 CUstream s);
+    CUresult (*MemAdvise)(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc);
 } mt_cuda_driver_t;
 
 /* Opens the driver library (MEMTRACE_LIBCUDA, else "libcuda.so.1") and resolves every

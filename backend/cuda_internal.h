@@ -16,6 +16,7 @@
 typedef struct cuda_seg_s {
     CUdeviceptr ptr;
     size_t size;
+    bool managed; /* cuMemAllocManaged (cuda_managed.c): freed only as managed memory */
 } cuda_seg_t;
 
 /* One reserved virtual range. Invariant: pages[i] != 0 iff page i (granularity bytes at
@@ -70,8 +71,9 @@ typedef struct cuda_s {
     size_t nhosts, hosts_cap;
     cuda_vm_t *vms;
     cuda_stream_t *streams;
-    uint32_t next_stream_id; /* 1, 2, ... */
-    bool *peer_access;       /* [group->n]: device i enabled access to this one (VMM grants) */
+    uint32_t next_stream_id;   /* 1, 2, ... */
+    bool *peer_access;         /* [group->n]: device i enabled access to this one (VMM grants) */
+    mt_managed_stats_t mstats; /* managed_bytes and the calls made; the driver tells no more */
 
     struct cuda_pool_s *pool;   /* the default pool's entry points (cuda_async.c), made on
                                  * first use under mu */
@@ -143,6 +145,15 @@ int mt__cuda_pool_set_release_threshold(mt_backend_t *b, uint64_t bytes);
 int mt__cuda_pool_trim_to(mt_backend_t *b, size_t keep);
 int mt__cuda_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
 int mt__cuda_pool_reset_high(mt_backend_t *b);
+/* ---- cuda_managed.c, used by backend_cuda.c ---- */
+
+int mt__cuda_managed_malloc(mt_backend_t *b, size_t size, void **out);
+int mt__cuda_managed_free(mt_backend_t *b, void *ptr);
+int mt__cuda_managed_prefetch(mt_backend_t *b, const void *ptr, size_t n, int location,
+                              mt_stream_t *s);
+int mt__cuda_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int advice, int location);
+int mt__cuda_managed_stats(mt_backend_t *b, mt_managed_stats_t *out);
+bool mt__cuda_is_managed(const mt_backend_t *b, const void *ptr, size_t n);
 
 /* ---- cuda_stream.c, used by backend_cuda.c ---- */
 

@@ -38,7 +38,7 @@ int mt__cuda_malloc(mt_backend_t *b, size_t size, void **out)
     pthread_mutex_lock(&c->mu);
     rc = grow((void **)&c->segs, &c->segs_cap, c->nsegs, sizeof *c->segs);
     if (rc == 0)
-        c->segs[c->nsegs++] = (cuda_seg_t){p, size};
+        c->segs[c->nsegs++] = (cuda_seg_t){p, size, false};
     pthread_mutex_unlock(&c->mu);
     if (rc != 0) {
         CALL(c, MemFree(p));
@@ -53,7 +53,7 @@ int mt__cuda_free(mt_backend_t *b, void *ptr)
     cuda_t *c = C(b);
     pthread_mutex_lock(&c->mu);
     size_t i = 0;
-    while (i < c->nsegs && c->segs[i].ptr != (CUdeviceptr)(uintptr_t)ptr)
+    while (i < c->nsegs && (c->segs[i].ptr != (CUdeviceptr)(uintptr_t)ptr || c->segs[i].managed))
         i++;
     if (i == c->nsegs) {
         pthread_mutex_unlock(&c->mu);

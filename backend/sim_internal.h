@@ -48,6 +48,7 @@ typedef struct sim_host_s {
 } sim_host_t;
 
 typedef struct sim_stream_s sim_stream_t;
+typedef struct sim_managed_s sim_managed_t;
 typedef struct sim_mark_s sim_mark_t;
 typedef struct sim_s sim_t;
 
@@ -69,7 +70,7 @@ typedef struct sim_group_s {
 /* The sim device.
  * Invariants (under mu): free and used ranges are disjoint, sorted, and together cover
  * [0, dev_size); no two free ranges touch (they are merged on free);
- * seg_bytes = sum of used sizes; seg_bytes + mapped_bytes <= capacity;
+ * seg_bytes = sum of used sizes; seg_bytes + mapped_bytes + mstats.device_bytes <= capacity;
  * mapped_bytes = SIM_VM_GRANULARITY * sum of nmapped over vms.
  * Lock order: streams_mu before a stream's mu; mu, cost_mu and ev_mu are leaves (no
  * other lock is taken while one of them is held). */
@@ -94,7 +95,10 @@ typedef struct sim_s {
     int fail_rc;         /* ... with this code (MT_ENOMEM unless a test sets another) */
     void (*call_cb)(void *ud, const char *call); /* test hook: each blocking call (sync, vm_*) */
     void *call_ud;                               /* its argument */
-    unsigned ev_fail_next; /* the next ev_fail_next event creations fail (test hook) */
+    unsigned ev_fail_next;     /* the next ev_fail_next event creations fail (test hook) */
+    sim_managed_t *managed;    /* managed allocations, unordered list (sim_managed.c) */
+    uint64_t managed_tick;     /* device-side uses of managed pages so far (their LRU clock) */
+    mt_managed_stats_t mstats; /* device_bytes, host_bytes: pages resident now, bytes */
 
     pthread_mutex_t cost_mu;         /* held while a cost is spent: like the driver, the
                                       * sim runs one allocation call at a time */
@@ -171,6 +175,27 @@ int mt__sim_pool_set_release_threshold(mt_backend_t *b, uint64_t bytes);
 int mt__sim_pool_trim_to(mt_backend_t *b, size_t keep);
 int mt__sim_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
 int mt__sim_pool_reset_high(mt_backend_t *b);
+/* ---- sim_managed.c: managed memory, used by backend_sim.c, sim_mem.c, sim_stream.c ---- */
+
+/* Caller holds mu. True if [p, p+n) lies inside one managed allocation. */
+bool mt__sim_managed_span_locked(const sim_t *s, const void *p, size_t n);
+/* Caller holds mu. Pushes least recently used managed pages off the device until need
+ * bytes are free there (or none is left): a device malloc makes room as the driver does. */
+void mt__sim_managed_evict_locked(sim_t *s, size_t need);
+/* Caller holds mu. The invariants of the managed pages (sim_managed.c); 0 or MT_EIO. */
+int mt__sim_managed_check_locked(const sim_t *s);
+/* Unmaps every managed allocation (teardown, streams already drained). */
+void mt__sim_managed_fini(sim_t *s);
+/* A device-side access of [p, p+n) queued on st, before the copy or memset that makes it;
+ * nothing when the span is not managed memory. */
+int mt__sim_managed_touch_async(sim_t *s, mt_stream_t *st, const void *p, size_t n, bool write);
+int mt__sim_managed_malloc(mt_backend_t *b, size_t size, void **out);
+int mt__sim_managed_free(mt_backend_t *b, void *ptr);
+int mt__sim_managed_prefetch(mt_backend_t *b, const void *ptr, size_t n, int location,
+                             mt_stream_t *st);
+int mt__sim_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int advice, int location);
+int mt__sim_managed_stats(mt_backend_t *b, mt_managed_stats_t *out);
+bool mt__sim_is_managed(const mt_backend_t *b, const void *ptr, size_t n);
 
 /* ---- sim_stream.c, used by backend_sim.c ---- */
 

@@ -190,7 +190,8 @@ int mt__sim_malloc(mt_backend_t *b, size_t size, void **out)
     if (s->fail_next > 0) {
         s->fail_next--;
         rc = s->fail_rc;
-    } else if (rounded > s->capacity - s->seg_bytes - s->mapped_bytes) {
+    } else if (mt__sim_managed_evict_locked(s, rounded),
+               rounded > s->capacity - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes) {
         rc = MT_ENOMEM;
     } else {
         size_t off = carve(s, rounded, align);
@@ -254,7 +255,7 @@ int mt__sim_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_byte
 {
     sim_t *s = to_sim(b);
     pthread_mutex_lock(&s->mu);
-    *free_bytes = s->capacity - s->seg_bytes - s->mapped_bytes;
+    *free_bytes = s->capacity - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes;
     *total_bytes = s->capacity;
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -276,7 +277,7 @@ bool mt__sim_is_device_ptr(const mt_backend_t *b, const void *ptr)
     if (p >= base && p - base < s->dev_size)
         return true;
     pthread_mutex_lock(&s->mu);
-    bool r = vm_containing(s, p) != NULL;
+    bool r = vm_containing(s, p) != NULL || mt__sim_managed_span_locked(s, ptr, 1);
     pthread_mutex_unlock(&s->mu);
     return r;
 }
@@ -312,6 +313,8 @@ bool mt__sim_span_is_device(sim_t *s, const void *ptr, size_t n)
             size_t last = (p + n - 1 - v->base) / SIM_VM_GRANULARITY;
             for (size_t i = first; i <= last && ok; i++)
                 ok = page_mapped(v, i);
+        } else {
+            ok = mt__sim_managed_span_locked(s, ptr, n); /* reachable from the device */
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -433,7 +436,8 @@ int mt__sim_vm_map(mt_backend_t *b, void *addr, size_t size)
         rc = s->fail_rc;
         goto out;
     }
-    if (size > s->capacity - s->seg_bytes - s->mapped_bytes) {
+    mt__sim_managed_evict_locked(s, size);
+    if (size > s->capacity - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes) {
         rc = MT_ENOMEM;
         goto out;
     }
@@ -557,6 +561,7 @@ fail_map:
 
 void mt__sim_mem_fini(sim_t *s)
 {
+    mt__sim_managed_fini(s);
     while (s->vms != NULL) {
         sim_vm_t *v = s->vms;
         s->vms = v->next;
@@ -605,9 +610,10 @@ static int check_locked(const sim_t *s)
             return MT_EIO;
         mapped += n * SIM_VM_GRANULARITY;
     }
-    if (mapped != s->mapped_bytes || s->seg_bytes + s->mapped_bytes > s->capacity)
+    if (mapped != s->mapped_bytes ||
+        s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes > s->capacity)
         return MT_EIO;
-    return 0;
+    return mt__sim_managed_check_locked(s);
 }
 
 int mt__sim_check(const mt_backend_t *b)

@@ -444,6 +444,12 @@ int mt__sim_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
     if (!own_stream(s, st) || (dst_dev && !mt__sim_span_is_device(s, dst, n)) ||
         (src_dev && !mt__sim_span_is_device(s, src, n)))
         return MT_EINVAL;
+    /* Copies run on the device's engines: a managed side is a device access. */
+    int rc = mt__sim_managed_touch_async(s, st, src, n, false);
+    if (rc == 0)
+        rc = mt__sim_managed_touch_async(s, st, dst, n, true);
+    if (rc != 0)
+        return rc;
     sim_op_t *op = op_new(OP_COPY);
     if (op == NULL)
         return MT_ENOMEM;
@@ -488,6 +494,9 @@ int mt__sim_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_str
     /* cudaMemsetAsync takes device memory only. */
     if (!own_stream(s, st) || !mt__sim_span_is_device(s, dst, n))
         return MT_EINVAL;
+    int rc = mt__sim_managed_touch_async(s, st, dst, n, true);
+    if (rc != 0)
+        return rc;
     sim_op_t *op = op_new(OP_SET);
     if (op == NULL)
         return MT_ENOMEM;

@@ -536,6 +536,20 @@ static void print_scopes(json_t *v)
     }
 }
 
+static void print_managed(json_t *v)
+{
+    if (!json_is_object(v))
+        return;
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("\n  managed memory: %s managed at peak, %s resident on the device at peak, %s "
+           "migrated, %.0f faults\n",
+           human(num(v, "managed_peak_bytes"), b1, sizeof(b1)),
+           human(num(v, "device_peak_bytes"), b2, sizeof(b2)),
+           human(num(v, "migrated_bytes"), b3, sizeof(b3)), num(v, "faults"));
+    printf("    %.0f prefetches (%s), %.0f advice calls\n", num(v, "prefetches"),
+           human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
@@ -632,6 +646,7 @@ static void print_process(json_t *p)
 
     print_gap(p);
     print_settings(json_object_get(p, "settings_changes"));
+    print_managed(json_object_get(p, "managed"));
     print_scopes(json_object_get(p, "scopes"));
     print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));

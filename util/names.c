@@ -58,6 +58,7 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_MARK_NAMED] = "mark_named",
         [MT_EV_STACK_REF] = "stack_ref",
         [MT_EV_SETTING] = "setting",
+        [MT_EV_MANAGED] = "managed",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";

@@ -113,6 +113,14 @@ typedef struct mt_alloc_cfg_s {
      * are ignored, with a warning through log, as PyTorch ignores them; it cannot change
      * at run time. MT_ALLOC_BACKEND_NATIVE. */
     int alloc_backend;
+    /* Segments of managed (unified) memory, cudaMallocManaged's, as RMM's pool over its
+     * managed_memory_resource (rmm.reinitialize(managed_memory=True)): pages migrate between
+     * host and device on access and the device may be oversubscribed. Plain segments only:
+     * expandable segments map cuMemCreate memory, which cannot be managed, so create refuses
+     * both (MT_EINVAL) and the config string's managed_memory:True turns expandable segments
+     * off unless the same string asks for them. A backend without managed memory is
+     * MT_ENOTSUP. false; config key managed_memory. docs/managed-memory.md. */
+    bool managed_memory;
 } mt_alloc_cfg_t;
 
 /* Defaults (no environment read). */
@@ -124,7 +132,7 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
  * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,
- * atfork, backend (native, cudaMallocAsync),
+ * atfork, backend (native, cudaMallocAsync), managed_memory,
  * and rules:reference (the reference allocator's plain-segment rules: no expandable segments,
  * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then
@@ -234,6 +242,22 @@ MT_API int mt_alloc_add_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud
  * that began before may still call it: keep ud alive until such requests have returned. */
 MT_API int mt_alloc_remove_oom_observer(mt_alloc_t *a, mt_alloc_oom_cb cb, void *ud);
 
+/* ---- managed memory (cfg.managed_memory) ---- */
+/* Prefetches [ptr, ptr+size) of an allocated block to location (a device ordinal, or
+ * MT_MANAGED_HOST) on stream (NULL: default), as cudaMemPrefetchAsync (RMM's
+ * prefetch(..)). MT_ENOTSUP when a is not managed, MT_ENOENT when the range is not inside
+ * one allocated block, each with the reason in mt_alloc_last_error; else the backend's
+ * code. Emits MT_EV_MANAGED (MT_MANAGED_PREFETCH). */
+MT_API int mt_alloc_prefetch(mt_alloc_t *a, const void *ptr, size_t size, int location,
+                             mt_stream_t *stream);
+/* Applies advice (mt_managed_advice_e, backend.h) with location to [ptr, ptr+size) of an
+ * allocated block, as cudaMemAdvise. Errors as mt_alloc_prefetch's. Emits MT_EV_MANAGED
+ * (MT_MANAGED_ADVISE). */
+MT_API int mt_alloc_advise(mt_alloc_t *a, const void *ptr, size_t size, int advice, int location);
+/* The backend's managed memory figures of a's device (mt_backend_managed_stats); emits an
+ * MT_EV_MANAGED residency sample when they changed since the last one. MT_ENOTSUP when a is
+ * not managed. */
+MT_API int mt_alloc_managed_stats(mt_alloc_t *a, mt_managed_stats_t *out);
 /* Registers a user label as a tag; *out_tag receives its id (the same id if the label
  * exists). MT_ENOMEM when all MT_TAG_MAX ids are taken. label is copied. */
 MT_API int mt_alloc_tag_register(mt_alloc_t *a, const char *label, int *out_tag);

@@ -239,6 +239,64 @@ MT_API int mt_backend_pool_trim_to(mt_backend_t *b, size_t keep);
 MT_API int mt_backend_pool_usage(mt_backend_t *b, mt_pool_usage_t *out);
 /* The high-water marks restart from the current values (PyTorch's resetPeakStats). */
 MT_API int mt_backend_pool_reset_high(mt_backend_t *b);
+/* ---- managed (unified) memory: cudaMallocManaged, docs/managed-memory.md ---- */
+
+/* The location of a prefetch or of an advice: a device ordinal, or the host (the value
+ * of cudaCpuDeviceId). */
+#define MT_MANAGED_HOST (-1)
+
+/* cudaMemAdvise's advice, with the driver's numbers (CUmem_advise). */
+typedef enum mt_managed_advice_e {
+    MT_ADVISE_SET_READ_MOSTLY = 1, /* reads make copies where they run; a write collapses them */
+    MT_ADVISE_UNSET_READ_MOSTLY = 2,
+    MT_ADVISE_SET_PREFERRED_LOCATION = 3, /* pages stay at location; others map them */
+    MT_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+    MT_ADVISE_SET_ACCESSED_BY = 5, /* location keeps a mapping: its accesses do not migrate */
+    MT_ADVISE_UNSET_ACCESSED_BY = 6,
+} mt_managed_advice_e;
+
+/* Managed memory of one device as its backend sees it. On sim every figure is modelled;
+ * on cuda the driver does not report residency or faults, so device_bytes, host_bytes,
+ * faults and the migration figures stay 0 and only the calls made are counted. */
+typedef struct mt_managed_stats_s {
+    uint64_t managed_bytes;     /* live managed allocations, bytes as accounted */
+    uint64_t device_bytes;      /* resident on the device now (read-mostly copies too) */
+    uint64_t host_bytes;        /* resident on the host now (read-mostly copies too) */
+    uint64_t peak_device_bytes; /* highest device_bytes since creation */
+    uint64_t faults;            /* page faults that migrated or copied a page */
+    uint64_t bytes_to_device;   /* migrated or copied host -> device, faults and prefetches */
+    uint64_t bytes_to_host;     /* migrated device -> host, evictions included */
+    uint64_t evicted_bytes;     /* of bytes_to_host: pushed out to make room on the device */
+    uint64_t remote_accesses;   /* accesses served through a mapping, without migration */
+    uint64_t prefetches;        /* prefetch calls */
+    uint64_t prefetch_bytes;    /* bytes they asked for */
+    uint64_t advises;           /* advise calls */
+    uint64_t migrate_ns;        /* modelled time spent migrating (sim), ns */
+} mt_managed_stats_t;
+
+/* Allocates size bytes of managed memory (cudaMallocManaged, attached globally), reachable
+ * from the host and every device. Its pages start on the host and move on access (sim:
+ * 2 MiB pages; docs/managed-memory.md). MT_ENOTSUP when the backend has no managed memory
+ * (a driver without the entry points), MT_ENOMEM when it cannot be had. */
+MT_API int mt_backend_managed_malloc(mt_backend_t *b, size_t size, void **out);
+/* Frees memory from mt_backend_managed_malloc (synchronises the device first, as cudaFree
+ * does). MT_ENOENT for a pointer that is not the start of a live managed allocation. */
+MT_API int mt_backend_managed_free(mt_backend_t *b, void *ptr);
+/* Migrates the pages of [ptr, ptr+n) to location (a device ordinal of b's group, or
+ * MT_MANAGED_HOST) when stream s (NULL: default) reaches this point: later work on s finds
+ * them there (cudaMemPrefetchAsync). The range must lie inside one managed allocation
+ * (MT_EINVAL otherwise). */
+MT_API int mt_backend_managed_prefetch(mt_backend_t *b, const void *ptr, size_t n, int location,
+                                       mt_stream_t *s);
+/* Applies advice (mt_managed_advice_e) with location to the pages of [ptr, ptr+n)
+ * (cudaMemAdvise). The range must lie inside one managed allocation (MT_EINVAL otherwise);
+ * location is ignored by the read-mostly advice. */
+MT_API int mt_backend_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int advice,
+                                     int location);
+/* The managed memory figures of b's device. */
+MT_API int mt_backend_managed_stats(mt_backend_t *b, mt_managed_stats_t *out);
+/* True if [ptr, ptr+n) lies inside one live managed allocation of b. */
+MT_API bool mt_backend_is_managed(const mt_backend_t *b, const void *ptr, size_t n);
 
 #ifdef __cplusplus
 }

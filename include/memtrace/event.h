@@ -38,9 +38,23 @@ typedef enum mt_event_kind_e {
                                  alloc's; allocated, reserved = the alloc's totals */
     MT_EV_SETTING = 19,       /* a setting changed at run time (mt_alloc_set_settings): addr =
                                * mt_setting_e, size = new value, requested = old value */
+    MT_EV_MANAGED = 20,       /* managed memory (cfg.managed_memory): tag = mt_managed_op_e,
+                               * the rest as that enum says */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT       20 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT       21 /* kinds are < MT_EV_KIND_COUNT */
+
+/* What an MT_EV_MANAGED event records (in tag). allocated and reserved are the allocator's
+ * totals, as in every event (reserved: the managed bytes its segments hold). */
+typedef enum mt_managed_op_e {
+    MT_MANAGED_PREFETCH = 1,  /* addr, size = the range; requested = the location (a device
+                               * ordinal; UINT64_MAX = the host) */
+    MT_MANAGED_ADVISE = 2,    /* addr, size = the range; requested = advice (mt_managed_advice_e)
+                               * | location << 32 (as uint32_t; 0xffffffff = the host) */
+    MT_MANAGED_RESIDENCY = 3, /* the device's managed pages changed: addr = faults so far,
+                               * size = bytes resident on the device now, requested = bytes
+                               * migrated so far (both ways) */
+} mt_managed_op_e;
 #define MT_EVENT_MARK_NAME_MAX 16
 
 /* The settings an MT_EV_SETTING names (in addr), with the unit of its values: bytes

@@ -13,6 +13,7 @@ that ``memtrace run`` puts there), else libmemtrace-preload.so found by path
 import ctypes
 import functools
 import json
+import os
 import re
 import sys
 import threading
@@ -26,7 +27,7 @@ __all__ = [
     "current_tag", "mark_iteration", "mark", "stats", "memory_stats", "reset_peak",
     "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache", "attach_out_of_memory_observer",
     "detach_out_of_memory_observer", "statistics", "push_statistics", "pop_statistics",
-    "summary", "snapshot", "enable_for_torch", "library_path",
+    "summary", "snapshot", "enable_for_torch", "library_path", "reinitialize",
 ]
 
 BUILTIN_TAGS = ("other", "weights", "grads", "optimizer", "activations", "workspace", "batch")
@@ -263,6 +264,44 @@ def set_allocator_settings(settings):
     if rc < 0:
         why = err.value.decode("utf-8", "replace") or _lib.lib().memtrace_strerror(rc).decode()
         raise MemtraceError("memtrace.set_allocator_settings(%r): %s" % (settings, why))
+
+
+def reinitialize(managed_memory=False, **rest):
+    """rmm.reinitialize(managed_memory=...) in memtrace's words: the allocator config
+    (MEMTRACE_ALLOC_CONF) gets managed_memory:True or :False, the pools' segments then being
+    managed (unified) memory, cudaMallocManaged's, that migrates between host and device and
+    may oversubscribe the device. The drop-in reads the config when it is loaded and makes
+    its allocator: this takes effect in the processes started afterwards (`memtrace run` and
+    their children). When the drop-in is in this process already, its allocator keeps its
+    segments: a change raises MemtraceError, as set_allocator_settings("managed_memory:...")
+    does. Returns the new config string.
+    RMM's other arguments (pool_allocator, initial_pool_size, devices, logging, ...) have no
+    counterpart here and raise ValueError by name."""
+    if rest:
+        raise ValueError("memtrace.reinitialize: no counterpart of %s in memtrace; only "
+                         "managed_memory" % ", ".join(sorted(rest)))
+    if not isinstance(managed_memory, bool):
+        raise ValueError("memtrace.reinitialize(managed_memory=%r): a bool" % (managed_memory,))
+    conf = os.environ.get("MEMTRACE_ALLOC_CONF", "")
+    items = [i for i in conf.split(",") if i.strip() and
+             i.split(":", 1)[0].strip() != "managed_memory"]
+    items.append("managed_memory:%s" % managed_memory)
+    new = ",".join(items)
+    if _drop_in_here():
+        set_allocator_settings("managed_memory:%s" % managed_memory)  # a change raises
+    os.environ["MEMTRACE_ALLOC_CONF"] = new
+    return new
+
+
+def _drop_in_here():
+    """True when the drop-in is in this process already (LD_PRELOAD, or loaded by a call of
+    this package): it made its allocator when it was loaded."""
+    if _lib._lib is not None:
+        return True
+    try:
+        return hasattr(ctypes.CDLL(None), _lib._PROBE)
+    except OSError:
+        return False
 
 
 def reset_accumulated_memory_stats():

@@ -196,5 +196,8 @@ bool capture_forbids(void);
 bool is_dev(uintptr_t p);
 fake_event_t *event_of(CUevent h);
 void drain_until(bool (*done)(void *), void *arg);
+/* fake_libcuda_managed.c: remembers a cuMemAllocManaged range (prefetch and advice check
+ * their ranges against these and the live blocks). */
+void fake_managed_note(uintptr_t p, size_t size);
 
 #endif

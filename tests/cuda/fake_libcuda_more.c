@@ -124,6 +124,8 @@ FAKE_API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int fl
     void *q = NULL;
     CUresult r = blk_new(&q, size, false);
     *p = (CUdeviceptr)(uintptr_t)q;
+    if (r == CUDA_SUCCESS)
+        fake_managed_note((uintptr_t)q, size);
     return r;
 }
 

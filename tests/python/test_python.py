@@ -128,6 +128,47 @@ class TrainingLoopUnderRun(unittest.TestCase):
         self.assertEqual(tags.count("weights"), 4)
 
 
+class ManagedUnderRun(unittest.TestCase):
+    """memtrace.reinitialize(managed_memory=True), RMM's words, then a program under
+    `memtrace run` (sim): the pools' segments are managed memory and the report says so."""
+
+    def test_managed_pool_in_report(self):
+        with self.assertRaisesRegex(ValueError, "initial_pool_size"):
+            memtrace.reinitialize(managed_memory=True, initial_pool_size=1 << 30)
+        # Here the drop-in is loaded and its allocator made: not managed, and it stays so.
+        memtrace.stats()
+        saved = os.environ.get("MEMTRACE_ALLOC_CONF")
+        with self.assertRaisesRegex(memtrace.MemtraceError, "managed_memory"):
+            memtrace.reinitialize(managed_memory=True)
+        self.assertEqual(os.environ.get("MEMTRACE_ALLOC_CONF"), saved)
+        # A fresh process (no allocator made yet) composes the config for its children.
+        env = dict(os.environ, PYTHONPATH=PKG,
+                   MEMTRACE_ALLOC_CONF="max_split_size_mb:64,managed_memory:False")
+        conf = run([sys.executable, "-c", "import memtrace, os; "
+                    "c = memtrace.reinitialize(managed_memory=True); "
+                    "assert os.environ['MEMTRACE_ALLOC_CONF'] == c; print(c)"],
+                   env=env).stdout.strip()
+        self.assertEqual(conf, "max_split_size_mb:64,managed_memory:True")
+        env = dict(os.environ, PYTHONPATH=PKG, MEMTRACE_PROF="auto", MEMTRACE_ALLOC_CONF=conf)
+        env.pop("MEMTRACE_BACKEND", None)
+        tmp = tempfile.mkdtemp(prefix="mt-managed-")
+        try:
+            log = os.path.join(tmp, "log.ndjson")
+            run([os.environ["MT_MEMTRACE"], "run", "--backend", "sim", "--log", log, "--quiet",
+                 "--", sys.executable, os.path.join(HERE, "prog_train.py"),
+                 os.environ["MT_CUDART"], os.path.join(tmp, "stats.json"),
+                 os.path.join(tmp, "snap.ndjson"), "3"], env=env)
+            doc = json.loads(run([os.environ["MT_MEMTRACE"], "report", "--json", log]).stdout)
+            proc = doc["processes"][0]
+            m = proc["managed"]
+            self.assertEqual(m["managed_peak_bytes"], proc["peak_reserved"])
+            self.assertGreater(m["managed_peak_bytes"], 0)
+            text = run([os.environ["MT_MEMTRACE"], "report", log]).stdout
+            self.assertIn("managed memory:", text)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class LiveInTop(unittest.TestCase):
     """A daemon on a private socket; `memtrace top` shows the program's tags by name."""
 
