@@ -445,7 +445,9 @@ static void test_fixtures_unchanged(void **state)
         {"v2_all_actions_p3.pickle", 3, 9, 0, 25, 4, 5},
         {"v2_all_actions_p4.pickle", 3, 9, 0, 25, 4, 5},
         {"v2_all_actions_p5.pickle", 3, 9, 0, 25, 4, 5},
-        {"v2_torch_frames.pickle", 0, 0, 0, 9, 8, 204},
+        /* two of its frames lists hold the same frames: one stack since stacks are
+         * interned by content (was 8 stacks, 204 frames) */
+        {"v2_torch_frames.pickle", 0, 0, 0, 9, 7, 172},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024], err[768];
