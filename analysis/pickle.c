@@ -169,13 +169,15 @@ static int memo_put(mt__pk_reader_t *r, size_t idx)
                            r->nmemo);
     if (r->in_batch && idx < r->batch_memo_low)
         r->batch_memo_low = idx;
-    if (idx == r->nmemo) {
-        if (mt__pk_grow(r, (void **)&r->memo, &r->memo_cap, idx + 1, sizeof *r->memo,
-                        r->cfg->max_memo, "memo entries") < 0)
-            return r->rc;
+    size_t s = mt__pk_memo_slot(r, idx);
+    if (s != SIZE_MAX && s >= r->memo_cap &&
+        mt__pk_grow(r, (void **)&r->memo, &r->memo_cap, s + 1, sizeof *r->memo, r->cfg->max_memo,
+                    "memo entries") < 0)
+        return r->rc;
+    if (idx == r->nmemo)
         r->nmemo++;
-    }
-    r->memo[idx] = r->stack[r->sp - 1];
+    if (s != SIZE_MAX)
+        r->memo[s] = r->stack[r->sp - 1];
     return 0;
 }
 
@@ -184,9 +186,10 @@ static int memo_get(mt__pk_reader_t *r, size_t idx)
     if (idx >= r->nmemo)
         return mt__pk_fail(r, MT_EPROTO, "memo index %zu not set (the memo has %zu entries)", idx,
                            r->nmemo);
-    if (r->memo[idx] == NULL)
+    size_t s = mt__pk_memo_slot(r, idx);
+    if (s == SIZE_MAX || r->memo[s] == NULL)
         return mt__pk_fail(r, MT_EAGAIN, "memo index %zu is a value streamed and freed", idx);
-    return mt__pk_push(r, r->memo[idx]);
+    return mt__pk_push(r, r->memo[s]);
 }
 
 /* GLOBAL's operands, for the message only: "module.name" cut short and made printable. */
@@ -342,8 +345,8 @@ static int step(mt__pk_reader_t *r, bool *stop)
         if (mt__pk_need_stack(r, n + 1) < 0)
             return r->rc;
         if (r->op == 'a' && r->stream != NULL) {
-            int took = mt__pk_stream_items(r, r->stack[r->sp - 2], r->stack + r->sp - 1, 1,
-                                           SIZE_MAX);
+            int took =
+                mt__pk_stream_items(r, r->stack[r->sp - 2], r->stack + r->sp - 1, 1, SIZE_MAX);
             if (took < 0)
                 return r->rc;
             if (took) {
@@ -452,6 +455,7 @@ static int parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg
         r.doc->root = r.stack[0];
     mt__pk_stream_abort(&r);
     free(r.refd);
+    free(r.rank);
     free(r.stack);
     free(r.memo);
     free(r.marks);
@@ -467,6 +471,12 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
                 size_t errlen)
 {
     return parse(out, buf, len, cfg, NULL, false, err, errlen);
+}
+
+int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                       const mt_pk_stream_t *stream, char *err, size_t errlen)
+{
+    return parse(out, buf, len, cfg, stream, false, err, errlen);
 }
 
 int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,

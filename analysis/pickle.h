@@ -89,6 +89,9 @@ typedef struct mt_pk_stream_s {
     void *ud;
 } mt_pk_stream_t;
 
+/* mt_pk_parse with a stream (NULL: none). */
+int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                       const mt_pk_stream_t *stream, char *err, size_t errlen);
 /* mt_pk_parse_file with a stream (NULL: none). The file is mapped and the pages read are
  * given back as the reader passes them, so the file does not stay resident either. */
 int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,

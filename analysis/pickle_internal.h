@@ -8,6 +8,9 @@
 
 #include "analysis/pickle.h"
 
+/* The arena's usual chunk size (bigger blocks get chunks of their own). */
+#define MT__PK_CHUNK ((size_t)1 << 20)
+
 typedef struct mt__pk_chunk_s {
     struct mt__pk_chunk_s *next;
     size_t used, size;
@@ -45,11 +48,17 @@ typedef struct mt__pk_reader_s {
     const mt_pk_stream_t *stream;
     uint64_t *refd;
     size_t refd_words;
+    size_t *rank; /* per word of refd: the bits set before it. With streaming the memo keeps
+                   * only those indices, index i in memo[rank of i]: pickle.dump memoizes
+                   * every dict, list and str, and reads few of them back */
     bool in_batch;
     size_t batch_mark; /* index in marks of the batch's MARK */
     size_t batch_memo_low;
     size_t batch_memory; /* bytes of the batch's chunks */
     mt__pk_chunk_t *kept;
+    mt__pk_chunk_t *spare; /* freed batches' chunks of the usual size, for the next ones:
+                            * fresh memory would be faulted in again batch after batch */
+    size_t nspare;
     /* a mapped file: pages before drop_end are given back as the reader passes them */
     bool mapped;
     size_t dropped;
@@ -79,6 +88,11 @@ int mt__pk_make_tuple(mt__pk_reader_t *r, size_t n);
 int mt__pk_pop_mark(mt__pk_reader_t *r, size_t *base);
 /* Streaming (pickle_stream.c). The first pass: r->refd from the GET opcodes. */
 int mt__pk_prescan(mt__pk_reader_t *r);
+/* Where memo index idx is kept in r->memo: idx itself, or with streaming its rank among the
+ * indices some GET reads (SIZE_MAX: none reads it, it is not kept). */
+size_t mt__pk_memo_slot(const mt__pk_reader_t *r, size_t idx);
+/* Memo slots of the indices below idx. */
+size_t mt__pk_memo_slots_below(const mt__pk_reader_t *r, size_t idx);
 /* Before MARK: starts a batch when the list on top of the stack is streamed or the stream
  * makes it so. */
 int mt__pk_stream_mark(mt__pk_reader_t *r);

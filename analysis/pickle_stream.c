@@ -133,7 +133,36 @@ done:
         mt__pk_drop_pages(r, r->end);
         r->dropped = 0;
     }
+    if ((r->rank = malloc((r->refd_words ? r->refd_words : 1) * sizeof *r->rank)) == NULL)
+        return mt__pk_fail(r, MT_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t w = 0; w < r->refd_words; w++) {
+        r->rank[w] = n;
+        n += (size_t)__builtin_popcountll(r->refd[w]);
+    }
     return 0;
+}
+
+size_t mt__pk_memo_slot(const mt__pk_reader_t *r, size_t idx)
+{
+    if (r->rank == NULL)
+        return idx;
+    size_t w = idx / 64;
+    if (w >= r->refd_words || !(r->refd[w] >> (idx % 64) & 1))
+        return SIZE_MAX;
+    return r->rank[w] + (size_t)__builtin_popcountll(r->refd[w] & ((1ull << (idx % 64)) - 1));
+}
+
+size_t mt__pk_memo_slots_below(const mt__pk_reader_t *r, size_t idx)
+{
+    if (r->rank == NULL)
+        return idx;
+    size_t w = idx / 64;
+    if (w >= r->refd_words)
+        return r->refd_words ? r->rank[r->refd_words - 1] +
+                                   (size_t)__builtin_popcountll(r->refd[r->refd_words - 1])
+                             : 0;
+    return r->rank[w] + (size_t)__builtin_popcountll(r->refd[w] & ((1ull << (idx % 64)) - 1));
 }
 
 /* ---- mapped pages ---- */
@@ -151,6 +180,10 @@ void mt__pk_drop_pages(mt__pk_reader_t *r, const unsigned char *upto)
     if (to > from)
         madvise((void *)from, to - from, MADV_DONTNEED);
     r->dropped = (size_t)((uintptr_t)upto - base);
+    /* and the next stretch read ahead in one go rather than page fault by page fault */
+    uintptr_t end = (uintptr_t)r->end, ahead = to + ((uintptr_t)32 << 20);
+    if (to < end)
+        madvise((void *)to, (ahead < end ? ahead : end) - to, MADV_WILLNEED);
 }
 
 /* ---- batches ---- */
@@ -292,11 +325,17 @@ static mt_pk_value_t *copy_value(mt__pk_reader_t *r, const mt__pk_chunk_t *batch
     return c;
 }
 
-static void free_chunks(mt__pk_chunk_t *c)
+/* Frees c's list, keeping up to 64 chunks of the usual size for the next batches. */
+static void free_chunks(mt__pk_reader_t *r, mt__pk_chunk_t *c)
 {
     for (mt__pk_chunk_t *next; c != NULL; c = next) {
         next = c->next;
-        free(c);
+        if (c->size == MT__PK_CHUNK && r->nspare < 64) {
+            c->next = r->spare;
+            r->spare = c;
+            r->nspare++;
+        } else
+            free(c);
     }
 }
 
@@ -309,16 +348,17 @@ static int end_batch(mt__pk_reader_t *r)
     r->kept = NULL;
     r->in_batch = false;
     fwd_t f = {0};
-    for (size_t i = r->batch_memo_low; i < r->nmemo && r->rc == 0; i++) {
+    /* The memo keeps only indices some GET reads (mt__pk_memo_slot): all are copied. */
+    size_t from = mt__pk_memo_slots_below(r, r->batch_memo_low);
+    size_t to = mt__pk_memo_slots_below(r, r->nmemo);
+    for (size_t i = from; i < to && r->rc == 0; i++) {
         mt_pk_value_t *v = r->memo[i];
-        if (v == NULL || !in_chunks(batch, v))
-            continue;
-        bool keep = i / 64 < r->refd_words && (r->refd[i / 64] >> (i % 64) & 1);
-        r->memo[i] = keep ? copy_value(r, batch, &f, v) : NULL;
+        if (v != NULL && in_chunks(batch, v))
+            r->memo[i] = copy_value(r, batch, &f, v);
     }
     free(f.from);
     free(f.to);
-    free_chunks(batch);
+    free_chunks(r, batch);
     r->doc->memory -= r->batch_memory;
     r->batch_memory = 0;
     return r->rc;
@@ -348,11 +388,17 @@ int mt__pk_stream_items(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t **it
 
 void mt__pk_stream_abort(mt__pk_reader_t *r)
 {
-    if (!r->in_batch)
-        return;
-    free_chunks(r->doc->chunks);
-    r->doc->chunks = r->kept;
-    r->doc->memory -= r->batch_memory;
-    r->kept = NULL;
-    r->in_batch = false;
+    if (r->in_batch) {
+        mt__pk_chunk_t *batch = r->doc->chunks;
+        r->doc->chunks = r->kept;
+        r->doc->memory -= r->batch_memory;
+        r->kept = NULL;
+        r->in_batch = false;
+        r->nspare = SIZE_MAX; /* no more keeping */
+        free_chunks(r, batch);
+    }
+    r->nspare = SIZE_MAX;
+    free_chunks(r, r->spare);
+    r->spare = NULL;
+    r->nspare = 0;
 }

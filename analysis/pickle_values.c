@@ -100,7 +100,7 @@ const char *mt_pk_type_name(int type)
 
 /* ---- the arena ---- */
 
-enum { CHUNK = 1 << 20 };
+enum { CHUNK = MT__PK_CHUNK };
 
 static size_t memory_used(const mt__pk_reader_t *r)
 {
@@ -135,7 +135,13 @@ void *mt__pk_alloc(mt__pk_reader_t *r, size_t n)
                         r->cfg->max_memory);
             return NULL;
         }
-        mt__pk_chunk_t *nc = malloc(sizeof *nc + size);
+        mt__pk_chunk_t *nc;
+        if (size == CHUNK && r->spare != NULL) {
+            nc = r->spare;
+            r->spare = nc->next;
+            r->nspare--;
+        } else
+            nc = malloc(sizeof *nc + size);
         if (nc == NULL) {
             mt__pk_fail(r, MT_ENOMEM, "out of memory");
             return NULL;

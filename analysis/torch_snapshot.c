@@ -263,8 +263,8 @@ typedef struct rd_s {
     const mt_pk_value_t **seen;
     uint32_t *seen_id;
     size_t seen_cap, nseen;
-    uint64_t visits; /* values visited so far, shared ones once per reference */
-    uint64_t budget; /* VISITS_PER_BYTE * file bytes + VISITS_FLOOR */
+    uint64_t visits;     /* values visited so far, shared ones once per reference */
+    uint64_t budget;     /* VISITS_PER_BYTE * file bytes + VISITS_FLOOR */
     struct strm_s *strm; /* device_traces read as the pickle streams them, or NULL */
 } rd_t;
 
@@ -276,7 +276,8 @@ __attribute__((format(printf, 3, 4))) static int bad(rd_t *r, const char *where,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(r->err, r->errlen, "%s: %s: %s", r->name, where, msg);
+    /* NULL: a first attempt that is read again with where formatted when it fails */
+    snprintf(r->err, r->errlen, "%s: %s: %s", r->name, where ? where : "?", msg);
     return MT_EPROTO;
 }
 
@@ -579,7 +580,8 @@ static int read_entry(rd_t *r, const mt_pk_value_t *e, size_t d, const char *whe
     int rc, action;
     mt_ts_event_t ev = {.device = (uint8_t)d, .tag = MT_TAG_OTHER};
     const char *as;
-    if ((rc = want_dict(r, e, where)) < 0 || (as = get_str(r, e, "action", true, where, &rc)) == NULL ||
+    if ((rc = want_dict(r, e, where)) < 0 ||
+        (as = get_str(r, e, "action", true, where, &rc)) == NULL ||
         (rc = read_action(r, as, where, &action)) < 0)
         return rc < 0 ? rc : MT_EPROTO;
     if (action < 0) {
@@ -594,11 +596,13 @@ static int read_entry(rd_t *r, const mt_pk_value_t *e, size_t d, const char *whe
         (rc = get_int(r, e, "stream", false, &ev.stream, where)) < 0 ||
         (rc = get_int(r, e, "time_us", false, &ev.time_us, where)) < 0 ||
         (rc = get_size(r, e, "memtrace_size", false, &ev.block_size, where)) < 0 ||
-        (rc = streamed ? stream_frames(r, e, where, &ev.stack) : read_frames(r, e, where, &ev.stack)) < 0)
+        (rc = streamed ? stream_frames(r, e, where, &ev.stack)
+                       : read_frames(r, e, where, &ev.stack)) < 0)
         return rc;
     uint8_t tag = ts->mem->stack_tag[ev.stack];
     ev.tag = tag == 0xff ? MT_TAG_OTHER : tag;
-    if (reserve((void **)&ts->events, &ts->mem->cap_events, ts->nevents + 1, sizeof *ts->events) < 0)
+    if (reserve((void **)&ts->events, &ts->mem->cap_events, ts->nevents + 1, sizeof *ts->events) <
+        0)
         return MT_ENOMEM;
     ts->events[ts->nevents++] = ev;
     return 0;
@@ -653,8 +657,8 @@ enum { STR_CACHE = 4096 };
 
 typedef struct strm_s {
     rd_t *r;
-    size_t lists;     /* lists streamed */
-    size_t cur_dev;   /* the device of the last entries, and how many it had */
+    size_t lists;   /* lists streamed */
+    size_t cur_dev; /* the device of the last entries, and how many it had */
     size_t cur_index;
     /* interned strings: the model's copy by content (open addressing, hash per slot) */
     const char **strs;
@@ -779,7 +783,24 @@ static int stream_frames(rd_t *r, const mt_pk_value_t *e, const char *where, uin
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < fl->n && rc == 0; i++) {
         const mt_pk_value_t *f = fl->u.items[i];
-        snprintf(w, sizeof w, "%s.frames[%zu]", where, i);
+        /* The usual frame without formatting where it is (the checks below name it). */
+        const mt_pk_value_t *nv = mt_pk_get(f, "name"), *fv = mt_pk_get(f, "filename"),
+                            *lv = mt_pk_get(f, "line");
+        if (f->type == MT_PK_DICT && nv != NULL && nv->type == MT_PK_STR && fv != NULL &&
+            fv->type == MT_PK_STR && lv != NULL &&
+            (lv->type == MT_PK_INT || lv->type == MT_PK_BOOL)) {
+            if ((rc = visit(r, f->n + 1, where)) < 0)
+                break;
+            if ((frames[i].name = intern(st, nv)) == NULL ||
+                (frames[i].filename = intern(st, fv)) == NULL) {
+                rc = MT_ENOMEM;
+                break;
+            }
+            frames[i].line = lv->u.i;
+            h = hash_bytes(&frames[i], sizeof frames[i], h);
+            continue;
+        }
+        snprintf(w, sizeof w, "%s.frames[%zu]", where ? where : "?", i);
         if ((rc = want_dict(r, f, w)) < 0 ||
             (rc = intern_str(r, f, "name", w, &frames[i].name)) < 0 ||
             (rc = intern_str(r, f, "filename", w, &frames[i].filename)) < 0 ||
@@ -861,8 +882,14 @@ static int stream_items(void *ud, const mt_pk_value_t *list, const mt_pk_value_t
     st->gen++;
     char where[64];
     for (size_t i = 0; i < n; i++) {
-        snprintf(where, sizeof where, "device_traces[%zu][%zu]", d, st->cur_index++);
-        int rc = read_entry(st->r, items[i], d, where, true);
+        /* where is formatted only when read_entry fails: it then reads the entry again to
+         * say what is wrong and where (its first attempt changed nothing but counters). */
+        int rc = read_entry(st->r, items[i], d, NULL, true);
+        if (rc == MT_EPROTO) {
+            snprintf(where, sizeof where, "device_traces[%zu][%zu]", d, st->cur_index);
+            rc = read_entry(st->r, items[i], d, where, true);
+        }
+        st->cur_index++;
         if (rc < 0)
             return rc;
     }

@@ -72,9 +72,31 @@ def run_view(memtrace, path):
                 return None
             time.sleep(0.05)
     dt = time.monotonic() - t
+    # The page's own data routes: their size and time (the page never asks for the trace).
+    routes = []
+    for path in ("history?pid=1&buckets=600", "map?pid=1", "sites?pid=1", "gap?pid=1"):
+        t1 = time.monotonic()
+        try:
+            req = urllib.request.Request(url + path)
+            if tok:
+                req.add_header("Authorization", "Bearer " + tok)
+            with urllib.request.urlopen(req, timeout=600) as r:
+                n = len(r.read())
+            routes.append(f"/{path.split('?')[0]} {n / 1e3:.0f} kB in {time.monotonic() - t1:.2f} s")
+        except OSError as e:
+            routes.append(f"/{path.split('?')[0]} failed: {e}")
+    page = None
+    node = shutil.which("node")
+    if node:
+        r = subprocess.run([node, os.path.join(HERE, "view_page.mjs"),
+                            url + (f"#token={tok}" if tok else ""), "1"],
+                           capture_output=True, text=True)
+        page = (r.stdout.strip() or r.stderr.strip())[-400:]
+    with open(f"/proc/{p.pid}/status") as f:
+        hwm = [l for l in f if l.startswith("VmHWM")]
     p.send_signal(signal.SIGINT)
     _, status, ru = os.wait4(p.pid, 0)
-    return dt, ru.ru_maxrss * 1024, size
+    return dt, ru.ru_maxrss * 1024, size, routes, page, hwm
 
 
 def cpu_model():
@@ -86,11 +108,6 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def entries_of(path):
-    """Trace entries and devices, counted by memtrace's reader (report --json)."""
-    return None
 
 
 def main():
@@ -155,6 +172,8 @@ def main():
         fail = True
     else:
         row(f"memtrace view until /state answers ({v[2] / 1e6:.1f} MB)", v[0], v[1], size_a, 2.0)
+        print("view's data routes: " + "; ".join(v[3]))
+        print(f"view page in headless chromium: {v[4]}")
 
     w = max(len(r[0]) for r in rows)
     print(f"\n{'command':<{w}}  {'wall s':>7}  {'peak RSS':>9}  {'RSS/file':>8}")
