@@ -340,7 +340,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--entries", type=int, default=None)
     ap.add_argument("--size-mb", type=float, default=None,
-                    help="stop at about this many MB (entries estimated, default 1000 bytes each)")
+                    help="about this many MB (entries estimated from the bytes per entry; default 1000)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--stacks", type=int, default=600, help="distinct call stacks")
@@ -349,7 +349,7 @@ def main():
                     help="also build the object and compare pickle.load of OUT with it")
     args = ap.parse_args()
     if args.entries is None:
-        per = 170 if args.share_frames else 1030
+        per = 222 if args.share_frames else 930  # bytes per entry, measured
         args.entries = int((args.size_mb or 1000) * 1e6 / per)
     with open(args.out, "wb") as f:
         write_stream(args, f)
