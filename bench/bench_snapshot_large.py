@@ -4,7 +4,7 @@ and view (until /state answers) on one generated snapshot of ~10^6 trace entries
 beside PyTorch's own torch.cuda._memory_viz and a plain pickle.load on the same file, in
 one run (docs/benchmarks.md, "Large PyTorch snapshots").
 
-  bench/bench_snapshot.py MEMTRACE [--dir DIR] [--entries N] [--keep]
+  bench/bench_snapshot_large.py MEMTRACE [--dir DIR] [--entries N] [--keep]
 
 The snapshots (two seeds, for diff) are written by bench/gen_snapshot.py into DIR (default
 a temporary directory, removed unless --keep; existing files of the right name are reused).
