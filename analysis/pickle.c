@@ -2,8 +2,13 @@
  * the plain-data opcodes only, values in an arena. Opcodes and their operands follow
  * Python's Lib/pickletools.py, the format's own description. */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "analysis/pickle_internal.h"
 #include "memtrace/common.h"
@@ -162,13 +167,17 @@ static int memo_put(mt__pk_reader_t *r, size_t idx)
     if (idx > r->nmemo)
         return mt__pk_fail(r, MT_EPROTO, "memo index %zu skips past the memo's %zu entries", idx,
                            r->nmemo);
-    if (idx == r->nmemo) {
-        if (mt__pk_grow(r, (void **)&r->memo, &r->memo_cap, idx + 1, sizeof *r->memo,
-                        r->cfg->max_memo, "memo entries") < 0)
-            return r->rc;
+    if (r->in_batch && idx < r->batch_memo_low)
+        r->batch_memo_low = idx;
+    size_t s = mt__pk_memo_slot(r, idx);
+    if (s != SIZE_MAX && s >= r->memo_cap &&
+        mt__pk_grow(r, (void **)&r->memo, &r->memo_cap, s + 1, sizeof *r->memo, r->cfg->max_memo,
+                    "memo entries") < 0)
+        return r->rc;
+    if (idx == r->nmemo)
         r->nmemo++;
-    }
-    r->memo[idx] = r->stack[r->sp - 1];
+    if (s != SIZE_MAX)
+        r->memo[s] = r->stack[r->sp - 1];
     return 0;
 }
 
@@ -177,7 +186,10 @@ static int memo_get(mt__pk_reader_t *r, size_t idx)
     if (idx >= r->nmemo)
         return mt__pk_fail(r, MT_EPROTO, "memo index %zu not set (the memo has %zu entries)", idx,
                            r->nmemo);
-    return mt__pk_push(r, r->memo[idx]);
+    size_t s = mt__pk_memo_slot(r, idx);
+    if (s == SIZE_MAX || r->memo[s] == NULL)
+        return mt__pk_fail(r, MT_EAGAIN, "memo index %zu is a value streamed and freed", idx);
+    return mt__pk_push(r, r->memo[s]);
 }
 
 /* GLOBAL's operands, for the message only: "module.name" cut short and made printable. */
@@ -319,6 +331,8 @@ static int step(mt__pk_reader_t *r, bool *stop)
         if (r->nmarks >= r->cfg->max_depth * 2u)
             return mt__pk_fail(r, MT_EPROTO, "more than %u MARKs open (limit of this reader)",
                                r->cfg->max_depth * 2u);
+        if (r->stream != NULL && mt__pk_stream_mark(r) < 0)
+            return r->rc;
         if (r->nmarks == r->marks_cap &&
             mt__pk_grow(r, (void **)&r->marks, &r->marks_cap, r->nmarks + 1, sizeof *r->marks,
                         r->cfg->max_depth * 2u, "MARKs") < 0)
@@ -330,6 +344,16 @@ static int step(mt__pk_reader_t *r, bool *stop)
         n = r->op == 'a' ? 1 : 2;
         if (mt__pk_need_stack(r, n + 1) < 0)
             return r->rc;
+        if (r->op == 'a' && r->stream != NULL) {
+            int took =
+                mt__pk_stream_items(r, r->stack[r->sp - 2], r->stack + r->sp - 1, 1, SIZE_MAX);
+            if (took < 0)
+                return r->rc;
+            if (took) {
+                r->sp--;
+                return 0;
+            }
+        }
         if (mt__pk_extend(r, r->stack[r->sp - n - 1], r->stack + r->sp - n, n) < 0)
             return r->rc;
         r->sp -= n;
@@ -345,6 +369,15 @@ static int step(mt__pk_reader_t *r, bool *stop)
         if (r->op == 'u' && n % 2)
             return mt__pk_fail(r, MT_EPROTO, "an odd number of values (%zu) for key, value pairs",
                                n);
+        if (r->op == 'e' && r->stream != NULL) {
+            int took = mt__pk_stream_items(r, r->stack[base - 1], r->stack + base, n, r->nmarks);
+            if (took < 0)
+                return r->rc;
+            if (took) {
+                r->sp = base;
+                return 0;
+            }
+        }
         if (mt__pk_extend(r, r->stack[base - 1], r->stack + base, n) < 0)
             return r->rc;
         r->sp = base;
@@ -372,8 +405,8 @@ static int step(mt__pk_reader_t *r, bool *stop)
     }
 }
 
-int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
-                size_t errlen)
+static int parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                 const mt_pk_stream_t *stream, bool mapped, char *err, size_t errlen)
 {
     mt_pk_cfg_t def = mt_pk_cfg_default();
     char dummy[1];
@@ -384,6 +417,8 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
         .end = (const unsigned char *)buf + len,
         .err = err ? err : dummy,
         .errlen = err ? errlen : sizeof dummy,
+        .stream = stream,
+        .mapped = mapped,
     };
     *out = NULL;
     if ((r.doc = calloc(1, sizeof *r.doc)) == NULL) {
@@ -397,6 +432,8 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
                  "offset 0: not a pickle of protocol 2 to 5 (it does not start with PROTO)");
         r.rc = MT_EPROTO;
     }
+    if (r.rc == 0 && stream != NULL)
+        mt__pk_prescan(&r);
     while (r.rc == 0 && !stop) {
         if (r.p == r.end) {
             snprintf(r.err, r.errlen, "offset %zu: the file ends before STOP (truncated)", len);
@@ -406,6 +443,8 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
         r.op_offset = (size_t)(r.p - r.start);
         r.op = *r.p++;
         step(&r, &stop);
+        if (r.mapped && r.op_offset - r.dropped >= ((size_t)16 << 20))
+            mt__pk_drop_pages(&r, r.p);
     }
     if (r.rc == 0 && r.p != r.end) {
         snprintf(r.err, r.errlen, "offset %zu: %zu bytes after STOP", (size_t)(r.p - r.start),
@@ -414,6 +453,9 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
     }
     if (r.rc == 0)
         r.doc->root = r.stack[0];
+    mt__pk_stream_abort(&r);
+    free(r.refd);
+    free(r.rank);
     free(r.stack);
     free(r.memo);
     free(r.marks);
@@ -425,38 +467,73 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
     return 0;
 }
 
-int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
-                     size_t errlen)
+int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
+                size_t errlen)
+{
+    return parse(out, buf, len, cfg, NULL, false, err, errlen);
+}
+
+int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                       const mt_pk_stream_t *stream, char *err, size_t errlen)
+{
+    return parse(out, buf, len, cfg, stream, false, err, errlen);
+}
+
+int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
+                            const mt_pk_stream_t *stream, char *err, size_t errlen)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
         int e = errno;
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
         return e == ENOENT ? MT_ENOENT : MT_EIO;
     }
     int rc = MT_EIO;
+    struct stat st;
+    void *map = MAP_FAILED;
     char *buf = NULL;
-    long size;
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, errlen, "%s: cannot read (not a regular file?)", path);
         goto done;
     }
-    if ((buf = malloc(size ? (size_t)size : 1)) == NULL) {
-        snprintf(err, errlen, "%s: out of memory for %ld bytes", path, size);
-        rc = MT_ENOMEM;
-        goto done;
-    }
-    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-        snprintf(err, errlen, "%s: read error", path);
-        goto done;
+    size_t size = (size_t)st.st_size;
+    /* Mapped, the file is read once from the page cache and its pages given back as the
+     * reader passes them; a copy in memory would cost its whole size until the end. */
+    if (size > 0)
+        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map != MAP_FAILED)
+        madvise(map, size, MADV_SEQUENTIAL);
+    else {
+        if ((buf = malloc(size ? size : 1)) == NULL) {
+            snprintf(err, errlen, "%s: out of memory for %zu bytes", path, size);
+            rc = MT_ENOMEM;
+            goto done;
+        }
+        for (size_t got = 0; got < size;) {
+            ssize_t k = read(fd, buf + got, size - got);
+            if (k <= 0) {
+                snprintf(err, errlen, "%s: read error", path);
+                goto done;
+            }
+            got += (size_t)k;
+        }
     }
     char msg[512];
-    rc = mt_pk_parse(out, buf, (size_t)size, cfg, msg, sizeof msg);
+    rc = parse(out, map != MAP_FAILED ? map : buf, size, cfg, stream, map != MAP_FAILED, msg,
+               sizeof msg);
     if (rc < 0)
         snprintf(err, errlen, "%s: %s", path, msg);
 done:
+    if (map != MAP_FAILED)
+        munmap(map, size);
     free(buf);
-    fclose(f);
+    close(fd);
     return rc;
+}
+
+int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
+                     size_t errlen)
+{
+    return mt_pk_parse_file_stream(out, path, cfg, NULL, err, errlen);
 }

@@ -37,8 +37,9 @@ typedef struct mt_pk_value_s mt_pk_value_t;
 struct mt_pk_value_s {
     uint8_t type;   /* mt_pk_type_e */
     uint8_t sealed; /* 1 once inside a container or used as a key */
-    uint16_t depth; /* nesting, <= cfg max_depth */
-    uint32_t pad;
+    uint16_t depth;    /* nesting, <= cfg max_depth */
+    uint32_t streamed; /* list: 0, or what mt_pk_stream_t's match gave it: its items went to
+                        * the stream's items callback instead (it stays empty) */
     size_t n;   /* str/bytes: bytes (NUL not counted); tuple/list: items; dict: pairs */
     size_t cap; /* list/dict: room in items (pairs for a dict) */
     union {
@@ -69,6 +70,32 @@ int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_
 int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
                      size_t errlen);
 void mt_pk_doc_destroy(mt_pk_doc_t **p);
+
+/* Streaming: lists whose items the caller takes as they are read, so a file of 10^6 trace
+ * entries never holds them all as values. match is asked about a list at stack[pos] (an
+ * empty, unsealed list about to receive items; stack[0, sp) and marks[0, nmarks), the
+ * positions MARKs were pushed at, as the reader has them): > 0 makes it streamed (its
+ * streamed field gets that value), 0 leaves it alone, < 0 stops the read with that code.
+ * items gets a streamed list's items in order as APPENDS/APPEND add them; the values are
+ * borrowed: those of an APPENDS batch are freed when it returns, except the ones a later
+ * BINGET of the file reads (a first pass over the opcodes finds them), which are copied
+ * and kept. A file that changes a container made before the batch it is read in
+ * (pickle.dump never does) gives MT_EAGAIN: read it again without streaming. */
+typedef struct mt_pk_stream_s {
+    int (*match)(void *ud, const mt_pk_value_t *const *stack, size_t sp, size_t pos,
+                 const size_t *marks, size_t nmarks);
+    int (*items)(void *ud, const mt_pk_value_t *list, const mt_pk_value_t *const *items,
+                 size_t n);
+    void *ud;
+} mt_pk_stream_t;
+
+/* mt_pk_parse with a stream (NULL: none). */
+int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                       const mt_pk_stream_t *stream, char *err, size_t errlen);
+/* mt_pk_parse_file with a stream (NULL: none). The file is mapped and the pages read are
+ * given back as the reader passes them, so the file does not stay resident either. */
+int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
+                            const mt_pk_stream_t *stream, char *err, size_t errlen);
 /* The value STOP returned. Borrowed from doc. */
 const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc);
 /* Bytes the document holds (values, strings, arrays). */

@@ -100,7 +100,7 @@ const char *mt_pk_type_name(int type)
 
 /* ---- the arena ---- */
 
-enum { CHUNK = 1 << 20 };
+enum { CHUNK = MT__PK_CHUNK };
 
 static size_t memory_used(const mt__pk_reader_t *r)
 {
@@ -135,7 +135,13 @@ void *mt__pk_alloc(mt__pk_reader_t *r, size_t n)
                         r->cfg->max_memory);
             return NULL;
         }
-        mt__pk_chunk_t *nc = malloc(sizeof *nc + size);
+        mt__pk_chunk_t *nc;
+        if (size == CHUNK && r->spare != NULL) {
+            nc = r->spare;
+            r->spare = nc->next;
+            r->nspare--;
+        } else
+            nc = malloc(sizeof *nc + size);
         if (nc == NULL) {
             mt__pk_fail(r, MT_ENOMEM, "out of memory");
             return NULL;
@@ -143,6 +149,8 @@ void *mt__pk_alloc(mt__pk_reader_t *r, size_t n)
         nc->used = 0;
         nc->size = size;
         r->doc->memory += sizeof *nc + size;
+        if (r->in_batch)
+            r->batch_memory += sizeof *nc + size;
         if (c != NULL && size != CHUNK) {
             /* A big block of its own goes behind the head, which keeps its free room. */
             nc->next = c->next;
@@ -239,6 +247,8 @@ int mt__pk_extend(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t **items, s
     if (c->type != type)
         return mt__pk_fail(r, MT_EPROTO, "applied to a %s, not a %s", mt_pk_type_name(c->type),
                            mt_pk_type_name(type));
+    if (r->in_batch && mt__pk_stream_check_change(r, c) < 0)
+        return r->rc;
     if (c->sealed)
         return mt__pk_fail(r, MT_EPROTO,
                            "changes a %s already inside another object (pickle.dump "
@@ -292,6 +302,8 @@ int mt__pk_pop_mark(mt__pk_reader_t *r, size_t *base)
 {
     if (r->nmarks == 0)
         return mt__pk_fail(r, MT_EPROTO, "no MARK before it");
+    if (r->in_batch && r->nmarks - 1 == r->batch_mark && r->op != 'e')
+        return mt__pk_fail(r, MT_EAGAIN, "a streamed list's MARK closed by another opcode");
     *base = r->marks[--r->nmarks];
     return 0;
 }

@@ -55,13 +55,56 @@ static mt_ts_t *reread(const mt_ts_t *ts, int era)
     return back;
 }
 
+/* Streaming every list: each batch's items walked while alive, then freed but for what
+ * the memo reads back (pickle.h's mt_pk_stream_t). */
+static int stream_all(void *ud, const mt_pk_value_t *const *stack, size_t sp, size_t pos,
+                      const size_t *marks, size_t nmarks)
+{
+    (void)ud;
+    (void)stack;
+    (void)sp;
+    (void)pos;
+    (void)marks;
+    (void)nmarks;
+    return 1;
+}
+
+static int stream_walk(void *ud, const mt_pk_value_t *list, const mt_pk_value_t *const *items,
+                       size_t n)
+{
+    FUZZ_CHECK(list->type == MT_PK_LIST && list->streamed == 1 && list->n == 0,
+               "a streamed list stays empty");
+    for (size_t i = 0; i < n; i++)
+        walk(items[i], mt_pk_cfg_default().max_depth + 1);
+    *(size_t *)ud += n;
+    return 0;
+}
+
+static int parse_streamed(const uint8_t *data, size_t size, const mt_pk_cfg_t *cfg)
+{
+    size_t items = 0;
+    mt_pk_stream_t st = {.match = stream_all, .items = stream_walk, .ud = &items};
+    char err[768] = "";
+    mt_pk_doc_t *doc = NULL;
+    int rc = mt_pk_parse_stream(&doc, data, size, cfg, &st, err, sizeof err);
+    FUZZ_CHECK(rc == 0 || rc == MT_EPROTO || rc == MT_ENOMEM || rc == MT_EAGAIN,
+               "streamed refusals are EPROTO, ENOMEM or EAGAIN (read it whole)");
+    FUZZ_CHECK((rc == 0) == (doc != NULL), "a document exactly on success");
+    if (doc != NULL)
+        walk(mt_pk_root(doc), cfg->max_depth + 1);
+    mt_pk_doc_destroy(&doc);
+    return rc;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mt_pk_cfg_t cfg = mt_pk_cfg_default();
     cfg.max_memory = (size_t)256 << 20;
     char err[768] = "";
     mt_pk_doc_t *doc = NULL;
+    int src = parse_streamed(data, size, &cfg);
     int rc = mt_pk_parse(&doc, data, size, &cfg, err, sizeof err);
+    FUZZ_CHECK(rc != 0 || src != MT_EPROTO, "what reads whole does not fail streamed as malformed");
     if (rc != 0) {
         FUZZ_CHECK(rc == MT_EPROTO || rc == MT_ENOMEM, "refusals are EPROTO or ENOMEM");
         FUZZ_CHECK(doc == NULL, "no document on failure");

@@ -3,7 +3,7 @@
  * entries or blocks: the reader must refuse it by name, in bounded time and memory. Real
  * snapshots share too (PyTorch gives every entry of one traceback the same frames list,
  * made of shared frame dicts): those must still read, with the same model as before.
- * argv[1] is tests/snapshot/data. */
+ * argv[1] is tests/snapshot/data, argv[2] and argv[3] snapshots of bench/gen_snapshot.py. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -36,6 +36,7 @@
 #endif
 
 static const char *data_dir;
+static const char *gen_files[2]; /* bench/gen_snapshot.py's, argv[2] and argv[3] */
 
 /* ---- a pickle written opcode by opcode ---- */
 
@@ -445,7 +446,9 @@ static void test_fixtures_unchanged(void **state)
         {"v2_all_actions_p3.pickle", 3, 9, 0, 25, 4, 5},
         {"v2_all_actions_p4.pickle", 3, 9, 0, 25, 4, 5},
         {"v2_all_actions_p5.pickle", 3, 9, 0, 25, 4, 5},
-        {"v2_torch_frames.pickle", 0, 0, 0, 9, 8, 204},
+        /* two of its frames lists hold the same frames: one stack since stacks are
+         * interned by content (was 8 stacks, 204 frames) */
+        {"v2_torch_frames.pickle", 0, 0, 0, 9, 7, 172},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         char path[1024], err[768];
@@ -464,19 +467,90 @@ static void test_fixtures_unchanged(void **state)
     }
 }
 
+/* Streaming (mt_ts_read) gives the model of the whole read (mt_pk_parse_file then
+ * mt_ts_from_pickle): the same events, each with the same frames, the same segments and
+ * annotations; only stack ids may differ (streamed stacks are interned by content). The
+ * generated files (argv[2], argv[3]) are bench/gen_snapshot.py's, both layouts. */
+static void same_stack(const mt_ts_t *a, uint32_t sa, const mt_ts_t *b, uint32_t sb)
+{
+    assert_int_equal(a->stacks[sa].n, b->stacks[sb].n);
+    for (uint32_t k = 0; k < a->stacks[sa].n; k++) {
+        const mt_ts_frame_t *x = &a->frames[a->stacks[sa].first + k];
+        const mt_ts_frame_t *y = &b->frames[b->stacks[sb].first + k];
+        assert_string_equal(x->name, y->name);
+        assert_string_equal(x->filename, y->filename);
+        assert_int_equal(x->line, y->line);
+    }
+}
+
+static void test_streamed_equals_whole(void **state)
+{
+    (void)state;
+    const char *files[] = {"v2_all_actions_p2.pickle", "v2_all_actions_p4.pickle",
+                           "v2_torch_frames.pickle", gen_files[0], gen_files[1]};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1024], err[768];
+        if (files[i] == NULL)
+            fail_msg("no generated snapshot given (argv[2], argv[3])");
+        if (strchr(files[i], '/') != NULL) /* a generated file, as meson names it */
+            snprintf(path, sizeof path, "%s", files[i]);
+        else
+            snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
+        mt_ts_t *s = NULL, *w = NULL;
+        mt_pk_doc_t *doc = NULL;
+        if (mt_ts_read(&s, path, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        if (mt_pk_parse_file(&doc, path, NULL, err, sizeof err) != 0 ||
+            mt_ts_from_pickle(&w, doc, path, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        assert_int_equal(s->nevents, w->nevents);
+        assert_int_equal(s->ndevices, w->ndevices);
+        assert_int_equal(s->skipped_actions, w->skipped_actions);
+        for (unsigned d = 0; d <= s->ndevices; d++)
+            assert_int_equal(s->dev_first[d], w->dev_first[d]);
+        for (size_t k = 0; k < s->nevents; k++) {
+            const mt_ts_event_t *x = &s->events[k], *y = &w->events[k];
+            assert_int_equal(x->addr, y->addr);
+            assert_int_equal(x->size, y->size);
+            assert_int_equal(x->stream, y->stream);
+            assert_int_equal(x->time_us, y->time_us);
+            assert_int_equal(x->action, y->action);
+            assert_int_equal(x->device, y->device);
+            assert_int_equal(x->tag, y->tag);
+            same_stack(s, x->stack, w, y->stack);
+        }
+        assert_int_equal(s->nsegments, w->nsegments);
+        assert_int_equal(s->nblocks, w->nblocks);
+        for (size_t k = 0; k < s->nblocks; k++) {
+            assert_int_equal(s->blocks[k].addr, w->blocks[k].addr);
+            assert_int_equal(s->blocks[k].state, w->blocks[k].state);
+            same_stack(s, s->blocks[k].stack, w, w->blocks[k].stack);
+        }
+        assert_int_equal(s->nannotations, w->nannotations);
+        assert_true(s->nstacks <= w->nstacks);
+        mt_ts_destroy(&s);
+        mt_ts_destroy(&w);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DATA_DIR\n", argv[0]);
+        fprintf(stderr, "usage: %s DATA_DIR GEN_SEPARATE.pickle GEN_SHARED.pickle\n", argv[0]);
         return 2;
     }
     data_dir = argv[1];
+    if (argc > 3) {
+        gen_files[0] = argv[2];
+        gen_files[1] = argv[3];
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_trace_lists),
         cmocka_unit_test(test_shared_segments_and_blocks),
         cmocka_unit_test(test_shared_wide_frame),
         cmocka_unit_test(test_shared_frames_lists_read),
         cmocka_unit_test(test_fixtures_unchanged),
+        cmocka_unit_test(test_streamed_equals_whole),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
