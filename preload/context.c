@@ -431,6 +431,24 @@ int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out)
     return MT_ENOENT;
 }
 
+bool mt__preload_held(const void *ptr)
+{
+    mt_preload_t *P = mt__preload();
+    uintptr_t x = (uintptr_t)ptr;
+    bool held = false;
+    for (int d = 0; d < P->ndevices && !held; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_snapshot_t *snap = NULL;
+        if (a == NULL || mt_alloc_snapshot(a, &snap) != 0)
+            continue;
+        for (size_t i = 0; i < snap->nsegments && !held; i++)
+            held =
+                x >= snap->segments[i].addr && x - snap->segments[i].addr < snap->segments[i].size;
+        mt_alloc_snapshot_free(&snap);
+    }
+    return held;
+}
+
 int mt__preload_host_free(void *ptr)
 {
     mt_preload_t *P = mt__preload();

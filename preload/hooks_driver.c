@@ -165,8 +165,11 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(q, &a);
+    /* A double free, or a pointer inside one of our segments: the program's error, counted
+     * below and answered as the real call would; never passed on. */
+    bool ours = rc == MT_ENOENT && mt__preload_held(q);
     mt__guard_leave();
-    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         if (sync)
             return ((CUresult(*)(CUdeviceptr))(void *)real_free)(p);
         return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);

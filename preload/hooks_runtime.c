@@ -169,8 +169,11 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(p, &a);
+    /* A double free, or a pointer inside one of our segments: the program's error, counted
+     * below and answered as the real call would; never passed on. */
+    bool ours = rc == MT_ENOENT && mt__preload_held(p);
     mt__guard_leave();
-    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         if (sync)
             return ((cudaError_t(*)(void *))(void *)real_free)(p);
         return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);

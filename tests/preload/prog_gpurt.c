@@ -391,6 +391,34 @@ static int staticrt(void)
     return 0;
 }
 
+/* A double free, or the free of a cached block that starts its segment, is the program's
+ * error: answered as the runtime (driver) would, never passed on, since the real free
+ * would release memtrace's whole segment under the blocks still live in it. */
+static int doublefree(void)
+{
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, MiB) == cudaSuccess); /* starts its segment */
+    CHECK(cudaMalloc(&b, MiB) == cudaSuccess); /* the same segment */
+    CHECK(cudaFree(a) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuMemFree_v2");
+    CHECK(cudaFree(a) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFree((char *)b + 16) == cudaErrorInvalidValue); /* inside a live block */
+    CHECK(fake_cuda_count("cuMemFree_v2") == n0);
+    CHECK(bind_ctx(NULL) == 0);
+    CHECK(cuMemsetD8Async(DP(b), 1, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS); /* the segment is still there */
+    CUdeviceptr d = 0;
+    CHECK(cuMemAlloc(&d, 3 * MiB) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(fake_cuda_count("cuMemFree_v2") == n0);
+    CHECK(cuMemsetD8Async(DP(b), 2, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cudaFree(b) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -403,7 +431,7 @@ int main(int argc, char **argv)
         {"lasterror", lasterror},   {"fork", forked},
         {"fork_sim", forked_sim},   {"oom", oom},
         {"range", range},           {"handles", handles},
-        {"static", staticrt},
+        {"static", staticrt},       {"doublefree", doublefree},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

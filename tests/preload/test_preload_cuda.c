@@ -134,6 +134,13 @@ static void test_static_runtime_path(void **state)
     assert_int_equal(run("static", NULL), 0);
 }
 
+/* A double free is refused and counted, never forwarded to the real free. */
+static void test_double_free_not_forwarded(void **state)
+{
+    (void)state;
+    assert_int_equal(run("doublefree", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +155,7 @@ int main(void)
         cmocka_unit_test(test_foreign_oom_releases_cache),
         cmocka_unit_test(test_block_queries_and_ipc),
         cmocka_unit_test(test_static_runtime_path),
+        cmocka_unit_test(test_double_free_not_forwarded),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
