@@ -162,6 +162,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
  * free is an error there, as nothing else could have allocated device memory. */
 static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
 {
+    /* cudaFree(0) is the idiom that makes the runtime create and bind the context: the
+     * real runtime must see it. */
+    if (p == NULL && sync && real_free != NULL && !mt__preload()->sim)
+        return ((cudaError_t(*)(void *))(void *)real_free)(NULL);
     if (p == NULL)
         return cudaSuccess;
     mt_alloc_t *a = NULL;

@@ -419,6 +419,17 @@ static int doublefree(void)
     return 0;
 }
 
+/* cudaFree(0) is how programs make the runtime create and bind the context (PyTorch
+ * before NVRTC): it must reach the runtime. */
+static int free0(void)
+{
+    CUcontext c = NULL;
+    CHECK(cudaFree(NULL) == cudaSuccess);
+    CHECK(cuCtxGetCurrent(&c) == CUDA_SUCCESS);
+    CHECK(c != NULL);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -432,6 +443,7 @@ int main(int argc, char **argv)
         {"fork_sim", forked_sim},   {"oom", oom},
         {"range", range},           {"handles", handles},
         {"static", staticrt},       {"doublefree", doublefree},
+        {"free0", free0},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -141,6 +141,13 @@ static void test_double_free_not_forwarded(void **state)
     assert_int_equal(run("doublefree", NULL), 0);
 }
 
+/* cudaFree(0) binds a context on the calling thread, as the runtime's does. */
+static void test_free_null_binds_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("free0", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -156,6 +163,7 @@ int main(void)
         cmocka_unit_test(test_block_queries_and_ipc),
         cmocka_unit_test(test_static_runtime_path),
         cmocka_unit_test(test_double_free_not_forwarded),
+        cmocka_unit_test(test_free_null_binds_context),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
