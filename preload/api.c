@@ -459,14 +459,15 @@ MT_HOOK void *memtrace_base_alloc(void *ptr, size_t *size)
     return base;
 }
 
-/* record_stream_fn: ptr is used on stream too (tensor.record_stream). */
+/* record_stream_fn: ptr is used on stream too (tensor.record_stream). Stream 0 is torch's
+ * default stream: s NULL records the legacy stream, as a free on stream 0 does. */
 MT_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream)
 {
     mt_alloc_t *a = NULL;
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (mt__preload_alloc_of(ptr, &a) == 0 &&
-        mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0 && s != NULL)
+        mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0)
         (void)mt_alloc_record_stream(a, ptr, s);
     mt__guard_leave();
 }

@@ -430,6 +430,33 @@ static int free0(void)
     return 0;
 }
 
+/* PyTorch's pluggable allocator: a block used on the default stream (record_stream with
+ * stream 0, torch's default stream) is not reused before that stream's work is done. */
+static int recstream0(void)
+{
+    void *(*alloc)(ssize_t, int, cudaStream_t) =
+        (void *(*)(ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_alloc");
+    void (*release)(void *, ssize_t, int, cudaStream_t) =
+        (void (*)(void *, ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_free");
+    void (*record)(void *, cudaStream_t) =
+        (void (*)(void *, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_record_stream");
+    CHECK(alloc != NULL && release != NULL && record != NULL);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    void *pa = alloc((ssize_t)MiB, 0, s);
+    CHECK(pa != NULL);
+    record(pa, NULL);
+    fake_cuda_hold(true); /* the default stream's work (a kernel reading pa) stays pending */
+    release(pa, (ssize_t)MiB, 0, s);
+    void *pb = alloc((ssize_t)MiB, 0, s);
+    CHECK(pb != NULL);
+    CHECK(pb != pa);
+    fake_cuda_hold(false);
+    release(pb, (ssize_t)MiB, 0, s);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -443,7 +470,7 @@ int main(int argc, char **argv)
         {"fork_sim", forked_sim},   {"oom", oom},
         {"range", range},           {"handles", handles},
         {"static", staticrt},       {"doublefree", doublefree},
-        {"free0", free0},
+        {"free0", free0},           {"recstream0", recstream0},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -148,6 +148,13 @@ static void test_free_null_binds_context(void **state)
     assert_int_equal(run("free0", NULL), 0);
 }
 
+/* memtrace_record_stream with the default stream orders the block's reuse after it. */
+static void test_record_stream_default(void **state)
+{
+    (void)state;
+    assert_int_equal(run("recstream0", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -164,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_static_runtime_path),
         cmocka_unit_test(test_double_free_not_forwarded),
         cmocka_unit_test(test_free_null_binds_context),
+        cmocka_unit_test(test_record_stream_default),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
