@@ -4,6 +4,8 @@
  * preload.h for the two modes. Runtime symbols are interposable only when the program
  * links libcudart dynamically (PyTorch does; nvcc's default is static). */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
@@ -463,21 +465,48 @@ MT_HOOK const char *cudaGetErrorName(cudaError_t error)
 
 /* ---- PyTorch's CUDAPluggableAllocator entry points ---- */
 
+/* torch's CUDAPluggableAllocator stores whatever alloc_fn returns as the tensor's data,
+ * unchecked, and nothing in its interface lets a C function raise OutOfMemoryError; a
+ * NULL would surface later as an illegal address far from the cause. So a refused
+ * request stops the process here with memtrace's report (the allocator's message, with
+ * the per-tag bytes and the OOM snapshot's path). MEMTRACE_PLUGGABLE_OOM=null returns
+ * NULL instead, for callers that check it. */
+static void *pluggable_refused(int rc, ssize_t size, int device)
+{
+    const char *mode = getenv("MEMTRACE_PLUGGABLE_OOM");
+    if (size == 0 || (mode != NULL && strcmp(mode, "null") == 0))
+        return NULL;
+    mt_preload_t *P = mt__preload();
+    pthread_mutex_lock(&P->oom_mu);
+    if (rc == MT_ENOMEM)
+        fprintf(stderr, "memtrace: memtrace_alloc(%zd bytes, device %d): %s\n", size, device,
+                P->oom_msg[0] != '\0' ? P->oom_msg : "out of memory");
+    else
+        fprintf(stderr, "memtrace: memtrace_alloc(%zd bytes, device %d) failed (%d)\n", size,
+                device, rc);
+    pthread_mutex_unlock(&P->oom_mu);
+    fprintf(stderr, "memtrace: torch's pluggable allocator cannot be told of the failure and "
+                    "would use a NULL pointer: stopping\n");
+    abort();
+}
+
 MT_HOOK void *memtrace_alloc(ssize_t size, int device, cudaStream_t stream)
 {
     mt_alloc_t *a = NULL;
     void *p = NULL;
-    if (size < 0 || mt__preload_alloc(device, &a) != 0)
+    if (size < 0)
         return NULL;
+    int rc = mt__preload_alloc(device, &a);
     mt_stream_t *s = NULL;
     mt__guard_enter();
-    int rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
         rc = mt_alloc_malloc(a, (size_t)size, s, mt__preload_tag(), &p);
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, (size_t)size);
-    return rc == 0 ? p : NULL;
+    return rc == 0 ? p : pluggable_refused(rc, size, device);
 }
 
 MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, cudaStream_t stream)
