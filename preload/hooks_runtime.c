@@ -153,6 +153,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
+    if (rc == 0 && real_async != NULL)
+        mt__preload_ordered_add(*p);
+    else if (rc == 0)
+        (void)mt__preload_ordered_take(*p);
     int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
         mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
@@ -191,11 +195,15 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    /* cudaFree synchronises the device; programs may rely on it, so it still does.
-     * cudaFreeAsync only orders the reuse after the stream's work (record_stream). */
-    if (rc == 0 && sync)
+    /* cudaFree synchronises the device; programs may rely on it, so it still does, except
+     * for stream-ordered memory, where CUDA documents no sync: its reuse is ordered after
+     * the legacy stream instead. cudaFreeAsync only orders the reuse after the stream's
+     * work (record_stream). */
+    bool ordered = rc == 0 && mt__preload_ordered_take(p);
+    if (rc == 0 && sync && !ordered)
         rc = mt_device_synchronize(mt_alloc_backend(a));
-    if (rc == 0 && (s != NULL || !sync) && mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
+    if (rc == 0 && (s != NULL || !sync || ordered) &&
+        mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
         rc = mt_alloc_record_stream(a, p, s); /* stream 0 too: after the legacy stream */
     if (rc == 0)
         rc = mt_alloc_free(a, p);

@@ -112,6 +112,11 @@ int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
  * free: freeing it there would release the whole segment under its live blocks. Takes
  * a snapshot, so it is for the unknown-pointer path only. */
 bool mt__preload_held(const void *ptr);
+/* Stream-ordered blocks (cudaMallocAsync, cuMemAllocAsync): add records one handed out;
+ * take removes ptr and says whether it was one. Every other allocation takes its
+ * pointer too, so an address reused after a device reset is not mistaken for one. */
+void mt__preload_ordered_add(const void *ptr);
+bool mt__preload_ordered_take(const void *ptr);
 /* Device reset or primary-context teardown (issue 16 item 1): drops device d's cache and
  * state first, while the context can still free them. */
 void mt__preload_drop_device(int device);

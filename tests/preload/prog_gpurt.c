@@ -457,20 +457,56 @@ static int recstream0(void)
     return 0;
 }
 
+/* Freeing stream-ordered memory with cudaFree/cuMemFree synchronises nothing (CUDA
+ * documents no implicit sync there; a stream waiting on the host would hang); a
+ * cudaMalloc pointer's free still synchronises the device. */
+static int orderedfree(void)
+{
+    cudaStream_t s;
+    void *p = NULL, *q = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cudaFree(q) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1); /* the counter sees a sync */
+    CHECK(cudaMallocAsync(&p, MiB, s) == cudaSuccess);
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cudaFree(p) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAllocAsync(&d, MiB, (CUstream)s) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS); /* a plain one still synchronises */
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},         {"procaddr", procaddr},
-        {"reset", reset},           {"foreign", foreign},
-        {"freeasync0", freeasync0}, {"capture", capture},
-        {"lasterror", lasterror},   {"fork", forked},
-        {"fork_sim", forked_sim},   {"oom", oom},
-        {"range", range},           {"handles", handles},
-        {"static", staticrt},       {"doublefree", doublefree},
-        {"free0", free0},           {"recstream0", recstream0},
+        {"lookup", lookup},
+        {"procaddr", procaddr},
+        {"reset", reset},
+        {"foreign", foreign},
+        {"freeasync0", freeasync0},
+        {"capture", capture},
+        {"lasterror", lasterror},
+        {"fork", forked},
+        {"fork_sim", forked_sim},
+        {"oom", oom},
+        {"range", range},
+        {"handles", handles},
+        {"static", staticrt},
+        {"doublefree", doublefree},
+        {"free0", free0},
+        {"recstream0", recstream0},
+        {"orderedfree", orderedfree},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

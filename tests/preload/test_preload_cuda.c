@@ -155,6 +155,13 @@ static void test_record_stream_default(void **state)
     assert_int_equal(run("recstream0", NULL), 0);
 }
 
+/* cudaFree/cuMemFree of stream-ordered memory does not synchronise the device. */
+static void test_ordered_free_no_device_sync(void **state)
+{
+    (void)state;
+    assert_int_equal(run("orderedfree", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -172,6 +179,7 @@ int main(void)
         cmocka_unit_test(test_double_free_not_forwarded),
         cmocka_unit_test(test_free_null_binds_context),
         cmocka_unit_test(test_record_stream_default),
+        cmocka_unit_test(test_ordered_free_no_device_sync),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
