@@ -87,10 +87,27 @@ static bool sticky(cudaError_t e)
            e == cudaErrorHardwareStackError || e == cudaErrorECCUncorrectable;
 }
 
-/* The real runtime's last-error call (cuda mode), or NULL. */
-static cudaError_t (*real_err(const char *name))(void)
+/* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
+#define REAL(name)                                                                                 \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_rt(#name);                                                       \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        f_;                                                                                        \
+    })
+/* The real runtime's last-error calls (cuda mode), or NULL. Torch checks the last error
+ * after every kernel launch: found once, not per call. */
+static cudaError_t (*real_get_err(void))(void)
 {
-    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))mt__preload_real_rt(name);
+    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))REAL(cudaGetLastError);
+}
+
+static cudaError_t (*real_peek_err(void))(void)
+{
+    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))REAL(cudaPeekAtLastError);
 }
 
 /* Records err as the thread's last error when it is one (cudaErrorNotReady is a status,
@@ -100,7 +117,7 @@ static cudaError_t (*real_err(const char *name))(void)
 cudaError_t mt__preload_rt_ret(cudaError_t err)
 {
     if (err != cudaSuccess && err != cudaErrorNotReady) {
-        cudaError_t (*clear)(void) = real_err("cudaGetLastError");
+        cudaError_t (*clear)(void) = real_get_err();
         if (clear != NULL)
             clear();
         if (!sticky(tls_last_error))
@@ -114,7 +131,7 @@ static int rt_device(void)
 {
     if (mt__preload()->sim)
         return mt__preload_current_device();
-    int (*get)(int *) = (int (*)(int *))mt__preload_real_rt("cudaGetDevice");
+    int (*get)(int *) = (int (*)(int *))REAL(cudaGetDevice);
     int d = 0;
     if (get != NULL && get(&d) != 0)
         d = 0;
@@ -213,17 +230,6 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
-/* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
-#define REAL(name)                                                                                 \
-    ({                                                                                             \
-        static _Atomic(void *) r_;                                                                 \
-        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
-        if (f_ == NULL) {                                                                          \
-            f_ = mt__preload_real_rt(#name);                                                       \
-            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
-        }                                                                                          \
-        f_;                                                                                        \
-    })
 #define FN(f) ((void (*)(void))(f))
 
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
@@ -413,7 +419,7 @@ MT_HOOK cudaError_t cudaGetDevice(int *device)
  * error stays (the runtime's own do the same). */
 MT_HOOK cudaError_t cudaGetLastError(void)
 {
-    cudaError_t (*real)(void) = real_err("cudaGetLastError");
+    cudaError_t (*real)(void) = real_get_err();
     cudaError_t r = real ? real() : cudaSuccess;
     cudaError_t e = r != cudaSuccess ? r : tls_last_error;
     if (!sticky(tls_last_error))
@@ -423,7 +429,7 @@ MT_HOOK cudaError_t cudaGetLastError(void)
 
 MT_HOOK cudaError_t cudaPeekAtLastError(void)
 {
-    cudaError_t (*real)(void) = real_err("cudaPeekAtLastError");
+    cudaError_t (*real)(void) = real_peek_err();
     cudaError_t r = real ? real() : cudaSuccess;
     if (sticky(tls_last_error))
         return tls_last_error;

@@ -26,6 +26,7 @@ void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, ne
  * LD_PRELOAD. */
 cudaError_t fakert_static_malloc(void **p, size_t n);
 cudaError_t fakert_static_free(void *p);
+size_t fakert_dlsym_count(void); /* glibc dlsym calls, the drop-in's included */
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -476,11 +477,37 @@ static int orderedfree(void)
     CHECK(bind_ctx(NULL) == 0);
     CUdeviceptr d = 0;
     CHECK(cuMemAllocAsync(&d, MiB, (CUstream)s) == CUDA_SUCCESS);
+    n0 = fake_cuda_count("cuCtxSynchronize");
     CHECK(cuMemFree(d) == CUDA_SUCCESS);
     CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
     CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS); /* a plain one still synchronises */
+    n0 = fake_cuda_count("cuCtxSynchronize");
     CHECK(cuMemFree(d) == CUDA_SUCCESS);
     CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
+    return 0;
+}
+
+/* The runtime's error and device queries run after every kernel launch (torch's
+ * C10_CUDA_KERNEL_LAUNCH_CHECK) and every cudaMalloc: the drop-in finds the real ones once,
+ * not with a dlsym per call. */
+static int dlsymcache(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 4096) == cudaSuccess); /* lookups made once */
+    CHECK(cudaFree(p) == cudaSuccess);
+    (void)cudaGetLastError();
+    (void)cudaPeekAtLastError();
+    size_t n0 = fakert_dlsym_count();
+    for (int i = 0; i < 100; i++) {
+        CHECK(cudaGetLastError() == cudaSuccess);
+        CHECK(cudaPeekAtLastError() == cudaSuccess);
+        CHECK(cudaMalloc(&p, 4096) == cudaSuccess);
+        CHECK(cudaFree(p) == cudaSuccess);
+    }
+    size_t n = fakert_dlsym_count() - n0;
+    if (n > 0)
+        fprintf(stderr, "%zu dlsym calls for 400 runtime calls\n", n);
+    CHECK(n == 0);
     return 0;
 }
 
@@ -507,6 +534,7 @@ int main(int argc, char **argv)
         {"free0", free0},
         {"recstream0", recstream0},
         {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -162,6 +162,13 @@ static void test_ordered_free_no_device_sync(void **state)
     assert_int_equal(run("orderedfree", NULL), 0);
 }
 
+/* The drop-in looks the real runtime's error and device calls up once, not per call. */
+static void test_runtime_lookups_cached(void **state)
+{
+    (void)state;
+    assert_int_equal(run("dlsymcache", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -180,6 +187,7 @@ int main(void)
         cmocka_unit_test(test_free_null_binds_context),
         cmocka_unit_test(test_record_stream_default),
         cmocka_unit_test(test_ordered_free_no_device_sync),
+        cmocka_unit_test(test_runtime_lookups_cached),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
