@@ -271,15 +271,19 @@ int mt__preload_alloc(int device, mt_alloc_t **out)
     if (a == NULL) {
         pthread_mutex_lock(&P->mu);
         int rc = 0;
+        bool made = false;
         if (P->dev[device].alloc == NULL) {
             mt__guard_enter();
             rc = create_device(P, device);
             mt__guard_leave();
+            made = rc == 0;
         }
         a = P->dev[device].alloc;
         pthread_mutex_unlock(&P->mu);
         if (rc != 0)
             return rc;
+        if (made && a != NULL)
+            mt__preload_marks_flush(a); /* the marks made before any allocator */
     }
     *out = a;
     return 0;

@@ -511,6 +511,28 @@ static int dlsymcache(void)
     return 0;
 }
 
+/* A mark before any allocation makes no allocator, hence no context on any device
+ * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
+static int earlymark(void)
+{
+    int (*mark)(int, uint64_t) = (int (*)(int, uint64_t))dlsym(RTLD_DEFAULT, "memtrace_mark");
+    int (*named)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "memtrace_mark_named");
+    long (*stats)(char *, size_t) =
+        (long (*)(char *, size_t))dlsym(RTLD_DEFAULT, "memtrace_stats_json");
+    CHECK(mark != NULL && named != NULL && stats != NULL);
+    CHECK(mark(1, 7) == 0); /* MT_MARK_ITERATION */
+    CHECK(named("before") == 0);
+    CHECK(fake_cuda_count("cuDevicePrimaryCtxRetain") == 0);
+    CHECK(fake_cuda_count("cuCtxCreate_v2") == 0);
+    static char js[1 << 16];
+    CHECK(stats(js, sizeof js) > 0 && strstr(js, "\"devices\":[]") != NULL);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 4096) == cudaSuccess); /* the program's own first use */
+    CHECK(mark(1, 8) == 0);
+    CHECK(cudaFree(p) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -535,6 +557,7 @@ int main(int argc, char **argv)
         {"recstream0", recstream0},
         {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache},
+        {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

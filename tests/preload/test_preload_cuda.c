@@ -169,6 +169,13 @@ static void test_runtime_lookups_cached(void **state)
     assert_int_equal(run("dlsymcache", NULL), 0);
 }
 
+/* memtrace_mark before any allocation makes no context on device 0. */
+static void test_early_mark_makes_no_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("earlymark", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -188,6 +195,7 @@ int main(void)
         cmocka_unit_test(test_record_stream_default),
         cmocka_unit_test(test_ordered_free_no_device_sync),
         cmocka_unit_test(test_runtime_lookups_cached),
+        cmocka_unit_test(test_early_mark_makes_no_context),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
