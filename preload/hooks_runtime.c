@@ -488,7 +488,8 @@ MT_HOOK const char *cudaGetErrorName(cudaError_t error)
 static void *pluggable_refused(int rc, ssize_t size, int device)
 {
     const char *mode = getenv("MEMTRACE_PLUGGABLE_OOM");
-    if (size == 0 || (mode != NULL && strcmp(mode, "null") == 0))
+    if (size == 0 || rc == MT_ENODEV || rc == MT_EINVAL || /* the caller's error, not ours */
+        (mode != NULL && strcmp(mode, "null") == 0))
         return NULL;
     mt_preload_t *P = mt__preload();
     pthread_mutex_lock(&P->oom_mu);
