@@ -484,6 +484,18 @@ static int orderedfree(void)
     n0 = fake_cuda_count("cuCtxSynchronize");
     CHECK(cuMemFree(d) == CUDA_SUCCESS);
     CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
+    /* Many at once, freed out of order: each is still known as stream-ordered. */
+    enum { N = 600 };
+    static void *many[N];
+    for (int i = 0; i < N; i++)
+        CHECK(cudaMallocAsync(&many[i], 4096, s) == cudaSuccess);
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    for (int i = 0; i < N; i++)
+        CHECK(cudaFree(many[(i * 7) % N]) == cudaSuccess); /* 7 is prime to N */
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess); /* and the fake still counts */
+    CHECK(cudaFree(q) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
     return 0;
 }
 
