@@ -494,6 +494,7 @@ static int orderedfree(void)
         CHECK(cudaFree(many[(i * 7) % N]) == cudaSuccess); /* 7 is prime to N */
     CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
     CHECK(cudaMalloc(&q, MiB) == cudaSuccess); /* and the fake still counts */
+    n0 = fake_cuda_count("cuCtxSynchronize");
     CHECK(cudaFree(q) == cudaSuccess);
     CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
     return 0;
