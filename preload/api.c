@@ -216,6 +216,13 @@ void mt__preload_marks_flush(mt_alloc_t *a)
     pthread_mutex_unlock(&early_mu);
 }
 
+void mt__preload_marks_fork_child(void)
+{
+    pthread_mutex_init(&early_mu, NULL);
+    nearly = 0; /* the parent's: emitted (or not) by the parent */
+    early_dropped = 0;
+}
+
 MT_HOOK int memtrace_mark(int mark, uint64_t payload)
 {
     if (mark < MT_MARK_ITERATION || mark > MT_MARK_WARMUP_END)

@@ -758,6 +758,7 @@ static void fork_child(void)
     pthread_mutex_init(&P->mu, NULL);
     pthread_mutex_init(&P->oom_mu, NULL);
     pthread_mutex_init(&ordered_mu, NULL);
+    mt__preload_marks_fork_child();
     ordered = NULL; /* the parent's addresses mean nothing here */
     ordered_cap = 0;
     atomic_store(&ordered_n, 0);

@@ -114,6 +114,8 @@ int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
 bool mt__preload_held(const void *ptr);
 /* Emits into a, the first allocator made, the marks made before it existed (api.c). */
 void mt__preload_marks_flush(mt_alloc_t *a);
+/* In a fork child: forgets the parent's queued marks and the state of their lock. */
+void mt__preload_marks_fork_child(void);
 /* Stream-ordered blocks (cudaMallocAsync, cuMemAllocAsync): add records one handed out;
  * take removes ptr and says whether it was one. Every other allocation takes its
  * pointer too, so an address reused after a device reset is not mistaken for one. */
