@@ -75,6 +75,22 @@ void *dlsym(void *handle, const char *name)
         real = f;
     }
     dlsym_calls++;
+    if (handle == RTLD_NEXT) {
+        /* glibc takes "next" from the caller's object, which is now this one (unless the
+         * compiler made a tail call): search from here, as the drop-in's callers mean
+         * (only this library sits between the drop-in and the rest). A handle search
+         * covers the object and then its dependencies. */
+        static void *_Atomic self;
+        void *h = self;
+        if (h == NULL) {
+            Dl_info info;
+            if (dladdr((void *)&fakert_dlsym_count, &info) != 0 && info.dli_fname != NULL)
+                h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+            self = h;
+        }
+        if (h != NULL)
+            handle = h;
+    }
     return f(handle, name);
 }
 
