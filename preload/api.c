@@ -147,44 +147,96 @@ MT_HOOK int memtrace_tag_depth(void)
 
 /* Marks go through one allocator, so each reaches consumers once per process, ordered
  * with that allocator's events and carrying its totals: the first device in use (device
- * 0 on sim, where it exists from the start), else device 0's, made now. */
-static int mark_alloc(mt_alloc_t **a)
+ * 0 on sim, where it exists from the start). Before any allocator exists a mark makes
+ * none (that would create a context on device 0 in every process, every DDP rank's
+ * included): it is kept here and emitted by the first allocator made, ahead of all of
+ * its events. Invariant: queued marks exist only while no device's allocator is ready,
+ * or until the creator of the first one flushes them (it takes early_mu after
+ * publishing the allocator, and mark_emit checks readiness under early_mu). */
+#define EARLY_MARKS 64
+
+typedef struct {
+    int kind;
+    uint64_t addr;
+    uint64_t size;
+    int tag;
+} early_mark_t;
+
+static pthread_mutex_t early_mu = PTHREAD_MUTEX_INITIALIZER;
+static early_mark_t early[EARLY_MARKS];
+static size_t nearly;        /* queued marks */
+static size_t early_dropped; /* marks past EARLY_MARKS, lost */
+
+static mt_alloc_t *first_ready(void)
 {
     mt_preload_t *P = mt__preload();
-    for (int d = 0; d < P->ndevices; d++)
-        if ((*a = atomic_load_explicit(&P->ready[d], memory_order_acquire)) != NULL)
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL)
+            return a;
+    }
+    return NULL;
+}
+
+static int mark_emit(int kind, uint64_t addr, uint64_t size, int tag)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    mt_alloc_t *a = first_ready();
+    if (a == NULL) {
+        pthread_mutex_lock(&early_mu);
+        a = first_ready();
+        if (a == NULL && nearly < EARLY_MARKS)
+            early[nearly++] = (early_mark_t){kind, addr, size, tag};
+        else if (a == NULL)
+            early_dropped++;
+        pthread_mutex_unlock(&early_mu);
+        if (a == NULL)
             return 0;
-    return mt__preload_alloc(0, a);
+    }
+    mt__guard_enter();
+    mt_alloc_emit(a, kind, addr, size, tag);
+    mt__guard_leave();
+    return 0;
+}
+
+void mt__preload_marks_flush(mt_alloc_t *a)
+{
+    pthread_mutex_lock(&early_mu);
+    mt__guard_enter();
+    for (size_t i = 0; i < nearly; i++)
+        mt_alloc_emit(a, early[i].kind, early[i].addr, early[i].size, early[i].tag);
+    mt__guard_leave();
+    if (early_dropped > 0)
+        mt__preload_say(MT_LOG_WARN, "%zu marks made before the first allocation were lost",
+                        early_dropped);
+    nearly = 0;
+    early_dropped = 0;
+    pthread_mutex_unlock(&early_mu);
+}
+
+void mt__preload_marks_fork_child(void)
+{
+    pthread_mutex_init(&early_mu, NULL);
+    nearly = 0; /* the parent's: emitted (or not) by the parent */
+    early_dropped = 0;
 }
 
 MT_HOOK int memtrace_mark(int mark, uint64_t payload)
 {
     if (mark < MT_MARK_ITERATION || mark > MT_MARK_WARMUP_END)
         return MT_EINVAL;
-    mt_alloc_t *a = NULL;
-    int rc = mark_alloc(&a);
-    if (rc != 0)
-        return rc;
-    mt__guard_enter();
-    mt_alloc_emit(a, MT_EV_MARK, (uint64_t)mark, payload, tls_tag);
-    mt__guard_leave();
-    return 0;
+    return mark_emit(MT_EV_MARK, (uint64_t)mark, payload, tls_tag);
 }
 
 MT_HOOK int memtrace_mark_named(const char *name)
 {
     if (name == NULL || name[0] == '\0')
         return MT_EINVAL;
-    mt_alloc_t *a = NULL;
-    int rc = mark_alloc(&a);
-    if (rc != 0)
-        return rc;
     mt_event_rec_t ev = {0};
     mt_event_mark_name_pack(&ev, name);
-    mt__guard_enter();
-    mt_alloc_emit(a, MT_EV_MARK_NAMED, ev.addr, ev.size, MT_TAG_OTHER); /* lines carry none */
-    mt__guard_leave();
-    return 0;
+    return mark_emit(MT_EV_MARK_NAMED, ev.addr, ev.size, MT_TAG_OTHER); /* lines carry none */
 }
 
 /* ---- statistics, peaks, cache, snapshots ---- */
@@ -459,14 +511,15 @@ MT_HOOK void *memtrace_base_alloc(void *ptr, size_t *size)
     return base;
 }
 
-/* record_stream_fn: ptr is used on stream too (tensor.record_stream). */
+/* record_stream_fn: ptr is used on stream too (tensor.record_stream). Stream 0 is torch's
+ * default stream: s NULL records the legacy stream, as a free on stream 0 does. */
 MT_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream)
 {
     mt_alloc_t *a = NULL;
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (mt__preload_alloc_of(ptr, &a) == 0 &&
-        mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0 && s != NULL)
+        mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0)
         (void)mt_alloc_record_stream(a, ptr, s);
     mt__guard_leave();
 }

@@ -271,15 +271,19 @@ int mt__preload_alloc(int device, mt_alloc_t **out)
     if (a == NULL) {
         pthread_mutex_lock(&P->mu);
         int rc = 0;
+        bool made = false;
         if (P->dev[device].alloc == NULL) {
             mt__guard_enter();
             rc = create_device(P, device);
             mt__guard_leave();
+            made = rc == 0;
         }
         a = P->dev[device].alloc;
         pthread_mutex_unlock(&P->mu);
         if (rc != 0)
             return rc;
+        if (made && a != NULL)
+            mt__preload_marks_flush(a); /* the marks made before any allocator */
     }
     *out = a;
     return 0;
@@ -429,6 +433,24 @@ int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out)
         }
     }
     return MT_ENOENT;
+}
+
+bool mt__preload_held(const void *ptr)
+{
+    mt_preload_t *P = mt__preload();
+    uintptr_t x = (uintptr_t)ptr;
+    bool held = false;
+    for (int d = 0; d < P->ndevices && !held; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        mt_alloc_snapshot_t *snap = NULL;
+        if (a == NULL || mt_alloc_snapshot(a, &snap) != 0)
+            continue;
+        for (size_t i = 0; i < snap->nsegments && !held; i++)
+            held =
+                x >= snap->segments[i].addr && x - snap->segments[i].addr < snap->segments[i].size;
+        mt_alloc_snapshot_free(&snap);
+    }
+    return held;
 }
 
 int mt__preload_host_free(void *ptr)
@@ -630,6 +652,90 @@ static void at_exit(void)
     mt__guard_leave();
 }
 
+/* ---- stream-ordered blocks ---- */
+
+/* The blocks handed out by cudaMallocAsync/cuMemAllocAsync and not yet freed: an open
+ * addressing set of addresses (linear probing, 0 empty, at most half full). Their
+ * cudaFree/cuMemFree synchronises nothing, as CUDA documents. */
+static pthread_mutex_t ordered_mu = PTHREAD_MUTEX_INITIALIZER;
+static uintptr_t *ordered;
+static size_t ordered_cap;       /* a power of two, or 0 */
+static _Atomic size_t ordered_n; /* entries in use */
+
+static size_t ordered_slot(uintptr_t x, size_t cap)
+{
+    return (size_t)((x >> 9) * UINT64_C(0x9E3779B97F4A7C15) >> 20) & (cap - 1);
+}
+
+static bool ordered_put(uintptr_t x)
+{
+    if (2 * (atomic_load(&ordered_n) + 1) > ordered_cap) {
+        size_t cap = ordered_cap ? 2 * ordered_cap : 256;
+        uintptr_t *t = calloc(cap, sizeof *t);
+        if (t == NULL)
+            return false;
+        for (size_t i = 0; i < ordered_cap; i++)
+            if (ordered[i] != 0) {
+                size_t j = ordered_slot(ordered[i], cap);
+                while (t[j] != 0)
+                    j = (j + 1) & (cap - 1);
+                t[j] = ordered[i];
+            }
+        free(ordered);
+        ordered = t;
+        ordered_cap = cap;
+    }
+    size_t j = ordered_slot(x, ordered_cap);
+    while (ordered[j] != 0 && ordered[j] != x)
+        j = (j + 1) & (ordered_cap - 1);
+    if (ordered[j] == 0)
+        atomic_fetch_add(&ordered_n, 1);
+    ordered[j] = x;
+    return true;
+}
+
+/* Removes x with backward shift deletion, so no probe chain is broken. Caller holds
+ * ordered_mu. */
+static bool ordered_del(uintptr_t x)
+{
+    if (ordered_cap == 0)
+        return false;
+    size_t i = ordered_slot(x, ordered_cap);
+    while (ordered[i] != 0 && ordered[i] != x)
+        i = (i + 1) & (ordered_cap - 1);
+    if (ordered[i] == 0)
+        return false;
+    ordered[i] = 0;
+    atomic_fetch_sub(&ordered_n, 1);
+    for (size_t j = (i + 1) & (ordered_cap - 1); ordered[j] != 0; j = (j + 1) & (ordered_cap - 1)) {
+        size_t k = ordered_slot(ordered[j], ordered_cap);
+        /* ordered[j] may move to i iff its home k is not in (i, j] cyclically */
+        if ((j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)) {
+            ordered[i] = ordered[j];
+            ordered[j] = 0;
+            i = j;
+        }
+    }
+    return true;
+}
+
+void mt__preload_ordered_add(const void *ptr)
+{
+    pthread_mutex_lock(&ordered_mu);
+    (void)ordered_put((uintptr_t)ptr); /* if the set cannot grow, its free synchronises */
+    pthread_mutex_unlock(&ordered_mu);
+}
+
+bool mt__preload_ordered_take(const void *ptr)
+{
+    if (atomic_load(&ordered_n) == 0)
+        return false;
+    pthread_mutex_lock(&ordered_mu);
+    bool was = ordered_del((uintptr_t)ptr);
+    pthread_mutex_unlock(&ordered_mu);
+    return was;
+}
+
 /* ---- fork ---- */
 
 /* The child of a fork inherits the allocators but not the device state behind them (the
@@ -651,6 +757,11 @@ static void fork_child(void)
     mt_preload_t *P = &mt_preload_ctx;
     pthread_mutex_init(&P->mu, NULL);
     pthread_mutex_init(&P->oom_mu, NULL);
+    pthread_mutex_init(&ordered_mu, NULL);
+    mt__preload_marks_fork_child();
+    ordered = NULL; /* the parent's addresses mean nothing here */
+    ordered_cap = 0;
+    atomic_store(&ordered_n, 0);
     for (int d = 0; d < P->ndevices; d++) {
         atomic_store(&P->ready[d], NULL);
         P->dev[d].alloc = NULL; /* the parent's: unusable here, so left as they are */

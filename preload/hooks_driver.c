@@ -147,6 +147,10 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (rc == MT_ENOMEM && !fatal_code(drv)) /* a fault or capture rule is no OOM */
         mt__preload_note_oom(a, size);
+    if (rc == 0 && real_async != NULL)
+        mt__preload_ordered_add(q);
+    else if (rc == 0)
+        (void)mt__preload_ordered_take(q);
     if (rc == 0)
         *p = (CUdeviceptr)(uintptr_t)q;
     return to_cu_drv(rc, drv);
@@ -165,8 +169,11 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(q, &a);
+    /* A double free, or a pointer inside one of our segments: the program's error, counted
+     * below and answered as the real call would; never passed on. */
+    bool ours = rc == MT_ENOENT && mt__preload_held(q);
     mt__guard_leave();
-    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         if (sync)
             return ((CUresult(*)(CUdeviceptr))(void *)real_free)(p);
         return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
@@ -179,11 +186,15 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
     mt__guard_enter();
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    if (rc == 0 && sync)
-        rc = mt_device_synchronize(mt_alloc_backend(a)); /* cuMemFree synchronises */
+    /* cuMemFree synchronises, but not for stream-ordered memory (CUDA documents no sync
+     * there): that reuse is ordered after the legacy stream instead. */
+    bool ordered = rc == 0 && mt__preload_ordered_take(q);
+    if (rc == 0 && sync && !ordered)
+        rc = mt_device_synchronize(mt_alloc_backend(a));
     /* An async free is ordered after its stream's work, the default stream's too (s NULL):
      * the block is reused elsewhere only once that work is done. */
-    if (rc == 0 && (s != NULL || !sync) && mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
+    if (rc == 0 && (s != NULL || !sync || ordered) &&
+        mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
         rc = mt_alloc_record_stream(a, q, s);
     if (rc == 0)
         rc = mt_alloc_free(a, q);

@@ -4,6 +4,8 @@
  * preload.h for the two modes. Runtime symbols are interposable only when the program
  * links libcudart dynamically (PyTorch does; nvcc's default is static). */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 
@@ -85,10 +87,27 @@ static bool sticky(cudaError_t e)
            e == cudaErrorHardwareStackError || e == cudaErrorECCUncorrectable;
 }
 
-/* The real runtime's last-error call (cuda mode), or NULL. */
-static cudaError_t (*real_err(const char *name))(void)
+/* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
+#define REAL(name)                                                                                 \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_rt(#name);                                                       \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        f_;                                                                                        \
+    })
+/* The real runtime's last-error calls (cuda mode), or NULL. Torch checks the last error
+ * after every kernel launch: found once, not per call. */
+static cudaError_t (*real_get_err(void))(void)
 {
-    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))mt__preload_real_rt(name);
+    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))REAL(cudaGetLastError);
+}
+
+static cudaError_t (*real_peek_err(void))(void)
+{
+    return mt__preload()->sim ? NULL : (cudaError_t(*)(void))REAL(cudaPeekAtLastError);
 }
 
 /* Records err as the thread's last error when it is one (cudaErrorNotReady is a status,
@@ -98,7 +117,7 @@ static cudaError_t (*real_err(const char *name))(void)
 cudaError_t mt__preload_rt_ret(cudaError_t err)
 {
     if (err != cudaSuccess && err != cudaErrorNotReady) {
-        cudaError_t (*clear)(void) = real_err("cudaGetLastError");
+        cudaError_t (*clear)(void) = real_get_err();
         if (clear != NULL)
             clear();
         if (!sticky(tls_last_error))
@@ -112,7 +131,7 @@ static int rt_device(void)
 {
     if (mt__preload()->sim)
         return mt__preload_current_device();
-    int (*get)(int *) = (int (*)(int *))mt__preload_real_rt("cudaGetDevice");
+    int (*get)(int *) = (int (*)(int *))REAL(cudaGetDevice);
     int d = 0;
     if (get != NULL && get(&d) != 0)
         d = 0;
@@ -151,6 +170,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
+    if (rc == 0 && real_async != NULL)
+        mt__preload_ordered_add(*p);
+    else if (rc == 0)
+        (void)mt__preload_ordered_take(*p);
     int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
         mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
@@ -162,6 +185,10 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
  * free is an error there, as nothing else could have allocated device memory. */
 static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
 {
+    /* cudaFree(0) is the idiom that makes the runtime create and bind the context: the
+     * real runtime must see it. */
+    if (p == NULL && sync && real_free != NULL && !mt__preload()->sim)
+        return ((cudaError_t(*)(void *))(void *)real_free)(NULL);
     if (p == NULL)
         return cudaSuccess;
     mt_alloc_t *a = NULL;
@@ -169,8 +196,11 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_alloc_of(p, &a);
+    /* A double free, or a pointer inside one of our segments: the program's error, counted
+     * below and answered as the real call would; never passed on. */
+    bool ours = rc == MT_ENOENT && mt__preload_held(p);
     mt__guard_leave();
-    if (rc == MT_ENOENT && real_free != NULL && !mt__preload()->sim) {
+    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         if (sync)
             return ((cudaError_t(*)(void *))(void *)real_free)(p);
         return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
@@ -182,11 +212,15 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    /* cudaFree synchronises the device; programs may rely on it, so it still does.
-     * cudaFreeAsync only orders the reuse after the stream's work (record_stream). */
-    if (rc == 0 && sync)
+    /* cudaFree synchronises the device; programs may rely on it, so it still does, except
+     * for stream-ordered memory, where CUDA documents no sync: its reuse is ordered after
+     * the legacy stream instead. cudaFreeAsync only orders the reuse after the stream's
+     * work (record_stream). */
+    bool ordered = rc == 0 && mt__preload_ordered_take(p);
+    if (rc == 0 && sync && !ordered)
         rc = mt_device_synchronize(mt_alloc_backend(a));
-    if (rc == 0 && (s != NULL || !sync) && mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
+    if (rc == 0 && (s != NULL || !sync || ordered) &&
+        mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
         rc = mt_alloc_record_stream(a, p, s); /* stream 0 too: after the legacy stream */
     if (rc == 0)
         rc = mt_alloc_free(a, p);
@@ -196,17 +230,6 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
-/* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
-#define REAL(name)                                                                                 \
-    ({                                                                                             \
-        static _Atomic(void *) r_;                                                                 \
-        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
-        if (f_ == NULL) {                                                                          \
-            f_ = mt__preload_real_rt(#name);                                                       \
-            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
-        }                                                                                          \
-        f_;                                                                                        \
-    })
 #define FN(f) ((void (*)(void))(f))
 
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
@@ -396,7 +419,7 @@ MT_HOOK cudaError_t cudaGetDevice(int *device)
  * error stays (the runtime's own do the same). */
 MT_HOOK cudaError_t cudaGetLastError(void)
 {
-    cudaError_t (*real)(void) = real_err("cudaGetLastError");
+    cudaError_t (*real)(void) = real_get_err();
     cudaError_t r = real ? real() : cudaSuccess;
     cudaError_t e = r != cudaSuccess ? r : tls_last_error;
     if (!sticky(tls_last_error))
@@ -406,7 +429,7 @@ MT_HOOK cudaError_t cudaGetLastError(void)
 
 MT_HOOK cudaError_t cudaPeekAtLastError(void)
 {
-    cudaError_t (*real)(void) = real_err("cudaPeekAtLastError");
+    cudaError_t (*real)(void) = real_peek_err();
     cudaError_t r = real ? real() : cudaSuccess;
     if (sticky(tls_last_error))
         return tls_last_error;
@@ -456,21 +479,49 @@ MT_HOOK const char *cudaGetErrorName(cudaError_t error)
 
 /* ---- PyTorch's CUDAPluggableAllocator entry points ---- */
 
+/* torch's CUDAPluggableAllocator stores whatever alloc_fn returns as the tensor's data,
+ * unchecked, and nothing in its interface lets a C function raise OutOfMemoryError; a
+ * NULL would surface later as an illegal address far from the cause. So a refused
+ * request stops the process here with memtrace's report (the allocator's message, with
+ * the per-tag bytes and the OOM snapshot's path). MEMTRACE_PLUGGABLE_OOM=null returns
+ * NULL instead, for callers that check it. */
+static void *pluggable_refused(int rc, ssize_t size, int device)
+{
+    const char *mode = getenv("MEMTRACE_PLUGGABLE_OOM");
+    if (size == 0 || rc == MT_ENODEV || rc == MT_EINVAL || /* the caller's error, not ours */
+        (mode != NULL && strcmp(mode, "null") == 0))
+        return NULL;
+    mt_preload_t *P = mt__preload();
+    pthread_mutex_lock(&P->oom_mu);
+    if (rc == MT_ENOMEM)
+        fprintf(stderr, "memtrace: memtrace_alloc(%zd bytes, device %d): %s\n", size, device,
+                P->oom_msg[0] != '\0' ? P->oom_msg : "out of memory");
+    else
+        fprintf(stderr, "memtrace: memtrace_alloc(%zd bytes, device %d) failed (%d)\n", size,
+                device, rc);
+    pthread_mutex_unlock(&P->oom_mu);
+    fprintf(stderr, "memtrace: torch's pluggable allocator cannot be told of the failure and "
+                    "would use a NULL pointer: stopping\n");
+    abort();
+}
+
 MT_HOOK void *memtrace_alloc(ssize_t size, int device, cudaStream_t stream)
 {
     mt_alloc_t *a = NULL;
     void *p = NULL;
-    if (size < 0 || mt__preload_alloc(device, &a) != 0)
+    if (size < 0)
         return NULL;
+    int rc = mt__preload_alloc(device, &a);
     mt_stream_t *s = NULL;
     mt__guard_enter();
-    int rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    if (rc == 0)
+        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
         rc = mt_alloc_malloc(a, (size_t)size, s, mt__preload_tag(), &p);
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, (size_t)size);
-    return rc == 0 ? p : NULL;
+    return rc == 0 ? p : pluggable_refused(rc, size, device);
 }
 
 MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, cudaStream_t stream)

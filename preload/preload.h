@@ -107,6 +107,20 @@ int mt__preload_alloc(int device, mt_alloc_t **out);
 /* The allocator (of any device in use) that handed out ptr; MT_ENOENT if none. CUDA
  * frees any device's pointer whatever the current device is, so frees look it up. */
 int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
+/* Whether ptr lies inside a segment some device's allocator holds (a free or cached
+ * block, or the inside of a live one). Such a pointer is never the real runtime's to
+ * free: freeing it there would release the whole segment under its live blocks. Takes
+ * a snapshot, so it is for the unknown-pointer path only. */
+bool mt__preload_held(const void *ptr);
+/* Emits into a, the first allocator made, the marks made before it existed (api.c). */
+void mt__preload_marks_flush(mt_alloc_t *a);
+/* In a fork child: forgets the parent's queued marks and the state of their lock. */
+void mt__preload_marks_fork_child(void);
+/* Stream-ordered blocks (cudaMallocAsync, cuMemAllocAsync): add records one handed out;
+ * take removes ptr and says whether it was one. Every other allocation takes its
+ * pointer too, so an address reused after a device reset is not mistaken for one. */
+void mt__preload_ordered_add(const void *ptr);
+bool mt__preload_ordered_take(const void *ptr);
 /* Device reset or primary-context teardown (issue 16 item 1): drops device d's cache and
  * state first, while the context can still free them. */
 void mt__preload_drop_device(int device);

@@ -12,7 +12,10 @@
  *   cudaGetLastError returns the latest and resets it, cudaPeekAtLastError leaves it;
  *   a sticky error (illegal address, launch failure, ...) is never reset, and every call
  *   returns it, until cudaDeviceReset.
- * - cudaDeviceReset resets the current device's primary context. */
+ * - cudaDeviceReset resets the current device's primary context.
+ * - dlsym: glibc's, counted (fakert_dlsym_count). It is exported under glibc's version
+ *   node (fake_libcudart.map) and this library comes before libc, so the drop-in's own
+ *   lookups of the real runtime, which go through glibc's dlsym, are counted too. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -32,6 +35,8 @@ RT_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCap
  * can interpose them, so they reach memtrace only through the driver. */
 RT_API cudaError_t fakert_static_malloc(void **p, size_t n);
 RT_API cudaError_t fakert_static_free(void *p);
+RT_API size_t fakert_dlsym_count(void);
+RT_API void *dlsym(void *handle, const char *name);
 
 typedef CUresult (*getproc_t)(const char *, void **, int, cuuint64_t,
                               CUdriverProcAddressQueryResult *);
@@ -56,6 +61,43 @@ static struct {
     CUresult (*IsCapturing[2])(CUstream, CUstreamCaptureStatus *);
     CUresult (*GraphDestroy)(CUgraph);
 } drv;
+
+static _Atomic size_t dlsym_calls;
+
+void *dlsym(void *handle, const char *name)
+{
+    static void *(*_Atomic real)(void *, const char *);
+    void *(*f)(void *, const char *) = real;
+    if (f == NULL) {
+        *(void **)&f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (f == NULL)
+            *(void **)&f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        real = f;
+    }
+    dlsym_calls++;
+    if (handle == RTLD_NEXT) {
+        /* glibc takes "next" from the caller's object, which is now this one (unless the
+         * compiler made a tail call): search from here, as the drop-in's callers mean
+         * (only this library sits between the drop-in and the rest). A handle search
+         * covers the object and then its dependencies. */
+        static void *_Atomic self;
+        void *h = self;
+        if (h == NULL) {
+            Dl_info info;
+            if (dladdr((void *)&fakert_dlsym_count, &info) != 0 && info.dli_fname != NULL)
+                h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+            self = h;
+        }
+        if (h != NULL)
+            handle = h;
+    }
+    return f(handle, name);
+}
+
+size_t fakert_dlsym_count(void)
+{
+    return dlsym_calls;
+}
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static bool loaded;

@@ -26,6 +26,7 @@ void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, ne
  * LD_PRELOAD. */
 cudaError_t fakert_static_malloc(void **p, size_t n);
 cudaError_t fakert_static_free(void *p);
+size_t fakert_dlsym_count(void); /* glibc dlsym calls, the drop-in's included */
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
@@ -391,19 +392,185 @@ static int staticrt(void)
     return 0;
 }
 
+/* A double free, or the free of a cached block that starts its segment, is the program's
+ * error: answered as the runtime (driver) would, never passed on, since the real free
+ * would release memtrace's whole segment under the blocks still live in it. */
+static int doublefree(void)
+{
+    void *a = NULL, *b = NULL;
+    CHECK(cudaMalloc(&a, MiB) == cudaSuccess); /* starts its segment */
+    CHECK(cudaMalloc(&b, MiB) == cudaSuccess); /* the same segment */
+    CHECK(cudaFree(a) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuMemFree_v2");
+    CHECK(cudaFree(a) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFree((char *)b + 16) == cudaErrorInvalidValue); /* inside a live block */
+    CHECK(fake_cuda_count("cuMemFree_v2") == n0);
+    CHECK(bind_ctx(NULL) == 0);
+    CHECK(cuMemsetD8Async(DP(b), 1, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS); /* the segment is still there */
+    CUdeviceptr d = 0;
+    CHECK(cuMemAlloc(&d, 3 * MiB) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(fake_cuda_count("cuMemFree_v2") == n0);
+    CHECK(cuMemsetD8Async(DP(b), 2, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cudaFree(b) == cudaSuccess);
+    return 0;
+}
+
+/* cudaFree(0) is how programs make the runtime create and bind the context (PyTorch
+ * before NVRTC): it must reach the runtime. */
+static int free0(void)
+{
+    CUcontext c = NULL;
+    CHECK(cudaFree(NULL) == cudaSuccess);
+    CHECK(cuCtxGetCurrent(&c) == CUDA_SUCCESS);
+    CHECK(c != NULL);
+    return 0;
+}
+
+/* PyTorch's pluggable allocator: a block used on the default stream (record_stream with
+ * stream 0, torch's default stream) is not reused before that stream's work is done. */
+static int recstream0(void)
+{
+    void *(*alloc)(ssize_t, int, cudaStream_t) =
+        (void *(*)(ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_alloc");
+    void (*release)(void *, ssize_t, int, cudaStream_t) =
+        (void (*)(void *, ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_free");
+    void (*record)(void *, cudaStream_t) =
+        (void (*)(void *, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_record_stream");
+    CHECK(alloc != NULL && release != NULL && record != NULL);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    void *pa = alloc((ssize_t)MiB, 0, s);
+    CHECK(pa != NULL);
+    record(pa, NULL);
+    fake_cuda_hold(true); /* the default stream's work (a kernel reading pa) stays pending */
+    release(pa, (ssize_t)MiB, 0, s);
+    void *pb = alloc((ssize_t)MiB, 0, s);
+    CHECK(pb != NULL);
+    CHECK(pb != pa);
+    fake_cuda_hold(false);
+    release(pb, (ssize_t)MiB, 0, s);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    return 0;
+}
+
+/* Freeing stream-ordered memory with cudaFree/cuMemFree synchronises nothing (CUDA
+ * documents no implicit sync there; a stream waiting on the host would hang); a
+ * cudaMalloc pointer's free still synchronises the device. */
+static int orderedfree(void)
+{
+    cudaStream_t s;
+    void *p = NULL, *q = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess);
+    size_t n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cudaFree(q) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1); /* the counter sees a sync */
+    CHECK(cudaMallocAsync(&p, MiB, s) == cudaSuccess);
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cudaFree(p) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAllocAsync(&d, MiB, (CUstream)s) == CUDA_SUCCESS);
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS); /* a plain one still synchronises */
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
+    /* Many at once, freed out of order: each is still known as stream-ordered. */
+    enum { N = 600 };
+    static void *many[N];
+    for (int i = 0; i < N; i++)
+        CHECK(cudaMallocAsync(&many[i], 4096, s) == cudaSuccess);
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    for (int i = 0; i < N; i++)
+        CHECK(cudaFree(many[(i * 7) % N]) == cudaSuccess); /* 7 is prime to N */
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0);
+    CHECK(cudaMalloc(&q, MiB) == cudaSuccess); /* and the fake still counts */
+    n0 = fake_cuda_count("cuCtxSynchronize");
+    CHECK(cudaFree(q) == cudaSuccess);
+    CHECK(fake_cuda_count("cuCtxSynchronize") == n0 + 1);
+    return 0;
+}
+
+/* The runtime's error and device queries run after every kernel launch (torch's
+ * C10_CUDA_KERNEL_LAUNCH_CHECK) and every cudaMalloc: the drop-in finds the real ones once,
+ * not with a dlsym per call. */
+static int dlsymcache(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 4096) == cudaSuccess); /* lookups made once */
+    CHECK(cudaFree(p) == cudaSuccess);
+    (void)cudaGetLastError();
+    (void)cudaPeekAtLastError();
+    size_t n0 = fakert_dlsym_count();
+    for (int i = 0; i < 100; i++) {
+        CHECK(cudaGetLastError() == cudaSuccess);
+        CHECK(cudaPeekAtLastError() == cudaSuccess);
+        CHECK(cudaMalloc(&p, 4096) == cudaSuccess);
+        CHECK(cudaFree(p) == cudaSuccess);
+    }
+    size_t n = fakert_dlsym_count() - n0;
+    if (n > 0)
+        fprintf(stderr, "%zu dlsym calls for 400 runtime calls\n", n);
+    CHECK(n == 0);
+    return 0;
+}
+
+/* A mark before any allocation makes no allocator, hence no context on any device
+ * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
+static int earlymark(void)
+{
+    int (*mark)(int, uint64_t) = (int (*)(int, uint64_t))dlsym(RTLD_DEFAULT, "memtrace_mark");
+    int (*named)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "memtrace_mark_named");
+    long (*stats)(char *, size_t) =
+        (long (*)(char *, size_t))dlsym(RTLD_DEFAULT, "memtrace_stats_json");
+    CHECK(mark != NULL && named != NULL && stats != NULL);
+    CHECK(mark(1, 7) == 0); /* MT_MARK_ITERATION */
+    CHECK(named("before") == 0);
+    CHECK(fake_cuda_count("cuDevicePrimaryCtxRetain") == 0);
+    CHECK(fake_cuda_count("cuCtxCreate_v2") == 0);
+    static char js[1 << 16];
+    CHECK(stats(js, sizeof js) > 0 && strstr(js, "\"devices\":[]") != NULL);
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, 4096) == cudaSuccess); /* the program's own first use */
+    CHECK(mark(1, 8) == 0);
+    CHECK(cudaFree(p) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},         {"procaddr", procaddr},
-        {"reset", reset},           {"foreign", foreign},
-        {"freeasync0", freeasync0}, {"capture", capture},
-        {"lasterror", lasterror},   {"fork", forked},
-        {"fork_sim", forked_sim},   {"oom", oom},
-        {"range", range},           {"handles", handles},
+        {"lookup", lookup},
+        {"procaddr", procaddr},
+        {"reset", reset},
+        {"foreign", foreign},
+        {"freeasync0", freeasync0},
+        {"capture", capture},
+        {"lasterror", lasterror},
+        {"fork", forked},
+        {"fork_sim", forked_sim},
+        {"oom", oom},
+        {"range", range},
+        {"handles", handles},
         {"static", staticrt},
+        {"doublefree", doublefree},
+        {"free0", free0},
+        {"recstream0", recstream0},
+        {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache},
+        {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

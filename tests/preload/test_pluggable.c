@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -46,6 +48,8 @@ static int setup(void **state)
     if (!mkdtemp(oomdir))
         return -1;
     setenv("MEMTRACE_OOM_DIR", oomdir, 1);
+    /* these tests look at the refused requests themselves (NULL); torch would not */
+    setenv("MEMTRACE_PLUGGABLE_OOM", "null", 1);
     const char *path = getenv("MT_PRELOAD");
     P.lib = path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
     if (!P.lib)
@@ -148,6 +152,41 @@ static void test_reset_empties_cache(void **state)
     assert_int_equal(reserved(), 0);
 }
 
+/* torch's CUDAPluggableAllocator never checks the pointer memtrace_alloc returns: an
+ * out-of-memory stops the process with memtrace's report rather than hand torch NULL. */
+static void test_oom_stops_before_null(void **state)
+{
+    (void)state;
+    int fd[2];
+    assert_int_equal(pipe(fd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(fd[1], 2);
+        unsetenv("MEMTRACE_PLUGGABLE_OOM"); /* the default, as under torch */
+        setenv("MEMTRACE_LOG_LEVEL", "quiet", 1);
+        P.init(1);
+        void *p = P.alloc((ssize_t)(128 * MiB), 0, NULL); /* more than the 64 MiB device */
+        _exit(p == NULL ? 3 : 4);
+    }
+    close(fd[1]);
+    char out[8192];
+    size_t n = 0;
+    ssize_t r;
+    while (n < sizeof out - 1 && (r = read(fd[0], out + n, sizeof out - 1 - n)) > 0)
+        n += (size_t)r;
+    out[n] = '\0';
+    close(fd[0]);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFSIGNALED(st))
+        fprintf(stderr, "child exit %d, stderr:\n%s\n", WEXITSTATUS(st), out);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+    assert_non_null(strstr(out, "memtrace_alloc"));
+    assert_non_null(strstr(out, "out of memory"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -155,6 +194,7 @@ int main(void)
         cmocka_unit_test(test_memory_fraction),
         cmocka_unit_test(test_base_alloc),
         cmocka_unit_test(test_reset_empties_cache),
+        cmocka_unit_test(test_oom_stops_before_null),
     };
     return MT_TEST_RUN(tests, setup, teardown);
 }

@@ -134,6 +134,48 @@ static void test_static_runtime_path(void **state)
     assert_int_equal(run("static", NULL), 0);
 }
 
+/* A double free is refused and counted, never forwarded to the real free. */
+static void test_double_free_not_forwarded(void **state)
+{
+    (void)state;
+    assert_int_equal(run("doublefree", NULL), 0);
+}
+
+/* cudaFree(0) binds a context on the calling thread, as the runtime's does. */
+static void test_free_null_binds_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("free0", NULL), 0);
+}
+
+/* memtrace_record_stream with the default stream orders the block's reuse after it. */
+static void test_record_stream_default(void **state)
+{
+    (void)state;
+    assert_int_equal(run("recstream0", NULL), 0);
+}
+
+/* cudaFree/cuMemFree of stream-ordered memory does not synchronise the device. */
+static void test_ordered_free_no_device_sync(void **state)
+{
+    (void)state;
+    assert_int_equal(run("orderedfree", NULL), 0);
+}
+
+/* The drop-in looks the real runtime's error and device calls up once, not per call. */
+static void test_runtime_lookups_cached(void **state)
+{
+    (void)state;
+    assert_int_equal(run("dlsymcache", NULL), 0);
+}
+
+/* memtrace_mark before any allocation makes no context on device 0. */
+static void test_early_mark_makes_no_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("earlymark", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -148,6 +190,12 @@ int main(void)
         cmocka_unit_test(test_foreign_oom_releases_cache),
         cmocka_unit_test(test_block_queries_and_ipc),
         cmocka_unit_test(test_static_runtime_path),
+        cmocka_unit_test(test_double_free_not_forwarded),
+        cmocka_unit_test(test_free_null_binds_context),
+        cmocka_unit_test(test_record_stream_default),
+        cmocka_unit_test(test_ordered_free_no_device_sync),
+        cmocka_unit_test(test_runtime_lookups_cached),
+        cmocka_unit_test(test_early_mark_makes_no_context),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

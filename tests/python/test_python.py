@@ -419,7 +419,13 @@ class InProcess(unittest.TestCase):
                                 ctypes.POINTER(ctypes.c_size_t))(("memtrace_base_alloc", L))
         reset = ctypes.CFUNCTYPE(None)(("memtrace_reset", L))
         fraction(1e-9, 0)  # torch.cuda.set_per_process_memory_fraction(1e-9)
-        self.assertIsNone(alloc(64 * MiB, 0, None))
+        # Under torch a refused request stops the process (torch never checks for NULL);
+        # this caller does check.
+        os.environ["MEMTRACE_PLUGGABLE_OOM"] = "null"
+        try:
+            self.assertIsNone(alloc(64 * MiB, 0, None))
+        finally:
+            del os.environ["MEMTRACE_PLUGGABLE_OOM"]
         fraction(1.0, 0)
         p = alloc(64 * MiB, 0, None)
         self.assertIsNotNone(p)
