@@ -284,11 +284,38 @@ MT_HOOK long memtrace_stats_json(char *buf, size_t cap)
             devs = NULL;
         }
     }
-    json_t *o = devs == NULL ? NULL
-                             : json_pack("{s:o,s:I,s:I,s:I}", "devices", devs, "ooms",
-                                         (json_int_t)atomic_load(&P->ooms), "unknown_frees",
-                                         (json_int_t)atomic_load(&P->unknown_frees), "host_bytes",
-                                         (json_int_t)atomic_load(&P->host_bytes));
+    /* The managed allocators serving the program's cudaMallocManaged, with their figures. */
+    json_t *mdevs = json_array();
+    for (int d = 0; mdevs != NULL && d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->mready[d], memory_order_acquire);
+        mt_alloc_stats_t st;
+        mt_managed_stats_t ms;
+        if (a == NULL || mt_alloc_stats(a, &st) != 0 || mt_alloc_managed_stats(a, &ms) != 0)
+            continue;
+        json_t *j = mt_prof_stats_to_json(&st, (int)getpid(), d, tag_name_cb, NULL);
+        if (j != NULL)
+            json_object_set_new(j, "managed",
+                                json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "managed_bytes",
+                                          (json_int_t)ms.managed_bytes, "device_bytes",
+                                          (json_int_t)ms.device_bytes, "prefetches",
+                                          (json_int_t)ms.prefetches, "prefetch_bytes",
+                                          (json_int_t)ms.prefetch_bytes, "advises",
+                                          (json_int_t)ms.advises, "faults", (json_int_t)ms.faults));
+        if (j == NULL || json_array_append_new(mdevs, j) != 0) {
+            json_decref(mdevs);
+            mdevs = NULL;
+        }
+    }
+    if (mdevs == NULL) {
+        json_decref(devs);
+        devs = NULL;
+    }
+    json_t *o = devs == NULL
+                    ? NULL
+                    : json_pack("{s:o,s:o,s:I,s:I,s:I}", "devices", devs, "managed_devices", mdevs,
+                                "ooms", (json_int_t)atomic_load(&P->ooms), "unknown_frees",
+                                (json_int_t)atomic_load(&P->unknown_frees), "host_bytes",
+                                (json_int_t)atomic_load(&P->host_bytes));
     long rc = dump(o, buf, cap);
     mt__guard_leave();
     return rc;
@@ -369,6 +396,22 @@ MT_HOOK int memtrace_empty_cache(void)
     }
     mt__guard_leave();
     return rc;
+}
+
+MT_HOOK int memtrace_prefetch(void *ptr, size_t size, int location, struct CUstream_st *stream)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    return mt__preload_managed_op(true, ptr, size, 0, location, stream);
+}
+
+MT_HOOK int memtrace_advise(void *ptr, size_t size, int advice, int location)
+{
+    mt_preload_t *P = mt__preload();
+    if (P->init_rc != 0)
+        return P->init_rc;
+    return mt__preload_managed_op(false, ptr, size, advice, location, NULL);
 }
 
 MT_HOOK const char *memtrace_library_path(void)

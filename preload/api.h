@@ -83,6 +83,17 @@ MT_API_HOOK int memtrace_stats_push(int device, const char *name);
 /* Closes device's innermost scope, its figures into *out (may be NULL); MT_EINVAL if none. */
 MT_API_HOOK int memtrace_stats_pop(int device, struct memtrace_scope_stats *out);
 
+/* ---- managed memory the drop-in served (cudaMallocManaged, docs/managed-memory.md) ---- */
+
+/* Prefetches [ptr, ptr+size) of a managed block memtrace handed out to location (a device
+ * ordinal, or -1: the host) on stream (NULL: the default stream), as cudaMemPrefetchAsync;
+ * recorded as a managed event. MT_ENOENT when ptr is in no block of memtrace's, MT_ENOTSUP
+ * when the block is not managed, MT_EINVAL for a range beyond the block or a bad location. */
+MT_API_HOOK int memtrace_prefetch(void *ptr, size_t size, int location, struct CUstream_st *stream);
+/* Applies advice (cudaMemoryAdvise's numbers: 1 set read-mostly ... 6 unset accessed-by)
+ * with location to [ptr, ptr+size), as cudaMemAdvise. Errors as memtrace_prefetch's. */
+MT_API_HOOK int memtrace_advise(void *ptr, size_t size, int advice, int location);
+
 /* ---- PyTorch's optional CUDAPluggableAllocator entry points ---- */
 
 MT_API_HOOK void memtrace_init(int device_count); /* set_init_fn */

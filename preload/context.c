@@ -177,15 +177,17 @@ int mt__preload_register_tag(mt_preload_t *P, int id, int device)
 {
     int rc = 0;
     for (int d = device < 0 ? 0 : device; d < (device < 0 ? P->ndevices : device + 1); d++) {
-        mt_alloc_t *a = P->dev[d].alloc;
-        int got = -1;
-        if (a == NULL)
-            continue;
-        mt__guard_enter();
-        rc = mt_alloc_tag_register(a, P->tag_names[id], &got);
-        mt__guard_leave();
-        if (rc == 0 && got != id) /* only we register tags on these allocators */
-            rc = MT_EPROTO;
+        for (int k = 0; k < 2 && rc == 0; k++) { /* the device's allocator, its managed one */
+            mt_alloc_t *a = k == 0 ? P->dev[d].alloc : P->managed[d];
+            int got = -1;
+            if (a == NULL)
+                continue;
+            mt__guard_enter();
+            rc = mt_alloc_tag_register(a, P->tag_names[id], &got);
+            mt__guard_leave();
+            if (rc == 0 && got != id) /* only we register tags on these allocators */
+                rc = MT_EPROTO;
+        }
         if (rc != 0)
             break;
     }
@@ -289,6 +291,67 @@ int mt__preload_alloc(int device, mt_alloc_t **out)
     return 0;
 }
 
+/* Device d's managed allocator over its backend (made), with the drop-in's config and
+ * managed segments: plain ones, since expandable segments cannot be managed. Caller
+ * holds mu. */
+static int create_managed(mt_preload_t *P, int d)
+{
+    mt_alloc_cfg_t acfg = P->acfg;
+    acfg.backend = P->dev[d].backend;
+    acfg.sink = &P->sink;
+    acfg.managed_memory = true;
+    acfg.expandable_segments = false;
+    int rc = mt_alloc_create(&P->managed[d], &acfg);
+    if (rc != 0) {
+        mt__preload_say(MT_LOG_ERROR,
+                        "no managed allocator on device %d (%s): managed memory "
+                        "goes to the driver",
+                        d, mt_strerror(rc));
+        return rc;
+    }
+    rc = mt_alloc_add_oom_observer(P->managed[d], mt__preload_oom_observer, NULL);
+    for (int i = 0; i < atomic_load(&P->ntags_user) && rc == 0; i++) {
+        int got = -1;
+        rc = mt_alloc_tag_register(P->managed[d], P->tag_names[MT_TAG_USER_FIRST + i], &got);
+        if (rc == 0 && got != MT_TAG_USER_FIRST + i)
+            rc = MT_EPROTO;
+    }
+    if (rc != 0) {
+        mt_alloc_destroy(&P->managed[d]);
+        return rc;
+    }
+    atomic_store_explicit(&P->mready[d], P->managed[d], memory_order_release);
+    return 0;
+}
+
+int mt__preload_managed_alloc(int device, mt_alloc_t **out)
+{
+    mt_preload_t *P = mt__preload();
+    mt_alloc_t *own = NULL;
+    int rc = mt__preload_alloc(device, &own); /* the backend first */
+    if (rc != 0 || P->acfg.managed_memory) {
+        *out = own;
+        return rc;
+    }
+    mt_alloc_t *a = atomic_load_explicit(&P->mready[device], memory_order_acquire);
+    if (a == NULL) {
+        pthread_mutex_lock(&P->mu);
+        if (P->managed[device] == NULL && P->dev[device].backend != NULL) {
+            mt__guard_enter();
+            rc = create_managed(P, device);
+            mt__guard_leave();
+        }
+        a = P->managed[device];
+        pthread_mutex_unlock(&P->mu);
+        if (rc == 0 && a == NULL)
+            rc = MT_ENODEV; /* the device was dropped meanwhile */
+        if (rc != 0)
+            return rc;
+    }
+    *out = a;
+    return 0;
+}
+
 /* Forgets device d's allocator and backend, freeing what they hold while the device's
  * context still exists; the next request makes new ones. CUDA requires that no other
  * thread use the device during a reset, and the drop-in relies on it. */
@@ -299,14 +362,24 @@ void mt__preload_drop_device(int d)
         return;
     pthread_mutex_lock(&P->mu);
     mt_alloc_t *a = P->dev[d].alloc;
+    mt_alloc_t *m = P->managed[d];
     mt_backend_t *b = P->dev[d].backend;
     atomic_store_explicit(&P->ready[d], NULL, memory_order_release);
+    atomic_store_explicit(&P->mready[d], NULL, memory_order_release);
     P->dev[d].alloc = NULL;
+    P->managed[d] = NULL;
     if (P->sim)
         b = NULL; /* the group's: kept (see create_device) */
     else
         P->dev[d].backend = NULL;
     pthread_mutex_unlock(&P->mu);
+    if (m != NULL) { /* before the backend it allocates from */
+        mt__preload_unpark(m, NULL);
+        mt__guard_enter();
+        mt_alloc_emit(m, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
+        mt_alloc_destroy(&m);
+        mt__guard_leave();
+    }
     if (a == NULL)
         return;
     mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
@@ -321,8 +394,8 @@ bool mt__preload_release_cached(void)
 {
     mt_preload_t *P = mt__preload();
     bool any = false;
-    for (int d = 0; d < P->ndevices; d++) {
-        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+    for (int d = 0; d < 2 * P->ndevices; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
         mt_alloc_stats_t before, after;
         if (a == NULL || mt_alloc_stats(a, &before) != 0)
             continue;
@@ -425,8 +498,8 @@ int mt__preload_capture_graph(void *handle, void **graph)
 int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out)
 {
     mt_preload_t *P = mt__preload();
-    for (int d = 0; d < P->ndevices; d++) {
-        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+    for (int d = 0; d < 2 * P->ndevices; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
         if (a != NULL && mt_alloc_block_info(a, ptr, NULL, NULL, NULL) == 0) {
             *out = a;
             return 0;
@@ -440,8 +513,8 @@ bool mt__preload_held(const void *ptr)
     mt_preload_t *P = mt__preload();
     uintptr_t x = (uintptr_t)ptr;
     bool held = false;
-    for (int d = 0; d < P->ndevices && !held; d++) {
-        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+    for (int d = 0; d < 2 * P->ndevices && !held; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
         mt_alloc_snapshot_t *snap = NULL;
         if (a == NULL || mt_alloc_snapshot(a, &snap) != 0)
             continue;
@@ -532,12 +605,22 @@ static void write_summary(mt_preload_t *P, FILE *f)
     memset(&tot, 0, sizeof tot);
     const char *tag_names[MT_TAG_MAX] = {0};
     int ndev = 0;
-    for (int d = 0; d < P->ndevices; d++) {
-        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+    /* The program's managed memory served by memtrace (its managed allocators). */
+    uint64_t m_allocs = 0, m_bytes = 0, m_peak = 0, m_prefetches = 0, m_advises = 0;
+    for (int d = 0; d < 2 * P->ndevices; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
         mt_alloc_stats_t st;
         if (a == NULL || mt_alloc_stats(a, &st) != 0)
             continue;
-        ndev++;
+        mt_managed_stats_t ms;
+        if (d >= P->ndevices && mt_alloc_managed_stats(a, &ms) == 0) {
+            m_allocs += st.allocation[0].allocated;
+            m_bytes += (uint64_t)st.allocated_bytes[0].current;
+            m_peak += (uint64_t)st.allocated_bytes[0].peak;
+            m_prefetches += ms.prefetches;
+            m_advises += ms.advises;
+        }
+        ndev += d < P->ndevices;
         tot.allocated_bytes[0].peak += st.allocated_bytes[0].peak;
         tot.allocated_bytes[0].current += st.allocated_bytes[0].current;
         tot.reserved_bytes[0].peak += st.reserved_bytes[0].peak;
@@ -576,6 +659,11 @@ static void write_summary(mt_preload_t *P, FILE *f)
     fprintf(f, "\"host_allocs\":%llu,\"unknown_frees\":%llu,",
             (unsigned long long)atomic_load(&P->host_allocs),
             (unsigned long long)atomic_load(&P->unknown_frees));
+    fprintf(f,
+            "\"managed\":{\"requests\":%llu,\"allocated\":%llu,\"peak_allocated\":%llu,"
+            "\"prefetches\":%llu,\"advises\":%llu},",
+            (unsigned long long)m_allocs, (unsigned long long)m_bytes, (unsigned long long)m_peak,
+            (unsigned long long)m_prefetches, (unsigned long long)m_advises);
     fprintf(f, "\"ooms\":%llu,\"oom_message\":\"", (unsigned long long)atomic_load(&P->ooms));
     pthread_mutex_lock(&P->oom_mu);
     for (const char *c = P->oom_msg; *c; c++) {
@@ -632,8 +720,8 @@ static void at_exit(void)
         }
     }
     /* The final totals of every device, to the profiler too (a stats event each). */
-    for (int d = 0; d < P->ndevices; d++) {
-        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+    for (int d = 0; d < 2 * P->ndevices; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
         if (a != NULL)
             mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
     }
@@ -641,8 +729,8 @@ static void at_exit(void)
         /* Stop forwarding, then take every allocator's lock once (mt_alloc_stats) so
          * that no emit still running can touch the profiler we are about to destroy. */
         atomic_store(&P->prof_live, false);
-        for (int d = 0; d < P->ndevices; d++) {
-            mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        for (int d = 0; d < 2 * P->ndevices; d++) {
+            mt_alloc_t *a = mt__preload_nth(P, d);
             mt_alloc_stats_t st;
             if (a != NULL)
                 mt_alloc_stats(a, &st);
@@ -764,7 +852,9 @@ static void fork_child(void)
     atomic_store(&ordered_n, 0);
     for (int d = 0; d < P->ndevices; d++) {
         atomic_store(&P->ready[d], NULL);
+        atomic_store(&P->mready[d], NULL);
         P->dev[d].alloc = NULL; /* the parent's: unusable here, so left as they are */
+        P->managed[d] = NULL;
         P->dev[d].backend = NULL;
     }
     atomic_store(&P->prof_live, false);

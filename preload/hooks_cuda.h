@@ -42,6 +42,8 @@ CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemo
 CUresult mt__preload_drv_code(int rc);
 /* The backend of the device of the calling thread's current context, or NULL. */
 mt_backend_t *mt__preload_drv_backend(void);
+/* The device of the calling thread's current context, or -1 (none current, cuda mode). */
+int mt__preload_drv_device(void);
 /* The error of a hook that found no backend: no current context, or no device. */
 CUresult mt__preload_drv_no_backend(void);
 /* The device whose sim primary-context handle ctx is, or -1 (hooks_driver.c). */

@@ -98,6 +98,11 @@ static int drv_device(void)
     return tls_no_ctx ? -1 : d;
 }
 
+int mt__preload_drv_device(void)
+{
+    return drv_device();
+}
+
 /* The error of a hook that found no backend. */
 CUresult mt__preload_drv_no_backend(void)
 {
@@ -509,7 +514,6 @@ static const struct {
     D("cuMemFree", cuMemFree_v2, true),
     D2("cuMemAllocAsync", cuMemAllocAsync, true),
     D2("cuMemFreeAsync", cuMemFreeAsync, true),
-    D("cuMemAllocManaged", cuMemAllocManaged, true),
     D("cuMemAllocPitch", cuMemAllocPitch_v2, true),
     D("cuMemCreate", cuMemCreate, true),
     D2("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, true),
@@ -583,6 +587,9 @@ void *mt__preload_hook_by_name(const char *name)
 {
     if (name[0] != 'c' || name[1] != 'u')
         return NULL;
+    void *m = mt__preload_managed_hook(name); /* ours in both modes */
+    if (m != NULL)
+        return m;
     /* Only names we serve in some mode initialise us (the mode decides the answer). */
     if (mt__preload_rt_hook(name, true) == NULL && mt__preload_drv_hook(name, true) == NULL)
         return NULL;
@@ -614,7 +621,9 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
         if (r != CUDA_SUCCESS || *pfn == NULL || mt__preload_guard > 0)
             return r;
     }
-    void *ours = mt__preload_driver_proc(symbol, !P->sim, pt);
+    void *ours = mt__preload_managed_proc(symbol, cudaVersion, pt);
+    if (ours == NULL)
+        ours = mt__preload_driver_proc(symbol, !P->sim, pt);
     if (ours == (void *)cuGetProcAddress_v2 && cudaVersion < 12000)
         ours = (void *)cuGetProcAddress;
     if (ours != NULL)

@@ -13,6 +13,8 @@
 cudaError_t mt__preload_rt_ret(cudaError_t err);
 /* The runtime's code for rc (0 or MT_E*), the driver's own failure first when known. */
 cudaError_t mt__preload_rt_code(int rc);
+/* The runtime's current device of the calling thread. */
+int mt__preload_rt_device(void);
 /* The backend of the runtime's current device, or NULL if it cannot be served. */
 mt_backend_t *mt__preload_rt_backend(void);
 

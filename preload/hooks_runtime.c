@@ -138,6 +138,11 @@ static int rt_device(void)
     return d;
 }
 
+int mt__preload_rt_device(void)
+{
+    return rt_device();
+}
+
 static int cur_alloc(mt_alloc_t **a)
 {
     return mt__preload_alloc(rt_device(), a);

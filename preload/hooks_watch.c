@@ -21,11 +21,6 @@
         return r_;                                                                                 \
     } while (0)
 
-MT_HOOK CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
-{
-    RETRY_OOM(cuMemAllocManaged, dptr, bytesize, flags);
-}
-
 MT_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                     unsigned int elem)
 {

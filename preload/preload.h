@@ -56,6 +56,13 @@ typedef struct mt_preload_s {
     pthread_mutex_t mu; /* guards device creation */
     mt_preload_dev_t dev[MT_PRELOAD_MAX_DEVICES];
     _Atomic(mt_alloc_t *) ready[MT_PRELOAD_MAX_DEVICES]; /* dev[i].alloc once published */
+    /* The program's own managed memory (cudaMallocManaged, cuMemAllocManaged attached
+     * globally): one allocator per device with managed_memory on, over dev[i].backend,
+     * made on first use under mu (hooks_managed.c). NULL until then, and always NULL when
+     * the drop-in's allocators are managed themselves (those serve it). Published and
+     * read as dev[i].alloc is; dropped with its device, before the backend. */
+    mt_alloc_t *managed[MT_PRELOAD_MAX_DEVICES];
+    _Atomic(mt_alloc_t *) mready[MT_PRELOAD_MAX_DEVICES];
     /* User tags (api.c): tag_names[MT_TAG_USER_FIRST + i] for i < ntags_user, registered
      * with these ids on every device's allocator; written under mu before ntags_user
      * grows, read without it. */
@@ -104,8 +111,30 @@ extern _Thread_local int mt__preload_guard;
 mt_preload_t *mt__preload(void);
 /* The allocator of device d, created on first use. MT_ENODEV if d cannot be served. */
 int mt__preload_alloc(int device, mt_alloc_t **out);
-/* The allocator (of any device in use) that handed out ptr; MT_ENOENT if none. CUDA
- * frees any device's pointer whatever the current device is, so frees look it up. */
+/* The allocator that serves device's managed memory (cudaMallocManaged attached
+ * globally), created on first use: a managed allocator beside the device's own, or the
+ * device's own when the drop-in's config makes it managed. */
+int mt__preload_managed_alloc(int device, mt_alloc_t **out);
+/* Allocator i of 2 * ndevices: the devices' own, then their managed ones; NULL when not
+ * made. For walks over every allocator that may hold the program's blocks. */
+static inline mt_alloc_t *mt__preload_nth(mt_preload_t *P, int i)
+{
+    return i < P->ndevices
+               ? atomic_load_explicit(&P->ready[i], memory_order_acquire)
+               : atomic_load_explicit(&P->mready[i - P->ndevices], memory_order_acquire);
+}
+/* Our hook for a managed-memory entry point's exported name (hooks_managed.c: both modes),
+ * or NULL; and for a cuGetProcAddress base name at cudaVersion. */
+void *mt__preload_managed_hook(const char *name);
+void *mt__preload_managed_proc(const char *base, int cuda_version, bool per_thread);
+/* A prefetch (to location, on the program's stream handle) or an advice (advice, with
+ * location) of [ptr, ptr+n) in a block memtrace handed out: mt_alloc_prefetch or
+ * mt_alloc_advise, so it is recorded. MT_ENOENT when ptr is in no block of memtrace's. */
+int mt__preload_managed_op(bool prefetch, const void *ptr, size_t n, int advice, int location,
+                           void *stream);
+
+/* The allocator (of any device in use, managed ones included) that handed out ptr; MT_ENOENT if
+ * none. CUDA frees any device's pointer whatever the current device is, so frees look it up. */
 int mt__preload_alloc_of(const void *ptr, mt_alloc_t **out);
 /* Whether ptr lies inside a segment some device's allocator holds (a free or cached
  * block, or the inside of a live one). Such a pointer is never the real runtime's to

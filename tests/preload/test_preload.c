@@ -478,12 +478,55 @@ static void test_torch_entry_points_on_fake_driver(void **state)
 #endif
 }
 
+/* The program's own managed memory: cudaMallocManaged attached globally is served by a
+ * managed allocator of the device, its prefetches and advice are recorded (managed
+ * events, the summary's and the report's figures), cudaFree finds the block; attached to
+ * the host it goes to the driver, which sim has not. */
+static void test_managed_program(void **state)
+{
+    (void)state;
+    run_prog("man", env("MT_PROG_MANAGED"), "", 0);
+    char *out = slurp("man.out");
+    assert_non_null(strstr(out, "ok: managed 6291456 bytes"));
+    assert_non_null(strstr(out, "attach-host: cudaErrorNotSupported"));
+    json_t *s = summary("man.json");
+    json_t *m = json_object_get(s, "managed");
+    assert_non_null(m);
+    assert_int_equal(jint(m, "requests"), 1);
+    assert_int_equal(jint(m, "peak_allocated"), 6 << 20);
+    assert_int_equal(jint(m, "allocated"), 0);  /* cudaFree found it */
+    assert_int_equal(jint(m, "prefetches"), 2); /* the one beyond the block was refused */
+    assert_int_equal(jint(m, "advises"), 1);
+    assert_int_equal(jint(s, "unknown_frees"), 0);
+    assert_true(jint(json_object_get(s, "events"), "managed") >= 3);
+    json_decref(s);
+    char *log = slurp("man.ndjson");
+    assert_non_null(strstr(log, "\"kind\":\"alloc\""));
+    assert_non_null(strstr(log, "\"size\":6291456,\"requested\":6291456"));
+    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 1);
+    assert_true(count(log, "\"kind\":\"managed\"") >= 3);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' report --json man.ndjson > man.report.json",
+             env("MT_MEMTRACE"));
+    assert_int_equal(sh("man_report", cmd), 0);
+    json_t *rep = summary("man.report.json");
+    json_t *proc = json_array_get(json_object_get(rep, "processes"), 0);
+    json_t *rm = json_object_get(proc, "managed");
+    assert_non_null(rm);
+    assert_int_equal(jint(rm, "prefetches"), 2);
+    assert_int_equal(jint(rm, "prefetch_bytes"), (6 << 20) + (3 << 20));
+    assert_int_equal(jint(rm, "advises"), 1);
+    assert_int_equal(jint(rm, "device_peak_bytes"), 6 << 20);
+    json_decref(rep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runtime_fails_without_memtrace),
         cmocka_unit_test(test_runtime_program),
         cmocka_unit_test(test_two_devices),
+        cmocka_unit_test(test_managed_program),
         cmocka_unit_test(test_daemon_sees_every_allocation),
         cmocka_unit_test(test_driver_program_via_get_proc_address),
         cmocka_unit_test(test_oom_is_reported),
