@@ -390,11 +390,11 @@ void mt__preload_drop_device(int d)
     mt__guard_leave();
 }
 
-bool mt__preload_release_cached(void)
+static bool release(int from, int to)
 {
     mt_preload_t *P = mt__preload();
     bool any = false;
-    for (int d = 0; d < 2 * P->ndevices; d++) {
+    for (int d = from; d < to; d++) {
         mt_alloc_t *a = mt__preload_nth(P, d);
         mt_alloc_stats_t before, after;
         if (a == NULL || mt_alloc_stats(a, &before) != 0)
@@ -407,6 +407,16 @@ bool mt__preload_release_cached(void)
             any = true;
     }
     return any;
+}
+
+bool mt__preload_release_cached(void)
+{
+    return release(0, 2 * mt__preload()->ndevices);
+}
+
+bool mt__preload_release_managed(void)
+{
+    return release(mt__preload()->ndevices, 2 * mt__preload()->ndevices);
 }
 
 /* ---- blocks freed during stream capture (see preload.h) ---- */

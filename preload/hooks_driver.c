@@ -148,6 +148,8 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
+    if (rc == MT_ENOMEM && mt__preload_release_managed()) /* managed cache: same memory */
+        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
     mt__guard_leave();
     int drv = rc != 0 ? mt__preload_driver_result() : 0;
     if (rc == MT_ENOMEM && !fatal_code(drv)) /* a fault or capture rule is no OOM */

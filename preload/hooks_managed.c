@@ -66,6 +66,14 @@ static int managed_malloc(int device, size_t size, void **p)
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, NULL, mt__preload_tag(), p);
     mt__guard_leave();
+    /* Managed memory competes with the devices' caches for the driver's memory (the
+     * managed allocator emptied only its own): as for the driver's other allocations,
+     * the caches go back and the request is made once more. */
+    if (rc == MT_ENOMEM && mt__preload_release_cached()) {
+        mt__guard_enter();
+        rc = mt_alloc_malloc(a, size, NULL, mt__preload_tag(), p);
+        mt__guard_leave();
+    }
     if (rc == 0)
         (void)mt__preload_ordered_take(*p); /* an old stream-ordered address reused */
     if (rc == MT_ENOMEM)

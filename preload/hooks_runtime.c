@@ -174,6 +174,8 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
     if (rc == 0)
         rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
+    if (rc == MT_ENOMEM && mt__preload_release_managed())
+        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
     mt__guard_leave();
     if (rc == 0 && real_async != NULL)
         mt__preload_ordered_add(*p);

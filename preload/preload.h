@@ -160,6 +160,9 @@ int mt__preload_peer_access(int dev, int peer);
 /* Empties every device's cache (the driver ran out for an allocation memtrace does not
  * serve). True if any memory went back to the driver. */
 bool mt__preload_release_cached(void);
+/* Empties the managed allocators' caches: a device allocator that ran out retries after
+ * it, since their cached segments take the same device memory. True if any went back. */
+bool mt__preload_release_managed(void);
 /* Stream capture (issue 16 item 7). capture_graph: 1 and the graph being captured into if
  * the program's stream handle is capturing (cuda mode; the legacy stream never is), else
  * 0. A block freed on a capturing stream is parked (mt__preload_park) rather than freed:
