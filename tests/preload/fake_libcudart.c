@@ -50,6 +50,8 @@ static struct {
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*MemPrefetch)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream);
+    CUresult (*MemAdvise)(CUdeviceptr, size_t, CUmem_advise, CUmemLocation);
     CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
     CUresult (*MemAllocAsync[2])(CUdeviceptr *, size_t, CUstream);
     CUresult (*MemFreeAsync[2])(CUdeviceptr, CUstream);
@@ -138,6 +140,8 @@ static void load(void)
     GET(MemAlloc, "cuMemAlloc");
     GET(MemFree, "cuMemFree");
     GET(MemAllocManaged, "cuMemAllocManaged");
+    GET(MemPrefetch, "cuMemPrefetchAsync"); /* the location forms: CUDA_VERSION >= 12.2 */
+    GET(MemAdvise, "cuMemAdvise");
     GET(MemAllocPitch, "cuMemAllocPitch");
     GET2(MemAllocAsync, "cuMemAllocAsync");
     GET2(MemFreeAsync, "cuMemFreeAsync");
@@ -330,6 +334,27 @@ RT_API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned flags)
     cudaError_t e = from_cu(drv.MemAllocManaged(&d, n, flags));
     *p = (void *)(uintptr_t)d;
     return ret(e);
+}
+
+/* As the runtime does: the driver's location forms, fetched by cuGetProcAddress. */
+RT_API cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation loc,
+                                        unsigned flags, cudaStream_t s)
+{
+    READY();
+    if (drv.MemPrefetch == NULL)
+        return ret(cudaErrorNotSupported);
+    CUmemLocation l = {.type = (CUmemLocationType)loc.type, .id = loc.id};
+    return ret(from_cu(drv.MemPrefetch((CUdeviceptr)(uintptr_t)p, n, l, flags, (CUstream)s)));
+}
+
+RT_API cudaError_t cudaMemAdvise(const void *p, size_t n, enum cudaMemoryAdvise advice,
+                                 struct cudaMemLocation loc)
+{
+    READY();
+    if (drv.MemAdvise == NULL)
+        return ret(cudaErrorNotSupported);
+    CUmemLocation l = {.type = (CUmemLocationType)loc.type, .id = loc.id};
+    return ret(from_cu(drv.MemAdvise((CUdeviceptr)(uintptr_t)p, n, (CUmem_advise)advice, l)));
 }
 
 RT_API cudaError_t cudaMallocPitch(void **p, size_t *pitch, size_t width, size_t height)

@@ -18,6 +18,8 @@
 
 /* The fake driver's controls. */
 size_t fake_cuda_count(const char *name);
+size_t fake_cuda_ncalls(void);
+const char *fake_cuda_call(size_t i, uint64_t *a, uint64_t *b);
 void fake_cuda_hold(bool on);
 void fake_cuda_fault(int dev, CUresult res);
 unsigned long long fake_cuda_handle_types(void);
@@ -345,6 +347,45 @@ static int oom(void)
     return 0;
 }
 
+/* Managed memory: attached globally it is memtrace's (two blocks of one managed segment
+ * from the driver), and prefetches and advice of its blocks reach the driver through the
+ * managed allocator; attached to the host it is the driver's own allocation. */
+static int managed(void)
+{
+    size_t n0 = fake_cuda_count("cuMemAllocManaged");
+    size_t p0 = fake_cuda_count("cuMemPrefetchAsync_v2"), a0 = fake_cuda_count("cuMemAdvise_v2");
+    void *m = NULL, *m2 = NULL, *h = NULL;
+    CHECK(cudaMallocManaged(&m, 4096, cudaMemAttachGlobal) == cudaSuccess);
+    CHECK(cudaMallocManaged(&m2, 4096, cudaMemAttachGlobal) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocManaged") == n0 + 1);
+    struct cudaMemLocation dev = {.type = cudaMemLocationTypeDevice, .id = 0};
+    CHECK(cudaMemPrefetchAsync(m, 4096, dev, 0, NULL) == cudaSuccess);
+    CHECK(cudaMemAdvise(m2, 4096, cudaMemAdviseSetReadMostly, dev) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemPrefetchAsync_v2") == p0 + 1);
+    CHECK(fake_cuda_count("cuMemAdvise_v2") == a0 + 1);
+    CHECK(cudaMemPrefetchAsync((char *)m + 4096 * 1024, 4096, dev, 0, NULL) != cudaSuccess);
+    (void)cudaGetLastError();
+    CHECK(cudaMallocManaged(&h, 4096, cudaMemAttachHost) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocManaged") == n0 + 2);
+    uint64_t flags = 0, size = 0;
+    for (size_t i = fake_cuda_ncalls(); i-- > 0;)
+        if (strcmp(fake_cuda_call(i, &flags, &size), "cuMemAllocManaged") == 0)
+            break;
+    CHECK(flags == CU_MEM_ATTACH_HOST && size == 4096);
+    CHECK(cudaFree(h) == cudaSuccess);
+    CHECK(cudaFree(m) == cudaSuccess && cudaFree(m2) == cudaSuccess);
+    /* the driver's entry points, a program's own */
+    CHECK(bind_ctx(NULL) == 0);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAllocManaged(&d, 4096, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemAllocManaged") == n0 + 2); /* from the cached segment */
+    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    CHECK(cuMemPrefetchAsync(d, 4096, host, 0, NULL) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemPrefetchAsync_v2") == p0 + 2);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    return 0;
+}
+
 /* Item 6: queries on a sub-allocated block describe the block; IPC refuses loudly. */
 static int range(void)
 {
@@ -552,25 +593,16 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},
-        {"procaddr", procaddr},
-        {"reset", reset},
-        {"foreign", foreign},
-        {"freeasync0", freeasync0},
-        {"capture", capture},
-        {"lasterror", lasterror},
-        {"fork", forked},
-        {"fork_sim", forked_sim},
-        {"oom", oom},
-        {"range", range},
-        {"handles", handles},
-        {"static", staticrt},
-        {"doublefree", doublefree},
-        {"free0", free0},
-        {"recstream0", recstream0},
-        {"orderedfree", orderedfree},
-        {"dlsymcache", dlsymcache},
-        {"earlymark", earlymark},
+        {"lookup", lookup},         {"procaddr", procaddr},
+        {"reset", reset},           {"foreign", foreign},
+        {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror},   {"fork", forked},
+        {"fork_sim", forked_sim},   {"oom", oom},
+        {"managed", managed},       {"range", range},
+        {"handles", handles},       {"static", staticrt},
+        {"doublefree", doublefree}, {"free0", free0},
+        {"recstream0", recstream0}, {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -114,6 +114,14 @@ static void test_foreign_oom_releases_cache(void **state)
     assert_int_equal(run("oom", NULL), 0);
 }
 
+/* Managed memory attached globally is memtrace's, its prefetch and advice reach the
+ * driver through memtrace; attached to the host it is forwarded to the driver. */
+static void test_managed_served_and_attach_host_forwarded(void **state)
+{
+    (void)state;
+    assert_int_equal(run("managed", NULL), 0);
+}
+
 /* Item 6: address ranges and IPC of sub-allocated blocks; shareable handles. */
 static void test_block_queries_and_ipc(void **state)
 {
@@ -188,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_last_error_as_runtime),
         cmocka_unit_test(test_fork_child_starts_clean),
         cmocka_unit_test(test_foreign_oom_releases_cache),
+        cmocka_unit_test(test_managed_served_and_attach_host_forwarded),
         cmocka_unit_test(test_block_queries_and_ipc),
         cmocka_unit_test(test_static_runtime_path),
         cmocka_unit_test(test_double_free_not_forwarded),
