@@ -593,16 +593,26 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},         {"procaddr", procaddr},
-        {"reset", reset},           {"foreign", foreign},
-        {"freeasync0", freeasync0}, {"capture", capture},
-        {"lasterror", lasterror},   {"fork", forked},
-        {"fork_sim", forked_sim},   {"oom", oom},
-        {"managed", managed},       {"range", range},
-        {"handles", handles},       {"static", staticrt},
-        {"doublefree", doublefree}, {"free0", free0},
-        {"recstream0", recstream0}, {"orderedfree", orderedfree},
-        {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
+        {"lookup", lookup},
+        {"procaddr", procaddr},
+        {"reset", reset},
+        {"foreign", foreign},
+        {"freeasync0", freeasync0},
+        {"capture", capture},
+        {"lasterror", lasterror},
+        {"fork", forked},
+        {"fork_sim", forked_sim},
+        {"oom", oom},
+        {"managed", managed},
+        {"range", range},
+        {"handles", handles},
+        {"static", staticrt},
+        {"doublefree", doublefree},
+        {"free0", free0},
+        {"recstream0", recstream0},
+        {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache},
+        {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
