@@ -27,7 +27,8 @@ __all__ = [
     "current_tag", "mark_iteration", "mark", "stats", "memory_stats", "reset_peak",
     "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache", "attach_out_of_memory_observer",
     "detach_out_of_memory_observer", "statistics", "push_statistics", "pop_statistics",
-    "summary", "snapshot", "enable_for_torch", "library_path", "reinitialize",
+    "summary", "snapshot", "enable_for_torch", "library_path", "reinitialize", "prefetch",
+    "advise",
 ]
 
 BUILTIN_TAGS = ("other", "weights", "grads", "optimizer", "activations", "workspace", "batch")
@@ -291,6 +292,90 @@ def reinitialize(managed_memory=False, **rest):
         set_allocator_settings("managed_memory:%s" % managed_memory)  # a change raises
     os.environ["MEMTRACE_ALLOC_CONF"] = new
     return new
+
+
+# cudaMemoryAdvise's numbers (CUmem_advise), by cupy's and CUDA's lower-case names.
+_ADVICE = {"set_read_mostly": 1, "unset_read_mostly": 2, "set_preferred_location": 3,
+           "unset_preferred_location": 4, "set_accessed_by": 5, "unset_accessed_by": 6}
+
+
+def _ptr_size(tensor_or_ptr, size, what):
+    """(address, bytes) of a tensor (torch's data_ptr, cupy's data.ptr, numba's
+    __cuda_array_interface__) or of an int address with size."""
+    if isinstance(tensor_or_ptr, int):
+        if size is None:
+            raise ValueError("%s: an int address needs a size" % what)
+        return tensor_or_ptr, int(size)
+    t = tensor_or_ptr
+    if hasattr(t, "data_ptr") and hasattr(t, "element_size"):  # torch.Tensor
+        n = t.numel() * t.element_size()
+        return t.data_ptr(), n if size is None else int(size)
+    cai = getattr(t, "__cuda_array_interface__", None)
+    if cai is not None:
+        n = getattr(t, "nbytes", None)
+        if size is None and n is None:
+            raise ValueError("%s: give the size of %r" % (what, t))
+        return cai["data"][0], int(n if size is None else size)
+    raise ValueError("%s: a tensor or an int address, got %r" % (what, type(t).__name__))
+
+
+def _location(where, what):
+    """A device ordinal, or -1 for the host: "cpu", None, an int, "cuda:N", or a
+    torch.device."""
+    if where is None or where == "cpu":
+        return -1
+    if isinstance(where, int):
+        return where
+    s = str(where)
+    if s == "cpu":
+        return -1
+    if s == "cuda":
+        return 0
+    if s.startswith("cuda:") and s[5:].isdigit():
+        return int(s[5:])
+    raise ValueError("%s: location %r is not a device or 'cpu'" % (what, where))
+
+
+def _stream(stream):
+    """The CUDA stream handle of stream: None (the default stream), an int handle, a
+    torch.cuda.Stream (cuda_stream) or a cupy stream (ptr)."""
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream or None
+    for attr in ("cuda_stream", "ptr"):
+        h = getattr(stream, attr, None)
+        if isinstance(h, int):
+            return h or None
+    raise ValueError("memtrace.prefetch: stream %r has no handle" % (stream,))
+
+
+def prefetch(tensor_or_ptr, size=None, device="cpu", stream=None):
+    """Prefetches managed memory memtrace handed out (cudaMallocManaged under the drop-in,
+    or a pool made managed by reinitialize(managed_memory=True)) to device (an ordinal,
+    "cuda:N") or to the host ("cpu"), on stream, as cudaMemPrefetchAsync; recorded as a
+    managed event. tensor_or_ptr is a tensor (its bytes unless size says fewer) or an int
+    address with size. MemtraceError when the range is not in a managed block of memtrace's."""
+    what = "memtrace.prefetch"
+    ptr, n = _ptr_size(tensor_or_ptr, size, what)
+    return _lib.check(_lib.lib().memtrace_prefetch(ptr, n, _location(device, what),
+                                                   _stream(stream)),
+                      "%s(0x%x, %d bytes, %r)" % (what, ptr, n, device))
+
+
+def advise(tensor_or_ptr, size=None, advice="set_read_mostly", device="cpu"):
+    """cudaMemAdvise on managed memory memtrace handed out: advice by name
+    ("set_read_mostly", "set_preferred_location", "set_accessed_by" and their "unset_"
+    forms) or cudaMemoryAdvise's number, with device (an ordinal, "cuda:N" or "cpu") as its
+    location. Recorded as a managed event; MemtraceError as prefetch's."""
+    what = "memtrace.advise"
+    ptr, n = _ptr_size(tensor_or_ptr, size, what)
+    a = _ADVICE.get(advice, advice) if isinstance(advice, str) else advice
+    if not isinstance(a, int):
+        raise ValueError("%s: unknown advice %r (one of %s)" % (what, advice,
+                                                             ", ".join(sorted(_ADVICE))))
+    return _lib.check(_lib.lib().memtrace_advise(ptr, n, a, _location(device, what)),
+                      "%s(0x%x, %d bytes, %r)" % (what, ptr, n, advice))
 
 
 def _drop_in_here():

@@ -66,6 +66,8 @@ def _bind(lib):
         "memtrace_remove_oom_observer": ([OOM_CB, ctypes.c_void_p], c_int),
         "memtrace_stats_push": ([c_int, c_char_p], c_int),
         "memtrace_stats_pop": ([c_int, ctypes.POINTER(ScopeStats)], c_int),
+        "memtrace_prefetch": ([ctypes.c_void_p, ctypes.c_size_t, c_int, ctypes.c_void_p], c_int),
+        "memtrace_advise": ([ctypes.c_void_p, ctypes.c_size_t, c_int, c_int], c_int),
     }
     for name, (args, res) in sig.items():
         f = getattr(lib, name)

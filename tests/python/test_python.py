@@ -169,6 +169,39 @@ class ManagedUnderRun(unittest.TestCase):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class ManagedThroughDropIn(unittest.TestCase):
+    """A program's own cudaMallocManaged under `memtrace run` (sim) is memtrace's, and
+    memtrace.prefetch / memtrace.advise on it are recorded."""
+
+    def test_prefetch_and_advise_recorded(self):
+        env = dict(os.environ, PYTHONPATH=PKG, MEMTRACE_PROF="auto")
+        env.pop("MEMTRACE_BACKEND", None)
+        tmp = tempfile.mkdtemp(prefix="mt-mprefetch-")
+        try:
+            log, out = os.path.join(tmp, "log.ndjson"), os.path.join(tmp, "out.json")
+            run([os.environ["MT_MEMTRACE"], "run", "--backend", "sim", "--log", log, "--quiet",
+                 "--", sys.executable, os.path.join(HERE, "prog_managed.py"),
+                 os.environ["MT_CUDART"], out], env=env)
+            with open(out) as f:
+                got = json.load(f)
+            self.assertEqual(len(got["managed_devices"]), 1)
+            m = got["managed_devices"][0]["managed"]
+            self.assertEqual(m["prefetches"], 2)
+            self.assertEqual(m["prefetch_bytes"], (4 << 20) + (2 << 20))
+            self.assertEqual(m["advises"], 1)
+            self.assertIn("memtrace.prefetch", got["refused"])
+            proc = json.loads(run([os.environ["MT_MEMTRACE"], "report", "--json",
+                                   log]).stdout)["processes"][0]
+            self.assertEqual(proc["managed"]["prefetches"], 2)
+            self.assertEqual(proc["managed"]["advises"], 1)
+            with open(log) as f:
+                kinds = [json.loads(l).get("kind") for l in f if '"type":"event"' in l]
+            self.assertGreaterEqual(kinds.count("managed"), 3)
+            self.assertEqual(kinds.count("alloc"), 1)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 class LiveInTop(unittest.TestCase):
     """A daemon on a private socket; `memtrace top` shows the program's tags by name."""
 
