@@ -10,9 +10,9 @@
  *
  * The hooks take the location forms of CUDA 12.2+ (the only ones CUDA 13's runtime
  * declares, under the unsuffixed names) and the driver's old device-ordinal forms under
- * their own symbols (cuMemPrefetchAsync, cuMemAdvise). The runtime's pre-13
- * cudaMemPrefetchAsync(ptr, n, int device, stream) shares its name with 13's location
- * form, so a CUDA 12 runtime program's call of it is not supported (docs). */
+ * their own symbols (cuMemPrefetchAsync, cuMemAdvise). The runtime's unsuffixed names
+ * are the old device-ordinal forms before CUDA 13: which one the program called is told
+ * by the version of the runtime in the process (cudaRuntimeGetVersion). */
 #include <stdint.h>
 #include <string.h>
 
@@ -183,6 +183,25 @@ static int loc_of_device(int dev)
     return dev == CU_DEVICE_CPU ? MT_MANAGED_HOST : dev;
 }
 
+/* Whether the runtime in the process is older than CUDA 13, whose unsuffixed
+ * cudaMemPrefetchAsync and cudaMemAdvise take a device ordinal where 13's take a
+ * cudaMemLocation. Without a runtime to ask (none, or one without the call), 13's. */
+static bool rt_old_forms(void)
+{
+    static _Atomic int known; /* 0 not asked, 1 old, 2 new: a constant, safe to race on */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k == 0) {
+        cudaError_t (*ver)(int *) =
+            (cudaError_t(*)(int *))mt__preload_real_rt("cudaRuntimeGetVersion");
+        int v = 0;
+        mt__guard_enter();
+        k = ver != NULL && ver(&v) == cudaSuccess && v > 0 && v < 13000 ? 1 : 2;
+        mt__guard_leave();
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k == 1;
+}
+
 /* Runtime: memtrace's range, or the real runtime's (rt_forward NULL on sim). */
 static cudaError_t rt_prefetch(const void *p, size_t n, struct cudaMemLocation loc, unsigned flags,
                                cudaStream_t s, __typeof__(&cudaMemPrefetchAsync) real)
@@ -201,19 +220,59 @@ static cudaError_t rt_prefetch(const void *p, size_t n, struct cudaMemLocation l
     return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
-MT_HOOK cudaError_t cudaMemPrefetchAsync(const void *devPtr, size_t count,
-                                         struct cudaMemLocation location, unsigned int flags,
-                                         cudaStream_t stream)
+/* The runtime's unsuffixed prefetch in both of its forms (x86-64 and aarch64 pass both
+ * in the same registers): CUDA 13's (ptr, n, struct cudaMemLocation, unsigned flags,
+ * stream) and the older (ptr, n, int device, stream). The old form's device arrives as
+ * the location's first member and its stream as the fourth argument's register, so that
+ * argument is taken whole. */
+typedef cudaError_t (*rt_prefetch_old_fn)(const void *, size_t, int, cudaStream_t);
+
+static cudaError_t rt_prefetch_any(const void *p, size_t n, struct cudaMemLocation loc,
+                                   unsigned long long arg4, cudaStream_t stream, bool pt,
+                                   void *real)
 {
-    return rt_prefetch(devPtr, count, location, flags, stream, REAL_RT(cudaMemPrefetchAsync));
+    if (rt_old_forms()) {
+        int dev = (int)loc.type;
+        cudaStream_t s = (cudaStream_t)(uintptr_t)arg4;
+        if (owner(p) == NULL) {
+            if (mt__preload()->sim)
+                return mt__preload_rt_ret(cudaErrorInvalidValue);
+            if (real == NULL)
+                return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+            return ((rt_prefetch_old_fn)real)(p, n, dev, s);
+        }
+        if (pt && s == NULL)
+            s = cudaStreamPerThread;
+        int where = dev == cudaCpuDeviceId ? MT_MANAGED_HOST : dev;
+        return mt__preload_rt_ret(
+            mt__preload_rt_code(mt__preload_managed_op(true, p, n, 0, where, s)));
+    }
+    if (pt && stream == NULL)
+        stream = cudaStreamPerThread;
+    return rt_prefetch(p, n, loc, (unsigned)arg4, stream, (__typeof__(&cudaMemPrefetchAsync))real);
 }
 
-MT_HOOK cudaError_t cudaMemPrefetchAsync_ptsz(const void *devPtr, size_t count,
-                                              struct cudaMemLocation location, unsigned int flags,
-                                              cudaStream_t stream)
+cudaError_t mt__rt_prefetch_hook(const void *devPtr, size_t count, struct cudaMemLocation location,
+                                 unsigned long long arg4,
+                                 cudaStream_t stream) __asm__("cudaMemPrefetchAsync");
+cudaError_t mt__rt_prefetch_pt_hook(const void *devPtr, size_t count,
+                                    struct cudaMemLocation location, unsigned long long arg4,
+                                    cudaStream_t stream) __asm__("cudaMemPrefetchAsync_ptsz");
+
+MT_HOOK cudaError_t mt__rt_prefetch_hook(const void *devPtr, size_t count,
+                                         struct cudaMemLocation location, unsigned long long arg4,
+                                         cudaStream_t stream)
 {
-    cudaStream_t s = stream == NULL ? cudaStreamPerThread : stream;
-    return rt_prefetch(devPtr, count, location, flags, s, REAL_RT(cudaMemPrefetchAsync_ptsz));
+    return rt_prefetch_any(devPtr, count, location, arg4, stream, false,
+                           mt__preload_real_rt("cudaMemPrefetchAsync"));
+}
+
+MT_HOOK cudaError_t mt__rt_prefetch_pt_hook(const void *devPtr, size_t count,
+                                            struct cudaMemLocation location,
+                                            unsigned long long arg4, cudaStream_t stream)
+{
+    return rt_prefetch_any(devPtr, count, location, arg4, stream, true,
+                           mt__preload_real_rt("cudaMemPrefetchAsync_ptsz"));
 }
 
 /* CUDA 12.2-12.9's name of the location form. */
@@ -225,9 +284,15 @@ MT_HOOK cudaError_t cudaMemPrefetchAsync_v2(const void *devPtr, size_t count,
 }
 
 static cudaError_t rt_advise(const void *p, size_t n, enum cudaMemoryAdvise advice,
-                             struct cudaMemLocation loc, __typeof__(&cudaMemAdvise) real)
+                             struct cudaMemLocation loc, __typeof__(&cudaMemAdvise) real, bool any)
 {
+    /* Before CUDA 13 the unsuffixed advise took (ptr, n, advice, int device): the device
+     * arrives as the location's first member. */
+    bool old = any && rt_old_forms();
     if (owner(p) == NULL) {
+        if (old && !mt__preload()->sim && real != NULL)
+            return ((cudaError_t(*)(const void *, size_t, enum cudaMemoryAdvise, int))(void *)real)(
+                p, n, advice, (int)loc.type);
         if (mt__preload()->sim)
             return mt__preload_rt_ret(cudaErrorInvalidValue);
         if (real == NULL)
@@ -235,7 +300,9 @@ static cudaError_t rt_advise(const void *p, size_t n, enum cudaMemoryAdvise advi
         return real(p, n, advice, loc);
     }
     int where = 0;
-    int rc = loc_of((int)loc.type, loc.id, &where);
+    int rc = old ? 0 : loc_of((int)loc.type, loc.id, &where);
+    if (old)
+        where = (int)loc.type == cudaCpuDeviceId ? MT_MANAGED_HOST : (int)loc.type;
     /* Unsetting a preference names no location: any the driver would take is accepted. */
     if (rc != 0 &&
         (advice == cudaMemAdviseSetReadMostly || advice == cudaMemAdviseUnsetReadMostly ||
@@ -249,13 +316,13 @@ static cudaError_t rt_advise(const void *p, size_t n, enum cudaMemoryAdvise advi
 MT_HOOK cudaError_t cudaMemAdvise(const void *devPtr, size_t count, enum cudaMemoryAdvise advice,
                                   struct cudaMemLocation location)
 {
-    return rt_advise(devPtr, count, advice, location, REAL_RT(cudaMemAdvise));
+    return rt_advise(devPtr, count, advice, location, REAL_RT(cudaMemAdvise), true);
 }
 
 MT_HOOK cudaError_t cudaMemAdvise_v2(const void *devPtr, size_t count, enum cudaMemoryAdvise advice,
                                      struct cudaMemLocation location)
 {
-    return rt_advise(devPtr, count, advice, location, REAL_RT(cudaMemAdvise_v2));
+    return rt_advise(devPtr, count, advice, location, REAL_RT(cudaMemAdvise_v2), false);
 }
 
 /* Driver: memtrace's range (where already resolved from the call's location form), or

@@ -336,6 +336,15 @@ RT_API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned flags)
     return ret(e);
 }
 
+/* $FAKERT_VERSION (default 13000): a CUDA 12 runtime's number makes the drop-in take
+ * the unsuffixed prefetch and advice in their old device-ordinal forms. */
+RT_API cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    const char *e = getenv("FAKERT_VERSION");
+    *v = e != NULL ? atoi(e) : 13000;
+    return cudaSuccess;
+}
+
 /* As the runtime does: the driver's location forms, fetched by cuGetProcAddress. */
 RT_API cudaError_t cudaMemPrefetchAsync(const void *p, size_t n, struct cudaMemLocation loc,
                                         unsigned flags, cudaStream_t s)

@@ -386,6 +386,33 @@ static int managed(void)
     return 0;
 }
 
+/* Under a CUDA 12 runtime (FAKERT_VERSION=12080) the unsuffixed prefetch and advice are
+ * the device-ordinal forms: memtrace reads them so (a misread location or stream would
+ * be refused by the strict fake driver). */
+static int managed_old(void)
+{
+    typedef cudaError_t (*old_prefetch)(const void *, size_t, int, cudaStream_t);
+    typedef cudaError_t (*old_advise)(const void *, size_t, enum cudaMemoryAdvise, int);
+    void *m = NULL;
+    cudaStream_t s;
+    /* what a program built against CUDA 12's headers calls under these names */
+    void *volatile pf = (void *)cudaMemPrefetchAsync, *volatile ad = (void *)cudaMemAdvise;
+    old_prefetch prefetch = (old_prefetch)pf;
+    old_advise advise = (old_advise)ad;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMallocManaged(&m, 4096, cudaMemAttachGlobal) == cudaSuccess);
+    size_t p0 = fake_cuda_count("cuMemPrefetchAsync_v2"), a0 = fake_cuda_count("cuMemAdvise_v2");
+    CHECK(prefetch(m, 4096, 0, s) == cudaSuccess);
+    CHECK(prefetch(m, 4096, cudaCpuDeviceId, NULL) == cudaSuccess);
+    CHECK(advise(m, 4096, cudaMemAdviseSetPreferredLocation, 0) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemPrefetchAsync_v2") == p0 + 2);
+    CHECK(fake_cuda_count("cuMemAdvise_v2") == a0 + 1);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(cudaFree(m) == cudaSuccess);
+    CHECK(cudaStreamDestroy(s) == cudaSuccess);
+    return 0;
+}
+
 /* Item 6: queries on a sub-allocated block describe the block; IPC refuses loudly. */
 static int range(void)
 {
@@ -604,6 +631,7 @@ int main(int argc, char **argv)
         {"fork_sim", forked_sim},
         {"oom", oom},
         {"managed", managed},
+        {"managed_old", managed_old},
         {"range", range},
         {"handles", handles},
         {"static", staticrt},

@@ -120,6 +120,7 @@ static void test_managed_served_and_attach_host_forwarded(void **state)
 {
     (void)state;
     assert_int_equal(run("managed", NULL), 0);
+    assert_int_equal(run("managed_old", "FAKERT_VERSION=12080"), 0);
 }
 
 /* Item 6: address ranges and IPC of sub-allocated blocks; shareable handles. */
