@@ -20,7 +20,8 @@ static void *fresh_thread(void *arg)
     printf("thread: cuMemsetD8=%d\n", m);
     cudaError_t f = cudaFree(p);
     printf("thread: cudaFree=%d\n", f);
-    bad |= e != cudaSuccess || r != CUDA_SUCCESS || c == NULL || m != CUDA_SUCCESS || f != cudaSuccess;
+    bad |=
+        e != cudaSuccess || r != CUDA_SUCCESS || c == NULL || m != CUDA_SUCCESS || f != cudaSuccess;
     return NULL;
 }
 

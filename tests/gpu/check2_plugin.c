@@ -18,7 +18,7 @@ __attribute__((visibility("default"))) int plugin_run(void)
     cudaError_t b = cudaMemcpy(out, d, N, cudaMemcpyDeviceToHost);
     int same = memcmp(in, out, N) == 0;
     cudaError_t f = cudaFree(d);
-    printf("plugin: cudaSetDevice=%d cudaMalloc=%d H2D=%d D2H=%d bytes=%s cudaFree=%d\n", s, m,
-           h, b, same ? "same" : "differ", f);
+    printf("plugin: cudaSetDevice=%d cudaMalloc=%d H2D=%d D2H=%d bytes=%s cudaFree=%d\n", s, m, h,
+           b, same ? "same" : "differ", f);
     return s || m || h || b || !same || f;
 }

@@ -13,8 +13,8 @@ int main(void)
     cudaError_t f1 = cudaFree(a);
     cudaError_t f2 = cudaFree(a);
     cudaError_t last = cudaGetLastError();
-    printf("cudaMalloc=%d,%d first cudaFree=%d second cudaFree=%d cudaGetLastError=%d\n", k, m,
-           f1, f2, last);
+    printf("cudaMalloc=%d,%d first cudaFree=%d second cudaFree=%d cudaGetLastError=%d\n", k, m, f1,
+           f2, last);
     cudaError_t mb = cudaMalloc(&b, N);
     cudaError_t ms = cudaMemset(b, 1, N);
     cudaError_t sy = cudaDeviceSynchronize();
@@ -29,8 +29,8 @@ int main(void)
            mb, ms, sy, cp, same ? "ok" : "wrong", ks, ksy);
     cudaFree(b);
     cudaFree(keep);
-    int bad = k || m || f1 || f2 != cudaErrorInvalidValue || mb || ms || sy || cp || !same || ks ||
-              ksy;
+    int bad =
+        k || m || f1 || f2 != cudaErrorInvalidValue || mb || ms || sy || cp || !same || ks || ksy;
     printf("%s\n", bad ? "FAIL: the double free was not refused or hurt other blocks" : "ok");
     return bad;
 }

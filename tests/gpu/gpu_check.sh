@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The ten checks of a first real-GPU run (docs/gpu-check.md), each a small program of this
+# The ten checks of a first real-GPU run (docs/gpu-findings-status.md), each a small program of this
 # directory run bare and under `memtrace run --backend cuda`, compared by exit status,
 # output and summary JSON. Prints one table and writes it as JSON.
 #
@@ -8,6 +8,7 @@
 #                                              the real headers, runs the cuda and cudnn
 #                                              suites, then the checks. Exit 77 (naming why)
 #                                              without a GPU.
+#   --no-suites: build only what the checks run, and skip the suites.
 #   gpu_check.sh --fake BUILD_DIR [--out FILE]  the same checks over the fake driver and
 #                                              runtime of an existing build (tests/cuda,
 #                                              tests/preload), to test this script.
@@ -20,12 +21,14 @@ SRC=$(cd "$HERE/../.." && pwd)
 MODE=real
 BUILD=
 OUT=
+SUITES=1
 while [ $# -gt 0 ]; do
     case $1 in
     --fake) MODE=fake; BUILD=${2:?--fake needs a build dir}; shift 2 ;;
     --build) BUILD=${2:?--build needs a dir}; shift 2 ;;
     --out) OUT=${2:?--out needs a file}; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
+    --no-suites) SUITES=0; shift ;;
+    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -81,7 +84,9 @@ else
             -Dcudatoolkit_dir="$CUDA" >"$SRC/gpu-check-setup.log" 2>&1 ||
             { echo "gpu_check: meson setup failed: $SRC/gpu-check-setup.log" >&2; exit 2; }
     fi
-    meson compile -C "$BUILD" >"$BUILD/gpu-check-compile.log" 2>&1 ||
+    TARGETS=()
+    [ $SUITES = 1 ] || TARGETS=(tools/memtrace memtrace-preload)
+    meson compile -C "$BUILD" "${TARGETS[@]}" >"$BUILD/gpu-check-compile.log" 2>&1 ||
         { echo "gpu_check: build failed: $BUILD/gpu-check-compile.log" >&2; exit 2; }
     BUILD=$(cd "$BUILD" && pwd)
 fi
@@ -202,7 +207,7 @@ check() {
         return
     fi
     if [ $rb != 0 ] && [ $rb != 77 ]; then
-        row "$id" ERROR "$bare" "$mt" "the bare run failed: $(grep -m1 -v '^ok' "$d/bare.out" "$d/bare.err" | head -c 200 | tr '\t\n' '  ')"
+        row "$id" ERROR "$bare" "$mt" "the bare run failed: $(grep -h -m1 -v '^ok' "$d/bare.out" "$d/bare.err" | head -c 200 | tr '\t\n' '  ')"
         return
     fi
     if [ $rb != $rm ] || ! cmp -s "$d/bare.out" "$d/mt.out"; then
@@ -233,7 +238,9 @@ check() {
 }
 
 # --- The suites (real mode) ------------------------------------------------------------------
-if [ "$MODE" = real ]; then
+if [ "$MODE" = real ] && [ $SUITES = 0 ]; then
+    skip suites "--no-suites"
+elif [ "$MODE" = real ]; then
     if meson test -C "$BUILD" --suite cuda --suite cudnn --suite preload --num-processes 2 \
         >"$W/suites.log" 2>&1; then
         row suites pass - - "cuda, cudnn, preload: $(grep -m1 '^Ok:' "$W/suites.log")"
@@ -292,13 +299,13 @@ if [ "$MODE" = fake ]; then
 elif [ -z "$CUDNN" ]; then
     skip 8 "no libcudnn.so.9 (set MEMTRACE_LIBCUDNN)"
 elif [ ! -x "$BUILD/tests/rnn_cudnn/test_rnn_cudnn_real" ]; then
-    skip 8 "the build has no cuDNN path (no cudnn.h >= 9 under $CUDA/include)"
+    skip 8 "no test_rnn_cudnn_real in the build (no cudnn.h >= 9 under $CUDA/include, or --no-suites)"
 else
     mkdir -p "$W/8"
     if (cd "$W/8" && env -u MEMTRACE_LIBCUDA MEMTRACE_LIBCUDNN="$CUDNN" MEMTRACE_LOG_LEVEL=debug \
         timeout "$CHECK_TIMEOUT" "$BUILD/tests/rnn_cudnn/test_rnn_cudnn_real" >out 2>&1) &&
         grep -q 'rnn: cudnn: libcudnn 9' "$W/8/out"; then
-        row 8 pass "cudnn=$CUDNN" - "loaded; numerics matrix not scripted (docs/gpu-check.md)"
+        row 8 pass "cudnn=$CUDNN" - "loaded; numerics matrix not scripted (docs/gpu-findings-status.md)"
     else
         row 8 FAIL "cudnn=$CUDNN" - "no 'rnn: cudnn: libcudnn 9' in $W/8/out or the test failed"
     fi
