@@ -150,6 +150,7 @@ else
     build check6_static "$HERE/check6_runtime.c" -- "$CUDA/lib64/libcudart_static.a" -ldl -lrt -lpthread ||
         BUILT_OK=0
 fi
+build check6_proc "$HERE/check6_proc.c" -- $DRVLIBS -ldl || BUILT_OK=0
 build check7_doublefree "$HERE/check7_doublefree.c" -- $RTLIBS || BUILT_OK=0
 build check9_asyncfree "$HERE/check9_asyncfree.c" -- $RTLIBS $DRVLIBS || BUILT_OK=0
 build check10_ctx "$HERE/check10_ctx.c" -- $DRVLIBS || BUILT_OK=0
@@ -207,7 +208,7 @@ check() {
         return
     fi
     if [ $rb != 0 ] && [ $rb != 77 ]; then
-        row "$id" ERROR "$bare" "$mt" "the bare run failed: $(grep -h -m1 -v '^ok' "$d/bare.out" "$d/bare.err" | head -c 200 | tr '\t\n' '  ')"
+        row "$id" ERROR "$bare" "$mt" "the bare run failed: $(cat "$d/bare.out" "$d/bare.err" | grep -v -x -e ok -e FAIL | tail -1 | head -c 200 | tr '\t' ' ')"
         return
     fi
     if [ $rb != $rm ] || ! cmp -s "$d/bare.out" "$d/mt.out"; then
@@ -288,6 +289,7 @@ check 6-shared =17 0 run -- "$W/check6_shared"
 if [ -n "$STATIC_WHY" ]; then skip 6-static "$STATIC_WHY"; else
     check 6-static =17 0 run -- "$W/check6_static"
 fi
+check 6-proc 1 0 run -- "$W/check6_proc"
 check 7 2 1 run -- "$W/check7_doublefree"
 check 7-reference 2 1 run -- env MEMTRACE_ALLOC_CONF=rules:reference "$W/check7_doublefree"
 # 8: cuDNN 9 for real. The build's test_rnn_cudnn_real runs the shipped library over the
