@@ -214,6 +214,13 @@ check)
     done
     meson test -C build-test --print-errorlogs --num-processes 2 "${args[@]}"
     ;;
+gpu-check)
+    # On a machine with an NVIDIA GPU: build against the real CUDA, then the ten checks of
+    # a first real-GPU run, each bare and under memtrace (docs/gpu-findings-status.md).
+    # Installs nothing; exits 77 naming why when there is no GPU.
+    shift
+    exec tests/gpu/gpu_check.sh "$@"
+    ;;
 stress)
     PACKAGES+=(stress-ng)
     install_missing
@@ -222,7 +229,7 @@ stress)
     tests/stress.sh build-test "${2:-10}" 2
     ;;
 *)
-    echo "usage: ./dev.sh demo|test|build|check SUITE|bench|fuzz|stress" >&2
+    echo "usage: ./dev.sh demo|test|build|check SUITE|bench|fuzz|stress|gpu-check" >&2
     exit 2
     ;;
 esac
