@@ -134,6 +134,7 @@ static void cudnn_fini(mt_rnn_t *m)
     if (on_device)
         mt__dnn_dev_leave(&g);
     free(st->host_lens);
+    free(st->plens_key);
     free(st->regions);
     free(st->sum_buf);
     free(st);
