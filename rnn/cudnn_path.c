@@ -539,6 +539,7 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .forward = cudnn_forward,
     .backward = cudnn_backward,
     .checksum = cudnn_checksum,
+    .checksum_opt_in = true,
     .copy = cudnn_copy,
     .zero = cudnn_zero,
     .drop_reseed = cudnn_drop_reseed,
