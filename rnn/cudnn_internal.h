@@ -53,8 +53,10 @@ typedef struct cudnn_state_s {
     int *host_lens; /* B ints: the data descriptors' seqLengthArray (each T unless packed) */
     int host_cap;
     bool packed;    /* the described shape has per-sequence lengths (host_lens) */
-    int32_t *plens; /* packed: devSeqLengths of the described shape (plens_cap ints) */
+    int32_t *plens; /* packed: devSeqLengths (plens_cap ints), its first plens_n = plens_key */
     int plens_cap;
+    int *plens_key;    /* host copy of what plens holds (plens_cap ints); staging of its copy */
+    int plens_n;       /* lengths plens holds, 0 = none (a new plens, or a failed copy) */
     int32_t *lens;     /* devSeqLengths for every T <= lens_T, B <= lens_B */
     uint32_t *sum_buf; /* host staging of cudnn_checksum (sum_cap words) */
     size_t sum_cap;

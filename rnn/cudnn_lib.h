@@ -1,4 +1,4 @@
-/* libcudnn (and the three CUDA runtime calls the cudnn path makes) loaded at run time, as
+/* libcudnn (and the CUDA runtime calls the cudnn path makes) loaded at run time, as
  * the driver is (backend/cuda_driver.c): libmemtrace loads and runs its other paths on a
  * machine without cuDNN, and the cudnn path says why it cannot start. */
 #ifndef MT_RNN_CUDNN_LIB_H
@@ -40,7 +40,8 @@
     X(cudnnRNNBackwardData_v8)                                                                     \
     X(cudnnRNNBackwardWeights_v8)
 
-#define MT__CUDART_FNS(X) X(cudaGetDevice) X(cudaSetDevice) X(cudaGetErrorString)
+#define MT__CUDART_FNS(X)                                                                          \
+    X(cudaGetDevice) X(cudaSetDevice) X(cudaGetErrorString) X(cudaRuntimeGetVersion)
 
 /* One member per function, of its own type, named as it is. */
 typedef struct mt__dnn_s {
@@ -50,11 +51,17 @@ typedef struct mt__dnn_s {
 #undef MT__DNN_MEMBER
 } mt__dnn_t;
 
-/* The loaded libraries: $MEMTRACE_LIBCUDNN (else libcudnn.so.<CUDNN_MAJOR>) and
- * $MEMTRACE_LIBCUDART (else libcudart.so.<CUDART_VERSION / 1000>). Loaded once per process
- * and kept; a failure is not kept (the next call tries again). MT_ENODEV with the reason
- * in err when a library or a symbol is missing. */
+/* The loaded libraries, each (libcudnn, then the runtime) from the first of:
+ * $MEMTRACE_LIBCUDNN / $MEMTRACE_LIBCUDART when it names a file (with a '/': only that file);
+ * else that name, or libcudnn.so.<CUDNN_MAJOR> / libcudart.so.<CUDART_VERSION / 1000>,
+ * through the loader's search path; else that name in the nvidia/<package>/lib folders of
+ * the Python installs (pip wheels), under $MEMTRACE_CUDNN_ROOTS (colon-separated glob
+ * patterns of site-packages folders) or the usual places (docs/cudnn.md). Loaded once per
+ * process and kept; a failure is not kept (the next call tries again). MT_ENODEV with
+ * everything tried, and why each failed, in err when a library or a symbol is missing. */
 int mt__dnn_open(const mt__dnn_t **out, char *err, size_t errlen);
+/* The file library k (0 libcudnn, 1 the runtime) was loaded from ("" before a load). */
+const char *mt__dnn_path(int k);
 
 #endif
 #endif

@@ -54,6 +54,8 @@
  * Inference of a unidirectional module runs chunk by chunk (MT__RNN_CHUNK steps), so its
  * workspace does not grow with the sequence length. */
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +136,7 @@ static void cudnn_fini(mt_rnn_t *m)
     if (on_device)
         mt__dnn_dev_leave(&g);
     free(st->host_lens);
+    free(st->plens_key);
     free(st->regions);
     free(st->sum_buf);
     free(st);
@@ -204,9 +207,17 @@ static int cudnn_init(mt_rnn_t *m)
 {
     if (!mt__cuda_is_cuda(m->backend))
         return MT_ENOTSUP;
-    char why[384];
+    char why[2048];
     if (mt__dnn_open(&mt__dnn, why, sizeof why) != 0) {
-        plog(m, MT_LOG_WARN, "rnn: cudnn unavailable: %s", why);
+        /* Loudly once per process: the program's RNN then runs on no GPU, which is easy to
+         * miss; later modules say it again at info. */
+        static atomic_flag warned = ATOMIC_FLAG_INIT;
+        bool first = !atomic_flag_test_and_set(&warned);
+        plog(m, first ? MT_LOG_WARN : MT_LOG_INFO,
+             "rnn: cudnn unavailable: %s. The RNN module cannot use the GPU (MT_ENODEV; set "
+             "MEMTRACE_LIBCUDNN and MEMTRACE_LIBCUDART to the files, or MEMTRACE_CUDNN_ROOTS to "
+             "the site-packages holding the nvidia wheels)",
+             why);
         return MT_ENODEV;
     }
     cudnn_state_t *st = calloc(1, sizeof *st);
@@ -226,8 +237,15 @@ static int cudnn_init(mt_rnn_t *m)
         cudnn_fini(m);
         return MT_ENODEV;
     }
-    plog(m, MT_LOG_INFO, "rnn: cudnn: libcudnn %zu.%zu.%zu (built against %d.%d.%d)", v / 10000,
-         v % 10000 / 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL);
+    int rv = 0;
+    if (mt__dnn->cudaRuntimeGetVersion(&rv) != cudaSuccess)
+        rv = 0;
+    plog(m, MT_LOG_INFO,
+         "rnn: cudnn: libcudnn %zu.%zu.%zu (built against %d.%d.%d) from %s; CUDA runtime "
+         "%d.%d (built against %d.%d) from %s",
+         v / 10000, v % 10000 / 100, v % 100, CUDNN_MAJOR, CUDNN_MINOR, CUDNN_PATCHLEVEL,
+         mt__dnn_path(0), rv / 1000, rv % 1000 / 10, CUDART_VERSION / 1000,
+         CUDART_VERSION % 1000 / 10, mt__dnn_path(1));
     dev_guard_t g;
     int rc = mt__dnn_dev_enter(m, &g);
     if (rc) {
@@ -521,6 +539,7 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .forward = cudnn_forward,
     .backward = cudnn_backward,
     .checksum = cudnn_checksum,
+    .checksum_opt_in = true,
     .copy = cudnn_copy,
     .zero = cudnn_zero,
     .drop_reseed = cudnn_drop_reseed,

@@ -1,6 +1,7 @@
 /* The data descriptors, cuDNN's sizes for a shape, and the device sequence lengths (the
  * "data layout" paragraph of cudnn_path.c). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "rnn/cudnn_internal.h"
 
@@ -148,27 +149,46 @@ static int device_lengths(mt_rnn_t *m, cudnn_state_t *st)
     return 0;
 }
 
-/* Packed shapes: their lengths copied to a device array that only grows (a warm-up at the
- * largest batch makes it large enough), on the module's stream; the host waits for the copy
- * because host_lens is the staging and changes with the next shape. */
+/* Packed shapes: their lengths in a device array that only grows (a warm-up at the largest
+ * batch makes it large enough), keyed by a host copy of what it holds. The same lengths
+ * again (backward after its forward, or a repeated batch shape) need no copy and no wait.
+ * New lengths are staged in the key and copied on the module's stream; the host waits for
+ * that copy because the key is overwritten by the next new shape (pageable memory: the copy
+ * may read it after cuMemcpyAsync returns). The stream orders the copy after the work that
+ * read the old lengths. */
 static int packed_lengths(mt_rnn_t *m, cudnn_state_t *st)
 {
     if (st->B > st->plens_cap) {
+        int *key = malloc((size_t)st->B * sizeof *key);
+        if (!key)
+            return MT_ENOMEM;
         int32_t *dev = NULL;
         int rc = mt_alloc_malloc(m->alloc, (size_t)st->B * sizeof *dev, m->cfg.stream,
                                  MT_TAG_WORKSPACE, (void **)&dev);
-        if (rc)
+        if (rc) {
+            free(key);
             return rc;
+        }
         if (st->plens)
             mt_alloc_free(m->alloc, st->plens);
+        free(st->plens_key);
         st->plens = dev;
+        st->plens_key = key;
         st->plens_cap = st->B;
+        st->plens_n = 0;
     }
+    size_t bytes = (size_t)st->B * sizeof(int);
+    if (st->plens_n == st->B && memcmp(st->plens_key, st->host_lens, bytes) == 0)
+        return 0;
     _Static_assert(sizeof(int) == sizeof(int32_t), "seqLengthArray is int, devSeqLengths int32");
-    int rc = mt_memcpy_async(m->backend, st->plens, st->host_lens, (size_t)st->B * sizeof(int32_t),
-                             MT_MEMCPY_HOST_TO_DEVICE, m->cfg.stream);
+    st->plens_n = 0;
+    memcpy(st->plens_key, st->host_lens, bytes);
+    int rc = mt_memcpy_async(m->backend, st->plens, st->plens_key, bytes, MT_MEMCPY_HOST_TO_DEVICE,
+                             m->cfg.stream);
     if (rc == 0)
         rc = mt_stream_synchronize(m->backend, m->cfg.stream);
+    if (rc == 0)
+        st->plens_n = st->B;
     return rc;
 }
 

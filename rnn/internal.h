@@ -341,6 +341,8 @@ typedef struct mt__rnn_path_s {
     /* Optional: a checksum of n floats of device memory, kept in the reserve for what
      * backward reads back from the caller (y, x, hx, cx) and compared before backward. */
     uint64_t (*checksum)(mt_rnn_t *m, const float *p, size_t n);
+    /* The checksum costs copies and stream waits: used only with cfg.check_saved. */
+    bool checksum_opt_in;
     /* w: flat weights (the module's buffer or a compacted copy). reserve is unused (and
      * may be NULL) in inference mode, or when reserve_bytes is 0. drop_key: the training
      * pass's dropout key (mt__rnn_drop_key), the same for its forward and backward; a path

@@ -126,6 +126,9 @@ int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg)
     const char *env = getenv("MEMTRACE_RNN_GEMM");
     if (env && *env)
         cfg->gemm = env;
+    env = getenv("MEMTRACE_RNN_CHECK_SAVED");
+    if (env && *env)
+        cfg->check_saved = strcmp(env, "0") != 0;
     return 0;
 }
 

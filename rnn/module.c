@@ -153,7 +153,7 @@ static int forward(mt_rnn_t *m, const mt_rnn_io_t *io, mt_rnn_reserve_t **reserv
     if (training) {
         m->drop_counter++;
         res->drop_key = key;
-        if (m->path->checksum) {
+        if (m->path->checksum && (!m->path->checksum_opt_in || m->cfg.check_saved)) {
             io_sums(m, io, res->sums);
             res->summed = true;
         }

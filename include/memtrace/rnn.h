@@ -102,6 +102,13 @@ typedef struct mt_rnn_cfg_s {
      * OMP_WAIT_POLICY=PASSIVE before the first call (docs/blas.md): the library never sets
      * it. */
     const char *gemm;
+    /* cudnn path: checksum what backward reads back from the caller (y, x, hx, cx) at the
+     * end of each training forward and again before backward, and refuse a backward whose
+     * inputs changed (MT_EINVAL, logged). Each check copies those buffers to the host after
+     * a stream wait, so it is a debugging aid, off by default (docs/cudnn.md); mt_rnn_cfg_from_env
+     * sets it from MEMTRACE_RNN_CHECK_SAVED=1. The cpu path always checks (host memory, no
+     * copy). */
+    bool check_saved;
 } mt_rnn_cfg_t;
 
 /* Forward inputs and outputs. Pointers are borrowed for the call; after a TRAINING forward,
@@ -201,10 +208,12 @@ typedef struct mt_rnn_act_s {
 } mt_rnn_act_t;
 
 /* Defaults: LSTM, input 1, hidden 1, 1 layer, unidirectional, with biases, seed 1, chunks
- * of 64 steps, no offload, no dropout (dropout_seed 0). */
+ * of 64 steps, no offload, no dropout (dropout_seed 0), no saved-inputs check on the cudnn
+ * path. */
 MT_API mt_rnn_cfg_t mt_rnn_cfg_default(void);
 /* Applies $MEMTRACE_RNN_GEMM (a gemm name, or "auto") to cfg->gemm if set and not empty:
- * the value is borrowed from the environment. mt_rnn_create reads no environment variable
+ * the value is borrowed from the environment; and $MEMTRACE_RNN_CHECK_SAVED (set, not "0")
+ * to cfg->check_saved. mt_rnn_create reads no environment variable
  * of a module's settings; programs that honour this one call this at their edge. */
 MT_API int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg);
 

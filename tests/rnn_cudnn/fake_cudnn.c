@@ -255,6 +255,12 @@ cudaError_t cudaSetDevice(int device)
     return cudaSuccess;
 }
 
+cudaError_t cudaRuntimeGetVersion(int *version)
+{
+    *version = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 const char *cudaGetErrorString(cudaError_t error)
 {
     return error == cudaSuccess ? "no error" : "fake runtime error";

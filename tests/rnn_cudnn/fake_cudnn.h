@@ -1,6 +1,6 @@
 /* A fake of the cuDNN 9 calls the "cudnn" compute path makes (fake_cudnn.c,
- * fake_cudnn_compute.c), and of the three CUDA runtime calls it makes (cudaGetDevice,
- * cudaSetDevice, cudaGetErrorString): a shared library the path loads in place of libcudnn
+ * fake_cudnn_compute.c), and of the four CUDA runtime calls it makes (cudaGetDevice,
+ * cudaSetDevice, cudaGetErrorString, cudaRuntimeGetVersion): a shared library the path loads in place of libcudnn
  * and libcudart (MEMTRACE_LIBCUDNN, MEMTRACE_LIBCUDART), which the tests also link for these
  * controls. It records every call with its arguments, answers size and layout queries from
  * cuDNN's layout (or the engine's, or a perturbed one, on demand), checks the arguments of

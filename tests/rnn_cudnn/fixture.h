@@ -33,9 +33,9 @@ typedef struct fx_s {
     mt_rnn_cfg_t cfg;
     int errors, warnings;
     char last_log[512];
-    char version_log[256]; /* the info line naming the loaded libcudnn */
-    long live0;            /* fake cuDNN objects before the test (a failed test may leave some) */
-    size_t used0;          /* fake driver bytes before the test */
+    char version_log[1024]; /* the info line naming the loaded libcudnn */
+    long live0;             /* fake cuDNN objects before the test (a failed test may leave some) */
+    size_t used0;           /* fake driver bytes before the test */
 } fx_t;
 
 static inline void fx_log(void *ud, mt_log_level_e level, const char *msg)

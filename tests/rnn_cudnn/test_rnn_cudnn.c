@@ -421,11 +421,9 @@ static void test_warmup_and_shapes(void **state)
     }
     assert_int_equal(mt_alloc_stats(f.a, &st1), 0);
     assert_int_equal(st1.num_device_alloc, st0.num_device_alloc);
-    /* the lengths table from the warm-up covers every shape: no copy, no wait but the
-     * checks that x and y are unchanged (one per buffer at forward and at backward, each
-     * waiting for the stream, then for its copy to the host) */
-    assert_int_equal(fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize"),
-                     syncs + 30 * 4 * 2);
+    /* the lengths table from the warm-up covers every shape, and the saved-inputs check is
+     * off: no copy, no wait */
+    assert_int_equal(fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize"), syncs);
     assert_true(fake_dnn_count("cudnnSetRNNDataDescriptor") > descs);
     assert_string_equal(fake_dnn_last_error(), "");
     assert_int_equal(mt_alloc_free(f.a, x), 0);

@@ -16,8 +16,8 @@ static void up(fx_t *f)
     f->cfg.hidden_size = 8;
 }
 
-/* A training step whose y (then x) the caller changes before backward: MT_EINVAL naming it,
- * in every cell type; unchanged, the same step passes. */
+/* With check_saved, a training step whose y (then x) the caller changes before backward:
+ * MT_EINVAL naming it, in every cell type; unchanged, the same step passes. */
 static void test_changed_y_is_refused(void **state)
 {
     (void)state;
@@ -26,6 +26,7 @@ static void test_changed_y_is_refused(void **state)
         fx_t f;
         up(&f);
         f.cfg.mode = modes[mi];
+        f.cfg.check_saved = true;
         assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
         const int T = 3, B = 2, DH = 16;
         float *x = dbuf(&f, (size_t)T * B * 5, 0.5f), *y = dbuf(&f, (size_t)T * B * DH, 0.0f);
@@ -60,6 +61,50 @@ static void test_changed_y_is_refused(void **state)
             assert_int_equal(mt_alloc_free(f.a, bufs[k]), 0);
         fx_down(&f);
     }
+}
+
+/* Copies and stream waits of a training step at an unchanged padded shape (after one step
+ * that set everything up), with or without the saved-inputs check. */
+static void step_costs(bool check, size_t *syncs, size_t *copies)
+{
+    fx_t f;
+    up(&f);
+    f.cfg.check_saved = check;
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    const int T = 3, B = 2, DH = 16;
+    float *x = dbuf(&f, (size_t)T * B * 5, 0.5f), *y = dbuf(&f, (size_t)T * B * DH, 0.0f);
+    float *dy = dbuf(&f, (size_t)T * B * DH, 1.0f);
+    size_t s0 = 0, c0 = 0;
+    for (int k = 0; k < 2; k++) {
+        s0 = fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize");
+        c0 = fk.count("cuMemcpyAsync");
+        mt_rnn_io_t io = {.seq_len = T, .batch = B, .x = x, .y = y};
+        mt_rnn_reserve_t *res = NULL;
+        assert_int_equal(mt_rnn_forward(f.m, &io, &res), 0);
+        mt_rnn_grad_io_t g = {.dy = dy};
+        assert_int_equal(mt_rnn_backward(f.m, &res, &g), 0);
+    }
+    *syncs = fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize") - s0;
+    *copies = fk.count("cuMemcpyAsync") - c0;
+    assert_int_equal(f.errors, 0);
+    float *bufs[] = {x, y, dy};
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(mt_alloc_free(f.a, bufs[k]), 0);
+    fx_down(&f);
+}
+
+/* By default a training step waits for the stream nowhere and copies nothing to the host;
+ * with the check, forward and backward each copy y and x (no hx, cx here) to the host. */
+static void test_saved_check_is_opt_in(void **state)
+{
+    (void)state;
+    size_t syncs, copies;
+    step_costs(false, &syncs, &copies);
+    assert_int_equal(syncs, 0);
+    size_t syncs_on, copies_on;
+    step_costs(true, &syncs_on, &copies_on);
+    assert_true(syncs_on > 0);
+    assert_int_equal(copies_on, copies + 4);
 }
 
 /* cuDNN describes one matrix transposed ([in x H]: as many elements, another order): the
@@ -299,6 +344,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_changed_y_is_refused),
+        cmocka_unit_test(test_saved_check_is_opt_in),
         cmocka_unit_test(test_transposed_matrix_is_refused),
         cmocka_unit_test(test_gathered_space_zeroed),
         cmocka_unit_test(test_failed_size_query_does_not_poison),

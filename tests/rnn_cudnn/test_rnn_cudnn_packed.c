@@ -142,11 +142,64 @@ static void test_packed_warmup(void **state)
     fx_down(&f);
 }
 
+/* The device lengths of a packed shape are copied once: a second inference forward on the
+ * same lengths makes no host-to-device copy and no stream synchronize, and a new shape's
+ * lengths reach the device before cuDNN reads them. */
+static void test_packed_same_shape_no_sync(void **state)
+{
+    (void)state;
+    fx_t f;
+    fx_up(&f);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    const int lens[4] = {5, 3, 3, 1}, lens2[4] = {5, 4, 2, 2}, I = 5, DH = 16;
+    float *x = dbuf(&f, 20 * I, 0.5f), *y = dbuf(&f, 20 * DH, 0.0f);
+    mt_rnn_pack_t p, p2;
+    assert_int_equal(mt_rnn_pack_init(&p, lens, 4, 5, true, NULL, NULL), 0);
+    assert_int_equal(mt_rnn_pack_init(&p2, lens2, 4, 5, true, NULL, NULL), 0);
+    mt_rnn_io_t io = {.x = x, .y = y};
+    mt_rnn_pack_io(&p, &io);
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+
+    size_t syncs = fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize");
+    size_t copies = fk.count("cuMemcpyAsync");
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    assert_int_equal(fk.count("cuStreamSynchronize") + fk.count("cuCtxSynchronize"), syncs);
+    assert_int_equal(fk.count("cuMemcpyAsync"), copies);
+
+    /* Same batch and T, other lengths: copied again, and cuDNN sees the new ones. */
+    mt_rnn_pack_io(&p2, &io);
+    size_t from = fake_dnn_ncalls();
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    assert_true(fk.count("cuMemcpyAsync") > copies);
+    const fake_dnn_call_t *c = fake_dnn_call(fake_dnn_find("cudnnRNNForward", from));
+    int32_t dl[4];
+    assert_int_equal(mt_memcpy(f.b, dl, c->p[7], sizeof dl, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    for (int b = 0; b < 4; b++)
+        assert_int_equal(dl[b], lens2[b]);
+    /* And back: the first lengths again, on the device. */
+    mt_rnn_pack_io(&p, &io);
+    from = fake_dnn_ncalls();
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    c = fake_dnn_call(fake_dnn_find("cudnnRNNForward", from));
+    assert_int_equal(mt_memcpy(f.b, dl, c->p[7], sizeof dl, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    for (int b = 0; b < 4; b++)
+        assert_int_equal(dl[b], lens[b]);
+    assert_int_equal(f.errors, 0);
+
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    mt_rnn_pack_fini(&p);
+    mt_rnn_pack_fini(&p2);
+    fx_down(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_packed_step),
         cmocka_unit_test(test_packed_warmup),
+        cmocka_unit_test(test_packed_same_shape_no_sync),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }
