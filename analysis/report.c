@@ -54,6 +54,9 @@ typedef struct proc_s {
     uint64_t added;              /* records among evs no input held (mt__report_add_ref) */
     char *tag_names[MT_TAG_MAX]; /* as seen in the log; NULL = not seen */
     mt_model_t *tables;          /* its stack table and module map ("stack", "module" lines) */
+    mt_prof_job_t job;           /* rank and job from its hello (docs/fleet.md); unknown if none */
+    bool shadowed; /* a later hello of its pid named another rank or job: logs of two hosts
+                    * whose pids collide; the pid's next lines are the other process's */
 } proc_t;
 
 struct mt__report_s {
@@ -112,7 +115,7 @@ void mt__report_destroy(mt__report_t **pr)
 static proc_t *proc_get(mt__report_t *r, int pid)
 {
     for (size_t i = 0; i < r->nprocs; i++)
-        if (r->procs[i].pid == pid)
+        if (r->procs[i].pid == pid && !r->procs[i].shadowed)
             return &r->procs[i];
     if (r->nprocs == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 8;
@@ -125,6 +128,30 @@ static proc_t *proc_get(mt__report_t *r, int pid)
     proc_t *p = &r->procs[r->nprocs++];
     memset(p, 0, sizeof(*p));
     p->pid = pid;
+    p->job = mt_prof_job_unknown();
+    return p;
+}
+
+/* Two processes, not one: each names its rank or its job and they differ. */
+static bool other_rank(const mt_prof_job_t *a, const mt_prof_job_t *b)
+{
+    return (a->rank >= 0 && b->rank >= 0 && a->rank != b->rank) ||
+           (a->id[0] && b->id[0] && strcmp(a->id, b->id) != 0);
+}
+
+/* The process of a hello line: pid's, unless that one is another rank or job (ranks on two
+ * hosts may have the same pid; their logs are read one after the other). NULL: no memory. */
+static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
+{
+    mt_prof_job_t job;
+    bool ranked = mt_prof_job_from_json(hello, &job);
+    proc_t *p = proc_get(r, pid);
+    if (p && ranked && other_rank(&p->job, &job)) {
+        p->shadowed = true;
+        p = proc_get(r, pid);
+    }
+    if (p && ranked)
+        p->job = job;
     return p;
 }
 
@@ -298,7 +325,8 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
     } else if (strcmp(type, "hello") == 0 || strcmp(type, "exit") == 0) {
         if (!json_is_integer(jp))
             FAIL("%s: missing \"pid\"", type);
-        proc_t *p = proc_get(r, (int)json_integer_value(jp));
+        proc_t *p = type[0] == 'h' ? proc_of_hello(r, (int)json_integer_value(jp), j)
+                                   : proc_get(r, (int)json_integer_value(jp));
         if (!p)
             NOMEM();
         if (type[0] == 'h') {
@@ -654,6 +682,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         never_freed(cfg, p, m, MT_MODEL_DEVICE), "unmatched_frees", ji(d.unmatched_frees), "growth",
         growth(cfg, p, m), "host", host_summary(cfg, p, m, host_events));
     tl = NULL; /* owned by res now */
+    if (res != NULL && mt_prof_job_to_json(res, &p->job) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
     if (res != NULL && json_object_set_new(res, "devices", by_device(m)) != 0) {
         json_decref(res);
         res = NULL;
@@ -711,10 +743,21 @@ json_t *mt__report_result(mt__report_t *r)
             return NULL;
         }
     }
-    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report", "lines",
-                     ji(r->lines), "events", ji(r->events), "malformed", ji(r->malformed),
-                     "lost_unattributed", ji(r->lost_unattributed), "duplicates", ji(r->duplicates),
-                     "processes", procs);
+    json_t *jobs = mt__report_jobs_json(procs);
+    if (!jobs) {
+        json_decref(procs);
+        return NULL;
+    }
+    json_t *res = json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report",
+                            "lines", ji(r->lines), "events", ji(r->events), "malformed",
+                            ji(r->malformed), "lost_unattributed", ji(r->lost_unattributed),
+                            "duplicates", ji(r->duplicates), "processes", procs);
+    if (!res || (json_array_size(jobs) > 0 && json_object_set(res, "jobs", jobs) != 0)) {
+        json_decref(res);
+        res = NULL;
+    }
+    json_decref(jobs);
+    return res;
 }
 
 /* ---- replay for plots ---- */

@@ -155,6 +155,16 @@ json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
  * NULL when there are none or without memory. */
 json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
 
+/* ---- ranks of a job (report_jobs.c) ---- */
+
+/* The report's "jobs" member from its "processes" array (borrowed): the processes whose
+ * hello named a rank, grouped by job id (those without one make one group without "job"),
+ * each group {job, world_size, timeline_origin, ranks[{rank, local_rank, pid, name,
+ * peak_allocated, peak_reserved}] by rank, highest{rank, pid, peak_allocated, peak_reserved,
+ * above_median_bytes}, median_peak_allocated, spread_bytes, missing_ranks}. Empty when no
+ * process has a rank. New reference, NULL without memory. */
+json_t *mt__report_jobs_json(const json_t *procs);
+
 /* ---- the gap (report_gap.c) ---- */
 
 /* The gap of class cls of m now (analysis/gap.h's mt_gap_json), each pin named by its site

@@ -22,6 +22,7 @@
 #include "daemon/daemon.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
+#include "memtrace/prof.h"
 #include "profiler/ring.h"
 #include "profiler/stack.h"
 
@@ -65,6 +66,7 @@ typedef struct mt_d_proc_s {
     uint32_t uid;             /* its connection's SO_PEERCRED uid (the ring caps' key) */
     char name[MT_RING_COMM_MAX];
     char backend[32];             /* from the hello, "" if not given */
+    mt_prof_job_t job;            /* rank and job from the hello; unknown if not given */
     uint64_t registered_realtime; /* ns since the epoch */
     uint64_t exited_realtime;     /* ns since the epoch, 0 while live */
     bool exited;
@@ -351,6 +353,9 @@ json_t *mt__d_state_json(mt_d_t *d);
 bool mt__d_proc_newest(const mt_d_proc_t *p);
 /* Appends s as a Prometheus label value (backslash, quote, line feed escaped). */
 int mt__d_label_value(mt_d_buf_t *o, const char *s);
+/* A process's series labels: pid="N", then rank="R" and job="J" when its hello gave them
+ * (docs/fleet.md "Ranks and jobs"). Returns o->err. */
+int mt__d_proc_labels(mt_d_buf_t *o, const mt_d_proc_t *p);
 /* metrics_info.c: process_info, per-device and per-pool families, appended to out. */
 int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
 

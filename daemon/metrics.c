@@ -2,7 +2,8 @@
  *
  * Metric naming follows the Prometheus conventions: memtrace_ prefix, base units in the
  * name (_bytes, _ratio), counters end in _total, every family has # HELP and # TYPE, and
- * labels stay low-cardinality (pid, tag, state). A pid registered twice (a program with
+ * labels stay low-cardinality (pid, tag, state; rank and job, one each per process, when its
+ * hello gave them). A pid registered twice (a program with
  * two allocators, or pid reuse) is reported once, by its newest registration, so that no
  * series is duplicated. */
 #include <inttypes.h>
@@ -44,6 +45,20 @@ bool mt__d_proc_newest(const mt_d_proc_t *p)
 int mt__d_label_value(mt_d_buf_t *o, const char *s)
 {
     return label_value(o, s);
+}
+
+int mt__d_proc_labels(mt_d_buf_t *o, const mt_d_proc_t *p)
+{
+    mt__d_buf_printf(o, "pid=\"%d\"", p->pid);
+    if (p->job.rank >= 0)
+        mt__d_buf_printf(o, ",rank=\"%d\"", p->job.rank);
+    if (p->job.id[0]) {
+        /* sanitized by the hello's reader already; escaped all the same, as every value */
+        mt__d_buf_append(o, ",job=\"", 6);
+        label_value(o, p->job.id);
+        mt__d_buf_append(o, "\"", 1);
+    }
+    return o->err;
 }
 
 typedef enum {
@@ -159,11 +174,12 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 v = fh.peak_reserved;
                 break;
             }
-            const char *n = proc_families[f].name;
+            mt__d_buf_printf(o, "%s{", proc_families[f].name);
+            mt__d_proc_labels(o, p);
             if (ratio)
-                mt__d_buf_printf(o, "%s{pid=\"%d\"} %.6g\n", n, p->pid, r);
+                mt__d_buf_printf(o, "} %.6g\n", r);
             else
-                mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", n, p->pid, v);
+                mt__d_buf_printf(o, "} %" PRIu64 "\n", v);
         }
     }
 
@@ -182,7 +198,9 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 if (!tg.peak)
                     continue;
                 char nb[16];
-                mt__d_buf_printf(o, "%s{pid=\"%d\",tag=\"", tag_fam[f][0], p->pid);
+                mt__d_buf_printf(o, "%s{", tag_fam[f][0]);
+                mt__d_proc_labels(o, p);
+                mt__d_buf_append(o, ",tag=\"", 6);
                 label_value(o, mt__d_tag_name(p, t, nb, sizeof nb));
                 mt__d_buf_printf(o, "\"} %" PRIu64 "\n", f == 0 ? tg.bytes : tg.peak);
             }
@@ -201,7 +219,9 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
             if (!newest(p))
                 continue;
             uint64_t v = f == 0 ? p->events : f == 1 ? p->dropped : p->ooms;
-            mt__d_buf_printf(o, "%s{pid=\"%d\"} %" PRIu64 "\n", ctr_fam[f][0], p->pid, v);
+            mt__d_buf_printf(o, "%s{", ctr_fam[f][0]);
+            mt__d_proc_labels(o, p);
+            mt__d_buf_printf(o, "} %" PRIu64 "\n", v);
         }
     }
 

@@ -24,7 +24,9 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
     for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
         if (!mt__d_proc_newest(p))
             continue;
-        mt__d_buf_printf(o, "memtrace_process_info{pid=\"%d\",name=\"", p->pid);
+        mt__d_buf_append(o, "memtrace_process_info{", 22);
+        mt__d_proc_labels(o, p);
+        mt__d_buf_append(o, ",name=\"", 7);
         mt__d_label_value(o, p->name);
         mt__d_buf_printf(o, "\",state=\"%s\",backend=\"", p->exited ? "exited" : "running");
         mt__d_label_value(o, p->backend);
@@ -53,8 +55,9 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
                              : f == 1 ? dv[i].reserved
                              : f == 2 ? dv[i].peak_allocated
                                       : dv[i].peak_reserved;
-                mt__d_buf_printf(o, "%s{pid=\"%d\",device=\"%u\"} %" PRIu64 "\n", dev_fam[f][0],
-                                 p->pid, dv[i].device, v);
+                mt__d_buf_printf(o, "%s{", dev_fam[f][0]);
+                mt__d_proc_labels(o, p);
+                mt__d_buf_printf(o, ",device=\"%u\"} %" PRIu64 "\n", dv[i].device, v);
             }
         }
     }
@@ -64,10 +67,12 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
     for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
         if (!mt__d_proc_newest(p))
             continue;
-        for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++)
-            mt__d_buf_printf(
-                o, "memtrace_pool_allocated_bytes{pid=\"%d\",pool=\"%s\"} %" PRIu64 "\n", p->pid,
-                mt_pool_name(pools[i]), mt_model_pool_bytes(p->model, pools[i]));
+        for (size_t i = 0; i < sizeof pools / sizeof pools[0]; i++) {
+            mt__d_buf_append(o, "memtrace_pool_allocated_bytes{", 30);
+            mt__d_proc_labels(o, p);
+            mt__d_buf_printf(o, ",pool=\"%s\"} %" PRIu64 "\n", mt_pool_name(pools[i]),
+                             mt_model_pool_bytes(p->model, pools[i]));
+        }
     }
     return o->err;
 }

@@ -35,6 +35,8 @@ static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
         json_object_set_new(o, "reason", json_string(p->exit_reason));
     if (o && p->backend[0])
         json_object_set_new(o, "backend", json_string(p->backend));
+    if (o)
+        (void)mt_prof_job_to_json(o, &p->job); /* so `memtrace view` of this log keeps them */
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (s) {
         size_t n = strlen(s);
@@ -131,6 +133,7 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
     p->uid = c->peer_uid;
     if (backend)
         snprintf(p->backend, sizeof p->backend, "%s", backend);
+    (void)mt_prof_job_from_json(msg, &p->job); /* checked there: bad fields are unknown */
     p->ring = ring;
     mt__d_stacks_attach(p);
     p->conn = c;

@@ -22,6 +22,7 @@ int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name)
         return MT_ENOMEM;
     }
     p->pid = pid;
+    p->job = mt_prof_job_unknown();
     snprintf(p->name, sizeof p->name, "%s", name ? name : "");
     *out = p;
     return 0;
@@ -299,6 +300,7 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
     bad |= json_object_set_new(o, "name", js(p->name));
     if (p->backend[0])
         bad |= json_object_set_new(o, "backend", js(p->backend));
+    bad |= mt_prof_job_to_json(o, &p->job) != 0;
     bad |= json_object_set_new(o, "state", json_string(p->exited ? "exited" : "running"));
     if (p->exited) {
         bad |= json_object_set_new(o, "exit_reason", json_string(p->exit_reason));

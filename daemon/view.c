@@ -111,6 +111,7 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
             if (!p) {
                 rc = MT_ENOMEM;
             } else if (strcmp(ev, "register") == 0) {
+                (void)mt_prof_job_from_json(j, &p->job);
                 p->registered_realtime = json_is_integer(rt) ? (uint64_t)json_integer_value(rt) : 0;
             } else if (strcmp(ev, "exit") == 0) {
                 p->exit_reason = static_reason(json_string_value(json_object_get(j, "reason")));

@@ -83,8 +83,9 @@ static int read_line(int fd, char *buf, size_t len, int timeout_ms)
     return MT_EPROTO;
 }
 
-int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring, int timeout_ms,
-                             int *out_fd, char *err, size_t errlen)
+int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring,
+                             const mt_prof_job_t *job, int timeout_ms, int *out_fd, char *err,
+                             size_t errlen)
 {
     *out_fd = -1;
     struct sockaddr_un sa;
@@ -118,6 +119,8 @@ int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring, int 
     json_t *hello = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:I}", "type", "hello", "role",
                               "producer", "version", 1, "pid", (int)h->pid, "name", h->comm, "shm",
                               mt__ring_name(ring), "slots", (json_int_t)h->slots);
+    if (hello && job)
+        (void)mt_prof_job_to_json(hello, job); /* a field that failed is just left out */
     char *line = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
     json_decref(hello);
     if (!line) {

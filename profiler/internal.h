@@ -5,12 +5,16 @@
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
 
-/* Registers ring with the daemon at sock_path: connects, sends the hello line, waits
+/* Registers ring with the daemon at sock_path: connects, sends the hello line (with job's
+ * known fields; job may be NULL), waits
  * up to timeout_ms for the reply. On success *out_fd is the open connection, to keep
  * for the process lifetime (closing it tells the daemon the producer ended). On
  * failure, a message goes to err. */
-int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring, int timeout_ms,
-                             int *out_fd, char *err, size_t errlen);
+int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring,
+                             const mt_prof_job_t *job, int timeout_ms, int *out_fd, char *err,
+                             size_t errlen);
+/* Reads the launcher's variables into cfg->job (job.c; mt_prof_cfg_from_env). */
+void mt__prof_job_from_env(mt_prof_cfg_t *cfg);
 /* Sends the optional {"type":"poke"} line (asks the daemon to drain now). */
 int mt__prof_client_poke(int fd);
 

@@ -31,6 +31,7 @@ mt_prof_cfg_t mt_prof_cfg_default(void)
     c.slots = MT_RING_DEFAULT_SLOTS;
     c.drain_ms = 20;
     c.stacks = MT_STACKS_SAMPLED;
+    c.job = mt_prof_job_unknown();
     return c;
 }
 
@@ -68,6 +69,7 @@ int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
     const char *e = getenv("MEMTRACE_PROF");
     if (!cfg)
         return MT_EINVAL;
+    mt__prof_job_from_env(cfg);
     if (!e || !*e)
         return 0;
     static const char *const names[] = {"auto", "daemon", "log", "off"};
@@ -247,6 +249,23 @@ const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
 
 /* ---- lifecycle ---- */
 
+/* The cfg's job, kept to its invariant (the program may have filled it by hand): an
+ * out-of-range count is unknown, the id sanitized. */
+static void set_job(mt_prof_t *p, const mt_prof_job_t *j)
+{
+    p->job = mt_prof_job_unknown();
+    if (j->rank >= 0 && j->rank <= MT_PROF_RANK_MAX)
+        p->job.rank = j->rank;
+    if (j->local_rank >= 0 && j->local_rank <= MT_PROF_RANK_MAX)
+        p->job.local_rank = j->local_rank;
+    if (j->world_size >= 1 && j->world_size <= MT_PROF_RANK_MAX)
+        p->job.world_size = j->world_size;
+    char id[MT_PROF_JOB_MAX];
+    memcpy(id, j->id, sizeof id);
+    id[sizeof id - 1] = '\0';
+    mt_prof_job_id_sanitize(p->job.id, sizeof p->job.id, id);
+}
+
 static void read_comm(char *buf, size_t len)
 {
     snprintf(buf, len, "unknown");
@@ -295,6 +314,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&p->stop_cond, &ca);
     pthread_condattr_destroy(&ca);
+    set_job(p, &cfg->job);
     if (cfg->name)
         snprintf(p->name, sizeof(p->name), "%s", cfg->name);
     else
@@ -352,7 +372,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         else if ((rc = mt_prof_socket_path(path, sizeof(path))) != 0)
             snprintf(err, sizeof(err), "socket path too long");
         if (rc == 0)
-            rc = mt__prof_client_register(path, p->ring, REGISTER_TIMEOUT_MS, &p->fd, err,
+            rc = mt__prof_client_register(path, p->ring, &p->job, REGISTER_TIMEOUT_MS, &p->fd, err,
                                           sizeof(err));
         if (rc == 0) {
             /* The daemon has mapped the ring and removed its name. */

@@ -59,6 +59,7 @@ struct mt_prof_s {
     uint64_t unlogged_seq; /* the first of them */
     int write_err;         /* the last write error while held, under drain_lock */
     char name[MT_RING_COMM_MAX];
+    mt_prof_job_t job;        /* the cfg's, checked: in the hello and the log's header */
     char oom_dir[256];        /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
     unsigned oom_interval_ms; /* mt_prof_oom_interval_ms() at create; 0 = every OOM */
     mt__oomsnap_t *oomsnap;   /* local mode with an OOM directory: writes OOM snapshots */

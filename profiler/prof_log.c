@@ -299,8 +299,10 @@ int mt__prof_log_start(mt_prof_t *p, const char *path)
         return rc;
     }
     const mt__ring_hdr_t *h = mt__ring_header(p->ring);
-    mt__prof_log_line(
-        p, mt_prof_hello_to_json(p->pid, p->name, h->start_realtime_ns, h->start_mono_ns));
+    json_t *hello = mt_prof_hello_to_json(p->pid, p->name, h->start_realtime_ns, h->start_mono_ns);
+    if (hello)
+        (void)mt_prof_job_to_json(hello, &p->job); /* a field that failed is just left out */
+    mt__prof_log_line(p, hello);
     /* the module map at start; after a takeover from the daemon, the table again (this log
      * needs it before its first stack) */
     mt__stab_seen_free(&p->seen);

@@ -550,15 +550,54 @@ static void print_managed(json_t *v)
            human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
 }
 
+/* The report's "jobs": per job, a row per rank, and the rank that peaked highest. */
+static void print_jobs(json_t *jobs)
+{
+    size_t i, k;
+    json_t *g, *r;
+    json_array_foreach(jobs, i, g)
+    {
+        char b1[32], b2[32], b3[32];
+        esc_buf_t ej;
+        const char *id = json_string_value(json_object_get(g, "job"));
+        json_t *ranks = json_object_get(g, "ranks"), *h = json_object_get(g, "highest");
+        printf("\njob %s: %zu rank%s", id ? esc(id, ej) : "(no job id)", json_array_size(ranks),
+               json_array_size(ranks) == 1 ? "" : "s");
+        if (json_object_get(g, "world_size"))
+            printf(" of %.0f", num(g, "world_size"));
+        if (num(g, "missing") > 0)
+            printf(" (%.0f missing)", num(g, "missing"));
+        printf("; each rank's timeline starts at its own first event (clocks of hosts differ)\n");
+        printf("  %6s %8s %16s %16s\n", "RANK", "PID", "PEAK ALLOCATED", "PEAK RESERVED");
+        json_array_foreach(ranks, k, r)
+        {
+            bool top = num(r, "rank") == num(h, "rank") && json_array_size(ranks) > 1;
+            printf("  %6.0f %8.0f %16s %16s%s\n", num(r, "rank"), num(r, "pid"),
+                   human(num(r, "peak_allocated"), b1, sizeof b1),
+                   human(num(r, "peak_reserved"), b2, sizeof b2), top ? "  <- highest" : "");
+        }
+        if (json_array_size(ranks) > 1)
+            printf("  highest peak: rank %.0f, %s, %s above the median rank's %s\n", num(h, "rank"),
+                   human(num(h, "peak_allocated"), b1, sizeof b1),
+                   human(num(h, "above_median_bytes"), b2, sizeof b2),
+                   human(num(g, "median_peak_allocated"), b3, sizeof b3));
+    }
+}
+
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
     const char *name = json_string_value(json_object_get(p, "name"));
-    esc_buf_t en, ex;
-    printf("process %d%s%s%s: %.0f events, %.0f lost, exit %s\n",
-           (int)json_integer_value(json_object_get(p, "pid")), name && *name ? " \"" : "",
-           name && *name ? esc(name, en) : "", name && *name ? "\"" : "", num(p, "events"),
-           num(p, "lost"), esc(json_string_value(json_object_get(p, "exit")), ex));
+    esc_buf_t en, ex, ej;
+    printf("process %d%s%s%s", (int)json_integer_value(json_object_get(p, "pid")),
+           name && *name ? " \"" : "", name && *name ? esc(name, en) : "",
+           name && *name ? "\"" : "");
+    if (json_object_get(p, "rank")) {
+        const char *job = json_string_value(json_object_get(p, "job"));
+        printf(" (rank %.0f%s%s)", num(p, "rank"), job ? " of job " : "", job ? esc(job, ej) : "");
+    }
+    printf(": %.0f events, %.0f lost, exit %s\n", num(p, "events"), num(p, "lost"),
+           esc(json_string_value(json_object_get(p, "exit")), ex));
     double peak = num(p, "peak_allocated");
     printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
            "reserved\n",
@@ -913,6 +952,7 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
         if (num(res, "lost_unattributed") > 0)
             printf(", %.0f events lost by a consumer queue", num(res, "lost_unattributed"));
         printf("\n");
+        print_jobs(json_object_get(res, "jobs"));
         size_t i;
         json_t *p;
         json_array_foreach(procs, i, p)

@@ -151,6 +151,25 @@ static void render_callsites(FILE *f, json_t *procs, const top_t *t, const char 
     }
 }
 
+/* "5/8 job" (rank/world size, then the job id), "5", or "-" when the process has no rank.
+ * The job id is escaped: it is the process's own. */
+static const char *rank_cell(json_t *p, char *buf, size_t len)
+{
+    json_t *rank = json_object_get(p, "rank"), *world = json_object_get(p, "world_size");
+    const char *job = json_string_value(json_object_get(p, "job"));
+    char jb[MT_TEXT_ESC_SIZE(64)] = "";
+    if (job)
+        mt__text_escape(job, jb, sizeof jb);
+    if (!json_is_integer(rank))
+        snprintf(buf, len, "-");
+    else if (json_is_integer(world))
+        snprintf(buf, len, "%lld/%lld%s%s", (long long)json_integer_value(rank),
+                 (long long)json_integer_value(world), job ? " " : "", jb);
+    else
+        snprintf(buf, len, "%lld%s%s", (long long)json_integer_value(rank), job ? " " : "", jb);
+    return buf;
+}
+
 static void render(FILE *f, json_t *st, top_t *t, bool ansi)
 {
     double now = now_s(), dt = t->nprev ? now - t->prev_time : 0;
@@ -169,13 +188,19 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
             "%.0f lost by producers, %.0f dropped for slow consumers%s\n\n",
             bold, norm, num(dm, "pid"), json_array_size(procs), running, num(dm, "events"),
             num(dm, "producer_dropped"), num(dm, "consumer_dropped"), ansi ? "   [q quits]" : "");
-    fprintf(f, "%s%-8s %-16s %-8s %11s %11s %11s %6s %6s %9s %8s%s\n", bold, "PID", "NAME", "STATE",
-            "ALLOCATED", "RESERVED", "PEAK", "UTIL", "FRAG", "EVENTS/S", "DROPS", norm);
+    /* A RANK column (rank/world size, then the job) once any process is a rank of a job. */
+    bool ranked = false;
+    json_array_foreach(procs, i, p) ranked |= json_object_get(p, "rank") != NULL;
+    fprintf(f, "%s%-8s ", bold, "PID");
+    if (ranked)
+        fprintf(f, "%-20s ", "RANK");
+    fprintf(f, "%-16s %-8s %11s %11s %11s %6s %6s %9s %8s%s\n", "NAME", "STATE", "ALLOCATED",
+            "RESERVED", "PEAK", "UTIL", "FRAG", "EVENTS/S", "DROPS", norm);
     rate_t cur[MAX_RATES];
     unsigned ncur = 0;
     json_array_foreach(procs, i, p)
     {
-        char a[32], r[32], pk[32];
+        char a[32], r[32], pk[32], rk[MT_TEXT_ESC_SIZE(64) + 32];
         int pid = (int)num(p, "pid");
         double events = num(p, "events");
         const char *state = json_string_value(json_object_get(p, "state")) ?: "?";
@@ -185,8 +210,11 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
         /* The name is the process's own: escaped, so that it cannot move the cursor. */
         char name[MT_TEXT_ESC_SIZE(64)];
         mt__text_escape(json_string_value(json_object_get(p, "name")), name, sizeof name);
-        fprintf(f, "%-8d %-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", pid, name,
-                st_buf, human(num(p, "allocated_bytes"), a, sizeof a),
+        fprintf(f, "%-8d ", pid);
+        if (ranked)
+            fprintf(f, "%-20.20s ", rank_cell(p, rk, sizeof rk));
+        fprintf(f, "%-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", name, st_buf,
+                human(num(p, "allocated_bytes"), a, sizeof a),
                 human(num(p, "reserved_bytes"), r, sizeof r),
                 human(num(p, "peak_allocated_bytes"), pk, sizeof pk), 100 * num(p, "utilization"),
                 100 * num(p, "fragmentation"), rate_of(t, pid, events, dt), num(p, "dropped"));

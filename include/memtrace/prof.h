@@ -32,6 +32,19 @@ typedef enum mt_prof_mode_e {
     MT_PROF_OFF = 3,    /* the sink counts events and records nothing */
 } mt_prof_mode_e;
 
+/* Where a process sits in a distributed job (docs/fleet.md "Ranks and jobs"): carried in its
+ * hello to the daemon and in its local log's header. Invariant: each field is either unknown
+ * (-1, "") or valid: 0 <= rank, 0 <= local_rank, 1 <= world_size, all <= MT_PROF_RANK_MAX;
+ * id holds only [A-Za-z0-9._:@+-] (safe as a Prometheus label value and in a file name). */
+#define MT_PROF_JOB_MAX  64       /* bytes of a job id, NUL included */
+#define MT_PROF_RANK_MAX 16777215 /* the largest rank or world size taken */
+typedef struct mt_prof_job_s {
+    int rank;                 /* global rank; -1 = unknown */
+    int local_rank;           /* rank on this host; -1 = unknown */
+    int world_size;           /* ranks in the job; -1 = unknown */
+    char id[MT_PROF_JOB_MAX]; /* job id; "" = unknown */
+} mt_prof_job_t;
+
 typedef struct mt_prof_cfg_s {
     int mode;             /* mt_prof_mode_e; MT_PROF_AUTO */
     uint32_t slots;       /* ring capacity in events, rounded up to a power of two; 65536 */
@@ -50,6 +63,9 @@ typedef struct mt_prof_cfg_s {
      * stacks"); MT_STACKS_SAMPLED. An allocator's "stacks" config key overrides it for
      * that allocator; mt_prof_set_stacks changes it at run time. */
     int stacks;
+    /* This process's rank and job; all unknown by default, read from the launcher's
+     * variables by mt_prof_cfg_from_env. */
+    mt_prof_job_t job;
 } mt_prof_cfg_t;
 
 typedef struct mt_prof_stats_s {
@@ -65,8 +81,16 @@ typedef struct mt_prof_stats_s {
 
 /* Defaults (no environment read). */
 MT_API mt_prof_cfg_t mt_prof_cfg_default(void);
-/* Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to cfg->mode if set.
- * MT_EINVAL for another value (cfg unchanged). */
+/* Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to cfg->mode if set, and the
+ * launcher's variables to cfg->job, each field from the first of these that holds a valid
+ * value (docs/fleet.md "Ranks and jobs"):
+ *   rank        MEMTRACE_RANK, RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID
+ *   local_rank  MEMTRACE_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID
+ *   world_size  MEMTRACE_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS
+ *   id          MEMTRACE_JOB, TORCHELASTIC_RUN_ID (not "none"), SLURM_JOB_ID
+ * A malformed value is skipped with a warning to cfg->log; a job id is cut to
+ * MT_PROF_JOB_MAX - 1 bytes and its other characters become '_' (warned too).
+ * MT_EINVAL for another MEMTRACE_PROF (cfg->mode unchanged; cfg->job is still read). */
 MT_API int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg);
 
 /* Applies $MEMTRACE_STACKS ("off", "sampled", "all") to cfg->stacks if set. MT_EINVAL for
@@ -170,6 +194,19 @@ MT_API void *mt_prof_stats_to_json(const mt_alloc_stats_t *st, int pid, int devi
 /* Snapshot: {"v":1,"type":"snapshot","pid":..,"segments":[...],"stats":{...}}. */
 MT_API void *mt_prof_snapshot_to_json(const mt_alloc_snapshot_t *snap, int pid, int device,
                                       const char *(*tag_name)(void *ud, int tag), void *ud);
+/* The job with every field unknown. */
+MT_API mt_prof_job_t mt_prof_job_unknown(void);
+/* Copies src into dst (cap bytes, NUL included; cap >= 1) as a job id: cut to fit, each
+ * byte outside [A-Za-z0-9._:@+-] replaced by '_'. Returns how many bytes were changed or
+ * cut (0: copied as is). */
+MT_API size_t mt_prof_job_id_sanitize(char *dst, size_t cap, const char *src);
+/* Adds the known fields of job to a JSON object (a json_t *): "rank", "local_rank",
+ * "world_size" (integers), "job" (string). Unknown ones are left out. 0 or MT_ENOMEM. */
+MT_API int mt_prof_job_to_json(void *obj, const mt_prof_job_t *job);
+/* Reads those fields from a hello (a json_t *) into *job; a missing or invalid one is
+ * unknown, a job id is sanitized as above. Returns whether any field is known. */
+MT_API bool mt_prof_job_from_json(const void *obj, mt_prof_job_t *job);
+
 /* {"v":1,"type":"hello",...} header line written first in a local log. */
 MT_API void *mt_prof_hello_to_json(int pid, const char *name, uint64_t start_realtime_ns,
                                    uint64_t start_mono_ns);

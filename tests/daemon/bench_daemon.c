@@ -59,7 +59,7 @@ static void producer(const char *sock, uint64_t n, double rate, int go_fd)
     int fd = -1;
     char err[256];
     if (mt__ring_create(&r, SLOTS, "bench") != 0 ||
-        mt__prof_client_register(sock, r, 5000, &fd, err, sizeof err) != 0)
+        mt__prof_client_register(sock, r, NULL, 5000, &fd, err, sizeof err) != 0)
         _exit(10);
     mt__ring_unlink(r);
     char c;

@@ -251,6 +251,64 @@ static void test_top_per_device(void **state)
     th_daemon_stop(&t);
 }
 
+/* A producer that is rank 3 of 4 in job "ddp": 1 MiB on device 0. */
+static void ranked_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-ranked";
+    cfg.job.rank = 3;
+    cfg.job.world_size = 4;
+    snprintf(cfg.job.id, sizeof cfg.job.id, "ddp");
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0)
+        _exit(10);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    void *x;
+    if (mt_alloc_create(&a, &ac) != 0 || mt_alloc_malloc(a, 1u << 20, NULL, MT_TAG_WEIGHTS, &x))
+        _exit(11);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* `memtrace top` shows a RANK column once a process has a rank: "rank/world job", and "-"
+ * for a process without one; with no ranked process there is no such column. */
+static void test_top_rank_column(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    pid_t plain = th_producer(t.sock, 10, 1024, 0, -1);
+    assert_int_equal(th_wait(plain), 0);
+    json_decref(th_wait_exited(t.sock, plain, 5000));
+    char cmd[600], *out = NULL;
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    assert_null(strstr(out, "RANK"));
+    free(out);
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("ranked", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    assert_non_null(strstr(out, "PID      RANK                 NAME"));
+    char line[128];
+    snprintf(line, sizeof line, "%-8d %-20s th-ranked", (int)pid, "3/4 ddp");
+    if (!strstr(out, line))
+        fail_msg("no line '%s' in:\n%s", line, out);
+    snprintf(line, sizeof line, "%-8d %-20s ", (int)plain, "-");
+    assert_non_null(strstr(out, line));
+    free(out);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -258,6 +316,8 @@ int main(int argc, char **argv)
     const char *role = th_role(argc, argv, &rargs);
     if (role != NULL && strcmp(role, "devices") == 0)
         devices_body(rargs[0]);
+    if (role != NULL && strcmp(role, "ranked") == 0)
+        ranked_body(rargs[0]);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
         return 2;
@@ -268,6 +328,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_values_named),
         cmocka_unit_test(test_tail_and_top),
         cmocka_unit_test(test_top_per_device),
+        cmocka_unit_test(test_top_rank_column),
         cmocka_unit_test(test_daemon_detached),
     };
     return MT_TEST_RUN(tests, NULL, NULL);

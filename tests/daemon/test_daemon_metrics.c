@@ -149,6 +149,85 @@ static void test_host_series(void **state)
     th_daemon_stop(&t);
 }
 
+/* ---- ranks and jobs ---- */
+
+/* A forked producer that is rank 5 (local rank 1) of 8 in job "train-7": 1 MiB live. The
+ * job id comes in as the program wrote it and is sanitized by the profiler. */
+static void ranked_producer_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-ranked";
+    cfg.job.rank = 5;
+    cfg.job.local_rank = 1;
+    cfg.job.world_size = 8;
+    snprintf(cfg.job.id, sizeof cfg.job.id, "train\"7");
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        _exit(10);
+    const uint64_t M = 1u << 20;
+    record(p, MT_EV_SEGMENT_ALLOC, MT_POOL_LARGE, 0x10000000, 2 * M, 0, 2 * M);
+    record(p, MT_EV_ALLOC, MT_POOL_LARGE, 0x10000000, M, M, 2 * M);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* Every per-process series of a ranked process carries rank and job labels; /state has the
+ * four fields; an unranked process's series stay as they were (pid only). */
+static void test_rank_job_labels(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("ranked", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    assert_int_equal(json_integer_value(json_object_get(p, "rank")), 5);
+    assert_int_equal(json_integer_value(json_object_get(p, "local_rank")), 1);
+    assert_int_equal(json_integer_value(json_object_get(p, "world_size")), 8);
+    assert_string_equal(json_string_value(json_object_get(p, "job")), "train_7");
+    json_decref(p);
+    pid_t plain = th_producer(t.sock, 10, 1024, 0, -1);
+    assert_int_equal(th_wait(plain), 0);
+    p = th_wait_exited(t.sock, plain, 5000);
+    assert_non_null(p);
+    assert_null(json_object_get(p, "rank"));
+    assert_null(json_object_get(p, "job"));
+    json_decref(p);
+
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    static const char *const want[] = {
+        "memtrace_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\"} 1048576\n",
+        "memtrace_peak_reserved_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\"} 2097152\n",
+        "memtrace_utilization_ratio{pid=\"%d\",rank=\"5\",job=\"train_7\"} 0.5\n",
+        "memtrace_tag_peak_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",tag=\"activations\"} "
+        "1048576\n",
+        "memtrace_events_total{pid=\"%d\",rank=\"5\",job=\"train_7\"} 2\n",
+        "memtrace_process_info{pid=\"%d\",rank=\"5\",job=\"train_7\",name=\"th-ranked\",",
+        "memtrace_device_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",device=\"0\"} "
+        "1048576\n",
+        "memtrace_pool_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",pool=\"large\"} "
+        "1048576\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[200];
+        snprintf(line, sizeof line, want[i], (int)pid);
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+    }
+    char line[160];
+    snprintf(line, sizeof line, "memtrace_events_total{pid=\"%d\"} 10\n", (int)plain);
+    assert_non_null(strstr(body, line));
+    promtool_ok(body);
+    free(r);
+    th_daemon_stop(&t);
+}
+
 /* ---- several devices (issue 15) ---- */
 
 /* A forked producer with real allocators on 2 sim devices: 3 MiB live on device 0, 5 MiB
@@ -371,15 +450,16 @@ int main(int argc, char **argv)
         labelled_producer_body(args[0]);
     if (role != NULL && strcmp(role, "devices") == 0)
         devices_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "ranked") == 0)
+        ranked_producer_body(args[0]);
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
         fprintf(stderr, "promtool not found (Debian package prometheus): skipped\n");
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_metrics_pass_promtool),
-        cmocka_unit_test(test_host_series),
-        cmocka_unit_test(test_devices_series),
-        cmocka_unit_test(test_labels_named),
+        cmocka_unit_test(test_metrics_pass_promtool), cmocka_unit_test(test_host_series),
+        cmocka_unit_test(test_devices_series),        cmocka_unit_test(test_labels_named),
+        cmocka_unit_test(test_rank_job_labels),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -154,6 +154,13 @@ int main(int argc, char **argv)
     bad |= put_event(f, &gap, 100, NULL, NULL);
     bad |= put_event_sweep(f);
     bad |= put_line(f, mt_prof_hello_to_json(100, "train", 1700000000000000000ull, 5));
+    {
+        /* a rank of a job: the hello with its job fields */
+        json_t *h = mt_prof_hello_to_json(101, "train", 1700000000000000000ull, 5);
+        mt_prof_job_t j = {.rank = 5, .local_rank = 1, .world_size = 8, .id = "slurm-77:0"};
+        bad |= !h || mt_prof_job_to_json(h, &j) != 0;
+        bad |= put_line(f, h);
+    }
     bad |= put_line(f, mt__prof_exit_to_json(100, false, 10, 1, 1, 99));
 
     mt_snapshot_block_t blocks[3] = {

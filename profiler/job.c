@@ -1,0 +1,150 @@
+/* A process's rank and job (docs/fleet.md "Ranks and jobs"): read from the launcher's
+ * variables at the program's edge (mt_prof_cfg_from_env), written into the hello and the
+ * local log's header, read back by the daemon and the report. */
+#include "profiler/internal.h"
+#include "util/log.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+mt_prof_job_t mt_prof_job_unknown(void)
+{
+    mt_prof_job_t j;
+    memset(&j, 0, sizeof j);
+    j.rank = j.local_rank = j.world_size = -1;
+    return j;
+}
+
+static bool id_char_ok(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == ':' || c == '@' || c == '+' || c == '-';
+}
+
+size_t mt_prof_job_id_sanitize(char *dst, size_t cap, const char *src)
+{
+    size_t changed = 0, i = 0;
+    if (!dst || cap == 0)
+        return 0;
+    for (; src && src[i] && i + 1 < cap; i++) {
+        unsigned char c = (unsigned char)src[i];
+        dst[i] = id_char_ok(c) ? (char)c : '_';
+        changed += !id_char_ok(c);
+    }
+    dst[i] = '\0';
+    if (src)
+        changed += strlen(src + i);
+    return changed;
+}
+
+/* ---- the environment ---- */
+
+/* A decimal in [lo, MT_PROF_RANK_MAX], nothing else (no sign, no spaces, no suffix). */
+static bool parse_count(const char *s, int lo, int *out)
+{
+    if (!s || *s < '0' || *s > '9')
+        return false;
+    errno = 0;
+    char *end = NULL;
+    long v = strtol(s, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > MT_PROF_RANK_MAX)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+/* The first of names (NULL-terminated, in precedence order) set to a valid count; a set but
+ * malformed one is warned about and skipped. Unset and "" are skipped silently. */
+static void env_count(const mt_prof_cfg_t *cfg, const char *const *names, int lo, int *out)
+{
+    for (; *names; names++) {
+        const char *e = getenv(*names);
+        if (!e || !*e)
+            continue;
+        if (parse_count(e, lo, out))
+            return;
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_WARN,
+                 "memtrace: %s='%.32s' ignored: want a decimal in %d..%d", *names, e, lo,
+                 MT_PROF_RANK_MAX);
+    }
+}
+
+/* The job id: the first of names set; TORCHELASTIC_RUN_ID's "none" is torchrun's default for
+ * a run without a rendezvous id, which names no job. */
+static void env_job_id(const mt_prof_cfg_t *cfg, const char *const *names, char *out)
+{
+    for (; *names; names++) {
+        const char *e = getenv(*names);
+        if (!e || !*e || (strcmp(*names, "TORCHELASTIC_RUN_ID") == 0 && strcmp(e, "none") == 0))
+            continue;
+        if (mt_prof_job_id_sanitize(out, MT_PROF_JOB_MAX, e) != 0)
+            mt__logf(cfg->log, cfg->log_ud, MT_LOG_WARN,
+                     "memtrace: %s='%.32s' taken as job '%s' (at most %d bytes of "
+                     "[A-Za-z0-9._:@+-])",
+                     *names, e, out, MT_PROF_JOB_MAX - 1);
+        return;
+    }
+}
+
+void mt__prof_job_from_env(mt_prof_cfg_t *cfg)
+{
+    /* Precedence: the user's override, then torchrun (and DeepSpeed's launcher, which sets
+     * the same variables), then Open MPI's mpirun, then Slurm's srun: a launcher started
+     * inside another's allocation sets its own variables, the more specific ones. */
+    static const char *const rank[] = {"MEMTRACE_RANK", "RANK", "OMPI_COMM_WORLD_RANK",
+                                       "SLURM_PROCID", NULL};
+    static const char *const local[] = {"MEMTRACE_LOCAL_RANK", "LOCAL_RANK",
+                                        "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", NULL};
+    static const char *const world[] = {"MEMTRACE_WORLD_SIZE", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                        "SLURM_NTASKS", NULL};
+    static const char *const job[] = {"MEMTRACE_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", NULL};
+    env_count(cfg, rank, 0, &cfg->job.rank);
+    env_count(cfg, local, 0, &cfg->job.local_rank);
+    env_count(cfg, world, 1, &cfg->job.world_size);
+    env_job_id(cfg, job, cfg->job.id);
+}
+
+/* ---- JSON ---- */
+
+int mt_prof_job_to_json(void *obj, const mt_prof_job_t *job)
+{
+    json_t *o = obj;
+    int bad = 0;
+    if (!o || !job)
+        return MT_EINVAL;
+    if (job->rank >= 0)
+        bad |= json_object_set_new(o, "rank", json_integer(job->rank));
+    if (job->local_rank >= 0)
+        bad |= json_object_set_new(o, "local_rank", json_integer(job->local_rank));
+    if (job->world_size >= 1)
+        bad |= json_object_set_new(o, "world_size", json_integer(job->world_size));
+    if (job->id[0])
+        bad |= json_object_set_new(o, "job", json_string(job->id));
+    return bad ? MT_ENOMEM : 0;
+}
+
+static int get_count(const json_t *o, const char *k, int lo)
+{
+    json_t *v = json_object_get(o, k);
+    if (!json_is_integer(v) || json_integer_value(v) < lo ||
+        json_integer_value(v) > MT_PROF_RANK_MAX)
+        return -1;
+    return (int)json_integer_value(v);
+}
+
+bool mt_prof_job_from_json(const void *obj, mt_prof_job_t *job)
+{
+    const json_t *o = obj;
+    *job = mt_prof_job_unknown();
+    if (!json_is_object(o))
+        return false;
+    job->rank = get_count(o, "rank", 0);
+    job->local_rank = get_count(o, "local_rank", 0);
+    job->world_size = get_count(o, "world_size", 1);
+    const char *id = json_string_value(json_object_get(o, "job"));
+    if (id)
+        mt_prof_job_id_sanitize(job->id, sizeof job->id, id);
+    return job->rank >= 0 || job->local_rank >= 0 || job->world_size >= 1 || job->id[0];
+}
