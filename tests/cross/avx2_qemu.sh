@@ -19,6 +19,10 @@ cd "$(dirname "$0")/../.."
 BUILD=${1:-build-test}
 CPU_MODEL=Haswell-v4
 SUITES=(util sim alloc host prof analysis replay rnn cudnn cuda cross)
+# Left out, with why: what they test does not depend on the CPU, and the emulator cannot
+# run it. rnn_process forks a process whose GEMM worker threads run, and qemu-user 7.2
+# then fails its own RCU assertion in the child.
+LEFT_OUT=(rnn_process)
 say() { printf 'avx2_qemu.sh: %s\n' "$*"; }
 
 if [ "$(uname -m)" != x86_64 ]; then
@@ -55,14 +59,16 @@ say "emulated: $(qemu-x86_64 --version | head -1), -cpu $CPU_MODEL: $flags"
 [ "$flags" = "avx2=1 fma=1 avx512f=0" ] || { say "the emulated CPU is not AVX2-only" >&2; exit 1; }
 
 meson introspect "$BUILD" --tests >"$BUILD/avx2-introspect.json"
-mapfile -t tests < <(python3 - "$BUILD" "${SUITES[*]}" <<'EOF'
+mapfile -t tests < <(python3 - "$BUILD" "${SUITES[*]}" "${LEFT_OUT[*]}" <<'EOF'
 import json, os, sys
-build, suites = os.path.abspath(sys.argv[1]), set(sys.argv[2].split())
+build, suites, left = os.path.abspath(sys.argv[1]), set(sys.argv[2].split()), set(sys.argv[3].split())
 for t in json.load(open(os.path.join(build, 'avx2-introspect.json'))):
-    if {s.split(':')[-1] for p in t['suite'] for s in p.split('+')} & suites and t['cmd'][0].startswith(build + '/'):
+    suite = {s.split(':')[-1] for p in t['suite'] for s in p.split('+')}
+    if suite & suites and t['cmd'][0].startswith(build + '/') and t['name'] not in left:
         print(t['name'])
 EOF
 )
+say "left out: ${LEFT_OUT[*]} (forks under the emulator; nothing CPU-dependent in it)"
 say "running ${#tests[@]} tests of the suites: ${SUITES[*]}"
 # meson names the log of a wrapped run after the wrapper's program.
 log=$BUILD/meson-logs/testlog-qemu-x86_64.json
