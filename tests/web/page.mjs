@@ -9,7 +9,7 @@
 //
 //   node page.mjs MEMTRACED WEB_PRODUCER BUILD_DIR
 // Exit 0 = pass, 1 = fail (the failed check is named), 77 = skipped (the reason is said).
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
@@ -229,15 +229,20 @@ try {
   }, 15000);
   // The scope's block is a temporary of the site that allocated it (the producer records
   // stacks): main at the line of that malloc.
+  // A build without line info (release) names it by module+offset instead.
   const srcLines = readFileSync(join(here, 'web_producer.c'), 'utf8').split('\n');
-  const site = `main (web_producer.c:${srcLines.findIndex((l) => l.includes('mt_alloc_malloc(a, 2u << 20')) + 1})`;
+  const lineInfo = execFileSync('readelf', ['-S', producer], { encoding: 'utf8' }).includes('.debug_info');
+  const site = lineInfo
+    ? `main (web_producer.c:${srcLines.findIndex((l) => l.includes('mt_alloc_malloc(a, 2u << 20')) + 1})`
+    : 'main (web_producer+0x…)';
+  const isSite = (name) => (lineInfo ? name === site : /^main \(web_producer\+0x[0-9a-f]+\)$/.test(name));
   let panels;
   await waitFor('the live temporary and settings panels', async () => {
     const t = await page.$$eval('#temporary tbody tr', (rs) => rs.map((r) => [r.cells[0].textContent, r.cells[2] && r.cells[2].dataset.bytes]));
     const s = await page.$$eval('#settings tbody tr', (rs) => rs.map((r) => r.cells[3] && r.cells[3].textContent));
     const marks = await page.evaluate(() => window.mtPage.settingMarks);
     panels = [t, s, marks];
-    if (t.some((r) => r[0] === site && Number(r[1]) >= 2 << 20) && s.includes('max_split_size_mb') && marks >= 1) return panels;
+    if (t.some((r) => isSite(r[0]) && Number(r[1]) >= 2 << 20) && s.includes('max_split_size_mb') && marks >= 1) return panels;
     throw new Error(`${JSON.stringify(panels)}: want a row of ${site}, max_split_size_mb, a mark`);
   }, 15000);
   console.log(`ok: live panels: scope web_step peak ${scopePeak} B, temporary blocks of ${site}, the settings change marked`);
