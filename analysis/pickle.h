@@ -35,13 +35,13 @@ typedef enum mt_pk_type_e {
  * (0 items: 1); a sealed container never changes again; n <= cap. */
 typedef struct mt_pk_value_s mt_pk_value_t;
 struct mt_pk_value_s {
-    uint8_t type;   /* mt_pk_type_e */
-    uint8_t sealed; /* 1 once inside a container or used as a key */
+    uint8_t type;      /* mt_pk_type_e */
+    uint8_t sealed;    /* 1 once inside a container or used as a key */
     uint16_t depth;    /* nesting, <= cfg max_depth */
     uint32_t streamed; /* list: 0, or what mt_pk_stream_t's match gave it: its items went to
                         * the stream's items callback instead (it stays empty) */
-    size_t n;   /* str/bytes: bytes (NUL not counted); tuple/list: items; dict: pairs */
-    size_t cap; /* list/dict: room in items (pairs for a dict) */
+    size_t n;          /* str/bytes: bytes (NUL not counted); tuple/list: items; dict: pairs */
+    size_t cap;        /* list/dict: room in items (pairs for a dict) */
     union {
         int64_t i;             /* int; bool: 0 or 1 */
         double f;              /* float */
@@ -84,8 +84,7 @@ void mt_pk_doc_destroy(mt_pk_doc_t **p);
 typedef struct mt_pk_stream_s {
     int (*match)(void *ud, const mt_pk_value_t *const *stack, size_t sp, size_t pos,
                  const size_t *marks, size_t nmarks);
-    int (*items)(void *ud, const mt_pk_value_t *list, const mt_pk_value_t *const *items,
-                 size_t n);
+    int (*items)(void *ud, const mt_pk_value_t *list, const mt_pk_value_t *const *items, size_t n);
     void *ud;
 } mt_pk_stream_t;
 

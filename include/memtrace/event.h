@@ -42,7 +42,7 @@ typedef enum mt_event_kind_e {
                                * the rest as that enum says */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT       21 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT 21 /* kinds are < MT_EV_KIND_COUNT */
 
 /* What an MT_EV_MANAGED event records (in tag). allocated and reserved are the allocator's
  * totals, as in every event (reserved: the managed bytes its segments hold). */

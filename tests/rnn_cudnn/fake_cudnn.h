@@ -1,12 +1,12 @@
 /* A fake of the cuDNN 9 calls the "cudnn" compute path makes (fake_cudnn.c,
  * fake_cudnn_compute.c), and of the four CUDA runtime calls it makes (cudaGetDevice,
- * cudaSetDevice, cudaGetErrorString, cudaRuntimeGetVersion): a shared library the path loads in place of libcudnn
- * and libcudart (MEMTRACE_LIBCUDNN, MEMTRACE_LIBCUDART), which the tests also link for these
- * controls. It records every call with its arguments, answers size and layout queries from
- * cuDNN's layout (or the engine's, or a perturbed one, on demand), checks the arguments of
- * the compute calls the way cuDNN's contract states them, and touches the memory it is given
- * (through the fake driver's shadow of device memory), so an undersized buffer shows up
- * under ASan.
+ * cudaSetDevice, cudaGetErrorString, cudaRuntimeGetVersion): a shared library the path loads in
+ * place of libcudnn and libcudart (MEMTRACE_LIBCUDNN, MEMTRACE_LIBCUDART), which the tests also
+ * link for these controls. It records every call with its arguments, answers size and layout
+ * queries from cuDNN's layout (or the engine's, or a perturbed one, on demand), checks the
+ * arguments of the compute calls the way cuDNN's contract states them, and touches the memory it is
+ * given (through the fake driver's shadow of device memory), so an undersized buffer shows up under
+ * ASan.
  *
  * Its kernels compute: a reference RNN (fake_cudnn_ref.c) reads every matrix and bias where
  * this fake's cudnnGetRNNWeightParams says it is, in cuDNN's layout (all matrices of all
