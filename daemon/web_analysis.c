@@ -55,6 +55,24 @@ void mt__d_web_serve_sites(mt_d_conn_t *c, const char *query, bool head)
     mt__d_web_send(c, &o, head);
 }
 
+/* Answers {"pid", "live", "t", key: v} for the state after the window's first upto events
+ * (live when !past), or a 500 when building v failed (rc, or v NULL). */
+static void send_at(mt_d_conn_t *c, const mt_d_proc_t *p, mt_d_web_proc_t *t, bool past,
+                    size_t upto, const char *key, int rc, json_t *v, bool head)
+{
+    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
+    char *txt = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    mt_d_buf_t o = {0};
+    if (rc || !txt)
+        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
+    else
+        mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"%s\":%s}\n", p->pid,
+                         past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, key,
+                         txt);
+    free(txt);
+    mt__d_web_send(c, &o, head);
+}
+
 /* /gap?pid=[&seq=|&t=]: why device reserved exceeds allocated now, or at an event of the
  * window (analysis/gap.h, the report's peak_gap and end_gap); a snapshot's pinning stacks
  * named by their user frame ("site"). */
@@ -86,19 +104,10 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
             pin, "site",
             json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
     }
-    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    mt_d_buf_t o = {0};
-    if (rc || !txt)
-        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
-    else
-        mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"gap\":%s}\n", p->pid,
-                         past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, txt);
-    free(txt);
+    send_at(c, p, t, past, upto, "gap", rc, j, head);
     json_decref(j);
     mt_gap_free(&g);
     mt_model_destroy(&m);
-    mt__d_web_send(c, &o, head);
 }
 
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
@@ -132,19 +141,10 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     if (!rc) {
         a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
     }
-    const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    char *txt = a ? json_dumps(a, JSON_COMPACT) : NULL;
-    mt_d_buf_t o = {0};
-    if (rc || !txt)
-        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
-    else
-        mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"callsites\":%s}\n", p->pid,
-                         past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, txt);
-    free(txt);
+    send_at(c, p, t, past, upto, "callsites", rc, a, head);
     json_decref(a);
     free(rows);
     mt_model_destroy(&m);
-    mt__d_web_send(c, &o, head);
 }
 
 /* ---- scopes, temporary allocations, settings changed ---- */
