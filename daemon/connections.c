@@ -44,19 +44,42 @@ typedef struct write_req_s {
     char data[];
 } write_req_t;
 
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    mt_d_conn_t *c = req->data;
+    if (status < 0)
+        mt__d_conn_close(c);
+}
+
+/* The answer is written: tell the peer (EOF) and read what it still sends until it hangs
+ * up; the sweep closes it after MT_D_LINGER_MS. */
+static void linger(mt_d_conn_t *c)
+{
+    if (c->closing || c->lingering)
+        return;
+    c->kind = MT_D_CONN_DONE;
+    c->lingering = true;
+    c->linger_ms = uv_now(c->d->loop);
+    c->shut.data = c;
+    if (uv_shutdown(&c->shut, &c->u.stream, on_shutdown) != 0)
+        mt__d_conn_close(c);
+}
+
 static void on_write_done(uv_write_t *req, int status)
 {
     write_req_t *w = (write_req_t *)req;
     mt_d_conn_t *c = w->conn;
-    bool close = w->close_after || status < 0;
+    bool close_after = w->close_after;
     free(w);
-    if (close)
+    if (status < 0)
         mt__d_conn_close(c);
+    else if (close_after)
+        linger(c);
 }
 
 int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_after)
 {
-    if (c->closing)
+    if (c->closing || c->lingering)
         return MT_EIO;
     write_req_t *w = malloc(sizeof *w + len);
     if (!w) {
@@ -93,6 +116,7 @@ bool mt__d_peer_allowed(mt_d_conn_t *c)
 
 static void reply_error(mt_d_conn_t *c, const char *msg)
 {
+    c->kind = MT_D_CONN_DONE; /* one answer: what it sends after this is discarded */
     json_t *o = json_pack("{s:b,s:s}", "ok", 0, "error", msg);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (s) {

@@ -140,6 +140,8 @@ typedef enum mt_d_conn_kind_e {
     MT_D_CONN_DONE = 5,     /* answered; closes once the reply is written */
 } mt_d_conn_kind_e;
 
+#define MT_D_LINGER_MS 2000 /* at most this long after an answer with close, see lingering */
+
 /* A piece of a consumer's output. Chunks are queued (droppable) then written (owned by
  * libuv until the write callback, where they are freed). */
 typedef struct mt_d_chunk_s {
@@ -185,6 +187,12 @@ typedef struct mt_d_conn_s {
     mt_d_conn_kind_e kind;
     bool closing;
     bool is_tcp;
+    /* Answered and shut for writing; its input is read and discarded until the peer
+     * hangs up or MT_D_LINGER_MS pass. Closing at once with input unread would make the
+     * kernel reset the peer (ECONNRESET), which can lose the answer it has not read. */
+    bool lingering;
+    uv_shutdown_t shut; /* lingering */
+    uint64_t linger_ms; /* uv_now when it began lingering */
     uint64_t last_active_ms; /* uv_now when it last sent something */
     uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
     char peer_addr[48];      /* TCP peers: the address, "" if unknown */

@@ -229,6 +229,10 @@ static void on_sweep_timer(uv_timer_t *t)
     uint64_t now = uv_now(d->loop);
     for (mt_d_conn_t *c = d->conns, *next; c; c = next) {
         next = c->next;
+        if (c->lingering && !c->closing && now - c->linger_ms >= MT_D_LINGER_MS) {
+            mt__d_conn_close(c);
+            continue;
+        }
         bool pending = c->kind == MT_D_CONN_UNIX_NEW || c->kind == MT_D_CONN_HTTP_NEW;
         if (!pending || c->closing)
             continue;
