@@ -2,8 +2,9 @@
  *
  * Metric naming follows the Prometheus conventions: memtrace_ prefix, base units in the
  * name (_bytes, _ratio), counters end in _total, every family has # HELP and # TYPE, and
- * labels stay low-cardinality (pid, tag, state; rank and job, one each per process, when its
- * hello gave them). A pid registered twice (a program with
+ * labels stay low-cardinality (pid, tag, state; rank and job_id, one each per process, when
+ * its hello gave them: not "job", which Prometheus sets on every target and would rename
+ * ours to exported_job). A pid registered twice (a program with
  * two allocators, or pid reuse) is reported once, by its newest registration, so that no
  * series is duplicated. */
 #include <inttypes.h>
@@ -54,7 +55,7 @@ int mt__d_proc_labels(mt_d_buf_t *o, const mt_d_proc_t *p)
         mt__d_buf_printf(o, ",rank=\"%d\"", p->job.rank);
     if (p->job.id[0]) {
         /* sanitized by the hello's reader already; escaped all the same, as every value */
-        mt__d_buf_append(o, ",job=\"", 6);
+        mt__d_buf_append(o, ",job_id=\"", 9);
         label_value(o, p->job.id);
         mt__d_buf_append(o, "\"", 1);
     }

@@ -90,6 +90,20 @@ panels += [
     panel(next(n), "Live blocks by pool", [('sum by (pool) (memtrace_pool_allocated_bytes{%s})' % SEL, "{{pool}}")], 16, y, 8, stack=True),
 ]
 
+y += 8
+panels.append(row(next(n), "Job (ranks of one training job; needs memtrace-rules.yml)", y)); y += 1
+JOB = 'job_id=~"$job_id"'
+panels += [
+    panel(next(n), "Peak allocated per rank", [('job_id_rank:memtrace_peak_allocated_bytes:max{%s,rank=~"$rank"}' % JOB, "{{job_id}} rank {{rank}}")], 0, y, 12, 8, kind="bargauge"),
+    panel(next(n), "Job: highest and median rank", [('job_id:memtrace_peak_allocated_bytes:max{%s}' % JOB, "{{job_id}} highest"),
+                                                    ('job_id:memtrace_peak_allocated_bytes:median{%s}' % JOB, "{{job_id}} median")], 12, y, 12, 8),
+]
+y += 8
+panels += [
+    panel(next(n), "Ranks furthest above the median", [('topk(5, job_id_rank:memtrace_peak_allocated_bytes:max{%s} - on(job_id) group_left job_id:memtrace_peak_allocated_bytes:median)' % JOB, "{{job_id}} rank {{rank}}")], 0, y, 12, 8),
+    panel(next(n), "Allocated now per rank", [('job_id_rank:memtrace_allocated_bytes:sum{%s,rank=~"$rank"}' % JOB, "{{job_id}} rank {{rank}}")], 12, y, 12, 8),
+]
+
 dashboard = {
     "title": "memtrace",
     "uid": "memtrace",
@@ -108,6 +122,8 @@ dashboard = {
         var("name", 'label_values(memtrace_process_info{instance=~"$instance"}, name)', "process"),
         var("pid", 'label_values(memtrace_process_info{instance=~"$instance",name=~"$name"}, pid)', "pid"),
         var("tag", 'label_values(memtrace_tag_allocated_bytes{instance=~"$instance"}, tag)', "tag"),
+        var("job_id", 'label_values(memtrace_process_info, job_id)', "job"),
+        var("rank", 'label_values(memtrace_process_info{job_id=~"$job_id"}, rank)', "rank"),
         var("device", 'label_values(memtrace_device_allocated_bytes{instance=~"$instance"}, device)', "device"),
     ]},
     "panels": panels,

@@ -202,16 +202,16 @@ static void test_rank_job_labels(void **state)
     assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
     const char *body = th_http_body(r);
     static const char *const want[] = {
-        "memtrace_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\"} 1048576\n",
-        "memtrace_peak_reserved_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\"} 2097152\n",
-        "memtrace_utilization_ratio{pid=\"%d\",rank=\"5\",job=\"train_7\"} 0.5\n",
-        "memtrace_tag_peak_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",tag=\"activations\"} "
+        "memtrace_allocated_bytes{pid=\"%d\",rank=\"5\",job_id=\"train_7\"} 1048576\n",
+        "memtrace_peak_reserved_bytes{pid=\"%d\",rank=\"5\",job_id=\"train_7\"} 2097152\n",
+        "memtrace_utilization_ratio{pid=\"%d\",rank=\"5\",job_id=\"train_7\"} 0.5\n",
+        "memtrace_tag_peak_bytes{pid=\"%d\",rank=\"5\",job_id=\"train_7\",tag=\"activations\"} "
         "1048576\n",
-        "memtrace_events_total{pid=\"%d\",rank=\"5\",job=\"train_7\"} 2\n",
-        "memtrace_process_info{pid=\"%d\",rank=\"5\",job=\"train_7\",name=\"th-ranked\",",
-        "memtrace_device_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",device=\"0\"} "
+        "memtrace_events_total{pid=\"%d\",rank=\"5\",job_id=\"train_7\"} 2\n",
+        "memtrace_process_info{pid=\"%d\",rank=\"5\",job_id=\"train_7\",name=\"th-ranked\",",
+        "memtrace_device_allocated_bytes{pid=\"%d\",rank=\"5\",job_id=\"train_7\",device=\"0\"} "
         "1048576\n",
-        "memtrace_pool_allocated_bytes{pid=\"%d\",rank=\"5\",job=\"train_7\",pool=\"large\"} "
+        "memtrace_pool_allocated_bytes{pid=\"%d\",rank=\"5\",job_id=\"train_7\",pool=\"large\"} "
         "1048576\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

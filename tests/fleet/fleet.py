@@ -24,6 +24,7 @@ import urllib.request
 
 memtraced, producer, src = sys.argv[1:4]
 procs = []
+BIG_RANK = 3
 
 
 def fail(msg):
@@ -74,17 +75,29 @@ for tool in ("prometheus", "promtool"):
 tmp = tempfile.mkdtemp(prefix="mt-fleet-")
 try:
     rules = os.path.join(src, "dashboards", "memtrace-alerts.yml")
-    out = subprocess.run(["promtool", "check", "rules", rules], capture_output=True, text=True)
+    rec_rules = os.path.join(src, "dashboards", "memtrace-rules.yml")
+    out = subprocess.run(["promtool", "check", "rules", rules, rec_rules], capture_output=True,
+                         text=True)
     if out.returncode != 0:
         fail("promtool check rules: " + out.stdout + out.stderr)
+    # The rules' own unit tests: the job aggregates and the one-rank alert on made-up series.
+    out = subprocess.run(["promtool", "test", "rules",
+                          os.path.join(src, "dashboards", "memtrace-rules.test.yml")],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        fail("promtool test rules: " + out.stdout + out.stderr)
+    print("ok: promtool test rules (job aggregates, the rank-above-the-others alert)")
 
     # Prometheus scrapes /metrics without the daemon's token where the daemon has one.
     helptext = subprocess.run([memtraced, "--help"], capture_output=True, text=True).stdout
     metrics_open = ["--metrics-open"] if "--metrics-open" in helptext else []
 
-    # Three nodes: a daemon each, 2, 1 and 1 producers (churn 1 s, then hold their blocks).
+    # Three nodes: a daemon each, 2, 2 and 1 producers (churn 1 s, then hold their blocks),
+    # launched as ranks 0-4 of one job (RANK, WORLD_SIZE, MEMTRACE_JOB as torchrun sets them);
+    # rank 3 holds 192 MiB more than the others.
     nodes = []
-    for i, nprod in enumerate((2, 1, 1)):
+    rank = 0
+    for i, nprod in enumerate((2, 2, 1)):
         port = free_port()
         sock = os.path.join(tmp, "node%d.sock" % i)
         d = subprocess.Popen([memtraced, "--foreground", "--quiet", "--socket", sock,
@@ -96,7 +109,11 @@ try:
                 tokens[port] = f.read().strip()
         wait_for("daemon %d to answer" % i, lambda: get("http://127.0.0.1:%d/healthz" % port) == "ok\n")
         for _ in range(nprod):
-            procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"]))
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="5", MEMTRACE_JOB="ddp-7")
+            if rank == BIG_RANK:
+                env["WEB_PRODUCER_EXTRA_MB"] = "192"
+            procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"], env=env))
+            rank += 1
         nodes.append({"port": port, "target": "127.0.0.1:%d" % port, "producers": nprod})
 
     # Scrape config: two static targets, one through file_sd (as docs/fleet.md shows).
@@ -111,6 +128,7 @@ try:
   evaluation_interval: 1s
 rule_files:
   - %s
+  - %s
 scrape_configs:
   - job_name: memtrace
     static_configs:
@@ -118,7 +136,7 @@ scrape_configs:
     file_sd_configs:
       - files: ['%s']
         refresh_interval: 5s
-""" % (rules, nodes[0]["target"], nodes[1]["target"], sd))
+""" % (rules, rec_rules, nodes[0]["target"], nodes[1]["target"], sd))
     out = subprocess.run(["promtool", "check", "config", cfg], capture_output=True, text=True)
     if out.returncode != 0:
         fail("promtool check config: " + out.stdout + out.stderr)
@@ -159,12 +177,39 @@ scrape_configs:
         print("ok: %s allocated %d in Prometheus = /state" % (target, v))
 
     joined = query("memtrace_allocated_bytes * on(instance, pid) group_left(name) memtrace_process_info")
-    if len(joined) != 4 or any(r["metric"].get("name") != "web_producer" for r in joined):
+    if len(joined) != sum(n["producers"] for n in nodes) or any(r["metric"].get("name") != "web_producer" for r in joined):
         fail("process_info join: %s" % joined)
     rack = query('up{job="memtrace",rack="r2"}')
     if len(rack) != 1 or rack[0]["metric"]["instance"] != nodes[2]["target"]:
         fail("file_sd target not scraped with its labels: %s" % rack)
-    print("ok: 4 processes named through memtrace_process_info; file_sd target scraped")
+    print("ok: %d processes named through memtrace_process_info; file_sd target scraped" % len(joined))
+
+    # The job, rank by rank, across the three daemons: one series per rank, without pid or
+    # instance, and the rank that holds more named by the recording rules and the alert.
+    def by_rank():
+        res = query('max by (job_id, rank) (memtrace_peak_allocated_bytes{job_id="ddp-7"})')
+        return res if len(res) == 5 else None
+    ranks = wait_for("a per-job query by rank over the 3 daemons", by_rank, 20)
+    peaks = {int(r["metric"]["rank"]): float(r["value"][1]) for r in ranks}
+    top = max(peaks, key=peaks.get)
+    if sorted(peaks) != [0, 1, 2, 3, 4] or top != BIG_RANK:
+        fail("per-rank peaks %s: want ranks 0-4, rank %d highest" % (peaks, BIG_RANK))
+    print("ok: job ddp-7 by rank: %s" % {k: int(v) for k, v in sorted(peaks.items())})
+
+    def recorded():
+        res = query('job_id_rank:memtrace_peak_allocated_bytes:max{job_id="ddp-7"}')
+        if len(res) != 5 or any(set(r["metric"]) - {"__name__", "job_id", "rank"} for r in res):
+            return None
+        return res
+    wait_for("the recording rule's per-rank series (labels job_id and rank only)", recorded, 20)
+
+    def alert():
+        res = query('ALERTS{alertname="MemtraceRankPeakAboveOthers",job_id="ddp-7"}')
+        return res if res else None
+    fired = wait_for("the MemtraceRankPeakAboveOthers alert for ddp-7", alert, 20)
+    if {r["metric"].get("rank") for r in fired} != {str(BIG_RANK)}:
+        fail("the alert names %s, not rank %d" % ([r["metric"] for r in fired], BIG_RANK))
+    print("ok: recording rules keep job_id and rank only; the alert names rank %d" % BIG_RANK)
 
     # Every family the dashboard uses is scraped.
     with open(os.path.join(src, "dashboards", "memtrace.json")) as f:

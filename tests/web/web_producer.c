@@ -10,7 +10,10 @@
  * stdout (after "scope web_step peak BYTES": a named scope and a setting changed at run
  * time, for the page's analysis panels), holds its blocks still for HOLD_S seconds (default 0:
  * figures that stop moving, for exact comparisons: a test waits for that line, never for a time),
- * then frees everything and exits 0. Any failure exits 1 with a message. */
+ * then frees everything and exits 0. Any failure exits 1 with a message.
+ * It takes its rank and job from the environment as a launched rank does (RANK, MEMTRACE_JOB,
+ * ...: mt_prof_cfg_from_env), and WEB_PRODUCER_EXTRA_MB=N holds N MiB more (tag weights)
+ * from the start: the rank of a job that needs more than the others. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -70,6 +73,8 @@ int main(int argc, char **argv)
     if ((rc = mt_backend_create(&b, &bcfg)) != 0)
         die("backend", rc);
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
+    if ((rc = mt_prof_cfg_from_env(&pcfg)) != 0)
+        die("profiler settings from the environment", rc);
     pcfg.mode = MT_PROF_DAEMON;
     pcfg.socket = argv[1];
     pcfg.name = "web_producer";
@@ -97,6 +102,11 @@ int main(int argc, char **argv)
         die("malloc weights", rc);
     if ((rc = mt_host_malloc(h, 3u << 20, MT_TAG_BATCH, &hp)) != 0)
         die("host malloc", rc);
+    const char *extra_mb = getenv("WEB_PRODUCER_EXTRA_MB");
+    void *extra = NULL;
+    if (extra_mb && atoi(extra_mb) > 0 &&
+        (rc = mt_alloc_malloc(a, (size_t)atoi(extra_mb) << 20, NULL, MT_TAG_WEIGHTS, &extra)) != 0)
+        die("malloc extra", rc);
     void *keep[KEEP] = {0};
     const int tags[] = {MT_TAG_ACTIVATIONS, MT_TAG_GRADS, MT_TAG_WORKSPACE, user};
     unsigned long i = 0;
@@ -156,6 +166,8 @@ int main(int argc, char **argv)
             mt_alloc_free(a, keep[k]);
     mt_host_free(h, hp);
     mt_alloc_free(a, w);
+    if (extra)
+        mt_alloc_free(a, extra);
     mt_host_cache_destroy(&h);
     mt_alloc_destroy(&a);
     mt_prof_destroy(&prof);
