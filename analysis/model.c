@@ -422,6 +422,11 @@ static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
     if (ev->reserved > m->src_peak_res[src])
         m->src_peak_res[src] = ev->reserved;
     uint64_t a = mt__model_sat(c->asum), r = mt__model_sat(c->rsum);
+    if (c == &m->cls[MT_MODEL_DEVICE]) {
+        m->span_peak = a > m->span_peak ? a : m->span_peak;
+        if (a > c->peak_alloc)
+            m->peak_span = m->nit;
+    }
     c->peak_alloc = a > c->peak_alloc ? a : c->peak_alloc;
     c->peak_res = r > c->peak_res ? r : c->peak_res;
     mt_assert(c->asum >= m->src_alloc[src] && c->rsum >= m->src_res[src]);
@@ -786,6 +791,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     CHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
     CHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r), "class %d: peaks",
           k);
+    CHECK(k != MT_MODEL_DEVICE || (m->span_peak >= mt__model_sat(a) && m->peak_span <= m->nit),
+          "the open span's peak is below the allocated bytes, or the peak's span is past the last");
     int rc = mt__model_temp_check(c, why, whylen);
     return rc ? rc : mt__model_segs_check(c, why, whylen);
 }

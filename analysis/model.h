@@ -210,6 +210,21 @@ typedef struct mt_model_growth_s {
 
 void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out);
 
+/* Spans between iteration marks, for aligning processes whose clocks differ (the ranks of
+ * one job): span k runs from the k-th MT_MARK_ITERATION to the next (the last to the end). */
+typedef struct mt_model_span_s {
+    uint64_t iteration;         /* the number the opening mark carried */
+    uint64_t allocated_at_mark; /* device allocated bytes at the opening mark */
+    uint64_t peak;              /* the device's peak allocated bytes within the span */
+} mt_model_span_t;
+
+size_t mt_model_spans(const mt_model_t *m);
+/* 0, or MT_ENOENT when k >= mt_model_spans(m). */
+int mt_model_span(const mt_model_t *m, size_t k, mt_model_span_t *out);
+/* The span in which the device first reached its peak allocated bytes: 0 with *k, or
+ * MT_ENOENT when the peak came before the first mark (or nothing was marked). */
+int mt_model_peak_span(const mt_model_t *m, size_t *k);
+
 /* ---- call stacks (docs/telemetry.md, "Call stacks") ----
  * Each block keeps the stack id its allocation carried (an MT_EV_STACK_REF record right
  * before the MT_EV_ALLOC; mt_prof_events_from_json makes that pair from an alloc line

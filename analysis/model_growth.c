@@ -19,13 +19,20 @@ int mt__model_iteration(mt_model_t *m, uint64_t iteration)
         double(*tg)[MT_TAG_MAX] = realloc(m->it_tag, cap * sizeof(*tg));
         if (tg)
             m->it_tag = tg;
-        if (!no || !al || !tg)
+        uint64_t *pk = realloc(m->it_peak, cap * sizeof(*pk));
+        if (pk)
+            m->it_peak = pk;
+        if (!no || !al || !tg || !pk)
             return MT_ENOMEM;
         m->capit = cap;
     }
     const mt__mclass_t *c = &m->cls[MT_MODEL_DEVICE];
+    uint64_t now = mt__model_sat(c->asum);
+    if (m->nit > 0)
+        m->it_peak[m->nit - 1] = m->span_peak; /* the span the previous mark opened ends */
+    m->span_peak = now;
     m->it_no[m->nit] = iteration;
-    m->it_alloc[m->nit] = (double)mt__model_sat(c->asum);
+    m->it_alloc[m->nit] = (double)now;
     for (int t = 0; t < MT_TAG_MAX; t++)
         m->it_tag[m->nit][t] = (double)mt__model_sat(c->tag_bytes[t] + c->unc_bytes[t]);
     m->nit++;
@@ -37,6 +44,8 @@ void mt__model_iterations_free(mt_model_t *m)
     free(m->it_no);
     free(m->it_alloc);
     free(m->it_tag);
+    free(m->it_peak);
+    m->it_peak = NULL;
     m->it_no = NULL;
     m->it_alloc = NULL;
     m->it_tag = NULL;
@@ -93,4 +102,27 @@ void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_m
     out->total = fit_line(cfg, m->it_alloc + skip, 1, out->fitted);
     for (int t = 0; t < MT_TAG_MAX; t++)
         out->tag[t] = fit_line(cfg, &m->it_tag[skip][t], MT_TAG_MAX, out->fitted);
+}
+
+size_t mt_model_spans(const mt_model_t *m)
+{
+    return m->nit;
+}
+
+int mt_model_span(const mt_model_t *m, size_t k, mt_model_span_t *out)
+{
+    if (k >= m->nit)
+        return MT_ENOENT;
+    *out = (mt_model_span_t){.iteration = m->it_no[k],
+                             .allocated_at_mark = (uint64_t)m->it_alloc[k],
+                             .peak = k + 1 < m->nit ? m->it_peak[k] : m->span_peak};
+    return 0;
+}
+
+int mt_model_peak_span(const mt_model_t *m, size_t *k)
+{
+    if (m->peak_span == 0)
+        return MT_ENOENT;
+    *k = m->peak_span - 1;
+    return 0;
 }

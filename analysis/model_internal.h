@@ -106,7 +106,14 @@ struct mt_model_s {
     uint64_t *it_no;              /* iteration numbers */
     double *it_alloc;             /* device allocated bytes */
     double (*it_tag)[MT_TAG_MAX]; /* device bytes by tag, known + uncertain */
-    mt__mstacks_t *stacks;        /* NULL until a stack ref, definition or module arrives */
+    /* Spans between marks: it_peak[k] (k < nit - 1) is the device's peak allocated from mark
+     * k to mark k + 1; the open span's (from the last mark, or from the start when nit = 0)
+     * is span_peak. peak_span: 0 = the device's peak came before the first mark, k > 0 =
+     * in the span opened by mark k - 1. span_peak >= the allocated bytes now. */
+    uint64_t *it_peak;
+    uint64_t span_peak;
+    size_t peak_span;
+    mt__mstacks_t *stacks; /* NULL until a stack ref, definition or module arrives */
     /* settings changed at run time (MT_EV_SETTING), in order: at most MT_MODEL_SETTINGS_MAX
      * kept, the rest counted in settings_dropped */
     mt_model_setting_t *settings;

@@ -709,6 +709,11 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
+    json_t *spans = res != NULL ? mt__report_spans_json(m) : NULL;
+    if (spans != NULL && json_object_set_new(res, "spans", spans) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
     json_t *mgd = res != NULL ? managed_json(m) : NULL;
     if (mgd != NULL && json_object_set_new(res, "managed", mgd) != 0) {
         json_decref(res);

@@ -160,10 +160,20 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
 /* The report's "jobs" member from its "processes" array (borrowed): the processes whose
  * hello named a rank, grouped by job id (those without one make one group without "job"),
  * each group {job, world_size, timeline_origin, ranks[{rank, local_rank, pid, name,
- * peak_allocated, peak_reserved}] by rank, highest{rank, pid, peak_allocated, peak_reserved,
- * above_median_bytes}, median_peak_allocated, spread_bytes, missing_ranks}. Empty when no
- * process has a rank. New reference, NULL without memory. */
+ * peak_allocated, peak_reserved, peak_iteration}] by rank, highest{rank, pid, peak_allocated,
+ * peak_reserved, above_median_bytes, median_rank, above_median_by_tag[{tag, bytes}]},
+ * median_peak_allocated, spread_bytes, missing_ranks, aligned_by ("iteration" when every rank
+ * marked iterations, else "first_event"), unmarked_ranks[], iterations[{iteration,
+ * peaks[one per rank, null where that rank has no such span]}] for the newest iterations
+ * all ranks share}. Empty when no process has a rank. New reference, NULL without memory. */
 json_t *mt__report_jobs_json(const json_t *procs);
+
+/* The process's "spans" member: {count, peak_iteration (the opening mark's number of the span
+ * holding the device's peak; null when it came before the first mark), last[[iteration,
+ * peak] of at most MT_REPORT_SPANS_KEPT spans, the newest, oldest first]}. NULL when nothing
+ * was marked or without memory. */
+#define MT_REPORT_SPANS_KEPT 512
+json_t *mt__report_spans_json(const mt_model_t *m);
 
 /* ---- the gap (report_gap.c) ---- */
 

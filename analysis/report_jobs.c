@@ -3,11 +3,15 @@
  * highest and by how much it exceeds the median rank: "rank 5 runs out and the others do
  * not" becomes a row that stands out, whose process section then says why.
  *
- * Peaks are each process's own maxima, so they compare across hosts whatever their clocks;
- * each rank's timeline starts at its own first event ("timeline_origin": "first_event"),
- * since the hosts' clocks may differ. */
+ * Peaks are each process's own maxima, so they compare across hosts whatever their clocks.
+ * Timelines are aligned by iteration marks, not by wall clock (the hosts' clocks differ):
+ * each rank's peak within the span of each iteration, for the newest iterations every rank
+ * marked, and the iteration in which each rank peaked. A rank that marked nothing is named;
+ * then the ranks are not aligned and each timeline starts at its own first event. The
+ * highest rank's difference to the median rank is given by tag. */
 #include "analysis/report.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,12 +19,156 @@
 
 /* At most this many missing ranks are listed (the count is always given). */
 #define MISSING_LISTED 64
+/* The iterations the ranks' table shows: the newest this many that every rank marked. */
+#define ITERATIONS_SHOWN 8
+/* Tags named in the highest rank's difference to the median rank. */
+#define TAGS_SHOWN 8
+
+/* One span: the opening mark's iteration number and the span's peak. */
+typedef struct span_s {
+    uint64_t it, peak;
+} span_t;
 
 typedef struct row_s {
     const json_t *p; /* the process's report (borrowed) */
     int rank;
     uint64_t peak_alloc, peak_res;
+    span_t *spans; /* its "spans.last", sorted by iteration; NULL when it marked nothing */
+    size_t nspans;
 } row_t;
+
+json_t *mt__report_spans_json(const mt_model_t *m)
+{
+    size_t n = mt_model_spans(m), k;
+    if (n == 0)
+        return NULL;
+    json_t *last = json_array();
+    for (size_t i = n > MT_REPORT_SPANS_KEPT ? n - MT_REPORT_SPANS_KEPT : 0; last && i < n; i++) {
+        mt_model_span_t sp;
+        if (mt_model_span(m, i, &sp) != 0 ||
+            json_array_append_new(
+                last, json_pack("[I,I]", (json_int_t)sp.iteration, (json_int_t)sp.peak)) != 0) {
+            json_decref(last);
+            return NULL;
+        }
+    }
+    json_t *pi = json_null();
+    mt_model_span_t ps;
+    if (mt_model_peak_span(m, &k) == 0 && mt_model_span(m, k, &ps) == 0)
+        pi = json_integer((json_int_t)ps.iteration);
+    return json_pack("{s:I, s:o, s:o}", "count", (json_int_t)n, "peak_iteration", pi, "last", last);
+}
+
+static int cmp_span(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    return (x->it > y->it) - (x->it < y->it);
+}
+
+/* r's spans from its process's report, sorted; 0, or MT_ENOMEM. */
+static int read_spans(row_t *r)
+{
+    const json_t *last = json_object_get(json_object_get(r->p, "spans"), "last");
+    size_t n = json_array_size(last);
+    r->spans = NULL;
+    r->nspans = 0;
+    if (n == 0)
+        return 0;
+    if ((r->spans = malloc(n * sizeof *r->spans)) == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *e = json_array_get(last, i);
+        json_int_t it = json_integer_value(json_array_get(e, 0));
+        json_int_t pk = json_integer_value(json_array_get(e, 1));
+        r->spans[r->nspans++] = (span_t){(uint64_t)it, pk > 0 ? (uint64_t)pk : 0};
+    }
+    qsort(r->spans, r->nspans, sizeof *r->spans, cmp_span);
+    return 0;
+}
+
+static const span_t *span_of(const row_t *r, uint64_t it)
+{
+    span_t key = {it, 0};
+    return r->spans ? bsearch(&key, r->spans, r->nspans, sizeof key, cmp_span) : NULL;
+}
+
+/* The newest ITERATIONS_SHOWN iterations every rank has a span for, with each rank's peak
+ * in it, oldest first. Called only when every row has spans. NULL without memory. */
+static json_t *aligned_json(const row_t *rows, size_t n)
+{
+    json_t *out = json_array();
+    uint64_t picked[ITERATIONS_SHOWN];
+    size_t np = 0;
+    /* Candidates: rank rows[0]'s iterations, newest first; dropping duplicates. */
+    for (size_t c = rows[0].nspans; out && c-- > 0 && np < ITERATIONS_SHOWN;) {
+        uint64_t it = rows[0].spans[c].it;
+        if (c + 1 < rows[0].nspans && rows[0].spans[c + 1].it == it)
+            continue;
+        bool all = true;
+        for (size_t i = 1; i < n && all; i++)
+            all = span_of(&rows[i], it) != NULL;
+        if (all)
+            picked[np++] = it;
+    }
+    for (size_t j = np; out && j-- > 0;) {
+        json_t *peaks = json_array();
+        for (size_t i = 0; peaks && i < n; i++) {
+            const span_t *sp = span_of(&rows[i], picked[j]);
+            if (json_array_append_new(peaks, json_integer((json_int_t)sp->peak)) != 0) {
+                json_decref(peaks);
+                peaks = NULL;
+            }
+        }
+        if (json_array_append_new(out, json_pack("{s:I, s:o}", "iteration", (json_int_t)picked[j],
+                                                 "peaks", peaks)) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+typedef struct tagdiff_s {
+    const char *tag;
+    uint64_t bytes;
+} tagdiff_t;
+
+static int cmp_tagdiff(const void *a, const void *b)
+{
+    const tagdiff_t *x = a, *y = b;
+    return (x->bytes < y->bytes) - (x->bytes > y->bytes);
+}
+
+/* The tags whose peak bytes in hi's process exceed those in med's, largest first. */
+static json_t *tag_diff_json(const json_t *hi, const json_t *med)
+{
+    const json_t *th = json_object_get(hi, "peak_by_tag"),
+                 *tm = json_object_get(med, "peak_by_tag");
+    size_t n = json_object_size(th), nd = 0;
+    tagdiff_t *d = malloc((n ? n : 1) * sizeof *d);
+    json_t *out = json_array();
+    const char *k;
+    const json_t *v;
+    if (!d || !out)
+        goto fail;
+    json_object_foreach((json_t *)th, k, v)
+    {
+        json_int_t a = json_integer_value(v), b = json_integer_value(json_object_get(tm, k));
+        if (a > b)
+            d[nd++] = (tagdiff_t){k, (uint64_t)(a - b)};
+    }
+    qsort(d, nd, sizeof *d, cmp_tagdiff);
+    for (size_t i = 0; i < nd && i < TAGS_SHOWN; i++)
+        if (json_array_append_new(out, json_pack("{s:s, s:I}", "tag", d[i].tag, "bytes",
+                                                 (json_int_t)d[i].bytes)) != 0)
+            goto fail;
+    free(d);
+    return out;
+fail:
+    free(d);
+    json_decref(out);
+    return NULL;
+}
 
 static uint64_t u(const json_t *o, const char *k)
 {
@@ -62,7 +210,9 @@ static json_t *group_json(const char *id, row_t *rows, size_t n)
             "name", json_string_value(json_object_get(p, "name")) ?: "", "peak_allocated",
             (json_int_t)rows[i].peak_alloc, "peak_reserved", (json_int_t)rows[i].peak_res);
         json_t *lr = json_object_get(p, "local_rank");
+        json_t *pi = json_object_get(json_object_get(p, "spans"), "peak_iteration");
         bad |= !r || (lr && json_object_set(r, "local_rank", lr) != 0) ||
+               json_object_set(r, "peak_iteration", pi ? pi : json_null()) != 0 ||
                json_array_append_new(ranks, r) != 0;
         peaks[i] = rows[i].peak_alloc;
         if (rows[i].peak_alloc > rows[hi].peak_alloc)
@@ -86,13 +236,40 @@ static json_t *group_json(const char *id, row_t *rows, size_t n)
             bad |= json_array_append_new(missing, json_integer(r)) != 0;
     }
     const row_t *h = &rows[hi];
-    g = json_pack("{s:s, s:o, s:{s:i, s:O, s:I, s:I, s:I}, s:I, s:I, s:I, s:O}", "timeline_origin",
-                  "first_event", "ranks", ranks, "highest", "rank", h->rank, "pid",
-                  json_object_get(h->p, "pid"), "peak_allocated", (json_int_t)h->peak_alloc,
-                  "peak_reserved", (json_int_t)h->peak_res, "above_median_bytes",
-                  (json_int_t)(h->peak_alloc - median), "median_peak_allocated", (json_int_t)median,
-                  "spread_bytes", (json_int_t)(peaks[n - 1] - peaks[0]), "missing",
-                  (json_int_t)nmissing, "missing_ranks", missing);
+    size_t med = 0; /* the rank whose peak is the median: the lowest such */
+    while (med < n && rows[med].peak_alloc != median)
+        med++;
+    json_t *unmarked = json_array();
+    bool all_marked = true;
+    for (size_t i = 0; i < n && unmarked; i++) {
+        if (rows[i].nspans == 0) {
+            all_marked = false;
+            if (json_array_append_new(unmarked, json_integer(rows[i].rank)) != 0) {
+                json_decref(unmarked);
+                unmarked = NULL;
+            }
+        }
+    }
+    json_t *aligned = all_marked ? aligned_json(rows, n) : json_array();
+    json_t *tags = tag_diff_json(h->p, rows[med < n ? med : hi].p);
+    bad |= !unmarked || !aligned || !tags;
+    if (bad) {
+        json_decref(unmarked);
+        json_decref(aligned);
+        json_decref(tags);
+        goto done;
+    }
+    g = json_pack(
+        "{s:s, s:s, s:o, s:o, s:o, s:{s:i, s:O, s:I, s:I, s:I, s:i, s:o}, s:I, s:I, "
+        "s:I, s:O}",
+        "timeline_origin", "first_event", "aligned_by", all_marked ? "iteration" : "first_event",
+        "unmarked_ranks", unmarked, "iterations", aligned, "ranks", ranks, "highest", "rank",
+        h->rank, "pid", json_object_get(h->p, "pid"), "peak_allocated", (json_int_t)h->peak_alloc,
+        "peak_reserved", (json_int_t)h->peak_res, "above_median_bytes",
+        (json_int_t)(h->peak_alloc - median), "median_rank", rows[med < n ? med : hi].rank,
+        "above_median_by_tag", tags, "median_peak_allocated", (json_int_t)median, "spread_bytes",
+        (json_int_t)(peaks[n - 1] - peaks[0]), "missing", (json_int_t)nmissing, "missing_ranks",
+        missing);
     ranks = NULL; /* g's, or freed by json_pack's failure */
     if (g && ((id[0] && json_object_set_new(g, "job", json_string(id)) != 0) ||
               (world > 0 && json_object_set_new(g, "world_size", json_integer(world)) != 0))) {
@@ -129,17 +306,29 @@ json_t *mt__report_jobs_json(const json_t *procs)
             if (done[j] || strcmp(job_of(p), id) != 0)
                 continue;
             done[j] = true;
-            rows[nr++] = (row_t){p, (int)json_integer_value(json_object_get(p, "rank")),
-                                 u(p, "peak_allocated"), u(p, "peak_reserved")};
+            rows[nr] = (row_t){p,
+                               (int)json_integer_value(json_object_get(p, "rank")),
+                               u(p, "peak_allocated"),
+                               u(p, "peak_reserved"),
+                               NULL,
+                               0};
+            if (read_spans(&rows[nr++]) != 0)
+                goto fail_rows;
         }
         qsort(rows, nr, sizeof *rows, cmp_rank);
         json_t *g = group_json(id, rows, nr);
+        for (size_t j = 0; j < nr; j++)
+            free(rows[j].spans);
+        nr = 0;
         if (!g || json_array_append_new(jobs, g) != 0)
             goto fail;
     }
     free(rows);
     free(done);
     return jobs;
+fail_rows:
+    for (size_t j = 0; j < nr; j++)
+        free(rows[j].spans);
 fail:
     json_decref(jobs);
     free(rows);

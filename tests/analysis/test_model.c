@@ -560,6 +560,53 @@ static void test_temporary_hist_bound(void **state)
     mt_model_destroy(&m);
 }
 
+/* Spans between iteration marks: each span's peak, the iteration holding the device's peak,
+ * and the report's "spans" member (what aligns the ranks of a job). */
+static void test_spans_between_marks(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    mt_model_cfg_t mc = {.keep_iterations = true};
+    assert_int_equal(mt_model_create(&g.m, &mc), 0);
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    size_t k = 99;
+    put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 64 * MIB, 0);
+    put(&g, r, MT_EV_ALLOC, BASE, 4 * MIB, MT_TAG_WEIGHTS);
+    assert_int_equal(mt_model_peak_span(g.m, &k), MT_ENOENT); /* before the first mark */
+    static const struct {
+        uint64_t size; /* allocated and freed in the span */
+    } it[] = {{8 * MIB}, {2 * MIB}, {20 * MIB}, {1 * MIB}};
+    for (unsigned i = 0; i < 4; i++) {
+        put(&g, r, MT_EV_MARK, MT_MARK_ITERATION, 10 + i, 0);
+        put(&g, r, MT_EV_ALLOC, BASE + 4 * MIB, it[i].size, MT_TAG_ACTIVATIONS);
+        put(&g, r, MT_EV_FREE_REQUESTED, BASE + 4 * MIB, it[i].size, MT_TAG_ACTIVATIONS);
+        put(&g, r, MT_EV_FREE_COMPLETED, BASE + 4 * MIB, it[i].size, MT_TAG_ACTIVATIONS);
+    }
+    assert_int_equal(mt_model_spans(g.m), 4);
+    mt_model_span_t sp;
+    for (unsigned i = 0; i < 4; i++) {
+        assert_int_equal(mt_model_span(g.m, i, &sp), 0);
+        assert_int_equal(sp.iteration, 10 + i);
+        assert_int_equal(sp.allocated_at_mark, 4 * MIB);
+        assert_int_equal(sp.peak, 4 * MIB + it[i].size);
+    }
+    assert_int_equal(mt_model_span(g.m, 4, &sp), MT_ENOENT);
+    assert_int_equal(mt_model_peak_span(g.m, &k), 0);
+    assert_int_equal(k, 2); /* iteration 12: the 20 MiB */
+    json_t *res = report_process(r);
+    json_t *spans = json_object_get(json_array_get(json_object_get(res, "processes"), 0), "spans");
+    assert_int_equal(json_integer_value(json_object_get(spans, "count")), 4);
+    assert_int_equal(json_integer_value(json_object_get(spans, "peak_iteration")), 12);
+    json_t *last = json_object_get(spans, "last");
+    assert_int_equal(json_array_size(last), 4);
+    assert_int_equal(json_integer_value(json_array_get(json_array_get(last, 3), 0)), 13);
+    assert_int_equal(json_integer_value(json_array_get(json_array_get(last, 3), 1)), 5 * MIB);
+    json_decref(res);
+    mt__report_destroy(&r);
+    mt_model_destroy(&g.m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -574,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_temporary_buckets),
         cmocka_unit_test(test_temporary_by_stack_and_tag),
         cmocka_unit_test(test_temporary_hist_bound),
+        cmocka_unit_test(test_spans_between_marks),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
