@@ -24,14 +24,28 @@ import urllib.request
 
 memtraced, producer, src = sys.argv[1:4]
 procs = []
+producers = []
 BIG_RANK = 3
+
+
+def stop_all():
+    """Producers first: a producer whose daemon goes away first takes over and writes a
+    local log in the working directory."""
+    for group in (producers, procs):
+        for p in group:
+            if p.poll() is None:
+                p.terminate()
+        for p in group:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
+    stop_all()
     sys.exit(1)
 
 
@@ -112,7 +126,7 @@ try:
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="5", MEMTRACE_JOB="ddp-7")
             if rank == BIG_RANK:
                 env["WEB_PRODUCER_EXTRA_MB"] = "192"
-            procs.append(subprocess.Popen([producer, sock, "1", "2000", "60"], env=env))
+            producers.append(subprocess.Popen([producer, sock, "1", "2000", "60"], env=env))
             rank += 1
         nodes.append({"port": port, "target": "127.0.0.1:%d" % port, "producers": nprod})
 
@@ -237,12 +251,5 @@ scrape_configs:
     print("ok: the dashboard's %d families are scraped; %d of %d queries return series"
           % (len(families), nonempty, len(exprs)))
 finally:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_all()
     shutil.rmtree(tmp, ignore_errors=True)
