@@ -139,27 +139,55 @@ static int cmp_tagdiff(const void *a, const void *b)
     return (x->bytes < y->bytes) - (x->bytes > y->bytes);
 }
 
-/* The tags whose peak bytes in hi's process exceed those in med's, largest first. */
-static json_t *tag_diff_json(const json_t *hi, const json_t *med)
+/* Bytes of one name (a tag, or a call site) in a process's report: from an object (name ->
+ * bytes) or from an array of rows (row[key] = name, row["bytes"]). */
+static json_int_t bytes_of(const json_t *set, const char *key, const char *name)
 {
-    const json_t *th = json_object_get(hi, "peak_by_tag"),
-                 *tm = json_object_get(med, "peak_by_tag");
-    size_t n = json_object_size(th), nd = 0;
+    if (json_is_object(set))
+        return json_integer_value(json_object_get(set, name));
+    size_t i;
+    const json_t *row;
+    json_array_foreach(set, i, row)
+    {
+        const char *n = json_string_value(json_object_get(row, key));
+        if (n && strcmp(n, name) == 0)
+            return json_integer_value(json_object_get(row, "bytes"));
+    }
+    return 0;
+}
+
+/* The names whose bytes in hs (the highest rank's) exceed those in ms (the median rank's),
+ * largest difference first, at most TAGS_SHOWN, as [{out_key: name, bytes}]. hs and ms are
+ * both objects (peak_by_tag) or both arrays of rows named by key (callsites.at_peak). */
+static json_t *diff_json(const json_t *hs, const json_t *ms, const char *key, const char *out_key)
+{
+    size_t n = json_is_object(hs) ? json_object_size(hs) : json_array_size(hs), nd = 0, i;
     tagdiff_t *d = malloc((n ? n : 1) * sizeof *d);
     json_t *out = json_array();
     const char *k;
     const json_t *v;
     if (!d || !out)
         goto fail;
-    json_object_foreach((json_t *)th, k, v)
-    {
-        json_int_t a = json_integer_value(v), b = json_integer_value(json_object_get(tm, k));
-        if (a > b)
-            d[nd++] = (tagdiff_t){k, (uint64_t)(a - b)};
+    if (json_is_object(hs)) {
+        json_object_foreach((json_t *)hs, k, v)
+        {
+            json_int_t a = json_integer_value(v), b = bytes_of(ms, key, k);
+            if (a > b)
+                d[nd++] = (tagdiff_t){k, (uint64_t)(a - b)};
+        }
+    } else {
+        json_array_foreach(hs, i, v)
+        {
+            k = json_string_value(json_object_get(v, key));
+            json_int_t a = json_integer_value(json_object_get(v, "bytes"));
+            json_int_t b = k ? bytes_of(ms, key, k) : 0;
+            if (k && a > b)
+                d[nd++] = (tagdiff_t){k, (uint64_t)(a - b)};
+        }
     }
     qsort(d, nd, sizeof *d, cmp_tagdiff);
-    for (size_t i = 0; i < nd && i < TAGS_SHOWN; i++)
-        if (json_array_append_new(out, json_pack("{s:s, s:I}", "tag", d[i].tag, "bytes",
+    for (i = 0; i < nd && i < TAGS_SHOWN; i++)
+        if (json_array_append_new(out, json_pack("{s:s, s:I}", out_key, d[i].tag, "bytes",
                                                  (json_int_t)d[i].bytes)) != 0)
             goto fail;
     free(d);
@@ -168,6 +196,26 @@ fail:
     free(d);
     json_decref(out);
     return NULL;
+}
+
+/* Adds to highest its difference to the median rank's process by tag, and by call site when
+ * the processes' reports have call sites at their peaks. 0, or MT_ENOMEM. */
+static int add_diffs(json_t *highest, const json_t *hi, const json_t *med)
+{
+    json_t *tags = diff_json(json_object_get(hi, "peak_by_tag"),
+                             json_object_get(med, "peak_by_tag"), NULL, "tag");
+    if (!tags || json_object_set_new(highest, "above_median_by_tag", tags) != 0)
+        return MT_ENOMEM;
+    const json_t *hs = json_object_get(json_object_get(hi, "callsites"), "at_peak");
+    if (!json_is_array(hs))
+        return 0;
+    const json_t *ms = json_object_get(json_object_get(med, "callsites"), "at_peak");
+    json_t *empty = json_array();
+    json_t *sites = empty ? diff_json(hs, json_is_array(ms) ? ms : empty, "site", "site") : NULL;
+    json_decref(empty);
+    if (!sites || json_object_set_new(highest, "above_median_by_site", sites) != 0)
+        return MT_ENOMEM;
+    return 0;
 }
 
 static uint64_t u(const json_t *o, const char *k)
@@ -251,26 +299,28 @@ static json_t *group_json(const char *id, row_t *rows, size_t n)
         }
     }
     json_t *aligned = all_marked ? aligned_json(rows, n) : json_array();
-    json_t *tags = tag_diff_json(h->p, rows[med < n ? med : hi].p);
-    bad |= !unmarked || !aligned || !tags;
+    bad |= !unmarked || !aligned;
     if (bad) {
         json_decref(unmarked);
         json_decref(aligned);
-        json_decref(tags);
         goto done;
     }
-    g = json_pack(
-        "{s:s, s:s, s:o, s:o, s:o, s:{s:i, s:O, s:I, s:I, s:I, s:i, s:o}, s:I, s:I, "
-        "s:I, s:O}",
-        "timeline_origin", "first_event", "aligned_by", all_marked ? "iteration" : "first_event",
-        "unmarked_ranks", unmarked, "iterations", aligned, "ranks", ranks, "highest", "rank",
-        h->rank, "pid", json_object_get(h->p, "pid"), "peak_allocated", (json_int_t)h->peak_alloc,
-        "peak_reserved", (json_int_t)h->peak_res, "above_median_bytes",
-        (json_int_t)(h->peak_alloc - median), "median_rank", rows[med < n ? med : hi].rank,
-        "above_median_by_tag", tags, "median_peak_allocated", (json_int_t)median, "spread_bytes",
-        (json_int_t)(peaks[n - 1] - peaks[0]), "missing", (json_int_t)nmissing, "missing_ranks",
-        missing);
+    g = json_pack("{s:s, s:s, s:o, s:o, s:o, s:{s:i, s:O, s:I, s:I, s:I, s:i}, s:I, s:I, "
+                  "s:I, s:O}",
+                  "timeline_origin", "first_event", "aligned_by",
+                  all_marked ? "iteration" : "first_event", "unmarked_ranks", unmarked,
+                  "iterations", aligned, "ranks", ranks, "highest", "rank", h->rank, "pid",
+                  json_object_get(h->p, "pid"), "peak_allocated", (json_int_t)h->peak_alloc,
+                  "peak_reserved", (json_int_t)h->peak_res, "above_median_bytes",
+                  (json_int_t)(h->peak_alloc - median), "median_rank",
+                  rows[med < n ? med : hi].rank, "median_peak_allocated", (json_int_t)median,
+                  "spread_bytes", (json_int_t)(peaks[n - 1] - peaks[0]), "missing",
+                  (json_int_t)nmissing, "missing_ranks", missing);
     ranks = NULL; /* g's, or freed by json_pack's failure */
+    if (g && add_diffs(json_object_get(g, "highest"), h->p, rows[med < n ? med : hi].p) != 0) {
+        json_decref(g);
+        g = NULL;
+    }
     if (g && ((id[0] && json_object_set_new(g, "job", json_string(id)) != 0) ||
               (world > 0 && json_object_set_new(g, "world_size", json_integer(world)) != 0))) {
         json_decref(g);

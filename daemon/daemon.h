@@ -137,6 +137,11 @@ int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsig
 /* Gives the page's compare view its document (`memtrace view BEFORE AFTER`): the JSON text
  * served as is at /diff (copied; a second call replaces the first). 0 or MT_ENOMEM. */
 int mt_d_view_set_diff(mt_d_t *d, const char *json);
+/* Gives the page's job view its document: the report's "jobs" of the loaded logs (the
+ * ranks of a training job), served as is at /jobs (copied; replaces). 0 or MT_ENOMEM. */
+int mt_d_view_set_jobs(mt_d_t *d, const char *json);
+/* Whether a loaded process's hello named a rank. */
+bool mt_d_view_has_ranks(const mt_d_t *d);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
 void mt_d_set_event_window(mt_d_t *d, size_t events);
 

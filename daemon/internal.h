@@ -191,8 +191,8 @@ typedef struct mt_d_conn_s {
      * hangs up or MT_D_LINGER_MS pass. Closing at once with input unread would make the
      * kernel reset the peer (ECONNRESET), which can lose the answer it has not read. */
     bool lingering;
-    uv_shutdown_t shut; /* lingering */
-    uint64_t linger_ms; /* uv_now when it began lingering */
+    uv_shutdown_t shut;      /* lingering */
+    uint64_t linger_ms;      /* uv_now when it began lingering */
     uint64_t last_active_ms; /* uv_now when it last sent something */
     uint64_t accepted_ms;    /* uv_now at accept: the HTTP head deadline counts from here */
     char peer_addr[48];      /* TCP peers: the address, "" if unknown */
@@ -267,6 +267,7 @@ struct mt_d_s {
     bool log_dirty;
     bool recorded; /* serves recorded files (`memtrace view`), not live producers */
     char *diff;    /* owned: /diff's JSON document (`memtrace view BEFORE AFTER`), or NULL */
+    char *jobs;    /* owned: /jobs's JSON document (`memtrace view` of ranks' logs), or NULL */
     mt_d_counters_t ctr;
     unsigned open_handles; /* initialised and not yet through their close callback */
     char *readbuf;         /* one read buffer for every connection: reads are handled at once */

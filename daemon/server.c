@@ -613,6 +613,7 @@ void mt_d_destroy(mt_d_t **p)
     free(d->host);
     free(d->log_path);
     free(d->diff);
+    free(d->jobs);
     free(d);
 }
 

@@ -118,6 +118,15 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
                 p->exited_realtime = json_is_integer(rt) ? (uint64_t)json_integer_value(rt) : 0;
             }
         }
+    } else if (type && strcmp(type, "hello") == 0 && json_is_integer(json_object_get(j, "pid"))) {
+        /* a program's own log: its name, and its rank and job when launched as a rank */
+        int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
+        mt_d_proc_t *p =
+            vp < 0 ? NULL : view_proc(d, vp, json_string_value(json_object_get(j, "name")));
+        if (p)
+            (void)mt_prof_job_from_json(j, &p->job);
+        else
+            rc = MT_ENOMEM;
     } else if (!type && json_is_integer(json_object_get(j, "pid"))) {
         /* a stack table or module map line: into the process's model */
         int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
@@ -248,14 +257,32 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     return rc;
 }
 
-int mt_d_view_set_diff(mt_d_t *d, const char *json)
+static int set_doc(char **doc, const char *json)
 {
     char *copy = strdup(json);
     if (!copy)
         return MT_ENOMEM;
-    free(d->diff);
-    d->diff = copy;
+    free(*doc);
+    *doc = copy;
     return 0;
+}
+
+int mt_d_view_set_diff(mt_d_t *d, const char *json)
+{
+    return set_doc(&d->diff, json);
+}
+
+int mt_d_view_set_jobs(mt_d_t *d, const char *json)
+{
+    return set_doc(&d->jobs, json);
+}
+
+bool mt_d_view_has_ranks(const mt_d_t *d)
+{
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next)
+        if (p->job.rank >= 0)
+            return true;
+    return false;
 }
 
 static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,

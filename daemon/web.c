@@ -795,7 +795,8 @@ bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool h
                   {"/sites", mt__d_web_serve_sites},
                   {"/gap", mt__d_web_serve_gap},
                   {"/analysis", mt__d_web_serve_analysis},
-                  {"/diff", mt__d_web_serve_diff}};
+                  {"/diff", mt__d_web_serve_diff},
+                  {"/jobs", mt__d_web_serve_jobs}};
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(path, routes[i].path) == 0) {
             const char *badp = query ? bad_param(query) : NULL;

@@ -243,12 +243,26 @@ void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
 
 /* /diff: analysis/diff.h's document for `memtrace view --compare BEFORE AFTER` (made by the command
  * as `memtrace diff --json` makes it); 404 when the view was given one input. */
+/* A document set by `memtrace view`, or 404 with why. */
+static void serve_doc(mt_d_conn_t *c, const char *doc, const char *none, bool head)
+{
+    if (!doc) {
+        mt__d_web_bad(c, 404, none);
+        return;
+    }
+    mt__d_http_respond(c, 200, "OK", "application/json", doc, strlen(doc), head);
+}
+
 void mt__d_web_serve_diff(mt_d_conn_t *c, const char *query, bool head)
 {
     (void)query;
-    if (!c->d->diff) {
-        mt__d_web_bad(c, 404, "no comparison: memtrace view --compare BEFORE AFTER makes one\n");
-        return;
-    }
-    mt__d_http_respond(c, 200, "OK", "application/json", c->d->diff, strlen(c->d->diff), head);
+    serve_doc(c, c->d->diff, "no comparison: memtrace view --compare BEFORE AFTER makes one\n",
+              head);
+}
+
+void mt__d_web_serve_jobs(mt_d_conn_t *c, const char *query, bool head)
+{
+    (void)query;
+    serve_doc(c, c->d->jobs, "no job: memtrace view of the logs of a job's ranks makes one\n",
+              head);
 }

@@ -639,14 +639,18 @@ static void print_jobs(json_t *jobs)
                num(h, "rank"), human(num(h, "peak_allocated"), b1, sizeof b1),
                human(num(h, "above_median_bytes"), b2, sizeof b2),
                human(num(g, "median_peak_allocated"), b3, sizeof b3), num(h, "median_rank"));
-        json_t *tags = json_object_get(h, "above_median_by_tag");
-        if (json_array_size(tags) > 0) {
-            printf("    by tag, at each one's peak:");
-            json_array_foreach(tags, k, t)
+        static const char *const diffs[][3] = {{"above_median_by_tag", "tag", "by tag"},
+                                               {"above_median_by_site", "site", "by call site"}};
+        for (int d = 0; d < 2; d++) {
+            json_t *set = json_object_get(h, diffs[d][0]);
+            if (json_array_size(set) == 0)
+                continue;
+            printf("    %s, at each one's peak:", diffs[d][2]);
+            json_array_foreach(set, k, t)
             {
                 esc_buf_t et;
                 printf("%s %s +%s", k ? "," : "",
-                       esc(json_string_value(json_object_get(t, "tag")), et),
+                       esc(json_string_value(json_object_get(t, diffs[d][1])), et),
                        human(num(t, "bytes"), b1, sizeof b1));
             }
             printf("\n");

@@ -15,6 +15,7 @@
 #include "analysis/frames.h"
 #include "daemon/daemon.h"
 #include "tools/commands.h"
+#include "tools/logs.h"
 
 #define VIEW_DEFAULT_PORT 9478
 
@@ -88,6 +89,50 @@ static int compare(mt_d_t *d, const char *before, const char *after)
     free(txt);
     json_decref(o);
     json_decref(doc);
+    if (rc) {
+        fprintf(stderr, "memtrace view: out of memory\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* The job view of the logs of a job's ranks: the report's "jobs" (the code `memtrace
+ * report` runs, with call sites by function), served at /jobs. The logs are read a second
+ * time, by the report; only when a loaded process has a rank. Without it the page still
+ * serves every process; 1 only without memory. */
+static int jobs_view(mt_d_t *d, char *const *paths, int n)
+{
+    if (!mt_d_view_has_ranks(d))
+        return 0;
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    mt_fr_rules_t *rules = NULL;
+    mt__report_t *r = NULL;
+    json_t *res = NULL;
+    char *txt = NULL;
+    unsigned long bad = 0;
+    int rc = MT_ENOMEM;
+    if (mt_fr_rules_create(&rules, false) != 0)
+        goto fail_rules;
+    cfg.by_callsite = true;
+    cfg.by = MT_FR_BY_FUNCTION;
+    cfg.frames = rules;
+    if (mt__report_create(&r, &cfg) != 0)
+        goto fail_report;
+    if (mt_tool_read_logs(r, "memtrace view", paths, n, &bad) != 0) {
+        rc = 0; /* said on stderr by the reader; the processes are still served */
+        goto fail_read;
+    }
+    json_t *jobs = (res = mt__report_result(r)) ? json_object_get(res, "jobs") : NULL;
+    rc = jobs ? 0 : res ? 0 : MT_ENOMEM;
+    if (jobs && ((txt = json_dumps(jobs, JSON_COMPACT)) == NULL || mt_d_view_set_jobs(d, txt)))
+        rc = MT_ENOMEM;
+    free(txt);
+    json_decref(res);
+fail_read:
+    mt__report_destroy(&r);
+fail_report:
+    mt_fr_rules_destroy(&rules);
+fail_rules:
     if (rc) {
         fprintf(stderr, "memtrace view: out of memory\n");
         return 1;
@@ -179,6 +224,8 @@ int mt_cmd_view(int argc, char **argv)
     }
     if (status == 0 && two_runs)
         status = compare(d, argv[optind], argv[optind + 1]);
+    else if (status == 0)
+        status = jobs_view(d, argv + optind, argc - optind);
     if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");

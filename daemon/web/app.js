@@ -39,6 +39,7 @@ const S = {
   sites: null,          // /sites of the selected process; false: it has none
   analysis: null,       // last /analysis of the selected process (scopes, temporaries, settings)
   runs: undefined,      // /diff (memtrace view BEFORE AFTER); null: there is none
+  jobs: undefined,      // /jobs (memtrace view of ranks' logs); null: there is none
   settingMarks: 0,      // settings changes drawn on the chart at its last draw
   perf: [],             // ms per page update (Performance API), for the benchmark and test
   updates: 0,
@@ -581,6 +582,73 @@ async function loadRuns() {
     [fmtBytes(x.never_freed_before) + ' → ' + fmtBytes(x.never_freed_after)]]), 'no site changed');
 }
 
+/* ---- the ranks of a job (/jobs, `memtrace view` of ranks' logs) ---- */
+
+// A table with a head of names and a body from rows of [text, attributes] cells.
+function jobTable(cls, head, rows) {
+  const t = el('table', { class: cls });
+  const hr = el('tr');
+  for (const h of head) hr.append(el('th', null, h));
+  t.append(el('thead'), el('tbody'));
+  t.tHead.append(hr);
+  fillRows(t, rows, '');
+  return t;
+}
+
+async function loadJobs() {
+  let jobs;
+  try { jobs = await api('/jobs'); } catch (e) { S.jobs = null; return; }
+  S.jobs = jobs;
+  const list = $('jobs-list');
+  list.textContent = '';
+  for (const g of jobs) {
+    const h = g.highest;
+    const div = el('div', { class: 'job', 'data-job': g.job || '' });
+    const world = g.world_size ? ` of ${g.world_size}` : '';
+    const missing = g.missing ? ` (${g.missing} missing: ${g.missing_ranks.join(', ')})` : '';
+    const how = g.aligned_by === 'iteration' ? 'aligned by iteration marks'
+      : `not aligned: rank ${g.unmarked_ranks.join(', ')} marked no iterations`;
+    div.append(el('h3', null, `job ${g.job || '(no job id)'}: ${g.ranks.length} ranks${world}${missing}; ${how}`));
+    const ranks = jobTable('job-ranks', ['rank', 'pid', 'peak allocated', 'peak reserved', 'peak iteration'],
+      g.ranks.map((r) => [[String(r.rank), { 'data-rank': r.rank }], [String(r.pid)],
+        [fmtBytes(r.peak_allocated), { 'data-bytes': r.peak_allocated }],
+        [fmtBytes(r.peak_reserved), { 'data-bytes': r.peak_reserved }],
+        [r.peak_iteration == null ? '–' : String(r.peak_iteration)]]));
+    g.ranks.forEach((r, i) => {
+      const tr = ranks.tBodies[0].rows[i];
+      if (r.rank === h.rank && g.ranks.length > 1) tr.className = 'highest';
+      tr.addEventListener('click', () => select(r.pid));
+    });
+    div.append(ranks);
+    if (g.ranks.length > 1) {
+      const p = el('p', { class: 'job-diff', 'data-highest': h.rank });
+      p.append(`highest: rank ${h.rank}, ${fmtBytes(h.peak_allocated)}, ${fmtBytes(h.above_median_bytes)} above the median rank (rank ${h.median_rank}, ${fmtBytes(g.median_peak_allocated)})`);
+      div.append(p);
+      for (const [title, k, key] of [['by tag', 'above_median_by_tag', 'tag'], ['by call site', 'above_median_by_site', 'site']]) {
+        if (!(h[k] || []).length) continue;
+        const d = el('div', { class: 'job-diff', 'data-diff': key });
+        d.append(el('b', null, title + ': '));
+        h[k].forEach((x, i) => {
+          if (i) d.append('; ');
+          d.append(el('span', { class: key }, x[key]), ' +' + fmtBytes(x.bytes));
+        });
+        div.append(d);
+      }
+    }
+    if ((g.iterations || []).length) {
+      div.append(el('div', { class: 'muted' }, 'peak allocated within each iteration (the newest every rank marked):'));
+      // Every rank up to 8 (as the report prints them), else the highest and the median rank.
+      const cols = g.ranks.map((r, i) => i).filter((i) => g.ranks.length <= 8 ||
+        g.ranks[i].rank === h.rank || g.ranks[i].rank === h.median_rank);
+      div.append(jobTable('job-iterations', ['iteration', ...cols.map((i) => 'rank ' + g.ranks[i].rank)],
+        g.iterations.map((e) => [[String(e.iteration)], ...cols.map((i) => [fmtBytes(e.peaks[i]),
+          { 'data-bytes': e.peaks[i], class: g.ranks[i].rank === h.rank ? 'grew' : '' }])])));
+    }
+    list.append(div);
+  }
+  $('jobs').hidden = !jobs.length;
+}
+
 /* ---- event tail ---- */
 
 const KINDS = ['alloc', 'free_requested', 'free_completed', 'segment_alloc', 'segment_free',
@@ -700,6 +768,7 @@ async function refresh() {
     const [state, spark] = await Promise.all([api('/state'), api('/spark?span=120&buckets=60')]);
     S.recorded = !!(state.daemon && state.daemon.recorded);
     if (S.recorded && S.runs === undefined) { S.runs = null; loadRuns(); }
+    if (S.recorded && S.jobs === undefined) { S.jobs = null; loadJobs(); }
     let hist = null, map = null, tail = null;
     const p = state.processes.filter((x) => x.pid === S.pid).pop();
     if (p) {

@@ -43,7 +43,8 @@ try:
         if p.wait(timeout=60) != 0:
             fail("rank %d exited %d" % (r, p.returncode))
 
-    out = subprocess.run([memtrace, "report", "--json"] + logs, capture_output=True, text=True)
+    out = subprocess.run([memtrace, "report", "--json", "--by", "function"] + logs,
+                         capture_output=True, text=True)
     if out.returncode != 0:
         fail("memtrace report --json: exit %d: %s" % (out.returncode, out.stderr))
     rep = json.loads(out.stdout)
@@ -76,6 +77,9 @@ try:
     tags = h["above_median_by_tag"]
     if not tags or tags[0] != {"tag": "kv_cache", "bytes": extra}:
         fail("difference by tag %s: want kv_cache first, %d bytes" % (tags, extra))
+    sites = h.get("above_median_by_site") or []
+    if not sites or not sites[0]["site"].startswith("grow_cache") or sites[0]["bytes"] != extra:
+        fail("difference by call site %s: want grow_cache first, %d bytes" % (sites, extra))
     piter = {r["rank"]: r["peak_iteration"] for r in ranks}
     if piter[BIG] != ITERS - 1 or any(piter[r] != 2 for r in piter if r != BIG):
         fail("peak iterations %s: want %d for rank %d, 2 for the others" % (piter, ITERS - 1, BIG))
@@ -90,7 +94,7 @@ try:
         want = base + (max(0, i - FROM + 1) * 8 * MIB)
         if e["peaks"][BIG] != want:
             fail("iteration %d: rank %d peaks at %d, want %d" % (i, BIG, e["peaks"][BIG], want))
-    print("ok: rank %d highest by %d MiB (kv_cache), peaks in iteration %d; others in 2; "
+    print("ok: rank %d highest by %d MiB (kv_cache, grow_cache), peaks in iteration %d; others in 2; "
           "%d iterations aligned" % (BIG, extra >> 20, ITERS - 1, len(its)))
 
     # The text report says the same, and the highest rank's section names the call site.
@@ -102,6 +106,7 @@ try:
     for want in ("job ddp-8: 8 ranks of 8; aligned by iteration marks",
                  "highest peak: rank 5, ",
                  "by tag, at each one's peak: kv_cache +48.0 MiB",
+                 "by call site, at each one's peak: grow_cache (job_worker.c) +48.0 MiB",
                  "peak allocated within each iteration"):
         if want not in text:
             fail("the text report lacks %r:\n%s" % (want, text[:3000]))
