@@ -499,6 +499,39 @@ static int free0(void)
     return 0;
 }
 
+/* The runtime binds a context on every thread that makes a runtime call (the first
+ * cudaMalloc of a new thread included), so driver calls after it work there. */
+static void *thread_ctx_body(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    CUcontext c = NULL;
+    if (cudaMalloc(&p, MiB) != cudaSuccess || p == NULL)
+        return "cudaMalloc failed";
+    if (cuCtxGetCurrent(&c) != CUDA_SUCCESS || c == NULL)
+        return "no current context after cudaMalloc";
+    if (cuMemsetD8Async(DP(p), 1, MiB, NULL) != CUDA_SUCCESS)
+        return "cuMemsetD8Async failed";
+    if (cuStreamSynchronize(NULL) != CUDA_SUCCESS)
+        return "cuStreamSynchronize failed";
+    if (cudaFree(p) != cudaSuccess)
+        return "cudaFree failed";
+    return NULL;
+}
+
+static int threadctx(void)
+{
+    CHECK(cudaFree(NULL) == cudaSuccess);
+    pthread_t t;
+    void *why = NULL;
+    CHECK(pthread_create(&t, NULL, thread_ctx_body, NULL) == 0);
+    CHECK(pthread_join(t, &why) == 0);
+    if (why != NULL)
+        fprintf(stderr, "thread: %s\n", (const char *)why);
+    CHECK(why == NULL);
+    return 0;
+}
+
 /* PyTorch's pluggable allocator: a block used on the default stream (record_stream with
  * stream 0, torch's default stream) is not reused before that stream's work is done. */
 static int recstream0(void)
@@ -620,27 +653,17 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},
-        {"procaddr", procaddr},
-        {"reset", reset},
-        {"foreign", foreign},
-        {"freeasync0", freeasync0},
-        {"capture", capture},
-        {"lasterror", lasterror},
-        {"fork", forked},
-        {"fork_sim", forked_sim},
-        {"oom", oom},
-        {"managed", managed},
-        {"managed_old", managed_old},
-        {"range", range},
-        {"handles", handles},
-        {"static", staticrt},
-        {"doublefree", doublefree},
-        {"free0", free0},
-        {"recstream0", recstream0},
-        {"orderedfree", orderedfree},
-        {"dlsymcache", dlsymcache},
-        {"earlymark", earlymark},
+        {"lookup", lookup},         {"procaddr", procaddr},
+        {"reset", reset},           {"foreign", foreign},
+        {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror},   {"fork", forked},
+        {"fork_sim", forked_sim},   {"oom", oom},
+        {"managed", managed},       {"managed_old", managed_old},
+        {"range", range},           {"handles", handles},
+        {"static", staticrt},       {"doublefree", doublefree},
+        {"free0", free0},           {"threadctx", threadctx},
+        {"recstream0", recstream0}, {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
