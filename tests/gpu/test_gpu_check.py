@@ -24,8 +24,6 @@ C_CHECKS = {"1": None, "2-plugin": None, "2-ctypes": None, "6-shared": None, "6-
 # Memtrace bugs the checks find over the fakes, by finding (docs/gpu-check.md).
 KNOWN_FAIL = {
     "1": "N2: no current context after cudaMalloc in a fresh thread",
-    "2-plugin": "N1: runtime forwarded with RTLD_NEXT, hidden in a local scope",
-    "2-ctypes": "N1: cudaGetLastError loses the runtime's error",
 }
 
 
