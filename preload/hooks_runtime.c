@@ -156,6 +156,37 @@ mt_backend_t *mt__preload_rt_backend(void)
 
 /* ---- device memory (both modes) ---- */
 
+/* Device + 1 whose context this thread was seen to have current after a runtime
+ * allocation call, 0 for none yet. Not rechecked while the device stays the same: a
+ * program that pops the context itself afterwards is on its own, as with the runtime. */
+static _Thread_local int tls_bound_device;
+
+/* The real runtime makes its current device's context current on a thread at that
+ * thread's first call needing it (a fresh thread's first cudaMalloc, say); the driver
+ * calls the program makes next rely on it. Ours are served without the runtime, so
+ * when no context is current, the runtime is asked to bind one with cudaFree(NULL). */
+static cudaError_t bind_thread_context(void)
+{
+    if (mt__preload()->sim)
+        return cudaSuccess;
+    int d = rt_device();
+    if (tls_bound_device == d + 1)
+        return cudaSuccess;
+    CUresult (*get)(CUcontext *) =
+        (CUresult(*)(CUcontext *))mt__preload_real_drv("cuCtxGetCurrent");
+    CUcontext c = NULL;
+    if (get == NULL || get(&c) != CUDA_SUCCESS || c == NULL) {
+        cudaError_t (*bind)(void *) = (cudaError_t(*)(void *))REAL(cudaFree);
+        if (bind == NULL)
+            return cudaErrorInsufficientDriver;
+        cudaError_t e = bind(NULL);
+        if (e != cudaSuccess)
+            return e;
+    }
+    tls_bound_device = d + 1;
+    return cudaSuccess;
+}
+
 /* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
  * (the graph's allocation node; a device malloc of ours would break the capture). */
 static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
@@ -168,6 +199,9 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         return real_async(p, size, stream);
     mt_alloc_t *a = NULL;
     int rc = cur_alloc(&a);
+    cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
+    if (bound != cudaSuccess)
+        return mt__preload_rt_ret(bound);
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (rc == 0)
