@@ -236,6 +236,23 @@ static void test_thread_malloc_binds_context(void **state)
     assert_int_equal(run("threadctx", NULL), 0);
 }
 
+/* A context made with cuCtxCreate gets memory its own kernels may use: with plain
+ * segments (cuMemAlloc memory, owned by the primary context) and with the default
+ * expandable ones (VMM mappings, open to every context of the device). */
+static void test_created_context_memory_is_its_own(void **state)
+{
+    (void)state;
+    assert_int_equal(run("ctxcreate", "MEMTRACE_ALLOC_CONF=rules:reference"), 0);
+    assert_int_equal(run("ctxcreate", NULL), 0);
+}
+
+/* A refused cuCtxDestroy of the primary context leaves memtrace's blocks in place. */
+static void test_refused_destroy_keeps_blocks(void **state)
+{
+    (void)state;
+    assert_int_equal(run("destroyrefused", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -260,6 +277,8 @@ int main(void)
         cmocka_unit_test(test_runtime_in_plugin_scope),
         cmocka_unit_test(test_runtime_opened_local),
         cmocka_unit_test(test_thread_malloc_binds_context),
+        cmocka_unit_test(test_created_context_memory_is_its_own),
+        cmocka_unit_test(test_refused_destroy_keeps_blocks),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
