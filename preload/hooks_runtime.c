@@ -161,10 +161,11 @@ mt_backend_t *mt__preload_rt_backend(void)
  * program that pops the context itself afterwards is on its own, as with the runtime. */
 static _Thread_local int tls_bound_device;
 
-/* The real runtime makes its current device's context current on a thread at that
- * thread's first call needing it (a fresh thread's first cudaMalloc, say); the driver
- * calls the program makes next rely on it. Ours are served without the runtime, so
- * when no context is current, the runtime is asked to bind one with cudaFree(NULL). */
+/* The real runtime makes its current device's primary context current on a thread at
+ * that thread's first call needing it (a fresh thread's first cudaMalloc, say); the driver
+ * calls the program makes next rely on it. Ours are served without the runtime, so when
+ * no context is current, the primary context is made current here, through the driver as
+ * the runtime does (the device's backend holds a reference to it already). */
 static cudaError_t bind_thread_context(void)
 {
     if (mt__preload()->sim)
@@ -172,17 +173,28 @@ static cudaError_t bind_thread_context(void)
     int d = rt_device();
     if (tls_bound_device == d + 1)
         return cudaSuccess;
-    CUresult (*get)(CUcontext *) =
-        (CUresult(*)(CUcontext *))mt__preload_real_drv("cuCtxGetCurrent");
+    __typeof__(&cuCtxGetCurrent) get =
+        (__typeof__(&cuCtxGetCurrent))mt__preload_real_drv("cuCtxGetCurrent");
+    __typeof__(&cuDevicePrimaryCtxRetain) retain =
+        (__typeof__(&cuDevicePrimaryCtxRetain))mt__preload_real_drv("cuDevicePrimaryCtxRetain");
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) release =
+        (__typeof__(&cuDevicePrimaryCtxRelease_v2))mt__preload_real_drv(
+            "cuDevicePrimaryCtxRelease_v2");
+    __typeof__(&cuCtxSetCurrent) set =
+        (__typeof__(&cuCtxSetCurrent))mt__preload_real_drv("cuCtxSetCurrent");
+    if (get == NULL || retain == NULL || release == NULL || set == NULL)
+        return cudaErrorInsufficientDriver;
     CUcontext c = NULL;
-    if (get == NULL || get(&c) != CUDA_SUCCESS || c == NULL) {
-        cudaError_t (*bind)(void *) = (cudaError_t(*)(void *))REAL(cudaFree);
-        if (bind == NULL)
-            return cudaErrorInsufficientDriver;
-        cudaError_t e = bind(NULL);
-        if (e != cudaSuccess)
-            return e;
+    CUresult r = get(&c);
+    if (r == CUDA_SUCCESS && c == NULL) {
+        r = retain(&c, d);
+        if (r == CUDA_SUCCESS) {
+            r = set(c);
+            release(d);
+        }
     }
+    if (r != CUDA_SUCCESS)
+        return from_driver(r);
     tls_bound_device = d + 1;
     return cudaSuccess;
 }
