@@ -6,8 +6,9 @@
  *   point by base name; the _ptsz entry points ask with
  *   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Its own allocation calls therefore
  *   model a static libcudart, whose cudaMalloc no LD_PRELOAD can interpose.
- * - The current device is per thread; the first call needing a context makes the
- *   device's primary context current on the calling thread.
+ * - The current device is per thread; the first call needing a context uses the
+ *   context current on the calling thread, or makes the device's primary context
+ *   current there.
  * - Last error: each failing call records its code for the calling thread;
  *   cudaGetLastError returns the latest and resets it, cudaPeekAtLastError leaves it;
  *   a sticky error (illegal address, launch failure, ...) is never reset, and every call
@@ -49,6 +50,7 @@ static struct {
     CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*PrimaryCtxReset)(CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSynchronize)(void);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -141,6 +143,7 @@ static void load(void)
     GET(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     GET(PrimaryCtxReset, "cuDevicePrimaryCtxReset");
     GET(CtxSetCurrent, "cuCtxSetCurrent");
+    GET(CtxGetCurrent, "cuCtxGetCurrent");
     GET(CtxSynchronize, "cuCtxSynchronize");
     GET(MemAlloc, "cuMemAlloc");
     GET(MemFree, "cuMemFree");
@@ -226,7 +229,10 @@ static cudaError_t ready(void)
     if (sticky != cudaSuccess)
         return sticky;
     if (!tls_bound) {
-        CUcontext c;
+        CUcontext c = NULL;
+        /* A context the program made current (cuCtxCreate's, say) is the one used. */
+        if (drv.CtxGetCurrent != NULL && drv.CtxGetCurrent(&c) == CUDA_SUCCESS && c != NULL)
+            return cudaSuccess;
         CUresult r = drv.PrimaryCtxRetain(&c, tls_dev);
         if (r == CUDA_SUCCESS)
             r = drv.CtxSetCurrent(c);

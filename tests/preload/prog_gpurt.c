@@ -549,6 +549,15 @@ static int ctxcreate(void)
     for (size_t i = 0; i < sizeof out; i++)
         CHECK(out[i] == 0x5a);
     CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    /* The runtime allocates in the current context too. */
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cuMemsetD8Async(DP(p), 0x6b, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH(out, DP(p), sizeof out) == CUDA_SUCCESS);
+    for (size_t i = 0; i < sizeof out; i++)
+        CHECK(out[i] == 0x6b);
+    CHECK(cudaFree(p) == cudaSuccess);
     CHECK(cuCtxDestroy(x) == CUDA_SUCCESS);
     return 0;
 }
