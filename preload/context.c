@@ -507,6 +507,17 @@ void mt__preload_drop_device(int d)
         return;
     mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
     mt__guard_enter();
+    mt_alloc_stats_t st;
+    if (mt_alloc_stats(a, &st) == 0) {
+        pthread_mutex_lock(&P->mu);
+        P->gone.allocation[0].allocated += st.allocation[0].allocated;
+        P->gone.allocation[0].freed += st.allocation[0].freed;
+        P->gone.num_device_alloc += st.num_device_alloc;
+        P->gone.num_device_free += st.num_device_free;
+        P->gone.num_ooms += st.num_ooms;
+        P->gone.num_alloc_retries += st.num_alloc_retries;
+        pthread_mutex_unlock(&P->mu);
+    }
     mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
@@ -736,6 +747,14 @@ static void write_summary(mt_preload_t *P, FILE *f)
 {
     mt_alloc_stats_t tot;
     memset(&tot, 0, sizeof tot);
+    pthread_mutex_lock(&P->mu); /* what dropped devices served: counters, not levels */
+    tot.allocation[0].allocated = P->gone.allocation[0].allocated;
+    tot.allocation[0].freed = P->gone.allocation[0].freed;
+    tot.num_device_alloc = P->gone.num_device_alloc;
+    tot.num_device_free = P->gone.num_device_free;
+    tot.num_ooms = P->gone.num_ooms;
+    tot.num_alloc_retries = P->gone.num_alloc_retries;
+    pthread_mutex_unlock(&P->mu);
     const char *tag_names[MT_TAG_MAX] = {0};
     int ndev = 0;
     /* The program's managed memory served by memtrace (its managed allocators). */

@@ -214,6 +214,12 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
     if (bound != cudaSuccess)
         return mt__preload_rt_ret(bound);
+    if (rc == 0 && !mt__preload_current_is_primary()) { /* a cuCtxCreate context's own */
+        cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
+        if (real_async != NULL)
+            return real_async(p, size, stream);
+        return real != NULL ? real(p, size) : mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    }
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (rc == 0)
