@@ -115,6 +115,52 @@ mt_backend_t *mt__preload_drv_backend(void)
     return mt__preload_alloc(drv_device(), &a) == 0 ? mt_alloc_backend(a) : NULL;
 }
 
+/* ---- contexts made with cuCtxCreate ---- */
+
+/* Each device's primary-context handle as last seen (cuda mode); NULL until asked. */
+static _Atomic(CUcontext) primary_seen[MT_PRELOAD_MAX_DEVICES];
+
+/* Whether ctx, a context of device dev, is dev's primary context. Asked without creating
+ * the primary context: an inactive one cannot be current. When the driver cannot say,
+ * yes (served as before). */
+static bool is_primary(CUcontext ctx, CUdevice dev)
+{
+    if (dev < 0 || dev >= MT_PRELOAD_MAX_DEVICES)
+        return true;
+    if (atomic_load_explicit(&primary_seen[dev], memory_order_relaxed) == ctx)
+        return true;
+    __typeof__(&cuDevicePrimaryCtxGetState) state = REAL(cuDevicePrimaryCtxGetState);
+    unsigned flags = 0;
+    int active = 1;
+    if (state != NULL && state(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        return false;
+    __typeof__(&cuDevicePrimaryCtxRetain) retain = REAL(cuDevicePrimaryCtxRetain);
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) release = REAL(cuDevicePrimaryCtxRelease_v2);
+    CUcontext pc = NULL;
+    if (retain == NULL || release == NULL || retain(&pc, dev) != CUDA_SUCCESS)
+        return true;
+    release(dev);
+    atomic_store_explicit(&primary_seen[dev], pc, memory_order_relaxed);
+    return pc == ctx;
+}
+
+/* memtrace's memory lives in the primary contexts. A context made with cuCtxCreate owns
+ * what is allocated in it: its kernels fault on another context's cuMemAlloc memory, and
+ * its destroy frees that memory. So allocations there are the driver's, not ours. */
+bool mt__preload_current_is_primary(void)
+{
+    if (mt__preload()->sim)
+        return true;
+    __typeof__(&cuCtxGetCurrent) get = REAL(cuCtxGetCurrent);
+    __typeof__(&cuCtxGetDevice) getdev = REAL(cuCtxGetDevice);
+    CUcontext ctx = NULL;
+    CUdevice dev = -1;
+    if (get == NULL || getdev == NULL || get(&ctx) != CUDA_SUCCESS || ctx == NULL ||
+        getdev(&dev) != CUDA_SUCCESS)
+        return true; /* no context: the callers answer that themselves */
+    return is_primary(ctx, dev);
+}
+
 /* ---- device memory (both modes) ---- */
 
 /* The stream a call names: NULL in a _ptsz entry point is the per-thread stream. */
@@ -140,6 +186,12 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     int dev = drv_device();
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (!mt__preload_current_is_primary()) {
+        __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
+        if (real_async != NULL)
+            return real_async(p, size, stream);
+        return real != NULL ? real(p, size) : CUDA_ERROR_NOT_FOUND;
+    }
     int rc = mt__preload_alloc(dev, &a);
     void *q = NULL;
     mt_stream_t *s = NULL;

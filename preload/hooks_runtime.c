@@ -156,6 +156,49 @@ mt_backend_t *mt__preload_rt_backend(void)
 
 /* ---- device memory (both modes) ---- */
 
+/* Device + 1 whose context this thread was seen to have current after a runtime
+ * allocation call, 0 for none yet. Not rechecked while the device stays the same: a
+ * program that pops the context itself afterwards is on its own, as with the runtime. */
+static _Thread_local int tls_bound_device;
+
+/* The real runtime makes its current device's primary context current on a thread at
+ * that thread's first call needing it (a fresh thread's first cudaMalloc, say); the driver
+ * calls the program makes next rely on it. Ours are served without the runtime, so when
+ * no context is current, the primary context is made current here, through the driver as
+ * the runtime does (the device's backend holds a reference to it already). */
+static cudaError_t bind_thread_context(void)
+{
+    if (mt__preload()->sim)
+        return cudaSuccess;
+    int d = rt_device();
+    if (tls_bound_device == d + 1)
+        return cudaSuccess;
+    __typeof__(&cuCtxGetCurrent) get =
+        (__typeof__(&cuCtxGetCurrent))mt__preload_real_drv("cuCtxGetCurrent");
+    __typeof__(&cuDevicePrimaryCtxRetain) retain =
+        (__typeof__(&cuDevicePrimaryCtxRetain))mt__preload_real_drv("cuDevicePrimaryCtxRetain");
+    __typeof__(&cuDevicePrimaryCtxRelease_v2) release =
+        (__typeof__(&cuDevicePrimaryCtxRelease_v2))mt__preload_real_drv(
+            "cuDevicePrimaryCtxRelease_v2");
+    __typeof__(&cuCtxSetCurrent) set =
+        (__typeof__(&cuCtxSetCurrent))mt__preload_real_drv("cuCtxSetCurrent");
+    if (get == NULL || retain == NULL || release == NULL || set == NULL)
+        return cudaErrorInsufficientDriver;
+    CUcontext c = NULL;
+    CUresult r = get(&c);
+    if (r == CUDA_SUCCESS && c == NULL) {
+        r = retain(&c, d);
+        if (r == CUDA_SUCCESS) {
+            r = set(c);
+            release(d);
+        }
+    }
+    if (r != CUDA_SUCCESS)
+        return from_driver(r);
+    tls_bound_device = d + 1;
+    return cudaSuccess;
+}
+
 /* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
  * (the graph's allocation node; a device malloc of ours would break the capture). */
 static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
@@ -168,6 +211,15 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         return real_async(p, size, stream);
     mt_alloc_t *a = NULL;
     int rc = cur_alloc(&a);
+    cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
+    if (bound != cudaSuccess)
+        return mt__preload_rt_ret(bound);
+    if (rc == 0 && !mt__preload_current_is_primary()) { /* a cuCtxCreate context's own */
+        cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
+        if (real_async != NULL)
+            return real_async(p, size, stream);
+        return real != NULL ? real(p, size) : mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    }
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (rc == 0)

@@ -161,15 +161,23 @@ MT_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
     return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
-/* memtrace serves every context's requests from the device's primary context, so only
- * destroying that one takes memtrace's memory with it. */
+/* memtrace's memory lives in the primary contexts, so only destroying one of those takes
+ * it along. The driver decides first: a destroy it refuses leaves memtrace's blocks (and
+ * the program's) as they were; one it performs has freed them, and memtrace forgets the
+ * device. */
 MT_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     int d = mt__preload_primary_device_of(ctx);
-    if (d >= 0)
+    if (mt__preload()->sim) {
+        if (d >= 0)
+            mt__preload_drop_device(d);
+        return d >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    }
+    __typeof__(&cuCtxDestroy_v2) real = REAL(cuCtxDestroy_v2);
+    CUresult r = real != NULL ? real(ctx) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS && d >= 0)
         mt__preload_drop_device(d);
-    FORWARD(cuCtxDestroy_v2, ctx);
-    return d >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    return r;
 }
 
 /* ---- graphs: blocks freed while capturing them (issue 16 item 7) ---- */

@@ -79,8 +79,11 @@ typedef struct mt_preload_s {
     _Atomic uint64_t host_bytes;    /* bytes, current */
     _Atomic uint64_t unknown_frees; /* frees of pointers we never handed out */
     _Atomic uint64_t ooms;          /* allocation requests that failed for lack of memory */
-    pthread_mutex_t oom_mu;         /* guards oom_msg */
-    char oom_msg[2048];             /* the allocator's report of the last OOM */
+    /* The counters of device allocators dropped by a reset or a context destroy, so the
+     * summary still counts what they served (under mu). */
+    mt_alloc_stats_t gone;
+    pthread_mutex_t oom_mu; /* guards oom_msg */
+    char oom_msg[2048];     /* the allocator's report of the last OOM */
 
     const char *summary_path; /* $MEMTRACE_SUMMARY_FILE, or NULL */
     int log_level;            /* messages up to this mt_log_level_e reach stderr */
@@ -179,6 +182,10 @@ void mt__preload_note_oom(mt_alloc_t *a, size_t size);
 /* printf-style message to stderr, "memtrace: " prefixed, if level is enabled. */
 void mt__preload_say(mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* Whether the calling thread's current context is a primary one (or none is current, or
+ * sim): memtrace serves allocations only there (hooks_driver.c). */
+bool mt__preload_current_is_primary(void);
 
 /* The real definition of name, after ours in the lookup order (the runtime's or the
  * driver's). NULL when absent. */

@@ -17,6 +17,7 @@
 #define GRAN     ((size_t)2 << 20)
 #define MAXLOG   8192
 #define MAXDEV   64
+#define MAXUCTX  8 /* contexts made by cuCtxCreate, live at once */
 #define MAXSTACK 16
 #define DEVSPAN  ((size_t)16 << 30) /* device address space, never reused */
 
@@ -30,6 +31,7 @@ typedef struct fake_ctx_s {
     struct fake_stream_s *null_stream; /* the context's default stream, made on demand */
     CUresult sticky;                   /* a fault every later call returns, or 0 */
     unsigned epoch;                    /* bumped by a reset: per-thread streams made before go */
+    bool created; /* made by cuCtxCreate and not destroyed yet (slots from MAXDEV on) */
 } fake_ctx_t;
 
 /* Pending iff done_gen < rec_gen. refs counts queued operations naming the event, so a
@@ -119,7 +121,7 @@ typedef struct fake_state_s {
     size_t capacity;
     size_t used;
     int devices;
-    fake_ctx_t ctxs[MAXDEV];
+    fake_ctx_t ctxs[MAXDEV + MAXUCTX]; /* primary ones [0, devices), then cuCtxCreate's */
     fake_blk_t *blks;
     fake_stream_t *streams;
     fake_event_t *events;
@@ -149,8 +151,8 @@ extern __thread int depth;
 extern __thread bool in_hostfn;
 /* The calling thread's per-thread default stream of each context, and the context epoch
  * it was made in. */
-extern __thread struct fake_stream_s *ptds[MAXDEV];
-extern __thread unsigned ptds_epoch[MAXDEV];
+extern __thread struct fake_stream_s *ptds[MAXDEV + MAXUCTX];
+extern __thread unsigned ptds_epoch[MAXDEV + MAXUCTX];
 
 #define ENTER(name, a, b)                                                                          \
     do {                                                                                           \

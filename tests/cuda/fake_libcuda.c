@@ -7,6 +7,8 @@
  * - contexts: a per-thread context stack; calls that need one return
  *   CUDA_ERROR_INVALID_CONTEXT when none is current; streams and events belong to the
  *   context current at their creation, and using them under another one is refused;
+ *   cuCtxCreate makes contexts of their own, whose cuMemAlloc memory a memset (a kernel)
+ *   of another context may not touch, nor theirs another's (CUDA_ERROR_ILLEGAL_ADDRESS);
  * - streams: one queue per stream, each run by its own worker thread, so work on
  *   different streams runs concurrently and completes after the call returns;
  *   cuStreamWaitEvent really holds a queue until the event's work has run;
@@ -62,8 +64,8 @@ __thread int depth;
 __thread bool in_hostfn;
 /* The calling thread's per-thread default stream of each context, and the context epoch
  * it was made in. */
-__thread struct fake_stream_s *ptds[MAXDEV];
-__thread unsigned ptds_epoch[MAXDEV];
+__thread struct fake_stream_s *ptds[MAXDEV + MAXUCTX];
+__thread unsigned ptds_epoch[MAXDEV + MAXUCTX];
 
 static uint64_t now_ns(void)
 {
@@ -165,6 +167,18 @@ CUresult unsafe_call(void)
 
 /* ---- stream queues ---- */
 
+/* Whether a memset (a kernel) running in ctx may write device byte p: cuMemAlloc memory
+ * belongs to the context that allocated it, and a kernel of a context made with
+ * cuCtxCreate faults on another context's memory (or another's on its own). Primary
+ * contexts of different devices are not told apart here (peer access). Caller holds mu. */
+static bool ctx_may_set(const fake_ctx_t *ctx, uintptr_t p)
+{
+    for (const fake_blk_t *b = fake.blks; b != NULL; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size)
+            return b->ctx == NULL || b->ctx == ctx || (!b->ctx->created && !ctx->created);
+    return true;
+}
+
 /* Whether [p, p + n) is host memory (trusted) or device bytes inside one live
  * allocation or mapped range. Caller holds mu. */
 static bool dev_live(uintptr_t p, size_t n)
@@ -221,7 +235,8 @@ static void *worker(void *arg)
          * would: the context's sticky error from now on. */
         if ((op->kind == OP_COPY || op->kind == OP_SET) &&
             (!dev_live((uintptr_t)op->dst, op->n) ||
-             (op->kind == OP_COPY && !dev_live((uintptr_t)op->src, op->n)))) {
+             (op->kind == OP_COPY && !dev_live((uintptr_t)op->src, op->n)) ||
+             (op->kind == OP_SET && !ctx_may_set(s->ctx, (uintptr_t)op->dst)))) {
             s->ctx->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
         } else if (op->kind == OP_COPY || op->kind == OP_SET || op->kind == OP_HOSTFN ||
                    op->kind == OP_FREE) {
@@ -555,7 +570,9 @@ FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 fake_ctx_t *ctx_of(CUcontext c)
 {
     fake_ctx_t *x = (fake_ctx_t *)c;
-    return x >= fake.ctxs && x < fake.ctxs + fake.devices ? x : NULL;
+    if (x >= fake.ctxs && x < fake.ctxs + fake.devices)
+        return x;
+    return x >= fake.ctxs + MAXDEV && x < fake.ctxs + MAXDEV + MAXUCTX && x->created ? x : NULL;
 }
 
 FAKE_API CUresult cuCtxPushCurrent_v2(CUcontext ctx)

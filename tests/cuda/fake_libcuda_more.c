@@ -99,8 +99,44 @@ FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* Only primary contexts exist here; destroying one tears it down as a reset does, and
- * pops it if it is current. */
+/* A context of its own on dev (CUDA 13's signature; params and flags are not modelled),
+ * pushed on the calling thread's stack. Its cuMemAlloc memory is its own: a memset of it
+ * from another context faults, as a kernel would (fake_libcuda.c:ctx_may_set). */
+FAKE_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned flags,
+                                 CUdevice dev)
+{
+    ENTER("cuCtxCreate", dev, flags);
+    (void)params;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake.devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (depth == MAXSTACK)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&fake.mu);
+    fake_ctx_t *x = NULL;
+    for (int i = MAXDEV; i < MAXDEV + MAXUCTX && x == NULL; i++)
+        if (!fake.ctxs[i].created)
+            x = &fake.ctxs[i];
+    if (x != NULL) {
+        x->dev = dev;
+        x->null_stream = NULL;
+        x->sticky = CUDA_SUCCESS;
+        x->epoch++; /* per-thread streams of an earlier context in this slot go */
+        x->created = true;
+    }
+    pthread_mutex_unlock(&fake.mu);
+    if (x == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    stack[depth++] = x;
+    __atomic_add_fetch(&fake.ctx_depth, 1, __ATOMIC_RELAXED);
+    *pctx = (CUcontext)x;
+    return CUDA_SUCCESS;
+}
+
+/* Destroying a context tears it down as a reset does (a primary one too; its handle stays
+ * valid, as after a reset), and pops it if it is current. A context made with cuCtxCreate
+ * is gone: its handle is refused afterwards. */
 FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     ENTER("cuCtxDestroy", (uintptr_t)ctx, 0);
@@ -108,6 +144,9 @@ FAKE_API CUresult cuCtxDestroy_v2(CUcontext ctx)
     if (x == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
     ctx_teardown(x);
+    pthread_mutex_lock(&fake.mu);
+    x->created = false;
+    pthread_mutex_unlock(&fake.mu);
     if (cur() == x) {
         depth--;
         __atomic_sub_fetch(&fake.ctx_depth, 1, __ATOMIC_RELAXED);
@@ -499,6 +538,7 @@ static const struct {
     P("cuCtxGetDevice", cuCtxGetDevice, NULL, 2000),
     P("cuCtxSynchronize", cuCtxSynchronize, NULL, 2000),
     P("cuCtxDestroy", cuCtxDestroy_v2, NULL, 4000),
+    P("cuCtxCreate", cuCtxCreate_v4, NULL, 13000),
     P("cuMemAlloc", cuMemAlloc_v2, NULL, 3020),
     P("cuMemFree", cuMemFree_v2, NULL, 3020),
     P("cuMemGetInfo", cuMemGetInfo_v2, NULL, 3020),

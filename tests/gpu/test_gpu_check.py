@@ -20,13 +20,9 @@ ALL = ["1", "1-py", "2-plugin", "2-ctypes", "2-cupy", "3", "4", "5", "6-shared",
 # The checks in C, which must run over the fakes (not skip), except where a fake lacks
 # what the check needs (the reason must say which).
 C_CHECKS = {"1": None, "2-plugin": None, "2-ctypes": None, "6-shared": None, "6-proc": None, "7": None,
-            "7-reference": None, "9": None, "10": "cuCtxCreate", "6-static": "static"}
+            "7-reference": None, "9": None, "10": None, "6-static": "static"}
 # Memtrace bugs the checks find over the fakes, by finding (docs/gpu-check.md).
-KNOWN_FAIL = {
-    "1": "N2: no current context after cudaMalloc in a fresh thread",
-    "2-plugin": "N1: runtime forwarded with RTLD_NEXT, hidden in a local scope",
-    "2-ctypes": "N1: cudaGetLastError loses the runtime's error",
-}
+KNOWN_FAIL = {}
 
 
 def fake(build):

@@ -6,13 +6,16 @@
  *   point by base name; the _ptsz entry points ask with
  *   CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Its own allocation calls therefore
  *   model a static libcudart, whose cudaMalloc no LD_PRELOAD can interpose.
- * - The current device is per thread; the first call needing a context makes the
- *   device's primary context current on the calling thread.
+ * - The current device is per thread; the first call needing a context uses the
+ *   context current on the calling thread, or makes the device's primary context
+ *   current there.
  * - Last error: each failing call records its code for the calling thread;
  *   cudaGetLastError returns the latest and resets it, cudaPeekAtLastError leaves it;
  *   a sticky error (illegal address, launch failure, ...) is never reset, and every call
  *   returns it, until cudaDeviceReset.
  * - cudaDeviceReset resets the current device's primary context.
+ * - cudaMemcpy: host to host, host to device and device to host; an unknown kind is
+ *   cudaErrorInvalidMemcpyDirection, recorded as the thread's last error.
  * - dlsym: glibc's, counted (fakert_dlsym_count). It is exported under glibc's version
  *   node (fake_libcudart.map) and this library comes before libc, so the drop-in's own
  *   lookups of the real runtime, which go through glibc's dlsym, are counted too. */
@@ -21,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -46,6 +50,7 @@ static struct {
     CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
     CUresult (*PrimaryCtxReset)(CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
     CUresult (*CtxSynchronize)(void);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -62,6 +67,8 @@ static struct {
     CUresult (*EndCapture[2])(CUstream, CUgraph *);
     CUresult (*IsCapturing[2])(CUstream, CUstreamCaptureStatus *);
     CUresult (*GraphDestroy)(CUgraph);
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t); /* optional */
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);       /* optional */
 } drv;
 
 static _Atomic size_t dlsym_calls;
@@ -136,6 +143,7 @@ static void load(void)
     GET(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
     GET(PrimaryCtxReset, "cuDevicePrimaryCtxReset");
     GET(CtxSetCurrent, "cuCtxSetCurrent");
+    GET(CtxGetCurrent, "cuCtxGetCurrent");
     GET(CtxSynchronize, "cuCtxSynchronize");
     GET(MemAlloc, "cuMemAlloc");
     GET(MemFree, "cuMemFree");
@@ -152,6 +160,8 @@ static void load(void)
     GET2(EndCapture, "cuStreamEndCapture");
     GET2(IsCapturing, "cuStreamIsCapturing");
     GET(GraphDestroy, "cuGraphDestroy");
+    GET(MemcpyHtoD, "cuMemcpyHtoD");
+    GET(MemcpyDtoH, "cuMemcpyDtoH");
     loaded = drv.Init && drv.PrimaryCtxRetain && drv.PrimaryCtxReset && drv.CtxSetCurrent &&
              drv.MemAlloc && drv.MemFree && drv.MemAllocAsync[1] && drv.MemFreeAsync[1] &&
              drv.StreamCreate && drv.BeginCapture[1] && drv.EndCapture[1] && drv.IsCapturing[1] &&
@@ -219,7 +229,10 @@ static cudaError_t ready(void)
     if (sticky != cudaSuccess)
         return sticky;
     if (!tls_bound) {
-        CUcontext c;
+        CUcontext c = NULL;
+        /* A context the program made current (cuCtxCreate's, say) is the one used. */
+        if (drv.CtxGetCurrent != NULL && drv.CtxGetCurrent(&c) == CUDA_SUCCESS && c != NULL)
+            return cudaSuccess;
         CUresult r = drv.PrimaryCtxRetain(&c, tls_dev);
         if (r == CUDA_SUCCESS)
             r = drv.CtxSetCurrent(c);
@@ -453,4 +466,25 @@ RT_API cudaError_t cudaGraphDestroy(cudaGraph_t g)
 {
     READY();
     return ret(from_cu(drv.GraphDestroy((CUgraph)g)));
+}
+
+RT_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    READY();
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        memmove(dst, src, n);
+        return cudaSuccess;
+    case cudaMemcpyHostToDevice:
+        return ret(drv.MemcpyHtoD ? from_cu(drv.MemcpyHtoD(DP(dst), src, n))
+                                  : cudaErrorNotSupported);
+    case cudaMemcpyDeviceToHost:
+        return ret(drv.MemcpyDtoH ? from_cu(drv.MemcpyDtoH(dst, DP(src), n))
+                                  : cudaErrorNotSupported);
+    case cudaMemcpyDeviceToDevice:
+    case cudaMemcpyDefault:
+        return ret(cudaErrorNotSupported); /* not needed by the tests */
+    default:
+        return ret(cudaErrorInvalidMemcpyDirection);
+    }
 }

@@ -21,6 +21,7 @@ size_t fake_cuda_count(const char *name);
 size_t fake_cuda_ncalls(void);
 const char *fake_cuda_call(size_t i, uint64_t *a, uint64_t *b);
 void fake_cuda_hold(bool on);
+void fake_cuda_fail(const char *name, unsigned count, CUresult res);
 void fake_cuda_fault(int dev, CUresult res);
 unsigned long long fake_cuda_handle_types(void);
 void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, never ours */
@@ -499,6 +500,88 @@ static int free0(void)
     return 0;
 }
 
+/* The runtime binds a context on every thread that makes a runtime call (the first
+ * cudaMalloc of a new thread included), so driver calls after it work there. */
+static void *thread_ctx_body(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    CUcontext c = NULL;
+    if (cudaMalloc(&p, MiB) != cudaSuccess || p == NULL)
+        return "cudaMalloc failed";
+    if (cuCtxGetCurrent(&c) != CUDA_SUCCESS || c == NULL)
+        return "no current context after cudaMalloc";
+    if (cuMemsetD8Async(DP(p), 1, MiB, NULL) != CUDA_SUCCESS)
+        return "cuMemsetD8Async failed";
+    if (cuStreamSynchronize(NULL) != CUDA_SUCCESS)
+        return "cuStreamSynchronize failed";
+    if (cudaFree(p) != cudaSuccess)
+        return "cudaFree failed";
+    return NULL;
+}
+
+static int threadctx(void)
+{
+    CHECK(cudaFree(NULL) == cudaSuccess);
+    pthread_t t;
+    void *why = NULL;
+    CHECK(pthread_create(&t, NULL, thread_ctx_body, NULL) == 0);
+    CHECK(pthread_join(t, &why) == 0);
+    if (why != NULL)
+        fprintf(stderr, "thread: %s\n", (const char *)why);
+    CHECK(why == NULL);
+    return 0;
+}
+
+/* Memory of a context made with cuCtxCreate is that context's own: a kernel (here a
+ * memset) of the context works on what cuMemAlloc gave it there. */
+static int ctxcreate(void)
+{
+    CUcontext x = NULL;
+    CUdeviceptr d = 0;
+    unsigned char out[256];
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CHECK(cuCtxCreate(&x, NULL, 0, 0) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    CHECK(cuMemsetD8Async(d, 0x5a, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH(out, d + MiB - sizeof out, sizeof out) == CUDA_SUCCESS);
+    for (size_t i = 0; i < sizeof out; i++)
+        CHECK(out[i] == 0x5a);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    /* The runtime allocates in the current context too. */
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cuMemsetD8Async(DP(p), 0x6b, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH(out, DP(p), sizeof out) == CUDA_SUCCESS);
+    for (size_t i = 0; i < sizeof out; i++)
+        CHECK(out[i] == 0x6b);
+    CHECK(cudaFree(p) == cudaSuccess);
+    CHECK(cuCtxDestroy(x) == CUDA_SUCCESS);
+    return 0;
+}
+
+/* A cuCtxDestroy of the primary context that the driver refuses changes nothing: the
+ * program's live block stays usable and its free succeeds. */
+static int destroyrefused(void)
+{
+    CUcontext pc = NULL;
+    CUdeviceptr d = 0;
+    unsigned char out[256];
+    CHECK(bind_ctx(&pc) == 0);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    fake_cuda_fail("cuCtxDestroy", 1, CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(cuCtxDestroy(pc) == CUDA_ERROR_INVALID_CONTEXT);
+    CHECK(cuMemsetD8Async(d, 3, MiB, NULL) == CUDA_SUCCESS);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(cuMemcpyDtoH(out, d, sizeof out) == CUDA_SUCCESS);
+    for (size_t i = 0; i < sizeof out; i++)
+        CHECK(out[i] == 3);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    return 0;
+}
+
 /* PyTorch's pluggable allocator: a block used on the default stream (record_stream with
  * stream 0, torch's default stream) is not reused before that stream's work is done. */
 static int recstream0(void)
@@ -620,27 +703,18 @@ int main(int argc, char **argv)
         const char *name;
         int (*fn)(void);
     } scen[] = {
-        {"lookup", lookup},
-        {"procaddr", procaddr},
-        {"reset", reset},
-        {"foreign", foreign},
-        {"freeasync0", freeasync0},
-        {"capture", capture},
-        {"lasterror", lasterror},
-        {"fork", forked},
-        {"fork_sim", forked_sim},
-        {"oom", oom},
-        {"managed", managed},
-        {"managed_old", managed_old},
-        {"range", range},
-        {"handles", handles},
-        {"static", staticrt},
-        {"doublefree", doublefree},
-        {"free0", free0},
-        {"recstream0", recstream0},
-        {"orderedfree", orderedfree},
-        {"dlsymcache", dlsymcache},
-        {"earlymark", earlymark},
+        {"lookup", lookup},         {"procaddr", procaddr},
+        {"reset", reset},           {"foreign", foreign},
+        {"freeasync0", freeasync0}, {"capture", capture},
+        {"lasterror", lasterror},   {"fork", forked},
+        {"fork_sim", forked_sim},   {"oom", oom},
+        {"managed", managed},       {"managed_old", managed_old},
+        {"range", range},           {"handles", handles},
+        {"static", staticrt},       {"doublefree", doublefree},
+        {"free0", free0},           {"threadctx", threadctx},
+        {"ctxcreate", ctxcreate},   {"destroyrefused", destroyrefused},
+        {"recstream0", recstream0}, {"orderedfree", orderedfree},
+        {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -3,6 +3,7 @@
  * a GPU would break the drop-in. One test per item; each runs one scenario of prog_gpurt
  * under LD_PRELOAD and asserts it exits 0 (its stderr says which check failed). */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
@@ -40,6 +41,29 @@ static int run_expect(const char *scenario, const char *extra, int expect)
     assert_true(WIFEXITED(st));
     if (WEXITSTATUS(st) != expect)
         fprintf(stderr, "prog_gpurt %s (exit %d):\n%s", scenario, WEXITSTATUS(st), out);
+    return WEXITSTATUS(st);
+}
+
+/* Runs prog_local MODE LIB, under the drop-in when preload; returns its exit status and
+ * prints its output when it is not 0. */
+static int run_local(const char *mode, const char *lib, bool preload)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "env MEMTRACE_LIBCUDA='%s' MEMTRACE_BACKEND=cuda MEMTRACE_PROF=off "
+             "MEMTRACE_LOG_LEVEL=error LD_PRELOAD='%s' '%s' %s '%s' 2>&1",
+             env("MT_FAKE_CUDA"), preload ? env("MT_PRELOAD") : "", env("MT_PROG_LOCAL"), mode,
+             lib);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char out[8192];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) != 0)
+        fprintf(stderr, "prog_local %s%s (exit %d):\n%s", mode, preload ? " (preload)" : "",
+                WEXITSTATUS(st), out);
     return WEXITSTATUS(st);
 }
 
@@ -185,6 +209,50 @@ static void test_early_mark_makes_no_context(void **state)
     assert_int_equal(run("earlymark", NULL), 0);
 }
 
+/* The runtime in a plugin's local scope (dlopen RTLD_LOCAL of a library linked to it):
+ * the drop-in's forwarded calls must still reach it, with the runtime's own codes. The
+ * same run without the drop-in shows the sequence holds on the runtime alone. */
+static void test_runtime_in_plugin_scope(void **state)
+{
+    (void)state;
+    assert_int_equal(run_local("plugin", env("MT_PLUGIN_LOCAL"), false), 0);
+    assert_int_equal(run_local("plugin", env("MT_PLUGIN_LOCAL"), true), 0);
+}
+
+/* The runtime itself opened RTLD_LOCAL, its entry points found by dlsym (ctypes): a bad
+ * copy's cudaErrorInvalidMemcpyDirection must reach cudaGetLastError. */
+static void test_runtime_opened_local(void **state)
+{
+    (void)state;
+    assert_int_equal(run_local("direct", env("MT_FAKE_CUDART"), false), 0);
+    assert_int_equal(run_local("direct", env("MT_FAKE_CUDART"), true), 0);
+}
+
+/* After cudaFree(0) on the main thread, a new thread's first cudaMalloc leaves a current
+ * context there, as the runtime does: a driver memset on the block works. */
+static void test_thread_malloc_binds_context(void **state)
+{
+    (void)state;
+    assert_int_equal(run("threadctx", NULL), 0);
+}
+
+/* A context made with cuCtxCreate gets memory its own kernels may use: with plain
+ * segments (cuMemAlloc memory, owned by the primary context) and with the default
+ * expandable ones (VMM mappings, open to every context of the device). */
+static void test_created_context_memory_is_its_own(void **state)
+{
+    (void)state;
+    assert_int_equal(run("ctxcreate", "MEMTRACE_ALLOC_CONF=rules:reference"), 0);
+    assert_int_equal(run("ctxcreate", NULL), 0);
+}
+
+/* A refused cuCtxDestroy of the primary context leaves memtrace's blocks in place. */
+static void test_refused_destroy_keeps_blocks(void **state)
+{
+    (void)state;
+    assert_int_equal(run("destroyrefused", NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -206,6 +274,11 @@ int main(void)
         cmocka_unit_test(test_ordered_free_no_device_sync),
         cmocka_unit_test(test_runtime_lookups_cached),
         cmocka_unit_test(test_early_mark_makes_no_context),
+        cmocka_unit_test(test_runtime_in_plugin_scope),
+        cmocka_unit_test(test_runtime_opened_local),
+        cmocka_unit_test(test_thread_malloc_binds_context),
+        cmocka_unit_test(test_created_context_memory_is_its_own),
+        cmocka_unit_test(test_refused_destroy_keeps_blocks),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
