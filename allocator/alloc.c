@@ -213,6 +213,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     if (a == NULL)
         return MT_ENOMEM;
     a->cfg = *cfg;
+    if (!mt_event_sink_records(cfg->sink))
+        a->cfg.sink = NULL; /* a profiler that is off costs nothing: no sink at all */
     a->backend = cfg->backend;
     a->device = mt_backend_device(a->backend);
     size_t free_b = 0, total_b = 0;
@@ -243,7 +245,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     }
     if (cfg->atfork && (rc = mt__alloc_fork_register()) != 0)
         goto fail_fork;
-    mt__clock_init(&a->clk, cfg->sink != NULL); /* calibrating costs 50 us */
+    mt__clock_init(&a->clk, a->cfg.sink != NULL); /* calibrating costs 50 us */
     a->stats_period_ns = (uint64_t)cfg->stats_period_ms * 1000000u;
     a->stats_next_ns = a->clk.last_ns + a->stats_period_ns; /* not at once: config says it */
     a->st.capacity = a->capacity;

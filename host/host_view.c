@@ -346,7 +346,7 @@ int mt_host_cache_create(mt_host_cache_t **out, const mt_host_cfg_t *cfg)
     rc = mt_stream_create(cfg->backend, &h->owner);
     if (rc != 0)
         goto fail;
-    h->sink = (cfg->sink != NULL && cfg->sink->emit != NULL) ? cfg->sink : NULL;
+    h->sink = mt_event_sink_records(cfg->sink) ? cfg->sink : NULL;
     h->relabel = (mt_event_sink_t){
         .emit = relabel_emit, .emit_n = relabel_emit_n, .stack = relabel_stack, .ud = h};
 

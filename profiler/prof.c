@@ -242,6 +242,12 @@ int mt_prof_oom_interval_ms(unsigned *ms)
     return 0;
 }
 
+/* OFF is decided at create (mt_prof_create) and final. */
+static bool sink_recording(void *ud)
+{
+    return mode_of(ud) != MT_PROF_OFF;
+}
+
 const mt_event_sink_t *mt_prof_sink(mt_prof_t *p)
 {
     return &p->sink;
@@ -289,6 +295,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.emit_n = sink_emit_n;
     p->sink.oom_note = sink_oom_note;
     p->sink.stack = sink_stack;
+    p->sink.recording = sink_recording;
     p->sink.ud = p;
     p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
                                                                              : MT_STACKS_SAMPLED;

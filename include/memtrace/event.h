@@ -7,6 +7,8 @@
 #ifndef MEMTRACE_EVENT_H
 #define MEMTRACE_EVENT_H
 
+#include <stdbool.h>
+
 #include "memtrace/common.h"
 
 #ifdef __cplusplus
@@ -155,7 +157,17 @@ typedef struct mt_event_sink_s {
      * sink's own locks). Returns a stack id, or 0 for none (not sampled, stacks off). With an id,
      * the allocator emits MT_EV_STACK_REF then MT_EV_ALLOC in one batch. */
     uint32_t (*stack)(void *ud, uint64_t bytes, int pool, int mode);
+    /* Optional: false when the sink records nothing and never will (a profiler created
+     * off). An allocator or cache given such a sink, asked once at create, works as with
+     * none: it emits nothing and keeps its thread caches on. NULL: it records. */
+    bool (*recording)(void *ud);
 } mt_event_sink_t;
+
+/* Whether s is a sink that records (not NULL, with emit, and recording() not false). */
+static inline bool mt_event_sink_records(const mt_event_sink_t *s)
+{
+    return s != NULL && s->emit != NULL && (s->recording == NULL || s->recording(s->ud));
+}
 
 /* ---- tag labels (MT_EV_TAG_LABEL) ----
  * Events carry only a tag id; the allocator announces each user tag's label once, when it

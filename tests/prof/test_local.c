@@ -20,6 +20,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "allocator/internal.h"
+#include "memtrace/alloc.h"
+#include "memtrace/backend.h"
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
 #include "tests/common/test_main.h"
@@ -270,6 +273,44 @@ static void test_off_mode(void **state)
     assert_int_equal(st.mode, MT_PROF_OFF);
     assert_null(mt_prof_log_path(p));
     mt_prof_destroy(&p);
+}
+
+/* A profiler that is off costs nothing: an allocator given its sink works as with none (no
+ * sink, thread caches on), and one given a recording profiler's sink keeps it. */
+static void test_off_profiler_is_no_sink(void **state)
+{
+    (void)state;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    for (int mode = MT_PROF_LOG; mode <= MT_PROF_OFF; mode += MT_PROF_OFF - MT_PROF_LOG) {
+        mt_prof_cfg_t cfg = mt_prof_cfg_default();
+        cfg.mode = mode;
+        cfg.log_path = "/dev/null";
+        mt_prof_t *p = NULL;
+        assert_int_equal(mt_prof_create(&p, &cfg), 0);
+        mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+        ac.backend = b;
+        ac.sink = mt_prof_sink(p);
+        mt_alloc_t *a = NULL;
+        assert_int_equal(mt_alloc_create(&a, &ac), 0);
+        void *x = NULL;
+        assert_int_equal(mt_alloc_malloc(a, 65536, NULL, MT_TAG_ACTIVATIONS, &x), 0);
+        assert_int_equal(mt_alloc_free(a, x), 0);
+        bool off = mode == MT_PROF_OFF;
+        assert_true((a->cfg.sink == NULL) == off);
+        assert_int_equal(__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED), off ? 1 : 0);
+        mt_prof_stats_t st;
+        mt_prof_stats(p, &st);
+        if (off)
+            assert_int_equal(st.emitted, 0); /* nothing even reached the sink */
+        else
+            assert_true(st.emitted > 0);
+        mt_alloc_destroy(&a);
+        mt_prof_destroy(&p);
+    }
+    mt_backend_destroy(&b);
 }
 
 /* The null device is a log a user may ask for (MEMTRACE_LOG=/dev/null discards events):
@@ -636,6 +677,7 @@ int main(void)
         cmocka_unit_test(test_log_mode_drops_counted),
         cmocka_unit_test(test_log_names_from_stream),
         cmocka_unit_test(test_off_mode),
+        cmocka_unit_test(test_off_profiler_is_no_sink),
         cmocka_unit_test(test_log_to_dev_null),
         cmocka_unit_test(test_auto_degrades_to_off),
         cmocka_unit_test(test_env_mode),
