@@ -76,6 +76,9 @@ void mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
                         const char *(*tag_name)(void *, int), void *ud);
 /* Waits until the snapshot handed to the writer, if any, is written (or failed). */
 void mt__oomsnap_flush(mt__oomsnap_t *s);
+/* Walks the follower's invariants (segment map, live blocks and their address table): 0, or
+ * MT_EPROTO with the first violation in why (may be NULL). Caller: as for record. */
+int mt__oomsnap_check(const mt__oomsnap_t *s, char *why, size_t whylen);
 /* Snapshots written so far, and OOMs that got none. */
 void mt__oomsnap_stats(mt__oomsnap_t *s, uint64_t *written, uint64_t *suppressed);
 
