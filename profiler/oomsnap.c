@@ -27,11 +27,7 @@
 
 #define OOMSNAP_RECENT 4096 /* events kept for the trace */
 
-/* A live block: alloc seen, free_completed not. */
-typedef struct blk_s {
-    uint64_t addr, size, requested; /* bytes; requested 0 unknown */
-    uint8_t tag, pending, device;   /* pending: free requested, still occupying */
-} blk_t;
+typedef mt__oomsnap_block_t blk_t;
 
 /* A snapshot on its way to the disk: both files, serialised. */
 typedef struct job_s {
@@ -262,6 +258,14 @@ static void follow(mt__oomsnap_t *s, const mt_event_rec_t *ev)
         break;
     }
     mt_assert_expensive(mt__oomsnap_check(s, NULL, 0) == 0);
+}
+
+void mt__oomsnap_view(const mt__oomsnap_t *s, const mt__segmap_t **segs,
+                      const mt__oomsnap_block_t **blocks, size_t *nblocks)
+{
+    *segs = &s->segs;
+    *blocks = s->blocks;
+    *nblocks = s->nblocks;
 }
 
 int mt__oomsnap_check(const mt__oomsnap_t *s, char *why, size_t whylen)
