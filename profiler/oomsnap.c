@@ -1,6 +1,7 @@
 /* OOM snapshots (docs/torch-snapshot.md): the files' rules, shared with the daemon, and the
  * recorder's own snapshot when there is no daemon. In local mode the drainer follows the
- * events (segments, live blocks, the last OOMSNAP_RECENT events) and at each OOM writes
+ * events (segments through util/segmap, the analysis model's reading of them; live blocks;
+ * the last OOMSNAP_RECENT events) and at each OOM writes
  * oom-<pid>-dev<d>-<n>.pickle, a PyTorch 2.x snapshot, and .json, the same as memtrace
  * JSON, into the OOM directory: the name the allocator's message already gave. A program
  * that catches OOMs and retries makes thousands a second: the first gets a snapshot, then
