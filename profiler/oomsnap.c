@@ -39,10 +39,10 @@ typedef struct job_s {
 } job_t;
 
 /* Invariants: segs reads the segment events as the analysis model does (util/segmap.h);
- * blocks[0..nblocks) are the live blocks, distinct addresses, and at maps each one's addr to
- * its index (at.n = nblocks); recent holds the last n events, head the next slot. The follower's
- * fields belong to the drainer (drain_lock), the writer's to mu. A job is pending or being
- * written iff busy; at most one is, so a storm holds one job's memory at most. */
+ * blocks[0..nblocks) are the live blocks, distinct addresses, and at maps each one's addr
+ * to its index (at.n = nblocks); recent holds the last n events, head the next slot. The
+ * follower's fields belong to the drainer (drain_lock), the writer's to mu. A job is pending or
+ * being written iff busy; at most one is, so a storm holds one job's memory at most. */
 struct mt__oomsnap_s {
     int pid;
     char dir[256];

@@ -25,9 +25,9 @@ typedef struct mt__seg_s {
     uint8_t uncertain;   /* known before a gap and not seen since (the model's; never joined) */
 } mt__seg_t;
 
-/* Invariants (mt__segmap_check): v[0..n) sorted by addr, disjoint (an end past 2^64
- * counts as 2^64), size > 0; n <= cap; bytes = sum of size; unc = sum of size over uncertain ones
- * <= bytes. */
+/* Invariants (mt__segmap_check): v[0..n) sorted by addr, disjoint (an end past 2^64 counts
+ * as 2^64), size > 0; n <= cap; bytes = sum of size; unc = sum of size over uncertain ones;
+ * unc <= bytes. */
 typedef struct mt__segmap_s {
     mt__seg_t *v;            /* n entries, by addr; cap allocated */
     size_t n, cap;           /* entries */
