@@ -47,7 +47,7 @@ void mt_model_destroy(mt_model_t **pm)
     for (int k = 0; k < MT_MODEL_CLASSES; k++) {
         free(m->cls[k].tab);
         free(m->cls[k].stale);
-        free(m->cls[k].segs);
+        mt__segmap_fini(&m->cls[k].segs);
         mt__model_temp_free_all(&m->cls[k]);
     }
     mt__model_iterations_free(m);
@@ -570,7 +570,7 @@ void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *o
     out->peak_reserved = c->peak_res;
     out->utilization = mt_model_utilization(out->allocated, out->reserved);
     out->blocks = c->live;
-    out->segments = c->nsegs;
+    out->segments = c->segs.n;
     /* At most allocated - known bytes of the uncertain blocks can still be live. */
     mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
     out->uncertain_bytes = mt__model_sat(c->unc < room ? c->unc : room);
@@ -578,7 +578,7 @@ void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *o
     out->unmatched_frees = c->unmatched_frees;
     /* Pending uncertain blocks count in no figure but the free extents: they alone do not
      * make the class uncertain. */
-    out->uncertain = c->unc > 0 || c->seg_unc > 0 || out->untracked_bytes > 0;
+    out->uncertain = c->unc > 0 || c->segs.unc > 0 || out->untracked_bytes > 0;
 }
 
 int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)

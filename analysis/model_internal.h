@@ -4,6 +4,7 @@
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
 #include "analysis/model.h"
+#include "util/segmap.h"
 
 /* Exact sums: a class has at most MT_EVENT_SOURCES sources and any number of blocks of
  * up to 2^64 - 1 bytes; 128 bits hold every sum the model keeps, and figures saturate to
@@ -49,8 +50,8 @@ typedef struct mt__range_s {
  *   tag_peak[t] >= min(tag_bytes[t], UINT64_MAX);
  *   nuncertain = #FULL uncertain blocks, each of them in stale[0..nstale) (same addr, size);
  *   stale sorted by addr; unc_max >= size of every FULL, !pending, uncertain block;
- *   segs sorted by addr, disjoint, size > 0; seg_bytes = sum size; seg_unc = sum over
- *   uncertain segs; seg_unc_max >= size of every uncertain seg;
+ *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
+ *   seg_unc_max >= size of every uncertain seg;
  *   asum/rsum = sum over the class's sources of src_alloc/src_res;
  *   peak_alloc >= sat(asum), peak_res >= sat(rsum). */
 typedef struct mt__mclass_s {
@@ -69,12 +70,10 @@ typedef struct mt__mclass_s {
     size_t nuncertain;               /* FULL uncertain blocks (pending ones too) */
     mt__range_t *stale;              /* uncertain blocks by addr; entries may be dead */
     size_t nstale, stale_cap;
-    mt_model_seg_t *segs; /* nsegs, by addr (used is not kept here: 0) */
-    size_t nsegs, segs_cap;
-    mt__u128 seg_bytes, seg_unc; /* bytes of all segments, of uncertain ones */
-    uint64_t seg_unc_max;        /* bytes, bound on an uncertain segment's size */
-    uint64_t unmatched_frees;    /* frees of blocks never seen allocated */
-    bool had_gap;                /* a gap happened (figures may be uncertain) */
+    mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
+    uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
+    uint64_t unmatched_frees; /* frees of blocks never seen allocated */
+    bool had_gap;             /* a gap happened (figures may be uncertain) */
     /* call stacks (model_stacks.c): the model's table, this class's index in it, the
      * count of times allocated rose to a new peak (per-stack peak figures are taken
      * lazily against it), and the stack of the alloc being applied */

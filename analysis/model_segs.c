@@ -1,11 +1,7 @@
 /* The model's segment map: segments (segment_alloc/free) and mapped pages of expandable
- * segments (segment_map/unmap), and the free extents they leave around the blocks.
- *
- * One unmap may cover pages of several maps (the allocator maps an expandable segment
- * piece by piece and releases it at once): unmapping cuts [addr, addr + size) out of
- * whatever it overlaps. Pages mapped right after mapped pages of the same stream and
- * pool extend them, so an expandable segment is one range as the allocator's snapshot
- * shows it. A new segment or mapping proves whatever overlapped it gone. */
+ * segments (segment_map/unmap), read by util/segmap.h (the reading the recorder's OOM
+ * snapshot shares), with what only the model knows: segments left uncertain by a gap, and
+ * the free extents the segments leave around the blocks. */
 #include "analysis/model_internal.h"
 
 #include <stdio.h>
@@ -20,90 +16,19 @@ static uint64_t end_of(uint64_t addr, uint64_t size)
     return size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
 }
 
-/* First index whose segment starts at or after addr. */
-static size_t seg_lower(const mt__mclass_t *c, uint64_t addr)
-{
-    size_t lo = 0, hi = c->nsegs;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (c->segs[mid].addr < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-static int seg_insert_at(mt__mclass_t *c, size_t i, const mt_model_seg_t *s)
-{
-    if (c->nsegs == c->segs_cap) {
-        size_t cap = c->segs_cap ? 2 * c->segs_cap : 16;
-        mt_model_seg_t *v = realloc(c->segs, cap * sizeof(*v));
-        if (!v)
-            return MT_ENOMEM;
-        c->segs = v;
-        c->segs_cap = cap;
-    }
-    /* Segments stay sorted and disjoint: callers cut what overlapped first. */
-    mt_assert(i == 0 || end_of(c->segs[i - 1].addr, c->segs[i - 1].size) <= s->addr);
-    mt_assert(i == c->nsegs || end_of(s->addr, s->size) <= c->segs[i].addr);
-    memmove(&c->segs[i + 1], &c->segs[i], (c->nsegs - i) * sizeof(*s));
-    c->segs[i] = *s;
-    c->nsegs++;
-    c->seg_bytes += s->size;
-    if (s->uncertain)
-        c->seg_unc += s->size;
-    return 0;
-}
-
-static void seg_remove_at(mt__mclass_t *c, size_t i)
-{
-    const mt_model_seg_t *s = &c->segs[i];
-    c->seg_bytes -= s->size;
-    if (s->uncertain)
-        c->seg_unc -= s->size;
-    memmove(&c->segs[i], &c->segs[i + 1], (c->nsegs - i - 1) * sizeof(*s));
-    c->nsegs--;
-}
-
 void mt__model_segs_mark_uncertain(mt__mclass_t *c)
 {
-    c->seg_unc = c->seg_bytes;
-    for (size_t i = 0; i < c->nsegs; i++) {
-        c->segs[i].uncertain = 1;
-        if (c->segs[i].size > c->seg_unc_max)
-            c->seg_unc_max = c->segs[i].size;
+    for (size_t i = 0; i < c->segs.n; i++) {
+        mt__segmap_set_uncertain(&c->segs, i, true);
+        if (c->segs.v[i].size > c->seg_unc_max)
+            c->seg_unc_max = c->segs.v[i].size;
     }
 }
 
 int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
 {
-    uint64_t end = end_of(addr, size);
-    size_t i = seg_lower(c, addr);
-    i = i > 0 ? i - 1 : 0; /* the one before may reach into the range */
-    int rc = 0;
-    while (rc == 0 && i < c->nsegs && c->segs[i].addr < end) {
-        mt_model_seg_t s = c->segs[i];
-        uint64_t send = end_of(s.addr, s.size);
-        if (send <= addr) {
-            i++;
-            continue;
-        }
-        seg_remove_at(c, i);
-        if (s.addr < addr) {
-            mt_model_seg_t left = s;
-            left.size = addr - s.addr;
-            rc = seg_insert_at(c, i++, &left);
-        }
-        if (rc == 0 && send > end) {
-            mt_model_seg_t right = s;
-            right.addr = end;
-            right.size = send - end;
-            rc = seg_insert_at(c, i++, &right);
-        }
-    }
+    int rc = mt__segmap_cut(&c->segs, addr, size);
     mt__model_drop_uncertain_in(c, addr, size);
-    mt_assert(c->seg_unc <= c->seg_bytes);
     return rc;
 }
 
@@ -111,84 +36,45 @@ int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped)
 {
     if (ev->size == 0)
         return 0;
-    int rc = mt__model_seg_cut(c, ev->addr, ev->size);
-    if (rc != 0)
-        return rc;
-    size_t i = seg_lower(c, ev->addr);
-    mt_model_seg_t *prev = i > 0 ? &c->segs[i - 1] : NULL;
-    mt_model_seg_t *next = i < c->nsegs ? &c->segs[i] : NULL;
-    /* Mapped pages of one (pool, stream) that touch mapped pages on either side are one
-     * expandable segment with them: the allocator maps at a run's end, at its start, or
-     * into the gap between two runs (which then join). */
-    bool with_prev = mapped && prev && prev->mapped && !prev->uncertain && prev->pool == ev->pool &&
-                     prev->stream == ev->stream && end_of(prev->addr, prev->size) == ev->addr &&
-                     ev->size <= UINT64_MAX - prev->size;
-    bool with_next = mapped && next && next->mapped && !next->uncertain && next->pool == ev->pool &&
-                     next->stream == ev->stream && end_of(ev->addr, ev->size) == next->addr &&
-                     ev->size <= UINT64_MAX - next->size;
-    if (with_prev && with_next && next->size <= UINT64_MAX - prev->size - ev->size) {
-        uint64_t more = next->size;
-        seg_remove_at(c, i);
-        prev = &c->segs[i - 1];
-        prev->size += ev->size + more;
-        c->seg_bytes += ev->size + more;
-        return 0;
-    }
-    if (with_prev) {
-        prev->size += ev->size;
-        c->seg_bytes += ev->size;
-        return 0;
-    }
-    if (with_next) {
-        next->addr = ev->addr;
-        next->size += ev->size;
-        c->seg_bytes += ev->size;
-        return 0;
-    }
-    mt_model_seg_t s = {.addr = ev->addr,
-                        .size = ev->size,
-                        .stream = ev->stream,
-                        .pool = ev->pool,
-                        .mapped = mapped ? 1 : 0};
-    return seg_insert_at(c, i, &s);
+    mt__seg_t s = {.addr = ev->addr,
+                   .size = ev->size,
+                   .stream = ev->stream,
+                   .device = ev->device,
+                   .pool = ev->pool,
+                   .mapped = mapped ? 1 : 0};
+    /* What the new range overlapped is gone, uncertain blocks in it too. */
+    mt__model_drop_uncertain_in(c, ev->addr, ev->size);
+    return mt__segmap_add(&c->segs, &s);
 }
 
 void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr)
 {
-    if (c->seg_unc == 0)
+    if (c->segs.unc == 0)
         return;
-    size_t i = seg_lower(c, addr);
-    if (i == c->nsegs || c->segs[i].addr != addr) {
-        if (i == 0)
-            return;
-        i--;
-    }
-    mt_model_seg_t *s = &c->segs[i];
-    if (s->uncertain && addr - s->addr < s->size) {
-        s->uncertain = 0;
-        c->seg_unc -= s->size;
-    }
+    ptrdiff_t i = mt__segmap_find(&c->segs, addr);
+    if (i >= 0)
+        mt__segmap_set_uncertain(&c->segs, (size_t)i, false);
 }
 
 void mt__model_segs_prune(mt__mclass_t *c)
 {
-    if (c->seg_unc == 0) {
+    if (c->segs.unc == 0) {
         c->seg_unc_max = 0;
         return;
     }
-    mt__u128 certain = c->seg_bytes - c->seg_unc;
+    mt__u128 certain = c->segs.bytes - c->segs.unc;
     mt__u128 room = c->rsum > certain ? c->rsum - certain : 0;
     if ((mt__u128)c->seg_unc_max <= room)
         return;
     uint64_t max = 0;
-    for (size_t i = 0; i < c->nsegs;) {
-        mt_model_seg_t s = c->segs[i];
+    for (size_t i = 0; i < c->segs.n;) {
+        mt__seg_t s = c->segs.v[i];
         if (!s.uncertain) {
             i++;
             continue;
         }
         if ((mt__u128)s.size > room) {
-            seg_remove_at(c, i);
+            mt__segmap_remove_at(&c->segs, i);
             mt__model_drop_uncertain_in(c, s.addr, s.size);
             continue;
         }
@@ -235,16 +121,17 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
     if (!blk)
         return MT_ENOMEM;
     if (map) {
-        map->segs = malloc((c->nsegs ? c->nsegs : 1) * sizeof(*map->segs));
+        map->segs = malloc((c->segs.n ? c->segs.n : 1) * sizeof(*map->segs));
         if (!map->segs) {
             free(blk);
             return MT_ENOMEM;
         }
-        map->nsegs = c->nsegs;
+        map->nsegs = c->segs.n;
     }
     mt__u128 sum = 0;
-    for (size_t i = 0; i < c->nsegs; i++) {
-        uint64_t a = c->segs[i].addr, e = end_of(a, c->segs[i].size), cur = a, used = 0;
+    for (size_t i = 0; i < c->segs.n; i++) {
+        const mt__seg_t *g = &c->segs.v[i];
+        uint64_t a = g->addr, e = end_of(a, g->size), cur = a, used = 0;
         while (k < nb && end_of(blk[k].addr, blk[k].size) <= a)
             k++;
         for (size_t j = k; j < nb && blk[j].addr < e; j++) {
@@ -264,10 +151,14 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
             sum += e - cur;
             *largest = e - cur > *largest ? e - cur : *largest;
         }
-        if (map) {
-            map->segs[i] = c->segs[i];
-            map->segs[i].used = used;
-        }
+        if (map)
+            map->segs[i] = (mt_model_seg_t){.addr = g->addr,
+                                            .size = g->size,
+                                            .used = used,
+                                            .stream = g->stream,
+                                            .pool = g->pool,
+                                            .mapped = g->mapped,
+                                            .uncertain = g->uncertain};
     }
     *total = mt__model_sat(sum);
     free(blk);
@@ -278,31 +169,12 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
 
 int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen)
 {
-    mt__u128 bytes = 0, unc = 0;
-    for (size_t i = 0; i < c->nsegs; i++) {
-        const mt_model_seg_t *s = &c->segs[i];
-        bool ok =
-            s->size > 0 && (i == 0 || end_of(c->segs[i - 1].addr, c->segs[i - 1].size) <= s->addr);
-        if (!ok) {
+    int rc = mt__segmap_check(&c->segs, why, whylen);
+    for (size_t i = 0; rc == 0 && i < c->segs.n; i++)
+        if (c->segs.v[i].uncertain && c->segs.v[i].size > c->seg_unc_max) {
             if (why)
-                snprintf(why, whylen, "segment %zu at %#llx: empty, unsorted or overlapping", i,
-                         (unsigned long long)s->addr);
-            return MT_EPROTO;
+                snprintf(why, whylen, "uncertain segment above seg_unc_max");
+            rc = MT_EPROTO;
         }
-        bytes += s->size;
-        if (s->uncertain) {
-            unc += s->size;
-            if (s->size > c->seg_unc_max) {
-                if (why)
-                    snprintf(why, whylen, "uncertain segment above seg_unc_max");
-                return MT_EPROTO;
-            }
-        }
-    }
-    if (bytes != c->seg_bytes || unc != c->seg_unc) {
-        if (why)
-            snprintf(why, whylen, "segment byte sums differ from the segments");
-        return MT_EPROTO;
-    }
-    return 0;
+    return rc;
 }

@@ -6,70 +6,19 @@
 
 #include "analysis/report.h"
 #include "analysis/trace_csv.h"
+#include "util/addrmap.h"
 
-/* An open allocation: its address, slot and stream index. Open addressing by addr. */
-typedef struct open_s {
-    uint64_t addr; /* 0: empty slot (a block at address 0 is not replayed) */
-    uint32_t slot;
-    uint16_t stream;
-    uint8_t dead; /* closed: skipped by lookups, reused by inserts of the same addr */
-} open_t;
-
-/* Invariant: the trace's ops and the open table agree: an addr is open iff an allocate of
- * it has no free yet. */
+/* Invariant: the trace's ops and the open table agree: an addr is in open iff an allocate
+ * of it has no free yet; its value is the allocate's slot | stream index << 32. */
 typedef struct build_s {
     mt_trace_t *t;
     size_t cap_ops, cap_streams;
-    open_t *tab;
-    size_t cap, used;
+    mt__amap_t open; /* addr -> slot | stream << 32 (a block at address 0 is not replayed) */
     uint64_t live_bytes;
     size_t live;
     uint64_t *size_of; /* bytes by slot */
     size_t cap_slots;
 } build_t;
-
-static size_t hash64(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-static open_t *find(build_t *b, uint64_t addr)
-{
-    if (b->cap == 0)
-        return NULL;
-    for (size_t j = hash64(addr) & (b->cap - 1);; j = (j + 1) & (b->cap - 1)) {
-        if (b->tab[j].addr == 0)
-            return NULL;
-        if (b->tab[j].addr == addr && !b->tab[j].dead)
-            return &b->tab[j];
-    }
-}
-
-static int grow(build_t *b)
-{
-    size_t cap = b->cap ? 2 * b->cap : 1024;
-    open_t *t = calloc(cap, sizeof *t);
-    if (t == NULL)
-        return MT_ENOMEM;
-    size_t used = 0;
-    for (size_t i = 0; i < b->cap; i++) {
-        if (b->tab[i].addr == 0 || b->tab[i].dead)
-            continue;
-        size_t j = hash64(b->tab[i].addr) & (cap - 1);
-        while (t[j].addr != 0)
-            j = (j + 1) & (cap - 1);
-        t[j] = b->tab[i];
-        used++;
-    }
-    free(b->tab);
-    b->tab = t;
-    b->cap = cap;
-    b->used = used;
-    return 0;
-}
 
 static int push_op(build_t *b, const mt_trace_op_t *op)
 {
@@ -112,11 +61,9 @@ static int stream_index(build_t *b, uint32_t stream, uint16_t *out)
 static int on_alloc(build_t *b, const mt_event_rec_t *ev)
 {
     mt_trace_t *t = b->t;
-    uint64_t size = ev->requested ? ev->requested : ev->size;
-    if (ev->addr == 0 || find(b, ev->addr) != NULL || t->nslots >= UINT32_MAX)
+    uint64_t size = ev->requested ? ev->requested : ev->size, v;
+    if (ev->addr == 0 || mt__amap_get(&b->open, ev->addr, &v) == 0 || t->nslots >= UINT32_MAX)
         return 0; /* its free was lost: the allocator would refuse the address twice */
-    if ((b->used + 1) * 2 > b->cap && grow(b) != 0)
-        return MT_ENOMEM;
     if (t->nslots == b->cap_slots) {
         size_t cap = b->cap_slots ? 2 * b->cap_slots : 1024;
         uint64_t *v = realloc(b->size_of, cap * sizeof *v);
@@ -128,14 +75,11 @@ static int on_alloc(build_t *b, const mt_event_rec_t *ev)
     mt_trace_op_t op = {.size = size, .slot = (uint32_t)t->nslots, .action = MT_TRACE_ALLOCATE};
     int rc = stream_index(b, ev->stream, &op.stream);
     if (rc == 0)
-        rc = push_op(b, &op);
+        rc = mt__amap_put(&b->open, ev->addr, op.slot | (uint64_t)op.stream << 32);
+    if (rc == 0 && (rc = push_op(b, &op)) != 0)
+        mt__amap_del(&b->open, ev->addr);
     if (rc != 0)
         return rc;
-    size_t j = hash64(ev->addr) & (b->cap - 1);
-    while (b->tab[j].addr != 0)
-        j = (j + 1) & (b->cap - 1);
-    b->tab[j] = (open_t){.addr = ev->addr, .slot = op.slot, .stream = op.stream};
-    b->used++;
     b->size_of[t->nslots++] = size;
     t->nallocs++;
     b->live_bytes += size;
@@ -148,15 +92,18 @@ static int on_alloc(build_t *b, const mt_event_rec_t *ev)
 /* The program's free (free_requested; a free_completed whose request was not seen). */
 static int on_free(build_t *b, const mt_event_rec_t *ev)
 {
-    open_t *o = find(b, ev->addr);
-    if (o == NULL)
+    uint64_t v;
+    if (mt__amap_get(&b->open, ev->addr, &v) != 0)
         return 0; /* allocated before the log, or already freed */
-    mt_trace_op_t op = {
-        .size = b->size_of[o->slot], .slot = o->slot, .stream = o->stream, .action = MT_TRACE_FREE};
+    uint32_t slot = (uint32_t)v;
+    mt_trace_op_t op = {.size = b->size_of[slot],
+                        .slot = slot,
+                        .stream = (uint16_t)(v >> 32),
+                        .action = MT_TRACE_FREE};
     int rc = push_op(b, &op);
     if (rc != 0)
         return rc;
-    o->dead = 1;
+    mt__amap_del(&b->open, ev->addr);
     b->t->nfrees++;
     b->live_bytes -= op.size;
     b->live--;
@@ -190,7 +137,7 @@ int mt__report_trace(const mt__report_t *r, size_t i, mt_trace_t **out)
     if (b.t == NULL)
         return MT_ENOMEM;
     int rc = mt__report_replay(r, i, each, &b);
-    free(b.tab);
+    mt__amap_fini(&b.open);
     free(b.size_of);
     if (rc != 0) {
         mt_trace_free(&b.t);

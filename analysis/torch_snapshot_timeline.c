@@ -6,99 +6,72 @@
 
 #include "analysis/torch_snapshot_timeline.h"
 #include "memtrace/alloc.h"
+#include "util/addrmap.h"
+#include "util/grow.h"
 
-/* ---- live blocks: address -> (group, bytes), open addressing ---- */
+/* ---- live blocks: address -> (group, bytes), dense, indexed through util/addrmap ---- */
 
-/* Invariant: every used slot is reachable from its home slot by linear probing without
- * crossing an empty slot (kept by backward-shift deletion); used <= cap / 2. */
+typedef struct live_ent_s {
+    uint64_t addr; /* != 0 (an allocation at address 0 is not tracked) */
+    uint64_t size; /* bytes */
+    uint32_t group;
+} live_ent_t;
+
+/* Invariants: v[0..n) are the live blocks, distinct addresses; at maps each one's addr to
+ * its index (at.n = n); n <= cap. */
 typedef struct live_s {
-    uint64_t *addr;  /* cap; 0 = empty (an allocation at address 0 is not tracked) */
-    uint32_t *group; /* cap */
-    uint64_t *size;  /* cap, bytes */
-    size_t cap, used;
+    live_ent_t *v;
+    size_t n, cap;
+    mt__amap_t at; /* addr -> index in v */
 } live_t;
-
-static size_t home(const live_t *l, uint64_t a)
-{
-    return (size_t)((a >> 9) * 0x9E3779B97F4A7C15ull) & (l->cap - 1);
-}
 
 static void live_free(live_t *l)
 {
-    free(l->addr);
-    free(l->group);
-    free(l->size);
+    free(l->v);
+    mt__amap_fini(&l->at);
     *l = (live_t){0};
 }
 
 static int live_init(live_t *l, size_t cap)
 {
-    *l = (live_t){.cap = cap};
-    l->addr = calloc(cap, sizeof *l->addr);
-    l->group = calloc(cap, sizeof *l->group);
-    l->size = calloc(cap, sizeof *l->size);
-    if (!l->addr || !l->group || !l->size) {
-        live_free(l);
-        return MT_ENOMEM;
-    }
-    return 0;
-}
-
-static int live_put(live_t *l, uint64_t a, uint32_t g, uint64_t sz);
-
-static int live_grow(live_t *l)
-{
-    live_t n;
-    if (live_init(&n, l->cap * 2) != 0)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < l->cap; i++)
-        if (l->addr[i] != 0)
-            live_put(&n, l->addr[i], l->group[i], l->size[i]);
-    live_free(l);
-    *l = n;
-    return 0;
+    *l = (live_t){0};
+    l->v = mt__grow(NULL, &l->cap, cap, sizeof *l->v, cap);
+    return l->v != NULL ? 0 : MT_ENOMEM;
 }
 
 /* Sets a's entry (an alloc at a live address replaces what was there). */
 static int live_put(live_t *l, uint64_t a, uint32_t g, uint64_t sz)
 {
-    if ((l->used + 1) * 2 > l->cap && live_grow(l) != 0)
+    uint64_t i;
+    if (mt__amap_get(&l->at, a, &i) == 0) {
+        l->v[i] = (live_ent_t){a, sz, g};
+        return 0;
+    }
+    live_ent_t *v = mt__grow(l->v, &l->cap, l->n + 1, sizeof *v, 1024);
+    if (v == NULL)
         return MT_ENOMEM;
-    size_t i = home(l, a);
-    while (l->addr[i] != 0 && l->addr[i] != a)
-        i = (i + 1) & (l->cap - 1);
-    l->used += l->addr[i] == 0;
-    l->addr[i] = a;
-    l->group[i] = g;
-    l->size[i] = sz;
-    return 0;
+    l->v = v;
+    int rc = mt__amap_put(&l->at, a, l->n);
+    if (rc == 0)
+        l->v[l->n++] = (live_ent_t){a, sz, g};
+    return rc;
 }
 
-/* Removes a's entry into *g, *sz; false when a is not live. */
+/* Removes a's entry into *g, *sz; false when a is not live. The last entry moves into its
+ * place. */
 static bool live_take(live_t *l, uint64_t a, uint32_t *g, uint64_t *sz)
 {
-    size_t i = home(l, a);
-    while (l->addr[i] != a) {
-        if (l->addr[i] == 0)
-            return false;
-        i = (i + 1) & (l->cap - 1);
+    uint64_t i;
+    if (mt__amap_get(&l->at, a, &i) != 0)
+        return false;
+    *g = l->v[i].group;
+    *sz = l->v[i].size;
+    mt__amap_del(&l->at, a);
+    if (i + 1 < l->n) {
+        l->v[i] = l->v[l->n - 1];
+        mt__amap_put(&l->at, l->v[i].addr, i); /* replaces: no allocation */
     }
-    *g = l->group[i];
-    *sz = l->size[i];
-    l->addr[i] = 0;
-    l->used--;
-    for (size_t j = (i + 1) & (l->cap - 1); l->addr[j] != 0; j = (j + 1) & (l->cap - 1)) {
-        size_t h = home(l, l->addr[j]);
-        /* j's entry may move to the hole i when its home is not in (i, j] cyclically. */
-        bool stays = i <= j ? (h > i && h <= j) : (h > i || h <= j);
-        if (!stays) {
-            l->addr[i] = l->addr[j];
-            l->group[i] = l->group[j];
-            l->size[i] = l->size[j];
-            l->addr[j] = 0;
-            i = j;
-        }
-    }
+    l->n--;
     return true;
 }
 

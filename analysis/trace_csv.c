@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/addrmap.h"
 #include "util/grow.h"
 
 enum { NFIELDS = 6, CHUNK = 64 * 1024, EXCERPT = 40 };
@@ -388,7 +389,7 @@ const char *mt_trace_action_name(int action)
     }
 }
 
-/* ---- live pointers: open addressing, linear probing, key 0 = empty ---- */
+/* ---- live pointers: a dense array, indexed by pointer through util/addrmap ---- */
 
 typedef struct live_s {
     uint64_t ptr;  /* trace pointer, != 0 */
@@ -398,78 +399,49 @@ typedef struct live_s {
     uint16_t stream;
 } live_t;
 
-/* Invariants: cap is a power of two; count < cap / 2; every live pointer is reachable from
- * its home bucket without crossing an empty one (deletions shift back, no tombstones). */
+/* Invariants: v[0..count) are the live pointers, distinct; at maps each one's ptr to its
+ * index (at.n = count); count <= cap. */
 typedef struct live_map_s {
-    live_t *tab;
-    size_t cap, count;
+    live_t *v;
+    size_t count, cap;
+    mt__amap_t at; /* ptr -> index in v */
 } live_map_t;
-
-static size_t home(const live_map_t *m, uint64_t p)
-{
-    /* Traces' pointers are 512-byte aligned and close together: mix before masking. */
-    p ^= p >> 33;
-    p *= 0xff51afd7ed558ccdULL;
-    p ^= p >> 33;
-    return (size_t)p & (m->cap - 1);
-}
 
 static live_t *live_find(live_map_t *m, uint64_t p)
 {
-    for (size_t i = home(m, p);; i = (i + 1) & (m->cap - 1)) {
-        if (m->tab[i].ptr == p)
-            return &m->tab[i];
-        if (m->tab[i].ptr == 0)
-            return NULL;
-    }
-}
-
-static int live_insert(live_map_t *m, const live_t *e);
-
-static int live_grow(live_map_t *m)
-{
-    live_map_t bigger = {calloc(m->cap * 2, sizeof(live_t)), m->cap * 2, 0};
-    if (bigger.tab == NULL)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < m->cap; i++)
-        if (m->tab[i].ptr != 0)
-            live_insert(&bigger, &m->tab[i]);
-    free(m->tab);
-    *m = bigger;
-    return 0;
+    uint64_t i;
+    return mt__amap_get(&m->at, p, &i) == 0 ? &m->v[i] : NULL;
 }
 
 static int live_insert(live_map_t *m, const live_t *e)
 {
-    if ((m->count + 1) * 2 > m->cap) {
-        int rc = live_grow(m);
-        if (rc < 0)
-            return rc;
-    }
-    size_t i = home(m, e->ptr);
-    while (m->tab[i].ptr != 0)
-        i = (i + 1) & (m->cap - 1);
-    m->tab[i] = *e;
-    m->count++;
+    live_t *v = mt__grow(m->v, &m->cap, m->count + 1, sizeof *v, 1024);
+    if (v == NULL)
+        return MT_ENOMEM;
+    m->v = v;
+    int rc = mt__amap_put(&m->at, e->ptr, m->count);
+    if (rc < 0)
+        return rc;
+    m->v[m->count++] = *e;
     return 0;
 }
 
+/* The last entry moves into e's place. */
 static void live_remove(live_map_t *m, live_t *e)
 {
-    size_t i = (size_t)(e - m->tab);
-    size_t mask = m->cap - 1;
-    m->tab[i].ptr = 0;
-    /* Backward shift: move later entries of the run into the hole when their home allows. */
-    for (size_t j = (i + 1) & mask; m->tab[j].ptr != 0; j = (j + 1) & mask) {
-        size_t h = home(m, m->tab[j].ptr);
-        bool movable = (i <= j) ? (h <= i || h > j) : (h <= i && h > j);
-        if (movable) {
-            m->tab[i] = m->tab[j];
-            m->tab[j].ptr = 0;
-            i = j;
-        }
+    size_t i = (size_t)(e - m->v);
+    mt__amap_del(&m->at, e->ptr);
+    if (i + 1 < m->count) {
+        m->v[i] = m->v[m->count - 1];
+        mt__amap_put(&m->at, m->v[i].ptr, i); /* replaces: no allocation */
     }
     m->count--;
+}
+
+static void live_fini(live_map_t *m)
+{
+    free(m->v);
+    mt__amap_fini(&m->at);
 }
 
 /* ---- loading ---- */
@@ -622,10 +594,8 @@ void mt_trace_free(mt_trace_t **p)
 static int load(mt_trace_t **out, mt_trace_reader_t *r, char *err, size_t errlen)
 {
     loader_t L = {.t = calloc(1, sizeof(mt_trace_t))};
-    L.live.cap = 1024;
-    L.live.tab = calloc(L.live.cap, sizeof(live_t));
     int rc = 0;
-    if (L.t == NULL || L.live.tab == NULL) {
+    if (L.t == NULL) {
         set_err(err, errlen, "%s: out of memory", mt_trace_reader_name(r));
         rc = MT_ENOMEM;
         goto done;
@@ -641,7 +611,7 @@ static int load(mt_trace_t **out, mt_trace_reader_t *r, char *err, size_t errlen
     L.t->nslots = L.t->nallocs;
     L.t->leaked = L.live.count;
 done:
-    free(L.live.tab);
+    live_fini(&L.live);
     if (rc < 0)
         mt_trace_free(&L.t);
     *out = L.t;

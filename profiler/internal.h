@@ -4,6 +4,7 @@
 
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
+#include "util/segmap.h"
 
 /* Registers ring with the daemon at sock_path: connects, sends the hello line (with job's
  * known fields; job may be NULL), waits
@@ -76,6 +77,18 @@ void mt__oomsnap_record(mt__oomsnap_t *s, const mt_event_rec_t *ev,
                         const char *(*tag_name)(void *, int), void *ud);
 /* Waits until the snapshot handed to the writer, if any, is written (or failed). */
 void mt__oomsnap_flush(mt__oomsnap_t *s);
+/* A live block as the follower knows it: alloc seen, free_completed not. */
+typedef struct mt__oomsnap_block_s {
+    uint64_t addr, size, requested; /* bytes; requested 0 unknown */
+    uint8_t tag, pending, device;   /* pending: free requested, still occupying */
+} mt__oomsnap_block_t;
+/* What the next snapshot would show: the segment map, and the live blocks in no order.
+ * Borrowed until the next record. Caller: as for record. */
+void mt__oomsnap_view(const mt__oomsnap_t *s, const mt__segmap_t **segs,
+                      const mt__oomsnap_block_t **blocks, size_t *nblocks);
+/* Walks the follower's invariants (segment map, live blocks and their address table): 0, or
+ * MT_EPROTO with the first violation in why (may be NULL). Caller: as for record. */
+int mt__oomsnap_check(const mt__oomsnap_t *s, char *why, size_t whylen);
 /* Snapshots written so far, and OOMs that got none. */
 void mt__oomsnap_stats(mt__oomsnap_t *s, uint64_t *written, uint64_t *suppressed);
 

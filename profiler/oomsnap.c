@@ -1,6 +1,7 @@
 /* OOM snapshots (docs/torch-snapshot.md): the files' rules, shared with the daemon, and the
  * recorder's own snapshot when there is no daemon. In local mode the drainer follows the
- * events (segments, live blocks, the last OOMSNAP_RECENT events) and at each OOM writes
+ * events (segments through util/segmap, the analysis model's reading of them; live blocks;
+ * the last OOMSNAP_RECENT events) and at each OOM writes
  * oom-<pid>-dev<d>-<n>.pickle, a PyTorch 2.x snapshot, and .json, the same as memtrace
  * JSON, into the OOM directory: the name the allocator's message already gave. A program
  * that catches OOMs and retries makes thousands a second: the first gets a snapshot, then
@@ -17,24 +18,17 @@
 #include "memtrace/prof.h"
 #include "profiler/internal.h"
 #include "profiler/pickle_write.h"
+#include "util/addrmap.h"
+#include "util/assert.h"
 #include "util/grow.h"
 #include "util/log.h"
+#include "util/segmap.h"
 
 /* ---- the recorder's follower ---- */
 
 #define OOMSNAP_RECENT 4096 /* events kept for the trace */
 
-typedef struct seg_s {
-    uint64_t addr, size;
-    uint32_t stream;
-    uint8_t device, pool, mapped;
-} seg_t;
-
-typedef struct blk_s {
-    uint64_t addr; /* 0 empty, 1 deleted */
-    uint64_t size, requested;
-    uint8_t tag, pending, device;
-} blk_t;
+typedef mt__oomsnap_block_t blk_t;
 
 /* A snapshot on its way to the disk: both files, serialised. */
 typedef struct job_s {
@@ -44,10 +38,11 @@ typedef struct job_s {
     uint64_t suppressed; /* OOMs without a snapshot since the previous one */
 } job_t;
 
-/* Invariants: nsegs <= cap_segs; blocks is open addressing, used (live + deleted) <=
- * cap_blocks / 2; recent holds the last n events, head the next slot. The follower's
- * fields belong to the drainer (drain_lock), the writer's to mu. A job is pending or being
- * written iff busy; at most one is, so a storm holds one job's memory at most. */
+/* Invariants: segs reads the segment events as the analysis model does (util/segmap.h);
+ * blocks[0..nblocks) are the live blocks, distinct addresses, and at maps each one's addr
+ * to its index (at.n = nblocks); recent holds the last n events, head the next slot. The
+ * follower's fields belong to the drainer (drain_lock), the writer's to mu. A job is pending or
+ * being written iff busy; at most one is, so a storm holds one job's memory at most. */
 struct mt__oomsnap_s {
     int pid;
     char dir[256];
@@ -55,10 +50,10 @@ struct mt__oomsnap_s {
     uint64_t interval_ns; /* between two snapshots, by the events' clock; 0 = every OOM */
     mt_log_cb log;
     void *log_ud;
-    seg_t *segs;
-    size_t nsegs, cap_segs;
+    mt__segmap_t segs;
     blk_t *blocks;
-    size_t used, cap_blocks;
+    size_t nblocks, cap_blocks;
+    mt__amap_t at; /* addr -> index in blocks */
     mt_event_rec_t recent[OOMSNAP_RECENT];
     size_t head, n;
     uint32_t ooms[256];
@@ -176,7 +171,8 @@ void mt__oomsnap_destroy(mt__oomsnap_t **p)
         pthread_mutex_destroy(&s->mu);
     }
     job_free(s->job);
-    free(s->segs);
+    mt__segmap_fini(&s->segs);
+    mt__amap_fini(&s->at);
     free(s->blocks);
     free(s);
     *p = NULL;
@@ -190,87 +186,51 @@ void mt__oomsnap_stats(mt__oomsnap_t *s, uint64_t *written, uint64_t *suppressed
     *suppressed = s->suppressed;
 }
 
-static size_t hash(uint64_t a, size_t cap)
-{
-    a ^= a >> 33;
-    a *= 0xff51afd7ed558ccdull;
-    a ^= a >> 33;
-    return (size_t)a & (cap - 1);
-}
-
+/* The live block at addr, or NULL. */
 static blk_t *blk_find(mt__oomsnap_t *s, uint64_t addr)
 {
-    for (size_t h = s->cap_blocks ? hash(addr, s->cap_blocks) : 0; s->cap_blocks;
-         h = (h + 1) & (s->cap_blocks - 1)) {
-        if (s->blocks[h].addr == addr)
-            return &s->blocks[h];
-        if (s->blocks[h].addr == 0)
-            return NULL;
-    }
-    return NULL;
+    uint64_t i;
+    return mt__amap_get(&s->at, addr, &i) == 0 ? &s->blocks[i] : NULL;
 }
 
-static blk_t *blk_insert(mt__oomsnap_t *s, uint64_t addr)
+static void blk_alloc(mt__oomsnap_t *s, const mt_event_rec_t *ev)
 {
-    if ((s->used + 1) * 2 > s->cap_blocks) {
-        size_t ncap = s->cap_blocks ? s->cap_blocks * 2 : 1024;
-        blk_t *nb = calloc(ncap, sizeof *nb);
-        if (nb == NULL)
-            return NULL;
-        size_t used = 0;
-        for (size_t i = 0; i < s->cap_blocks; i++)
-            if (s->blocks[i].addr > 1) {
-                size_t h = hash(s->blocks[i].addr, ncap);
-                while (nb[h].addr != 0)
-                    h = (h + 1) & (ncap - 1);
-                nb[h] = s->blocks[i];
-                used++;
-            }
-        free(s->blocks);
-        s->blocks = nb;
-        s->cap_blocks = ncap;
-        s->used = used;
+    blk_t b = {ev->addr, ev->size, ev->requested, ev->tag, 0, ev->device}, *old;
+    if ((old = blk_find(s, ev->addr)) != NULL) {
+        *old = b; /* its free was not seen */
+        return;
     }
-    size_t h = hash(addr, s->cap_blocks);
-    while (s->blocks[h].addr > 1)
-        h = (h + 1) & (s->cap_blocks - 1);
-    s->used += s->blocks[h].addr == 0;
-    s->blocks[h] = (blk_t){.addr = addr};
-    return &s->blocks[h];
+    blk_t *v = mt__grow(s->blocks, &s->cap_blocks, s->nblocks + 1, sizeof *v, 1024);
+    if (v == NULL)
+        return; /* the snapshot then misses this block */
+    s->blocks = v;
+    if (mt__amap_put(&s->at, ev->addr, s->nblocks) == 0)
+        s->blocks[s->nblocks++] = b;
+}
+
+/* The last block moves into the freed one's place. */
+static void blk_free(mt__oomsnap_t *s, uint64_t addr)
+{
+    uint64_t i;
+    if (mt__amap_get(&s->at, addr, &i) != 0)
+        return;
+    mt__amap_del(&s->at, addr);
+    blk_t last = s->blocks[--s->nblocks];
+    if (i < s->nblocks) {
+        s->blocks[i] = last;
+        mt__amap_put(&s->at, last.addr, i); /* replaces: no allocation */
+    }
 }
 
 static void seg_add(mt__oomsnap_t *s, const mt_event_rec_t *ev)
 {
-    /* Adjacent mapped pages of an expandable segment are one segment. */
-    for (size_t i = 0; ev->kind == MT_EV_SEGMENT_MAP && i < s->nsegs; i++)
-        if (s->segs[i].mapped && s->segs[i].addr + s->segs[i].size == ev->addr) {
-            s->segs[i].size += ev->size;
-            return;
-        }
-    seg_t *n = mt__grow(s->segs, &s->cap_segs, s->nsegs + 1, sizeof *n, 64);
-    if (n == NULL)
-        return; /* the snapshot then misses this segment */
-    s->segs = n;
-    s->segs[s->nsegs++] = (seg_t){ev->addr,   ev->size, ev->stream,
-                                  ev->device, ev->pool, ev->kind == MT_EV_SEGMENT_MAP};
-}
-
-static void seg_remove(mt__oomsnap_t *s, const mt_event_rec_t *ev)
-{
-    for (size_t i = 0; i < s->nsegs; i++) {
-        seg_t *g = &s->segs[i];
-        if (ev->addr < g->addr || ev->addr >= g->addr + g->size)
-            continue;
-        uint64_t end = ev->addr + ev->size;
-        if (ev->addr == g->addr && end >= g->addr + g->size)
-            *g = s->segs[--s->nsegs];   /* all of it */
-        else if (ev->addr == g->addr) { /* its start */
-            g->size -= end - g->addr;
-            g->addr = end;
-        } else /* its end (unmapped pages are the last ones) */
-            g->size = ev->addr - g->addr;
-        return;
-    }
+    mt__seg_t g = {.addr = ev->addr,
+                   .size = ev->size,
+                   .stream = ev->stream,
+                   .device = ev->device,
+                   .pool = ev->pool,
+                   .mapped = ev->kind == MT_EV_SEGMENT_MAP};
+    (void)mt__segmap_add(&s->segs, &g); /* MT_ENOMEM: the snapshot then misses it */
 }
 
 static void follow(mt__oomsnap_t *s, const mt_event_rec_t *ev)
@@ -278,18 +238,14 @@ static void follow(mt__oomsnap_t *s, const mt_event_rec_t *ev)
     blk_t *b;
     switch (ev->kind) {
     case MT_EV_ALLOC:
-        if ((b = blk_find(s, ev->addr)) == NULL)
-            b = blk_insert(s, ev->addr);
-        if (b != NULL)
-            *b = (blk_t){ev->addr, ev->size, ev->requested, ev->tag, 0, ev->device};
+        blk_alloc(s, ev);
         break;
     case MT_EV_FREE_REQUESTED:
         if ((b = blk_find(s, ev->addr)) != NULL)
             b->pending = 1;
         break;
     case MT_EV_FREE_COMPLETED:
-        if ((b = blk_find(s, ev->addr)) != NULL)
-            b->addr = 1;
+        blk_free(s, ev->addr);
         break;
     case MT_EV_SEGMENT_ALLOC:
     case MT_EV_SEGMENT_MAP:
@@ -297,20 +253,46 @@ static void follow(mt__oomsnap_t *s, const mt_event_rec_t *ev)
         break;
     case MT_EV_SEGMENT_FREE:
     case MT_EV_SEGMENT_UNMAP:
-        seg_remove(s, ev);
+        (void)mt__segmap_cut(&s->segs, ev->addr, ev->size);
         break;
     default:
         break;
     }
+    mt_assert_expensive(mt__oomsnap_check(s, NULL, 0) == 0);
+}
+
+void mt__oomsnap_view(const mt__oomsnap_t *s, const mt__segmap_t **segs,
+                      const mt__oomsnap_block_t **blocks, size_t *nblocks)
+{
+    *segs = &s->segs;
+    *blocks = s->blocks;
+    *nblocks = s->nblocks;
+}
+
+int mt__oomsnap_check(const mt__oomsnap_t *s, char *why, size_t whylen)
+{
+    int rc = mt__segmap_check(&s->segs, why, whylen);
+    if (rc == 0)
+        rc = mt__amap_check(&s->at, why, whylen);
+    if (rc == 0 && s->at.n != s->nblocks) {
+        if (why)
+            snprintf(why, whylen, "oomsnap: %zu blocks, %zu in the address table", s->nblocks,
+                     s->at.n);
+        return MT_EPROTO;
+    }
+    for (size_t i = 0; rc == 0 && i < s->nblocks; i++) {
+        uint64_t k;
+        if (mt__amap_get(&s->at, s->blocks[i].addr, &k) != 0 || k != i) {
+            if (why)
+                snprintf(why, whylen, "oomsnap: block %zu at %#llx not indexed", i,
+                         (unsigned long long)s->blocks[i].addr);
+            return MT_EPROTO;
+        }
+    }
+    return rc;
 }
 
 /* ---- writing the snapshot ---- */
-
-static int cmp_seg(const void *a, const void *b)
-{
-    const seg_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
 
 static int cmp_blk(const void *a, const void *b)
 {
@@ -375,13 +357,14 @@ static void block(snapw_t *o, uint64_t addr, uint64_t size, uint64_t requested, 
     mt_pkw_dict_end(&o->w);
 }
 
-static void segments(snapw_t *o, seg_t *segs, size_t nsegs, const blk_t *blks, size_t nblks)
+static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_t *blks,
+                     size_t nblks)
 {
     mt_pkw_str(&o->w, "segments");
     mt_pkw_list_begin(&o->w);
     size_t b = 0;
     for (size_t i = 0; i < nsegs; i++) {
-        const seg_t *g = &segs[i];
+        const mt__seg_t *g = &segs[i];
         uint64_t end = g->addr + g->size, at = g->addr, alloc = 0, active = 0, req = 0;
         size_t first = b;
         while (first < nblks && blks[first].addr < g->addr)
@@ -477,20 +460,12 @@ static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
 /* Writes the PyTorch snapshot into f. 0 or MT_E*. */
 static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT_LABEL_MAX + 1])
 {
-    seg_t *segs = malloc((s->nsegs + 1) * sizeof *segs);
-    blk_t *blks = malloc((s->used + 1) * sizeof *blks);
-    if (segs == NULL || blks == NULL) {
-        free(segs);
-        free(blks);
+    blk_t *blks = malloc((s->nblocks + 1) * sizeof *blks);
+    if (blks == NULL)
         return MT_ENOMEM;
-    }
-    memcpy(segs, s->segs, s->nsegs * sizeof *segs);
-    size_t nb = 0;
+    memcpy(blks, s->blocks, s->nblocks * sizeof *blks);
+    size_t nb = s->nblocks;
     unsigned ndev = 1;
-    for (size_t i = 0; i < s->cap_blocks; i++)
-        if (s->blocks[i].addr > 1)
-            blks[nb++] = s->blocks[i];
-    qsort(segs, s->nsegs, sizeof *segs, cmp_seg);
     qsort(blks, nb, sizeof *blks, cmp_blk);
     for (size_t i = 0; i < s->n; i++) {
         unsigned d = s->recent[i].device;
@@ -499,7 +474,7 @@ static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT
     snapw_t o = {.labels = labels};
     mt_pkw_init(&o.w, f);
     mt_pkw_dict_begin(&o.w);
-    segments(&o, segs, s->nsegs, blks, nb);
+    segments(&o, s->segs.v, s->segs.n, blks, nb);
     trace(&o, s, ndev);
     mt_pkw_str(&o.w, "allocator_settings");
     mt_pkw_dict_begin(&o.w);
@@ -510,7 +485,6 @@ static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT
     mt_pkw_list_begin(&o.w);
     mt_pkw_list_end(&o.w);
     mt_pkw_dict_end(&o.w);
-    free(segs);
     free(blks);
     return mt_pkw_finish(&o.w);
 }

@@ -3,7 +3,10 @@
  * empty_cache, warm-up, reservations, OOMs, garbage collection); a sink feeds every event
  * to the model, and after every operation the model must equal the allocator's own stats
  * and snapshot exactly: allocated, reserved, per-tag bytes, blocks, segment map, free bytes
- * and largest free block. Then the recorded stream is replayed with random events dropped:
+ * and largest free block. The same events feed the recorder's OOM-snapshot follower (the
+ * snapshot written without a daemon): its segments and live blocks must equal the
+ * allocator's segment by segment after every operation, and the pickle it writes at an OOM
+ * must too. Then the recorded stream is replayed with random events dropped:
  * every figure must stay within bounds, and the model must mark as uncertain whatever it
  * cannot know. Seeded; MT_MODEL_PROPERTY_OPS sets the operations per run (default 4000). */
 #include <stdarg.h>
@@ -15,9 +18,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "analysis/model.h"
+#include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
+#include "profiler/internal.h"
 #include "tests/common/test_main.h"
 
 #define KIB ((size_t)1 << 10)
@@ -35,6 +42,11 @@ static uint64_t rng(uint64_t *s)
 typedef struct feed_s {
     mt_event_sink_t sink;
     mt_model_t *m;
+    mt__oomsnap_t *o; /* the recorder's follower, writing into dir */
+    char dir[64];
+    unsigned ooms;     /* OOM events on device 0: the number in the next snapshot's name */
+    uint64_t pickles;  /* snapshots the follower has written, as last seen */
+    unsigned compared; /* of them, compared with the allocator's snapshot */
     mt_event_rec_t *ev;
     size_t n, cap;
     uint64_t seq;
@@ -54,6 +66,11 @@ static void feed_emit(void *ud, const mt_event_rec_t *ev)
     f->ev[f->n++] = e;
     if (mt_model_apply(f->m, &e) != 0)
         abort();
+    static const char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
+    if (f->o != NULL) {
+        f->ooms += e.kind == MT_EV_OOM && e.device == 0;
+        mt__oomsnap_record(f->o, &e, labels, NULL, NULL);
+    }
 }
 
 static void check_model(const mt_model_t *m, const char *when)
@@ -144,6 +161,122 @@ static void compare(mt_alloc_t *a, const mt_model_t *m, size_t op)
     mt_alloc_snapshot_free(&snap);
 }
 
+/* ---- the recorder's OOM snapshot equals the allocator ---- */
+
+static int cmp_oblock(const void *x, const void *y)
+{
+    const mt__oomsnap_block_t *a = x, *b = y;
+    return a->addr < b->addr ? -1 : a->addr > b->addr;
+}
+
+/* The follower's segment map and live blocks against the snapshot, segment by segment. */
+static void compare_follower(const mt_alloc_snapshot_t *snap, const mt__oomsnap_t *o,
+                             const char *when)
+{
+    char why[256] = "";
+    if (mt__oomsnap_check(o, why, sizeof why) != 0)
+        fail_msg("%s: mt__oomsnap_check: %s", when, why);
+    const mt__segmap_t *segs;
+    const mt__oomsnap_block_t *blocks;
+    size_t nblocks;
+    mt__oomsnap_view(o, &segs, &blocks, &nblocks);
+    mt__oomsnap_block_t *v = malloc((nblocks + 1) * sizeof(*v));
+    assert_non_null(v);
+    memcpy(v, blocks, nblocks * sizeof(*v));
+    qsort(v, nblocks, sizeof(*v), cmp_oblock);
+    if (segs->n != snap->nsegments)
+        fail_msg("%s: the follower has %zu segments, the allocator %zu", when, segs->n,
+                 snap->nsegments);
+    size_t k = 0;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const mt_snapshot_segment_t *s = &snap->segments[i];
+        const mt__seg_t *g = &segs->v[i];
+        if (g->addr != s->addr || g->size != s->size || g->mapped != s->expandable)
+            fail_msg("%s: segment %zu: follower %#llx + %llu, allocator %#llx + %llu", when, i,
+                     (unsigned long long)g->addr, (unsigned long long)g->size,
+                     (unsigned long long)s->addr, (unsigned long long)s->size);
+        for (size_t j = 0; j < s->nblocks; j++) {
+            const mt_snapshot_block_t *b = &s->blocks[j];
+            if (b->state == MT_BLOCK_INACTIVE)
+                continue;
+            if (k >= nblocks || v[k].addr != b->addr || v[k].size != b->size ||
+                v[k].tag != b->tag || v[k].pending != (b->state == MT_BLOCK_ACTIVE_PENDING_FREE))
+                fail_msg("%s: segment %zu: block %#llx (%llu bytes) differs from the follower's",
+                         when, i, (unsigned long long)b->addr, (unsigned long long)b->size);
+            k++;
+        }
+    }
+    if (k != nblocks)
+        fail_msg("%s: the follower has %zu live blocks, the allocator %zu", when, nblocks, k);
+    free(v);
+}
+
+/* The pickle the follower wrote at the OOM just seen, if it wrote one, against the
+ * snapshot. */
+static void compare_pickle(const mt_alloc_snapshot_t *snap, feed_t *f, const char *when)
+{
+    mt__oomsnap_flush(f->o);
+    uint64_t written, suppressed;
+    mt__oomsnap_stats(f->o, &written, &suppressed);
+    if (written == f->pickles)
+        return; /* within the interval */
+    f->pickles = written;
+    f->compared++;
+    char path[128], err[512];
+    snprintf(path, sizeof path, "%s/oom-%d-dev0-%u.pickle", f->dir, (int)getpid(), f->ooms);
+    mt_ts_t *ts = NULL;
+    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+        fail_msg("%s: %s", when, err);
+    if (ts->nsegments != snap->nsegments)
+        fail_msg("%s: the OOM pickle has %zu segments, the allocator %zu", when, ts->nsegments,
+                 snap->nsegments);
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const mt_snapshot_segment_t *s = &snap->segments[i];
+        const mt_ts_segment_t *g = &ts->segments[i];
+        uint64_t alloc = 0, active = 0;
+        size_t live = 0, tlive = 0;
+        for (size_t j = 0; j < s->nblocks; j++) {
+            alloc += s->blocks[j].state == MT_BLOCK_ACTIVE_ALLOCATED ? s->blocks[j].size : 0;
+            active += s->blocks[j].state != MT_BLOCK_INACTIVE ? s->blocks[j].size : 0;
+            live += s->blocks[j].state != MT_BLOCK_INACTIVE;
+        }
+        for (uint32_t j = 0; j < g->nblocks; j++)
+            tlive += ts->blocks[g->first_block + j].state != MT_TS_INACTIVE;
+        if (g->addr != s->addr || g->total_size != s->size || g->expandable != s->expandable ||
+            g->allocated_size != alloc || g->active_size != active || tlive != live)
+            fail_msg("%s: OOM pickle segment %zu: %#llx + %llu (%llu allocated, %zu live "
+                     "blocks), allocator %#llx + %llu (%llu, %zu)",
+                     when, i, (unsigned long long)g->addr, (unsigned long long)g->total_size,
+                     (unsigned long long)g->allocated_size, tlive, (unsigned long long)s->addr,
+                     (unsigned long long)s->size, (unsigned long long)alloc, live);
+    }
+    mt_ts_destroy(&ts);
+}
+
+static void compare_recorder(mt_alloc_t *a, feed_t *f, bool oom, const char *when)
+{
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    compare_follower(snap, f->o, when);
+    if (oom)
+        compare_pickle(snap, f, when);
+    mt_alloc_snapshot_free(&snap);
+}
+
+/* interval_ms: between two OOM snapshots of the follower (0: at every OOM). */
+static void feed_open(feed_t *feed, unsigned interval_ms)
+{
+    memset(feed, 0, sizeof(*feed));
+    feed->sink.emit = feed_emit;
+    feed->sink.ud = feed;
+    assert_int_equal(mt_model_create(&feed->m, NULL), 0);
+    snprintf(feed->dir, sizeof feed->dir, "/tmp/mt-test-prop-XXXXXX");
+    assert_non_null(mkdtemp(feed->dir));
+    mt__oomsnap_cfg_t oc = {
+        .pid = (int)getpid(), .dir = feed->dir, .keep = 1, .interval_ms = interval_ms};
+    assert_int_equal(mt__oomsnap_create(&feed->o, &oc), 0);
+}
+
 /* ---- workloads ---- */
 
 typedef struct live_s {
@@ -178,10 +311,7 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
     bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &bc), 0);
-    memset(feed, 0, sizeof(*feed));
-    feed->sink.emit = feed_emit;
-    feed->sink.ud = feed;
-    assert_int_equal(mt_model_create(&feed->m, NULL), 0);
+    feed_open(feed, 60000); /* the first OOM's pickle: serialising each would be slow */
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
     cfg.sink = &feed->sink;
@@ -199,6 +329,7 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
     bool warming = false;
     for (size_t op = 0; op < nops; op++) {
         uint64_t r = rng(&seed) % 1000;
+        unsigned ooms_before = feed->ooms;
         if ((r < 540 && nlive < MAXLIVE) || nlive == 0) {
             int tag = rng(&seed) % 8 == 0 ? user_tag : (int)(rng(&seed) % MT_TAG_USER_FIRST);
             void *p = NULL;
@@ -230,6 +361,7 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
         snprintf(when, sizeof when, "op %zu", op);
         check_model(feed->m, when);
         compare(a, feed->m, op);
+        compare_recorder(a, feed, feed->ooms != ooms_before, when);
     }
     for (size_t i = 0; i < nlive; i++)
         assert_int_equal(mt_alloc_free(a, live[i].p), 0);
@@ -251,7 +383,7 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
             kinds[MT_EV_SEGMENT_MAP], kinds[MT_EV_SEGMENT_UNMAP], kinds[MT_EV_RESERVE], ooms);
     assert_true(kinds[MT_EV_ALLOC] > nops / 3);
     if (capacity < 256 * MIB)
-        assert_true(ooms > 0);
+        assert_true(ooms > 0 && feed->compared == 1);
 }
 
 /* ---- dropped events ---- */
@@ -326,6 +458,10 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
 
 static void free_feed(feed_t *f)
 {
+    mt__oomsnap_destroy(&f->o);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    assert_int_equal(system(cmd), 0);
     mt_model_destroy(&f->m);
     free(f->ev);
     memset(f, 0, sizeof(*f));
@@ -364,12 +500,63 @@ static void test_pressure_gc(void **state)
     one("expandable_segments:True,garbage_collection_threshold:0.6", 160 * MIB, 4);
 }
 
+/* Pages unmapped from the middle of a run (the run splits), then mapped again by a request
+ * that fits the gap (the runs join), then an OOM: the model and the recorder's follower
+ * equal the allocator at each step, and so does the OOM pickle. */
+static void test_middle_unmap(void **state)
+{
+    (void)state;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 256 * MIB;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    feed_t feed;
+    feed_open(&feed, 0);
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default(); /* expandable segments */
+    cfg.backend = b;
+    cfg.sink = &feed.sink;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &cfg), 0);
+    void *x[6], *y;
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(mt_alloc_malloc(a, 8 * MIB, NULL, MT_TAG_ACTIVATIONS, &x[i]), 0);
+    compare(a, feed.m, 0);
+    compare_recorder(a, &feed, false, "one run");
+    mt_model_figures_t f;
+    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    uint64_t before = f.segments;
+    assert_int_equal(mt_alloc_free(a, x[2]), 0);
+    assert_int_equal(mt_alloc_free(a, x[3]), 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.segments, before + 1); /* the middle pages went: two runs */
+    check_model(feed.m, "split");
+    compare(a, feed.m, 1);
+    compare_recorder(a, &feed, false, "split");
+    assert_int_equal(mt_alloc_malloc(a, (size_t)1 << 40, NULL, MT_TAG_WEIGHTS, &y), MT_ENOMEM);
+    compare_recorder(a, &feed, true, "OOM after the split");
+    assert_int_equal(mt_alloc_malloc(a, 16 * MIB, NULL, MT_TAG_WEIGHTS, &x[2]), 0);
+    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(f.segments, before); /* the gap mapped again: one run */
+    check_model(feed.m, "joined");
+    compare(a, feed.m, 2);
+    compare_recorder(a, &feed, false, "joined");
+    assert_int_equal(mt_alloc_malloc(a, (size_t)1 << 40, NULL, MT_TAG_WEIGHTS, &y), MT_ENOMEM);
+    compare_recorder(a, &feed, true, "OOM after the join");
+    assert_int_equal(feed.compared, 2);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    free_feed(&feed);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default),
         cmocka_unit_test(test_expandable),
         cmocka_unit_test(test_pressure_gc),
+        cmocka_unit_test(test_middle_unmap),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
