@@ -581,7 +581,7 @@ void mt__tc_quiesce(mt_alloc_t *a)
 void mt__tc_resume(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
-    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0;
+    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0 && a->nroutes == 0;
     __atomic_store_n(&a->tc_on, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 
