@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "mt_config.h"
+#include "preload/hooks_graph.h"
 #include "preload/preload.h"
 #if MT_HAVE_CUDA_BACKEND
 #include "backend/backend_cuda.h"
@@ -383,6 +384,7 @@ void mt__preload_drop_device(int d)
     if (a == NULL)
         return;
     mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
+    mt__preload_graph_forget(a);
     mt__guard_enter();
     mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
     mt_alloc_destroy(&a);
