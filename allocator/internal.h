@@ -175,7 +175,8 @@ struct mt_block_s {
  * expandable => one maximal run of mapped pages of its stream's range: addr and size
  * are multiples of mt__exp_page, vsize = size;
  * reserved => pool = MT__BP_RESERVED; segments are linked in address order;
- * priv <=> bins->sr->pool != NULL; priv => !expandable and !reserved.
+ * priv <=> bins->sr->pool != NULL; priv => !expandable and !reserved, and no block of it
+ * has an owner (a thread cache would hand it to eager requests).
  * A reserved (warm-up) segment is the user's explicit request for cached memory: garbage
  * collection, empty_cache, oversize release and OOM recovery never return it to the
  * backend; only mt_alloc_destroy (or a larger reservation replacing it) does. A private

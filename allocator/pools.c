@@ -201,7 +201,9 @@ int mt_pool_release(mt_alloc_t *a, uint32_t id)
         rc = MT_ENOENT;
         goto out;
     }
-    if (p->nroutes > 0) {
+    /* A request that released the lock (free callbacks, a wait for events or mappings) may
+     * hold one of the pool's records and come back to it: the records stay until it is done. */
+    if (p->nroutes > 0 || a->in_free_cbs || mt__alloc_inflight(a)) {
         rc = MT_EBUSY;
         goto out;
     }
@@ -344,6 +346,9 @@ const char *mt__pool_check(const mt_alloc_t *a)
             return "segment's priv flag disagrees with its bins' record";
         if (s->priv && (s->expandable || s->reserved))
             return "private pool segment that is expandable or reserved";
+        for (const mt_block_t *b = s->priv ? s->first : NULL; b != NULL; b = b->next)
+            if (b->owner != NULL)
+                return "private pool block owned by a thread cache";
     }
     return NULL;
 }

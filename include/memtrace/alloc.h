@@ -402,7 +402,8 @@ MT_API int mt_pool_begin(mt_alloc_t *a, uint32_t id, mt_stream_t *stream);
 MT_API int mt_pool_end(mt_alloc_t *a, uint32_t id, mt_stream_t *stream);
 /* Returns the pool's segments to the device and forgets id. MT_EBUSY, and nothing
  * changes, while a stream is routed to it or one of its blocks is allocated or waits for
- * events (free them first); MT_ENOENT: no such pool. */
+ * events (free them first), or while a request of another thread (or a free callback's)
+ * is under way with the allocator's lock released (try again); MT_ENOENT: no such pool. */
 MT_API int mt_pool_release(mt_alloc_t *a, uint32_t id);
 /* The pool's reserved (segment) and allocated bytes; either pointer may be NULL. */
 MT_API int mt_pool_usage(mt_alloc_t *a, uint32_t id, uint64_t *reserved, uint64_t *allocated);

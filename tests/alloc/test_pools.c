@@ -301,6 +301,53 @@ static void test_release_waits_for_events(void **state)
     mt_backend_destroy(&b);
 }
 
+/* A free callback runs without the lock while its request holds the pool's stream record;
+ * ending the routing and releasing the pool from there must not free that record. */
+typedef struct cb_ctx_s {
+    uint32_t id;
+    mt_stream_t *s;
+    int end_rc, release_rc;
+    int calls;
+} cb_ctx_t;
+
+static bool release_from_callback(void *ud, mt_alloc_t *a, size_t size, mt_stream_t *stream)
+{
+    (void)size;
+    (void)stream;
+    cb_ctx_t *c = ud;
+    if (c->calls++ == 0) {
+        c->end_rc = mt_pool_end(a, c->id, c->s);
+        c->release_rc = mt_pool_release(a, c->id);
+    }
+    return false;
+}
+
+static void test_release_while_lock_released(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    mt_stream_t *s = NULL;
+    assert_int_equal(mt_stream_create(b, &s), 0);
+    cb_ctx_t c = {.s = s};
+    assert_int_equal(mt_pool_create(a, &c.id), 0);
+    assert_int_equal(mt_pool_begin(a, c.id, s), 0);
+    assert_int_equal(mt_alloc_add_free_callback(a, release_from_callback, &c), 0);
+    void *p = xmalloc_dev(a, MIB, s, 0); /* a miss: the callbacks run */
+    assert_int_equal(c.calls, 1);
+    assert_int_equal(c.end_rc, 0);
+    assert_int_equal(c.release_rc, MT_EBUSY);
+    assert_int_equal(pool_of(a, p), c.id);
+    assert_int_equal(mt_alloc_check(a), 0);
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    assert_int_equal(mt_pool_release(a, c.id), 0);
+    assert_int_equal(mt_alloc_remove_free_callback(a, release_from_callback, &c), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s);
+    mt_backend_destroy(&b);
+}
+
 /* ---- errors ---- */
 
 static void test_errors(void **state)
@@ -499,9 +546,13 @@ static void test_random_with_model(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_isolation), cmocka_unit_test(test_capture_scenario),
-        cmocka_unit_test(test_release),   cmocka_unit_test(test_release_waits_for_events),
-        cmocka_unit_test(test_errors),    cmocka_unit_test(test_random_with_model),
+        cmocka_unit_test(test_isolation),
+        cmocka_unit_test(test_capture_scenario),
+        cmocka_unit_test(test_release),
+        cmocka_unit_test(test_release_waits_for_events),
+        cmocka_unit_test(test_release_while_lock_released),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_random_with_model),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
