@@ -3,6 +3,8 @@
  * stream or another) never get it, so a captured graph may write its addresses on every
  * replay; the pool's segments go back only through mt_pool_release, which refuses while a
  * block is live; and the event stream keeps the analysis model equal to the allocator. */
+#include <stdatomic.h>
+
 #include "analysis/model.h"
 #include "helpers.h"
 #include "tests/common/test_main.h"
@@ -208,6 +210,8 @@ static void test_capture_scenario(void **state)
     mt_backend_destroy(&b);
 }
 
+static uint64_t rng(uint64_t *s);
+
 /* ---- release ---- */
 
 /* Release refuses while a block is live or a stream is routed, changing nothing; after the
@@ -345,6 +349,102 @@ static void test_release_while_lock_released(void **state)
     assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_stream_destroy(b, &s);
+    mt_backend_destroy(&b);
+}
+
+/* Two threads, thread caches on: one captures into a pool again and again on its stream,
+ * the other allocates eagerly on its own stream and the default one (a request on the
+ * capturing stream is routed whichever thread makes it, as PyTorch's without a filter). No
+ * eager block handed out after a pool block may lie in that block's memory (the pool keeps
+ * it until its release at the end; before, the device may have given it to either). */
+static _Atomic uint64_t thr_seq;
+enum { THREAD_OPS = 64 * 47, THREAD_KEEP = 4 }; /* whole captures of 64 */
+
+typedef struct thr_s {
+    mt_alloc_t *a;
+    mt_stream_t *s, *other;
+    uint32_t pool; /* 0: eager */
+    uintptr_t *lo, *hi;
+    uint64_t *seq; /* thr_seq when handed out */
+    size_t n;
+    int rc;
+} thr_t;
+
+static void *thr_run(void *arg)
+{
+    thr_t *t = arg;
+    uint64_t seed = t->pool ? 0x1234567ull : 0x7654321ull;
+    void *keep[THREAD_KEEP] = {NULL};
+    for (size_t op = 0; op < THREAD_OPS && t->rc == 0; op++) {
+        if (t->pool != 0 && op % 64 == 0)
+            t->rc = mt_pool_begin(t->a, t->pool, t->s);
+        size_t n = 1 + rng(&seed) % (3 * MIB);
+        mt_stream_t *s = t->pool == 0 && op % 3 == 0 ? t->other : t->s;
+        void *p = NULL;
+        if (t->rc == 0)
+            t->rc = mt_alloc_malloc(t->a, n, s, 0, &p);
+        size_t bsz = 0;
+        if (t->rc == 0)
+            t->rc = mt_alloc_block_info(t->a, p, NULL, &bsz, NULL);
+        t->seq[t->n] = atomic_fetch_add(&thr_seq, 1);
+        t->lo[t->n] = (uintptr_t)p;
+        t->hi[t->n++] = (uintptr_t)p + bsz;
+        size_t k = rng(&seed) % THREAD_KEEP;
+        if (t->rc == 0 && keep[k] != NULL)
+            t->rc = mt_alloc_free(t->a, keep[k]);
+        keep[k] = p;
+        if (t->rc == 0 && t->pool != 0 && op % 64 == 63) {
+            t->rc = mt_pool_end(t->a, t->pool, t->s);
+            for (int i = 0; i < THREAD_KEEP && t->rc == 0; i++) /* the capture's frees */
+                if (keep[i] != NULL && (t->rc = mt_alloc_free(t->a, keep[i])) == 0)
+                    keep[i] = NULL;
+        }
+    }
+    for (int i = 0; i < THREAD_KEEP && t->rc == 0; i++)
+        if (keep[i] != NULL)
+            t->rc = mt_alloc_free(t->a, keep[i]);
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL); /* thread caches, expandable */
+    mt_stream_t *s1 = NULL, *s2 = NULL;
+    assert_int_equal(mt_stream_create(b, &s1), 0);
+    assert_int_equal(mt_stream_create(b, &s2), 0);
+    thr_t t[2] = {{.a = a, .s = s1}, {.a = a, .s = s2, .other = NULL}};
+    assert_int_equal(mt_pool_create(a, &t[0].pool), 0);
+    for (int i = 0; i < 2; i++) {
+        t[i].lo = calloc(THREAD_OPS, sizeof *t[i].lo);
+        t[i].hi = calloc(THREAD_OPS, sizeof *t[i].hi);
+        t[i].seq = calloc(THREAD_OPS, sizeof *t[i].seq);
+        assert_true(t[i].lo && t[i].hi && t[i].seq);
+    }
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, thr_run, &t[i]), 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(t[0].rc, 0);
+    assert_int_equal(t[1].rc, 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    for (size_t i = 0; i < t[1].n; i++)
+        for (size_t j = 0; j < t[0].n; j++)
+            if (t[1].seq[i] > t[0].seq[j] && t[1].lo[i] < t[0].hi[j] && t[0].lo[j] < t[1].hi[i])
+                fail_msg("eager block %zu at %#lx lies in pool block %zu at %#lx", i,
+                         (unsigned long)t[1].lo[i], j, (unsigned long)t[0].lo[j]);
+    assert_int_equal(mt_pool_release(a, t[0].pool), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    for (int i = 0; i < 2; i++) {
+        free(t[i].lo);
+        free(t[i].hi);
+        free(t[i].seq);
+    }
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s1);
+    mt_stream_destroy(b, &s2);
     mt_backend_destroy(&b);
 }
 
@@ -551,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_release),
         cmocka_unit_test(test_release_waits_for_events),
         cmocka_unit_test(test_release_while_lock_released),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_random_with_model),
     };
