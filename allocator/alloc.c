@@ -142,7 +142,7 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
     if (a->last_sr != NULL && a->last_sr->stream == s)
         return a->last_sr;
     for (size_t i = 0; i < a->nstreams; i++) {
-        if (a->streams[i]->stream == s) {
+        if (a->streams[i]->stream == s && a->streams[i]->pool == NULL) {
             a->last_sr = a->streams[i];
             return a->last_sr;
         }
@@ -305,6 +305,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
         free(a->streams[i]);
     }
     free(a->streams);
+    mt__pool_fini(a);
     for (size_t i = 0; i < a->nevpool; i++)
         mt_event_destroy(a->backend, &a->evpool[i]);
     free(a->evpool);
@@ -513,8 +514,15 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
                  ? MT__BP_SMALL
                  : MT__BP_LARGE;
     mt_streamrec_t *sr = a->last_sr; /* the one-entry cache, inline */
-    if (sr == NULL || sr->stream != stream)
+    if (__builtin_expect(a->nroutes != 0, 0)) {
+        /* A stream routed to a private pool takes the pool's record. Pool segments are
+         * plain, so small requests keep to the small pool there. */
+        sr = mt__pool_route(a, stream);
+        if (sr != NULL && sr->pool != NULL)
+            bp = rsize <= MT__SMALL_SIZE ? MT__BP_SMALL : MT__BP_LARGE;
+    } else if (sr == NULL || sr->stream != stream) {
         sr = mt__alloc_streamrec(a, stream);
+    }
     if (sr == NULL || (sr->bins[bp] == NULL && mt__alloc_binset(a, sr, bp) == NULL)) {
         rc = MT_ENOMEM;
         goto out;

@@ -15,6 +15,7 @@
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
  *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
  *   fork.c     pthread_atfork handlers (cfg.atfork): a fork child may use the allocator
+ *   pools.c    private pools (mt_pool_*): memory a stream capture's allocations keep
  *   plan.h     the warm-up plan's types and the calls of reserve.c and plan.c on it
  *
  * All metadata lives on the host; nothing is ever written into device memory.
@@ -64,6 +65,7 @@ typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
 typedef struct mt__tcache_s mt__tcache_t;
 typedef struct mt__async_s mt__async_t;
+typedef struct mt__pool_s mt__pool_t;
 
 /* Block state of the allocator's own, beside mt_block_state_e: the whole pages of a free
  * block of an expandable run are being unmapped with the lock released (expandable.c).
@@ -172,10 +174,15 @@ struct mt_block_s {
  * Invariants: first..last tile [addr, addr + size); size > 0;
  * expandable => one maximal run of mapped pages of its stream's range: addr and size
  * are multiples of mt__exp_page, vsize = size;
- * reserved => pool = MT__BP_RESERVED; segments are linked in address order.
+ * reserved => pool = MT__BP_RESERVED; segments are linked in address order;
+ * priv <=> bins->sr->pool != NULL; priv => !expandable and !reserved, and no block of it
+ * has an owner (a thread cache would hand it to eager requests).
  * A reserved (warm-up) segment is the user's explicit request for cached memory: garbage
  * collection, empty_cache, oversize release and OOM recovery never return it to the
- * backend; only mt_alloc_destroy (or a larger reservation replacing it) does. */
+ * backend; only mt_alloc_destroy (or a larger reservation replacing it) does. A private
+ * pool's segment (priv) is likewise kept by every release path: a captured graph replays
+ * into its blocks' addresses even after they were freed, so the memory goes back only
+ * through mt_pool_release (pools.c). */
 struct mt_segment_s {
     uintptr_t addr;      /* first device address */
     size_t size;         /* bytes backed by device memory (mapped bytes if expandable) */
@@ -192,6 +199,7 @@ struct mt_segment_s {
     uint8_t pool;       /* MT__BP_* */
     bool expandable;
     bool reserved;
+    bool priv; /* belongs to a private pool (bins->sr->pool) */
 };
 
 /* Free blocks of one (pool, stream): TLSF-like segregated fit.
@@ -236,6 +244,10 @@ struct mt_streamrec_s {
     uint64_t tc_ver;             /* changes of its free space (bins, quick lists): written
                                   * under mu with __atomic stores, read by the thread
                                   * caches without it (mt__tc_bump) */
+    /* The private pool whose blocks on this stream it holds, or NULL for the stream's own
+     * (eager) record. Stream lookups (mt__alloc_streamrec, last_sr) see only the eager
+     * records; a pool's are reached through the pool and a->routes (pools.c). */
+    mt__pool_t *pool;
 };
 
 /* Pages of a free block being unmapped with the lock released. seg2 and t are allocated
@@ -432,6 +444,14 @@ struct mt_alloc_s {
      * allocator. Set at creation, never changed: the entry points test it without mu. */
     mt__async_t *async;
     mt_managed_stats_t mlast; /* managed.c: the figures of the last residency sample sent */
+    /* Private pools (pools.c). routes: the streams whose allocations go to a pool now,
+     * nroutes of them; tc_on stays 0 while nroutes > 0, so that every request of a routed
+     * stream takes the global path, which routes it. */
+    mt__pool_t **pools; /* npools live pools, creation order */
+    size_t npools, cap_pools;
+    uint32_t next_pool_id; /* id of the next pool created, >= 1 */
+    struct mt__route_s *routes;
+    size_t nroutes, cap_routes;
 };
 
 /* ---- the lock ----
@@ -658,6 +678,30 @@ void mt__exp_destroy(mt_alloc_t *a);
 /* In a fork child: the counts of threads inside mt__exp_grow cleared (they are gone) and a
  * range they had reserved but not mapped released (lock released around it). */
 void mt__exp_fork_child(mt_alloc_t *a);
+
+/* ---- pools.c ---- */
+/* A stream routed to a private pool (mt_pool_begin). */
+typedef struct mt__route_s {
+    mt_stream_t *stream; /* compared, never called */
+    mt__pool_t *pool;
+} mt__route_t;
+/* A private pool.
+ * Invariants: id >= 1, unique among a->pools; srs[0..nsrs) are distinct records of distinct
+ * streams, each in a->streams with sr->pool = this pool, and every record in a->streams
+ * whose pool is this one is among them; nroutes = number of a->routes naming it. */
+struct mt__pool_s {
+    uint32_t id;
+    uint32_t nroutes;     /* streams routed to it now */
+    mt_streamrec_t **srs; /* its stream records, created on first use */
+    size_t nsrs, cap_srs;
+};
+/* The record a request on stream takes: a pool's when the stream is routed (created on
+ * first use), else the stream's own. NULL when host memory ran out. */
+mt_streamrec_t *mt__pool_route(mt_alloc_t *a, mt_stream_t *stream);
+/* Frees every pool and route (destroy; the records are freed with a->streams). */
+void mt__pool_fini(mt_alloc_t *a);
+/* The pools' invariants, mu held; a static description of the first violation or NULL. */
+const char *mt__pool_check(const mt_alloc_t *a);
 
 /* ---- fork.c ---- */
 /* Registers the fork handlers, once per process (cfg.atfork). 0 or MT_ENOMEM. */

@@ -137,6 +137,10 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
     if (a->async != NULL)
         return MT_ENOTSUP; /* a warm-up plans a reservation, which the pool has no use for */
     mt__alloc_lock(a);
+    if (a->nroutes > 0) { /* a capture's requests belong to its pool, not to a warm-up plan */
+        mt__alloc_unlock(a);
+        return MT_EBUSY;
+    }
     mt__tc_quiesce(a);      /* no thread caches while warming: the warm-up sees every request */
     mt__quick_flush_all(a); /* nothing is kept quick while warming */
     a->warming = true;
@@ -288,7 +292,7 @@ static int build_strips(build_t *bd, const mt_alloc_t *a, mt_stream_t *stream)
         return MT_ENOMEM;
     size_t n = 1;
     for (mt_segment_t *s = a->segs; s != NULL; s = s->next)
-        if (s->stream == stream && !s->expandable &&
+        if (s->stream == stream && !s->expandable && !s->priv &&
             (s->pool == MT__BP_RESERVED || s->pool == MT__BP_LARGE)) {
             bd->cand_addr[bd->ncand] = s->addr;
             bd->cand[bd->ncand++] = s;

@@ -229,6 +229,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     seg->size = seg->vsize = size;
     seg->pool = (uint8_t)bp;
     seg->reserved = bp == MT__BP_RESERVED;
+    seg->priv = sr->pool != NULL;
     seg->stream = sr->stream;
     seg->sid = sr->sid;
     seg->bins = bins;
@@ -253,7 +254,9 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
 int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_block_t **out)
 {
     mt__alloc_assert_owner(a);
-    if (a->cfg.expandable_segments) {
+    /* A private pool's segments are plain: its memory stays put until the pool is released,
+     * which an expandable range's page release would not keep. */
+    if (a->cfg.expandable_segments && sr->pool == NULL) {
         int rc = mt__exp_grow(a, sr, bp, rsize, out);
         if (rc != MT_ENOTSUP)
             return rc;
@@ -331,7 +334,7 @@ static mt_segment_t **collect(mt_alloc_t *a, bool (*pick)(const mt_segment_t *, 
 
 static bool pick_gc(const mt_segment_t *s, const void *arg)
 {
-    return !s->reserved && releasable(arg, s);
+    return !s->reserved && !s->priv && releasable(arg, s);
 }
 
 /* PyTorch's collection by reuse age: while less than the excess over the threshold has
@@ -388,8 +391,8 @@ typedef struct {
 static bool pick_oversize(const mt_segment_t *s, const void *arg)
 {
     const oversize_arg_t *o = arg;
-    return s->bins == o->bs && !s->reserved && !s->expandable && mt__seg_is_whole_free(s) &&
-           s->size >= o->min;
+    return s->bins == o->bs && !s->reserved && !s->priv && !s->expandable &&
+           mt__seg_is_whole_free(s) && s->size >= o->min;
 }
 
 bool mt__seg_release_oversize(mt_alloc_t *a, mt_binset_t *bs, size_t need)
@@ -425,7 +428,7 @@ size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsiz
     mt_segment_t *next;
     for (mt_segment_t *s = a->segs; s != NULL; s = next) {
         next = s->next;
-        if (s->bins == bs && !s->expandable && !s->reserved && s->size < rsize)
+        if (s->bins == bs && !s->expandable && !s->reserved && !s->priv && s->size < rsize)
             released += mt__seg_release(a, s); /* a no-op unless whole and free */
     }
     return released;
@@ -434,7 +437,7 @@ size_t mt__seg_release_smaller(mt_alloc_t *a, const mt_binset_t *bs, size_t rsiz
 static bool pick_cached(const mt_segment_t *s, const void *arg)
 {
     (void)arg;
-    return !s->reserved && !s->expandable && mt__seg_is_whole_free(s);
+    return !s->reserved && !s->priv && !s->expandable && mt__seg_is_whole_free(s);
 }
 
 size_t mt__seg_over_peak(const mt_alloc_t *a, size_t more)
@@ -467,8 +470,8 @@ size_t mt__seg_release_all(mt_alloc_t *a, bool include_reserved, mt_stream_t *st
     mt__unmap_batch_t q = {0}; /* expandable pages, unmapped after the walk */
     for (mt_segment_t *s = a->segs; s != NULL; s = next) {
         next = s->next;
-        if (s->reserved && !include_reserved)
-            continue;
+        if ((s->reserved && !include_reserved) || s->priv)
+            continue; /* a private pool's segments go back through mt_pool_release only */
         if (only && s->stream != stream)
             continue;
         if (s->expandable)

@@ -229,6 +229,10 @@ void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const cha
 
 /* ---- snapshot ---- */
 
+/* priv_pool took padding: the layout programs built before it know is unchanged. */
+_Static_assert(sizeof(void *) != 8 || sizeof(mt_snapshot_segment_t) == 48,
+               "mt_snapshot_segment_t keeps its size");
+
 int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
 {
     if (a == NULL || out == NULL)
@@ -253,6 +257,7 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
         ss->stream = seg->sid;
         ss->expandable = seg->expandable;
         ss->reserved = seg->reserved;
+        ss->priv_pool = seg->priv ? seg->bins->sr->pool->id : 0;
         size_t n = 0;
         for (mt_block_t *b = seg->first; b != NULL; b = b->next)
             n++;
@@ -527,7 +532,7 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         for (int bp = 0; bp < 2; bp++) {
             size_t runs = 0;
             for (const mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
-                runs += seg->expandable && seg->pool == bp && seg->stream == sr->stream;
+                runs += seg->expandable && seg->pool == bp && seg->bins->sr == sr;
             size_t maps = 0;
             for (const mt__map_t *m = a->maps; m != NULL; m = m->next)
                 maps += m->sr == sr && m->bp == bp;
@@ -593,7 +598,7 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
              cmp_stat(&st->oversize_allocations, &s.oversize_allocs, 1, "oversize_allocations")) ||
         (why = cmp_stat(&st->oversize_segments, &s.oversize_segs, 1, "oversize_segments")))
         return why;
-    if ((why = mt__tc_check(a)) != NULL)
+    if ((why = mt__tc_check(a)) != NULL || (why = mt__pool_check(a)) != NULL)
         return why;
     return mt__plan_check(a);
 }

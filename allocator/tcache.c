@@ -514,8 +514,10 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
     mt__alloc_assert_owner(a);
     /* In a reservation only planned blocks: best fit there is the plan's fallback. */
     /* Oversize blocks stay on the global path, which keeps their counters. */
+    /* A private pool's blocks neither: a thread's cache would hand them to eager requests
+     * (the routing may end while a request that took one is under way). */
     if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned) ||
-        b->size >= a->cfg.max_split_size)
+        b->size >= a->cfg.max_split_size || b->seg->priv)
         return;
     mt__tcache_t *c = mine(a);
     if (c == NULL)
@@ -581,7 +583,7 @@ void mt__tc_quiesce(mt_alloc_t *a)
 void mt__tc_resume(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
-    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0;
+    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0 && a->nroutes == 0;
     __atomic_store_n(&a->tc_on, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 

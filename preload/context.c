@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "mt_config.h"
+#include "preload/hooks_graph.h"
 #include "preload/preload.h"
 #if MT_HAVE_CUDA_BACKEND
 #include "backend/backend_cuda.h"
@@ -506,6 +507,7 @@ void mt__preload_drop_device(int d)
     if (a == NULL)
         return;
     mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
+    mt__preload_graph_forget(a);
     mt__guard_enter();
     mt_alloc_stats_t st;
     if (mt_alloc_stats(a, &st) == 0) {

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "mt_config.h"
+#include "preload/hooks_graph.h"
 #include "preload/hooks_rt.h"
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
@@ -341,6 +342,7 @@ MT_HOOK cudaError_t cudaGraphDestroy(cudaGraph_t graph)
 {
     if (graph != NULL)
         mt__preload_unpark(NULL, graph);
+    mt__preload_graph_destroyed(graph);
     FORWARD(cudaGraphDestroy, graph);
     return mt__preload_rt_ret(cudaErrorNotSupported);
 }

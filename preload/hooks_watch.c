@@ -3,6 +3,7 @@
  * sub-allocated blocks, device reset and context teardown, graph destruction. */
 #include "mt_config.h"
 #include "preload/hooks_cuda.h"
+#include "preload/hooks_graph.h"
 #include "preload/preload.h"
 
 /* ---- allocations memtrace does not serve: the driver's, with the cache given back when
@@ -186,6 +187,7 @@ MT_HOOK CUresult cuGraphDestroy(CUgraph hGraph)
 {
     if (hGraph != NULL)
         mt__preload_unpark(NULL, hGraph);
+    mt__preload_graph_destroyed(hGraph);
     FORWARD(cuGraphDestroy, hGraph);
     return CUDA_ERROR_NOT_SUPPORTED;
 }

@@ -366,7 +366,9 @@ typedef struct mt_snapshot_segment_s {
     int pool;        /* mt_pool_e */
     uint32_t stream; /* mt_stream_id */
     bool expandable;
-    bool reserved; /* a warm-up reservation */
+    bool reserved;      /* a warm-up reservation */
+    uint32_t priv_pool; /* id of the private pool holding it (mt_pool_create), 0 = none;
+                         * sits in what was padding, so the layout is unchanged */
     size_t nblocks;
     mt_snapshot_block_t *blocks; /* nblocks, address order */
 } mt_snapshot_segment_t;
@@ -380,6 +382,31 @@ typedef struct mt_alloc_snapshot_s {
 /* *out is new; free it with mt_alloc_snapshot_free. */
 MT_API int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out);
 MT_API void mt_alloc_snapshot_free(mt_alloc_snapshot_t **p);
+
+/* ---- private pools (CUDA graph capture; docs/allocator-pools.md) ----
+ * A private pool holds the memory of the allocations routed to it, as PyTorch's graph
+ * pools do: a block freed there is reused only by later allocations routed to the same
+ * pool (on the same stream), never by other requests, and its segments go back to the
+ * device only through mt_pool_release. A captured graph's addresses thus stay valid across
+ * its replays while eager work goes on. Pool memory counts in every statistic and event as
+ * any segment's; snapshots name the pool (priv_pool). Not under backend:cudaMallocAsync
+ * (MT_ENOTSUP). */
+/* Creates an empty pool; *out_id receives its id (>= 1). MT_ENOMEM. */
+MT_API int mt_pool_create(mt_alloc_t *a, uint32_t *out_id);
+/* Routes the allocations on stream (NULL = default stream) to pool id until mt_pool_end
+ * (PyTorch's beginAllocateToPool). Per-thread caches stay off meanwhile. MT_ENOENT: no such
+ * pool; MT_EBUSY: stream is routed already, or a warm-up is recording. */
+MT_API int mt_pool_begin(mt_alloc_t *a, uint32_t id, mt_stream_t *stream);
+/* Ends the routing of stream to pool id (endAllocateToPool); blocks already allocated
+ * stay in the pool. MT_ENOENT when stream is not routed to id. */
+MT_API int mt_pool_end(mt_alloc_t *a, uint32_t id, mt_stream_t *stream);
+/* Returns the pool's segments to the device and forgets id. MT_EBUSY, and nothing
+ * changes, while a stream is routed to it or one of its blocks is allocated or waits for
+ * events (free them first), or while a request of another thread (or a free callback's)
+ * is under way with the allocator's lock released (try again); MT_ENOENT: no such pool. */
+MT_API int mt_pool_release(mt_alloc_t *a, uint32_t id);
+/* The pool's reserved (segment) and allocated bytes; either pointer may be NULL. */
+MT_API int mt_pool_usage(mt_alloc_t *a, uint32_t id, uint64_t *reserved, uint64_t *allocated);
 
 /* Walks every invariant (segments, blocks, bins, bitmaps, stats). Returns 0 when all hold,
  * otherwise a negative code, after logging the first violation. */

@@ -488,3 +488,39 @@ RT_API cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMem
         return ret(cudaErrorInvalidMemcpyDirection);
     }
 }
+
+/* ---- executable graphs (hooks_graph.c's pools live as long as these) ----
+ * An exec is independent of its graph, as the runtime's: PyTorch destroys the graph right
+ * after instantiating it and replays the exec. The fake's execs record no work. */
+typedef struct fakert_exec_s {
+    cudaGraph_t graph; /* the graph it was made from; not used after */
+} fakert_exec_t;
+
+RT_API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t g,
+                                                 unsigned long long flags)
+{
+    (void)flags;
+    READY();
+    if (e == NULL || g == NULL)
+        return ret(cudaErrorInvalidValue);
+    fakert_exec_t *x = calloc(1, sizeof *x);
+    if (x == NULL)
+        return ret(cudaErrorMemoryAllocation);
+    x->graph = g;
+    *e = (cudaGraphExec_t)(void *)x;
+    return cudaSuccess;
+}
+
+RT_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
+{
+    return cudaGraphInstantiateWithFlags(e, g, flags);
+}
+
+RT_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)
+{
+    READY();
+    if (e == NULL)
+        return ret(cudaErrorInvalidValue);
+    free((void *)e);
+    return cudaSuccess;
+}
