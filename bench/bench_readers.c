@@ -7,11 +7,12 @@
  * the trace, with hello and exit lines, until the file reaches --mb megabytes.
  *
  * Rows: each reader over the whole file, wall time, CPU time (user + sys), MB/s and
- * events/s by wall time. "read" rows are this process feeding every line to the report
- * engine (tools/logs.c, the reading of report/plot/export/diff) without the analysis;
- * "memtrace report" rows are the whole command, analysis and output included.
- * MEMTRACE_READER=jansson selects the general path (jansson, then mt_prof_event_from_json)
- * for the "before" rows.
+ * events/s by wall time, and MB per CPU second: the figure per core, and the one that
+ * means something when other work shares the cores (a busy machine stretches wall time). "read"
+ * rows are this process feeding every line to the report engine (tools/logs.c, the reading of
+ * report/plot/export/diff) without the analysis; "memtrace report" rows are the whole command,
+ * analysis and output included. MEMTRACE_READER=jansson selects the general path (jansson, then
+ * mt_prof_event_from_json) for the "before" rows.
  *
  * usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] */
 #include <errno.h>
@@ -266,8 +267,9 @@ static void print_row(const row_t *r, double mb, uint64_t events)
         printf("%-42s %9s\n", r->name, "not run");
         return;
     }
-    printf("%-42s %9.2f %9.2f %9.0f %12.2f%s\n", r->name, r->wall_s, r->cpu_s, mb / r->wall_s,
-           (double)events / r->wall_s / 1e6, r->status ? "  (failed)" : "");
+    printf("%-42s %9.2f %9.2f %9.0f %11.0f %12.2f%s\n", r->name, r->wall_s, r->cpu_s,
+           mb / r->wall_s, r->cpu_s > 0 ? mb / r->cpu_s : 0.0, (double)events / r->wall_s / 1e6,
+           r->status ? "  (failed)" : "");
 }
 
 static const char py_loop[] = "import json, sys\n"
@@ -352,7 +354,8 @@ int main(int argc, char **argv)
         run_cmd("memtrace report, before (jansson)", rep_argv, NULL, "MEMTRACE_READER=jansson");
     rows[n++] = run_cmd("memtrace report, after", rep_argv, NULL, NULL);
 
-    printf("\n%-42s %9s %9s %9s %12s\n", "reader", "wall s", "cpu s", "MB/s", "M events/s");
+    printf("\n%-42s %9s %9s %9s %11s %12s\n", "reader", "wall s", "cpu s", "MB/s", "MB/cpu-s",
+           "M events/s");
     for (int i = 0; i < n; i++)
         print_row(&rows[i], mb, events);
     if (!keep)
