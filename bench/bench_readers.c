@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -216,29 +218,27 @@ static row_t run_read(const char *name, const char *path, bool jansson)
     return r;
 }
 
-/* The fast decoder alone over lines already in memory: its own ceiling. */
+/* The fast decoder alone over lines already in memory (the file mapped, its pages faulted
+ * in first): its own ceiling. */
 static row_t run_decode(const char *path)
 {
     row_t r = {.name = "decode only (fast, in memory)", .status = -1};
-    FILE *f = fopen(path, "r");
+    int fd = open(path, O_RDONLY);
     struct stat sb;
-    if (!f || fstat(fileno(f), &sb) != 0) {
-        if (f)
-            fclose(f);
+    if (fd < 0 || fstat(fd, &sb) != 0 || sb.st_size == 0) {
+        if (fd >= 0)
+            close(fd);
         return r;
     }
-    char *buf = malloc((size_t)sb.st_size + 1);
-    if (!buf || fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size) {
-        free(buf);
-        fclose(f);
+    char *buf = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+    close(fd);
+    if (buf == MAP_FAILED)
         return r;
-    }
-    fclose(f);
     uint64_t ok = 0;
     double c0 = cpu_now_s();
     uint64_t t0 = mt_bench_now_ns();
-    for (char *p = buf, *end = buf + sb.st_size; p < end;) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
+    for (const char *p = buf, *end = buf + sb.st_size; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
         size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
         mt_event_rec_t ev;
         int pid;
@@ -250,7 +250,7 @@ static row_t run_decode(const char *path)
     r.wall_s = (double)(mt_bench_now_ns() - t0) / 1e9;
     r.cpu_s = cpu_now_s() - c0;
     r.status = ok > 0 ? 0 : 3;
-    free(buf);
+    munmap(buf, (size_t)sb.st_size);
     return r;
 }
 
