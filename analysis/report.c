@@ -10,18 +10,41 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "analysis/frames.h"
 #include "analysis/model.h"
+#include "analysis/ndjson_fast.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
 
 /* ---- small containers ---- */
 
+/* Events faulted in ahead of the stores, at once: 4 MiB. */
+#define PREFAULT_EVENTS (((size_t)4 << 20) / sizeof(mt_event_rec_t))
+
+/* Invariant: n <= cap; ready <= cap (an index, not an address: it survives a realloc). */
 typedef struct evvec_s {
     mt_event_rec_t *v;
     size_t n, cap;
+    size_t ready; /* v[..ready) was faulted in by prefault, when the kernel could */
 } evvec_t;
+
+/* Faults v[from..to) in with one call instead of one fault per page as events are stored: a
+ * log of millions of events fills hundreds of MB here, and page faults were a large part of
+ * reading it. A window at a time, so that memory not yet used stays unused. Advice only. */
+static void prefault(mt_event_rec_t *v, size_t from, size_t to)
+{
+#ifdef MADV_POPULATE_WRITE
+    const uintptr_t page = 4096;
+    uintptr_t lo = ((uintptr_t)(v + from) + page - 1) & ~(page - 1);
+    uintptr_t hi = (uintptr_t)(v + to) & ~(page - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
+#else
+    (void)v, (void)from, (void)to;
+#endif
+}
 
 static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
 {
@@ -32,6 +55,10 @@ static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
             return MT_ENOMEM;
         e->v = v;
         e->cap = cap;
+    }
+    if (e->n >= e->ready) {
+        e->ready = e->cap - e->n > PREFAULT_EVENTS ? e->n + PREFAULT_EVENTS : e->cap;
+        prefault(e->v, e->n, e->ready);
     }
     e->v[e->n++] = *ev;
     return 0;
@@ -67,6 +94,8 @@ struct mt__report_s {
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
     mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
+    bool fast; /* event lines go to the fast decoder first (ndjson_fast.h); false only when
+                * MEMTRACE_READER=jansson asks for the general path alone (benchmarks) */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -89,6 +118,8 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
         return MT_ENOMEM;
     }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
+    const char *reader = getenv("MEMTRACE_READER");
+    r->fast = !reader || strcmp(reader, "jansson") != 0;
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
     *out = r;
@@ -174,7 +205,10 @@ static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
     return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
 }
 
-int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name)
+/* mt__report_add_event with the tag's name as tag_name[0..tag_len) (NUL-terminated when
+ * shorter), so that a name borrowed from a line needs no copy of its own. */
+static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name,
+                     size_t tag_len)
 {
     proc_t *p = proc_get(r, pid);
     if (!p)
@@ -210,8 +244,13 @@ int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, con
     else
         r->events++;
     if (tag_name && !p->tag_names[ev->tag % MT_TAG_MAX])
-        p->tag_names[ev->tag % MT_TAG_MAX] = strdup(tag_name);
+        p->tag_names[ev->tag % MT_TAG_MAX] = strndup(tag_name, tag_len);
     return 0;
+}
+
+int mt__report_add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag_name)
+{
+    return add_event(r, pid, ev, tag_name, SIZE_MAX);
 }
 
 int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev)
@@ -260,6 +299,21 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         r->malformed++;
         snprintf(err, errlen, "empty line");
         return MT_EPROTO;
+    }
+    if (r->fast) {
+        mt_event_rec_t ev;
+        int pid;
+        const char *tag;
+        size_t tag_len;
+        /* A negative pid is left to the general path, which reads it as a consumer
+         * queue's gap whatever the type. */
+        if (mt__ndjson_event(line, len, &ev, &pid, &tag, &tag_len) && pid >= 0) {
+            if (add_event(r, pid, &ev, tag, tag_len) != 0) {
+                snprintf(err, errlen, "out of memory");
+                return MT_ENOMEM;
+            }
+            return 0;
+        }
     }
     json_error_t jerr;
     errno = 0; /* jansson 2.14 leaves jerr empty when an allocation fails: errno says it */
