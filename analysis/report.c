@@ -95,7 +95,7 @@ struct mt__report_s {
     uint64_t duplicates;        /* sum over the processes */
     mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
     bool fast; /* event lines go to the fast decoder first (ndjson_fast.h); false only when
-                * MEMTRACE_READER=jansson asks for the general path alone (benchmarks) */
+                * cfg.general_reader asks for the general path alone (benchmarks) */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -118,8 +118,7 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
         return MT_ENOMEM;
     }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
-    const char *reader = getenv("MEMTRACE_READER");
-    r->fast = !reader || strcmp(reader, "jansson") != 0;
+    r->fast = !r->cfg.general_reader;
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
     *out = r;
@@ -763,8 +762,9 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
-    json_t *spans = res != NULL ? mt__report_spans_json(m) : NULL;
-    if (spans != NULL && json_object_set_new(res, "spans", spans) != 0) {
+    json_t *spans = NULL;
+    if (res != NULL && (mt__report_spans_json(m, &spans) != 0 ||
+                        (spans != NULL && json_object_set_new(res, "spans", spans) != 0))) {
         json_decref(res);
         res = NULL;
     }

@@ -46,6 +46,8 @@ typedef struct mt__report_cfg_s {
                                          * the default rules */
     uint64_t temporary_window_us;       /* µs: a block freed this soon is temporary (model.h);
                                            MT_MODEL_TEMP_WINDOW_US; 0 = none tracked */
+    bool general_reader; /* decode every line with jansson, never the event-line decoder
+                          * (ndjson_fast.h): the benchmarks' and tests' baseline; false */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);
@@ -170,10 +172,10 @@ json_t *mt__report_jobs_json(const json_t *procs);
 
 /* The process's "spans" member: {count, peak_iteration (the opening mark's number of the span
  * holding the device's peak; null when it came before the first mark), last[[iteration,
- * peak] of at most MT_REPORT_SPANS_KEPT spans, the newest, oldest first]}. NULL when nothing
- * was marked or without memory. */
+ * peak] of at most MT_REPORT_SPANS_KEPT spans, the newest, oldest first]}, as a new reference
+ * in *out; *out NULL when nothing was marked. 0 or MT_ENOMEM. */
 #define MT_REPORT_SPANS_KEPT 512
-json_t *mt__report_spans_json(const mt_model_t *m);
+int mt__report_spans_json(const mt_model_t *m, json_t **out);
 
 /* ---- the gap (report_gap.c) ---- */
 

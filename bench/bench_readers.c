@@ -197,12 +197,10 @@ static double cpu_now_s(void)
 static row_t run_read(const char *name, const char *path, bool jansson)
 {
     row_t r = {.name = name, .status = -1};
-    if (jansson)
-        setenv("MEMTRACE_READER", "jansson", 1);
-    else
-        unsetenv("MEMTRACE_READER");
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    cfg.general_reader = jansson;
     mt__report_t *rep = NULL;
-    if (mt__report_create(&rep, NULL) != 0)
+    if (mt__report_create(&rep, &cfg) != 0)
         return r;
     unsigned long bad = 0;
     char *paths[1] = {(char *)path};
@@ -214,7 +212,6 @@ static row_t run_read(const char *name, const char *path, bool jansson)
     if (bad)
         r.status = 3;
     mt__report_destroy(&rep);
-    unsetenv("MEMTRACE_READER");
     return r;
 }
 

@@ -341,10 +341,10 @@ static void test_report_same_both_ways(void **state)
         size_t m = mutate(s, strlen(s), buf, sizeof buf);
         lines_add(&l, buf, m);
     }
-    setenv("MEMTRACE_READER", "jansson", 1);
+    mt__report_cfg_t general = mt__report_cfg_default();
+    general.general_reader = true;
     mt__report_t *slow = NULL, *fast = NULL;
-    assert_int_equal(mt__report_create(&slow, NULL), 0);
-    unsetenv("MEMTRACE_READER");
+    assert_int_equal(mt__report_create(&slow, &general), 0);
     assert_int_equal(mt__report_create(&fast, NULL), 0);
     size_t bad = 0;
     for (size_t i = 0; i < l.n; i++) {

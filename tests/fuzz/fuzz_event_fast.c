@@ -15,9 +15,9 @@ static mt__report_t *fast, *slow;
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!fast) {
-        setenv("MEMTRACE_READER", "jansson", 1);
-        FUZZ_CHECK(mt__report_create(&slow, NULL) == 0, "a report");
-        unsetenv("MEMTRACE_READER");
+        mt__report_cfg_t general = mt__report_cfg_default();
+        general.general_reader = true;
+        FUZZ_CHECK(mt__report_create(&slow, &general) == 0, "a report");
         FUZZ_CHECK(mt__report_create(&fast, NULL) == 0, "a report");
     }
     const char *line = (const char *)data;
