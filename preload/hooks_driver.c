@@ -161,6 +161,36 @@ bool mt__preload_current_is_primary(void)
     return is_primary(ctx, dev);
 }
 
+/* cudaMallocAsync and cuMemAllocAsync allocate from the pool current to the stream's
+ * device, whichever device is current: a stream of device 1 with device 0 current gets
+ * device 1's memory. */
+int mt__preload_stream_device(void *stream, int cur)
+{
+    CUstream h = stream;
+    if (mt__preload()->sim || h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return cur;
+    __typeof__(&cuStreamGetCtx) getctx = REAL(cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (getctx == NULL || getctx(h, &ctx) != CUDA_SUCCESS || ctx == NULL)
+        return cur;
+    int n = mt__preload()->ndevices;
+    for (int d = 0; d < n && d < MT_PRELOAD_MAX_DEVICES; d++)
+        if (atomic_load_explicit(&primary_seen[d], memory_order_relaxed) == ctx)
+            return d;
+    __typeof__(&cuCtxPushCurrent_v2) push = REAL(cuCtxPushCurrent_v2);
+    __typeof__(&cuCtxPopCurrent_v2) pop = REAL(cuCtxPopCurrent_v2);
+    __typeof__(&cuCtxGetDevice) getdev = REAL(cuCtxGetDevice);
+    CUdevice dev = -1;
+    if (push == NULL || pop == NULL || getdev == NULL || push(ctx) != CUDA_SUCCESS)
+        return cur;
+    CUresult r = getdev(&dev);
+    CUcontext popped = NULL;
+    pop(&popped);
+    if (r != CUDA_SUCCESS || dev < 0)
+        return cur;
+    return is_primary(ctx, dev) ? dev : -1;
+}
+
 /* ---- device memory (both modes) ---- */
 
 /* The stream a call names: NULL in a _ptsz entry point is the per-thread stream. */
@@ -186,7 +216,9 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     int dev = drv_device();
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (!mt__preload_current_is_primary()) {
+    if (real_async != NULL)
+        dev = mt__preload_stream_device(stream, dev);
+    if (dev < 0 || !mt__preload_current_is_primary()) {
         __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
         if (real_async != NULL)
             return real_async(p, size, stream);

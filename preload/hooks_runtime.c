@@ -214,7 +214,13 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
     if (bound != cudaSuccess)
         return mt__preload_rt_ret(bound);
-    if (rc == 0 && !mt__preload_current_is_primary()) { /* a cuCtxCreate context's own */
+    int dev = rt_device();
+    if (rc == 0 && real_async != NULL) { /* the pool of the stream's device */
+        dev = mt__preload_stream_device(stream, dev);
+        if (dev >= 0)
+            rc = mt__preload_alloc(dev, &a);
+    }
+    if (rc == 0 && (dev < 0 || !mt__preload_current_is_primary())) { /* a context's own */
         cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
         if (real_async != NULL)
             return real_async(p, size, stream);

@@ -325,6 +325,19 @@ fake_stream_t *stream_of(CUstream h, CUresult *r)
     return *r == CUDA_SUCCESS ? s : NULL;
 }
 
+/* As stream_of, but a created stream of any context: what calls that work on another
+ * device's stream accept (stream-ordered allocation, cuStreamGetCtx). Caller holds mu. */
+fake_stream_t *stream_any(CUstream h, CUresult *r)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return stream_of(h, r);
+    fake_stream_t *s = fake.streams;
+    while (s != NULL && (s != (fake_stream_t *)h || s->dead))
+        s = s->next;
+    *r = s == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return s;
+}
+
 /* The live event a handle names, or NULL. Caller holds mu. */
 fake_event_t *event_of(CUevent h)
 {
@@ -690,6 +703,7 @@ CUresult blk_new(void **out, size_t size, bool host)
     b->size = host ? 0 : rounded;
     b->host = host;
     b->ctx = cur();
+    b->dev = b->ctx != NULL ? b->ctx->dev : 0;
     pthread_mutex_lock(&fake.mu);
     b->next = fake.blks;
     fake.blks = b;
@@ -786,6 +800,18 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream h)
         s->dead = true;
         pthread_cond_broadcast(&fake.cv);
     }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
+FAKE_API CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
+{
+    ENTER_CTX("cuStreamGetCtx", (uintptr_t)h, 0);
+    CUresult r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_any(h, &r);
+    if (s != NULL)
+        *pctx = (CUcontext)s->ctx;
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -1062,6 +1088,7 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     fh->size = size;
     fh->gran = gran_of(prop->location.id);
     fh->ht = prop->requestedHandleTypes;
+    fh->dev = prop->location.id;
     pthread_mutex_lock(&fake.mu);
     fake.handle_types |= prop->requestedHandleTypes;
     pthread_mutex_unlock(&fake.mu);
@@ -1098,6 +1125,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
     if (r == CUDA_SUCCESS) {
         m->p = p;
         m->size = size;
+        m->dev = fh->dev;
         m->next = v->maps;
         v->maps = m;
     }

@@ -258,13 +258,21 @@ RT_API cudaError_t cudaGetDevice(int *d)
     return cudaSuccess;
 }
 
+/* As CUDA 12's: a change of device makes that device's primary context current at once,
+ * whatever context was current before. */
 RT_API cudaError_t cudaSetDevice(int d)
 {
     if (d < 0)
         return ret(cudaErrorInvalidDevice);
-    if (d != tls_dev)
-        tls_bound = false;
+    if (d == tls_dev)
+        return cudaSuccess;
+    tls_bound = false;
     tls_dev = d;
+    pthread_once(&once, load);
+    CUcontext c = NULL;
+    if (loaded && drv.PrimaryCtxRetain(&c, d) == CUDA_SUCCESS &&
+        drv.CtxSetCurrent(c) == CUDA_SUCCESS)
+        tls_bound = true;
     return cudaSuccess;
 }
 

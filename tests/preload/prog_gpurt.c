@@ -675,6 +675,48 @@ static int dlsymcache(void)
     return 0;
 }
 
+/* The device whose memory p is, as the driver says; -1 if it cannot. */
+static int ptr_device(const void *p)
+{
+    int dev = -1;
+    if (cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, DP(p)) != CUDA_SUCCESS)
+        return -1;
+    return dev;
+}
+
+/* Stream-ordered allocation comes from the pool of the stream's device, not the current
+ * device's (run with FAKE_CUDA_DEVICES=2). */
+static int streamdev(void)
+{
+    int n = 0;
+    CHECK(cuInit(0) == CUDA_SUCCESS && cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 2);
+    cudaStream_t s1;
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK(cudaMalloc(&q, 4096) == cudaSuccess); /* the current device's, as a control */
+    CHECK(ptr_device(q) == 0);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    int dev = ptr_device(p);
+    if (dev != 1)
+        fprintf(stderr, "cudaMallocAsync on device 1's stream gave device %d's memory\n", dev);
+    CHECK(dev == 1);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAllocAsync(&d, MiB, (CUstream)s1) == CUDA_SUCCESS);
+    dev = ptr_device((void *)(uintptr_t)d);
+    if (dev != 1)
+        fprintf(stderr, "cuMemAllocAsync on device 1's stream gave device %d's memory\n", dev);
+    CHECK(dev == 1);
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CHECK(cuMemFreeAsync(d, (CUstream)s1) == CUDA_SUCCESS);
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaFree(q) == cudaSuccess);
+    return 0;
+}
+
 /* A mark before any allocation makes no allocator, hence no context on any device
  * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
 static int earlymark(void)
@@ -715,6 +757,7 @@ int main(int argc, char **argv)
         {"ctxcreate", ctxcreate},   {"destroyrefused", destroyrefused},
         {"recstream0", recstream0}, {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
+        {"streamdev", streamdev},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
