@@ -191,6 +191,56 @@ int mt__preload_stream_device(void *stream, int cur)
     return is_primary(ctx, dev) ? dev : -1;
 }
 
+/* ---- pools the program set ---- */
+
+/* Bit d: the program made a pool of its own current to device d, or set the access of d's
+ * default pool. Its stream-ordered allocations on d then go to the driver, whose pool
+ * keeps the attributes and peer access the program asked for (memtrace's memory would
+ * not). Never cleared. */
+static _Atomic uint64_t own_pool;
+
+bool mt__preload_own_pool(int dev)
+{
+    return dev >= 0 && dev < 64 && (atomic_load(&own_pool) >> dev & 1);
+}
+
+void mt__preload_own_pool_set(int dev)
+{
+    if (dev >= 0 && dev < 64)
+        atomic_fetch_or(&own_pool, (uint64_t)1 << dev);
+}
+
+/* pool's access was set: the device whose default pool it is now answers through the
+ * driver (a pool the program created reaches allocations only once made current). */
+void mt__preload_pool_access_set(void *pool)
+{
+    __typeof__(&cuDeviceGetDefaultMemPool) get = REAL(cuDeviceGetDefaultMemPool);
+    int n = mt__preload()->ndevices;
+    for (int d = 0; get != NULL && d < n; d++) {
+        CUmemoryPool def = NULL;
+        if (get(&def, d) == CUDA_SUCCESS && (void *)def == pool)
+            mt__preload_own_pool_set(d);
+    }
+}
+
+MT_HOOK CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    __typeof__(&cuDeviceSetMemPool) real = REAL(cuDeviceSetMemPool);
+    CUresult r = real != NULL ? real(dev, pool) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS)
+        mt__preload_own_pool_set(dev);
+    return r;
+}
+
+MT_HOOK CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    __typeof__(&cuMemPoolSetAccess) real = REAL(cuMemPoolSetAccess);
+    CUresult r = real != NULL ? real(pool, map, count) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS)
+        mt__preload_pool_access_set(pool);
+    return r;
+}
+
 /* ---- device memory (both modes) ---- */
 
 /* The stream a call names: NULL in a _ptsz entry point is the per-thread stream. */
@@ -218,7 +268,8 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
         return CUDA_ERROR_INVALID_CONTEXT;
     if (real_async != NULL)
         dev = mt__preload_stream_device(stream, dev);
-    if (dev < 0 || !mt__preload_current_is_primary()) {
+    if (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
+        !mt__preload_current_is_primary()) {
         __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
         if (real_async != NULL)
             return real_async(p, size, stream);
@@ -603,6 +654,8 @@ static const struct {
     D("cuMemAllocPitch", cuMemAllocPitch_v2, true),
     D("cuMemCreate", cuMemCreate, true),
     D2("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, true),
+    D("cuDeviceSetMemPool", cuDeviceSetMemPool, true),
+    D("cuMemPoolSetAccess", cuMemPoolSetAccess, true),
     D("cuMemGetAddressRange", cuMemGetAddressRange_v2, true),
     D("cuPointerGetAttribute", cuPointerGetAttribute, true),
     D("cuIpcGetMemHandle", cuIpcGetMemHandle, true),

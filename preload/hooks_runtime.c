@@ -220,7 +220,8 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         if (dev >= 0)
             rc = mt__preload_alloc(dev, &a);
     }
-    if (rc == 0 && (dev < 0 || !mt__preload_current_is_primary())) { /* a context's own */
+    if (rc == 0 && (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
+                    !mt__preload_current_is_primary())) { /* a context's or a pool's own */
         cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
         if (real_async != NULL)
             return real_async(p, size, stream);
@@ -331,6 +332,29 @@ MT_HOOK cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 {
     cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
     return do_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
+}
+
+/* A pool the program sets, or whose access it sets, keeps its stream-ordered
+ * allocations on that device with the runtime (the pool honours what was asked). */
+MT_HOOK cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool)
+{
+    cudaError_t (*real)(int, cudaMemPool_t) =
+        (cudaError_t(*)(int, cudaMemPool_t))REAL(cudaDeviceSetMemPool);
+    cudaError_t e = real != NULL ? real(device, memPool) : cudaErrorInsufficientDriver;
+    if (e == cudaSuccess)
+        mt__preload_own_pool_set(device);
+    return mt__preload_rt_ret(e);
+}
+
+MT_HOOK cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
+                                         const struct cudaMemAccessDesc *descList, size_t count)
+{
+    cudaError_t (*real)(cudaMemPool_t, const struct cudaMemAccessDesc *, size_t) = (cudaError_t(*)(
+        cudaMemPool_t, const struct cudaMemAccessDesc *, size_t))REAL(cudaMemPoolSetAccess);
+    cudaError_t e = real != NULL ? real(memPool, descList, count) : cudaErrorInsufficientDriver;
+    if (e == cudaSuccess && !mt__preload()->sim)
+        mt__preload_pool_access_set(memPool);
+    return mt__preload_rt_ret(e);
 }
 
 /* Drops the current device's cache and state first (issue 16 item 1), then resets. */
@@ -617,6 +641,8 @@ static const struct {
     H(cudaMalloc, true),
     H(cudaFree, true),
     H(cudaMallocAsync, true),
+    H(cudaDeviceSetMemPool, true),
+    H(cudaMemPoolSetAccess, true),
     H(cudaFreeAsync, true),
     H(cudaMallocAsync_ptsz, true),
     H(cudaFreeAsync_ptsz, true),

@@ -191,6 +191,11 @@ bool mt__preload_current_is_primary(void);
  * driver cannot say); -1 when the stream belongs to a context that is not a primary one
  * (the driver's, as that context's other allocations). */
 int mt__preload_stream_device(void *stream, int cur);
+/* Whether the program set a pool of its own on dev (cuDeviceSetMemPool, or the access of
+ * dev's default pool): its stream-ordered allocations there are the driver's. */
+bool mt__preload_own_pool(int dev);
+void mt__preload_own_pool_set(int dev);
+void mt__preload_pool_access_set(void *pool);
 
 /* The real definition of name, after ours in the lookup order (the runtime's or the
  * driver's). NULL when absent. */

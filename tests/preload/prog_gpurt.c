@@ -717,6 +717,49 @@ static int streamdev(void)
     return 0;
 }
 
+/* A pool the program set (its access, or a pool made current to a device) keeps that
+ * device's stream-ordered allocations with the driver and the runtime, which honour it;
+ * memtrace's memory would not (run with FAKE_CUDA_DEVICES=2). */
+static int ownpool(void)
+{
+    CHECK(bind_ctx(NULL) == 0);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    size_t n0 = fake_cuda_count("cuMemAllocAsync");
+    CHECK(cuMemAllocAsync(&d, MiB, s) == CUDA_SUCCESS);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0); /* memtrace's, before any pool is set */
+    CUmemoryPool pool;
+    CHECK(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc desc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK(cuMemPoolSetAccess(pool, &desc, 1) == CUDA_SUCCESS);
+    CHECK(cuMemAllocAsync(&d, MiB, s) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 1);
+    void *p = NULL;
+    CHECK(cudaMallocAsync(&p, MiB, (cudaStream_t)s) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 2);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(cudaFreeAsync(p, (cudaStream_t)s) == cudaSuccess);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    /* A pool made current to device 1: its streams' allocations are the driver's too. */
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    cudaStream_t s1;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 2); /* memtrace's still */
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CUmemoryPool pool1;
+    CHECK(cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS);
+    CHECK(cuDeviceSetMemPool(1, pool1) == CUDA_SUCCESS);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 3);
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess);
+    return 0;
+}
+
 /* A mark before any allocation makes no allocator, hence no context on any device
  * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
 static int earlymark(void)
@@ -757,7 +800,7 @@ int main(int argc, char **argv)
         {"ctxcreate", ctxcreate},   {"destroyrefused", destroyrefused},
         {"recstream0", recstream0}, {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
-        {"streamdev", streamdev},
+        {"streamdev", streamdev},   {"ownpool", ownpool},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
