@@ -536,10 +536,13 @@ MT_HOOK CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
 {
     int pd = mt__preload_primary_device_of(peer);
+    CUresult r = CUDA_SUCCESS;
     if (!mt__preload()->sim) {
         __typeof__(&cuCtxEnablePeerAccess) real = REAL(cuCtxEnablePeerAccess);
-        CUresult r = real ? real(peer, Flags) : CUDA_ERROR_NOT_FOUND;
-        if (r != CUDA_SUCCESS)
+        /* Already enabled by a caller memtrace does not see (NCCL's static cudart): its
+         * segments were not granted then, so they are now. */
+        r = real ? real(peer, Flags) : CUDA_ERROR_NOT_FOUND;
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
             return r;
     } else if (Flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -548,8 +551,9 @@ MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (pd < 0 || pd == d) /* not a primary context: not one memtrace allocates in */
-        return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-    return mt__preload_drv_code(mt__preload_peer_access(d, pd));
+        return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : r;
+    CUresult g = mt__preload_drv_code(mt__preload_peer_access(d, pd));
+    return g != CUDA_SUCCESS ? g : r;
 }
 
 MT_HOOK CUresult cuCtxGetCurrent(CUcontext *pctx)

@@ -444,21 +444,24 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
 MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 {
     mt_preload_t *P = mt__preload();
+    cudaError_t e = cudaSuccess;
     if (!P->sim) {
         cudaError_t (*real)(int, unsigned) =
             (cudaError_t(*)(int, unsigned))mt__preload_real_rt("cudaDeviceEnablePeerAccess");
         if (real == NULL)
             return mt__preload_rt_ret(cudaErrorInsufficientDriver);
-        cudaError_t e = real(peerDevice, flags);
-        if (e != cudaSuccess)
+        /* Already enabled: by a copy of the runtime or driver API memtrace does not see
+         * (NCCL's static cudart). memtrace's segments were not granted then: grant now. */
+        e = real(peerDevice, flags);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
             return e;
     } else if (flags != 0) {
         return mt__preload_rt_ret(cudaErrorInvalidValue);
     }
     if (peerDevice < 0 || peerDevice >= P->ndevices || peerDevice == rt_device())
         return mt__preload_rt_ret(cudaErrorInvalidDevice);
-    return mt__preload_rt_ret(
-        mt__preload_rt_code(mt__preload_peer_access(rt_device(), peerDevice)));
+    cudaError_t g = mt__preload_rt_code(mt__preload_peer_access(rt_device(), peerDevice));
+    return mt__preload_rt_ret(g != cudaSuccess ? g : e);
 }
 
 MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peerDevice)

@@ -446,6 +446,19 @@ bool fake_cuda_can_access(int dev, const void *dptr)
     return ok;
 }
 
+FAKE_API void fake_cuda_peer_unseen(int dev, int peer);
+
+/* What another copy of the driver API (a static cudart inside NCCL, say) enabling peer
+ * access does, out of reach of any interposer: dev may access peer's cuMemAlloc memory;
+ * VMM mappings stay as they are. */
+void fake_cuda_peer_unseen(int dev, int peer)
+{
+    pthread_mutex_lock(&fake.mu);
+    if (dev >= 0 && dev < MAXDEV && peer >= 0 && peer < MAXDEV)
+        fake.peer[dev] |= (uint64_t)1 << peer;
+    pthread_mutex_unlock(&fake.mu);
+}
+
 /* Moves every event recorded so far ns into the past, as if the process had run that
  * long since (for event-time precision over long runs). */
 void fake_cuda_age_events(uint64_t ns)

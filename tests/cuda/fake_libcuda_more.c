@@ -567,6 +567,7 @@ static const struct {
     P("cuDeviceGet", cuDeviceGet, NULL, 2000),
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, NULL, 7000),
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, NULL, 11000),
+    P("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess, NULL, 4000),
     P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, NULL, 11000),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, NULL, 4000),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, NULL, 4000),

@@ -25,6 +25,8 @@ void fake_cuda_fail(const char *name, unsigned count, CUresult res);
 void fake_cuda_fault(int dev, CUresult res);
 unsigned long long fake_cuda_handle_types(void);
 void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, never ours */
+bool fake_cuda_can_access(int dev, const void *dptr);
+void fake_cuda_peer_unseen(int dev, int peer); /* another driver user's enable */
 /* The fake runtime's own allocation calls: what a static libcudart runs, out of reach of
  * LD_PRELOAD. */
 cudaError_t fakert_static_malloc(void **p, size_t n);
@@ -760,6 +762,43 @@ static int ownpool(void)
     return 0;
 }
 
+/* Peer access enabled behind memtrace's back (NCCL's static cudart does so) makes the
+ * program's own enable answer AlreadyEnabled: memtrace's expandable segments must still be
+ * opened to the peer (cuMemSetAccess), or the peer's kernels fault on them (run with
+ * FAKE_CUDA_DEVICES=2). Runtime: device 0 reaches device 1's block; driver: 1 reaches 0's. */
+static int peerseen(void)
+{
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CUcontext c0, c1;
+    CHECK(cuDevicePrimaryCtxRetain(&c0, 0) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+    void *p0 = NULL, *p1 = NULL;
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaMalloc(&p1, MiB) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaMalloc(&p0, MiB) == cudaSuccess);
+    CHECK(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+    fake_cuda_peer_unseen(0, 1);         /* unseen by memtrace */
+    CHECK(!fake_cuda_can_access(0, p1)); /* VMM memory needs cuMemSetAccess too */
+    CHECK(cudaDeviceEnablePeerAccess(1, 0) == cudaErrorPeerAccessAlreadyEnabled);
+    CHECK(cudaGetLastError() == cudaErrorPeerAccessAlreadyEnabled);
+    if (!fake_cuda_can_access(0, p1))
+        fprintf(stderr, "runtime: device 0 cannot reach device 1's block\n");
+    CHECK(fake_cuda_can_access(0, p1));
+    CHECK(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+    fake_cuda_peer_unseen(1, 0);
+    CHECK(!fake_cuda_can_access(1, p0));
+    CHECK(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    if (!fake_cuda_can_access(1, p0))
+        fprintf(stderr, "driver: device 1 cannot reach device 0's block\n");
+    CHECK(fake_cuda_can_access(1, p0));
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaFree(p1) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaFree(p0) == cudaSuccess);
+    return 0;
+}
+
 /* A mark before any allocation makes no allocator, hence no context on any device
  * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
 static int earlymark(void)
@@ -801,6 +840,7 @@ int main(int argc, char **argv)
         {"recstream0", recstream0}, {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
         {"streamdev", streamdev},   {"ownpool", ownpool},
+        {"peerseen", peerseen},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

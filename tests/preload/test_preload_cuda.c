@@ -202,6 +202,13 @@ static void test_own_pool_goes_to_driver(void **state)
     assert_int_equal(run("ownpool", "FAKE_CUDA_DEVICES=2"), 0);
 }
 
+/* Peer access enabled unseen: an AlreadyEnabled answer still opens memtrace's segments. */
+static void test_peer_already_enabled_grants(void **state)
+{
+    (void)state;
+    assert_int_equal(run("peerseen", "FAKE_CUDA_DEVICES=2"), 0);
+}
+
 /* cudaFree/cuMemFree of stream-ordered memory does not synchronise the device. */
 static void test_ordered_free_no_device_sync(void **state)
 {
@@ -273,6 +280,7 @@ int main(void)
         cmocka_unit_test(test_lookup_makes_no_context),
         cmocka_unit_test(test_async_alloc_on_stream_device),
         cmocka_unit_test(test_own_pool_goes_to_driver),
+        cmocka_unit_test(test_peer_already_enabled_grants),
         cmocka_unit_test(test_per_thread_stream_and_proc_flags),
         cmocka_unit_test(test_reset_drops_cache),
         cmocka_unit_test(test_foreign_frees_forwarded),
