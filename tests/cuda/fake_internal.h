@@ -69,6 +69,8 @@ typedef struct fake_stream_s {
     fake_op_t *head, *tail;
     bool busy; /* the head is running */
     bool dead;
+    bool blocking; /* a per-thread stream, or created without CU_STREAM_NON_BLOCKING: work
+                    * on the legacy stream waits for it */
     pthread_t thread;
     /* capture: 0 none, 1 active, 2 invalidated; the graph collects the recorded work */
     int capture;

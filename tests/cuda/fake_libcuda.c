@@ -308,6 +308,8 @@ fake_stream_t *stream_of(CUstream h, CUresult *r)
         if (ptds[i] == NULL || ptds_epoch[i] != ctx->epoch) {
             ptds[i] = stream_new(ctx);
             ptds_epoch[i] = ctx->epoch;
+            if (ptds[i] != NULL)
+                ptds[i]->blocking = true;
         }
         *r = ptds[i] ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         return ptds[i];
@@ -347,6 +349,49 @@ fake_event_t *event_of(CUevent h)
     return e;
 }
 
+/* Appends op to s's queue. Caller holds mu. */
+static void enqueue(fake_stream_t *s, fake_op_t *o)
+{
+    o->next = NULL;
+    if (o->ev != NULL)
+        o->ev->refs++;
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+}
+
+/* The legacy stream's implicit synchronisation, one way: work queued on it waits for the
+ * work queued so far on every blocking stream of its context (the per-thread streams of
+ * every thread among them), through a hidden event each. Not modelled: later work on the
+ * blocking streams waiting for the legacy stream's. Caller holds mu; false on no memory. */
+static bool legacy_fence(fake_stream_t *legacy)
+{
+    for (fake_stream_t *x = fake.streams; x != NULL; x = x->next) {
+        if (x == legacy || x->ctx != legacy->ctx || !x->blocking || x->dead || x->head == NULL)
+            continue;
+        fake_event_t *e = calloc(1, sizeof *e);
+        fake_op_t *rec = malloc(sizeof *rec), *wait = malloc(sizeof *wait);
+        if (e == NULL || rec == NULL || wait == NULL) {
+            free(e);
+            free(rec);
+            free(wait);
+            return false;
+        }
+        e->ctx = legacy->ctx;
+        e->rec_gen = 1;
+        e->dead = true; /* no handle names it: it goes with its last operation */
+        e->next = fake.events;
+        fake.events = e;
+        *rec = (fake_op_t){.kind = OP_RECORD, .ev = e, .gen = 1};
+        *wait = (fake_op_t){.kind = OP_WAIT, .ev = e, .gen = 1};
+        enqueue(x, rec);
+        enqueue(legacy, wait);
+    }
+    return true;
+}
+
 CUresult submit(CUstream h, fake_op_t op)
 {
     CUresult r;
@@ -364,16 +409,14 @@ CUresult submit(CUstream h, fake_op_t op)
     fake_op_t *o = s ? malloc(sizeof *o) : NULL;
     if (s != NULL && o == NULL)
         r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (o != NULL && s == s->ctx->null_stream && !legacy_fence(s)) {
+        free(o);
+        o = NULL;
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (o != NULL) {
         *o = op;
-        o->next = NULL;
-        if (o->ev != NULL)
-            o->ev->refs++;
-        if (s->tail)
-            s->tail->next = o;
-        else
-            s->head = o;
-        s->tail = o;
+        enqueue(s, o);
         pthread_cond_broadcast(&fake.cv);
     }
     pthread_mutex_unlock(&fake.mu);
@@ -795,6 +838,8 @@ FAKE_API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     ENTER_CTX("cuStreamCreate", flags, 0);
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *st = stream_new(cur());
+    if (st != NULL)
+        st->blocking = !(flags & CU_STREAM_NON_BLOCKING);
     pthread_mutex_unlock(&fake.mu);
     *s = (CUstream)st;
     return st ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;

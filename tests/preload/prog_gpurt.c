@@ -5,6 +5,7 @@
  * fake driver's test controls. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -611,6 +612,64 @@ static int recstream0(void)
     return 0;
 }
 
+/* memtrace_record_stream with the per-thread stream names the recording thread's own
+ * stream: a free on another thread must wait for that stream's work, not the freeing
+ * thread's. The user thread's stream is kept busy by a host function until the gate. */
+static atomic_int pt_gate;
+static void *pt_block;
+
+static void CUDA_CB wait_gate(void *ud)
+{
+    (void)ud;
+    while (!atomic_load(&pt_gate))
+        usleep(1000);
+}
+
+static void *pt_user(void *arg)
+{
+    void (*record)(void *, cudaStream_t) = (void (*)(void *, cudaStream_t))arg;
+    if (bind_ctx(NULL) != 0)
+        return (void *)1;
+    record(pt_block, cudaStreamPerThread);
+    /* The kernel that reads the block, still running when the owner frees it. */
+    if (cuLaunchHostFunc(CU_STREAM_PER_THREAD, wait_gate, NULL) != CUDA_SUCCESS)
+        return (void *)1;
+    return NULL;
+}
+
+static int recstreampt(void)
+{
+    void *(*alloc)(ssize_t, int, cudaStream_t) =
+        (void *(*)(ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_alloc");
+    void (*release)(void *, ssize_t, int, cudaStream_t) =
+        (void (*)(void *, ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_free");
+    void (*record)(void *, cudaStream_t) =
+        (void (*)(void *, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_record_stream");
+    CHECK(alloc != NULL && release != NULL && record != NULL);
+    CHECK(bind_ctx(NULL) == 0);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    pt_block = alloc((ssize_t)MiB, 0, s);
+    CHECK(pt_block != NULL);
+    pthread_t t;
+    void *ret = (void *)1;
+    CHECK(pthread_create(&t, NULL, pt_user, (void *)record) == 0);
+    CHECK(pthread_join(t, &ret) == 0 && ret == NULL);
+    release(pt_block, (ssize_t)MiB, 0, s);
+    usleep(100 * 1000); /* time for any event that can complete to do so */
+    void *pb = alloc((ssize_t)MiB, 0, s);
+    CHECK(pb != NULL);
+    if (pb == pt_block)
+        fprintf(stderr, "the block came back while the user thread's stream still ran\n");
+    int reused = pb == pt_block;
+    atomic_store(&pt_gate, 1);
+    release(pb, (ssize_t)MiB, 0, s);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(!reused);
+    return 0;
+}
+
 /* Freeing stream-ordered memory with cudaFree/cuMemFree synchronises nothing (CUDA
  * documents no implicit sync there; a stream waiting on the host would hang); a
  * cudaMalloc pointer's free still synchronises the device. */
@@ -840,7 +899,7 @@ int main(int argc, char **argv)
         {"recstream0", recstream0}, {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
         {"streamdev", streamdev},   {"ownpool", ownpool},
-        {"peerseen", peerseen},
+        {"peerseen", peerseen},     {"recstreampt", recstreampt},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
