@@ -209,9 +209,21 @@ void mt__cuda_event_destroy(mt_backend_t *b, mt_event_t *ev)
     free(ev);
 }
 
+/* The stream an event for s is recorded on. The per-thread handle names the calling
+ * thread's stream, so for another thread's per-thread stream it is the legacy stream:
+ * per-thread streams are blocking, so the legacy stream's event completes only after the
+ * work queued so far on every one of them, that thread's included. */
+static CUstream record_target(const mt_stream_t *s)
+{
+    const cuda_stream_t *cs = (const cuda_stream_t *)s;
+    if (cs != NULL && cs->thread != 0 && cs->thread != thread_id())
+        return CU_STREAM_LEGACY;
+    return SH(s);
+}
+
 int mt__cuda_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s)
 {
-    int rc = CALL(C(b), EventRecord(ev->h, SH(s)));
+    int rc = CALL(C(b), EventRecord(ev->h, record_target(s)));
     if (rc == 0)
         ev->recorded = true;
     return rc;

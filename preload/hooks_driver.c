@@ -161,6 +161,86 @@ bool mt__preload_current_is_primary(void)
     return is_primary(ctx, dev);
 }
 
+/* cudaMallocAsync and cuMemAllocAsync allocate from the pool current to the stream's
+ * device, whichever device is current: a stream of device 1 with device 0 current gets
+ * device 1's memory. */
+int mt__preload_stream_device(void *stream, int cur)
+{
+    CUstream h = stream;
+    if (mt__preload()->sim || h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return cur;
+    __typeof__(&cuStreamGetCtx) getctx = REAL(cuStreamGetCtx);
+    CUcontext ctx = NULL;
+    if (getctx == NULL || getctx(h, &ctx) != CUDA_SUCCESS || ctx == NULL)
+        return cur;
+    int n = mt__preload()->ndevices;
+    for (int d = 0; d < n && d < MT_PRELOAD_MAX_DEVICES; d++)
+        if (atomic_load_explicit(&primary_seen[d], memory_order_relaxed) == ctx)
+            return d;
+    __typeof__(&cuCtxPushCurrent_v2) push = REAL(cuCtxPushCurrent_v2);
+    __typeof__(&cuCtxPopCurrent_v2) pop = REAL(cuCtxPopCurrent_v2);
+    __typeof__(&cuCtxGetDevice) getdev = REAL(cuCtxGetDevice);
+    CUdevice dev = -1;
+    if (push == NULL || pop == NULL || getdev == NULL || push(ctx) != CUDA_SUCCESS)
+        return cur;
+    CUresult r = getdev(&dev);
+    CUcontext popped = NULL;
+    pop(&popped);
+    if (r != CUDA_SUCCESS || dev < 0)
+        return cur;
+    return is_primary(ctx, dev) ? dev : -1;
+}
+
+/* ---- pools the program set ---- */
+
+/* Bit d: the program made a pool of its own current to device d, or set the access of d's
+ * default pool. Its stream-ordered allocations on d then go to the driver, whose pool
+ * keeps the attributes and peer access the program asked for (memtrace's memory would
+ * not). Never cleared. */
+static _Atomic uint64_t own_pool;
+
+bool mt__preload_own_pool(int dev)
+{
+    return dev >= 0 && dev < 64 && (atomic_load(&own_pool) >> dev & 1);
+}
+
+void mt__preload_own_pool_set(int dev)
+{
+    if (dev >= 0 && dev < 64)
+        atomic_fetch_or(&own_pool, (uint64_t)1 << dev);
+}
+
+/* pool's access was set: the device whose default pool it is now answers through the
+ * driver (a pool the program created reaches allocations only once made current). */
+void mt__preload_pool_access_set(void *pool)
+{
+    __typeof__(&cuDeviceGetDefaultMemPool) get = REAL(cuDeviceGetDefaultMemPool);
+    int n = mt__preload()->ndevices;
+    for (int d = 0; get != NULL && d < n; d++) {
+        CUmemoryPool def = NULL;
+        if (get(&def, d) == CUDA_SUCCESS && (void *)def == pool)
+            mt__preload_own_pool_set(d);
+    }
+}
+
+MT_HOOK CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    __typeof__(&cuDeviceSetMemPool) real = REAL(cuDeviceSetMemPool);
+    CUresult r = real != NULL ? real(dev, pool) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS)
+        mt__preload_own_pool_set(dev);
+    return r;
+}
+
+MT_HOOK CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    __typeof__(&cuMemPoolSetAccess) real = REAL(cuMemPoolSetAccess);
+    CUresult r = real != NULL ? real(pool, map, count) : CUDA_ERROR_NOT_FOUND;
+    if (r == CUDA_SUCCESS)
+        mt__preload_pool_access_set(pool);
+    return r;
+}
+
 /* ---- device memory (both modes) ---- */
 
 /* The stream a call names: NULL in a _ptsz entry point is the per-thread stream. */
@@ -186,7 +266,10 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     int dev = drv_device();
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (!mt__preload_current_is_primary()) {
+    if (real_async != NULL)
+        dev = mt__preload_stream_device(stream, dev);
+    if (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
+        !mt__preload_current_is_primary()) {
         __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
         if (real_async != NULL)
             return real_async(p, size, stream);
@@ -453,10 +536,13 @@ MT_HOOK CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
 {
     int pd = mt__preload_primary_device_of(peer);
+    CUresult r = CUDA_SUCCESS;
     if (!mt__preload()->sim) {
         __typeof__(&cuCtxEnablePeerAccess) real = REAL(cuCtxEnablePeerAccess);
-        CUresult r = real ? real(peer, Flags) : CUDA_ERROR_NOT_FOUND;
-        if (r != CUDA_SUCCESS)
+        /* Already enabled by a caller memtrace does not see (NCCL's static cudart): its
+         * segments were not granted then, so they are now. */
+        r = real ? real(peer, Flags) : CUDA_ERROR_NOT_FOUND;
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
             return r;
     } else if (Flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
@@ -465,8 +551,9 @@ MT_HOOK CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int Flags)
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (pd < 0 || pd == d) /* not a primary context: not one memtrace allocates in */
-        return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : CUDA_SUCCESS;
-    return mt__preload_drv_code(mt__preload_peer_access(d, pd));
+        return mt__preload()->sim ? CUDA_ERROR_INVALID_CONTEXT : r;
+    CUresult g = mt__preload_drv_code(mt__preload_peer_access(d, pd));
+    return g != CUDA_SUCCESS ? g : r;
 }
 
 MT_HOOK CUresult cuCtxGetCurrent(CUcontext *pctx)
@@ -571,6 +658,8 @@ static const struct {
     D("cuMemAllocPitch", cuMemAllocPitch_v2, true),
     D("cuMemCreate", cuMemCreate, true),
     D2("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, true),
+    D("cuDeviceSetMemPool", cuDeviceSetMemPool, true),
+    D("cuMemPoolSetAccess", cuMemPoolSetAccess, true),
     D("cuMemGetAddressRange", cuMemGetAddressRange_v2, true),
     D("cuPointerGetAttribute", cuPointerGetAttribute, true),
     D("cuIpcGetMemHandle", cuIpcGetMemHandle, true),

@@ -215,7 +215,14 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
     if (bound != cudaSuccess)
         return mt__preload_rt_ret(bound);
-    if (rc == 0 && !mt__preload_current_is_primary()) { /* a cuCtxCreate context's own */
+    int dev = rt_device();
+    if (rc == 0 && real_async != NULL) { /* the pool of the stream's device */
+        dev = mt__preload_stream_device(stream, dev);
+        if (dev >= 0)
+            rc = mt__preload_alloc(dev, &a);
+    }
+    if (rc == 0 && (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
+                    !mt__preload_current_is_primary())) { /* a context's or a pool's own */
         cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
         if (real_async != NULL)
             return real_async(p, size, stream);
@@ -328,6 +335,29 @@ MT_HOOK cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
     return do_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
 }
 
+/* A pool the program sets, or whose access it sets, keeps its stream-ordered
+ * allocations on that device with the runtime (the pool honours what was asked). */
+MT_HOOK cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool)
+{
+    cudaError_t (*real)(int, cudaMemPool_t) =
+        (cudaError_t(*)(int, cudaMemPool_t))REAL(cudaDeviceSetMemPool);
+    cudaError_t e = real != NULL ? real(device, memPool) : cudaErrorInsufficientDriver;
+    if (e == cudaSuccess)
+        mt__preload_own_pool_set(device);
+    return mt__preload_rt_ret(e);
+}
+
+MT_HOOK cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
+                                         const struct cudaMemAccessDesc *descList, size_t count)
+{
+    cudaError_t (*real)(cudaMemPool_t, const struct cudaMemAccessDesc *, size_t) = (cudaError_t(*)(
+        cudaMemPool_t, const struct cudaMemAccessDesc *, size_t))REAL(cudaMemPoolSetAccess);
+    cudaError_t e = real != NULL ? real(memPool, descList, count) : cudaErrorInsufficientDriver;
+    if (e == cudaSuccess && !mt__preload()->sim)
+        mt__preload_pool_access_set(memPool);
+    return mt__preload_rt_ret(e);
+}
+
 /* Drops the current device's cache and state first (issue 16 item 1), then resets. */
 MT_HOOK cudaError_t cudaDeviceReset(void)
 {
@@ -416,21 +446,24 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
 MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 {
     mt_preload_t *P = mt__preload();
+    cudaError_t e = cudaSuccess;
     if (!P->sim) {
         cudaError_t (*real)(int, unsigned) =
             (cudaError_t(*)(int, unsigned))mt__preload_real_rt("cudaDeviceEnablePeerAccess");
         if (real == NULL)
             return mt__preload_rt_ret(cudaErrorInsufficientDriver);
-        cudaError_t e = real(peerDevice, flags);
-        if (e != cudaSuccess)
+        /* Already enabled: by a copy of the runtime or driver API memtrace does not see
+         * (NCCL's static cudart). memtrace's segments were not granted then: grant now. */
+        e = real(peerDevice, flags);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
             return e;
     } else if (flags != 0) {
         return mt__preload_rt_ret(cudaErrorInvalidValue);
     }
     if (peerDevice < 0 || peerDevice >= P->ndevices || peerDevice == rt_device())
         return mt__preload_rt_ret(cudaErrorInvalidDevice);
-    return mt__preload_rt_ret(
-        mt__preload_rt_code(mt__preload_peer_access(rt_device(), peerDevice)));
+    cudaError_t g = mt__preload_rt_code(mt__preload_peer_access(rt_device(), peerDevice));
+    return mt__preload_rt_ret(g != cudaSuccess ? g : e);
 }
 
 MT_HOOK cudaError_t cudaDeviceCanAccessPeer(int *canAccess, int device, int peerDevice)
@@ -613,6 +646,8 @@ static const struct {
     H(cudaMalloc, true),
     H(cudaFree, true),
     H(cudaMallocAsync, true),
+    H(cudaDeviceSetMemPool, true),
+    H(cudaMemPoolSetAccess, true),
     H(cudaFreeAsync, true),
     H(cudaMallocAsync_ptsz, true),
     H(cudaFreeAsync_ptsz, true),

@@ -186,6 +186,16 @@ void mt__preload_say(mt_log_level_e level, const char *fmt, ...)
 /* Whether the calling thread's current context is a primary one (or none is current, or
  * sim): memtrace serves allocations only there (hooks_driver.c). */
 bool mt__preload_current_is_primary(void);
+/* The device whose pool a stream-ordered allocation on stream comes from: the stream's
+ * device for a created stream, cur for the legacy and per-thread handles (and when the
+ * driver cannot say); -1 when the stream belongs to a context that is not a primary one
+ * (the driver's, as that context's other allocations). */
+int mt__preload_stream_device(void *stream, int cur);
+/* Whether the program set a pool of its own on dev (cuDeviceSetMemPool, or the access of
+ * dev's default pool): its stream-ordered allocations there are the driver's. */
+bool mt__preload_own_pool(int dev);
+void mt__preload_own_pool_set(int dev);
+void mt__preload_pool_access_set(void *pool);
 
 /* The real definition of name, after ours in the lookup order (the runtime's or the
  * driver's). NULL when absent. */

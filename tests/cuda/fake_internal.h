@@ -69,6 +69,8 @@ typedef struct fake_stream_s {
     fake_op_t *head, *tail;
     bool busy; /* the head is running */
     bool dead;
+    bool blocking; /* a per-thread stream, or created without CU_STREAM_NON_BLOCKING: work
+                    * on the legacy stream waits for it */
     pthread_t thread;
     /* capture: 0 none, 1 active, 2 invalidated; the graph collects the recorded work */
     int capture;
@@ -89,12 +91,14 @@ typedef struct fake_blk_s {
     size_t size;
     bool host;
     fake_ctx_t *ctx; /* NULL for stream-ordered allocations (no context owns them) */
+    int dev;         /* the device whose memory it is (a stream-ordered one: its stream's) */
 } fake_blk_t;
 
 typedef struct fake_handle_s {
     size_t size;
     size_t gran;           /* its device's granularity: mappings of it are aligned to it */
     unsigned long long ht; /* CUmemAllocationHandleType bits it may be exported as */
+    int dev;               /* prop->location.id: the device whose memory it is */
 } fake_handle_t;
 
 /* A reservation [base, base + size) and the mappings inside it. */
@@ -103,6 +107,7 @@ typedef struct fake_map_s {
     CUdeviceptr p;
     size_t size;
     uint64_t access; /* bit d: cuMemSetAccess opened it to device d (d < 64) */
+    int dev;         /* the device of the handle mapped here */
 } fake_map_t;
 
 typedef struct fake_resv_s {
@@ -191,6 +196,7 @@ void dev_drop(uintptr_t p, size_t size);
 CUresult blk_new(void **out, size_t size, bool host);
 CUresult blk_free(void *p, bool host);
 fake_stream_t *stream_of(CUstream h, CUresult *r);
+fake_stream_t *stream_any(CUstream h, CUresult *r);
 CUresult submit(CUstream h, fake_op_t op);
 fake_ctx_t *ctx_of(CUcontext c);
 size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size);

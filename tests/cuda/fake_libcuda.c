@@ -308,6 +308,8 @@ fake_stream_t *stream_of(CUstream h, CUresult *r)
         if (ptds[i] == NULL || ptds_epoch[i] != ctx->epoch) {
             ptds[i] = stream_new(ctx);
             ptds_epoch[i] = ctx->epoch;
+            if (ptds[i] != NULL)
+                ptds[i]->blocking = true;
         }
         *r = ptds[i] ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         return ptds[i];
@@ -325,6 +327,19 @@ fake_stream_t *stream_of(CUstream h, CUresult *r)
     return *r == CUDA_SUCCESS ? s : NULL;
 }
 
+/* As stream_of, but a created stream of any context: what calls that work on another
+ * device's stream accept (stream-ordered allocation, cuStreamGetCtx). Caller holds mu. */
+fake_stream_t *stream_any(CUstream h, CUresult *r)
+{
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+        return stream_of(h, r);
+    fake_stream_t *s = fake.streams;
+    while (s != NULL && (s != (fake_stream_t *)h || s->dead))
+        s = s->next;
+    *r = s == NULL ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+    return s;
+}
+
 /* The live event a handle names, or NULL. Caller holds mu. */
 fake_event_t *event_of(CUevent h)
 {
@@ -332,6 +347,49 @@ fake_event_t *event_of(CUevent h)
     while (e != NULL && (e != (fake_event_t *)h || e->dead))
         e = e->next;
     return e;
+}
+
+/* Appends op to s's queue. Caller holds mu. */
+static void enqueue(fake_stream_t *s, fake_op_t *o)
+{
+    o->next = NULL;
+    if (o->ev != NULL)
+        o->ev->refs++;
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+}
+
+/* The legacy stream's implicit synchronisation, one way: work queued on it waits for the
+ * work queued so far on every blocking stream of its context (the per-thread streams of
+ * every thread among them), through a hidden event each. Not modelled: later work on the
+ * blocking streams waiting for the legacy stream's. Caller holds mu; false on no memory. */
+static bool legacy_fence(fake_stream_t *legacy)
+{
+    for (fake_stream_t *x = fake.streams; x != NULL; x = x->next) {
+        if (x == legacy || x->ctx != legacy->ctx || !x->blocking || x->dead || x->head == NULL)
+            continue;
+        fake_event_t *e = calloc(1, sizeof *e);
+        fake_op_t *rec = malloc(sizeof *rec), *wait = malloc(sizeof *wait);
+        if (e == NULL || rec == NULL || wait == NULL) {
+            free(e);
+            free(rec);
+            free(wait);
+            return false;
+        }
+        e->ctx = legacy->ctx;
+        e->rec_gen = 1;
+        e->dead = true; /* no handle names it: it goes with its last operation */
+        e->next = fake.events;
+        fake.events = e;
+        *rec = (fake_op_t){.kind = OP_RECORD, .ev = e, .gen = 1};
+        *wait = (fake_op_t){.kind = OP_WAIT, .ev = e, .gen = 1};
+        enqueue(x, rec);
+        enqueue(legacy, wait);
+    }
+    return true;
 }
 
 CUresult submit(CUstream h, fake_op_t op)
@@ -351,16 +409,14 @@ CUresult submit(CUstream h, fake_op_t op)
     fake_op_t *o = s ? malloc(sizeof *o) : NULL;
     if (s != NULL && o == NULL)
         r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (o != NULL && s == s->ctx->null_stream && !legacy_fence(s)) {
+        free(o);
+        o = NULL;
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (o != NULL) {
         *o = op;
-        o->next = NULL;
-        if (o->ev != NULL)
-            o->ev->refs++;
-        if (s->tail)
-            s->tail->next = o;
-        else
-            s->head = o;
-        s->tail = o;
+        enqueue(s, o);
         pthread_cond_broadcast(&fake.cv);
     }
     pthread_mutex_unlock(&fake.mu);
@@ -431,6 +487,19 @@ bool fake_cuda_can_access(int dev, const void *dptr)
                 ok = x->access >> dev & 1;
     pthread_mutex_unlock(&fake.mu);
     return ok;
+}
+
+FAKE_API void fake_cuda_peer_unseen(int dev, int peer);
+
+/* What another copy of the driver API (a static cudart inside NCCL, say) enabling peer
+ * access does, out of reach of any interposer: dev may access peer's cuMemAlloc memory;
+ * VMM mappings stay as they are. */
+void fake_cuda_peer_unseen(int dev, int peer)
+{
+    pthread_mutex_lock(&fake.mu);
+    if (dev >= 0 && dev < MAXDEV && peer >= 0 && peer < MAXDEV)
+        fake.peer[dev] |= (uint64_t)1 << peer;
+    pthread_mutex_unlock(&fake.mu);
 }
 
 /* Moves every event recorded so far ns into the past, as if the process had run that
@@ -690,6 +759,7 @@ CUresult blk_new(void **out, size_t size, bool host)
     b->size = host ? 0 : rounded;
     b->host = host;
     b->ctx = cur();
+    b->dev = b->ctx != NULL ? b->ctx->dev : 0;
     pthread_mutex_lock(&fake.mu);
     b->next = fake.blks;
     fake.blks = b;
@@ -768,6 +838,8 @@ FAKE_API CUresult cuStreamCreate(CUstream *s, unsigned int flags)
     ENTER_CTX("cuStreamCreate", flags, 0);
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *st = stream_new(cur());
+    if (st != NULL)
+        st->blocking = !(flags & CU_STREAM_NON_BLOCKING);
     pthread_mutex_unlock(&fake.mu);
     *s = (CUstream)st;
     return st ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
@@ -786,6 +858,18 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream h)
         s->dead = true;
         pthread_cond_broadcast(&fake.cv);
     }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
+FAKE_API CUresult cuStreamGetCtx(CUstream h, CUcontext *pctx)
+{
+    ENTER_CTX("cuStreamGetCtx", (uintptr_t)h, 0);
+    CUresult r;
+    pthread_mutex_lock(&fake.mu);
+    fake_stream_t *s = stream_any(h, &r);
+    if (s != NULL)
+        *pctx = (CUcontext)s->ctx;
     pthread_mutex_unlock(&fake.mu);
     return r;
 }
@@ -1062,6 +1146,7 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     fh->size = size;
     fh->gran = gran_of(prop->location.id);
     fh->ht = prop->requestedHandleTypes;
+    fh->dev = prop->location.id;
     pthread_mutex_lock(&fake.mu);
     fake.handle_types |= prop->requestedHandleTypes;
     pthread_mutex_unlock(&fake.mu);
@@ -1098,6 +1183,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
     if (r == CUDA_SUCCESS) {
         m->p = p;
         m->size = size;
+        m->dev = fh->dev;
         m->next = v->maps;
         v->maps = m;
     }

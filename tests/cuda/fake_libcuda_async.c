@@ -213,3 +213,38 @@ FAKE_API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
     pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
+
+/* ---- the pool current to a device, and pool access ---- */
+
+static CUmemoryPool current_pool[MAXDEV]; /* NULL: the device's default pool */
+
+FAKE_API CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    ENTER("cuDeviceSetMemPool", dev, 0);
+    if (dev < 0 || dev >= fake.devices || pool_of(pool) == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    current_pool[dev] = pool;
+    return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    ENTER("cuDeviceGetMemPool", dev, 0);
+    if (pool == NULL || dev < 0 || dev >= fake.devices)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = current_pool[dev] != NULL ? current_pool[dev] : (CUmemoryPool)&pools[dev];
+    return CUDA_SUCCESS;
+}
+
+/* Only checked, not modelled: a pool's blocks are reachable from every device here. */
+FAKE_API CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    ENTER("cuMemPoolSetAccess", count, 0);
+    if (pool_of(pool) == NULL || (count > 0 && map == NULL))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++)
+        if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE || map[i].location.id < 0 ||
+            map[i].location.id >= fake.devices)
+            return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}

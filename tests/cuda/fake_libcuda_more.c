@@ -40,9 +40,15 @@ static void fake_child(void)
         fake.forked = true;
 }
 
+/* FAKE_CUDA_DEVICES=n: a process that cannot call fake_cuda_reset before the first
+ * cuDeviceGetCount (a program under the drop-in, which counts devices as it loads) starts
+ * with n devices. */
 __attribute__((constructor)) static void fake_init(void)
 {
     pthread_atfork(NULL, NULL, fake_child);
+    const char *n = getenv("FAKE_CUDA_DEVICES");
+    if (n != NULL && atoi(n) > 0)
+        fake.devices = atoi(n) < MAXDEV ? atoi(n) : MAXDEV;
 }
 
 /* Destroys everything ctx owns (allocations, streams, events) and clears its fault, after
@@ -184,16 +190,18 @@ FAKE_API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width
     return r;
 }
 
-/* Stream-ordered: the memory is no context's, and a free happens when the stream gets to
- * it. On a capturing stream both become graph nodes (the allocation is made now). */
+/* Stream-ordered: the memory is no context's but the stream's device's (the pool current
+ * to that device, whatever context is current), and a free happens when the stream gets
+ * to it. On a capturing stream both become graph nodes (the allocation is made now). */
 FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
 {
     ENTER_CTX("cuMemAllocAsync", (uintptr_t)h, size);
     CUresult r;
     pthread_mutex_lock(&fake.mu);
-    fake_stream_t *s = stream_of(h, &r);
+    fake_stream_t *s = stream_any(h, &r);
     if (s != NULL && s->capture == 1)
         s->graph->nodes++;
+    int dev = s != NULL ? s->ctx->dev : 0;
     pthread_mutex_unlock(&fake.mu);
     if (s == NULL)
         return r;
@@ -204,8 +212,10 @@ FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&fake.mu);
         for (fake_blk_t *b = fake.blks; b != NULL; b = b->next)
-            if (b->p == q)
+            if (b->p == q) {
                 b->ctx = NULL;
+                b->dev = dev;
+            }
         pthread_mutex_unlock(&fake.mu);
         *p = (CUdeviceptr)(uintptr_t)q;
     }
@@ -252,9 +262,36 @@ FAKE_API CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdev
     return r;
 }
 
-/* The range attributes only (what a caching allocator changes). */
+/* The device whose memory p is: a block's, or the handle's mapped at p. */
+static CUresult device_of(CUdeviceptr p, int *dev)
+{
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fake.mu);
+    for (fake_blk_t *b = fake.blks; b != NULL && r != CUDA_SUCCESS; b = b->next)
+        if (!b->host && p >= (uintptr_t)b->p && p - (uintptr_t)b->p < b->size) {
+            *dev = b->dev;
+            r = CUDA_SUCCESS;
+        }
+    for (fake_resv_t *v = fake.resvs; v != NULL && r != CUDA_SUCCESS; v = v->next)
+        for (fake_map_t *m = v->maps; m != NULL && r != CUDA_SUCCESS; m = m->next)
+            if (p >= m->p && p - m->p < m->size) {
+                *dev = m->dev;
+                r = CUDA_SUCCESS;
+            }
+    pthread_mutex_unlock(&fake.mu);
+    return r;
+}
+
+/* The range attributes and the device ordinal (what a caching allocator changes). */
 FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr p)
 {
+    if (attr == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) {
+        int dev = 0;
+        CUresult r = device_of(p, &dev);
+        if (r == CUDA_SUCCESS)
+            *(int *)data = dev;
+        return r;
+    }
     CUdeviceptr base = 0;
     size_t size = 0;
     CUresult r = cuMemGetAddressRange_v2(&base, &size, p);
@@ -530,6 +567,7 @@ static const struct {
     P("cuDeviceGet", cuDeviceGet, NULL, 2000),
     P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, NULL, 7000),
     P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, NULL, 11000),
+    P("cuCtxEnablePeerAccess", cuCtxEnablePeerAccess, NULL, 4000),
     P("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, NULL, 11000),
     P("cuCtxPushCurrent", cuCtxPushCurrent_v2, NULL, 4000),
     P("cuCtxPopCurrent", cuCtxPopCurrent_v2, NULL, 4000),
@@ -552,6 +590,7 @@ static const struct {
     P("cuIpcGetMemHandle", cuIpcGetMemHandle, NULL, 4010),
     P("cuPointerGetAttribute", cuPointerGetAttribute, NULL, 4000),
     P("cuStreamCreate", cuStreamCreate, NULL, 2000),
+    P("cuStreamGetCtx", cuStreamGetCtx, NULL, 9020),
     P("cuStreamDestroy", cuStreamDestroy_v2, NULL, 4000),
     P("cuStreamSynchronize", cuStreamSynchronize, cuStreamSynchronize_ptsz, 2000),
     P("cuStreamWaitEvent", cuStreamWaitEvent, cuStreamWaitEvent_ptsz, 3020),

@@ -245,6 +245,38 @@ static void test_wait_event_orders_streams(void **state)
     sem_destroy(&gate);
 }
 
+/* An event on the legacy stream waits for the work queued before it on a blocking stream
+ * (created without CU_STREAM_NON_BLOCKING), not on a non-blocking one. */
+static void test_legacy_waits_for_blocking_streams(void **state)
+{
+    (void)state;
+    for (int blocking = 0; blocking < 2; blocking++) {
+        CUstream s;
+        CUevent ev;
+        CUcontext popped;
+        sem_t gate;
+        sem_init(&gate, 0, 0);
+        wait_t w = {&gate, false};
+        assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+        assert_int_equal(cu.StreamCreate(&s, blocking ? CU_STREAM_DEFAULT : CU_STREAM_NON_BLOCKING),
+                         CUDA_SUCCESS);
+        assert_int_equal(cu.EventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+        assert_int_equal(cu.LaunchHostFunc(s, wait_fn, &w), CUDA_SUCCESS);
+        assert_int_equal(cu.EventRecord(ev, CU_STREAM_LEGACY), CUDA_SUCCESS);
+        struct timespec nap = {0, 20 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+        assert_int_equal(cu.EventQuery(ev), blocking ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+        sem_post(&gate);
+        assert_int_equal(cu.EventSynchronize(ev), CUDA_SUCCESS);
+        assert_int_equal(cu.StreamSynchronize(s), CUDA_SUCCESS);
+        assert_true(w.ok);
+        cu.EventDestroy(ev);
+        cu.StreamDestroy(s);
+        assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+        sem_destroy(&gate);
+    }
+}
+
 typedef struct cb_s {
     pthread_t caller, ran_on;
     CUresult alloc, push;
@@ -584,6 +616,7 @@ int main(void)
         cmocka_unit_test(test_streams_events_tied_to_context),
         cmocka_unit_test(test_streams_run_concurrently),
         cmocka_unit_test(test_wait_event_orders_streams),
+        cmocka_unit_test(test_legacy_waits_for_blocking_streams),
         cmocka_unit_test(test_host_func_later_elsewhere_no_cuda),
         cmocka_unit_test(test_device_memory_not_host_addressable),
         cmocka_unit_test(test_vmm_strict),

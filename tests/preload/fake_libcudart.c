@@ -51,6 +51,7 @@ static struct {
     CUresult (*PrimaryCtxReset)(CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*CtxSynchronize)(void);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -144,6 +145,7 @@ static void load(void)
     GET(PrimaryCtxReset, "cuDevicePrimaryCtxReset");
     GET(CtxSetCurrent, "cuCtxSetCurrent");
     GET(CtxGetCurrent, "cuCtxGetCurrent");
+    GET(CtxEnablePeerAccess, "cuCtxEnablePeerAccess");
     GET(CtxSynchronize, "cuCtxSynchronize");
     GET(MemAlloc, "cuMemAlloc");
     GET(MemFree, "cuMemFree");
@@ -206,6 +208,8 @@ static cudaError_t from_cu(CUresult r)
         return cudaErrorStreamCaptureInvalidated;
     case CUDA_ERROR_NOT_SUPPORTED:
         return cudaErrorNotSupported;
+    case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
+        return cudaErrorPeerAccessAlreadyEnabled;
     default:
         return cudaErrorUnknown;
     }
@@ -258,13 +262,21 @@ RT_API cudaError_t cudaGetDevice(int *d)
     return cudaSuccess;
 }
 
+/* As CUDA 12's: a change of device makes that device's primary context current at once,
+ * whatever context was current before. */
 RT_API cudaError_t cudaSetDevice(int d)
 {
     if (d < 0)
         return ret(cudaErrorInvalidDevice);
-    if (d != tls_dev)
-        tls_bound = false;
+    if (d == tls_dev)
+        return cudaSuccess;
+    tls_bound = false;
     tls_dev = d;
+    pthread_once(&once, load);
+    CUcontext c = NULL;
+    if (loaded && drv.PrimaryCtxRetain(&c, d) == CUDA_SUCCESS &&
+        drv.CtxSetCurrent(c) == CUDA_SUCCESS)
+        tls_bound = true;
     return cudaSuccess;
 }
 
@@ -418,6 +430,20 @@ RT_API cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
 RT_API cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s)
 {
     return free_async(p, s, 1);
+}
+
+/* Through the driver, as the runtime: the current device's context may access the peer's
+ * cuMemAlloc memory; a second call answers cudaErrorPeerAccessAlreadyEnabled. */
+RT_API cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags)
+{
+    READY();
+    CUcontext c = NULL;
+    if (drv.CtxEnablePeerAccess == NULL)
+        return ret(cudaErrorNotSupported);
+    CUresult r = drv.PrimaryCtxRetain(&c, peer);
+    if (r == CUDA_SUCCESS)
+        r = drv.CtxEnablePeerAccess(c, flags);
+    return ret(from_cu(r));
 }
 
 RT_API cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)

@@ -5,6 +5,7 @@
  * fake driver's test controls. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,6 +26,8 @@ void fake_cuda_fail(const char *name, unsigned count, CUresult res);
 void fake_cuda_fault(int dev, CUresult res);
 unsigned long long fake_cuda_handle_types(void);
 void *fake_cuda_proc(const char *base, bool per_thread); /* the driver's own, never ours */
+bool fake_cuda_can_access(int dev, const void *dptr);
+void fake_cuda_peer_unseen(int dev, int peer); /* another driver user's enable */
 /* The fake runtime's own allocation calls: what a static libcudart runs, out of reach of
  * LD_PRELOAD. */
 cudaError_t fakert_static_malloc(void **p, size_t n);
@@ -609,6 +612,64 @@ static int recstream0(void)
     return 0;
 }
 
+/* memtrace_record_stream with the per-thread stream names the recording thread's own
+ * stream: a free on another thread must wait for that stream's work, not the freeing
+ * thread's. The user thread's stream is kept busy by a host function until the gate. */
+static atomic_int pt_gate;
+static void *pt_block;
+
+static void CUDA_CB wait_gate(void *ud)
+{
+    (void)ud;
+    while (!atomic_load(&pt_gate))
+        usleep(1000);
+}
+
+static void *pt_user(void *arg)
+{
+    void (*record)(void *, cudaStream_t) = (void (*)(void *, cudaStream_t))arg;
+    if (bind_ctx(NULL) != 0)
+        return (void *)1;
+    record(pt_block, cudaStreamPerThread);
+    /* The kernel that reads the block, still running when the owner frees it. */
+    if (cuLaunchHostFunc(CU_STREAM_PER_THREAD, wait_gate, NULL) != CUDA_SUCCESS)
+        return (void *)1;
+    return NULL;
+}
+
+static int recstreampt(void)
+{
+    void *(*alloc)(ssize_t, int, cudaStream_t) =
+        (void *(*)(ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_alloc");
+    void (*release)(void *, ssize_t, int, cudaStream_t) =
+        (void (*)(void *, ssize_t, int, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_free");
+    void (*record)(void *, cudaStream_t) =
+        (void (*)(void *, cudaStream_t))dlsym(RTLD_DEFAULT, "memtrace_record_stream");
+    CHECK(alloc != NULL && release != NULL && record != NULL);
+    CHECK(bind_ctx(NULL) == 0);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    pt_block = alloc((ssize_t)MiB, 0, s);
+    CHECK(pt_block != NULL);
+    pthread_t t;
+    void *ret = (void *)1;
+    CHECK(pthread_create(&t, NULL, pt_user, (void *)record) == 0);
+    CHECK(pthread_join(t, &ret) == 0 && ret == NULL);
+    release(pt_block, (ssize_t)MiB, 0, s);
+    usleep(100 * 1000); /* time for any event that can complete to do so */
+    void *pb = alloc((ssize_t)MiB, 0, s);
+    CHECK(pb != NULL);
+    if (pb == pt_block)
+        fprintf(stderr, "the block came back while the user thread's stream still ran\n");
+    int reused = pb == pt_block;
+    atomic_store(&pt_gate, 1);
+    release(pb, (ssize_t)MiB, 0, s);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+    CHECK(!reused);
+    return 0;
+}
+
 /* Freeing stream-ordered memory with cudaFree/cuMemFree synchronises nothing (CUDA
  * documents no implicit sync there; a stream waiting on the host would hang); a
  * cudaMalloc pointer's free still synchronises the device. */
@@ -675,6 +736,128 @@ static int dlsymcache(void)
     return 0;
 }
 
+/* The device whose memory p is, as the driver says; -1 if it cannot. */
+static int ptr_device(const void *p)
+{
+    int dev = -1;
+    if (cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, DP(p)) != CUDA_SUCCESS)
+        return -1;
+    return dev;
+}
+
+/* Stream-ordered allocation comes from the pool of the stream's device, not the current
+ * device's (run with FAKE_CUDA_DEVICES=2). */
+static int streamdev(void)
+{
+    int n = 0;
+    CHECK(cuInit(0) == CUDA_SUCCESS && cuDeviceGetCount(&n) == CUDA_SUCCESS && n == 2);
+    cudaStream_t s1;
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    void *p = NULL, *q = NULL;
+    CHECK(cudaMalloc(&q, 4096) == cudaSuccess); /* the current device's, as a control */
+    CHECK(ptr_device(q) == 0);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    int dev = ptr_device(p);
+    if (dev != 1)
+        fprintf(stderr, "cudaMallocAsync on device 1's stream gave device %d's memory\n", dev);
+    CHECK(dev == 1);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAllocAsync(&d, MiB, (CUstream)s1) == CUDA_SUCCESS);
+    dev = ptr_device((void *)(uintptr_t)d);
+    if (dev != 1)
+        fprintf(stderr, "cuMemAllocAsync on device 1's stream gave device %d's memory\n", dev);
+    CHECK(dev == 1);
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CHECK(cuMemFreeAsync(d, (CUstream)s1) == CUDA_SUCCESS);
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaFree(q) == cudaSuccess);
+    return 0;
+}
+
+/* A pool the program set (its access, or a pool made current to a device) keeps that
+ * device's stream-ordered allocations with the driver and the runtime, which honour it;
+ * memtrace's memory would not (run with FAKE_CUDA_DEVICES=2). */
+static int ownpool(void)
+{
+    CHECK(bind_ctx(NULL) == 0);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    CUdeviceptr d = 0;
+    size_t n0 = fake_cuda_count("cuMemAllocAsync");
+    CHECK(cuMemAllocAsync(&d, MiB, s) == CUDA_SUCCESS);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0); /* memtrace's, before any pool is set */
+    CUmemoryPool pool;
+    CHECK(cuDeviceGetDefaultMemPool(&pool, 0) == CUDA_SUCCESS);
+    CUmemAccessDesc desc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 1},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    CHECK(cuMemPoolSetAccess(pool, &desc, 1) == CUDA_SUCCESS);
+    CHECK(cuMemAllocAsync(&d, MiB, s) == CUDA_SUCCESS);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 1);
+    void *p = NULL;
+    CHECK(cudaMallocAsync(&p, MiB, (cudaStream_t)s) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 2);
+    CHECK(cuMemFreeAsync(d, s) == CUDA_SUCCESS);
+    CHECK(cudaFreeAsync(p, (cudaStream_t)s) == cudaSuccess);
+    CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    /* A pool made current to device 1: its streams' allocations are the driver's too. */
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    cudaStream_t s1;
+    CHECK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 2); /* memtrace's still */
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CUmemoryPool pool1;
+    CHECK(cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS);
+    CHECK(cuDeviceSetMemPool(1, pool1) == CUDA_SUCCESS);
+    CHECK(cudaMallocAsync(&p, MiB, s1) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocAsync") == n0 + 3);
+    CHECK(cudaFreeAsync(p, s1) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess);
+    return 0;
+}
+
+/* Peer access enabled behind memtrace's back (NCCL's static cudart does so) makes the
+ * program's own enable answer AlreadyEnabled: memtrace's expandable segments must still be
+ * opened to the peer (cuMemSetAccess), or the peer's kernels fault on them (run with
+ * FAKE_CUDA_DEVICES=2). Runtime: device 0 reaches device 1's block; driver: 1 reaches 0's. */
+static int peerseen(void)
+{
+    CHECK(cuInit(0) == CUDA_SUCCESS);
+    CUcontext c0, c1;
+    CHECK(cuDevicePrimaryCtxRetain(&c0, 0) == CUDA_SUCCESS);
+    CHECK(cuDevicePrimaryCtxRetain(&c1, 1) == CUDA_SUCCESS);
+    void *p0 = NULL, *p1 = NULL;
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaMalloc(&p1, MiB) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaMalloc(&p0, MiB) == cudaSuccess);
+    CHECK(cuCtxSetCurrent(c0) == CUDA_SUCCESS);
+    fake_cuda_peer_unseen(0, 1);         /* unseen by memtrace */
+    CHECK(!fake_cuda_can_access(0, p1)); /* VMM memory needs cuMemSetAccess too */
+    CHECK(cudaDeviceEnablePeerAccess(1, 0) == cudaErrorPeerAccessAlreadyEnabled);
+    CHECK(cudaGetLastError() == cudaErrorPeerAccessAlreadyEnabled);
+    if (!fake_cuda_can_access(0, p1))
+        fprintf(stderr, "runtime: device 0 cannot reach device 1's block\n");
+    CHECK(fake_cuda_can_access(0, p1));
+    CHECK(cuCtxSetCurrent(c1) == CUDA_SUCCESS);
+    fake_cuda_peer_unseen(1, 0);
+    CHECK(!fake_cuda_can_access(1, p0));
+    CHECK(cuCtxEnablePeerAccess(c0, 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+    if (!fake_cuda_can_access(1, p0))
+        fprintf(stderr, "driver: device 1 cannot reach device 0's block\n");
+    CHECK(fake_cuda_can_access(1, p0));
+    CHECK(cudaSetDevice(1) == cudaSuccess);
+    CHECK(cudaFree(p1) == cudaSuccess);
+    CHECK(cudaSetDevice(0) == cudaSuccess);
+    CHECK(cudaFree(p0) == cudaSuccess);
+    return 0;
+}
+
 /* A mark before any allocation makes no allocator, hence no context on any device
  * (each DDP rank would hold one on GPU 0): it is kept until the first allocator. */
 static int earlymark(void)
@@ -715,6 +898,8 @@ int main(int argc, char **argv)
         {"ctxcreate", ctxcreate},   {"destroyrefused", destroyrefused},
         {"recstream0", recstream0}, {"orderedfree", orderedfree},
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
+        {"streamdev", streamdev},   {"ownpool", ownpool},
+        {"peerseen", peerseen},     {"recstreampt", recstreampt},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -188,6 +188,35 @@ static void test_record_stream_default(void **state)
     assert_int_equal(run("recstream0", NULL), 0);
 }
 
+/* cudaMallocAsync/cuMemAllocAsync serve the stream's device, not the current one. */
+static void test_async_alloc_on_stream_device(void **state)
+{
+    (void)state;
+    assert_int_equal(run("streamdev", "FAKE_CUDA_DEVICES=2"), 0);
+}
+
+/* A pool the program set keeps the device's stream-ordered allocations with the driver. */
+static void test_own_pool_goes_to_driver(void **state)
+{
+    (void)state;
+    assert_int_equal(run("ownpool", "FAKE_CUDA_DEVICES=2"), 0);
+}
+
+/* Peer access enabled unseen: an AlreadyEnabled answer still opens memtrace's segments. */
+static void test_peer_already_enabled_grants(void **state)
+{
+    (void)state;
+    assert_int_equal(run("peerseen", "FAKE_CUDA_DEVICES=2"), 0);
+}
+
+/* record_stream on the per-thread stream orders a free on another thread after the
+ * recording thread's stream. */
+static void test_record_stream_per_thread(void **state)
+{
+    (void)state;
+    assert_int_equal(run("recstreampt", NULL), 0);
+}
+
 /* cudaFree/cuMemFree of stream-ordered memory does not synchronise the device. */
 static void test_ordered_free_no_device_sync(void **state)
 {
@@ -257,6 +286,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lookup_makes_no_context),
+        cmocka_unit_test(test_async_alloc_on_stream_device),
+        cmocka_unit_test(test_own_pool_goes_to_driver),
+        cmocka_unit_test(test_peer_already_enabled_grants),
+        cmocka_unit_test(test_record_stream_per_thread),
         cmocka_unit_test(test_per_thread_stream_and_proc_flags),
         cmocka_unit_test(test_reset_drops_cache),
         cmocka_unit_test(test_foreign_frees_forwarded),
