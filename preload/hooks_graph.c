@@ -261,13 +261,12 @@ MT_HOOK cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGrap
     return r;
 }
 
-MT_HOOK cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
-                                         unsigned long long flags)
+/* cudaGraphInstantiate and its WithFlags twin: the same signature and the same watch. */
+typedef cudaError_t (*instantiate_fn)(cudaGraphExec_t *, cudaGraph_t, unsigned long long);
+
+static cudaError_t instantiate(instantiate_fn real, cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                               unsigned long long flags)
 {
-    if (mt__preload()->sim)
-        return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaGraphExec_t *, cudaGraph_t, unsigned long long) =
-        REAL_RT(cudaGraphInstantiate);
     if (real == NULL)
         return mt__preload_rt_ret(cudaErrorInsufficientDriver);
     bool outer;
@@ -277,20 +276,20 @@ MT_HOOK cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_
     return r;
 }
 
+MT_HOOK cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                         unsigned long long flags)
+{
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
+    return instantiate(REAL_RT(cudaGraphInstantiate), pGraphExec, graph, flags);
+}
+
 MT_HOOK cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                                   unsigned long long flags)
 {
     if (mt__preload()->sim)
         return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaGraphExec_t *, cudaGraph_t, unsigned long long) =
-        REAL_RT(cudaGraphInstantiateWithFlags);
-    if (real == NULL)
-        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
-    bool outer;
-    cudaError_t r = CALL_REAL(&outer, real(pGraphExec, graph, flags));
-    if (outer && r == cudaSuccess && pGraphExec != NULL)
-        instantiated(graph, *pGraphExec);
-    return r;
+    return instantiate(REAL_RT(cudaGraphInstantiateWithFlags), pGraphExec, graph, flags);
 }
 
 MT_HOOK cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
