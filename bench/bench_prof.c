@@ -4,6 +4,8 @@
  *
  * Configurations, each on a fresh sim backend + caching allocator, same loop:
  *   off         no sink: the allocator neither stamps nor emits events
+ *   profiler off the sink of a profiler created off (MEMTRACE_PROF=off): dropped by the
+ *               allocator at create, so it must cost what "off" costs
  *   ring        the profiler's ring, read by a consumer thread that only drains, as the
  *               daemon does from its own process (the production path)
  *   local log   the profiler in log mode: its drainer thread encodes JSON to /dev/null
@@ -87,8 +89,9 @@ static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
 
 /* ---- the allocation loop ---- */
 
-enum { CFG_OFF, CFG_NULL, CFG_RING, CFG_LOG, CFG_STK_SAMPLED, CFG_STK_ALL, NCFG };
+enum { CFG_OFF, CFG_PROF_OFF, CFG_NULL, CFG_RING, CFG_LOG, CFG_STK_SAMPLED, CFG_STK_ALL, NCFG };
 static const char *const cfg_names[NCFG] = {"recording off",
+                                            "profiler attached, created off",
                                             "empty sink (allocator side)",
                                             "ring + reader (daemon path)",
                                             "local log (JSON drainer)",
@@ -161,6 +164,12 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
         r->sink =
             (mt_event_sink_t){.emit = stk_emit, .emit_n = stk_emit_n, .stack = stk_stack, .ud = r};
         ac->sink = &r->sink;
+    } else if (cfgi == CFG_PROF_OFF) {
+        mt_prof_cfg_t pc = mt_prof_cfg_default();
+        pc.mode = MT_PROF_OFF;
+        if (mt_prof_create(&r->prof, &pc) != 0)
+            return -1;
+        ac->sink = mt_prof_sink(r->prof);
     } else if (cfgi == CFG_LOG) {
         mt_prof_cfg_t pc = mt_prof_cfg_default();
         pc.mode = MT_PROF_LOG;
@@ -196,7 +205,7 @@ static uint64_t rec_events(rec_t *r)
         mt__ring_stats(r->ring, &st);
         return st.emitted;
     }
-    if (r->cfgi == CFG_LOG) {
+    if (r->cfgi == CFG_LOG || r->cfgi == CFG_PROF_OFF) {
         mt_prof_stats_t st;
         mt_prof_stats(r->prof, &st);
         return st.emitted;
@@ -223,7 +232,7 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
         mt__stab_destroy(&r->stab);
         if (r->area)
             munmap(r->area, mt__stab_area_size());
-    } else if (r->cfgi == CFG_LOG) {
+    } else if (r->cfgi == CFG_LOG || r->cfgi == CFG_PROF_OFF) {
         mt_prof_stats_t st;
         mt_prof_stats(r->prof, &st);
         *events = st.emitted;
@@ -556,10 +565,11 @@ int main(void)
         printf("%-30s %10.1f %11.1f %9.1f%% %10.1f %9llu   %s\n", cfg_names[c],
                res[c].best_ns_per_pair, per_pair, 100 * extra / off, per_event,
                (unsigned long long)res[c].dropped,
-               c == CFG_RING   ? "<= 5 %, <= 50 ns/event"
-               : c == CFG_NULL ? "(time stamps + event build, no recording)"
-               : c == CFG_LOG  ? "(fallback, informative)"
-                               : "(informative: shallow stack, one call site)");
+               c == CFG_RING       ? "<= 5 %, <= 50 ns/event"
+               : c == CFG_PROF_OFF ? "0 % (costs nothing)"
+               : c == CFG_NULL     ? "(time stamps + event build, no recording)"
+               : c == CFG_LOG      ? "(fallback, informative)"
+                                   : "(informative: shallow stack, one call site)");
     }
     printf("%-30s %10s %11s %10s %10.1f %9llu   %s\n", "ring push alone (1 thread)", "-", "1", "-",
            best_push, (unsigned long long)push_drops, "<= 50 ns/event");
@@ -601,6 +611,7 @@ int main(void)
         printf("%-30s %10.2f %11.1f %22s %9llu   %s\n", cfg_names[c], median(rr[c].ms, NULL, NULL),
                rr[c].events_per_step, cell, (unsigned long long)rr[c].dropped,
                c == CFG_RING          ? "<= 5 %"
+               : c == CFG_PROF_OFF    ? "0 % (costs nothing)"
                : c == CFG_NULL        ? "(time stamps + event build, no recording)"
                : c == CFG_STK_SAMPLED ? "<= 5 % over the ring's (stacks off)"
                : c == CFG_STK_ALL     ? "(informative)"
