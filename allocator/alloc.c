@@ -147,6 +147,14 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
             return a->last_sr;
         }
     }
+    mt_streamrec_t *sr = mt__alloc_streamrec_add(a, s, NULL);
+    if (sr != NULL)
+        a->last_sr = sr;
+    return sr;
+}
+
+mt_streamrec_t *mt__alloc_streamrec_add(mt_alloc_t *a, mt_stream_t *s, mt__pool_t *pool)
+{
     mt_streamrec_t **ns = mt__grow(a->streams, &a->cap_streams, a->nstreams + 1, sizeof *ns, 4);
     if (ns == NULL)
         return NULL;
@@ -156,8 +164,8 @@ mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s)
         return NULL;
     sr->stream = s;
     sr->sid = mt_stream_id(s);
+    sr->pool = pool;
     a->streams[a->nstreams++] = sr;
-    a->last_sr = sr;
     return sr;
 }
 

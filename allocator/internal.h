@@ -558,6 +558,9 @@ static inline size_t mt__alloc_round(const mt_alloc_t *a, size_t size)
     return mt__alloc_round_size(size, mt__alloc_divisions(&a->cfg, size));
 }
 mt_streamrec_t *mt__alloc_streamrec(mt_alloc_t *a, mt_stream_t *s);
+/* A new record of stream s (of private pool `pool`, NULL: the shared bins), listed in
+ * a->streams; NULL without memory (nothing listed). */
+mt_streamrec_t *mt__alloc_streamrec_add(mt_alloc_t *a, mt_stream_t *s, mt__pool_t *pool);
 mt_binset_t *mt__alloc_binset(mt_alloc_t *a, mt_streamrec_t *sr, int bp);
 /* ---- pending.c ---- */
 /* An idle event from the pool, or a new one; NULL when the backend cannot make one. */

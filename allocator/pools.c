@@ -45,22 +45,14 @@ static mt_streamrec_t *pool_streamrec(mt_alloc_t *a, mt__pool_t *p, mt_stream_t 
     for (size_t i = 0; i < p->nsrs; i++)
         if (p->srs[i]->stream == stream)
             return p->srs[i];
-    mt_streamrec_t **ns = mt__grow(a->streams, &a->cap_streams, a->nstreams + 1, sizeof *ns, 4);
-    if (ns == NULL)
-        return NULL;
-    a->streams = ns;
+    /* p's list grown first: once the record is in a->streams, nothing may fail */
     mt_streamrec_t **ps = mt__grow(p->srs, &p->cap_srs, p->nsrs + 1, sizeof *ps, 2);
     if (ps == NULL)
         return NULL;
     p->srs = ps;
-    mt_streamrec_t *sr = calloc(1, sizeof *sr);
-    if (sr == NULL)
-        return NULL;
-    sr->stream = stream;
-    sr->sid = mt_stream_id(stream);
-    sr->pool = p;
-    a->streams[a->nstreams++] = sr;
-    p->srs[p->nsrs++] = sr;
+    mt_streamrec_t *sr = mt__alloc_streamrec_add(a, stream, p);
+    if (sr != NULL)
+        p->srs[p->nsrs++] = sr;
     return sr;
 }
 

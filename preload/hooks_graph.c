@@ -26,17 +26,8 @@
 #include "preload/hooks_rt.h"
 #undef FORWARD
 
-/* The real runtime entry point `name`, looked up once per call site. */
-#define REAL_RT(name)                                                                              \
-    ({                                                                                             \
-        static _Atomic(void *) r_;                                                                 \
-        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
-        if (f_ == NULL) {                                                                          \
-            f_ = mt__preload_real_rt(#name);                                                       \
-            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
-        }                                                                                          \
-        (__typeof__(&name))f_;                                                                     \
-    })
+/* The real runtime entry point `name`, looked up once per call site, typed. */
+#define REAL_RT(name) ((__typeof__(&name))MT__PRELOAD_REAL_RT_ONCE(name))
 
 /* Hooks under way on this thread: a runtime may implement one graph call with another
  * (its cudaGraphInstantiate calling cudaGraphInstantiateWithFlags, its capture calls the

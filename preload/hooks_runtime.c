@@ -89,16 +89,7 @@ static bool sticky(cudaError_t e)
 }
 
 /* The real runtime's entry point `name` (cuda mode), looked up once per call site. */
-#define REAL(name)                                                                                 \
-    ({                                                                                             \
-        static _Atomic(void *) r_;                                                                 \
-        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
-        if (f_ == NULL) {                                                                          \
-            f_ = mt__preload_real_rt(#name);                                                       \
-            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
-        }                                                                                          \
-        f_;                                                                                        \
-    })
+#define REAL(name) MT__PRELOAD_REAL_RT_ONCE(name)
 /* The real runtime's last-error calls (cuda mode), or NULL. Torch checks the last error
  * after every kernel launch: found once, not per call. */
 static cudaError_t (*real_get_err(void))(void)

@@ -201,6 +201,17 @@ void mt__preload_pool_access_set(void *pool);
  * driver's). NULL when absent. */
 void *mt__preload_real_rt(const char *name);
 void *mt__preload_real_drv(const char *name);
+/* mt__preload_real_rt(#name), looked up once per call site (a void *). */
+#define MT__PRELOAD_REAL_RT_ONCE(name)                                                             \
+    ({                                                                                             \
+        static _Atomic(void *) r_;                                                                 \
+        void *f_ = atomic_load_explicit(&r_, memory_order_relaxed);                                \
+        if (f_ == NULL) {                                                                          \
+            f_ = mt__preload_real_rt(#name);                                                       \
+            atomic_store_explicit(&r_, f_, memory_order_relaxed);                                  \
+        }                                                                                          \
+        f_;                                                                                        \
+    })
 /* The real dlsym, never ours. */
 void *mt__preload_real_dlsym(void *handle, const char *name);
 
