@@ -47,6 +47,7 @@ static void emit_stats(mt_alloc_t *a, uint64_t t)
     mt__alloc_fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
                        (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
     a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+    mt__alloc_emit_device(a);
 }
 
 /* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
@@ -230,6 +231,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     if (rc != 0)
         goto fail_info;
     a->capacity = total_b;
+    a->used_at_create = total_b - free_b;
     a->limit =
         cfg->memory_fraction >= 1.0 ? total_b : (size_t)((double)total_b * cfg->memory_fraction);
     if (cfg->managed_memory && cfg->memory_fraction >= 1.0)
@@ -267,6 +269,7 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_lock(a);
     mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
+    mt__alloc_emit_device(a); /* before any segment: what the context and others hold */
     mt__alloc_unlock(a);
     return 0;
 
@@ -465,6 +468,7 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     a->st.num_ooms++;
     size_t free_b = 0, total_b = 0;
     (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+    mt__alloc_emit_device(a);
     mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, sr->sid, mt__public_pool(bp), 0);
     bool over_limit = a->limit < a->capacity &&
                       (size_t)a->st.reserved_bytes[MT_STAT_ALL].current + rsize > a->limit;

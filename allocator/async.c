@@ -198,6 +198,7 @@ static int fail(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, const 
     a->st.num_ooms++;
     size_t free_b = 0, total_b = 0;
     (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+    mt__alloc_emit_device(a);
     mt__alloc_emit(a, MT_EV_OOM, 0, free_b, size, mt_stream_id(stream), MT_POOL_LARGE, tag);
     mt__alloc_oom_report(a, size, size, why);
     mt__oom_call_t call;

@@ -290,6 +290,7 @@ static int exp_map(mt_alloc_t *a, mt_streamrec_t *sr, int bp, const exp_plan_t *
     mt__stat_add(a->st.reserved_bytes, bp, (int64_t)p->len);
     a->st.num_device_alloc++;
     mt__alloc_emit(a, MT_EV_SEGMENT_MAP, p->at, p->len, rsize, sr->sid, mt__public_pool(bp), 0);
+    mt__alloc_emit_device(a);
     mt__seg_bin_in(a, nb);
     if (nb->size < rsize)
         return MT_EAGAIN;
@@ -465,6 +466,7 @@ static size_t finish_unmap(mt_alloc_t *a, mt__unmap_t *u)
         x->seg = up_seg;
     mt__stat_add(a->st.reserved_bytes, bp, -(int64_t)u->len);
     mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, p, u->len, 0, sr->sid, mt__public_pool(bp), 0);
+    mt__alloc_emit_device(a);
     if (out_before)
         mt__seg_bin_in(a, before);
     if (out_after)

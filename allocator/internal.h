@@ -431,6 +431,11 @@ struct mt_alloc_s {
     mt_alloc_stats_t acc0;          /* st's cumulative figures at the last reset_accumulated */
     char tag_names[MT_TAG_MAX][32]; /* user labels; "" = unused id */
     char last_error[2048];
+    /* Outside the allocator (outside.c): the device's used bytes when it was created (the
+     * context, and whatever else held memory then), and the library ids announced on its
+     * sink (bit id). */
+    uint64_t used_at_create;
+    uint32_t lib_told;
     /* Per-thread caches (tcache.c). id: unique over the process's life, the key of the
      * threads' TLS entries (an address may be reused by a later allocator). tc_on: the fast
      * paths may run (cfg.tcache, no sink, not warming); written under mu with
@@ -760,6 +765,16 @@ static inline int mt__public_pool(int bp)
 }
 /* Fills a->last_error with the OOM report and logs it. */
 void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const char *why);
+/* v bytes as "1.50 GiB" in buf (n bytes); returns buf. */
+const char *mt__alloc_human(size_t v, char *buf, size_t n);
+
+/* ---- outside.c ---- */
+/* MT_EV_DEVICE: the device's used and total bytes now (lock held; nothing without a sink). */
+void mt__alloc_emit_device(mt_alloc_t *a);
+/* Appends to buf[len..cap) the OOM message's account of the device memory the allocator
+ * does not hold (used - reserved): by library, then the rest. Returns the new length. */
+size_t mt__alloc_outside_text(const mt_alloc_t *a, char *buf, size_t len, size_t cap, size_t used,
+                              size_t reserved);
 
 /* ---- observe.c ---- */
 /* An OOM observers' run, prepared under mu and made without it. */

@@ -100,6 +100,7 @@ static int reserve_locked(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
         a->st.num_ooms++;
         size_t free_b = 0, total_b = 0;
         (void)mt_backend_mem_get_info(a->backend, &free_b, &total_b);
+        mt__alloc_emit_device(a);
         mt__alloc_emit(a, MT_EV_OOM, 0, free_b, bytes, mt_stream_id(stream), MT_POOL_LARGE, 0);
         mt__alloc_oom_report(a, bytes, size, "warm-up reservation");
         return MT_ENOMEM;

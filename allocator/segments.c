@@ -246,6 +246,7 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
         mt__stat_add1(&a->st.oversize_segments, 1);
     a->st.num_device_alloc++;
     mt__alloc_emit(a, MT_EV_SEGMENT_ALLOC, seg->addr, size, 0, seg->sid, mt__public_pool(bp), 0);
+    mt__alloc_emit_device(a);
     mt__seg_bin_in(a, b);
     *out = seg;
     return 0;
@@ -296,6 +297,7 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
     a->st.num_device_free++;
     mt__alloc_emit(a, MT_EV_SEGMENT_FREE, seg->addr, size, 0, seg->sid, mt__public_pool(seg->pool),
                    0);
+    mt__alloc_emit_device(a);
     mt__seg_unlink(a, seg);
     free(seg);
     return size;
@@ -516,4 +518,5 @@ void mt__seg_destroy_all(mt_alloc_t *a)
         free(seg);
     }
     mt__exp_destroy(a); /* the virtual ranges, now that nothing is mapped */
+    mt__alloc_emit_device(a);
 }

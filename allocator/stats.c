@@ -149,7 +149,7 @@ const char *mt_alloc_last_error(mt_alloc_t *a)
 
 /* ---- OOM report ---- */
 
-static const char *human(size_t v, char *buf, size_t n)
+const char *mt__alloc_human(size_t v, char *buf, size_t n)
 {
     static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double d = (double)v;
@@ -182,9 +182,10 @@ static void oom_report_tags(mt_alloc_t *a)
         }
     for (int i = 0; i < n && len + 1 < cap; i++) {
         char h[32];
-        int w = snprintf(a->last_error + len, cap - len, "%s%s %s",
-                         i ? ", " : " Allocated by tag: ", mt_alloc_tag_name(a, order[i]),
-                         human((size_t)a->st.tag_allocated_bytes[order[i]].current, h, sizeof h));
+        int w = snprintf(
+            a->last_error + len, cap - len, "%s%s %s",
+            i ? ", " : " Allocated by tag: ", mt_alloc_tag_name(a, order[i]),
+            mt__alloc_human((size_t)a->st.tag_allocated_bytes[order[i]].current, h, sizeof h));
         len = w > 0 && (size_t)w < cap - len ? len + (size_t)w : cap - 1;
     }
     if (n > 0 && len + 2 < cap) {
@@ -210,19 +211,22 @@ void mt__alloc_oom_report(mt_alloc_t *a, size_t request, size_t rsize, const cha
     size_t unalloc = reserved - allocated;
     size_t largest = largest_free(a);
     char h[8][32];
-    snprintf(a->last_error, sizeof a->last_error,
-             "out of memory (%s): tried to allocate %s (%zu bytes, %zu rounded). Device %d "
-             "has a total capacity of %s of which %s is free (memory limit %s). Of the "
-             "allocated memory %s is allocated by memtrace, and %s is reserved by memtrace but "
-             "unallocated (reserved %s in total; largest free block %s). If reserved but "
-             "unallocated memory is large try setting "
-             "MEMTRACE_ALLOC_CONF=expandable_segments:True to avoid fragmentation, or "
-             "max_split_size_mb to stop large cached blocks from being split.",
-             why, human(request, h[0], sizeof h[0]), request, rsize, a->device,
-             human(total_b, h[1], sizeof h[1]), human(free_b, h[2], sizeof h[2]),
-             human(a->limit, h[3], sizeof h[3]), human(allocated, h[4], sizeof h[4]),
-             human(unalloc, h[5], sizeof h[5]), human(reserved, h[6], sizeof h[6]),
-             human(largest, h[7], sizeof h[7]));
+    snprintf(
+        a->last_error, sizeof a->last_error,
+        "out of memory (%s): tried to allocate %s (%zu bytes, %zu rounded). Device %d "
+        "has a total capacity of %s of which %s is free (memory limit %s). Of the "
+        "allocated memory %s is allocated by memtrace, and %s is reserved by memtrace but "
+        "unallocated (reserved %s in total; largest free block %s). If reserved but "
+        "unallocated memory is large try setting "
+        "MEMTRACE_ALLOC_CONF=expandable_segments:True to avoid fragmentation, or "
+        "max_split_size_mb to stop large cached blocks from being split.",
+        why, mt__alloc_human(request, h[0], sizeof h[0]), request, rsize, a->device,
+        mt__alloc_human(total_b, h[1], sizeof h[1]), mt__alloc_human(free_b, h[2], sizeof h[2]),
+        mt__alloc_human(a->limit, h[3], sizeof h[3]), mt__alloc_human(allocated, h[4], sizeof h[4]),
+        mt__alloc_human(unalloc, h[5], sizeof h[5]), mt__alloc_human(reserved, h[6], sizeof h[6]),
+        mt__alloc_human(largest, h[7], sizeof h[7]));
+    (void)mt__alloc_outside_text(a, a->last_error, strlen(a->last_error), sizeof a->last_error,
+                                 total_b - free_b, reserved);
     oom_report_tags(a);
     mt__alloc_log(a, MT_LOG_ERROR, "memtrace: %s", a->last_error);
 }

@@ -52,6 +52,7 @@ void mt_model_destroy(mt_model_t **pm)
     }
     mt__model_iterations_free(m);
     mt__model_stacks_free(m);
+    mt__model_outside_free(m);
     free(m->settings);
     free(m);
     *pm = NULL;
@@ -527,12 +528,22 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     m->seq_seen = true;
     if (ev->kind == MT_EV_TAG_LABEL) /* a name, not an operation */
         return grc;
+    if (ev->kind == MT_EV_LIBRARY_LABEL) {
+        int orc = mt__model_outside_apply(m, ev);
+        return orc ? orc : grc;
+    }
     if (ev->kind == MT_EV_STACK_REF) { /* the stack of the alloc that follows */
         mt__model_stack_ref(m, ev);
         return grc;
     }
     if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
         return setting(m, ev) ? grc : MT_ENOMEM;
+    if (ev->kind == MT_EV_DEVICE || ev->kind == MT_EV_OUTSIDE_ALLOC ||
+        ev->kind == MT_EV_OUTSIDE_FREE) {
+        int orc = mt__model_outside_apply(m, ev);
+        if (orc)
+            grc = orc;
+    }
     managed(m, ev);
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
@@ -804,6 +815,9 @@ int mt_model_check(const mt_model_t *m, char *why, size_t whylen)
         if (rc)
             return rc;
     }
+    int orc = mt__model_outside_check(m, why, whylen);
+    if (orc)
+        return orc;
     CHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
     for (unsigned s = 0; s < MT_EVENT_SOURCES; s++)
         CHECK(m->src_peak_alloc[s] >= m->src_alloc[s] && m->src_peak_res[s] >= m->src_res[s] &&

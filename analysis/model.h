@@ -116,6 +116,33 @@ typedef struct mt_model_managed_s {
     uint64_t migrated;       /* bytes migrated so far (both ways), at the last samples */
 } mt_model_managed_t;
 void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out);
+/* Device memory outside the allocator (docs/outside.md), per device with an MT_EV_DEVICE
+ * figure. The parts add up to used, each taken from what the ones before it leave:
+ * used = reserved' + libraries + context + not_seen, with reserved' = min(reserved, used). */
+typedef struct mt_model_outside_s {
+    unsigned device;
+    uint64_t used, total; /* bytes, as the driver reported them at the latest figure */
+    uint64_t peak_used;   /* bytes, highest used seen */
+    uint64_t reserved;    /* bytes, the allocators' reserved on the device now */
+    uint64_t outside;     /* used - reserved, 0 when reserved is larger */
+    uint64_t libraries;   /* bytes libraries hold outside, as reported (MT_EV_OUTSIDE_*) */
+    uint64_t context;     /* bytes in use at the first figure that no event named */
+    uint64_t not_seen;    /* the rest of outside */
+} mt_model_outside_t;
+/* Fills out[0..min(n, max)) by ordinal and returns n, the devices with a figure. */
+size_t mt_model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max);
+typedef struct mt_model_library_s {
+    unsigned id;      /* the producer's library id; 0 = unnamed */
+    const char *name; /* borrowed until the model changes */
+    uint64_t bytes;   /* held outside on the device now */
+    uint64_t peak;    /* highest held */
+} mt_model_library_t;
+/* The libraries that held memory outside on device, by bytes then peak, largest first:
+ * fills out[0..min(n, max)) and returns n. */
+size_t mt_model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
+                                  size_t max);
+/* A library id's name ("unnamed" for 0). */
+const char *mt_model_library_name(const mt_model_t *m, unsigned id);
 /* The same without the free extents (total_free, largest_free, fragmentation are 0): O(1),
  * for a figure per event. */
 void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);

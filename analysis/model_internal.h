@@ -86,6 +86,19 @@ typedef struct mt__mclass_s {
     uint64_t tmp_window_us; /* µs, the model's cfg.temporary_window_us */
 } mt__mclass_t;
 
+/* One device's memory outside the allocator (model_outside.c).
+ * Invariants: libs = sum lib[]; lib_peak[i] >= lib[i]; peak_used >= used; before the first
+ * MT_EV_DEVICE (seen false) used = context = 0. */
+typedef struct mt__mdev_s {
+    bool seen;                     /* an MT_EV_DEVICE arrived */
+    uint64_t used, total;          /* bytes, its latest */
+    uint64_t peak_used;            /* bytes */
+    uint64_t context;              /* bytes used at the first figure, less what events named */
+    uint64_t lib[MT_TAG_MAX];      /* bytes outside by library id (0: unnamed) */
+    uint64_t lib_peak[MT_TAG_MAX]; /* bytes */
+    uint64_t libs;                 /* sum of lib */
+} mt__mdev_t;
+
 /* Invariants: a source's totals count in exactly the class of its pool
  * (mt_event_source >= 256 <=> host); nit <= capit; lost_seq, lost_rec count events. */
 struct mt_model_s {
@@ -121,6 +134,10 @@ struct mt_model_s {
     /* managed memory: the figures summed, and each device's latest (a device is managed
      * once one of its MT_EV_MANAGED events arrived; mres its reserved bytes since) */
     mt_model_managed_t managed;
+    /* outside the allocator: per device ordinal, NULL until its first such event; library
+     * names by id ("" unnamed), NULL until the first */
+    mt__mdev_t *odev[256];
+    char (*libname)[MT_EVENT_LABEL_MAX + 1];
     bool mon[256];
     uint64_t mres[256], mdev[256], mfaults[256], mmoved[256];
     uint64_t mres_sum;
@@ -164,6 +181,12 @@ int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen);
 int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free);
 void mt__model_temp_free_all(mt__mclass_t *c);
 int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* model_outside.c */
+/* Applies MT_EV_DEVICE, MT_EV_OUTSIDE_* and MT_EV_LIBRARY_LABEL. 0 or MT_ENOMEM. */
+int mt__model_outside_apply(mt_model_t *m, const mt_event_rec_t *ev);
+void mt__model_outside_free(mt_model_t *m);
+int mt__model_outside_check(const mt_model_t *m, char *why, size_t whylen);
 
 /* model_growth.c */
 int mt__model_iteration(mt_model_t *m, uint64_t iteration);

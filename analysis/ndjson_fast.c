@@ -189,9 +189,10 @@ bool mt__ndjson_event(const char *line, size_t len, mt_event_rec_t *ev, int *pid
         return false;
     ev->device = (uint8_t)dev;
     int k = lookup(s, n, mt_event_kind_name, 1, MT_EV_KIND_COUNT - 1);
-    /* Gaps, tag labels and named marks are rare and carry strings that may need
-     * unescaping: jansson's. */
-    if (k < 0 || k == MT_EV_GAP || k == MT_EV_TAG_LABEL || k == MT_EV_MARK_NAMED)
+    /* Gaps, labels and named marks are rare and carry strings that may need unescaping, and
+     * outside events name a library, not a tag: jansson's. */
+    if (k < 0 || k == MT_EV_GAP || k == MT_EV_TAG_LABEL || k == MT_EV_MARK_NAMED ||
+        k == MT_EV_LIBRARY_LABEL || k == MT_EV_OUTSIDE_ALLOC || k == MT_EV_OUTSIDE_FREE)
         return false;
     ev->kind = (uint8_t)k;
     bool ok = k == MT_EV_STACK_REF ? stack_ref(&c, ev) : figures(&c, ev, tag, tag_len);

@@ -99,7 +99,8 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
     while (ln < s->nlanes && s->lane_dev[ln] != ev->device)
         ln++;
     bool totals = ev->kind != MT_EV_MARK && ev->kind != MT_EV_MARK_NAMED && ev->kind != MT_EV_GAP &&
-                  ev->kind != MT_EV_TAG_LABEL; /* events that carry an allocator's totals */
+                  ev->kind != MT_EV_TAG_LABEL &&
+                  ev->kind != MT_EV_LIBRARY_LABEL; /* events that carry an allocator's totals */
     if (ln == s->nlanes && ln < MAX_LANES && totals)
         s->lane_dev[s->nlanes++] = ev->device;
     if (ln < s->nlanes) {

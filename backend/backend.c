@@ -179,6 +179,10 @@ int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
         rc = MT_EINVAL;
     if (env_u64("MEMTRACE_SIM_PEER_BANDWIDTH", &cfg->sim_peer_bandwidth, true, err, errlen) != 0)
         rc = MT_EINVAL;
+    uint64_t ctx = cfg->sim_context;
+    if (env_u64("MEMTRACE_SIM_CONTEXT", &ctx, false, err, errlen) != 0)
+        rc = MT_EINVAL;
+    cfg->sim_context = (size_t)ctx;
     return rc;
 }
 

@@ -91,6 +91,7 @@ static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, 
     s->base.log_ud = cfg->log_ud;
     s->group = g;
     s->capacity = capacity;
+    s->context = cfg->sim_context;
     s->fail_rc = MT_ENOMEM;
     atomic_init(&s->malloc_cost_ns, mcost);
     atomic_init(&s->free_cost_ns, fcost);
@@ -146,6 +147,13 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
                  "memtrace: sim backend: %d devices asked for, the sim models 1..%d", n,
                  MT_SIM_MAX_DEVICES);
+        return MT_EINVAL;
+    }
+    if (cfg->sim_context >= capacity) {
+        mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
+                 "memtrace: sim backend: a context of %zu bytes leaves nothing of a %zu-byte "
+                 "device (MEMTRACE_SIM_CONTEXT below MEMTRACE_SIM_CAPACITY)",
+                 cfg->sim_context, capacity);
         return MT_EINVAL;
     }
     if (cfg->device >= n) {

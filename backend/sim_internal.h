@@ -70,7 +70,8 @@ typedef struct sim_group_s {
 /* The sim device.
  * Invariants (under mu): free and used ranges are disjoint, sorted, and together cover
  * [0, dev_size); no two free ranges touch (they are merged on free);
- * seg_bytes = sum of used sizes; seg_bytes + mapped_bytes + mstats.device_bytes <= capacity;
+ * seg_bytes = sum of used sizes;
+ * context + seg_bytes + mapped_bytes + mstats.device_bytes <= capacity;
  * mapped_bytes = SIM_VM_GRANULARITY * sum of nmapped over vms.
  * Lock order: streams_mu before a stream's mu; mu, cost_mu and ev_mu are leaves (no
  * other lock is taken while one of them is held). */
@@ -83,6 +84,7 @@ typedef struct sim_s {
     uint8_t *dev_base;   /* start of the device range, 2 MiB aligned */
     size_t dev_size;     /* bytes of the device address range: SIM_VA_FACTOR x capacity */
     size_t capacity;     /* bytes reported as total by mem_get_info */
+    size_t context;      /* bytes the modelled context holds from creation, < capacity */
     size_t map_len;      /* bytes of the whole mmap behind dev_base (for munmap) */
     void *map_base;      /* what mmap returned (dev_base is aligned inside it) */
     sim_ranges_t free_r; /* free pieces of the device range */

@@ -258,6 +258,6 @@ void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
         return;
     w->last = t;
     window_record(t, ev);
-    if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL)
+    if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL && ev->kind != MT_EV_LIBRARY_LABEL)
         history_record(t, p, ev);
 }

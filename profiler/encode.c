@@ -220,6 +220,10 @@ static char *write_label(char *w, const mt_event_rec_t *ev, int pid, const char 
         w = LIT(w, ",\"reserved\":");
         w = put_sat(w, ev->reserved);
         w = LIT(w, ",\"name\":");
+    } else if (ev->kind == MT_EV_LIBRARY_LABEL) {
+        w = LIT(w, ",\"kind\":\"library_label\",\"library_id\":");
+        w = put_u64(w, ev->tag);
+        w = LIT(w, ",\"label\":");
     } else {
         w = LIT(w, ",\"kind\":\"tag_label\",\"tag_id\":");
         w = put_u64(w, ev->tag);
@@ -259,7 +263,8 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
         *w = '\0';
         return (size_t)(w - buf);
     }
-    if (ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_MARK_NAMED) {
+    if (ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_MARK_NAMED ||
+        ev->kind == MT_EV_LIBRARY_LABEL) {
         char label[MT_EVENT_LABEL_MAX + 1];
         mt_event_label_unpack(ev, label);
         size_t need = FIXED_MAX + ESC_MAX * MT_EVENT_LABEL_MAX + 1;
@@ -273,7 +278,8 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     const char *kind = mt_event_kind_name(ev->kind);
     const char *mark = ev->kind == MT_EV_MARK ? mt_mark_name((int)ev->addr) : NULL;
     const char *pool = mt_pool_name(ev->pool);
-    const char *tag = mt__prof_tag_label(ev->tag, tag_name, ud, tagbuf);
+    bool outside = ev->kind == MT_EV_OUTSIDE_ALLOC || ev->kind == MT_EV_OUTSIDE_FREE;
+    const char *tag = outside ? "" : mt__prof_tag_label(ev->tag, tag_name, ud, tagbuf);
     size_t names = strlen(kind) + (mark ? strlen(mark) : 0) + strlen(pool) + strlen(tag);
     size_t need = FIXED_MAX + ESC_MAX * names + 1; /* + the NUL */
     if (!buf || cap < need)
@@ -295,10 +301,15 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     w = put_sat(w, ev->requested);
     w = LIT(w, ",\"pool\":");
     w = put_str(w, pool);
-    w = LIT(w, ",\"tag\":");
-    w = put_str(w, tag);
-    w = LIT(w, ",\"tag_id\":");
-    w = put_u64(w, ev->tag);
+    if (outside) { /* its tag is a library id (event.h), not the allocator's tag */
+        w = LIT(w, ",\"library_id\":");
+        w = put_u64(w, ev->tag);
+    } else {
+        w = LIT(w, ",\"tag\":");
+        w = put_str(w, tag);
+        w = LIT(w, ",\"tag_id\":");
+        w = put_u64(w, ev->tag);
+    }
     w = LIT(w, ",\"stream\":");
     w = put_u64(w, ev->stream);
     w = LIT(w, ",\"allocated\":");

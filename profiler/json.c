@@ -140,6 +140,16 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
         ev->tag = (uint8_t)tag;
         return 0;
     }
+    if (k == MT_EV_LIBRARY_LABEL) {
+        const char *label = json_string_value(json_object_get(o, "label"));
+        if (!label || !label[0])
+            BAD("label");
+        if (!get_u64(o, "library_id", &tag) || tag == 0 || tag >= MT_TAG_MAX)
+            BAD("library_id");
+        mt_event_label_pack(ev, label);
+        ev->tag = (uint8_t)tag;
+        return 0;
+    }
     if (k == MT_EV_MARK_NAMED) {
         /* The name, cut as the preload cuts it (requested stays 0), and the totals. */
         const char *name = json_string_value(json_object_get(o, "name"));
@@ -195,8 +205,12 @@ int mt_prof_event_from_json(const void *json, mt_event_rec_t *ev, int *pid, char
     int pl = pool ? name_lookup(pool, mt_pool_name, 0, MT_POOL_HOST) : -1;
     if (pl < 0)
         BAD("pool");
-    if (!get_u64(o, "tag_id", &tag) || tag >= MT_TAG_MAX)
+    if (k == MT_EV_OUTSIDE_ALLOC || k == MT_EV_OUTSIDE_FREE) {
+        if (!get_u64(o, "library_id", &tag) || tag >= MT_TAG_MAX)
+            BAD("library_id");
+    } else if (!get_u64(o, "tag_id", &tag) || tag >= MT_TAG_MAX) {
         BAD("tag_id");
+    }
     ev->stream = (uint32_t)stream;
     ev->pool = (uint8_t)pl;
     ev->tag = (uint8_t)tag;

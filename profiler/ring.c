@@ -662,6 +662,10 @@ static bool record_valid(const mt_event_rec_t *ev)
         char label[MT_EVENT_LABEL_MAX + 1];
         return ev->tag >= MT_TAG_USER_FIRST && mt_event_label_unpack(ev, label) > 0;
     }
+    if (ev->kind == MT_EV_LIBRARY_LABEL) {
+        char label[MT_EVENT_LABEL_MAX + 1];
+        return ev->tag >= 1 && mt_event_label_unpack(ev, label) > 0;
+    }
     if (ev->kind == MT_EV_STACK_REF)
         return ev->size != 0 && (ev->size <= MT_STACK_ID_MAX || ev->size == MT_STACK_ID_OVERFLOW);
     if (ev->kind == MT_EV_MARK_NAMED) {

@@ -59,6 +59,10 @@ const char *mt_event_kind_name(int kind)
         [MT_EV_STACK_REF] = "stack_ref",
         [MT_EV_SETTING] = "setting",
         [MT_EV_MANAGED] = "managed",
+        [MT_EV_DEVICE] = "device",
+        [MT_EV_OUTSIDE_ALLOC] = "outside_alloc",
+        [MT_EV_OUTSIDE_FREE] = "outside_free",
+        [MT_EV_LIBRARY_LABEL] = "library_label",
     };
     if (kind <= 0 || kind >= (int)(sizeof names / sizeof names[0]) || names[kind] == NULL)
         return "unknown";

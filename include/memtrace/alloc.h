@@ -271,6 +271,20 @@ MT_API const char *mt_tag_builtin_name(int tag);
  * the event is the periodic one's (size = peak allocated, requested = requested bytes). */
 MT_API void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int tag);
 
+/* ---- device memory outside the allocator (docs/outside.md) ---- */
+
+/* Reports that library took (freed = false) or gave back (true) size bytes at addr on a's
+ * device without the allocator (the drop-in calls it for what it forwards to the driver).
+ * library: a short name, the calling module's file name ("libnccl.so.2"); NULL or "" for
+ * none. Library names get ids shared by the process. Emits MT_EV_LIBRARY_LABEL (once per
+ * id and allocator), MT_EV_OUTSIDE_ALLOC or _FREE (tag = id) and MT_EV_DEVICE; the OOM
+ * message names the largest. MT_EINVAL for a NULL a or size 0. Takes a's lock. */
+MT_API int mt_alloc_note_outside(mt_alloc_t *a, bool freed, uint64_t addr, uint64_t size,
+                                 const char *library);
+/* Bytes that library holds outside the allocators of a's device (library NULL: every
+ * library, named or not; "": those with no name), as mt_alloc_note_outside was told. */
+MT_API uint64_t mt_alloc_outside_bytes(const mt_alloc_t *a, const char *library);
+
 /* ---- statistics (the reference vocabulary) ---- */
 
 typedef struct mt_stat_s {

@@ -56,6 +56,9 @@ typedef struct mt_backend_cfg_s {
                                   * UINT64_MAX = MEMTRACE_SIM_PEER_COST_NS env, else 10000 */
     uint64_t sim_peer_bandwidth; /* peer copy bytes per second; 0 = MEMTRACE_SIM_PEER_BANDWIDTH
                                   * env, else 12 GiB/s */
+    size_t sim_context;          /* bytes each sim device's modelled CUDA context holds from the
+                                  * start (used, never free; < capacity); the default config
+                                  * takes MEMTRACE_SIM_CONTEXT, else 0 */
 } mt_backend_cfg_t;
 
 #define MT_SIM_MAX_DEVICES 64

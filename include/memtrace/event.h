@@ -42,9 +42,19 @@ typedef enum mt_event_kind_e {
                                * mt_setting_e, size = new value, requested = old value */
     MT_EV_MANAGED = 20,       /* managed memory (cfg.managed_memory): tag = mt_managed_op_e,
                                * the rest as that enum says */
+    MT_EV_DEVICE = 21,        /* the device's memory as the driver reports it (mem_get_info):
+                               * size = used bytes (total - free), requested = total bytes.
+                               * Sent at create (before any segment: the context's share), after
+                               * each segment or outside change, at an OOM and with the stats */
+    MT_EV_OUTSIDE_ALLOC = 22, /* device memory allocated outside the allocator, seen by the
+                               * caller (the drop-in): addr, size; tag = library id (0: no
+                               * library named), see MT_EV_LIBRARY_LABEL */
+    MT_EV_OUTSIDE_FREE = 23,  /* that memory freed: addr, size and tag as at its alloc */
+    MT_EV_LIBRARY_LABEL = 24, /* library id named: tag = id (1..MT_TAG_MAX - 1, the process's),
+                               * label packed as a tag's */
 } mt_event_kind_e;
 
-#define MT_EV_KIND_COUNT 21 /* kinds are < MT_EV_KIND_COUNT */
+#define MT_EV_KIND_COUNT 25 /* kinds are < MT_EV_KIND_COUNT */
 
 /* What an MT_EV_MANAGED event records (in tag). allocated and reserved are the allocator's
  * totals, as in every event (reserved: the managed bytes its segments hold). */

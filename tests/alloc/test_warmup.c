@@ -663,13 +663,21 @@ static void test_event_stream(void **state)
     rec_sink_t rec;
     rec_init(&rec);
     mt_alloc_t *a = make_alloc(b, NULL, &rec.sink);
-    assert_int_equal(rec.n, 1);
+    assert_int_equal(rec.n, 2);
     assert_int_equal(rec.ev[0].kind, MT_EV_CONFIG);
     assert_int_equal(rec.ev[0].size, 256 * MIB);
+    /* The device's own figure before any segment: nothing used, the capacity. */
+    assert_int_equal(rec.ev[1].kind, MT_EV_DEVICE);
+    assert_int_equal(rec.ev[1].size, 0);
+    assert_int_equal(rec.ev[1].requested, 256 * MIB);
 
     void *p = xmalloc_dev(a, 1000, s1, MT_TAG_BATCH);
-    assert_int_equal(rec.n, 3);
-    const mt_event_rec_t *seg = &rec.ev[1], *al = &rec.ev[2];
+    assert_int_equal(rec.n, 5);
+    const mt_event_rec_t *seg = &rec.ev[2], *dev = &rec.ev[3], *al = &rec.ev[4];
+    /* After a segment, the device's figure says what the driver now counts used. */
+    assert_int_equal(dev->kind, MT_EV_DEVICE);
+    assert_int_equal(dev->size, 2 * MIB);
+    assert_int_equal(dev->reserved, 2 * MIB);
     assert_int_equal(seg->kind, MT_EV_SEGMENT_ALLOC);
     assert_int_equal(seg->size, 2 * MIB);
     assert_int_equal(seg->reserved, 2 * MIB);
@@ -698,6 +706,8 @@ static void test_event_stream(void **state)
     assert_int_equal(rec.ev[rec.n - 1].reserved, 2 * MIB);
     mt_alloc_empty_cache(a);
     assert_int_equal(rec_count(&rec, MT_EV_SEGMENT_FREE), 1);
+    assert_int_equal(rec.ev[rec.n - 2].kind, MT_EV_DEVICE);
+    assert_int_equal(rec.ev[rec.n - 2].size, 0);
     assert_int_equal(rec.ev[rec.n - 1].kind, MT_EV_EMPTY_CACHE);
     assert_int_equal(rec.ev[rec.n - 1].size, 2 * MIB);
     assert_int_equal(rec.ev[rec.n - 1].reserved, 0);

@@ -115,7 +115,8 @@ static void writer_lines(lines_t *out, size_t n, size_t *must_take)
         ev.pool = (uint8_t)(rnd() % (MT_POOL_HOST + 1));
         ev.tag = (uint8_t)(rnd() % MT_TAG_MAX);
         ev.device = (uint8_t)edge();
-        if (ev.kind == MT_EV_TAG_LABEL || ev.kind == MT_EV_MARK_NAMED)
+        if (ev.kind == MT_EV_TAG_LABEL || ev.kind == MT_EV_MARK_NAMED ||
+            ev.kind == MT_EV_LIBRARY_LABEL)
             mt_event_label_pack(&ev, rnd() % 2 ? "label" : "a \"label\"");
         if (ev.kind == MT_EV_STACK_REF)
             ev.size = 1 + rnd() % UINT32_MAX;
@@ -130,8 +131,10 @@ static void writer_lines(lines_t *out, size_t n, size_t *must_take)
          * plain ASCII. */
         const char *tn = odd ? odd_tag(NULL, ev.tag) : NULL;
         bool plain = !tn || !*tn || strcmp(tn, "plain_name") == 0;
-        if (ev.kind != MT_EV_GAP && ev.kind != MT_EV_TAG_LABEL && ev.kind != MT_EV_MARK_NAMED &&
-            (plain || ev.kind == MT_EV_STACK_REF))
+        bool rare = ev.kind == MT_EV_GAP || ev.kind == MT_EV_TAG_LABEL ||
+                    ev.kind == MT_EV_MARK_NAMED || ev.kind == MT_EV_LIBRARY_LABEL ||
+                    ev.kind == MT_EV_OUTSIDE_ALLOC || ev.kind == MT_EV_OUTSIDE_FREE;
+        if (!rare && (plain || ev.kind == MT_EV_STACK_REF))
             (*must_take)++;
     }
 }
