@@ -2,10 +2,13 @@
 """Writes dashboards/memtrace.json, the Grafana dashboard over memtraced's /metrics.
 
 Run it after changing the panels below: python3 dashboards/gen_dashboard.py
-Every expression names only families that /metrics serves (checked by tests/fleet).
+(with a path argument it writes there instead: tests/grafana compares the two).
+Every expression names only families that /metrics serves (checked by tests/fleet), and the
+file is checked against Grafana's own dashboard schema (tests/grafana).
 """
 import json
 import os
+import sys
 
 SEL = 'instance=~"$instance",pid=~"$pid"'
 NAME = ' * on(instance, pid) group_left(name) memtrace_process_info'
@@ -16,15 +19,33 @@ def panel(pid, title, exprs, x, y, w=12, h=8, unit="bytes", stack=False, kind="t
     targets = [{"refId": chr(65 + i), "expr": e, "legendFormat": l,
                 "datasource": {"type": "prometheus", "uid": "${datasource}"}}
                for i, (e, l) in enumerate(exprs)]
-    custom = {"fillOpacity": 30 if stack else 0, "lineWidth": 1, "showPoints": "never"}
-    if stack:
-        custom["stacking"] = {"mode": "normal", "group": "A"}
+    # Fields that Grafana's schema for the plugin marks required are written out, though
+    # Grafana fills them in on load: tests/grafana checks this file against that schema.
+    legend = {"showLegend": True, "displayMode": "table", "placement": "right",
+              "calcs": ["lastNotNull", "max"]}
+    defaults = {"unit": unit}
+    if kind == "timeseries":
+        custom = {"fillOpacity": 30 if stack else 0, "lineWidth": 1, "showPoints": "never"}
+        if stack:
+            custom["stacking"] = {"mode": "normal", "group": "A"}
+        defaults["custom"] = custom
+        options = {"legend": legend, "tooltip": {"mode": "multi", "sort": "none"}}
+    elif kind == "bargauge":
+        # A bar per series showing its last value, named on the bar (no legend); the
+        # rest are Grafana's defaults. The bar gauge has no custom field config.
+        options = {"legend": {"showLegend": False, "displayMode": "list", "placement": "bottom",
+                              "calcs": []},
+                   "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                   "orientation": "auto", "displayMode": "gradient",
+                   "valueMode": "color", "namePlacement": "auto", "showUnfilled": True,
+                   "sizing": "auto", "minVizWidth": 8, "minVizHeight": 16, "maxVizHeight": 300}
+    else:
+        raise ValueError("panel type %r: add its options here and its type to "
+                         "tests/grafana/dashboard.ts" % kind)
     return {"id": pid, "type": kind, "title": title, "gridPos": {"x": x, "y": y, "w": w, "h": h},
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
-            "options": {"legend": {"displayMode": "table", "placement": "right",
-                                   "calcs": ["lastNotNull", "max"]},
-                        "tooltip": {"mode": "multi"}},
+            "fieldConfig": {"defaults": defaults, "overrides": []},
+            "options": options,
             "targets": targets}
 
 
@@ -33,10 +54,12 @@ def row(pid, title, y):
             "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
 
 
+# No "definition" (the query as text, which Grafana's editor writes but its schema does not
+# define): Grafana runs "query" and shows it when "definition" is absent.
 def var(name, query, label, multi=True):
     return {"name": name, "label": label, "type": "query",
             "datasource": {"type": "prometheus", "uid": "${datasource}"},
-            "query": {"query": query, "refId": name}, "definition": query,
+            "query": {"query": query, "refId": name},
             "refresh": 2, "multi": multi, "includeAll": True, "allValue": ".*",
             "current": {"text": "All", "value": "$__all"}, "sort": 1}
 
@@ -115,9 +138,11 @@ dashboard = {
     "editable": True,
     "refresh": "10s",
     "time": {"from": "now-1h", "to": "now"},
+    # The datasource variable has no "current": the schema's option needs a text and a
+    # value, and Grafana picks the default Prometheus data source when there is none.
     "templating": {"list": [
         {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-         "current": {}, "hide": 0},
+         "hide": 0},
         var("instance", "label_values(memtrace_processes, instance)", "node"),
         var("name", 'label_values(memtrace_process_info{instance=~"$instance"}, name)', "process"),
         var("pid", 'label_values(memtrace_process_info{instance=~"$instance",name=~"$name"}, pid)', "pid"),
@@ -129,7 +154,8 @@ dashboard = {
     "panels": panels,
 }
 
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "memtrace.json")
+out = (sys.argv[1] if len(sys.argv) > 1 else
+       os.path.join(os.path.dirname(os.path.abspath(__file__)), "memtrace.json"))
 with open(out, "w") as f:
     json.dump(dashboard, f, indent=2)
     f.write("\n")
