@@ -854,8 +854,12 @@ static void write_summary(mt_preload_t *P, FILE *f)
         mt_prof_stats_t ps;
         mt_prof_stats(P->prof, &ps);
         const char *lp = mt_prof_log_path(P->prof);
-        fprintf(f, ",\"telemetry\":\"%s\",\"events_dropped\":%llu", mt_prof_mode_name(ps.mode),
-                (unsigned long long)ps.dropped);
+        fprintf(f,
+                ",\"telemetry\":\"%s\",\"events_emitted\":%llu,\"events_dropped\":%llu,"
+                "\"lossless\":%s,\"lossless_waits\":%llu,\"lossless_stalls\":%llu",
+                mt_prof_mode_name(ps.mode), (unsigned long long)ps.emitted,
+                (unsigned long long)ps.dropped, ps.lossless ? "true" : "false",
+                (unsigned long long)ps.lossless_waits, (unsigned long long)ps.lossless_stalls);
         if (lp != NULL)
             fprintf(f, ",\"event_log\":\"%s\"", lp);
     }
@@ -1041,7 +1045,9 @@ static void init_once(void)
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
     pcfg.log = log_cb;
     if (mt_prof_cfg_from_env(&pcfg) != 0)
-        mt__preload_say(MT_LOG_WARN, "MEMTRACE_PROF ignored (auto|daemon|log|off)");
+        mt__preload_say(MT_LOG_WARN,
+                        "MEMTRACE_PROF (auto|daemon|log|off) or MEMTRACE_PROF_LOSSLESS "
+                        "(1|on|0|off) ignored");
     char serr[128];
     if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr) != 0)
         mt__preload_say(MT_LOG_WARN, "%s; call stacks stay sampled", serr);

@@ -70,6 +70,15 @@ int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
     if (!cfg)
         return MT_EINVAL;
     mt__prof_job_from_env(cfg);
+    const char *l = getenv("MEMTRACE_PROF_LOSSLESS");
+    if (l && *l) {
+        if (strcmp(l, "1") == 0 || strcmp(l, "on") == 0)
+            cfg->lossless_stall_ms = MT_PROF_LOSSLESS_STALL_MS;
+        else if (strcmp(l, "0") == 0 || strcmp(l, "off") == 0)
+            cfg->lossless_stall_ms = 0;
+        else
+            return MT_EINVAL;
+    }
     if (!e || !*e)
         return 0;
     static const char *const names[] = {"auto", "daemon", "log", "off"};
@@ -107,6 +116,48 @@ static int mode_of(const mt_prof_t *p)
     return atomic_load_explicit(&((mt_prof_t *)p)->mode, memory_order_acquire);
 }
 
+/* Lossless mode, the ring full: waits for the consumer, nudging the local drainer, while
+ * it reads; a consumer that reads nothing for limit_ns ends the mode (its event is
+ * dropped, counted, and so are later ones that find the ring full). */
+static __attribute__((noinline, cold)) size_t push_wait(mt_prof_t *p, const mt_event_rec_t *ev,
+                                                        size_t n, uint64_t limit_ns)
+{
+    uint64_t t0 = mono_ns(), moved = t0, seen = mt__ring_read_idx(p->ring), now = t0;
+    atomic_fetch_add_explicit(&p->waits, 1, memory_order_relaxed);
+    size_t dropped = 0;
+    for (;;) {
+        pthread_cond_signal(&p->stop_cond); /* the local drainer drains at once */
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        if (mt__ring_try_push_n(p->ring, ev, n))
+            break;
+        now = mono_ns();
+        uint64_t rd = mt__ring_read_idx(p->ring);
+        if (rd != seen) {
+            seen = rd;
+            moved = now;
+        } else if (now - moved > limit_ns) {
+            atomic_store_explicit(&p->lossless_ns, 0, memory_order_relaxed);
+            atomic_fetch_add_explicit(&p->stalls, 1, memory_order_relaxed);
+            dropped = mt__ring_push_n(p->ring, ev, n);
+            break;
+        }
+    }
+    atomic_fetch_add_explicit(&p->wait_ns, mono_ns() - t0, memory_order_relaxed);
+    return dropped;
+}
+
+/* Records ev[0..n): dropped when the ring is full, or in lossless mode waited for. */
+static inline size_t push(mt_prof_t *p, const mt_event_rec_t *ev, size_t n)
+{
+    uint64_t limit = atomic_load_explicit(&p->lossless_ns, memory_order_relaxed);
+    if (__builtin_expect(limit == 0, 1))
+        return mt__ring_push_n(p->ring, ev, n);
+    if (mt__ring_try_push_n(p->ring, ev, n))
+        return 0;
+    return push_wait(p, ev, n, limit);
+}
+
 int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev)
 {
     /* OFF is decided at create and never entered later: a relaxed read suffices. */
@@ -120,9 +171,9 @@ int mt_prof_record(mt_prof_t *p, const mt_event_rec_t *ev)
         /* Events must carry a time; stamp those emitted without one. */
         mt_event_rec_t copy = *ev;
         copy.time_ns = mono_ns();
-        return mt__ring_push(p->ring, &copy);
+        return push(p, &copy, 1) == 0 ? 0 : MT_EAGAIN;
     }
-    return mt__ring_push(p->ring, ev);
+    return push(p, ev, 1) == 0 ? 0 : MT_EAGAIN;
 }
 
 /* The allocating thread's stack, before the allocator's lock (event.h). */
@@ -174,7 +225,7 @@ static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
     for (size_t i = 0; i < n && plain; i++)
         plain = ev[i].kind != MT_EV_OOM && ev[i].time_ns != 0;
     if (plain) {
-        mt__ring_push_n(p->ring, ev, n);
+        push(p, ev, n);
         return;
     }
     for (size_t i = 0; i < n; i++)
@@ -313,6 +364,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
               getenv("MEMTRACE_OOM_INTERVAL_MS"), p->oom_interval_ms);
     p->tag_name = cfg->tag_name;
     p->tag_ud = cfg->tag_ud;
+    atomic_init(&p->lossless_ns, (uint64_t)cfg->lossless_stall_ms * 1000000u);
     p->drain_ms = cfg->drain_ms ? cfg->drain_ms : 20;
     pthread_mutex_init(&p->drain_lock, NULL);
     pthread_mutex_init(&p->stop_lock, NULL);
@@ -480,6 +532,10 @@ void mt_prof_stats(mt_prof_t *p, mt_prof_stats_t *out)
     out->dropped = st.dropped;
     out->lost = st.lost;
     out->delivered = st.delivered;
+    out->lossless_waits = atomic_load_explicit(&p->waits, memory_order_relaxed);
+    out->lossless_wait_ns = atomic_load_explicit(&p->wait_ns, memory_order_relaxed);
+    out->lossless_stalls = atomic_load_explicit(&p->stalls, memory_order_relaxed);
+    out->lossless = atomic_load_explicit(&p->lossless_ns, memory_order_relaxed) != 0;
     if (out->mode == MT_PROF_LOG) {
         pthread_mutex_lock(&p->drain_lock);
         out->written = p->written;

@@ -24,6 +24,11 @@ struct mt_prof_s {
     _Atomic int mode;     /* mt_prof_mode_e, live; release-stored after the fields it covers */
     int pid;
     _Atomic uint64_t off_count; /* events seen in OFF mode */
+    /* Lossless mode (cfg.lossless_stall_ms > 0): the producer waits while the ring is full.
+     * lossless_ns: the longest wait for a consumer that reads nothing, 0 = off (also after
+     * a stall turned it off); waits, wait_ns, stalls: the counters of mt_prof_stats. */
+    _Atomic uint64_t lossless_ns;
+    _Atomic uint64_t waits, wait_ns, stalls;
     mt_log_cb log;
     void *log_ud;
     const char *(*tag_name)(void *ud, int tag);

@@ -548,6 +548,37 @@ int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev)
     return mt__ring_push_n(r, ev, 1) == 0 ? 0 : MT_EAGAIN;
 }
 
+/* Writes ev[0..n) at the claimed positions pos.. and publishes them. */
+static void write_claimed(mt__ring_t *r, const mt_event_rec_t *ev, size_t n, uint64_t pos,
+                          uint64_t seq)
+{
+    for (size_t i = 0; i < n; i++) {
+        mt_event_rec_t *rec = &r->recs[(pos + i) & r->mask];
+        *rec = ev[i];
+        rec->seq = seq + i;
+        publish(r, pos + i);
+    }
+    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD) & r->mask]);
+    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD + 1) & r->mask]);
+    prefetch_write(&r->commit[(pos + n + 8) & r->mask]);
+}
+
+bool mt__ring_try_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
+{
+    uint64_t pos, seq;
+    if (n == 0)
+        return true;
+    if (n > (size_t)r->mask + 1 || !claim_n(r, n, &pos, &seq))
+        return false;
+    write_claimed(r, ev, n, pos, seq);
+    return true;
+}
+
+uint64_t mt__ring_read_idx(const mt__ring_t *r)
+{
+    return atomic_load_explicit(&r->hdr->read_idx, memory_order_acquire);
+}
+
 size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
 {
     uint64_t pos, seq;
@@ -564,15 +595,7 @@ size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
             dropped += mt__ring_push_n(r, &ev[i], 1);
         return dropped;
     }
-    for (size_t i = 0; i < n; i++) {
-        mt_event_rec_t *rec = &r->recs[(pos + i) & r->mask];
-        *rec = ev[i];
-        rec->seq = seq + i;
-        publish(r, pos + i);
-    }
-    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD) & r->mask]);
-    prefetch_write(&r->recs[(pos + n + PREFETCH_AHEAD + 1) & r->mask]);
-    prefetch_write(&r->commit[(pos + n + 8) & r->mask]);
+    write_claimed(r, ev, n, pos, seq);
     return 0;
 }
 

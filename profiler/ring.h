@@ -191,6 +191,12 @@ int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev);
  * by one. Returns the number dropped (counted). Async-signal-safe. */
 size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n);
 
+/* Records ev[0..n) as push_n does when there is room for all, and returns true; else
+ * records nothing, counts nothing and returns false (the lossless producer then waits). */
+bool mt__ring_try_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n);
+/* How far the consumer has read (positions), to tell a slow consumer from a stalled one. */
+uint64_t mt__ring_read_idx(const mt__ring_t *r);
+
 /* The two halves of push, for tests that simulate a producer dying mid-write:
  * reserve takes a seq and claims a slot (MT_EAGAIN when full, counted dropped) and
  * returns the slot to fill; commit publishes it. */

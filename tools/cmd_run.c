@@ -50,9 +50,12 @@ static void usage(FILE *f)
             "  --alloc-conf STR         allocator settings, e.g.\n"
             "                           expandable_segments:True,max_split_size_mb:128\n"
             "  --capacity BYTES         sim device size (K/M/G suffixes), default 8G\n"
+            "  --context BYTES          sim: bytes each device's CUDA context holds, default 0\n"
             "  --devices N              sim devices (each --capacity), default 1\n"
             "  --telemetry MODE         auto|daemon|log|off (default auto)\n"
             "  --log FILE               local event log (default ./memtrace-<pid>.ndjson)\n"
+            "  --lossless               the program waits for the recorder when its ring\n"
+            "                           is full, instead of dropping events\n"
             "  --summary-json FILE      also write the summary as JSON to FILE\n"
             "  --quiet                  no summary on stderr, no memtrace notices\n"
             "  -h, --help               this help\n"
@@ -196,6 +199,24 @@ static void print_summary(json_t *s, const char *prog, int status_code, int sig)
     fprintf(f, "  events            %.0f alloc, %.0f free, %.0f segment allocs -> %s%s%s\n",
             num(ev, "alloc"), num(ev, "free_requested"), num(ev, "segment_alloc"),
             recorded ? tel : "not recorded (telemetry off)", log ? " " : "", log ? log : "");
+    if (recorded) {
+        /* The default mode drops what finds the ring full; say how much, and the way out. */
+        double emitted = num(s, "events_emitted"), dropped = num(s, "events_dropped");
+        bool lossless = json_is_true(json_object_get(s, "lossless"));
+        double stalls = num(s, "lossless_stalls");
+        if (dropped > 0)
+            fprintf(f, "  events dropped    %.0f of %.0f (%.2f %%)%s\n", dropped, emitted,
+                    emitted > 0 ? 100.0 * dropped / emitted : 0.0,
+                    stalls > 0 ? ": lossless mode ended, its consumer stopped reading"
+                    : lossless ? ""
+                               : ": the ring was full; --lossless waits instead");
+        else
+            fprintf(f, "  events dropped    none of %.0f%s\n", emitted,
+                    lossless ? " (lossless)" : "");
+        if (lossless && num(s, "lossless_waits") > 0)
+            fprintf(f, "  lossless waits    %.0f (the program waited for the recorder)\n",
+                    num(s, "lossless_waits"));
+    }
     double ooms = num(s, "ooms");
     if (ooms == 0) {
         fprintf(f, "  out of memory     no\n");
@@ -243,6 +264,9 @@ int mt_cmd_run(int argc, char **argv)
         } else if (strcmp(a, "--quiet") == 0) {
             quiet = true;
             continue;
+        } else if (strcmp(a, "--lossless") == 0) {
+            setenv("MEMTRACE_PROF_LOSSLESS", "1", 1);
+            continue;
         } else if (a[0] != '-') {
             break; /* the program, without "--" */
         }
@@ -261,6 +285,8 @@ int mt_cmd_run(int argc, char **argv)
             setenv("MEMTRACE_ALLOC_CONF", v, 1);
         } else if (strcmp(a, "--capacity") == 0) {
             setenv("MEMTRACE_SIM_CAPACITY", v, 1);
+        } else if (strcmp(a, "--context") == 0) {
+            setenv("MEMTRACE_SIM_CONTEXT", v, 1);
         } else if (strcmp(a, "--devices") == 0) {
             setenv("MEMTRACE_SIM_DEVICES", v, 1);
         } else if (strcmp(a, "--telemetry") == 0) {
@@ -293,8 +319,9 @@ int mt_cmd_run(int argc, char **argv)
     if (mt_prof_cfg_from_env(&pc) != 0) {
         fprintf(stderr,
                 "memtrace run: --telemetry (MEMTRACE_PROF) must be auto, daemon, log or "
-                "off, not '%s'\n",
-                getenv("MEMTRACE_PROF"));
+                "off, not '%s', and MEMTRACE_PROF_LOSSLESS 1, on, 0 or off, not '%s'\n",
+                getenv("MEMTRACE_PROF") ? getenv("MEMTRACE_PROF") : "",
+                getenv("MEMTRACE_PROF_LOSSLESS") ? getenv("MEMTRACE_PROF_LOSSLESS") : "");
         return 2;
     }
     if (mt_prof_stacks_from_env(&pc, err, sizeof err) != 0) {

@@ -66,7 +66,15 @@ typedef struct mt_prof_cfg_s {
     /* This process's rank and job; all unknown by default, read from the launcher's
      * variables by mt_prof_cfg_from_env. */
     mt_prof_job_t job;
+    /* Lossless recording (docs/telemetry.md "Lossless mode"): 0 (the default) drops an
+     * event that finds the ring full, counted; > 0 makes the allocating thread wait for the
+     * consumer instead, as long as the consumer reads, and at most this many ms while it
+     * reads nothing (a consumer gone), after which that event is dropped and the process is
+     * back in the default mode. mt_prof_cfg_from_env: MEMTRACE_PROF_LOSSLESS=1 (or on) sets
+     * MT_PROF_LOSSLESS_STALL_MS, 0 (or off) clears it. */
+    unsigned lossless_stall_ms;
 } mt_prof_cfg_t;
+#define MT_PROF_LOSSLESS_STALL_MS 2000u
 
 typedef struct mt_prof_stats_s {
     uint64_t emitted;       /* events offered to the sink */
@@ -77,6 +85,10 @@ typedef struct mt_prof_stats_s {
     uint64_t oom_snapshots; /* OOM snapshots the recorder wrote (local mode) */
     uint64_t oom_snapshots_suppressed; /* OOMs it gave none: at most one per interval */
     int mode; /* the live mode: MT_PROF_DAEMON, MT_PROF_LOG or MT_PROF_OFF */
+    /* lossless mode: times a producer found the ring full and waited, the ns it waited in
+     * all, and waits that ended with a consumer reading nothing (the mode then ended) */
+    uint64_t lossless_waits, lossless_wait_ns, lossless_stalls;
+    bool lossless; /* lossless mode is on now */
 } mt_prof_stats_t;
 
 /* Defaults (no environment read). */

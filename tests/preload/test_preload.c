@@ -149,12 +149,33 @@ static void test_runtime_program(void **state)
     assert_int_equal(jint(s, "ooms"), 0);
     assert_int_equal(jint(s, "host_allocs"), 1);
     assert_int_equal(jint(json_object_get(s, "events"), "alloc"), 17);
+    /* the recorder's count: what it was offered, and none dropped, in the default mode */
+    assert_true(jint(s, "events_emitted") >= 17 * 3);
+    assert_int_equal(jint(s, "events_dropped"), 0);
+    assert_true(json_is_false(json_object_get(s, "lossless")));
+    char line[96];
+    snprintf(line, sizeof line, "events dropped    none of %lld\n", jint(s, "events_emitted"));
+    assert_non_null(strstr(out, line));
     json_decref(s);
     /* the profiler's log saw every allocation and every free */
     char *log = slurp("rt.ndjson");
     assert_int_equal(count(log, "\"kind\":\"alloc\""), 17);
     assert_int_equal(count(log, "\"kind\":\"free_requested\""), 17);
     assert_int_equal(count(log, "\"kind\":\"stats\""), 1); /* final totals at exit */
+}
+
+/* --lossless reaches the recorder (MEMTRACE_PROF_LOSSLESS) and the summary says so. */
+static void test_lossless_run(void **state)
+{
+    (void)state;
+    run_prog("rtl", env("MT_PROG_RUNTIME"), "--lossless", 0);
+    char *out = slurp("rtl.out");
+    json_t *s = summary("rtl.json");
+    assert_true(json_is_true(json_object_get(s, "lossless")));
+    assert_int_equal(jint(s, "events_dropped"), 0);
+    assert_int_equal(jint(s, "lossless_stalls"), 0);
+    assert_non_null(strstr(out, "(lossless)\n"));
+    json_decref(s);
 }
 
 /* Issue 15 item 2: an unmodified runtime program on 2 sim devices. Each thread's current
@@ -525,6 +546,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_runtime_fails_without_memtrace),
         cmocka_unit_test(test_runtime_program),
+        cmocka_unit_test(test_lossless_run),
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_managed_program),
         cmocka_unit_test(test_daemon_sees_every_allocation),

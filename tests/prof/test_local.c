@@ -256,6 +256,106 @@ static void test_log_mode_drops_counted(void **state)
     unlink(logp);
 }
 
+/* The same stream in lossless mode: the producer wakes the sleeping drainer and waits for
+ * room, so nothing is dropped. */
+static void test_lossless_waits(void **state)
+{
+    (void)state;
+    char logp[108];
+    tmp_path(logp, sizeof(logp), "lossless.ndjson");
+    unlink(logp);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    cfg.log_path = logp;
+    cfg.slots = 8;
+    cfg.drain_ms = 60000; /* asleep unless woken */
+    cfg.lossless_stall_ms = 10000;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    for (uint64_t i = 0; i < 200; i++) {
+        mt_event_rec_t ev = ev_of(MT_EV_ALLOC, i);
+        assert_int_equal(mt_prof_record(p, &ev), 0);
+    }
+    assert_int_equal(mt_prof_flush(p), 0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(st.written, 200);
+    assert_true(st.lossless);
+    assert_true(st.lossless_waits > 0);
+    assert_int_equal(st.lossless_stalls, 0);
+    mt_prof_destroy(&p);
+    FILE *f = fopen(logp, "r");
+    assert_non_null(f);
+    char line[1024];
+    uint64_t events = 0, gaps = 0;
+    while (fgets(line, sizeof(line), f)) {
+        events += strstr(line, "\"kind\":\"alloc\"") != NULL;
+        gaps += strstr(line, "\"type\":\"gap\"") != NULL;
+    }
+    fclose(f);
+    assert_int_equal(events, 200);
+    assert_int_equal(gaps, 0);
+    unlink(logp);
+}
+
+/* A consumer that reads nothing (the log held at the file size limit) ends lossless mode
+ * after the stall time: the producer is not held forever, and the drops are counted. */
+static void test_lossless_stall_ends(void **state)
+{
+    (void)state;
+    char logp[108];
+    tmp_path(logp, sizeof(logp), "lossless-stall.ndjson");
+    unlink(logp);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(10);
+        rl.rlim_cur = 16 * 1024;
+        if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
+            _exit(11);
+        logrec_t lr = {.n = 0};
+        mt_prof_cfg_t cfg = mt_prof_cfg_default();
+        cfg.mode = MT_PROF_LOG;
+        cfg.log_path = logp;
+        cfg.log = log_cb;
+        cfg.log_ud = &lr;
+        cfg.slots = 64;
+        cfg.drain_ms = 1;
+        cfg.lossless_stall_ms = 100;
+        mt_prof_t *p = NULL;
+        if (mt_prof_create(&p, &cfg) != 0)
+            _exit(12);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (uint64_t i = 0; i < 4000; i++) {
+            mt_event_rec_t ev = ev_of(MT_EV_ALLOC, i);
+            mt_prof_record(p, &ev);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        mt_prof_stats_t st;
+        mt_prof_stats(p, &st);
+        if (st.lossless_stalls != 1 || st.lossless)
+            _exit(13);
+        if (st.dropped == 0)
+            _exit(14);
+        double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+        if (s < 0.1 || s > 30) /* waited once for the stall, not once per event */
+            _exit(15);
+        mt_prof_destroy(&p);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        fail_msg("the child was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    unlink(logp);
+}
+
 static void test_off_mode(void **state)
 {
     (void)state;
@@ -685,6 +785,8 @@ int main(void)
         cmocka_unit_test(test_daemon_refuses),
         cmocka_unit_test(test_fsize_limit_smaller_ring),
         cmocka_unit_test(test_fsize_limit_log_held),
+        cmocka_unit_test(test_lossless_waits),
+        cmocka_unit_test(test_lossless_stall_ends),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
