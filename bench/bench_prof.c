@@ -89,12 +89,23 @@ static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
 
 /* ---- the allocation loop ---- */
 
-enum { CFG_OFF, CFG_PROF_OFF, CFG_NULL, CFG_RING, CFG_LOG, CFG_STK_SAMPLED, CFG_STK_ALL, NCFG };
+enum {
+    CFG_OFF,
+    CFG_PROF_OFF,
+    CFG_NULL,
+    CFG_RING,
+    CFG_LOG,
+    CFG_LOG_LOSSLESS,
+    CFG_STK_SAMPLED,
+    CFG_STK_ALL,
+    NCFG
+};
 static const char *const cfg_names[NCFG] = {"recording off",
                                             "profiler attached, created off",
                                             "empty sink (allocator side)",
                                             "ring + reader (daemon path)",
                                             "local log (JSON drainer)",
+                                            "local log, lossless",
                                             "ring + stacks=sampled",
                                             "ring + stacks=all"};
 
@@ -170,9 +181,10 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
         if (mt_prof_create(&r->prof, &pc) != 0)
             return -1;
         ac->sink = mt_prof_sink(r->prof);
-    } else if (cfgi == CFG_LOG) {
+    } else if (cfgi == CFG_LOG || cfgi == CFG_LOG_LOSSLESS) {
         mt_prof_cfg_t pc = mt_prof_cfg_default();
         pc.mode = MT_PROF_LOG;
+        pc.lossless_stall_ms = cfgi == CFG_LOG_LOSSLESS ? MT_PROF_LOSSLESS_STALL_MS : 0;
         pc.stacks = MT_STACKS_OFF; /* the JSON drainer's cost alone, as before stacks */
         pc.log_path = "/dev/null";
         if (mt_prof_create(&r->prof, &pc) != 0)
@@ -205,7 +217,7 @@ static uint64_t rec_events(rec_t *r)
         mt__ring_stats(r->ring, &st);
         return st.emitted;
     }
-    if (r->cfgi == CFG_LOG || r->cfgi == CFG_PROF_OFF) {
+    if (r->cfgi == CFG_LOG || r->cfgi == CFG_LOG_LOSSLESS || r->cfgi == CFG_PROF_OFF) {
         mt_prof_stats_t st;
         mt_prof_stats(r->prof, &st);
         return st.emitted;
@@ -232,7 +244,7 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
         mt__stab_destroy(&r->stab);
         if (r->area)
             munmap(r->area, mt__stab_area_size());
-    } else if (r->cfgi == CFG_LOG || r->cfgi == CFG_PROF_OFF) {
+    } else if (r->cfgi == CFG_LOG || r->cfgi == CFG_LOG_LOSSLESS || r->cfgi == CFG_PROF_OFF) {
         mt_prof_stats_t st;
         mt_prof_stats(r->prof, &st);
         *events = st.emitted;
@@ -565,11 +577,12 @@ int main(void)
         printf("%-30s %10.1f %11.1f %9.1f%% %10.1f %9llu   %s\n", cfg_names[c],
                res[c].best_ns_per_pair, per_pair, 100 * extra / off, per_event,
                (unsigned long long)res[c].dropped,
-               c == CFG_RING       ? "<= 5 %, <= 50 ns/event"
-               : c == CFG_PROF_OFF ? "0 % (costs nothing)"
-               : c == CFG_NULL     ? "(time stamps + event build, no recording)"
-               : c == CFG_LOG      ? "(fallback, informative)"
-                                   : "(informative: shallow stack, one call site)");
+               c == CFG_RING           ? "<= 5 %, <= 50 ns/event"
+               : c == CFG_PROF_OFF     ? "0 % (costs nothing)"
+               : c == CFG_NULL         ? "(time stamps + event build, no recording)"
+               : c == CFG_LOG          ? "(fallback, informative)"
+               : c == CFG_LOG_LOSSLESS ? "(0 dropped: waits for the drainer)"
+                                       : "(informative: shallow stack, one call site)");
     }
     printf("%-30s %10s %11s %10s %10.1f %9llu   %s\n", "ring push alone (1 thread)", "-", "1", "-",
            best_push, (unsigned long long)push_drops, "<= 50 ns/event");
