@@ -682,9 +682,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     mt_scopes_t sc;
     mt_scopes_init(&sc);
     mt_model_t *m = NULL;
+    mt__report_outside_t *outside = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
     json_t *tl = json_array(), *res = NULL;
-    if (mt_model_create(&m, &mc) != 0 || !tl ||
+    if (mt_model_create(&m, &mc) != 0 || !tl || mt__report_outside_create(&outside) != 0 ||
         (p->tables && mt_model_tables_copy(m, p->tables) != 0))
         goto out;
     const mt_event_rec_t *ev = p->evs.v;
@@ -704,7 +705,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
                 goto out;
             k++;
         }
-        if (mt_model_apply(m, &ev[i]) != 0)
+        if (mt_model_apply(m, &ev[i]) != 0 || mt__report_outside_step(outside, m, &ev[i]) != 0)
             goto out; /* only MT_ENOMEM: the replay would not be the events' */
         host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
         mt_model_figures_t f;
@@ -768,6 +769,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
+    if (res != NULL && mt__report_outside_json(outside, m, t0, res) != 0) {
+        json_decref(res);
+        res = NULL;
+    }
     json_t *mgd = res != NULL ? managed_json(m) : NULL;
     if (mgd != NULL && json_object_set_new(res, "managed", mgd) != 0) {
         json_decref(res);
@@ -786,6 +791,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
 out:
     mt_scopes_fini(&sc);
     json_decref(tl);
+    mt__report_outside_destroy(&outside);
     mt_model_destroy(&m);
     return res;
 }

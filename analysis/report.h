@@ -162,7 +162,9 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
 /* The report's "jobs" member from its "processes" array (borrowed): the processes whose
  * hello named a rank, grouped by job id (those without one make one group without "job"),
  * each group {job, world_size, timeline_origin, ranks[{rank, local_rank, pid, name,
- * peak_allocated, peak_reserved, peak_iteration}] by rank, highest{rank, pid, peak_allocated,
+ * peak_allocated, peak_reserved, peak_iteration, outside_bytes (device memory outside the
+ * allocator when the device's used bytes peaked, summed over the rank's devices; only when its
+ * log has device figures), ooms}] by rank, highest{rank, pid, peak_allocated,
  * peak_reserved, above_median_bytes, median_rank, above_median_by_tag[{tag, bytes}]},
  * median_peak_allocated, spread_bytes, missing_ranks, aligned_by ("iteration" when every rank
  * marked iterations, else "first_event"), unmarked_ranks[], iterations[{iteration,
@@ -176,6 +178,23 @@ json_t *mt__report_jobs_json(const json_t *procs);
  * in *out; *out NULL when nothing was marked. 0 or MT_ENOMEM. */
 #define MT_REPORT_SPANS_KEPT 512
 int mt__report_spans_json(const mt_model_t *m, json_t **out);
+
+/* ---- device memory outside the allocator (report_outside.c) ---- */
+
+/* What a replay keeps for the process's "device_memory" and "ooms" members: each device's
+ * split of its used bytes (mt_model_outside) when used peaked, and the first OOMs with the
+ * split at each. */
+typedef struct mt__report_outside_s mt__report_outside_t;
+int mt__report_outside_create(mt__report_outside_t **out);
+void mt__report_outside_destroy(mt__report_outside_t **o);
+/* After ev was applied to m. 0 or MT_ENOMEM. */
+int mt__report_outside_step(mt__report_outside_t *o, const mt_model_t *m, const mt_event_rec_t *ev);
+/* Adds to res "device_memory" ([{device, total, peak_used, end, at_peak_used, libraries}],
+ * only when a device had a figure: old logs get none) and "ooms" ({count, first[{t (seconds
+ * from t0), device, requested, free, device_memory}]}, only when there was one), with m the
+ * model after the last event. 0 or MT_ENOMEM. */
+int mt__report_outside_json(const mt__report_outside_t *o, const mt_model_t *m, uint64_t t0,
+                            json_t *res);
 
 /* ---- the gap (report_gap.c) ---- */
 

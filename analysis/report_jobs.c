@@ -8,7 +8,10 @@
  * each rank's peak within the span of each iteration, for the newest iterations every rank
  * marked, and the iteration in which each rank peaked. A rank that marked nothing is named;
  * then the ranks are not aligned and each timeline starts at its own first event. The
- * highest rank's difference to the median rank is given by tag. */
+ * highest rank's difference to the median rank is given by tag. Each rank's row also says
+ * how much of its device was outside memtrace's allocator when the device was fullest (from
+ * its process's "device_memory") and how many OOMs it had: a rank that runs out with the
+ * same peaks as the others is told apart by what it holds outside. */
 #include "analysis/report.h"
 
 #include <stdbool.h>
@@ -226,6 +229,23 @@ static uint64_t u(const json_t *o, const char *k)
     return v > 0 ? (uint64_t)v : 0;
 }
 
+/* A rank's outside bytes: on each of its devices, the bytes outside memtrace's allocator
+ * (used - reserved) when that device's used bytes peaked, summed. The moment the device was
+ * fullest is the one that decides an OOM, so that is where outside is read, not its own
+ * maximum at another time. */
+static json_int_t outside_at_peak(const json_t *devices)
+{
+    uint64_t sum = 0;
+    size_t i;
+    const json_t *d;
+    json_array_foreach(devices, i, d)
+    {
+        uint64_t v = u(json_object_get(d, "at_peak_used"), "outside");
+        sum = sum + v < sum ? UINT64_MAX : sum + v;
+    }
+    return sum > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)sum;
+}
+
 static int cmp_rank(const void *a, const void *b)
 {
     const row_t *x = a, *y = b;
@@ -259,6 +279,14 @@ static json_t *group_json(const char *id, row_t *rows, size_t n)
             "{s:i, s:O, s:s, s:I, s:I}", "rank", rows[i].rank, "pid", json_object_get(p, "pid"),
             "name", json_string_value(json_object_get(p, "name")) ?: "", "peak_allocated",
             (json_int_t)rows[i].peak_alloc, "peak_reserved", (json_int_t)rows[i].peak_res);
+        const json_t *dm = json_object_get(p, "device_memory");
+        if (r && json_is_array(dm) &&
+            json_object_set_new(r, "outside_bytes", json_integer(outside_at_peak(dm))) != 0)
+            bad = 1;
+        if (r &&
+            json_object_set_new(
+                r, "ooms", json_integer((json_int_t)u(json_object_get(p, "ooms"), "count"))) != 0)
+            bad = 1;
         json_t *lr = json_object_get(p, "local_rank");
         json_t *pi = json_object_get(json_object_get(p, "spans"), "peak_iteration");
         bad |= !r || (lr && json_object_set(r, "local_rank", lr) != 0) ||

@@ -37,6 +37,13 @@ static void help(FILE *f)
                "  - growth across iterations: allocated bytes at each iteration marker\n"
                "    (MT_MARK_ITERATION) fitted with a line; steady growth is flagged, the sign\n"
                "    of history kept alive from one iteration to the next.\n"
+               "  - the device's used memory as the driver reports it (logs that carry it),\n"
+               "    split into memtrace's reserved bytes and what is outside its allocator:\n"
+               "    each library that reported its own allocations, the context, and the\n"
+               "    rest, not seen; at the end and when used peaked (docs/outside.md);\n"
+               "  - out-of-memory errors, each with that split at its moment.\n"
+               "Logs of several ranks of a job (their hello names a rank) give a table per\n"
+               "job: each rank's peaks, its bytes outside the allocator and its OOMs.\n"
                "Pinned host memory (a pinned host cache's blocks, pool host) is not device\n"
                "memory: it is summarised apart (peaks, peak of each tag, never freed).\n"
                "\n"
@@ -550,6 +557,74 @@ static void print_managed(json_t *v)
            human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
 }
 
+/* One line of the device memory table: a label, the figure at the end, at the peak of used. */
+static void dm_row(const char *label, int indent, double end, double at_peak)
+{
+    char b[2][32];
+    printf("    %*s%-*s %12s %14s\n", indent, "", 40 - indent, label, human(end, b[0], 32),
+           human(at_peak, b[1], 32));
+}
+
+/* The device's used bytes as the driver reports them, split into memtrace's reserved bytes
+ * and what is outside its allocator (docs/outside.md); nothing for logs without figures. */
+static void print_device_memory(json_t *devs)
+{
+    size_t i, k;
+    json_t *d, *l;
+    json_array_foreach(devs, i, d)
+    {
+        char b[3][32];
+        json_t *e = json_object_get(d, "end"), *pk = json_object_get(d, "at_peak_used");
+        printf("\n  device %.0f memory as the driver reports it: %s used of %s (peak %s)\n",
+               num(d, "device"), human(num(e, "used"), b[0], 32), human(num(d, "total"), b[1], 32),
+               human(num(d, "peak_used"), b[2], 32));
+        printf("    %-40s %12s %14s\n", "", "at the end", "at peak used");
+        dm_row("used", 0, num(e, "used"), num(pk, "used"));
+        dm_row("memtrace reserved", 2, num(e, "reserved"), num(pk, "reserved"));
+        dm_row("outside the allocator", 2, num(e, "outside"), num(pk, "outside"));
+        json_array_foreach(json_object_get(d, "libraries"), k, l)
+        {
+            esc_buf_t el;
+            const char *name = json_string_value(json_object_get(l, "library"));
+            double peak = num(l, "peak");
+            dm_row(esc(name, el), 4, num(l, "bytes"), num(l, "at_peak_used"));
+            if (peak > num(l, "bytes") && peak > num(l, "at_peak_used"))
+                printf("    %*s(its own peak %s)\n", 6, "", human(peak, b[0], 32));
+        }
+        dm_row("context", 4, num(e, "context"), num(pk, "context"));
+        dm_row("not seen", 4, num(e, "not_seen"), num(pk, "not_seen"));
+        printf("    (context: in use when the allocator started, before its first segment; not "
+               "seen:\n     no event names it: other allocators, other processes)\n");
+    }
+}
+
+/* The first OOMs, each with the device's split at that moment when the log has it. */
+static void print_ooms(json_t *o)
+{
+    if (!json_is_object(o))
+        return;
+    char b[6][32];
+    printf("\n  out of memory: %.0f OOM%s\n", num(o, "count"), num(o, "count") == 1 ? "" : "s");
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(o, "first"), i, e)
+    {
+        printf("    %9.3f s  device %.0f: asked %s, %s free", num(e, "t"), num(e, "device"),
+               human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
+        json_t *s = json_object_get(e, "device_memory");
+        if (s != NULL)
+            printf("; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, "
+                   "not seen %s)",
+                   human(num(s, "used"), b[0], 32), human(num(s, "reserved"), b[1], 32),
+                   human(num(s, "outside"), b[2], 32), human(num(s, "libraries"), b[3], 32),
+                   human(num(s, "context"), b[4], 32), human(num(s, "not_seen"), b[5], 32));
+        printf("\n");
+    }
+    if (num(o, "count") > (double)json_array_size(json_object_get(o, "first")))
+        printf("    ... %.0f more\n",
+               num(o, "count") - (double)json_array_size(json_object_get(o, "first")));
+}
+
 /* Columns of the per-iteration table: every rank up to this many, else the highest and the
  * median rank only. */
 #define JOB_ITER_COLUMNS 8
@@ -620,8 +695,8 @@ static void print_jobs(json_t *jobs)
             printf(" marked no iterations, so each rank's timeline starts at its own first "
                    "event (clocks of hosts differ)\n");
         }
-        printf("  %6s %8s %16s %16s %10s\n", "RANK", "PID", "PEAK ALLOCATED", "PEAK RESERVED",
-               "PEAK ITER");
+        printf("  %6s %8s %16s %16s %12s %6s %10s\n", "RANK", "PID", "PEAK ALLOCATED",
+               "PEAK RESERVED", "OUTSIDE", "OOMS", "PEAK ITER");
         json_array_foreach(ranks, k, r)
         {
             bool top = num(r, "rank") == num(h, "rank") && json_array_size(ranks) > 1;
@@ -629,9 +704,13 @@ static void print_jobs(json_t *jobs)
             char it[24] = "-";
             if (json_is_integer(pi))
                 snprintf(it, sizeof it, "%lld", (long long)json_integer_value(pi));
-            printf("  %6.0f %8.0f %16s %16s %10s%s\n", num(r, "rank"), num(r, "pid"),
+            char ob[32] = "-"; /* a log without device figures */
+            if (json_object_get(r, "outside_bytes") != NULL)
+                human(num(r, "outside_bytes"), ob, sizeof ob);
+            printf("  %6.0f %8.0f %16s %16s %12s %6.0f %10s%s\n", num(r, "rank"), num(r, "pid"),
                    human(num(r, "peak_allocated"), b1, sizeof b1),
-                   human(num(r, "peak_reserved"), b2, sizeof b2), it, top ? "  <- highest" : "");
+                   human(num(r, "peak_reserved"), b2, sizeof b2), ob, num(r, "ooms"), it,
+                   top ? "  <- highest" : "");
         }
         if (json_array_size(ranks) < 2)
             continue;
@@ -759,6 +838,8 @@ static void print_process(json_t *p)
                    num(nf, "groups_total") - (double)json_array_size(groups));
     }
 
+    print_device_memory(json_object_get(p, "device_memory"));
+    print_ooms(json_object_get(p, "ooms"));
     print_gap(p);
     print_settings(json_object_get(p, "settings_changes"));
     print_managed(json_object_get(p, "managed"));
