@@ -111,6 +111,6 @@ const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key);
 const char *mt_pk_type_name(int type);
 const char *mt_pk_opcode_name(unsigned op);
 
-/* The writer (mt_pkw_*) is profiler/pickle_write.h: the recorder writes snapshots too. */
+/* The writer (mt__pkw_*) is profiler/pickle_write.h: the recorder writes snapshots too. */
 
 #endif

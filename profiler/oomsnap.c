@@ -301,67 +301,67 @@ static int cmp_blk(const void *a, const void *b)
 }
 
 typedef struct snapw_s {
-    mt_pkw_t w;
+    mt__pkw_t w;
     uint32_t tag_memo[MT_TAG_MAX]; /* memo index + 1 of the tag's frames list */
     const char (*labels)[MT_EVENT_LABEL_MAX + 1];
 } snapw_t;
 
-static void kv_int(mt_pkw_t *w, const char *k, int64_t v)
+static void kv_int(mt__pkw_t *w, const char *k, int64_t v)
 {
-    mt_pkw_str(w, k);
-    mt_pkw_int(w, v);
+    mt__pkw_str(w, k);
+    mt__pkw_int(w, v);
 }
 
 /* The tag as a frame list, written once and then referred to through the memo. */
 static void tag_frames(snapw_t *o, int tag)
 {
-    mt_pkw_str(&o->w, "frames");
+    mt__pkw_str(&o->w, "frames");
     if (tag < 0 || tag >= MT_TAG_MAX)
         tag = MT_TAG_OTHER;
     if (o->tag_memo[tag] != 0) {
-        mt_pkw_get(&o->w, o->tag_memo[tag] - 1);
+        mt__pkw_get(&o->w, o->tag_memo[tag] - 1);
         return;
     }
-    o->tag_memo[tag] = mt_pkw_put_next(&o->w) + 1;
+    o->tag_memo[tag] = mt__pkw_put_next(&o->w) + 1;
     char name[64];
     snprintf(name, sizeof name, "tag %s",
              o->labels[tag][0]         ? o->labels[tag]
              : tag < MT_TAG_USER_FIRST ? mt_tag_builtin_name(tag)
                                        : "other");
-    mt_pkw_list_begin(&o->w);
-    mt_pkw_dict_begin(&o->w);
-    mt_pkw_str(&o->w, "name");
-    mt_pkw_str(&o->w, name);
-    mt_pkw_str(&o->w, "filename");
-    mt_pkw_str(&o->w, "memtrace");
+    mt__pkw_list_begin(&o->w);
+    mt__pkw_dict_begin(&o->w);
+    mt__pkw_str(&o->w, "name");
+    mt__pkw_str(&o->w, name);
+    mt__pkw_str(&o->w, "filename");
+    mt__pkw_str(&o->w, "memtrace");
     kv_int(&o->w, "line", tag);
-    mt_pkw_dict_end(&o->w);
-    mt_pkw_list_end(&o->w);
+    mt__pkw_dict_end(&o->w);
+    mt__pkw_list_end(&o->w);
 }
 
 static void block(snapw_t *o, uint64_t addr, uint64_t size, uint64_t requested, const char *state,
                   int tag)
 {
-    mt_pkw_dict_begin(&o->w);
+    mt__pkw_dict_begin(&o->w);
     kv_int(&o->w, "address", (int64_t)addr);
     kv_int(&o->w, "size", (int64_t)size);
     kv_int(&o->w, "requested_size", (int64_t)requested);
-    mt_pkw_str(&o->w, "state");
-    mt_pkw_str(&o->w, state);
+    mt__pkw_str(&o->w, "state");
+    mt__pkw_str(&o->w, state);
     if (tag < 0) {
-        mt_pkw_str(&o->w, "frames");
-        mt_pkw_list_begin(&o->w);
-        mt_pkw_list_end(&o->w);
+        mt__pkw_str(&o->w, "frames");
+        mt__pkw_list_begin(&o->w);
+        mt__pkw_list_end(&o->w);
     } else
         tag_frames(o, tag);
-    mt_pkw_dict_end(&o->w);
+    mt__pkw_dict_end(&o->w);
 }
 
 static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_t *blks,
                      size_t nblks)
 {
-    mt_pkw_str(&o->w, "segments");
-    mt_pkw_list_begin(&o->w);
+    mt__pkw_str(&o->w, "segments");
+    mt__pkw_list_begin(&o->w);
     size_t b = 0;
     for (size_t i = 0; i < nsegs; i++) {
         const mt__seg_t *g = &segs[i];
@@ -376,7 +376,7 @@ static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_
                 req += blks[b].requested;
             }
         }
-        mt_pkw_dict_begin(&o->w);
+        mt__pkw_dict_begin(&o->w);
         kv_int(&o->w, "device", g->device);
         kv_int(&o->w, "address", (int64_t)g->addr);
         kv_int(&o->w, "total_size", (int64_t)g->size);
@@ -384,20 +384,20 @@ static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_
         kv_int(&o->w, "active_size", (int64_t)active);
         kv_int(&o->w, "requested_size", (int64_t)req);
         kv_int(&o->w, "stream", g->stream);
-        mt_pkw_str(&o->w, "segment_type");
-        mt_pkw_str(&o->w, g->pool == MT_POOL_SMALL ? "small" : "large");
-        mt_pkw_str(&o->w, "segment_pool_id");
-        mt_pkw_tuple_begin(&o->w);
-        mt_pkw_int(&o->w, 0);
-        mt_pkw_int(&o->w, 0);
-        mt_pkw_tuple_end(&o->w);
-        mt_pkw_str(&o->w, "is_expandable");
-        mt_pkw_bool(&o->w, g->mapped);
-        mt_pkw_str(&o->w, "frames");
-        mt_pkw_list_begin(&o->w);
-        mt_pkw_list_end(&o->w);
-        mt_pkw_str(&o->w, "blocks");
-        mt_pkw_list_begin(&o->w);
+        mt__pkw_str(&o->w, "segment_type");
+        mt__pkw_str(&o->w, g->pool == MT_POOL_SMALL ? "small" : "large");
+        mt__pkw_str(&o->w, "segment_pool_id");
+        mt__pkw_tuple_begin(&o->w);
+        mt__pkw_int(&o->w, 0);
+        mt__pkw_int(&o->w, 0);
+        mt__pkw_tuple_end(&o->w);
+        mt__pkw_str(&o->w, "is_expandable");
+        mt__pkw_bool(&o->w, g->mapped);
+        mt__pkw_str(&o->w, "frames");
+        mt__pkw_list_begin(&o->w);
+        mt__pkw_list_end(&o->w);
+        mt__pkw_str(&o->w, "blocks");
+        mt__pkw_list_begin(&o->w);
         for (size_t k = first; k < b; k++) {
             uint64_t size = blks[k].size < end - blks[k].addr ? blks[k].size : end - blks[k].addr;
             if (blks[k].addr > at)
@@ -408,18 +408,18 @@ static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_
         }
         if (at < end)
             block(o, at, end - at, 0, "inactive", -1);
-        mt_pkw_list_end(&o->w);
-        mt_pkw_dict_end(&o->w);
+        mt__pkw_list_end(&o->w);
+        mt__pkw_dict_end(&o->w);
     }
-    mt_pkw_list_end(&o->w);
+    mt__pkw_list_end(&o->w);
 }
 
 static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
 {
-    mt_pkw_str(&o->w, "device_traces");
-    mt_pkw_list_begin(&o->w);
+    mt__pkw_str(&o->w, "device_traces");
+    mt__pkw_list_begin(&o->w);
     for (unsigned d = 0; d < ndev; d++) {
-        mt_pkw_list_begin(&o->w);
+        mt__pkw_list_begin(&o->w);
         for (size_t i = 0; i < s->n; i++) {
             const mt_event_rec_t *ev =
                 &s->recent[(s->head + OOMSNAP_RECENT - s->n + i) % OOMSNAP_RECENT];
@@ -428,9 +428,9 @@ static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
                 ev->kind > MT_EV_OOM)
                 continue;
             bool blockish = ev->kind <= MT_EV_FREE_COMPLETED;
-            mt_pkw_dict_begin(&o->w);
-            mt_pkw_str(&o->w, "action");
-            mt_pkw_str(&o->w, mt_event_kind_name(ev->kind));
+            mt__pkw_dict_begin(&o->w);
+            mt__pkw_str(&o->w, "action");
+            mt__pkw_str(&o->w, mt_event_kind_name(ev->kind));
             if (ev->kind == MT_EV_OOM) {
                 kv_int(&o->w, "device_free", (int64_t)ev->size);
                 kv_int(&o->w, "size", (int64_t)ev->requested);
@@ -446,15 +446,15 @@ static void trace(snapw_t *o, const mt__oomsnap_t *s, unsigned ndev)
             if (blockish)
                 tag_frames(o, ev->tag);
             else {
-                mt_pkw_str(&o->w, "frames");
-                mt_pkw_list_begin(&o->w);
-                mt_pkw_list_end(&o->w);
+                mt__pkw_str(&o->w, "frames");
+                mt__pkw_list_begin(&o->w);
+                mt__pkw_list_end(&o->w);
             }
-            mt_pkw_dict_end(&o->w);
+            mt__pkw_dict_end(&o->w);
         }
-        mt_pkw_list_end(&o->w);
+        mt__pkw_list_end(&o->w);
     }
-    mt_pkw_list_end(&o->w);
+    mt__pkw_list_end(&o->w);
 }
 
 /* Writes the PyTorch snapshot into f. 0 or MT_E*. */
@@ -472,21 +472,21 @@ static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT
         ndev = d + 1u > ndev ? d + 1u : ndev;
     }
     snapw_t o = {.labels = labels};
-    mt_pkw_init(&o.w, f);
-    mt_pkw_dict_begin(&o.w);
+    mt__pkw_init(&o.w, f);
+    mt__pkw_dict_begin(&o.w);
     segments(&o, s->segs.v, s->segs.n, blks, nb);
     trace(&o, s, ndev);
-    mt_pkw_str(&o.w, "allocator_settings");
-    mt_pkw_dict_begin(&o.w);
-    mt_pkw_str(&o.w, "PYTORCH_CUDA_ALLOC_CONF");
-    mt_pkw_str(&o.w, "");
-    mt_pkw_dict_end(&o.w);
-    mt_pkw_str(&o.w, "external_annotations");
-    mt_pkw_list_begin(&o.w);
-    mt_pkw_list_end(&o.w);
-    mt_pkw_dict_end(&o.w);
+    mt__pkw_str(&o.w, "allocator_settings");
+    mt__pkw_dict_begin(&o.w);
+    mt__pkw_str(&o.w, "PYTORCH_CUDA_ALLOC_CONF");
+    mt__pkw_str(&o.w, "");
+    mt__pkw_dict_end(&o.w);
+    mt__pkw_str(&o.w, "external_annotations");
+    mt__pkw_list_begin(&o.w);
+    mt__pkw_list_end(&o.w);
+    mt__pkw_dict_end(&o.w);
     free(blks);
-    return mt_pkw_finish(&o.w);
+    return mt__pkw_finish(&o.w);
 }
 
 /* The memtrace JSON: the recent events as the log writes them. */

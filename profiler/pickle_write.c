@@ -7,18 +7,18 @@
 
 enum { BATCH = 1000 };
 
-static void out(mt_pkw_t *w, const void *b, size_t n)
+static void out(mt__pkw_t *w, const void *b, size_t n)
 {
     if (w->err == 0 && fwrite(b, 1, n, w->f) != n)
         w->err = MT_EIO;
 }
 
-static void op(mt_pkw_t *w, unsigned char c)
+static void op(mt__pkw_t *w, unsigned char c)
 {
     out(w, &c, 1);
 }
 
-static void op_le(mt_pkw_t *w, unsigned char c, uint64_t v, size_t n)
+static void op_le(mt__pkw_t *w, unsigned char c, uint64_t v, size_t n)
 {
     unsigned char b[9];
     b[0] = c;
@@ -27,7 +27,7 @@ static void op_le(mt_pkw_t *w, unsigned char c, uint64_t v, size_t n)
     out(w, b, 1 + n);
 }
 
-void mt_pkw_init(mt_pkw_t *w, FILE *f)
+void mt__pkw_init(mt__pkw_t *w, FILE *f)
 {
     memset(w, 0, sizeof *w);
     w->f = f;
@@ -35,7 +35,7 @@ void mt_pkw_init(mt_pkw_t *w, FILE *f)
 }
 
 /* Before a value: a list or dict starting a batch opens it with MARK. */
-static void before(mt_pkw_t *w)
+static void before(mt__pkw_t *w)
 {
     if (w->depth == 0)
         return;
@@ -45,7 +45,7 @@ static void before(mt_pkw_t *w)
 }
 
 /* After a value: memoize it if asked, then close a full batch. */
-static void after(mt_pkw_t *w)
+static void after(mt__pkw_t *w)
 {
     if (w->put) {
         op_le(w, 'r', w->memo++, 4); /* LONG_BINPUT */
@@ -64,21 +64,21 @@ static void after(mt_pkw_t *w)
     }
 }
 
-void mt_pkw_none(mt_pkw_t *w)
+void mt__pkw_none(mt__pkw_t *w)
 {
     before(w);
     op(w, 'N');
     after(w);
 }
 
-void mt_pkw_bool(mt_pkw_t *w, bool v)
+void mt__pkw_bool(mt__pkw_t *w, bool v)
 {
     before(w);
     op(w, v ? 0x88 : 0x89);
     after(w);
 }
 
-void mt_pkw_int(mt_pkw_t *w, int64_t v)
+void mt__pkw_int(mt__pkw_t *w, int64_t v)
 {
     before(w);
     if (v >= 0 && v < 256)
@@ -103,7 +103,7 @@ void mt_pkw_int(mt_pkw_t *w, int64_t v)
     after(w);
 }
 
-void mt_pkw_float(mt_pkw_t *w, double v)
+void mt__pkw_float(mt__pkw_t *w, double v)
 {
     before(w);
     uint64_t u;
@@ -115,10 +115,10 @@ void mt_pkw_float(mt_pkw_t *w, double v)
     after(w);
 }
 
-void mt_pkw_str(mt_pkw_t *w, const char *s)
+void mt__pkw_str(mt__pkw_t *w, const char *s)
 {
     if (s == NULL) {
-        mt_pkw_none(w);
+        mt__pkw_none(w);
         return;
     }
     before(w);
@@ -133,7 +133,7 @@ void mt_pkw_str(mt_pkw_t *w, const char *s)
     after(w);
 }
 
-static void open_c(mt_pkw_t *w, unsigned char kind, unsigned char opcode)
+static void open_c(mt__pkw_t *w, unsigned char kind, unsigned char opcode)
 {
     before(w);
     if (w->depth == sizeof w->kind || (w->put && kind == 't')) {
@@ -151,7 +151,7 @@ static void open_c(mt_pkw_t *w, unsigned char kind, unsigned char opcode)
     }
 }
 
-static void close_c(mt_pkw_t *w, unsigned char kind)
+static void close_c(mt__pkw_t *w, unsigned char kind)
 {
     if (w->depth == 0 || w->kind[w->depth - 1] != kind) {
         w->err = w->err ? w->err : MT_EINVAL;
@@ -168,45 +168,45 @@ static void close_c(mt_pkw_t *w, unsigned char kind)
     after(w);
 }
 
-void mt_pkw_list_begin(mt_pkw_t *w)
+void mt__pkw_list_begin(mt__pkw_t *w)
 {
     open_c(w, 'l', ']');
 }
 
-void mt_pkw_list_end(mt_pkw_t *w)
+void mt__pkw_list_end(mt__pkw_t *w)
 {
     close_c(w, 'l');
 }
 
-void mt_pkw_dict_begin(mt_pkw_t *w)
+void mt__pkw_dict_begin(mt__pkw_t *w)
 {
     open_c(w, 'd', '}');
 }
 
-void mt_pkw_dict_end(mt_pkw_t *w)
+void mt__pkw_dict_end(mt__pkw_t *w)
 {
     if (w->depth > 0 && w->count[w->depth - 1] % 2)
         w->err = w->err ? w->err : MT_EINVAL; /* a key without its value */
     close_c(w, 'd');
 }
 
-void mt_pkw_tuple_begin(mt_pkw_t *w)
+void mt__pkw_tuple_begin(mt__pkw_t *w)
 {
     open_c(w, 't', '(');
 }
 
-void mt_pkw_tuple_end(mt_pkw_t *w)
+void mt__pkw_tuple_end(mt__pkw_t *w)
 {
     close_c(w, 't');
 }
 
-uint32_t mt_pkw_put_next(mt_pkw_t *w)
+uint32_t mt__pkw_put_next(mt__pkw_t *w)
 {
     w->put = true;
     return w->memo;
 }
 
-void mt_pkw_get(mt_pkw_t *w, uint32_t index)
+void mt__pkw_get(mt__pkw_t *w, uint32_t index)
 {
     before(w);
     op_le(w, 'j', index, 4); /* LONG_BINGET */
@@ -215,7 +215,7 @@ void mt_pkw_get(mt_pkw_t *w, uint32_t index)
     after(w);
 }
 
-int mt_pkw_finish(mt_pkw_t *w)
+int mt__pkw_finish(mt__pkw_t *w)
 {
     if (w->depth != 0 && w->err == 0)
         w->err = MT_EINVAL;

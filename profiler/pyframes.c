@@ -127,7 +127,7 @@ static void resolve_locked(void)
     eval_range_find();
 }
 
-void mt_pyframes_refresh(void)
+void mt__pyframes_refresh(void)
 {
     pthread_mutex_lock(&state_lock);
     atomic_store(&loaded_gen, loader_generation());
@@ -158,7 +158,7 @@ static py_api_t *api_get(void)
     return atomic_load_explicit(&api_cur, memory_order_acquire);
 }
 
-bool mt_pyframes_ip_is_eval(uintptr_t ip)
+bool mt__pyframes_ip_is_eval(uintptr_t ip)
 {
     uintptr_t lo = atomic_load_explicit(&eval_lo, memory_order_acquire);
     return lo != 0 && ip >= lo && ip < atomic_load_explicit(&eval_hi, memory_order_relaxed);
@@ -352,7 +352,7 @@ static int walk(const py_api_t *a, mt_pyframe_t *out, int cap, bool *truncated)
     return n;
 }
 
-int mt_pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated)
+int mt__pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated)
 {
     if (truncated != NULL)
         *truncated = false;
@@ -382,12 +382,12 @@ int mt_pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated)
 
 /* ---- interleaving ---- */
 
-int mt_pyframes_merge(const uintptr_t *ips, int n_ips, const mt_pyframe_t *py, int n_py,
-                      int32_t *out, int cap)
+int mt__pyframes_merge(const uintptr_t *ips, int n_ips, const mt_pyframe_t *py, int n_py,
+                       int32_t *out, int cap)
 {
     int k = 0, j = 0, last_eval = -1;
     for (int i = 0; i < n_ips; i++) {
-        if (j >= n_py || !mt_pyframes_ip_is_eval(ips[i])) {
+        if (j >= n_py || !mt__pyframes_ip_is_eval(ips[i])) {
             if (k < cap)
                 out[k++] = i;
             continue;
@@ -414,7 +414,7 @@ int mt_pyframes_merge(const uintptr_t *ips, int n_ips, const mt_pyframe_t *py, i
     return k;
 }
 
-void mt_pyframes_stats(mt_pyframes_stats_t *out)
+void mt__pyframes_stats(mt__pyframes_stats_t *out)
 {
     out->captures = atomic_load(&st_captures);
     out->frames = atomic_load(&st_frames);

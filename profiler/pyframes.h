@@ -37,33 +37,33 @@ typedef struct mt_pyframe_s {
 /* Captures the calling thread's Python frames, innermost first, into out[0, cap).
  * Returns how many were written (0 when there is no usable interpreter or thread state),
  * never negative. *truncated (may be NULL) is set when frames remained past cap. */
-int mt_pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated);
+int mt__pyframes_capture(mt_pyframe_t *out, int cap, bool *truncated);
 
 /* True when ip lies in the interpreter's eval loop (_PyEval_EvalFrameDefault's symbol
  * range). Async-signal-safe and lock-free: two loads. False before the first capture
- * found an interpreter (call mt_pyframes_capture or mt_pyframes_refresh first). */
-bool mt_pyframes_ip_is_eval(uintptr_t ip);
+ * found an interpreter (call mt__pyframes_capture or mt__pyframes_refresh first). */
+bool mt__pyframes_ip_is_eval(uintptr_t ip);
 
 /* Looks the interpreter up again (after a dlopen); capture also does this by itself when
  * the loader's count of loaded objects changed (checked every 64 captures per thread). */
-void mt_pyframes_refresh(void);
+void mt__pyframes_refresh(void);
 
 /* Interleaves a native stack and Python frames (both innermost first) into out[0, cap):
  * out[k] >= 0 names native ips[out[k]], out[k] < 0 names py[-out[k] - 1]. Each native
  * frame in the eval loop is replaced by the Python frames it runs (up to the next entry);
  * Python frames left when no eval frame remains go where the last eval frame was or, with
  * none, after the innermost native frame. Returns the count written (<= cap). */
-int mt_pyframes_merge(const uintptr_t *ips, int n_ips, const mt_pyframe_t *py, int n_py,
-                      int32_t *out, int cap);
+int mt__pyframes_merge(const uintptr_t *ips, int n_ips, const mt_pyframe_t *py, int n_py,
+                       int32_t *out, int cap);
 
 /* Counters since process start (for bench rows and tests). */
-typedef struct mt_pyframes_stats_s {
+typedef struct mt__pyframes_stats_s {
     uint64_t captures;    /* calls that found an interpreter and a thread state */
     uint64_t frames;      /* frames written */
     uint64_t gil_ensured; /* captures that had to take the GIL */
     uint64_t str_bytes;   /* bytes interned, <= MT_PYFRAMES_STR_CAP */
     uint64_t str_dropped; /* names not interned because of the cap */
-} mt_pyframes_stats_t;
-void mt_pyframes_stats(mt_pyframes_stats_t *out);
+} mt__pyframes_stats_t;
+void mt__pyframes_stats(mt__pyframes_stats_t *out);
 
 #endif

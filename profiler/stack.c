@@ -490,10 +490,10 @@ uint32_t mt__stab_capture(mt__stab_t *t, int mode, uint64_t bytes)
     int nw = 0;
     mt_pyframe_t py[MT_STACK_DEPTH_MAX];
     bool pytrunc = false;
-    int np = mt_pyframes_capture(py, MT_STACK_DEPTH_MAX, &pytrunc);
+    int np = mt__pyframes_capture(py, MT_STACK_DEPTH_MAX, &pytrunc);
     if (np > 0) {
         int32_t order[MT_STACK_DEPTH_MAX];
-        int k = mt_pyframes_merge(nat, nn, py, np, order, MT_STACK_DEPTH_MAX);
+        int k = mt__pyframes_merge(nat, nn, py, np, order, MT_STACK_DEPTH_MAX);
         truncated = truncated || pytrunc || k >= MT_STACK_DEPTH_MAX;
         for (int i = 0; i < k; i++) {
             if (order[i] >= 0) {

@@ -23,9 +23,9 @@ PROBE_API int mt_test_pyprobe(char *buf, int len)
     void *ips[128];
     int32_t order[192];
     bool trunc = false;
-    int n_py = mt_pyframes_capture(py, 64, &trunc);
+    int n_py = mt__pyframes_capture(py, 64, &trunc);
     int n_ips = backtrace(ips, 128);
-    int n = mt_pyframes_merge((const uintptr_t *)ips, n_ips, py, n_py, order, 192);
+    int n = mt__pyframes_merge((const uintptr_t *)ips, n_ips, py, n_py, order, 192);
     int used = 0;
     buf[0] = '\0';
     for (int k = 0; k < n && used < len; k++) {
@@ -56,20 +56,20 @@ PROBE_API int mt_test_pyprobe_cb(int (*cb)(void))
 PROBE_API int mt_test_pyprobe_is_eval_known(void)
 {
     void *fn = dlsym(RTLD_DEFAULT, "_PyEval_EvalFrameDefault");
-    return fn != NULL && mt_pyframes_ip_is_eval((uintptr_t)fn + 1);
+    return fn != NULL && mt__pyframes_ip_is_eval((uintptr_t)fn + 1);
 }
 
 PROBE_API long long mt_test_pyprobe_str_bytes(void)
 {
-    mt_pyframes_stats_t st;
-    mt_pyframes_stats(&st);
+    mt__pyframes_stats_t st;
+    mt__pyframes_stats(&st);
     return (long long)st.str_bytes;
 }
 
 PROBE_API long long mt_test_pyprobe_str_dropped(void)
 {
-    mt_pyframes_stats_t st;
-    mt_pyframes_stats(&st);
+    mt__pyframes_stats_t st;
+    mt__pyframes_stats(&st);
     return (long long)st.str_dropped;
 }
 
@@ -77,5 +77,5 @@ PROBE_API long long mt_test_pyprobe_str_dropped(void)
 PROBE_API int mt_test_pyprobe_count(void)
 {
     mt_pyframe_t py[64];
-    return mt_pyframes_capture(py, 64, NULL);
+    return mt__pyframes_capture(py, 64, NULL);
 }

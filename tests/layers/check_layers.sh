@@ -56,5 +56,15 @@ if [ -n "$bad" ]; then
     echo "$bad"
     fail=1
 fi
-[ $fail -eq 0 ] && echo "layers: every upward include fails, every downward one builds; libmemtrace.so exports no analysis symbol"
+# It exports the public API and nothing else: every exported name is declared in
+# include/memtrace/ (no internal mt_ name, no symbol of a library linked in statically).
+declared="$build/layers-declared.txt"
+cat "$src"/include/memtrace/*.h | tr -c 'A-Za-z0-9_' '\n' | grep '^mt_' | sort -u > "$declared"
+extra=$(nm -D --defined-only "$lib" | awk '{print $3}' | sed 's/@.*//' | sort -u | comm -23 - "$declared")
+if [ -n "$extra" ]; then
+    echo "FAIL: libmemtrace.so exports names include/memtrace/ does not declare:"
+    echo "$extra" | head -20
+    fail=1
+fi
+[ $fail -eq 0 ] && echo "layers: every upward include fails, every downward one builds; libmemtrace.so exports no analysis symbol and only the public API"
 exit $fail

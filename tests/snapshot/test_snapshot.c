@@ -49,11 +49,11 @@ static void test_pickle_roundtrip(void **state)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     assert_non_null(f);
-    mt_pkw_t w;
-    mt_pkw_init(&w, f);
-    mt_pkw_dict_begin(&w);
-    mt_pkw_str(&w, "ints");
-    mt_pkw_list_begin(&w);
+    mt__pkw_t w;
+    mt__pkw_init(&w, f);
+    mt__pkw_dict_begin(&w);
+    mt__pkw_str(&w, "ints");
+    mt__pkw_list_begin(&w);
     const int64_t ints[] = {0,
                             1,
                             255,
@@ -70,25 +70,25 @@ static void test_pickle_roundtrip(void **state)
                             INT64_MIN,
                             0x7f0000000000};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        mt_pkw_int(&w, ints[i]);
-    mt_pkw_list_end(&w);
-    mt_pkw_str(&w, "many");
-    uint32_t memo = mt_pkw_put_next(&w);
-    mt_pkw_list_begin(&w);
+        mt__pkw_int(&w, ints[i]);
+    mt__pkw_list_end(&w);
+    mt__pkw_str(&w, "many");
+    uint32_t memo = mt__pkw_put_next(&w);
+    mt__pkw_list_begin(&w);
     for (int i = 0; i < 2500; i++) /* three batches */
-        mt_pkw_int(&w, i);
-    mt_pkw_list_end(&w);
-    mt_pkw_str(&w, "again");
-    mt_pkw_get(&w, memo);
-    mt_pkw_str(&w, "misc");
-    mt_pkw_tuple_begin(&w);
-    mt_pkw_none(&w);
-    mt_pkw_bool(&w, true);
-    mt_pkw_float(&w, 2.5);
-    mt_pkw_str(&w, "h\xc3\xa9");
-    mt_pkw_tuple_end(&w);
-    mt_pkw_dict_end(&w);
-    assert_int_equal(mt_pkw_finish(&w), 0);
+        mt__pkw_int(&w, i);
+    mt__pkw_list_end(&w);
+    mt__pkw_str(&w, "again");
+    mt__pkw_get(&w, memo);
+    mt__pkw_str(&w, "misc");
+    mt__pkw_tuple_begin(&w);
+    mt__pkw_none(&w);
+    mt__pkw_bool(&w, true);
+    mt__pkw_float(&w, 2.5);
+    mt__pkw_str(&w, "h\xc3\xa9");
+    mt__pkw_tuple_end(&w);
+    mt__pkw_dict_end(&w);
+    assert_int_equal(mt__pkw_finish(&w), 0);
     fclose(f);
 
     char err[512];
