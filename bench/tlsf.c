@@ -204,18 +204,25 @@ void *mt_tlsf_malloc(mt_tlsf_t *t, size_t size)
         return NULL;
     size = size < MIN_SIZE ? MIN_SIZE : (size + MT_TLSF_ALIGN - 1) & ~(size_t)(MT_TLSF_ALIGN - 1);
     int fl, sl;
-    mapping_search(size, &fl, &sl);
-    /* The first non-empty list at (fl, >= sl), else at the first level above. */
-    uint32_t sm = fl < FL_COUNT ? t->sl_map[fl] & (~0u << sl) : 0;
-    if (sm == 0) {
-        uint64_t fm = fl + 1 < FL_COUNT ? t->fl_map & (~0ull << (fl + 1)) : 0;
-        if (fm == 0)
-            return NULL;
-        fl = __builtin_ctzll(fm);
-        sm = t->sl_map[fl];
-    }
-    sl = __builtin_ctz(sm);
+    /* The head of the request's own list first, if it is large enough: one comparison, and
+     * the good fit's rounding up no longer skips a block that fits exactly, which keeps the
+     * pool's high-water close to the peak in use. */
+    mapping_insert(size, &fl, &sl);
     block_t *b = t->heads[fl][sl];
+    if (b == NULL || bsize(b) < size) {
+        mapping_search(size, &fl, &sl);
+        /* The first non-empty list at (fl, >= sl), else at the first level above. */
+        uint32_t sm = fl < FL_COUNT ? t->sl_map[fl] & (~0u << sl) : 0;
+        if (sm == 0) {
+            uint64_t fm = fl + 1 < FL_COUNT ? t->fl_map & (~0ull << (fl + 1)) : 0;
+            if (fm == 0)
+                return NULL;
+            fl = __builtin_ctzll(fm);
+            sm = t->sl_map[fl];
+        }
+        sl = __builtin_ctz(sm);
+        b = t->heads[fl][sl];
+    }
     list_remove(t, b);
     size_t have = bsize(b);
     if (have >= size + HDR + MIN_SIZE) {
