@@ -30,6 +30,13 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* One fresh backend and allocator, set up as cfg says. */
 typedef struct session_s {
     mt_backend_t *b;
@@ -296,9 +303,9 @@ int mt_replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned n
     }
     for (unsigned i = 0; i < npasses; i++) {
         mt_backend_counters(s.b, &c0);
-        uint64_t t0 = now_ns();
+        uint64_t t0 = cfg->cpu_time ? cpu_ns() : now_ns();
         rc = pass(&s, t, NULL, &ooms, err, errlen);
-        uint64_t t1 = now_ns();
+        uint64_t t1 = cfg->cpu_time ? cpu_ns() : now_ns();
         if (rc < 0)
             goto done;
         mt_backend_counters(s.b, &c1);
@@ -423,7 +430,7 @@ void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
 }
 
 int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
-                          uint64_t *ns)
+                          bool cpu_time, uint64_t *ns)
 {
     if (h->alloc == NULL)
         return MT_EINVAL;
@@ -431,7 +438,7 @@ int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigne
     if (ptrs == NULL)
         return MT_ENOMEM;
     for (unsigned r = 0; r < npasses; r++) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = cpu_time ? cpu_ns() : now_ns();
         for (size_t i = 0; i < t->nops; i++) {
             const mt_trace_op_t *op = &t->ops[i];
             if (op->action == MT_TRACE_ALLOCATE) {
@@ -441,7 +448,7 @@ int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigne
                 ptrs[op->slot] = NULL;
             }
         }
-        ns[r] = now_ns() - t0;
+        ns[r] = (cpu_time ? cpu_ns() : now_ns()) - t0;
         for (size_t i = 0; i < t->nslots; i++)
             if (ptrs[i] != NULL) {
                 h->free(ptrs[i]);
@@ -457,7 +464,7 @@ uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned 
     uint64_t best = 0;
     for (unsigned r = 0; r < (rounds ? rounds : 1); r++) {
         uint64_t ns;
-        if (mt_replay_host_passes(h, t, 1, &ns) < 0)
+        if (mt_replay_host_passes(h, t, 1, false, &ns) < 0)
             return 0;
         best = r == 0 || ns < best ? ns : best;
     }

@@ -20,6 +20,9 @@ typedef struct mt_replay_cfg_s {
                              * state at peak allocated (fragmentation); slows the pass, so
                              * ns figures of a sampled run are not meaningful */
     unsigned rounds;        /* timed passes over the trace (>= 1); the fastest one counts */
+    bool cpu_time;          /* mt_replay_passes only: time passes by the calling thread's CPU
+                             * clock (its page faults included, preemption not), for a
+                             * machine shared with other jobs; false = wall clock */
 } mt_replay_cfg_t;
 
 /* Defaults: no conf, default capacity, no warm-up, no sampling, one round. */
@@ -103,11 +106,12 @@ void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N]);
  * recorded; what a pass leaves live is freed untimed). 0 if h is not loaded. */
 uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds);
 
-/* Wall ns of each of npasses passes of t through h in a row, h in whatever state the process
+/* Ns of each of npasses passes of t through h in a row (wall clock, or the calling thread's
+ * CPU clock if cpu_time), h in whatever state the process
  * left it: pass 0 is a cold one only in a process that has not used h before. What a pass
  * leaves live is freed untimed. Returns 0, MT_EINVAL if h is not loaded, MT_ENOMEM. */
 int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
-                          uint64_t *ns);
+                          bool cpu_time, uint64_t *ns);
 
 /* "CPU model, N cores online" of this machine, for tables that are compared within one run. */
 void mt_replay_machine(char *buf, size_t n);

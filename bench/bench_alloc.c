@@ -10,8 +10,10 @@
  * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL (analysis/replay.c): both define malloc,
  * and linking either would replace the process allocator (and so the glibc row).
  *
- * usage: bench_alloc [--quick] [TRACE.csv[.xz|.gz] ...]   (default: the traces in data/traces)
- *        bench_alloc --replay-child KIND PASSES TRACE   (one process of table (2)) */
+ * usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]   (default: data/traces)
+ *        bench_alloc --replay-child KIND PASSES cpu|wall TRACE   (one process of table (2))
+ * Table (2) times each pass by the process's CPU clock (page faults included, preemption
+ * by other jobs on a shared machine not); --wall times it by the wall clock. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +117,7 @@ static void print_line(const line_t *l)
 
 typedef struct opts_s {
     bool quick;
+    bool wall; /* table (2) by the wall clock instead of each process's CPU clock */
 } opts_t;
 
 /* Writes "<fmt with target>: MET" or ": NOT MET" into g; returns g. */
@@ -540,14 +543,15 @@ static void tlsf_hook_free(void *p)
 
 /* The child: replays path npasses times through kind and prints one line,
  * "ok N ns0 .. nsN-1 modelled0 high_cold high_warm peak_live" or "skip reason". */
-static int replay_child(const char *kind, unsigned npasses, const char *path)
+static int replay_child(const char *kind, unsigned npasses, const char *clock, const char *path)
 {
+    bool cpu = strcmp(clock, "cpu") == 0;
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
     int k = 0;
     while (k < K_N && strcmp(kind, kind_arg[k]) != 0)
         k++;
-    if (k == K_N || npasses < 2 || npasses > MAX_PASSES) {
+    if (k == K_N || npasses < 2 || npasses > MAX_PASSES || (!cpu && strcmp(clock, "wall") != 0)) {
         fprintf(stderr, "bench_alloc: bad --replay-child arguments\n");
         return 2;
     }
@@ -560,6 +564,7 @@ static int replay_child(const char *kind, unsigned npasses, const char *path)
     if (k == K_MEMTRACE || k == K_PLAN) {
         mt_replay_cfg_t cfg = mt_replay_cfg_default();
         cfg.warmup = k == K_PLAN;
+        cfg.cpu_time = cpu;
         uint64_t modelled[MAX_PASSES];
         mt_replay_result_t r;
         rc = mt_replay_passes(t, &cfg, npasses, o.ns, modelled, &r, &o.high_warm, err, sizeof err);
@@ -571,10 +576,10 @@ static int replay_child(const char *kind, unsigned npasses, const char *path)
         mt_host_alloc_t h = {.name = "tlsf", .alloc = tlsf_hook_alloc, .free = tlsf_hook_free};
         rc = mt_tlsf_create(&tlsf_pool, want < MT_TLSF_MAX_REQUEST ? want : MT_TLSF_MAX_REQUEST);
         if (rc == 0)
-            rc = mt_replay_host_passes(&h, t, 1, o.ns);
+            rc = mt_replay_host_passes(&h, t, 1, cpu, o.ns);
         o.high_cold = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
         if (rc == 0)
-            rc = mt_replay_host_passes(&h, t, npasses - 1, o.ns + 1);
+            rc = mt_replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
         o.high_warm = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     } else {
@@ -587,7 +592,7 @@ static int replay_child(const char *kind, unsigned npasses, const char *path)
             mt_trace_free(&t);
             return 0;
         }
-        rc = mt_replay_host_passes(&h, t, npasses, o.ns);
+        rc = mt_replay_host_passes(&h, t, npasses, cpu, o.ns);
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     }
     mt_trace_free(&t);
@@ -605,7 +610,7 @@ static int replay_child(const char *kind, unsigned npasses, const char *path)
 }
 
 /* Runs one child (this program, re-executed) and reads its line into *o. */
-static int run_child(int kind, unsigned npasses, const char *path, child_out_t *o)
+static int run_child(int kind, unsigned npasses, bool wall, const char *path, child_out_t *o)
 {
     memset(o, 0, sizeof *o);
     int fd[2];
@@ -619,8 +624,9 @@ static int run_child(int kind, unsigned npasses, const char *path, child_out_t *
         dup2(fd[1], STDOUT_FILENO);
         close(fd[0]);
         close(fd[1]);
-        char *argv[] = {"bench_alloc", "--replay-child", (char *)kind_arg[kind],
-                        passes,        (char *)path,     NULL};
+        char *argv[] = {"bench_alloc", "--replay-child",      (char *)kind_arg[kind],
+                        passes,        wall ? "wall" : "cpu", (char *)path,
+                        NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -666,8 +672,8 @@ typedef struct col_s {
     char note[192];
 } col_t;
 
-static void measure(int kind, const char *path, unsigned procs, unsigned npasses, double ops,
-                    col_t *c)
+static void measure(int kind, const char *path, unsigned procs, unsigned npasses, bool wall,
+                    double ops, col_t *c)
 {
     uint64_t cold[8], warm[8 * MAX_PASSES], model[8];
     size_t nc = 0, nw = 0;
@@ -675,7 +681,7 @@ static void measure(int kind, const char *path, unsigned procs, unsigned npasses
     c->util_cold = c->util_warm = -1;
     for (unsigned p = 0; p < procs && p < 8; p++) {
         child_out_t o;
-        if (run_child(kind, npasses, path, &o) < 0 || o.n < 2) {
+        if (run_child(kind, npasses, wall, path, &o) < 0 || o.n < 2) {
             snprintf(c->note, sizeof c->note, "%s", o.note[0] ? o.note : "no figures");
             return;
         }
@@ -731,7 +737,7 @@ static int speed_rows(const opts_t *o, const char *path)
     unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
     col_t col[K_N];
     for (int k = 0; k < K_N; k++)
-        measure(k, path, procs, npasses, ops, &col[k]);
+        measure(k, path, procs, npasses, o->wall, ops, &col[k]);
     for (int k = 0; k < K_N; k++) {
         const col_t *c = &col[k];
         if (!c->ok) {
@@ -876,18 +882,20 @@ static void ensure_static_tls(char **argv)
 int main(int argc, char **argv)
 {
     ensure_static_tls(argv);
-    if (argc == 5 && strcmp(argv[1], "--replay-child") == 0)
-        return replay_child(argv[2], (unsigned)strtoul(argv[3], NULL, 10), argv[4]);
+    if (argc == 6 && strcmp(argv[1], "--replay-child") == 0)
+        return replay_child(argv[2], (unsigned)strtoul(argv[3], NULL, 10), argv[4], argv[5]);
     opts_t o = {0};
     const char *traces[16];
     size_t ntraces = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             o.quick = true;
+        else if (strcmp(argv[i], "--wall") == 0)
+            o.wall = true;
         else if (argv[i][0] != '-' && ntraces < 16)
             traces[ntraces++] = argv[i];
         else {
-            fprintf(stderr, "usage: bench_alloc [--quick] [TRACE.csv[.xz|.gz] ...]\n");
+            fprintf(stderr, "usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]\n");
             return 2;
         }
     }
@@ -930,9 +938,10 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = threads_row(&o, hosts, 64 << 10);
 
-    printf("\n(2) trace replays, ns per allocate-or-free. cold: the first pass of a fresh process "
-           "(median of %d processes); warm: the later passes of the same processes (median of "
-           "%d).\n",
+    printf("\n(2) trace replays, %s ns per allocate-or-free. cold: the first pass of a fresh "
+           "process (median of %d processes); warm: the later passes of the same processes "
+           "(median of %d).\n",
+           o.wall ? "wall-clock" : "CPU-time (the process's own, page faults included)",
            o.quick ? 1 : 3, o.quick ? 3 : 15);
     printf(
         "    memtrace: sim backend, its modelled device cost taken out (shown for the cold pass); "

@@ -5,7 +5,7 @@
 # bytes (field 8).
 # usage: check_bench_child.sh BENCH_ALLOC TRACE.csv.xz
 set -eu
-line=$("$1" --replay-child tlsf 2 "$2")
+line=$("$1" --replay-child tlsf 2 cpu "$2")
 echo "$line"
 echo "$line" | awk '$1 == "ok" && $2 == 2 && $3 > 0 && $4 > 0 && $6 >= $8 && $8 > 0 { ok = 1 }
     END { exit ok ? 0 : 1 }'
