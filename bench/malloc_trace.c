@@ -247,7 +247,7 @@ __attribute__((destructor)) static void trace_write(void)
     t_busy++;
     ev_t *ev = g_ev;
     g_ev = NULL; /* other threads still running record nothing from here on */
-    size_t n = atomic_load(&g_next), dropped = 0, skipped = 0, rows = 0;
+    size_t n = atomic_load(&g_next), dropped = 0, skipped = 0, rows = 0, repaired = 0;
     if (n > g_cap) {
         dropped = n - g_cap;
         n = g_cap;
@@ -275,7 +275,9 @@ __attribute__((destructor)) static void trace_write(void)
             live.val[j] = UINT64_MAX;
         } else {
             if (held) {
-                /* A free went unrecorded (a skipped slot): close the old lifetime first. */
+                /* A free went unrecorded (a skipped slot) or came out of order: close the
+                 * old lifetime first, and say so (a correct recording has none). */
+                repaired++;
                 fprintf(f, "%u,", e->tid);
                 write_time(f, e->time_ns);
                 fprintf(f, ",free,0x%llx,%llu,0\n", (unsigned long long)e->ptr,
@@ -301,6 +303,9 @@ __attribute__((destructor)) static void trace_write(void)
     if (dropped || skipped)
         fprintf(stderr, "malloc_trace: %zu events dropped (buffer full), %zu unfinished\n", dropped,
                 skipped);
+    if (repaired)
+        fprintf(stderr, "malloc_trace: %zu allocations of a live address (free out of order)\n",
+                repaired);
     fprintf(stderr, "malloc_trace: %zu rows written to %s\n", rows, g_out);
 done:
     if (f != NULL)
