@@ -30,6 +30,13 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* One fresh backend and allocator, set up as cfg says. */
 typedef struct session_s {
     mt_backend_t *b;
@@ -276,6 +283,74 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
     return 0;
 }
 
+int mt_replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned npasses,
+                     uint64_t *ns, uint64_t *modelled, mt_replay_result_t *out,
+                     uint64_t *peak_reserved_after, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (peak_reserved_after != NULL)
+        *peak_reserved_after = 0;
+    session_t s;
+    int rc = session_open(&s, t, cfg, err, errlen);
+    if (rc < 0)
+        return rc;
+    uint64_t ooms = 0;
+    mt_backend_counters_t c0, c1;
+    mt_alloc_stats_t st;
+    if (cfg->warmup && (rc = mt_alloc_warmup_begin(s.a)) < 0) {
+        snprintf(err, errlen, "warm-up: %s", mt_strerror(rc));
+        goto done;
+    }
+    for (unsigned i = 0; i < npasses; i++) {
+        mt_backend_counters(s.b, &c0);
+        uint64_t t0 = cfg->cpu_time ? cpu_ns() : now_ns();
+        rc = pass(&s, t, NULL, &ooms, err, errlen);
+        uint64_t t1 = cfg->cpu_time ? cpu_ns() : now_ns();
+        if (rc < 0)
+            goto done;
+        mt_backend_counters(s.b, &c1);
+        uint64_t model = c1.modelled_ns - c0.modelled_ns;
+        ns[i] = t1 - t0 - (model < t1 - t0 ? model : t1 - t0);
+        if (modelled != NULL)
+            modelled[i] = model;
+        if ((rc = mt_alloc_stats(s.a, &st)) < 0) {
+            snprintf(err, errlen, "stats: %s", mt_strerror(rc));
+            goto done;
+        }
+        free_leftovers(&s, t);
+        if (i == 0) {
+            snprintf(out->backend, sizeof out->backend, "%s", mt_backend_name(s.b));
+            out->capacity = st.capacity;
+            out->ops = t->nops;
+            out->ooms = ooms;
+            out->peak_allocated = (uint64_t)st.allocated_bytes[MT_STAT_ALL].peak;
+            out->peak_reserved = (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak;
+            out->utilization_at_peak =
+                mt_model_utilization(out->peak_allocated, out->peak_reserved);
+            out->num_alloc_retries = st.num_alloc_retries;
+            out->num_ooms = st.num_ooms;
+            out->backend_malloc = c1.malloc_calls - c0.malloc_calls;
+            out->backend_free = c1.free_calls - c0.free_calls;
+            out->backend_map = c1.vm_map_calls - c0.vm_map_calls;
+            out->backend_unmap = c1.vm_unmap_calls - c0.vm_unmap_calls;
+            out->elapsed_ns = t1 - t0;
+            out->modelled_ns = model;
+            if (cfg->warmup &&
+                (rc = mt_alloc_warmup_end(s.a, t->nstreams ? s.streams[0] : NULL)) < 0) {
+                snprintf(err, errlen, "warm-up: %s", mt_strerror(rc));
+                goto done;
+            }
+        } else if (peak_reserved_after != NULL &&
+                   (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak > *peak_reserved_after) {
+            *peak_reserved_after = (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak;
+        }
+        mt_alloc_reset_peak(s.a);
+    }
+done:
+    session_close(&s);
+    return rc;
+}
+
 /* ---- host allocators ---- */
 
 static void *glibc_alloc(size_t size)
@@ -354,16 +429,16 @@ void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
         mt_host_alloc_load(&out[i], i);
 }
 
-uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)
+int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
+                          bool cpu_time, uint64_t *ns)
 {
     if (h->alloc == NULL)
-        return 0;
+        return MT_EINVAL;
     void **ptrs = calloc(t->nslots ? t->nslots : 1, sizeof *ptrs);
     if (ptrs == NULL)
-        return 0;
-    uint64_t best = 0;
-    for (unsigned r = 0; r < (rounds ? rounds : 1); r++) {
-        uint64_t t0 = now_ns();
+        return MT_ENOMEM;
+    for (unsigned r = 0; r < npasses; r++) {
+        uint64_t t0 = cpu_time ? cpu_ns() : now_ns();
         for (size_t i = 0; i < t->nops; i++) {
             const mt_trace_op_t *op = &t->ops[i];
             if (op->action == MT_TRACE_ALLOCATE) {
@@ -373,15 +448,26 @@ uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned 
                 ptrs[op->slot] = NULL;
             }
         }
-        uint64_t el = now_ns() - t0;
+        ns[r] = (cpu_time ? cpu_ns() : now_ns()) - t0;
         for (size_t i = 0; i < t->nslots; i++)
             if (ptrs[i] != NULL) {
                 h->free(ptrs[i]);
                 ptrs[i] = NULL;
             }
-        best = r == 0 || el < best ? el : best;
     }
     free(ptrs);
+    return 0;
+}
+
+uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)
+{
+    uint64_t best = 0;
+    for (unsigned r = 0; r < (rounds ? rounds : 1); r++) {
+        uint64_t ns;
+        if (mt_replay_host_passes(h, t, 1, false, &ns) < 0)
+            return 0;
+        best = r == 0 || ns < best ? ns : best;
+    }
     return best;
 }
 

@@ -2,19 +2,24 @@
  *   (1) the cached path: an alloc+free pair on one stream, beside no caching (a sim backend
  *       malloc/free per request, modelled cost) and the host allocators glibc malloc,
  *       jemalloc and mimalloc; then 2 threads on 2 streams against 1 thread;
- *   (2) trace replays: memtrace's ns per op (modelled backend cost taken out) beside the
- *       host allocators on the same sequence;
+ *   (2) trace replays, cold (the first pass in a fresh process) and warm (the median of the
+ *       later passes): memtrace's ns per op (modelled backend cost taken out) beside a
+ *       one-pool TLSF bound (bench/tlsf.c) and the host allocators on the same sequence;
  *   (3) the policy table: utilization at peak, device calls and modelled ns per op for each
  *       policy setting on each trace (docs/allocator-policy.md chose the defaults by it).
  * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL (analysis/replay.c): both define malloc,
  * and linking either would replace the process allocator (and so the glibc row).
  *
- * usage: bench_alloc [--quick] [TRACE.csv ...]   (default: the traces in data/traces) */
+ * usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]   (default: data/traces)
+ *        bench_alloc --replay-child KIND PASSES cpu|wall TRACE   (one process of table (2))
+ * Table (2) times each pass by the process's CPU clock (page faults included, preemption
+ * by other jobs on a shared machine not); --wall times it by the wall clock. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "memtrace/alloc.h"
@@ -23,10 +28,10 @@
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
 #include "machine.h"
+#include "tlsf.h"
 
 #define PAIR_GOAL_NS     40.0 /* cached alloc+free pair, one thread */
 #define SCALE_GOAL       1.6  /* 2 threads on 2 streams against 1 thread */
-#define REPLAY_GOAL      1.3  /* memtrace ns/op against mimalloc's on the same trace */
 #define UTIL_GOAL_COLD   0.95 /* every trace, no warm-up */
 #define UTIL_GOAL_RESNET 0.97 /* somas_resnet50, no warm-up */
 #define UTIL_GOAL_EXPAND 0.98 /* every trace, expandable segments */
@@ -112,6 +117,7 @@ static void print_line(const line_t *l)
 
 typedef struct opts_s {
     bool quick;
+    bool wall; /* table (2) by the wall clock instead of each process's CPU clock */
 } opts_t;
 
 /* Writes "<fmt with target>: MET" or ": NOT MET" into g; returns g. */
@@ -448,51 +454,311 @@ static int threads_row(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
     return rc;
 }
 
-/* ---- (2) replay speed beside the host allocators ---- */
+/* ---- loading traces ---- */
 
-static int speed_rows(const opts_t *o, const char *path, const mt_host_alloc_t *hosts)
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* Loads the trace at path; a .xz or .gz file is read through `xz -dc` or `gzip -dc` (the
+ * build has no compression library, and both tools are in every Debian base system), so
+ * nothing is written to disk. *t is new. Returns as mt_trace_load. */
+static int load_trace(const char *path, mt_trace_t **t, char *err, size_t errlen)
+{
+    const char *tool = ends_with(path, ".xz") ? "xz" : ends_with(path, ".gz") ? "gzip" : NULL;
+    if (tool == NULL)
+        return mt_trace_load(t, path, err, errlen);
+    if (access(path, R_OK) != 0) {
+        snprintf(err, errlen, "%s: cannot open", path);
+        return MT_ENOENT;
+    }
+    if (strchr(path, '\'') != NULL) {
+        snprintf(err, errlen, "%s: a quote in the path of a compressed trace", path);
+        return MT_EINVAL;
+    }
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "%s -dc -- '%s'", tool, path);
+    FILE *f = popen(cmd, "r");
+    if (f == NULL) {
+        snprintf(err, errlen, "%s: cannot run %s", path, tool);
+        return MT_EIO;
+    }
+    int rc = mt_trace_load_file(t, f, path, err, errlen);
+    int status = pclose(f);
+    if (rc == 0 && status != 0) {
+        snprintf(err, errlen, "%s: %s -dc failed (status %d)", path, tool, status);
+        mt_trace_free(t);
+        rc = MT_EIO;
+    }
+    return rc;
+}
+
+static const char *base_name(const char *path)
+{
+    return strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+}
+
+/* ---- (2) replays, cold and warm, each allocator in fresh processes ----
+ * Every column is measured the same way: a fresh process (this program re-executed with
+ * --replay-child) loads the trace, then replays it npasses times in a row through one
+ * allocator that nothing in the process has used before. Pass 0 is the cold pass: glibc's
+ * main arena has only served the trace loader (whose big arrays are mmap'ed), jemalloc and
+ * mimalloc are dlopen'ed untouched, memtrace gets a new sim backend and allocator, the TLSF
+ * bound a new pool of untouched pages. Later passes are warm. No column writes into the
+ * blocks it gets: first touch means the allocator's own (its headers, its metadata). */
+
+enum { K_MEMTRACE, K_PLAN, K_TLSF, K_GLIBC, K_JEMALLOC, K_MIMALLOC, K_N };
+static const char *const kind_arg[K_N] = {"memtrace", "memtrace-plan", "tlsf",
+                                          "glibc",    "jemalloc",      "mimalloc"};
+static const char *const kind_label[K_N] = {"memtrace", "memtrace+plan", "TLSF 1-pool",
+                                            "glibc",    "jemalloc",      "mimalloc"};
+
+#define MAX_PASSES     16
+#define WARM_TLSF_GOAL 1.5 /* memtrace warm ns/op against the one-pool bound's */
+#define WARM_MI_GOAL   1.0 /* memtrace warm ns/op against mimalloc's */
+#define COLD_MI_GOAL   1.0 /* memtrace cold ns/op against mimalloc's */
+
+/* What one child reports. */
+typedef struct child_out_s {
+    unsigned n;              /* passes */
+    uint64_t ns[MAX_PASSES]; /* wall ns of each pass (memtrace: without the modelled cost) */
+    uint64_t modelled0;      /* memtrace: the sim backend's modelled ns in pass 0 */
+    uint64_t high_cold;      /* memtrace: peak reserved of pass 0; TLSF: pool high-water */
+    uint64_t high_warm;      /* the same over the later passes; 0 = not applicable */
+    uint64_t peak_live;      /* the trace's peak live bytes, as requested */
+    char note[192];          /* why there are no figures, if so */
+} child_out_t;
+
+static mt_tlsf_t *tlsf_pool; /* the child's pool, for the mt_host_alloc_t hooks */
+static void *tlsf_hook_alloc(size_t size)
+{
+    return mt_tlsf_malloc(tlsf_pool, size);
+}
+static void tlsf_hook_free(void *p)
+{
+    mt_tlsf_free(tlsf_pool, p);
+}
+
+/* The child: replays path npasses times through kind and prints one line,
+ * "ok N ns0 .. nsN-1 modelled0 high_cold high_warm peak_live" or "skip reason". */
+static int replay_child(const char *kind, unsigned npasses, const char *clock, const char *path)
+{
+    bool cpu = strcmp(clock, "cpu") == 0;
+    char err[MT_TRACE_ERR_LEN + 256];
+    mt_trace_t *t;
+    int k = 0;
+    while (k < K_N && strcmp(kind, kind_arg[k]) != 0)
+        k++;
+    if (k == K_N || npasses < 2 || npasses > MAX_PASSES || (!cpu && strcmp(clock, "wall") != 0)) {
+        fprintf(stderr, "bench_alloc: bad --replay-child arguments\n");
+        return 2;
+    }
+    int rc = load_trace(path, &t, err, sizeof err);
+    if (rc < 0) {
+        printf("skip %s\n", err);
+        return 1;
+    }
+    child_out_t o = {.n = npasses, .peak_live = t->peak_live_bytes};
+    if (k == K_MEMTRACE || k == K_PLAN) {
+        mt_replay_cfg_t cfg = mt_replay_cfg_default();
+        cfg.warmup = k == K_PLAN;
+        cfg.cpu_time = cpu;
+        uint64_t modelled[MAX_PASSES];
+        mt_replay_result_t r;
+        rc = mt_replay_passes(t, &cfg, npasses, o.ns, modelled, &r, &o.high_warm, err, sizeof err);
+        o.modelled0 = modelled[0];
+        o.high_cold = r.peak_reserved;
+    } else if (k == K_TLSF) {
+        /* Room for the good fit's worst case on these traces, reserved, not touched. */
+        uint64_t want = 3 * t->peak_live_bytes + (64u << 20);
+        mt_host_alloc_t h = {.name = "tlsf", .alloc = tlsf_hook_alloc, .free = tlsf_hook_free};
+        rc = mt_tlsf_create(&tlsf_pool, want < MT_TLSF_MAX_REQUEST ? want : MT_TLSF_MAX_REQUEST);
+        if (rc == 0)
+            rc = mt_replay_host_passes(&h, t, 1, cpu, o.ns);
+        o.high_cold = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
+        if (rc == 0)
+            rc = mt_replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
+        o.high_warm = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
+        snprintf(err, sizeof err, "%s", mt_strerror(rc));
+    } else {
+        mt_host_alloc_t h;
+        mt_host_alloc_load(&h, k == K_GLIBC      ? MT_HOST_GLIBC
+                               : k == K_JEMALLOC ? MT_HOST_JEMALLOC
+                                                 : MT_HOST_MIMALLOC);
+        if (h.alloc == NULL) {
+            printf("skip %s\n", h.note);
+            mt_trace_free(&t);
+            return 0;
+        }
+        rc = mt_replay_host_passes(&h, t, npasses, cpu, o.ns);
+        snprintf(err, sizeof err, "%s", mt_strerror(rc));
+    }
+    mt_trace_free(&t);
+    if (rc < 0) {
+        printf("skip %s: %s\n", kind, err);
+        return 1;
+    }
+    printf("ok %u", o.n);
+    for (unsigned i = 0; i < o.n; i++)
+        printf(" %llu", (unsigned long long)o.ns[i]);
+    printf(" %llu %llu %llu %llu\n", (unsigned long long)o.modelled0,
+           (unsigned long long)o.high_cold, (unsigned long long)o.high_warm,
+           (unsigned long long)o.peak_live);
+    return 0;
+}
+
+/* Runs one child (this program, re-executed) and reads its line into *o. */
+static int run_child(int kind, unsigned npasses, bool wall, const char *path, child_out_t *o)
+{
+    memset(o, 0, sizeof *o);
+    int fd[2];
+    if (pipe(fd) != 0)
+        return MT_EIO;
+    char passes[16];
+    snprintf(passes, sizeof passes, "%u", npasses);
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], STDOUT_FILENO);
+        close(fd[0]);
+        close(fd[1]);
+        char *argv[] = {"bench_alloc", "--replay-child",      (char *)kind_arg[kind],
+                        passes,        wall ? "wall" : "cpu", (char *)path,
+                        NULL};
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    if (pid < 0) {
+        close(fd[0]);
+        return MT_EIO;
+    }
+    char line[2048] = "";
+    FILE *f = fdopen(fd[0], "r");
+    if (f == NULL || fgets(line, sizeof line, f) == NULL)
+        line[0] = '\0';
+    if (f != NULL)
+        fclose(f);
+    else
+        close(fd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    line[strcspn(line, "\n")] = '\0';
+    if (strncmp(line, "ok ", 3) != 0) {
+        snprintf(o->note, sizeof o->note, "%.180s",
+                 strncmp(line, "skip ", 5) == 0 ? line + 5 : "the child failed");
+        return 0;
+    }
+    char *p = line + 3, *q;
+    o->n = (unsigned)strtoul(p, &q, 10);
+    if (o->n > MAX_PASSES)
+        o->n = 0;
+    for (unsigned i = 0; i < o->n; i++)
+        o->ns[i] = strtoull(q, &q, 10);
+    o->modelled0 = strtoull(q, &q, 10);
+    o->high_cold = strtoull(q, &q, 10);
+    o->high_warm = strtoull(q, &q, 10);
+    o->peak_live = strtoull(q, &q, 10);
+    return 0;
+}
+
+/* One allocator on one trace over all its processes. */
+typedef struct col_s {
+    bool ok;
+    double cold, warm, modelled; /* ns per op: median cold pass, median warm pass, model */
+    double util_cold, util_warm; /* peak live requested / high-water; < 0 = not applicable */
+    char note[192];
+} col_t;
+
+static void measure(int kind, const char *path, unsigned procs, unsigned npasses, bool wall,
+                    double ops, col_t *c)
+{
+    uint64_t cold[8], warm[8 * MAX_PASSES], model[8];
+    size_t nc = 0, nw = 0;
+    memset(c, 0, sizeof *c);
+    c->util_cold = c->util_warm = -1;
+    for (unsigned p = 0; p < procs && p < 8; p++) {
+        child_out_t o;
+        if (run_child(kind, npasses, wall, path, &o) < 0 || o.n < 2) {
+            snprintf(c->note, sizeof c->note, "%s", o.note[0] ? o.note : "no figures");
+            return;
+        }
+        cold[nc] = o.ns[0];
+        model[nc++] = o.modelled0;
+        for (unsigned i = 1; i < o.n; i++)
+            warm[nw++] = o.ns[i];
+        if (o.high_cold > 0)
+            c->util_cold = (double)o.peak_live / (double)o.high_cold;
+        if (o.high_warm > 0)
+            c->util_warm = (double)o.peak_live / (double)o.high_warm;
+    }
+    c->ok = nc > 0 && nw > 0;
+    if (!c->ok)
+        return;
+    c->cold = (double)mt_bench_median(cold, nc) / ops;
+    c->modelled = (double)mt_bench_median(model, nc) / ops;
+    c->warm = (double)mt_bench_median(warm, nw) / ops;
+}
+
+/* "warm 1.23x TLSF (<=1.5) MET; warm 0.91x mimalloc (<=1.0) MET; cold ..." */
+static void verdict(char *g, size_t n, const col_t *m, const col_t *tlsf, const col_t *mi)
+{
+    size_t k = 0;
+    g[0] = '\0';
+    if (tlsf->ok) {
+        double x = m->warm / tlsf->warm;
+        k += (size_t)snprintf(g + k, n - k, "warm %.2fx TLSF (<=%.1f) %s", x, WARM_TLSF_GOAL,
+                              x <= WARM_TLSF_GOAL ? "MET" : "NOT MET");
+    }
+    if (mi->ok && k < n) {
+        /* Cold includes the first touch for every column: memtrace's is the modelled cost of
+         * its device calls (the sim backend touches no memory). */
+        double w = m->warm / mi->warm, c = (m->cold + m->modelled) / mi->cold;
+        snprintf(g + k, n - k, "%swarm %.2fx mimalloc (<=%.1f) %s; cold %.2fx mimalloc (<=%.1f) %s",
+                 k ? "; " : "", w, WARM_MI_GOAL, w <= WARM_MI_GOAL ? "MET" : "NOT MET", c,
+                 COLD_MI_GOAL, c <= COLD_MI_GOAL ? "MET" : "NOT MET");
+    }
+}
+
+static int speed_rows(const opts_t *o, const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = mt_trace_load(&t, path, err, sizeof err);
+    int rc = load_trace(path, &t, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
     }
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    unsigned rounds = o->quick ? 1 : 5;
     double ops = t->nops ? (double)t->nops : 1;
-    for (int warm = 1; warm >= 0; warm--) {
-        mt_replay_cfg_t cfg = mt_replay_cfg_default();
-        cfg.warmup = warm;
-        cfg.rounds = rounds;
-        mt_replay_result_t r;
-        if ((rc = mt_replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
-            fprintf(stderr, "bench_alloc: %s: %s\n", base, err);
-            break;
-        }
-        double own =
-            (double)(r.elapsed_ns - (r.modelled_ns < r.elapsed_ns ? r.modelled_ns : r.elapsed_ns)) /
-            ops;
-        double mi = hosts[MT_HOST_MIMALLOC].alloc
-                        ? (double)mt_replay_host(&hosts[MT_HOST_MIMALLOC], t, rounds) / ops
-                        : 0;
-        char goal[64] = "";
-        if (mi > 0)
-            goal_text(goal, sizeof goal, "<= %.1fx mimalloc", own / mi, REPLAY_GOAL, true);
-        printf("%-24s %-9s %9.1f %9.1f", base, warm ? "warm-up" : "cold", own,
-               (double)r.elapsed_ns / ops);
-        for (size_t i = 0; i < MT_HOST_N; i++) {
-            double ns = hosts[i].alloc ? (double)mt_replay_host(&hosts[i], t, rounds) / ops : -1;
-            if (ns < 0)
-                printf(" %9s", "-");
-            else
-                printf(" %9.1f", ns);
-        }
-        printf("  %.2fx %s\n", mi > 0 ? own / mi : 0.0, goal);
-    }
+    char sz[16];
+    human(sz, sizeof sz, (double)t->peak_live_bytes);
+    printf("%s: %zu events, peak live %s\n", base_name(path), t->nrows, sz);
     mt_trace_free(&t);
-    return rc;
+    unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
+    col_t col[K_N];
+    for (int k = 0; k < K_N; k++)
+        measure(k, path, procs, npasses, o->wall, ops, &col[k]);
+    for (int k = 0; k < K_N; k++) {
+        const col_t *c = &col[k];
+        if (!c->ok) {
+            printf("  %-14s left out: %s\n", kind_label[k], c->note);
+            continue;
+        }
+        char m[16] = "-", uc[16] = "-", uw[16] = "-", g[192] = "";
+        if (k == K_MEMTRACE || k == K_PLAN)
+            snprintf(m, sizeof m, "%.1f", c->modelled);
+        if (c->util_cold >= 0)
+            snprintf(uc, sizeof uc, "%.3f", c->util_cold);
+        if (c->util_warm >= 0)
+            snprintf(uw, sizeof uw, "%.3f", c->util_warm);
+        if (k == K_MEMTRACE || k == K_PLAN)
+            verdict(g, sizeof g, c, &col[K_TLSF], &col[K_MIMALLOC]);
+        printf("  %-14s %9.1f %9s %9.1f %9s %9s  %s\n", kind_label[k], c->cold, m, c->warm, uc, uw,
+               g);
+    }
+    return 0;
 }
 
 /* ---- (3) the policy table ---- */
@@ -564,12 +830,12 @@ static int policy_rows(const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = mt_trace_load(&t, path, err, sizeof err);
+    int rc = load_trace(path, &t, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
     }
-    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    const char *base = base_name(path);
     double ops = t->nops ? (double)t->nops : 1;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
         mt_replay_cfg_t cfg = mt_replay_cfg_default();
@@ -618,24 +884,30 @@ static void ensure_static_tls(char **argv)
 int main(int argc, char **argv)
 {
     ensure_static_tls(argv);
+    if (argc == 6 && strcmp(argv[1], "--replay-child") == 0)
+        return replay_child(argv[2], (unsigned)strtoul(argv[3], NULL, 10), argv[4], argv[5]);
     opts_t o = {0};
     const char *traces[16];
     size_t ntraces = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             o.quick = true;
+        else if (strcmp(argv[i], "--wall") == 0)
+            o.wall = true;
         else if (argv[i][0] != '-' && ntraces < 16)
             traces[ntraces++] = argv[i];
         else {
-            fprintf(stderr, "usage: bench_alloc [--quick] [TRACE.csv ...]\n");
+            fprintf(stderr, "usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]\n");
             return 2;
         }
     }
-    static const char *const defaults[] = {"rnn_varlen.csv", "somas_resnet50.csv",
-                                           "somas_pangu_2.6B.csv"};
-    static char paths[3][4096];
+    static const char *const defaults[] = {"torch_lstm.csv.xz",        "torch_gru.csv.xz",
+                                           "torch_transformer.csv.xz", "rnn_varlen.csv",
+                                           "somas_resnet50.csv",       "somas_pangu_2.6B.csv"};
+    enum { NDEFAULTS = sizeof defaults / sizeof defaults[0] };
+    static char paths[NDEFAULTS][4096];
     if (ntraces == 0)
-        for (size_t i = 0; i < 3; i++) {
+        for (size_t i = 0; i < NDEFAULTS; i++) {
             snprintf(paths[i], sizeof paths[i], "%s/data/traces/%s", MT_SOURCE_ROOT, defaults[i]);
             traces[ntraces++] = paths[i];
         }
@@ -668,12 +940,20 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = threads_row(&o, hosts, 64 << 10);
 
-    printf("\n(2) trace replays, ns per allocate-or-free: memtrace without the modelled backend "
-           "cost (and with it), host allocators on the same sequence\n");
-    printf("%-24s %-9s %9s %9s %9s %9s %9s  %s\n", "trace", "pass", "memtrace", "(+model)", "glibc",
-           "jemalloc", "mimalloc", "memtrace/mimalloc");
+    printf("\n(2) trace replays, %s ns per allocate-or-free. cold: the first pass of a fresh "
+           "process (median of %d processes); warm: the later passes of the same processes "
+           "(median of %d).\n",
+           o.wall ? "wall-clock" : "CPU-time (the process's own, page faults included)",
+           o.quick ? 1 : 3, o.quick ? 3 : 15);
+    printf(
+        "    memtrace: sim backend, its modelled device cost taken out (shown for the cold pass); "
+        "memtrace+plan: the first pass inside\n    mt_alloc_warmup_begin/end. The cold verdict "
+        "adds memtrace's model back (first touch counted for every column).\n    util = peak "
+        "live requested / peak reserved (memtrace) or pool high-water (TLSF).\n");
+    printf("  %-14s %9s %9s %9s %9s %9s  %s\n", "allocator", "cold", "(model)", "warm", "util cold",
+           "util warm", "verdict against the goals");
     for (size_t i = 0; i < ntraces && rc == 0; i++)
-        rc = speed_rows(&o, traces[i], hosts);
+        rc = speed_rows(&o, traces[i]);
 
     printf("\n(3) policies: utilization at peak (peak allocated / peak reserved), device calls "
            "in the measured pass, modelled device ns per op, wall ns per op\n");
