@@ -61,6 +61,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
             }
         }
     }
+    mt__d_metrics_outside(d, o); /* used, total and the split: outside.c */
     head(o, "memtrace_pool_allocated_bytes",
          "Bytes of live blocks, by process and pool (small, large, host).");
     static const int pools[] = {MT_POOL_SMALL, MT_POOL_LARGE, MT_POOL_HOST};
