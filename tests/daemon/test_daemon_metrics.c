@@ -582,6 +582,74 @@ static void test_outside_series(void **state)
     th_daemon_stop(&t);
 }
 
+/* A forked producer that writes the outside events itself, as a hostile or broken one may:
+ * a library named with bytes that are not UTF-8 (id 3), one named as the default name of
+ * id 3 ("library3", id 4), on a device figure of 100 MiB used of 1 GiB. */
+static void forged_outside_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-forged";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        _exit(10);
+    mt_event_rec_t ev = {.kind = MT_EV_DEVICE, .size = 100 * OUT_M, .requested = 1024 * OUT_M};
+    const char *names[2] = {"lib\xff\xfe", "library3"};
+    int rc = mt_prof_record(p, &ev);
+    for (int i = 0; i < 2; i++) {
+        ev = (mt_event_rec_t){.kind = MT_EV_LIBRARY_LABEL, .tag = (uint8_t)(3 + i)};
+        mt_event_label_pack(&ev, names[i]);
+        rc |= mt_prof_record(p, &ev);
+        ev = (mt_event_rec_t){.kind = MT_EV_OUTSIDE_ALLOC,
+                              .tag = (uint8_t)(3 + i),
+                              .addr = 0x1000000u * (uint64_t)(i + 1),
+                              .size = (uint64_t)(i + 1) * OUT_M};
+        rc |= mt_prof_record(p, &ev);
+    }
+    ev = (mt_event_rec_t){.kind = MT_EV_DEVICE, .size = 103 * OUT_M, .requested = 1024 * OUT_M};
+    rc |= mt_prof_record(p, &ev);
+    if (rc != 0)
+        _exit(11);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* Library names that are not clean text, or that could be taken for another library's
+ * default name, become "library<id>": every series stays unique and promtool passes. */
+static void test_outside_forged_names(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("forged", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    char line[256];
+    static const struct {
+        const char *library;
+        unsigned mib;
+    } want[] = {{"library4", 2}, {"library3", 1}, {"context", 100}, {"not_seen", 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(line, sizeof line,
+                 "memtrace_device_outside_allocator_bytes{pid=\"%d\",device=\"0\",library=\"%s\"} "
+                 "%llu\n",
+                 (int)pid, want[i].library, (unsigned long long)(want[i].mib * OUT_M));
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+    }
+    const char *l3 = strstr(body, "library=\"library3\"");
+    assert_null(strstr(l3 + 1, "library=\"library3\""));
+    assert_null(strstr(body, "\xff"));
+    promtool_ok(body);
+    free(r);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -597,6 +665,8 @@ int main(int argc, char **argv)
         ranked_producer_body(args[0]);
     if (role != NULL && strcmp(role, "outside") == 0)
         outside_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "forged") == 0)
+        forged_outside_body(args[0]);
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
         fprintf(stderr, "promtool not found (Debian package prometheus): skipped\n");
         return 77;
@@ -605,6 +675,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_metrics_pass_promtool), cmocka_unit_test(test_host_series),
         cmocka_unit_test(test_devices_series),        cmocka_unit_test(test_labels_named),
         cmocka_unit_test(test_rank_job_labels),       cmocka_unit_test(test_outside_series),
+        cmocka_unit_test(test_outside_forged_names),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
