@@ -3,6 +3,7 @@
  *       `... * on(pid) group_left(name) memtrace_process_info`
  *   memtrace_device_allocated_bytes{pid,device}, memtrace_device_reserved_bytes{pid,device}
  *   memtrace_pool_allocated_bytes{pid,pool}           live block bytes by pool
+ *   memtrace_device_used_bytes, _total_bytes and _outside_allocator_bytes{library}: outside.c
  * Cardinality stays bounded: one series per live or kept-exited process (cfg.max_exited),
  * per device the process holds memory on (device 0 always; <= 256), per pool (3). A pid registered
  * twice is reported by its newest registration, as in metrics.c. */
