@@ -367,6 +367,11 @@ int mt__d_label_value(mt_d_buf_t *o, const char *s);
 int mt__d_proc_labels(mt_d_buf_t *o, const mt_d_proc_t *p);
 /* metrics_info.c: process_info, per-device and per-pool families, appended to out. */
 int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *out);
+/* outside.c: the device's used and total bytes and the model's split of them
+ * (docs/outside.md), as /metrics families appended to out, and as a process's /state
+ * "outside" array (new; NULL when out of memory). */
+int mt__d_metrics_outside(mt_d_t *d, mt_d_buf_t *out);
+json_t *mt__d_outside_json(const mt_d_proc_t *p);
 
 /* snapshot.c */
 void mt__d_snapshot_init(mt_d_t *d);

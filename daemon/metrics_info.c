@@ -3,6 +3,7 @@
  *       `... * on(pid) group_left(name) memtrace_process_info`
  *   memtrace_device_allocated_bytes{pid,device}, memtrace_device_reserved_bytes{pid,device}
  *   memtrace_pool_allocated_bytes{pid,pool}           live block bytes by pool
+ *   memtrace_device_used_bytes, _total_bytes and _outside_allocator_bytes{library}: outside.c
  * Cardinality stays bounded: one series per live or kept-exited process (cfg.max_exited),
  * per device the process holds memory on (device 0 always; <= 256), per pool (3). A pid registered
  * twice is reported by its newest registration, as in metrics.c. */
@@ -61,6 +62,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
             }
         }
     }
+    mt__d_metrics_outside(d, o); /* used, total and the split: outside.c */
     head(o, "memtrace_pool_allocated_bytes",
          "Bytes of live blocks, by process and pool (small, large, host).");
     static const int pools[] = {MT_POOL_SMALL, MT_POOL_LARGE, MT_POOL_HOST};

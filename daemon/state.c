@@ -326,6 +326,7 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
     host = NULL; /* o's, even when the call failed */
     bad |= callsites_json(o, p);
     bad |= json_object_set_new(o, "devices", devices_json(p));
+    bad |= json_object_set_new(o, "outside", mt__d_outside_json(p));
     for (int k = 1; k < MT_EV_KIND_COUNT; k++)
         if (p->kind_count[k])
             bad |= json_object_set_new(kinds, mt_event_kind_name(k),

@@ -112,6 +112,19 @@ panels += [
     panel(next(n), "Reserved by device", [('sum by (instance, device) (memtrace_device_reserved_bytes{%s,device=~"$device"})' % SEL, "{{instance}} device {{device}}")], 8, y, 8),
     panel(next(n), "Live blocks by pool", [('sum by (pool) (memtrace_pool_allocated_bytes{%s})' % SEL, "{{pool}}")], 16, y, 8, stack=True),
 ]
+y += 8
+# Outside the allocator (docs/outside.md): the parts of each device's used bytes, as the
+# daemon's model splits them, per process (a device's used bytes count every process on it:
+# a sum over processes would count them twice). Stacked on the allocator's reserved bytes,
+# one process's parts make its device's used bytes, the line of the next panel.
+panels += [
+    panel(next(n), "Outside the allocator by library (stacked on reserved: one pid adds up to used)",
+          [('memtrace_device_outside_allocator_bytes{%s,device=~"$device"}%s' % (SEL, NAME), "{{library}} device {{device}} " + PROC_LEGEND),
+           ('memtrace_device_reserved_bytes{%s,device=~"$device"}%s' % (SEL, NAME), "reserved device {{device}} " + PROC_LEGEND)], 0, y, 12, 8, stack=True),
+    panel(next(n), "Device used (as the driver reports it) and total",
+          [('memtrace_device_used_bytes{%s,device=~"$device"}%s' % (SEL, NAME), "used device {{device}} " + PROC_LEGEND),
+           ('memtrace_device_total_bytes{%s,device=~"$device"}%s' % (SEL, NAME), "total device {{device}} " + PROC_LEGEND)], 12, y, 12, 8),
+]
 
 y += 8
 panels.append(row(next(n), "Job (ranks of one training job; needs memtrace-rules.yml)", y)); y += 1

@@ -1,6 +1,7 @@
 /* memtrace top: a live terminal view of every process the daemon knows: allocated,
  * reserved, peak, utilization, fragmentation, per-tag bars, event rate and drops, all of
- * device memory; pinned host memory on a line of its own.
+ * device memory; the device's used bytes and the daemon's split of them (what is outside the
+ * allocator, by part); pinned host memory on a line of its own.
  *
  * It polls the daemon's state ({"type":"state"} on the Unix socket) and redraws in place
  * with ANSI codes; the terminal is put in raw mode (no echo, no line buffering) so that a
@@ -40,6 +41,10 @@ static void usage(FILE *f)
                "event rate and drops; below each, one bar per tag (share of the process's\n"
                "allocated bytes) and, if it has a pinned host cache, a \"pinned host\" line\n"
                "(page-locked host memory, never counted in the device figures).\n"
+               "USED is the device's used memory as the driver reports it (every process on\n"
+               "it), OUTSIDE the part of it outside the process's allocators; a line per\n"
+               "device splits used into reserved, the libraries that reported what they took,\n"
+               "the context and what was not seen (docs/outside.md).\n"
                "Under the selected process (--pid, else the one with the most allocated\n"
                "bytes), its top call sites: live bytes by allocating stack (MEMTRACE_STACKS).\n"
                "Press q to quit.\n"
@@ -170,6 +175,52 @@ static const char *rank_cell(json_t *p, char *buf, size_t len)
     return buf;
 }
 
+/* USED or OUTSIDE of a process: the sum of that member over the devices of its /state
+ * "outside" (the daemon's model splits each device's used bytes), "-" without a figure. */
+static const char *outside_cell(json_t *p, const char *k, char *buf, size_t n)
+{
+    json_t *devs = json_object_get(p, "outside"), *dv;
+    size_t i;
+    double v = 0;
+    json_array_foreach(devs, i, dv) v += num(dv, k);
+    if (json_array_size(devs) == 0)
+        return snprintf(buf, n, "-"), buf;
+    return human(v, buf, n);
+}
+
+/* One device's used bytes as the daemon's model splits them: "used U of T = reserved R +
+ * the libraries' bytes (the largest few by name) + context C + not seen N". */
+static void render_outside(FILE *f, json_t *dv)
+{
+    enum { SHOWN = 3 };
+    char b[6][32], dn[24];
+    snprintf(dn, sizeof dn, "outside dev %d", (int)num(dv, "device"));
+    fprintf(f, "         %-14s used %s of %s = reserved %s", dn, human(num(dv, "used"), b[0], 32),
+            human(num(dv, "total"), b[1], 32), human(num(dv, "reserved"), b[2], 32));
+    /* The libraries one by one while their bytes make the model's total (they do unless the
+     * device's figure lags the libraries' reports), the rest as one term. */
+    json_t *libs = json_object_get(dv, "libraries"), *l;
+    double listed = 0, rest = num(dv, "libraries_total");
+    size_t i, shown = 0;
+    json_array_foreach(libs, i, l) listed += num(l, "bytes");
+    if (listed == rest) {
+        json_array_foreach(libs, i, l)
+        {
+            if (num(l, "bytes") <= 0 || shown == SHOWN)
+                continue;
+            fputs(" + ", f);
+            put_plain(f, json_string_value(json_object_get(l, "name")) ?: "?", 32);
+            fprintf(f, " %s", human(num(l, "bytes"), b[3], 32));
+            rest -= num(l, "bytes");
+            shown++;
+        }
+    }
+    if (rest > 0)
+        fprintf(f, " + %s %s", shown ? "other libraries" : "libraries", human(rest, b[3], 32));
+    fprintf(f, " + context %s + not seen %s\n", human(num(dv, "context"), b[4], 32),
+            human(num(dv, "not_seen"), b[5], 32));
+}
+
 static void render(FILE *f, json_t *st, top_t *t, bool ansi)
 {
     double now = now_s(), dt = t->nprev ? now - t->prev_time : 0;
@@ -194,13 +245,14 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
     fprintf(f, "%s%-8s ", bold, "PID");
     if (ranked)
         fprintf(f, "%-20s ", "RANK");
-    fprintf(f, "%-16s %-8s %11s %11s %11s %6s %6s %9s %8s%s\n", "NAME", "STATE", "ALLOCATED",
-            "RESERVED", "PEAK", "UTIL", "FRAG", "EVENTS/S", "DROPS", norm);
+    fprintf(f, "%-16s %-8s %11s %11s %11s %6s %6s %11s %11s %9s %8s%s\n", "NAME", "STATE",
+            "ALLOCATED", "RESERVED", "PEAK", "UTIL", "FRAG", "USED", "OUTSIDE", "EVENTS/S", "DROPS",
+            norm);
     rate_t cur[MAX_RATES];
     unsigned ncur = 0;
     json_array_foreach(procs, i, p)
     {
-        char a[32], r[32], pk[32], rk[MT_TEXT_ESC_SIZE(64) + 32];
+        char a[32], r[32], pk[32], ub[32], ob[32], rk[MT_TEXT_ESC_SIZE(64) + 32];
         int pid = (int)num(p, "pid");
         double events = num(p, "events");
         const char *state = json_string_value(json_object_get(p, "state")) ?: "?";
@@ -213,11 +265,13 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
         fprintf(f, "%-8d ", pid);
         if (ranked)
             fprintf(f, "%-20.20s ", rank_cell(p, rk, sizeof rk));
-        fprintf(f, "%-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %9.0f %8.0f\n", name, st_buf,
-                human(num(p, "allocated_bytes"), a, sizeof a),
+        fprintf(f, "%-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %11s %11s %9.0f %8.0f\n", name,
+                st_buf, human(num(p, "allocated_bytes"), a, sizeof a),
                 human(num(p, "reserved_bytes"), r, sizeof r),
                 human(num(p, "peak_allocated_bytes"), pk, sizeof pk), 100 * num(p, "utilization"),
-                100 * num(p, "fragmentation"), rate_of(t, pid, events, dt), num(p, "dropped"));
+                100 * num(p, "fragmentation"), outside_cell(p, "used", ub, sizeof ub),
+                outside_cell(p, "outside", ob, sizeof ob), rate_of(t, pid, events, dt),
+                num(p, "dropped"));
         if (ncur < MAX_RATES)
             cur[ncur++] = (rate_t){pid, events};
         double total = num(p, "allocated_bytes");
@@ -262,6 +316,7 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
                         human(num(dv, "reserved_bytes"), dr, sizeof dr),
                         human(num(dv, "peak_allocated_bytes"), dp, sizeof dp));
             }
+        json_array_foreach(json_object_get(p, "outside"), j, dv) render_outside(f, dv);
         /* Pinned host memory is not device memory: the figures above exclude it. */
         json_t *h = json_object_get(p, "host");
         if (num(h, "peak_reserved_bytes") > 0) {

@@ -695,6 +695,74 @@ function renderTiles(p) {
   $('host-res-value').textContent = fmtBytes(h.reserved_bytes);
   $('host-peak-value').textContent = fmtBytes(h.peak_allocated_bytes);
   updateTagFilter((p.tags || []).map((t) => t.name));
+  renderOutside(p);
+}
+
+/* ---- outside the allocator ---- */
+
+// Libraries' colours: the palette without the blue of reserved and the greys of the rest.
+const libColours = new Map();
+function libColour(name) {
+  const pal = PALETTE.slice(1);
+  if (!libColours.has(name)) libColours.set(name, pal[libColours.size % pal.length]);
+  return libColours.get(name);
+}
+
+// One part of a device's used bytes: a row of the table and a piece of the bar.
+function outsidePart(tb, bar, used, part, label, bytes, colour, extra) {
+  const r = el('tr', { 'data-part': part, 'data-bytes': String(bytes) });
+  if (extra && extra.name != null) r.dataset.name = extra.name;
+  const sw = el('td');
+  sw.append(el('i', { class: 'swatch', style: 'background:' + colour }), label);
+  r.append(sw, el('td', { class: 'num' }, fmtBytes(bytes)),
+    el('td', { class: 'num muted' }, used > 0 ? fmtPct(bytes / used) : '–'),
+    el('td', { class: 'muted' }, extra && extra.note ? extra.note : ''));
+  tb.append(r);
+  if (bytes > 0 && used > 0)
+    bar.append(el('i', { style: `width:${(100 * bytes / used).toFixed(3)}%;background:${colour}`,
+      title: `${label}: ${fmtBytes(bytes)}` }));
+}
+
+// /state's "outside" of the process: per device, the model's split of the used bytes
+// (reserved + libraries + context + not seen = used), shown as given, never recomputed.
+function renderOutside(p) {
+  const devs = p.outside || [];
+  $('outside-box').hidden = devs.length === 0;
+  const box = $('outside');
+  box.textContent = '';
+  for (const d of devs) {
+    const div = el('div', { class: 'outside-dev', 'data-device': String(d.device) });
+    const head = el('div', { class: 'outside-head' });
+    const u = el('span', { class: 'o-used', 'data-bytes': String(d.used) }, fmtBytes(d.used));
+    const t = el('span', { class: 'o-total', 'data-bytes': String(d.total) }, fmtBytes(d.total));
+    head.append(el('b', null, `device ${d.device}`), ' used ', u, ' of ', t,
+      el('span', { class: 'muted' }, ` (${d.total ? fmtPct(d.used / d.total) : '–'}; peak ${fmtBytes(d.peak_used)}) · outside the allocator `),
+      el('span', { class: 'o-outside', 'data-bytes': String(d.outside) }, fmtBytes(d.outside)));
+    const bar = el('div', { class: 'outside-bar' });
+    const table = el('table', { class: 'outside-parts' });
+    const tb = el('tbody');
+    table.append(tb);
+    // The split takes reserved as at most used: used - outside.
+    outsidePart(tb, bar, d.used, 'reserved', 'reserved (memtrace\'s allocator)', d.used - d.outside, '#1976d2');
+    const libs = d.libraries || [];
+    const listed = libs.reduce((s, l) => s + l.bytes, 0);
+    if (listed === d.libraries_total) {
+      for (const l of libs)
+        outsidePart(tb, bar, d.used, 'library', l.name, l.bytes, libColour(l.name),
+          { name: l.name, note: `peak ${fmtBytes(l.peak)}` });
+    } else { // the device's figure lags the libraries' reports: their total as the model has it
+      outsidePart(tb, bar, d.used, 'libraries', 'libraries', d.libraries_total, '#fb8c00',
+        { note: 'reported: ' + libs.map((l) => `${l.name} ${fmtBytes(l.bytes)}`).join(', ') });
+    }
+    outsidePart(tb, bar, d.used, 'context', 'context (in use before the first allocation)', d.context, '#90a4ae');
+    outsidePart(tb, bar, d.used, 'not_seen', 'not seen (other processes, libraries that said nothing)', d.not_seen, '#cfd8dc');
+    const sum = el('tr', { class: 'sum', 'data-part': 'used', 'data-bytes': String(d.used) });
+    sum.append(el('td', null, '= used'), el('td', { class: 'num' }, fmtBytes(d.used)),
+      el('td', { class: 'num muted' }, fmtPct(d.used ? 1 : null)), el('td', { class: 'muted' }, `of ${fmtBytes(d.total)}`));
+    tb.append(sum);
+    div.append(head, bar, table);
+    box.append(div);
+  }
 }
 
 /* ---- compare ---- */

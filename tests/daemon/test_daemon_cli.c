@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "memtrace/alloc.h"
+#include "memtrace/backend.h"
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 #include "tests/common/test_main.h"
@@ -309,6 +310,84 @@ static void test_top_rank_column(void **state)
     th_daemon_stop(&t);
 }
 
+/* A producer on a 1 GiB sim device with a 64 MiB context: 8 MiB from its allocator, 24 MiB
+ * outside it reported by "libfakenccl.so", 4 MiB nobody reports. */
+static void outside_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-outside";
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = (size_t)1 << 30;
+    bc.sim_context = (size_t)64 << 20;
+    mt_backend_t *b = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0)
+        _exit(10);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    ac.expandable_segments = false;
+    mt_alloc_t *a = NULL;
+    void *x, *lib, *quiet;
+    if (mt_alloc_create(&a, &ac) != 0 || mt_alloc_malloc(a, 8u << 20, NULL, MT_TAG_WEIGHTS, &x))
+        _exit(11);
+    if (mt_backend_malloc(b, 24u << 20, &lib) != 0 ||
+        mt_alloc_note_outside(a, false, (uintptr_t)lib, 24u << 20, "libfakenccl.so") != 0 ||
+        mt_backend_malloc(b, 4u << 20, &quiet) != 0)
+        _exit(12);
+    mt_alloc_emit(a, MT_EV_STATS, 0, 0, 0); /* a device figure that sees the quiet 4 MiB */
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* `memtrace top` shows the device's used bytes and what is outside the allocator (USED,
+ * OUTSIDE), and a line per device with the daemon's split of used, which adds up. */
+static void test_top_outside(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    pid_t plain = th_producer(t.sock, 10, 1024, 0, -1); /* raw events: no device figure */
+    assert_int_equal(th_wait(plain), 0);
+    json_decref(th_wait_exited(t.sock, plain, 5000));
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("outside", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    double res = json_number_value(
+        json_object_get(json_array_get(json_object_get(p, "devices"), 0), "reserved_bytes"));
+    json_decref(p);
+    double mib = (double)(1u << 20), used = 64 * mib + res + 24 * mib + 4 * mib;
+    char cmd[600], *out = NULL, want[256];
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    if (!strstr(out, "   FRAG        USED     OUTSIDE  EVENTS/S"))
+        fail_msg("no USED and OUTSIDE columns in:\n%s", out);
+    snprintf(want, sizeof want, " %7.1f MiB %7.1f MiB ", used / mib, (used - res) / mib);
+    if (!strstr(out, want))
+        fail_msg("no used and outside figures '%s' in:\n%s", want, out);
+    snprintf(want, sizeof want,
+             "outside dev 0  used %.1f MiB of 1.0 GiB = reserved %.1f MiB + libfakenccl.so 24.0 "
+             "MiB + context 64.0 MiB + not seen 4.0 MiB\n",
+             used / mib, res / mib);
+    if (!strstr(out, want))
+        fail_msg("no line '%s' in:\n%s", want, out);
+    char line[128]; /* the process without a figure: "-" in both columns */
+    snprintf(line, sizeof line, "%-8d th-producer", (int)plain);
+    const char *row = strstr(out, line);
+    if (!row)
+        fail_msg("no line for the raw producer in:\n%s", out);
+    const char *eol = strchr(row, '\n');
+    const char *dash = strstr(row, "           -           - ");
+    assert_true(dash != NULL && dash < eol);
+    free(out);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -318,6 +397,8 @@ int main(int argc, char **argv)
         devices_body(rargs[0]);
     if (role != NULL && strcmp(role, "ranked") == 0)
         ranked_body(rargs[0]);
+    if (role != NULL && strcmp(role, "outside") == 0)
+        outside_body(rargs[0]);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
         return 2;
@@ -329,6 +410,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tail_and_top),
         cmocka_unit_test(test_top_per_device),
         cmocka_unit_test(test_top_rank_column),
+        cmocka_unit_test(test_top_outside),
         cmocka_unit_test(test_daemon_detached),
     };
     return MT_TEST_RUN(tests, NULL, NULL);

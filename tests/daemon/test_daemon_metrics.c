@@ -16,6 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "memtrace/alloc.h"
+#include "memtrace/backend.h"
 #include "memtrace/prof.h"
 #include "tests/daemon/harness.h"
 #include "tests/common/test_main.h"
@@ -439,6 +441,215 @@ static void test_labels_named(void **state)
     th_daemon_stop(&t);
 }
 
+/* ---- device memory outside the allocator (docs/outside.md) ---- */
+
+#define OUT_M ((uint64_t)1 << 20)
+
+/* A forked producer, rank 2 of job "ddp-out", on a 1 GiB sim device with a 96 MiB context:
+ * 40 MiB from its allocator; outside it 32 MiB reported by "libfakenccl.so", 8 MiB by no
+ * library, 4 MiB by a library that calls itself "context", and 16 MiB nobody reports. */
+static void outside_producer_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-outside";
+    cfg.job.rank = 2;
+    snprintf(cfg.job.id, sizeof cfg.job.id, "ddp-out");
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 1024 * OUT_M;
+    bc.sim_context = 96 * OUT_M;
+    mt_backend_t *b = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0)
+        _exit(10);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    ac.expandable_segments = false;
+    mt_alloc_t *a = NULL;
+    void *x, *nccl, *anon, *fake, *quiet;
+    if (mt_alloc_create(&a, &ac) != 0 || mt_alloc_malloc(a, 40 * OUT_M, NULL, 0, &x) != 0)
+        _exit(11);
+    if (mt_backend_malloc(b, 32 * OUT_M, &nccl) != 0 || mt_backend_malloc(b, 8 * OUT_M, &anon) ||
+        mt_backend_malloc(b, 4 * OUT_M, &fake) != 0 ||
+        mt_alloc_note_outside(a, false, (uintptr_t)nccl, 32 * OUT_M, "libfakenccl.so") != 0 ||
+        mt_alloc_note_outside(a, false, (uintptr_t)anon, 8 * OUT_M, NULL) != 0 ||
+        mt_alloc_note_outside(a, false, (uintptr_t)fake, 4 * OUT_M, "context") != 0)
+        _exit(12);
+    if (mt_backend_malloc(b, 16 * OUT_M, &quiet) != 0)
+        _exit(13);
+    mt_alloc_emit(a, MT_EV_STATS, 0, 0, 0); /* a device figure that sees the quiet 16 MiB */
+    mt_prof_destroy(&p);                    /* the memory outlives the recording */
+    _exit(0);
+}
+
+/* A member of an /state object as an unsigned integer; fails the test when absent. */
+static uint64_t member(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    if (!json_is_integer(v))
+        fail_msg("/state: no integer \"%s\"", k);
+    return (uint64_t)json_integer_value(v);
+}
+
+/* /metrics and /state show the model's split of the device's used bytes: used and total,
+ * one series per library (the impersonator of a part renamed, id 0 "unnamed"), the context
+ * and what nobody reported, with the process's usual labels; the parts and the reserved
+ * bytes add up to used; promtool passes. */
+static void test_outside_series(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("outside", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    json_t *od = json_array_get(json_object_get(p, "outside"), 0);
+    if (!json_is_object(od))
+        fail_msg("/state has no \"outside\" device");
+    assert_int_equal(json_array_size(json_object_get(p, "outside")), 1);
+    uint64_t res = member(json_array_get(json_object_get(p, "devices"), 0), "reserved_bytes");
+    uint64_t used = 96 * OUT_M + res + (32 + 8 + 4 + 16) * OUT_M;
+    assert_int_equal(member(od, "device"), 0);
+    assert_int_equal(member(od, "used"), used);
+    assert_int_equal(member(od, "total"), 1024 * OUT_M);
+    assert_int_equal(member(od, "reserved"), res);
+    assert_int_equal(member(od, "context"), 96 * OUT_M);
+    assert_int_equal(member(od, "not_seen"), 16 * OUT_M);
+    assert_int_equal(member(od, "libraries_total"), 44 * OUT_M);
+    assert_int_equal(member(od, "reserved") + member(od, "libraries_total") +
+                         member(od, "context") + member(od, "not_seen"),
+                     member(od, "used"));
+    json_t *libs = json_object_get(od, "libraries");
+    assert_int_equal(json_array_size(libs), 3);
+    json_t *l0 = json_array_get(libs, 0); /* largest first */
+    assert_string_equal(json_string_value(json_object_get(l0, "name")), "libfakenccl.so");
+    assert_int_equal(member(l0, "bytes"), 32 * OUT_M);
+    assert_int_equal(member(l0, "peak"), 32 * OUT_M);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(libs, 1), "name")),
+                        "unnamed");
+    char fake[24];
+    snprintf(fake, sizeof fake, "library%d",
+             (int)json_integer_value(json_object_get(json_array_get(libs, 2), "id")));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(libs, 2), "name")), fake);
+    json_decref(p);
+
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    char lbl[96];
+    snprintf(lbl, sizeof lbl, "{pid=\"%d\",rank=\"2\",job_id=\"ddp-out\",device=\"0\"", (int)pid);
+    struct {
+        const char *fam, *library;
+        uint64_t v;
+    } want[] = {
+        {"memtrace_device_used_bytes", NULL, used},
+        {"memtrace_device_total_bytes", NULL, 1024 * OUT_M},
+        {"memtrace_device_outside_allocator_bytes", "libfakenccl.so", 32 * OUT_M},
+        {"memtrace_device_outside_allocator_bytes", "unnamed", 8 * OUT_M},
+        {"memtrace_device_outside_allocator_bytes", fake, 4 * OUT_M},
+        {"memtrace_device_outside_allocator_bytes", "context", 96 * OUT_M},
+        {"memtrace_device_outside_allocator_bytes", "not_seen", 16 * OUT_M},
+        {"memtrace_device_reserved_bytes", NULL, res},
+    };
+    uint64_t sum = 0;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[256];
+        if (want[i].library)
+            snprintf(line, sizeof line, "%s%s,library=\"%s\"} %llu\n", want[i].fam, lbl,
+                     want[i].library, (unsigned long long)want[i].v);
+        else
+            snprintf(line, sizeof line, "%s%s} %llu\n", want[i].fam, lbl,
+                     (unsigned long long)want[i].v);
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+        if (i >= 2)
+            sum += want[i].v;
+    }
+    assert_int_equal(sum, used); /* the parts and reserved make used */
+    /* one context series: the library that calls itself so has a name of its own */
+    const char *c1 = strstr(body, "library=\"context\"");
+    assert_non_null(c1);
+    assert_null(strstr(c1 + 1, "library=\"context\""));
+    assert_non_null(strstr(body, "# HELP memtrace_device_outside_allocator_bytes "));
+    assert_non_null(strstr(body, "# TYPE memtrace_device_used_bytes gauge\n"));
+    promtool_ok(body);
+    free(r);
+    th_daemon_stop(&t);
+}
+
+/* A forked producer that writes the outside events itself, as a hostile or broken one may:
+ * a library named with bytes that are not UTF-8 (id 3), one named as the default name of
+ * id 3 ("library3", id 4), on a device figure of 100 MiB used of 1 GiB. */
+static void forged_outside_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-forged";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        _exit(10);
+    mt_event_rec_t ev = {.kind = MT_EV_DEVICE, .size = 100 * OUT_M, .requested = 1024 * OUT_M};
+    const char *names[2] = {"lib\xff\xfe", "library3"};
+    int rc = mt_prof_record(p, &ev);
+    for (int i = 0; i < 2; i++) {
+        ev = (mt_event_rec_t){.kind = MT_EV_LIBRARY_LABEL, .tag = (uint8_t)(3 + i)};
+        mt_event_label_pack(&ev, names[i]);
+        rc |= mt_prof_record(p, &ev);
+        ev = (mt_event_rec_t){.kind = MT_EV_OUTSIDE_ALLOC,
+                              .tag = (uint8_t)(3 + i),
+                              .addr = 0x1000000u * (uint64_t)(i + 1),
+                              .size = (uint64_t)(i + 1) * OUT_M};
+        rc |= mt_prof_record(p, &ev);
+    }
+    ev = (mt_event_rec_t){.kind = MT_EV_DEVICE, .size = 103 * OUT_M, .requested = 1024 * OUT_M};
+    rc |= mt_prof_record(p, &ev);
+    if (rc != 0)
+        _exit(11);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* Library names that are not clean text, or that could be taken for another library's
+ * default name, become "library<id>": every series stays unique and promtool passes. */
+static void test_outside_forged_names(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("forged", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    char *r = NULL;
+    assert_int_equal(th_http_get(t.port, "/metrics", &r), 200);
+    const char *body = th_http_body(r);
+    char line[256];
+    static const struct {
+        const char *library;
+        unsigned mib;
+    } want[] = {{"library4", 2}, {"library3", 1}, {"context", 100}, {"not_seen", 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        snprintf(line, sizeof line,
+                 "memtrace_device_outside_allocator_bytes{pid=\"%d\",device=\"0\",library=\"%s\"} "
+                 "%llu\n",
+                 (int)pid, want[i].library, (unsigned long long)(want[i].mib * OUT_M));
+        if (!strstr(body, line))
+            fail_msg("missing from /metrics: %s", line);
+    }
+    const char *l3 = strstr(body, "library=\"library3\"");
+    assert_null(strstr(l3 + 1, "library=\"library3\""));
+    assert_null(strstr(body, "\xff"));
+    promtool_ok(body);
+    free(r);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -452,6 +663,10 @@ int main(int argc, char **argv)
         devices_producer_body(args[0]);
     if (role != NULL && strcmp(role, "ranked") == 0)
         ranked_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "outside") == 0)
+        outside_producer_body(args[0]);
+    if (role != NULL && strcmp(role, "forged") == 0)
+        forged_outside_body(args[0]);
     if (system("command -v promtool > /dev/null 2>&1") != 0) {
         fprintf(stderr, "promtool not found (Debian package prometheus): skipped\n");
         return 77;
@@ -459,7 +674,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_metrics_pass_promtool), cmocka_unit_test(test_host_series),
         cmocka_unit_test(test_devices_series),        cmocka_unit_test(test_labels_named),
-        cmocka_unit_test(test_rank_job_labels),
+        cmocka_unit_test(test_rank_job_labels),       cmocka_unit_test(test_outside_series),
+        cmocka_unit_test(test_outside_forged_names),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

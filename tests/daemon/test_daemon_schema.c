@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "memtrace/alloc.h"
+#include "memtrace/backend.h"
 #include "mt_config.h"
 #include "tests/daemon/harness.h"
 #include "tests/common/test_main.h"
@@ -105,9 +107,105 @@ static void test_daemon_output_matches_schema(void **state)
     assert_int_equal(WEXITSTATUS(rc), 0);
 }
 
+/* A producer on a sim device with a 32 MiB context: 4 MiB from its allocator, 8 MiB outside
+ * it reported by "libfakenccl.so", so that /state has an "outside" device with a library. */
+static void outside_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.name = "th-outside";
+    mt_prof_t *p = NULL;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_context = (size_t)32 << 20;
+    mt_backend_t *b = NULL;
+    if (mt_prof_create(&p, &cfg) != 0 || mt_backend_create(&b, &bc) != 0)
+        _exit(10);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    void *x, *lib;
+    if (mt_alloc_create(&a, &ac) != 0 || mt_alloc_malloc(a, 4u << 20, NULL, 0, &x) != 0 ||
+        mt_backend_malloc(b, 8u << 20, &lib) != 0 ||
+        mt_alloc_note_outside(a, false, (uintptr_t)lib, 8u << 20, "libfakenccl.so") != 0)
+        _exit(11);
+    mt_prof_destroy(&p);
+    _exit(0);
+}
+
+/* Runs the validator on file (negative: "!file", every line must be rejected); its exit
+ * status. */
+static int validate(const char *file, bool negative)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "node %s %s %s%s", validator, schema, negative ? "!" : "", file);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* /state with a process's "outside" devices validates; the same answer with a part missing,
+ * a library without a name or a member the schema does not define is rejected. */
+static void test_state_outside_schema(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("outside", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    char *st = NULL;
+    assert_int_equal(mt_d_client_state(t.sock, 5000, &st), 0);
+    th_daemon_stop(&t);
+    json_error_t jerr;
+    json_t *good = json_loads(st, 0, &jerr);
+    free(st);
+    assert_non_null(good);
+    json_t *od = json_array_get(
+        json_object_get(json_array_get(json_object_get(good, "processes"), 0), "outside"), 0);
+    if (!json_is_object(od) || json_array_size(json_object_get(od, "libraries")) != 1)
+        fail_msg("/state has no \"outside\" device with a library");
+
+    char ok[96], bad[96];
+    snprintf(ok, sizeof ok, "/tmp/mt-dtest-outside-ok-%d.ndjson", (int)getpid());
+    snprintf(bad, sizeof bad, "/tmp/mt-dtest-outside-bad-%d.ndjson", (int)getpid());
+    FILE *fo = fopen(ok, "w"), *fb = fopen(bad, "w");
+    assert_true(fo && fb);
+    json_dumpf(good, fo, JSON_COMPACT);
+    fputc('\n', fo);
+    for (int k = 0; k < 3; k++) {
+        json_t *mut = json_deep_copy(good);
+        json_t *m = json_array_get(
+            json_object_get(json_array_get(json_object_get(mut, "processes"), 0), "outside"), 0);
+        if (k == 0)
+            json_object_del(m, "not_seen");
+        else if (k == 1)
+            json_object_del(json_array_get(json_object_get(m, "libraries"), 0), "name");
+        else
+            json_object_set_new(m, "others", json_integer(1));
+        json_dumpf(mut, fb, JSON_COMPACT);
+        fputc('\n', fb);
+        json_decref(mut);
+    }
+    fclose(fo);
+    fclose(fb);
+    json_decref(good);
+    int rc_ok = validate(ok, false), rc_bad = validate(bad, true);
+    unlink(ok);
+    unlink(bad);
+    assert_int_equal(rc_ok, 0);
+    assert_int_equal(rc_bad, 0);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
+    char **rargs;
+    const char *role = th_role(argc, argv, &rargs);
+    if (role != NULL && strcmp(role, "outside") == 0)
+        outside_body(rargs[0]);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "command -v node > /dev/null && node %s > /dev/null 2>&1", validator);
     int rc = system(cmd);
@@ -118,6 +216,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_daemon_output_matches_schema),
+        cmocka_unit_test(test_state_outside_schema),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -5,6 +5,7 @@ producers, standing in for 3 nodes, all on 127.0.0.1) scraped by a real Promethe
   sum by (instance) (memtrace_allocated_bytes)   equals each daemon's /state,
   the process_info join gives each process its name,
   every family the Grafana dashboard (dashboards/memtrace.json) uses is scraped,
+  each process's outside-the-allocator parts and reserved bytes make its device's used bytes,
   the example alert rules pass `promtool check rules`, the config `promtool check config`.
 
 usage: fleet.py MEMTRACED WEB_PRODUCER SOURCE_ROOT
@@ -26,6 +27,7 @@ memtraced, producer, src = sys.argv[1:4]
 procs = []
 producers = []
 BIG_RANK = 3
+CONTEXT_MB, OUTSIDE_MB = 64, 24
 
 
 def stop_all():
@@ -123,7 +125,10 @@ try:
                 tokens[port] = f.read().strip()
         wait_for("daemon %d to answer" % i, lambda: get("http://127.0.0.1:%d/healthz" % port) == "ok\n")
         for _ in range(nprod):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="5", MEMTRACE_JOB="ddp-7")
+            # Each with a modelled context and a library's memory outside the allocator.
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="5", MEMTRACE_JOB="ddp-7",
+                       MEMTRACE_SIM_CONTEXT="%dM" % CONTEXT_MB,
+                       WEB_PRODUCER_OUTSIDE_MB=str(OUTSIDE_MB))
             if rank == BIG_RANK:
                 env["WEB_PRODUCER_EXTRA_MB"] = "192"
             producers.append(subprocess.Popen([producer, sock, "1", "2000", "60"], env=env))
@@ -197,6 +202,26 @@ scrape_configs:
     if len(rack) != 1 or rack[0]["metric"]["instance"] != nodes[2]["target"]:
         fail("file_sd target not scraped with its labels: %s" % rack)
     print("ok: %d processes named through memtrace_process_info; file_sd target scraped" % len(joined))
+
+    # Outside the allocator: for every process, its parts and its reserved bytes make the
+    # device's used bytes; the library and the context have the bytes the producer took.
+    def outside():
+        key = "instance, pid, device"
+        gap = query("sum by (%s) (memtrace_device_outside_allocator_bytes) + sum by (%s) "
+                    "(memtrace_device_reserved_bytes) - sum by (%s) (memtrace_device_used_bytes)"
+                    % (key, key, key))
+        lib = query('memtrace_device_outside_allocator_bytes{library="libfakenccl.so"} == %d'
+                    % (OUTSIDE_MB << 20))
+        ctx = query('memtrace_device_outside_allocator_bytes{library="context"} == %d'
+                    % (CONTEXT_MB << 20))
+        n = sum(x["producers"] for x in nodes)
+        if len(gap) != n or any(float(r["value"][1]) != 0 for r in gap) or len(lib) != n or len(ctx) != n:
+            return None
+        return gap
+    wait_for("each process's outside parts + reserved = used, with the library and the context",
+             outside, 20)
+    print("ok: outside the allocator: parts + reserved = used for every process; "
+          "libfakenccl.so %d MiB, context %d MiB" % (OUTSIDE_MB, CONTEXT_MB))
 
     # The job, rank by rank, across the three daemons: one series per rank, without pid or
     # instance, and the rank that holds more named by the recording rules and the alert.

@@ -13,12 +13,19 @@
  * then frees everything and exits 0. Any failure exits 1 with a message.
  * It takes its rank and job from the environment as a launched rank does (RANK, MEMTRACE_JOB,
  * ...: mt_prof_cfg_from_env), and WEB_PRODUCER_EXTRA_MB=N holds N MiB more (tag weights)
- * from the start: the rank of a job that needs more than the others. */
+ * from the start: the rank of a job that needs more than the others.
+ * Outside the allocator (docs/outside.md): the sim device's context comes from
+ * MEMTRACE_SIM_CONTEXT (the backend reads it); WEB_PRODUCER_OUTSIDE_MB=N takes N MiB from
+ * the backend as a library would, reported as "libfakenccl.so" (mt_alloc_note_outside), and
+ * WEB_PRODUCER_UNSEEN_MB=N takes N MiB that nobody reports (the "not seen" part); both from
+ * the start until the end. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "memtrace/alloc.h"
+#include "memtrace/backend.h"
 #include "memtrace/host.h"
 #include "memtrace/prof.h"
 
@@ -54,6 +61,13 @@ static void wait_delivered(mt_prof_t *prof)
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* N MiB from the environment variable name, in bytes; 0 when unset or not positive. */
+static size_t env_mb(const char *name)
+{
+    const char *v = getenv(name);
+    return v && atoi(v) > 0 ? (size_t)atoi(v) << 20 : 0;
 }
 
 int main(int argc, char **argv)
@@ -107,6 +121,14 @@ int main(int argc, char **argv)
     if (extra_mb && atoi(extra_mb) > 0 &&
         (rc = mt_alloc_malloc(a, (size_t)atoi(extra_mb) << 20, NULL, MT_TAG_WEIGHTS, &extra)) != 0)
         die("malloc extra", rc);
+    size_t outside = env_mb("WEB_PRODUCER_OUTSIDE_MB"), unseen = env_mb("WEB_PRODUCER_UNSEEN_MB");
+    void *lib = NULL, *quiet = NULL;
+    if (outside &&
+        ((rc = mt_backend_malloc(b, outside, &lib)) != 0 ||
+         (rc = mt_alloc_note_outside(a, false, (uintptr_t)lib, outside, "libfakenccl.so")) != 0))
+        die("outside allocation", rc);
+    if (unseen && (rc = mt_backend_malloc(b, unseen, &quiet)) != 0)
+        die("unreported allocation", rc);
     void *keep[KEEP] = {0};
     const int tags[] = {MT_TAG_ACTIVATIONS, MT_TAG_GRADS, MT_TAG_WORKSPACE, user};
     unsigned long i = 0;
@@ -168,6 +190,11 @@ int main(int argc, char **argv)
     mt_alloc_free(a, w);
     if (extra)
         mt_alloc_free(a, extra);
+    if (lib && (mt_alloc_note_outside(a, true, (uintptr_t)lib, outside, "libfakenccl.so") != 0 ||
+                mt_backend_free(b, lib) != 0))
+        die("outside free", MT_EINVAL);
+    if (quiet)
+        mt_backend_free(b, quiet);
     mt_host_cache_destroy(&h);
     mt_alloc_destroy(&a);
     mt_prof_destroy(&prof);
