@@ -245,9 +245,9 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
     fprintf(f, "%s%-8s ", bold, "PID");
     if (ranked)
         fprintf(f, "%-20s ", "RANK");
-    fprintf(f, "%-16s %-8s %11s %11s %11s %6s %6s %11s %11s %9s %8s%s\n", "NAME", "STATE",
-            "ALLOCATED", "RESERVED", "PEAK", "UTIL", "FRAG", "USED", "OUTSIDE", "EVENTS/S", "DROPS",
-            norm);
+    fprintf(f, "%-16s %-8s %11s %11s %11s %6s %6s %11s %11s %9s %14s%s\n", "NAME", "STATE",
+            "ALLOCATED", "RESERVED", "PEAK", "UTIL", "FRAG", "USED", "OUTSIDE", "EVENTS/S",
+            "DROPS (RATE)", norm);
     rate_t cur[MAX_RATES];
     unsigned ncur = 0;
     json_array_foreach(procs, i, p)
@@ -265,13 +265,20 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
         fprintf(f, "%-8d ", pid);
         if (ranked)
             fprintf(f, "%-20.20s ", rank_cell(p, rk, sizeof rk));
-        fprintf(f, "%-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %11s %11s %9.0f %8.0f\n", name,
+        /* Drops as a share of what the process offered: the default mode's price. */
+        double dropped = num(p, "dropped");
+        char drops[48];
+        if (dropped > 0)
+            snprintf(drops, sizeof drops, "%.0f (%.1f%%)", dropped,
+                     100 * dropped / (dropped + events));
+        else
+            snprintf(drops, sizeof drops, "0");
+        fprintf(f, "%-16.16s %-8s %11s %11s %11s %5.1f%% %5.1f%% %11s %11s %9.0f %14s\n", name,
                 st_buf, human(num(p, "allocated_bytes"), a, sizeof a),
                 human(num(p, "reserved_bytes"), r, sizeof r),
                 human(num(p, "peak_allocated_bytes"), pk, sizeof pk), 100 * num(p, "utilization"),
                 100 * num(p, "fragmentation"), outside_cell(p, "used", ub, sizeof ub),
-                outside_cell(p, "outside", ob, sizeof ob), rate_of(t, pid, events, dt),
-                num(p, "dropped"));
+                outside_cell(p, "outside", ob, sizeof ob), rate_of(t, pid, events, dt), drops);
         if (ncur < MAX_RATES)
             cur[ncur++] = (rate_t){pid, events};
         double total = num(p, "allocated_bytes");

@@ -388,6 +388,53 @@ static void test_top_outside(void **state)
     th_daemon_stop(&t);
 }
 
+/* A producer whose 8-slot ring overflows: 20 000 events in one burst, most dropped. */
+static void dropper_body(const char *sock)
+{
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_DAEMON;
+    cfg.socket = sock;
+    cfg.slots = 8;
+    cfg.name = "th-dropper";
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &cfg) != 0)
+        _exit(10);
+    for (unsigned i = 0; i < 20000; i++) {
+        mt_event_rec_t ev = {
+            .kind = MT_EV_MARK, .addr = MT_MARK_ITERATION, .size = i, .pool = MT_POOL_NONE};
+        mt_prof_record(p, &ev);
+    }
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    mt_prof_destroy(&p);
+    _exit(st.dropped > 0 ? 0 : 11);
+}
+
+/* `memtrace top` gives a process's drops as a share of what it offered. */
+static void test_top_drop_rate(void **state)
+{
+    (void)state;
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    const char *const args[5] = {t.sock};
+    pid_t pid = th_spawn("dropper", args);
+    assert_int_equal(th_wait(pid), 0);
+    json_t *p = th_wait_exited(t.sock, pid, 5000);
+    assert_non_null(p);
+    double dropped = json_number_value(json_object_get(p, "dropped"));
+    double events = json_number_value(json_object_get(p, "events"));
+    json_decref(p);
+    assert_true(dropped > 0);
+    char cmd[600], *out = NULL, want[96];
+    snprintf(cmd, sizeof cmd, "%s top --once --socket %s", memtrace, t.sock);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    snprintf(want, sizeof want, " %.0f (%.1f%%)\n", dropped, 100 * dropped / (dropped + events));
+    if (!strstr(out, "DROPS (RATE)") || !strstr(out, want))
+        fail_msg("no drop rate '%s' in:\n%s", want, out);
+    free(out);
+    th_daemon_stop(&t);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -399,6 +446,8 @@ int main(int argc, char **argv)
         ranked_body(rargs[0]);
     if (role != NULL && strcmp(role, "outside") == 0)
         outside_body(rargs[0]);
+    if (role != NULL && strcmp(role, "dropper") == 0)
+        dropper_body(rargs[0]);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PATH-TO-memtrace\n", argv[0]);
         return 2;
@@ -411,6 +460,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_top_per_device),
         cmocka_unit_test(test_top_rank_column),
         cmocka_unit_test(test_top_outside),
+        cmocka_unit_test(test_top_drop_rate),
         cmocka_unit_test(test_daemon_detached),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
