@@ -179,10 +179,13 @@ int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
         rc = MT_EINVAL;
     if (env_u64("MEMTRACE_SIM_PEER_BANDWIDTH", &cfg->sim_peer_bandwidth, true, err, errlen) != 0)
         rc = MT_EINVAL;
-    uint64_t ctx = cfg->sim_context;
+    uint64_t ctx = cfg->sim_context, other = cfg->sim_other_processes;
     if (env_u64("MEMTRACE_SIM_CONTEXT", &ctx, false, err, errlen) != 0)
         rc = MT_EINVAL;
+    if (env_u64("MEMTRACE_SIM_OTHER_PROCESSES", &other, false, err, errlen) != 0)
+        rc = MT_EINVAL;
     cfg->sim_context = (size_t)ctx;
+    cfg->sim_other_processes = (size_t)other;
     return rc;
 }
 
@@ -643,6 +646,15 @@ int mt_backend_managed_advise(mt_backend_t *b, const void *ptr, size_t n, int ad
     if (b->ops->managed_advise == NULL)
         return MT_ENOTSUP;
     return b->ops->managed_advise(b, ptr, n, advice, uses_location ? location : MT_MANAGED_HOST);
+}
+
+int mt_backend_process_used(mt_backend_t *b, uint64_t *bytes)
+{
+    if (b == NULL || bytes == NULL)
+        return MT_EINVAL;
+    if (b->ops->process_used == NULL)
+        return MT_ENOTSUP;
+    return b->ops->process_used(b, bytes);
 }
 
 int mt_backend_managed_stats(mt_backend_t *b, mt_managed_stats_t *out)

@@ -75,6 +75,8 @@ typedef struct mt_backend_ops_s {
     int (*managed_advise)(mt_backend_t *b, const void *ptr, size_t n, int advice, int location);
     int (*managed_stats)(mt_backend_t *b, mt_managed_stats_t *out);
     bool (*is_managed)(const mt_backend_t *b, const void *ptr, size_t n);
+    /* Optional (NULL: MT_ENOTSUP): this process's bytes on the device, per process. */
+    int (*process_used)(mt_backend_t *b, uint64_t *bytes);
 } mt_backend_ops_t;
 
 /* Common header of every backend object; each implementation embeds it first.

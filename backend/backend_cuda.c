@@ -340,6 +340,7 @@ static const mt_backend_ops_t cuda_ops = {
     .malloc = mt__cuda_malloc,
     .free = mt__cuda_free,
     .mem_get_info = mt__cuda_mem_get_info,
+    .process_used = mt__cuda_process_used,
     .is_device_ptr = mt__cuda_is_device_ptr,
     .vm_granularity = mt__cuda_vm_granularity,
     .vm_reserve = mt__cuda_vm_reserve,

@@ -92,6 +92,7 @@ static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, 
     s->group = g;
     s->capacity = capacity;
     s->context = cfg->sim_context;
+    s->others = cfg->sim_other_processes;
     s->fail_rc = MT_ENOMEM;
     atomic_init(&s->malloc_cost_ns, mcost);
     atomic_init(&s->free_cost_ns, fcost);
@@ -149,11 +150,12 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
                  MT_SIM_MAX_DEVICES);
         return MT_EINVAL;
     }
-    if (cfg->sim_context >= capacity) {
+    if (cfg->sim_context >= capacity || cfg->sim_other_processes >= capacity - cfg->sim_context) {
         mt__logf(cfg->log, cfg->log_ud, MT_LOG_ERROR,
-                 "memtrace: sim backend: a context of %zu bytes leaves nothing of a %zu-byte "
-                 "device (MEMTRACE_SIM_CONTEXT below MEMTRACE_SIM_CAPACITY)",
-                 cfg->sim_context, capacity);
+                 "memtrace: sim backend: a context of %zu bytes and %zu bytes of other "
+                 "processes leave nothing of a %zu-byte device (MEMTRACE_SIM_CONTEXT + "
+                 "MEMTRACE_SIM_OTHER_PROCESSES below MEMTRACE_SIM_CAPACITY)",
+                 cfg->sim_context, cfg->sim_other_processes, capacity);
         return MT_EINVAL;
     }
     if (cfg->device >= n) {
@@ -283,6 +285,7 @@ static const mt_backend_ops_t sim_ops = {
     .malloc = mt__sim_malloc,
     .free = mt__sim_free,
     .mem_get_info = mt__sim_mem_get_info,
+    .process_used = mt__sim_process_used,
     .is_device_ptr = mt__sim_is_device_ptr,
     .vm_granularity = mt__sim_vm_granularity,
     .vm_reserve = mt__sim_vm_reserve,

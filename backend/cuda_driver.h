@@ -61,6 +61,8 @@ typedef struct mt_cuda_driver_s {
     CUresult (*MemPrefetchAsync)(CUdeviceptr p, size_t n, CUmemLocation loc, unsigned int flags,
                                  CUstream s);
     CUresult (*MemAdvise)(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc);
+    /* Optional: the device's PCI bus id, which names it to NVML (cuda_nvml.c). */
+    CUresult (*DeviceGetPCIBusId)(char *bus, int len, CUdevice dev);
 } mt_cuda_driver_t;
 
 /* Opens the driver library (MEMTRACE_LIBCUDA, else "libcuda.so.1") and resolves every

@@ -59,6 +59,8 @@ typedef struct cuda_s {
     size_t granularity;                     /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
     CUmemAllocationHandleType handle_types; /* asked of cuMemCreate (MEMTRACE_CUDA_HANDLE_TYPE) */
     CUevent origin_ev;                      /* time origin of event_time_ns */
+    void *nvml_dev;                         /* NVML's handle of dev (under mu), NULL unknown */
+    bool nvml_tried;                        /* nvml_dev was looked up (under mu) */
     uint64_t origin_ns;                     /* CLOCK_MONOTONIC when origin_ev was recorded */
     pthread_mutex_t anchor_mu; /* guards origin_ev, origin_ns, spare_ev, anchor_stream */
     CUevent spare_ev;          /* the next origin, made on first use */
@@ -125,6 +127,8 @@ CUmemAllocationProp mt__cuda_pinned_prop(const cuda_t *c);
 int mt__cuda_malloc(mt_backend_t *b, size_t size, void **out);
 int mt__cuda_free(mt_backend_t *b, void *ptr);
 int mt__cuda_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+/* cuda_nvml.c */
+int mt__cuda_process_used(mt_backend_t *b, uint64_t *bytes);
 bool mt__cuda_is_device_ptr(const mt_backend_t *b, const void *ptr);
 size_t mt__cuda_vm_granularity(const mt_backend_t *b);
 int mt__cuda_vm_reserve(mt_backend_t *b, size_t size, void **out);

@@ -71,7 +71,7 @@ typedef struct sim_group_s {
  * Invariants (under mu): free and used ranges are disjoint, sorted, and together cover
  * [0, dev_size); no two free ranges touch (they are merged on free);
  * seg_bytes = sum of used sizes;
- * context + seg_bytes + mapped_bytes + mstats.device_bytes <= capacity;
+ * context + others + seg_bytes + mapped_bytes + mstats.device_bytes <= capacity;
  * mapped_bytes = SIM_VM_GRANULARITY * sum of nmapped over vms.
  * Lock order: streams_mu before a stream's mu; mu, cost_mu and ev_mu are leaves (no
  * other lock is taken while one of them is held). */
@@ -85,6 +85,7 @@ typedef struct sim_s {
     size_t dev_size;     /* bytes of the device address range: SIM_VA_FACTOR x capacity */
     size_t capacity;     /* bytes reported as total by mem_get_info */
     size_t context;      /* bytes the modelled context holds from creation, < capacity */
+    size_t others;       /* bytes other processes hold from creation (cfg.sim_other_processes) */
     size_t map_len;      /* bytes of the whole mmap behind dev_base (for munmap) */
     void *map_base;      /* what mmap returned (dev_base is aligned inside it) */
     sim_ranges_t free_r; /* free pieces of the device range */
@@ -142,6 +143,7 @@ bool mt__sim_span_is_device(sim_t *s, const void *p, size_t n);
 int mt__sim_malloc(mt_backend_t *b, size_t size, void **out);
 int mt__sim_free(mt_backend_t *b, void *ptr);
 int mt__sim_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+int mt__sim_process_used(mt_backend_t *b, uint64_t *bytes);
 bool mt__sim_is_device_ptr(const mt_backend_t *b, const void *ptr);
 size_t mt__sim_vm_granularity(const mt_backend_t *b);
 int mt__sim_vm_reserve(mt_backend_t *b, size_t size, void **out);

@@ -97,7 +97,7 @@ bool mt__sim_managed_span_locked(const sim_t *s, const void *p, size_t n)
 
 static size_t dev_room(const sim_t *s)
 {
-    size_t used = s->context + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes;
+    size_t used = s->context + s->others + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes;
     return used < s->capacity ? s->capacity - used : 0;
 }
 

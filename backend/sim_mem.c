@@ -191,7 +191,7 @@ int mt__sim_malloc(mt_backend_t *b, size_t size, void **out)
         s->fail_next--;
         rc = s->fail_rc;
     } else if (mt__sim_managed_evict_locked(s, rounded),
-               rounded > s->capacity - s->context - s->seg_bytes - s->mapped_bytes -
+               rounded > s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes -
                              s->mstats.device_bytes) {
         rc = MT_ENOMEM;
     } else {
@@ -252,12 +252,21 @@ int mt__sim_free(mt_backend_t *b, void *ptr)
     return 0;
 }
 
+int mt__sim_process_used(mt_backend_t *b, uint64_t *bytes)
+{
+    sim_t *s = to_sim(b);
+    pthread_mutex_lock(&s->mu);
+    *bytes = s->context + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 int mt__sim_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes)
 {
     sim_t *s = to_sim(b);
     pthread_mutex_lock(&s->mu);
     *free_bytes =
-        s->capacity - s->context - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes;
+        s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes;
     *total_bytes = s->capacity;
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -439,7 +448,7 @@ int mt__sim_vm_map(mt_backend_t *b, void *addr, size_t size)
         goto out;
     }
     mt__sim_managed_evict_locked(s, size);
-    if (size > s->capacity - s->context - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes) {
+    if (size > s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes) {
         rc = MT_ENOMEM;
         goto out;
     }
@@ -613,7 +622,7 @@ static int check_locked(const sim_t *s)
         mapped += n * SIM_VM_GRANULARITY;
     }
     if (mapped != s->mapped_bytes ||
-        s->context + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes > s->capacity)
+        s->context + s->others + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes > s->capacity)
         return MT_EIO;
     return mt__sim_managed_check_locked(s);
 }

@@ -59,6 +59,9 @@ typedef struct mt_backend_cfg_s {
     size_t sim_context;          /* bytes each sim device's modelled CUDA context holds from the
                                   * start (used, never free; < capacity); the default config
                                   * takes MEMTRACE_SIM_CONTEXT, else 0 */
+    size_t sim_other_processes;  /* bytes other processes hold on each sim device from the
+                                  * start (used, not this process's; context + this <
+                                  * capacity); MEMTRACE_SIM_OTHER_PROCESSES, else 0 */
 } mt_backend_cfg_t;
 
 #define MT_SIM_MAX_DEVICES 64
@@ -139,6 +142,11 @@ MT_API int mt_backend_malloc(mt_backend_t *b, size_t size, void **out);
 MT_API int mt_backend_free(mt_backend_t *b, void *ptr);
 /* Free and total device bytes, as cudaMemGetInfo reports them. */
 MT_API int mt_backend_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+/* The device bytes this process holds, as the driver counts them per process (NVML's
+ * compute-process figure on cuda, where libnvidia-ml.so.1 loads and lists this pid; the
+ * model's on sim: everything but other processes'), in *bytes. MT_ENOTSUP when it cannot be
+ * known (no NVML, a pid namespace NVML does not see into). docs/outside.md. */
+MT_API int mt_backend_process_used(mt_backend_t *b, uint64_t *bytes);
 /* True if ptr lies inside memory this backend manages as device memory. */
 MT_API bool mt_backend_is_device_ptr(const mt_backend_t *b, const void *ptr);
 
