@@ -885,7 +885,8 @@ static int earlymark(void)
 /* Device memory taken outside memtrace's allocator, each piece by a caller the drop-in must
  * name (test_preload_cuda.c reads the log): libfakenccl.so's pitched buffer (8 MiB) and
  * physical memory (2 MiB) from the driver, its pitched buffer through a runtime entry point
- * memtrace does not hook (1 MiB), and the program's cudaMallocPitch (512 KiB). */
+ * memtrace does not hook (1 MiB), and the program's cudaMallocPitch (512 KiB) and its
+ * allocations under a context it made. */
 static int outside(void)
 {
     void *mine = NULL, *buf = NULL, *viart = NULL, *pp = NULL;
@@ -902,6 +903,16 @@ static int outside(void)
     CHECK(cudaFree(pp) == cudaSuccess);
     CHECK(cudaFree(mine) == cudaSuccess);
     CHECK(fake_cuda_count("cuMemAllocPitch_v2") == 3 && fake_cuda_count("cuMemRelease") == 1);
+    /* Under a context of the program's own, its cuMemAlloc (3 MiB) and cudaMalloc (4 MiB,
+     * through the runtime) are the driver's: the program's outside memory too. */
+    CUcontext x = NULL;
+    CUdeviceptr d = 0;
+    CHECK(cuCtxCreate(&x, NULL, 0, 0) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&d, 3 * MiB) == CUDA_SUCCESS);
+    CHECK(cudaMalloc(&mine, 4 * MiB) == cudaSuccess);
+    CHECK(cudaFree(mine) == cudaSuccess);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(cuCtxDestroy(x) == CUDA_SUCCESS);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* A runtime program whose device memory is partly taken outside memtrace's allocator: by
  * a library (libfakenccl.so, from the driver, as NCCL does) and by itself (pitched
- * memory). Never modified for memtrace. Exit 0 iff every call answers as CUDA would. */
+ * memory), and a last piece of the library's that a device reset frees. Never modified for
+ * memtrace. Exit 0 iff every call answers as CUDA would. */
 #include <stdio.h>
 
 #include <cuda_runtime_api.h>
@@ -45,6 +46,10 @@ int main(void)
         fprintf(stderr, "a second cudaFree of the library's memory succeeded\n");
         return 1;
     }
+    /* A device reset frees what the library still holds, as the driver's reset does. */
+    void *left = NULL;
+    CHECK(fakenccl_alloc(4096, 1024, &left)); /* 4 MiB */
+    CHECK(cudaDeviceReset());
     printf("ok: outside 48 MiB by the library, 2 MiB by the program\n");
     return 0;
 }
