@@ -11,6 +11,7 @@
 
 #include "mt_config.h"
 #include "preload/hooks_graph.h"
+#include "preload/outside.h"
 #include "preload/preload.h"
 #if MT_HAVE_CUDA_BACKEND
 #include "backend/backend_cuda.h"
@@ -506,6 +507,9 @@ void mt__preload_drop_device(int d)
     }
     if (a == NULL)
         return;
+    /* What libraries took outside the allocator dies with the device too (on sim the
+     * backend stays, so it is freed there as the driver's reset would). */
+    mt__preload_outside_drop(d, a, P->sim ? P->dev[d].backend : NULL);
     mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
     mt__preload_graph_forget(a);
     mt__guard_enter();
@@ -1005,6 +1009,7 @@ static void fork_child(void)
     pthread_mutex_init(&P->oom_mu, NULL);
     pthread_mutex_init(&ordered_mu, NULL);
     mt__preload_marks_fork_child();
+    mt__preload_outside_fork_child();
     ordered = NULL; /* the parent's addresses mean nothing here */
     ordered_cap = 0;
     atomic_store(&ordered_n, 0);

@@ -17,6 +17,7 @@
 
 #include "mt_config.h"
 #include "preload/hooks_cuda.h"
+#include "preload/outside.h"
 #include "preload/preload.h"
 
 /* Driver failures that are no shortage of memory: faults of the context, a dead or
@@ -251,9 +252,11 @@ static CUstream pt_stream(CUstream s, bool pt)
 
 /* real_async: the driver's own entry point for a stream-ordered call (NULL for
  * cuMemAlloc). On a capturing stream the driver's makes the graph's allocation node: a
- * device malloc of ours there would break the capture (issue 16 item 7). */
+ * device malloc of ours there would break the capture (issue 16 item 7); that node's
+ * memory is the graph's, made at launch, so it is not reported as taken now. What goes
+ * to the driver otherwise is reported for ra's module (outside.c). */
 static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
-                         CUresult (*real_async)(CUdeviceptr *, size_t, CUstream))
+                         CUresult (*real_async)(CUdeviceptr *, size_t, CUstream), const void *ra)
 {
     if (p == NULL)
         return CUDA_ERROR_INVALID_VALUE;
@@ -271,9 +274,12 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
     if (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
         !mt__preload_current_is_primary()) {
         __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
-        if (real_async != NULL)
-            return real_async(p, size, stream);
-        return real != NULL ? real(p, size) : CUDA_ERROR_NOT_FOUND;
+        CUresult r = real_async != NULL ? real_async(p, size, stream)
+                     : real != NULL     ? real(p, size)
+                                        : CUDA_ERROR_NOT_FOUND;
+        if (r == CUDA_SUCCESS)
+            mt__preload_outside_alloc(mt__preload_ptr_device(*p, dev), false, *p, size, ra);
+        return r;
     }
     int rc = mt__preload_alloc(dev, &a);
     void *q = NULL;
@@ -315,10 +321,26 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
      * below and answered as the real call would; never passed on. */
     bool ours = rc == MT_ENOENT && mt__preload_held(q);
     mt__guard_leave();
+    /* Memory that went to the driver (or, on sim, to the backend directly): its record is
+     * taken first, so the address cannot be handed out and recorded again meanwhile. */
+    mt__preload_fwd_t fr;
+    bool fwd = rc == MT_ENOENT && !ours && mt__preload_outside_take(false, p, &fr);
     if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
-        if (sync)
-            return ((CUresult(*)(CUdeviceptr))(void *)real_free)(p);
-        return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
+        CUresult r = sync ? ((CUresult(*)(CUdeviceptr))(void *)real_free)(p)
+                          : ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
+        if (fwd && r == CUDA_SUCCESS)
+            mt__preload_outside_freed(p, &fr);
+        else if (fwd)
+            mt__preload_outside_untake(false, p, &fr);
+        return r;
+    }
+    if (fwd) {
+        int frc = mt__preload_outside_sim_free(q, &fr);
+        if (frc == 0)
+            mt__preload_outside_freed(p, &fr);
+        else
+            mt__preload_outside_untake(false, p, &fr);
+        return mt__preload_drv_code(frc);
     }
     /* Freed on a capturing stream: the graph may use the block at every launch, so it
      * stays out of the pool until the graph is destroyed (PyTorch's private-pool rule). */
@@ -350,7 +372,7 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
 
 MT_HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    return do_alloc(dptr, bytesize, NULL, NULL);
+    return do_alloc(dptr, bytesize, NULL, NULL, MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -360,7 +382,7 @@ MT_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
 
 MT_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return do_alloc(dptr, bytesize, hStream, REAL(cuMemAllocAsync));
+    return do_alloc(dptr, bytesize, hStream, REAL(cuMemAllocAsync), MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
@@ -373,7 +395,8 @@ MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
  * --default-stream per-thread call): stream NULL is the calling thread's own stream. */
 MT_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return do_alloc(dptr, bytesize, pt_stream(hStream, true), REAL(cuMemAllocAsync_ptsz));
+    return do_alloc(dptr, bytesize, pt_stream(hStream, true), REAL(cuMemAllocAsync_ptsz),
+                    MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
@@ -657,6 +680,7 @@ static const struct {
     D2("cuMemFreeAsync", cuMemFreeAsync, true),
     D("cuMemAllocPitch", cuMemAllocPitch_v2, true),
     D("cuMemCreate", cuMemCreate, true),
+    D("cuMemRelease", cuMemRelease, true),
     D2("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, true),
     D("cuDeviceSetMemPool", cuDeviceSetMemPool, true),
     D("cuMemPoolSetAccess", cuMemPoolSetAccess, true),

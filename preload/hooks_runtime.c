@@ -15,6 +15,7 @@
 #include "mt_config.h"
 #include "preload/hooks_graph.h"
 #include "preload/hooks_rt.h"
+#include "preload/outside.h"
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
@@ -192,9 +193,11 @@ static cudaError_t bind_thread_context(void)
 }
 
 /* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
- * (the graph's allocation node; a device malloc of ours would break the capture). */
+ * (the graph's allocation node; a device malloc of ours would break the capture). ra: the
+ * caller, whom the driver hooks the runtime reaches report memory for (outside.c). */
 static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
-                             cudaError_t (*real_async)(void **, size_t, cudaStream_t))
+                             cudaError_t (*real_async)(void **, size_t, cudaStream_t),
+                             const void *ra)
 {
     if (p == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidValue);
@@ -215,9 +218,12 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
     if (rc == 0 && (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
                     !mt__preload_current_is_primary())) { /* a context's or a pool's own */
         cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
-        if (real_async != NULL)
-            return real_async(p, size, stream);
-        return real != NULL ? real(p, size) : mt__preload_rt_ret(cudaErrorInsufficientDriver);
+        if (real_async == NULL && real == NULL)
+            return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+        const void *prev = mt__preload_outer_push(ra);
+        cudaError_t e = real_async != NULL ? real_async(p, size, stream) : real(p, size);
+        mt__preload_outer_pop(prev);
+        return e;
     }
     mt_stream_t *s = NULL;
     mt__guard_enter();
@@ -258,10 +264,27 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
      * below and answered as the real call would; never passed on. */
     bool ours = rc == MT_ENOENT && mt__preload_held(p);
     mt__guard_leave();
+    /* Memory that went to the driver (or, on sim, to the backend directly): its record is
+     * taken first, so the address cannot be handed out and recorded again meanwhile. */
+    mt__preload_fwd_t fr;
+    uint64_t key = (uintptr_t)p;
+    bool fwd = rc == MT_ENOENT && !ours && mt__preload_outside_take(false, key, &fr);
     if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
-        if (sync)
-            return ((cudaError_t(*)(void *))(void *)real_free)(p);
-        return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
+        cudaError_t e = sync ? ((cudaError_t(*)(void *))(void *)real_free)(p)
+                             : ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
+        if (fwd && e == cudaSuccess)
+            mt__preload_outside_freed(key, &fr);
+        else if (fwd)
+            mt__preload_outside_untake(false, key, &fr);
+        return e;
+    }
+    if (fwd) {
+        int frc = mt__preload_outside_sim_free(p, &fr);
+        if (frc == 0)
+            mt__preload_outside_freed(key, &fr);
+        else
+            mt__preload_outside_untake(false, key, &fr);
+        return mt__preload_rt_ret(mt__preload_rt_code(frc));
     }
     void *graph = NULL; /* freed while capturing: kept until the graph is destroyed */
     if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
@@ -295,7 +318,7 @@ cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 
 MT_HOOK cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
-    return do_malloc(devPtr, size, NULL, NULL);
+    return do_malloc(devPtr, size, NULL, NULL, MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFree(void *devPtr)
@@ -305,7 +328,7 @@ MT_HOOK cudaError_t cudaFree(void *devPtr)
 
 MT_HOOK cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
-    return do_malloc(devPtr, size, hStream, REAL(cudaMallocAsync));
+    return do_malloc(devPtr, size, hStream, REAL(cudaMallocAsync), MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
@@ -317,13 +340,57 @@ MT_HOOK cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 MT_HOOK cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
 {
     cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
-    return do_malloc(devPtr, size, s, REAL(cudaMallocAsync_ptsz));
+    return do_malloc(devPtr, size, s, REAL(cudaMallocAsync_ptsz), MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 {
     cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
     return do_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
+}
+
+/* Pitched memory is the driver's (cuda mode: the runtime's call, reported for the caller
+ * by the driver hook it reaches); on sim the backend's, outside the allocator, as the
+ * driver's would be (rows aligned to MT_PRELOAD_PITCH_ALIGN). */
+MT_HOOK cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+    const void *ra = MT__PRELOAD_RA();
+    if (!mt__preload()->sim) {
+        cudaError_t (*real)(void **, size_t *, size_t, size_t) =
+            (cudaError_t(*)(void **, size_t *, size_t, size_t))REAL(cudaMallocPitch);
+        if (real == NULL)
+            return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+        const void *prev = mt__preload_outer_push(ra);
+        cudaError_t e = real(devPtr, pitch, width, height);
+        mt__preload_outer_pop(prev);
+        return e;
+    }
+    int rc = mt__preload_outside_sim_pitch(width, height, 1, ra, devPtr, pitch);
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+}
+
+MT_HOOK cudaError_t cudaMalloc3D(struct cudaPitchedPtr *pitchedDevPtr, struct cudaExtent extent)
+{
+    const void *ra = MT__PRELOAD_RA();
+    if (!mt__preload()->sim) {
+        cudaError_t (*real)(struct cudaPitchedPtr *, struct cudaExtent) =
+            (cudaError_t(*)(struct cudaPitchedPtr *, struct cudaExtent))REAL(cudaMalloc3D);
+        if (real == NULL)
+            return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+        const void *prev = mt__preload_outer_push(ra);
+        cudaError_t e = real(pitchedDevPtr, extent);
+        mt__preload_outer_pop(prev);
+        return e;
+    }
+    if (pitchedDevPtr == NULL)
+        return mt__preload_rt_ret(cudaErrorInvalidValue);
+    void *q = NULL;
+    size_t pt = 0;
+    int rc = mt__preload_outside_sim_pitch(extent.width, extent.height, extent.depth, ra, &q, &pt);
+    if (rc == 0)
+        *pitchedDevPtr = (struct cudaPitchedPtr){
+            .ptr = q, .pitch = pt, .xsize = extent.width, .ysize = extent.height};
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
 /* A pool the program sets, or whose access it sets, keeps its stream-ordered
@@ -637,6 +704,8 @@ static const struct {
     H(cudaMalloc, true),
     H(cudaFree, true),
     H(cudaMallocAsync, true),
+    H(cudaMallocPitch, true),
+    H(cudaMalloc3D, true),
     H(cudaDeviceSetMemPool, true),
     H(cudaMemPoolSetAccess, true),
     H(cudaFreeAsync, true),

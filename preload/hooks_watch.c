@@ -4,46 +4,112 @@
 #include "mt_config.h"
 #include "preload/hooks_cuda.h"
 #include "preload/hooks_graph.h"
+#include "preload/outside.h"
 #include "preload/preload.h"
 
 /* ---- allocations memtrace does not serve: the driver's, with the cache given back when
- * the driver runs out (issue 16 item 12) ---- */
+ * the driver runs out (issue 16 item 12), reported by calling library (outside.c) ---- */
 
-#define RETRY_OOM(name, ...)                                                                       \
-    do {                                                                                           \
-        if (mt__preload()->sim)                                                                    \
-            return CUDA_ERROR_NOT_SUPPORTED;                                                       \
+/* The driver's name(...), made once more after the caches went back if it ran out. */
+#define CALL_RETRY_OOM(name, ...)                                                                  \
+    ({                                                                                             \
         __typeof__(&name) f_ = REAL(name);                                                         \
-        if (f_ == NULL)                                                                            \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
-        CUresult r_ = f_(__VA_ARGS__);                                                             \
+        CUresult r_ = f_ != NULL ? f_(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND;                         \
         if (r_ == CUDA_ERROR_OUT_OF_MEMORY && mt__preload_release_cached())                        \
             r_ = f_(__VA_ARGS__);                                                                  \
-        return r_;                                                                                 \
-    } while (0)
+        r_;                                                                                        \
+    })
+
+/* On sim the pitched allocation is the backend's, outside the allocator, as the driver's
+ * would be; rows are MT_PRELOAD_PITCH_ALIGN-aligned. */
+static CUresult sim_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                          unsigned elem, const void *ra)
+{
+    if (dptr == NULL || pitch == NULL || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    void *q = NULL;
+    int rc = mt__preload_outside_sim_pitch(width, height, 1, ra, &q, pitch);
+    if (rc == 0)
+        *dptr = (CUdeviceptr)(uintptr_t)q;
+    return mt__preload_drv_code(rc);
+}
 
 MT_HOOK CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
                                     unsigned int elem)
 {
-    RETRY_OOM(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+    const void *ra = MT__PRELOAD_RA();
+    if (mt__preload()->sim)
+        return sim_pitch(dptr, pitch, width, height, elem, ra);
+    CUresult r = CALL_RETRY_OOM(cuMemAllocPitch_v2, dptr, pitch, width, height, elem);
+    if (r == CUDA_SUCCESS)
+        mt__preload_outside_alloc(mt__preload_ptr_device(*dptr, mt__preload_drv_device()), false,
+                                  *dptr, *pitch * height, ra);
+    return r;
 }
 
+/* Physical memory: taken at create, whether or not it is ever mapped, and given back at
+ * release (the driver keeps it while a mapping remains; memtrace cannot see that). Only
+ * memory located on a device counts. */
 MT_HOOK CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    RETRY_OOM(cuMemCreate, handle, size, prop, flags);
+    const void *ra = MT__PRELOAD_RA();
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = CALL_RETRY_OOM(cuMemCreate, handle, size, prop, flags);
+    if (r == CUDA_SUCCESS && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        mt__preload_outside_alloc(prop->location.id, true, *handle, size, ra);
+    return r;
+}
+
+MT_HOOK CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    mt__preload_fwd_t fr;
+    bool fwd = mt__preload_outside_take(true, handle, &fr);
+    CUresult r = real(handle);
+    if (fwd && r == CUDA_SUCCESS)
+        mt__preload_outside_freed(handle, &fr);
+    else if (fwd)
+        mt__preload_outside_untake(true, handle, &fr);
+    return r;
+}
+
+/* A pool's allocation, reported at its size (the pool may hold more than its live
+ * allocations; that excess is the "not seen" part). On a capturing stream it is a graph
+ * node, whose memory is the graph's. */
+static void from_pool(CUresult r, CUdeviceptr *dptr, size_t size, CUstream s, const void *ra)
+{
+    void *graph = NULL;
+    if (r == CUDA_SUCCESS && !mt__preload_capture_graph(s, &graph))
+        mt__preload_outside_alloc(mt__preload_ptr_device(*dptr, mt__preload_drv_device()), false,
+                                  *dptr, size, ra);
 }
 
 MT_HOOK CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                          CUstream hStream)
 {
-    RETRY_OOM(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    const void *ra = MT__PRELOAD_RA();
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = CALL_RETRY_OOM(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    from_pool(r, dptr, bytesize, hStream, ra);
+    return r;
 }
 
 MT_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                               CUstream hStream)
 {
-    RETRY_OOM(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    const void *ra = MT__PRELOAD_RA();
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = CALL_RETRY_OOM(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    from_pool(r, dptr, bytesize, hStream == NULL ? CU_STREAM_PER_THREAD : hStream, ra);
+    return r;
 }
 
 /* ---- sub-allocated blocks as the program sees them (issue 16 item 6) ---- */

@@ -39,6 +39,9 @@ RT_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCap
  * can interpose them, so they reach memtrace only through the driver. */
 RT_API cudaError_t fakert_static_malloc(void **p, size_t n);
 RT_API cudaError_t fakert_static_free(void *p);
+/* A runtime entry point the drop-in does not hook (cudaMalloc3D, an array, ...) reaching a
+ * driver allocation it forwards: the driver hook sees the runtime as its caller. */
+RT_API cudaError_t fakert_static_malloc_pitch(void **p, size_t *pitch, size_t width, size_t height);
 RT_API size_t fakert_dlsym_count(void);
 RT_API void *dlsym(void *handle, const char *name);
 
@@ -350,6 +353,15 @@ cudaError_t fakert_static_malloc(void **p, size_t n)
 cudaError_t fakert_static_free(void *p)
 {
     return rt_free(p);
+}
+
+cudaError_t fakert_static_malloc_pitch(void **p, size_t *pitch, size_t width, size_t height)
+{
+    READY();
+    CUdeviceptr d = 0;
+    cudaError_t e = from_cu(drv.MemAllocPitch(&d, pitch, width, height, 16));
+    *p = (void *)(uintptr_t)d;
+    return ret(e);
 }
 
 RT_API cudaError_t cudaMallocManaged(void **p, size_t n, unsigned flags)

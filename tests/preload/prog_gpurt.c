@@ -34,6 +34,8 @@ cudaError_t fakert_static_malloc(void **p, size_t n);
 cudaError_t fakert_static_free(void *p);
 size_t fakert_dlsym_count(void); /* glibc dlsym calls, the drop-in's included */
 
+#include "fakenccl.h" /* libfakenccl.so: device memory from the driver, as NCCL takes it */
+
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
@@ -880,6 +882,40 @@ static int earlymark(void)
     return 0;
 }
 
+/* Device memory taken outside memtrace's allocator, each piece by a caller the drop-in must
+ * name (test_preload_cuda.c reads the log): libfakenccl.so's pitched buffer (8 MiB) and
+ * physical memory (2 MiB) from the driver, its pitched buffer through a runtime entry point
+ * memtrace does not hook (1 MiB), and the program's cudaMallocPitch (512 KiB) and its
+ * allocations under a context it made. */
+static int outside(void)
+{
+    void *mine = NULL, *buf = NULL, *viart = NULL, *pp = NULL;
+    size_t pitch = 0;
+    unsigned long long h = 0;
+    CHECK(cudaMalloc(&mine, MiB) == cudaSuccess);
+    CHECK(fakenccl_alloc(4096, 2048, &buf) == CUDA_SUCCESS);
+    CHECK(fakenccl_create(0, 2 * MiB, &h) == CUDA_SUCCESS);
+    CHECK(fakenccl_runtime_pitch(4096, 256, &viart) == 0);
+    CHECK(cudaMallocPitch(&pp, &pitch, 1000, 512) == cudaSuccess && pitch == 1024);
+    CHECK(fakenccl_release(h) == CUDA_SUCCESS);
+    CHECK(fakenccl_free(buf) == CUDA_SUCCESS);
+    CHECK(cudaFree(viart) == cudaSuccess);
+    CHECK(cudaFree(pp) == cudaSuccess);
+    CHECK(cudaFree(mine) == cudaSuccess);
+    CHECK(fake_cuda_count("cuMemAllocPitch_v2") == 3 && fake_cuda_count("cuMemRelease") == 1);
+    /* Under a context of the program's own, its cuMemAlloc (3 MiB) and cudaMalloc (4 MiB,
+     * through the runtime) are the driver's: the program's outside memory too. */
+    CUcontext x = NULL;
+    CUdeviceptr d = 0;
+    CHECK(cuCtxCreate(&x, NULL, 0, 0) == CUDA_SUCCESS);
+    CHECK(cuMemAlloc(&d, 3 * MiB) == CUDA_SUCCESS);
+    CHECK(cudaMalloc(&mine, 4 * MiB) == cudaSuccess);
+    CHECK(cudaFree(mine) == cudaSuccess);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(cuCtxDestroy(x) == CUDA_SUCCESS);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -900,6 +936,7 @@ int main(int argc, char **argv)
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
         {"streamdev", streamdev},   {"ownpool", ownpool},
         {"peerseen", peerseen},     {"recstreampt", recstreampt},
+        {"outside", outside},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

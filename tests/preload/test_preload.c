@@ -541,6 +541,102 @@ static void test_managed_program(void **state)
     json_decref(rep);
 }
 
+/* Device memory outside the allocator, named by library: libfakenccl.so takes 48 MiB from
+ * the driver (cuMemAllocPitch through cuGetProcAddress, as NCCL does), which sim serves
+ * from the backend directly as the driver would; the program takes 2 MiB of pitched
+ * memory itself. The log names both, the device's used bytes are the context, the
+ * allocator's reserved bytes and the libraries', and every free is matched, the last one
+ * by a device reset. */
+#define MIB (1ll << 20)
+static void test_outside_by_library(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "MEMTRACE_SIM_CONTEXT=300M '%s' run --backend sim --capacity 2G --telemetry log "
+             "--log out.ndjson --summary-json out.json -- '%s'",
+             env("MT_MEMTRACE"), env("MT_PROG_OUTSIDE"));
+    int rc = sh("out", cmd);
+    if (rc != 0)
+        fprintf(stderr, "%s", slurp("out.out"));
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(slurp("out.out"), "ok: outside 48 MiB"));
+    json_t *s = summary("out.json");
+    assert_int_equal(jint(s, "unknown_frees"), 1); /* the second cudaFree of the library's */
+    json_decref(s);
+
+    char *log = slurp("out.ndjson");
+    long long lib = -1, prog = -1, nccl_allocs = 0, nccl_bytes = 0, nccl_freed = 0;
+    long long prog_bytes = 0, prog_freed = 0, labels = 0, checked = 0, last_used = -1;
+    long long last_reserved = -1;
+    uint64_t addr[3] = {0, 0, 0};
+    bool after_second = false;
+    for (char *line = strtok(log, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+        json_error_t e;
+        json_t *ev = json_loads(line, 0, &e);
+        assert_non_null(ev);
+        const char *kind = json_string_value(json_object_get(ev, "kind"));
+        long long id = (long long)json_integer_value(json_object_get(ev, "library_id"));
+        long long size = (long long)json_integer_value(json_object_get(ev, "size"));
+        const char *a = json_string_value(json_object_get(ev, "addr"));
+        uint64_t at = a != NULL ? strtoull(a, NULL, 16) : 0;
+        if (kind != NULL && strcmp(kind, "library_label") == 0) {
+            const char *label = json_string_value(json_object_get(ev, "label"));
+            labels++;
+            if (strcmp(label, "libfakenccl.so") == 0)
+                lib = id;
+            else if (strcmp(label, "prog_outside") == 0)
+                prog = id;
+        } else if (kind != NULL && strcmp(kind, "outside_alloc") == 0) {
+            assert_true(id == lib || id == prog); /* named before it is used */
+            if (id == lib) {
+                static const long long want[3] = {32 * MIB, 16 * MIB, 4 * MIB};
+                assert_true(nccl_allocs < 3);
+                assert_int_equal(size, want[nccl_allocs]);
+                addr[nccl_allocs++] = at;
+                nccl_bytes += size;
+                after_second = nccl_allocs == 2;
+            } else {
+                assert_int_equal(size, 2 * MIB); /* 2048 rows of a 1024-byte pitch */
+                prog_bytes += size;
+            }
+        } else if (kind != NULL && strcmp(kind, "outside_free") == 0) {
+            assert_true(id == lib || id == prog); /* tagged as at its allocation */
+            if (id == lib) { /* the library's part, the program's cudaFree, the reset */
+                static const long long want[3] = {16 * MIB, 32 * MIB, 4 * MIB};
+                static const int which[3] = {1, 0, 2};
+                assert_true(nccl_freed < 3);
+                assert_int_equal(size, want[nccl_freed]);
+                assert_true(at == addr[which[nccl_freed]]);
+                nccl_freed++;
+            } else {
+                assert_int_equal(size, 2 * MIB);
+                prog_freed += size;
+            }
+        } else if (kind != NULL && strcmp(kind, "device") == 0) {
+            last_used = size;
+            last_reserved = (long long)json_integer_value(json_object_get(ev, "reserved"));
+            assert_int_equal(json_integer_value(json_object_get(ev, "requested")), 2048 * MIB);
+            if (after_second) { /* the device right after the library's 48 MiB */
+                assert_int_equal(size, 300 * MIB + last_reserved + 48 * MIB);
+                assert_true(last_reserved >= 8 * MIB); /* the program's cudaMalloc */
+                checked++;
+                after_second = false;
+            }
+        }
+        json_decref(ev);
+    }
+    assert_int_equal(labels, 2);
+    assert_true(lib > 0 && prog > 0 && lib != prog);
+    assert_int_equal(nccl_bytes, 52 * MIB);
+    assert_int_equal(nccl_freed, 3); /* all, in that order */
+    assert_int_equal(prog_bytes, 2 * MIB);
+    assert_int_equal(prog_freed, 2 * MIB);
+    assert_int_equal(checked, 1);
+    /* all given back: the device holds the context and the allocator's cache only */
+    assert_int_equal(last_used, 300 * MIB + last_reserved);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -549,6 +645,7 @@ int main(void)
         cmocka_unit_test(test_lossless_run),
         cmocka_unit_test(test_two_devices),
         cmocka_unit_test(test_managed_program),
+        cmocka_unit_test(test_outside_by_library),
         cmocka_unit_test(test_daemon_sees_every_allocation),
         cmocka_unit_test(test_driver_program_via_get_proc_address),
         cmocka_unit_test(test_oom_is_reported),

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include "tests/common/test_main.h"
 
 static const char *env(const char *name)
@@ -282,6 +283,99 @@ static void test_refused_destroy_keeps_blocks(void **state)
     assert_int_equal(run("destroyrefused", NULL), 0);
 }
 
+/* The value of "key": in an NDJSON line (a number, or a string without quotes in buf). */
+static long long num_field(const char *line, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    return p != NULL ? strtoll(p + strlen(pat), NULL, 10) : -1;
+}
+
+static const char *str_field(const char *line, const char *key, char *buf, size_t len)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(line, pat);
+    buf[0] = '\0';
+    if (p != NULL) {
+        p += strlen(pat);
+        size_t n = strcspn(p, "\"");
+        snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), p);
+    }
+    return buf;
+}
+
+/* Device memory the drop-in forwards to the driver is reported by the library that asked
+ * (the module its hook returns to): libfakenccl.so's cuMemAllocPitch and cuMemCreate
+ * (counted from create to release), its pitched memory through a runtime entry point
+ * memtrace does not hook (the runtime is looked through, up to the library), and the
+ * program's own cudaMallocPitch and its cuMemAlloc/cudaMalloc under a context it made.
+ * Each free carries its allocation's size and library. */
+static void test_outside_named_by_library(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/mt-outside-cuda-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    char extra[256];
+    snprintf(extra, sizeof extra, "MEMTRACE_PROF=log MEMTRACE_LOG='%s'", path);
+    assert_int_equal(run("outside", extra), 0);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096], names[32][64] = {{0}};
+    long long nccl = 0, prog = 0, nccl_freed = 0, prog_freed = 0, after_create = 0;
+    bool want_device = false;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char kind[32], label[64];
+        str_field(line, "kind", kind, sizeof kind);
+        long long id = num_field(line, "library_id"), size = num_field(line, "size");
+        if (strcmp(kind, "library_label") == 0) {
+            assert_true(id > 0 && id < 32);
+            snprintf(names[id], sizeof names[id], "%s", str_field(line, "label", label, 64));
+            continue;
+        }
+        if (strcmp(kind, "device") == 0 && want_device) {
+            /* the fake driver has no context: used = memtrace's segments + outside */
+            assert_int_equal(size, num_field(line, "reserved") + (8 << 20) + (2 << 20));
+            after_create++;
+            want_device = false;
+        }
+        bool alloc = strcmp(kind, "outside_alloc") == 0;
+        if (!alloc && strcmp(kind, "outside_free") != 0)
+            continue;
+        assert_true(id > 0 && id < 32);
+        const char *who = names[id];
+        if (strcmp(who, "libfakenccl.so") == 0) {
+            assert_true(size == 8 << 20 || size == 2 << 20 || size == 1 << 20);
+            if (alloc)
+                nccl += size;
+            else
+                nccl_freed += size;
+            want_device = alloc && size == 2 << 20 && nccl == (8 << 20) + (2 << 20);
+        } else if (strcmp(who, "prog_gpurt") == 0) {
+            /* 512 rows of a 1024-byte pitch; cuMemAlloc and cudaMalloc under a context
+             * the program made */
+            assert_true(size == 512 << 10 || size == 3 << 20 || size == 4 << 20);
+            if (alloc)
+                prog += size;
+            else
+                prog_freed += size;
+        } else {
+            fprintf(stderr, "outside memory named %s (id %lld)\n", who, id);
+            fail();
+        }
+    }
+    fclose(f);
+    unlink(path);
+    assert_int_equal(nccl, 11 << 20);
+    assert_int_equal(nccl_freed, 11 << 20);
+    assert_int_equal(prog, (512 << 10) + (7 << 20));
+    assert_int_equal(prog_freed, (512 << 10) + (7 << 20));
+    assert_int_equal(after_create, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -312,6 +406,7 @@ int main(void)
         cmocka_unit_test(test_thread_malloc_binds_context),
         cmocka_unit_test(test_created_context_memory_is_its_own),
         cmocka_unit_test(test_refused_destroy_keeps_blocks),
+        cmocka_unit_test(test_outside_named_by_library),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
