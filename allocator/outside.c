@@ -56,7 +56,10 @@ void mt__alloc_emit_device(mt_alloc_t *a)
     size_t free_b = 0, total_b = 0;
     if (mt_backend_mem_get_info(a->backend, &free_b, &total_b) != 0 || free_b > total_b)
         return;
-    mt__alloc_emit(a, MT_EV_DEVICE, 0, total_b - free_b, total_b, 0, MT_POOL_NONE, 0);
+    uint64_t self = 0;
+    if (mt_backend_process_used(a->backend, &self) != 0)
+        self = UINT64_MAX; /* not known: the split then has no other processes' part */
+    mt__alloc_emit(a, MT_EV_DEVICE, self, total_b - free_b, total_b, 0, MT_POOL_NONE, 0);
 }
 
 /* Announces id on a's stream once (lock held). */

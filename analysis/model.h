@@ -118,16 +118,20 @@ typedef struct mt_model_managed_s {
 void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out);
 /* Device memory outside the allocator (docs/outside.md), per device with an MT_EV_DEVICE
  * figure. The parts add up to used, each taken from what the ones before it leave:
- * used = reserved' + libraries + context + not_seen, with reserved' = min(reserved, used). */
+ * used = reserved' + libraries + context + other_processes + not_seen, with
+ * reserved' = min(reserved, used). */
 typedef struct mt_model_outside_s {
     unsigned device;
-    uint64_t used, total; /* bytes, as the driver reported them at the latest figure */
-    uint64_t peak_used;   /* bytes, highest used seen */
-    uint64_t reserved;    /* bytes, the allocators' reserved on the device now */
-    uint64_t outside;     /* used - reserved, 0 when reserved is larger */
-    uint64_t libraries;   /* bytes libraries hold outside, as reported (MT_EV_OUTSIDE_*) */
-    uint64_t context;     /* bytes in use at the first figure that no event named */
-    uint64_t not_seen;    /* the rest of outside */
+    uint64_t used, total;     /* bytes, as the driver reported them at the latest figure */
+    uint64_t peak_used;       /* bytes, highest used seen */
+    uint64_t reserved;        /* bytes, the allocators' reserved on the device now */
+    uint64_t outside;         /* used - reserved, 0 when reserved is larger */
+    uint64_t libraries;       /* bytes libraries hold outside, as reported (MT_EV_OUTSIDE_*) */
+    uint64_t context;         /* bytes in use at the first figure that no event named */
+    uint64_t other_processes; /* used - this process's bytes, when the driver tells them
+                                 (self_known: NVML on cuda, the model on sim); else 0 */
+    uint64_t not_seen;        /* the rest of outside: this process's, unnamed */
+    bool self_known;
 } mt_model_outside_t;
 /* Fills out[0..min(n, max)) by ordinal and returns n, the devices with a figure. */
 size_t mt_model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max);

@@ -93,7 +93,10 @@ typedef struct mt__mdev_s {
     bool seen;                     /* an MT_EV_DEVICE arrived */
     uint64_t used, total;          /* bytes, its latest */
     uint64_t peak_used;            /* bytes */
-    uint64_t context;              /* bytes used at the first figure, less what events named */
+    uint64_t context;              /* bytes used at the first figure, less what events named
+                                      (and, with self known, less other processes') */
+    uint64_t self;                 /* bytes this process holds, its latest; UINT64_MAX: not
+                                      known */
     uint64_t lib[MT_TAG_MAX];      /* bytes outside by library id (0: unnamed) */
     uint64_t lib_peak[MT_TAG_MAX]; /* bytes */
     uint64_t libs;                 /* sum of lib */

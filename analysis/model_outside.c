@@ -19,8 +19,8 @@
 
 static mt__mdev_t *dev_of(mt_model_t *m, unsigned d)
 {
-    if (m->odev[d] == NULL)
-        m->odev[d] = calloc(1, sizeof *m->odev[d]);
+    if (m->odev[d] == NULL && (m->odev[d] = calloc(1, sizeof *m->odev[d])) != NULL)
+        m->odev[d]->self = UINT64_MAX;
     return m->odev[d];
 }
 
@@ -40,14 +40,16 @@ int mt__model_outside_apply(mt_model_t *m, const mt_event_rec_t *ev)
     if (ev->kind == MT_EV_DEVICE) {
         o->used = ev->size;
         o->total = ev->requested;
+        o->self = ev->addr <= ev->size ? ev->addr : UINT64_MAX; /* more than used: not a figure */
         o->peak_used = ev->size > o->peak_used ? ev->size : o->peak_used;
         if (!o->seen) {
             /* Before the allocator's first segment: what the context holds, with anything
-             * else in use that no event names. */
-            uint64_t a = 0, r = 0;
+             * else in use that no event names (other processes too, unless the driver
+             * told this process's own bytes). */
+            uint64_t a = 0, r = 0, mine = o->self != UINT64_MAX ? o->self : ev->size;
             mt_model_device(m, ev->device, false, &a, &r);
             uint64_t known = mt_model_sat_add(r, o->libs);
-            o->context = ev->size > known ? ev->size - known : 0;
+            o->context = mine > known ? mine - known : 0;
         }
         o->seen = true;
         return 0;
@@ -87,6 +89,7 @@ int mt__model_outside_check(const mt_model_t *m, char *why, size_t whylen)
               (unsigned long long)o->libs, (unsigned long long)sum);
         CHECK(o->peak_used >= o->used && (o->seen || (o->used == 0 && o->context == 0)),
               "device %u: used figures", d);
+        CHECK(o->self == UINT64_MAX || o->self <= o->used, "device %u: own bytes above used", d);
     }
     return 0;
 }
@@ -105,6 +108,12 @@ static void split(const mt_model_t *m, unsigned d, const mt__mdev_t *o, mt_model
     left -= out->libraries;
     out->context = o->context < left ? o->context : left;
     left -= out->context;
+    out->self_known = o->self != UINT64_MAX;
+    if (out->self_known) {
+        uint64_t others = o->used - o->self;
+        out->other_processes = others < left ? others : left;
+        left -= out->other_processes;
+    }
     out->not_seen = left;
 }
 

@@ -32,8 +32,8 @@ static pthread_once_t nv_once = PTHREAD_ONCE_INIT;
 static void nv_load(void)
 {
     const char *path = getenv("MEMTRACE_LIBNVML");
-    void *lib = dlopen(path != NULL && *path != '\0' ? path : "libnvidia-ml.so.1",
-                       RTLD_NOW | RTLD_LOCAL);
+    void *lib =
+        dlopen(path != NULL && *path != '\0' ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     if (lib == NULL)
         return;
     *(void **)&nv.init = dlsym(lib, "nvmlInit_v2");

@@ -265,8 +265,8 @@ int mt__sim_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_byte
 {
     sim_t *s = to_sim(b);
     pthread_mutex_lock(&s->mu);
-    *free_bytes =
-        s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes;
+    *free_bytes = s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes -
+                  s->mstats.device_bytes;
     *total_bytes = s->capacity;
     pthread_mutex_unlock(&s->mu);
     return 0;
@@ -448,7 +448,8 @@ int mt__sim_vm_map(mt_backend_t *b, void *addr, size_t size)
         goto out;
     }
     mt__sim_managed_evict_locked(s, size);
-    if (size > s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes - s->mstats.device_bytes) {
+    if (size > s->capacity - s->context - s->others - s->seg_bytes - s->mapped_bytes -
+                   s->mstats.device_bytes) {
         rc = MT_ENOMEM;
         goto out;
     }
@@ -622,7 +623,8 @@ static int check_locked(const sim_t *s)
         mapped += n * SIM_VM_GRANULARITY;
     }
     if (mapped != s->mapped_bytes ||
-        s->context + s->others + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes > s->capacity)
+        s->context + s->others + s->seg_bytes + s->mapped_bytes + s->mstats.device_bytes >
+            s->capacity)
         return MT_EIO;
     return mt__sim_managed_check_locked(s);
 }

@@ -43,7 +43,9 @@ typedef enum mt_event_kind_e {
     MT_EV_MANAGED = 20,       /* managed memory (cfg.managed_memory): tag = mt_managed_op_e,
                                * the rest as that enum says */
     MT_EV_DEVICE = 21,        /* the device's memory as the driver reports it (mem_get_info):
-                               * size = used bytes (total - free), requested = total bytes.
+                               * size = used bytes (total - free), requested = total bytes,
+                               * addr = this process's bytes on it (mt_backend_process_used;
+                               * UINT64_MAX: not known).
                                * Sent at create (before any segment: the context's share), after
                                * each segment or outside change, at an OOM and with the stats */
     MT_EV_OUTSIDE_ALLOC = 22, /* device memory allocated outside the allocator, seen by the

@@ -594,7 +594,8 @@ static void forged_outside_body(const char *sock)
     mt_prof_t *p = NULL;
     if (mt_prof_create(&p, &cfg) != 0)
         _exit(10);
-    mt_event_rec_t ev = {.kind = MT_EV_DEVICE, .size = 100 * OUT_M, .requested = 1024 * OUT_M};
+    mt_event_rec_t ev = {
+        .kind = MT_EV_DEVICE, .addr = UINT64_MAX, .size = 100 * OUT_M, .requested = 1024 * OUT_M};
     const char *names[2] = {"lib\xff\xfe", "library3"};
     int rc = mt_prof_record(p, &ev);
     for (int i = 0; i < 2; i++) {
@@ -607,7 +608,8 @@ static void forged_outside_body(const char *sock)
                               .size = (uint64_t)(i + 1) * OUT_M};
         rc |= mt_prof_record(p, &ev);
     }
-    ev = (mt_event_rec_t){.kind = MT_EV_DEVICE, .size = 103 * OUT_M, .requested = 1024 * OUT_M};
+    ev = (mt_event_rec_t){
+        .kind = MT_EV_DEVICE, .addr = UINT64_MAX, .size = 103 * OUT_M, .requested = 1024 * OUT_M};
     rc |= mt_prof_record(p, &ev);
     if (rc != 0)
         _exit(11);
