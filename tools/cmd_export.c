@@ -100,7 +100,9 @@ int mt_cmd_export(int argc, char **argv)
         return 2;
     }
     mt__report_t *r = NULL;
-    if (mt__report_create(&r, NULL) != 0) {
+    mt__report_cfg_t rcfg = mt__report_cfg_default();
+    rcfg.general_reader = mt_tool_general_reader();
+    if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace export: out of memory\n");
         return 1;
     }
