@@ -17,11 +17,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "analysis/trace_csv.h"
+#include "daemon/internal.h"
+#include "daemon/web.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
@@ -30,48 +33,40 @@
 
 #define REPLAY_EVENTS 30000 /* events of the replayed trace written (about 7 MB) */
 #define NLOGS         8
+#define EXPORT_EVENTS 250000 /* events of the long process export writes (about 60 MB) */
 
 static const char *exe, *root;
 static char dir[64];
 static char logs[NLOGS][512];
 static size_t nlogs;
 
-/* ---- the replay log ---- */
+/* ---- the replay logs ---- */
 
 typedef struct evbuf_s {
-    FILE *f;
-    int pid;
-    size_t n;
-    int bad;
+    mt_event_rec_t *v;
+    size_t n, cap;
 } evbuf_t;
 
-static void write_event(void *ud, const mt_event_rec_t *ev)
+static void keep_event(void *ud, const mt_event_rec_t *ev)
 {
     evbuf_t *b = ud;
-    if (b->n >= REPLAY_EVENTS)
-        return;
-    char line[4096];
-    mt_event_rec_t e = *ev;
-    e.seq = b->n;
-    e.time_ns = 1000000 + 1000 * (uint64_t)b->n++;
-    size_t len = mt_prof_event_write(line, sizeof line, &e, b->pid, NULL, NULL);
-    if (len >= sizeof line || fwrite(line, 1, len, b->f) != len)
-        b->bad = 1;
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 4096;
+        b->v = realloc(b->v, b->cap * sizeof *b->v);
+        assert_non_null(b->v);
+    }
+    b->v[b->n++] = *ev;
 }
 
-/* The first REPLAY_EVENTS events of a replay of trace, as process pid of the log f. */
-static void replay_into(FILE *f, const char *trace, int pid)
+/* Every event of one replay of trace through the allocator on the sim backend, its end
+ * included (every block and segment freed). */
+static void record(const char *trace, evbuf_t *b)
 {
     char err[256];
     mt_trace_t *t = NULL;
     if (mt_trace_load(&t, trace, err, sizeof err) != 0)
         fail_msg("%s", err);
-    char *hello = json_dumps(mt_prof_hello_to_json(pid, "replay", 0, 0), JSON_COMPACT);
-    assert_non_null(hello);
-    fprintf(f, "%s\n", hello);
-    free(hello);
-    evbuf_t b = {.f = f, .pid = pid};
-    mt_event_sink_t sink = {.emit = write_event, .ud = &b};
+    mt_event_sink_t sink = {.emit = keep_event, .ud = b};
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     bc.kind = MT_BACKEND_SIM;
     bc.sim_capacity = (size_t)64 << 30;
@@ -84,7 +79,7 @@ static void replay_into(FILE *f, const char *trace, int pid)
     assert_int_equal(mt_alloc_create(&a, &ac), 0);
     void **ptr = calloc(t->nslots + 1, sizeof *ptr);
     assert_non_null(ptr);
-    for (size_t i = 0; i < t->nops && b.n < REPLAY_EVENTS; i++) {
+    for (size_t i = 0; i < t->nops; i++) {
         const mt_trace_op_t *op = &t->ops[i];
         if (op->action == MT_TRACE_ALLOCATE) {
             /* Tags cycle over the built-in ones, so that lines carry their names. */
@@ -102,11 +97,31 @@ static void replay_into(FILE *f, const char *trace, int pid)
     mt_backend_destroy(&be);
     free(ptr);
     mt_trace_free(&t);
-    assert_int_equal(b.bad, 0);
-    assert_true(b.n >= 1000);
-    fprintf(f, "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"t_ns\":%zu,\"clean\":true}\n", pid,
-            1000000 + 1000 * b.n);
+    assert_true(b->n >= 1000);
 }
+
+/* Process pid into f: its hello, the events of b again and again (sequence numbers and
+ * times going on) until n are written, its exit. */
+static void write_process(FILE *f, const evbuf_t *b, int pid, size_t n)
+{
+    char *hello = json_dumps(mt_prof_hello_to_json(pid, "replay", 0, 0), JSON_COMPACT);
+    assert_non_null(hello);
+    fprintf(f, "%s\n", hello);
+    free(hello);
+    char line[4096];
+    for (size_t i = 0; i < n; i++) {
+        mt_event_rec_t e = b->v[i % b->n];
+        e.seq = i;
+        e.time_ns = 1000000 + 1000 * (uint64_t)i;
+        size_t len = mt_prof_event_write(line, sizeof line, &e, pid, NULL, NULL);
+        assert_true(len < sizeof line);
+        assert_int_equal(fwrite(line, 1, len, f), len);
+    }
+    fprintf(f, "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"t_ns\":%zu,\"clean\":true}\n", pid,
+            1000000 + 1000 * n);
+}
+
+static evbuf_t pangu;
 
 static int setup(void **state)
 {
@@ -114,16 +129,21 @@ static int setup(void **state)
     snprintf(dir, sizeof dir, "/tmp/mt-readers-XXXXXX");
     if (!mkdtemp(dir))
         return -1;
-    /* Two processes of one replay, the second cut short: a daemon's log of two. */
+    /* Two processes: a replay cut short (blocks and segments still live at its end) and
+     * a whole one of another trace. */
+    char trace[512];
+    snprintf(trace, sizeof trace, "%s/data/traces/somas_pangu_2.6B.csv", root);
+    record(trace, &pangu);
+    evbuf_t resnet = {0};
+    snprintf(trace, sizeof trace, "%s/data/traces/somas_resnet50.csv", root);
+    record(trace, &resnet);
     snprintf(logs[0], sizeof logs[0], "%s/replay.ndjson", dir);
     FILE *f = fopen(logs[0], "w");
     if (!f)
         return -1;
-    char trace[512];
-    snprintf(trace, sizeof trace, "%s/data/traces/somas_pangu_2.6B.csv", root);
-    replay_into(f, trace, 4242);
-    snprintf(trace, sizeof trace, "%s/data/traces/somas_resnet50.csv", root);
-    replay_into(f, trace, 4343);
+    write_process(f, &pangu, 4242, REPLAY_EVENTS);
+    write_process(f, &resnet, 4343, resnet.n);
+    free(resnet.v);
     if (fclose(f) != 0)
         return -1;
     static const char *const shipped[] = {
@@ -146,6 +166,7 @@ static int teardown(void **state)
     (void)state;
     unlink(logs[0]);
     rmdir(dir);
+    free(pangu.v);
     return 0;
 }
 
@@ -279,6 +300,53 @@ static void test_replay_nonempty(void **state)
     run_free(&r);
 }
 
+/* ---- export's memory ---- */
+
+/* `memtrace export` of one long process keeps its memory near the output's size (the
+ * issue's bound: 1.5 times), not the log's: the events are fed from the report to the
+ * snapshot without a copy, the snapshot's trace is built in place, and the log's events go
+ * before the file is written. Measured by the child's peak resident set; under a sanitizer
+ * that figure means nothing, and the test is skipped. */
+static void test_export_memory(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    skip();
+#endif
+    char log[128], out[128];
+    snprintf(log, sizeof log, "%s/long.ndjson", dir);
+    snprintf(out, sizeof out, "%s/long.pickle", dir);
+    FILE *f = fopen(log, "w");
+    assert_non_null(f);
+    write_process(f, &pangu, 5000, EXPORT_EVENTS);
+    assert_int_equal(fclose(f), 0);
+    fflush(NULL);
+    pid_t c = fork();
+    assert_true(c >= 0);
+    if (c == 0) {
+        if (!freopen("/dev/null", "w", stderr))
+            _exit(126);
+        execl(exe, exe, "export", "--format", "torch-snapshot", log, "-o", out, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    struct rusage ru;
+    assert_int_equal(wait4(c, &st, 0, &ru), c);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    struct stat sb, lb;
+    assert_int_equal(stat(out, &sb), 0);
+    assert_int_equal(stat(log, &lb), 0);
+    double rss = (double)ru.ru_maxrss * 1024, size = (double)sb.st_size;
+    print_message("export: log %.1f MB, output %.1f MB, peak RSS %.1f MB (%.2f x the output)\n",
+                  (double)lb.st_size / 1e6, size / 1e6, rss / 1e6, rss / size);
+    unlink(log);
+    unlink(out);
+    /* The process's own pages (code, libraries, buffers) are about 4 MiB. */
+    if (rss > 1.5 * size + (4 << 20))
+        fail_msg("export's peak RSS %.1f MB is above 1.5 x its output (%.1f MB) + 4 MiB", rss / 1e6,
+                 size / 1e6);
+}
+
 /* ---- memtrace view's loader ---- */
 
 static char *get(th_daemon_t *t, const char *path, int *status)
@@ -302,6 +370,13 @@ static void load(th_daemon_t *t, bool general, const char *log, unsigned long *e
     *events = *bad = 0;
     err[0] = '\0';
     *rc = mt_d_view_load(t->d, log, events, bad, err, errlen);
+    /* Times are shown on this machine's clock, its offset read once per daemon: the two
+     * daemons' reads may differ by a microsecond. Both show monotonic times instead. */
+    for (const mt_d_proc_t *p = t->d->procs; p; p = p->next) {
+        mt_d_web_proc_t *w = mt__d_web_find(t->d, p);
+        if (w)
+            w->off_ns = 0;
+    }
     th_daemon_run(t);
 }
 
@@ -381,6 +456,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_replay_nonempty),
         cmocka_unit_test(test_commands_same),
         cmocka_unit_test(test_view_same),
+        cmocka_unit_test(test_export_memory),
     };
     return MT_TEST_RUN(tests, setup, teardown);
 }
