@@ -110,7 +110,8 @@ static int keep_event(ex_t *x, const mt_ts_event_t *e)
         x->cap = ts->nevents + 1024;
         if ((x->evs = malloc(x->cap * sizeof *x->evs)) == NULL)
             return MT_ENOMEM;
-        memcpy(x->evs, ts->events, ts->nevents * sizeof *x->evs);
+        if (ts->nevents > 0)
+            memcpy(x->evs, ts->events, ts->nevents * sizeof *x->evs);
         x->nevs = ts->nevents;
         ts->nevents = 0;
         ts->ndevices = 0;
@@ -303,7 +304,8 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
     if (rc == 0 && x->rc)
         rc = x->rc;
     if (rc == 0) {
-        qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
+        if (x->nseen > 1) /* seen is NULL when the log has none */
+            qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
         if (map != NULL)
             rc = add_segments(x, map);
     }

@@ -104,7 +104,9 @@ static void record(const char *trace, evbuf_t *b)
  * times going on) until n are written, its exit. */
 static void write_process(FILE *f, const evbuf_t *b, int pid, size_t n)
 {
-    char *hello = json_dumps(mt_prof_hello_to_json(pid, "replay", 0, 0), JSON_COMPACT);
+    json_t *h = mt_prof_hello_to_json(pid, "replay", 0, 0);
+    char *hello = h ? json_dumps(h, JSON_COMPACT) : NULL;
+    json_decref(h);
     assert_non_null(hello);
     fprintf(f, "%s\n", hello);
     free(hello);
