@@ -1,6 +1,7 @@
 /* A snapshot from a memtrace log (torch_snapshot.h, mt_ts_from_report): the process's
  * events become device_traces, the report's segment map at the last event becomes the
  * segments and blocks, tags become frames and markers become external annotations. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,13 +19,21 @@ typedef struct seen_s {
     uint32_t order; /* later events win */
 } seen_t;
 
+/* A conversion under way. Memory grows with the trace written (ts's events) and with the
+ * addresses in use, not with the log: while every event so far is of one device, events go
+ * straight into ts (their order there is log order); from an event of a second device on,
+ * they are kept in evs and grouped by device at the end. seen holds, per address, the
+ * last block and the last segment event (the only ones lookup() returns): it is compacted
+ * whenever it doubles. Invariants: evs == NULL or ts has no events; seen[0, nsorted) is
+ * sorted by (addr, order) with one entry per (addr, block or not); order < nseen_total. */
 typedef struct ex_s {
     mt_ts_t *ts;
     const mt_ts_source_t *src;
-    mt_ts_event_t *evs; /* all devices, in log order; sorted by device at the end */
+    mt_ts_event_t *evs; /* NULL while one device: then events are in ts */
     size_t nevs, cap;
     seen_t *seen;
-    size_t nseen, cap_seen;
+    size_t nseen, cap_seen, nsorted;
+    uint32_t nseen_total;           /* seen events so far: the next one's order */
     uint32_t tag_stack[MT_TAG_MAX]; /* 0: not made yet */
     uint64_t iteration;
     bool in_iteration;
@@ -90,6 +99,51 @@ static void mark(ex_t *x, const mt_event_rec_t *ev)
     }
 }
 
+/* One trace entry: into ts while the log has shown one device, else into evs. */
+static int keep_event(ex_t *x, const mt_ts_event_t *e)
+{
+    mt_ts_t *ts = x->ts;
+    if (x->evs == NULL && (ts->ndevices == 0 || e->device + 1u == ts->ndevices))
+        return mt_ts_add_event(ts, e);
+    if (x->evs == NULL) {
+        /* A second device: what ts has so far moves to evs, to be grouped at the end. */
+        x->cap = ts->nevents + 1024;
+        if ((x->evs = malloc(x->cap * sizeof *x->evs)) == NULL)
+            return MT_ENOMEM;
+        if (ts->nevents > 0)
+            memcpy(x->evs, ts->events, ts->nevents * sizeof *x->evs);
+        x->nevs = ts->nevents;
+        ts->nevents = 0;
+        ts->ndevices = 0;
+        ts->dev_first[0] = 0;
+    }
+    mt_ts_event_t *n = mt__grow(x->evs, &x->cap, x->nevs + 1, sizeof *n, 1024);
+    if (n == NULL)
+        return MT_ENOMEM;
+    x->evs = n;
+    x->evs[x->nevs++] = *e;
+    return 0;
+}
+
+static int cmp_seen(const void *a, const void *b);
+
+/* Keeps of seen only what lookup() can return: per address, its last block event and its
+ * last segment event. */
+static void compact_seen(ex_t *x)
+{
+    qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
+    size_t out = 0;
+    for (size_t i = 0; i < x->nseen; i++) {
+        const seen_t *s = &x->seen[i];
+        bool block = s->kind == MT_EV_ALLOC, later = false;
+        for (size_t j = i + 1; j < x->nseen && x->seen[j].addr == s->addr && !later; j++)
+            later = (x->seen[j].kind == MT_EV_ALLOC) == block;
+        if (!later)
+            x->seen[out++] = *s;
+    }
+    x->nseen = x->nsorted = out;
+}
+
 static int on_event(ex_t *x, const mt_event_rec_t *ev)
 {
     if (ev->pool == MT_POOL_HOST)
@@ -138,20 +192,19 @@ static int on_event(ex_t *x, const mt_event_rec_t *ev)
     default:
         return 0;
     }
-    mt_ts_event_t *n = mt__grow(x->evs, &x->cap, x->nevs + 1, sizeof *n, 1024);
-    if (n == NULL)
-        return MT_ENOMEM;
-    x->evs = n;
-    x->evs[x->nevs++] = e;
+    int rc = keep_event(x, &e);
+    if (rc)
+        return rc;
     if (ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
         ev->kind == MT_EV_SEGMENT_MAP) {
+        if (x->nseen == x->cap_seen && x->nseen >= 4096 && x->nseen >= 2 * x->nsorted)
+            compact_seen(x);
         seen_t *sn = mt__grow(x->seen, &x->cap_seen, x->nseen + 1, sizeof *sn, 1024);
         if (sn == NULL)
             return MT_ENOMEM;
         x->seen = sn;
-        x->seen[x->nseen] = (seen_t){ev->addr, ev->requested, ev->stream,        ev->device,
-                                     ev->kind, ev->pool,      (uint32_t)x->nseen};
-        x->nseen++;
+        x->seen[x->nseen++] = (seen_t){ev->addr, ev->requested, ev->stream,      ev->device,
+                                       ev->kind, ev->pool,      x->nseen_total++};
     }
     return x->rc;
 }
@@ -244,6 +297,41 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
     return rc;
 }
 
+/* The end of a conversion: the segments of map (NULL: none), the trace grouped by device.
+ * Frees what x holds but ts; on failure ts too, with err set. */
+static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size_t errlen)
+{
+    if (rc == 0 && x->rc)
+        rc = x->rc;
+    if (rc == 0) {
+        if (x->nseen > 1) /* seen is NULL when the log has none */
+            qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
+        if (map != NULL)
+            rc = add_segments(x, map);
+    }
+    if (rc == 0 && x->evs != NULL) {
+        /* device_traces are per device: group the events, each device in their order. */
+        mt_ts_event_t **order = malloc((x->nevs + 1) * sizeof *order);
+        if (order == NULL)
+            rc = MT_ENOMEM;
+        for (size_t i = 0; order != NULL && i < x->nevs; i++)
+            order[i] = &x->evs[i];
+        if (order != NULL) {
+            qsort(order, x->nevs, sizeof *order, cmp_dev_ptr);
+            for (size_t i = 0; i < x->nevs && rc == 0; i++)
+                rc = mt_ts_add_event(x->ts, order[i]);
+        }
+        free(order);
+    }
+    free(x->evs);
+    free(x->seen);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", rc == MT_ENOMEM ? "out of memory" : mt_strerror(rc));
+        mt_ts_destroy(&x->ts);
+    }
+    return rc;
+}
+
 int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen)
 {
     *out = NULL;
@@ -251,54 +339,21 @@ int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_
     int rc = mt_ts_create(&x.ts);
     for (size_t i = 0; i < src->nevs && rc == 0; i++)
         rc = on_event(&x, &src->evs[i]);
-    if (rc == 0 && x.rc)
-        rc = x.rc;
-    if (rc == 0) {
-        qsort(x.seen, x.nseen, sizeof *x.seen, cmp_seen);
-        if (src->map != NULL)
-            rc = add_segments(&x, src->map);
-    }
-    if (rc == 0) {
-        /* device_traces are per device: group the events, each device in their order. */
-        mt_ts_event_t **order = malloc((x.nevs + 1) * sizeof *order);
-        if (order == NULL)
-            rc = MT_ENOMEM;
-        for (size_t i = 0; order != NULL && i < x.nevs; i++)
-            order[i] = &x.evs[i];
-        if (order != NULL) {
-            qsort(order, x.nevs, sizeof *order, cmp_dev_ptr);
-            for (size_t i = 0; i < x.nevs && rc == 0; i++)
-                rc = mt_ts_add_event(x.ts, order[i]);
-        }
-        free(order);
-    }
-    free(x.evs);
-    free(x.seen);
-    if (rc < 0) {
-        snprintf(err, errlen, "%s", rc == MT_ENOMEM ? "out of memory" : mt_strerror(rc));
-        mt_ts_destroy(&x.ts);
+    if (x.ts == NULL) {
+        snprintf(err, errlen, "out of memory");
         return rc;
     }
+    rc = ex_finish(&x, rc, src->map, err, errlen);
     *out = x.ts;
-    return 0;
+    return rc;
 }
 
 /* ---- from a report (memtrace export) ---- */
 
-typedef struct collect_s {
-    mt_event_rec_t *evs;
-    size_t n, cap;
-} collect_t;
-
-static int collect(void *ctx, const mt__report_point_t *pt)
+/* The report's replay feeds the conversion directly: no copy of the events is made. */
+static int feed(void *ctx, const mt__report_point_t *pt)
 {
-    collect_t *c = ctx;
-    mt_event_rec_t *n = mt__grow(c->evs, &c->cap, c->n + 1, sizeof *n, 4096);
-    if (n == NULL)
-        return MT_ENOMEM;
-    c->evs = n;
-    c->evs[c->n++] = *pt->ev;
-    return 0;
+    return on_event(ctx, pt->ev);
 }
 
 typedef struct rtag_s {
@@ -323,17 +378,23 @@ int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *e
         snprintf(err, errlen, "no such process, or it has no events");
         return MT_ENOENT;
     }
-    collect_t c = {0};
+    rtag_t rt = {.r = r, .proc = proc};
+    mt_ts_source_t src = {.tag_name = report_tag, .ud = &rt};
+    ex_t x = {.src = &src};
     mt__report_map_t map;
-    int rc = mt__report_replay(r, proc, collect, &c);
-    if (rc == 0 && (rc = mt__report_map_at(r, proc, nev - 1, false, &map)) == 0) {
-        rtag_t rt = {.r = r, .proc = proc};
-        mt_ts_source_t src = {
-            .evs = c.evs, .nevs = c.n, .map = &map, .tag_name = report_tag, .ud = &rt};
-        rc = mt_ts_from_events(out, &src, err, errlen);
+    bool have_map = false;
+    int rc = mt_ts_create(&x.ts);
+    if (rc == 0)
+        rc = mt__report_replay(r, proc, feed, &x);
+    if (rc == 0 && (rc = mt__report_map_at(r, proc, nev - 1, false, &map)) == 0)
+        have_map = true;
+    if (x.ts == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return rc;
+    }
+    rc = ex_finish(&x, rc, have_map ? &map : NULL, err, errlen);
+    if (have_map)
         mt__report_map_free(&map);
-    } else
-        snprintf(err, errlen, "%s", mt_strerror(rc));
-    free(c.evs);
+    *out = x.ts;
     return rc;
 }

@@ -11,11 +11,20 @@
  * means something when other work shares the cores (a busy machine stretches wall time). "read"
  * rows are this process feeding every line to the report engine (tools/logs.c, the reading of
  * report/plot/export/diff) without the analysis; "memtrace report" rows are the whole command,
- * analysis and output included. MEMTRACE_READER=jansson selects the general path (jansson, then
- * mt_prof_event_from_json) for the "before" rows.
+ * analysis and output included; so are the plot, export and view rows (view: the loading of
+ * the log, until it says where to open the page, then Ctrl-C). MEMTRACE_READER=jansson
+ * selects the general path (jansson, then mt_prof_event_from_json) for the "jansson" rows;
+ * --before EXE adds rows of another build (the tree before a change) on the same file. Rows
+ * of a command also give its peak RSS (the child's ru_maxrss); export's give its output's
+ * size beside it.
  *
- * usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] */
+ * --one-process writes the copies of the trace as one long run of one process (export
+ * writes one process: its output then grows with the log).
+ *
+ * usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] [--before EXE]
+ *                      [--one-process] */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,9 +119,11 @@ static int write_json_line(FILE *f, void *obj)
     return 0;
 }
 
-/* Copies of the recorded events, one process each, until the file holds mb megabytes.
- * *events: event lines written. 0 or -1. */
-static int write_log(const char *path, const evbuf_t *evs, double mb, uint64_t *events)
+/* Copies of the recorded events until the file holds mb megabytes: one process each, or
+ * (one) all one process, a run that does the trace again and again (each copy ends with
+ * every block and segment freed, so the next one starts from an empty device). *events:
+ * event lines written. 0 or -1. */
+static int write_log(const char *path, const evbuf_t *evs, double mb, bool one, uint64_t *events)
 {
     FILE *f = fopen(path, "w");
     if (!f)
@@ -120,12 +131,14 @@ static int write_log(const char *path, const evbuf_t *evs, double mb, uint64_t *
     static char line[4096];
     uint64_t bytes = 0, n = 0;
     for (int copy = 0; bytes < mb * 1e6; copy++) {
-        int pid = 10000 + copy;
-        write_json_line(f, mt_prof_hello_to_json(pid, "bench_readers", 0, 0));
+        int pid = one ? 10000 : 10000 + copy;
+        uint64_t first = one ? n : 0; /* sequence numbers and times go on across copies */
+        if (!one || copy == 0)
+            write_json_line(f, mt_prof_hello_to_json(pid, "bench_readers", 0, 0));
         for (size_t i = 0; i < evs->n; i++) {
             mt_event_rec_t ev = evs->v[i];
-            ev.seq = i;
-            ev.time_ns = 1000000 + 1000 * (uint64_t)i;
+            ev.seq = first + i;
+            ev.time_ns = 1000000 + 1000 * (first + i);
             size_t len = mt_prof_event_write(line, sizeof line, &ev, pid, NULL, NULL);
             if (len >= sizeof line || fwrite(line, 1, len, f) != len) {
                 fclose(f);
@@ -134,10 +147,12 @@ static int write_log(const char *path, const evbuf_t *evs, double mb, uint64_t *
             bytes += len;
             n++;
         }
-        fprintf(f,
-                "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"t_ns\":%zu,\"clean\":true,"
-                "\"emitted\":%zu,\"dropped\":0,\"lost\":0}\n",
-                pid, 1000000 + 1000 * evs->n, evs->n);
+        if (!one || bytes >= mb * 1e6)
+            fprintf(f,
+                    "{\"v\":1,\"type\":\"exit\",\"pid\":%d,\"t_ns\":%llu,\"clean\":true,"
+                    "\"emitted\":%llu,\"dropped\":0,\"lost\":0}\n",
+                    pid, (unsigned long long)(1000000 + 1000 * (first + evs->n)),
+                    (unsigned long long)(one ? n : evs->n));
     }
     *events = n;
     return fclose(f) == 0 ? 0 : -1;
@@ -148,7 +163,9 @@ static int write_log(const char *path, const evbuf_t *evs, double mb, uint64_t *
 typedef struct row_s {
     const char *name;
     double wall_s, cpu_s;
-    int status; /* exit status; -1 not run */
+    double rss_mb; /* the child's peak resident set, MB; 0: not a child */
+    double out_mb; /* the size of what it wrote to OUT, MB; 0: not measured */
+    int status;    /* exit status; -1 not run */
 } row_t;
 
 static double tv_s(struct timeval tv)
@@ -157,10 +174,16 @@ static double tv_s(struct timeval tv)
 }
 
 /* Runs argv with stdin from in (NULL: inherited) and stdout to /dev/null; extra_env one
- * "K=V" or NULL. */
-static row_t run_cmd(const char *name, char *const argv[], const char *in, const char *extra_env)
+ * "K=V" or NULL. until: NULL, or a text the child writes to stderr once it is done with
+ * what is timed (memtrace view: "open http"); it is then stopped with SIGINT, and its
+ * stderr is not shown. */
+static row_t run_until(const char *name, char *const argv[], const char *in, const char *extra_env,
+                       const char *until)
 {
     row_t r = {.name = name, .status = -1};
+    int pfd[2] = {-1, -1};
+    if (until && pipe(pfd) != 0)
+        return r;
     fflush(NULL); /* or the child writes our buffered lines again */
     uint64_t t0 = mt_bench_now_ns();
     pid_t c = fork();
@@ -169,10 +192,34 @@ static row_t run_cmd(const char *name, char *const argv[], const char *in, const
             _exit(126);
         if (!freopen("/dev/null", "w", stdout))
             _exit(126);
+        if (until) {
+            dup2(pfd[1], 2);
+            close(pfd[0]);
+            close(pfd[1]);
+        }
         if (extra_env)
             putenv((char *)extra_env);
         execvp(argv[0], argv);
         _exit(127);
+    }
+    if (until) {
+        close(pfd[1]);
+        char buf[4096];
+        size_t have = 0;
+        ssize_t got;
+        bool seen = false;
+        while (!seen && (got = read(pfd[0], buf + have, sizeof buf - 1 - have)) > 0) {
+            have += (size_t)got;
+            buf[have] = '\0';
+            seen = strstr(buf, until) != NULL;
+            if (have > sizeof buf / 2) { /* keep the tail, where the text may be cut */
+                memmove(buf, buf + have - 64, 64);
+                have = 64;
+            }
+        }
+        if (c > 0)
+            kill(c, SIGINT);
+        close(pfd[0]);
     }
     if (c < 0)
         return r;
@@ -182,8 +229,14 @@ static row_t run_cmd(const char *name, char *const argv[], const char *in, const
         return r;
     r.wall_s = (double)(mt_bench_now_ns() - t0) / 1e9;
     r.cpu_s = tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
+    r.rss_mb = (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
     r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     return r;
+}
+
+static row_t run_cmd(const char *name, char *const argv[], const char *in, const char *extra_env)
+{
+    return run_until(name, argv, in, extra_env, NULL);
 }
 
 static double cpu_now_s(void)
@@ -261,12 +314,46 @@ static bool have(const char *prog)
 static void print_row(const row_t *r, double mb, uint64_t events)
 {
     if (r->status < 0 || r->wall_s <= 0) {
-        printf("%-42s %9s\n", r->name, "not run");
+        printf("%-56s %9s\n", r->name, "not run");
         return;
     }
-    printf("%-42s %9.2f %9.2f %9.0f %11.0f %12.2f%s\n", r->name, r->wall_s, r->cpu_s,
+    char rss[32] = "-", out[32] = "";
+    if (r->rss_mb > 0)
+        snprintf(rss, sizeof rss, "%.0f", r->rss_mb);
+    if (r->out_mb > 0)
+        snprintf(out, sizeof out, "  (output %.0f MB)", r->out_mb);
+    printf("%-56s %9.2f %9.2f %9.0f %11.0f %12.2f %9s%s%s\n", r->name, r->wall_s, r->cpu_s,
            mb / r->wall_s, r->cpu_s > 0 ? mb / r->cpu_s : 0.0, (double)events / r->wall_s / 1e6,
-           r->status ? "  (failed)" : "");
+           rss, out, r->status ? "  (failed)" : "");
+}
+
+/* The rows of one memtrace executable: report, plot, export (to out, whose size the row
+ * keeps) and view's load. what: the rows' suffix; env: NULL or MEMTRACE_READER=jansson. */
+static int exe_rows(row_t *rows, const char *exe, const char *path, const char *out,
+                    const char *what, const char *env)
+{
+    static char names[64][96];
+    static int nn;
+    int n = 0;
+    char *rep[] = {(char *)exe, "report", (char *)path, NULL};
+    char *plot[] = {(char *)exe, "plot", "-o", "-", (char *)path, NULL};
+    char *exp[] = {(char *)exe,  "export", "--format",  "torch-snapshot",
+                   (char *)path, "-o",     (char *)out, NULL};
+    char *view[] = {(char *)exe, "view", "--port", "0", (char *)path, NULL};
+    static const char *const cmds[] = {"memtrace report", "memtrace plot",
+                                       "memtrace export torch-snapshot", "memtrace view (load)"};
+    char *const *argvs[] = {rep, plot, exp, view};
+    for (int i = 0; i < 4 && nn < 64; i++) {
+        snprintf(names[nn], sizeof names[nn], "%s, %s", cmds[i], what);
+        rows[n] = run_until(names[nn++], argvs[i], NULL, env, i == 3 ? "open http" : NULL);
+        if (i == 2) {
+            struct stat sb;
+            rows[n].out_mb = stat(out, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
+            unlink(out);
+        }
+        n++;
+    }
+    return n;
 }
 
 static const char py_loop[] = "import json, sys\n"
@@ -278,16 +365,27 @@ static const char py_loop[] = "import json, sys\n"
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH]\n");
+        fprintf(stderr, "usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] "
+                        "[--before EXE]\n");
         return 2;
     }
     double mb_target = 400;
-    const char *keep = NULL;
-    for (int i = 3; i + 1 < argc; i += 2) {
+    const char *keep = NULL, *before = NULL;
+    bool one = false;
+    for (int i = 3; i < argc; i++) {
+        if (strcmp(argv[i], "--one-process") == 0) {
+            one = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            break;
         if (strcmp(argv[i], "--mb") == 0)
             mb_target = atof(argv[i + 1]);
         else if (strcmp(argv[i], "--keep") == 0)
             keep = argv[i + 1];
+        else if (strcmp(argv[i], "--before") == 0)
+            before = argv[i + 1];
+        i++;
     }
     mt_bench_print_machine(stdout);
     printf("threads: 1 (every reader below is single-threaded)\n");
@@ -318,7 +416,7 @@ int main(int argc, char **argv)
     }
     uint64_t events = 0;
     uint64_t t0 = mt_bench_now_ns();
-    if (write_log(path, &evs, mb_target, &events) != 0) {
+    if (write_log(path, &evs, mb_target, one, &events) != 0) {
         fprintf(stderr, "bench_readers: cannot write %s\n", path);
         return 1;
     }
@@ -326,15 +424,16 @@ int main(int argc, char **argv)
     struct stat sb;
     stat(path, &sb);
     double mb = (double)sb.st_size / 1e6;
-    printf("log: %s, %.0f MB, %.2f M event lines (%.0f bytes each), written in %.1f s\n", path, mb,
-           (double)events / 1e6, (double)sb.st_size / (double)events,
+    printf("log: %s, %.0f MB, %.2f M event lines (%.0f bytes each), %s, written in %.1f s\n", path,
+           mb, (double)events / 1e6, (double)sb.st_size / (double)events,
+           one ? "one process" : "one process per copy of the trace",
            (double)(mt_bench_now_ns() - t0) / 1e9);
 
     /* Warm the page cache, so every row reads from memory. */
     char *cat_argv[] = {"cat", (char *)path, NULL};
     run_cmd("cat", cat_argv, NULL, NULL);
 
-    row_t rows[10];
+    row_t rows[32];
     int n = 0;
     rows[n++] = run_cmd("cat > /dev/null", cat_argv, NULL, NULL);
     char *py_argv[] = {"python3", "-c", (char *)py_loop, NULL};
@@ -346,13 +445,16 @@ int main(int argc, char **argv)
     rows[n++] = run_read("read, before (MEMTRACE_READER=jansson)", path, true);
     rows[n++] = run_read("read, after (fast decoder)", path, false);
     rows[n++] = run_decode(path);
-    char *rep_argv[] = {argv[2], "report", (char *)path, NULL};
-    rows[n++] =
-        run_cmd("memtrace report, before (jansson)", rep_argv, NULL, "MEMTRACE_READER=jansson");
-    rows[n++] = run_cmd("memtrace report, after", rep_argv, NULL, NULL);
+    char out[64];
+    snprintf(out, sizeof out, "/tmp/bench_readers_%d.pickle", (int)getpid());
+    if (before)
+        n += exe_rows(rows + n, before, path, out, "before (--before build)", NULL);
+    n += exe_rows(rows + n, argv[2], path, out, "MEMTRACE_READER=jansson",
+                  "MEMTRACE_READER=jansson");
+    n += exe_rows(rows + n, argv[2], path, out, "after", NULL);
 
-    printf("\n%-42s %9s %9s %9s %11s %12s\n", "reader", "wall s", "cpu s", "MB/s", "MB/cpu-s",
-           "M events/s");
+    printf("\n%-56s %9s %9s %9s %11s %12s %9s\n", "reader", "wall s", "cpu s", "MB/s", "MB/cpu-s",
+           "M events/s", "RSS MB");
     for (int i = 0; i < n; i++)
         print_row(&rows[i], mb, events);
     if (!keep)

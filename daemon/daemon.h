@@ -68,6 +68,9 @@ typedef struct mt_d_cfg_s {
                                      first always gets one); 0 = every OOM; -1 (default) =
                                      mt_prof_oom_interval_ms(): $MEMTRACE_OOM_INTERVAL_MS,
                                      else 10000 */
+    bool view_general_reader;     /* mt_d_view_load: every log line through jansson, none
+                                     through the event-line decoder (docs/readers.md; for
+                                     comparing the two); false */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/lines.h"
+#include "analysis/ndjson_fast.h"
 #include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
@@ -85,9 +87,43 @@ static const char *static_reason(const char *r)
     return "unknown";
 }
 
+/* One event of a log's process pid (before remapping) into its model, window and history.
+ * 0 or MT_ENOMEM. */
+static int view_event(mt_d_t *d, view_map_t *m, const mt_event_rec_t *ev, int pid)
+{
+    pid = view_pid(d, m, pid);
+    mt_d_proc_t *p = pid < 0 ? NULL : view_proc(d, pid, NULL);
+    mt_d_web_proc_t *t = p ? mt__d_web_find(d, p) : NULL;
+    if (!p)
+        return MT_ENOMEM;
+    if (!t || t->wcount == 0 || ev->kind == MT_EV_GAP ||
+        ev->seq > t->win[(t->whead + t->wcap - 1) % t->wcap].seq) {
+        /* An event found twice (two logs of one run) counts once. */
+        if (ev->kind == MT_EV_GAP)
+            p->dropped += ev->size;
+        else
+            p->events++;
+        d->ctr.events++;
+        mt__d_proc_apply(p, ev);
+        mt__d_web_record(d, p, ev);
+    }
+    return 0;
+}
+
 static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, char *err,
                      size_t errlen)
 {
+    if (!d->cfg.view_general_reader) {
+        /* Most lines are the writer's event lines: decoded without jansson, to the very
+         * record the general path below gives (analysis/ndjson_fast.h). A negative pid (a
+         * consumer queue's gap) is left to it. */
+        mt_event_rec_t ev;
+        int pid;
+        const char *tag;
+        size_t tag_len;
+        if (mt__ndjson_event(line, len, &ev, &pid, &tag, &tag_len) && pid >= 0)
+            return view_event(d, m, &ev, pid);
+    }
     json_error_t je;
     json_t *j = json_loadb(line, len, 0, &je);
     if (!j || !json_is_object(j)) {
@@ -137,24 +173,8 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
         mt_event_rec_t ev;
         int pid = -1;
         rc = mt_prof_event_from_json(j, &ev, &pid, err, errlen);
-        if (!rc && pid >= 0) {
-            pid = view_pid(d, m, pid);
-            mt_d_proc_t *p = pid < 0 ? NULL : view_proc(d, pid, NULL);
-            mt_d_web_proc_t *t = p ? mt__d_web_find(d, p) : NULL;
-            if (!p) {
-                rc = MT_ENOMEM;
-            } else if (!t || t->wcount == 0 || ev.kind == MT_EV_GAP ||
-                       ev.seq > t->win[(t->whead + t->wcap - 1) % t->wcap].seq) {
-                /* An event found twice (two logs of one run) counts once. */
-                if (ev.kind == MT_EV_GAP)
-                    p->dropped += ev.size;
-                else
-                    p->events++;
-                d->ctr.events++;
-                mt__d_proc_apply(p, &ev);
-                mt__d_web_record(d, p, &ev);
-            }
-        }
+        if (!rc && pid >= 0)
+            rc = view_event(d, m, &ev, pid);
     }
     json_decref(j);
     return rc;
@@ -321,37 +341,33 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return MT_EIO;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    unsigned long lineno = 0;
+    mt__lines_t ls;
+    int rc = mt__lines_open(&ls, f, VIEW_LINE_MAX);
     uint64_t before = d->ctr.events;
+    const char *line;
+    size_t n;
     char why[160];
-    while ((n = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-            n--;
-        if (n == 0)
-            continue;
-        int rc = (size_t)n > VIEW_LINE_MAX ? MT_EPROTO
-                                           : view_line(d, m, line, (size_t)n, why, sizeof why);
-        if (rc == MT_ENOMEM) {
-            snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
-            free(line);
-            if (f != stdin)
-                fclose(f);
-            return rc;
+    while (rc == 0 && (rc = mt__lines_next(&ls, &line, &n)) != 0) {
+        if (rc == MT_EIO)
+            break;
+        if (rc == 1) {
+            while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+                n--;
+            rc = n == 0 ? 0 : view_line(d, m, line, n, why, sizeof why);
+        } else { /* MT_EOVERFLOW: the reader skips the rest of the line */
+            snprintf(why, sizeof why, "line too long");
         }
-        if (rc) {
-            if ((*bad)++ == 0)
-                snprintf(err, errlen, "%s:%lu: %s", path, lineno,
-                         (size_t)n > VIEW_LINE_MAX ? "line too long" : why);
-        }
+        if (rc == MT_ENOMEM)
+            break;
+        if (rc && (*bad)++ == 0)
+            snprintf(err, errlen, "%s:%lu: %s", path, ls.lineno, why);
+        rc = 0;
     }
-    int rc = ferror(f) ? MT_EIO : 0;
-    if (rc)
+    if (rc == MT_ENOMEM)
+        snprintf(err, errlen, "%s:%lu: out of memory", path, ls.lineno);
+    else if (rc == MT_EIO)
         snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-    free(line);
+    mt__lines_close(&ls);
     if (f != stdin)
         fclose(f);
     *events += (unsigned long)(d->ctr.events - before);

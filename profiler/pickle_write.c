@@ -7,9 +7,11 @@
 
 enum { BATCH = 1000 };
 
+/* Every opcode is a write of a few bytes: fwrite's lock per call was a fifth of `memtrace
+ * export`'s time. The stream is the writer's alone while it writes (pickle_write.h). */
 static void out(mt__pkw_t *w, const void *b, size_t n)
 {
-    if (w->err == 0 && fwrite(b, 1, n, w->f) != n)
+    if (w->err == 0 && fwrite_unlocked(b, 1, n, w->f) != n)
         w->err = MT_EIO;
 }
 

@@ -10,7 +10,8 @@
 #include <stdio.h>
 
 /* Protocol 4 without frames, for plain data; containers are written in batches of 1000 as
- * pickle.dump does. Errors are sticky: check mt__pkw_finish. */
+ * pickle.dump does. Errors are sticky: check mt__pkw_finish. The stream is written without
+ * its lock: no other thread may use it until mt__pkw_finish. */
 typedef struct mt__pkw_s {
     FILE *f;            /* borrowed */
     int err;            /* first error, 0 or negative */

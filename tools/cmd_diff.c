@@ -15,6 +15,7 @@
 #include "analysis/frames.h"
 #include "analysis/report.h"
 #include "tools/commands.h"
+#include "tools/logs.h"
 #include "tools/snapshot_in.h"
 #include "util/text.h"
 
@@ -98,6 +99,7 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     }
     cfg.frames = rules;
     cfg.by = by;
+    cfg.general_reader = mt_tool_general_reader();
     cfg.by_callsite = true;
     cfg.top = UINT32_MAX; /* every site: one outside the top ten may be the one that grew */
     json_t *side[2] = {NULL, NULL};

@@ -100,7 +100,9 @@ int mt_cmd_export(int argc, char **argv)
         return 2;
     }
     mt__report_t *r = NULL;
-    if (mt__report_create(&r, NULL) != 0) {
+    mt__report_cfg_t rcfg = mt__report_cfg_default();
+    rcfg.general_reader = mt_tool_general_reader();
+    if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace export: out of memory\n");
         return 1;
     }
@@ -131,6 +133,9 @@ int mt_cmd_export(int argc, char **argv)
         fprintf(stderr, "memtrace export: %s\n", err);
         status = 1;
     }
+    /* The snapshot holds what it needs: the log's events go before the output is written,
+     * so that both are never in memory at once. */
+    mt__report_destroy(&r);
     if (status == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
         int rc = f ? mt_ts_write(ts, f, era) : MT_EIO;

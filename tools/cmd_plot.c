@@ -182,7 +182,9 @@ int mt_cmd_plot(int argc, char **argv)
     }
     const char *path = argv[optind]; /* the first log names the default output */
     mt__report_t *r = NULL;
-    if (mt__report_create(&r, NULL) != 0) {
+    mt__report_cfg_t rcfg = mt__report_cfg_default();
+    rcfg.general_reader = mt_tool_general_reader();
+    if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace plot: out of memory\n");
         return 1;
     }
@@ -205,9 +207,8 @@ int mt_cmd_plot(int argc, char **argv)
     }
     if (status == 0) {
         char err[256];
-        int rc = flame ? mt__report_flame_svg(r, cfg.pid,
-                                              leaked ? MT_CS_LEAKED : MT_CS_PEAK,
-                                              out, err, sizeof err)
+        int rc = flame ? mt__report_flame_svg(r, cfg.pid, leaked ? MT_CS_LEAKED : MT_CS_PEAK, out,
+                                              err, sizeof err)
                        : mt__plot_svg(r, &cfg, out, err, sizeof err);
         errno = 0;
         bool werr = fflush(out) != 0 || ferror(out);

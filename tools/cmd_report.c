@@ -903,8 +903,7 @@ int mt_cmd_report(int argc, char **argv)
     };
     mt__report_cfg_t cfg = mt__report_cfg_default();
     /* The benchmarks' baseline (bench/bench_readers.c): every line through jansson. */
-    const char *reader = getenv("MEMTRACE_READER");
-    cfg.general_reader = reader != NULL && strcmp(reader, "jansson") == 0;
+    cfg.general_reader = mt_tool_general_reader();
     bool as_json = false;
     /* Rules are made once the options are read: --frames all may come after --skip-frames. */
     const char *skips[64];

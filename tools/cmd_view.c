@@ -115,6 +115,7 @@ static int jobs_view(mt_d_t *d, char *const *paths, int n)
         goto fail_rules;
     cfg.by_callsite = true;
     cfg.by = MT_FR_BY_FUNCTION;
+    cfg.general_reader = mt_tool_general_reader();
     cfg.frames = rules;
     if (mt__report_create(&r, &cfg) != 0)
         goto fail_report;
@@ -196,6 +197,7 @@ int mt_cmd_view(int argc, char **argv)
     cfg.http_port = (int)port;
     cfg.handle_signals = true;
     cfg.max_exited = 1u << 16; /* every process of the logs stays */
+    cfg.view_general_reader = mt_tool_general_reader();
     mt_d_t *d = NULL;
     int rc = mt_d_create(&d, &cfg), status = 0;
     if (rc) {

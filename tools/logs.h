@@ -4,6 +4,8 @@
 
 #define MT_LOG_LINE_MAX 65536 /* bytes of one log line, its newline excluded */
 
+#include <stdbool.h>
+
 #include "analysis/report.h"
 
 /* Feeds every line of the n logs (paths[i], "-" = standard input) to r, in order: a
@@ -14,5 +16,10 @@
  * on stderr, naming the line). */
 int mt_tool_read_logs(mt__report_t *r, const char *prog, char *const *paths, int n,
                       unsigned long *bad);
+
+/* Whether MEMTRACE_READER=jansson asks the readers to decode every line with jansson, never
+ * with the event-line decoder (docs/readers.md: benchmarks, and ruling the decoder out). The
+ * libraries read no environment; the commands pass this on in their configurations. */
+bool mt_tool_general_reader(void);
 
 #endif

@@ -1,4 +1,5 @@
-/* The log reader of report, plot, export and diff (tools/logs.c) reads in blocks: lines
+/* The log reader of report, plot, export and diff (tools/logs.c, on analysis/lines.c, which
+ * `memtrace view` reads with too) reads in blocks: lines
  * that straddle two blocks, a last line without its newline, CRLF endings and the line
  * length limit must come out as line-by-line reading gives them. */
 #include <setjmp.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "analysis/lines.h"
 #include "memtrace/prof.h"
 #include "tests/common/test_main.h"
 #include "tools/logs.h"
@@ -145,11 +147,72 @@ static void test_line_limit(void **state)
     }
 }
 
+/* The shared line reader (analysis/lines.h) as `memtrace view` uses it: an over-long line
+ * is refused and skipped, wherever it falls across blocks, and reading goes on after it with
+ * the line numbers of line-by-line reading; a last line without a newline, and one that is
+ * over-long, end the file as they should. */
+static void test_skip_long_lines(void **state)
+{
+    (void)state;
+    enum { MAX = 1000 };
+    static char big[3 * MT_LINES_BLOCK];
+    for (int last_open = 0; last_open <= 1; last_open++)
+        for (size_t longlen = MAX + 1; longlen <= 2 * MT_LINES_BLOCK + 7; longlen *= 97) {
+            FILE *f = fopen(path, "w");
+            assert_non_null(f);
+            fputs("first\n", f);
+            memset(big, 'y', longlen);
+            big[longlen] = '\n';
+            fwrite(big, 1, longlen + 1, f);
+            memset(big, 'z', MAX);
+            big[MAX] = '\n';
+            fwrite(big, 1, MAX + 1, f); /* exactly MAX: given */
+            fputs("\r\n", f);
+            if (last_open) { /* over-long at the end, without a newline */
+                big[MAX] = 'z';
+                fwrite(big, 1, MAX + 1, f);
+            } else
+                fputs("last", f);
+            assert_int_equal(fclose(f), 0);
+            f = fopen(path, "r");
+            assert_non_null(f);
+            mt__lines_t ls;
+            assert_int_equal(mt__lines_open(&ls, f, MAX), 0);
+            const char *line;
+            size_t len;
+            assert_int_equal(mt__lines_next(&ls, &line, &len), 1);
+            assert_int_equal(len, 6);
+            assert_string_equal(line, "first\n");
+            assert_int_equal(mt__lines_next(&ls, &line, &len), MT_EOVERFLOW);
+            assert_int_equal(ls.lineno, 2);
+            assert_int_equal(mt__lines_next(&ls, &line, &len), 1);
+            assert_int_equal(ls.lineno, 3);
+            assert_int_equal(len, MAX + 1);
+            assert_int_equal(line[0], 'z');
+            assert_int_equal(line[len], '\0');
+            assert_int_equal(mt__lines_next(&ls, &line, &len), 1);
+            assert_string_equal(line, "\r\n");
+            if (last_open) {
+                assert_int_equal(mt__lines_next(&ls, &line, &len), MT_EOVERFLOW);
+                assert_int_equal(ls.lineno, 5);
+            } else {
+                assert_int_equal(mt__lines_next(&ls, &line, &len), 1);
+                assert_int_equal(len, 4);
+                assert_string_equal(line, "last");
+            }
+            assert_int_equal(mt__lines_next(&ls, &line, &len), 0);
+            assert_int_equal(mt__lines_next(&ls, &line, &len), 0);
+            mt__lines_close(&ls);
+            fclose(f);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_blocks_as_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_line_limit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_skip_long_lines, setup, teardown),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -48,6 +48,12 @@ static void *run_thread(void *arg)
 
 void th_daemon_start(th_daemon_t *t, mt_d_cfg_t cfg)
 {
+    th_daemon_create(t, cfg);
+    th_daemon_run(t);
+}
+
+void th_daemon_create(th_daemon_t *t, mt_d_cfg_t cfg)
+{
     snprintf(t->dir, sizeof t->dir, "/tmp/mt-dtest-XXXXXX");
     assert_non_null(mkdtemp(t->dir));
     snprintf(t->sock, sizeof t->sock, "%s/d.sock", t->dir);
@@ -61,6 +67,10 @@ void th_daemon_start(th_daemon_t *t, mt_d_cfg_t cfg)
     struct stat st;
     assert_int_equal(stat(t->sock, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
+}
+
+void th_daemon_run(th_daemon_t *t)
+{
     assert_int_equal(pthread_create(&t->thread, NULL, run_thread, t), 0);
 }
 

@@ -30,6 +30,9 @@ mt_d_cfg_t th_cfg(void);
 /* Creates the daemon with cfg (socket_path, http_port and loop are filled in) and runs it
  * on a new thread. */
 void th_daemon_start(th_daemon_t *t, mt_d_cfg_t cfg);
+/* th_daemon_start in two steps: the daemon created (to load logs into, say), then run. */
+void th_daemon_create(th_daemon_t *t, mt_d_cfg_t cfg);
+void th_daemon_run(th_daemon_t *t);
 /* Stops it, joins the thread, destroys it, asserts uv_loop_close() == 0 and that the
  * socket file is gone. */
 void th_daemon_stop(th_daemon_t *t);
