@@ -160,15 +160,24 @@ size_t mt__alloc_outside_text(const mt_alloc_t *a, char *buf, size_t len, size_t
         len = w > 0 && (size_t)w < cap - len ? len + (size_t)w : cap - 1;
     }
     pthread_mutex_unlock(&lib_mu);
+    uint64_t self = 0;
+    bool known = mt_backend_process_used(a->backend, &self) == 0 && self <= used;
+    if (len + 1 < cap && known && used > self) {
+        /* The driver tells this process's own bytes: the rest of the device is others'. */
+        size_t others = used - (size_t)self;
+        w = snprintf(buf + len, cap - len, "%sother processes %s", libs ? ", " : ": ",
+                     mt__alloc_human(others, h[2], sizeof h[2]));
+        len = w > 0 && (size_t)w < cap - len ? len + (size_t)w : cap - 1;
+        libs += others;
+    }
     if (len + 1 < cap) {
         size_t rest = outside > libs ? outside - (size_t)libs : 0;
         mt__alloc_human(rest, h[2], sizeof h[2]);
         mt__alloc_human((size_t)a->used_at_create, h[1], sizeof h[1]);
         w = snprintf(buf + len, cap - len,
-                     "%s%s not seen by memtrace (the CUDA context, other processes, copies of "
-                     "the runtime it does not hook; %s was in use when the allocator was "
-                     "created).",
-                     libs ? ", and " : ", ", h[2], h[1]);
+                     "%s%s not seen by memtrace (the CUDA context,%s copies of the runtime it "
+                     "does not hook; %s was in use when the allocator was created).",
+                     libs ? ", and " : ", ", h[2], known ? "" : " other processes,", h[1]);
         len = w > 0 && (size_t)w < cap - len ? len + (size_t)w : cap - 1;
     }
     return len;

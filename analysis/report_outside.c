@@ -107,9 +107,10 @@ static json_int_t ji(uint64_t v)
 
 static json_t *split_json(const mt_model_outside_t *s)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "used", ji(s->used), "reserved",
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "used", ji(s->used), "reserved",
                      ji(s->reserved), "outside", ji(s->outside), "libraries", ji(s->libraries),
-                     "context", ji(s->context), "not_seen", ji(s->not_seen));
+                     "context", ji(s->context), "other_processes", ji(s->other_processes),
+                     "not_seen", ji(s->not_seen));
 }
 
 /* Device d's libraries: each one's bytes at the end, its peak, and its bytes at d's peak of

@@ -21,7 +21,8 @@
 /* Could s be taken for a part's name or for another library's default name? */
 static bool reserved_name(const char *s)
 {
-    if (strcmp(s, "context") == 0 || strcmp(s, "not_seen") == 0 || strcmp(s, "unnamed") == 0)
+    if (strcmp(s, "context") == 0 || strcmp(s, "not_seen") == 0 || strcmp(s, "unnamed") == 0 ||
+        strcmp(s, "other_processes") == 0)
         return true;
     if (strncmp(s, "library", 7) != 0)
         return false;
@@ -78,8 +79,10 @@ int mt__d_metrics_outside(mt_d_t *d, mt_d_buf_t *o)
         {"memtrace_device_outside_allocator_bytes",
          "Device bytes in use outside the process's allocators, by part: one series per "
          "library that reported what it took (unnamed: no name given), context (in use before "
-         "the first allocation) and not_seen (the rest: other processes, unreported "
-         "libraries). Summed over library and added to memtrace_device_reserved_bytes (summed "
+         "the first allocation), other_processes (where the driver tells this process's own "
+         "bytes: NVML) and not_seen (the rest: unreported libraries; other processes too "
+         "where the driver does not tell). Summed over library and added to "
+         "memtrace_device_reserved_bytes (summed "
          "over device: memtrace_reserved_bytes) they make memtrace_device_used_bytes."},
     };
     mt_model_outside_t out[MAX_DEVICES];
@@ -103,6 +106,8 @@ int mt__d_metrics_outside(mt_d_t *d, mt_d_buf_t *o)
                            rows[k].bytes);
                 }
                 series(o, fam[f][0], p, x->device, "context", x->context);
+                if (x->self_known)
+                    series(o, fam[f][0], p, x->device, "other_processes", x->other_processes);
                 series(o, fam[f][0], p, x->device, "not_seen", x->not_seen);
             }
         }
@@ -131,12 +136,14 @@ static json_t *device_json(const mt_d_proc_t *p, const mt_model_outside_t *x)
             return NULL;
         }
     }
-    /* json_pack steals libs, also when it fails (o: a NULL reference is an error). */
-    return json_pack("{s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "device", (int)x->device, "used",
-                     ju(x->used), "total", ju(x->total), "peak_used", ju(x->peak_used), "reserved",
-                     ju(x->reserved), "outside", ju(x->outside), "libraries_total",
-                     ju(x->libraries), "libraries", libs, "context", ju(x->context), "not_seen",
-                     ju(x->not_seen));
+    /* json_pack steals libs, also when it fails (o: a NULL reference is an error);
+     * other_processes is null where the driver does not tell this process's bytes. */
+    return json_pack("{s:i,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o,s:o}", "device", (int)x->device,
+                     "used", ju(x->used), "total", ju(x->total), "peak_used", ju(x->peak_used),
+                     "reserved", ju(x->reserved), "outside", ju(x->outside), "libraries_total",
+                     ju(x->libraries), "libraries", libs, "context", ju(x->context),
+                     "other_processes", x->self_known ? ju(x->other_processes) : json_null(),
+                     "not_seen", ju(x->not_seen));
 }
 
 json_t *mt__d_outside_json(const mt_d_proc_t *p)

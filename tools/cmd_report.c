@@ -592,6 +592,8 @@ static void print_device_memory(json_t *devs)
                 printf("    %*s(its own peak %s)\n", 6, "", human(peak, b[0], 32));
         }
         dm_row("context", 4, num(e, "context"), num(pk, "context"));
+        if (num(e, "other_processes") > 0 || num(pk, "other_processes") > 0)
+            dm_row("other processes", 4, num(e, "other_processes"), num(pk, "other_processes"));
         dm_row("not seen", 4, num(e, "not_seen"), num(pk, "not_seen"));
         printf("    (context: in use when the allocator started, before its first segment; not "
                "seen:\n     no event names it: other allocators, other processes)\n");
@@ -612,12 +614,15 @@ static void print_ooms(json_t *o)
         printf("    %9.3f s  device %.0f: asked %s, %s free", num(e, "t"), num(e, "device"),
                human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
         json_t *s = json_object_get(e, "device_memory");
-        if (s != NULL)
-            printf("; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, "
-                   "not seen %s)",
+        if (s != NULL) {
+            printf("; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, ",
                    human(num(s, "used"), b[0], 32), human(num(s, "reserved"), b[1], 32),
                    human(num(s, "outside"), b[2], 32), human(num(s, "libraries"), b[3], 32),
-                   human(num(s, "context"), b[4], 32), human(num(s, "not_seen"), b[5], 32));
+                   human(num(s, "context"), b[4], 32));
+            if (num(s, "other_processes") > 0)
+                printf("other processes %s, ", human(num(s, "other_processes"), b[0], 32));
+            printf("not seen %s)", human(num(s, "not_seen"), b[5], 32));
+        }
         printf("\n");
     }
     if (num(o, "count") > (double)json_array_size(json_object_get(o, "first")))

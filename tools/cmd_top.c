@@ -217,8 +217,10 @@ static void render_outside(FILE *f, json_t *dv)
     }
     if (rest > 0)
         fprintf(f, " + %s %s", shown ? "other libraries" : "libraries", human(rest, b[3], 32));
-    fprintf(f, " + context %s + not seen %s\n", human(num(dv, "context"), b[4], 32),
-            human(num(dv, "not_seen"), b[5], 32));
+    fprintf(f, " + context %s", human(num(dv, "context"), b[4], 32));
+    if (num(dv, "other_processes") > 0)
+        fprintf(f, " + other processes %s", human(num(dv, "other_processes"), b[4], 32));
+    fprintf(f, " + not seen %s\n", human(num(dv, "not_seen"), b[5], 32));
 }
 
 static void render(FILE *f, json_t *st, top_t *t, bool ansi)

@@ -724,7 +724,8 @@ function outsidePart(tb, bar, used, part, label, bytes, colour, extra) {
 }
 
 // /state's "outside" of the process: per device, the model's split of the used bytes
-// (reserved + libraries + context + not seen = used), shown as given, never recomputed.
+// (reserved + libraries + context [+ other processes] + not seen = used), shown as given, never
+// recomputed.
 function renderOutside(p) {
   const devs = p.outside || [];
   $('outside-box').hidden = devs.length === 0;
@@ -755,7 +756,11 @@ function renderOutside(p) {
         { note: 'reported: ' + libs.map((l) => `${l.name} ${fmtBytes(l.bytes)}`).join(', ') });
     }
     outsidePart(tb, bar, d.used, 'context', 'context (in use before the first allocation)', d.context, '#90a4ae');
-    outsidePart(tb, bar, d.used, 'not_seen', 'not seen (other processes, libraries that said nothing)', d.not_seen, '#cfd8dc');
+    if (d.other_processes > 0) // the driver told this process's bytes, and others hold some
+      outsidePart(tb, bar, d.used, 'other_processes', 'other processes on the device', d.other_processes, '#8d6e63');
+    outsidePart(tb, bar, d.used, 'not_seen', d.other_processes === null || d.other_processes === undefined
+      ? 'not seen (other processes, libraries that said nothing)' : 'not seen (this process: libraries that said nothing)',
+      d.not_seen, '#cfd8dc');
     const sum = el('tr', { class: 'sum', 'data-part': 'used', 'data-bytes': String(d.used) });
     sum.append(el('td', null, '= used'), el('td', { class: 'num' }, fmtBytes(d.used)),
       el('td', { class: 'num muted' }, fmtPct(d.used ? 1 : null)), el('td', { class: 'muted' }, `of ${fmtBytes(d.total)}`));

@@ -61,7 +61,7 @@ static void split_of(mt_model_t *m, mt_model_outside_t *o)
     assert_int_equal(mt_model_outside(m, o, 1), 1);
     /* the parts always add up to the device's used bytes */
     uint64_t r = o->reserved < o->used ? o->reserved : o->used;
-    assert_int_equal(r + o->libraries + o->context + o->not_seen, o->used);
+    assert_int_equal(r + o->libraries + o->context + o->other_processes + o->not_seen, o->used);
     char why[160];
     if (mt_model_check(m, why, sizeof why) != 0)
         fail_msg("model: %s", why);
@@ -156,6 +156,56 @@ static void test_split_adds_up(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Where the driver tells this process's own bytes (NVML; the sim model), what other
+ * processes hold is its own part, and neither the context nor "not seen" carries it. */
+static void test_other_processes(void **state)
+{
+    (void)state;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 1024 * MIB;
+    bc.sim_context = 96 * MIB;
+    bc.sim_other_processes = 128 * MIB;
+    bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    uint64_t self = 0;
+    assert_int_equal(mt_backend_process_used(b, &self), 0);
+    assert_int_equal(self, 96 * MIB);
+    lines_sink_t ls = {.sink = {.emit = through_json, .ud = &ls}};
+    assert_int_equal(mt_model_create(&ls.model, NULL), 0);
+    log_t lg = {0};
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = b;
+    ac.sink = &ls.sink;
+    ac.log = keep_error;
+    ac.log_ud = &lg;
+    ac.expandable_segments = false;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    void *blk = NULL, *quiet = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 40 * MIB, NULL, 0, &blk), 0);
+    assert_int_equal(mt_backend_malloc(b, 16 * MIB, &quiet), 0);
+    mt_alloc_emit(a, MT_EV_STATS, 0, 0, 0);
+    mt_model_outside_t o;
+    split_of(ls.model, &o);
+    assert_true(o.self_known);
+    assert_int_equal(o.used, 96 * MIB + 128 * MIB + o.reserved + 16 * MIB);
+    assert_int_equal(o.context, 96 * MIB);
+    assert_int_equal(o.other_processes, 128 * MIB);
+    assert_int_equal(o.not_seen, 16 * MIB);
+    void *big = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 900 * MIB, NULL, 0, &big), MT_ENOMEM);
+    const char *msg = mt_alloc_last_error(a);
+    if (strstr(msg, ": other processes 128.00 MiB, and 112.00 MiB not seen") == NULL)
+        fail_msg("OOM message without other processes: %s", msg);
+    mt_alloc_free(a, blk);
+    assert_int_equal(mt_backend_free(b, quiet), 0);
+    mt_alloc_destroy(&a);
+    mt_model_destroy(&ls.model);
+    mt_backend_destroy(&b);
+}
+
 static void test_context_too_large(void **state)
 {
     (void)state;
@@ -172,6 +222,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_adds_up),
+        cmocka_unit_test(test_other_processes),
         cmocka_unit_test(test_context_too_large),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

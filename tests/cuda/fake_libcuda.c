@@ -43,6 +43,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -617,6 +618,18 @@ FAKE_API CUresult cuDeviceGet(CUdevice *dev, int ordinal)
     if (ordinal < 0 || ordinal >= fake.devices)
         return CUDA_ERROR_INVALID_DEVICE;
     *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+/* The bus id NVML knows the device by (tests/cuda/fake_nvml.c reads the same form). */
+FAKE_API CUresult cuDeviceGetPCIBusId(char *bus, int len, CUdevice dev)
+{
+    ENTER("cuDeviceGetPCIBusId", dev, 0);
+    if (dev < 0 || dev >= fake.devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (bus == NULL || len < 13)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(bus, (size_t)len, "00000000:%02x:00.0", (unsigned)dev + 1u);
     return CUDA_SUCCESS;
 }
 

@@ -101,6 +101,26 @@ static void test_malloc_free_info(void **state)
     mt_backend_destroy(&b);
 }
 
+/* This process's bytes as NVML lists them, found by the device's bus id, also when more
+ * processes run than the first answer has room for; a pid NVML does not list is not known. */
+static void test_process_used_from_nvml(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    setenv("FAKE_NVML_SELF", "12345678", 1);
+    setenv("FAKE_NVML_OTHERS", "100", 1); /* past the first answer's 64 */
+    uint64_t self = 0;
+    assert_int_equal(mt_backend_process_used(b, &self), 0);
+    assert_int_equal(self, 12345678);
+    assert_int_not_equal(find_call("cuDeviceGetPCIBusId", 0, NULL, NULL), SIZE_MAX);
+    setenv("FAKE_NVML_HIDE_SELF", "1", 1);
+    assert_int_equal(mt_backend_process_used(b, &self), MT_ENOTSUP);
+    unsetenv("FAKE_NVML_HIDE_SELF");
+    unsetenv("FAKE_NVML_OTHERS");
+    unsetenv("FAKE_NVML_SELF");
+    mt_backend_destroy(&b);
+}
+
 static void test_error_mapping(void **state)
 {
     (void)state;
@@ -412,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_enodev_without_library),
         cmocka_unit_test(test_enodev_without_device),
         cmocka_unit_test(test_malloc_free_info),
+        cmocka_unit_test(test_process_used_from_nvml),
         cmocka_unit_test(test_error_mapping),
         cmocka_unit_test(test_streams_events_pending),
         cmocka_unit_test(test_vm_mapping_order),
