@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "rnn/internal.h"
+#include "util/assert.h"
 
 /* Offset in floats of pseudo-layer p's weight-gradient accumulators in the workspace:
  * dW^T [in, gH] then dR^T [H, gH] per pseudo-layer. oneDNN runs X^T G (256 x 1024, k = the
@@ -50,27 +51,69 @@ static size_t wpan_floats(const mt__rnn_shape_t *s)
     return (size_t)s->gates * (size_t)s->hidden * (size_t)(in > up ? in : up);
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), xh [rows of a chunk, xh_ld], dh_next and
- * dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the bias-gradient sums of the step
- * loops' two halves [2, gH + H] (one per sequence goes in xh, back_dir), the RNN modes' gate
- * gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between layers, of
- * a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then
- * (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
- * D*H], and last wpan_floats for W's panels. */
-size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
+/* The backward workspace, in floats (docs/rnn-cpu.md, Workspace layouts). BWD_ACC: the
+ * weight-gradient accumulators (acc_offset); BWD_XH: xh [rows of a chunk, xh_ld]; BWD_DH,
+ * BWD_DC: the carried dh and dc [L*D, B, H]; BWD_ZEROS: [B, H]; BWD_DGH: [B, gH]; BWD_DBIAS:
+ * the bias-gradient sums of the step loops' two parts [2, gH + H] (one row per sequence goes
+ * in xh, back_dir); BWD_GATES: the RNN modes' gate gradients [rows of a chunk, gH] (LSTM and
+ * GRU write theirs over the reserve's gates); BWD_D0, BWD_D1: the gradient between layers
+ * (L > 1), of a chunk's rows (unidirectional) or of all rows (bidirectional), D*H wide;
+ * BWD_DROP: the regenerated dropped input of the layer being differentiated (dropout)
+ * [rows of a chunk, D*H]; BWD_WPAN: W's panels (wpan_floats). */
+enum {
+    BWD_ACC,
+    BWD_XH,
+    BWD_DH,
+    BWD_DC,
+    BWD_ZEROS,
+    BWD_DGH,
+    BWD_DBIAS,
+    BWD_GATES,
+    BWD_D0,
+    BWD_D1,
+    BWD_DROP,
+    BWD_WPAN,
+    BWD_NREG
+};
+
+typedef struct bwd_layout_s {
+    mt__rnn_region_t reg[BWD_NREG];
+    size_t total; /* floats */
+} bwd_layout_t;
+
+static bwd_layout_t bwd_layout(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
-    size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + c * (size_t)xh_ld(s) + 2 * ld * b * h + b * h +
-               b * gl + 2 * ((size_t)s->gates + 1) * h;
-    if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
-        n += c * gl;
-    if (s->layers > 1)
-        n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
-    if (mt__rnn_drop_on(s))
-        n += c * (size_t)s->dirs * h;
-    return n + wpan_floats(s);
+    size_t ld = (size_t)s->layers * (size_t)s->dirs, dh = (size_t)s->dirs * h;
+    size_t drows = s->layers > 1 ? (s->dirs == 1 ? c : q->rows) : 0;
+    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+    bwd_layout_t y = {.total = 0};
+    y.reg[BWD_ACC] = mt__rnn_place(&y.total, acc_offset(s, s->layers * s->dirs), 1);
+    y.reg[BWD_XH] = mt__rnn_place(&y.total, c * (size_t)xh_ld(s), 1);
+    y.reg[BWD_DH] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[BWD_DC] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[BWD_ZEROS] = mt__rnn_place(&y.total, b * h, 1);
+    y.reg[BWD_DGH] = mt__rnn_place(&y.total, b * gl, 1);
+    y.reg[BWD_DBIAS] = mt__rnn_place(&y.total, 2 * ((size_t)s->gates + 1) * h, 1);
+    y.reg[BWD_GATES] = mt__rnn_place(&y.total, gates_in_reserve ? 0 : c * gl, 1);
+    y.reg[BWD_D0] = mt__rnn_place(&y.total, drows * dh, 1);
+    y.reg[BWD_D1] = mt__rnn_place(&y.total, drows * dh, 1);
+    y.reg[BWD_DROP] = mt__rnn_place(&y.total, mt__rnn_drop_on(s) ? c * dh : 0, 1);
+    y.reg[BWD_WPAN] = mt__rnn_place(&y.total, wpan_floats(s), 1);
+    mt_assert(mt__rnn_regions_valid(y.reg, BWD_NREG, y.total, 1));
+    return y;
+}
+
+/* Region i of the workspace at work, or NULL where the layout has none. */
+static float *bwd_region(const bwd_layout_t *y, float *work, int i)
+{
+    return y->reg[i].size ? work + y->reg[i].off : NULL;
+}
+
+size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
+{
+    return bwd_layout(s, q).total;
 }
 
 /* One layer and direction over one chunk (chunk-local pointers, rows as in the seq). */
@@ -446,6 +489,7 @@ typedef struct bwd_s {
     const mt_rnn_grad_io_t *g;
     float *acc; /* acc_offset */
     float *xh;
+    size_t xh_cap; /* floats of xh */
     float *dhn, *dcn, *zeros, *dgh, *dbias, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
@@ -512,7 +556,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .db = b->dbias,
         .xh = b->xh,
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
-        .xh_cap = mt__rnn_cpu_max_chunk_rows(s, q) * (size_t)xh_ld(s),
+        .xh_cap = b->xh_cap,
         .wpan = b->wpan,
         .reverse = d == 1,
     };
@@ -617,32 +661,26 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
                         const mt_rnn_grad_io_t *g, float *work)
 {
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
-    int gl = mt__rnn_cpu_gld(s), dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
-    size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
+    int K = mt__rnn_cpu_nchunks(s, T);
     size_t bh = (size_t)B * H, nstate = (size_t)L * (size_t)D * bh;
-    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
-    b.acc = work;
-    int nz = (int)((acc_offset(s, L * D) + ZERO_BLOCK - 1) / ZERO_BLOCK);
+    bwd_layout_t y = bwd_layout(s, q);
+    b.acc = bwd_region(&y, work, BWD_ACC);
+    b.xh = bwd_region(&y, work, BWD_XH);
+    b.xh_cap = y.reg[BWD_XH].size;
+    b.dhn = bwd_region(&y, work, BWD_DH);
+    b.dcn = bwd_region(&y, work, BWD_DC);
+    b.zeros = bwd_region(&y, work, BWD_ZEROS);
+    b.dgh = bwd_region(&y, work, BWD_DGH);
+    b.dbias = bwd_region(&y, work, BWD_DBIAS);
+    b.rbuf = bwd_region(&y, work, BWD_GATES);
+    b.dbuf[0] = bwd_region(&y, work, BWD_D0);
+    b.dbuf[1] = bwd_region(&y, work, BWD_D1);
+    b.xdrop = bwd_region(&y, work, BWD_DROP);
+    b.wpan = bwd_region(&y, work, BWD_WPAN);
+    int nz = (int)((y.reg[BWD_ACC].size + ZERO_BLOCK - 1) / ZERO_BLOCK);
     mt__rnn_rows_par(s, nz / 2, nz, zero_acc, &b);
-    b.xh = b.acc + acc_offset(s, L * D);
-    b.dhn = b.xh + C * (size_t)xh_ld(s);
-    b.dcn = b.dhn + nstate;
-    b.zeros = b.dcn + nstate;
-    b.dgh = b.zeros + bh;
-    b.dbias = b.dgh + (size_t)B * gl;
-    b.rbuf = b.dbias + 2 * (size_t)(s->gates + 1) * (size_t)H;
-    float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
-    if (L > 1) {
-        b.dbuf[0] = next;
-        b.dbuf[1] = b.dbuf[0] + (D == 1 ? C : q->rows) * dh;
-    }
-    if (mt__rnn_drop_on(s))
-        b.xdrop = b.dbuf[1] + (D == 1 ? C : q->rows) * dh;
-    size_t wp = wpan_floats(s); /* the last floats of the workspace */
-    if (wp)
-        b.wpan = work + mt__rnn_cpu_bwd_work_floats(s, q) - wp;
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));

@@ -255,6 +255,30 @@ static inline float mt__rnn_tanh(float v)
     return 2.0f / (1.0f + mt__rnn_exp(-2.0f * v)) - 1.0f;
 }
 
+/* ---- workspace layouts (layout.c; docs/rnn-cpu.md, Workspace layouts) ----
+ *
+ * Each workspace is described once, by a layout function that places its regions one after
+ * another and returns them with the total; the size functions return the total and the
+ * kernels carve base + off. Units are the workspace's own (floats on the cpu path, bytes on
+ * the cuDNN path and for the step workspace). */
+typedef struct mt__rnn_region_s {
+    size_t off;  /* from the workspace's start, a multiple of the layout's alignment */
+    size_t size; /* 0 = the region is absent */
+} mt__rnn_region_t;
+
+/* Places a region of size units at *end rounded up to align (a power of two), and moves
+ * *end past it. */
+static inline mt__rnn_region_t mt__rnn_place(size_t *end, size_t size, size_t align)
+{
+    mt__rnn_region_t r = {(*end + align - 1) & ~(align - 1), size};
+    *end = r.off + size;
+    return r;
+}
+
+/* The regions r[0 .. n) are each a multiple of align from the start, inside [0, total), and
+ * pairwise disjoint (empty ones overlap nothing). */
+bool mt__rnn_regions_valid(const mt__rnn_region_t *r, int n, size_t total, size_t align);
+
 /* ---- layout (layout.c) ---- */
 
 int mt__rnn_shape_init(mt__rnn_shape_t *s, const mt_rnn_cfg_t *cfg);
