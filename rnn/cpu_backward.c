@@ -54,8 +54,8 @@ static size_t wpan_floats(const mt__rnn_shape_t *s)
 /* The backward workspace, in floats (docs/rnn-cpu.md, Workspace layouts). BWD_ACC: the
  * weight-gradient accumulators (acc_offset); BWD_XH: xh [rows of a chunk, xh_ld]; BWD_DH,
  * BWD_DC: the carried dh and dc [L*D, B, H]; BWD_ZEROS: [B, H]; BWD_DGH: [B, gH]; BWD_DBIAS:
- * the bias-gradient sums of the step loops' two parts [2, gH + H] (one row per sequence goes
- * in xh, back_dir); BWD_GATES: the RNN modes' gate gradients [rows of a chunk, gH] (LSTM and
+ * the bias-gradient sums of the step loops' parts [max(2, parts), gH + H] (one row per sequence
+ * goes in xh, back_dir); BWD_GATES: the RNN modes' gate gradients [rows of a chunk, gH] (LSTM and
  * GRU write theirs over the reserve's gates); BWD_D0, BWD_D1: the gradient between layers
  * (L > 1), of a chunk's rows (unidirectional) or of all rows (bidirectional), D*H wide;
  * BWD_DROP: the regenerated dropped input of the layer being differentiated (dropout)
@@ -95,7 +95,8 @@ static bwd_layout_t bwd_layout(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
     y.reg[BWD_DC] = mt__rnn_place(&y.total, ld * b * h, 1);
     y.reg[BWD_ZEROS] = mt__rnn_place(&y.total, b * h, 1);
     y.reg[BWD_DGH] = mt__rnn_place(&y.total, b * gl, 1);
-    y.reg[BWD_DBIAS] = mt__rnn_place(&y.total, 2 * ((size_t)s->gates + 1) * h, 1);
+    size_t parts = mt__rnn_par_parts(s) > 2 ? (size_t)mt__rnn_par_parts(s) : 2;
+    y.reg[BWD_DBIAS] = mt__rnn_place(&y.total, parts * ((size_t)s->gates + 1) * h, 1);
     y.reg[BWD_GATES] = mt__rnn_place(&y.total, gates_in_reserve ? 0 : c * gl, 1);
     y.reg[BWD_D0] = mt__rnn_place(&y.total, drows * dh, 1);
     y.reg[BWD_D1] = mt__rnn_place(&y.total, drows * dh, 1);
@@ -148,6 +149,9 @@ typedef struct dir_back_s {
      * batch, or one per half (dbst = 0, db the half's row; back_steps picks it). */
     float *db;
     size_t dbst;
+    /* The step loops' parts (mt__rnn_cpu_parts): with dbst = 0, part i sums into row i. */
+    int np;
+    int bound[MT__RNN_PARTS_MAX + 1];
     /* [rows, in + H] (gather_xh), rows xh_ld apart: each row of the chunk's input beside
      * the state its step started from, the A operand of [dW^T; dR^T]. */
     float *xh;
@@ -361,7 +365,10 @@ static void back_steps(void *arg, int b0, int b1)
     const dir_back_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
     size_t dbl = (size_t)(s->gates + 1) * (size_t)s->hidden;
-    float *db = a->dbst || b0 == 0 ? a->db : a->db + dbl;
+    int part = 0;
+    while (part + 1 < a->np && a->bound[part + 1] <= b0)
+        part++;
+    float *db = a->dbst ? a->db : a->db + (size_t)part * dbl;
     for (int k = 0; k < a->T; k++) {
         int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
         int e = b1 < nb ? b1 : nb;
@@ -425,11 +432,11 @@ static void back_dir(const dir_back_t *a)
     bool per_seq = run.rp && rpn + (size_t)B * dbl <= a->xh_cap;
     run.db = per_seq ? a->xh + rpn : a->db;
     run.dbst = per_seq ? dbl : 0;
-    size_t nsum = per_seq ? (size_t)B : 2;
+    double w[MT__RNN_PARTS_MAX], f = per_seq ? mt__rnn_par_share() : 0.5;
+    run.np = mt__rnn_cpu_parts(s, a->q, a->t0, T, f, run.bound, w);
+    size_t nsum = per_seq ? (size_t)B : (size_t)run.np;
     memset(run.db, 0, nsum * dbl * sizeof(float));
-    double w[2], f = per_seq ? mt__rnn_par_share() : 0.5;
-    int split = mt__rnn_cpu_split(s, a->q, a->t0, T, f, w);
-    mt__rnn_rows_par_w(s, split, B, w[0], w[1], back_steps, &run);
+    mt__rnn_parts_par(s, run.bound, run.np, w, back_steps, &run);
     if (a->dw.bw) {
         /* The rows of sums in their order, into the first (now, before xh is reused); b_W
          * and b_R enter the same sum, so their gradients are equal, except GRU's n gate,
@@ -458,7 +465,7 @@ static void back_dir(const dir_back_t *a)
         mt__rnn_xsmm_mm_par(s, (int)tb, a->in, gh, a->g, gl, a->xh, a->din_beta, a->din, a->in);
         dx_done = true;
     }
-    mt__rnn_rows_par(s, split, a->q->B, gather_xh, (void *)a);
+    mt__rnn_parts_par(s, run.bound, run.np, NULL, gather_xh, (void *)a);
 
     /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
      * G beside its input and the state its step started from (gathered: the step before,
@@ -633,7 +640,7 @@ static void acc_flush(const bwd_t *b)
         flush_tiles(s, p, &nw, &nr);
         n += nw + nr;
     }
-    mt__rnn_rows_par(s, n / 2, n, flush_items, (void *)b);
+    mt__rnn_even_par(s, n, flush_items, (void *)b);
 }
 
 enum { ZERO_BLOCK = 1024 }; /* floats: zero_acc's unit */
@@ -680,7 +687,7 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
     b.xdrop = bwd_region(&y, work, BWD_DROP);
     b.wpan = bwd_region(&y, work, BWD_WPAN);
     int nz = (int)((y.reg[BWD_ACC].size + ZERO_BLOCK - 1) / ZERO_BLOCK);
-    mt__rnn_rows_par(s, nz / 2, nz, zero_acc, &b);
+    mt__rnn_even_par(s, nz, zero_acc, &b);
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));

@@ -280,6 +280,57 @@ int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, 
     return split;
 }
 
+/* Rows of sequence b in steps [t0, t0 + n): the steps t with bs[t] > b. */
+static size_t seq_steps(const mt__rnn_seq_t *q, int t0, int n, int b)
+{
+    int steps = 0;
+    while (steps < n && q->bs[t0 + steps] > b)
+        steps++;
+    return (size_t)steps;
+}
+
+int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      int bound[MT__RNN_PARTS_MAX + 1], double w[MT__RNN_PARTS_MAX])
+{
+    int B = q->B, np = mt__rnn_par_parts(s);
+    np = B < np ? B : np;
+    if (np <= 2) {
+        double w2[2];
+        int split = mt__rnn_cpu_split(s, q, t0, n, share, w2);
+        bound[0] = 0;
+        bound[1] = split;
+        bound[2] = B;
+        w[0] = w2[0];
+        w[1] = w2[1];
+        return split < B ? 2 : 1;
+    }
+    /* Part k ends at the sequence boundary nearest k/np of the rows, after the previous
+     * part's end and leaving a sequence for each part still to come. */
+    size_t total = q->off[t0 + n] - q->off[t0], acc = 0;
+    int k = 1;
+    bound[0] = 0;
+    for (int b = 0; b < B && k < np; b++) {
+        size_t r = seq_steps(q, t0, n, b);
+        acc += r;
+        double want = (double)total * k / np;
+        if ((double)acc < want)
+            continue;
+        bool back = b > bound[k - 1] && want - (double)(acc - r) < (double)acc - want;
+        int e = back ? b : b + 1, last = B - (np - k);
+        bound[k] = e < bound[k - 1] + 1 ? bound[k - 1] + 1 : e > last ? last : e;
+        k++;
+    }
+    for (; k < np; k++) /* rows ran out (empty sequences): one sequence each */
+        bound[k] = bound[k - 1] + 1;
+    bound[np] = B;
+    for (int i = 0; i < np; i++) {
+        w[i] = 0;
+        for (int b = bound[i]; b < bound[i + 1]; b++)
+            w[i] += (double)seq_steps(q, t0, n, b);
+    }
+    return np;
+}
+
 /* ---- one layer, one direction, over one chunk ---- */
 
 typedef struct dir_run_s {
@@ -513,9 +564,10 @@ static void run_dir(const dir_run_t *a)
      * whose rows come out the same however the batch is cut: the split then changes no
      * result. A library may round a row differently with other rows beside it (OpenBLAS's
      * and oneDNN's did), so its products keep halves. */
-    double w[2], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
-    int split = mt__rnn_cpu_split(a->s, a->q, a->t0, a->steps, f, w);
-    mt__rnn_rows_par_w(a->s, split, a->q->B, w[0], w[1], run_steps, (void *)a);
+    int bound[MT__RNN_PARTS_MAX + 1];
+    double w[MT__RNN_PARTS_MAX], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
+    int np = mt__rnn_cpu_parts(a->s, a->q, a->t0, a->steps, f, bound, w);
+    mt__rnn_parts_par(a->s, bound, np, w, run_steps, (void *)a);
 }
 
 /* dst[n, m] = src[m, n]^T, row-major with leading dimensions ldd and lds, in tiles of 32
@@ -579,7 +631,7 @@ static void prepare(const mt__rnn_shape_t *s, const float *w, float *rt, float *
     int gh = s->gates * s->hidden;
     prep_job_t j = {s, w, rt, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
     int n = s->layers * s->dirs * j.nblk;
-    mt__rnn_rows_par(s, n / 2, n, prepare_items, &j);
+    mt__rnn_even_par(s, n, prepare_items, &j);
     for (int p = 0; wt && p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
         int in = mt__rnn_layer_in(s, p / s->dirs);

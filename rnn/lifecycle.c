@@ -316,10 +316,15 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
         if (rc)
             return rc;
     }
-    if (threads >= 2 && !m->shape.par) {
-        int rc = mt__rnn_par_create(&m->shape.par);
+    /* One worker fewer than the parts a job is cut into; a pool too small is replaced. */
+    int workers = threads < MT__RNN_PARTS_MAX ? threads - 1 : MT__RNN_PARTS_MAX - 1;
+    if (workers > mt__rnn_par_workers(m->shape.par)) {
+        mt__rnn_par_t *p;
+        int rc = mt__rnn_par_create(&p, workers);
         if (rc)
             return rc;
+        mt__rnn_par_destroy(&m->shape.par);
+        m->shape.par = p;
     }
     int rc = mt__rnn_gemm_set_threads(g, threads);
     if (rc == 0) {
