@@ -16,10 +16,9 @@
 #include "rnn/internal.h"
 #include "util/assert.h"
 
-/* Offset in floats of pseudo-layer p's weight-gradient accumulators in the workspace:
- * dW^T [in, gH] then dR^T [H, gH] per pseudo-layer. oneDNN runs X^T G (256 x 1024, k = the
- * chunk's rows) at 175 GFLOP/s and G^T X at 125 (thread CPU time, one thread): the
- * gradients are summed transposed over every chunk and added to dw once (acc_flush). */
+/* Offset in floats of pseudo-layer p's weight-gradient accumulators in BWD_ACC: dW^T
+ * [in, gH] then dR^T [H, gH] per pseudo-layer. The libraries run X^T G faster than G^T X, so
+ * the gradients are summed transposed over every chunk and added to dw once (acc_flush). */
 static size_t acc_offset(const mt__rnn_shape_t *s, int p)
 {
     size_t gl = (size_t)mt__rnn_cpu_gld(s), n = 0;
@@ -28,21 +27,16 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
     return n;
 }
 
-/* Floats of backward's copies of W [gH, in] and R [gH, H] of every pseudo-layer with rows
- * mt__rnn_cpu_ld apart, for the matrices whose rows would be a multiple of 1 KiB apart (0
- * for the others, which the products read in place). They are the B operand of the input
- * gradient and of the per-step dh products, and oneDNN's AVX2 kernels read B in place: rows
- * 1 KiB apart put a column in a few cache sets (docs/blas.md: the dh product went from 75-80
- * to 83-87 GFLOP/s, the input gradient from 60-73 to 75-80, on an AMD EPYC). */
-/* The widest row stride of the xh buffer: ld(in + H) of the widest layer input. */
+/* The widest row stride of the xh buffer: ld(in + H) of the widest layer input
+ * (docs/rnn-cpu.md, Row strides). */
 static int xh_ld(const mt__rnn_shape_t *s)
 {
     int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
     return mt__rnn_cpu_ld((in > up ? in : up) + s->hidden);
 }
 
-/* Floats of W's panels for the input gradient beside the weight gradients: at two threads
- * with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
+/* Floats of W's panels for the input gradient beside the weight gradients: at two or more
+ * threads with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
 static size_t wpan_floats(const mt__rnn_shape_t *s)
 {
     int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
@@ -146,7 +140,7 @@ typedef struct dir_back_s {
     /* The bias gradients summed by the step loops, rows of [gH + H]: what b_W gets, then
      * GRU's n-gate part of b_R (r * dn). Sequence b adds into db + b * dbst: one row per
      * sequence (dbst = gH + H), so that the sums do not depend on where the loops split the
-     * batch, or one per half (dbst = 0, db the half's row; back_steps picks it). */
+     * batch, or one per part (dbst = 0, db the part's row; back_steps picks it). */
     float *db;
     size_t dbst;
     /* The step loops' parts (mt__rnn_cpu_parts): with dbst = 0, part i sums into row i. */
@@ -160,7 +154,7 @@ typedef struct dir_back_s {
     /* R [gH, H] packed for libxsmm (s->xsmm), in xh while the step loops run (xh is
      * gathered after them), or NULL: the dh products read R in place. */
     const float *rp;
-    /* At two threads with libxsmm (wpan_floats): room for W [gH, in] in panels, so that the
+    /* At two or more threads with libxsmm (wpan_floats): room for W [gH, in] in panels, so the
      * input gradient's tiles can run beside the weight gradients, or NULL. */
     float *wpan;
     bool reverse;
@@ -341,7 +335,7 @@ static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, in
 }
 
 /* xh, rows of sequences [b0, b1) at every step: the row's input x, then the state its step
- * started from (mt__rnn_rows_par: at two threads, each half gathers its own). */
+ * started from (mt__rnn_parts_par: each part gathers its own). */
 static void gather_xh(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
@@ -384,9 +378,9 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
-/* The weight gradients' two halves (tiles 0 and 1, the same calls as mt__rnn_sgemm_par's)
+/* The weight gradients' two halves (tiles 0 and 1, mt__rnn_sgemm_half)
  * and the input gradient's 32-row tiles, in one job whose tiles both threads take in turn:
- * the thread that ends its half first takes input-gradient tiles while the other ends its. */
+ * a thread that ends its tile takes input-gradient tiles while another ends its own. */
 typedef struct wdx_s {
     const dir_back_t *a;
     int wm; /* rows of the weight-gradient product */
@@ -417,18 +411,18 @@ static void back_dir(const dir_back_t *a)
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T, B = a->q->B;
     size_t tb = a->rows, dbl = (size_t)(gh + H), rpn = 0;
 
-    /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit (no
-     * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md), and
-     * after them the sequences' bias sums, when those fit too. */
+    /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit, and
+     * after them the sequences' bias sums, when those fit too (docs/rnn-cpu.md, Workspace
+     * layouts). */
     dir_back_t run = *a;
     if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
         mt__rnn_xsmm_pack_par(s, a->xh, a->w.r, H, 1, gh, H);
         run.rp = a->xh;
         rpn = (size_t)gh * (size_t)H;
     }
-    /* With the dh products on libxsmm and a row of sums per sequence, the split changes no
-     * result: it follows the threads' speeds (as forward's run_dir). Else two halves, each
-     * with its row of sums in the workspace. */
+    /* With the dh products on libxsmm and a row of sums per sequence, the cut changes no
+     * result, so it may follow the threads' speeds (as forward's run_dir); else fixed parts,
+     * each with its row of sums in BWD_DBIAS (docs/rnn-cpu.md, Threads). */
     bool per_seq = run.rp && rpn + (size_t)B * dbl <= a->xh_cap;
     run.db = per_seq ? a->xh + rpn : a->db;
     run.dbst = per_seq ? dbl : 0;
@@ -454,8 +448,8 @@ static void back_dir(const dir_back_t *a)
         for (int j = fold; j < gh; j++)
             a->dw.br[j] += d[gh + j - fold];
     }
-    /* The input gradient on libxsmm: at two threads, W's panels in wpan and its tiles in the
-     * weight gradients' job (below); else, while xh is still free for W's panels, in tiles
+    /* The input gradient on libxsmm: at two or more threads, W's panels in wpan and its tiles in
+     * the weight gradients' job (below); else, while xh is still free for W's panels, in tiles
      * taken in turn, before the gather. */
     bool dx_done = false, dx_beside = a->din && a->wpan;
     if (dx_beside) {
@@ -630,7 +624,7 @@ static void flush_items(void *arg, int i0, int i1)
     }
 }
 
-/* dw += the accumulated dW and dR of every pseudo-layer (in two halves at two threads). */
+/* dw += the accumulated dW and dR of every pseudo-layer (in even parts). */
 static void acc_flush(const bwd_t *b)
 {
     const mt__rnn_shape_t *s = b->s;

@@ -181,9 +181,9 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* ---- workspace ---- */
 
-/* The input projection runs on libxsmm over W^T's panels at two threads, in tiles either
- * thread may take (par.c). At one thread the library's product is as fast, and W^T's panels
- * would be a copy of W in the workspace: the demo's utilization fell from 92.9 to 84.8 %. */
+/* The input projection runs on libxsmm over W^T's panels at two or more threads, in tiles
+ * any thread may take. At one thread the library's product is as fast, and the panels would
+ * be a copy of W in the workspace for nothing (docs/rnn-cpu.md, Workspace layouts). */
 static bool wt_panels(const mt__rnn_shape_t *s)
 {
     return s->xsmm && s->threads >= 2;
@@ -361,8 +361,8 @@ static size_t lrow(const dir_run_t *a, int t)
     return a->q->off[a->t0 + t] - a->q->off[a->t0];
 }
 
-/* gates = x W^T over the chunk's rows, at two threads in tiles taken in turn (libxsmm) or in
- * two halves; the bias is added by the cell, in the same pass that reads the gates. */
+/* gates = x W^T over the chunk's rows, in tiles taken in turn (libxsmm) or in even parts; the
+ * bias is added by the cell, in the same pass that reads the gates. */
 static void project_inputs(const dir_run_t *a)
 {
     int gh = a->s->gates * a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
@@ -560,10 +560,10 @@ static void run_steps(void *arg, int b0, int b1)
 static void run_dir(const dir_run_t *a)
 {
     project_inputs(a);
-    /* The share follows the threads' speeds where the per-step products are libxsmm's,
-     * whose rows come out the same however the batch is cut: the split then changes no
-     * result. A library may round a row differently with other rows beside it (OpenBLAS's
-     * and oneDNN's did), so its products keep halves. */
+    /* The cut follows the threads' speeds where the per-step products are libxsmm's, whose
+     * rows come out the same however the batch is cut. A library may round a row
+     * differently with other rows beside it, so its products keep fixed parts
+     * (docs/rnn-cpu.md, Bit identity). */
     int bound[MT__RNN_PARTS_MAX + 1];
     double w[MT__RNN_PARTS_MAX], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
     int np = mt__rnn_cpu_parts(a->s, a->q, a->t0, a->steps, f, bound, w);
@@ -624,8 +624,8 @@ static void prepare_items(void *arg, int i0, int i1)
 }
 
 /* R^T and the folded bias of every pseudo-layer into rt (FWD_RT), then (wt_panels) W^T's
- * panels into wt (FWD_WT); at two threads in two halves of the items or in tiles (a serial
- * part would cost twice its share of the step). */
+ * panels into wt (FWD_WT); in even parts of the items, then in tiles (a serial part would
+ * cost as much as the parallel rest). */
 static void prepare(const mt__rnn_shape_t *s, const float *w, float *rt, float *wt)
 {
     int gh = s->gates * s->hidden;

@@ -36,14 +36,13 @@
  * kernels run on the current device, so every entry switches the calling thread to the
  * backend's device (cudaSetDevice) and back to the caller's afterwards.
  *
- * Dropout (p > 0 with L > 1; otherwise the RNN descriptor gets NULL, as before dropout
- * existed): a cudnnDropoutDescriptor set at init with p and the module's dropout seed, on
- * generator states of cudnnDropoutGetStatesSize bytes. The states are one allocator block
- * for the module's life, tagged workspace: like the step workspace they are the library's
- * scratch, not a pass's activations (they neither grow with T and B nor go away between
- * passes, and tagging them activations would make the profiler see activations that never
- * drop to zero). The masks of a pass are cuDNN's business, in its reserve (tagged
- * activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
+ * Dropout (p > 0 with L > 1; otherwise the RNN descriptor gets NULL): a cudnnDropoutDescriptor set
+ * at init with p and the module's dropout seed, on generator states of cudnnDropoutGetStatesSize
+ * bytes. The states are one allocator block for the module's life, tagged workspace: like the step
+ * workspace they are the library's scratch, not a pass's activations (they neither grow with T and
+ * B nor go away between passes, and tagging them activations would make the profiler see
+ * activations that never drop to zero). The masks of a pass are cuDNN's business, in its reserve
+ * (tagged activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
  * activation accounting follows cuDNN. cuDNN applies dropout in TRAINING forwards only.
  * mt_rnn_set_dropout_state re-initialises the states (cudnnSetDropoutDescriptor again).
  *
@@ -276,7 +275,8 @@ static size_t cudnn_reserve_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 
 /* Inference of a unidirectional module runs in chunks of MT__RNN_CHUNK steps, each a
  * cudnnRNNForward whose final states start the next, so its workspace (cuDNN's grows with
- * T) is bounded independently of T, as the engine promises (U2). Packed batches run as one
+ * T) is bounded independently of T, as the cpu path's is (docs/rnn-cpu.md, Chunks and the
+ * reserve). Packed batches run as one
  * call: sequences end inside chunks, and their final states would be spread over them. */
 static bool chunked(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {

@@ -54,7 +54,7 @@ const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
 const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm);
 /* The library's thread count (process-wide for that library). */
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
-/* Whether the library's thread count can be set for each half of mt__rnn_rows_par: oneDNN's
+/* Whether the library's thread count can be set for each part of mt__rnn_parts_par: oneDNN's
  * per calling thread, BLIS's and OpenBLAS's for the process; not an unknown CBLAS. */
 bool mt__rnn_gemm_halves(const mt__rnn_gemm_t *g);
 /* The count for the calling thread where the library keeps one per thread (oneDNN); 0. */
@@ -156,14 +156,11 @@ void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *sr
 void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const float *X, int ldx,
                          const float *P, float beta, float *C, int ldc);
 
-/* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
-
-/* ---- the cell loops' instruction set (isa.c) ----
+/* ---- the cell loops' instruction set (isa.c; docs/rnn-cpu.md, ISA levels) ----
  *
  * The cell loops are compiled for x86-64-v4 (AVX-512) and v3 (AVX2 and FMA) too, so that they
  * run 16 or 8 lanes wide where the CPU can, their polynomials as fused multiply-adds (rnn/ is
- * built with -ffp-contract=fast: a v3 LSTM cell went from 930 to 809 instructions, 4.3 % to
- * 3.2 % of a step's samples). One level is chosen once per process: the highest the CPU
+ * built with -ffp-contract=fast). One level is chosen once per process: the highest the CPU
  * runs, capped by $MEMTRACE_CPU_ISA (avx512, avx2, baseline), so that a host with AVX-512
  * tests the lower builds too. GCC on x86-64 only; elsewhere the one default build. */
 typedef enum mt__rnn_isa_e {
@@ -261,9 +258,10 @@ static inline float mt__rnn_sigmoid(float v)
     return 1.0f / (1.0f + mt__rnn_exp(-v));
 }
 
-/* tanh through one exp: libm's tanhf goes through expm1f and was a tenth of a train step's
- * time. Absolute error ~2e-7 (the cancellation near 0 is absolute, not relative), far below
- * what float training notices; the gradient checks run against a double reference. */
+/* tanh through one exp: libm's tanhf goes through expm1f and does not vectorize
+ * (docs/rnn-cpu.md, Cell loops). Absolute error ~2e-7 (the cancellation near 0 is absolute, not
+ * relative), far below what float training notices; the gradient checks run against a double
+ * reference. */
 static inline float mt__rnn_tanh(float v)
 {
     return 2.0f / (1.0f + mt__rnn_exp(-2.0f * v)) - 1.0f;
@@ -473,9 +471,8 @@ int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, 
 
 /* Row stride in floats of every [rows, g*H] gate buffer (the reserve's gates, the
  * recurrent product, R^T, the weight-gradient sums): g*H, plus 16 when g*H is a multiple
- * of 256 (at most 1/16 more). Rows 1 KiB-multiples apart put a column of the matrix in a
- * few cache sets, and oneDNN's AVX2 kernels ran the products that read such a matrix as B
- * at less than half speed (docs/blas.md: 31-35 GFLOP/s instead of 78-84 on an AMD EPYC). */
+ * of 256 (at most 1/16 more): rows 1 KiB-multiples apart put a column of the matrix in a
+ * few cache sets (docs/rnn-cpu.md, Row strides). */
 int mt__rnn_cpu_gld(const mt__rnn_shape_t *s);
 /* A row stride for a matrix of n columns that the GEMMs read: n, plus 16 when n is a multiple
  * of 256 (mt__rnn_cpu_gld is this for g*H). */

@@ -1,17 +1,18 @@
-/* The cpu path's second thread. mt__rnn_rows_par runs one half of a job on the caller and
- * the other on the module's worker thread; mt__rnn_tiles_par lets both take fixed tiles of a
- * job in turn; mt__rnn_sgemm_par splits a large product into two halves.
+/* The cpu path's threads (docs/rnn-cpu.md, Threads). mt__rnn_parts_par runs the first part
+ * of a job on the caller and the others on the module's workers; mt__rnn_tiles_par lets every
+ * part take fixed tiles of a job in turn; mt__rnn_even_par and mt__rnn_sgemm_par cut a job or
+ * a large product into equal parts.
  *
- * The worker belongs to the module (mt__rnn_par_create when mt_rnn_set_gemm_threads asks
+ * The workers belong to the module (mt__rnn_par_create when mt_rnn_set_gemm_threads asks
  * for two or more threads, joined by mt__rnn_par_destroy from mt_rnn_destroy): the library
- * starts no thread of its own accord and leaves none behind. A thread per job started late
- * on an idle vCPU and the caller waited for it at every join (docs/blas.md), so the worker
- * spins for a while after each job, so that the pass's next job starts at once, then sleeps
- * on a condition variable.
+ * starts no thread of its own accord and leaves none behind. A thread started per job starts
+ * late on an idle vCPU and the caller waits for it at every join, so a worker spins for a
+ * while after each job, so that the pass's next job starts at once, then sleeps on a
+ * condition variable.
  *
- * The worker serves one caller at a time (`own`). A second caller, a job posted from inside
- * a job, a shape without a worker, or a forked child (the worker is not in it: the pid
- * differs) gets a thread of its own for the second half. */
+ * The workers serve one caller at a time (`own`). A second caller, a job posted from inside
+ * a job, a shape with too few workers, or a forked child (the workers are not in it: the pid
+ * differs) gets threads of its own for the other parts. */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -25,8 +26,8 @@
 #include "util/assert.h"
 #include "util/cpu.h"
 
-/* How long the worker spins for its next job before it sleeps, and how long the caller spins
- * for the worker's half before it yields its core. */
+/* How long a worker spins for its next job before it sleeps, and how long the caller spins
+ * for a worker's part before it yields its core. */
 enum { WORKER_SPIN_NS = 300 * 1000, CALLER_SPIN_NS = 200 * 1000 };
 
 typedef struct job_s {
@@ -86,7 +87,7 @@ static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
     }
 }
 
-/* A job's half off the caller: oneDNN's thread count is per thread, so it is set here. */
+/* A job's part off the caller: oneDNN's thread count is per thread, so it is set here. */
 static void run_job(const job_t *j)
 {
     (void)mt__rnn_gemm_set_threads_here(j->g, 1);
@@ -257,9 +258,9 @@ static void run_spawned(const job_t *j, int np)
 
 /* ---- the caller's share ----
  *
- * The host runs the two vCPUs at different speeds for stretches of seconds (docs/blas.md).
- * A job whose halves' work is known (mt__rnn_rows_par_w) gives both threads' speeds; the
- * share the caller should take for the halves to end together follows them (an average over
+ * A host may run two vCPUs at different speeds for stretches of seconds. A two-part job whose
+ * parts' work is known gives both threads' speeds; the share the caller should take for the
+ * parts to end together follows them (an average over
  * jobs, each weighing 1/4, kept in [1/5, 4/5]), in 1/65536. The bounds are kept in those
  * units, so that the share read back is never outside them. */
 enum { SHARE_ONE = 65536, SHARE_MIN = (SHARE_ONE + 4) / 5, SHARE_MAX = SHARE_ONE - SHARE_MIN };
@@ -396,7 +397,7 @@ void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int),
     mt_assert(atomic_load(&t.next) >= n);
 }
 
-/* ---- a product in two halves ---- */
+/* ---- a product in parts ---- */
 
 typedef struct gpart_s {
     const mt__rnn_gemm_t *g;
