@@ -14,11 +14,11 @@
 #include <string.h>
 
 #include "rnn/internal.h"
+#include "util/assert.h"
 
-/* Offset in floats of pseudo-layer p's weight-gradient accumulators in the workspace:
- * dW^T [in, gH] then dR^T [H, gH] per pseudo-layer. oneDNN runs X^T G (256 x 1024, k = the
- * chunk's rows) at 175 GFLOP/s and G^T X at 125 (thread CPU time, one thread): the
- * gradients are summed transposed over every chunk and added to dw once (acc_flush). */
+/* Offset in floats of pseudo-layer p's weight-gradient accumulators in BWD_ACC: dW^T
+ * [in, gH] then dR^T [H, gH] per pseudo-layer. The libraries run X^T G faster than G^T X, so
+ * the gradients are summed transposed over every chunk and added to dw once (acc_flush). */
 static size_t acc_offset(const mt__rnn_shape_t *s, int p)
 {
     size_t gl = (size_t)mt__rnn_cpu_gld(s), n = 0;
@@ -27,21 +27,16 @@ static size_t acc_offset(const mt__rnn_shape_t *s, int p)
     return n;
 }
 
-/* Floats of backward's copies of W [gH, in] and R [gH, H] of every pseudo-layer with rows
- * mt__rnn_cpu_ld apart, for the matrices whose rows would be a multiple of 1 KiB apart (0
- * for the others, which the products read in place). They are the B operand of the input
- * gradient and of the per-step dh products, and oneDNN's AVX2 kernels read B in place: rows
- * 1 KiB apart put a column in a few cache sets (docs/blas.md: the dh product went from 75-80
- * to 83-87 GFLOP/s, the input gradient from 60-73 to 75-80, on an AMD EPYC). */
-/* The widest row stride of the xh buffer: ld(in + H) of the widest layer input. */
+/* The widest row stride of the xh buffer: ld(in + H) of the widest layer input
+ * (docs/rnn-cpu.md, Row strides). */
 static int xh_ld(const mt__rnn_shape_t *s)
 {
     int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
     return mt__rnn_cpu_ld((in > up ? in : up) + s->hidden);
 }
 
-/* Floats of W's panels for the input gradient beside the weight gradients: at two threads
- * with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
+/* Floats of W's panels for the input gradient beside the weight gradients: at two or more
+ * threads with libxsmm, the widest layer input's gH x in; else 0 (the panels go in xh). */
 static size_t wpan_floats(const mt__rnn_shape_t *s)
 {
     int in = mt__rnn_layer_in(s, 0), up = mt__rnn_layer_in(s, s->layers - 1);
@@ -50,27 +45,70 @@ static size_t wpan_floats(const mt__rnn_shape_t *s)
     return (size_t)s->gates * (size_t)s->hidden * (size_t)(in > up ? in : up);
 }
 
-/* Workspace: the accumulators (acc_offset of L*D), xh [rows of a chunk, xh_ld], dh_next and
- * dc_next [L*D, B, H] each, zeros [B, H], dgh [B, gH] (GRU), the bias-gradient sums of the step
- * loops' two halves [2, gH + H] (one per sequence goes in xh, back_dir), the RNN modes' gate
- * gradients [rows of a chunk, gH], and (L > 1) two buffers for the gradient between layers, of
- * a chunk's rows (unidirectional: chunk-major) or of all rows (bidirectional), D*H wide, then
- * (dropout) the regenerated dropped input of the layer being differentiated [rows of a chunk,
- * D*H], and last wpan_floats for W's panels. */
-size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
+/* The backward workspace, in floats (docs/rnn-cpu.md, Workspace layouts). BWD_ACC: the
+ * weight-gradient accumulators (acc_offset); BWD_XH: xh [rows of a chunk, xh_ld]; BWD_DH,
+ * BWD_DC: the carried dh and dc [L*D, B, H]; BWD_ZEROS: [B, H]; BWD_DGH: [B, gH]; BWD_DBIAS:
+ * the bias-gradient sums of the step loops' parts [max(2, parts), gH + H] (one row per sequence
+ * goes in xh, back_dir); BWD_GATES: the RNN modes' gate gradients [rows of a chunk, gH] (LSTM and
+ * GRU write theirs over the reserve's gates); BWD_D0, BWD_D1: the gradient between layers
+ * (L > 1), of a chunk's rows (unidirectional) or of all rows (bidirectional), D*H wide;
+ * BWD_DROP: the regenerated dropped input of the layer being differentiated (dropout)
+ * [rows of a chunk, D*H]; BWD_WPAN: W's panels (wpan_floats). */
+enum {
+    BWD_ACC,
+    BWD_XH,
+    BWD_DH,
+    BWD_DC,
+    BWD_ZEROS,
+    BWD_DGH,
+    BWD_DBIAS,
+    BWD_GATES,
+    BWD_D0,
+    BWD_D1,
+    BWD_DROP,
+    BWD_WPAN,
+    BWD_NREG
+};
+
+typedef struct bwd_layout_s {
+    mt__rnn_region_t reg[BWD_NREG];
+    size_t total; /* floats */
+} bwd_layout_t;
+
+static bwd_layout_t bwd_layout(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
-    size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = acc_offset(s, s->layers * s->dirs) + c * (size_t)xh_ld(s) + 2 * ld * b * h + b * h +
-               b * gl + 2 * ((size_t)s->gates + 1) * h;
-    if (s->mode != MT_RNN_LSTM && s->mode != MT_RNN_GRU)
-        n += c * gl;
-    if (s->layers > 1)
-        n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
-    if (mt__rnn_drop_on(s))
-        n += c * (size_t)s->dirs * h;
-    return n + wpan_floats(s);
+    size_t ld = (size_t)s->layers * (size_t)s->dirs, dh = (size_t)s->dirs * h;
+    size_t drows = s->layers > 1 ? (s->dirs == 1 ? c : q->rows) : 0;
+    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+    bwd_layout_t y = {.total = 0};
+    y.reg[BWD_ACC] = mt__rnn_place(&y.total, acc_offset(s, s->layers * s->dirs), 1);
+    y.reg[BWD_XH] = mt__rnn_place(&y.total, c * (size_t)xh_ld(s), 1);
+    y.reg[BWD_DH] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[BWD_DC] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[BWD_ZEROS] = mt__rnn_place(&y.total, b * h, 1);
+    y.reg[BWD_DGH] = mt__rnn_place(&y.total, b * gl, 1);
+    size_t parts = mt__rnn_par_parts(s) > 2 ? (size_t)mt__rnn_par_parts(s) : 2;
+    y.reg[BWD_DBIAS] = mt__rnn_place(&y.total, parts * ((size_t)s->gates + 1) * h, 1);
+    y.reg[BWD_GATES] = mt__rnn_place(&y.total, gates_in_reserve ? 0 : c * gl, 1);
+    y.reg[BWD_D0] = mt__rnn_place(&y.total, drows * dh, 1);
+    y.reg[BWD_D1] = mt__rnn_place(&y.total, drows * dh, 1);
+    y.reg[BWD_DROP] = mt__rnn_place(&y.total, mt__rnn_drop_on(s) ? c * dh : 0, 1);
+    y.reg[BWD_WPAN] = mt__rnn_place(&y.total, wpan_floats(s), 1);
+    mt_assert(mt__rnn_regions_valid(y.reg, BWD_NREG, y.total, 1));
+    return y;
+}
+
+/* Region i of the workspace at work, or NULL where the layout has none. */
+static float *bwd_region(const bwd_layout_t *y, float *work, int i)
+{
+    return y->reg[i].size ? work + y->reg[i].off : NULL;
+}
+
+size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
+{
+    return bwd_layout(s, q).total;
 }
 
 /* One layer and direction over one chunk (chunk-local pointers, rows as in the seq). */
@@ -102,9 +140,12 @@ typedef struct dir_back_s {
     /* The bias gradients summed by the step loops, rows of [gH + H]: what b_W gets, then
      * GRU's n-gate part of b_R (r * dn). Sequence b adds into db + b * dbst: one row per
      * sequence (dbst = gH + H), so that the sums do not depend on where the loops split the
-     * batch, or one per half (dbst = 0, db the half's row; back_steps picks it). */
+     * batch, or one per part (dbst = 0, db the part's row; back_steps picks it). */
     float *db;
     size_t dbst;
+    /* The step loops' parts (mt__rnn_cpu_parts): with dbst = 0, part i sums into row i. */
+    int np;
+    int bound[MT__RNN_PARTS_MAX + 1];
     /* [rows, in + H] (gather_xh), rows xh_ld apart: each row of the chunk's input beside
      * the state its step started from, the A operand of [dW^T; dR^T]. */
     float *xh;
@@ -113,7 +154,7 @@ typedef struct dir_back_s {
     /* R [gH, H] packed for libxsmm (s->xsmm), in xh while the step loops run (xh is
      * gathered after them), or NULL: the dh products read R in place. */
     const float *rp;
-    /* At two threads with libxsmm (wpan_floats): room for W [gH, in] in panels, so that the
+    /* At two or more threads with libxsmm (wpan_floats): room for W [gH, in] in panels, so the
      * input gradient's tiles can run beside the weight gradients, or NULL. */
     float *wpan;
     bool reverse;
@@ -294,7 +335,7 @@ static void gru_recurrent_grad(const dir_back_t *a, const float *hs, int ldh, in
 }
 
 /* xh, rows of sequences [b0, b1) at every step: the row's input x, then the state its step
- * started from (mt__rnn_rows_par: at two threads, each half gathers its own). */
+ * started from (mt__rnn_parts_par: each part gathers its own). */
 static void gather_xh(void *arg, int b0, int b1)
 {
     const dir_back_t *a = arg;
@@ -318,7 +359,10 @@ static void back_steps(void *arg, int b0, int b1)
     const dir_back_t *a = arg;
     const mt__rnn_shape_t *s = a->s;
     size_t dbl = (size_t)(s->gates + 1) * (size_t)s->hidden;
-    float *db = a->dbst || b0 == 0 ? a->db : a->db + dbl;
+    int part = 0;
+    while (part + 1 < a->np && a->bound[part + 1] <= b0)
+        part++;
+    float *db = a->dbst ? a->db : a->db + (size_t)part * dbl;
     for (int k = 0; k < a->T; k++) {
         int t = a->reverse ? k : a->T - 1 - k, nb = a->q->bs[a->t0 + t];
         int e = b1 < nb ? b1 : nb;
@@ -334,9 +378,9 @@ static void back_steps(void *arg, int b0, int b1)
     }
 }
 
-/* The weight gradients' two halves (tiles 0 and 1, the same calls as mt__rnn_sgemm_par's)
+/* The weight gradients' two halves (tiles 0 and 1, mt__rnn_sgemm_half)
  * and the input gradient's 32-row tiles, in one job whose tiles both threads take in turn:
- * the thread that ends its half first takes input-gradient tiles while the other ends its. */
+ * a thread that ends its tile takes input-gradient tiles while another ends its own. */
 typedef struct wdx_s {
     const dir_back_t *a;
     int wm; /* rows of the weight-gradient product */
@@ -367,26 +411,26 @@ static void back_dir(const dir_back_t *a)
     int H = s->hidden, gh = s->gates * H, gl = mt__rnn_cpu_gld(s), T = a->T, B = a->q->B;
     size_t tb = a->rows, dbl = (size_t)(gh + H), rpn = 0;
 
-    /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit (no
-     * workspace of their own: a copy of R cost the demo its utilization, docs/blas.md), and
-     * after them the sequences' bias sums, when those fit too. */
+    /* xh is free until the steps are done: it holds R's panels meanwhile, when they fit, and
+     * after them the sequences' bias sums, when those fit too (docs/rnn-cpu.md, Workspace
+     * layouts). */
     dir_back_t run = *a;
     if (s->xsmm && (size_t)gh * (size_t)H <= a->xh_cap) {
         mt__rnn_xsmm_pack_par(s, a->xh, a->w.r, H, 1, gh, H);
         run.rp = a->xh;
         rpn = (size_t)gh * (size_t)H;
     }
-    /* With the dh products on libxsmm and a row of sums per sequence, the split changes no
-     * result: it follows the threads' speeds (as forward's run_dir). Else two halves, each
-     * with its row of sums in the workspace. */
+    /* With the dh products on libxsmm and a row of sums per sequence, the cut changes no
+     * result, so it may follow the threads' speeds (as forward's run_dir); else fixed parts,
+     * each with its row of sums in BWD_DBIAS (docs/rnn-cpu.md, Threads). */
     bool per_seq = run.rp && rpn + (size_t)B * dbl <= a->xh_cap;
     run.db = per_seq ? a->xh + rpn : a->db;
     run.dbst = per_seq ? dbl : 0;
-    size_t nsum = per_seq ? (size_t)B : 2;
+    double w[MT__RNN_PARTS_MAX], f = per_seq ? mt__rnn_par_share() : 0.5;
+    run.np = mt__rnn_cpu_parts(s, a->q, a->t0, T, f, run.bound, w);
+    size_t nsum = per_seq ? (size_t)B : (size_t)run.np;
     memset(run.db, 0, nsum * dbl * sizeof(float));
-    double w[2], f = per_seq ? mt__rnn_par_share() : 0.5;
-    int split = mt__rnn_cpu_split(s, a->q, a->t0, T, f, w);
-    mt__rnn_rows_par_w(s, split, B, w[0], w[1], back_steps, &run);
+    mt__rnn_parts_par(s, run.bound, run.np, w, back_steps, &run);
     if (a->dw.bw) {
         /* The rows of sums in their order, into the first (now, before xh is reused); b_W
          * and b_R enter the same sum, so their gradients are equal, except GRU's n gate,
@@ -404,8 +448,8 @@ static void back_dir(const dir_back_t *a)
         for (int j = fold; j < gh; j++)
             a->dw.br[j] += d[gh + j - fold];
     }
-    /* The input gradient on libxsmm: at two threads, W's panels in wpan and its tiles in the
-     * weight gradients' job (below); else, while xh is still free for W's panels, in tiles
+    /* The input gradient on libxsmm: at two or more threads, W's panels in wpan and its tiles in
+     * the weight gradients' job (below); else, while xh is still free for W's panels, in tiles
      * taken in turn, before the gather. */
     bool dx_done = false, dx_beside = a->din && a->wpan;
     if (dx_beside) {
@@ -415,7 +459,7 @@ static void back_dir(const dir_back_t *a)
         mt__rnn_xsmm_mm_par(s, (int)tb, a->in, gh, a->g, gl, a->xh, a->din_beta, a->din, a->in);
         dx_done = true;
     }
-    mt__rnn_rows_par(s, split, a->q->B, gather_xh, (void *)a);
+    mt__rnn_parts_par(s, run.bound, run.np, NULL, gather_xh, (void *)a);
 
     /* Weight gradients merged over the chunk's steps, dW and dR in one product: each row of
      * G beside its input and the state its step started from (gathered: the step before,
@@ -446,6 +490,7 @@ typedef struct bwd_s {
     const mt_rnn_grad_io_t *g;
     float *acc; /* acc_offset */
     float *xh;
+    size_t xh_cap; /* floats of xh */
     float *dhn, *dcn, *zeros, *dgh, *dbias, *rbuf;
     float *dbuf[2]; /* L > 1 */
     uint64_t key;   /* dropout: forward's key */
@@ -512,7 +557,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
         .db = b->dbias,
         .xh = b->xh,
         .xld = mt__rnn_cpu_ld(mt__rnn_layer_in(s, l) + H),
-        .xh_cap = mt__rnn_cpu_max_chunk_rows(s, q) * (size_t)xh_ld(s),
+        .xh_cap = b->xh_cap,
         .wpan = b->wpan,
         .reverse = d == 1,
     };
@@ -579,7 +624,7 @@ static void flush_items(void *arg, int i0, int i1)
     }
 }
 
-/* dw += the accumulated dW and dR of every pseudo-layer (in two halves at two threads). */
+/* dw += the accumulated dW and dR of every pseudo-layer (in even parts). */
 static void acc_flush(const bwd_t *b)
 {
     const mt__rnn_shape_t *s = b->s;
@@ -589,7 +634,7 @@ static void acc_flush(const bwd_t *b)
         flush_tiles(s, p, &nw, &nr);
         n += nw + nr;
     }
-    mt__rnn_rows_par(s, n / 2, n, flush_items, (void *)b);
+    mt__rnn_even_par(s, n, flush_items, (void *)b);
 }
 
 enum { ZERO_BLOCK = 1024 }; /* floats: zero_acc's unit */
@@ -617,32 +662,26 @@ static int backward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const 
                         const mt_rnn_grad_io_t *g, float *work)
 {
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
-    int gl = mt__rnn_cpu_gld(s), dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
-    size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
+    int K = mt__rnn_cpu_nchunks(s, T);
     size_t bh = (size_t)B * H, nstate = (size_t)L * (size_t)D * bh;
-    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
 
     bwd_t b = {.s = s, .q = q, .w = w, .dw = dw, .io = io, .g = g, .key = key};
-    b.acc = work;
-    int nz = (int)((acc_offset(s, L * D) + ZERO_BLOCK - 1) / ZERO_BLOCK);
-    mt__rnn_rows_par(s, nz / 2, nz, zero_acc, &b);
-    b.xh = b.acc + acc_offset(s, L * D);
-    b.dhn = b.xh + C * (size_t)xh_ld(s);
-    b.dcn = b.dhn + nstate;
-    b.zeros = b.dcn + nstate;
-    b.dgh = b.zeros + bh;
-    b.dbias = b.dgh + (size_t)B * gl;
-    b.rbuf = b.dbias + 2 * (size_t)(s->gates + 1) * (size_t)H;
-    float *next = gates_in_reserve ? b.rbuf : b.rbuf + C * gl;
-    if (L > 1) {
-        b.dbuf[0] = next;
-        b.dbuf[1] = b.dbuf[0] + (D == 1 ? C : q->rows) * dh;
-    }
-    if (mt__rnn_drop_on(s))
-        b.xdrop = b.dbuf[1] + (D == 1 ? C : q->rows) * dh;
-    size_t wp = wpan_floats(s); /* the last floats of the workspace */
-    if (wp)
-        b.wpan = work + mt__rnn_cpu_bwd_work_floats(s, q) - wp;
+    bwd_layout_t y = bwd_layout(s, q);
+    b.acc = bwd_region(&y, work, BWD_ACC);
+    b.xh = bwd_region(&y, work, BWD_XH);
+    b.xh_cap = y.reg[BWD_XH].size;
+    b.dhn = bwd_region(&y, work, BWD_DH);
+    b.dcn = bwd_region(&y, work, BWD_DC);
+    b.zeros = bwd_region(&y, work, BWD_ZEROS);
+    b.dgh = bwd_region(&y, work, BWD_DGH);
+    b.dbias = bwd_region(&y, work, BWD_DBIAS);
+    b.rbuf = bwd_region(&y, work, BWD_GATES);
+    b.dbuf[0] = bwd_region(&y, work, BWD_D0);
+    b.dbuf[1] = bwd_region(&y, work, BWD_D1);
+    b.xdrop = bwd_region(&y, work, BWD_DROP);
+    b.wpan = bwd_region(&y, work, BWD_WPAN);
+    int nz = (int)((y.reg[BWD_ACC].size + ZERO_BLOCK - 1) / ZERO_BLOCK);
+    mt__rnn_even_par(s, nz, zero_acc, &b);
     memset(b.zeros, 0, bh * sizeof(float));
     if (g->dhy)
         memcpy(b.dhn, g->dhy, nstate * sizeof(float));

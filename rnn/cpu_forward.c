@@ -15,6 +15,7 @@
 
 #include "util/log.h"
 #include "rnn/internal.h"
+#include "util/assert.h"
 
 static bool keeps_gates(const mt__rnn_shape_t *s)
 {
@@ -180,52 +181,70 @@ float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, 
 
 /* ---- workspace ---- */
 
-/* The input projection runs on libxsmm over W^T's panels at two threads, in tiles either
- * thread may take (par.c). At one thread the library's product is as fast, and W^T's panels
- * would be a copy of W in the workspace: the demo's utilization fell from 92.9 to 84.8 %. */
+/* The input projection runs on libxsmm over W^T's panels at two or more threads, in tiles
+ * any thread may take. At one thread the library's product is as fast, and the panels would
+ * be a copy of W in the workspace for nothing (docs/rnn-cpu.md, Workspace layouts). */
 static bool wt_panels(const mt__rnn_shape_t *s)
 {
     return s->xsmm && s->threads >= 2;
 }
 
-/* Offset in floats of pseudo-layer p's W^T panels in prep, or with p = L*D, the floats of the
- * copies forward makes of its weights: per pseudo-layer, R transposed [H, gH] (the recurrent
- * product then reads it untransposed, which oneDNN and OpenBLAS run faster on 32-row
- * products; with libxsmm, packed in panels, in H*gH of its floats) and the input
- * projection's bias [gH], rows gld apart; then, where wt_panels, W^T [in, gH] of each in
- * panels. */
+/* Offset in floats of pseudo-layer p's W^T panels inside the FWD_WT region (p = L*D: the
+ * region's size). */
 static size_t wt_offset(const mt__rnn_shape_t *s, int p)
 {
-    size_t gl = (size_t)mt__rnn_cpu_gld(s), gh = (size_t)s->gates * (size_t)s->hidden;
-    size_t n = (size_t)s->layers * (size_t)s->dirs * ((size_t)s->hidden + 1) * gl;
+    size_t gh = (size_t)s->gates * (size_t)s->hidden, n = 0;
     for (int i = 0; wt_panels(s) && i < p; i++)
         n += (size_t)mt__rnn_layer_in(s, i / s->dirs) * gh;
     return n;
 }
 
-static size_t prep_floats(const mt__rnn_shape_t *s)
-{
-    return wt_offset(s, s->layers * s->dirs);
-}
+/* The forward workspace, in floats (docs/rnn-cpu.md, Workspace layouts). FWD_RT: per
+ * pseudo-layer, R transposed [H, gH] (libxsmm: packed in panels, in H*gH of its floats) and
+ * the input projection's folded bias [gH], rows gld apart; FWD_WT: W^T [in, gH] of each
+ * pseudo-layer in panels (wt_panels); FWD_REC: the recurrent product [B, gH]; FWD_H, FWD_C:
+ * the carried states [L*D, B, H]; FWD_GATES: the gate buffer [rows of a chunk, gH]
+ * (inference, or the RNN modes in training, whose gates the reserve does not keep);
+ * FWD_L0, FWD_L1: the layer buffers of inference with L > 1, of a chunk's rows
+ * (unidirectional) or of all rows (bidirectional), D*H wide; FWD_DROP: the dropped input of
+ * the layer being run in training with dropout [rows of a chunk, D*H]. */
+enum { FWD_RT, FWD_WT, FWD_REC, FWD_H, FWD_C, FWD_GATES, FWD_L0, FWD_L1, FWD_DROP, FWD_NREG };
 
-/* Workspace: the prepared weights (prep_floats), rec [B, gH], h and c states [L*D, B, H]
- * each, then (inference, or RNN modes in training) the gate buffer [rows of a chunk, gH],
- * then (inference with L > 1) two layer buffers of a chunk's rows (unidirectional:
- * chunk-major) or of all rows (bidirectional: layer-major), each D*H wide, or (training
- * with dropout) the dropped input of the layer being run [rows of a chunk, D*H]. */
-size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
+typedef struct fwd_layout_s {
+    mt__rnn_region_t reg[FWD_NREG];
+    size_t total; /* floats */
+} fwd_layout_t;
+
+static fwd_layout_t fwd_layout(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
 {
     size_t c = mt__rnn_cpu_max_chunk_rows(s, q);
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
-    size_t ld = (size_t)s->layers * (size_t)s->dirs;
-    size_t n = prep_floats(s) + b * gl + 2 * ld * b * h;
-    if (!training || !keeps_gates(s))
-        n += c * gl;
-    if (!training && s->layers > 1)
-        n += 2 * (s->dirs == 1 ? c : q->rows) * (size_t)s->dirs * h;
-    if (training && mt__rnn_drop_on(s))
-        n += c * (size_t)s->dirs * h;
-    return n;
+    size_t ld = (size_t)s->layers * (size_t)s->dirs, dh = (size_t)s->dirs * h;
+    size_t lrows = s->dirs == 1 ? c : q->rows;
+    bool lbufs = !training && s->layers > 1;
+    fwd_layout_t y = {.total = 0};
+    y.reg[FWD_RT] = mt__rnn_place(&y.total, ld * (h + 1) * gl, 1);
+    y.reg[FWD_WT] = mt__rnn_place(&y.total, wt_offset(s, s->layers * s->dirs), 1);
+    y.reg[FWD_REC] = mt__rnn_place(&y.total, b * gl, 1);
+    y.reg[FWD_H] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[FWD_C] = mt__rnn_place(&y.total, ld * b * h, 1);
+    y.reg[FWD_GATES] = mt__rnn_place(&y.total, !training || !keeps_gates(s) ? c * gl : 0, 1);
+    y.reg[FWD_L0] = mt__rnn_place(&y.total, lbufs ? lrows * dh : 0, 1);
+    y.reg[FWD_L1] = mt__rnn_place(&y.total, lbufs ? lrows * dh : 0, 1);
+    y.reg[FWD_DROP] = mt__rnn_place(&y.total, training && mt__rnn_drop_on(s) ? c * dh : 0, 1);
+    mt_assert(mt__rnn_regions_valid(y.reg, FWD_NREG, y.total, 1));
+    return y;
+}
+
+/* Region i of the workspace at work, or NULL where the layout has none. */
+static float *fwd_region(const fwd_layout_t *y, float *work, int i)
+{
+    return y->reg[i].size ? work + y->reg[i].off : NULL;
+}
+
+size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training)
+{
+    return fwd_layout(s, q, training).total;
 }
 
 /* The row that splits the steps [t0, t0 + n) of a batch in two parts, the first about
@@ -261,6 +280,57 @@ int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, 
     return split;
 }
 
+/* Rows of sequence b in steps [t0, t0 + n): the steps t with bs[t] > b. */
+static size_t seq_steps(const mt__rnn_seq_t *q, int t0, int n, int b)
+{
+    int steps = 0;
+    while (steps < n && q->bs[t0 + steps] > b)
+        steps++;
+    return (size_t)steps;
+}
+
+int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      int bound[MT__RNN_PARTS_MAX + 1], double w[MT__RNN_PARTS_MAX])
+{
+    int B = q->B, np = mt__rnn_par_parts(s);
+    np = B < np ? B : np;
+    if (np <= 2) {
+        double w2[2];
+        int split = mt__rnn_cpu_split(s, q, t0, n, share, w2);
+        bound[0] = 0;
+        bound[1] = split;
+        bound[2] = B;
+        w[0] = w2[0];
+        w[1] = w2[1];
+        return split < B ? 2 : 1;
+    }
+    /* Part k ends at the sequence boundary nearest k/np of the rows, after the previous
+     * part's end and leaving a sequence for each part still to come. */
+    size_t total = q->off[t0 + n] - q->off[t0], acc = 0;
+    int k = 1;
+    bound[0] = 0;
+    for (int b = 0; b < B && k < np; b++) {
+        size_t r = seq_steps(q, t0, n, b);
+        acc += r;
+        double want = (double)total * k / np;
+        if ((double)acc < want)
+            continue;
+        bool back = b > bound[k - 1] && want - (double)(acc - r) < (double)acc - want;
+        int e = back ? b : b + 1, last = B - (np - k);
+        bound[k] = e < bound[k - 1] + 1 ? bound[k - 1] + 1 : e > last ? last : e;
+        k++;
+    }
+    for (; k < np; k++) /* rows ran out (empty sequences): one sequence each */
+        bound[k] = bound[k - 1] + 1;
+    bound[np] = B;
+    for (int i = 0; i < np; i++) {
+        w[i] = 0;
+        for (int b = bound[i]; b < bound[i + 1]; b++)
+            w[i] += (double)seq_steps(q, t0, n, b);
+    }
+    return np;
+}
+
 /* ---- one layer, one direction, over one chunk ---- */
 
 typedef struct dir_run_s {
@@ -291,8 +361,8 @@ static size_t lrow(const dir_run_t *a, int t)
     return a->q->off[a->t0 + t] - a->q->off[a->t0];
 }
 
-/* gates = x W^T over the chunk's rows, at two threads in tiles taken in turn (libxsmm) or in
- * two halves; the bias is added by the cell, in the same pass that reads the gates. */
+/* gates = x W^T over the chunk's rows, in tiles taken in turn (libxsmm) or in even parts; the
+ * bias is added by the cell, in the same pass that reads the gates. */
 static void project_inputs(const dir_run_t *a)
 {
     int gh = a->s->gates * a->s->hidden, gl = mt__rnn_cpu_gld(a->s);
@@ -490,13 +560,14 @@ static void run_steps(void *arg, int b0, int b1)
 static void run_dir(const dir_run_t *a)
 {
     project_inputs(a);
-    /* The share follows the threads' speeds where the per-step products are libxsmm's,
-     * whose rows come out the same however the batch is cut: the split then changes no
-     * result. A library may round a row differently with other rows beside it (OpenBLAS's
-     * and oneDNN's did), so its products keep halves. */
-    double w[2], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
-    int split = mt__rnn_cpu_split(a->s, a->q, a->t0, a->steps, f, w);
-    mt__rnn_rows_par_w(a->s, split, a->q->B, w[0], w[1], run_steps, (void *)a);
+    /* The cut follows the threads' speeds where the per-step products are libxsmm's, whose
+     * rows come out the same however the batch is cut. A library may round a row
+     * differently with other rows beside it, so its products keep fixed parts
+     * (docs/rnn-cpu.md, Bit identity). */
+    int bound[MT__RNN_PARTS_MAX + 1];
+    double w[MT__RNN_PARTS_MAX], f = a->s->xsmm ? mt__rnn_par_share() : 0.5;
+    int np = mt__rnn_cpu_parts(a->s, a->q, a->t0, a->steps, f, bound, w);
+    mt__rnn_parts_par(a->s, bound, np, w, run_steps, (void *)a);
 }
 
 /* dst[n, m] = src[m, n]^T, row-major with leading dimensions ldd and lds, in tiles of 32
@@ -523,7 +594,7 @@ static void transpose(float *restrict dst, int ldd, const float *restrict src, i
 typedef struct prep_job_s {
     const mt__rnn_shape_t *s;
     const float *w;
-    float *prep;
+    float *rt; /* FWD_RT */
     int nblk;
 } prep_job_t;
 
@@ -536,7 +607,7 @@ static void prepare_items(void *arg, int i0, int i1)
         int p = i / j->nblk, r0 = (i % j->nblk) * MT__RNN_XSMM_MB;
         int n = gh - r0 < MT__RNN_XSMM_MB ? gh - r0 : MT__RNN_XSMM_MB;
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)j->w, p / s->dirs, p % s->dirs);
-        float *rt = j->prep + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
+        float *rt = j->rt + (size_t)p * ((size_t)H + 1) * gl, *bias = rt + (size_t)H * gl;
         const float *r = m.r + (size_t)r0 * H;
         if (s->xsmm) /* R^T [H, gH] in panels: H*gH of the H*gl floats */
             mt__rnn_xsmm_pack(rt + (size_t)r0 * H, r, 1, H, H, n);
@@ -552,19 +623,19 @@ static void prepare_items(void *arg, int i0, int i1)
     }
 }
 
-/* R^T and the folded bias of every pseudo-layer, then (libxsmm) W^T's panels, into prep
- * (wt_offset); at two threads in two halves of the items or in tiles (a serial part would
- * cost twice its share of the step). */
-static void prepare(const mt__rnn_shape_t *s, const float *w, float *prep)
+/* R^T and the folded bias of every pseudo-layer into rt (FWD_RT), then (wt_panels) W^T's
+ * panels into wt (FWD_WT); in even parts of the items, then in tiles (a serial part would
+ * cost as much as the parallel rest). */
+static void prepare(const mt__rnn_shape_t *s, const float *w, float *rt, float *wt)
 {
     int gh = s->gates * s->hidden;
-    prep_job_t j = {s, w, prep, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
+    prep_job_t j = {s, w, rt, (gh + MT__RNN_XSMM_MB - 1) / MT__RNN_XSMM_MB};
     int n = s->layers * s->dirs * j.nblk;
-    mt__rnn_rows_par(s, n / 2, n, prepare_items, &j);
-    for (int p = 0; wt_panels(s) && p < s->layers * s->dirs; p++) {
+    mt__rnn_even_par(s, n, prepare_items, &j);
+    for (int p = 0; wt && p < s->layers * s->dirs; p++) {
         mt__rnn_mats_t m = mt__rnn_mats(s, (float *)w, p / s->dirs, p % s->dirs);
         int in = mt__rnn_layer_in(s, p / s->dirs);
-        mt__rnn_xsmm_pack_par(s, prep + wt_offset(s, p), m.w, 1, in, in, gh);
+        mt__rnn_xsmm_pack_par(s, wt + wt_offset(s, p), m.w, 1, in, in, gh);
     }
 }
 
@@ -577,7 +648,8 @@ typedef struct fwd_s {
     const mt_rnn_io_t *io;
     bool training;
     uint64_t key; /* dropout */
-    float *prep;  /* prepare() */
+    float *rt;    /* FWD_RT, filled by prepare() */
+    float *wt;    /* FWD_WT, filled by prepare(), or NULL */
     float *rec, *hst, *cst, *gbuf;
     float *lbuf[2]; /* inference, L > 1 */
     float *dbuf;    /* training with dropout: the dropped input of layer l > 0 */
@@ -617,9 +689,9 @@ static void fwd_chunk(const fwd_t *f, int l, int d, int k, float *r)
         .s = s,
         .q = q,
         .w = mt__rnn_mats(s, (float *)f->w, l, d),
-        .rt = f->prep + (size_t)p * ((size_t)H + 1) * (size_t)mt__rnn_cpu_gld(s),
-        .bias = f->prep + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)mt__rnn_cpu_gld(s),
-        .wt = wt_panels(s) ? f->prep + wt_offset(s, p) : NULL,
+        .rt = f->rt + (size_t)p * ((size_t)H + 1) * (size_t)mt__rnn_cpu_gld(s),
+        .bias = f->rt + ((size_t)p * ((size_t)H + 1) + (size_t)H) * (size_t)mt__rnn_cpu_gld(s),
+        .wt = f->wt ? f->wt + wt_offset(s, p) : NULL,
         .t0 = k * mt__rnn_cpu_chunk_len(s),
         .steps = n,
         .rows = nb,
@@ -646,23 +718,21 @@ static int forward_seq(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, const f
                        const mt__rnn_chunks_t *chunks, float *work)
 {
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
-    int gl = mt__rnn_cpu_gld(s), K = mt__rnn_cpu_nchunks(s, T);
-    size_t C = mt__rnn_cpu_max_chunk_rows(s, q);
+    int K = mt__rnn_cpu_nchunks(s, T);
     size_t bh = (size_t)B * (size_t)H, nstate = (size_t)L * (size_t)D * bh;
 
     fwd_t f = {.s = s, .q = q, .w = w, .io = io, .training = training, .key = key};
-    f.prep = work;
-    prepare(s, w, f.prep);
-    f.rec = f.prep + prep_floats(s);
-    f.hst = f.rec + (size_t)B * gl;
-    f.cst = f.hst + nstate;
-    f.gbuf = f.cst + nstate;
-    if (!training && L > 1) {
-        f.lbuf[0] = f.gbuf + C * gl;
-        f.lbuf[1] = f.lbuf[0] + (D == 1 ? C : q->rows) * D * H;
-    }
-    if (training && mt__rnn_drop_on(s))
-        f.dbuf = f.gbuf + (keeps_gates(s) ? 0 : C * gl);
+    fwd_layout_t y = fwd_layout(s, q, training);
+    f.rt = fwd_region(&y, work, FWD_RT);
+    f.wt = fwd_region(&y, work, FWD_WT);
+    f.rec = fwd_region(&y, work, FWD_REC);
+    f.hst = fwd_region(&y, work, FWD_H);
+    f.cst = fwd_region(&y, work, FWD_C);
+    f.gbuf = fwd_region(&y, work, FWD_GATES);
+    f.lbuf[0] = fwd_region(&y, work, FWD_L0);
+    f.lbuf[1] = fwd_region(&y, work, FWD_L1);
+    f.dbuf = fwd_region(&y, work, FWD_DROP);
+    prepare(s, w, f.rt, f.wt);
     if (io->hx)
         memcpy(f.hst, io->hx, nstate * sizeof(float));
     else

@@ -71,7 +71,7 @@ static int cpu_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
  *
  * The sums compose: lanes that went through (a1, b1) and then n2 more words each, which
  * alone give (a2, b2), hold (a1 + a2, b1 + b2 + n2 a1). So the floats are summed in pieces,
- * by two threads at two (mt__rnn_tiles_par), and the pieces combined in order give the
+ * by the threads of mt__rnn_tiles_par, and the pieces combined in order give the
  * sequential sum exactly. */
 enum { SUM_LANES = 8, SUM_PIECES = 64, SUM_MIN_PIECE = 1 << 16 };
 

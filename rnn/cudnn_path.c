@@ -36,14 +36,13 @@
  * kernels run on the current device, so every entry switches the calling thread to the
  * backend's device (cudaSetDevice) and back to the caller's afterwards.
  *
- * Dropout (p > 0 with L > 1; otherwise the RNN descriptor gets NULL, as before dropout
- * existed): a cudnnDropoutDescriptor set at init with p and the module's dropout seed, on
- * generator states of cudnnDropoutGetStatesSize bytes. The states are one allocator block
- * for the module's life, tagged workspace: like the step workspace they are the library's
- * scratch, not a pass's activations (they neither grow with T and B nor go away between
- * passes, and tagging them activations would make the profiler see activations that never
- * drop to zero). The masks of a pass are cuDNN's business, in its reserve (tagged
- * activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
+ * Dropout (p > 0 with L > 1; otherwise the RNN descriptor gets NULL): a cudnnDropoutDescriptor set
+ * at init with p and the module's dropout seed, on generator states of cudnnDropoutGetStatesSize
+ * bytes. The states are one allocator block for the module's life, tagged workspace: like the step
+ * workspace they are the library's scratch, not a pass's activations (they neither grow with T and
+ * B nor go away between passes, and tagging them activations would make the profiler see
+ * activations that never drop to zero). The masks of a pass are cuDNN's business, in its reserve
+ * (tagged activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
  * activation accounting follows cuDNN. cuDNN applies dropout in TRAINING forwards only.
  * mt_rnn_set_dropout_state re-initialises the states (cudnnSetDropoutDescriptor again).
  *
@@ -65,6 +64,7 @@
 
 #include "backend/backend_cuda.h"
 #include "rnn/cudnn_internal.h"
+#include "util/assert.h"
 
 /* libcudnn and the runtime calls, loaded by the first module's init and kept for the
  * process: every call goes through it. */
@@ -275,7 +275,8 @@ static size_t cudnn_reserve_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
 
 /* Inference of a unidirectional module runs in chunks of MT__RNN_CHUNK steps, each a
  * cudnnRNNForward whose final states start the next, so its workspace (cuDNN's grows with
- * T) is bounded independently of T, as the engine promises (U2). Packed batches run as one
+ * T) is bounded independently of T, as the cpu path's is (docs/rnn-cpu.md, Chunks and the
+ * reserve). Packed batches run as one
  * call: sequences end inside chunks, and their final states would be spread over them. */
 static bool chunked(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {
@@ -305,21 +306,55 @@ static size_t chunk_work_bytes(const mt_rnn_t *m, int T, int B)
     return w;
 }
 
+/* The chunked inference workspace, in bytes (docs/rnn-cpu.md, Workspace layouts): cuDNN's
+ * own workspace, then the ping-pong states h0, h1, c0, c1, 512-byte aligned. total = 0 when
+ * cuDNN cannot size a chunk. */
+enum { CHW_CUDNN, CHW_H0, CHW_H1, CHW_C0, CHW_C1, CHW_NREG };
+
+typedef struct chunk_layout_s {
+    mt__rnn_region_t reg[CHW_NREG];
+    size_t total; /* bytes */
+} chunk_layout_t;
+
+static chunk_layout_t chunk_layout(const mt_rnn_t *m, int T, int B)
+{
+    chunk_layout_t y = {.total = 0};
+    size_t cw = chunk_work_bytes(m, T, B), sb = state_bytes(m, B);
+    if (!cw)
+        return y;
+    y.reg[CHW_CUDNN] = mt__rnn_place(&y.total, cw, 512);
+    for (int i = CHW_H0; i < CHW_NREG; i++)
+        y.reg[i] = mt__rnn_place(&y.total, sb, 512);
+    mt_assert(mt__rnn_regions_valid(y.reg, CHW_NREG, y.total, 512));
+    return y;
+}
+
 static size_t cudnn_fwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io, bool training)
 {
-    if (chunked(m, io, training)) {
-        size_t w = chunk_work_bytes(m, io->seq_len, io->batch);
-        return w ? align_up(w, 512) + 4 * state_bytes(m, io->batch) : 0;
-    }
+    if (chunked(m, io, training))
+        return chunk_layout(m, io->seq_len, io->batch).total;
     mt__dnn_shape_for_size(m, io);
     return S(m)->T ? (training ? S(m)->work_train : S(m)->work_inf) : 0;
 }
 
-/* Backward's workspace is cuDNN's training workspace, followed by room for dx when the
- * caller does not want it (cudnnRNNBackwardData_v8 always writes dx). */
-static size_t dx_scratch_offset(const cudnn_state_t *st)
+/* Backward's workspace, in bytes: cuDNN's training workspace (BWW_CUDNN), then room for dx
+ * (BWW_DX) when the caller does not want it (cudnnRNNBackwardData_v8 always writes dx).
+ * Sized for io; st must hold io's shape (mt__dnn_shape_for_size or mt__dnn_prepare). */
+enum { BWW_CUDNN, BWW_DX, BWW_NREG };
+
+typedef struct bwd_ws_layout_s {
+    mt__rnn_region_t reg[BWW_NREG];
+    size_t total; /* bytes */
+} bwd_ws_layout_t;
+
+static bwd_ws_layout_t bwd_ws_layout(const mt_rnn_t *m, const mt_rnn_io_t *io)
 {
-    return align_up(st->work_train, 512);
+    size_t rows = io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch;
+    bwd_ws_layout_t y = {.total = 0};
+    y.reg[BWW_CUDNN] = mt__rnn_place(&y.total, S(m)->work_train, 512);
+    y.reg[BWW_DX] = mt__rnn_place(&y.total, rows * (size_t)m->shape.input * sizeof(float), 512);
+    mt_assert(mt__rnn_regions_valid(y.reg, BWW_NREG, y.total, 512));
+    return y;
 }
 
 static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
@@ -327,8 +362,7 @@ static size_t cudnn_bwd_work_bytes(const mt_rnn_t *m, const mt_rnn_io_t *io)
     mt__dnn_shape_for_size(m, io);
     if (!S(m)->T)
         return 0;
-    size_t rows = io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch;
-    return dx_scratch_offset(S(m)) + rows * (size_t)m->shape.input * sizeof(float);
+    return bwd_ws_layout(m, io).total;
 }
 
 /* One cudnnRNNForward over io with weight space ws. */
@@ -361,16 +395,15 @@ static int forward_chunks(mt_rnn_t *m, const void *ws, const mt_rnn_io_t *io, vo
 {
     const mt__rnn_shape_t *s = &m->shape;
     int T = io->seq_len, B = io->batch;
-    size_t sb = state_bytes(m, B);
-    size_t cw = chunk_work_bytes(m, T, B);
-    if (!cw) {
+    chunk_layout_t y = chunk_layout(m, T, B);
+    if (!y.total) {
         int rc = S(m)->size_err;
         S(m)->size_err = 0;
         return rc ? rc : MT_EIO;
     }
-    char *states = (char *)work + align_up(cw, 512);
-    float *h[2] = {(float *)states, (float *)(states + sb)};
-    float *c[2] = {(float *)(states + 2 * sb), (float *)(states + 3 * sb)};
+    char *base = work;
+    float *h[2] = {(float *)(base + y.reg[CHW_H0].off), (float *)(base + y.reg[CHW_H1].off)};
+    float *c[2] = {(float *)(base + y.reg[CHW_C0].off), (float *)(base + y.reg[CHW_C1].off)};
     bool lstm = s->mode == MT_RNN_LSTM;
     for (int t0 = 0, k = 0; t0 < T; t0 += MT__RNN_CHUNK, k++) {
         int n = T - t0 < MT__RNN_CHUNK ? T - t0 : MT__RNN_CHUNK;
@@ -428,16 +461,14 @@ static int run_backward(mt_rnn_t *m, const float *w, float *dw, const mt_rnn_io_
     const void *ws = st->gather ? (const void *)st->sw : w;
     float *dws = st->gather ? st->sdw : dw;
     bool lstm = m->shape.mode == MT_RNN_LSTM;
-    size_t xbytes = (io->batch_sizes ? io->tokens : (size_t)io->seq_len * (size_t)io->batch) *
-                    (size_t)m->shape.input * sizeof(float);
-    rc = mt__dnn_covers(m, work, g->dx ? st->work_train : dx_scratch_offset(st) + xbytes,
-                        "workspace");
+    bwd_ws_layout_t y = bwd_ws_layout(m, io);
+    rc = mt__dnn_covers(m, work, g->dx ? st->work_train : y.total, "workspace");
     if (rc == 0)
         rc = mt__dnn_covers(m, reserve, st->reserve, "reserve");
     if (rc)
         return rc;
     st->size_err = 0;
-    void *dx = g->dx ? (void *)g->dx : (char *)work + dx_scratch_offset(st);
+    void *dx = g->dx ? (void *)g->dx : (char *)work + y.reg[BWW_DX].off;
     /* Data first: it leaves in the reserve what the weight gradients are computed from. */
     CK(m, mt__dnn->cudnnRNNBackwardData_v8(st->h, st->rnn, mt__dnn_lengths(st), st->yd, io->y,
                                            g->dy, st->xd, dx, st->hd, io->hx, g->dhy, g->dhx,

@@ -1,6 +1,6 @@
 /* The cpu path's GEMM seam: every matrix product of the kernels goes through
- * mt__rnn_sgemm, which runs on one of three Debian libraries, measured against each other
- * on the RNN step in docs/blas.md:
+ * mt__rnn_sgemm, which runs on one of three Debian libraries (docs/rnn-cpu.md, GEMM
+ * libraries and their selection):
  *   - "cblas": the CBLAS the library links (OpenBLAS in the Debian build);
  *   - "blis":  BLIS (libblis.so.4), its typed API bli_sgemm with row and column strides;
  *   - "dnnl":  oneDNN (libdnnl.so.2), dnnl_sgemm, JIT kernels for the CPU's ISA.
@@ -129,7 +129,7 @@ static int load_blis(mt__rnn_gemm_t *g)
 static int load_dnnl(mt__rnn_gemm_t *g)
 {
     /* Its OpenMP team spins between calls unless the program set OMP_WAIT_POLICY=PASSIVE
-     * before libgomp starts (docs/blas.md: measured). That is the program's environment to
+     * before libgomp starts. That is the program's environment to
      * set, not ours: see the gemm field in rnn.h. */
     g->lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!g->lib)
@@ -237,15 +237,15 @@ void mt__rnn_sgemm(const mt__rnn_gemm_t *g, bool ta, bool tb, int M, int N, int 
 
 bool mt__rnn_gemm_halves(const mt__rnn_gemm_t *g)
 {
-    /* OpenBLAS too since every large product of a pass runs in halves (mt__rnn_sgemm_par):
-     * with no 2-thread call of its own in the pass, its worker threads no longer spin beside
-     * the halves (docs/blas.md, sessions 7 and 8). */
+    /* OpenBLAS too: every large product of a pass runs in parts (mt__rnn_sgemm_par), so the
+     * pass makes no multi-threaded call of its own whose workers would spin beside the
+     * parts. */
     return g && g->thr_kind != THR_NONE;
 }
 
 int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n)
 {
-    /* A thread starts from OMP_NUM_THREADS (or the core count): one team per half. The other
+    /* A thread starts from OMP_NUM_THREADS (or the core count): one team per part. The other
      * libraries' counts are global, set by the caller. */
     return g && g->thr_kind == THR_OMP ? mt__rnn_gemm_set_threads(g, n) : 0;
 }

@@ -37,9 +37,9 @@ typedef struct mt__rnn_shape_s {
     const mt__rnn_gemm_t *gemm; /* cpu path: the kernels' GEMM library; NULL = linked CBLAS */
     int threads; /* cpu path: mt_rnn_set_gemm_threads's count (0 = not set: one thread) */
     bool xsmm;   /* cpu path: per-step products on libxsmm over packed panels (xsmm.c) */
-    /* cpu path: the module's worker thread (par.c), owned by the module: made when
-     * mt_rnn_set_gemm_threads asks for two or more, joined by mt_rnn_destroy; NULL = the
-     * second half of a job on a thread of its own */
+    /* cpu path: the module's worker threads (par.c), owned by the module: made when
+     * mt_rnn_set_gemm_threads asks for two or more (one fewer than the parts), joined by
+     * mt_rnn_destroy; NULL = the other parts of a job on threads of their own */
     struct mt__rnn_par_s *par;
 } mt__rnn_shape_t;
 
@@ -54,52 +54,66 @@ const char *mt__rnn_gemm_name(const mt__rnn_gemm_t *g);
 const char *mt__rnn_gemm_info(const mt__rnn_gemm_t *g, bool xsmm);
 /* The library's thread count (process-wide for that library). */
 int mt__rnn_gemm_set_threads(const mt__rnn_gemm_t *g, int n);
-/* Whether the library's thread count can be set for each half of mt__rnn_rows_par: oneDNN's
+/* Whether the library's thread count can be set for each part of mt__rnn_parts_par: oneDNN's
  * per calling thread, BLIS's and OpenBLAS's for the process; not an unknown CBLAS. */
 bool mt__rnn_gemm_halves(const mt__rnn_gemm_t *g);
 /* The count for the calling thread where the library keeps one per thread (oneDNN); 0. */
 int mt__rnn_gemm_set_threads_here(const mt__rnn_gemm_t *g, int n);
 
-/* ---- two threads (par.c) ---- */
+/* ---- threads (par.c; docs/rnn-cpu.md, Threads) ---- */
 
-/* A worker thread, started here and joined by mt__rnn_par_destroy. *out is new. */
+/* The most parts a job is cut into (the caller and up to 7 workers). */
+#define MT__RNN_PARTS_MAX 8
+
+/* The module's worker threads, workers of them (1 .. MT__RNN_PARTS_MAX - 1), started here and
+ * joined by mt__rnn_par_destroy. *out is new. */
 typedef struct mt__rnn_par_s mt__rnn_par_t;
-int mt__rnn_par_create(mt__rnn_par_t **out);
-/* Stops and joins the worker (in a forked child, where it does not run, only frees it).
+int mt__rnn_par_create(mt__rnn_par_t **out, int workers);
+/* Stops and joins the workers (in a forked child, where they do not run, only frees them).
  * Sets *p = NULL. */
 void mt__rnn_par_destroy(mt__rnn_par_t **p);
-/* Runs fn(arg, 0, split) on the calling thread and fn(arg, split, nb) on s->par's worker
- * thread (or a thread of its own when there is none or it serves another caller), both with the
- * library at one thread, when s->threads >= 2, 0 < split < nb and mt__rnn_gemm_halves(s->gemm)
- * (back to s->threads after both halves); else fn(arg, 0, nb) on the caller. The step loops
- * run the batch's rows in two halves this way: each sequence's recurrence is independent of
- * the others', so the halves never wait for each other. */
+/* The number of workers (0 for NULL). */
+int mt__rnn_par_workers(const mt__rnn_par_t *p);
+/* The parts a job of s is cut into: 1 below two threads, else min(s->threads,
+ * MT__RNN_PARTS_MAX). */
+int mt__rnn_par_parts(const mt__rnn_shape_t *s);
+/* Runs fn(arg, bound[i], bound[i + 1]) for each non-empty part i < np (bound non-decreasing),
+ * the first on the calling thread and the others on s->par's workers (or threads of their own
+ * when there are too few workers or they serve another caller), all with the library at one
+ * thread, when s->threads >= 2, two or more parts are non-empty and mt__rnn_gemm_halves(s->gemm)
+ * (back to s->threads after every part); else fn(arg, bound[0], bound[np]) on the caller. The
+ * step loops run the batch's rows in parts this way: each sequence's recurrence is independent
+ * of the others', so the parts never wait for each other. work (NULL or np values, any unit):
+ * with np = 2, the two parts' times update mt__rnn_par_share. */
+void mt__rnn_parts_par(const mt__rnn_shape_t *s, const int *bound, int np, const double *work,
+                       void (*fn)(void *, int, int), void *arg);
+/* mt__rnn_parts_par over items [0, n) in mt__rnn_par_parts(s) (at most n) equal parts. */
+void mt__rnn_even_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int, int), void *arg);
+/* mt__rnn_parts_par over two parts [0, split) and [split, nb); _w with their work w0, w1. */
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg);
-/* mt__rnn_rows_par where rows [0, split) hold work w0 and [split, nb) work w1 (any unit):
- * the halves' times on the two threads update mt__rnn_par_share. */
 void mt__rnn_rows_par_w(const mt__rnn_shape_t *s, int split, int nb, double w0, double w1,
                         void (*fn)(void *, int, int), void *arg);
-/* The share of a job's work the caller should take for both halves to end together, from
- * the speeds recent mt__rnn_rows_par_w jobs measured (1/2 to begin with). Tests set it; frozen,
- * jobs do not change it. */
+/* The share of a two-part job's work the caller should take for both parts to end together,
+ * from the speeds recent two-part jobs with known work measured (1/2 to begin with). Tests
+ * set it; frozen, jobs do not change it. */
 double mt__rnn_par_share(void);
 void mt__rnn_par_set_share(double f, bool freeze);
-/* Halves of work w0 and w1 took tc and tw ns on the caller and on the worker: the share moves
+/* Parts of work w0 and w1 took tc and tw ns on the caller and on the worker: the share moves
  * 1/4 of the way to the caller's part of the speed, within [1/5, 4/5]; jobs under 200 us, or
- * with a half of no work or no time, leave it. */
+ * with a part of no work or no time, leave it. */
 void mt__rnn_par_learn(double w0, double w1, uint64_t tc, uint64_t tw);
-/* fn(arg, i) for each tile 0 <= i < n, taken in turn by the two threads of mt__rnn_rows_par
- * (by the caller alone where that runs one): a core the host runs slower takes fewer tiles.
+/* fn(arg, i) for each tile 0 <= i < n, taken in turn by the threads of mt__rnn_parts_par (by
+ * the caller alone where that runs one): a core the host runs slower takes fewer tiles.
  * The tiles are fixed by n, so the results are the same whichever thread runs a tile. */
 void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int), void *arg);
-/* mt__rnn_sgemm on s->gemm, C split in two halves of its rows (M >= N) or columns, 32 at a
- * time, by mt__rnn_rows_par; else one call with the library's own threads. */
+/* mt__rnn_sgemm on s->gemm, C split in mt__rnn_even_par's parts of its rows (M >= N) or
+ * columns, 32 at a time; else one call with the library's own threads. */
 void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
                        int ldc);
-/* Half 0 or 1 of mt__rnn_sgemm_par's product, on the calling thread: the same calls, so the
- * same bits, as the half it runs there. */
+/* Half 0 or 1 of the product, on the calling thread: at two threads the same calls, so the
+ * same bits, as mt__rnn_sgemm_par's parts. */
 void mt__rnn_sgemm_half(const mt__rnn_shape_t *s, int half, bool ta, bool tb, int M, int N, int K,
                         float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                         float *C, int ldc);
@@ -142,14 +156,11 @@ void mt__rnn_xsmm_pack_par(const mt__rnn_shape_t *s, float *dst, const float *sr
 void mt__rnn_xsmm_mm_par(const mt__rnn_shape_t *s, int M, int N, int K, const float *X, int ldx,
                          const float *P, float beta, float *C, int ldc);
 
-/* ---- cell nonlinearities (cpu_forward.c, cpu_backward.c) ---- */
-
-/* ---- the cell loops' instruction set (isa.c) ----
+/* ---- the cell loops' instruction set (isa.c; docs/rnn-cpu.md, ISA levels) ----
  *
  * The cell loops are compiled for x86-64-v4 (AVX-512) and v3 (AVX2 and FMA) too, so that they
  * run 16 or 8 lanes wide where the CPU can, their polynomials as fused multiply-adds (rnn/ is
- * built with -ffp-contract=fast: a v3 LSTM cell went from 930 to 809 instructions, 4.3 % to
- * 3.2 % of a step's samples). One level is chosen once per process: the highest the CPU
+ * built with -ffp-contract=fast). One level is chosen once per process: the highest the CPU
  * runs, capped by $MEMTRACE_CPU_ISA (avx512, avx2, baseline), so that a host with AVX-512
  * tests the lower builds too. GCC on x86-64 only; elsewhere the one default build. */
 typedef enum mt__rnn_isa_e {
@@ -247,13 +258,38 @@ static inline float mt__rnn_sigmoid(float v)
     return 1.0f / (1.0f + mt__rnn_exp(-v));
 }
 
-/* tanh through one exp: libm's tanhf goes through expm1f and was a tenth of a train step's
- * time. Absolute error ~2e-7 (the cancellation near 0 is absolute, not relative), far below
- * what float training notices; the gradient checks run against a double reference. */
+/* tanh through one exp: libm's tanhf goes through expm1f and does not vectorize
+ * (docs/rnn-cpu.md, Cell loops). Absolute error ~2e-7 (the cancellation near 0 is absolute, not
+ * relative), far below what float training notices; the gradient checks run against a double
+ * reference. */
 static inline float mt__rnn_tanh(float v)
 {
     return 2.0f / (1.0f + mt__rnn_exp(-2.0f * v)) - 1.0f;
 }
+
+/* ---- workspace layouts (layout.c; docs/rnn-cpu.md, Workspace layouts) ----
+ *
+ * Each workspace is described once, by a layout function that places its regions one after
+ * another and returns them with the total; the size functions return the total and the
+ * kernels carve base + off. Units are the workspace's own (floats on the cpu path, bytes on
+ * the cuDNN path and for the step workspace). */
+typedef struct mt__rnn_region_s {
+    size_t off;  /* from the workspace's start, a multiple of the layout's alignment */
+    size_t size; /* 0 = the region is absent */
+} mt__rnn_region_t;
+
+/* Places a region of size units at *end rounded up to align (a power of two), and moves
+ * *end past it. */
+static inline mt__rnn_region_t mt__rnn_place(size_t *end, size_t size, size_t align)
+{
+    mt__rnn_region_t r = {(*end + align - 1) & ~(align - 1), size};
+    *end = r.off + size;
+    return r;
+}
+
+/* The regions r[0 .. n) are each a multiple of align from the start, inside [0, total), and
+ * pairwise disjoint (empty ones overlap nothing). */
+bool mt__rnn_regions_valid(const mt__rnn_region_t *r, int n, size_t total, size_t align);
 
 /* ---- layout (layout.c) ---- */
 
@@ -422,17 +458,21 @@ int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
 size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
-/* The first sequence of the second part when the step loops of steps [t0, t0 + n) run on
- * two threads (the first about share of the work), or B on one thread (s->threads < 2); w
- * gets the rows of each part. */
+/* The first sequence of the second part when the step loops of steps [t0, t0 + n) run in two
+ * parts (the first about share of the work), or B on one thread (s->threads < 2); w gets
+ * the rows of each part. */
 int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
                       double w[2]);
+/* The step loops' parts for steps [t0, t0 + n): their count np (1 .. mt__rnn_par_parts(s),
+ * at most B), bound[0 .. np] (0 = bound[0] < ... < bound[np] = B) and each part's rows in
+ * w[0 .. np). Two parts: mt__rnn_cpu_split at share; more: parts of about equal rows. */
+int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      int bound[MT__RNN_PARTS_MAX + 1], double w[MT__RNN_PARTS_MAX]);
 
 /* Row stride in floats of every [rows, g*H] gate buffer (the reserve's gates, the
  * recurrent product, R^T, the weight-gradient sums): g*H, plus 16 when g*H is a multiple
- * of 256 (at most 1/16 more). Rows 1 KiB-multiples apart put a column of the matrix in a
- * few cache sets, and oneDNN's AVX2 kernels ran the products that read such a matrix as B
- * at less than half speed (docs/blas.md: 31-35 GFLOP/s instead of 78-84 on an AMD EPYC). */
+ * of 256 (at most 1/16 more): rows 1 KiB-multiples apart put a column of the matrix in a
+ * few cache sets (docs/rnn-cpu.md, Row strides). */
 int mt__rnn_cpu_gld(const mt__rnn_shape_t *s);
 /* A row stride for a matrix of n columns that the GEMMs read: n, plus 16 when n is a multiple
  * of 256 (mt__rnn_cpu_gld is this for g*H). */

@@ -149,3 +149,18 @@ void mt__rnn_activation(const mt__rnn_shape_t *s, int T, int B, mt_rnn_act_t *ou
     out->reserve_bytes = 0; /* filled by the module from its compute path */
     (void)T;
 }
+
+bool mt__rnn_regions_valid(const mt__rnn_region_t *r, int n, size_t total, size_t align)
+{
+    for (int i = 0; i < n; i++) {
+        if (r[i].off % align != 0 || r[i].off > total || r[i].size > total - r[i].off)
+            return false;
+        for (int j = 0; j < i; j++) {
+            if (!r[i].size || !r[j].size)
+                continue;
+            if (r[i].off < r[j].off + r[j].size && r[j].off < r[i].off + r[i].size)
+                return false;
+        }
+    }
+    return true;
+}

@@ -74,15 +74,11 @@ static int init_weights(mt_rnn_t *m, uint64_t seed)
     return rc;
 }
 
-/* The default GEMM library of the cpu path at one thread and at two or more, by measurement
- * (docs/blas.md). At one thread, oneDNN: as fast as the others or faster here, and far faster
- * on AVX-512. At two, the linked OpenBLAS where it is that (its thread count can be set for
- * each half), else BLIS: with the input projection, the input gradient and the per-step
- * products on libxsmm, the libraries run only the weight gradients, and in rotation on an
- * AMD EPYC OpenBLAS ran the 2-thread step at 84.8-95.2 % of the GEMM bound (mean 88.6) where
- * BLIS ran 79.3-93.2 % (85.6) and oneDNN 81.8-88.8 % (85.1). Builds with AddressSanitizer keep
- * the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a process that runs oneDNN's
- * or BLIS's OpenMP threads (libgomp), failing every test at exit. */
+/* The default GEMM library of the cpu path at one thread and at two or more
+ * (docs/rnn-cpu.md, GEMM libraries and their selection): oneDNN at one; at two or more the
+ * linked OpenBLAS where its thread count can be set for each part, else BLIS. Builds with
+ * AddressSanitizer keep the linked CBLAS: LeakSanitizer's exit-time tracer crashes in a
+ * process that runs oneDNN's or BLIS's OpenMP threads (libgomp), failing every test at exit. */
 #if defined(__SANITIZE_ADDRESS__)
 #define MT__RNN_GEMM_DEFAULT    "cblas"
 #define MT__RNN_GEMM_DEFAULT_MT "cblas"
@@ -316,10 +312,15 @@ int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads)
         if (rc)
             return rc;
     }
-    if (threads >= 2 && !m->shape.par) {
-        int rc = mt__rnn_par_create(&m->shape.par);
+    /* One worker fewer than the parts a job is cut into; a pool too small is replaced. */
+    int workers = threads < MT__RNN_PARTS_MAX ? threads - 1 : MT__RNN_PARTS_MAX - 1;
+    if (workers > mt__rnn_par_workers(m->shape.par)) {
+        mt__rnn_par_t *p;
+        int rc = mt__rnn_par_create(&p, workers);
         if (rc)
             return rc;
+        mt__rnn_par_destroy(&m->shape.par);
+        m->shape.par = p;
     }
     int rc = mt__rnn_gemm_set_threads(g, threads);
     if (rc == 0) {

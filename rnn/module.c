@@ -7,6 +7,7 @@
 
 #include "util/log.h"
 #include "rnn/internal.h"
+#include "util/assert.h"
 
 #define rlog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
 
@@ -224,6 +225,28 @@ int mt_rnn_backward(mt_rnn_t *m, mt_rnn_reserve_t **reserve, const mt_rnn_grad_i
     return rc;
 }
 
+/* The step workspace, in bytes (docs/rnn-cpu.md, Workspace layouts): the path's forward
+ * workspace for one step of batch rows (STEP_WORK), then y [batch, H] (STEP_Y), used when
+ * the caller passes none. The path's size may be any byte count (cuDNN's is): y starts on a
+ * 256-byte boundary, aligned for floats and vector loads. */
+enum { STEP_WORK, STEP_Y, STEP_NREG };
+
+typedef struct step_layout_s {
+    mt__rnn_region_t reg[STEP_NREG];
+    size_t total; /* bytes */
+} step_layout_t;
+
+static step_layout_t step_layout(const mt_rnn_t *m, int batch)
+{
+    mt_rnn_io_t shape = {.seq_len = 1, .batch = batch};
+    step_layout_t y = {.total = 0};
+    y.reg[STEP_WORK] = mt__rnn_place(&y.total, m->path->fwd_work_bytes(m, &shape, false), 256);
+    y.reg[STEP_Y] =
+        mt__rnn_place(&y.total, (size_t)batch * (size_t)m->shape.hidden * sizeof(float), 256);
+    mt_assert(mt__rnn_regions_valid(y.reg, STEP_NREG, y.total, 256));
+    return y;
+}
+
 int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const float *cx, float *y,
                 float *hy, float *cy)
 {
@@ -236,23 +259,18 @@ int mt_rnn_step(mt_rnn_t *m, int batch, const float *x, const float *hx, const f
     /* The step workspace (and y, if the caller passes none) stays with the module between
      * steps: generation makes no allocator call per step, and its memory is that of one
      * step whatever the number of steps. */
-    size_t ybytes = (size_t)batch * (size_t)m->shape.hidden * sizeof(float);
-    /* y sits after the path's workspace, whose size may be any byte count (cuDNN's is):
-     * round it up so y stays aligned for floats (and vector loads). */
-    mt_rnn_io_t shape = {.seq_len = 1, .batch = batch};
-    size_t wbytes = (m->path->fwd_work_bytes(m, &shape, false) + 255) & ~(size_t)255;
-    size_t need = wbytes + ybytes;
-    if (need > m->step_ws_bytes) {
+    step_layout_t lay = step_layout(m, batch);
+    if (lay.total > m->step_ws_bytes) {
         mt__rnn_dfree(m, m->step_ws);
         m->step_ws = NULL;
         m->step_ws_bytes = 0;
-        int rc = mt__rnn_dmalloc(m, need, MT_TAG_WORKSPACE, &m->step_ws);
+        int rc = mt__rnn_dmalloc(m, lay.total, MT_TAG_WORKSPACE, &m->step_ws);
         if (rc)
             return rc;
-        m->step_ws_bytes = need;
+        m->step_ws_bytes = lay.total;
     }
     if (!y)
-        y = (float *)((char *)m->step_ws + wbytes);
+        y = (float *)((char *)m->step_ws + lay.reg[STEP_Y].off);
     mt_rnn_io_t io = {
         .seq_len = 1, .batch = batch, .x = x, .y = y, .hx = hx, .cx = cx, .hy = hy, .cy = cy};
     return forward(m, &io, NULL, m->step_ws);

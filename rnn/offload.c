@@ -1,5 +1,5 @@
 /* The cpu path's training reserve as one allocator block per chunk of time steps, and
- * activation offload (U4): with the module's window W > 0, chunks older than the window go to
+ * activation offload: with the module's window W > 0, chunks older than the window go to
  * pinned host memory during forward and come back ahead of need during backward.
  *
  * The kernels compute the same way whatever holds a chunk (internal.h: they always work in

@@ -1,17 +1,18 @@
-/* The cpu path's second thread. mt__rnn_rows_par runs one half of a job on the caller and
- * the other on the module's worker thread; mt__rnn_tiles_par lets both take fixed tiles of a
- * job in turn; mt__rnn_sgemm_par splits a large product into two halves.
+/* The cpu path's threads (docs/rnn-cpu.md, Threads). mt__rnn_parts_par runs the first part
+ * of a job on the caller and the others on the module's workers; mt__rnn_tiles_par lets every
+ * part take fixed tiles of a job in turn; mt__rnn_even_par and mt__rnn_sgemm_par cut a job or
+ * a large product into equal parts.
  *
- * The worker belongs to the module (mt__rnn_par_create when mt_rnn_set_gemm_threads asks
+ * The workers belong to the module (mt__rnn_par_create when mt_rnn_set_gemm_threads asks
  * for two or more threads, joined by mt__rnn_par_destroy from mt_rnn_destroy): the library
- * starts no thread of its own accord and leaves none behind. A thread per job started late
- * on an idle vCPU and the caller waited for it at every join (docs/blas.md), so the worker
- * spins for a while after each job, so that the pass's next job starts at once, then sleeps
- * on a condition variable.
+ * starts no thread of its own accord and leaves none behind. A thread started per job starts
+ * late on an idle vCPU and the caller waits for it at every join, so a worker spins for a
+ * while after each job, so that the pass's next job starts at once, then sleeps on a
+ * condition variable.
  *
- * The worker serves one caller at a time (`own`). A second caller, a job posted from inside
- * a job, a shape without a worker, or a forked child (the worker is not in it: the pid
- * differs) gets a thread of its own for the second half. */
+ * The workers serve one caller at a time (`own`). A second caller, a job posted from inside
+ * a job, a shape with too few workers, or a forked child (the workers are not in it: the pid
+ * differs) gets threads of its own for the other parts. */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -25,8 +26,8 @@
 #include "util/assert.h"
 #include "util/cpu.h"
 
-/* How long the worker spins for its next job before it sleeps, and how long the caller spins
- * for the worker's half before it yields its core. */
+/* How long a worker spins for its next job before it sleeps, and how long the caller spins
+ * for a worker's part before it yields its core. */
 enum { WORKER_SPIN_NS = 300 * 1000, CALLER_SPIN_NS = 200 * 1000 };
 
 typedef struct job_s {
@@ -36,21 +37,29 @@ typedef struct job_s {
     int b0, b1;
 } job_t;
 
-/* Invariants: done <= posted <= done + 1 (sequence numbers, modulo 2^32); the worker reads
- * job only while posted != done, and the caller, holding own, writes it only while
- * posted == done. sleeping is true only while the worker waits on cv (holding mu when it
- * changes). quit is set, under own, only by mt__rnn_par_destroy, with one more post. */
-struct mt__rnn_par_s {
-    pthread_mutex_t own; /* held by the caller whose job the worker runs */
-    pthread_mutex_t mu;  /* with cv: the worker's sleep */
+/* One worker thread.
+ * Invariants: done <= posted <= done + 1 (sequence numbers, modulo 2^32); the worker reads
+ * job only while posted != done, and the caller, holding the pool's own, writes it only
+ * while posted == done. sleeping is true only while the worker waits on cv (holding mu when
+ * it changes). quit is set, under own, only by mt__rnn_par_destroy, with one more post. */
+typedef struct worker_s {
+    pthread_mutex_t mu; /* with cv: the worker's sleep */
     pthread_cond_t cv;
     atomic_uint posted, done;
     atomic_bool sleeping;
     atomic_bool quit;
     job_t job;
-    uint64_t took;    /* ns of the worker's last half, written before done */
-    pthread_t thread; /* the worker, joined by mt__rnn_par_destroy */
-    pid_t pid;        /* the process the worker runs in */
+    uint64_t took;    /* ns of the worker's last part, written before done */
+    pthread_t thread; /* joined by mt__rnn_par_destroy */
+} worker_t;
+
+/* Invariants: 1 <= n <= MT__RNN_PARTS_MAX - 1, w[0 .. n) started; own is held by the caller
+ * whose job parts the workers run. */
+struct mt__rnn_par_s {
+    pthread_mutex_t own;
+    int n;     /* workers */
+    pid_t pid; /* the process the workers run in */
+    worker_t w[MT__RNN_PARTS_MAX - 1];
 };
 
 static uint64_t now_ns(void)
@@ -78,7 +87,7 @@ static bool spin_while(atomic_uint *v, unsigned old, uint64_t budget_ns)
     }
 }
 
-/* A job's half off the caller: oneDNN's thread count is per thread, so it is set here. */
+/* A job's part off the caller: oneDNN's thread count is per thread, so it is set here. */
 static void run_job(const job_t *j)
 {
     (void)mt__rnn_gemm_set_threads_here(j->g, 1);
@@ -87,7 +96,7 @@ static void run_job(const job_t *j)
 
 static void *worker_main(void *arg)
 {
-    mt__rnn_par_t *w = arg;
+    worker_t *w = arg;
     unsigned seen = 0;
     for (;;) {
         if (!spin_while(&w->posted, seen, WORKER_SPIN_NS)) {
@@ -114,7 +123,7 @@ static void *worker_main(void *arg)
 }
 
 /* Wakes the worker for the post just made. */
-static void wake(mt__rnn_par_t *w)
+static void wake(worker_t *w)
 {
     if (atomic_load(&w->sleeping)) {
         pthread_mutex_lock(&w->mu);
@@ -123,22 +132,15 @@ static void wake(mt__rnn_par_t *w)
     }
 }
 
-int mt__rnn_par_create(mt__rnn_par_t **out)
+/* Starts worker w (its mutex, condition variable and thread): 0 or MT_EAGAIN. */
+static int worker_start(worker_t *w)
 {
-    mt__rnn_par_t *w = calloc(1, sizeof *w);
-    if (!w)
-        return MT_ENOMEM;
-    int rc = MT_EAGAIN;
-    if (pthread_mutex_init(&w->own, NULL) != 0)
-        goto fail_own;
     if (pthread_mutex_init(&w->mu, NULL) != 0)
         goto fail_mu;
     if (pthread_cond_init(&w->cv, NULL) != 0)
         goto fail_cv;
-    w->pid = getpid();
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0)
         goto fail_thread;
-    *out = w;
     return 0;
 
 fail_thread:
@@ -146,47 +148,83 @@ fail_thread:
 fail_cv:
     pthread_mutex_destroy(&w->mu);
 fail_mu:
-    pthread_mutex_destroy(&w->own);
+    return MT_EAGAIN;
+}
+
+/* Stops and joins worker w (the caller holds own). */
+static void worker_stop(worker_t *w)
+{
+    atomic_store(&w->quit, true);
+    atomic_store(&w->posted, atomic_load(&w->posted) + 1);
+    wake(w);
+    pthread_join(w->thread, NULL);
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+}
+
+int mt__rnn_par_create(mt__rnn_par_t **out, int workers)
+{
+    if (workers < 1 || workers > MT__RNN_PARTS_MAX - 1)
+        return MT_EINVAL;
+    mt__rnn_par_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return MT_ENOMEM;
+    if (pthread_mutex_init(&p->own, NULL) != 0)
+        goto fail_own;
+    p->pid = getpid();
+    for (; p->n < workers; p->n++)
+        if (worker_start(&p->w[p->n]) != 0)
+            goto fail_workers;
+    *out = p;
+    return 0;
+
+fail_workers:
+    pthread_mutex_lock(&p->own);
+    for (int i = 0; i < p->n; i++)
+        worker_stop(&p->w[i]);
+    pthread_mutex_unlock(&p->own);
+    pthread_mutex_destroy(&p->own);
 fail_own:
-    free(w);
-    return rc;
+    free(p);
+    return MT_EAGAIN;
 }
 
-void mt__rnn_par_destroy(mt__rnn_par_t **p)
+int mt__rnn_par_workers(const mt__rnn_par_t *p)
 {
-    if (!p || !*p)
+    return p ? p->n : 0;
+}
+
+void mt__rnn_par_destroy(mt__rnn_par_t **pp)
+{
+    if (!pp || !*pp)
         return;
-    mt__rnn_par_t *w = *p;
-    *p = NULL;
-    /* In a forked child the worker does not exist (and own may have been held by a thread
+    mt__rnn_par_t *p = *pp;
+    *pp = NULL;
+    /* In a forked child the workers do not exist (and own may have been held by a thread
      * that is not there either): only the memory is ours to free. */
-    if (w->pid == getpid()) {
-        pthread_mutex_lock(&w->own);
-        atomic_store(&w->quit, true);
-        atomic_store(&w->posted, atomic_load(&w->posted) + 1);
-        wake(w);
-        pthread_join(w->thread, NULL);
-        pthread_mutex_unlock(&w->own);
-        pthread_cond_destroy(&w->cv);
-        pthread_mutex_destroy(&w->mu);
-        pthread_mutex_destroy(&w->own);
+    if (p->pid == getpid()) {
+        pthread_mutex_lock(&p->own);
+        for (int i = 0; i < p->n; i++)
+            worker_stop(&p->w[i]);
+        pthread_mutex_unlock(&p->own);
+        pthread_mutex_destroy(&p->own);
     }
-    free(w);
+    free(p);
 }
 
-/* The worker of s for this caller (own taken), or NULL: none, another caller's, or not in
- * this process. */
-static mt__rnn_par_t *take_worker(const mt__rnn_shape_t *s)
+/* The workers of s for this caller (own taken), or NULL: none, fewer than need, another
+ * caller's, or not in this process. */
+static mt__rnn_par_t *take_workers(const mt__rnn_shape_t *s, int need)
 {
-    mt__rnn_par_t *w = s->par;
-    if (!w || w->pid != getpid() || pthread_mutex_trylock(&w->own) != 0)
+    mt__rnn_par_t *p = s->par;
+    if (!p || p->n < need || p->pid != getpid() || pthread_mutex_trylock(&p->own) != 0)
         return NULL;
-    return w;
+    return p;
 }
 
-/* The caller's wait for the worker's half: spin, then yield its core (the worker may share
+/* The caller's wait for a worker's part: spin, then yield its core (the worker may share
  * it with other work). */
-static void wait_done(mt__rnn_par_t *w, unsigned seq)
+static void wait_done(worker_t *w, unsigned seq)
 {
     if (spin_while(&w->done, seq - 1, CALLER_SPIN_NS))
         return;
@@ -200,23 +238,29 @@ static void *spawned_main(void *p)
     return NULL;
 }
 
-/* The second half on a thread of its own, or after the first on the caller. */
-static void run_spawned(const job_t *j, int split)
+/* Parts 1 .. np-1 on threads of their own and part 0 on the caller; a part whose thread
+ * cannot start runs on the caller after it (the same rows in the same order: the same
+ * results, on one thread). */
+static void run_spawned(const job_t *j, int np)
 {
-    pthread_t t;
-    bool second = pthread_create(&t, NULL, spawned_main, (void *)j) == 0;
-    j->fn(j->arg, 0, split);
-    if (second)
-        pthread_join(t, NULL);
-    else /* the same rows in the same order: the same results, on one thread */
-        j->fn(j->arg, j->b0, j->b1);
+    pthread_t t[MT__RNN_PARTS_MAX];
+    bool started[MT__RNN_PARTS_MAX] = {false};
+    for (int i = 1; i < np; i++)
+        started[i] = pthread_create(&t[i], NULL, spawned_main, (void *)&j[i]) == 0;
+    j[0].fn(j[0].arg, j[0].b0, j[0].b1);
+    for (int i = 1; i < np; i++) {
+        if (started[i])
+            pthread_join(t[i], NULL);
+        else
+            j[i].fn(j[i].arg, j[i].b0, j[i].b1);
+    }
 }
 
 /* ---- the caller's share ----
  *
- * The host runs the two vCPUs at different speeds for stretches of seconds (docs/blas.md).
- * A job whose halves' work is known (mt__rnn_rows_par_w) gives both threads' speeds; the
- * share the caller should take for the halves to end together follows them (an average over
+ * A host may run two vCPUs at different speeds for stretches of seconds. A two-part job whose
+ * parts' work is known gives both threads' speeds; the share the caller should take for the
+ * parts to end together follows them (an average over
  * jobs, each weighing 1/4, kept in [1/5, 4/5]), in 1/65536. The bounds are kept in those
  * units, so that the share read back is never outside them. */
 enum { SHARE_ONE = 65536, SHARE_MIN = (SHARE_ONE + 4) / 5, SHARE_MAX = SHARE_ONE - SHARE_MIN };
@@ -246,49 +290,78 @@ void mt__rnn_par_learn(double w0, double w1, uint64_t tc, uint64_t tw)
     atomic_store_explicit(&share, (unsigned)u, memory_order_relaxed);
 }
 
-static void rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
-                     void *arg, const double *work)
+int mt__rnn_par_parts(const mt__rnn_shape_t *s)
+{
+    return s->threads < 2 ? 1 : s->threads < MT__RNN_PARTS_MAX ? s->threads : MT__RNN_PARTS_MAX;
+}
+
+void mt__rnn_parts_par(const mt__rnn_shape_t *s, const int *bound, int np, const double *work,
+                       void (*fn)(void *, int, int), void *arg)
 {
     const mt__rnn_gemm_t *g = s->gemm;
-    if (s->threads < 2 || split <= 0 || split >= nb || !mt__rnn_gemm_halves(g)) {
-        fn(arg, 0, nb);
+    mt_assert(np >= 1 && np <= MT__RNN_PARTS_MAX);
+    job_t j[MT__RNN_PARTS_MAX];
+    int n = 0;
+    for (int i = 0; i < np; i++) {
+        mt_assert(bound[i] <= bound[i + 1]);
+        if (bound[i] < bound[i + 1])
+            j[n++] = (job_t){g, fn, arg, bound[i], bound[i + 1]};
+    }
+    if (s->threads < 2 || n < 2 || !mt__rnn_gemm_halves(g)) {
+        fn(arg, bound[0], bound[np]);
         return;
     }
-    /* BLIS and OpenBLAS take single-threaded calls from two threads at once; their count is
-     * process-wide, so it goes back up only once both halves are done. */
+    /* BLIS and OpenBLAS take single-threaded calls from several threads at once; their count
+     * is process-wide, so it goes back up only once every part is done. */
     (void)mt__rnn_gemm_set_threads(g, 1);
-    job_t j = {g, fn, arg, split, nb};
-    mt__rnn_par_t *w = take_worker(s);
-    if (!w) {
-        run_spawned(&j, split);
+    mt__rnn_par_t *p = take_workers(s, n - 1);
+    if (!p) {
+        run_spawned(j, n);
     } else {
-        mt_assert(atomic_load(&w->posted) == atomic_load(&w->done));
-        w->job = j;
-        unsigned seq = atomic_load(&w->posted) + 1;
-        atomic_store(&w->posted, seq);
-        wake(w);
+        unsigned seq[MT__RNN_PARTS_MAX];
+        for (int i = 1; i < n; i++) {
+            worker_t *w = &p->w[i - 1];
+            mt_assert(atomic_load(&w->posted) == atomic_load(&w->done));
+            w->job = j[i];
+            seq[i] = atomic_load(&w->posted) + 1;
+            atomic_store(&w->posted, seq[i]);
+            wake(w);
+        }
         uint64_t t0 = now_ns();
-        fn(arg, 0, split);
+        fn(arg, j[0].b0, j[0].b1);
         uint64_t tc = now_ns() - t0;
-        wait_done(w, seq);
-        if (work)
-            mt__rnn_par_learn(work[0], work[1], tc, w->took);
-        pthread_mutex_unlock(&w->own);
+        for (int i = 1; i < n; i++)
+            wait_done(&p->w[i - 1], seq[i]);
+        /* The share is the caller's against one worker's (docs/rnn-cpu.md, Threads). */
+        if (work && np == 2 && n == 2)
+            mt__rnn_par_learn(work[0], work[1], tc, p->w[0].took);
+        pthread_mutex_unlock(&p->own);
     }
     (void)mt__rnn_gemm_set_threads(g, s->threads);
+}
+
+void mt__rnn_even_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int, int), void *arg)
+{
+    int np = mt__rnn_par_parts(s), bound[MT__RNN_PARTS_MAX + 1];
+    np = n < np ? (n > 1 ? n : 1) : np;
+    for (int i = 0; i <= np; i++)
+        bound[i] = (int)((long long)i * n / np);
+    mt__rnn_parts_par(s, bound, np, NULL, fn, arg);
 }
 
 void mt__rnn_rows_par(const mt__rnn_shape_t *s, int split, int nb, void (*fn)(void *, int, int),
                       void *arg)
 {
-    rows_par(s, split, nb, fn, arg, NULL);
+    const int bound[3] = {0, split < 0 ? 0 : split > nb ? nb : split, nb};
+    mt__rnn_parts_par(s, bound, 2, NULL, fn, arg);
 }
 
 void mt__rnn_rows_par_w(const mt__rnn_shape_t *s, int split, int nb, double w0, double w1,
                         void (*fn)(void *, int, int), void *arg)
 {
+    const int bound[3] = {0, split < 0 ? 0 : split > nb ? nb : split, nb};
     const double work[2] = {w0, w1};
-    rows_par(s, split, nb, fn, arg, work);
+    mt__rnn_parts_par(s, bound, 2, work, fn, arg);
 }
 
 /* ---- tiles taken in turn ---- */
@@ -315,12 +388,16 @@ void mt__rnn_tiles_par(const mt__rnn_shape_t *s, int n, void (*fn)(void *, int),
         return;
     tiles_t t = {.fn = fn, .arg = arg, .n = n};
     atomic_init(&t.next, 0);
-    /* Both halves run take_tiles; at one thread the caller's takes them all. */
-    mt__rnn_rows_par(s, n > 1 ? 1 : 0, 2, take_tiles, &t);
+    /* Every part runs take_tiles; at one thread the caller's takes them all. */
+    int np = mt__rnn_par_parts(s), bound[MT__RNN_PARTS_MAX + 1];
+    np = n < np ? n : np;
+    for (int i = 0; i <= np; i++)
+        bound[i] = i;
+    mt__rnn_parts_par(s, bound, np, NULL, take_tiles, &t);
     mt_assert(atomic_load(&t.next) >= n);
 }
 
-/* ---- a product in two halves ---- */
+/* ---- a product in parts ---- */
 
 typedef struct gpart_s {
     const mt__rnn_gemm_t *g;
@@ -379,5 +456,5 @@ void mt__rnn_sgemm_par(const mt__rnn_shape_t *s, bool ta, bool tb, int M, int N,
         return;
     gpart_t p;
     int nb = gemm_blocks(&p, s, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    mt__rnn_rows_par(s, nb / 2, nb, gemm_part, &p);
+    mt__rnn_even_par(s, nb, gemm_part, &p);
 }

@@ -158,7 +158,7 @@ int mt_rnn_replicate(const mt_rnn_t *m, mt_alloc_t *alloc, mt_rnn_t **out)
     return 0;
 }
 
-/* ---- compaction (U1) ---- */
+/* ---- compaction ---- */
 
 /* Weights for one call: the flat buffer, or (when parameters were rebound) a new compacted
  * copy in *copy (tagged weights, the caller frees it), announced by a one-time warning and

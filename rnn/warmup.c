@@ -1,4 +1,4 @@
-/* Warm-up (U2): one training step at the largest shape a caller will run, inside the
+/* Warm-up: one training step at the largest shape a caller will run, inside the
  * allocator's warm-up, so that later steps within those bounds allocate nothing from the
  * device. */
 #include <stdint.h>
@@ -9,7 +9,7 @@
 
 #define rlog(m, level, ...) mt__logf((m)->cfg.log, (m)->cfg.log_ud, level, __VA_ARGS__)
 
-/* ---- warm-up (U2) ---- */
+/* ---- warm-up ---- */
 
 /* The warm-up of one training step of shape (max_T, max_B, batch_sizes, tb rows). */
 static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, size_t tb)

@@ -1,7 +1,5 @@
 /* Small-GEMM kernels for the per-step products of the cpu path: libxsmm's JIT kernels over a
- * right operand packed in column panels (docs/blas.md: on an AMD EPYC they ran the 32-row
- * recurrent and dh products at 84-91 GFLOP/s where oneDNN's sgemm ran 72-88 on the same
- * data, and libxsmm on the unpacked matrix, rows 1024 floats apart, 33-40).
+ * right operand packed in column panels (docs/rnn-cpu.md, Per-step products on libxsmm).
  *
  * A panel is a contiguous [K, w] block of the operand, so every kernel call streams one
  * compact block instead of w columns of rows 4 KiB apart. Used when the build found libxsmm
@@ -35,9 +33,9 @@ static void probe(void)
 {
 #if MT_HAVE_XSMM
     /* libxsmm_init sets OMP_PROC_BIND=TRUE when no affinity variable is set ("autopin").
-     * libgomp, loaded later with oneDNN, then pinned the calling thread to one core, and
-     * the second half of the step loops, a thread it creates, inherited that core: both
-     * halves ran on one core (docs/blas.md). The program's setting is put back. */
+     * libgomp, loaded later with oneDNN, would then pin the calling thread to one core, and
+     * the threads started afterwards for the step loops' other parts would inherit it.
+     * The program's setting is put back. */
     bool bind_unset = getenv("OMP_PROC_BIND") == NULL;
     libxsmm_init();
     if (bind_unset)
@@ -125,7 +123,7 @@ static void panel_ref(int M, int w, int K, const float *X, int ldx, const float 
  * fewer than KROWS, run it too, on a thread's scratch of KROWS rows: their X rows copied in,
  * C's too when beta is 1, their rows of C copied back. The scratch keeps X's and C's row
  * strides, so that the very kernel of the whole tiles runs it. KROWS = 8 keeps the padding
- * small (a half of a 32-sequence batch split 14/18 computes 16 and 24 rows) at about the rate
+ * small (a 32-sequence batch cut 14/18 computes 16 and 24 rows) at about the rate
  * of a 32-row kernel; the panels are the outer loop, so a panel stays in L1 across a call's
  * tiles. tests/rnn/test_rnn_xsmm.c checks a row's bits against the whole product at every row
  * count and offset. */

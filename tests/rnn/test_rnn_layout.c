@@ -5,6 +5,7 @@
 
 #include "tests/rnn/fixture.h"
 #include "tests/rnn/ref.h"
+#include "rnn/internal.h"
 #include "tests/common/test_main.h"
 
 static void check_layout(rnn_fx_t *fx, int mode, int L, bool bi, bool bias)
@@ -184,13 +185,40 @@ static void activation_accounting(void **state)
     fx_free(&fx);
 }
 
+/* The workspace layouts' checker (docs/rnn-cpu.md, Workspace layouts): regions placed one
+ * after another pass; an overlap, a misaligned offset or a region past the total fails. */
+static void workspace_regions_checked(void **state)
+{
+    (void)state;
+    size_t end = 0;
+    mt__rnn_region_t r[4];
+    r[0] = mt__rnn_place(&end, 100, 256);
+    r[1] = mt__rnn_place(&end, 0, 256);
+    r[2] = mt__rnn_place(&end, 40, 256);
+    r[3] = mt__rnn_place(&end, 8, 256);
+    assert_int_equal(r[0].off, 0);
+    assert_int_equal(r[2].off, 256);
+    assert_int_equal(r[3].off, 512);
+    assert_int_equal(end, 520);
+    assert_true(mt__rnn_regions_valid(r, 4, end, 256));
+    assert_false(mt__rnn_regions_valid(r, 4, end - 1, 256)); /* the last one sticks out */
+    mt__rnn_region_t bad = r[2];
+    r[2].off = 64; /* inside r[0] */
+    assert_false(mt__rnn_regions_valid(r, 4, end, 64));
+    r[2] = bad;
+    r[3].off = 288; /* overlaps r[2] ([256, 296)) */
+    assert_false(mt__rnn_regions_valid(r, 4, end, 4));
+    r[3].off = 300; /* clear of r[2], but not a multiple of 256 */
+    assert_true(mt__rnn_regions_valid(r, 4, end, 4));
+    assert_false(mt__rnn_regions_valid(r, 4, end, 256));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(layout_matches_canonical),
-        cmocka_unit_test(init_is_seeded_uniform),
-        cmocka_unit_test(bad_configs_are_rejected),
-        cmocka_unit_test(activation_accounting),
+        cmocka_unit_test(layout_matches_canonical),  cmocka_unit_test(init_is_seeded_uniform),
+        cmocka_unit_test(bad_configs_are_rejected),  cmocka_unit_test(activation_accounting),
+        cmocka_unit_test(workspace_regions_checked),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -638,6 +638,74 @@ static void offload_packed(void **state)
     fx_free(&fx);
 }
 
+/* Infinity-norm relative error of got against want (as test_rnn_golden's rel_err). */
+static double rel_err_inf(const float *got, const float *want, size_t n)
+{
+    double scale = 0.0, worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        scale = fmax(scale, fabs(want[i]));
+        worst = fmax(worst, fabs((double)got[i] - want[i]));
+    }
+    return scale > 0.0 ? worst / scale : worst;
+}
+
+/* More threads than the two the step loops split into (docs/rnn-cpu.md, Threads): at 3 and
+ * 4 threads, on a host of any core count, every output and gradient of a packed batch is
+ * within the goldens' relative error (1e-5) of the same module's at one thread. Every mode,
+ * 2 layers, uni and bi, dropout, chunks of 3 steps, on the default library and libxsmm
+ * where it is wanted. */
+static void more_threads_match_one(void **state)
+{
+    (void)state;
+    enum { T = 7, B = 6, IN = 5, H = 6 };
+    const int bs[T] = {6, 6, 5, 4, 3, 2, 1};
+    const size_t rows = 27;
+    rnn_fx_t *fx = fx_new(256u << 20);
+    for (int mode = 0; mode < 4; mode++)
+        for (int bi = 0; bi < 2; bi++)
+            for (int threads = 3; threads <= 4; threads++) {
+                mt_rnn_cfg_t c = fx_cfg(fx, mode, IN, H, 2, bi);
+                c.dropout = 0.25f;
+                c.dropout_seed = 9;
+                c.chunk_steps = 3;
+                mt_rnn_t *m[2];
+                step_t st[2];
+                for (int k = 0; k < 2; k++) {
+                    assert_int_equal(mt_rnn_create(&m[k], &c), 0);
+                    assert_int_equal(mt_rnn_set_gemm_threads(m[k], k ? threads : 1), 0);
+                    step_alloc(fx, &st[k], &c, rows, B, 21);
+                    assert_int_equal(step_run(m[k], &st[k], T, B, bs, rows), 0);
+                }
+                size_t D = bi ? 2 : 1, ny = rows * D * H, nst = 2 * D * B * H, nw;
+                bool lstm = mode == MT_RNN_LSTM;
+                const float *g0 = mt_rnn_grads(m[0], &nw), *g1 = mt_rnn_grads(m[1], NULL);
+                const struct {
+                    const char *name;
+                    const float *one, *more;
+                    size_t n;
+                } arr[] = {{"y", st[0].y, st[1].y, ny},
+                           {"h_n", st[0].hy, st[1].hy, nst},
+                           {"dx", st[0].dx, st[1].dx, rows * IN},
+                           {"dh_0", st[0].dhx, st[1].dhx, nst},
+                           {"c_n", st[0].cy, st[1].cy, lstm ? nst : 0},
+                           {"dc_0", st[0].dcx, st[1].dcx, lstm ? nst : 0},
+                           {"weight gradients", g0, g1, nw}};
+                for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++) {
+                    double e = rel_err_inf(arr[i].more, arr[i].one, arr[i].n);
+                    if (e > 1e-5) {
+                        print_error("mode %d bi %d, %d threads: %s: relative error %.3g > 1e-5\n",
+                                    mode, bi, threads, arr[i].name, e);
+                        fail();
+                    }
+                }
+                for (int k = 0; k < 2; k++) {
+                    step_free(fx, &st[k]);
+                    mt_rnn_destroy(&m[k]);
+                }
+            }
+    fx_free(&fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -646,6 +714,7 @@ int main(void)
         cmocka_unit_test(equal_lengths_bit_identical_2threads),
         cmocka_unit_test(equal_lengths_bit_identical_2threads_global),
         cmocka_unit_test(any_split_same_bits),
+        cmocka_unit_test(more_threads_match_one),
         cmocka_unit_test(bad_batch_sizes),
         cmocka_unit_test(changed_y_is_refused),
         cmocka_unit_test(changed_large_y_is_refused_at_two_threads),

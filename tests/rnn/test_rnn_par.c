@@ -48,7 +48,7 @@ static mt__rnn_par_t *par;
 static int make_par(void **state)
 {
     (void)state;
-    return mt__rnn_par_create(&par);
+    return mt__rnn_par_create(&par, 1);
 }
 
 static int free_par(void **state)
@@ -464,6 +464,110 @@ static void split_nearest_share(void **state)
     mt__rnn_seq_fini(&q);
 }
 
+/* ---- more than two parts ---- */
+
+typedef struct parts_seen_s {
+    long tid[MT__RNN_PARTS_MAX];
+    int lo[MT__RNN_PARTS_MAX], hi[MT__RNN_PARTS_MAX];
+    atomic_int calls;
+} parts_seen_t;
+
+/* Records the part that starts at b0 (bounds 0, 3, 6, ...: part b0 / 3). */
+static void record_part(void *arg, int b0, int b1)
+{
+    parts_seen_t *s = arg;
+    int i = b0 / 3;
+    s->tid[i] = (long)syscall(SYS_gettid);
+    s->lo[i] = b0;
+    s->hi[i] = b1;
+    atomic_fetch_add(&s->calls, 1);
+    /* Long enough that no thread could run two parts one after the other unnoticed. */
+    nanosleep(&(struct timespec){0, 2 * 1000 * 1000}, NULL);
+}
+
+/* At 4 threads with 3 workers, 4 parts run once each, on 4 different threads, the first on
+ * the caller; with too few workers (or none) the other parts get threads of their own; an
+ * empty part is not run. */
+static void four_parts(void **state)
+{
+    (void)state;
+    mt__rnn_par_t *p4;
+    assert_int_equal(mt__rnn_par_create(&p4, 3), 0);
+    assert_int_equal(mt__rnn_par_workers(p4), 3);
+    mt__rnn_shape_t sh = two_threads();
+    sh.threads = 4;
+    assert_int_equal(mt__rnn_par_parts(&sh), 4);
+    const int bound[5] = {0, 3, 6, 9, 12};
+    for (int round = 0; round < 3; round++) {
+        sh.par = round == 0 ? p4 : round == 1 ? par : NULL; /* 3 workers, 1, none */
+        parts_seen_t s = {.calls = 0};
+        mt__rnn_parts_par(&sh, bound, 4, NULL, record_part, &s);
+        assert_int_equal(atomic_load(&s.calls), 4);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(s.lo[i], 3 * i);
+            assert_int_equal(s.hi[i], 3 * i + 3);
+            for (int k = 0; k < i; k++)
+                assert_int_not_equal(s.tid[i], s.tid[k]);
+        }
+        assert_int_equal(s.tid[0], (long)syscall(SYS_gettid));
+    }
+    sh.par = p4;
+    const int gap[5] = {0, 3, 3, 6, 9}; /* part 1 empty */
+    parts_seen_t s = {.calls = 0};
+    mt__rnn_parts_par(&sh, gap, 4, NULL, record_part, &s);
+    assert_int_equal(atomic_load(&s.calls), 3);
+    /* Tiles at 3 threads: each once. */
+    sh.threads = 3;
+    tally_t *t = calloc(1, sizeof *t);
+    assert_non_null(t);
+    t->caller = pthread_self();
+    atomic_store(&t->worker_seen, true); /* no wait in tally */
+    mt__rnn_tiles_par(&sh, 40, tally, t);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(atomic_load(&t->hits[i]), i < 40);
+    free(t);
+    mt__rnn_par_destroy(&p4);
+    assert_null(p4);
+}
+
+/* The step loops' parts at 3 and 4 threads: bounds strictly increasing from 0 to B, every
+ * row in one part, each part within one sequence's rows of an equal share; a batch of fewer
+ * sequences than threads gets one part per sequence. */
+static void parts_about_equal(void **state)
+{
+    (void)state;
+    mt__rnn_shape_t sh = two_threads();
+    const int bs[10] = {9, 9, 8, 7, 6, 5, 4, 3, 2, 1}; /* lengths 10, 9, ..., 2 */
+    mt_rnn_io_t io = {.seq_len = 10, .batch = 9, .batch_sizes = bs, .tokens = 54};
+    mt__rnn_seq_t q;
+    assert_int_equal(mt__rnn_seq_init(&q, &io), 0);
+    for (int threads = 3; threads <= 8; threads++) {
+        sh.threads = threads;
+        int bound[MT__RNN_PARTS_MAX + 1];
+        double w[MT__RNN_PARTS_MAX], sum = 0;
+        int np = mt__rnn_cpu_parts(&sh, &q, 0, 10, 0.5, bound, w);
+        assert_int_equal(np, threads);
+        assert_int_equal(bound[0], 0);
+        assert_int_equal(bound[np], 9);
+        for (int i = 0; i < np; i++) {
+            assert_true(bound[i] < bound[i + 1]);
+            assert_true(w[i] <= 54.0 / np + 10.0); /* the longest sequence has 10 rows */
+            sum += w[i];
+        }
+        assert_true(sum == 54.0);
+    }
+    mt__rnn_seq_fini(&q);
+    io = (mt_rnn_io_t){.seq_len = 2, .batch = 3};
+    assert_int_equal(mt__rnn_seq_init(&q, &io), 0);
+    sh.threads = 4;
+    int bound[MT__RNN_PARTS_MAX + 1];
+    double w[MT__RNN_PARTS_MAX];
+    assert_int_equal(mt__rnn_cpu_parts(&sh, &q, 0, 2, 0.5, bound, w), 3);
+    for (int i = 0; i <= 3; i++)
+        assert_int_equal(bound[i], i);
+    mt__rnn_seq_fini(&q);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -472,7 +576,8 @@ int main(void)
         cmocka_unit_test(two_callers),          cmocka_unit_test(sgemm_halves),
         cmocka_unit_test(tiles_taken_in_turn),  cmocka_unit_test(xsmm_tiles_match),
         cmocka_unit_test(share_follows_speeds), cmocka_unit_test(share_learning),
-        cmocka_unit_test(split_nearest_share),  cmocka_unit_test(sgemm_half_matches_par),
+        cmocka_unit_test(split_nearest_share),  cmocka_unit_test(four_parts),
+        cmocka_unit_test(parts_about_equal),    cmocka_unit_test(sgemm_half_matches_par),
     };
     return MT_TEST_RUN(tests, make_par, free_par);
 }
