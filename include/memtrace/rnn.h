@@ -259,10 +259,10 @@ MT_API const char *mt_rnn_path_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_name(const mt_rnn_t *m);
 MT_API const char *mt_rnn_gemm_info(const mt_rnn_t *m);
 /* Threads of the module's GEMM library (process-wide for that library: this call is the
- * program's choice to change it); at two or more, the module starts a worker thread of its
- * own (joined by mt_rnn_destroy) and a pass runs on two threads: the step loops split where the
- * threads' speeds say, the input projection and gradient in tiles either takes, the rest in two
- * halves. A module on the default library takes the default for the new count. At two, the
+ * program's choice to change it); at two or more, the module starts min(threads, 8) - 1 worker
+ * threads of its own (joined by mt_rnn_destroy) and a pass runs in that many parts plus one
+ * (docs/rnn-cpu.md, Threads). A module on the default library takes the default for the new
+ * count. At two, the
  * forward's workspace holds W^T in libxsmm's panels too: call mt_rnn_warmup after this. MT_ENOTSUP
  * where the library has no setter (or on the cuDNN path). */
 MT_API int mt_rnn_set_gemm_threads(mt_rnn_t *m, int threads);
