@@ -328,18 +328,13 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
     if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         CUresult r = sync ? ((CUresult(*)(CUdeviceptr))(void *)real_free)(p)
                           : ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
-        if (fwd && r == CUDA_SUCCESS)
-            mt__preload_outside_freed(p, &fr);
-        else if (fwd)
-            mt__preload_outside_untake(false, p, &fr);
+        if (fwd)
+            mt__preload_outside_settle(p, &fr, r == CUDA_SUCCESS);
         return r;
     }
     if (fwd) {
         int frc = mt__preload_outside_sim_free(q, &fr);
-        if (frc == 0)
-            mt__preload_outside_freed(p, &fr);
-        else
-            mt__preload_outside_untake(false, p, &fr);
+        mt__preload_outside_settle(p, &fr, frc == 0);
         return mt__preload_drv_code(frc);
     }
     /* Freed on a capturing stream: the graph may use the block at every launch, so it

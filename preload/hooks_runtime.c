@@ -272,18 +272,13 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
     if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
         cudaError_t e = sync ? ((cudaError_t(*)(void *))(void *)real_free)(p)
                              : ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
-        if (fwd && e == cudaSuccess)
-            mt__preload_outside_freed(key, &fr);
-        else if (fwd)
-            mt__preload_outside_untake(false, key, &fr);
+        if (fwd)
+            mt__preload_outside_settle(key, &fr, e == cudaSuccess);
         return e;
     }
     if (fwd) {
         int frc = mt__preload_outside_sim_free(p, &fr);
-        if (frc == 0)
-            mt__preload_outside_freed(key, &fr);
-        else
-            mt__preload_outside_untake(false, key, &fr);
+        mt__preload_outside_settle(key, &fr, frc == 0);
         return mt__preload_rt_ret(mt__preload_rt_code(frc));
     }
     void *graph = NULL; /* freed while capturing: kept until the graph is destroyed */

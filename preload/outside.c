@@ -277,6 +277,14 @@ void mt__preload_outside_freed(uint64_t key, const mt__preload_fwd_t *r)
         note(a, true, key, r);
 }
 
+void mt__preload_outside_settle(uint64_t key, const mt__preload_fwd_t *r, bool freed)
+{
+    if (freed)
+        mt__preload_outside_freed(key, r);
+    else
+        mt__preload_outside_untake(false, key, r);
+}
+
 /* Takes every record of device d (d < 0: every device) out into a list the caller frees. */
 static size_t take_device(mt__amap_t *m, int d, uint64_t **keys, uint64_t **vals)
 {

@@ -41,6 +41,9 @@ void mt__preload_outside_alloc(int device, bool handle, uint64_t key, uint64_t s
 bool mt__preload_outside_take(bool handle, uint64_t key, mt__preload_fwd_t *out);
 void mt__preload_outside_untake(bool handle, uint64_t key, const mt__preload_fwd_t *r);
 void mt__preload_outside_freed(uint64_t key, const mt__preload_fwd_t *r);
+/* After the free of a pointer taken from the table (freed: the free succeeded): reported
+ * freed, else put back. */
+void mt__preload_outside_settle(uint64_t key, const mt__preload_fwd_t *r, bool freed);
 /* Device d goes (reset, primary context destroyed, which free its memory): its records are
  * reported freed through a (when not NULL), and on sim freed from sim_backend. */
 void mt__preload_outside_drop(int device, mt_alloc_t *a, mt_backend_t *sim_backend);
