@@ -179,6 +179,21 @@ int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
         rc = MT_EINVAL;
     if (env_u64("MEMTRACE_SIM_PEER_BANDWIDTH", &cfg->sim_peer_bandwidth, true, err, errlen) != 0)
         rc = MT_EINVAL;
+    const char *ht = getenv("MEMTRACE_CUDA_HANDLE_TYPE");
+    if (ht != NULL && *ht != '\0') {
+        static const char *const names[] = {"none", "posix_fd", "fabric"};
+        int v = -1;
+        for (int i = 0; i < 3 && v < 0; i++)
+            if (strcmp(ht, names[i]) == 0)
+                v = i;
+        if (v < 0) {
+            first_err(err, errlen,
+                      "MEMTRACE_CUDA_HANDLE_TYPE: must be none, posix_fd or fabric, not '%s'", ht);
+            rc = MT_EINVAL;
+        } else {
+            cfg->cuda_handle_type = v;
+        }
+    }
     uint64_t ctx = cfg->sim_context, other = cfg->sim_other_processes;
     if (env_u64("MEMTRACE_SIM_CONTEXT", &ctx, false, err, errlen) != 0)
         rc = MT_EINVAL;

@@ -135,17 +135,17 @@ static int device_open(mt_backend_t **out, const mt_backend_cfg_t *cfg)
     c->next_stream_id = 1;
     /* Expandable segments export their pages only if created shareable (PyTorch's IPC of
      * expandable segments asks for POSIX file descriptors). */
-    const char *ht = getenv("MEMTRACE_CUDA_HANDLE_TYPE");
-    if (ht == NULL || *ht == '\0' || strcmp(ht, "none") == 0)
+    if (cfg->cuda_handle_type == MT_CUDA_HANDLE_NONE)
         c->handle_types = CU_MEM_HANDLE_TYPE_NONE;
-    else if (strcmp(ht, "posix_fd") == 0)
+    else if (cfg->cuda_handle_type == MT_CUDA_HANDLE_POSIX_FD)
         c->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    else if (strcmp(ht, "fabric") == 0)
+    else if (cfg->cuda_handle_type == MT_CUDA_HANDLE_FABRIC)
         c->handle_types = CU_MEM_HANDLE_TYPE_FABRIC;
     else {
         mt__backend_log(&c->base, MT_LOG_ERROR,
-                        "memtrace: MEMTRACE_CUDA_HANDLE_TYPE=%s: want none, posix_fd or fabric",
-                        ht);
+                        "memtrace: cuda_handle_type %d: want MT_CUDA_HANDLE_NONE, _POSIX_FD or "
+                        "_FABRIC",
+                        cfg->cuda_handle_type);
         free(c);
         return MT_EINVAL;
     }

@@ -57,7 +57,7 @@ typedef struct cuda_s {
     CUdevice dev;
     CUcontext ctx;                          /* the device's primary context, retained */
     size_t granularity;                     /* cuMemGetAllocationGranularity, minimum; >= 2 MiB */
-    CUmemAllocationHandleType handle_types; /* asked of cuMemCreate (MEMTRACE_CUDA_HANDLE_TYPE) */
+    CUmemAllocationHandleType handle_types; /* asked of cuMemCreate (cfg.cuda_handle_type) */
     CUevent origin_ev;                      /* time origin of event_time_ns */
     void *nvml_dev;                         /* NVML's handle of dev (under mu), NULL unknown */
     bool nvml_tried;                        /* nvml_dev was looked up (under mu) */

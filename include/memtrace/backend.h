@@ -59,12 +59,22 @@ typedef struct mt_backend_cfg_s {
     size_t sim_context;          /* bytes each sim device's modelled CUDA context holds from the
                                   * start (used, never free; < capacity); the default config
                                   * takes MEMTRACE_SIM_CONTEXT, else 0 */
+    int cuda_handle_type;        /* mt_cuda_handle_e: what expandable segments' pages are made
+                                  * shareable as (PyTorch's IPC of expandable segments asks for
+                                  * POSIX fds); the default config takes
+                                  * MEMTRACE_CUDA_HANDLE_TYPE (none|posix_fd|fabric), else none */
     size_t sim_other_processes;  /* bytes other processes hold on each sim device from the
                                   * start (used, not this process's; context + this <
                                   * capacity); MEMTRACE_SIM_OTHER_PROCESSES, else 0 */
 } mt_backend_cfg_t;
 
 #define MT_SIM_MAX_DEVICES 64
+
+typedef enum mt_cuda_handle_e {
+    MT_CUDA_HANDLE_NONE = 0,
+    MT_CUDA_HANDLE_POSIX_FD = 1,
+    MT_CUDA_HANDLE_FABRIC = 2,
+} mt_cuda_handle_e;
 
 /* Calls made to the backend since creation. Monotonic counters. */
 typedef struct mt_backend_counters_s {

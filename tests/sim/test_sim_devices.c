@@ -281,6 +281,25 @@ static void test_env_parsing(void **state)
     assert_int_equal(mt_backend_cfg_from_env(&cfg, err, sizeof err), MT_EINVAL);
     assert_non_null(strstr(err, "MEMTRACE_SIM_PEER_COST_NS"));
     unsetenv("MEMTRACE_SIM_PEER_COST_NS");
+    /* The cuda backend's shareable handles and the sim's context and other processes come
+     * from the environment here, never at create. */
+    setenv("MEMTRACE_CUDA_HANDLE_TYPE", "posix_fd", 1);
+    setenv("MEMTRACE_SIM_CONTEXT", "300M", 1);
+    setenv("MEMTRACE_SIM_OTHER_PROCESSES", "1G", 1);
+    mt_backend_cfg_t e = mt_backend_cfg_default();
+    assert_int_equal(e.cuda_handle_type, MT_CUDA_HANDLE_POSIX_FD);
+    assert_int_equal(e.sim_context, 300 * MIB);
+    assert_int_equal(e.sim_other_processes, 1024 * MIB);
+    setenv("MEMTRACE_CUDA_HANDLE_TYPE", "posix", 1);
+    assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_CUDA_HANDLE_TYPE: must be none, posix_fd or fabric, not "
+                                "'posix'"));
+    setenv("MEMTRACE_SIM_CONTEXT", "lots", 1);
+    unsetenv("MEMTRACE_CUDA_HANDLE_TYPE");
+    assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "MEMTRACE_SIM_CONTEXT"));
+    unsetenv("MEMTRACE_SIM_CONTEXT");
+    unsetenv("MEMTRACE_SIM_OTHER_PROCESSES");
 }
 
 /* A configuration is what mt_backend_create follows: a malformed MEMTRACE_BACKEND in the
