@@ -36,7 +36,8 @@ static void test_every_kind_named_and_in_schema(void **state)
         json_t *v;
         json_array_foreach(kinds, i, v) found = found || strcmp(json_string_value(v), name) == 0;
         json_t *outside = json_object_get(
-            json_object_get(json_object_get(json_object_get(defs, "outside"), "properties"), "kind"),
+            json_object_get(json_object_get(json_object_get(defs, "outside"), "properties"),
+                            "kind"),
             "enum");
         json_array_foreach(outside, i, v) found = found || strcmp(json_string_value(v), name) == 0;
         if (!found)
