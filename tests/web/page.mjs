@@ -127,6 +127,8 @@ try {
   // Let the churn end and the daemon read all of it: from then on the figures hold still.
   await holding;
   const updates = () => page.evaluate(() => window.mtPage.updates);
+  // An update that was in flight when counting began may carry figures fetched before the
+  // moment the test compares against: two updates ensure one fetched wholly after it.
   const waitUpdates = async (n) => {
     const u0 = await updates();
     await waitFor(`${n} page updates`, async () => (await updates()) >= u0 + n, 5000);
@@ -136,7 +138,7 @@ try {
   const st = await getJSON(base, '/state');
   const p = st.processes.filter((x) => x.pid === pid).pop();
   if (!p) fail('the producer is not in /state');
-  await waitUpdates(1);
+  await waitUpdates(2);
   const shown = Number(await page.getAttribute('#alloc-value', 'data-bytes'));
   if (shown !== p.allocated_bytes) fail(`page shows allocated ${shown}, /state says ${p.allocated_bytes}`);
   if (!(shown > 0)) fail('allocated is 0: the producer recorded nothing');
@@ -153,7 +155,7 @@ try {
   const allTags = await page.$$eval('#tail tbody tr', (rs) => [...new Set(rs.map((r) => r.dataset.tag))]);
   if (allTags.length < 2) fail(`the unfiltered tail shows ${allTags.length} tag(s); want several`);
   await page.selectOption('#f-tag', 'activations_user');
-  await waitUpdates(1);
+  await waitUpdates(2);
   const tags = await page.$$eval('#tail tbody tr', (rs) => rs.map((r) => r.dataset.tag));
   if (tags.length === 0 || tags.some((t) => t !== 'activations_user'))
     fail(`tag filter: rows ${JSON.stringify([...new Set(tags)])} (${tags.length})`);
@@ -175,7 +177,7 @@ try {
   // 6. The rest of the page, against /state.
   const st2 = await getJSON(base, '/state');
   const p2 = st2.processes.filter((x) => x.pid === pid).pop();
-  await waitUpdates(1);
+  await waitUpdates(2);
   if (!(await page.$(`#procs tr[data-pid="${pid}"] td:nth-child(3) canvas`))) fail('no sparkline for the process');
   const series = await page.evaluate(() => window.mtPage.chart.series.map((x) => x.label));
   for (const t of p2.tags.map((x) => x.name))
@@ -210,7 +212,7 @@ try {
   // Compare: A = the last 5 minutes, B = the last minute; a row per tag, what grew.
   await page.click('#set-a');
   await page.click('button[data-span="60"]');
-  await waitUpdates(1);
+  await waitUpdates(2);
   await page.click('#set-b');
   await waitFor('the comparison', async () => {
     const rows = await page.$$eval('#compare tbody tr', (rs) => rs.map((r) => r.cells[0].textContent));
