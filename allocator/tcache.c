@@ -257,6 +257,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     b->tc_req = size;
     b->tc_tag = (uint8_t)tag;
     b->tc_k = ++c->nops;
+    c->pops++;
     mt__tc_counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
     mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
     if (!same)
@@ -278,7 +279,7 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     /* The block handed out last first: in a pair, the one freed now. */
     mt_block_t *b = c->last;
     if (b == NULL || b->addr != (uintptr_t)ptr)
-        b = mt__addrmap_get(&c->live, (uintptr_t)ptr);
+        b = c->live.n != 0 ? mt__addrmap_get(&c->live, (uintptr_t)ptr) : NULL;
     /* Held: a double free, which the global path reports. nuses: record_stream's streams
      * get events, on the global path. A planned block whose pair no longer repeats the
      * plan: its free is the plan's. */
@@ -417,12 +418,9 @@ void mt__tc_flush_mine(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
     mt__tcache_t *c = tls_find(a);
-    if (c == NULL)
-        return;
-    mt__tc_claim(c);
-    if (c->nheld > 0 || c->ndiv > 0)
+    /* The owner's own fields, and its claim is a no-op (its fast paths do not run now). */
+    if (c != NULL && (c->nheld > 0 || c->ndiv > 0))
         flush_locked(a, c);
-    mt__tc_unclaim(c);
 }
 
 bool mt__tc_flush_all(mt_alloc_t *a)
@@ -453,7 +451,9 @@ static inline bool over(const mt_stat_t *s, int64_t d)
 
 void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag)
 {
-    if (a->caches == NULL)
+    const mt__tcache_t *c = a->caches;
+    /* No cache, or only the caller's and it has no allowance: the counters are the truth. */
+    if (c == NULL || (c->next == NULL && c == tls_find(a) && c->nheld == 0 && c->ndiv == 0))
         return;
     const mt_alloc_stats_t *st = &a->st;
     int64_t z = (int64_t)size, r = (int64_t)req;
@@ -509,6 +509,27 @@ fail_cache:
     return NULL;
 }
 
+/* Whether c should own one more block (c is the calling thread's: its fields are its
+ * own). */
+static bool owning_pays(mt__tcache_t *c)
+{
+    if (c->skip > 0) {
+        c->skip--;
+        return false;
+    }
+    if (++c->owns < TC_WINDOW)
+        return true;
+    if ((uint64_t)c->pops * TC_PAYS < c->owns) {
+        c->backoff = c->backoff == 0 ? TC_BACKOFF_MIN
+                                     : (c->backoff < TC_BACKOFF_MAX ? c->backoff * 2 : c->backoff);
+        c->skip = c->backoff;
+    } else {
+        c->backoff = 0;
+    }
+    c->owns = c->pops = 0;
+    return true;
+}
+
 void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
@@ -520,7 +541,7 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
         b->size >= a->cfg.max_split_size || b->seg->priv)
         return;
     mt__tcache_t *c = mine(a);
-    if (c == NULL)
+    if (c == NULL || !owning_pays(c))
         return;
     mt__tc_claim(c);
     if (mt__addrmap_put(&c->live, b) == 0) {

@@ -6,9 +6,13 @@
 #include "allocator/tcache.h"
 #include "allocator/tcache_gate.h"
 
-#define TC_SLOTS 64 /* LIFOs per cache, direct-mapped by (stream, size) */
-#define TC_DEPTH 16 /* blocks per LIFO at most */
-#define TC_TLS   4  /* allocators a thread caches for at once */
+#define TC_SLOTS       64   /* LIFOs per cache, direct-mapped by (stream, size) */
+#define TC_DEPTH       16   /* blocks per LIFO at most */
+#define TC_TLS         4    /* allocators a thread caches for at once */
+#define TC_WINDOW      256  /* owns per verdict on whether owning pays */
+#define TC_PAYS        8    /* owning pays with >= 1 pop per TC_PAYS owns */
+#define TC_BACKOFF_MIN 1024 /* global allocations skipped after a window that did not pay */
+#define TC_BACKOFF_MAX 65536
 _Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
 /* One LIFO: blocks of exactly `size` bytes of sr's stream, newest first, linked by bin_next.
@@ -52,9 +56,15 @@ struct mt__tcache_s {
     mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */
     mt_block_t *last;  /* an owned block, the last handed out (a free looks here first), or NULL */
     size_t ndiv, nheld;
-    size_t nplan;      /* live-table blocks with tc_pver != 0 (changed under mu only) */
-    uint64_t nops;     /* pushes and pops so far: the held blocks' order, and whether a
-                        * block's pop repeats the best fit that handed it out */
+    size_t nplan;  /* live-table blocks with tc_pver != 0 (changed under mu only) */
+    uint64_t nops; /* pushes and pops so far: the held blocks' order, and whether a
+                    * block's pop repeats the best fit that handed it out */
+    /* Whether owning pays (owner thread only): pops and owns in the current window, and
+     * how many more global allocations skip owning. A window of TC_WINDOW owns with fewer
+     * than 1 pop in TC_PAYS turns owning off for `backoff` allocations (doubling up to
+     * TC_BACKOFF_MAX while it keeps not paying), since an owned block costs a table
+     * insert, and its free a flush, on a thread whose pairs do not repeat. */
+    uint32_t pops, owns, skip, backoff;
     tc_counts_t allow; /* >= 0 each */
     tc_counts_t cum;   /* cumulative truth increments since the last flush */
     tc_lifo_t lifo[TC_SLOTS];

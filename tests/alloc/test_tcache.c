@@ -7,6 +7,7 @@
 
 #include "helpers.h"
 #include "allocator/tcache.h"
+#include "allocator/tcache_impl.h" /* TC_WINDOW, TC_BACKOFF_MIN */
 #include "tests/common/test_main.h"
 
 /* ---- a thread that runs jobs on request (its cache lives as long as it does) ---- */
@@ -638,6 +639,48 @@ static void test_pop_only_where_best_fit_would(void **state)
     mt_backend_destroy(&b);
 }
 
+/* A thread whose blocks are never taken back from its cache stops giving them to it (a
+ * window of TC_WINDOW owned blocks without a pop), and starts again TC_BACKOFF_MIN global
+ * allocations later. The counters overstate the truth only while the cache holds a block. */
+static void test_owning_backs_off(void **state)
+{
+    (void)state;
+    enum { N = TC_WINDOW + 64 };
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    model_t m;
+    memset(&m, 0, sizeof m);
+    static void *ps[N];
+    for (int i = 0; i < N; i++) /* owned, none ever popped */
+        ps[i] = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(mt_alloc_free(a, ps[i]), 0);
+    mt__alloc_lock(a);
+    mt__tc_flush_all(a);
+    mt__alloc_unlock(a);
+    int global = 0; /* global allocations since owning stopped */
+    void *p = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    global++;
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    assert_int_equal(held_bytes(a, &m), 0); /* not owned: its free went global */
+    while (global < TC_BACKOFF_MIN - (N - TC_WINDOW)) {
+        p = xmalloc_dev(a, 64 * KIB, NULL, 0);
+        global++;
+        assert_int_equal(mt_alloc_free(a, p), 0);
+        assert_int_equal(held_bytes(a, &m), 0);
+    }
+    p = xmalloc_dev(a, 64 * KIB, NULL, 0); /* owned again */
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    assert_int_equal(held_bytes(a, &m), 64 * KIB);
+    void *q = xmalloc_dev(a, 64 * KIB, NULL, 0); /* the fast path gives it back */
+    assert_ptr_equal(q, p);
+    assert_int_equal(held_bytes(a, &m), 64 * KIB); /* q is live (m counts nothing) */
+    assert_int_equal(mt_alloc_free(a, q), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 /* ---- the exclusion of the fast paths by claims ---- */
 
 typedef struct spin_s {
@@ -729,6 +772,7 @@ int main(void)
         cmocka_unit_test(test_destroy_while_named),
         cmocka_unit_test(test_off_where_it_must_be),
         cmocka_unit_test(test_pop_only_where_best_fit_would),
+        cmocka_unit_test(test_owning_backs_off),
         cmocka_unit_test(test_claims_against_fast_paths),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
