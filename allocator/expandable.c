@@ -610,20 +610,49 @@ static int range_reserve(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize
     if (sr->vsize[bp] != 0)
         return 0;
     /* Twice the device: the range costs address space only, and runs that move to
-     * where requests need them leave unmapped gaps behind. */
+     * where requests need them leave unmapped gaps behind. Every (stream, pool) has its
+     * own, so with many streams the device's address space can run short: then once the
+     * device, then the request alone (place_high's halves shrink with the range). */
     size_t page = mt__exp_page(a);
     size_t cap = a->capacity > rsize ? a->capacity : rsize;
-    size_t vsize = round_up(cap > SIZE_MAX / 4 ? cap : 2 * cap, page);
+    size_t want[3] = {round_up(cap > SIZE_MAX / 4 ? cap : 2 * cap, page), round_up(cap, page),
+                      round_up(rsize, page)};
+    size_t vsize = 0;
     void *base = NULL;
     sr->reserving[bp] = true;
     mt__alloc_unlock(a);
-    int rc = mt_backend_vm_reserve(a->backend, vsize, &base);
+    int rc = MT_ENOMEM;
+    for (int i = 0; i < 3 && rc == MT_ENOMEM; i++) {
+        if (i > 0 && want[i] >= want[i - 1])
+            continue;
+        vsize = want[i];
+        rc = mt_backend_vm_reserve(a->backend, vsize, &base);
+    }
     mt__alloc_lock(a);
     mt_assert(sr->reserving[bp] && sr->vsize[bp] == 0);
     sr->reserving[bp] = false;
     pthread_cond_broadcast(&a->cv);
+    if (rc == MT_ENOMEM) {
+        /* No address space left even for the request: a plain segment takes it. */
+        if (!a->va_short_logged) {
+            a->va_short_logged = true;
+            mt__alloc_log(a, MT_LOG_WARN,
+                          "memtrace: the device's address space is short (%zu bytes could not "
+                          "be reserved for stream %u's expandable range): requests that need "
+                          "one get plain segments meanwhile",
+                          want[2], sr->sid);
+        }
+        return MT__ENORANGE;
+    }
     if (rc != 0)
         return rc;
+    if (vsize != want[0] && !a->va_short_logged) {
+        a->va_short_logged = true;
+        mt__alloc_log(a, MT_LOG_WARN,
+                      "memtrace: the device's address space is short: stream %u's expandable "
+                      "range is %zu bytes instead of %zu",
+                      sr->sid, vsize, want[0]);
+    }
     mt_assert((uintptr_t)base % page == 0);
     sr->vbase[bp] = (uintptr_t)base;
     sr->vsize[bp] = vsize;

@@ -45,6 +45,9 @@
 #define MT__ROUND_LARGE   ((size_t)2 << 20)  /* bigger large segments round up to this */
 #define MT__BEST_FIT_SCAN 16                 /* candidates examined per size class */
 #define MT__PLACE_HIGH    ((size_t)32 << 20) /* default place_high (docs/allocator-policy.md) */
+/* Internal result of the expandable path (never returned by a public call): no address
+ * range could be reserved for the request's stream; the caller takes a plain segment. */
+#define MT__ENORANGE (-4096)
 
 /* ---- size classes ----
  * Sizes are multiples of MT__ALIGN. With u = size / MT__ALIGN: u < 32 maps linearly to
@@ -398,10 +401,11 @@ struct mt_alloc_s {
     mt_event_t **evpool;       /* idle events, reused instead of create/destroy */
     size_t nevpool, cap_evpool;
 
-    uint64_t clock;    /* operation counter: segment ages for GC */
-    uint32_t gen;      /* warm-up generation; blocks remember theirs */
-    bool warming;      /* between warmup_begin and warmup_end */
-    int64_t warm_peak; /* peak allocated bytes since warmup_begin */
+    uint64_t clock;       /* operation counter: segment ages for GC */
+    uint32_t gen;         /* warm-up generation; blocks remember theirs */
+    bool warming;         /* between warmup_begin and warmup_end */
+    bool va_short_logged; /* the warning that address space ran short was given */
+    int64_t warm_peak;    /* peak allocated bytes since warmup_begin */
     /* The warm-up's request sequence, replayed at warmup_end to plan the reservation
      * (reserve.c). wops_failed: a host allocation for it failed; the plan then falls
      * back to reserving the whole measured transient peak. */

@@ -259,11 +259,15 @@ int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
      * which an expandable range's page release would not keep. */
     if (a->cfg.expandable_segments && sr->pool == NULL) {
         int rc = mt__exp_grow(a, sr, bp, rsize, out);
-        if (rc != MT_ENOTSUP)
+        if (rc == MT_ENOTSUP) {
+            /* A backend without virtual memory: plain segments from now on, with their rules
+             * (small requests back in the small pool, one_pool having no range to share). */
+            a->cfg.expandable_segments = false;
+        } else if (rc != MT__ENORANGE) {
             return rc;
-        /* A backend without virtual memory: plain segments from now on, with their rules
-         * (small requests back in the small pool, one_pool having no range to share). */
-        a->cfg.expandable_segments = false;
+        }
+        /* MT__ENORANGE: this request's stream has no range and no address space is left
+         * for one; a plain segment serves it, and a later request tries a range again. */
     }
     mt_segment_t *seg = NULL;
     int rc = mt__seg_new(a, sr, bp, mt__seg_alloc_size(a, bp, rsize), &seg);

@@ -93,6 +93,7 @@ static int device_new(sim_group_t *g, int ordinal, const mt_backend_cfg_t *cfg, 
     s->capacity = capacity;
     s->context = cfg->sim_context;
     s->others = cfg->sim_other_processes;
+    s->va_space = cfg->sim_va_space;
     s->fail_rc = MT_ENOMEM;
     atomic_init(&s->malloc_cost_ns, mcost);
     atomic_init(&s->free_cost_ns, fcost);

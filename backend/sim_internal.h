@@ -93,6 +93,8 @@ typedef struct sim_s {
     size_t seg_bytes;    /* bytes in live segments */
     size_t mapped_bytes; /* bytes of mapped VM pages */
     sim_vm_t *vms;       /* reservations, unordered list */
+    size_t va_space;     /* cfg.sim_va_space: bound on va_used; 0 = none */
+    size_t va_used;      /* bytes of the reservations in vms */
     sim_host_t *hosts;   /* pinned host allocations, unordered list */
     unsigned fail_next;  /* the next fail_next segment mallocs / vm_maps fail (test hook) */
     int fail_rc;         /* ... with this code (MT_ENOMEM unless a test sets another) */

@@ -376,9 +376,20 @@ int mt__sim_vm_reserve(mt_backend_t *b, size_t size, void **out)
     v->base = (uintptr_t)p;
     v->size = size;
     pthread_mutex_lock(&s->mu);
-    v->next = s->vms;
-    s->vms = v;
+    /* The device's address space, as cuMemAddressReserve runs out of it. */
+    bool room = s->va_space == 0 || (s->va_used <= s->va_space && size <= s->va_space - s->va_used);
+    if (room) {
+        s->va_used += size;
+        v->next = s->vms;
+        s->vms = v;
+    }
     pthread_mutex_unlock(&s->mu);
+    if (!room) {
+        munmap(p, size);
+        free(v->mapped);
+        free(v);
+        return MT_ENOMEM;
+    }
     *out = p;
     return 0;
 }
@@ -399,8 +410,10 @@ int mt__sim_vm_release(mt_backend_t *b, void *base, size_t size)
         rc = MT_EINVAL; /* cuMemAddressFree takes the whole reservation back */
     else if (v->nmapped > 0)
         rc = MT_EBUSY;
-    else
+    else {
         *pp = v->next;
+        s->va_used -= size;
+    }
     pthread_mutex_unlock(&s->mu);
     if (rc != 0)
         return rc;

@@ -66,6 +66,9 @@ typedef struct mt_backend_cfg_s {
     size_t sim_other_processes;  /* bytes other processes hold on each sim device from the
                                   * start (used, not this process's; context + this <
                                   * capacity); MEMTRACE_SIM_OTHER_PROCESSES, else 0 */
+    size_t sim_va_space;         /* bytes of device address space each sim device's
+                                  * reservations (mt_backend_vm_reserve) may hold at once;
+                                  * 0 = unbounded. A real GPU has 2^47-2^49 bytes of it. */
 } mt_backend_cfg_t;
 
 #define MT_SIM_MAX_DEVICES 64

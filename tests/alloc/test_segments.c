@@ -73,6 +73,52 @@ static void test_expandable_segments(void **state)
     rec_fini(&rec);
 }
 
+/* Each (stream, pool) reserves its own expandable range of twice the device. When the
+ * device's address space runs short (many streams; the sim bounds it like the driver's
+ * cuMemAddressReserve), a range is once the device, then the request alone, then no range:
+ * a plain segment. Every request is served while memory is free. */
+static void test_expandable_address_space_short(void **state)
+{
+    (void)state;
+    enum { STREAMS = 6 };
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 1024 * MIB;
+    bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
+    bc.sim_va_space = 4096 * MIB + 1024 * MIB + 64 * MIB; /* 2x, 2x, 1x, 64 MiB */
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    mt_alloc_t *a = make_alloc_default(b, "expandable_segments:True,place_high_mb:16", NULL);
+    mt_stream_t *st[STREAMS];
+    void *p[STREAMS];
+    for (int i = 0; i < STREAMS; i++) {
+        assert_int_equal(mt_stream_create(b, &st[i]), 0);
+        assert_int_equal(mt_alloc_malloc(a, 48 * MIB, st[i], 0, &p[i]), 0);
+        assert_int_equal(mt_alloc_check(a), 0);
+    }
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    size_t expandable = 0, plain = 0;
+    for (size_t i = 0; i < snap->nsegments; i++)
+        snap->segments[i].expandable ? expandable++ : plain++;
+    mt_alloc_snapshot_free(&snap);
+    assert_int_equal(expandable, 4); /* 2x, 2x, 1x and the request's 64 MiB */
+    assert_int_equal(plain, 2);
+    /* The memory is usable, and it all goes back. */
+    for (int i = 0; i < STREAMS; i++) {
+        assert_int_equal(mt_memset_async(b, p[i], 1, 48 * MIB, st[i]), 0);
+        assert_int_equal(mt_stream_synchronize(b, st[i]), 0);
+        assert_int_equal(mt_alloc_free(a, p[i]), 0);
+    }
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    for (int i = 0; i < STREAMS; i++)
+        mt_stream_destroy(b, &st[i]);
+    mt_backend_destroy(&b);
+}
+
 /* release_to_fit with expandable segments: a request that no free block fits takes its
  * pages from a free hole inside a run (unmapped there, mapped where the request goes), so
  * reserved grows by the difference only and the run splits in two. */
@@ -527,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_oversize_release),
         cmocka_unit_test(test_oom_report),
         cmocka_unit_test(test_release_smaller_segments),
+        cmocka_unit_test(test_expandable_address_space_short),
         cmocka_unit_test(test_expandable_release_to_fit),
         cmocka_unit_test(test_expandable_one_pool),
         cmocka_unit_test(test_expandable_place_high),
