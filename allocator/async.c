@@ -17,12 +17,14 @@
 #include <string.h>
 
 #include "allocator/internal.h"
+#include "util/addrmap.h"
+#include "util/grow.h"
 
 #define ASYNC_ALIGN ((size_t)512) /* the pool's alignment: allocated bytes are counted so */
 
 /* One live allocation. uses: streams other than stream that used it (record_stream). */
 typedef struct async_rec_s {
-    uintptr_t addr; /* 0 = empty slot */
+    uintptr_t addr; /* != 0 */
     size_t size;    /* bytes counted as allocated: requested rounded up to ASYNC_ALIGN */
     size_t requested;
     mt_stream_t *stream; /* the stream it was allocated on (its free goes there) */
@@ -31,14 +33,15 @@ typedef struct async_rec_s {
     uint8_t tag;
 } async_rec_t;
 
-/* Invariants (under the allocator's mu): recs is an open-addressing table (linear probing,
- * backward-shift deletion) of n live allocations, cap a power of two, n <= cap / 2;
+/* Invariants (under the allocator's mu): recs[0..n) are the live allocations, in no order,
+ * distinct addresses; at maps each one's addr to its index (at.n = n); n <= cap;
  * allocated_bytes[ALL] = sum of sizes, requested_bytes[ALL] = sum of requested,
  * allocation[ALL] = active[ALL] = n, active_bytes = allocated_bytes; SMALL and LARGE stay 0
  * (the pool has no size classes: PyTorch reports only the aggregate). */
 struct mt__async_s {
-    async_rec_t *recs;
+    async_rec_t *recs; /* n live allocations; cap allocated */
     size_t cap, n;
+    mt__amap_t at;      /* addr -> index in recs */
     mt_stream_t *unify; /* made on the first free of a block used on several streams */
     uintptr_t lo, hi;   /* every allocation ever made lies in [lo, hi): lookups of other
                          * devices' pointers end at once (0, 0 before the first) */
@@ -46,64 +49,34 @@ struct mt__async_s {
 
 /* ---- the table ---- */
 
-static size_t slot_of(uintptr_t addr, size_t cap)
+static async_rec_t *find(const mt__async_t *as, uintptr_t addr)
 {
-    return (size_t)((addr >> 9) * 0x9E3779B97F4A7C15ull) & (cap - 1);
-}
-
-static async_rec_t *find(mt__async_t *as, uintptr_t addr)
-{
-    if (as->cap == 0)
-        return NULL;
-    for (size_t i = slot_of(addr, as->cap);; i = (i + 1) & (as->cap - 1)) {
-        if (as->recs[i].addr == addr)
-            return &as->recs[i];
-        if (as->recs[i].addr == 0)
-            return NULL;
-    }
-}
-
-static void place(async_rec_t *recs, size_t cap, const async_rec_t *r)
-{
-    size_t i = slot_of(r->addr, cap);
-    while (recs[i].addr != 0)
-        i = (i + 1) & (cap - 1);
-    recs[i] = *r;
+    uint64_t i;
+    return mt__amap_get(&as->at, addr, &i) == 0 ? &as->recs[i] : NULL;
 }
 
 static int insert(mt__async_t *as, const async_rec_t *r)
 {
-    if (2 * (as->n + 1) > as->cap) {
-        size_t cap = as->cap ? 2 * as->cap : 64;
-        async_rec_t *v = calloc(cap, sizeof *v);
-        if (v == NULL)
-            return MT_ENOMEM;
-        for (size_t i = 0; i < as->cap; i++)
-            if (as->recs[i].addr != 0)
-                place(v, cap, &as->recs[i]);
-        free(as->recs);
-        as->recs = v;
-        as->cap = cap;
-    }
-    place(as->recs, as->cap, r);
-    as->n++;
-    return 0;
+    async_rec_t *v = mt__grow(as->recs, &as->cap, as->n + 1, sizeof *v, 64);
+    if (v == NULL)
+        return MT_ENOMEM;
+    as->recs = v;
+    int rc = mt__amap_put(&as->at, r->addr, as->n);
+    if (rc == 0)
+        as->recs[as->n++] = *r;
+    return rc;
 }
 
+/* The last record moves into r's place. */
 static void erase(mt__async_t *as, async_rec_t *r)
 {
-    size_t mask = as->cap - 1, i = (size_t)(r - as->recs);
+    size_t i = (size_t)(r - as->recs);
     free(r->uses);
-    for (size_t j = (i + 1) & mask; as->recs[j].addr != 0; j = (j + 1) & mask) {
-        size_t home = slot_of(as->recs[j].addr, as->cap);
-        /* j's entry may fill the hole at i if its home is not in (i, j] (cyclically). */
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            as->recs[i] = as->recs[j];
-            i = j;
-        }
+    (void)mt__amap_del(&as->at, r->addr);
+    if (i < --as->n) {
+        as->recs[i] = as->recs[as->n];
+        (void)mt__amap_put(&as->at, as->recs[i].addr, i); /* replaces: no allocation */
     }
-    as->recs[i] = (async_rec_t){0};
-    as->n--;
 }
 
 /* ---- reserved, from the pool ---- */
@@ -178,14 +151,13 @@ void mt__async_fini(mt_alloc_t *a)
 {
     mt__async_t *as = a->async;
     /* Live allocations go back with the allocator, as the caching allocator's do. */
-    for (size_t i = 0; i < as->cap; i++) {
+    for (size_t i = 0; i < as->n; i++) {
         async_rec_t *r = &as->recs[i];
-        if (r->addr == 0)
-            continue;
         (void)mt_backend_free_async(a->backend, (void *)r->addr, r->stream);
         free(r->uses);
     }
     mt_stream_destroy(a->backend, &as->unify);
+    mt__amap_fini(&as->at);
     free(as->recs);
     free(as);
     a->async = NULL;
@@ -359,10 +331,10 @@ int mt__async_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *si
     mt__async_t *as = a->async;
     const async_rec_t *r = find(as, (uintptr_t)ptr);
     bool inside = (uintptr_t)ptr >= as->lo && (uintptr_t)ptr < as->hi;
-    for (size_t i = 0; r == NULL && inside && i < as->cap; i++) {
+    for (size_t i = 0; r == NULL && inside && i < as->n; i++) {
         /* An interior pointer: the pool tells no block boundaries, so every one is looked at. */
         const async_rec_t *x = &as->recs[i];
-        if (x->addr != 0 && (uintptr_t)ptr > x->addr && (uintptr_t)ptr < x->addr + x->requested)
+        if ((uintptr_t)ptr > x->addr && (uintptr_t)ptr < x->addr + x->requested)
             r = x;
     }
     if (r != NULL) {
@@ -402,12 +374,12 @@ const char *mt__async_is_valid(mt_alloc_t *a)
 {
     const mt__async_t *as = a->async;
     int64_t bytes = 0, req = 0, n = 0, tags[MT_TAG_MAX] = {0};
-    for (size_t i = 0; i < as->cap; i++) {
+    if (mt__amap_check(&as->at, NULL, 0) != 0)
+        return "async: the address table breaks its invariants";
+    for (size_t i = 0; i < as->n; i++) {
         const async_rec_t *r = &as->recs[i];
-        if (r->addr == 0)
-            continue;
-        if (find((mt__async_t *)as, r->addr) != r)
-            return "async: an allocation is not where its probe sequence reaches";
+        if (r->addr == 0 || find(as, r->addr) != r)
+            return "async: an allocation is not indexed by its address";
         if (r->requested == 0 || r->size < r->requested || r->size % ASYNC_ALIGN != 0)
             return "async: an allocation's size is not its request rounded to 512 B";
         if (r->addr < as->lo || r->addr + r->size > as->hi)
@@ -418,8 +390,8 @@ const char *mt__async_is_valid(mt_alloc_t *a)
         n++;
     }
     const mt_alloc_stats_t *st = &a->st;
-    if ((size_t)n != as->n || 2 * as->n > as->cap)
-        return "async: table count or load";
+    if (as->at.n != as->n || as->n > as->cap)
+        return "async: table count";
     if (st->allocated_bytes[MT_STAT_ALL].current != bytes ||
         st->active_bytes[MT_STAT_ALL].current != bytes)
         return "async: allocated/active bytes are not the sum of the live allocations";

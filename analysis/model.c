@@ -16,7 +16,9 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/addrmap.h"
 #include "util/assert.h"
+#include "util/grow.h"
 
 mt_model_cfg_t mt_model_cfg_default(void)
 {
@@ -45,7 +47,8 @@ void mt_model_destroy(mt_model_t **pm)
         return;
     mt_model_t *m = *pm;
     for (int k = 0; k < MT_MODEL_CLASSES; k++) {
-        free(m->cls[k].tab);
+        free(m->cls[k].blocks);
+        mt__amap_fini(&m->cls[k].at);
         free(m->cls[k].stale);
         mt__segmap_fini(&m->cls[k].segs);
         mt__model_temp_free_all(&m->cls[k]);
@@ -77,63 +80,49 @@ double mt_model_fragmentation(uint64_t largest_free, uint64_t total_free)
 
 /* ---- block table ---- */
 
-static size_t hash64(uint64_t x)
+/* Block indices by address: util's table, which holds no key 0, and c->zero for it. */
+static bool index_get(const mt__mclass_t *c, uint64_t addr, size_t *i)
 {
-    x ^= x >> 33;
-    x *= UINT64_C(0xff51afd7ed558ccd);
-    x ^= x >> 33;
-    return (size_t)x;
+    uint64_t v;
+    if (addr == 0)
+        return c->zero != 0 && (*i = c->zero - 1, true);
+    return mt__amap_get(&c->at, addr, &v) == 0 && (*i = (size_t)v, true);
 }
 
-static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
+static int index_put(mt__mclass_t *c, uint64_t addr, size_t i)
 {
-    if (!c->cap)
-        return NULL;
-    for (size_t j = hash64(addr) & (c->cap - 1);; j = (j + 1) & (c->cap - 1)) {
-        mt__mblock_t *b = &c->tab[j];
-        if (b->state == MT__SLOT_EMPTY)
-            return NULL;
-        if (b->state == MT__SLOT_FULL && b->addr == addr)
-            return b;
-    }
-}
-
-static int table_grow(mt__mclass_t *c)
-{
-    size_t cap = c->cap ? c->cap : 64;
-    while ((c->live + 1) * 4 > cap)
-        cap *= 2;
-    mt__mblock_t *t = calloc(cap, sizeof(*t));
-    if (!t)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < c->cap; i++) {
-        if (c->tab[i].state != MT__SLOT_FULL)
-            continue;
-        size_t j = hash64(c->tab[i].addr) & (cap - 1);
-        while (t[j].state == MT__SLOT_FULL)
-            j = (j + 1) & (cap - 1);
-        t[j] = c->tab[i];
-    }
-    free(c->tab);
-    c->tab = t;
-    c->cap = cap;
-    c->used = c->live;
+    if (addr != 0)
+        return mt__amap_put(&c->at, addr, i);
+    c->zero = i + 1;
     return 0;
 }
 
-/* A new FULL slot for addr (none must exist), or NULL (no memory). */
+static void index_del(mt__mclass_t *c, uint64_t addr)
+{
+    if (addr != 0)
+        (void)mt__amap_del(&c->at, addr);
+    else
+        c->zero = 0;
+}
+
+/* The live block at addr, or NULL. Borrowed until the next insert or delete. */
+static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
+{
+    size_t i;
+    return index_get(c, addr, &i) ? &c->blocks[i] : NULL;
+}
+
+/* A new zeroed entry for addr (none must exist), or NULL (no memory). */
 static mt__mblock_t *block_insert(mt__mclass_t *c, uint64_t addr)
 {
-    if ((c->used + 1) * 2 > c->cap && table_grow(c) != 0)
+    mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 64);
+    if (!v)
         return NULL;
-    size_t j = hash64(addr) & (c->cap - 1);
-    while (c->tab[j].state == MT__SLOT_FULL)
-        j = (j + 1) & (c->cap - 1);
-    if (c->tab[j].state == MT__SLOT_EMPTY)
-        c->used++;
-    c->tab[j] = (mt__mblock_t){.addr = addr, .state = MT__SLOT_FULL};
-    c->live++;
-    return &c->tab[j];
+    c->blocks = v;
+    if (index_put(c, addr, c->live) != 0)
+        return NULL;
+    c->blocks[c->live] = (mt__mblock_t){.addr = addr};
+    return &c->blocks[c->live++];
 }
 
 /* Takes b out of the figures it counts in (a block whose free was requested counts in
@@ -177,14 +166,19 @@ static void block_account(mt__mclass_t *c, mt__mblock_t *b)
         c->tag_peak[b->tag] = now;
 }
 
+/* Removes b; the last block moves into its place. */
 static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
 {
-    mt_assert(b->state == MT__SLOT_FULL && c->live > 0);
+    size_t i = (size_t)(b - c->blocks);
+    mt_assert(i < c->live);
     block_unaccount(c, b);
     if (b->uncertain)
         c->nuncertain--;
-    b->state = MT__SLOT_DEAD;
-    c->live--;
+    index_del(c, b->addr);
+    if (i < --c->live) {
+        c->blocks[i] = c->blocks[c->live];
+        (void)index_put(c, c->blocks[i].addr, i); /* replaces: no allocation */
+    }
 }
 
 /* The uncertain block is settled as live (a free of it was seen): certain again. */
@@ -230,10 +224,8 @@ static int mark_gap(mt__mclass_t *c)
     c->stale = v;
     c->stale_cap = c->live;
     c->nstale = 0;
-    for (size_t i = 0; i < c->cap; i++) {
-        mt__mblock_t *b = &c->tab[i];
-        if (b->state != MT__SLOT_FULL)
-            continue;
+    for (size_t i = 0; i < c->live; i++) {
+        mt__mblock_t *b = &c->blocks[i];
         if (!b->uncertain) {
             block_unaccount(c, b);
             b->uncertain = 1;
@@ -330,7 +322,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->t_alloc = ev->time_ns;
     block_account(c, b);
     mt__model_seg_touch(c, ev->addr);
-    mt_assert(c->live <= c->used && c->used <= c->cap / 2);
+    mt_assert(c->live <= c->cap && c->at.n + (c->zero != 0) == c->live);
     return 0;
 }
 
@@ -689,18 +681,16 @@ int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
     out->blocks = malloc((c->live ? c->live : 1) * sizeof(*out->blocks));
     if (!out->blocks)
         return MT_ENOMEM;
-    for (size_t i = 0; i < c->cap; i++) {
-        const mt__mblock_t *b = &c->tab[i];
-        if (b->state == MT__SLOT_FULL)
-            out->blocks[out->nblocks++] =
-                (mt_model_block_t){.addr = b->addr,
-                                   .size = b->size,
-                                   .stack = mt__model_stack_id(m, b->sidx),
-                                   .tag = b->tag,
-                                   .pool = b->pool,
-                                   .pending = b->pending,
-                                   .uncertain = b->uncertain,
-                                   .requested = b->requested};
+    for (size_t i = 0; i < c->live; i++) {
+        const mt__mblock_t *b = &c->blocks[i];
+        out->blocks[out->nblocks++] = (mt_model_block_t){.addr = b->addr,
+                                                         .size = b->size,
+                                                         .stack = mt__model_stack_id(m, b->sidx),
+                                                         .tag = b->tag,
+                                                         .pool = b->pool,
+                                                         .pending = b->pending,
+                                                         .uncertain = b->uncertain,
+                                                         .requested = b->requested};
     }
     qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);
@@ -735,16 +725,16 @@ void mt_model_map_free(mt_model_map_t *map)
 static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
 {
     const mt__mclass_t *c = &m->cls[k];
-    CHECK(c->cap == 0 || (c->cap & (c->cap - 1)) == 0, "class %d: table size %zu", k, c->cap);
-    CHECK(c->used <= c->cap / 2 || c->cap == 0, "class %d: table load %zu/%zu", k, c->used, c->cap);
+    CHECK(c->live <= c->cap, "class %d: %zu blocks in %zu entries", k, c->live, c->cap);
+    CHECK(c->at.n + (c->zero != 0) == c->live, "class %d: %zu blocks, %zu in the address table", k,
+          c->live, c->at.n + (c->zero != 0));
+    char amap_why[128] = "";
+    CHECK(mt__amap_check(&c->at, amap_why, sizeof amap_why) == 0, "class %d: %s", k, amap_why);
     mt__u128 tb[MT_TAG_MAX] = {0}, ub[MT_TAG_MAX] = {0}, pb[4] = {0}, known = 0, unc = 0;
     uint64_t tn[MT_TAG_MAX] = {0}, un[MT_TAG_MAX] = {0};
-    size_t live = 0, used = 0, nunc = 0;
-    for (size_t i = 0; i < c->cap; i++) {
-        const mt__mblock_t *b = &c->tab[i];
-        used += b->state != MT__SLOT_EMPTY;
-        if (b->state != MT__SLOT_FULL)
-            continue;
+    size_t live = 0, nunc = 0;
+    for (size_t i = 0; i < c->live; i++) {
+        const mt__mblock_t *b = &c->blocks[i];
         live++;
         CHECK(b->tag < MT_TAG_MAX, "class %d: block %#llx tag %d", k, (unsigned long long)b->addr,
               b->tag);
@@ -774,8 +764,7 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
             known += b->size;
         }
     }
-    CHECK(live == c->live && used == c->used, "class %d: live %zu/%zu used %zu/%zu", k, live,
-          c->live, used, c->used);
+    CHECK(live == c->live, "class %d: live %zu/%zu", k, live, c->live);
     CHECK(nunc == c->nuncertain, "class %d: uncertain blocks %zu, counted %zu", k, nunc,
           c->nuncertain);
     CHECK(known == c->known && unc == c->unc, "class %d: known/uncertain sums differ", k);

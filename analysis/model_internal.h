@@ -4,6 +4,7 @@
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
 #include "analysis/model.h"
+#include "util/addrmap.h"
 #include "util/segmap.h"
 
 /* Exact sums: a class has at most MT_EVENT_SOURCES sources and any number of blocks of
@@ -16,15 +17,13 @@ static inline uint64_t mt__model_sat(mt__u128 v)
     return v > UINT64_MAX ? UINT64_MAX : (uint64_t)v;
 }
 
-enum { MT__SLOT_EMPTY = 0, MT__SLOT_FULL = 1, MT__SLOT_DEAD = 2 };
-
-/* A live block (alloc seen, free_completed not), in an open-addressing table by addr. */
+/* A live block (alloc seen, free_completed not), in its class's dense array, found by addr
+ * through the class's address table. */
 typedef struct mt__mblock_s {
     uint64_t addr, size; /* bytes */
     uint64_t requested;  /* bytes the alloc asked for, <= size; 0 unknown */
     uint32_t sidx;       /* its stack's index in the model's stacks (model_stacks.c); 0 = id 0,
                             MT__SIDX_NONE = counted in no stack's figures */
-    uint8_t state;       /* MT__SLOT_* */
     uint8_t tag;         /* < MT_TAG_MAX */
     uint8_t pool;        /* mt_pool_e */
     uint8_t pending;     /* free requested: no longer allocated, still occupying */
@@ -42,14 +41,16 @@ typedef struct mt__range_s {
 
 /* One class of memory (device, or pinned host).
  * Invariants (mt_model_check):
- *   cap = 0 or a power of two; live = #FULL; used = #FULL + #DEAD; used <= cap / 2;
+ *   blocks[0..live) distinct addresses; at maps each non-zero addr to its index (util/addrmap.h
+ *   invariants), zero names the one at address 0 (a malformed log's), at.n + (zero != 0) =
+ *   live; live <= cap;
  *   known = sum_t tag_bytes[t]; unc = sum_t unc_bytes[t];
- *   tag_bytes[t] = sum size over FULL, !pending, !uncertain blocks of tag t; tag_blocks[t] = #;
- *   unc_bytes[t] = sum size over FULL, !pending, uncertain blocks of tag t; unc_blocks[t] = #;
- *   pool_bytes[p] = sum size over FULL, !pending, !uncertain blocks of pool p;
+ *   tag_bytes[t] = sum size over live, !pending, !uncertain blocks of tag t; tag_blocks[t] = #;
+ *   unc_bytes[t] = sum size over live, !pending, uncertain blocks of tag t; unc_blocks[t] = #;
+ *   pool_bytes[p] = sum size over live, !pending, !uncertain blocks of pool p;
  *   tag_peak[t] >= min(tag_bytes[t], UINT64_MAX);
- *   nuncertain = #FULL uncertain blocks, each of them in stale[0..nstale) (same addr, size);
- *   stale sorted by addr; unc_max >= size of every FULL, !pending, uncertain block;
+ *   nuncertain = #live uncertain blocks, each of them in stale[0..nstale) (same addr, size);
+ *   stale sorted by addr; unc_max >= size of every live, !pending, uncertain block;
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
  *   asum/rsum = sum over the class's sources of src_alloc/src_res;
@@ -57,8 +58,10 @@ typedef struct mt__range_s {
 typedef struct mt__mclass_s {
     mt__u128 asum, rsum;             /* bytes, exact sums of the sources' latest totals */
     uint64_t peak_alloc, peak_res;   /* bytes, saturated */
-    mt__mblock_t *tab;               /* cap slots */
-    size_t cap, used, live;          /* slots; FULL + DEAD; FULL */
+    mt__mblock_t *blocks;            /* live entries, in no order; cap allocated */
+    size_t cap, live;                /* entries */
+    mt__amap_t at;                   /* addr -> index in blocks, for addr != 0 */
+    size_t zero;                     /* 1 + index of the block at address 0; 0 = none */
     mt__u128 tag_bytes[MT_TAG_MAX];  /* known live bytes by tag */
     uint64_t tag_blocks[MT_TAG_MAX]; /* known live blocks by tag */
     uint64_t tag_peak[MT_TAG_MAX];   /* bytes, saturated */

@@ -105,9 +105,8 @@ static mt__range_t *sorted_blocks(const mt__mclass_t *c, const mt_model_map_t *m
             v[(*n)++] = (mt__range_t){map->blocks[i].addr, map->blocks[i].size};
         return v;
     }
-    for (size_t i = 0; i < c->cap; i++)
-        if (c->tab[i].state == MT__SLOT_FULL)
-            v[(*n)++] = (mt__range_t){c->tab[i].addr, c->tab[i].size};
+    for (size_t i = 0; i < c->live; i++)
+        v[(*n)++] = (mt__range_t){c->blocks[i].addr, c->blocks[i].size};
     qsort(v, *n, sizeof(*v), cmp_range);
     return v;
 }

@@ -615,10 +615,9 @@ int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen)
             free(u);
             return 0; /* cannot walk without memory: nothing proven wrong */
         }
-        for (size_t i = 0; i < c->cap; i++) {
-            const mt__mblock_t *bl = &c->tab[i];
-            if (bl->state != MT__SLOT_FULL || bl->pending || bl->sidx == MT__SIDX_NONE ||
-                bl->sidx >= s->n)
+        for (size_t i = 0; i < c->live; i++) {
+            const mt__mblock_t *bl = &c->blocks[i];
+            if (bl->pending || bl->sidx == MT__SIDX_NONE || bl->sidx >= s->n)
                 continue;
             if (bl->uncertain)
                 u[bl->sidx] += bl->size;

@@ -6,76 +6,63 @@
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
+#include "util/addrmap.h"
+#include "util/grow.h"
 
-/* ---- live blocks by address: open addressing, tombstones, grown at half full ---- */
+/* ---- live blocks by address: a dense array indexed by util's address table ---- */
 
 typedef struct live_s {
-    uint64_t addr;  /* 0 = empty, 1 = deleted (addresses 0 and 1 are never blocks) */
+    uint64_t addr;  /* > 1 (addresses 0 and 1 are never blocks) */
     uint64_t size;  /* requested bytes */
     uint32_t slot;  /* trace slot */
     uint32_t stack; /* call stack */
     uint8_t freed;  /* free_requested seen, free_completed not yet */
 } live_t;
 
+/* Invariants: v[0..n) distinct addresses, in no order; at maps each one's addr to its index
+ * (at.n = n); n <= cap. A zeroed livemap_t is empty. */
 typedef struct livemap_s {
-    live_t *t;
-    size_t cap, used; /* used counts deleted entries too */
+    live_t *v;
+    size_t n, cap;
+    mt__amap_t at;
 } livemap_t;
 
-static size_t hash64(uint64_t a)
+static void lm_fini(livemap_t *m)
 {
-    a ^= a >> 33;
-    a *= 0xff51afd7ed558ccdull;
-    a ^= a >> 33;
-    return (size_t)a;
+    free(m->v);
+    mt__amap_fini(&m->at);
+    *m = (livemap_t){0};
 }
 
+/* The entry of addr, or NULL. Borrowed until the next lm_insert or lm_erase. */
 static live_t *lm_find(livemap_t *m, uint64_t addr)
 {
-    if (m->cap == 0)
-        return NULL;
-    for (size_t h = hash64(addr) & (m->cap - 1);; h = (h + 1) & (m->cap - 1)) {
-        if (m->t[h].addr == addr)
-            return &m->t[h];
-        if (m->t[h].addr == 0)
-            return NULL;
-    }
+    uint64_t i;
+    return mt__amap_get(&m->at, addr, &i) == 0 ? &m->v[i] : NULL;
 }
 
+/* A new zeroed entry for addr (none must exist), or NULL (no memory). */
 static live_t *lm_insert(livemap_t *m, uint64_t addr)
 {
-    if ((m->used + 1) * 2 > m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 1024;
-        live_t *nt = calloc(ncap, sizeof *nt);
-        if (nt == NULL)
-            return NULL;
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->t[i].addr > 1) {
-                size_t h = hash64(m->t[i].addr) & (ncap - 1);
-                while (nt[h].addr != 0)
-                    h = (h + 1) & (ncap - 1);
-                nt[h] = m->t[i];
-            }
-        free(m->t);
-        m->t = nt;
-        m->cap = ncap;
-        m->used = 0;
-        for (size_t i = 0; i < ncap; i++)
-            m->used += nt[i].addr != 0;
-    }
-    size_t h = hash64(addr) & (m->cap - 1);
-    while (m->t[h].addr > 1)
-        h = (h + 1) & (m->cap - 1);
-    if (m->t[h].addr == 0)
-        m->used++;
-    memset(&m->t[h], 0, sizeof m->t[h]);
-    m->t[h].addr = addr;
-    return &m->t[h];
+    live_t *v = mt__grow(m->v, &m->cap, m->n + 1, sizeof *v, 1024);
+    if (v == NULL)
+        return NULL;
+    m->v = v;
+    if (mt__amap_put(&m->at, addr, m->n) != 0)
+        return NULL;
+    m->v[m->n] = (live_t){.addr = addr};
+    return &m->v[m->n++];
 }
 
-static void lm_erase(live_t *e)
+/* Removes e; the last entry moves into its place. */
+static void lm_erase(livemap_t *m, live_t *e)
 {
-    e->addr = 1;
+    size_t i = (size_t)(e - m->v);
+    (void)mt__amap_del(&m->at, e->addr);
+    if (i < --m->n) {
+        m->v[i] = m->v[m->n];
+        (void)mt__amap_put(&m->at, m->v[i].addr, i); /* replaces: no allocation */
+    }
 }
 
 /* ---- walking one device's trace ----
@@ -100,7 +87,7 @@ static int walk_step(walk_t *w, const mt_ts_event_t *e, live_t **l, bool *orphan
     switch (e->action) {
     case MT_TS_ALLOC:
         if ((x = lm_find(&w->live, e->addr)) != NULL)
-            lm_erase(x); /* a block whose free_completed was not recorded */
+            lm_erase(&w->live, x); /* a block whose free_completed was not recorded */
         if (e->addr <= 1 || (x = lm_insert(&w->live, e->addr)) == NULL)
             return e->addr <= 1 ? W_SKIP : MT_ENOMEM;
         x->size = e->size;
@@ -122,7 +109,7 @@ static int walk_step(walk_t *w, const mt_ts_event_t *e, live_t **l, bool *orphan
             return W_SKIP;
         }
         if (x->freed) { /* the free_completed after its free_requested */
-            lm_erase(x);
+            lm_erase(&w->live, x);
             return W_SKIP;
         }
         if (e->action == MT_TS_FREE_REQUESTED)
@@ -203,10 +190,10 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
             out->frees++;
             alloc -= l->size;
             if (!l->freed)
-                lm_erase(l);
+                lm_erase(&w.live, l);
         }
     }
-    free(w.live.t);
+    lm_fini(&w.live);
     /* What was reserved before the trace: enough that it never went below zero, and what
      * the segments at the end imply (they are the state after the last event). */
     __int128 end_segments = 0;
@@ -286,19 +273,19 @@ int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *e
             live_bytes -= l->size;
             live_count--;
             if (!l->freed)
-                lm_erase(l);
+                lm_erase(&w.live, l);
         }
     }
     t->nslots = t->nallocs;
     t->nrows = t->nallocs + t->nfrees + t->nfailures;
     t->leaked = live_count;
-    free(w.live.t);
+    lm_fini(&w.live);
     *out = t;
     return 0;
 fail_nomem:
     snprintf(err, errlen, "out of memory");
 fail:
-    free(w.live.t);
+    lm_fini(&w.live);
     mt_trace_free(&t);
     return MT_ENOMEM;
 }
@@ -440,7 +427,7 @@ static int make_record(cursor_t *c, const mt_ts_event_t *e, mt_event_rec_t *r, b
         if (k == W_CLOSE) {
             c->allocated -= l->size;
             if (!l->freed)
-                lm_erase(l);
+                lm_erase(&c->w.live, l);
         }
         break;
     case MT_TS_SEGMENT_ALLOC:
@@ -606,7 +593,7 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
     }
 done:
     for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++) {
-        free(cur[d].w.live.t);
+        lm_fini(&cur[d].w.live);
         free(cur[d].xs);
     }
     free(cur);
@@ -643,7 +630,7 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
             bool orphan;
             int k = walk_step(&w, &ev[i], &l, &orphan);
             if (k < 0) {
-                free(w.live.t);
+                lm_fini(&w.live);
                 return k;
             }
             if (k == W_OPEN) {
@@ -655,7 +642,7 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
             } else if (k == W_CLOSE) {
                 alloc -= l->size;
                 if (!l->freed)
-                    lm_erase(l);
+                    lm_erase(&w.live, l);
                 else
                     l->size = 0; /* freed: kept only to absorb its free_completed */
             }
@@ -663,12 +650,12 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
         if (pass == 1) {
             mt_ts_site_t *acc = calloc(ts->nstacks, sizeof *acc);
             if (acc == NULL) {
-                free(w.live.t);
+                lm_fini(&w.live);
                 return MT_ENOMEM;
             }
-            for (size_t i = 0; i < w.live.cap; i++) {
-                const live_t *l = &w.live.t[i];
-                if (l->addr > 1 && !l->freed) {
+            for (size_t i = 0; i < w.live.n; i++) {
+                const live_t *l = &w.live.v[i];
+                if (!l->freed) {
                     acc[l->stack].stack = l->stack;
                     acc[l->stack].bytes += l->size;
                     acc[l->stack].count++;
@@ -679,7 +666,7 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
                 sites[(*nout)++] = acc[i];
             free(acc);
         }
-        free(w.live.t);
+        lm_fini(&w.live);
         if (n == 0)
             break;
     }

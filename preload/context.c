@@ -13,6 +13,7 @@
 #include "preload/hooks_graph.h"
 #include "preload/outside.h"
 #include "preload/preload.h"
+#include "util/addrmap.h"
 #if MT_HAVE_CUDA_BACKEND
 #include "backend/backend_cuda.h"
 #endif
@@ -904,75 +905,20 @@ static void at_exit(void)
 
 /* ---- stream-ordered blocks ---- */
 
-/* The blocks handed out by cudaMallocAsync/cuMemAllocAsync and not yet freed: an open
- * addressing set of addresses (linear probing, 0 empty, at most half full). Their
- * cudaFree/cuMemFree synchronises nothing, as CUDA documents. */
+/* The blocks handed out by cudaMallocAsync/cuMemAllocAsync and not yet freed: a set of
+ * addresses in util's address table (the value is unused). Their cudaFree/cuMemFree
+ * synchronises nothing, as CUDA documents. ordered_n mirrors ordered.n so a free of any
+ * other block need not take the lock. */
 static pthread_mutex_t ordered_mu = PTHREAD_MUTEX_INITIALIZER;
-static uintptr_t *ordered;
-static size_t ordered_cap;       /* a power of two, or 0 */
+static mt__amap_t ordered;       /* under ordered_mu */
 static _Atomic size_t ordered_n; /* entries in use */
-
-static size_t ordered_slot(uintptr_t x, size_t cap)
-{
-    return (size_t)((x >> 9) * UINT64_C(0x9E3779B97F4A7C15) >> 20) & (cap - 1);
-}
-
-static bool ordered_put(uintptr_t x)
-{
-    if (2 * (atomic_load(&ordered_n) + 1) > ordered_cap) {
-        size_t cap = ordered_cap ? 2 * ordered_cap : 256;
-        uintptr_t *t = calloc(cap, sizeof *t);
-        if (t == NULL)
-            return false;
-        for (size_t i = 0; i < ordered_cap; i++)
-            if (ordered[i] != 0) {
-                size_t j = ordered_slot(ordered[i], cap);
-                while (t[j] != 0)
-                    j = (j + 1) & (cap - 1);
-                t[j] = ordered[i];
-            }
-        free(ordered);
-        ordered = t;
-        ordered_cap = cap;
-    }
-    size_t j = ordered_slot(x, ordered_cap);
-    while (ordered[j] != 0 && ordered[j] != x)
-        j = (j + 1) & (ordered_cap - 1);
-    if (ordered[j] == 0)
-        atomic_fetch_add(&ordered_n, 1);
-    ordered[j] = x;
-    return true;
-}
-
-/* Removes x with backward shift deletion, so no probe chain is broken. Caller holds
- * ordered_mu. */
-static bool ordered_del(uintptr_t x)
-{
-    if (ordered_cap == 0)
-        return false;
-    size_t i = ordered_slot(x, ordered_cap);
-    while (ordered[i] != 0 && ordered[i] != x)
-        i = (i + 1) & (ordered_cap - 1);
-    if (ordered[i] == 0)
-        return false;
-    ordered[i] = 0;
-    atomic_fetch_sub(&ordered_n, 1);
-    for (size_t j = (i + 1) & (ordered_cap - 1); ordered[j] != 0; j = (j + 1) & (ordered_cap - 1)) {
-        size_t k = ordered_slot(ordered[j], ordered_cap);
-        /* ordered[j] may move to i iff its home k is not in (i, j] cyclically */
-        if ((j > i && (k <= i || k > j)) || (j < i && k <= i && k > j)) {
-            ordered[i] = ordered[j];
-            ordered[j] = 0;
-            i = j;
-        }
-    }
-    return true;
-}
 
 void mt__preload_ordered_add(const void *ptr)
 {
     pthread_mutex_lock(&ordered_mu);
-    (void)ordered_put((uintptr_t)ptr); /* if the set cannot grow, its free synchronises */
+    /* if the set cannot grow, its free synchronises */
+    (void)mt__amap_put(&ordered, (uint64_t)(uintptr_t)ptr, 1);
+    atomic_store(&ordered_n, ordered.n);
     pthread_mutex_unlock(&ordered_mu);
 }
 
@@ -981,7 +927,8 @@ bool mt__preload_ordered_take(const void *ptr)
     if (atomic_load(&ordered_n) == 0)
         return false;
     pthread_mutex_lock(&ordered_mu);
-    bool was = ordered_del((uintptr_t)ptr);
+    bool was = mt__amap_del(&ordered, (uint64_t)(uintptr_t)ptr) == 0;
+    atomic_store(&ordered_n, ordered.n);
     pthread_mutex_unlock(&ordered_mu);
     return was;
 }
@@ -1010,8 +957,7 @@ static void fork_child(void)
     pthread_mutex_init(&ordered_mu, NULL);
     mt__preload_marks_fork_child();
     mt__preload_outside_fork_child();
-    ordered = NULL; /* the parent's addresses mean nothing here */
-    ordered_cap = 0;
+    ordered = (mt__amap_t){0}; /* the parent's addresses mean nothing here */
     atomic_store(&ordered_n, 0);
     for (int d = 0; d < P->ndevices; d++) {
         atomic_store(&P->ready[d], NULL);

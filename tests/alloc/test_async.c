@@ -508,6 +508,49 @@ static void test_record_stream(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Hundreds of live allocations, freed in random order (the table grows and moves records
+ * into freed places): the checker after every step, and every live block found by its
+ * address and by an interior pointer. */
+static void test_table_random(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, "backend:cudaMallocAsync", NULL);
+    enum { N = 600 };
+    static void *live[N];
+    static size_t size[N];
+    memset(live, 0, sizeof live);
+    unsigned seed = 4242;
+    for (int step = 0; step < 6000; step++) {
+        seed = seed * 1103515245u + 12345u;
+        unsigned k = (seed >> 8) % N;
+        if (live[k] != NULL) {
+            assert_int_equal(mt_alloc_free(a, live[k]), 0);
+            live[k] = NULL;
+        } else {
+            size[k] = 512 + (size_t)((seed >> 4) % (64 << 10));
+            live[k] = xmalloc_dev(a, size[k], NULL, (int)(k % 4));
+        }
+        assert_int_equal(mt_alloc_check(a), 0);
+        unsigned j = (seed >> 20) % N;
+        if (live[j] != NULL) {
+            void *base = NULL;
+            size_t bs = 0;
+            int tag = -1;
+            assert_int_equal(
+                mt_alloc_block_info(a, (char *)live[j] + size[j] / 2, &base, &bs, &tag), 0);
+            assert_ptr_equal(base, live[j]);
+            assert_int_equal(tag, (int)(j % 4));
+        }
+    }
+    for (int k = 0; k < N; k++)
+        if (live[k] != NULL)
+            assert_int_equal(mt_alloc_free(a, live[k]), 0);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +566,7 @@ int main(void)
         cmocka_unit_test(test_stats_and_events),
         cmocka_unit_test(test_fraction_and_oom),
         cmocka_unit_test(test_record_stream),
+        cmocka_unit_test(test_table_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -607,6 +607,38 @@ static void test_spans_between_marks(void **state)
     mt_model_destroy(&g.m);
 }
 
+/* A block at address 0 (a malformed log's) is a block like any other: found, freed, moved
+ * when another block's removal fills its place, counted in the figures. */
+static void test_block_at_address_zero(void **state)
+{
+    (void)state;
+    mt_model_t *m = NULL;
+    assert_int_equal(mt_model_create(&m, NULL), 0);
+    uint64_t seq = 0, t = 1;
+    tput(m, &seq, MT_EV_ALLOC, 0, MIB, MT_TAG_WEIGHTS, t++, MIB);
+    tput(m, &seq, MT_EV_ALLOC, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 3 * MIB);
+    tput(m, &seq, MT_EV_ALLOC, BASE + 2 * MIB, 4 * MIB, MT_TAG_WEIGHTS, t++, 7 * MIB);
+    /* the first block's removal moves the last one (address 0 is not last: BASE + 2 MiB) */
+    tput(m, &seq, MT_EV_FREE_REQUESTED, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 5 * MIB);
+    tput(m, &seq, MT_EV_FREE_COMPLETED, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 5 * MIB);
+    mt_model_tag_t tg;
+    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    assert_int_equal(tg.bytes, 5 * MIB);
+    tput(m, &seq, MT_EV_FREE_REQUESTED, 0, MIB, MT_TAG_WEIGHTS, t++, 4 * MIB);
+    tput(m, &seq, MT_EV_FREE_COMPLETED, 0, MIB, MT_TAG_WEIGHTS, t++, 4 * MIB);
+    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    assert_int_equal(tg.bytes, 4 * MIB);
+    /* allocated again at 0, then the other block goes: 0 moves into its place */
+    tput(m, &seq, MT_EV_ALLOC, 0, MIB, MT_TAG_ACTIVATIONS, t++, 5 * MIB);
+    tput(m, &seq, MT_EV_FREE_COMPLETED, BASE + 2 * MIB, 4 * MIB, MT_TAG_WEIGHTS, t++, MIB);
+    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
+    assert_int_equal(tg.bytes, MIB);
+    tput(m, &seq, MT_EV_FREE_COMPLETED, 0, MIB, MT_TAG_ACTIVATIONS, t++, 0);
+    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
+    assert_int_equal(tg.bytes, 0);
+    mt_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -622,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_temporary_by_stack_and_tag),
         cmocka_unit_test(test_temporary_hist_bound),
         cmocka_unit_test(test_spans_between_marks),
+        cmocka_unit_test(test_block_at_address_zero),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

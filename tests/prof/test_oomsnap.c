@@ -2,7 +2,9 @@
  * snapshot, with expandable segments on (the default): after pages are unmapped from the
  * middle of a run (the run splits in two), and after pages mapped into the gap join the
  * two runs again, each OOM's pickle must list the same segments as mt_alloc_snapshot
- * (address, mapped bytes, expandable), with the same live blocks in each. */
+ * (address, mapped bytes, expandable, pool, stream) with the same blocks in each: every
+ * block's address, size and state (free runs too), and each live block's requested size and
+ * tag. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -66,31 +68,50 @@ static void compare(const char *path, mt_alloc_t *a, const char *when)
                      (unsigned long long)g->addr, (unsigned long long)g->total_size,
                      (unsigned long long)s->addr, (unsigned long long)s->size);
         }
-        /* The live blocks, in address order, on both sides. */
-        uint64_t alloc = 0;
+        if ((g->large != (s->pool != MT_POOL_SMALL)) || g->stream != (int64_t)s->stream)
+            fail_msg("%s: segment %zu: recorder %s on stream %lld, allocator %s on %u", when, i,
+                     g->large ? "large" : "small", (long long)g->stream,
+                     s->pool == MT_POOL_SMALL ? "small" : "large", s->stream);
+        /* Every block in address order on both sides: a free run is one inactive block (the
+         * allocator's neighbouring inactive pieces are merged first). */
+        uint64_t alloc = 0, active = 0, req = 0;
         size_t k = g->first_block, kend = g->first_block + g->nblocks;
-        for (size_t j = 0; j < s->nblocks; j++) {
-            const mt_snapshot_block_t *b = &s->blocks[j];
-            if (b->state == MT_BLOCK_INACTIVE)
+        for (size_t j = 0; j < s->nblocks; j++, k++) {
+            mt_snapshot_block_t b = s->blocks[j];
+            while (b.state == MT_BLOCK_INACTIVE && j + 1 < s->nblocks &&
+                   s->blocks[j + 1].state == MT_BLOCK_INACTIVE)
+                b.size += s->blocks[++j].size;
+            int want = b.state == MT_BLOCK_INACTIVE              ? MT_TS_INACTIVE
+                       : b.state == MT_BLOCK_ACTIVE_PENDING_FREE ? MT_TS_ACTIVE_PENDING_FREE
+                                                                 : MT_TS_ACTIVE_ALLOCATED;
+            if (k == kend || ts->blocks[k].addr != b.addr || ts->blocks[k].size != b.size ||
+                ts->blocks[k].state != want) {
+                print_segments(when, snap, ts);
+                fail_msg("%s: segment %zu: block %#llx + %llu (state %d) missing or different in "
+                         "the recorder's snapshot (%#llx + %llu, state %d)",
+                         when, i, (unsigned long long)b.addr, (unsigned long long)b.size, b.state,
+                         k < kend ? (unsigned long long)ts->blocks[k].addr : 0ull,
+                         k < kend ? (unsigned long long)ts->blocks[k].size : 0ull,
+                         k < kend ? ts->blocks[k].state : -1);
+            }
+            if (b.state == MT_BLOCK_INACTIVE)
                 continue;
-            while (k < kend && ts->blocks[k].state == MT_TS_INACTIVE)
-                k++;
-            if (k == kend || ts->blocks[k].addr != b->addr || ts->blocks[k].size != b->size ||
-                (ts->blocks[k].state == MT_TS_ACTIVE_PENDING_FREE) !=
-                    (b->state == MT_BLOCK_ACTIVE_PENDING_FREE))
-                fail_msg("%s: segment %zu: live block %#llx + %llu missing or different in the "
-                         "recorder's snapshot",
-                         when, i, (unsigned long long)b->addr, (unsigned long long)b->size);
-            alloc += b->state == MT_BLOCK_ACTIVE_ALLOCATED ? b->size : 0;
-            k++;
+            if (ts->blocks[k].requested != b.requested || ts->blocks[k].tag != b.tag)
+                fail_msg("%s: segment %zu: block %#llx: recorder requested %llu tag %d, "
+                         "allocator %llu tag %d",
+                         when, i, (unsigned long long)b.addr,
+                         (unsigned long long)ts->blocks[k].requested, ts->blocks[k].tag,
+                         (unsigned long long)b.requested, b.tag);
+            active += b.size;
+            alloc += b.state == MT_BLOCK_ACTIVE_ALLOCATED ? b.size : 0;
+            req += b.state == MT_BLOCK_ACTIVE_ALLOCATED ? b.requested : 0;
         }
-        while (k < kend && ts->blocks[k].state == MT_TS_INACTIVE)
-            k++;
         if (k != kend)
-            fail_msg("%s: segment %zu: the recorder lists a live block the allocator does not "
-                     "(%#llx)",
-                     when, i, (unsigned long long)ts->blocks[k].addr);
+            fail_msg("%s: segment %zu: the recorder lists %zu blocks more (first %#llx)", when, i,
+                     kend - k, (unsigned long long)ts->blocks[k].addr);
         assert_int_equal(g->allocated_size, alloc);
+        assert_int_equal(g->active_size, active);
+        assert_int_equal(g->requested_size, req);
     }
     mt_alloc_snapshot_free(&snap);
     mt_ts_destroy(&ts);
@@ -124,10 +145,15 @@ static void test_middle_unmap_then_join(void **state)
     mt_alloc_t *a = NULL;
     assert_int_equal(mt_alloc_create(&a, &ac), 0);
 
-    enum { N = 6 };
-    void *x[N], *y;
+    enum { N = 6, NS = 3 };
+    void *x[N], *sm[NS], *y;
     for (int i = 0; i < N; i++)
         assert_int_equal(mt_alloc_malloc(a, 8 * MIB, NULL, MT_TAG_ACTIVATIONS, &x[i]), 0);
+    /* Small blocks, asked for less than their rounded size, one freed between two: a free
+     * gap inside a segment, and requested sizes the pickle must carry. */
+    for (int i = 0; i < NS; i++)
+        assert_int_equal(mt_alloc_malloc(a, 5000 + (size_t)i, NULL, MT_TAG_WEIGHTS, &sm[i]), 0);
+    assert_int_equal(mt_alloc_free(a, sm[1]), 0);
     mt_alloc_snapshot_t *snap = NULL;
     assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
     size_t before = count_expandable(snap);
