@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "memtrace/alloc.h"
+#include "util/addrmap.h"
 #include "util/assert.h"
 #include "util/clock.h"
 
@@ -295,15 +296,9 @@ typedef struct mt_pending_s {
                       * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
-/* Open-addressing hash table (linear probing, backward-shift deletion) from a block's
- * start address to the block, holding exactly the active (allocated or pending) blocks.
- * Invariants: cap is a power of two; n <= cap / 2; keys are non-zero. */
-typedef struct mt_addrmap_s {
-    uintptr_t *keys; /* 0 = empty slot */
-    mt_block_t **vals;
-    size_t cap; /* slots */
-    size_t n;   /* used slots */
-} mt_addrmap_t;
+/* Blocks by start address: util's address table (util/addrmap.h, its invariants), each
+ * value a block pointer. */
+typedef mt__amap_t mt_addrmap_t;
 
 #include "allocator/plan.h" /* the warm-up plan's types (mt__plan_t) and calls */
 
@@ -608,11 +603,42 @@ const char *mt__bins_check(const mt_binset_t *bs, size_t *nblocks);
 mt_block_t *mt__block_new(mt_alloc_t *a);
 void mt__block_release(mt_alloc_t *a, mt_block_t *b);
 void mt__blocks_fini(mt_alloc_t *a);
-int mt__addrmap_init(mt_addrmap_t *m);
-void mt__addrmap_fini(mt_addrmap_t *m);
-int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b);
-mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr);
-void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr);
+/* The block of slot i of m's table, or NULL for an empty slot (walks over m). */
+static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
+{
+    return m->keys[i] != 0 ? (mt_block_t *)(uintptr_t)m->vals[i] : NULL;
+}
+static inline int mt__addrmap_init(mt_addrmap_t *m)
+{
+    *m = (mt_addrmap_t){0};
+    return 0;
+}
+static inline void mt__addrmap_fini(mt_addrmap_t *m)
+{
+    mt__amap_fini(m);
+}
+/* b (active, its addr non-zero) under its address: 0 or MT_ENOMEM (m unchanged). */
+static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
+{
+    mt_assert(b->addr != 0 && b->addr % MT__ALIGN == 0 && b->state != MT_BLOCK_INACTIVE);
+#if MT_ASSERT_LEVEL >= 1
+    uint64_t had = 0; /* two live blocks never share an address: only b may be put again */
+    mt_assert(mt__amap_get(m, b->addr, &had) != 0 || had == (uint64_t)(uintptr_t)b);
+#endif
+    return mt__amap_put(m, b->addr, (uint64_t)(uintptr_t)b);
+}
+static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
+{
+    uint64_t v;
+    return mt__amap_get(m, addr, &v) == 0 ? (mt_block_t *)(uintptr_t)v : NULL;
+}
+/* Removes addr, which is in m. */
+static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
+{
+    int rc = mt__amap_del(m, addr);
+    mt_assert(rc == 0);
+    (void)rc;
+}
 
 /* ---- segments.c ---- */
 /* Size of a new segment for a rounded request in pool bp (small/large). */

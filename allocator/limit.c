@@ -73,7 +73,7 @@ static void rebase_blocks(mt_alloc_t *a)
     mt__tc_quiesce(a);
     int64_t n = 0;
     for (size_t i = 0; i < a->map.cap; i++) {
-        mt_block_t *b = a->map.keys[i] != 0 ? a->map.vals[i] : NULL;
+        mt_block_t *b = mt__addrmap_at(&a->map, i);
         if (b == NULL)
             continue;
         if (b->owner != NULL)

@@ -564,10 +564,10 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
     if (s.hashed != a->map.n)
         return "address map does not hold exactly the active and quick blocks";
     for (size_t i = 0, used = 0; i < a->map.cap; i++) {
-        if (a->map.keys[i] == 0)
+        const mt_block_t *b = mt__addrmap_at(&a->map, i);
+        if (b == NULL)
             continue;
-        const mt_block_t *b = a->map.vals[i];
-        if (b == NULL || b->addr != a->map.keys[i] || b->state == MT_BLOCK_INACTIVE)
+        if (b->addr != a->map.keys[i] || b->state == MT_BLOCK_INACTIVE)
             return "address map entry does not name an active or quick block at its key";
         if (mt__addrmap_get(&a->map, a->map.keys[i]) != b)
             return "address map entry unreachable by probing";

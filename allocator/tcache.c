@@ -613,8 +613,8 @@ static void give_back(mt_alloc_t *a, mt__tcache_t *c)
 {
     flush_locked(a, c);
     for (size_t i = 0; i < c->live.cap; i++)
-        if (c->live.keys[i] != 0)
-            c->live.vals[i]->owner = NULL;
+        if (mt__addrmap_at(&c->live, i) != NULL)
+            mt__addrmap_at(&c->live, i)->owner = NULL;
     c->last = NULL;
     c->nplan = 0;
 }

@@ -23,9 +23,9 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
     memset(&want, 0, sizeof want);
     size_t held = 0, div = 0, plan = 0;
     for (size_t i = 0; i < c->live.cap; i++) {
-        if (c->live.keys[i] == 0)
+        mt_block_t *b = mt__addrmap_at(&c->live, i);
+        if (b == NULL)
             continue;
-        mt_block_t *b = c->live.vals[i];
         if (b->owner != c || b->addr != c->live.keys[i])
             return "tcache: live entry names a block of another owner";
         if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
