@@ -33,6 +33,7 @@ static const char *memtrace_exe;
 static void oomer_body(const char *sock, int stop_fd)
 {
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    (void)mt_prof_cfg_from_env(&pc); /* MEMTRACE_OOM_DIR, as the drop-in reads it */
     pc.mode = MT_PROF_DAEMON;
     pc.socket = sock;
     pc.name = "oomer";
@@ -190,9 +191,9 @@ static void test_recorder_oom_snapshot(void **state)
     char oomdir[128], logp[128], path[256], cmd[300];
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
     snprintf(logp, sizeof logp, "%s/run.ndjson", tmp);
-    setenv("MEMTRACE_OOM_DIR", oomdir, 1);
-    setenv("MEMTRACE_OOM_INTERVAL_MS", "0", 1); /* every OOM: two in a row */
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    snprintf(pc.oom_dir, sizeof pc.oom_dir, "%s", oomdir);
+    pc.oom_interval_ms = 0; /* every OOM: two in a row */
     pc.mode = MT_PROF_LOG;
     pc.log_path = logp;
     mt_prof_t *p = NULL;
@@ -243,8 +244,6 @@ static void test_recorder_oom_snapshot(void **state)
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
     mt_prof_destroy(&p);
-    unsetenv("MEMTRACE_OOM_DIR");
-    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }
