@@ -28,6 +28,18 @@
 
 static const char *memtrace_exe;
 
+/* Threads of this process now. */
+static int thread_count(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    int n = 0;
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
 /* The child: records through the daemon, runs out of memory five times, says so on
  * stop_fd and waits to be killed. */
 static void oomer_body(const char *sock, int stop_fd)
@@ -105,6 +117,7 @@ static void test_oom_and_live_snapshots(void **state)
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
 
     th_daemon_t t;
+    int threads_before = thread_count();
     mt_d_cfg_t cfg = th_cfg();
     cfg.oom_dir = oomdir;
     cfg.oom_max_snapshots = 3;
@@ -177,6 +190,8 @@ static void test_oom_and_live_snapshots(void **state)
     kill(pid, SIGKILL);
     th_wait(pid);
     th_daemon_stop(&t);
+    /* The snapshots' writer was the daemon's: joined by its destroy, none left running. */
+    assert_int_equal(thread_count(), threads_before);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }
