@@ -66,6 +66,9 @@ static int session_open(session_t *s, const mt_trace_t *t, const mt_replay_cfg_t
 {
     memset(s, 0, sizeof *s);
     mt_backend_cfg_t bc = mt_backend_cfg_default();
+    /* The replay models the sim the environment describes (docs/process-state.md: not
+     * moved to the tool's edge yet); cmd_replay has refused a malformed variable. */
+    (void)mt_backend_cfg_from_env(&bc, NULL, 0);
     bc.kind = MT_BACKEND_SIM;
     if (cfg->capacity != 0)
         bc.sim_capacity = cfg->capacity;
@@ -279,6 +282,7 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
         out->reserved_at_peak = one.reserved_at_peak;
     }
     mt_backend_cfg_t bc = mt_backend_cfg_default();
+    (void)mt_backend_cfg_from_env(&bc, NULL, 0); /* as session_open */
     out->malloc_cost_ns = bc.sim_malloc_cost_ns;
     return 0;
 }

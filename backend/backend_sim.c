@@ -136,7 +136,7 @@ int mt__backend_sim_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         capacity = SIM_DEFAULT_CAPACITY;
     if (capacity < SIM_MIN_ALIGN)
         return MT_EINVAL;
-    /* UINT64_MAX asks for the environment's value (see mt_backend_cfg_t). */
+    /* UINT64_MAX asks for the default (see mt_backend_cfg_t). */
     uint64_t mcost =
         cfg->sim_malloc_cost_ns == UINT64_MAX ? def.sim_malloc_cost_ns : cfg->sim_malloc_cost_ns;
     uint64_t fcost =

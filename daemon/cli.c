@@ -163,6 +163,13 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
         cfg.log = log_stderr;
         cfg.log_ud = (void *)prog;
     }
+    /* The executables honour the environment (the socket, the OOM directory and interval);
+     * the daemon core reads none. */
+    if (mt_d_cfg_from_env(&cfg) != 0 && cfg.socket_path == NULL) {
+        fprintf(stderr, "%s: the socket path of MEMTRACE_SOCKET or XDG_RUNTIME_DIR is too long\n",
+                prog);
+        return 2;
+    }
 
     /* Detaching: the parent returns only once the child has bound its sockets (or failed),
      * so that a script may connect right after `memtrace daemon` returns. */

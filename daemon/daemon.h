@@ -24,7 +24,7 @@ typedef struct mt_d_s mt_d_t;
 #define MT_D_DEFAULT_PORT 9477 /* HTTP port of `memtrace daemon` unless --port says otherwise */
 
 typedef struct mt_d_cfg_s {
-    const char *socket_path;      /* borrowed; NULL = mt_prof_socket_path() */
+    const char *socket_path;      /* borrowed; NULL = default_socket */
     const char *http_host;        /* borrowed; "127.0.0.1" by default */
     int http_port;                /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
     const char *log_path;         /* borrowed; NDJSON log of everything received, or NULL */
@@ -61,19 +61,22 @@ typedef struct mt_d_cfg_s {
     const char *http_name;        /* borrowed; a Host name accepted besides localhost,
                                      127.0.0.1, [::1] and http_host; NULL = none */
     bool handle_signals;          /* SIGINT/SIGTERM stop the daemon (the executables); false */
-    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = mt_d_oom_dir(),
+    const char *oom_dir;          /* borrowed; where OOM snapshots go; NULL = default_oom_dir,
                                      "off" = none (docs/torch-snapshot.md) */
     unsigned oom_max_snapshots;   /* OOM snapshots kept (a .json and a .pickle each); 8 */
     int oom_interval_ms;          /* least ms between two OOM snapshots of one process (the
                                      first always gets one); 0 = every OOM; -1 (default) =
-                                     mt_prof_oom_interval_ms(): $MEMTRACE_OOM_INTERVAL_MS,
-                                     else 10000 */
+                                     MT_PROF_OOM_INTERVAL_MS */
     bool view_general_reader;     /* mt_d_view_load: every log line through jansson, none
                                      through the event-line decoder (docs/readers.md; for
                                      comparing the two); false */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;
+    /* What mt_d_cfg_from_env resolves; "" (the default): the socket
+     * /tmp/memtrace-<euid>/memtrace.sock, and no OOM snapshots. */
+    char default_socket[108];  /* the socket when socket_path is NULL */
+    char default_oom_dir[512]; /* the OOM directory when oom_dir is NULL */
 } mt_d_cfg_t;
 
 /* Counters of the whole daemon, for tests and the CLI. */
@@ -91,7 +94,14 @@ typedef struct mt_d_counters_s {
     unsigned known_processes;          /* live + exited still kept */
 } mt_d_counters_t;
 
+/* Defaults (no environment read: mt_d_create reads none either). */
 mt_d_cfg_t mt_d_cfg_default(void);
+/* The daemon's environment, for the executables (docs/process-state.md):
+ * mt_prof_socket_path() into cfg->default_socket, mt_d_oom_dir() into cfg->default_oom_dir
+ * ("" when it names none) and, with cfg->oom_interval_ms still -1, $MEMTRACE_OOM_INTERVAL_MS
+ * into it (a malformed one is warned about to cfg->log: the default). MT_EOVERFLOW when the
+ * socket path does not fit (default_socket is then ""). */
+int mt_d_cfg_from_env(mt_d_cfg_t *cfg);
 /* The default OOM snapshot directory: $MEMTRACE_OOM_DIR, else $XDG_STATE_HOME/memtrace/oom,
  * else $HOME/.local/state/memtrace/oom. MT_ENOENT when none can be named. */
 int mt_d_oom_dir(char *buf, size_t len);

@@ -13,6 +13,7 @@
 #ifndef MT_DAEMON_INTERNAL_H
 #define MT_DAEMON_INTERNAL_H
 
+#include <pthread.h>
 #include <stdio.h>
 
 #include <jansson.h>
@@ -284,10 +285,24 @@ struct mt_d_s {
     mt_d_warn_t warn_rings;      /* registrations refused by the ring caps (producers.c) */
     char oom_dir[512];           /* where OOM snapshots go; "" = off */
     unsigned oom_interval_ms;    /* least time between two OOM snapshots of a process; 0 = none */
-    mt_d_oom_job_t *oom_queue;   /* OOM snapshots waiting for the pool, oldest first */
-    mt_d_oom_job_t *oom_running; /* the one on the pool, or NULL */
+    mt_d_oom_job_t *oom_queue;   /* OOM snapshots waiting for the writer, oldest first */
+    mt_d_oom_job_t *oom_running; /* the one given to the writer, or NULL */
     unsigned oom_jobs;           /* queued + running, <= MT_D_OOM_JOBS; the loop runs until 0 */
-    struct mt_d_web_s *web;      /* the web page's history and event windows (web.h), lazily */
+    /* The OOM snapshot writer: a thread of the daemon's own, started at the first snapshot
+     * and joined by mt_d_destroy (libuv's pool would leave threads nobody joins).
+     * Invariants: oom_handoff != NULL or oom_finished => oom_running != NULL (the writer
+     * has it, or its result waits for oom_async); oom_async is open iff oom_writer_on and
+     * not (stopping and oom_jobs == 0). oom_handoff, oom_finished, oom_quit: under oom_mu. */
+    pthread_t oom_writer;
+    bool oom_writer_on;
+    pthread_mutex_t oom_mu;
+    pthread_cond_t oom_cv;
+    mt_d_oom_job_t *oom_handoff; /* the job the writer takes next, or NULL */
+    bool oom_finished;           /* the writer finished oom_running */
+    bool oom_quit;               /* mt_d_destroy: the writer returns */
+    uv_async_t oom_async;        /* the writer's "finished" to the loop */
+    bool oom_async_open;
+    struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */
 };
 
 void mt__d_log(mt_d_t *d, mt_log_level_e level, const char *fmt, ...)
@@ -375,6 +390,10 @@ json_t *mt__d_outside_json(const mt_d_proc_t *p);
 
 /* snapshot.c */
 void mt__d_snapshot_init(mt_d_t *d);
+/* Shutdown has begun (d->stopping): closes the writer's handle once no snapshot is left. */
+void mt__d_snapshot_shutdown(mt_d_t *d);
+/* After the loop: joins the writer thread. */
+void mt__d_snapshot_close(mt_d_t *d);
 /* After ev (p's) was applied and recorded in p's window: an OOM queues p's snapshot files
  * (the first, then one per interval), or counts that it got none. */
 void mt__d_snapshot_event(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev);

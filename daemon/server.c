@@ -21,6 +21,7 @@
 #include "util/safefile.h"
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
+#include "profiler/internal.h"
 
 /* ---- small utilities ---- */
 
@@ -173,16 +174,38 @@ mt_d_cfg_t mt_d_cfg_default(void)
     };
 }
 
-static char *default_socket_path(void)
+int mt_d_cfg_from_env(mt_d_cfg_t *cfg)
+{
+    if (!cfg)
+        return MT_EINVAL;
+    int rc = mt_prof_socket_path(cfg->default_socket, sizeof cfg->default_socket);
+    if (rc != 0)
+        cfg->default_socket[0] = '\0';
+    if (mt_d_oom_dir(cfg->default_oom_dir, sizeof cfg->default_oom_dir) != 0)
+        cfg->default_oom_dir[0] = '\0'; /* no home (or "off"): no OOM snapshots */
+    if (cfg->oom_interval_ms < 0) {
+        unsigned ms;
+        if (mt_prof_oom_interval_ms(&ms) != 0)
+            mt__logf(cfg->log, cfg->log_ud, MT_LOG_WARN,
+                     "MEMTRACE_OOM_INTERVAL_MS is not a number of ms: using %u", ms);
+        cfg->oom_interval_ms = (int)ms;
+    }
+    return rc;
+}
+
+/* The socket when the cfg names none: what mt_d_cfg_from_env resolved, else the default of
+ * a process without environment. New string, or NULL. */
+static char *default_socket_path(const mt_d_cfg_t *cfg)
 {
     char buf[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    return mt_prof_socket_path(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
+    if (cfg->default_socket[0] != '\0')
+        return strndup(cfg->default_socket, sizeof cfg->default_socket);
+    return mt__prof_socket_default(buf, sizeof buf) == 0 ? strdup(buf) : NULL;
 }
 
 /* Without MEMTRACE_SOCKET and XDG_RUNTIME_DIR the default socket (mt_prof_socket_path)
  * lives in a directory of ours under /tmp: made 0700 here, and refused if another user made
- * it first or opened it up. Told by the path itself, so that the environment is read in one
- * place only. */
+ * it first or opened it up. Told by the path itself, whichever way it was chosen. */
 static int default_dir_check(mt_d_t *d)
 {
     char dir[64];
@@ -262,6 +285,9 @@ static void on_handle_closed(uv_handle_t *h)
 
 static void close_walk_cb(uv_handle_t *h, void *arg)
 {
+    mt_d_t *d = arg;
+    if (h == (uv_handle_t *)&d->oom_async)
+        return; /* closed by mt__d_snapshot_shutdown once the snapshots are written */
     if (!uv_is_closing(h))
         uv_close(h, NULL); /* not ours: only possible on a loop we own, never allocated */
 }
@@ -300,8 +326,9 @@ static void begin_shutdown(mt_d_t *d)
     mt__d_warn_flush(d, &d->warn_http, true);
     mt__d_warn_flush(d, &d->warn_unix, true);
     mt__d_warn_flush(d, &d->warn_rings, true);
+    mt__d_snapshot_shutdown(d);
     if (d->owns_loop)
-        uv_walk(d->loop, close_walk_cb, NULL);
+        uv_walk(d->loop, close_walk_cb, d);
 }
 
 static void on_stop_async(uv_async_t *a)
@@ -435,7 +462,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     if (!d)
         return MT_ENOMEM;
     d->cfg = *cfg;
-    d->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : default_socket_path();
+    d->socket_path = cfg->socket_path ? strdup(cfg->socket_path) : default_socket_path(cfg);
     d->host = cfg->http_host ? strdup(cfg->http_host) : NULL;
     d->log_path = cfg->log_path ? strdup(cfg->log_path) : NULL;
     d->readbuf = malloc(MT_D_READ_BUF_SIZE);
@@ -598,6 +625,7 @@ void mt_d_destroy(mt_d_t **p)
     begin_shutdown(d);
     while (d->open_handles > 0 || d->oom_jobs > 0)
         run_loop(d->loop, UV_RUN_ONCE);
+    mt__d_snapshot_close(d);
     mt__d_logfile_close(d);
     mt__d_procs_free(d);
     if (d->owns_loop) {

@@ -10,10 +10,12 @@
  *   OOMs of that process on that device from 1, the name the allocator's OOM message gives;
  *   at most cfg.oom_max_snapshots pairs are kept (the oldest go, before the new one is
  *   written). A process gets its first OOM's snapshot, then at most one per
- *   d->oom_interval_ms; the snapshot is copied on the loop and made and written on libuv's
- *   pool, one at a time, at most MT_D_OOM_JOBS waiting: an OOM storm never stalls the loop
- *   (the drain, HTTP, signals). What is not written is counted. */
+ *   d->oom_interval_ms; the snapshot is copied on the loop and made and written on the
+ *   daemon's writer thread (created at the first, joined by mt_d_destroy), one at a time, at most
+ * MT_D_OOM_JOBS waiting: an OOM storm never stalls the loop (the drain, HTTP, signals). What is not
+ * written is counted. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -190,14 +192,13 @@ int mt_d_oom_dir(char *buf, size_t len)
 
 /* An OOM snapshot in the making: copies of what it needs, taken on the loop. */
 struct mt_d_oom_job_s {
-    uv_work_t req;
     struct mt_d_oom_job_s *next; /* d->oom_queue */
     mt_d_t *d;
     int pid;
     unsigned device;
     uint64_t since; /* OOMs of the process that got no snapshot since its previous one */
     unsigned keep;  /* cfg.oom_max_snapshots */
-    int rc;         /* the pool's result */
+    int rc;         /* the writer's result */
     char dir[512], name[MT_RING_COMM_MAX], base[64];
     char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
     char names[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
@@ -215,12 +216,11 @@ static const char *job_label(void *ud, int tag)
     return tag >= 0 && tag < MT_TAG_MAX && j->names[tag][0] ? j->names[tag] : NULL;
 }
 
-/* On a thread of libuv's pool: everything here is the job's own copy, nothing of the loop's.
+/* On the writer thread: everything here is the job's own copy, nothing of the loop's.
  * At a lower priority for its duration: a snapshot is background work, and on a busy
  * machine it must not take the CPU from the loop (the drain, HTTP, signals). */
-static void oom_work(uv_work_t *req)
+static void oom_work(mt_d_oom_job_t *j)
 {
-    mt_d_oom_job_t *j = req->data;
     pid_t tid = (pid_t)syscall(SYS_gettid); /* Linux: the priority of this thread alone */
     errno = 0;
     int prio = getpriority(PRIO_PROCESS, (id_t)tid);
@@ -264,8 +264,7 @@ static void oom_work(uv_work_t *req)
     mt_ts_destroy(&ts);
     free(pk);
     free(text);
-    /* Back, where we may (RLIMIT_NICE); else the thread stays lower: the daemon gives the
-     * pool nothing else. */
+    /* Back, where we may (RLIMIT_NICE); else the thread stays lower: it does nothing else. */
     if (reniced)
         (void)setpriority(PRIO_PROCESS, (id_t)tid, prio);
 }
@@ -282,11 +281,9 @@ static void oom_job_free(mt_d_oom_job_t *j)
 static void oom_start_next(mt_d_t *d);
 
 /* Back on the loop: the result counted and said, the next job started. */
-static void oom_done(uv_work_t *req, int status)
+static void oom_done(mt_d_t *d, mt_d_oom_job_t *j)
 {
-    mt_d_oom_job_t *j = req->data;
-    mt_d_t *d = j->d;
-    int rc = status == 0 ? j->rc : MT_EIO;
+    int rc = j->rc;
     if (rc == 0) {
         d->ctr.oom_snapshots++;
         mt__d_log(d, MT_LOG_INFO,
@@ -303,6 +300,71 @@ static void oom_done(uv_work_t *req, int status)
     d->oom_jobs--;
     oom_job_free(j);
     oom_start_next(d);
+    if (d->stopping)
+        mt__d_snapshot_shutdown(d);
+}
+
+static void *oom_writer_main(void *arg)
+{
+    mt_d_t *d = arg;
+    pthread_mutex_lock(&d->oom_mu);
+    for (;;) {
+        while (d->oom_handoff == NULL && !d->oom_quit)
+            pthread_cond_wait(&d->oom_cv, &d->oom_mu);
+        if (d->oom_handoff == NULL)
+            break;
+        mt_d_oom_job_t *j = d->oom_handoff;
+        d->oom_handoff = NULL;
+        pthread_mutex_unlock(&d->oom_mu);
+        oom_work(j);
+        pthread_mutex_lock(&d->oom_mu);
+        d->oom_finished = true;
+        uv_async_send(&d->oom_async); /* safe from any thread */
+    }
+    pthread_mutex_unlock(&d->oom_mu);
+    return NULL;
+}
+
+static void on_oom_async(uv_async_t *h)
+{
+    mt_d_t *d = h->data;
+    pthread_mutex_lock(&d->oom_mu);
+    bool finished = d->oom_finished;
+    d->oom_finished = false;
+    pthread_mutex_unlock(&d->oom_mu);
+    if (finished && d->oom_running != NULL)
+        oom_done(d, d->oom_running);
+}
+
+static void on_oom_async_closed(uv_handle_t *h)
+{
+    mt_d_t *d = h->data;
+    d->open_handles--;
+}
+
+/* The writer thread and its handle on the loop, at the first snapshot. MT_EIO. */
+static int oom_writer_start(mt_d_t *d)
+{
+    if (d->oom_writer_on)
+        return 0;
+    if (uv_async_init(d->loop, &d->oom_async, on_oom_async) != 0)
+        return MT_EIO;
+    d->oom_async.data = d;
+    d->open_handles++;
+    d->oom_async_open = true;
+    pthread_mutex_init(&d->oom_mu, NULL);
+    pthread_cond_init(&d->oom_cv, NULL);
+    d->oom_handoff = NULL;
+    d->oom_finished = d->oom_quit = false;
+    if (pthread_create(&d->oom_writer, NULL, oom_writer_main, d) != 0) {
+        pthread_cond_destroy(&d->oom_cv);
+        pthread_mutex_destroy(&d->oom_mu);
+        d->oom_async_open = false;
+        uv_close((uv_handle_t *)&d->oom_async, on_oom_async_closed);
+        return MT_EIO;
+    }
+    d->oom_writer_on = true;
+    return 0;
 }
 
 static void oom_start_next(mt_d_t *d)
@@ -312,16 +374,41 @@ static void oom_start_next(mt_d_t *d)
         return;
     d->oom_queue = j->next;
     j->next = NULL;
-    d->oom_running = j;
-    j->req.data = j;
-    if (uv_queue_work(d->loop, &j->req, oom_work, oom_done) != 0) {
-        j->rc = MT_EIO;
-        d->oom_running = NULL;
+    if (oom_writer_start(d) != 0) {
         d->oom_jobs--;
         d->ctr.oom_snapshots_failed++;
+        mt__d_log(d, MT_LOG_WARN, "OOM snapshot %s/%s: no writer thread", j->dir, j->base);
         oom_job_free(j);
         oom_start_next(d);
+        return;
     }
+    d->oom_running = j;
+    pthread_mutex_lock(&d->oom_mu);
+    d->oom_handoff = j;
+    pthread_cond_signal(&d->oom_cv);
+    pthread_mutex_unlock(&d->oom_mu);
+}
+
+void mt__d_snapshot_shutdown(mt_d_t *d)
+{
+    if (d->oom_async_open && d->oom_jobs == 0) {
+        d->oom_async_open = false;
+        uv_close((uv_handle_t *)&d->oom_async, on_oom_async_closed);
+    }
+}
+
+void mt__d_snapshot_close(mt_d_t *d)
+{
+    if (!d->oom_writer_on)
+        return;
+    pthread_mutex_lock(&d->oom_mu);
+    d->oom_quit = true;
+    pthread_cond_signal(&d->oom_cv);
+    pthread_mutex_unlock(&d->oom_mu);
+    pthread_join(d->oom_writer, NULL);
+    pthread_cond_destroy(&d->oom_cv);
+    pthread_mutex_destroy(&d->oom_mu);
+    d->oom_writer_on = false;
 }
 
 /* A copy of what p's snapshot needs, queued for the pool (copies: the loop goes on changing
@@ -399,14 +486,12 @@ void mt__d_snapshot_init(mt_d_t *d)
     d->oom_dir[0] = '\0';
     if (d->cfg.oom_dir != NULL)
         snprintf(d->oom_dir, sizeof d->oom_dir, "%s", d->cfg.oom_dir);
-    else if (mt_d_oom_dir(d->oom_dir, sizeof d->oom_dir) < 0)
-        d->oom_dir[0] = '\0'; /* no home: no OOM snapshots */
+    else
+        snprintf(d->oom_dir, sizeof d->oom_dir, "%.*s", (int)sizeof d->cfg.default_oom_dir,
+                 d->cfg.default_oom_dir);
     if (strcmp(d->oom_dir, "off") == 0)
         d->oom_dir[0] = '\0';
     d->oom_interval_ms = MT_PROF_OOM_INTERVAL_MS;
     if (d->cfg.oom_interval_ms >= 0)
         d->oom_interval_ms = (unsigned)d->cfg.oom_interval_ms;
-    else if (mt_prof_oom_interval_ms(&d->oom_interval_ms) != 0)
-        mt__d_log(d, MT_LOG_WARN, "MEMTRACE_OOM_INTERVAL_MS is not a number of ms: using %u",
-                  d->oom_interval_ms);
 }

@@ -42,6 +42,10 @@ int main(void)
 
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
     pcfg.log = log_to_stderr;
+    if (mt_prof_cfg_from_env(&pcfg) != 0) { /* MEMTRACE_PROF, MEMTRACE_LOG, ... */
+        fprintf(stderr, "quickstart: MEMTRACE_PROF or MEMTRACE_PROF_LOSSLESS is malformed\n");
+        return 2;
+    }
     mt_prof_t *prof = NULL;
     CHECK(mt_prof_create(&prof, &pcfg));
 

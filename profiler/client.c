@@ -15,20 +15,10 @@
 #include <time.h>
 #include <unistd.h>
 
-int mt_prof_socket_path(char *buf, size_t len)
+int mt__prof_socket_default(char *buf, size_t len)
 {
-    if (!buf || len == 0)
-        return MT_EINVAL;
-    const char *env = getenv("MEMTRACE_SOCKET");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    int n;
-    if (env && *env)
-        n = snprintf(buf, len, "%s", env);
-    else if (xdg && *xdg)
-        n = snprintf(buf, len, "%s/memtrace.sock", xdg);
-    else
-        n = snprintf(buf, len, "/tmp/memtrace-%u/memtrace.sock", (unsigned)geteuid());
     struct sockaddr_un sa;
+    int n = snprintf(buf, len, "/tmp/memtrace-%u/memtrace.sock", (unsigned)geteuid());
     if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(sa.sun_path))
         return MT_EOVERFLOW;
     return 0;

@@ -14,8 +14,9 @@
 int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring,
                              const mt_prof_job_t *job, int timeout_ms, int *out_fd, char *err,
                              size_t errlen);
-/* Reads the launcher's variables into cfg->job (job.c; mt_prof_cfg_from_env). */
-void mt__prof_job_from_env(mt_prof_cfg_t *cfg);
+/* The daemon's socket without environment: /tmp/memtrace-<euid>/memtrace.sock, what
+ * mt_prof_socket_path falls back to. MT_EOVERFLOW if it does not fit. */
+int mt__prof_socket_default(char *buf, size_t len);
 /* Sends the optional {"type":"poke"} line (asks the daemon to drain now). */
 int mt__prof_client_poke(int fd);
 

@@ -32,6 +32,7 @@ mt_prof_cfg_t mt_prof_cfg_default(void)
     c.drain_ms = 20;
     c.stacks = MT_STACKS_SAMPLED;
     c.job = mt_prof_job_unknown();
+    c.oom_interval_ms = MT_PROF_OOM_INTERVAL_MS;
     return c;
 }
 
@@ -41,50 +42,6 @@ int mt_prof_stacks_parse(const char *s, int *mode)
     for (int i = 0; s && i < 3; i++) {
         if (strcmp(s, names[i]) == 0) {
             *mode = i;
-            return 0;
-        }
-    }
-    return MT_EINVAL;
-}
-
-int mt_prof_stacks_from_env(mt_prof_cfg_t *cfg, char *err, size_t errlen)
-{
-    const char *e = getenv("MEMTRACE_STACKS");
-    if (!cfg)
-        return MT_EINVAL;
-    if (!e)
-        return 0;
-    int mode;
-    if (mt_prof_stacks_parse(e, &mode) != 0) {
-        if (err && errlen)
-            snprintf(err, errlen, "MEMTRACE_STACKS='%.64s': want off, sampled or all", e);
-        return MT_EINVAL;
-    }
-    cfg->stacks = mode;
-    return 0;
-}
-
-int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
-{
-    const char *e = getenv("MEMTRACE_PROF");
-    if (!cfg)
-        return MT_EINVAL;
-    mt__prof_job_from_env(cfg);
-    const char *l = getenv("MEMTRACE_PROF_LOSSLESS");
-    if (l && *l) {
-        if (strcmp(l, "1") == 0 || strcmp(l, "on") == 0)
-            cfg->lossless_stall_ms = MT_PROF_LOSSLESS_STALL_MS;
-        else if (strcmp(l, "0") == 0 || strcmp(l, "off") == 0)
-            cfg->lossless_stall_ms = 0;
-        else
-            return MT_EINVAL;
-    }
-    if (!e || !*e)
-        return 0;
-    static const char *const names[] = {"auto", "daemon", "log", "off"};
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(e, names[i]) == 0) {
-            cfg->mode = i;
             return 0;
         }
     }
@@ -259,40 +216,6 @@ static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size
         buf[0] = '\0';
 }
 
-int mt_prof_oom_dir(char *buf, size_t len)
-{
-    const char *env = getenv("MEMTRACE_OOM_DIR");
-    const char *xdg = getenv("XDG_STATE_HOME");
-    const char *home = getenv("HOME");
-    int n;
-    if (env != NULL && strcmp(env, "off") == 0)
-        return MT_ENOENT;
-    if (env != NULL && env[0] != '\0')
-        n = snprintf(buf, len, "%s", env);
-    else if (xdg != NULL && xdg[0] == '/')
-        n = snprintf(buf, len, "%s/memtrace/oom", xdg);
-    else if (home != NULL && home[0] == '/')
-        n = snprintf(buf, len, "%s/.local/state/memtrace/oom", home);
-    else
-        return MT_ENOENT;
-    return n > 0 && (size_t)n < len ? 0 : MT_EINVAL;
-}
-
-int mt_prof_oom_interval_ms(unsigned *ms)
-{
-    const char *e = getenv("MEMTRACE_OOM_INTERVAL_MS");
-    *ms = MT_PROF_OOM_INTERVAL_MS;
-    if (e == NULL || e[0] == '\0')
-        return 0;
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(e, &end, 10);
-    if (e[0] < '0' || e[0] > '9' || *end != '\0' || errno != 0 || v > 86400000ul)
-        return MT_EINVAL; /* at most a day */
-    *ms = (unsigned)v;
-    return 0;
-}
-
 /* OFF is decided at create (mt_prof_create) and final. */
 static bool sink_recording(void *ud)
 {
@@ -350,18 +273,13 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.ud = p;
     p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
                                                                              : MT_STACKS_SAMPLED;
-    if (mt_prof_oom_dir(p->oom_dir, sizeof p->oom_dir) != 0)
-        p->oom_dir[0] = '\0';
+    snprintf(p->oom_dir, sizeof p->oom_dir, "%.*s", (int)sizeof cfg->oom_dir, cfg->oom_dir);
     p->pid = (int)getpid();
     p->fd = -1;
     p->log_fd = -1;
     p->log = cfg->log;
     p->log_ud = cfg->log_ud;
-    if (mt_prof_oom_interval_ms(&p->oom_interval_ms) != 0)
-        logf_(p, MT_LOG_WARN,
-              "memtrace: MEMTRACE_OOM_INTERVAL_MS='%.32s': want ms (0-86400000); "
-              "using %u",
-              getenv("MEMTRACE_OOM_INTERVAL_MS"), p->oom_interval_ms);
+    p->oom_interval_ms = cfg->oom_interval_ms;
     p->tag_name = cfg->tag_name;
     p->tag_ud = cfg->tag_ud;
     atomic_init(&p->lossless_ns, (uint64_t)cfg->lossless_stall_ms * 1000000u);
@@ -428,7 +346,10 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
         char err[256] = "";
         if (cfg->socket)
             snprintf(path, sizeof(path), "%s", cfg->socket);
-        else if ((rc = mt_prof_socket_path(path, sizeof(path))) != 0)
+        else if (cfg->default_socket[0] != '\0')
+            snprintf(path, sizeof(path), "%.*s", (int)sizeof cfg->default_socket,
+                     cfg->default_socket);
+        else if ((rc = mt__prof_socket_default(path, sizeof(path))) != 0)
             snprintf(err, sizeof(err), "socket path too long");
         if (rc == 0)
             rc = mt__prof_client_register(path, p->ring, &p->job, REGISTER_TIMEOUT_MS, &p->fd, err,

@@ -65,8 +65,8 @@ struct mt_prof_s {
     int write_err;         /* the last write error while held, under drain_lock */
     char name[MT_RING_COMM_MAX];
     mt_prof_job_t job;        /* the cfg's, checked: in the hello and the log's header */
-    char oom_dir[256];        /* mt_prof_oom_dir() at create, "" = none: for the OOM note */
-    unsigned oom_interval_ms; /* mt_prof_oom_interval_ms() at create; 0 = every OOM */
+    char oom_dir[256];        /* the cfg's, "" = none: for the OOM note and snapshots */
+    unsigned oom_interval_ms; /* the cfg's; 0 = every OOM */
     mt__oomsnap_t *oomsnap;   /* local mode with an OOM directory: writes OOM snapshots */
     /* call stacks: the table in the ring's area (NULL: none could be made), the mode, and
      * what the local log has written of the table (under drain_lock) */
@@ -82,7 +82,7 @@ struct mt_prof_s {
 
 /* ---- the local log (prof_log.c); callers hold drain_lock unless said otherwise ---- */
 
-/* Opens the log at path (NULL or "": $MEMTRACE_LOG, else ./memtrace-<pid>.ndjson), writes
+/* Opens the log at path (NULL or "": ./memtrace-<pid>.ndjson), writes
  * its hello and the stack table, and starts the drainer thread. Caller holds stop_lock
  * (the takeover) or is create. 0 or a negative MT_E* code. */
 int mt__prof_log_start(mt_prof_t *p, const char *path);

@@ -268,8 +268,6 @@ static void *drainer_main(void *arg)
 int mt__prof_log_start(mt_prof_t *p, const char *path)
 {
     char def[64];
-    if (!path || !*path)
-        path = getenv("MEMTRACE_LOG");
     if (!path || !*path) {
         snprintf(def, sizeof(def), "./memtrace-%d.ndjson", p->pid);
         path = def;

@@ -115,19 +115,6 @@ static int select_gemm(const mt_rnn_cfg_t *cfg, const mt__rnn_gemm_t **out, bool
     return rc;
 }
 
-int mt_rnn_cfg_from_env(mt_rnn_cfg_t *cfg)
-{
-    if (!cfg)
-        return MT_EINVAL;
-    const char *env = getenv("MEMTRACE_RNN_GEMM");
-    if (env && *env)
-        cfg->gemm = env;
-    env = getenv("MEMTRACE_RNN_CHECK_SAVED");
-    if (env && *env)
-        cfg->check_saved = strcmp(env, "0") != 0;
-    return 0;
-}
-
 /* ---- lifecycle ---- */
 
 mt_rnn_cfg_t mt_rnn_cfg_default(void)

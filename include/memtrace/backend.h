@@ -42,30 +42,30 @@ typedef enum mt_memcpy_kind_e {
 } mt_memcpy_kind_e;
 
 typedef struct mt_backend_cfg_s {
-    mt_backend_kind_e kind;      /* default: MEMTRACE_BACKEND env (auto|cuda|sim), else auto */
+    mt_backend_kind_e kind;      /* auto; mt_backend_cfg_from_env: MEMTRACE_BACKEND */
     int device;                  /* device ordinal, >= 0 */
-    size_t sim_capacity;         /* bytes; 0 = MEMTRACE_SIM_CAPACITY env, else 8 GiB */
+    size_t sim_capacity;         /* bytes; 0 = 8 GiB (MEMTRACE_SIM_CAPACITY) */
     uint64_t sim_malloc_cost_ns; /* modelled cost of one segment malloc on sim, ns;
-                                  * UINT64_MAX = MEMTRACE_SIM_MALLOC_COST_NS env, else 20000 */
+                                  * UINT64_MAX = 20000 (MEMTRACE_SIM_MALLOC_COST_NS) */
     uint64_t sim_free_cost_ns;   /* the same for free (a device free synchronises), ns */
     mt_log_cb log;               /* optional diagnostics sink */
     void *log_ud;                /* passed to log */
     /* Several sim devices (one group sharing events; each with sim_capacity bytes). */
-    int sim_devices;             /* 0 = MEMTRACE_SIM_DEVICES env, else 1; at most 64 */
+    int sim_devices;             /* 0 = 1 (MEMTRACE_SIM_DEVICES); at most 64 */
     uint64_t sim_peer_cost_ns;   /* fixed cost of one peer copy on its stream, ns;
-                                  * UINT64_MAX = MEMTRACE_SIM_PEER_COST_NS env, else 10000 */
-    uint64_t sim_peer_bandwidth; /* peer copy bytes per second; 0 = MEMTRACE_SIM_PEER_BANDWIDTH
-                                  * env, else 12 GiB/s */
+                                  * UINT64_MAX = 10000 (MEMTRACE_SIM_PEER_COST_NS) */
+    uint64_t sim_peer_bandwidth; /* peer copy bytes per second; 0 = 12 GiB/s
+                                  * (MEMTRACE_SIM_PEER_BANDWIDTH) */
     size_t sim_context;          /* bytes each sim device's modelled CUDA context holds from the
-                                  * start (used, never free; < capacity); the default config
-                                  * takes MEMTRACE_SIM_CONTEXT, else 0 */
+                                  * start (used, never free; < capacity); 0
+                                  * (MEMTRACE_SIM_CONTEXT) */
     int cuda_handle_type;        /* mt_cuda_handle_e: what expandable segments' pages are made
                                   * shareable as (PyTorch's IPC of expandable segments asks for
-                                  * POSIX fds); the default config takes
-                                  * MEMTRACE_CUDA_HANDLE_TYPE (none|posix_fd|fabric), else none */
+                                  * POSIX fds); none (MEMTRACE_CUDA_HANDLE_TYPE:
+                                  * none|posix_fd|fabric) */
     size_t sim_other_processes;  /* bytes other processes hold on each sim device from the
                                   * start (used, not this process's; context + this <
-                                  * capacity); MEMTRACE_SIM_OTHER_PROCESSES, else 0 */
+                                  * capacity); 0 (MEMTRACE_SIM_OTHER_PROCESSES) */
     size_t sim_va_space;         /* bytes of device address space each sim device's
                                   * reservations (mt_backend_vm_reserve) may hold at once;
                                   * 0 = unbounded. A real GPU has 2^47-2^49 bytes of it. */
@@ -103,14 +103,15 @@ typedef struct mt_backend_counters_s {
     uint64_t peer_ns;     /* modelled time their streams spent on them (sim), ns */
 } mt_backend_counters_t;
 
-/* Defaults, with the MEMTRACE_BACKEND / MEMTRACE_SIM_* environment applied (a malformed
- * value is skipped here; mt_backend_cfg_from_env reports it). */
+/* Defaults (no environment read). The variable named at a field is what
+ * mt_backend_cfg_from_env applies to it. */
 MT_API mt_backend_cfg_t mt_backend_cfg_default(void);
 
 /* Applies MEMTRACE_BACKEND (auto|sim|cuda), MEMTRACE_SIM_CAPACITY (bytes, K/M/G/T
  * suffixes, > 0), MEMTRACE_SIM_MALLOC_COST_NS, MEMTRACE_SIM_FREE_COST_NS,
  * MEMTRACE_SIM_DEVICES (decimal, 1..MT_SIM_MAX_DEVICES), MEMTRACE_SIM_PEER_COST_NS and
- * MEMTRACE_SIM_PEER_BANDWIDTH (bytes/s, K/M/G/T suffixes, > 0) to cfg.
+ * MEMTRACE_SIM_PEER_BANDWIDTH (bytes/s, K/M/G/T suffixes, > 0), MEMTRACE_SIM_CONTEXT,
+ * MEMTRACE_SIM_OTHER_PROCESSES and MEMTRACE_CUDA_HANDLE_TYPE to cfg.
  * Returns 0, or MT_EINVAL with err naming the first malformed variable and its value
  * (the well-formed ones are still applied). Unset or empty variables change nothing. */
 MT_API int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen);

@@ -48,8 +48,8 @@ typedef struct mt_prof_job_s {
 typedef struct mt_prof_cfg_s {
     int mode;             /* mt_prof_mode_e; MT_PROF_AUTO */
     uint32_t slots;       /* ring capacity in events, rounded up to a power of two; 65536 */
-    const char *log_path; /* borrowed; NULL = $MEMTRACE_LOG, else ./memtrace-<pid>.ndjson */
-    const char *socket;   /* borrowed; NULL = mt_prof_socket_path() */
+    const char *log_path; /* borrowed; NULL = ./memtrace-<pid>.ndjson */
+    const char *socket;   /* borrowed; NULL = default_socket */
     const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
     unsigned drain_ms;    /* local drainer period, ms; 20 (1 ms while the ring is busy) */
     /* optional override of user tags' names in the local log; called from the drainer
@@ -73,6 +73,16 @@ typedef struct mt_prof_cfg_s {
      * back in the default mode. mt_prof_cfg_from_env: MEMTRACE_PROF_LOSSLESS=1 (or on) sets
      * MT_PROF_LOSSLESS_STALL_MS, 0 (or off) clears it. */
     unsigned lossless_stall_ms;
+    /* The daemon's socket when socket is NULL; "" (the default) =
+     * /tmp/memtrace-<euid>/memtrace.sock. mt_prof_cfg_from_env: mt_prof_socket_path(). */
+    char default_socket[108];
+    /* Where the recorder writes OOM snapshots in local mode, and which directory an OOM
+     * message names (docs/torch-snapshot.md); "" (the default) = none.
+     * mt_prof_cfg_from_env: mt_prof_oom_dir(). */
+    char oom_dir[256];
+    /* The least ms between two of its OOM snapshots (the first OOM always gets one); 0 =
+     * every OOM; MT_PROF_OOM_INTERVAL_MS. mt_prof_cfg_from_env: $MEMTRACE_OOM_INTERVAL_MS. */
+    unsigned oom_interval_ms;
 } mt_prof_cfg_t;
 #define MT_PROF_LOSSLESS_STALL_MS 2000u
 
@@ -91,18 +101,24 @@ typedef struct mt_prof_stats_s {
     bool lossless; /* lossless mode is on now */
 } mt_prof_stats_t;
 
-/* Defaults (no environment read). */
+/* Defaults (no environment read: mt_prof_create reads none either). */
 MT_API mt_prof_cfg_t mt_prof_cfg_default(void);
-/* Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to cfg->mode if set, and the
- * launcher's variables to cfg->job, each field from the first of these that holds a valid
- * value (docs/fleet.md "Ranks and jobs"):
+/* The profiler's environment, for a program that honours it (the tools and the drop-in
+ * do; docs/process-state.md). Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to
+ * cfg->mode and $MEMTRACE_PROF_LOSSLESS to cfg->lossless_stall_ms if set; $MEMTRACE_LOG to
+ * cfg->log_path if set (borrowed from the environment: create before changing it);
+ * mt_prof_socket_path() to cfg->default_socket; mt_prof_oom_dir() to cfg->oom_dir ("" when
+ * it names none); $MEMTRACE_OOM_INTERVAL_MS to cfg->oom_interval_ms if set (a malformed one
+ * is warned about to cfg->log and left); and the launcher's variables to cfg->job, each
+ * field from the first of these that holds a valid value (docs/fleet.md "Ranks and jobs"):
  *   rank        MEMTRACE_RANK, RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID
  *   local_rank  MEMTRACE_LOCAL_RANK, LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID
  *   world_size  MEMTRACE_WORLD_SIZE, WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS
  *   id          MEMTRACE_JOB, TORCHELASTIC_RUN_ID (not "none"), SLURM_JOB_ID
  * A malformed value is skipped with a warning to cfg->log; a job id is cut to
  * MT_PROF_JOB_MAX - 1 bytes and its other characters become '_' (warned too).
- * MT_EINVAL for another MEMTRACE_PROF (cfg->mode unchanged; cfg->job is still read). */
+ * MT_EINVAL for another MEMTRACE_PROF or MEMTRACE_PROF_LOSSLESS (that field unchanged; the
+ * others are still read). */
 MT_API int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg);
 
 /* Applies $MEMTRACE_STACKS ("off", "sampled", "all") to cfg->stacks if set. MT_EINVAL for
@@ -149,8 +165,9 @@ MT_API void mt_prof_stack_stats(mt_prof_t *p, mt_prof_stack_stats_t *out);
 /* The live mode name: "daemon", "log" or "off". Static. */
 MT_API const char *mt_prof_mode_name(int mode);
 
-/* The daemon's socket path, resolved the same way by producers, the daemon and the
- * CLI: $MEMTRACE_SOCKET, else $XDG_RUNTIME_DIR/memtrace.sock, else
+/* The resolvers of the environment's defaults, shared by mt_prof_cfg_from_env, the daemon
+ * and the CLI (each reads the environment).
+ * The daemon's socket path: $MEMTRACE_SOCKET, else $XDG_RUNTIME_DIR/memtrace.sock, else
  * /tmp/memtrace-<uid>.sock. Writes it into buf. MT_EOVERFLOW if it does not fit
  * (a Unix socket path is at most 107 bytes). */
 MT_API int mt_prof_socket_path(char *buf, size_t len);

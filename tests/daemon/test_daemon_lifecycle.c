@@ -173,6 +173,51 @@ static void test_cfg_validation(void **state)
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* mt_d_create reads no environment: the socket and OOM settings the variables name reach it
+ * through mt_d_cfg_from_env, which the executables call (docs/process-state.md). */
+static void test_env_only_through_cfg(void **state)
+{
+    char dir[64], env_sock[96], cfg_sock[96];
+    make_dir(dir, sizeof dir);
+    snprintf(env_sock, sizeof env_sock, "%s/env.sock", dir);
+    snprintf(cfg_sock, sizeof cfg_sock, "%s/cfg.sock", dir);
+    setenv("MEMTRACE_SOCKET", env_sock, 1);
+    setenv("MEMTRACE_OOM_DIR", dir, 1);
+    setenv("MEMTRACE_OOM_INTERVAL_MS", "250", 1);
+    mt_d_cfg_t cfg = mt_d_cfg_default();
+    assert_string_equal(cfg.default_socket, "");
+    assert_string_equal(cfg.default_oom_dir, "");
+    assert_int_equal(cfg.oom_interval_ms, -1);
+    /* A default socket of the cfg's, the variable set: create takes the cfg's. */
+    snprintf(cfg.default_socket, sizeof cfg.default_socket, "%s", cfg_sock);
+    cfg.http_port = -1;
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    cfg.loop = &loop;
+    mt_d_t *d = NULL;
+    assert_int_equal(mt_d_create(&d, &cfg), 0);
+    assert_string_equal(mt_d_socket_path(d), cfg_sock);
+    assert_int_equal(access(env_sock, F_OK), -1);
+    mt_d_destroy(&d);
+    assert_int_equal(uv_loop_close(&loop), 0);
+    /* The executables' edge: the variables into the cfg. */
+    cfg = mt_d_cfg_default();
+    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    assert_string_equal(cfg.default_socket, env_sock);
+    assert_string_equal(cfg.default_oom_dir, dir);
+    assert_int_equal(cfg.oom_interval_ms, 250);
+    cfg.oom_interval_ms = 0; /* a program's choice stays */
+    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    assert_int_equal(cfg.oom_interval_ms, 0);
+    setenv("MEMTRACE_OOM_DIR", "off", 1);
+    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    assert_string_equal(cfg.default_oom_dir, "");
+    unsetenv("MEMTRACE_SOCKET");
+    unsetenv("MEMTRACE_OOM_DIR");
+    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* The daemon leaves the process's SIGPIPE disposition alone, and with the default one (a
  * SIGPIPE kills) consumers that hang up before their answer is written cost it nothing:
  * each write fails with EPIPE in the loop's thread, where SIGPIPE is blocked and drained. */
@@ -210,7 +255,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigterm_clean_shutdown), cmocka_unit_test(test_stale_and_busy_socket),
         cmocka_unit_test(test_eviction_and_log),       cmocka_unit_test(test_cfg_validation),
-        cmocka_unit_test(test_sigpipe_left_alone),
+        cmocka_unit_test(test_sigpipe_left_alone),     cmocka_unit_test(test_env_only_through_cfg),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

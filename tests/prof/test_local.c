@@ -77,6 +77,7 @@ static void test_fallback_to_local_log(void **state)
     setenv("MEMTRACE_LOG", logp, 1);
     logrec_t lr = {.n = 0};
     mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    assert_int_equal(mt_prof_cfg_from_env(&cfg), 0); /* the program's edge */
     cfg.log = log_cb;
     cfg.log_ud = &lr;
     cfg.drain_ms = 1;
@@ -486,6 +487,63 @@ static void test_env_mode(void **state)
     assert_int_equal(mt_prof_socket_path(buf, 8), MT_EOVERFLOW);
 }
 
+/* mt_prof_create reads no environment (docs/process-state.md): MEMTRACE_LOG and the
+ * others reach it only through the cfg the program's edge filled. */
+static void test_create_reads_no_env(void **state)
+{
+    (void)state;
+    char logp[108], def[64];
+    tmp_path(logp, sizeof(logp), "env.ndjson");
+    unlink(logp);
+    snprintf(def, sizeof(def), "./memtrace-%d.ndjson", (int)getpid());
+    setenv("MEMTRACE_LOG", logp, 1);
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    cfg.mode = MT_PROF_LOG;
+    mt_prof_t *p = NULL;
+    assert_int_equal(mt_prof_create(&p, &cfg), 0);
+    const char *got = mt_prof_log_path(p);
+    bool is_default = got != NULL && strcmp(got, def) == 0;
+    mt_prof_destroy(&p);
+    unlink(def);
+    unlink(logp);
+    unsetenv("MEMTRACE_LOG");
+    assert_true(is_default);
+}
+
+/* What mt_prof_cfg_from_env takes from the environment into the cfg. */
+static void test_cfg_from_env_fields(void **state)
+{
+    (void)state;
+    mt_prof_cfg_t cfg = mt_prof_cfg_default();
+    assert_string_equal(cfg.oom_dir, "");
+    assert_string_equal(cfg.default_socket, "");
+    assert_int_equal(cfg.oom_interval_ms, MT_PROF_OOM_INTERVAL_MS);
+    setenv("MEMTRACE_LOG", "/tmp/mt-env.ndjson", 1);
+    setenv("MEMTRACE_OOM_DIR", "/tmp/mt-env-oom", 1);
+    setenv("MEMTRACE_OOM_INTERVAL_MS", "0", 1);
+    setenv("MEMTRACE_SOCKET", "/nonexistent/env.sock", 1);
+    assert_int_equal(mt_prof_cfg_from_env(&cfg), 0);
+    assert_string_equal(cfg.log_path, "/tmp/mt-env.ndjson");
+    assert_string_equal(cfg.oom_dir, "/tmp/mt-env-oom");
+    assert_int_equal(cfg.oom_interval_ms, 0);
+    assert_string_equal(cfg.default_socket, "/nonexistent/env.sock");
+    /* "off" names no directory; a malformed interval leaves the cfg's (warned). */
+    setenv("MEMTRACE_OOM_DIR", "off", 1);
+    setenv("MEMTRACE_OOM_INTERVAL_MS", "soon", 1);
+    logrec_t lr = {.n = 0};
+    cfg = mt_prof_cfg_default();
+    cfg.log = log_cb;
+    cfg.log_ud = &lr;
+    assert_int_equal(mt_prof_cfg_from_env(&cfg), 0);
+    assert_string_equal(cfg.oom_dir, "");
+    assert_int_equal(cfg.oom_interval_ms, MT_PROF_OOM_INTERVAL_MS);
+    assert_true(logged(&lr, "MEMTRACE_OOM_INTERVAL_MS='soon'"));
+    unsetenv("MEMTRACE_LOG");
+    unsetenv("MEMTRACE_OOM_DIR");
+    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
+    unsetenv("MEMTRACE_SOCKET");
+}
+
 /* ---- a minimal daemon: the server side of the registration, as docs/telemetry.md
  * describes it, enough to test the producer side ---- */
 
@@ -781,6 +839,8 @@ int main(void)
         cmocka_unit_test(test_log_to_dev_null),
         cmocka_unit_test(test_auto_degrades_to_off),
         cmocka_unit_test(test_env_mode),
+        cmocka_unit_test(test_create_reads_no_env),
+        cmocka_unit_test(test_cfg_from_env_fields),
         cmocka_unit_test(test_daemon_mode),
         cmocka_unit_test(test_daemon_refuses),
         cmocka_unit_test(test_fsize_limit_smaller_ring),

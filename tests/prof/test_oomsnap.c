@@ -127,9 +127,9 @@ static void test_middle_unmap_then_join(void **state)
     char oomdir[128], logp[128], path[256], cmd[300];
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
     snprintf(logp, sizeof logp, "%s/run.ndjson", tmp);
-    setenv("MEMTRACE_OOM_DIR", oomdir, 1);
-    setenv("MEMTRACE_OOM_INTERVAL_MS", "0", 1); /* a snapshot at every OOM */
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    snprintf(pc.oom_dir, sizeof pc.oom_dir, "%s", oomdir);
+    pc.oom_interval_ms = 0; /* a snapshot at every OOM */
     pc.mode = MT_PROF_LOG;
     pc.log_path = logp;
     mt_prof_t *p = NULL;
@@ -185,8 +185,6 @@ static void test_middle_unmap_then_join(void **state)
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
     mt_prof_destroy(&p);
-    unsetenv("MEMTRACE_OOM_DIR");
-    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }

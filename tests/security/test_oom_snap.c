@@ -95,9 +95,9 @@ static mt_prof_t *local_prof(const char *dir, const char *oomdir, const char *in
 {
     char logp[256];
     snprintf(logp, sizeof logp, "%s/run-%u.ndjson", dir, (unsigned)(mono_ns() % 1000000u));
-    setenv("MEMTRACE_OOM_DIR", oomdir, 1);
-    setenv("MEMTRACE_OOM_INTERVAL_MS", interval, 1);
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    snprintf(pc.oom_dir, sizeof pc.oom_dir, "%s", oomdir);
+    pc.oom_interval_ms = (unsigned)strtoul(interval, NULL, 10);
     pc.mode = MT_PROF_LOG;
     pc.log_path = logp;
     pc.log = msgs ? sec_log_cb : NULL;
@@ -105,8 +105,6 @@ static mt_prof_t *local_prof(const char *dir, const char *oomdir, const char *in
     mt_prof_t *p = NULL;
     if (mt_prof_create(&p, &pc) != 0)
         return NULL;
-    unsetenv("MEMTRACE_OOM_DIR");
-    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
     return p;
 }
 

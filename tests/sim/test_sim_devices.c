@@ -243,11 +243,15 @@ static void test_env_parsing(void **state)
     assert_int_equal(cfg.sim_devices, 3);
     assert_int_equal(cfg.sim_peer_cost_ns, 2500);
     assert_int_equal(cfg.sim_peer_bandwidth, (uint64_t)4 << 30);
-    /* sim_devices = 0 takes the environment's count. */
+    /* sim_devices = 0 takes the default, one device: create reads no environment. */
     cfg.kind = MT_BACKEND_SIM;
     cfg.sim_capacity = 4 * MIB;
     cfg.sim_devices = 0;
     mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
+    assert_int_equal(mt_backend_device_count(b), 1);
+    mt_backend_destroy(&b);
+    cfg.sim_devices = 3; /* as from_env set it */
     assert_int_equal(mt_backend_create(&b, &cfg), 0);
     assert_int_equal(mt_backend_device_count(b), 3);
     mt_backend_destroy(&b);
@@ -257,7 +261,7 @@ static void test_env_parsing(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         setenv("MEMTRACE_SIM_DEVICES", bad[i], 1);
         mt_backend_cfg_t c = mt_backend_cfg_default();
-        assert_int_equal(c.sim_devices, 1); /* skipped by the defaults */
+        assert_int_equal(c.sim_devices, 1); /* the defaults read no environment */
         c.sim_devices = 5;
         assert_int_equal(mt_backend_cfg_from_env(&c, err, sizeof err), MT_EINVAL);
         assert_int_equal(c.sim_devices, 5); /* left alone */
@@ -282,11 +286,15 @@ static void test_env_parsing(void **state)
     assert_non_null(strstr(err, "MEMTRACE_SIM_PEER_COST_NS"));
     unsetenv("MEMTRACE_SIM_PEER_COST_NS");
     /* The cuda backend's shareable handles and the sim's context and other processes come
-     * from the environment here, never at create. */
+     * from the environment here, never at create nor in the defaults. */
     setenv("MEMTRACE_CUDA_HANDLE_TYPE", "posix_fd", 1);
     setenv("MEMTRACE_SIM_CONTEXT", "300M", 1);
     setenv("MEMTRACE_SIM_OTHER_PROCESSES", "1G", 1);
     mt_backend_cfg_t e = mt_backend_cfg_default();
+    assert_int_equal(e.cuda_handle_type, MT_CUDA_HANDLE_NONE);
+    assert_int_equal(e.sim_context, 0);
+    assert_int_equal(e.sim_other_processes, 0);
+    assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), 0);
     assert_int_equal(e.cuda_handle_type, MT_CUDA_HANDLE_POSIX_FD);
     assert_int_equal(e.sim_context, 300 * MIB);
     assert_int_equal(e.sim_other_processes, 1024 * MIB);

@@ -32,6 +32,8 @@ static void test_create_and_info(void **state)
     assert_null(b);
 }
 
+/* MEMTRACE_SIM_CAPACITY reaches the backend through mt_backend_cfg_from_env only: neither
+ * the defaults nor create read it (docs/process-state.md). */
 static void test_capacity_from_env_and_default(void **state)
 {
     setenv("MEMTRACE_SIM_CAPACITY", "32M", 1);
@@ -40,6 +42,11 @@ static void test_capacity_from_env_and_default(void **state)
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &cfg), 0);
     size_t fr, tot;
+    assert_int_equal(mt_backend_mem_get_info(b, &fr, &tot), 0);
+    assert_int_equal(tot, (size_t)8 << 30);
+    mt_backend_destroy(&b);
+    assert_int_equal(mt_backend_cfg_from_env(&cfg, NULL, 0), 0);
+    assert_int_equal(mt_backend_create(&b, &cfg), 0);
     assert_int_equal(mt_backend_mem_get_info(b, &fr, &tot), 0);
     assert_int_equal(tot, 32 * MIB);
     mt_backend_destroy(&b);
@@ -56,7 +63,7 @@ static void test_capacity_from_env_and_default(void **state)
 }
 
 /* Malformed environment: from_env names the first bad variable and its value, still
- * applies the good ones, and cfg_default skips the bad ones silently. */
+ * applies the good ones; cfg_default reads none. */
 static void test_env_errors_named(void **state)
 {
     char err[256];

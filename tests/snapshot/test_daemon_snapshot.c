@@ -28,11 +28,24 @@
 
 static const char *memtrace_exe;
 
+/* Threads of this process now. */
+static int thread_count(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    int n = 0;
+    assert_non_null(dir);
+    for (struct dirent *e; (e = readdir(dir)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(dir);
+    return n;
+}
+
 /* The child: records through the daemon, runs out of memory five times, says so on
  * stop_fd and waits to be killed. */
 static void oomer_body(const char *sock, int stop_fd)
 {
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    (void)mt_prof_cfg_from_env(&pc); /* MEMTRACE_OOM_DIR, as the drop-in reads it */
     pc.mode = MT_PROF_DAEMON;
     pc.socket = sock;
     pc.name = "oomer";
@@ -104,6 +117,7 @@ static void test_oom_and_live_snapshots(void **state)
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
 
     th_daemon_t t;
+    int threads_before = thread_count();
     mt_d_cfg_t cfg = th_cfg();
     cfg.oom_dir = oomdir;
     cfg.oom_max_snapshots = 3;
@@ -176,6 +190,8 @@ static void test_oom_and_live_snapshots(void **state)
     kill(pid, SIGKILL);
     th_wait(pid);
     th_daemon_stop(&t);
+    /* The snapshots' writer was the daemon's: joined by its destroy, none left running. */
+    assert_int_equal(thread_count(), threads_before);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }
@@ -190,9 +206,9 @@ static void test_recorder_oom_snapshot(void **state)
     char oomdir[128], logp[128], path[256], cmd[300];
     snprintf(oomdir, sizeof oomdir, "%s/oom", tmp);
     snprintf(logp, sizeof logp, "%s/run.ndjson", tmp);
-    setenv("MEMTRACE_OOM_DIR", oomdir, 1);
-    setenv("MEMTRACE_OOM_INTERVAL_MS", "0", 1); /* every OOM: two in a row */
     mt_prof_cfg_t pc = mt_prof_cfg_default();
+    snprintf(pc.oom_dir, sizeof pc.oom_dir, "%s", oomdir);
+    pc.oom_interval_ms = 0; /* every OOM: two in a row */
     pc.mode = MT_PROF_LOG;
     pc.log_path = logp;
     mt_prof_t *p = NULL;
@@ -243,8 +259,6 @@ static void test_recorder_oom_snapshot(void **state)
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
     mt_prof_destroy(&p);
-    unsetenv("MEMTRACE_OOM_DIR");
-    unsetenv("MEMTRACE_OOM_INTERVAL_MS");
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     assert_int_equal(system(cmd), 0);
 }

@@ -15,7 +15,7 @@
  * ...: mt_prof_cfg_from_env), and WEB_PRODUCER_EXTRA_MB=N holds N MiB more (tag weights)
  * from the start: the rank of a job that needs more than the others.
  * Outside the allocator (docs/outside.md): the sim device's context comes from
- * MEMTRACE_SIM_CONTEXT (the backend reads it); WEB_PRODUCER_OUTSIDE_MB=N takes N MiB from
+ * MEMTRACE_SIM_CONTEXT (mt_backend_cfg_from_env); WEB_PRODUCER_OUTSIDE_MB=N takes N MiB from
  * the backend as a library would, reported as "libfakenccl.so" (mt_alloc_note_outside), and
  * WEB_PRODUCER_UNSEEN_MB=N takes N MiB that nobody reports (the "not seen" part); both from
  * the start until the end. */
@@ -82,6 +82,9 @@ int main(int argc, char **argv)
     int ooms = argc > 5 ? atoi(argv[5]) : 0;
     int rc;
     mt_backend_cfg_t bcfg = mt_backend_cfg_default();
+    char berr[256];
+    if ((rc = mt_backend_cfg_from_env(&bcfg, berr, sizeof berr)) != 0)
+        die(berr, rc);
     bcfg.kind = MT_BACKEND_SIM;
     mt_backend_t *b = NULL;
     if ((rc = mt_backend_create(&b, &bcfg)) != 0)
