@@ -27,7 +27,6 @@
  * Anything else: 404; another method: 405 (checked after the two checks above). */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "daemon/http.h"
 #include "daemon/internal.h"
