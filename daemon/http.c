@@ -5,7 +5,10 @@
  * the whole head to arrive (cfg.head_timeout_ms from the accept; the sweep timer closes
  * late ones). Lines may end in CRLF or a bare LF.
  *
- * Every request, whatever its route (web.c's too), passes two checks first
+ * A head goes through three steps (http.h): parsed (http_request.c: 400 naming what is
+ * wrong), looked up in the one route table (routes.c: 404, 405), authorized
+ * (http_request.c), then answered by its route's handler. Every request, whatever its
+ * route (web.c's too), passes two checks before any 404 or 405
  * (docs/telemetry.md, "Security model"):
  *   Host     must name this host: localhost, 127.0.0.1, [::1], cfg.http_host or
  *            cfg.http_name, with any port (a browser tricked by DNS rebinding sends the
@@ -16,16 +19,16 @@
  *            cookie for localhost goes to every port of it, another user's server too. The
  *            page takes the token from its URL's fragment (#token=T, never sent) and keeps
  *            it in sessionStorage, which is per origin, port included.
- * Routes:
+ * The API's routes, answered here:
  *   GET /events   Server-Sent Events of the event stream (filters: ?pid=&kind=&tag=)
  *   GET /metrics  Prometheus text exposition (version 0.0.4)
  *   GET /state    JSON of every known process
  *   GET /healthz  "ok"
- * Anything else: 404; another method: 405; a malformed head: 400. */
+ * Anything else: 404; another method: 405 (checked after the two checks above). */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
+#include "daemon/http.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 
@@ -65,7 +68,7 @@ static void respond_text(mt_d_conn_t *c, int status, const char *reason, const c
     respond(c, status, reason, "text/plain; charset=utf-8", NULL, text, strlen(text), false);
 }
 
-static void start_sse(mt_d_conn_t *c, const char *query, bool head_only)
+void mt__d_http_serve_events(mt_d_conn_t *c, const char *query, bool head_only)
 {
     char err[128];
     if (query && mt__d_sub_parse_query(&c->sub, query, err, sizeof err) != 0) {
@@ -103,7 +106,7 @@ static void start_sse(mt_d_conn_t *c, const char *query, bool head_only)
     mt__d_consumer_start(c);
 }
 
-static void serve_metrics(mt_d_conn_t *c, bool head_only)
+void mt__d_http_serve_metrics(mt_d_conn_t *c, const char *query, bool head_only)
 {
     mt_d_buf_t text = {0};
     if (mt__d_metrics_text(c->d, &text) != 0) {
@@ -116,7 +119,7 @@ static void serve_metrics(mt_d_conn_t *c, bool head_only)
     mt__d_buf_free(&text);
 }
 
-static void serve_state(mt_d_conn_t *c, bool head_only)
+void mt__d_http_serve_state(mt_d_conn_t *c, const char *query, bool head_only)
 {
     json_t *st = mt__d_state_json(c->d);
     char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
@@ -131,191 +134,88 @@ static void serve_state(mt_d_conn_t *c, bool head_only)
     free(s);
 }
 
-static bool valid_target(const char *t)
+void mt__d_http_serve_healthz(mt_d_conn_t *c, const char *query, bool head_only)
 {
-    if (t[0] != '/')
-        return false;
-    for (const unsigned char *p = (const unsigned char *)t; *p; p++)
-        if (*p <= 0x20 || *p >= 0x7f)
-            return false;
-    return true;
+    respond(c, 200, "OK", "text/plain; charset=utf-8", NULL, "ok\n", 3, head_only);
 }
 
-/* Host's name without its port, compared with the names of this host. */
-static bool host_allowed(const mt_d_t *d, const char *host)
+/* ---- the request path ---- */
+
+/* The query without its first token= parameter (it is no handler's business), written
+ * over the query's own bytes in c->in; NULL when the target has no '?'. */
+static const char *query_without_token(mt_d_conn_t *c, const mt_d_req_t *r)
 {
-    size_t n;
-    if (host[0] == '[') {
-        const char *rb = strchr(host, ']');
-        if (!rb)
-            return false;
-        n = (size_t)(rb - host) + 1;
-    } else {
-        n = strcspn(host, ":");
+    if (!r->query.p)
+        return NULL;
+    char *q = c->in.p + (r->query.p - c->in.p);
+    size_t n = r->query.n;
+    if (r->token.p) {
+        size_t from = (size_t)(r->token.p - 6 - r->query.p); /* "token=" */
+        size_t to = (size_t)(r->token.p + r->token.n - r->query.p);
+        if (to < n)
+            to++; /* the '&' after it */
+        if (to == n && from > 0)
+            from--; /* nothing follows: the '&' before it */
+        memmove(q + from, q + to, n - to);
+        n -= to - from;
     }
-    const char *port = host + n;
-    if (*port == ':')
-        port++;
-    else if (*port)
-        return false;
-    if (strspn(port, "0123456789") != strlen(port))
-        return false;
-    const char *names[] = {"localhost", "127.0.0.1", "[::1]", d->cfg.http_host, d->cfg.http_name};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (names[i] && strlen(names[i]) == n && strncasecmp(names[i], host, n) == 0)
-            return true;
-    return false;
+    q[n] = '\0'; /* over the ' ' before the version at most */
+    return q;
 }
 
-/* Constant-time comparison of a presented token (length n) with ours. */
-static bool token_equal(const char *ours, const char *given, size_t n)
+static mt_d_http_policy_t policy_of(const mt_d_t *d)
 {
-    size_t len = strlen(ours);
-    unsigned char diff = (unsigned char)(n != len);
-    for (size_t i = 0; i < len; i++)
-        diff |= (unsigned char)(ours[i] ^ (i < n ? given[i] : 0));
-    return diff == 0 && len > 0;
-}
-
-/* Removes "token=..." from the query (in place) and copies its value into tok (cut to
- * 63 bytes); returns the value's length, or -1 if there is none. */
-static long take_query_token(char *query, char tok[64])
-{
-    for (char *kv = query; kv && *kv;) {
-        char *amp = strchr(kv, '&');
-        size_t len = amp ? (size_t)(amp - kv) : strlen(kv);
-        if (len >= 6 && strncmp(kv, "token=", 6) == 0) {
-            size_t vlen = len - 6 < 63 ? len - 6 : 63;
-            memcpy(tok, kv + 6, vlen);
-            tok[vlen] = '\0';
-            memmove(kv, amp ? amp + 1 : kv + len, strlen(amp ? amp + 1 : kv + len) + 1);
-            if (kv > query && !*kv)
-                kv[-1] = '\0'; /* a trailing '&' left behind */
-            return (long)(len - 6);
-        }
-        kv = amp ? amp + 1 : NULL;
-    }
-    return -1;
-}
-
-/* The end of the head: the '\n' before its blank line (CRLF or bare LF), NULL while
- * incomplete. */
-static char *head_end(char *s)
-{
-    char *lf = strstr(s, "\n\n"), *crlf = strstr(s, "\n\r\n");
-    return !lf ? crlf : !crlf ? lf : lf < crlf ? lf : crlf;
+    return (mt_d_http_policy_t){.names = {d->cfg.http_host, d->cfg.http_name},
+                                .auth = d->cfg.http_auth,
+                                .metrics_open = d->cfg.metrics_open,
+                                .token = d->token};
 }
 
 void mt__d_http_input(mt_d_conn_t *c)
 {
-    char *end = head_end(c->in.p);
-    if (!end) {
-        if (memchr(c->in.p, '\0', c->in.len))
-            respond_text(c, 400, "Bad Request", "bad request\n"); /* binary garbage */
+    mt_d_req_t req;
+    mt_d_req_e e = mt__d_http_parse_request(c->in.p, c->in.len, &req);
+    if (e == MT_D_REQ_INCOMPLETE)
         return; /* a head in several reads: wait for the rest (or the head deadline) */
-    }
-    end[1] = '\0'; /* keeps the last line's '\n' */
-    /* Split into lines, dropping a '\r' before each '\n'. */
-    char *line = c->in.p;
-    char *nl = strchr(line, '\n');
-    *nl = '\0';
-    if (nl > line && nl[-1] == '\r')
-        nl[-1] = '\0';
-    const char *host = NULL, *auth = NULL;
-    for (char *h = nl + 1; *h;) {
-        char *e = strchr(h, '\n');
-        *e = '\0';
-        if (e > h && e[-1] == '\r')
-            e[-1] = '\0';
-        char *colon = strchr(h, ':');
-        if (colon) {
-            *colon = '\0';
-            char *v = colon + 1;
-            v += strspn(v, " \t");
-            if (strcasecmp(h, "Host") == 0) {
-                if (host) {
-                    respond_text(c, 400, "Bad Request", "more than one Host header\n");
-                    return;
-                }
-                host = v;
-            } else if (strcasecmp(h, "Authorization") == 0) {
-                auth = v;
-            }
-        }
-        h = e + 1;
-    }
-    /* Request line: METHOD SP TARGET SP HTTP/1.x */
-    char *sp1 = strchr(line, ' ');
-    char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
-    if (!sp1 || !sp2 || strchr(sp2 + 1, ' ')) {
-        respond_text(c, 400, "Bad Request", "malformed request line\n");
+    if (e != MT_D_REQ_OK) {
+        respond_text(c, 400, "Bad Request", mt__d_http_req_message(e));
         return;
     }
-    *sp1 = '\0';
-    *sp2 = '\0';
-    const char *method = line, *version = sp2 + 1;
-    char *target = sp1 + 1;
-    if (strcmp(version, "HTTP/1.1") != 0 && strcmp(version, "HTTP/1.0") != 0) {
-        respond_text(c, 400, "Bad Request", "unsupported HTTP version\n");
-        return;
-    }
-    if (!valid_target(target)) {
-        respond_text(c, 400, "Bad Request", "bad request target\n");
-        return;
-    }
-    /* HTTP/1.1 requires Host; a 1.0 client without one is no browser (no rebinding). */
-    if ((host && !host_allowed(c->d, host)) || (!host && strcmp(version, "HTTP/1.1") == 0)) {
+    mt_d_route_match_t m = mt__d_route_find(req.method, req.path);
+    mt_d_http_policy_t pol = policy_of(c->d);
+    switch (mt__d_http_authorize(&pol, &req, m.route)) {
+    case 0:
+        break;
+    case 403:
         respond_text(c, 403, "Forbidden", "Host must be localhost, 127.0.0.1 or [::1]\n");
         return;
-    }
-    char *q = strchr(target, '?');
-    char qtok[64];
-    long qlen = q ? take_query_token(q + 1, qtok) : -1;
-    if (q && !q[1])
-        *q = '\0';
-    size_t plen0 = q ? (size_t)(q - target) : strlen(target);
-    /* Open: the health check, the metrics when configured so, and the page's static
-     * files (the same bytes as in the source; a browser's navigation to the page cannot
-     * carry the token, which the page sends with each request for data). */
-    bool open_route =
-        (plen0 == 8 && strncmp(target, "/healthz", 8) == 0) ||
-        (c->d->cfg.metrics_open && plen0 == 8 && strncmp(target, "/metrics", 8) == 0) ||
-        mt__d_web_is_asset(target, plen0);
-    if (c->d->cfg.http_auth && !open_route) {
-        bool ok = false;
-        if (auth && strncasecmp(auth, "Bearer ", 7) == 0)
-            ok = token_equal(c->d->token, auth + 7, strlen(auth + 7));
-        if (!ok && qlen >= 0)
-            ok = token_equal(c->d->token, qtok, (size_t)qlen);
-        if (!ok) {
-            static const char why[] = "token required: see `memtrace token`\n";
-            respond(c, 401, "Unauthorized", "text/plain; charset=utf-8",
-                    "WWW-Authenticate: Bearer realm=\"memtrace\"\r\n", why, sizeof why - 1, false);
-            return;
-        }
-    }
-    bool head = strcmp(method, "HEAD") == 0;
-    if (!head && strcmp(method, "GET") != 0) {
-        respond(c, 405, "Method Not Allowed", "text/plain; charset=utf-8", "Allow: GET, HEAD\r\n",
-                "method not allowed\n", 19, false);
+    default: {
+        static const char why[] = "token required: see `memtrace token`\n";
+        respond(c, 401, "Unauthorized", "text/plain; charset=utf-8",
+                "WWW-Authenticate: Bearer realm=\"memtrace\"\r\n", why, sizeof why - 1, false);
         return;
     }
-    char path[128];
-    size_t plen = q ? (size_t)(q - target) : strlen(target);
-    if (plen >= sizeof path) {
+    }
+    if (m.status == 405) {
+        respond(c, 405, "Method Not Allowed", "text/plain; charset=utf-8",
+                "Allow: " MT_D_HTTP_ALLOW "\r\n", "method not allowed\n", 19, false);
+        return;
+    }
+    if (m.status == 404) {
         respond_text(c, 404, "Not Found", "not found\n");
         return;
     }
-    memcpy(path, target, plen);
-    path[plen] = '\0';
-    if (strcmp(path, "/events") == 0)
-        start_sse(c, q ? q + 1 : NULL, head);
-    else if (strcmp(path, "/metrics") == 0)
-        serve_metrics(c, head);
-    else if (strcmp(path, "/state") == 0)
-        serve_state(c, head);
-    else if (strcmp(path, "/healthz") == 0)
-        respond(c, 200, "OK", "text/plain; charset=utf-8", NULL, "ok\n", 3, head);
-    else if (!mt__d_web_route(c, path, q ? q + 1 : NULL, head))
-        respond_text(c, 404, "Not Found", "not found\n");
+    bool head = req.method.n == 4 && memcmp(req.method.p, "HEAD", 4) == 0;
+    const char *query = query_without_token(c, &req);
+    const char *badp = m.route->numbers && query ? mt__d_web_bad_param(query) : NULL;
+    if (badp) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "%s: not a valid number\n", badp);
+        mt__d_web_bad(c, 400, msg);
+    } else if (m.asset) {
+        respond(c, 200, "OK", m.asset->ctype, NULL, (const char *)m.asset->data, m.asset->len,
+                head);
+    } else {
+        m.route->fn(c, query, head);
+    }
 }

@@ -1,5 +1,5 @@
 /* memtraced: the web page's routes (web.h): its embedded files and the JSON it reads.
- * http.c's dispatcher calls mt__d_web_route after its own checks; every answer goes
+ * routes.c's table names them, http.c calls them after its own checks; every answer goes
  * through mt__d_http_respond (same headers, no CORS header: the page is same-origin). */
 #include <inttypes.h>
 #include <math.h>
@@ -81,9 +81,7 @@ static bool qu64(const char *query, const char *key, uint64_t *out)
     return true;
 }
 
-/* The first parameter present but malformed (not a finite number, or not an unsigned
- * integer for pid, seq and addr), or NULL. */
-static const char *bad_param(const char *query)
+const char *mt__d_web_bad_param(const char *query)
 {
     static const char *const nums[] = {"from", "to", "buckets", "span", "n", "t"};
     static const char *const ints[] = {"pid", "seq", "addr"};
@@ -298,7 +296,7 @@ static int put_series(mt_d_buf_t *o, const mt_d_web_bkt_t *b, const bool *valid,
     return mt__d_buf_append(o, "]", 1);
 }
 
-static void serve_history(mt_d_conn_t *c, const char *query, bool head)
+void mt__d_web_serve_history(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
@@ -368,7 +366,7 @@ static void serve_history(mt_d_conn_t *c, const char *query, bool head)
     mt__d_web_send(c, &o, head);
 }
 
-static void serve_spark(mt_d_conn_t *c, const char *query, bool head)
+void mt__d_web_serve_spark(mt_d_conn_t *c, const char *query, bool head)
 {
     double span = 120, nbd = 60;
     if (query) {
@@ -590,7 +588,7 @@ bool mt__d_web_past_upto(const mt_d_web_proc_t *t, const char *query, size_t *up
     return false;
 }
 
-static void serve_map(mt_d_conn_t *c, const char *query, bool head)
+void mt__d_web_serve_map(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
@@ -668,7 +666,7 @@ static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     return o->err;
 }
 
-static void serve_block(mt_d_conn_t *c, const char *query, bool head)
+void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
@@ -717,7 +715,7 @@ static void serve_block(mt_d_conn_t *c, const char *query, bool head)
 
 /* ---- event tail ---- */
 
-static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
+void mt__d_web_serve_tail(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
     mt_d_web_proc_t *t;
@@ -757,58 +755,4 @@ static void serve_tail(mt_d_conn_t *c, const char *query, bool head)
     }
     mt__d_buf_append(&o, "]}\n", 3);
     mt__d_web_send(c, &o, head);
-}
-
-/* ---- routing ---- */
-
-bool mt__d_web_is_asset(const char *target, size_t len)
-{
-    if (len == 1 && target[0] == '/')
-        return true;
-    for (size_t i = 0; i < mt__d_web_nassets; i++) {
-        const char *a = mt__d_web_assets[i].path;
-        if (strlen(a) == len && memcmp(a, target, len) == 0)
-            return true;
-    }
-    return false;
-}
-
-bool mt__d_web_route(mt_d_conn_t *c, const char *path, const char *query, bool head)
-{
-    const char *want = strcmp(path, "/") == 0 ? "/index.html" : path;
-    for (size_t i = 0; i < mt__d_web_nassets; i++) {
-        const mt_d_asset_t *a = &mt__d_web_assets[i];
-        if (strcmp(a->path, want) == 0) {
-            mt__d_http_respond(c, 200, "OK", a->ctype, (const char *)a->data, a->len, head);
-            return true;
-        }
-    }
-    static const struct {
-        const char *path;
-        void (*fn)(mt_d_conn_t *c, const char *query, bool head);
-    } routes[] = {{"/history", serve_history},
-                  {"/spark", serve_spark},
-                  {"/map", serve_map},
-                  {"/block", serve_block},
-                  {"/callsites", mt__d_web_serve_callsites},
-                  {"/tail", serve_tail},
-                  {"/sites", mt__d_web_serve_sites},
-                  {"/gap", mt__d_web_serve_gap},
-                  {"/analysis", mt__d_web_serve_analysis},
-                  {"/diff", mt__d_web_serve_diff},
-                  {"/jobs", mt__d_web_serve_jobs}};
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        if (strcmp(path, routes[i].path) == 0) {
-            const char *badp = query ? bad_param(query) : NULL;
-            if (badp) {
-                char msg[96];
-                snprintf(msg, sizeof msg, "%s: not a valid number\n", badp);
-                mt__d_web_bad(c, 400, msg);
-                return true;
-            }
-            routes[i].fn(c, query, head);
-            return true;
-        }
-    }
-    return false;
 }

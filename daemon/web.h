@@ -15,7 +15,7 @@
  *   (snapshot.c: its newest MT_D_SNAPSHOT_EVENTS events, and an OOM's count per device).
  * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live).
  *
- * Routes (GET, JSON unless said; registered in http.c's dispatcher, behind its checks):
+ * Routes (GET, JSON unless said; rows of routes.c's table, behind http.c's checks):
  *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time; no token needed)
  *   /history?pid=&from=&to=&buckets=    figures per bucket over [from, to] (seconds)
  *   /spark?span=&buckets=               allocated per bucket of every process, last span s
@@ -103,12 +103,10 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i);
  * model given the base's segments and blocks, then those events. *out is new. */
 int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, struct mt_model_s **out);
 
-/* True when target[0, len) names one of the page's embedded files ("/" is index.html):
- * static bytes, served without the token. */
-bool mt__d_web_is_asset(const char *target, size_t len);
-
-/* Answers a web route; returns false when path is not one of them. */
-bool mt__d_web_route(struct mt_d_conn_s *c, const char *path, const char *query, bool head);
+/* The first parameter of query present but malformed (not a finite number for from, to,
+ * buckets, span, n, t; not an unsigned integer for pid, seq, addr), or NULL: the routes
+ * marked so in routes.c answer 400 naming it before their handler runs. */
+const char *mt__d_web_bad_param(const char *query);
 
 /* ---- shared by web.c and web_analysis.c ---- */
 
@@ -128,6 +126,12 @@ double mt__d_web_secs(const mt_d_web_proc_t *t, uint64_t ns);
 /* Where the query asks for a past state (seq= or t=): the window index, else false. */
 bool mt__d_web_past_upto(const mt_d_web_proc_t *t, const char *query, size_t *upto);
 
+/* web.c's routes (query already checked for malformed numbers). */
+void mt__d_web_serve_history(struct mt_d_conn_s *c, const char *query, bool head);
+void mt__d_web_serve_spark(struct mt_d_conn_s *c, const char *query, bool head);
+void mt__d_web_serve_map(struct mt_d_conn_s *c, const char *query, bool head);
+void mt__d_web_serve_block(struct mt_d_conn_s *c, const char *query, bool head);
+void mt__d_web_serve_tail(struct mt_d_conn_s *c, const char *query, bool head);
 /* web_analysis.c's routes (query already checked for malformed numbers). */
 void mt__d_web_serve_sites(struct mt_d_conn_s *c, const char *query, bool head);
 void mt__d_web_serve_gap(struct mt_d_conn_s *c, const char *query, bool head);

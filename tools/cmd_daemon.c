@@ -12,11 +12,12 @@ int mt_cmd_daemon(int argc, char **argv)
     return mt_d_cli_main(argc, argv, "memtrace daemon");
 }
 
-int mt_cmd_token(int argc, char **argv)
+/* The one option: --socket PATH (NULL: the default socket). */
+static int parse_args(int argc, char **argv, const char **sock)
 {
-    const char *sock = NULL;
+    *sock = NULL;
     if (argc == 3 && strcmp(argv[1], "--socket") == 0) {
-        sock = argv[2];
+        *sock = argv[2];
     } else if (argc == 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: memtrace token [--socket PATH]\n\n"
                "Prints the HTTP token of the daemon at PATH (default: the default socket), read\n"
@@ -29,6 +30,12 @@ int mt_cmd_token(int argc, char **argv)
         fprintf(stderr, "usage: memtrace token [--socket PATH]\n");
         return 2;
     }
+    return MT_TOOL_RUN;
+}
+
+/* Prints the token: 0, or 1 when it cannot be read or printed. */
+static int run(const char *sock)
+{
     char path[4200], tok[40];
     int rc = mt_d_token_path(sock, path, sizeof path);
     if (!rc)
@@ -40,4 +47,11 @@ int mt_cmd_token(int argc, char **argv)
     }
     printf("%s\n", tok);
     return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
+int mt_cmd_token(int argc, char **argv)
+{
+    const char *sock;
+    int status = parse_args(argc, argv, &sock);
+    return status == MT_TOOL_RUN ? run(sock) : status;
 }

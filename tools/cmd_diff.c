@@ -253,7 +253,15 @@ static void print_text(const char *before, const char *after, const json_t *d, u
     }
 }
 
-int mt_cmd_diff(int argc, char **argv)
+typedef struct diff_opts_s {
+    mt_diff_cfg_t dc;           /* the gates */
+    int by;                     /* mt_fr_by_e, not MT_FR_BY_TAG */
+    bool as_json, all;          /* --json; --frames all */
+    unsigned top;               /* rows per table, > 0 */
+    const char *before, *after; /* the two inputs, borrowed from argv */
+} diff_opts_t;
+
+static int parse_args(int argc, char **argv, diff_opts_t *o)
 {
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
@@ -265,22 +273,20 @@ int mt_cmd_diff(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    mt_diff_cfg_t dc = mt_diff_cfg_default();
-    mt__report_cfg_t cfg = mt__report_cfg_default();
-    bool as_json = false, all = false;
-    unsigned top = 10;
+    *o = (diff_opts_t){.dc = mt_diff_cfg_default(), .by = mt__report_cfg_default().by, .top = 10};
+    mt_diff_cfg_t *dc = &o->dc;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         char *end = NULL;
         switch (c) {
         case 'j':
-            as_json = true;
+            o->as_json = true;
             break;
         case 'p':
-            dc.max_peak_growth_pct = strtod(optarg, &end);
-            if (end == optarg || *end || !(dc.max_peak_growth_pct >= 0) ||
-                !isfinite(dc.max_peak_growth_pct)) {
+            dc->max_peak_growth_pct = strtod(optarg, &end);
+            if (end == optarg || *end || !(dc->max_peak_growth_pct >= 0) ||
+                !isfinite(dc->max_peak_growth_pct)) {
                 fprintf(stderr, "memtrace diff: --max-peak-growth wants a percentage >= 0\n");
                 return 2;
             }
@@ -291,12 +297,12 @@ int mt_cmd_diff(int argc, char **argv)
                 fprintf(stderr, "memtrace diff: --max-site-growth wants bytes (e.g. 64M)\n");
                 return 2;
             }
-            dc.max_site_growth = (int64_t)bytes;
+            dc->max_site_growth = (int64_t)bytes;
             break;
         }
         case 'b':
-            cfg.by = mt_fr_by_parse(optarg);
-            if (cfg.by < 0 || cfg.by == MT_FR_BY_TAG) {
+            o->by = mt_fr_by_parse(optarg);
+            if (o->by < 0 || o->by == MT_FR_BY_TAG) {
                 fprintf(stderr, "memtrace diff: --by wants site, function, file, module or "
                                 "stack (tags are always compared)\n");
                 return 2;
@@ -307,11 +313,11 @@ int mt_cmd_diff(int argc, char **argv)
                 fprintf(stderr, "memtrace diff: --frames wants all or user\n");
                 return 2;
             }
-            all = strcmp(optarg, "all") == 0;
+            o->all = strcmp(optarg, "all") == 0;
             break;
         case 't':
-            top = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || top == 0) {
+            o->top = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || o->top == 0) {
                 fprintf(stderr, "memtrace diff: --top wants a number > 0\n");
                 return 2;
             }
@@ -328,21 +334,37 @@ int mt_cmd_diff(int argc, char **argv)
         help(stderr);
         return 2;
     }
+    o->before = argv[optind];
+    o->after = argv[optind + 1];
+    return MT_TOOL_RUN;
+}
+
+/* Compares the two inputs and prints the result: 0, 1 (unreadable), 2 (malformed),
+ * DIFF_CROSSED (a gate crossed). */
+static int run(const diff_opts_t *o)
+{
     json_t *d = NULL;
     int crossed = 0;
-    int status = mt_tool_diff("memtrace diff", argv[optind], argv[optind + 1], cfg.by, all, &dc, &d,
-                              &crossed);
-    if (status == 0 && as_json) {
+    int status =
+        mt_tool_diff("memtrace diff", o->before, o->after, o->by, o->all, &o->dc, &d, &crossed);
+    if (status == 0 && o->as_json) {
         if (json_dumpf(d, stdout, JSON_INDENT(2)) != 0) {
             fprintf(stderr, "memtrace diff: cannot write the result\n");
             status = 1;
         }
         printf("\n");
     } else if (status == 0) {
-        print_text(argv[optind], argv[optind + 1], d, top);
+        print_text(o->before, o->after, d, o->top);
     }
     if (status == 0 && crossed > 0)
         status = DIFF_CROSSED;
     json_decref(d);
     return status;
+}
+
+int mt_cmd_diff(int argc, char **argv)
+{
+    diff_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

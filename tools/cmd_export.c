@@ -44,15 +44,24 @@ static void help(FILE *f)
             "  python3 -m torch.cuda._memory_viz stats old.pickle\n");
 }
 
-int mt_cmd_export(int argc, char **argv)
+typedef struct export_opts_s {
+    const char *output; /* -o: the pickle, "-" for stdout */
+    int era;            /* --torch-format: 1 or 2 */
+    int pid;            /* --pid, or -1: the process with the most events */
+    char **logs;        /* the LOGs, borrowed from argv */
+    int nlogs;          /* >= 1 */
+} export_opts_t;
+
+static int parse_args(int argc, char **argv, export_opts_t *o)
 {
     static const struct option opts[] = {
         {"format", required_argument, NULL, 'f'}, {"torch-format", required_argument, NULL, 't'},
         {"pid", required_argument, NULL, 'p'},    {"output", required_argument, NULL, 'o'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
-    const char *format = NULL, *output = NULL;
-    int era = 2, pid = -1, c;
+    const char *format = NULL;
+    *o = (export_opts_t){.era = 2, .pid = -1};
+    int c;
     char *end;
     optind = 1;
     opterr = 0;
@@ -66,17 +75,17 @@ int mt_cmd_export(int argc, char **argv)
                 fprintf(stderr, "memtrace export: --torch-format wants 1 or 2, not '%s'\n", optarg);
                 return 2;
             }
-            era = optarg[0] - '0';
+            o->era = optarg[0] - '0';
             break;
         case 'p':
-            pid = (int)strtol(optarg, &end, 10);
-            if (*end != '\0' || pid < 0) {
+            o->pid = (int)strtol(optarg, &end, 10);
+            if (*end != '\0' || o->pid < 0) {
                 fprintf(stderr, "memtrace export: --pid wants a process id, not '%s'\n", optarg);
                 return 2;
             }
             break;
         case 'o':
-            output = optarg;
+            o->output = optarg;
             break;
         case 'h':
             help(stdout);
@@ -94,11 +103,22 @@ int mt_cmd_export(int argc, char **argv)
                         "format so far)\n");
         return 2;
     }
-    if (optind >= argc || output == NULL) {
+    if (optind >= argc || o->output == NULL) {
         fprintf(stderr, "memtrace export: %s (see 'memtrace export --help')\n",
                 optind >= argc ? "no LOG given" : "no output given (-o FILE)");
         return 2;
     }
+    o->logs = argv + optind;
+    o->nlogs = argc - optind;
+    return MT_TOOL_RUN;
+}
+
+/* Reads the logs and writes the process's snapshot: 0, 1 (I/O, memory), 2 (malformed
+ * logs, no such process). */
+static int run(const export_opts_t *o)
+{
+    const char *output = o->output;
+    const int era = o->era, pid = o->pid;
     mt__report_t *r = NULL;
     mt__report_cfg_t rcfg = mt__report_cfg_default();
     rcfg.general_reader = mt_tool_general_reader();
@@ -107,7 +127,7 @@ int mt_cmd_export(int argc, char **argv)
         return 1;
     }
     unsigned long bad = 0;
-    int status = mt_tool_read_logs(r, "memtrace export", argv + optind, argc - optind, &bad);
+    int status = mt_tool_read_logs(r, "memtrace export", o->logs, o->nlogs, &bad);
     size_t proc = 0, most = 0;
     bool found = false;
     for (size_t i = 0; status == 0 && i < mt__report_process_count(r); i++) {
@@ -155,4 +175,11 @@ int mt_cmd_export(int argc, char **argv)
     mt_ts_destroy(&ts);
     mt__report_destroy(&r);
     return status ? status : bad ? 2 : 0;
+}
+
+int mt_cmd_export(int argc, char **argv)
+{
+    export_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

@@ -111,7 +111,15 @@ static void remove_if_file(const char *path)
         remove(path);
 }
 
-int mt_cmd_plot(int argc, char **argv)
+typedef struct plot_opts_s {
+    mt__plot_cfg_t cfg; /* pid, size, buckets */
+    const char *output; /* -o, or NULL: named after the first log */
+    bool flame, leaked; /* --flamegraph (of the peak, or --leaked bytes) */
+    char **logs;        /* the LOGs, borrowed from argv */
+    int nlogs;          /* >= 1 */
+} plot_opts_t;
+
+static int parse_args(int argc, char **argv, plot_opts_t *o)
 {
     static const struct option opts[] = {
         {"output", required_argument, NULL, 'o'},
@@ -124,23 +132,22 @@ int mt_cmd_plot(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    mt__plot_cfg_t cfg = mt__plot_cfg_default();
-    const char *output = NULL;
-    bool flame = false, leaked = false;
+    *o = (plot_opts_t){.cfg = mt__plot_cfg_default()};
+    mt__plot_cfg_t *cfg = &o->cfg;
     unsigned long v;
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
         switch (c) {
         case 'o':
-            output = optarg;
+            o->output = optarg;
             break;
         case 'p':
             if (positive(optarg, 0x7fffffff, &v) != 0) {
                 fprintf(stderr, "memtrace plot: --pid wants a process id\n");
                 return 2;
             }
-            cfg.pid = (int)v;
+            cfg->pid = (int)v;
             break;
         case 'W':
         case 'H':
@@ -149,20 +156,20 @@ int mt_cmd_plot(int argc, char **argv)
                         c == 'W' ? "width" : "height", c == 'W' ? "800" : "600");
                 return 2;
             }
-            *(c == 'W' ? &cfg.width : &cfg.height) = (unsigned)v;
+            *(c == 'W' ? &cfg->width : &cfg->height) = (unsigned)v;
             break;
         case 'b':
             if (positive(optarg, 100000, &v) != 0) {
                 fprintf(stderr, "memtrace plot: --buckets wants 1..100000\n");
                 return 2;
             }
-            cfg.max_buckets = (unsigned)v;
+            cfg->max_buckets = (unsigned)v;
             break;
         case 'f':
-            flame = true;
+            o->flame = true;
             break;
         case 'l':
-            leaked = true;
+            o->leaked = true;
             break;
         case 'h':
             help(stdout);
@@ -176,11 +183,23 @@ int mt_cmd_plot(int argc, char **argv)
         help(stderr);
         return 2;
     }
-    if (leaked && !flame) {
+    if (o->leaked && !o->flame) {
         fprintf(stderr, "memtrace plot: --leaked goes with --flamegraph\n");
         return 2;
     }
-    const char *path = argv[optind]; /* the first log names the default output */
+    o->logs = argv + optind;
+    o->nlogs = argc - optind;
+    return MT_TOOL_RUN;
+}
+
+/* Reads the logs and draws them: 0, 1 (I/O, memory), 2 (a malformed log, nothing to
+ * draw). */
+static int run(const plot_opts_t *o)
+{
+    const mt__plot_cfg_t cfg = o->cfg;
+    const char *output = o->output;
+    const bool flame = o->flame, leaked = o->leaked;
+    const char *path = o->logs[0]; /* the first log names the default output */
     mt__report_t *r = NULL;
     mt__report_cfg_t rcfg = mt__report_cfg_default();
     rcfg.general_reader = mt_tool_general_reader();
@@ -190,7 +209,7 @@ int mt_cmd_plot(int argc, char **argv)
     }
     unsigned long bad = 0;
     mt_tool_inputs_t in; /* a LOG may be a PyTorch snapshot (its annotations become marks) */
-    int status = mt_tool_read_inputs(r, "memtrace plot", argv + optind, argc - optind, &bad, &in);
+    int status = mt_tool_read_inputs(r, "memtrace plot", o->logs, o->nlogs, &bad, &in);
     mt_tool_inputs_free(&in);
     char *dflt = NULL;
     if (!output && strcmp(path, "-") != 0)
@@ -233,4 +252,11 @@ int mt_cmd_plot(int argc, char **argv)
     free(dflt);
     mt__report_destroy(&r);
     return status ? status : bad ? 2 : 0;
+}
+
+int mt_cmd_plot(int argc, char **argv)
+{
+    plot_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

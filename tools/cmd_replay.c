@@ -298,7 +298,14 @@ static int print_json(const char *path, const mt_trace_t *t, const mt_replay_cfg
     return rc == 0 ? 0 : errno == ENOMEM ? MT_ENOMEM : MT_EIO;
 }
 
-int mt_cmd_replay(int argc, char **argv)
+typedef struct replay_opts_s {
+    mt_replay_cfg_t cfg; /* allocator settings, passes, capacity */
+    bool json;           /* --json */
+    long host_rounds;    /* > 0: the child that times jemalloc (replay_host.h) */
+    const char *path;    /* the trace, borrowed from argv */
+} replay_opts_t;
+
+static int parse_args(int argc, char **argv, replay_opts_t *o)
 {
     static const struct option opts[] = {
         {"alloc-conf", required_argument, NULL, 'c'},
@@ -310,30 +317,29 @@ int mt_cmd_replay(int argc, char **argv)
         {MT_TOOL_HOST_OPTION, required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
-    mt_replay_cfg_t cfg = mt_replay_cfg_default();
-    cfg.sample_peak = true;
-    cfg.rounds = 3; /* the fastest of three passes: one pass of a short trace is noisy */
-    bool json = false;
-    long host_rounds = 0; /* > 0: the child that times jemalloc (replay_host.h) */
+    *o = (replay_opts_t){.cfg = mt_replay_cfg_default()};
+    mt_replay_cfg_t *cfg = &o->cfg;
+    cfg->sample_peak = true;
+    cfg->rounds = 3; /* the fastest of three passes: one pass of a short trace is noisy */
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
-            cfg.alloc_conf = optarg;
+            cfg->alloc_conf = optarg;
             break;
         case 'j':
-            json = true;
+            o->json = true;
             break;
         case 'w':
-            cfg.warmup = true;
+            cfg->warmup = true;
             break;
         case 's':
-            cfg.second_pass = true;
+            cfg->second_pass = true;
             break;
         case 'C':
-            if (parse_bytes(optarg, &cfg.capacity) < 0) {
+            if (parse_bytes(optarg, &cfg->capacity) < 0) {
                 fprintf(stderr, "memtrace replay: --capacity: not a size in bytes: '%s'\n", optarg);
                 return 2;
             }
@@ -342,8 +348,8 @@ int mt_cmd_replay(int argc, char **argv)
             usage(stdout);
             return 0;
         case 'H':
-            host_rounds = strtol(optarg, NULL, 10);
-            if (host_rounds < 1 || host_rounds > 1000)
+            o->host_rounds = strtol(optarg, NULL, 10);
+            if (o->host_rounds < 1 || o->host_rounds > 1000)
                 return 2;
             break;
         default:
@@ -359,9 +365,19 @@ int mt_cmd_replay(int argc, char **argv)
                 argc - optind == 0 ? "missing the trace FILE" : "more than one FILE given");
         return 2;
     }
-    const char *path = argv[optind];
-    if (host_rounds > 0)
-        return mt_tool_jemalloc_child(path, (unsigned)host_rounds);
+    o->path = argv[optind];
+    return MT_TOOL_RUN;
+}
+
+/* Replays the trace and prints the result: 0, 1 (I/O, memory), 2 (a malformed trace or
+ * settings). */
+static int run(const replay_opts_t *o)
+{
+    const char *path = o->path;
+    const bool json = o->json;
+    mt_replay_cfg_t cfg = o->cfg;
+    if (o->host_rounds > 0)
+        return mt_tool_jemalloc_child(path, (unsigned)o->host_rounds);
     if (mt_ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
         return mt_tool_replay_snapshot(path, &cfg, json);
     char err[MT_TRACE_ERR_LEN + 256] = "";
@@ -391,4 +407,11 @@ int mt_cmd_replay(int argc, char **argv)
     }
     mt_trace_free(&t);
     return rc < 0 ? 1 : 0;
+}
+
+int mt_cmd_replay(int argc, char **argv)
+{
+    replay_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

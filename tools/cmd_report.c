@@ -855,7 +855,18 @@ static void print_process(json_t *p)
     print_temporary(p);
 }
 
-static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv);
+typedef struct report_opts_s {
+    mt__report_cfg_t cfg; /* what the report computes (frames and by set by run) */
+    print_opts_t print;   /* how it is printed */
+    bool as_json;         /* --json */
+    /* Rules are made once the options are read: --frames all may come after --skip-frames. */
+    const char *skips[64]; /* --skip-frames patterns, borrowed from argv */
+    int nskips;
+    char **logs; /* the LOGs, borrowed from argv */
+    int nlogs;   /* >= 1 */
+} report_opts_t;
+
+static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, int nlogs);
 
 /* "250", "250us", "2ms", "0.5s" into µs. 0 or MT_EINVAL. */
 static int parse_window(const char *s, uint64_t *us)
@@ -889,7 +900,7 @@ static void print_rules(void)
                r[i].cls == MT_FR_RECORDER ? "recorder" : "framework", r[i].reason);
 }
 
-int mt_cmd_report(int argc, char **argv)
+static int parse_args(int argc, char **argv, report_opts_t *o)
 {
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
@@ -906,57 +917,57 @@ int mt_cmd_report(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    mt__report_cfg_t cfg = mt__report_cfg_default();
+    o->cfg = mt__report_cfg_default();
+    mt__report_cfg_t *cfg = &o->cfg;
     /* The benchmarks' baseline (bench/bench_readers.c): every line through jansson. */
-    cfg.general_reader = mt_tool_general_reader();
-    bool as_json = false;
-    /* Rules are made once the options are read: --frames all may come after --skip-frames. */
-    const char *skips[64];
-    int nskips = 0;
-    popt = (print_opts_t){.by = MT_FR_BY_SITE};
+    cfg->general_reader = mt_tool_general_reader();
+    o->as_json = false;
+    o->nskips = 0;
+    print_opts_t *pr = &o->print;
+    *pr = (print_opts_t){.by = MT_FR_BY_SITE};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         char *end = NULL;
         switch (c) {
         case 'j':
-            as_json = true;
+            o->as_json = true;
             break;
         case 's':
-            cfg.timeline_steps = (unsigned)strtoul(optarg, &end, 10);
-            if (*end || cfg.timeline_steps == 0 || cfg.timeline_steps > 10000) {
+            cfg->timeline_steps = (unsigned)strtoul(optarg, &end, 10);
+            if (*end || cfg->timeline_steps == 0 || cfg->timeline_steps > 10000) {
                 fprintf(stderr, "memtrace report: --steps wants 1..10000\n");
                 return 2;
             }
             break;
         case 'g':
-            if (mt_tool_parse_bytes(optarg, &cfg.min_growth_bytes) != 0) {
+            if (mt_tool_parse_bytes(optarg, &cfg->min_growth_bytes) != 0) {
                 fprintf(stderr, "memtrace report: --min-growth wants bytes (e.g. 4M)\n");
                 return 2;
             }
             break;
         case 'r':
-            cfg.min_r2 = strtod(optarg, &end);
-            if (end == optarg || *end || !(cfg.min_r2 >= 0 && cfg.min_r2 <= 1)) { /* NaN too */
+            cfg->min_r2 = strtod(optarg, &end);
+            if (end == optarg || *end || !(cfg->min_r2 >= 0 && cfg->min_r2 <= 1)) { /* NaN too */
                 fprintf(stderr, "memtrace report: --min-r2 wants 0..1\n");
                 return 2;
             }
             break;
         case 't':
-            cfg.top = (unsigned)strtoul(optarg, &end, 10);
+            cfg->top = (unsigned)strtoul(optarg, &end, 10);
             if (*end) {
                 fprintf(stderr, "memtrace report: --top wants a number\n");
                 return 2;
             }
             break;
         case 'b':
-            popt.by = mt_fr_by_parse(optarg);
-            if (popt.by < 0) {
+            pr->by = mt_fr_by_parse(optarg);
+            if (pr->by < 0) {
                 fprintf(stderr, "memtrace report: --by wants site, function, file, module, "
                                 "stack, modules or tag\n");
                 return 2;
             }
-            popt.explicit_by = true;
+            pr->explicit_by = true;
             break;
         case 'f':
             if (strcmp(optarg, "rules") == 0) {
@@ -968,23 +979,23 @@ int mt_cmd_report(int argc, char **argv)
                                 "rules\n");
                 return 2;
             }
-            popt.all = strcmp(optarg, "all") == 0;
+            pr->all = strcmp(optarg, "all") == 0;
             break;
         case 'k':
-            if (nskips == (int)(sizeof skips / sizeof skips[0]) || optarg[0] == '\0') {
+            if (o->nskips == (int)(sizeof o->skips / sizeof o->skips[0]) || optarg[0] == '\0') {
                 fprintf(stderr, "memtrace report: --skip-frames wants a pattern (64 at most)\n");
                 return 2;
             }
-            skips[nskips++] = optarg;
+            o->skips[o->nskips++] = optarg;
             break;
         case 'S':
-            popt.stacks = true;
+            pr->stacks = true;
             break;
         case 'R':
-            popt.replay = true;
+            pr->replay = true;
             break;
         case 'T':
-            if (parse_window(optarg, &cfg.temporary_window_us) != 0) {
+            if (parse_window(optarg, &cfg->temporary_window_us) != 0) {
                 fprintf(stderr, "memtrace report: --temporary-window wants a time: N (us), Nus, "
                                 "Nms or Ns, at most 2^40 us; 0 turns it off\n");
                 return 2;
@@ -1002,15 +1013,26 @@ int mt_cmd_report(int argc, char **argv)
         help(stderr);
         return 2;
     }
+    o->logs = argv + optind;
+    o->nlogs = argc - optind;
+    return MT_TOOL_RUN;
+}
+
+/* The frame rules from the options, then the report: 0, 1 (I/O, memory), 2 (malformed
+ * lines, a bad pattern). */
+static int run(const report_opts_t *o)
+{
+    mt__report_cfg_t cfg = o->cfg;
+    popt = o->print; /* read by the printers below */
     mt_fr_rules_t *rules = NULL;
     if (mt_fr_rules_create(&rules, popt.all) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         return 1;
     }
-    for (int i = 0; i < nskips; i++) {
-        int rc = mt_fr_rules_add(rules, skips[i]);
+    for (int i = 0; i < o->nskips; i++) {
+        int rc = mt_fr_rules_add(rules, o->skips[i]);
         if (rc != 0) {
-            fprintf(stderr, "memtrace report: --skip-frames %s: %s\n", skips[i],
+            fprintf(stderr, "memtrace report: --skip-frames %s: %s\n", o->skips[i],
                     rc == MT_EINVAL ? "empty pattern" : "out of memory");
             mt_fr_rules_destroy(&rules);
             return rc == MT_EINVAL ? 2 : 1;
@@ -1020,9 +1042,16 @@ int mt_cmd_report(int argc, char **argv)
     cfg.by = popt.by;
     cfg.frames = rules;
     cfg.by_callsite = popt.by != MT_FR_BY_TAG;
-    int status = report_run(&cfg, as_json, argc, argv);
+    int status = report_run(&cfg, o->as_json, o->logs, o->nlogs);
     mt_fr_rules_destroy(&rules);
     return status;
+}
+
+int mt_cmd_report(int argc, char **argv)
+{
+    report_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }
 
 /* --replay: beside each process's gap, the peak reserved of memtrace's allocator replaying
@@ -1057,7 +1086,7 @@ static void add_replay(mt__report_t *r, json_t *res)
     }
 }
 
-static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char **argv)
+static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, int nlogs)
 {
     mt__report_cfg_t cfg = *cfgp;
     mt__report_t *r = NULL;
@@ -1067,7 +1096,7 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
     }
     unsigned long bad = 0;
     mt_tool_inputs_t in;
-    int status = mt_tool_read_inputs(r, "memtrace report", argv + optind, argc - optind, &bad, &in);
+    int status = mt_tool_read_inputs(r, "memtrace report", logs, nlogs, &bad, &in);
     if (status != 0) {
         mt_tool_inputs_free(&in);
         mt__report_destroy(&r);
@@ -1105,8 +1134,8 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, int argc, char
     } else {
         json_t *procs = json_object_get(res, "processes");
         printf("memtrace report: ");
-        for (int i = optind; i < argc; i++)
-            printf("%s%s", argv[i], i + 1 < argc ? ", " : ": ");
+        for (int i = 0; i < nlogs; i++)
+            printf("%s%s", logs[i], i + 1 < nlogs ? ", " : ": ");
         printf("%.0f lines, %.0f events, %zu process%s", num(res, "lines"), num(res, "events"),
                json_array_size(procs), json_array_size(procs) == 1 ? "" : "es");
         if (num(res, "duplicates") > 0)

@@ -247,10 +247,31 @@ static void forward_signal(int sig)
         kill(child_pid, sig);
 }
 
-int mt_cmd_run(int argc, char **argv)
+/* The options that only set the environment the program's preload reads. */
+static const struct {
+    const char *opt, *env;
+} env_opts[] = {
+    {"--backend", "MEMTRACE_BACKEND"},
+    {"--alloc-conf", "MEMTRACE_ALLOC_CONF"},
+    {"--capacity", "MEMTRACE_SIM_CAPACITY"},
+    {"--context", "MEMTRACE_SIM_CONTEXT"},
+    {"--devices", "MEMTRACE_SIM_DEVICES"},
+    {"--telemetry", "MEMTRACE_PROF"},
+    {"--log", "MEMTRACE_LOG"},
+};
+#define NENV (sizeof env_opts / sizeof env_opts[0])
+
+typedef struct run_opts_s {
+    const char *env[NENV];    /* env_opts[i]'s value, or NULL: the environment's */
+    bool lossless;            /* --lossless: MEMTRACE_PROF_LOSSLESS=1 */
+    bool quiet;               /* no summary; the preload's log quiet unless set */
+    const char *summary_json; /* --summary-json FILE, or NULL */
+    char **prog;              /* the program and its arguments (argv's), NULL if none */
+} run_opts_t;
+
+static int parse_args(int argc, char **argv, run_opts_t *o)
 {
-    const char *summary_json = NULL;
-    bool quiet = false;
+    *o = (run_opts_t){0};
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -262,10 +283,10 @@ int mt_cmd_run(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (strcmp(a, "--quiet") == 0) {
-            quiet = true;
+            o->quiet = true;
             continue;
         } else if (strcmp(a, "--lossless") == 0) {
-            setenv("MEMTRACE_PROF_LOSSLESS", "1", 1);
+            o->lossless = true;
             continue;
         } else if (a[0] != '-') {
             break; /* the program, without "--" */
@@ -275,32 +296,35 @@ int mt_cmd_run(int argc, char **argv)
             return 2;
         }
         i++;
-        if (strcmp(a, "--backend") == 0) {
-            if (strcmp(v, "auto") && strcmp(v, "sim") && strcmp(v, "cuda")) {
-                fprintf(stderr, "memtrace run: --backend must be auto, sim or cuda\n");
-                return 2;
-            }
-            setenv("MEMTRACE_BACKEND", v, 1);
-        } else if (strcmp(a, "--alloc-conf") == 0) {
-            setenv("MEMTRACE_ALLOC_CONF", v, 1);
-        } else if (strcmp(a, "--capacity") == 0) {
-            setenv("MEMTRACE_SIM_CAPACITY", v, 1);
-        } else if (strcmp(a, "--context") == 0) {
-            setenv("MEMTRACE_SIM_CONTEXT", v, 1);
-        } else if (strcmp(a, "--devices") == 0) {
-            setenv("MEMTRACE_SIM_DEVICES", v, 1);
-        } else if (strcmp(a, "--telemetry") == 0) {
-            setenv("MEMTRACE_PROF", v, 1);
-        } else if (strcmp(a, "--log") == 0) {
-            setenv("MEMTRACE_LOG", v, 1);
+        size_t k = 0;
+        while (k < NENV && strcmp(a, env_opts[k].opt) != 0)
+            k++;
+        if (k == 0 && strcmp(v, "auto") && strcmp(v, "sim") && strcmp(v, "cuda")) {
+            fprintf(stderr, "memtrace run: --backend must be auto, sim or cuda\n");
+            return 2;
+        }
+        if (k < NENV) {
+            o->env[k] = v;
         } else if (strcmp(a, "--summary-json") == 0) {
-            summary_json = v;
+            o->summary_json = v;
         } else {
             fprintf(stderr, "memtrace run: unknown option %s (see --help)\n", a);
             return 2;
         }
     }
-    /* What the program's preload would only warn about is refused here, before it runs. */
+    o->prog = i < argc ? argv + i : NULL;
+    return MT_TOOL_RUN;
+}
+
+/* Sets the environment from the options, then refuses what the program's preload would
+ * only warn about, before it runs; and a missing program. MT_TOOL_RUN or 2. */
+static int apply_settings(const run_opts_t *o)
+{
+    for (size_t k = 0; k < NENV; k++)
+        if (o->env[k])
+            setenv(env_opts[k].env, o->env[k], 1);
+    if (o->lossless)
+        setenv("MEMTRACE_PROF_LOSSLESS", "1", 1);
     char err[256];
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     if (mt_backend_cfg_from_env(&bc, err, sizeof err) != 0) {
@@ -328,12 +352,48 @@ int mt_cmd_run(int argc, char **argv)
         fprintf(stderr, "memtrace run: %s\n", err);
         return 2;
     }
-    if (i >= argc) {
+    if (o->prog == NULL) {
         fprintf(stderr, "memtrace run: no program given\n");
         usage(stderr);
         return 2;
     }
-    char **prog = argv + i;
+    return MT_TOOL_RUN;
+}
+
+/* Runs prog with signals forwarded to it; its wait status in *st. 0, or 1 (no fork). */
+static int spawn_and_wait(char **prog, int *st)
+{
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward_signal;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    child_pid = fork();
+    if (child_pid < 0) {
+        fprintf(stderr, "memtrace run: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    if (child_pid == 0) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        execvp(prog[0], prog);
+        fprintf(stderr, "memtrace run: cannot run %s: %s\n", prog[0], strerror(errno));
+        _exit(127);
+    }
+    *st = 0;
+    while (waitpid(child_pid, st, 0) < 0 && errno == EINTR)
+        ;
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return 0;
+}
+
+/* Runs the program under the preload, then prints its summary: the program's status
+ * (128 + N if killed by signal N), or 1 when it could not be started. */
+static int run(const run_opts_t *o)
+{
+    char **prog = o->prog;
+    const bool quiet = o->quiet;
     if (quiet)
         setenv("MEMTRACE_LOG_LEVEL", "quiet", 0);
 
@@ -362,28 +422,9 @@ int mt_cmd_run(int argc, char **argv)
             shimmed = true;
     }
 
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = forward_signal;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    child_pid = fork();
-    if (child_pid < 0) {
-        fprintf(stderr, "memtrace run: fork: %s\n", strerror(errno));
-        return 1;
-    }
-    if (child_pid == 0) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGTERM, &old_term, NULL);
-        execvp(prog[0], prog);
-        fprintf(stderr, "memtrace run: cannot run %s: %s\n", prog[0], strerror(errno));
-        _exit(127);
-    }
     int st = 0;
-    while (waitpid(child_pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
+    if (spawn_and_wait(prog, &st) != 0)
+        return 1;
     int code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
     int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
 
@@ -391,9 +432,9 @@ int mt_cmd_run(int argc, char **argv)
     json_t *s = json_load_file(summary, 0, &jerr);
     if (!quiet && !(WIFEXITED(st) && code == 127 && s == NULL))
         print_summary(s, prog[0], code, sig);
-    if (summary_json != NULL) {
-        if (s == NULL || json_dump_file(s, summary_json, JSON_INDENT(2)) != 0)
-            fprintf(stderr, "memtrace run: no summary written to %s\n", summary_json);
+    if (o->summary_json != NULL) {
+        if (s == NULL || json_dump_file(s, o->summary_json, JSON_INDENT(2)) != 0)
+            fprintf(stderr, "memtrace run: no summary written to %s\n", o->summary_json);
     }
     json_decref(s);
     unlink(summary);
@@ -401,4 +442,13 @@ int mt_cmd_run(int argc, char **argv)
         unlink(shim);
     rmdir(dir);
     return sig ? 128 + sig : code;
+}
+
+int mt_cmd_run(int argc, char **argv)
+{
+    run_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    if (status == MT_TOOL_RUN)
+        status = apply_settings(&o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

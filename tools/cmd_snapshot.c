@@ -124,34 +124,42 @@ static int parse_answer(json_t *ans, mt_ts_source_t *src, mt_model_map_t *map, l
     return 0;
 }
 
-int mt_cmd_snapshot(int argc, char **argv)
+typedef struct snap_opts_s {
+    const char *output;   /* -o: the pickle, "-" for stdout */
+    const char *json_out; /* --json: the daemon's answer as it came, or NULL */
+    const char *sock;     /* NULL: the default socket */
+    int era;              /* --torch-format: 1 or 2 */
+    long pid;             /* the process, > 0 */
+} snap_opts_t;
+
+static int parse_args(int argc, char **argv, snap_opts_t *o)
 {
     static const struct option opts[] = {
         {"output", required_argument, NULL, 'o'}, {"torch-format", required_argument, NULL, 't'},
         {"json", required_argument, NULL, 'j'},   {"socket", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
-    const char *output = NULL, *json_out = NULL, *sock = NULL;
-    int era = 2, c;
+    *o = (snap_opts_t){.era = 2};
+    int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "ho:", opts, NULL)) != -1) {
         switch (c) {
         case 'o':
-            output = optarg;
+            o->output = optarg;
             break;
         case 't':
             if (strcmp(optarg, "1") != 0 && strcmp(optarg, "2") != 0) {
                 fprintf(stderr, "memtrace snapshot: --torch-format wants 1 or 2\n");
                 return 2;
             }
-            era = optarg[0] - '0';
+            o->era = optarg[0] - '0';
             break;
         case 'j':
-            json_out = optarg;
+            o->json_out = optarg;
             break;
         case 's':
-            sock = optarg;
+            o->sock = optarg;
             break;
         case 'h':
             help(stdout);
@@ -165,12 +173,21 @@ int mt_cmd_snapshot(int argc, char **argv)
         }
     }
     char *end = NULL;
-    long pid = optind < argc ? strtol(argv[optind], &end, 10) : -1;
-    if (optind + 1 != argc || *end != '\0' || pid <= 0 || output == NULL) {
+    o->pid = optind < argc ? strtol(argv[optind], &end, 10) : -1;
+    if (optind + 1 != argc || *end != '\0' || o->pid <= 0 || o->output == NULL) {
         fprintf(stderr, "memtrace snapshot: %s (see 'memtrace snapshot --help')\n",
-                output == NULL ? "no output given (-o FILE)" : "give one process id");
+                o->output == NULL ? "no output given (-o FILE)" : "give one process id");
         return 2;
     }
+    return MT_TOOL_RUN;
+}
+
+/* Asks the daemon for the process's snapshot and writes it: 0, 1 when the daemon cannot
+ * be reached or a file not written, 2 when the daemon refuses (no such process). */
+static int run(const snap_opts_t *o)
+{
+    const char *sock = o->sock, *output = o->output, *json_out = o->json_out;
+    long pid = o->pid;
     char path[256];
     if (sock == NULL) {
         if (mt_prof_socket_path(path, sizeof path) != 0) {
@@ -224,7 +241,7 @@ int mt_cmd_snapshot(int argc, char **argv)
     json_decref(ans);
     if (rc == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
-        rc = f ? mt_ts_write(ts, f, era) : MT_EIO;
+        rc = f ? mt_ts_write(ts, f, o->era) : MT_EIO;
         if (f != NULL && f != stdout && fclose(f) != 0 && rc == 0)
             rc = MT_EIO;
         snprintf(err, sizeof err, "%s: %s", output, mt_strerror(rc));
@@ -237,4 +254,11 @@ int mt_cmd_snapshot(int argc, char **argv)
                 output, pid, ts->nsegments, ts->nevents);
     mt_ts_destroy(&ts);
     return status;
+}
+
+int mt_cmd_snapshot(int argc, char **argv)
+{
+    snap_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

@@ -77,7 +77,21 @@ static ssize_t read_line(FILE *in, char *buf)
     return (ssize_t)n;
 }
 
-int mt_cmd_tail(int argc, char **argv)
+/* What to subscribe to. The arrays are owned (tail_opts_free). */
+typedef struct tail_opts_s {
+    json_t *pids, *kinds, *tags; /* filters, each empty when not given */
+    const char *sock;            /* NULL: the default socket */
+    long count;                  /* lines to print, -1: until the stream ends */
+} tail_opts_t;
+
+static void tail_opts_free(tail_opts_t *o)
+{
+    json_decref(o->pids);
+    json_decref(o->kinds);
+    json_decref(o->tags);
+}
+
+static int parse_args(int argc, char **argv, tail_opts_t *o)
 {
     static const struct option opts[] = {
         {"pid", required_argument, NULL, 'p'},
@@ -88,69 +102,71 @@ int mt_cmd_tail(int argc, char **argv)
         {"help", no_argument, NULL, 'h'},
         {0},
     };
-    json_t *pids = json_array(), *kinds = json_array(), *tags = json_array();
-    const char *sock = NULL;
-    long count = -1;
-    int status = 2, ch;
+    *o = (tail_opts_t){json_array(), json_array(), json_array(), NULL, -1};
+    int ch;
     optind = 1;
     int li = -1;
     while ((ch = getopt_long(argc, argv, "", opts, &li)) != -1) {
         int bad = 0;
         switch (ch) {
         case 'p':
-            bad = add_items(pids, optarg, true);
+            bad = add_items(o->pids, optarg, true);
             break;
         case 'k':
-            bad = add_items(kinds, optarg, false);
+            bad = add_items(o->kinds, optarg, false);
             break;
         case 't':
-            bad = add_items(tags, optarg, false);
+            bad = add_items(o->tags, optarg, false);
             break;
         case 'n': {
             char *end;
-            count = strtol(optarg, &end, 10);
-            bad = *end != '\0' || count <= 0;
+            o->count = strtol(optarg, &end, 10);
+            bad = *end != '\0' || o->count <= 0;
         } break;
         case 's':
-            sock = optarg;
+            o->sock = optarg;
             break;
         case 'h':
             usage(stdout);
-            status = 0;
-            goto out;
+            return 0;
         default:
             usage(stderr);
-            goto out;
+            return 2;
         }
         if (bad) {
             fprintf(stderr, "memtrace tail: --%s: bad value '%s'%s\n", opts[li].name, optarg,
                     ch == 'p'   ? ": comma-separated process ids"
                     : ch == 'n' ? ": a count above 0"
                                 : ": a comma-separated list of names");
-            goto out;
+            return 2;
         }
     }
     if (optind != argc) {
         fprintf(stderr, "memtrace tail: unexpected argument '%s'\n", argv[optind]);
-        goto out;
+        return 2;
     }
+    return MT_TOOL_RUN;
+}
+
+/* Copies the stream to stdout: 0, or 1 when the daemon is missing, refuses or breaks. */
+static int run(const tail_opts_t *o)
+{
     json_t *req = json_pack("{s:s,s:s}", "type", "subscribe", "role", "consumer");
-    if (json_array_size(pids))
-        json_object_set(req, "pid", pids);
-    if (json_array_size(kinds))
-        json_object_set(req, "kinds", kinds);
-    if (json_array_size(tags))
-        json_object_set(req, "tags", tags);
+    if (json_array_size(o->pids))
+        json_object_set(req, "pid", o->pids);
+    if (json_array_size(o->kinds))
+        json_object_set(req, "kinds", o->kinds);
+    if (json_array_size(o->tags))
+        json_object_set(req, "tags", o->tags);
     char *line = json_dumps(req, JSON_COMPACT);
     json_decref(req);
-    status = 1;
     int fd;
-    int rc = mt_d_client_connect(sock, &fd);
+    int rc = mt_d_client_connect(o->sock, &fd);
     if (rc) {
         fprintf(stderr, "memtrace tail: no daemon (%s); start one with `memtrace daemon`\n",
                 mt_strerror(rc));
         free(line);
-        goto out;
+        return 1;
     }
     rc = line ? mt_d_client_send(fd, line, strlen(line)) : MT_ENOMEM;
     if (!rc)
@@ -162,8 +178,10 @@ int mt_cmd_tail(int argc, char **argv)
     if (!in) {
         close(fd);
         fprintf(stderr, "memtrace tail: cannot talk to the daemon\n");
-        goto out;
+        return 1;
     }
+    int status = 1;
+    long count = o->count;
     /* Lines are bounded as the daemon bounds its own: a server that never sends a newline
      * costs TAIL_LINE_MAX bytes, not all of memory. */
     char *buf = malloc(TAIL_LINE_MAX + 1);
@@ -192,9 +210,15 @@ int mt_cmd_tail(int argc, char **argv)
     json_decref(rep);
     free(buf);
     fclose(in);
-out:
-    json_decref(pids);
-    json_decref(kinds);
-    json_decref(tags);
+    return status;
+}
+
+int mt_cmd_tail(int argc, char **argv)
+{
+    tail_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    if (status == MT_TOOL_RUN)
+        status = run(&o);
+    tail_opts_free(&o);
     return status;
 }

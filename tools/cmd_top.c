@@ -362,7 +362,14 @@ static json_t *fetch(const char *sock, char *err, size_t errlen)
     return st;
 }
 
-int mt_cmd_top(int argc, char **argv)
+typedef struct top_opts_s {
+    const char *sock; /* NULL: the default socket */
+    long interval;    /* ms between views, 50..600000 */
+    long pid;         /* the process whose call sites are shown; 0: the largest */
+    bool once, json;  /* one plain view / the state JSON, then exit */
+} top_opts_t;
+
+static int parse_args(int argc, char **argv, top_opts_t *o)
 {
     static const struct option opts[] = {
         {"interval", required_argument, NULL, 'i'},
@@ -373,37 +380,35 @@ int mt_cmd_top(int argc, char **argv)
         {"pid", required_argument, NULL, 'p'},
         {0},
     };
-    const char *sock = NULL;
-    long interval = 1000, pid = 0;
-    bool once = false, json = false;
+    *o = (top_opts_t){.interval = 1000};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (ch) {
         case 'i':
-            interval = strtol(optarg, NULL, 10);
-            if (interval < 50 || interval > 600000) {
+            o->interval = strtol(optarg, NULL, 10);
+            if (o->interval < 50 || o->interval > 600000) {
                 fprintf(stderr, "memtrace top: --interval takes 50..600000 ms\n");
                 return 2;
             }
             break;
         case 'o':
-            once = true;
+            o->once = true;
             break;
         case 'p': {
             char *end;
-            pid = strtol(optarg, &end, 10);
-            if (*end != '\0' || pid <= 0 || pid > INT32_MAX) {
+            o->pid = strtol(optarg, &end, 10);
+            if (*end != '\0' || o->pid <= 0 || o->pid > INT32_MAX) {
                 fprintf(stderr, "memtrace top: --pid wants a process id\n");
                 return 2;
             }
             break;
         }
         case 'j':
-            json = true;
+            o->json = true;
             break;
         case 's':
-            sock = optarg;
+            o->sock = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -417,24 +422,36 @@ int mt_cmd_top(int argc, char **argv)
         fprintf(stderr, "memtrace top: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    char err[160];
-    top_t t = {.pid = (int)pid};
-    if (json || once) {
-        json_t *st = fetch(sock, err, sizeof err);
-        if (!st) {
-            fprintf(stderr, "memtrace top: %s\n", err);
-            return 1;
-        }
-        if (json) {
-            json_dumpf(st, stdout, JSON_INDENT(2));
-            fputc('\n', stdout);
-        } else {
-            render(stdout, st, &t, false);
-        }
-        json_decref(st);
-        return 0;
-    }
+    return MT_TOOL_RUN;
+}
 
+/* --json, --once: one state, printed. */
+static int run_once(const top_opts_t *o)
+{
+    char err[160];
+    top_t t = {.pid = (int)o->pid};
+    json_t *st = fetch(o->sock, err, sizeof err);
+    if (!st) {
+        fprintf(stderr, "memtrace top: %s\n", err);
+        return 1;
+    }
+    if (o->json) {
+        json_dumpf(st, stdout, JSON_INDENT(2));
+        fputc('\n', stdout);
+    } else {
+        render(stdout, st, &t, false);
+    }
+    json_decref(st);
+    return 0;
+}
+
+/* The live view, redrawn every interval until q, SIGINT or SIGTERM. */
+static int run(const top_opts_t *o)
+{
+    if (o->json || o->once)
+        return run_once(o);
+    char err[160];
+    top_t t = {.pid = (int)o->pid};
     struct termios saved;
     bool tty = isatty(STDIN_FILENO) && tcgetattr(STDIN_FILENO, &saved) == 0;
     if (tty) {
@@ -451,7 +468,7 @@ int mt_cmd_top(int argc, char **argv)
     int status = 0;
     bool stdin_open = true;
     while (!quit_signal) {
-        json_t *st = fetch(sock, err, sizeof err);
+        json_t *st = fetch(o->sock, err, sizeof err);
         if (!st) {
             status = 1;
             break;
@@ -460,7 +477,7 @@ int mt_cmd_top(int argc, char **argv)
         json_decref(st);
         /* A closed stdin (not a terminal) is no longer watched: poll then just waits. */
         struct pollfd pfd = {.fd = stdin_open ? STDIN_FILENO : -1, .events = POLLIN};
-        if (poll(&pfd, 1, (int)interval) > 0) {
+        if (poll(&pfd, 1, (int)o->interval) > 0) {
             char c;
             ssize_t r = read(STDIN_FILENO, &c, 1);
             if (r == 1 && (c == 'q' || c == 'Q'))
@@ -476,4 +493,11 @@ int mt_cmd_top(int argc, char **argv)
     if (status)
         fprintf(stderr, "memtrace top: %s\n", err);
     return status;
+}
+
+int mt_cmd_top(int argc, char **argv)
+{
+    top_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

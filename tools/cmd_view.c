@@ -141,16 +141,23 @@ fail_rules:
     return 0;
 }
 
-int mt_cmd_view(int argc, char **argv)
+typedef struct view_opts_s {
+    unsigned long port;   /* 0..65535, 0: any free one */
+    unsigned long window; /* events kept per process, 1024..2^26 */
+    bool two_runs;        /* --compare BEFORE AFTER */
+    char **inputs;        /* logs or snapshots, borrowed from argv */
+    int ninputs;          /* >= 1; 2 with two_runs */
+} view_opts_t;
+
+static int parse_args(int argc, char **argv, view_opts_t *o)
 {
-    unsigned long port = VIEW_DEFAULT_PORT, window = 1ul << 20;
+    *o = (view_opts_t){.port = VIEW_DEFAULT_PORT, .window = 1ul << 20};
     static const struct option opts[] = {{"port", required_argument, NULL, 'p'},
                                          {"window", required_argument, NULL, 'w'},
                                          {"compare", no_argument, NULL, 'c'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     int ch;
-    bool two_runs = false;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (ch == 'h') {
@@ -158,12 +165,12 @@ int mt_cmd_view(int argc, char **argv)
             return 0;
         }
         if (ch == 'c') {
-            two_runs = true;
+            o->two_runs = true;
             continue;
         }
-        if (ch == 'p' && number(optarg, 0, 65535, &port) == 0)
+        if (ch == 'p' && number(optarg, 0, 65535, &o->port) == 0)
             continue;
-        if (ch == 'w' && number(optarg, 1024, 1ul << 26, &window) == 0)
+        if (ch == 'w' && number(optarg, 1024, 1ul << 26, &o->window) == 0)
             continue;
         if (ch == 'p' || ch == 'w')
             fprintf(stderr, "memtrace view: --%s: bad value '%s' (see --help)\n",
@@ -176,11 +183,22 @@ int mt_cmd_view(int argc, char **argv)
         fprintf(stderr, "memtrace view: no LOG or SNAPSHOT given (see --help)\n");
         return 2;
     }
-    if (two_runs && argc - optind != 2) {
+    if (o->two_runs && argc - optind != 2) {
         fprintf(stderr, "memtrace view: --compare takes two inputs, BEFORE and AFTER; %d given\n",
                 argc - optind);
         return 2;
     }
+    o->inputs = argv + optind;
+    o->ninputs = argc - optind;
+    return MT_TOOL_RUN;
+}
+
+/* Loads the inputs into a daemon of recorded files (daemon/view.c), then serves them
+ * until Ctrl-C: 0, 1 (cannot serve, unreadable input), 2 (malformed lines skipped). */
+static int run(const view_opts_t *o)
+{
+    const unsigned long port = o->port;
+    const bool two_runs = o->two_runs;
     char dir[] = "/tmp/memtrace-view-XXXXXX", sock[sizeof dir + 8];
     if (!mkdtemp(dir)) {
         perror("memtrace view: cannot make a private directory for the socket");
@@ -207,14 +225,14 @@ int mt_cmd_view(int argc, char **argv)
         rmdir(dir);
         return 1;
     }
-    mt_d_set_event_window(d, window);
+    mt_d_set_event_window(d, o->window);
     unsigned long events = 0, bad_total = 0;
-    for (int i = optind; i < argc && status != 1; i++) {
+    for (int i = 0; i < o->ninputs && status != 1; i++) {
         unsigned long bad = 0;
         char err[320] = "";
         /* Two runs compared: each keeps its processes. */
-        rc = two_runs ? mt_d_view_load_run(d, argv[i], &events, &bad, err, sizeof err)
-                      : mt_d_view_load(d, argv[i], &events, &bad, err, sizeof err);
+        rc = two_runs ? mt_d_view_load_run(d, o->inputs[i], &events, &bad, err, sizeof err)
+                      : mt_d_view_load(d, o->inputs[i], &events, &bad, err, sizeof err);
         if (rc) {
             fprintf(stderr, "memtrace view: %s\n", err);
             status = 1;
@@ -225,9 +243,9 @@ int mt_cmd_view(int argc, char **argv)
         }
     }
     if (status == 0 && two_runs)
-        status = compare(d, argv[optind], argv[optind + 1]);
+        status = compare(d, o->inputs[0], o->inputs[1]);
     else if (status == 0)
-        status = jobs_view(d, argv + optind, argc - optind);
+        status = jobs_view(d, o->inputs, o->ninputs);
     if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");
@@ -240,7 +258,7 @@ int mt_cmd_view(int argc, char **argv)
         fprintf(stderr,
                 "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/%s%s "
                 "(Ctrl-C stops)\n",
-                events, argc - optind, mt_d_http_port(d), tok[0] ? "#token=" : "", tok);
+                events, o->ninputs, mt_d_http_port(d), tok[0] ? "#token=" : "", tok);
         rc = mt_d_run(d);
         status = rc ? 1 : bad_total ? 2 : 0;
     }
@@ -249,4 +267,11 @@ int mt_cmd_view(int argc, char **argv)
     if (rmdir(dir) != 0)
         fprintf(stderr, "memtrace view: cannot remove %s: %s\n", dir, strerror(errno));
     return status;
+}
+
+int mt_cmd_view(int argc, char **argv)
+{
+    view_opts_t o;
+    int status = parse_args(argc, argv, &o);
+    return status == MT_TOOL_RUN ? run(&o) : status;
 }

@@ -25,6 +25,12 @@ int mt_cmd_export(int argc, char **argv);
 int mt_cmd_view(int argc, char **argv);
 int mt_cmd_snapshot(int argc, char **argv);
 
+/* Each command is parse_args (argv -> its options struct, messages for bad usage) then
+ * run (the work, from the options alone). parse_args returns MT_TOOL_RUN when the
+ * command is to run, else the exit status to end with at once (0 after --help, 2 for bad
+ * usage). */
+#define MT_TOOL_RUN (-1)
+
 /* "64", "512K", "4M", "8G" (no sign, no space) → bytes. 0, or -1 naming nothing. */
 int mt_tool_parse_bytes(const char *s, uint64_t *out);
 
