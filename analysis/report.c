@@ -289,6 +289,18 @@ int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_
         goto out;                                                                                  \
     } while (0)
 
+int mt__report_add_decoded(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag,
+                           size_t tag_len)
+{
+    r->lines++;
+    return add_event(r, pid, ev, tag, tag_len);
+}
+
+bool mt__report_decodes(const mt__report_t *r)
+{
+    return r->fast;
+}
+
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen)
 {
     r->lines++;
