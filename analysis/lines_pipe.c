@@ -227,7 +227,7 @@ int mt__lines_pipe_run(FILE *f, const mt__lines_pipe_cfg_t *cfg, mt__line_cb cb,
     unsigned long lineno = 0;
     if (lines)
         *lines = 0;
-    if (!cfg || cfg->max == 0 || cfg->max > MT_LINES_PIPE_BLOCK || cfg->max > UINT32_MAX)
+    if (!cfg || cfg->max == 0 || cfg->max > UINT32_MAX)
         return MT_EINVAL;
     pipe_t pp = {.f = f, .cfg = *cfg, .cap = MT_LINES_PIPE_BLOCK + cfg->max + 1};
     int rc = MT_ENOMEM;

@@ -13,8 +13,8 @@
 #include "memtrace/event.h"
 
 /* Bytes read at once into one block, and blocks in flight (read, decoded or applied). */
-#define MT_LINES_PIPE_BLOCK (4u << 20)
-#define MT_LINES_PIPE_DEPTH 3
+#define MT_LINES_PIPE_BLOCK (256u << 10)
+#define MT_LINES_PIPE_DEPTH 4
 
 typedef enum mt__line_what_e {
     MT_LINE_EVENT = 0, /* an event line the fast decoder read: ev, pid, text = its tag */
@@ -39,7 +39,7 @@ typedef struct mt__line_item_s {
 typedef int (*mt__line_cb)(void *ud, const mt__line_item_t *it, unsigned long lineno);
 
 typedef struct mt__lines_pipe_cfg_s {
-    size_t max;  /* longest line given, newline excluded, bytes; <= MT_LINES_PIPE_BLOCK */
+    size_t max;  /* longest line given, newline excluded, bytes; > 0 */
     bool fast;   /* decode event lines (else every line is MT_LINE_RAW) */
     int threads; /* 2: cut and decode on a thread of its own; 1: all on the caller's */
 } mt__lines_pipe_cfg_t;

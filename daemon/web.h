@@ -76,6 +76,7 @@ typedef struct mt_d_web_proc_s {
     uint64_t last_ns;   /* monotonic time of the last event */
     mt_event_rec_t *win;
     size_t wcap, wcount, whead;
+    size_t wready;           /* win[..wready) was faulted in ahead of the stores (advice only) */
     struct mt_model_s *base; /* the state before the window's first event */
     uint32_t ooms[256];      /* OOM events seen per device (names of OOM snapshots) */
 } mt_d_web_proc_t;
