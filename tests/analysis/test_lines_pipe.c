@@ -91,9 +91,9 @@ static void write_mixed(size_t max, int last)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    static char buf[2 * MT_LINES_PIPE_BLOCK + 16];
+    static char buf[(4u << 20) + 16]; /* the longest line below: 1 MiB + 5, 1.5 blocks */
     size_t total = 0;
-    for (unsigned i = 0; total < 3 * MT_LINES_PIPE_BLOCK + 12345; i++) {
+    for (unsigned i = 0; total < 3 * MT_LINES_PIPE_BLOCK + 8 * max + 12345; i++) {
         size_t len;
         switch (rnd() % 8) {
         case 0:
@@ -149,7 +149,7 @@ static void test_pipe_as_lines(void **state)
                 unsigned long lines = 0;
                 assert_int_equal(mt__lines_pipe_run(f, &pc, same_line, &x, &lines), 0);
                 assert_int_equal(lines, x.given);
-                if (lines <= (max < 100000 ? 1000u : 20u))
+                if (lines <= (max < 10000 ? 1000u : 20u))
                     fail_msg("%lu lines (max %zu, last %d, threads %d)", lines, max, last, threads);
                 const char *line;
                 size_t len;
