@@ -236,8 +236,9 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
     return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
 }
 
-/* Events of the window faulted in at once, ahead of the stores: 4 MiB. */
-#define WINDOW_PREFAULT (((size_t)4 << 20) / sizeof(mt_event_rec_t))
+/* Events of the window faulted in at once, ahead of the stores: 1 MiB (a window a process
+ * does not fill keeps at most this much more than it uses). */
+#define WINDOW_PREFAULT (((size_t)1 << 20) / sizeof(mt_event_rec_t))
 
 /* Faults the window in a piece at a time as it first fills: a log loaded into a new window
  * stored each event into a page not yet touched, one fault per page, a third of view's load
