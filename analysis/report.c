@@ -11,10 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
+#include "analysis/event_store.h"
 #include "analysis/frames.h"
 #include "analysis/model.h"
 #include "analysis/ndjson_fast.h"
@@ -74,25 +72,6 @@ static void evvec_free(evvec_t *e)
     *e = (evvec_t){0};
 }
 
-/* *dst = *src, dst 64-byte aligned. With SSE2, as one whole cache line written around the
- * cache: the array is far larger than the cache, and an ordinary store first reads the line
- * it writes (a fifth of `memtrace report`'s time went to that stall). The same thread reads
- * the array afterwards, which always sees its own streaming stores. */
-static inline void store_event(mt_event_rec_t *dst, const mt_event_rec_t *src)
-{
-#if defined(__SSE2__)
-    _Static_assert(sizeof(mt_event_rec_t) == 64, "an event is one cache line");
-    const __m128i *s = (const __m128i *)src;
-    __m128i *d = (__m128i *)dst;
-    _mm_stream_si128(d, _mm_loadu_si128(s));
-    _mm_stream_si128(d + 1, _mm_loadu_si128(s + 1));
-    _mm_stream_si128(d + 2, _mm_loadu_si128(s + 2));
-    _mm_stream_si128(d + 3, _mm_loadu_si128(s + 3));
-#else
-    *dst = *src;
-#endif
-}
-
 static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
 {
     if (e->n == e->cap && evvec_grow(e) != 0)
@@ -101,7 +80,7 @@ static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
         e->ready = e->cap - e->n > PREFAULT_EVENTS ? e->n + PREFAULT_EVENTS : e->cap;
         prefault(e->v, e->n, e->ready);
     }
-    store_event(&e->v[e->n++], ev);
+    mt__event_store(&e->v[e->n++], ev);
     return 0;
 }
 
