@@ -11,9 +11,9 @@
 
 /* *dst = *src, dst 64-byte aligned. With SSE2 the line is streamed to memory: such arrays are
  * far larger than the cache, and an ordinary store first reads the line it overwrites (a fifth
- * of `memtrace report`'s time went to that stall). A thread always
- * sees its own streaming stores; another one reads them after a lock hand-over (a locked
- * instruction orders them). */
+ * of `memtrace report`'s time went to that stall). For arrays the storing thread reads back
+ * itself (a thread always sees its own streaming stores); another thread would need an sfence
+ * before the hand-over. */
 static inline void mt__event_store(mt_event_rec_t *dst, const mt_event_rec_t *src)
 {
 #if defined(__SSE2__)
