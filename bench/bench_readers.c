@@ -405,10 +405,12 @@ int main(int argc, char **argv)
         i++;
     }
     mt_bench_print_machine(stdout);
-    printf("threads: the memtrace commands read with 2 threads when 2 cores are online (one cuts and\n"
-           "decodes lines, the other applies them: analysis/lines_pipe.h), and so does the \"read\" row;\n"
-           "the \"decode\" row, cat, python3 and jq use 1. MB/cpu-s counts the CPU time of every\n"
-           "thread.\n");
+    printf(
+        "threads: the memtrace commands read with 2 threads when 2 cores are online (one cuts and\n"
+        "decodes lines, the other applies them: analysis/lines_pipe.h), and so does the \"read\" "
+        "row;\n"
+        "the \"decode\" row, cat, python3 and jq use 1. MB/cpu-s counts the CPU time of every\n"
+        "thread.\n");
 
     char err[256];
     mt_trace_t *t = NULL;
