@@ -62,6 +62,7 @@ struct mt_d_conn_s;
 
 /* A process's history and event window.
  * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
+ * wready <= wcap;
  * window events in arrival order, the oldest at (whead - wcount) mod wcap; base has had
  * every evicted event applied, in order. */
 typedef struct mt_d_web_proc_s {
