@@ -1,6 +1,6 @@
-/* Lines of a file, read in large blocks and cut in place: the one reading loop of every
- * log reader (the report engine's callers in tools/, `memtrace view`'s loader in daemon/).
- * docs/readers.md says why it reads this way and what it costs. */
+/* Lines of a file, read in large blocks and cut in place, on the caller's thread. The log
+ * readers read through lines_pipe.h (the same lines, cut and decoded on a second core); this
+ * one is the reference its tests hold it to (docs/readers.md). */
 #ifndef MT_ANALYSIS_LINES_H
 #define MT_ANALYSIS_LINES_H
 

@@ -109,6 +109,10 @@ static int lookup(const char *s, size_t n, const char *(*namef)(int), int lo, in
 {
     for (int i = lo; i <= hi; i++) {
         const char *name = namef(i);
+        /* The first byte rules out most names without a call (an empty s matches only an
+         * empty name: name[0] is then the NUL compared below). */
+        if (n > 0 && name[0] != s[0])
+            continue;
         if (strncmp(name, s, n) == 0 && name[n] == '\0') /* strncmp: stops at name's end */
             return i;
     }

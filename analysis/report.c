@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "analysis/event_store.h"
 #include "analysis/frames.h"
 #include "analysis/model.h"
 #include "analysis/ndjson_fast.h"
@@ -23,7 +24,8 @@
 /* Events faulted in ahead of the stores, at once: 4 MiB. */
 #define PREFAULT_EVENTS (((size_t)4 << 20) / sizeof(mt_event_rec_t))
 
-/* Invariant: n <= cap; ready <= cap (an index, not an address: it survives a realloc). */
+/* Invariant: n <= cap; ready <= cap (an index, not an address: it survives a remap); v is
+ * NULL (cap 0) or a private anonymous mapping of cap events, page-aligned. */
 typedef struct evvec_s {
     mt_event_rec_t *v;
     size_t n, cap;
@@ -46,21 +48,39 @@ static void prefault(mt_event_rec_t *v, size_t from, size_t to)
 #endif
 }
 
+/* The array is mapped, not malloc'd: page-aligned, so each 64-byte event fills one cache
+ * line instead of straddling two (glibc's large blocks start 16 bytes into a page: the
+ * store of each event was a quarter of `memtrace report`'s time), and it grows by mremap,
+ * without a copy and without the old and new arrays side by side. */
+static int evvec_grow(evvec_t *e)
+{
+    size_t cap = e->cap ? 2 * e->cap : 4096 / sizeof(mt_event_rec_t);
+    void *v = e->v ? mremap(e->v, e->cap * sizeof(*e->v), cap * sizeof(*e->v), MREMAP_MAYMOVE)
+                   : mmap(NULL, cap * sizeof(*e->v), PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (v == MAP_FAILED)
+        return MT_ENOMEM;
+    e->v = v;
+    e->cap = cap;
+    return 0;
+}
+
+static void evvec_free(evvec_t *e)
+{
+    if (e->v)
+        munmap(e->v, e->cap * sizeof(*e->v));
+    *e = (evvec_t){0};
+}
+
 static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
 {
-    if (e->n == e->cap) {
-        size_t cap = e->cap ? 2 * e->cap : 1024;
-        mt_event_rec_t *v = realloc(e->v, cap * sizeof(*v));
-        if (!v)
-            return MT_ENOMEM;
-        e->v = v;
-        e->cap = cap;
-    }
+    if (e->n == e->cap && evvec_grow(e) != 0)
+        return MT_ENOMEM;
     if (e->n >= e->ready) {
         e->ready = e->cap - e->n > PREFAULT_EVENTS ? e->n + PREFAULT_EVENTS : e->cap;
         prefault(e->v, e->n, e->ready);
     }
-    e->v[e->n++] = *ev;
+    mt__event_store(&e->v[e->n++], ev);
     return 0;
 }
 
@@ -75,6 +95,7 @@ typedef struct proc_s {
     uint64_t lost;  /* sum of gap records */
     evvec_t evs;
     uint64_t next_seq;
+    uint64_t t_min, t_max;       /* the least and greatest time_ns among evs (0 when empty) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
     uint64_t labels;             /* tag label records among evs (kept for their seqs) */
@@ -94,8 +115,9 @@ struct mt__report_s {
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
     mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
-    bool fast; /* event lines go to the fast decoder first (ndjson_fast.h); false only when
-                * cfg.general_reader asks for the general path alone (benchmarks) */
+    bool fast;   /* event lines go to the fast decoder first (ndjson_fast.h); false only when
+                  * cfg.general_reader asks for the general path alone (benchmarks) */
+    size_t last; /* index of the process proc_get found last (a hint: checked before use) */
 };
 
 mt__report_cfg_t mt__report_cfg_default(void)
@@ -131,7 +153,7 @@ void mt__report_destroy(mt__report_t **pr)
         return;
     mt__report_t *r = *pr;
     for (size_t i = 0; i < r->nprocs; i++) {
-        free(r->procs[i].evs.v);
+        evvec_free(&r->procs[i].evs);
         mt_model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);
@@ -144,9 +166,13 @@ void mt__report_destroy(mt__report_t **pr)
 
 static proc_t *proc_get(mt__report_t *r, int pid)
 {
+    /* Lines of one process come in runs: the last one found first. At most one process of a
+     * pid is not shadowed, so the hint finds the one the loop would. */
+    if (r->last < r->nprocs && r->procs[r->last].pid == pid && !r->procs[r->last].shadowed)
+        return &r->procs[r->last];
     for (size_t i = 0; i < r->nprocs; i++)
         if (r->procs[i].pid == pid && !r->procs[i].shadowed)
-            return &r->procs[i];
+            return &r->procs[r->last = i];
     if (r->nprocs == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 8;
         proc_t *p = realloc(r->procs, cap * sizeof(*p));
@@ -234,6 +260,12 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
     }
     if (evvec_push(&p->evs, ev) != 0)
         return MT_ENOMEM;
+    /* Kept here, where the event is in the cache, not in a pass of its own over the array
+     * (analyse's timeline needs the span first). */
+    if (p->evs.n == 1 || ev->time_ns < p->t_min)
+        p->t_min = ev->time_ns;
+    if (ev->time_ns > p->t_max)
+        p->t_max = ev->time_ns;
     if (ev->seq >= p->next_seq)
         p->next_seq = ev->seq + 1;
     else
@@ -288,6 +320,18 @@ int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_
         rc = MT_ENOMEM;                                                                            \
         goto out;                                                                                  \
     } while (0)
+
+int mt__report_add_decoded(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag,
+                           size_t tag_len)
+{
+    r->lines++;
+    return add_event(r, pid, ev, tag, tag_len);
+}
+
+bool mt__report_decodes(const mt__report_t *r)
+{
+    return r->fast;
+}
 
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen)
 {
@@ -690,11 +734,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         goto out;
     const mt_event_rec_t *ev = p->evs.v;
     size_t n = p->evs.n;
-    uint64_t t0 = n ? ev[0].time_ns : 0, t1 = n ? ev[n - 1].time_ns : 0, host_events = 0;
-    for (size_t i = 0; i < n; i++) {
-        t0 = ev[i].time_ns < t0 ? ev[i].time_ns : t0;
-        t1 = ev[i].time_ns > t1 ? ev[i].time_ns : t1;
-    }
+    uint64_t t0 = n ? p->t_min : 0, t1 = n ? p->t_max : 0, host_events = 0;
     unsigned steps = cfg->timeline_steps, k = 1;
     double step = (double)(t1 - t0) / steps;
     uint64_t interval_peak = 0, peak = 0;

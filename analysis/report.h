@@ -57,6 +57,14 @@ void mt__report_destroy(mt__report_t **r);
  * report does not use), MT_EPROTO with a message in err for a malformed line, or
  * MT_ENOMEM (the line is not counted). */
 int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err, size_t errlen);
+/* An event line the event-line decoder already read (lines_pipe.h's MT_LINE_EVENT): counted
+ * and kept as mt__report_add_line would keep that line. tag: its tag string (borrowed, not
+ * NUL-terminated), NULL for none. 0 or MT_ENOMEM. */
+int mt__report_add_decoded(mt__report_t *r, int pid, const mt_event_rec_t *ev, const char *tag,
+                           size_t tag_len);
+/* Whether event lines are to be decoded before mt__report_add_line (false when
+ * cfg.general_reader asks for jansson alone). */
+bool mt__report_decodes(const mt__report_t *r);
 /* One record of process pid (ev borrowed), as a log line would give it; tag_name, when
  * not NULL, names ev's tag unless a label did already. For converters (snapshots) that
  * produce records, not lines. 0 or MT_ENOMEM. */

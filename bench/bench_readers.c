@@ -21,8 +21,12 @@
  * --one-process writes the copies of the trace as one long run of one process (export
  * writes one process: its output then grows with the log).
  *
+ * --no-jansson leaves out the jansson rows (a multi-GB log takes minutes through jansson).
+ * The diff row compares the log with itself: it reads the file twice, and its MB/s count
+ * both copies.
+ *
  * usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] [--before EXE]
- *                      [--one-process] */
+ *                      [--one-process] [--no-jansson] */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -165,6 +169,7 @@ typedef struct row_s {
     double wall_s, cpu_s;
     double rss_mb; /* the child's peak resident set, MB; 0: not a child */
     double out_mb; /* the size of what it wrote to OUT, MB; 0: not measured */
+    double reads;  /* copies of the log it reads: 2 for diff (the log against itself), else 1 */
     int status;    /* exit status; -1 not run */
 } row_t;
 
@@ -313,6 +318,10 @@ static bool have(const char *prog)
 
 static void print_row(const row_t *r, double mb, uint64_t events)
 {
+    if (r->reads > 1) {
+        mb *= r->reads;
+        events = (uint64_t)((double)events * r->reads);
+    }
     if (r->status < 0 || r->wall_s <= 0) {
         printf("%-56s %9s\n", r->name, "not run");
         return;
@@ -340,12 +349,16 @@ static int exe_rows(row_t *rows, const char *exe, const char *path, const char *
     char *exp[] = {(char *)exe,  "export", "--format",  "torch-snapshot",
                    (char *)path, "-o",     (char *)out, NULL};
     char *view[] = {(char *)exe, "view", "--port", "0", (char *)path, NULL};
+    char *diff[] = {(char *)exe, "diff", "--json", (char *)path, (char *)path, NULL};
     static const char *const cmds[] = {"memtrace report", "memtrace plot",
-                                       "memtrace export torch-snapshot", "memtrace view (load)"};
-    char *const *argvs[] = {rep, plot, exp, view};
-    for (int i = 0; i < 4 && nn < 64; i++) {
+                                       "memtrace export torch-snapshot", "memtrace view (load)",
+                                       "memtrace diff (log against itself)"};
+    char *const *argvs[] = {rep, plot, exp, view, diff};
+    for (int i = 0; i < 5 && nn < 64; i++) {
         snprintf(names[nn], sizeof names[nn], "%s, %s", cmds[i], what);
         rows[n] = run_until(names[nn++], argvs[i], NULL, env, i == 3 ? "open http" : NULL);
+        if (i == 4)
+            rows[n].reads = 2;
         if (i == 2) {
             struct stat sb;
             rows[n].out_mb = stat(out, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
@@ -366,15 +379,19 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_readers TRACE.csv MEMTRACE_EXE [--mb N] [--keep PATH] "
-                        "[--before EXE]\n");
+                        "[--before EXE] [--one-process] [--no-jansson]\n");
         return 2;
     }
     double mb_target = 400;
     const char *keep = NULL, *before = NULL;
-    bool one = false;
+    bool one = false, jansson = true;
     for (int i = 3; i < argc; i++) {
         if (strcmp(argv[i], "--one-process") == 0) {
             one = true;
+            continue;
+        }
+        if (strcmp(argv[i], "--no-jansson") == 0) {
+            jansson = false;
             continue;
         }
         if (i + 1 >= argc)
@@ -388,7 +405,12 @@ int main(int argc, char **argv)
         i++;
     }
     mt_bench_print_machine(stdout);
-    printf("threads: 1 (every reader below is single-threaded)\n");
+    printf(
+        "threads: the memtrace commands read with 2 threads when 2 cores are online (one cuts and\n"
+        "decodes lines, the other applies them: analysis/lines_pipe.h), and so does the \"read\" "
+        "row;\n"
+        "the \"decode\" row, cat, python3 and jq use 1. MB/cpu-s counts the CPU time of every\n"
+        "thread.\n");
 
     char err[256];
     mt_trace_t *t = NULL;
@@ -433,7 +455,7 @@ int main(int argc, char **argv)
     char *cat_argv[] = {"cat", (char *)path, NULL};
     run_cmd("cat", cat_argv, NULL, NULL);
 
-    row_t rows[32];
+    row_t rows[40];
     int n = 0;
     rows[n++] = run_cmd("cat > /dev/null", cat_argv, NULL, NULL);
     char *py_argv[] = {"python3", "-c", (char *)py_loop, NULL};
@@ -442,15 +464,17 @@ int main(int argc, char **argv)
     char *jq_argv[] = {"jq", "-c", ".", (char *)path, NULL};
     rows[n++] = have("jq") ? run_cmd("jq -c .", jq_argv, NULL, NULL)
                            : (row_t){.name = "jq -c . (not installed)", .status = -1};
-    rows[n++] = run_read("read, before (MEMTRACE_READER=jansson)", path, true);
+    if (jansson)
+        rows[n++] = run_read("read, before (MEMTRACE_READER=jansson)", path, true);
     rows[n++] = run_read("read, after (fast decoder)", path, false);
     rows[n++] = run_decode(path);
     char out[64];
     snprintf(out, sizeof out, "/tmp/bench_readers_%d.pickle", (int)getpid());
     if (before)
         n += exe_rows(rows + n, before, path, out, "before (--before build)", NULL);
-    n += exe_rows(rows + n, argv[2], path, out, "MEMTRACE_READER=jansson",
-                  "MEMTRACE_READER=jansson");
+    if (jansson)
+        n += exe_rows(rows + n, argv[2], path, out, "MEMTRACE_READER=jansson",
+                      "MEMTRACE_READER=jansson");
     n += exe_rows(rows + n, argv[2], path, out, "after", NULL);
 
     printf("\n%-56s %9s %9s %9s %11s %12s %9s\n", "reader", "wall s", "cpu s", "MB/s", "MB/cpu-s",

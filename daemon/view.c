@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "analysis/lines.h"
-#include "analysis/ndjson_fast.h"
+#include "analysis/lines_pipe.h"
 #include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
@@ -110,20 +109,11 @@ static int view_event(mt_d_t *d, view_map_t *m, const mt_event_rec_t *ev, int pi
     return 0;
 }
 
+/* One line (without its newline) into d, through jansson: the lines the event-line decoder
+ * declined (or all of them, with view_general_reader). */
 static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, char *err,
                      size_t errlen)
 {
-    if (!d->cfg.view_general_reader) {
-        /* Most lines are the writer's event lines: decoded without jansson, to the very
-         * record the general path below gives (analysis/ndjson_fast.h). A negative pid (a
-         * consumer queue's gap) is left to it. */
-        mt_event_rec_t ev;
-        int pid;
-        const char *tag;
-        size_t tag_len;
-        if (mt__ndjson_event(line, len, &ev, &pid, &tag, &tag_len) && pid >= 0)
-            return view_event(d, m, &ev, pid);
-    }
     json_error_t je;
     json_t *j = json_loadb(line, len, 0, &je);
     if (!j || !json_is_object(j)) {
@@ -326,6 +316,42 @@ int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsig
     return rc;
 }
 
+/* The state of one log's loading, for view_take. */
+typedef struct view_reader_s {
+    mt_d_t *d;
+    view_map_t *m;
+    const char *path;
+    unsigned long *bad; /* malformed lines so far */
+    char *err;          /* the first one's message */
+    size_t errlen;
+} view_reader_t;
+
+/* One line of the log, in file order (lines_pipe.h): a malformed or over-long one is
+ * counted and skipped. 0, or MT_ENOMEM (the loading stops). */
+static int view_take(void *ud, const mt__line_item_t *it, unsigned long lineno)
+{
+    view_reader_t *vr = ud;
+    char why[160];
+    int rc;
+    if (it->what == MT_LINE_EVENT) {
+        rc = view_event(vr->d, vr->m, &it->ev, it->pid);
+    } else if (it->what == MT_LINE_LONG) {
+        snprintf(why, sizeof why, "line too long");
+        rc = MT_EOVERFLOW;
+    } else {
+        size_t n = it->len;
+        while (n > 0 && (it->text[n - 1] == '\n' || it->text[n - 1] == '\r'))
+            n--;
+        /* The decoder has seen (and declined) it already: the general path alone. */
+        rc = n == 0 ? 0 : view_line(vr->d, vr->m, it->text, n, why, sizeof why);
+    }
+    if (rc == MT_ENOMEM)
+        return rc;
+    if (rc && (*vr->bad)++ == 0)
+        snprintf(vr->err, vr->errlen, "%s:%lu: %s", vr->path, lineno, why);
+    return 0;
+}
+
 static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,
                      unsigned long *bad, char *err, size_t errlen)
 {
@@ -341,33 +367,17 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return MT_EIO;
     }
-    mt__lines_t ls;
-    int rc = mt__lines_open(&ls, f, VIEW_LINE_MAX);
+    view_reader_t vr = {.d = d, .m = m, .path = path, .bad = bad, .err = err, .errlen = errlen};
+    mt__lines_pipe_cfg_t pc = {.max = VIEW_LINE_MAX,
+                               .fast = !d->cfg.view_general_reader,
+                               .threads = mt__lines_pipe_threads()};
     uint64_t before = d->ctr.events;
-    const char *line;
-    size_t n;
-    char why[160];
-    while (rc == 0 && (rc = mt__lines_next(&ls, &line, &n)) != 0) {
-        if (rc == MT_EIO)
-            break;
-        if (rc == 1) {
-            while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-                n--;
-            rc = n == 0 ? 0 : view_line(d, m, line, n, why, sizeof why);
-        } else { /* MT_EOVERFLOW: the reader skips the rest of the line */
-            snprintf(why, sizeof why, "line too long");
-        }
-        if (rc == MT_ENOMEM)
-            break;
-        if (rc && (*bad)++ == 0)
-            snprintf(err, errlen, "%s:%lu: %s", path, ls.lineno, why);
-        rc = 0;
-    }
+    unsigned long lineno = 0;
+    int rc = mt__lines_pipe_run(f, &pc, view_take, &vr, &lineno);
     if (rc == MT_ENOMEM)
-        snprintf(err, errlen, "%s:%lu: out of memory", path, ls.lineno);
+        snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
     else if (rc == MT_EIO)
         snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-    mt__lines_close(&ls);
     if (f != stdin)
         fclose(f);
     *events += (unsigned long)(d->ctr.events - before);

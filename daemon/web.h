@@ -62,6 +62,7 @@ struct mt_d_conn_s;
 
 /* A process's history and event window.
  * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
+ * wready <= wcap;
  * window events in arrival order, the oldest at (whead - wcount) mod wcap; base has had
  * every evicted event applied, in order. */
 typedef struct mt_d_web_proc_s {
@@ -76,6 +77,7 @@ typedef struct mt_d_web_proc_s {
     uint64_t last_ns;   /* monotonic time of the last event */
     mt_event_rec_t *win;
     size_t wcap, wcount, whead;
+    size_t wready;           /* win[..wready) was faulted in ahead of the stores (advice only) */
     struct mt_model_s *base; /* the state before the window's first event */
     uint32_t ooms[256];      /* OOM events seen per device (names of OOM snapshots) */
 } mt_d_web_proc_t;

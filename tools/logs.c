@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
-#include "analysis/lines.h"
+#include "analysis/lines_pipe.h"
 #include "util/text.h"
 
 #define MAX_ERRORS_SHOWN 10
@@ -15,30 +15,31 @@
 typedef struct reader_s {
     mt__report_t *r;
     const char *path;
-    unsigned long mine; /* malformed lines */
+    unsigned long mine;   /* malformed lines */
+    unsigned long lineno; /* of the line over MT_LOG_LINE_MAX, when one ended the reading */
 } reader_t;
 
-/* Feeds the lines of ls to rd->r: 0, MT_ENOMEM, MT_EOVERFLOW for a line longer than
- * MT_LOG_LINE_MAX (ls->lineno is its number), MT_EIO for a read error. Each line is passed
- * with its newline (the last without, when the file ends without one), NUL-terminated as
- * the parser's callers expect. */
-static int read_lines(reader_t *rd, mt__lines_t *ls)
+/* One line of the log into rd->r, in file order (lines_pipe.h): 0 to go on, MT_ENOMEM, or
+ * MT_EOVERFLOW for a line longer than MT_LOG_LINE_MAX (the reading stops there). */
+static int take_line(void *ud, const mt__line_item_t *it, unsigned long lineno)
 {
-    const char *line;
-    size_t len;
-    int rc;
-    while ((rc = mt__lines_next(ls, &line, &len)) == 1) {
-        char err[256];
-        rc = mt__report_add_line(rd->r, line, len, err, sizeof(err));
-        if (rc == MT_ENOMEM)
-            return rc;
-        if (rc != 0 && rd->mine++ < MAX_ERRORS_SHOWN) {
-            char e[MT_TEXT_ESC_SIZE(256)]; /* the parser's message quotes the line */
-            fprintf(stderr, "%s:%lu: malformed line: %s\n", rd->path, ls->lineno,
-                    mt__text_escape(err, e, sizeof e));
-        }
+    reader_t *rd = ud;
+    if (it->what == MT_LINE_EVENT)
+        return mt__report_add_decoded(rd->r, it->pid, &it->ev, it->text, it->len);
+    if (it->what == MT_LINE_LONG) {
+        rd->lineno = lineno;
+        return MT_EOVERFLOW;
     }
-    return rc;
+    char err[256];
+    int rc = mt__report_add_line(rd->r, it->text, it->len, err, sizeof(err));
+    if (rc == MT_ENOMEM)
+        return rc;
+    if (rc != 0 && rd->mine++ < MAX_ERRORS_SHOWN) {
+        char e[MT_TEXT_ESC_SIZE(256)]; /* the parser's message quotes the line */
+        fprintf(stderr, "%s:%lu: malformed line: %s\n", rd->path, lineno,
+                mt__text_escape(err, e, sizeof e));
+    }
+    return 0;
 }
 
 static int read_one(mt__report_t *r, const char *prog, const char *path, unsigned long *bad)
@@ -49,25 +50,19 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
         return 1;
     }
     /* One line at most MT_LOG_LINE_MAX bytes (docs/telemetry.md): a longer one (a corrupt
-     * log, /dev/zero) is an error naming it, read no further, not a buffer without bound. */
-    mt__lines_t ls;
-    if (mt__lines_open(&ls, f, MT_LOG_LINE_MAX) != 0) {
-        fprintf(stderr, "%s: out of memory\n", prog);
-        if (f != stdin)
-            fclose(f);
-        return 1;
-    }
+     * log, /dev/zero) is an error naming it, read no further, not a buffer without bound.
+     * The lines are cut and decoded on the other core while this one applies them. */
+    mt__lines_pipe_cfg_t pc = {
+        .max = MT_LOG_LINE_MAX, .fast = mt__report_decodes(r), .threads = mt__lines_pipe_threads()};
     reader_t rd = {.r = r, .path = path};
-    int rc = read_lines(&rd, &ls);
-    unsigned long lineno = ls.lineno;
-    mt__lines_close(&ls);
+    int rc = mt__lines_pipe_run(f, &pc, take_line, &rd, NULL);
     if (f != stdin)
         fclose(f);
     if (rd.mine > MAX_ERRORS_SHOWN)
         fprintf(stderr, "%s: %lu malformed lines in all\n", path, rd.mine);
     *bad += rd.mine;
     if (rc == MT_EOVERFLOW) {
-        fprintf(stderr, "%s:%lu: line longer than %d bytes: not a memtrace log\n", path, lineno,
+        fprintf(stderr, "%s:%lu: line longer than %d bytes: not a memtrace log\n", path, rd.lineno,
                 MT_LOG_LINE_MAX);
         *bad += 1;
         return 2;

@@ -1,0 +1,261 @@
+/* A log's lines cut and decoded on a second core (see lines_pipe.h).
+ *
+ * The producer (a thread of its own, or the caller's when threads is 1) fills the blocks in
+ * turn: the unfinished line of the previous block first, then a read of the file behind it;
+ * it cuts the block at its newlines and writes one item per line, the event lines decoded.
+ * The consumer (the caller's thread) takes the blocks in the same turn and hands their items
+ * to the callback. A block is the producer's until it is marked full, then the consumer's
+ * until it is marked free: the only hand-over, once per block, under the mutex. */
+#include "analysis/lines_pipe.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "analysis/ndjson_fast.h"
+#include "memtrace/common.h"
+
+/* Invariants: nitems <= icap; while full, items[..nitems) point into buf. */
+typedef struct block_s {
+    char *buf;              /* cap + 1 bytes: a NUL after a last line without newline */
+    mt__line_item_t *items; /* icap items */
+    size_t nitems, icap;
+    int rc;    /* 0, or MT_EIO / MT_ENOMEM: the reading ended after the items */
+    bool last; /* the file ended in this block */
+    bool full; /* handed to the consumer (guarded by mu) */
+} block_t;
+
+/* Invariants: ncarry <= cfg.max (a longer unfinished line is dropped and skipping set);
+ * cap = MT_LINES_PIPE_BLOCK + cfg.max + 1, so a carried line and a read of a block fit. */
+typedef struct pipe_s {
+    FILE *f;
+    mt__lines_pipe_cfg_t cfg;
+    size_t cap;
+    block_t blk[MT_LINES_PIPE_DEPTH];
+    char *carry; /* the producer's: the unfinished line at the end of the last block */
+    size_t ncarry;
+    bool skipping; /* the rest of a line longer than max is being passed over */
+    bool eof;
+    pthread_mutex_t mu;
+    pthread_cond_t filled, freed;
+    bool stop; /* the consumer is done: the producer reads no further (guarded by mu) */
+} pipe_t;
+
+int mt__lines_pipe_threads(void)
+{
+    return sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 2 : 1;
+}
+
+/* ---- the producer ---- */
+
+static mt__line_item_t *item_new(block_t *b)
+{
+    if (b->nitems == b->icap) {
+        size_t icap = b->icap ? 2 * b->icap : 4096;
+        mt__line_item_t *v = realloc(b->items, icap * sizeof(*v));
+        if (!v)
+            return NULL;
+        b->items = v;
+        b->icap = icap;
+    }
+    return &b->items[b->nitems++];
+}
+
+/* One line p[0..n), NUL-terminated at p[n], into b. 0 or MT_ENOMEM. */
+static int put_line(pipe_t *pp, block_t *b, char *p, size_t n)
+{
+    mt__line_item_t *it = item_new(b);
+    if (!it)
+        return MT_ENOMEM;
+    if (n > pp->cfg.max) {
+        *it = (mt__line_item_t){.what = MT_LINE_LONG};
+        return 0;
+    }
+    if (pp->cfg.fast) {
+        size_t m = n; /* the decoder reads the line without a CR of a CRLF file */
+        while (m > 0 && p[m - 1] == '\r')
+            m--;
+        int pid;
+        const char *tag;
+        size_t tl;
+        if (mt__ndjson_event(p, m, &it->ev, &pid, &tag, &tl) && pid >= 0) {
+            it->what = MT_LINE_EVENT;
+            it->pid = pid;
+            it->text = tag;
+            it->len = (uint32_t)tl;
+            return 0;
+        }
+    }
+    it->what = MT_LINE_RAW;
+    it->text = p;
+    it->len = (uint32_t)n;
+    return 0;
+}
+
+/* Fills b: the carried line, a read, the items. Sets b->rc and b->last. */
+static void fill(pipe_t *pp, block_t *b)
+{
+    b->nitems = 0;
+    b->rc = 0;
+    b->last = false;
+    memcpy(b->buf, pp->carry, pp->ncarry);
+    char *end = b->buf + pp->ncarry;
+    pp->ncarry = 0;
+    if (!pp->eof) {
+        size_t got = fread(end, 1, pp->cap - (size_t)(end - b->buf), pp->f);
+        if (got == 0) {
+            if (ferror(pp->f)) {
+                b->rc = MT_EIO;
+                b->last = true;
+                return;
+            }
+            pp->eof = true;
+        }
+        end += got;
+    }
+    char *p = b->buf, *nl;
+    while ((nl = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+        size_t n = (size_t)(nl - p);
+        *nl = '\0';
+        if (pp->skipping)
+            pp->skipping = false; /* the end of a line already given as long */
+        else if (put_line(pp, b, p, n) != 0)
+            goto out_nomem;
+        p = nl + 1;
+    }
+    size_t tail = (size_t)(end - p);
+    if (pp->skipping) {
+        /* still inside a long line: what was read of it is dropped */
+    } else if (tail > pp->cfg.max) {
+        if (put_line(pp, b, p, tail) != 0) /* a MT_LINE_LONG item */
+            goto out_nomem;
+        pp->skipping = true;
+    } else if (pp->eof) {
+        if (tail > 0) { /* the last line, without a newline */
+            *end = '\0';
+            if (put_line(pp, b, p, tail) != 0)
+                goto out_nomem;
+        }
+    } else {
+        memcpy(pp->carry, p, tail);
+        pp->ncarry = tail;
+    }
+    b->last = pp->eof;
+    return;
+out_nomem:
+    b->rc = MT_ENOMEM;
+    b->last = true;
+}
+
+static void *producer(void *arg)
+{
+    pipe_t *pp = arg;
+    for (size_t i = 0;; i++) {
+        block_t *b = &pp->blk[i % MT_LINES_PIPE_DEPTH];
+        pthread_mutex_lock(&pp->mu);
+        while (b->full && !pp->stop)
+            pthread_cond_wait(&pp->freed, &pp->mu);
+        bool stop = pp->stop;
+        pthread_mutex_unlock(&pp->mu);
+        if (stop)
+            break;
+        fill(pp, b);
+        pthread_mutex_lock(&pp->mu);
+        b->full = true;
+        pthread_cond_signal(&pp->filled);
+        pthread_mutex_unlock(&pp->mu);
+        if (b->last)
+            break;
+    }
+    return NULL;
+}
+
+/* ---- the consumer ---- */
+
+/* b's items to cb. Returns cb's first non-zero return, else b->rc. */
+static int give(block_t *b, mt__line_cb cb, void *ud, unsigned long *lineno)
+{
+    for (size_t i = 0; i < b->nitems; i++) {
+        int rc = cb(ud, &b->items[i], ++*lineno);
+        if (rc != 0)
+            return rc;
+    }
+    return b->rc;
+}
+
+static int run_inline(pipe_t *pp, mt__line_cb cb, void *ud, unsigned long *lineno)
+{
+    block_t *b = &pp->blk[0];
+    for (;;) {
+        fill(pp, b);
+        int rc = give(b, cb, ud, lineno);
+        if (rc != 0 || b->last)
+            return rc;
+    }
+}
+
+static int run_threaded(pipe_t *pp, mt__line_cb cb, void *ud, unsigned long *lineno)
+{
+    pthread_t th;
+    if (pthread_create(&th, NULL, producer, pp) != 0)
+        return run_inline(pp, cb, ud, lineno);
+    int rc = 0;
+    for (size_t i = 0;; i++) {
+        block_t *b = &pp->blk[i % MT_LINES_PIPE_DEPTH];
+        pthread_mutex_lock(&pp->mu);
+        while (!b->full)
+            pthread_cond_wait(&pp->filled, &pp->mu);
+        pthread_mutex_unlock(&pp->mu);
+        rc = give(b, cb, ud, lineno);
+        bool done = rc != 0 || b->last;
+        pthread_mutex_lock(&pp->mu);
+        b->full = false;
+        pp->stop = done;
+        pthread_cond_signal(&pp->freed);
+        pthread_mutex_unlock(&pp->mu);
+        if (done)
+            break;
+    }
+    pthread_join(th, NULL);
+    return rc;
+}
+
+int mt__lines_pipe_run(FILE *f, const mt__lines_pipe_cfg_t *cfg, mt__line_cb cb, void *ud,
+                       unsigned long *lines)
+{
+    unsigned long lineno = 0;
+    if (lines)
+        *lines = 0;
+    if (!cfg || cfg->max == 0 || cfg->max > UINT32_MAX)
+        return MT_EINVAL;
+    pipe_t pp = {.f = f, .cfg = *cfg, .cap = MT_LINES_PIPE_BLOCK + cfg->max + 1};
+    int rc = MT_ENOMEM;
+    int nblk = cfg->threads > 1 ? MT_LINES_PIPE_DEPTH : 1;
+    pp.carry = malloc(cfg->max + 1);
+    if (!pp.carry)
+        goto out_alloc;
+    for (int i = 0; i < nblk; i++)
+        if (!(pp.blk[i].buf = malloc(pp.cap + 1)))
+            goto out_alloc;
+    if (nblk > 1) {
+        pthread_mutex_init(&pp.mu, NULL);
+        pthread_cond_init(&pp.filled, NULL);
+        pthread_cond_init(&pp.freed, NULL);
+        rc = run_threaded(&pp, cb, ud, &lineno);
+        pthread_cond_destroy(&pp.freed);
+        pthread_cond_destroy(&pp.filled);
+        pthread_mutex_destroy(&pp.mu);
+    } else {
+        rc = run_inline(&pp, cb, ud, &lineno);
+    }
+out_alloc:
+    for (int i = 0; i < nblk; i++) {
+        free(pp.blk[i].buf);
+        free(pp.blk[i].items);
+    }
+    free(pp.carry);
+    if (lines)
+        *lines = lineno;
+    return rc;
+}
