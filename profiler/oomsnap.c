@@ -463,7 +463,8 @@ static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT
     blk_t *blks = malloc((s->nblocks + 1) * sizeof *blks);
     if (blks == NULL)
         return MT_ENOMEM;
-    memcpy(blks, s->blocks, s->nblocks * sizeof *blks);
+    if (s->nblocks > 0) /* memcpy from NULL is undefined even for 0 bytes */
+        memcpy(blks, s->blocks, s->nblocks * sizeof *blks);
     size_t nb = s->nblocks;
     unsigned ndev = 1;
     qsort(blks, nb, sizeof *blks, cmp_blk);

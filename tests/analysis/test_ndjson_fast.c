@@ -192,7 +192,9 @@ static void log_lines(lines_t *out, const char *dir, int depth)
         if (e->d_name[0] == '.')
             continue;
         char path[1024];
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        int pl = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (pl < 0 || (size_t)pl >= sizeof path)
+            continue; /* a path this deep is no log of ours */
         size_t nl = strlen(e->d_name);
         if (nl > 7 && strcmp(e->d_name + nl - 7, ".ndjson") == 0) {
             FILE *f = fopen(path, "r");
