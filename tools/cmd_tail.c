@@ -1,5 +1,6 @@
 /* memtrace tail: subscribes to the daemon and copies the event stream (JSON Lines) to
  * stdout, optionally filtered by pid, event kind and tag. */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
@@ -62,19 +63,75 @@ static int add_items(json_t *arr, const char *s, bool numeric)
 
 #define TAIL_LINE_MAX (1 << 20) /* bytes of one line from the daemon, newline included */
 
-/* One line into buf (TAIL_LINE_MAX + 1 bytes): its length, 0 at EOF, -2 if too long. */
-static ssize_t read_line(FILE *in, char *buf)
+/* The stream from the daemon: what was read but not yet used, buf[0, have). */
+typedef struct tail_in_s {
+    int fd;
+    char *buf; /* TAIL_LINE_MAX bytes */
+    size_t have;
+} tail_in_t;
+
+/* Reads more into in: > 0 bytes read, 0 at EOF, -1 on an error. */
+static ssize_t fill(tail_in_t *in)
 {
-    size_t n = 0;
-    int ch = EOF;
-    while (n < TAIL_LINE_MAX && (ch = getc_unlocked(in)) != EOF) {
-        buf[n++] = (char)ch;
-        if (ch == '\n')
-            return (ssize_t)n;
+    ssize_t r;
+    do
+        r = read(in->fd, in->buf + in->have, TAIL_LINE_MAX - in->have);
+    while (r < 0 && errno == EINTR);
+    if (r > 0)
+        in->have += (size_t)r;
+    return r;
+}
+
+/* The first line (the daemon's answer) into *line, NUL-terminated, newline cut; the caller
+ * frees it. Its length, 0 at EOF before a newline, -1 on an error, -2 if too long. */
+static ssize_t answer_line(tail_in_t *in, char **line)
+{
+    char *nl;
+    while ((nl = memchr(in->buf, '\n', in->have)) == NULL) {
+        if (in->have == TAIL_LINE_MAX)
+            return -2;
+        ssize_t r = fill(in);
+        if (r <= 0)
+            return r;
     }
-    if (n == TAIL_LINE_MAX)
-        return -2;
+    size_t n = (size_t)(nl - in->buf);
+    if ((*line = strndup(in->buf, n)) == NULL)
+        return -1;
+    in->have -= n + 1;
+    memmove(in->buf, nl + 1, in->have);
     return (ssize_t)n;
+}
+
+/* Copies whole lines to stdout until EOF or count lines (count < 0: no bound). Each read's
+ * complete lines go out in one write and one flush, so a fast stream costs a few system calls
+ * per 64 KiB instead of one per line, and a slow one still shows each line as it comes.
+ * 0 at EOF, at count or when stdout closes (`| head`); -2 on a line over TAIL_LINE_MAX. */
+static int copy_lines(tail_in_t *in, long count)
+{
+    for (;;) {
+        const char *end = in->buf, *nl;
+        while (count != 0 && (nl = memchr(end, '\n', (size_t)(in->buf + in->have - end))) != NULL) {
+            end = nl + 1;
+            count -= count > 0;
+        }
+        size_t out = (size_t)(end - in->buf);
+        if (out > 0) {
+            if (fwrite(in->buf, 1, out, stdout) != out || fflush(stdout) != 0)
+                return 0; /* stdout closed: done, not an error */
+            in->have -= out;
+            memmove(in->buf, end, in->have);
+        }
+        if (count == 0)
+            return 0;
+        if (in->have == TAIL_LINE_MAX)
+            return -2;
+        if (fill(in) <= 0) {
+            /* The stream ended: a last line without its newline is shown as it is. */
+            if (in->have > 0 && fwrite(in->buf, 1, in->have, stdout) == in->have)
+                fflush(stdout);
+            return 0;
+        }
+    }
 }
 
 /* What to subscribe to. The arrays are owned (tail_opts_free). */
@@ -173,43 +230,35 @@ static int run(const tail_opts_t *o)
         rc = mt_d_client_send(fd, "\n", 1);
     free(line);
     signal(SIGPIPE, SIG_IGN);
-    /* The first line is the daemon's answer; then every line is an event. */
-    FILE *in = rc ? NULL : fdopen(fd, "r");
-    if (!in) {
+    if (rc) {
         close(fd);
         fprintf(stderr, "memtrace tail: cannot talk to the daemon\n");
         return 1;
     }
     int status = 1;
-    long count = o->count;
     /* Lines are bounded as the daemon bounds its own: a server that never sends a newline
      * costs TAIL_LINE_MAX bytes, not all of memory. */
-    char *buf = malloc(TAIL_LINE_MAX + 1);
-    ssize_t n = buf ? read_line(in, buf) : -1;
-    json_t *rep = n > 0 ? json_loadb(buf, (size_t)n, 0, NULL) : NULL;
+    tail_in_t in = {fd, malloc(TAIL_LINE_MAX), 0};
+    /* The first line is the daemon's answer; then every line is an event. */
+    char *ans = NULL;
+    ssize_t n = in.buf != NULL ? answer_line(&in, &ans) : -1;
+    json_t *rep = n > 0 ? json_loadb(ans, (size_t)n, 0, NULL) : NULL;
     if (!json_is_true(json_object_get(rep, "ok"))) {
         const char *why = json_string_value(json_object_get(rep, "error"));
         fprintf(stderr, "memtrace tail: refused: %s\n",
                 n == -2 ? "an answer line over 1 MiB"
                 : why   ? why
                         : "no answer");
+    } else if (copy_lines(&in, o->count) == -2) {
+        fprintf(stderr, "memtrace tail: the daemon sent a line over %d bytes: stopped\n",
+                TAIL_LINE_MAX);
     } else {
         status = 0;
-        while ((count < 0 || count-- > 0) && (n = read_line(in, buf)) > 0) {
-            if (fwrite(buf, 1, (size_t)n, stdout) != (size_t)n)
-                break; /* stdout closed (e.g. `| head`): done, not an error */
-            if (fflush(stdout) != 0)
-                break;
-        }
-        if (n == -2) {
-            fprintf(stderr, "memtrace tail: the daemon sent a line over %d bytes: stopped\n",
-                    TAIL_LINE_MAX);
-            status = 1;
-        }
     }
     json_decref(rep);
-    free(buf);
-    fclose(in);
+    free(ans);
+    free(in.buf);
+    close(fd);
     return status;
 }
 

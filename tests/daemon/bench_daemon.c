@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,11 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* `memtrace tail`, when its path is given: consumer 1 is that tool, its stdout a pipe
+ * counted as a socket is (it prints no answer line; a gap line counts as one). */
+static const char *tail_tool;
+static pid_t tail_pid;
+
 typedef struct consumer_s {
     pthread_t th;
     int fd;
@@ -43,7 +49,7 @@ static void *consumer_main(void *arg)
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
         if (poll(&pfd, 1, 3000) <= 0)
             break; /* nothing for 3 s: whatever was dropped will not come */
-        ssize_t r = recv(c->fd, buf, sizeof buf, 0);
+        ssize_t r = read(c->fd, buf, sizeof buf);
         if (r <= 0)
             break;
         for (const char *p = buf; (p = memchr(p, '\n', (size_t)(buf + r - p))) != NULL; p++)
@@ -137,11 +143,31 @@ static void run(uint64_t per, double offered, result_t *res)
     consumer_t cons[NCONS];
     for (int i = 0; i < NCONS; i++) {
         memset(&cons[i], 0, sizeof cons[i]);
+        cons[i].want = NPROD * per + 1; /* + the {"ok":true} line */
+        if (i == 1 && tail_tool != NULL) {
+            int p[2];
+            if (pipe(p) != 0) {
+                res->failed = 1;
+                continue;
+            }
+            fflush(NULL);
+            tail_pid = fork();
+            if (tail_pid == 0) {
+                dup2(p[1], 1);
+                close(p[0]);
+                close(p[1]);
+                execl(tail_tool, tail_tool, "tail", "--socket", sock, (char *)NULL);
+                _exit(127);
+            }
+            close(p[1]);
+            cons[i].fd = p[0];
+            cons[i].lines = 1; /* as if it had printed the answer line */
+            continue;
+        }
         static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
         if (mt_d_client_connect(sock, &cons[i].fd) != 0 ||
             mt_d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
             res->failed = 1;
-        cons[i].want = NPROD * per + 1; /* + the {"ok":true} line */
     }
     int go[2];
     if (pipe(go) != 0)
@@ -176,6 +202,10 @@ static void run(uint64_t per, double offered, result_t *res)
         if (cons[i].lines - 1 < res->lines)
             res->lines = cons[i].lines - 1;
     }
+    if (tail_tool != NULL && tail_pid > 0) {
+        kill(tail_pid, SIGTERM);
+        waitpid(tail_pid, NULL, 0);
+    }
     mt_d_stop(d);
     pthread_join(dth, NULL);
     mt_d_counters_t ctr;
@@ -199,13 +229,15 @@ int main(int argc, char **argv)
 {
     uint64_t per = argc > 1 ? strtoull(argv[1], NULL, 10) : 250000;
     double paced = argc > 2 ? strtod(argv[2], NULL) : 1.2e6;
+    tail_tool = argc > 3 ? argv[3] : NULL; /* the memtrace tool: consumer 1 is its `tail` */
     result_t r[2];
     mt_bench_print_machine(stdout);
     run(per, 0, &r[0]);
     run(per, paced, &r[1]);
-    printf("daemon throughput: %d producer processes -> memtraced -> %d Unix consumers, "
+    printf("daemon throughput: %d producer processes -> memtraced -> %d Unix consumers%s, "
            "%" PRIu64 " events per producer (machine: %ld cores)\n\n",
-           NPROD, NCONS, per, sysconf(_SC_NPROCESSORS_ONLN));
+           NPROD, NCONS, tail_tool != NULL ? " (the slower may be `memtrace tail`)" : "", per,
+           sysconf(_SC_NPROCESSORS_ONLN));
     printf("| %-22s | %14s | %16s | %13s | %14s |\n", "offered load (ev/s)", "drained ev/s",
            "delivered ev/s", "dropped", "goal");
     printf("|------------------------|----------------|------------------|---------------|"
