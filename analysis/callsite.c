@@ -15,7 +15,7 @@ static int row_cmp(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
-void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n)
+void mt__cs_rows_sort(mt_cs_row_t *rows, size_t n)
 {
     if (n > 1)
         qsort(rows, n, sizeof(*rows), row_cmp);
@@ -49,7 +49,7 @@ static bool chain_eq(const chain_t *a, const chain_t *b, const mt_cs_row_t *rows
     return true;
 }
 
-int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
+int mt__cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
 {
     size_t total = 0;
     for (size_t i = 0; i < *n; i++)
@@ -70,7 +70,7 @@ int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
         int nf = rows[i].frames != NULL ? rows[i].n_frames : 0;
         for (int k = 0; k < nf; k++) {
             mt_sym_frame_t fr;
-            mt_cs_frame_label(s, pid, &rows[i].frames[k], &fr);
+            mt__cs_frame_label(s, pid, &rows[i].frames[k], &fr);
             ch[i].labels[k] = fr.label;
             h = (h ^ (uintptr_t)fr.label) * 1099511628211ull;
         }
@@ -101,15 +101,15 @@ int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
     free(ch);
     free(lab);
     free(gone);
-    mt_cs_rows_sort(rows, *n);
+    mt__cs_rows_sort(rows, *n);
     return 0;
 }
 
-int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out)
+int mt__cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out)
 {
     if (f->py_func != NULL)
-        return mt_sym_python(s, f->py_func, f->py_file, f->py_line, out);
-    return mt_sym_resolve(s, pid, f->ip, out);
+        return mt__sym_python(s, f->py_func, f->py_file, f->py_line, out);
+    return mt__sym_resolve(s, pid, f->ip, out);
 }
 
 static void site_name(const mt_cs_row_t *row, char *buf, size_t len)
@@ -164,13 +164,13 @@ static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
 static const mt_fr_rule_t *frame_rule(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f,
                                       mt_sym_frame_t *fr)
 {
-    mt_cs_frame_label(s, pid, f, fr);
+    mt__cs_frame_label(s, pid, f, fr);
     mt_fr_frame_t ff = {.func = fr->func,
                         .file = fr->file,
                         .line = fr->line,
                         .module = fr->module,
                         .python = f->py_func != NULL};
-    return mt_fr_match(NULL, &ff);
+    return mt__fr_match(NULL, &ff);
 }
 
 static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool growth)
@@ -196,7 +196,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
         bad |= json_array_append_new(frames, frame_json(&fr, row->frames[i].py_func != NULL));
     }
     if (!found && first_label != NULL) {
-        /* every frame skipped: mt_fr_pick's fallback, the first past the recorder */
+        /* every frame skipped: mt__fr_pick's fallback, the first past the recorder */
         user = 0;
         site_label = first_label;
         for (int i = 0; i < row->n_frames; i++) {
@@ -241,8 +241,8 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
     return o;
 }
 
-json_t *mt_cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n, size_t top,
-                        bool growth)
+json_t *mt__cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n, size_t top,
+                         bool growth)
 {
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < n && i < top; i++) {
@@ -256,7 +256,7 @@ json_t *mt_cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size
 
 /* ---- flame graph ---- */
 
-int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row)
+int mt__cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row)
 {
     const char *labels[MT_FLAME_DEPTH_MAX];
     char site[64];
@@ -268,9 +268,9 @@ int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t 
         int depth = row->n_frames < MT_FLAME_DEPTH_MAX ? row->n_frames : MT_FLAME_DEPTH_MAX;
         for (int k = 0; k < depth; k++) {
             mt_sym_frame_t fr;
-            mt_cs_frame_label(s, pid, &row->frames[depth - 1 - k], &fr);
+            mt__cs_frame_label(s, pid, &row->frames[depth - 1 - k], &fr);
             labels[n++] = fr.label;
         }
     }
-    return mt_flame_add(f, labels, n, row->bytes);
+    return mt__flame_add(f, labels, n, row->bytes);
 }

@@ -33,28 +33,28 @@ typedef struct mt_cs_row_s {
 } mt_cs_row_t;
 
 /* Sorts by bytes, largest first, then by stack id (a stable, total order). */
-void mt_cs_rows_sort(mt_cs_row_t *rows, size_t n);
+void mt__cs_rows_sort(mt_cs_row_t *rows, size_t n);
 
 /* Merges rows whose frames read the same (two stacks that differ only in ips of one line,
  * or in frames below the labels' reach): bytes and blocks add up (saturating), the lowest
- * id stays; rows without frames are kept apart. Then sorts as mt_cs_rows_sort. Not for
+ * id stays; rows without frames are kept apart. Then sorts as mt__cs_rows_sort. Not for
  * growth rows (fits do not add). 0 or MT_ENOMEM (rows left as they were). */
-int mt_cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n);
+int mt__cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n);
 
 /* Labels one frame of process pid into *out (see mt_sym_frame_t). 0 or MT_ENOMEM (then
  * out->label reads "unknown frame"). */
-int mt_cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out);
+int mt__cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *out);
 
 /* The first top rows as a JSON array (new reference, NULL without memory): each
  * {"stack", "bytes", "blocks", "site", "frames": [{"label", "function", "file", "line",
  * "module", "python"}], "truncated"} plus, with growth, {"slope", "r2", "detected"}; an
  * unknown id gives "site": "unknown stack N" and "unknown": true. */
-json_t *mt_cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n, size_t top,
-                        bool growth);
+json_t *mt__cs_rows_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *rows, size_t n, size_t top,
+                         bool growth);
 
 /* Adds row's bytes to f under its frames, root first ("no stack recorded" / "unknown stack"
  * for id 0 or an unknown id). 0, MT_ENOMEM or MT_EOVERFLOW (flame caps). */
-int mt_cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row);
+int mt__cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row);
 
 /* ---- from the event model ---- */
 
@@ -69,8 +69,8 @@ typedef enum mt_cs_which_e {
 
 /* The device-memory stacks of m with something to show for which, ranked, as a new array
  * in *out (free() it; frames borrowed from m until it changes). 0 or MT_ENOMEM. */
-int mt_cs_rows_from_model(const struct mt_model_s *m, int which, mt_cs_row_t **out, size_t *n);
+int mt__cs_rows_from_model(const struct mt_model_s *m, int which, mt_cs_row_t **out, size_t *n);
 /* Gives s process pid's module map as m holds it (idempotent). */
-void mt_cs_sym_sync(mt_sym_t *s, uint32_t pid, const struct mt_model_s *m);
+void mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const struct mt_model_s *m);
 
 #endif

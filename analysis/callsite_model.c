@@ -22,13 +22,13 @@ static int by_slope(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
-int mt_cs_rows_from_model(const mt_model_t *m, int which, mt_cs_row_t **out, size_t *n)
+int mt__cs_rows_from_model(const mt_model_t *m, int which, mt_cs_row_t **out, size_t *n)
 {
     mt_model_stack_t *st = NULL;
     size_t ns = 0;
     *out = NULL;
     *n = 0;
-    int rc = mt_model_stacks(m, MT_MODEL_DEVICE, NULL, &st, &ns);
+    int rc = mt__model_stacks(m, MT_MODEL_DEVICE, NULL, &st, &ns);
     if (rc != 0)
         return rc;
     mt_cs_row_t *rows = calloc(ns ? ns : 1, sizeof(*rows));
@@ -59,7 +59,7 @@ int mt_cs_rows_from_model(const mt_model_t *m, int which, mt_cs_row_t **out, siz
             continue;
         const mt_model_frame_t *fr;
         int nf;
-        if (mt_model_stack_frames(m, r.stack, &fr, &nf, &r.truncated) == 0) {
+        if (mt__model_stack_frames(m, r.stack, &fr, &nf, &r.truncated) == 0) {
             r.frames = (const mt_cs_frame_t *)fr;
             r.n_frames = nf;
         }
@@ -69,18 +69,18 @@ int mt_cs_rows_from_model(const mt_model_t *m, int which, mt_cs_row_t **out, siz
     if (which == MT_CS_GROWTH)
         qsort(rows, k, sizeof(*rows), by_slope);
     else
-        mt_cs_rows_sort(rows, k);
+        mt__cs_rows_sort(rows, k);
     *out = rows;
     *n = k;
     return 0;
 }
 
-void mt_cs_sym_sync(mt_sym_t *s, uint32_t pid, const mt_model_t *m)
+void mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const mt_model_t *m)
 {
     const mt_model_module_t *mods;
     size_t n;
-    mt_model_modules(m, &mods, &n);
+    mt__model_modules(m, &mods, &n);
     for (size_t i = 0; i < n; i++)
-        mt_sym_add_module(s, pid, mods[i].path, mods[i].base, mods[i].size,
-                          mods[i].build_id[0] ? mods[i].build_id : NULL);
+        mt__sym_add_module(s, pid, mods[i].path, mods[i].base, mods[i].size,
+                           mods[i].build_id[0] ? mods[i].build_id : NULL);
 }

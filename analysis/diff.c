@@ -9,7 +9,7 @@
 
 #include "memtrace/common.h"
 
-mt_diff_cfg_t mt_diff_cfg_default(void)
+mt_diff_cfg_t mt__diff_cfg_default(void)
 {
     return (mt_diff_cfg_t){.max_peak_growth_pct = -1, .max_site_growth = -1};
 }
@@ -285,12 +285,12 @@ fail:
     return NULL;
 }
 
-int mt_diff_reports(const json_t *before, const json_t *after, const mt_diff_cfg_t *cfg,
-                    json_t **out, int *crossed)
+int mt__diff_reports(const json_t *before, const json_t *after, const mt_diff_cfg_t *cfg,
+                     json_t **out, int *crossed)
 {
     *out = NULL;
     int ncrossed = 0, rc = MT_ENOMEM;
-    mt_diff_cfg_t c = cfg ? *cfg : mt_diff_cfg_default();
+    mt_diff_cfg_t c = cfg ? *cfg : mt__diff_cfg_default();
     table_t sites = {.index = json_object()}, tags = {.index = json_object()};
     totals_t tot[2] = {{0}};
     json_t *lists[L_N] = {0}, *res = NULL;

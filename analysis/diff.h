@@ -19,7 +19,7 @@ typedef struct mt_diff_cfg_s {
     int64_t max_site_growth;    /* gate on one site's growth at the peak, bytes; < 0: none */
 } mt_diff_cfg_t;
 
-mt_diff_cfg_t mt_diff_cfg_default(void); /* no gates */
+mt_diff_cfg_t mt__diff_cfg_default(void); /* no gates */
 
 /* The diff of before and after (both borrowed) as a new JSON document in *out:
  * {"v", "type": "diff", "peak_allocated", "peak_reserved", "final_allocated",
@@ -30,7 +30,7 @@ mt_diff_cfg_t mt_diff_cfg_default(void); /* no gates */
  *  "never_freed_now" (the reverse): lists of site keys, "gates": [{"gate", "limit", "value",
  *  "crossed", "what"}], "crossed": bool}. *crossed (may be NULL) is the number of gates
  * crossed. 0, or MT_ENOMEM (*out NULL). */
-int mt_diff_reports(const json_t *before, const json_t *after, const mt_diff_cfg_t *cfg,
-                    json_t **out, int *crossed);
+int mt__diff_reports(const json_t *before, const json_t *after, const mt_diff_cfg_t *cfg,
+                     json_t **out, int *crossed);
 
 #endif

@@ -24,13 +24,13 @@ struct mt_flame_s {
     size_t n_nodes; /* <= FLAME_NODES_MAX */
 };
 
-mt_flame_cfg_t mt_flame_cfg_default(void)
+mt_flame_cfg_t mt__flame_cfg_default(void)
 {
     return (mt_flame_cfg_t){
         .title = "Flame graph", .width = 1200, .frame_height = 16, .min_width_px = 0.1};
 }
 
-int mt_flame_create(mt_flame_t **out)
+int mt__flame_create(mt_flame_t **out)
 {
     *out = NULL;
     mt_flame_t *f = calloc(1, sizeof(*f));
@@ -57,7 +57,7 @@ static void node_free(node_t *n)
     free(n->label);
 }
 
-void mt_flame_destroy(mt_flame_t **p)
+void mt__flame_destroy(mt_flame_t **p)
 {
     if (*p == NULL)
         return;
@@ -111,7 +111,7 @@ static node_t *kid_get(mt_flame_t *f, node_t *n, const char *label)
     return c;
 }
 
-int mt_flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes)
+int mt__flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes)
 {
     if (n < 0 || n > MT_FLAME_DEPTH_MAX)
         return MT_EINVAL;
@@ -134,7 +134,7 @@ int mt_flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes
     return 0;
 }
 
-uint64_t mt_flame_total(const mt_flame_t *f)
+uint64_t mt__flame_total(const mt_flame_t *f)
 {
     return f->root.bytes;
 }
@@ -253,9 +253,9 @@ static void draw_node(draw_t *d, const node_t *n, int depth, double x, uint64_t 
     }
 }
 
-int mt_flame_write_svg(const mt_flame_t *f, const mt_flame_cfg_t *cfg, FILE *out)
+int mt__flame_write_svg(const mt_flame_t *f, const mt_flame_cfg_t *cfg, FILE *out)
 {
-    mt_flame_cfg_t c = cfg != NULL ? *cfg : mt_flame_cfg_default();
+    mt_flame_cfg_t c = cfg != NULL ? *cfg : mt__flame_cfg_default();
     if (c.width < 200)
         c.width = 200;
     if (c.frame_height < 10)

@@ -20,22 +20,22 @@ typedef struct mt_flame_cfg_s {
     int frame_height;    /* pixels per row, >= 10 */
     double min_width_px; /* frames narrower than this are not drawn (still counted) */
 } mt_flame_cfg_t;
-mt_flame_cfg_t mt_flame_cfg_default(void);
+mt_flame_cfg_t mt__flame_cfg_default(void);
 
 /* new; MT_ENOMEM. */
-int mt_flame_create(mt_flame_t **out);
-void mt_flame_destroy(mt_flame_t **p);
+int mt__flame_create(mt_flame_t **out);
+void mt__flame_destroy(mt_flame_t **p);
 
 /* Adds bytes under the stack frames[0] (root) .. frames[n - 1] (leaf). Labels are copied.
  * n == 0 adds to the root itself. MT_EINVAL for a NULL label or n outside
  * [0, MT_FLAME_DEPTH_MAX]; MT_EOVERFLOW past the cap on distinct prefixes; MT_ENOMEM. */
-int mt_flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes);
+int mt__flame_add(mt_flame_t *f, const char *const *frames, int n, uint64_t bytes);
 
 /* Total bytes added (saturating). */
-uint64_t mt_flame_total(const mt_flame_t *f);
+uint64_t mt__flame_total(const mt_flame_t *f);
 
 /* Writes the SVG document. MT_EIO on a write error. A graph with no bytes draws a
  * document saying so. */
-int mt_flame_write_svg(const mt_flame_t *f, const mt_flame_cfg_t *cfg, FILE *out);
+int mt__flame_write_svg(const mt_flame_t *f, const mt_flame_cfg_t *cfg, FILE *out);
 
 #endif

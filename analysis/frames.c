@@ -10,7 +10,7 @@
 
 /* ---- the default table ----
  * Recorder rules come first: a frame they match is never the site, even when every frame
- * of its stack is skipped (mt_fr_pick's fallback). Function rules of the defaults apply to
+ * of its stack is skipped (mt__fr_pick's fallback). Function rules of the defaults apply to
  * native frames only: a Python function named like a C++ namespace is still the user's. */
 #define R(kind, cls, pat, why)                                                                     \
     {                                                                                              \
@@ -77,7 +77,7 @@ static const mt_fr_rule_t defaults[] = {
 };
 #undef R
 
-const mt_fr_rule_t *mt_fr_default_rules(size_t *n)
+const mt_fr_rule_t *mt__fr_default_rules(size_t *n)
 {
     *n = sizeof defaults / sizeof defaults[0];
     return defaults;
@@ -91,7 +91,7 @@ struct mt_fr_rules_s {
     size_t nuser;
 };
 
-int mt_fr_rules_create(mt_fr_rules_t **out, bool all)
+int mt__fr_rules_create(mt_fr_rules_t **out, bool all)
 {
     *out = calloc(1, sizeof **out);
     if (*out == NULL)
@@ -100,7 +100,7 @@ int mt_fr_rules_create(mt_fr_rules_t **out, bool all)
     return 0;
 }
 
-void mt_fr_rules_destroy(mt_fr_rules_t **p)
+void mt__fr_rules_destroy(mt_fr_rules_t **p)
 {
     if (*p == NULL)
         return;
@@ -111,7 +111,7 @@ void mt_fr_rules_destroy(mt_fr_rules_t **p)
     *p = NULL;
 }
 
-bool mt_fr_rules_all(const mt_fr_rules_t *r)
+bool mt__fr_rules_all(const mt_fr_rules_t *r)
 {
     return r != NULL && r->all;
 }
@@ -130,7 +130,7 @@ static int add_rule(mt_fr_rules_t *r, int kind, const char *pat, size_t len)
     return 0;
 }
 
-int mt_fr_rules_add(mt_fr_rules_t *r, const char *spec)
+int mt__fr_rules_add(mt_fr_rules_t *r, const char *spec)
 {
     static const struct {
         const char *prefix;
@@ -194,7 +194,7 @@ static bool rule_match(const mt_fr_rule_t *r, const mt_fr_frame_t *f, bool built
     }
 }
 
-const mt_fr_rule_t *mt_fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
+const mt_fr_rule_t *mt__fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
 {
     if (r != NULL && r->all)
         return NULL;
@@ -207,13 +207,13 @@ const mt_fr_rule_t *mt_fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
     return NULL;
 }
 
-int mt_fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
+int mt__fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
 {
     if (n == 0)
         return -1;
     int fallback = -1;
     for (size_t i = 0; i < n; i++) {
-        const mt_fr_rule_t *m = mt_fr_match(r, &frames[i]);
+        const mt_fr_rule_t *m = mt__fr_match(r, &frames[i]);
         if (m == NULL)
             return (int)i;
         if (fallback < 0 && m->cls != MT_FR_RECORDER)
@@ -227,12 +227,12 @@ int mt_fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
 static const char *const by_names[MT_FR_BY_COUNT] = {"site",  "function", "file",   "module",
                                                      "stack", "tag",      "modules"};
 
-const char *mt_fr_by_name(int by)
+const char *mt__fr_by_name(int by)
 {
     return by >= 0 && by < MT_FR_BY_COUNT ? by_names[by] : NULL;
 }
 
-int mt_fr_by_parse(const char *name)
+int mt__fr_by_parse(const char *name)
 {
     if (strcmp(name, "callsite") == 0)
         return MT_FR_BY_SITE;
@@ -248,7 +248,7 @@ static const char *base_name(const char *path)
     return b ? b + 1 : path;
 }
 
-const char *mt_fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
+const char *mt__fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
 {
     const char *func = f->func != NULL && f->func[0] ? f->func : NULL;
     if (!no_file(f->file)) {
@@ -268,7 +268,7 @@ const char *mt_fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
     return buf;
 }
 
-const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
+const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
 {
     const char *func = f->func != NULL && f->func[0] ? f->func : "??";
     const char *file = no_file(f->file) ? NULL : base_name(f->file);
@@ -294,11 +294,11 @@ const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
         }
         return buf;
     default:
-        return mt_fr_site(f, buf, len);
+        return mt__fr_site(f, buf, len);
     }
 }
 
-bool mt_fr_module_call(const mt_fr_frame_t *f)
+bool mt__fr_module_call(const mt_fr_frame_t *f)
 {
     return f->func != NULL && f->file != NULL &&
            (strcmp(f->func, "_call_impl") == 0 || strcmp(f->func, "_wrapped_call_impl") == 0) &&
@@ -311,7 +311,7 @@ static bool module_forward(const mt_fr_frame_t *frames, size_t n, size_t i)
 {
     for (size_t j = i + 1; j < n; j++)
         if (frames[j].python)
-            return mt_fr_module_call(&frames[j]);
+            return mt__fr_module_call(&frames[j]);
     return false;
 }
 
@@ -323,7 +323,7 @@ static const char *modules_key(const mt_fr_rules_t *r, const mt_fr_frame_t *fram
     bool in_model = false;
     keep[nk++] = u;
     for (size_t i = u + 1; i < n && nk < sizeof keep / sizeof keep[0]; i++) {
-        if (mt_fr_match(r, &frames[i]) != NULL)
+        if (mt__fr_match(r, &frames[i]) != NULL)
             continue;
         if (module_forward(frames, n, i)) {
             keep[nk++] = i;
@@ -334,13 +334,13 @@ static const char *modules_key(const mt_fr_rules_t *r, const mt_fr_frame_t *fram
     }
     /* The user's frame alone counts as a module only when it is one's forward. */
     if (nk == 1 && !module_forward(frames, n, u)) {
-        mt_fr_site(&frames[u], buf, len);
+        mt__fr_site(&frames[u], buf, len);
         return buf;
     }
     size_t used = 0;
     for (size_t k = nk; k-- > 0;) {
         char one[512];
-        mt_fr_site(&frames[keep[k]], one, sizeof one);
+        mt__fr_site(&frames[keep[k]], one, sizeof one);
         int w = snprintf(buf + used, len - used, "%s%s", used ? " > " : "", one);
         if (w < 0 || (size_t)w >= len - used) {
             if (len > 4)
@@ -352,13 +352,13 @@ static const char *modules_key(const mt_fr_rules_t *r, const mt_fr_frame_t *fram
     return buf;
 }
 
-const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
-                            char *buf, size_t len)
+const char *mt__fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
+                             char *buf, size_t len)
 {
     if (len == 0)
         return buf;
     buf[0] = '\0';
-    int u = mt_fr_pick(r, frames, n);
+    int u = mt__fr_pick(r, frames, n);
     if (u < 0) {
         snprintf(buf, len, "<no frames>");
         return buf;
@@ -366,13 +366,13 @@ const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames,
     if (by == MT_FR_BY_MODULES)
         return modules_key(r, frames, n, (size_t)u, buf, len);
     if (by != MT_FR_BY_STACK)
-        return mt_fr_key(&frames[u], by, buf, len);
+        return mt__fr_key(&frames[u], by, buf, len);
     size_t used = 0;
     for (size_t i = (size_t)u; i < n; i++) {
-        if (i > (size_t)u && mt_fr_match(r, &frames[i]) != NULL)
+        if (i > (size_t)u && mt__fr_match(r, &frames[i]) != NULL)
             continue;
         char one[512];
-        mt_fr_site(&frames[i], one, sizeof one);
+        mt__fr_site(&frames[i], one, sizeof one);
         int w = snprintf(buf + used, len - used, "%s%s", used ? " <- " : "", one);
         if (w < 0 || (size_t)w >= len - used) {
             if (len > 4)

@@ -42,27 +42,27 @@ typedef struct mt_fr_rule_s {
 } mt_fr_rule_t;
 
 /* The default table (static), *n its length. */
-const mt_fr_rule_t *mt_fr_default_rules(size_t *n);
+const mt_fr_rule_t *mt__fr_default_rules(size_t *n);
 
 /* A set of rules: the defaults (unless all), then the user's. */
 typedef struct mt_fr_rules_s mt_fr_rules_t;
 
 /* new; all: no rule applies (every frame is the user's; site = innermost frame). */
-int mt_fr_rules_create(mt_fr_rules_t **out, bool all);
-void mt_fr_rules_destroy(mt_fr_rules_t **p);
+int mt__fr_rules_create(mt_fr_rules_t **out, bool all);
+void mt__fr_rules_destroy(mt_fr_rules_t **p);
 /* Adds a user rule from text: "func:PREFIX", "file:TEXT", "module:TEXT", or TEXT alone
  * (a function prefix or a file's text). spec is copied. 0, MT_EINVAL (empty pattern),
  * MT_ENOMEM. */
-int mt_fr_rules_add(mt_fr_rules_t *r, const char *spec);
-bool mt_fr_rules_all(const mt_fr_rules_t *r);
+int mt__fr_rules_add(mt_fr_rules_t *r, const char *spec);
+bool mt__fr_rules_all(const mt_fr_rules_t *r);
 
 /* The rule that skips f, or NULL when f may be the user's. r NULL: the defaults. */
-const mt_fr_rule_t *mt_fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f);
+const mt_fr_rule_t *mt__fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f);
 
 /* Index of the user's frame among frames[0, n) (innermost first): the first no rule skips;
  * when every frame is skipped, the first that is not the recorder's; when all are, 0.
  * -1 when n == 0. */
-int mt_fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n);
+int mt__fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n);
 
 /* ---- names and grouping keys ---- */
 
@@ -79,23 +79,23 @@ typedef enum mt_fr_by_e {
 } mt_fr_by_e;
 
 /* "site", "function", ... ; NULL out of range. */
-const char *mt_fr_by_name(int by);
+const char *mt__fr_by_name(int by);
 /* The mt_fr_by_e of a name ("callsite" is "site"), or -1. */
-int mt_fr_by_parse(const char *name);
+int mt__fr_by_parse(const char *name);
 
 /* The site of f as PyTorch users read it: "file.py:54 forward" (the file's last component),
  * "forward" without a file, "libx.so" with only a module, "??" with nothing. */
-const char *mt_fr_site(const mt_fr_frame_t *f, char *buf, size_t len);
+const char *mt__fr_site(const mt_fr_frame_t *f, char *buf, size_t len);
 /* f's key for by (not MT_FR_BY_STACK, MT_FR_BY_TAG) into buf. */
-const char *mt_fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len);
+const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len);
 /* True for torch's module call frame (nn.Module._call_impl / _wrapped_call_impl). */
-bool mt_fr_module_call(const mt_fr_frame_t *f);
+bool mt__fr_module_call(const mt_fr_frame_t *f);
 /* The key of a whole stack for by: for MT_FR_BY_STACK the sites of user frame and the frames
  * after it that no rule skips (every frame with an "all" set); for MT_FR_BY_MODULES the
  * user's frame and, outwards, the frames that a module call frame calls (a module's
  * forward), up to the first kept frame past them that is none (the training loop); else
- * mt_fr_key of the user's frame. Truncated to len with "..." at the end. */
-const char *mt_fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
-                            char *buf, size_t len);
+ * mt__fr_key of the user's frame. Truncated to len with "..." at the end. */
+const char *mt__fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n, int by,
+                             char *buf, size_t len);
 
 #endif

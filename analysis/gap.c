@@ -15,7 +15,7 @@ static const char *const cause_names[MT_GAP_CAUSES] = {
     [MT_GAP_UNTRACKED] = "untracked",
 };
 
-const char *mt_gap_cause_name(int cause)
+const char *mt__gap_cause_name(int cause)
 {
     return cause >= 0 && cause < MT_GAP_CAUSES ? cause_names[cause] : NULL;
 }
@@ -110,7 +110,7 @@ static void rounding(const mt_model_map_t *map, mt_gap_t *g)
     }
 }
 
-int mt_gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserved, mt_gap_t *out)
+int mt__gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserved, mt_gap_t *out)
 {
     memset(out, 0, sizeof *out);
     out->reserved = reserved;
@@ -152,21 +152,21 @@ int mt_gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserv
     return rc;
 }
 
-int mt_gap_of_model(const mt_model_t *m, int cls, mt_gap_t *out)
+int mt__gap_of_model(const mt_model_t *m, int cls, mt_gap_t *out)
 {
     memset(out, 0, sizeof *out);
     mt_model_figures_t f;
-    mt_model_figures_totals(m, cls, &f);
+    mt__model_figures_totals(m, cls, &f);
     mt_model_map_t map;
-    int rc = mt_model_map(m, cls, &map);
+    int rc = mt__model_map(m, cls, &map);
     if (rc != 0)
         return rc;
-    rc = mt_gap_of_map(&map, f.allocated, f.reserved, out);
-    mt_model_map_free(&map);
+    rc = mt__gap_of_map(&map, f.allocated, f.reserved, out);
+    mt__model_map_free(&map);
     return rc;
 }
 
-void mt_gap_free(mt_gap_t *g)
+void mt__gap_free(mt_gap_t *g)
 {
     free(g->pins);
     g->pins = NULL;
@@ -178,7 +178,7 @@ static json_int_t ji(uint64_t v)
     return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
 }
 
-json_t *mt_gap_json(const mt_gap_t *g, size_t top)
+json_t *mt__gap_json(const mt_gap_t *g, size_t top)
 {
     json_t *causes = json_array(), *pins = json_array();
     for (int c = 0; causes && c < MT_GAP_CAUSES; c++)

@@ -58,19 +58,19 @@ typedef struct mt_gap_s {
 } mt_gap_t;
 
 /* The gap of a map whose class has the totals reserved and allocated (map borrowed). *out
- * is filled; free it with mt_gap_free. 0 or MT_ENOMEM (then *out holds no pins). */
-int mt_gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserved, mt_gap_t *out);
+ * is filled; free it with mt__gap_free. 0 or MT_ENOMEM (then *out holds no pins). */
+int mt__gap_of_map(const mt_model_map_t *map, uint64_t allocated, uint64_t reserved, mt_gap_t *out);
 /* The gap of class cls of m now: its map and totals. 0 or MT_ENOMEM. */
-int mt_gap_of_model(const mt_model_t *m, int cls, mt_gap_t *out);
-void mt_gap_free(mt_gap_t *g);
+int mt__gap_of_model(const mt_model_t *m, int cls, mt_gap_t *out);
+void mt__gap_free(mt_gap_t *g);
 
 /* "pinned_free", ...; NULL out of range. */
-const char *mt_gap_cause_name(int cause);
+const char *mt__gap_cause_name(int cause);
 
 /* {"reserved_bytes", "allocated_bytes", "gap_bytes", "causes": [{"cause", "bytes"}],
  * "rounding_bytes", "requested_known_bytes", "blocks_request_unknown", "pins":
  * [{"stack", "bytes", "segments", "largest_block_bytes"}] (the first top)}. New reference,
  * NULL without memory. Callers name the pins' stacks (the report adds "site"). */
-json_t *mt_gap_json(const mt_gap_t *g, size_t top);
+json_t *mt__gap_json(const mt_gap_t *g, size_t top);
 
 #endif

@@ -20,19 +20,19 @@
 #include "util/assert.h"
 #include "util/grow.h"
 
-mt_model_cfg_t mt_model_cfg_default(void)
+mt_model_cfg_t mt__model_cfg_default(void)
 {
     return (mt_model_cfg_t){.keep_iterations = false,
                             .temporary_window_us = MT_MODEL_TEMP_WINDOW_US};
 }
 
-int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
+int mt__model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
 {
     *out = NULL;
     mt_model_t *m = calloc(1, sizeof(*m));
     if (!m)
         return MT_ENOMEM;
-    m->cfg = cfg ? *cfg : mt_model_cfg_default();
+    m->cfg = cfg ? *cfg : mt__model_cfg_default();
     if (m->cfg.temporary_window_us > MT_MODEL_TEMP_WINDOW_MAX)
         m->cfg.temporary_window_us = MT_MODEL_TEMP_WINDOW_MAX;
     for (int k = 0; k < MT_MODEL_CLASSES; k++)
@@ -41,7 +41,7 @@ int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg)
     return 0;
 }
 
-void mt_model_destroy(mt_model_t **pm)
+void mt__model_destroy(mt_model_t **pm)
 {
     if (!pm || !*pm)
         return;
@@ -63,14 +63,14 @@ void mt_model_destroy(mt_model_t **pm)
 
 /* ---- ratios: the one definition ---- */
 
-double mt_model_utilization(uint64_t allocated, uint64_t reserved)
+double mt__model_utilization(uint64_t allocated, uint64_t reserved)
 {
     if (reserved == 0 || allocated >= reserved)
         return 1.0;
     return (double)allocated / (double)reserved;
 }
 
-double mt_model_fragmentation(uint64_t largest_free, uint64_t total_free)
+double mt__model_fragmentation(uint64_t largest_free, uint64_t total_free)
 {
     if (total_free == 0 || largest_free >= total_free)
         return 0.0;
@@ -449,8 +449,8 @@ static bool setting(mt_model_t *m, const mt_event_rec_t *ev)
     return true;
 }
 
-void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
-                       uint64_t *dropped)
+void mt__model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
+                        uint64_t *dropped)
 {
     *out = m->settings;
     *n = m->nsettings;
@@ -498,12 +498,12 @@ static void managed(mt_model_t *m, const mt_event_rec_t *ev)
     }
 }
 
-void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out)
+void mt__model_managed(const mt_model_t *m, mt_model_managed_t *out)
 {
     *out = m->managed;
 }
 
-int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
+int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
 {
     m->events++;
     if (ev->kind == MT_EV_GAP) { /* consumer side: carries no allocator figures */
@@ -556,14 +556,14 @@ int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev)
      * want every step), so that a run's cost stays linear in its events. */
     char why[160];
     if (m->events % 64 == 0)
-        mt_assert_valid(mt_model_check(m, why, sizeof why) != 0 ? why : NULL);
+        mt_assert_valid(mt__model_check(m, why, sizeof why) != 0 ? why : NULL);
 #endif
     return rc ? rc : grc;
 }
 
 /* ---- figures ---- */
 
-void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out)
+void mt__model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     *out = (mt_model_figures_t){0};
@@ -571,7 +571,7 @@ void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *o
     out->allocated = mt__model_sat(c->asum);
     out->peak_allocated = c->peak_alloc;
     out->peak_reserved = c->peak_res;
-    out->utilization = mt_model_utilization(out->allocated, out->reserved);
+    out->utilization = mt__model_utilization(out->allocated, out->reserved);
     out->blocks = c->live;
     out->segments = c->segs.n;
     /* At most allocated - known bytes of the uncertain blocks can still be live. */
@@ -584,20 +584,20 @@ void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *o
     out->uncertain = c->unc > 0 || c->segs.unc > 0 || out->untracked_bytes > 0;
 }
 
-int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
+int mt__model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
-    mt_model_figures_totals(m, cls, out);
+    mt__model_figures_totals(m, cls, out);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, NULL);
     if (out->total_free > out->reserved)
         out->total_free = out->reserved;
     if (out->largest_free > out->total_free)
         out->largest_free = out->total_free;
-    out->fragmentation = mt_model_fragmentation(out->largest_free, out->total_free);
+    out->fragmentation = mt__model_fragmentation(out->largest_free, out->total_free);
     return rc;
 }
 
-void mt_model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out)
+void mt__model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     *out = (mt_model_tag_t){0};
@@ -614,7 +614,7 @@ void mt_model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out)
     out->uncertain_blocks = c->unc_blocks[tag];
 }
 
-int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved)
+int mt__model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved)
 {
     if (src >= MT_EVENT_SOURCES)
         return MT_EINVAL;
@@ -623,15 +623,15 @@ int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint
     return 0;
 }
 
-void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
-                     uint64_t *reserved)
+void mt__model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
+                      uint64_t *reserved)
 {
     unsigned src = (host ? 256u : 0u) + (device & 255u);
     *allocated = m->src_alloc[src];
     *reserved = m->src_res[src];
 }
 
-size_t mt_model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max)
+size_t mt__model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max)
 {
     size_t n = 0;
     for (unsigned d = 0; d < 256; d++) {
@@ -648,7 +648,7 @@ size_t mt_model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max)
     return n;
 }
 
-uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool)
+uint64_t mt__model_pool_bytes(const mt_model_t *m, int pool)
 {
     if (pool < 0 || pool > MT_POOL_HOST)
         return 0;
@@ -656,12 +656,12 @@ uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool)
     return mt__model_sat(c->pool_bytes[pool]);
 }
 
-uint64_t mt_model_events(const mt_model_t *m)
+uint64_t mt__model_events(const mt_model_t *m)
 {
     return m->events;
 }
 
-uint64_t mt_model_lost(const mt_model_t *m)
+uint64_t mt__model_lost(const mt_model_t *m)
 {
     return m->lost_rec > m->lost_seq ? m->lost_rec : m->lost_seq;
 }
@@ -674,7 +674,7 @@ static int cmp_block(const void *a, const void *b)
     return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
+int mt__model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     memset(out, 0, sizeof(*out));
@@ -695,7 +695,7 @@ int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
     qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);
     if (rc != 0) {
-        mt_model_map_free(out);
+        mt__model_map_free(out);
         return rc;
     }
     uint64_t r = mt__model_sat(c->rsum);
@@ -704,7 +704,7 @@ int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
     return 0;
 }
 
-void mt_model_map_free(mt_model_map_t *map)
+void mt__model_map_free(mt_model_map_t *map)
 {
     free(map->segs);
     free(map->blocks);
@@ -797,7 +797,7 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     return rc ? rc : mt__model_segs_check(c, why, whylen);
 }
 
-int mt_model_check(const mt_model_t *m, char *why, size_t whylen)
+int mt__model_check(const mt_model_t *m, char *why, size_t whylen)
 {
     for (int k = 0; k < MT_MODEL_CLASSES; k++) {
         int rc = class_check(m, k, why, whylen);

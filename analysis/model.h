@@ -2,7 +2,7 @@
  * allocator events for the daemon (/state, /metrics, top), `memtrace report`, `memtrace
  * plot` and the replay's figures; docs/analysis.md explains the rules.
  *
- * Feed each producer's records in sequence order with mt_model_apply. Device memory and
+ * Feed each producer's records in sequence order with mt__model_apply. Device memory and
  * pinned host memory (pool MT_POOL_HOST) are two classes, each with its own totals, blocks,
  * tags and segment map. Totals come from the running figures every event carries; blocks,
  * tags and segments are rebuilt from the events. After a gap (a seq jump or MT_EV_GAP) the
@@ -34,29 +34,29 @@ typedef struct mt_model_cfg_s {
                                      long of its alloc is temporary; 0 = not tracked */
 } mt_model_cfg_t;
 
-/* The default window (mt_model_cfg_default): long enough for an op's scratch and an
+/* The default window (mt__model_cfg_default): long enough for an op's scratch and an
  * autograd temporary freed a few ops later, short of a step's saved activations. */
 #define MT_MODEL_TEMP_WINDOW_US  1000u
 #define MT_MODEL_TEMP_WINDOW_MAX (UINT64_C(1) << 40) /* µs, about 12.7 days */
 
-mt_model_cfg_t mt_model_cfg_default(void);
-int mt_model_create(mt_model_t **out, const mt_model_cfg_t *cfg);
-void mt_model_destroy(mt_model_t **m);
+mt_model_cfg_t mt__model_cfg_default(void);
+int mt__model_create(mt_model_t **out, const mt_model_cfg_t *cfg);
+void mt__model_destroy(mt_model_t **m);
 /* Applies one record (ev borrowed). MT_ENOMEM when a table cannot grow: the totals are
  * updated anyway and the model stays consistent (the block or segment is then missing,
  * and the class is marked uncertain as after a gap). */
-int mt_model_apply(mt_model_t *m, const mt_event_rec_t *ev);
+int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev);
 /* Walks every invariant written at the model's structs. 0, or MT_EPROTO naming the first
  * violation in why (may be NULL). */
-int mt_model_check(const mt_model_t *m, char *why, size_t whylen);
+int mt__model_check(const mt_model_t *m, char *why, size_t whylen);
 
 /* ---- figures ---- */
 
 /* The one definition of each ratio. utilization = allocated / reserved (1 when nothing is
  * reserved); fragmentation = 1 - largest free extent / total free (0 when nothing is free),
  * as the allocator defines it. Both clamped to [0, 1]. */
-double mt_model_utilization(uint64_t allocated, uint64_t reserved);
-double mt_model_fragmentation(uint64_t largest_free, uint64_t total_free);
+double mt__model_utilization(uint64_t allocated, uint64_t reserved);
+double mt__model_fragmentation(uint64_t largest_free, uint64_t total_free);
 /* a + b, UINT64_MAX when it does not fit. */
 static inline uint64_t mt_model_sat_add(uint64_t a, uint64_t b)
 {
@@ -75,8 +75,8 @@ typedef struct mt_model_figures_s {
     uint64_t peak_reserved;  /* bytes, highest reserved seen */
     uint64_t total_free;     /* bytes of known segments not covered by a block, <= reserved */
     uint64_t largest_free;   /* bytes, largest such extent, <= total_free */
-    double utilization;      /* mt_model_utilization(allocated, reserved) */
-    double fragmentation;    /* mt_model_fragmentation(largest_free, total_free) */
+    double utilization;      /* mt__model_utilization(allocated, reserved) */
+    double fragmentation;    /* mt__model_fragmentation(largest_free, total_free) */
     uint64_t blocks;         /* live blocks known (pending frees included) */
     uint64_t segments;       /* segments (or mapped ranges) known */
     /* After a gap, allocated = known + (uncertain blocks still live) + (allocations never
@@ -89,7 +89,7 @@ typedef struct mt_model_figures_s {
 
 /* Figures of class cls. MT_ENOMEM only when the free extents cannot be computed (then
  * total_free and largest_free are 0 and the rest is filled). */
-int mt_model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out);
+int mt__model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out);
 
 /* A setting changed at run time (MT_EV_SETTING): when, which (mt_setting_e), the values. */
 typedef struct mt_model_setting_s {
@@ -101,8 +101,8 @@ typedef struct mt_model_setting_s {
 #define MT_MODEL_SETTINGS_MAX 4096
 /* The changes seen, oldest first (*n of them; the array lives as long as m), and how many
  * past MT_MODEL_SETTINGS_MAX were only counted. */
-void mt_model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
-                       uint64_t *dropped);
+void mt__model_settings(const mt_model_t *m, const mt_model_setting_t **out, size_t *n,
+                        uint64_t *dropped);
 /* Managed memory (MT_EV_MANAGED), summed over the devices whose allocators are managed. */
 typedef struct mt_model_managed_s {
     uint64_t events;         /* MT_EV_MANAGED events seen; 0: no managed allocator */
@@ -115,7 +115,7 @@ typedef struct mt_model_managed_s {
     uint64_t faults;         /* faults so far, at the last samples */
     uint64_t migrated;       /* bytes migrated so far (both ways), at the last samples */
 } mt_model_managed_t;
-void mt_model_managed(const mt_model_t *m, mt_model_managed_t *out);
+void mt__model_managed(const mt_model_t *m, mt_model_managed_t *out);
 /* Device memory outside the allocator (docs/outside.md), per device with an MT_EV_DEVICE
  * figure. The parts add up to used, each taken from what the ones before it leave:
  * used = reserved' + libraries + context + other_processes + not_seen, with
@@ -134,7 +134,7 @@ typedef struct mt_model_outside_s {
     bool self_known;
 } mt_model_outside_t;
 /* Fills out[0..min(n, max)) by ordinal and returns n, the devices with a figure. */
-size_t mt_model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max);
+size_t mt__model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max);
 typedef struct mt_model_library_s {
     unsigned id;      /* the producer's library id; 0 = unnamed */
     const char *name; /* borrowed until the model changes */
@@ -143,13 +143,13 @@ typedef struct mt_model_library_s {
 } mt_model_library_t;
 /* The libraries that held memory outside on device, by bytes then peak, largest first:
  * fills out[0..min(n, max)) and returns n. */
-size_t mt_model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
-                                  size_t max);
+size_t mt__model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
+                                   size_t max);
 /* A library id's name ("unnamed" for 0). */
-const char *mt_model_library_name(const mt_model_t *m, unsigned id);
+const char *mt__model_library_name(const mt_model_t *m, unsigned id);
 /* The same without the free extents (total_free, largest_free, fragmentation are 0): O(1),
  * for a figure per event. */
-void mt_model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);
+void mt__model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out);
 
 typedef struct mt_model_tag_s {
     uint64_t bytes;            /* live bytes known to hold tag t, <= the class's allocated */
@@ -159,12 +159,12 @@ typedef struct mt_model_tag_s {
     uint64_t uncertain_blocks; /* those blocks */
 } mt_model_tag_t;
 
-void mt_model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out);
+void mt__model_tag(const mt_model_t *m, int cls, int tag, mt_model_tag_t *out);
 /* Latest totals of one source (mt_event_source). MT_EINVAL: no such source. */
-int mt_model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved);
+int mt__model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uint64_t *reserved);
 /* Sums over the sources of one device ordinal (device memory: host = false). */
-void mt_model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
-                     uint64_t *reserved);
+void mt__model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
+                      uint64_t *reserved);
 /* Device memory of one device ordinal. */
 typedef struct mt_model_dev_s {
     unsigned device;
@@ -173,14 +173,14 @@ typedef struct mt_model_dev_s {
 } mt_model_dev_t;
 /* The devices whose allocators reported device-memory totals, by ordinal: fills
  * out[0..min(n, max)) and returns n. The class's allocated and reserved are the sums of
- * these (mt_model_figures); each peak is the device's own, so the peaks' sum may exceed
+ * these (mt__model_figures); each peak is the device's own, so the peaks' sum may exceed
  * the process's peak, which is the peak of the sum. */
-size_t mt_model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max);
+size_t mt__model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max);
 /* Live bytes known in blocks of one pool (mt_pool_e), saturated. */
-uint64_t mt_model_pool_bytes(const mt_model_t *m, int pool);
+uint64_t mt__model_pool_bytes(const mt_model_t *m, int pool);
 /* Events applied, and events known lost (gap records, seq jumps). */
-uint64_t mt_model_events(const mt_model_t *m);
-uint64_t mt_model_lost(const mt_model_t *m);
+uint64_t mt__model_events(const mt_model_t *m);
+uint64_t mt__model_lost(const mt_model_t *m);
 
 /* ---- segment map and blocks ---- */
 
@@ -205,7 +205,7 @@ typedef struct mt_model_block_s {
 } mt_model_block_t;
 
 /* A class's segment map: segments and blocks, each sorted by address, with the free
- * extents' figures. Free with mt_model_map_free. */
+ * extents' figures. Free with mt__model_map_free. */
 typedef struct mt_model_map_s {
     mt_model_seg_t *segs;
     mt_model_block_t *blocks;
@@ -213,8 +213,8 @@ typedef struct mt_model_map_s {
     uint64_t total_free, largest_free; /* as in mt_model_figures_t */
 } mt_model_map_t;
 
-int mt_model_map(const mt_model_t *m, int cls, mt_model_map_t *out);
-void mt_model_map_free(mt_model_map_t *map);
+int mt__model_map(const mt_model_t *m, int cls, mt_model_map_t *out);
+void mt__model_map_free(mt_model_map_t *map);
 
 /* ---- iterations and growth (cfg.keep_iterations) ---- */
 
@@ -239,7 +239,8 @@ typedef struct mt_model_growth_s {
     mt_model_fit_t tag[MT_TAG_MAX]; /* bytes by tag (known + uncertain) */
 } mt_model_growth_t;
 
-void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out);
+void mt__model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg,
+                      mt_model_growth_t *out);
 
 /* Spans between iteration marks, for aligning processes whose clocks differ (the ranks of
  * one job): span k runs from the k-th MT_MARK_ITERATION to the next (the last to the end). */
@@ -249,19 +250,19 @@ typedef struct mt_model_span_s {
     uint64_t peak;              /* the device's peak allocated bytes within the span */
 } mt_model_span_t;
 
-size_t mt_model_spans(const mt_model_t *m);
-/* 0, or MT_ENOENT when k >= mt_model_spans(m). */
-int mt_model_span(const mt_model_t *m, size_t k, mt_model_span_t *out);
+size_t mt__model_spans(const mt_model_t *m);
+/* 0, or MT_ENOENT when k >= mt__model_spans(m). */
+int mt__model_span(const mt_model_t *m, size_t k, mt_model_span_t *out);
 /* The span in which the device first reached its peak allocated bytes: 0 with *k, or
  * MT_ENOENT when the peak came before the first mark (or nothing was marked). */
-int mt_model_peak_span(const mt_model_t *m, size_t *k);
+int mt__model_peak_span(const mt_model_t *m, size_t *k);
 
 /* ---- call stacks (docs/telemetry.md, "Call stacks") ----
  * Each block keeps the stack id its allocation carried (an MT_EV_STACK_REF record right
  * before the MT_EV_ALLOC; mt_prof_events_from_json makes that pair from an alloc line
  * with "stack"). The stack table and module map are the producer's, given with
- * mt_model_stack_define / mt_model_module_add (the daemon reads them from the producer,
- * report and plot from "stack" and "module" lines: mt_model_table_line). The table is
+ * mt__model_stack_define / mt__model_module_add (the daemon reads them from the producer,
+ * report and plot from "stack" and "module" lines: mt__model_table_line). The table is
  * bounded: ids above MT_STACK_ID_MAX (other than MT_STACK_ID_OVERFLOW) count as id 0's
  * "bad id" figure; a definition that does not fit MT_MODEL_FRAMES_MAX is refused. */
 
@@ -284,12 +285,12 @@ typedef struct mt_model_frame_s {
  * strings are copied. A second definition of an id replaces the first only when it
  * differs (a restarted recorder). MT_EINVAL (bad id or n), MT_EOVERFLOW (table full),
  * MT_ENOMEM. */
-int mt_model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *frames, int n,
-                          bool truncated);
+int mt__model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *frames, int n,
+                           bool truncated);
 /* Frames of id (borrowed until the next define or destroy). MT_ENOENT for an id the
  * table does not hold (0, overflow, never defined): *frames = NULL, *n = 0. */
-int mt_model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame_t **frames, int *n,
-                          bool *truncated);
+int mt__model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame_t **frames,
+                           int *n, bool *truncated);
 
 typedef struct mt_model_module_s {
     const char *path;     /* as the producer saw it */
@@ -300,21 +301,21 @@ typedef struct mt_model_module_s {
 /* Adds a module (strings copied). A module overlapping a known one replaces it (dlclose
  * then dlopen at the same place). MT_EINVAL (empty path, size 0), MT_EOVERFLOW past
  * MT_MODEL_MODULES_MAX, MT_ENOMEM. */
-int mt_model_module_add(mt_model_t *m, const char *path, uint64_t base, uint64_t size,
-                        const char *build_id);
+int mt__model_module_add(mt_model_t *m, const char *path, uint64_t base, uint64_t size,
+                         const char *build_id);
 /* The module map, in the order added (borrowed until the next add or destroy). */
-void mt_model_modules(const mt_model_t *m, const mt_model_module_t **mods, size_t *n);
+void mt__model_modules(const mt_model_t *m, const mt_model_module_t **mods, size_t *n);
 /* The module holding ip, or NULL. */
-const mt_model_module_t *mt_model_module_of(const mt_model_t *m, uint64_t ip);
+const mt_model_module_t *mt__model_module_of(const mt_model_t *m, uint64_t ip);
 
 /* Reads a "stack" or "module" line (a jansson json_t *) into the model. 1 when the line
  * is one of those (and was read), 0 when it is another kind of line, MT_EPROTO naming
  * the bad field in err for a malformed one (the model is unchanged), or a define's error. */
-int mt_model_table_line(mt_model_t *m, const void *json, char *err, size_t errlen);
+int mt__model_table_line(mt_model_t *m, const void *json, char *err, size_t errlen);
 
 /* Copies src's stack table and module map into dst (blocks and figures untouched). 0, or
  * the first error of a define or add. */
-int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src);
+int mt__model_tables_copy(mt_model_t *dst, const mt_model_t *src);
 
 /* Per-stack figures of one class. */
 typedef struct mt_model_stack_s {
@@ -328,21 +329,21 @@ typedef struct mt_model_stack_s {
     uint64_t allocs;          /* allocations seen */
     uint64_t alloc_bytes;     /* bytes allocated in total, saturated */
     mt_model_fit_t growth;    /* device class, with cfg.keep_iterations: known + uncertain bytes
-                                 at each iteration, the rule of mt_model_growth */
+                                 at each iteration, the rule of mt__model_growth */
 } mt_model_stack_t;
 
 /* Every stack that ever held a block of class cls, as a new array in *out (free() it),
  * in id order; never-freed bytes at the end of a stream are the bytes of the rows read
- * after the last event. cfg NULL: the defaults of mt_model_growth. 0 or MT_ENOMEM. */
-int mt_model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *cfg,
-                    mt_model_stack_t **out, size_t *n);
+ * after the last event. cfg NULL: the defaults of mt__model_growth. 0 or MT_ENOMEM. */
+int mt__model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *cfg,
+                     mt_model_stack_t **out, size_t *n);
 /* Counters: stack refs applied, allocations with a stack, refs with a bad id, refs whose
  * alloc did not follow, definitions refused. */
 typedef struct mt_model_stack_stats_s {
     uint64_t refs, matched, bad_ids, orphan_refs, refused;
     size_t defined, frames;
 } mt_model_stack_stats_t;
-void mt_model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out);
+void mt__model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out);
 
 /* ---- temporary allocations (docs/analysis.md, "Temporary allocations") ----
  * A block is temporary when the program frees it (free_requested) at most
@@ -356,21 +357,22 @@ typedef struct mt_model_temp_s {
     uint32_t key;         /* stack id (by stack), or tag (by tag) */
     uint64_t count;       /* temporary allocations, > 0 */
     uint64_t bytes;       /* their bytes (rounded sizes), saturated */
-    const uint64_t *hist; /* lifetimes: count per bucket, mt_model_temp_buckets(m) of them;
+    const uint64_t *hist; /* lifetimes: count per bucket, mt__model_temp_buckets(m) of them;
                              borrowed until m changes. NULL past the bound on histogram memory
                              (16 MiB per class): then the row has no lifetimes */
 } mt_model_temp_t;
 
 /* Buckets of every histogram of m (from its window; 0 when not tracked). */
-size_t mt_model_temp_buckets(const mt_model_t *m);
+size_t mt__model_temp_buckets(const mt_model_t *m);
 /* The bucket of a lifetime of us µs, and a bucket's lower bound in µs. */
-size_t mt_model_temp_bucket(uint64_t us);
-uint64_t mt_model_temp_bucket_low(size_t b);
+size_t mt__model_temp_bucket(uint64_t us);
+uint64_t mt__model_temp_bucket_low(size_t b);
 /* The lower median (the ceil(n/2)-th smallest lifetime) of a histogram, as its bucket's
  * lower bound in µs; 0 for an empty one. */
-uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb);
+uint64_t mt__model_temp_median_us(const uint64_t *hist, size_t nb);
 /* The rows of class cls with a temporary allocation, by stack (id order) or by tag (tag
  * order), as a new array in *out (free() it). 0 or MT_ENOMEM. */
-int mt_model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out, size_t *n);
+int mt__model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out,
+                        size_t *n);
 
 #endif

@@ -86,7 +86,7 @@ static mt_model_fit_t fit_line(const mt_model_growth_cfg_t *cfg, const double *y
     return f;
 }
 
-void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out)
+void mt__model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_model_growth_t *out)
 {
     memset(out, 0, sizeof(*out));
     size_t n = m->nit;
@@ -104,12 +104,12 @@ void mt_model_growth(const mt_model_t *m, const mt_model_growth_cfg_t *cfg, mt_m
         out->tag[t] = fit_line(cfg, &m->it_tag[skip][t], MT_TAG_MAX, out->fitted);
 }
 
-size_t mt_model_spans(const mt_model_t *m)
+size_t mt__model_spans(const mt_model_t *m)
 {
     return m->nit;
 }
 
-int mt_model_span(const mt_model_t *m, size_t k, mt_model_span_t *out)
+int mt__model_span(const mt_model_t *m, size_t k, mt_model_span_t *out)
 {
     if (k >= m->nit)
         return MT_ENOENT;
@@ -119,7 +119,7 @@ int mt_model_span(const mt_model_t *m, size_t k, mt_model_span_t *out)
     return 0;
 }
 
-int mt_model_peak_span(const mt_model_t *m, size_t *k)
+int mt__model_peak_span(const mt_model_t *m, size_t *k)
 {
     if (m->peak_span == 0)
         return MT_ENOENT;

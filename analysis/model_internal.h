@@ -40,7 +40,7 @@ typedef struct mt__range_s {
 } mt__range_t;
 
 /* One class of memory (device, or pinned host).
- * Invariants (mt_model_check):
+ * Invariants (mt__model_check):
  *   blocks[0..live) distinct addresses; at maps each non-zero addr to its index (util/addrmap.h
  *   invariants), zero names the one at address 0 (a malformed log's), at.n + (zero != 0) =
  *   live; live <= cap;

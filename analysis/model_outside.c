@@ -47,7 +47,7 @@ int mt__model_outside_apply(mt_model_t *m, const mt_event_rec_t *ev)
              * else in use that no event names (other processes too, unless the driver
              * told this process's own bytes). */
             uint64_t a = 0, r = 0, mine = o->self != UINT64_MAX ? o->self : ev->size;
-            mt_model_device(m, ev->device, false, &a, &r);
+            mt__model_device(m, ev->device, false, &a, &r);
             uint64_t known = mt_model_sat_add(r, o->libs);
             o->context = mine > known ? mine - known : 0;
         }
@@ -99,7 +99,7 @@ int mt__model_outside_check(const mt_model_t *m, char *why, size_t whylen)
 static void split(const mt_model_t *m, unsigned d, const mt__mdev_t *o, mt_model_outside_t *out)
 {
     uint64_t a = 0, r = 0;
-    mt_model_device(m, d, false, &a, &r);
+    mt__model_device(m, d, false, &a, &r);
     *out = (mt_model_outside_t){
         .device = d, .used = o->used, .total = o->total, .peak_used = o->peak_used, .reserved = r};
     uint64_t left = o->used > r ? o->used - r : 0;
@@ -117,7 +117,7 @@ static void split(const mt_model_t *m, unsigned d, const mt__mdev_t *o, mt_model
     out->not_seen = left;
 }
 
-size_t mt_model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max)
+size_t mt__model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max)
 {
     size_t n = 0;
     for (unsigned d = 0; d < 256; d++) {
@@ -131,15 +131,15 @@ size_t mt_model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max
     return n;
 }
 
-const char *mt_model_library_name(const mt_model_t *m, unsigned id)
+const char *mt__model_library_name(const mt_model_t *m, unsigned id)
 {
     if (id == 0 || id >= MT_TAG_MAX || m->libname == NULL || m->libname[id][0] == '\0')
         return id == 0 ? "unnamed" : "library?";
     return m->libname[id];
 }
 
-size_t mt_model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
-                                  size_t max)
+size_t mt__model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
+                                   size_t max)
 {
     const mt__mdev_t *o = device < 256 ? m->odev[device] : NULL;
     if (o == NULL)
@@ -149,7 +149,7 @@ size_t mt_model_outside_libraries(const mt_model_t *m, unsigned device, mt_model
         if (o->lib_peak[i] == 0)
             continue;
         mt_model_library_t row = {.id = i,
-                                  .name = mt_model_library_name(m, i),
+                                  .name = mt__model_library_name(m, i),
                                   .bytes = o->lib[i],
                                   .peak = o->lib_peak[i]};
         size_t k = n < max ? n : max; /* insertion by bytes, then peak, largest first */

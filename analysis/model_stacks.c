@@ -293,8 +293,8 @@ static mt_model_fit_t fit(const mt__mstacks_t *s, const sfig_t *f, const mt_mode
     return r;
 }
 
-int mt_model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *cfg,
-                    mt_model_stack_t **out, size_t *n)
+int mt__model_stacks(const mt_model_t *m, int cls, const mt_model_growth_cfg_t *cfg,
+                     mt_model_stack_t **out, size_t *n)
 {
     static const mt_model_growth_cfg_t defaults = {.min_growth_bytes = 1u << 20, .min_r2 = 0.8};
     const mt__mstacks_t *s = m->stacks;
@@ -384,8 +384,8 @@ static const char *str_intern(mt__mstacks_t *s, const char *str)
     return d;
 }
 
-int mt_model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *frames, int n,
-                          bool truncated)
+int mt__model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *frames, int n,
+                           bool truncated)
 {
     if (id == 0 || id > MT_STACK_ID_MAX || n < 0 || n > MT_STACK_DEPTH_MAX || (n > 0 && !frames))
         return MT_EINVAL;
@@ -454,8 +454,8 @@ int mt_model_stack_define(mt_model_t *m, uint32_t id, const mt_model_frame_t *fr
     return 0;
 }
 
-int mt_model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame_t **frames, int *n,
-                          bool *truncated)
+int mt__model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame_t **frames,
+                           int *n, bool *truncated)
 {
     *frames = NULL;
     *n = 0;
@@ -472,8 +472,8 @@ int mt_model_stack_frames(const mt_model_t *m, uint32_t id, const mt_model_frame
     return 0;
 }
 
-int mt_model_module_add(mt_model_t *m, const char *path, uint64_t base, uint64_t size,
-                        const char *build_id)
+int mt__model_module_add(mt_model_t *m, const char *path, uint64_t base, uint64_t size,
+                         const char *build_id)
 {
     if (!path || !*path || size == 0 || base > UINT64_MAX - size)
         return MT_EINVAL;
@@ -521,13 +521,13 @@ nomem:
     return MT_ENOMEM;
 }
 
-void mt_model_modules(const mt_model_t *m, const mt_model_module_t **mods, size_t *n)
+void mt__model_modules(const mt_model_t *m, const mt_model_module_t **mods, size_t *n)
 {
     *mods = m->stacks ? m->stacks->mods : NULL;
     *n = m->stacks ? m->stacks->nmods : 0;
 }
 
-const mt_model_module_t *mt_model_module_of(const mt_model_t *m, uint64_t ip)
+const mt_model_module_t *mt__model_module_of(const mt_model_t *m, uint64_t ip)
 {
     const mt__mstacks_t *s = m->stacks;
     for (size_t i = 0; s && i < s->nmods; i++)
@@ -536,12 +536,12 @@ const mt_model_module_t *mt_model_module_of(const mt_model_t *m, uint64_t ip)
     return NULL;
 }
 
-int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src)
+int mt__model_tables_copy(mt_model_t *dst, const mt_model_t *src)
 {
     const mt__mstacks_t *s = src->stacks;
     for (size_t i = 0; s && i < s->nmods; i++) {
         const mt_model_module_t *o = &s->mods[i];
-        int rc = mt_model_module_add(dst, o->path, o->base, o->size, o->build_id);
+        int rc = mt__model_module_add(dst, o->path, o->base, o->size, o->build_id);
         if (rc)
             return rc;
     }
@@ -550,14 +550,14 @@ int mt_model_tables_copy(mt_model_t *dst, const mt_model_t *src)
         if (!d->defined)
             continue;
         const mt_model_frame_t *f = d->n ? &s->frames[d->off] : NULL; /* none stored: NULL */
-        int rc = mt_model_stack_define(dst, d->id, f, d->n, d->truncated);
+        int rc = mt__model_stack_define(dst, d->id, f, d->n, d->truncated);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-void mt_model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out)
+void mt__model_stack_stats(const mt_model_t *m, mt_model_stack_stats_t *out)
 {
     *out = m->stacks ? m->stacks->st : (mt_model_stack_stats_t){0};
 }
@@ -665,7 +665,7 @@ static int parse_hex(const json_t *v, uint64_t *out)
         return MT_EPROTO;                                                                          \
     } while (0)
 
-int mt_model_table_line(mt_model_t *m, const void *json, char *err, size_t errlen)
+int mt__model_table_line(mt_model_t *m, const void *json, char *err, size_t errlen)
 {
     const json_t *j = json;
     const char *kind = json_string_value(json_object_get(j, "kind"));
@@ -684,7 +684,7 @@ int mt_model_table_line(mt_model_t *m, const void *json, char *err, size_t errle
             BAD("module line: \"size\" missing or not a positive integer");
         if (bid && !json_is_string(bid))
             BAD("module line: \"build_id\" is not a string");
-        int rc = mt_model_module_add(m, path, base, (uint64_t)size, json_string_value(bid));
+        int rc = mt__model_module_add(m, path, base, (uint64_t)size, json_string_value(bid));
         if (rc == MT_EINVAL)
             BAD("module line: base + size beyond the address space");
         return rc == 0 || rc == MT_EOVERFLOW ? 1 : rc;
@@ -724,6 +724,6 @@ int mt_model_table_line(mt_model_t *m, const void *json, char *err, size_t errle
             BAD("stack line %lld: frame %zu has neither \"ip\" nor \"py\"", (long long)id, i);
         }
     }
-    int rc = mt_model_stack_define(m, (uint32_t)id, f, (int)json_array_size(fr), json_is_true(tr));
+    int rc = mt__model_stack_define(m, (uint32_t)id, f, (int)json_array_size(fr), json_is_true(tr));
     return rc == 0 || rc == MT_EOVERFLOW ? 1 : rc;
 }

@@ -29,7 +29,7 @@ typedef struct tfig_s {
 } tfig_t;
 
 /* Invariants: st[i] is the row of the stack index i (model_stacks.c), i < nst <= cap;
- * nb = mt_model_temp_bucket(window) + 1; sum over tags of tag[t].count = sum over stacks of
+ * nb = mt__model_temp_bucket(window) + 1; sum over tags of tag[t].count = sum over stacks of
  * st[i].count + unstacked. */
 typedef struct mt__mtemp_s {
     size_t nb;
@@ -40,7 +40,7 @@ typedef struct mt__mtemp_s {
     size_t nhist;       /* histograms allocated; nhist * nb * 8 <= HIST_BYTES_MAX */
 } mt__mtemp_t;
 
-size_t mt_model_temp_bucket(uint64_t us)
+size_t mt__model_temp_bucket(uint64_t us)
 {
     if (us < EXACT)
         return (size_t)us;
@@ -49,7 +49,7 @@ size_t mt_model_temp_bucket(uint64_t us)
     return (size_t)(EXACT + (uint64_t)sh * EXACT + ((us >> sh) & (EXACT - 1)));
 }
 
-uint64_t mt_model_temp_bucket_low(size_t b)
+uint64_t mt__model_temp_bucket_low(size_t b)
 {
     if (b < EXACT)
         return b;
@@ -57,13 +57,13 @@ uint64_t mt_model_temp_bucket_low(size_t b)
     return (EXACT + sub) << sh;
 }
 
-size_t mt_model_temp_buckets(const mt_model_t *m)
+size_t mt__model_temp_buckets(const mt_model_t *m)
 {
     uint64_t w = m->cfg.temporary_window_us;
-    return w ? mt_model_temp_bucket(w) + 1 : 0;
+    return w ? mt__model_temp_bucket(w) + 1 : 0;
 }
 
-uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb)
+uint64_t mt__model_temp_median_us(const uint64_t *hist, size_t nb)
 {
     uint64_t n = 0;
     for (size_t b = 0; b < nb; b++)
@@ -74,9 +74,9 @@ uint64_t mt_model_temp_median_us(const uint64_t *hist, size_t nb)
     for (size_t b = 0; b < nb; b++) {
         seen = mt_model_sat_add(seen, hist[b]);
         if (seen >= rank)
-            return mt_model_temp_bucket_low(b);
+            return mt__model_temp_bucket_low(b);
     }
-    return mt_model_temp_bucket_low(nb - 1);
+    return mt__model_temp_bucket_low(nb - 1);
 }
 
 /* Gives f its histogram unless past the bound. 0 or MT_ENOMEM. */
@@ -104,7 +104,7 @@ static void fig_add(tfig_t *f, uint64_t bytes, size_t bucket)
 static mt__mtemp_t *temp_get(mt__mclass_t *c)
 {
     if (c->tmp == NULL && (c->tmp = calloc(1, sizeof *c->tmp)) != NULL)
-        c->tmp->nb = mt_model_temp_bucket(c->tmp_window_us) + 1;
+        c->tmp->nb = mt__model_temp_bucket(c->tmp_window_us) + 1;
     return c->tmp;
 }
 
@@ -119,7 +119,7 @@ int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free)
     mt__mtemp_t *t = temp_get(c);
     if (t == NULL)
         return MT_ENOMEM;
-    size_t bk = mt_model_temp_bucket(us);
+    size_t bk = mt__model_temp_bucket(us);
     /* Every row's memory first, so a failure adds to neither view (they must agree). */
     tfig_t *ft = &t->tag[b->tag], *fs = NULL;
     if (ensure_hist(t, ft) != 0)
@@ -162,7 +162,7 @@ void mt__model_temp_free_all(mt__mclass_t *c)
     c->tmp = NULL;
 }
 
-int mt_model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out, size_t *n)
+int mt__model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out, size_t *n)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     const mt__mtemp_t *t = c->tmp;
@@ -225,7 +225,7 @@ int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen)
     }
     if (t->nst > t->cap || by_tag != by_stack || nhist != t->nhist ||
         t->nhist * t->nb * sizeof(uint64_t) > HIST_BYTES_MAX ||
-        t->nb != mt_model_temp_bucket(c->tmp_window_us) + 1) {
+        t->nb != mt__model_temp_bucket(c->tmp_window_us) + 1) {
         if (why)
             snprintf(why, whylen, "temporary: %llu by tag, %llu by stack, %zu buckets",
                      (unsigned long long)by_tag, (unsigned long long)by_stack, t->nb);

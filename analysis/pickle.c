@@ -13,7 +13,7 @@
 #include "analysis/pickle_internal.h"
 #include "memtrace/common.h"
 
-mt_pk_cfg_t mt_pk_cfg_default(void)
+mt_pk_cfg_t mt__pk_cfg_default(void)
 {
     return (mt_pk_cfg_t){
         .max_depth = 64,
@@ -237,7 +237,7 @@ static int refuse(mt__pk_reader_t *r)
                            "refused: it imports, builds or calls objects (a snapshot "
                            "holds only plain data; nothing is imported or called)");
     default:
-        if (strcmp(mt_pk_opcode_name(r->op), "unknown") == 0)
+        if (strcmp(mt__pk_opcode_name(r->op), "unknown") == 0)
             return mt__pk_fail(r, MT_EPROTO, "not a pickle opcode");
         return mt__pk_fail(r, MT_EPROTO,
                            "refused: not one of the opcodes pickle.dump writes for "
@@ -408,7 +408,7 @@ static int step(mt__pk_reader_t *r, bool *stop)
 static int parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
                  const mt_pk_stream_t *stream, bool mapped, char *err, size_t errlen)
 {
-    mt_pk_cfg_t def = mt_pk_cfg_default();
+    mt_pk_cfg_t def = mt__pk_cfg_default();
     char dummy[1];
     mt__pk_reader_t r = {
         .cfg = cfg ? cfg : &def,
@@ -467,20 +467,20 @@ static int parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg
     return 0;
 }
 
-int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
-                size_t errlen)
+int mt__pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
+                 size_t errlen)
 {
     return parse(out, buf, len, cfg, NULL, false, err, errlen);
 }
 
-int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
-                       const mt_pk_stream_t *stream, char *err, size_t errlen)
+int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                        const mt_pk_stream_t *stream, char *err, size_t errlen)
 {
     return parse(out, buf, len, cfg, stream, false, err, errlen);
 }
 
-int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
-                            const mt_pk_stream_t *stream, char *err, size_t errlen)
+int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
+                             const mt_pk_stream_t *stream, char *err, size_t errlen)
 {
     *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -532,8 +532,8 @@ done:
     return rc;
 }
 
-int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
-                     size_t errlen)
+int mt__pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
+                      size_t errlen)
 {
-    return mt_pk_parse_file_stream(out, path, cfg, NULL, err, errlen);
+    return mt__pk_parse_file_stream(out, path, cfg, NULL, err, errlen);
 }

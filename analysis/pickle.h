@@ -57,19 +57,19 @@ typedef struct mt_pk_cfg_s {
     size_t max_memory;  /* bytes of values, strings, stack and memo; 4 GiB */
 } mt_pk_cfg_t;
 
-mt_pk_cfg_t mt_pk_cfg_default(void);
+mt_pk_cfg_t mt__pk_cfg_default(void);
 
 typedef struct mt_pk_doc_s mt_pk_doc_t;
 
 /* Reads the pickle in buf[0, len) (borrowed; nothing points into it afterwards). *out is
- * new (mt_pk_doc_destroy). Returns 0, MT_EPROTO for a malformed or refused file, MT_ENOMEM
+ * new (mt__pk_doc_destroy). Returns 0, MT_EPROTO for a malformed or refused file, MT_ENOMEM
  * when a limit or the host ran out; err gets "offset N: what was wrong". */
-int mt_pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
-                size_t errlen);
+int mt__pk_parse(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg, char *err,
+                 size_t errlen);
 /* The same on a whole file; err then starts with path. MT_ENOENT/MT_EIO for the file. */
-int mt_pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
-                     size_t errlen);
-void mt_pk_doc_destroy(mt_pk_doc_t **p);
+int mt__pk_parse_file(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg, char *err,
+                      size_t errlen);
+void mt__pk_doc_destroy(mt_pk_doc_t **p);
 
 /* Streaming: lists whose items the caller takes as they are read, so a file of 10^6 trace
  * entries never holds them all as values. match is asked about a list at stack[pos] (an
@@ -88,28 +88,28 @@ typedef struct mt_pk_stream_s {
     void *ud;
 } mt_pk_stream_t;
 
-/* mt_pk_parse with a stream (NULL: none). */
-int mt_pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
-                       const mt_pk_stream_t *stream, char *err, size_t errlen);
-/* mt_pk_parse_file with a stream (NULL: none). The file is mapped and the pages read are
+/* mt__pk_parse with a stream (NULL: none). */
+int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
+                        const mt_pk_stream_t *stream, char *err, size_t errlen);
+/* mt__pk_parse_file with a stream (NULL: none). The file is mapped and the pages read are
  * given back as the reader passes them, so the file does not stay resident either. */
-int mt_pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
-                            const mt_pk_stream_t *stream, char *err, size_t errlen);
+int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
+                             const mt_pk_stream_t *stream, char *err, size_t errlen);
 /* The value STOP returned. Borrowed from doc. */
-const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc);
+const mt_pk_value_t *mt__pk_root(const mt_pk_doc_t *doc);
 /* Bytes the document holds (values, strings, arrays). */
-size_t mt_pk_memory(const mt_pk_doc_t *doc);
+size_t mt__pk_memory(const mt_pk_doc_t *doc);
 /* Bytes of the pickle the document was read from. A document is a tree whose leaves and
  * subtrees may be shared through the memo, so a walk that follows every reference can
  * visit far more values than the file holds; walkers bound their work by this size. */
-size_t mt_pk_input_size(const mt_pk_doc_t *doc);
+size_t mt__pk_input_size(const mt_pk_doc_t *doc);
 
 /* The value under the str key in dict (the last one when repeated), or NULL (also when
  * dict is NULL or not a dict). */
-const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key);
+const mt_pk_value_t *mt__pk_get(const mt_pk_value_t *dict, const char *key);
 /* Static names: "dict", "list", ...; "GLOBAL", "BINUNICODE", ... ("unknown" if none). */
-const char *mt_pk_type_name(int type);
-const char *mt_pk_opcode_name(unsigned op);
+const char *mt__pk_type_name(int type);
+const char *mt__pk_opcode_name(unsigned op);
 
 /* The writer (mt__pkw_*) is profiler/pickle_write.h: the recorder writes snapshots too. */
 

@@ -83,7 +83,7 @@ static const struct {
     {'Q', "BINPERSID"},
 };
 
-const char *mt_pk_opcode_name(unsigned op)
+const char *mt__pk_opcode_name(unsigned op)
 {
     for (size_t i = 0; i < sizeof opnames / sizeof opnames[0]; i++)
         if (opnames[i].op == op)
@@ -91,7 +91,7 @@ const char *mt_pk_opcode_name(unsigned op)
     return "unknown";
 }
 
-const char *mt_pk_type_name(int type)
+const char *mt__pk_type_name(int type)
 {
     static const char *names[] = {"None",  "bool",  "int",  "float", "str",
                                   "bytes", "tuple", "list", "dict"};
@@ -119,7 +119,7 @@ __attribute__((format(printf, 3, 4))) int mt__pk_fail(mt__pk_reader_t *r, int rc
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(r->err, r->errlen, "offset %zu: %s (0x%02x): %s", r->op_offset,
-             mt_pk_opcode_name(r->op), r->op, msg);
+             mt__pk_opcode_name(r->op), r->op, msg);
     r->rc = rc;
     return rc;
 }
@@ -229,7 +229,7 @@ static int adopt(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t *item)
 {
     if (item == c)
         return mt__pk_fail(r, MT_EPROTO, "a %s put inside itself (a self-referential object)",
-                           mt_pk_type_name(c->type));
+                           mt__pk_type_name(c->type));
     item->sealed = 1;
     if (item->depth + 1u > c->depth) {
         if (item->depth + 1u > r->cfg->max_depth)
@@ -245,15 +245,15 @@ int mt__pk_extend(mt__pk_reader_t *r, mt_pk_value_t *c, mt_pk_value_t **items, s
 {
     int type = r->op == 'a' || r->op == 'e' ? MT_PK_LIST : MT_PK_DICT;
     if (c->type != type)
-        return mt__pk_fail(r, MT_EPROTO, "applied to a %s, not a %s", mt_pk_type_name(c->type),
-                           mt_pk_type_name(type));
+        return mt__pk_fail(r, MT_EPROTO, "applied to a %s, not a %s", mt__pk_type_name(c->type),
+                           mt__pk_type_name(type));
     if (r->in_batch && mt__pk_stream_check_change(r, c) < 0)
         return r->rc;
     if (c->sealed)
         return mt__pk_fail(r, MT_EPROTO,
                            "changes a %s already inside another object (pickle.dump "
                            "never does; a cycle or a rewritten file)",
-                           mt_pk_type_name(c->type));
+                           mt__pk_type_name(c->type));
     size_t per = type == MT_PK_DICT ? 2 : 1;
     size_t npairs = n / per;
     if (c->n + npairs > c->cap) {
@@ -319,7 +319,7 @@ void mt__pk_doc_free(mt_pk_doc_t *d)
     free(d);
 }
 
-void mt_pk_doc_destroy(mt_pk_doc_t **p)
+void mt__pk_doc_destroy(mt_pk_doc_t **p)
 {
     if (p == NULL || *p == NULL)
         return;
@@ -327,22 +327,22 @@ void mt_pk_doc_destroy(mt_pk_doc_t **p)
     *p = NULL;
 }
 
-const mt_pk_value_t *mt_pk_root(const mt_pk_doc_t *doc)
+const mt_pk_value_t *mt__pk_root(const mt_pk_doc_t *doc)
 {
     return doc->root;
 }
 
-size_t mt_pk_memory(const mt_pk_doc_t *doc)
+size_t mt__pk_memory(const mt_pk_doc_t *doc)
 {
     return doc->memory;
 }
 
-size_t mt_pk_input_size(const mt_pk_doc_t *doc)
+size_t mt__pk_input_size(const mt_pk_doc_t *doc)
 {
     return doc->input_size;
 }
 
-const mt_pk_value_t *mt_pk_get(const mt_pk_value_t *dict, const char *key)
+const mt_pk_value_t *mt__pk_get(const mt_pk_value_t *dict, const char *key)
 {
     if (dict == NULL || dict->type != MT_PK_DICT)
         return NULL;

@@ -105,7 +105,7 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
         s->lane_dev[s->nlanes++] = ev->device;
     if (ln < s->nlanes) {
         uint64_t a, r;
-        mt_model_device(pt->model, ev->device, false, &a, &r);
+        mt__model_device(pt->model, ev->device, false, &a, &r);
         s->lane_peak_alloc[ln] = a > s->lane_peak_alloc[ln] ? a : s->lane_peak_alloc[ln];
         s->lane_peak_res[ln] = r > s->lane_peak_res[ln] ? r : s->lane_peak_res[ln];
     }
@@ -197,7 +197,7 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
     for (unsigned ln = 0; ln < s->nlanes; ln++)
         if (s->lane_dev[ln] == pt->ev->device && pt->ev->pool != MT_POOL_HOST) {
             uint64_t a, r;
-            mt_model_device(pt->model, pt->ev->device, false, &a, &r);
+            mt__model_device(pt->model, pt->ev->device, false, &a, &r);
             f->last_lane_alloc[ln] = (double)a;
             f->last_lane_res[ln] = (double)r;
             b->lane_alloc[ln] = b->seen && b->lane_alloc[ln] > a ? b->lane_alloc[ln] : (double)a;

@@ -176,8 +176,8 @@ void mt__plot_map(FILE *f, const mt__report_map_t *mp, double x0, double x1, dou
         /* The model's figures: one definition of each, as /state and the report give. */
         st.free = m.total_free;
         st.largest_free = m.largest_free;
-        double util = mt_model_utilization(st.in_use, st.reserved);
-        double frag = mt_model_fragmentation(st.largest_free, st.free);
+        double util = mt__model_utilization(st.in_use, st.reserved);
+        double frag = mt__model_fragmentation(st.largest_free, st.free);
         fprintf(f,
                 "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"12\" fill=\"#333\">"
                 "in use %s (utilization %.1f%%)",

@@ -18,7 +18,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 
-mt_replay_cfg_t mt_replay_cfg_default(void)
+mt_replay_cfg_t mt__replay_cfg_default(void)
 {
     return (mt_replay_cfg_t){.rounds = 1};
 }
@@ -149,7 +149,7 @@ static int pass(session_t *s, const mt_trace_t *t, peak_sample_t *sample, uint64
         }
         if (rc < 0) {
             snprintf(err, errlen, "op %zu (%s of %llu bytes): %s", i,
-                     mt_trace_action_name(op->action), (unsigned long long)op->size,
+                     mt__trace_action_name(op->action), (unsigned long long)op->size,
                      mt_strerror(rc));
             return rc;
         }
@@ -232,7 +232,7 @@ static int run_once(const mt_trace_t *t, const mt_replay_cfg_t *cfg, bool sample
     out->ooms = ooms;
     out->peak_allocated = (uint64_t)st.allocated_bytes[MT_STAT_ALL].peak;
     out->peak_reserved = (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak;
-    out->utilization_at_peak = mt_model_utilization(out->peak_allocated, out->peak_reserved);
+    out->utilization_at_peak = mt__model_utilization(out->peak_allocated, out->peak_reserved);
     out->num_alloc_retries = st.num_alloc_retries;
     out->num_ooms = st.num_ooms;
     out->backend_malloc = c1.malloc_calls - c0.malloc_calls;
@@ -245,7 +245,7 @@ static int run_once(const mt_trace_t *t, const mt_replay_cfg_t *cfg, bool sample
         out->sampled = true;
         /* The model's definition, as every other figure of fragmentation. */
         out->fragmentation_at_peak =
-            mt_model_fragmentation(ps.at.largest_free_block, ps.at.total_free);
+            mt__model_fragmentation(ps.at.largest_free_block, ps.at.total_free);
         out->largest_free_at_peak = ps.at.largest_free_block;
         out->total_free_at_peak = ps.at.total_free;
         out->reserved_at_peak = (uint64_t)ps.at.reserved_bytes[MT_STAT_ALL].current;
@@ -255,8 +255,8 @@ done:
     return rc;
 }
 
-int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
-                  char *err, size_t errlen)
+int mt__replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
+                   char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     unsigned rounds = cfg->rounds ? cfg->rounds : 1;
@@ -287,9 +287,9 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
     return 0;
 }
 
-int mt_replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned npasses,
-                     uint64_t *ns, uint64_t *modelled, mt_replay_result_t *out,
-                     uint64_t *peak_reserved_after, char *err, size_t errlen)
+int mt__replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned npasses,
+                      uint64_t *ns, uint64_t *modelled, mt_replay_result_t *out,
+                      uint64_t *peak_reserved_after, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
     if (peak_reserved_after != NULL)
@@ -330,7 +330,7 @@ int mt_replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned n
             out->peak_allocated = (uint64_t)st.allocated_bytes[MT_STAT_ALL].peak;
             out->peak_reserved = (uint64_t)st.reserved_bytes[MT_STAT_ALL].peak;
             out->utilization_at_peak =
-                mt_model_utilization(out->peak_allocated, out->peak_reserved);
+                mt__model_utilization(out->peak_allocated, out->peak_reserved);
             out->num_alloc_retries = st.num_alloc_retries;
             out->num_ooms = st.num_ooms;
             out->backend_malloc = c1.malloc_calls - c0.malloc_calls;
@@ -402,7 +402,7 @@ static void load_lib(mt_host_alloc_t *h, const char *const libs[], const char *s
     *(void **)&h->free = f;
 }
 
-void mt_host_alloc_load(mt_host_alloc_t *out, int which)
+void mt__host_alloc_load(mt_host_alloc_t *out, int which)
 {
     static const char *const je_libs[] = {"libjemalloc.so.2", "libjemalloc.so", NULL};
     static const char *const mi_libs[] = {"libmimalloc.so.2", "libmimalloc.so", NULL};
@@ -427,14 +427,14 @@ void mt_host_alloc_load(mt_host_alloc_t *out, int which)
     }
 }
 
-void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
+void mt__host_allocs_load(mt_host_alloc_t out[MT_HOST_N])
 {
     for (int i = 0; i < MT_HOST_N; i++)
-        mt_host_alloc_load(&out[i], i);
+        mt__host_alloc_load(&out[i], i);
 }
 
-int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
-                          bool cpu_time, uint64_t *ns)
+int mt__replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
+                           bool cpu_time, uint64_t *ns)
 {
     if (h->alloc == NULL)
         return MT_EINVAL;
@@ -463,19 +463,19 @@ int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigne
     return 0;
 }
 
-uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)
+uint64_t mt__replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds)
 {
     uint64_t best = 0;
     for (unsigned r = 0; r < (rounds ? rounds : 1); r++) {
         uint64_t ns;
-        if (mt_replay_host_passes(h, t, 1, false, &ns) < 0)
+        if (mt__replay_host_passes(h, t, 1, false, &ns) < 0)
             return 0;
         best = r == 0 || ns < best ? ns : best;
     }
     return best;
 }
 
-void mt_replay_machine(char *buf, size_t n)
+void mt__replay_machine(char *buf, size_t n)
 {
     char model[128] = "unknown CPU", line[256];
     FILE *f = fopen("/proc/cpuinfo", "r");

@@ -20,13 +20,13 @@ typedef struct mt_replay_cfg_s {
                              * state at peak allocated (fragmentation); slows the pass, so
                              * ns figures of a sampled run are not meaningful */
     unsigned rounds;        /* timed passes over the trace (>= 1); the fastest one counts */
-    bool cpu_time;          /* mt_replay_passes only: time passes by the calling thread's CPU
+    bool cpu_time;          /* mt__replay_passes only: time passes by the calling thread's CPU
                              * clock (its page faults included, preemption not), for a
                              * machine shared with other jobs; false = wall clock */
 } mt_replay_cfg_t;
 
 /* Defaults: no conf, default capacity, no warm-up, no sampling, one round. */
-mt_replay_cfg_t mt_replay_cfg_default(void);
+mt_replay_cfg_t mt__replay_cfg_default(void);
 
 typedef struct mt_replay_result_s {
     char backend[16];        /* mt_backend_name() */
@@ -65,11 +65,11 @@ typedef struct mt_replay_result_s {
  * Allocations the trace never frees are freed after each pass (untimed). Returns 0, MT_EINVAL
  * for a bad alloc_conf, or a backend/allocator error; the message is in err. An allocate
  * that fails with MT_ENOMEM is counted (ooms), not an error. */
-int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
-                  char *err, size_t errlen);
+int mt__replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_result_t *out,
+                   char *err, size_t errlen);
 
 /* Passes in a row on one allocator, for cold against warm: replays t npasses times on one
- * fresh sim backend and allocator (configured as mt_replay_run does; cfg->rounds and
+ * fresh sim backend and allocator (configured as mt__replay_run does; cfg->rounds and
  * cfg->second_pass are not used). Pass 0 starts from the fresh allocator (cold); each later
  * pass starts from what the earlier ones left: cache kept, what a pass left live freed
  * untimed, peaks reset. With cfg->warmup, pass 0 runs between mt_alloc_warmup_begin and
@@ -77,10 +77,10 @@ int mt_replay_run(const mt_trace_t *t, const mt_replay_cfg_t *cfg, mt_replay_res
  * pass i's wall ns without the sim backend's modelled cost, modelled[i] that cost (NULL: not
  * wanted). *out describes pass 0 (peaks, utilization, backend calls); peak_reserved_after
  * receives the highest reserved peak of the later passes (NULL: not wanted). Returns as
- * mt_replay_run. */
-int mt_replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned npasses,
-                     uint64_t *ns, uint64_t *modelled, mt_replay_result_t *out,
-                     uint64_t *peak_reserved_after, char *err, size_t errlen);
+ * mt__replay_run. */
+int mt__replay_passes(const mt_trace_t *t, const mt_replay_cfg_t *cfg, unsigned npasses,
+                      uint64_t *ns, uint64_t *modelled, mt_replay_result_t *out,
+                      uint64_t *peak_reserved_after, char *err, size_t errlen);
 
 /* ---- host allocators on the same sequence ----
  * glibc malloc, jemalloc and mimalloc, for the per-operation cost beside memtrace's. jemalloc
@@ -99,21 +99,21 @@ typedef struct mt_host_alloc_s {
 
 /* Fills *out for one of them (MT_HOST_*); the library stays loaded for the life of the
  * process. glibc malloc is the process's malloc, whichever library provides it. */
-void mt_host_alloc_load(mt_host_alloc_t *out, int which);
+void mt__host_alloc_load(mt_host_alloc_t *out, int which);
 /* Fills out[MT_HOST_N]: each of them, as above. */
-void mt_host_allocs_load(mt_host_alloc_t out[MT_HOST_N]);
+void mt__host_allocs_load(mt_host_alloc_t out[MT_HOST_N]);
 /* Wall ns of the fastest of rounds passes of t's allocates and frees through h (sizes as
  * recorded; what a pass leaves live is freed untimed). 0 if h is not loaded. */
-uint64_t mt_replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds);
+uint64_t mt__replay_host(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned rounds);
 
 /* Ns of each of npasses passes of t through h in a row (wall clock, or the calling thread's
  * CPU clock if cpu_time), h in whatever state the process
  * left it: pass 0 is a cold one only in a process that has not used h before. What a pass
  * leaves live is freed untimed. Returns 0, MT_EINVAL if h is not loaded, MT_ENOMEM. */
-int mt_replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
-                          bool cpu_time, uint64_t *ns);
+int mt__replay_host_passes(const mt_host_alloc_t *h, const mt_trace_t *t, unsigned npasses,
+                           bool cpu_time, uint64_t *ns);
 
 /* "CPU model, N cores online" of this machine, for tables that are compared within one run. */
-void mt_replay_machine(char *buf, size_t n);
+void mt__replay_machine(char *buf, size_t n);
 
 #endif

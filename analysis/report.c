@@ -135,7 +135,7 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     mt__report_t *r = calloc(1, sizeof(*r));
     if (!r)
         return MT_ENOMEM;
-    if (mt_sym_create(&r->sym) != 0) {
+    if (mt__sym_create(&r->sym) != 0) {
         free(r);
         return MT_ENOMEM;
     }
@@ -154,12 +154,12 @@ void mt__report_destroy(mt__report_t **pr)
     mt__report_t *r = *pr;
     for (size_t i = 0; i < r->nprocs; i++) {
         evvec_free(&r->procs[i].evs);
-        mt_model_destroy(&r->procs[i].tables);
+        mt__model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
-    mt_sym_destroy(&r->sym);
+    mt__sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
@@ -378,9 +378,9 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         if (!json_is_integer(jp))
             FAIL("%s: missing \"pid\"", json_string_value(json_object_get(j, "kind")));
         proc_t *p = proc_get(r, (int)json_integer_value(jp));
-        if (!p || (!p->tables && mt_model_create(&p->tables, NULL) != 0))
+        if (!p || (!p->tables && mt__model_create(&p->tables, NULL) != 0))
             NOMEM();
-        int trc = mt_model_table_line(p->tables, j, why, sizeof why);
+        int trc = mt__model_table_line(p->tables, j, why, sizeof why);
         if (trc == MT_ENOMEM)
             NOMEM();
         if (trc < 0)
@@ -462,7 +462,7 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0)
     const mt_model_setting_t *v;
     size_t n;
     uint64_t dropped;
-    mt_model_settings(m, &v, &n, &dropped);
+    mt__model_settings(m, &v, &n, &dropped);
     if (n == 0)
         return NULL;
     json_t *a = json_array();
@@ -485,7 +485,7 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0)
 static json_t *managed_json(const mt_model_t *m)
 {
     mt_model_managed_t g;
-    mt_model_managed(m, &g);
+    mt__model_managed(m, &g);
     if (g.events == 0)
         return NULL;
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "managed_peak_bytes",
@@ -517,11 +517,11 @@ static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const m
                            int cls)
 {
     mt_model_map_t map;
-    if (mt_model_map(m, cls, &map) != 0)
+    if (mt__model_map(m, cls, &map) != 0)
         return NULL;
     group_t *g = malloc((map.nblocks ? map.nblocks : 1) * sizeof(*g));
     if (!g) {
-        mt_model_map_free(&map);
+        mt__model_map_free(&map);
         return NULL;
     }
     size_t ng = 0;
@@ -544,7 +544,7 @@ static json_t *never_freed(const mt__report_cfg_t *cfg, const proc_t *p, const m
             g[ng++] = (group_t){b->size, 0, b->tag};
         g[k].count++;
     }
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
     qsort(g, ng, sizeof(*g), cmp_group);
     json_t *groups = json_array();
     for (size_t k = 0; groups && k < ng && k < cfg->top; k++) {
@@ -580,7 +580,7 @@ static json_t *growth(const mt__report_cfg_t *cfg, const proc_t *p, const mt_mod
 {
     mt_model_growth_cfg_t gc = {.min_growth_bytes = cfg->min_growth_bytes, .min_r2 = cfg->min_r2};
     mt_model_growth_t g;
-    mt_model_growth(m, &gc, &g);
+    mt__model_growth(m, &gc, &g);
     json_t *jt = json_array();
     for (int t = 0; jt && t < MT_TAG_MAX; t++) {
         char tb[16];
@@ -603,7 +603,7 @@ static json_t *peaks_by_tag(const proc_t *p, const mt_model_t *m, int cls)
     for (int t = 0; peak_tags && t < MT_TAG_MAX; t++) {
         char tb[16];
         mt_model_tag_t tg;
-        mt_model_tag(m, cls, t, &tg);
+        mt__model_tag(m, cls, t, &tg);
         if (tg.peak > 0 && json_object_set_new(peak_tags, tag_str(p, t, tb, sizeof(tb)),
                                                json_integer(ji(tg.peak))) != 0) {
             json_decref(peak_tags);
@@ -632,7 +632,7 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
                             uint64_t events)
 {
     mt_model_figures_t h;
-    if (mt_model_figures(m, MT_MODEL_HOST, &h) != 0)
+    if (mt__model_figures(m, MT_MODEL_HOST, &h) != 0)
         return NULL; /* no memory for the free extents: no figure rather than a wrong one */
     json_t *o =
         json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o, s:I}", "events", ji(events),
@@ -646,7 +646,7 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
 static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, double t_s)
 {
     mt_model_figures_t f;
-    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+    if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0)
         return NULL;
     uint64_t peak = *interval_peak > f.allocated ? *interval_peak : f.allocated;
     *interval_peak = f.allocated;
@@ -659,7 +659,7 @@ static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, dou
 static json_t *by_device(const mt_model_t *m)
 {
     mt_model_dev_t d[256];
-    size_t n = mt_model_devices(m, d, 256);
+    size_t n = mt__model_devices(m, d, 256);
     json_t *a = json_array();
     for (size_t i = 0; a && i < n && i < 256; i++)
         if (json_array_append_new(
@@ -678,14 +678,14 @@ static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *
 {
     mt_model_t *m = NULL;
     json_t *o = NULL;
-    if (mt_model_create(&m, NULL) != 0 || (p->tables && mt_model_tables_copy(m, p->tables) != 0))
+    if (mt__model_create(&m, NULL) != 0 || (p->tables && mt__model_tables_copy(m, p->tables) != 0))
         goto out;
     for (size_t k = 0; k < p->evs.n && k <= at; k++)
-        if (mt_model_apply(m, &p->evs.v[k]) == MT_ENOMEM)
+        if (mt__model_apply(m, &p->evs.v[k]) == MT_ENOMEM)
             goto out;
     o = mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
 out:
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
     return o;
 }
 
@@ -702,7 +702,7 @@ static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, 
                      mt_sym_t *sym)
 {
     mt_model_stack_stats_t ss;
-    mt_model_stack_stats(m, &ss);
+    mt__model_stack_stats(m, &ss);
     bool by_tag = !cfg->by_callsite || cfg->by == MT_FR_BY_TAG || ss.defined == 0;
     json_t *t =
         mt__report_temporary_json(m, sym, (uint32_t)p->pid, cfg, by_tag, tag_key, (void *)p);
@@ -716,7 +716,7 @@ static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, 
     return json_object_set_new(res, "temporary_window_us",
                                json_integer(ji(cfg->temporary_window_us))) ||
                    json_object_set_new(res, "temporary_by",
-                                       json_string(by_tag ? "tag" : mt_fr_by_name(cfg->by)))
+                                       json_string(by_tag ? "tag" : mt__fr_by_name(cfg->by)))
                ? MT_ENOMEM
                : 0;
 }
@@ -724,13 +724,13 @@ static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, 
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
     mt_scopes_t sc;
-    mt_scopes_init(&sc);
+    mt__scopes_init(&sc);
     mt_model_t *m = NULL;
     mt__report_outside_t *outside = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
     json_t *tl = json_array(), *res = NULL;
-    if (mt_model_create(&m, &mc) != 0 || !tl || mt__report_outside_create(&outside) != 0 ||
-        (p->tables && mt_model_tables_copy(m, p->tables) != 0))
+    if (mt__model_create(&m, &mc) != 0 || !tl || mt__report_outside_create(&outside) != 0 ||
+        (p->tables && mt__model_tables_copy(m, p->tables) != 0))
         goto out;
     const mt_event_rec_t *ev = p->evs.v;
     size_t n = p->evs.n;
@@ -745,13 +745,13 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
                 goto out;
             k++;
         }
-        if (mt_model_apply(m, &ev[i]) != 0 || mt__report_outside_step(outside, m, &ev[i]) != 0)
+        if (mt__model_apply(m, &ev[i]) != 0 || mt__report_outside_step(outside, m, &ev[i]) != 0)
             goto out; /* only MT_ENOMEM: the replay would not be the events' */
         host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
         mt_model_figures_t f;
-        mt_model_figures_totals(m, MT_MODEL_DEVICE, &f);
+        mt__model_figures_totals(m, MT_MODEL_DEVICE, &f);
         interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
-        if (mt_scopes_event(&sc, &ev[i], f.allocated) != 0)
+        if (mt__scopes_event(&sc, &ev[i], f.allocated) != 0)
             goto out;
         if (f.allocated > peak) {
             peak = f.allocated;
@@ -762,10 +762,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         goto out;
 
     mt_model_figures_t d;
-    if (mt_model_figures(m, MT_MODEL_DEVICE, &d) != 0)
+    if (mt__model_figures(m, MT_MODEL_DEVICE, &d) != 0)
         goto out;
     static const char *const exits[] = {"unknown", "clean", "unclean"};
-    uint64_t lost = p->lost > mt_model_lost(m) ? p->lost : mt_model_lost(m);
+    uint64_t lost = p->lost > mt__model_lost(m) ? p->lost : mt__model_lost(m);
     res = json_pack(
         "{s:i, s:s, s:I, s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:o, s:o}", "pid",
         p->pid, "name", p->name, "events", ji(n - p->labels - p->added), "lost", ji(lost),
@@ -793,7 +793,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
-    json_t *scj = res != NULL ? mt_scopes_json(&sc) : NULL;
+    json_t *scj = res != NULL ? mt__scopes_json(&sc) : NULL;
     if (scj != NULL && json_object_set_new(res, "scopes", scj) != 0) {
         json_decref(res);
         res = NULL;
@@ -829,10 +829,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         res = NULL;
     }
 out:
-    mt_scopes_fini(&sc);
+    mt__scopes_fini(&sc);
     json_decref(tl);
     mt__report_outside_destroy(&outside);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
     return res;
 }
 
@@ -893,27 +893,27 @@ int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, v
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
-    int rc = mt_model_create(&m, NULL);
+    int rc = mt__model_create(&m, NULL);
     if (rc == 0 && p->tables)
-        rc = mt_model_tables_copy(m, p->tables);
+        rc = mt__model_tables_copy(m, p->tables);
     uint64_t tag_live[MT_TAG_MAX];
     for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
         const mt_event_rec_t *ev = &p->evs.v[k];
-        if ((rc = mt_model_apply(m, ev)) != 0)
+        if ((rc = mt__model_apply(m, ev)) != 0)
             break;
         mt_model_figures_t d, h;
-        mt_model_figures_totals(m, MT_MODEL_DEVICE, &d);
-        mt_model_figures_totals(m, MT_MODEL_HOST, &h);
+        mt__model_figures_totals(m, MT_MODEL_DEVICE, &d);
+        mt__model_figures_totals(m, MT_MODEL_HOST, &h);
         for (int t = 0; t < MT_TAG_MAX; t++) {
             mt_model_tag_t tg;
-            mt_model_tag(m, MT_MODEL_DEVICE, t, &tg);
+            mt__model_tag(m, MT_MODEL_DEVICE, t, &tg);
             tag_live[t] = tg.bytes;
         }
         mt__report_point_t pt = {ev,          k,          d.allocated, d.reserved,
                                  h.allocated, h.reserved, tag_live,    m};
         rc = fn(ctx, &pt);
     }
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
     return rc;
 }
 
@@ -925,14 +925,14 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
-    int rc = mt_model_create(&m, NULL);
+    int rc = mt__model_create(&m, NULL);
     if (rc == 0 && p->tables)
-        rc = mt_model_tables_copy(m, p->tables);
+        rc = mt__model_tables_copy(m, p->tables);
     for (size_t k = 0; rc == 0 && k < p->evs.n && k <= index; k++)
-        rc = mt_model_apply(m, &p->evs.v[k]);
+        rc = mt__model_apply(m, &p->evs.v[k]);
     if (rc == 0)
-        rc = mt_model_map(m, host ? MT_MODEL_HOST : MT_MODEL_DEVICE, out);
-    mt_model_destroy(&m);
+        rc = mt__model_map(m, host ? MT_MODEL_HOST : MT_MODEL_DEVICE, out);
+    mt__model_destroy(&m);
     return rc;
 }
 
@@ -945,16 +945,16 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
     mt_model_t *m = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true,
                          .temporary_window_us = r->cfg.temporary_window_us};
-    int rc = mt_model_create(&m, &mc);
+    int rc = mt__model_create(&m, &mc);
     if (rc == 0 && p->tables)
-        rc = mt_model_tables_copy(m, p->tables);
+        rc = mt__model_tables_copy(m, p->tables);
     for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
-        rc = mt_model_apply(m, &p->evs.v[k]);
+        rc = mt__model_apply(m, &p->evs.v[k]);
         if (rc == MT_ENOMEM) /* the model stays consistent: a block is missing */
             rc = 0;
     }
     if (rc != 0) {
-        mt_model_destroy(&m);
+        mt__model_destroy(&m);
         return rc;
     }
     *out = m;
@@ -963,7 +963,7 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
 
 void mt__report_map_free(mt__report_map_t *m)
 {
-    mt_model_map_free(m);
+    mt__model_map_free(m);
 }
 
 mt_sym_t *mt__report_symbolizer(mt__report_t *r)

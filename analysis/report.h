@@ -12,7 +12,7 @@
  * Blocks allocated before lost events whose free may have been lost are never counted as
  * never freed: they are reported apart (never_freed.uncertain_*; docs/analysis.md).
  *
- * Growth detector (mt_model_growth): at each MT_MARK_ITERATION marker the process's
+ * Growth detector (mt__model_growth): at each MT_MARK_ITERATION marker the process's
  * allocated total (and each tag's live bytes) is sampled; the first sample is dropped as
  * warm-up when there are at least five; a least-squares line is fitted over the rest.
  * Growth is flagged when the slope is positive, the fit explains the samples
@@ -103,9 +103,9 @@ typedef struct mt__report_point_s {
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
-/* Process i's device allocations (requested sizes) and frees as a trace for mt_replay_run
+/* Process i's device allocations (requested sizes) and frees as a trace for mt__replay_run
  * (analysis/replay.h): what memtrace's allocator would reserve for the same sequence. An
- * alloc at an address still open (its free lost) is left out. *out new (mt_trace_free).
+ * alloc at an address still open (its free lost) is left out. *out new (mt__trace_free).
  * 0, MT_EINVAL (no such process), MT_ENOMEM, MT_EOVERFLOW (more than 65535 streams). */
 struct mt_trace_s;
 int mt__report_trace(const mt__report_t *r, size_t i, struct mt_trace_s **out);
@@ -119,7 +119,7 @@ typedef mt_model_map_t mt__report_map_t;
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out);
 /* The model of process i after all its events, with its stack table and module map
- * (keep_iterations on): for per-stack views (mt_model_stacks). *out is new. */
+ * (keep_iterations on): for per-stack views (mt__model_stacks). *out is new. */
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
 void mt__report_map_free(mt__report_map_t *m);
 
@@ -136,13 +136,13 @@ mt_sym_t *mt__report_symbolizer(mt__report_t *r);
 json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid,
                                   const mt__report_cfg_t *cfg);
 
-/* Names a row of mt_cs_rows_json as the "callsites" rows are named: its "site" by cfg->by,
+/* Names a row of mt__cs_rows_json as the "callsites" rows are named: its "site" by cfg->by,
  * "user_frame", "skipped" on the frames the rules skip; its key into key. 0 or MT_ENOMEM. */
 int mt__report_name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t keylen);
 
 /* ---- temporary allocations (report_temp.c) ---- */
 
-/* Names one row of mt_model_temporary (a stack id or a tag) into key. 0 or MT_ENOMEM. */
+/* Names one row of mt__model_temporary (a stack id or a tag) into key. 0 or MT_ENOMEM. */
 typedef int (*mt__report_temp_key_fn)(void *ctx, const mt_model_temp_t *row, char *key,
                                       size_t keylen);
 /* Rows (nb buckets each) with one key made one (counts, bytes, histograms add), sorted by
@@ -160,7 +160,7 @@ json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
 
 /* ---- settings changed at run time (report.c) ---- */
 
-/* The process's "settings_changes" member from m (mt_model_settings): [{t (seconds from t0,
+/* The process's "settings_changes" member from m (mt__model_settings): [{t (seconds from t0,
  * 0 before it), device, key (mt_setting_name), value, before}], oldest first. New reference;
  * NULL when there are none or without memory. */
 json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
@@ -190,7 +190,7 @@ int mt__report_spans_json(const mt_model_t *m, json_t **out);
 /* ---- device memory outside the allocator (report_outside.c) ---- */
 
 /* What a replay keeps for the process's "device_memory" and "ooms" members: each device's
- * split of its used bytes (mt_model_outside) when used peaked, and the first OOMs with the
+ * split of its used bytes (mt__model_outside) when used peaked, and the first OOMs with the
  * split at each. */
 typedef struct mt__report_outside_s mt__report_outside_t;
 int mt__report_outside_create(mt__report_outside_t **out);
@@ -206,7 +206,7 @@ int mt__report_outside_json(const mt__report_outside_t *o, const mt_model_t *m, 
 
 /* ---- the gap (report_gap.c) ---- */
 
-/* The gap of class cls of m now (analysis/gap.h's mt_gap_json), each pin named by its site
+/* The gap of class cls of m now (analysis/gap.h's mt__gap_json), each pin named by its site
  * (cfg->by, cfg->frames) with its frames. New reference, NULL without memory. */
 json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
                             const mt__report_cfg_t *cfg);

@@ -38,11 +38,11 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
     for (size_t i = 0; i < n; i++) {
         json_t *f = json_array_get(frames, i);
         fr[i] = rule_frame(f);
-        const mt_fr_rule_t *m = mt_fr_match(cfg->frames, &fr[i]);
+        const mt_fr_rule_t *m = mt__fr_match(cfg->frames, &fr[i]);
         if (m != NULL)
             bad |= json_object_set_new(f, "skipped", json_string(m->reason));
     }
-    int u = mt_fr_pick(cfg->frames, fr, n);
+    int u = mt__fr_pick(cfg->frames, fr, n);
     json_t *uf = json_array_get(frames, (size_t)u);
     bad |= json_object_set_new(row, "user_frame", json_integer(u));
     if (cfg->by == MT_FR_BY_SITE) {
@@ -52,7 +52,7 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
         size_t used = 0;
         key[0] = '\0';
         for (size_t i = (size_t)u; i < n && used + 1 < keylen; i++) {
-            if (i > (size_t)u && mt_fr_match(cfg->frames, &fr[i]) != NULL)
+            if (i > (size_t)u && mt__fr_match(cfg->frames, &fr[i]) != NULL)
                 continue;
             int w =
                 snprintf(key + used, keylen - used, "%s%s", used ? " <- " : "",
@@ -60,9 +60,9 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
             used = w < 0 ? keylen : used + (size_t)w;
         }
     } else if (cfg->by == MT_FR_BY_MODULES) {
-        mt_fr_stack_key(cfg->frames, fr, n, MT_FR_BY_MODULES, key, keylen);
+        mt__fr_stack_key(cfg->frames, fr, n, MT_FR_BY_MODULES, key, keylen);
     } else {
-        mt_fr_key(&fr[u], cfg->by, key, keylen);
+        mt__fr_key(&fr[u], cfg->by, key, keylen);
     }
     json_t *site = json_string(cfg->by != MT_FR_BY_STACK && cfg->by != MT_FR_BY_MODULES
                                    ? key
@@ -137,12 +137,12 @@ static json_t *section(const mt_model_t *m, mt_sym_t *s, uint32_t pid, int which
 {
     mt_cs_row_t *rows = NULL;
     size_t n = 0;
-    if (mt_cs_rows_from_model(m, which, &rows, &n) != 0 ||
-        (which != MT_CS_GROWTH && mt_cs_rows_merge(s, pid, rows, &n) != 0)) {
+    if (mt__cs_rows_from_model(m, which, &rows, &n) != 0 ||
+        (which != MT_CS_GROWTH && mt__cs_rows_merge(s, pid, rows, &n) != 0)) {
         free(rows);
         return NULL;
     }
-    json_t *a = mt_cs_rows_json(s, pid, rows, n, n, which == MT_CS_GROWTH);
+    json_t *a = mt__cs_rows_json(s, pid, rows, n, n, which == MT_CS_GROWTH);
     free(rows);
     json_t *g = a ? group_rows(a, cfg, which == MT_CS_GROWTH) : NULL;
     json_decref(a);
@@ -155,11 +155,11 @@ json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
     json_t *o = json_object();
     if (o == NULL)
         return NULL;
-    mt_cs_sym_sync(s, pid, m);
+    mt__cs_sym_sync(s, pid, m);
     mt_model_stack_stats_t ss;
-    mt_model_stack_stats(m, &ss);
+    mt__model_stack_stats(m, &ss);
     int bad = json_object_set_new(o, "stacks", json_integer((json_int_t)ss.defined));
-    bad |= json_object_set_new(o, "by", json_string(mt_fr_by_name(cfg->by)));
+    bad |= json_object_set_new(o, "by", json_string(mt__fr_by_name(cfg->by)));
     bad |= json_object_set_new(o, "at_peak", section(m, s, pid, MT_CS_PEAK, cfg));
     bad |= json_object_set_new(o, "never_freed", section(m, s, pid, MT_CS_LEAKED, cfg));
     bad |= json_object_set_new(o, "growth", section(m, s, pid, MT_CS_GROWTH, cfg));
@@ -210,24 +210,24 @@ int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *e
     size_t n = 0;
     int rc = mt__report_model(r, i, &m);
     if (rc == 0)
-        rc = mt_flame_create(&f);
+        rc = mt__flame_create(&f);
     if (rc == 0)
-        rc = mt_cs_rows_from_model(m, which, &rows, &n);
+        rc = mt__cs_rows_from_model(m, which, &rows, &n);
     mt_sym_t *s = mt__report_symbolizer(r);
     if (rc == 0)
-        mt_cs_sym_sync(s, (uint32_t)ppid, m);
+        mt__cs_sym_sync(s, (uint32_t)ppid, m);
     for (size_t k = 0; rc == 0 && k < n; k++) {
         if (rows[k].bytes > 0)
-            rc = mt_cs_flame_add(f, s, (uint32_t)ppid, &rows[k]);
+            rc = mt__cs_flame_add(f, s, (uint32_t)ppid, &rows[k]);
     }
     if (rc == 0) {
         char title[160];
         snprintf(title, sizeof(title), "%s of %s (pid %d), by call stack",
                  which == MT_CS_LEAKED ? "Bytes never freed" : "Live device bytes at the peak",
                  name[0] ? name : "process", ppid);
-        mt_flame_cfg_t cfg = mt_flame_cfg_default();
+        mt_flame_cfg_t cfg = mt__flame_cfg_default();
         cfg.title = title;
-        rc = mt_flame_write_svg(f, &cfg, out);
+        rc = mt__flame_write_svg(f, &cfg, out);
         if (rc != 0)
             snprintf(err, errlen, "write error");
     } else {
@@ -235,7 +235,7 @@ int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *e
                  rc == MT_EOVERFLOW ? "too many distinct stacks to draw" : "out of memory");
     }
     free(rows);
-    mt_flame_destroy(&f);
-    mt_model_destroy(&m);
+    mt__flame_destroy(&f);
+    mt__model_destroy(&m);
     return rc;
 }

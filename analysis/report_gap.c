@@ -13,11 +13,11 @@ static int name_pin(json_t *p, const mt_model_t *m, mt_sym_t *s, uint32_t pid, u
     mt_cs_row_t row = {.stack = stack};
     const mt_model_frame_t *fr = NULL;
     int nf = 0;
-    if (mt_model_stack_frames(m, stack, &fr, &nf, &row.truncated) == 0) {
+    if (mt__model_stack_frames(m, stack, &fr, &nf, &row.truncated) == 0) {
         row.frames = (const mt_cs_frame_t *)fr; /* same layout: callsite_model.c asserts it */
         row.n_frames = nf;
     }
-    json_t *a = mt_cs_rows_json(s, pid, &row, 1, 1, false);
+    json_t *a = mt__cs_rows_json(s, pid, &row, 1, 1, false);
     json_t *r = json_array_get(a, 0);
     char key[1024];
     int rc = r != NULL ? mt__report_name_row(r, cfg, key, sizeof key) : MT_ENOMEM;
@@ -34,10 +34,10 @@ json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t 
                             const mt__report_cfg_t *cfg)
 {
     mt_gap_t g;
-    if (mt_gap_of_model(m, cls, &g) != 0)
+    if (mt__gap_of_model(m, cls, &g) != 0)
         return NULL;
-    json_t *o = mt_gap_json(&g, cfg->top);
-    mt_cs_sym_sync(s, pid, m);
+    json_t *o = mt__gap_json(&g, cfg->top);
+    mt__cs_sym_sync(s, pid, m);
     json_t *pins = json_object_get(o, "pins");
     for (size_t i = 0; o != NULL && i < json_array_size(pins); i++) {
         if (name_pin(json_array_get(pins, i), m, s, pid, g.pins[i].stack, cfg) != 0) {
@@ -45,6 +45,6 @@ json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t 
             o = NULL;
         }
     }
-    mt_gap_free(&g);
+    mt__gap_free(&g);
     return o;
 }

@@ -42,14 +42,14 @@ typedef struct row_s {
 
 int mt__report_spans_json(const mt_model_t *m, json_t **out)
 {
-    size_t n = mt_model_spans(m), k;
+    size_t n = mt__model_spans(m), k;
     *out = NULL;
     if (n == 0)
         return 0;
     json_t *last = json_array();
     for (size_t i = n > MT_REPORT_SPANS_KEPT ? n - MT_REPORT_SPANS_KEPT : 0; last && i < n; i++) {
         mt_model_span_t sp;
-        if (mt_model_span(m, i, &sp) != 0 ||
+        if (mt__model_span(m, i, &sp) != 0 ||
             json_array_append_new(
                 last, json_pack("[I,I]", (json_int_t)sp.iteration, (json_int_t)sp.peak)) != 0) {
             json_decref(last);
@@ -58,7 +58,7 @@ int mt__report_spans_json(const mt_model_t *m, json_t **out)
     }
     json_t *pi = json_null();
     mt_model_span_t ps;
-    if (mt_model_peak_span(m, &k) == 0 && mt_model_span(m, k, &ps) == 0)
+    if (mt__model_peak_span(m, &k) == 0 && mt__model_span(m, k, &ps) == 0)
         pi = json_integer((json_int_t)ps.iteration);
     *out = json_pack("{s:I, s:o, s:o}", "count", (json_int_t)n, "peak_iteration", pi, "last", last);
     return *out ? 0 : MT_ENOMEM;

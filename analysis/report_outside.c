@@ -4,7 +4,7 @@
  * at the moment the device's used bytes peaked; and each OOM with the same split at that
  * moment (the allocator sends the device's figure right before its OOM event).
  *
- * The split is the model's (mt_model_outside); this file only keeps it at the moments the
+ * The split is the model's (mt__model_outside); this file only keeps it at the moments the
  * report names while the process's events are replayed. */
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +56,7 @@ void mt__report_outside_destroy(mt__report_outside_t **po)
 static bool split_now(const mt_model_t *m, unsigned d, mt_model_outside_t *out)
 {
     mt_model_outside_t all[256];
-    size_t n = mt_model_outside(m, all, 256);
+    size_t n = mt__model_outside(m, all, 256);
     for (size_t i = 0; i < n && i < 256; i++)
         if (all[i].device == d) {
             *out = all[i];
@@ -68,7 +68,7 @@ static bool split_now(const mt_model_t *m, unsigned d, mt_model_outside_t *out)
 static void libs_now(const mt_model_t *m, unsigned d, uint64_t lib[MT_TAG_MAX])
 {
     mt_model_library_t rows[MT_TAG_MAX];
-    size_t n = mt_model_outside_libraries(m, d, rows, MT_TAG_MAX);
+    size_t n = mt__model_outside_libraries(m, d, rows, MT_TAG_MAX);
     memset(lib, 0, MT_TAG_MAX * sizeof lib[0]);
     for (size_t i = 0; i < n && i < MT_TAG_MAX; i++)
         lib[rows[i].id % MT_TAG_MAX] = rows[i].bytes;
@@ -118,7 +118,7 @@ static json_t *split_json(const mt_model_outside_t *s)
 static json_t *libraries_json(const mt_model_t *m, unsigned d, const split_t *pk)
 {
     mt_model_library_t rows[MT_TAG_MAX];
-    size_t n = mt_model_outside_libraries(m, d, rows, MT_TAG_MAX);
+    size_t n = mt__model_outside_libraries(m, d, rows, MT_TAG_MAX);
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < n && i < MT_TAG_MAX; i++)
         if (json_array_append_new(a, json_pack("{s:s, s:I, s:I, s:I}", "library", rows[i].name,
@@ -134,7 +134,7 @@ static json_t *libraries_json(const mt_model_t *m, unsigned d, const split_t *pk
 static json_t *devices_json(const mt__report_outside_t *o, const mt_model_t *m)
 {
     mt_model_outside_t all[256];
-    size_t n = mt_model_outside(m, all, 256);
+    size_t n = mt__model_outside(m, all, 256);
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < n && i < 256; i++) {
         const mt_model_outside_t *e = &all[i];
@@ -174,7 +174,7 @@ static json_t *ooms_json(const mt__report_outside_t *o, uint64_t t0)
 int mt__report_outside_json(const mt__report_outside_t *o, const mt_model_t *m, uint64_t t0,
                             json_t *res)
 {
-    if (mt_model_outside(m, NULL, 0) > 0 &&
+    if (mt__model_outside(m, NULL, 0) > 0 &&
         json_object_set_new(res, "device_memory", devices_json(o, m)) != 0)
         return MT_ENOMEM;
     if (o->ooms > 0 && json_object_set_new(res, "ooms", ooms_json(o, t0)) != 0)

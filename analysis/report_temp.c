@@ -65,7 +65,7 @@ json_t *mt__report_temp_group(const mt_model_temp_t *rows, size_t n, size_t nb,
     for (size_t i = 0; a != NULL && i < k && i < top; i++) {
         json_t *o = json_pack("{s:s, s:I, s:I, s:I}", "site", g[i].key, "count", ji(g[i].count),
                               "bytes", ji(g[i].bytes), "median_lifetime_us",
-                              ji(mt_model_temp_median_us(g[i].hist, nb)));
+                              ji(mt__model_temp_median_us(g[i].hist, nb)));
         if (o == NULL || json_array_append_new(a, o) != 0) {
             json_decref(a);
             a = NULL;
@@ -97,11 +97,11 @@ static int site_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
     mt_cs_row_t r = {.stack = row->key, .bytes = row->bytes, .blocks = row->count};
     const mt_model_frame_t *fr;
     int nf;
-    if (mt_model_stack_frames(c->m, r.stack, &fr, &nf, &r.truncated) == 0) {
+    if (mt__model_stack_frames(c->m, r.stack, &fr, &nf, &r.truncated) == 0) {
         r.frames = (const mt_cs_frame_t *)fr;
         r.n_frames = nf;
     }
-    json_t *a = mt_cs_rows_json(c->s, c->pid, &r, 1, 1, false);
+    json_t *a = mt__cs_rows_json(c->s, c->pid, &r, 1, 1, false);
     json_t *o = json_array_get(a, 0);
     int rc = o != NULL ? mt__report_name_row(o, c->cfg, key, len) : MT_ENOMEM;
     json_decref(a);
@@ -114,13 +114,13 @@ json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
 {
     mt_model_temp_t *rows = NULL;
     size_t n = 0;
-    if (mt_model_temporary(m, MT_MODEL_DEVICE, by_tag, &rows, &n) != 0)
+    if (mt__model_temporary(m, MT_MODEL_DEVICE, by_tag, &rows, &n) != 0)
         return NULL;
     site_ctx_t sc = {m, s, pid, cfg};
     if (!by_tag)
-        mt_cs_sym_sync(s, pid, m);
+        mt__cs_sym_sync(s, pid, m);
     json_t *a =
-        mt__report_temp_group(rows, n, mt_model_temp_buckets(m), by_tag ? tag_key : site_key,
+        mt__report_temp_group(rows, n, mt__model_temp_buckets(m), by_tag ? tag_key : site_key,
                               by_tag ? tag_ctx : &sc, cfg->top);
     free(rows);
     return a;

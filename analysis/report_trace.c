@@ -1,5 +1,5 @@
 /* A process's device allocations as a replayable trace (report.h, mt__report_trace): what
- * memtrace's allocator would reserve for the same sequence is then mt_replay_run's figure,
+ * memtrace's allocator would reserve for the same sequence is then mt__replay_run's figure,
  * shown beside the gap. */
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +140,7 @@ int mt__report_trace(const mt__report_t *r, size_t i, mt_trace_t **out)
     mt__amap_fini(&b.open);
     free(b.size_of);
     if (rc != 0) {
-        mt_trace_free(&b.t);
+        mt__trace_free(&b.t);
         return rc;
     }
     b.t->nslots = b.t->nallocs;

@@ -12,12 +12,12 @@ static json_int_t ji(uint64_t v)
     return v > (uint64_t)INT64_MAX ? (json_int_t)INT64_MAX : (json_int_t)v;
 }
 
-void mt_scopes_init(mt_scopes_t *s)
+void mt__scopes_init(mt_scopes_t *s)
 {
     memset(s, 0, sizeof *s);
 }
 
-void mt_scopes_fini(mt_scopes_t *s)
+void mt__scopes_fini(mt_scopes_t *s)
 {
     free(s->rows);
     memset(s, 0, sizeof *s);
@@ -64,7 +64,7 @@ static int close_scope(mt_scopes_t *s, size_t k, uint64_t t)
     return 0;
 }
 
-int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated)
+int mt__scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated)
 {
     if (s->nopen > 0 && allocated > s->open[s->nopen - 1].peak)
         s->open[s->nopen - 1].peak = allocated;
@@ -91,7 +91,7 @@ int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated
     return 0;
 }
 
-json_t *mt_scopes_json(const mt_scopes_t *sc)
+json_t *mt__scopes_json(const mt_scopes_t *sc)
 {
     if (sc == NULL || sc->nrows == 0)
         return NULL;

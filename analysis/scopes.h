@@ -36,13 +36,13 @@ typedef struct mt_scopes_s {
     uint64_t dropped;   /* scopes dropped: too many open, or names past the limit */
 } mt_scopes_t;
 
-void mt_scopes_init(mt_scopes_t *s);
-void mt_scopes_fini(mt_scopes_t *s);
+void mt__scopes_init(mt_scopes_t *s);
+void mt__scopes_fini(mt_scopes_t *s);
 /* Feeds one event, with the device's allocated bytes after it. MT_ENOMEM. */
-int mt_scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated);
+int mt__scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocated);
 /* The closed scopes per name, as the report's "scopes" and the page's /analysis give them:
  * [{name, count, peak_bytes (the highest), mean_peak_bytes, mean_seconds}]. New reference;
  * NULL when none closed (s may be NULL) or without memory. */
-json_t *mt_scopes_json(const mt_scopes_t *s);
+json_t *mt__scopes_json(const mt_scopes_t *s);
 
 #endif

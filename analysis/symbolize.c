@@ -118,7 +118,7 @@ static const char *intern(mt_sym_t *s, const char *str)
 
 /* ---- lifecycle ---- */
 
-int mt_sym_create(mt_sym_t **out)
+int mt__sym_create(mt_sym_t **out)
 {
     *out = NULL;
     mt_sym_t *s = calloc(1, sizeof(*s));
@@ -130,7 +130,7 @@ fail_struct:
     return MT_ENOMEM;
 }
 
-void mt_sym_destroy(mt_sym_t **p)
+void mt__sym_destroy(mt_sym_t **p)
 {
     mt_sym_t *s = *p;
     if (s == NULL)
@@ -211,8 +211,8 @@ static bool hex_ok(const char *h)
     return true;
 }
 
-int mt_sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base, uint64_t size,
-                      const char *build_id)
+int mt__sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base, uint64_t size,
+                       const char *build_id)
 {
     if (path == NULL || path[0] == '\0' || size == 0 || base > UINT64_MAX - size ||
         (build_id != NULL && !hex_ok(build_id)))
@@ -367,7 +367,7 @@ static void resolve_uncached(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_fram
 
 static const char *const unknown_label = "unknown frame";
 
-int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
+int mt__sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
 {
     size_t slots = 2 * (size_t)MT_SYM_CACHE_MAX;
     if (s->cache == NULL && (s->cache = calloc(slots, sizeof(*s->cache))) == NULL) {
@@ -402,7 +402,7 @@ int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
     return 0;
 }
 
-int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out)
+int mt__sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out)
 {
     char buf[1024];
     *out = (mt_sym_frame_t){0};
@@ -419,7 +419,7 @@ int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_
     return 0;
 }
 
-void mt_sym_stats(const mt_sym_t *s, mt_sym_stats_t *out)
+void mt__sym_stats(const mt_sym_t *s, mt_sym_stats_t *out)
 {
     *out = s->st;
 }

@@ -21,7 +21,7 @@
 typedef struct mt_sym_s mt_sym_t;
 
 /* One resolved frame. Strings are owned by the symbolizer and stay valid until
- * mt_sym_destroy; module is NULL when the ip lies in no known module, func NULL when no
+ * mt__sym_destroy; module is NULL when the ip lies in no known module, func NULL when no
  * symbol covers it, file NULL when there is no line info. */
 typedef struct mt_sym_frame_s {
     const char *func;   /* demangled-as-recorded symbol name, or NULL */
@@ -35,28 +35,28 @@ typedef struct mt_sym_frame_s {
 
 /* new (small: the cache is allocated at the first resolve); *out is NULL on failure
  * (MT_ENOMEM). */
-int mt_sym_create(mt_sym_t **out);
-void mt_sym_destroy(mt_sym_t **p);
+int mt__sym_create(mt_sym_t **out);
+void mt__sym_destroy(mt_sym_t **p);
 
 /* Records that process pid mapped path at load bias base for size bytes. An entry that
  * overlaps one already known for pid replaces it (a dlclose then a dlopen). build_id is
  * hex or NULL. MT_EINVAL for an empty path or size 0; MT_EOVERFLOW past MT_SYM_MODULES_MAX. */
-int mt_sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base, uint64_t size,
-                      const char *build_id);
+int mt__sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t base, uint64_t size,
+                       const char *build_id);
 
 /* Resolves ip of process pid into *out (always filled, even for an unknown ip).
  * Returns 0, or MT_ENOMEM (then *out reads "unknown frame"). */
-int mt_sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out);
+int mt__sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out);
 
 /* A Python frame (recorded as function, file, line) in the same form: func, file and line
  * interned, module NULL, label "func (file.py:line)". NULL strings read "?". 0 or
  * MT_ENOMEM (then label reads "unknown frame"). */
-int mt_sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out);
+int mt__sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt_sym_frame_t *out);
 
 /* Counters: ips resolved through the cache, through libdwfl, and left unknown. */
 typedef struct mt_sym_stats_s {
     uint64_t hits, misses, unknown, modules;
 } mt_sym_stats_t;
-void mt_sym_stats(const mt_sym_t *s, mt_sym_stats_t *out);
+void mt__sym_stats(const mt_sym_t *s, mt_sym_stats_t *out);
 
 #endif

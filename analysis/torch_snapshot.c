@@ -29,12 +29,12 @@ static const char *action_names[MT_TS_ACTION_COUNT] = {
     "snapshot",
 };
 
-const char *mt_ts_action_name(int action)
+const char *mt__ts_action_name(int action)
 {
     return action >= 0 && action < MT_TS_ACTION_COUNT ? action_names[action] : "unknown";
 }
 
-const char *mt_ts_state_name(int state)
+const char *mt__ts_state_name(int state)
 {
     static const char *names[] = {"active_allocated", "active_pending_free", "inactive"};
     return state >= 0 && state <= MT_TS_INACTIVE ? names[state] : "unknown";
@@ -50,7 +50,7 @@ static int reserve(void **arr, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
-int mt_ts_create(mt_ts_t **out)
+int mt__ts_create(mt_ts_t **out)
 {
     *out = NULL;
     mt_ts_t *ts = calloc(1, sizeof *ts);
@@ -70,14 +70,14 @@ int mt_ts_create(mt_ts_t **out)
     *out = ts;
     return 0;
 fail_arrays:
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     return MT_ENOMEM;
 fail_mem:
     free(ts);
     return MT_ENOMEM;
 }
 
-void mt_ts_destroy(mt_ts_t **p)
+void mt__ts_destroy(mt_ts_t **p)
 {
     mt_ts_t *ts = *p;
     if (ts == NULL)
@@ -95,14 +95,14 @@ void mt_ts_destroy(mt_ts_t **p)
             free(ts->mem->strs[i]);
         free(ts->mem->strs);
         free(ts->mem->stack_tag);
-        mt_pk_doc_destroy(&ts->mem->doc);
+        mt__pk_doc_destroy(&ts->mem->doc);
         free(ts->mem);
     }
     free(ts);
     *p = NULL;
 }
 
-const char *mt_ts_strdup(mt_ts_t *ts, const char *s)
+const char *mt__ts_strdup(mt_ts_t *ts, const char *s)
 {
     mt_ts_mem_t *m = ts->mem;
     if (reserve((void **)&m->strs, &m->cap_strs, m->nstrs + 1, sizeof *m->strs) < 0)
@@ -138,7 +138,7 @@ static int push_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32
     m->stack_tag[ts->nstacks] = tag < 0 ? 0xff : (uint8_t)tag;
     if (tag >= 0 && ts->tag_label[tag] == NULL) {
         const char *label = frames[0].name + 4;
-        if ((ts->tag_label[tag] = (char *)mt_ts_strdup(ts, label)) == NULL)
+        if ((ts->tag_label[tag] = (char *)mt__ts_strdup(ts, label)) == NULL)
             return MT_ENOMEM;
     }
     ts->nframes += n;
@@ -160,7 +160,7 @@ static bool same_frames(const mt_ts_t *ts, uint32_t id, const mt_ts_frame_t *f, 
     return true;
 }
 
-int mt_ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id)
+int mt__ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id)
 {
     *id = 0;
     if (n == 0)
@@ -176,8 +176,8 @@ int mt_ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
         copy[i].line = frames[i].line;
-        copy[i].name = mt_ts_strdup(ts, frames[i].name ? frames[i].name : "");
-        copy[i].filename = mt_ts_strdup(ts, frames[i].filename ? frames[i].filename : "");
+        copy[i].name = mt__ts_strdup(ts, frames[i].name ? frames[i].name : "");
+        copy[i].filename = mt__ts_strdup(ts, frames[i].filename ? frames[i].filename : "");
         if (copy[i].name == NULL || copy[i].filename == NULL)
             rc = MT_ENOMEM;
     }
@@ -187,7 +187,7 @@ int mt_ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t
     return rc;
 }
 
-int mt_ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev)
+int mt__ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev)
 {
     mt_ts_mem_t *m = ts->mem;
     if (ts->ndevices > 0 && ev->device + 1u < ts->ndevices)
@@ -204,8 +204,8 @@ int mt_ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev)
     return 0;
 }
 
-int mt_ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block_t *blocks,
-                      size_t nblocks)
+int mt__ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block_t *blocks,
+                       size_t nblocks)
 {
     mt_ts_mem_t *m = ts->mem;
     if (reserve((void **)&ts->segments, &m->cap_segments, ts->nsegments + 1, sizeof *ts->segments) <
@@ -226,13 +226,13 @@ int mt_ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block
     return 0;
 }
 
-int mt_ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a)
+int mt__ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a)
 {
     if (reserve((void **)&ts->annotations, &ts->mem->cap_annotations, ts->nannotations + 1,
                 sizeof *ts->annotations) < 0)
         return MT_ENOMEM;
     mt_ts_annotation_t c = *a;
-    if ((c.name = mt_ts_strdup(ts, a->name ? a->name : "")) == NULL)
+    if ((c.name = mt__ts_strdup(ts, a->name ? a->name : "")) == NULL)
         return MT_ENOMEM;
     ts->annotations[ts->nannotations++] = c;
     return 0;
@@ -284,13 +284,13 @@ __attribute__((format(printf, 3, 4))) static int bad(rd_t *r, const char *where,
 static int get_int(rd_t *r, const mt_pk_value_t *d, const char *key, bool required, int64_t *out,
                    const char *where)
 {
-    const mt_pk_value_t *v = mt_pk_get(d, key);
+    const mt_pk_value_t *v = mt__pk_get(d, key);
     if (v == NULL || (v->type == MT_PK_NONE && !required)) {
         *out = 0;
         return required ? bad(r, where, "'%s' missing", key) : 0;
     }
     if (v->type != MT_PK_INT && v->type != MT_PK_BOOL)
-        return bad(r, where, "'%s' is a %s, not an int", key, mt_pk_type_name(v->type));
+        return bad(r, where, "'%s' is a %s, not an int", key, mt__pk_type_name(v->type));
     *out = v->u.i;
     return 0;
 }
@@ -309,7 +309,7 @@ static int get_size(rd_t *r, const mt_pk_value_t *d, const char *key, bool requi
 static const char *get_str(rd_t *r, const mt_pk_value_t *d, const char *key, bool required,
                            const char *where, int *rc)
 {
-    const mt_pk_value_t *v = mt_pk_get(d, key);
+    const mt_pk_value_t *v = mt__pk_get(d, key);
     *rc = 0;
     if (v == NULL || v->type == MT_PK_NONE) {
         if (required)
@@ -317,7 +317,7 @@ static const char *get_str(rd_t *r, const mt_pk_value_t *d, const char *key, boo
         return NULL;
     }
     if (v->type != MT_PK_STR) {
-        *rc = bad(r, where, "'%s' is a %s, not a str", key, mt_pk_type_name(v->type));
+        *rc = bad(r, where, "'%s' is a %s, not a str", key, mt__pk_type_name(v->type));
         return NULL;
     }
     return v->u.s;
@@ -326,7 +326,7 @@ static const char *get_str(rd_t *r, const mt_pk_value_t *d, const char *key, boo
 static const mt_pk_value_t *get_seq(rd_t *r, const mt_pk_value_t *d, const char *key, bool required,
                                     const char *where, int *rc)
 {
-    const mt_pk_value_t *v = mt_pk_get(d, key);
+    const mt_pk_value_t *v = mt__pk_get(d, key);
     *rc = 0;
     if (v == NULL || v->type == MT_PK_NONE) {
         if (required)
@@ -334,7 +334,7 @@ static const mt_pk_value_t *get_seq(rd_t *r, const mt_pk_value_t *d, const char 
         return NULL;
     }
     if (v->type != MT_PK_LIST && v->type != MT_PK_TUPLE) {
-        *rc = bad(r, where, "'%s' is a %s, not a list", key, mt_pk_type_name(v->type));
+        *rc = bad(r, where, "'%s' is a %s, not a list", key, mt__pk_type_name(v->type));
         return NULL;
     }
     return v;
@@ -357,7 +357,7 @@ static int visit(rd_t *r, size_t n, const char *where)
 static int want_dict(rd_t *r, const mt_pk_value_t *v, const char *where)
 {
     if (v->type != MT_PK_DICT)
-        return bad(r, where, "a %s, not a dict", mt_pk_type_name(v->type));
+        return bad(r, where, "a %s, not a dict", mt__pk_type_name(v->type));
     return visit(r, v->n + 1, where);
 }
 
@@ -512,9 +512,9 @@ static int read_segment(rd_t *r, const mt_pk_value_t *s, size_t si)
     if (type != NULL && strcmp(type, "large") != 0 && strcmp(type, "small") != 0)
         return bad(r, where, "'segment_type' is '%.40s', not large or small", type);
     seg.large = type != NULL ? strcmp(type, "large") == 0 : seg.total_size > ((uint64_t)2 << 20);
-    const mt_pk_value_t *exp = mt_pk_get(s, "is_expandable");
+    const mt_pk_value_t *exp = mt__pk_get(s, "is_expandable");
     seg.expandable = exp != NULL && exp->type == MT_PK_BOOL && exp->u.i;
-    const mt_pk_value_t *pool = mt_pk_get(s, "segment_pool_id");
+    const mt_pk_value_t *pool = mt__pk_get(s, "segment_pool_id");
     if (pool != NULL && (pool->type == MT_PK_TUPLE || pool->type == MT_PK_LIST) && pool->n == 2)
         for (int i = 0; i < 2; i++)
             if (pool->u.items[i]->type == MT_PK_INT)
@@ -541,7 +541,7 @@ static int read_segment(rd_t *r, const mt_pk_value_t *s, size_t si)
             (rc = read_frames(r, b, w, &blk.stack)) < 0 || (rc = read_history(r, b, w, &blk)) < 0)
             return rc;
         /* 1.13 blocks have no address: they tile the segment in order. */
-        if (mt_pk_get(b, "address") != NULL) {
+        if (mt__pk_get(b, "address") != NULL) {
             if ((rc = get_size(r, b, "address", true, &blk.addr, w)) < 0)
                 return rc;
         } else
@@ -621,7 +621,7 @@ static int read_traces(rd_t *r, const mt_pk_value_t *traces)
             return bad(r, "device_traces", "more than 256 devices");
         snprintf(where, sizeof where, "device_traces[%zu]", d);
         if (tl->type != MT_PK_LIST && tl->type != MT_PK_TUPLE)
-            return bad(r, where, "a %s, not a list", mt_pk_type_name(tl->type));
+            return bad(r, where, "a %s, not a list", mt__pk_type_name(tl->type));
         if (tl->streamed) {
             /* Its events came as the file was read; it must be where the stream saw it. */
             if (tl->streamed != d + 1)
@@ -739,7 +739,7 @@ static const char *intern(strm_t *st, const mt_pk_value_t *v)
             break;
         }
     if (s == NULL) {
-        if ((s = mt_ts_strdup(st->r->ts, v->u.s)) == NULL)
+        if ((s = mt__ts_strdup(st->r->ts, v->u.s)) == NULL)
             return NULL;
         st->strs[i] = s;
         st->str_hash[i] = h;
@@ -757,7 +757,7 @@ static int intern_str(rd_t *r, const mt_pk_value_t *f, const char *key, const ch
     int rc;
     if (get_str(r, f, key, true, where, &rc) == NULL)
         return rc;
-    if ((*out = intern(r->strm, mt_pk_get(f, key))) == NULL)
+    if ((*out = intern(r->strm, mt__pk_get(f, key))) == NULL)
         return MT_ENOMEM;
     return 0;
 }
@@ -784,8 +784,8 @@ static int stream_frames(rd_t *r, const mt_pk_value_t *e, const char *where, uin
     for (size_t i = 0; i < fl->n && rc == 0; i++) {
         const mt_pk_value_t *f = fl->u.items[i];
         /* The usual frame without formatting where it is (the checks below name it). */
-        const mt_pk_value_t *nv = mt_pk_get(f, "name"), *fv = mt_pk_get(f, "filename"),
-                            *lv = mt_pk_get(f, "line");
+        const mt_pk_value_t *nv = mt__pk_get(f, "name"), *fv = mt__pk_get(f, "filename"),
+                            *lv = mt__pk_get(f, "line");
         if (f->type == MT_PK_DICT && nv != NULL && nv->type == MT_PK_STR && fv != NULL &&
             fv->type == MT_PK_STR && lv != NULL &&
             (lv->type == MT_PK_INT || lv->type == MT_PK_BOOL)) {
@@ -982,7 +982,7 @@ static int read_root(rd_t *r, const mt_pk_value_t *root)
         return bad(r, "top level",
                    "a %s; a snapshot is a dict (PyTorch 2.x) or a list of "
                    "segments (1.13)",
-                   mt_pk_type_name(root->type));
+                   mt__pk_type_name(root->type));
     if ((rc = visit(r, segs->n, "segments")) < 0)
         return rc;
     for (size_t i = 0; i < segs->n; i++)
@@ -996,7 +996,7 @@ static int read_root(rd_t *r, const mt_pk_value_t *root)
     const mt_pk_value_t *ann = get_seq(r, root, "external_annotations", false, "top level", &rc);
     if (rc < 0 || (ann != NULL && (rc = read_annotations(r, ann)) < 0))
         return rc;
-    const mt_pk_value_t *settings = mt_pk_get(root, "allocator_settings");
+    const mt_pk_value_t *settings = mt__pk_get(root, "allocator_settings");
     if (settings != NULL && settings->type == MT_PK_DICT) {
         r->ts->alloc_conf =
             get_str(r, settings, "PYTORCH_CUDA_ALLOC_CONF", false, "allocator_settings", &rc);
@@ -1006,13 +1006,13 @@ static int read_root(rd_t *r, const mt_pk_value_t *root)
     return 0;
 }
 
-int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen)
+int mt__ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen)
 {
     *out = NULL;
     mt_ts_t *ts;
-    int rc = mt_ts_create(&ts);
+    int rc = mt__ts_create(&ts);
     if (rc < 0) {
-        mt_pk_doc_destroy(&doc);
+        mt__pk_doc_destroy(&doc);
         snprintf(err, errlen, "%s: out of memory", name);
         return rc;
     }
@@ -1021,11 +1021,11 @@ int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *e
               .name = name,
               .err = err,
               .errlen = errlen,
-              .budget = (uint64_t)VISITS_PER_BYTE * mt_pk_input_size(doc) + VISITS_FLOOR};
-    rc = read_root(&r, mt_pk_root(doc));
+              .budget = (uint64_t)VISITS_PER_BYTE * mt__pk_input_size(doc) + VISITS_FLOOR};
+    rc = read_root(&r, mt__pk_root(doc));
     free(r.seen);
     free(r.seen_id);
-    if (rc == 0 && (rc = mt_ts_check(ts, err, errlen)) < 0) {
+    if (rc == 0 && (rc = mt__ts_check(ts, err, errlen)) < 0) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s", err);
         snprintf(err, errlen, "%s: %s", name, msg);
@@ -1033,7 +1033,7 @@ int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *e
     if (rc < 0) {
         if (rc == MT_ENOMEM)
             snprintf(err, errlen, "%s: out of memory", name);
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
         return rc;
     }
     *out = ts;
@@ -1049,7 +1049,7 @@ static int read_streamed(mt_ts_t **out, const char *path, char *err, size_t errl
     if (stat(path, &sb) != 0)
         return MT_EAGAIN; /* the whole read says why */
     mt_ts_t *ts;
-    int rc = mt_ts_create(&ts);
+    int rc = mt__ts_create(&ts);
     if (rc < 0) {
         snprintf(err, errlen, "%s: out of memory", path);
         return rc;
@@ -1070,7 +1070,7 @@ static int read_streamed(mt_ts_t **out, const char *path, char *err, size_t errl
     mt_pk_stream_t stream = {.match = stream_match, .items = stream_items, .ud = st};
     char perr[512];
     mt_pk_doc_t *doc = NULL;
-    rc = mt_pk_parse_file_stream(&doc, path, NULL, &stream, perr, sizeof perr);
+    rc = mt__pk_parse_file_stream(&doc, path, NULL, &stream, perr, sizeof perr);
     if (rc < 0) {
         if (err[0] == '\0' || rc == MT_EAGAIN) /* else the entry's own message */
             snprintf(err, errlen, "%s", perr);
@@ -1078,8 +1078,8 @@ static int read_streamed(mt_ts_t **out, const char *path, char *err, size_t errl
     }
     ts->mem->doc = doc;
     st->gen++; /* the cache's values of the last batch are freed */
-    rc = read_root(&r, mt_pk_root(doc));
-    if (rc == 0 && (rc = mt_ts_check(ts, err, errlen)) < 0) {
+    rc = read_root(&r, mt__pk_root(doc));
+    if (rc == 0 && (rc = mt__ts_check(ts, err, errlen)) < 0) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s", err);
         snprintf(err, errlen, "%s: %s", path, msg);
@@ -1097,27 +1097,27 @@ done:
     if (rc < 0) {
         if (rc == MT_ENOMEM)
             snprintf(err, errlen, "%s: out of memory", path);
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
         return rc;
     }
     *out = ts;
     return 0;
 }
 
-int mt_ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen)
+int mt__ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen)
 {
     mt_pk_doc_t *doc;
     *out = NULL;
     int rc = read_streamed(out, path, err, errlen);
     if (rc != MT_EAGAIN)
         return rc;
-    rc = mt_pk_parse_file(&doc, path, NULL, err, errlen);
+    rc = mt__pk_parse_file(&doc, path, NULL, err, errlen);
     if (rc < 0)
         return rc;
-    return mt_ts_from_pickle(out, doc, path, err, errlen);
+    return mt__ts_from_pickle(out, doc, path, err, errlen);
 }
 
-bool mt_ts_is_pickle(const char *path)
+bool mt__ts_is_pickle(const char *path)
 {
     size_t n = strlen(path);
     if ((n > 7 && strcmp(path + n - 7, ".pickle") == 0) ||
@@ -1133,7 +1133,7 @@ bool mt_ts_is_pickle(const char *path)
 
 /* ---- checking ---- */
 
-int mt_ts_check(const mt_ts_t *ts, char *err, size_t errlen)
+int mt__ts_check(const mt_ts_t *ts, char *err, size_t errlen)
 {
     if (ts->era != 1 && ts->era != 2)
         goto bad_era;

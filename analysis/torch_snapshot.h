@@ -62,7 +62,7 @@ typedef struct mt_ts_block_s {
                   * MT_TAG_OTHER; set when read */
 } mt_ts_block_t;
 
-/* Invariants (mt_ts_check): blocks[first_block, +nblocks) tile [addr, addr + total_size)
+/* Invariants (mt__ts_check): blocks[first_block, +nblocks) tile [addr, addr + total_size)
  * in address order; allocated_size <= active_size <= total_size. */
 typedef struct mt_ts_segment_s {
     int device;
@@ -121,41 +121,41 @@ typedef struct mt_ts_s {
 } mt_ts_t;
 
 /* An empty snapshot of era 2, to fill with the mt_ts_add_* calls. */
-int mt_ts_create(mt_ts_t **out);
-void mt_ts_destroy(mt_ts_t **p);
+int mt__ts_create(mt_ts_t **out);
+void mt__ts_destroy(mt_ts_t **p);
 
 /* Reads a snapshot file (either era). MT_EPROTO with "path: where: what" in err for a
  * malformed pickle or layout, MT_ENOENT/MT_EIO/MT_ENOMEM otherwise. */
-int mt_ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen);
+int mt__ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen);
 /* The same from a parsed pickle; doc is taken (freed even on failure); name in messages. */
-int mt_ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen);
+int mt__ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen);
 /* True when the file at path starts like a pickle (byte 0x80), for commands that take
  * snapshots and other inputs. */
-bool mt_ts_is_pickle(const char *path);
+bool mt__ts_is_pickle(const char *path);
 
 /* Writes ts as era 2 (the dict) or era 1 (the list of segments with history on blocks,
  * built from the segments' blocks and the trace). MT_EIO, MT_EINVAL. */
-int mt_ts_write(const mt_ts_t *ts, FILE *f, int era);
+int mt__ts_write(const mt_ts_t *ts, FILE *f, int era);
 
 /* Checks the invariants above and that events, blocks and stacks index what exists.
  * 0 or MT_EPROTO with the first broken one in err. */
-int mt_ts_check(const mt_ts_t *ts, char *err, size_t errlen);
+int mt__ts_check(const mt_ts_t *ts, char *err, size_t errlen);
 
 /* ---- building ---- */
 /* Interns a call stack (frames copied); *id is its index (0 for n == 0). */
-int mt_ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id);
+int mt__ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id);
 /* Appends an event to device ev->device, which must be the last device so far or a new one. */
-int mt_ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev);
+int mt__ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev);
 /* Appends a segment and its blocks (copied; their history is left empty). */
-int mt_ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block_t *blocks,
-                      size_t nblocks);
-int mt_ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a);
+int mt__ts_add_segment(mt_ts_t *ts, const mt_ts_segment_t *seg, const mt_ts_block_t *blocks,
+                       size_t nblocks);
+int mt__ts_add_annotation(mt_ts_t *ts, const mt_ts_annotation_t *a);
 /* Copies s into the model's strings; NULL when out of memory. */
-const char *mt_ts_strdup(mt_ts_t *ts, const char *s);
+const char *mt__ts_strdup(mt_ts_t *ts, const char *s);
 
 /* Static name of an action ("alloc", ...) or state ("active_allocated", ...). */
-const char *mt_ts_action_name(int action);
-const char *mt_ts_state_name(int state);
+const char *mt__ts_action_name(int action);
+const char *mt__ts_state_name(int state);
 
 /* ---- conversions ---- */
 
@@ -173,14 +173,14 @@ typedef struct mt_ts_source_s {
  * (free space as inactive blocks), each tag as a frame {"name": "tag <label>",
  * "filename": "memtrace", "line": tag id} on its allocations and blocks, markers as
  * external annotations. *out is new. MT_ENOMEM; message in err. */
-int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen);
+int mt__ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen);
 
 /* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
  * the report's segment map after its last event as segments and blocks, each tag as a
  * frame {"name": "tag <label>", "filename": "memtrace", "line": tag id} on its allocations
  * and blocks, markers as external annotations. *out is new. MT_ENOENT (no such process or
  * no events), MT_ENOMEM; message in err. */
-int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen);
+int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen);
 
 /* PyTorch's own figures for device d from its trace. reserved: segment_alloc/map minus
  * segment_free/unmap, starting from what the segments at the end imply was reserved
@@ -192,12 +192,12 @@ typedef struct mt_ts_figures_s {
     size_t orphan_frees; /* frees of blocks allocated before the trace began */
 } mt_ts_figures_t;
 
-int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
+int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
 
-/* Device d's trace as an allocation trace for mt_replay_run: alloc opens a slot, the first
+/* Device d's trace as an allocation trace for mt__replay_run: alloc opens a slot, the first
  * of free_requested/free_completed closes it; frees of blocks allocated before the trace
- * began are skipped. *out is new (mt_trace_free). */
-int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
+ * began are skipped. *out is new (mt__trace_free). */
+int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated
  * and reserved, device, tag, pool by size), time_ns = time_us * 1000. A snapshot with no
@@ -205,7 +205,7 @@ int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *e
  * segment_alloc per segment, an alloc per active block, a free_requested per pending one. Calls fn
  * for each (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
 typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
-int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
+int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
 
 /* A call site's live bytes at the peak of allocated bytes on device d. */
 typedef struct mt_ts_site_s {
@@ -216,10 +216,10 @@ typedef struct mt_ts_site_s {
 
 /* The top n call sites (by live bytes) at the moment device d's allocated bytes peaked;
  * *nout <= n are written to sites, largest first; *peak the peak. */
-int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t n,
-                        size_t *nout, uint64_t *peak);
+int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t n,
+                         size_t *nout, uint64_t *peak);
 /* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */
-const char *mt_ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
+const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
 
 /* ---- call sites grouped by the user's frame (torch_snapshot_sites.c, analysis/frames.h) ---- */
 
@@ -231,18 +231,19 @@ struct mt_fr_frame_s;
 typedef struct mt_ts_group_s {
     char *key;      /* owned */
     uint32_t stack; /* the group's stack with the most bytes */
-    int frame;      /* index of its user frame (mt_fr_pick), -1 for the empty stack */
+    int frame;      /* index of its user frame (mt__fr_pick), -1 for the empty stack */
     uint64_t bytes; /* requested bytes live at the peak */
     size_t count;   /* blocks */
     size_t stacks;  /* distinct stacks merged */
 } mt_ts_group_t;
 
-/* All groups, largest first (ties by key), into *out (new; mt_ts_groups_free); *peak the
+/* All groups, largest first (ties by key), into *out (new; mt__ts_groups_free); *peak the
  * peak. r NULL: the default rules. 0 or MT_ENOMEM. */
-int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const struct mt_fr_rules_s *r, int by,
-                         mt_ts_group_t **out, size_t *n, uint64_t *peak);
-void mt_ts_groups_free(mt_ts_group_t **g, size_t n);
+int mt__ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const struct mt_fr_rules_s *r, int by,
+                          mt_ts_group_t **out, size_t *n, uint64_t *peak);
+void mt__ts_groups_free(mt_ts_group_t **g, size_t n);
 /* The frames of stack as the rules see them, into out[cap]; returns how many (<= cap). */
-size_t mt_ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out, size_t cap);
+size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out,
+                           size_t cap);
 
 #endif

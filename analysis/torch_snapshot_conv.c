@@ -142,7 +142,7 @@ static uint64_t sat_u64(__int128 v)
     return v < 0 ? 0 : v > (__int128)UINT64_MAX ? UINT64_MAX : (uint64_t)v;
 }
 
-int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
+int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
 {
     memset(out, 0, sizeof *out);
     size_t n;
@@ -210,7 +210,7 @@ int mt_ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
     return rc;
 }
 
-int mt_ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen)
+int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     size_t n;
@@ -286,7 +286,7 @@ fail_nomem:
     snprintf(err, errlen, "out of memory");
 fail:
     lm_fini(&w.live);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     return MT_ENOMEM;
 }
 
@@ -520,7 +520,7 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
     return rc;
 }
 
-int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
+int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
 {
     if (ts->nevents == 0)
         return state_records(ts, fn, ctx);
@@ -533,7 +533,7 @@ int mt_ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
     }
     for (unsigned d = 0; d < ts->ndevices && rc == 0; d++) {
         mt_ts_figures_t fig;
-        rc = mt_ts_figures(ts, d, &fig);
+        rc = mt__ts_figures(ts, d, &fig);
         cur[d].ev = dev_events(ts, d, &cur[d].n);
         cur[d].reserved = fig.reserved_start;
         if (rc == 0)
@@ -611,8 +611,8 @@ static int cmp_site(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
-int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
-                        size_t *nout, uint64_t *peak)
+int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
+                         size_t *nout, uint64_t *peak)
 {
     *nout = 0;
     *peak = 0;
@@ -673,7 +673,7 @@ int mt_ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites,
     return 0;
 }
 
-const char *mt_ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)
+const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)
 {
     if (stack == 0 || stack >= ts->nstacks) {
         snprintf(buf, len, "<no frames>");

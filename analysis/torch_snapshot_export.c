@@ -1,4 +1,4 @@
-/* A snapshot from a memtrace log (torch_snapshot.h, mt_ts_from_report): the process's
+/* A snapshot from a memtrace log (torch_snapshot.h, mt__ts_from_report): the process's
  * events become device_traces, the report's segment map at the last event becomes the
  * segments and blocks, tags become frames and markers become external annotations. */
 #include <stdbool.h>
@@ -54,7 +54,7 @@ static uint32_t tag_stack(ex_t *x, int tag)
         else
             snprintf(name, sizeof name, "tag tag%d", tag);
         mt_ts_frame_t f = {.name = name, .filename = "memtrace", .line = tag};
-        if (mt_ts_add_stack(x->ts, &f, 1, &x->tag_stack[tag]) < 0)
+        if (mt__ts_add_stack(x->ts, &f, 1, &x->tag_stack[tag]) < 0)
             x->rc = MT_ENOMEM;
     }
     return x->tag_stack[tag];
@@ -67,7 +67,7 @@ static void annotate(ex_t *x, const mt_event_rec_t *ev, bool start, const char *
                             .time_us = (int64_t)(ev->time_ns / 1000),
                             .name = name};
     if (x->rc == 0)
-        x->rc = mt_ts_add_annotation(x->ts, &a);
+        x->rc = mt__ts_add_annotation(x->ts, &a);
 }
 
 static void mark(ex_t *x, const mt_event_rec_t *ev)
@@ -104,7 +104,7 @@ static int keep_event(ex_t *x, const mt_ts_event_t *e)
 {
     mt_ts_t *ts = x->ts;
     if (x->evs == NULL && (ts->ndevices == 0 || e->device + 1u == ts->ndevices))
-        return mt_ts_add_event(ts, e);
+        return mt__ts_add_event(ts, e);
     if (x->evs == NULL) {
         /* A second device: what ts has so far moves to evs, to be grouped at the end. */
         x->cap = ts->nevents + 1024;
@@ -289,7 +289,7 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
         }
         if (at < end)
             blocks[n++] = (mt_ts_block_t){.addr = at, .size = end - at, .state = MT_TS_INACTIVE};
-        rc = mt_ts_add_segment(x->ts, &seg, blocks, n);
+        rc = mt__ts_add_segment(x->ts, &seg, blocks, n);
     }
     if (blocks == NULL)
         rc = MT_ENOMEM;
@@ -319,7 +319,7 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
         if (order != NULL) {
             qsort(order, x->nevs, sizeof *order, cmp_dev_ptr);
             for (size_t i = 0; i < x->nevs && rc == 0; i++)
-                rc = mt_ts_add_event(x->ts, order[i]);
+                rc = mt__ts_add_event(x->ts, order[i]);
         }
         free(order);
     }
@@ -327,16 +327,16 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
     free(x->seen);
     if (rc < 0) {
         snprintf(err, errlen, "%s", rc == MT_ENOMEM ? "out of memory" : mt_strerror(rc));
-        mt_ts_destroy(&x->ts);
+        mt__ts_destroy(&x->ts);
     }
     return rc;
 }
 
-int mt_ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen)
+int mt__ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size_t errlen)
 {
     *out = NULL;
     ex_t x = {.src = src};
-    int rc = mt_ts_create(&x.ts);
+    int rc = mt__ts_create(&x.ts);
     for (size_t i = 0; i < src->nevs && rc == 0; i++)
         rc = on_event(&x, &src->evs[i]);
     if (x.ts == NULL) {
@@ -368,7 +368,7 @@ static const char *report_tag(void *ud, int tag)
     return mt__report_tag_name(t->r, t->proc, tag, t->buf, sizeof t->buf);
 }
 
-int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
+int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
 {
     *out = NULL;
     int pid;
@@ -383,7 +383,7 @@ int mt_ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *e
     ex_t x = {.src = &src};
     mt__report_map_t map;
     bool have_map = false;
-    int rc = mt_ts_create(&x.ts);
+    int rc = mt__ts_create(&x.ts);
     if (rc == 0)
         rc = mt__report_replay(r, proc, feed, &x);
     if (rc == 0 && (rc = mt__report_map_at(r, proc, nev - 1, false, &map)) == 0)

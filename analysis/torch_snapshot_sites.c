@@ -15,7 +15,7 @@ static bool is_py(const char *file)
     return n > 3 && strcmp(file + n - 3, ".py") == 0;
 }
 
-size_t mt_ts_stack_frames(const mt_ts_t *ts, uint32_t stack, mt_fr_frame_t *out, size_t cap)
+size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, mt_fr_frame_t *out, size_t cap)
 {
     if (stack == 0 || stack >= ts->nstacks)
         return 0;
@@ -33,8 +33,8 @@ size_t mt_ts_stack_frames(const mt_ts_t *ts, uint32_t stack, mt_fr_frame_t *out,
 static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *r, int by,
                              mt_fr_frame_t *fr, size_t cap, int *frame, char *buf, size_t len)
 {
-    size_t n = mt_ts_stack_frames(ts, stack, fr, cap);
-    *frame = mt_fr_pick(r, fr, n);
+    size_t n = mt__ts_stack_frames(ts, stack, fr, cap);
+    *frame = mt__fr_pick(r, fr, n);
     if (by == MT_FR_BY_TAG) {
         snprintf(buf, len, "other");
         for (size_t i = 0; i < n; i++)
@@ -49,7 +49,7 @@ static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rule
         snprintf(buf, len, "<no frames>");
         return buf;
     }
-    return mt_fr_stack_key(r, fr, n, by, buf, len);
+    return mt__fr_stack_key(r, fr, n, by, buf, len);
 }
 
 static int by_key(const void *a, const void *b)
@@ -70,7 +70,7 @@ static int by_bytes(const void *a, const void *b)
     return strcmp(x->key, y->key);
 }
 
-void mt_ts_groups_free(mt_ts_group_t **g, size_t n)
+void mt__ts_groups_free(mt_ts_group_t **g, size_t n)
 {
     if (*g == NULL)
         return;
@@ -80,8 +80,8 @@ void mt_ts_groups_free(mt_ts_group_t **g, size_t n)
     *g = NULL;
 }
 
-int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_t *r, int by,
-                         mt_ts_group_t **out, size_t *nout, uint64_t *peak)
+int mt__ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_t *r, int by,
+                          mt_ts_group_t **out, size_t *nout, uint64_t *peak)
 {
     *out = NULL;
     *nout = 0;
@@ -94,7 +94,7 @@ int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_t
     char *buf = malloc(4096);
     int rc = sites && g && fr && buf ? 0 : MT_ENOMEM;
     if (rc == 0)
-        rc = mt_ts_sites_at_peak(ts, device, sites, cap, &ns, peak);
+        rc = mt__ts_sites_at_peak(ts, device, sites, cap, &ns, peak);
     for (size_t i = 0; rc == 0 && i < ns; i++) {
         int frame;
         g[i] = (mt_ts_group_t){
@@ -125,7 +125,7 @@ int mt_ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_t
     free(fr);
     free(buf);
     if (rc != 0) {
-        mt_ts_groups_free(&g, ns);
+        mt__ts_groups_free(&g, ns);
         return rc;
     }
     *out = g;

@@ -188,10 +188,10 @@ static int group_stacks(const mt_ts_t *ts, const mt_fr_rules_t *r, uint32_t *gro
     char buf[512];
     int rc = k && fr && nm ? 0 : MT_ENOMEM;
     for (size_t i = 0; rc == 0 && i < ns; i++) {
-        size_t n = mt_ts_stack_frames(ts, (uint32_t)i, fr, maxf);
+        size_t n = mt__ts_stack_frames(ts, (uint32_t)i, fr, maxf);
         k[i].stack = (uint32_t)i;
         k[i].key =
-            strdup(n ? mt_fr_stack_key(r, fr, n, MT_FR_BY_SITE, buf, sizeof buf) : "<no frames>");
+            strdup(n ? mt__fr_stack_key(r, fr, n, MT_FR_BY_SITE, buf, sizeof buf) : "<no frames>");
         rc = k[i].key ? 0 : MT_ENOMEM;
     }
     size_t g = 0;
@@ -235,7 +235,7 @@ static int by_peak(const void *a, const void *b)
     return (x->group > y->group) - (x->group < y->group);
 }
 
-void mt_ts_timeline_destroy(mt_ts_timeline_t **pp)
+void mt__ts_timeline_destroy(mt_ts_timeline_t **pp)
 {
     if (!pp || !*pp)
         return;
@@ -252,8 +252,8 @@ void mt_ts_timeline_destroy(mt_ts_timeline_t **pp)
     *pp = NULL;
 }
 
-int mt_ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr_rules_t *r,
-                          size_t top, size_t nbuckets)
+int mt__ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr_rules_t *r,
+                           size_t top, size_t nbuckets)
 {
     *out = NULL;
     if (top == 0 || nbuckets == 0)
@@ -282,7 +282,7 @@ int mt_ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr
             ident[g] = (uint32_t)g;
         p.slot_of = ident;
         p.ncols = ngroups;
-        rc = mt_ts_records(ts, pass_rec, &p);
+        rc = mt__ts_records(ts, pass_rec, &p);
     }
     if (rc == 0) {
         rank = malloc(ngroups * sizeof *rank);
@@ -342,7 +342,7 @@ int mt_ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr
             if (!tl->by_time)
                 p.t1 = (int64_t)nrec;
             p.out = tl;
-            rc = mt_ts_records(ts, pass_rec, &p);
+            rc = mt__ts_records(ts, pass_rec, &p);
             /* The buckets after the last record hold the state at the end. */
             for (size_t k = p.bucket + 1; rc == 0 && k < tl->nbuckets; k++)
                 bucket_copy(&p, k);
@@ -359,7 +359,7 @@ int mt_ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr
     free(p.best);
     live_free(&p.live);
     if (rc != 0) {
-        mt_ts_timeline_destroy(&tl);
+        mt__ts_timeline_destroy(&tl);
         return rc;
     }
     *out = tl;

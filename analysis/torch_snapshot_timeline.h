@@ -30,13 +30,13 @@ typedef struct mt_ts_timeline_s {
     uint64_t *bytes;   /* nbuckets * nsites, bucket by bucket */
 } mt_ts_timeline_t;
 
-/* The timeline of ts's records (mt_ts_records: all devices) in at most nbuckets buckets,
+/* The timeline of ts's records (mt__ts_records: all devices) in at most nbuckets buckets,
  * sites keyed by the rules' site of each stack (r NULL: the defaults), the top sites by peak
  * bytes kept and the rest in "other". An allocation is live from its alloc to the first of
  * its free_requested / free_completed (as PyTorch's viewer draws it). *out is new.
  * 0, MT_EINVAL (top or nbuckets 0), MT_ENOMEM. */
-int mt_ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr_rules_t *r,
-                          size_t top, size_t nbuckets);
-void mt_ts_timeline_destroy(mt_ts_timeline_t **p);
+int mt__ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_fr_rules_t *r,
+                           size_t top, size_t nbuckets);
+void mt__ts_timeline_destroy(mt_ts_timeline_t **p);
 
 #endif

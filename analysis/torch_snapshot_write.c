@@ -115,7 +115,7 @@ static void segment(wr_t *o, const mt_ts_segment_t *s, int era)
         if (era == 2)
             key_u64(o, "requested_size", b->requested);
         mt__pkw_str(&o->w, "state");
-        mt__pkw_str(&o->w, mt_ts_state_name(b->state));
+        mt__pkw_str(&o->w, mt__ts_state_name(b->state));
         if (era == 2)
             frames(o, b->stack);
         else
@@ -130,7 +130,7 @@ static void event(wr_t *o, const mt_ts_event_t *e)
 {
     mt__pkw_dict_begin(&o->w);
     mt__pkw_str(&o->w, "action");
-    mt__pkw_str(&o->w, mt_ts_action_name(e->action));
+    mt__pkw_str(&o->w, mt__ts_action_name(e->action));
     key_u64(o, e->action == MT_TS_OOM ? "device_free" : "addr", e->addr);
     key_u64(o, "size", e->size);
     key_int(o, "stream", e->stream);
@@ -168,7 +168,7 @@ static void annotations(wr_t *o)
     mt__pkw_list_end(&o->w);
 }
 
-int mt_ts_write(const mt_ts_t *ts, FILE *f, int era)
+int mt__ts_write(const mt_ts_t *ts, FILE *f, int era)
 {
     if (era != 1 && era != 2)
         return MT_EINVAL;

@@ -19,7 +19,7 @@ static const char *const field_names[NFIELDS] = {"Thread",  "Time", "Action",
  * once failed != 0 every call returns it. */
 struct mt_trace_reader_s {
     FILE *f;         /* the file being read */
-    bool owns_file;  /* opened by mt_trace_reader_open: closed with the reader */
+    bool owns_file;  /* opened by mt__trace_reader_open: closed with the reader */
     bool at_eof;     /* fread reported end of file */
     int failed;      /* 0 or the sticky error code */
     uint64_t line;   /* number of the last line read, 1-based */
@@ -291,8 +291,8 @@ static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row
 
 /* ---- reader ---- */
 
-int mt_trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name, char *err,
-                              size_t errlen)
+int mt__trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name, char *err,
+                               size_t errlen)
 {
     *out = NULL;
     mt_trace_reader_t *r = calloc(1, sizeof *r);
@@ -323,7 +323,7 @@ int mt_trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name
     return 0;
 }
 
-int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen)
+int mt__trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
     FILE *f = fopen(path, "rb");
@@ -332,7 +332,7 @@ int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, s
         set_err(err, errlen, "%s: cannot open: %s", path, strerror(e));
         return e == ENOMEM ? MT_ENOMEM : MT_ENOENT; /* fopen allocates its buffer */
     }
-    int rc = mt_trace_reader_from_file(out, f, path, err, errlen);
+    int rc = mt__trace_reader_from_file(out, f, path, err, errlen);
     if (rc < 0) {
         fclose(f);
         return rc;
@@ -341,7 +341,7 @@ int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, s
     return 0;
 }
 
-int mt_trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row)
+int mt__trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row)
 {
     if (r->failed)
         return r->failed;
@@ -353,17 +353,17 @@ int mt_trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row)
     return parse_row(r, n, complete, row);
 }
 
-const char *mt_trace_reader_error(const mt_trace_reader_t *r)
+const char *mt__trace_reader_error(const mt_trace_reader_t *r)
 {
     return r->err;
 }
 
-const char *mt_trace_reader_name(const mt_trace_reader_t *r)
+const char *mt__trace_reader_name(const mt_trace_reader_t *r)
 {
     return r->name;
 }
 
-void mt_trace_reader_close(mt_trace_reader_t **p)
+void mt__trace_reader_close(mt_trace_reader_t **p)
 {
     mt_trace_reader_t *r = *p;
     if (r == NULL)
@@ -375,7 +375,7 @@ void mt_trace_reader_close(mt_trace_reader_t **p)
     *p = NULL;
 }
 
-const char *mt_trace_action_name(int action)
+const char *mt__trace_action_name(int action)
 {
     switch (action) {
     case MT_TRACE_ALLOCATE:
@@ -580,7 +580,7 @@ oom:
     return MT_ENOMEM;
 }
 
-void mt_trace_free(mt_trace_t **p)
+void mt__trace_free(mt_trace_t **p)
 {
     mt_trace_t *t = *p;
     if (t == NULL)
@@ -596,16 +596,16 @@ static int load(mt_trace_t **out, mt_trace_reader_t *r, char *err, size_t errlen
     loader_t L = {.t = calloc(1, sizeof(mt_trace_t))};
     int rc = 0;
     if (L.t == NULL) {
-        set_err(err, errlen, "%s: out of memory", mt_trace_reader_name(r));
+        set_err(err, errlen, "%s: out of memory", mt__trace_reader_name(r));
         rc = MT_ENOMEM;
         goto done;
     }
     mt_trace_row_t row;
-    while ((rc = mt_trace_reader_next(r, &row)) == 1)
-        if ((rc = load_row(&L, &row, mt_trace_reader_name(r), err, errlen)) < 0)
+    while ((rc = mt__trace_reader_next(r, &row)) == 1)
+        if ((rc = load_row(&L, &row, mt__trace_reader_name(r), err, errlen)) < 0)
             goto done;
     if (rc < 0) {
-        set_err(err, errlen, "%s", mt_trace_reader_error(r));
+        set_err(err, errlen, "%s", mt__trace_reader_error(r));
         goto done;
     }
     L.t->nslots = L.t->nallocs;
@@ -613,31 +613,31 @@ static int load(mt_trace_t **out, mt_trace_reader_t *r, char *err, size_t errlen
 done:
     live_fini(&L.live);
     if (rc < 0)
-        mt_trace_free(&L.t);
+        mt__trace_free(&L.t);
     *out = L.t;
     return rc;
 }
 
-int mt_trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen)
+int mt__trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen)
 {
     *out = NULL;
     mt_trace_reader_t *r;
-    int rc = mt_trace_reader_from_file(&r, f, name, err, errlen);
+    int rc = mt__trace_reader_from_file(&r, f, name, err, errlen);
     if (rc < 0)
         return rc;
     rc = load(out, r, err, errlen);
-    mt_trace_reader_close(&r);
+    mt__trace_reader_close(&r);
     return rc;
 }
 
-int mt_trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen)
+int mt__trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
     mt_trace_reader_t *r;
-    int rc = mt_trace_reader_open(&r, path, err, errlen);
+    int rc = mt__trace_reader_open(&r, path, err, errlen);
     if (rc < 0)
         return rc;
     rc = load(out, r, err, errlen);
-    mt_trace_reader_close(&r);
+    mt__trace_reader_close(&r);
     return rc;
 }

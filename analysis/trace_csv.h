@@ -12,7 +12,7 @@
  * Two layers:
  * - mt_trace_reader_*: a streaming reader that checks the syntax of one row at a time and
  *   never holds more than one line in memory.
- * - mt_trace_load: reads a whole file through the reader, checks its meaning (a free must
+ * - mt__trace_load: reads a whole file through the reader, checks its meaning (a free must
  *   name a live pointer, an allocate must not reuse one, sizes must match) and produces a
  *   compact operation list in which pointers became slot numbers, so a replay runs with no
  *   parsing or hashing in its timed loop.
@@ -56,23 +56,23 @@ typedef struct mt_trace_row_s {
 typedef struct mt_trace_reader_s mt_trace_reader_t;
 
 /* Opens path for reading and checks the header. *out is new; close it with
- * mt_trace_reader_close. Returns MT_ENOENT if the file cannot be opened and MT_EPROTO for
+ * mt__trace_reader_close. Returns MT_ENOENT if the file cannot be opened and MT_EPROTO for
  * a missing or wrong header; the message is then in err (if err != NULL). */
-int mt_trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen);
-/* Like mt_trace_reader_open on an open stream. f is borrowed (not closed); name is copied
+int mt__trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen);
+/* Like mt__trace_reader_open on an open stream. f is borrowed (not closed); name is copied
  * and only used in messages. */
-int mt_trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name, char *err,
-                              size_t errlen);
+int mt__trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *name, char *err,
+                               size_t errlen);
 /* Reads the next row into *row. Returns 1 for a row, 0 at the end of the file, MT_EPROTO for
  * a malformed row and MT_EIO for a read error; after an error every later call returns the
- * same error. The message is in mt_trace_reader_error(). */
-int mt_trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row);
+ * same error. The message is in mt__trace_reader_error(). */
+int mt__trace_reader_next(mt_trace_reader_t *r, mt_trace_row_t *row);
 /* The last error message, "" if none. Borrowed; valid until the reader is closed. */
-const char *mt_trace_reader_error(const mt_trace_reader_t *r);
+const char *mt__trace_reader_error(const mt_trace_reader_t *r);
 /* The name used in messages. Borrowed. */
-const char *mt_trace_reader_name(const mt_trace_reader_t *r);
+const char *mt__trace_reader_name(const mt_trace_reader_t *r);
 /* Closes the file if the reader opened it and frees the reader. Sets *p = NULL. */
-void mt_trace_reader_close(mt_trace_reader_t **p);
+void mt__trace_reader_close(mt_trace_reader_t **p);
 
 /* ---- whole traces ---- */
 
@@ -106,17 +106,17 @@ typedef struct mt_trace_s {
     size_t leaked;            /* allocations never freed by the end of the trace */
 } mt_trace_t;
 
-/* Reads and checks the trace at path. *out is new; free it with mt_trace_free. Returns
+/* Reads and checks the trace at path. *out is new; free it with mt__trace_free. Returns
  * MT_ENOENT, MT_EPROTO (malformed file, message names line and field), MT_EIO or MT_ENOMEM;
  * the message is in err. Semantic errors: a free of a pointer that is not live (never
  * allocated, or already freed), an allocate of a pointer that is still live, a free whose
  * size differs from its allocate's, a zero Pointer on allocate or free. */
-int mt_trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen);
+int mt__trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen);
 /* The same from an open stream (borrowed); name is used in messages. */
-int mt_trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen);
-void mt_trace_free(mt_trace_t **p);
+int mt__trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen);
+void mt__trace_free(mt_trace_t **p);
 
 /* Static name of an action as written in the file. */
-const char *mt_trace_action_name(int action);
+const char *mt__trace_action_name(int action);
 
 #endif

@@ -1,4 +1,4 @@
-/* Allocator benchmark (issue 17), three tables from one run on one machine:
+/* Allocator benchmark, three tables from one run on one machine:
  *   (1) the cached path: an alloc+free pair on one stream, beside no caching (a sim backend
  *       malloc/free per request, modelled cost) and the host allocators glibc malloc,
  *       jemalloc and mimalloc; then 2 threads on 2 streams against 1 thread;
@@ -464,12 +464,12 @@ static bool ends_with(const char *s, const char *suffix)
 
 /* Loads the trace at path; a .xz or .gz file is read through `xz -dc` or `gzip -dc` (the
  * build has no compression library, and both tools are in every Debian base system), so
- * nothing is written to disk. *t is new. Returns as mt_trace_load. */
+ * nothing is written to disk. *t is new. Returns as mt__trace_load. */
 static int load_trace(const char *path, mt_trace_t **t, char *err, size_t errlen)
 {
     const char *tool = ends_with(path, ".xz") ? "xz" : ends_with(path, ".gz") ? "gzip" : NULL;
     if (tool == NULL)
-        return mt_trace_load(t, path, err, errlen);
+        return mt__trace_load(t, path, err, errlen);
     if (access(path, R_OK) != 0) {
         snprintf(err, errlen, "%s: cannot open", path);
         return MT_ENOENT;
@@ -485,11 +485,11 @@ static int load_trace(const char *path, mt_trace_t **t, char *err, size_t errlen
         snprintf(err, errlen, "%s: cannot run %s", path, tool);
         return MT_EIO;
     }
-    int rc = mt_trace_load_file(t, f, path, err, errlen);
+    int rc = mt__trace_load_file(t, f, path, err, errlen);
     int status = pclose(f);
     if (rc == 0 && status != 0) {
         snprintf(err, errlen, "%s: %s -dc failed (status %d)", path, tool, status);
-        mt_trace_free(t);
+        mt__trace_free(t);
         rc = MT_EIO;
     }
     return rc;
@@ -562,12 +562,12 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
     }
     child_out_t o = {.n = npasses, .peak_live = t->peak_live_bytes};
     if (k == K_MEMTRACE || k == K_PLAN) {
-        mt_replay_cfg_t cfg = mt_replay_cfg_default();
+        mt_replay_cfg_t cfg = mt__replay_cfg_default();
         cfg.warmup = k == K_PLAN;
         cfg.cpu_time = cpu;
         uint64_t modelled[MAX_PASSES];
         mt_replay_result_t r;
-        rc = mt_replay_passes(t, &cfg, npasses, o.ns, modelled, &r, &o.high_warm, err, sizeof err);
+        rc = mt__replay_passes(t, &cfg, npasses, o.ns, modelled, &r, &o.high_warm, err, sizeof err);
         o.modelled0 = modelled[0];
         o.high_cold = r.peak_reserved;
     } else if (k == K_TLSF) {
@@ -576,26 +576,26 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
         mt_host_alloc_t h = {.name = "tlsf", .alloc = tlsf_hook_alloc, .free = tlsf_hook_free};
         rc = mt_tlsf_create(&tlsf_pool, want < MT_TLSF_MAX_REQUEST ? want : MT_TLSF_MAX_REQUEST);
         if (rc == 0)
-            rc = mt_replay_host_passes(&h, t, 1, cpu, o.ns);
+            rc = mt__replay_host_passes(&h, t, 1, cpu, o.ns);
         o.high_cold = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
         if (rc == 0)
-            rc = mt_replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
+            rc = mt__replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
         o.high_warm = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     } else {
         mt_host_alloc_t h;
-        mt_host_alloc_load(&h, k == K_GLIBC      ? MT_HOST_GLIBC
-                               : k == K_JEMALLOC ? MT_HOST_JEMALLOC
-                                                 : MT_HOST_MIMALLOC);
+        mt__host_alloc_load(&h, k == K_GLIBC      ? MT_HOST_GLIBC
+                                : k == K_JEMALLOC ? MT_HOST_JEMALLOC
+                                                  : MT_HOST_MIMALLOC);
         if (h.alloc == NULL) {
             printf("skip %s\n", h.note);
-            mt_trace_free(&t);
+            mt__trace_free(&t);
             return 0;
         }
-        rc = mt_replay_host_passes(&h, t, npasses, cpu, o.ns);
+        rc = mt__replay_host_passes(&h, t, npasses, cpu, o.ns);
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     }
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     if (rc < 0) {
         printf("skip %s: %s\n", kind, err);
         return 1;
@@ -735,7 +735,7 @@ static int speed_rows(const opts_t *o, const char *path)
     char sz[16];
     human(sz, sizeof sz, (double)t->peak_live_bytes);
     printf("%s: %zu events, peak live %s\n", base_name(path), t->nrows, sz);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
     col_t col[K_N];
     for (int k = 0; k < K_N; k++)
@@ -838,12 +838,12 @@ static int policy_rows(const char *path)
     const char *base = base_name(path);
     double ops = t->nops ? (double)t->nops : 1;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
-        mt_replay_cfg_t cfg = mt_replay_cfg_default();
+        mt_replay_cfg_t cfg = mt__replay_cfg_default();
         cfg.alloc_conf = policies[i].conf[0] != '\0' ? policies[i].conf : NULL;
         cfg.warmup = policies[i].warm;
         cfg.second_pass = policies[i].second;
         mt_replay_result_t r;
-        if ((rc = mt_replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
+        if ((rc = mt__replay_run(t, &cfg, &r, err, sizeof err)) < 0) {
             fprintf(stderr, "bench_alloc: %s: %s\n", base, err);
             break;
         }
@@ -861,7 +861,7 @@ static int policy_rows(const char *path)
                r.utilization_at_peak, calls_s, (double)r.modelled_ns / ops,
                (double)r.elapsed_ns / ops, policy_goal(g, sizeof g, &policies[i], base, &r));
     }
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     return rc;
 }
 
@@ -912,7 +912,7 @@ int main(int argc, char **argv)
             traces[ntraces++] = paths[i];
         }
     mt_host_alloc_t hosts[MT_HOST_N];
-    mt_host_allocs_load(hosts);
+    mt__host_allocs_load(hosts);
 
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     printf("memtrace allocator benchmark: %s build, sim backend (modelled segment malloc / vm "

@@ -1,5 +1,5 @@
 /* bench_dp: a data-parallel LSTM training step on 2 sim devices against the same step on
- * 1 device at the same global batch (issue 15). The sim backend models each peer copy's
+ * 1 device at the same global batch. The sim backend models each peer copy's
  * cost on its stream (MEMTRACE_SIM_PEER_COST_NS + bytes / MEMTRACE_SIM_PEER_BANDWIDTH,
  * defaults 10 us and 12 GiB/s). A 2-device step: broadcast device 0's flat weights to the
  * replica (one peer copy), forward + backward of half the batch on each device (each on its

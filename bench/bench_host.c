@@ -1,4 +1,4 @@
-/* Host-side benchmark (issue 6), on the sim backend, where copies are real memcpy on the
+/* Host-side benchmark, on the sim backend, where copies are real memcpy on the
  * streams' worker threads and "compute" is real CPU work queued on the compute stream:
  *   1. prefetcher step time with the copy on a side stream (overlap) and on the compute
  *      stream (serial), for a copy-heavy batch; anchors: copy alone, compute alone, and the

@@ -1,5 +1,5 @@
 /* bench_preload_tag: what the calling thread's tag costs an allocation through the preload
- * (issue 19: an allocation inside a tag costs no more than one outside, within noise).
+ * (an allocation inside a tag costs no more than one outside, within noise).
  * memtrace_alloc+memtrace_free pairs (the entry points PyTorch calls; cudaMalloc reads the
  * tag the same way but cudaFree also synchronises the device) of the preload library
  * (dlopen'ed from $MEMTRACE_PRELOAD, sim backend, profiler off), outside any tag and inside one, in

@@ -1,4 +1,4 @@
-/* bench_prof: what recording costs the program (issue 3's goal: on an allocation-heavy
+/* bench_prof: what recording costs the program (the goal: on an allocation-heavy
  * loop of cached alloc+free pairs, recording on costs <= 5 % over recording off and
  * <= 50 ns per event).
  *
@@ -10,7 +10,7 @@
  *               daemon does from its own process (the production path)
  *   local log   the profiler in log mode: its drainer thread encodes JSON to /dev/null
  *               (the no-daemon fallback; drops are counted when the encoder falls behind)
- *   stacks      the ring path with call stacks (issue 13), sampled (the default) and all:
+ *   stacks      the ring path with call stacks, sampled (the default) and all:
  *               unwinding (libunwind), interning and the stack_ref record, on the
  *               allocating thread
  * plus the ring's push alone (no allocator), with a draining consumer, and the event clock
@@ -644,7 +644,7 @@ int main(void)
         return 1;
     }
     double per_alloc = dr.all_ns - dr.off_ns;
-    printf("\ncall stacks (issue 13): alloc+free pairs at the bottom of a %d-deep recursion built "
+    printf("\ncall stacks: alloc+free pairs at the bottom of a %d-deep recursion built "
            "with -fomit-frame-pointer, ring + reader, best of %d rounds\n\n",
            DEEP, ROUNDS);
     printf("%-38s %10s   %s\n", "row", "figure", "goal");

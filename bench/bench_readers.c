@@ -414,13 +414,13 @@ int main(int argc, char **argv)
 
     char err[256];
     mt_trace_t *t = NULL;
-    if (mt_trace_load(&t, argv[1], err, sizeof err) != 0) {
+    if (mt__trace_load(&t, argv[1], err, sizeof err) != 0) {
         fprintf(stderr, "bench_readers: %s\n", err);
         return 1;
     }
     evbuf_t evs = {0};
     int rc = record_trace(t, &evs);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     if (rc != 0 || evs.n == 0) {
         fprintf(stderr, "bench_readers: the replay recorded no events\n");
         return 1;

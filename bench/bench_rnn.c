@@ -1,4 +1,4 @@
-/* bench_rnn: the RNN engine's CPU path against its goals (issue 12), then its train-step
+/* bench_rnn: the RNN engine's CPU path against its goals, then its train-step
  * time and activation memory per shape.
  *
  * The goal table (best of --iters timed steps after one warm-up each; every ratio taken in

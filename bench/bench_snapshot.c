@@ -1,4 +1,4 @@
-/* bench_snapshot: reading a PyTorch memory snapshot of about 100 MB (issue 14: <= 2x the
+/* bench_snapshot: reading a PyTorch memory snapshot of about 100 MB (<= 2x the
  * time of Python's pickle.load of the same file), with peak RSS.
  *
  * The file is made at bench time by Python's pickle.dump (what _dump_snapshot runs), in
@@ -120,20 +120,20 @@ int main(int argc, char **argv)
         char err[768];
         double a = now_s();
         mt_pk_doc_t *doc = NULL;
-        if (mt_pk_parse_file(&doc, path, NULL, err, sizeof err) != 0) {
+        if (mt__pk_parse_file(&doc, path, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "bench_snapshot: %s\n", err);
             return 1;
         }
         double b = now_s();
-        memory = mt_pk_memory(doc);
+        memory = mt__pk_memory(doc);
         mt_ts_t *ts = NULL;
-        if (mt_ts_from_pickle(&ts, doc, path, err, sizeof err) != 0) {
+        if (mt__ts_from_pickle(&ts, doc, path, err, sizeof err) != 0) {
             fprintf(stderr, "bench_snapshot: %s\n", err);
             return 1;
         }
         double c = now_s();
         events = ts->nevents;
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
         best = c - a < best ? c - a : best;
         best_pk = b - a < best_pk ? b - a : best_pk;
     }

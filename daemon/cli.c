@@ -71,9 +71,9 @@ static bool parse_ulong(const char *s, unsigned long max, unsigned long *out)
     return true;
 }
 
-int mt_d_cli_main(int argc, char **argv, const char *prog)
+int mt__d_cli_main(int argc, char **argv, const char *prog)
 {
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     bool foreground = false, quiet = false;
     static const struct option opts[] = {
         {"socket", required_argument, NULL, 's'},
@@ -165,7 +165,7 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
     }
     /* The executables honour the environment (the socket, the OOM directory and interval);
      * the daemon core reads none. */
-    if (mt_d_cfg_from_env(&cfg) != 0 && cfg.socket_path == NULL) {
+    if (mt__d_cfg_from_env(&cfg) != 0 && cfg.socket_path == NULL) {
         fprintf(stderr, "%s: the socket path of MEMTRACE_SOCKET or XDG_RUNTIME_DIR is too long\n",
                 prog);
         return 2;
@@ -202,7 +202,7 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
     }
 
     mt_d_t *d = NULL;
-    int rc = mt_d_create(&d, &cfg);
+    int rc = mt__d_create(&d, &cfg);
     if (rc) {
         char why[320];
         if (rc == -EADDRINUSE)
@@ -223,7 +223,7 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
         return 1;
     }
     if (ready[1] >= 0) {
-        dprintf(ready[1], "ok, socket %s, http %d", mt_d_socket_path(d), mt_d_http_port(d));
+        dprintf(ready[1], "ok, socket %s, http %d", mt__d_socket_path(d), mt__d_http_port(d));
         close(ready[1]);
         int nul = open("/dev/null", O_RDWR);
         if (nul >= 0) {
@@ -234,13 +234,13 @@ int mt_d_cli_main(int argc, char **argv, const char *prog)
                 close(nul);
         }
     } else if (!quiet) {
-        fprintf(stderr, "%s: listening on %s", prog, mt_d_socket_path(d));
-        if (mt_d_http_port(d) >= 0)
-            fprintf(stderr, " and http://%s:%d/", cfg.http_host, mt_d_http_port(d));
+        fprintf(stderr, "%s: listening on %s", prog, mt__d_socket_path(d));
+        if (mt__d_http_port(d) >= 0)
+            fprintf(stderr, " and http://%s:%d/", cfg.http_host, mt__d_http_port(d));
         fprintf(stderr, "\n");
     }
-    rc = mt_d_run(d);
-    mt_d_destroy(&d);
+    rc = mt__d_run(d);
+    mt__d_destroy(&d);
     return rc ? 1 : 0;
 
 bad:

@@ -14,7 +14,7 @@
 #include "memtrace/prof.h"
 #include "util/safefile.h"
 
-int mt_d_client_connect(const char *socket_path, int *out_fd)
+int mt__d_client_connect(const char *socket_path, int *out_fd)
 {
     *out_fd = -1;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -46,7 +46,7 @@ int mt_d_client_connect(const char *socket_path, int *out_fd)
     return 0;
 }
 
-int mt_d_token_path(const char *socket_path, char *buf, size_t len)
+int mt__d_token_path(const char *socket_path, char *buf, size_t len)
 {
     char sock[sizeof(((struct sockaddr_un *)0)->sun_path)];
     if (!socket_path) {
@@ -59,14 +59,14 @@ int mt_d_token_path(const char *socket_path, char *buf, size_t len)
     return n < 0 || (size_t)n >= len ? MT_EOVERFLOW : 0;
 }
 
-int mt_d_client_token(const char *socket_path, char *buf, size_t len)
+int mt__d_client_token(const char *socket_path, char *buf, size_t len)
 {
     char path[4200];
-    int rc = mt_d_token_path(socket_path, path, sizeof path);
+    int rc = mt__d_token_path(socket_path, path, sizeof path);
     return rc ? rc : mt__sf_token_read(path, buf, len);
 }
 
-int mt_d_client_send(int fd, const char *s, size_t n)
+int mt__d_client_send(int fd, const char *s, size_t n)
 {
     while (n > 0) {
         ssize_t w = send(fd, s, n, MSG_NOSIGNAL);
@@ -87,7 +87,7 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-int mt_d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t *out_len)
+int mt__d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t *out_len)
 {
     *out = NULL;
     size_t len = 0, cap = 4096;
@@ -138,17 +138,17 @@ int mt_d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t 
     return 0;
 }
 
-int mt_d_client_state(const char *socket_path, int timeout_ms, char **out)
+int mt__d_client_state(const char *socket_path, int timeout_ms, char **out)
 {
     *out = NULL;
     int fd;
-    int rc = mt_d_client_connect(socket_path, &fd);
+    int rc = mt__d_client_connect(socket_path, &fd);
     if (rc)
         return rc;
     static const char req[] = "{\"type\":\"state\"}\n";
-    rc = mt_d_client_send(fd, req, sizeof req - 1);
+    rc = mt__d_client_send(fd, req, sizeof req - 1);
     if (!rc)
-        rc = mt_d_client_read_all(fd, 256u << 20, timeout_ms, out, NULL);
+        rc = mt__d_client_read_all(fd, 256u << 20, timeout_ms, out, NULL);
     close(fd);
     return rc;
 }

@@ -6,7 +6,7 @@
  * a state model per process, and fans the events out as JSON Lines (Unix subscribers) and
  * Server-Sent Events (HTTP), next to /metrics, /state and /healthz.
  *
- * Threads: every function runs on the thread that runs mt_d_run(), except mt_d_stop(),
+ * Threads: every function runs on the thread that runs mt__d_run(), except mt__d_stop(),
  * which may be called from any thread (and from a signal-free context only). */
 #ifndef MT_DAEMON_DAEMON_H
 #define MT_DAEMON_DAEMON_H
@@ -26,7 +26,7 @@ typedef struct mt_d_s mt_d_t;
 typedef struct mt_d_cfg_s {
     const char *socket_path;      /* borrowed; NULL = default_socket */
     const char *http_host;        /* borrowed; "127.0.0.1" by default */
-    int http_port;                /* 0 = ephemeral (see mt_d_http_port), -1 = no HTTP */
+    int http_port;                /* 0 = ephemeral (see mt__d_http_port), -1 = no HTTP */
     const char *log_path;         /* borrowed; NDJSON log of everything received, or NULL */
     unsigned max_exited;          /* exited processes kept before the oldest is evicted; 16 */
     size_t consumer_queue_bytes;  /* per consumer, queued and not yet written; 4 MiB: more
@@ -56,7 +56,7 @@ typedef struct mt_d_cfg_s {
                                      consumer gets what is left (>= 64 KiB) or is refused;
                                      64 MiB */
     bool http_auth;               /* every route but /healthz needs the token; true */
-    const char *http_token;       /* borrowed; NULL = the token file (mt_d_token_path) */
+    const char *http_token;       /* borrowed; NULL = the token file (mt__d_token_path) */
     bool metrics_open;            /* /metrics needs no token (for Prometheus); false */
     const char *http_name;        /* borrowed; a Host name accepted besides localhost,
                                      127.0.0.1, [::1] and http_host; NULL = none */
@@ -67,13 +67,13 @@ typedef struct mt_d_cfg_s {
     int oom_interval_ms;          /* least ms between two OOM snapshots of one process (the
                                      first always gets one); 0 = every OOM; -1 (default) =
                                      MT_PROF_OOM_INTERVAL_MS */
-    bool view_general_reader;     /* mt_d_view_load: every log line through jansson, none
+    bool view_general_reader;     /* mt__d_view_load: every log line through jansson, none
                                      through the event-line decoder (docs/readers.md; for
                                      comparing the two); false */
     uv_loop_t *loop;              /* borrowed, optional: run on this loop instead of our own */
     mt_log_cb log;                /* optional diagnostics sink */
     void *log_ud;
-    /* What mt_d_cfg_from_env resolves; "" (the default): the socket
+    /* What mt__d_cfg_from_env resolves; "" (the default): the socket
      * /tmp/memtrace-<euid>/memtrace.sock, and no OOM snapshots. */
     char default_socket[108];  /* the socket when socket_path is NULL */
     char default_oom_dir[512]; /* the OOM directory when oom_dir is NULL */
@@ -94,91 +94,91 @@ typedef struct mt_d_counters_s {
     unsigned known_processes;          /* live + exited still kept */
 } mt_d_counters_t;
 
-/* Defaults (no environment read: mt_d_create reads none either). */
-mt_d_cfg_t mt_d_cfg_default(void);
+/* Defaults (no environment read: mt__d_create reads none either). */
+mt_d_cfg_t mt__d_cfg_default(void);
 /* The daemon's environment, for the executables (docs/process-state.md):
- * mt_prof_socket_path() into cfg->default_socket, mt_d_oom_dir() into cfg->default_oom_dir
+ * mt_prof_socket_path() into cfg->default_socket, mt__d_oom_dir() into cfg->default_oom_dir
  * ("" when it names none) and, with cfg->oom_interval_ms still -1, $MEMTRACE_OOM_INTERVAL_MS
  * into it (a malformed one is warned about to cfg->log: the default). MT_EOVERFLOW when the
  * socket path does not fit (default_socket is then ""). */
-int mt_d_cfg_from_env(mt_d_cfg_t *cfg);
+int mt__d_cfg_from_env(mt_d_cfg_t *cfg);
 /* The default OOM snapshot directory: $MEMTRACE_OOM_DIR, else $XDG_STATE_HOME/memtrace/oom,
  * else $HOME/.local/state/memtrace/oom. MT_ENOENT when none can be named. */
-int mt_d_oom_dir(char *buf, size_t len);
+int mt__d_oom_dir(char *buf, size_t len);
 
 /* Creates the daemon: binds the Unix socket (a stale socket file is removed, but if another
  * daemon answers on it, MT_EBUSY) and the HTTP port (taken: -EADDRINUSE), makes or reads
  * the HTTP token, and opens the log (0600, never through a symlink). Nothing runs until
- * mt_d_run(). *out is new. */
-int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg);
-/* Runs the loop until mt_d_stop() (or a signal, if handle_signals); then every handle of the
+ * mt__d_run(). *out is new. */
+int mt__d_create(mt_d_t **out, const mt_d_cfg_t *cfg);
+/* Runs the loop until mt__d_stop() (or a signal, if handle_signals); then every handle of the
  * daemon is closed and the socket file removed. Returns 0, or a negative MT_E* code.
  * SIGPIPE is blocked in the calling thread while it runs (a write to a vanished peer fails
  * with EPIPE); the process's disposition is never changed. */
-int mt_d_run(mt_d_t *d);
+int mt__d_run(mt_d_t *d);
 /* Asks the daemon to stop; safe from any thread. */
-void mt_d_stop(mt_d_t *d);
+void mt__d_stop(mt_d_t *d);
 /* Frees the daemon. If it owns its loop, the loop is closed: that must succeed (the return
- * of uv_loop_close is logged otherwise). Call after mt_d_run() has returned, or instead of
+ * of uv_loop_close is logged otherwise). Call after mt__d_run() has returned, or instead of
  * running it. Sets *p = NULL. */
-void mt_d_destroy(mt_d_t **p);
+void mt__d_destroy(mt_d_t **p);
 
 /* The HTTP port actually bound (useful with http_port = 0), or -1 when HTTP is off. */
-int mt_d_http_port(const mt_d_t *d);
-/* The HTTP token ("" when http_auth is off); borrowed, valid until mt_d_destroy(). */
-const char *mt_d_http_token(const mt_d_t *d);
-/* The Unix socket path; borrowed, valid until mt_d_destroy(). */
-const char *mt_d_socket_path(const mt_d_t *d);
-/* A copy of the counters. Only meaningful on the loop thread or after mt_d_run() returns. */
-void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out);
+int mt__d_http_port(const mt_d_t *d);
+/* The HTTP token ("" when http_auth is off); borrowed, valid until mt__d_destroy(). */
+const char *mt__d_http_token(const mt_d_t *d);
+/* The Unix socket path; borrowed, valid until mt__d_destroy(). */
+const char *mt__d_socket_path(const mt_d_t *d);
+/* A copy of the counters. Only meaningful on the loop thread or after mt__d_run() returns. */
+void mt__d_counters(const mt_d_t *d, mt_d_counters_t *out);
 
 /* Loads a recorded telemetry log (NDJSON; "-" = standard input) into d's state, for
  * `memtrace view`: its processes appear as exited (reason from their exit line, else
  * "unknown"), with their figures, history and event window. A PyTorch snapshot (a pickle,
  * docs/torch-snapshot.md) is one exited process named after the file, with a pid no
- * loaded process has; a malformed one is MT_EPROTO (err says where). Call before mt_d_run().
+ * loaded process has; a malformed one is MT_EPROTO (err says where). Call before mt__d_run().
  * Events are added to *events; malformed lines are counted in *bad (the first named in
  * err). An event seen twice (two logs of one run) counts once. Returns 0, MT_EIO (cannot
  * open or read; err says why) or MT_ENOMEM. */
-int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
-                   char *err, size_t errlen);
+int mt__d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                    char *err, size_t errlen);
 /* The same for a file that is a run of its own (`memtrace view BEFORE AFTER`): a pid that
  * a process of an earlier file has is given a new one (the smallest above every pid), so
  * two runs are two processes. */
-int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
-                       char *err, size_t errlen);
+int mt__d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                        char *err, size_t errlen);
 /* Gives the page's compare view its document (`memtrace view BEFORE AFTER`): the JSON text
  * served as is at /diff (copied; a second call replaces the first). 0 or MT_ENOMEM. */
-int mt_d_view_set_diff(mt_d_t *d, const char *json);
+int mt__d_view_set_diff(mt_d_t *d, const char *json);
 /* Gives the page's job view its document: the report's "jobs" of the loaded logs (the
  * ranks of a training job), served as is at /jobs (copied; replaces). 0 or MT_ENOMEM. */
-int mt_d_view_set_jobs(mt_d_t *d, const char *json);
+int mt__d_view_set_jobs(mt_d_t *d, const char *json);
 /* Whether a loaded process's hello named a rank. */
-bool mt_d_view_has_ranks(const mt_d_t *d);
+bool mt__d_view_has_ranks(const mt_d_t *d);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
-void mt_d_set_event_window(mt_d_t *d, size_t events);
+void mt__d_set_event_window(mt_d_t *d, size_t events);
 
 /* The daemon's command line (options, --help, detaching unless --foreground), shared by
  * `memtraced` and `memtrace daemon`. prog names the program in messages. Returns the exit
  * status. */
-int mt_d_cli_main(int argc, char **argv, const char *prog);
+int mt__d_cli_main(int argc, char **argv, const char *prog);
 
 /* ---- client side (daemon/client.c): blocking sockets, usable from any program ---- */
 
 /* Connects to the daemon's socket (NULL = mt_prof_socket_path()). -EPERM when the daemon
  * there runs as another user than us or root (SO_PEERCRED). *out_fd is new. */
-int mt_d_client_connect(const char *socket_path, int *out_fd);
+int mt__d_client_connect(const char *socket_path, int *out_fd);
 /* The HTTP token file of the daemon at socket_path (NULL = mt_prof_socket_path()): the
  * socket path with ".token" appended. */
-int mt_d_token_path(const char *socket_path, char *buf, size_t len);
+int mt__d_token_path(const char *socket_path, char *buf, size_t len);
 /* Reads that daemon's token (32 hex characters and a NUL; len >= 33). -EPERM if the file is
  * not ours (or root's) and private. */
-int mt_d_client_token(const char *socket_path, char *buf, size_t len);
+int mt__d_client_token(const char *socket_path, char *buf, size_t len);
 /* Sends all of s, without SIGPIPE. */
-int mt_d_client_send(int fd, const char *s, size_t n);
+int mt__d_client_send(int fd, const char *s, size_t n);
 /* Reads until EOF (at most max bytes, within timeout_ms). *out is new, NUL-terminated. */
-int mt_d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t *out_len);
+int mt__d_client_read_all(int fd, size_t max, int timeout_ms, char **out, size_t *out_len);
 /* Asks for the state JSON ({"type":"state"} request). *out is new, one line. */
-int mt_d_client_state(const char *socket_path, int timeout_ms, char **out);
+int mt__d_client_state(const char *socket_path, int timeout_ms, char **out);
 
 #endif

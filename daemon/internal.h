@@ -289,7 +289,7 @@ struct mt_d_s {
     mt_d_oom_job_t *oom_running; /* the one given to the writer, or NULL */
     unsigned oom_jobs;           /* queued + running, <= MT_D_OOM_JOBS; the loop runs until 0 */
     /* The OOM snapshot writer: a thread of the daemon's own, started at the first snapshot
-     * and joined by mt_d_destroy (libuv's pool would leave threads nobody joins).
+     * and joined by mt__d_destroy (libuv's pool would leave threads nobody joins).
      * Invariants: oom_handoff != NULL or oom_finished => oom_running != NULL (the writer
      * has it, or its result waits for oom_async); oom_async is open iff oom_writer_on and
      * not (stopping and oom_jobs == 0). oom_handoff, oom_finished, oom_quit: under oom_mu. */
@@ -299,7 +299,7 @@ struct mt_d_s {
     pthread_cond_t oom_cv;
     mt_d_oom_job_t *oom_handoff; /* the job the writer takes next, or NULL */
     bool oom_finished;           /* the writer finished oom_running */
-    bool oom_quit;               /* mt_d_destroy: the writer returns */
+    bool oom_quit;               /* mt__d_destroy: the writer returns */
     uv_async_t oom_async;        /* the writer's "finished" to the loop */
     bool oom_async_open;
     struct mt_d_web_s *web; /* the web page's history and event windows (web.h), lazily */

@@ -3,5 +3,5 @@
 
 int main(int argc, char **argv)
 {
-    return mt_d_cli_main(argc, argv, "memtraced");
+    return mt__d_cli_main(argc, argv, "memtraced");
 }

@@ -130,10 +130,10 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 continue;
             mt_model_figures_t fd, fh;
             if (f == F_FRAG || f == F_FREE || f == F_LFB)
-                mt_model_figures(p->model, MT_MODEL_DEVICE, &fd);
+                mt__model_figures(p->model, MT_MODEL_DEVICE, &fd);
             else
-                mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &fd);
-            mt_model_figures_totals(p->model, MT_MODEL_HOST, &fh);
+                mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &fd);
+            mt__model_figures_totals(p->model, MT_MODEL_HOST, &fh);
             uint64_t v = 0;
             bool ratio = false;
             double r = 0;
@@ -195,7 +195,7 @@ int mt__d_metrics_text(mt_d_t *d, mt_d_buf_t *o)
                 continue;
             for (int t = 0; t < MT_TAG_MAX; t++) {
                 mt_model_tag_t tg;
-                mt_model_tag(p->model, MT_MODEL_DEVICE, t, &tg);
+                mt__model_tag(p->model, MT_MODEL_DEVICE, t, &tg);
                 if (!tg.peak)
                     continue;
                 char nb[16];

@@ -50,7 +50,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
             if (!mt__d_proc_newest(p))
                 continue;
             mt_model_dev_t dv[256];
-            size_t n = mt_model_devices(p->model, dv, 256);
+            size_t n = mt__model_devices(p->model, dv, 256);
             for (size_t i = 0; i < n && i < 256 && !o->err; i++) {
                 uint64_t v = f == 0   ? dv[i].allocated
                              : f == 1 ? dv[i].reserved
@@ -73,7 +73,7 @@ int mt__d_metrics_info(mt_d_t *d, mt_d_buf_t *o)
             mt__d_buf_append(o, "memtrace_pool_allocated_bytes{", 30);
             mt__d_proc_labels(o, p);
             mt__d_buf_printf(o, ",pool=\"%s\"} %" PRIu64 "\n", mt_pool_name(pools[i]),
-                             mt_model_pool_bytes(p->model, pools[i]));
+                             mt__model_pool_bytes(p->model, pools[i]));
         }
     }
     return o->err;

@@ -1,6 +1,6 @@
 /* memtraced: device memory outside the allocator (docs/outside.md) in /metrics and /state.
  *
- * The split of each device's used bytes is the model's (mt_model_outside): reserved +
+ * The split of each device's used bytes is the model's (mt__model_outside): reserved +
  * libraries + context + not_seen = used. Nothing here computes a part; this file only names
  * the model's figures for the two views:
  *   memtrace_device_used_bytes{pid,device}, memtrace_device_total_bytes{pid,device}
@@ -91,7 +91,7 @@ int mt__d_metrics_outside(mt_d_t *d, mt_d_buf_t *o)
         for (const mt_d_proc_t *p = d->procs; p && !o->err; p = p->next) {
             if (!mt__d_proc_newest(p))
                 continue;
-            size_t n = mt_model_outside(p->model, out, MAX_DEVICES);
+            size_t n = mt__model_outside(p->model, out, MAX_DEVICES);
             for (size_t i = 0; i < n && i < MAX_DEVICES; i++) {
                 const mt_model_outside_t *x = &out[i];
                 if (f < 2) {
@@ -99,7 +99,7 @@ int mt__d_metrics_outside(mt_d_t *d, mt_d_buf_t *o)
                     continue;
                 }
                 mt_model_library_t rows[MT_TAG_MAX];
-                size_t nl = mt_model_outside_libraries(p->model, x->device, rows, MT_TAG_MAX);
+                size_t nl = mt__model_outside_libraries(p->model, x->device, rows, MT_TAG_MAX);
                 for (size_t k = 0; k < nl && k < MT_TAG_MAX; k++) {
                     char nb[24];
                     series(o, fam[f][0], p, x->device, lib_label(rows, k, nb, sizeof nb),
@@ -124,7 +124,7 @@ static json_t *ju(uint64_t v)
 static json_t *device_json(const mt_d_proc_t *p, const mt_model_outside_t *x)
 {
     mt_model_library_t rows[MT_TAG_MAX];
-    size_t nl = mt_model_outside_libraries(p->model, x->device, rows, MT_TAG_MAX);
+    size_t nl = mt__model_outside_libraries(p->model, x->device, rows, MT_TAG_MAX);
     json_t *libs = json_array();
     for (size_t k = 0; libs && k < nl && k < MT_TAG_MAX; k++) {
         char nb[24];
@@ -149,7 +149,7 @@ static json_t *device_json(const mt_d_proc_t *p, const mt_model_outside_t *x)
 json_t *mt__d_outside_json(const mt_d_proc_t *p)
 {
     mt_model_outside_t out[MAX_DEVICES];
-    size_t n = mt_model_outside(p->model, out, MAX_DEVICES);
+    size_t n = mt__model_outside(p->model, out, MAX_DEVICES);
     json_t *a = json_array();
     for (size_t i = 0; a && i < n && i < MAX_DEVICES; i++)
         if (json_array_append_new(a, device_json(p, &out[i])) != 0) {

@@ -143,7 +143,7 @@ static uint64_t realtime_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-mt_d_cfg_t mt_d_cfg_default(void)
+mt_d_cfg_t mt__d_cfg_default(void)
 {
     return (mt_d_cfg_t){
         .socket_path = NULL,
@@ -174,14 +174,14 @@ mt_d_cfg_t mt_d_cfg_default(void)
     };
 }
 
-int mt_d_cfg_from_env(mt_d_cfg_t *cfg)
+int mt__d_cfg_from_env(mt_d_cfg_t *cfg)
 {
     if (!cfg)
         return MT_EINVAL;
     int rc = mt_prof_socket_path(cfg->default_socket, sizeof cfg->default_socket);
     if (rc != 0)
         cfg->default_socket[0] = '\0';
-    if (mt_d_oom_dir(cfg->default_oom_dir, sizeof cfg->default_oom_dir) != 0)
+    if (mt__d_oom_dir(cfg->default_oom_dir, sizeof cfg->default_oom_dir) != 0)
         cfg->default_oom_dir[0] = '\0'; /* no home (or "off"): no OOM snapshots */
     if (cfg->oom_interval_ms < 0) {
         unsigned ms;
@@ -193,7 +193,7 @@ int mt_d_cfg_from_env(mt_d_cfg_t *cfg)
     return rc;
 }
 
-/* The socket when the cfg names none: what mt_d_cfg_from_env resolved, else the default of
+/* The socket when the cfg names none: what mt__d_cfg_from_env resolved, else the default of
  * a process without environment. New string, or NULL. */
 static char *default_socket_path(const mt_d_cfg_t *cfg)
 {
@@ -432,7 +432,7 @@ static int load_token(mt_d_t *d)
         return 0;
     }
     char path[4200];
-    int rc = mt_d_token_path(d->socket_path, path, sizeof path);
+    int rc = mt__d_token_path(d->socket_path, path, sizeof path);
     if (!rc)
         rc = mt__sf_token_ensure(path, d->token, sizeof d->token);
     if (rc)
@@ -452,7 +452,7 @@ static bool cfg_valid(const mt_d_cfg_t *cfg)
            (cfg->http_port < 0 || cfg->http_host);
 }
 
-int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
+int mt__d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
 {
     if (!out || !cfg || !cfg_valid(cfg))
         return MT_EINVAL;
@@ -538,7 +538,7 @@ int mt_d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     return 0;
 
 fail_handles:
-    mt_d_destroy(&d);
+    mt__d_destroy(&d);
     return rc;
 fail_alloc:
     free(d->socket_path);
@@ -598,7 +598,7 @@ static void run_loop(uv_loop_t *loop, uv_run_mode mode)
     sigpipe_restore(&g);
 }
 
-int mt_d_run(mt_d_t *d)
+int mt__d_run(mt_d_t *d)
 {
     if (!d || d->stopping)
         return MT_EINVAL;
@@ -610,13 +610,13 @@ int mt_d_run(mt_d_t *d)
     return 0;
 }
 
-void mt_d_stop(mt_d_t *d)
+void mt__d_stop(mt_d_t *d)
 {
     if (d)
         uv_async_send(&d->stop_async);
 }
 
-void mt_d_destroy(mt_d_t **p)
+void mt__d_destroy(mt_d_t **p)
 {
     if (!p || !*p)
         return;
@@ -645,22 +645,22 @@ void mt_d_destroy(mt_d_t **p)
     free(d);
 }
 
-int mt_d_http_port(const mt_d_t *d)
+int mt__d_http_port(const mt_d_t *d)
 {
     return d->http_on ? d->http_port : -1;
 }
 
-const char *mt_d_http_token(const mt_d_t *d)
+const char *mt__d_http_token(const mt_d_t *d)
 {
     return d->token;
 }
 
-const char *mt_d_socket_path(const mt_d_t *d)
+const char *mt__d_socket_path(const mt_d_t *d)
 {
     return d->socket_path;
 }
 
-void mt_d_counters(const mt_d_t *d, mt_d_counters_t *out)
+void mt__d_counters(const mt_d_t *d, mt_d_counters_t *out)
 {
     *out = d->ctr;
     out->live_processes = mt__d_live_count(d);

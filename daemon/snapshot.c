@@ -11,7 +11,7 @@
  *   at most cfg.oom_max_snapshots pairs are kept (the oldest go, before the new one is
  *   written). A process gets its first OOM's snapshot, then at most one per
  *   d->oom_interval_ms; the snapshot is copied on the loop and made and written on the
- *   daemon's writer thread (created at the first, joined by mt_d_destroy), one at a time, at most
+ *   daemon's writer thread (created at the first, joined by mt__d_destroy), one at a time, at most
  * MT_D_OOM_JOBS waiting: an OOM storm never stalls the loop (the drain, HTTP, signals). What is not
  * written is counted. */
 #include <errno.h>
@@ -131,7 +131,7 @@ fail:
 static json_t *proc_snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *evs, size_t n)
 {
     mt_model_map_t map;
-    bool have_map = mt_model_map(p->model, MT_MODEL_DEVICE, &map) == 0;
+    bool have_map = mt__model_map(p->model, MT_MODEL_DEVICE, &map) == 0;
     snap_src_t src = {.pid = p->pid,
                       .name = p->name,
                       .process = mt__d_proc_json(p, false),
@@ -143,7 +143,7 @@ static json_t *proc_snapshot_json(const mt_d_proc_t *p, const mt_event_rec_t *ev
                       .ud = (void *)p};
     json_t *o = snapshot_json(&src);
     if (have_map)
-        mt_model_map_free(&map);
+        mt__model_map_free(&map);
     return o;
 }
 
@@ -183,7 +183,7 @@ void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
 
 /* ---- OOM snapshots ---- */
 
-int mt_d_oom_dir(char *buf, size_t len)
+int mt__d_oom_dir(char *buf, size_t len)
 {
     return mt_prof_oom_dir(buf, len); /* one rule for the daemon and the recorder */
 }
@@ -248,20 +248,20 @@ static void oom_work(mt_d_oom_job_t *j)
     if (rc == 0) {
         mt_ts_source_t ts_src = {
             .evs = j->evs, .nevs = j->nevs, .map = &j->map, .tag_name = job_label, .ud = j};
-        rc = mt_ts_from_events(&ts, &ts_src, err, sizeof err);
+        rc = mt__ts_from_events(&ts, &ts_src, err, sizeof err);
     }
     FILE *mem = rc == 0 ? open_memstream(&pk, &pklen) : NULL;
     if (rc == 0 && mem == NULL)
         rc = MT_ENOMEM;
     if (mem != NULL) {
-        rc = mt_ts_write(ts, mem, 2);
+        rc = mt__ts_write(ts, mem, 2);
         if (fclose(mem) != 0 && rc == 0)
             rc = MT_EIO;
     }
     if (rc == 0)
         rc = mt__oomsnap_write_pair(j->dir, j->keep, j->base, text, strlen(text), pk, pklen);
     j->rc = rc;
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     free(pk);
     free(text);
     /* Back, where we may (RLIMIT_NICE); else the thread stays lower: it does nothing else. */
@@ -274,7 +274,7 @@ static void oom_job_free(mt_d_oom_job_t *j)
     json_decref(j->process);
     free(j->evs);
     if (j->have_map)
-        mt_model_map_free(&j->map);
+        mt__model_map_free(&j->map);
     free(j);
 }
 
@@ -431,7 +431,7 @@ static int oom_enqueue(mt_d_t *d, const mt_d_proc_t *p, const mt_d_web_proc_t *t
     memcpy(j->names, p->names, sizeof j->names);
     j->evs = events_of(t, &j->nevs);
     j->process = mt__d_proc_json(p, false);
-    j->have_map = mt_model_map(p->model, MT_MODEL_DEVICE, &j->map) == 0;
+    j->have_map = mt__model_map(p->model, MT_MODEL_DEVICE, &j->map) == 0;
     if (j->evs == NULL || j->process == NULL || !j->have_map) {
         oom_job_free(j);
         return MT_ENOMEM;

@@ -42,7 +42,7 @@ static void put_line(void *ud, const char *line, size_t len)
     put_ctx_t *x = ud;
     json_t *j = json_loadb(line, len, 0, NULL);
     if (j) {
-        (void)mt_model_table_line(x->p->model, j, NULL, 0);
+        (void)mt__model_table_line(x->p->model, j, NULL, 0);
         json_decref(j);
     }
     mt_d_t *d = x->d;
@@ -103,7 +103,7 @@ int mt__d_stacks_tables(const mt_d_proc_t *p, bool sse, mt_d_buf_t *out)
     const mt_model_module_t *mods;
     size_t nm;
     int rc = 0;
-    mt_model_modules(p->model, &mods, &nm);
+    mt__model_modules(p->model, &mods, &nm);
     for (size_t i = 0; i < nm && rc == 0; i++)
         rc = append_json(out,
                          json_pack("{s:i, s:s, s:i, s:s, s:o, s:I, s:s}", "v", 1, "kind", "module",
@@ -111,13 +111,13 @@ int mt__d_stacks_tables(const mt_d_proc_t *p, bool sse, mt_d_buf_t *out)
                                    "size", (json_int_t)mods[i].size, "build_id", mods[i].build_id),
                          sse);
     mt_model_stack_stats_t st;
-    mt_model_stack_stats(p->model, &st);
+    mt__model_stack_stats(p->model, &st);
     size_t left = st.defined; /* ids are given out in order: stop after the last */
     for (uint32_t id = 1; rc == 0 && left > 0 && id <= MT_STACK_ID_MAX; id++) {
         const mt_model_frame_t *f;
         int n;
         bool tr;
-        if (mt_model_stack_frames(p->model, id, &f, &n, &tr) != 0)
+        if (mt__model_stack_frames(p->model, id, &f, &n, &tr) != 0)
             continue;
         left--;
         json_t *fr = json_array();

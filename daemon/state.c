@@ -16,8 +16,8 @@ int mt__d_proc_create(mt_d_proc_t **out, int pid, const char *name)
     mt_d_proc_t *p = calloc(1, sizeof *p);
     if (!p)
         return MT_ENOMEM;
-    if (mt_model_create(&p->model, NULL) != 0 || mt_sym_create(&p->sym) != 0) {
-        mt_model_destroy(&p->model);
+    if (mt__model_create(&p->model, NULL) != 0 || mt__sym_create(&p->sym) != 0) {
+        mt__model_destroy(&p->model);
         free(p);
         return MT_ENOMEM;
     }
@@ -33,13 +33,13 @@ void mt__d_proc_destroy(mt_d_proc_t **pp)
     if (!pp || !*pp)
         return;
     mt_d_proc_t *p = *pp;
-    mt_model_destroy(&p->model);
+    mt__model_destroy(&p->model);
     mt__d_stacks_free(p);
-    mt_sym_destroy(&p->sym);
-    mt_ts_timeline_destroy(&p->sites);
-    mt_ts_destroy(&p->snap);
+    mt__sym_destroy(&p->sym);
+    mt__ts_timeline_destroy(&p->sites);
+    mt__ts_destroy(&p->snap);
     if (p->scopes)
-        mt_scopes_fini(p->scopes);
+        mt__scopes_fini(p->scopes);
     free(p->scopes);
     free(p);
     *pp = NULL;
@@ -102,13 +102,13 @@ static int scopes_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
     if (!p->scopes && ev->kind == MT_EV_MARK_NAMED) {
         if (!(p->scopes = malloc(sizeof *p->scopes)))
             return MT_ENOMEM;
-        mt_scopes_init(p->scopes);
+        mt__scopes_init(p->scopes);
     }
     if (!p->scopes)
         return 0;
     mt_model_figures_t f;
-    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
-    return mt_scopes_event(p->scopes, ev, f.allocated);
+    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
+    return mt__scopes_event(p->scopes, ev, f.allocated);
 }
 
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
@@ -123,7 +123,7 @@ static int proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
     if (ev->kind < MT_EV_KIND_COUNT)
         p->kind_count[ev->kind]++;
     if (ev->kind == MT_EV_GAP) /* no figures, but what is known so far becomes uncertain */
-        return mt_model_apply(p->model, ev);
+        return mt__model_apply(p->model, ev);
     if (ev->kind == MT_EV_TAG_LABEL) {
         /* A label, not an allocator operation: it changes no figure (the model sees it for
          * its seq, so that no gap is taken for one). */
@@ -131,7 +131,7 @@ static int proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
             mt_event_label_unpack(ev, p->labels[ev->tag]);
             names_update(p);
         }
-        return mt_model_apply(p->model, ev);
+        return mt__model_apply(p->model, ev);
     }
     p->last_kind = ev->kind;
     if (ev->kind == MT_EV_OOM) {
@@ -139,13 +139,13 @@ static int proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
         p->last_oom_requested = ev->requested;
         p->last_oom_free = ev->size;
     }
-    return mt_model_apply(p->model, ev);
+    return mt__model_apply(p->model, ev);
 }
 
 double mt__d_proc_utilization(const mt_d_proc_t *p)
 {
     mt_model_figures_t f;
-    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
+    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
     return f.utilization;
 }
 
@@ -182,7 +182,7 @@ static int tags_json(json_t *o, const mt_d_proc_t *p, int cls)
     int bad = 0; /* a value that could not be made or added: out of memory */
     for (int t = 0; t < MT_TAG_MAX; t++) {
         mt_model_tag_t tg;
-        mt_model_tag(p->model, cls, t, &tg);
+        mt__model_tag(p->model, cls, t, &tg);
         if (!tg.peak && !tg.blocks && !tg.uncertain_blocks)
             continue;
         char nb[16];
@@ -203,7 +203,7 @@ static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
 {
     mt_model_map_t map;
     json_t *segs = json_array();
-    if (!segs || mt_model_map(p->model, cls, &map) != 0) {
+    if (!segs || mt__model_map(p->model, cls, &map) != 0) {
         json_decref(segs);
         return MT_ENOMEM;
     }
@@ -222,7 +222,7 @@ static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
     bad |= json_object_set_new(o, "segments", segs);
     if (map.nsegs > n)
         bad |= json_object_set_new(o, "segments_truncated", json_true());
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
     return bad ? MT_ENOMEM : 0;
 }
 
@@ -231,7 +231,7 @@ static int segments_json(json_t *o, const mt_d_proc_t *p, int cls)
 static int class_json(json_t *o, const mt_d_proc_t *p, int cls, bool with_segments)
 {
     mt_model_figures_t f;
-    if (mt_model_figures(p->model, cls, &f) != 0)
+    if (mt__model_figures(p->model, cls, &f) != 0)
         return MT_ENOMEM;
     int bad = 0;
     bad |= json_object_set_new(o, "allocated_bytes", ju(f.allocated));
@@ -258,14 +258,14 @@ static int callsites_json(json_t *o, const mt_d_proc_t *p)
 {
     mt_cs_row_t *rows = NULL;
     size_t n = 0;
-    if (mt_cs_rows_from_model(p->model, MT_CS_LIVE, &rows, &n) != 0)
+    if (mt__cs_rows_from_model(p->model, MT_CS_LIVE, &rows, &n) != 0)
         return -1;
-    mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-    if (mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
+    mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+    if (mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
         free(rows);
         return -1;
     }
-    json_t *a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_CALLSITES_TOP, false);
+    json_t *a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_CALLSITES_TOP, false);
     free(rows);
     return json_object_set_new(o, "callsites", a);
 }
@@ -274,7 +274,7 @@ static int callsites_json(json_t *o, const mt_d_proc_t *p)
 static json_t *devices_json(const mt_d_proc_t *p)
 {
     mt_model_dev_t d[256];
-    size_t n = mt_model_devices(p->model, d, 256);
+    size_t n = mt__model_devices(p->model, d, 256);
     json_t *a = json_array();
     for (size_t i = 0; a && i < n && i < 256; i++)
         if (json_array_append_new(

@@ -34,7 +34,7 @@ static mt_d_proc_t *view_proc(mt_d_t *d, int pid, const char *name)
     return p;
 }
 
-/* A file loaded as a run of its own (mt_d_view_load_run): its pids that a process of an
+/* A file loaded as a run of its own (mt__d_view_load_run): its pids that a process of an
  * earlier file has are given new ones, so two runs never merge into one process.
  * Invariants: older is the last process before this file (NULL: none); from[i] -> to[i]. */
 typedef struct view_map_s {
@@ -157,7 +157,7 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
         /* a stack table or module map line: into the process's model */
         int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
         mt_d_proc_t *p = vp < 0 ? NULL : view_proc(d, vp, NULL);
-        rc = p ? mt_model_table_line(p->model, j, err, errlen) : MT_ENOMEM;
+        rc = p ? mt__model_table_line(p->model, j, err, errlen) : MT_ENOMEM;
         rc = rc > 0 ? 0 : rc;
     } else if (type && (strcmp(type, "event") == 0 || strcmp(type, "gap") == 0)) {
         mt_event_rec_t ev;
@@ -218,7 +218,7 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
 static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
 {
     mt_ts_t *ts = NULL;
-    int rc = mt_ts_read(&ts, path, err, errlen);
+    int rc = mt__ts_read(&ts, path, err, errlen);
     if (rc)
         return rc;
     int pid = 1;
@@ -228,7 +228,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     const char *base = strrchr(path, '/');
     snap_feed_t f = {.d = d, .p = view_proc(d, pid, base ? base + 1 : path)};
     if (!f.p) {
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
         snprintf(err, errlen, "%s: out of memory", path);
         return MT_ENOMEM;
     }
@@ -239,7 +239,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
             mt_event_label_pack(&lab, ts->tag_label[t]);
             snap_apply(&f, &lab);
         }
-    rc = mt_ts_records(ts, snap_rec, &f);
+    rc = mt__ts_records(ts, snap_rec, &f);
     /* PyTorch's time_us count from the Unix epoch (the records' time_ns = time_us * 1000):
      * the page's times are epoch seconds as they are, not this machine's monotonic clock
      * moved to its wall clock. A file without times keeps event order on that clock. */
@@ -251,7 +251,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         last_us = us > last_us ? us : last_us;
     }
     if (rc == 0 && f.p->sites == NULL &&
-        mt_ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS) == 0) {
+        mt__ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS) == 0) {
         f.p->snap = ts; /* the page names blocks' frames from it */
         ts = NULL;
     }
@@ -261,7 +261,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         f.p->registered_realtime = (uint64_t)first_us * 1000u;
         f.p->exited_realtime = (uint64_t)last_us * 1000u;
     }
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     if (rc)
         snprintf(err, errlen, "%s: %s", path, mt_strerror(rc));
     return rc;
@@ -277,17 +277,17 @@ static int set_doc(char **doc, const char *json)
     return 0;
 }
 
-int mt_d_view_set_diff(mt_d_t *d, const char *json)
+int mt__d_view_set_diff(mt_d_t *d, const char *json)
 {
     return set_doc(&d->diff, json);
 }
 
-int mt_d_view_set_jobs(mt_d_t *d, const char *json)
+int mt__d_view_set_jobs(mt_d_t *d, const char *json)
 {
     return set_doc(&d->jobs, json);
 }
 
-bool mt_d_view_has_ranks(const mt_d_t *d)
+bool mt__d_view_has_ranks(const mt_d_t *d)
 {
     for (const mt_d_proc_t *p = d->procs; p; p = p->next)
         if (p->job.rank >= 0)
@@ -298,14 +298,14 @@ bool mt_d_view_has_ranks(const mt_d_t *d)
 static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,
                      unsigned long *bad, char *err, size_t errlen);
 
-int mt_d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
-                   char *err, size_t errlen)
+int mt__d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                    char *err, size_t errlen)
 {
     return view_load(d, NULL, path, events, bad, err, errlen);
 }
 
-int mt_d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
-                       char *err, size_t errlen)
+int mt__d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
+                        char *err, size_t errlen)
 {
     view_map_t m = {0};
     for (const mt_d_proc_t *q = d->procs; q; q = q->next)
@@ -356,7 +356,7 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
                      unsigned long *bad, char *err, size_t errlen)
 {
     d->recorded = true;
-    if (strcmp(path, "-") != 0 && mt_ts_is_pickle(path)) {
+    if (strcmp(path, "-") != 0 && mt__ts_is_pickle(path)) {
         uint64_t before = d->ctr.events;
         int rc = view_snapshot(d, path, err, errlen);
         *events += (unsigned long)(d->ctr.events - before);

@@ -424,7 +424,7 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
         ev.pool = g->pool;
         ev.stream = g->stream;
         ev.tag = 0;
-        mt_model_apply(m, &ev);
+        mt__model_apply(m, &ev);
     }
     for (size_t i = 0; i < map->nblocks; i++) {
         const mt_model_block_t *k = &map->blocks[i];
@@ -434,7 +434,7 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
             ev.addr = k->addr;
             ev.size = k->stack;
             ev.pool = k->pool;
-            mt_model_apply(m, &ev);
+            mt__model_apply(m, &ev);
         }
         ev.seq = (*seq)++;
         ev.kind = MT_EV_ALLOC;
@@ -443,11 +443,11 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
         ev.pool = k->pool;
         ev.stream = 0;
         ev.tag = k->tag;
-        mt_model_apply(m, &ev);
+        mt__model_apply(m, &ev);
         if (k->pending) {
             ev.seq = (*seq)++;
             ev.kind = MT_EV_FREE_REQUESTED;
-            mt_model_apply(m, &ev);
+            mt__model_apply(m, &ev);
         }
     }
 }
@@ -457,13 +457,13 @@ int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
     mt_model_map_t map[MT_MODEL_CLASSES] = {{0}};
     mt_model_figures_t f[MT_MODEL_CLASSES];
     mt_model_t *m = NULL;
-    if (mt_model_create(&m, NULL) != 0)
+    if (mt__model_create(&m, NULL) != 0)
         goto fail_create;
     size_t k = 0;
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
-        if (mt_model_map(t->base, cls, &map[cls]) != 0)
+        if (mt__model_map(t->base, cls, &map[cls]) != 0)
             goto fail_map;
-        mt_model_figures_totals(t->base, cls, &f[cls]);
+        mt__model_figures_totals(t->base, cls, &f[cls]);
         k += map[cls].nsegs + map[cls].nblocks;
         for (size_t i = 0; i < map[cls].nblocks; i++)
             k += map[cls].blocks[i].pending + (map[cls].blocks[i].stack != 0);
@@ -474,16 +474,16 @@ int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
     uint64_t t0 = t->wcount ? mt__d_web_window_at(t, 0)->time_ns : 0;
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
         synth_class(m, &map[cls], &f[cls], t0, &seq);
-        mt_model_map_free(&map[cls]);
+        mt__model_map_free(&map[cls]);
     }
     for (size_t i = 0; i < upto; i++)
-        mt_model_apply(m, mt__d_web_window_at(t, i));
+        mt__model_apply(m, mt__d_web_window_at(t, i));
     *out = m;
     return 0;
 fail_map:
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
-        mt_model_map_free(&map[cls]);
-    mt_model_destroy(&m);
+        mt__model_map_free(&map[cls]);
+    mt__model_destroy(&m);
 fail_create:
     return MT_ENOMEM;
 }
@@ -519,8 +519,8 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
 {
     mt_model_figures_t f;
     mt_model_map_t map;
-    if (mt_model_figures(m, MT_MODEL_DEVICE, &f) != 0 ||
-        mt_model_map(m, MT_MODEL_DEVICE, &map) != 0)
+    if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0 ||
+        mt__model_map(m, MT_MODEL_DEVICE, &map) != 0)
         return mt__d_buf_fail(o, MT_ENOMEM);
     mt__d_buf_printf(o,
                      ",\"allocated\":%" PRIu64 ",\"reserved\":%" PRIu64 ",\"total_free\":%" PRIu64
@@ -531,7 +531,7 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
     bool any = false;
     for (int tag = 0; tag < MT_TAG_MAX && !o->err; tag++) {
         mt_model_tag_t tg;
-        mt_model_tag(m, MT_MODEL_DEVICE, tag, &tg);
+        mt__model_tag(m, MT_MODEL_DEVICE, tag, &tg);
         if (!tg.blocks && !tg.peak && !tg.uncertain_blocks)
             continue;
         char nbuf[32];
@@ -568,7 +568,7 @@ static int put_map(mt_d_buf_t *o, const mt_model_t *m, const mt_d_proc_t *p)
         mt__d_buf_append(o, "]", 1);
     }
     mt__d_buf_printf(o, "],\"blocks_truncated\":%s", n < map.nblocks ? "true" : "false");
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
     return o->err;
 }
 
@@ -609,7 +609,7 @@ void mt__d_web_serve_map(mt_d_conn_t *c, const char *query, bool head)
     if (!o.err)
         put_map(&o, past ? m : p->model, p);
     mt__d_buf_append(&o, "}\n", 2);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
     mt__d_web_send(c, &o, head);
 }
 
@@ -621,10 +621,10 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
 {
     mt_cs_row_t row = {.stack = id};
     const mt_model_frame_t *fr;
-    if (mt_model_stack_frames(p->model, id, &fr, &row.n_frames, &row.truncated) == 0)
+    if (mt__model_stack_frames(p->model, id, &fr, &row.n_frames, &row.truncated) == 0)
         row.frames = (const mt_cs_frame_t *)fr;
-    mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-    json_t *a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false);
+    mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+    json_t *a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false);
     char *txt = a ? json_dumps(json_array_get(a, 0), JSON_COMPACT) : NULL;
     json_decref(a);
     if (!txt)
@@ -645,18 +645,18 @@ static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
     if (!fr)
         return mt__d_buf_fail(o, MT_ENOMEM);
-    n = mt_ts_stack_frames(ts, id, fr, n);
-    int user = mt_fr_pick(NULL, fr, n);
+    n = mt__ts_stack_frames(ts, id, fr, n);
+    int user = mt__fr_pick(NULL, fr, n);
     char buf[512];
     mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
-    mt__d_web_json_str(o, user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
+    mt__d_web_json_str(o, user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
     mt__d_buf_append(o, ",\"frames\":[", 11);
     size_t shown = 0;
     for (size_t i = user >= 0 ? (size_t)user : n; i < n && !o->err; i++) {
-        if ((int)i != user && mt_fr_match(NULL, &fr[i]) != NULL)
+        if ((int)i != user && mt__fr_match(NULL, &fr[i]) != NULL)
             continue;
         mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
-        mt__d_web_json_str(o, mt_fr_site(&fr[i], buf, sizeof buf));
+        mt__d_web_json_str(o, mt__fr_site(&fr[i], buf, sizeof buf));
         mt__d_buf_append(o, ",\"file\":", 8);
         mt__d_web_json_str(o, fr[i].file ? fr[i].file : "");
         mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");

@@ -89,25 +89,25 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     json_t *j = NULL;
     int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
     if (!rc)
-        rc = mt_gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
+        rc = mt__gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
     if (!rc)
-        j = mt_gap_json(&g, 5);
+        j = mt__gap_json(&g, 5);
     json_t *pins = json_object_get(j, "pins");
     for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
         json_t *pin = json_array_get(pins, i);
         uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
         mt_fr_frame_t fr[256];
-        size_t n = mt_ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
-        int user = mt_fr_pick(NULL, fr, n);
+        size_t n = mt__ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
+        int user = mt__fr_pick(NULL, fr, n);
         char buf[512];
         json_object_set_new(
             pin, "site",
-            json_string(user >= 0 ? mt_fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
+            json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
     }
     send_at(c, p, t, past, upto, "gap", rc, j, head);
     json_decref(j);
-    mt_gap_free(&g);
-    mt_model_destroy(&m);
+    mt__gap_free(&g);
+    mt__model_destroy(&m);
 }
 
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
@@ -125,26 +125,26 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     size_t n = 0;
     int rc = past ? mt__d_web_state_at(t, upto, &m) : 0;
     if (!rc)
-        rc = mt_cs_rows_from_model(past ? m : p->model, MT_CS_LIVE, &rows, &n);
+        rc = mt__cs_rows_from_model(past ? m : p->model, MT_CS_LIVE, &rows, &n);
     for (size_t i = 0; !rc && i < n; i++) { /* the table is the live model's */
         const mt_model_frame_t *fr;
         rows[i].frames = NULL;
-        if (mt_model_stack_frames(p->model, rows[i].stack, &fr, &rows[i].n_frames,
-                                  &rows[i].truncated) == 0)
+        if (mt__model_stack_frames(p->model, rows[i].stack, &fr, &rows[i].n_frames,
+                                   &rows[i].truncated) == 0)
             rows[i].frames = (const mt_cs_frame_t *)fr;
     }
     json_t *a = NULL;
     if (!rc) {
-        mt_cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-        rc = mt_cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
+        mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+        rc = mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
     }
     if (!rc) {
-        a = mt_cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
+        a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
     }
     send_at(c, p, t, past, upto, "callsites", rc, a, head);
     json_decref(a);
     free(rows);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 /* ---- scopes, temporary allocations, settings changed ---- */
@@ -161,11 +161,11 @@ static int snap_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
 {
     const mt_d_proc_t *p = ctx;
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-    size_t n = mt_ts_stack_frames(p->snap, row->key, fr, sizeof fr / sizeof fr[0]);
+    size_t n = mt__ts_stack_frames(p->snap, row->key, fr, sizeof fr / sizeof fr[0]);
     if (n == 0)
         snprintf(key, len, "no stack recorded");
     else
-        mt_fr_stack_key(NULL, fr, n, MT_FR_BY_SITE, key, len);
+        mt__fr_stack_key(NULL, fr, n, MT_FR_BY_SITE, key, len);
     return 0;
 }
 
@@ -175,14 +175,14 @@ static int snap_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
 static json_t *temporary_json(const mt_d_proc_t *p, const mt__report_cfg_t *cfg, const char **by)
 {
     mt_model_stack_stats_t ss;
-    mt_model_stack_stats(p->model, &ss);
+    mt__model_stack_stats(p->model, &ss);
     if (p->snap) {
         mt_model_temp_t *rows = NULL;
         size_t n = 0;
         *by = "site";
-        if (mt_model_temporary(p->model, MT_MODEL_DEVICE, false, &rows, &n) != 0)
+        if (mt__model_temporary(p->model, MT_MODEL_DEVICE, false, &rows, &n) != 0)
             return NULL;
-        json_t *a = mt__report_temp_group(rows, n, mt_model_temp_buckets(p->model), snap_key,
+        json_t *a = mt__report_temp_group(rows, n, mt__model_temp_buckets(p->model), snap_key,
                                           (void *)p, cfg->top);
         free(rows);
         return a;
@@ -201,7 +201,7 @@ static json_t *settings_json(const mt_d_proc_t *p, const mt_d_web_proc_t *t)
     const mt_model_setting_t *v;
     size_t n;
     uint64_t dropped;
-    mt_model_settings(p->model, &v, &n, &dropped);
+    mt__model_settings(p->model, &v, &n, &dropped);
     for (size_t i = 0; a && i < n && i < json_array_size(a); i++)
         if (json_object_set_new(json_array_get(a, i), "at",
                                 json_real(mt__d_web_secs(t, v[i].time_ns))) != 0) {
@@ -222,7 +222,7 @@ void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
         return;
     mt__report_cfg_t cfg = mt__report_cfg_default();
     const char *by = "tag";
-    json_t *sc = mt_scopes_json(p->scopes);
+    json_t *sc = mt__scopes_json(p->scopes);
     json_t *tmp = temporary_json(p, &cfg, &by); /* sets by: before the pack reads it */
     json_t *o =
         json_pack("{s:i, s:o, s:o, s:s, s:I, s:o}", "pid", p->pid, "scopes", sc ? sc : json_array(),

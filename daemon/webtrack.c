@@ -35,7 +35,7 @@ void mt__d_web_set_window(mt_d_t *d, size_t events)
         w->window = events < 1024 ? 1024 : events;
 }
 
-void mt_d_set_event_window(mt_d_t *d, size_t events)
+void mt__d_set_event_window(mt_d_t *d, size_t events)
 {
     mt__d_web_set_window(d, events);
 }
@@ -44,7 +44,7 @@ static void tracker_free(mt_d_web_proc_t *t)
 {
     free(t->coarse);
     free(t->win);
-    mt_model_destroy(&t->base);
+    mt__model_destroy(&t->base);
     free(t);
 }
 
@@ -60,7 +60,7 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     t->win = malloc(t->wcap * sizeof *t->win);
     if (!t->win)
         goto fail_window;
-    if (mt_model_create(&t->base, NULL) != 0)
+    if (mt__model_create(&t->base, NULL) != 0)
         goto fail_base;
     t->proc = p;
     t->off_ns = clock_offset_ns();
@@ -195,8 +195,8 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
 {
     mt_d_web_bkt_t *c = &t->cur;
     mt_model_figures_t dev, host;
-    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &dev);
-    mt_model_figures_totals(p->model, MT_MODEL_HOST, &host);
+    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &dev);
+    mt__model_figures_totals(p->model, MT_MODEL_HOST, &host);
     c->alast = dev.allocated;
     c->rlast = dev.reserved;
     c->peak = dev.peak_allocated;
@@ -204,7 +204,7 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
     c->hres = host.reserved;
     if (ev->tag < MT_TAG_MAX && ev->pool != MT_POOL_HOST) {
         mt_model_tag_t tg;
-        mt_model_tag(p->model, MT_MODEL_DEVICE, ev->tag, &tg);
+        mt__model_tag(p->model, MT_MODEL_DEVICE, ev->tag, &tg);
         c->tag[ev->tag] = tg.bytes;
     }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
@@ -263,7 +263,7 @@ static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
     if (t->wcount == t->wcap) {
         /* The oldest event leaves the window: the base model takes it. */
         const mt_event_rec_t *old = &t->win[t->whead];
-        mt_model_apply(t->base, old);
+        mt__model_apply(t->base, old);
         t->wcount--;
     }
     t->win[t->whead] = *ev;

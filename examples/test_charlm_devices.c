@@ -1,4 +1,4 @@
-/* train_charlm --devices 2 against the single-device run (issue 15 item 4): the same seed
+/* train_charlm --devices 2 against the single-device run: the same seed
  * and global batch give the same loss curve within float tolerance; no compaction warning
  * fires; the report shows each device's memory; each step moves one flat copy per buffer
  * and replica; --rebind shows the non-flat case, warned once per replica, with the bytes

@@ -1020,7 +1020,7 @@ static void init_once(void)
                                      "backend");
     }
     /* cuda mode when a driver answers with devices. No device is touched here: a context
-     * is made on a device only when memory is first asked of it (issue 16 item 11), never
+     * is made on a device only when memory is first asked of it, never
      * because a symbol was looked up. */
     if (P->bcfg.kind != MT_BACKEND_SIM) {
         const char *path = getenv("MEMTRACE_LIBCUDA");

@@ -252,7 +252,7 @@ static CUstream pt_stream(CUstream s, bool pt)
 
 /* real_async: the driver's own entry point for a stream-ordered call (NULL for
  * cuMemAlloc). On a capturing stream the driver's makes the graph's allocation node: a
- * device malloc of ours there would break the capture (issue 16 item 7); that node's
+ * device malloc of ours there would break the capture; that node's
  * memory is the graph's, made at launch, so it is not reported as taken now. What goes
  * to the driver otherwise is reported for ra's module (outside.c). */
 static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
@@ -305,7 +305,7 @@ static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
 }
 
 /* real_free: the driver's own free for what memtrace did not hand out (managed, pitch,
- * pool, graph allocations: issue 16 item 2); NULL on sim, where it is an error. */
+ * pool, graph allocations); NULL on sim, where it is an error. */
 static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*real_free)(void))
 {
     if (p == 0)

@@ -245,7 +245,7 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
 }
 
 /* real_free: the runtime's own free for pointers memtrace did not hand out (managed,
- * pitch, 3D, pool and graph allocations; issue 16 item 2). On sim there is none: such a
+ * pitch, 3D, pool and graph allocations). On sim there is none: such a
  * free is an error there, as nothing else could have allocated device memory. */
 static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
 {
@@ -411,7 +411,7 @@ MT_HOOK cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
     return mt__preload_rt_ret(e);
 }
 
-/* Drops the current device's cache and state first (issue 16 item 1), then resets. */
+/* Drops the current device's cache and state first, then resets. */
 MT_HOOK cudaError_t cudaDeviceReset(void)
 {
     mt__preload_drop_device(rt_device());
@@ -420,7 +420,7 @@ MT_HOOK cudaError_t cudaDeviceReset(void)
     return cudaSuccess;
 }
 
-/* Blocks freed while the graph was captured go back to the pool (issue 16 item 7). */
+/* Blocks freed while the graph was captured go back to the pool. */
 MT_HOOK cudaError_t cudaGraphDestroy(cudaGraph_t graph)
 {
     if (graph != NULL)
@@ -494,7 +494,7 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
 
 /* ---- devices, peer access and errors (sim-served) ---- */
 
-/* Peer access (issue 16 item 10): the runtime's call covers cuMemAlloc memory only, so
+/* Peer access: the runtime's call covers cuMemAlloc memory only, so
  * the peer's expandable segments are granted to the current device too. */
 MT_HOOK cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 {

@@ -8,7 +8,7 @@
 #include "preload/preload.h"
 
 /* ---- allocations memtrace does not serve: the driver's, with the cache given back when
- * the driver runs out (issue 16 item 12), reported by calling library (outside.c) ---- */
+ * the driver runs out, reported by calling library (outside.c) ---- */
 
 /* The driver's name(...), made once more after the caches went back if it ran out. */
 #define CALL_RETRY_OOM(name, ...)                                                                  \
@@ -112,7 +112,7 @@ MT_HOOK CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize
     return r;
 }
 
-/* ---- sub-allocated blocks as the program sees them (issue 16 item 6) ---- */
+/* ---- sub-allocated blocks as the program sees them ---- */
 
 /* The block ptr lies in, if memtrace handed it out: [*base, *base + *size). */
 static bool our_block(CUdeviceptr p, CUdeviceptr *base, size_t *size)
@@ -189,7 +189,7 @@ MT_HOOK CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-/* ---- device reset and context teardown (issue 16 item 1) ---- */
+/* ---- device reset and context teardown ---- */
 
 /* The device whose primary context ctx is, or -1 (another context, or none). */
 int mt__preload_primary_device_of(CUcontext ctx)
@@ -247,7 +247,7 @@ MT_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
     return r;
 }
 
-/* ---- graphs: blocks freed while capturing them (issue 16 item 7) ---- */
+/* ---- graphs: blocks freed while capturing them ---- */
 
 MT_HOOK CUresult cuGraphDestroy(CUgraph hGraph)
 {

@@ -153,7 +153,7 @@ void mt__preload_marks_fork_child(void);
  * pointer too, so an address reused after a device reset is not mistaken for one. */
 void mt__preload_ordered_add(const void *ptr);
 bool mt__preload_ordered_take(const void *ptr);
-/* Device reset or primary-context teardown (issue 16 item 1): drops device d's cache and
+/* Device reset or primary-context teardown: drops device d's cache and
  * state first, while the context can still free them. */
 void mt__preload_drop_device(int device);
 /* Device dev enabled peer access to device peer (both in range, distinct): peer's
@@ -166,7 +166,7 @@ bool mt__preload_release_cached(void);
 /* Empties the managed allocators' caches: a device allocator that ran out retries after
  * it, since their cached segments take the same device memory. True if any went back. */
 bool mt__preload_release_managed(void);
-/* Stream capture (issue 16 item 7). capture_graph: 1 and the graph being captured into if
+/* Stream capture. capture_graph: 1 and the graph being captured into if
  * the program's stream handle is capturing (cuda mode; the legacy stream never is), else
  * 0. A block freed on a capturing stream is parked (mt__preload_park) rather than freed:
  * the graph may use it whenever it is launched. unpark(NULL, graph) frees the blocks of a

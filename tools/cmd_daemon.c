@@ -9,7 +9,7 @@
 
 int mt_cmd_daemon(int argc, char **argv)
 {
-    return mt_d_cli_main(argc, argv, "memtrace daemon");
+    return mt__d_cli_main(argc, argv, "memtrace daemon");
 }
 
 /* The one option: --socket PATH (NULL: the default socket). */
@@ -37,9 +37,9 @@ static int parse_args(int argc, char **argv, const char **sock)
 static int run(const char *sock)
 {
     char path[4200], tok[40];
-    int rc = mt_d_token_path(sock, path, sizeof path);
+    int rc = mt__d_token_path(sock, path, sizeof path);
     if (!rc)
-        rc = mt_d_client_token(sock, tok, sizeof tok);
+        rc = mt__d_client_token(sock, tok, sizeof tok);
     if (rc) {
         fprintf(stderr, "memtrace token: cannot read %s: %s%s\n", path, mt_strerror(rc),
                 rc == -EPERM ? " (not ours, or readable by others)" : "");

@@ -93,7 +93,7 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     *out = NULL;
     mt__report_cfg_t cfg = mt__report_cfg_default();
     mt_fr_rules_t *rules = NULL;
-    if (mt_fr_rules_create(&rules, all_frames) != 0) {
+    if (mt__fr_rules_create(&rules, all_frames) != 0) {
         fprintf(stderr, "%s: out of memory\n", prog);
         return 1;
     }
@@ -106,13 +106,13 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     int status = read_side(prog, before, &cfg, &side[0]);
     if (status == 0)
         status = read_side(prog, after, &cfg, &side[1]);
-    if (status == 0 && mt_diff_reports(side[0], side[1], dc, out, crossed) != 0) {
+    if (status == 0 && mt__diff_reports(side[0], side[1], dc, out, crossed) != 0) {
         fprintf(stderr, "%s: out of memory\n", prog);
         status = 1;
     }
     json_decref(side[0]);
     json_decref(side[1]);
-    mt_fr_rules_destroy(&rules);
+    mt__fr_rules_destroy(&rules);
     return status;
 }
 
@@ -273,7 +273,7 @@ static int parse_args(int argc, char **argv, diff_opts_t *o)
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    *o = (diff_opts_t){.dc = mt_diff_cfg_default(), .by = mt__report_cfg_default().by, .top = 10};
+    *o = (diff_opts_t){.dc = mt__diff_cfg_default(), .by = mt__report_cfg_default().by, .top = 10};
     mt_diff_cfg_t *dc = &o->dc;
     int c;
     optind = 1;
@@ -301,7 +301,7 @@ static int parse_args(int argc, char **argv, diff_opts_t *o)
             break;
         }
         case 'b':
-            o->by = mt_fr_by_parse(optarg);
+            o->by = mt__fr_by_parse(optarg);
             if (o->by < 0 || o->by == MT_FR_BY_TAG) {
                 fprintf(stderr, "memtrace diff: --by wants site, function, file, module or "
                                 "stack (tags are always compared)\n");

@@ -149,7 +149,7 @@ static int run(const export_opts_t *o)
     }
     mt_ts_t *ts = NULL;
     char err[512];
-    if (status == 0 && mt_ts_from_report(&ts, r, proc, err, sizeof err) < 0) {
+    if (status == 0 && mt__ts_from_report(&ts, r, proc, err, sizeof err) < 0) {
         fprintf(stderr, "memtrace export: %s\n", err);
         status = 1;
     }
@@ -158,7 +158,7 @@ static int run(const export_opts_t *o)
     mt__report_destroy(&r);
     if (status == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
-        int rc = f ? mt_ts_write(ts, f, era) : MT_EIO;
+        int rc = f ? mt__ts_write(ts, f, era) : MT_EIO;
         if (f != NULL && f != stdout && fclose(f) != 0 && rc == 0)
             rc = MT_EIO;
         if (rc < 0) {
@@ -172,7 +172,7 @@ static int run(const export_opts_t *o)
                     "layout)\n",
                     output, ts->nsegments, era == 2 ? ts->nevents : 0, era == 2 ? "2.x" : "1.13");
     }
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     mt__report_destroy(&r);
     return status ? status : bad ? 2 : 0;
 }

@@ -193,7 +193,7 @@ static void print_hosts(const char *path, const mt_trace_t *t, const mt_replay_c
                         const mt_replay_result_t *r)
 {
     char machine[192];
-    mt_replay_machine(machine, sizeof machine);
+    mt__replay_machine(machine, sizeof machine);
     printf("  %-24s %s\n", "machine", machine);
     double ops = r->ops ? (double)r->ops : 1;
     double own = (double)(r->elapsed_ns -
@@ -214,13 +214,13 @@ static void print_hosts(const char *path, const mt_trace_t *t, const mt_replay_c
             ns = (double)je.ns / ops;
         } else {
             mt_host_alloc_t h;
-            mt_host_alloc_load(&h, i);
+            mt__host_alloc_load(&h, i);
             if (h.alloc == NULL) {
                 printf("  %-24s %s\n", "", h.note);
                 continue;
             }
             snprintf(name, sizeof name, "%s", h.name);
-            ns = (double)mt_replay_host(&h, t, cfg->rounds) / ops;
+            ns = (double)mt__replay_host(&h, t, cfg->rounds) / ops;
         }
         printf("  %-24s %.1f ns per op (memtrace without modelled cost: %.2fx)\n", name, ns,
                ns > 0 ? own / ns : 0.0);
@@ -317,7 +317,7 @@ static int parse_args(int argc, char **argv, replay_opts_t *o)
         {MT_TOOL_HOST_OPTION, required_argument, NULL, 'H'},
         {NULL, 0, NULL, 0},
     };
-    *o = (replay_opts_t){.cfg = mt_replay_cfg_default()};
+    *o = (replay_opts_t){.cfg = mt__replay_cfg_default()};
     mt_replay_cfg_t *cfg = &o->cfg;
     cfg->sample_peak = true;
     cfg->rounds = 3; /* the fastest of three passes: one pass of a short trace is noisy */
@@ -378,7 +378,7 @@ static int run(const replay_opts_t *o)
     mt_replay_cfg_t cfg = o->cfg;
     if (o->host_rounds > 0)
         return mt_tool_jemalloc_child(path, (unsigned)o->host_rounds);
-    if (mt_ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
+    if (mt__ts_is_pickle(path)) /* a PyTorch memory snapshot (docs/torch-snapshot.md) */
         return mt_tool_replay_snapshot(path, &cfg, json);
     char err[MT_TRACE_ERR_LEN + 256] = "";
     mt_backend_cfg_t env_bc = mt_backend_cfg_default();
@@ -387,16 +387,16 @@ static int run(const replay_opts_t *o)
         return 2;
     }
     mt_trace_t *t = NULL;
-    int rc = mt_trace_load(&t, path, err, sizeof err);
+    int rc = mt__trace_load(&t, path, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "memtrace replay: %s\n", err);
         return rc == MT_ENOMEM || rc == MT_EIO ? 1 : 2;
     }
     mt_replay_result_t res;
-    rc = mt_replay_run(t, &cfg, &res, err, sizeof err);
+    rc = mt__replay_run(t, &cfg, &res, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "memtrace replay: %s\n", err);
-        mt_trace_free(&t);
+        mt__trace_free(&t);
         return rc == MT_EINVAL ? 2 : 1;
     }
     if (json && (rc = print_json(path, t, &cfg, &res)) < 0)
@@ -405,7 +405,7 @@ static int run(const replay_opts_t *o)
         print_text(path, t, &cfg, &res);
         print_hosts(path, t, &cfg, &res);
     }
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     return rc < 0 ? 1 : 0;
 }
 

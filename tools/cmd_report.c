@@ -304,7 +304,7 @@ static void print_callsites(json_t *cs, bool tagged)
     if (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))
         return;
     char t[3][96];
-    const char *by = popt.by == MT_FR_BY_SITE ? "call site" : mt_fr_by_name(popt.by);
+    const char *by = popt.by == MT_FR_BY_SITE ? "call site" : mt__fr_by_name(popt.by);
     snprintf(t[0], sizeof t[0], "live bytes at the peak, by %s", by);
     snprintf(t[1], sizeof t[1], "never freed, by %s", by);
     snprintf(t[2], sizeof t[2], "growth per iteration, by %s", by);
@@ -892,7 +892,7 @@ static void print_rules(void)
     static const char *const kinds[] = {"function", "file",        "file is",
                                         "module",   "native file", "native, no file"};
     size_t n;
-    const mt_fr_rule_t *r = mt_fr_default_rules(&n);
+    const mt_fr_rule_t *r = mt__fr_default_rules(&n);
     printf("%-16s %-44s %-10s %s\n", "kind", "pattern", "class", "why");
     for (size_t i = 0; i < n; i++)
         printf("%-16s %-44s %-10s %s\n", r[i].kind < 6 ? kinds[r[i].kind] : "?",
@@ -961,7 +961,7 @@ static int parse_args(int argc, char **argv, report_opts_t *o)
             }
             break;
         case 'b':
-            pr->by = mt_fr_by_parse(optarg);
+            pr->by = mt__fr_by_parse(optarg);
             if (pr->by < 0) {
                 fprintf(stderr, "memtrace report: --by wants site, function, file, module, "
                                 "stack, modules or tag\n");
@@ -1025,16 +1025,16 @@ static int run(const report_opts_t *o)
     mt__report_cfg_t cfg = o->cfg;
     popt = o->print; /* read by the printers below */
     mt_fr_rules_t *rules = NULL;
-    if (mt_fr_rules_create(&rules, popt.all) != 0) {
+    if (mt__fr_rules_create(&rules, popt.all) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         return 1;
     }
     for (int i = 0; i < o->nskips; i++) {
-        int rc = mt_fr_rules_add(rules, o->skips[i]);
+        int rc = mt__fr_rules_add(rules, o->skips[i]);
         if (rc != 0) {
             fprintf(stderr, "memtrace report: --skip-frames %s: %s\n", o->skips[i],
                     rc == MT_EINVAL ? "empty pattern" : "out of memory");
-            mt_fr_rules_destroy(&rules);
+            mt__fr_rules_destroy(&rules);
             return rc == MT_EINVAL ? 2 : 1;
         }
     }
@@ -1043,7 +1043,7 @@ static int run(const report_opts_t *o)
     cfg.frames = rules;
     cfg.by_callsite = popt.by != MT_FR_BY_TAG;
     int status = report_run(&cfg, o->as_json, o->logs, o->nlogs);
-    mt_fr_rules_destroy(&rules);
+    mt__fr_rules_destroy(&rules);
     return status;
 }
 
@@ -1065,13 +1065,13 @@ static void add_replay(mt__report_t *r, json_t *res)
         mt_trace_t *t = NULL;
         mt_replay_result_t out;
         char err[256] = "out of memory";
-        mt_replay_cfg_t rc = mt_replay_cfg_default();
+        mt_replay_cfg_t rc = mt__replay_cfg_default();
         /* the sim device must hold what the program reserved: room for twice that */
         uint64_t need = (uint64_t)num(p, "peak_reserved") * 2;
         rc.capacity = need > (UINT64_C(8) << 30) ? (size_t)need : 0;
         int st = mt__report_trace(r, i, &t);
         if (st == 0)
-            st = mt_replay_run(t, &rc, &out, err, sizeof err);
+            st = mt__replay_run(t, &rc, &out, err, sizeof err);
         if (st == 0) {
             json_object_set_new(p, "replay_reserved_bytes",
                                 json_integer((json_int_t)(out.peak_reserved & INT64_MAX)));
@@ -1082,7 +1082,7 @@ static void add_replay(mt__report_t *r, json_t *res)
             fprintf(stderr, "memtrace report: --replay of process %d: %s\n",
                     (int)json_integer_value(json_object_get(p, "pid")), err);
         }
-        mt_trace_free(&t);
+        mt__trace_free(&t);
     }
 }
 

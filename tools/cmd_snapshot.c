@@ -197,15 +197,15 @@ static int run(const snap_opts_t *o)
         sock = path;
     }
     int fd, status = 0;
-    if (mt_d_client_connect(sock, &fd) != 0) {
+    if (mt__d_client_connect(sock, &fd) != 0) {
         fprintf(stderr, "memtrace snapshot: no daemon at %s (start one: memtrace daemon)\n", sock);
         return 1;
     }
     char req[64], *text = NULL;
     int n = snprintf(req, sizeof req, "{\"type\":\"snapshot\",\"pid\":%ld}\n", pid);
-    int rc = mt_d_client_send(fd, req, (size_t)n);
+    int rc = mt__d_client_send(fd, req, (size_t)n);
     if (rc == 0)
-        rc = mt_d_client_read_all(fd, 256u << 20, 10000, &text, NULL);
+        rc = mt__d_client_read_all(fd, 256u << 20, 10000, &text, NULL);
     close(fd);
     json_t *ans = rc == 0 ? json_loads(text, 0, NULL) : NULL;
     if (ans == NULL || json_object_get(ans, "error") != NULL) {
@@ -233,7 +233,7 @@ static int run(const snap_opts_t *o)
     char err[256];
     rc = parse_answer(ans, &src, &map, &lab, err, sizeof err);
     if (rc == 0) {
-        rc = mt_ts_from_events(&ts, &src, err, sizeof err);
+        rc = mt__ts_from_events(&ts, &src, err, sizeof err);
         free((void *)src.evs);
     }
     free(map.segs);
@@ -241,7 +241,7 @@ static int run(const snap_opts_t *o)
     json_decref(ans);
     if (rc == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
-        rc = f ? mt_ts_write(ts, f, o->era) : MT_EIO;
+        rc = f ? mt__ts_write(ts, f, o->era) : MT_EIO;
         if (f != NULL && f != stdout && fclose(f) != 0 && rc == 0)
             rc = MT_EIO;
         snprintf(err, sizeof err, "%s: %s", output, mt_strerror(rc));
@@ -252,7 +252,7 @@ static int run(const snap_opts_t *o)
     } else if (strcmp(output, "-") != 0)
         fprintf(stderr, "memtrace snapshot: wrote %s (process %ld: %zu segments, %zu events)\n",
                 output, pid, ts->nsegments, ts->nevents);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     return status;
 }
 

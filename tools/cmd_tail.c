@@ -218,16 +218,16 @@ static int run(const tail_opts_t *o)
     char *line = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     int fd;
-    int rc = mt_d_client_connect(o->sock, &fd);
+    int rc = mt__d_client_connect(o->sock, &fd);
     if (rc) {
         fprintf(stderr, "memtrace tail: no daemon (%s); start one with `memtrace daemon`\n",
                 mt_strerror(rc));
         free(line);
         return 1;
     }
-    rc = line ? mt_d_client_send(fd, line, strlen(line)) : MT_ENOMEM;
+    rc = line ? mt__d_client_send(fd, line, strlen(line)) : MT_ENOMEM;
     if (!rc)
-        rc = mt_d_client_send(fd, "\n", 1);
+        rc = mt__d_client_send(fd, "\n", 1);
     free(line);
     signal(SIGPIPE, SIG_IGN);
     if (rc) {

@@ -346,7 +346,7 @@ static void render(FILE *f, json_t *st, top_t *t, bool ansi)
 static json_t *fetch(const char *sock, char *err, size_t errlen)
 {
     char *s = NULL;
-    int rc = mt_d_client_state(sock, 5000, &s);
+    int rc = mt__d_client_state(sock, 5000, &s);
     if (rc) {
         snprintf(err, errlen, "no daemon (%s); start one with `memtrace daemon`", mt_strerror(rc));
         return NULL;

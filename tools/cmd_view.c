@@ -74,7 +74,7 @@ static int number(const char *s, unsigned long min, unsigned long max, unsigned 
  * input diff cannot read was already refused by the load; without memory, 1. */
 static int compare(mt_d_t *d, const char *before, const char *after)
 {
-    mt_diff_cfg_t dc = mt_diff_cfg_default();
+    mt_diff_cfg_t dc = mt__diff_cfg_default();
     json_t *doc = NULL;
     int crossed = 0;
     int status =
@@ -85,7 +85,7 @@ static int compare(mt_d_t *d, const char *before, const char *after)
     }
     json_t *o = json_pack("{s:s, s:s, s:O}", "before", before, "after", after, "diff", doc);
     char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    int rc = txt ? mt_d_view_set_diff(d, txt) : MT_ENOMEM;
+    int rc = txt ? mt__d_view_set_diff(d, txt) : MT_ENOMEM;
     free(txt);
     json_decref(o);
     json_decref(doc);
@@ -102,7 +102,7 @@ static int compare(mt_d_t *d, const char *before, const char *after)
  * serves every process; 1 only without memory. */
 static int jobs_view(mt_d_t *d, char *const *paths, int n)
 {
-    if (!mt_d_view_has_ranks(d))
+    if (!mt__d_view_has_ranks(d))
         return 0;
     mt__report_cfg_t cfg = mt__report_cfg_default();
     mt_fr_rules_t *rules = NULL;
@@ -111,7 +111,7 @@ static int jobs_view(mt_d_t *d, char *const *paths, int n)
     char *txt = NULL;
     unsigned long bad = 0;
     int rc = MT_ENOMEM;
-    if (mt_fr_rules_create(&rules, false) != 0)
+    if (mt__fr_rules_create(&rules, false) != 0)
         goto fail_rules;
     cfg.by_callsite = true;
     cfg.by = MT_FR_BY_FUNCTION;
@@ -125,14 +125,14 @@ static int jobs_view(mt_d_t *d, char *const *paths, int n)
     }
     json_t *jobs = (res = mt__report_result(r)) ? json_object_get(res, "jobs") : NULL;
     rc = jobs ? 0 : res ? 0 : MT_ENOMEM;
-    if (jobs && ((txt = json_dumps(jobs, JSON_COMPACT)) == NULL || mt_d_view_set_jobs(d, txt)))
+    if (jobs && ((txt = json_dumps(jobs, JSON_COMPACT)) == NULL || mt__d_view_set_jobs(d, txt)))
         rc = MT_ENOMEM;
     free(txt);
     json_decref(res);
 fail_read:
     mt__report_destroy(&r);
 fail_report:
-    mt_fr_rules_destroy(&rules);
+    mt__fr_rules_destroy(&rules);
 fail_rules:
     if (rc) {
         fprintf(stderr, "memtrace view: out of memory\n");
@@ -210,14 +210,14 @@ static int run(const view_opts_t *o)
      * for its next start; this directory has none, so it goes with the directory. */
     char tpath[sizeof sock + 8];
     snprintf(tpath, sizeof tpath, "%s.token", sock);
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = sock;
     cfg.http_port = (int)port;
     cfg.handle_signals = true;
     cfg.max_exited = 1u << 16; /* every process of the logs stays */
     cfg.view_general_reader = mt_tool_general_reader();
     mt_d_t *d = NULL;
-    int rc = mt_d_create(&d, &cfg), status = 0;
+    int rc = mt__d_create(&d, &cfg), status = 0;
     if (rc) {
         fprintf(stderr, "memtrace view: cannot serve on 127.0.0.1:%lu: %s\n", port,
                 mt_strerror(rc));
@@ -225,14 +225,14 @@ static int run(const view_opts_t *o)
         rmdir(dir);
         return 1;
     }
-    mt_d_set_event_window(d, o->window);
+    mt__d_set_event_window(d, o->window);
     unsigned long events = 0, bad_total = 0;
     for (int i = 0; i < o->ninputs && status != 1; i++) {
         unsigned long bad = 0;
         char err[320] = "";
         /* Two runs compared: each keeps its processes. */
-        rc = two_runs ? mt_d_view_load_run(d, o->inputs[i], &events, &bad, err, sizeof err)
-                      : mt_d_view_load(d, o->inputs[i], &events, &bad, err, sizeof err);
+        rc = two_runs ? mt__d_view_load_run(d, o->inputs[i], &events, &bad, err, sizeof err)
+                      : mt__d_view_load(d, o->inputs[i], &events, &bad, err, sizeof err);
         if (rc) {
             fprintf(stderr, "memtrace view: %s\n", err);
             status = 1;
@@ -258,11 +258,11 @@ static int run(const view_opts_t *o)
         fprintf(stderr,
                 "memtrace view: %lu events from %d log(s); open http://127.0.0.1:%d/%s%s "
                 "(Ctrl-C stops)\n",
-                events, o->ninputs, mt_d_http_port(d), tok[0] ? "#token=" : "", tok);
-        rc = mt_d_run(d);
+                events, o->ninputs, mt__d_http_port(d), tok[0] ? "#token=" : "", tok);
+        rc = mt__d_run(d);
         status = rc ? 1 : bad_total ? 2 : 0;
     }
-    mt_d_destroy(&d);
+    mt__d_destroy(&d);
     unlink(tpath);
     if (rmdir(dir) != 0)
         fprintf(stderr, "memtrace view: cannot remove %s: %s\n", dir, strerror(errno));

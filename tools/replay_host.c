@@ -201,16 +201,16 @@ int mt_tool_jemalloc_child(const char *trace_path, unsigned rounds)
         ver = "unknown";
     char err[MT_TRACE_ERR_LEN + 64];
     mt_trace_t *t = NULL;
-    int rc = mt_trace_load(&t, trace_path, err, sizeof err);
+    int rc = mt__trace_load(&t, trace_path, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "memtrace replay: %s\n", err);
         return 1;
     }
     /* Through the same code as the glibc row: the process's malloc, jemalloc's here. */
     mt_host_alloc_t h;
-    mt_host_alloc_load(&h, MT_HOST_GLIBC);
-    uint64_t ns = mt_replay_host(&h, t, rounds);
-    mt_trace_free(&t);
+    mt__host_alloc_load(&h, MT_HOST_GLIBC);
+    uint64_t ns = mt__replay_host(&h, t, rounds);
+    mt__trace_free(&t);
     if (ns == 0) {
         fprintf(stderr, "memtrace replay: out of memory\n");
         return 1;

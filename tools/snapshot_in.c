@@ -22,7 +22,7 @@ static void put_text(const char *s)
 int mt_tool_read_snapshot(const char *prog, const char *path, mt_ts_t **out)
 {
     char err[768];
-    int rc = mt_ts_read(out, path, err, sizeof err);
+    int rc = mt__ts_read(out, path, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "%s: %s\n", prog, err);
         return rc == MT_EPROTO ? 2 : 1;
@@ -109,10 +109,10 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         char err[512];
         if (ts->dev_first[d] == ts->dev_first[d + 1])
             continue;
-        int rc = mt_ts_figures(ts, d, &fig);
+        int rc = mt__ts_figures(ts, d, &fig);
         if (rc == 0)
-            rc = mt_ts_to_trace(ts, d, &t, err, sizeof err);
-        if (rc == 0 && (rc = mt_replay_run(t, cfg, &res, err, sizeof err)) < 0) {
+            rc = mt__ts_to_trace(ts, d, &t, err, sizeof err);
+        if (rc == 0 && (rc = mt__replay_run(t, cfg, &res, err, sizeof err)) < 0) {
             fprintf(stderr, "memtrace replay: %s: device %u: %s\n", path, d, err);
             status = rc == MT_EINVAL ? 2 : 1;
         } else if (rc < 0) {
@@ -139,7 +139,7 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
                    "allocated: requested bytes of live blocks)\n",
                    fig.reserved_start ? "with what the segments imply was reserved" : "none");
         }
-        mt_trace_free(&t);
+        mt__trace_free(&t);
     }
     if (json && status == 0) {
         json_t *o = json_pack("{s:s, s:s, s:i, s:s?, s:s?, s:b, s:I, s:o}", "file", path, "format",
@@ -153,7 +153,7 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         json_decref(o);
     }
     json_decref(devs);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     return status;
 }
 
@@ -198,7 +198,7 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
     free(h);
     if (rc == 0)
-        rc = mt_ts_records(ts, feed_rec, &f);
+        rc = mt__ts_records(ts, feed_rec, &f);
     if (rc != 0)
         fprintf(stderr, "%s: %s\n", path, err[0] ? err : mt_strerror(rc));
     return rc;
@@ -215,7 +215,7 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
     int i = 0;
     while (i < n) {
         int j = i;
-        while (j < n && (strcmp(paths[j], "-") == 0 || !mt_ts_is_pickle(paths[j])))
+        while (j < n && (strcmp(paths[j], "-") == 0 || !mt__ts_is_pickle(paths[j])))
             j++;
         /* Logs are read together: one process may be split over several of them. */
         if (j > i && mt_tool_read_logs(r, prog, paths + i, j - i, bad) != 0)
@@ -252,7 +252,7 @@ static json_t *frames_json(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_
         fr = (mt_fr_frame_t){.func = f->name, .file = f->filename, .line = f->line};
         size_t len = strlen(f->filename);
         fr.python = len > 3 && strcmp(f->filename + len - 3, ".py") == 0;
-        const mt_fr_rule_t *m = mt_fr_match(rules, &fr);
+        const mt_fr_rule_t *m = mt__fr_match(rules, &fr);
         json_array_append_new(
             frames, json_pack("{s:s, s:s, s:I, s:s*}", "name", f->name, "filename", f->filename,
                               "line", (json_int_t)f->line, "skipped", m ? m->reason : NULL));
@@ -265,7 +265,7 @@ static json_t *sites_json(const mt_ts_t *ts, unsigned d, const mt__report_cfg_t 
     mt_ts_group_t *g = NULL;
     size_t ng = 0;
     uint64_t peak;
-    if (mt_ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+    if (mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
         return NULL;
     json_t *arr = json_array();
     for (size_t i = 0; i < ng && i < cfg->top; i++)
@@ -274,9 +274,9 @@ static json_t *sites_json(const mt_ts_t *ts, unsigned d, const mt__report_cfg_t 
                                         jb(g[i].bytes), "count", (json_int_t)g[i].count, "stacks",
                                         (json_int_t)g[i].stacks, "user_frame", g[i].frame, "frames",
                                         frames_json(ts, g[i].stack, cfg->frames)));
-    mt_ts_groups_free(&g, ng);
+    mt__ts_groups_free(&g, ng);
     return json_pack("{s:i, s:o, s:s, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
-                     "by", mt_fr_by_name(cfg->by), "call_sites_at_peak", arr);
+                     "by", mt__fr_by_name(cfg->by), "call_sites_at_peak", arr);
 }
 
 /* The gap's pins of snapshot process number proc (peak_gap, end_gap) carry the snapshot's
@@ -295,14 +295,14 @@ static void name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__re
             {
                 uint32_t stack = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
                 mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-                size_t n = mt_ts_stack_frames(ts, stack, fr, sizeof fr / sizeof fr[0]);
+                size_t n = mt__ts_stack_frames(ts, stack, fr, sizeof fr / sizeof fr[0]);
                 char key[1024];
                 json_object_set_new(
                     pin, "site",
-                    json_string(n ? mt_fr_stack_key(cfg->frames, fr, n, cfg->by, key, sizeof key)
+                    json_string(n ? mt__fr_stack_key(cfg->frames, fr, n, cfg->by, key, sizeof key)
                                   : "no stack recorded"));
                 json_object_set_new(pin, "user_frame",
-                                    json_integer(mt_fr_pick(cfg->frames, fr, n)));
+                                    json_integer(mt__fr_pick(cfg->frames, fr, n)));
                 json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames));
             }
         }
@@ -346,11 +346,11 @@ static int temp_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
 {
     temp_ctx_t *c = ctx;
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-    size_t n = mt_ts_stack_frames(c->ts, row->key, fr, sizeof fr / sizeof fr[0]);
+    size_t n = mt__ts_stack_frames(c->ts, row->key, fr, sizeof fr / sizeof fr[0]);
     if (n == 0)
         snprintf(key, len, "no stack recorded");
     else
-        mt_fr_stack_key(c->cfg->frames, fr, n, c->cfg->by, key, len);
+        mt__fr_stack_key(c->cfg->frames, fr, n, c->cfg->by, key, len);
     return 0;
 }
 
@@ -381,13 +381,13 @@ int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t
             continue;
         int rc = mt__report_model(r, idx, &m);
         if (rc == 0)
-            rc = mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n);
+            rc = mt__model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n);
         temp_ctx_t c = {in->ts[pid - 1], cfg};
-        json_t *a = rc == 0 ? mt__report_temp_group(rows, n, mt_model_temp_buckets(m), temp_key, &c,
-                                                    cfg->top)
+        json_t *a = rc == 0 ? mt__report_temp_group(rows, n, mt__model_temp_buckets(m), temp_key,
+                                                    &c, cfg->top)
                             : NULL;
         free(rows);
-        mt_model_destroy(&m);
+        mt__model_destroy(&m);
         /* the report's rows (by tag: the snapshot has no stack table) stay beside */
         json_t *tags = json_object_get(p, "temporary");
         if (tags != NULL && json_object_get(p, "temporary_by_tag") == NULL &&
@@ -396,7 +396,7 @@ int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t
             return MT_ENOMEM;
         }
         if (a == NULL || json_object_set_new(p, "temporary", a) != 0 ||
-            json_object_set_new(p, "temporary_by", json_string(mt_fr_by_name(cfg->by))) != 0)
+            json_object_set_new(p, "temporary_by", json_string(mt__fr_by_name(cfg->by))) != 0)
             return MT_ENOMEM;
     }
     return 0;
@@ -411,7 +411,7 @@ static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__rep
     if (g->stack == 0 || g->stack >= ts->nstacks || g->frame < 0)
         return;
     const mt_ts_stack_t *s = &ts->stacks[g->stack];
-    bool all = mt_fr_rules_all(cfg->frames);
+    bool all = mt__fr_rules_all(cfg->frames);
     if (!stacks && !all && cfg->by != MT_FR_BY_SITE)
         return;
     if (!stacks && !all && g->stacks > 1)
@@ -422,7 +422,7 @@ static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__rep
         mt_fr_frame_t fr = {.func = f->name, .file = f->filename, .line = f->line};
         size_t len = strlen(f->filename);
         fr.python = len > 3 && strcmp(f->filename + len - 3, ".py") == 0;
-        if (!all && mt_fr_match(cfg->frames, &fr) != NULL)
+        if (!all && mt__fr_match(cfg->frames, &fr) != NULL)
             continue;
         if (shown++ == cap) {
             printf("                          <- ...\n");
@@ -430,7 +430,7 @@ static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__rep
         }
         char site[512];
         printf("                          <- ");
-        put_text(mt_fr_site(&fr, site, sizeof site));
+        put_text(mt__fr_site(&fr, site, sizeof site));
         printf("\n");
     }
 }
@@ -445,14 +445,14 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
             mt_ts_group_t *g = NULL;
             size_t ng;
             uint64_t peak;
-            if (mt_ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+            if (mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
                 continue;
             char b[32];
             human(b, sizeof b, peak);
             printf("  device %u: live bytes at the peak of allocated bytes (%s, requested), by "
                    "%s%s\n",
-                   d, b, mt_fr_by_name(cfg->by),
-                   mt_fr_rules_all(cfg->frames) ? " (every frame: --frames all)" : "");
+                   d, b, mt__fr_by_name(cfg->by),
+                   mt__fr_rules_all(cfg->frames) ? " (every frame: --frames all)" : "");
             for (size_t k = 0; k < ng && k < cfg->top; k++) {
                 human(b, sizeof b, g[k].bytes);
                 printf("    %12s %6zu  ", b, g[k].count);
@@ -462,7 +462,7 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
             }
             if (ng > cfg->top)
                 printf("    ... %zu more\n", ng - cfg->top);
-            mt_ts_groups_free(&g, ng);
+            mt__ts_groups_free(&g, ng);
         }
         if (ts->nannotations)
             printf("  annotations:\n");
@@ -477,6 +477,6 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
 void mt_tool_inputs_free(mt_tool_inputs_t *in)
 {
     for (size_t i = 0; i < in->n; i++)
-        mt_ts_destroy(&in->ts[i]);
+        mt__ts_destroy(&in->ts[i]);
     in->n = 0;
 }

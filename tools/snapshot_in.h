@@ -28,7 +28,7 @@ typedef struct mt_tool_inputs_s {
     size_t n;
 } mt_tool_inputs_t;
 
-/* Like mt_tool_read_logs, but a path that is a snapshot (mt_ts_is_pickle) is read as one,
+/* Like mt_tool_read_logs, but a path that is a snapshot (mt__ts_is_pickle) is read as one,
  * its events fed as process number i + 1. Returns the exit status: 0, 1 (unreadable),
  * 2 (a malformed snapshot; said on stderr with prog). */
 int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, int n,

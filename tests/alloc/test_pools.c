@@ -492,7 +492,7 @@ static void feed_emit(void *ud, const mt_event_rec_t *ev)
     feed_t *f = ud;
     mt_event_rec_t e = *ev;
     e.seq = f->seq++;
-    if (mt_model_apply(f->m, &e) != 0)
+    if (mt__model_apply(f->m, &e) != 0)
         abort();
 }
 
@@ -508,7 +508,7 @@ static void model_equals(mt_alloc_t *a, const mt_model_t *m, size_t op)
 {
     mt_alloc_stats_t st = stats_of(a);
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_DEVICE, &f), 0);
     if (f.allocated != (uint64_t)st.allocated_bytes[MT_STAT_ALL].current ||
         f.reserved != (uint64_t)st.reserved_bytes[MT_STAT_ALL].current ||
         f.total_free != st.total_free || f.largest_free != st.largest_free_block)
@@ -521,8 +521,8 @@ static void model_equals(mt_alloc_t *a, const mt_model_t *m, size_t op)
                  (unsigned long long)st.total_free, (unsigned long long)st.largest_free_block);
     assert_false(f.uncertain);
     char why[256] = "";
-    if (mt_model_check(m, why, sizeof why) != 0)
-        fail_msg("op %zu: mt_model_check: %s", op, why);
+    if (mt__model_check(m, why, sizeof why) != 0)
+        fail_msg("op %zu: mt__model_check: %s", op, why);
 }
 
 /* A block, or a range a pool's block had (pool: index into ids, or -1 for eager). */
@@ -540,7 +540,7 @@ static void random_in(const char *base, uint64_t seed)
     enum { LIVE = 96, POOLS = 3, SEEN = 4096 };
     feed_t feed = {.sink = {.emit = feed_emit}};
     feed.sink.ud = &feed;
-    assert_int_equal(mt_model_create(&feed.m, NULL), 0);
+    assert_int_equal(mt__model_create(&feed.m, NULL), 0);
     mt_backend_t *b = sim_backend(768 * MIB);
     mt_alloc_t *a = make_alloc_from(b, base, NULL, &feed.sink);
     mt_stream_t *st[3] = {NULL, NULL, NULL};
@@ -631,7 +631,7 @@ static void random_in(const char *base, uint64_t seed)
     assert_int_equal(reserved_of(a), 0);
     model_equals(a, feed.m, SIZE_MAX);
     mt_alloc_destroy(&a);
-    mt_model_destroy(&feed.m);
+    mt__model_destroy(&feed.m);
     mt_stream_destroy(b, &st[1]);
     mt_stream_destroy(b, &st[2]);
     mt_backend_destroy(&b);

@@ -77,7 +77,7 @@ static void test_statuses_and_lists(void **state)
     json_t *b = report(150, "a=80,c=20,d=10,e=40", "c=0,d=10,e=40,a=5");
     json_t *d = NULL;
     int crossed = -1;
-    assert_int_equal(mt_diff_reports(a, b, NULL, &d, &crossed), 0);
+    assert_int_equal(mt__diff_reports(a, b, NULL, &d, &crossed), 0);
     assert_int_equal(crossed, 0);
     assert_string_equal(status(d, "a"), "grew");
     assert_string_equal(status(d, "b"), "gone");
@@ -106,13 +106,13 @@ static void test_gates(void **state)
 {
     (void)state;
     json_t *a = report(100, "a=50", ""), *b = report(150, "a=80,e=40", "");
-    mt_diff_cfg_t c = mt_diff_cfg_default();
+    mt_diff_cfg_t c = mt__diff_cfg_default();
     json_t *d = NULL;
     int crossed = 0;
     /* Limits met exactly are not crossed. */
     c.max_peak_growth_pct = 50;
     c.max_site_growth = 40;
-    assert_int_equal(mt_diff_reports(a, b, &c, &d, &crossed), 0);
+    assert_int_equal(mt__diff_reports(a, b, &c, &d, &crossed), 0);
     assert_int_equal(crossed, 0);
     json_t *g = json_object_get(d, "gates");
     assert_int_equal(json_array_size(g), 2);
@@ -120,7 +120,7 @@ static void test_gates(void **state)
     json_decref(d);
     c.max_peak_growth_pct = 49.9;
     c.max_site_growth = 39;
-    assert_int_equal(mt_diff_reports(a, b, &c, &d, &crossed), 0);
+    assert_int_equal(mt__diff_reports(a, b, &c, &d, &crossed), 0);
     assert_int_equal(crossed, 2);
     assert_true(json_is_true(json_object_get(d, "crossed")));
     json_decref(d);
@@ -130,9 +130,9 @@ static void test_gates(void **state)
     /* Growth from nothing: no percentage (null), and any limit is crossed. */
     a = report(0, "", "");
     b = report(10, "x=10", "");
-    c = mt_diff_cfg_default();
+    c = mt__diff_cfg_default();
     c.max_peak_growth_pct = 1000;
-    assert_int_equal(mt_diff_reports(a, b, &c, &d, &crossed), 0);
+    assert_int_equal(mt__diff_reports(a, b, &c, &d, &crossed), 0);
     assert_int_equal(crossed, 1);
     assert_true(json_is_null(json_object_get(json_object_get(d, "peak_allocated"), "growth_pct")));
     assert_true(
@@ -155,7 +155,7 @@ static void test_snapshot_sites_once(void **state)
                                   "bytes", (json_int_t)10));
     json_t *b = report(0, "", "");
     json_t *d = NULL;
-    assert_int_equal(mt_diff_reports(a, b, NULL, &d, NULL), 0);
+    assert_int_equal(mt__diff_reports(a, b, NULL, &d, NULL), 0);
     assert_int_equal(json_array_size(json_object_get(d, "sites")), 1);
     assert_string_equal(status(d, "transformer.py:54 forward"), "gone");
     json_decref(d);

@@ -32,14 +32,14 @@ static void put_req(feed_t *f, int kind, uint64_t addr, uint64_t size, uint64_t 
     char why[256] = "";
     if (stack != 0) {
         mt_event_rec_t ref = mgen_rec(&f->g, MT_EV_STACK_REF, addr, stack, 0);
-        assert_int_equal(mt_model_apply(f->g.m, &ref), 0);
+        assert_int_equal(mt__model_apply(f->g.m, &ref), 0);
         assert_int_equal(mt__report_add_event(f->r, 1, &ref, NULL), 0);
     }
     mt_event_rec_t ev = mgen_rec(&f->g, kind, addr, size, 0);
     ev.requested = requested;
-    assert_int_equal(mt_model_apply(f->g.m, &ev), 0);
-    if (mt_model_check(f->g.m, why, sizeof why) != 0)
-        fail_msg("mt_model_check: %s", why);
+    assert_int_equal(mt__model_apply(f->g.m, &ev), 0);
+    if (mt__model_check(f->g.m, why, sizeof why) != 0)
+        fail_msg("mt__model_check: %s", why);
     assert_int_equal(mt__report_add_event(f->r, 1, &ev, NULL), 0);
 }
 
@@ -95,11 +95,11 @@ static void test_each_cause_at_the_end(void **state)
 {
     (void)state;
     feed_t f = {0};
-    assert_int_equal(mt_model_create(&f.g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&f.g.m, NULL), 0);
     assert_int_equal(mt__report_create(&f.r, NULL), 0);
     feed_all_causes(&f);
     mt_gap_t g;
-    assert_int_equal(mt_gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
+    assert_int_equal(mt__gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
     assert_int_equal(g.reserved, 28 * MIB);
     assert_int_equal(g.allocated, 7 * MIB);
     /* A: 20 - 4 - 2 - 1 (pending) = 13 MiB free, pinned by its largest live block (stack 7). */
@@ -119,7 +119,7 @@ static void test_each_cause_at_the_end(void **state)
     assert_int_equal(g.pins[0].stack, 7);
     assert_int_equal(g.pins[0].bytes, 13 * MIB);
     assert_int_equal(g.pins[0].block, 4 * MIB);
-    mt_gap_free(&g);
+    mt__gap_free(&g);
 
     /* The report's end_gap and peak_gap: the same figures; at the peak nothing is pending
      * yet, so A's free is 13 MiB pinned still and C is pinned by its live block. */
@@ -145,7 +145,7 @@ static void test_each_cause_at_the_end(void **state)
     assert_non_null(json_object_get(json_array_get(pins, 0), "site"));
     json_decref(res);
     mt__report_destroy(&f.r);
-    mt_model_destroy(&f.g.m);
+    mt__model_destroy(&f.g.m);
 }
 
 /* Reserved the map never saw (segments from before the log) is untracked; the causes still
@@ -154,19 +154,19 @@ static void test_untracked_reserved(void **state)
 {
     (void)state;
     feed_t f = {0};
-    assert_int_equal(mt_model_create(&f.g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&f.g.m, NULL), 0);
     assert_int_equal(mt__report_create(&f.r, NULL), 0);
     f.g.reserved = 6 * MIB; /* a segment allocated before the log began */
     put(&f, MT_EV_SEGMENT_ALLOC, SEG_A, 2 * MIB);
     put(&f, MT_EV_ALLOC, SEG_A, 1 * MIB);
     mt_gap_t g;
-    assert_int_equal(mt_gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
+    assert_int_equal(mt__gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
     assert_int_equal(g.cause[MT_GAP_PINNED_FREE], 1 * MIB);
     assert_int_equal(g.cause[MT_GAP_UNTRACKED], 6 * MIB);
     assert_int_equal(g.reserved - g.allocated, 7 * MIB);
-    mt_gap_free(&g);
+    mt__gap_free(&g);
     mt__report_destroy(&f.r);
-    mt_model_destroy(&f.g.m);
+    mt__model_destroy(&f.g.m);
 }
 
 /* A request the model does not know (0, or above the block) counts apart, not as 0
@@ -175,20 +175,20 @@ static void test_unknown_requests(void **state)
 {
     (void)state;
     feed_t f = {0};
-    assert_int_equal(mt_model_create(&f.g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&f.g.m, NULL), 0);
     assert_int_equal(mt__report_create(&f.r, NULL), 0);
     put(&f, MT_EV_SEGMENT_ALLOC, SEG_A, 2 * MIB);
     put_req(&f, MT_EV_ALLOC, SEG_A, 1024, 0, 0);
     put_req(&f, MT_EV_ALLOC, SEG_A + 1024, 1024, 4096, 0);
     put_req(&f, MT_EV_ALLOC, SEG_A + 2048, 1024, 1000, 0);
     mt_gap_t g;
-    assert_int_equal(mt_gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
+    assert_int_equal(mt__gap_of_model(f.g.m, MT_MODEL_DEVICE, &g), 0);
     assert_int_equal(g.blocks_unknown, 2);
     assert_int_equal(g.rounding, 24);
     assert_int_equal(g.requested_known, 1000);
-    mt_gap_free(&g);
+    mt__gap_free(&g);
     mt__report_destroy(&f.r);
-    mt_model_destroy(&f.g.m);
+    mt__model_destroy(&f.g.m);
 }
 
 int main(void)

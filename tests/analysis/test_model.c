@@ -1,4 +1,4 @@
-/* The event model on hand-written streams: the three cases of issue 10 (an unmap covering
+/* The event model on hand-written streams: three cases (an unmap covering
  * several maps, phantom tag bytes after a gap, sums near 2^63), gap rules, and the report
  * and plot reading the same figures. The checker runs after every event. */
 #include <stdarg.h>
@@ -20,9 +20,9 @@
 static void check(const mt_model_t *m)
 {
     char why[256] = "";
-    int rc = mt_model_check(m, why, sizeof why);
+    int rc = mt__model_check(m, why, sizeof why);
     if (rc != 0)
-        fail_msg("mt_model_check: %s", why);
+        fail_msg("mt__model_check: %s", why);
 }
 
 /* Applies ev to the model and, when r is set, adds it to the report as process pid 1. */
@@ -30,7 +30,7 @@ static void put(mgen_t *g, mt__report_t *r, int kind, uint64_t addr, uint64_t si
 {
     mt_event_rec_t ev = mgen_rec(g, kind, addr, size, tag);
     if (g->m) {
-        assert_int_equal(mt_model_apply(g->m, &ev), 0);
+        assert_int_equal(mt__model_apply(g->m, &ev), 0);
         check(g->m);
     }
     if (r)
@@ -62,14 +62,14 @@ static void test_unmap_covers_several_maps(void **state)
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     /* An expandable segment mapped 20 MiB at a time up to 80 MiB, a block in each piece. */
     for (int i = 0; i < 4; i++) {
         put(&g, r, MT_EV_SEGMENT_MAP, BASE + i * 20 * MIB, 20 * MIB, 0);
         put(&g, r, MT_EV_ALLOC, BASE + i * 20 * MIB, 10 * MIB, MT_TAG_ACTIVATIONS);
     }
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.reserved, 80 * MIB);
     assert_int_equal(f.segments, 1); /* adjacent mapped pages: one range */
     /* The upper two blocks go, then one unmap releases the upper 40 MiB (two maps). */
@@ -78,17 +78,17 @@ static void test_unmap_covers_several_maps(void **state)
         put(&g, r, MT_EV_FREE_COMPLETED, BASE + i * 20 * MIB, 10 * MIB, MT_TAG_ACTIVATIONS);
     }
     put(&g, r, MT_EV_SEGMENT_UNMAP, BASE + 40 * MIB, 40 * MIB, 0);
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.reserved, 40 * MIB);
     assert_int_equal(f.total_free, 20 * MIB); /* [10,20) and [30,40) */
     assert_int_equal(f.largest_free, 10 * MIB);
     assert_true(f.fragmentation > 0.499 && f.fragmentation < 0.501);
     mt_model_map_t map;
-    assert_int_equal(mt_model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(mt__model_map(g.m, MT_MODEL_DEVICE, &map), 0);
     assert_int_equal(map.nsegs, 1);
     assert_int_equal(map.segs[0].size, 40 * MIB);
     assert_int_equal(map.segs[0].used, 20 * MIB);
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
 
     /* The plot's map and the report's figures: 40 MiB mapped, not 80. */
     mt__report_map_t pm;
@@ -111,7 +111,7 @@ static void test_unmap_covers_several_maps(void **state)
     assert_true(frag > 0.499 && frag < 0.501);
     json_decref(res);
     mt__report_destroy(&r);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 /* An unmap in the middle of mapped pages splits them; a later map does not join a range
@@ -120,17 +120,17 @@ static void test_unmap_middle_splits(void **state)
 {
     (void)state;
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     put(&g, NULL, MT_EV_SEGMENT_MAP, BASE, 60 * MIB, 0);
     put(&g, NULL, MT_EV_SEGMENT_UNMAP, BASE + 20 * MIB, 20 * MIB, 0);
     mt_model_map_t map;
-    assert_int_equal(mt_model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(mt__model_map(g.m, MT_MODEL_DEVICE, &map), 0);
     assert_int_equal(map.nsegs, 2);
     assert_int_equal(map.segs[0].size, 20 * MIB);
     assert_int_equal(map.segs[1].addr, BASE + 40 * MIB);
     assert_int_equal(map.total_free, 40 * MIB);
-    mt_model_map_free(&map);
-    mt_model_destroy(&g.m);
+    mt__model_map_free(&map);
+    mt__model_destroy(&g.m);
 }
 
 /* ---- case 2: phantom tag bytes after a gap ---- */
@@ -141,7 +141,7 @@ static void test_gap_no_phantom_tags(void **state)
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 64 * MIB, 0);
     for (int i = 0; i < 8; i++)
         put(&g, r, MT_EV_ALLOC, BASE + i * 4 * MIB, 4 * MIB, MT_TAG_ACTIVATIONS);
@@ -153,14 +153,14 @@ static void test_gap_no_phantom_tags(void **state)
     }
     /* The next event: a new allocation over the first lost block's place. */
     put(&g, r, MT_EV_ALLOC, BASE, 2 * MIB, MT_TAG_GRADS);
-    assert_int_equal(mt_model_lost(g.m), 12);
+    assert_int_equal(mt__model_lost(g.m), 12);
     mt_model_figures_t f;
     mt_model_tag_t act, w, gr;
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_bounded(&f);
-    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &act);
-    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &w);
-    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_GRADS, &gr);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &act);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &w);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_GRADS, &gr);
     assert_int_equal(gr.bytes, 2 * MIB);  /* seen after the gap: certain */
     assert_int_equal(act.bytes, 0);       /* no longer counted as allocated ... */
     assert_true(act.uncertain_bytes > 0); /* ... but marked uncertain */
@@ -184,13 +184,13 @@ static void test_gap_no_phantom_tags(void **state)
     put(&g, r, MT_EV_FREE_REQUESTED, BASE, 2 * MIB, MT_TAG_GRADS);
     put(&g, r, MT_EV_FREE_COMPLETED, BASE, 2 * MIB, MT_TAG_GRADS);
     assert_int_equal(g.allocated, 0);
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.allocated, 0);
     assert_int_equal(f.uncertain_bytes, 0);
     assert_false(f.uncertain);
     for (int t = 0; t < MT_TAG_MAX; t++) {
         mt_model_tag_t tg;
-        mt_model_tag(g.m, MT_MODEL_DEVICE, t, &tg);
+        mt__model_tag(g.m, MT_MODEL_DEVICE, t, &tg);
         assert_int_equal(tg.bytes, 0);
         assert_int_equal(tg.uncertain_bytes, 0);
     }
@@ -210,7 +210,7 @@ static void test_gap_no_phantom_tags(void **state)
     assert_int_equal(json_integer_value(json_object_get(p, "lost")), 12);
     json_decref(res);
     mt__report_destroy(&r);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 /* A gap record (the daemon's) makes blocks uncertain too; a segment free proves the
@@ -219,31 +219,31 @@ static void test_gap_record_and_segment_free(void **state)
 {
     (void)state;
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE, 2 * MIB, 0);
     put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE + 2 * MIB, 2 * MIB, 0);
     put(&g, NULL, MT_EV_ALLOC, BASE, MIB, MT_TAG_BATCH);
     put(&g, NULL, MT_EV_ALLOC, BASE + 2 * MIB, MIB, MT_TAG_BATCH);
     mt_event_rec_t gap = {.kind = MT_EV_GAP, .size = 3};
-    assert_int_equal(mt_model_apply(g.m, &gap), 0);
+    assert_int_equal(mt__model_apply(g.m, &gap), 0);
     check(g.m);
     mt_model_tag_t tg;
-    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
     assert_int_equal(tg.bytes, 0);
     assert_int_equal(tg.uncertain_bytes, 2 * MIB);
     /* Lost: the free of the first block. Seen: the free of its segment (the allocator
      * frees only empty segments), which proves it gone. */
     g.allocated -= MIB;
     put(&g, NULL, MT_EV_SEGMENT_FREE, BASE, 2 * MIB, 0);
-    mt_model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, MT_TAG_BATCH, &tg);
     assert_int_equal(tg.uncertain_bytes, MIB);
     /* The second block's free is seen: it was live, and now nothing is uncertain. */
     put(&g, NULL, MT_EV_FREE_REQUESTED, BASE + 2 * MIB, MIB, MT_TAG_BATCH);
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_false(f.uncertain);
     assert_int_equal(f.segments, 1);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 /* ---- case 3: sums near 2^63 ---- */
@@ -254,7 +254,7 @@ static void test_overflow_saturates(void **state)
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     mt_model_t *m = NULL;
-    assert_int_equal(mt_model_create(&m, NULL), 0);
+    assert_int_equal(mt__model_create(&m, NULL), 0);
     const uint64_t huge = (UINT64_C(1) << 63) + 4096;
     /* Two devices each claiming more than 2^63 bytes (a forged ring): the sums exceed
      * 2^64, blocks and segments run past the top of the address space. */
@@ -279,18 +279,18 @@ static void test_overflow_saturates(void **state)
         a3.tag = MT_TAG_WEIGHTS;
         const mt_event_rec_t *evs[] = {&seg, &a1, &a2, &a3};
         for (int i = 0; i < 4; i++) {
-            assert_int_equal(mt_model_apply(m, evs[i]), 0);
+            assert_int_equal(mt__model_apply(m, evs[i]), 0);
             check(m);
             assert_int_equal(mt__report_add_event(r, 7, evs[i], NULL), 0);
         }
     }
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.allocated, UINT64_MAX); /* saturated, not wrapped */
     assert_int_equal(f.reserved, UINT64_MAX);
     assert_bounded(&f);
     mt_model_tag_t tg;
-    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    mt__model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
     assert_int_equal(tg.bytes, UINT64_MAX);
     assert_true(tg.peak <= f.peak_allocated);
 
@@ -313,18 +313,18 @@ static void test_overflow_saturates(void **state)
     assert_true(json_integer_value(json_object_get(nf, "bytes")) > 0);
     json_decref(res);
     mt__report_destroy(&r);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 static void test_ratios_defined_once(void **state)
 {
     (void)state;
-    assert_true(mt_model_fragmentation(0, 0) == 0.0);
-    assert_true(mt_model_fragmentation(UINT64_MAX, 1) == 0.0);
-    assert_true(mt_model_fragmentation(1, 4) == 0.75);
-    assert_true(mt_model_utilization(5, 0) == 1.0);
-    assert_true(mt_model_utilization(UINT64_MAX, 1) == 1.0);
-    assert_true(mt_model_utilization(1, 4) == 0.25);
+    assert_true(mt__model_fragmentation(0, 0) == 0.0);
+    assert_true(mt__model_fragmentation(UINT64_MAX, 1) == 0.0);
+    assert_true(mt__model_fragmentation(1, 4) == 0.75);
+    assert_true(mt__model_utilization(5, 0) == 1.0);
+    assert_true(mt__model_utilization(UINT64_MAX, 1) == 1.0);
+    assert_true(mt__model_utilization(1, 4) == 0.25);
     assert_int_equal(mt_model_sat_add(UINT64_MAX - 1, 2), UINT64_MAX);
     assert_int_equal(mt_model_sat_mul(UINT64_C(1) << 40, UINT64_C(1) << 40), UINT64_MAX);
 }
@@ -336,23 +336,23 @@ static void test_settings_changes(void **state)
 {
     (void)state;
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 20 * MIB, 0);
     put(&g, r, MT_EV_ALLOC, BASE, 4 * MIB, MT_TAG_WEIGHTS);
     mt_event_rec_t ev = mgen_rec(&g, MT_EV_SETTING, MT_SETTING_MAX_SPLIT_SIZE, 64 * MIB, 0);
     ev.requested = UINT64_MAX;
-    assert_int_equal(mt_model_apply(g.m, &ev), 0);
+    assert_int_equal(mt__model_apply(g.m, &ev), 0);
     assert_int_equal(mt__report_add_event(r, 1, &ev, NULL), 0);
     ev = mgen_rec(&g, MT_EV_SETTING, MT_SETTING_ROUNDUP_0 + 2, 4, 0);
-    assert_int_equal(mt_model_apply(g.m, &ev), 0);
+    assert_int_equal(mt__model_apply(g.m, &ev), 0);
     assert_int_equal(mt__report_add_event(r, 1, &ev, NULL), 0);
     check(g.m);
     const mt_model_setting_t *v;
     size_t n;
     uint64_t dropped;
-    mt_model_settings(g.m, &v, &n, &dropped);
+    mt__model_settings(g.m, &v, &n, &dropped);
     assert_int_equal(n, 2);
     assert_int_equal(dropped, 0);
     assert_int_equal(v[0].id, MT_SETTING_MAX_SPLIT_SIZE);
@@ -360,7 +360,7 @@ static void test_settings_changes(void **state)
     assert_true(v[0].before == UINT64_MAX);
     assert_int_equal(v[1].id, MT_SETTING_ROUNDUP_0 + 2);
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.allocated, 4 * MIB); /* no operation on memory */
     json_t *res = report_process(r);
     json_t *p = json_array_get(json_object_get(res, "processes"), 0);
@@ -373,7 +373,7 @@ static void test_settings_changes(void **state)
     assert_int_equal(json_integer_value(json_object_get(json_array_get(sc, 1), "value")), 4);
     json_decref(res);
     mt__report_destroy(&r);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 static void test_classes_and_sources(void **state)
@@ -381,7 +381,7 @@ static void test_classes_and_sources(void **state)
     (void)state;
     mgen_t d0 = {0}, d1 = {.device = 1}, h = {.pool = MT_POOL_HOST};
     mt_model_t *m = NULL;
-    assert_int_equal(mt_model_create(&m, NULL), 0);
+    assert_int_equal(mt__model_create(&m, NULL), 0);
     d0.m = d1.m = h.m = m;
     put(&d0, NULL, MT_EV_SEGMENT_ALLOC, BASE, 2 * MIB, 0);
     put(&d1, NULL, MT_EV_SEGMENT_ALLOC, BASE + 4 * MIB, 2 * MIB, 0);
@@ -391,17 +391,17 @@ static void test_classes_and_sources(void **state)
     d0.seq = h.seq;
     put(&d0, NULL, MT_EV_ALLOC, BASE, MIB, MT_TAG_WEIGHTS);
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.reserved, 4 * MIB);
     assert_int_equal(f.allocated, MIB);
-    assert_int_equal(mt_model_lost(m), 0);
-    assert_int_equal(mt_model_figures(m, MT_MODEL_HOST, &f), 0);
+    assert_int_equal(mt__model_lost(m), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_HOST, &f), 0);
     assert_int_equal(f.reserved, 8 * MIB);
     uint64_t a, res;
-    mt_model_device(m, 1, false, &a, &res);
+    mt__model_device(m, 1, false, &a, &res);
     assert_int_equal(res, 2 * MIB);
-    assert_int_equal(mt_model_pool_bytes(m, MT_POOL_LARGE), MIB);
-    mt_model_destroy(&m);
+    assert_int_equal(mt__model_pool_bytes(m, MT_POOL_LARGE), MIB);
+    mt__model_destroy(&m);
 }
 
 /* ---- temporary allocations ---- */
@@ -422,7 +422,7 @@ static void tput(mt_model_t *m, uint64_t *seq, int kind, uint64_t addr, uint64_t
                          .kind = (uint8_t)kind,
                          .pool = MT_POOL_LARGE,
                          .tag = (uint8_t)tag};
-    assert_int_equal(mt_model_apply(m, &ev), 0);
+    assert_int_equal(mt__model_apply(m, &ev), 0);
     if (check_each)
         check(m);
 }
@@ -442,33 +442,33 @@ static void test_temporary_buckets(void **state)
 {
     (void)state;
     for (uint64_t v = 0; v < 32; v++)
-        assert_int_equal(mt_model_temp_bucket_low(mt_model_temp_bucket(v)), v);
+        assert_int_equal(mt__model_temp_bucket_low(mt__model_temp_bucket(v)), v);
     size_t last = 0;
     for (uint64_t v = 1; v < (UINT64_C(1) << 40); v = v * 5 / 4 + 1) {
-        size_t b = mt_model_temp_bucket(v);
-        uint64_t lo = mt_model_temp_bucket_low(b);
+        size_t b = mt__model_temp_bucket(v);
+        uint64_t lo = mt__model_temp_bucket_low(b);
         assert_true(b >= last);                   /* monotonic */
         assert_true(lo <= v && v - lo <= v / 32); /* within 1/32 below */
-        assert_int_equal(mt_model_temp_bucket(lo), b);
+        assert_int_equal(mt__model_temp_bucket(lo), b);
         last = b;
     }
     uint64_t h[40] = {0};
-    assert_int_equal(mt_model_temp_median_us(h, 40), 0);
+    assert_int_equal(mt__model_temp_median_us(h, 40), 0);
     h[3] = 2, h[9] = 2; /* {3, 3, 9, 9}: the lower median is 3 */
-    assert_int_equal(mt_model_temp_median_us(h, 40), 3);
+    assert_int_equal(mt__model_temp_median_us(h, 40), 3);
     h[9] = 3;
-    assert_int_equal(mt_model_temp_median_us(h, 40), 9);
+    assert_int_equal(mt__model_temp_median_us(h, 40), 9);
 }
 
 static void test_temporary_by_stack_and_tag(void **state)
 {
     (void)state;
     mt_model_t *m = NULL;
-    mt_model_cfg_t cfg = mt_model_cfg_default();
+    mt_model_cfg_t cfg = mt__model_cfg_default();
     assert_int_equal(cfg.temporary_window_us, MT_MODEL_TEMP_WINDOW_US);
     cfg.temporary_window_us = 1000;
-    assert_int_equal(mt_model_create(&m, &cfg), 0);
-    assert_int_equal(mt_model_temp_buckets(m), mt_model_temp_bucket(1000) + 1);
+    assert_int_equal(mt__model_create(&m, &cfg), 0);
+    assert_int_equal(mt__model_temp_buckets(m), mt__model_temp_bucket(1000) + 1);
     uint64_t seq = 0, t = 10;
     const uint64_t lives[] = {100, 3, 40, 7, 5}; /* stack 7: median 7 */
     for (size_t i = 0; i < 5; i++, t += 5000)
@@ -486,23 +486,23 @@ static void test_temporary_by_stack_and_tag(void **state)
     tput(m, &seq, MT_EV_FREE_REQUESTED, BASE, MIB, MT_TAG_ACTIVATIONS, (t + 1) * 1000, 0);
 
     mt_model_temp_t *rows = NULL;
-    size_t n = 0, nb = mt_model_temp_buckets(m);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
+    size_t n = 0, nb = mt__model_temp_buckets(m);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
     assert_int_equal(n, 3); /* id order */
     assert_int_equal(rows[0].key, 0);
     assert_int_equal(rows[0].count, 1);
     assert_int_equal(rows[0].bytes, 512);
-    assert_int_equal(mt_model_temp_median_us(rows[0].hist, nb), 2);
+    assert_int_equal(mt__model_temp_median_us(rows[0].hist, nb), 2);
     assert_int_equal(rows[1].key, 7);
     assert_int_equal(rows[1].count, 5);
     assert_int_equal(rows[1].bytes, 5 * MIB);
-    assert_int_equal(mt_model_temp_median_us(rows[1].hist, nb), 7);
+    assert_int_equal(mt__model_temp_median_us(rows[1].hist, nb), 7);
     assert_int_equal(rows[2].key, 9);
     assert_int_equal(rows[2].count, 1);
-    assert_int_equal(mt_model_temp_median_us(rows[2].hist, nb),
-                     mt_model_temp_bucket_low(mt_model_temp_bucket(1000)));
+    assert_int_equal(mt__model_temp_median_us(rows[2].hist, nb),
+                     mt__model_temp_bucket_low(mt__model_temp_bucket(1000)));
     free(rows);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
     assert_int_equal(n, 2);
     assert_int_equal(rows[0].key, MT_TAG_ACTIVATIONS);
     assert_int_equal(rows[0].count, 5);
@@ -510,20 +510,20 @@ static void test_temporary_by_stack_and_tag(void **state)
     assert_int_equal(rows[1].count, 2);
     assert_int_equal(rows[1].bytes, 2 * MIB + 512);
     free(rows);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_HOST, false, &rows, &n), 0);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_HOST, false, &rows, &n), 0);
     assert_int_equal(n, 0);
     free(rows);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 
     /* window 0: nothing tracked */
     cfg.temporary_window_us = 0;
-    assert_int_equal(mt_model_create(&m, &cfg), 0);
+    assert_int_equal(mt__model_create(&m, &cfg), 0);
     seq = 0;
     tblock(m, &seq, 7, BASE, MIB, MT_TAG_ACTIVATIONS, 10, 1);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
     assert_int_equal(n, 0);
     free(rows);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 /* Histogram memory is bounded: with the widest window (1184 buckets), about 1770 rows get
@@ -533,7 +533,7 @@ static void test_temporary_hist_bound(void **state)
     (void)state;
     mt_model_t *m = NULL;
     mt_model_cfg_t cfg = {.temporary_window_us = MT_MODEL_TEMP_WINDOW_MAX};
-    assert_int_equal(mt_model_create(&m, &cfg), 0);
+    assert_int_equal(mt__model_create(&m, &cfg), 0);
     uint64_t seq = 0;
     check_each = false; /* each walk reads every histogram: once at the end */
     for (uint32_t id = 1; id <= 2500; id++)
@@ -541,9 +541,9 @@ static void test_temporary_hist_bound(void **state)
     check_each = true;
     check(m);
     mt_model_temp_t *rows = NULL;
-    size_t n = 0, with = 0, nb = mt_model_temp_buckets(m);
-    assert_int_equal(nb, mt_model_temp_bucket(MT_MODEL_TEMP_WINDOW_MAX) + 1);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
+    size_t n = 0, with = 0, nb = mt__model_temp_buckets(m);
+    assert_int_equal(nb, mt__model_temp_bucket(MT_MODEL_TEMP_WINDOW_MAX) + 1);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_DEVICE, false, &rows, &n), 0);
     assert_int_equal(n, 2500);
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(rows[i].count, 1);
@@ -552,12 +552,12 @@ static void test_temporary_hist_bound(void **state)
     assert_true(with > 1000 && with < 2500);
     assert_true((with + 1) * nb * sizeof(uint64_t) <= (UINT64_C(16) << 20));
     free(rows);
-    assert_int_equal(mt_model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
+    assert_int_equal(mt__model_temporary(m, MT_MODEL_DEVICE, true, &rows, &n), 0);
     assert_int_equal(n, 1);
     assert_int_equal(rows[0].count, 2500);
-    assert_int_equal(mt_model_temp_median_us(rows[0].hist, nb), 1);
+    assert_int_equal(mt__model_temp_median_us(rows[0].hist, nb), 1);
     free(rows);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 /* Spans between iteration marks: each span's peak, the iteration holding the device's peak,
@@ -567,13 +567,13 @@ static void test_spans_between_marks(void **state)
     (void)state;
     mgen_t g = {0};
     mt_model_cfg_t mc = {.keep_iterations = true};
-    assert_int_equal(mt_model_create(&g.m, &mc), 0);
+    assert_int_equal(mt__model_create(&g.m, &mc), 0);
     mt__report_t *r = NULL;
     assert_int_equal(mt__report_create(&r, NULL), 0);
     size_t k = 99;
     put(&g, r, MT_EV_SEGMENT_ALLOC, BASE, 64 * MIB, 0);
     put(&g, r, MT_EV_ALLOC, BASE, 4 * MIB, MT_TAG_WEIGHTS);
-    assert_int_equal(mt_model_peak_span(g.m, &k), MT_ENOENT); /* before the first mark */
+    assert_int_equal(mt__model_peak_span(g.m, &k), MT_ENOENT); /* before the first mark */
     static const struct {
         uint64_t size; /* allocated and freed in the span */
     } it[] = {{8 * MIB}, {2 * MIB}, {20 * MIB}, {1 * MIB}};
@@ -583,16 +583,16 @@ static void test_spans_between_marks(void **state)
         put(&g, r, MT_EV_FREE_REQUESTED, BASE + 4 * MIB, it[i].size, MT_TAG_ACTIVATIONS);
         put(&g, r, MT_EV_FREE_COMPLETED, BASE + 4 * MIB, it[i].size, MT_TAG_ACTIVATIONS);
     }
-    assert_int_equal(mt_model_spans(g.m), 4);
+    assert_int_equal(mt__model_spans(g.m), 4);
     mt_model_span_t sp;
     for (unsigned i = 0; i < 4; i++) {
-        assert_int_equal(mt_model_span(g.m, i, &sp), 0);
+        assert_int_equal(mt__model_span(g.m, i, &sp), 0);
         assert_int_equal(sp.iteration, 10 + i);
         assert_int_equal(sp.allocated_at_mark, 4 * MIB);
         assert_int_equal(sp.peak, 4 * MIB + it[i].size);
     }
-    assert_int_equal(mt_model_span(g.m, 4, &sp), MT_ENOENT);
-    assert_int_equal(mt_model_peak_span(g.m, &k), 0);
+    assert_int_equal(mt__model_span(g.m, 4, &sp), MT_ENOENT);
+    assert_int_equal(mt__model_peak_span(g.m, &k), 0);
     assert_int_equal(k, 2); /* iteration 12: the 20 MiB */
     json_t *res = report_process(r);
     json_t *spans = json_object_get(json_array_get(json_object_get(res, "processes"), 0), "spans");
@@ -604,7 +604,7 @@ static void test_spans_between_marks(void **state)
     assert_int_equal(json_integer_value(json_array_get(json_array_get(last, 3), 1)), 5 * MIB);
     json_decref(res);
     mt__report_destroy(&r);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 /* A block at address 0 (a malformed log's) is a block like any other: found, freed, moved
@@ -613,7 +613,7 @@ static void test_block_at_address_zero(void **state)
 {
     (void)state;
     mt_model_t *m = NULL;
-    assert_int_equal(mt_model_create(&m, NULL), 0);
+    assert_int_equal(mt__model_create(&m, NULL), 0);
     uint64_t seq = 0, t = 1;
     tput(m, &seq, MT_EV_ALLOC, 0, MIB, MT_TAG_WEIGHTS, t++, MIB);
     tput(m, &seq, MT_EV_ALLOC, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 3 * MIB);
@@ -622,21 +622,21 @@ static void test_block_at_address_zero(void **state)
     tput(m, &seq, MT_EV_FREE_REQUESTED, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 5 * MIB);
     tput(m, &seq, MT_EV_FREE_COMPLETED, BASE, 2 * MIB, MT_TAG_WEIGHTS, t++, 5 * MIB);
     mt_model_tag_t tg;
-    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    mt__model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
     assert_int_equal(tg.bytes, 5 * MIB);
     tput(m, &seq, MT_EV_FREE_REQUESTED, 0, MIB, MT_TAG_WEIGHTS, t++, 4 * MIB);
     tput(m, &seq, MT_EV_FREE_COMPLETED, 0, MIB, MT_TAG_WEIGHTS, t++, 4 * MIB);
-    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
+    mt__model_tag(m, MT_MODEL_DEVICE, MT_TAG_WEIGHTS, &tg);
     assert_int_equal(tg.bytes, 4 * MIB);
     /* allocated again at 0, then the other block goes: 0 moves into its place */
     tput(m, &seq, MT_EV_ALLOC, 0, MIB, MT_TAG_ACTIVATIONS, t++, 5 * MIB);
     tput(m, &seq, MT_EV_FREE_COMPLETED, BASE + 2 * MIB, 4 * MIB, MT_TAG_WEIGHTS, t++, MIB);
-    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
+    mt__model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
     assert_int_equal(tg.bytes, MIB);
     tput(m, &seq, MT_EV_FREE_COMPLETED, 0, MIB, MT_TAG_ACTIVATIONS, t++, 0);
-    mt_model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
+    mt__model_tag(m, MT_MODEL_DEVICE, MT_TAG_ACTIVATIONS, &tg);
     assert_int_equal(tg.bytes, 0);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 int main(void)

@@ -64,7 +64,7 @@ static void feed_emit(void *ud, const mt_event_rec_t *ev)
     mt_event_rec_t e = *ev;
     e.seq = f->seq++;
     f->ev[f->n++] = e;
-    if (mt_model_apply(f->m, &e) != 0)
+    if (mt__model_apply(f->m, &e) != 0)
         abort();
     static const char labels[MT_TAG_MAX][MT_EVENT_LABEL_MAX + 1];
     if (f->o != NULL) {
@@ -76,8 +76,8 @@ static void feed_emit(void *ud, const mt_event_rec_t *ev)
 static void check_model(const mt_model_t *m, const char *when)
 {
     char why[256] = "";
-    if (mt_model_check(m, why, sizeof why) != 0)
-        fail_msg("%s: mt_model_check: %s", when, why);
+    if (mt__model_check(m, why, sizeof why) != 0)
+        fail_msg("%s: mt__model_check: %s", when, why);
 }
 
 /* ---- the model equals the allocator ---- */
@@ -106,7 +106,7 @@ static void compare(mt_alloc_t *a, const mt_model_t *m, size_t op)
     assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
     const mt_alloc_stats_t *st = &snap->stats;
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_DEVICE, &f), 0);
     if (f.allocated != (uint64_t)st->allocated_bytes[MT_STAT_ALL].current ||
         f.reserved != (uint64_t)st->reserved_bytes[MT_STAT_ALL].current)
         fail_msg("op %zu: model allocated/reserved %llu/%llu, allocator %lld/%lld", op,
@@ -116,7 +116,7 @@ static void compare(mt_alloc_t *a, const mt_model_t *m, size_t op)
     assert_false(f.uncertain);
     for (int t = 0; t < MT_TAG_MAX; t++) {
         mt_model_tag_t tg;
-        mt_model_tag(m, MT_MODEL_DEVICE, t, &tg);
+        mt__model_tag(m, MT_MODEL_DEVICE, t, &tg);
         if (tg.bytes != (uint64_t)st->tag_allocated_bytes[t].current)
             fail_msg("op %zu: tag %d model %llu, allocator %lld", op, t,
                      (unsigned long long)tg.bytes, (long long)st->tag_allocated_bytes[t].current);
@@ -125,11 +125,11 @@ static void compare(mt_alloc_t *a, const mt_model_t *m, size_t op)
         fail_msg("op %zu: free %llu largest %llu, allocator %llu largest %llu", op,
                  (unsigned long long)f.total_free, (unsigned long long)f.largest_free,
                  (unsigned long long)st->total_free, (unsigned long long)st->largest_free_block);
-    assert_true(f.fragmentation == mt_model_fragmentation(st->largest_free_block, st->total_free));
+    assert_true(f.fragmentation == mt__model_fragmentation(st->largest_free_block, st->total_free));
 
     /* The segment map and its blocks. */
     mt_model_map_t map;
-    assert_int_equal(mt_model_map(m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(mt__model_map(m, MT_MODEL_DEVICE, &map), 0);
     span_t *ss = calloc(snap->nsegments + 1, sizeof(*ss));
     span_t *ms = calloc(map.nsegs + 1, sizeof(*ms));
     assert_true(ss && ms);
@@ -157,7 +157,7 @@ static void compare(mt_alloc_t *a, const mt_model_t *m, size_t op)
         fail_msg("op %zu: segment map differs (%zu ranges, model %zu)", op, ns, nm);
     free(ss);
     free(ms);
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
     mt_alloc_snapshot_free(&snap);
 }
 
@@ -225,7 +225,7 @@ static void compare_pickle(const mt_alloc_snapshot_t *snap, feed_t *f, const cha
     char path[128], err[512];
     snprintf(path, sizeof path, "%s/oom-%d-dev0-%u.pickle", f->dir, (int)getpid(), f->ooms);
     mt_ts_t *ts = NULL;
-    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+    if (mt__ts_read(&ts, path, err, sizeof err) != 0)
         fail_msg("%s: %s", when, err);
     if (ts->nsegments != snap->nsegments)
         fail_msg("%s: the OOM pickle has %zu segments, the allocator %zu", when, ts->nsegments,
@@ -250,7 +250,7 @@ static void compare_pickle(const mt_alloc_snapshot_t *snap, feed_t *f, const cha
                      (unsigned long long)g->allocated_size, tlive, (unsigned long long)s->addr,
                      (unsigned long long)s->size, (unsigned long long)alloc, live);
     }
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 }
 
 static void compare_recorder(mt_alloc_t *a, feed_t *f, bool oom, const char *when)
@@ -269,7 +269,7 @@ static void feed_open(feed_t *feed, unsigned interval_ms)
     memset(feed, 0, sizeof(*feed));
     feed->sink.emit = feed_emit;
     feed->sink.ud = feed;
-    assert_int_equal(mt_model_create(&feed->m, NULL), 0);
+    assert_int_equal(mt__model_create(&feed->m, NULL), 0);
     snprintf(feed->dir, sizeof feed->dir, "/tmp/mt-test-prop-XXXXXX");
     assert_non_null(mkdtemp(feed->dir));
     mt__oomsnap_cfg_t oc = {
@@ -393,7 +393,7 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
 static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_per_mille)
 {
     mt_model_t *m = NULL;
-    assert_int_equal(mt_model_create(&m, NULL), 0);
+    assert_int_equal(mt__model_create(&m, NULL), 0);
     uint64_t dropped = 0, uncertain_seen = 0;
     bool last_kept = false;
     for (size_t i = 0; i < feed->n; i++) {
@@ -406,7 +406,7 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
             continue;
         }
         const mt_event_rec_t *ev = &feed->ev[i];
-        assert_int_equal(mt_model_apply(m, ev), 0);
+        assert_int_equal(mt__model_apply(m, ev), 0);
         last_kept = i + 1 == feed->n;
         if (i % 7 != 0 && !last_kept)
             continue; /* the walk below is the costly part */
@@ -415,7 +415,7 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
         check_model(m, when);
         for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
             mt_model_figures_t f;
-            assert_int_equal(mt_model_figures(m, cls, &f), 0);
+            assert_int_equal(mt__model_figures(m, cls, &f), 0);
             assert_true(f.fragmentation >= 0.0 && f.fragmentation <= 1.0);
             assert_true(f.utilization >= 0.0 && f.utilization <= 1.0);
             assert_true(f.total_free <= f.reserved && f.largest_free <= f.total_free);
@@ -423,7 +423,7 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
             uint64_t known = 0;
             for (int t = 0; t < MT_TAG_MAX; t++) {
                 mt_model_tag_t tg;
-                mt_model_tag(m, cls, t, &tg);
+                mt__model_tag(m, cls, t, &tg);
                 assert_true(tg.bytes <= f.allocated && tg.uncertain_bytes <= f.allocated);
                 known = mt_model_sat_add(known, tg.bytes);
             }
@@ -440,20 +440,20 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
     /* The stream ends with everything freed and the cache emptied (that event is kept):
      * no phantom bytes are left anywhere. */
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.allocated, 0);
     assert_int_equal(f.uncertain_bytes, 0);
     for (int t = 0; t < MT_TAG_MAX; t++) {
         mt_model_tag_t tg;
-        mt_model_tag(m, MT_MODEL_DEVICE, t, &tg);
+        mt__model_tag(m, MT_MODEL_DEVICE, t, &tg);
         assert_int_equal(tg.bytes, 0);
         assert_int_equal(tg.uncertain_bytes, 0);
     }
     if (dropped > 0)
-        assert_true(mt_model_lost(m) > 0 && uncertain_seen > 0);
+        assert_true(mt__model_lost(m) > 0 && uncertain_seen > 0);
     fprintf(stderr, "  dropped %llu of %zu events (%u per mille bursts): bounds held\n",
             (unsigned long long)dropped, feed->n, drop_per_mille);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 static void free_feed(feed_t *f)
@@ -462,7 +462,7 @@ static void free_feed(feed_t *f)
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
     assert_int_equal(system(cmd), 0);
-    mt_model_destroy(&f->m);
+    mt__model_destroy(&f->m);
     free(f->ev);
     memset(f, 0, sizeof(*f));
 }
@@ -524,12 +524,12 @@ static void test_middle_unmap(void **state)
     compare(a, feed.m, 0);
     compare_recorder(a, &feed, false, "one run");
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
     uint64_t before = f.segments;
     assert_int_equal(mt_alloc_free(a, x[2]), 0);
     assert_int_equal(mt_alloc_free(a, x[3]), 0);
     assert_int_equal(mt_alloc_empty_cache(a), 0);
-    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.segments, before + 1); /* the middle pages went: two runs */
     check_model(feed.m, "split");
     compare(a, feed.m, 1);
@@ -537,7 +537,7 @@ static void test_middle_unmap(void **state)
     assert_int_equal(mt_alloc_malloc(a, (size_t)1 << 40, NULL, MT_TAG_WEIGHTS, &y), MT_ENOMEM);
     compare_recorder(a, &feed, true, "OOM after the split");
     assert_int_equal(mt_alloc_malloc(a, 16 * MIB, NULL, MT_TAG_WEIGHTS, &x[2]), 0);
-    assert_int_equal(mt_model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+    assert_int_equal(mt__model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
     assert_int_equal(f.segments, before); /* the gap mapped again: one run */
     check_model(feed.m, "joined");
     compare(a, feed.m, 2);

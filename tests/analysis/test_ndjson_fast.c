@@ -152,7 +152,7 @@ static void replay_lines(lines_t *out, const char *trace)
 {
     char err[256];
     mt_trace_t *t = NULL;
-    if (mt_trace_load(&t, trace, err, sizeof err) != 0)
+    if (mt__trace_load(&t, trace, err, sizeof err) != 0)
         fail_msg("%s", err);
     mt_backend_t *b = NULL;
     mt_alloc_t *a = NULL;
@@ -178,7 +178,7 @@ static void replay_lines(lines_t *out, const char *trace)
     free(ptr);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
 }
 
 /* Every line of every .ndjson file under dir (one level of subfolders). */

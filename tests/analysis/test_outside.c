@@ -43,7 +43,7 @@ static void through_json(void *ud, const mt_event_rec_t *ev)
         fail_msg("%s: %s", buf, err);
     json_decref(o);
     s->kinds[back.kind]++;
-    assert_int_equal(mt_model_apply(s->model, &back), 0);
+    assert_int_equal(mt__model_apply(s->model, &back), 0);
 }
 
 typedef struct log_s {
@@ -58,12 +58,12 @@ static void keep_error(void *ud, mt_log_level_e level, const char *msg)
 
 static void split_of(mt_model_t *m, mt_model_outside_t *o)
 {
-    assert_int_equal(mt_model_outside(m, o, 1), 1);
+    assert_int_equal(mt__model_outside(m, o, 1), 1);
     /* the parts always add up to the device's used bytes */
     uint64_t r = o->reserved < o->used ? o->reserved : o->used;
     assert_int_equal(r + o->libraries + o->context + o->other_processes + o->not_seen, o->used);
     char why[160];
-    if (mt_model_check(m, why, sizeof why) != 0)
+    if (mt__model_check(m, why, sizeof why) != 0)
         fail_msg("model: %s", why);
 }
 
@@ -82,7 +82,7 @@ static void test_split_adds_up(void **state)
     assert_int_equal(tot - fr, 96 * MIB); /* the context is used from the start */
 
     lines_sink_t ls = {.sink = {.emit = through_json, .ud = &ls}};
-    assert_int_equal(mt_model_create(&ls.model, NULL), 0);
+    assert_int_equal(mt__model_create(&ls.model, NULL), 0);
     log_t lg = {0};
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = b;
@@ -118,7 +118,7 @@ static void test_split_adds_up(void **state)
     assert_int_equal(o.not_seen, 16 * MIB);
     assert_int_equal(o.outside, 144 * MIB);
     mt_model_library_t rows[4];
-    assert_int_equal(mt_model_outside_libraries(ls.model, 0, rows, 4), 1);
+    assert_int_equal(mt__model_outside_libraries(ls.model, 0, rows, 4), 1);
     assert_string_equal(rows[0].name, "libfakenccl.so.2");
     assert_int_equal(rows[0].bytes, 32 * MIB);
     assert_int_equal(mt_alloc_outside_bytes(a, "libfakenccl.so.2"), 32 * MIB);
@@ -141,7 +141,7 @@ static void test_split_adds_up(void **state)
     split_of(ls.model, &o);
     assert_int_equal(o.libraries, 0);
     assert_int_equal(o.not_seen, 16 * MIB);
-    assert_int_equal(mt_model_outside_libraries(ls.model, 0, rows, 4), 1);
+    assert_int_equal(mt__model_outside_libraries(ls.model, 0, rows, 4), 1);
     assert_int_equal(rows[0].bytes, 0);
     assert_int_equal(rows[0].peak, 32 * MIB);
     assert_int_equal(mt_alloc_outside_bytes(a, NULL), 0);
@@ -152,7 +152,7 @@ static void test_split_adds_up(void **state)
     split_of(ls.model, &o);
     assert_int_equal(o.used, 96 * MIB); /* the context only */
     assert_int_equal(o.context, 96 * MIB);
-    mt_model_destroy(&ls.model);
+    mt__model_destroy(&ls.model);
     mt_backend_destroy(&b);
 }
 
@@ -173,7 +173,7 @@ static void test_other_processes(void **state)
     assert_int_equal(mt_backend_process_used(b, &self), 0);
     assert_int_equal(self, 96 * MIB);
     lines_sink_t ls = {.sink = {.emit = through_json, .ud = &ls}};
-    assert_int_equal(mt_model_create(&ls.model, NULL), 0);
+    assert_int_equal(mt__model_create(&ls.model, NULL), 0);
     log_t lg = {0};
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     ac.backend = b;
@@ -202,7 +202,7 @@ static void test_other_processes(void **state)
     mt_alloc_free(a, blk);
     assert_int_equal(mt_backend_free(b, quiet), 0);
     mt_alloc_destroy(&a);
-    mt_model_destroy(&ls.model);
+    mt__model_destroy(&ls.model);
     mt_backend_destroy(&b);
 }
 

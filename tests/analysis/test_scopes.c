@@ -20,7 +20,7 @@ static void feed(mt_scopes_t *s, const char *mark, uint64_t allocated)
     ev.kind = mark ? MT_EV_MARK_NAMED : MT_EV_ALLOC;
     if (mark)
         mt_event_mark_name_pack(&ev, mark);
-    assert_int_equal(mt_scopes_event(s, &ev, allocated), 0);
+    assert_int_equal(mt__scopes_event(s, &ev, allocated), 0);
 }
 
 static const mt_scope_row_t *row(const mt_scopes_t *s, const char *name)
@@ -36,7 +36,7 @@ static void test_nested_and_repeated(void **state)
 {
     (void)state;
     mt_scopes_t s;
-    mt_scopes_init(&s);
+    mt__scopes_init(&s);
     feed(&s, NULL, 100);
     feed(&s, "step", 100); /* step 1 starts at 100 */
     feed(&s, NULL, 150);
@@ -56,14 +56,14 @@ static void test_nested_and_repeated(void **state)
     assert_int_equal(f->count, 1);
     assert_int_equal(f->peak_max, 250);
     assert_int_equal(s.nopen, 0);
-    mt_scopes_fini(&s);
+    mt__scopes_fini(&s);
 }
 
 static void test_unbalanced(void **state)
 {
     (void)state;
     mt_scopes_t s;
-    mt_scopes_init(&s);
+    mt__scopes_init(&s);
     feed(&s, "/nothing", 10); /* no scope open */
     assert_int_equal(s.unmatched, 1);
     feed(&s, "outer", 10);
@@ -78,7 +78,7 @@ static void test_unbalanced(void **state)
         feed(&s, "epoch", 10);
     assert_int_equal(s.nopen, MT_SCOPES_OPEN_MAX);
     assert_int_equal(s.dropped, 5);
-    mt_scopes_fini(&s);
+    mt__scopes_fini(&s);
 }
 
 int main(void)

@@ -43,14 +43,14 @@ static int add_exe(struct dl_phdr_info *info, size_t size, void *data)
         if (ph->p_type == PT_LOAD && ph->p_vaddr + ph->p_memsz > end)
             end = ph->p_vaddr + ph->p_memsz;
     }
-    assert_int_equal(mt_sym_add_module(data, 7, exe, info->dlpi_addr, end, NULL), 0);
+    assert_int_equal(mt__sym_add_module(data, 7, exe, info->dlpi_addr, end, NULL), 0);
     return 1; /* the executable only */
 }
 
 static void test_rows(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     dl_iterate_phdr(add_exe, s);
     mt_cs_frame_t fr_w[2] = {{.ip = site_alloc_weights()},
                              {.py_func = "Model.load", .py_file = "/x/train.py", .py_line = 42}};
@@ -59,7 +59,7 @@ static void test_rows(void **state)
         {.stack = 1, .bytes = 8 << 20, .blocks = 2, .frames = fr_w, .n_frames = 2},
         {.stack = 0, .bytes = 100, .blocks = 5},
     };
-    mt_cs_rows_sort(rows, 3);
+    mt__cs_rows_sort(rows, 3);
     assert_int_equal(rows[0].stack, 1);
     assert_int_equal(rows[1].stack, 0);
     assert_int_equal(rows[2].stack, 3);
@@ -75,7 +75,7 @@ static void test_rows(void **state)
     else
         snprintf(site, sizeof(site), "site_alloc_weights (test_callsite+0x");
 
-    json_t *a = mt_cs_rows_json(s, 7, rows, 3, 2, false);
+    json_t *a = mt__cs_rows_json(s, 7, rows, 3, 2, false);
     assert_non_null(a);
     assert_int_equal(json_array_size(a), 2);
     json_t *r0 = json_array_get(a, 0);
@@ -93,7 +93,7 @@ static void test_rows(void **state)
     assert_null(json_object_get(r0, "slope"));
     json_decref(a);
 
-    a = mt_cs_rows_json(s, 7, rows, 3, 10, true);
+    a = mt__cs_rows_json(s, 7, rows, 3, 10, true);
     json_t *r2 = json_array_get(a, 2);
     assert_string_equal(json_string_value(json_object_get(r2, "site")), "unknown stack 3");
     assert_true(json_is_true(json_object_get(r2, "unknown")));
@@ -104,13 +104,13 @@ static void test_rows(void **state)
     size_t len = 0;
     FILE *out;
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(mt_cs_flame_add(f, s, 7, &rows[i]), 0);
-    assert_int_equal(mt_flame_total(f), (8 << 20) + 200);
+        assert_int_equal(mt__cs_flame_add(f, s, 7, &rows[i]), 0);
+    assert_int_equal(mt__flame_total(f), (8 << 20) + 200);
     buf = NULL;
     out = open_memstream(&buf, &len);
-    assert_int_equal(mt_flame_write_svg(f, NULL, out), 0);
+    assert_int_equal(mt__flame_write_svg(f, NULL, out), 0);
     fclose(out);
     /* root-first: the Python caller sits below the native frame */
     char *caller = strstr(buf, "<title>Model.load (train.py:42)");
@@ -121,31 +121,31 @@ static void test_rows(void **state)
     assert_non_null(callee);
     assert_true(caller < callee);
     free(buf);
-    mt_flame_destroy(&f);
-    mt_sym_destroy(&s);
+    mt__flame_destroy(&f);
+    mt__sym_destroy(&s);
 }
 
 /* Names from a producer that are not UTF-8 still make a JSON row (bytes read '?'). */
 static void test_not_utf8(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     mt_cs_frame_t fr = {.py_func = "bad\xff\xfename", .py_file = "/x/\xc3.py", .py_line = 3};
     mt_cs_row_t row = {.stack = 9, .bytes = 10, .blocks = 1, .frames = &fr, .n_frames = 1};
-    json_t *a = mt_cs_rows_json(s, 1, &row, 1, 5, false);
+    json_t *a = mt__cs_rows_json(s, 1, &row, 1, 5, false);
     assert_non_null(a);
     json_t *f0 = json_array_get(json_object_get(json_array_get(a, 0), "frames"), 0);
     assert_string_equal(json_string_value(json_object_get(f0, "function")), "bad??name");
     assert_string_equal(json_string_value(json_object_get(f0, "label")), "bad??name (?.py:3)");
     json_decref(a);
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 /* Stacks that read the same merge (bytes and blocks add); others and frameless rows stay. */
 static void test_merge(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     mt_cs_frame_t a[2] = {{.py_func = "f", .py_file = "/x.py", .py_line = 1},
                           {.py_func = "main", .py_file = "/x.py", .py_line = 9}};
     mt_cs_frame_t b[2] = {{.py_func = "f", .py_file = "/x.py", .py_line = 1},
@@ -159,14 +159,14 @@ static void test_merge(void **state)
         {.stack = 5, .bytes = 5, .blocks = 1},
     };
     size_t n = 5;
-    assert_int_equal(mt_cs_rows_merge(s, 1, rows, &n), 0);
+    assert_int_equal(mt__cs_rows_merge(s, 1, rows, &n), 0);
     assert_int_equal(n, 4);
     assert_true(rows[0].bytes == 40 && rows[0].blocks == 3);
     assert_true(rows[0].stack == 1 || rows[0].stack == 2);
     assert_int_equal(rows[1].stack, 3);
     assert_int_equal(rows[2].stack, 4);
     assert_int_equal(rows[3].stack, 5);
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 int main(void)

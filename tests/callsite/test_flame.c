@@ -21,9 +21,9 @@ __attribute__((noinline)) static char *render(mt_flame_t *f)
     size_t len = 0;
     FILE *out = open_memstream(&buf, &len);
     assert_non_null(out);
-    mt_flame_cfg_t cfg = mt_flame_cfg_default();
+    mt_flame_cfg_t cfg = mt__flame_cfg_default();
     cfg.title = "live <bytes> & peak";
-    assert_int_equal(mt_flame_write_svg(f, &cfg, out), 0);
+    assert_int_equal(mt__flame_write_svg(f, &cfg, out), 0);
     fclose(out);
     return buf;
 }
@@ -51,15 +51,15 @@ static double width_of(const char *svg, const char *label)
 static void test_merge_and_widths(void **state)
 {
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     const char *a[] = {"main", "train", "forward"};
     const char *b[] = {"main", "train", "backward"};
     const char *c[] = {"main", "load"};
-    assert_int_equal(mt_flame_add(f, a, 3, 600), 0);
-    assert_int_equal(mt_flame_add(f, b, 3, 200), 0);
-    assert_int_equal(mt_flame_add(f, c, 2, 200), 0);
-    assert_int_equal(mt_flame_add(f, a, 3, 0), 0);
-    assert_int_equal(mt_flame_total(f), 1000);
+    assert_int_equal(mt__flame_add(f, a, 3, 600), 0);
+    assert_int_equal(mt__flame_add(f, b, 3, 200), 0);
+    assert_int_equal(mt__flame_add(f, c, 2, 200), 0);
+    assert_int_equal(mt__flame_add(f, a, 3, 0), 0);
+    assert_int_equal(mt__flame_total(f), 1000);
     char *svg = render(f);
     /* all, main, train, forward, backward, load: one frame each, merged prefixes. */
     assert_int_equal(count(svg, "<title>"), 6);
@@ -74,75 +74,75 @@ static void test_merge_and_widths(void **state)
     /* The title is escaped too. */
     assert_non_null(strstr(svg, "live &lt;bytes&gt; &amp; peak"));
     free(svg);
-    mt_flame_destroy(&f);
+    mt__flame_destroy(&f);
     assert_null(f);
 }
 
 static void test_escaping(void **state)
 {
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     const char *s[] = {"std::vector<int>::push_back", "a&b \"q\" 'x'\x01"};
-    assert_int_equal(mt_flame_add(f, s, 2, 4096), 0);
+    assert_int_equal(mt__flame_add(f, s, 2, 4096), 0);
     char *svg = render(f);
     assert_non_null(strstr(svg, "<title>std::vector&lt;int&gt;::push_back ("));
     assert_non_null(strstr(svg, "a&amp;b &quot;q&quot; &apos;x&apos;?"));
     assert_null(strstr(svg, "<int>"));
     assert_null(strstr(svg, "\x01"));
     free(svg);
-    mt_flame_destroy(&f);
+    mt__flame_destroy(&f);
 }
 
 static void test_empty_and_bad(void **state)
 {
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     char *svg = render(f);
     assert_non_null(strstr(svg, "no bytes to show"));
     assert_non_null(strstr(svg, "</svg>"));
     free(svg);
     const char *bad[] = {"main", NULL};
-    assert_int_equal(mt_flame_add(f, bad, 2, 10), MT_EINVAL);
-    assert_int_equal(mt_flame_add(f, bad, -1, 10), MT_EINVAL);
-    assert_int_equal(mt_flame_add(f, bad, MT_FLAME_DEPTH_MAX + 1, 10), MT_EINVAL);
-    assert_int_equal(mt_flame_total(f), 0);
+    assert_int_equal(mt__flame_add(f, bad, 2, 10), MT_EINVAL);
+    assert_int_equal(mt__flame_add(f, bad, -1, 10), MT_EINVAL);
+    assert_int_equal(mt__flame_add(f, bad, MT_FLAME_DEPTH_MAX + 1, 10), MT_EINVAL);
+    assert_int_equal(mt__flame_total(f), 0);
     /* Saturation instead of wrap-around. */
     const char *s[] = {"x"};
-    assert_int_equal(mt_flame_add(f, s, 1, UINT64_MAX - 1), 0);
-    assert_int_equal(mt_flame_add(f, s, 1, 5), 0);
-    assert_true(mt_flame_total(f) == UINT64_MAX);
-    mt_flame_destroy(&f);
+    assert_int_equal(mt__flame_add(f, s, 1, UINT64_MAX - 1), 0);
+    assert_int_equal(mt__flame_add(f, s, 1, 5), 0);
+    assert_true(mt__flame_total(f) == UINT64_MAX);
+    mt__flame_destroy(&f);
 }
 
 static void test_deep_stack(void **state)
 {
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     const char *frames[MT_FLAME_DEPTH_MAX];
     char names[MT_FLAME_DEPTH_MAX][16];
     for (int i = 0; i < MT_FLAME_DEPTH_MAX; i++) {
         snprintf(names[i], sizeof(names[i]), "f%d", i);
         frames[i] = names[i];
     }
-    assert_int_equal(mt_flame_add(f, frames, MT_FLAME_DEPTH_MAX, 1 << 20), 0);
+    assert_int_equal(mt__flame_add(f, frames, MT_FLAME_DEPTH_MAX, 1 << 20), 0);
     char *svg = render(f);
     assert_int_equal(count(svg, "<title>"), MT_FLAME_DEPTH_MAX + 1);
     free(svg);
-    mt_flame_destroy(&f);
+    mt__flame_destroy(&f);
 }
 
 static void test_write_error(void **state)
 {
     mt_flame_t *f;
-    assert_int_equal(mt_flame_create(&f), 0);
+    assert_int_equal(mt__flame_create(&f), 0);
     const char *s[] = {"x"};
-    assert_int_equal(mt_flame_add(f, s, 1, 5), 0);
+    assert_int_equal(mt__flame_add(f, s, 1, 5), 0);
     FILE *full = fopen("/dev/full", "w");
     if (full == NULL)
         skip();
-    assert_int_equal(mt_flame_write_svg(f, NULL, full), MT_EIO);
+    assert_int_equal(mt__flame_write_svg(f, NULL, full), MT_EIO);
     fclose(full);
-    mt_flame_destroy(&f);
+    mt__flame_destroy(&f);
 }
 
 int main(void)

@@ -68,7 +68,7 @@ static int add_one(struct dl_phdr_info *info, size_t size, void *data)
         if (ph->p_type == PT_LOAD && ph->p_vaddr + ph->p_memsz > end)
             end = ph->p_vaddr + ph->p_memsz;
     }
-    if (end > 0 && mt_sym_add_module(c->s, c->pid, path, info->dlpi_addr, end, NULL) == 0)
+    if (end > 0 && mt__sym_add_module(c->s, c->pid, path, info->dlpi_addr, end, NULL) == 0)
         c->n++;
     return 0;
 }
@@ -90,11 +90,11 @@ static void self_path(char *buf, size_t n)
 static void test_self_resolves_with_lines(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     add_self(s, PID_SELF);
     uintptr_t ra = callsite_probe_fn();
     mt_sym_frame_t fr;
-    assert_int_equal(mt_sym_resolve(s, PID_SELF, ra, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, PID_SELF, ra, &fr), 0);
     assert_non_null(fr.func);
     assert_string_equal(fr.func, "callsite_probe_fn");
     assert_non_null(fr.module);
@@ -116,19 +116,19 @@ static void test_self_resolves_with_lines(void **state)
     }
     assert_string_equal(fr.label, want);
     /* A libc function resolves by name through its symbol table. */
-    assert_int_equal(mt_sym_resolve(s, PID_SELF, (uintptr_t)&getpid + 1, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, PID_SELF, (uintptr_t)&getpid + 1, &fr), 0);
     assert_non_null(fr.func);
     assert_non_null(strstr(fr.func, "getpid"));
     assert_non_null(strstr(fr.module, "libc"));
     /* The second lookup of an ip is a cache hit with the same strings. */
     mt_sym_stats_t st0, st1;
-    mt_sym_stats(s, &st0);
+    mt__sym_stats(s, &st0);
     mt_sym_frame_t again;
-    assert_int_equal(mt_sym_resolve(s, PID_SELF, ra, &again), 0);
-    mt_sym_stats(s, &st1);
+    assert_int_equal(mt__sym_resolve(s, PID_SELF, ra, &again), 0);
+    mt__sym_stats(s, &st1);
     assert_true(st1.hits == st0.hits + 1 && st1.misses == st0.misses);
-    assert_ptr_equal(again.label, mt_sym_resolve(s, PID_SELF, ra, &fr) == 0 ? fr.label : NULL);
-    mt_sym_destroy(&s);
+    assert_ptr_equal(again.label, mt__sym_resolve(s, PID_SELF, ra, &fr) == 0 ? fr.label : NULL);
+    mt__sym_destroy(&s);
     assert_null(s);
 }
 
@@ -151,17 +151,17 @@ static void test_stripped_degrades(void **state)
     assert_non_null(stripped);
     uint64_t off = stripme_offset(), base = 0x555500000000ull;
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
-    assert_int_equal(mt_sym_add_module(s, 10, full, base, 1 << 20, NULL), 0);
-    assert_int_equal(mt_sym_add_module(s, 11, stripped, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
+    assert_int_equal(mt__sym_add_module(s, 10, full, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_add_module(s, 11, stripped, base, 1 << 20, NULL), 0);
     mt_sym_frame_t fr;
-    assert_int_equal(mt_sym_resolve(s, 10, base + off, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 10, base + off, &fr), 0);
     assert_string_equal(fr.func, "work");
     assert_true(mt_test_has_line_info(full)); /* built with -g whatever the build type */
     assert_non_null(fr.file);
     assert_non_null(strstr(fr.file, "prog_stripme.c"));
     assert_true(fr.line > 0);
-    assert_int_equal(mt_sym_resolve(s, 11, base + off, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 11, base + off, &fr), 0);
     assert_null(fr.func);
     assert_null(fr.file);
     assert_true(fr.offset == off);
@@ -169,14 +169,14 @@ static void test_stripped_degrades(void **state)
     snprintf(want, sizeof(want), "callsite_stripme.stripped+0x%jx", (uintmax_t)off);
     assert_string_equal(fr.label, want);
     /* The same range mapped anew (dlclose, then dlopen of another file) resolves anew. */
-    assert_int_equal(mt_sym_add_module(s, 11, full, base, 1 << 20, NULL), 0);
-    assert_int_equal(mt_sym_resolve(s, 11, base + off, &fr), 0);
+    assert_int_equal(mt__sym_add_module(s, 11, full, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_resolve(s, 11, base + off, &fr), 0);
     assert_non_null(fr.func);
     assert_string_equal(fr.func, "work");
     mt_sym_stats_t st;
-    mt_sym_stats(s, &st);
+    mt__sym_stats(s, &st);
     assert_int_equal(st.modules, 2);
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 /* A copy of the same program without its debug sections (objcopy --strip-debug: a release
@@ -189,10 +189,10 @@ static void test_no_dwarf_names_from_symtab(void **state)
     assert_false(mt_test_has_line_info(nodebug));
     uint64_t off = stripme_offset(), base = 0x7f0000000000ull;
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
-    assert_int_equal(mt_sym_add_module(s, 12, nodebug, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
+    assert_int_equal(mt__sym_add_module(s, 12, nodebug, base, 1 << 20, NULL), 0);
     mt_sym_frame_t fr;
-    assert_int_equal(mt_sym_resolve(s, 12, base + off, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 12, base + off, &fr), 0);
     assert_non_null(fr.func);
     assert_string_equal(fr.func, "work");
     assert_null(fr.file);
@@ -203,24 +203,24 @@ static void test_no_dwarf_names_from_symtab(void **state)
     char want[128];
     snprintf(want, sizeof(want), "work (callsite_stripme.nodebug+0x%jx)", (uintmax_t)off);
     assert_string_equal(fr.label, want);
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 static void test_untrusted_and_unknown(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     const char *full = getenv("MT_STRIPME");
     uint64_t off = stripme_offset(), base = 0x10000000;
     /* Another build than the one recorded: names are not trusted. */
-    assert_int_equal(mt_sym_add_module(s, 20, full, base, 1 << 20, "00112233AABB"), 0);
+    assert_int_equal(mt__sym_add_module(s, 20, full, base, 1 << 20, "00112233AABB"), 0);
     mt_sym_frame_t fr;
-    assert_int_equal(mt_sym_resolve(s, 20, base + off, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 20, base + off, &fr), 0);
     assert_null(fr.func);
     assert_non_null(strstr(fr.label, "callsite_stripme+0x"));
     /* A file that is gone. */
-    assert_int_equal(mt_sym_add_module(s, 21, "/nonexistent/libgone.so", base, 4096, NULL), 0);
-    assert_int_equal(mt_sym_resolve(s, 21, base + 0x10, &fr), 0);
+    assert_int_equal(mt__sym_add_module(s, 21, "/nonexistent/libgone.so", base, 4096, NULL), 0);
+    assert_int_equal(mt__sym_resolve(s, 21, base + 0x10, &fr), 0);
     assert_string_equal(fr.label, "libgone.so+0x10");
     /* A FIFO as a module (a hostile producer's map): not opened for reading, no hang. */
     char fifo[] = "/tmp/mt-sym-fifo-XXXXXX";
@@ -228,41 +228,41 @@ static void test_untrusted_and_unknown(void **state)
     char fpath[64];
     snprintf(fpath, sizeof(fpath), "%s/libfifo.so", fifo);
     assert_int_equal(mkfifo(fpath, 0600), 0);
-    assert_int_equal(mt_sym_add_module(s, 22, fpath, base, 4096, NULL), 0);
-    assert_int_equal(mt_sym_resolve(s, 22, base + 0x20, &fr), 0);
+    assert_int_equal(mt__sym_add_module(s, 22, fpath, base, 4096, NULL), 0);
+    assert_int_equal(mt__sym_resolve(s, 22, base + 0x20, &fr), 0);
     assert_string_equal(fr.label, "libfifo.so+0x20");
     unlink(fpath);
     rmdir(fifo);
     /* No module: an unknown frame, for a pid never seen too. */
-    assert_int_equal(mt_sym_resolve(s, 21, 0x1234, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 21, 0x1234, &fr), 0);
     assert_string_equal(fr.label, "unknown frame 0x1234");
     assert_null(fr.module);
-    assert_int_equal(mt_sym_resolve(s, 999, base + 0x10, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 999, base + 0x10, &fr), 0);
     assert_string_equal(fr.label, "unknown frame 0x10000010");
     mt_sym_stats_t st;
-    mt_sym_stats(s, &st);
+    mt__sym_stats(s, &st);
     assert_int_equal(st.unknown, 2);
     /* Bad arguments. */
-    assert_int_equal(mt_sym_add_module(s, 1, "", 0, 10, NULL), MT_EINVAL);
-    assert_int_equal(mt_sym_add_module(s, 1, NULL, 0, 10, NULL), MT_EINVAL);
-    assert_int_equal(mt_sym_add_module(s, 1, "/x", 0, 0, NULL), MT_EINVAL);
-    assert_int_equal(mt_sym_add_module(s, 1, "/x", UINT64_MAX - 5, 10, NULL), MT_EINVAL);
-    assert_int_equal(mt_sym_add_module(s, 1, "/x", 0, 10, "zz"), MT_EINVAL);
-    mt_sym_destroy(&s);
+    assert_int_equal(mt__sym_add_module(s, 1, "", 0, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt__sym_add_module(s, 1, NULL, 0, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt__sym_add_module(s, 1, "/x", 0, 0, NULL), MT_EINVAL);
+    assert_int_equal(mt__sym_add_module(s, 1, "/x", UINT64_MAX - 5, 10, NULL), MT_EINVAL);
+    assert_int_equal(mt__sym_add_module(s, 1, "/x", 0, 10, "zz"), MT_EINVAL);
+    mt__sym_destroy(&s);
 }
 
 static void test_module_cap(void **state)
 {
     mt_sym_t *s;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     for (uint32_t i = 0; i < MT_SYM_MODULES_MAX; i++)
-        assert_int_equal(mt_sym_add_module(s, 5, "/x/lib.so", (uint64_t)i << 20, 4096, NULL), 0);
-    assert_int_equal(mt_sym_add_module(s, 5, "/x/lib.so", UINT64_C(1) << 40, 4096, NULL),
+        assert_int_equal(mt__sym_add_module(s, 5, "/x/lib.so", (uint64_t)i << 20, 4096, NULL), 0);
+    assert_int_equal(mt__sym_add_module(s, 5, "/x/lib.so", UINT64_C(1) << 40, 4096, NULL),
                      MT_EOVERFLOW);
     mt_sym_frame_t fr;
-    assert_int_equal(mt_sym_resolve(s, 5, (UINT64_C(7) << 20) + 8, &fr), 0);
+    assert_int_equal(mt__sym_resolve(s, 5, (UINT64_C(7) << 20) + 8, &fr), 0);
     assert_string_equal(fr.label, "lib.so+0x8");
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 int main(void)

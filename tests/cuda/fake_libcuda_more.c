@@ -10,7 +10,7 @@
 
 #include "fake_internal.h"
 
-/* ---- what the driver does beyond the backend's needs (issue 16) ---- */
+/* ---- what the driver does beyond the backend's needs ---- */
 
 FAKE_API void fake_cuda_fault(int dev, CUresult res);
 FAKE_API unsigned long long fake_cuda_handle_types(void);

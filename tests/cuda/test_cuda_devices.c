@@ -1,4 +1,4 @@
-/* The cuda backend's devices against the fake driver (issue 15 item 1, issue 16 items 10
+/* The cuda backend's devices against the fake driver (
  * and 13): a retained primary context per device, reached lazily; memory of device i
  * allocated in device i's context; cuMemcpyPeerAsync between contexts; peer access that
  * reaches expandable segments' mappings; allocator events without timing; host-allocation

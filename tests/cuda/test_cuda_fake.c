@@ -388,7 +388,7 @@ static void test_vmm_strict(void **state)
     assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
 }
 
-/* ---- issue 16: what the fake driver does beyond the backend's needs ---- */
+/* ---- what the fake driver does beyond the backend's needs ---- */
 
 typedef CUresult (*gp2_t)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*gp1_t)(const char *, void **, int, cuuint64_t);

@@ -102,7 +102,7 @@ static void producer(const char *sock, uint64_t n, double rate, int go_fd)
 
 static void *run_daemon(void *arg)
 {
-    mt_d_run(arg);
+    mt__d_run(arg);
     return NULL;
 }
 
@@ -128,12 +128,12 @@ static void run(uint64_t per, double offered, result_t *res)
     snprintf(sock, sizeof sock, "%s/d.sock", dir);
     uv_loop_t loop;
     uv_loop_init(&loop);
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = sock;
     cfg.http_port = -1;
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    if (mt_d_create(&d, &cfg) != 0) {
+    if (mt__d_create(&d, &cfg) != 0) {
         res->failed = 1;
         return;
     }
@@ -165,8 +165,8 @@ static void run(uint64_t per, double offered, result_t *res)
             continue;
         }
         static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
-        if (mt_d_client_connect(sock, &cons[i].fd) != 0 ||
-            mt_d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
+        if (mt__d_client_connect(sock, &cons[i].fd) != 0 ||
+            mt__d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
             res->failed = 1;
     }
     int go[2];
@@ -206,11 +206,11 @@ static void run(uint64_t per, double offered, result_t *res)
         kill(tail_pid, SIGTERM);
         waitpid(tail_pid, NULL, 0);
     }
-    mt_d_stop(d);
+    mt__d_stop(d);
     pthread_join(dth, NULL);
     mt_d_counters_t ctr;
-    mt_d_counters(d, &ctr);
-    mt_d_destroy(&d);
+    mt__d_counters(d, &ctr);
+    mt__d_destroy(&d);
     res->failed |= uv_loop_close(&loop) != 0;
     close(go[0]);
     close(go[1]);

@@ -31,7 +31,7 @@ uint64_t th_now_ms(void)
 
 mt_d_cfg_t th_cfg(void)
 {
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.idle_timeout_ms = 300;
     cfg.keepalive_ms = 200;
     cfg.http_token = TH_TOKEN;
@@ -42,7 +42,7 @@ mt_d_cfg_t th_cfg(void)
 static void *run_thread(void *arg)
 {
     th_daemon_t *t = arg;
-    mt_d_run(t->d);
+    mt__d_run(t->d);
     return NULL;
 }
 
@@ -61,8 +61,8 @@ void th_daemon_create(th_daemon_t *t, mt_d_cfg_t cfg)
     cfg.socket_path = t->sock;
     cfg.http_port = 0;
     cfg.loop = &t->loop;
-    assert_int_equal(mt_d_create(&t->d, &cfg), 0);
-    t->port = mt_d_http_port(t->d);
+    assert_int_equal(mt__d_create(&t->d, &cfg), 0);
+    t->port = mt__d_http_port(t->d);
     assert_true(t->port > 0);
     struct stat st;
     assert_int_equal(stat(t->sock, &st), 0);
@@ -76,9 +76,9 @@ void th_daemon_run(th_daemon_t *t)
 
 void th_daemon_stop(th_daemon_t *t)
 {
-    mt_d_stop(t->d);
+    mt__d_stop(t->d);
     assert_int_equal(pthread_join(t->thread, NULL), 0);
-    mt_d_destroy(&t->d);
+    mt__d_destroy(&t->d);
     assert_null(t->d);
     assert_int_equal(uv_loop_close(&t->loop), 0);
     assert_int_equal(access(t->sock, F_OK), -1);
@@ -108,13 +108,13 @@ pid_t th_daemon_child(const char *sock, const char *log)
         cfg.loop = &loop;
         cfg.handle_signals = true;
         mt_d_t *d = NULL;
-        if (mt_d_create(&d, &cfg) != 0)
+        if (mt__d_create(&d, &cfg) != 0)
             _exit(4);
         char c = 1;
         if (write(ready[1], &c, 1) != 1)
             _exit(5);
-        int rc = mt_d_run(d);
-        mt_d_destroy(&d);
+        int rc = mt__d_run(d);
+        mt__d_destroy(&d);
         _exit(rc == 0 && uv_loop_close(&loop) == 0 ? 0 : 6);
     }
     char c;
@@ -257,11 +257,11 @@ int th_wait_within(pid_t pid, int timeout_ms, const char *what)
 int th_consumer(const char *sock, const char *filter)
 {
     int fd;
-    assert_int_equal(mt_d_client_connect(sock, &fd), 0);
+    assert_int_equal(mt__d_client_connect(sock, &fd), 0);
     char req[512];
     int n = snprintf(req, sizeof req, "{\"type\":\"subscribe\",\"role\":\"consumer\"%s%s}\n",
                      filter && *filter ? "," : "", filter ? filter : "");
-    assert_int_equal(mt_d_client_send(fd, req, (size_t)n), 0);
+    assert_int_equal(mt__d_client_send(fd, req, (size_t)n), 0);
     /* The answer line, byte by byte: what follows belongs to th_consume. */
     char line[256];
     size_t len = 0;
@@ -354,9 +354,9 @@ int th_http_raw(int port, const char *request, size_t len, char **out)
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     if (len)
-        assert_int_equal(mt_d_client_send(fd, request, len), 0);
+        assert_int_equal(mt__d_client_send(fd, request, len), 0);
     char *resp = NULL;
-    int rc = mt_d_client_read_all(fd, 64u << 20, 5000, &resp, NULL);
+    int rc = mt__d_client_read_all(fd, 64u << 20, 5000, &resp, NULL);
     close(fd);
     assert_int_equal(rc, 0);
     int status = 0;
@@ -381,7 +381,7 @@ const char *th_http_body(const char *resp)
 void *th_state(const char *sock)
 {
     char *s = NULL;
-    assert_int_equal(mt_d_client_state(sock, 5000, &s), 0);
+    assert_int_equal(mt__d_client_state(sock, 5000, &s), 0);
     json_error_t err;
     json_t *st = json_loads(s, 0, &err);
     free(s);

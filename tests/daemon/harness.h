@@ -39,7 +39,7 @@ void th_daemon_stop(th_daemon_t *t);
 
 /* The daemon in a child process of its own, with its signal handling on (SIGTERM stops it
  * cleanly) and, if log is not NULL, an NDJSON log; HTTP off. Returns once its socket is
- * bound. The child exits 0 only if mt_d_run returned 0 and uv_loop_close succeeded. */
+ * bound. The child exits 0 only if mt__d_run returned 0 and uv_loop_close succeeded. */
 pid_t th_daemon_child(const char *sock, const char *log);
 
 /* Forks a producer: registers with the daemon at sock through mt_prof_create (daemon

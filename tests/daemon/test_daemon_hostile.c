@@ -72,8 +72,8 @@ static int hello(const char *sock, const mt__ring_t *r, char *line, size_t cap)
                      "\"name\":\"hostile\",\"shm\":\"%s\",\"slots\":%u}\n",
                      (int)getpid(), mt__ring_name(r), (unsigned)mt__ring_header(r)->slots);
     int fd;
-    assert_int_equal(mt_d_client_connect(sock, &fd), 0);
-    assert_int_equal(mt_d_client_send(fd, msg, (size_t)n), 0);
+    assert_int_equal(mt__d_client_connect(sock, &fd), 0);
+    assert_int_equal(mt__d_client_send(fd, msg, (size_t)n), 0);
     size_t i = 0;
     for (; i < cap - 1; i++) {
         if (recv(fd, &line[i], 1, 0) != 1 || line[i] == '\n')
@@ -291,7 +291,7 @@ static void test_truncated_ring(void **state)
         }
         /* the daemon closes the connection once it let go of the ring */
         char *rest = NULL;
-        assert_int_equal(mt_d_client_read_all(fd, 1024, 5000, &rest, NULL), 0);
+        assert_int_equal(mt__d_client_read_all(fd, 1024, 5000, &rest, NULL), 0);
         free(rest);
         close(fd);
         json_t *p = wait_exited_n(t.sock, getpid(), round + 1);
@@ -350,7 +350,7 @@ static int truncator_body(const char *sock, long to, long delay_us)
                      (int)getpid(), mt__ring_name(g_ring), 1u << 14);
     int fd;
     char ok[32] = {0};
-    if (mt_d_client_connect(sock, &fd) != 0 || mt_d_client_send(fd, msg, (size_t)n) != 0 ||
+    if (mt__d_client_connect(sock, &fd) != 0 || mt__d_client_send(fd, msg, (size_t)n) != 0 ||
         recv(fd, ok, sizeof ok - 1, 0) <= 0 || !strstr(ok, "\"ok\":true"))
         return 1;
     pthread_t th;

@@ -117,11 +117,11 @@ static void test_bad_http(void **state)
 static char *unix_exchange(const th_daemon_t *t, const char *msg, size_t len)
 {
     int fd;
-    assert_int_equal(mt_d_client_connect(t->sock, &fd), 0);
+    assert_int_equal(mt__d_client_connect(t->sock, &fd), 0);
     if (len)
-        mt_d_client_send(fd, msg, len); /* may fail once the daemon has hung up: fine */
+        mt__d_client_send(fd, msg, len); /* may fail once the daemon has hung up: fine */
     char *out = NULL;
-    assert_int_equal(mt_d_client_read_all(fd, 1 << 20, 5000, &out, NULL), 0);
+    assert_int_equal(mt__d_client_read_all(fd, 1 << 20, 5000, &out, NULL), 0);
     close(fd);
     return out;
 }
@@ -218,7 +218,7 @@ static void test_sse(void **state)
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     static const char req[] =
         "GET /events?kind=alloc HTTP/1.1\r\n" TH_HDRS "Accept: text/event-stream\r\n\r\n";
-    assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+    assert_int_equal(mt__d_client_send(fd, req, sizeof req - 1), 0);
     char *all = NULL;
     assert_int_equal(read_until(fd, ": memtrace", 1, 3000, &all), 1);
     assert_non_null(strstr(all, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"));
@@ -256,8 +256,8 @@ static void test_producer_misbehaving(void **state)
                  "\"name\":\"self\",\"shm\":\"%s\",\"slots\":64}\n",
                  (int)getpid(), mt__ring_name(r));
     int fd;
-    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
-    assert_int_equal(mt_d_client_send(fd, hello, (size_t)n), 0);
+    assert_int_equal(mt__d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt__d_client_send(fd, hello, (size_t)n), 0);
     char line[64] = {0};
     for (size_t i = 0; i < sizeof line - 1; i++) {
         assert_int_equal(recv(fd, &line[i], 1, 0), 1);
@@ -270,12 +270,12 @@ static void test_producer_misbehaving(void **state)
     mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512, .allocated = 512};
     assert_int_equal(mt__ring_push(r, &ev), 0);
     static const char poke[] = "{\"type\":\"poke\"}\n";
-    assert_int_equal(mt_d_client_send(fd, poke, sizeof poke - 1), 0);
+    assert_int_equal(mt__d_client_send(fd, poke, sizeof poke - 1), 0);
     char junk[5000];
     memset(junk, 'x', sizeof junk);
-    mt_d_client_send(fd, junk, sizeof junk);
+    mt__d_client_send(fd, junk, sizeof junk);
     char *rest = NULL;
-    assert_int_equal(mt_d_client_read_all(fd, 1024, 5000, &rest, NULL), 0); /* EOF */
+    assert_int_equal(mt__d_client_read_all(fd, 1024, 5000, &rest, NULL), 0); /* EOF */
     assert_string_equal(rest, "");
     free(rest);
     close(fd);
@@ -304,8 +304,8 @@ static void test_producer_corrupt_ring(void **state)
                      "\"name\":\"corrupt\",\"shm\":\"%s\",\"slots\":64}\n",
                      (int)getpid(), mt__ring_name(r));
     int fd;
-    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
-    assert_int_equal(mt_d_client_send(fd, hello, (size_t)n), 0);
+    assert_int_equal(mt__d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt__d_client_send(fd, hello, (size_t)n), 0);
     char *reply = NULL;
     mt_event_rec_t ev = {.kind = MT_EV_ALLOC, .addr = 0x1000, .size = 512, .allocated = 512};
     assert_int_equal(mt__ring_push(r, &ev), 0);
@@ -314,7 +314,7 @@ static void test_producer_corrupt_ring(void **state)
     uint64_t bogus = atomic_load(&h->read_idx) + 1000000;
     atomic_store(&h->claim, bogus);
     /* The daemon closes the connection once it gave up on the ring. */
-    assert_int_equal(mt_d_client_read_all(fd, 1024, 5000, &reply, NULL), 0);
+    assert_int_equal(mt__d_client_read_all(fd, 1024, 5000, &reply, NULL), 0);
     assert_non_null(strstr(reply, "\"ok\":true"));
     free(reply);
     close(fd);
@@ -371,7 +371,7 @@ static void test_busy_daemon_answers_waiting_client(void **state)
     th_daemon_start(&t, cfg);
     /* Connected first, so accepted before the producer's hello is read. */
     int fd;
-    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt__d_client_connect(t.sock, &fd), 0);
     pid_t pid = th_producer(t.sock, 0, 1024, 0, -1); /* its registration holds the daemon */
     bool held = false;
     for (uint64_t end = th_now_ms() + 30000; !held && th_now_ms() < end; usleep(1000)) {
@@ -381,12 +381,12 @@ static void test_busy_daemon_answers_waiting_client(void **state)
     }
     assert_true(held);
     static const char req[] = "{\"type\":\"state\"}\n";
-    assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+    assert_int_equal(mt__d_client_send(fd, req, sizeof req - 1), 0);
     pthread_mutex_lock(&g.mu);
     g.sent = true;
     pthread_mutex_unlock(&g.mu);
     char *out = NULL;
-    assert_int_equal(mt_d_client_read_all(fd, 1u << 20, 30000, &out, NULL), 0);
+    assert_int_equal(mt__d_client_read_all(fd, 1u << 20, 30000, &out, NULL), 0);
     close(fd);
     json_t *st = json_loads(out, 0, NULL);
     free(out);

@@ -27,7 +27,7 @@ static void make_dir(char *dir, size_t n)
 }
 
 /* The daemon in a child, with its signal handling on: SIGTERM stops it cleanly (the
- * child exits 0 only if mt_d_run returned and uv_loop_close succeeded) and the socket
+ * child exits 0 only if mt__d_run returned and uv_loop_close succeeded) and the socket
  * file is removed. */
 static void test_sigterm_clean_shutdown(void **state)
 {
@@ -38,7 +38,7 @@ static void test_sigterm_clean_shutdown(void **state)
     /* A subscriber and a half-open connection must not hold the shutdown up. */
     int fd = th_consumer(sock, "");
     int idle;
-    assert_int_equal(mt_d_client_connect(sock, &idle), 0);
+    assert_int_equal(mt__d_client_connect(sock, &idle), 0);
     assert_int_equal(access(sock, F_OK), 0);
     assert_int_equal(kill(pid, SIGTERM), 0);
     int st = th_wait(pid);
@@ -73,9 +73,9 @@ static void test_stale_and_busy_socket(void **state)
     cfg.http_port = -1;
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    assert_int_equal(mt_d_create(&d, &cfg), 0); /* the stale file was replaced */
-    assert_int_equal(mt_d_http_port(d), -1);
-    mt_d_destroy(&d);
+    assert_int_equal(mt__d_create(&d, &cfg), 0); /* the stale file was replaced */
+    assert_int_equal(mt__d_http_port(d), -1);
+    mt__d_destroy(&d);
     assert_int_equal(uv_loop_close(&loop), 0);
     assert_int_equal(access(sock, F_OK), -1);
 
@@ -83,7 +83,7 @@ static void test_stale_and_busy_socket(void **state)
     th_daemon_start(&t, th_cfg());
     assert_int_equal(uv_loop_init(&loop), 0);
     cfg.socket_path = t.sock;
-    assert_int_equal(mt_d_create(&d, &cfg), MT_EBUSY);
+    assert_int_equal(mt__d_create(&d, &cfg), MT_EBUSY);
     assert_null(d);
     assert_int_equal(uv_loop_close(&loop), 0);
     json_t *st = th_state(t.sock);
@@ -97,7 +97,7 @@ static void test_stale_and_busy_socket(void **state)
     fclose(f);
     assert_int_equal(uv_loop_init(&loop), 0);
     cfg.socket_path = sock;
-    assert_int_equal(mt_d_create(&d, &cfg), MT_EBUSY);
+    assert_int_equal(mt__d_create(&d, &cfg), MT_EBUSY);
     assert_int_equal(uv_loop_close(&loop), 0);
     assert_int_equal(access(sock, F_OK), 0);
     unlink(sock);
@@ -157,10 +157,10 @@ static void test_cfg_validation(void **state)
     mt_d_cfg_t cfg = th_cfg();
     mt_d_t *d = NULL;
     cfg.http_port = 70000;
-    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    assert_int_equal(mt__d_create(&d, &cfg), MT_EINVAL);
     cfg = th_cfg();
     cfg.drain_interval_ms = 0;
-    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    assert_int_equal(mt__d_create(&d, &cfg), MT_EINVAL);
     cfg = th_cfg();
     cfg.socket_path = "/tmp/a-socket-path-that-is-far-too-long-for-sun_path-xxxxxxxxxxxxxxxxxxxxxxx"
                       "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx.sock";
@@ -168,13 +168,13 @@ static void test_cfg_validation(void **state)
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
     cfg.loop = &loop;
-    assert_int_equal(mt_d_create(&d, &cfg), MT_EINVAL);
+    assert_int_equal(mt__d_create(&d, &cfg), MT_EINVAL);
     assert_null(d);
     assert_int_equal(uv_loop_close(&loop), 0);
 }
 
-/* mt_d_create reads no environment: the socket and OOM settings the variables name reach it
- * through mt_d_cfg_from_env, which the executables call (docs/process-state.md). */
+/* mt__d_create reads no environment: the socket and OOM settings the variables name reach it
+ * through mt__d_cfg_from_env, which the executables call (docs/process-state.md). */
 static void test_env_only_through_cfg(void **state)
 {
     char dir[64], env_sock[96], cfg_sock[96];
@@ -184,7 +184,7 @@ static void test_env_only_through_cfg(void **state)
     setenv("MEMTRACE_SOCKET", env_sock, 1);
     setenv("MEMTRACE_OOM_DIR", dir, 1);
     setenv("MEMTRACE_OOM_INTERVAL_MS", "250", 1);
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     assert_string_equal(cfg.default_socket, "");
     assert_string_equal(cfg.default_oom_dir, "");
     assert_int_equal(cfg.oom_interval_ms, -1);
@@ -195,22 +195,22 @@ static void test_env_only_through_cfg(void **state)
     assert_int_equal(uv_loop_init(&loop), 0);
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    assert_int_equal(mt_d_create(&d, &cfg), 0);
-    assert_string_equal(mt_d_socket_path(d), cfg_sock);
+    assert_int_equal(mt__d_create(&d, &cfg), 0);
+    assert_string_equal(mt__d_socket_path(d), cfg_sock);
     assert_int_equal(access(env_sock, F_OK), -1);
-    mt_d_destroy(&d);
+    mt__d_destroy(&d);
     assert_int_equal(uv_loop_close(&loop), 0);
     /* The executables' edge: the variables into the cfg. */
-    cfg = mt_d_cfg_default();
-    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    cfg = mt__d_cfg_default();
+    assert_int_equal(mt__d_cfg_from_env(&cfg), 0);
     assert_string_equal(cfg.default_socket, env_sock);
     assert_string_equal(cfg.default_oom_dir, dir);
     assert_int_equal(cfg.oom_interval_ms, 250);
     cfg.oom_interval_ms = 0; /* a program's choice stays */
-    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    assert_int_equal(mt__d_cfg_from_env(&cfg), 0);
     assert_int_equal(cfg.oom_interval_ms, 0);
     setenv("MEMTRACE_OOM_DIR", "off", 1);
-    assert_int_equal(mt_d_cfg_from_env(&cfg), 0);
+    assert_int_equal(mt__d_cfg_from_env(&cfg), 0);
     assert_string_equal(cfg.default_oom_dir, "");
     unsetenv("MEMTRACE_SOCKET");
     unsetenv("MEMTRACE_OOM_DIR");
@@ -233,8 +233,8 @@ static void test_sigpipe_left_alone(void **state)
     static const char req[] = "{\"type\":\"state\"}\n";
     for (int i = 0; i < 50; i++) {
         int fd;
-        assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
-        assert_int_equal(mt_d_client_send(fd, req, sizeof req - 1), 0);
+        assert_int_equal(mt__d_client_connect(t.sock, &fd), 0);
+        assert_int_equal(mt__d_client_send(fd, req, sizeof req - 1), 0);
         close(fd); /* before the answer: the daemon's write meets a closed peer */
     }
     json_t *st = th_state(t.sock); /* still alive and answering */

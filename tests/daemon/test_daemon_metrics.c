@@ -230,7 +230,7 @@ static void test_rank_job_labels(void **state)
     th_daemon_stop(&t);
 }
 
-/* ---- several devices (issue 15) ---- */
+/* ---- several devices ---- */
 
 /* A forked producer with real allocators on 2 sim devices: 3 MiB live on device 0, 5 MiB
  * on device 1 (each in its own segment). */

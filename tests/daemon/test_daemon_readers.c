@@ -64,7 +64,7 @@ static void record(const char *trace, evbuf_t *b)
 {
     char err[256];
     mt_trace_t *t = NULL;
-    if (mt_trace_load(&t, trace, err, sizeof err) != 0)
+    if (mt__trace_load(&t, trace, err, sizeof err) != 0)
         fail_msg("%s", err);
     mt_event_sink_t sink = {.emit = keep_event, .ud = b};
     mt_backend_cfg_t bc = mt_backend_cfg_default();
@@ -96,7 +96,7 @@ static void record(const char *trace, evbuf_t *b)
     mt_alloc_destroy(&a);
     mt_backend_destroy(&be);
     free(ptr);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     assert_true(b->n >= 1000);
 }
 
@@ -368,10 +368,10 @@ static void load(th_daemon_t *t, bool general, const char *log, unsigned long *e
     cfg.view_general_reader = general;
     cfg.max_exited = 1u << 16;
     th_daemon_create(t, cfg);
-    mt_d_set_event_window(t->d, 4096); /* past states of the replay go through the base */
+    mt__d_set_event_window(t->d, 4096); /* past states of the replay go through the base */
     *events = *bad = 0;
     err[0] = '\0';
-    *rc = mt_d_view_load(t->d, log, events, bad, err, errlen);
+    *rc = mt__d_view_load(t->d, log, events, bad, err, errlen);
     /* Times are shown on this machine's clock, its offset read once per daemon: the two
      * daemons' reads may differ by a microsecond. Both show monotonic times instead. */
     for (const mt_d_proc_t *p = t->d->procs; p; p = p->next) {

@@ -90,7 +90,7 @@ static void test_daemon_output_matches_schema(void **state)
     FILE *f = fopen(out, "w");
     assert_non_null(f);
     char *st = NULL;
-    assert_int_equal(mt_d_client_state(t.sock, 5000, &st), 0);
+    assert_int_equal(mt__d_client_state(t.sock, 5000, &st), 0);
     fputs(st, f); /* one line, '\n' included */
     free(st);
     assert_true(copy_lines(stuck, f, "\"type\":\"gap\"", 500) >= 1);
@@ -157,7 +157,7 @@ static void test_state_outside_schema(void **state)
     assert_int_equal(th_wait(pid), 0);
     json_decref(th_wait_exited(t.sock, pid, 5000));
     char *st = NULL;
-    assert_int_equal(mt_d_client_state(t.sock, 5000, &st), 0);
+    assert_int_equal(mt__d_client_state(t.sock, 5000, &st), 0);
     th_daemon_stop(&t);
     json_error_t jerr;
     json_t *good = json_loads(st, 0, &jerr);

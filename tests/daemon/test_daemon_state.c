@@ -29,21 +29,21 @@ static void apply(mt_d_proc_t *p, int kind, uint64_t addr, uint64_t size, int ta
     mt_event_rec_t ev = mgen_rec(&gen, kind, addr, size, tag);
     assert_int_equal(mt__d_proc_apply(p, &ev), 0);
     char why[256] = "";
-    if ((ev.seq < 64 || ev.seq % 97 == 0) && mt_model_check(p->model, why, sizeof why) != 0)
-        fail_msg("mt_model_check: %s", why);
+    if ((ev.seq < 64 || ev.seq % 97 == 0) && mt__model_check(p->model, why, sizeof why) != 0)
+        fail_msg("mt__model_check: %s", why);
 }
 
 static mt_model_figures_t fig(const mt_d_proc_t *p, int cls)
 {
     mt_model_figures_t f;
-    assert_int_equal(mt_model_figures(p->model, cls, &f), 0);
+    assert_int_equal(mt__model_figures(p->model, cls, &f), 0);
     return f;
 }
 
 static mt_model_tag_t tagf(const mt_d_proc_t *p, int cls, int tag)
 {
     mt_model_tag_t t;
-    mt_model_tag(p->model, cls, tag, &t);
+    mt__model_tag(p->model, cls, tag, &t);
     return t;
 }
 
@@ -108,11 +108,11 @@ static void test_expandable_pages(void **state)
     apply(p, MT_EV_SEGMENT_UNMAP, 0x200000000 + 2 * MIB, 2 * MIB, 0); /* a hole in the middle */
     assert_int_equal(fig(p, 0).segments, 2);
     mt_model_map_t map;
-    assert_int_equal(mt_model_map(p->model, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(mt__model_map(p->model, MT_MODEL_DEVICE, &map), 0);
     assert_int_equal(map.segs[0].size, 2 * MIB);
     assert_int_equal(map.segs[1].addr, 0x200000000 + 4 * MIB);
     assert_int_equal(map.segs[1].size, 4 * MIB);
-    mt_model_map_free(&map);
+    mt__model_map_free(&map);
     mt_model_figures_t f = fig(p, 0);
     assert_int_equal(f.total_free, 6 * MIB);
     assert_int_equal(f.largest_free, 4 * MIB);
@@ -239,7 +239,7 @@ static void test_totals_sum_over_sources(void **state)
                             json_array_get(json_object_get(jh, "segments"), 0), "pool")),
                         "host");
     json_decref(j);
-    /* Per device (issue 15): device 0 holds the 1 MiB block in 20 MiB, device 1 40 MiB;
+    /* Per device: device 0 holds the 1 MiB block in 20 MiB, device 1 40 MiB;
      * the process's figures above are their sums. */
     json_t *devs = mt__d_proc_json(p, false);
     json_t *dv = json_object_get(devs, "devices");
@@ -411,7 +411,7 @@ static void test_forged_sizes_bounded(void **state)
     };
     for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
         assert_int_equal(mt__d_proc_apply(p, &evs[k]), 0);
-    assert_int_equal(mt_model_check(p->model, NULL, 0), 0);
+    assert_int_equal(mt__model_check(p->model, NULL, 0), 0);
     json_t *j = mt__d_proc_json(p, true);
     double frag = json_real_value(json_object_get(j, "fragmentation"));
     assert_true(frag >= 0.0 && frag <= 1.0);
@@ -451,19 +451,19 @@ static void test_buffer_first_error(void **state)
     snprintf(sock, sizeof sock, "%s/d.sock", dir);
     uv_loop_t loop;
     assert_int_equal(uv_loop_init(&loop), 0);
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = sock;
     cfg.http_port = -1;
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    assert_int_equal(mt_d_create(&d, &cfg), 0);
+    assert_int_equal(mt__d_create(&d, &cfg), 0);
     mt_d_buf_t o = {.len = SIZE_MAX / 2 + 1};
     assert_int_equal(mt__d_metrics_text(d, &o), MT_EOVERFLOW);
     o = (mt_d_buf_t){0};
     assert_int_equal(mt__d_metrics_text(d, &o), 0);
     assert_non_null(strstr(o.p, "memtrace_processes"));
     mt__d_buf_free(&o);
-    mt_d_destroy(&d);
+    mt__d_destroy(&d);
     assert_int_equal(uv_loop_close(&loop), 0);
     rmdir(dir);
 }

@@ -59,7 +59,7 @@ static void trace_scenario(void *ud)
     trace_case_t *c = ud;
     char err[MT_TRACE_ERR_LEN] = "";
     mt_trace_t *t = NULL;
-    int rc = mt_trace_load(&t, c->path, err, sizeof err);
+    int rc = mt__trace_load(&t, c->path, err, sizeof err);
     OK_OR_ENOMEM(rc);
     if (rc != 0) {
         assert_non_null(strstr(err, c->path)); /* the message names the file */
@@ -67,18 +67,18 @@ static void trace_scenario(void *ud)
         return;
     }
     assert_int_equal(t->nfailures, 1);
-    mt_replay_cfg_t cfg = mt_replay_cfg_default();
+    mt_replay_cfg_t cfg = mt__replay_cfg_default();
     cfg.alloc_conf = c->conf;
     cfg.capacity = (size_t)1 << 30;
     cfg.warmup = true;
     cfg.sample_peak = true;
     mt_replay_result_t res;
     err[0] = '\0';
-    rc = mt_replay_run(t, &cfg, &res, err, sizeof err);
+    rc = mt__replay_run(t, &cfg, &res, err, sizeof err);
     OK_OR_ENOMEM(rc);
     if (rc != 0)
         assert_true(err[0] != '\0');
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     assert_null(t);
 }
 

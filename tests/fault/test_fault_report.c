@@ -1,5 +1,5 @@
 /* Host-allocation failures in the readers of the event stream: the event model (apply,
- * figures, segment map, growth; mt_model_check after every record), the daemon's
+ * figures, segment map, growth; mt__model_check after every record), the daemon's
  * per-process state (/state's JSON), the report (lines parsed by jansson, the result
  * document), its replay and segment map for plots, and the SVG plot. The stream is a real
  * one: an allocator run (expandable segments, tags, iterations, a gap) encoded by the
@@ -185,35 +185,35 @@ static void plot_scenario(void *ud)
 static void model_scenario(void *ud)
 {
     (void)ud;
-    mt_model_cfg_t cfg = mt_model_cfg_default();
+    mt_model_cfg_t cfg = mt__model_cfg_default();
     cfg.keep_iterations = true;
     mt_model_t *m = NULL;
-    OK_OR_ENOMEM(mt_model_create(&m, &cfg));
+    OK_OR_ENOMEM(mt__model_create(&m, &cfg));
     if (m == NULL)
         return;
     char why[256];
     for (size_t i = 0; i < nrecs; i++) {
-        int rc = mt_model_apply(m, &recs[i]);
+        int rc = mt__model_apply(m, &recs[i]);
         OK_OR_ENOMEM(rc);
-        if (rc != 0 && mt_model_check(m, why, sizeof why) != 0)
+        if (rc != 0 && mt__model_check(m, why, sizeof why) != 0)
             fail_msg("model inconsistent after a failed apply (allocation %ld): %s", fault_target(),
                      why);
     }
-    if (mt_model_check(m, why, sizeof why) != 0)
+    if (mt__model_check(m, why, sizeof why) != 0)
         fail_msg("model inconsistent (allocation %ld failed): %s", fault_target(), why);
     mt_model_figures_t f;
-    OK_OR_ENOMEM(mt_model_figures(m, MT_MODEL_DEVICE, &f));
+    OK_OR_ENOMEM(mt__model_figures(m, MT_MODEL_DEVICE, &f));
     assert_true(f.total_free <= f.reserved && f.largest_free <= f.total_free);
     mt_model_map_t map;
     memset(&map, 0, sizeof map);
-    int rc = mt_model_map(m, MT_MODEL_DEVICE, &map);
+    int rc = mt__model_map(m, MT_MODEL_DEVICE, &map);
     OK_OR_ENOMEM(rc);
     if (rc == 0)
-        mt_model_map_free(&map);
+        mt__model_map_free(&map);
     mt_model_growth_cfg_t gc = {.min_growth_bytes = 1 << 20, .min_r2 = 0.8};
     mt_model_growth_t g;
-    mt_model_growth(m, &gc, &g);
-    mt_model_destroy(&m);
+    mt__model_growth(m, &gc, &g);
+    mt__model_destroy(&m);
 }
 
 static void daemon_state_scenario(void *ud)
@@ -234,7 +234,7 @@ static void daemon_state_scenario(void *ud)
         same_or_first(clean, doc, "the daemon's process state");
     json_decref(doc);
     char why[256];
-    if (mt_model_check(p->model, why, sizeof why) != 0)
+    if (mt__model_check(p->model, why, sizeof why) != 0)
         fail_msg("daemon's model inconsistent (allocation %ld failed): %s", fault_target(), why);
     mt__d_proc_destroy(&p);
 }
@@ -291,23 +291,23 @@ static void gap_diff_scenario(void *ud)
     OK_OR_ENOMEM(rc);
     if (rc == 0) {
         mt_gap_t g;
-        rc = mt_gap_of_model(m, MT_MODEL_DEVICE, &g);
+        rc = mt__gap_of_model(m, MT_MODEL_DEVICE, &g);
         OK_OR_ENOMEM(rc);
         if (rc == 0) {
-            json_decref(mt_gap_json(&g, 10));
-            mt_gap_free(&g);
+            json_decref(mt__gap_json(&g, 10));
+            mt__gap_free(&g);
         }
-        mt_model_destroy(&m);
+        mt__model_destroy(&m);
     }
     mt_trace_t *t = NULL;
     OK_OR_ENOMEM(mt__report_trace(gd->r, 0, &t));
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     json_t *d = NULL;
-    mt_diff_cfg_t dc = mt_diff_cfg_default();
+    mt_diff_cfg_t dc = mt__diff_cfg_default();
     dc.max_peak_growth_pct = 0;
     dc.max_site_growth = 0;
     int crossed = -1;
-    rc = mt_diff_reports(gd->doc, gd->doc, &dc, &d, &crossed);
+    rc = mt__diff_reports(gd->doc, gd->doc, &dc, &d, &crossed);
     OK_OR_ENOMEM(rc);
     if (rc == 0)
         assert_int_equal(crossed, 0); /* a run against itself crosses no gate */

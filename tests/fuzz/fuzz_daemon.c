@@ -47,9 +47,9 @@ static void fz_stop(void)
     fz_t *f = fuzz_daemon;
     if (!f)
         return;
-    mt_d_stop(f->d);
-    FUZZ_CHECK(mt_d_run(f->d) == 0, "the daemon stops");
-    mt_d_destroy(&f->d);
+    mt__d_stop(f->d);
+    FUZZ_CHECK(mt__d_run(f->d) == 0, "the daemon stops");
+    mt__d_destroy(&f->d);
     FUZZ_CHECK(uv_loop_close(&f->loop) == 0, "the daemon closed every handle");
     rmdir(f->dir);
     free(f);
@@ -64,15 +64,15 @@ static fz_t *fz_start(void)
     FUZZ_CHECK(mkdtemp(f->dir) != NULL, "temp directory");
     snprintf(f->sock, sizeof f->sock, "%s/d.sock", f->dir);
     FUZZ_CHECK(uv_loop_init(&f->loop) == 0, "loop");
-    mt_d_cfg_t cfg = mt_d_cfg_default();
+    mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = f->sock;
     cfg.http_port = 0;
     cfg.loop = &f->loop;
     cfg.max_line_bytes = 4096; /* so that the fuzzer reaches the limit */
     cfg.max_request_bytes = 2048;
     cfg.http_token = "fuzz0123456789abcdef0123456789ab"; /* the corpus's requests carry it */
-    FUZZ_CHECK(mt_d_create(&f->d, &cfg) == 0, "daemon created");
-    f->port = mt_d_http_port(f->d);
+    FUZZ_CHECK(mt__d_create(&f->d, &cfg) == 0, "daemon created");
+    f->port = mt__d_http_port(f->d);
     FUZZ_CHECK(f->port > 0, "HTTP port");
     fuzz_daemon = f;
     atexit(fz_stop);
@@ -172,7 +172,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(!complete || c->got > 0, "the daemon answers every complete request");
     free(c);
     mt_d_counters_t ctr;
-    mt_d_counters(f->d, &ctr);
+    mt__d_counters(f->d, &ctr);
     FUZZ_CHECK(ctr.live_processes == 0, "no producer registered from fuzz input");
     return 0;
 }

@@ -1,7 +1,7 @@
 /* libFuzzer harness: the restricted unpickler and the snapshot model (what `memtrace
  * replay|report|plot SNAPSHOT.pickle` run on a file). The input is the whole file. Checks
  * beyond "no crash": a refused file names the offset and what was wrong; an accepted one is
- * a tree whose depths are exact and bounded; a snapshot that loads passes mt_ts_check, and
+ * a tree whose depths are exact and bounded; a snapshot that loads passes mt__ts_check, and
  * writing it (both layouts) and reading that back keeps its segments, blocks and events. */
 #include <string.h>
 
@@ -43,15 +43,15 @@ static mt_ts_t *reread(const mt_ts_t *ts, int era)
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     FUZZ_CHECK(f != NULL, "memstream");
-    FUZZ_CHECK(mt_ts_write(ts, f, era) == 0, "a loaded snapshot can be written");
+    FUZZ_CHECK(mt__ts_write(ts, f, era) == 0, "a loaded snapshot can be written");
     fclose(f);
     char err[768];
     mt_pk_doc_t *d = NULL;
-    int rc = mt_pk_parse(&d, buf, len, NULL, err, sizeof err);
+    int rc = mt__pk_parse(&d, buf, len, NULL, err, sizeof err);
     free(buf);
     FUZZ_CHECK(rc == 0, "our own output parses");
     mt_ts_t *back = NULL;
-    FUZZ_CHECK(mt_ts_from_pickle(&back, d, "w", err, sizeof err) == 0, "and loads");
+    FUZZ_CHECK(mt__ts_from_pickle(&back, d, "w", err, sizeof err) == 0, "and loads");
     return back;
 }
 
@@ -75,7 +75,7 @@ static int stream_walk(void *ud, const mt_pk_value_t *list, const mt_pk_value_t 
     FUZZ_CHECK(list->type == MT_PK_LIST && list->streamed == 1 && list->n == 0,
                "a streamed list stays empty");
     for (size_t i = 0; i < n; i++)
-        walk(items[i], mt_pk_cfg_default().max_depth + 1);
+        walk(items[i], mt__pk_cfg_default().max_depth + 1);
     *(size_t *)ud += n;
     return 0;
 }
@@ -86,24 +86,24 @@ static int parse_streamed(const uint8_t *data, size_t size, const mt_pk_cfg_t *c
     mt_pk_stream_t st = {.match = stream_all, .items = stream_walk, .ud = &items};
     char err[768] = "";
     mt_pk_doc_t *doc = NULL;
-    int rc = mt_pk_parse_stream(&doc, data, size, cfg, &st, err, sizeof err);
+    int rc = mt__pk_parse_stream(&doc, data, size, cfg, &st, err, sizeof err);
     FUZZ_CHECK(rc == 0 || rc == MT_EPROTO || rc == MT_ENOMEM || rc == MT_EAGAIN,
                "streamed refusals are EPROTO, ENOMEM or EAGAIN (read it whole)");
     FUZZ_CHECK((rc == 0) == (doc != NULL), "a document exactly on success");
     if (doc != NULL)
-        walk(mt_pk_root(doc), cfg->max_depth + 1);
-    mt_pk_doc_destroy(&doc);
+        walk(mt__pk_root(doc), cfg->max_depth + 1);
+    mt__pk_doc_destroy(&doc);
     return rc;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    mt_pk_cfg_t cfg = mt_pk_cfg_default();
+    mt_pk_cfg_t cfg = mt__pk_cfg_default();
     cfg.max_memory = (size_t)256 << 20;
     char err[768] = "";
     mt_pk_doc_t *doc = NULL;
     int src = parse_streamed(data, size, &cfg);
-    int rc = mt_pk_parse(&doc, data, size, &cfg, err, sizeof err);
+    int rc = mt__pk_parse(&doc, data, size, &cfg, err, sizeof err);
     FUZZ_CHECK(rc != 0 || src != MT_EPROTO, "what reads whole does not fail streamed as malformed");
     if (rc != 0) {
         FUZZ_CHECK(rc == MT_EPROTO || rc == MT_ENOMEM, "refusals are EPROTO or ENOMEM");
@@ -112,39 +112,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(strlen(err) > 16, "the message says what was wrong");
         return 0;
     }
-    walk(mt_pk_root(doc), cfg.max_depth + 1);
+    walk(mt__pk_root(doc), cfg.max_depth + 1);
     mt_ts_t *ts = NULL;
-    rc = mt_ts_from_pickle(&ts, doc, "fuzz.pickle", err, sizeof err);
+    rc = mt__ts_from_pickle(&ts, doc, "fuzz.pickle", err, sizeof err);
     if (rc != 0) {
         FUZZ_CHECK(ts == NULL, "no model on failure");
         FUZZ_CHECK(rc == MT_ENOMEM || strncmp(err, "fuzz.pickle: ", 13) == 0,
                    "the message names the file");
         return 0;
     }
-    FUZZ_CHECK(mt_ts_check(ts, err, sizeof err) == 0, "a loaded model keeps its invariants");
+    FUZZ_CHECK(mt__ts_check(ts, err, sizeof err) == 0, "a loaded model keeps its invariants");
     for (unsigned d = 0; d < ts->ndevices; d++) {
         mt_ts_figures_t f;
         mt_trace_t *t = NULL;
-        FUZZ_CHECK(mt_ts_figures(ts, d, &f) == 0, "figures");
+        FUZZ_CHECK(mt__ts_figures(ts, d, &f) == 0, "figures");
         FUZZ_CHECK(f.peak_reserved >= f.reserved_start && f.peak_reserved >= f.end_reserved,
                    "the peak bounds the start and the end");
-        FUZZ_CHECK(mt_ts_to_trace(ts, d, &t, err, sizeof err) == 0, "trace");
+        FUZZ_CHECK(mt__ts_to_trace(ts, d, &t, err, sizeof err) == 0, "trace");
         FUZZ_CHECK(t->nops == t->nallocs + t->nfrees && t->nfrees + t->leaked == t->nallocs,
                    "every allocate is freed once or leaked");
         FUZZ_CHECK(t->peak_live_bytes <= f.peak_allocated || f.peak_allocated == 0 ||
                        t->peak_live_bytes == f.peak_allocated,
                    "the trace's peak is PyTorch's");
-        mt_trace_free(&t);
+        mt__trace_free(&t);
     }
     size_t nrec = 0;
-    FUZZ_CHECK(mt_ts_records(ts, count_rec, &nrec) == 0, "records");
+    FUZZ_CHECK(mt__ts_records(ts, count_rec, &nrec) == 0, "records");
     FUZZ_CHECK(ts->nevents == 0 || nrec <= ts->nevents + ts->nannotations,
                "one record per event or annotation at most");
     for (unsigned d = 0; d < ts->ndevices; d++) {
         mt_ts_site_t sites[4];
         size_t ns;
         uint64_t peak, sum = 0;
-        FUZZ_CHECK(mt_ts_sites_at_peak(ts, d, sites, 4, &ns, &peak) == 0, "sites");
+        FUZZ_CHECK(mt__ts_sites_at_peak(ts, d, sites, 4, &ns, &peak) == 0, "sites");
         for (size_t i = 0; i < ns; i++)
             sum += sites[i].bytes;
         FUZZ_CHECK(sum <= peak, "the call sites hold no more than the peak");
@@ -154,8 +154,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(back->nsegments == ts->nsegments && back->nblocks == ts->nblocks,
                    "segments and blocks survive a write");
         FUZZ_CHECK(era == 1 || back->nevents == ts->nevents, "events survive a write");
-        mt_ts_destroy(&back);
+        mt__ts_destroy(&back);
     }
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     return 0;
 }

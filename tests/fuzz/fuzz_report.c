@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(rc == 0 || (rc == MT_EPROTO && err[0] != '\0'), "a refused line gets a message");
         p += len + (nl ? 1 : 0);
     }
-    /* Each process's model with its stack table (issue 13): per-stack figures and frames
+    /* Each process's model with its stack table: per-stack figures and frames
      * of any id, unknown ones included, stay within their bounds. */
     for (size_t i = 0; i < mt__report_process_count(r); i++) {
         mt_model_t *m = NULL;
@@ -42,16 +42,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
             mt_model_stack_t *rows = NULL;
             size_t n = 0;
-            FUZZ_CHECK(mt_model_stacks(m, cls, NULL, &rows, &n) == 0 || n == 0, "stack rows");
+            FUZZ_CHECK(mt__model_stacks(m, cls, NULL, &rows, &n) == 0 || n == 0, "stack rows");
             mt_model_figures_t f;
-            mt_model_figures_totals(m, cls, &f);
+            mt__model_figures_totals(m, cls, &f);
             for (size_t k = 0; k < n; k++) {
                 FUZZ_CHECK(rows[k].peak_bytes <= f.peak_allocated && rows[k].bytes <= f.allocated,
                            "a stack's bytes are within the class's totals");
                 const mt_model_frame_t *fr;
                 int nf;
                 bool tr;
-                int rc = mt_model_stack_frames(m, rows[k].stack, &fr, &nf, &tr);
+                int rc = mt__model_stack_frames(m, rows[k].stack, &fr, &nf, &tr);
                 FUZZ_CHECK(rc == 0 ? nf >= 0 && nf <= MT_STACK_DEPTH_MAX && (nf == 0 || fr)
                                    : fr == NULL && nf == 0,
                            "a stack's frames are bounded, an unknown one has none");
@@ -62,12 +62,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         const mt_model_module_t *mods;
         size_t nm;
-        mt_model_modules(m, &mods, &nm);
+        mt__model_modules(m, &mods, &nm);
         for (size_t k = 0; k < nm; k++)
             FUZZ_CHECK(mods[k].size > 0 && mods[k].path[0], "modules are non-empty");
         char why[256];
-        FUZZ_CHECK(mt_model_check(m, why, sizeof why) == 0, "the model's invariants hold");
-        mt_model_destroy(&m);
+        FUZZ_CHECK(mt__model_check(m, why, sizeof why) == 0, "the model's invariants hold");
+        mt__model_destroy(&m);
     }
     json_t *res = mt__report_result(r);
     FUZZ_CHECK(res != NULL && json_is_object(res), "the analysis is a JSON object");

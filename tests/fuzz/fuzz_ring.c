@@ -58,7 +58,7 @@ static void table_line(void *ud, const char *line, size_t len)
     json_t *j = json_loadb(line, len, 0, NULL);
     FUZZ_CHECK(j != NULL, "a table line is JSON");
     char err[160] = "";
-    int rc = mt_model_table_line(p->model, j, err, sizeof err);
+    int rc = mt__model_table_line(p->model, j, err, sizeof err);
     FUZZ_CHECK(rc == 1 || (rc == MT_EPROTO && err[0]) || rc == MT_ENOMEM,
                "a table line is read or named bad");
     json_decref(j);
@@ -180,11 +180,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     mt__ring_stats_t st;
     mt__ring_stats(r, &st);
     mt_model_figures_t fr;
-    FUZZ_CHECK(mt_model_figures(p->model, MT_MODEL_DEVICE, &fr) == 0, "model figures");
+    FUZZ_CHECK(mt__model_figures(p->model, MT_MODEL_DEVICE, &fr) == 0, "model figures");
     FUZZ_CHECK(fr.fragmentation >= 0.0 && fr.fragmentation <= 1.0, "fragmentation in [0, 1]");
     FUZZ_CHECK(fr.total_free <= fr.reserved && fr.largest_free <= fr.total_free,
                "free extents within the reserved bytes");
-    FUZZ_CHECK(mt_model_check(p->model, NULL, 0) == 0, "the model's invariants hold");
+    FUZZ_CHECK(mt__model_check(p->model, NULL, 0) == 0, "the model's invariants hold");
     json_t *j = mt__d_proc_json(p, true);
     FUZZ_CHECK(j != NULL, "the process model serializes");
     char *txt = json_dumps(j, JSON_COMPACT);

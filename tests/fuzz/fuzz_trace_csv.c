@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(f != NULL, "cannot open the input as a stream");
     char err[MT_TRACE_ERR_LEN] = "";
     mt_trace_t *t = NULL;
-    int rc = mt_trace_load_file(&t, f, "fuzz.csv", err, sizeof err);
+    int rc = mt__trace_load_file(&t, f, "fuzz.csv", err, sizeof err);
     fclose(f);
     free(built);
     if (rc != 0) {
@@ -83,7 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(live <= t->peak_live_count, "peak count is a bound");
     }
     FUZZ_CHECK(live == t->leaked, "the live allocations at the end are the leaks");
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     FUZZ_CHECK(t == NULL, "free clears the pointer");
     return 0;
 }

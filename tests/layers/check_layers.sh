@@ -66,5 +66,17 @@ if [ -n "$extra" ]; then
     echo "$extra" | head -20
     fail=1
 fi
+# Inside, the same names: a layer's library defines an mt_ name only if include/memtrace/
+# declares it; what files share is mt__, the rest static.
+for a in "$build"/*/libmt_*.a "$build"/daemon/libmemtrace_daemon.a; do
+    [ -f "$a" ] || continue
+    own=$(nm -g --defined-only "$a" 2>/dev/null | awk 'NF == 3 && $2 ~ /^[TDBRVW]$/ {print $3}' |
+          grep '^mt_[^_]' | sort -u | comm -23 - "$declared")
+    if [ -n "$own" ]; then
+        echo "FAIL: $(basename "$a") defines mt_ names include/memtrace/ does not declare (mt__ or static):"
+        echo "$own" | head -20
+        fail=1
+    fi
+done
 [ $fail -eq 0 ] && echo "layers: every upward include fails, every downward one builds; libmemtrace.so exports no analysis symbol and only the public API"
 exit $fail

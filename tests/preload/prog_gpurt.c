@@ -1,6 +1,6 @@
 /* A CUDA program linked against a runtime and a driver (the fakes: fake_libcudart.c and
  * tests/cuda/fake_libcuda.c), run under LD_PRELOAD of the drop-in in cuda mode by
- * test_preload_cuda.c. argv[1] names one scenario of issue 16; exit 0 iff it holds, else
+ * test_preload_cuda.c. argv[1] names one scenario; exit 0 iff it holds, else
  * the failed check is printed. Never built against memtrace: it only calls CUDA and the
  * fake driver's test controls. */
 #include <dlfcn.h>

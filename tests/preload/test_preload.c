@@ -446,14 +446,14 @@ static void test_torch_entry_points_on_fake_driver(void **state)
     dfree(again, 5000, 0, NULL);
     assert_int_equal(calls("cuMemAlloc_v2"), 1); /* 11 requests, one device malloc */
     assert_null(alloc(-1, 0, NULL));
-    void *p17 = alloc(100, 17, NULL); /* issue 16 item 13: device 17 of 20 works */
+    void *p17 = alloc(100, 17, NULL); /* device 17 of 20 works */
     assert_non_null(p17);
     dfree(p17, 100, 17, NULL);
     assert_null(alloc(100, 20, NULL)); /* the fake has 20 devices */
 
 #ifdef CUDA_VERSION
     /* The driver entry points, as the runtime would call them. Without a current context
-     * the driver refuses, and so must the drop-in (issue 16 item 11): no device 0. */
+     * the driver refuses, and so must the drop-in: no device 0. */
     CUresult (*cu_alloc)(CUdeviceptr *, size_t) =
         (CUresult(*)(CUdeviceptr *, size_t))dlsym(pre, "cuMemAlloc_v2");
     CUresult (*retain)(CUcontext *, CUdevice) =

@@ -1,5 +1,5 @@
 /* The drop-in in cuda mode under an unmodified program (prog_gpurt.c) linked against a
- * CUDA runtime and driver: the fakes, which behave as the real ones where issue 16 says
+ * CUDA runtime and driver: the fakes, which behave as the real ones where the findings say
  * a GPU would break the drop-in. One test per item; each runs one scenario of prog_gpurt
  * under LD_PRELOAD and asserts it exits 0 (its stderr says which check failed). */
 #include <stdarg.h>

@@ -50,7 +50,7 @@ static void compare(const char *path, mt_alloc_t *a, const char *when)
 {
     mt_ts_t *ts = NULL;
     char err[768];
-    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+    if (mt__ts_read(&ts, path, err, sizeof err) != 0)
         fail_msg("%s: %s", when, err);
     mt_alloc_snapshot_t *snap = NULL;
     assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
@@ -114,7 +114,7 @@ static void compare(const char *path, mt_alloc_t *a, const char *when)
         assert_int_equal(g->requested_size, req);
     }
     mt_alloc_snapshot_free(&snap);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 }
 
 /* Pages freed in the middle of a run are unmapped (empty_cache), splitting it; an OOM;

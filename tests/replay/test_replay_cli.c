@@ -380,7 +380,7 @@ static void test_json_streams_exact_peak(void **state)
     json_decref(o);
 }
 
-/* After a warm-up pass the measured replay makes no backend malloc (issue 2's contract),
+/* After a warm-up pass the measured replay makes no backend malloc,
  * and reports the peak it was warmed to. */
 static void test_warmup_makes_no_backend_calls(void **state)
 {

@@ -30,7 +30,7 @@ static int load_text(const char *text, mt_trace_t **t, char *err, size_t errlen)
 {
     FILE *f = fmemopen((void *)text, strlen(text), "rb");
     assert_non_null(f);
-    int rc = mt_trace_load_file(t, f, "mem.csv", err, errlen);
+    int rc = mt__trace_load_file(t, f, "mem.csv", err, errlen);
     fclose(f);
     return rc;
 }
@@ -45,9 +45,9 @@ static void test_row_fields(void **state)
     assert_non_null(f);
     mt_trace_reader_t *r;
     char err[MT_TRACE_ERR_LEN];
-    assert_int_equal(mt_trace_reader_from_file(&r, f, "mem.csv", err, sizeof err), 0);
+    assert_int_equal(mt__trace_reader_from_file(&r, f, "mem.csv", err, sizeof err), 0);
     mt_trace_row_t row;
-    assert_int_equal(mt_trace_reader_next(r, &row), 1);
+    assert_int_equal(mt__trace_reader_next(r, &row), 1);
     assert_int_equal(row.line, 2);
     assert_int_equal(row.thread, 2342727);
     assert_int_equal(row.time_us, ((15 * 3600 + 47 * 60 + 2) * 1000000ull) + 841961);
@@ -55,19 +55,19 @@ static void test_row_fields(void **state)
     assert_int_equal(row.ptr, 0x10012400000ull);
     assert_int_equal(row.size, 1048576);
     assert_int_equal(row.stream, 0);
-    assert_int_equal(mt_trace_reader_next(r, &row), 1);
+    assert_int_equal(mt__trace_reader_next(r, &row), 1);
     assert_int_equal(row.line, 3);
     assert_int_equal(row.action, MT_TRACE_ALLOCATE_FAILURE);
     assert_int_equal(row.time_us, 1);
     assert_int_equal(row.stream, 0xab0);
-    assert_int_equal(mt_trace_reader_next(r, &row), 1);
+    assert_int_equal(mt__trace_reader_next(r, &row), 1);
     assert_int_equal(row.action, MT_TRACE_FREE);
     assert_true(row.thread == UINT64_MAX && row.size == UINT64_MAX);
     assert_true(row.ptr == UINT64_MAX && row.stream == UINT64_MAX);
-    assert_int_equal(mt_trace_reader_next(r, &row), 0);
-    assert_int_equal(mt_trace_reader_next(r, &row), 0);
-    assert_string_equal(mt_trace_reader_error(r), "");
-    mt_trace_reader_close(&r);
+    assert_int_equal(mt__trace_reader_next(r, &row), 0);
+    assert_int_equal(mt__trace_reader_next(r, &row), 0);
+    assert_string_equal(mt__trace_reader_error(r), "");
+    mt__trace_reader_close(&r);
     assert_null(r);
     fclose(f);
 }
@@ -78,14 +78,14 @@ static void test_errors_are_sticky(void **state)
                               "1,00:00:00.000002,allocate,0x2000,12,0\n";
     FILE *f = fmemopen((void *)text, strlen(text), "rb");
     mt_trace_reader_t *r;
-    assert_int_equal(mt_trace_reader_from_file(&r, f, "mem.csv", NULL, 0), 0);
+    assert_int_equal(mt__trace_reader_from_file(&r, f, "mem.csv", NULL, 0), 0);
     mt_trace_row_t row;
-    assert_int_equal(mt_trace_reader_next(r, &row), MT_EPROTO);
-    assert_string_equal(mt_trace_reader_error(r),
+    assert_int_equal(mt__trace_reader_next(r, &row), MT_EPROTO);
+    assert_string_equal(mt__trace_reader_error(r),
                         "mem.csv:2: field 'Size': not a decimal number: \"12a\"");
     /* A caller that ignores the error cannot read past the bad row. */
-    assert_int_equal(mt_trace_reader_next(r, &row), MT_EPROTO);
-    mt_trace_reader_close(&r);
+    assert_int_equal(mt__trace_reader_next(r, &row), MT_EPROTO);
+    mt__trace_reader_close(&r);
     fclose(f);
 }
 
@@ -96,7 +96,7 @@ static void test_load_semantics(void **state)
     char path[1024], err[MT_TRACE_ERR_LEN];
     snprintf(path, sizeof path, "%s/valid/streams.csv", REPLAY_DATA_DIR);
     mt_trace_t *t;
-    assert_int_equal(mt_trace_load(&t, path, err, sizeof err), 0);
+    assert_int_equal(mt__trace_load(&t, path, err, sizeof err), 0);
     assert_int_equal(t->nrows, 10);
     assert_int_equal(t->nallocs, 5);
     assert_int_equal(t->nfrees, 4);
@@ -120,7 +120,7 @@ static void test_load_semantics(void **state)
     assert_int_equal(t->ops[5].stream, 1);
     for (size_t i = 0; i < t->nops; i++)
         assert_true(t->ops[i].slot < t->nslots);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     assert_null(t);
 }
 
@@ -129,13 +129,13 @@ static void test_crlf_and_no_final_newline(void **state)
     char path[1024], err[MT_TRACE_ERR_LEN];
     mt_trace_t *a, *b;
     snprintf(path, sizeof path, "%s/valid/streams.csv", REPLAY_DATA_DIR);
-    assert_int_equal(mt_trace_load(&a, path, err, sizeof err), 0);
+    assert_int_equal(mt__trace_load(&a, path, err, sizeof err), 0);
     snprintf(path, sizeof path, "%s/valid/crlf_no_final_newline.csv", REPLAY_DATA_DIR);
-    assert_int_equal(mt_trace_load(&b, path, err, sizeof err), 0);
+    assert_int_equal(mt__trace_load(&b, path, err, sizeof err), 0);
     assert_int_equal(a->nops, b->nops);
     assert_memory_equal(a->ops, b->ops, a->nops * sizeof a->ops[0]);
-    mt_trace_free(&a);
-    mt_trace_free(&b);
+    mt__trace_free(&a);
+    mt__trace_free(&b);
 }
 
 static void test_header_only_and_leaks(void **state)
@@ -143,10 +143,10 @@ static void test_header_only_and_leaks(void **state)
     char path[1024], err[MT_TRACE_ERR_LEN];
     mt_trace_t *t;
     snprintf(path, sizeof path, "%s/valid/header_only.csv", REPLAY_DATA_DIR);
-    assert_int_equal(mt_trace_load(&t, path, err, sizeof err), 0);
+    assert_int_equal(mt__trace_load(&t, path, err, sizeof err), 0);
     assert_int_equal(t->nrows, 0);
     assert_int_equal(t->nops, 0);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     assert_int_equal(load_text(HEADER "1,00:00:00.000001,allocate,0x1000,12,0\n"
                                       "1,00:00:00.000002,free,0x0,0,0\n",
                                &t, err, sizeof err),
@@ -154,7 +154,7 @@ static void test_header_only_and_leaks(void **state)
     assert_int_equal(t->leaked, 1);
     assert_int_equal(t->nops, 1);
     assert_int_equal(t->nfrees, 1);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
 }
 
 /* Lines that straddle the reader's 64 KiB chunks, and many live pointers (the hash table
@@ -188,7 +188,7 @@ static void test_many_rows_across_chunks(void **state)
         unsigned k = (i * 7919u) % N;
         assert_int_equal(t->ops[N + i].slot, k);
     }
-    mt_trace_free(&t);
+    mt__trace_free(&t);
     free(text);
 }
 
@@ -202,30 +202,31 @@ static void test_bundled_traces(void **state)
     for (size_t i = 0; i < 2; i++) {
         snprintf(path, sizeof path, "%s/%s", TRACES_DIR, traces[i].name);
         mt_trace_t *t;
-        int rc = mt_trace_load(&t, path, err, sizeof err);
+        int rc = mt__trace_load(&t, path, err, sizeof err);
         if (rc != 0)
             fail_msg("%s", err);
         assert_int_equal(t->nrows, traces[i].rows);
         assert_int_equal(t->nallocs, t->nfrees);
         assert_int_equal(t->leaked, 0);
-        mt_trace_free(&t);
+        mt__trace_free(&t);
     }
     /* The generated RNN-like trace: balanced, one stream, and of the promised length. */
     snprintf(path, sizeof path, "%s/rnn_varlen.csv", TRACES_DIR);
     mt_trace_t *t;
-    assert_int_equal(mt_trace_load(&t, path, err, sizeof err), 0);
+    assert_int_equal(mt__trace_load(&t, path, err, sizeof err), 0);
     assert_true(t->nrows >= 3000 && t->nrows <= 30000);
     assert_int_equal(t->nallocs, t->nfrees);
     assert_int_equal(t->nstreams, 1);
     assert_int_equal(t->leaked, 0);
-    mt_trace_free(&t);
+    mt__trace_free(&t);
 }
 
 static void test_missing_file(void **state)
 {
     char err[MT_TRACE_ERR_LEN];
     mt_trace_t *t = (mt_trace_t *)&err; /* must be reset to NULL */
-    assert_int_equal(mt_trace_load(&t, REPLAY_DATA_DIR "/no/such.csv", err, sizeof err), MT_ENOENT);
+    assert_int_equal(mt__trace_load(&t, REPLAY_DATA_DIR "/no/such.csv", err, sizeof err),
+                     MT_ENOENT);
     assert_null(t);
     assert_non_null(strstr(err, "no/such.csv: cannot open"));
 }
@@ -263,7 +264,7 @@ static void test_invalid_files(void **state)
         char *expected = slurp(errf);
         snprintf(want, sizeof want, "%s%s", csv, expected);
         mt_trace_t *t = NULL;
-        int rc = mt_trace_load(&t, csv, err, sizeof err);
+        int rc = mt__trace_load(&t, csv, err, sizeof err);
         if (rc != MT_EPROTO || strstr(err, want) == NULL)
             fail_msg("%s: rc %d, message\n  %s\nexpected it to contain\n  %s", e->d_name, rc, err,
                      want);

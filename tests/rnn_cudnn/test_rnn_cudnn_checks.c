@@ -1,4 +1,4 @@
-/* What the cuDNN path checks and keeps straight (issue 16 item 15, issue 12 item 7): the y
+/* What the cuDNN path checks and keeps straight: the y
  * (and x) backward reads back changed since forward; a matrix cuDNN describes with another
  * shape than the engine's; the gathered weight space's padding zeroed; a failed size query
  * that does not poison later calls; cuDNN's last-error text in the log; the dropout states

@@ -1,4 +1,4 @@
-/* Bad input and write errors of the CLI (issue 11, items 9-11, 14): endless lines, bad
+/* Bad input and write errors of the CLI: endless lines, bad
  * settings, full disks. argv[1] = the memtrace binary, argv[2] = the source root. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* Another local user, for real (issue 11, "Done when"): the test creates a user with
+/* Another local user, for real: the test creates a user with
  * useradd, and processes running as that user (uid, gid and groups of the new account,
  * as setpriv --init-groups would set them) attack a victim program at once:
  * - they squat every shared-memory ring name the old scheme could give the victim's pid;
@@ -9,7 +9,7 @@
  * The victim (this test's uid, root) must record every event to a log of its own, leave
  * the target file untouched and say why. And with the victim's daemon running (its socket
  * even made world-writable), that user reads none of the victim's processes: not through
- * the Unix socket, not over HTTP without the token (issue 18, "no user is ever shown
+ * the Unix socket, not over HTTP without the token ("no user is ever shown
  * another user's processes"). The user, its group, the shared directory and the
  * squatted names are removed afterwards, also when the test fails. Exits 77 (skipped),
  * saying why, where no user can be made (not root, no useradd). */

@@ -1,4 +1,4 @@
-/* The local log on a full disk (issue 11, item 13). Each case runs in a child whose file
+/* The local log on a full disk. Each case runs in a child whose file
  * size is limited (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG past it) or, as
  * root, whose log is on a 64 KiB tmpfs mounted in a mount namespace of its own (ENOSPC; the
  * mount goes with the child). The recorder must keep whole lines only, count in `written`

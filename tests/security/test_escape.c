@@ -1,4 +1,4 @@
-/* Terminal and log escapes (issue 11, item 12): a process whose name and tag label hold a
+/* Terminal and log escapes: a process whose name and tag label hold a
  * screen clear, a newline with a forged line after it, and a C1 CSI. The real `memtrace
  * daemon` (its stderr), `memtrace top`, and the text `memtrace report` of the daemon's log
  * print no raw control byte and no forged line; /state lists the label, JSON-escaped.

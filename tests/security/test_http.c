@@ -1,4 +1,4 @@
-/* Hostile HTTP and socket clients against the daemon (issue 11, items 4-6, 8, 15): the
+/* Hostile HTTP and socket clients against the daemon: the
  * token and Host checks on every route, the token file, the log's mode, slowloris, the
  * connection caps, consumers that never read, bare-LF request lines, a taken port. */
 #include <errno.h>
@@ -138,20 +138,20 @@ static void test_token_file(void **state)
     th_daemon_start(&t, cfg);
     umask(old);
     char path[200], tok[40];
-    assert_int_equal(mt_d_token_path(t.sock, path, sizeof path), 0);
+    assert_int_equal(mt__d_token_path(t.sock, path, sizeof path), 0);
     struct stat st;
     assert_int_equal(lstat(path, &st), 0);
     assert_int_equal(st.st_mode & 0777, 0600);
-    assert_int_equal(mt_d_client_token(t.sock, tok, sizeof tok), 0);
+    assert_int_equal(mt__d_client_token(t.sock, tok, sizeof tok), 0);
     assert_int_equal(strlen(tok), 32);
-    assert_string_equal(tok, mt_d_http_token(t.d));
+    assert_string_equal(tok, mt__d_http_token(t.d));
     char hdr[160];
     snprintf(hdr, sizeof hdr, HOST "Authorization: Bearer %s\r\n", tok);
     expect(t.port, "/state", hdr, 200);
     expect(t.port, "/state", HOST BEARER, 401);
     /* a token file others may read is not trusted by the client */
     assert_int_equal(chmod(path, 0644), 0);
-    assert_int_equal(mt_d_client_token(t.sock, tok, sizeof tok), -EPERM);
+    assert_int_equal(mt__d_client_token(t.sock, tok, sizeof tok), -EPERM);
     th_daemon_stop(&t);
     unlink(path);
     rmdir(t.dir);
@@ -191,7 +191,7 @@ static void test_daemon_log_private(void **state)
     cfg.log_path = link;
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    assert_int_equal(mt_d_create(&d, &cfg), -EPERM);
+    assert_int_equal(mt__d_create(&d, &cfg), -EPERM);
     assert_int_equal(uv_loop_close(&loop), 0);
     assert_int_equal(stat(target, &st), 0);
     assert_int_equal(st.st_size, 5);
@@ -330,8 +330,8 @@ static int owner_get(int port)
         return 0;
     char *resp = NULL;
     int status = 0;
-    if (mt_d_client_send(fd, req, sizeof req - 1) == 0 &&
-        mt_d_client_read_all(fd, 64u << 20, 5000, &resp, NULL) == 0)
+    if (mt__d_client_send(fd, req, sizeof req - 1) == 0 &&
+        mt__d_client_read_all(fd, 64u << 20, 5000, &resp, NULL) == 0)
         sscanf(resp, "HTTP/1.1 %d", &status);
     free(resp);
     close(fd);
@@ -445,10 +445,10 @@ static void test_consumer_caps(void **state)
     free(r);
     /* the Unix door is counted too */
     int u = -1;
-    assert_int_equal(mt_d_client_connect(t.sock, &u), 0);
+    assert_int_equal(mt__d_client_connect(t.sock, &u), 0);
     static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
-    assert_int_equal(mt_d_client_send(u, sub, sizeof sub - 1), 0);
-    assert_int_equal(mt_d_client_read_all(u, 4096, 3000, &r, NULL), 0);
+    assert_int_equal(mt__d_client_send(u, sub, sizeof sub - 1), 0);
+    assert_int_equal(mt__d_client_read_all(u, 4096, 3000, &r, NULL), 0);
     assert_non_null(strstr(r, "too many consumers"));
     free(r);
     close(u);
@@ -513,7 +513,7 @@ static void test_port_taken(void **state)
     cfg.http_port = port;
     cfg.loop = &loop;
     mt_d_t *d = NULL;
-    assert_int_equal(mt_d_create(&d, &cfg), -EADDRINUSE);
+    assert_int_equal(mt__d_create(&d, &cfg), -EADDRINUSE);
     assert_int_equal(uv_loop_close(&loop), 0);
     close(lfd);
     rmdir(dir);

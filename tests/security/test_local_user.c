@@ -1,4 +1,4 @@
-/* Another local user against a producer (issue 11, items 1-3): a daemon of another uid on
+/* Another local user against a producer: a daemon of another uid on
  * our socket path, squatted shared-memory names, a log path that is a symlink or another
  * user's file. The victim must record everything, to its own log, and say why. */
 #include <errno.h>
@@ -118,7 +118,7 @@ static void test_fake_daemon_not_trusted(void **state)
 
     /* tail and top refuse it too */
     int fd = -1;
-    assert_int_equal(mt_d_client_connect(sock, &fd), -EPERM);
+    assert_int_equal(mt__d_client_connect(sock, &fd), -EPERM);
     assert_int_equal(fd, -1);
 
     kill(fake, SIGKILL);

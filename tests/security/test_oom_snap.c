@@ -295,13 +295,13 @@ static pid_t daemon_child(const char *sock, const char *oomdir)
         cfg.oom_dir = oomdir;
         cfg.oom_interval_ms = 60000;
         mt_d_t *d = NULL;
-        if (mt_d_create(&d, &cfg) != 0)
+        if (mt__d_create(&d, &cfg) != 0)
             _exit(4);
         char c = 1;
         if (write(ready[1], &c, 1) != 1)
             _exit(5);
-        int rc = mt_d_run(d);
-        mt_d_destroy(&d);
+        int rc = mt__d_run(d);
+        mt__d_destroy(&d);
         _exit(rc == 0 && uv_loop_close(&loop) == 0 ? 0 : 6);
     }
     char c;
@@ -479,9 +479,9 @@ static void full_disk_body(const char *dir, const char *oomdir)
     snprintf(path, sizeof path, "%s/oom-%d-dev0-1.pickle", oomdir, (int)getpid());
     mt_ts_t *ts = NULL;
     char err[512];
-    CHECK(mt_ts_read(&ts, path, err, sizeof err) == 0, "the newest pickle: %s; log: %s", err,
+    CHECK(mt__ts_read(&ts, path, err, sizeof err) == 0, "the newest pickle: %s; log: %s", err,
           msgs.text);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     /* the oldest went for it, the others stay, nothing half-written is left */
     snprintf(path, sizeof path, "%s/oom-1-dev0-1.json", oomdir);
     CHECK(access(path, F_OK) != 0, "the oldest is still there");

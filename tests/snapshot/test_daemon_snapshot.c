@@ -146,14 +146,14 @@ static void test_oom_and_live_snapshots(void **state)
         usleep(10000);
     mt_ts_t *ts = NULL;
     char err[768];
-    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+    if (mt__ts_read(&ts, path, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_true(ts->nsegments >= 2);
     assert_int_equal(ts->ndevices, 1);
     assert_int_equal(ts->events[ts->nevents - 1].action, MT_TS_OOM);
     assert_int_equal(ts->events[ts->nevents - 1].size, (uint64_t)1 << 30);
     assert_string_equal(ts->tag_label[MT_TAG_USER_FIRST], "kv cache");
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     snprintf(path, sizeof path, "%s/oom-%d-dev0-5.json", oomdir, (int)pid);
     json_error_t je;
     json_t *j = json_load_file(path, 0, &je);
@@ -174,7 +174,7 @@ static void test_oom_and_live_snapshots(void **state)
              memtrace_exe, (int)pid, t.sock, tmp);
     assert_int_equal(system(cmd), 0);
     snprintf(path, sizeof path, "%s/now.pickle", tmp);
-    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+    if (mt__ts_read(&ts, path, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_true(ts->nsegments >= 2);
     assert_true(ts->nevents >= 8); /* segment allocs, allocs, the OOMs */
@@ -182,7 +182,7 @@ static void test_oom_and_live_snapshots(void **state)
     for (size_t i = 0; i < ts->nblocks; i++)
         active += ts->blocks[i].state == MT_TS_ACTIVE_ALLOCATED;
     assert_int_equal(active, 3);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     snprintf(cmd, sizeof cmd, "'%s' snapshot 999999 --socket '%s' -o '%s/x.pickle' 2>/dev/null",
              memtrace_exe, t.sock, tmp);
     assert_int_equal(WEXITSTATUS(system(cmd)), 2);
@@ -241,7 +241,7 @@ static void test_recorder_oom_snapshot(void **state)
     assert_int_equal(mt_prof_flush(p), 0); /* the drainer has followed every event */
     mt_ts_t *ts = NULL;
     char err[768];
-    if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+    if (mt__ts_read(&ts, path, err, sizeof err) != 0)
         fail_msg("%s", err);
     assert_true(ts->nsegments >= 1);
     assert_int_equal(ts->events[ts->nevents - 1].action, MT_TS_OOM);
@@ -250,7 +250,7 @@ static void test_recorder_oom_snapshot(void **state)
         active += ts->blocks[i].state == MT_TS_ACTIVE_ALLOCATED;
     assert_int_equal(active, 1);
     assert_string_equal(ts->tag_label[MT_TAG_USER_FIRST], "kv cache");
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     snprintf(path, sizeof path, "%s/oom-%d-dev0-2.json", oomdir, (int)getpid());
     json_t *j = json_load_file(path, 0, NULL);
     assert_non_null(j);

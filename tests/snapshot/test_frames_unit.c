@@ -48,14 +48,14 @@ static void test_default_table(void **state)
 {
     (void)state;
     size_t n;
-    const mt_fr_rule_t *r = mt_fr_default_rules(&n);
+    const mt_fr_rule_t *r = mt__fr_default_rules(&n);
     assert_true(n >= 20);
     for (size_t i = 0; i < n; i++) {
         assert_non_null(r[i].pattern);
         assert_non_null(r[i].reason);
         assert_true(r[i].reason[0] != '\0');
         assert_true(r[i].cls == MT_FR_RECORDER || r[i].cls == MT_FR_FRAMEWORK);
-        /* recorder rules first: mt_fr_match returns the first that matches */
+        /* recorder rules first: mt__fr_match returns the first that matches */
         if (i > 0 && r[i].cls == MT_FR_RECORDER)
             assert_int_equal(r[i - 1].cls, MT_FR_RECORDER);
     }
@@ -64,18 +64,19 @@ static void test_default_table(void **state)
 static void test_pick_torch(void **state)
 {
     (void)state;
-    assert_int_equal(mt_fr_pick(NULL, torch_stack, N(torch_stack)), 16);
+    assert_int_equal(mt__fr_pick(NULL, torch_stack, N(torch_stack)), 16);
     char buf[128];
-    assert_string_equal(mt_fr_site(&torch_stack[16], buf, sizeof buf), "transformer.py:54 forward");
+    assert_string_equal(mt__fr_site(&torch_stack[16], buf, sizeof buf),
+                        "transformer.py:54 forward");
     /* why each one before it is skipped */
-    assert_string_equal(mt_fr_match(NULL, &torch_stack[0])->reason, "PyTorch's stack unwinder");
-    assert_int_equal(mt_fr_match(NULL, &torch_stack[3])->cls, MT_FR_RECORDER);
+    assert_string_equal(mt__fr_match(NULL, &torch_stack[0])->reason, "PyTorch's stack unwinder");
+    assert_int_equal(mt__fr_match(NULL, &torch_stack[3])->cls, MT_FR_RECORDER);
     for (int i = 0; i < 16; i++)
-        assert_non_null(mt_fr_match(NULL, &torch_stack[i]));
+        assert_non_null(mt__fr_match(NULL, &torch_stack[i]));
     /* a Python function named like a C++ namespace is still the user's */
     mt_fr_frame_t py = {.func = "at::helper", .file = "/home/me/at.py", .line = 3, .python = true};
-    assert_null(mt_fr_match(NULL, &py));
-    assert_int_equal(mt_fr_pick(NULL, NULL, 0), -1);
+    assert_null(mt__fr_match(NULL, &py));
+    assert_int_equal(mt__fr_pick(NULL, NULL, 0), -1);
 }
 
 static void test_fallback(void **state)
@@ -83,33 +84,33 @@ static void test_fallback(void **state)
     (void)state;
     /* autograd's thread: nothing of the user's; the first frame past the recorder */
     mt_fr_frame_t s[] = {torch_stack[0], torch_stack[3], torch_stack[4], torch_stack[5]};
-    assert_int_equal(mt_fr_pick(NULL, s, N(s)), 2);
+    assert_int_equal(mt__fr_pick(NULL, s, N(s)), 2);
     /* only the recorder: its innermost frame */
-    assert_int_equal(mt_fr_pick(NULL, s, 2), 0);
+    assert_int_equal(mt__fr_pick(NULL, s, 2), 0);
 }
 
 static void test_user_rules(void **state)
 {
     (void)state;
     mt_fr_rules_t *r = NULL;
-    assert_int_equal(mt_fr_rules_create(&r, false), 0);
-    assert_int_equal(mt_fr_rules_add(r, "file:"), MT_EINVAL);
-    assert_int_equal(mt_fr_rules_add(r, ""), MT_EINVAL);
-    assert_int_equal(mt_fr_rules_add(r, "file:transformer.py"), 0);
-    assert_int_equal(mt_fr_pick(r, torch_stack, N(torch_stack)), 17);
-    mt_fr_rules_destroy(&r);
+    assert_int_equal(mt__fr_rules_create(&r, false), 0);
+    assert_int_equal(mt__fr_rules_add(r, "file:"), MT_EINVAL);
+    assert_int_equal(mt__fr_rules_add(r, ""), MT_EINVAL);
+    assert_int_equal(mt__fr_rules_add(r, "file:transformer.py"), 0);
+    assert_int_equal(mt__fr_pick(r, torch_stack, N(torch_stack)), 17);
+    mt__fr_rules_destroy(&r);
     assert_null(r);
     /* text alone: a function prefix or a file's text */
-    assert_int_equal(mt_fr_rules_create(&r, false), 0);
-    assert_int_equal(mt_fr_rules_add(r, "forw"), 0);
-    assert_int_equal(mt_fr_pick(r, torch_stack, N(torch_stack)), 17);
-    assert_string_equal(mt_fr_match(r, &torch_stack[16])->reason, "--skip-frames");
-    mt_fr_rules_destroy(&r);
+    assert_int_equal(mt__fr_rules_create(&r, false), 0);
+    assert_int_equal(mt__fr_rules_add(r, "forw"), 0);
+    assert_int_equal(mt__fr_pick(r, torch_stack, N(torch_stack)), 17);
+    assert_string_equal(mt__fr_match(r, &torch_stack[16])->reason, "--skip-frames");
+    mt__fr_rules_destroy(&r);
     /* all: no rule applies */
-    assert_int_equal(mt_fr_rules_create(&r, true), 0);
-    assert_true(mt_fr_rules_all(r));
-    assert_int_equal(mt_fr_pick(r, torch_stack, N(torch_stack)), 0);
-    mt_fr_rules_destroy(&r);
+    assert_int_equal(mt__fr_rules_create(&r, true), 0);
+    assert_true(mt__fr_rules_all(r));
+    assert_int_equal(mt__fr_pick(r, torch_stack, N(torch_stack)), 0);
+    mt__fr_rules_destroy(&r);
 }
 
 static void test_keys(void **state)
@@ -117,26 +118,26 @@ static void test_keys(void **state)
     (void)state;
     char buf[256];
     const mt_fr_frame_t *f = &torch_stack[16];
-    assert_string_equal(mt_fr_key(f, MT_FR_BY_SITE, buf, sizeof buf), "transformer.py:54 forward");
-    assert_string_equal(mt_fr_key(f, MT_FR_BY_FUNCTION, buf, sizeof buf),
+    assert_string_equal(mt__fr_key(f, MT_FR_BY_SITE, buf, sizeof buf), "transformer.py:54 forward");
+    assert_string_equal(mt__fr_key(f, MT_FR_BY_FUNCTION, buf, sizeof buf),
                         "forward (transformer.py)");
-    assert_string_equal(mt_fr_key(f, MT_FR_BY_FILE, buf, sizeof buf), "transformer.py");
-    assert_string_equal(mt_fr_key(f, MT_FR_BY_MODULE, buf, sizeof buf), "transformer");
+    assert_string_equal(mt__fr_key(f, MT_FR_BY_FILE, buf, sizeof buf), "transformer.py");
+    assert_string_equal(mt__fr_key(f, MT_FR_BY_MODULE, buf, sizeof buf), "transformer");
     mt_fr_frame_t native = {.func = "kernel", .module = "/usr/lib/libx.so.1"};
-    assert_string_equal(mt_fr_key(&native, MT_FR_BY_MODULE, buf, sizeof buf), "libx.so.1");
-    assert_string_equal(mt_fr_site(&native, buf, sizeof buf), "kernel");
+    assert_string_equal(mt__fr_key(&native, MT_FR_BY_MODULE, buf, sizeof buf), "libx.so.1");
+    assert_string_equal(mt__fr_site(&native, buf, sizeof buf), "kernel");
     assert_string_equal(
-        mt_fr_stack_key(NULL, torch_stack, N(torch_stack), MT_FR_BY_STACK, buf, sizeof buf),
+        mt__fr_stack_key(NULL, torch_stack, N(torch_stack), MT_FR_BY_STACK, buf, sizeof buf),
         "transformer.py:54 forward <- train.py:9 main");
     char small[16];
-    mt_fr_stack_key(NULL, torch_stack, N(torch_stack), MT_FR_BY_STACK, small, sizeof small);
+    mt__fr_stack_key(NULL, torch_stack, N(torch_stack), MT_FR_BY_STACK, small, sizeof small);
     assert_int_equal(strlen(small), sizeof small - 1);
     assert_string_equal(small + sizeof small - 4, "...");
-    assert_int_equal(mt_fr_by_parse("callsite"), MT_FR_BY_SITE);
-    assert_int_equal(mt_fr_by_parse("tag"), MT_FR_BY_TAG);
-    assert_int_equal(mt_fr_by_parse("line"), -1);
+    assert_int_equal(mt__fr_by_parse("callsite"), MT_FR_BY_SITE);
+    assert_int_equal(mt__fr_by_parse("tag"), MT_FR_BY_TAG);
+    assert_int_equal(mt__fr_by_parse("line"), -1);
     for (int b = 0; b < MT_FR_BY_COUNT; b++)
-        assert_int_equal(mt_fr_by_parse(mt_fr_by_name(b)), b);
+        assert_int_equal(mt__fr_by_parse(mt__fr_by_name(b)), b);
 }
 
 /* The nn.Module chain (--by modules): each module's forward, outermost first, from the
@@ -162,20 +163,20 @@ static void test_module_chain(void **state)
 {
     (void)state;
     char buf[256];
-    assert_true(mt_fr_module_call(&module_stack[2]));
-    assert_false(mt_fr_module_call(&module_stack[1]));
+    assert_true(mt__fr_module_call(&module_stack[2]));
+    assert_false(mt__fr_module_call(&module_stack[1]));
     assert_string_equal(
-        mt_fr_stack_key(NULL, module_stack, N(module_stack), MT_FR_BY_MODULES, buf, sizeof buf),
+        mt__fr_stack_key(NULL, module_stack, N(module_stack), MT_FR_BY_MODULES, buf, sizeof buf),
         "model.py:88 forward > attn.py:60 forward > layers.py:22 forward");
     /* Outside any module the key is the user's frame, as by site. */
     assert_string_equal(
-        mt_fr_stack_key(NULL, module_stack + 10, 2, MT_FR_BY_MODULES, buf, sizeof buf),
+        mt__fr_stack_key(NULL, module_stack + 10, 2, MT_FR_BY_MODULES, buf, sizeof buf),
         "train.py:30 train_step");
     /* A helper of a module is the user's frame; the chain starts at its module. */
-    assert_string_equal(mt_fr_stack_key(NULL, module_stack + 4, N(module_stack) - 4,
-                                        MT_FR_BY_MODULES, buf, sizeof buf),
+    assert_string_equal(mt__fr_stack_key(NULL, module_stack + 4, N(module_stack) - 4,
+                                         MT_FR_BY_MODULES, buf, sizeof buf),
                         "model.py:88 forward > attn.py:60 forward > attn.py:40 attend");
-    assert_int_equal(mt_fr_by_parse("modules"), MT_FR_BY_MODULES);
+    assert_int_equal(mt__fr_by_parse("modules"), MT_FR_BY_MODULES);
 }
 
 /* memtrace's own stacks: the row's site is the user's frame, past torch's Python. */
@@ -183,7 +184,7 @@ static void test_callsite_rows(void **state)
 {
     (void)state;
     mt_sym_t *s = NULL;
-    assert_int_equal(mt_sym_create(&s), 0);
+    assert_int_equal(mt__sym_create(&s), 0);
     const mt_cs_frame_t frames[] = {
         {.py_func = "_conv_forward",
          .py_file = "/usr/lib/python3/dist-packages/torch/nn/modules/conv.py",
@@ -195,14 +196,14 @@ static void test_callsite_rows(void **state)
         {.py_func = "main", .py_file = "/src/train.py", .py_line = 40},
     };
     mt_cs_row_t row = {.stack = 1, .bytes = 8 << 20, .blocks = 1, .frames = frames, .n_frames = 4};
-    json_t *a = mt_cs_rows_json(s, 1, &row, 1, 10, false);
+    json_t *a = mt__cs_rows_json(s, 1, &row, 1, 10, false);
     assert_non_null(a);
     json_t *r = json_array_get(a, 0);
     assert_string_equal(json_string_value(json_object_get(r, "site")),
                         "Model.forward (model.py:12)");
     assert_int_equal(json_integer_value(json_object_get(r, "user_frame")), 2);
     json_decref(a);
-    mt_sym_destroy(&s);
+    mt__sym_destroy(&s);
 }
 
 int main(void)

@@ -151,7 +151,7 @@ static mt__report_t *report_of_snapshot(const mt_ts_t *ts)
             mt_event_label_pack(&ev, ts->tag_label[t]);
             feed(&f, &ev, 0);
         }
-    assert_int_equal(mt_ts_records(ts, feed, &f), 0);
+    assert_int_equal(mt__ts_records(ts, feed, &f), 0);
     return f.r;
 }
 
@@ -160,15 +160,15 @@ static mt_ts_t *write_and_read(const mt_ts_t *ts, int era)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(mt_ts_write(ts, f, era), 0);
+    assert_int_equal(mt__ts_write(ts, f, era), 0);
     fclose(f);
     mt_pk_doc_t *d = NULL;
     char err[768];
-    if (mt_pk_parse(&d, buf, len, NULL, err, sizeof err) != 0)
+    if (mt__pk_parse(&d, buf, len, NULL, err, sizeof err) != 0)
         fail_msg("%s", err);
     free(buf);
     mt_ts_t *back = NULL;
-    if (mt_ts_from_pickle(&back, d, "mem", err, sizeof err) != 0)
+    if (mt__ts_from_pickle(&back, d, "mem", err, sizeof err) != 0)
         fail_msg("%s", err);
     return back;
 }
@@ -197,8 +197,8 @@ static void roundtrip(const char *conf)
     mt__report_t *ra = report_of_log(log, len);
     mt_ts_t *ts = NULL;
     char err[256];
-    assert_int_equal(mt_ts_from_report(&ts, ra, 0, err, sizeof err), 0);
-    assert_int_equal(mt_ts_check(ts, err, sizeof err), 0);
+    assert_int_equal(mt__ts_from_report(&ts, ra, 0, err, sizeof err), 0);
+    assert_int_equal(mt__ts_check(ts, err, sizeof err), 0);
     assert_true(ts->nsegments > 0);
     assert_true(ts->nannotations >= 16 + 8); /* forward start/end, iterations */
     assert_string_equal(ts->tag_label[MT_TAG_USER_FIRST], "kv cache");
@@ -248,18 +248,18 @@ static void roundtrip(const char *conf)
 
     /* Replay of the snapshot's trace reserves what the recording allocator reserved. */
     mt_trace_t *t = NULL;
-    assert_int_equal(mt_ts_to_trace(back, 0, &t, err, sizeof err), 0);
+    assert_int_equal(mt__ts_to_trace(back, 0, &t, err, sizeof err), 0);
     assert_int_equal(t->nstreams, 2);
-    mt_replay_cfg_t cfg = mt_replay_cfg_default();
+    mt_replay_cfg_t cfg = mt__replay_cfg_default();
     cfg.capacity = (size_t)8 << 30;
     cfg.alloc_conf = conf; /* the recording allocator's rules */
     mt_replay_result_t res;
-    assert_int_equal(mt_replay_run(t, &cfg, &res, err, sizeof err), 0);
+    assert_int_equal(mt__replay_run(t, &cfg, &res, err, sizeof err), 0);
     assert_int_equal(res.peak_reserved, alloc_peak_reserved);
     mt_ts_figures_t fig;
-    assert_int_equal(mt_ts_figures(back, 0, &fig), 0);
+    assert_int_equal(mt__ts_figures(back, 0, &fig), 0);
     assert_int_equal(fig.peak_reserved, alloc_peak_reserved); /* and PyTorch's own figure */
-    mt_trace_free(&t);
+    mt__trace_free(&t);
 
     /* 1.13: the same segments and blocks, history built from the blocks' tags. */
     mt_ts_t *old = write_and_read(ts, 1);
@@ -268,10 +268,10 @@ static void roundtrip(const char *conf)
     assert_int_equal(old->nblocks, ts->nblocks);
     for (size_t i = 0; i < ts->nblocks; i++)
         assert_int_equal(old->blocks[i].size, ts->blocks[i].size);
-    mt_ts_destroy(&old);
+    mt__ts_destroy(&old);
 
-    mt_ts_destroy(&back);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&back);
+    mt__ts_destroy(&ts);
     mt__report_destroy(&ra);
     mt__report_destroy(&rb);
     free(log);

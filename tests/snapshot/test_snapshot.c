@@ -26,7 +26,7 @@ static mt_ts_t *load(const char *name)
     char path[1024], err[768];
     snprintf(path, sizeof path, "%s/%s", data_dir, name);
     mt_ts_t *ts = NULL;
-    int rc = mt_ts_read(&ts, path, err, sizeof err);
+    int rc = mt__ts_read(&ts, path, err, sizeof err);
     if (rc != 0)
         fail_msg("%s: %s", path, err);
     return ts;
@@ -38,7 +38,7 @@ static mt_pk_doc_t *parse(const void *b, size_t n, const mt_pk_cfg_t *cfg, int *
                           size_t errlen)
 {
     mt_pk_doc_t *d = NULL;
-    *rc = mt_pk_parse(&d, b, n, cfg, err, errlen);
+    *rc = mt__pk_parse(&d, b, n, cfg, err, errlen);
     return d;
 }
 
@@ -96,25 +96,25 @@ static void test_pickle_roundtrip(void **state)
     mt_pk_doc_t *d = parse(buf, len, NULL, &rc, err, sizeof err);
     if (rc != 0)
         fail_msg("%s", err);
-    const mt_pk_value_t *root = mt_pk_root(d);
+    const mt_pk_value_t *root = mt__pk_root(d);
     assert_int_equal(root->type, MT_PK_DICT);
-    const mt_pk_value_t *iv = mt_pk_get(root, "ints");
+    const mt_pk_value_t *iv = mt__pk_get(root, "ints");
     assert_int_equal(iv->n, sizeof ints / sizeof ints[0]);
     for (size_t i = 0; i < iv->n; i++)
         assert_true(iv->u.items[i]->u.i == ints[i]);
-    const mt_pk_value_t *many = mt_pk_get(root, "many");
+    const mt_pk_value_t *many = mt__pk_get(root, "many");
     assert_int_equal(many->n, 2500);
     assert_int_equal(many->u.items[2499]->u.i, 2499);
-    assert_ptr_equal(mt_pk_get(root, "again"), many); /* the memo shares, never copies */
-    const mt_pk_value_t *misc = mt_pk_get(root, "misc");
+    assert_ptr_equal(mt__pk_get(root, "again"), many); /* the memo shares, never copies */
+    const mt_pk_value_t *misc = mt__pk_get(root, "misc");
     assert_int_equal(misc->type, MT_PK_TUPLE);
     assert_int_equal(misc->u.items[0]->type, MT_PK_NONE);
     assert_int_equal(misc->u.items[1]->u.i, 1);
     assert_true(misc->u.items[2]->u.f == 2.5);
     assert_string_equal(misc->u.items[3]->u.s, "h\xc3\xa9");
     assert_int_equal(root->depth, 3);
-    assert_null(mt_pk_get(root, "absent"));
-    mt_pk_doc_destroy(&d);
+    assert_null(mt__pk_get(root, "absent"));
+    mt__pk_doc_destroy(&d);
     assert_null(d);
 
     /* Every proper prefix is refused with a message, never read past. */
@@ -148,23 +148,23 @@ static void test_pickle_limits(void **state)
     }
     b[o++] = 'e';
     b[o++] = '.';
-    mt_pk_cfg_t cfg = mt_pk_cfg_default();
+    mt_pk_cfg_t cfg = mt__pk_cfg_default();
     cfg.max_memory = 64 * 1024;
     char err[512];
     int rc;
     mt_pk_doc_t *d = parse(b, o, &cfg, &rc, err, sizeof err);
     assert_int_equal(rc, MT_ENOMEM);
     assert_non_null(strstr(err, "more than the reader's 65536 bytes"));
-    cfg = mt_pk_cfg_default();
+    cfg = mt__pk_cfg_default();
     cfg.max_stack = 1000;
     d = parse(b, o, &cfg, &rc, err, sizeof err);
     assert_int_equal(rc, MT_ENOMEM);
     assert_non_null(strstr(err, "values on the stack"));
     d = parse(b, o, NULL, &rc, err, sizeof err);
     assert_int_equal(rc, 0);
-    assert_int_equal(mt_pk_root(d)->n, n);
-    assert_true(mt_pk_memory(d) < 8 * MiB);
-    mt_pk_doc_destroy(&d);
+    assert_int_equal(mt__pk_root(d)->n, n);
+    assert_true(mt__pk_memory(d) < 8 * MiB);
+    mt__pk_doc_destroy(&d);
     free(b);
 }
 
@@ -194,16 +194,16 @@ static void test_v2_layout(void **state)
         assert_int_equal(ts->nstacks, 4);
         assert_int_equal(ts->events[8].action, MT_TS_OOM);
         assert_int_equal(ts->events[8].addr, 1 * MiB); /* device_free */
-        assert_int_equal(mt_ts_check(ts, NULL, 0), 0);
+        assert_int_equal(mt__ts_check(ts, NULL, 0), 0);
 
         mt_ts_figures_t f;
-        assert_int_equal(mt_ts_figures(ts, 0, &f), 0);
+        assert_int_equal(mt__ts_figures(ts, 0, &f), 0);
         assert_int_equal(f.peak_reserved, 22 * MiB);
         assert_int_equal(f.peak_allocated, 14 * MiB + 412); /* 8 MiB + (6 MiB - 100) + 512 */
         assert_int_equal(f.ooms, 1);
         assert_int_equal(f.orphan_frees, 1);
         assert_int_equal(f.allocs, 5);
-        assert_int_equal(mt_ts_figures(ts, 1, &f), 0);
+        assert_int_equal(mt__ts_figures(ts, 1, &f), 0);
         assert_int_equal(f.peak_reserved, 5 * MiB); /* 2 + 2 mapped, then a 2 MiB segment */
         assert_int_equal(f.reserved_start, 0);
         assert_int_equal(f.end_reserved, 3 * MiB);
@@ -212,17 +212,17 @@ static void test_v2_layout(void **state)
         mt_ts_site_t sites[4];
         size_t nsites;
         uint64_t peak;
-        assert_int_equal(mt_ts_sites_at_peak(ts, 0, sites, 4, &nsites, &peak), 0);
+        assert_int_equal(mt__ts_sites_at_peak(ts, 0, sites, 4, &nsites, &peak), 0);
         assert_int_equal(peak, 14 * MiB + 412);
         assert_int_equal(nsites, 3);
-        assert_string_equal(mt_ts_site_name(ts, sites[0].stack, buf, sizeof buf),
+        assert_string_equal(mt__ts_site_name(ts, sites[0].stack, buf, sizeof buf),
                             "adam.py:150:step");
         assert_int_equal(sites[0].bytes, 8 * MiB);
-        assert_string_equal(mt_ts_site_name(ts, sites[1].stack, buf, sizeof buf),
+        assert_string_equal(mt__ts_site_name(ts, sites[1].stack, buf, sizeof buf),
                             "model.py:41:forward");
         assert_int_equal(sites[1].bytes, 6 * MiB - 100);
         assert_int_equal(sites[2].bytes, 512);
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
         assert_null(ts);
     }
 }
@@ -241,7 +241,7 @@ static void test_v113_layout(void **state)
     assert_int_equal(ts->blocks[1].nhistory, 2);
     assert_int_equal(ts->history[ts->blocks[1].first_history].real_size, 8 * MiB);
     assert_int_equal(ts->blocks[3].state, MT_TS_INACTIVE);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 }
 
 /* Every malformed file is refused with MT_EPROTO and the message its .expected names. */
@@ -267,7 +267,7 @@ static void test_invalid_files(void **state)
         fclose(f);
         line[strcspn(line, "\n")] = '\0';
         mt_ts_t *ts = NULL;
-        int rc = mt_ts_read(&ts, path, err, sizeof err);
+        int rc = mt__ts_read(&ts, path, err, sizeof err);
         if (rc != MT_EPROTO || strstr(err, line + 2) == NULL || strncmp(err, path, strlen(path)))
             fail_msg("%s: rc %d, message '%s', expected '%s'", path, rc, err, line + 2);
         assert_null(ts);
@@ -284,16 +284,16 @@ static mt_ts_t *reread(const mt_ts_t *ts, int era)
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(mt_ts_write(ts, f, era), 0);
+    assert_int_equal(mt__ts_write(ts, f, era), 0);
     fclose(f);
     char err[768];
     mt_pk_doc_t *d = NULL;
-    int rc = mt_pk_parse(&d, buf, len, NULL, err, sizeof err);
+    int rc = mt__pk_parse(&d, buf, len, NULL, err, sizeof err);
     if (rc != 0)
         fail_msg("%s", err);
     free(buf);
     mt_ts_t *back = NULL;
-    if (mt_ts_from_pickle(&back, d, "written", err, sizeof err) != 0)
+    if (mt__ts_from_pickle(&back, d, "written", err, sizeof err) != 0)
         fail_msg("%s", err);
     return back;
 }
@@ -337,11 +337,11 @@ static void test_write_roundtrip(void **state)
     }
     for (unsigned d = 0; d < 2; d++) {
         mt_ts_figures_t f1, f2;
-        assert_int_equal(mt_ts_figures(ts, d, &f1), 0);
-        assert_int_equal(mt_ts_figures(back, d, &f2), 0);
+        assert_int_equal(mt__ts_figures(ts, d, &f1), 0);
+        assert_int_equal(mt__ts_figures(back, d, &f2), 0);
         assert_memory_equal(&f1, &f2, sizeof f1);
     }
-    mt_ts_destroy(&back);
+    mt__ts_destroy(&back);
 
     /* 1.13: the list of segments, history built from each allocated block. */
     back = reread(ts, 1);
@@ -349,15 +349,15 @@ static void test_write_roundtrip(void **state)
     assert_same_segments(ts, back);
     assert_int_equal(back->nevents, 0);
     assert_int_equal(back->nhistory, 4); /* the allocated and pending blocks */
-    mt_ts_destroy(&back);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&back);
+    mt__ts_destroy(&ts);
 
     ts = load("v113_segments.pickle");
     back = reread(ts, 1);
     assert_same_segments(ts, back);
     assert_int_equal(back->nhistory, ts->nhistory);
-    mt_ts_destroy(&back);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&back);
+    mt__ts_destroy(&ts);
 }
 
 /* The trace as an allocation trace: every allocate freed once, frees carry the size. */
@@ -367,24 +367,24 @@ static void test_to_trace_and_replay(void **state)
     mt_ts_t *ts = load("v2_all_actions_p4.pickle");
     mt_trace_t *t = NULL;
     char err[256];
-    assert_int_equal(mt_ts_to_trace(ts, 0, &t, err, sizeof err), 0);
+    assert_int_equal(mt__ts_to_trace(ts, 0, &t, err, sizeof err), 0);
     assert_int_equal(t->nallocs, 5);
     assert_int_equal(t->nfrees, 3);
     assert_int_equal(t->nfailures, 1);
     assert_int_equal(t->leaked, 2);
     assert_int_equal(t->peak_live_bytes, 14 * MiB + 412);
     assert_int_equal(t->nstreams, 1);
-    mt_replay_cfg_t cfg = mt_replay_cfg_default();
+    mt_replay_cfg_t cfg = mt__replay_cfg_default();
     mt_replay_result_t r;
-    assert_int_equal(mt_replay_run(t, &cfg, &r, err, sizeof err), 0);
+    assert_int_equal(mt__replay_run(t, &cfg, &r, err, sizeof err), 0);
     assert_true(r.peak_allocated >= t->peak_live_bytes);
     assert_true(r.peak_reserved >= r.peak_allocated);
-    mt_trace_free(&t);
-    assert_int_equal(mt_ts_to_trace(ts, 1, &t, err, sizeof err), 0);
+    mt__trace_free(&t);
+    assert_int_equal(mt__ts_to_trace(ts, 1, &t, err, sizeof err), 0);
     assert_int_equal(t->nstreams, 1);
     assert_int_equal(t->streams[0], 7);
-    mt_trace_free(&t);
-    mt_ts_destroy(&ts);
+    mt__trace_free(&t);
+    mt__ts_destroy(&ts);
 }
 
 static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
@@ -404,22 +404,22 @@ static void test_records(void **state)
     (void)state;
     mt_ts_t *ts = load("v2_all_actions_p4.pickle");
     uint64_t c[3] = {0};
-    assert_int_equal(mt_ts_records(ts, count_rec, c), 0);
+    assert_int_equal(mt__ts_records(ts, count_rec, c), 0);
     /* The snapshot marker carries nothing; the forward START/END annotations are marks, and
      * the optimizer START a named mark. */
     assert_int_equal(c[0], ts->nevents - 1 + 3);
     assert_int_equal(c[1], 8 * MiB + 6 * MiB + 512); /* rounded block bytes */
     assert_int_equal(c[2], 22 * MiB);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 
     /* No trace (1.13): the state as events: 2 segments, 2 allocated blocks. */
     ts = load("v113_segments.pickle");
     memset(c, 0, sizeof c);
-    assert_int_equal(mt_ts_records(ts, count_rec, c), 0);
+    assert_int_equal(mt__ts_records(ts, count_rec, c), 0);
     assert_int_equal(c[0], 4);
     assert_int_equal(c[1], 12 * MiB);
     assert_int_equal(c[2], 22 * MiB);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 }
 
 /* A file's segment sizes are 64-bit and unchecked: sums past 2^63 are still exact, and a
@@ -428,16 +428,16 @@ static void test_figures_huge_sizes(void **state)
 {
     (void)state;
     mt_ts_t *ts;
-    assert_int_equal(mt_ts_create(&ts), 0);
+    assert_int_equal(mt__ts_create(&ts), 0);
     const uint64_t big = (UINT64_C(1) << 63) - 512;
     mt_ts_event_t e = {.action = MT_TS_SEGMENT_ALLOC, .addr = 0x10000, .size = big};
-    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    assert_int_equal(mt__ts_add_event(ts, &e), 0);
     e.addr += big;
-    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    assert_int_equal(mt__ts_add_event(ts, &e), 0);
     e.action = MT_TS_SEGMENT_FREE;
-    assert_int_equal(mt_ts_add_event(ts, &e), 0);
+    assert_int_equal(mt__ts_add_event(ts, &e), 0);
     mt_ts_figures_t f;
-    assert_int_equal(mt_ts_figures(ts, 0, &f), 0);
+    assert_int_equal(mt__ts_figures(ts, 0, &f), 0);
     assert_true(f.peak_reserved == 2 * big);
     assert_true(f.end_reserved == big);
     assert_int_equal(f.segment_events, 3);
@@ -445,11 +445,11 @@ static void test_figures_huge_sizes(void **state)
     e.action = MT_TS_SEGMENT_ALLOC;
     for (int k = 0; k < 2; k++) {
         e.addr += big;
-        assert_int_equal(mt_ts_add_event(ts, &e), 0);
+        assert_int_equal(mt__ts_add_event(ts, &e), 0);
     }
-    assert_int_equal(mt_ts_figures(ts, 0, &f), 0);
+    assert_int_equal(mt__ts_figures(ts, 0, &f), 0);
     assert_true(f.peak_reserved == UINT64_MAX);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
 }
 
 int main(int argc, char **argv)

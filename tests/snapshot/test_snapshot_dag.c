@@ -150,13 +150,13 @@ static void expect_refused(const pk_t *p, const char *want)
         alarm(60);
         char err[768] = "";
         mt_pk_doc_t *doc = NULL;
-        int rc = mt_pk_parse(&doc, p->b, p->n, NULL, err, sizeof err);
+        int rc = mt__pk_parse(&doc, p->b, p->n, NULL, err, sizeof err);
         if (rc != 0) {
             fprintf(stderr, "parse: %d %s\n", rc, err);
             _exit(11);
         }
         mt_ts_t *ts = NULL;
-        rc = mt_ts_from_pickle(&ts, doc, "dag.pickle", err, sizeof err);
+        rc = mt__ts_from_pickle(&ts, doc, "dag.pickle", err, sizeof err);
         fprintf(stderr, "convert: rc %d: %s\n", rc, err);
         _exit(rc == MT_EPROTO && ts == NULL && strstr(err, want) != NULL ? 0 : 12);
     }
@@ -411,10 +411,10 @@ static void test_shared_frames_lists_read(void **state)
     op(&p, '.');
     char err[768] = "";
     mt_pk_doc_t *doc = NULL;
-    if (mt_pk_parse(&doc, p.b, p.n, NULL, err, sizeof err) != 0)
+    if (mt__pk_parse(&doc, p.b, p.n, NULL, err, sizeof err) != 0)
         fail_msg("parse: %s", err);
     mt_ts_t *ts = NULL;
-    if (mt_ts_from_pickle(&ts, doc, "shared.pickle", err, sizeof err) != 0)
+    if (mt__ts_from_pickle(&ts, doc, "shared.pickle", err, sizeof err) != 0)
         fail_msg("convert: %s", err);
     assert_int_equal(ts->nevents, NEV);
     assert_int_equal(ts->nstacks, 1 + NTB); /* one stack per list object, and the empty one */
@@ -426,7 +426,7 @@ static void test_shared_frames_lists_read(void **state)
     const mt_ts_frame_t *f = &ts->frames[ts->stacks[3].first + 4];
     assert_string_equal(f->name, "fn18"); /* traceback 2, depth 4: (2 * 7 + 4) % 64 */
     assert_int_equal(f->line, 18);
-    mt_ts_destroy(&ts);
+    mt__ts_destroy(&ts);
     free(p.b);
 }
 
@@ -454,7 +454,7 @@ static void test_fixtures_unchanged(void **state)
         char path[1024], err[768];
         snprintf(path, sizeof path, "%s/%s", data_dir, want[i].file);
         mt_ts_t *ts = NULL;
-        if (mt_ts_read(&ts, path, err, sizeof err) != 0)
+        if (mt__ts_read(&ts, path, err, sizeof err) != 0)
             fail_msg("%s", err);
         size_t got[6] = {ts->nsegments, ts->nblocks, ts->nhistory,
                          ts->nevents,   ts->nstacks, ts->nframes};
@@ -463,12 +463,12 @@ static void test_fixtures_unchanged(void **state)
         for (int k = 0; k < 6; k++)
             if (got[k] != exp[k])
                 fail_msg("%s: count %d is %zu, was %zu", want[i].file, k, got[k], exp[k]);
-        mt_ts_destroy(&ts);
+        mt__ts_destroy(&ts);
     }
 }
 
-/* Streaming (mt_ts_read) gives the model of the whole read (mt_pk_parse_file then
- * mt_ts_from_pickle): the same events, each with the same frames, the same segments and
+/* Streaming (mt__ts_read) gives the model of the whole read (mt__pk_parse_file then
+ * mt__ts_from_pickle): the same events, each with the same frames, the same segments and
  * annotations; only stack ids may differ (streamed stacks are interned by content). The
  * generated files (argv[2], argv[3]) are bench/gen_snapshot.py's, both layouts. */
 static void same_stack(const mt_ts_t *a, uint32_t sa, const mt_ts_t *b, uint32_t sb)
@@ -498,10 +498,10 @@ static void test_streamed_equals_whole(void **state)
             snprintf(path, sizeof path, "%s/%s", data_dir, files[i]);
         mt_ts_t *s = NULL, *w = NULL;
         mt_pk_doc_t *doc = NULL;
-        if (mt_ts_read(&s, path, err, sizeof err) != 0)
+        if (mt__ts_read(&s, path, err, sizeof err) != 0)
             fail_msg("%s", err);
-        if (mt_pk_parse_file(&doc, path, NULL, err, sizeof err) != 0 ||
-            mt_ts_from_pickle(&w, doc, path, err, sizeof err) != 0)
+        if (mt__pk_parse_file(&doc, path, NULL, err, sizeof err) != 0 ||
+            mt__ts_from_pickle(&w, doc, path, err, sizeof err) != 0)
             fail_msg("%s", err);
         assert_int_equal(s->nevents, w->nevents);
         assert_int_equal(s->ndevices, w->ndevices);
@@ -528,8 +528,8 @@ static void test_streamed_equals_whole(void **state)
         }
         assert_int_equal(s->nannotations, w->nannotations);
         assert_true(s->nstacks <= w->nstacks);
-        mt_ts_destroy(&s);
-        mt_ts_destroy(&w);
+        mt__ts_destroy(&s);
+        mt__ts_destroy(&w);
     }
 }
 

@@ -34,7 +34,7 @@ static void test_timeline_counts(void **state)
 {
     (void)state;
     mt_ts_t *ts = NULL;
-    assert_int_equal(mt_ts_create(&ts), 0);
+    assert_int_equal(mt__ts_create(&ts), 0);
     uint32_t stack[SITES][2];
     char names[SITES][32];
     for (int s = 0; s < SITES; s++) {
@@ -48,7 +48,7 @@ static void test_timeline_counts(void **state)
                 {.name = fn, .filename = file, .line = 10 + s},
                 {.name = v ? "main" : "step", .filename = "/home/me/train.py", .line = 5 + v},
             };
-            assert_int_equal(mt_ts_add_stack(ts, fr, 3, &stack[s][v]), 0);
+            assert_int_equal(mt__ts_add_stack(ts, fr, 3, &stack[s][v]), 0);
         }
     }
     /* The direct count: each slot's site and bytes, each site's bytes, event by event. */
@@ -83,11 +83,11 @@ static void test_timeline_counts(void **state)
         }
         total_at[i] = total;
         time_at[i] = t_us * 1000;
-        assert_int_equal(mt_ts_add_event(ts, &ev), 0);
+        assert_int_equal(mt__ts_add_event(ts, &ev), 0);
     }
 
     mt_ts_timeline_t *tl = NULL;
-    assert_int_equal(mt_ts_timeline_create(&tl, ts, NULL, TOP, BUCKETS), 0);
+    assert_int_equal(mt__ts_timeline_create(&tl, ts, NULL, TOP, BUCKETS), 0);
     assert_true(tl->by_time);
     assert_int_equal(tl->nsites, TOP + 1);
     assert_true(tl->other);
@@ -136,10 +136,10 @@ static void test_timeline_counts(void **state)
             got += tl->bytes[b * tl->nsites + s];
         assert_int_equal(got, want);
     }
-    mt_ts_timeline_destroy(&tl);
+    mt__ts_timeline_destroy(&tl);
     assert_null(tl);
-    assert_int_equal(mt_ts_timeline_create(&tl, ts, NULL, 0, BUCKETS), MT_EINVAL);
-    mt_ts_destroy(&ts);
+    assert_int_equal(mt__ts_timeline_create(&tl, ts, NULL, 0, BUCKETS), MT_EINVAL);
+    mt__ts_destroy(&ts);
 }
 
 int main(void)

@@ -356,23 +356,23 @@ static void test_log_round_trip(void **state)
     assert_int_equal(mt__report_model(r, 0, &m), 0);
     const mt_model_frame_t *mf;
     int n;
-    assert_int_equal(mt_model_stack_frames(m, id, &mf, &n, NULL), 0);
+    assert_int_equal(mt__model_stack_frames(m, id, &mf, &n, NULL), 0);
     assert_int_equal(n, (int)json_array_size(fr));
     for (int k = 0; k < n; k++)
         assert_int_equal(mf[k].ip, hexv(json_object_get(json_array_get(fr, (size_t)k), "ip")));
-    const mt_model_module_t *mod = mt_model_module_of(m, mf[0].ip);
+    const mt_model_module_t *mod = mt__model_module_of(m, mf[0].ip);
     assert_non_null(mod);
     assert_non_null(strstr(mod->path, "test_stacks_capture"));
     mt_model_stack_t *rows;
     size_t nr;
-    assert_int_equal(mt_model_stacks(m, MT_MODEL_DEVICE, NULL, &rows, &nr), 0);
+    assert_int_equal(mt__model_stacks(m, MT_MODEL_DEVICE, NULL, &rows, &nr), 0);
     bool found = false;
     for (size_t k = 0; k < nr; k++)
         found = found || (rows[k].stack == id && rows[k].allocs == 1 && rows[k].blocks == 1 &&
                           rows[k].bytes == 4096);
     assert_true(found); /* never freed: live at the end */
     free(rows);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
     mt__report_destroy(&r);
     json_decref(all);
     unlink(rig.log);

@@ -20,8 +20,8 @@
 static void check(const mt_model_t *m)
 {
     char why[256] = "";
-    if (mt_model_check(m, why, sizeof why) != 0)
-        fail_msg("mt_model_check: %s", why);
+    if (mt__model_check(m, why, sizeof why) != 0)
+        fail_msg("mt__model_check: %s", why);
 }
 
 /* An alloc with a stack: the ref record, then the alloc. */
@@ -31,19 +31,19 @@ static void alloc_at(mgen_t *g, uint64_t addr, uint64_t size, uint32_t stack)
         mt_event_rec_t ref = mgen_rec(g, MT_EV_STACK_REF, addr, stack, 0);
         ref.addr = addr;
         ref.size = stack;
-        assert_int_equal(mt_model_apply(g->m, &ref), 0);
+        assert_int_equal(mt__model_apply(g->m, &ref), 0);
     }
     mt_event_rec_t ev = mgen_rec(g, MT_EV_ALLOC, addr, size, 0);
-    assert_int_equal(mt_model_apply(g->m, &ev), 0);
+    assert_int_equal(mt__model_apply(g->m, &ev), 0);
     check(g->m);
 }
 
 static void free_at(mgen_t *g, uint64_t addr, uint64_t size)
 {
     mt_event_rec_t ev = mgen_rec(g, MT_EV_FREE_REQUESTED, addr, size, 0);
-    assert_int_equal(mt_model_apply(g->m, &ev), 0);
+    assert_int_equal(mt__model_apply(g->m, &ev), 0);
     ev = mgen_rec(g, MT_EV_FREE_COMPLETED, addr, size, 0);
-    assert_int_equal(mt_model_apply(g->m, &ev), 0);
+    assert_int_equal(mt__model_apply(g->m, &ev), 0);
     check(g->m);
 }
 
@@ -60,9 +60,9 @@ static void test_figures(void **state)
     (void)state;
     mgen_t g = {0};
     mt_model_cfg_t mc = {.keep_iterations = true};
-    assert_int_equal(mt_model_create(&g.m, &mc), 0);
+    assert_int_equal(mt__model_create(&g.m, &mc), 0);
     mt_event_rec_t seg = mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, 64 * MIB, 0);
-    assert_int_equal(mt_model_apply(g.m, &seg), 0);
+    assert_int_equal(mt__model_apply(g.m, &seg), 0);
     alloc_at(&g, BASE, 8 * MIB, 1);
     alloc_at(&g, BASE + 8 * MIB, 4 * MIB, 2);
     alloc_at(&g, BASE + 12 * MIB, 2 * MIB, 0);
@@ -72,7 +72,7 @@ static void test_figures(void **state)
 
     mt_model_stack_t *v;
     size_t n;
-    assert_int_equal(mt_model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
+    assert_int_equal(mt__model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
     assert_int_equal(n, 3);
     const mt_model_stack_t *s1 = row(v, n, 1), *s2 = row(v, n, 2), *s0 = row(v, n, 0);
     assert_non_null(s1);
@@ -89,13 +89,13 @@ static void test_figures(void **state)
 
     /* the blocks carry their ids */
     mt_model_map_t map;
-    assert_int_equal(mt_model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    assert_int_equal(mt__model_map(g.m, MT_MODEL_DEVICE, &map), 0);
     assert_int_equal(map.nblocks, 3);
     assert_int_equal(map.blocks[0].stack, 2);
     assert_int_equal(map.blocks[1].stack, 0);
     assert_int_equal(map.blocks[2].stack, 2);
-    mt_model_map_free(&map);
-    mt_model_destroy(&g.m);
+    mt__model_map_free(&map);
+    mt__model_destroy(&g.m);
 }
 
 static void test_growth(void **state)
@@ -103,9 +103,9 @@ static void test_growth(void **state)
     (void)state;
     mgen_t g = {0};
     mt_model_cfg_t mc = {.keep_iterations = true};
-    assert_int_equal(mt_model_create(&g.m, &mc), 0);
+    assert_int_equal(mt__model_create(&g.m, &mc), 0);
     mt_event_rec_t seg = mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, 1024 * MIB, 0);
-    assert_int_equal(mt_model_apply(g.m, &seg), 0);
+    assert_int_equal(mt__model_apply(g.m, &seg), 0);
     for (int it = 0; it < 10; it++) {
         /* stack 7 leaks 2 MiB an iteration; stack 8 allocates and frees */
         alloc_at(&g, BASE + (uint64_t)it * 2 * MIB, 2 * MIB, 7);
@@ -114,11 +114,11 @@ static void test_growth(void **state)
         mt_event_rec_t mk = mgen_rec(&g, MT_EV_MARK, MT_MARK_ITERATION, (uint64_t)it, 0);
         mk.addr = MT_MARK_ITERATION;
         mk.size = (uint64_t)it;
-        assert_int_equal(mt_model_apply(g.m, &mk), 0);
+        assert_int_equal(mt__model_apply(g.m, &mk), 0);
     }
     mt_model_stack_t *v;
     size_t n;
-    assert_int_equal(mt_model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
+    assert_int_equal(mt__model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
     const mt_model_stack_t *a = row(v, n, 7), *b = row(v, n, 8);
     assert_non_null(a);
     assert_non_null(b);
@@ -128,14 +128,14 @@ static void test_growth(void **state)
     assert_false(b->growth.detected);
     assert_int_equal(b->peak_bytes, 16 * MIB);
     free(v);
-    mt_model_destroy(&g.m);
+    mt__model_destroy(&g.m);
 }
 
 static void test_table_lines(void **state)
 {
     (void)state;
     mt_model_t *m;
-    assert_int_equal(mt_model_create(&m, NULL), 0);
+    assert_int_equal(mt__model_create(&m, NULL), 0);
     char err[200];
     static const struct {
         const char *line;
@@ -163,7 +163,7 @@ static void test_table_lines(void **state)
         json_t *j = json_loads(cases[i].line, 0, NULL);
         assert_non_null(j);
         err[0] = '\0';
-        int rc = mt_model_table_line(m, j, err, sizeof err);
+        int rc = mt__model_table_line(m, j, err, sizeof err);
         if (rc != cases[i].rc)
             fail_msg("line %zu: rc %d, want %d (%s)", i, rc, cases[i].rc, err);
         if (rc == MT_EPROTO)
@@ -173,7 +173,7 @@ static void test_table_lines(void **state)
     const mt_model_frame_t *f;
     int n;
     bool tr;
-    assert_int_equal(mt_model_stack_frames(m, 3, &f, &n, &tr), 0);
+    assert_int_equal(mt__model_stack_frames(m, 3, &f, &n, &tr), 0);
     assert_int_equal(n, 2);
     assert_true(tr);
     assert_int_equal(f[0].ip, 0x400010);
@@ -181,21 +181,21 @@ static void test_table_lines(void **state)
     assert_string_equal(f[1].py_func, "train");
     assert_string_equal(f[1].py_file, "/t.py");
     assert_int_equal(f[1].py_line, 12);
-    const mt_model_module_t *mod = mt_model_module_of(m, 0x400010);
+    const mt_model_module_t *mod = mt__model_module_of(m, 0x400010);
     assert_non_null(mod);
     assert_string_equal(mod->path, "/bin/x");
     assert_string_equal(mod->build_id, "ab12");
-    assert_null(mt_model_module_of(m, 0x500000));
+    assert_null(mt__model_module_of(m, 0x500000));
     /* unknown ids: no frames, no crash */
-    assert_int_equal(mt_model_stack_frames(m, 4, &f, &n, &tr), MT_ENOENT);
+    assert_int_equal(mt__model_stack_frames(m, 4, &f, &n, &tr), MT_ENOENT);
     assert_null(f);
-    assert_int_equal(mt_model_stack_frames(m, MT_STACK_ID_OVERFLOW, &f, &n, &tr), MT_ENOENT);
-    assert_int_equal(mt_model_stack_frames(m, 0, &f, &n, &tr), MT_ENOENT);
+    assert_int_equal(mt__model_stack_frames(m, MT_STACK_ID_OVERFLOW, &f, &n, &tr), MT_ENOENT);
+    assert_int_equal(mt__model_stack_frames(m, 0, &f, &n, &tr), MT_ENOENT);
     /* a dlclose + dlopen at the same place replaces the module */
-    assert_int_equal(mt_model_module_add(m, "/lib/y.so", 0x400000, 8192, ""), 0);
-    assert_string_equal(mt_model_module_of(m, 0x400010)->path, "/lib/y.so");
+    assert_int_equal(mt__model_module_add(m, "/lib/y.so", 0x400000, 8192, ""), 0);
+    assert_string_equal(mt__model_module_of(m, 0x400010)->path, "/lib/y.so");
     check(m);
-    mt_model_destroy(&m);
+    mt__model_destroy(&m);
 }
 
 /* Refs with ids out of range, refs not followed by their alloc: counted, no stack. */
@@ -203,32 +203,32 @@ static void test_bad_refs(void **state)
 {
     (void)state;
     mgen_t g = {0};
-    assert_int_equal(mt_model_create(&g.m, NULL), 0);
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
     mt_event_rec_t ref = mgen_rec(&g, MT_EV_STACK_REF, BASE, 0, 0);
     ref.addr = BASE;
     ref.size = (uint64_t)MT_STACK_ID_MAX + 5;
-    assert_int_equal(mt_model_apply(g.m, &ref), 0);
+    assert_int_equal(mt__model_apply(g.m, &ref), 0);
     alloc_at(&g, BASE, MIB, 0);
     alloc_at(&g, BASE + MIB, MIB, 9); /* a ref for another address: orphan */
     ref = mgen_rec(&g, MT_EV_STACK_REF, BASE + 4 * MIB, 0, 0);
     ref.addr = BASE + 4 * MIB;
     ref.size = 3;
-    assert_int_equal(mt_model_apply(g.m, &ref), 0);
+    assert_int_equal(mt__model_apply(g.m, &ref), 0);
     alloc_at(&g, BASE + 8 * MIB, MIB, 0);
     mt_model_stack_stats_t st;
-    mt_model_stack_stats(g.m, &st);
+    mt__model_stack_stats(g.m, &st);
     assert_int_equal(st.bad_ids, 1);
     assert_int_equal(st.orphan_refs, 1);
     assert_int_equal(st.matched, 2);
     mt_model_stack_t *v;
     size_t n;
-    assert_int_equal(mt_model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
+    assert_int_equal(mt__model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
     assert_int_equal(row(v, n, 0)->bytes, 2 * MIB);
     assert_int_equal(row(v, n, 9)->bytes, MIB);
     assert_null(row(v, n, 3));
     free(v);
-    assert_int_equal(mt_model_lost(g.m), 0); /* the refs have seqs: no gap */
-    mt_model_destroy(&g.m);
+    assert_int_equal(mt__model_lost(g.m), 0); /* the refs have seqs: no gap */
+    mt__model_destroy(&g.m);
 }
 
 /* The report reads stack and module lines and an alloc's stack_ref line. */
@@ -260,16 +260,16 @@ static void test_report_lines(void **state)
     assert_int_equal(mt__report_model(r, 0, &m), 0);
     mt_model_stack_t *v;
     size_t n;
-    assert_int_equal(mt_model_stacks(m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
+    assert_int_equal(mt__model_stacks(m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
     assert_non_null(row(v, n, 1));
     assert_int_equal(row(v, n, 1)->bytes, 2 * MIB);
     free(v);
     const mt_model_frame_t *f;
     int nf;
-    assert_int_equal(mt_model_stack_frames(m, 1, &f, &nf, NULL), 0);
+    assert_int_equal(mt__model_stack_frames(m, 1, &f, &nf, NULL), 0);
     assert_int_equal(f[0].ip, 0x1234);
-    assert_int_equal(mt_model_lost(m), 0);
-    mt_model_destroy(&m);
+    assert_int_equal(mt__model_lost(m), 0);
+    mt__model_destroy(&m);
     mt__report_destroy(&r);
 }
 

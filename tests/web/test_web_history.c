@@ -69,8 +69,8 @@ static void make_stream(stream_t *s, unsigned nops)
 static void same_state(const mt_model_t *a, const mt_model_t *b)
 {
     mt_model_figures_t fa, fb;
-    assert_int_equal(mt_model_figures(a, MT_MODEL_DEVICE, &fa), 0);
-    assert_int_equal(mt_model_figures(b, MT_MODEL_DEVICE, &fb), 0);
+    assert_int_equal(mt__model_figures(a, MT_MODEL_DEVICE, &fa), 0);
+    assert_int_equal(mt__model_figures(b, MT_MODEL_DEVICE, &fb), 0);
     assert_int_equal(fa.allocated, fb.allocated);
     assert_int_equal(fa.reserved, fb.reserved);
     assert_int_equal(fa.blocks, fb.blocks);
@@ -78,8 +78,8 @@ static void same_state(const mt_model_t *a, const mt_model_t *b)
     assert_int_equal(fa.largest_free, fb.largest_free);
     assert_false(fa.uncertain);
     mt_model_map_t ma, mb;
-    assert_int_equal(mt_model_map(a, MT_MODEL_DEVICE, &ma), 0);
-    assert_int_equal(mt_model_map(b, MT_MODEL_DEVICE, &mb), 0);
+    assert_int_equal(mt__model_map(a, MT_MODEL_DEVICE, &ma), 0);
+    assert_int_equal(mt__model_map(b, MT_MODEL_DEVICE, &mb), 0);
     assert_int_equal(ma.nblocks, mb.nblocks);
     assert_int_equal(ma.nsegs, mb.nsegs);
     for (size_t i = 0; i < ma.nblocks; i++) {
@@ -92,8 +92,8 @@ static void same_state(const mt_model_t *a, const mt_model_t *b)
         assert_int_equal(ma.segs[i].addr, mb.segs[i].addr);
         assert_int_equal(ma.segs[i].used, mb.segs[i].used);
     }
-    mt_model_map_free(&ma);
-    mt_model_map_free(&mb);
+    mt__model_map_free(&ma);
+    mt__model_map_free(&mb);
 }
 
 static void test_state_at_equals_prefix(void **state)
@@ -117,19 +117,19 @@ static void test_state_at_equals_prefix(void **state)
     size_t evicted = s.n - t->wcount;
     for (size_t upto = 0; upto <= t->wcount; upto += 341) {
         mt_model_t *ref = NULL, *at = NULL;
-        assert_int_equal(mt_model_create(&ref, NULL), 0);
+        assert_int_equal(mt__model_create(&ref, NULL), 0);
         for (size_t i = 0; i < evicted + upto; i++)
-            mt_model_apply(ref, &s.ev[i]);
+            mt__model_apply(ref, &s.ev[i]);
         assert_int_equal(mt__d_web_state_at(t, upto, &at), 0);
         same_state(at, ref);
-        mt_model_destroy(&at);
-        mt_model_destroy(&ref);
+        mt__model_destroy(&at);
+        mt__model_destroy(&ref);
     }
     /* And at the window's end, the live state. */
     mt_model_t *at = NULL;
     assert_int_equal(mt__d_web_state_at(t, t->wcount, &at), 0);
     same_state(at, p->model);
-    mt_model_destroy(&at);
+    mt__model_destroy(&at);
     mt__d_web_forget(d, p);
     assert_null(mt__d_web_find(d, p));
     mt__d_web_free(d);
@@ -170,7 +170,7 @@ static void test_history_bounded(void **state)
         hi = b->amax > hi ? b->amax : hi;
     }
     mt_model_figures_t f;
-    mt_model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
+    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
     assert_int_equal(t->coarse[t->ncoarse - 1].alast, f.allocated);
     assert_int_equal(hi, f.peak_allocated);
     const mt_d_web_bkt_t *fine = &t->fine[(t->last_ns / MT_D_WEB_FINE_NS) % MT_D_WEB_FINE];

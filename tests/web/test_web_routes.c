@@ -195,7 +195,7 @@ static void test_snapshot_reads_the_window(void **state)
     enum { N = 5000, WINDOW = 2048 };
     th_daemon_t t;
     th_daemon_start(&t, th_cfg());
-    mt_d_set_event_window(t.d, WINDOW); /* before any producer: trackers take it */
+    mt__d_set_event_window(t.d, WINDOW); /* before any producer: trackers take it */
     pid_t pid = th_producer(t.sock, N, 8192, 500, -1);
     assert_int_equal(th_wait(pid), 0);
     json_t *p = th_wait_exited(t.sock, pid, 10000);
@@ -214,12 +214,12 @@ static void test_snapshot_reads_the_window(void **state)
     json_decref(m);
 
     int fd = -1;
-    assert_int_equal(mt_d_client_connect(t.sock, &fd), 0);
+    assert_int_equal(mt__d_client_connect(t.sock, &fd), 0);
     int n = snprintf(req, sizeof req, "{\"type\":\"snapshot\",\"pid\":%d}\n", (int)pid);
-    assert_int_equal(mt_d_client_send(fd, req, (size_t)n), 0);
+    assert_int_equal(mt__d_client_send(fd, req, (size_t)n), 0);
     char *out = NULL;
     size_t len = 0;
-    assert_int_equal(mt_d_client_read_all(fd, 64u << 20, 10000, &out, &len), 0);
+    assert_int_equal(mt__d_client_read_all(fd, 64u << 20, 10000, &out, &len), 0);
     close(fd);
     json_error_t e;
     json_t *snap = json_loadb(out, len, 0, &e);
