@@ -1,7 +1,8 @@
 /* `memtrace report LOG`: reads a telemetry log (NDJSON from the local fallback or the
  * daemon's log file) and prints, per process, peaks by tag, utilization and
  * fragmentation over time, allocations never freed, and the growth detector's verdict
- * across iterations. The analysis is analysis/report.c; this file reads and prints. */
+ * across iterations. The analysis is analysis/report.c; this file reads the options and the
+ * logs, report_print.c prints. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdbool.h>
@@ -16,8 +17,8 @@
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
+#include "tools/report_print.h"
 #include "tools/snapshot_in.h"
-#include "util/text.h"
 
 static void help(FILE *f)
 {
@@ -131,734 +132,10 @@ int mt_tool_parse_bytes(const char *s, uint64_t *out)
     return 0;
 }
 
-static const char *human(double b, char *buf, size_t len)
-{
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    double a = b < 0 ? -b : b;
-    while (a >= 1024 && u < 4) {
-        a /= 1024;
-        b /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-    return buf;
-}
-
-static double num(json_t *o, const char *k)
-{
-    return json_number_value(json_object_get(o, k));
-}
-
-/* Names and labels are the recorded processes' own strings: escaped, so that none can move
- * the cursor or forge a line of the report. */
-typedef char esc_buf_t[MT_TEXT_ESC_SIZE(64)];
-static const char *esc(const char *s, esc_buf_t buf)
-{
-    return mt__text_escape(s ? s : "?", buf, sizeof(esc_buf_t));
-}
-
-static void bar(double frac, int width)
-{
-    int n = (int)(frac * width + 0.5);
-    for (int i = 0; i < width; i++)
-        fputs(i < n ? "#" : ".", stdout);
-}
-
-static void print_growth(json_t *g)
-{
-    char b1[32];
-    double iters = num(g, "iterations");
-    printf("\n  growth across iterations: ");
-    if (iters < 3) {
-        printf("%.0f iteration markers, too few to tell\n", iters);
-        return;
-    }
-    printf("%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n", iters,
-           num(g, "first_iteration"), num(g, "last_iteration"),
-           num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
-           human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
-    if (json_is_true(json_object_get(g, "detected"))) {
-        printf("    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
-               "    one iteration to the next (history held by a reference?)\n",
-               human(num(g, "rise_bytes"), b1, sizeof(b1)));
-        size_t i;
-        json_t *t;
-        json_array_foreach(json_object_get(g, "tags"), i, t)
-        {
-            esc_buf_t e;
-            printf("    - %s grows %s per iteration (r2 %.2f)\n",
-                   esc(json_string_value(json_object_get(t, "tag")), e),
-                   human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
-        }
-    } else {
-        printf("    no steady growth\n");
-    }
-}
-
-/* Pinned host memory, apart from the device figures; nothing when the process has none. */
-static void print_host(json_t *h)
-{
-    char b1[32], b2[32], b3[32], b4[32];
-    if (num(h, "events") <= 0)
-        return;
-    printf("\n  pinned host memory (not device memory): %.0f events\n", num(h, "events"));
-    printf("    peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
-           human(num(h, "peak_allocated"), b1, sizeof(b1)),
-           human(num(h, "peak_reserved"), b2, sizeof(b2)),
-           human(num(h, "final_allocated"), b3, sizeof(b3)),
-           human(num(h, "final_reserved"), b4, sizeof(b4)));
-    json_t *tags = json_object_get(h, "peak_by_tag");
-    const char *k;
-    json_t *v;
-    json_object_foreach(tags, k, v)
-    {
-        esc_buf_t e;
-        printf("    %-14s %12s peak\n", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
-    }
-    json_t *nf = json_object_get(h, "never_freed");
-    printf("    never freed: %.0f pinned blocks, %s\n", num(nf, "count"),
-           human(num(nf, "bytes"), b1, sizeof(b1)));
-    size_t i;
-    json_t *g;
-    json_array_foreach(json_object_get(nf, "groups"), i, g)
-    {
-        esc_buf_t e;
-        printf("      %-14s %12s x %.0f\n", esc(json_string_value(json_object_get(g, "tag")), e),
-               human(num(g, "size"), b1, sizeof(b1)), num(g, "count"));
-    }
-}
-
-/* A label from the log (another process's text), escaped (util/text.h). */
-static void put_plain(const char *s)
-{
-    char buf[MT_TEXT_ESC_SIZE(512)];
-    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
-}
-
-/* How call sites are printed (options of this run). */
-typedef struct print_opts_s {
-    int by;           /* mt_fr_by_e */
-    bool explicit_by; /* --by given */
-    bool all;         /* --frames all: every frame under each site */
-    bool stacks;      /* --stacks: every kept frame under each site */
-    bool replay;      /* --replay: memtrace's allocator on the same sequence */
-} print_opts_t;
-static print_opts_t popt;
-
-/* Under a site: the frames after its user frame that the rules keep (the next five; all
- * with --stacks; none for a function, file or module group unless --stacks), or every frame
- * of the stack with --frames all. */
-static void print_frames(json_t *r)
-{
-    json_t *frames = json_object_get(r, "frames");
-    size_t n = json_array_size(frames), shown = 0, cap = popt.stacks || popt.all ? SIZE_MAX : 5;
-    size_t from = (size_t)json_integer_value(json_object_get(r, "user_frame")) + 1;
-    if (!popt.all && !popt.stacks &&
-        ((popt.by != MT_FR_BY_SITE && popt.by != MT_FR_BY_STACK) || num(r, "stacks") > 1))
-        return; /* several stacks: the largest one's callers would speak for all */
-    for (size_t k = from; k < n; k++) {
-        json_t *f = json_array_get(frames, k);
-        if (!popt.all && json_object_get(f, "skipped") != NULL)
-            continue;
-        if (shown++ == cap) {
-            printf("        <- ...\n");
-            return;
-        }
-        printf("        <- ");
-        put_plain(json_string_value(json_object_get(f, "label")));
-        printf("\n");
-    }
-    if (json_is_true(json_object_get(r, "truncated")))
-        printf("        <- ...\n");
-}
-
-static void print_sites(const char *title, json_t *rows, bool growth)
-{
-    char b1[32];
-    printf("\n  %s:\n", title);
-    if (json_array_size(rows) == 0)
-        printf("    (none)\n");
-    size_t i;
-    json_t *r;
-    json_array_foreach(rows, i, r)
-    {
-        if (growth)
-            printf("    %s%s/iter r2 %.2f%s  ", num(r, "slope") >= 0 ? "+" : "",
-                   human(num(r, "slope"), b1, sizeof(b1)), num(r, "r2"),
-                   json_is_true(json_object_get(r, "detected")) ? " GROWING" : "");
-        else
-            printf("    %10s %6.0f blocks  ", human(num(r, "bytes"), b1, sizeof(b1)),
-                   num(r, "blocks"));
-        put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
-        print_frames(r);
-    }
-}
-
-/* Call sites: printed when asked for (--by), or for untagged input that recorded stacks. */
-static void print_callsites(json_t *cs, bool tagged)
-{
-    if (!cs || popt.by == MT_FR_BY_TAG)
-        return;
-    if (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))
-        return;
-    char t[3][96];
-    const char *by = popt.by == MT_FR_BY_SITE ? "call site" : mt__fr_by_name(popt.by);
-    snprintf(t[0], sizeof t[0], "live bytes at the peak, by %s", by);
-    snprintf(t[1], sizeof t[1], "never freed, by %s", by);
-    snprintf(t[2], sizeof t[2], "growth per iteration, by %s", by);
-    printf("\n  call sites: %.0f distinct stacks recorded\n", num(cs, "stacks"));
-    print_sites(t[0], json_object_get(cs, "at_peak"), false);
-    print_sites(t[1], json_object_get(cs, "never_freed"), false);
-    print_sites(t[2], json_object_get(cs, "growth"), true);
-}
-
-static const char *lifetime(double us, char *buf, size_t len)
-{
-    if (us < 1000)
-        snprintf(buf, len, "%.0f us", us);
-    else if (us < 1e6)
-        snprintf(buf, len, "%.1f ms", us / 1e3);
-    else
-        snprintf(buf, len, "%.1f s", us / 1e6);
-    return buf;
-}
-
-/* Blocks freed soon after their allocation, by site (or by tag without stacks). */
-static void print_temporary(json_t *p)
-{
-    json_t *rows = json_object_get(p, "temporary");
-    if (rows == NULL)
-        return;
-    char b1[32], b2[32];
-    const char *by = json_string_value(json_object_get(p, "temporary_by"));
-    bool tag = by != NULL && strcmp(by, "tag") == 0;
-    printf("\n  temporary allocations (freed within %s of their allocation), by %s%s:\n",
-           lifetime(num(p, "temporary_window_us"), b1, sizeof b1),
-           tag ? "tag"
-           : strcmp(by ? by : "site", "site") == 0 ? "call site"
-                                                   : by,
-           tag && popt.by != MT_FR_BY_TAG && !json_is_true(json_object_get(p, "tagged"))
-               ? " (no stacks recorded)"
-               : "");
-    if (json_array_size(rows) == 0) {
-        printf("    (none)\n");
-        return;
-    }
-    printf("    %8s %10s %12s  %s\n", "count", "bytes", "median life", tag ? "tag" : "site");
-    size_t i;
-    json_t *r;
-    json_array_foreach(rows, i, r)
-    {
-        printf("    %8.0f %10s %12s  ", num(r, "count"), human(num(r, "bytes"), b1, sizeof b1),
-               lifetime(num(r, "median_lifetime_us"), b2, sizeof b2));
-        put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
-    }
-}
-
-/* Whether a process's input carried tags: any byte under a tag other than "other". */
-static bool is_tagged(json_t *p)
-{
-    const char *k;
-    json_t *v;
-    json_t *h = json_object_get(p, "host");
-    json_object_foreach(json_object_get(p, "peak_by_tag"), k, v)
-    {
-        if (strcmp(k, "other") != 0)
-            return true;
-    }
-    json_object_foreach(json_object_get(h, "peak_by_tag"), k, v)
-    {
-        if (strcmp(k, "other") != 0)
-            return true;
-    }
-    size_t i;
-    json_t *g;
-    json_array_foreach(json_object_get(json_object_get(p, "never_freed"), "groups"), i, g)
-    {
-        const char *t = json_string_value(json_object_get(g, "tag"));
-        if (t != NULL && strcmp(t, "other") != 0)
-            return true;
-    }
-    return false;
-}
-
-/* Untagged input: the sections by tag would say "other" for every byte. They are dropped
- * (text and JSON; "tagged": false says why) unless --by tag asks for them; the call sites
- * stand in for them. A tagged process run without --by keeps its report as it was.
- * MT_ENOMEM if "tagged" could not be added (the report must not go out without it). */
-static int fit_sections(json_t *res)
-{
-    size_t i;
-    json_t *p;
-    json_array_foreach(json_object_get(res, "processes"), i, p)
-    {
-        bool tagged = is_tagged(p);
-        if (json_object_set_new(p, "tagged", json_boolean(tagged)) != 0)
-            return MT_ENOMEM;
-        if (!tagged && popt.by != MT_FR_BY_TAG) {
-            json_object_del(p, "peak_by_tag");
-            json_object_del(json_object_get(p, "never_freed"), "groups");
-            json_object_del(json_object_get(p, "never_freed"), "groups_total");
-            json_t *h = json_object_get(p, "host");
-            json_object_del(h, "peak_by_tag");
-            json_object_del(json_object_get(h, "never_freed"), "groups");
-        }
-        json_t *cs = json_object_get(p, "callsites");
-        /* A snapshot's stacks are its frames, grouped in "snapshots": its process has none. */
-        size_t k;
-        json_t *sn;
-        json_array_foreach(json_object_get(res, "snapshots"), k, sn)
-        {
-            if (cs != NULL && num(cs, "stacks") <= 0 &&
-                json_integer_value(json_object_get(sn, "process")) ==
-                    json_integer_value(json_object_get(p, "pid"))) {
-                json_object_del(p, "callsites");
-                cs = NULL;
-            }
-        }
-        if (cs != NULL &&
-            (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
-            json_object_del(p, "callsites");
-        /* Temporary allocations follow the same rule: tagged input without --by, by tag. */
-        json_t *tt = json_object_get(p, "temporary_by_tag");
-        if (tt != NULL && (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && tagged)) &&
-            (json_object_set(p, "temporary", tt) != 0 ||
-             json_object_set_new(p, "temporary_by", json_string("tag")) != 0))
-            return MT_ENOMEM;
-        json_object_del(p, "temporary_by_tag");
-    }
-    return 0;
-}
-
-/* reserved - allocated at the peak and at the end, by cause (analysis/gap.h). */
-static void print_gap(json_t *p)
-{
-    static const char *const what[][2] = {
-        {"pinned_free", "free in segments that hold live blocks"},
-        {"cached_segments", "whole free segments kept in the cache"},
-        {"stream_pending", "freed, waiting on stream events"},
-        {"expandable_slack", "free mapped pages of expandable segments"},
-        {"untracked", "not in the segment map (before the log, lost events)"},
-    };
-    json_t *g[2] = {json_object_get(p, "peak_gap"), json_object_get(p, "end_gap")};
-    if (!g[0] || !g[1] || (num(g[0], "reserved_bytes") <= 0 && num(g[1], "reserved_bytes") <= 0))
-        return; /* no device memory reserved: nothing to explain */
-    char b[4][32];
-    printf("\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak", "at the end");
-    printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
-           human(num(g[1], "reserved_bytes"), b[1], 32));
-    printf("    %-44s %12s %14s\n", "allocated", human(num(g[0], "allocated_bytes"), b[0], 32),
-           human(num(g[1], "allocated_bytes"), b[1], 32));
-    printf("    %-44s %12s %14s\n", "reserved - allocated", human(num(g[0], "gap_bytes"), b[0], 32),
-           human(num(g[1], "gap_bytes"), b[1], 32));
-    for (size_t c = 0; c < sizeof what / sizeof what[0]; c++) {
-        double v[2] = {0, 0};
-        for (int k = 0; k < 2; k++) {
-            size_t i;
-            json_t *e;
-            json_array_foreach(json_object_get(g[k], "causes"), i, e)
-            {
-                const char *name = json_string_value(json_object_get(e, "cause"));
-                if (name && strcmp(name, what[c][0]) == 0)
-                    v[k] = num(e, "bytes");
-            }
-        }
-        if (v[0] == 0 && v[1] == 0)
-            continue;
-        printf("      %-42s %12s %14s\n", what[c][1], human(v[0], b[0], 32), human(v[1], b[1], 32));
-    }
-    if (num(g[0], "rounding_bytes") > 0 || num(g[1], "rounding_bytes") > 0)
-        printf("    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
-               human(num(g[0], "rounding_bytes"), b[0], 32),
-               human(num(g[1], "rounding_bytes"), b[1], 32));
-    if (num(p, "replay_reserved_bytes") > 0)
-        printf("    %-44s %12s\n", "memtrace's allocator would reserve (peak)",
-               human(num(p, "replay_reserved_bytes"), b[0], 32));
-    json_t *pins = json_object_get(g[0], "pins");
-    if (json_array_size(pins) == 0)
-        return;
-    printf("    segments pinned at the peak, by the site of each one's largest live block:\n");
-    size_t i;
-    json_t *r;
-    json_array_foreach(pins, i, r)
-    {
-        printf("      %10s free in %.0f segment%s  ", human(num(r, "bytes"), b[0], 32),
-               num(r, "segments"), num(r, "segments") == 1 ? "" : "s");
-        put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
-    }
-}
-
-/* A setting's value as the config string writes it: MiB for sizes, fractions, counts. */
-static void setting_value(const char *key, double v, char *buf, size_t len)
-{
-    if (v >= 1.8e19)
-        snprintf(buf, len, "unlimited");
-    else if (strstr(key, "_mb") != NULL)
-        snprintf(buf, len, "%.0f", v / 1048576.0);
-    else if (strstr(key, "threshold") != NULL || strstr(key, "fraction") != NULL)
-        snprintf(buf, len, "%g", v / 1e6);
-    else
-        snprintf(buf, len, "%.0f", v);
-}
-
-static void print_settings(json_t *v)
-{
-    if (!json_is_array(v) || json_array_size(v) == 0)
-        return;
-    printf("\n  settings changed at run time:\n");
-    size_t i;
-    json_t *e;
-    json_array_foreach(v, i, e)
-    {
-        const char *key = json_string_value(json_object_get(e, "key"));
-        char was[32], now[32];
-        setting_value(key ? key : "", num(e, "before"), was, sizeof was);
-        setting_value(key ? key : "", num(e, "value"), now, sizeof now);
-        esc_buf_t k;
-        printf("    %9.3f s  device %.0f  %s: %s -> %s\n", num(e, "t"), num(e, "device"),
-               esc(key ? key : "?", k), was, now);
-    }
-}
-
-static void print_scopes(json_t *v)
-{
-    if (!json_is_array(v) || json_array_size(v) == 0)
-        return;
-    printf("\n  scoped statistics (push/pop; peak above the scope's start):\n");
-    printf("    %-18s %8s %12s %12s %10s\n", "scope", "count", "peak", "mean peak", "mean time");
-    size_t i;
-    json_t *e;
-    json_array_foreach(v, i, e)
-    {
-        char b1[32], b2[32];
-        esc_buf_t k;
-        const char *name = json_string_value(json_object_get(e, "name"));
-        printf("    %-18s %8.0f %12s %12s %9.3fs\n", esc(name ? name : "?", k), num(e, "count"),
-               human(num(e, "peak_bytes"), b1, sizeof b1),
-               human(num(e, "mean_peak_bytes"), b2, sizeof b2), num(e, "mean_seconds"));
-    }
-}
-
-static void print_managed(json_t *v)
-{
-    if (!json_is_object(v))
-        return;
-    char b1[32], b2[32], b3[32], b4[32];
-    printf("\n  managed memory: %s managed at peak, %s resident on the device at peak, %s "
-           "migrated, %.0f faults\n",
-           human(num(v, "managed_peak_bytes"), b1, sizeof(b1)),
-           human(num(v, "device_peak_bytes"), b2, sizeof(b2)),
-           human(num(v, "migrated_bytes"), b3, sizeof(b3)), num(v, "faults"));
-    printf("    %.0f prefetches (%s), %.0f advice calls\n", num(v, "prefetches"),
-           human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
-}
-
-/* One line of the device memory table: a label, the figure at the end, at the peak of used. */
-static void dm_row(const char *label, int indent, double end, double at_peak)
-{
-    char b[2][32];
-    printf("    %*s%-*s %12s %14s\n", indent, "", 40 - indent, label, human(end, b[0], 32),
-           human(at_peak, b[1], 32));
-}
-
-/* The device's used bytes as the driver reports them, split into memtrace's reserved bytes
- * and what is outside its allocator (docs/outside.md); nothing for logs without figures. */
-static void print_device_memory(json_t *devs)
-{
-    size_t i, k;
-    json_t *d, *l;
-    json_array_foreach(devs, i, d)
-    {
-        char b[3][32];
-        json_t *e = json_object_get(d, "end"), *pk = json_object_get(d, "at_peak_used");
-        printf("\n  device %.0f memory as the driver reports it: %s used of %s (peak %s)\n",
-               num(d, "device"), human(num(e, "used"), b[0], 32), human(num(d, "total"), b[1], 32),
-               human(num(d, "peak_used"), b[2], 32));
-        printf("    %-40s %12s %14s\n", "", "at the end", "at peak used");
-        dm_row("used", 0, num(e, "used"), num(pk, "used"));
-        dm_row("memtrace reserved", 2, num(e, "reserved"), num(pk, "reserved"));
-        dm_row("outside the allocator", 2, num(e, "outside"), num(pk, "outside"));
-        json_array_foreach(json_object_get(d, "libraries"), k, l)
-        {
-            esc_buf_t el;
-            const char *name = json_string_value(json_object_get(l, "library"));
-            double peak = num(l, "peak");
-            dm_row(esc(name, el), 4, num(l, "bytes"), num(l, "at_peak_used"));
-            if (peak > num(l, "bytes") && peak > num(l, "at_peak_used"))
-                printf("    %*s(its own peak %s)\n", 6, "", human(peak, b[0], 32));
-        }
-        dm_row("context", 4, num(e, "context"), num(pk, "context"));
-        if (num(e, "other_processes") > 0 || num(pk, "other_processes") > 0)
-            dm_row("other processes", 4, num(e, "other_processes"), num(pk, "other_processes"));
-        dm_row("not seen", 4, num(e, "not_seen"), num(pk, "not_seen"));
-        printf("    (context: in use when the allocator started, before its first segment; not "
-               "seen:\n     no event names it: other allocators, other processes)\n");
-    }
-}
-
-/* The first OOMs, each with the device's split at that moment when the log has it. */
-static void print_ooms(json_t *o)
-{
-    if (!json_is_object(o))
-        return;
-    char b[6][32];
-    printf("\n  out of memory: %.0f OOM%s\n", num(o, "count"), num(o, "count") == 1 ? "" : "s");
-    size_t i;
-    json_t *e;
-    json_array_foreach(json_object_get(o, "first"), i, e)
-    {
-        printf("    %9.3f s  device %.0f: asked %s, %s free", num(e, "t"), num(e, "device"),
-               human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
-        json_t *s = json_object_get(e, "device_memory");
-        if (s != NULL) {
-            printf("; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, ",
-                   human(num(s, "used"), b[0], 32), human(num(s, "reserved"), b[1], 32),
-                   human(num(s, "outside"), b[2], 32), human(num(s, "libraries"), b[3], 32),
-                   human(num(s, "context"), b[4], 32));
-            if (num(s, "other_processes") > 0)
-                printf("other processes %s, ", human(num(s, "other_processes"), b[0], 32));
-            printf("not seen %s)", human(num(s, "not_seen"), b[5], 32));
-        }
-        printf("\n");
-    }
-    if (num(o, "count") > (double)json_array_size(json_object_get(o, "first")))
-        printf("    ... %.0f more\n",
-               num(o, "count") - (double)json_array_size(json_object_get(o, "first")));
-}
-
-/* Columns of the per-iteration table: every rank up to this many, else the highest and the
- * median rank only. */
-#define JOB_ITER_COLUMNS 8
-
-/* The per-iteration table of a job aligned by its marks. */
-static void print_job_iterations(json_t *g, json_t *ranks, json_t *h)
-{
-    json_t *its = json_object_get(g, "iterations"), *e, *r;
-    size_t n = json_array_size(ranks), i, k;
-    if (json_array_size(its) == 0) {
-        printf("  no iteration that every rank marked\n");
-        return;
-    }
-    bool all = n <= JOB_ITER_COLUMNS;
-    printf("  peak allocated within each iteration (the newest every rank marked):\n    %9s",
-           "ITERATION");
-    json_array_foreach(ranks, k, r)
-    {
-        char col[24];
-        snprintf(col, sizeof col, "rank %.0f", num(r, "rank"));
-        if (all || num(r, "rank") == num(h, "rank") || num(r, "rank") == num(h, "median_rank"))
-            printf(" %12s", col);
-    }
-    printf("\n");
-    json_array_foreach(its, i, e)
-    {
-        char b[32];
-        printf("    %9.0f", num(e, "iteration"));
-        json_array_foreach(ranks, k, r)
-        {
-            if (all || num(r, "rank") == num(h, "rank") || num(r, "rank") == num(h, "median_rank"))
-                printf(" %12s", human((double)json_integer_value(
-                                          json_array_get(json_object_get(e, "peaks"), k)),
-                                      b, sizeof b));
-        }
-        printf("\n");
-    }
-}
-
-/* The report's "jobs": per job, a row per rank, the rank that peaked highest and by which
- * tags it exceeds the median rank, and the ranks side by side per iteration. */
-static void print_jobs(json_t *jobs)
-{
-    size_t i, k;
-    json_t *g, *r, *t;
-    json_array_foreach(jobs, i, g)
-    {
-        char b1[32], b2[32], b3[32];
-        esc_buf_t ej;
-        const char *id = json_string_value(json_object_get(g, "job"));
-        json_t *ranks = json_object_get(g, "ranks"), *h = json_object_get(g, "highest");
-        json_t *unmarked = json_object_get(g, "unmarked_ranks");
-        bool aligned = json_array_size(unmarked) == 0;
-        printf("\njob %s: %zu rank%s", id ? esc(id, ej) : "(no job id)", json_array_size(ranks),
-               json_array_size(ranks) == 1 ? "" : "s");
-        if (json_object_get(g, "world_size"))
-            printf(" of %.0f", num(g, "world_size"));
-        if (num(g, "missing") > 0)
-            printf(" (%.0f missing)", num(g, "missing"));
-        if (aligned) {
-            printf("; aligned by iteration marks (clocks of hosts differ)\n");
-        } else {
-            printf("; not aligned: rank");
-            json_array_foreach(unmarked, k, r)
-            {
-                printf("%s %.0f", k ? "," : "", (double)json_integer_value(r));
-            }
-            printf(" marked no iterations, so each rank's timeline starts at its own first "
-                   "event (clocks of hosts differ)\n");
-        }
-        printf("  %6s %8s %16s %16s %12s %6s %10s\n", "RANK", "PID", "PEAK ALLOCATED",
-               "PEAK RESERVED", "OUTSIDE", "OOMS", "PEAK ITER");
-        json_array_foreach(ranks, k, r)
-        {
-            bool top = num(r, "rank") == num(h, "rank") && json_array_size(ranks) > 1;
-            json_t *pi = json_object_get(r, "peak_iteration");
-            char it[24] = "-";
-            if (json_is_integer(pi))
-                snprintf(it, sizeof it, "%lld", (long long)json_integer_value(pi));
-            char ob[32] = "-"; /* a log without device figures */
-            if (json_object_get(r, "outside_bytes") != NULL)
-                human(num(r, "outside_bytes"), ob, sizeof ob);
-            printf("  %6.0f %8.0f %16s %16s %12s %6.0f %10s%s\n", num(r, "rank"), num(r, "pid"),
-                   human(num(r, "peak_allocated"), b1, sizeof b1),
-                   human(num(r, "peak_reserved"), b2, sizeof b2), ob, num(r, "ooms"), it,
-                   top ? "  <- highest" : "");
-        }
-        if (json_array_size(ranks) < 2)
-            continue;
-        printf("  highest peak: rank %.0f, %s, %s above the median rank's %s (rank %.0f)\n",
-               num(h, "rank"), human(num(h, "peak_allocated"), b1, sizeof b1),
-               human(num(h, "above_median_bytes"), b2, sizeof b2),
-               human(num(g, "median_peak_allocated"), b3, sizeof b3), num(h, "median_rank"));
-        static const char *const diffs[][3] = {{"above_median_by_tag", "tag", "by tag"},
-                                               {"above_median_by_site", "site", "by call site"}};
-        for (int d = 0; d < 2; d++) {
-            json_t *set = json_object_get(h, diffs[d][0]);
-            if (json_array_size(set) == 0)
-                continue;
-            printf("    %s, at each one's peak:", diffs[d][2]);
-            json_array_foreach(set, k, t)
-            {
-                esc_buf_t et;
-                printf("%s %s +%s", k ? "," : "",
-                       esc(json_string_value(json_object_get(t, diffs[d][1])), et),
-                       human(num(t, "bytes"), b1, sizeof b1));
-            }
-            printf("\n");
-        }
-        if (aligned)
-            print_job_iterations(g, ranks, h);
-    }
-}
-
-static void print_process(json_t *p)
-{
-    char b1[32], b2[32], b3[32], b4[32];
-    const char *name = json_string_value(json_object_get(p, "name"));
-    esc_buf_t en, ex, ej;
-    printf("process %d%s%s%s", (int)json_integer_value(json_object_get(p, "pid")),
-           name && *name ? " \"" : "", name && *name ? esc(name, en) : "",
-           name && *name ? "\"" : "");
-    if (json_object_get(p, "rank")) {
-        const char *job = json_string_value(json_object_get(p, "job"));
-        printf(" (rank %.0f%s%s)", num(p, "rank"), job ? " of job " : "", job ? esc(job, ej) : "");
-    }
-    printf(": %.0f events, %.0f lost, exit %s\n", num(p, "events"), num(p, "lost"),
-           esc(json_string_value(json_object_get(p, "exit")), ex));
-    double peak = num(p, "peak_allocated");
-    printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
-           "reserved\n",
-           human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
-           human(num(p, "final_allocated"), b3, sizeof(b3)),
-           human(num(p, "final_reserved"), b4, sizeof(b4)));
-
-    /* Several devices: each one's figures, the line above being their sum. */
-    json_t *devs = json_object_get(p, "devices");
-    if (json_array_size(devs) > 1) {
-        printf("  by device (the process's figures at the end are the sums; each peak is the "
-               "device's own):\n");
-        size_t i;
-        json_t *d;
-        json_array_foreach(devs, i, d)
-        {
-            printf("    device %-3.0f peak allocated %s, peak reserved %s; at the end %s "
-                   "allocated, %s reserved\n",
-                   num(d, "device"), human(num(d, "peak_allocated"), b1, sizeof(b1)),
-                   human(num(d, "peak_reserved"), b2, sizeof(b2)),
-                   human(num(d, "final_allocated"), b3, sizeof(b3)),
-                   human(num(d, "final_reserved"), b4, sizeof(b4)));
-        }
-    }
-
-    json_t *tags = json_object_get(p, "peak_by_tag");
-    if (json_object_size(tags)) {
-        printf("\n  peak by tag:\n");
-        double top = 0;
-        const char *k;
-        json_t *v;
-        json_object_foreach(tags, k, v) top = num(tags, k) > top ? num(tags, k) : top;
-        json_object_foreach(tags, k, v)
-        {
-            esc_buf_t e;
-            printf("    %-14s %12s  ", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
-            bar(top > 0 ? json_number_value(v) / top : 0, 30);
-            printf("\n");
-        }
-    }
-
-    json_t *tl = json_object_get(p, "timeline");
-    if (json_array_size(tl)) {
-        printf("\n  timeline:\n    %9s %12s %12s %12s %6s %6s\n", "t (s)", "allocated", "peak",
-               "reserved", "util", "frag");
-        size_t i;
-        json_t *s;
-        json_array_foreach(tl, i, s)
-        {
-            printf("    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n", num(s, "t_s"),
-                   human(num(s, "allocated"), b1, sizeof(b1)),
-                   human(num(s, "peak_allocated"), b2, sizeof(b2)),
-                   human(num(s, "reserved"), b3, sizeof(b3)), 100 * num(s, "utilization"),
-                   100 * num(s, "fragmentation"));
-        }
-    }
-
-    json_t *nf = json_object_get(p, "never_freed");
-    printf("\n  never freed: %.0f allocations, %s", num(nf, "count"),
-           human(num(nf, "bytes"), b1, sizeof(b1)));
-    if (num(p, "unmatched_frees") > 0)
-        printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
-    printf("\n");
-    /* Blocks from before a gap whose free may be among the lost events: not counted above. */
-    if (num(nf, "uncertain_count") > 0)
-        printf("  uncertain (events lost): %.0f allocations, %s, whose free may have been lost\n",
-               num(nf, "uncertain_count"), human(num(nf, "uncertain_bytes"), b1, sizeof(b1)));
-    json_t *groups = json_object_get(nf, "groups");
-    if (json_array_size(groups)) {
-        printf("    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
-        size_t i;
-        json_t *g;
-        json_array_foreach(groups, i, g)
-        {
-            esc_buf_t e;
-            printf("    %-14s %12s %8.0f %12s\n",
-                   esc(json_string_value(json_object_get(g, "tag")), e),
-                   human(num(g, "size"), b1, sizeof(b1)), num(g, "count"),
-                   human(num(g, "bytes"), b2, sizeof(b2)));
-        }
-        if (num(nf, "groups_total") > (double)json_array_size(groups))
-            printf("    ... %.0f more groups\n",
-                   num(nf, "groups_total") - (double)json_array_size(groups));
-    }
-
-    print_device_memory(json_object_get(p, "device_memory"));
-    print_ooms(json_object_get(p, "ooms"));
-    print_gap(p);
-    print_settings(json_object_get(p, "settings_changes"));
-    print_managed(json_object_get(p, "managed"));
-    print_scopes(json_object_get(p, "scopes"));
-    print_growth(json_object_get(p, "growth"));
-    print_host(json_object_get(p, "host"));
-    print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
-    print_temporary(p);
-}
-
 typedef struct report_opts_s {
-    mt__report_cfg_t cfg; /* what the report computes (frames and by set by run) */
-    print_opts_t print;   /* how it is printed */
-    bool as_json;         /* --json */
+    mt__report_cfg_t cfg;          /* what the report computes (frames and by set by run) */
+    mt__report_print_opts_t print; /* how it is printed */
+    bool as_json;                  /* --json */
     /* Rules are made once the options are read: --frames all may come after --skip-frames. */
     const char *skips[64]; /* --skip-frames patterns, borrowed from argv */
     int nskips;
@@ -866,7 +143,8 @@ typedef struct report_opts_s {
     int nlogs;   /* >= 1 */
 } report_opts_t;
 
-static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, int nlogs);
+static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_t *pr, bool as_json,
+                      char **logs, int nlogs);
 
 /* "250", "250us", "2ms", "0.5s" into µs. 0 or MT_EINVAL. */
 static int parse_window(const char *s, uint64_t *us)
@@ -923,8 +201,8 @@ static int parse_args(int argc, char **argv, report_opts_t *o)
     cfg->general_reader = mt_tool_general_reader();
     o->as_json = false;
     o->nskips = 0;
-    print_opts_t *pr = &o->print;
-    *pr = (print_opts_t){.by = MT_FR_BY_SITE};
+    mt__report_print_opts_t *pr = &o->print;
+    *pr = (mt__report_print_opts_t){.by = MT_FR_BY_SITE};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -1023,9 +301,9 @@ static int parse_args(int argc, char **argv, report_opts_t *o)
 static int run(const report_opts_t *o)
 {
     mt__report_cfg_t cfg = o->cfg;
-    popt = o->print; /* read by the printers below */
+    const mt__report_print_opts_t *pr = &o->print;
     mt_fr_rules_t *rules = NULL;
-    if (mt__fr_rules_create(&rules, popt.all) != 0) {
+    if (mt__fr_rules_create(&rules, pr->all) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         return 1;
     }
@@ -1039,10 +317,10 @@ static int run(const report_opts_t *o)
         }
     }
     /* Call sites are computed for every process: untagged input shows them by default. */
-    cfg.by = popt.by;
+    cfg.by = pr->by;
     cfg.frames = rules;
-    cfg.by_callsite = popt.by != MT_FR_BY_TAG;
-    int status = report_run(&cfg, o->as_json, o->logs, o->nlogs);
+    cfg.by_callsite = pr->by != MT_FR_BY_TAG;
+    int status = report_run(&cfg, pr, o->as_json, o->logs, o->nlogs);
     mt__fr_rules_destroy(&rules);
     return status;
 }
@@ -1067,7 +345,7 @@ static void add_replay(mt__report_t *r, json_t *res)
         char err[256] = "out of memory";
         mt_replay_cfg_t rc = mt__replay_cfg_default();
         /* the sim device must hold what the program reserved: room for twice that */
-        uint64_t need = (uint64_t)num(p, "peak_reserved") * 2;
+        uint64_t need = (uint64_t)json_number_value(json_object_get(p, "peak_reserved")) * 2;
         rc.capacity = need > (UINT64_C(8) << 30) ? (size_t)need : 0;
         int st = mt__report_trace(r, i, &t);
         if (st == 0)
@@ -1086,7 +364,8 @@ static void add_replay(mt__report_t *r, json_t *res)
     }
 }
 
-static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, int nlogs)
+static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_t *pr, bool as_json,
+                      char **logs, int nlogs)
 {
     mt__report_cfg_t cfg = *cfgp;
     mt__report_t *r = NULL;
@@ -1103,7 +382,7 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, i
         return status;
     }
     json_t *res = mt__report_result(r);
-    if (res != NULL && popt.replay)
+    if (res != NULL && pr->replay)
         add_replay(r, res);
     if (res != NULL && mt_tool_inputs_temporary(&in, r, res, &cfg) != 0) {
         json_decref(res);
@@ -1116,7 +395,7 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, i
         return 1;
     }
     mt_tool_inputs_json(&in, res, &cfg);
-    if (fit_sections(res) != 0) {
+    if (mt__report_print_fit(res, pr) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         json_decref(res);
         mt_tool_inputs_free(&in);
@@ -1132,28 +411,8 @@ static int report_run(const mt__report_cfg_t *cfgp, bool as_json, char **logs, i
         }
         printf("\n");
     } else {
-        json_t *procs = json_object_get(res, "processes");
-        printf("memtrace report: ");
-        for (int i = 0; i < nlogs; i++)
-            printf("%s%s", logs[i], i + 1 < nlogs ? ", " : ": ");
-        printf("%.0f lines, %.0f events, %zu process%s", num(res, "lines"), num(res, "events"),
-               json_array_size(procs), json_array_size(procs) == 1 ? "" : "es");
-        if (num(res, "duplicates") > 0)
-            printf(", %.0f events found in two logs counted once", num(res, "duplicates"));
-        if (bad)
-            printf(", %lu malformed lines skipped", bad);
-        if (num(res, "lost_unattributed") > 0)
-            printf(", %.0f events lost by a consumer queue", num(res, "lost_unattributed"));
-        printf("\n");
-        print_jobs(json_object_get(res, "jobs"));
-        size_t i;
-        json_t *p;
-        json_array_foreach(procs, i, p)
-        {
-            printf("\n");
-            print_process(p);
-        }
-        mt_tool_inputs_print(&in, &cfg, popt.stacks);
+        mt__report_print_text(res, pr, logs, nlogs, bad);
+        mt_tool_inputs_print(&in, &cfg, pr->stacks);
     }
     mt_tool_inputs_free(&in);
     json_decref(res);

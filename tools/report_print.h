@@ -1,0 +1,31 @@
+/* The printers of `memtrace report` (report_print.c), for cmd_report.c: the report's text,
+ * and the shaping of the analysis that its text and its JSON both go through. */
+#ifndef MT_TOOLS_REPORT_PRINT_H
+#define MT_TOOLS_REPORT_PRINT_H
+
+#include <stdbool.h>
+
+#include <jansson.h>
+
+/* How call sites are printed (options of this run). */
+typedef struct mt__report_print_opts_s {
+    int by;           /* mt_fr_by_e */
+    bool explicit_by; /* --by given */
+    bool all;         /* --frames all: every frame under each site */
+    bool stacks;      /* --stacks: every kept frame under each site */
+    bool replay;      /* --replay: memtrace's allocator on the same sequence */
+} mt__report_print_opts_t;
+
+/* Untagged input: the sections by tag would say "other" for every byte. They are dropped
+ * from res (text and JSON; "tagged": false says why) unless --by tag asks for them; the call
+ * sites stand in for them. A tagged process run without --by keeps its report as it was.
+ * res is borrowed and changed in place. 0, or MT_ENOMEM if "tagged" could not be added (the
+ * report must not go out without it). */
+int mt__report_print_fit(json_t *res, const mt__report_print_opts_t *o);
+
+/* The report res (borrowed, once fitted) as text on stdout: the line that names the logs,
+ * with bad malformed lines, then each job and each process. */
+void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *const *logs,
+                           int nlogs, unsigned long bad);
+
+#endif
