@@ -120,15 +120,7 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
 
 static const char *human(double b, char *buf, size_t len)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    double a = b < 0 ? -b : b;
-    while (a >= 1024 && u < 4) {
-        a /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%s%.1f %s" : "%s%.0f %s", b < 0 ? "-" : "", a, units[u]);
-    return buf;
+    return mt__text_bytes(b, 1, buf, len);
 }
 
 static double num(const json_t *o, const char *k)

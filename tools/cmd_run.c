@@ -132,13 +132,7 @@ static bool have_driver(void)
 
 static void human(char *buf, size_t len, double bytes)
 {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (bytes >= 1024 && i < 4) {
-        bytes /= 1024;
-        i++;
-    }
-    snprintf(buf, len, i == 0 ? "%.0f %s" : "%.2f %s", bytes, u[i]);
+    mt__text_bytes(bytes, 2, buf, len);
 }
 
 static double num(json_t *o, const char *k)

@@ -14,16 +14,7 @@
 
 static const char *human(double b, char *buf, size_t len)
 {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    double a = b < 0 ? -b : b;
-    while (a >= 1024 && u < 4) {
-        a /= 1024;
-        b /= 1024;
-        u++;
-    }
-    snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-    return buf;
+    return mt__text_bytes(b, 1, buf, len);
 }
 
 static double num(json_t *o, const char *k)

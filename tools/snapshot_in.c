@@ -34,14 +34,7 @@ int mt_tool_read_snapshot(const char *prog, const char *path, mt_ts_t **out)
 
 static void human(char *buf, size_t n, uint64_t bytes)
 {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1024 && u < 4) {
-        v /= 1024;
-        u++;
-    }
-    snprintf(buf, n, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    mt__text_bytes((double)bytes, 2, buf, n);
 }
 
 static void row(const char *what, uint64_t theirs, uint64_t ours)

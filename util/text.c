@@ -1,6 +1,7 @@
 /* Escaping of other processes' text (util/text.h). */
 #include "util/text.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int mt__text_utf8_len(const unsigned char *p)
@@ -115,5 +116,18 @@ const char *mt__text_utf8(const char *s, char *buf, size_t len)
         p += n ? n : 1;
     }
     buf[o] = '\0';
+    return buf;
+}
+
+const char *mt__text_bytes(double bytes, int decimals, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double a = bytes < 0 ? -bytes : bytes;
+    int u = 0;
+    while (a >= 1024 && u < 4) {
+        a /= 1024;
+        u++;
+    }
+    snprintf(buf, len, "%s%.*f %s", bytes < 0 ? "-" : "", u ? decimals : 0, a, units[u]);
     return buf;
 }

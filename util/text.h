@@ -26,5 +26,8 @@ const char *mt__text_escape(const char *s, char *buf, size_t len);
  * sequence becomes U+FFFD. Cut at a character to fit len - 1 bytes; NUL-terminated
  * (len > 0). Returns buf. */
 const char *mt__text_utf8(const char *s, char *buf, size_t len);
+/* bytes as "512 B", "1.5 MiB" (decimals digits past B, the unit the largest of B..TiB that
+ * leaves at least 1), a negative count with its sign ("-2.0 KiB"). Returns buf. */
+const char *mt__text_bytes(double bytes, int decimals, char *buf, size_t len);
 
 #endif
