@@ -149,6 +149,14 @@ static int device_open(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         free(c);
         return MT_EINVAL;
     }
+    if (cfg->cuda_peer_access < MT_CUDA_PEER_AUTO || cfg->cuda_peer_access > MT_CUDA_PEER_CAPABLE) {
+        mt__backend_log(&c->base, MT_LOG_ERROR,
+                        "memtrace: cuda_peer_access %d: want MT_CUDA_PEER_AUTO, _ENABLED or "
+                        "_CAPABLE",
+                        cfg->cuda_peer_access);
+        free(c);
+        return MT_EINVAL;
+    }
     char err[256];
     int rc = mt__cuda_driver_open(&c->drv, err, sizeof err);
     if (rc != 0) {
@@ -224,6 +232,23 @@ static int cuda_device_count(const mt_backend_t *b)
     return C(b)->group->n;
 }
 
+/* cuda_peer_access capable: every device of n that the driver says can reach c's memory is
+ * named in its mappings from the start, as if it had enabled peer access. For when
+ * memtrace cannot see the program enable it (torch's pluggable allocator calls the real
+ * cudaDeviceEnablePeerAccess). Before c has mappings. */
+static void capable_peers(cuda_t *c, int n, const mt_backend_cfg_t *cfg)
+{
+    if (cfg->cuda_peer_access != MT_CUDA_PEER_CAPABLE || c->drv.DeviceCanAccessPeer == NULL)
+        return;
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        int can = 0;
+        if (i != c->base.device && c->drv.DeviceGet(&d, i) == CUDA_SUCCESS &&
+            c->drv.DeviceCanAccessPeer(&can, d, c->dev) == CUDA_SUCCESS && can)
+            c->peer_access[i] = true;
+    }
+}
+
 /* Opens device i of g, or returns it. Caller holds g->mu. */
 static cuda_t *group_device(cuda_group_t *g, int i)
 {
@@ -239,6 +264,7 @@ static cuda_t *group_device(cuda_group_t *g, int i)
     }
     C(b)->peer_access = peers;
     C(b)->group = g;
+    capable_peers(C(b), g->n, &cfg);
     g->dev[i] = C(b);
     return g->dev[i];
 }
@@ -321,6 +347,7 @@ int mt__backend_cuda_create(mt_backend_t **out, const mt_backend_cfg_t *cfg)
         goto fail_count;
     c->group = g;
     c->owner = true;
+    capable_peers(c, count, cfg);
     g->dev[cfg->device] = c;
     *out = b;
     return 0;

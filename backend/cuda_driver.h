@@ -63,6 +63,8 @@ typedef struct mt_cuda_driver_s {
     CUresult (*MemAdvise)(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc);
     /* Optional: the device's PCI bus id, which names it to NVML (cuda_nvml.c). */
     CUresult (*DeviceGetPCIBusId)(char *bus, int len, CUdevice dev);
+    /* Optional: whether one device can reach another's memory (cuda_peer_access capable). */
+    CUresult (*DeviceCanAccessPeer)(int *can, CUdevice dev, CUdevice peer);
 } mt_cuda_driver_t;
 
 /* Opens the driver library (MEMTRACE_LIBCUDA, else "libcuda.so.1") and resolves every

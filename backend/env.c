@@ -160,6 +160,18 @@ int mt_backend_cfg_from_env(mt_backend_cfg_t *cfg, char *err, size_t errlen)
             cfg->cuda_handle_type = v;
         }
     }
+    const char *pa = getenv("MEMTRACE_CUDA_PEER_ACCESS");
+    if (pa != NULL && *pa != '\0') {
+        if (strcmp(pa, "enabled") == 0) {
+            cfg->cuda_peer_access = MT_CUDA_PEER_ENABLED;
+        } else if (strcmp(pa, "capable") == 0) {
+            cfg->cuda_peer_access = MT_CUDA_PEER_CAPABLE;
+        } else {
+            first_err(err, errlen,
+                      "MEMTRACE_CUDA_PEER_ACCESS: must be enabled or capable, not '%s'", pa);
+            rc = MT_EINVAL;
+        }
+    }
     uint64_t ctx = cfg->sim_context, other = cfg->sim_other_processes;
     if (env_u64("MEMTRACE_SIM_CONTEXT", &ctx, false, err, errlen) != 0)
         rc = MT_EINVAL;

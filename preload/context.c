@@ -299,6 +299,18 @@ static bool driver_is_us(void)
     return us;
 }
 
+/* Whether the program's runtime calls reach our hooks: the first definition of a hooked
+ * name in the global scope is ours (LD_PRELOAD, or linked ahead of the runtime). Not so
+ * for torch's pluggable allocator alone: libtorch loads the runtime globally, and our
+ * library is opened later. */
+static bool hooks_interposed(void)
+{
+    void *f = mt__preload_real_dlsym(RTLD_DEFAULT, "cudaDeviceEnablePeerAccess");
+    Dl_info ours, first;
+    return f != NULL && dladdr((const void *)hooks_interposed, &ours) != 0 &&
+           dladdr(f, &first) != 0 && ours.dli_fbase == first.dli_fbase;
+}
+
 int mt__preload_register_tag(mt_preload_t *P, int id, int device)
 {
     int rc = 0;
@@ -1036,6 +1048,15 @@ static void init_once(void)
                                 MT_PRELOAD_MAX_DEVICES);
             P->ndevices = n < MT_PRELOAD_MAX_DEVICES ? n : MT_PRELOAD_MAX_DEVICES;
             P->bcfg.kind = MT_BACKEND_CUDA;
+            /* Peer access the program enables goes to the real runtime unseen: open
+             * every mapping to the devices that can reach it instead. */
+            if (P->bcfg.cuda_peer_access == MT_CUDA_PEER_AUTO && !hooks_interposed()) {
+                P->bcfg.cuda_peer_access = MT_CUDA_PEER_CAPABLE;
+                mt__preload_say(MT_LOG_INFO,
+                                "the runtime's peer calls do not reach memtrace (no drop-in): "
+                                "memory is opened to every peer-capable device "
+                                "(MEMTRACE_CUDA_PEER_ACCESS=enabled declines)");
+            }
             goto done;
         }
         if (P->libcuda != NULL)

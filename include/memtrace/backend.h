@@ -69,6 +69,9 @@ typedef struct mt_backend_cfg_s {
     size_t sim_va_space;         /* bytes of device address space each sim device's
                                   * reservations (mt_backend_vm_reserve) may hold at once;
                                   * 0 = unbounded. A real GPU has 2^47-2^49 bytes of it. */
+    int cuda_peer_access;        /* mt_cuda_peer_e: which other devices an expandable
+                                  * segment's pages are opened to; auto
+                                  * (MEMTRACE_CUDA_PEER_ACCESS: enabled|capable) */
 } mt_backend_cfg_t;
 
 #define MT_SIM_MAX_DEVICES 64
@@ -78,6 +81,15 @@ typedef enum mt_cuda_handle_e {
     MT_CUDA_HANDLE_POSIX_FD = 1,
     MT_CUDA_HANDLE_FABRIC = 2,
 } mt_cuda_handle_e;
+
+/* Expandable segments are VMM mappings, which a peer device reaches only when named in
+ * cuMemSetAccess, whatever cuCtxEnablePeerAccess said. */
+typedef enum mt_cuda_peer_e {
+    MT_CUDA_PEER_AUTO = 0,    /* enabled; the drop-in picks capable when it cannot see the
+                               * program's peer calls (the pluggable allocator alone) */
+    MT_CUDA_PEER_ENABLED = 1, /* the devices given mt_backend_enable_peer_access */
+    MT_CUDA_PEER_CAPABLE = 2, /* also every device cuDeviceCanAccessPeer says can reach it */
+} mt_cuda_peer_e;
 
 /* Calls made to the backend since creation. Monotonic counters. */
 typedef struct mt_backend_counters_s {

@@ -677,3 +677,17 @@ void *fake_cuda_proc(const char *base, bool per_thread)
              NULL);
     return f;
 }
+
+/* Every two distinct devices can reach each other's memory (NVLink or a PCIe switch),
+ * unless FAKE_CUDA_NO_P2P is set. */
+FAKE_API CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+    ENTER("cuDeviceCanAccessPeer", dev, peer);
+    if (can == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= fake.devices || peer < 0 || peer >= fake.devices)
+        return CUDA_ERROR_INVALID_DEVICE;
+    const char *off = getenv("FAKE_CUDA_NO_P2P");
+    *can = dev != peer && (off == NULL || *off == '\0');
+    return CUDA_SUCCESS;
+}

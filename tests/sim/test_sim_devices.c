@@ -302,8 +302,17 @@ static void test_env_parsing(void **state)
     assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), MT_EINVAL);
     assert_non_null(strstr(err, "MEMTRACE_CUDA_HANDLE_TYPE: must be none, posix_fd or fabric, not "
                                 "'posix'"));
-    setenv("MEMTRACE_SIM_CONTEXT", "lots", 1);
     unsetenv("MEMTRACE_CUDA_HANDLE_TYPE");
+    assert_int_equal(e.cuda_peer_access, MT_CUDA_PEER_AUTO);
+    setenv("MEMTRACE_CUDA_PEER_ACCESS", "capable", 1);
+    assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), 0);
+    assert_int_equal(e.cuda_peer_access, MT_CUDA_PEER_CAPABLE);
+    setenv("MEMTRACE_CUDA_PEER_ACCESS", "all", 1);
+    assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), MT_EINVAL);
+    assert_non_null(
+        strstr(err, "MEMTRACE_CUDA_PEER_ACCESS: must be enabled or capable, not 'all'"));
+    unsetenv("MEMTRACE_CUDA_PEER_ACCESS");
+    setenv("MEMTRACE_SIM_CONTEXT", "lots", 1);
     assert_int_equal(mt_backend_cfg_from_env(&e, err, sizeof err), MT_EINVAL);
     assert_non_null(strstr(err, "MEMTRACE_SIM_CONTEXT"));
     unsetenv("MEMTRACE_SIM_CONTEXT");
