@@ -76,28 +76,63 @@ typedef CUresult (*alloc_async_t)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_t)(CUdeviceptr, CUstream);
 static alloc_async_t pt_alloc;
 static free_async_t pt_free;
-static CUdeviceptr thread_ptr[2];
+static CUdeviceptr thread_ptr[3];
+static atomic_bool pt_freed, pt_release;
+
+/* Thread 0 stays alive, its block freed, until thread 1 is done. */
+static void pt_linger(int i)
+{
+    if (i != 0)
+        return;
+    atomic_store(&pt_freed, true);
+    while (!atomic_load(&pt_release))
+        usleep(1000);
+}
 
 static void *pt_thread(void *arg)
 {
     int i = (int)(intptr_t)arg;
     if (bind_ctx(NULL) != 0 || pt_alloc(&thread_ptr[i], MiB, NULL) != CUDA_SUCCESS)
         return (void *)1;
-    if (i == 0 && pt_free(thread_ptr[0], NULL) != CUDA_SUCCESS) /* back to thread 0's pool */
+    if (i < 2 && pt_free(thread_ptr[i], NULL) != CUDA_SUCCESS) /* back to its own pool */
         return (void *)1;
+    pt_linger(i);
     return NULL;
 }
 
-static void *rt_ptr[2];
+static void *rt_ptr[3];
 
 static void *rt_pt_thread(void *arg)
 {
     int i = (int)(intptr_t)arg;
     if (cudaMallocAsync(&rt_ptr[i], MiB, cudaStreamPerThread) != cudaSuccess)
         return (void *)1;
-    if (i == 0 && cudaFreeAsync(rt_ptr[0], cudaStreamPerThread) != cudaSuccess)
+    if (i < 2 && cudaFreeAsync(rt_ptr[i], cudaStreamPerThread) != cudaSuccess)
         return (void *)1;
+    pt_linger(i);
     return NULL;
+}
+
+/* fn(0) frees its block on its own default stream and stays alive while fn(1), on its own,
+ * allocates: thread 1 must not get it, the two streams are not ordered. Then, both gone,
+ * fn(2) takes over one of their streams, after waiting for its work, and a cached block
+ * with it (N11: no memory stranded with exited threads). */
+static int pt_pair(void *(*fn)(void *))
+{
+    atomic_store(&pt_freed, false);
+    atomic_store(&pt_release, false);
+    pthread_t t0, t;
+    void *res = NULL;
+    CHECK(pthread_create(&t0, NULL, fn, (void *)(intptr_t)0) == 0);
+    while (!atomic_load(&pt_freed))
+        usleep(1000);
+    CHECK(pthread_create(&t, NULL, fn, (void *)(intptr_t)1) == 0);
+    CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    atomic_store(&pt_release, true);
+    CHECK(pthread_join(t0, &res) == 0 && res == NULL);
+    CHECK(pthread_create(&t, NULL, fn, (void *)(intptr_t)2) == 0);
+    CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    return 0;
 }
 
 static int procaddr(void)
@@ -116,23 +151,13 @@ static int procaddr(void)
     CHECK(f != NULL && f == dlsym(RTLD_DEFAULT, "cuMemFreeAsync_ptsz"));
     pt_free = (free_async_t)f;
     CHECK(cuGetProcAddress("cuMemAlloc", &f, CUDA_VERSION, 3, &st) == CUDA_ERROR_INVALID_VALUE);
-    /* Thread 0 frees its block on its own default stream; thread 1, on its own, must not
-     * get it: the two streams are not ordered. */
-    for (int i = 0; i < 2; i++) {
-        pthread_t t;
-        void *res = NULL;
-        CHECK(pthread_create(&t, NULL, pt_thread, (void *)(intptr_t)i) == 0);
-        CHECK(pthread_join(t, &res) == 0 && res == NULL);
-    }
+    CHECK(pt_pair(pt_thread) == 0);
     CHECK(thread_ptr[1] != thread_ptr[0]);
+    CHECK(thread_ptr[2] == thread_ptr[0] || thread_ptr[2] == thread_ptr[1]);
     /* the runtime's per-thread stream too */
-    for (int i = 0; i < 2; i++) {
-        pthread_t t;
-        void *res = NULL;
-        CHECK(pthread_create(&t, NULL, rt_pt_thread, (void *)(intptr_t)i) == 0);
-        CHECK(pthread_join(t, &res) == 0 && res == NULL);
-    }
+    CHECK(pt_pair(rt_pt_thread) == 0);
     CHECK(rt_ptr[1] != rt_ptr[0]);
+    CHECK(rt_ptr[2] == rt_ptr[0] || rt_ptr[2] == rt_ptr[1]);
     return 0;
 }
 
