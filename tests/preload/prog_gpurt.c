@@ -941,6 +941,48 @@ static int outside(void)
     return 0;
 }
 
+static void *sticky_thread(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    return (void *)(intptr_t)cudaMalloc(&p, MiB);
+}
+
+/* Section-1 #10: after a sticky error the runtime's cudaMalloc fails with it, every call
+ * on every thread, until a reset; so does the drop-in's, on a cache hit too (no driver
+ * call). The error reaches memtrace from the runtime (a synchronize saw it) or from a call
+ * memtrace served (a cache miss's cuMemAlloc). */
+static int stickyhit(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached */
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS); /* a kernel faulted */
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);
+    CHECK(cudaMallocAsync(&p, MiB, NULL) == cudaErrorIllegalAddress);
+    pthread_t t;
+    void *res = NULL;
+    CHECK(pthread_create(&t, NULL, sticky_thread, NULL) == 0);
+    CHECK(pthread_join(t, &res) == 0);
+    CHECK((cudaError_t)(intptr_t)res == cudaErrorIllegalAddress);
+    CHECK(fake_cuda_count("cuMemAlloc_v2") == n0); /* hits: no driver call */
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached again */
+
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    void *big = NULL;
+    CHECK(cudaMalloc(&big, 8 * MiB) == cudaErrorIllegalAddress); /* a miss sees it */
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -961,7 +1003,7 @@ int main(int argc, char **argv)
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
         {"streamdev", streamdev},   {"ownpool", ownpool},
         {"peerseen", peerseen},     {"recstreampt", recstreampt},
-        {"outside", outside},
+        {"outside", outside},       {"stickyhit", stickyhit},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)
