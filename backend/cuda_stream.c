@@ -2,7 +2,9 @@
  * (mt__cuda_stream_wrap), the backend's own created non-blocking, and event times taken
  * from an origin event that moves forward (cuda_t, at origin_ev). */
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "backend/backend_cuda.h"
@@ -72,6 +74,120 @@ static uintptr_t thread_id(void)
     return id;
 }
 
+/* ---- the threads that own per-thread stream wrappers ----
+ *
+ * A wrapper of the per-thread handle serves one thread, and the allocator keeps the blocks
+ * freed on it in that wrapper's bins. Once its thread has exited nothing allocates on it
+ * again, so they would stay cached for good. The next thread whose per-thread stream gets
+ * a wrapper takes over such a wrapper instead, bins and all, after its stream has been
+ * made to wait for the work the dead thread queued (see adopt). Live blocks of the dead
+ * thread are untouched: they stay valid and go back to the same bins when freed.
+ *
+ * Invariant (under live_mu): live[0 .. nlive) are the ids of the threads that own a
+ * wrapper and have not exited; each such thread has live_key set to its id, whose
+ * destructor takes it out. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+static pthread_key_t live_key;
+static bool live_key_ok;
+static uintptr_t *live;
+static size_t nlive, live_cap;
+
+static void thread_gone(void *v)
+{
+    pthread_mutex_lock(&live_mu);
+    for (size_t i = 0; i < nlive; i++)
+        if (live[i] == (uintptr_t)v) {
+            live[i] = live[--nlive];
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void live_init(void)
+{
+    live_key_ok = pthread_key_create(&live_key, thread_gone) == 0;
+}
+
+/* The key's destructor lives in this library: it must not run once the library is gone. */
+__attribute__((destructor)) static void live_fini(void)
+{
+    if (live_key_ok)
+        pthread_key_delete(live_key);
+    live_key_ok = false;
+}
+
+/* Lists the calling thread as the live owner of a wrapper (once): 0, or MT_ENOMEM. Without
+ * a key (live_key_ok false) no wrapper is ever taken over, and nothing is listed. */
+static int live_add(uintptr_t id)
+{
+    pthread_once(&live_once, live_init);
+    if (!live_key_ok || pthread_getspecific(live_key) != NULL)
+        return 0;
+    pthread_mutex_lock(&live_mu);
+    bool ok = nlive < live_cap;
+    if (!ok) {
+        size_t cap = live_cap ? 2 * live_cap : 16;
+        uintptr_t *n = realloc(live, cap * sizeof *n);
+        if (n != NULL) {
+            live = n;
+            live_cap = cap;
+            ok = true;
+        }
+    }
+    if (ok)
+        live[nlive++] = id;
+    pthread_mutex_unlock(&live_mu);
+    if (ok && pthread_setspecific(live_key, (void *)id) != 0) {
+        thread_gone((void *)id);
+        ok = false;
+    }
+    return ok ? 0 : MT_ENOMEM;
+}
+
+static bool is_live(uintptr_t id)
+{
+    pthread_mutex_lock(&live_mu);
+    bool found = false;
+    for (size_t i = 0; i < nlive && !found; i++)
+        found = live[i] == id;
+    pthread_mutex_unlock(&live_mu);
+    return found;
+}
+
+/* Makes the calling thread's per-thread stream wait for everything queued so far on the
+ * per-thread streams of c's context, those of exited threads among them: an event on the
+ * legacy stream completes only after the work queued so far on every blocking stream. */
+static int wait_for_dead(cuda_t *c)
+{
+    CUevent ev = NULL;
+    int rc = CALL(c, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    if (rc == 0) {
+        rc = CALL(c, EventRecord(ev, CU_STREAM_LEGACY));
+        if (rc == 0)
+            rc = CALL(c, StreamWaitEvent(CU_STREAM_PER_THREAD, ev, 0));
+        CALL(c, EventDestroy(ev)); /* released once the wait is done */
+    }
+    return rc;
+}
+
+/* A per-thread wrapper whose thread has exited, taken over by the calling thread, or NULL.
+ * Caller holds c->mu. */
+static cuda_stream_t *adopt(cuda_t *c, uintptr_t thread)
+{
+    if (!live_key_ok)
+        return NULL;
+    for (cuda_stream_t *s = c->streams; s != NULL; s = s->next) {
+        if ((uintptr_t)s->h != (uintptr_t)CU_STREAM_PER_THREAD || s->retired || is_live(s->thread))
+            continue;
+        if (live_add(thread) != 0 || wait_for_dead(c) != 0)
+            return NULL; /* a new wrapper then; this one waits for another thread */
+        s->thread = thread;
+        return s;
+    }
+    return NULL;
+}
+
 int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
 {
     if (!mt__cuda_is_cuda(b) || out == NULL)
@@ -81,12 +197,16 @@ int mt__cuda_stream_wrap(mt_backend_t *b, uintptr_t handle, mt_stream_t **out)
         return 0;
     cuda_t *c = C(b);
     /* The per-thread default stream is one stream per thread under one handle value. */
-    uintptr_t thread = handle == (uintptr_t)CU_STREAM_PER_THREAD ? thread_id() : 0;
+    bool per_thread = handle == (uintptr_t)CU_STREAM_PER_THREAD;
+    uintptr_t thread = per_thread ? thread_id() : 0;
     pthread_mutex_lock(&c->mu);
     cuda_stream_t *s = c->streams;
     while (s != NULL && ((uintptr_t)s->h != handle || s->thread != thread || s->retired))
         s = s->next;
-    if (s == NULL && (s = calloc(1, sizeof *s)) != NULL) {
+    if (s == NULL && per_thread)
+        s = adopt(c, thread);
+    /* A thread not listed live would have its wrapper taken over while it runs. */
+    if (s == NULL && (!per_thread || live_add(thread) == 0) && (s = calloc(1, sizeof *s)) != NULL) {
         s->h = (CUstream)handle;
         s->thread = thread;
         s->base.id = c->next_stream_id++;
@@ -121,16 +241,42 @@ uintptr_t mt__cuda_stream_handle(const mt_stream_t *s)
     return (uintptr_t)SH(s);
 }
 
-int mt__cuda_stream_synchronize(mt_backend_t *b, mt_stream_t *s)
+/* True when s is another thread's per-thread stream, which its handle cannot name here:
+ * the per-thread handle names the calling thread's own. */
+static bool foreign(const mt_stream_t *s)
 {
-    return CALL(C(b), StreamSynchronize(SH(s)));
+    const cuda_stream_t *cs = (const cuda_stream_t *)s;
+    return cs != NULL && cs->thread != 0 && cs->thread != thread_id();
 }
 
+/* Another thread's per-thread stream: an event recorded on the legacy stream completes
+ * after the work queued so far on every blocking stream, that one included. */
+int mt__cuda_stream_synchronize(mt_backend_t *b, mt_stream_t *s)
+{
+    cuda_t *c = C(b);
+    if (!foreign(s))
+        return CALL(c, StreamSynchronize(SH(s)));
+    CUevent ev = NULL;
+    int rc = CALL(c, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    if (rc != 0)
+        return rc;
+    rc = CALL(c, EventRecord(ev, CU_STREAM_LEGACY));
+    if (rc == 0)
+        rc = CALL(c, EventSynchronize(ev));
+    CALL(c, EventDestroy(ev));
+    return rc;
+}
+
+static CUstream record_target(const mt_stream_t *s);
+
+/* Another thread's per-thread stream: the legacy stream waits, and every blocking stream,
+ * that one included, waits for the legacy stream's work before its later work (CUDA's
+ * legacy default stream semantics: cuStreamWaitEvent on it counts as its work). */
 int mt__cuda_stream_wait_event(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev)
 {
     if (!ev->recorded)
         return 0;
-    return CALL(C(b), StreamWaitEvent(SH(s), ev->h, 0));
+    return CALL(C(b), StreamWaitEvent(record_target(s), ev->h, 0));
 }
 
 int mt__cuda_launch_host_func(mt_backend_t *b, mt_stream_t *s, void (*fn)(void *), void *ud)
@@ -215,10 +361,7 @@ void mt__cuda_event_destroy(mt_backend_t *b, mt_event_t *ev)
  * work queued so far on every one of them, that thread's included. */
 static CUstream record_target(const mt_stream_t *s)
 {
-    const cuda_stream_t *cs = (const cuda_stream_t *)s;
-    if (cs != NULL && cs->thread != 0 && cs->thread != thread_id())
-        return CU_STREAM_LEGACY;
-    return SH(s);
+    return foreign(s) ? CU_STREAM_LEGACY : SH(s);
 }
 
 int mt__cuda_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s)

@@ -19,6 +19,10 @@
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
+/* cudaDeviceReset calls so far, and their number when this thread's last error was set: a
+ * sticky error of ours counts for allocations only until a reset on any thread. */
+static _Atomic unsigned resets;
+static _Thread_local unsigned tls_error_resets;
 
 /* The runtime's code for the driver failures whose numbers differ or matter most. */
 static cudaError_t from_driver(int drv)
@@ -113,8 +117,10 @@ cudaError_t mt__preload_rt_ret(cudaError_t err)
         cudaError_t (*clear)(void) = real_get_err();
         if (clear != NULL)
             clear();
-        if (!sticky(tls_last_error))
+        if (!sticky(tls_last_error)) {
             tls_last_error = err;
+            tls_error_resets = resets;
+        }
     }
     return err;
 }
@@ -192,6 +198,21 @@ static cudaError_t bind_thread_context(void)
     return cudaSuccess;
 }
 
+/* The sticky error the context holds, as far as it is known without a driver call: ours
+ * (a call of this thread that memtrace served failed with one) or the runtime's (any call
+ * the program made saw one; cudaPeekAtLastError reports it on every thread until a reset).
+ * A cache hit makes no driver call, so without this it would succeed where the runtime's
+ * cudaMalloc fails. A fault no call has seen yet is not known, as with the runtime, whose
+ * calls see it only once the device has reported it. */
+static cudaError_t sticky_error(void)
+{
+    if (sticky(tls_last_error) && tls_error_resets == resets)
+        return tls_last_error;
+    cudaError_t (*peek)(void) = real_peek_err();
+    cudaError_t e = peek != NULL ? peek() : cudaSuccess;
+    return sticky(e) ? e : cudaSuccess;
+}
+
 /* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
  * (the graph's allocation node; a device malloc of ours would break the capture). ra: the
  * caller, whom the driver hooks the runtime reaches report memory for (outside.c). */
@@ -225,6 +246,9 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         mt__preload_outer_pop(prev);
         return e;
     }
+    cudaError_t held = sticky_error();
+    if (held != cudaSuccess) /* as the runtime's cudaMalloc, which asks the driver */
+        return mt__preload_rt_ret(held);
     mt_stream_t *s = NULL;
     mt__guard_enter();
     if (rc == 0)
@@ -416,6 +440,7 @@ MT_HOOK cudaError_t cudaDeviceReset(void)
 {
     mt__preload_drop_device(rt_device());
     tls_last_error = cudaSuccess; /* a reset clears sticky errors too */
+    resets++;
     FORWARD(cudaDeviceReset);
     return cudaSuccess;
 }

@@ -41,6 +41,11 @@ typedef struct cudnn_state_s {
     cudnnDropoutDescriptor_t dd; /* dropout, or NULL (no dropout: NULL to cuDNN) */
     void *dstates;               /* dd's generator states (tagged workspace) */
     size_t dstates_bytes;        /* cudnnDropoutGetStatesSize */
+    void *dstates_kept;          /* warm-up: a copy of dstates (dstates_bytes), else NULL */
+    bool dstates_stale;          /* a re-seed (or a warm-up's restore) failed midway: dstates
+                                  * may hold neither state; the next training forward
+                                  * re-initialises them from the module's seed and counter */
+    bool kept_stale;             /* dstates_stale when the warm-up kept them */
     size_t weight_bytes;         /* cudnnGetRNNWeightSpaceSize */
     region_t *regions;           /* every matrix and bias: where we and cuDNN keep it */
     size_t nregions;

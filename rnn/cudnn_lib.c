@@ -227,14 +227,37 @@ const char *mt__dnn_path(int k)
 
 /* ---- status codes and the device guard ---- */
 
-/* cuDNN 9 groups its status codes by thousands. */
+/* cuDNN 9 groups its status codes by thousands (cudnn_graph.h): 2xxx bad parameters, 3xxx
+ * not supported, 4xxx internal errors, 5xxx execution failures. The 1xxx codes share no
+ * meaning, so each gets its own. */
+static int uncategorized(cudnnStatus_t s)
+{
+    switch (s) {
+    case CUDNN_STATUS_NOT_INITIALIZED:             /* cudnnCreate failed: no driver or device */
+    case CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH: /* a cuDNN install of mixed versions */
+    case CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED:   /* an engine library did not load */
+        return MT_ENODEV;
+    case CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH: /* a serialised plan of another cuDNN */
+        return MT_EPROTO;
+    case CUDNN_STATUS_DEPRECATED: /* the call is deprecated and was refused */
+    case CUDNN_STATUS_LICENSE_ERROR:
+        return MT_ENOTSUP;
+    case CUDNN_STATUS_RUNTIME_IN_PROGRESS: /* queued work not finished yet: ask again */
+        return MT_EAGAIN;
+    case CUDNN_STATUS_RUNTIME_FP_OVERFLOW: /* a kernel's numbers overflowed */
+        return MT_EOVERFLOW;
+    default:
+        return MT_EIO;
+    }
+}
+
 int mt__dnn_status(cudnnStatus_t s)
 {
     if (s == CUDNN_STATUS_SUCCESS)
         return 0;
     switch ((int)s / 1000) {
     case 1:
-        return MT_ENODEV; /* not initialised: no driver or device */
+        return uncategorized(s);
     case 2:
         return MT_EINVAL;
     case 3:

@@ -44,7 +44,10 @@
  * activations that never drop to zero). The masks of a pass are cuDNN's business, in its reserve
  * (tagged activations, sized by cudnnGetRNNTempSpaceSizes with the dropout descriptor attached), so
  * activation accounting follows cuDNN. cuDNN applies dropout in TRAINING forwards only.
- * mt_rnn_set_dropout_state re-initialises the states (cudnnSetDropoutDescriptor again).
+ * mt_rnn_set_dropout_state re-initialises the states (cudnnSetDropoutDescriptor again); if
+ * that fails the states are stale (cuDNN may have written part of them) and the next
+ * training forward re-initialises them from the module's state before it runs. The
+ * warm-up keeps a copy of the states and puts it back after its training forward.
  *
  * Memory: workspace and reserve are the module's allocations from the caching allocator
  * (tagged workspace and activations), sized by cudnnGetRNNTempSpaceSizes through the size
@@ -168,6 +171,21 @@ static int init_dropout(mt_rnn_t *m, cudnn_state_t *st)
     return 0;
 }
 
+/* Re-initialises the states from the module's seed and counter (a kernel on the module's
+ * stream). cuDNN may fail after its kernel wrote part of them: they are then marked stale,
+ * and the next training forward tries again before it draws from them. Caller is on the
+ * module's device. */
+static int seed_states(mt_rnn_t *m, cudnn_state_t *st)
+{
+    int rc = mt__dnn_check(m,
+                           mt__dnn->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout,
+                                                              st->dstates, st->dstates_bytes,
+                                                              dropout_seed(m)),
+                           "cudnnSetDropoutDescriptor");
+    st->dstates_stale = rc != 0;
+    return rc;
+}
+
 static int cudnn_drop_reseed(mt_rnn_t *m)
 {
     cudnn_state_t *st = S(m);
@@ -176,11 +194,7 @@ static int cudnn_drop_reseed(mt_rnn_t *m)
     dev_guard_t g;
     int rc = mt__dnn_dev_enter(m, &g);
     if (rc == 0)
-        rc = mt__dnn_check(m,
-                           mt__dnn->cudnnSetDropoutDescriptor(st->dd, st->h, m->shape.dropout,
-                                                              st->dstates, st->dstates_bytes,
-                                                              dropout_seed(m)),
-                           "cudnnSetDropoutDescriptor");
+        rc = seed_states(m, st);
     mt__dnn_dev_leave(&g);
     return rc;
 }
@@ -489,8 +503,16 @@ static int cudnn_forward(mt_rnn_t *m, const float *w, const mt_rnn_io_t *io, boo
                          uint64_t drop_key, void *reserve, void *work)
 {
     (void)drop_key;
+    cudnn_state_t *st = S(m);
     dev_guard_t dg;
     int rc = mt__dnn_dev_enter(m, &dg);
+    if (rc == 0 && training && st->dd && st->dstates_stale) {
+        rc = seed_states(m, st);
+        plog(m, rc ? MT_LOG_ERROR : MT_LOG_WARN,
+             "rnn: cudnn: the dropout states were left invalid by a failed re-seed or warm-up; "
+             "re-initialising them from the module's dropout state %s",
+             rc ? "failed: no training forward runs until it succeeds" : "before this forward");
+    }
     if (rc == 0)
         rc = run_forward(m, w, io, training, reserve, work);
     mt__dnn_dev_leave(&dg);
@@ -560,6 +582,53 @@ static int cudnn_zero(mt_rnn_t *m, void *dst, size_t n)
     return mt_memset_async(m->backend, dst, 0, n, m->cfg.stream);
 }
 
+/* The warm-up's copy of the dropout states (see drop_keep in rnn/internal.h). The states
+ * are device memory that holds cuDNN's whole generator (cudnnSetDropoutDescriptor writes
+ * it there, each training forward reads and advances it there), so their bytes put back
+ * at the same address are the generator as it was. States already stale stay stale. */
+static int cudnn_drop_keep(mt_rnn_t *m)
+{
+    cudnn_state_t *st = S(m);
+    st->kept_stale = st->dstates_stale;
+    if (!st->dd || st->dstates_stale)
+        return 0;
+    int rc = mt_alloc_malloc(m->alloc, st->dstates_bytes, m->cfg.stream, MT_TAG_WORKSPACE,
+                             &st->dstates_kept);
+    if (rc == 0)
+        rc = cudnn_copy(m, st->dstates_kept, st->dstates, st->dstates_bytes);
+    if (rc && st->dstates_kept) {
+        mt_alloc_free(m->alloc, st->dstates_kept);
+        st->dstates_kept = NULL;
+    }
+    if (rc)
+        plog(m, MT_LOG_ERROR, "rnn: cudnn: cannot keep a copy of the dropout states (%s)",
+             mt_strerror(rc));
+    return rc;
+}
+
+static int cudnn_drop_restore(mt_rnn_t *m)
+{
+    cudnn_state_t *st = S(m);
+    int rc = 0;
+    if (st->dd && st->kept_stale) {
+        st->dstates_stale = true;
+    } else if (st->dstates_kept) {
+        rc = cudnn_copy(m, st->dstates, st->dstates_kept, st->dstates_bytes);
+        if (rc) {
+            st->dstates_stale = true;
+            plog(m, MT_LOG_ERROR,
+                 "rnn: cudnn: cannot put the dropout states back after the warm-up (%s): "
+                 "the next training forward re-initialises them",
+                 mt_strerror(rc));
+        }
+    }
+    if (st->dstates_kept) {
+        mt_alloc_free(m->alloc, st->dstates_kept);
+        st->dstates_kept = NULL;
+    }
+    return rc;
+}
+
 const mt__rnn_path_t mt__rnn_cudnn_path = {
     .name = "cudnn",
     .init = cudnn_init,
@@ -574,4 +643,6 @@ const mt__rnn_path_t mt__rnn_cudnn_path = {
     .copy = cudnn_copy,
     .zero = cudnn_zero,
     .drop_reseed = cudnn_drop_reseed,
+    .drop_keep = cudnn_drop_keep,
+    .drop_restore = cudnn_drop_restore,
 };

@@ -391,6 +391,12 @@ typedef struct mt__rnn_path_s {
     /* Optional: the module's dropout seed or counter changed (mt_rnn_set_dropout_state); a
      * path with its own generator re-seeds it. */
     int (*drop_reseed)(mt_rnn_t *m);
+    /* Optional: a path whose generator keeps its state on the device (cuDNN's states, which
+     * each training forward advances) keeps a copy of it (drop_keep) and puts it back
+     * (drop_restore, which also frees the copy, whether or not keep succeeded), so that a
+     * training forward between the two leaves later masks as they were (warm-up). */
+    int (*drop_keep)(mt_rnn_t *m);
+    int (*drop_restore)(mt_rnn_t *m);
     /* Device-to-device copy of n bytes (compaction, flatten, replicate), and zeroing. */
     int (*copy)(mt_rnn_t *m, void *dst, const void *src, size_t n);
     int (*zero)(mt_rnn_t *m, void *dst, size_t n);

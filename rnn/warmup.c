@@ -36,13 +36,21 @@ static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, siz
     enum { X, Y, HX, CX, HY, CY, DY, DX, DHY, DCY, DHX, DCX, NBUF };
     _Static_assert(sizeof buf / sizeof buf[0] == NBUF, "one buffer per role");
 
-    int rc = mt_alloc_warmup_begin(m->alloc);
-    if (rc)
-        return rc;
-    mt__rnn_mark(m, MT_MARK_WARMUP_BEGIN, tb);
     /* Its training forward does not count: the masks of later passes are those the module
-     * would have drawn without the warm-up. */
+     * would have drawn without the warm-up. The cpu path's masks are a function of the
+     * seed and counter, so the counter is put back; cuDNN's generator lives in its states
+     * on the device, which its training forward advances: the path keeps a copy of them
+     * (outside the allocator's warm-up, whose peak is the step's) and puts it back. */
     uint64_t drop_counter = m->drop_counter;
+    int rc = m->path->drop_keep ? m->path->drop_keep(m) : 0;
+    if (rc == 0)
+        rc = mt_alloc_warmup_begin(m->alloc);
+    if (rc) {
+        if (m->path->drop_restore)
+            m->path->drop_restore(m);
+        return rc;
+    }
+    mt__rnn_mark(m, MT_MARK_WARMUP_BEGIN, tb);
     int i = 0;
     for (; i < NBUF; i++) {
         rc = mt__rnn_dmalloc(m, buf[i].bytes, buf[i].tag, &buf[i].p);
@@ -82,6 +90,9 @@ static int warmup(mt_rnn_t *m, int max_T, int max_B, const int *batch_sizes, siz
     m->drop_counter = drop_counter;
     int rc2 = mt_alloc_warmup_end(m->alloc, m->cfg.stream);
     mt__rnn_mark(m, MT_MARK_WARMUP_END, tb);
+    int rc3 = m->path->drop_restore ? m->path->drop_restore(m) : 0;
+    if (rc2 == 0)
+        rc2 = rc3;
     rlog(m, MT_LOG_INFO, "rnn: warm-up at T=%d, B=%d, %zu tokens done (%s)", max_T, max_B, tb,
          rc ? mt_strerror(rc) : "ok");
     return rc ? rc : rc2;

@@ -8,12 +8,15 @@
 #include <cmocka.h>
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include <cuda.h>
 
+#include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "backend/backend_cuda.h"
 #include "backend/cuda_driver.h"
@@ -426,6 +429,186 @@ static void test_host_memory(void **state)
     mt_backend_destroy(&b);
 }
 
+/* ---- per-thread default streams of other and of exited threads ---- */
+
+static void nap_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000 * 1000};
+    nanosleep(&t, NULL);
+}
+
+/* A gate a host function waits at on a stream's worker; done once it passed. */
+typedef struct gate_s {
+    atomic_bool open, done;
+} gate_t;
+
+static void gate_wait(void *ud)
+{
+    gate_t *g = ud;
+    while (!atomic_load(&g->open))
+        nap_ms(1);
+    atomic_store(&g->done, true);
+}
+
+static void *open_later(void *ud)
+{
+    nap_ms(100);
+    atomic_store(&((gate_t *)ud)->open, true);
+    return NULL;
+}
+
+/* What one thread does on its per-thread stream: allocate a MiB (and keep a second one live
+ * when keep), memset the first to value behind the gate (if any), free it. */
+typedef struct ptds_job_s {
+    mt_backend_t *b;
+    mt_alloc_t *a;
+    gate_t *gate;
+    int value;
+    bool keep;
+    mt_stream_t *s;
+    void *p, *live;
+} ptds_job_t;
+
+static void *ptds_worker(void *arg)
+{
+    ptds_job_t *j = arg;
+    if (mt__cuda_stream_wrap(j->b, (uintptr_t)CU_STREAM_PER_THREAD, &j->s) != 0 ||
+        mt_alloc_malloc(j->a, MiB, j->s, MT_TAG_OTHER, &j->p) != 0)
+        return (void *)1;
+    if (j->keep && mt_alloc_malloc(j->a, MiB, j->s, MT_TAG_OTHER, &j->live) != 0)
+        return (void *)2;
+    if (j->gate && mt_stream_launch_host_func(j->b, j->s, gate_wait, j->gate) != 0)
+        return (void *)3;
+    if (mt_memset_async(j->b, j->p, j->value, MiB, j->s) != 0 || mt_alloc_free(j->a, j->p) != 0)
+        return (void *)4;
+    return NULL;
+}
+
+static void run_ptds(ptds_job_t *j)
+{
+    pthread_t t;
+    void *res = (void *)-1;
+    assert_int_equal(pthread_create(&t, NULL, ptds_worker, j), 0);
+    assert_int_equal(pthread_join(t, &res), 0);
+    assert_null(res);
+}
+
+static mt_alloc_t *plain_alloc(mt_backend_t *b)
+{
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    assert_int_equal(mt_alloc_cfg_parse(&cfg, "rules:reference", NULL, 0), 0);
+    cfg.backend = b;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &cfg), 0);
+    return a;
+}
+
+/* N11: a thread that allocated and freed on its per-thread stream exits. The next thread to
+ * use its own per-thread stream takes over the wrapper, so the cached MiB is reused (no new
+ * cuMemAlloc), its stream first waits for the work the dead thread queued (a memset behind
+ * a gate: the new thread's memset lands after it), and the block the dead thread left live
+ * stays valid and frees into the same bins. */
+static void test_exited_thread_stream_reused(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    mt_alloc_t *a = plain_alloc(b);
+    static gate_t gate;
+    atomic_store(&gate.open, false);
+    atomic_store(&gate.done, false);
+    ptds_job_t j1 = {.b = b, .a = a, .gate = &gate, .value = 1, .keep = true};
+    run_ptds(&j1);
+    size_t allocs = fk.count("cuMemAlloc_v2");
+    ptds_job_t j2 = {.b = b, .a = a, .value = 2};
+    run_ptds(&j2);
+    size_t allocs2 = fk.count("cuMemAlloc_v2");
+    nap_ms(100);
+    bool early = atomic_load(&gate.done);
+    atomic_store(&gate.open, true); /* before any check: a failed one leaves no work behind */
+    fk.idle();
+    assert_false(early);
+    assert_ptr_equal(j2.s, j1.s);
+    assert_ptr_equal(j2.p, j1.p);
+    assert_int_equal(allocs2, allocs);
+    uint8_t byte = 0;
+    assert_int_equal(mt_memcpy(b, &byte, (char *)j1.p + MiB - 1, 1, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    assert_int_equal(byte, 2);
+    /* the dead thread's live block */
+    assert_int_equal(mt_memset_async(b, j1.live, 3, MiB, NULL), 0);
+    assert_int_equal(mt_stream_synchronize(b, NULL), 0);
+    assert_int_equal(mt_alloc_free(a, j1.live), 0);
+    ptds_job_t j3 = {.b = b, .a = a, .value = 4};
+    run_ptds(&j3);
+    assert_ptr_equal(j3.s, j1.s);
+    assert_int_equal(fk.count("cuMemAlloc_v2"), allocs);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* A live thread that queued work behind gate on its own per-thread stream, and waits for
+ * release before it exits. */
+typedef struct holder_s {
+    mt_backend_t *b;
+    gate_t *gate, *release;
+    mt_stream_t *s;
+    atomic_bool ready;
+} holder_t;
+
+static void *hold_wrapper(void *arg)
+{
+    holder_t *h = arg;
+    if (mt__cuda_stream_wrap(h->b, (uintptr_t)CU_STREAM_PER_THREAD, &h->s) != 0 ||
+        mt_stream_launch_host_func(h->b, h->s, gate_wait, h->gate) != 0)
+        return (void *)1;
+    atomic_store(&h->ready, true);
+    while (!atomic_load(&h->release->open))
+        nap_ms(1);
+    return NULL;
+}
+
+/* N11: a stream synchronize or wait on another (live) thread's per-thread stream reaches
+ * that stream, not the caller's: the synchronize returns only once the work behind that
+ * thread's gate ran, and the wait goes to the legacy stream, which every per-thread stream
+ * waits for. A live thread's wrapper is never taken over. */
+static void test_other_thread_stream_sync(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    gate_t gate = {false, false}, release = {false, false};
+    holder_t h = {.b = b, .gate = &gate, .release = &release};
+    pthread_t t1, opener;
+    assert_int_equal(pthread_create(&t1, NULL, hold_wrapper, &h), 0);
+    while (!atomic_load(&h.ready))
+        nap_ms(1);
+    mt_stream_t *mine = NULL;
+    assert_int_equal(mt__cuda_stream_wrap(b, (uintptr_t)CU_STREAM_PER_THREAD, &mine), 0);
+    assert_ptr_not_equal(mine, h.s);
+    assert_int_equal(pthread_create(&opener, NULL, open_later, &gate), 0);
+    assert_int_equal(mt_stream_synchronize(b, h.s), 0);
+    assert_true(atomic_load(&gate.done));
+    assert_int_equal(pthread_join(opener, NULL), 0);
+
+    mt_event_t *ev = NULL;
+    assert_int_equal(mt_event_create(b, &ev), 0);
+    assert_int_equal(mt_event_record(b, ev, mine), 0);
+    size_t from = fk.ncalls();
+    assert_int_equal(mt_stream_wait_event(b, h.s, ev), 0);
+    uint64_t hs = 0;
+    assert_int_not_equal(find_call("cuStreamWaitEvent", from, &hs, NULL), SIZE_MAX);
+    assert_int_equal(hs, (uint64_t)(uintptr_t)CU_STREAM_LEGACY);
+    from = fk.ncalls();
+    assert_int_equal(mt_stream_wait_event(b, mine, ev), 0); /* one's own: its handle */
+    assert_int_not_equal(find_call("cuStreamWaitEvent", from, &hs, NULL), SIZE_MAX);
+    assert_int_equal(hs, (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD);
+    mt_event_destroy(b, &ev);
+    atomic_store(&release.open, true);
+    void *res = (void *)-1;
+    assert_int_equal(pthread_join(t1, &res), 0);
+    assert_null(res);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -442,6 +625,8 @@ int main(void)
         cmocka_unit_test(test_destroyed_stream_forgotten),
         cmocka_unit_test(test_event_time_precise_over_long_runs),
         cmocka_unit_test(test_granularity_per_device),
+        cmocka_unit_test(test_exited_thread_stream_reused),
+        cmocka_unit_test(test_other_thread_stream_sync),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

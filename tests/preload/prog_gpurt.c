@@ -76,28 +76,63 @@ typedef CUresult (*alloc_async_t)(CUdeviceptr *, size_t, CUstream);
 typedef CUresult (*free_async_t)(CUdeviceptr, CUstream);
 static alloc_async_t pt_alloc;
 static free_async_t pt_free;
-static CUdeviceptr thread_ptr[2];
+static CUdeviceptr thread_ptr[3];
+static atomic_bool pt_freed, pt_release;
+
+/* Thread 0 stays alive, its block freed, until thread 1 is done. */
+static void pt_linger(int i)
+{
+    if (i != 0)
+        return;
+    atomic_store(&pt_freed, true);
+    while (!atomic_load(&pt_release))
+        usleep(1000);
+}
 
 static void *pt_thread(void *arg)
 {
     int i = (int)(intptr_t)arg;
     if (bind_ctx(NULL) != 0 || pt_alloc(&thread_ptr[i], MiB, NULL) != CUDA_SUCCESS)
         return (void *)1;
-    if (i == 0 && pt_free(thread_ptr[0], NULL) != CUDA_SUCCESS) /* back to thread 0's pool */
+    if (i < 2 && pt_free(thread_ptr[i], NULL) != CUDA_SUCCESS) /* back to its own pool */
         return (void *)1;
+    pt_linger(i);
     return NULL;
 }
 
-static void *rt_ptr[2];
+static void *rt_ptr[3];
 
 static void *rt_pt_thread(void *arg)
 {
     int i = (int)(intptr_t)arg;
     if (cudaMallocAsync(&rt_ptr[i], MiB, cudaStreamPerThread) != cudaSuccess)
         return (void *)1;
-    if (i == 0 && cudaFreeAsync(rt_ptr[0], cudaStreamPerThread) != cudaSuccess)
+    if (i < 2 && cudaFreeAsync(rt_ptr[i], cudaStreamPerThread) != cudaSuccess)
         return (void *)1;
+    pt_linger(i);
     return NULL;
+}
+
+/* fn(0) frees its block on its own default stream and stays alive while fn(1), on its own,
+ * allocates: thread 1 must not get it, the two streams are not ordered. Then, both gone,
+ * fn(2) takes over one of their streams, after waiting for its work, and a cached block
+ * with it (N11: no memory stranded with exited threads). */
+static int pt_pair(void *(*fn)(void *))
+{
+    atomic_store(&pt_freed, false);
+    atomic_store(&pt_release, false);
+    pthread_t t0, t;
+    void *res = NULL;
+    CHECK(pthread_create(&t0, NULL, fn, (void *)(intptr_t)0) == 0);
+    while (!atomic_load(&pt_freed))
+        usleep(1000);
+    CHECK(pthread_create(&t, NULL, fn, (void *)(intptr_t)1) == 0);
+    CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    atomic_store(&pt_release, true);
+    CHECK(pthread_join(t0, &res) == 0 && res == NULL);
+    CHECK(pthread_create(&t, NULL, fn, (void *)(intptr_t)2) == 0);
+    CHECK(pthread_join(t, &res) == 0 && res == NULL);
+    return 0;
 }
 
 static int procaddr(void)
@@ -116,23 +151,13 @@ static int procaddr(void)
     CHECK(f != NULL && f == dlsym(RTLD_DEFAULT, "cuMemFreeAsync_ptsz"));
     pt_free = (free_async_t)f;
     CHECK(cuGetProcAddress("cuMemAlloc", &f, CUDA_VERSION, 3, &st) == CUDA_ERROR_INVALID_VALUE);
-    /* Thread 0 frees its block on its own default stream; thread 1, on its own, must not
-     * get it: the two streams are not ordered. */
-    for (int i = 0; i < 2; i++) {
-        pthread_t t;
-        void *res = NULL;
-        CHECK(pthread_create(&t, NULL, pt_thread, (void *)(intptr_t)i) == 0);
-        CHECK(pthread_join(t, &res) == 0 && res == NULL);
-    }
+    CHECK(pt_pair(pt_thread) == 0);
     CHECK(thread_ptr[1] != thread_ptr[0]);
+    CHECK(thread_ptr[2] == thread_ptr[0] || thread_ptr[2] == thread_ptr[1]);
     /* the runtime's per-thread stream too */
-    for (int i = 0; i < 2; i++) {
-        pthread_t t;
-        void *res = NULL;
-        CHECK(pthread_create(&t, NULL, rt_pt_thread, (void *)(intptr_t)i) == 0);
-        CHECK(pthread_join(t, &res) == 0 && res == NULL);
-    }
+    CHECK(pt_pair(rt_pt_thread) == 0);
     CHECK(rt_ptr[1] != rt_ptr[0]);
+    CHECK(rt_ptr[2] == rt_ptr[0] || rt_ptr[2] == rt_ptr[1]);
     return 0;
 }
 
@@ -916,6 +941,48 @@ static int outside(void)
     return 0;
 }
 
+static void *sticky_thread(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    return (void *)(intptr_t)cudaMalloc(&p, MiB);
+}
+
+/* Section-1 #10: after a sticky error the runtime's cudaMalloc fails with it, every call
+ * on every thread, until a reset; so does the drop-in's, on a cache hit too (no driver
+ * call). The error reaches memtrace from the runtime (a synchronize saw it) or from a call
+ * memtrace served (a cache miss's cuMemAlloc). */
+static int stickyhit(void)
+{
+    void *p = NULL;
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached */
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS); /* a kernel faulted */
+    CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);
+    CHECK(cudaMallocAsync(&p, MiB, NULL) == cudaErrorIllegalAddress);
+    pthread_t t;
+    void *res = NULL;
+    CHECK(pthread_create(&t, NULL, sticky_thread, NULL) == 0);
+    CHECK(pthread_join(t, &res) == 0);
+    CHECK((cudaError_t)(intptr_t)res == cudaErrorIllegalAddress);
+    CHECK(fake_cuda_count("cuMemAlloc_v2") == n0); /* hits: no driver call */
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess); /* cached again */
+
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    void *big = NULL;
+    CHECK(cudaMalloc(&big, 8 * MiB) == cudaErrorIllegalAddress); /* a miss sees it */
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);
+    CHECK(cudaDeviceReset() == cudaSuccess);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -936,7 +1003,7 @@ int main(int argc, char **argv)
         {"dlsymcache", dlsymcache}, {"earlymark", earlymark},
         {"streamdev", streamdev},   {"ownpool", ownpool},
         {"peerseen", peerseen},     {"recstreampt", recstreampt},
-        {"outside", outside},
+        {"outside", outside},       {"stickyhit", stickyhit},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -96,6 +96,14 @@ static void test_reset_drops_cache(void **state)
     assert_int_equal(run("reset", "MEMTRACE_ALLOC_CONF=rules:reference"), 0);
 }
 
+/* Section-1 #10: a cache hit after a sticky error fails with it, as the runtime's
+ * cudaMalloc does, on every thread, until a reset. */
+static void test_sticky_error_on_cache_hit(void **state)
+{
+    (void)state;
+    assert_int_equal(run("stickyhit", NULL), 0);
+}
+
 /* Item 2. */
 static void test_foreign_frees_forwarded(void **state)
 {
@@ -386,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_record_stream_per_thread),
         cmocka_unit_test(test_per_thread_stream_and_proc_flags),
         cmocka_unit_test(test_reset_drops_cache),
+        cmocka_unit_test(test_sticky_error_on_cache_hit),
         cmocka_unit_test(test_foreign_frees_forwarded),
         cmocka_unit_test(test_free_async_stream0_runtime),
         cmocka_unit_test(test_capture_no_malloc_and_parked_frees),

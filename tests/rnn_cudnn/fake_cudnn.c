@@ -343,12 +343,21 @@ cudnnStatus_t cudnnDropoutGetStatesSize(cudnnHandle_t handle, size_t *sizeInByte
 }
 
 /* Checks the states cover what GetStatesSize said (p > 0) and "initialises" them: a byte
- * pattern from the seed, over every byte (an undersized block shows up under ASan). */
+ * pattern from the seed, over every byte (an undersized block shows up under ASan). An
+ * injected failure (fake_dnn_fail) comes after the initialising kernel wrote the first half
+ * of the states, as a cuDNN failing midway may leave them: neither the old state nor the
+ * new. */
 cudnnStatus_t cudnnSetDropoutDescriptor(cudnnDropoutDescriptor_t d, cudnnHandle_t handle,
                                         float dropout, void *states, size_t stateSizeInBytes,
                                         unsigned long long seed)
 {
-    BEGIN("cudnnSetDropoutDescriptor");
+    cudnnStatus_t st_;
+    fake_dnn_call_t *c = fake_dnn_rec("cudnnSetDropoutDescriptor", &st_);
+    if (st_ != CUDNN_STATUS_SUCCESS) {
+        if (states && stateSizeInBytes >= fake_dnn_dropout_states_bytes())
+            memset(DEV(states), (int)(~seed & 0xff), stateSizeInBytes / 2);
+        return st_;
+    }
     c->p[0] = d;
     c->p[1] = handle;
     c->p[2] = states;

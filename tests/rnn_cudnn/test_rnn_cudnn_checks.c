@@ -4,6 +4,7 @@
  * that does not poison later calls; cuDNN's last-error text in the log; the dropout states
  * advanced by each training forward; a libcudnn older than 9. Against the computing fake in cuDNN's
  * layout. */
+#include "rnn/cudnn_internal.h"
 #include "tests/rnn_cudnn/fixture.h"
 #include "tests/common/test_main.h"
 
@@ -340,6 +341,92 @@ static void test_old_cudnn_refused(void **state)
     fx_down(&f);
 }
 
+/* Every cuDNN 9 status (cudnn_graph.h) and the MT_E* code it becomes. The uncategorised
+ * 1xxx codes each by their meaning: only a cuDNN that cannot start is MT_ENODEV. */
+static void test_status_codes_mapped(void **state)
+{
+    (void)state;
+    static const struct {
+        cudnnStatus_t s;
+        int want;
+    } map[] = {
+        {CUDNN_STATUS_SUCCESS, 0},
+        {CUDNN_STATUS_NOT_INITIALIZED, MT_ENODEV},
+        {CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH, MT_ENODEV},
+        {CUDNN_STATUS_SERIALIZATION_VERSION_MISMATCH, MT_EPROTO},
+        {CUDNN_STATUS_DEPRECATED, MT_ENOTSUP},
+        {CUDNN_STATUS_LICENSE_ERROR, MT_ENOTSUP},
+        {CUDNN_STATUS_RUNTIME_IN_PROGRESS, MT_EAGAIN},
+        {CUDNN_STATUS_RUNTIME_FP_OVERFLOW, MT_EOVERFLOW},
+        {CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED, MT_ENODEV},
+        {(cudnnStatus_t)1009, MT_EIO}, /* a 1xxx code this build does not know */
+        {CUDNN_STATUS_BAD_PARAM, MT_EINVAL},
+        {(cudnnStatus_t)2001, MT_EINVAL}, /* CUDNN_STATUS_INVALID_VALUE, deprecated */
+        {CUDNN_STATUS_BAD_PARAM_NULL_POINTER, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_OUT_OF_BOUND, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_SIZE_INSUFFICIENT, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_SHAPE_MISMATCH, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_DUPLICATED_ENTRIES, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_CUDA_GRAPH_MISMATCH, MT_EINVAL},
+        {CUDNN_STATUS_BAD_PARAM_DESCRIPTOR_TYPE, MT_EINVAL},
+        {CUDNN_STATUS_NOT_SUPPORTED, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_SHAPE, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_DATA_TYPE, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_LAYOUT, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_SHARED_MEMORY_INSUFFICIENT, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_PADDING, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_BAD_LAUNCH_PARAM, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_CUDA_GRAPH_NATIVE_API, MT_ENOTSUP},
+        {CUDNN_STATUS_NOT_SUPPORTED_INVALID_DYNAMIC_SHAPE, MT_ENOTSUP},
+        {CUDNN_STATUS_INTERNAL_ERROR, MT_EIO},
+        {CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED, MT_EIO},
+        {CUDNN_STATUS_INTERNAL_ERROR_UNEXPECTED_VALUE, MT_EIO},
+        {CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED, MT_ENOMEM},
+        {CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED, MT_ENOMEM},
+        {CUDNN_STATUS_INTERNAL_ERROR_BAD_LAUNCH_PARAM, MT_EIO},
+        {CUDNN_STATUS_INTERNAL_ERROR_TEXTURE_CREATION_FAILED, MT_EIO},
+        {CUDNN_STATUS_EXECUTION_FAILED, MT_EIO},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUDA_DRIVER, MT_EIO},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUBLAS, MT_EIO},
+        {CUDNN_STATUS_EXECUTION_FAILED_CUDART, MT_EIO},
+        {CUDNN_STATUS_EXECUTION_FAILED_CURAND, MT_EIO},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+        int got = mt__dnn_status(map[i].s);
+        if (got != map[i].want) {
+            print_error("cuDNN status %d: %s (%d), want %s (%d)\n", (int)map[i].s, mt_strerror(got),
+                        got, mt_strerror(map[i].want), map[i].want);
+            bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+
+    /* Through a call: an overflow in cuDNN's forward reaches the caller as such. */
+    fx_t f;
+    up(&f);
+    assert_int_equal(mt_rnn_create(&f.m, &f.cfg), 0);
+    float *x = dbuf(&f, 3 * 2 * 5, 0.5f), *y = dbuf(&f, 3 * 2 * 16, 0.0f);
+    mt_rnn_io_t io = {.seq_len = 3, .batch = 2, .x = x, .y = y};
+    fake_dnn_fail("cudnnRNNForward", CUDNN_STATUS_RUNTIME_FP_OVERFLOW);
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), MT_EOVERFLOW);
+    assert_non_null(strstr(f.last_log, "cudnnRNNForward"));
+    f.errors = 0;
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_dropout_states_advance),
         cmocka_unit_test(test_old_cudnn_refused),
         cmocka_unit_test(test_gather_copies_measured),
+        cmocka_unit_test(test_status_codes_mapped),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -200,6 +200,116 @@ static void test_dropout_failures(void **state)
     }
 }
 
+/* Computed numbers in cuDNN's layout: the masks show in y. */
+static void up_numeric(fx_t *f, uint64_t seed)
+{
+    fx_up(f);
+    fake_dnn_markers(false);
+    fake_dnn_interleaved_layout(false);
+    f->cfg.dropout = 0.5f;
+    f->cfg.dropout_seed = seed;
+    assert_int_equal(mt_rnn_create(&f->m, &f->cfg), 0);
+}
+
+enum { WT = 3, WB = 2, WN = WT * WB * 16 };
+
+/* One training forward (reserve released at once): y to out, and the generator counter the
+ * fake's cudnnRNNForward found in the states. */
+static uint64_t train_once(fx_t *f, const mt_rnn_io_t *io, float *out)
+{
+    size_t from = fake_dnn_ncalls();
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(f->m, io, &res), 0);
+    size_t i = fake_dnn_find("cudnnRNNForward", from);
+    assert_true(i != SIZE_MAX);
+    assert_int_equal(fake_dnn_call(i)->i[5], 1); /* dropout applied */
+    dget(f, out, io->y, WN);
+    mt_rnn_reserve_release(f->m, &res);
+    return fake_dnn_call(i)->u;
+}
+
+/* A warm-up runs a training forward, which advances cuDNN's dropout states: the path keeps
+ * a copy of the states and puts it back, so the masks after a warm-up are those without
+ * it, whether it comes first or after forwards, and the state reads back unchanged. */
+static void test_warmup_keeps_masks(void **state)
+{
+    (void)state;
+    fx_t f;
+    up_numeric(&f, 42);
+    float *x = dbuf(&f, (size_t)WT * WB * 5, 0.5f), *y = dbuf(&f, WN, 0.0f);
+    mt_rnn_io_t io = {.seq_len = WT, .batch = WB, .x = x, .y = y};
+    static float ref[2][WN], got[WN];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(train_once(&f, &io, ref[k]), (uint64_t)k);
+    assert_true(memcmp(ref[0], ref[1], sizeof ref[0]) != 0);
+
+    assert_int_equal(mt_rnn_set_dropout_state(f.m, 42, 0), 0);
+    for (int k = 0; k < 2; k++) {
+        size_t drawn = fake_dnn_dropout_forwards();
+        assert_int_equal(mt_rnn_warmup(f.m, 2 * WT, WB), 0);
+        assert_int_equal(fake_dnn_dropout_forwards(), drawn + 1); /* the warm-up drew */
+        uint64_t seed, counter;
+        assert_int_equal(mt_rnn_dropout_state(f.m, &seed, &counter), 0);
+        assert_true(seed == 42 && counter == (uint64_t)k);
+        assert_int_equal(train_once(&f, &io, got), (uint64_t)k);
+        assert_true(memcmp(got, ref[k], sizeof got) == 0);
+    }
+    assert_int_equal(f.errors, 0);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
+/* A re-seed that fails may leave cuDNN's states half written (the fake writes half of them
+ * before failing). The state reads back as it was, and the next training forward
+ * re-initialises the states from it first: its masks are those of
+ * mt_rnn_set_dropout_state(seed, counter) of that state. If that fails too, the forward
+ * fails, saying why, and the next one tries again. */
+static void test_failed_reseed_reinitialises(void **state)
+{
+    (void)state;
+    fx_t f;
+    up_numeric(&f, 7);
+    float *x = dbuf(&f, (size_t)WT * WB * 5, 0.5f), *y = dbuf(&f, WN, 0.0f);
+    mt_rnn_io_t io = {.seq_len = WT, .batch = WB, .x = x, .y = y};
+    static float ref[WN], got[WN];
+    assert_int_equal(train_once(&f, &io, ref), 0);
+    assert_int_equal(mt_rnn_set_dropout_state(f.m, 7, 0), 0);
+
+    fake_dnn_fail("cudnnSetDropoutDescriptor", CUDNN_STATUS_EXECUTION_FAILED);
+    assert_int_equal(mt_rnn_set_dropout_state(f.m, 99, 5), MT_EIO);
+    uint64_t seed, counter;
+    assert_int_equal(mt_rnn_dropout_state(f.m, &seed, &counter), 0);
+    assert_true(seed == 7 && counter == 0);
+    /* inference draws nothing: the states are left alone */
+    size_t from = fake_dnn_ncalls();
+    assert_int_equal(mt_rnn_forward(f.m, &io, NULL), 0);
+    assert_true(fake_dnn_find("cudnnSetDropoutDescriptor", from) == SIZE_MAX);
+
+    /* the re-initialisation fails too: so does the forward, naming the states */
+    fake_dnn_fail("cudnnSetDropoutDescriptor", CUDNN_STATUS_EXECUTION_FAILED);
+    mt_rnn_reserve_t *res = NULL;
+    assert_int_equal(mt_rnn_forward(f.m, &io, &res), MT_EIO);
+    assert_null(res);
+    assert_non_null(strstr(f.last_log, "dropout states"));
+
+    from = fake_dnn_ncalls();
+    f.warnings = 0;
+    assert_int_equal(train_once(&f, &io, got), 0);
+    size_t i_set = fake_dnn_find("cudnnSetDropoutDescriptor", from);
+    assert_true(i_set < fake_dnn_find("cudnnRNNForward", from));
+    assert_true(fake_dnn_call(i_set)->u == 7);
+    assert_int_equal(f.warnings, 1);
+    assert_true(memcmp(got, ref, sizeof got) == 0);
+    /* once re-initialised, the states are not re-initialised again */
+    from = fake_dnn_ncalls();
+    assert_int_equal(train_once(&f, &io, got), 1);
+    assert_true(fake_dnn_find("cudnnSetDropoutDescriptor", from) == SIZE_MAX);
+    assert_int_equal(mt_alloc_free(f.a, x), 0);
+    assert_int_equal(mt_alloc_free(f.a, y), 0);
+    fx_down(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +318,8 @@ int main(void)
         cmocka_unit_test(test_reseed),
         cmocka_unit_test(test_no_dropout),
         cmocka_unit_test(test_dropout_failures),
+        cmocka_unit_test(test_warmup_keeps_masks),
+        cmocka_unit_test(test_failed_reseed_reinitialises),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }
