@@ -63,6 +63,9 @@ static const sym_t syms[] = {
     {offsetof(mt_cuda_driver_t, MemPrefetchAsync), {"cuMemPrefetchAsync_v2", NULL}, true},
     {offsetof(mt_cuda_driver_t, MemAdvise), {"cuMemAdvise_v2", NULL}, true},
     {offsetof(mt_cuda_driver_t, DeviceGetPCIBusId), {"cuDeviceGetPCIBusId", NULL}, true},
+    {offsetof(mt_cuda_driver_t, ThreadExchangeStreamCaptureMode),
+     {"cuThreadExchangeStreamCaptureMode", NULL},
+     true},
 };
 
 int mt__cuda_driver_open(mt_cuda_driver_t *d, char *err, size_t errlen)

@@ -63,6 +63,9 @@ typedef struct mt_cuda_driver_s {
     CUresult (*MemAdvise)(CUdeviceptr p, size_t n, CUmem_advise advice, CUmemLocation loc);
     /* Optional: the device's PCI bus id, which names it to NVML (cuda_nvml.c). */
     CUresult (*DeviceGetPCIBusId)(char *bus, int len, CUdevice dev);
+    /* Optional (CUDA 10.1+): the calling thread's capture mode, switched to relaxed around
+     * the device allocations made for a capture (cuda_mem.c). */
+    CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *mode);
 } mt_cuda_driver_t;
 
 /* Opens the driver library (MEMTRACE_LIBCUDA, else "libcuda.so.1") and resolves every
