@@ -134,6 +134,7 @@ int mt__cuda_result_to_mt(int res)
         return MT_ENODEV;
     case CUDA_ERROR_ALREADY_MAPPED:
     case CUDA_ERROR_CONTEXT_ALREADY_IN_USE:
+    case CUDA_ERROR_CAPTURED_EVENT: /* the event is a node of a graph being captured */
         return MT_EBUSY;
     default:
         return MT_EIO;
