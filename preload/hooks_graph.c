@@ -67,7 +67,8 @@ typedef struct use_s {
  * refs = (graph != NULL) + number of execs naming it; refs = 0 and !capturing => retired:
  * at the next graph event with no capture under way its kept blocks go back to the cache,
  * and its pool is released if no block of it is live;
- * uses[0..nuses) name distinct blocks of alloc. */
+ * uses[0..nuses) name distinct blocks of alloc; a block freed by the program is freed in
+ * the uses of every capture naming it, and the last of them released returns it. */
 typedef struct capture_s {
     struct capture_s *next;
     mt_alloc_t *alloc;   /* borrowed: the device's allocator (forgotten when it goes) */
@@ -111,8 +112,19 @@ static bool has_kept(const capture_t *c)
     return false;
 }
 
+/* Whether a capture other than c keeps or uses ptr (graph_mu held). */
+static bool used_elsewhere(const capture_t *c, const void *ptr)
+{
+    for (const capture_t *o = captures; o != NULL; o = o->next)
+        for (size_t i = 0; o != c && o->alloc == c->alloc && i < o->nuses; i++)
+            if (o->uses[i].ptr == ptr)
+                return true;
+    return false;
+}
+
 /* Gives c's kept blocks back to the cache, once the device has finished every replay
- * (graph_mu held, no capture under way: the synchronisation would break it). */
+ * (graph_mu held, no capture under way: the synchronisation would break it). A block
+ * another capture's graph also uses stays, that capture's to return. */
 static void return_kept(capture_t *c)
 {
     bool any = has_kept(c);
@@ -120,7 +132,7 @@ static void return_kept(capture_t *c)
     if (any)
         (void)mt_device_synchronize(mt_alloc_backend(c->alloc));
     for (size_t i = 0; i < c->nuses; i++)
-        if (c->uses[i].freed)
+        if (c->uses[i].freed && !used_elsewhere(c, c->uses[i].ptr))
             (void)mt_alloc_free(c->alloc, c->uses[i].ptr);
     mt__guard_leave();
     atomic_fetch_sub(&n_uses, c->nuses);
@@ -334,20 +346,20 @@ int mt__preload_graph_keep(mt_alloc_t *a, void *ptr)
 {
     if (atomic_load(&n_uses) == 0)
         return 0;
-    int r = 0;
+    /* Every capture using the block keeps it: the last one released returns it. */
+    bool found = false, fresh = false;
     pthread_mutex_lock(&graph_mu);
-    for (capture_t *c = captures; c != NULL && r == 0; c = c->next) {
-        if (c->alloc != a)
-            continue;
-        for (size_t i = 0; i < c->nuses && r == 0; i++) {
+    for (capture_t *c = captures; c != NULL; c = c->next) {
+        for (size_t i = 0; c->alloc == a && i < c->nuses; i++) {
             if (c->uses[i].ptr != ptr)
                 continue;
-            r = c->uses[i].freed ? MT_ENOENT : 1;
+            found = true;
+            fresh = fresh || !c->uses[i].freed;
             c->uses[i].freed = true;
         }
     }
     pthread_mutex_unlock(&graph_mu);
-    return r;
+    return !found ? 0 : fresh ? 1 : MT_ENOENT;
 }
 
 bool mt__preload_graph_routed(const mt_stream_t *s)

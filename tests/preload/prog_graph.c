@@ -189,6 +189,29 @@ static int keep(void)
     fr(y2, N, 0, s2);
     fr(z1, N, 0, s2);
     fr(z2, N, 0, s2);
+
+    /* A block two graphs use comes back only when both are gone; freeing it twice is the
+     * program's error, as for any block. */
+    void *x3 = alloc(N, 0, s2);
+    CHECK(x3 != NULL);
+    cudaGraphExec_t ex[2];
+    for (int k = 0; k < 2; k++) {
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+        record(x3, s);
+        CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess && g != NULL);
+        CHECK(cudaGraphInstantiate(&ex[k], g, 0) == cudaSuccess);
+        CHECK(cudaGraphDestroy(g) == cudaSuccess);
+    }
+    CHECK(cudaFree(x3) == cudaSuccess);
+    CHECK(cudaFree(x3) == cudaErrorInvalidValue);
+    CHECK(cudaGraphExecDestroy(ex[0]) == cudaSuccess);
+    void *w1 = alloc(N, 0, s2);
+    CHECK(w1 != NULL && !overlaps(w1, N, x3, N));
+    CHECK(cudaGraphExecDestroy(ex[1]) == cudaSuccess);
+    void *w2 = alloc(N, 0, s2);
+    CHECK(w2 == x3);
+    fr(w1, N, 0, s2);
+    fr(w2, N, 0, s2);
     CHECK(cudaStreamDestroy(s) == cudaSuccess);
     CHECK(cudaStreamDestroy(s2) == cudaSuccess);
     printf("ok: blocks kept for the graph\n");
