@@ -301,6 +301,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     mt_assert(!mt__alloc_inflight(a));
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
+    mt__alloc_pending_drop(a); /* blocks of events inside a captured graph */
     mt_assert(a->npending == 0);
     int64_t leaks = a->st.allocation[MT_STAT_ALL].current;
     if (leaks > 0)

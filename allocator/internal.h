@@ -576,11 +576,15 @@ int mt__alloc_pending_push(mt_alloc_t *a, mt_event_t *ev, mt_block_t *b);
 /* Waits with the lock released for the streams b->uses[0..n) of pending block b that got
  * no event, holding b pending meanwhile; completes b when nothing else is pending. */
 void mt__alloc_wait_streams(mt_alloc_t *a, mt_block_t *b, uint32_t n);
-/* Queries pending events; completes blocks whose events are done. */
+/* Queries pending events; completes blocks whose events are done. An event recorded into
+ * a stream capture (MT_EBUSY) never is: its block stays pending. */
 void mt__alloc_process_events(mt_alloc_t *a);
 /* Waits for every pending event with the lock released, then completes their blocks (and
  * any other thread's that completed meanwhile). */
 void mt__alloc_sync_pending(mt_alloc_t *a);
+/* Completes every block still pending after mt__alloc_sync_pending (those of captured
+ * events): the allocator is being destroyed, their memory goes with it. */
+void mt__alloc_pending_drop(mt_alloc_t *a);
 /* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);

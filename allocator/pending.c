@@ -5,10 +5,14 @@
  * The waits (an event synchronize, a stream synchronize) run with the allocator's lock
  * released; docs/allocator-locking.md describes the in-flight states that keep other
  * threads off what is being waited for. */
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "allocator/internal.h"
 #include "util/grow.h"
+
+static atomic_bool captured_warned; /* the warning below, once per process */
 
 mt_event_t *mt__alloc_event_get(mt_alloc_t *a)
 {
@@ -59,6 +63,18 @@ void mt__alloc_process_events(mt_alloc_t *a)
             i++;
             continue;
         }
+        if (rc == MT_EBUSY) {
+            /* Recorded into a stream capture: a node of the graph, which every replay
+             * passes, not work the device will finish. The allocator cannot see the
+             * graph's lifetime, so the block stays pending for good (the drop-in keeps
+             * such blocks with the capture instead and records no event). */
+            if (!atomic_exchange(&captured_warned, true))
+                mt__alloc_log(a, MT_LOG_WARN,
+                              "memtrace: a block was freed after a use on a capturing stream "
+                              "(its event is inside the graph): it is never reused");
+            i++;
+            continue;
+        }
         if (rc != 0)
             mt__alloc_log(a, MT_LOG_WARN,
                           "memtrace: event query failed (%s); treating the "
@@ -71,6 +87,19 @@ void mt__alloc_process_events(mt_alloc_t *a)
         if (--p.blk->npending == 0)
             mt__alloc_free_complete(a, p.blk, 0, NULL);
     }
+}
+
+void mt__alloc_pending_drop(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    while (a->npending > 0) {
+        mt_pending_t p = a->pending[--a->npending];
+        mt_assert(!p.waited && p.blk->npending > 0);
+        mt__alloc_event_put(a, p.ev);
+        if (--p.blk->npending == 0)
+            mt__alloc_free_complete(a, p.blk, 0, NULL);
+    }
+    __atomic_store_n(&a->tc_pend, 0, __ATOMIC_RELAXED);
 }
 
 void mt__alloc_sync_pending(mt_alloc_t *a)

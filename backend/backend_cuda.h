@@ -29,5 +29,11 @@ int mt__cuda_stream_forget(mt_backend_t *b, uintptr_t handle);
 int mt__cuda_last_result(void);
 /* The CUstream behind s (0 for the default stream). */
 uintptr_t mt__cuda_stream_handle(const mt_stream_t *s);
+/* Between enter and leave (nested, per thread), the calling thread's requests serve a
+ * stream capture: the device allocations and releases they make run in relaxed capture
+ * mode (cuThreadExchangeStreamCaptureMode), as PyTorch's cudaMallocMaybeCapturing does,
+ * so that a global-mode capture survives a new segment. */
+void mt__cuda_capture_enter(void);
+void mt__cuda_capture_leave(void);
 
 #endif

@@ -64,6 +64,9 @@ static const sym_t syms[] = {
     {offsetof(mt_cuda_driver_t, MemAdvise), {"cuMemAdvise_v2", NULL}, true},
     {offsetof(mt_cuda_driver_t, DeviceGetPCIBusId), {"cuDeviceGetPCIBusId", NULL}, true},
     {offsetof(mt_cuda_driver_t, DeviceCanAccessPeer), {"cuDeviceCanAccessPeer", NULL}, true},
+    {offsetof(mt_cuda_driver_t, ThreadExchangeStreamCaptureMode),
+     {"cuThreadExchangeStreamCaptureMode", NULL},
+     true},
 };
 
 int mt__cuda_driver_open(mt_cuda_driver_t *d, char *err, size_t errlen)
@@ -132,6 +135,7 @@ int mt__cuda_result_to_mt(int res)
         return MT_ENODEV;
     case CUDA_ERROR_ALREADY_MAPPED:
     case CUDA_ERROR_CONTEXT_ALREADY_IN_USE:
+    case CUDA_ERROR_CAPTURED_EVENT: /* the event is a node of a graph being captured */
         return MT_EBUSY;
     default:
         return MT_EIO;

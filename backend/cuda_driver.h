@@ -65,6 +65,9 @@ typedef struct mt_cuda_driver_s {
     CUresult (*DeviceGetPCIBusId)(char *bus, int len, CUdevice dev);
     /* Optional: whether one device can reach another's memory (cuda_peer_access capable). */
     CUresult (*DeviceCanAccessPeer)(int *can, CUdevice dev, CUdevice peer);
+    /* Optional (CUDA 10.1+): the calling thread's capture mode, switched to relaxed around
+     * the device allocations made for a capture (cuda_mem.c). */
+    CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *mode);
 } mt_cuda_driver_t;
 
 /* Opens the driver library (MEMTRACE_LIBCUDA, else "libcuda.so.1") and resolves every

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_cuda.h"
 #include "backend/cuda_internal.h"
 #include "util/grow.h"
 
@@ -21,6 +22,39 @@ static int grow(void **v, size_t *cap, size_t n, size_t elem)
     return 0;
 }
 
+/* ---- relaxed capture mode (see mt__cuda_capture_enter) ---- */
+
+static _Thread_local unsigned tls_capture; /* enter minus leave on this thread */
+
+void mt__cuda_capture_enter(void)
+{
+    tls_capture++;
+}
+
+void mt__cuda_capture_leave(void)
+{
+    tls_capture--;
+}
+
+/* cuMemAlloc, cuMemCreate and cuMemMap are "potentially unsafe" during a capture: in
+ * global mode (any thread's global capture, or the thread's own non-relaxed one) the
+ * driver refuses them and invalidates the capture. A request serving a capture switches
+ * the thread to relaxed mode around them; *old receives the mode to restore (relax_end).
+ * False: nothing switched. */
+static bool relax_begin(cuda_t *c, CUstreamCaptureMode *old)
+{
+    if (tls_capture == 0 || c->drv.ThreadExchangeStreamCaptureMode == NULL)
+        return false;
+    *old = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return c->drv.ThreadExchangeStreamCaptureMode(old) == CUDA_SUCCESS;
+}
+
+static void relax_end(cuda_t *c, bool on, CUstreamCaptureMode old)
+{
+    if (on)
+        (void)c->drv.ThreadExchangeStreamCaptureMode(&old);
+}
+
 /* ---- device memory ---- */
 
 int mt__cuda_malloc(mt_backend_t *b, size_t size, void **out)
@@ -32,7 +66,10 @@ int mt__cuda_malloc(mt_backend_t *b, size_t size, void **out)
     if (rc != 0)
         return rc;
     CUdeviceptr p = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool relaxed = relax_begin(c, &mode);
     rc = CALL(c, MemAlloc(&p, size));
+    relax_end(c, relaxed, mode);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&c->mu);
@@ -61,8 +98,14 @@ int mt__cuda_free(mt_backend_t *b, void *ptr)
     }
     c->segs[i] = c->segs[--c->nsegs];
     pthread_mutex_unlock(&c->mu);
-    /* cuMemFree synchronises the device itself, which is the documented contract. */
-    return CALL(c, MemFree((CUdeviceptr)(uintptr_t)ptr));
+    /* cuMemFree synchronises the device itself, which is the documented contract. A
+     * release made for a capture's request (its OOM recovery) runs relaxed, like the
+     * allocation: the capturing stream has no work queued to wait for. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool relaxed = relax_begin(c, &mode);
+    int rc = CALL(c, MemFree((CUdeviceptr)(uintptr_t)ptr));
+    relax_end(c, relaxed, mode);
+    return rc;
 }
 
 int mt__cuda_mem_get_info(mt_backend_t *b, size_t *free_bytes, size_t *total_bytes)
@@ -221,6 +264,8 @@ int mt__cuda_vm_map(mt_backend_t *b, void *addr, size_t size)
         if (v->pages[i] != 0)
             rc = MT_EBUSY;
     size_t done = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool relaxed = rc == 0 && relax_begin(c, &mode);
     while (rc == 0 && done < n) {
         CUmemGenericAllocationHandle h = 0;
         rc = CALL(c, MemCreate(&h, c->granularity, &prop, 0));
@@ -237,6 +282,7 @@ int mt__cuda_vm_map(mt_backend_t *b, void *addr, size_t size)
         rc = grant_access(c, p, size);
     if (rc != 0 && v != NULL && done > 0)
         unmap_pages(c, v, first, done); /* all or nothing */
+    relax_end(c, relaxed, mode);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -253,8 +299,11 @@ int mt__cuda_vm_unmap(mt_backend_t *b, void *addr, size_t size)
     for (size_t i = first; rc == 0 && i < first + n; i++)
         if (v->pages[i] == 0)
             rc = MT_EINVAL;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool relaxed = rc == 0 && relax_begin(c, &mode);
     if (rc == 0)
         rc = unmap_pages(c, v, first, n);
+    relax_end(c, relaxed, mode);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

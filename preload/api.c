@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "preload/api.h"
+#include "preload/hooks_graph.h"
 #include "preload/preload.h"
 #include "util/assert.h"
 
@@ -561,7 +562,9 @@ MT_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream)
     mt_alloc_t *a = NULL;
     mt_stream_t *s = NULL;
     mt__guard_enter();
-    if (mt__preload_alloc_of(ptr, &a) == 0 &&
+    /* On a capturing stream the use is the graph's, at every replay: the capture keeps
+     * the block once freed (hooks_graph.c), and no event is recorded into the graph. */
+    if (mt__preload_alloc_of(ptr, &a) == 0 && !mt__preload_graph_use(a, ptr, stream) &&
         mt__preload_stream(mt_alloc_backend(a), stream, &s) == 0)
         (void)mt_alloc_record_stream(a, ptr, s);
     mt__guard_leave();

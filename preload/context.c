@@ -512,7 +512,6 @@ void mt__preload_drop_device(int d)
         P->dev[d].backend = NULL;
     pthread_mutex_unlock(&P->mu);
     if (m != NULL) { /* before the backend it allocates from */
-        mt__preload_unpark(m, NULL);
         mt__guard_enter();
         mt_alloc_emit(m, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
         mt_alloc_destroy(&m);
@@ -523,8 +522,7 @@ void mt__preload_drop_device(int d)
     /* What libraries took outside the allocator dies with the device too (on sim the
      * backend stays, so it is freed there as the driver's reset would). */
     mt__preload_outside_drop(d, a, P->sim ? P->dev[d].backend : NULL);
-    mt__preload_unpark(a, NULL); /* blocks kept for captured graphs die with the device */
-    mt__preload_graph_forget(a);
+    mt__preload_graph_forget(a); /* blocks kept for captured graphs die with the device */
     mt__guard_enter();
     mt_alloc_stats_t st;
     if (mt_alloc_stats(a, &st) == 0) {
@@ -572,59 +570,7 @@ bool mt__preload_release_managed(void)
     return release(mt__preload()->ndevices, 2 * mt__preload()->ndevices);
 }
 
-/* ---- blocks freed during stream capture (see preload.h) ---- */
-
-typedef struct parked_s {
-    struct parked_s *next;
-    mt_alloc_t *alloc;
-    void *ptr;
-    void *graph;
-} parked_t;
-
-static pthread_mutex_t parked_mu = PTHREAD_MUTEX_INITIALIZER;
-static parked_t *parked;
-
-int mt__preload_park(mt_alloc_t *a, void *ptr, void *graph)
-{
-    parked_t *k = malloc(sizeof *k);
-    if (k == NULL)
-        return MT_ENOMEM;
-    *k = (parked_t){.alloc = a, .ptr = ptr, .graph = graph};
-    pthread_mutex_lock(&parked_mu);
-    k->next = parked;
-    parked = k;
-    pthread_mutex_unlock(&parked_mu);
-    return 0;
-}
-
-int mt__preload_unpark(mt_alloc_t *a, void *graph)
-{
-    parked_t *mine = NULL;
-    pthread_mutex_lock(&parked_mu);
-    for (parked_t **pp = &parked; *pp != NULL;) {
-        parked_t *k = *pp;
-        if (a != NULL ? k->alloc == a : k->graph == graph) {
-            *pp = k->next;
-            k->next = mine;
-            mine = k;
-        } else
-            pp = &k->next;
-    }
-    pthread_mutex_unlock(&parked_mu);
-    int n = 0;
-    while (mine != NULL) {
-        parked_t *k = mine;
-        mine = k->next;
-        if (a == NULL) { /* the graph is gone: the block may be reused */
-            mt__guard_enter();
-            mt_alloc_free(k->alloc, k->ptr);
-            mt__guard_leave();
-        }
-        free(k);
-        n++;
-    }
-    return n;
-}
+/* ---- stream capture (see preload.h) ---- */
 
 int mt__preload_capture_graph(void *handle, void **graph)
 {

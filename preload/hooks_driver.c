@@ -17,6 +17,7 @@
 
 #include "mt_config.h"
 #include "preload/hooks_cuda.h"
+#include "preload/hooks_graph.h"
 #include "preload/outside.h"
 #include "preload/preload.h"
 
@@ -337,11 +338,17 @@ static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*re
         mt__preload_outside_settle(p, &fr, frc == 0);
         return mt__preload_drv_code(frc);
     }
-    /* Freed on a capturing stream: the graph may use the block at every launch, so it
-     * stays out of the pool until the graph is destroyed (PyTorch's private-pool rule). */
+    /* During capture a stream-ordered free takes only a graph allocation, which ours never
+     * are: the driver refuses it, and invalidates the capture, as without memtrace. */
     void *graph = NULL;
-    if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
-        return mt__preload_drv_code(mt__preload_park(a, q, graph));
+    if (rc == 0 && !sync && real_free != NULL && mt__preload_capture_graph(stream, &graph))
+        return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
+    int kept = rc == 0 ? mt__preload_graph_keep(a, q) : 0; /* a captured graph uses it */
+    if (kept != 0) {
+        if (kept < 0)
+            atomic_fetch_add(&mt__preload()->unknown_frees, 1);
+        return mt__preload_drv_code(kept < 0 ? kept : 0);
+    }
     mt__guard_enter();
     if (rc == 0 && stream != NULL)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
@@ -685,6 +692,15 @@ static const struct {
     D("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, true),
     D("cuCtxDestroy", cuCtxDestroy_v2, true),
     D("cuGraphDestroy", cuGraphDestroy, true),
+    /* Watched so that captures begun by a runtime that fetches the driver this way (a
+     * static libcudart) get their private pool too (hooks_graph.c). */
+    D2("cuStreamBeginCapture", cuStreamBeginCapture_v2, true),
+    D2("cuStreamEndCapture", cuStreamEndCapture, true),
+    D2("cuStreamBeginCaptureToGraph", cuStreamBeginCaptureToGraph, true),
+    D("cuGraphInstantiate", cuGraphInstantiateWithFlags, true), /* 12.0+: see get_proc */
+    D("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, true),
+    D2("cuGraphInstantiateWithParams", cuGraphInstantiateWithParams, true),
+    D("cuGraphExecDestroy", cuGraphExecDestroy, true),
     D("cuMemGetInfo", cuMemGetInfo_v2, true),
     D("cuMemAllocHost", cuMemAllocHost_v2, true),
     D("cuMemHostAlloc", cuMemHostAlloc, true),
@@ -788,6 +804,10 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
         ours = mt__preload_driver_proc(symbol, !P->sim, pt);
     if (ours == (void *)cuGetProcAddress_v2 && cudaVersion < 12000)
         ours = (void *)cuGetProcAddress;
+    /* Older signatures behind the same base name are not ours to hand out. */
+    if ((cudaVersion < 10010 && strcmp(symbol, "cuStreamBeginCapture") == 0) ||
+        (cudaVersion < 12000 && strcmp(symbol, "cuGraphInstantiate") == 0))
+        ours = NULL;
     if (ours != NULL)
         *pfn = ours;
     else if (P->sim)

@@ -2,14 +2,22 @@
  * pool of the device's allocator (mt_pool_*, docs/allocator-pools.md).
  *
  * A captured graph replays into the addresses its capture used, including those of blocks
- * the capture freed before it ended. So from cudaStreamBeginCapture to EndCapture the
- * capturing stream is routed to a pool made for that capture: what the capture allocates
- * through memtrace (PyTorch's pluggable allocator, memtrace_alloc) and frees goes back to
- * that pool only, never to eager requests. The pool lives as long as the graph or any
- * executable graph instantiated from it: PyTorch destroys its cudaGraph_t right after
- * instantiating and keeps only the exec. When the last of them is destroyed the pool is
- * released; while the program still holds blocks of it (a graph's static outputs) it is
- * kept, retired, and released at a later graph event once they are freed.
+ * the capture freed before it ended. So from the start of a capture (cudaStreamBeginCapture,
+ * its _ptsz and ToGraph forms, the driver's) to its end the capturing stream is routed to a
+ * pool made for that capture: what the capture allocates through memtrace (PyTorch's
+ * pluggable allocator, memtrace_alloc) and frees goes back to that pool only, never to
+ * eager requests. The pool lives as long as the graph or any executable graph instantiated
+ * from it: PyTorch destroys its cudaGraph_t right after instantiating and keeps only the
+ * exec. When the last of them is destroyed the pool is released; while the program still
+ * holds blocks of it (a graph's static outputs) it is kept, retired, and released at a
+ * later graph event once they are freed.
+ *
+ * Eager blocks the capture uses (memtrace_record_stream on the capturing stream) are the
+ * capture's too once freed: an event recorded on the capturing stream would be a node of
+ * the graph, which no host query may wait for, and would say nothing about the replays.
+ * So no event is recorded; a free of such a block, during the capture or after it, keeps
+ * the block with the capture, and it goes back to the cache when the pool goes, after a
+ * device synchronisation (no capture may be under way then).
  *
  * Stream-ordered allocations on a capturing stream (cudaMallocAsync) still go to the
  * driver as graph allocation nodes (hooks_runtime.c); these hooks do not change them.
@@ -19,8 +27,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "backend/backend_cuda.h"
 #include "preload/hooks_graph.h"
 #include "util/assert.h"
+#include "util/grow.h"
 #include "preload/hooks_cuda.h"
 #undef FORWARD
 #include "preload/hooks_rt.h"
@@ -46,17 +56,28 @@ static _Thread_local int tls_depth;
 
 /* ---- captures and their pools ---- */
 
+/* A block of the general cache the capture used (memtrace_record_stream on its stream). */
+typedef struct use_s {
+    void *ptr;
+    bool freed; /* the program freed it: kept here until the capture is released */
+} use_t;
+
 /* One capture's pool.
  * Invariants: capturing => handle != NULL and the stream is routed to pool;
  * refs = (graph != NULL) + number of execs naming it; refs = 0 and !capturing => retired:
- * its pool is released at the next graph event that finds no block of it live. */
+ * at the next graph event with no capture under way its kept blocks go back to the cache,
+ * and its pool is released if no block of it is live;
+ * uses[0..nuses) name distinct blocks of alloc; a block freed by the program is freed in
+ * the uses of every capture naming it, and the last of them released returns it. */
 typedef struct capture_s {
     struct capture_s *next;
     mt_alloc_t *alloc;   /* borrowed: the device's allocator (forgotten when it goes) */
     mt_stream_t *stream; /* the capturing stream's wrapper */
     void *handle;        /* the program's stream while capturing, else NULL */
     void *graph;         /* the captured graph until destroyed, else NULL */
-    uint32_t pool;       /* mt_pool_create's id */
+    use_t *uses;         /* owned */
+    size_t nuses, cap_uses;
+    uint32_t pool; /* mt_pool_create's id */
     unsigned refs;
     bool capturing;
 } capture_t;
@@ -71,16 +92,87 @@ typedef struct exec_s {
 static pthread_mutex_t graph_mu = PTHREAD_MUTEX_INITIALIZER;
 static capture_t *captures; /* under graph_mu */
 static exec_t *execs;       /* under graph_mu */
+/* Captures under way, and uses recorded in all captures: lets the hot paths skip graph_mu
+ * when both are 0 (written under graph_mu). */
+static _Atomic unsigned n_capturing;
+static _Atomic size_t n_uses;
 
-/* Releases the pools of retired captures whose blocks are all free (graph_mu held). */
+static void capture_free(capture_t *c)
+{
+    atomic_fetch_sub(&n_uses, c->nuses);
+    free(c->uses);
+    free(c);
+}
+
+static bool has_kept(const capture_t *c)
+{
+    for (size_t i = 0; i < c->nuses; i++)
+        if (c->uses[i].freed)
+            return true;
+    return false;
+}
+
+/* Whether a capture other than c keeps or uses ptr (graph_mu held). */
+static bool used_elsewhere(const capture_t *c, const void *ptr)
+{
+    for (const capture_t *o = captures; o != NULL; o = o->next)
+        for (size_t i = 0; o != c && o->alloc == c->alloc && i < o->nuses; i++)
+            if (o->uses[i].ptr == ptr)
+                return true;
+    return false;
+}
+
+/* Gives c's kept blocks back to the cache, once the device has finished every replay
+ * (graph_mu held, no capture under way: the synchronisation would break it). A block
+ * another capture's graph also uses stays, that capture's to return. */
+static void return_kept(capture_t *c)
+{
+    bool any = has_kept(c);
+    mt__guard_enter();
+    if (any)
+        (void)mt_device_synchronize(mt_alloc_backend(c->alloc));
+    for (size_t i = 0; i < c->nuses; i++)
+        if (c->uses[i].freed && !used_elsewhere(c, c->uses[i].ptr))
+            (void)mt_alloc_free(c->alloc, c->uses[i].ptr);
+    mt__guard_leave();
+    atomic_fetch_sub(&n_uses, c->nuses);
+    c->nuses = 0;
+}
+
+/* The capture under way on handle whose stream wrapper (the calling thread's, for the
+ * per-thread stream) is that capture's, or NULL (graph_mu held). */
+static capture_t *capturing_on(void *handle)
+{
+    for (capture_t *c = captures; c != NULL; c = c->next) {
+        if (!c->capturing || c->handle != handle)
+            continue;
+        if ((uintptr_t)handle != (uintptr_t)CU_STREAM_PER_THREAD)
+            return c;
+        mt_stream_t *w = NULL;
+        mt__guard_enter();
+        int rc = mt__preload_stream(mt_alloc_backend(c->alloc), handle, &w);
+        mt__guard_leave();
+        if (rc == 0 && w == c->stream)
+            return c;
+    }
+    return NULL;
+}
+
+/* Returns the kept blocks of retired captures and releases the pools whose blocks are all
+ * free (graph_mu held). Never while a capture is under way: cuMemFree and the device
+ * synchronisation would break a global one; the next graph event after it does it. */
 static void release_retired(void)
 {
+    if (atomic_load(&n_capturing) > 0)
+        return;
     for (capture_t **pp = &captures; *pp != NULL;) {
         capture_t *c = *pp;
         if (c->capturing || c->refs > 0) {
             pp = &c->next;
             continue;
         }
+        if (c->nuses > 0)
+            return_kept(c);
         mt__guard_enter();
         int rc = mt_pool_release(c->alloc, c->pool);
         mt__guard_leave();
@@ -91,7 +183,7 @@ static void release_retired(void)
         }
         mt__preload_say(MT_LOG_DEBUG, "graph pool %u released (%s)", c->pool, mt_strerror(rc));
         *pp = c->next;
-        free(c);
+        capture_free(c);
     }
 }
 
@@ -123,6 +215,7 @@ static void capture_begun(void *handle, int device)
     pthread_mutex_lock(&graph_mu);
     c->next = captures;
     captures = c;
+    atomic_fetch_add(&n_capturing, 1);
     release_retired();
     pthread_mutex_unlock(&graph_mu);
 }
@@ -131,17 +224,16 @@ static void capture_begun(void *handle, int device)
 static void capture_ended(void *handle, void *graph)
 {
     pthread_mutex_lock(&graph_mu);
-    for (capture_t *c = captures; c != NULL; c = c->next) {
-        if (!c->capturing || c->handle != handle)
-            continue;
+    capture_t *c = capturing_on(handle);
+    if (c != NULL) {
         mt__guard_enter();
         (void)mt_pool_end(c->alloc, c->pool, c->stream);
         mt__guard_leave();
         c->capturing = false;
+        atomic_fetch_sub(&n_capturing, 1);
         c->handle = NULL;
         c->graph = graph;
         c->refs = graph != NULL;
-        break;
     }
     release_retired();
     pthread_mutex_unlock(&graph_mu);
@@ -216,10 +308,70 @@ void mt__preload_graph_forget(mt_alloc_t *a)
                 ep = &e->next;
             }
         }
+        if (c->capturing)
+            atomic_fetch_sub(&n_capturing, 1);
         *pp = c->next;
-        free(c);
+        capture_free(c); /* its kept blocks go with the allocator */
     }
     pthread_mutex_unlock(&graph_mu);
+}
+
+bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle)
+{
+    if (atomic_load(&n_capturing) == 0 || handle == NULL)
+        return false;
+    pthread_mutex_lock(&graph_mu);
+    capture_t *c = capturing_on(handle);
+    bool mine = c != NULL && c->alloc == a;
+    for (size_t i = 0; mine && i < c->nuses; i++)
+        if (c->uses[i].ptr == ptr) {
+            pthread_mutex_unlock(&graph_mu);
+            return true;
+        }
+    if (mine) {
+        use_t *nu = mt__grow(c->uses, &c->cap_uses, c->nuses + 1, sizeof *nu, 8);
+        if (nu == NULL)
+            mine = false; /* served as before: an event on the capturing stream */
+        else {
+            c->uses = nu;
+            c->uses[c->nuses++] = (use_t){.ptr = ptr};
+            atomic_fetch_add(&n_uses, 1);
+        }
+    }
+    pthread_mutex_unlock(&graph_mu);
+    return mine;
+}
+
+int mt__preload_graph_keep(mt_alloc_t *a, void *ptr)
+{
+    if (atomic_load(&n_uses) == 0)
+        return 0;
+    /* Every capture using the block keeps it: the last one released returns it. */
+    bool found = false, fresh = false;
+    pthread_mutex_lock(&graph_mu);
+    for (capture_t *c = captures; c != NULL; c = c->next) {
+        for (size_t i = 0; c->alloc == a && i < c->nuses; i++) {
+            if (c->uses[i].ptr != ptr)
+                continue;
+            found = true;
+            fresh = fresh || !c->uses[i].freed;
+            c->uses[i].freed = true;
+        }
+    }
+    pthread_mutex_unlock(&graph_mu);
+    return !found ? 0 : fresh ? 1 : MT_ENOENT;
+}
+
+bool mt__preload_graph_routed(const mt_stream_t *s)
+{
+    if (atomic_load(&n_capturing) == 0)
+        return false;
+    bool r = false;
+    pthread_mutex_lock(&graph_mu);
+    for (capture_t *c = captures; c != NULL && !r; c = c->next)
+        r = c->capturing && c->stream == s;
+    pthread_mutex_unlock(&graph_mu);
+    return r;
 }
 
 /* ---- runtime hooks ---- */
@@ -250,6 +402,82 @@ MT_HOOK cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGrap
     if (outer)
         capture_ended(stream, r == cudaSuccess && pGraph != NULL ? (void *)*pGraph : NULL);
     return r;
+}
+
+/* The stream a _ptsz entry point means: NULL is the calling thread's per-thread stream. */
+static void *ptsz_stream(void *handle)
+{
+    return handle == NULL ? (void *)CU_STREAM_PER_THREAD : handle;
+}
+
+MT_HOOK cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                enum cudaStreamCaptureMode mode)
+{
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
+    cudaError_t (*real)(cudaStream_t, enum cudaStreamCaptureMode) =
+        REAL_RT(cudaStreamBeginCapture_ptsz);
+    if (real == NULL)
+        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    bool outer;
+    cudaError_t r = CALL_REAL(&outer, real(stream, mode));
+    if (outer && r == cudaSuccess)
+        capture_begun(ptsz_stream(stream), mt__preload_rt_device());
+    return r;
+}
+
+MT_HOOK cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
+    cudaError_t (*real)(cudaStream_t, cudaGraph_t *) = REAL_RT(cudaStreamEndCapture_ptsz);
+    if (real == NULL)
+        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    bool outer;
+    cudaError_t r = CALL_REAL(&outer, real(stream, pGraph));
+    if (outer)
+        capture_ended(ptsz_stream(stream),
+                      r == cudaSuccess && pGraph != NULL ? (void *)*pGraph : NULL);
+    return r;
+}
+
+/* cudaStreamBeginCaptureToGraph and its _ptsz form: a capture into the program's graph,
+ * ended by cudaStreamEndCapture as any. */
+typedef cudaError_t (*to_graph_fn)(cudaStream_t, cudaGraph_t, const cudaGraphNode_t *,
+                                   const cudaGraphEdgeData *, size_t, enum cudaStreamCaptureMode);
+
+static cudaError_t begin_to_graph(to_graph_fn real, void *handle, cudaStream_t stream,
+                                  cudaGraph_t graph, const cudaGraphNode_t *deps,
+                                  const cudaGraphEdgeData *edges, size_t n,
+                                  enum cudaStreamCaptureMode mode)
+{
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
+    if (real == NULL)
+        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    bool outer;
+    cudaError_t r = CALL_REAL(&outer, real(stream, graph, deps, edges, n, mode));
+    if (outer && r == cudaSuccess)
+        capture_begun(handle, mt__preload_rt_device());
+    return r;
+}
+
+MT_HOOK cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                                  const cudaGraphNode_t *deps,
+                                                  const cudaGraphEdgeData *edges, size_t n,
+                                                  enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph((to_graph_fn)REAL_RT(cudaStreamBeginCaptureToGraph), stream, stream,
+                          graph, deps, edges, n, mode);
+}
+
+MT_HOOK cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                                       const cudaGraphNode_t *deps,
+                                                       const cudaGraphEdgeData *edges, size_t n,
+                                                       enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph((to_graph_fn)REAL_RT(cudaStreamBeginCaptureToGraph_ptsz),
+                          ptsz_stream(stream), stream, graph, deps, edges, n, mode);
 }
 
 /* cudaGraphInstantiate and its WithFlags twin: the same signature and the same watch. */
@@ -283,6 +511,37 @@ MT_HOOK cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, c
     return instantiate(REAL_RT(cudaGraphInstantiateWithFlags), pGraphExec, graph, flags);
 }
 
+typedef cudaError_t (*with_params_fn)(cudaGraphExec_t *, cudaGraph_t, cudaGraphInstantiateParams *);
+
+static cudaError_t instantiate_params(with_params_fn real, cudaGraphExec_t *pGraphExec,
+                                      cudaGraph_t graph, cudaGraphInstantiateParams *params)
+{
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
+    if (real == NULL)
+        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
+    bool outer;
+    cudaError_t r = CALL_REAL(&outer, real(pGraphExec, graph, params));
+    if (outer && r == cudaSuccess && pGraphExec != NULL)
+        instantiated(graph, *pGraphExec);
+    return r;
+}
+
+MT_HOOK cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                   cudaGraphInstantiateParams *params)
+{
+    return instantiate_params((with_params_fn)REAL_RT(cudaGraphInstantiateWithParams), pGraphExec,
+                              graph, params);
+}
+
+MT_HOOK cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *pGraphExec,
+                                                        cudaGraph_t graph,
+                                                        cudaGraphInstantiateParams *params)
+{
+    return instantiate_params((with_params_fn)REAL_RT(cudaGraphInstantiateWithParams_ptsz),
+                              pGraphExec, graph, params);
+}
+
 MT_HOOK cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
 {
     if (mt__preload()->sim)
@@ -299,32 +558,87 @@ MT_HOOK cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec)
 
 /* ---- driver hooks (programs that call the driver themselves) ---- */
 
-MT_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+static CUresult drv_begin(CUresult (*real)(CUstream, CUstreamCaptureMode), void *handle,
+                          CUstream hStream, CUstreamCaptureMode mode)
 {
     if (mt__preload()->sim)
         return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult (*real)(CUstream, CUstreamCaptureMode) = REAL(cuStreamBeginCapture_v2);
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     bool outer;
     CUresult r = CALL_REAL(&outer, real(hStream, mode));
     if (outer && r == CUDA_SUCCESS)
-        capture_begun(hStream, mt__preload_drv_device());
+        capture_begun(handle, mt__preload_drv_device());
     return r;
 }
 
-MT_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+MT_HOOK CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    return drv_begin(REAL(cuStreamBeginCapture_v2), hStream, hStream, mode);
+}
+
+MT_HOOK CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    return drv_begin(REAL(cuStreamBeginCapture_v2_ptsz), ptsz_stream(hStream), hStream, mode);
+}
+
+static CUresult drv_end(CUresult (*real)(CUstream, CUgraph *), void *handle, CUstream hStream,
+                        CUgraph *phGraph)
 {
     if (mt__preload()->sim)
         return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult (*real)(CUstream, CUgraph *) = REAL(cuStreamEndCapture);
     if (real == NULL)
         return CUDA_ERROR_NOT_FOUND;
     bool outer;
     CUresult r = CALL_REAL(&outer, real(hStream, phGraph));
     if (outer)
-        capture_ended(hStream, r == CUDA_SUCCESS && phGraph != NULL ? (void *)*phGraph : NULL);
+        capture_ended(handle, r == CUDA_SUCCESS && phGraph != NULL ? (void *)*phGraph : NULL);
     return r;
+}
+
+MT_HOOK CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    return drv_end(REAL(cuStreamEndCapture), hStream, hStream, phGraph);
+}
+
+MT_HOOK CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    return drv_end(REAL(cuStreamEndCapture_ptsz), ptsz_stream(hStream), hStream, phGraph);
+}
+
+typedef CUresult (*drv_to_graph_fn)(CUstream, CUgraph, const CUgraphNode *, const CUgraphEdgeData *,
+                                    size_t, CUstreamCaptureMode);
+
+static CUresult drv_begin_to_graph(drv_to_graph_fn real, void *handle, CUstream hStream,
+                                   CUgraph hGraph, const CUgraphNode *deps,
+                                   const CUgraphEdgeData *edges, size_t n, CUstreamCaptureMode mode)
+{
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    bool outer;
+    CUresult r = CALL_REAL(&outer, real(hStream, hGraph, deps, edges, n, mode));
+    if (outer && r == CUDA_SUCCESS)
+        capture_begun(handle, mt__preload_drv_device());
+    return r;
+}
+
+MT_HOOK CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                             const CUgraphNode *deps, const CUgraphEdgeData *edges,
+                                             size_t n, CUstreamCaptureMode mode)
+{
+    return drv_begin_to_graph(REAL(cuStreamBeginCaptureToGraph), hStream, hStream, hGraph, deps,
+                              edges, n, mode);
+}
+
+MT_HOOK CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                  const CUgraphNode *deps,
+                                                  const CUgraphEdgeData *edges, size_t n,
+                                                  CUstreamCaptureMode mode)
+{
+    return drv_begin_to_graph(REAL(cuStreamBeginCaptureToGraph_ptsz), ptsz_stream(hStream), hStream,
+                              hGraph, deps, edges, n, mode);
 }
 
 MT_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -341,6 +655,33 @@ MT_HOOK CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph h
     if (outer && r == CUDA_SUCCESS && phGraphExec != NULL)
         instantiated(hGraph, *phGraphExec);
     return r;
+}
+
+static CUresult
+drv_with_params(CUresult (*real)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *),
+                CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    if (mt__preload()->sim)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    bool outer;
+    CUresult r = CALL_REAL(&outer, real(phGraphExec, hGraph, params));
+    if (outer && r == CUDA_SUCCESS && phGraphExec != NULL)
+        instantiated(hGraph, *phGraphExec);
+    return r;
+}
+
+MT_HOOK CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                              CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return drv_with_params(REAL(cuGraphInstantiateWithParams), phGraphExec, hGraph, params);
+}
+
+MT_HOOK CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return drv_with_params(REAL(cuGraphInstantiateWithParams_ptsz), phGraphExec, hGraph, params);
 }
 
 MT_HOOK CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)

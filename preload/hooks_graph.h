@@ -3,13 +3,24 @@
 #ifndef MT_PRELOAD_HOOKS_GRAPH_H
 #define MT_PRELOAD_HOOKS_GRAPH_H
 
+#include <stdbool.h>
+
 #include "memtrace/alloc.h"
 
 /* The program destroyed graph (cudaGraphDestroy, cuGraphDestroy): its capture's pool is
  * released once no executable graph made from it remains and its blocks are free. */
 void mt__preload_graph_destroyed(void *graph);
 /* Allocator a is being destroyed (its device dropped): its captures are forgotten, their
- * pools going with it. */
+ * pools and kept blocks going with it. */
 void mt__preload_graph_forget(mt_alloc_t *a);
+/* memtrace_record_stream(ptr, handle) while handle is capturing: true if the use is noted
+ * with the capture instead of the allocator (no event on the capturing stream). */
+bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle);
+/* Before a free of ptr (allocator a): 1 if a live capture used the block, which it now
+ * keeps until the capture is released (the free is done); MT_ENOENT if the capture keeps
+ * it already (a double free); 0 otherwise. */
+int mt__preload_graph_keep(mt_alloc_t *a, void *ptr);
+/* Whether s is routed to a capture's pool now: its requests serve the capture. */
+bool mt__preload_graph_routed(const mt_stream_t *s);
 
 #endif

@@ -18,6 +18,17 @@ int mt__preload_rt_device(void);
 /* The backend of the runtime's current device, or NULL if it cannot be served. */
 mt_backend_t *mt__preload_rt_backend(void);
 
+/* Capture and graph hooks (hooks_graph.c), per-thread forms, which cuda_runtime_api.h
+ * declares only to programs built for per-thread default streams. */
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph);
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t *deps,
+                                               const cudaGraphEdgeData *edges, size_t n,
+                                               enum cudaStreamCaptureMode mode);
+cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                cudaGraphInstantiateParams *params);
+
 /* In cuda mode, every call but the memory ones goes to the real runtime. */
 #define FORWARD(name, ...)                                                                         \
     MT_PRELOAD_FORWARD(mt__preload_real_rt, mt__preload_rt_ret(cudaErrorInsufficientDriver), name, \

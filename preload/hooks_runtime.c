@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "mt_config.h"
+#include "backend/backend_cuda.h"
 #include "preload/hooks_graph.h"
 #include "preload/hooks_rt.h"
 #include "preload/outside.h"
@@ -305,9 +306,17 @@ static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_
         mt__preload_outside_settle(key, &fr, frc == 0);
         return mt__preload_rt_ret(mt__preload_rt_code(frc));
     }
-    void *graph = NULL; /* freed while capturing: kept until the graph is destroyed */
-    if (rc == 0 && !sync && mt__preload_capture_graph(stream, &graph))
-        return mt__preload_rt_ret(mt__preload_rt_code(mt__preload_park(a, p, graph)));
+    /* During capture a stream-ordered free takes only a graph allocation, which ours never
+     * are: the runtime refuses it, and invalidates the capture, as without memtrace. */
+    void *graph = NULL;
+    if (rc == 0 && !sync && real_free != NULL && mt__preload_capture_graph(stream, &graph))
+        return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
+    int kept = rc == 0 ? mt__preload_graph_keep(a, p) : 0; /* a captured graph uses it */
+    if (kept != 0) {
+        if (kept < 0)
+            atomic_fetch_add(&mt__preload()->unknown_frees, 1);
+        return mt__preload_rt_ret(mt__preload_rt_code(kept < 0 ? kept : 0));
+    }
     mt__guard_enter();
     mt_stream_t *s = NULL;
     if (rc == 0 && stream != NULL)
@@ -445,11 +454,9 @@ MT_HOOK cudaError_t cudaDeviceReset(void)
     return cudaSuccess;
 }
 
-/* Blocks freed while the graph was captured go back to the pool. */
+/* The capture's pool and kept blocks go once its execs are gone too (hooks_graph.c). */
 MT_HOOK cudaError_t cudaGraphDestroy(cudaGraph_t graph)
 {
-    if (graph != NULL)
-        mt__preload_unpark(NULL, graph);
     mt__preload_graph_destroyed(graph);
     FORWARD(cudaGraphDestroy, graph);
     return mt__preload_rt_ret(cudaErrorNotSupported);
@@ -688,8 +695,14 @@ MT_HOOK void *memtrace_alloc(ssize_t size, int device, cudaStream_t stream)
     mt__guard_enter();
     if (rc == 0)
         rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
+    /* A capture's request: a new segment for its pool must not break the capture. */
+    bool capture = rc == 0 && mt__preload_graph_routed(s);
+    if (capture)
+        mt__cuda_capture_enter();
     if (rc == 0)
         rc = mt_alloc_malloc(a, (size_t)size, s, mt__preload_tag(), &p);
+    if (capture)
+        mt__cuda_capture_leave();
     mt__guard_leave();
     if (rc == MT_ENOMEM)
         mt__preload_note_oom(a, (size_t)size);
@@ -703,9 +716,12 @@ MT_HOOK void memtrace_free(void *ptr, ssize_t size, int device, cudaStream_t str
     mt_alloc_t *a = NULL;
     if (ptr == NULL || mt__preload_alloc(device, &a) != 0)
         return;
-    mt__guard_enter();
-    int rc = mt_alloc_free(a, ptr);
-    mt__guard_leave();
+    int rc = mt__preload_graph_keep(a, ptr); /* a captured graph uses it: kept for it */
+    if (rc == 0) {
+        mt__guard_enter();
+        rc = mt_alloc_free(a, ptr);
+        mt__guard_leave();
+    }
     if (rc == MT_ENOENT)
         atomic_fetch_add(&mt__preload()->unknown_frees, 1);
 }

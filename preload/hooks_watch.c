@@ -251,8 +251,6 @@ MT_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 MT_HOOK CUresult cuGraphDestroy(CUgraph hGraph)
 {
-    if (hGraph != NULL)
-        mt__preload_unpark(NULL, hGraph);
     mt__preload_graph_destroyed(hGraph);
     FORWARD(cuGraphDestroy, hGraph);
     return CUDA_ERROR_NOT_SUPPORTED;

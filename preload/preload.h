@@ -166,15 +166,10 @@ bool mt__preload_release_cached(void);
 /* Empties the managed allocators' caches: a device allocator that ran out retries after
  * it, since their cached segments take the same device memory. True if any went back. */
 bool mt__preload_release_managed(void);
-/* Stream capture. capture_graph: 1 and the graph being captured into if
- * the program's stream handle is capturing (cuda mode; the legacy stream never is), else
- * 0. A block freed on a capturing stream is parked (mt__preload_park) rather than freed:
- * the graph may use it whenever it is launched. unpark(NULL, graph) frees the blocks of a
- * destroyed graph; unpark(a, NULL) forgets allocator a's (its device is being dropped).
- * Returns how many blocks it let go. */
+/* Stream capture: 1 and the graph being captured into if the program's stream handle is
+ * capturing (cuda mode; the legacy stream never is), else 0. Blocks a capture uses are
+ * kept by hooks_graph.c (mt__preload_graph_keep). */
 int mt__preload_capture_graph(void *handle, void **graph);
-int mt__preload_park(mt_alloc_t *a, void *ptr, void *graph);
-int mt__preload_unpark(mt_alloc_t *a, void *graph);
 /* Frees pinned host memory from whichever device's backend gave it. Caller guarded. */
 int mt__preload_host_free(void *ptr);
 /* Records an OOM (the allocator's message) for the summary. */

@@ -44,6 +44,8 @@ typedef struct fake_event_s {
     uint64_t t_ns; /* host time the event's last record completed */
     int refs;
     bool dead;
+    bool captured; /* last recorded into a capture: cuEventQuery/Synchronize refuse it
+                    * (CUDA_ERROR_CAPTURED_EVENT) until it is recorded outside one */
 } fake_event_t;
 
 enum { OP_COPY, OP_SET, OP_HOSTFN, OP_RECORD, OP_WAIT, OP_FREE };
@@ -80,9 +82,11 @@ typedef struct fake_stream_s {
     pthread_t capturer;
 } fake_stream_t;
 
-/* A graph made by stream capture: only how many operations it holds. */
+/* A graph made by stream capture (or cuGraphCreate, captured into with
+ * cuStreamBeginCaptureToGraph): only how many operations it holds. */
 typedef struct fake_graph_s {
     size_t nodes;
+    bool created; /* made by cuGraphCreate: a failed capture into it leaves it to its owner */
 } fake_graph_t;
 
 typedef struct fake_blk_s {
@@ -92,6 +96,7 @@ typedef struct fake_blk_s {
     bool host;
     fake_ctx_t *ctx; /* NULL for stream-ordered allocations (no context owns them) */
     int dev;         /* the device whose memory it is (a stream-ordered one: its stream's) */
+    bool graph;      /* a graph allocation: cuMemAllocAsync on a capturing stream */
 } fake_blk_t;
 
 typedef struct fake_handle_s {
@@ -154,6 +159,9 @@ extern fake_state_t fake;
 extern __thread fake_ctx_t *stack[MAXSTACK];
 extern __thread int depth;
 extern __thread bool in_hostfn;
+/* The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode);
+ * CU_STREAM_CAPTURE_MODE_GLOBAL until changed. */
+extern __thread CUstreamCaptureMode tls_capture_mode;
 /* The calling thread's per-thread default stream of each context, and the context epoch
  * it was made in. */
 extern __thread struct fake_stream_s *ptds[MAXDEV + MAXUCTX];
@@ -201,6 +209,22 @@ CUresult submit(CUstream h, fake_op_t op);
 fake_ctx_t *ctx_of(CUcontext c);
 size_t mapped_bytes(const struct fake_resv_s *v, CUdeviceptr p, size_t size);
 bool capture_forbids(void);
+CUresult capture_begin(CUstream h, CUstreamCaptureMode mode, struct fake_graph_s *into);
+/* fake_libcuda_graph.c: graphs made empty, captured into, instantiated. */
+FAKE_API CUresult cuGraphCreate(CUgraph *g, unsigned int flags);
+FAKE_API CUresult cuStreamBeginCaptureToGraph(CUstream h, CUgraph g, const CUgraphNode *deps,
+                                              const CUgraphEdgeData *edges, size_t n,
+                                              CUstreamCaptureMode mode);
+FAKE_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream h, CUgraph g, const CUgraphNode *deps,
+                                                   const CUgraphEdgeData *edges, size_t n,
+                                                   CUstreamCaptureMode mode);
+FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags);
+FAKE_API CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g,
+                                               CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+FAKE_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g,
+                                                    CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+FAKE_API CUresult cuGraphExecDestroy(CUgraphExec e);
+FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 bool is_dev(uintptr_t p);
 fake_event_t *event_of(CUevent h);
 void drain_until(bool (*done)(void *), void *arg);

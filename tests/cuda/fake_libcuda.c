@@ -30,8 +30,15 @@
  *   allocations, streams and events (its handles are refused afterwards);
  * - after fork, every call of the child returns CUDA_ERROR_NOT_INITIALIZED;
  * - stream capture: work on a capturing stream is recorded, not run; an unsafe call
- *   (cuMemAlloc, cuMemFree, synchronisation) during a global-mode capture fails with
- *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture;
+ *   (cuMemAlloc, cuMemFree, cuMemCreate, cuMemMap, synchronisation) fails with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture when the driver's
+ *   rules forbid it: the calling thread's own non-relaxed capture, or another thread's
+ *   global one unless the calling thread is in relaxed or thread-local mode
+ *   (cuThreadExchangeStreamCaptureMode); an event last recorded in a capture is refused by
+ *   cuEventQuery/cuEventSynchronize (CUDA_ERROR_CAPTURED_EVENT); cuMemFreeAsync on a
+ *   capturing stream takes only graph allocations, anything else is
+ *   CUDA_ERROR_INVALID_VALUE and invalidates the capture; graphs and their executables
+ *   hold no work (nothing replays);
  * - cuMemCreate records the shareable handle types asked for; exporting another fails.
  * - a copy or memset touching device bytes that no live allocation or mapping holds
  *   faults with CUDA_ERROR_ILLEGAL_ADDRESS, sticky as above;
@@ -63,6 +70,7 @@ fake_state_t fake = {
 __thread fake_ctx_t *stack[MAXSTACK];
 __thread int depth;
 __thread bool in_hostfn;
+__thread CUstreamCaptureMode tls_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 /* The calling thread's per-thread default stream of each context, and the context epoch
  * it was made in. */
 __thread struct fake_stream_s *ptds[MAXDEV + MAXUCTX];
@@ -140,21 +148,27 @@ CUresult enter(const char *name, uint64_t a, uint64_t b)
     return r;
 }
 
-/* Whether an unsafe call (allocation, free, synchronisation) is forbidden now: a
- * global-mode capture is under way (active or invalidated, until it is ended) on any
- * thread, or a thread-local one on this thread.
- * Such a call invalidates those captures, as the driver does. Caller holds mu. */
+/* Whether an unsafe call (allocation, free, synchronisation) is forbidden now, by
+ * cuda.h's rules for the calling thread's mode (cuThreadExchangeStreamCaptureMode):
+ * relaxed, never; thread-local, while this thread has a non-relaxed capture under way
+ * (active or invalidated, until it is ended); global (the default), that or another
+ * thread's global capture. Such a call invalidates those captures, as the driver does.
+ * Caller holds mu. */
 bool capture_forbids(void)
 {
     bool no = false;
-    for (fake_stream_t *s = fake.streams; s != NULL; s = s->next)
-        if (s->capture != 0 && !s->dead && /* an invalidated capture goes on until ended */
-            (s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-             (s->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-              pthread_equal(s->capturer, pthread_self())))) {
+    if (tls_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return false;
+    for (fake_stream_t *s = fake.streams; s != NULL; s = s->next) {
+        if (s->capture == 0 || s->dead || s->mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+            continue;
+        bool mine = pthread_equal(s->capturer, pthread_self());
+        if (mine || (tls_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                     s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
             s->capture = 2;
             no = true;
         }
+    }
     return no;
 }
 
@@ -402,8 +416,12 @@ CUresult submit(CUstream h, fake_op_t op)
         r = s->capture == 1 ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         if (s->capture == 1)
             s->graph->nodes++;
-        if (op.kind == OP_RECORD) /* a node of the graph: the event is not recorded now */
+        /* A node of the graph: the event is not recorded now, and until it is recorded
+         * outside a capture, queries of it conflict with the capture. */
+        if (op.kind == OP_RECORD && s->capture == 1) {
             op.ev->rec_gen--;
+            op.ev->captured = true;
+        }
         pthread_mutex_unlock(&fake.mu);
         return r;
     }
@@ -417,6 +435,8 @@ CUresult submit(CUstream h, fake_op_t op)
     }
     if (o != NULL) {
         *o = op;
+        if (op.kind == OP_RECORD)
+            op.ev->captured = false;
         enqueue(s, o);
         pthread_cond_broadcast(&fake.cv);
     }
@@ -1031,6 +1051,7 @@ FAKE_API CUresult cuEventQuery(CUevent ev)
     pthread_mutex_lock(&fake.mu);
     fake_event_t *e = event_of(ev);
     CUresult r = e == NULL                   ? CUDA_ERROR_INVALID_HANDLE
+                 : e->captured               ? CUDA_ERROR_CAPTURED_EVENT
                  : event_done(e, e->rec_gen) ? CUDA_SUCCESS
                                              : CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&fake.mu);
@@ -1042,8 +1063,10 @@ FAKE_API CUresult cuEventSynchronize(CUevent ev)
     ENTER_CTX("cuEventSynchronize", (uintptr_t)ev, 0);
     pthread_mutex_lock(&fake.mu);
     fake_event_t *e = event_of(ev);
-    CUresult r = e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (e != NULL) {
+    CUresult r = e == NULL     ? CUDA_ERROR_INVALID_HANDLE
+                 : e->captured ? CUDA_ERROR_CAPTURED_EVENT
+                               : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) {
         drain_until(event_idle, e);
         r = cur()->sticky; /* a fault of the work waited for */
     }
@@ -1181,6 +1204,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericA
                            unsigned long long flags)
 {
     ENTER_CTX("cuMemMap", p, size);
+    UNSAFE();
     fake_handle_t *fh = (fake_handle_t *)(uintptr_t)h;
     if (off != 0 || size != fh->size || p % fh->gran != 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;

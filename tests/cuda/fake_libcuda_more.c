@@ -199,7 +199,8 @@ FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
     CUresult r;
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *s = stream_any(h, &r);
-    if (s != NULL && s->capture == 1)
+    bool in_graph = s != NULL && s->capture == 1;
+    if (in_graph)
         s->graph->nodes++;
     int dev = s != NULL ? s->ctx->dev : 0;
     pthread_mutex_unlock(&fake.mu);
@@ -215,6 +216,7 @@ FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
             if (b->p == q) {
                 b->ctx = NULL;
                 b->dev = dev;
+                b->graph = in_graph;
             }
         pthread_mutex_unlock(&fake.mu);
         *p = (CUdeviceptr)(uintptr_t)q;
@@ -225,10 +227,21 @@ FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream h)
 FAKE_API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream h)
 {
     ENTER_CTX("cuMemFreeAsync", p, (uintptr_t)h);
-    bool found = false;
+    bool found = false, graph = false;
+    CUresult r;
     pthread_mutex_lock(&fake.mu);
     for (fake_blk_t *b = fake.blks; b != NULL && !found; b = b->next)
-        found = b->p == (void *)(uintptr_t)p && !b->host;
+        if (b->p == (void *)(uintptr_t)p && !b->host) {
+            found = true;
+            graph = b->graph;
+        }
+    /* During capture the free becomes a graph node, which needs a graph allocation
+     * (cuda_runtime_api.h, cudaFreeAsync); anything else fails the capture. */
+    fake_stream_t *s = stream_of(h, &r);
+    if (s != NULL && s->capture == 1 && !graph) {
+        s->capture = 2;
+        found = false;
+    }
     pthread_mutex_unlock(&fake.mu);
     if (!found)
         return CUDA_ERROR_INVALID_VALUE;
@@ -326,15 +339,16 @@ FAKE_API CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p)
 
 /* ---- stream capture ---- */
 
-FAKE_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
+/* Starts a capture on h into `into` (cuGraphCreate's, kept by its owner whatever
+ * happens), or into a new graph when NULL. */
+CUresult capture_begin(CUstream h, CUstreamCaptureMode mode, fake_graph_t *into)
 {
-    ENTER_CTX("cuStreamBeginCapture", (uintptr_t)h, mode);
     if (h == NULL || h == CU_STREAM_LEGACY)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream is not capturable */
     CUresult r;
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *s = stream_of(h, &r);
-    fake_graph_t *g = s && s->capture == 0 ? calloc(1, sizeof *g) : NULL;
+    fake_graph_t *g = s && s->capture == 0 ? (into ? into : calloc(1, sizeof *g)) : NULL;
     if (s != NULL && s->capture != 0)
         r = CUDA_ERROR_ILLEGAL_STATE;
     else if (s != NULL && g == NULL)
@@ -350,6 +364,12 @@ FAKE_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
     return r;
 }
 
+FAKE_API CUresult cuStreamBeginCapture_v2(CUstream h, CUstreamCaptureMode mode)
+{
+    ENTER_CTX("cuStreamBeginCapture", (uintptr_t)h, mode);
+    return capture_begin(h, mode, NULL);
+}
+
 static CUstreamCaptureStatus capture_status(const fake_stream_t *s)
 {
     return s->capture == 0   ? CU_STREAM_CAPTURE_STATUS_NONE
@@ -357,9 +377,8 @@ static CUstreamCaptureStatus capture_status(const fake_stream_t *s)
                              : CU_STREAM_CAPTURE_STATUS_INVALIDATED;
 }
 
-FAKE_API CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
+static CUresult capture_end(CUstream h, CUgraph *graph)
 {
-    ENTER_CTX("cuStreamEndCapture", (uintptr_t)h, 0);
     CUresult r;
     pthread_mutex_lock(&fake.mu);
     fake_stream_t *s = stream_of(h, &r);
@@ -374,11 +393,18 @@ FAKE_API CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
     }
     pthread_mutex_unlock(&fake.mu);
     if (r != CUDA_SUCCESS) {
-        free(g);
+        if (g != NULL && !g->created)
+            free(g);
         g = NULL;
     }
     *graph = (CUgraph)g;
     return r;
+}
+
+FAKE_API CUresult cuStreamEndCapture(CUstream h, CUgraph *graph)
+{
+    ENTER_CTX("cuStreamEndCapture", (uintptr_t)h, 0);
+    return capture_end(h, graph);
 }
 
 FAKE_API CUresult cuStreamIsCapturing(CUstream h, CUstreamCaptureStatus *st)
@@ -525,13 +551,17 @@ FAKE_API CUresult cuEventRecord_ptsz(CUevent ev, CUstream h)
 {
     return cuEventRecord(ev, PT(h));
 }
+/* The capture pair calls no exported entry point, as the driver's own: an interposer of
+ * cuStreamBeginCapture_v2 must hook the _ptsz forms too to see these. */
 FAKE_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream h, CUstreamCaptureMode mode)
 {
-    return cuStreamBeginCapture_v2(PT(h), mode);
+    ENTER_CTX("cuStreamBeginCapture", (uintptr_t)h, mode);
+    return capture_begin(PT(h), mode, NULL);
 }
 FAKE_API CUresult cuStreamEndCapture_ptsz(CUstream h, CUgraph *g)
 {
-    return cuStreamEndCapture(PT(h), g);
+    ENTER_CTX("cuStreamEndCapture", (uintptr_t)h, 0);
+    return capture_end(PT(h), g);
 }
 FAKE_API CUresult cuStreamIsCapturing_ptsz(CUstream h, CUstreamCaptureStatus *st)
 {
@@ -618,6 +648,14 @@ static const struct {
     P("cuStreamIsCapturing", cuStreamIsCapturing, cuStreamIsCapturing_ptsz, 10000),
     P("cuStreamGetCaptureInfo", cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz, 12030),
     P("cuGraphDestroy", cuGraphDestroy, NULL, 10000),
+    P("cuGraphCreate", cuGraphCreate, NULL, 10000),
+    P("cuStreamBeginCaptureToGraph", cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz,
+      12030),
+    P("cuGraphInstantiate", cuGraphInstantiateWithFlags, NULL, 11040),
+    P("cuGraphInstantiateWithParams", cuGraphInstantiateWithParams,
+      cuGraphInstantiateWithParams_ptsz, 12000),
+    P("cuGraphExecDestroy", cuGraphExecDestroy, NULL, 10000),
+    P("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode, NULL, 10010),
     P("cuGetProcAddress", cuGetProcAddress_v2, NULL, 12000),
 };
 

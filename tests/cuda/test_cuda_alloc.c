@@ -8,6 +8,11 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dlfcn.h>
+
+#include <cuda.h>
+
+#include "backend/backend_cuda.h"
 #include "memtrace/alloc.h"
 #include "tests/cuda/fake_ctl.h"
 #include "tests/common/test_main.h"
@@ -289,6 +294,45 @@ static void test_default_policy(void **state)
     assert_int_equal(fk.count("cuMemAddressFree"), 1);
 }
 
+/* A block used on a stream being captured, then freed: the event recorded for that use is
+ * a node of the graph, which the driver refuses to query and which every replay passes.
+ * The allocator cannot see the graph's lifetime, so the block must never be reused. */
+static void test_event_in_capture_keeps_block(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make(&f, false);
+    CUresult (*retain)(CUcontext *, CUdevice) = dlsym(fk.lib, "cuDevicePrimaryCtxRetain");
+    CUresult (*push)(CUcontext) = dlsym(fk.lib, "cuCtxPushCurrent_v2");
+    CUresult (*pop)(CUcontext *) = dlsym(fk.lib, "cuCtxPopCurrent_v2");
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) = dlsym(fk.lib, "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) = dlsym(fk.lib, "cuStreamEndCapture");
+    CUresult (*gdestroy)(CUgraph) = dlsym(fk.lib, "cuGraphDestroy");
+    assert_true(retain && push && pop && begin && end && gdestroy);
+    mt_stream_t *s1 = NULL, *s2 = NULL;
+    assert_int_equal(mt_stream_create(f.b, &s1), 0);
+    assert_int_equal(mt_stream_create(f.b, &s2), 0);
+    CUstream h2 = (CUstream)mt__cuda_stream_handle(s2);
+    void *p = NULL, *q = NULL;
+    assert_int_equal(mt_alloc_malloc(f.a, 4 * MiB, s1, MT_TAG_OTHER, &p), 0);
+    CUcontext c = NULL, popped = NULL;
+    assert_int_equal(retain(&c, 0), CUDA_SUCCESS);
+    assert_int_equal(push(c), CUDA_SUCCESS);
+    assert_int_equal(begin(h2, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(mt_alloc_record_stream(f.a, p, s2), 0);
+    assert_int_equal(mt_alloc_free(f.a, p), 0); /* its event goes into the graph */
+    CUgraph g = NULL;
+    assert_int_equal(end(h2, &g), CUDA_SUCCESS);
+    assert_int_equal(gdestroy(g), CUDA_SUCCESS);
+    assert_int_equal(pop(&popped), CUDA_SUCCESS);
+    assert_int_equal(mt_alloc_malloc(f.a, 4 * MiB, s1, MT_TAG_OTHER, &q), 0);
+    assert_ptr_not_equal(q, p);
+    assert_int_equal(mt_alloc_free(f.a, q), 0);
+    mt_stream_destroy(f.b, &s1);
+    mt_stream_destroy(f.b, &s2);
+    unmake(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -299,6 +343,7 @@ int main(void)
         cmocka_unit_test(test_expandable_segments_mapping),
         cmocka_unit_test(test_expandable_oom),
         cmocka_unit_test(test_default_policy),
+        cmocka_unit_test(test_event_in_capture_keeps_block),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }

@@ -609,6 +609,75 @@ static void test_capture_rules(void **state)
     assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
 }
 
+/* The driver's capture rules the drop-in's fixes rely on: a thread in relaxed mode may
+ * allocate during another's global capture; an event recorded into a capture cannot be
+ * queried or waited for on the host; a stream-ordered free during capture takes only a
+ * graph allocation, and anything else invalidates the capture. */
+static void test_capture_modes_events_frees(void **state)
+{
+    (void)state;
+#define SYM(t, n) ((t)dlsym(fk.lib, n))
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) =
+        SYM(CUresult(*)(CUstream, CUstreamCaptureMode), "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) =
+        SYM(CUresult(*)(CUstream, CUgraph *), "cuStreamEndCapture");
+    CUresult (*destroy)(CUgraph) = SYM(CUresult(*)(CUgraph), "cuGraphDestroy");
+    CUresult (*xchg)(CUstreamCaptureMode *) =
+        SYM(CUresult(*)(CUstreamCaptureMode *), "cuThreadExchangeStreamCaptureMode");
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) =
+        SYM(CUresult(*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync");
+    CUresult (*free_async)(CUdeviceptr, CUstream) =
+        SYM(CUresult(*)(CUdeviceptr, CUstream), "cuMemFreeAsync");
+#undef SYM
+    assert_true(begin && end && destroy && xchg && alloc_async && free_async);
+    CUstream s;
+    CUgraph g = NULL;
+    CUevent ev;
+    CUdeviceptr p = 0, d = 0, ga = 0;
+    CUcontext popped;
+    assert_int_equal(cu.Push(ctx0), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cu.EventCreate(&ev, 0), CUDA_SUCCESS);
+    assert_int_equal(cu.MemAlloc(&d, 4096), CUDA_SUCCESS);
+    /* Relaxed around an allocation: the global capture survives it. */
+    assert_int_equal(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    assert_int_equal(xchg(&m), CUDA_SUCCESS);
+    assert_int_equal(m, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    assert_int_equal(cu.MemAlloc(&p, 4096), CUDA_SUCCESS);
+    assert_int_equal(xchg(&m), CUDA_SUCCESS);
+    assert_int_equal(m, CU_STREAM_CAPTURE_MODE_RELAXED);
+    /* An event recorded in the capture. */
+    assert_int_equal(cu.EventRecord(ev, s), CUDA_SUCCESS);
+    assert_int_equal(cu.EventQuery(ev), CUDA_ERROR_CAPTURED_EVENT);
+    assert_int_equal(cu.EventSynchronize(ev), CUDA_ERROR_CAPTURED_EVENT);
+    /* A graph allocation may be freed in the capture. */
+    assert_int_equal(alloc_async(&ga, 4096, s), CUDA_SUCCESS);
+    assert_int_equal(free_async(ga, s), CUDA_SUCCESS);
+    assert_int_equal(end(s, &g), CUDA_SUCCESS);
+    assert_int_equal(destroy(g), CUDA_SUCCESS);
+    assert_int_equal(cu.EventQuery(ev), CUDA_ERROR_CAPTURED_EVENT); /* until recorded again */
+    assert_int_equal(cu.EventRecord(ev, s), CUDA_SUCCESS);
+    assert_int_equal(cu.EventSynchronize(ev), CUDA_SUCCESS);
+    /* A cuMemAlloc pointer freed stream-ordered in a capture: refused, capture invalidated. */
+    assert_int_equal(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(free_async(d, s), CUDA_ERROR_INVALID_VALUE);
+    assert_int_equal(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    /* Thread-local mode ignores another thread's capture only; its own still forbids. */
+    assert_int_equal(begin(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+    m = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    assert_int_equal(xchg(&m), CUDA_SUCCESS);
+    CUdeviceptr q = 0;
+    assert_int_equal(cu.MemAlloc(&q, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(xchg(&m), CUDA_SUCCESS);
+    assert_int_equal(end(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_int_equal(cu.MemFree(p), CUDA_SUCCESS);
+    assert_int_equal(cu.MemFree(d), CUDA_SUCCESS);
+    assert_int_equal(cu.EventDestroy(ev), CUDA_SUCCESS);
+    assert_int_equal(cu.StreamDestroy(s), CUDA_SUCCESS);
+    assert_int_equal(cu.Pop(&popped), CUDA_SUCCESS);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -626,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_stray_memset_faults),
         cmocka_unit_test(test_fork_child_not_initialized),
         cmocka_unit_test(test_capture_rules),
+        cmocka_unit_test(test_capture_modes_events_frees),
     };
     return MT_TEST_RUN(tests, setup, fake_ctl_close);
 }

@@ -178,8 +178,9 @@ except Exception: print(-1)' "$1" "$2"
 # check ID REQ UNKNOWN_OK MT_MODE -- command...
 #   REQ: "" no summary test, N at least N requests, =N exactly N.
 #   UNKNOWN_OK: 1 if the check frees memtrace never handed out (unknown_frees may be > 0).
-#   MT_MODE: run (memtrace run --backend cuda) or env:VAR=VAL (the command with VAR set,
-#   for the pluggable allocator, which the program enables itself).
+#   MT_MODE: run (memtrace run --backend cuda), env:VAR=VAL (the command with VAR set,
+#   for the pluggable allocator, which the program enables itself) or runenv:VAR=VAL
+#   (both: the pluggable allocator with the drop-in preloaded, which sees captures).
 check() {
     local id=$1 req=$2 unknown_ok=$3 mtmode=$4
     shift 5
@@ -187,9 +188,12 @@ check() {
     mkdir -p "$d"
     (cd "$d" && timeout "$CHECK_TIMEOUT" "$@" >bare.out 2>bare.err)
     local rb=$?
-    if [ "$mtmode" = run ]; then
-        (cd "$d" && MEMTRACE_LOG_LEVEL=debug timeout "$CHECK_TIMEOUT" "$MEMTRACE" run --backend cuda \
-            --telemetry off --summary-json s.json -- "$@" >mt.out 2>mt.err)
+    if [ "$mtmode" = run ] || [ "${mtmode#runenv:}" != "$mtmode" ]; then
+        local extra=()
+        [ "$mtmode" = run ] || extra=("${mtmode#runenv:}")
+        (cd "$d" && MEMTRACE_LOG_LEVEL=debug timeout "$CHECK_TIMEOUT" env "${extra[@]}" \
+            "$MEMTRACE" run --backend cuda --telemetry off --summary-json s.json -- "$@" \
+            >mt.out 2>mt.err)
     else
         (cd "$d" && timeout "$CHECK_TIMEOUT" env "${mtmode#env:}" "$@" >mt.out 2>mt.err)
     fi
@@ -285,6 +289,11 @@ for n in 3 4 5; do
         check $n "" 0 env:GPU_CHECK_MEMTRACE=1 -- "$PY" "$f"
     fi
 done
+# Check 5 again under memtrace run: the drop-in's capture hooks see torch's captures
+# (private pools, relaxed mode for a new segment during torch's global-mode capture).
+if [ -n "$TORCH_WHY" ]; then skip 5-run "$TORCH_WHY"; else
+    check 5-run 1 0 runenv:GPU_CHECK_MEMTRACE=1 -- "$PY" "$HERE/check5_graph.py"
+fi
 check 6-shared =17 0 run -- "$W/check6_shared"
 if [ -n "$STATIC_WHY" ]; then skip 6-static "$STATIC_WHY"; else
     check 6-static =17 0 run -- "$W/check6_static"

@@ -15,7 +15,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "gpu_check.sh")
-ALL = ["1", "1-py", "2-plugin", "2-ctypes", "2-cupy", "3", "4", "5", "6-shared", "6-static", "6-proc",
+ALL = ["1", "1-py", "2-plugin", "2-ctypes", "2-cupy", "3", "4", "5", "5-run", "6-shared", "6-static", "6-proc",
        "7", "7-reference", "8", "9", "10"]
 # The checks in C, which must run over the fakes (not skip), except where a fake lacks
 # what the check needs (the reason must say which).

@@ -35,6 +35,14 @@
 RT_API cudaError_t cudaMallocAsync_ptsz(void **p, size_t n, cudaStream_t s);
 RT_API cudaError_t cudaFreeAsync_ptsz(void *p, cudaStream_t s);
 RT_API cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t s, enum cudaStreamCaptureStatus *st);
+RT_API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStreamCaptureMode mode);
+RT_API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g);
+RT_API cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t g,
+                                                      const cudaGraphNode_t *deps,
+                                                      const cudaGraphEdgeData *edges, size_t n,
+                                                      enum cudaStreamCaptureMode mode);
+RT_API cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *e, cudaGraph_t g,
+                                                       cudaGraphInstantiateParams *params);
 /* The runtime's own cudaMalloc/cudaFree as a static libcudart runs them: no LD_PRELOAD
  * can interpose them, so they reach memtrace only through the driver. */
 RT_API cudaError_t fakert_static_malloc(void **p, size_t n);
@@ -71,8 +79,12 @@ static struct {
     CUresult (*EndCapture[2])(CUstream, CUgraph *);
     CUresult (*IsCapturing[2])(CUstream, CUstreamCaptureStatus *);
     CUresult (*GraphDestroy)(CUgraph);
-    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t); /* optional */
-    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);       /* optional */
+    CUresult (*GraphCreate)(CUgraph *, unsigned);                              /* optional */
+    CUresult (*BeginCaptureToGraph[2])(CUstream, CUgraph, const CUgraphNode *, /* optional */
+                                       const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+    CUresult (*ThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *); /* optional */
+    CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);          /* optional */
+    CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);                /* optional */
 } drv;
 
 static _Atomic size_t dlsym_calls;
@@ -165,6 +177,9 @@ static void load(void)
     GET2(EndCapture, "cuStreamEndCapture");
     GET2(IsCapturing, "cuStreamIsCapturing");
     GET(GraphDestroy, "cuGraphDestroy");
+    GET(GraphCreate, "cuGraphCreate");
+    GET2(BeginCaptureToGraph, "cuStreamBeginCaptureToGraph");
+    GET(ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
     GET(MemcpyHtoD, "cuMemcpyHtoD");
     GET(MemcpyDtoH, "cuMemcpyDtoH");
     loaded = drv.Init && drv.PrimaryCtxRetain && drv.PrimaryCtxReset && drv.CtxSetCurrent &&
@@ -209,6 +224,8 @@ static cudaError_t from_cu(CUresult r)
         return cudaErrorStreamCaptureUnsupported;
     case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
         return cudaErrorStreamCaptureInvalidated;
+    case CUDA_ERROR_CAPTURED_EVENT:
+        return cudaErrorCapturedEvent;
     case CUDA_ERROR_NOT_SUPPORTED:
         return cudaErrorNotSupported;
     case CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED:
@@ -488,6 +505,63 @@ RT_API cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
     return ret(from_cu(drv.EndCapture[0]((CUstream)s, (CUgraph *)g)));
 }
 
+/* The _ptsz forms: stream 0 is the calling thread's per-thread stream. */
+RT_API cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    READY();
+    return ret(from_cu(drv.BeginCapture[1]((CUstream)s, (CUstreamCaptureMode)mode)));
+}
+
+RT_API cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t s, cudaGraph_t *g)
+{
+    READY();
+    return ret(from_cu(drv.EndCapture[1]((CUstream)s, (CUgraph *)g)));
+}
+
+RT_API cudaError_t cudaGraphCreate(cudaGraph_t *g, unsigned flags)
+{
+    READY();
+    if (drv.GraphCreate == NULL)
+        return ret(cudaErrorNotSupported);
+    return ret(from_cu(drv.GraphCreate((CUgraph *)g, flags)));
+}
+
+static cudaError_t begin_to_graph(cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t *deps,
+                                  const cudaGraphEdgeData *edges, size_t n,
+                                  enum cudaStreamCaptureMode mode, int pt)
+{
+    READY();
+    if (drv.BeginCaptureToGraph[pt] == NULL)
+        return ret(cudaErrorNotSupported);
+    return ret(from_cu(
+        drv.BeginCaptureToGraph[pt]((CUstream)s, (CUgraph)g, (const CUgraphNode *)deps,
+                                    (const CUgraphEdgeData *)edges, n, (CUstreamCaptureMode)mode)));
+}
+
+RT_API cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t s, cudaGraph_t g,
+                                                 const cudaGraphNode_t *deps,
+                                                 const cudaGraphEdgeData *edges, size_t n,
+                                                 enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph(s, g, deps, edges, n, mode, 0);
+}
+
+RT_API cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t s, cudaGraph_t g,
+                                                      const cudaGraphNode_t *deps,
+                                                      const cudaGraphEdgeData *edges, size_t n,
+                                                      enum cudaStreamCaptureMode mode)
+{
+    return begin_to_graph(s, g, deps, edges, n, mode, 1);
+}
+
+RT_API cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    READY();
+    if (drv.ThreadExchangeStreamCaptureMode == NULL)
+        return ret(cudaErrorNotSupported);
+    return ret(from_cu(drv.ThreadExchangeStreamCaptureMode((CUstreamCaptureMode *)mode)));
+}
+
 RT_API cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st)
 {
     READY();
@@ -552,6 +626,23 @@ RT_API cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *e, cudaGraph_t
 RT_API cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
 {
     return cudaGraphInstantiateWithFlags(e, g, flags);
+}
+
+RT_API cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t *e, cudaGraph_t g,
+                                                  cudaGraphInstantiateParams *params)
+{
+    if (params == NULL)
+        return ret(cudaErrorInvalidValue);
+    cudaError_t r = cudaGraphInstantiateWithFlags(e, g, params->flags);
+    params->errNode_out = NULL;
+    params->result_out = r == cudaSuccess ? cudaGraphInstantiateSuccess : cudaGraphInstantiateError;
+    return r;
+}
+
+RT_API cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t *e, cudaGraph_t g,
+                                                       cudaGraphInstantiateParams *params)
+{
+    return cudaGraphInstantiateWithParams(e, g, params);
 }
 
 RT_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e)

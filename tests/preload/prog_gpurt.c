@@ -242,30 +242,45 @@ static int freeasync0(void)
     return 0;
 }
 
-/* Item 7: no device malloc inside a capture; a block freed during it stays out of the
- * pool until the graph is destroyed. */
+/* Item 7: no device malloc inside a capture; a stream-ordered free during capture takes
+ * only the capture's own (graph) allocations, as the runtime's: a free of any other
+ * pointer fails and invalidates the capture, and the block stays allocated. */
 static int capture(void)
 {
     cudaStream_t s;
-    void *q = NULL, *g1 = NULL, *r = NULL, *t = NULL;
+    void *q = NULL, *g1 = NULL, *r = NULL;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
     CHECK(cudaMalloc(&q, MiB) == cudaSuccess);
+    CHECK(cuMemsetD8Async((CUdeviceptr)(uintptr_t)q, 5, MiB, (CUstream)s) == CUDA_SUCCESS);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
     size_t n0 = fake_cuda_count("cuMemAlloc_v2");
     CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
     CHECK(cudaMallocAsync(&g1, 4 * MiB, s) == cudaSuccess); /* the graph's allocation */
     CHECK(fake_cuda_count("cuMemAlloc_v2") == n0);
-    CHECK(cudaFreeAsync(q, s) == cudaSuccess);  /* the graph uses q up to here */
     CHECK(cudaFreeAsync(g1, s) == cudaSuccess); /* the graph's free */
     enum cudaStreamCaptureStatus st;
     CHECK(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive);
     cudaGraph_t g = NULL;
     CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess && g != NULL);
-    CHECK(cudaMalloc(&r, MiB) == cudaSuccess);
-    CHECK(r != q); /* q belongs to the graph still */
-    CHECK(cudaFree(r) == cudaSuccess);
     CHECK(cudaGraphDestroy(g) == cudaSuccess);
-    CHECK(cudaMalloc(&t, MiB) == cudaSuccess);
-    CHECK(t == q); /* back in the pool: the lowest free address of the segment */
+    /* Not a graph allocation: refused, and the capture is invalidated. */
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaFreeAsync(q, s) == cudaErrorInvalidValue);
+    CHECK(cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusInvalidated);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+    (void)cudaGetLastError();
+    /* The same through the driver. */
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cuMemFreeAsync((CUdeviceptr)(uintptr_t)q, (CUstream)s) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+    (void)cudaGetLastError();
+    /* q is still the program's, with its bytes, and its cache block is not handed out. */
+    unsigned char b = 0;
+    CHECK(cuMemcpyDtoH(&b, (CUdeviceptr)(uintptr_t)q + MiB - 1, 1) == CUDA_SUCCESS && b == 5);
+    CHECK(cudaMalloc(&r, MiB) == cudaSuccess);
+    CHECK(r != q);
+    CHECK(cudaFree(r) == cudaSuccess);
+    CHECK(cudaFree(q) == cudaSuccess);
     CHECK(fake_cuda_count("cuMemAlloc_v2") == n0);
     /* A cudaMalloc needing a new segment during a global capture fails as the runtime's
      * own would, with the capture's code, not as an out-of-memory. */

@@ -118,8 +118,9 @@ static void test_free_async_stream0_runtime(void **state)
     assert_int_equal(run("freeasync0", NULL), 0);
 }
 
-/* Item 7. */
-static void test_capture_no_malloc_and_parked_frees(void **state)
+/* Item 7; N6 (c): a cudaFreeAsync/cuMemFreeAsync of a non-graph pointer during capture
+ * fails and invalidates the capture. */
+static void test_capture_no_malloc_and_refused_frees(void **state)
 {
     (void)state;
     assert_int_equal(run("capture", NULL), 0);
@@ -397,7 +398,7 @@ int main(void)
         cmocka_unit_test(test_sticky_error_on_cache_hit),
         cmocka_unit_test(test_foreign_frees_forwarded),
         cmocka_unit_test(test_free_async_stream0_runtime),
-        cmocka_unit_test(test_capture_no_malloc_and_parked_frees),
+        cmocka_unit_test(test_capture_no_malloc_and_refused_frees),
         cmocka_unit_test(test_last_error_as_runtime),
         cmocka_unit_test(test_fork_child_starts_clean),
         cmocka_unit_test(test_foreign_oom_releases_cache),
