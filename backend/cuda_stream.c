@@ -267,7 +267,15 @@ int mt__cuda_stream_synchronize(mt_backend_t *b, mt_stream_t *s)
     return rc;
 }
 
-static CUstream record_target(const mt_stream_t *s);
+/* The stream work for s is queued on (events, waits, host functions, copies, memsets).
+ * The per-thread handle names the calling thread's stream, so for another thread's
+ * per-thread stream it is the legacy stream: per-thread streams are blocking, so legacy
+ * work runs only after the work queued so far on every one of them, that thread's
+ * included. Conservative: it also waits for the other blocking streams. */
+static CUstream record_target(const mt_stream_t *s)
+{
+    return foreign(s) ? CU_STREAM_LEGACY : SH(s);
+}
 
 /* Another thread's per-thread stream: the legacy stream waits, and every blocking stream,
  * that one included, waits for the legacy stream's work before its later work (CUDA's
@@ -281,7 +289,7 @@ int mt__cuda_stream_wait_event(mt_backend_t *b, mt_stream_t *s, mt_event_t *ev)
 
 int mt__cuda_launch_host_func(mt_backend_t *b, mt_stream_t *s, void (*fn)(void *), void *ud)
 {
-    return CALL(C(b), LaunchHostFunc(SH(s), fn, ud));
+    return CALL(C(b), LaunchHostFunc(record_target(s), fn, ud));
 }
 
 /* With unified addressing (every 64-bit platform CUDA supports), cuMemcpyAsync infers
@@ -290,13 +298,14 @@ int mt__cuda_memcpy_async(mt_backend_t *b, void *dst, const void *src, size_t n,
                           mt_memcpy_kind_e kind, mt_stream_t *s)
 {
     (void)kind;
-    return CALL(C(b),
-                MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, SH(s)));
+    return CALL(C(b), MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n,
+                                  record_target(s)));
 }
 
 int mt__cuda_memset_async(mt_backend_t *b, void *dst, int value, size_t n, mt_stream_t *s)
 {
-    return CALL(C(b), MemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n, SH(s)));
+    return CALL(C(b), MemsetD8Async((CUdeviceptr)(uintptr_t)dst, (unsigned char)value, n,
+                                    record_target(s)));
 }
 
 int mt__cuda_device_synchronize(mt_backend_t *b)
@@ -314,7 +323,7 @@ int mt__cuda_memcpy_peer_async(mt_backend_t *b, void *dst, int dst_device, const
     if (db == NULL || sb == NULL)
         return MT_ENODEV;
     int rc = CALL(c, MemcpyPeerAsync((CUdeviceptr)(uintptr_t)dst, C(db)->ctx,
-                                     (CUdeviceptr)(uintptr_t)src, C(sb)->ctx, n, SH(s)));
+                                     (CUdeviceptr)(uintptr_t)src, C(sb)->ctx, n, record_target(s)));
     if (rc == 0)
         mt__backend_add_peer(b, n, 0);
     return rc;
@@ -353,15 +362,6 @@ void mt__cuda_event_destroy(mt_backend_t *b, mt_event_t *ev)
 {
     CALL(C(b), EventDestroy(ev->h));
     free(ev);
-}
-
-/* The stream an event for s is recorded on. The per-thread handle names the calling
- * thread's stream, so for another thread's per-thread stream it is the legacy stream:
- * per-thread streams are blocking, so the legacy stream's event completes only after the
- * work queued so far on every one of them, that thread's included. */
-static CUstream record_target(const mt_stream_t *s)
-{
-    return foreign(s) ? CU_STREAM_LEGACY : SH(s);
 }
 
 int mt__cuda_event_record(mt_backend_t *b, mt_event_t *ev, mt_stream_t *s)

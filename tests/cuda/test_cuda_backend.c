@@ -552,6 +552,8 @@ typedef struct holder_s {
     mt_backend_t *b;
     gate_t *gate, *release;
     mt_stream_t *s;
+    void *p; /* when not NULL: memset to value behind the gate */
+    int value;
     atomic_bool ready;
 } holder_t;
 
@@ -561,6 +563,8 @@ static void *hold_wrapper(void *arg)
     if (mt__cuda_stream_wrap(h->b, (uintptr_t)CU_STREAM_PER_THREAD, &h->s) != 0 ||
         mt_stream_launch_host_func(h->b, h->s, gate_wait, h->gate) != 0)
         return (void *)1;
+    if (h->p != NULL && mt_memset_async(h->b, h->p, h->value, MiB, h->s) != 0)
+        return (void *)2;
     atomic_store(&h->ready, true);
     while (!atomic_load(&h->release->open))
         nap_ms(1);
@@ -609,6 +613,63 @@ static void test_other_thread_stream_sync(void **state)
     mt_backend_destroy(&b);
 }
 
+/* What a host function saw of a gate when it ran: 1 closed, 2 passed. */
+typedef struct seen_s {
+    gate_t *gate;
+    atomic_int seen;
+} seen_t;
+
+static void note_gate(void *ud)
+{
+    seen_t *n = ud;
+    atomic_store(&n->seen, atomic_load(&n->gate->done) ? 2 : 1);
+}
+
+/* N11: a host function, a copy and a memset queued on another (live) thread's per-thread
+ * wrapper run after the work that thread queued (a memset of p to 1 behind a gate), not
+ * at once on the caller's idle per-thread stream: the host function sees the gate passed,
+ * the copy reads the 1, and the memset lands after it. */
+static void test_other_thread_stream_work(void **state)
+{
+    (void)state;
+    mt_backend_t *b = make();
+    void *p = NULL, *r = NULL;
+    assert_int_equal(mt_backend_malloc(b, MiB, &p), 0);
+    assert_int_equal(mt_backend_malloc(b, MiB, &r), 0);
+    assert_int_equal(mt_memset_async(b, p, 0, MiB, NULL), 0);
+    assert_int_equal(mt_memset_async(b, r, 0, MiB, NULL), 0);
+    assert_int_equal(mt_stream_synchronize(b, NULL), 0);
+    gate_t gate = {false, false}, release = {false, false};
+    holder_t h = {.b = b, .gate = &gate, .release = &release, .p = p, .value = 1};
+    pthread_t t1;
+    assert_int_equal(pthread_create(&t1, NULL, hold_wrapper, &h), 0);
+    while (!atomic_load(&h.ready))
+        nap_ms(1);
+    mt_stream_t *mine = NULL;
+    assert_int_equal(mt__cuda_stream_wrap(b, (uintptr_t)CU_STREAM_PER_THREAD, &mine), 0);
+    assert_ptr_not_equal(mine, h.s);
+    seen_t n = {.gate = &gate};
+    assert_int_equal(mt_stream_launch_host_func(b, h.s, note_gate, &n), 0);
+    assert_int_equal(mt_memcpy_async(b, r, p, MiB, MT_MEMCPY_DEVICE_TO_DEVICE, h.s), 0);
+    assert_int_equal(mt_memset_async(b, p, 2, MiB, h.s), 0);
+    nap_ms(100); /* work wrongly queued on the caller's idle stream has run by now */
+    atomic_store(&gate.open, true);
+    fk.idle();
+    uint8_t rb = 0, pb = 0;
+    assert_int_equal(mt_memcpy(b, &rb, (char *)r + MiB - 1, 1, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    assert_int_equal(mt_memcpy(b, &pb, (char *)p + MiB - 1, 1, MT_MEMCPY_DEVICE_TO_HOST), 0);
+    atomic_store(&release.open, true);
+    void *res = (void *)-1;
+    assert_int_equal(pthread_join(t1, &res), 0);
+    assert_null(res);
+    assert_int_equal(atomic_load(&n.seen), 2);
+    assert_int_equal(rb, 1);
+    assert_int_equal(pb, 2);
+    assert_int_equal(mt_backend_free(b, p), 0);
+    assert_int_equal(mt_backend_free(b, r), 0);
+    mt_backend_destroy(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -627,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_granularity_per_device),
         cmocka_unit_test(test_exited_thread_stream_reused),
         cmocka_unit_test(test_other_thread_stream_sync),
+        cmocka_unit_test(test_other_thread_stream_work),
     };
     return MT_TEST_RUN(tests, fake_ctl_open, fake_ctl_close);
 }
