@@ -29,6 +29,8 @@ int mt__cuda_stream_forget(mt_backend_t *b, uintptr_t handle);
 int mt__cuda_last_result(void);
 /* The CUstream behind s (0 for the default stream). */
 uintptr_t mt__cuda_stream_handle(const mt_stream_t *s);
+/* Whether s is one of b's stream wrappers (s NULL: no). */
+bool mt__cuda_stream_is_of(mt_backend_t *b, const mt_stream_t *s);
 /* Between enter and leave (nested, per thread), the calling thread's requests serve a
  * stream capture: the device allocations and releases they make run in relaxed capture
  * mode (cuThreadExchangeStreamCaptureMode), as PyTorch's cudaMallocMaybeCapturing does,

@@ -241,6 +241,19 @@ uintptr_t mt__cuda_stream_handle(const mt_stream_t *s)
     return (uintptr_t)SH(s);
 }
 
+bool mt__cuda_stream_is_of(mt_backend_t *b, const mt_stream_t *s)
+{
+    if (s == NULL || !mt__cuda_is_cuda(b))
+        return false;
+    cuda_t *c = C(b);
+    bool found = false;
+    pthread_mutex_lock(&c->mu);
+    for (const cuda_stream_t *w = c->streams; w != NULL && !found; w = w->next)
+        found = &w->base == s;
+    pthread_mutex_unlock(&c->mu);
+    return found;
+}
+
 /* True when s is another thread's per-thread stream, which its handle cannot name here:
  * the per-thread handle names the calling thread's own. */
 static bool foreign(const mt_stream_t *s)

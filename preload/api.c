@@ -569,3 +569,21 @@ MT_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream)
         (void)mt_alloc_record_stream(a, ptr, s);
     mt__guard_leave();
 }
+
+/* CUDA graphs (torch.cuda.graph): the capture's private pool, for a torch that calls
+ * these; captures no hook saw are also found by asking the driver (hooks_graph.c). */
+MT_HOOK void memtrace_begin_allocate_to_pool(int device, memtrace_mempool_id_t pool, void *filter)
+{
+    (void)filter;
+    mt__preload_graph_pool_begin(device, pool.first, pool.second);
+}
+
+MT_HOOK void memtrace_end_allocate_to_pool(int device, memtrace_mempool_id_t pool)
+{
+    mt__preload_graph_pool_end(device, pool.first, pool.second);
+}
+
+MT_HOOK void memtrace_release_pool(int device, memtrace_mempool_id_t pool)
+{
+    mt__preload_graph_pool_release(device, pool.first, pool.second);
+}

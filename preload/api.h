@@ -101,5 +101,22 @@ MT_API_HOOK void memtrace_reset(void);            /* set_reset_fn: empty_cache *
 MT_API_HOOK void memtrace_memory_fraction(double fraction, int device); /* set_memory_fraction_fn */
 MT_API_HOOK void *memtrace_base_alloc(void *ptr, size_t *size);         /* set_base_alloc_fn */
 MT_API_HOOK void memtrace_record_stream(void *ptr, struct CUstream_st *stream);
+/* torch's MempoolId_t, a std::pair<unsigned long long, unsigned long long> passed by value
+ * (two integer registers, as this struct). */
+typedef struct memtrace_mempool_id {
+    unsigned long long first, second;
+} memtrace_mempool_id_t;
+/* set_begin_allocate_to_pool: the next capture on device allocates from pool (made on
+ * first use; a pool torch shares between graphs is reused). filter is torch's
+ * std::function (passed by reference), which C cannot call: memtrace asks the driver which
+ * stream is capturing instead (preload/hooks_graph.c). */
+MT_API_HOOK void memtrace_begin_allocate_to_pool(int device, memtrace_mempool_id_t pool,
+                                                 void *filter);
+/* set_end_allocate_to_pool_fn: the capture into pool ended (torch calls it right after
+ * cudaStreamEndCapture). */
+MT_API_HOOK void memtrace_end_allocate_to_pool(int device, memtrace_mempool_id_t pool);
+/* set_release_pool: a graph using pool was reset; the pool goes back to the device once
+ * no graph uses it and its blocks are free. */
+MT_API_HOOK void memtrace_release_pool(int device, memtrace_mempool_id_t pool);
 
 #endif

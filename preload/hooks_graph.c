@@ -21,7 +21,17 @@
  *
  * Stream-ordered allocations on a capturing stream (cudaMallocAsync) still go to the
  * driver as graph allocation nodes (hooks_runtime.c); these hooks do not change them.
- * On sim there is no capture: the calls report cudaErrorNotSupported. */
+ * On sim there is no capture: the calls report cudaErrorNotSupported.
+ *
+ * Without the hooks (torch's pluggable allocator alone, no LD_PRELOAD) no capture call
+ * reaches memtrace. Two things stand in for them. torch calls the pool entry points
+ * (memtrace_begin_allocate_to_pool, _end_, memtrace_release_pool: api.c) around each
+ * capture and when the graph is reset: begin makes (or, for a shared pool, reuses) a pool
+ * under torch's id, which the next capture on that device takes; release drops torch's
+ * use of it. And a request or a stream use on a stream the driver says is capturing
+ * (cuStreamGetCaptureInfo) binds that capture to the pool torch armed, or to a new pool of
+ * its own, which is then kept for good (nothing says when its graph goes); its end is
+ * found the same way, at the stream's next request or the next graph event. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -62,11 +72,12 @@ typedef struct use_s {
     bool freed; /* the program freed it: kept here until the capture is released */
 } use_t;
 
-/* One capture's pool.
+/* One capture's pool (torch's pool, for a pool torch named: each capture into it).
  * Invariants: capturing => handle != NULL and the stream is routed to pool;
- * refs = (graph != NULL) + number of execs naming it; refs = 0 and !capturing => retired:
- * at the next graph event with no capture under way its kept blocks go back to the cache,
- * and its pool is released if no block of it is live;
+ * refs = (graph != NULL) + number of execs naming it; torch_uses > 0 or armed => torch;
+ * pinned => detected && !torch; retired <=> !capturing && refs = 0 && torch_uses = 0 &&
+ * !armed && !pinned: at the next graph event with no capture under way its kept blocks go
+ * back to the cache, and its pool is released if no block of it is live;
  * uses[0..nuses) name distinct blocks of alloc; a block freed by the program is freed in
  * the uses of every capture naming it, and the last of them released returns it. */
 typedef struct capture_s {
@@ -77,9 +88,17 @@ typedef struct capture_s {
     void *graph;         /* the captured graph until destroyed, else NULL */
     use_t *uses;         /* owned */
     size_t nuses, cap_uses;
-    uint32_t pool; /* mt_pool_create's id */
+    void *seen_graph;     /* the graph the driver said the stream captures into, or NULL */
+    uint64_t torch_id[2]; /* torch: its MempoolId_t */
+    uint32_t pool;        /* mt_pool_create's id */
     unsigned refs;
+    unsigned torch_uses; /* torch: beginAllocateToPool calls not yet released (releasePool) */
     bool capturing;
+    bool torch;    /* made by memtrace_begin_allocate_to_pool */
+    bool armed;    /* torch: between begin and end of allocate-to-pool; the next capture on
+                      its allocator that no hook saw otherwise routed binds to it */
+    bool detected; /* the capture under way was found by asking the driver, not by a hook */
+    bool pinned;   /* its graph's end cannot be seen: kept until the allocator goes */
 } capture_t;
 
 /* An executable graph instantiated from a capture's graph. */
@@ -158,16 +177,19 @@ static capture_t *capturing_on(void *handle)
     return NULL;
 }
 
+static void refresh_detected(void);
+
 /* Returns the kept blocks of retired captures and releases the pools whose blocks are all
  * free (graph_mu held). Never while a capture is under way: cuMemFree and the device
  * synchronisation would break a global one; the next graph event after it does it. */
 static void release_retired(void)
 {
+    refresh_detected();
     if (atomic_load(&n_capturing) > 0)
         return;
     for (capture_t **pp = &captures; *pp != NULL;) {
         capture_t *c = *pp;
-        if (c->capturing || c->refs > 0) {
+        if (c->capturing || c->refs > 0 || c->torch_uses > 0 || c->armed || c->pinned) {
             pp = &c->next;
             continue;
         }
@@ -187,37 +209,151 @@ static void release_retired(void)
     }
 }
 
+/* Whether the driver says handle is capturing now; *graph: the graph it captures into. The
+ * legacy stream never captures. */
+static bool capturing_now(void *handle, void **graph)
+{
+    *graph = NULL;
+    if (handle == NULL || (uintptr_t)handle == (uintptr_t)CU_STREAM_LEGACY)
+        return false;
+    return mt__preload_capture_graph(handle, graph) != 0;
+}
+
+/* Routes s (the program's handle) to c's pool: c's capture is under way (graph_mu held). */
+static int bind(capture_t *c, mt_stream_t *s, void *handle)
+{
+    mt__guard_enter();
+    int rc = mt_pool_begin(c->alloc, c->pool, s);
+    mt__guard_leave();
+    if (rc != 0)
+        return rc;
+    c->stream = s;
+    c->handle = handle;
+    c->capturing = true;
+    atomic_fetch_add(&n_capturing, 1);
+    mt__preload_say(MT_LOG_DEBUG, "stream capture on %p: allocations go to pool %u", handle,
+                    c->pool);
+    return 0;
+}
+
+/* Ends the routing of c's stream: its capture is over (graph_mu held). */
+static void unbind(capture_t *c)
+{
+    mt__guard_enter();
+    (void)mt_pool_end(c->alloc, c->pool, c->stream);
+    mt__guard_leave();
+    c->capturing = false;
+    c->handle = NULL;
+    atomic_fetch_sub(&n_capturing, 1);
+}
+
+/* A capture on s (handle) of allocator a is under way: the capture routing s, else a pool
+ * torch armed on a, else a new pool. NULL when none could be had: the capture then takes
+ * eager blocks, as before (graph_mu held). */
+static capture_t *begin_on(mt_alloc_t *a, mt_stream_t *s, void *handle)
+{
+    capture_t *c = captures;
+    while (c != NULL && !(c->capturing && c->alloc == a && c->stream == s))
+        c = c->next;
+    if (c != NULL)
+        return c;
+    for (c = captures; c != NULL; c = c->next)
+        if (c->alloc == a && c->armed && !c->capturing)
+            return bind(c, s, handle) == 0 ? c : NULL;
+    c = calloc(1, sizeof *c);
+    uint32_t id = 0;
+    mt__guard_enter();
+    int rc = c == NULL ? MT_ENOMEM : mt_pool_create(a, &id);
+    mt__guard_leave();
+    if (rc == 0) {
+        *c = (capture_t){.alloc = a, .pool = id};
+        if ((rc = bind(c, s, handle)) != 0) {
+            mt__guard_enter();
+            (void)mt_pool_release(a, id);
+            mt__guard_leave();
+        }
+    }
+    if (rc != 0) {
+        mt__preload_say(MT_LOG_WARN, "stream capture without a private pool: %s", mt_strerror(rc));
+        free(c);
+        return NULL;
+    }
+    c->next = captures;
+    captures = c;
+    return c;
+}
+
 /* A capture began on handle (the runtime or driver said so). */
 static void capture_begun(void *handle, int device)
 {
     mt_alloc_t *a = NULL;
     mt_stream_t *s = NULL;
-    uint32_t id = 0;
-    capture_t *c = calloc(1, sizeof *c);
-    if (c == NULL || device < 0 || mt__preload_alloc(device, &a) != 0) {
-        free(c);
+    if (device < 0 || mt__preload_alloc(device, &a) != 0)
         return; /* served as before: the capture then takes eager blocks */
-    }
     mt__guard_enter();
     int rc = mt__preload_stream(mt_alloc_backend(a), handle, &s);
-    if (rc == 0)
-        rc = mt_pool_create(a, &id);
-    if (rc == 0 && (rc = mt_pool_begin(a, id, s)) != 0)
-        (void)mt_pool_release(a, id);
     mt__guard_leave();
     if (rc != 0) {
         mt__preload_say(MT_LOG_WARN, "stream capture without a private pool: %s", mt_strerror(rc));
-        free(c);
         return;
     }
-    *c = (capture_t){.alloc = a, .stream = s, .handle = handle, .pool = id, .capturing = true};
-    mt__preload_say(MT_LOG_DEBUG, "stream capture on %p: allocations go to pool %u", handle, id);
     pthread_mutex_lock(&graph_mu);
-    c->next = captures;
-    captures = c;
-    atomic_fetch_add(&n_capturing, 1);
+    capture_t *c = begin_on(a, s, handle);
+    if (c != NULL) {
+        c->detected = false; /* the end hook will say when it ends */
+        (void)capturing_now(handle, &c->seen_graph);
+    }
     release_retired();
     pthread_mutex_unlock(&graph_mu);
+}
+
+/* ---- captures no hook saw (pluggable allocator without LD_PRELOAD) ---- */
+
+/* Ends the detected captures the driver says are over (graph_mu held). The per-thread
+ * handle names the calling thread's stream, so such a capture is asked about only by
+ * its stream's next request. */
+static void refresh_detected(void)
+{
+    for (capture_t *c = captures; c != NULL; c = c->next) {
+        void *g = NULL;
+        if (!c->capturing || !c->detected ||
+            (uintptr_t)c->handle == (uintptr_t)CU_STREAM_PER_THREAD)
+            continue;
+        if (!capturing_now(c->handle, &g) || g != c->seen_graph)
+            unbind(c);
+    }
+}
+
+/* The capture s (the program's handle, a stream of allocator a) serves now, found by
+ * asking the driver when no hook told (graph_mu held); NULL when s is not capturing. A
+ * routing whose capture the driver says is over ends here. */
+static capture_t *current(mt_alloc_t *a, mt_stream_t *s, void *handle)
+{
+    capture_t *c = captures;
+    while (c != NULL && !(c->capturing && c->alloc == a && c->stream == s))
+        c = c->next;
+    if (c != NULL && !c->detected)
+        return c;
+    void *g = NULL;
+    bool now = capturing_now(handle, &g);
+    if (c != NULL && now && g == c->seen_graph)
+        return c;
+    if (c != NULL)
+        unbind(c);
+    if (!now)
+        return NULL;
+    /* Another stream joined into a capture under way (fork and join through events): its
+     * requests are served as before, eager; a pool of its own would outlive the graph. */
+    for (capture_t *o = captures; o != NULL; o = o->next)
+        if (o->capturing && g != NULL && o->seen_graph == g)
+            return NULL;
+    c = begin_on(a, s, handle);
+    if (c == NULL)
+        return NULL;
+    c->detected = true;
+    c->seen_graph = g;
+    c->pinned = !c->torch;
+    return c;
 }
 
 /* The capture on handle ended with graph (NULL when it failed). */
@@ -226,14 +362,9 @@ static void capture_ended(void *handle, void *graph)
     pthread_mutex_lock(&graph_mu);
     capture_t *c = capturing_on(handle);
     if (c != NULL) {
-        mt__guard_enter();
-        (void)mt_pool_end(c->alloc, c->pool, c->stream);
-        mt__guard_leave();
-        c->capturing = false;
-        atomic_fetch_sub(&n_capturing, 1);
-        c->handle = NULL;
-        c->graph = graph;
-        c->refs = graph != NULL;
+        unbind(c);
+        c->graph = graph; /* a pool torch shares: the graph before it was destroyed */
+        c->refs += graph != NULL;
     }
     release_retired();
     pthread_mutex_unlock(&graph_mu);
@@ -318,11 +449,18 @@ void mt__preload_graph_forget(mt_alloc_t *a)
 
 bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle)
 {
-    if (atomic_load(&n_capturing) == 0 || handle == NULL)
+    void *g = NULL;
+    if (handle == NULL || (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g)))
+        return false;
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(mt_alloc_backend(a), handle, &s);
+    mt__guard_leave();
+    if (rc != 0 || s == NULL)
         return false;
     pthread_mutex_lock(&graph_mu);
-    capture_t *c = capturing_on(handle);
-    bool mine = c != NULL && c->alloc == a;
+    capture_t *c = current(a, s, handle);
+    bool mine = c != NULL;
     for (size_t i = 0; mine && i < c->nuses; i++)
         if (c->uses[i].ptr == ptr) {
             pthread_mutex_unlock(&graph_mu);
@@ -362,16 +500,103 @@ int mt__preload_graph_keep(mt_alloc_t *a, void *ptr)
     return !found ? 0 : fresh ? 1 : MT_ENOENT;
 }
 
+/* The allocator whose backend s is a stream of, or NULL. */
+static mt_alloc_t *alloc_of_stream(const mt_stream_t *s)
+{
+    mt_preload_t *P = mt__preload();
+    for (int d = 0; d < P->ndevices; d++) {
+        mt_alloc_t *a = atomic_load_explicit(&P->ready[d], memory_order_acquire);
+        if (a != NULL && mt__cuda_stream_is_of(mt_alloc_backend(a), s))
+            return a;
+    }
+    return NULL;
+}
+
 bool mt__preload_graph_routed(const mt_stream_t *s)
 {
-    if (atomic_load(&n_capturing) == 0)
+    if (s == NULL) /* the legacy stream never captures */
         return false;
-    bool r = false;
+    void *handle = (void *)mt__cuda_stream_handle(s), *g = NULL;
+    if (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g))
+        return false;
+    mt_alloc_t *a = alloc_of_stream(s);
+    if (a == NULL)
+        return false;
     pthread_mutex_lock(&graph_mu);
-    for (capture_t *c = captures; c != NULL && !r; c = c->next)
-        r = c->capturing && c->stream == s;
+    bool r = current(a, (mt_stream_t *)s, handle) != NULL;
     pthread_mutex_unlock(&graph_mu);
     return r;
+}
+
+/* ---- torch's pool entry points (api.c) ---- */
+
+/* The pool torch named id on a, or NULL (graph_mu held). */
+static capture_t *torch_pool(mt_alloc_t *a, uint64_t id0, uint64_t id1)
+{
+    for (capture_t *c = captures; c != NULL; c = c->next)
+        if (c->torch && c->alloc == a && c->torch_id[0] == id0 && c->torch_id[1] == id1)
+            return c;
+    return NULL;
+}
+
+void mt__preload_graph_pool_begin(int device, uint64_t id0, uint64_t id1)
+{
+    mt_alloc_t *a = NULL;
+    if (mt__preload()->sim || mt__preload_alloc(device, &a) != 0)
+        return; /* the capture then takes eager blocks, as before */
+    pthread_mutex_lock(&graph_mu);
+    capture_t *c = torch_pool(a, id0, id1);
+    if (c == NULL && (c = calloc(1, sizeof *c)) != NULL) {
+        uint32_t id = 0;
+        mt__guard_enter();
+        int rc = mt_pool_create(a, &id);
+        mt__guard_leave();
+        if (rc != 0) {
+            mt__preload_say(MT_LOG_WARN, "graph pool (%llu, %llu) not made: %s",
+                            (unsigned long long)id0, (unsigned long long)id1, mt_strerror(rc));
+            free(c);
+            c = NULL;
+        } else {
+            *c = (capture_t){
+                .next = captures, .alloc = a, .pool = id, .torch = true, .torch_id = {id0, id1}};
+            captures = c;
+        }
+    }
+    if (c != NULL) {
+        c->torch_uses++;
+        c->armed = true;
+    }
+    release_retired(); /* a graph event with no capture under way: torch begins one next */
+    pthread_mutex_unlock(&graph_mu);
+}
+
+void mt__preload_graph_pool_end(int device, uint64_t id0, uint64_t id1)
+{
+    mt_alloc_t *a = NULL;
+    if (mt__preload()->sim || mt__preload_alloc(device, &a) != 0)
+        return;
+    pthread_mutex_lock(&graph_mu);
+    capture_t *c = torch_pool(a, id0, id1);
+    if (c != NULL) {
+        c->armed = false;
+        if (c->capturing) /* the end of capture no hook saw: torch calls this right after */
+            unbind(c);
+    }
+    release_retired();
+    pthread_mutex_unlock(&graph_mu);
+}
+
+void mt__preload_graph_pool_release(int device, uint64_t id0, uint64_t id1)
+{
+    mt_alloc_t *a = NULL;
+    if (mt__preload()->sim || mt__preload_alloc(device, &a) != 0)
+        return;
+    pthread_mutex_lock(&graph_mu);
+    capture_t *c = torch_pool(a, id0, id1);
+    if (c != NULL && c->torch_uses > 0)
+        c->torch_uses--;
+    release_retired();
+    pthread_mutex_unlock(&graph_mu);
 }
 
 /* ---- runtime hooks ---- */

@@ -4,6 +4,7 @@
 #define MT_PRELOAD_HOOKS_GRAPH_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "memtrace/alloc.h"
 
@@ -20,7 +21,13 @@ bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle);
  * keeps until the capture is released (the free is done); MT_ENOENT if the capture keeps
  * it already (a double free); 0 otherwise. */
 int mt__preload_graph_keep(mt_alloc_t *a, void *ptr);
-/* Whether s is routed to a capture's pool now: its requests serve the capture. */
+/* Whether s's requests serve a capture now: s is routed to a capture's pool, or the driver
+ * says s is capturing (a capture no hook saw), and s is routed from now on. */
 bool mt__preload_graph_routed(const mt_stream_t *s);
+/* torch's beginAllocateToPool / endAllocateToPool / releasePool for its pool id (id0, id1)
+ * on device (memtrace_begin_allocate_to_pool etc., api.c). */
+void mt__preload_graph_pool_begin(int device, uint64_t id0, uint64_t id1);
+void mt__preload_graph_pool_end(int device, uint64_t id0, uint64_t id1);
+void mt__preload_graph_pool_release(int device, uint64_t id0, uint64_t id1);
 
 #endif
