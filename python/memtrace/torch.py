@@ -18,11 +18,16 @@ from ._errors import MemtraceError
 __all__ = ["enable", "tag_modules", "ModuleTags"]
 
 # Optional entry points of torch's CUDAPluggableAllocator (torch >= 2.1 has setters for
-# them on allocator.allocator()), and ours that serve them.
+# them on allocator.allocator()), and ours that serve them. The pool ones give each
+# torch.cuda.graph capture its private pool (memtrace also finds captures by asking the
+# driver, for a torch without them: docs/allocator-pools.md).
 _OPTIONAL = (("set_init_fn", "memtrace_init"), ("set_reset_fn", "memtrace_reset"),
              ("set_memory_fraction_fn", "memtrace_memory_fraction"),
              ("set_base_alloc_fn", "memtrace_base_alloc"),
-             ("set_record_stream_fn", "memtrace_record_stream"))
+             ("set_record_stream_fn", "memtrace_record_stream"),
+             ("set_begin_allocate_to_pool", "memtrace_begin_allocate_to_pool"),
+             ("set_end_allocate_to_pool_fn", "memtrace_end_allocate_to_pool"),
+             ("set_release_pool", "memtrace_release_pool"))
 
 
 def enable():

@@ -196,13 +196,18 @@ class EnableForTorch(unittest.TestCase):
         L = memtrace._lib.lib()
         addr = {s: ctypes.cast(getattr(L, s), ctypes.c_void_p).value
                 for s in ("memtrace_init", "memtrace_reset", "memtrace_memory_fraction",
-                          "memtrace_base_alloc", "memtrace_record_stream")}
+                          "memtrace_base_alloc", "memtrace_record_stream",
+                          "memtrace_begin_allocate_to_pool", "memtrace_end_allocate_to_pool",
+                          "memtrace_release_pool")}
         self.assertEqual(calls, [
             ("new", memtrace.library_path(), "memtrace_alloc", "memtrace_free"),
             ("set_init_fn", addr["memtrace_init"]), ("set_reset_fn", addr["memtrace_reset"]),
             ("set_memory_fraction_fn", addr["memtrace_memory_fraction"]),
             ("set_base_alloc_fn", addr["memtrace_base_alloc"]),
             ("set_record_stream_fn", addr["memtrace_record_stream"]),
+            ("set_begin_allocate_to_pool", addr["memtrace_begin_allocate_to_pool"]),
+            ("set_end_allocate_to_pool_fn", addr["memtrace_end_allocate_to_pool"]),
+            ("set_release_pool", addr["memtrace_release_pool"]),
             ("change", "Pluggable")])
 
     def test_torch_refusing_the_swap_is_a_clear_error(self):
