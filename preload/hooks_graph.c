@@ -450,7 +450,8 @@ void mt__preload_graph_forget(mt_alloc_t *a)
 bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle)
 {
     void *g = NULL;
-    if (handle == NULL || (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g)))
+    if (handle == NULL || mt__preload()->sim ||
+        (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g)))
         return false;
     mt_stream_t *s = NULL;
     mt__guard_enter();
@@ -514,7 +515,7 @@ static mt_alloc_t *alloc_of_stream(const mt_stream_t *s)
 
 bool mt__preload_graph_routed(const mt_stream_t *s)
 {
-    if (s == NULL) /* the legacy stream never captures */
+    if (s == NULL || mt__preload()->sim) /* the legacy stream never captures; sim never */
         return false;
     void *handle = (void *)mt__cuda_stream_handle(s), *g = NULL;
     if (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g))
