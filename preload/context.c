@@ -996,7 +996,8 @@ static void init_once(void)
             P->bcfg.kind = MT_BACKEND_CUDA;
             /* Peer access the program enables goes to the real runtime unseen: open
              * every mapping to the devices that can reach it instead. */
-            if (P->bcfg.cuda_peer_access == MT_CUDA_PEER_AUTO && !hooks_interposed()) {
+            P->interposed = hooks_interposed();
+            if (P->bcfg.cuda_peer_access == MT_CUDA_PEER_AUTO && !P->interposed) {
                 P->bcfg.cuda_peer_access = MT_CUDA_PEER_CAPABLE;
                 mt__preload_say(MT_LOG_INFO,
                                 "the runtime's peer calls do not reach memtrace (no drop-in): "

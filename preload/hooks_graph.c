@@ -451,7 +451,8 @@ bool mt__preload_graph_use(mt_alloc_t *a, void *ptr, void *handle)
 {
     void *g = NULL;
     if (handle == NULL || mt__preload()->sim ||
-        (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g)))
+        (atomic_load(&n_capturing) == 0 &&
+         (mt__preload()->interposed || !capturing_now(handle, &g))))
         return false;
     mt_stream_t *s = NULL;
     mt__guard_enter();
@@ -518,7 +519,9 @@ bool mt__preload_graph_routed(const mt_stream_t *s)
     if (s == NULL || mt__preload()->sim) /* the legacy stream never captures; sim never */
         return false;
     void *handle = (void *)mt__cuda_stream_handle(s), *g = NULL;
-    if (atomic_load(&n_capturing) == 0 && !capturing_now(handle, &g))
+    /* Under the drop-in every capture began through a hook; only the pluggable allocator
+     * alone must ask the driver, once per request on a stream other than the legacy one. */
+    if (atomic_load(&n_capturing) == 0 && (mt__preload()->interposed || !capturing_now(handle, &g)))
         return false;
     mt_alloc_t *a = alloc_of_stream(s);
     if (a == NULL)

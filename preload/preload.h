@@ -47,9 +47,12 @@ typedef struct mt_preload_dev_s {
  * it without the lock after seeing alloc != NULL through an acquire load);
  * ev_count[k] counts events of kind k seen by the sink, forwarded or not. */
 typedef struct mt_preload_s {
-    int init_rc;  /* 0, or why no device can be served (MT_ENODEV, ...) */
-    bool sim;     /* serve the memory API ourselves (see above) */
-    int ndevices; /* devices we may serve (on sim: MEMTRACE_SIM_DEVICES) */
+    int init_rc;     /* 0, or why no device can be served (MT_ENODEV, ...) */
+    bool sim;        /* serve the memory API ourselves (see above) */
+    bool interposed; /* cuda mode: the program's runtime calls reach our hooks (LD_PRELOAD),
+                      * so every capture begins through one; false for torch's pluggable
+                      * allocator alone */
+    int ndevices;    /* devices we may serve (on sim: MEMTRACE_SIM_DEVICES) */
     mt_backend_cfg_t bcfg;
     mt_alloc_cfg_t acfg; /* template: backend and sink filled per device */
 

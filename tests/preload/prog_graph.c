@@ -82,6 +82,9 @@ static int pools(enum cudaStreamCaptureMode mode)
     void *w = alloc(N, 0, s); /* warm-up: a block of tmp's size waits in the cache */
     CHECK(w != NULL);
     fr(w, N, 0, s);
+    /* Under the drop-in every capture begins through a hook: eager requests on a stream
+     * ask the driver nothing about capture. */
+    CHECK(fake_cuda_count("cuStreamGetCaptureInfo") == 0);
 
     /* In global mode a miss in the pool still makes a segment: the drop-in allocates it in
      * relaxed mode, as PyTorch does. */
