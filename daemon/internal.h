@@ -282,6 +282,8 @@ struct mt_d_s {
     /* batch_proc's line writer (profiler/internal.h), set up again at each drain of a
      * producer; NULL until the first (or out of memory: the general writer then) */
     struct mt__prof_enc_s *enc;
+    /* a log file or a consumer reads the lines of this drain: else none is written */
+    bool batch_lines;
     mt_d_buf_t scratch;
     mt_d_warn_t warn_http;       /* HTTP connections refused (connections.c) */
     mt_d_warn_t warn_unix;       /* Unix connections of other users refused */

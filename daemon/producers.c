@@ -215,6 +215,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     mt__d_web_record(d, p, ev);           /* the one buffer of p's recent events (web.h) */
     mt__d_snapshot_event(d, p, ev);       /* an OOM writes a snapshot from it */
     uint32_t stack = mt__d_stacks_record(d, p, ev);
+    if (!d->batch_lines)
+        return;
     size_t off = d->batch_text.len;
     if (encode_event(&d->batch_text, d->enc, p, ev, stack) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
@@ -252,10 +254,24 @@ static void mark_corrupt(mt_d_t *d, mt_d_proc_t *p, const char *why)
               mt__text_escape(p->name, esc, sizeof esc), why);
 }
 
+/* Does anyone read event lines: the log file, or a consumer (Unix or SSE)? */
+static bool lines_read(const mt_d_t *d)
+{
+    if (d->logf)
+        return true;
+    for (const mt_d_conn_t *c = d->conns; c; c = c->next)
+        if (!c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE))
+            return true;
+    return false;
+}
+
 /* Drains up to budget records of p (everything when budget = SIZE_MAX). */
 static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
 {
     d->batch_proc = p;
+    /* With no log file and no consumer, the lines would go nowhere: the drain keeps the
+     * figures (model, web, OOM snapshots) and writes no JSON, the most of its time. */
+    d->batch_lines = lines_read(d);
     /* p's pieces of its lines (pid, names), prepared once per drain: a few microseconds */
     if (!d->enc)
         d->enc = malloc(sizeof *d->enc);

@@ -632,6 +632,11 @@ static void expect_enc_same(mt__prof_enc_t *e, const mt_event_rec_t *ev, uint32_
         fail_msg("kind %d tag %d pool %d cap %zu: %zu vs %zu\n%.*s%.*s", ev->kind, ev->tag,
                  ev->pool, cap, na, nb, (int)(na < cap ? na : 0), a, (int)(nb < cap ? nb : 0), b);
     assert_memory_equal(a + (na < cap ? na + 1 : 0), b + (nb < cap ? nb + 1 : 0), 64);
+    if (na < cap && ev->kind == MT_EV_ALLOC) { /* the address as printf writes it */
+        char want[48];
+        snprintf(want, sizeof want, "\"addr\":\"0x%llx\"", (unsigned long long)ev->addr);
+        assert_non_null(strstr(b, want));
+    }
 }
 
 /* 200 000 random records over every kind, pool, tag and pid sign, with stack ids, and tag
