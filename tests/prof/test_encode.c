@@ -632,9 +632,17 @@ static void expect_enc_same(mt__prof_enc_t *e, const mt_event_rec_t *ev, uint32_
         fail_msg("kind %d tag %d pool %d cap %zu: %zu vs %zu\n%.*s%.*s", ev->kind, ev->tag,
                  ev->pool, cap, na, nb, (int)(na < cap ? na : 0), a, (int)(nb < cap ? nb : 0), b);
     assert_memory_equal(a + (na < cap ? na + 1 : 0), b + (nb < cap ? nb + 1 : 0), 64);
-    if (na < cap && ev->kind == MT_EV_ALLOC) { /* the address as printf writes it */
-        char want[48];
-        snprintf(want, sizeof want, "\"addr\":\"0x%llx\"", (unsigned long long)ev->addr);
+    if (na < cap && ev->kind == MT_EV_ALLOC) { /* numbers as printf writes them */
+        char want[96];
+        snprintf(want, sizeof want, "\"seq\":%llu,\"t_ns\":%llu,", (unsigned long long)ev->seq,
+                 (unsigned long long)ev->time_ns);
+        if (ev->seq <= INT64_MAX && ev->time_ns <= INT64_MAX)
+            assert_non_null(strstr(b, want));
+        snprintf(want, sizeof want, "\"addr\":\"0x%llx\",\"size\":%llu,",
+                 (unsigned long long)ev->addr, (unsigned long long)ev->size);
+        if (ev->size <= INT64_MAX)
+            assert_non_null(strstr(b, want));
+        snprintf(want, sizeof want, "\"stream\":%u,", (unsigned)ev->stream);
         assert_non_null(strstr(b, want));
     }
 }
