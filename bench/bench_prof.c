@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench/machine.h"
 #include "memtrace/alloc.h"
@@ -111,6 +112,8 @@ static const char *const cfg_names[NCFG] = {"recording off",
 
 typedef struct result_s {
     double best_ns_per_pair;
+    double best_cpu_ns_per_pair; /* the allocating thread's CPU time: what a busy machine's
+                                  * preemptions do not inflate */
     uint64_t events, dropped;
 } result_t;
 
@@ -254,6 +257,13 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
     mt_backend_destroy(&r->b);
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int run_loop(int cfgi, result_t *res)
 {
     rec_t rec;
@@ -267,13 +277,16 @@ static int run_loop(int cfgi, result_t *res)
         mt_alloc_malloc(a, sizes[i], NULL, MT_TAG_ACTIVATIONS, &p[i]);
     for (int i = 0; i < 8; i++)
         mt_alloc_free(a, p[i]);
-    uint64_t t0 = mt_bench_now_ns();
+    uint64_t t0 = mt_bench_now_ns(), c0 = thread_cpu_ns();
     for (int i = 0; i < PAIRS; i++) {
         void *q;
         mt_alloc_malloc(a, sizes[i & 7], NULL, MT_TAG_ACTIVATIONS, &q);
         mt_alloc_free(a, q);
     }
     uint64_t dt = mt_bench_now_ns() - t0;
+    double cpu = (double)(thread_cpu_ns() - c0) / PAIRS;
+    if (cpu < res->best_cpu_ns_per_pair || res->best_cpu_ns_per_pair == 0)
+        res->best_cpu_ns_per_pair = cpu;
     double ns = (double)dt / PAIRS;
     bool best = ns < res->best_ns_per_pair || res->best_ns_per_pair == 0;
     if (best)
@@ -433,6 +446,50 @@ static double push_alone(uint64_t *dropped)
     return ns;
 }
 
+/* ---- the local log's drain alone ---- */
+
+#define DRAIN_EVENTS (1u << 20)
+
+/* The local log's writer, alone: a profiler in log mode whose drainer sleeps, a ring of
+ * DRAIN_EVENTS records filled by one thread (alloc, free_requested, free_completed, as the
+ * loop above makes them), then drained into path by mt_prof_flush (binary records taken in
+ * batches, encoded into the 64 KiB buffer, one write per buffer). Events per second of the
+ * drain, per producer (one ring). */
+static double log_drain_alone(const char *path, uint64_t *written)
+{
+    mt_prof_cfg_t pc = mt_prof_cfg_default();
+    pc.mode = MT_PROF_LOG;
+    pc.stacks = MT_STACKS_OFF;
+    pc.slots = DRAIN_EVENTS;
+    pc.drain_ms = 3600 * 1000; /* the drainer thread stays out of the way */
+    pc.log_path = path;
+    mt_prof_t *p = NULL;
+    if (mt_prof_create(&p, &pc) != 0)
+        return -1;
+    mt_event_rec_t ev;
+    memset(&ev, 0, sizeof ev);
+    ev.pool = MT_POOL_LARGE;
+    ev.tag = MT_TAG_ACTIVATIONS;
+    ev.reserved = 64u << 20;
+    static const uint8_t kinds[3] = {MT_EV_ALLOC, MT_EV_FREE_REQUESTED, MT_EV_FREE_COMPLETED};
+    for (uint32_t i = 0; i < DRAIN_EVENTS; i++) {
+        ev.kind = kinds[i % 3];
+        ev.time_ns = 1000000000u + (uint64_t)i * 70;
+        ev.addr = 0x7f0000000000u + (uint64_t)(i / 3 % 8) * (2u << 20);
+        ev.size = ev.requested = 65536u << (i % 5);
+        ev.allocated = ev.kind == MT_EV_FREE_COMPLETED ? 0 : ev.size;
+        mt_prof_record(p, &ev);
+    }
+    uint64_t t0 = mt_bench_now_ns();
+    mt_prof_flush(p);
+    double dt = (double)(mt_bench_now_ns() - t0);
+    mt_prof_stats_t st;
+    mt_prof_stats(p, &st);
+    *written = st.written;
+    mt_prof_destroy(&p);
+    return dt > 0 ? (double)st.written / dt * 1e9 : 0;
+}
+
 /* ---- call stacks: a 10-deep stack without frame pointers, and the table's bound ---- */
 
 #define DEEP        10
@@ -529,17 +586,27 @@ static int table_1m(mt__stab_stats_t *st, double *ns_per)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* "--loop": the allocation loop's rows and the ring alone only (no LSTM, no stacks):
+     * for profiling the record path and for quick A/B runs. */
+    bool loop_only = argc > 1 && strcmp(argv[1], "--loop") == 0;
+    /* then, optionally, the rounds (more on a loaded machine) and one configuration's
+     * number alone (to profile it) */
+    int rounds = loop_only && argc > 2 ? atoi(argv[2]) : ROUNDS;
+    int only = loop_only && argc > 3 ? atoi(argv[3]) : -1;
+    if (rounds < 1)
+        rounds = ROUNDS;
     /* A program's choice the library leaves to it: oneDNN's OpenMP team sleeps between
      * calls instead of spinning on cores the cell math needs (docs/blas.md). */
     setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
     result_t res[NCFG];
     memset(res, 0, sizeof(res));
     mt_bench_print_machine(stdout);
-    for (int round = 0; round < ROUNDS; round++)
+    for (int round = 0; round < rounds; round++)
         for (int c = 0; c < NCFG; c++)
-            if (run_loop(c, &res[c]) != 0) {
+            if ((!loop_only || c <= CFG_LOG_LOSSLESS) && (only < 0 || c == only) &&
+                run_loop(c, &res[c]) != 0) {
                 fprintf(stderr, "bench_prof: setup failed (%s)\n", cfg_names[c]);
                 return 1;
             }
@@ -564,19 +631,21 @@ int main(void)
     double off = res[CFG_OFF].best_ns_per_pair;
     printf("recording overhead: %d cached alloc+free pairs (8 sizes, sim backend), best of %d "
            "rounds\n\n",
-           PAIRS, ROUNDS);
-    printf("%-30s %10s %11s %10s %10s %9s   %s\n", "configuration", "ns/pair", "events/pair",
-           "overhead", "ns/event", "dropped", "goal");
-    printf("%-30s %10.1f %11s %10s %10s %9s   %s\n", cfg_names[CFG_OFF], off, "-", "-", "-", "-",
-           "(baseline)");
-    for (int c = CFG_OFF + 1; c < NCFG; c++) {
+           PAIRS, rounds);
+    double off_cpu = res[CFG_OFF].best_cpu_ns_per_pair;
+    printf("%-30s %10s %11s %10s %10s %9s %9s %9s   %s\n", "configuration", "ns/pair",
+           "events/pair", "overhead", "ns/event", "dropped", "cpu ns/p", "cpu ns/ev", "goal");
+    printf("%-30s %10.1f %11s %10s %10s %9s %9.1f %9s   %s\n", cfg_names[CFG_OFF], off, "-", "-",
+           "-", "-", off_cpu, "-", "(baseline)");
+    for (int c = CFG_OFF + 1; c < (loop_only ? CFG_STK_SAMPLED : NCFG); c++) {
         /* Events of the timed loop only: the round's total minus set-up events. */
         double per_pair = res[c].events ? (double)res[c].events / (PAIRS + 16) : 0;
         double extra = res[c].best_ns_per_pair - off;
         double per_event = per_pair > 0 ? extra / per_pair : 0;
-        printf("%-30s %10.1f %11.1f %9.1f%% %10.1f %9llu   %s\n", cfg_names[c],
+        double cpu_ev = per_pair > 0 ? (res[c].best_cpu_ns_per_pair - off_cpu) / per_pair : 0;
+        printf("%-30s %10.1f %11.1f %9.1f%% %10.1f %9llu %9.1f %9.1f   %s\n", cfg_names[c],
                res[c].best_ns_per_pair, per_pair, 100 * extra / off, per_event,
-               (unsigned long long)res[c].dropped,
+               (unsigned long long)res[c].dropped, res[c].best_cpu_ns_per_pair, cpu_ev,
                c == CFG_RING           ? "<= 5 %, <= 50 ns/event"
                : c == CFG_PROF_OFF     ? "0 % (costs nothing)"
                : c == CFG_NULL         ? "(time stamps + event build, no recording)"
@@ -589,6 +658,28 @@ int main(void)
     printf("%-30s %10.1f %11s %9.1f%% %10s %9s   %s\n", "event clock, 2 reads alone",
            2 * best_clock, "-", 100 * 2 * best_clock / off, "-", "-",
            "(floor of stamping each operation; 5 % of off is the goal)");
+    /* the local log's drain, to /dev/null (the encoder and the buffer) and to a file */
+    char logfile[] = "/tmp/mt-bench-prof-XXXXXX";
+    int lfd = mkstemp(logfile);
+    if (lfd >= 0)
+        close(lfd);
+    double best_null = 0, best_file = 0;
+    uint64_t wn = 0, wf = 0;
+    for (int round = 0; round < ROUNDS && lfd >= 0; round++) {
+        unlink(logfile);
+        double a = log_drain_alone("/dev/null", &wn), b = log_drain_alone(logfile, &wf);
+        best_null = a > best_null ? a : best_null;
+        best_file = b > best_file ? b : best_file;
+    }
+    unlink(logfile);
+    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, /dev/null", "-", "-",
+           "-", best_null / 1e6, (unsigned long long)(DRAIN_EVENTS - wn),
+           ">= 10 M events/s per producer");
+    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, file in /tmp", "-", "-",
+           "-", best_file / 1e6, (unsigned long long)(DRAIN_EVENTS - wf),
+           "(with the file system's write)");
+    if (loop_only)
+        return 0;
 
     /* The same recordings under a workload that computes between its allocations. The
      * order of the configurations rotates from round to round, and each round's figure is

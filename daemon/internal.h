@@ -279,6 +279,11 @@ struct mt_d_s {
     size_t nbatch;
     mt_d_proc_t *batch_proc;
     mt_d_buf_t batch_text;
+    /* batch_proc's line writer (profiler/internal.h), set up again at each drain of a
+     * producer; NULL until the first (or out of memory: the general writer then) */
+    struct mt__prof_enc_s *enc;
+    /* a log file or a consumer reads the lines of this drain: else none is written */
+    bool batch_lines;
     mt_d_buf_t scratch;
     mt_d_warn_t warn_http;       /* HTTP connections refused (connections.c) */
     mt_d_warn_t warn_unix;       /* Unix connections of other users refused */

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "daemon/internal.h"
+#include "profiler/internal.h"
 #include "util/safefile.h"
 #include "util/text.h"
 #include "daemon/web.h"
@@ -172,9 +173,10 @@ static void process_batch(mt_d_t *d)
 }
 
 /* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
- * encoder of the schema). User tags are named by the labels p announced (mt_d_proc_t
- * names), else "tag<n>". */
-static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev, uint32_t stack)
+ * encoder of the schema; its drainers' form, with p's names prepared in enc, when there is
+ * one). User tags are named by the labels p announced (mt_d_proc_t names), else "tag<n>". */
+static int encode_event(mt_d_buf_t *b, mt__prof_enc_t *enc, mt_d_proc_t *p,
+                        const mt_event_rec_t *ev, uint32_t stack)
 {
     size_t need = 1024; /* enough for every line without a long user tag name */
     for (;;) {
@@ -182,7 +184,9 @@ static int encode_event(mt_d_buf_t *b, mt_d_proc_t *p, const mt_event_rec_t *ev,
         if (rc)
             return rc;
         size_t room = b->cap - b->len;
-        size_t n = mt_prof_alloc_write(b->p + b->len, room, ev, p->pid, stack, mt__d_proc_label, p);
+        size_t n =
+            enc ? mt__prof_enc_write(enc, b->p + b->len, room, ev, stack, mt__d_proc_label, p)
+                : mt_prof_alloc_write(b->p + b->len, room, ev, p->pid, stack, mt__d_proc_label, p);
         if (n < room) {
             b->len += n;
             return 0;
@@ -206,11 +210,15 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->ctr.events++;
     }
     mt__d_proc_apply(p, ev);
-    mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
-    mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
+    if (ev->kind == MT_EV_TAG_LABEL && d->enc)
+        mt__prof_enc_forget_tags(d->enc); /* p's names may have changed */
+    mt__d_web_record(d, p, ev);           /* the one buffer of p's recent events (web.h) */
+    mt__d_snapshot_event(d, p, ev);       /* an OOM writes a snapshot from it */
     uint32_t stack = mt__d_stacks_record(d, p, ev);
+    if (!d->batch_lines)
+        return;
     size_t off = d->batch_text.len;
-    if (encode_event(&d->batch_text, p, ev, stack) != 0) {
+    if (encode_event(&d->batch_text, d->enc, p, ev, stack) != 0) {
         d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
         return;
     }
@@ -246,10 +254,29 @@ static void mark_corrupt(mt_d_t *d, mt_d_proc_t *p, const char *why)
               mt__text_escape(p->name, esc, sizeof esc), why);
 }
 
+/* Does anyone read event lines: the log file, or a consumer (Unix or SSE)? */
+static bool lines_read(const mt_d_t *d)
+{
+    if (d->logf)
+        return true;
+    for (const mt_d_conn_t *c = d->conns; c; c = c->next)
+        if (!c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE))
+            return true;
+    return false;
+}
+
 /* Drains up to budget records of p (everything when budget = SIZE_MAX). */
 static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
 {
     d->batch_proc = p;
+    /* With no log file and no consumer, the lines would go nowhere: the drain keeps the
+     * figures (model, web, OOM snapshots) and writes no JSON, the most of its time. */
+    d->batch_lines = lines_read(d);
+    /* p's pieces of its lines (pid, names), prepared once per drain: a few microseconds */
+    if (!d->enc)
+        d->enc = malloc(sizeof *d->enc);
+    if (d->enc)
+        mt__prof_enc_init(d->enc, p->pid);
     while (budget > 0 && !p->corrupt) {
         size_t max = budget < MT_D_BATCH ? budget : MT_D_BATCH;
         int n = mt__ring_drain(p->ring, on_record, d, max);
@@ -428,6 +455,8 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
+    free(d->enc);
+    d->enc = NULL;
     mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;

@@ -109,15 +109,31 @@ static char *put_int(char *w, int64_t v)
     return put_u64(w, (uint64_t)v);
 }
 
+/* "00" "01" ... "ff": two hex digits per byte. */
+static const char hex_pairs[513] =
+    "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+    "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
+    "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f"
+    "606162636465666768696a6b6c6d6e6f707172737475767778797a7b7c7d7e7f"
+    "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f"
+    "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf"
+    "c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf"
+    "e0e1e2e3e4e5e6e7e8e9eaebecedeeeff0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
+
+/* Lowercase, no leading zeros, backwards a byte (two digits) at a time. */
 static char *put_hex(char *w, uint64_t v)
 {
-    static const char digits[] = "0123456789abcdef";
     int n = v ? (64 - __builtin_clzll(v) + 3) / 4 : 1;
     *w++ = '"';
     *w++ = '0';
     *w++ = 'x';
-    for (char *p = w + n; p > w; v >>= 4)
-        *--p = digits[v & 15];
+    char *p = w + n;
+    for (; p - w >= 2; v >>= 8) {
+        p -= 2;
+        memcpy(p, hex_pairs + 2 * (v & 0xff), 2);
+    }
+    if (p > w)
+        *--p = hex_pairs[2 * (v & 15) + 1];
     w += n;
     *w++ = '"';
     return w;
@@ -317,6 +333,135 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     w = LIT(w, ",\"reserved\":");
     w = put_sat(w, ev->reserved);
     if (stack != 0 && ev->kind == MT_EV_ALLOC) {
+        w = LIT(w, ",\"stack\":");
+        w = put_u64(w, stack);
+    }
+    w = LIT(w, "}\n");
+    *w = '\0';
+    return (size_t)(w - buf);
+}
+
+/* ---- the drainers' line writer: the same lines, names prepared once ---- */
+
+/* Kinds whose lines are the common shape (addr, sizes, pool, tag, totals). */
+static bool common_shape(int kind)
+{
+    return kind > 0 && kind < MT_EV_KIND_COUNT && kind != MT_EV_MARK && kind != MT_EV_GAP &&
+           kind != MT_EV_TAG_LABEL && kind != MT_EV_MARK_NAMED && kind != MT_EV_STACK_REF &&
+           kind != MT_EV_OUTSIDE_ALLOC && kind != MT_EV_OUTSIDE_FREE && kind != MT_EV_LIBRARY_LABEL;
+}
+
+/* Copies the piece [from, w) into frag if it fits; its length, or 0. */
+static uint8_t keep_piece(char *frag, size_t cap, const char *from, const char *w)
+{
+    size_t n = (size_t)(w - from);
+    if (n >= cap || n > UINT8_MAX)
+        return 0;
+    memcpy(frag, from, n);
+    return (uint8_t)n;
+}
+
+void mt__prof_enc_init(mt__prof_enc_t *e, int pid)
+{
+    char tmp[FIXED_MAX + ESC_MAX * 64];
+    memset(e, 0, sizeof *e);
+    e->pid = pid;
+    char *w = LIT(tmp, ",\"pid\":");
+    w = put_int(w, pid);
+    w = LIT(w, ",\"dev\":");
+    e->pid_len = keep_piece(e->pid_frag, sizeof e->pid_frag, tmp, w);
+    for (int k = 0; k < MT_EV_KIND_COUNT; k++) {
+        const char *name = common_shape(k) ? mt_event_kind_name(k) : NULL;
+        if (name == NULL || strlen(name) > 48)
+            continue;
+        w = LIT(tmp, ",\"kind\":");
+        w = put_str(w, name);
+        w = LIT(w, ",\"addr\":");
+        e->kind_len[k] = keep_piece(e->kind_frag[k], sizeof e->kind_frag[k], tmp, w);
+        e->kind_name[k] = (uint8_t)strlen(name);
+    }
+    for (int pl = 0; pl <= MT_POOL_HOST; pl++) {
+        const char *name = mt_pool_name(pl);
+        if (strlen(name) > 48)
+            continue;
+        w = LIT(tmp, ",\"pool\":");
+        w = put_str(w, name);
+        e->pool_len[pl] = keep_piece(e->pool_frag[pl], sizeof e->pool_frag[pl], tmp, w);
+        e->pool_name[pl] = (uint8_t)strlen(name);
+    }
+}
+
+void mt__prof_enc_forget_tags(mt__prof_enc_t *e)
+{
+    e->tags_known = 0;
+    e->tags_long = 0;
+}
+
+/* Fills tag t's piece from tag_name; false when the name is too long for it. */
+static bool learn_tag(mt__prof_enc_t *e, int t, const char *(*tag_name)(void *ud, int tag),
+                      void *ud)
+{
+    char tagbuf[MT__PROF_TAG_LABEL_MAX];
+    const char *name = mt__prof_tag_label(t, tag_name, ud, tagbuf);
+    uint32_t bit = UINT32_C(1) << t;
+    e->tags_known |= bit;
+    size_t len = strlen(name);
+    if (len > (MT__PROF_ENC_TAG - 48) / ESC_MAX) {
+        e->tags_long |= bit;
+        return false;
+    }
+    e->tag_name[t] = (uint8_t)len;
+    char tmp[MT__PROF_ENC_TAG + 64];
+    char *w = LIT(tmp, ",\"tag\":");
+    w = put_str(w, name);
+    w = LIT(w, ",\"tag_id\":");
+    w = put_u64(w, (uint64_t)t);
+    w = LIT(w, ",\"stream\":");
+    e->tag_len[t] = keep_piece(e->tag[t], sizeof e->tag[t], tmp, w);
+    if (e->tag_len[t] == 0) {
+        e->tags_long |= bit;
+        return false;
+    }
+    return true;
+}
+
+#define PIECE(w, p, n) (memcpy((w), (p), (n)), (w) + (n))
+
+size_t mt__prof_enc_write(mt__prof_enc_t *e, char *buf, size_t cap, const mt_event_rec_t *ev,
+                          uint32_t stack, const char *(*tag_name)(void *ud, int tag), void *ud)
+{
+    int kind = ev->kind, tag = ev->tag;
+    uint32_t bit = tag < MT_TAG_MAX ? UINT32_C(1) << tag : 0;
+    if (kind >= MT_EV_KIND_COUNT || e->kind_len[kind] == 0 || ev->pool > MT_POOL_HOST ||
+        e->pool_len[ev->pool] == 0 || bit == 0 || buf == NULL || (e->tags_long & bit) != 0 ||
+        ((e->tags_known & bit) == 0 && !learn_tag(e, tag, tag_name, ud)))
+        return mt_prof_alloc_write(buf, cap, ev, e->pid, stack, tag_name, ud);
+    /* The room the general writer asks for, from the same names: the same answer. */
+    size_t need =
+        FIXED_MAX +
+        ESC_MAX * ((size_t)e->kind_name[kind] + e->pool_name[ev->pool] + e->tag_name[tag]) + 1;
+    if (cap < need)
+        return need;
+    char *w = LIT(buf, "{\"v\":1,\"type\":\"event\",\"seq\":");
+    w = put_sat(w, ev->seq);
+    w = LIT(w, ",\"t_ns\":");
+    w = put_sat(w, ev->time_ns);
+    w = PIECE(w, e->pid_frag, e->pid_len);
+    w = put_u64(w, ev->device);
+    w = PIECE(w, e->kind_frag[kind], e->kind_len[kind]);
+    w = put_hex(w, ev->addr);
+    w = LIT(w, ",\"size\":");
+    w = put_sat(w, ev->size);
+    w = LIT(w, ",\"requested\":");
+    w = put_sat(w, ev->requested);
+    w = PIECE(w, e->pool_frag[ev->pool], e->pool_len[ev->pool]);
+    w = PIECE(w, e->tag[tag], e->tag_len[tag]);
+    w = put_u64(w, ev->stream);
+    w = LIT(w, ",\"allocated\":");
+    w = put_sat(w, ev->allocated);
+    w = LIT(w, ",\"reserved\":");
+    w = put_sat(w, ev->reserved);
+    if (stack != 0 && kind == MT_EV_ALLOC) {
         w = LIT(w, ",\"stack\":");
         w = put_u64(w, stack);
     }

@@ -29,6 +29,47 @@ int mt__prof_client_poke(int fd);
 const char *mt__prof_tag_label(int tag, const char *(*tag_name)(void *ud, int tag), void *ud,
                                char buf[MT__PROF_TAG_LABEL_MAX]);
 
+/* ---- the drainers' line writer (encode.c) ----
+ *
+ * One producer's event lines, byte for byte those of mt_prof_alloc_write, with what that
+ * writer works out per line (the kind's, pool's and tag's names looked up, measured and
+ * escaped; the pid formatted) done once: the daemon's drain and the local log's drainer
+ * write millions of lines a second through it. Lines of the rarer shapes (marks, labels,
+ * stack refs, gaps, outside memory) and user tags whose names are long go through
+ * mt_prof_alloc_write itself.
+ * Invariants: bit t of tags_known set => tag[t][0..tag_len[t]) is
+ * ,"tag":<escaped name of t as tag_name gave it when filled>,"tag_id":t,"stream":
+ * (the names are those of the last forget_tags: call it whenever tag_name may answer
+ * differently, e.g. at each MT_EV_TAG_LABEL). */
+#define MT__PROF_ENC_FRAG 64  /* bytes of a kind's, pool's or pid's piece */
+#define MT__PROF_ENC_TAG  176 /* bytes of a tag's piece: a 24-byte label escaped, and more */
+typedef struct mt__prof_enc_s {
+    int pid;
+    uint8_t pid_len; /* ,"pid":<pid>,"dev": */
+    char pid_frag[MT__PROF_ENC_FRAG];
+    uint8_t kind_len[MT_EV_KIND_COUNT];  /* ,"kind":"<name>","addr": ; 0 = not this way */
+    uint8_t kind_name[MT_EV_KIND_COUNT]; /* bytes of the names (the room a line needs) */
+    uint8_t pool_name[MT_POOL_HOST + 1];
+    uint8_t tag_name[MT_TAG_MAX];
+    char kind_frag[MT_EV_KIND_COUNT][MT__PROF_ENC_FRAG];
+    uint8_t pool_len[MT_POOL_HOST + 1]; /* ,"pool":"<name>" */
+    char pool_frag[MT_POOL_HOST + 1][MT__PROF_ENC_FRAG];
+    uint32_t tags_known; /* bit t: tag[t] filled */
+    uint32_t tags_long;  /* bit t: the name does not fit: general writer */
+    uint8_t tag_len[MT_TAG_MAX];
+    char tag[MT_TAG_MAX][MT__PROF_ENC_TAG];
+} mt__prof_enc_t;
+_Static_assert(MT_TAG_MAX <= 32, "tags_known is a 32-bit set");
+
+/* Sets e up for the lines of process pid (no allocation; e is the caller's). */
+void mt__prof_enc_init(mt__prof_enc_t *e, int pid);
+/* Tag names may have changed: they are asked of tag_name again. */
+void mt__prof_enc_forget_tags(mt__prof_enc_t *e);
+/* As mt_prof_alloc_write(buf, cap, ev, e->pid, stack, tag_name, ud), same bytes, same
+ * return value (the line's length, or the room it needs when cap is too small). */
+size_t mt__prof_enc_write(mt__prof_enc_t *e, char *buf, size_t cap, const mt_event_rec_t *ev,
+                          uint32_t stack, const char *(*tag_name)(void *ud, int tag), void *ud);
+
 /* {"v":1,"type":"exit",...}: the last line of a local log. New json_t * or NULL. */
 void *mt__prof_exit_to_json(int pid, bool clean, uint64_t emitted, uint64_t dropped, uint64_t lost,
                             uint64_t t_ns);

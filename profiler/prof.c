@@ -411,6 +411,7 @@ fail:
     free(p->log_path);
     free(p->out);
     free(p->out_seq);
+    free(p->enc);
     mt__oomsnap_destroy(&p->oomsnap);
     mt__stab_destroy(&p->stab);
     mt__stab_seen_free(&p->seen);
@@ -526,6 +527,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     free(p->cfg_log_path);
     free(p->out);
     free(p->out_seq);
+    free(p->enc);
     if (ours) {
         pthread_mutex_destroy(&p->drain_lock);
         pthread_mutex_destroy(&p->stop_lock);

@@ -55,7 +55,8 @@ struct mt_prof_s {
      * held => out_len > 0 and drains stop (the rest stays in the ring). */
     char *out; /* OUTBUF_SIZE bytes */
     size_t out_len;
-    uint64_t *out_seq; /* OUT_LINES entries */
+    uint64_t *out_seq;   /* OUT_LINES entries */
+    mt__prof_enc_t *enc; /* the log's line writer (encode.c), with the tag_name override unused */
     size_t out_nlines;
     bool held;             /* the last write failed (disk full): out is kept and retried */
     bool half_line;        /* a cut line could not be truncated away: a '\n' ends it first */

@@ -177,8 +177,11 @@ static void drain_table_line(void *ud, const char *line, size_t len)
 static void drain_cb(void *ud, const mt_event_rec_t *ev)
 {
     mt_prof_t *p = ud;
-    if (ev->kind == MT_EV_TAG_LABEL && ev->tag < MT_TAG_MAX)
+    if (ev->kind == MT_EV_TAG_LABEL && ev->tag < MT_TAG_MAX) {
         mt_event_label_unpack(ev, p->labels[ev->tag]);
+        if (p->enc)
+            mt__prof_enc_forget_tags(p->enc);
+    }
     uint32_t stack = 0;
     if (ev->kind == MT_EV_STACK_REF) {
         /* the stack's line (and modules found since) before the first line using it */
@@ -193,8 +196,10 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
     }
     size_t room = p->out_nlines < OUT_LINES ? OUTBUF_SIZE - p->out_len : 0;
     size_t n =
-        room ? mt_prof_alloc_write(p->out + p->out_len, room, ev, p->pid, stack, drain_tag_name, p)
-             : 0;
+        room == 0 ? 0
+        : p->enc
+            ? mt__prof_enc_write(p->enc, p->out + p->out_len, room, ev, stack, drain_tag_name, p)
+            : mt_prof_alloc_write(p->out + p->out_len, room, ev, p->pid, stack, drain_tag_name, p);
     if (n == 0 || n >= room) {
         /* Only a tag name of over 10 KiB (a tag_name override), or a flush mid-drain that
          * failed, leaves no room: the event is lost, and counted. */
@@ -277,6 +282,10 @@ int mt__prof_log_start(mt_prof_t *p, const char *path)
     p->out_seq = malloc(OUT_LINES * sizeof *p->out_seq);
     if (!p->log_path || !p->out || !p->out_seq)
         return MT_ENOMEM;
+    /* The names prepared once per tag: not with a tag_name override of the program's,
+     * whose answers may change from one call to the next (then every line asks it). */
+    if (p->tag_name == NULL && p->enc == NULL && (p->enc = malloc(sizeof *p->enc)) != NULL)
+        mt__prof_enc_init(p->enc, p->pid);
     /* Created 0600 and exclusively; an existing log must be a plain file of ours: never a
      * symlink or a file another user planted in a shared directory. */
     int rc = mt__sf_open_append(path, &p->log_fd);

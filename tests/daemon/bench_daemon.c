@@ -5,6 +5,8 @@
  * wait when their ring is nearly full, so the figure is the daemon's rate without drops;
  * drops, if any, are printed. Consumers count lines. */
 #include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -104,6 +106,124 @@ static void *run_daemon(void *arg)
 {
     mt__d_run(arg);
     return NULL;
+}
+
+/* ---- the drain alone: one full ring, one producer ---- */
+
+/* events in the full ring, a power of two (the third argument of --drain changes it) */
+static uint32_t drain_slots = 1u << 20;
+
+/* The producer of a drain-alone run: fills a ring of drain_slots records (alloc,
+ * free_requested, free_completed), registers, and times the daemon until it has taken
+ * (and acknowledged, i.e. logged) them all; writes the events per second to out_fd. */
+static void drain_producer(const char *sock, int out_fd)
+{
+    mt__ring_t *r = NULL;
+    int fd = -1;
+    char err[256];
+    if (mt__ring_create(&r, drain_slots, "bench") != 0)
+        _exit(10);
+    mt_event_rec_t ev = {.pool = 2, .tag = 4, .reserved = 64u << 20};
+    static const uint8_t kinds[3] = {MT_EV_ALLOC, MT_EV_FREE_REQUESTED, MT_EV_FREE_COMPLETED};
+    for (uint32_t i = 0; i < drain_slots; i++) {
+        ev.kind = kinds[i % 3];
+        ev.time_ns = 1000000000u + (uint64_t)i * 70;
+        ev.addr = 0x7f0000000000u + (uint64_t)(i / 3 % 8) * (2u << 20);
+        ev.size = ev.requested = 65536u << (i % 5);
+        ev.allocated = ev.kind == MT_EV_FREE_COMPLETED ? 0 : ev.size;
+        if (mt__ring_push(r, &ev) != 0)
+            _exit(12);
+    }
+    const mt__ring_hdr_t *h = mt__ring_header(r);
+    double t0 = now_s();
+    if (mt__prof_client_register(sock, r, NULL, 5000, &fd, err, sizeof err) != 0)
+        _exit(11);
+    while (atomic_load_explicit(&h->read_idx, memory_order_acquire) < drain_slots)
+        usleep(50);
+    double rate = drain_slots / (now_s() - t0);
+    mt__ring_set_flags(r, MT_RING_F_EXITED);
+    if (write(out_fd, &rate, sizeof rate) != sizeof rate)
+        _exit(13);
+    close(fd);
+    mt__ring_close(&r);
+    _exit(0);
+}
+
+static double thread_cpu_s(pthread_t th)
+{
+    clockid_t cid;
+    struct timespec ts;
+    if (pthread_getcpuclockid(th, &cid) != 0 || clock_gettime(cid, &ts) != 0)
+        return 0;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The daemon draining one full ring (drain -> model -> JSON -> log file and consumers), with
+ * a log file or not and ncons consumers: events per second, or -1; *cpu_ns the daemon
+ * thread's CPU time per event (what a loaded machine's other programs do not inflate);
+ * *lost the lines the consumers did not get (dropped for reading too slowly). */
+static double drain_alone(bool with_log, int ncons, double *cpu_ns, uint64_t *lost)
+{
+    char dir[] = "/tmp/mt-dbench-XXXXXX";
+    char sock[128], logp[128];
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(sock, sizeof sock, "%s/d.sock", dir);
+    snprintf(logp, sizeof logp, "%s/d.ndjson", dir);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    mt_d_cfg_t cfg = mt__d_cfg_default();
+    cfg.socket_path = sock;
+    cfg.http_port = -1;
+    cfg.loop = &loop;
+    cfg.log_path = with_log ? logp : NULL;
+    mt_d_t *d = NULL;
+    if (mt__d_create(&d, &cfg) != 0)
+        return -1;
+    pthread_t dth;
+    pthread_create(&dth, NULL, run_daemon, d);
+    consumer_t cons[NCONS];
+    for (int i = 0; i < ncons && i < NCONS; i++) {
+        static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
+        memset(&cons[i], 0, sizeof cons[i]);
+        cons[i].want = drain_slots + 1;
+        if (mt__d_client_connect(sock, &cons[i].fd) != 0 ||
+            mt__d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
+            return -1;
+        pthread_create(&cons[i].th, NULL, consumer_main, &cons[i]);
+    }
+    int out[2];
+    double rate = -1;
+    if (pipe(out) != 0)
+        return -1;
+    fflush(NULL);
+    usleep(20000); /* the daemon thread has started and settled */
+    double c0 = thread_cpu_s(dth);
+    pid_t pid = fork();
+    if (pid == 0)
+        drain_producer(sock, out[1]);
+    if (read(out[0], &rate, sizeof rate) != sizeof rate)
+        rate = -1;
+    *cpu_ns = (thread_cpu_s(dth) - c0) * 1e9 / drain_slots;
+    *lost = 0;
+    int st;
+    waitpid(pid, &st, 0);
+    for (int i = 0; i < ncons && i < NCONS; i++) {
+        pthread_join(cons[i].th, NULL);
+        close(cons[i].fd);
+        if (cons[i].lines < drain_slots + 1)
+            *lost += drain_slots + 1 - cons[i].lines;
+    }
+    mt__d_stop(d);
+    pthread_join(dth, NULL);
+    mt__d_destroy(&d);
+    if (uv_loop_close(&loop) != 0)
+        rate = -1;
+    close(out[0]);
+    close(out[1]);
+    unlink(logp);
+    rmdir(dir);
+    return !WIFEXITED(st) || WEXITSTATUS(st) != 0 ? -1 : rate;
 }
 
 typedef struct result_s {
@@ -232,6 +352,45 @@ int main(int argc, char **argv)
     tail_tool = argc > 3 ? argv[3] : NULL; /* the memtrace tool: consumer 1 is its `tail` */
     result_t r[2];
     mt_bench_print_machine(stdout);
+    if (argc > 1 && strcmp(argv[1], "--drain") == 0) {
+        /* the drain alone, rounds alternating the set-ups, best of each */
+        int rounds = argc > 2 ? atoi(argv[2]) : 3;
+        if (argc > 3)
+            drain_slots = (uint32_t)strtoul(argv[3], NULL, 10);
+        static const struct {
+            const char *name;
+            bool log;
+            int ncons;
+        } setups[] = {{"no log file, no consumer", false, 0},
+                      {"log file", true, 0},
+                      {"log file + 1 consumer", true, 1}};
+        double best[3] = {0, 0, 0}, cpu[3] = {0, 0, 0};
+        uint64_t lost[3] = {0, 0, 0};
+        for (int round = 0; round < rounds; round++)
+            for (int k = 0; k < 3; k++) {
+                double c = 0;
+                uint64_t l = 0;
+                double v = drain_alone(setups[k].log, setups[k].ncons, &c, &l);
+                if (v > best[k]) {
+                    best[k] = v;
+                    lost[k] = l;
+                }
+                if (v > 0 && (cpu[k] == 0 || c < cpu[k]))
+                    cpu[k] = c;
+            }
+        printf("daemon drain alone: one producer's full ring of %d events (alloc, "
+               "free_requested, free_completed), best of %d rounds\n\n",
+               drain_slots, rounds);
+        printf("| %-26s | %13s | %16s | %19s | %12s | %22s |\n", "set-up", "drained ev/s",
+               "daemon CPU ns/ev", "ev/s per CPU second", "consumer lost", "goal");
+        printf("|----------------------------|---------------|------------------|-----------------"
+               "----|--------------|------------------------|\n");
+        for (int k = 0; k < 3; k++)
+            printf("| %-26s | %13.0f | %16.1f | %19.0f | %12" PRIu64 " | %22s |\n", setups[k].name,
+                   best[k], cpu[k], cpu[k] > 0 ? 1e9 / cpu[k] : 0, lost[k],
+                   ">= 10 M/s per producer");
+        return best[0] > 0 && best[1] > 0 && best[2] > 0 ? 0 : 1;
+    }
     run(per, 0, &r[0]);
     run(per, paced, &r[1]);
     printf("daemon throughput: %d producer processes -> memtraced -> %d Unix consumers%s, "

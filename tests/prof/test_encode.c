@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "memtrace/prof.h"
+#include "profiler/internal.h"
 #include "tests/common/test_main.h"
 
 #define LINE_CAP 1024 /* the header's promise for tag names under 64 bytes */
@@ -580,6 +581,119 @@ static void test_mark_named(void **state)
     }
 }
 
+/* ---- the drainers' writer (mt__prof_enc_write): the same bytes as the general one ---- */
+
+/* Tag names that change when told to (as the stream's labels do), some to escape, some
+ * too long for the writer's pieces, some empty (the default name then). */
+typedef struct gen_names_s {
+    int gen;
+} gen_names_t;
+
+static const char *gen_name(void *ud, int tag)
+{
+    static const char *const pool[] = {
+        "",     "weights",  "a\"b\\c", "\x01ctl", "caf\xc3\xa9", "bad\xff",
+        "tag3", "tab\tbed", NULL,      "x",       "activations"};
+    static char longname[200];
+    const gen_names_t *n = ud;
+    int k = (tag * 7 + n->gen) % 13;
+    if (k == 12) {
+        memset(longname, 'L', sizeof longname - 1); /* past the writer's piece: general */
+        longname[sizeof longname - 1] = '\0';
+        return longname;
+    }
+    return k < 11 ? pool[k] : NULL;
+}
+
+static uint64_t xs(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* A value of any width: the digit counts the writers handle differently. */
+static uint64_t any_width(uint64_t *s)
+{
+    uint64_t v = xs(s);
+    return v >> (xs(s) % 64);
+}
+
+static void expect_enc_same(mt__prof_enc_t *e, const mt_event_rec_t *ev, uint32_t stack,
+                            gen_names_t *names, size_t cap)
+{
+    static char a[8192], b[8192];
+    memset(a, 0x55, sizeof a);
+    memset(b, 0x55, sizeof b);
+    size_t na = mt_prof_alloc_write(a, cap, ev, e->pid, stack, gen_name, names);
+    size_t nb = mt__prof_enc_write(e, b, cap, ev, stack, gen_name, names);
+    if (na != nb || (na < cap && memcmp(a, b, na + 1) != 0))
+        fail_msg("kind %d tag %d pool %d cap %zu: %zu vs %zu\n%.*s%.*s", ev->kind, ev->tag,
+                 ev->pool, cap, na, nb, (int)(na < cap ? na : 0), a, (int)(nb < cap ? nb : 0), b);
+    assert_memory_equal(a + (na < cap ? na + 1 : 0), b + (nb < cap ? nb + 1 : 0), 64);
+    if (na < cap && ev->kind == MT_EV_ALLOC) { /* numbers as printf writes them */
+        char want[96];
+        snprintf(want, sizeof want, "\"seq\":%llu,\"t_ns\":%llu,", (unsigned long long)ev->seq,
+                 (unsigned long long)ev->time_ns);
+        if (ev->seq <= INT64_MAX && ev->time_ns <= INT64_MAX)
+            assert_non_null(strstr(b, want));
+        snprintf(want, sizeof want, "\"addr\":\"0x%llx\",\"size\":%llu,",
+                 (unsigned long long)ev->addr, (unsigned long long)ev->size);
+        if (ev->size <= INT64_MAX)
+            assert_non_null(strstr(b, want));
+        snprintf(want, sizeof want, "\"stream\":%u,", (unsigned)ev->stream);
+        assert_non_null(strstr(b, want));
+    }
+}
+
+/* 200 000 random records over every kind, pool, tag and pid sign, with stack ids, and tag
+ * names that change between rounds (forget_tags): every line and every return value is the
+ * general writer's; so is the room asked for when the buffer is too small. */
+static void test_enc_same_bytes(void **state)
+{
+    (void)state;
+    static mt__prof_enc_t e;
+    gen_names_t names = {0};
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    static const int pids[] = {1, 4242, INT_MAX, INT_MIN, -7};
+    for (int round = 0; round < 20; round++) {
+        mt__prof_enc_init(&e, pids[round % 5]);
+        names.gen = round;
+        for (int i = 0; i < 10000; i++) {
+            mt_event_rec_t ev;
+            memset(&ev, 0, sizeof ev);
+            ev.seq = any_width(&s);
+            ev.time_ns = any_width(&s);
+            ev.addr = any_width(&s);
+            ev.size = any_width(&s);
+            ev.requested = any_width(&s);
+            ev.allocated = any_width(&s);
+            ev.reserved = any_width(&s);
+            ev.stream = (uint32_t)any_width(&s);
+            ev.kind = (uint8_t)(xs(&s) % MT_EV_KIND_COUNT);
+            ev.pool = (uint8_t)(xs(&s) % (MT_POOL_HOST + 1));
+            ev.tag = (uint8_t)(xs(&s) % MT_TAG_MAX);
+            ev.device = (uint8_t)xs(&s);
+            if (ev.kind == MT_EV_MARK)
+                ev.addr = 1 + xs(&s) % MT_MARK_WARMUP_END;
+            if (ev.kind == MT_EV_TAG_LABEL || ev.kind == MT_EV_MARK_NAMED ||
+                ev.kind == MT_EV_LIBRARY_LABEL) {
+                mt_event_label_pack(&ev, "lbl");
+                ev.requested = 0;
+            }
+            uint32_t stack = xs(&s) % 3 == 0 ? (uint32_t)xs(&s) : 0;
+            expect_enc_same(&e, &ev, stack, &names, 8192);
+            if (i % 97 == 0) /* a buffer too small, or just large enough */
+                expect_enc_same(&e, &ev, stack, &names, 300 + xs(&s) % 900);
+            if (i == 5000) { /* a label changed a name */
+                names.gen++;
+                mt__prof_enc_forget_tags(&e);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -590,7 +704,7 @@ int main(void)
         cmocka_unit_test(test_tag_name_escapes),    cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_long_tag_name),       cmocka_unit_test(test_label_roundtrip),
         cmocka_unit_test(test_label_truncation),    cmocka_unit_test(test_label_refused),
-        cmocka_unit_test(test_mark_named),
+        cmocka_unit_test(test_mark_named),          cmocka_unit_test(test_enc_same_bytes),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
