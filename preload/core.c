@@ -205,3 +205,114 @@ int mt__preload_op_host_free(void *p)
     mt__guard_leave();
     return rc == MT_ENOENT && !mt__preload()->sim ? MT_PRELOAD_REAL : rc;
 }
+
+/* ---- work on streams, served on sim ---- */
+
+/* On sim, work the program puts on the default stream (0, the legacy and per-thread
+ * handles) is done synchronously after draining the device: stricter than CUDA's
+ * legacy-stream barrier, never weaker, so programs stay correct. Begin raises the guard,
+ * end lowers it. */
+static int work_begin(mt_backend_t *b, void *stream, mt_stream_t **s)
+{
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, s);
+    if (rc == 0 && *s == NULL)
+        rc = mt_device_synchronize(b);
+    return rc;
+}
+
+static int work_end(mt_backend_t *b, mt_stream_t *s, bool sync, int rc)
+{
+    if (rc == 0 && (sync || s == NULL))
+        rc = mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return rc;
+}
+
+int mt__preload_op_copy(mt_backend_t *b, void *dst, const void *src, size_t n,
+                        mt_memcpy_kind_e kind, void *stream, bool sync)
+{
+    mt_stream_t *s = NULL;
+    int rc = work_begin(b, stream, &s);
+    if (rc == 0)
+        rc = mt_memcpy_async(b, dst, src, n, kind, s);
+    return work_end(b, s, sync, rc);
+}
+
+int mt__preload_op_copy_peer(mt_backend_t *b, void *dst, int dst_dev, const void *src, int src_dev,
+                             size_t n, void *stream, bool sync)
+{
+    mt_stream_t *s = NULL;
+    int rc = work_begin(b, stream, &s);
+    if (rc == 0)
+        rc = mt_memcpy_peer_async(b, dst, dst_dev, src, src_dev, n, s);
+    return work_end(b, s, sync, rc);
+}
+
+int mt__preload_op_set(mt_backend_t *b, void *dst, int value, size_t n, void *stream, bool sync)
+{
+    mt_stream_t *s = NULL;
+    int rc = work_begin(b, stream, &s);
+    if (rc == 0)
+        rc = mt_memset_async(b, dst, value, n, s);
+    return work_end(b, s, sync, rc);
+}
+
+int mt__preload_op_event_record(mt_backend_t *b, void *event, void *stream)
+{
+    mt_stream_t *s = NULL;
+    int rc = work_begin(b, stream, &s);
+    if (rc == 0)
+        rc = mt_event_record(b, event, s);
+    mt__guard_leave();
+    return rc;
+}
+
+/* The legacy default stream waits for every blocking stream. */
+int mt__preload_op_stream_sync(mt_backend_t *b, void *stream)
+{
+    mt_stream_t *s = NULL;
+    mt__guard_enter();
+    int rc = mt__preload_stream(b, stream, &s);
+    if (rc == 0)
+        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
+    mt__guard_leave();
+    return rc;
+}
+
+int mt__preload_op_sim(mt_backend_t *b, mt__preload_sim_e what, void *obj, void **out)
+{
+    int rc = 0;
+    mt_stream_t *s = NULL;
+    mt_event_t *ev = NULL;
+    mt__guard_enter();
+    switch (what) {
+    case MT_PRELOAD_STREAM_CREATE:
+        rc = mt_stream_create(b, &s);
+        if (rc == 0)
+            *out = s;
+        break;
+    case MT_PRELOAD_STREAM_DESTROY:
+        mt_stream_destroy(b, (mt_stream_t **)&obj);
+        break;
+    case MT_PRELOAD_EVENT_CREATE:
+        rc = mt_event_create(b, &ev);
+        if (rc == 0)
+            *out = ev;
+        break;
+    case MT_PRELOAD_EVENT_QUERY:
+        rc = mt_event_query(b, obj);
+        break;
+    case MT_PRELOAD_EVENT_SYNC:
+        rc = mt_event_synchronize(b, obj);
+        break;
+    case MT_PRELOAD_EVENT_DESTROY:
+        mt_event_destroy(b, (mt_event_t **)&obj);
+        break;
+    case MT_PRELOAD_DEVICE_SYNC:
+        rc = mt_device_synchronize(b);
+        break;
+    }
+    mt__guard_leave();
+    return rc;
+}

@@ -66,4 +66,28 @@ int mt__preload_op_host_alloc(mt_backend_t *b, size_t size, unsigned flags, void
 /* Frees pinned host memory memtrace gave; MT_PRELOAD_REAL for other memory (cuda mode). */
 int mt__preload_op_host_free(void *p);
 
+/* Sim mode: the work of the served copies, memsets, streams and events on b, whose
+ * stream handles and events are the backend's own. Work on the default stream (stream
+ * NULL or a legacy or per-thread handle) drains the device first and is waited for;
+ * other work is waited for when sync. */
+int mt__preload_op_copy(mt_backend_t *b, void *dst, const void *src, size_t n,
+                        mt_memcpy_kind_e kind, void *stream, bool sync);
+int mt__preload_op_copy_peer(mt_backend_t *b, void *dst, int dst_dev, const void *src, int src_dev,
+                             size_t n, void *stream, bool sync);
+int mt__preload_op_set(mt_backend_t *b, void *dst, int value, size_t n, void *stream, bool sync);
+int mt__preload_op_event_record(mt_backend_t *b, void *event, void *stream);
+int mt__preload_op_stream_sync(mt_backend_t *b, void *stream);
+/* The single-call operations: obj the stream or event (destroy, query, sync), *out the
+ * one made (create). */
+typedef enum mt__preload_sim_e {
+    MT_PRELOAD_STREAM_CREATE,
+    MT_PRELOAD_STREAM_DESTROY,
+    MT_PRELOAD_EVENT_CREATE,
+    MT_PRELOAD_EVENT_QUERY,
+    MT_PRELOAD_EVENT_SYNC,
+    MT_PRELOAD_EVENT_DESTROY,
+    MT_PRELOAD_DEVICE_SYNC,
+} mt__preload_sim_e;
+int mt__preload_op_sim(mt_backend_t *b, mt__preload_sim_e what, void *obj, void **out);
+
 #endif

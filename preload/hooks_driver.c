@@ -498,10 +498,7 @@ MT_HOOK CUresult cuCtxSynchronize(void)
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt__guard_enter();
-    int rc = mt_device_synchronize(b);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_DEVICE_SYNC, NULL, NULL));
 }
 
 /* ---- errors (sim-served) ---- */
