@@ -184,6 +184,20 @@ int mt__preload_op_mem_info(int dev, size_t *free_b, size_t *total_b)
     return rc;
 }
 
+/* Context resets and destroys of a primary context so far, through either API. */
+static _Atomic unsigned resets;
+
+void mt__preload_op_reset(int dev)
+{
+    mt__preload_drop_device(dev);
+    atomic_fetch_add(&resets, 1);
+}
+
+unsigned mt__preload_op_resets(void)
+{
+    return atomic_load(&resets);
+}
+
 /* ---- pinned host memory ---- */
 
 int mt__preload_op_host_alloc(mt_backend_t *b, size_t size, unsigned flags, void **out)

@@ -61,6 +61,12 @@ int mt__preload_op_free(void *p, void *stream, bool sync, bool can_forward, mt__
 void mt__preload_op_forwarded(void *p, const mt__preload_op_t *op, bool ok);
 /* The driver's free and total bytes of dev, the cache's unallocated bytes counted free. */
 int mt__preload_op_mem_info(int dev, size_t *free_b, size_t *total_b);
+/* Device dev's primary context is reset or destroyed (cudaDeviceReset,
+ * cuDevicePrimaryCtxReset, cuCtxDestroy): its cache and state are dropped first, while the
+ * context can still free them, and the sticky errors known before no longer count. */
+void mt__preload_op_reset(int dev);
+/* How many resets there were so far, on any thread, through either API. */
+unsigned mt__preload_op_resets(void);
 /* Pinned host memory of b (flags reach the driver), counted; size > 0. */
 int mt__preload_op_host_alloc(mt_backend_t *b, size_t size, unsigned flags, void **out);
 /* Frees pinned host memory memtrace gave; MT_PRELOAD_REAL for other memory (cuda mode). */

@@ -21,9 +21,9 @@
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
-/* cudaDeviceReset calls so far, and their number when this thread's last error was set: a
- * sticky error of ours counts for allocations only until a reset on any thread. */
-static _Atomic unsigned resets;
+/* The number of context resets (mt__preload_op_resets) when this thread's last error was
+ * set: a sticky error of ours counts for allocations only until a reset on any thread,
+ * through either API. */
 static _Thread_local unsigned tls_error_resets;
 
 /* The runtime's code for the driver failures whose numbers differ or matter most. */
@@ -121,7 +121,7 @@ cudaError_t mt__preload_rt_ret(cudaError_t err)
             clear();
         if (!sticky(tls_last_error)) {
             tls_last_error = err;
-            tls_error_resets = resets;
+            tls_error_resets = mt__preload_op_resets();
         }
     }
     return err;
@@ -207,7 +207,7 @@ static CUresult bind_thread_context(void)
  * calls see it only once the device has reported it. */
 static cudaError_t sticky_error(void)
 {
-    if (sticky(tls_last_error) && tls_error_resets == resets)
+    if (sticky(tls_last_error) && tls_error_resets == mt__preload_op_resets())
         return tls_last_error;
     cudaError_t (*peek)(void) = real_peek_err();
     cudaError_t e = peek != NULL ? peek() : cudaSuccess;
@@ -400,9 +400,8 @@ MT_HOOK cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
 /* Drops the current device's cache and state first, then resets. */
 MT_HOOK cudaError_t cudaDeviceReset(void)
 {
-    mt__preload_drop_device(rt_device());
+    mt__preload_op_reset(rt_device());
     tls_last_error = cudaSuccess; /* a reset clears sticky errors too */
-    resets++;
     FORWARD(cudaDeviceReset);
     return cudaSuccess;
 }

@@ -1017,7 +1017,18 @@ static int stickyhit_drv(void)
     CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
     CHECK(bind_ctx(&c) == 0);
     CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
-    CHECK(cuMemFree(d) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS); /* cached again */
+
+    /* A fault the runtime's cudaMalloc saw is gone after the driver's reset too: one
+     * reset, whichever API made it. */
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    void *big = NULL, *p = NULL;
+    CHECK(cudaMalloc(&big, 8 * MiB) == cudaErrorIllegalAddress); /* a miss sees it */
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);       /* a hit too */
+    CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+    CHECK(bind_ctx(&c) == 0);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
     return 0;
 }
 
