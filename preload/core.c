@@ -61,14 +61,13 @@ int mt__preload_op_malloc(const mt__preload_api_t *api, size_t size, void *strea
     if (ordered)
         dev = mt__preload_stream_device(stream, dev);
     op->dev = dev;
-    mt_alloc_t *a = NULL;
-    if (dev >= 0)
-        rc = mt__preload_alloc(dev, &a);
     /* A context's own (cuCtxCreate), or a pool the program set: the real runtime's or
-     * driver's, which keep what was asked of them. */
-    if (rc == 0 &&
-        (dev < 0 || (ordered && mt__preload_own_pool(dev)) || !mt__preload_current_is_primary()))
+     * driver's, which keep what was asked of them. Decided before the device's allocator
+     * is made, which would make its primary context. */
+    if (dev < 0 || (ordered && mt__preload_own_pool(dev)) || !mt__preload_current_is_primary())
         return MT_PRELOAD_REAL;
+    mt_alloc_t *a = NULL;
+    rc = mt__preload_alloc(dev, &a);
     /* A cache hit makes no driver call: without this it would succeed where the real
      * allocation fails with the context's fault. */
     int held = api->held != NULL ? api->held() : 0;

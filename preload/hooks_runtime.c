@@ -214,7 +214,8 @@ static cudaError_t sticky_error(void)
     return sticky(e) ? e : cudaSuccess;
 }
 
-/* sticky_error() as a driver code, for the core. */
+/* sticky_error() as a driver code, for the core: the sticky driver code the runtime's
+ * code comes from (the core's list, so that it is written once). */
 static int rt_held(void)
 {
     cudaError_t e = sticky_error();
