@@ -54,7 +54,7 @@ int mt__preload_op_malloc(const mt__preload_api_t *api, size_t size, void *strea
     if (ordered && mt__preload_capture_graph(stream, &graph))
         return MT_PRELOAD_CAPTURE;
     int dev = -1;
-    int rc = api->device != NULL ? api->device(&dev, &op->drv) : 0;
+    int rc = api->device(&dev, &op->drv);
     if (rc != 0)
         return rc;
     /* A stream-ordered allocation comes from the pool of the stream's device. */

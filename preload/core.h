@@ -32,7 +32,7 @@ typedef struct mt__preload_op_s {
     mt__preload_fwd_t fr;
 } mt__preload_op_t;
 
-/* What a core asks of the API it serves, in that API's own terms (either may be NULL). */
+/* What a core asks of the API it serves, in that API's own terms (held may be NULL). */
 typedef struct mt__preload_api_s {
     /* The device the call is for, made ready as the API would (the runtime binds the
      * thread's context): 0, or MT_E* with *drv the driver's code behind it. */
