@@ -16,32 +16,11 @@
 #include <string.h>
 
 #include "mt_config.h"
+#include "preload/core.h"
 #include "preload/hooks_cuda.h"
 #include "preload/hooks_graph.h"
 #include "preload/outside.h"
 #include "preload/preload.h"
-
-/* Driver failures that are no shortage of memory: faults of the context, a dead or
- * uninitialised driver, the rules of stream capture. */
-static bool fatal_code(int drv)
-{
-    switch (drv) {
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-    case CUDA_ERROR_LAUNCH_FAILED:
-    case CUDA_ERROR_MISALIGNED_ADDRESS:
-    case CUDA_ERROR_ILLEGAL_INSTRUCTION:
-    case CUDA_ERROR_HARDWARE_STACK_ERROR:
-    case CUDA_ERROR_ECC_UNCORRECTABLE:
-    case CUDA_ERROR_NOT_INITIALIZED:
-    case CUDA_ERROR_DEINITIALIZED:
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
-    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
-        return true;
-    default:
-        return false;
-    }
-}
 
 /* drv: the driver's code behind rc (mt__preload_driver_result), or 0. */
 static CUresult to_cu_drv(int rc, int drv)
@@ -49,7 +28,7 @@ static CUresult to_cu_drv(int rc, int drv)
     /* The driver's own code, not a flattened one: always for the fatal codes (the
      * allocator reports any failed device malloc as out of memory), else when memtrace's
      * code would be a guess (I/O, no device). */
-    if (drv != 0 && (fatal_code(drv) || rc == MT_EIO || rc == MT_ENODEV))
+    if (drv != 0 && (mt__preload_fatal_code(drv) || rc == MT_EIO || rc == MT_ENODEV))
         return (CUresult)drv;
     switch (rc) {
     case 0:
@@ -84,20 +63,21 @@ int mt__preload_sim_ctx_device(const void *ctx)
     return c >= sim_ctx && c < sim_ctx + mt__preload()->ndevices ? (int)(c - sim_ctx) : -1;
 }
 
-/* Whether the calling thread's latest drv_device found no current context. */
-static _Thread_local bool tls_no_ctx;
+/* Why the calling thread's latest drv_device found no device: the driver's answer. */
+static _Thread_local CUresult tls_ctx_err;
 
-/* The device of the calling thread's current context; -1 when none is current (cuda
- * mode): the driver answers CUDA_ERROR_INVALID_CONTEXT then, and so do we, rather than
- * inventing device 0 (and a context on it). */
+/* The device of the calling thread's current context; -1 when the driver names none (cuda
+ * mode): with no context current it answers CUDA_ERROR_INVALID_CONTEXT, and so do we,
+ * rather than inventing device 0 (and a context on it); with a context that holds a fault,
+ * that fault, as every call needing the context does. */
 static int drv_device(void)
 {
     if (mt__preload()->sim)
         return mt__preload_current_device();
     CUresult (*get)(CUdevice *) = (CUresult(*)(CUdevice *))mt__preload_real_drv("cuCtxGetDevice");
     CUdevice d = 0;
-    tls_no_ctx = get == NULL || get(&d) != CUDA_SUCCESS;
-    return tls_no_ctx ? -1 : d;
+    tls_ctx_err = get == NULL ? CUDA_ERROR_INVALID_CONTEXT : get(&d);
+    return tls_ctx_err != CUDA_SUCCESS ? -1 : d;
 }
 
 int mt__preload_drv_device(void)
@@ -108,7 +88,7 @@ int mt__preload_drv_device(void)
 /* The error of a hook that found no backend. */
 CUresult mt__preload_drv_no_backend(void)
 {
-    return tls_no_ctx ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_NO_DEVICE;
+    return tls_ctx_err != CUDA_SUCCESS ? tls_ctx_err : CUDA_ERROR_NO_DEVICE;
 }
 
 mt_backend_t *mt__preload_drv_backend(void)
@@ -251,145 +231,81 @@ static CUstream pt_stream(CUstream s, bool pt)
     return pt && s == NULL ? CU_STREAM_PER_THREAD : s;
 }
 
-/* real_async: the driver's own entry point for a stream-ordered call (NULL for
- * cuMemAlloc). On a capturing stream the driver's makes the graph's allocation node: a
- * device malloc of ours there would break the capture; that node's
- * memory is the graph's, made at launch, so it is not reported as taken now. What goes
- * to the driver otherwise is reported for ra's module (outside.c). */
-static CUresult do_alloc(CUdeviceptr *p, size_t size, CUstream stream,
-                         CUresult (*real_async)(CUdeviceptr *, size_t, CUstream), const void *ra)
+static int drv_malloc_device(int *dev, int *drv)
 {
-    if (p == NULL)
+    *dev = drv_device();
+    *drv = *dev < 0 ? (int)tls_ctx_err : 0;
+    return *dev < 0 ? MT_ENODEV : 0;
+}
+
+static const mt__preload_api_t drv_api = {drv_malloc_device, NULL};
+
+/* real_async: the driver's own entry point for a stream-ordered call (NULL for
+ * cuMemAlloc). What goes to the driver is reported for ra's module (outside.c), but for
+ * the allocation node a capture makes, whose memory is the graph's, made at launch. */
+static CUresult drv_malloc(CUdeviceptr *p, size_t size, CUstream stream,
+                           CUresult (*real_async)(CUdeviceptr *, size_t, CUstream), const void *ra)
+{
+    if (p == NULL || size == 0) /* cuMemAlloc refuses 0 bytes, unlike cudaMalloc */
         return CUDA_ERROR_INVALID_VALUE;
-    if (size == 0)
-        return CUDA_ERROR_INVALID_VALUE; /* cuMemAlloc refuses 0 bytes, unlike cudaMalloc */
-    void *graph = NULL;
-    if (real_async != NULL && mt__preload_capture_graph(stream, &graph))
+    mt__preload_op_t op;
+    void *q = NULL;
+    int rc = mt__preload_op_malloc(&drv_api, size, stream, real_async != NULL, &q, &op);
+    if (rc == MT_PRELOAD_CAPTURE)
         return real_async(p, size, stream);
-    mt_alloc_t *a = NULL;
-    int dev = drv_device();
-    if (dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (real_async != NULL)
-        dev = mt__preload_stream_device(stream, dev);
-    if (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
-        !mt__preload_current_is_primary()) {
+    if (rc == MT_PRELOAD_REAL) {
         __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
         CUresult r = real_async != NULL ? real_async(p, size, stream)
                      : real != NULL     ? real(p, size)
                                         : CUDA_ERROR_NOT_FOUND;
         if (r == CUDA_SUCCESS)
-            mt__preload_outside_alloc(mt__preload_ptr_device(*p, dev), false, *p, size, ra);
+            mt__preload_outside_alloc(mt__preload_ptr_device(*p, op.dev), false, *p, size, ra);
         return r;
     }
-    int rc = mt__preload_alloc(dev, &a);
-    void *q = NULL;
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    if (rc == 0)
-        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
-    if (rc == MT_ENOMEM && mt__preload_release_managed()) /* managed cache: same memory */
-        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), &q);
-    mt__guard_leave();
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
-    if (rc == MT_ENOMEM && !fatal_code(drv)) /* a fault or capture rule is no OOM */
-        mt__preload_note_oom(a, size);
-    if (rc == 0 && real_async != NULL)
-        mt__preload_ordered_add(q);
-    else if (rc == 0)
-        (void)mt__preload_ordered_take(q);
     if (rc == 0)
         *p = (CUdeviceptr)(uintptr_t)q;
-    return to_cu_drv(rc, drv);
+    return to_cu_drv(rc, op.drv);
 }
 
 /* real_free: the driver's own free for what memtrace did not hand out (managed, pitch,
- * pool, graph allocations); NULL on sim, where it is an error. */
-static CUresult do_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*real_free)(void))
+ * pool, graph allocations), cuMemFree's form when sync, else the async one; NULL on sim,
+ * where such a pointer is an error. */
+static CUresult drv_free(CUdeviceptr p, CUstream stream, bool sync, CUresult (*real_free)(void))
 {
     if (p == 0)
         return CUDA_ERROR_INVALID_VALUE; /* as cuMemFree(0) answers */
-    mt_alloc_t *a = NULL;
-    int rc = mt__preload()->init_rc;
+    mt__preload_op_t op;
     void *q = (void *)(uintptr_t)p;
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt__preload_alloc_of(q, &a);
-    /* A double free, or a pointer inside one of our segments: the program's error, counted
-     * below and answered as the real call would; never passed on. */
-    bool ours = rc == MT_ENOENT && mt__preload_held(q);
-    mt__guard_leave();
-    /* Memory that went to the driver (or, on sim, to the backend directly): its record is
-     * taken first, so the address cannot be handed out and recorded again meanwhile. */
-    mt__preload_fwd_t fr;
-    bool fwd = rc == MT_ENOENT && !ours && mt__preload_outside_take(false, p, &fr);
-    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
+    int rc = mt__preload_op_free(q, stream, sync, real_free != NULL, &op);
+    if (rc == MT_PRELOAD_REAL || rc == MT_PRELOAD_CAPTURE) {
         CUresult r = sync ? ((CUresult(*)(CUdeviceptr))(void *)real_free)(p)
                           : ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
-        if (fwd)
-            mt__preload_outside_settle(p, &fr, r == CUDA_SUCCESS);
+        mt__preload_op_forwarded(q, &op, r == CUDA_SUCCESS);
         return r;
     }
-    if (fwd) {
-        int frc = mt__preload_outside_sim_free(q, &fr);
-        mt__preload_outside_settle(p, &fr, frc == 0);
-        return mt__preload_drv_code(frc);
-    }
-    /* During capture a stream-ordered free takes only a graph allocation, which ours never
-     * are: the driver refuses it, and invalidates the capture, as without memtrace. */
-    void *graph = NULL;
-    if (rc == 0 && !sync && real_free != NULL && mt__preload_capture_graph(stream, &graph))
-        return ((CUresult(*)(CUdeviceptr, CUstream))(void *)real_free)(p, stream);
-    int kept = rc == 0 ? mt__preload_graph_keep(a, q) : 0; /* a captured graph uses it */
-    if (kept != 0) {
-        if (kept < 0)
-            atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-        return mt__preload_drv_code(kept < 0 ? kept : 0);
-    }
-    mt__guard_enter();
-    if (rc == 0 && stream != NULL)
-        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    /* cuMemFree synchronises, but not for stream-ordered memory (CUDA documents no sync
-     * there): that reuse is ordered after the legacy stream instead. */
-    bool ordered = rc == 0 && mt__preload_ordered_take(q);
-    if (rc == 0 && sync && !ordered)
-        rc = mt_device_synchronize(mt_alloc_backend(a));
-    /* An async free is ordered after its stream's work, the default stream's too (s NULL):
-     * the block is reused elsewhere only once that work is done. */
-    if (rc == 0 && (s != NULL || !sync || ordered) &&
-        mt_alloc_block_info(a, q, NULL, NULL, NULL) == 0)
-        rc = mt_alloc_record_stream(a, q, s);
-    if (rc == 0)
-        rc = mt_alloc_free(a, q);
-    mt__guard_leave();
-    if (rc == MT_ENOENT)
-        atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-    return mt__preload_drv_code(rc);
+    return to_cu_drv(rc, op.drv);
 }
 
 #define FN(f) ((CUresult(*)(void))(void *)(f))
 
 MT_HOOK CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    return do_alloc(dptr, bytesize, NULL, NULL, MT__PRELOAD_RA());
+    return drv_malloc(dptr, bytesize, NULL, NULL, MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-    return do_free(dptr, NULL, true, FN(REAL(cuMemFree_v2)));
+    return drv_free(dptr, NULL, true, FN(REAL(cuMemFree_v2)));
 }
 
 MT_HOOK CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return do_alloc(dptr, bytesize, hStream, REAL(cuMemAllocAsync), MT__PRELOAD_RA());
+    return drv_malloc(dptr, bytesize, hStream, REAL(cuMemAllocAsync), MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    return do_free(dptr, hStream, false, FN(REAL(cuMemFreeAsync)));
+    return drv_free(dptr, hStream, false, FN(REAL(cuMemFreeAsync)));
 }
 
 /* The per-thread-default-stream variants (what cuGetProcAddress hands out under
@@ -397,37 +313,23 @@ MT_HOOK CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
  * --default-stream per-thread call): stream NULL is the calling thread's own stream. */
 MT_HOOK CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return do_alloc(dptr, bytesize, pt_stream(hStream, true), REAL(cuMemAllocAsync_ptsz),
-                    MT__PRELOAD_RA());
+    return drv_malloc(dptr, bytesize, pt_stream(hStream, true), REAL(cuMemAllocAsync_ptsz),
+                      MT__PRELOAD_RA());
 }
 
 MT_HOOK CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-    return do_free(dptr, pt_stream(hStream, true), false, FN(REAL(cuMemFreeAsync_ptsz)));
+    return drv_free(dptr, pt_stream(hStream, true), false, FN(REAL(cuMemFreeAsync_ptsz)));
 }
 
 MT_HOOK CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b)
 {
     if (free_b == NULL || total_b == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    mt_alloc_t *a = NULL;
     int dev = drv_device();
     if (dev < 0)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    int rc = mt__preload_alloc(dev, &a);
-    mt_alloc_stats_t st;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt_backend_mem_get_info(mt_alloc_backend(a), free_b, total_b);
-    if (rc == 0)
-        rc = mt_alloc_stats(a, &st);
-    mt__guard_leave();
-    if (rc == 0) {
-        *free_b += st.total_free; /* cached but unallocated is the program's to take */
-        if (*free_b > *total_b)
-            *free_b = *total_b;
-    }
-    return mt__preload_drv_code(rc);
+        return tls_ctx_err;
+    return mt__preload_drv_code(mt__preload_op_mem_info(dev, free_b, total_b));
 }
 
 MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
@@ -437,14 +339,7 @@ MT_HOOK CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt__guard_enter();
-    int rc = mt_backend_host_malloc_flags(b, bytesize, Flags, pp); /* flags reach the driver */
-    mt__guard_leave();
-    if (rc == 0) {
-        atomic_fetch_add(&mt__preload()->host_allocs, 1);
-        atomic_fetch_add(&mt__preload()->host_bytes, bytesize);
-    }
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_host_alloc(b, bytesize, Flags, pp));
 }
 
 MT_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -454,12 +349,10 @@ MT_HOOK CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
 
 MT_HOOK CUresult cuMemFreeHost(void *p)
 {
-    mt__guard_enter();
-    int rc = mt__preload_host_free(p);
-    mt__guard_leave();
-    if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cuMemFreeHost) != NULL)
+    int rc = mt__preload_op_host_free(p);
+    if (rc == MT_PRELOAD_REAL && REAL(cuMemFreeHost) != NULL)
         return REAL(cuMemFreeHost)(p); /* not ours: the driver's */
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(rc == MT_PRELOAD_REAL ? MT_ENOENT : rc);
 }
 
 /* ---- initialisation, devices, contexts (sim-served) ---- */
@@ -605,10 +498,7 @@ MT_HOOK CUresult cuCtxSynchronize(void)
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt__guard_enter();
-    int rc = mt_device_synchronize(b);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_DEVICE_SYNC, NULL, NULL));
 }
 
 /* ---- errors (sim-served) ---- */

@@ -3,28 +3,20 @@
  * cuGetProcAddress. */
 #include <stdint.h>
 
+#include "preload/core.h"
 #include "preload/hooks_cuda.h"
 
 /* ---- copies, memsets, streams, events (sim-served) ---- */
 
-/* Synchronous driver copies/memsets drain the device first, as on the legacy stream. */
+/* The work is the core's (core.c); synchronous copies and memsets drain the device
+ * first, as on the legacy stream. */
 static CUresult sim_copy(void *dst, const void *src, size_t n, mt_memcpy_kind_e kind,
                          CUstream stream, bool sync)
 {
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_memcpy_async(b, dst, src, n, kind, s);
-    if (rc == 0 && (sync || s == NULL))
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_copy(b, dst, src, n, kind, stream, sync));
 }
 
 static CUresult sim_set(CUdeviceptr dst, unsigned char v, size_t n, CUstream stream, bool sync)
@@ -32,17 +24,16 @@ static CUresult sim_set(CUdeviceptr dst, unsigned char v, size_t n, CUstream str
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_memset_async(b, (void *)(uintptr_t)dst, v, n, s);
-    if (rc == 0 && (sync || s == NULL))
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_set(b, (void *)(uintptr_t)dst, v, n, stream, sync));
+}
+
+/* One of the single-call operations of core.c on the current context's backend. */
+static CUresult sim_op(mt__preload_sim_e what, void *obj, void **out)
+{
+    mt_backend_t *b = mt__preload_drv_backend();
+    if (b == NULL)
+        return mt__preload_drv_no_backend();
+    return mt__preload_drv_code(mt__preload_op_sim(b, what, obj, out));
 }
 
 #define DP(x) ((void *)(uintptr_t)(x))
@@ -106,16 +97,7 @@ MT_HOOK CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
     FORWARD(cuStreamCreate, phStream, Flags);
     if (phStream == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    mt_backend_t *b = mt__preload_drv_backend();
-    if (b == NULL)
-        return mt__preload_drv_no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt_stream_create(b, &s);
-    mt__guard_leave();
-    if (rc == 0)
-        *phStream = (CUstream)s;
-    return mt__preload_drv_code(rc);
+    return sim_op(MT_PRELOAD_STREAM_CREATE, NULL, (void **)phStream);
 }
 
 MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
@@ -128,11 +110,7 @@ MT_HOOK CUresult cuStreamDestroy_v2(CUstream hStream)
         return mt__preload_drv_no_backend();
     if ((uintptr_t)hStream <= 2)
         return CUDA_ERROR_INVALID_HANDLE;
-    mt_stream_t *s = (mt_stream_t *)hStream;
-    mt__guard_enter();
-    mt_stream_destroy(b, &s);
-    mt__guard_leave();
-    return CUDA_SUCCESS;
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_STREAM_DESTROY, hStream, NULL));
 }
 
 MT_HOOK CUresult cuStreamSynchronize(CUstream hStream)
@@ -141,13 +119,7 @@ MT_HOOK CUresult cuStreamSynchronize(CUstream hStream)
     mt_backend_t *b = mt__preload_drv_backend();
     if (b == NULL)
         return mt__preload_drv_no_backend();
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, hStream, &s);
-    if (rc == 0)
-        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_stream_sync(b, hStream));
 }
 
 MT_HOOK CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
@@ -155,16 +127,7 @@ MT_HOOK CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     FORWARD(cuEventCreate, phEvent, Flags);
     if (phEvent == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    mt_backend_t *b = mt__preload_drv_backend();
-    if (b == NULL)
-        return mt__preload_drv_no_backend();
-    mt_event_t *ev = NULL;
-    mt__guard_enter();
-    int rc = mt_event_create(b, &ev);
-    mt__guard_leave();
-    if (rc == 0)
-        *phEvent = (CUevent)ev;
-    return mt__preload_drv_code(rc);
+    return sim_op(MT_PRELOAD_EVENT_CREATE, NULL, (void **)phEvent);
 }
 
 MT_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -175,15 +138,7 @@ MT_HOOK CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
         return mt__preload_drv_no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, hStream, &s);
-    if (rc == 0 && s == NULL)
-        rc = mt_device_synchronize(b);
-    if (rc == 0)
-        rc = mt_event_record(b, (mt_event_t *)hEvent, s);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_event_record(b, hEvent, hStream));
 }
 
 MT_HOOK CUresult cuEventQuery(CUevent hEvent)
@@ -194,10 +149,7 @@ MT_HOOK CUresult cuEventQuery(CUevent hEvent)
         return mt__preload_drv_no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    mt__guard_enter();
-    int rc = mt_event_query(b, (mt_event_t *)hEvent);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_EVENT_QUERY, hEvent, NULL));
 }
 
 MT_HOOK CUresult cuEventSynchronize(CUevent hEvent)
@@ -208,10 +160,7 @@ MT_HOOK CUresult cuEventSynchronize(CUevent hEvent)
         return mt__preload_drv_no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    mt__guard_enter();
-    int rc = mt_event_synchronize(b, (mt_event_t *)hEvent);
-    mt__guard_leave();
-    return mt__preload_drv_code(rc);
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_EVENT_SYNC, hEvent, NULL));
 }
 
 MT_HOOK CUresult cuEventDestroy_v2(CUevent hEvent)
@@ -222,9 +171,5 @@ MT_HOOK CUresult cuEventDestroy_v2(CUevent hEvent)
         return mt__preload_drv_no_backend();
     if (hEvent == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
-    mt_event_t *ev = (mt_event_t *)hEvent;
-    mt__guard_enter();
-    mt_event_destroy(b, &ev);
-    mt__guard_leave();
-    return CUDA_SUCCESS;
+    return mt__preload_drv_code(mt__preload_op_sim(b, MT_PRELOAD_EVENT_DESTROY, hEvent, NULL));
 }

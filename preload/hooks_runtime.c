@@ -14,15 +14,16 @@
 
 #include "mt_config.h"
 #include "backend/backend_cuda.h"
+#include "preload/core.h"
 #include "preload/hooks_graph.h"
 #include "preload/hooks_rt.h"
 #include "preload/outside.h"
 
 /* The calling thread's last error (cudaGetLastError), per thread as in CUDA. */
 static _Thread_local cudaError_t tls_last_error;
-/* cudaDeviceReset calls so far, and their number when this thread's last error was set: a
- * sticky error of ours counts for allocations only until a reset on any thread. */
-static _Atomic unsigned resets;
+/* The number of context resets (mt__preload_op_resets) when this thread's last error was
+ * set: a sticky error of ours counts for allocations only until a reset on any thread,
+ * through either API. */
 static _Thread_local unsigned tls_error_resets;
 
 /* The runtime's code for the driver failures whose numbers differ or matter most. */
@@ -120,7 +121,7 @@ cudaError_t mt__preload_rt_ret(cudaError_t err)
             clear();
         if (!sticky(tls_last_error)) {
             tls_last_error = err;
-            tls_error_resets = resets;
+            tls_error_resets = mt__preload_op_resets();
         }
     }
     return err;
@@ -166,13 +167,13 @@ static _Thread_local int tls_bound_device;
  * calls the program makes next rely on it. Ours are served without the runtime, so when
  * no context is current, the primary context is made current here, through the driver as
  * the runtime does (the device's backend holds a reference to it already). */
-static cudaError_t bind_thread_context(void)
+static CUresult bind_thread_context(void)
 {
     if (mt__preload()->sim)
-        return cudaSuccess;
+        return CUDA_SUCCESS;
     int d = rt_device();
     if (tls_bound_device == d + 1)
-        return cudaSuccess;
+        return CUDA_SUCCESS;
     __typeof__(&cuCtxGetCurrent) get =
         (__typeof__(&cuCtxGetCurrent))mt__preload_real_drv("cuCtxGetCurrent");
     __typeof__(&cuDevicePrimaryCtxRetain) retain =
@@ -183,7 +184,7 @@ static cudaError_t bind_thread_context(void)
     __typeof__(&cuCtxSetCurrent) set =
         (__typeof__(&cuCtxSetCurrent))mt__preload_real_drv("cuCtxSetCurrent");
     if (get == NULL || retain == NULL || release == NULL || set == NULL)
-        return cudaErrorInsufficientDriver;
+        return CUDA_ERROR_NOT_FOUND;
     CUcontext c = NULL;
     CUresult r = get(&c);
     if (r == CUDA_SUCCESS && c == NULL) {
@@ -193,10 +194,9 @@ static cudaError_t bind_thread_context(void)
             release(d);
         }
     }
-    if (r != CUDA_SUCCESS)
-        return from_driver(r);
-    tls_bound_device = d + 1;
-    return cudaSuccess;
+    if (r == CUDA_SUCCESS)
+        tls_bound_device = d + 1;
+    return r;
 }
 
 /* The sticky error the context holds, as far as it is known without a driver call: ours
@@ -207,38 +207,58 @@ static cudaError_t bind_thread_context(void)
  * calls see it only once the device has reported it. */
 static cudaError_t sticky_error(void)
 {
-    if (sticky(tls_last_error) && tls_error_resets == resets)
+    if (sticky(tls_last_error) && tls_error_resets == mt__preload_op_resets())
         return tls_last_error;
     cudaError_t (*peek)(void) = real_peek_err();
     cudaError_t e = peek != NULL ? peek() : cudaSuccess;
     return sticky(e) ? e : cudaSuccess;
 }
 
-/* real_async: the runtime's own stream-ordered allocation, used on a capturing stream
- * (the graph's allocation node; a device malloc of ours would break the capture). ra: the
- * caller, whom the driver hooks the runtime reaches report memory for (outside.c). */
-static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
+/* sticky_error() as a driver code, for the core: the sticky driver code the runtime's
+ * code comes from (the core's list, so that it is written once). */
+static int rt_held(void)
+{
+    cudaError_t e = sticky_error();
+    for (int d = 1; e != cudaSuccess && d < 1000; d++)
+        if (mt__preload_sticky_code(d) && from_driver(d) == e)
+            return d;
+    return 0;
+}
+
+/* The runtime's current device, with its primary context bound to the thread. */
+static int rt_malloc_device(int *dev, int *drv)
+{
+    mt_alloc_t *a = NULL;
+    int rc = cur_alloc(&a);
+    if (rc != 0) {
+        *drv = mt__preload_driver_result();
+        return rc;
+    }
+    CUresult r = bind_thread_context();
+    if (r != CUDA_SUCCESS) {
+        *drv = r;
+        return MT_EIO;
+    }
+    *dev = rt_device();
+    return 0;
+}
+
+static const mt__preload_api_t rt_api = {rt_malloc_device, rt_held};
+
+/* real_async: the runtime's own stream-ordered allocation (NULL for cudaMalloc). ra: the
+ * caller, whom the driver hooks the runtime reaches report forwarded memory for
+ * (outside.c); the graph node a capture makes is the graph's, reported by nobody. */
+static cudaError_t rt_malloc(void **p, size_t size, cudaStream_t stream,
                              cudaError_t (*real_async)(void **, size_t, cudaStream_t),
                              const void *ra)
 {
     if (p == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidValue);
-    void *graph = NULL;
-    if (real_async != NULL && mt__preload_capture_graph(stream, &graph))
+    mt__preload_op_t op;
+    int rc = mt__preload_op_malloc(&rt_api, size, stream, real_async != NULL, p, &op);
+    if (rc == MT_PRELOAD_CAPTURE)
         return real_async(p, size, stream);
-    mt_alloc_t *a = NULL;
-    int rc = cur_alloc(&a);
-    cudaError_t bound = rc == 0 ? bind_thread_context() : cudaSuccess;
-    if (bound != cudaSuccess)
-        return mt__preload_rt_ret(bound);
-    int dev = rt_device();
-    if (rc == 0 && real_async != NULL) { /* the pool of the stream's device */
-        dev = mt__preload_stream_device(stream, dev);
-        if (dev >= 0)
-            rc = mt__preload_alloc(dev, &a);
-    }
-    if (rc == 0 && (dev < 0 || (real_async != NULL && mt__preload_own_pool(dev)) ||
-                    !mt__preload_current_is_primary())) { /* a context's or a pool's own */
+    if (rc == MT_PRELOAD_REAL) {
         cudaError_t (*real)(void **, size_t) = (cudaError_t(*)(void **, size_t))REAL(cudaMalloc);
         if (real_async == NULL && real == NULL)
             return mt__preload_rt_ret(cudaErrorInsufficientDriver);
@@ -247,96 +267,30 @@ static cudaError_t do_malloc(void **p, size_t size, cudaStream_t stream,
         mt__preload_outer_pop(prev);
         return e;
     }
-    cudaError_t held = sticky_error();
-    if (held != cudaSuccess) /* as the runtime's cudaMalloc, which asks the driver */
-        return mt__preload_rt_ret(held);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    if (rc == 0)
-        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
-    if (rc == MT_ENOMEM && mt__preload_release_managed())
-        rc = mt_alloc_malloc(a, size, s, mt__preload_tag(), p);
-    mt__guard_leave();
-    if (rc == 0 && real_async != NULL)
-        mt__preload_ordered_add(*p);
-    else if (rc == 0)
-        (void)mt__preload_ordered_take(*p);
-    int drv = rc != 0 ? mt__preload_driver_result() : 0;
-    if (rc == MT_ENOMEM && (drv == 0 || from_driver(drv) == cudaErrorUnknown))
-        mt__preload_note_oom(a, size); /* not for a fault or a capture rule */
-    return mt__preload_rt_ret(to_cuda_drv(rc, drv));
+    return mt__preload_rt_ret(to_cuda_drv(rc, op.drv));
 }
 
 /* real_free: the runtime's own free for pointers memtrace did not hand out (managed,
- * pitch, 3D, pool and graph allocations). On sim there is none: such a
- * free is an error there, as nothing else could have allocated device memory. */
-static cudaError_t do_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
+ * pitch, 3D, pool and graph allocations); cudaFree's form when sync, else the async one.
+ * On sim there is none: nothing else could have allocated device memory there. */
+static cudaError_t rt_free(void *p, cudaStream_t stream, bool sync, void (*real_free)(void))
 {
+    bool can_forward = real_free != NULL && !mt__preload()->sim;
     /* cudaFree(0) is the idiom that makes the runtime create and bind the context: the
      * real runtime must see it. */
-    if (p == NULL && sync && real_free != NULL && !mt__preload()->sim)
+    if (p == NULL && sync && can_forward)
         return ((cudaError_t(*)(void *))(void *)real_free)(NULL);
     if (p == NULL)
         return cudaSuccess;
-    mt_alloc_t *a = NULL;
-    int rc = mt__preload()->init_rc;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt__preload_alloc_of(p, &a);
-    /* A double free, or a pointer inside one of our segments: the program's error, counted
-     * below and answered as the real call would; never passed on. */
-    bool ours = rc == MT_ENOENT && mt__preload_held(p);
-    mt__guard_leave();
-    /* Memory that went to the driver (or, on sim, to the backend directly): its record is
-     * taken first, so the address cannot be handed out and recorded again meanwhile. */
-    mt__preload_fwd_t fr;
-    uint64_t key = (uintptr_t)p;
-    bool fwd = rc == MT_ENOENT && !ours && mt__preload_outside_take(false, key, &fr);
-    if (rc == MT_ENOENT && !ours && real_free != NULL && !mt__preload()->sim) {
+    mt__preload_op_t op;
+    int rc = mt__preload_op_free(p, stream, sync, can_forward, &op);
+    if (rc == MT_PRELOAD_REAL || rc == MT_PRELOAD_CAPTURE) {
         cudaError_t e = sync ? ((cudaError_t(*)(void *))(void *)real_free)(p)
                              : ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
-        if (fwd)
-            mt__preload_outside_settle(key, &fr, e == cudaSuccess);
+        mt__preload_op_forwarded(p, &op, e == cudaSuccess);
         return e;
     }
-    if (fwd) {
-        int frc = mt__preload_outside_sim_free(p, &fr);
-        mt__preload_outside_settle(key, &fr, frc == 0);
-        return mt__preload_rt_ret(mt__preload_rt_code(frc));
-    }
-    /* During capture a stream-ordered free takes only a graph allocation, which ours never
-     * are: the runtime refuses it, and invalidates the capture, as without memtrace. */
-    void *graph = NULL;
-    if (rc == 0 && !sync && real_free != NULL && mt__preload_capture_graph(stream, &graph))
-        return ((cudaError_t(*)(void *, cudaStream_t))(void *)real_free)(p, stream);
-    int kept = rc == 0 ? mt__preload_graph_keep(a, p) : 0; /* a captured graph uses it */
-    if (kept != 0) {
-        if (kept < 0)
-            atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-        return mt__preload_rt_ret(mt__preload_rt_code(kept < 0 ? kept : 0));
-    }
-    mt__guard_enter();
-    mt_stream_t *s = NULL;
-    if (rc == 0 && stream != NULL)
-        rc = mt__preload_stream(mt_alloc_backend(a), stream, &s);
-    /* cudaFree synchronises the device; programs may rely on it, so it still does, except
-     * for stream-ordered memory, where CUDA documents no sync: its reuse is ordered after
-     * the legacy stream instead. cudaFreeAsync only orders the reuse after the stream's
-     * work (record_stream). */
-    bool ordered = rc == 0 && mt__preload_ordered_take(p);
-    if (rc == 0 && sync && !ordered)
-        rc = mt_device_synchronize(mt_alloc_backend(a));
-    if (rc == 0 && (s != NULL || !sync || ordered) &&
-        mt_alloc_block_info(a, p, NULL, NULL, NULL) == 0)
-        rc = mt_alloc_record_stream(a, p, s); /* stream 0 too: after the legacy stream */
-    if (rc == 0)
-        rc = mt_alloc_free(a, p);
-    mt__guard_leave();
-    if (rc == MT_ENOENT)
-        atomic_fetch_add(&mt__preload()->unknown_frees, 1);
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return mt__preload_rt_ret(to_cuda_drv(rc, op.drv));
 }
 
 #define FN(f) ((void (*)(void))(f))
@@ -346,35 +300,35 @@ cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 
 MT_HOOK cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
-    return do_malloc(devPtr, size, NULL, NULL, MT__PRELOAD_RA());
+    return rt_malloc(devPtr, size, NULL, NULL, MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFree(void *devPtr)
 {
-    return do_free(devPtr, NULL, true, FN(REAL(cudaFree)));
+    return rt_free(devPtr, NULL, true, FN(REAL(cudaFree)));
 }
 
 MT_HOOK cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 {
-    return do_malloc(devPtr, size, hStream, REAL(cudaMallocAsync), MT__PRELOAD_RA());
+    return rt_malloc(devPtr, size, hStream, REAL(cudaMallocAsync), MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
-    return do_free(devPtr, hStream, false, FN(REAL(cudaFreeAsync)));
+    return rt_free(devPtr, hStream, false, FN(REAL(cudaFreeAsync)));
 }
 
 /* Programs built with --default-stream per-thread: stream 0 is the thread's own stream. */
 MT_HOOK cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
 {
     cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
-    return do_malloc(devPtr, size, s, REAL(cudaMallocAsync_ptsz), MT__PRELOAD_RA());
+    return rt_malloc(devPtr, size, s, REAL(cudaMallocAsync_ptsz), MT__PRELOAD_RA());
 }
 
 MT_HOOK cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 {
     cudaStream_t s = hStream == NULL ? cudaStreamPerThread : hStream;
-    return do_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
+    return rt_free(devPtr, s, false, FN(REAL(cudaFreeAsync_ptsz)));
 }
 
 /* Pitched memory is the driver's (cuda mode: the runtime's call, reported for the caller
@@ -447,9 +401,8 @@ MT_HOOK cudaError_t cudaMemPoolSetAccess(cudaMemPool_t memPool,
 /* Drops the current device's cache and state first, then resets. */
 MT_HOOK cudaError_t cudaDeviceReset(void)
 {
-    mt__preload_drop_device(rt_device());
+    mt__preload_op_reset(rt_device());
     tls_last_error = cudaSuccess; /* a reset clears sticky errors too */
-    resets++;
     FORWARD(cudaDeviceReset);
     return cudaSuccess;
 }
@@ -467,21 +420,8 @@ MT_HOOK cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
     if (free_b == NULL || total_b == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidValue);
-    mt_alloc_t *a = NULL;
-    int rc = cur_alloc(&a);
-    mt_alloc_stats_t st;
-    mt__guard_enter();
-    if (rc == 0)
-        rc = mt_backend_mem_get_info(mt_alloc_backend(a), free_b, total_b);
-    if (rc == 0)
-        rc = mt_alloc_stats(a, &st);
-    mt__guard_leave();
-    if (rc == 0) {
-        *free_b += st.total_free;
-        if (*free_b > *total_b)
-            *free_b = *total_b;
-    }
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return mt__preload_rt_ret(
+        mt__preload_rt_code(mt__preload_op_mem_info(rt_device(), free_b, total_b)));
 }
 
 /* ---- pinned host memory (both modes) ---- */
@@ -497,14 +437,8 @@ MT_HOOK cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
         *pHost = NULL;
         return cudaSuccess;
     }
-    mt__guard_enter();
-    int rc = mt_backend_host_malloc_flags(b, size, flags, pHost); /* flags reach the driver */
-    mt__guard_leave();
-    if (rc == 0) {
-        atomic_fetch_add(&mt__preload()->host_allocs, 1);
-        atomic_fetch_add(&mt__preload()->host_bytes, size);
-    }
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return mt__preload_rt_ret(
+        mt__preload_rt_code(mt__preload_op_host_alloc(b, size, flags, pHost)));
 }
 
 MT_HOOK cudaError_t cudaMallocHost(void **ptr, size_t size)
@@ -516,12 +450,10 @@ MT_HOOK cudaError_t cudaFreeHost(void *ptr)
 {
     if (ptr == NULL)
         return cudaSuccess;
-    mt__guard_enter();
-    int rc = mt__preload_host_free(ptr);
-    mt__guard_leave();
-    if (rc == MT_ENOENT && !mt__preload()->sim && REAL(cudaFreeHost) != NULL)
+    int rc = mt__preload_op_host_free(ptr);
+    if (rc == MT_PRELOAD_REAL && REAL(cudaFreeHost) != NULL)
         return ((cudaError_t(*)(void *))REAL(cudaFreeHost))(ptr); /* not ours */
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return mt__preload_rt_ret(mt__preload_rt_code(rc == MT_PRELOAD_REAL ? MT_ENOENT : rc));
 }
 
 /* ---- devices, peer access and errors (sim-served) ---- */

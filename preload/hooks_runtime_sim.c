@@ -3,21 +3,15 @@
  * are in hooks_runtime.c. */
 #include <stdint.h>
 
+#include "preload/core.h"
 #include "preload/hooks_rt.h"
 
 /* ---- copies and memsets (sim-served) ---- */
 
-/* On sim, work the program puts on the default stream (0, cudaStreamLegacy,
- * cudaStreamPerThread) is done synchronously after draining the device. That is
- * stricter than CUDA's legacy-stream barrier, never weaker, so programs stay correct. */
-static int sim_default_begin(mt_backend_t *b, mt_stream_t *s)
+/* The work is the core's (core.c); b: the current device's backend. */
+static cudaError_t rt_work(int rc)
 {
-    return s == NULL ? mt_device_synchronize(b) : 0;
-}
-
-static int sim_default_end(mt_backend_t *b, mt_stream_t *s, int rc)
-{
-    return rc == 0 && s == NULL ? mt_stream_synchronize(b, NULL) : rc;
+    return mt__preload_rt_ret(mt__preload_rt_code(rc));
 }
 
 static cudaError_t sim_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
@@ -28,18 +22,7 @@ static cudaError_t sim_copy(void *dst, const void *src, size_t n, enum cudaMemcp
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memcpy_async(b, dst, src, n, (mt_memcpy_kind_e)kind, s);
-    rc = sim_default_end(b, s, rc);
-    if (rc == 0 && sync && s != NULL)
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_copy(b, dst, src, n, (mt_memcpy_kind_e)kind, stream, sync));
 }
 
 MT_HOOK cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
@@ -62,18 +45,8 @@ static cudaError_t sim_copy_peer(void *dst, int dst_dev, const void *src, int sr
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memcpy_peer_async(b, dst, dst_dev, src, src_dev, n, s);
-    rc = sim_default_end(b, s, rc);
-    if (rc == 0 && sync && s != NULL)
-        rc = mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_rt_ret(rc == MT_EINVAL ? cudaErrorInvalidDevice : mt__preload_rt_code(rc));
+    int rc = mt__preload_op_copy_peer(b, dst, dst_dev, src, src_dev, n, stream, sync);
+    return rc == MT_EINVAL ? mt__preload_rt_ret(cudaErrorInvalidDevice) : rt_work(rc);
 }
 
 MT_HOOK cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice,
@@ -95,16 +68,7 @@ static cudaError_t sim_set(void *dst, int value, size_t n, cudaStream_t stream)
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_memset_async(b, dst, value, n, s);
-    rc = sim_default_end(b, s, rc);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_set(b, dst, value, n, stream, false));
 }
 
 MT_HOOK cudaError_t cudaMemset(void *devPtr, int value, size_t count)
@@ -129,13 +93,7 @@ MT_HOOK cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned in
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt_stream_create(b, &s);
-    mt__guard_leave();
-    if (rc == 0)
-        *pStream = (cudaStream_t)s;
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_STREAM_CREATE, NULL, (void **)pStream));
 }
 
 MT_HOOK cudaError_t cudaStreamCreate(cudaStream_t *pStream)
@@ -154,11 +112,7 @@ MT_HOOK cudaError_t cudaStreamDestroy(cudaStream_t stream)
         return mt__preload_rt_ret(cudaErrorNoDevice);
     if ((uintptr_t)stream <= 2)
         return mt__preload_rt_ret(cudaErrorInvalidResourceHandle);
-    mt_stream_t *s = (mt_stream_t *)stream;
-    mt__guard_enter();
-    mt_stream_destroy(b, &s);
-    mt__guard_leave();
-    return cudaSuccess;
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_STREAM_DESTROY, stream, NULL));
 }
 
 MT_HOOK cudaError_t cudaStreamSynchronize(cudaStream_t stream)
@@ -167,14 +121,7 @@ MT_HOOK cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    /* The legacy default stream waits for every blocking stream. */
-    if (rc == 0)
-        rc = s == NULL ? mt_device_synchronize(b) : mt_stream_synchronize(b, s);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_stream_sync(b, stream));
 }
 
 MT_HOOK cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
@@ -201,10 +148,7 @@ MT_HOOK cudaError_t cudaDeviceSynchronize(void)
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt__guard_enter();
-    int rc = mt_device_synchronize(b);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_DEVICE_SYNC, NULL, NULL));
 }
 
 /* ---- events (sim-served) ---- */
@@ -217,13 +161,7 @@ MT_HOOK cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int fl
     mt_backend_t *b = mt__preload_rt_backend();
     if (b == NULL)
         return mt__preload_rt_ret(cudaErrorNoDevice);
-    mt_event_t *ev = NULL;
-    mt__guard_enter();
-    int rc = mt_event_create(b, &ev);
-    mt__guard_leave();
-    if (rc == 0)
-        *event = (cudaEvent_t)ev;
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_EVENT_CREATE, NULL, (void **)event));
 }
 
 MT_HOOK cudaError_t cudaEventCreate(cudaEvent_t *event)
@@ -240,15 +178,7 @@ MT_HOOK cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
         return mt__preload_rt_ret(cudaErrorNoDevice);
     if (event == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidResourceHandle);
-    mt_stream_t *s = NULL;
-    mt__guard_enter();
-    int rc = mt__preload_stream(b, stream, &s);
-    if (rc == 0)
-        rc = sim_default_begin(b, s);
-    if (rc == 0)
-        rc = mt_event_record(b, (mt_event_t *)event, s);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_event_record(b, event, stream));
 }
 
 MT_HOOK cudaError_t cudaEventQuery(cudaEvent_t event)
@@ -259,10 +189,7 @@ MT_HOOK cudaError_t cudaEventQuery(cudaEvent_t event)
         return mt__preload_rt_ret(cudaErrorNoDevice);
     if (event == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidResourceHandle);
-    mt__guard_enter();
-    int rc = mt_event_query(b, (mt_event_t *)event);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_EVENT_QUERY, event, NULL));
 }
 
 MT_HOOK cudaError_t cudaEventSynchronize(cudaEvent_t event)
@@ -273,10 +200,7 @@ MT_HOOK cudaError_t cudaEventSynchronize(cudaEvent_t event)
         return mt__preload_rt_ret(cudaErrorNoDevice);
     if (event == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidResourceHandle);
-    mt__guard_enter();
-    int rc = mt_event_synchronize(b, (mt_event_t *)event);
-    mt__guard_leave();
-    return mt__preload_rt_ret(mt__preload_rt_code(rc));
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_EVENT_SYNC, event, NULL));
 }
 
 MT_HOOK cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
@@ -305,9 +229,5 @@ MT_HOOK cudaError_t cudaEventDestroy(cudaEvent_t event)
         return mt__preload_rt_ret(cudaErrorNoDevice);
     if (event == NULL)
         return mt__preload_rt_ret(cudaErrorInvalidResourceHandle);
-    mt_event_t *ev = (mt_event_t *)event;
-    mt__guard_enter();
-    mt_event_destroy(b, &ev);
-    mt__guard_leave();
-    return cudaSuccess;
+    return rt_work(mt__preload_op_sim(b, MT_PRELOAD_EVENT_DESTROY, event, NULL));
 }

@@ -2,6 +2,7 @@
  * allocators' allocations (the cache is given back when they run out), queries and IPC of
  * sub-allocated blocks, device reset and context teardown, graph destruction. */
 #include "mt_config.h"
+#include "preload/core.h"
 #include "preload/hooks_cuda.h"
 #include "preload/hooks_graph.h"
 #include "preload/outside.h"
@@ -214,18 +215,24 @@ int mt__preload_primary_device_of(CUcontext ctx)
     return pc == ctx ? d : -1;
 }
 
+/* The sim's answer to a primary context's reset (cuda mode: the driver's). */
+static CUresult sim_reset(CUdevice dev)
+{
+    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
 MT_HOOK CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    mt__preload_drop_device(dev);
+    mt__preload_op_reset(dev);
     FORWARD(cuDevicePrimaryCtxReset_v2, dev);
-    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return sim_reset(dev);
 }
 
 MT_HOOK CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    mt__preload_drop_device(dev);
+    mt__preload_op_reset(dev);
     FORWARD(cuDevicePrimaryCtxReset, dev);
-    return dev >= 0 && dev < mt__preload()->ndevices ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    return sim_reset(dev);
 }
 
 /* memtrace's memory lives in the primary contexts, so only destroying one of those takes
@@ -237,13 +244,13 @@ MT_HOOK CUresult cuCtxDestroy_v2(CUcontext ctx)
     int d = mt__preload_primary_device_of(ctx);
     if (mt__preload()->sim) {
         if (d >= 0)
-            mt__preload_drop_device(d);
+            mt__preload_op_reset(d);
         return d >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
     }
     __typeof__(&cuCtxDestroy_v2) real = REAL(cuCtxDestroy_v2);
     CUresult r = real != NULL ? real(ctx) : CUDA_ERROR_NOT_FOUND;
     if (r == CUDA_SUCCESS && d >= 0)
-        mt__preload_drop_device(d);
+        mt__preload_op_reset(d);
     return r;
 }
 

@@ -998,6 +998,40 @@ static int stickyhit(void)
     return 0;
 }
 
+/* The same through the driver's entry points, which a static runtime's cudaMalloc reaches:
+ * a hit after a fault the context holds fails with the fault, not with "no context" nor
+ * success, and makes no driver allocation; the primary context's reset clears it. */
+static int stickyhit_drv(void)
+{
+    CUcontext c;
+    CHECK(bind_ctx(&c) == 0);
+    CUdeviceptr d = 0;
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS); /* cached */
+    size_t n0 = fake_cuda_count("cuMemAlloc_v2");
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS); /* a kernel faulted */
+    CHECK(cuCtxSynchronize() == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(cuMemAllocAsync(&d, MiB, NULL) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CHECK(fake_cuda_count("cuMemAlloc_v2") == n0); /* hits: no driver allocation */
+    CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+    CHECK(bind_ctx(&c) == 0);
+    CHECK(cuMemAlloc(&d, MiB) == CUDA_SUCCESS);
+    CHECK(cuMemFree(d) == CUDA_SUCCESS); /* cached again */
+
+    /* A fault the runtime's cudaMalloc saw is gone after the driver's reset too: one
+     * reset, whichever API made it. */
+    fake_cuda_fault(0, CUDA_ERROR_ILLEGAL_ADDRESS);
+    void *big = NULL, *p = NULL;
+    CHECK(cudaMalloc(&big, 8 * MiB) == cudaErrorIllegalAddress); /* a miss sees it */
+    CHECK(cudaMalloc(&p, MiB) == cudaErrorIllegalAddress);       /* a hit too */
+    CHECK(cuDevicePrimaryCtxReset(0) == CUDA_SUCCESS);
+    CHECK(bind_ctx(&c) == 0);
+    CHECK(cudaMalloc(&p, MiB) == cudaSuccess);
+    CHECK(cudaFree(p) == cudaSuccess);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct {
@@ -1019,6 +1053,7 @@ int main(int argc, char **argv)
         {"streamdev", streamdev},   {"ownpool", ownpool},
         {"peerseen", peerseen},     {"recstreampt", recstreampt},
         {"outside", outside},       {"stickyhit", stickyhit},
+        {"stickyhit_drv", stickyhit_drv},
     };
     for (size_t i = 0; argc > 1 && i < sizeof scen / sizeof scen[0]; i++)
         if (strcmp(argv[1], scen[i].name) == 0)

@@ -104,6 +104,13 @@ static void test_sticky_error_on_cache_hit(void **state)
     assert_int_equal(run("stickyhit", NULL), 0);
 }
 
+/* The same through the driver's entry points (cuMemAlloc_v2, cuMemAllocAsync). */
+static void test_sticky_error_on_cache_hit_driver(void **state)
+{
+    (void)state;
+    assert_int_equal(run("stickyhit_drv", NULL), 0);
+}
+
 /* Item 2. */
 static void test_foreign_frees_forwarded(void **state)
 {
@@ -396,6 +403,7 @@ int main(void)
         cmocka_unit_test(test_per_thread_stream_and_proc_flags),
         cmocka_unit_test(test_reset_drops_cache),
         cmocka_unit_test(test_sticky_error_on_cache_hit),
+        cmocka_unit_test(test_sticky_error_on_cache_hit_driver),
         cmocka_unit_test(test_foreign_frees_forwarded),
         cmocka_unit_test(test_free_async_stream0_runtime),
         cmocka_unit_test(test_capture_no_malloc_and_refused_frees),
