@@ -123,6 +123,10 @@ int mt_alloc_prefetch(mt_alloc_t *a, const void *ptr, size_t size, int location,
     if (rc != 0)
         return rc;
     mt__alloc_lock(a);
+    /* Residency is sampled on both sides: the moves run on the stream, so the sample after
+     * may see them only begun, and the one before a prefetch sees what the program
+     * synchronised on since (the peak between two prefetches). */
+    sample(a);
     rc = mt_backend_managed_prefetch(a->backend, ptr, size, location, stream);
     if (rc == 0) {
         uint64_t where = location == MT_MANAGED_HOST ? UINT64_MAX : (uint64_t)location;
