@@ -87,25 +87,16 @@ static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
 
 /* ---- events already read ---- */
 
-/* The newest records of a process, for telling an event read twice (logs read one after the
- * other overlap by the events the daemon read and never acknowledged, at most its ring):
- * each record's seq and a hash of all its bytes, in arrival order.
- * Invariant: n <= cap <= SEEN_MAX, cap a power of two (or 0); the newest is at
- * (head + n - 1) % cap; while the process is ordered, seqs increase from the oldest to the
- * newest. */
-#define SEEN_MAX 65536 /* records (1 MiB): the profiler's default ring holds as many */
+/* What tells an event read twice (logs read one after the other overlap by the events the
+ * daemon read and never acknowledged, at most its ring): a hash of each of the newest
+ * records, at its seq modulo SEEN_MAX. 8 bytes an event in a table of fixed size: memory
+ * that is new to the process costs CPU time too, and this table is touched by every event.
+ * Invariant: h[s % SEEN_MAX] = seen_hash of the last record of seq s taken, or of one of a
+ * seq that leaves s % SEEN_MAX as s does, or 0 (none yet). */
+#define SEEN_MAX 65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
 
-typedef struct seen_s {
-    uint64_t seq;
-    uint64_t hash;
-} seen_t;
-
-typedef struct seenring_s {
-    seen_t *v;
-    size_t head, n, cap;
-} seenring_t;
-
-static uint64_t rec_hash(const mt_event_rec_t *ev)
+/* The record's bytes hashed (its seq included), never 0. */
+static uint64_t seen_hash(const mt_event_rec_t *ev)
 {
     uint64_t w[sizeof(*ev) / 8], h = 0x9e3779b97f4a7c15u;
     memcpy(w, ev, sizeof w);
@@ -113,30 +104,14 @@ static uint64_t rec_hash(const mt_event_rec_t *ev)
         h ^= w[i] + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
         h *= 0xff51afd7ed558ccdu;
     }
-    return h ^ (h >> 33);
+    return (h ^ (h >> 33)) | 1;
 }
 
-static int seen_push(seenring_t *r, const mt_event_rec_t *ev)
+static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
 {
-    if (r->n == r->cap && r->cap < SEEN_MAX) {
-        /* It grows while it has not wrapped (head is 0): realloc moves large blocks by
-         * remapping them, without a copy into fresh memory. */
-        size_t cap = r->cap ? 2 * r->cap : 256;
-        seen_t *v = realloc(r->v, cap * sizeof(*v));
-        if (!v)
-            return MT_ENOMEM;
-        r->v = v;
-        r->cap = cap;
-    }
-    size_t at = (r->head + r->n) & (r->cap - 1);
-    /* The entries a few events on are in memory the cache has not seen for a while (or
-     * ever): asked for now, they are there when stored into. */
-    __builtin_prefetch(&r->v[(at + 16) & (r->cap - 1)], 1, 0);
-    r->v[at] = (seen_t){ev->seq, rec_hash(ev)};
-    if (r->n < r->cap)
-        r->n++;
-    else
-        r->head = (r->head + 1) & (r->cap - 1);
+    if (!*h && !(*h = calloc(SEEN_MAX, sizeof(**h))))
+        return MT_ENOMEM;
+    (*h)[ev->seq & (SEEN_MAX - 1)] = seen_hash(ev);
     return 0;
 }
 
@@ -169,7 +144,7 @@ typedef struct tl_grid_s {
 
 /* ---- the report ---- */
 
-/* Invariant: while !unordered, the events kept (and the seen ring) are in strictly increasing
+/* Invariant: while !unordered, the events kept are in strictly increasing
  * seq order and next_seq is the last seq + 1 (0 when none). */
 typedef struct proc_s {
     int pid;
@@ -178,7 +153,7 @@ typedef struct proc_s {
     uint64_t lost;  /* sum of gap records */
     evvec_t evs;    /* every event, for the replays (not with cfg.stream) */
     size_t nev;     /* events taken (the replays' count) */
-    seenring_t seen;
+    uint64_t *seen; /* SEEN_MAX hashes of the newest records, NULL before the first */
     uint64_t next_seq;
     uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
@@ -253,7 +228,7 @@ void mt__report_destroy(mt__report_t **pr)
     for (size_t i = 0; i < r->nprocs; i++) {
         proc_t *p = &r->procs[i];
         evvec_free(&p->evs);
-        free(p->seen.v);
+        free(p->seen);
         mt__model_destroy(&p->m);
         mt__report_outside_destroy(&p->outside);
         mt__scopes_fini(&p->sc);
@@ -322,26 +297,14 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
  * twice: the daemon's log and the program's own, when the program took its ring over after
  * the daemon went away (a killed daemon may have read events it never acknowledged). Only
  * an identical record counts (its hash: two records that differ have the same one with a
- * chance of 2^-64): a pid reused by a later process has seqs of its own. Looked up among the
- * newest SEEN_MAX records (as many as the profiler's default ring, which bounds the overlap);
+ * chance of 2^-63): a pid reused by a later process has seqs of its own. Looked up among the
+ * newest SEEN_MAX seqs (as many as the profiler's default ring, which bounds the overlap);
  * an older one read again is kept, as an event out of order. */
 static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
 {
-    const seenring_t *s = &p->seen;
-    if (p->unordered || ev->seq >= p->next_seq || s->n == 0)
+    if (p->unordered || ev->seq >= p->next_seq || p->next_seq - ev->seq > SEEN_MAX || !p->seen)
         return false;
-    size_t lo = 0, hi = s->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->v[(s->head + mid) & (s->cap - 1)].seq < ev->seq)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo == s->n)
-        return false;
-    const seen_t *e = &s->v[(s->head + lo) & (s->cap - 1)];
-    return e->seq == ev->seq && e->hash == rec_hash(ev);
+    return p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
 }
 
 /* ---- the analysis as events arrive ---- */
