@@ -153,7 +153,7 @@ typedef struct proc_s {
     uint64_t lost;  /* sum of gap records */
     evvec_t evs;    /* every event, for the replays (not with cfg.stream) */
     size_t nev;     /* events taken (the replays' count) */
-    uint64_t *seen; /* SEEN_MAX hashes of the newest records, NULL before the first */
+    uint64_t *seen; /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
     uint64_t next_seq;
     uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
@@ -296,15 +296,27 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
 /* Is ev already among p's events? Logs read one after the other may hold the same event
  * twice: the daemon's log and the program's own, when the program took its ring over after
  * the daemon went away (a killed daemon may have read events it never acknowledged). Only
- * an identical record counts (its hash: two records that differ have the same one with a
- * chance of 2^-63): a pid reused by a later process has seqs of its own. Looked up among the
- * newest SEEN_MAX seqs (as many as the profiler's default ring, which bounds the overlap);
- * an older one read again is kept, as an event out of order. */
-static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
+ * an identical record counts: a pid reused by a later process has seqs of its own. Among
+ * the events kept, or with cfg.stream by its hash (two records that differ have the same one
+ * with a chance of 2^-63) among the newest SEEN_MAX seqs (as many as the profiler's default
+ * ring, which bounds the overlap): an older one read again is then kept, as an event out of
+ * order. */
+static bool already_read(const proc_t *p, const mt_event_rec_t *ev, bool stream)
 {
-    if (p->unordered || ev->seq >= p->next_seq || p->next_seq - ev->seq > SEEN_MAX || !p->seen)
+    if (p->unordered || ev->seq >= p->next_seq)
         return false;
-    return p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
+    if (stream)
+        return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
+               p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
+    size_t lo = 0, hi = p->evs.n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->evs.v[mid].seq < ev->seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
 }
 
 /* ---- the analysis as events arrive ---- */
@@ -423,12 +435,12 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
         p->lost = mt_model_sat_add(p->lost, ev->size);
         return 0;
     }
-    if (already_read(p, ev)) {
+    if (already_read(p, ev, r->cfg.stream)) {
         p->duplicates++;
         r->duplicates++;
         return 0;
     }
-    if ((!r->cfg.stream && evvec_push(&p->evs, ev) != 0) || seen_push(&p->seen, ev) != 0)
+    if (r->cfg.stream ? seen_push(&p->seen, ev) != 0 : evvec_push(&p->evs, ev) != 0)
         return MT_ENOMEM;
     if (!r->cfg.replay_only && !p->failed && analyse_event(&r->cfg, p, ev) != 0)
         p->failed = true;
