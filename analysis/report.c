@@ -118,8 +118,9 @@ static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
 /* ---- the timeline, sampled as events arrive ---- */
 
 /* Grid points kept per timeline step: the grid's interval is between 1/TL_GRID_PER_STEP and
- * 2/TL_GRID_PER_STEP of a step, and each sample of the timeline is the grid point nearest its
- * step: a quarter of a step away from it at most. */
+ * 2/TL_GRID_PER_STEP of a step, and each sample of the timeline is the grid point at or
+ * before its step: half a step before it at most, the very state when no event falls
+ * between the two. */
 #define TL_GRID_PER_STEP 4
 
 typedef struct tl_pt_s {
@@ -836,10 +837,9 @@ static json_t *timeline_sample(const tl_pt_t *pt, uint64_t peak, double t_s)
                      pt->utilization, "fragmentation", pt->fragmentation);
 }
 
-/* The timeline: timeline_steps samples near equal steps of the span t0..t1, each the state at
- * the grid point nearest its step (and its time that point's), the last one after every
- * event, with the most allocated since the sample before. New reference, NULL without
- * memory. */
+/* The timeline: timeline_steps samples at equal steps of the span t0..t1 (the last one after
+ * every event), each the state at the grid point at or before its step, with the most
+ * allocated since the sample before. New reference, NULL without memory. */
 static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
                         uint64_t t0, uint64_t t1)
 {
@@ -850,16 +850,14 @@ static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_m
     size_t from = 0; /* the grid points not yet behind a sample */
     for (unsigned k = 1; tl && step > 0 && k < steps && g->next > 0; k++) {
         double at = (double)t0 + k * step - (double)g->origin;
-        size_t j = at <= 0 ? 0 : (size_t)(at / (double)g->w + 0.5);
+        size_t j = at <= 0 ? 0 : (size_t)(at / (double)g->w);
         j = j < g->next ? j : g->next - 1;
         j = j < from ? (from ? from - 1 : 0) : j;
         uint64_t peak = g->pts[j].allocated;
         for (size_t q = from; q <= j; q++)
             peak = g->pts[q].max > peak ? g->pts[q].max : peak;
         from = j + 1 > from ? j + 1 : from;
-        /* The sample says when it was taken: the grid point's time. */
-        double t_s = ((double)g->origin + (double)j * (double)g->w - (double)t0) / 1e9;
-        if (json_array_append_new(tl, timeline_sample(&g->pts[j], peak, t_s)) != 0) {
+        if (json_array_append_new(tl, timeline_sample(&g->pts[j], peak, k * step / 1e9)) != 0) {
             json_decref(tl);
             return NULL;
         }
