@@ -118,15 +118,16 @@ static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
 /* ---- the timeline, sampled as events arrive ---- */
 
 /* Grid points kept per timeline step: the grid's interval is between 1/TL_GRID_PER_STEP and
- * 2/TL_GRID_PER_STEP of a step, and each sample of the timeline is the grid point at or
- * before its step: half a step before it at most, the very state when no event falls
- * between the two. */
+ * 2/TL_GRID_PER_STEP of a step, and each sample of the timeline is one of the two grid points
+ * around its step (timeline()): the very state at the step unless events fall on both sides
+ * of it within the interval, else the state half a step before it at most. */
 #define TL_GRID_PER_STEP 4
 
 typedef struct tl_pt_s {
     uint64_t allocated, reserved; /* bytes, device, at the point */
     double utilization, fragmentation;
-    uint64_t max; /* bytes, the most allocated since the point before (this one's included) */
+    uint64_t max;  /* bytes, the most allocated since the point before (this one's included) */
+    uint64_t last; /* ns from the origin: the last event applied before the point (0: none) */
 } tl_pt_t;
 
 /* The device figures at the points origin + j w of a time grid: point j is the state before
@@ -141,6 +142,7 @@ typedef struct tl_grid_s {
     uint64_t origin; /* ns, the first event's time */
     uint64_t w;      /* ns between points */
     uint64_t run;    /* bytes */
+    uint64_t last;   /* ns from the origin of the last event applied (0: none, or before it) */
 } tl_grid_t;
 
 /* ---- the report ---- */
@@ -369,7 +371,7 @@ static int grid_before(tl_grid_t *g, const mt_model_t *m, uint64_t t, unsigned s
             mt_model_figures_t f;
             if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0)
                 return MT_ENOMEM;
-            pt = (tl_pt_t){f.allocated, f.reserved, f.utilization, f.fragmentation, 0};
+            pt = (tl_pt_t){f.allocated, f.reserved, f.utilization, f.fragmentation, 0, g->last};
             have = true;
         }
         pt.max = g->run > pt.allocated ? g->run : pt.allocated;
@@ -403,6 +405,8 @@ static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_
     mt_model_figures_t f;
     mt__model_figures_totals(m, MT_MODEL_DEVICE, &f);
     p->grid.run = f.allocated > p->grid.run ? f.allocated : p->grid.run;
+    if (ev->time_ns > p->grid.origin && ev->time_ns - p->grid.origin > p->grid.last)
+        p->grid.last = ev->time_ns - p->grid.origin;
     if (mt__scopes_event(&p->sc, ev, f.allocated) != 0)
         return MT_ENOMEM;
     /* The first event stands for the peak until allocated rises above 0. */
@@ -838,8 +842,8 @@ static json_t *timeline_sample(const tl_pt_t *pt, uint64_t peak, double t_s)
 }
 
 /* The timeline: timeline_steps samples at equal steps of the span t0..t1 (the last one after
- * every event), each the state at the grid point at or before its step, with the most
- * allocated since the sample before. New reference, NULL without memory. */
+ * every event), each the state at a grid point next to its step, with the most allocated
+ * since the sample before. New reference, NULL without memory. */
 static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
                         uint64_t t0, uint64_t t1)
 {
@@ -850,7 +854,11 @@ static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_m
     size_t from = 0; /* the grid points not yet behind a sample */
     for (unsigned k = 1; tl && step > 0 && k < steps && g->next > 0; k++) {
         double at = (double)t0 + k * step - (double)g->origin;
+        /* The point at or after the step is its very state when no event came between the
+         * two; else the one before it, the very state when none came between those. */
         size_t j = at <= 0 ? 0 : (size_t)(at / (double)g->w);
+        if (j + 1 < g->next && (double)j * (double)g->w < at && (double)g->pts[j + 1].last <= at)
+            j++;
         j = j < g->next ? j : g->next - 1;
         j = j < from ? (from ? from - 1 : 0) : j;
         uint64_t peak = g->pts[j].allocated;
@@ -867,7 +875,7 @@ static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_m
         json_decref(tl);
         return NULL;
     }
-    tl_pt_t last = {f.allocated, f.reserved, f.utilization, f.fragmentation, 0};
+    tl_pt_t last = {f.allocated, f.reserved, f.utilization, f.fragmentation, 0, g->last};
     uint64_t peak = g->run > f.allocated ? g->run : f.allocated;
     for (size_t q = from; q < g->next; q++)
         peak = g->pts[q].max > peak ? g->pts[q].max : peak;
