@@ -561,6 +561,18 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     return rc ? rc : grc;
 }
 
+uint64_t mt__model_allocated_after(const mt_model_t *m, const mt_event_rec_t *ev)
+{
+    /* The kinds mt__model_apply returns for before totals() and the host class leave the
+     * device's sum as it is. */
+    const mt__mclass_t *c = &m->cls[MT_MODEL_DEVICE];
+    if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_LIBRARY_LABEL ||
+        ev->kind == MT_EV_STACK_REF || ev->kind == MT_EV_SETTING || ev->pool == MT_POOL_HOST)
+        return mt__model_sat(c->asum);
+    unsigned src = mt_event_source(ev);
+    return mt__model_sat(c->asum - m->src_alloc[src] + ev->allocated);
+}
+
 /* ---- figures ---- */
 
 void mt__model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *out)
@@ -668,21 +680,23 @@ uint64_t mt__model_lost(const mt_model_t *m)
 
 /* ---- blocks for the map ---- */
 
-static int cmp_block(const void *a, const void *b)
-{
-    const mt_model_block_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
 int mt__model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     memset(out, 0, sizeof(*out));
     out->blocks = malloc((c->live ? c->live : 1) * sizeof(*out->blocks));
-    if (!out->blocks)
+    mt__range_t *order = malloc((c->live ? 2 * c->live : 1) * sizeof(*order));
+    if (!out->blocks || !order) {
+        free(order);
+        mt__model_map_free(out);
         return MT_ENOMEM;
+    }
+    /* (addr, index) pairs sorted, then the blocks taken in that order */
+    for (size_t i = 0; i < c->live; i++)
+        order[i] = (mt__range_t){c->blocks[i].addr, i};
+    mt__model_sort_ranges(order, c->live, order + c->live);
     for (size_t i = 0; i < c->live; i++) {
-        const mt__mblock_t *b = &c->blocks[i];
+        const mt__mblock_t *b = &c->blocks[order[i].size];
         out->blocks[out->nblocks++] = (mt_model_block_t){.addr = b->addr,
                                                          .size = b->size,
                                                          .stack = mt__model_stack_id(m, b->sidx),
@@ -692,7 +706,7 @@ int mt__model_map(const mt_model_t *m, int cls, mt_model_map_t *out)
                                                          .uncertain = b->uncertain,
                                                          .requested = b->requested};
     }
-    qsort(out->blocks, out->nblocks, sizeof(*out->blocks), cmp_block);
+    free(order);
     int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, out);
     if (rc != 0) {
         mt__model_map_free(out);

@@ -46,6 +46,10 @@ void mt__model_destroy(mt_model_t **m);
  * updated anyway and the model stays consistent (the block or segment is then missing,
  * and the class is marked uncertain as after a gap). */
 int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev);
+/* The device class's allocated total (as mt__model_figures_totals gives it) that applying ev
+ * would leave, without applying it: for a reader that must keep the state at a peak and so
+ * needs to know whether the next event passes it. */
+uint64_t mt__model_allocated_after(const mt_model_t *m, const mt_event_rec_t *ev);
 /* Walks every invariant written at the model's structs. 0, or MT_EPROTO naming the first
  * violation in why (may be NULL). */
 int mt__model_check(const mt_model_t *m, char *why, size_t whylen);

@@ -86,10 +86,38 @@ void mt__model_segs_prune(mt__mclass_t *c)
 
 /* ---- free extents ---- */
 
-static int cmp_range(const void *a, const void *b)
+void mt__model_sort_ranges(mt__range_t *v, size_t n, mt__range_t *tmp)
 {
-    const mt__range_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
+    if (n < 32) { /* insertion: fewer steps than the passes below */
+        for (size_t i = 1; i < n; i++) {
+            mt__range_t t = v[i];
+            size_t j = i;
+            for (; j > 0 && v[j - 1].addr > t.addr; j--)
+                v[j] = v[j - 1];
+            v[j] = t;
+        }
+        return;
+    }
+    uint64_t diff = 0;
+    for (size_t i = 1; i < n; i++)
+        diff |= v[i].addr ^ v[0].addr;
+    mt__range_t *src = v, *dst = tmp;
+    for (unsigned shift = 0; shift < 64 && (diff >> shift) != 0; shift += 8) {
+        if (((diff >> shift) & 0xff) == 0)
+            continue; /* every address has the same byte here */
+        size_t count[257] = {0};
+        for (size_t i = 0; i < n; i++)
+            count[((src[i].addr >> shift) & 0xff) + 1]++;
+        for (size_t d = 1; d < 257; d++)
+            count[d] += count[d - 1];
+        for (size_t i = 0; i < n; i++)
+            dst[count[(src[i].addr >> shift) & 0xff]++] = src[i];
+        mt__range_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v)
+        memcpy(v, src, n * sizeof(*v));
 }
 
 /* The blocks as sorted (addr, size) ranges: from map when given, else from the table. */
@@ -97,7 +125,7 @@ static mt__range_t *sorted_blocks(const mt__mclass_t *c, const mt_model_map_t *m
 {
     *n = 0;
     size_t want = map ? map->nblocks : c->live;
-    mt__range_t *v = malloc((want ? want : 1) * sizeof(*v));
+    mt__range_t *v = malloc((want ? 2 * want : 1) * sizeof(*v));
     if (!v)
         return NULL;
     if (map) {
@@ -107,7 +135,7 @@ static mt__range_t *sorted_blocks(const mt__mclass_t *c, const mt_model_map_t *m
     }
     for (size_t i = 0; i < c->live; i++)
         v[(*n)++] = (mt__range_t){c->blocks[i].addr, c->blocks[i].size};
-    qsort(v, *n, sizeof(*v), cmp_range);
+    mt__model_sort_ranges(v, *n, v + *n);
     return v;
 }
 

@@ -14,6 +14,7 @@
 
 #include "analysis/event_store.h"
 #include "analysis/frames.h"
+#include "analysis/gap.h"
 #include "analysis/model.h"
 #include "analysis/ndjson_fast.h"
 #include "analysis/scopes.h"
@@ -84,18 +85,80 @@ static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
     return 0;
 }
 
+/* ---- events already read ---- */
+
+/* What tells an event read twice (logs read one after the other overlap by the events the
+ * daemon read and never acknowledged, at most its ring): a hash of each of the newest
+ * records, at its seq modulo SEEN_MAX. 8 bytes an event in a table of fixed size: memory
+ * that is new to the process costs CPU time too, and this table is touched by every event.
+ * Invariant: h[s % SEEN_MAX] = seen_hash of the last record of seq s taken, or of one of a
+ * seq that leaves s % SEEN_MAX as s does, or 0 (none yet). */
+#define SEEN_MAX 65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
+
+/* The record's bytes hashed (its seq included), never 0. */
+static uint64_t seen_hash(const mt_event_rec_t *ev)
+{
+    uint64_t w[sizeof(*ev) / 8], h = 0x9e3779b97f4a7c15u;
+    memcpy(w, ev, sizeof w);
+    for (size_t i = 0; i < sizeof w / sizeof *w; i++) {
+        h ^= w[i] + 0x9e3779b97f4a7c15u + (h << 6) + (h >> 2);
+        h *= 0xff51afd7ed558ccdu;
+    }
+    return (h ^ (h >> 33)) | 1;
+}
+
+static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
+{
+    if (!*h && !(*h = calloc(SEEN_MAX, sizeof(**h))))
+        return MT_ENOMEM;
+    (*h)[ev->seq & (SEEN_MAX - 1)] = seen_hash(ev);
+    return 0;
+}
+
+/* ---- the timeline, sampled as events arrive ---- */
+
+/* Grid points kept per timeline step: the grid's interval is between 1/TL_GRID_PER_STEP and
+ * 2/TL_GRID_PER_STEP of a step, and each sample of the timeline is one of the two grid points
+ * around its step (timeline()): the very state at the step unless events fall on both sides
+ * of it within the interval, else the state half a step before it at most. */
+#define TL_GRID_PER_STEP 4
+
+typedef struct tl_pt_s {
+    uint64_t allocated, reserved; /* bytes, device, at the point */
+    double utilization, fragmentation;
+    uint64_t max;  /* bytes, the most allocated since the point before (this one's included) */
+    uint64_t last; /* ns from the origin: the last event applied before the point (0: none) */
+} tl_pt_t;
+
+/* The device figures at the points origin + j w of a time grid: point j is the state before
+ * the first event whose time - origin exceeds j w, as the timeline's samples are taken. When
+ * the log's span passes the grid's, w doubles and every other point goes: memory is the
+ * grid's, whatever the span.
+ * Invariants: next <= cap (cap even + 1, or 0 before the first event); w a power of two;
+ * run >= the allocated bytes after every event since point next - 1. */
+typedef struct tl_grid_s {
+    tl_pt_t *pts;
+    size_t next, cap;
+    uint64_t origin; /* ns, the first event's time */
+    uint64_t w;      /* ns between points */
+    uint64_t run;    /* bytes */
+    uint64_t last;   /* ns from the origin of the last event applied (0: none, or before it) */
+} tl_grid_t;
+
 /* ---- the report ---- */
 
-/* Invariant: while !unordered, evs is in strictly increasing seq order and next_seq is the
- * last seq + 1 (0 when empty). */
+/* Invariant: while !unordered, the events kept are in strictly increasing
+ * seq order and next_seq is the last seq + 1 (0 when none). */
 typedef struct proc_s {
     int pid;
     char name[64];
     int exit_state; /* 0 unknown, 1 clean, 2 unclean */
     uint64_t lost;  /* sum of gap records */
-    evvec_t evs;
+    evvec_t evs;    /* every event, for the replays (not with cfg.stream) */
+    size_t nev;     /* events taken (the replays' count) */
+    uint64_t *seen; /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
     uint64_t next_seq;
-    uint64_t t_min, t_max;       /* the least and greatest time_ns among evs (0 when empty) */
+    uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
     uint64_t duplicates;         /* events dropped as already read from an earlier log */
     uint64_t labels;             /* tag label records among evs (kept for their seqs) */
@@ -105,6 +168,19 @@ typedef struct proc_s {
     mt_prof_job_t job;           /* rank and job from its hello (docs/fleet.md); unknown if none */
     bool shadowed; /* a later hello of its pid named another rank or job: logs of two hosts
                     * whose pids collide; the pid's next lines are the other process's */
+    /* The analysis, applied as events arrive (not with cfg.replay_only): the model with the
+     * tables, what it keeps of outside memory, scopes and the timeline's grid; the device's
+     * peak so far and its gap, taken when the next event leaves the peak. */
+    mt_model_t *m; /* NULL until the first event or table line */
+    mt__report_outside_t *outside;
+    mt_scopes_t sc;
+    tl_grid_t grid;
+    uint64_t host_events;
+    uint64_t peak;     /* bytes, the device's highest allocated (0 before any) */
+    bool peak_pending; /* the state is still the peak's: its gap is not yet taken */
+    bool have_gap;
+    mt_gap_t peak_gap;
+    bool failed; /* out of memory while applying: the analysis is not the events' */
 } proc_t;
 
 struct mt__report_s {
@@ -153,7 +229,15 @@ void mt__report_destroy(mt__report_t **pr)
         return;
     mt__report_t *r = *pr;
     for (size_t i = 0; i < r->nprocs; i++) {
-        evvec_free(&r->procs[i].evs);
+        proc_t *p = &r->procs[i];
+        evvec_free(&p->evs);
+        free(p->seen);
+        mt__model_destroy(&p->m);
+        mt__report_outside_destroy(&p->outside);
+        mt__scopes_fini(&p->sc);
+        free(p->grid.pts);
+        if (p->have_gap)
+            mt__gap_free(&p->peak_gap);
         mt__model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);
@@ -185,6 +269,7 @@ static proc_t *proc_get(mt__report_t *r, int pid)
     memset(p, 0, sizeof(*p));
     p->pid = pid;
     p->job = mt_prof_job_unknown();
+    mt__scopes_init(&p->sc);
     return p;
 }
 
@@ -214,11 +299,18 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
 /* Is ev already among p's events? Logs read one after the other may hold the same event
  * twice: the daemon's log and the program's own, when the program took its ring over after
  * the daemon went away (a killed daemon may have read events it never acknowledged). Only
- * an identical record counts: a pid reused by a later process has seqs of its own. */
-static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
+ * an identical record counts: a pid reused by a later process has seqs of its own. Among
+ * the events kept, or with cfg.stream by its hash (two records that differ have the same one
+ * with a chance of 2^-63) among the newest SEEN_MAX seqs (as many as the profiler's default
+ * ring, which bounds the overlap): an older one read again is then kept, as an event out of
+ * order. */
+static bool already_read(const proc_t *p, const mt_event_rec_t *ev, bool stream)
 {
     if (p->unordered || ev->seq >= p->next_seq)
         return false;
+    if (stream)
+        return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
+               p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
     size_t lo = 0, hi = p->evs.n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -228,6 +320,101 @@ static bool already_read(const proc_t *p, const mt_event_rec_t *ev)
             hi = mid;
     }
     return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
+}
+
+/* ---- the analysis as events arrive ---- */
+
+/* p's model, created with the tables read so far at its first event. NULL: no memory. */
+static mt_model_t *proc_model(const mt__report_cfg_t *cfg, proc_t *p)
+{
+    if (p->m)
+        return p->m;
+    mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
+    if (mt__model_create(&p->m, &mc) != 0)
+        return NULL;
+    if (mt__report_outside_create(&p->outside) != 0 ||
+        (p->tables && mt__model_tables_copy(p->m, p->tables) != 0)) {
+        mt__model_destroy(&p->m);
+        mt__report_outside_destroy(&p->outside);
+        return NULL;
+    }
+    return p->m;
+}
+
+/* The grid's points crossed by an event at time t (before it is applied), from m's state. */
+static int grid_before(tl_grid_t *g, const mt_model_t *m, uint64_t t, unsigned steps)
+{
+    if (g->cap == 0) {
+        size_t cap = (size_t)steps * TL_GRID_PER_STEP + 1;
+        if (!(g->pts = malloc(cap * sizeof(*g->pts))))
+            return MT_ENOMEM;
+        *g = (tl_grid_t){.pts = g->pts, .cap = cap, .origin = t, .w = 1};
+    }
+    if (t <= g->origin)
+        return 0;
+    unsigned __int128 d = t - g->origin;
+    bool have = false;
+    tl_pt_t pt;
+    while (d > (unsigned __int128)g->next * g->w) {
+        if (g->next == g->cap) { /* the span passed the grid's: every other point goes */
+            size_t half = (g->cap - 1) / 2;
+            for (size_t j = 1; j <= half; j++) {
+                tl_pt_t a = g->pts[2 * j - 1], b = g->pts[2 * j];
+                g->pts[j] = b;
+                g->pts[j].max = a.max > b.max ? a.max : b.max;
+            }
+            g->next = half + 1;
+            g->w *= 2;
+            continue;
+        }
+        if (!have) {
+            mt_model_figures_t f;
+            if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+                return MT_ENOMEM;
+            pt = (tl_pt_t){f.allocated, f.reserved, f.utilization, f.fragmentation, 0, g->last};
+            have = true;
+        }
+        pt.max = g->run > pt.allocated ? g->run : pt.allocated;
+        g->pts[g->next++] = pt;
+        g->run = pt.allocated;
+    }
+    return 0;
+}
+
+/* ev into p's analysis: the timeline's grid, the model, outside memory, scopes, the peak. */
+static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev)
+{
+    mt_model_t *m = proc_model(cfg, p);
+    if (!m)
+        return MT_ENOMEM;
+    if (grid_before(&p->grid, m, ev->time_ns, cfg->timeline_steps) != 0)
+        return MT_ENOMEM;
+    /* The gap at the peak is taken when an event is about to leave it: a rise to a new peak
+     * does not need it, and each copy costs the live blocks and segments. */
+    if (p->peak_pending && mt__model_allocated_after(m, ev) <= p->peak) {
+        if (p->have_gap)
+            mt__gap_free(&p->peak_gap);
+        p->have_gap = mt__gap_of_model(m, MT_MODEL_DEVICE, &p->peak_gap) == 0;
+        if (!p->have_gap)
+            return MT_ENOMEM;
+        p->peak_pending = false;
+    }
+    if (mt__model_apply(m, ev) != 0 || mt__report_outside_step(p->outside, m, ev) != 0)
+        return MT_ENOMEM; /* only MT_ENOMEM: the analysis would not be the events' */
+    p->host_events += ev->pool == MT_POOL_HOST && ev->kind != MT_EV_GAP;
+    mt_model_figures_t f;
+    mt__model_figures_totals(m, MT_MODEL_DEVICE, &f);
+    p->grid.run = f.allocated > p->grid.run ? f.allocated : p->grid.run;
+    if (ev->time_ns > p->grid.origin && ev->time_ns - p->grid.origin > p->grid.last)
+        p->grid.last = ev->time_ns - p->grid.origin;
+    if (mt__scopes_event(&p->sc, ev, f.allocated) != 0)
+        return MT_ENOMEM;
+    /* The first event stands for the peak until allocated rises above 0. */
+    if (f.allocated > p->peak || p->nev == 0) {
+        p->peak = f.allocated > p->peak ? f.allocated : p->peak;
+        p->peak_pending = true;
+    }
+    return 0;
 }
 
 /* mt__report_add_event with the tag's name as tag_name[0..tag_len) (NUL-terminated when
@@ -253,16 +440,16 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
         p->lost = mt_model_sat_add(p->lost, ev->size);
         return 0;
     }
-    if (already_read(p, ev)) {
+    if (already_read(p, ev, r->cfg.stream)) {
         p->duplicates++;
         r->duplicates++;
         return 0;
     }
-    if (evvec_push(&p->evs, ev) != 0)
+    if (r->cfg.stream ? seen_push(&p->seen, ev) != 0 : evvec_push(&p->evs, ev) != 0)
         return MT_ENOMEM;
-    /* Kept here, where the event is in the cache, not in a pass of its own over the array
-     * (analyse's timeline needs the span first). */
-    if (p->evs.n == 1 || ev->time_ns < p->t_min)
+    if (!r->cfg.replay_only && !p->failed && analyse_event(&r->cfg, p, ev) != 0)
+        p->failed = true;
+    if (p->nev++ == 0 || ev->time_ns < p->t_min)
         p->t_min = ev->time_ns;
     if (ev->time_ns > p->t_max)
         p->t_max = ev->time_ns;
@@ -383,6 +570,10 @@ int mt__report_add_line(mt__report_t *r, const char *line, size_t len, char *err
         int trc = mt__model_table_line(p->tables, j, why, sizeof why);
         if (trc == MT_ENOMEM)
             NOMEM();
+        /* The analysis's model takes it too when it exists (else it copies the tables when
+         * created). */
+        if (trc > 0 && p->m && mt__model_table_line(p->m, j, why, sizeof why) == MT_ENOMEM)
+            p->failed = true;
         if (trc < 0)
             FAIL("%s", why);
         if (trc == 0)
@@ -643,16 +834,56 @@ static json_t *host_summary(const mt__report_cfg_t *cfg, const proc_t *p, const 
     return uncertain_json(o, &h);
 }
 
-static json_t *timeline_sample(const mt_model_t *m, uint64_t *interval_peak, double t_s)
+static json_t *timeline_sample(const tl_pt_t *pt, uint64_t peak, double t_s)
 {
+    return json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated", ji(pt->allocated),
+                     "reserved", ji(pt->reserved), "peak_allocated", ji(peak), "utilization",
+                     pt->utilization, "fragmentation", pt->fragmentation);
+}
+
+/* The timeline: timeline_steps samples at equal steps of the span t0..t1 (the last one after
+ * every event), each the state at a grid point next to its step, with the most allocated
+ * since the sample before. New reference, NULL without memory. */
+static json_t *timeline(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
+                        uint64_t t0, uint64_t t1)
+{
+    const tl_grid_t *g = &p->grid;
+    unsigned steps = cfg->timeline_steps;
+    double step = (double)(t1 - t0) / steps;
+    json_t *tl = json_array();
+    size_t from = 0; /* the grid points not yet behind a sample */
+    for (unsigned k = 1; tl && step > 0 && k < steps && g->next > 0; k++) {
+        double at = (double)t0 + k * step - (double)g->origin;
+        /* The point at or after the step is its very state when no event came between the
+         * two; else the one before it, the very state when none came between those. */
+        size_t j = at <= 0 ? 0 : (size_t)(at / (double)g->w);
+        if (j + 1 < g->next && (double)j * (double)g->w < at && (double)g->pts[j + 1].last <= at)
+            j++;
+        j = j < g->next ? j : g->next - 1;
+        j = j < from ? (from ? from - 1 : 0) : j;
+        uint64_t peak = g->pts[j].allocated;
+        for (size_t q = from; q <= j; q++)
+            peak = g->pts[q].max > peak ? g->pts[q].max : peak;
+        from = j + 1 > from ? j + 1 : from;
+        if (json_array_append_new(tl, timeline_sample(&g->pts[j], peak, k * step / 1e9)) != 0) {
+            json_decref(tl);
+            return NULL;
+        }
+    }
     mt_model_figures_t f;
-    if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+    if (!tl || mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0) {
+        json_decref(tl);
         return NULL;
-    uint64_t peak = *interval_peak > f.allocated ? *interval_peak : f.allocated;
-    *interval_peak = f.allocated;
-    return json_pack("{s:f, s:I, s:I, s:I, s:f, s:f}", "t_s", t_s, "allocated", ji(f.allocated),
-                     "reserved", ji(f.reserved), "peak_allocated", ji(peak), "utilization",
-                     f.utilization, "fragmentation", f.fragmentation);
+    }
+    tl_pt_t last = {f.allocated, f.reserved, f.utilization, f.fragmentation, 0, g->last};
+    uint64_t peak = g->run > f.allocated ? g->run : f.allocated;
+    for (size_t q = from; q < g->next; q++)
+        peak = g->pts[q].max > peak ? g->pts[q].max : peak;
+    if (json_array_append_new(tl, timeline_sample(&last, peak, (double)(t1 - t0) / 1e9)) != 0) {
+        json_decref(tl);
+        return NULL;
+    }
+    return tl;
 }
 
 /* Device memory per device, from the model: the process's final figures are the sums. */
@@ -673,20 +904,14 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
-/* The gap of device memory right after event at of p (the peak of allocated). */
-static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym, size_t at)
+/* The gap of device memory right after the event that first reached the peak of allocated
+ * (the first event when allocated never rose above 0). */
+static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
+                        mt_sym_t *sym)
 {
-    mt_model_t *m = NULL;
-    json_t *o = NULL;
-    if (mt__model_create(&m, NULL) != 0 || (p->tables && mt__model_tables_copy(m, p->tables) != 0))
-        goto out;
-    for (size_t k = 0; k < p->evs.n && k <= at; k++)
-        if (mt__model_apply(m, &p->evs.v[k]) == MT_ENOMEM)
-            goto out;
-    o = mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
-out:
-    mt__model_destroy(&m);
-    return o;
+    if (p->peak_pending || !p->have_gap) /* the state is the peak's still */
+        return mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
+    return mt__report_gap_named(&p->peak_gap, m, sym, (uint32_t)p->pid, cfg);
 }
 
 static int tag_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
@@ -723,42 +948,24 @@ static int temporary(json_t *res, const mt__report_cfg_t *cfg, const proc_t *p, 
 
 static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *sym)
 {
-    mt_scopes_t sc;
-    mt__scopes_init(&sc);
-    mt_model_t *m = NULL;
-    mt__report_outside_t *outside = NULL;
-    mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
-    json_t *tl = json_array(), *res = NULL;
-    if (mt__model_create(&m, &mc) != 0 || !tl || mt__report_outside_create(&outside) != 0 ||
-        (p->tables && mt__model_tables_copy(m, p->tables) != 0))
-        goto out;
-    const mt_event_rec_t *ev = p->evs.v;
-    size_t n = p->evs.n;
-    uint64_t t0 = n ? p->t_min : 0, t1 = n ? p->t_max : 0, host_events = 0;
-    unsigned steps = cfg->timeline_steps, k = 1;
-    double step = (double)(t1 - t0) / steps;
-    uint64_t interval_peak = 0, peak = 0;
-    size_t peak_at = 0; /* the event after which allocated first reached its peak */
-    for (size_t i = 0; i < n; i++) {
-        while (step > 0 && k < steps && (double)(ev[i].time_ns - t0) > k * step) {
-            if (json_array_append_new(tl, timeline_sample(m, &interval_peak, k * step / 1e9)))
-                goto out;
-            k++;
-        }
-        if (mt__model_apply(m, &ev[i]) != 0 || mt__report_outside_step(outside, m, &ev[i]) != 0)
-            goto out; /* only MT_ENOMEM: the replay would not be the events' */
-        host_events += ev[i].pool == MT_POOL_HOST && ev[i].kind != MT_EV_GAP;
-        mt_model_figures_t f;
-        mt__model_figures_totals(m, MT_MODEL_DEVICE, &f);
-        interval_peak = f.allocated > interval_peak ? f.allocated : interval_peak;
-        if (mt__scopes_event(&sc, &ev[i], f.allocated) != 0)
+    if (cfg->replay_only || p->failed)
+        return NULL;
+    mt_model_t *m = p->m, *empty = NULL;
+    json_t *tl = NULL, *res = NULL;
+    const mt__report_outside_t *outside = p->outside;
+    mt__report_outside_t *none = NULL;
+    if (!m) { /* no event, no table: the analysis of nothing */
+        mt_model_cfg_t mc = {.keep_iterations = true,
+                             .temporary_window_us = cfg->temporary_window_us};
+        if (mt__model_create(&empty, &mc) != 0 || mt__report_outside_create(&none) != 0 ||
+            (p->tables && mt__model_tables_copy(empty, p->tables) != 0))
             goto out;
-        if (f.allocated > peak) {
-            peak = f.allocated;
-            peak_at = i;
-        }
+        m = empty;
+        outside = none;
     }
-    if (json_array_append_new(tl, timeline_sample(m, &interval_peak, (double)(t1 - t0) / 1e9)))
+    size_t n = p->nev;
+    uint64_t t0 = n ? p->t_min : 0, t1 = n ? p->t_max : 0, host_events = p->host_events;
+    if (!(tl = timeline(cfg, p, m, t0, t1)))
         goto out;
 
     mt_model_figures_t d;
@@ -785,15 +992,14 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         res = NULL;
     }
     res = uncertain_json(res, &d);
-    if (res != NULL &&
-        (json_object_set_new(res, "end_gap",
-                             mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg)) !=
-             0 ||
-         json_object_set_new(res, "peak_gap", peak_gap(cfg, p, sym, peak_at)) != 0)) {
+    if (res != NULL && (json_object_set_new(res, "end_gap",
+                                            mt__report_gap_json(m, MT_MODEL_DEVICE, sym,
+                                                                (uint32_t)p->pid, cfg)) != 0 ||
+                        json_object_set_new(res, "peak_gap", peak_gap(cfg, p, m, sym)) != 0)) {
         json_decref(res);
         res = NULL;
     }
-    json_t *scj = res != NULL ? mt__scopes_json(&sc) : NULL;
+    json_t *scj = res != NULL ? mt__scopes_json(&p->sc) : NULL;
     if (scj != NULL && json_object_set_new(res, "scopes", scj) != 0) {
         json_decref(res);
         res = NULL;
@@ -829,10 +1035,9 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         res = NULL;
     }
 out:
-    mt__scopes_fini(&sc);
     json_decref(tl);
-    mt__report_outside_destroy(&outside);
-    mt__model_destroy(&m);
+    mt__report_outside_destroy(&none);
+    mt__model_destroy(&empty);
     return res;
 }
 
@@ -878,7 +1083,7 @@ int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **n
         return MT_EINVAL;
     *pid = r->procs[i].pid;
     *name = r->procs[i].name;
-    *events = r->procs[i].evs.n;
+    *events = r->procs[i].nev;
     return 0;
 }
 
@@ -889,7 +1094,7 @@ const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *
 
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx)
 {
-    if (i >= r->nprocs)
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
@@ -921,7 +1126,7 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out)
 {
     memset(out, 0, sizeof(*out));
-    if (i >= r->nprocs)
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
@@ -939,7 +1144,7 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
 {
     *out = NULL;
-    if (i >= r->nprocs)
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;

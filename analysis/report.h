@@ -48,6 +48,11 @@ typedef struct mt__report_cfg_s {
                                            MT_MODEL_TEMP_WINDOW_US; 0 = none tracked */
     bool general_reader; /* decode every line with jansson, never the event-line decoder
                           * (ndjson_fast.h): the benchmarks' and tests' baseline; false */
+    bool stream;         /* keep no event: memory follows the model (live blocks, segments, sites),
+                          * not the log; the replays (mt__report_replay, _map_at, _model, _trace,
+                          * _flame_svg) then return MT_EINVAL. false */
+    bool replay_only;    /* no analysis as events arrive, for readers that only replay them (plot,
+                          * export): mt__report_result then returns NULL. false */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);
@@ -210,6 +215,11 @@ int mt__report_outside_json(const mt__report_outside_t *o, const mt_model_t *m, 
  * (cfg->by, cfg->frames) with its frames. New reference, NULL without memory. */
 json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
                             const mt__report_cfg_t *cfg);
+/* The same of a gap taken earlier (g borrowed), its pins named from m (a model holding at
+ * least the stacks g names, e.g. the same process's model later on). */
+struct mt_gap_s;
+json_t *mt__report_gap_named(const struct mt_gap_s *g, const mt_model_t *m, mt_sym_t *s,
+                             uint32_t pid, const mt__report_cfg_t *cfg);
 
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each

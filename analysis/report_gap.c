@@ -36,15 +36,22 @@ json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t 
     mt_gap_t g;
     if (mt__gap_of_model(m, cls, &g) != 0)
         return NULL;
-    json_t *o = mt__gap_json(&g, cfg->top);
+    json_t *o = mt__report_gap_named(&g, m, s, pid, cfg);
+    mt__gap_free(&g);
+    return o;
+}
+
+json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s, uint32_t pid,
+                             const mt__report_cfg_t *cfg)
+{
+    json_t *o = mt__gap_json(g, cfg->top);
     mt__cs_sym_sync(s, pid, m);
     json_t *pins = json_object_get(o, "pins");
     for (size_t i = 0; o != NULL && i < json_array_size(pins); i++) {
-        if (name_pin(json_array_get(pins, i), m, s, pid, g.pins[i].stack, cfg) != 0) {
+        if (name_pin(json_array_get(pins, i), m, s, pid, g->pins[i].stack, cfg) != 0) {
             json_decref(o);
             o = NULL;
         }
     }
-    mt__gap_free(&g);
     return o;
 }

@@ -251,12 +251,15 @@ static double cpu_now_s(void)
     return tv_s(ru.ru_utime) + tv_s(ru.ru_stime);
 }
 
-/* Every line of path into a report engine, as `memtrace report` reads it, no analysis. */
+/* Every line of path into a report engine, as `memtrace report` reads it, no analysis and
+ * no event kept: the reading alone. */
 static row_t run_read(const char *name, const char *path, bool jansson)
 {
     row_t r = {.name = name, .status = -1};
     mt__report_cfg_t cfg = mt__report_cfg_default();
     cfg.general_reader = jansson;
+    cfg.stream = true;
+    cfg.replay_only = true;
     mt__report_t *rep = NULL;
     if (mt__report_create(&rep, &cfg) != 0)
         return r;

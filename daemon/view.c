@@ -41,6 +41,11 @@ typedef struct view_map_s {
     const mt_d_proc_t *older;
     int *from, *to;
     size_t n, cap;
+    /* The process the last event line's pid led to (NULL: none yet), so that a run of one
+     * process's lines does not walk the list of processes for each: a registration is only
+     * added for a pid that has none, so the one found stays the newest. */
+    int last_pid;
+    mt_d_proc_t *last;
 } view_map_t;
 
 /* The pid a line's pid stands for in d (pid itself unless m remaps it); -1 without memory. */
@@ -90,13 +95,19 @@ static const char *static_reason(const char *r)
  * 0 or MT_ENOMEM. */
 static int view_event(mt_d_t *d, view_map_t *m, const mt_event_rec_t *ev, int pid)
 {
-    pid = view_pid(d, m, pid);
-    mt_d_proc_t *p = pid < 0 ? NULL : view_proc(d, pid, NULL);
-    mt_d_web_proc_t *t = p ? mt__d_web_find(d, p) : NULL;
-    if (!p)
-        return MT_ENOMEM;
-    if (!t || t->wcount == 0 || ev->kind == MT_EV_GAP ||
-        ev->seq > t->win[(t->whead + t->wcap - 1) % t->wcap].seq) {
+    mt_d_proc_t *p = m && m->last && m->last_pid == pid ? m->last : NULL;
+    if (!p) {
+        int vp = view_pid(d, m, pid);
+        p = vp < 0 ? NULL : view_proc(d, vp, NULL);
+        if (!p)
+            return MT_ENOMEM;
+        if (m) {
+            m->last_pid = pid;
+            m->last = p;
+        }
+    }
+    mt_d_web_proc_t *t = mt__d_web_find(d, p);
+    if (!t || t->wcount == 0 || ev->kind == MT_EV_GAP || ev->seq > t->wseq) {
         /* An event found twice (two logs of one run) counts once. */
         if (ev->kind == MT_EV_GAP)
             p->dropped += ev->size;
@@ -301,7 +312,8 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
 int mt__d_view_load(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,
                     char *err, size_t errlen)
 {
-    return view_load(d, NULL, path, events, bad, err, errlen);
+    view_map_t m = {0}; /* no older process: pids kept as they are */
+    return view_load(d, &m, path, events, bad, err, errlen);
 }
 
 int mt__d_view_load_run(mt_d_t *d, const char *path, unsigned long *events, unsigned long *bad,

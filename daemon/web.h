@@ -78,6 +78,8 @@ typedef struct mt_d_web_proc_s {
     mt_event_rec_t *win;
     size_t wcap, wcount, whead;
     size_t wready;           /* win[..wready) was faulted in ahead of the stores (advice only) */
+    uint64_t wseq;           /* the seq of the newest window event (when wcount > 0): read
+                                without reading back the line just streamed to memory */
     struct mt_model_s *base; /* the state before the window's first event */
     uint32_t ooms[256];      /* OOM events seen per device (names of OOM snapshots) */
 } mt_d_web_proc_t;

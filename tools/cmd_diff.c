@@ -14,6 +14,7 @@
 #include "analysis/diff.h"
 #include "analysis/frames.h"
 #include "analysis/report.h"
+#include "analysis/torch_snapshot.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
 #include "tools/snapshot_in.h"
@@ -100,6 +101,9 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     cfg.frames = rules;
     cfg.by = by;
     cfg.general_reader = mt_tool_general_reader();
+    /* Its analysis alone, no event kept, unless a snapshot's sites need the model
+     * (snapshot_in.c). */
+    cfg.stream = !mt__ts_is_pickle(before) && !mt__ts_is_pickle(after);
     cfg.by_callsite = true;
     cfg.top = UINT32_MAX; /* every site: one outside the top ten may be the one that grew */
     json_t *side[2] = {NULL, NULL};

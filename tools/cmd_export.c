@@ -122,6 +122,7 @@ static int run(const export_opts_t *o)
     mt__report_t *r = NULL;
     mt__report_cfg_t rcfg = mt__report_cfg_default();
     rcfg.general_reader = mt_tool_general_reader();
+    rcfg.replay_only = true; /* the events replayed, never analysed as a report */
     if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace export: out of memory\n");
         return 1;

@@ -14,6 +14,7 @@
 
 #include "analysis/frames.h"
 #include "analysis/replay.h"
+#include "analysis/torch_snapshot.h"
 #include "analysis/report.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
@@ -368,6 +369,11 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
                       char **logs, int nlogs)
 {
     mt__report_cfg_t cfg = *cfgp;
+    /* The analysis is made as the events are read, and none is kept, unless --replay replays
+     * them or a snapshot's sites need its model (snapshot_in.c): memory follows the model. */
+    cfg.stream = !pr->replay;
+    for (int i = 0; i < nlogs && cfg.stream; i++)
+        cfg.stream = strcmp(logs[i], "-") == 0 || !mt__ts_is_pickle(logs[i]);
     mt__report_t *r = NULL;
     if (mt__report_create(&r, &cfg) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");

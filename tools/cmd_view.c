@@ -116,6 +116,7 @@ static int jobs_view(mt_d_t *d, char *const *paths, int n)
     cfg.by_callsite = true;
     cfg.by = MT_FR_BY_FUNCTION;
     cfg.general_reader = mt_tool_general_reader();
+    cfg.stream = true; /* its analysis alone: no event kept */
     cfg.frames = rules;
     if (mt__report_create(&r, &cfg) != 0)
         goto fail_report;
