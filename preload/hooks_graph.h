@@ -29,5 +29,12 @@ bool mt__preload_graph_routed(const mt_stream_t *s);
 void mt__preload_graph_pool_begin(int device, uint64_t id0, uint64_t id1);
 void mt__preload_graph_pool_end(int device, uint64_t id0, uint64_t id1);
 void mt__preload_graph_pool_release(int device, uint64_t id0, uint64_t id1);
+/* The capture hooks (hooks_capture.c), after the real call succeeded as the outermost one:
+ * a capture began on the program's stream handle (device: the caller's), it ended (graph:
+ * what it made, NULL if it failed), graph was instantiated as exec, exec was destroyed. */
+void mt__preload_graph_begun(void *handle, int device);
+void mt__preload_graph_ended(void *handle, void *graph);
+void mt__preload_graph_instantiated(void *graph, void *exec);
+void mt__preload_graph_exec_gone(void *exec);
 
 #endif
