@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 /* failed: what cmocka_run_group_tests returned (the number of failed tests). Returns 0 when
@@ -30,7 +31,16 @@ static inline int mt_test_end(int failed)
     _exit(failed > 0 && failed < 77 ? failed : 1);
 }
 
+/* MT_TEST_FILTER=PATTERN runs only the tests whose name matches it ('*' and '?'), so that
+ * one long program can be given to meson as parts that run side by side. */
+static inline void mt_test_filter(void)
+{
+    const char *f = getenv("MT_TEST_FILTER");
+    if (f != NULL && *f != '\0')
+        cmocka_set_test_filter(f);
+}
+
 #define MT_TEST_RUN(tests, setup, teardown)                                                        \
-    mt_test_end(cmocka_run_group_tests(tests, setup, teardown))
+    (mt_test_filter(), mt_test_end(cmocka_run_group_tests(tests, setup, teardown)))
 
 #endif
