@@ -155,19 +155,32 @@ static bool is_live(uintptr_t id)
     return found;
 }
 
+/* An event recorded on the legacy stream of c's context, which completes only after the
+ * work queued so far on every blocking stream (every thread's per-thread stream among
+ * them, those of exited threads too); the caller waits for it and destroys it. */
+static int legacy_event(cuda_t *c, CUevent *out)
+{
+    int rc = CALL(c, EventCreate(out, CU_EVENT_DISABLE_TIMING));
+    if (rc != 0)
+        return rc;
+    rc = CALL(c, EventRecord(*out, CU_STREAM_LEGACY));
+    if (rc != 0) {
+        CALL(c, EventDestroy(*out));
+        *out = NULL;
+    }
+    return rc;
+}
+
 /* Makes the calling thread's per-thread stream wait for everything queued so far on the
- * per-thread streams of c's context, those of exited threads among them: an event on the
- * legacy stream completes only after the work queued so far on every blocking stream. */
+ * per-thread streams of c's context, those of exited threads among them. */
 static int wait_for_dead(cuda_t *c)
 {
     CUevent ev = NULL;
-    int rc = CALL(c, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
-    if (rc == 0) {
-        rc = CALL(c, EventRecord(ev, CU_STREAM_LEGACY));
-        if (rc == 0)
-            rc = CALL(c, StreamWaitEvent(CU_STREAM_PER_THREAD, ev, 0));
-        CALL(c, EventDestroy(ev)); /* released once the wait is done */
-    }
+    int rc = legacy_event(c, &ev);
+    if (rc != 0)
+        return rc;
+    rc = CALL(c, StreamWaitEvent(CU_STREAM_PER_THREAD, ev, 0));
+    CALL(c, EventDestroy(ev)); /* released once the wait is done */
     return rc;
 }
 
@@ -270,12 +283,10 @@ int mt__cuda_stream_synchronize(mt_backend_t *b, mt_stream_t *s)
     if (!foreign(s))
         return CALL(c, StreamSynchronize(SH(s)));
     CUevent ev = NULL;
-    int rc = CALL(c, EventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    int rc = legacy_event(c, &ev);
     if (rc != 0)
         return rc;
-    rc = CALL(c, EventRecord(ev, CU_STREAM_LEGACY));
-    if (rc == 0)
-        rc = CALL(c, EventSynchronize(ev));
+    rc = CALL(c, EventSynchronize(ev));
     CALL(c, EventDestroy(ev));
     return rc;
 }
