@@ -506,12 +506,12 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     /* the program's call into memtrace, where its stack is cut (util/entry.h) */
     uintptr_t entry = mt__entry_enter(ra);
     uint32_t stack = alloc_stack(a, size);
-    mt__tc_prepare(a);
+    mt__tcache_t *mine = mt__tc_prepare(a);
     mt__alloc_lock(a);
     int rc = 0;
     bool oom = false; /* the device's memory, not the host's, ran out */
     /* The search sees this thread's cached blocks merged, as the bins alone would. */
-    mt__tc_flush_mine(a);
+    mt__tc_flush_mine(a, mine);
     if (a->npending > 0)
         mt__alloc_process_events(a);
     if (size > ((size_t)1 << 60)) {
@@ -614,7 +614,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool, st = mt__stat_pool(sp);
-    mt__tc_peak_guard(a, st, b->size, size, tag); /* a new peak is set with truth = counters */
+    mt__tc_peak_guard(a, mine, st, b->size, size,
+                      tag); /* a new peak is set with truth = counters */
     mt__stat_inc2(a->st.allocated_bytes, st, (int64_t)b->size);
     mt__scope_track(a);
     mt__stat_inc2(a->st.requested_bytes, st, (int64_t)size);
@@ -632,7 +633,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     /* The thread's cache may repeat b's pair if the plan plays no part in it (another
      * stream), or b is planned and its pair leaves the plan as it is. */
     if (a->tc_on)
-        mt__tc_own(a, b, st,
+        mt__tc_own(a, mine, b, st,
                    a->plan.n == 0 || sr != a->plan.sr ||
                        (planned && mt__plan_repeats(a, pk, b->size)));
     if (a->warming) {

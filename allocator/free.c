@@ -57,7 +57,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
 void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
-    mt_assert(b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->owner == NULL);
+    mt_assert(b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->tce == NULL);
     mt_assert(b->requested > 0 && b->requested <= b->size);
     mt_assert(b->npending == 0);
     mt_segment_t *seg = b->seg;
@@ -121,7 +121,7 @@ int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
 {
     mt__alloc_lock(a);
     /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
-    mt__tc_flush_mine(a);
+    mt__tc_flush_mine(a, mt__tc_mine(a));
     int rc = 0;
     mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
     if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
@@ -131,7 +131,7 @@ int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
     mt_assert(b->addr == (uintptr_t)ptr);
     /* A block a thread cache owns leaves it first, its counters made the program's; one
      * that cache holds was freed already. */
-    if (b->owner != NULL && (rc = mt__tc_disown(a, b)) != 0)
+    if (b->tce != NULL && (rc = mt__tc_disown(a, b)) != 0)
         goto out;
     mt__alloc_free_block(a, b);
 out:
@@ -184,14 +184,14 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
         goto out;
     }
     /* The owner's fast free reads nuses: its cache is claimed meanwhile. */
-    mt__tcache_t *owner = b->owner;
-    if (owner != NULL)
+    bool owned = b->tce != NULL;
+    if (owned)
         mt__tc_lock_owner(b);
-    if (owner != NULL && b->tc_held)
+    if (owned && mt__tc_held(b))
         rc = MT_ENOENT;
     else
         rc = add_use(b, stream);
-    if (owner != NULL)
+    if (owned)
         mt__tc_unlock_owner(b);
 out:
     mt__alloc_unlock(a);
@@ -217,10 +217,10 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
         }
     }
     int rc = 0;
-    bool owned = b != NULL && b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->owner != NULL;
+    bool owned = b != NULL && b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->tce != NULL;
     if (owned)
         mt__tc_lock_owner(b);
-    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED || (owned && b->tc_held)) {
+    if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED || (owned && mt__tc_held(b))) {
         rc = MT_ENOENT;
     } else {
         if (base != NULL)
@@ -228,7 +228,7 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
         if (size != NULL)
             *size = b->size;
         if (tag != NULL)
-            *tag = owned ? b->tc_tag : b->tag; /* the program's, not the counters' */
+            *tag = owned ? mt__tc_tag(b) : b->tag; /* the program's, not the counters' */
     }
     if (owned)
         mt__tc_unlock_owner(b);

@@ -68,6 +68,7 @@ typedef struct mt_segment_s mt_segment_t;
 typedef struct mt_binset_s mt_binset_t;
 typedef struct mt_streamrec_s mt_streamrec_t;
 typedef struct mt__tcache_s mt__tcache_t;
+typedef struct mt__tc_ent_s mt__tc_ent_t;
 typedef struct mt__async_s mt__async_t;
 typedef struct mt__pool_s mt__pool_t;
 
@@ -130,47 +131,31 @@ enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
  * the largest free block treat each run as the one block it would be once merged:
  * inactive_split counts the runs with a non-free neighbour (and their bytes). A run of
  * more than one block holds at least one quick block.
- * owner != NULL => state = ACTIVE_ALLOCATED and the block is in owner's live table
- * (tcache.c); requested and tag are then what the allocator's counters hold for it, and
- * tc_* (written by the owner's fast paths, or with mu and its cache claimed) what the program
- * holds: tc_held = the thread freed it into its cache. owner = NULL => tc_held = tc_div = false. */
+ * tce != NULL => state = ACTIVE_ALLOCATED and a thread cache owns the block (tcache.c): tce
+ * is its entry there, holding what the program holds of it; requested and tag are then what
+ * the allocator's counters hold. */
 struct mt_block_s {
-    /* A cache line of its own: two threads' caches write their own blocks' tc_* fields
-     * without the lock, and blocks of the struct pool sit side by side. */
-    _Alignas(64) uintptr_t addr; /* device address, multiple of MT__ALIGN */
-    size_t size;                 /* bytes, multiple of MT__ALIGN; >= MT__MIN_BLOCK except a free
-                                  * tail left by unmapping expandable pages */
-    size_t requested;            /* bytes asked for; 0 when inactive */
-    mt_segment_t *seg;           /* owning segment */
-    mt_block_t *prev;            /* previous block of the segment (lower address) or NULL */
-    mt_block_t *next;            /* next block of the segment or NULL */
-    mt_block_t *bin_prev;        /* free list of the block's size class (when inactive) */
-    mt_block_t *bin_next;        /* also the free-list link of the block-struct pool */
-    mt_stream_t **uses;          /* streams other than seg->stream that used it (record_stream) */
-    uint32_t nuses;              /* entries in uses */
-    uint32_t cap_uses;           /* capacity of uses */
-    uint32_t npending;           /* events recorded at free, not yet seen complete */
-    uint32_t gen;                /* warm-up generation at allocation (reserve.c) */
-    uint32_t wid;                /* allocated while warming: index of its op in a->wops */
-    uint16_t cls;                /* size class while inactive */
-    uint8_t state;               /* mt_block_state_e or MT__BLOCK_QUICK */
-    uint8_t tag;                 /* mt_tag_e or user tag, < MT_TAG_MAX */
-    bool split_counted;          /* counted in inactive_split stats */
-    bool planned;          /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
-    bool tc_held;          /* in its owner's LIFO (freed by the program), linked by bin_next */
-    bool tc_div;           /* live, on the owner's list of blocks with tc_req/tc_tag !=
-                            * requested/tag (linked by bin_prev/bin_next) */
-    uint8_t tc_tag;        /* the program's tag while owned and live */
-    uint8_t tc_sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
-    uint8_t tc_slot;       /* index of its (stream, size) LIFO in its owner's cache */
-    mt__tcache_t *owner;   /* thread cache that owns it, or NULL (tcache.c) */
-    mt_streamrec_t *tc_sr; /* its segment's stream record, readable without mu while owned */
-    size_t tc_req;         /* the program's requested bytes while owned and live */
-    uint64_t tc_seq;       /* owner's operation count at its last free into the cache */
-    uint64_t tc_k;         /* owner's operation count when it was last handed out */
-    uint64_t tc_ver;       /* tc_sr->tc_ver when the global path handed it out */
-    uint64_t tc_pver;      /* planned: a->plan_ver when the global path handed it out, its
-                            * pair then leaving the plan as it was (else 0) */
+    uintptr_t addr;       /* device address, multiple of MT__ALIGN */
+    size_t size;          /* bytes, multiple of MT__ALIGN; >= MT__MIN_BLOCK except a free
+                           * tail left by unmapping expandable pages */
+    size_t requested;     /* bytes asked for; 0 when inactive */
+    mt_segment_t *seg;    /* owning segment */
+    mt_block_t *prev;     /* previous block of the segment (lower address) or NULL */
+    mt_block_t *next;     /* next block of the segment or NULL */
+    mt_block_t *bin_prev; /* free list of the block's size class (when inactive) */
+    mt_block_t *bin_next; /* also the free-list link of the block-struct pool */
+    mt_stream_t **uses;   /* streams other than seg->stream that used it (record_stream) */
+    mt__tc_ent_t *tce;    /* its entry in the thread cache that owns it, or NULL (tcache.c) */
+    uint32_t nuses;       /* entries in uses */
+    uint32_t cap_uses;    /* capacity of uses */
+    uint32_t npending;    /* events recorded at free, not yet seen complete */
+    uint32_t gen;         /* warm-up generation at allocation (reserve.c) */
+    uint32_t wid;         /* allocated while warming: index of its op in a->wops */
+    uint16_t cls;         /* size class while inactive */
+    uint8_t state;        /* mt_block_state_e or MT__BLOCK_QUICK */
+    uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
+    bool split_counted;   /* counted in inactive_split stats */
+    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which

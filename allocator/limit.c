@@ -76,7 +76,7 @@ static void rebase_blocks(mt_alloc_t *a)
         mt_block_t *b = mt__addrmap_at(&a->map, i);
         if (b == NULL)
             continue;
-        if (b->owner != NULL)
+        if (b->tce != NULL)
             (void)mt__tc_disown(a, b);
         n += b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->size >= a->cfg.max_split_size;
     }

@@ -339,7 +339,7 @@ const char *mt__pool_check(const mt_alloc_t *a)
         if (s->priv && (s->expandable || s->reserved))
             return "private pool segment that is expandable or reserved";
         for (const mt_block_t *b = s->priv ? s->first : NULL; b != NULL; b = b->next)
-            if (b->owner != NULL)
+            if (b->tce != NULL)
                 return "private pool block owned by a thread cache";
     }
     return NULL;

@@ -338,8 +338,8 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
 {
     if (b->seg != seg)
         return "block points to another segment";
-    if (b->owner != NULL ? b->state != MT_BLOCK_ACTIVE_ALLOCATED : b->tc_held || b->tc_div)
-        return "tcache: owned block not allocated, or a block no cache owns marked held";
+    if (b->tce != NULL && b->state != MT_BLOCK_ACTIVE_ALLOCATED)
+        return "tcache: owned block not allocated";
     if (b->size < MT__ALIGN || b->size % MT__ALIGN != 0 || b->addr % MT__ALIGN != 0)
         return "block size or address not aligned";
     if (b->next != NULL && (b->next->prev != b || b->next->addr != b->addr + b->size))
@@ -392,7 +392,7 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
     }
     if (b->npending != 0)
         return "allocated block with pending events";
-    if (b->owner != NULL && !mt__tc_in_owner(b))
+    if (b->tce != NULL && !mt__tc_in_owner(b))
         return "tcache: owned block missing from its owner's table";
     if (b->requested == 0 || b->requested > b->size)
         return "requested size outside (0, block size]";

@@ -99,13 +99,19 @@ static void make_key(void)
     tls_key_rc = pthread_key_create(&tls_key, thread_exit);
 }
 
-void mt__tc_prepare(mt_alloc_t *a)
+mt__tcache_t *mt__tc_mine(const mt_alloc_t *a)
 {
-    if (!__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) || tls_find(a) != NULL)
-        return;
+    return tls_find(a);
+}
+
+mt__tcache_t *mt__tc_prepare(mt_alloc_t *a)
+{
+    mt__tcache_t *c = tls_find(a);
+    if (c != NULL || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        return c;
     for (int i = 0; i < TC_TLS; i++)
         if (tls[i].id == 0)
-            return;
+            return NULL;
     /* Every entry taken: those naming destroyed allocators are free (their caches went
      * with them). */
     pthread_mutex_lock(&reg_mu);
@@ -113,6 +119,7 @@ void mt__tc_prepare(mt_alloc_t *a)
         if (reg_find(tls[i].id) == NULL)
             tls[i] = (tc_tls_t){0, NULL};
     pthread_mutex_unlock(&reg_mu);
+    return NULL;
 }
 
 /* ---- exclusion of the owner's fast paths ----
@@ -179,37 +186,102 @@ void mt__tc_unclaim(mt__tcache_t *c)
 
 void mt__tc_lock_owner(mt_block_t *b)
 {
-    mt__tc_claim(b->owner);
+    mt__tc_claim(b->tce->c);
 }
 
 void mt__tc_unlock_owner(mt_block_t *b)
 {
-    mt__tc_unclaim(b->owner);
+    mt__tc_unclaim(b->tce->c);
+}
+
+bool mt__tc_held(const mt_block_t *b)
+{
+    return b->tce->held;
+}
+
+int mt__tc_tag(const mt_block_t *b)
+{
+    return b->tce->tag;
+}
+
+/* ---- entries ---- */
+
+#define TC_ENT_CHUNK 64 /* entries per allocation of a cache's storage */
+
+static inline mt__tc_ent_t *live_get(const mt__tcache_t *c, uintptr_t addr)
+{
+    uint64_t v;
+    return mt__amap_get(&c->live, addr, &v) == 0 ? (mt__tc_ent_t *)(uintptr_t)v : NULL;
+}
+
+/* A spare entry of c (mu held, c claimed), or NULL when host memory ran out. */
+static mt__tc_ent_t *ent_get(mt__tcache_t *c)
+{
+    if (c->spare == NULL) {
+        mt__tc_ent_t **nc = mt__grow(c->chunks, &c->cap_chunks, c->nchunks + 1, sizeof *nc, 8);
+        if (nc == NULL)
+            return NULL;
+        c->chunks = nc;
+        mt__tc_ent_t *chunk = calloc(TC_ENT_CHUNK, sizeof *chunk);
+        if (chunk == NULL)
+            return NULL;
+        c->chunks[c->nchunks++] = chunk;
+        for (size_t i = 0; i < TC_ENT_CHUNK; i++) {
+            chunk[i].next = c->spare;
+            c->spare = &chunk[i];
+        }
+    }
+    mt__tc_ent_t *e = c->spare;
+    c->spare = e->next;
+    return e;
+}
+
+/* e's block leaves c (mu held, c claimed): out of the live table, e spare again. */
+static void ent_drop(mt__tcache_t *c, mt__tc_ent_t *e)
+{
+    mt_assert(!e->div && e->b->tce == e);
+    (void)mt__amap_del(&c->live, e->addr);
+    if (c->last == e)
+        c->last = NULL;
+    c->nplan -= e->pver != 0;
+    e->b->tce = NULL;
+    *e = (mt__tc_ent_t){.next = c->spare};
+    c->spare = e;
+}
+
+static void ents_free(mt__tcache_t *c)
+{
+    for (size_t i = 0; i < c->nchunks; i++)
+        free(c->chunks[i]);
+    free(c->chunks);
+    c->chunks = NULL;
+    c->nchunks = c->cap_chunks = 0;
+    c->spare = NULL;
 }
 
 /* ---- fast paths ---- */
 
-static inline void div_link(mt__tcache_t *c, mt_block_t *b)
+static inline void div_link(mt__tcache_t *c, mt__tc_ent_t *e)
 {
-    b->tc_div = true;
-    b->bin_prev = NULL;
-    b->bin_next = c->div;
+    e->div = true;
+    e->prev = NULL;
+    e->next = c->div;
     if (c->div != NULL)
-        c->div->bin_prev = b;
-    c->div = b;
+        c->div->prev = e;
+    c->div = e;
     c->ndiv++;
 }
 
-static inline void div_unlink(mt__tcache_t *c, mt_block_t *b)
+static inline void div_unlink(mt__tcache_t *c, mt__tc_ent_t *e)
 {
-    if (b->bin_prev != NULL)
-        b->bin_prev->bin_next = b->bin_next;
+    if (e->prev != NULL)
+        e->prev->next = e->next;
     else
-        c->div = b->bin_next;
-    if (b->bin_next != NULL)
-        b->bin_next->bin_prev = b->bin_prev;
-    b->bin_next = b->bin_prev = NULL;
-    b->tc_div = false;
+        c->div = e->next;
+    if (e->next != NULL)
+        e->next->prev = e->prev;
+    e->next = e->prev = NULL;
+    e->div = false;
     c->ndiv--;
 }
 
@@ -225,45 +297,45 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     tc_lifo_t *l = &c->lifo[mt__tc_slot_of(stream, rsize)];
     if (!fast_enter(c))
         goto global;
-    mt_block_t *b = l->head;
+    mt__tc_ent_t *e = l->head;
     int sp = l->sp;
     /* tc_on after fast_enter: a flush that turned it off is ordered by the exclusion.
      * Only the block best fit would give again: since the global path handed it out,
-     * this cache did nothing but free it (tc_k, tc_seq) and its stream's free space did
-     * not change (tc_ver), nor the plan (tc_pver). */
-    if (b == NULL || l->size != rsize || l->sr->stream != stream || b->tc_seq != c->nops ||
-        b->tc_k + 1 != c->nops || b->tc_ver != __atomic_load_n(&l->sr->tc_ver, __ATOMIC_RELAXED) ||
-        (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
+     * this cache did nothing but free it (k, seq) and its stream's free space did not
+     * change (ver), nor the plan (pver). */
+    if (e == NULL || l->size != rsize || l->sr->stream != stream || e->seq != c->nops ||
+        e->k + 1 != c->nops || e->ver != __atomic_load_n(&l->sr->tc_ver, __ATOMIC_RELAXED) ||
+        (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
         !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
         goto refuse;
     /* Only if every allowance stays >= 0. A pop with the block's own request and tag, no
      * live block diverging, cannot make one negative: the allowances are then the held
      * blocks' g, b's among them. */
-    bool same = size == b->requested && tag == b->tag;
+    bool same = size == e->b->requested && tag == e->b->tag;
     if ((!same || c->ndiv != 0) &&
         (c->allow.req[sp] < (int64_t)size || c->allow.tag_bytes[tag] < (int64_t)rsize ||
          c->allow.tag_req[tag] < (int64_t)size))
         goto refuse;
-    mt_assert(b->tc_held && b->owner == c && b->size == rsize && b->tc_sr == l->sr);
+    mt_assert(e->held && e->c == c && e->size == rsize && e->sr == l->sr && e->b->tce == e);
     mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1 &&
               c->allow.req[sp] >= (int64_t)size && c->allow.tag_bytes[tag] >= (int64_t)rsize &&
               c->allow.tag_req[tag] >= (int64_t)size);
-    l->head = b->bin_next;
+    l->head = e->next;
     l->n--;
     c->nheld--;
-    c->last = b;
-    b->bin_next = NULL;
-    b->tc_held = false;
-    b->tc_req = size;
-    b->tc_tag = (uint8_t)tag;
-    b->tc_k = ++c->nops;
+    c->last = e;
+    e->next = NULL;
+    e->held = false;
+    e->req = size;
+    e->tag = (uint8_t)tag;
+    e->k = ++c->nops;
     c->pops++;
     mt__tc_counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
     mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
     if (!same)
-        div_link(c, b);
+        div_link(c, e);
     fast_exit(c);
-    *out = (void *)b->addr;
+    *out = (void *)e->addr;
     return 0;
 refuse:
     fast_exit(c);
@@ -277,30 +349,30 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     if (c == NULL || !fast_enter(c))
         return mt__alloc_free_global(a, ptr);
     /* The block handed out last first: in a pair, the one freed now. */
-    mt_block_t *b = c->last;
-    if (b == NULL || b->addr != (uintptr_t)ptr)
-        b = c->live.n != 0 ? mt__addrmap_get(&c->live, (uintptr_t)ptr) : NULL;
+    mt__tc_ent_t *e = c->last;
+    if (e == NULL || e->addr != (uintptr_t)ptr)
+        e = c->live.n != 0 ? live_get(c, (uintptr_t)ptr) : NULL;
     /* Held: a double free, which the global path reports. nuses: record_stream's streams
      * get events, on the global path. A planned block whose pair no longer repeats the
      * plan: its free is the plan's. */
-    if (b == NULL || b->tc_held || b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
-        (b->tc_pver != 0 && b->tc_pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)))
+    if (e == NULL || e->held || e->b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
+        (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)))
         goto slow;
-    tc_lifo_t *l = &c->lifo[b->tc_slot];
-    if (l->head != NULL && (l->sr != b->tc_sr || l->size != b->size || l->n >= TC_DEPTH))
+    tc_lifo_t *l = &c->lifo[e->slot];
+    if (l->head != NULL && (l->sr != e->sr || l->size != e->size || l->n >= TC_DEPTH))
         goto slow;
-    if (b->tc_div)
-        div_unlink(c, b);
-    mt__tc_counts_add(&c->allow, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, 1);
-    l->sr = b->tc_sr;
-    l->size = b->size;
-    l->sp = b->tc_sp;
-    b->bin_next = l->head;
-    l->head = b;
+    if (e->div)
+        div_unlink(c, e);
+    mt__tc_counts_add(&c->allow, e->sp, e->tag, (int64_t)e->size, (int64_t)e->req, 1);
+    l->sr = e->sr;
+    l->size = e->size;
+    l->sp = e->sp;
+    e->next = l->head;
+    l->head = e;
     l->n++;
     c->nheld++;
-    b->tc_held = true;
-    b->tc_seq = ++c->nops;
+    e->held = true;
+    e->seq = ++c->nops;
     fast_exit(c);
     return 0;
 slow:
@@ -312,30 +384,31 @@ slow:
 
 /* Makes live block b's counters the program's: the allocator's counters and the
  * allowances move by t(b) - g(b), so the truth stays. */
-static void rebase(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b)
+static void rebase(mt_alloc_t *a, mt__tcache_t *c, mt__tc_ent_t *e)
 {
-    int sp = b->tc_sp;
-    int64_t size = (int64_t)b->size, g = (int64_t)b->requested, t = (int64_t)b->tc_req;
+    mt_block_t *b = e->b;
+    int sp = e->sp;
+    int64_t size = (int64_t)b->size, g = (int64_t)b->requested, t = (int64_t)e->req;
     mt_stat_t *st = a->st.requested_bytes;
     st[MT_STAT_ALL].current += t - g;
     st[sp].current += t - g;
     a->st.tag_allocated_bytes[b->tag].current -= size;
-    a->st.tag_allocated_bytes[b->tc_tag].current += size;
+    a->st.tag_allocated_bytes[e->tag].current += size;
     a->st.tag_requested_bytes[b->tag].current -= g;
-    a->st.tag_requested_bytes[b->tc_tag].current += t;
+    a->st.tag_requested_bytes[e->tag].current += t;
     c->allow.req[sp] -= g - t;
     c->allow.tag_bytes[b->tag] -= size;
-    c->allow.tag_bytes[b->tc_tag] += size;
+    c->allow.tag_bytes[e->tag] += size;
     c->allow.tag_req[b->tag] -= g;
-    c->allow.tag_req[b->tc_tag] += t;
-    b->requested = b->tc_req;
-    b->tag = b->tc_tag;
-    div_unlink(c, b);
+    c->allow.tag_req[e->tag] += t;
+    b->requested = e->req;
+    b->tag = e->tag;
+    div_unlink(c, e);
 }
 
 static int by_seq(const void *x, const void *y)
 {
-    uint64_t p = (*(mt_block_t *const *)x)->tc_seq, q = (*(mt_block_t *const *)y)->tc_seq;
+    uint64_t p = (*(mt__tc_ent_t *const *)x)->seq, q = (*(mt__tc_ent_t *const *)y)->seq;
     return p < q ? -1 : p > q;
 }
 
@@ -354,12 +427,12 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         rebase(a, c, c->div);
     bool freed = c->nheld > 0;
     /* In the order the program freed them, so that segment ages (GC) are the frees'. */
-    mt_block_t *held[TC_SLOTS * TC_DEPTH];
+    mt__tc_ent_t *held[TC_SLOTS * TC_DEPTH];
     size_t n = 0;
     for (int i = 0; i < TC_SLOTS && n < c->nheld; i++) {
         tc_lifo_t *l = &c->lifo[i];
-        for (mt_block_t *b = l->head; b != NULL; b = b->bin_next)
-            held[n++] = b;
+        for (mt__tc_ent_t *e = l->head; e != NULL; e = e->next)
+            held[n++] = e;
         l->head = NULL;
         l->n = 0;
     }
@@ -367,15 +440,10 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
     qsort(held, n, sizeof held[0], by_seq);
     c->nheld = 0;
     for (size_t i = 0; i < n; i++) {
-        mt_block_t *b = held[i];
-        b->bin_next = NULL;
-        mt__tc_counts_add(&c->allow, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
-        mt__addrmap_del(&c->live, b->addr);
-        if (c->last == b)
-            c->last = NULL;
-        c->nplan -= b->tc_pver != 0;
-        b->owner = NULL;
-        b->tc_held = false;
+        mt__tc_ent_t *e = held[i];
+        mt_block_t *b = e->b;
+        mt__tc_counts_add(&c->allow, e->sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
+        ent_drop(c, e);
         mt__alloc_free_block(a, b);
     }
     tc_counts_t *k = &c->cum;
@@ -414,10 +482,10 @@ static bool flush_claimed(mt_alloc_t *a, mt__tcache_t *c)
     return freed;
 }
 
-void mt__tc_flush_mine(mt_alloc_t *a)
+void mt__tc_flush_mine(mt_alloc_t *a, mt__tcache_t *c)
 {
     mt__alloc_assert_owner(a);
-    mt__tcache_t *c = tls_find(a);
+    mt_assert(c == NULL || c == tls_find(a));
     /* The owner's own fields, and its claim is a no-op (its fast paths do not run now). */
     if (c != NULL && (c->nheld > 0 || c->ndiv > 0))
         flush_locked(a, c);
@@ -449,11 +517,16 @@ static inline bool over(const mt_stat_t *s, int64_t d)
     return s->current + d > s->peak;
 }
 
-void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag)
+void mt__tc_peak_guard(mt_alloc_t *a, const mt__tcache_t *mine, int sp, size_t size, size_t req,
+                       int tag)
 {
     const mt__tcache_t *c = a->caches;
+    /* NULL when the cache was made after mt__tc_prepare (a free callback's request) */
+    if (mine == NULL)
+        mine = tls_find(a);
+    mt_assert(mine == tls_find(a));
     /* No cache, or only the caller's and it has no allowance: the counters are the truth. */
-    if (c == NULL || (c->next == NULL && c == tls_find(a) && c->nheld == 0 && c->ndiv == 0))
+    if (c == NULL || (c->next == NULL && c == mine && c->nheld == 0 && c->ndiv == 0))
         return;
     const mt_alloc_stats_t *st = &a->st;
     int64_t z = (int64_t)size, r = (int64_t)req;
@@ -489,8 +562,6 @@ static mt__tcache_t *mine(mt_alloc_t *a)
     if (c == NULL)
         goto fail_cache;
     memset(c, 0, sizeof *c);
-    if (mt__addrmap_init(&c->live) != 0)
-        goto fail_live;
     if (pthread_setspecific(tls_key, tls) != 0) /* its destructor runs at thread exit */
         goto fail_key;
     c->a = a;
@@ -502,8 +573,6 @@ static mt__tcache_t *mine(mt_alloc_t *a)
     return c;
 
 fail_key:
-    mt__addrmap_fini(&c->live);
-fail_live:
     free(c);
 fail_cache:
     return NULL;
@@ -530,7 +599,7 @@ static bool owning_pays(mt__tcache_t *c)
     return true;
 }
 
-void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
+void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
     /* In a reservation only planned blocks: best fit there is the plan's fallback. */
@@ -540,24 +609,37 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
     if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned) ||
         b->size >= a->cfg.max_split_size || b->seg->priv)
         return;
-    mt__tcache_t *c = mine(a);
+    mt_assert(c == NULL || c == tls_find(a));
+    if (c == NULL) /* none yet (or made since mt__tc_prepare, by a free callback's request) */
+        c = mine(a);
     if (c == NULL || !owning_pays(c))
         return;
     mt__tc_claim(c);
-    if (mt__addrmap_put(&c->live, b) == 0) {
-        b->owner = c;
-        b->tc_held = false;
-        b->tc_div = false;
-        b->tc_req = b->requested;
-        b->tc_tag = b->tag;
-        b->tc_sp = (uint8_t)sp;
-        b->tc_sr = b->seg->bins->sr;
-        b->tc_k = c->nops;
-        b->tc_ver = __atomic_load_n(&b->tc_sr->tc_ver, __ATOMIC_RELAXED);
-        b->tc_pver = b->planned ? a->plan_ver : 0;
+    mt__tc_ent_t *e = ent_get(c);
+    if (e != NULL && mt__amap_put(&c->live, b->addr, (uint64_t)(uintptr_t)e) != 0) {
+        e->next = c->spare;
+        c->spare = e;
+        e = NULL;
+    }
+    if (e != NULL) {
+        mt_streamrec_t *sr = b->seg->bins->sr;
+        *e = (mt__tc_ent_t){
+            .b = b,
+            .c = c,
+            .addr = b->addr,
+            .size = b->size,
+            .sr = sr,
+            .req = b->requested,
+            .k = c->nops,
+            .ver = __atomic_load_n(&sr->tc_ver, __ATOMIC_RELAXED),
+            .pver = b->planned ? a->plan_ver : 0,
+            .tag = b->tag,
+            .sp = (uint8_t)sp,
+            .slot = (uint8_t)mt__tc_slot_of(sr->stream, b->size),
+        };
+        b->tce = e;
         c->nplan += b->planned;
-        b->tc_slot = (uint8_t)mt__tc_slot_of(b->tc_sr->stream, b->size);
-        c->last = b;
+        c->last = e;
     }
     mt__tc_unclaim(c);
 }
@@ -565,29 +647,26 @@ void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat)
 int mt__tc_disown(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
-    mt__tcache_t *c = b->owner;
+    mt__tc_ent_t *e = b->tce;
+    mt__tcache_t *c = e->c;
     mt__tc_claim(c);
-    if (b->tc_held) {
+    if (e->held) {
         mt__tc_unclaim(c);
         return MT_ENOENT;
     }
-    if (b->tc_div) {
+    if (e->div) {
         /* Its allowance g - t leaves with it: if the rest would go negative (other live
          * blocks asked more than their counters hold), the whole cache is flushed. */
-        int sp = b->tc_sp, gt = b->tag, tt = b->tc_tag;
-        int64_t g = (int64_t)b->requested, t = (int64_t)b->tc_req, z = (int64_t)b->size;
+        int sp = e->sp, gt = b->tag, tt = e->tag;
+        int64_t g = (int64_t)b->requested, t = (int64_t)e->req, z = (int64_t)b->size;
         int64_t tb = c->allow.tag_bytes[gt] - (gt != tt ? z : 0);
         int64_t tr = c->allow.tag_req[gt] - g + (gt == tt ? t : 0);
         if (c->allow.req[sp] - (g - t) < 0 || tb < 0 || tr < 0)
             flush_locked(a, c);
         else
-            rebase(a, c, b);
+            rebase(a, c, e);
     }
-    mt__addrmap_del(&c->live, b->addr);
-    if (c->last == b)
-        c->last = NULL;
-    c->nplan -= b->tc_pver != 0;
-    b->owner = NULL;
+    ent_drop(c, e);
     mt__tc_unclaim(c);
     return 0;
 }
@@ -613,8 +692,8 @@ static void give_back(mt_alloc_t *a, mt__tcache_t *c)
 {
     flush_locked(a, c);
     for (size_t i = 0; i < c->live.cap; i++)
-        if (mt__addrmap_at(&c->live, i) != NULL)
-            mt__addrmap_at(&c->live, i)->owner = NULL;
+        if (c->live.keys[i] != 0)
+            ((mt__tc_ent_t *)(uintptr_t)c->live.vals[i])->b->tce = NULL;
     c->last = NULL;
     c->nplan = 0;
 }
@@ -628,7 +707,8 @@ static void unlink_free(mt_alloc_t *a, mt__tcache_t *c)
         a->caches = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
-    mt__addrmap_fini(&c->live);
+    mt__amap_fini(&c->live);
+    ents_free(c);
     free(c);
 }
 

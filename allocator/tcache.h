@@ -26,16 +26,19 @@ int mt__tc_free(mt_alloc_t *a, void *ptr);
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                             uintptr_t ra);
 int mt__alloc_free_global(mt_alloc_t *a, void *ptr);
-/* Before taking mu on a global path: frees a TLS entry for a (mu not held). */
-void mt__tc_prepare(mt_alloc_t *a);
+/* Before taking mu on a global path: frees a TLS entry for a (mu not held). Returns the
+ * calling thread's cache for a, or NULL (the `mine` the calls below take). */
+mt__tcache_t *mt__tc_prepare(mt_alloc_t *a);
+/* The calling thread's cache for a, or NULL. */
+mt__tcache_t *mt__tc_mine(const mt_alloc_t *a);
 /* Registers a in the registry of live allocators (create) / removes it and frees its
  * caches (destroy: unregister before taking mu, free_all with mu held). */
 int mt__tc_register(mt_alloc_t *a);
 void mt__tc_unregister(mt_alloc_t *a);
 void mt__tc_free_all(mt_alloc_t *a);
-/* Global-path malloc: the calling thread's cache is flushed (so the search sees its free
- * blocks merged), before the search. */
-void mt__tc_flush_mine(mt_alloc_t *a);
+/* Global-path malloc: the calling thread's cache (mine, from mt__tc_prepare) is flushed
+ * (so the search sees its free blocks merged), before the search. */
+void mt__tc_flush_mine(mt_alloc_t *a, mt__tcache_t *mine);
 /* Flushes every cache; true when a held block went back to the bins. */
 bool mt__tc_flush_all(mt_alloc_t *a);
 /* Flushes every cache but the calling thread's (flushed already by the global path) that
@@ -44,16 +47,21 @@ void mt__tc_flush_others(mt_alloc_t *a);
 /* Before counting a global-path allocation of a size-byte block, req requested, in stat
  * pool sp with tag: flushes every cache if a counter would pass its peak (then the new
  * peak is exact). */
-void mt__tc_peak_guard(mt_alloc_t *a, int sp, size_t size, size_t req, int tag);
+void mt__tc_peak_guard(mt_alloc_t *a, const mt__tcache_t *mine, int sp, size_t size, size_t req,
+                       int tag);
 /* After a global-path allocation: the calling thread's cache owns b (so its free may take
  * the fast path), if repeat: b's pair would leave a warm-up plan as it is. */
-void mt__tc_own(mt_alloc_t *a, mt_block_t *b, int sp, bool repeat);
-/* A global-path free of owned block b: MT_ENOENT when b is held in its cache (freed
- * already); else b leaves its owner, its counters made the program's. */
+void mt__tc_own(mt_alloc_t *a, mt__tcache_t *mine, mt_block_t *b, int sp, bool repeat);
+/* A global-path free of owned block b (b->tce != NULL): MT_ENOENT when b is held in its
+ * cache (freed already); else b leaves its owner, its counters made the program's. */
 int mt__tc_disown(mt_alloc_t *a, mt_block_t *b);
-/* Claims/releases b's owner's cache (b->owner != NULL) around a read or record_stream. */
+/* Claims/releases b's owner's cache (b->tce != NULL) around a read or record_stream. */
 void mt__tc_lock_owner(mt_block_t *b);
 void mt__tc_unlock_owner(mt_block_t *b);
+/* Owned block b (its owner claimed): whether the program freed it into the cache, and the
+ * tag the program gave it. */
+bool mt__tc_held(const mt_block_t *b);
+int mt__tc_tag(const mt_block_t *b);
 /* Fast paths off and every cache flushed (before reserve or warm-up change the state),
  * then back on when the state allows (after). */
 void mt__tc_quiesce(mt_alloc_t *a);

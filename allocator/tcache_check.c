@@ -6,7 +6,9 @@
 bool mt__tc_in_owner(const mt_block_t *b)
 {
     /* The live table changes only under mu, which the checker holds. */
-    return mt__addrmap_get(&b->owner->live, b->addr) == b;
+    uint64_t v;
+    return b->tce->b == b && mt__amap_get(&b->tce->c->live, b->addr, &v) == 0 &&
+           v == (uint64_t)(uintptr_t)b->tce;
 }
 
 size_t mt__tc_count(const mt_alloc_t *a)
@@ -23,42 +25,44 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
     memset(&want, 0, sizeof want);
     size_t held = 0, div = 0, plan = 0;
     for (size_t i = 0; i < c->live.cap; i++) {
-        mt_block_t *b = mt__addrmap_at(&c->live, i);
-        if (b == NULL)
+        if (c->live.keys[i] == 0)
             continue;
-        if (b->owner != c || b->addr != c->live.keys[i])
+        const mt__tc_ent_t *e = (const mt__tc_ent_t *)(uintptr_t)c->live.vals[i];
+        const mt_block_t *b = e->b;
+        if (b == NULL || e->c != c || b->tce != e || e->addr != c->live.keys[i])
             return "tcache: live entry names a block of another owner";
+        if (e->addr != b->addr || e->size != b->size)
+            return "tcache: entry's address or size differs from its block's";
         if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
             return "tcache: owned block not allocated in the address map";
-        if (b->tc_sp != mt__stat_pool(b->seg->pool) || b->tc_sr != b->seg->bins->sr)
+        if (e->sp != mt__stat_pool(b->seg->pool) || e->sr != b->seg->bins->sr)
             return "tcache: owned block's stream or pool disagrees with its segment";
-        if (b->tc_pver != 0 && b->tc_pver == a->plan_ver && !b->planned)
+        if (e->pver != 0 && e->pver == a->plan_ver && !b->planned)
             return "tcache: block with the plan's current version not planned";
-        if (b->tc_pver > a->plan_ver)
+        if (e->pver > a->plan_ver)
             return "tcache: block's plan version ahead of the plan's";
-        if (b->tc_slot != mt__tc_slot_of(b->tc_sr->stream, b->size))
+        if (e->slot != mt__tc_slot_of(e->sr->stream, b->size))
             return "tcache: owned block's LIFO slot is not its (stream, size)'s";
-        mt__tc_counts_add(&want, b->tc_sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
-        plan += b->tc_pver != 0;
-        if (b->tc_held) {
+        mt__tc_counts_add(&want, e->sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
+        plan += e->pver != 0;
+        if (e->held) {
             held++;
-            if (b->tc_div)
+            if (e->div)
                 return "tcache: held block on the diverged list";
             continue;
         }
-        mt__tc_counts_add(&want, b->tc_sp, b->tc_tag, (int64_t)b->size, (int64_t)b->tc_req, -1);
-        div += b->tc_div;
-        if (b->tc_div != (b->tc_req != b->requested || b->tc_tag != b->tag))
+        mt__tc_counts_add(&want, e->sp, e->tag, (int64_t)b->size, (int64_t)e->req, -1);
+        div += e->div;
+        if (e->div != (e->req != b->requested || e->tag != b->tag))
             return "tcache: diverged flag disagrees with the block's values";
-        if (b->tc_req == 0 || b->tc_req > b->size)
+        if (e->req == 0 || e->req > b->size)
             return "tcache: live block's requested size outside (0, size]";
     }
-    if (c->last != NULL &&
-        (c->last->owner != c || mt__addrmap_get(&c->live, c->last->addr) != c->last))
+    if (c->last != NULL && (c->last->c != c || c->last->b == NULL || c->last->b->tce != c->last))
         return "tcache: the last block handed out is not owned";
     size_t nlist = 0;
-    for (const mt_block_t *b = c->div; b != NULL; b = b->bin_next)
-        if (++nlist > div || b->owner != c || !b->tc_div)
+    for (const mt__tc_ent_t *e = c->div; e != NULL; e = e->next)
+        if (++nlist > div || e->c != c || !e->div)
             return "tcache: diverged list disagrees with its blocks";
     if (plan != c->nplan)
         return "tcache: count of owned planned blocks wrong";
@@ -70,9 +74,9 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
         if (l->n > TC_DEPTH)
             return "tcache: LIFO over its depth";
         size_t k = 0;
-        for (const mt_block_t *b = l->head; b != NULL; b = b->bin_next, k++)
-            if (k >= l->n || b->owner != c || !b->tc_held || b->size != l->size ||
-                b->tc_sr != l->sr || b->tc_sp != l->sp || b->tc_slot != (unsigned)i)
+        for (const mt__tc_ent_t *e = l->head; e != NULL; e = e->next, k++)
+            if (k >= l->n || e->c != c || !e->held || e->size != l->size || e->sr != l->sr ||
+                e->sp != l->sp || e->slot != (unsigned)i)
                 return "tcache: LIFO block out of place";
         if (k != l->n || (l->head == NULL) != (l->n == 0))
             return "tcache: LIFO count wrong";

@@ -15,12 +15,40 @@
 #define TC_BACKOFF_MAX 65536
 _Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
-/* One LIFO: blocks of exactly `size` bytes of sr's stream, newest first, linked by bin_next.
- * Invariants: n <= TC_DEPTH; head = NULL <=> n = 0; n > 0 => every block on it has tc_held,
- * owner = this cache, size = size, tc_sr = sr, tc_sp = sp, and tc_slot =
- * slot_of(sr->stream, size) is its index. */
+/* An owned block's record in its owner's cache: everything the fast paths read and write,
+ * so that they touch the block itself only to read nuses, requested and tag (which change
+ * under mu with the cache claimed).
+ * Invariants: b->tce = this entry; addr = b->addr, size = b->size, sr = b->seg->bins->sr,
+ * sp = its segment's stat pool, slot = mt__tc_slot_of(sr->stream, size); held => on
+ * lifo[slot], linked by next; div <=> live with (req, tag) != (b->requested, b->tag), on
+ * c->div, linked by next/prev; held => !div. On the cache's free list, next links it and
+ * b = NULL. */
+typedef struct mt__tc_ent_s {
+    mt_block_t *b;
+    mt__tcache_t *c;                  /* the owner */
+    struct mt__tc_ent_s *next, *prev; /* LIFO, diverged list or free list */
+    uintptr_t addr;
+    size_t size;
+    mt_streamrec_t *sr; /* its segment's stream record, readable without mu while owned */
+    size_t req;         /* the program's requested bytes while live */
+    uint64_t seq;       /* owner's operation count at its last free into the cache */
+    uint64_t k;         /* owner's operation count when it was last handed out */
+    uint64_t ver;       /* sr->tc_ver when the global path handed it out */
+    uint64_t pver;      /* planned: a->plan_ver when the global path handed it out, its
+                         * pair then leaving the plan as it was (else 0) */
+    bool held;          /* in its LIFO (freed by the program) */
+    bool div;           /* live, on the diverged list */
+    uint8_t tag;        /* the program's tag while live */
+    uint8_t sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
+    uint8_t slot;       /* index of its (stream, size) LIFO */
+} mt__tc_ent_t;
+
+/* One LIFO: entries of blocks of exactly `size` bytes of sr's stream, newest first, linked
+ * by next.
+ * Invariants: n <= TC_DEPTH; head = NULL <=> n = 0; n > 0 => every entry on it has held,
+ * c = this cache, size = size, sr = sr, sp = sp, and slot = its index. */
 typedef struct tc_lifo_s {
-    mt_block_t *head;
+    mt__tc_ent_t *head;
     mt_streamrec_t *sr; /* the blocks' stream's record */
     size_t size;        /* bytes */
     uint32_t n;
@@ -39,9 +67,11 @@ typedef struct tc_counts_s {
 
 /* A thread's cache for one allocator.
  * Invariants (g(b) = the block's values in the allocator's counters: size, 1, requested
- * under tag; t(b) = the program's: 0 when tc_held, else size, 1, tc_req under tc_tag):
- *   live holds exactly the blocks with owner = this cache, each ACTIVE_ALLOCATED in a->map;
- *   nheld = number of them with tc_held = sum of lifo[i].n;
+ * under tag; t(b) = the program's: 0 when its entry is held, else size, 1, the entry's req
+ * under the entry's tag):
+ *   live maps the address of exactly the blocks with tce->c = this cache to their entry,
+ *   each block ACTIVE_ALLOCATED in a->map;
+ *   nheld = number of them held = sum of lifo[i].n;
  *   div lists exactly the live (not held) ones whose t differs from g, ndiv of them;
  *   allow.c = sum over live of g_c(b) - t_c(b) >= 0 for every counter c;
  *   so for every counter: truth_c = a->st.c.current - sum over caches allow.c and
@@ -52,11 +82,14 @@ struct mt__tcache_s {
     mt_alloc_t *a;                   /* borrowed */
     mt__tcache_t *next;              /* a->caches, under mu */
     mt__tcache_t *prev;
-    mt_addrmap_t live; /* owned blocks by address */
-    mt_block_t *div;   /* live blocks with t != g, linked by bin_next/bin_prev */
-    mt_block_t *last;  /* an owned block, the last handed out (a free looks here first), or NULL */
+    mt__amap_t live;       /* owned blocks' entries by address */
+    mt__tc_ent_t *div;     /* live entries with t != g */
+    mt__tc_ent_t *last;    /* an owned block's, the last handed out (a free looks here first) */
+    mt__tc_ent_t *spare;   /* entries not in use, linked by next */
+    mt__tc_ent_t **chunks; /* the entries' storage (freed with the cache) */
+    size_t nchunks, cap_chunks;
     size_t ndiv, nheld;
-    size_t nplan;  /* live-table blocks with tc_pver != 0 (changed under mu only) */
+    size_t nplan;  /* live entries with pver != 0 (changed under mu only) */
     uint64_t nops; /* pushes and pops so far: the held blocks' order, and whether a
                     * block's pop repeats the best fit that handed it out */
     /* Whether owning pays (owner thread only): pops and owns in the current window, and

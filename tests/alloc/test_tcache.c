@@ -390,7 +390,7 @@ static void test_cross_thread_free(void **state)
     void *p = j.p;
     mt__alloc_lock(a);
     mt_block_t *blk = mt__addrmap_get(&a->map, (uintptr_t)p);
-    assert_non_null(blk->owner); /* the worker's, handed out by its cache */
+    assert_non_null(blk->tce); /* the worker's, handed out by its cache */
     assert_int_equal(blk->requested, 64 * KIB);
     mt__alloc_unlock(a);
     int tag = -1;
@@ -400,7 +400,7 @@ static void test_cross_thread_free(void **state)
     assert_int_equal(size, 64 * KIB);
     assert_int_equal(mt_alloc_free(a, p), 0); /* this thread frees the worker's block */
     assert_int_equal(mt_alloc_check(a), 0);
-    assert_null(blk->owner);
+    assert_null(blk->tce);
     assert_int_equal(mt_alloc_free(a, p), MT_ENOENT); /* and it is gone */
     mt_alloc_stats_t s = stats_of(a);
     assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 0);
