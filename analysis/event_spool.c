@@ -35,6 +35,7 @@ void mt__spool_file_close(mt__spool_file_t *f)
 {
     if (f->fd >= 0)
         close(f->fd);
+    free(f->cache);
     *f = (mt__spool_file_t){.fd = -1};
 }
 
@@ -73,13 +74,21 @@ static int read_all(int fd, void *buf, size_t len, uint64_t off)
 /* The full tail into the file; it is then empty. */
 static int spill(mt__spool_t *s, mt__spool_file_t *f)
 {
-    uint64_t *off = mt__grow(s->off, &s->cap_off, s->nchunks + 1, sizeof(*off), 64);
-    if (!off)
-        return MT_ENOMEM;
-    s->off = off;
+    if (s->nchunks == s->cap_off) {
+        size_t cap = s->cap_off;
+        uint64_t *seq0 = mt__grow(s->seq0, &cap, s->nchunks + 1, sizeof(*seq0), 64);
+        if (!seq0)
+            return MT_ENOMEM;
+        s->seq0 = seq0;
+        uint64_t *off = mt__grow(s->off, &s->cap_off, s->nchunks + 1, sizeof(*off), 64);
+        if (!off)
+            return MT_ENOMEM;
+        s->off = off;
+    }
     int rc = write_all(f->fd, s->tail, CHUNK_BYTES, f->end);
     if (rc != 0)
         return rc;
+    s->seq0[s->nchunks] = s->tail[0].seq;
     s->off[s->nchunks++] = f->end;
     f->end += CHUNK_BYTES;
     return 0;
@@ -116,6 +125,52 @@ int mt__spool_get(const mt__spool_t *s, const mt__spool_file_t *f, size_t k, mt_
                     s->off[c] + (uint64_t)(k % MT__SPOOL_CHUNK) * sizeof(*out));
 }
 
+/* Whether one of v[0, n) (strictly increasing seqs) is identical to ev. */
+static bool in_run(const mt_event_rec_t *v, size_t n, const mt_event_rec_t *ev)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v[mid].seq < ev->seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && memcmp(&v[lo], ev, sizeof(*ev)) == 0;
+}
+
+int mt__spool_find(const mt__spool_t *s, mt__spool_file_t *f, const mt_event_rec_t *ev, bool *found)
+{
+    *found = false;
+    size_t in_tail = s->n - s->nchunks * MT__SPOOL_CHUNK;
+    if (s->nchunks == 0 || (in_tail > 0 && s->tail[0].seq <= ev->seq)) {
+        *found = in_run(s->tail, in_tail, ev);
+        return 0;
+    }
+    /* The last chunk whose first seq is at most ev's: ev can only be there. */
+    size_t lo = 0, hi = s->nchunks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->seq0[mid] <= ev->seq)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return 0; /* before the first event */
+    uint64_t off = s->off[lo - 1];
+    if (!f->cache || f->cache_off != off) {
+        if (!f->cache && !(f->cache = malloc(CHUNK_BYTES)))
+            return MT_ENOMEM;
+        int rc = read_all(f->fd, f->cache, CHUNK_BYTES, off);
+        f->cache_off = rc == 0 ? off : UINT64_MAX;
+        if (rc != 0)
+            return rc;
+    }
+    *found = in_run(f->cache, MT__SPOOL_CHUNK, ev);
+    return 0;
+}
+
 int mt__spool_chunk(const mt__spool_t *s, const mt__spool_file_t *f, size_t c, mt_event_rec_t *buf,
                     const mt_event_rec_t **evs, size_t *n)
 {
@@ -133,5 +188,6 @@ void mt__spool_free(mt__spool_t *s)
 {
     free(s->tail);
     free(s->off);
+    free(s->seq0);
     *s = (mt__spool_t){0};
 }

@@ -9,6 +9,7 @@
 #ifndef MT_ANALYSIS_EVENT_SPOOL_H
 #define MT_ANALYSIS_EVENT_SPOOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,8 +20,10 @@
 /* The file the chunks go to, shared by the spools of one report.
  * Invariant: end is the file's size, a multiple of MT__SPOOL_CHUNK events; fd < 0: no file. */
 typedef struct mt__spool_file_s {
-    int fd;       /* an unlinked temporary file, or -1 */
-    uint64_t end; /* bytes written */
+    int fd;                /* an unlinked temporary file, or -1 */
+    uint64_t end;          /* bytes written */
+    mt_event_rec_t *cache; /* the chunk mt__spool_find read last (NULL: none yet) */
+    uint64_t cache_off;    /* bytes, its offset in the file (chunks never change once written) */
 } mt__spool_file_t;
 
 /* One process's events.
@@ -31,6 +34,7 @@ typedef struct mt__spool_s {
     mt_event_rec_t *tail; /* the newest events, NULL before the first */
     size_t tail_cap;      /* events tail holds */
     uint64_t *off;        /* bytes, file offset of each full chunk */
+    uint64_t *seq0;       /* the seq of each full chunk's first event (cap_off of them) */
     size_t nchunks, cap_off;
     size_t n; /* events in all */
 } mt__spool_t;
@@ -44,6 +48,12 @@ void mt__spool_file_close(mt__spool_file_t *f);
 int mt__spool_push(mt__spool_t *s, mt__spool_file_t *f, const mt_event_rec_t *ev);
 /* Event k (< s->n) into *out. 0 or MT_EIO. */
 int mt__spool_get(const mt__spool_t *s, const mt__spool_file_t *f, size_t k, mt_event_rec_t *out);
+/* Whether a record identical to ev is among s's events, which must be in strictly increasing
+ * seq order: found by its seq, reading one chunk at most (the one read last is kept in f, so
+ * that a run of events read twice costs one read per chunk). 0 or MT_EIO / MT_ENOMEM (then
+ * *found is false). */
+int mt__spool_find(const mt__spool_t *s, mt__spool_file_t *f, const mt_event_rec_t *ev,
+                   bool *found);
 /* The events of chunk c (0 <= c <= s->nchunks; the last is the tail, maybe empty): *evs
  * points into buf (MT__SPOOL_CHUNK events, the caller's) or into the spool's tail, valid
  * until the next call or push; *n of them. 0 or MT_EIO. */

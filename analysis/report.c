@@ -160,28 +160,16 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
  * with a chance of 2^-63) among the newest SEEN_MAX seqs (as many as the profiler's default
  * ring, which bounds the overlap): an older one read again is then kept, as an event out of
  * order. */
-static bool already_read(const mt__report_t *r, const proc_t *p, const mt_event_rec_t *ev)
+static bool already_read(mt__report_t *r, const proc_t *p, const mt_event_rec_t *ev)
 {
-    bool stream = r->cfg.stream;
     if (p->unordered || ev->seq >= p->next_seq)
         return false;
-    if (stream)
+    if (r->cfg.stream)
         return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
                p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
     /* An event the spool's file cannot give back counts as not read. */
-    size_t lo = 0, hi = p->evs.n;
-    mt_event_rec_t e;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (mt__spool_get(&p->evs, &r->spool, mid, &e) != 0)
-            return false;
-        if (e.seq < ev->seq)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < p->evs.n && mt__spool_get(&p->evs, &r->spool, lo, &e) == 0 &&
-           memcmp(&e, ev, sizeof(*ev)) == 0;
+    bool found;
+    return mt__spool_find(&p->evs, &r->spool, ev, &found) == 0 && found;
 }
 
 /* ---- the analysis as events arrive ---- */

@@ -1,6 +1,6 @@
 /* The events kept for replays (analysis/event_spool.h): with a file, without one, and with a
  * file that cannot be written (a full disk), every event comes back in order, by chunk and by
- * index, byte for byte; with a file, memory holds one chunk. */
+ * index, byte for byte, and is found by its seq; with a file, memory holds one chunk. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +55,21 @@ static void round_trip(mt__spool_file_t *f, size_t want_chunks)
         assert_int_equal(mt__spool_get(&s, f, i, &got), 0);
         assert_memory_equal(&got, &e, sizeof e);
     }
+    /* Each event is found by its seq, a record that differs is not, before, between and
+     * after the chunks. */
+    for (size_t i = 0; i < N; i += 61) {
+        mt_event_rec_t e = event(i);
+        bool found = false;
+        assert_int_equal(mt__spool_find(&s, f, &e, &found), 0);
+        assert_true(found);
+        e.size++;
+        assert_int_equal(mt__spool_find(&s, f, &e, &found), 0);
+        assert_false(found);
+    }
+    mt_event_rec_t past = event(N);
+    bool found = true;
+    assert_int_equal(mt__spool_find(&s, f, &past, &found), 0);
+    assert_false(found);
     free(buf);
     mt__spool_free(&s);
 }
