@@ -23,6 +23,8 @@ static void help(FILE *f)
             "  - each allocation's tag as a frame 'tag <name>' in file 'memtrace', which\n"
             "    memory_viz shows where it shows call stacks;\n"
             "  - forward/backward/warm-up/iteration markers as external_annotations.\n"
+            "The events read wait for the end of the logs in an unlinked temporary file in\n"
+            "$TMPDIR (else /tmp), 64 bytes each, not in memory.\n"
             "\n"
             "options:\n"
             "  --format torch-snapshot   the output format (the only one so far)\n"

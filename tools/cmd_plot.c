@@ -42,6 +42,8 @@ static void help(FILE *f)
             "the daemon's log, then the program's own after the daemon went away).\n"
             "However long the log, the timeline is sampled to at most --buckets time\n"
             "buckets, each keeping its highest and lowest moment, so peaks are not lost.\n"
+            "The events read wait for the end of the logs in an unlinked temporary file in\n"
+            "$TMPDIR (else /tmp), 64 bytes each, not in memory.\n"
             "\n"
             "options:\n"
             "  -o, --output FILE   where to write the SVG (default: the first LOG, .svg in place\n"
