@@ -72,8 +72,9 @@ typedef struct scan_s {
     uint64_t map_res, map_alloc, map_t;
     uint64_t tag_peak[MT_TAG_MAX];
     uint64_t host_peak_alloc, host_peak_res, host_events;
-    uint64_t capacity;            /* from the device allocator's config event; 0 unknown */
-    const mt_event_rec_t **marks; /* OOM events and iteration markers, in log order */
+    uint64_t capacity;     /* from the device allocator's config event; 0 unknown */
+    mt_event_rec_t *marks; /* OOM events, iteration and named marks, in log order (copies: a
+                            * replay's events live as long as their chunk) */
     size_t nmarks, cap_marks, n_oom, n_iter;
 } scan_t;
 
@@ -126,13 +127,13 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
         return 0;
     if (s->nmarks == s->cap_marks) {
         size_t cap = s->cap_marks ? 2 * s->cap_marks : 64;
-        const mt_event_rec_t **m = realloc(s->marks, cap * sizeof(*m));
+        mt_event_rec_t *m = realloc(s->marks, cap * sizeof(*m));
         if (!m)
             return MT_ENOMEM;
         s->marks = m;
         s->cap_marks = cap;
     }
-    s->marks[s->nmarks++] = ev;
+    s->marks[s->nmarks++] = *ev;
     s->n_oom += oom;
     s->n_iter += iter;
     return 0;
@@ -460,7 +461,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
     fprintf(f, "<g stroke=\"#555\" stroke-opacity=\"0.45\">");
     long last_px = -1;
     for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = s->marks[i];
+        const mt_event_rec_t *ev = &s->marks[i];
         double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
         if (ev->kind != MT_EV_MARK || (long)x == last_px)
             continue;
@@ -472,7 +473,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
     /* Named marks (a program's mark("name"), a snapshot's external annotations): a dashed
      * line with the name at its top, hover for the time. */
     for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = s->marks[i];
+        const mt_event_rec_t *ev = &s->marks[i];
         if (ev->kind != MT_EV_MARK_NAMED)
             continue;
         char name[MT_EVENT_LABEL_MAX + 1];
@@ -489,7 +490,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
         fprintf(f, "</text></g>\n");
     }
     for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = s->marks[i];
+        const mt_event_rec_t *ev = &s->marks[i];
         if (ev->kind != MT_EV_OOM)
             continue;
         char b1[32], b2[32];

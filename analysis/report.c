@@ -10,9 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
-#include "analysis/event_store.h"
+#include "analysis/event_spool.h"
 #include "analysis/frames.h"
 #include "analysis/gap.h"
 #include "analysis/model.h"
@@ -20,60 +19,6 @@
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
 #include "analysis/report_internal.h"
-
-/* ---- small containers ---- */
-
-/* Faults v[from..to) in with one call instead of one fault per page as events are stored: a
- * log of millions of events fills hundreds of MB here, and page faults were a large part of
- * reading it. A window at a time, so that memory not yet used stays unused. Advice only. */
-static void prefault(mt_event_rec_t *v, size_t from, size_t to)
-{
-#ifdef MADV_POPULATE_WRITE
-    const uintptr_t page = 4096;
-    uintptr_t lo = ((uintptr_t)(v + from) + page - 1) & ~(page - 1);
-    uintptr_t hi = (uintptr_t)(v + to) & ~(page - 1);
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE);
-#else
-    (void)v, (void)from, (void)to;
-#endif
-}
-
-/* The array is mapped, not malloc'd: page-aligned, so each 64-byte event fills one cache
- * line instead of straddling two (glibc's large blocks start 16 bytes into a page: the
- * store of each event was a quarter of `memtrace report`'s time), and it grows by mremap,
- * without a copy and without the old and new arrays side by side. */
-static int evvec_grow(evvec_t *e)
-{
-    size_t cap = e->cap ? 2 * e->cap : 4096 / sizeof(mt_event_rec_t);
-    void *v = e->v ? mremap(e->v, e->cap * sizeof(*e->v), cap * sizeof(*e->v), MREMAP_MAYMOVE)
-                   : mmap(NULL, cap * sizeof(*e->v), PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (v == MAP_FAILED)
-        return MT_ENOMEM;
-    e->v = v;
-    e->cap = cap;
-    return 0;
-}
-
-static void evvec_free(evvec_t *e)
-{
-    if (e->v)
-        munmap(e->v, e->cap * sizeof(*e->v));
-    *e = (evvec_t){0};
-}
-
-static int evvec_push(evvec_t *e, const mt_event_rec_t *ev)
-{
-    if (e->n == e->cap && evvec_grow(e) != 0)
-        return MT_ENOMEM;
-    if (e->n >= e->ready) {
-        e->ready = e->cap - e->n > PREFAULT_EVENTS ? e->n + PREFAULT_EVENTS : e->cap;
-        prefault(e->v, e->n, e->ready);
-    }
-    mt__event_store(&e->v[e->n++], ev);
-    return 0;
-}
 
 /* ---- events already read ---- */
 
@@ -126,6 +71,7 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     }
     r->cfg = cfg ? *cfg : mt__report_cfg_default();
     r->fast = !r->cfg.general_reader;
+    mt__spool_file_open(&r->spool, r->cfg.stream ? NULL : r->cfg.spill_dir);
     if (r->cfg.timeline_steps == 0)
         r->cfg.timeline_steps = 1;
     *out = r;
@@ -139,7 +85,7 @@ void mt__report_destroy(mt__report_t **pr)
     mt__report_t *r = *pr;
     for (size_t i = 0; i < r->nprocs; i++) {
         proc_t *p = &r->procs[i];
-        evvec_free(&p->evs);
+        mt__spool_free(&p->evs);
         free(p->seen);
         mt__model_destroy(&p->m);
         mt__report_outside_destroy(&p->outside);
@@ -152,6 +98,7 @@ void mt__report_destroy(mt__report_t **pr)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt__spool_file_close(&r->spool);
     mt__sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
@@ -213,22 +160,16 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
  * with a chance of 2^-63) among the newest SEEN_MAX seqs (as many as the profiler's default
  * ring, which bounds the overlap): an older one read again is then kept, as an event out of
  * order. */
-static bool already_read(const proc_t *p, const mt_event_rec_t *ev, bool stream)
+static bool already_read(mt__report_t *r, const proc_t *p, const mt_event_rec_t *ev)
 {
     if (p->unordered || ev->seq >= p->next_seq)
         return false;
-    if (stream)
+    if (r->cfg.stream)
         return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
                p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
-    size_t lo = 0, hi = p->evs.n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (p->evs.v[mid].seq < ev->seq)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < p->evs.n && memcmp(&p->evs.v[lo], ev, sizeof(*ev)) == 0;
+    /* An event the spool's file cannot give back counts as not read. */
+    bool found;
+    return mt__spool_find(&p->evs, &r->spool, ev, &found) == 0 && found;
 }
 
 /* ---- the analysis as events arrive ---- */
@@ -349,13 +290,14 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
         p->lost = mt_model_sat_add(p->lost, ev->size);
         return 0;
     }
-    if (already_read(p, ev, r->cfg.stream)) {
+    if (already_read(r, p, ev)) {
         p->duplicates++;
         r->duplicates++;
         return 0;
     }
-    if (r->cfg.stream ? seen_push(&p->seen, ev) != 0 : evvec_push(&p->evs, ev) != 0)
-        return MT_ENOMEM;
+    int rc = r->cfg.stream ? seen_push(&p->seen, ev) : mt__spool_push(&p->evs, &r->spool, ev);
+    if (rc != 0)
+        return rc;
     if (!r->cfg.replay_only && !p->failed && analyse_event(&r->cfg, p, ev) != 0)
         p->failed = true;
     if (p->nev++ == 0 || ev->time_ns < p->t_min)
@@ -563,34 +505,79 @@ const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *
     return mt__report_tag_str(&r->procs[i], tag, buf, len);
 }
 
+/* fn on each of p's first limit events, in log order, as the spool gives them back chunk by
+ * chunk; a nonzero return stops it and is returned. */
+typedef int (*each_fn)(void *ctx, const mt_event_rec_t *ev, size_t k);
+static int each_event(const mt__report_t *r, const proc_t *p, size_t limit, each_fn fn, void *ctx)
+{
+    mt_event_rec_t *buf = NULL;
+    if (p->evs.nchunks && !(buf = malloc(MT__SPOOL_CHUNK * sizeof(*buf))))
+        return MT_ENOMEM;
+    size_t k = 0;
+    int rc = 0;
+    for (size_t c = 0; rc == 0 && c <= p->evs.nchunks && k < limit; c++) {
+        const mt_event_rec_t *evs;
+        size_t n;
+        rc = mt__spool_chunk(&p->evs, &r->spool, c, buf, &evs, &n);
+        for (size_t j = 0; rc == 0 && j < n && k < limit; j++, k++)
+            rc = fn(ctx, &evs[j], k);
+    }
+    free(buf);
+    return rc;
+}
+
+typedef struct replay_s {
+    mt_model_t *m;
+    mt__report_point_fn fn;
+    void *ctx;
+} replay_t;
+
+static int replay_one(void *ctx, const mt_event_rec_t *ev, size_t k)
+{
+    replay_t *rp = ctx;
+    int rc = mt__model_apply(rp->m, ev);
+    if (rc != 0)
+        return rc;
+    uint64_t tag_live[MT_TAG_MAX];
+    mt_model_figures_t d, h;
+    mt__model_figures_totals(rp->m, MT_MODEL_DEVICE, &d);
+    mt__model_figures_totals(rp->m, MT_MODEL_HOST, &h);
+    for (int t = 0; t < MT_TAG_MAX; t++) {
+        mt_model_tag_t tg;
+        mt__model_tag(rp->m, MT_MODEL_DEVICE, t, &tg);
+        tag_live[t] = tg.bytes;
+    }
+    mt__report_point_t pt = {ev,          k,          d.allocated, d.reserved,
+                             h.allocated, h.reserved, tag_live,    rp->m};
+    return rp->fn(rp->ctx, &pt);
+}
+
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx)
 {
     if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
-    mt_model_t *m = NULL;
-    int rc = mt__model_create(&m, NULL);
+    replay_t rp = {.fn = fn, .ctx = ctx};
+    int rc = mt__model_create(&rp.m, NULL);
     if (rc == 0 && p->tables)
-        rc = mt__model_tables_copy(m, p->tables);
-    uint64_t tag_live[MT_TAG_MAX];
-    for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
-        const mt_event_rec_t *ev = &p->evs.v[k];
-        if ((rc = mt__model_apply(m, ev)) != 0)
-            break;
-        mt_model_figures_t d, h;
-        mt__model_figures_totals(m, MT_MODEL_DEVICE, &d);
-        mt__model_figures_totals(m, MT_MODEL_HOST, &h);
-        for (int t = 0; t < MT_TAG_MAX; t++) {
-            mt_model_tag_t tg;
-            mt__model_tag(m, MT_MODEL_DEVICE, t, &tg);
-            tag_live[t] = tg.bytes;
-        }
-        mt__report_point_t pt = {ev,          k,          d.allocated, d.reserved,
-                                 h.allocated, h.reserved, tag_live,    m};
-        rc = fn(ctx, &pt);
-    }
-    mt__model_destroy(&m);
+        rc = mt__model_tables_copy(rp.m, p->tables);
+    if (rc == 0)
+        rc = each_event(r, p, SIZE_MAX, replay_one, &rp);
+    mt__model_destroy(&rp.m);
     return rc;
+}
+
+static int apply_one(void *ctx, const mt_event_rec_t *ev, size_t k)
+{
+    (void)k;
+    return mt__model_apply(ctx, ev);
+}
+
+/* With a model that stays consistent when a block is missing: MT_ENOMEM goes on. */
+static int apply_one_lenient(void *ctx, const mt_event_rec_t *ev, size_t k)
+{
+    int rc = apply_one(ctx, ev, k);
+    return rc == MT_ENOMEM ? 0 : rc;
 }
 
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
@@ -604,8 +591,8 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
     int rc = mt__model_create(&m, NULL);
     if (rc == 0 && p->tables)
         rc = mt__model_tables_copy(m, p->tables);
-    for (size_t k = 0; rc == 0 && k < p->evs.n && k <= index; k++)
-        rc = mt__model_apply(m, &p->evs.v[k]);
+    if (rc == 0)
+        rc = each_event(r, p, index == SIZE_MAX ? SIZE_MAX : index + 1, apply_one, m);
     if (rc == 0)
         rc = mt__model_map(m, host ? MT_MODEL_HOST : MT_MODEL_DEVICE, out);
     mt__model_destroy(&m);
@@ -624,11 +611,8 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
     int rc = mt__model_create(&m, &mc);
     if (rc == 0 && p->tables)
         rc = mt__model_tables_copy(m, p->tables);
-    for (size_t k = 0; rc == 0 && k < p->evs.n; k++) {
-        rc = mt__model_apply(m, &p->evs.v[k]);
-        if (rc == MT_ENOMEM) /* the model stays consistent: a block is missing */
-            rc = 0;
-    }
+    if (rc == 0)
+        rc = each_event(r, p, SIZE_MAX, apply_one_lenient, m);
     if (rc != 0) {
         mt__model_destroy(&m);
         return rc;

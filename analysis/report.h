@@ -53,6 +53,9 @@ typedef struct mt__report_cfg_s {
                           * _flame_svg) then return MT_EINVAL. false */
     bool replay_only;    /* no analysis as events arrive, for readers that only replay them (plot,
                           * export): mt__report_result then returns NULL. false */
+    const char *spill_dir; /* where the events kept for the replays go, 64 KiB at a time, in an
+                            * unlinked file (event_spool.h), so that memory is a chunk per
+                            * process; NULL keeps them in memory (borrowed). NULL */
 } mt__report_cfg_t;
 
 mt__report_cfg_t mt__report_cfg_default(void);

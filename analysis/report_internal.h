@@ -7,22 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "analysis/event_spool.h"
 #include "analysis/gap.h"
 #include "analysis/model.h"
 #include "analysis/report.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
-
-/* Events faulted in ahead of the stores, at once: 4 MiB. */
-#define PREFAULT_EVENTS (((size_t)4 << 20) / sizeof(mt_event_rec_t))
-
-/* Invariant: n <= cap; ready <= cap (an index, not an address: it survives a remap); v is
- * NULL (cap 0) or a private anonymous mapping of cap events, page-aligned. */
-typedef struct evvec_s {
-    mt_event_rec_t *v;
-    size_t n, cap;
-    size_t ready; /* v[..ready) was faulted in by prefault, when the kernel could */
-} evvec_t;
 
 /* ---- the timeline, sampled as events arrive ---- */
 
@@ -61,11 +51,11 @@ typedef struct tl_grid_s {
 typedef struct proc_s {
     int pid;
     char name[64];
-    int exit_state; /* 0 unknown, 1 clean, 2 unclean */
-    uint64_t lost;  /* sum of gap records */
-    evvec_t evs;    /* every event, for the replays (not with cfg.stream) */
-    size_t nev;     /* events taken (the replays' count) */
-    uint64_t *seen; /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
+    int exit_state;  /* 0 unknown, 1 clean, 2 unclean */
+    uint64_t lost;   /* sum of gap records */
+    mt__spool_t evs; /* every event, for the replays (not with cfg.stream) */
+    size_t nev;      /* events taken (the replays' count) */
+    uint64_t *seen;  /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
     uint64_t next_seq;
     uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
@@ -103,6 +93,7 @@ struct mt__report_s {
     bool fast;   /* event lines go to the fast decoder first (ndjson_fast.h); false only when
                   * cfg.general_reader asks for the general path alone (benchmarks) */
     size_t last; /* index of the process proc_get found last (a hint: checked before use) */
+    mt__spool_file_t spool; /* where the processes' spools put their full chunks */
 };
 
 /* The name of tag in p's log (its label, else the built-in name), in buf when built. */

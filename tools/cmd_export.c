@@ -23,6 +23,8 @@ static void help(FILE *f)
             "  - each allocation's tag as a frame 'tag <name>' in file 'memtrace', which\n"
             "    memory_viz shows where it shows call stacks;\n"
             "  - forward/backward/warm-up/iteration markers as external_annotations.\n"
+            "The events read wait for the end of the logs in an unlinked temporary file in\n"
+            "$TMPDIR (else /tmp), 64 bytes each, not in memory.\n"
             "\n"
             "options:\n"
             "  --format torch-snapshot   the output format (the only one so far)\n"
@@ -122,7 +124,8 @@ static int run(const export_opts_t *o)
     mt__report_t *r = NULL;
     mt__report_cfg_t rcfg = mt__report_cfg_default();
     rcfg.general_reader = mt_tool_general_reader();
-    rcfg.replay_only = true; /* the events replayed, never analysed as a report */
+    rcfg.replay_only = true;              /* the events replayed, never analysed as a report */
+    rcfg.spill_dir = mt_tool_spill_dir(); /* kept on disk, a chunk per process in memory */
     if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace export: out of memory\n");
         return 1;

@@ -42,6 +42,8 @@ static void help(FILE *f)
             "the daemon's log, then the program's own after the daemon went away).\n"
             "However long the log, the timeline is sampled to at most --buckets time\n"
             "buckets, each keeping its highest and lowest moment, so peaks are not lost.\n"
+            "The events read wait for the end of the logs in an unlinked temporary file in\n"
+            "$TMPDIR (else /tmp), 64 bytes each, not in memory.\n"
             "\n"
             "options:\n"
             "  -o, --output FILE   where to write the SVG (default: the first LOG, .svg in place\n"
@@ -203,7 +205,8 @@ static int run(const plot_opts_t *o)
     mt__report_t *r = NULL;
     mt__report_cfg_t rcfg = mt__report_cfg_default();
     rcfg.general_reader = mt_tool_general_reader();
-    rcfg.replay_only = true; /* the events replayed, never analysed as a report */
+    rcfg.replay_only = true;              /* the events replayed, never analysed as a report */
+    rcfg.spill_dir = mt_tool_spill_dir(); /* kept on disk, a chunk per process in memory */
     if (mt__report_create(&r, &rcfg) != 0) {
         fprintf(stderr, "memtrace plot: out of memory\n");
         return 1;

@@ -94,3 +94,9 @@ bool mt_tool_general_reader(void)
     const char *reader = getenv("MEMTRACE_READER");
     return reader != NULL && strcmp(reader, "jansson") == 0;
 }
+
+const char *mt_tool_spill_dir(void)
+{
+    const char *dir = getenv("TMPDIR");
+    return dir && *dir ? dir : "/tmp";
+}

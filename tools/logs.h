@@ -22,4 +22,8 @@ int mt_tool_read_logs(mt__report_t *r, const char *prog, char *const *paths, int
  * libraries read no environment; the commands pass this on in their configurations. */
 bool mt_tool_general_reader(void);
 
+/* Where the readers that replay a log (plot, export) put the events they keep, in an unlinked
+ * file (analysis/event_spool.h): $TMPDIR, else /tmp. */
+const char *mt_tool_spill_dir(void);
+
 #endif
