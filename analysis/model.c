@@ -545,7 +545,8 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     if (c->peak_alloc > peak)
         c->peak_ep++; /* every stack's bytes at the peak are now its bytes */
     prune_by_totals(c);
-    mt__model_segs_prune(c);
+    if (c->segs.unc != 0 || c->seg_unc_max != 0) /* what it does with none uncertain */
+        mt__model_segs_prune(c);
     if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
         int irc = mt__model_iteration(m, ev->size);
         mt__model_stacks_iteration(m);
