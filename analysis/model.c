@@ -536,6 +536,7 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     }
     if (ev->kind == MT_EV_STACK_REF) { /* the stack of the alloc that follows */
         mt__model_stack_ref(m, ev);
+        m->ref_applied = true;
         return grc;
     }
     if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
@@ -550,7 +551,14 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
     totals(m, c, ev);
-    mt__model_stack_before(m, c, ev);
+    /* Only an alloc, or the event after a ref, has anything for the stacks to do (the
+     * rest only say no stack); this runs twice per event in the daemon. */
+    if (ev->kind == MT_EV_ALLOC || m->ref_applied) {
+        mt__model_stack_before(m, c, ev);
+        m->ref_applied = false;
+    } else {
+        c->next_sidx = MT__SIDX_NONE;
+    }
     int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
     if (c->peak_alloc > peak)
         c->peak_ep++; /* every stack's bytes at the peak are now its bytes */

@@ -132,6 +132,8 @@ struct mt_model_s {
     uint64_t span_peak;
     size_t peak_span;
     mt__mstacks_t *stacks; /* NULL until a stack ref, definition or module arrives */
+    bool ref_applied;      /* a stack ref came since the last mt__model_stack_before: its
+                              pending ref may be set (false => it is not) */
     /* settings changed at run time (MT_EV_SETTING), in order: at most MT_MODEL_SETTINGS_MAX
      * kept, the rest counted in settings_dropped */
     mt_model_setting_t *settings;
