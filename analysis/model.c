@@ -115,10 +115,12 @@ static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
 /* A new zeroed entry for addr (none must exist), or NULL (no memory). */
 static mt__mblock_t *block_insert(mt__mclass_t *c, uint64_t addr)
 {
-    mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 64);
-    if (!v)
-        return NULL;
-    c->blocks = v;
+    if (c->live == c->cap) { /* the call only when it grows: this runs per alloc */
+        mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 64);
+        if (!v)
+            return NULL;
+        c->blocks = v;
+    }
     if (index_put(c, addr, c->live) != 0)
         return NULL;
     c->blocks[c->live] = (mt__mblock_t){.addr = addr};
@@ -300,6 +302,14 @@ static void prune_by_totals(mt__mclass_t *c)
     c->unc_max = max;
 }
 
+/* mt__model_seg_touch, called only when there is an uncertain segment to settle (what it
+ * does first): per block event, most often with none. */
+static inline void touch_seg(mt__mclass_t *c, uint64_t addr)
+{
+    if (c->segs.unc != 0)
+        mt__model_seg_touch(c, addr);
+}
+
 /* ---- what each kind does to a class (one entry per kind that changes blocks or segments;
  * kinds without one change only the totals, which every event carries) ---- */
 
@@ -321,7 +331,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->sidx = c->next_sidx;
     b->t_alloc = ev->time_ns;
     block_account(c, b);
-    mt__model_seg_touch(c, ev->addr);
+    touch_seg(c, ev->addr);
     mt_assert(c->live <= c->cap && c->at.n + (c->zero != 0) == c->live);
     return 0;
 }
@@ -347,7 +357,7 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
     b->pending = 1;
-    mt__model_seg_touch(c, ev->addr);
+    touch_seg(c, ev->addr);
     return rc; /* MT_ENOMEM: the temporary figures miss this free, the rest is applied */
 }
 
@@ -356,7 +366,7 @@ static int on_free_completed(mt__mclass_t *c, const mt_event_rec_t *ev)
     mt__mblock_t *b = block_find(c, ev->addr);
     if (b) {
         block_delete(c, b);
-        mt__model_seg_touch(c, ev->addr);
+        touch_seg(c, ev->addr);
     }
     return 0;
 }
@@ -526,6 +536,7 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     }
     if (ev->kind == MT_EV_STACK_REF) { /* the stack of the alloc that follows */
         mt__model_stack_ref(m, ev);
+        m->ref_applied = true;
         return grc;
     }
     if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
@@ -540,12 +551,20 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
     totals(m, c, ev);
-    mt__model_stack_before(m, c, ev);
+    /* Only an alloc, or the event after a ref, has anything for the stacks to do (the
+     * rest only say no stack); this runs twice per event in the daemon. */
+    if (ev->kind == MT_EV_ALLOC || m->ref_applied) {
+        mt__model_stack_before(m, c, ev);
+        m->ref_applied = false;
+    } else {
+        c->next_sidx = MT__SIDX_NONE;
+    }
     int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
     if (c->peak_alloc > peak)
         c->peak_ep++; /* every stack's bytes at the peak are now its bytes */
     prune_by_totals(c);
-    mt__model_segs_prune(c);
+    if (c->segs.unc != 0 || c->seg_unc_max != 0) /* what it does with none uncertain */
+        mt__model_segs_prune(c);
     if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
         int irc = mt__model_iteration(m, ev->size);
         mt__model_stacks_iteration(m);

@@ -132,6 +132,8 @@ struct mt_model_s {
     uint64_t span_peak;
     size_t peak_span;
     mt__mstacks_t *stacks; /* NULL until a stack ref, definition or module arrives */
+    bool ref_applied;      /* a stack ref came since the last mt__model_stack_before: its
+                              pending ref may be set (false => it is not) */
     /* settings changed at run time (MT_EV_SETTING), in order: at most MT_MODEL_SETTINGS_MAX
      * kept, the rest counted in settings_dropped */
     mt_model_setting_t *settings;
@@ -148,6 +150,27 @@ struct mt_model_s {
     uint64_t mres[256], mdev[256], mfaults[256], mmoved[256];
     uint64_t mres_sum;
 };
+
+/* The figures the daemon's web history reads after every event, read straight from the
+ * class: the same values as mt__model_figures_totals's allocated, reserved and
+ * peak_allocated, and as mt__model_tag's bytes, without the rest those two compute
+ * (utilization, uncertainty). The tests compare them on random replays. */
+static inline void mt__model_levels(const mt_model_t *m, int cls, uint64_t *allocated,
+                                    uint64_t *reserved, uint64_t *peak_allocated)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    *allocated = mt__model_sat(c->asum);
+    *reserved = mt__model_sat(c->rsum);
+    *peak_allocated = c->peak_alloc;
+}
+
+/* mt__model_tag(m, cls, tag, &t).bytes for tag < MT_TAG_MAX. */
+static inline uint64_t mt__model_tag_bytes(const mt_model_t *m, int cls, int tag)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    uint64_t a = mt__model_sat(c->asum), b = mt__model_sat(c->tag_bytes[tag]);
+    return b < a ? b : a;
+}
 
 /* model_segs.c */
 /* Sorts v[0..n) by addr (addresses distinct, so the order is the one any sort gives); tmp

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "analysis/callsite.h"
+#include "analysis/model_internal.h"
 #include "analysis/scopes.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
@@ -106,9 +107,9 @@ static int scopes_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)
     }
     if (!p->scopes)
         return 0;
-    mt_model_figures_t f;
-    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &f);
-    return mt__scopes_event(p->scopes, ev, f.allocated);
+    uint64_t allocated, reserved, peak;
+    mt__model_levels(p->model, MT_MODEL_DEVICE, &allocated, &reserved, &peak);
+    return mt__scopes_event(p->scopes, ev, allocated);
 }
 
 int mt__d_proc_apply(mt_d_proc_t *p, const mt_event_rec_t *ev)

@@ -6,6 +6,7 @@
 
 #include "analysis/event_store.h"
 #include "analysis/model.h"
+#include "analysis/model_internal.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "util/assert.h"
@@ -62,7 +63,11 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     t->win = aligned_alloc(64, t->wcap * sizeof *t->win);
     if (!t->win)
         goto fail_window;
-    if (mt__model_create(&t->base, NULL) != 0)
+    /* The base is read for its blocks, segments and totals (mt__d_web_state_at), never for
+     * temporary allocations: it does not track them, which every free would cost. */
+    mt_model_cfg_t bcfg = mt__model_cfg_default();
+    bcfg.temporary_window_us = 0;
+    if (mt__model_create(&t->base, &bcfg) != 0)
         goto fail_base;
     t->proc = p;
     t->off_ns = clock_offset_ns();
@@ -124,8 +129,11 @@ void mt__d_web_free(mt_d_t *d)
     d->web = NULL;
 }
 
-/* Folds the figures now (cur) into bucket b, which starts at t0. */
-static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool is_oom)
+/* Folds the figures now (cur) into bucket b, which starts at t0. cur's tags differ from
+ * b's by at most tag (-1: none) when b was the last bucket folded at its level with the same
+ * t0 (same): then only that one is copied, not the whole array (most of a fold's cost). */
+static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool is_oom,
+                        int tag, bool same)
 {
     if (b->t0 != t0) {
         *b = *cur;
@@ -147,11 +155,15 @@ static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cu
         b->rlast = cur->rlast;
         b->peak = cur->peak;
         b->hres = cur->hres;
-        memcpy(b->tag, cur->tag, sizeof b->tag);
+        if (!same)
+            memcpy(b->tag, cur->tag, sizeof b->tag);
+        else if (tag >= 0)
+            b->tag[tag] = cur->tag[tag];
     }
     b->ooms += is_oom;
     b->events++;
     mt_assert(b->amin <= b->alast && b->alast <= b->amax);
+    mt_assert_expensive(memcmp(b->tag, cur->tag, sizeof b->tag) == 0);
 }
 
 /* a absorbs the later bucket b (same figures as one bucket over both spans). */
@@ -193,31 +205,38 @@ static void coarse_halve(mt_d_web_proc_t *t)
     t->coarse_ns = w2;
 }
 
+/* Updates t's figures now and folds them into the two levels of buckets. Per event, so it
+ * reads the model's few figures it shows directly (mt__model_levels) and copies only the
+ * one tag an event can change. */
 static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     mt_d_web_bkt_t *c = &t->cur;
-    mt_model_figures_t dev, host;
-    mt__model_figures_totals(p->model, MT_MODEL_DEVICE, &dev);
-    mt__model_figures_totals(p->model, MT_MODEL_HOST, &host);
-    c->alast = dev.allocated;
-    c->rlast = dev.reserved;
-    c->peak = dev.peak_allocated;
-    c->hmax = host.allocated;
-    c->hres = host.reserved;
+    uint64_t hpeak;
+    mt__model_levels(p->model, MT_MODEL_DEVICE, &c->alast, &c->rlast, &c->peak);
+    mt__model_levels(p->model, MT_MODEL_HOST, &c->hmax, &c->hres, &hpeak);
+    int tag = -1; /* the one tag of cur this event changes */
     if (ev->tag < MT_TAG_MAX && ev->pool != MT_POOL_HOST) {
-        mt_model_tag_t tg;
-        mt__model_tag(p->model, MT_MODEL_DEVICE, ev->tag, &tg);
-        c->tag[ev->tag] = tg.bytes;
+        tag = ev->tag;
+        c->tag[tag] = mt__model_tag_bytes(p->model, MT_MODEL_DEVICE, tag);
     }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
+    /* The fine bucket folded last is the previous event's (t->last_ns): every event of the
+     * history folds into one fine bucket and the newest coarse one. */
+    size_t fi = (size_t)(now / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
+    bool fine_same = fi == (size_t)(t->last_ns / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
     t->last_ns = now;
     bool oom = ev->kind == MT_EV_OOM;
     uint64_t f0 = now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS;
-    bucket_fold(&t->fine[(now / MT_D_WEB_FINE_NS) % MT_D_WEB_FINE], f0, c, oom);
-    uint64_t c0 = now / t->coarse_ns * t->coarse_ns;
-    if (t->ncoarse > 0 && c0 < t->coarse[t->ncoarse - 1].t0)
-        c0 = t->coarse[t->ncoarse - 1].t0; /* a clock that went back: the last bucket */
-    if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0) {
+    bucket_fold(&t->fine[fi], f0, c, oom, tag, fine_same);
+    /* Within the newest coarse bucket (the usual case) without a division: its t0 is a
+     * multiple of coarse_ns. */
+    uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
+    uint64_t c0 = t->ncoarse > 0 && now >= last0 && now - last0 < t->coarse_ns
+                      ? last0
+                      : now / t->coarse_ns * t->coarse_ns;
+    if (t->ncoarse > 0 && c0 < last0)
+        c0 = last0; /* a clock that went back: the last bucket */
+    if (t->ncoarse == 0 || last0 != c0) {
         if (t->ncoarse == MT_D_WEB_COARSE) {
             while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
                 coarse_halve(t);
@@ -228,7 +247,8 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
         if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
             t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
     }
-    bucket_fold(&t->coarse[t->ncoarse - 1], c0, c, oom);
+    /* The newest coarse bucket was folded last (a halving keeps the later bucket's tags). */
+    bucket_fold(&t->coarse[t->ncoarse - 1], c0, c, oom, tag, true);
     mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
 }
 
@@ -273,7 +293,7 @@ static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
      * view's loading). The loop's thread reads the window back itself. */
     mt__event_store(&t->win[t->whead], ev);
     t->wseq = ev->seq;
-    t->whead = (t->whead + 1) % t->wcap;
+    t->whead = t->whead + 1 == t->wcap ? 0 : t->whead + 1; /* no division per event */
     t->wcount++;
 }
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "analysis/model.h"
+#include "analysis/model_internal.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
@@ -420,10 +421,17 @@ static void replay_with_drops(const feed_t *feed, uint64_t seed, unsigned drop_p
             assert_true(f.utilization >= 0.0 && f.utilization <= 1.0);
             assert_true(f.total_free <= f.reserved && f.largest_free <= f.total_free);
             assert_true(f.uncertain_bytes <= f.allocated && f.untracked_bytes <= f.allocated);
+            /* the per-event readers' shortcuts (the daemon's history) give the same */
+            uint64_t la, lr, lp;
+            mt__model_levels(m, cls, &la, &lr, &lp);
+            assert_int_equal(la, f.allocated);
+            assert_int_equal(lr, f.reserved);
+            assert_int_equal(lp, f.peak_allocated);
             uint64_t known = 0;
             for (int t = 0; t < MT_TAG_MAX; t++) {
                 mt_model_tag_t tg;
                 mt__model_tag(m, cls, t, &tg);
+                assert_int_equal(mt__model_tag_bytes(m, cls, t), tg.bytes);
                 assert_true(tg.bytes <= f.allocated && tg.uncertain_bytes <= f.allocated);
                 known = mt_model_sat_add(known, tg.bytes);
             }

@@ -182,11 +182,197 @@ static void test_history_bounded(void **state)
     free(s.ev);
 }
 
+/* ---- the history against a reference: the figures read in full and every bucket
+ * copied whole, per event (what the tracker did before it copied only what changed) ---- */
+
+typedef struct ref_hist_s {
+    mt_d_web_bkt_t fine[MT_D_WEB_FINE], coarse[MT_D_WEB_COARSE], cur;
+    size_t ncoarse;
+    uint64_t coarse_ns, last_ns;
+} ref_hist_t;
+
+static void ref_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool oom)
+{
+    if (b->t0 != t0) {
+        *b = *cur;
+        b->t0 = t0;
+        b->amin = b->amax = cur->alast;
+        b->rmax = cur->rlast;
+        b->ooms = 0;
+        b->events = 0;
+    } else {
+        b->amin = cur->alast < b->amin ? cur->alast : b->amin;
+        b->amax = cur->alast > b->amax ? cur->alast : b->amax;
+        b->rmax = cur->rlast > b->rmax ? cur->rlast : b->rmax;
+        b->hmax = cur->hmax > b->hmax ? cur->hmax : b->hmax;
+        b->alast = cur->alast;
+        b->rlast = cur->rlast;
+        b->peak = cur->peak;
+        b->hres = cur->hres;
+        memcpy(b->tag, cur->tag, sizeof b->tag);
+    }
+    b->ooms += oom;
+    b->events++;
+}
+
+static void ref_halve(ref_hist_t *h)
+{
+    uint64_t w2 = h->coarse_ns * 2;
+    size_t n = 0;
+    for (size_t i = 0; i < h->ncoarse; i++) {
+        uint64_t t0 = h->coarse[i].t0 / w2 * w2;
+        if (n > 0 && h->coarse[n - 1].t0 == t0) {
+            mt_d_web_bkt_t *a = &h->coarse[n - 1];
+            const mt_d_web_bkt_t *b = &h->coarse[i];
+            a->amin = b->amin < a->amin ? b->amin : a->amin;
+            a->amax = b->amax > a->amax ? b->amax : a->amax;
+            a->rmax = b->rmax > a->rmax ? b->rmax : a->rmax;
+            a->hmax = b->hmax > a->hmax ? b->hmax : a->hmax;
+            a->alast = b->alast;
+            a->rlast = b->rlast;
+            a->peak = b->peak;
+            a->hres = b->hres;
+            memcpy(a->tag, b->tag, sizeof a->tag);
+            a->ooms += b->ooms;
+            a->events += b->events;
+        } else {
+            h->coarse[n] = h->coarse[i];
+            h->coarse[n++].t0 = t0;
+        }
+    }
+    h->ncoarse = n;
+    h->coarse_ns = w2;
+}
+
+static void ref_record(ref_hist_t *h, const mt_model_t *m, const mt_event_rec_t *ev)
+{
+    if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_LIBRARY_LABEL)
+        return;
+    mt_model_figures_t dev, host;
+    mt__model_figures_totals(m, MT_MODEL_DEVICE, &dev);
+    mt__model_figures_totals(m, MT_MODEL_HOST, &host);
+    h->cur.alast = dev.allocated;
+    h->cur.rlast = dev.reserved;
+    h->cur.peak = dev.peak_allocated;
+    h->cur.hmax = host.allocated;
+    h->cur.hres = host.reserved;
+    if (ev->tag < MT_TAG_MAX && ev->pool != MT_POOL_HOST) {
+        mt_model_tag_t tg;
+        mt__model_tag(m, MT_MODEL_DEVICE, ev->tag, &tg);
+        h->cur.tag[ev->tag] = tg.bytes;
+    }
+    uint64_t now = ev->time_ns ? ev->time_ns : 1;
+    h->last_ns = now;
+    bool oom = ev->kind == MT_EV_OOM;
+    ref_fold(&h->fine[now / MT_D_WEB_FINE_NS % MT_D_WEB_FINE],
+             now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS, &h->cur, oom);
+    uint64_t c0 = now / h->coarse_ns * h->coarse_ns;
+    if (h->ncoarse > 0 && c0 < h->coarse[h->ncoarse - 1].t0)
+        c0 = h->coarse[h->ncoarse - 1].t0;
+    if (h->ncoarse == 0 || h->coarse[h->ncoarse - 1].t0 != c0) {
+        while (h->ncoarse == MT_D_WEB_COARSE)
+            ref_halve(h);
+        c0 = now / h->coarse_ns * h->coarse_ns;
+        if (h->ncoarse > 0 && c0 < h->coarse[h->ncoarse - 1].t0)
+            c0 = h->coarse[h->ncoarse - 1].t0;
+        if (h->ncoarse == 0 || h->coarse[h->ncoarse - 1].t0 != c0)
+            h->coarse[h->ncoarse++].t0 = 0;
+    }
+    ref_fold(&h->coarse[h->ncoarse - 1], c0, &h->cur, oom);
+}
+
+static void same_bucket(const mt_d_web_bkt_t *a, const mt_d_web_bkt_t *b)
+{
+    assert_int_equal(a->t0, b->t0);
+    assert_int_equal(a->amin, b->amin);
+    assert_int_equal(a->amax, b->amax);
+    assert_int_equal(a->alast, b->alast);
+    assert_int_equal(a->rmax, b->rmax);
+    assert_int_equal(a->rlast, b->rlast);
+    assert_int_equal(a->peak, b->peak);
+    assert_int_equal(a->hmax, b->hmax);
+    assert_int_equal(a->hres, b->hres);
+    assert_int_equal(a->ooms, b->ooms);
+    assert_int_equal(a->events, b->events);
+    for (int k = 0; k < MT_TAG_MAX; k++)
+        assert_int_equal(a->tag[k], b->tag[k]);
+}
+
+static void same_history(const mt_d_web_proc_t *t, const ref_hist_t *h, bool all)
+{
+    assert_int_equal(t->last_ns, h->last_ns);
+    assert_int_equal(t->ncoarse, h->ncoarse);
+    assert_int_equal(t->coarse_ns, h->coarse_ns);
+    same_bucket(&t->cur, &h->cur);
+    size_t fi = h->last_ns / MT_D_WEB_FINE_NS % MT_D_WEB_FINE;
+    same_bucket(&t->fine[fi], &h->fine[fi]);
+    same_bucket(&t->coarse[t->ncoarse - 1], &h->coarse[h->ncoarse - 1]);
+    for (size_t i = 0; all && i < MT_D_WEB_FINE; i++)
+        same_bucket(&t->fine[i], &h->fine[i]);
+    for (size_t i = 0; all && i < h->ncoarse; i++)
+        same_bucket(&t->coarse[i], &h->coarse[i]);
+}
+
+/* Tags of blocks freed under tag 0, host (pinned) events between device ones, times that go
+ * back (within the fine ring and past it), stand still, are 0, jump by exactly the fine
+ * ring's span (same fine bucket, new start) and by hours (the coarse history halves): the
+ * tracker's buckets equal the reference's after every event. */
+static void test_history_equals_reference(void **state)
+{
+    (void)state;
+    stream_t s = {0};
+    make_stream(&s, 20000);
+    mt_d_t *d = calloc(1, sizeof *d);
+    ref_hist_t *h = calloc(1, sizeof *h);
+    assert_non_null(d);
+    assert_non_null(h);
+    h->coarse_ns = MT_D_WEB_COARSE0_NS;
+    mt__d_web_set_window(d, 1024);
+    mt_d_proc_t *p = NULL;
+    assert_int_equal(mt__d_proc_create(&p, 9, "reference"), 0);
+    uint64_t t = 100000000ull; /* 0.1 s: the first buckets start at 0 */
+    uint64_t rnd = 777;
+    for (size_t i = 0; i < s.n; i++) {
+        rnd = rnd * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned r = (unsigned)(rnd >> 33) % 100;
+        uint64_t v = rnd >> 20; /* 44 random bits */
+        if (r < 70)
+            t += v % 50000000ull; /* < 50 ms on */
+        else if (r < 80)
+            t -= v % 3000000000ull < t - 1 ? v % 3000000000ull : 0; /* < 3 s back */
+        else if (r < 88)
+            t += v % 400000000000ull; /* < 400 s on */
+        else if (r < 91)
+            t += MT_D_WEB_FINE_NS * MT_D_WEB_FINE; /* the fine ring's span */
+        else if (r < 93)
+            t -= t > 200000000000ull ? 200000000000ull : 0; /* back past the fine ring */
+        s.ev[i].time_ns = r == 99 ? 0 : t;
+        if (r >= 95 && r < 98)
+            s.ev[i].pool = MT_POOL_HOST;
+        if (r == 94)
+            s.ev[i].kind = MT_EV_OOM;
+        assert_int_equal(mt__d_proc_apply(p, &s.ev[i]) == MT_ENOMEM, 0);
+        mt__d_web_record(d, p, &s.ev[i]);
+        ref_record(h, p->model, &s.ev[i]);
+        mt_d_web_proc_t *tr = mt__d_web_find(d, p);
+        assert_non_null(tr);
+        same_history(tr, h, i % 997 == 0 || i + 1 == s.n);
+    }
+    const mt_d_web_proc_t *tr = mt__d_web_find(d, p);
+    assert_true(tr->coarse_ns > MT_D_WEB_COARSE0_NS); /* the coarse history did halve */
+    mt__d_web_free(d);
+    mt__d_proc_destroy(&p);
+    free(h);
+    free(d);
+    free(s.ev);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_at_equals_prefix),
         cmocka_unit_test(test_history_bounded),
+        cmocka_unit_test(test_history_equals_reference),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
