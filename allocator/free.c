@@ -191,8 +191,10 @@ int mt_alloc_record_stream(mt_alloc_t *a, void *ptr, mt_stream_t *stream)
         rc = MT_ENOENT;
     else
         rc = add_use(b, stream);
-    if (owned)
+    if (owned) {
+        mt__tc_used(b);
         mt__tc_unlock_owner(b);
+    }
 out:
     mt__alloc_unlock(a);
     return rc;

@@ -204,6 +204,11 @@ int mt__tc_tag(const mt_block_t *b)
     return b->tce->tag;
 }
 
+void mt__tc_used(mt_block_t *b)
+{
+    b->tce->used = b->nuses != 0;
+}
+
 /* ---- entries ---- */
 
 #define TC_ENT_CHUNK 64 /* entries per allocation of a cache's storage */
@@ -311,7 +316,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     /* Only if every allowance stays >= 0. A pop with the block's own request and tag, no
      * live block diverging, cannot make one negative: the allowances are then the held
      * blocks' g, b's among them. */
-    bool same = size == e->b->requested && tag == e->b->tag;
+    bool same = size == e->greq && tag == e->gtag;
     if ((!same || c->ndiv != 0) &&
         (c->allow.req[sp] < (int64_t)size || c->allow.tag_bytes[tag] < (int64_t)rsize ||
          c->allow.tag_req[tag] < (int64_t)size))
@@ -352,10 +357,10 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     mt__tc_ent_t *e = c->last;
     if (e == NULL || e->addr != (uintptr_t)ptr)
         e = c->live.n != 0 ? live_get(c, (uintptr_t)ptr) : NULL;
-    /* Held: a double free, which the global path reports. nuses: record_stream's streams
+    /* Held: a double free, which the global path reports. used: record_stream's streams
      * get events, on the global path. A planned block whose pair no longer repeats the
      * plan: its free is the plan's. */
-    if (e == NULL || e->held || e->b->nuses != 0 || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
+    if (e == NULL || e->held || e->used || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
         (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)))
         goto slow;
     tc_lifo_t *l = &c->lifo[e->slot];
@@ -401,8 +406,8 @@ static void rebase(mt_alloc_t *a, mt__tcache_t *c, mt__tc_ent_t *e)
     c->allow.tag_bytes[e->tag] += size;
     c->allow.tag_req[b->tag] -= g;
     c->allow.tag_req[e->tag] += t;
-    b->requested = e->req;
-    b->tag = e->tag;
+    b->requested = e->greq = e->req;
+    b->tag = e->gtag = e->tag;
     div_unlink(c, e);
 }
 
@@ -630,10 +635,13 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
             .size = b->size,
             .sr = sr,
             .req = b->requested,
+            .greq = b->requested,
             .k = c->nops,
             .ver = __atomic_load_n(&sr->tc_ver, __ATOMIC_RELAXED),
             .pver = b->planned ? a->plan_ver : 0,
             .tag = b->tag,
+            .gtag = b->tag,
+            .used = b->nuses != 0,
             .sp = (uint8_t)sp,
             .slot = (uint8_t)mt__tc_slot_of(sr->stream, b->size),
         };

@@ -62,6 +62,8 @@ void mt__tc_unlock_owner(mt_block_t *b);
  * tag the program gave it. */
 bool mt__tc_held(const mt_block_t *b);
 int mt__tc_tag(const mt_block_t *b);
+/* Owned block b's streams (nuses) changed (its owner claimed): its fast free sees it. */
+void mt__tc_used(mt_block_t *b);
 /* Fast paths off and every cache flushed (before reserve or warm-up change the state),
  * then back on when the state allows (after). */
 void mt__tc_quiesce(mt_alloc_t *a);

@@ -31,8 +31,9 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
         const mt_block_t *b = e->b;
         if (b == NULL || e->c != c || b->tce != e || e->addr != c->live.keys[i])
             return "tcache: live entry names a block of another owner";
-        if (e->addr != b->addr || e->size != b->size)
-            return "tcache: entry's address or size differs from its block's";
+        if (e->addr != b->addr || e->size != b->size || e->greq != b->requested ||
+            e->gtag != b->tag || e->used != (b->nuses != 0))
+            return "tcache: entry's copy of its block's fields differs from the block";
         if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
             return "tcache: owned block not allocated in the address map";
         if (e->sp != mt__stat_pool(b->seg->pool) || e->sr != b->seg->bins->sr)

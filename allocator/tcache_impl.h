@@ -16,9 +16,9 @@
 _Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
- * so that they touch the block itself only to read nuses, requested and tag (which change
- * under mu with the cache claimed).
- * Invariants: b->tce = this entry; addr = b->addr, size = b->size, sr = b->seg->bins->sr,
+ * so that they do not touch the block struct.
+ * Invariants: b->tce = this entry; addr = b->addr, size = b->size, greq = b->requested,
+ * gtag = b->tag, used = (b->nuses != 0), sr = b->seg->bins->sr,
  * sp = its segment's stat pool, slot = mt__tc_slot_of(sr->stream, size); held => on
  * lifo[slot], linked by next; div <=> live with (req, tag) != (b->requested, b->tag), on
  * c->div, linked by next/prev; held => !div. On the cache's free list, next links it and
@@ -31,6 +31,7 @@ typedef struct mt__tc_ent_s {
     size_t size;
     mt_streamrec_t *sr; /* its segment's stream record, readable without mu while owned */
     size_t req;         /* the program's requested bytes while live */
+    size_t greq;        /* the counters' (b->requested) */
     uint64_t seq;       /* owner's operation count at its last free into the cache */
     uint64_t k;         /* owner's operation count when it was last handed out */
     uint64_t ver;       /* sr->tc_ver when the global path handed it out */
@@ -38,7 +39,9 @@ typedef struct mt__tc_ent_s {
                          * pair then leaving the plan as it was (else 0) */
     bool held;          /* in its LIFO (freed by the program) */
     bool div;           /* live, on the diverged list */
+    bool used;          /* another stream used it (record_stream): its free is global */
     uint8_t tag;        /* the program's tag while live */
+    uint8_t gtag;       /* the counters' (b->tag) */
     uint8_t sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
     uint8_t slot;       /* index of its (stream, size) LIFO */
 } mt__tc_ent_t;
