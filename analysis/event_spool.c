@@ -2,6 +2,7 @@
 #include "analysis/event_spool.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,36 +40,31 @@ void mt__spool_file_close(mt__spool_file_t *f)
     *f = (mt__spool_file_t){.fd = -1};
 }
 
-static int write_all(int fd, const void *buf, size_t len, uint64_t off)
+/* len bytes at off, written from buf (write) or read into it: all of them, or MT_EIO. */
+static int transfer(int fd, void *buf, size_t len, uint64_t off, bool write)
 {
-    const char *p = buf;
+    char *p = buf;
     while (len > 0) {
-        ssize_t w = pwrite(fd, p, len, (off_t)off);
-        if (w < 0 && errno == EINTR)
+        ssize_t n = write ? pwrite(fd, p, len, (off_t)off) : pread(fd, p, len, (off_t)off);
+        if (n < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
+        if (n <= 0)
             return MT_EIO;
-        p += w;
-        len -= (size_t)w;
-        off += (uint64_t)w;
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
     }
     return 0;
 }
 
+static int write_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+    return transfer(fd, (void *)buf, len, off, true);
+}
+
 static int read_all(int fd, void *buf, size_t len, uint64_t off)
 {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t r = pread(fd, p, len, (off_t)off);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return MT_EIO;
-        p += r;
-        len -= (size_t)r;
-        off += (uint64_t)r;
-    }
-    return 0;
+    return transfer(fd, buf, len, off, false);
 }
 
 /* The full tail into the file; it is then empty. */

@@ -31,70 +31,66 @@ static _Thread_local int tls_depth;
 
 /* ---- runtime hooks ---- */
 
-MT_HOOK cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
-{
-    if (mt__preload()->sim)
-        return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaStream_t, enum cudaStreamCaptureMode) = REAL_RT(cudaStreamBeginCapture);
-    if (real == NULL)
-        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
-    bool outer;
-    cudaError_t r = CALL_REAL(&outer, real(stream, mode));
-    if (outer && r == cudaSuccess)
-        mt__preload_graph_begun(stream, mt__preload_rt_device());
-    return r;
-}
-
-MT_HOOK cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
-{
-    if (mt__preload()->sim)
-        return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaStream_t, cudaGraph_t *) = REAL_RT(cudaStreamEndCapture);
-    if (real == NULL)
-        return mt__preload_rt_ret(cudaErrorInsufficientDriver);
-    bool outer;
-    cudaError_t r = CALL_REAL(&outer, real(stream, pGraph));
-    if (outer)
-        mt__preload_graph_ended(stream,
-                                r == cudaSuccess && pGraph != NULL ? (void *)*pGraph : NULL);
-    return r;
-}
-
 /* The stream a _ptsz entry point means: NULL is the calling thread's per-thread stream. */
 static void *ptsz_stream(void *handle)
 {
     return handle == NULL ? (void *)CU_STREAM_PER_THREAD : handle;
 }
 
-MT_HOOK cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
-                                                enum cudaStreamCaptureMode mode)
+/* cudaStreamBeginCapture and its _ptsz form; handle: the stream the bookkeeping names. */
+typedef cudaError_t (*begin_fn)(cudaStream_t, enum cudaStreamCaptureMode);
+
+static cudaError_t rt_begin(begin_fn real, void *handle, cudaStream_t stream,
+                            enum cudaStreamCaptureMode mode)
 {
     if (mt__preload()->sim)
         return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaStream_t, enum cudaStreamCaptureMode) =
-        REAL_RT(cudaStreamBeginCapture_ptsz);
     if (real == NULL)
         return mt__preload_rt_ret(cudaErrorInsufficientDriver);
     bool outer;
     cudaError_t r = CALL_REAL(&outer, real(stream, mode));
     if (outer && r == cudaSuccess)
-        mt__preload_graph_begun(ptsz_stream(stream), mt__preload_rt_device());
+        mt__preload_graph_begun(handle, mt__preload_rt_device());
     return r;
 }
 
-MT_HOOK cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
+MT_HOOK cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    return rt_begin(REAL_RT(cudaStreamBeginCapture), stream, stream, mode);
+}
+
+MT_HOOK cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                enum cudaStreamCaptureMode mode)
+{
+    return rt_begin((begin_fn)REAL_RT(cudaStreamBeginCapture_ptsz), ptsz_stream(stream), stream,
+                    mode);
+}
+
+/* cudaStreamEndCapture and its _ptsz form. */
+typedef cudaError_t (*end_fn)(cudaStream_t, cudaGraph_t *);
+
+static cudaError_t rt_end(end_fn real, void *handle, cudaStream_t stream, cudaGraph_t *pGraph)
 {
     if (mt__preload()->sim)
         return mt__preload_rt_ret(cudaErrorNotSupported);
-    cudaError_t (*real)(cudaStream_t, cudaGraph_t *) = REAL_RT(cudaStreamEndCapture_ptsz);
     if (real == NULL)
         return mt__preload_rt_ret(cudaErrorInsufficientDriver);
     bool outer;
     cudaError_t r = CALL_REAL(&outer, real(stream, pGraph));
     if (outer)
-        mt__preload_graph_ended(ptsz_stream(stream),
+        mt__preload_graph_ended(handle,
                                 r == cudaSuccess && pGraph != NULL ? (void *)*pGraph : NULL);
     return r;
+}
+
+MT_HOOK cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    return rt_end(REAL_RT(cudaStreamEndCapture), stream, stream, pGraph);
+}
+
+MT_HOOK cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    return rt_end((end_fn)REAL_RT(cudaStreamEndCapture_ptsz), ptsz_stream(stream), stream, pGraph);
 }
 
 /* cudaStreamBeginCaptureToGraph and its _ptsz form: a capture into the program's graph,
@@ -142,6 +138,8 @@ typedef cudaError_t (*instantiate_fn)(cudaGraphExec_t *, cudaGraph_t, unsigned l
 static cudaError_t instantiate(instantiate_fn real, cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                unsigned long long flags)
 {
+    if (mt__preload()->sim)
+        return mt__preload_rt_ret(cudaErrorNotSupported);
     if (real == NULL)
         return mt__preload_rt_ret(cudaErrorInsufficientDriver);
     bool outer;
@@ -154,16 +152,12 @@ static cudaError_t instantiate(instantiate_fn real, cudaGraphExec_t *pGraphExec,
 MT_HOOK cudaError_t cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                          unsigned long long flags)
 {
-    if (mt__preload()->sim)
-        return mt__preload_rt_ret(cudaErrorNotSupported);
     return instantiate(REAL_RT(cudaGraphInstantiate), pGraphExec, graph, flags);
 }
 
 MT_HOOK cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
                                                   unsigned long long flags)
 {
-    if (mt__preload()->sim)
-        return mt__preload_rt_ret(cudaErrorNotSupported);
     return instantiate(REAL_RT(cudaGraphInstantiateWithFlags), pGraphExec, graph, flags);
 }
 
