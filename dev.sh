@@ -50,10 +50,12 @@ install_missing() {
 install_test_tools() {
     # npm for the tests below; qemu-user runs the suites on an emulated AVX2-only CPU
     # (tests/cross/avx2_qemu.sh) and for aarch64.
-    if ! command -v npm >/dev/null 2>&1 || ! command -v qemu-x86_64 >/dev/null 2>&1; then
-        PACKAGES=(nodejs npm qemu-user)
-        install_missing
-    fi
+    # Ask apt only for the commands that are missing: a Node.js from elsewhere (NodeSource's
+    # nodejs ships its own npm) conflicts with Debian's npm package.
+    PACKAGES=()
+    command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
+    command -v qemu-x86_64 >/dev/null 2>&1 || PACKAGES+=(qemu-user)
+    [ ${#PACKAGES[@]} -eq 0 ] || install_missing
     if [ ! -d tests/prof/node_modules/ajv ]; then
         npm ci --prefix tests/prof --no-audit --no-fund --loglevel=error ||
             { echo "dev.sh: 'npm ci --prefix tests/prof' failed" >&2; return 1; }
