@@ -1,5 +1,5 @@
 /* The caching allocator's front door: create/destroy, malloc (the global path), tags,
- * empty_cache and event emission (free and block lookup: free.c).
+ * empty_cache (free and block lookup: free.c; events: emit.c).
  *
  * Hot path: a cached malloc/free pair on one stream is served by the thread's cache
  * (tcache.c) without the mutex. The global path: one mutex, a one-entry stream cache, an
@@ -16,75 +16,7 @@
 #include "util/grow.h"
 #include "allocator/tcache.h"
 
-/* ---- events and logging ---- */
-
-void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
-                        uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
-                        uint64_t t)
-{
-    *ev = (mt_event_rec_t){
-        .time_ns = t,
-        .addr = addr,
-        .size = size,
-        .requested = requested,
-        .allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current,
-        .reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current,
-        .stream = sid,
-        .kind = (uint8_t)kind,
-        .pool = (uint8_t)pool,
-        .tag = (uint8_t)tag,
-        .device = (uint8_t)a->device,
-    };
-}
-
-/* A MT_EV_STATS event stamped t: the totals, size = peak allocated bytes, requested = bytes
- * requested by the live allocations. */
-static void emit_stats(mt_alloc_t *a, uint64_t t)
-{
-    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
-        return;
-    mt_event_rec_t ev;
-    mt__alloc_fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
-                       (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
-    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
-    mt__alloc_emit_device(a);
-}
-
-/* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
- * emitted: one compare per event, and an idle allocator sends none. */
-void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t)
-{
-    if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
-        return;
-    a->stats_next_ns = t + a->stats_period_ns;
-    emit_stats(a, t);
-}
-
-void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
-                         uint32_t sid, int pool, int tag, uint64_t t)
-{
-    mt__alloc_assert_owner(a); /* events leave in the order of the state changes */
-    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
-        return;
-    mt_event_rec_t ev;
-    mt__alloc_fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
-                       t != 0 ? t : mt__clock_now(&a->clk));
-    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
-    mt__alloc_stats_due(a, ev.time_ns);
-}
-
-/* Emits ev[0..n) as one batch when the sink takes batches. */
-void mt__alloc_emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
-{
-    const mt_event_sink_t *s = a->cfg.sink;
-    if (s->emit_n != NULL) {
-        s->emit_n(s->ud, ev, n);
-        return;
-    }
-    if (s->emit != NULL)
-        for (size_t i = 0; i < n; i++)
-            s->emit(s->ud, &ev[i]);
-}
+/* ---- logging ---- */
 
 void mt__alloc_log(mt_alloc_t *a, mt_log_level_e level, const char *fmt, ...)
 {
@@ -100,7 +32,7 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
         return;
     mt__alloc_lock(a);
     if (kind == MT_EV_STATS) /* one meaning for its fields, whoever asks for it */
-        emit_stats(a, mt__clock_now(&a->clk));
+        mt__alloc_emit_stats(a, mt__clock_now(&a->clk));
     else
         mt__alloc_emit(a, kind, addr, size, 0, 0, MT_POOL_NONE, tag);
     mt__alloc_unlock(a);
@@ -267,6 +199,10 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
         a->id = 0; /* no registry entry: no thread caches, the rest works */
     *out = a;
     mt__alloc_lock(a);
+    /* With a sink the thread caches' fast operations record too (emit.c). */
+    a->rec = a->cfg.sink != NULL && a->cfg.tcache;
+    if (a->rec)
+        a->rec_clk = a->clk;
     mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_emit_device(a); /* before any segment: what the context and others hold */

@@ -441,6 +441,23 @@ struct mt_alloc_s {
     uint32_t next_pool_id; /* id of the next pool created, >= 1 */
     struct mt__route_s *routes;
     size_t nroutes, cap_routes;
+    /* Recording with the caches on (emit.c; cfg.tcache and a recording sink, set at
+     * create): rec. Under rec_lock (a spin lock taken after mu or inside a cache's
+     * exclusion, nothing taken inside it but the sink's emit): rec_held = bytes of the
+     * blocks the caches hold as of the events emitted (allocated to the counters, freed to
+     * the program); rec_g, rec_res = the counters' allocated and reserved carried by the
+     * global path's last event, rec_g lowered by what flushes gave back since; rec_t = the
+     * last stamp emitted; rec_clk stamps the caches' events. Every event carries allocated
+     * = rec_g - rec_held at its emission. Invariants: 0 <= rec_held <= rec_g; outside a
+     * fast operation rec_held = sum of the held entries' sizes over the caches. rec_mute:
+     * a flush frees held blocks, whose frees were told at the program's free (mu). */
+    bool rec;
+    bool rec_mute;
+    char rec_pad[64]; /* rec_lock on a line apart from what the fast paths read */
+    uint8_t rec_lock;
+    int64_t rec_g, rec_held;
+    uint64_t rec_res, rec_t;
+    mt__clock_t rec_clk;
 };
 
 /* ---- the lock ----
@@ -909,7 +926,21 @@ static inline bool mt__quick_beside(const mt_block_t *b)
 void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
                         uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
                         uint64_t t);
-void mt__alloc_emit_recs(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n);
+/* ---- emit.c: every event leaves through emit_recs ----
+ * The global path's events ev[0..n) (mu held), in one batch when the sink takes batches;
+ * their totals made the program's while a->rec (ev's allocated and stamp may change). */
+void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
+/* A thread cache's fast operation's events (inside its exclusion, a->rec): ev filled but
+ * for the totals and the stamp; the bytes the caches hold change by dheld. */
+void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, int64_t dheld);
+/* A flush gave bytes held by a cache back to the bins (mu held, a->rec), the counters
+ * lowered by as much, with no event: the program had freed them. */
+void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes);
+/* MT_EV_STATS stamped t: the totals, size = peak allocated bytes, requested = bytes
+ * requested by the live allocations (mu held). */
+void mt__alloc_emit_stats(mt_alloc_t *a, uint64_t t);
+/* The periodic MT_EV_STATS (cfg.stats_period_ms), due from the stamp t of an event just
+ * emitted: one compare per event, and an idle allocator sends none. */
 void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t);
 
 /* ---- free.c ---- */

@@ -74,7 +74,7 @@ static void announce(mt_alloc_t *a, unsigned id)
     pthread_mutex_lock(&lib_mu);
     mt_event_label_pack(&ev, lib_name[id]);
     pthread_mutex_unlock(&lib_mu);
-    a->cfg.sink->emit(a->cfg.sink->ud, &ev);
+    mt__alloc_emit_recs(a, &ev, 1);
 }
 
 int mt_alloc_note_outside(mt_alloc_t *a, bool freed, uint64_t addr, uint64_t size,

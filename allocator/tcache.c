@@ -17,6 +17,7 @@
 #endif
 
 #include "allocator/tcache_impl.h"
+#include "util/entry.h"
 #include "util/grow.h"
 
 /* ---- TLS entries and the registry of live allocators ---- */
@@ -290,6 +291,58 @@ static inline void div_unlink(mt__tcache_t *c, mt__tc_ent_t *e)
     c->ndiv--;
 }
 
+/* ---- the fast paths' events (a->rec: a recording sink; inside the cache's exclusion, so
+ * that a thread claiming the cache sees them emitted before its own) ---- */
+
+static inline void fill(const mt_alloc_t *a, const mt__tc_ent_t *e, mt_event_rec_t *ev, int kind,
+                        uint64_t requested)
+{
+    *ev = (mt_event_rec_t){
+        .addr = e->addr,
+        .size = e->size,
+        .requested = requested,
+        .stream = e->sr->sid,
+        .kind = (uint8_t)kind,
+        .pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE),
+        .tag = e->tag,
+        .device = (uint8_t)a->device,
+    };
+}
+
+/* A pop: its alloc, after its call stack's ref when the sink gives one (as the global
+ * path's). Out of line: the unrecorded pop stays as it was. */
+static __attribute__((noinline)) void tell_pop(mt_alloc_t *a, const mt__tc_ent_t *e, uintptr_t ra)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    mt_event_rec_t ev[2];
+    fill(a, e, &ev[1], MT_EV_ALLOC, e->req);
+    uint32_t stack = 0;
+    if (s->stack != NULL && a->cfg.stacks != MT_STACKS_OFF) {
+        uintptr_t entry = mt__entry_enter(ra);
+        stack = s->stack(s->ud, e->req, MT_POOL_NONE, a->cfg.stacks);
+        mt__entry_leave(entry);
+    }
+    if (stack == 0) {
+        mt__alloc_emit_cached(a, &ev[1], 1, -(int64_t)e->size);
+        return;
+    }
+    ev[0] = ev[1];
+    ev[0].kind = MT_EV_STACK_REF;
+    ev[0].size = stack;
+    ev[0].requested = 0;
+    mt__alloc_emit_cached(a, ev, 2, -(int64_t)e->size);
+}
+
+/* A free into the cache: requested and completed at once, as the global path tells a free
+ * no other stream used. */
+static __attribute__((noinline)) void tell_free(mt_alloc_t *a, const mt__tc_ent_t *e)
+{
+    mt_event_rec_t ev[2];
+    fill(a, e, &ev[0], MT_EV_FREE_REQUESTED, e->req);
+    fill(a, e, &ev[1], MT_EV_FREE_COMPLETED, 0);
+    mt__alloc_emit_cached(a, ev, 2, (int64_t)e->size);
+}
+
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                   uintptr_t ra)
 {
@@ -339,6 +392,8 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
     if (!same)
         div_link(c, e);
+    if (a->rec)
+        tell_pop(a, e, ra);
     fast_exit(c);
     *out = (void *)e->addr;
     return 0;
@@ -378,6 +433,8 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     c->nheld++;
     e->held = true;
     e->seq = ++c->nops;
+    if (a->rec)
+        tell_free(a, e);
     fast_exit(c);
     return 0;
 slow:
@@ -444,13 +501,19 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
     mt_assert(n == c->nheld);
     qsort(held, n, sizeof held[0], by_seq);
     c->nheld = 0;
+    int64_t bytes = 0;
+    a->rec_mute = true; /* the program's frees of them were told (fast_free) */
     for (size_t i = 0; i < n; i++) {
         mt__tc_ent_t *e = held[i];
         mt_block_t *b = e->b;
         mt__tc_counts_add(&c->allow, e->sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
+        bytes += (int64_t)b->size;
         ent_drop(c, e);
         mt__alloc_free_block(a, b);
     }
+    a->rec_mute = false;
+    if (a->rec && bytes != 0)
+        mt__alloc_rec_flushed(a, bytes);
     tc_counts_t *k = &c->cum;
     for (int sp = MT_STAT_SMALL; sp <= MT_STAT_LARGE; sp++) {
         fold1(a->st.allocated_bytes, sp, k->bytes[sp]);
@@ -691,7 +754,7 @@ void mt__tc_quiesce(mt_alloc_t *a)
 void mt__tc_resume(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
-    bool on = a->cfg.tcache && a->cfg.sink == NULL && !a->warming && a->id != 0 && a->nroutes == 0;
+    bool on = a->cfg.tcache && !a->warming && a->id != 0 && a->nroutes == 0;
     __atomic_store_n(&a->tc_on, on ? 1 : 0, __ATOMIC_RELAXED);
 }
 

@@ -135,5 +135,16 @@ const char *mt__tc_check(mt_alloc_t *a)
     }
     if (why != NULL)
         return why;
+    if (a->rec) {
+        /* every cache at once: rec_held changes with the owners' fast operations */
+        mt__tc_claim_all(a);
+        int64_t held = 0;
+        for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+            held += c->allow.bytes[MT_STAT_SMALL] + c->allow.bytes[MT_STAT_LARGE];
+        bool ok = held == a->rec_held && a->rec_held <= a->rec_g;
+        mt__tc_unclaim_all(a);
+        if (!ok)
+            return "tcache: the bytes held as recorded (rec_held) are not the caches' held bytes";
+    }
     return check_truth(a, &sum);
 }

@@ -298,6 +298,80 @@ static int run_loop(int cfgi, result_t *res)
     return 0;
 }
 
+/* ---- the thread cache's own path: one size, one stream per thread ---- */
+
+#define CPAIRS 1000000
+
+typedef struct cpair_s {
+    mt_alloc_t *a;
+    mt_stream_t *s;
+    pthread_barrier_t *bar;
+    uint64_t ns;
+} cpair_t;
+
+static void *cpair_main(void *arg)
+{
+    cpair_t *c = arg;
+    void *q;
+    mt_alloc_malloc(c->a, 65536, c->s, MT_TAG_ACTIVATIONS, &q); /* the first pair fills it */
+    mt_alloc_free(c->a, q);
+    if (c->bar)
+        pthread_barrier_wait(c->bar);
+    uint64_t t0 = mt_bench_now_ns();
+    for (int i = 0; i < CPAIRS; i++) {
+        mt_alloc_malloc(c->a, 65536, c->s, MT_TAG_ACTIVATIONS, &q);
+        __asm__ volatile("" ::: "memory");
+        mt_alloc_free(c->a, q);
+    }
+    c->ns = mt_bench_now_ns() - t0;
+    return NULL;
+}
+
+typedef struct cresult_s {
+    double one_ns, two_ns; /* best ns per pair: one thread; two threads at once (wall / 2n) */
+    uint64_t events, dropped;
+} cresult_t;
+
+/* CPAIRS cached 64 KiB pairs of configuration cfgi: one thread, then two threads on two
+ * streams of one allocator at once. */
+static int run_cached(int cfgi, cresult_t *res)
+{
+    for (int threads = 1; threads <= 2; threads++) {
+        rec_t rec;
+        if (rec_start(&rec, cfgi) != 0)
+            return -1;
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, (unsigned)threads);
+        cpair_t c[2];
+        pthread_t th[2];
+        for (int i = 0; i < threads; i++) {
+            c[i] = (cpair_t){rec.a, NULL, threads > 1 ? &bar : NULL, 0};
+            if (mt_stream_create(rec.b, &c[i].s) != 0)
+                return -1;
+            pthread_create(&th[i], NULL, cpair_main, &c[i]);
+        }
+        uint64_t wall = 0;
+        for (int i = 0; i < threads; i++) {
+            pthread_join(th[i], NULL);
+            wall = c[i].ns > wall ? c[i].ns : wall;
+        }
+        double ns = (double)wall / ((double)CPAIRS * threads);
+        double *best = threads == 1 ? &res->one_ns : &res->two_ns;
+        bool better = *best == 0 || ns < *best;
+        *best = better ? ns : *best;
+        for (int i = 0; i < threads; i++)
+            mt_stream_destroy(rec.b, &c[i].s);
+        pthread_barrier_destroy(&bar);
+        uint64_t ev, dr;
+        rec_stop(&rec, &ev, &dr);
+        if (threads == 1 && better) {
+            res->events = ev;
+            res->dropped = dr;
+        }
+    }
+    return 0;
+}
+
 /* ---- a workload with work between allocations: LSTM training steps ---- */
 
 #define RNN_STEPS 6
@@ -678,6 +752,33 @@ int main(int argc, char **argv)
     printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, file in /tmp", "-", "-",
            "-", best_file / 1e6, (unsigned long long)(DRAIN_EVENTS - wf),
            "(with the file system's write)");
+
+    /* The pair the thread cache serves (one size on its stream), recorded from its path. */
+    cresult_t cr[NCFG];
+    memset(cr, 0, sizeof(cr));
+    for (int round = 0; round < rounds; round++)
+        for (int c = 0; c <= CFG_LOG_LOSSLESS; c++)
+            if ((only < 0 || c == only) && run_cached(c, &cr[c]) != 0) {
+                fprintf(stderr, "bench_prof: setup failed (%s, cached pair)\n", cfg_names[c]);
+                return 1;
+            }
+    double coff = cr[CFG_OFF].one_ns;
+    printf("\nthe thread cache's path: %d cached 64 KiB pairs (one size, one stream), best of "
+           "%d rounds; two threads: one stream each, one allocator, ns per pair of the pair "
+           "of threads' wall time\n\n",
+           CPAIRS, rounds);
+    printf("%-30s %10s %8s %11s %9s %10s %8s   %s\n", "configuration", "ns/pair", "x off",
+           "events/pair", "dropped", "2 threads", "scaling", "goal");
+    for (int c = 0; c <= CFG_LOG_LOSSLESS; c++) {
+        double per_pair = (double)cr[c].events / (CPAIRS + 1);
+        printf("%-30s %10.1f %7.2fx %11.1f %9llu %10.1f %7.2fx   %s\n", cfg_names[c], cr[c].one_ns,
+               cr[c].one_ns / coff, c == CFG_OFF ? 0.0 : per_pair,
+               (unsigned long long)cr[c].dropped, cr[c].two_ns, cr[c].one_ns / cr[c].two_ns,
+               c == CFG_OFF        ? "(baseline)"
+               : c == CFG_PROF_OFF ? "1.0x off (costs nothing)"
+               : c == CFG_RING     ? "<= 2x off; 2 threads >= 1.6x"
+                                   : "(informative)");
+    }
     if (loop_only)
         return 0;
 

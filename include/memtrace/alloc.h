@@ -7,7 +7,9 @@
  * in size-class bins with bitmaps (O(1) lookup); all metadata lives on the host.
  *
  * Thread-safety: an mt_alloc_t is safe to use from any number of threads; one mutex
- * per allocator serialises its operations. Event sinks are called under that mutex. */
+ * per allocator serialises its operations. An allocator's sink calls never overlap: they
+ * are made under that mutex, or by a thread cache's fast operation under the allocator's
+ * short recording lock (event.h). */
 #ifndef MEMTRACE_ALLOC_H
 #define MEMTRACE_ALLOC_H
 
@@ -96,9 +98,9 @@ typedef struct mt_alloc_cfg_s {
      * MEMTRACE_STACKS). Config key "stacks": off, sampled, all. */
     int stacks;
     /* Per-thread caches (docs/allocator-tcache.md): a freed block kept whole by its thread
-     * for a reuse of its size on its stream without the allocator's lock. Off while a sink
-     * is attached, while warming up and while a warm-up plan is in force. true; config
-     * key tcache (0/1). */
+     * for a reuse of its size on its stream without the allocator's lock; with a sink its
+     * fast operations are recorded too. Off while warming up. true; config key tcache
+     * (0/1). */
     bool tcache;
     /* Fork handling (docs/allocator-policy.md, "Fork"): the first allocator created with it
      * registers pthread_atfork handlers, once per process, and a fork child may then use

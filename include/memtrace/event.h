@@ -1,8 +1,10 @@
 /* memtrace events: what the allocator (and the RNN engine through it) reports.
  *
  * The allocator defines this small sink interface and knows nothing of who listens;
- * the profiler implements it (shared-memory ring, daemon). A sink's emit() is called
- * with the allocator's lock held, on the allocating thread: it must not block, must
+ * the profiler implements it (shared-memory ring, daemon). A sink's emit() is called on
+ * the allocating thread, with the allocator's lock held or inside a thread cache's fast
+ * operation (under a recording lock of the allocator's: one allocator's calls never
+ * overlap, and come in the order of the state changes they tell): it must not block, must
  * not allocate, and must not call back into the allocator. */
 #ifndef MEMTRACE_EVENT_H
 #define MEMTRACE_EVENT_H

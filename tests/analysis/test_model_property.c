@@ -8,7 +8,9 @@
  * allocator's segment by segment after every operation, and the pickle it writes at an OOM
  * must too. Then the recorded stream is replayed with random events dropped:
  * every figure must stay within bounds, and the model must mark as uncertain whatever it
- * cannot know. Seeded; MT_MODEL_PROPERTY_OPS sets the operations per run (default 4000). */
+ * cannot know. A run of repeated pairs compares only every few operations, so that the
+ * thread cache serves pairs between the comparisons (which flush it) and records them.
+ * Seeded; MT_MODEL_PROPERTY_OPS sets the operations per run (default 4000). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,10 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include "analysis/model.h"
 #include "analysis/model_internal.h"
+#include "allocator/internal.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
@@ -282,7 +286,17 @@ static void feed_open(feed_t *feed, unsigned interval_ms)
 
 typedef struct live_s {
     void *p;
+    size_t size;
+    mt_stream_t *s;
+    int tag;
 } live_t;
+
+/* The run's shape: a comparison every compare_every operations; pair_per_mille of the
+ * operations free a live block and ask its size again on its stream at once. */
+static size_t compare_every = 1;
+static unsigned pair_per_mille = 0;
+static size_t cached_pairs; /* pairs whose free went into the thread cache (recorded there) */
+static size_t cached_pops;  /* of them, those whose request took the block back from it */
 
 enum { MAXLIVE = 192 };
 
@@ -331,14 +345,30 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
     for (size_t op = 0; op < nops; op++) {
         uint64_t r = rng(&seed) % 1000;
         unsigned ooms_before = feed->ooms;
-        if ((r < 540 && nlive < MAXLIVE) || nlive == 0) {
+        if (nlive > 0 && rng(&seed) % 1000 < pair_per_mille) {
+            live_t *l = &live[rng(&seed) % nlive];
+            int64_t held = a->rec_held;
+            assert_int_equal(mt_alloc_free(a, l->p), 0);
+            cached_pairs += a->rec_held > held;
+            held = a->rec_held;
+            int rc = mt_alloc_malloc(a, l->size, l->s, l->tag, &l->p);
+            cached_pops += a->rec_held < held;
+            if (rc == MT_ENOMEM) {
+                ooms++;
+                *l = live[--nlive];
+            } else {
+                assert_int_equal(rc, 0);
+            }
+        } else if ((r < 540 && nlive < MAXLIVE) || nlive == 0) {
             int tag = rng(&seed) % 8 == 0 ? user_tag : (int)(rng(&seed) % MT_TAG_USER_FIRST);
             void *p = NULL;
-            int rc = mt_alloc_malloc(a, random_size(&seed), streams[rng(&seed) % 3], tag, &p);
+            size_t size = random_size(&seed);
+            mt_stream_t *s = streams[rng(&seed) % 3];
+            int rc = mt_alloc_malloc(a, size, s, tag, &p);
             if (rc == MT_ENOMEM)
                 ooms++;
             else if (assert_int_equal(rc, 0), p)
-                live[nlive++] = (live_t){p};
+                live[nlive++] = (live_t){p, size, s, tag};
         } else if (r < 975) {
             size_t i = rng(&seed) % nlive;
             if (r % 5 == 0)
@@ -358,6 +388,8 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
             int rc = mt_alloc_reserve(a, random_size(&seed), streams[rng(&seed) % 3]);
             assert_true(rc == 0 || rc == MT_ENOMEM);
         }
+        if ((op + 1) % compare_every != 0 && feed->ooms == ooms_before)
+            continue;
         char when[64];
         snprintf(when, sizeof when, "op %zu", op);
         check_model(feed->m, when);
@@ -508,6 +540,127 @@ static void test_pressure_gc(void **state)
     one("expandable_segments:True,garbage_collection_threshold:0.6", 160 * MIB, 4);
 }
 
+/* Repeated pairs, compared every 16 operations: the thread cache serves and records many
+ * of them (a free into it, then the same block back), and the model, the follower and the
+ * replays with drops hold as they do without it. */
+static void test_cached_pairs(void **state)
+{
+    (void)state;
+    compare_every = 16;
+    pair_per_mille = 500;
+    cached_pairs = cached_pops = 0;
+    one(NULL, 1024 * MIB, 6);
+    size_t frees = cached_pairs, pops = cached_pops;
+    one("tcache:0", 1024 * MIB, 6);
+    fprintf(stderr,
+            "  pairs through the thread cache: %zu frees, %zu taken back (%zu, %zu with "
+            "tcache:0)\n",
+            frees, pops, cached_pairs - frees, cached_pops - pops);
+    assert_true(pops > ops_per_run() / 40 && frees >= pops);
+    assert_int_equal(cached_pairs, frees);
+    assert_int_equal(cached_pops, pops);
+    compare_every = 1;
+    pair_per_mille = 0;
+}
+
+/* Two threads, each on its own stream, run pairs at once with recording on: the fast
+ * paths of both emit while the other's and the global path's do. After each round (both
+ * threads parked) the model equals the allocator, and its peak is never above the
+ * allocator's (a fast free after a peak guard's flush makes the counters' peak a little
+ * above the truth's). */
+typedef struct two_s {
+    mt_alloc_t *a;
+    mt_stream_t *s;
+    pthread_barrier_t *bar;
+    uint64_t seed;
+    size_t rounds, frees_cached;
+} two_t;
+
+static void *two_thread(void *arg)
+{
+    two_t *t = arg;
+    void *p[16] = {0};
+    size_t sz[16] = {0};
+    for (size_t r = 0; r < t->rounds; r++) {
+        for (int k = 0; k < 400; k++) {
+            unsigned i = (unsigned)(rng(&t->seed) % 16);
+            if (p[i] == NULL) {
+                sz[i] = 1 + rng(&t->seed) % (256 * KIB);
+                if (mt_alloc_malloc(t->a, sz[i], t->s, MT_TAG_ACTIVATIONS, &p[i]) != 0)
+                    abort();
+                continue;
+            }
+            int64_t held = __atomic_load_n(&t->a->rec_held, __ATOMIC_RELAXED);
+            if (mt_alloc_free(t->a, p[i]) != 0)
+                abort();
+            t->frees_cached += __atomic_load_n(&t->a->rec_held, __ATOMIC_RELAXED) > held;
+            p[i] = NULL;
+            if (rng(&t->seed) % 4 != 0 && /* the pair */
+                mt_alloc_malloc(t->a, sz[i], t->s, MT_TAG_ACTIVATIONS, &p[i]) != 0)
+                abort();
+        }
+        pthread_barrier_wait(t->bar); /* round done */
+        pthread_barrier_wait(t->bar); /* compared */
+    }
+    for (int i = 0; i < 16; i++)
+        if (p[i] != NULL && mt_alloc_free(t->a, p[i]) != 0)
+            abort();
+    return NULL;
+}
+
+static void test_two_threads(void **state)
+{
+    (void)state;
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    bc.sim_capacity = 1024 * MIB;
+    bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
+    mt_backend_t *b = NULL;
+    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    feed_t feed;
+    feed_open(&feed, 60000);
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    cfg.backend = b;
+    cfg.sink = &feed.sink; /* called under the allocator's recording lock: one at a time */
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &cfg), 0);
+    pthread_barrier_t bar;
+    assert_int_equal(pthread_barrier_init(&bar, NULL, 3), 0);
+    two_t t[2];
+    pthread_t th[2];
+    size_t rounds = ops_per_run() / 200;
+    for (int i = 0; i < 2; i++) {
+        t[i] = (two_t){a, NULL, &bar, 77 + (uint64_t)i, rounds, 0};
+        assert_int_equal(mt_stream_create(b, &t[i].s), 0);
+        assert_int_equal(pthread_create(&th[i], NULL, two_thread, &t[i]), 0);
+    }
+    for (size_t r = 0; r < rounds; r++) {
+        pthread_barrier_wait(&bar);
+        check_model(feed.m, "two threads");
+        compare(a, feed.m, r);
+        mt_model_figures_t f;
+        assert_int_equal(mt__model_figures(feed.m, MT_MODEL_DEVICE, &f), 0);
+        mt_alloc_stats_t st;
+        assert_int_equal(mt_alloc_stats(a, &st), 0);
+        assert_true(f.peak_allocated <= (uint64_t)st.allocated_bytes[MT_STAT_ALL].peak);
+        pthread_barrier_wait(&bar);
+    }
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    compare(a, feed.m, rounds);
+    fprintf(stderr, "  two threads: %zu events, frees into the caches %zu + %zu\n", feed.n,
+            t[0].frees_cached, t[1].frees_cached);
+    assert_true(t[0].frees_cached > rounds && t[1].frees_cached > rounds);
+    mt_alloc_destroy(&a);
+    for (int i = 0; i < 2; i++)
+        mt_stream_destroy(b, &t[i].s);
+    pthread_barrier_destroy(&bar);
+    mt_backend_destroy(&b);
+    replay_with_drops(&feed, 11, 5);
+    free_feed(&feed);
+}
+
 /* Pages unmapped from the middle of a run (the run splits), then mapped again by a request
  * that fits the gap (the runs join), then an OOM: the model and the recorder's follower
  * equal the allocator at each step, and so does the OOM pickle. */
@@ -561,10 +714,9 @@ static void test_middle_unmap(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default),
-        cmocka_unit_test(test_expandable),
-        cmocka_unit_test(test_pressure_gc),
-        cmocka_unit_test(test_middle_unmap),
+        cmocka_unit_test(test_default),      cmocka_unit_test(test_expandable),
+        cmocka_unit_test(test_pressure_gc),  cmocka_unit_test(test_middle_unmap),
+        cmocka_unit_test(test_cached_pairs), cmocka_unit_test(test_two_threads),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -1,0 +1,147 @@
+/* The allocator's one door to its event sink. Every event leaves through emit_recs, the
+ * global path's under mu and a thread cache's fast operations inside their exclusion.
+ * While the caches run with a recording sink (a->rec), the totals events carry are made
+ * the program's there: the counters hold a block a cache holds as allocated, the events
+ * do not (docs/allocator-tcache.md, "Recording"). */
+#include <sched.h>
+
+#include "allocator/tcache.h"
+#include "util/cpu.h"
+
+void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
+                        uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
+                        uint64_t t)
+{
+    *ev = (mt_event_rec_t){
+        .time_ns = t,
+        .addr = addr,
+        .size = size,
+        .requested = requested,
+        .allocated = (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].current,
+        .reserved = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current,
+        .stream = sid,
+        .kind = (uint8_t)kind,
+        .pool = (uint8_t)pool,
+        .tag = (uint8_t)tag,
+        .device = (uint8_t)a->device,
+    };
+}
+
+/* ---- the recording state (a->rec: rec_lock and what it guards) ---- */
+
+static void rec_lock(mt_alloc_t *a)
+{
+    unsigned spins = 0;
+    while (__atomic_test_and_set(&a->rec_lock, __ATOMIC_ACQUIRE))
+        while (__atomic_load_n(&a->rec_lock, __ATOMIC_RELAXED))
+            if (++spins % 256 == 0)
+                sched_yield(); /* its holder may wait for the ring (a lossless sink) */
+            else
+                mt__cpu_relax();
+}
+
+static void rec_unlock(mt_alloc_t *a)
+{
+    __atomic_clear(&a->rec_lock, __ATOMIC_RELEASE);
+}
+
+/* The stamp of an event emitted now, after t_min's: stamps never decrease in the order the
+ * sink receives them (rec_lock held). */
+static uint64_t rec_stamp(mt_alloc_t *a, uint64_t t)
+{
+    if (t < a->rec_t)
+        t = a->rec_t;
+    a->rec_t = t;
+    return t;
+}
+
+static void push(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    if (n > 1 && s->emit_n != NULL) {
+        s->emit_n(s->ud, ev, n);
+        return;
+    }
+    if (s->emit != NULL)
+        for (size_t i = 0; i < n; i++)
+            s->emit(s->ud, &ev[i]);
+}
+
+void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
+{
+    if (!a->rec) {
+        push(a, ev, n);
+        return;
+    }
+    mt__alloc_assert_owner(a);
+    rec_lock(a);
+    for (size_t i = 0; i < n; i++) {
+        /* ev carries the counters (filled under mu, which no other writer of them holds) */
+        a->rec_g = (int64_t)ev[i].allocated;
+        a->rec_res = ev[i].reserved;
+        mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
+        ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
+        ev[i].time_ns = rec_stamp(a, ev[i].time_ns);
+    }
+    push(a, ev, n);
+    rec_unlock(a);
+}
+
+void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, int64_t dheld)
+{
+    rec_lock(a);
+    a->rec_held += dheld;
+    mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
+    uint64_t t = rec_stamp(a, mt__clock_now(&a->rec_clk));
+    for (size_t i = 0; i < n; i++) {
+        ev[i].time_ns = t;
+        ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
+        ev[i].reserved = a->rec_res;
+    }
+    push(a, ev, n);
+    rec_unlock(a);
+}
+
+void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes)
+{
+    mt__alloc_assert_owner(a);
+    rec_lock(a);
+    a->rec_g -= bytes;
+    a->rec_held -= bytes;
+    mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
+    rec_unlock(a);
+}
+
+/* ---- the global path's events ---- */
+
+void mt__alloc_emit_stats(mt_alloc_t *a, uint64_t t)
+{
+    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    mt__alloc_fill_rec(a, &ev, MT_EV_STATS, 0, (uint64_t)a->st.allocated_bytes[MT_STAT_ALL].peak,
+                       (uint64_t)a->st.requested_bytes[MT_STAT_ALL].current, 0, MT_POOL_NONE, 0, t);
+    mt__alloc_emit_recs(a, &ev, 1);
+    mt__alloc_emit_device(a);
+}
+
+void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t)
+{
+    if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
+        return;
+    a->stats_next_ns = t + a->stats_period_ns;
+    mt__alloc_emit_stats(a, t);
+}
+
+void mt__alloc_emit_slow(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, uint64_t requested,
+                         uint32_t sid, int pool, int tag, uint64_t t)
+{
+    mt__alloc_assert_owner(a); /* events leave in the order of the state changes */
+    if (a->cfg.sink == NULL || a->cfg.sink->emit == NULL)
+        return;
+    mt_event_rec_t ev;
+    mt__alloc_fill_rec(a, &ev, kind, addr, size, requested, sid, pool, tag,
+                       t != 0 ? t : mt__clock_now(&a->clk));
+    mt__alloc_emit_recs(a, &ev, 1);
+    mt__alloc_stats_due(a, ev.time_ns);
+}
