@@ -31,6 +31,7 @@ void mt_alloc_emit(mt_alloc_t *a, int kind, uint64_t addr, uint64_t size, int ta
     if (a == NULL || a->cfg.sink == NULL)
         return;
     mt__alloc_lock(a);
+    mt__tc_push_all(a);      /* the threads' cached operations before the program's marker */
     if (kind == MT_EV_STATS) /* one meaning for its fields, whoever asks for it */
         mt__alloc_emit_stats(a, mt__clock_now(&a->clk));
     else
@@ -138,6 +139,15 @@ static int mutex_init(pthread_mutex_t *mu)
 #endif
 }
 
+/* The sink's flush asks for the events the thread caches keep back (event.h, source). */
+static void push_events(void *arg)
+{
+    mt_alloc_t *a = arg;
+    mt__alloc_lock(a);
+    mt__tc_push_all(a);
+    mt__alloc_unlock(a);
+}
+
 int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
 {
     if (out == NULL || cfg == NULL)
@@ -207,6 +217,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_emit_device(a); /* before any segment: what the context and others hold */
     mt__alloc_unlock(a);
+    if (a->rec && a->cfg.sink->source != NULL)
+        a->cfg.sink->source(a->cfg.sink->ud, push_events, a, true);
     return 0;
 
 fail_async:
@@ -227,6 +239,8 @@ void mt_alloc_destroy(mt_alloc_t **p)
     if (p == NULL || *p == NULL)
         return;
     mt_alloc_t *a = *p;
+    if (a->rec && a->cfg.sink->source != NULL) /* before mu: a flush holds the sink's, then mu */
+        a->cfg.sink->source(a->cfg.sink->ud, push_events, a, false);
     mt__tc_unregister(a); /* before mu: an exiting thread holds the registry, then mu */
     mt__alloc_lock(a);
     mt__tc_free_all(a); /* what they hold is free, not a leak */

@@ -87,13 +87,13 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
-void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, int64_t dheld)
+void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
     rec_lock(a);
-    a->rec_held += dheld;
-    mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
     uint64_t t = rec_stamp(a, mt__clock_now(&a->rec_clk));
     for (size_t i = 0; i < n; i++) {
+        a->rec_held += (int64_t)ev[i].allocated;
+        mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
         ev[i].time_ns = t;
         ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
         ev[i].reserved = a->rec_res;

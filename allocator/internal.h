@@ -449,7 +449,8 @@ struct mt_alloc_s {
      * global path's last event, rec_g lowered by what flushes gave back since; rec_t = the
      * last stamp emitted; rec_clk stamps the caches' events. Every event carries allocated
      * = rec_g - rec_held at its emission. Invariants: 0 <= rec_held <= rec_g; outside a
-     * fast operation rec_held = sum of the held entries' sizes over the caches. rec_mute:
+     * fast operation rec_held = sum over the caches of their held entries' sizes minus
+     * the changes their buffered events tell (mt__tcache_t.buf). rec_mute:
      * a flush frees held blocks, whose frees were told at the program's free (mu). */
     bool rec;
     bool rec_mute;
@@ -930,9 +931,11 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
  * The global path's events ev[0..n) (mu held), in one batch when the sink takes batches;
  * their totals made the program's while a->rec (ev's allocated and stamp may change). */
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
-/* A thread cache's fast operation's events (inside its exclusion, a->rec): ev filled but
- * for the totals and the stamp; the bytes the caches hold change by dheld. */
-void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, int64_t dheld);
+/* A thread cache's fast operations' events ev[0..n) (a->rec; inside its exclusion, or with
+ * mu held and the cache claimed), filled but for the stamp and the totals: each one's
+ * allocated field holds, as int64_t, the change of the bytes the caches hold that it
+ * tells. One stamp (now) for all. */
+void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
 /* A flush gave bytes held by a cache back to the bins (mu held, a->rec), the counters
  * lowered by as much, with no event: the program had freed them. */
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes);

@@ -173,9 +173,9 @@ static inline void fast_exit(mt__tcache_t *c)
 
 void mt__tc_claim(mt__tcache_t *c)
 {
-    if (tls_find(c->a) == c)
-        return;
-    mt__tc_gate_claim(&c->gate, asym);
+    if (tls_find(c->a) != c)
+        mt__tc_gate_claim(&c->gate, asym);
+    mt__tc_push(c->a, c); /* its events before any the claimer's work makes */
 }
 
 void mt__tc_unclaim(mt__tcache_t *c)
@@ -291,16 +291,47 @@ static inline void div_unlink(mt__tcache_t *c, mt__tc_ent_t *e)
     c->ndiv--;
 }
 
-/* ---- the fast paths' events (a->rec: a recording sink; inside the cache's exclusion, so
- * that a thread claiming the cache sees them emitted before its own) ---- */
+/* ---- the fast paths' events (a->rec: a recording sink) ----
+ * Kept in the cache's buffer and handed to the sink many at a time, always before the
+ * global path touches the cache (mt__tc_push), so that the sink receives them before any
+ * event that depends on them: the sequence it receives stays a history of the allocator. */
+
+void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c)
+{
+    if (c->nbuf == 0)
+        return;
+    mt__alloc_emit_cached(a, c->buf, c->nbuf);
+    __atomic_store_n(&c->nbuf, 0, __ATOMIC_RELAXED);
+}
+
+void mt__tc_push_all(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        if (__atomic_load_n(&c->nbuf, __ATOMIC_RELAXED) != 0) { /* a hint; the claim decides */
+            mt__tc_claim(c);
+            mt__tc_unclaim(c);
+        }
+}
+
+/* Room for n more events in c's buffer (the owner, inside its exclusion). */
+static inline mt_event_rec_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n)
+{
+    if (c->nbuf + n > TC_BATCH)
+        mt__tc_push(a, c);
+    mt_event_rec_t *ev = &c->buf[c->nbuf];
+    __atomic_store_n(&c->nbuf, c->nbuf + n, __ATOMIC_RELAXED); /* read by mt__tc_push_all */
+    return ev;
+}
 
 static inline void fill(const mt_alloc_t *a, const mt__tc_ent_t *e, mt_event_rec_t *ev, int kind,
-                        uint64_t requested)
+                        uint64_t requested, int64_t dheld)
 {
     *ev = (mt_event_rec_t){
         .addr = e->addr,
         .size = e->size,
         .requested = requested,
+        .allocated = (uint64_t)dheld,
         .stream = e->sr->sid,
         .kind = (uint8_t)kind,
         .pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE),
@@ -311,36 +342,33 @@ static inline void fill(const mt_alloc_t *a, const mt__tc_ent_t *e, mt_event_rec
 
 /* A pop: its alloc, after its call stack's ref when the sink gives one (as the global
  * path's). Out of line: the unrecorded pop stays as it was. */
-static __attribute__((noinline)) void tell_pop(mt_alloc_t *a, const mt__tc_ent_t *e, uintptr_t ra)
+static __attribute__((noinline)) void tell_pop(mt_alloc_t *a, mt__tcache_t *c,
+                                               const mt__tc_ent_t *e, uintptr_t ra)
 {
     const mt_event_sink_t *s = a->cfg.sink;
-    mt_event_rec_t ev[2];
-    fill(a, e, &ev[1], MT_EV_ALLOC, e->req);
     uint32_t stack = 0;
     if (s->stack != NULL && a->cfg.stacks != MT_STACKS_OFF) {
         uintptr_t entry = mt__entry_enter(ra);
         stack = s->stack(s->ud, e->req, MT_POOL_NONE, a->cfg.stacks);
         mt__entry_leave(entry);
     }
-    if (stack == 0) {
-        mt__alloc_emit_cached(a, &ev[1], 1, -(int64_t)e->size);
-        return;
+    mt_event_rec_t *ev = buf_room(a, c, stack != 0 ? 2 : 1);
+    if (stack != 0) {
+        fill(a, e, ev, MT_EV_STACK_REF, 0, 0);
+        ev->size = stack;
+        ev++;
     }
-    ev[0] = ev[1];
-    ev[0].kind = MT_EV_STACK_REF;
-    ev[0].size = stack;
-    ev[0].requested = 0;
-    mt__alloc_emit_cached(a, ev, 2, -(int64_t)e->size);
+    fill(a, e, ev, MT_EV_ALLOC, e->req, -(int64_t)e->size);
 }
 
 /* A free into the cache: requested and completed at once, as the global path tells a free
  * no other stream used. */
-static __attribute__((noinline)) void tell_free(mt_alloc_t *a, const mt__tc_ent_t *e)
+static __attribute__((noinline)) void tell_free(mt_alloc_t *a, mt__tcache_t *c,
+                                                const mt__tc_ent_t *e)
 {
-    mt_event_rec_t ev[2];
-    fill(a, e, &ev[0], MT_EV_FREE_REQUESTED, e->req);
-    fill(a, e, &ev[1], MT_EV_FREE_COMPLETED, 0);
-    mt__alloc_emit_cached(a, ev, 2, (int64_t)e->size);
+    mt_event_rec_t *ev = buf_room(a, c, 2);
+    fill(a, e, &ev[0], MT_EV_FREE_REQUESTED, e->req, (int64_t)e->size);
+    fill(a, e, &ev[1], MT_EV_FREE_COMPLETED, 0, 0);
 }
 
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
@@ -393,7 +421,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     if (!same)
         div_link(c, e);
     if (a->rec)
-        tell_pop(a, e, ra);
+        tell_pop(a, c, e, ra);
     fast_exit(c);
     *out = (void *)e->addr;
     return 0;
@@ -434,7 +462,7 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     e->held = true;
     e->seq = ++c->nops;
     if (a->rec)
-        tell_free(a, e);
+        tell_free(a, c, e);
     fast_exit(c);
     return 0;
 slow:
@@ -485,6 +513,7 @@ static void fold1(mt_stat_t *s, int sp, int64_t d)
 static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
 {
     mt__alloc_assert_owner(a);
+    mt__tc_push(a, c);
     while (c->div != NULL)
         rebase(a, c, c->div);
     bool freed = c->nheld > 0;
@@ -555,7 +584,10 @@ void mt__tc_flush_mine(mt_alloc_t *a, mt__tcache_t *c)
     mt__alloc_assert_owner(a);
     mt_assert(c == NULL || c == tls_find(a));
     /* The owner's own fields, and its claim is a no-op (its fast paths do not run now). */
-    if (c != NULL && (c->nheld > 0 || c->ndiv > 0))
+    if (c == NULL)
+        return;
+    mt__tc_push(a, c); /* its fast operations came before this global one */
+    if (c->nheld > 0 || c->ndiv > 0)
         flush_locked(a, c);
 }
 

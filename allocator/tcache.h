@@ -64,6 +64,11 @@ bool mt__tc_held(const mt_block_t *b);
 int mt__tc_tag(const mt_block_t *b);
 /* Owned block b's streams (nuses) changed (its owner claimed): its fast free sees it. */
 void mt__tc_used(mt_block_t *b);
+/* Hands c's recorded fast operations to the sink (a->rec; the owner inside its exclusion,
+ * or mu held and c claimed: mt__tc_claim does it). */
+void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c);
+/* Every cache's (mu held): a program's marker, the periodic stats. */
+void mt__tc_push_all(mt_alloc_t *a);
 /* Fast paths off and every cache flushed (before reserve or warm-up change the state),
  * then back on when the state allows (after). */
 void mt__tc_quiesce(mt_alloc_t *a);

@@ -13,6 +13,7 @@
 #define TC_PAYS        8    /* owning pays with >= 1 pop per TC_PAYS owns */
 #define TC_BACKOFF_MIN 1024 /* global allocations skipped after a window that did not pay */
 #define TC_BACKOFF_MAX 65536
+#define TC_BATCH       32 /* fast operations' events handed to the sink at once */
 _Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
@@ -104,6 +105,13 @@ struct mt__tcache_s {
     tc_counts_t allow; /* >= 0 each */
     tc_counts_t cum;   /* cumulative truth increments since the last flush */
     tc_lifo_t lifo[TC_SLOTS];
+    /* Recording (a->rec): the fast operations' events not yet handed to the sink, in
+     * order, each with the change of the held bytes it tells in its allocated field (as
+     * int64_t); they are stamped and given their totals when handed over (mt__tc_push):
+     * when TC_BATCH would overflow, and before the global path touches the cache (a claim,
+     * the owner's own global operation, a flush, exit). nbuf <= TC_BATCH. */
+    uint32_t nbuf;
+    mt_event_rec_t buf[TC_BATCH];
 };
 
 /* Excludes c's owner's fast paths (mu held; a no-op for the owner itself, whose fast paths

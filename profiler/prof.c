@@ -216,6 +216,8 @@ static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size
         buf[0] = '\0';
 }
 
+static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on);
+
 /* OFF is decided at create (mt_prof_create) and final. */
 static bool sink_recording(void *ud)
 {
@@ -270,6 +272,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.oom_note = sink_oom_note;
     p->sink.stack = sink_stack;
     p->sink.recording = sink_recording;
+    p->sink.source = sink_source;
     p->sink.ud = p;
     p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
                                                                              : MT_STACKS_SAMPLED;
@@ -285,6 +288,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     atomic_init(&p->lossless_ns, (uint64_t)cfg->lossless_stall_ms * 1000000u);
     p->drain_ms = cfg->drain_ms ? cfg->drain_ms : 20;
     pthread_mutex_init(&p->drain_lock, NULL);
+    pthread_mutex_init(&p->src_lock, NULL);
     pthread_mutex_init(&p->stop_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -416,16 +420,41 @@ fail:
     mt__stab_destroy(&p->stab);
     mt__stab_seen_free(&p->seen);
     pthread_mutex_destroy(&p->drain_lock);
+    pthread_mutex_destroy(&p->src_lock);
     pthread_mutex_destroy(&p->stop_lock);
     pthread_cond_destroy(&p->stop_cond);
     free(p);
     return rc;
 }
 
+/* An allocator keeping events back registers (event.h, source). */
+static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on)
+{
+    mt_prof_t *p = ud;
+    pthread_mutex_lock(&p->src_lock);
+    if (on && p->nsrc < MT__PROF_SOURCES) {
+        p->src[p->nsrc].push = push;
+        p->src[p->nsrc++].arg = arg;
+    } else if (on) {
+        p->src_over++;
+    }
+    for (unsigned i = 0; !on && i < p->nsrc; i++)
+        if (p->src[i].push == push && p->src[i].arg == arg) {
+            p->src[i] = p->src[--p->nsrc];
+            break;
+        }
+    pthread_mutex_unlock(&p->src_lock);
+}
+
 int mt_prof_flush(mt_prof_t *p)
 {
     if (!p)
         return MT_EINVAL;
+    /* what the allocators' thread caches keep back first */
+    pthread_mutex_lock(&p->src_lock);
+    for (unsigned i = 0; i < p->nsrc; i++)
+        p->src[i].push(p->src[i].arg);
+    pthread_mutex_unlock(&p->src_lock);
     int mode = mode_of(p);
     if (mode == MT_PROF_DAEMON)
         return mt__prof_client_poke(p->fd) == 0 ? 0 : MT_EIO;
@@ -530,6 +559,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     free(p->enc);
     if (ours) {
         pthread_mutex_destroy(&p->drain_lock);
+        pthread_mutex_destroy(&p->src_lock);
         pthread_mutex_destroy(&p->stop_lock);
         pthread_cond_destroy(&p->stop_cond);
     }

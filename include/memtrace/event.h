@@ -175,6 +175,12 @@ typedef struct mt_event_sink_s {
      * off). An allocator or cache given such a sink, asked once at create, works as with
      * none: it emits nothing and keeps its thread caches on. NULL: it records. */
     bool (*recording)(void *ud);
+    /* Optional: an allocator whose thread caches keep their recent events back, to hand
+     * them over many at a time (docs/allocator-tcache.md, "Recording"), registers at create
+     * (on = true) and unregisters at destroy (on = false) how to make it hand them over:
+     * push(arg), which takes the allocator's lock. A sink's flush calls push first, so that
+     * it flushes what was recorded up to then. Not called under the allocator's lock. */
+    void (*source)(void *ud, void (*push)(void *arg), void *arg, bool on);
 } mt_event_sink_t;
 
 /* Whether s is a sink that records (not NULL, with emit, and recording() not false). */

@@ -25,7 +25,7 @@
 
 #include "analysis/model.h"
 #include "analysis/model_internal.h"
-#include "allocator/internal.h"
+#include "allocator/tcache_impl.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
@@ -317,6 +317,13 @@ static size_t ops_per_run(void)
     return v > 0 ? (size_t)v : 4000;
 }
 
+/* Blocks the calling thread's cache holds (freed into it, not yet taken back or flushed). */
+static size_t held_here(const mt_alloc_t *a)
+{
+    const mt__tcache_t *c = mt__tc_mine(a);
+    return c != NULL ? c->nheld : 0;
+}
+
 /* Runs nops random operations with the model compared after each; returns the events. */
 static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
 {
@@ -347,12 +354,12 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
         unsigned ooms_before = feed->ooms;
         if (nlive > 0 && rng(&seed) % 1000 < pair_per_mille) {
             live_t *l = &live[rng(&seed) % nlive];
-            int64_t held = a->rec_held;
+            size_t held = held_here(a);
             assert_int_equal(mt_alloc_free(a, l->p), 0);
-            cached_pairs += a->rec_held > held;
-            held = a->rec_held;
+            cached_pairs += held_here(a) > held;
+            held = held_here(a);
             int rc = mt_alloc_malloc(a, l->size, l->s, l->tag, &l->p);
-            cached_pops += a->rec_held < held;
+            cached_pops += held_here(a) < held;
             if (rc == MT_ENOMEM) {
                 ooms++;
                 *l = live[--nlive];
@@ -590,10 +597,10 @@ static void *two_thread(void *arg)
                     abort();
                 continue;
             }
-            int64_t held = __atomic_load_n(&t->a->rec_held, __ATOMIC_RELAXED);
+            size_t held = held_here(t->a);
             if (mt_alloc_free(t->a, p[i]) != 0)
                 abort();
-            t->frees_cached += __atomic_load_n(&t->a->rec_held, __ATOMIC_RELAXED) > held;
+            t->frees_cached += held_here(t->a) > held;
             p[i] = NULL;
             if (rng(&t->seed) % 4 != 0 && /* the pair */
                 mt_alloc_malloc(t->a, sz[i], t->s, MT_TAG_ACTIVATIONS, &p[i]) != 0)
