@@ -254,6 +254,8 @@ static void mark_corrupt(mt_d_t *d, mt_d_proc_t *p, const char *why)
               mt__text_escape(p->name, esc, sizeof esc), why);
 }
 
+static const char shrank_why[] = "its ring file shrank under the daemon's mapping (truncated)";
+
 /* Does anyone read event lines: the log file, or a consumer (Unix or SSE)? */
 static bool lines_read(const mt_d_t *d)
 {
@@ -286,7 +288,7 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
          * any more: what was read stays (records read as zeros were refused as invalid),
          * and the caller lets go of the ring. */
         if (mt__ring_faulted(p->ring))
-            mark_corrupt(d, p, "its ring file shrank under the daemon's mapping (truncated)");
+            mark_corrupt(d, p, shrank_why);
         else if (n == MT_EPROTO)
             mark_corrupt(d, p, "its event ring is corrupt");
         if (n <= 0)
@@ -378,6 +380,23 @@ static void evict_exited(mt_d_t *d)
     }
 }
 
+/* Whether r's file was cut short of its records, whatever the drains happened to read: a
+ * producer that dies writing into a cut ring may leave nothing there that the last drain
+ * reads (a claimed slot whose commit word is in the page that stays is skipped unread).
+ * The area starts just after the records (profiler/ring.h), and its first page, the stack
+ * table's header, exists (the daemon read it at registration): reading it allocates
+ * nothing, and faults, on record in the guard, exactly when the file no longer reaches
+ * past the records. A cut further into the table is found by the table's reads; a ring
+ * without an area is judged by the drains' reads alone. */
+static bool ring_shrank(mt__ring_t *r)
+{
+    size_t size;
+    const volatile unsigned char *area = mt__ring_area(r, &size);
+    if (area && size)
+        (void)area[0];
+    return mt__ring_faulted(r);
+}
+
 void mt__d_producer_eof(mt_d_conn_t *c)
 {
     mt_d_t *d = c->d;
@@ -390,6 +409,8 @@ void mt__d_producer_eof(mt_d_conn_t *c)
     drain_one(d, p, SIZE_MAX);
     process_batch(d);
     ack_drained(d);
+    if (ring_shrank(p->ring))
+        mark_corrupt(d, p, shrank_why);
     mt__ring_stats_t st;
     mt__ring_stats(p->ring, &st);
     if (p->corrupt)
