@@ -67,6 +67,22 @@ static void push(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
             s->emit(s->ud, &ev[i]);
 }
 
+/* Hands a cache's batch ev[0..n) (allocs, frees and stack refs, stamped), ordered under
+ * rec_lock (held), to the sink and releases the lock: only the claim of their places under
+ * it when the sink claims (event.h), so that the threads' copies run at once. */
+static void push_unlock(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    uint64_t tok[2];
+    if (s->claim != NULL && s->claim(s->ud, n, tok)) {
+        rec_unlock(a);
+        s->write(s->ud, tok, ev, n);
+        return;
+    }
+    push(a, ev, n);
+    rec_unlock(a);
+}
+
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
     if (!a->rec) {
@@ -83,7 +99,7 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
         ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
         ev[i].time_ns = rec_stamp(a, ev[i].time_ns);
     }
-    push(a, ev, n);
+    push(a, ev, n); /* as the sink's emit: an OOM, say, may need its care */
     rec_unlock(a);
 }
 
@@ -98,8 +114,7 @@ void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
         ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
         ev[i].reserved = a->rec_res;
     }
-    push(a, ev, n);
-    rec_unlock(a);
+    push_unlock(a, ev, n);
 }
 
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes)

@@ -88,6 +88,18 @@ static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
     mt__ring_push_n(ud, ev, n);
 }
 
+/* A batch in two steps, as the profiler's sink takes a thread cache's (event.h). */
+static bool ring_claim(void *ud, size_t n, uint64_t tok[2])
+{
+    mt__ring_claim(ud, n, tok);
+    return true;
+}
+
+static void ring_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
+{
+    mt__ring_write(ud, tok, ev, n);
+}
+
 /* ---- the allocation loop ---- */
 
 enum {
@@ -162,7 +174,11 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
         mt__ring_unlink(r->ring);
         r->rd.ring = r->ring;
         pthread_create(&r->rd.th, NULL, reader_main, &r->rd);
-        r->sink = (mt_event_sink_t){.emit = ring_sink, .emit_n = ring_sink_n, .ud = r->ring};
+        r->sink = (mt_event_sink_t){.emit = ring_sink,
+                                    .emit_n = ring_sink_n,
+                                    .claim = ring_claim,
+                                    .write = ring_write,
+                                    .ud = r->ring};
         ac->sink = &r->sink;
     } else if (cfgi == CFG_STK_SAMPLED || cfgi == CFG_STK_ALL) {
         /* the ring path, with the profiler's stack table over an area of its own */

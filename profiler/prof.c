@@ -218,6 +218,22 @@ static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size
 
 static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on);
 
+/* A batch in two steps (event.h): not in lossless mode, whose waits push_n makes. */
+static bool sink_claim(void *ud, size_t n, uint64_t tok[2])
+{
+    mt_prof_t *p = ud;
+    if (atomic_load_explicit(&p->lossless_ns, memory_order_relaxed) != 0 ||
+        atomic_load_explicit(&p->mode, memory_order_relaxed) == MT_PROF_OFF)
+        return false;
+    mt__ring_claim(p->ring, n, tok);
+    return true;
+}
+
+static void sink_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
+{
+    mt__ring_write(((mt_prof_t *)ud)->ring, tok, ev, n);
+}
+
 /* OFF is decided at create (mt_prof_create) and final. */
 static bool sink_recording(void *ud)
 {
@@ -273,6 +289,8 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.stack = sink_stack;
     p->sink.recording = sink_recording;
     p->sink.source = sink_source;
+    p->sink.claim = sink_claim;
+    p->sink.write = sink_write;
     p->sink.ud = p;
     p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
                                                                              : MT_STACKS_SAMPLED;

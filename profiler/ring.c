@@ -599,6 +599,21 @@ static __attribute__((noinline, cold)) size_t push_full(mt__ring_t *r, const mt_
     return dropped;
 }
 
+void mt__ring_claim(mt__ring_t *r, size_t n, uint64_t tok[2])
+{
+    if (n == 0 || n > (size_t)r->mask + 1 || !claim_n(r, n, &tok[0], &tok[1])) {
+        atomic_fetch_add_explicit(&r->hdr->dropped, n, memory_order_relaxed);
+        tok[0] = 0;
+        tok[1] = UINT64_MAX;
+    }
+}
+
+void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
+{
+    if (tok[1] != UINT64_MAX && n > 0)
+        write_claimed(r, ev, n, tok[0], tok[1]);
+}
+
 size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
 {
     uint64_t pos, seq;

@@ -190,6 +190,12 @@ int mt__ring_push(mt__ring_t *r, const mt_event_rec_t *ev);
  * positions and seqs. When the ring has no room for all n, records as many as fit one
  * by one. Returns the number dropped (counted). Async-signal-safe. */
 size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n);
+/* mt__ring_push_n in two halves, for a producer that orders its batches under a lock of its
+ * own and holds it only for the first: claim takes n positions (tok[0], and tok[1] the seq
+ * of the first) or, when n are not free, counts all n dropped (tok[1] = UINT64_MAX); write
+ * fills and publishes what claim took (nothing for a drop). */
+void mt__ring_claim(mt__ring_t *r, size_t n, uint64_t tok[2]);
+void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
 
 /* Records ev[0..n) as push_n does when there is room for all, and returns true; else
  * records nothing, counts nothing and returns false (the lossless producer then waits). */

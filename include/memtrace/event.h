@@ -181,6 +181,12 @@ typedef struct mt_event_sink_s {
      * push(arg), which takes the allocator's lock. A sink's flush calls push first, so that
      * it flushes what was recorded up to then. Not called under the allocator's lock. */
     void (*source)(void *ud, void (*push)(void *arg), void *arg, bool on);
+    /* Optional, both or neither: emit_n in two steps, so that a caller that orders its
+     * batches under a lock of its own holds it only for the first. claim takes n places in
+     * the sink's order (tok: the sink's) and returns true, or returns false when it cannot
+     * now (the caller then calls emit_n, still in order); write fills what claim took. */
+    bool (*claim)(void *ud, size_t n, uint64_t tok[2]);
+    void (*write)(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
 } mt_event_sink_t;
 
 /* Whether s is a sink that records (not NULL, with emit, and recording() not false). */

@@ -12,6 +12,7 @@
  * thread cache serves pairs between the comparisons (which flush it) and records them.
  * Seeded; MT_MODEL_PROPERTY_OPS sets the operations per run (default 4000). */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <setjmp.h>
@@ -75,6 +76,69 @@ static void feed_emit(void *ud, const mt_event_rec_t *ev)
     if (f->o != NULL) {
         f->ooms += e.kind == MT_EV_OOM && e.device == 0;
         mt__oomsnap_record(f->o, &e, labels, NULL, NULL);
+    }
+}
+
+/* A sink that takes a cache's batches in two steps (event.h, claim and write), as the
+ * profiler's ring does: places are taken in order, filled later and at once by the
+ * threads, and the events reach the model in the order of their places (slots_drain, with
+ * the threads parked). Single events take a place and fill it at once. */
+enum { SLOTS = 1 << 20 };
+typedef struct slots_s {
+    mt_event_sink_t sink;
+    feed_t *feed;
+    mt_event_rec_t *ev;
+    _Atomic uint8_t *filled;
+    _Atomic size_t claimed;
+    size_t applied;
+    int64_t total; /* allocated bytes the last event applied carried */
+} slots_t;
+
+static bool slots_claim(void *ud, size_t n, uint64_t tok[2])
+{
+    slots_t *s = ud;
+    size_t pos = atomic_fetch_add(&s->claimed, n);
+    if (pos + n > SLOTS)
+        abort();
+    tok[0] = pos;
+    tok[1] = 0;
+    return true;
+}
+
+static void slots_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
+{
+    slots_t *s = ud;
+    for (size_t i = 0; i < n; i++) {
+        s->ev[tok[0] + i] = ev[i];
+        atomic_store(&s->filled[tok[0] + i], 1);
+    }
+}
+
+static void slots_emit(void *ud, const mt_event_rec_t *ev)
+{
+    uint64_t tok[2];
+    slots_claim(ud, 1, tok);
+    slots_write(ud, tok, ev, 1);
+}
+
+/* Every place filled so far goes to the model, in order (none may be missing), each
+ * event's allocated total the one before it plus what it tells: the order of the places
+ * is the order of the totals. */
+static void slots_drain(slots_t *s)
+{
+    size_t end = atomic_load(&s->claimed);
+    for (; s->applied < end; s->applied++) {
+        assert_true(atomic_load(&s->filled[s->applied]));
+        const mt_event_rec_t *ev = &s->ev[s->applied];
+        int64_t d = ev->kind == MT_EV_ALLOC            ? (int64_t)ev->size
+                    : ev->kind == MT_EV_FREE_REQUESTED ? -(int64_t)ev->size
+                                                       : 0;
+        if (s->applied > 0 && (int64_t)ev->allocated != s->total + d)
+            fail_msg("place %zu (%s): allocated %llu, expected %lld", s->applied,
+                     mt_event_kind_name(ev->kind), (unsigned long long)ev->allocated,
+                     (long long)(s->total + d));
+        s->total = (int64_t)ev->allocated;
+        feed_emit(s->feed, ev);
     }
 }
 
@@ -570,8 +634,9 @@ static void test_cached_pairs(void **state)
     pair_per_mille = 0;
 }
 
-/* Two threads, each on its own stream, run pairs at once with recording on: the fast
- * paths of both emit while the other's and the global path's do. After each round (both
+/* Two threads, each on its own stream, run pairs at once with recording on, into a sink
+ * that takes batches in two steps (slots_t): the fast paths of both emit while the other's
+ * and the global path's do. After each round (both
  * threads parked) the model equals the allocator, and its peak is never above the
  * allocator's (a fast free after a peak guard's flush makes the counters' peak a little
  * above the truth's). */
@@ -589,10 +654,22 @@ static void *two_thread(void *arg)
     void *p[16] = {0};
     size_t sz[16] = {0};
     for (size_t r = 0; r < t->rounds; r++) {
+        /* pairs of one size: the caches serve them, both threads handing batches over */
+        size_t one = 4096 * (1 + t->seed % 16);
+        for (int k = 0; k < 2000; k++) {
+            void *q;
+            if (mt_alloc_malloc(t->a, one, t->s, MT_TAG_ACTIVATIONS, &q) != 0)
+                abort();
+            size_t held = held_here(t->a);
+            if (mt_alloc_free(t->a, q) != 0)
+                abort();
+            t->frees_cached += held_here(t->a) > held;
+        }
         for (int k = 0; k < 400; k++) {
             unsigned i = (unsigned)(rng(&t->seed) % 16);
             if (p[i] == NULL) {
-                sz[i] = 1 + rng(&t->seed) % (256 * KIB);
+                if (sz[i] == 0 || rng(&t->seed) % 8 == 0) /* mostly the slot's size again */
+                    sz[i] = 1 + rng(&t->seed) % (256 * KIB);
                 if (mt_alloc_malloc(t->a, sz[i], t->s, MT_TAG_ACTIVATIONS, &p[i]) != 0)
                     abort();
                 continue;
@@ -626,9 +703,15 @@ static void test_two_threads(void **state)
     assert_int_equal(mt_backend_create(&b, &bc), 0);
     feed_t feed;
     feed_open(&feed, 60000);
+    slots_t sl = {.sink = {.emit = slots_emit, .claim = slots_claim, .write = slots_write},
+                  .feed = &feed,
+                  .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
+                  .filled = calloc(SLOTS, 1)};
+    assert_true(sl.ev != NULL && sl.filled != NULL);
+    sl.sink.ud = &sl;
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
-    cfg.sink = &feed.sink; /* called under the allocator's recording lock: one at a time */
+    cfg.sink = &sl.sink;
     mt_alloc_t *a = NULL;
     assert_int_equal(mt_alloc_create(&a, &cfg), 0);
     pthread_barrier_t bar;
@@ -643,6 +726,9 @@ static void test_two_threads(void **state)
     }
     for (size_t r = 0; r < rounds; r++) {
         pthread_barrier_wait(&bar);
+        mt_alloc_stats_t st0;
+        assert_int_equal(mt_alloc_stats(a, &st0), 0); /* every cache's batch handed over */
+        slots_drain(&sl);
         check_model(feed.m, "two threads");
         compare(a, feed.m, r);
         mt_model_figures_t f;
@@ -655,6 +741,7 @@ static void test_two_threads(void **state)
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_join(th[i], NULL), 0);
     assert_int_equal(mt_alloc_empty_cache(a), 0);
+    slots_drain(&sl);
     compare(a, feed.m, rounds);
     fprintf(stderr, "  two threads: %zu events, frees into the caches %zu + %zu\n", feed.n,
             t[0].frees_cached, t[1].frees_cached);
@@ -664,8 +751,11 @@ static void test_two_threads(void **state)
         mt_stream_destroy(b, &t[i].s);
     pthread_barrier_destroy(&bar);
     mt_backend_destroy(&b);
+    slots_drain(&sl);
     replay_with_drops(&feed, 11, 5);
     free_feed(&feed);
+    free(sl.ev);
+    free((void *)sl.filled);
 }
 
 /* Pages unmapped from the middle of a run (the run splits), then mapped again by a request
