@@ -388,8 +388,8 @@ static size_t held_here(const mt_alloc_t *a)
     return c != NULL ? c->nheld : 0;
 }
 
-/* Runs nops random operations with the model compared after each; returns the events. */
-static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
+/* A sim device of capacity bytes whose mallocs cost no time. */
+static mt_backend_t *sim_backend(size_t capacity)
 {
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     bc.kind = MT_BACKEND_SIM;
@@ -397,6 +397,13 @@ static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
     bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
     mt_backend_t *b = NULL;
     assert_int_equal(mt_backend_create(&b, &bc), 0);
+    return b;
+}
+
+/* Runs nops random operations with the model compared after each; returns the events. */
+static void run(const char *conf, size_t capacity, uint64_t seed, feed_t *feed)
+{
+    mt_backend_t *b = sim_backend(capacity);
     feed_open(feed, 60000); /* the first OOM's pickle: serialising each would be slow */
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
@@ -695,12 +702,7 @@ static void *two_thread(void *arg)
 static void test_two_threads(void **state)
 {
     (void)state;
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
-    bc.sim_capacity = 1024 * MIB;
-    bc.sim_malloc_cost_ns = bc.sim_free_cost_ns = 0;
-    mt_backend_t *b = NULL;
-    assert_int_equal(mt_backend_create(&b, &bc), 0);
+    mt_backend_t *b = sim_backend(1024 * MIB);
     feed_t feed;
     feed_open(&feed, 60000);
     slots_t sl = {.sink = {.emit = slots_emit, .claim = slots_claim, .write = slots_write},
