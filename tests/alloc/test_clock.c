@@ -82,10 +82,10 @@ static void test_event_stamps(void **state)
         void *p = xmalloc_dev(a, 1000 + (size_t)i * 512, NULL, MT_TAG_OTHER);
         assert_int_equal(mt_alloc_free(a, p), 0);
     }
-    uint64_t t1 = mono();
     /* the last free's events wait in the thread's cache until a marker (or the next global
-     * operation) hands them over */
+     * operation) hands them over, stamped then */
     mt_alloc_emit(a, MT_EV_MARK, MT_MARK_ITERATION, 1, 0);
+    uint64_t t1 = mono();
     uint64_t prev = 0;
     size_t pairs = 0;
     for (size_t i = 0; i < rec.n; i++) {
