@@ -265,6 +265,30 @@ static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
         mt_prof_sink(P->prof)->emit_n(mt_prof_sink(P->prof)->ud, ev, n);
 }
 
+/* A thread cache's batch in two steps (event.h), forwarded while the profiler lives; the
+ * events are counted by kind once per batch, not once per event on shared counters. */
+static bool sink_claim(void *ud, size_t n, uint64_t tok[2])
+{
+    mt_preload_t *P = ud;
+    if (!atomic_load(&P->prof_live))
+        return false; /* emit_n counts them, and records nothing */
+    const mt_event_sink_t *s = mt_prof_sink(P->prof);
+    return s->claim(s->ud, n, tok);
+}
+
+static void sink_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
+{
+    mt_preload_t *P = ud;
+    uint64_t kinds[MT_EV_KIND_COUNT] = {0};
+    for (size_t i = 0; i < n; i++)
+        kinds[ev[i].kind < MT_EV_KIND_COUNT ? ev[i].kind : 0]++;
+    for (int k = 0; k < MT_EV_KIND_COUNT; k++)
+        if (kinds[k] != 0)
+            atomic_fetch_add_explicit(&P->ev_count[k], kinds[k], memory_order_relaxed);
+    const mt_event_sink_t *s = mt_prof_sink(P->prof);
+    s->write(s->ud, tok, ev, n); /* claimed while it lived: its ring outlives the claim */
+}
+
 /* The allocating thread's call stack (MEMTRACE_STACKS), before the allocator's lock. */
 static uint32_t sink_stack(void *ud, uint64_t bytes, int pool, int mode)
 {
@@ -937,8 +961,12 @@ static void init_once(void)
     mt__guard_enter();
     P->log_level = parse_level(getenv("MEMTRACE_LOG_LEVEL"));
     P->summary_path = getenv("MEMTRACE_SUMMARY_FILE");
-    P->sink =
-        (mt_event_sink_t){.emit = sink_emit, .emit_n = sink_emit_n, .stack = sink_stack, .ud = P};
+    P->sink = (mt_event_sink_t){.emit = sink_emit,
+                                .emit_n = sink_emit_n,
+                                .stack = sink_stack,
+                                .claim = sink_claim,
+                                .write = sink_write,
+                                .ud = P};
 
     P->bcfg = mt_backend_cfg_default();
     P->bcfg.log = log_cb;
