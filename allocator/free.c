@@ -5,6 +5,13 @@
 
 #include "allocator/tcache.h"
 
+/* A free is told to the sink: there is one, and no flush is giving back blocks whose frees
+ * a thread cache told already (a->rec_mute). */
+static inline bool tells(const mt_alloc_t *a)
+{
+    return a->cfg.sink != NULL && !a->rec_mute;
+}
+
 /* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
  * given, in one batch; stamped t (0 = now). */
 static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
@@ -50,7 +57,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
         mt__quick_step_end(a, b, &step);
     }
     seg->last_used = ++a->clock;
-    if (__builtin_expect(a->cfg.sink != NULL && !a->rec_mute, 0))
+    if (__builtin_expect(tells(a), 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);
 }
 
@@ -75,7 +82,7 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     uint64_t t = 0;
     mt_event_rec_t req;
     bool req_held = false;
-    if (__builtin_expect(a->cfg.sink != NULL && !a->rec_mute, 0)) {
+    if (__builtin_expect(tells(a), 0)) {
         t = mt__clock_now(&a->clk);
         mt__alloc_fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
                            mt__public_pool(sp), b->tag, t);
@@ -108,7 +115,7 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     if (keep && mt__quick_push(a, b)) {
         /* No other stream used it: free at once, kept whole for a reuse of its size. */
         mt_assert(b->npending == 0 && nwait == 0);
-        if (__builtin_expect(a->cfg.sink != NULL && !a->rec_mute, 0))
+        if (__builtin_expect(tells(a), 0))
             emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
     } else if (nwait > 0) {
         mt__alloc_wait_streams(a, b, nwait);

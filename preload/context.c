@@ -245,11 +245,21 @@ MT_HOOK void *dlsym(void *handle, const char *name)
 
 /* ---- event sink ---- */
 
+/* Counts ev[0..n) by kind: one add per kind present, on counters every thread shares. */
+static void count_kinds(mt_preload_t *P, const mt_event_rec_t *ev, size_t n)
+{
+    uint64_t kinds[MT_EV_KIND_COUNT] = {0};
+    for (size_t i = 0; i < n; i++)
+        kinds[ev[i].kind < MT_EV_KIND_COUNT ? ev[i].kind : 0]++;
+    for (int k = 0; k < MT_EV_KIND_COUNT; k++)
+        if (kinds[k] != 0)
+            atomic_fetch_add_explicit(&P->ev_count[k], kinds[k], memory_order_relaxed);
+}
+
 static void sink_emit(void *ud, const mt_event_rec_t *ev)
 {
     mt_preload_t *P = ud;
-    atomic_fetch_add_explicit(&P->ev_count[ev->kind < MT_EV_KIND_COUNT ? ev->kind : 0], 1,
-                              memory_order_relaxed);
+    count_kinds(P, ev, 1);
     if (atomic_load(&P->prof_live))
         mt_prof_sink(P->prof)->emit(mt_prof_sink(P->prof)->ud, ev);
 }
@@ -258,15 +268,12 @@ static void sink_emit(void *ud, const mt_event_rec_t *ev)
 static void sink_emit_n(void *ud, const mt_event_rec_t *ev, size_t n)
 {
     mt_preload_t *P = ud;
-    for (size_t i = 0; i < n; i++)
-        atomic_fetch_add_explicit(&P->ev_count[ev[i].kind < MT_EV_KIND_COUNT ? ev[i].kind : 0], 1,
-                                  memory_order_relaxed);
+    count_kinds(P, ev, n);
     if (atomic_load(&P->prof_live))
         mt_prof_sink(P->prof)->emit_n(mt_prof_sink(P->prof)->ud, ev, n);
 }
 
-/* A thread cache's batch in two steps (event.h), forwarded while the profiler lives; the
- * events are counted by kind once per batch, not once per event on shared counters. */
+/* A thread cache's batch in two steps (event.h), forwarded while the profiler lives. */
 static bool sink_claim(void *ud, size_t n, uint64_t tok[2])
 {
     mt_preload_t *P = ud;
@@ -279,12 +286,7 @@ static bool sink_claim(void *ud, size_t n, uint64_t tok[2])
 static void sink_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n)
 {
     mt_preload_t *P = ud;
-    uint64_t kinds[MT_EV_KIND_COUNT] = {0};
-    for (size_t i = 0; i < n; i++)
-        kinds[ev[i].kind < MT_EV_KIND_COUNT ? ev[i].kind : 0]++;
-    for (int k = 0; k < MT_EV_KIND_COUNT; k++)
-        if (kinds[k] != 0)
-            atomic_fetch_add_explicit(&P->ev_count[k], kinds[k], memory_order_relaxed);
+    count_kinds(P, ev, n);
     const mt_event_sink_t *s = mt_prof_sink(P->prof);
     s->write(s->ud, tok, ev, n); /* claimed while it lived: its ring outlives the claim */
 }

@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "util/grow.h"
+
 #define REGISTER_TIMEOUT_MS 2000
 
 static uint64_t mono_ns(void)
@@ -439,6 +441,7 @@ fail:
     mt__stab_seen_free(&p->seen);
     pthread_mutex_destroy(&p->drain_lock);
     pthread_mutex_destroy(&p->src_lock);
+    free(p->src);
     pthread_mutex_destroy(&p->stop_lock);
     pthread_cond_destroy(&p->stop_cond);
     free(p);
@@ -450,13 +453,12 @@ static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on)
 {
     mt_prof_t *p = ud;
     pthread_mutex_lock(&p->src_lock);
-    if (on && p->nsrc < MT__PROF_SOURCES) {
-        p->src[p->nsrc].push = push;
-        p->src[p->nsrc++].arg = arg;
-    } else if (on) {
-        p->src_over++;
+    struct mt__prof_src_s *v = on ? mt__grow(p->src, &p->cap_src, p->nsrc + 1, sizeof *v, 4) : NULL;
+    if (v != NULL) {
+        p->src = v;
+        p->src[p->nsrc++] = (struct mt__prof_src_s){push, arg};
     }
-    for (unsigned i = 0; !on && i < p->nsrc; i++)
+    for (size_t i = 0; !on && i < p->nsrc; i++)
         if (p->src[i].push == push && p->src[i].arg == arg) {
             p->src[i] = p->src[--p->nsrc];
             break;
@@ -470,7 +472,7 @@ int mt_prof_flush(mt_prof_t *p)
         return MT_EINVAL;
     /* what the allocators' thread caches keep back first */
     pthread_mutex_lock(&p->src_lock);
-    for (unsigned i = 0; i < p->nsrc; i++)
+    for (size_t i = 0; i < p->nsrc; i++)
         p->src[i].push(p->src[i].arg);
     pthread_mutex_unlock(&p->src_lock);
     int mode = mode_of(p);
@@ -575,6 +577,7 @@ void mt_prof_destroy(mt_prof_t **pp)
     free(p->out);
     free(p->out_seq);
     free(p->enc);
+    free(p->src);
     if (ours) {
         pthread_mutex_destroy(&p->drain_lock);
         pthread_mutex_destroy(&p->src_lock);

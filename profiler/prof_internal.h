@@ -18,7 +18,6 @@
  * thread runs while watching; log_fd >= 0 and the drainer thread runs iff mode == LOG;
  * ring != NULL iff mode != OFF. The ring has one consumer at a time: the daemon until it
  * closes our connection, then the holder of drain_lock. */
-#define MT__PROF_SOURCES 64
 struct mt_prof_s {
     mt_event_sink_t sink; /* what the allocator calls; ud = this */
     mt__ring_t *ring;     /* the shared ring (producer mapping) */
@@ -46,14 +45,14 @@ struct mt_prof_s {
     pthread_t drainer;
     pthread_mutex_t drain_lock; /* one consumer at a time: drainer thread or flush */
     /* Allocators that keep events back (event.h, source), asked to hand them over at a
-     * flush. Under src_lock (taken before an allocator's lock); nsrc <= MT__PROF_SOURCES;
-     * one past that is not asked (src_over counts them). */
+     * flush: src[0..nsrc), cap_src allocated, under src_lock (taken before an allocator's
+     * lock). One that could not be added (no host memory) is not asked. */
     pthread_mutex_t src_lock;
-    struct {
+    struct mt__prof_src_s {
         void (*push)(void *arg);
         void *arg;
-    } src[MT__PROF_SOURCES];
-    unsigned nsrc, src_over;
+    } * src;
+    size_t nsrc, cap_src;
     pthread_mutex_t stop_lock;
     pthread_cond_t stop_cond;
     bool stop; /* under stop_lock; destroy has begun */
