@@ -492,70 +492,43 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     mt_block_t *front = NULL;
     size_t pk = 0; /* the plan's entry, when planned */
-    mt_block_t *b = a->nquick > 0 ? mt__quick_take(a, sr, bp, rsize) : NULL;
-    bool quick = b != NULL, planned = false, near_quick = false;
-    mt__qstep_t step;
-    if (!quick) {
-        /* Any other request sees the stream's free space merged, as the bins alone would
-         * hold it, so that its placement is theirs. */
-        if (sr->bins[bp]->nquick > 0)
-            mt__quick_flush(a, sr->bins[bp]);
-        /* After a warm-up, its plan places the request first (reserve.c), seeing the
-         * planned blocks other threads' caches hold freed, as the global path alone would. */
-        if (a->plan.n != 0 && sr == a->plan.sr)
-            mt__tc_flush_others(a);
-        b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front, &pk) : NULL;
-        planned = b != NULL;
-        if (b == NULL)
-            b = find_cached(a, sr, bp, rsize);
-        if (b == NULL && a->nquick > 0) { /* merged, the quick blocks may fit */
-            mt__quick_flush_all(a);
-            b = find_cached(a, sr, bp, rsize);
+    /* After a warm-up, its plan places the request first (reserve.c), seeing the planned
+     * blocks other threads' caches hold freed, as the global path alone would. */
+    if (a->plan.n != 0 && sr == a->plan.sr)
+        mt__tc_flush_others(a);
+    mt_block_t *b = a->plan.n != 0 ? mt__plan_take(a, sr, rsize, &front, &pk) : NULL;
+    bool planned = b != NULL;
+    if (b == NULL)
+        b = find_cached(a, sr, bp, rsize);
+    if (b == NULL && run_free_callbacks(a, size, stream))
+        b = find_cached(a, sr, bp, rsize);
+    if (b == NULL && mt__tc_flush_all(a)) /* other threads' caches, before the device */
+        b = find_cached(a, sr, bp, rsize);
+    if (b == NULL) {
+        rc = get_new_block(a, sr, bp, size, rsize, &b);
+        if (rc != 0) {
+            oom = rc == MT_ENOMEM; /* get_new_block's only MT_ENOMEM is an OOM */
+            goto out;
         }
-        if (b == NULL && run_free_callbacks(a, size, stream)) {
-            mt__quick_flush_all(a); /* what they freed may sit in quick lists */
-            b = find_cached(a, sr, bp, rsize);
-        }
-        if (b == NULL && mt__tc_flush_all(a)) { /* other threads' caches, before the device */
-            mt__quick_flush_all(a);
-            b = find_cached(a, sr, bp, rsize);
-        }
-        if (b == NULL) {
-            rc = get_new_block(a, sr, bp, size, rsize, &b);
-            if (rc != 0) {
-                oom = rc == MT_ENOMEM; /* get_new_block's only MT_ENOMEM is an OOM */
-                goto out;
-            }
-        }
-        mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
-        near_quick = mt__quick_near(b);
-        if (__builtin_expect(near_quick, 0))
-            mt__quick_step_begin(a, b, &step);
-        mt__seg_bin_out(a, b);
-        if (mt__seg_should_split(a, b, rsize))
-            mt__seg_split(a, b, rsize);
     }
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
+    mt__seg_bin_out(a, b);
+    if (mt__seg_should_split(a, b, rsize))
+        mt__seg_split(a, b, rsize);
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
     if (front != NULL)
         mt__seg_bin_in(a, front);
-    if (__builtin_expect(near_quick, 0))
-        mt__quick_step_end(a, b, &step);
     b->requested = size;
     b->tag = (uint8_t)tag;
     b->gen = a->gen;
     b->nuses = 0;
     b->npending = 0;
-    if (!quick && (rc = mt__addrmap_put(&a->map, b)) != 0) {
+    if ((rc = mt__addrmap_put(&a->map, b)) != 0) {
         /* Host memory for the hash table ran out: give the block back untouched. */
-        near_quick = a->nquick > 0 && mt__quick_beside(b);
-        if (near_quick)
-            mt__quick_step_begin(a, b, &step);
         b->state = MT_BLOCK_INACTIVE;
         b->requested = 0;
         b = mt__seg_merge(a, b);
         mt__seg_bin_in(a, b);
-        if (near_quick)
-            mt__quick_step_end(a, b, &step);
         goto out;
     }
     if (planned) {
@@ -638,7 +611,6 @@ int mt_alloc_empty_cache(mt_alloc_t *a)
     mt__tc_flush_all(a);
     if (a->npending > 0)
         mt__alloc_sync_pending(a);
-    mt__quick_flush_all(a);
     size_t released = mt__seg_release_all(a, false, NULL, false);
     mt__alloc_emit(a, MT_EV_EMPTY_CACHE, 0, released, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_unlock(a);

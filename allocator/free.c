@@ -1,6 +1,6 @@
 /* The path a block takes back: free (its counters and events, pending events for the
- * streams that used it, then a quick list or the bins), record_stream, and the lookup of a
- * block by address. */
+ * streams that used it, then the bins), record_stream, and the lookup of a block by
+ * address. */
 #include <stdlib.h>
 
 #include "allocator/tcache.h"
@@ -41,21 +41,12 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     int sp = mt__stat_pool(seg->pool);
     mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
     mt__stat_sub2(a->st.active, sp, 1);
-    mt__qstep_t step;
-    bool near_quick = a->nquick > 0 && mt__quick_beside(b);
-    if (__builtin_expect(near_quick, 0))
-        mt__quick_step_begin(a, b, &step);
     b->state = MT_BLOCK_INACTIVE;
     b->requested = 0;
     b->nuses = 0;
     b->npending = 0;
     b = mt__seg_merge(a, b);
     mt__seg_bin_in(a, b);
-    if (__builtin_expect(near_quick, 0)) {
-        /* merged through the quick blocks beside it: the bins' view, not a LIFO's */
-        b = mt__quick_dissolve(a, b);
-        mt__quick_step_end(a, b, &step);
-    }
     seg->last_used = ++a->clock;
     if (__builtin_expect(tells(a), 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);
@@ -94,7 +85,6 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
         mt__warm_record_free(a, b);
     if (b->planned)
         mt__plan_freed(a, b);
-    bool keep = mt__quick_may_keep(a, b);
     b->state = MT_BLOCK_ACTIVE_PENDING_FREE;
     uint32_t nwait = 0; /* streams without an event, moved to the front of b->uses */
     for (uint32_t i = 0; i < b->nuses; i++) {
@@ -112,12 +102,7 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
         mt_assert(a->npending >= b->npending);
     }
     b->nuses = 0;
-    if (keep && mt__quick_push(a, b)) {
-        /* No other stream used it: free at once, kept whole for a reuse of its size. */
-        mt_assert(b->npending == 0 && nwait == 0);
-        if (__builtin_expect(tells(a), 0))
-            emit_free_completed(a, b->addr, b->size, seg, b->tag, t, req_held ? &req : NULL);
-    } else if (nwait > 0) {
+    if (nwait > 0) {
         mt__alloc_wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
         mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);

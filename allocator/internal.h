@@ -10,7 +10,6 @@
  *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
  *   plan.c     offline placement of a recorded warm-up (greedy by size, or a sweep)
  *   pset.c     an ordered set (treap) for the planner's sweep and the plan's links
- *   quick.c    quick lists: freed blocks kept whole for an immediate same-size reuse
  *   free.c     free, record_stream and block lookup: the path a block takes back
  *   tcache.c   per-thread caches: a thread's same-size reuse without the lock (tcache.h)
  *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
@@ -77,36 +76,6 @@ typedef struct mt__pool_s mt__pool_t;
  * Snapshots report such a block as inactive. */
 #define MT__BLOCK_UNMAPPING 3
 
-/* ---- quick lists ----
- * A free that completes at once (no other stream used the block) may keep the block
- * whole, in a LIFO of its binset keyed by its exact size, instead of merging it into the
- * bins; a malloc of that rounded size on that stream then takes it back without a bin
- * search, split, merge or hash update. Such a block is free for every stat and event
- * (the free was emitted, active bytes dropped) and is reported inactive; only the
- * metadata work is deferred. The lists are flushed into the bins before any path that
- * searches for space, gives memory back or plans a reservation (a cache miss, GC, OOM,
- * empty_cache, reserve, warm-up), so those paths see merged free space as before. */
-#define MT__QSLOTS 64 /* size slots per binset (direct-mapped by size) */
-#define MT__QDEPTH 8  /* blocks per slot at most */
-_Static_assert(MT__QSLOTS == 64, "slot bitmap is one uint64_t");
-/* Block state of a block held in a quick list (never in a snapshot: reported inactive).
- * 4: other private states may take the values right after the public ones. */
-#define MT__BLOCK_QUICK 4
-_Static_assert(MT__BLOCK_QUICK != MT_BLOCK_ACTIVE_ALLOCATED &&
-                   MT__BLOCK_QUICK != MT_BLOCK_ACTIVE_PENDING_FREE &&
-                   MT__BLOCK_QUICK != MT_BLOCK_INACTIVE,
-               "quick is a state of its own");
-
-/* One quick list: blocks of exactly `size` bytes, linked both ways by bin_next/bin_prev,
- * newest first.
- * Invariants: n = length of the list <= MT__QDEPTH; n > 0 => size > 0 and
- * mt__quick_slot(size) is this slot's index. */
-typedef struct mt__qslot_s {
-    mt_block_t *head; /* newest block */
-    size_t size;      /* bytes of every block on the list (meaningful when n > 0) */
-    uint32_t n;       /* blocks on the list */
-} mt__qslot_t;
-
 /* Internal pools: the two public ones plus the warm-up reservation pool, whose blocks
  * serve requests of any size on their stream. Reservation segments report as large. */
 enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
@@ -116,21 +85,14 @@ enum { MT__BP_SMALL = 0, MT__BP_LARGE = 1, MT__BP_RESERVED = 2, MT__BP_N = 3 };
  * next->addr = addr + size (they tile the segment's mapped bytes exactly);
  * two inactive neighbours never coexist (merged at free completion);
  * state = INACTIVE  <=> the block is in exactly one bin: seg->bins, class mt__bin_class(size);
- * state = MT__BLOCK_QUICK <=> the block is in exactly one quick list, of seg->bins, slot
- *   mt__quick_slot(size); then requested = 0, nuses = 0 and npending = 0;
- * state in {ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, MT__BLOCK_QUICK} <=> the block is in the
- * address hash table (quick blocks stay there);
+ * state in {ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE} <=> the block is in the address hash
+ * table;
  * state = ACTIVE_PENDING_FREE <=> npending > 0 (events recorded at free not yet complete, plus
  * one while its free waits for a stream with the lock released);
  * state = MT__BLOCK_UNMAPPING <=> the block is the blk of exactly one unfinished entry of
  * an in-flight unmap batch (a->unmaps); it is in no bin and not in the hash table, its
  * segment is expandable, and it counts in reserved but in no active or inactive stat;
- * split_counted <=> state = INACTIVE and (prev or next) (mt__seg_bin_in's per-block count).
- * A quick block may neighbour an inactive or a quick one. "Free" means INACTIVE or QUICK;
- * a run is a maximal sequence of free blocks of one segment, and the stats, snapshots and
- * the largest free block treat each run as the one block it would be once merged:
- * inactive_split counts the runs with a non-free neighbour (and their bytes). A run of
- * more than one block holds at least one quick block.
+ * split_counted <=> state = INACTIVE and (prev or next) (counted in inactive_split).
  * tce != NULL => state = ACTIVE_ALLOCATED and a thread cache owns the block (tcache.c): tce
  * is its entry there, holding what the program holds of it; requested and tag are then what
  * the allocator's counters hold. */
@@ -152,7 +114,7 @@ struct mt_block_s {
     uint32_t gen;         /* warm-up generation at allocation (reserve.c) */
     uint32_t wid;         /* allocated while warming: index of its op in a->wops */
     uint16_t cls;         /* size class while inactive */
-    uint8_t state;        /* mt_block_state_e or MT__BLOCK_QUICK */
+    uint8_t state;        /* mt_block_state_e or MT__BLOCK_UNMAPPING */
     uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
     bool split_counted;   /* counted in inactive_split stats */
     bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
@@ -194,18 +156,13 @@ struct mt_segment_s {
 /* Free blocks of one (pool, stream): TLSF-like segregated fit.
  * Invariants: bit r of row_map <=> cls_map[r] != 0; bit s of cls_map[r] <=> heads[r*32+s]
  * is non-NULL; every block on heads[c] is inactive, of this binset, and has cls = c;
- * nblocks/bytes = count/sum of sizes over all lists;
- * bit i of qmap <=> quick[i].n > 0; nquick = sum of quick[i].n; every block on quick[i]
- * has state MT__BLOCK_QUICK, seg->bins = this binset and size = quick[i].size. */
+ * nblocks/bytes = count/sum of sizes over all lists. */
 struct mt_binset_s {
     uint64_t row_map;              /* non-empty rows */
     uint32_t cls_map[MT__ROWS];    /* non-empty classes per row */
     mt_block_t *heads[MT__NCLASS]; /* doubly linked free lists (LIFO) */
     size_t nblocks;                /* blocks in the bins */
     size_t bytes;                  /* bytes in the bins */
-    uint64_t qmap;                 /* non-empty quick slots */
-    size_t nquick;                 /* blocks in the quick lists */
-    mt__qslot_t quick[MT__QSLOTS]; /* quick lists (quick.c) */
     uint8_t pool;                  /* MT__BP_* */
     mt_stream_t *stream;
     mt_streamrec_t *sr; /* the stream's record (sr->bins[pool] = this) */
@@ -230,7 +187,7 @@ struct mt_streamrec_s {
     uint32_t users[2];           /* threads in mt__exp_grow on the range (it may have no
                                   * run yet while they map) */
     bool reserving[2];           /* a vm_reserve for the range is in flight */
-    uint64_t tc_ver;             /* changes of its free space (bins, quick lists): written
+    uint64_t tc_ver;             /* changes of its free space (its bins): written
                                   * under mu with __atomic stores, read by the thread
                                   * caches without it (mt__tc_bump) */
     /* The private pool whose blocks on this stream it holds, or NULL for the stream's own
@@ -300,16 +257,14 @@ typedef mt__amap_t mt_addrmap_t;
  *   reserved_bytes[ALL].current = sum of segment sizes;
  *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
  *   active_bytes[ALL].current = allocated + sum of sizes of ACTIVE_PENDING_FREE blocks;
- *   inactive_split_bytes[ALL].current = sum of sizes of the runs of free blocks with a
- *   non-free neighbour (inactive_split: their number);
+ *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour
+ *   (inactive_split: their number);
  *   each [SMALL] + [LARGE] = [ALL], warm-up reservations counting as LARGE; the counts
  *   likewise; tag_* likewise summed per tag;
  *   npending + nholds = sum of npending over the ACTIVE_PENDING_FREE blocks;
  *   inflight_map_bytes = sum of len over a->maps; unmapping blocks = unfinished entries
  *   of a->unmaps; syncing <=> some pending entry is waited (or a sync runs without any);
- *   the address map holds exactly the active and the quick blocks;
- *   nquick = number of quick blocks; nquick = 0 while warming; a stream with a
- *   reserved binset, and an expandable run, has no quick block;
+ *   the address map holds exactly the active blocks;
  *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks;
  *   st.*.freed is not kept (0): mt__alloc_compute_stats fills in allocated - current. */
 #define MT__FREE_CB_MAX 8
@@ -360,7 +315,6 @@ struct mt_alloc_s {
     size_t nstreams;
     size_t cap_streams;
     mt_streamrec_t *last_sr; /* one-entry cache for the hot path */
-    size_t nquick;           /* blocks in all quick lists (sum over the binsets) */
 
     mt_addrmap_t map; /* active blocks by address */
 
@@ -834,66 +788,6 @@ static inline void mt__scope_track(mt_alloc_t *a)
 }
 void mt__alloc_compute_stats(mt_alloc_t *a, mt_alloc_stats_t *out);
 
-/* ---- quick.c ---- */
-static inline unsigned mt__quick_slot(size_t size)
-{
-    return (unsigned)(((uint64_t)(size / MT__ALIGN) * 0x9E3779B97F4A7C15ull) >> 58);
-}
-/* Whether a block whose free completes now may go to a quick list (b is still
- * ACTIVE_ALLOCATED, its uses not yet cleared). Not while warming, nor for a block another
- * stream used (it waits for that stream's events), nor on a stream with a warm-up
- * reservation: the plan assumes the bins' placement and promises no device call after
- * it, which a LIFO reuse would not keep. Nor in an expandable run: its pages are mapped
- * and unmapped with the lock released (expandable.c), and that code knows free blocks
- * only as inactive ones. */
-static inline bool mt__quick_may_keep(const mt_alloc_t *a, const mt_block_t *b)
-{
-    const mt_binset_t *bs = b->seg->bins;
-    if (a->warming || b->nuses != 0 || bs->sr->bins[MT__BP_RESERVED] != NULL || b->seg->expandable)
-        return false;
-    const mt__qslot_t *q = &bs->quick[mt__quick_slot(b->size)];
-    return q->n == 0 || (q->size == b->size && q->n < MT__QDEPTH);
-}
-/* Puts b (ACTIVE_PENDING_FREE, free complete, stats of its allocation already taken off)
- * on its binset's quick list: active and inactive_split stats, GC age. False, and nothing
- * done, when the block before b is free: a later take of b could not be the block the
- * bins would give (mt__quick_take), so b is merged (mt__alloc_free_complete). */
-bool mt__quick_push(mt_alloc_t *a, mt_block_t *b);
-/* Merges every quick block of the run of free blocks through b into the bins, within a
- * step (mt__quick_step_begin/end); returns the one inactive block the run becomes. */
-mt_block_t *mt__quick_dissolve(mt_alloc_t *a, mt_block_t *b);
-/* A quick block of exactly rsize bytes of (sr, bp), taken off its list and out of the
- * inactive_split stats, state still QUICK and still in the address map; NULL if none. */
-mt_block_t *mt__quick_take(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize);
-/* A step of the normal paths on a block beside a run of free blocks that holds a quick
- * block (mt__quick_near, or alloc.c's quick_beside): the inactive_split stats of the runs
- * around b are saved at begin; at end (b in its new state: free or not) they are set to
- * the saved ones moved by the change of those runs, in one step. mt__seg_bin_in/out count
- * blocks one by one, which is right only for runs of one block. */
-typedef struct mt__qstep_s {
-    mt_stat_t save[2 * MT_STAT_N]; /* inactive_split, inactive_split_bytes */
-    int64_t n, bytes;              /* the runs' contribution at begin */
-} mt__qstep_t;
-void mt__quick_step_begin(mt_alloc_t *a, const mt_block_t *b, mt__qstep_t *st);
-void mt__quick_step_end(mt_alloc_t *a, const mt_block_t *b, const mt__qstep_t *st);
-/* True when b's neighbour on either side is a quick block. */
-static inline bool mt__quick_near(const mt_block_t *b)
-{
-    return (b->prev != NULL && b->prev->state == MT__BLOCK_QUICK) ||
-           (b->next != NULL && b->next->state == MT__BLOCK_QUICK);
-}
-/* Returns every quick block of bs to the bins (merged). */
-void mt__quick_flush(mt_alloc_t *a, mt_binset_t *bs);
-/* Returns every quick block of every binset to the bins (merged). */
-void mt__quick_flush_all(mt_alloc_t *a);
-/* Bytes of the maximal run of free (inactive or quick) blocks containing free block b;
- * *first (if given) = its lowest block. */
-size_t mt__quick_run(const mt_block_t *b, const mt_block_t **first);
-/* Largest run of free blocks through any quick block (0 if none). */
-size_t mt__quick_largest(const mt_alloc_t *a);
-/* Checks the quick lists of bs; adds their blocks to *n. Static text of a violation. */
-const char *mt__quick_check(const mt_alloc_t *a, const mt_binset_t *bs, size_t *n);
-
 /* ---- reserve.c (the rest in plan.h) ---- */
 /* The plan's state changed (cursor, taken entries, live blocks, the plan itself): written
  * under mu with an atomic store, read by the thread caches without it. */
@@ -908,19 +802,6 @@ static inline void mt__plan_freed(mt_alloc_t *a, mt_block_t *b)
     b->planned = false;
     a->plan.live--;
     mt__plan_bump(a);
-}
-
-/* Whether the run of free blocks on either side of b holds a quick block (two inactive
- * blocks never touch, so a run reaching past its first block goes through a quick one). */
-static inline bool mt__quick_beside(const mt_block_t *b)
-{
-    const mt_block_t *p = b->prev, *n = b->next;
-    return (p != NULL &&
-            (p->state == MT__BLOCK_QUICK || (p->state == MT_BLOCK_INACTIVE && p->prev != NULL &&
-                                             p->prev->state == MT__BLOCK_QUICK))) ||
-           (n != NULL &&
-            (n->state == MT__BLOCK_QUICK || (n->state == MT_BLOCK_INACTIVE && n->next != NULL &&
-                                             n->next->state == MT__BLOCK_QUICK)));
 }
 
 /* ---- alloc.c, shared with free.c ---- */
@@ -948,7 +829,7 @@ void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t);
 
 /* ---- free.c ---- */
 /* Frees allocated block b (lock held): its counters, events, pending events for the
- * streams that used it, then the quick list or the bins. b->owner must be NULL. */
+ * streams that used it, then the bins. b->owner must be NULL. */
 void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b);
 
 /* ---- config.c ---- */

@@ -9,8 +9,8 @@
  *
  * Here a pool is a set of stream records (mt_streamrec_t, one per stream it served) that
  * stream lookups skip. A routed request takes its pool's record instead of its stream's,
- * so everything below the record (bins, quick lists, segments, split and merge, events,
- * statistics) is the allocator's ordinary code, and blocks of different records never mix.
+ * so everything below the record (bins, segments, split and merge, events, statistics) is
+ * the allocator's ordinary code, and blocks of different records never mix.
  * The segments are plain (never expandable) and marked priv, which every release path
  * (GC, empty_cache, OOM recovery, release_to_fit, oversize and smaller-segment release)
  * skips; mt_pool_release returns them once no block is live. */
@@ -162,8 +162,7 @@ static void pool_forget(mt_alloc_t *a, mt__pool_t *p)
             continue;
         }
         for (int bp = 0; bp < MT__BP_N; bp++) {
-            mt_assert(sr->bins[bp] == NULL ||
-                      (sr->bins[bp]->nblocks == 0 && sr->bins[bp]->nquick == 0));
+            mt_assert(sr->bins[bp] == NULL || sr->bins[bp]->nblocks == 0);
             free(sr->bins[bp]);
         }
         if (a->last_sr == sr)
@@ -199,14 +198,9 @@ int mt_pool_release(mt_alloc_t *a, uint32_t id)
         rc = MT_EBUSY;
         goto out;
     }
-    /* Frees whose events have completed count as done; quick blocks merge, so that each
-     * unused segment is one free block. */
+    /* Frees whose events have completed count as done. */
     if (a->npending > 0)
         mt__alloc_process_events(a);
-    for (size_t i = 0; i < p->nsrs; i++)
-        for (int bp = 0; bp < MT__BP_N; bp++)
-            if (p->srs[i]->bins[bp] != NULL && p->srs[i]->bins[bp]->nquick > 0)
-                mt__quick_flush(a, p->srs[i]->bins[bp]);
     for (const mt_segment_t *s = a->segs; s != NULL; s = s->next) {
         if (in_pool(s, p) && !mt__seg_is_whole_free(s)) {
             rc = MT_EBUSY; /* a live block: the caller frees it first */

@@ -124,7 +124,6 @@ int mt_alloc_reserve(mt_alloc_t *a, size_t bytes, mt_stream_t *stream)
     mt__tc_quiesce(a); /* the reservation sees the threads' cached blocks free */
     if (a->npending > 0)
         mt__alloc_process_events(a);
-    mt__quick_flush_all(a); /* the plan sees merged free space */
     int rc = reserve_locked(a, bytes, stream);
     mt__tc_resume(a);
     mt__alloc_unlock(a);
@@ -142,8 +141,7 @@ int mt_alloc_warmup_begin(mt_alloc_t *a)
         mt__alloc_unlock(a);
         return MT_EBUSY;
     }
-    mt__tc_quiesce(a);      /* no thread caches while warming: the warm-up sees every request */
-    mt__quick_flush_all(a); /* nothing is kept quick while warming */
+    mt__tc_quiesce(a); /* no thread caches while warming: the warm-up sees every request */
     a->warming = true;
     a->gen++;
     a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;

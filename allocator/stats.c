@@ -18,9 +18,7 @@ static size_t largest_free(const mt_alloc_t *a)
                 best = l;
         }
     }
-    /* A quick block is free: its run with free neighbours is one free extent. */
-    size_t q = mt__quick_largest(a);
-    return q > best ? q : best;
+    return best;
 }
 
 static void fill_freed(mt_stat_t *s, size_t n)
@@ -273,16 +271,6 @@ int mt_alloc_snapshot(mt_alloc_t *a, mt_alloc_snapshot_t **out)
         for (mt_block_t *b = seg->first; b != NULL; b = b->next) {
             mt_snapshot_block_t *sb = &ss->blocks[ss->nblocks++];
             sb->addr = b->addr;
-            if (b->state == MT_BLOCK_INACTIVE || b->state == MT__BLOCK_QUICK) {
-                /* free: a run of inactive and quick blocks is one inactive block */
-                sb->size = mt__quick_run(b, NULL);
-                while (b->next != NULL && b->next->addr < sb->addr + sb->size)
-                    b = b->next;
-                sb->requested = 0;
-                sb->state = MT_BLOCK_INACTIVE;
-                sb->tag = MT_TAG_OTHER;
-                continue;
-            }
             sb->size = b->size;
             /* A block whose pages are being unmapped is free memory to the program. */
             bool free_b = b->state == MT_BLOCK_INACTIVE || b->state == MT__BLOCK_UNMAPPING;
@@ -324,7 +312,7 @@ typedef struct {
     int64_t split[MT_STAT_N], nsplit[MT_STAT_N];
     int64_t tag_alloc[MT_TAG_MAX], tag_req[MT_TAG_MAX];
     int64_t oversize_allocs, oversize_segs;
-    size_t inactive, quick, hashed, pending_events, unmapping;
+    size_t inactive, hashed, pending_events, unmapping;
 } sums_t;
 
 static void add2(int64_t *arr, int bp, int64_t d)
@@ -352,17 +340,12 @@ static const char *check_block(mt_alloc_t *a, const mt_segment_t *seg, const mt_
         if (b->npending != 0)
             return "inactive block with pending events";
         s->inactive++;
+        if (b->split_counted) {
+            add2(s->split, seg->pool, (int64_t)b->size);
+            add2(s->nsplit, seg->pool, 1);
+        }
         if (mt__addrmap_get(&a->map, b->addr) != NULL)
             return "inactive block in the address map";
-        return NULL;
-    }
-    if (b->state == MT__BLOCK_QUICK) {
-        if (b->split_counted)
-            return "quick block counted as inactive_split";
-        if (mt__addrmap_get(&a->map, b->addr) != b)
-            return "quick block missing from the address map";
-        s->quick++;
-        s->hashed++;
         return NULL;
     }
     if (b->state == MT__BLOCK_UNMAPPING) {
@@ -438,17 +421,6 @@ static const char *check_segment(mt_alloc_t *a, const mt_segment_t *seg, sums_t 
         const char *why = check_block(a, seg, b, s);
         if (why != NULL)
             return why;
-        /* inactive_split counts each run of free blocks that is not the whole segment */
-        bool free_b = b->state == MT_BLOCK_INACTIVE || b->state == MT__BLOCK_QUICK;
-        bool run_start = free_b && (b->prev == NULL || (b->prev->state != MT_BLOCK_INACTIVE &&
-                                                        b->prev->state != MT__BLOCK_QUICK));
-        if (run_start) {
-            size_t run = mt__quick_run(b, NULL);
-            if (run != seg->size) {
-                add2(s->split, seg->pool, (int64_t)run);
-                add2(s->nsplit, seg->pool, 1);
-            }
-        }
         if (b->next == NULL && b != seg->last)
             return "segment's last block is not the end of its list";
     }
@@ -518,7 +490,7 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
     }
     if (nsegs != a->nsegs)
         return "segment count disagrees with the list";
-    size_t binned = 0, quick = 0;
+    size_t binned = 0;
     for (size_t i = 0; i < a->nstreams; i++) {
         const mt_streamrec_t *sr = a->streams[i];
         for (int bp = 0; bp < MT__BP_N; bp++) {
@@ -530,8 +502,6 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
             binned += n;
             if (sr->bins[bp]->sr != sr)
                 return "binset not linked to its stream's record";
-            if ((why = mt__quick_check(a, sr->bins[bp], &quick)) != NULL)
-                return why;
         }
         for (int bp = 0; bp < 2; bp++) {
             size_t runs = 0;
@@ -559,16 +529,14 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         return "allocated bytes above the open scopes' high-water mark";
     if (binned != s.inactive)
         return "bins do not hold exactly the inactive blocks";
-    if (quick != s.quick || quick != a->nquick)
-        return "quick lists do not hold exactly the quick blocks";
     if (s.hashed != a->map.n)
-        return "address map does not hold exactly the active and quick blocks";
+        return "address map does not hold exactly the active blocks";
     for (size_t i = 0, used = 0; i < a->map.cap; i++) {
         const mt_block_t *b = mt__addrmap_at(&a->map, i);
         if (b == NULL)
             continue;
         if (b->addr != a->map.keys[i] || b->state == MT_BLOCK_INACTIVE)
-            return "address map entry does not name an active or quick block at its key";
+            return "address map entry does not name an active block at its key";
         if (mt__addrmap_get(&a->map, a->map.keys[i]) != b)
             return "address map entry unreachable by probing";
         if (++used > a->map.cap / 2)

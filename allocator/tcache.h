@@ -5,8 +5,8 @@
 
 #include "allocator/internal.h"
 
-/* The stream's free space changed (a block into or out of its bins or quick lists): a
- * thread cache's block handed out before is no longer what best fit would give again. */
+/* The stream's free space changed (a block into or out of its bins): a thread cache's
+ * block handed out before is no longer what best fit would give again. */
 static inline void mt__tc_bump(mt_streamrec_t *sr)
 {
     if (sr != NULL)
