@@ -128,6 +128,90 @@ static void test_random_under_pressure(void **state)
     assert_true(fails > 0);
 }
 
+/* ---- the stats against the snapshot ---- */
+
+/* The stats the snapshot carries against its blocks: largest free block, total free and
+ * inactive_split (free blocks of segments with other blocks); no two free blocks touch. */
+static void stats_agree_with_snapshot(mt_alloc_t *a, int op)
+{
+    mt_alloc_snapshot_t *snap = NULL;
+    assert_int_equal(mt_alloc_snapshot(a, &snap), 0);
+    uint64_t largest = 0, total = 0, nsplit = 0, split_bytes = 0;
+    for (size_t i = 0; i < snap->nsegments; i++) {
+        const mt_snapshot_segment_t *s = &snap->segments[i];
+        for (size_t j = 0; j < s->nblocks; j++) {
+            const mt_snapshot_block_t *b = &s->blocks[j];
+            if (j > 0 && b->state == MT_BLOCK_INACTIVE &&
+                s->blocks[j - 1].state == MT_BLOCK_INACTIVE)
+                fail_msg("op %d: two touching free blocks at %#llx", op,
+                         (unsigned long long)b->addr);
+            if (b->state != MT_BLOCK_INACTIVE)
+                continue;
+            total += b->size;
+            largest = b->size > largest ? b->size : largest;
+            if (s->nblocks > 1) {
+                nsplit++;
+                split_bytes += b->size;
+            }
+        }
+    }
+    const mt_alloc_stats_t *st = &snap->stats;
+    if (st->largest_free_block != largest || st->total_free != total ||
+        (uint64_t)st->inactive_split[MT_STAT_ALL].current != nsplit ||
+        (uint64_t)st->inactive_split_bytes[MT_STAT_ALL].current != split_bytes)
+        fail_msg("op %d: stats (largest %llu, free %llu, split %lld / %lld B) against the "
+                 "snapshot (%llu, %llu, %llu / %llu B)",
+                 op, (unsigned long long)st->largest_free_block, (unsigned long long)st->total_free,
+                 (long long)st->inactive_split[MT_STAT_ALL].current,
+                 (long long)st->inactive_split_bytes[MT_STAT_ALL].current,
+                 (unsigned long long)largest, (unsigned long long)total, (unsigned long long)nsplit,
+                 (unsigned long long)split_bytes);
+    mt_alloc_snapshot_free(&snap);
+}
+
+/* Few sizes (so that blocks are reused and split), random frees, two streams: the checker
+ * and the snapshot agree with the stats after every operation. */
+static void against_snapshot(const char *conf, uint64_t seed)
+{
+    static const size_t sizes[] = {512, 3 * KIB, 64 * KIB, 700 * KIB, 1 * MIB, 3 * MIB, 12 * MIB};
+    mt_backend_t *b = sim_backend(512 * MIB);
+    mt_alloc_t *a = make_alloc(b, conf, NULL);
+    mt_stream_t *s2 = NULL;
+    assert_int_equal(mt_stream_create(b, &s2), 0);
+    void *live[64] = {0};
+    for (int op = 0; op < 3000; op++) {
+        int i = (int)(rng(&seed) % 64);
+        if (live[i] == NULL) {
+            size_t n = sizes[rng(&seed) % 7];
+            mt_stream_t *s = rng(&seed) % 4 == 0 ? s2 : NULL;
+            assert_int_equal(mt_alloc_malloc(a, n, s, 0, &live[i]), 0);
+        } else {
+            assert_int_equal(mt_alloc_free(a, live[i]), 0);
+            live[i] = NULL;
+        }
+        if (mt_alloc_check(a) != 0)
+            fail_msg("op %d: %s", op, mt_alloc_last_error(a));
+        stats_agree_with_snapshot(a, op);
+    }
+    for (int i = 0; i < 64; i++)
+        if (live[i] != NULL)
+            assert_int_equal(mt_alloc_free(a, live[i]), 0);
+    stats_agree_with_snapshot(a, -1);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    assert_int_equal(stats_of(a).reserved_bytes[MT_STAT_ALL].current, 0);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s2);
+    mt_backend_destroy(&b);
+}
+
+static void test_random_against_snapshot(void **state)
+{
+    (void)state;
+    against_snapshot("tcache:0", 12345);
+    against_snapshot("", 777);
+    against_snapshot("expandable_segments:True", 4242);
+}
+
 /* ---- multi-threaded stress ---- */
 
 typedef struct worker_s {
@@ -198,6 +282,7 @@ int main(void)
         cmocka_unit_test(test_random_100k),
         cmocka_unit_test(test_random_configs),
         cmocka_unit_test(test_random_under_pressure),
+        cmocka_unit_test(test_random_against_snapshot),
         cmocka_unit_test(test_threads),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
