@@ -210,6 +210,43 @@ static void test_small_split_merge(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Equal-size free blocks come back lowest address first, whichever was freed last: the
+ * reference's best fit (ordered by size, then address), with no same-size layer of its own
+ * order in front of the bins. A LIFO of whole freed blocks returned p3 here. */
+static void test_equal_sizes_lowest_address(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, NULL, NULL);
+    enum { N = 6 };
+    char *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = xmalloc_dev(a, 4096, NULL, 0);
+    for (int i = 1; i < N; i++)
+        assert_ptr_equal(p[i], p[i - 1] + 4096);
+    /* Free every other block, lowest last: none of them merges with another. */
+    for (int i = N - 2; i >= 0; i -= 2)
+        mt_alloc_free(a, p[i]);
+    for (int i = 0; i < N; i += 2) {
+        void *q = xmalloc_dev(a, 4096, NULL, 0);
+        assert_ptr_equal(q, p[i]);
+    }
+    /* The same with the highest freed last, and one reused at once in between. */
+    for (int i = 0; i < N; i += 2)
+        mt_alloc_free(a, p[i]);
+    void *q = xmalloc_dev(a, 4096, NULL, 0);
+    assert_ptr_equal(q, p[0]);
+    mt_alloc_free(a, q);
+    q = xmalloc_dev(a, 4096, NULL, 0);
+    assert_ptr_equal(q, p[0]);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_free(a, q);
+    for (int i = 1; i < N; i += 2)
+        mt_alloc_free(a, p[i]);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 static void test_large_split_rules(void **state)
 {
     (void)state;
@@ -583,6 +620,7 @@ int main(void)
         cmocka_unit_test(test_class_mapping),
         cmocka_unit_test(test_bins_find),
         cmocka_unit_test(test_small_split_merge),
+        cmocka_unit_test(test_equal_sizes_lowest_address),
         cmocka_unit_test(test_large_split_rules),
         cmocka_unit_test(test_max_split_size_rules),
         cmocka_unit_test(test_config_keys),
