@@ -67,22 +67,6 @@ static void push(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
             s->emit(s->ud, &ev[i]);
 }
 
-/* Hands a cache's batch ev[0..n) (allocs, frees and stack refs, stamped), ordered under
- * rec_lock (held), to the sink and releases the lock: only the claim of their places under
- * it when the sink claims (event.h), so that the threads' copies run at once. */
-static void push_unlock(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
-{
-    const mt_event_sink_t *s = a->cfg.sink;
-    uint64_t tok[2];
-    if (s->claim != NULL && s->claim(s->ud, n, tok)) {
-        rec_unlock(a);
-        s->write(s->ud, tok, ev, n);
-        return;
-    }
-    push(a, ev, n);
-    rec_unlock(a);
-}
-
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
     if (!a->rec) {
@@ -103,18 +87,47 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
+/* Makes a cache's batch ev[0..n) (allocated = the change of the bytes held) the program's
+ * totals: held0 = rec_held before the batch, g and res the counters', t its stamp. */
+static void settle(mt_event_rec_t *ev, size_t n, int64_t held0, int64_t g, uint64_t res, uint64_t t)
+{
+    int64_t held = held0;
+    for (size_t i = 0; i < n; i++) {
+        held += (int64_t)ev[i].allocated;
+        mt_assert(held >= 0 && g >= held);
+        ev[i].time_ns = t;
+        ev[i].allocated = (uint64_t)(g - held);
+        ev[i].reserved = res;
+    }
+}
+
+/* A cache's batch (allocs, frees and stack refs) takes its place in the sink's order under
+ * rec_lock, in O(1): the bytes it holds, its stamp and, when the sink claims (event.h), its
+ * places. The events are then settled and copied outside the lock, so that two threads'
+ * batches copy at once. A sink that cannot claim receives the batch under the lock. */
 void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
+    const mt_event_sink_t *s = a->cfg.sink;
+    int64_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += (int64_t)ev[i].allocated;
+    uint64_t now = mt__clock_now(&a->rec_clk);
+    uint64_t tok[2];
     rec_lock(a);
-    uint64_t t = rec_stamp(a, mt__clock_now(&a->rec_clk));
-    for (size_t i = 0; i < n; i++) {
-        a->rec_held += (int64_t)ev[i].allocated;
-        mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
-        ev[i].time_ns = t;
-        ev[i].allocated = (uint64_t)(a->rec_g - a->rec_held);
-        ev[i].reserved = a->rec_res;
+    uint64_t t = rec_stamp(a, now);
+    int64_t held0 = a->rec_held, g = a->rec_g;
+    uint64_t res = a->rec_res;
+    a->rec_held = held0 + d;
+    mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
+    if (s->claim != NULL && s->claim(s->ud, n, tok)) {
+        rec_unlock(a);
+        settle(ev, n, held0, g, res, t);
+        s->write(s->ud, tok, ev, n);
+        return;
     }
-    push_unlock(a, ev, n);
+    settle(ev, n, held0, g, res, t);
+    push(a, ev, n);
+    rec_unlock(a);
 }
 
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes)
