@@ -151,6 +151,15 @@ got:
     r->text[n] = '\0';
     if (too_long)
         return fail(r, MT_EPROTO, "line longer than %d bytes", MT_TRACE_MAX_LINE);
+    if (r->line == 1 && (n >= 6 && memcmp(r->text,
+                                          "\xfd"
+                                          "7zXZ\0",
+                                          6) == 0))
+        return fail(r, MT_EPROTO, "an xz-compressed file: decompress it first (xz -dk FILE)");
+    if (r->line == 1 && n >= 2 && memcmp(r->text, "\x1f\x8b", 2) == 0)
+        return fail(r, MT_EPROTO, "a gzip-compressed file: decompress it first (gzip -dk FILE)");
+    if (r->line == 1 && n >= 4 && memcmp(r->text, "\x28\xb5\x2f\xfd", 4) == 0)
+        return fail(r, MT_EPROTO, "a zstd-compressed file: decompress it first (zstd -d FILE)");
     if (nul)
         return fail(r, MT_EPROTO, "NUL byte in line (not a text file?)");
     if (n > 0 && r->text[n - 1] == '\r')
