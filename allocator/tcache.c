@@ -377,7 +377,9 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     mt__tcache_t *c = tls_find(a);
     /* With events pending, a malloc polls them first (the global path), as it always did:
      * a block another stream was using becomes reusable at the first malloc after. */
-    if (c == NULL || __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
+    /* Nothing held (a claimer only lowers nheld): no pop, whatever the request. */
+    if (c == NULL || __atomic_load_n(&c->nheld, __ATOMIC_RELAXED) == 0 ||
+        __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
         goto global;
     size_t rsize = mt__alloc_round(a, size);
     tc_lifo_t *l = &c->lifo[mt__tc_slot_of(stream, rsize)];
@@ -434,7 +436,8 @@ global:
 int mt__tc_free(mt_alloc_t *a, void *ptr)
 {
     mt__tcache_t *c = tls_find(a);
-    if (c == NULL || !fast_enter(c))
+    /* No owned block live (a claimer only lowers the count): the free is the global path's. */
+    if (c == NULL || __atomic_load_n(&c->live.n, __ATOMIC_RELAXED) == 0 || !fast_enter(c))
         return mt__alloc_free_global(a, ptr);
     /* The block handed out last first: in a pair, the one freed now. */
     mt__tc_ent_t *e = c->last;
