@@ -227,6 +227,15 @@ static int run(const view_opts_t *o)
         return 1;
     }
     mt__d_set_event_window(d, o->window);
+    /* The windows of the logs' processes on disk ($TMPDIR, else /tmp; unlinked), a chunk each
+     * in memory: the memory is the models', not the logs'. */
+    if (mt__d_set_event_spool(d, mt_tool_spill_dir()) != 0) {
+        fprintf(stderr, "memtrace view: out of memory\n");
+        mt__d_destroy(&d);
+        unlink(tpath);
+        rmdir(dir);
+        return 1;
+    }
     unsigned long events = 0, bad_total = 0;
     for (int i = 0; i < o->ninputs && status != 1; i++) {
         unsigned long bad = 0;
