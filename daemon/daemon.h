@@ -157,6 +157,9 @@ int mt__d_view_set_jobs(mt_d_t *d, const char *json);
 bool mt__d_view_has_ranks(const mt_d_t *d);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
 void mt__d_set_event_window(mt_d_t *d, size_t events);
+/* Keeps those events in an unlinked temporary file in dir instead of memory, a chunk per
+ * process in memory (`memtrace view`). 0 or MT_ENOMEM. */
+int mt__d_set_event_spool(mt_d_t *d, const char *dir);
 
 /* The daemon's command line (options, --help, detaching unless --foreground), shared by
  * `memtraced` and `memtrace daemon`. prog names the program in messages. Returns the exit

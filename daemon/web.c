@@ -507,11 +507,12 @@ static int put_window(mt_d_buf_t *o, const mt_d_web_proc_t *t)
 {
     if (!t->wcount)
         return mt__d_buf_append(o, "\"window\":null", 13);
-    const mt_event_rec_t *a = mt__d_web_window_at(t, 0), *z = mt__d_web_window_at(t, t->wcount - 1);
+    const mt_event_rec_t a = *mt__d_web_window_at(t, 0); /* a copy: the next read may move it */
+    const mt_event_rec_t *z = mt__d_web_window_at(t, t->wcount - 1);
     return mt__d_buf_printf(o,
                             "\"window\":{\"count\":%zu,\"first_seq\":%" PRIu64
                             ",\"last_seq\":%" PRIu64 ",\"first_t\":%.6f,\"last_t\":%.6f}",
-                            t->wcount, a->seq, z->seq, mt__d_web_secs(t, a->time_ns),
+                            t->wcount, a.seq, z->seq, mt__d_web_secs(t, a.time_ns),
                             mt__d_web_secs(t, z->time_ns));
 }
 
@@ -681,10 +682,12 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
     bool past = mt__d_web_past_upto(t, query, &upto);
     uint64_t at_ns = past && upto ? mt__d_web_window_at(t, upto - 1)->time_ns : proc_now(p, t);
     const mt_event_rec_t *al = NULL, *ref = NULL;
+    mt_event_rec_t alc; /* a copy: reading the event before it may move a spooled one */
     for (size_t i = upto; i-- > 0;) {
         const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
-            al = e;
+            alc = *e;
+            al = &alc;
             ref = i > 0 ? mt__d_web_window_at(t, i - 1)
                         : NULL; /* its call stack comes right before it */
             break;

@@ -13,7 +13,11 @@
  *   up to it. The window is the daemon's ONE buffer of a process's recent events, written
  *   once per event: the page's scrubbing, /tail and /block read it, and so do snapshots
  *   (snapshot.c: its newest MT_D_SNAPSHOT_EVENTS events, and an OOM's count per device).
- * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live).
+ * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live). A
+ * daemon given a spool directory (`memtrace view`, mt__d_web_set_spool) keeps the windows of
+ * the processes it tracks from then on in a spool instead (analysis/event_spool.h: one
+ * unlinked temporary file, a chunk of 1024 events per process in memory), so that a loaded
+ * log's windows take disk, not memory; evicted chunks are punched out of the file.
  *
  * Routes (GET, JSON unless said; rows of routes.c's table, behind http.c's checks):
  *   /, /app.js, /app.css, /vendor/...   the page (embedded at build time; no token needed)
@@ -34,6 +38,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "analysis/event_spool.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 
@@ -62,9 +67,11 @@ struct mt_d_conn_s;
 
 /* A process's history and event window.
  * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
- * wready <= wcap;
- * window events in arrival order, the oldest at (whead - wcount) mod wcap; base has had
- * every evicted event applied, in order. */
+ * wready <= wcap; base has had every evicted event applied, in order;
+ * in memory (win != NULL): window events in arrival order, the oldest at
+ * (whead - wcount) mod wcap;
+ * spooled (win == NULL): the window is the spool's last wcount events, sp.n - wcount the
+ * oldest. */
 typedef struct mt_d_web_proc_s {
     struct mt_d_web_proc_s *next;
     const struct mt_d_proc_s *proc; /* the live model this one follows (not owned) */
@@ -72,10 +79,12 @@ typedef struct mt_d_web_proc_s {
     mt_d_web_bkt_t fine[MT_D_WEB_FINE];
     mt_d_web_bkt_t *coarse;
     size_t ncoarse;
-    uint64_t coarse_ns; /* width of a coarse bucket */
-    mt_d_web_bkt_t cur; /* the figures now (updated per event), copied into buckets */
-    uint64_t last_ns;   /* monotonic time of the last event */
-    mt_event_rec_t *win;
+    uint64_t coarse_ns;     /* width of a coarse bucket */
+    mt_d_web_bkt_t cur;     /* the figures now (updated per event), copied into buckets */
+    uint64_t last_ns;       /* monotonic time of the last event */
+    mt_event_rec_t *win;    /* the ring in memory, or NULL: spooled */
+    mt__spool_t sp;         /* spooled: every event recorded (the evicted ones punched out) */
+    struct mt_d_web_s *web; /* whose spool file and read buffer a spooled window uses */
     size_t wcap, wcount, whead;
     size_t wready;           /* win[..wready) was faulted in ahead of the stores (advice only) */
     uint64_t wseq;           /* the seq of the newest window event (when wcount > 0): read
@@ -84,10 +93,21 @@ typedef struct mt_d_web_proc_s {
     uint32_t ooms[256];      /* OOM events seen per device (names of OOM snapshots) */
 } mt_d_web_proc_t;
 
+/* Invariants: file.fd >= 0 once opened for a spool_dir (kept open for the windows spooled
+ * so far); rd_t != NULL: rd holds chunk rd_c of rd_t's spool (chunks never change once
+ * written). */
 typedef struct mt_d_web_s {
     mt_d_web_proc_t *procs;
     mt_d_web_proc_t *last; /* cache: the tracker of the last recorded event */
     size_t window;         /* events per process window */
+    char *spool_dir;       /* NULL: windows in memory */
+    mt__spool_file_t file; /* the spooled windows' chunks, opened with the first of them */
+    bool file_tried;       /* file was opened (or could not be: windows in memory then) */
+    /* The spooled chunk read last (readers go through one process's window at a time, on the
+     * loop's thread): what mt__d_web_window_at's pointer points into. */
+    const mt_d_web_proc_t *rd_t;
+    size_t rd_c;
+    mt_event_rec_t *rd; /* MT__SPOOL_CHUNK events, lazily */
 } mt_d_web_t;
 
 /* Follows one record of p (after the state model applied it). Lazily creates p's tracker;
@@ -99,8 +119,13 @@ void mt__d_web_forget(struct mt_d_s *d, const struct mt_d_proc_s *p);
 void mt__d_web_free(struct mt_d_s *d);
 /* Sets the events kept per process for trackers created from now on (>= 1024). */
 void mt__d_web_set_window(struct mt_d_s *d, size_t events);
+/* Trackers created from now on keep their windows in a spool in dir (copied; NULL: in
+ * memory, the default). Where no file can be made there, in memory. 0 or MT_ENOMEM. */
+int mt__d_web_set_spool(struct mt_d_s *d, const char *dir);
 mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
-/* Event i of t's window (i < wcount; 0 = the oldest). Borrowed. */
+/* Event i of t's window (i < wcount; 0 = the oldest). Borrowed: of a spooled window, valid
+ * until the next call for any process or the next record (copy one to keep it meanwhile).
+ * An event the spool's file cannot give back reads as a gap. */
 const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i);
 
 /* The allocator state after the window's events before index upto (<= wcount): a fresh

@@ -1,4 +1,5 @@
 /* memtraced: per-process history buckets and event windows for the web page (web.h). */
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -24,8 +25,10 @@ static mt_d_web_t *web_of(mt_d_t *d, bool create)
 {
     if (!d->web && create) {
         d->web = calloc(1, sizeof *d->web);
-        if (d->web)
+        if (d->web) {
             d->web->window = MT_D_WEB_WINDOW;
+            d->web->file.fd = -1;
+        }
     }
     return d->web;
 }
@@ -42,10 +45,31 @@ void mt__d_set_event_window(mt_d_t *d, size_t events)
     mt__d_web_set_window(d, events);
 }
 
-static void tracker_free(mt_d_web_proc_t *t)
+int mt__d_web_set_spool(mt_d_t *d, const char *dir)
 {
+    mt_d_web_t *w = web_of(d, true);
+    char *copy = dir ? strdup(dir) : NULL;
+    if (!w || (dir && !copy)) {
+        free(copy);
+        return MT_ENOMEM;
+    }
+    free(w->spool_dir);
+    w->spool_dir = copy;
+    return 0;
+}
+
+int mt__d_set_event_spool(mt_d_t *d, const char *dir)
+{
+    return mt__d_web_set_spool(d, dir);
+}
+
+static void tracker_free(mt_d_web_t *w, mt_d_web_proc_t *t)
+{
+    if (w->rd_t == t)
+        w->rd_t = NULL;
     free(t->coarse);
     free(t->win);
+    mt__spool_free(&t->sp);
     mt__model_destroy(&t->base);
     free(t);
 }
@@ -59,9 +83,14 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     if (!t->coarse)
         goto fail_coarse;
     t->wcap = w->window;
+    t->web = w;
+    if (w->spool_dir && !w->file_tried) {
+        mt__spool_file_open(&w->file, w->spool_dir);
+        w->file_tried = true;
+    }
     /* Cache-line aligned: each event is one line, stored around the cache (window_record). */
-    t->win = aligned_alloc(64, t->wcap * sizeof *t->win);
-    if (!t->win)
+    bool spooled = w->spool_dir && w->file.fd >= 0;
+    if (!spooled && !(t->win = aligned_alloc(64, t->wcap * sizeof *t->win)))
         goto fail_window;
     /* The base is read for its blocks, segments and totals (mt__d_web_state_at), never for
      * temporary allocations: it does not track them, which every free would cost. */
@@ -110,7 +139,7 @@ void mt__d_web_forget(mt_d_t *d, const mt_d_proc_t *p)
         *pp = t->next;
         if (w->last == t)
             w->last = NULL;
-        tracker_free(t);
+        tracker_free(w, t);
         return;
     }
 }
@@ -123,8 +152,11 @@ void mt__d_web_free(mt_d_t *d)
     while (w->procs) {
         mt_d_web_proc_t *t = w->procs;
         w->procs = t->next;
-        tracker_free(t);
+        tracker_free(w, t);
     }
+    mt__spool_file_close(&w->file);
+    free(w->spool_dir);
+    free(w->rd);
     free(w);
     d->web = NULL;
 }
@@ -252,9 +284,36 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
     mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
 }
 
+#define CHUNK_BYTES ((size_t)MT__SPOOL_CHUNK * sizeof(mt_event_rec_t))
+
+/* Event k of t's spool (k < sp.n): in its tail, or in the chunk read last. */
+static const mt_event_rec_t *spool_at(const mt_d_web_proc_t *t, size_t k)
+{
+    static const mt_event_rec_t unreadable = {.kind = MT_EV_GAP};
+    const mt__spool_t *s = &t->sp;
+    size_t c = k / MT__SPOOL_CHUNK;
+    if (c >= s->nchunks)
+        return &s->tail[k - s->nchunks * MT__SPOOL_CHUNK];
+    mt_d_web_t *w = t->web;
+    if (w->rd_t != t || w->rd_c != c) {
+        const mt_event_rec_t *evs;
+        size_t n;
+        w->rd_t = NULL;
+        if (!w->rd && !(w->rd = malloc(CHUNK_BYTES)))
+            return &unreadable;
+        if (mt__spool_chunk(s, &w->file, c, w->rd, &evs, &n) != 0)
+            return &unreadable;
+        w->rd_t = t;
+        w->rd_c = c;
+    }
+    return &w->rd[k % MT__SPOOL_CHUNK];
+}
+
 const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
 {
     mt_assert(i < t->wcount);
+    if (!t->win)
+        return spool_at(t, t->sp.n - t->wcount + i);
     return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
 }
 
@@ -278,8 +337,38 @@ static void window_prefault(mt_d_web_proc_t *t)
     t->wready = to;
 }
 
+/* The spooled window: ev appended to the spool (into its chunk in memory, which goes to the
+ * file when full: one pwrite per 1024 events, the kernel's page cache instead of memory new
+ * to the process), the oldest event then evicted into the base. Out of memory, ev is not
+ * kept. */
+static void spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
+{
+    if (mt__spool_push(&t->sp, &t->web->file, ev) != 0)
+        return;
+    t->wseq = ev->seq;
+    if (t->wcount < t->wcap) {
+        t->wcount++;
+        return;
+    }
+    size_t k = t->sp.n - 1 - t->wcount; /* the oldest, leaving the window */
+    mt__model_apply(t->base, spool_at(t, k));
+    size_t c = k / MT__SPOOL_CHUNK;
+#ifdef FALLOC_FL_PUNCH_HOLE
+    /* A chunk wholly evicted is never read again: its disk goes back (advice only). */
+    if ((k + 1) % MT__SPOOL_CHUNK == 0 && c < t->sp.nchunks)
+        (void)fallocate(t->web->file.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        (off_t)t->sp.off[c], (off_t)CHUNK_BYTES);
+#else
+    (void)c;
+#endif
+}
+
 static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 {
+    if (!t->win) {
+        spool_record(t, ev);
+        return;
+    }
     if (t->whead >= t->wready && t->wready < t->wcap)
         window_prefault(t);
     if (t->wcount == t->wcap) {

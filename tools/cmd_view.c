@@ -46,7 +46,8 @@ static void help(FILE *f)
             "  --port N     HTTP port (default %d; 0 = any free port)\n"
             "  --compare    BEFORE AFTER are two runs: the page compares them\n"
             "  --window N   events kept per process for past states (default 1048576,\n"
-            "               64 bytes each; at least 1024)\n"
+            "               64 bytes each in an unlinked temporary file in $TMPDIR, else\n"
+            "               /tmp, not in memory; at least 1024)\n"
             "  -h, --help   this text\n"
             "\n"
             "exit status: 0 stopped by Ctrl-C; 1 a log could not be read or the port is taken;\n"
@@ -227,6 +228,15 @@ static int run(const view_opts_t *o)
         return 1;
     }
     mt__d_set_event_window(d, o->window);
+    /* The windows of the logs' processes on disk ($TMPDIR, else /tmp; unlinked), a chunk each
+     * in memory: the memory is the models', not the logs'. */
+    if (mt__d_set_event_spool(d, mt_tool_spill_dir()) != 0) {
+        fprintf(stderr, "memtrace view: out of memory\n");
+        mt__d_destroy(&d);
+        unlink(tpath);
+        rmdir(dir);
+        return 1;
+    }
     unsigned long events = 0, bad_total = 0;
     for (int i = 0; i < o->ninputs && status != 1; i++) {
         unsigned long bad = 0;

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,8 +249,8 @@ static void same(const char *what, const char *args, const char *a, size_t na, c
         size_t i = 0;
         while (i < na && i < nb && a[i] == b[i])
             i++;
-        fail_msg("%s %s: %s differs at byte %zu (%zu vs %zu bytes): jansson '%.80s' / fast "
-                 "'%.80s'",
+        fail_msg("%s %s: %s differs at byte %zu (%zu vs %zu bytes): jansson (or memory) "
+                 "'%.80s' / fast (or spooled) '%.80s'",
                  exe, args, what, i, na, nb, a + (i < na ? i : na), b + (i < nb ? i : nb));
     }
 }
@@ -313,17 +314,42 @@ static void test_replay_nonempty(void **state)
  * program (spawn_main), whose own pages are few, and it passes their figure back. */
 
 /* `test_daemon_readers --spawn CMD ARGS...`: runs CMD (its output to /dev/null) and prints
- * its peak resident set in KiB and its exit status. */
+ * its peak resident set in KiB and its exit status. `memtrace view` serves until Ctrl-C: it
+ * is stopped so once it says where to open its page (its load done). */
 static int spawn_main(char **argv)
 {
+    bool view = argv[3] && strcmp(argv[3], "view") == 0;
+    int fd[2] = {-1, -1};
+    if (view && pipe(fd) != 0)
+        return 125;
     pid_t c = fork();
     if (c < 0)
         return 125;
     if (c == 0) {
         if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr))
             _exit(126);
+        if (view && (dup2(fd[1], 2) < 0 || close(fd[0]) != 0))
+            _exit(126);
         execv(argv[2], argv + 2);
         _exit(127);
+    }
+    if (view) {
+        close(fd[1]);
+        char buf[1024];
+        size_t have = 0;
+        ssize_t got;
+        while ((got = read(fd[0], buf + have, sizeof buf - 1 - have)) > 0) {
+            have += (size_t)got;
+            buf[have] = '\0';
+            if (strstr(buf, "open http"))
+                break;
+            if (have > sizeof buf / 2) { /* the tail, where the text may be cut */
+                memmove(buf, buf + have - 32, 32);
+                have = 32;
+            }
+        }
+        kill(c, SIGINT);
+        close(fd[0]);
     }
     int st;
     struct rusage ru;
@@ -519,6 +545,35 @@ static void test_plot_memory(void **state)
                  rss[0] / 1e6, n, rss[1] / 1e6, 2 * n);
 }
 
+/* `memtrace view` keeps each process's window of events for its past states (a million
+ * each by default), but on disk (daemon/web.h, analysis/event_spool.h): a log of twice the
+ * events with the same live set takes no more memory. Before, the windows were in memory,
+ * 64 bytes an event (about 15 MB more here). */
+static void test_view_memory(void **state)
+{
+    (void)state;
+#if defined(__SANITIZE_ADDRESS__)
+    skip();
+#endif
+    char logs2[2][128];
+    double rss[2];
+    size_t n = 4 * pangu.n; /* about 230 k events, 57 MB */
+    for (int k = 0; k < 2; k++) {
+        snprintf(logs2[k], sizeof logs2[k], "%s/viewmem%d.ndjson", dir, k);
+        FILE *f = fopen(logs2[k], "w");
+        assert_non_null(f);
+        write_process(f, &pangu, 6000, (k + 1) * n);
+        assert_int_equal(fclose(f), 0);
+        rss[k] = peak_rss("view", "--port", "0", logs2[k]);
+        unlink(logs2[k]);
+    }
+    print_message("view: %zu events %.1f MB, %zu events %.1f MB peak RSS\n", n, rss[0] / 1e6, 2 * n,
+                  rss[1] / 1e6);
+    if (rss[1] > rss[0] + (2 << 20))
+        fail_msg("view: peak RSS %.1f MB on %zu events, %.1f MB on %zu: it grows with the log",
+                 rss[0] / 1e6, n, rss[1] / 1e6, 2 * n);
+}
+
 /* ---- memtrace view's loader ---- */
 
 static char *get(th_daemon_t *t, const char *path, int *status)
@@ -531,14 +586,16 @@ static char *get(th_daemon_t *t, const char *path, int *status)
     return body;
 }
 
-static void load(th_daemon_t *t, bool general, const char *log, unsigned long *events,
-                 unsigned long *bad, char *err, size_t errlen, int *rc)
+/* spool: NULL, or where the windows are kept (as `memtrace view` keeps them). */
+static void load(th_daemon_t *t, bool general, const char *spool, const char *log,
+                 unsigned long *events, unsigned long *bad, char *err, size_t errlen, int *rc)
 {
     mt_d_cfg_t cfg = th_cfg();
     cfg.view_general_reader = general;
     cfg.max_exited = 1u << 16;
     th_daemon_create(t, cfg);
     mt__d_set_event_window(t->d, 4096); /* past states of the replay go through the base */
+    assert_int_equal(mt__d_set_event_spool(t->d, spool), 0);
     *events = *bad = 0;
     err[0] = '\0';
     *rc = mt__d_view_load(t->d, log, events, bad, err, errlen);
@@ -552,6 +609,57 @@ static void load(th_daemon_t *t, bool general, const char *log, unsigned long *e
     th_daemon_run(t);
 }
 
+/* g's and f's answers to /state and every route of each process are the same bytes. */
+static void routes_same(th_daemon_t *g, th_daemon_t *f, const char *log, json_t **state_out)
+{
+    int gs, fs;
+    char *gst = get(g, "/state", &gs), *fst = get(f, "/state", &fs);
+    assert_int_equal(gs, fs);
+    /* Every byte but the daemon's own start time. */
+    json_t *st = json_loads(gst, 0, NULL), *st2 = json_loads(fst, 0, NULL);
+    assert_non_null(st);
+    assert_non_null(st2);
+    json_object_del(json_object_get(st, "daemon"), "start_realtime_ns");
+    json_object_del(json_object_get(st2, "daemon"), "start_realtime_ns");
+    char *d1 = json_dumps(st, JSON_COMPACT), *d2 = json_dumps(st2, JSON_COMPACT);
+    same("/state", log, d1, strlen(d1), d2, strlen(d2));
+    free(d1);
+    free(d2);
+    json_decref(st2);
+    free(gst);
+    free(fst);
+    json_t *procs = json_object_get(st, "processes");
+    size_t i;
+    json_t *p;
+    json_array_foreach(procs, i, p)
+    {
+        long long pid = (long long)json_integer_value(json_object_get(p, "pid"));
+        static const char *const routes[] = {
+            "/history?pid=%lld&buckets=300",
+            "/map?pid=%lld",
+            "/map?pid=%lld&seq=100",
+            "/map?pid=%lld&seq=28000", /* within the replay's window, past its first chunks */
+            "/tail?pid=%lld&n=1000",
+            "/callsites?pid=%lld",
+            "/callsites?pid=%lld&seq=27000",
+            "/gap?pid=%lld",
+            "/gap?pid=%lld&seq=29000",
+            "/analysis?pid=%lld",
+        };
+        for (size_t k = 0; k < sizeof routes / sizeof *routes; k++) {
+            char path[128];
+            snprintf(path, sizeof path, routes[k], pid);
+            char *a = get(g, path, &gs), *b = get(f, path, &fs);
+            if (gs != fs)
+                fail_msg("%s %s: status %d and %d", log, path, gs, fs);
+            same(path, log, a, strlen(a), b, strlen(b));
+            free(a);
+            free(b);
+        }
+    }
+    *state_out = st;
+}
+
 static void test_view_same(void **state)
 {
     (void)state;
@@ -560,59 +668,49 @@ static void test_view_same(void **state)
         unsigned long ge, gb, fe, fb;
         char gerr[320], ferr[320];
         int grc, frc;
-        load(&g, true, logs[l], &ge, &gb, gerr, sizeof gerr, &grc);
-        load(&f, false, logs[l], &fe, &fb, ferr, sizeof ferr, &frc);
+        load(&g, true, NULL, logs[l], &ge, &gb, gerr, sizeof gerr, &grc);
+        load(&f, false, NULL, logs[l], &fe, &fb, ferr, sizeof ferr, &frc);
         assert_int_equal(grc, frc);
         assert_int_equal(ge, fe);
         assert_int_equal(gb, fb);
         assert_string_equal(gerr, ferr);
-        int gs, fs;
-        char *gst = get(&g, "/state", &gs), *fst = get(&f, "/state", &fs);
-        assert_int_equal(gs, fs);
-        /* Every byte but the daemon's own start time. */
-        json_t *st = json_loads(gst, 0, NULL), *st2 = json_loads(fst, 0, NULL);
-        assert_non_null(st);
-        assert_non_null(st2);
-        json_object_del(json_object_get(st, "daemon"), "start_realtime_ns");
-        json_object_del(json_object_get(st2, "daemon"), "start_realtime_ns");
-        char *d1 = json_dumps(st, JSON_COMPACT), *d2 = json_dumps(st2, JSON_COMPACT);
-        same("/state", logs[l], d1, strlen(d1), d2, strlen(d2));
-        free(d1);
-        free(d2);
-        json_decref(st2);
-        json_t *procs = json_object_get(st, "processes");
-        size_t i;
-        json_t *p;
-        json_array_foreach(procs, i, p)
-        {
-            long long pid = (long long)json_integer_value(json_object_get(p, "pid"));
-            static const char *const routes[] = {
-                "/history?pid=%lld&buckets=300",
-                "/map?pid=%lld",
-                "/map?pid=%lld&seq=100",
-                "/tail?pid=%lld&n=2000",
-                "/callsites?pid=%lld",
-                "/gap?pid=%lld",
-                "/analysis?pid=%lld",
-            };
-            for (size_t k = 0; k < sizeof routes / sizeof *routes; k++) {
-                char path[128];
-                snprintf(path, sizeof path, routes[k], pid);
-                char *a = get(&g, path, &gs), *b = get(&f, path, &fs);
-                if (gs != fs)
-                    fail_msg("%s %s: status %d through jansson, %d fast", logs[l], path, gs, fs);
-                same(path, logs[l], a, strlen(a), b, strlen(b));
-                free(a);
-                free(b);
-            }
-        }
+        json_t *st;
+        routes_same(&g, &f, logs[l], &st);
         if (l == 0) /* the replay: both processes, every event */
-            assert_int_equal(json_array_size(procs), 2);
+            assert_int_equal(json_array_size(json_object_get(st, "processes")), 2);
         json_decref(st);
-        free(gst);
-        free(fst);
         th_daemon_stop(&g);
         th_daemon_stop(&f);
+    }
+}
+
+/* A window kept in a spool (`memtrace view`'s) serves what one in memory serves: the replay's
+ * 30000 events go through a window of 4096, so its evicted chunks are in the base and its
+ * past states read chunks back from the file. */
+static void test_view_spooled_same(void **state)
+{
+    (void)state;
+    for (size_t l = 0; l < nlogs; l++) {
+        th_daemon_t m, s;
+        unsigned long me, mb, se, sb;
+        char merr[320], serr[320];
+        int mrc, src;
+        load(&m, false, NULL, logs[l], &me, &mb, merr, sizeof merr, &mrc);
+        load(&s, false, dir, logs[l], &se, &sb, serr, sizeof serr, &src);
+        assert_int_equal(mrc, src);
+        assert_int_equal(me, se);
+        assert_string_equal(merr, serr);
+        for (const mt_d_proc_t *p = s.d->procs; p; p = p->next) {
+            const mt_d_web_proc_t *t = mt__d_web_find(s.d, p);
+            assert_true(t == NULL || t->win == NULL); /* spooled */
+            if (l == 0 && p->pid == 4242) /* the replay's first process: evicted chunks */
+                assert_true(t->wcount == 4096 && t->sp.nchunks > 8);
+        }
+        json_t *st;
+        routes_same(&m, &s, logs[l], &st);
+        json_decref(st);
+        th_daemon_stop(&m);
+        th_daemon_stop(&s);
     }
 }
 
@@ -627,10 +725,11 @@ int main(int argc, char **argv)
     exe = argv[1];
     root = argv[2];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replay_nonempty), cmocka_unit_test(test_commands_same),
-        cmocka_unit_test(test_view_same),       cmocka_unit_test(test_export_memory),
-        cmocka_unit_test(test_report_memory),   cmocka_unit_test(test_export_memory_procs),
-        cmocka_unit_test(test_plot_memory),
+        cmocka_unit_test(test_replay_nonempty),   cmocka_unit_test(test_commands_same),
+        cmocka_unit_test(test_view_same),         cmocka_unit_test(test_export_memory),
+        cmocka_unit_test(test_report_memory),     cmocka_unit_test(test_export_memory_procs),
+        cmocka_unit_test(test_plot_memory),       cmocka_unit_test(test_view_memory),
+        cmocka_unit_test(test_view_spooled_same),
     };
     return MT_TEST_RUN(tests, setup, teardown);
 }
