@@ -515,63 +515,52 @@ static void test_report_memory(void **state)
     unlink(logs2[1]);
 }
 
+/* The peak RSS of `memtrace CMD ARGS... LOG` on a log of n, then 2n events of one process
+ * with the same live set: no more than 2 MiB apart (the allocator's arenas and the pipe's
+ * blocks vary a little), or the command keeps memory that grows with the log. */
+static void rss_flat(const char *cmd, const char *a1, const char *a2)
+{
+    char logs2[2][128];
+    double rss[2];
+    size_t n = 4 * pangu.n; /* about 230 k events, 57 MB */
+    for (int k = 0; k < 2; k++) {
+        snprintf(logs2[k], sizeof logs2[k], "%s/%smem%d.ndjson", dir, cmd, k);
+        FILE *f = fopen(logs2[k], "w");
+        assert_non_null(f);
+        write_process(f, &pangu, 6000, (k + 1) * n);
+        assert_int_equal(fclose(f), 0);
+        rss[k] = peak_rss(cmd, a1, a2, logs2[k]);
+        unlink(logs2[k]);
+    }
+    print_message("%s: %zu events %.1f MB, %zu events %.1f MB peak RSS\n", cmd, n, rss[0] / 1e6,
+                  2 * n, rss[1] / 1e6);
+    if (rss[1] > rss[0] + (2 << 20))
+        fail_msg("%s: peak RSS %.1f MB on %zu events, %.1f MB on %zu: it grows with the log", cmd,
+                 rss[0] / 1e6, n, rss[1] / 1e6, 2 * n);
+}
+
 /* `memtrace plot` replays the process it draws three times (extent and peaks, the map at the
- * peak, the time buckets), so it keeps the events, but on disk (analysis/event_spool.h): a
- * log of twice the events with the same live set takes no more memory. Before, they were
- * kept in memory, 64 bytes each (about 15 MB more here). */
+ * peak, the time buckets), so it keeps the events, but on disk (analysis/event_spool.h).
+ * Before, they were kept in memory, 64 bytes each (about 15 MB more here). */
 static void test_plot_memory(void **state)
 {
     (void)state;
 #if defined(__SANITIZE_ADDRESS__)
     skip();
 #endif
-    char logs2[2][128];
-    double rss[2];
-    size_t n = 4 * pangu.n; /* about 230 k events, 57 MB */
-    for (int k = 0; k < 2; k++) {
-        snprintf(logs2[k], sizeof logs2[k], "%s/plotmem%d.ndjson", dir, k);
-        FILE *f = fopen(logs2[k], "w");
-        assert_non_null(f);
-        write_process(f, &pangu, 6000, (k + 1) * n);
-        assert_int_equal(fclose(f), 0);
-        rss[k] = peak_rss("plot", "-o", "/dev/null", logs2[k]);
-        unlink(logs2[k]);
-    }
-    print_message("plot: %zu events %.1f MB, %zu events %.1f MB peak RSS\n", n, rss[0] / 1e6, 2 * n,
-                  rss[1] / 1e6);
-    /* 2 MiB of slack: the allocator's arenas and the pipe's blocks vary a little. */
-    if (rss[1] > rss[0] + (2 << 20))
-        fail_msg("plot: peak RSS %.1f MB on %zu events, %.1f MB on %zu: it grows with the log",
-                 rss[0] / 1e6, n, rss[1] / 1e6, 2 * n);
+    rss_flat("plot", "-o", "/dev/null");
 }
 
 /* `memtrace view` keeps each process's window of events for its past states (a million
- * each by default), but on disk (daemon/web.h, analysis/event_spool.h): a log of twice the
- * events with the same live set takes no more memory. Before, the windows were in memory,
- * 64 bytes an event (about 15 MB more here). */
+ * each by default), but on disk (daemon/web.h, analysis/event_spool.h). Before, the windows
+ * were in memory, 64 bytes an event (about 15 MB more here). */
 static void test_view_memory(void **state)
 {
     (void)state;
 #if defined(__SANITIZE_ADDRESS__)
     skip();
 #endif
-    char logs2[2][128];
-    double rss[2];
-    size_t n = 4 * pangu.n; /* about 230 k events, 57 MB */
-    for (int k = 0; k < 2; k++) {
-        snprintf(logs2[k], sizeof logs2[k], "%s/viewmem%d.ndjson", dir, k);
-        FILE *f = fopen(logs2[k], "w");
-        assert_non_null(f);
-        write_process(f, &pangu, 6000, (k + 1) * n);
-        assert_int_equal(fclose(f), 0);
-        rss[k] = peak_rss("view", "--port", "0", logs2[k]);
-        unlink(logs2[k]);
-    }
-    print_message("view: %zu events %.1f MB, %zu events %.1f MB peak RSS\n", n, rss[0] / 1e6, 2 * n,
-                  rss[1] / 1e6);
-    if (rss[1] > rss[0] + (2 << 20))
-        fail_msg("view: peak RSS %.1f MB on %zu events, %.1f MB on %zu: it grows with the log",
-                 rss[0] / 1e6, n, rss[1] / 1e6, 2 * n);
+    rss_flat("view", "--port", "0");
 }
 
 /* ---- memtrace view's loader ---- */
