@@ -676,11 +676,42 @@ static int table_1m(mt__stab_stats_t *st, double *ns_per)
     return 0;
 }
 
+/* The local log's drain rows: to /dev/null (the encoder and the buffer) and to a file,
+ * alternating, best of rounds each. */
+static void drain_rows(int rounds)
+{
+    char logfile[] = "/tmp/mt-bench-prof-XXXXXX";
+    int lfd = mkstemp(logfile);
+    if (lfd >= 0)
+        close(lfd);
+    double best_null = 0, best_file = 0;
+    uint64_t wn = 0, wf = 0;
+    for (int round = 0; round < rounds && lfd >= 0; round++) {
+        unlink(logfile);
+        double a = log_drain_alone("/dev/null", &wn), b = log_drain_alone(logfile, &wf);
+        best_null = a > best_null ? a : best_null;
+        best_file = b > best_file ? b : best_file;
+    }
+    unlink(logfile);
+    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, /dev/null", "-", "-",
+           "-", best_null / 1e6, (unsigned long long)(DRAIN_EVENTS - wn),
+           ">= 10 M events/s per producer");
+    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, file in /tmp", "-", "-",
+           "-", best_file / 1e6, (unsigned long long)(DRAIN_EVENTS - wf),
+           "(with the file system's write)");
+}
+
 int main(int argc, char **argv)
 {
     /* "--loop": the allocation loop's rows and the ring alone only (no LSTM, no stacks):
      * for profiling the record path and for quick A/B runs. */
     bool loop_only = argc > 1 && strcmp(argv[1], "--loop") == 0;
+    /* "--drain [rounds]": the local log's drain rows alone (the encoder's A/B runs). */
+    if (argc > 1 && strcmp(argv[1], "--drain") == 0) {
+        int r = argc > 2 ? atoi(argv[2]) : ROUNDS;
+        drain_rows(r < 1 ? ROUNDS : r);
+        return 0;
+    }
     /* then, optionally, the rounds (more on a loaded machine) and one configuration's
      * number alone (to profile it) */
     int rounds = loop_only && argc > 2 ? atoi(argv[2]) : ROUNDS;
@@ -748,26 +779,7 @@ int main(int argc, char **argv)
     printf("%-30s %10.1f %11s %9.1f%% %10s %9s   %s\n", "event clock, 2 reads alone",
            2 * best_clock, "-", 100 * 2 * best_clock / off, "-", "-",
            "(floor of stamping each operation; 5 % of off is the goal)");
-    /* the local log's drain, to /dev/null (the encoder and the buffer) and to a file */
-    char logfile[] = "/tmp/mt-bench-prof-XXXXXX";
-    int lfd = mkstemp(logfile);
-    if (lfd >= 0)
-        close(lfd);
-    double best_null = 0, best_file = 0;
-    uint64_t wn = 0, wf = 0;
-    for (int round = 0; round < ROUNDS && lfd >= 0; round++) {
-        unlink(logfile);
-        double a = log_drain_alone("/dev/null", &wn), b = log_drain_alone(logfile, &wf);
-        best_null = a > best_null ? a : best_null;
-        best_file = b > best_file ? b : best_file;
-    }
-    unlink(logfile);
-    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, /dev/null", "-", "-",
-           "-", best_null / 1e6, (unsigned long long)(DRAIN_EVENTS - wn),
-           ">= 10 M events/s per producer");
-    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s\n", "local log drain, file in /tmp", "-", "-",
-           "-", best_file / 1e6, (unsigned long long)(DRAIN_EVENTS - wf),
-           "(with the file system's write)");
+    drain_rows(ROUNDS);
 
     /* The pair the thread cache serves (one size on its stream), recorded from its path. */
     cresult_t cr[NCFG];
