@@ -21,29 +21,19 @@
 #include "tests/common/test_main.h"
 
 /* The frozen encoder, its functions renamed (ref_*). */
-#define mt__prof_tag_label       ref_tag_label
-#define mt_prof_event_write      ref_event_write
-#define mt_prof_alloc_write      ref_alloc_write
-#define mt__prof_enc_init        ref_enc_init
-#define mt__prof_enc_forget_tags ref_enc_forget_tags
-#define mt__prof_enc_write       ref_enc_write
+#define mt__prof_tag_label  ref_tag_label
+#define mt_prof_event_write ref_event_write
+#define mt_prof_alloc_write ref_alloc_write
 const char *ref_tag_label(int tag, const char *(*tag_name)(void *ud, int tag), void *ud,
                           char buf[MT__PROF_TAG_LABEL_MAX]);
 size_t ref_event_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid,
                        const char *(*tag_name)(void *ud, int tag), void *ud);
 size_t ref_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int pid, uint32_t stack,
                        const char *(*tag_name)(void *ud, int tag), void *ud);
-void ref_enc_init(mt__prof_enc_t *e, int pid);
-void ref_enc_forget_tags(mt__prof_enc_t *e);
-size_t ref_enc_write(mt__prof_enc_t *e, char *buf, size_t cap, const mt_event_rec_t *ev,
-                     uint32_t stack, const char *(*tag_name)(void *ud, int tag), void *ud);
 #include "encode_ref.inc"
 #undef mt__prof_tag_label
 #undef mt_prof_event_write
 #undef mt_prof_alloc_write
-#undef mt__prof_enc_init
-#undef mt__prof_enc_forget_tags
-#undef mt__prof_enc_write
 
 #define CAP 16384
 
