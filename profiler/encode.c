@@ -23,79 +23,77 @@ _Static_assert(MT__PROF_SCHEMA_VERSION == 1, "event lines write the schema versi
 /* An escaped string is at most 6 bytes per input byte ("\u001f", "\ufffd"). */
 #define ESC_MAX 6
 
-/* "00" "01" ... "99": two digits per division. */
-static const char pairs[201] =
-    "00010203040506070809101112131415161718192021222324252627282930313233"
-    "34353637383940414243444546474849505152535455565758596061626364656667"
-    "6869707172737475767778798081828384858687888990919293949596979899";
+/* Numbers are written as whole 8-byte words (little-endian: the first character in the
+ * lowest byte), so a number's store may reach up to 8 bytes past its last digit, and the
+ * drainers' writer copies its prepared pieces MT__PROF_ENC_FRAG bytes at a time: bytes the
+ * rest of the line overwrites. Past the line's end, the drainers' writer may leave such
+ * bytes within the room it asks for (the widest line is 316 bytes besides names, FIXED_MAX
+ * 400); the general writer writes its last number exactly and leaves none. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "encode.c writes digits as little-endian words"
+#endif
+#define OVERRUN 64
+_Static_assert(316 + OVERRUN <= FIXED_MAX && MT__PROF_ENC_FRAG <= OVERRUN,
+               "a line's stores stay within the room it asks for");
 
-static int decimal_digits(uint64_t v)
+#define ASCII_ZEROS 0x3030303030303030ull
+
+static inline void store8(char *w, uint64_t x)
 {
-    static const uint64_t pow10[20] = {
-        1ull,
-        10ull,
-        100ull,
-        1000ull,
-        10000ull,
-        100000ull,
-        1000000ull,
-        10000000ull,
-        100000000ull,
-        1000000000ull,
-        10000000000ull,
-        100000000000ull,
-        1000000000000ull,
-        10000000000000ull,
-        100000000000000ull,
-        1000000000000000ull,
-        10000000000000000ull,
-        100000000000000000ull,
-        1000000000000000000ull,
-        10000000000000000000ull,
-    };
-    /* bits * log10(2) (1233 / 4096) is the digit count or one less. */
-    int t = ((64 - __builtin_clzll(v | 1)) * 1233) >> 12;
-    return t + ((v | 1) >= pow10[t]); /* v | 1: 0 has one digit too */
+    memcpy(w, &x, 8);
 }
 
-/* v < 10^8 as exactly 8 digits: four independent divisions, not a chain of them. */
-static void put8(char *p, uint32_t v)
+/* v < 10^8 as its 8 decimal digits (leading zeros included), digit values 0..9 one per
+ * byte, the most significant in the lowest byte: both halves of v in one word, then
+ * "divide by 100" and "by 10" in all lanes at once (multiply and shift: exact for lanes
+ * below 10^4 and 10^2), no table, no loop. */
+static inline uint64_t digits8(uint32_t v)
 {
-    uint32_t hi = v / 10000, lo = v % 10000;
-    memcpy(p, pairs + 2 * (hi / 100), 2);
-    memcpy(p + 2, pairs + 2 * (hi % 100), 2);
-    memcpy(p + 4, pairs + 2 * (lo / 100), 2);
-    memcpy(p + 6, pairs + 2 * (lo % 100), 2);
+    uint64_t x = (uint64_t)(v / 10000) | (uint64_t)(v % 10000) << 32;
+    uint64_t h = (x * 10486) >> 20 & 0x0000007f0000007full;
+    x = h | (x - 100 * h) << 16;
+    h = (x * 103) >> 10 & 0x000f000f000f000full;
+    return h | (x - 10 * h) << 8;
 }
 
-/* Digits are written backwards from the end, which is known first: no reversal. */
-static char *put_u64(char *w, uint64_t v)
+/* v < 10^8 without leading zeros ("0" for 0); stores 8 bytes. */
+static inline char *put_small(char *w, uint32_t v)
 {
-    char *end = w + decimal_digits(v);
-    char *p = end;
-    while (v >= 100000000) {
-        p -= 8;
-        put8(p, (uint32_t)(v % 100000000));
-        v /= 100000000;
+    uint64_t d = digits8(v);
+    int zeros = __builtin_ctzll(d | 1ull << 56) >> 3; /* bit 56: the last digit always shows */
+    store8(w, (d | ASCII_ZEROS) >> (8 * zeros));
+    return w + 8 - zeros;
+}
+
+/* The number writers are inlined into the line writers: a call per field cost as much as
+ * the field's digits. */
+#define HOT static inline __attribute__((always_inline))
+
+/* Stores up to 24 bytes (8 per group of 8 digits). */
+HOT char *put_u64(char *w, uint64_t v)
+{
+    if (v < 10) { /* devices, streams, ids, empty totals: one digit is common */
+        *w = (char)('0' + v);
+        return w + 1;
     }
-    uint32_t u = (uint32_t)v;
-    while (u >= 100) {
-        unsigned i = (u % 100) * 2;
-        u /= 100;
-        *--p = pairs[i + 1];
-        *--p = pairs[i];
+    if (v < 100000000)
+        return put_small(w, (uint32_t)v);
+    if (v < 10000000000000000ull) {
+        uint64_t hi = v / 100000000;
+        w = put_small(w, (uint32_t)hi);
+        store8(w, digits8((uint32_t)(v - hi * 100000000)) | ASCII_ZEROS);
+        return w + 8;
     }
-    if (u >= 10) {
-        *--p = pairs[u * 2 + 1];
-        *--p = pairs[u * 2];
-    } else {
-        *--p = (char)('0' + u);
-    }
-    return end;
+    uint64_t top = v / 10000000000000000ull, rest = v - top * 10000000000000000ull;
+    uint64_t mid = rest / 100000000;
+    w = put_small(w, (uint32_t)top);
+    store8(w, digits8((uint32_t)mid) | ASCII_ZEROS);
+    store8(w + 8, digits8((uint32_t)(rest - mid * 100000000)) | ASCII_ZEROS);
+    return w + 16;
 }
 
 /* A byte count as an integer the decoder reads back: saturated at INT64_MAX. */
-static char *put_sat(char *w, uint64_t v)
+HOT char *put_sat(char *w, uint64_t v)
 {
     return put_u64(w, v > (uint64_t)INT64_MAX ? (uint64_t)INT64_MAX : v);
 }
@@ -109,32 +107,45 @@ static char *put_int(char *w, int64_t v)
     return put_u64(w, (uint64_t)v);
 }
 
-/* "00" "01" ... "ff": two hex digits per byte. */
-static const char hex_pairs[513] =
-    "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
-    "202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f"
-    "404142434445464748494a4b4c4d4e4f505152535455565758595a5b5c5d5e5f"
-    "606162636465666768696a6b6c6d6e6f707172737475767778797a7b7c7d7e7f"
-    "808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f"
-    "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf"
-    "c0c1c2c3c4c5c6c7c8c9cacbcccdcecfd0d1d2d3d4d5d6d7d8d9dadbdcdddedf"
-    "e0e1e2e3e4e5e6e7e8e9eaebecedeeeff0f1f2f3f4f5f6f7f8f9fafbfcfdfeff";
+/* The last number of a general writer's line: its digits only, so that that writer changes
+ * no byte past the line's NUL (every earlier store is covered by the bytes that follow it). */
+static char *put_sat_exact(char *w, uint64_t v)
+{
+    char tmp[24];
+    size_t n = (size_t)(put_sat(tmp, v) - tmp);
+    memcpy(w, tmp, n);
+    return w + n;
+}
 
-/* Lowercase, no leading zeros, backwards a byte (two digits) at a time. */
-static char *put_hex(char *w, uint64_t v)
+/* The 8 hex digits of v, lowercase, the most significant in the lowest byte: the nibbles
+ * spread one per byte, then '0' + n, plus 'a' - '0' - 10 where n >= 10 (n + 6 carries into
+ * bit 4). */
+static inline uint64_t hex8(uint32_t v)
+{
+    uint64_t x = v;
+    x = (x & 0xffff0000ull) << 16 | (x & 0xffffull);
+    x = (x & 0x0000ff000000ff00ull) << 8 | (x & 0x000000ff000000ffull);
+    x = (x & 0x00f000f000f000f0ull) << 4 | (x & 0x000f000f000f000full);
+    x = __builtin_bswap64(x);
+    uint64_t letters = (x + 0x0606060606060606ull) >> 4 & 0x0101010101010101ull;
+    return x + ASCII_ZEROS + letters * ('a' - '0' - 10);
+}
+
+/* "0x..." lowercase, no leading zeros; stores up to 8 bytes past the closing quote's place. */
+HOT char *put_hex(char *w, uint64_t v)
 {
     int n = v ? (64 - __builtin_clzll(v) + 3) / 4 : 1;
-    *w++ = '"';
-    *w++ = '0';
-    *w++ = 'x';
-    char *p = w + n;
-    for (; p - w >= 2; v >>= 8) {
-        p -= 2;
-        memcpy(p, hex_pairs + 2 * (v & 0xff), 2);
+    memcpy(w, "\"0x", 3);
+    w += 3;
+    if (n <= 8) {
+        store8(w, hex8((uint32_t)v) >> (8 * (8 - n)));
+        w += n;
+    } else {
+        store8(w, hex8((uint32_t)(v >> 32)) >> (8 * (16 - n)));
+        w += n - 8;
+        store8(w, hex8((uint32_t)v));
+        w += 8;
     }
-    if (p > w)
-        *--p = hex_pairs[2 * (v & 15) + 1];
-    w += n;
     *w++ = '"';
     return w;
 }
@@ -190,9 +201,11 @@ const char *mt__prof_tag_label(int tag, const char *(*tag_name)(void *ud, int ta
         return s;
     if (tag >= 0 && tag < MT_TAG_USER_FIRST)
         return mt_tag_builtin_name(tag);
-    char *w = LIT(buf, "tag");
+    char tmp[MT__PROF_TAG_LABEL_MAX + 32]; /* the number's stores reach past its digits */
+    char *w = LIT(tmp, "tag");
     w = put_int(w, tag);
     *w = '\0';
+    memcpy(buf, tmp, (size_t)(w - tmp) + 1);
     return buf;
 }
 
@@ -205,7 +218,7 @@ static char *write_gap(char *w, const mt_event_rec_t *ev, int pid)
     w = LIT(w, ",\"pid\":");
     w = put_int(w, pid);
     w = LIT(w, ",\"lost\":");
-    w = put_sat(w, ev->size);
+    w = put_sat_exact(w, ev->size);
     return LIT(w, "}\n");
 }
 
@@ -267,7 +280,7 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
         w = LIT(w, ",\"pool\":");
         w = put_str(w, mt_pool_name(ev->pool));
         w = LIT(w, ",\"stack\":");
-        w = put_sat(w, ev->size);
+        w = put_sat_exact(w, ev->size);
         w = LIT(w, "}\n");
         *w = '\0';
         return (size_t)(w - buf);
@@ -331,10 +344,11 @@ size_t mt_prof_alloc_write(char *buf, size_t cap, const mt_event_rec_t *ev, int 
     w = LIT(w, ",\"allocated\":");
     w = put_sat(w, ev->allocated);
     w = LIT(w, ",\"reserved\":");
-    w = put_sat(w, ev->reserved);
-    if (stack != 0 && ev->kind == MT_EV_ALLOC) {
+    bool with_stack = stack != 0 && ev->kind == MT_EV_ALLOC;
+    w = with_stack ? put_sat(w, ev->reserved) : put_sat_exact(w, ev->reserved);
+    if (with_stack) {
         w = LIT(w, ",\"stack\":");
-        w = put_u64(w, stack);
+        w = put_sat_exact(w, stack);
     }
     w = LIT(w, "}\n");
     *w = '\0';
@@ -425,7 +439,15 @@ static bool learn_tag(mt__prof_enc_t *e, int t, const char *(*tag_name)(void *ud
     return true;
 }
 
-#define PIECE(w, p, n) (memcpy((w), (p), (n)), (w) + (n))
+/* A prepared piece: a fixed-size copy (a few word moves) instead of one of its length. */
+static inline char *copy_piece(char *w, const char *p, size_t n)
+{
+    memcpy(w, p, MT__PROF_ENC_FRAG);
+    if (n > MT__PROF_ENC_FRAG) /* a tag's piece may be longer */
+        memcpy(w + MT__PROF_ENC_FRAG, p + MT__PROF_ENC_FRAG, n - MT__PROF_ENC_FRAG);
+    return w + n;
+}
+#define PIECE(w, p, n) copy_piece((w), (p), (n))
 
 size_t mt__prof_enc_write(mt__prof_enc_t *e, char *buf, size_t cap, const mt_event_rec_t *ev,
                           uint32_t stack, const char *(*tag_name)(void *ud, int tag), void *ud)

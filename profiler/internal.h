@@ -66,7 +66,8 @@ void mt__prof_enc_init(mt__prof_enc_t *e, int pid);
 /* Tag names may have changed: they are asked of tag_name again. */
 void mt__prof_enc_forget_tags(mt__prof_enc_t *e);
 /* As mt_prof_alloc_write(buf, cap, ev, e->pid, stack, tag_name, ud), same bytes, same
- * return value (the line's length, or the room it needs when cap is too small). */
+ * return value (the line's length, or the room it needs when cap is too small); unlike it,
+ * it may change bytes past the line's NUL, below the room the line needs (its scratch). */
 size_t mt__prof_enc_write(mt__prof_enc_t *e, char *buf, size_t cap, const mt_event_rec_t *ev,
                           uint32_t stack, const char *(*tag_name)(void *ud, int tag), void *ud);
 

@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #define DRAIN_BATCH 4096
-#define OUTBUF_SIZE (64 * 1024)
+/* One write per buffer: 256 KiB writes to an ext4 file took 15 % less of the drainer's CPU
+ * per line than 64 KiB ones (1 MiB, no less again). */
+#define OUTBUF_SIZE (256 * 1024)
 /* An event line is at most this long with the stream's labels (24 bytes); a drain takes
  * only as many records as surely fit the buffer's room, so that none is taken from the
  * ring that the buffer cannot hold while the disk is full. */
