@@ -7,7 +7,7 @@
  * unless the oversize rules (upper bound) exclude it. */
 #include <stdlib.h>
 
-#include "allocator/tcache.h"
+#include "allocator/internal.h"
 
 /* The bitmap bits of class c agree with its list (the binset invariant, for one class). */
 static inline bool class_bits_agree(const mt_binset_t *bs, unsigned c)
@@ -50,11 +50,21 @@ mt_binset_t *mt__bins_create(int bp, mt_stream_t *s)
     return bs;
 }
 
+/* Its free space changed (a block into or out of its bins): sr->free_ver counts it, for
+ * readers without mu (a thread cache's block handed out before is then no longer what best
+ * fit would give again). */
+static inline void free_changed(mt_streamrec_t *sr)
+{
+    if (sr != NULL)
+        __atomic_store_n(&sr->free_ver, __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED) + 1,
+                         __ATOMIC_RELAXED);
+}
+
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 {
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
     mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
-    mt__tc_bump(bs->sr);
+    free_changed(bs->sr);
     unsigned c = mt__bin_class(b->size);
     b->cls = (uint16_t)c;
     b->bin_prev = NULL;
@@ -72,7 +82,7 @@ void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
 {
     unsigned c = b->cls;
-    mt__tc_bump(bs->sr);
+    free_changed(bs->sr);
     /* b is on the list of its class: a double remove or a stale cls fails here. */
     mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
     mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);

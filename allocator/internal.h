@@ -187,9 +187,9 @@ struct mt_streamrec_s {
     uint32_t users[2];           /* threads in mt__exp_grow on the range (it may have no
                                   * run yet while they map) */
     bool reserving[2];           /* a vm_reserve for the range is in flight */
-    uint64_t tc_ver;             /* changes of its free space (its bins): written
-                                  * under mu with __atomic stores, read by the thread
-                                  * caches without it (mt__tc_bump) */
+    uint64_t free_ver;           /* changes of its free space (its bins): written
+                                  * under mu with __atomic stores (bins.c), read by the
+                                  * thread caches without it */
     /* The private pool whose blocks on this stream it holds, or NULL for the stream's own
      * (eager) record. Stream lookups (mt__alloc_streamrec, last_sr) see only the eager
      * records; a pool's are reached through the pool and a->routes (pools.c). */

@@ -392,7 +392,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
      * this cache did nothing but free it (k, seq) and its stream's free space did not
      * change (ver), nor the plan (pver). */
     if (e == NULL || l->size != rsize || l->sr->stream != stream || e->seq != c->nops ||
-        e->k + 1 != c->nops || e->ver != __atomic_load_n(&l->sr->tc_ver, __ATOMIC_RELAXED) ||
+        e->k + 1 != c->nops || e->ver != __atomic_load_n(&l->sr->free_ver, __ATOMIC_RELAXED) ||
         (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
         !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
         goto refuse;
@@ -735,7 +735,7 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
             .req = b->requested,
             .greq = b->requested,
             .k = c->nops,
-            .ver = __atomic_load_n(&sr->tc_ver, __ATOMIC_RELAXED),
+            .ver = __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED),
             .pver = b->planned ? a->plan_ver : 0,
             .tag = b->tag,
             .gtag = b->tag,

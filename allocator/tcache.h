@@ -5,15 +5,6 @@
 
 #include "allocator/internal.h"
 
-/* The stream's free space changed (a block into or out of its bins): a thread cache's
- * block handed out before is no longer what best fit would give again. */
-static inline void mt__tc_bump(mt_streamrec_t *sr)
-{
-    if (sr != NULL)
-        __atomic_store_n(&sr->tc_ver, __atomic_load_n(&sr->tc_ver, __ATOMIC_RELAXED) + 1,
-                         __ATOMIC_RELAXED);
-}
-
 /* The fast paths run without mu, excluded from a cache by a thread holding mu that claims
  * it (tcache.c); a claimer takes no other lock meanwhile. */
 /* Fast paths, without mu (a cached pair), each ending in a tail call of the global path

@@ -35,7 +35,7 @@ typedef struct mt__tc_ent_s {
     size_t greq;        /* the counters' (b->requested) */
     uint64_t seq;       /* owner's operation count at its last free into the cache */
     uint64_t k;         /* owner's operation count when it was last handed out */
-    uint64_t ver;       /* sr->tc_ver when the global path handed it out */
+    uint64_t ver;       /* sr->free_ver when the global path handed it out */
     uint64_t pver;      /* planned: a->plan_ver when the global path handed it out, its
                          * pair then leaving the plan as it was (else 0) */
     bool held;          /* in its LIFO (freed by the program) */
