@@ -7,9 +7,10 @@
  * in size-class bins with bitmaps (O(1) lookup); all metadata lives on the host.
  *
  * Thread-safety: an mt_alloc_t is safe to use from any number of threads; one mutex
- * per allocator serialises its operations. An allocator's sink calls never overlap: they
- * are made under that mutex, or by a thread cache's fast operation under the allocator's
- * short recording lock (event.h). */
+ * per allocator serialises its operations. An allocator's sink calls never overlap but
+ * write: they are made under that mutex, or by a thread cache's fast operation under the
+ * allocator's short recording lock; two threads' writes of what their claims took may run
+ * at once (event.h). */
 #ifndef MEMTRACE_ALLOC_H
 #define MEMTRACE_ALLOC_H
 

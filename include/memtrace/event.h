@@ -184,7 +184,8 @@ typedef struct mt_event_sink_s {
     /* Optional, both or neither: emit_n in two steps, so that a caller that orders its
      * batches under a lock of its own holds it only for the first. claim takes n places in
      * the sink's order (tok: the sink's) and returns true, or returns false when it cannot
-     * now (the caller then calls emit_n, still in order); write fills what claim took. */
+     * now (the caller then calls emit_n, still in order); write fills what claim took, and
+     * may run while another thread's write of another claim does. */
     bool (*claim)(void *ud, size_t n, uint64_t tok[2]);
     void (*write)(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
 } mt_event_sink_t;
