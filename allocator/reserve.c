@@ -648,14 +648,17 @@ static size_t plan_pick(const mt__plan_t *p, size_t cursor, bool fresh, size_t r
     return at_cursor ? cursor : k;
 }
 
-/* Nothing of the plan is live: a request the first entry takes starts the sequence again
- * (the next iteration of a training loop), unless the cursor is at a place where the
- * sequence itself had nothing live and the request fits there. */
+/* Nothing of the plan is live: a new pass (the next iteration of a training loop), unless
+ * the cursor is at a place, not the first, where the sequence itself had nothing live and
+ * the request fits there (the next phase of the same pass). The entries the last pass took,
+ * all free now, are offered again: kept taken, they would steer an iteration that begins
+ * with another request than the warm-up's first, or that skipped the first entry, away
+ * from the places planned for it. */
 static bool plan_restarts(const mt__plan_t *p, size_t live, size_t rsize)
 {
     const mt__plan_ent_t *c = &p->ent[p->cursor];
-    return live == 0 && rsize <= p->ent[p->first].size &&
-           !(c->anchor && !ent_taken(p, p->cursor) && rsize <= c->size);
+    return live == 0 &&
+           (p->cursor == p->first || !(c->anchor && !ent_taken(p, p->cursor) && rsize <= c->size));
 }
 
 mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_block_t **front,

@@ -1,6 +1,7 @@
 /* Warm-up: one training step at the largest shape a caller will run, inside the
  * allocator's warm-up, so that later steps within those bounds allocate nothing from the
- * device. */
+ * device: the module's blocks and the caller's, when the caller's are among the twelve
+ * buffers below at the step's sizes (docs/rnn-cpu.md, Warm-up, says what else holds). */
 #include <stdint.h>
 #include <stdlib.h>
 

@@ -352,10 +352,17 @@ static void inference_memory_constant(void **state)
     fx_free(&fx);
 }
 
-/* One training step at (T, B) with caller buffers, as a program would run it. */
-static void train_step(rnn_fx_t *fx, mt_rnn_t *m, int T, int B, int in, int H, int L)
+/* One training step at (T, B) with caller buffers, as a program would run it: the
+ * gradient buffers dy and dx after the forward, or before it with the others (early), as
+ * the warm-up holds them. */
+static void train_step(rnn_fx_t *fx, mt_rnn_t *m, int T, int B, int in, int H, int L, bool early)
 {
     size_t nx = (size_t)T * B * in, ny = (size_t)T * B * H, ns = (size_t)L * B * H;
+    float *dy = NULL, *dx = NULL;
+    if (early) {
+        dy = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 2);
+        dx = fx_buf(fx, nx, MT_TAG_BATCH, 0);
+    }
     float *x = fx_buf(fx, nx, MT_TAG_BATCH, (uint64_t)T * 31 + (uint64_t)B);
     float *y = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 0);
     float *hx = fx_buf(fx, ns, MT_TAG_ACTIVATIONS, 1);
@@ -365,8 +372,10 @@ static void train_step(rnn_fx_t *fx, mt_rnn_t *m, int T, int B, int in, int H, i
         .seq_len = T, .batch = B, .x = x, .y = y, .hx = hx, .cx = NULL, .hy = hy, .cy = cy};
     mt_rnn_reserve_t *res;
     assert_int_equal(mt_rnn_forward(m, &io, &res), 0);
-    float *dy = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 2);
-    float *dx = fx_buf(fx, nx, MT_TAG_BATCH, 0);
+    if (!early) {
+        dy = fx_buf(fx, ny, MT_TAG_ACTIVATIONS, 2);
+        dx = fx_buf(fx, nx, MT_TAG_BATCH, 0);
+    }
     mt_rnn_grad_io_t g = {.dy = dy, .dx = dx};
     assert_int_equal(mt_rnn_backward(m, &res, &g), 0);
     float *bufs[] = {dx, dy, cy, hy, hx, y, x};
@@ -374,15 +383,22 @@ static void train_step(rnn_fx_t *fx, mt_rnn_t *m, int T, int B, int in, int H, i
         fx_put(fx, bufs[i]);
 }
 
-/* Backend mallocs made by 50 random-length batches, with or without the warm-up. */
-static uint64_t random_batches(bool warm, uint64_t *reserved_peak)
+/* MT_TEST_BATCHES: fewer batches and a smaller hidden size under an emulator
+ * (tests/cross/avx2_qemu.sh), where every FMA is a call into soft float (95 % of its time
+ * by perf) and the point is the CPU's code paths, not the count; 0 = natively. */
+static int emulated_batches(void)
+{
+    const char *nb = getenv("MT_TEST_BATCHES");
+    return nb != NULL && atoi(nb) >= 2 ? atoi(nb) : 0;
+}
+
+/* Backend mallocs made by 50 random-length batches, with or without the warm-up, the
+ * gradient buffers allocated after the forward or before it (early). */
+static uint64_t random_batches(bool warm, bool early, uint64_t *reserved_peak)
 {
     rnn_fx_t *fx = fx_new(512 * MIB);
-    /* MT_TEST_BATCHES: fewer batches and a smaller hidden size under an emulator
-     * (tests/cross/avx2_qemu.sh), where every FMA is a call into soft float (95 % of its
-     * time by perf) and the point is the CPU's code paths, not the count. */
-    const char *nb = getenv("MT_TEST_BATCHES");
-    bool emulated = nb != NULL && atoi(nb) >= 2;
+    int nb = emulated_batches();
+    bool emulated = nb > 0;
     int in = 64, H = emulated ? 64 : 128, L = 2, maxT = 50, maxB = 16;
     mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, in, H, L, false);
     mt_rnn_t *m;
@@ -398,7 +414,7 @@ static uint64_t random_batches(bool warm, uint64_t *reserved_peak)
     }
     uint64_t before = fx_backend_mallocs(fx);
     uint64_t st = 12345;
-    int n = emulated ? atoi(nb) : 50;
+    int n = emulated ? nb : 50;
     for (int it = 0; it < n; it++) {
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         int T = 1 + (int)((st >> 33) % (uint64_t)maxT);
@@ -407,7 +423,7 @@ static uint64_t random_batches(bool warm, uint64_t *reserved_peak)
             T = maxT;
             B = maxB;
         }
-        train_step(fx, m, T, B, in, H, L);
+        train_step(fx, m, T, B, in, H, L, early);
         assert_int_equal(mt_alloc_check(fx->a), 0);
         assert_int_equal(mt__rnn_check(m), 0);
     }
@@ -422,12 +438,71 @@ static void warmup_zero_backend_mallocs(void **state)
 {
     (void)state;
     uint64_t rp_warm, rp_cold;
-    uint64_t warm = random_batches(true, &rp_warm);
-    uint64_t cold = random_batches(false, &rp_cold);
-    print_message("backend mallocs over the batches: %llu with warm-up, %llu without\n",
-                  (unsigned long long)warm, (unsigned long long)cold);
+    uint64_t warm = random_batches(true, false, &rp_warm);
+    /* The order's run tests the allocator's logic, not the CPU's: native runs only. */
+    uint64_t early = emulated_batches() ? 0 : random_batches(true, true, &rp_warm);
+    uint64_t cold = random_batches(false, false, &rp_cold);
+    print_message("backend mallocs over the batches: %llu with warm-up (%llu with the gradient "
+                  "buffers before the forward%s), %llu without\n",
+                  (unsigned long long)warm, (unsigned long long)early,
+                  emulated_batches() ? ": not run" : "", (unsigned long long)cold);
     assert_int_equal(warm, 0);
+    assert_int_equal(early, 0);
     assert_true(cold > 0);
+}
+
+/* Backend mallocs of training steps at the shapes shapes[0..n) (T, B pairs), gradient
+ * buffers early or not, after a warm-up at (maxT, maxB) or none (maxT = 0), with H = 128:
+ * small shapes, where the step's first request differs from the warm-up's and the
+ * workspaces take most of the reservation. */
+static uint64_t small_steps(int maxT, int maxB, const int (*shapes)[2], size_t n, bool early)
+{
+    rnn_fx_t *fx = fx_new(256 * MIB);
+    int in = 64, H = 128, L = 2;
+    mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, in, H, L, false);
+    mt_rnn_t *m;
+    assert_int_equal(mt_rnn_create(&m, &c), 0);
+    if (maxT > 0)
+        assert_int_equal(mt_rnn_warmup(m, maxT, maxB), 0);
+    uint64_t before = fx_backend_mallocs(fx);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t was = fx_backend_mallocs(fx);
+        train_step(fx, m, shapes[i][0], shapes[i][1], in, H, L, early);
+        if (maxT > 0 && fx_backend_mallocs(fx) != was)
+            print_message("step %zu at T=%d, B=%d after a warm-up at T=%d, B=%d: %llu backend "
+                          "mallocs\n",
+                          i, shapes[i][0], shapes[i][1], maxT, maxB,
+                          (unsigned long long)(fx_backend_mallocs(fx) - was));
+        assert_int_equal(mt_alloc_check(fx->a), 0);
+    }
+    uint64_t made = fx_backend_mallocs(fx) - before;
+    mt_rnn_destroy(&m);
+    fx_free(&fx);
+    return made;
+}
+
+/* After a warm-up at (12, 8), steps at (5, 1) then (8, 6) (the second's backward
+ * workspace once went to the device: the first step had left the plan's pass open), then
+ * every shape within the bounds, make no backend malloc, whether the caller allocates its
+ * gradient buffers after the forward or before it; without the warm-up the first steps make
+ * some. */
+static void warmup_small_shapes(void **state)
+{
+    (void)state;
+    const int first[][2] = {{5, 1}, {8, 6}};
+    int all[12 * 8 + 2][2] = {{5, 1}, {8, 6}};
+    size_t n = 2;
+    for (int T = 12; T >= 1; T--)
+        for (int B = 1; B <= 8; B++) {
+            all[n][0] = T;
+            all[n++][1] = B;
+        }
+    for (int early = 0; early < 2; early++) {
+        assert_true(small_steps(0, 0, first, 2, early) > 0);
+        assert_int_equal(small_steps(12, 8, first, 2, early), 0);
+        if (!emulated_batches()) /* 200 steps: too slow in soft float */
+            assert_int_equal(small_steps(12, 8, (const int(*)[2])all, n, early), 0);
+    }
 }
 
 /* Device memory exhaustion: create, forward and warm-up fail with MT_ENOMEM, leave nothing
@@ -573,6 +648,7 @@ int main(void)
         cmocka_unit_test(replicate_is_flat),
         cmocka_unit_test(inference_memory_constant),
         cmocka_unit_test(warmup_zero_backend_mallocs),
+        cmocka_unit_test(warmup_small_shapes),
         cmocka_unit_test(out_of_memory_is_clean),
         cmocka_unit_test(cpu_path_orders_after_stream),
         cmocka_unit_test(default_library_follows_threads),
