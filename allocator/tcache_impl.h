@@ -13,7 +13,7 @@
 #define TC_PAYS        8    /* owning pays with >= 1 pop per TC_PAYS owns */
 #define TC_BACKOFF_MIN 1024 /* global allocations skipped after a window that did not pay */
 #define TC_BACKOFF_MAX 65536
-#define TC_BATCH       32 /* fast operations' events handed to the sink at once */
+#define TC_BATCH       256 /* fast operations' events handed to the sink at once */
 _Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
