@@ -357,7 +357,10 @@ MT_API int mt_rnn_unpack_states(mt_rnn_t *m, const mt_rnn_pack_t *p, int groups,
 
 /* Warm-up (U2): runs a training forward and backward at the largest shape (max_T, max_B)
  * on zero inputs inside mt_alloc_warmup_begin/end, with its own input and output buffers
- * (tagged batch), so that later batches within those bounds make no backend malloc.
+ * (tagged batch), so that a later forward and backward within those bounds makes no
+ * backend malloc, the caller's buffers included when they are among the step's twelve
+ * (x, y, hx, cx, hy, cy and their gradients) allocated before the forward, or the gradients
+ * between it and the backward (docs/rnn-cpu.md, Warm-up).
  * Gradients are unchanged (zero inputs give zero gradients). */
 MT_API int mt_rnn_warmup(mt_rnn_t *m, int max_T, int max_B);
 /* The same for packed batches: afterwards any packed batch of at most max_tokens tokens and
