@@ -597,6 +597,7 @@ static void cpu_path_orders_after_stream(void **state)
  * oneDNN at one thread; at two the linked CBLAS where it is OpenBLAS, else BLIS, where they
  * load; the linked CBLAS under ASan), and
  * follows mt_rnn_set_gemm_threads; a library named in the configuration stays. */
+#if !defined(__SANITIZE_ADDRESS__)
 static const char *loads(rnn_fx_t *fx, const char *lib)
 {
     mt_rnn_cfg_t c = fx_cfg(fx, MT_RNN_LSTM, 3, 4, 1, false);
@@ -607,6 +608,7 @@ static const char *loads(rnn_fx_t *fx, const char *lib)
     mt_rnn_destroy(&m);
     return lib;
 }
+#endif
 
 static void default_library_follows_threads(void **state)
 {
