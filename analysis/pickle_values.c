@@ -285,12 +285,13 @@ int mt__pk_make_tuple(mt__pk_reader_t *r, size_t n)
     mt_pk_value_t **a = n ? mt__pk_alloc(r, n * sizeof *a) : NULL;
     if (t == NULL || (n && a == NULL))
         return r->rc;
-    mt_pk_value_t **items = r->stack + r->sp - n;
-    for (size_t i = 0; i < n; i++)
-        if (adopt(r, t, items[i]) < 0)
-            return r->rc;
-    if (n)
+    if (n > 0) { /* an empty tuple on an empty stack: the stack may have no array yet */
+        mt_pk_value_t **items = r->stack + r->sp - n;
+        for (size_t i = 0; i < n; i++)
+            if (adopt(r, t, items[i]) < 0)
+                return r->rc;
         memcpy(a, items, n * sizeof *a);
+    }
     t->u.items = a;
     t->n = t->cap = n;
     r->sp -= n;
