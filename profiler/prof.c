@@ -220,12 +220,15 @@ static void sink_oom_note(void *ud, unsigned device, uint64_t n, char *buf, size
 
 static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on);
 
-/* A batch in two steps (event.h): not in lossless mode, whose waits push_n makes. */
+/* A batch in two steps (event.h): not in lossless mode, whose waits push_n makes, nor for a
+ * batch longer than the ring, which a claim would always drop whole (push_n keeps what
+ * fits). A claim on a ring momentarily full drops the batch. */
 static bool sink_claim(void *ud, size_t n, uint64_t tok[2])
 {
     mt_prof_t *p = ud;
     if (atomic_load_explicit(&p->lossless_ns, memory_order_relaxed) != 0 ||
-        atomic_load_explicit(&p->mode, memory_order_relaxed) == MT_PROF_OFF)
+        atomic_load_explicit(&p->mode, memory_order_relaxed) == MT_PROF_OFF ||
+        n > mt__ring_slots(p->ring))
         return false;
     mt__ring_claim(p->ring, n, tok);
     return true;

@@ -599,6 +599,11 @@ static __attribute__((noinline, cold)) size_t push_full(mt__ring_t *r, const mt_
     return dropped;
 }
 
+size_t mt__ring_slots(const mt__ring_t *r)
+{
+    return (size_t)r->mask + 1;
+}
+
 void mt__ring_claim(mt__ring_t *r, size_t n, uint64_t tok[2])
 {
     if (n == 0 || n > (size_t)r->mask + 1 || !claim_n(r, n, &tok[0], &tok[1])) {

@@ -195,6 +195,8 @@ size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n);
  * of the first) or, when n are not free, counts all n dropped (tok[1] = UINT64_MAX); write
  * fills and publishes what claim took (nothing for a drop). */
 void mt__ring_claim(mt__ring_t *r, size_t n, uint64_t tok[2]);
+/* The ring's slots: a batch longer than that can never be claimed whole. */
+size_t mt__ring_slots(const mt__ring_t *r);
 void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
 
 /* Records ev[0..n) as push_n does when there is room for all, and returns true; else
