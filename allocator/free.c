@@ -222,7 +222,7 @@ int mt_alloc_block_info(mt_alloc_t *a, const void *ptr, void **base, size_t *siz
         if (size != NULL)
             *size = b->size;
         if (tag != NULL)
-            *tag = owned ? mt__tc_tag(b) : b->tag; /* the program's, not the counters' */
+            *tag = b->tag;
     }
     if (owned)
         mt__tc_unlock_owner(b);

@@ -2,12 +2,11 @@
  * taken back by the thread's next request of that rounded size on that stream without the
  * allocator's lock (docs/allocator-tcache.md has the design and its invariants).
  *
- * To the allocator's structures a block a cache holds is still allocated, to its owner.
- * The counters the fast paths would change stay untouched; each cache keeps allowances:
- * how much the allocator's counters overstate the program's truth because of its blocks.
- * A pop is taken only if no allowance goes negative, so the counters never understate the
- * truth and no fast operation can pass a peak; a global allocation that would raise a peak
- * first flushes every cache, so the peak it sets is the truth's. */
+ * To the allocator's structures and counters a block a cache holds is still allocated,
+ * to its owner, and a pop takes it back only with the request and tag the counters hold
+ * for it: no fast operation changes a counter. The counters overstate the truth by the
+ * held blocks until a flush, which every reader of them (stats, snapshot, reset_peak)
+ * and a global allocation that would raise a peak make first. */
 #include <stdlib.h>
 #include <string.h>
 #if defined(__linux__)
@@ -200,11 +199,6 @@ bool mt__tc_held(const mt_block_t *b)
     return b->tce->held;
 }
 
-int mt__tc_tag(const mt_block_t *b)
-{
-    return b->tce->tag;
-}
-
 void mt__tc_used(mt_block_t *b)
 {
     b->tce->used = b->nuses != 0;
@@ -245,7 +239,7 @@ static mt__tc_ent_t *ent_get(mt__tcache_t *c)
 /* e's block leaves c (mu held, c claimed): out of the live table, e spare again. */
 static void ent_drop(mt__tcache_t *c, mt__tc_ent_t *e)
 {
-    mt_assert(!e->div && e->b->tce == e);
+    mt_assert(e->b->tce == e);
     (void)mt__amap_del(&c->live, e->addr);
     if (c->last == e)
         c->last = NULL;
@@ -266,30 +260,6 @@ static void ents_free(mt__tcache_t *c)
 }
 
 /* ---- fast paths ---- */
-
-static inline void div_link(mt__tcache_t *c, mt__tc_ent_t *e)
-{
-    e->div = true;
-    e->prev = NULL;
-    e->next = c->div;
-    if (c->div != NULL)
-        c->div->prev = e;
-    c->div = e;
-    c->ndiv++;
-}
-
-static inline void div_unlink(mt__tcache_t *c, mt__tc_ent_t *e)
-{
-    if (e->prev != NULL)
-        e->prev->next = e->next;
-    else
-        c->div = e->next;
-    if (e->next != NULL)
-        e->next->prev = e->prev;
-    e->next = e->prev = NULL;
-    e->div = false;
-    c->ndiv--;
-}
 
 /* ---- the fast paths' events (a->rec: a recording sink) ----
  * Kept in the cache's buffer and handed to the sink many at a time, always before the
@@ -382,46 +352,33 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
         __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
         goto global;
     size_t rsize = mt__alloc_round(a, size);
-    tc_lifo_t *l = &c->lifo[mt__tc_slot_of(stream, rsize)];
     if (!fast_enter(c))
         goto global;
-    mt__tc_ent_t *e = l->head;
-    int sp = l->sp;
-    /* tc_on after fast_enter: a flush that turned it off is ordered by the exclusion.
-     * Only the block best fit would give again: since the global path handed it out,
-     * this cache did nothing but free it (k, seq) and its stream's free space did not
-     * change (ver), nor the plan (pver). */
-    if (e == NULL || l->size != rsize || l->sr->stream != stream || e->seq != c->nops ||
-        e->k + 1 != c->nops || e->ver != __atomic_load_n(&l->sr->free_ver, __ATOMIC_RELAXED) ||
+    /* Only the newest held block can be the one best fit would give again: since the
+     * global path handed it out, this cache did nothing but free it (k, seq), so no
+     * other block was freed into it since, and its stream's free space did not change
+     * (ver), nor the plan (pver). tc_on after fast_enter: a flush that turned it off is
+     * ordered by the exclusion. */
+    mt__tc_ent_t *e = c->held;
+    if (e == NULL || e->size != rsize || e->sr->stream != stream || e->seq != c->nops ||
+        e->k + 1 != c->nops || e->ver != __atomic_load_n(&e->sr->free_ver, __ATOMIC_RELAXED) ||
         (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)) ||
         !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
         goto refuse;
-    /* Only if every allowance stays >= 0. A pop with the block's own request and tag, no
-     * live block diverging, cannot make one negative: the allowances are then the held
-     * blocks' g, b's among them. */
-    bool same = size == e->greq && tag == e->gtag;
-    if ((!same || c->ndiv != 0) &&
-        (c->allow.req[sp] < (int64_t)size || c->allow.tag_bytes[tag] < (int64_t)rsize ||
-         c->allow.tag_req[tag] < (int64_t)size))
+    /* Only with the block's own request and tag, which the counters hold for it: so
+     * they never change on a fast path (tcache_impl.h). */
+    if (size != e->req || tag != e->tag)
         goto refuse;
-    mt_assert(e->held && e->c == c && e->size == rsize && e->sr == l->sr && e->b->tce == e);
-    mt_assert(c->allow.bytes[sp] >= (int64_t)rsize && c->allow.count[sp] >= 1 &&
-              c->allow.req[sp] >= (int64_t)size && c->allow.tag_bytes[tag] >= (int64_t)rsize &&
-              c->allow.tag_req[tag] >= (int64_t)size);
-    l->head = e->next;
-    l->n--;
+    mt_assert(e->held && e->c == c && e->b->tce == e);
+    int sp = e->sp;
+    c->held = e->next;
     c->nheld--;
     c->last = e;
     e->next = NULL;
     e->held = false;
-    e->req = size;
-    e->tag = (uint8_t)tag;
     e->k = ++c->nops;
     c->pops++;
-    mt__tc_counts_add(&c->allow, sp, tag, (int64_t)rsize, (int64_t)size, -1);
     mt__tc_counts_add(&c->cum, sp, tag, (int64_t)rsize, (int64_t)size, 1);
-    if (!same)
-        div_link(c, e);
     if (a->rec)
         tell_pop(a, c, e, ra);
     fast_exit(c);
@@ -449,18 +406,10 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     if (e == NULL || e->held || e->used || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED) ||
         (e->pver != 0 && e->pver != __atomic_load_n(&a->plan_ver, __ATOMIC_RELAXED)))
         goto slow;
-    tc_lifo_t *l = &c->lifo[e->slot];
-    if (l->head != NULL && (l->sr != e->sr || l->size != e->size || l->n >= TC_DEPTH))
+    if (c->nheld >= TC_HELD)
         goto slow;
-    if (e->div)
-        div_unlink(c, e);
-    mt__tc_counts_add(&c->allow, e->sp, e->tag, (int64_t)e->size, (int64_t)e->req, 1);
-    l->sr = e->sr;
-    l->size = e->size;
-    l->sp = e->sp;
-    e->next = l->head;
-    l->head = e;
-    l->n++;
+    e->next = c->held;
+    c->held = e;
     c->nheld++;
     e->held = true;
     e->seq = ++c->nops;
@@ -475,70 +424,33 @@ slow:
 
 /* ---- flushing (mu held) ---- */
 
-/* Makes live block b's counters the program's: the allocator's counters and the
- * allowances move by t(b) - g(b), so the truth stays. */
-static void rebase(mt_alloc_t *a, mt__tcache_t *c, mt__tc_ent_t *e)
-{
-    mt_block_t *b = e->b;
-    int sp = e->sp;
-    int64_t size = (int64_t)b->size, g = (int64_t)b->requested, t = (int64_t)e->req;
-    mt_stat_t *st = a->st.requested_bytes;
-    st[MT_STAT_ALL].current += t - g;
-    st[sp].current += t - g;
-    a->st.tag_allocated_bytes[b->tag].current -= size;
-    a->st.tag_allocated_bytes[e->tag].current += size;
-    a->st.tag_requested_bytes[b->tag].current -= g;
-    a->st.tag_requested_bytes[e->tag].current += t;
-    c->allow.req[sp] -= g - t;
-    c->allow.tag_bytes[b->tag] -= size;
-    c->allow.tag_bytes[e->tag] += size;
-    c->allow.tag_req[b->tag] -= g;
-    c->allow.tag_req[e->tag] += t;
-    b->requested = e->greq = e->req;
-    b->tag = e->gtag = e->tag;
-    div_unlink(c, e);
-}
-
-static int by_seq(const void *x, const void *y)
-{
-    uint64_t p = (*(mt__tc_ent_t *const *)x)->seq, q = (*(mt__tc_ent_t *const *)y)->seq;
-    return p < q ? -1 : p > q;
-}
-
 static void fold1(mt_stat_t *s, int sp, int64_t d)
 {
     s[MT_STAT_ALL].allocated += (uint64_t)d;
     s[sp].allocated += (uint64_t)d;
 }
 
-/* Everything c holds goes back: diverged blocks rebased, held blocks freed to the bins,
- * the cumulative counts added; afterwards the allowances are 0 and truth = counters. */
+/* Everything c holds goes back: held blocks freed to the bins, the cumulative counts
+ * added; afterwards truth = counters for c. */
 static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
 {
     mt__alloc_assert_owner(a);
     mt__tc_push(a, c);
-    while (c->div != NULL)
-        rebase(a, c, c->div);
     bool freed = c->nheld > 0;
-    /* In the order the program freed them, so that segment ages (GC) are the frees'. */
-    mt__tc_ent_t *held[TC_SLOTS * TC_DEPTH];
+    /* In the order the program freed them (the list's is newest first), so that segment
+     * ages (GC) are the frees'. */
+    mt__tc_ent_t *held[TC_HELD];
     size_t n = 0;
-    for (int i = 0; i < TC_SLOTS && n < c->nheld; i++) {
-        tc_lifo_t *l = &c->lifo[i];
-        for (mt__tc_ent_t *e = l->head; e != NULL; e = e->next)
-            held[n++] = e;
-        l->head = NULL;
-        l->n = 0;
-    }
+    for (mt__tc_ent_t *e = c->held; e != NULL; e = e->next)
+        held[n++] = e;
     mt_assert(n == c->nheld);
-    qsort(held, n, sizeof held[0], by_seq);
+    c->held = NULL;
     c->nheld = 0;
     int64_t bytes = 0;
     a->rec_mute = true; /* the program's frees of them were told (fast_free) */
-    for (size_t i = 0; i < n; i++) {
-        mt__tc_ent_t *e = held[i];
+    while (n > 0) {
+        mt__tc_ent_t *e = held[--n];
         mt_block_t *b = e->b;
-        mt__tc_counts_add(&c->allow, e->sp, b->tag, (int64_t)b->size, (int64_t)b->requested, -1);
         bytes += (int64_t)b->size;
         ent_drop(c, e);
         mt__alloc_free_block(a, b);
@@ -559,17 +471,12 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         a->st.tag_requested_bytes[t].allocated += (uint64_t)k->tag_req[t];
     }
     memset(k, 0, sizeof *k);
-#if MT_ASSERT_LEVEL >= 1
-    static const tc_counts_t zero;
-    mt_assert(memcmp(&c->allow, &zero, sizeof zero) == 0);
-#endif
     return freed;
 }
 
 static inline bool dirty(const mt__tcache_t *c)
 {
-    return c->nheld > 0 || c->ndiv > 0 || c->cum.count[MT_STAT_SMALL] != 0 ||
-           c->cum.count[MT_STAT_LARGE] != 0;
+    return c->nheld > 0 || c->cum.count[MT_STAT_SMALL] != 0 || c->cum.count[MT_STAT_LARGE] != 0;
 }
 
 /* Another thread's cache (or this one's), claimed meanwhile, flushed if it has anything to
@@ -590,7 +497,7 @@ void mt__tc_flush_mine(mt_alloc_t *a, mt__tcache_t *c)
     if (c == NULL)
         return;
     mt__tc_push(a, c); /* its fast operations came before this global one */
-    if (c->nheld > 0 || c->ndiv > 0)
+    if (c->nheld > 0)
         flush_locked(a, c);
 }
 
@@ -628,8 +535,8 @@ void mt__tc_peak_guard(mt_alloc_t *a, const mt__tcache_t *mine, int sp, size_t s
     if (mine == NULL)
         mine = tls_find(a);
     mt_assert(mine == tls_find(a));
-    /* No cache, or only the caller's and it has no allowance: the counters are the truth. */
-    if (c == NULL || (c->next == NULL && c == mine && c->nheld == 0 && c->ndiv == 0))
+    /* No cache, or only the caller's and it holds nothing: the counters are the truth. */
+    if (c == NULL || (c->next == NULL && c == mine && c->nheld == 0))
         return;
     const mt_alloc_stats_t *st = &a->st;
     int64_t z = (int64_t)size, r = (int64_t)req;
@@ -733,15 +640,12 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
             .size = b->size,
             .sr = sr,
             .req = b->requested,
-            .greq = b->requested,
             .k = c->nops,
             .ver = __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED),
             .pver = b->planned ? a->plan_ver : 0,
             .tag = b->tag,
-            .gtag = b->tag,
             .used = b->nuses != 0,
             .sp = (uint8_t)sp,
-            .slot = (uint8_t)mt__tc_slot_of(sr->stream, b->size),
         };
         b->tce = e;
         c->nplan += b->planned;
@@ -759,18 +663,6 @@ int mt__tc_disown(mt_alloc_t *a, mt_block_t *b)
     if (e->held) {
         mt__tc_unclaim(c);
         return MT_ENOENT;
-    }
-    if (e->div) {
-        /* Its allowance g - t leaves with it: if the rest would go negative (other live
-         * blocks asked more than their counters hold), the whole cache is flushed. */
-        int sp = e->sp, gt = b->tag, tt = e->tag;
-        int64_t g = (int64_t)b->requested, t = (int64_t)e->req, z = (int64_t)b->size;
-        int64_t tb = c->allow.tag_bytes[gt] - (gt != tt ? z : 0);
-        int64_t tr = c->allow.tag_req[gt] - g + (gt == tt ? t : 0);
-        if (c->allow.req[sp] - (g - t) < 0 || tb < 0 || tr < 0)
-            flush_locked(a, c);
-        else
-            rebase(a, c, e);
     }
     ent_drop(c, e);
     mt__tc_unclaim(c);

@@ -49,10 +49,8 @@ int mt__tc_disown(mt_alloc_t *a, mt_block_t *b);
 /* Claims/releases b's owner's cache (b->tce != NULL) around a read or record_stream. */
 void mt__tc_lock_owner(mt_block_t *b);
 void mt__tc_unlock_owner(mt_block_t *b);
-/* Owned block b (its owner claimed): whether the program freed it into the cache, and the
- * tag the program gave it. */
+/* Owned block b (its owner claimed): whether the program freed it into the cache. */
 bool mt__tc_held(const mt_block_t *b);
-int mt__tc_tag(const mt_block_t *b);
 /* Owned block b's streams (nuses) changed (its owner claimed): its fast free sees it. */
 void mt__tc_used(mt_block_t *b);
 /* Hands c's recorded fast operations to the sink (a->rec; the owner inside its exclusion,

@@ -19,11 +19,10 @@ size_t mt__tc_count(const mt_alloc_t *a)
     return n;
 }
 
-static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
+/* Adds the counters' values of c's held blocks to sum, and their bytes to *bytes. */
+static const char *check_one(mt_alloc_t *a, mt__tcache_t *c, tc_counts_t *sum, int64_t *bytes)
 {
-    tc_counts_t want;
-    memset(&want, 0, sizeof want);
-    size_t held = 0, div = 0, plan = 0;
+    size_t held = 0, plan = 0;
     for (size_t i = 0; i < c->live.cap; i++) {
         if (c->live.keys[i] == 0)
             continue;
@@ -31,8 +30,8 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
         const mt_block_t *b = e->b;
         if (b == NULL || e->c != c || b->tce != e || e->addr != c->live.keys[i])
             return "tcache: live entry names a block of another owner";
-        if (e->addr != b->addr || e->size != b->size || e->greq != b->requested ||
-            e->gtag != b->tag || e->used != (b->nuses != 0))
+        if (e->addr != b->addr || e->size != b->size || e->req != b->requested ||
+            e->tag != b->tag || e->used != (b->nuses != 0))
             return "tcache: entry's copy of its block's fields differs from the block";
         if (b->state != MT_BLOCK_ACTIVE_ALLOCATED || mt__addrmap_get(&a->map, b->addr) != b)
             return "tcache: owned block not allocated in the address map";
@@ -42,59 +41,34 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c)
             return "tcache: block with the plan's current version not planned";
         if (e->pver > a->plan_ver)
             return "tcache: block's plan version ahead of the plan's";
-        if (e->slot != mt__tc_slot_of(e->sr->stream, b->size))
-            return "tcache: owned block's LIFO slot is not its (stream, size)'s";
-        mt__tc_counts_add(&want, e->sp, b->tag, (int64_t)b->size, (int64_t)b->requested, 1);
+        if (e->req == 0 || e->req > b->size)
+            return "tcache: owned block's requested size outside (0, size]";
         plan += e->pver != 0;
         if (e->held) {
             held++;
-            if (e->div)
-                return "tcache: held block on the diverged list";
-            continue;
+            mt__tc_counts_add(sum, e->sp, e->tag, (int64_t)e->size, (int64_t)e->req, 1);
+            *bytes += (int64_t)e->size;
         }
-        mt__tc_counts_add(&want, e->sp, e->tag, (int64_t)b->size, (int64_t)e->req, -1);
-        div += e->div;
-        if (e->div != (e->req != b->requested || e->tag != b->tag))
-            return "tcache: diverged flag disagrees with the block's values";
-        if (e->req == 0 || e->req > b->size)
-            return "tcache: live block's requested size outside (0, size]";
     }
     if (c->last != NULL && (c->last->c != c || c->last->b == NULL || c->last->b->tce != c->last))
         return "tcache: the last block handed out is not owned";
-    size_t nlist = 0;
-    for (const mt__tc_ent_t *e = c->div; e != NULL; e = e->next)
-        if (++nlist > div || e->c != c || !e->div)
-            return "tcache: diverged list disagrees with its blocks";
     if (plan != c->nplan)
         return "tcache: count of owned planned blocks wrong";
-    if (div != c->ndiv || nlist != div)
-        return "tcache: diverged count wrong";
-    size_t nlifo = 0;
-    for (int i = 0; i < TC_SLOTS; i++) {
-        const tc_lifo_t *l = &c->lifo[i];
-        if (l->n > TC_DEPTH)
-            return "tcache: LIFO over its depth";
-        size_t k = 0;
-        for (const mt__tc_ent_t *e = l->head; e != NULL; e = e->next, k++)
-            if (k >= l->n || e->c != c || !e->held || e->size != l->size || e->sr != l->sr ||
-                e->sp != l->sp || e->slot != (unsigned)i)
-                return "tcache: LIFO block out of place";
-        if (k != l->n || (l->head == NULL) != (l->n == 0))
-            return "tcache: LIFO count wrong";
-        nlifo += k;
+    size_t nlist = 0;
+    uint64_t newer = UINT64_MAX;
+    for (const mt__tc_ent_t *e = c->held; e != NULL; e = e->next, nlist++) {
+        if (nlist >= held || e->c != c || !e->held)
+            return "tcache: held list names a block not held in this cache";
+        if (e->seq >= newer)
+            return "tcache: held list not newest first";
+        newer = e->seq;
     }
-    if (nlifo != held || held != c->nheld)
-        return "tcache: held blocks and LIFOs disagree";
-    if (memcmp(&want, &c->allow, sizeof want) != 0)
-        return "tcache: allowances differ from the owned blocks' counters minus the program's";
-    const int64_t *w = (const int64_t *)&c->allow;
-    for (size_t i = 0; i < sizeof want / sizeof *w; i++)
-        if (w[i] < 0)
-            return "tcache: negative allowance";
+    if (nlist != held || held != c->nheld || held > TC_HELD)
+        return "tcache: held blocks and the held list disagree";
     return NULL;
 }
 
-/* Counters minus every allowance must stay within [0, peak]. */
+/* The truth, the counters minus the held blocks' values, must stay within [0, peak]. */
 static const char *check_truth(const mt_alloc_t *a, const tc_counts_t *sum)
 {
     const mt_alloc_stats_t *st = &a->st;
@@ -105,46 +79,37 @@ static const char *check_truth(const mt_alloc_t *a, const tc_counts_t *sum)
         if (st->allocated_bytes[sp].current - z < 0 || st->allocation[sp].current - n < 0 ||
             st->requested_bytes[sp].current - r < 0 || st->active_bytes[sp].current - z < 0 ||
             st->active[sp].current - n < 0)
-            return "tcache: a counter minus the allowances is negative";
+            return "tcache: a counter minus the held blocks' is negative";
     }
     for (int t = 0; t < MT_TAG_MAX; t++)
         if (st->tag_allocated_bytes[t].current < sum->tag_bytes[t] ||
             st->tag_requested_bytes[t].current < sum->tag_req[t])
-            return "tcache: a tag counter minus the allowances is negative";
+            return "tcache: a tag counter minus the held blocks' is negative";
     return NULL;
 }
 
 const char *mt__tc_check(mt_alloc_t *a)
 {
-    tc_counts_t sum;
-    memset(&sum, 0, sizeof sum);
     const char *why = NULL;
     bool on = a->tc_on;
-    for (mt__tcache_t *c = a->caches; c != NULL && why == NULL; c = c->next) {
+    for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
         if (c->a != a || (c->next != NULL && c->next->prev != c))
             return "tcache: cache list broken";
-        mt__tc_claim(c);
-        why = check_one(a, c);
-        if (why == NULL && !on && (c->nheld > 0 || c->ndiv > 0))
+    /* every cache at once: the held blocks change with the owners' fast operations, and
+     * rec_held with them */
+    mt__tc_claim_all(a);
+    tc_counts_t sum;
+    memset(&sum, 0, sizeof sum);
+    int64_t bytes = 0;
+    for (mt__tcache_t *c = a->caches; c != NULL && why == NULL; c = c->next) {
+        why = check_one(a, c, &sum, &bytes);
+        if (why == NULL && !on && c->nheld > 0)
             why = "tcache: blocks held while the fast paths are off";
-        int64_t *s = (int64_t *)&sum;
-        const int64_t *k = (const int64_t *)&c->allow;
-        for (size_t i = 0; i < sizeof sum / sizeof *s; i++)
-            s[i] += k[i];
-        mt__tc_unclaim(c);
     }
-    if (why != NULL)
-        return why;
-    if (a->rec) {
-        /* every cache at once: rec_held changes with the owners' fast operations */
-        mt__tc_claim_all(a);
-        int64_t held = 0;
-        for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
-            held += c->allow.bytes[MT_STAT_SMALL] + c->allow.bytes[MT_STAT_LARGE];
-        bool ok = held == a->rec_held && a->rec_held <= a->rec_g;
-        mt__tc_unclaim_all(a);
-        if (!ok)
-            return "tcache: the bytes held as recorded (rec_held) are not the caches' held bytes";
-    }
-    return check_truth(a, &sum);
+    if (why == NULL && a->rec && (bytes != a->rec_held || a->rec_held > a->rec_g))
+        why = "tcache: the bytes held as recorded (rec_held) are not the caches' held bytes";
+    if (why == NULL)
+        why = check_truth(a, &sum);
+    mt__tc_unclaim_all(a);
+    return why;
 }

@@ -6,93 +6,71 @@
 #include "allocator/tcache.h"
 #include "allocator/tcache_gate.h"
 
-#define TC_SLOTS       64   /* LIFOs per cache, direct-mapped by (stream, size) */
-#define TC_DEPTH       16   /* blocks per LIFO at most */
+#define TC_HELD        256  /* blocks a cache holds at most */
 #define TC_TLS         4    /* allocators a thread caches for at once */
 #define TC_WINDOW      256  /* owns per verdict on whether owning pays */
 #define TC_PAYS        8    /* owning pays with >= 1 pop per TC_PAYS owns */
 #define TC_BACKOFF_MIN 1024 /* global allocations skipped after a window that did not pay */
 #define TC_BACKOFF_MAX 65536
 #define TC_BATCH       256 /* fast operations' events handed to the sink at once */
-_Static_assert(TC_SLOTS == 64, "slot index is the top 6 bits of a hash");
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
  * so that they do not touch the block struct.
- * Invariants: b->tce = this entry; addr = b->addr, size = b->size, greq = b->requested,
- * gtag = b->tag, used = (b->nuses != 0), sr = b->seg->bins->sr,
- * sp = its segment's stat pool, slot = mt__tc_slot_of(sr->stream, size); held => on
- * lifo[slot], linked by next; div <=> live with (req, tag) != (b->requested, b->tag), on
- * c->div, linked by next/prev; held => !div. On the cache's free list, next links it and
- * b = NULL. */
+ * Invariants: b->tce = this entry; addr = b->addr, size = b->size, req = b->requested,
+ * tag = b->tag, used = (b->nuses != 0), sr = b->seg->bins->sr,
+ * sp = its segment's stat pool; held => on the cache's held list, linked by next. On the
+ * cache's free list, next links it and b = NULL. */
 typedef struct mt__tc_ent_s {
     mt_block_t *b;
-    mt__tcache_t *c;                  /* the owner */
-    struct mt__tc_ent_s *next, *prev; /* LIFO, diverged list or free list */
+    mt__tcache_t *c;           /* the owner */
+    struct mt__tc_ent_s *next; /* held list or free list */
     uintptr_t addr;
     size_t size;
     mt_streamrec_t *sr; /* its segment's stream record, readable without mu while owned */
-    size_t req;         /* the program's requested bytes while live */
-    size_t greq;        /* the counters' (b->requested) */
+    size_t req;         /* requested bytes (the counters' and the program's) */
     uint64_t seq;       /* owner's operation count at its last free into the cache */
     uint64_t k;         /* owner's operation count when it was last handed out */
     uint64_t ver;       /* sr->free_ver when the global path handed it out */
     uint64_t pver;      /* planned: a->plan_ver when the global path handed it out, its
                          * pair then leaving the plan as it was (else 0) */
-    bool held;          /* in its LIFO (freed by the program) */
-    bool div;           /* live, on the diverged list */
+    bool held;          /* on the held list (freed by the program) */
     bool used;          /* another stream used it (record_stream): its free is global */
-    uint8_t tag;        /* the program's tag while live */
-    uint8_t gtag;       /* the counters' (b->tag) */
+    uint8_t tag;        /* its tag (the counters' and the program's) */
     uint8_t sp;         /* MT_STAT_SMALL or MT_STAT_LARGE of its segment's pool */
-    uint8_t slot;       /* index of its (stream, size) LIFO */
 } mt__tc_ent_t;
 
-/* One LIFO: entries of blocks of exactly `size` bytes of sr's stream, newest first, linked
- * by next.
- * Invariants: n <= TC_DEPTH; head = NULL <=> n = 0; n > 0 => every entry on it has held,
- * c = this cache, size = size, sr = sr, sp = sp, and slot = its index. */
-typedef struct tc_lifo_s {
-    mt__tc_ent_t *head;
-    mt_streamrec_t *sr; /* the blocks' stream's record */
-    size_t size;        /* bytes */
-    uint32_t n;
-    uint8_t sp; /* MT_STAT_SMALL or MT_STAT_LARGE */
-} tc_lifo_t;
-
-/* The allowances and cumulative counts of one cache, per counter the fast paths touch.
- * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused):
- * the ALL counter's allowance is their sum; active_bytes and active have the allowances
- * of allocated_bytes and allocation (a held block is neither allocated nor active to the
- * program, a popped one both). */
+/* A cache's cumulative counts since its last flush, per counter the fast paths touch:
+ * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused),
+ * the ALL counter's being their sum; active_bytes and active move with allocated_bytes
+ * and allocation. */
 typedef struct tc_counts_s {
     int64_t bytes[MT_STAT_N], count[MT_STAT_N], req[MT_STAT_N];
     int64_t tag_bytes[MT_TAG_MAX], tag_req[MT_TAG_MAX];
 } tc_counts_t;
 
 /* A thread's cache for one allocator.
- * Invariants (g(b) = the block's values in the allocator's counters: size, 1, requested
- * under tag; t(b) = the program's: 0 when its entry is held, else size, 1, the entry's req
- * under the entry's tag):
+ * Invariants:
  *   live maps the address of exactly the blocks with tce->c = this cache to their entry,
  *   each block ACTIVE_ALLOCATED in a->map;
- *   nheld = number of them held = sum of lifo[i].n;
- *   div lists exactly the live (not held) ones whose t differs from g, ndiv of them;
- *   allow.c = sum over live of g_c(b) - t_c(b) >= 0 for every counter c;
- *   so for every counter: truth_c = a->st.c.current - sum over caches allow.c and
- *   truth_c <= a->st.c.current <= a->st.c.peak;
- *   cum.c = sum of t_c over the pops since the last flush (added to .allocated at flush). */
+ *   held lists exactly the held ones, newest first (seq decreasing), nheld of them,
+ *   nheld <= TC_HELD;
+ *   the allocator's counters hold every owned block, held or not, as allocated with its
+ *   own size, requested bytes and tag (a pop takes a block back only with those), so
+ *   for every counter: truth = a->st.c.current - sum over held blocks of theirs, and
+ *   truth <= a->st.c.current <= a->st.c.peak; a flush makes truth = counters;
+ *   cum = sum over the pops since the last flush (added to .allocated at flush). */
 struct mt__tcache_s {
     _Alignas(64) mt__tc_gate_t gate; /* excludes the owner's fast paths (tcache_gate.h) */
     mt_alloc_t *a;                   /* borrowed */
     mt__tcache_t *next;              /* a->caches, under mu */
     mt__tcache_t *prev;
     mt__amap_t live;       /* owned blocks' entries by address */
-    mt__tc_ent_t *div;     /* live entries with t != g */
+    mt__tc_ent_t *held;    /* held entries, newest first, linked by next */
     mt__tc_ent_t *last;    /* an owned block's, the last handed out (a free looks here first) */
     mt__tc_ent_t *spare;   /* entries not in use, linked by next */
     mt__tc_ent_t **chunks; /* the entries' storage (freed with the cache) */
     size_t nchunks, cap_chunks;
-    size_t ndiv, nheld;
+    size_t nheld;
     size_t nplan;  /* live entries with pver != 0 (changed under mu only) */
     uint64_t nops; /* pushes and pops so far: the held blocks' order, and whether a
                     * block's pop repeats the best fit that handed it out */
@@ -102,9 +80,7 @@ struct mt__tcache_s {
      * TC_BACKOFF_MAX while it keeps not paying), since an owned block costs a table
      * insert, and its free a flush, on a thread whose pairs do not repeat. */
     uint32_t pops, owns, skip, backoff;
-    tc_counts_t allow; /* >= 0 each */
-    tc_counts_t cum;   /* cumulative truth increments since the last flush */
-    tc_lifo_t lifo[TC_SLOTS];
+    tc_counts_t cum; /* the pops' counts since the last flush */
     /* Recording (a->rec): the fast operations' events not yet handed to the sink, in
      * order, each with the change of the held bytes it tells in its allocated field (as
      * int64_t); they are stamped and given their totals when handed over (mt__tc_push):
@@ -118,13 +94,6 @@ struct mt__tcache_s {
  * do not run meanwhile) / ends the exclusion. */
 void mt__tc_claim(mt__tcache_t *c);
 void mt__tc_unclaim(mt__tcache_t *c);
-
-/* The LIFO slot of (stream, size). */
-static inline unsigned mt__tc_slot_of(const mt_stream_t *s, size_t size)
-{
-    uint64_t h = ((uint64_t)(uintptr_t)s >> 4) * 0xff51afd7ed558ccdull ^ (uint64_t)(size >> 8);
-    return (unsigned)((h * 0x9E3779B97F4A7C15ull) >> 58);
-}
 
 /* k += sign x (size, 1, req) in stat pool sp and tag. */
 static inline void mt__tc_counts_add(tc_counts_t *k, int sp, int tag, int64_t size, int64_t req,

@@ -227,8 +227,8 @@ static void random_run(void *arg)
                 int64_t was = live[k].size;
                 do_free(r, &live[k]);
                 r->held_seen += r->check && held_bytes(r->a, &r->m) > 0;
-                /* 9: the second asks less (a pop whose counters differ); 7: more (no pop:
-                 * the held request's allowance cannot cover it) */
+                /* 9: the second asks less, 7: more, 8: another tag (no pop: a pop keeps
+                 * the request and tag the counters hold for the block) */
                 size_t less = what == 9   ? 100u * (unsigned)twice
                               : what == 7 ? 100u * (unsigned)(1 - twice)
                                           : 0;
@@ -367,15 +367,16 @@ static void test_peak_not_raised_by_held_block(void **state)
     mt_backend_destroy(&b);
 }
 
-/* A block the worker's cache handed out again with another request (its counters and
- * the program's differ), freed by this thread: it leaves the owner's table, the owner
- * cannot hand it out again, and the counters are the truth's. */
-static void job_pop_diverged(void *arg)
+/* A block the worker asks for again with another request: its cache does not hand it out
+ * (a pop keeps the request and tag the counters hold), the global path does, so the
+ * counters hold the program's request at once. Freed by this thread, it leaves the
+ * owner's table, the owner cannot hand it out again, and the counters stay the truth. */
+static void job_pair_other_request(void *arg)
 {
     pair_t *j = arg;
     job_alloc(j);
     job_free(j);
-    j->p = xmalloc_dev(j->a, j->size - 100, j->s, j->tag); /* from the cache */
+    j->p = xmalloc_dev(j->a, j->size - 100, j->s, j->tag); /* not from the cache */
 }
 
 static void test_cross_thread_free(void **state)
@@ -386,13 +387,17 @@ static void test_cross_thread_free(void **state)
     worker_t w;
     worker_start(&w);
     pair_t j = {a, NULL, 64 * KIB, 2, NULL};
-    worker_run(&w, job_pop_diverged, &j);
+    worker_run(&w, job_pair_other_request, &j);
     void *p = j.p;
     mt__alloc_lock(a);
     mt_block_t *blk = mt__addrmap_get(&a->map, (uintptr_t)p);
-    assert_non_null(blk->tce); /* the worker's, handed out by its cache */
-    assert_int_equal(blk->requested, 64 * KIB);
-    mt__alloc_unlock(a);
+    bool owned = blk->tce != NULL;
+    size_t req = blk->requested;
+    int64_t cur = a->st.requested_bytes[MT_STAT_ALL].current;
+    mt__alloc_unlock(a); /* before any assertion: a failed one must not leave mu held */
+    assert_true(owned);  /* the worker's, handed out by the global path */
+    assert_int_equal(req, 64 * KIB - 100); /* the program's request, without a flush */
+    assert_int_equal(cur, 64 * KIB - 100);
     int tag = -1;
     size_t size = 0;
     assert_int_equal(mt_alloc_block_info(a, p, NULL, &size, &tag), 0);
@@ -639,6 +644,33 @@ static void test_pop_only_where_best_fit_would(void **state)
     mt_backend_destroy(&b);
 }
 
+/* Frees of owned blocks of many sizes are all held (up to TC_HELD), whatever their sizes
+ * and streams: none is sent to the global path by a table slot another size took. The
+ * counters hold them as allocated until a flush, which stats makes. */
+static void test_many_sizes_held(void **state)
+{
+    (void)state;
+    enum { N = 100 };
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    void *p[N];
+    for (int i = 0; i < N; i++)
+        p[i] = xmalloc_dev(a, (size_t)(i + 1) * 4 * KIB, NULL, 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(mt_alloc_free(a, p[i]), 0);
+    mt__alloc_lock(a);
+    int64_t held = a->st.allocation[MT_STAT_ALL].current;
+    mt__alloc_unlock(a);
+    assert_int_equal(held, N); /* every free was the cache's */
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t s = stats_of(a);
+    assert_int_equal(s.allocation[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.allocation[MT_STAT_ALL].allocated, N);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 /* A thread whose blocks are never taken back from its cache stops giving them to it (a
  * window of TC_WINDOW owned blocks without a pop), and starts again TC_BACKOFF_MIN global
  * allocations later. The counters overstate the truth only while the cache holds a block. */
@@ -772,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_destroy_while_named),
         cmocka_unit_test(test_off_where_it_must_be),
         cmocka_unit_test(test_pop_only_where_best_fit_would),
+        cmocka_unit_test(test_many_sizes_held),
         cmocka_unit_test(test_owning_backs_off),
         cmocka_unit_test(test_claims_against_fast_paths),
     };
