@@ -111,6 +111,12 @@ typedef struct mt__report_point_s {
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
+/* fn on each event of process i (borrowed) and its index, in log order; a nonzero return
+ * stops the walk and is returned by it. */
+typedef int (*mt__report_event_fn)(void *ctx, const mt_event_rec_t *ev, size_t index);
+/* The events alone, no model: for what depends on the events, not the state after them. */
+int mt__report_each(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx);
+
 /* Process i's device allocations (requested sizes) and frees as a trace for mt__replay_run
  * (analysis/replay.h): what memtrace's allocator would reserve for the same sequence. An
  * alloc at an address still open (its free lost) is left out. *out new (mt__trace_free).
@@ -126,6 +132,11 @@ typedef mt_model_map_t mt__report_map_t;
  * pinned host memory (pool host) when host. Free with mt__report_map_free. */
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out);
+/* One replay for a conversion: fn after each event is applied to the model (an event the
+ * model refuses stops it, as mt__report_replay), then *out the device segment map after the
+ * last event, as mt__report_map_at(r, i, events - 1, false, out) gives it. */
+int mt__report_replay_map(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx,
+                          mt__report_map_t *out);
 /* The model of process i after all its events, with its stack table and module map
  * (keep_iterations on): for per-stack views (mt__model_stacks). *out is new. */
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);
