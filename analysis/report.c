@@ -570,6 +570,12 @@ int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, v
     return rc;
 }
 
+void mt__report_drop_events(mt__report_t *r, size_t i)
+{
+    if (i < r->nprocs)
+        mt__spool_free(&r->procs[i].evs);
+}
+
 int mt__report_each(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx)
 {
     if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */

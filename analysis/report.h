@@ -111,6 +111,10 @@ typedef struct mt__report_point_s {
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
 
+/* Forgets the events kept of process i (its replays then see none, its count stays): a
+ * reader that replays one process frees the others' before it does. */
+void mt__report_drop_events(mt__report_t *r, size_t i);
+
 /* fn on each event of process i (borrowed) and its index, in log order; a nonzero return
  * stops the walk and is returned by it. */
 typedef int (*mt__report_event_fn)(void *ctx, const mt_event_rec_t *ev, size_t index);
