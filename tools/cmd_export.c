@@ -174,6 +174,10 @@ static int run(const export_opts_t *o)
     mt__report_destroy(&r);
     if (status == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
+        /* 64 KiB writes instead of stdio's 4 KiB: a tenth of the system calls. */
+        static char obuf[64 << 10];
+        if (f != NULL)
+            setvbuf(f, obuf, _IOFBF, sizeof obuf);
         int rc = f ? mt__ts_write(ts, f, era) : MT_EIO;
         if (f != NULL && f != stdout && fclose(f) != 0 && rc == 0)
             rc = MT_EIO;
