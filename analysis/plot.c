@@ -118,9 +118,10 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
         s->map_index = pt->index;
         s->map_t = ev->time_ns;
     }
-    for (int t = 0; t < MT_TAG_MAX; t++)
-        if (pt->tag_live[t] > s->tag_peak[t])
-            s->tag_peak[t] = pt->tag_live[t];
+    for (uint32_t held = pt->tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
+        s->tag_peak[t] = pt->tag_live[t] > s->tag_peak[t] ? pt->tag_live[t] : s->tag_peak[t];
+    }
     bool oom = ev->kind == MT_EV_OOM;
     bool iter = ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION;
     if (!oom && !iter && ev->kind != MT_EV_MARK_NAMED)
@@ -207,8 +208,10 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
         if (!f->b[f->cur].seen)
             bucket_fill_from_last(f, &f->b[f->cur]);
     bucket_t *b = &f->b[k];
+    /* Tags outside the mask are 0 in last (they always were): adding them changes no sum. */
     double sum = 0;
-    for (int t = 0; t < MT_TAG_MAX; t++) {
+    for (uint32_t held = pt->tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
         f->last[t] = pt->tag_live[t] > 0 ? (double)pt->tag_live[t] : 0.0;
         sum += f->last[t];
     }

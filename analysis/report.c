@@ -539,12 +539,18 @@ static int replay_one(void *ctx, const mt_event_rec_t *ev, size_t k)
     int rc = mt__model_apply(rp->m, ev);
     if (rc != 0)
         return rc;
-    uint64_t tag_live[MT_TAG_MAX], peak;
-    mt__report_point_t pt = {.ev = ev, .index = k, .tag_live = tag_live, .model = rp->m};
+    uint64_t tag_live[MT_TAG_MAX] = {0}, peak;
+    mt__report_point_t pt = {.ev = ev,
+                             .index = k,
+                             .tag_live = tag_live,
+                             .tag_mask = mt__model_tags_held(rp->m, MT_MODEL_DEVICE),
+                             .model = rp->m};
     mt__model_levels(rp->m, MT_MODEL_DEVICE, &pt.allocated, &pt.reserved, &peak);
     mt__model_levels(rp->m, MT_MODEL_HOST, &pt.host_allocated, &pt.host_reserved, &peak);
-    for (int t = 0; t < MT_TAG_MAX; t++)
+    for (uint32_t held = pt.tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
         tag_live[t] = mt__model_tag_bytes(rp->m, MT_MODEL_DEVICE, t);
+    }
     return rp->fn(rp->ctx, &pt);
 }
 

@@ -104,6 +104,7 @@ typedef struct mt__report_point_s {
     uint64_t allocated, reserved;           /* device totals after it */
     uint64_t host_allocated, host_reserved; /* pinned host totals after it */
     const uint64_t *tag_live;               /* [MT_TAG_MAX] device bytes in use by tag (known) */
+    uint32_t tag_mask;                      /* bit t: tag_live[t] may be nonzero; the rest are 0 */
     const mt_model_t *model;                /* the model after it (per-device figures) */
 } mt__report_point_t;
 
