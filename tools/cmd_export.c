@@ -154,9 +154,8 @@ static int run(const export_opts_t *o)
             fprintf(stderr, "memtrace export: the logs hold no events\n");
         status = 2;
     }
-    /* The other processes' newest events (a chunk each in memory) go before the snapshot
-     * is built, and their pages back to the system: with many processes they were a third
-     * of the peak. */
+    /* The other processes' newest events (up to a 64 KiB chunk each in memory) go before
+     * the snapshot is built, and their pages back to the system (29 processes: 1.9 MB). */
     for (size_t i = 0; status == 0 && i < mt__report_process_count(r); i++)
         if (i != proc)
             mt__report_drop_events(r, i);
