@@ -161,6 +161,7 @@ static void block_account(mt__mclass_t *c, mt__mblock_t *b)
     }
     c->tag_bytes[b->tag] += b->size;
     c->tag_blocks[b->tag]++;
+    c->tags_held |= 1u << b->tag;
     c->pool_bytes[b->pool & 3] += b->size;
     c->known += b->size;
     uint64_t now = mt__model_sat(c->tag_bytes[b->tag]);
@@ -809,6 +810,7 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
         CHECK(ub[t] == c->unc_bytes[t] && un[t] == c->unc_blocks[t],
               "class %d: tag %d uncertain bytes differ", k, t);
         CHECK(c->tag_peak[t] >= mt__model_sat(c->tag_bytes[t]), "class %d: tag %d peak", k, t);
+        CHECK(c->tag_bytes[t] == 0 || (c->tags_held >> t & 1), "class %d: tag %d not held", k, t);
     }
     for (int p = 0; p < 4; p++)
         CHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);

@@ -63,6 +63,8 @@ typedef struct mt__mclass_s {
     mt__amap_t at;                   /* addr -> index in blocks, for addr != 0 */
     size_t zero;                     /* 1 + index of the block at address 0; 0 = none */
     mt__u128 tag_bytes[MT_TAG_MAX];  /* known live bytes by tag */
+    uint32_t tags_held;              /* bit t: a known block of tag t was counted; tag_bytes
+                                      * of every tag not set is 0 */
     uint64_t tag_blocks[MT_TAG_MAX]; /* known live blocks by tag */
     uint64_t tag_peak[MT_TAG_MAX];   /* bytes, saturated */
     mt__u128 unc_bytes[MT_TAG_MAX];  /* uncertain bytes by tag */
@@ -170,6 +172,13 @@ static inline uint64_t mt__model_tag_bytes(const mt_model_t *m, int cls, int tag
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t a = mt__model_sat(c->asum), b = mt__model_sat(c->tag_bytes[tag]);
     return b < a ? b : a;
+}
+
+/* The tags whose mt__model_tag_bytes may be nonzero (bit t for tag t): every other one's
+ * is 0. */
+static inline uint32_t mt__model_tags_held(const mt_model_t *m, int cls)
+{
+    return m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE].tags_held;
 }
 
 /* model_segs.c */

@@ -118,9 +118,10 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
         s->map_index = pt->index;
         s->map_t = ev->time_ns;
     }
-    for (int t = 0; t < MT_TAG_MAX; t++)
-        if (pt->tag_live[t] > s->tag_peak[t])
-            s->tag_peak[t] = pt->tag_live[t];
+    for (uint32_t held = pt->tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
+        s->tag_peak[t] = pt->tag_live[t] > s->tag_peak[t] ? pt->tag_live[t] : s->tag_peak[t];
+    }
     bool oom = ev->kind == MT_EV_OOM;
     bool iter = ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION;
     if (!oom && !iter && ev->kind != MT_EV_MARK_NAMED)
@@ -136,6 +137,27 @@ static int scan_point(void *ctx, const mt__report_point_t *pt)
     s->marks[s->nmarks++] = *ev;
     s->n_oom += oom;
     s->n_iter += iter;
+    return 0;
+}
+
+/* What the buckets need before the replay, from the events alone: the span and the lanes,
+ * as scan_point finds them by the end. */
+static int pre_event(void *ctx, const mt_event_rec_t *ev, size_t index)
+{
+    scan_t *s = ctx;
+    if (index == 0)
+        s->t0 = s->t1 = ev->time_ns;
+    s->t0 = ev->time_ns < s->t0 ? ev->time_ns : s->t0;
+    s->t1 = ev->time_ns > s->t1 ? ev->time_ns : s->t1;
+    if (ev->pool == MT_POOL_HOST || s->nlanes == MAX_LANES)
+        return 0;
+    bool totals = ev->kind != MT_EV_MARK && ev->kind != MT_EV_MARK_NAMED && ev->kind != MT_EV_GAP &&
+                  ev->kind != MT_EV_TAG_LABEL && ev->kind != MT_EV_LIBRARY_LABEL;
+    unsigned ln = 0;
+    while (ln < s->nlanes && s->lane_dev[ln] != ev->device)
+        ln++;
+    if (ln == s->nlanes && totals)
+        s->lane_dev[s->nlanes++] = ev->device;
     return 0;
 }
 
@@ -186,8 +208,10 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
         if (!f->b[f->cur].seen)
             bucket_fill_from_last(f, &f->b[f->cur]);
     bucket_t *b = &f->b[k];
+    /* Tags outside the mask are 0 in last (they always were): adding them changes no sum. */
     double sum = 0;
-    for (int t = 0; t < MT_TAG_MAX; t++) {
+    for (uint32_t held = pt->tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
         f->last[t] = pt->tag_live[t] > 0 ? (double)pt->tag_live[t] : 0.0;
         sum += f->last[t];
     }
@@ -223,6 +247,20 @@ static int fill_point(void *ctx, const mt__report_point_t *pt)
     b->host_alloc = f->last_halloc > b->host_alloc ? f->last_halloc : b->host_alloc;
     b->host_res = f->last_hres > b->host_res ? f->last_hres : b->host_res;
     return 0;
+}
+
+/* The replay: the scan and the buckets at once (the buckets read the span and lanes from
+ * pre_event's scan, never from the one this replay fills). */
+typedef struct both_s {
+    scan_t *scan;
+    fill_t *fill;
+} both_t;
+
+static int both_point(void *ctx, const mt__report_point_t *pt)
+{
+    both_t *b = ctx;
+    int rc = scan_point(b->scan, pt);
+    return rc != 0 ? rc : fill_point(b->fill, pt);
 }
 
 /* ---- drawing helpers ---- */
@@ -647,33 +685,40 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
         snprintf(err, errlen, "process %d has no events in the log", pid);
         return MT_ENOENT;
     }
-    scan_t s;
+    /* Three walks over the events: the span and lanes (no model), the replay (scan and
+     * buckets), the replay up to the map's moment. */
+    scan_t s, pre;
     memset(&s, 0, sizeof s);
+    memset(&pre, 0, sizeof pre);
     mt__report_map_t map = {0};
-    int rc = mt__report_replay(r, pi, scan_point, &s);
-    if (rc == 0)
-        rc = mt__report_map_at(r, pi, s.map_index, false, &map);
-    layout_t l = layout(cfg, s.host_events > 0, mt__plot_map_rows(&map), s.nlanes);
+    layout_t l = layout(cfg, false, 0, 0); /* the timeline's width: cfg's alone */
     size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;
     nb = nb > (size_t)(l.tl.x1 - l.tl.x0) ? (size_t)(l.tl.x1 - l.tl.x0) : nb;
     size_t npts = 2 * nb;
     int tags[MT_TAG_MAX], all[MT_TAG_MAX], ntags = 0, nall = stack_order(all);
-    for (int j = 0; j < nall; j++)
-        if (s.tag_peak[all[j]] > 0)
-            tags[ntags++] = all[j];
-    fill_t fl = {.scan = &s, .nb = nb};
+    fill_t fl = {.scan = &pre, .nb = nb};
     fl.b = calloc(nb, sizeof(*fl.b));
     double *xs = malloc(npts * sizeof(double)), *vs = malloc(npts * sizeof(double));
     double *cum[MT_TAG_MAX] = {0};
-    bool ok = rc == 0 && fl.b && xs && vs;
-    for (int j = 0; ok && j < ntags; j++)
-        ok = (cum[j] = malloc(npts * sizeof(double))) != NULL;
-    if (!ok) {
-        rc = rc ? rc : MT_ENOMEM;
+    int rc = fl.b && xs && vs ? 0 : MT_ENOMEM;
+    if (rc == 0)
+        rc = mt__report_each(r, pi, pre_event, &pre);
+    both_t both = {&s, &fl};
+    if (rc == 0)
+        rc = mt__report_replay(r, pi, both_point, &both);
+    if (rc == 0)
+        rc = mt__report_map_at(r, pi, s.map_index, false, &map);
+    if (rc != 0)
         goto out;
-    }
-    if ((rc = mt__report_replay(r, pi, fill_point, &fl)) != 0)
-        goto out;
+    l = layout(cfg, s.host_events > 0, mt__plot_map_rows(&map), s.nlanes);
+    for (int j = 0; j < nall; j++)
+        if (s.tag_peak[all[j]] > 0)
+            tags[ntags++] = all[j];
+    for (int j = 0; j < ntags; j++)
+        if ((cum[j] = malloc(npts * sizeof(double))) == NULL) {
+            rc = MT_ENOMEM;
+            goto out;
+        }
     for (; fl.cur < nb; fl.cur++)
         if (!fl.b[fl.cur].seen)
             bucket_fill_from_last(&fl, &fl.b[fl.cur]);

@@ -15,6 +15,7 @@
 #include "analysis/frames.h"
 #include "analysis/gap.h"
 #include "analysis/model.h"
+#include "analysis/model_internal.h"
 #include "analysis/ndjson_fast.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
@@ -507,8 +508,8 @@ const char *mt__report_tag_name(const mt__report_t *r, size_t i, int tag, char *
 
 /* fn on each of p's first limit events, in log order, as the spool gives them back chunk by
  * chunk; a nonzero return stops it and is returned. */
-typedef int (*each_fn)(void *ctx, const mt_event_rec_t *ev, size_t k);
-static int each_event(const mt__report_t *r, const proc_t *p, size_t limit, each_fn fn, void *ctx)
+static int each_event(const mt__report_t *r, const proc_t *p, size_t limit, mt__report_event_fn fn,
+                      void *ctx)
 {
     mt_event_rec_t *buf = NULL;
     if (p->evs.nchunks && !(buf = malloc(MT__SPOOL_CHUNK * sizeof(*buf))))
@@ -538,18 +539,28 @@ static int replay_one(void *ctx, const mt_event_rec_t *ev, size_t k)
     int rc = mt__model_apply(rp->m, ev);
     if (rc != 0)
         return rc;
-    uint64_t tag_live[MT_TAG_MAX];
-    mt_model_figures_t d, h;
-    mt__model_figures_totals(rp->m, MT_MODEL_DEVICE, &d);
-    mt__model_figures_totals(rp->m, MT_MODEL_HOST, &h);
-    for (int t = 0; t < MT_TAG_MAX; t++) {
-        mt_model_tag_t tg;
-        mt__model_tag(rp->m, MT_MODEL_DEVICE, t, &tg);
-        tag_live[t] = tg.bytes;
+    uint64_t tag_live[MT_TAG_MAX] = {0}, peak;
+    mt__report_point_t pt = {.ev = ev,
+                             .index = k,
+                             .tag_live = tag_live,
+                             .tag_mask = mt__model_tags_held(rp->m, MT_MODEL_DEVICE),
+                             .model = rp->m};
+    mt__model_levels(rp->m, MT_MODEL_DEVICE, &pt.allocated, &pt.reserved, &peak);
+    mt__model_levels(rp->m, MT_MODEL_HOST, &pt.host_allocated, &pt.host_reserved, &peak);
+    for (uint32_t held = pt.tag_mask; held != 0; held &= held - 1) {
+        int t = __builtin_ctz(held);
+        tag_live[t] = mt__model_tag_bytes(rp->m, MT_MODEL_DEVICE, t);
     }
-    mt__report_point_t pt = {ev,          k,          d.allocated, d.reserved,
-                             h.allocated, h.reserved, tag_live,    rp->m};
     return rp->fn(rp->ctx, &pt);
+}
+
+/* A model as the replays start it: empty, with the process's stack table and modules. */
+static int replay_model(const proc_t *p, const mt_model_cfg_t *cfg, mt_model_t **out)
+{
+    int rc = mt__model_create(out, cfg);
+    if (rc == 0 && p->tables)
+        rc = mt__model_tables_copy(*out, p->tables);
+    return rc;
 }
 
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx)
@@ -558,12 +569,53 @@ int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, v
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     replay_t rp = {.fn = fn, .ctx = ctx};
-    int rc = mt__model_create(&rp.m, NULL);
-    if (rc == 0 && p->tables)
-        rc = mt__model_tables_copy(rp.m, p->tables);
+    int rc = replay_model(p, NULL, &rp.m);
     if (rc == 0)
         rc = each_event(r, p, SIZE_MAX, replay_one, &rp);
     mt__model_destroy(&rp.m);
+    return rc;
+}
+
+void mt__report_drop_events(mt__report_t *r, size_t i)
+{
+    if (i < r->nprocs)
+        mt__spool_free(&r->procs[i].evs);
+}
+
+int mt__report_each(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx)
+{
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
+        return MT_EINVAL;
+    return each_event(r, &r->procs[i], SIZE_MAX, fn, ctx);
+}
+
+typedef struct feed_s {
+    mt_model_t *m;
+    mt__report_event_fn fn;
+    void *ctx;
+} feed_t;
+
+static int feed_one(void *ctx, const mt_event_rec_t *ev, size_t k)
+{
+    feed_t *fd = ctx;
+    int rc = mt__model_apply(fd->m, ev);
+    return rc != 0 ? rc : fd->fn(fd->ctx, ev, k);
+}
+
+int mt__report_replay_map(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx,
+                          mt__report_map_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
+        return MT_EINVAL;
+    const proc_t *p = &r->procs[i];
+    feed_t fd = {.fn = fn, .ctx = ctx};
+    int rc = replay_model(p, NULL, &fd.m);
+    if (rc == 0)
+        rc = each_event(r, p, SIZE_MAX, feed_one, &fd);
+    if (rc == 0)
+        rc = mt__model_map(fd.m, MT_MODEL_DEVICE, out);
+    mt__model_destroy(&fd.m);
     return rc;
 }
 
@@ -588,9 +640,7 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
         return MT_EINVAL;
     const proc_t *p = &r->procs[i];
     mt_model_t *m = NULL;
-    int rc = mt__model_create(&m, NULL);
-    if (rc == 0 && p->tables)
-        rc = mt__model_tables_copy(m, p->tables);
+    int rc = replay_model(p, NULL, &m);
     if (rc == 0)
         rc = each_event(r, p, index == SIZE_MAX ? SIZE_MAX : index + 1, apply_one, m);
     if (rc == 0)
@@ -608,9 +658,7 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
     mt_model_t *m = NULL;
     mt_model_cfg_t mc = {.keep_iterations = true,
                          .temporary_window_us = r->cfg.temporary_window_us};
-    int rc = mt__model_create(&m, &mc);
-    if (rc == 0 && p->tables)
-        rc = mt__model_tables_copy(m, p->tables);
+    int rc = replay_model(p, &mc, &m);
     if (rc == 0)
         rc = each_event(r, p, SIZE_MAX, apply_one_lenient, m);
     if (rc != 0) {

@@ -104,12 +104,23 @@ typedef struct mt__report_point_s {
     uint64_t allocated, reserved;           /* device totals after it */
     uint64_t host_allocated, host_reserved; /* pinned host totals after it */
     const uint64_t *tag_live;               /* [MT_TAG_MAX] device bytes in use by tag (known) */
+    uint32_t tag_mask;                      /* bit t: tag_live[t] may be nonzero; the rest are 0 */
     const mt_model_t *model;                /* the model after it (per-device figures) */
 } mt__report_point_t;
 
 /* Called after each event; a nonzero return stops the replay and is returned by it. */
 typedef int (*mt__report_point_fn)(void *ctx, const mt__report_point_t *pt);
 int mt__report_replay(const mt__report_t *r, size_t i, mt__report_point_fn fn, void *ctx);
+
+/* Forgets the events kept of process i (its replays then see none, its count stays): a
+ * reader that replays one process frees the others' before it does. */
+void mt__report_drop_events(mt__report_t *r, size_t i);
+
+/* fn on each event of process i (borrowed) and its index, in log order; a nonzero return
+ * stops the walk and is returned by it. */
+typedef int (*mt__report_event_fn)(void *ctx, const mt_event_rec_t *ev, size_t index);
+/* The events alone, no model: for what depends on the events, not the state after them. */
+int mt__report_each(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx);
 
 /* Process i's device allocations (requested sizes) and frees as a trace for mt__replay_run
  * (analysis/replay.h): what memtrace's allocator would reserve for the same sequence. An
@@ -126,6 +137,11 @@ typedef mt_model_map_t mt__report_map_t;
  * pinned host memory (pool host) when host. Free with mt__report_map_free. */
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out);
+/* One replay for a conversion: fn after each event is applied to the model (an event the
+ * model refuses stops it, as mt__report_replay), then *out the device segment map after the
+ * last event, as mt__report_map_at(r, i, events - 1, false, out) gives it. */
+int mt__report_replay_map(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx,
+                          mt__report_map_t *out);
 /* The model of process i after all its events, with its stack table and module map
  * (keep_iterations on): for per-stack views (mt__model_stacks). *out is new. */
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);

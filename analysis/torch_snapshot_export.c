@@ -8,32 +8,29 @@
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
+#include "util/addrmap.h"
 #include "util/grow.h"
 
-/* What the segment map does not say, remembered from the events by address. */
+/* What the segment map does not say, remembered from the events by address: the bytes
+ * asked for of the last allocation at each address, the device of the last segment. An
+ * address table cannot hold 0, so address 0 has its own entries. */
 typedef struct seen_s {
-    uint64_t addr;
-    uint64_t requested; /* alloc: bytes asked for */
-    int64_t stream;
-    uint8_t device, kind, pool;
-    uint32_t order; /* later events win */
+    mt__amap_t req, dev; /* block addr -> requested; segment addr -> device */
+    uint64_t req0, dev0; /* address 0's */
+    bool has_req0, has_dev0;
 } seen_t;
 
 /* A conversion under way. Memory grows with the trace written (ts's events) and with the
  * addresses in use, not with the log: while every event so far is of one device, events go
  * straight into ts (their order there is log order); from an event of a second device on,
- * they are kept in evs and grouped by device at the end. seen holds, per address, the
- * last block and the last segment event (the only ones lookup() returns): it is compacted
- * whenever it doubles. Invariants: evs == NULL or ts has no events; seen[0, nsorted) is
- * sorted by (addr, order) with one entry per (addr, block or not); order < nseen_total. */
+ * they are kept in evs and grouped by device at the end. Invariant: evs == NULL or ts has no
+ * events. */
 typedef struct ex_s {
     mt_ts_t *ts;
     const mt_ts_source_t *src;
     mt_ts_event_t *evs; /* NULL while one device: then events are in ts */
     size_t nevs, cap;
-    seen_t *seen;
-    size_t nseen, cap_seen, nsorted;
-    uint32_t nseen_total;           /* seen events so far: the next one's order */
+    seen_t seen;
     uint32_t tag_stack[MT_TAG_MAX]; /* 0: not made yet */
     uint64_t iteration;
     bool in_iteration;
@@ -125,23 +122,18 @@ static int keep_event(ex_t *x, const mt_ts_event_t *e)
     return 0;
 }
 
-static int cmp_seen(const void *a, const void *b);
-
-/* Keeps of seen only what lookup() can return: per address, its last block event and its
- * last segment event. */
-static void compact_seen(ex_t *x)
+/* Remembers what lookup() answers for ev's address: a later event there replaces it. */
+static int remember(ex_t *x, const mt_event_rec_t *ev)
 {
-    qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
-    size_t out = 0;
-    for (size_t i = 0; i < x->nseen; i++) {
-        const seen_t *s = &x->seen[i];
-        bool block = s->kind == MT_EV_ALLOC, later = false;
-        for (size_t j = i + 1; j < x->nseen && x->seen[j].addr == s->addr && !later; j++)
-            later = (x->seen[j].kind == MT_EV_ALLOC) == block;
-        if (!later)
-            x->seen[out++] = *s;
+    seen_t *sn = &x->seen;
+    bool block = ev->kind == MT_EV_ALLOC;
+    uint64_t v = block ? ev->requested : ev->device;
+    if (ev->addr == 0) {
+        *(block ? &sn->req0 : &sn->dev0) = v;
+        *(block ? &sn->has_req0 : &sn->has_dev0) = true;
+        return 0;
     }
-    x->nseen = x->nsorted = out;
+    return mt__amap_put(block ? &sn->req : &sn->dev, ev->addr, v);
 }
 
 static int on_event(ex_t *x, const mt_event_rec_t *ev)
@@ -195,43 +187,25 @@ static int on_event(ex_t *x, const mt_event_rec_t *ev)
     int rc = keep_event(x, &e);
     if (rc)
         return rc;
-    if (ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
-        ev->kind == MT_EV_SEGMENT_MAP) {
-        if (x->nseen == x->cap_seen && x->nseen >= 4096 && x->nseen >= 2 * x->nsorted)
-            compact_seen(x);
-        seen_t *sn = mt__grow(x->seen, &x->cap_seen, x->nseen + 1, sizeof *sn, 1024);
-        if (sn == NULL)
-            return MT_ENOMEM;
-        x->seen = sn;
-        x->seen[x->nseen++] = (seen_t){ev->addr, ev->requested, ev->stream,      ev->device,
-                                       ev->kind, ev->pool,      x->nseen_total++};
-    }
+    if ((ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
+         ev->kind == MT_EV_SEGMENT_MAP) &&
+        remember(x, ev) != 0)
+        return MT_ENOMEM;
     return x->rc;
 }
 
-static int cmp_seen(const void *a, const void *b)
+/* What the last event that named addr as a block (want_block: its requested bytes) or a
+ * segment (its device) left: 0, or MT_ENOENT when none did. */
+static int lookup(const ex_t *x, uint64_t addr, bool want_block, uint64_t *v)
 {
-    const seen_t *x = a, *y = b;
-    if (x->addr != y->addr)
-        return x->addr < y->addr ? -1 : 1;
-    return x->order < y->order ? -1 : x->order > y->order;
-}
-
-/* The last event that named addr as a block (want_block) or a segment. */
-static const seen_t *lookup(const ex_t *x, uint64_t addr, bool want_block)
-{
-    size_t lo = 0, hi = x->nseen;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (x->seen[mid].addr <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
+    const seen_t *sn = &x->seen;
+    if (addr == 0) {
+        if (!(want_block ? sn->has_req0 : sn->has_dev0))
+            return MT_ENOENT;
+        *v = want_block ? sn->req0 : sn->dev0;
+        return 0;
     }
-    for (size_t i = lo; i-- > 0 && x->seen[i].addr == addr;)
-        if ((x->seen[i].kind == MT_EV_ALLOC) == want_block)
-            return &x->seen[i];
-    return NULL;
+    return mt__amap_get(want_block ? &sn->req : &sn->dev, addr, v);
 }
 
 static int cmp_dev_ptr(const void *a, const void *b)
@@ -252,9 +226,10 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
     size_t b = 0; /* next live block of the map (sorted by address, as segments are) */
     for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL; s++) {
         const mt_model_seg_t *sg = &map.segs[s];
-        const seen_t *info = lookup(x, sg->addr, false);
+        uint64_t dev = 0;
+        lookup(x, sg->addr, false, &dev);
         mt_ts_segment_t seg = {
-            .device = info ? info->device : 0,
+            .device = (uint8_t)dev,
             .addr = sg->addr,
             .total_size = sg->size,
             .stream = sg->stream,
@@ -271,12 +246,13 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
             if (lb->addr > at)
                 blocks[n++] =
                     (mt_ts_block_t){.addr = at, .size = lb->addr - at, .state = MT_TS_INACTIVE};
-            const seen_t *a = lookup(x, lb->addr, true);
+            uint64_t req = 0;
+            lookup(x, lb->addr, true, &req);
             uint64_t size = lb->size < end - lb->addr ? lb->size : end - lb->addr;
             blocks[n++] = (mt_ts_block_t){
                 .addr = lb->addr,
                 .size = size,
-                .requested = a && a->requested ? a->requested : size,
+                .requested = req ? req : size,
                 .state = lb->pending ? MT_TS_ACTIVE_PENDING_FREE : MT_TS_ACTIVE_ALLOCATED,
                 .stack = tag_stack(x, lb->tag),
             };
@@ -303,12 +279,8 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
 {
     if (rc == 0 && x->rc)
         rc = x->rc;
-    if (rc == 0) {
-        if (x->nseen > 1) /* seen is NULL when the log has none */
-            qsort(x->seen, x->nseen, sizeof *x->seen, cmp_seen);
-        if (map != NULL)
-            rc = add_segments(x, map);
-    }
+    if (rc == 0 && map != NULL)
+        rc = add_segments(x, map);
     if (rc == 0 && x->evs != NULL) {
         /* device_traces are per device: group the events, each device in their order. */
         mt_ts_event_t **order = malloc((x->nevs + 1) * sizeof *order);
@@ -324,7 +296,8 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
         free(order);
     }
     free(x->evs);
-    free(x->seen);
+    mt__amap_fini(&x->seen.req);
+    mt__amap_fini(&x->seen.dev);
     if (rc < 0) {
         snprintf(err, errlen, "%s", rc == MT_ENOMEM ? "out of memory" : mt_strerror(rc));
         mt__ts_destroy(&x->ts);
@@ -351,9 +324,10 @@ int mt__ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size
 /* ---- from a report (memtrace export) ---- */
 
 /* The report's replay feeds the conversion directly: no copy of the events is made. */
-static int feed(void *ctx, const mt__report_point_t *pt)
+static int feed(void *ctx, const mt_event_rec_t *ev, size_t index)
 {
-    return on_event(ctx, pt->ev);
+    (void)index;
+    return on_event(ctx, ev);
 }
 
 typedef struct rtag_s {
@@ -384,9 +358,7 @@ int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *
     mt__report_map_t map;
     bool have_map = false;
     int rc = mt__ts_create(&x.ts);
-    if (rc == 0)
-        rc = mt__report_replay(r, proc, feed, &x);
-    if (rc == 0 && (rc = mt__report_map_at(r, proc, nev - 1, false, &map)) == 0)
+    if (rc == 0 && (rc = mt__report_replay_map(r, proc, feed, &x, &map)) == 0)
         have_map = true;
     if (x.ts == NULL) {
         snprintf(err, errlen, "out of memory");

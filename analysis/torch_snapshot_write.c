@@ -2,6 +2,7 @@
  * torch.cuda.memory._snapshot(); era 1, the list of segments of 1.13's
  * torch.cuda.memory_snapshot() with history on blocks. Each distinct call stack is written
  * once and referenced through the memo afterwards, as pickle.dump does for shared lists. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -126,8 +127,107 @@ static void segment(wr_t *o, const mt_ts_segment_t *s, int era)
     mt__pkw_dict_end(&o->w);
 }
 
+/* event()'s bytes built in one buffer and written at once: its dozen calls into the writer
+ * per event were most of a large export's writing. Byte for byte what the writer gives
+ * (tests/snapshot/test_ts_write.c holds them to it), for an event in a list whose stack is
+ * none or already memoized; event() writes the rest. */
+typedef struct ebuf_s {
+    unsigned char b[256];
+    size_t n;
+} ebuf_t;
+
+static void eb_str(ebuf_t *b, const char *s, size_t n) /* n < 256: SHORT_BINUNICODE */
+{
+    b->b[b->n++] = 0x8c;
+    b->b[b->n++] = (unsigned char)n;
+    memcpy(b->b + b->n, s, n);
+    b->n += n;
+}
+
+static void eb_le(ebuf_t *b, unsigned char op, uint64_t v, size_t n)
+{
+    b->b[b->n++] = op;
+    for (size_t i = 0; i < n; i++)
+        b->b[b->n++] = (unsigned char)(v >> (8 * i));
+}
+
+/* mt__pkw_int's opcodes: BININT1, BININT2, BININT, else LONG1 with the fewest bytes. */
+static void eb_int(ebuf_t *b, int64_t v)
+{
+    if (v >= 0 && v < 256)
+        eb_le(b, 'K', (uint64_t)v, 1);
+    else if (v >= 0 && v < 65536)
+        eb_le(b, 'M', (uint64_t)v, 2);
+    else if (v >= INT32_MIN && v <= INT32_MAX)
+        eb_le(b, 'J', (uint64_t)(uint32_t)(int32_t)v, 4);
+    else {
+        uint64_t u = (uint64_t)v;
+        size_t n = 8;
+        while (n > 1 && ((v >= 0 && ((u >> (8 * (n - 1) - 1)) & 0x1ff) == 0) ||
+                         (v < 0 && ((u >> (8 * (n - 1) - 1)) & 0x1ff) == 0x1ff)))
+            n--;
+        b->b[b->n++] = 0x8a;
+        eb_le(b, (unsigned char)n, u, n);
+    }
+}
+
+static void eb_key_u64(ebuf_t *b, const char *k, size_t klen, uint64_t v)
+{
+    eb_str(b, k, klen);
+    eb_int(b, v > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)v);
+}
+
+#define EB_KEY(b, k) eb_str(b, k, sizeof k - 1)
+
+enum { PKW_BATCH = 1000 }; /* the writer's list batch (pickle_write.c) */
+
+/* false: not an event this path writes (nothing written). */
+static bool event_fast(wr_t *o, const mt_ts_event_t *e)
+{
+    mt__pkw_t *w = &o->w;
+    const char *action = mt__ts_action_name(e->action);
+    size_t alen = strlen(action);
+    if (w->err != 0 || w->put || w->depth == 0 || w->kind[w->depth - 1] != 'l' || alen >= 64 ||
+        (e->stack != 0 && o->memo[e->stack] == 0))
+        return false;
+    unsigned d = w->depth - 1;
+    ebuf_t b = {.n = 0};
+    if (w->count[d] == 0)
+        b.b[b.n++] = '('; /* the list's batch opens */
+    b.b[b.n++] = '}';     /* EMPTY_DICT, then its items after a MARK */
+    b.b[b.n++] = '(';
+    EB_KEY(&b, "action");
+    eb_str(&b, action, alen);
+    if (e->action == MT_TS_OOM)
+        eb_key_u64(&b, "device_free", 11, e->addr);
+    else
+        eb_key_u64(&b, "addr", 4, e->addr);
+    eb_key_u64(&b, "size", 4, e->size);
+    EB_KEY(&b, "stream");
+    eb_int(&b, e->stream);
+    EB_KEY(&b, "time_us");
+    eb_int(&b, e->time_us);
+    if (e->action == MT_TS_ALLOC && e->block_size != 0)
+        eb_key_u64(&b, "memtrace_size", 13, e->block_size);
+    EB_KEY(&b, "frames");
+    if (e->stack == 0)
+        b.b[b.n++] = ']'; /* EMPTY_LIST */
+    else
+        eb_le(&b, 'j', o->memo[e->stack] - 1, 4); /* LONG_BINGET */
+    b.b[b.n++] = 'u';                             /* SETITEMS */
+    if (++w->count[d] == PKW_BATCH) {
+        b.b[b.n++] = 'e'; /* APPENDS: the list's batch closes */
+        w->count[d] = 0;
+    }
+    if (fwrite_unlocked(b.b, 1, b.n, w->f) != b.n)
+        w->err = MT_EIO;
+    return true;
+}
+
 static void event(wr_t *o, const mt_ts_event_t *e)
 {
+    if (event_fast(o, e))
+        return;
     mt__pkw_dict_begin(&o->w);
     mt__pkw_str(&o->w, "action");
     mt__pkw_str(&o->w, mt__ts_action_name(e->action));

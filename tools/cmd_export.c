@@ -2,6 +2,9 @@
  * PyTorch memory snapshot, for pytorch.org/memory_viz (2.x layout) or PyTorch 1.13's
  * torch.cuda._memory_viz (--torch-format 1). The conversion is analysis/torch_snapshot*. */
 #include <getopt.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,6 +154,14 @@ static int run(const export_opts_t *o)
             fprintf(stderr, "memtrace export: the logs hold no events\n");
         status = 2;
     }
+    /* The other processes' newest events (up to a 64 KiB chunk each in memory) go before
+     * the snapshot is built, and their pages back to the system (29 processes: 1.9 MB). */
+    for (size_t i = 0; status == 0 && i < mt__report_process_count(r); i++)
+        if (i != proc)
+            mt__report_drop_events(r, i);
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
     mt_ts_t *ts = NULL;
     char err[512];
     if (status == 0 && mt__ts_from_report(&ts, r, proc, err, sizeof err) < 0) {
@@ -162,6 +173,10 @@ static int run(const export_opts_t *o)
     mt__report_destroy(&r);
     if (status == 0) {
         FILE *f = strcmp(output, "-") == 0 ? stdout : fopen(output, "wb");
+        /* 64 KiB writes instead of stdio's 4 KiB: a tenth of the system calls. */
+        static char obuf[64 << 10];
+        if (f != NULL)
+            setvbuf(f, obuf, _IOFBF, sizeof obuf);
         int rc = f ? mt__ts_write(ts, f, era) : MT_EIO;
         if (f != NULL && f != stdout && fclose(f) != 0 && rc == 0)
             rc = MT_EIO;

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""`memtrace plot` and `memtrace export` give the very bytes they gave before their replays
+were made cheaper (docs/readers.md, "Speed"): the SHA-256 of each output below was taken
+with the tree at 7518b92, whose plot replayed a process three times and export twice.
+
+The log is written here from a fixed generator (no library randomness): two processes, one
+of ten devices (more than plot's 8 lanes; device 3 named first by a mark, which opens no
+lane), allocations of every built-in tag and user tags, pinned host memory, OOM events,
+markers, short-lived segments, sizes past 2^32, a large stream and lines a little late.
+Each output's hash is compared; a difference names the command. After a change that is
+meant to change an output, `test_readers_golden.py MEMTRACE --print` prints the new table.
+The hashes are of x86-64 outputs: elsewhere a contracted multiply-add may move a plot's last
+digit, and the test is skipped (77).
+
+usage: test_readers_golden.py MEMTRACE [--print]
+"""
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+MT = sys.argv[1]
+PRINT = len(sys.argv) > 2 and sys.argv[2] == "--print"
+
+TAGS = ["other", "weights", "grads", "optimizer", "activations", "workspace", "batch"]
+MARKS = ["iteration", "forward_begin", "forward_end", "backward_begin", "backward_end",
+         "warmup_end"]
+
+
+class Rng:
+    """xorshift64: the same numbers on every Python."""
+
+    def __init__(self, seed):
+        self.s = seed
+
+    def next(self):
+        s = self.s
+        s ^= (s << 13) & 0xFFFFFFFFFFFFFFFF
+        s ^= s >> 7
+        s ^= (s << 17) & 0xFFFFFFFFFFFFFFFF
+        self.s = s
+        return s
+
+    def below(self, n):
+        return self.next() % n
+
+    def pick(self, xs):
+        return xs[self.below(len(xs))]
+
+
+def write_log(path, n):
+    rng = Rng(0x9E3779B97F4A7C15)
+    out = []
+    seqs = {}
+
+    def ev(pid, t, dev, kind, addr=0, mark=None, size=0, req=0, pool="small", tag=0, stream=0,
+           al=0, res=0):
+        seqs[pid] = seqs.get(pid, 0) + 1
+        name = TAGS[tag] if tag < 7 else "user%d" % tag
+        where = ('"mark":"%s"' % mark) if mark else ('"addr":"0x%x"' % addr)
+        out.append('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":%d,"dev":%d,"kind":"%s",%s,'
+                   '"size":%d,"requested":%d,"pool":"%s","tag":"%s","tag_id":%d,"stream":%d,'
+                   '"allocated":%d,"reserved":%d}'
+                   % (seqs[pid], t, pid, dev, kind, where, size, req, pool, name, tag, stream,
+                      al, res))
+
+    for pid, ndev, count in ((11, 10, n), (12, 2, n // 4)):
+        out.append('{"v":1,"type":"hello","pid":%d,"name":"gen%d","start_realtime_ns":1}'
+                   % (pid, pid))
+        out.append('{"v":1,"type":"event","seq":0,"t_ns":999,"pid":%d,"dev":0,'
+                   '"kind":"tag_label","tag_id":8,"label":"kv cache"}' % pid)
+        seqs[pid] = 0
+        t = 1000
+        al, res, live, nxt = [0] * ndev, [0] * ndev, {}, {}
+        ev(pid, t, 3, "mark", mark="warmup_begin", pool="none")
+        ev(pid, t, 0, "config", size=80 << 30, pool="none")
+        for d in range(ndev):
+            base = (d + 1) << 40
+            nxt[d] = base
+            t += 5
+            res[d] += 1 << 30
+            ev(pid, t, d, "segment_alloc", addr=base, size=1 << 30, req=1 << 30, pool="large",
+               stream=d, al=al[d], res=res[d])
+        host = 0
+        for i in range(count):
+            t += rng.pick([1, 3, 1000, 70000])
+            late = t - rng.pick([0, 0, 0, 0, 5000]) if i > 10 else t
+            d = rng.below(ndev)
+            r = rng.below(100)
+            if r < 45:
+                size = rng.pick([512, 1024, 4096, 1 << 20, (3 << 31) if pid == 11 else 1 << 21,
+                                 70000])
+                base = (d + 1) << 40
+                if nxt[d] + size > base + (1 << 30) and size < (1 << 30):
+                    nxt[d] = base
+                addr = nxt[d]
+                nxt[d] += size
+                if addr in live:
+                    continue
+                tag = rng.pick([0, 1, 2, 3, 4, 5, 6, 8, 9])
+                al[d] += size
+                live[addr] = (d, size, tag)
+                ev(pid, late, d, "alloc", addr=addr, size=size,
+                   req=rng.pick([0, size - 7, size]), tag=tag,
+                   stream=rng.pick([0, 7, 3000000000]), al=al[d], res=res[d],
+                   pool="large" if size > 1 << 20 else "small")
+            elif r < 85 and live:
+                addr = sorted(live)[rng.below(len(live))]
+                d0, size, tag = live.pop(addr)
+                ev(pid, late, d0, "free_requested", addr=addr, size=size, req=size, tag=tag,
+                   al=al[d0], res=res[d0])
+                al[d0] -= size
+                ev(pid, late + 1, d0, "free_completed", addr=addr, size=size, req=size, tag=tag,
+                   al=al[d0], res=res[d0])
+            elif r < 90:
+                host += 1
+                ev(pid, late, 0, "alloc", addr=(7 << 44) + host * 4096, size=4096, req=4000,
+                   pool="host", tag=1, al=host * 4096, res=host * 8192)
+            elif r < 92:
+                ev(pid, late, d, "oom", size=12345, req=1 << 33, pool="large", al=al[d],
+                   res=res[d])
+            elif r < 96:
+                ev(pid, late, d, "mark", mark=rng.pick(MARKS), size=i, pool="none", al=al[d],
+                   res=res[d])
+            else:
+                t += 1
+                a = (d + 1) << 40 | 1 << 35 | i << 21
+                ev(pid, t, d, "segment_alloc", addr=a, size=1 << 21, req=1 << 21, al=al[d],
+                   res=res[d] + (1 << 21))
+                ev(pid, t + 1, d, "segment_free", addr=a, size=1 << 21, req=1 << 21, al=al[d],
+                   res=res[d])
+        out.append('{"v":1,"type":"exit","pid":%d,"clean":true}' % pid)
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+COMMANDS = [
+    "plot -o -",
+    "plot --pid 12 -o -",
+    "plot --width 900 --buckets 37 -o -",
+    "plot --flamegraph -o -",
+    "export --format torch-snapshot -o -",
+    "export --format torch-snapshot --pid 12 -o -",
+    "export --format torch-snapshot --torch-format 1 -o -",
+]
+
+# sha256 of stdout, then of stderr, and the exit status, by the tree at 7518b92.
+EXPECTED = {
+    "plot -o -":
+        ("166d4671fd166cae0b66378f2d85e076",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "plot --pid 12 -o -":
+        ("581ca5c4423228e4b3b92641a6806c13",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "plot --width 900 --buckets 37 -o -":
+        ("e91764d1e538f52bce5594613509138a",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "plot --flamegraph -o -":
+        ("e397eb96fa10a12cc7c3314ace13119e",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "export --format torch-snapshot -o -":
+        ("0abbc8ace584c380131c37734ffefacb",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "export --format torch-snapshot --pid 12 -o -":
+        ("64b6fdaadee6f1d913c409dc786f6692",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "export --format torch-snapshot --torch-format 1 -o -":
+        ("6803e6cde718ee98699617a5543954bf",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+}
+
+
+def main():
+    if not PRINT and platform.machine() not in ("x86_64", "AMD64"):
+        print("SKIP: the hashes are of x86-64 outputs, this is %s" % platform.machine())
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "varied.ndjson")
+        write_log(log, 12000)
+        env = dict(os.environ, TMPDIR=tmp)
+        got = {}
+        for cmd in COMMANDS:
+            p = subprocess.run([MT] + cmd.split() + [log], capture_output=True, env=env)
+            got[cmd] = (hashlib.sha256(p.stdout).hexdigest()[:32],
+                        hashlib.sha256(p.stderr).hexdigest()[:32], p.returncode)
+    if PRINT:
+        for cmd in COMMANDS:
+            print('    "%s":\n        ("%s",\n         "%s", %d),' % ((cmd,) + got[cmd]))
+        return 0
+    bad = [cmd for cmd in COMMANDS if got[cmd] != EXPECTED.get(cmd)]
+    for cmd in bad:
+        print("DIFFERS: memtrace %s LOG: %s, expected %s" % (cmd, got[cmd], EXPECTED.get(cmd)))
+    print("%d outputs compared, %d differ" % (len(COMMANDS), len(bad)))
+    return 1 if bad else 0
+
+
+sys.exit(main())
