@@ -334,7 +334,7 @@ void mt__d_consumer_start(mt_d_conn_t *c)
     flush(c);
 }
 
-void mt__d_consumers_fanout(mt_d_t *d)
+void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b)
 {
     for (mt_d_conn_t *c = d->conns; c; c = c->next) {
         if (c->closing || (c->kind != MT_D_CONN_CONSUMER && c->kind != MT_D_CONN_SSE))
@@ -342,10 +342,10 @@ void mt__d_consumers_fanout(mt_d_t *d)
         bool sse = c->sub.sse;
         size_t need = 0;
         uint32_t n = 0;
-        for (size_t i = 0; i < d->nbatch; i++) {
-            if (!sub_matches(&c->sub, &d->batch[i]))
+        for (size_t i = 0; i < b->n; i++) {
+            if (!b->rec[i].len || !sub_matches(&c->sub, &b->rec[i]))
                 continue;
-            need += d->batch[i].len + (sse ? 40 : 0);
+            need += b->rec[i].len + (sse ? 40 : 0);
             n++;
         }
         if (n == 0)
@@ -360,13 +360,13 @@ void mt__d_consumers_fanout(mt_d_t *d)
         ch->conn = c;
         ch->nevents = n;
         char *w = ch->data;
-        for (size_t i = 0; i < d->nbatch; i++) {
-            const mt_d_batch_rec_t *r = &d->batch[i];
-            if (!sub_matches(&c->sub, r))
+        for (size_t i = 0; i < b->n; i++) {
+            const mt_d_batch_rec_t *r = &b->rec[i];
+            if (!r->len || !sub_matches(&c->sub, r))
                 continue;
             if (sse)
                 w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);
-            memcpy(w, d->batch_text.p + r->off, r->len);
+            memcpy(w, b->text.p + r->off, r->len);
             w += r->len;
             if (sse)
                 *w++ = '\n'; /* the line's own '\n' plus this blank line end the event */
