@@ -63,10 +63,18 @@ int mt__d_set_event_spool(mt_d_t *d, const char *dir)
     return mt__d_web_set_spool(d, dir);
 }
 
+static void ck_free(mt_d_web_ck_t *c)
+{
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
+        mt__model_map_free(&c->map[cls]);
+}
+
 static void tracker_free(mt_d_web_t *w, mt_d_web_proc_t *t)
 {
     if (w->rd_t == t)
         w->rd_t = NULL;
+    for (size_t i = 0; i < t->nck; i++)
+        ck_free(&t->ck[i]);
     free(t->coarse);
     free(t->win);
     mt__spool_free(&t->sp);
@@ -83,6 +91,8 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     if (!t->coarse)
         goto fail_coarse;
     t->wcap = w->window;
+    t->ckstep = t->wcap / 2;
+    t->pcap = t->wcap + t->ckstep;
     t->web = w;
     if (w->spool_dir && !w->file_tried) {
         mt__spool_file_open(&w->file, w->spool_dir);
@@ -90,8 +100,10 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     }
     /* Cache-line aligned: each event is one line, stored around the cache (window_record). */
     bool spooled = w->spool_dir && w->file.fd >= 0;
-    if (!spooled && !(t->win = aligned_alloc(64, t->wcap * sizeof *t->win)))
+    if (!spooled && !(t->win = aligned_alloc(64, t->pcap * sizeof *t->win)))
         goto fail_window;
+    t->nck = t->win != NULL; /* the first checkpoint: before any event, empty */
+    t->ck_due = t->ckstep;
     /* The base is read for its blocks, segments and totals (mt__d_web_state_at), never for
      * temporary allocations: it does not track them, which every free would cost. */
     mt_model_cfg_t bcfg = mt__model_cfg_default();
@@ -314,7 +326,13 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
     mt_assert(i < t->wcount);
     if (!t->win)
         return spool_at(t, t->sp.n - t->wcount + i);
-    return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
+    return &t->win[(t->whead + t->pcap - t->wcount + i) % t->pcap];
+}
+
+const mt_event_rec_t *mt__d_web_pre_at(const mt_d_web_proc_t *t, size_t i)
+{
+    mt_assert(t->win && i < t->npre);
+    return &t->win[(t->whead + 2 * t->pcap - t->wcount - t->npre + i) % t->pcap];
 }
 
 /* Events of the window faulted in at once, ahead of the stores: 1 MiB (a window a process
@@ -326,7 +344,7 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
  * on a virtual machine. Advice only; the pages the window never reaches stay unused. */
 static void window_prefault(mt_d_web_proc_t *t)
 {
-    size_t to = t->wcap - t->wready > WINDOW_PREFAULT ? t->wready + WINDOW_PREFAULT : t->wcap;
+    size_t to = t->pcap - t->wready > WINDOW_PREFAULT ? t->wready + WINDOW_PREFAULT : t->pcap;
 #ifdef MADV_POPULATE_WRITE
     const uintptr_t page = 4096;
     uintptr_t lo = ((uintptr_t)(t->win + t->wready) + page - 1) & ~(page - 1);
@@ -363,27 +381,86 @@ static void spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 #endif
 }
 
-static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
+/* No more checkpoints (a map too large, or out of memory): from now on the evicted events
+ * go to a base model, which starts as the state before the window. */
+static void ck_stop(mt_d_web_proc_t *t)
+{
+    mt_model_t *m = NULL;
+    if (mt__d_web_state_at(t, 0, &m) == 0) {
+        mt__model_destroy(&t->base);
+        t->base = m;
+    } /* else out of memory: past states start from the base as it was */
+    for (size_t i = 0; i < t->nck; i++)
+        ck_free(&t->ck[i]);
+    t->nck = 0;
+    t->npre = 0;
+}
+
+/* A checkpoint of p's model, after its events so far: every ckstep events. */
+static void ck_take(mt_d_web_proc_t *t, const mt_d_proc_t *p)
+{
+    mt_assert(t->nck > 0 && t->nck < MT_D_WEB_CKS);
+    mt_d_web_ck_t *c = &t->ck[t->nck];
+    memset(c, 0, sizeof *c);
+    c->at = t->nrec;
+    size_t n = 0;
+    int rc = 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES && rc == 0; cls++) {
+        rc = mt__model_map(p->model, cls, &c->map[cls]);
+        mt__model_figures_totals(p->model, cls, &c->f[cls]);
+        n += c->map[cls].nblocks + c->map[cls].nsegs;
+    }
+    if (rc != 0 || n > MT_D_WEB_CK_MAX) {
+        ck_free(c);
+        ck_stop(t);
+        return;
+    }
+    t->nck++;
+}
+
+static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     if (!t->win) {
         spool_record(t, ev);
         return;
     }
-    if (t->whead >= t->wready && t->wready < t->wcap)
+    if (t->whead >= t->wready && t->wready < t->pcap)
         window_prefault(t);
     if (t->wcount == t->wcap) {
-        /* The oldest event leaves the window: the base model takes it. */
-        const mt_event_rec_t *old = &t->win[t->whead];
-        mt__model_apply(t->base, old);
+        /* The oldest event leaves the window: kept before it (a checkpoint and the events
+         * since rebuild the state there), or applied to the base model. */
+        if (t->nck)
+            t->npre++;
+        else
+            mt__model_apply(t->base, mt__d_web_window_at(t, 0));
         t->wcount--;
     }
     /* Streamed: a loaded log's window is far larger than the cache, and an ordinary store
      * first read the line it overwrote (nine tenths of recording an event, a quarter of
-     * view's loading). The loop's thread reads the window back itself. */
+     * view's loading). The loop's thread reads the window back itself. The slot is the
+     * oldest kept event's only when the ring is full, which the checkpoints prevent. */
     mt__event_store(&t->win[t->whead], ev);
     t->wseq = ev->seq;
-    t->whead = t->whead + 1 == t->wcap ? 0 : t->whead + 1; /* no division per event */
+    t->whead = t->whead + 1 == t->pcap ? 0 : t->whead + 1; /* no division per event */
     t->wcount++;
+    t->nrec++;
+    if (!t->nck)
+        return;
+    if (--t->ck_due == 0) {
+        t->ck_due = t->ckstep;
+        ck_take(t, p);
+        if (!t->nck)
+            return;
+    }
+    /* The checkpoint the window needs is the newest at or before its first event. */
+    uint64_t first = t->nrec - t->wcount;
+    if (t->nck >= 2 && t->ck[1].at <= first) {
+        ck_free(&t->ck[0]);
+        memmove(&t->ck[0], &t->ck[1], (t->nck - 1) * sizeof t->ck[0]);
+        t->nck--;
+        t->npre = (size_t)(first - t->ck[0].at);
+    }
+    mt_assert(t->npre + t->wcount <= t->pcap);
 }
 
 void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
@@ -395,7 +472,7 @@ void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
     if (!t && (t = tracker_new(w, p)) == NULL)
         return;
     w->last = t;
-    window_record(t, ev);
+    window_record(t, p, ev);
     if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL && ev->kind != MT_EV_LIBRARY_LABEL)
         history_record(t, p, ev);
 }
