@@ -243,8 +243,16 @@ typedef struct mt_d_batch_rec_s {
                           '\n' included; len 0: none (out of memory) */
 } mt_d_batch_rec_t;
 
-/* A batch of drained records and their lines (lines.c). The loop fills it (rec, n, pre);
- * the encoder then writes text (every line in order) and the log. */
+/* A consumer's part of a batch: the chunk of its lines, built by the encoder. */
+typedef struct mt_d_batch_out_s {
+    struct mt_d_conn_s *conn;
+    mt_d_chunk_t *ch; /* NULL: no line for it, or out of memory (n > 0) */
+    uint32_t n;       /* its lines in the batch */
+} mt_d_batch_out_t;
+
+/* A batch of drained records and their lines (lines.c). The loop fills it (rec, n, pre)
+ * and names its consumers (outs); the encoder then writes text (every line in order), the
+ * log and each consumer's chunk. */
 typedef struct mt_d_batch_s {
     mt_d_batch_rec_t *rec; /* MT_D_BATCH_CAP */
     size_t n;
@@ -253,6 +261,10 @@ typedef struct mt_d_batch_s {
     FILE *logf;        /* where the encoder writes them too, or NULL */
     bool enc_stale;    /* names may have changed: the encoder prepares its pieces again */
     bool write_failed; /* the encoder's write to logf failed */
+    /* outs_ok: the consumers' chunks are built by the encoder, else by the loop from text */
+    mt_d_batch_out_t *outs;
+    size_t nouts, outs_cap;
+    bool outs_ok;
 } mt_d_batch_t;
 
 /* The encoder (lines.c). Invariants: fill is the loop's, busy (if not NULL) the other
@@ -411,6 +423,15 @@ int mt__d_consumer_admit(mt_d_conn_t *c);
 void mt__d_consumer_release(mt_d_conn_t *c);
 void mt__d_consumer_start(mt_d_conn_t *c);
 void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b);
+/* A batch's consumers, at its hand-off (b->outs): 0, or MT_ENOMEM (then none are named, and
+ * the loop fans the batch out itself when it comes back). */
+int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b);
+/* The encoder's part: each named consumer's chunk of b's lines (reads the consumers'
+ * filters and the processes' labels, which stay as they are while b is handed off). */
+void mt__d_consumers_build(mt_d_batch_t *b);
+/* The loop's, when b comes back: the chunks queued (those of consumers closed meanwhile
+ * freed). */
+void mt__d_consumers_deliver(mt_d_t *d, mt_d_batch_t *b);
 void mt__d_consumers_keepalive(mt_d_t *d);
 void mt__d_sub_free(mt_d_sub_t *s);
 

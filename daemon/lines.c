@@ -8,7 +8,8 @@
  * drain ends with the batches back, so the log's flush and the rings' acknowledgement
  * (ack_drained) follow the lines' write as before, in the same order. The thread is started
  * by mt__d_create and joined by mt__d_destroy; without it (it could not be started) the loop
- * encodes each batch itself at its hand-off. */
+ * encodes each batch itself at its hand-off. The encoder also builds each consumer's chunk
+ * of the batch's lines; the loop queues them (libuv writes them) when the batch is back. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +66,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
     }
     b->write_failed =
         b->logf && b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
+    if (b->outs_ok)
+        mt__d_consumers_build(b);
 }
 
 static void *encoder_main(void *arg)
@@ -132,7 +135,10 @@ static void take_back(mt_d_t *d)
             d->log_dirty = true;
         }
     }
-    mt__d_consumers_fanout(d, b);
+    if (b->outs_ok)
+        mt__d_consumers_deliver(d, b);
+    else
+        mt__d_consumers_fanout(d, b);
     b->n = 0;
     mt__d_buf_clear(&b->pre);
 }
@@ -145,6 +151,7 @@ void mt__d_lines_handoff(mt_d_t *d)
         return;
     take_back(d);
     b->logf = d->logf;
+    b->outs_ok = mt__d_consumers_prepare(d, b) == 0;
     b->enc_stale = L->stale;
     L->stale = false;
     L->busy = b;
@@ -195,6 +202,8 @@ void mt__d_lines_close(mt_d_t *d)
         L->b[i].rec = NULL;
         mt__d_buf_free(&L->b[i].pre);
         mt__d_buf_free(&L->b[i].text);
+        free(L->b[i].outs);
+        L->b[i].outs = NULL;
     }
     free(L->enc);
     L->enc = NULL;
