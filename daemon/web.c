@@ -147,6 +147,7 @@ bool mt__d_web_find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **
         mt__d_web_bad(c, 404, "no such process (or no events from it yet)\n");
         return false;
     }
+    mt__d_web_history_flush(*t);
     return true;
 }
 
@@ -389,6 +390,7 @@ void mt__d_web_serve_spark(mt_d_conn_t *c, const char *query, bool head)
         mt_d_web_proc_t *t = mt__d_web_find(c->d, p);
         if (!t)
             continue;
+        mt__d_web_history_flush(t);
         uint64_t now = proc_now(p, t) + 1, sp = (uint64_t)(span * 1e9);
         uint64_t first = t->ncoarse ? t->coarse[0].t0 : now - 1;
         uint64_t from = now > sp ? now - sp : 0;

@@ -83,7 +83,9 @@ typedef struct mt_d_web_ck_s {
 } mt_d_web_ck_t;
 
 /* A process's history and event window.
- * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
+ * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; the buckets and pend
+ * together hold every event's figures, the buckets as if each event had been folded into
+ * them in turn once pend is flushed; wcount <= wcap;
  * wready <= pcap;
  * in memory (win != NULL): the ring's pcap = wcap + wcap/2 slots hold, in arrival order,
  * npre events and then the window's wcount, the newest at whead - 1 (mod pcap);
@@ -100,8 +102,12 @@ typedef struct mt_d_web_proc_s {
     mt_d_web_bkt_t fine[MT_D_WEB_FINE];
     mt_d_web_bkt_t *coarse;
     size_t ncoarse;
-    uint64_t coarse_ns;     /* width of a coarse bucket */
-    mt_d_web_bkt_t cur;     /* the figures now (updated per event), copied into buckets */
+    uint64_t coarse_ns; /* width of a coarse bucket */
+    mt_d_web_bkt_t cur; /* the figures now (updated per event) */
+    /* The figures of the events not yet folded into the buckets (pend.events of them; t0
+     * unused): all in the fine bucket starting at pend_f0 (mt__d_web_history_flush). */
+    mt_d_web_bkt_t pend;
+    uint64_t pend_f0;
     uint64_t last_ns;       /* monotonic time of the last event */
     mt_event_rec_t *win;    /* the ring in memory, or NULL: spooled */
     mt__spool_t sp;         /* spooled: every event recorded (the evicted ones punched out) */
@@ -140,6 +146,8 @@ typedef struct mt_d_web_s {
 /* Follows one record of p (after the state model applied it). Lazily creates p's tracker;
  * on allocation failure the record is not tracked (counted nowhere else). */
 void mt__d_web_record(struct mt_d_s *d, const struct mt_d_proc_s *p, const mt_event_rec_t *ev);
+/* Folds t's pending events into its buckets: before the buckets are read. */
+void mt__d_web_history_flush(mt_d_web_proc_t *t);
 /* Forgets p's tracker (p is being destroyed). */
 void mt__d_web_forget(struct mt_d_s *d, const struct mt_d_proc_s *p);
 /* Frees every tracker. */

@@ -173,43 +173,6 @@ void mt__d_web_free(mt_d_t *d)
     d->web = NULL;
 }
 
-/* Folds the figures now (cur) into bucket b, which starts at t0. cur's tags differ from
- * b's by at most tag (-1: none) when b was the last bucket folded at its level with the same
- * t0 (same): then only that one is copied, not the whole array (most of a fold's cost). */
-static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool is_oom,
-                        int tag, bool same)
-{
-    if (b->t0 != t0) {
-        *b = *cur;
-        b->t0 = t0;
-        b->amin = b->amax = cur->alast;
-        b->rmax = cur->rlast;
-        b->ooms = 0;
-        b->events = 0;
-    } else {
-        if (cur->alast < b->amin)
-            b->amin = cur->alast;
-        if (cur->alast > b->amax)
-            b->amax = cur->alast;
-        if (cur->rlast > b->rmax)
-            b->rmax = cur->rlast;
-        if (cur->hmax > b->hmax)
-            b->hmax = cur->hmax;
-        b->alast = cur->alast;
-        b->rlast = cur->rlast;
-        b->peak = cur->peak;
-        b->hres = cur->hres;
-        if (!same)
-            memcpy(b->tag, cur->tag, sizeof b->tag);
-        else if (tag >= 0)
-            b->tag[tag] = cur->tag[tag];
-    }
-    b->ooms += is_oom;
-    b->events++;
-    mt_assert(b->amin <= b->alast && b->alast <= b->amax);
-    mt_assert_expensive(memcmp(b->tag, cur->tag, sizeof b->tag) == 0);
-}
-
 /* a absorbs the later bucket b (same figures as one bucket over both spans). */
 static void bucket_merge(mt_d_web_bkt_t *a, const mt_d_web_bkt_t *b)
 {
@@ -249,9 +212,54 @@ static void coarse_halve(mt_d_web_proc_t *t)
     t->coarse_ns = w2;
 }
 
-/* Updates t's figures now and folds them into the two levels of buckets. Per event, so it
- * reads the model's few figures it shows directly (mt__model_levels) and copies only the
- * one tag an event can change. */
+/* Folds p, the figures of events since the last fold (p->t0 unused), into bucket b, which
+ * starts at t0: as if each of them had been folded there in turn. */
+static void bucket_put(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *p)
+{
+    if (b->t0 != t0) {
+        *b = *p;
+        b->t0 = t0;
+    } else {
+        bucket_merge(b, p);
+    }
+    mt_assert(b->amin <= b->alast && b->alast <= b->amax);
+}
+
+void mt__d_web_history_flush(mt_d_web_proc_t *t)
+{
+    mt_d_web_bkt_t *pend = &t->pend;
+    if (!pend->events)
+        return;
+    uint64_t f0 = t->pend_f0; /* the pending events' times all fall in [f0, f0 + fine) */
+    bucket_put(&t->fine[f0 / MT_D_WEB_FINE_NS % MT_D_WEB_FINE], f0, pend);
+    /* A coarse width is a multiple of the fine one: the pending events share one coarse
+     * bucket, the one f0 is in. Within the newest (the usual case) without a division. */
+    uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
+    uint64_t c0 = t->ncoarse > 0 && f0 >= last0 && f0 - last0 < t->coarse_ns
+                      ? last0
+                      : f0 / t->coarse_ns * t->coarse_ns;
+    if (t->ncoarse > 0 && c0 < last0)
+        c0 = last0; /* a clock that went back: the last bucket */
+    if (t->ncoarse == 0 || last0 != c0) {
+        if (t->ncoarse == MT_D_WEB_COARSE) {
+            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
+                coarse_halve(t);
+            c0 = f0 / t->coarse_ns * t->coarse_ns;
+            if (c0 < t->coarse[t->ncoarse - 1].t0)
+                c0 = t->coarse[t->ncoarse - 1].t0;
+        }
+        if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
+            t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
+    }
+    bucket_put(&t->coarse[t->ncoarse - 1], c0, pend);
+    mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
+    pend->events = 0;
+}
+
+/* Updates t's figures now and adds them to the pending events' figures, which go into the
+ * two levels of buckets once an event falls in another fine bucket (or a reader asks).
+ * Per event, so it reads the model's few figures it shows directly (mt__model_levels) and
+ * copies only the one tag an event can change. */
 static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     mt_d_web_bkt_t *c = &t->cur;
@@ -264,36 +272,36 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
         c->tag[tag] = mt__model_tag_bytes(p->model, MT_MODEL_DEVICE, tag);
     }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
-    /* The fine bucket folded last is the previous event's (t->last_ns): every event of the
-     * history folds into one fine bucket and the newest coarse one. */
-    size_t fi = (size_t)(now / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
-    bool fine_same = fi == (size_t)(t->last_ns / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
     t->last_ns = now;
-    bool oom = ev->kind == MT_EV_OOM;
     uint64_t f0 = now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS;
-    bucket_fold(&t->fine[fi], f0, c, oom, tag, fine_same);
-    /* Within the newest coarse bucket (the usual case) without a division: its t0 is a
-     * multiple of coarse_ns. */
-    uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
-    uint64_t c0 = t->ncoarse > 0 && now >= last0 && now - last0 < t->coarse_ns
-                      ? last0
-                      : now / t->coarse_ns * t->coarse_ns;
-    if (t->ncoarse > 0 && c0 < last0)
-        c0 = last0; /* a clock that went back: the last bucket */
-    if (t->ncoarse == 0 || last0 != c0) {
-        if (t->ncoarse == MT_D_WEB_COARSE) {
-            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
-                coarse_halve(t);
-            c0 = now / t->coarse_ns * t->coarse_ns;
-            if (c0 < t->coarse[t->ncoarse - 1].t0)
-                c0 = t->coarse[t->ncoarse - 1].t0;
-        }
-        if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
-            t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
+    mt_d_web_bkt_t *pend = &t->pend;
+    if (pend->events && f0 != t->pend_f0)
+        mt__d_web_history_flush(t);
+    if (!pend->events) {
+        *pend = *c;
+        pend->amin = pend->amax = c->alast;
+        pend->rmax = c->rlast;
+        pend->ooms = pend->events = 0;
+        t->pend_f0 = f0;
+    } else {
+        if (c->alast < pend->amin)
+            pend->amin = c->alast;
+        if (c->alast > pend->amax)
+            pend->amax = c->alast;
+        if (c->rlast > pend->rmax)
+            pend->rmax = c->rlast;
+        if (c->hmax > pend->hmax)
+            pend->hmax = c->hmax;
+        pend->alast = c->alast;
+        pend->rlast = c->rlast;
+        pend->peak = c->peak;
+        pend->hres = c->hres;
+        if (tag >= 0)
+            pend->tag[tag] = c->tag[tag];
     }
-    /* The newest coarse bucket was folded last (a halving keeps the later bucket's tags). */
-    bucket_fold(&t->coarse[t->ncoarse - 1], c0, c, oom, tag, true);
-    mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
+    pend->ooms += ev->kind == MT_EV_OOM;
+    pend->events++;
+    mt_assert_expensive(memcmp(pend->tag, c->tag, sizeof c->tag) == 0);
 }
 
 #define CHUNK_BYTES ((size_t)MT__SPOOL_CHUNK * sizeof(mt_event_rec_t))
