@@ -334,7 +334,7 @@ void mt__d_consumer_start(mt_d_conn_t *c)
     flush(c);
 }
 
-void mt__d_consumers_fanout(mt_d_t *d)
+void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b)
 {
     for (mt_d_conn_t *c = d->conns; c; c = c->next) {
         if (c->closing || (c->kind != MT_D_CONN_CONSUMER && c->kind != MT_D_CONN_SSE))
@@ -342,10 +342,10 @@ void mt__d_consumers_fanout(mt_d_t *d)
         bool sse = c->sub.sse;
         size_t need = 0;
         uint32_t n = 0;
-        for (size_t i = 0; i < d->nbatch; i++) {
-            if (!sub_matches(&c->sub, &d->batch[i]))
+        for (size_t i = 0; i < b->n; i++) {
+            if (!b->rec[i].len || !sub_matches(&c->sub, &b->rec[i]))
                 continue;
-            need += d->batch[i].len + (sse ? 40 : 0);
+            need += b->rec[i].len + (sse ? 40 : 0);
             n++;
         }
         if (n == 0)
@@ -360,13 +360,13 @@ void mt__d_consumers_fanout(mt_d_t *d)
         ch->conn = c;
         ch->nevents = n;
         char *w = ch->data;
-        for (size_t i = 0; i < d->nbatch; i++) {
-            const mt_d_batch_rec_t *r = &d->batch[i];
-            if (!sub_matches(&c->sub, r))
+        for (size_t i = 0; i < b->n; i++) {
+            const mt_d_batch_rec_t *r = &b->rec[i];
+            if (!r->len || !sub_matches(&c->sub, r))
                 continue;
             if (sse)
                 w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);
-            memcpy(w, d->batch_text.p + r->off, r->len);
+            memcpy(w, b->text.p + r->off, r->len);
             w += r->len;
             if (sse)
                 *w++ = '\n'; /* the line's own '\n' plus this blank line end the event */
@@ -374,6 +374,83 @@ void mt__d_consumers_fanout(mt_d_t *d)
         ch->len = (size_t)(w - ch->data);
         enqueue(c, ch);
     }
+}
+
+static bool is_consumer(const mt_d_conn_t *c)
+{
+    return !c->closing && (c->kind == MT_D_CONN_CONSUMER || c->kind == MT_D_CONN_SSE);
+}
+
+int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b)
+{
+    size_t n = 0;
+    for (mt_d_conn_t *c = d->conns; c; c = c->next)
+        n += is_consumer(c);
+    if (n > b->outs_cap) {
+        mt_d_batch_out_t *o = realloc(b->outs, n * sizeof *o);
+        if (!o)
+            return MT_ENOMEM;
+        b->outs = o;
+        b->outs_cap = n;
+    }
+    b->nouts = 0;
+    for (mt_d_conn_t *c = d->conns; c; c = c->next)
+        if (is_consumer(c))
+            b->outs[b->nouts++] = (mt_d_batch_out_t){.conn = c};
+    return 0;
+}
+
+void mt__d_consumers_build(mt_d_batch_t *b)
+{
+    for (size_t k = 0; k < b->nouts; k++) {
+        mt_d_batch_out_t *o = &b->outs[k];
+        const mt_d_sub_t *s = &o->conn->sub;
+        size_t need = 0;
+        uint32_t n = 0;
+        for (size_t i = 0; i < b->n; i++) {
+            if (!b->rec[i].len || !sub_matches(s, &b->rec[i]))
+                continue;
+            need += b->rec[i].len + (s->sse ? 40 : 0);
+            n++;
+        }
+        o->n = n;
+        o->ch = n ? malloc(sizeof *o->ch + need) : NULL;
+        if (!o->ch)
+            continue;
+        o->ch->conn = o->conn;
+        o->ch->nevents = n;
+        char *w = o->ch->data;
+        for (size_t i = 0; i < b->n; i++) {
+            const mt_d_batch_rec_t *r = &b->rec[i];
+            if (!r->len || !sub_matches(s, r))
+                continue;
+            if (s->sse)
+                w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);
+            memcpy(w, b->text.p + r->off, r->len);
+            w += r->len;
+            if (s->sse)
+                *w++ = '\n';
+        }
+        o->ch->len = (size_t)(w - o->ch->data);
+    }
+}
+
+void mt__d_consumers_deliver(mt_d_t *d, mt_d_batch_t *b)
+{
+    for (size_t k = 0; k < b->nouts; k++) {
+        mt_d_batch_out_t *o = &b->outs[k];
+        mt_d_conn_t *c = o->conn;
+        if (c->closing) {
+            free(o->ch);
+        } else if (o->ch) {
+            enqueue(c, o->ch);
+        } else if (o->n) {
+            c->sub.lost += o->n; /* as if dropped: the consumer learns of it */
+            c->sub.lost_total += o->n;
+            d->ctr.consumer_drops += o->n;
+        }
+    }
+    b->nouts = 0;
 }
 
 void mt__d_consumers_keepalive(mt_d_t *d)

@@ -90,6 +90,7 @@ typedef struct mt_d_counters_s {
     uint64_t oom_snapshots;            /* OOM snapshots written */
     uint64_t oom_snapshots_suppressed; /* OOMs that got none: the interval, a full queue */
     uint64_t oom_snapshots_failed;     /* OOM snapshots that could not be written */
+    uint64_t encoder_cpu_ns;           /* CPU time of the line encoder thread so far */
     unsigned live_processes;           /* producers connected now */
     unsigned known_processes;          /* live + exited still kept */
 } mt_d_counters_t;

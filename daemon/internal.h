@@ -8,12 +8,14 @@
  * - A process (mt_d_proc_t) outlives its producer connection: it is kept, marked exited,
  *   until more than cfg.max_exited processes have exited and it is the oldest of them.
  *
- * Data path per drain tick: rings -> d->batch (records + their JSON lines) -> state model,
- * log file, and one chunk per consumer holding the lines that pass its filters. */
+ * Data path per drain tick: rings -> state model and a batch of records -> the encoder
+ * thread (lines.c): JSON lines, log file -> one chunk per consumer holding the lines that
+ * pass its filters. */
 #ifndef MT_DAEMON_INTERNAL_H
 #define MT_DAEMON_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include <jansson.h>
@@ -233,11 +235,70 @@ typedef struct mt_d_warn_s {
 } mt_d_warn_t;
 
 typedef struct mt_d_batch_rec_s {
-    mt_event_rec_t ev;
+    mt_event_rec_t ev;              /* kind 0: a table line (stacks.c), its text in pre */
     const struct mt_d_proc_s *proc; /* its producer (batches are sent before one goes) */
     int pid;
-    uint32_t off, len; /* its JSON line in d->batch_text, '\n' included */
+    uint32_t stack;    /* the stack id its line carries (0: none) */
+    uint32_t off, len; /* its line: in the batch's pre until encoded, then in its text,
+                          '\n' included; len 0: none (out of memory) */
 } mt_d_batch_rec_t;
+
+/* A consumer's part of a batch: the chunk of its lines, built by the encoder. */
+typedef struct mt_d_batch_out_s {
+    struct mt_d_conn_s *conn;
+    mt_d_chunk_t *ch; /* NULL: no line for it, or out of memory (n > 0) */
+    uint32_t n;       /* its lines in the batch */
+} mt_d_batch_out_t;
+
+/* A batch of drained records and their lines (lines.c). The loop fills it (rec, n, pre)
+ * and names its consumers (outs); the encoder then writes text (every line in order), the
+ * log and each consumer's chunk. */
+typedef struct mt_d_batch_s {
+    mt_d_batch_rec_t *rec; /* MT_D_BATCH_CAP */
+    size_t n;
+    mt_d_buf_t pre;    /* table lines, as read from the producers */
+    mt_d_buf_t text;   /* the lines, written by the encoder */
+    FILE *logf;        /* where the encoder writes them too, or NULL */
+    bool enc_stale;    /* names may have changed: the encoder prepares its pieces again */
+    bool write_failed; /* the encoder's write to logf failed */
+    /* outs_ok: the consumers' chunks are built by the encoder, else by the loop from text */
+    mt_d_batch_out_t *outs;
+    size_t nouts, outs_cap;
+    bool outs_ok;
+} mt_d_batch_t;
+
+/* The encoder (lines.c). Invariants: fill is the loop's, busy (if not NULL) the other
+ * batch, handed off and not yet taken back; job != NULL => job == busy, the encoder's until
+ * it sets job = NULL (under mu); a batch handed off is taken back before the loop reads or
+ * writes the log file, changes a process's names or lets a process go, so the encoder reads
+ * the processes (pid, names) of its batch while they stay as they were at the records. */
+typedef struct mt_d_lines_s {
+    mt_d_batch_t b[2];
+    mt_d_batch_t *fill, *busy;
+    bool stale; /* a name changed or a process went since the last hand-off */
+    bool inited;
+    bool on; /* the thread runs; else the loop encodes at each hand-off */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    mt_d_batch_t *job;       /* under mu */
+    bool quit;               /* under mu */
+    _Atomic uint64_t cpu_ns; /* the encoder's CPU time after its last batch */
+    /* the encoder's own */
+    struct mt__prof_enc_s *enc; /* NULL (out of memory): the general writer */
+    const struct mt_d_proc_s *enc_proc;
+} mt_d_lines_t;
+
+int mt__d_lines_init(struct mt_d_s *d);
+/* Hands the batch being filled to the encoder (after taking the previous one back). */
+void mt__d_lines_handoff(struct mt_d_s *d);
+/* Hands off the batch being filled and takes it back: every line drained so far is
+ * written (the log not flushed) and queued for the consumers. */
+void mt__d_lines_sync(struct mt_d_s *d);
+/* Joins the encoder (after a sync) and frees the batches. */
+void mt__d_lines_close(struct mt_d_s *d);
+/* The encoder thread's CPU time so far (0 without the thread). */
+uint64_t mt__d_lines_cpu_ns(const struct mt_d_s *d);
 
 struct mt_d_s {
     mt_d_cfg_t cfg;
@@ -274,14 +335,9 @@ struct mt_d_s {
     char *readbuf;         /* one read buffer for every connection: reads are handled at once */
     uint64_t last_keepalive_ms;
     uint64_t start_realtime;
-    /* the batch being processed */
-    mt_d_batch_rec_t *batch;
-    size_t nbatch;
+    /* the batch being processed (lines.c) */
+    mt_d_lines_t lines;
     mt_d_proc_t *batch_proc;
-    mt_d_buf_t batch_text;
-    /* batch_proc's line writer (profiler/internal.h), set up again at each drain of a
-     * producer; NULL until the first (or out of memory: the general writer then) */
-    struct mt__prof_enc_s *enc;
     /* a log file or a consumer reads the lines of this drain: else none is written */
     bool batch_lines;
     mt_d_buf_t scratch;
@@ -366,7 +422,16 @@ int mt__d_consumer_admit(mt_d_conn_t *c);
 /* Gives back an admitted consumer's share (its close). */
 void mt__d_consumer_release(mt_d_conn_t *c);
 void mt__d_consumer_start(mt_d_conn_t *c);
-void mt__d_consumers_fanout(mt_d_t *d);
+void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b);
+/* A batch's consumers, at its hand-off (b->outs): 0, or MT_ENOMEM (then none are named, and
+ * the loop fans the batch out itself when it comes back). */
+int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b);
+/* The encoder's part: each named consumer's chunk of b's lines (reads the consumers'
+ * filters and the processes' labels, which stay as they are while b is handed off). */
+void mt__d_consumers_build(mt_d_batch_t *b);
+/* The loop's, when b comes back: the chunks queued (those of consumers closed meanwhile
+ * freed). */
+void mt__d_consumers_deliver(mt_d_t *d, mt_d_batch_t *b);
 void mt__d_consumers_keepalive(mt_d_t *d);
 void mt__d_sub_free(mt_d_sub_t *s);
 

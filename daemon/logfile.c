@@ -2,8 +2,9 @@
  *
  * Lines are the same JSON as the event stream (one event per line, with its pid), plus
  * {"type":"process_event"} lines when a producer registers or exits. The file is opened
- * for appending, written through stdio's buffer on the loop thread, and flushed after
- * every drain tick, so a crash of the daemon loses at most one tick. */
+ * for appending, written through stdio's buffer (the event lines by the encoder thread,
+ * lines.c, the others here on the loop thread once the encoder has handed back every batch)
+ * and flushed after every drain tick, so a crash of the daemon loses at most one tick. */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -33,6 +34,7 @@ int mt__d_logfile_open(mt_d_t *d)
 
 void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len)
 {
+    mt__d_lines_sync(d); /* the lines drained before it first */
     if (!d->logf)
         return;
     if (fwrite(line, 1, len, d->logf) != len) {
@@ -46,6 +48,7 @@ void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len)
 
 void mt__d_logfile_flush(mt_d_t *d)
 {
+    mt__d_lines_sync(d);
     if (d->logf && d->log_dirty) {
         fflush(d->logf);
         d->log_dirty = false;
@@ -54,6 +57,7 @@ void mt__d_logfile_flush(mt_d_t *d)
 
 void mt__d_logfile_close(mt_d_t *d)
 {
+    mt__d_lines_sync(d);
     if (d->logf) {
         fclose(d->logf);
         d->logf = NULL;

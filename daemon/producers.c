@@ -161,38 +161,10 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen)
 
 /* ---- draining ---- */
 
+/* Every line drained so far written to the log (not flushed) and queued for consumers. */
 static void process_batch(mt_d_t *d)
 {
-    if (d->nbatch == 0)
-        return;
-    if (d->logf)
-        mt__d_logfile_record(d, d->batch_text.p, d->batch_text.len);
-    mt__d_consumers_fanout(d);
-    d->nbatch = 0;
-    mt__d_buf_clear(&d->batch_text);
-}
-
-/* Appends ev's JSON line ('\n' included) to b with the profiler's line writer (the one
- * encoder of the schema; its drainers' form, with p's names prepared in enc, when there is
- * one). User tags are named by the labels p announced (mt_d_proc_t names), else "tag<n>". */
-static int encode_event(mt_d_buf_t *b, mt__prof_enc_t *enc, mt_d_proc_t *p,
-                        const mt_event_rec_t *ev, uint32_t stack)
-{
-    size_t need = 1024; /* enough for every line without a long user tag name */
-    for (;;) {
-        int rc = mt__d_buf_reserve(b, need);
-        if (rc)
-            return rc;
-        size_t room = b->cap - b->len;
-        size_t n =
-            enc ? mt__prof_enc_write(enc, b->p + b->len, room, ev, stack, mt__d_proc_label, p)
-                : mt_prof_alloc_write(b->p + b->len, room, ev, p->pid, stack, mt__d_proc_label, p);
-        if (n < room) {
-            b->len += n;
-            return 0;
-        }
-        need = n;
-    }
+    mt__d_lines_sync(d);
 }
 
 static void on_record(void *ud, const mt_event_rec_t *ev)
@@ -200,8 +172,9 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
     mt_d_t *d = ud;
     mt_d_proc_t *p = d->batch_proc;
     /* room for this record and the table lines a stack ref may bring */
-    if (d->nbatch + (ev->kind == MT_EV_STACK_REF ? MT__STAB_MODULES + 2 : 1) > MT_D_BATCH_CAP)
-        process_batch(d);
+    if (d->lines.fill->n + (ev->kind == MT_EV_STACK_REF ? MT__STAB_MODULES + 2 : 1) >
+        MT_D_BATCH_CAP)
+        mt__d_lines_handoff(d);
     if (ev->kind == MT_EV_GAP) {
         p->dropped += ev->size;
         d->ctr.producer_drops += ev->size;
@@ -209,25 +182,22 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         p->events++;
         d->ctr.events++;
     }
+    if (ev->kind == MT_EV_TAG_LABEL) {
+        process_batch(d); /* the lines before it with the names before it */
+        d->lines.stale = true;
+    }
     mt__d_proc_apply(p, ev);
-    if (ev->kind == MT_EV_TAG_LABEL && d->enc)
-        mt__prof_enc_forget_tags(d->enc); /* p's names may have changed */
-    mt__d_web_record(d, p, ev);           /* the one buffer of p's recent events (web.h) */
-    mt__d_snapshot_event(d, p, ev);       /* an OOM writes a snapshot from it */
+    mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
+    mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
     uint32_t stack = mt__d_stacks_record(d, p, ev);
     if (!d->batch_lines)
         return;
-    size_t off = d->batch_text.len;
-    if (encode_event(&d->batch_text, d->enc, p, ev, stack) != 0) {
-        d->batch_text.len = off; /* out of memory: the event is counted, not forwarded */
-        return;
-    }
-    mt_d_batch_rec_t *b = &d->batch[d->nbatch++];
-    b->ev = *ev;
-    b->proc = p;
-    b->pid = p->pid;
-    b->off = (uint32_t)off;
-    b->len = (uint32_t)(d->batch_text.len - off);
+    mt_d_batch_t *b = d->lines.fill;
+    mt_d_batch_rec_t *r = &b->rec[b->n++];
+    r->ev = *ev;
+    r->proc = p;
+    r->pid = p->pid;
+    r->stack = stack;
 }
 
 /* Writes the log out, then acknowledges to every ring what was drained from it: a
@@ -236,6 +206,7 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
  * then gives an event twice, which the report counts once, never zero times). */
 static void ack_drained(mt_d_t *d)
 {
+    mt__d_lines_sync(d);
     mt__d_logfile_flush(d);
     for (mt_d_proc_t *p = d->procs; p; p = p->next)
         if (p->ring)
@@ -274,11 +245,6 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
     /* With no log file and no consumer, the lines would go nowhere: the drain keeps the
      * figures (model, web, OOM snapshots) and writes no JSON, the most of its time. */
     d->batch_lines = lines_read(d);
-    /* p's pieces of its lines (pid, names), prepared once per drain: a few microseconds */
-    if (!d->enc)
-        d->enc = malloc(sizeof *d->enc);
-    if (d->enc)
-        mt__prof_enc_init(d->enc, p->pid);
     while (budget > 0 && !p->corrupt) {
         size_t max = budget < MT_D_BATCH ? budget : MT_D_BATCH;
         int n = mt__ring_drain(p->ring, on_record, d, max);
@@ -373,6 +339,8 @@ static void evict_exited(mt_d_t *d)
         }
         if (exited <= d->cfg.max_exited || !oldest)
             return;
+        mt__d_lines_sync(d); /* no batch in the encoder's hands names it */
+        d->lines.stale = true;
         mt_d_proc_t *victim = *oldest;
         *oldest = victim->next;
         mt__d_web_forget(d, victim);
@@ -476,8 +444,6 @@ unsigned mt__d_live_count(const mt_d_t *d)
 
 void mt__d_procs_free(mt_d_t *d)
 {
-    free(d->enc);
-    d->enc = NULL;
     mt__d_web_free(d);
     while (d->procs) {
         mt_d_proc_t *p = d->procs;

@@ -466,9 +466,8 @@ int mt__d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     d->host = cfg->http_host ? strdup(cfg->http_host) : NULL;
     d->log_path = cfg->log_path ? strdup(cfg->log_path) : NULL;
     d->readbuf = malloc(MT_D_READ_BUF_SIZE);
-    d->batch = malloc(MT_D_BATCH_CAP * sizeof *d->batch);
     if (!d->socket_path || (cfg->http_host && !d->host) || (cfg->log_path && !d->log_path) ||
-        !d->readbuf || !d->batch)
+        !d->readbuf || mt__d_lines_init(d) != 0)
         goto fail_alloc;
     d->cfg.socket_path = d->socket_path;
     d->cfg.http_host = d->host;
@@ -545,7 +544,7 @@ fail_alloc:
     free(d->host);
     free(d->log_path);
     free(d->readbuf);
-    free(d->batch);
+    mt__d_lines_close(d);
     free(d);
     return rc;
 }
@@ -625,6 +624,7 @@ void mt__d_destroy(mt_d_t **p)
     begin_shutdown(d);
     while (d->open_handles > 0 || d->oom_jobs > 0)
         run_loop(d->loop, UV_RUN_ONCE);
+    mt__d_lines_close(d);
     mt__d_snapshot_close(d);
     mt__d_logfile_close(d);
     mt__d_procs_free(d);
@@ -633,9 +633,7 @@ void mt__d_destroy(mt_d_t **p)
         if (rc != 0)
             mt__d_log(d, MT_LOG_ERROR, "uv_loop_close: %s", uv_strerror(rc));
     }
-    mt__d_buf_free(&d->batch_text);
     mt__d_buf_free(&d->scratch);
-    free(d->batch);
     free(d->readbuf);
     free(d->socket_path);
     free(d->host);
@@ -664,6 +662,7 @@ void mt__d_counters(const mt_d_t *d, mt_d_counters_t *out)
 {
     *out = d->ctr;
     out->live_processes = mt__d_live_count(d);
+    out->encoder_cpu_ns = mt__d_lines_cpu_ns(d);
     unsigned n = 0;
     for (const mt_d_proc_t *p = d->procs; p; p = p->next)
         n++;

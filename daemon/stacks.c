@@ -45,18 +45,19 @@ static void put_line(void *ud, const char *line, size_t len)
         (void)mt__model_table_line(x->p->model, j, NULL, 0);
         json_decref(j);
     }
-    mt_d_t *d = x->d;
-    size_t off = d->batch_text.len;
-    if (mt__d_buf_append(&d->batch_text, line, len) != 0) {
-        d->batch_text.len = off;
+    mt_d_batch_t *b = x->d->lines.fill;
+    size_t off = b->pre.len;
+    if (mt__d_buf_append(&b->pre, line, len) != 0) {
+        mt__d_buf_clear(&b->pre); /* its sticky error goes; the lines kept so far stay */
+        b->pre.len = off;
         return;
     }
-    mt_d_batch_rec_t *b = &d->batch[d->nbatch++];
-    memset(&b->ev, 0, sizeof b->ev); /* kind 0: a table line, filtered by pid only */
-    b->proc = x->p;
-    b->pid = x->p->pid;
-    b->off = (uint32_t)off;
-    b->len = (uint32_t)len;
+    mt_d_batch_rec_t *r = &b->rec[b->n++];
+    memset(r, 0, sizeof *r); /* kind 0: a table line, filtered by pid only */
+    r->proc = x->p;
+    r->pid = x->p->pid;
+    r->off = (uint32_t)off;
+    r->len = (uint32_t)len;
 }
 
 uint32_t mt__d_stacks_record(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev)

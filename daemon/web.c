@@ -147,6 +147,7 @@ bool mt__d_web_find_proc(mt_d_conn_t *c, const char *query, const mt_d_proc_t **
         mt__d_web_bad(c, 404, "no such process (or no events from it yet)\n");
         return false;
     }
+    mt__d_web_history_flush(*t);
     return true;
 }
 
@@ -389,6 +390,7 @@ void mt__d_web_serve_spark(mt_d_conn_t *c, const char *query, bool head)
         mt_d_web_proc_t *t = mt__d_web_find(c->d, p);
         if (!t)
             continue;
+        mt__d_web_history_flush(t);
         uint64_t now = proc_now(p, t) + 1, sp = (uint64_t)(span * 1e9);
         uint64_t first = t->ncoarse ? t->coarse[0].t0 : now - 1;
         uint64_t from = now > sp ? now - sp : 0;
@@ -439,7 +441,8 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
         ev.seq = (*seq)++;
         ev.kind = MT_EV_ALLOC;
         ev.addr = k->addr;
-        ev.size = ev.requested = k->size;
+        ev.size = k->size;
+        ev.requested = k->requested; /* 0: unknown, as it was */
         ev.pool = k->pool;
         ev.stream = 0;
         ev.tag = k->tag;
@@ -454,35 +457,51 @@ static void synth_class(mt_model_t *m, const mt_model_map_t *map, const mt_model
 
 int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, mt_model_t **out)
 {
-    mt_model_map_t map[MT_MODEL_CLASSES] = {{0}};
-    mt_model_figures_t f[MT_MODEL_CLASSES];
+    mt_model_map_t own[MT_MODEL_CLASSES] = {{0}};
+    mt_model_figures_t fown[MT_MODEL_CLASSES];
+    const mt_model_map_t *map = own;
+    const mt_model_figures_t *f = fown;
     mt_model_t *m = NULL;
     if (mt__model_create(&m, NULL) != 0)
         goto fail_create;
+    /* From the window's checkpoint and the events kept since, or from the base. */
+    size_t npre = t->nck ? t->npre : 0;
+    if (t->nck) {
+        map = t->ck[0].map;
+        f = t->ck[0].f;
+    } else {
+        for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+            if (mt__model_map(t->base, cls, &own[cls]) != 0)
+                goto fail_map;
+            mt__model_figures_totals(t->base, cls, &fown[cls]);
+        }
+    }
     size_t k = 0;
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
-        if (mt__model_map(t->base, cls, &map[cls]) != 0)
-            goto fail_map;
-        mt__model_figures_totals(t->base, cls, &f[cls]);
         k += map[cls].nsegs + map[cls].nblocks;
         for (size_t i = 0; i < map[cls].nblocks; i++)
             k += map[cls].blocks[i].pending + (map[cls].blocks[i].stack != 0);
     }
-    /* Seq numbers just before the window's: the model sees no gap. */
-    uint64_t first = t->wcount ? mt__d_web_window_at(t, 0)->seq : 0;
+    /* Seq numbers just before the first event replayed: the model sees no gap. */
+    const mt_event_rec_t *e0 = npre        ? mt__d_web_pre_at(t, 0)
+                               : t->wcount ? mt__d_web_window_at(t, 0)
+                                           : NULL;
+    uint64_t first = e0 ? e0->seq : 0;
     uint64_t seq = first >= k ? first - k : 0;
-    uint64_t t0 = t->wcount ? mt__d_web_window_at(t, 0)->time_ns : 0;
-    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++) {
+    uint64_t t0 = e0 ? e0->time_ns : 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
         synth_class(m, &map[cls], &f[cls], t0, &seq);
-        mt__model_map_free(&map[cls]);
-    }
+    for (size_t i = 0; i < npre; i++)
+        mt__model_apply(m, mt__d_web_pre_at(t, i));
     for (size_t i = 0; i < upto; i++)
         mt__model_apply(m, mt__d_web_window_at(t, i));
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
+        mt__model_map_free(&own[cls]);
     *out = m;
     return 0;
 fail_map:
     for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
-        mt__model_map_free(&map[cls]);
+        mt__model_map_free(&own[cls]);
     mt__model_destroy(&m);
 fail_create:
     return MT_ENOMEM;

@@ -7,13 +7,18 @@
  *   MT_D_WEB_COARSE buckets whose width doubles (pairs merged) when it is full, so that
  *   hours of events fit in a fixed size;
  * - a window of the latest events (a ring of `window` records, MT_D_WEB_WINDOW in the live
- *   daemon) and a base model: the state before the window's first event (evicted events
- *   are applied to it). The allocator state at any event of the window is a fresh model
- *   given the base's segments and blocks (as synthesized events), then the window's events
- *   up to it. The window is the daemon's ONE buffer of a process's recent events, written
+ *   daemon) and the state before the window's first event. In memory, that state is a
+ *   checkpoint of the process's own model (its segment map, taken every window/2 events,
+ *   so that no event is applied to a second model) and the events from the checkpoint to
+ *   the window, kept in the ring's window/2 more slots; spooled (or once a process's map is
+ *   too large to copy that often), a base model that the evicted events are applied to.
+ *   The allocator state at any event of the window is a fresh model given the checkpoint's
+ *   or base's segments and blocks (as synthesized events), then the events from there up
+ *   to it. The window is the daemon's ONE buffer of a process's recent events, written
  *   once per event: the page's scrubbing, /tail and /block read it, and so do snapshots
  *   (snapshot.c: its newest MT_D_SNAPSHOT_EVENTS events, and an OOM's count per device).
- * Memory per process: about 0.6 MiB of history plus 64 bytes x window (4 MiB live). A
+ * Memory per process: about 0.6 MiB of history plus 64 bytes x 1.5 window (6 MiB live) and
+ * up to MT_D_WEB_CKS checkpoints' maps (at most MT_D_WEB_CK_MAX blocks and segments each). A
  * daemon given a spool directory (`memtrace view`, mt__d_web_set_spool) keeps the windows of
  * the processes it tracks from then on in a spool instead (analysis/event_spool.h: one
  * unlinked temporary file, a chunk of 1024 events per process in memory), so that a loaded
@@ -39,6 +44,7 @@
 #include <stdint.h>
 
 #include "analysis/event_spool.h"
+#include "analysis/model.h"
 #include "memtrace/alloc.h"
 #include "memtrace/event.h"
 
@@ -48,6 +54,10 @@
 #define MT_D_WEB_COARSE0_NS 1000000000ull /* first coarse width: 1 s, doubled when full */
 #define MT_D_WEB_WINDOW     (1u << 16)    /* events kept per process (live daemon) */
 #define MT_D_WEB_CALLSITES  20            /* call sites in a /callsites answer */
+#define MT_D_WEB_CKS        4             /* checkpoints kept at most (window/2 apart) */
+/* Blocks and segments a checkpoint copies at most: a larger map costs more per event (its
+ * copy and sort every window/2 events) than applying each event to a base model. */
+#define MT_D_WEB_CK_MAX 8192
 
 /* One bucket of history. Invariants: amin <= alast <= amax; t0 is a multiple of the
  * bucket width; tag[t] = the tag's allocated bytes after the bucket's last event. */
@@ -65,13 +75,26 @@ struct mt_d_proc_s;
 struct mt_d_s;
 struct mt_d_conn_s;
 
+/* The process's state after its first `at` events recorded: its maps and totals. */
+typedef struct mt_d_web_ck_s {
+    uint64_t at;
+    mt_model_map_t map[MT_MODEL_CLASSES];
+    mt_model_figures_t f[MT_MODEL_CLASSES];
+} mt_d_web_ck_t;
+
 /* A process's history and event window.
- * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; wcount <= wcap;
- * wready <= wcap; base has had every evicted event applied, in order;
- * in memory (win != NULL): window events in arrival order, the oldest at
- * (whead - wcount) mod wcap;
+ * Invariants: ncoarse <= MT_D_WEB_COARSE; coarse[i].t0 increasing; the buckets and pend
+ * together hold every event's figures, the buckets as if each event had been folded into
+ * them in turn once pend is flushed; wcount <= wcap;
+ * wready <= pcap;
+ * in memory (win != NULL): the ring's pcap = wcap + wcap/2 slots hold, in arrival order,
+ * npre events and then the window's wcount, the newest at whead - 1 (mod pcap);
+ * npre + wcount <= pcap; with checkpoints (nck > 0): ck[0..nck) by at increasing,
+ * ck[0].at = nrec - wcount - npre (the state before the ring's oldest event), a checkpoint
+ * every ckstep events recorded, base unused; without (nck = 0): npre = 0 and base has had
+ * every evicted event applied, in order;
  * spooled (win == NULL): the window is the spool's last wcount events, sp.n - wcount the
- * oldest. */
+ * oldest, base as without checkpoints. */
 typedef struct mt_d_web_proc_s {
     struct mt_d_web_proc_s *next;
     const struct mt_d_proc_s *proc; /* the live model this one follows (not owned) */
@@ -79,13 +102,23 @@ typedef struct mt_d_web_proc_s {
     mt_d_web_bkt_t fine[MT_D_WEB_FINE];
     mt_d_web_bkt_t *coarse;
     size_t ncoarse;
-    uint64_t coarse_ns;     /* width of a coarse bucket */
-    mt_d_web_bkt_t cur;     /* the figures now (updated per event), copied into buckets */
+    uint64_t coarse_ns; /* width of a coarse bucket */
+    mt_d_web_bkt_t cur; /* the figures now (updated per event) */
+    /* The figures of the events not yet folded into the buckets (pend.events of them; t0
+     * unused): all in the fine bucket starting at pend_f0 (mt__d_web_history_flush). */
+    mt_d_web_bkt_t pend;
+    uint64_t pend_f0;
     uint64_t last_ns;       /* monotonic time of the last event */
     mt_event_rec_t *win;    /* the ring in memory, or NULL: spooled */
     mt__spool_t sp;         /* spooled: every event recorded (the evicted ones punched out) */
     struct mt_d_web_s *web; /* whose spool file and read buffer a spooled window uses */
     size_t wcap, wcount, whead;
+    size_t pcap, npre; /* in memory: the ring's slots; events kept before the window */
+    uint64_t nrec;     /* events recorded */
+    size_t ckstep;     /* events between two checkpoints */
+    size_t ck_due;     /* events until the next checkpoint */
+    mt_d_web_ck_t ck[MT_D_WEB_CKS];
+    size_t nck;              /* 0: the base model instead (spooled, or a map too large) */
     size_t wready;           /* win[..wready) was faulted in ahead of the stores (advice only) */
     uint64_t wseq;           /* the seq of the newest window event (when wcount > 0): read
                                 without reading back the line just streamed to memory */
@@ -113,6 +146,8 @@ typedef struct mt_d_web_s {
 /* Follows one record of p (after the state model applied it). Lazily creates p's tracker;
  * on allocation failure the record is not tracked (counted nowhere else). */
 void mt__d_web_record(struct mt_d_s *d, const struct mt_d_proc_s *p, const mt_event_rec_t *ev);
+/* Folds t's pending events into its buckets: before the buckets are read. */
+void mt__d_web_history_flush(mt_d_web_proc_t *t);
 /* Forgets p's tracker (p is being destroyed). */
 void mt__d_web_forget(struct mt_d_s *d, const struct mt_d_proc_s *p);
 /* Frees every tracker. */
@@ -127,9 +162,12 @@ mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
  * until the next call for any process or the next record (copy one to keep it meanwhile).
  * An event the spool's file cannot give back reads as a gap. */
 const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i);
+/* Event i of the events kept before the window (i < npre; in memory only). */
+const mt_event_rec_t *mt__d_web_pre_at(const mt_d_web_proc_t *t, size_t i);
 
 /* The allocator state after the window's events before index upto (<= wcount): a fresh
- * model given the base's segments and blocks, then those events. *out is new. */
+ * model given the checkpoint's (or base's) segments and blocks, then the events from it
+ * up to there. *out is new. */
 int mt__d_web_state_at(const mt_d_web_proc_t *t, size_t upto, struct mt_model_s **out);
 
 /* The first parameter of query present but malformed (not a finite number for from, to,

@@ -63,10 +63,18 @@ int mt__d_set_event_spool(mt_d_t *d, const char *dir)
     return mt__d_web_set_spool(d, dir);
 }
 
+static void ck_free(mt_d_web_ck_t *c)
+{
+    for (int cls = 0; cls < MT_MODEL_CLASSES; cls++)
+        mt__model_map_free(&c->map[cls]);
+}
+
 static void tracker_free(mt_d_web_t *w, mt_d_web_proc_t *t)
 {
     if (w->rd_t == t)
         w->rd_t = NULL;
+    for (size_t i = 0; i < t->nck; i++)
+        ck_free(&t->ck[i]);
     free(t->coarse);
     free(t->win);
     mt__spool_free(&t->sp);
@@ -83,6 +91,8 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     if (!t->coarse)
         goto fail_coarse;
     t->wcap = w->window;
+    t->ckstep = t->wcap / 2;
+    t->pcap = t->wcap + t->ckstep;
     t->web = w;
     if (w->spool_dir && !w->file_tried) {
         mt__spool_file_open(&w->file, w->spool_dir);
@@ -90,8 +100,10 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     }
     /* Cache-line aligned: each event is one line, stored around the cache (window_record). */
     bool spooled = w->spool_dir && w->file.fd >= 0;
-    if (!spooled && !(t->win = aligned_alloc(64, t->wcap * sizeof *t->win)))
+    if (!spooled && !(t->win = aligned_alloc(64, t->pcap * sizeof *t->win)))
         goto fail_window;
+    t->nck = t->win != NULL; /* the first checkpoint: before any event, empty */
+    t->ck_due = t->ckstep;
     /* The base is read for its blocks, segments and totals (mt__d_web_state_at), never for
      * temporary allocations: it does not track them, which every free would cost. */
     mt_model_cfg_t bcfg = mt__model_cfg_default();
@@ -161,43 +173,6 @@ void mt__d_web_free(mt_d_t *d)
     d->web = NULL;
 }
 
-/* Folds the figures now (cur) into bucket b, which starts at t0. cur's tags differ from
- * b's by at most tag (-1: none) when b was the last bucket folded at its level with the same
- * t0 (same): then only that one is copied, not the whole array (most of a fold's cost). */
-static void bucket_fold(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *cur, bool is_oom,
-                        int tag, bool same)
-{
-    if (b->t0 != t0) {
-        *b = *cur;
-        b->t0 = t0;
-        b->amin = b->amax = cur->alast;
-        b->rmax = cur->rlast;
-        b->ooms = 0;
-        b->events = 0;
-    } else {
-        if (cur->alast < b->amin)
-            b->amin = cur->alast;
-        if (cur->alast > b->amax)
-            b->amax = cur->alast;
-        if (cur->rlast > b->rmax)
-            b->rmax = cur->rlast;
-        if (cur->hmax > b->hmax)
-            b->hmax = cur->hmax;
-        b->alast = cur->alast;
-        b->rlast = cur->rlast;
-        b->peak = cur->peak;
-        b->hres = cur->hres;
-        if (!same)
-            memcpy(b->tag, cur->tag, sizeof b->tag);
-        else if (tag >= 0)
-            b->tag[tag] = cur->tag[tag];
-    }
-    b->ooms += is_oom;
-    b->events++;
-    mt_assert(b->amin <= b->alast && b->alast <= b->amax);
-    mt_assert_expensive(memcmp(b->tag, cur->tag, sizeof b->tag) == 0);
-}
-
 /* a absorbs the later bucket b (same figures as one bucket over both spans). */
 static void bucket_merge(mt_d_web_bkt_t *a, const mt_d_web_bkt_t *b)
 {
@@ -237,9 +212,54 @@ static void coarse_halve(mt_d_web_proc_t *t)
     t->coarse_ns = w2;
 }
 
-/* Updates t's figures now and folds them into the two levels of buckets. Per event, so it
- * reads the model's few figures it shows directly (mt__model_levels) and copies only the
- * one tag an event can change. */
+/* Folds p, the figures of events since the last fold (p->t0 unused), into bucket b, which
+ * starts at t0: as if each of them had been folded there in turn. */
+static void bucket_put(mt_d_web_bkt_t *b, uint64_t t0, const mt_d_web_bkt_t *p)
+{
+    if (b->t0 != t0) {
+        *b = *p;
+        b->t0 = t0;
+    } else {
+        bucket_merge(b, p);
+    }
+    mt_assert(b->amin <= b->alast && b->alast <= b->amax);
+}
+
+void mt__d_web_history_flush(mt_d_web_proc_t *t)
+{
+    mt_d_web_bkt_t *pend = &t->pend;
+    if (!pend->events)
+        return;
+    uint64_t f0 = t->pend_f0; /* the pending events' times all fall in [f0, f0 + fine) */
+    bucket_put(&t->fine[f0 / MT_D_WEB_FINE_NS % MT_D_WEB_FINE], f0, pend);
+    /* A coarse width is a multiple of the fine one: the pending events share one coarse
+     * bucket, the one f0 is in. Within the newest (the usual case) without a division. */
+    uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
+    uint64_t c0 = t->ncoarse > 0 && f0 >= last0 && f0 - last0 < t->coarse_ns
+                      ? last0
+                      : f0 / t->coarse_ns * t->coarse_ns;
+    if (t->ncoarse > 0 && c0 < last0)
+        c0 = last0; /* a clock that went back: the last bucket */
+    if (t->ncoarse == 0 || last0 != c0) {
+        if (t->ncoarse == MT_D_WEB_COARSE) {
+            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
+                coarse_halve(t);
+            c0 = f0 / t->coarse_ns * t->coarse_ns;
+            if (c0 < t->coarse[t->ncoarse - 1].t0)
+                c0 = t->coarse[t->ncoarse - 1].t0;
+        }
+        if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
+            t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
+    }
+    bucket_put(&t->coarse[t->ncoarse - 1], c0, pend);
+    mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
+    pend->events = 0;
+}
+
+/* Updates t's figures now and adds them to the pending events' figures, which go into the
+ * two levels of buckets once an event falls in another fine bucket (or a reader asks).
+ * Per event, so it reads the model's few figures it shows directly (mt__model_levels) and
+ * copies only the one tag an event can change. */
 static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     mt_d_web_bkt_t *c = &t->cur;
@@ -252,36 +272,36 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
         c->tag[tag] = mt__model_tag_bytes(p->model, MT_MODEL_DEVICE, tag);
     }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
-    /* The fine bucket folded last is the previous event's (t->last_ns): every event of the
-     * history folds into one fine bucket and the newest coarse one. */
-    size_t fi = (size_t)(now / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
-    bool fine_same = fi == (size_t)(t->last_ns / MT_D_WEB_FINE_NS % MT_D_WEB_FINE);
     t->last_ns = now;
-    bool oom = ev->kind == MT_EV_OOM;
     uint64_t f0 = now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS;
-    bucket_fold(&t->fine[fi], f0, c, oom, tag, fine_same);
-    /* Within the newest coarse bucket (the usual case) without a division: its t0 is a
-     * multiple of coarse_ns. */
-    uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
-    uint64_t c0 = t->ncoarse > 0 && now >= last0 && now - last0 < t->coarse_ns
-                      ? last0
-                      : now / t->coarse_ns * t->coarse_ns;
-    if (t->ncoarse > 0 && c0 < last0)
-        c0 = last0; /* a clock that went back: the last bucket */
-    if (t->ncoarse == 0 || last0 != c0) {
-        if (t->ncoarse == MT_D_WEB_COARSE) {
-            while (t->ncoarse == MT_D_WEB_COARSE) /* sparse buckets may not pair up at once */
-                coarse_halve(t);
-            c0 = now / t->coarse_ns * t->coarse_ns;
-            if (c0 < t->coarse[t->ncoarse - 1].t0)
-                c0 = t->coarse[t->ncoarse - 1].t0;
-        }
-        if (t->ncoarse == 0 || t->coarse[t->ncoarse - 1].t0 != c0)
-            t->coarse[t->ncoarse++].t0 = 0; /* a new bucket, filled by the fold */
+    mt_d_web_bkt_t *pend = &t->pend;
+    if (pend->events && f0 != t->pend_f0)
+        mt__d_web_history_flush(t);
+    if (!pend->events) {
+        *pend = *c;
+        pend->amin = pend->amax = c->alast;
+        pend->rmax = c->rlast;
+        pend->ooms = pend->events = 0;
+        t->pend_f0 = f0;
+    } else {
+        if (c->alast < pend->amin)
+            pend->amin = c->alast;
+        if (c->alast > pend->amax)
+            pend->amax = c->alast;
+        if (c->rlast > pend->rmax)
+            pend->rmax = c->rlast;
+        if (c->hmax > pend->hmax)
+            pend->hmax = c->hmax;
+        pend->alast = c->alast;
+        pend->rlast = c->rlast;
+        pend->peak = c->peak;
+        pend->hres = c->hres;
+        if (tag >= 0)
+            pend->tag[tag] = c->tag[tag];
     }
-    /* The newest coarse bucket was folded last (a halving keeps the later bucket's tags). */
-    bucket_fold(&t->coarse[t->ncoarse - 1], c0, c, oom, tag, true);
-    mt_assert(t->ncoarse <= MT_D_WEB_COARSE);
+    pend->ooms += ev->kind == MT_EV_OOM;
+    pend->events++;
+    mt_assert_expensive(memcmp(pend->tag, c->tag, sizeof c->tag) == 0);
 }
 
 #define CHUNK_BYTES ((size_t)MT__SPOOL_CHUNK * sizeof(mt_event_rec_t))
@@ -314,7 +334,13 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
     mt_assert(i < t->wcount);
     if (!t->win)
         return spool_at(t, t->sp.n - t->wcount + i);
-    return &t->win[(t->whead + t->wcap - t->wcount + i) % t->wcap];
+    return &t->win[(t->whead + t->pcap - t->wcount + i) % t->pcap];
+}
+
+const mt_event_rec_t *mt__d_web_pre_at(const mt_d_web_proc_t *t, size_t i)
+{
+    mt_assert(t->win && i < t->npre);
+    return &t->win[(t->whead + 2 * t->pcap - t->wcount - t->npre + i) % t->pcap];
 }
 
 /* Events of the window faulted in at once, ahead of the stores: 1 MiB (a window a process
@@ -326,7 +352,7 @@ const mt_event_rec_t *mt__d_web_window_at(const mt_d_web_proc_t *t, size_t i)
  * on a virtual machine. Advice only; the pages the window never reaches stay unused. */
 static void window_prefault(mt_d_web_proc_t *t)
 {
-    size_t to = t->wcap - t->wready > WINDOW_PREFAULT ? t->wready + WINDOW_PREFAULT : t->wcap;
+    size_t to = t->pcap - t->wready > WINDOW_PREFAULT ? t->wready + WINDOW_PREFAULT : t->pcap;
 #ifdef MADV_POPULATE_WRITE
     const uintptr_t page = 4096;
     uintptr_t lo = ((uintptr_t)(t->win + t->wready) + page - 1) & ~(page - 1);
@@ -363,27 +389,86 @@ static void spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 #endif
 }
 
-static void window_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
+/* No more checkpoints (a map too large, or out of memory): from now on the evicted events
+ * go to a base model, which starts as the state before the window. */
+static void ck_stop(mt_d_web_proc_t *t)
+{
+    mt_model_t *m = NULL;
+    if (mt__d_web_state_at(t, 0, &m) == 0) {
+        mt__model_destroy(&t->base);
+        t->base = m;
+    } /* else out of memory: past states start from the base as it was */
+    for (size_t i = 0; i < t->nck; i++)
+        ck_free(&t->ck[i]);
+    t->nck = 0;
+    t->npre = 0;
+}
+
+/* A checkpoint of p's model, after its events so far: every ckstep events. */
+static void ck_take(mt_d_web_proc_t *t, const mt_d_proc_t *p)
+{
+    mt_assert(t->nck > 0 && t->nck < MT_D_WEB_CKS);
+    mt_d_web_ck_t *c = &t->ck[t->nck];
+    memset(c, 0, sizeof *c);
+    c->at = t->nrec;
+    size_t n = 0;
+    int rc = 0;
+    for (int cls = 0; cls < MT_MODEL_CLASSES && rc == 0; cls++) {
+        rc = mt__model_map(p->model, cls, &c->map[cls]);
+        mt__model_figures_totals(p->model, cls, &c->f[cls]);
+        n += c->map[cls].nblocks + c->map[cls].nsegs;
+    }
+    if (rc != 0 || n > MT_D_WEB_CK_MAX) {
+        ck_free(c);
+        ck_stop(t);
+        return;
+    }
+    t->nck++;
+}
+
+static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     if (!t->win) {
         spool_record(t, ev);
         return;
     }
-    if (t->whead >= t->wready && t->wready < t->wcap)
+    if (t->whead >= t->wready && t->wready < t->pcap)
         window_prefault(t);
     if (t->wcount == t->wcap) {
-        /* The oldest event leaves the window: the base model takes it. */
-        const mt_event_rec_t *old = &t->win[t->whead];
-        mt__model_apply(t->base, old);
+        /* The oldest event leaves the window: kept before it (a checkpoint and the events
+         * since rebuild the state there), or applied to the base model. */
+        if (t->nck)
+            t->npre++;
+        else
+            mt__model_apply(t->base, mt__d_web_window_at(t, 0));
         t->wcount--;
     }
     /* Streamed: a loaded log's window is far larger than the cache, and an ordinary store
      * first read the line it overwrote (nine tenths of recording an event, a quarter of
-     * view's loading). The loop's thread reads the window back itself. */
+     * view's loading). The loop's thread reads the window back itself. The slot is the
+     * oldest kept event's only when the ring is full, which the checkpoints prevent. */
     mt__event_store(&t->win[t->whead], ev);
     t->wseq = ev->seq;
-    t->whead = t->whead + 1 == t->wcap ? 0 : t->whead + 1; /* no division per event */
+    t->whead = t->whead + 1 == t->pcap ? 0 : t->whead + 1; /* no division per event */
     t->wcount++;
+    t->nrec++;
+    if (!t->nck)
+        return;
+    if (--t->ck_due == 0) {
+        t->ck_due = t->ckstep;
+        ck_take(t, p);
+        if (!t->nck)
+            return;
+    }
+    /* The checkpoint the window needs is the newest at or before its first event. */
+    uint64_t first = t->nrec - t->wcount;
+    if (t->nck >= 2 && t->ck[1].at <= first) {
+        ck_free(&t->ck[0]);
+        memmove(&t->ck[0], &t->ck[1], (t->nck - 1) * sizeof t->ck[0]);
+        t->nck--;
+        t->npre = (size_t)(first - t->ck[0].at);
+    }
+    mt_assert(t->npre + t->wcount <= t->pcap);
 }
 
 void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
@@ -395,7 +480,7 @@ void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
     if (!t && (t = tracker_new(w, p)) == NULL)
         return;
     w->last = t;
-    window_record(t, ev);
+    window_record(t, p, ev);
     if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL && ev->kind != MT_EV_LIBRARY_LABEL)
         history_record(t, p, ev);
 }

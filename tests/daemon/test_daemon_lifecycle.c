@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "profiler/internal.h"
+#include "profiler/ring.h"
 #include "tests/daemon/harness.h"
 #include "tests/common/test_main.h"
 
@@ -249,13 +252,77 @@ static void test_sigpipe_left_alone(void **state)
     assert_int_equal(sigaction(SIGPIPE, &before, NULL), 0);
 }
 
+/* A user tag's name in the log changes exactly at its label, with the lines encoded by
+ * the daemon's encoder thread a batch behind the drain: the lines before a label (in the
+ * same batch, drained in one tick) keep the name they had. */
+static void test_label_names_in_order(void **state)
+{
+    (void)state;
+    enum { N = 5000, TAG = MT_TAG_USER_FIRST + 2, FIRST = 1500, SECOND = 3700 };
+    char log[128];
+    snprintf(log, sizeof log, "/tmp/mt-dtest-labels-%d.ndjson", (int)getpid());
+    unlink(log);
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.log_path = log;
+    th_daemon_t t;
+    th_daemon_start(&t, cfg);
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 8192, "labels"), 0);
+    static const char *want[N]; /* the name of each alloc line, in order */
+    unsigned nwant = 0;
+    for (unsigned i = 0; i < N; i++) {
+        mt_event_rec_t ev = {.pool = 1, .tag = TAG, .time_ns = 1000 + i};
+        if (i == FIRST || i == SECOND) {
+            ev.kind = MT_EV_TAG_LABEL;
+            mt_event_label_pack(&ev, i == FIRST ? "first" : "second");
+        } else {
+            ev.kind = i % 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC;
+            ev.addr = 0x7f0000000000u + (uint64_t)(i / 2) * 4096;
+            ev.size = ev.requested = 4096;
+            if (ev.kind == MT_EV_ALLOC)
+                want[nwant++] = i < FIRST ? "tag9" : i < SECOND ? "first" : "second";
+        }
+        assert_int_equal(mt__ring_push(r, &ev), 0);
+    }
+    /* registered once full: the daemon drains them in one go, batch after batch */
+    int fd = -1;
+    char err[256];
+    assert_int_equal(mt__prof_client_register(t.sock, r, NULL, 5000, &fd, err, sizeof err), 0);
+    const mt__ring_hdr_t *h = mt__ring_header(r);
+    for (int i = 0; i < 5000 && atomic_load(&h->read_idx) < N; i++)
+        usleep(1000);
+    assert_int_equal(atomic_load(&h->read_idx), N);
+    close(fd);
+    th_daemon_stop(&t);
+    mt__ring_close(&r);
+
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[2048];
+    unsigned seen = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *o = json_loads(line, 0, NULL);
+        assert_non_null(o);
+        const char *kind = json_string_value(json_object_get(o, "kind"));
+        const char *tag = json_string_value(json_object_get(o, "tag"));
+        if (kind && tag && strcmp(kind, "alloc") == 0)
+            bad += seen >= nwant || strcmp(tag, want[seen++]) != 0;
+        json_decref(o);
+    }
+    fclose(f);
+    unlink(log);
+    assert_int_equal(seen, nwant);
+    assert_int_equal(bad, 0);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigterm_clean_shutdown), cmocka_unit_test(test_stale_and_busy_socket),
-        cmocka_unit_test(test_eviction_and_log),       cmocka_unit_test(test_cfg_validation),
-        cmocka_unit_test(test_sigpipe_left_alone),     cmocka_unit_test(test_env_only_through_cfg),
+        cmocka_unit_test(test_eviction_and_log),       cmocka_unit_test(test_label_names_in_order),
+        cmocka_unit_test(test_cfg_validation),         cmocka_unit_test(test_sigpipe_left_alone),
+        cmocka_unit_test(test_env_only_through_cfg),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -96,45 +96,75 @@ static void same_state(const mt_model_t *a, const mt_model_t *b)
     mt__model_map_free(&mb);
 }
 
-static void test_state_at_equals_prefix(void **state)
+/* Feeds s through a tracker of the given window; at several points of the window, the
+ * rebuilt state is the model of that prefix, and at its end the live state. Returns the
+ * tracker's checkpoints at the end (0: the base model instead). */
+static size_t check_prefixes(const stream_t *s, size_t window)
 {
-    (void)state;
-    stream_t s = {0};
-    make_stream(&s, 6000);
     mt_d_t *d = calloc(1, sizeof *d);
     assert_non_null(d);
-    mt__d_web_set_window(d, 1024);
+    mt__d_web_set_window(d, window);
     mt_d_proc_t *p = NULL;
     assert_int_equal(mt__d_proc_create(&p, 7, "unit"), 0);
-    for (size_t i = 0; i < s.n; i++) {
-        assert_int_equal(mt__d_proc_apply(p, &s.ev[i]), 0);
-        mt__d_web_record(d, p, &s.ev[i]);
+    for (size_t i = 0; i < s->n; i++) {
+        assert_int_equal(mt__d_proc_apply(p, &s->ev[i]), 0);
+        mt__d_web_record(d, p, &s->ev[i]);
     }
     mt_d_web_proc_t *t = mt__d_web_find(d, p);
     assert_non_null(t);
-    assert_int_equal(t->wcount, 1024); /* the window is bounded */
-    /* At several points of the window, the rebuilt state is the model of that prefix. */
-    size_t evicted = s.n - t->wcount;
+    assert_int_equal(t->wcount, window); /* the window is bounded */
+    size_t evicted = s->n - t->wcount;
     for (size_t upto = 0; upto <= t->wcount; upto += 341) {
         mt_model_t *ref = NULL, *at = NULL;
         assert_int_equal(mt__model_create(&ref, NULL), 0);
         for (size_t i = 0; i < evicted + upto; i++)
-            mt__model_apply(ref, &s.ev[i]);
+            mt__model_apply(ref, &s->ev[i]);
         assert_int_equal(mt__d_web_state_at(t, upto, &at), 0);
         same_state(at, ref);
         mt__model_destroy(&at);
         mt__model_destroy(&ref);
     }
-    /* And at the window's end, the live state. */
     mt_model_t *at = NULL;
     assert_int_equal(mt__d_web_state_at(t, t->wcount, &at), 0);
     same_state(at, p->model);
     mt__model_destroy(&at);
+    size_t nck = t->nck;
     mt__d_web_forget(d, p);
     assert_null(mt__d_web_find(d, p));
     mt__d_web_free(d);
     mt__d_proc_destroy(&p);
     free(d);
+    return nck;
+}
+
+static void test_state_at_equals_prefix(void **state)
+{
+    (void)state;
+    stream_t s = {0};
+    make_stream(&s, 6000);
+    /* the window's state from a checkpoint of the live model and the events since */
+    assert_true(check_prefixes(&s, 1024) > 0);
+    free(s.ev);
+}
+
+/* A map larger than a checkpoint may copy: the tracker goes over to a base model, which
+ * starts as the state before the window (rebuilt from the last checkpoint), and the past
+ * states stay exact. */
+static void test_state_at_large_map(void **state)
+{
+    (void)state;
+    stream_t s = {0};
+    mgen_t g = {0};
+    push(&s, mgen_rec(&g, MT_EV_SEGMENT_ALLOC, SEG, 1024 * MIB, 0));
+    for (unsigned i = 0; i < 3000; i++) /* churn, under the checkpoints' limit */
+        push(&s, mgen_rec(&g, i % 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC,
+                          SEG + 512 * MIB + (i / 2 % 8) * 4096, 4096, 1));
+    for (unsigned i = 0; i < MT_D_WEB_CK_MAX + 200; i++) /* blocks that stay */
+        push(&s, mgen_rec(&g, MT_EV_ALLOC, SEG + (uint64_t)i * 4096, 4096, 2));
+    for (unsigned i = 0; i < 3000; i++)
+        push(&s, mgen_rec(&g, i % 3 == 2 ? MT_EV_FREE_COMPLETED : MT_EV_ALLOC,
+                          SEG + 512 * MIB + (i / 3 % 8) * 4096 * 2 + (i % 3 == 1) * 4096, 4096, 3));
+    assert_int_equal(check_prefixes(&s, 1024), 0);
     free(s.ev);
 }
 
@@ -157,6 +187,7 @@ static void test_history_bounded(void **state)
     }
     mt_d_web_proc_t *t = mt__d_web_find(d, p);
     assert_non_null(t);
+    mt__d_web_history_flush(t);
     assert_true(t->ncoarse <= MT_D_WEB_COARSE);
     assert_true(t->coarse_ns >= 8 * MT_D_WEB_COARSE0_NS); /* 3 h in <= 1024 buckets */
     uint64_t lo = UINT64_MAX, hi = 0;
@@ -316,7 +347,8 @@ static void same_history(const mt_d_web_proc_t *t, const ref_hist_t *h, bool all
 /* Tags of blocks freed under tag 0, host (pinned) events between device ones, times that go
  * back (within the fine ring and past it), stand still, are 0, jump by exactly the fine
  * ring's span (same fine bucket, new start) and by hours (the coarse history halves): the
- * tracker's buckets equal the reference's after every event. */
+ * tracker's buckets, its pending events folded, equal the reference's, which folds every
+ * event at once. */
 static void test_history_equals_reference(void **state)
 {
     (void)state;
@@ -356,7 +388,13 @@ static void test_history_equals_reference(void **state)
         ref_record(h, p->model, &s.ev[i]);
         mt_d_web_proc_t *tr = mt__d_web_find(d, p);
         assert_non_null(tr);
-        same_history(tr, h, i % 997 == 0 || i + 1 == s.n);
+        /* compared (its pending events folded) after about one event in four, so that
+         * folds of several events at once are compared too */
+        bool all = i % 997 == 0 || i + 1 == s.n;
+        if (all || (rnd >> 8) % 4 == 0) {
+            mt__d_web_history_flush(tr);
+            same_history(tr, h, all);
+        }
     }
     const mt_d_web_proc_t *tr = mt__d_web_find(d, p);
     assert_true(tr->coarse_ns > MT_D_WEB_COARSE0_NS); /* the coarse history did halve */
@@ -371,6 +409,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_at_equals_prefix),
+        cmocka_unit_test(test_state_at_large_map),
         cmocka_unit_test(test_history_bounded),
         cmocka_unit_test(test_history_equals_reference),
     };

@@ -1,0 +1,210 @@
+/* memtraced: the event lines' encoder thread.
+ *
+ * The loop thread drains the rings and applies each record to the figures; the JSON lines
+ * (profiler/encode.c's line writer) and the log file's write are the larger half of a drain
+ * with lines, so they run on a thread of the daemon's own, one batch behind the loop: while
+ * the encoder writes batch k, the loop fills batch k + 1. A batch comes back to the loop
+ * (mt__d_lines_sync, or the next hand-off) before its lines go to the consumers, and every
+ * drain ends with the batches back, so the log's flush and the rings' acknowledgement
+ * (ack_drained) follow the lines' write as before, in the same order. The thread is started
+ * by mt__d_create and joined by mt__d_destroy; without it (it could not be started) the loop
+ * encodes each batch itself at its hand-off. The encoder also builds each consumer's chunk
+ * of the batch's lines; the loop queues them (libuv writes them) when the batch is back. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "daemon/internal.h"
+#include "profiler/internal.h"
+
+/* The line of r (not a table line) appended to t, '\n' included. 0 or MT_ENOMEM. */
+static int encode_rec(mt_d_lines_t *L, mt_d_buf_t *t, mt_d_batch_rec_t *r)
+{
+    mt_d_proc_t *p = (mt_d_proc_t *)r->proc; /* its names are read, never written, here */
+    if (L->enc && L->enc_proc != p) {
+        mt__prof_enc_init(L->enc, p->pid); /* p's pieces, once per run of its records */
+        L->enc_proc = p;
+    }
+    size_t need = 1024; /* enough for every line without a long user tag name */
+    for (;;) {
+        int rc = mt__d_buf_reserve(t, need);
+        if (rc)
+            return rc;
+        size_t room = t->cap - t->len;
+        char *w = t->p + t->len;
+        size_t n =
+            L->enc ? mt__prof_enc_write(L->enc, w, room, &r->ev, r->stack, mt__d_proc_label, p)
+                   : mt_prof_alloc_write(w, room, &r->ev, p->pid, r->stack, mt__d_proc_label, p);
+        if (n < room) {
+            t->len += n;
+            return 0;
+        }
+        need = n;
+    }
+}
+
+/* The encoder's work on one batch: every record's line into b->text, in order (table lines
+ * copied from b->pre), then the lines into the log when b->logf. */
+static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
+{
+    if (b->enc_stale)
+        L->enc_proc = NULL; /* a tag's name changed, or a process went */
+    mt__d_buf_clear(&b->text);
+    for (size_t i = 0; i < b->n; i++) {
+        mt_d_batch_rec_t *r = &b->rec[i];
+        size_t off = b->text.len;
+        int rc = r->ev.kind == 0 ? mt__d_buf_append(&b->text, b->pre.p + r->off, r->len)
+                                 : encode_rec(L, &b->text, r);
+        if (rc) {                      /* out of memory: the event is counted, not forwarded */
+            mt__d_buf_clear(&b->text); /* its sticky error goes; the lines kept so far stay */
+            b->text.len = off;
+            r->len = 0;
+            continue;
+        }
+        r->off = (uint32_t)off;
+        r->len = (uint32_t)(b->text.len - off);
+    }
+    b->write_failed =
+        b->logf && b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
+    if (b->outs_ok)
+        mt__d_consumers_build(b);
+}
+
+static void *encoder_main(void *arg)
+{
+    mt_d_lines_t *L = arg;
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        while (L->job == NULL && !L->quit)
+            pthread_cond_wait(&L->go, &L->mu);
+        if (L->job == NULL)
+            break;
+        mt_d_batch_t *b = L->job;
+        pthread_mutex_unlock(&L->mu);
+        run_job(L, b);
+        struct timespec ts;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        atomic_store_explicit(&L->cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+                              memory_order_relaxed);
+        pthread_mutex_lock(&L->mu);
+        L->job = NULL;
+        pthread_cond_signal(&L->done);
+    }
+    pthread_mutex_unlock(&L->mu);
+    return NULL;
+}
+
+int mt__d_lines_init(mt_d_t *d)
+{
+    mt_d_lines_t *L = &d->lines;
+    memset(L, 0, sizeof *L);
+    for (int i = 0; i < 2; i++)
+        if (!(L->b[i].rec = malloc(MT_D_BATCH_CAP * sizeof *L->b[i].rec)))
+            return MT_ENOMEM;
+    L->fill = &L->b[0];
+    L->enc = malloc(sizeof *L->enc); /* NULL: the general writer */
+    pthread_mutex_init(&L->mu, NULL);
+    pthread_cond_init(&L->go, NULL);
+    pthread_cond_init(&L->done, NULL);
+    L->inited = true;
+    L->on = pthread_create(&L->th, NULL, encoder_main, L) == 0;
+    return 0;
+}
+
+/* Takes the batch handed off last back from the encoder (waiting for it), closes the log
+ * if its write failed, and sends its lines to the consumers. */
+static void take_back(mt_d_t *d)
+{
+    mt_d_lines_t *L = &d->lines;
+    mt_d_batch_t *b = L->busy;
+    if (!b)
+        return;
+    if (L->on) {
+        pthread_mutex_lock(&L->mu);
+        while (L->job)
+            pthread_cond_wait(&L->done, &L->mu);
+        pthread_mutex_unlock(&L->mu);
+    }
+    L->busy = NULL;
+    if (b->logf && b->logf == d->logf) {
+        if (b->write_failed) {
+            mt__d_log(d, MT_LOG_ERROR, "writing %s failed; the log is closed", d->log_path);
+            fclose(d->logf);
+            d->logf = NULL;
+        } else {
+            d->log_dirty = true;
+        }
+    }
+    if (b->outs_ok)
+        mt__d_consumers_deliver(d, b);
+    else
+        mt__d_consumers_fanout(d, b);
+    b->n = 0;
+    mt__d_buf_clear(&b->pre);
+}
+
+void mt__d_lines_handoff(mt_d_t *d)
+{
+    mt_d_lines_t *L = &d->lines;
+    mt_d_batch_t *b = L->fill;
+    if (!L->inited || b->n == 0)
+        return;
+    take_back(d);
+    b->logf = d->logf;
+    b->outs_ok = mt__d_consumers_prepare(d, b) == 0;
+    b->enc_stale = L->stale;
+    L->stale = false;
+    L->busy = b;
+    L->fill = b == &L->b[0] ? &L->b[1] : &L->b[0];
+    if (!L->on) {
+        run_job(L, b);
+        return;
+    }
+    pthread_mutex_lock(&L->mu);
+    L->job = b;
+    pthread_cond_signal(&L->go);
+    pthread_mutex_unlock(&L->mu);
+}
+
+void mt__d_lines_sync(mt_d_t *d)
+{
+    if (!d->lines.inited)
+        return;
+    mt__d_lines_handoff(d);
+    take_back(d);
+}
+
+uint64_t mt__d_lines_cpu_ns(const mt_d_t *d)
+{
+    return atomic_load_explicit(&d->lines.cpu_ns, memory_order_relaxed);
+}
+
+void mt__d_lines_close(mt_d_t *d)
+{
+    mt_d_lines_t *L = &d->lines;
+    if (L->inited) {
+        mt__d_lines_sync(d);
+        if (L->on) {
+            pthread_mutex_lock(&L->mu);
+            L->quit = true;
+            pthread_cond_signal(&L->go);
+            pthread_mutex_unlock(&L->mu);
+            pthread_join(L->th, NULL);
+            L->on = false;
+        }
+        pthread_cond_destroy(&L->done);
+        pthread_cond_destroy(&L->go);
+        pthread_mutex_destroy(&L->mu);
+        L->inited = false;
+    }
+    for (int i = 0; i < 2; i++) {
+        free(L->b[i].rec);
+        L->b[i].rec = NULL;
+        mt__d_buf_free(&L->b[i].pre);
+        mt__d_buf_free(&L->b[i].text);
+        free(L->b[i].outs);
+        L->b[i].outs = NULL;
+    }
+    free(L->enc);
+    L->enc = NULL;
+}
