@@ -188,6 +188,11 @@ typedef struct mt_event_sink_s {
      * may run while another thread's write of another claim does. */
     bool (*claim)(void *ud, size_t n, uint64_t tok[2]);
     void (*write)(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
+    /* Optional, with claim: memtrace's own recorder's. Instead of write, fills what claim
+     * took for a thread cache's batch (n = its events) with the batch in compact form, a
+     * header and its entries (memtrace's util/evbatch.h), from which the events are made
+     * where they are read. NULL for any other sink. */
+    void (*write_batch)(void *ud, const uint64_t tok[2], const void *hdr, const void *ents);
 } mt_event_sink_t;
 
 /* Whether s is a sink that records (not NULL, with emit, and recording() not false). */

@@ -1,0 +1,114 @@
+/* A thread cache's events in compact form (evbatch.h). */
+#include "util/evbatch.h"
+
+#include "memtrace/alloc.h"
+#include "memtrace/common.h"
+
+void mt__evb_hdr_pack(const mt__evb_hdr_t *h, mt_event_rec_t *slot)
+{
+    *slot = (mt_event_rec_t){
+        .time_ns = h->time_ns,
+        .addr = (uint64_t)h->allocated0,
+        .size = h->nent,
+        .requested = h->nev,
+        .reserved = h->reserved,
+        .stream = MT__EVB_MAGIC,
+        .kind = MT__EVB_KIND,
+        .device = h->device,
+    };
+}
+
+int mt__evb_hdr_unpack(const mt_event_rec_t *slot, mt__evb_hdr_t *out)
+{
+    if (slot->kind != MT__EVB_KIND || slot->stream != MT__EVB_MAGIC || slot->pool != 0 ||
+        slot->tag != 0 || slot->allocated != 0 || slot->size == 0 ||
+        slot->size > slot->requested || slot->requested > MT__EVB_MAX_EV ||
+        (int64_t)slot->addr < 0)
+        return MT_EPROTO;
+    *out = (mt__evb_hdr_t){
+        .time_ns = slot->time_ns,
+        .allocated0 = (int64_t)slot->addr,
+        .reserved = slot->reserved,
+        .nent = (uint32_t)slot->size,
+        .nev = (uint32_t)slot->requested,
+        .device = slot->device,
+    };
+    return 0;
+}
+
+/* Sizes of blocks and requests below 2^62: sums of a batch's cannot overflow. */
+#define SIZE_LIMIT ((uint64_t)1 << 62)
+
+static bool entry_ok(const mt__evb_ent_t *e)
+{
+    if (mt__evb_op_events(e->op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX)
+        return false;
+    if (e->op == MT__EVB_STACK)
+        return e->requested == 0 && e->size != 0 &&
+               (e->size <= MT_STACK_ID_MAX || e->size == MT_STACK_ID_OVERFLOW);
+    return e->size < SIZE_LIMIT && e->requested != 0 && e->requested <= e->size;
+}
+
+int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t seq0,
+                   void (*cb)(void *ud, const mt_event_rec_t *ev), void *ud)
+{
+    if (h->nent == 0 || h->nent > h->nev || h->nev > MT__EVB_MAX_EV || h->allocated0 < 0 ||
+        seq0 > UINT64_MAX - h->nev)
+        return MT_EPROTO;
+    /* Checked whole before the first call: a batch is delivered entirely or not at all. */
+    uint64_t nev = 0;
+    int64_t a = h->allocated0;
+    for (uint32_t i = 0; i < h->nent; i++) {
+        const mt__evb_ent_t *e = &ents[i];
+        if (!entry_ok(e))
+            return MT_EPROTO;
+        nev += mt__evb_op_events(e->op);
+        a += mt__evb_op_delta(e);
+        if (a < 0 || (uint64_t)a >= SIZE_LIMIT)
+            return MT_EPROTO;
+    }
+    if (nev != h->nev)
+        return MT_EPROTO;
+    a = h->allocated0;
+    uint64_t seq = seq0;
+    for (uint32_t i = 0; i < h->nent; i++) {
+        const mt__evb_ent_t *e = &ents[i];
+        mt_event_rec_t ev = {
+            .time_ns = h->time_ns,
+            .addr = e->addr,
+            .size = e->size,
+            .requested = e->requested,
+            .reserved = h->reserved,
+            .stream = e->stream,
+            .pool = e->pool,
+            .tag = e->tag,
+            .device = h->device,
+        };
+        if (e->op == MT__EVB_STACK) {
+            ev.kind = MT_EV_STACK_REF;
+            ev.allocated = (uint64_t)a;
+            ev.seq = seq++;
+            cb(ud, &ev);
+            continue;
+        }
+        if (e->op != MT__EVB_FREE) {
+            a += (int64_t)e->size;
+            ev.kind = MT_EV_ALLOC;
+            ev.allocated = (uint64_t)a;
+            ev.seq = seq++;
+            cb(ud, &ev);
+            if (e->op == MT__EVB_POP)
+                continue;
+        }
+        a -= (int64_t)e->size;
+        ev.kind = MT_EV_FREE_REQUESTED;
+        ev.allocated = (uint64_t)a;
+        ev.seq = seq++;
+        cb(ud, &ev);
+        ev.kind = MT_EV_FREE_COMPLETED;
+        ev.requested = 0;
+        ev.seq = seq++;
+        cb(ud, &ev);
+    }
+    return 0;
+}
