@@ -7,6 +7,7 @@
 
 #include "allocator/tcache.h"
 #include "util/cpu.h"
+#include "util/evbatch.h"
 
 void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint64_t addr,
                         uint64_t size, uint64_t requested, uint32_t sid, int pool, int tag,
@@ -87,46 +88,66 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
-/* Makes a cache's batch ev[0..n) (allocated = the change of the bytes held) the program's
- * totals: held0 = rec_held before the batch, g and res the counters', t its stamp. */
-static void settle(mt_event_rec_t *ev, size_t n, int64_t held0, int64_t g, uint64_t res, uint64_t t)
+/* Where the events made of a batch go (mt__evb_expand's callback). */
+typedef struct made_s {
+    mt_event_rec_t *out;
+    size_t n;
+} made_t;
+
+static void made_one(void *ud, const mt_event_rec_t *ev)
 {
-    int64_t held = held0;
-    for (size_t i = 0; i < n; i++) {
-        held += (int64_t)ev[i].allocated;
-        mt_assert(held >= 0 && g >= held);
-        ev[i].time_ns = t;
-        ev[i].allocated = (uint64_t)(g - held);
-        ev[i].reserved = res;
-    }
+    made_t *m = ud;
+    m->out[m->n] = *ev;
+    m->out[m->n].seq = 0; /* the sink's to set */
+    m->n++;
 }
 
-/* A cache's batch (allocs, frees and stack refs) takes its place in the sink's order under
- * rec_lock, in O(1): the bytes it holds, its stamp and, when the sink claims (event.h), its
- * places. The events are then settled and copied outside the lock, so that two threads'
- * batches copy at once. A sink that cannot claim receives the batch under the lock. */
-void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
+static void make_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out)
+{
+    made_t m = {out, 0};
+    int rc = mt__evb_expand(h, ents, 0, made_one, &m);
+    mt_assert(rc == 0 && m.n == h->nev); /* the caches' own entries */
+    (void)rc;
+}
+
+/* A cache's batch takes its place in the sink's order under rec_lock, in O(1): the bytes
+ * held before it (so each event's totals), its stamp and, when the sink claims (event.h),
+ * its places. It is then copied outside the lock, in compact form when the sink takes it
+ * (the events are made where they are read), so that two threads' batches copy at once.
+ * A sink that cannot claim receives the events under the lock. */
+void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent, size_t nev,
+                           mt_event_rec_t *out)
 {
     const mt_event_sink_t *s = a->cfg.sink;
-    int64_t d = 0;
-    for (size_t i = 0; i < n; i++)
-        d += (int64_t)ev[i].allocated;
+    int64_t d = 0; /* the change of the program's allocated bytes: of the held ones, -d */
+    for (size_t i = 0; i < nent; i++)
+        d += mt__evb_op_delta(&ents[i]);
     uint64_t now = mt__clock_now(&a->rec_clk);
     uint64_t tok[2];
     rec_lock(a);
-    uint64_t t = rec_stamp(a, now);
-    int64_t held0 = a->rec_held, g = a->rec_g;
-    uint64_t res = a->rec_res;
-    a->rec_held = held0 + d;
+    int64_t held0 = a->rec_held;
+    mt__evb_hdr_t h = {
+        .time_ns = rec_stamp(a, now),
+        .allocated0 = a->rec_g - held0,
+        .reserved = a->rec_res,
+        .nent = (uint32_t)nent,
+        .nev = (uint32_t)nev,
+        .device = (uint8_t)a->device,
+    };
+    a->rec_held = held0 - d;
     mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
-    if (s->claim != NULL && s->claim(s->ud, n, tok)) {
+    if (s->claim != NULL && s->claim(s->ud, nev, tok)) {
         rec_unlock(a);
-        settle(ev, n, held0, g, res, t);
-        s->write(s->ud, tok, ev, n);
+        if (s->write_batch != NULL && mt__evb_slots(nent) <= nev) {
+            s->write_batch(s->ud, tok, &h, ents);
+            return;
+        }
+        make_events(&h, ents, out);
+        s->write(s->ud, tok, out, nev);
         return;
     }
-    settle(ev, n, held0, g, res, t);
-    push(a, ev, n);
+    make_events(&h, ents, out);
+    push(a, out, nev);
     rec_unlock(a);
 }
 

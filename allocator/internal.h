@@ -812,11 +812,13 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
  * The global path's events ev[0..n) (mu held), in one batch when the sink takes batches;
  * their totals made the program's while a->rec (ev's allocated and stamp may change). */
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
-/* A thread cache's fast operations' events ev[0..n) (a->rec; inside its exclusion, or with
- * mu held and the cache claimed), filled but for the stamp and the totals: each one's
- * allocated field holds, as int64_t, the change of the bytes the caches hold that it
- * tells. One stamp (now) for all. */
-void mt__alloc_emit_cached(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
+/* A thread cache's fast operations (a->rec; inside its exclusion, or with mu held and the
+ * cache claimed): ents[0..nent), of nev events (util/evbatch.h), handed over with one stamp
+ * (now) and the program's totals, in compact form to a sink that takes it (write_batch),
+ * else as events made in out[0..nev). */
+struct mt__evb_ent_s;
+void mt__alloc_emit_cached(mt_alloc_t *a, const struct mt__evb_ent_s *ents, size_t nent, size_t nev,
+                           mt_event_rec_t *out);
 /* A flush gave bytes held by a cache back to the bins (mu held, a->rec), the counters
  * lowered by as much, with no event: the program had freed them. */
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes);

@@ -270,7 +270,8 @@ void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c)
 {
     if (c->nbuf == 0)
         return;
-    mt__alloc_emit_cached(a, c->buf, c->nbuf);
+    mt__alloc_emit_cached(a, c->buf, c->nbuf, c->nev, c->out);
+    c->nev = 0;
     __atomic_store_n(&c->nbuf, 0, __ATOMIC_RELAXED);
 }
 
@@ -284,29 +285,29 @@ void mt__tc_push_all(mt_alloc_t *a)
         }
 }
 
-/* Room for n more events in c's buffer (the owner, inside its exclusion). */
-static inline mt_event_rec_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n)
+/* Room for n more entries, of nev events, in c's buffer (the owner, inside its
+ * exclusion). */
+static inline mt__evb_ent_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n, uint32_t nev)
 {
-    if (c->nbuf + n > TC_BATCH)
+    if (c->nev + nev > TC_BATCH)
         mt__tc_push(a, c);
-    mt_event_rec_t *ev = &c->buf[c->nbuf];
+    mt__evb_ent_t *x = &c->buf[c->nbuf];
+    c->nev += nev;
     __atomic_store_n(&c->nbuf, c->nbuf + n, __ATOMIC_RELAXED); /* read by mt__tc_push_all */
-    return ev;
+    return x;
 }
 
-static inline void fill(const mt_alloc_t *a, const mt__tc_ent_t *e, mt_event_rec_t *ev, int kind,
-                        uint64_t requested, int64_t dheld)
+static inline void fill(const mt__tc_ent_t *e, mt__evb_ent_t *x, int op, uint64_t size,
+                        uint64_t requested)
 {
-    *ev = (mt_event_rec_t){
+    *x = (mt__evb_ent_t){
         .addr = e->addr,
-        .size = e->size,
+        .size = size,
         .requested = requested,
-        .allocated = (uint64_t)dheld,
         .stream = e->sr->sid,
-        .kind = (uint8_t)kind,
+        .op = (uint8_t)op,
         .pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE),
         .tag = e->tag,
-        .device = (uint8_t)a->device,
     };
 }
 
@@ -322,23 +323,25 @@ static __attribute__((noinline)) void tell_pop(mt_alloc_t *a, mt__tcache_t *c,
         stack = s->stack(s->ud, e->req, MT_POOL_NONE, a->cfg.stacks);
         mt__entry_leave(entry);
     }
-    mt_event_rec_t *ev = buf_room(a, c, stack != 0 ? 2 : 1);
-    if (stack != 0) {
-        fill(a, e, ev, MT_EV_STACK_REF, 0, 0);
-        ev->size = stack;
-        ev++;
-    }
-    fill(a, e, ev, MT_EV_ALLOC, e->req, -(int64_t)e->size);
+    mt__evb_ent_t *x = buf_room(a, c, stack != 0 ? 2 : 1, stack != 0 ? 2 : 1);
+    if (stack != 0)
+        fill(e, x++, MT__EVB_STACK, stack, 0);
+    fill(e, x, MT__EVB_POP, e->size, e->req);
 }
 
 /* A free into the cache: requested and completed at once, as the global path tells a free
- * no other stream used. */
+ * no other stream used. Right after the block's pop, one entry tells both. */
 static __attribute__((noinline)) void tell_free(mt_alloc_t *a, mt__tcache_t *c,
                                                 const mt__tc_ent_t *e)
 {
-    mt_event_rec_t *ev = buf_room(a, c, 2);
-    fill(a, e, &ev[0], MT_EV_FREE_REQUESTED, e->req, (int64_t)e->size);
-    fill(a, e, &ev[1], MT_EV_FREE_COMPLETED, 0, 0);
+    mt__evb_ent_t *last = c->nbuf != 0 ? &c->buf[c->nbuf - 1] : NULL;
+    if (last != NULL && last->op == MT__EVB_POP && last->addr == e->addr &&
+        c->nev + 2 <= TC_BATCH) {
+        last->op = MT__EVB_POP_FREE;
+        c->nev += 2;
+        return;
+    }
+    fill(e, buf_room(a, c, 1, 2), MT__EVB_FREE, e->size, e->req);
 }
 
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,

@@ -5,6 +5,7 @@
 
 #include "allocator/tcache.h"
 #include "allocator/tcache_gate.h"
+#include "util/evbatch.h"
 
 #define TC_HELD        256  /* blocks a cache holds at most */
 #define TC_TLS         4    /* allocators a thread caches for at once */
@@ -81,13 +82,15 @@ struct mt__tcache_s {
      * insert, and its free a flush, on a thread whose pairs do not repeat. */
     uint32_t pops, owns, skip, backoff;
     tc_counts_t cum; /* the pops' counts since the last flush */
-    /* Recording (a->rec): the fast operations' events not yet handed to the sink, in
-     * order, each with the change of the held bytes it tells in its allocated field (as
-     * int64_t); they are stamped and given their totals when handed over (mt__tc_push):
-     * when TC_BATCH would overflow, and before the global path touches the cache (a claim,
-     * the owner's own global operation, a flush, exit). nbuf <= TC_BATCH. */
-    uint32_t nbuf;
-    mt_event_rec_t buf[TC_BATCH];
+    /* Recording (a->rec): the fast operations not yet handed to the sink, in order, one
+     * compact entry each (util/evbatch.h), nev events in all; they are stamped and given
+     * their totals when handed over (mt__tc_push): when TC_BATCH events would overflow, and
+     * before the global path touches the cache (a claim, the owner's own global operation,
+     * a flush, exit). nbuf <= nev <= TC_BATCH, nev = the entries' events. out: the events
+     * made of them for a sink that takes no compact batch. */
+    uint32_t nbuf, nev;
+    mt__evb_ent_t buf[TC_BATCH];
+    mt_event_rec_t out[TC_BATCH];
 };
 
 /* Excludes c's owner's fast paths (mu held; a no-op for the owner itself, whose fast paths

@@ -14,6 +14,7 @@
 #include "preload/outside.h"
 #include "preload/preload.h"
 #include "util/addrmap.h"
+#include "util/evbatch.h"
 #if MT_HAVE_CUDA_BACKEND
 #include "backend/backend_cuda.h"
 #endif
@@ -289,6 +290,26 @@ static void sink_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev
     count_kinds(P, ev, n);
     const mt_event_sink_t *s = mt_prof_sink(P->prof);
     s->write(s->ud, tok, ev, n); /* claimed while it lived: its ring outlives the claim */
+}
+
+/* The same in compact form (util/evbatch.h): its events counted by kind from its entries. */
+static void sink_write_batch(void *ud, const uint64_t tok[2], const void *hdr, const void *ents)
+{
+    mt_preload_t *P = ud;
+    const mt__evb_hdr_t *h = hdr;
+    const mt__evb_ent_t *e = ents;
+    uint64_t stack = 0, alloc = 0, freed = 0;
+    for (uint32_t i = 0; i < h->nent; i++) {
+        stack += e[i].op == MT__EVB_STACK;
+        alloc += e[i].op == MT__EVB_POP || e[i].op == MT__EVB_POP_FREE;
+        freed += e[i].op == MT__EVB_FREE || e[i].op == MT__EVB_POP_FREE;
+    }
+    atomic_fetch_add_explicit(&P->ev_count[MT_EV_STACK_REF], stack, memory_order_relaxed);
+    atomic_fetch_add_explicit(&P->ev_count[MT_EV_ALLOC], alloc, memory_order_relaxed);
+    atomic_fetch_add_explicit(&P->ev_count[MT_EV_FREE_REQUESTED], freed, memory_order_relaxed);
+    atomic_fetch_add_explicit(&P->ev_count[MT_EV_FREE_COMPLETED], freed, memory_order_relaxed);
+    const mt_event_sink_t *s = mt_prof_sink(P->prof);
+    s->write_batch(s->ud, tok, hdr, ents); /* claimed while it lived: its ring outlives it */
 }
 
 /* The allocating thread's call stack (MEMTRACE_STACKS), before the allocator's lock. */
@@ -968,6 +989,7 @@ static void init_once(void)
                                 .stack = sink_stack,
                                 .claim = sink_claim,
                                 .write = sink_write,
+                                .write_batch = sink_write_batch,
                                 .ud = P};
 
     P->bcfg = mt_backend_cfg_default();

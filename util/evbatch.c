@@ -21,9 +21,8 @@ void mt__evb_hdr_pack(const mt__evb_hdr_t *h, mt_event_rec_t *slot)
 int mt__evb_hdr_unpack(const mt_event_rec_t *slot, mt__evb_hdr_t *out)
 {
     if (slot->kind != MT__EVB_KIND || slot->stream != MT__EVB_MAGIC || slot->pool != 0 ||
-        slot->tag != 0 || slot->allocated != 0 || slot->size == 0 ||
-        slot->size > slot->requested || slot->requested > MT__EVB_MAX_EV ||
-        (int64_t)slot->addr < 0)
+        slot->tag != 0 || slot->allocated != 0 || slot->size == 0 || slot->size > slot->requested ||
+        slot->requested > MT__EVB_MAX_EV || (int64_t)slot->addr < 0)
         return MT_EPROTO;
     *out = (mt__evb_hdr_t){
         .time_ns = slot->time_ns,
@@ -60,7 +59,9 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
     int64_t a = h->allocated0;
     for (uint32_t i = 0; i < h->nent; i++) {
         const mt__evb_ent_t *e = &ents[i];
-        if (!entry_ok(e))
+        if (!entry_ok(e) ||
+            (e->op == MT__EVB_STACK && (i + 1 == h->nent || (ents[i + 1].op != MT__EVB_POP &&
+                                                             ents[i + 1].op != MT__EVB_POP_FREE))))
             return MT_EPROTO;
         nev += mt__evb_op_events(e->op);
         a += mt__evb_op_delta(e);
@@ -86,7 +87,7 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
         };
         if (e->op == MT__EVB_STACK) {
             ev.kind = MT_EV_STACK_REF;
-            ev.allocated = (uint64_t)a;
+            ev.allocated = (uint64_t)(a + (int64_t)ents[i + 1].size); /* the alloc's */
             ev.seq = seq++;
             cb(ud, &ev);
             continue;

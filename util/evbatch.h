@@ -6,7 +6,8 @@
  *
  * Each entry is one fast operation (and a pop followed at once by the free of its block
  * is one entry): its events, in order, are
- *   STACK     stack_ref (size = the stack id)
+ *   STACK     stack_ref (size = the stack id), always just before a POP or POP_FREE, with
+ *             the totals of the alloc it precedes (as the global path gives them)
  *   POP       alloc (the program's allocated bytes rise by size)
  *   FREE      free_requested, free_completed (they fall by size at the first)
  *   POP_FREE  alloc, free_requested, free_completed
@@ -14,7 +15,8 @@
  * the program's figure after the event, from allocated0 (before the batch) and the sizes.
  * Invariants of a batch a producer writes: 1 <= nent <= nev <= MT__EVB_MAX_EV, nev = the
  * sum of the entries' events; every entry's op, pool and tag in range, 0 < requested <=
- * size for POP, POP_FREE and FREE; allocated never below 0. */
+ * size for POP, POP_FREE and FREE; a STACK followed by a POP or POP_FREE; allocated never
+ * below 0. */
 #ifndef MT_UTIL_EVBATCH_H
 #define MT_UTIL_EVBATCH_H
 
@@ -23,8 +25,8 @@
 
 #include "memtrace/event.h"
 
-#define MT__EVB_MAX_EV 1024    /* events of one batch at most */
-#define MT__EVB_KIND   0xB7    /* the header slot's kind: no event's (>= MT_EV_KIND_COUNT) */
+#define MT__EVB_MAX_EV 1024        /* events of one batch at most */
+#define MT__EVB_KIND   0xB7        /* the header slot's kind: no event's (>= MT_EV_KIND_COUNT) */
 #define MT__EVB_MAGIC  0x45564231u /* the header slot's stream field: "EVB1" */
 
 enum { MT__EVB_STACK = 1, MT__EVB_POP, MT__EVB_FREE, MT__EVB_POP_FREE, MT__EVB_OP_END };

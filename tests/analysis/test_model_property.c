@@ -32,6 +32,7 @@
 #include "memtrace/backend.h"
 #include "profiler/internal.h"
 #include "tests/common/test_main.h"
+#include "util/evbatch.h"
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -91,7 +92,9 @@ typedef struct slots_s {
     _Atomic uint8_t *filled;
     _Atomic size_t claimed;
     size_t applied;
-    int64_t total; /* allocated bytes the last event applied carried */
+    int64_t total;                  /* allocated bytes the last event applied carried */
+    uint32_t stacks;                /* stack callback's calls */
+    _Atomic size_t batches, folded; /* write_batch's calls, and pop+free entries in them */
 } slots_t;
 
 static bool slots_claim(void *ud, size_t n, uint64_t tok[2])
@@ -112,6 +115,35 @@ static void slots_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *e
         s->ev[tok[0] + i] = ev[i];
         atomic_store(&s->filled[tok[0] + i], 1);
     }
+}
+
+/* A cache's batch in compact form (util/evbatch.h), its events made here, as the ring's
+ * reader makes them. */
+typedef struct slots_fill_s {
+    slots_t *s;
+    size_t pos;
+} slots_fill_t;
+
+static void slots_fill_one(void *ud, const mt_event_rec_t *ev)
+{
+    slots_fill_t *f = ud;
+    f->s->ev[f->pos] = *ev;
+    f->s->ev[f->pos].seq = 0; /* the sink's to set, as for written events */
+    atomic_store(&f->s->filled[f->pos], 1);
+    f->pos++;
+}
+
+static void slots_write_batch(void *ud, const uint64_t tok[2], const void *hdr, const void *ents)
+{
+    slots_t *s = ud;
+    const mt__evb_hdr_t *h = hdr;
+    const mt__evb_ent_t *e = ents;
+    atomic_fetch_add(&s->batches, 1);
+    for (uint32_t i = 0; i < h->nent; i++)
+        atomic_fetch_add(&s->folded, e[i].op == MT__EVB_POP_FREE);
+    slots_fill_t f = {ud, tok[0]};
+    if (mt__evb_expand(hdr, ents, 0, slots_fill_one, &f) != 0)
+        abort(); /* the allocator's own batches are always whole */
 }
 
 static void slots_emit(void *ud, const mt_event_rec_t *ev)
@@ -699,13 +731,17 @@ static void *two_thread(void *arg)
     return NULL;
 }
 
-static void test_two_threads(void **state)
+/* With batches, the caches' events reach the sink in compact form (write_batch), as they
+ * reach the profiler's ring; without, as events (write). */
+static void two_threads(bool batches)
 {
-    (void)state;
     mt_backend_t *b = sim_backend(1024 * MIB);
     feed_t feed;
     feed_open(&feed, 60000);
-    slots_t sl = {.sink = {.emit = slots_emit, .claim = slots_claim, .write = slots_write},
+    slots_t sl = {.sink = {.emit = slots_emit,
+                           .claim = slots_claim,
+                           .write = slots_write,
+                           .write_batch = batches ? slots_write_batch : NULL},
                   .feed = &feed,
                   .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
                   .filled = calloc(SLOTS, 1)};
@@ -758,6 +794,156 @@ static void test_two_threads(void **state)
     free_feed(&feed);
     free(sl.ev);
     free((void *)sl.filled);
+}
+
+/* ---- the same events with and without batches in compact form ---- */
+
+static uint32_t every_third_stack(void *ud, uint64_t bytes, int pool, int mode)
+{
+    (void)bytes, (void)pool, (void)mode;
+    slots_t *s = ud;
+    return ++s->stacks % 3 == 0 ? s->stacks : 0;
+}
+
+/* One thread's operations (pairs the cache serves, frees into it, global allocations of
+ * three sizes, stacks on a third of the allocations) into a slots sink; the events it
+ * received, in order, into *out. mode 0: no thread caches (the global path builds every
+ * event); 1: caches, the sink taking events; 2: caches, the sink taking compact batches. */
+static size_t run_recorded(int mode, mt_event_rec_t **out)
+{
+    bool batches = mode == 2;
+    mt_backend_t *b = sim_backend(1024 * MIB);
+    slots_t sl = {.sink = {.emit = slots_emit,
+                           .claim = slots_claim,
+                           .write = slots_write,
+                           .write_batch = batches ? slots_write_batch : NULL,
+                           .stack = every_third_stack},
+                  .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
+                  .filled = calloc(SLOTS, 1)};
+    assert_true(sl.ev != NULL && sl.filled != NULL);
+    sl.sink.ud = &sl;
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    cfg.backend = b;
+    cfg.sink = &sl.sink;
+    cfg.stacks = MT_STACKS_ALL;
+    cfg.tcache = mode != 0;
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &cfg), 0);
+    static const size_t sizes[] = {64 * KIB, 200 * KIB, 3 * MIB};
+    void *p[16] = {0};
+    size_t sz[16] = {0};
+    uint64_t r = 12345;
+    for (int i = 0; i < 20000; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned k = (unsigned)(r >> 33) % 16, what = (unsigned)(r >> 40) % 4;
+        if (p[k] != NULL && what == 1) {
+            /* a tight loop of pairs: the cache's pops, each freed at once */
+            for (int j = 0; j < 4; j++) {
+                assert_int_equal(mt_alloc_free(a, p[k]), 0);
+                assert_int_equal(mt_alloc_malloc(a, sz[k], NULL, 1, &p[k]), 0);
+            }
+        } else if (p[k] != NULL) {
+            assert_int_equal(mt_alloc_free(a, p[k]), 0);
+            p[k] = NULL;
+            if (what != 0) /* its size again at once, with another tag: not the cache's */
+                assert_int_equal(mt_alloc_malloc(a, sz[k], NULL, (int)what, &p[k]), 0);
+        } else {
+            sz[k] = sizes[what % 3] - (what == 3 ? 100 : 0);
+            assert_int_equal(mt_alloc_malloc(a, sz[k], NULL, 1, &p[k]), 0);
+        }
+    }
+    for (int k = 0; k < 16; k++)
+        if (p[k] != NULL)
+            assert_int_equal(mt_alloc_free(a, p[k]), 0);
+    assert_int_equal(mt_alloc_empty_cache(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+    size_t n = atomic_load(&sl.claimed);
+    for (size_t i = 0; i < n; i++)
+        assert_true(atomic_load(&sl.filled[i]));
+    if (batches) /* the compact path was taken */
+        fprintf(stderr, "  %zu events, %zu batches in compact form, %zu pop+free entries\n", n,
+                (size_t)sl.batches, (size_t)sl.folded);
+    if (batches)
+        assert_true(sl.batches > 50 && sl.folded > 1000);
+    free((void *)sl.filled);
+    *out = sl.ev;
+    return n;
+}
+
+/* The index of addr among the addresses seen so far (runs map their blocks elsewhere). */
+static size_t addr_index(uint64_t *seen, size_t *nseen, uint64_t addr)
+{
+    for (size_t i = 0; i < *nseen; i++)
+        if (seen[i] == addr)
+            return i;
+    seen[*nseen] = addr;
+    return (*nseen)++;
+}
+
+/* The program's events of a run (allocations, frees, stacks), without the segments' and
+ * the reserved totals, whose timing the caches' deferred frees move. */
+static size_t program_events(mt_event_rec_t *ev, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].kind == MT_EV_ALLOC || ev[i].kind == MT_EV_FREE_REQUESTED ||
+            ev[i].kind == MT_EV_FREE_COMPLETED || ev[i].kind == MT_EV_STACK_REF)
+            ev[k++] = ev[i];
+    return k;
+}
+
+/* Field for field (addresses by order of first appearance: runs map their blocks elsewhere). */
+static void same_events(const mt_event_rec_t *x, size_t nx, const mt_event_rec_t *y, size_t ny,
+                        const char *what)
+{
+    assert_int_equal(nx, ny);
+    uint64_t *sx = calloc(nx, 8), *sy = calloc(ny, 8);
+    assert_true(sx != NULL && sy != NULL);
+    size_t kx = 0, ky = 0;
+    for (size_t i = 0; i < nx; i++) {
+        const mt_event_rec_t *e = &x[i], *f = &y[i];
+        if (e->kind != f->kind || e->size != f->size || e->requested != f->requested ||
+            e->allocated != f->allocated || e->stream != f->stream || e->pool != f->pool ||
+            e->tag != f->tag || e->device != f->device ||
+            addr_index(sx, &kx, e->addr) != addr_index(sy, &ky, f->addr))
+            fail_msg("%s: event %zu of %zu differs: %s size %llu requested %llu allocated %llu "
+                     "against %s size %llu requested %llu allocated %llu",
+                     what, i, nx, mt_event_kind_name(e->kind), (unsigned long long)e->size,
+                     (unsigned long long)e->requested, (unsigned long long)e->allocated,
+                     mt_event_kind_name(f->kind), (unsigned long long)f->size,
+                     (unsigned long long)f->requested, (unsigned long long)f->allocated);
+    }
+    free(sx);
+    free(sy);
+}
+
+/* The caches' events, made from compact batches or not, are the ones the global path
+ * builds for the same operations with the caches off. */
+static void test_batches_same_events(void **state)
+{
+    (void)state;
+    mt_event_rec_t *ref, *x, *y;
+    size_t nref = program_events(ref, run_recorded(0, &ref));
+    size_t nx = program_events(x, run_recorded(1, &x));
+    size_t ny = program_events(y, run_recorded(2, &y));
+    same_events(ref, nref, x, nx, "caches, events");
+    same_events(ref, nref, y, ny, "caches, compact batches");
+    free(ref);
+    free(x);
+    free(y);
+}
+
+static void test_two_threads(void **state)
+{
+    (void)state;
+    two_threads(false);
+}
+
+static void test_two_threads_batches(void **state)
+{
+    (void)state;
+    two_threads(true);
 }
 
 /* Pages unmapped from the middle of a run (the run splits), then mapped again by a request
@@ -813,9 +999,14 @@ static void test_middle_unmap(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default),      cmocka_unit_test(test_expandable),
-        cmocka_unit_test(test_pressure_gc),  cmocka_unit_test(test_middle_unmap),
-        cmocka_unit_test(test_cached_pairs), cmocka_unit_test(test_two_threads),
+        cmocka_unit_test(test_default),
+        cmocka_unit_test(test_expandable),
+        cmocka_unit_test(test_pressure_gc),
+        cmocka_unit_test(test_middle_unmap),
+        cmocka_unit_test(test_cached_pairs),
+        cmocka_unit_test(test_two_threads),
+        cmocka_unit_test(test_two_threads_batches),
+        cmocka_unit_test(test_batches_same_events),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
