@@ -88,26 +88,11 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
-/* Where the events made of a batch go (mt__evb_expand's callback). */
-typedef struct made_s {
-    mt_event_rec_t *out;
-    size_t n;
-} made_t;
-
-static void made_one(void *ud, const mt_event_rec_t *ev)
-{
-    made_t *m = ud;
-    m->out[m->n] = *ev;
-    m->out[m->n].seq = 0; /* the sink's to set */
-    m->n++;
-}
-
 static void make_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out)
 {
-    made_t m = {out, 0};
-    int rc = mt__evb_expand(h, ents, 0, made_one, &m);
-    mt_assert(rc == 0 && m.n == h->nev); /* the caches' own entries */
-    (void)rc;
+    size_t n = mt__evb_make(h, ents, out);
+    mt_assert(n == h->nev); /* the caches' own entries */
+    (void)n;
 }
 
 /* A cache's batch takes its place in the sink's order under rec_lock, in O(1): the bytes

@@ -48,6 +48,47 @@ static bool entry_ok(const mt__evb_ent_t *e)
     return e->size < SIZE_LIMIT && e->requested != 0 && e->requested <= e->size;
 }
 
+/* The events of entry i (1 to 3, seq 0) into ev, the program's allocated bytes *a carried
+ * past them; returns how many. */
+static inline unsigned entry_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint32_t i,
+                                    int64_t *a, mt_event_rec_t *ev)
+{
+    const mt__evb_ent_t *e = &ents[i];
+    ev[0] = (mt_event_rec_t){
+        .time_ns = h->time_ns,
+        .addr = e->addr,
+        .size = e->size,
+        .requested = e->requested,
+        .reserved = h->reserved,
+        .stream = e->stream,
+        .pool = e->pool,
+        .tag = e->tag,
+        .device = h->device,
+    };
+    if (e->op == MT__EVB_STACK) {
+        ev[0].kind = MT_EV_STACK_REF;
+        ev[0].allocated = (uint64_t)(*a + (int64_t)ents[i + 1].size); /* the alloc's */
+        return 1;
+    }
+    unsigned n = 0;
+    if (e->op != MT__EVB_FREE) {
+        *a += (int64_t)e->size;
+        ev[0].kind = MT_EV_ALLOC;
+        ev[0].allocated = (uint64_t)*a;
+        if (e->op == MT__EVB_POP)
+            return 1;
+        ev[1] = ev[0];
+        n = 1;
+    }
+    *a -= (int64_t)e->size;
+    ev[n].kind = MT_EV_FREE_REQUESTED;
+    ev[n].allocated = (uint64_t)*a;
+    ev[n + 1] = ev[n];
+    ev[n + 1].kind = MT_EV_FREE_COMPLETED;
+    ev[n + 1].requested = 0;
+    return n + 2;
+}
+
 int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t seq0,
                    void (*cb)(void *ud, const mt_event_rec_t *ev), void *ud)
 {
@@ -72,44 +113,22 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
         return MT_EPROTO;
     a = h->allocated0;
     uint64_t seq = seq0;
+    mt_event_rec_t ev[3];
     for (uint32_t i = 0; i < h->nent; i++) {
-        const mt__evb_ent_t *e = &ents[i];
-        mt_event_rec_t ev = {
-            .time_ns = h->time_ns,
-            .addr = e->addr,
-            .size = e->size,
-            .requested = e->requested,
-            .reserved = h->reserved,
-            .stream = e->stream,
-            .pool = e->pool,
-            .tag = e->tag,
-            .device = h->device,
-        };
-        if (e->op == MT__EVB_STACK) {
-            ev.kind = MT_EV_STACK_REF;
-            ev.allocated = (uint64_t)(a + (int64_t)ents[i + 1].size); /* the alloc's */
-            ev.seq = seq++;
-            cb(ud, &ev);
-            continue;
+        unsigned n = entry_events(h, ents, i, &a, ev);
+        for (unsigned j = 0; j < n; j++) {
+            ev[j].seq = seq++;
+            cb(ud, &ev[j]);
         }
-        if (e->op != MT__EVB_FREE) {
-            a += (int64_t)e->size;
-            ev.kind = MT_EV_ALLOC;
-            ev.allocated = (uint64_t)a;
-            ev.seq = seq++;
-            cb(ud, &ev);
-            if (e->op == MT__EVB_POP)
-                continue;
-        }
-        a -= (int64_t)e->size;
-        ev.kind = MT_EV_FREE_REQUESTED;
-        ev.allocated = (uint64_t)a;
-        ev.seq = seq++;
-        cb(ud, &ev);
-        ev.kind = MT_EV_FREE_COMPLETED;
-        ev.requested = 0;
-        ev.seq = seq++;
-        cb(ud, &ev);
     }
     return 0;
+}
+
+size_t mt__evb_make(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out)
+{
+    int64_t a = h->allocated0;
+    size_t n = 0;
+    for (uint32_t i = 0; i < h->nent; i++)
+        n += entry_events(h, ents, i, &a, out + n);
+    return n;
 }

@@ -86,4 +86,8 @@ int mt__evb_hdr_unpack(const mt_event_rec_t *slot, mt__evb_hdr_t *out);
 int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t seq0,
                    void (*cb)(void *ud, const mt_event_rec_t *ev), void *ud);
 
+/* The same for the producer's own batches, unchecked: the events (seq 0) into
+ * out[0..h->nev); returns how many. */
+size_t mt__evb_make(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out);
+
 #endif
