@@ -289,7 +289,7 @@ void mt__tc_push_all(mt_alloc_t *a)
  * exclusion). */
 static inline mt__evb_ent_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n, uint32_t nev)
 {
-    if (c->nev + nev > TC_BATCH)
+    if (__builtin_expect(c->nev + nev > TC_BATCH, 0))
         mt__tc_push(a, c);
     mt__evb_ent_t *x = &c->buf[c->nbuf];
     c->nev += nev;
@@ -311,28 +311,31 @@ static inline void fill(const mt__tc_ent_t *e, mt__evb_ent_t *x, int op, uint64_
     };
 }
 
-/* A pop: its alloc, after its call stack's ref when the sink gives one (as the global
- * path's). Out of line: the unrecorded pop stays as it was. */
-static __attribute__((noinline)) void tell_pop(mt_alloc_t *a, mt__tcache_t *c,
-                                               const mt__tc_ent_t *e, uintptr_t ra)
+/* The call stack of a pop, asked of the sink (0: none); out of line: most sinks give none. */
+static __attribute__((noinline)) uint32_t pop_stack(mt_alloc_t *a, const mt__tc_ent_t *e,
+                                                    uintptr_t ra)
 {
     const mt_event_sink_t *s = a->cfg.sink;
+    uintptr_t entry = mt__entry_enter(ra);
+    uint32_t stack = s->stack(s->ud, e->req, MT_POOL_NONE, a->cfg.stacks);
+    mt__entry_leave(entry);
+    return stack;
+}
+
+/* A pop: its alloc, after its call stack's ref when the sink gives one (as the global
+ * path's). */
+static inline void tell_pop(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t *e, uintptr_t ra)
+{
     uint32_t stack = 0;
-    if (s->stack != NULL && a->cfg.stacks != MT_STACKS_OFF) {
-        uintptr_t entry = mt__entry_enter(ra);
-        stack = s->stack(s->ud, e->req, MT_POOL_NONE, a->cfg.stacks);
-        mt__entry_leave(entry);
-    }
+    if (__builtin_expect(a->cfg.sink->stack != NULL && a->cfg.stacks != MT_STACKS_OFF, 0))
+        stack = pop_stack(a, e, ra);
     mt__evb_ent_t *x = buf_room(a, c, stack != 0 ? 2 : 1, stack != 0 ? 2 : 1);
     if (stack != 0)
         fill(e, x++, MT__EVB_STACK, stack, 0);
     fill(e, x, MT__EVB_POP, e->size, e->req);
 }
 
-/* A free into the cache: requested and completed at once, as the global path tells a free
- * no other stream used. Right after the block's pop, one entry tells both. */
-static __attribute__((noinline)) void tell_free(mt_alloc_t *a, mt__tcache_t *c,
-                                                const mt__tc_ent_t *e)
+static inline void tell_free(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t *e)
 {
     mt__evb_ent_t *last = c->nbuf != 0 ? &c->buf[c->nbuf - 1] : NULL;
     if (last != NULL && last->op == MT__EVB_POP && last->addr == e->addr &&
