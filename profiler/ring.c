@@ -54,8 +54,13 @@ struct mt__ring_s {
     uint64_t stuck_timeout_ns;
     uint64_t stuck_pos;      /* position of the unpublished slot being waited on */
     uint64_t stuck_since_ns; /* 0 = not waiting */
-    uint64_t gaps_reported;  /* dropped + lost already announced as gap records */
-    uint64_t next_seq;       /* highest seq delivered + 1 (0 = none yet) */
+    uint64_t stuck_claim;    /* claim (the drain's snapshot) when that wait began */
+    /* Positions below were claimed before a wait that ran out began: one still unpublished
+     * has been so for the stuck timeout too (a batch's untouched positions, claimed with
+     * its header, are given up at once after it, not after a timeout each). */
+    uint64_t aged_below;
+    uint64_t gaps_reported; /* dropped + lost already announced as gap records */
+    uint64_t next_seq;      /* highest seq delivered + 1 (0 = none yet) */
     /* Deferred acknowledgement (mt__ring_defer_ack): the consumer's own position, ahead of
      * the shared read_idx by what it delivered but has not yet acknowledged.
      * Invariant: defer => read_idx <= cons_pos <= claim. */
@@ -693,11 +698,13 @@ bool mt__ring_empty(const mt__ring_t *r)
     return pos == atomic_load_explicit(&r->hdr->claim, memory_order_acquire);
 }
 
-/* May the unpublished slot at pos be given up? Only when its writer cannot finish. */
-static bool may_skip(mt__ring_t *r, uint64_t pos)
+/* May the unpublished slot at pos be given up? Only when its writer cannot finish, or has
+ * had it claimed for the stuck timeout. claim: the drain's snapshot. */
+static bool may_skip(mt__ring_t *r, uint64_t pos, uint64_t claim)
 {
     if (r->producer_dead ||
-        (atomic_load_explicit(&r->hdr->flags, memory_order_acquire) & MT_RING_F_EXITED))
+        (atomic_load_explicit(&r->hdr->flags, memory_order_acquire) & MT_RING_F_EXITED) ||
+        pos < r->aged_below)
         return true;
     if (r->hdr->pid > 0 && kill(r->hdr->pid, 0) != 0 && errno == ESRCH) {
         r->producer_dead = true;
@@ -707,9 +714,14 @@ static bool may_skip(mt__ring_t *r, uint64_t pos)
     if (r->stuck_since_ns == 0 || r->stuck_pos != pos) {
         r->stuck_pos = pos;
         r->stuck_since_ns = now;
+        r->stuck_claim = claim;
         return false;
     }
-    return now - r->stuck_since_ns >= r->stuck_timeout_ns;
+    if (now - r->stuck_since_ns < r->stuck_timeout_ns)
+        return false;
+    if (r->aged_below < r->stuck_claim)
+        r->aged_below = r->stuck_claim;
+    return true;
 }
 
 /* The consumer has consumed up to pos: published now, or kept until mt__ring_ack. */
@@ -893,7 +905,7 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         _Atomic uint64_t *cw = &r->commit[pos & r->mask];
         uint64_t c = atomic_load_explicit(cw, memory_order_acquire);
         if (c != pos + 1) {
-            if (!may_skip(r, pos))
+            if (!may_skip(r, pos, claim))
                 break;
             /* What let the slot go (the exit flag, acquired, or the producer's death) was
              * seen after the commit word was read, and the producer may have published

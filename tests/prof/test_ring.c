@@ -759,6 +759,33 @@ static void test_batch_corrupt(void **state)
     }
 }
 
+/* A batch claimed and never written by a live producer holds the consumer for one stuck
+ * timeout, not one per position. */
+static void test_batch_stalled(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 64, "evbstall"), 0);
+    mt__ring_set_stuck_timeout(r, 1000000); /* 1 ms */
+    uint64_t tok[2];
+    mt__ring_claim(r, 20, tok); /* its writer stalls */
+    assert_int_equal(tok[0], 0);
+    mt_event_rec_t ev = mkev(7);
+    assert_int_equal(mt__ring_push(r, &ev), 0);
+    collect_t got;
+    collect_init(&got);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &got, SIZE_MAX), 0);
+    usleep(5000);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &got, SIZE_MAX), 1);
+    assert_int_equal(got.evs[0].seq, 20);
+    assert_int_equal(got.gaps, 20);
+    mt__ring_stats_t st;
+    mt__ring_stats(r, &st);
+    assert_int_equal(st.lost, 20);
+    free(got.evs);
+    mt__ring_close(&r);
+}
+
 /* Objects in /dev/shm named for process pid's rings. */
 static int shm_objects_of(pid_t pid)
 {
@@ -834,7 +861,7 @@ int main(void)
         cmocka_unit_test(test_stuck_slot_timeout), cmocka_unit_test(test_push_batches),
         cmocka_unit_test(test_batch_roundtrip),    cmocka_unit_test(test_batch_interleaved_wrap),
         cmocka_unit_test(test_batch_dropped),      cmocka_unit_test(test_batch_small_max),
-        cmocka_unit_test(test_batch_corrupt),
+        cmocka_unit_test(test_batch_corrupt),      cmocka_unit_test(test_batch_stalled),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
