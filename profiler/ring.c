@@ -767,7 +767,7 @@ void mt__ring_ack(mt__ring_t *r)
  * daemon's consumers decode its lines), so one with a field out of range (a kind that
  * does not exist or that only a consumer writes, a tag or pool past the last, a marker or
  * tag label that could not be named) is counted lost, as a torn one is. */
-static bool record_valid(const mt_event_rec_t *ev)
+static inline __attribute__((always_inline)) bool record_valid(const mt_event_rec_t *ev)
 {
     /* seq is the producer's count of events: UINT64_MAX cannot be reached, and taking it
      * would wrap the consumer's next_seq to 0. */
@@ -846,11 +846,13 @@ static void expand_cb(void *ud, const mt_event_rec_t *ev)
 }
 
 /* The batch whose header slot was published at pos (hs: its copy, c: the commit word read
- * before the copy), claim the call's snapshot: its events to cb (*n counts them), or its
- * positions counted lost. Returns the positions it took, or 0 when it does not fit in
- * max after *n > 0 events (it is left for the next call). */
+ * before the copy), claim the call's snapshot, n the events the call delivered so far: its
+ * events to cb (*got counts them), or its positions counted lost. Returns the positions it
+ * took, or 0 when it does not fit in max after n > 0 events (it is left for the next
+ * call). */
 static uint64_t drain_batch(mt__ring_t *r, const mt_event_rec_t *hs, uint64_t pos, uint64_t c,
-                            uint64_t claim, size_t max, size_t *n, mt__ring_cb cb, void *ud)
+                            uint64_t claim, size_t max, size_t n, size_t *got, mt__ring_cb cb,
+                            void *ud)
 {
     mt__evb_hdr_t h;
     /* nev is believed only when all its positions were claimed (the payload slots are then
@@ -859,7 +861,7 @@ static uint64_t drain_batch(mt__ring_t *r, const mt_event_rec_t *hs, uint64_t po
         skip_slot(r, pos);
         return 1;
     }
-    if (*n > 0 && h.nev > max - *n)
+    if (n > 0 && h.nev > max - n)
         return 0;
     const size_t k = mt__evb_slots(h.nent);
     mt_assert(2 * (k - 1) <= MT__EVB_MAX_EV && k <= h.nev && h.nev <= claim - pos);
@@ -874,7 +876,7 @@ static uint64_t drain_batch(mt__ring_t *r, const mt_event_rec_t *hs, uint64_t po
         return h.nev;
     }
     r->stuck_since_ns = 0;
-    *n += x.delivered;
+    *got = x.delivered;
     return h.nev;
 }
 
@@ -925,29 +927,32 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         if ((pos & 7) == 0)
             __builtin_prefetch(&r->commit[(pos + 8 * DRAIN_AHEAD) & r->mask], 0);
         mt_event_rec_t ev = r->recs[pos & r->mask];
-        const uint64_t from = pos;
-        if (ev.kind == MT__EVB_KIND) {
-            uint64_t took = drain_batch(r, &ev, pos, c, claim, max, &n, cb, ud);
+        /* Seqlock-style re-check: if a writer reused the slot while we copied it
+         * (only possible after a skip), the copy may be torn; count it lost. A batch's
+         * header is no record: it is checked, with its payload, on its own. */
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(cw, memory_order_relaxed) == c && record_valid(&ev)) {
+            r->stuck_since_ns = 0;
+            pos++;
+            if ((pos & (READ_PUBLISH - 1)) == 0)
+                consumed(r, pos);
+            deliver(r, cb, ud, &ev);
+            n++;
+        } else if (ev.kind == MT__EVB_KIND) {
+            const uint64_t from = pos;
+            size_t got = 0;
+            uint64_t took = drain_batch(r, &ev, pos, c, claim, max, n, &got, cb, ud);
             if (took == 0)
                 break;
             pos += took;
+            n += got;
+            /* read_idx as if the batch's positions had been crossed one by one */
+            if ((from ^ pos) >= READ_PUBLISH)
+                consumed(r, pos);
         } else {
-            /* Seqlock-style re-check: if a writer reused the slot while we copied it
-             * (only possible after a skip), the copy may be torn; count it lost. */
-            atomic_thread_fence(memory_order_acquire);
-            if (atomic_load_explicit(cw, memory_order_relaxed) != c || !record_valid(&ev)) {
-                skip_slot(r, pos);
-                pos++;
-                continue;
-            }
-            r->stuck_since_ns = 0;
+            skip_slot(r, pos);
             pos++;
-            deliver(r, cb, ud, &ev);
-            n++;
         }
-        /* Every READ_PUBLISH positions crossed (a batch crosses many at once). */
-        if ((from ^ pos) >= READ_PUBLISH)
-            consumed(r, pos);
     }
     /* Counted once per call: a locked add per record cost the consumer as much as the
      * rest of its work on a record. */
