@@ -54,13 +54,20 @@ struct mt__ring_s {
     uint64_t stuck_timeout_ns;
     uint64_t stuck_pos;      /* position of the unpublished slot being waited on */
     uint64_t stuck_since_ns; /* 0 = not waiting */
-    uint64_t gaps_reported;  /* dropped + lost already announced as gap records */
-    uint64_t next_seq;       /* highest seq delivered + 1 (0 = none yet) */
+    uint64_t stuck_claim;    /* claim (the drain's snapshot) when that wait began */
+    /* Positions below were claimed before a wait that ran out began: one still unpublished
+     * has been so for the stuck timeout too (a batch's untouched positions, claimed with
+     * its header, are given up at once after it, not after a timeout each). */
+    uint64_t aged_below;
+    uint64_t gaps_reported; /* dropped + lost already announced as gap records */
+    uint64_t next_seq;      /* highest seq delivered + 1 (0 = none yet) */
     /* Deferred acknowledgement (mt__ring_defer_ack): the consumer's own position, ahead of
      * the shared read_idx by what it delivered but has not yet acknowledged.
      * Invariant: defer => read_idx <= cons_pos <= claim. */
     bool defer;
     uint64_t cons_pos;
+    /* consumer: a batch's entries, copied out of the ring before they are expanded */
+    _Alignas(64) mt__evb_ent_t evb[MT__EVB_MAX_EV];
 };
 
 static uint64_t now_ns(clockid_t clk)
@@ -619,6 +626,39 @@ void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *
         write_claimed(r, ev, n, tok[0], tok[1]);
 }
 
+void mt__ring_write_batch(mt__ring_t *r, const uint64_t tok[2], const mt__evb_hdr_t *h,
+                          const mt__evb_ent_t *ents)
+{
+    if (tok[1] == UINT64_MAX)
+        return;
+    const uint64_t pos = tok[0];
+    const size_t k = mt__evb_slots(h->nent);
+    mt_assert(k >= 2 && k <= h->nev && h->nev <= MT__EVB_MAX_EV &&
+              pos + h->nev <= atomic_load_explicit(&r->hdr->claim, memory_order_relaxed));
+    /* The entries two per slot, the last slot's unused half zeroed (a consumer copies
+     * whole slots: no stale bytes of an older record are passed on). */
+    for (size_t j = 1; j < k; j++) {
+        char *slot = (char *)&r->recs[(pos + j) & r->mask];
+        size_t i = 2 * (j - 1);
+        if (i + 1 < h->nent) {
+            memcpy(slot, &ents[i], 2 * sizeof(mt__evb_ent_t));
+        } else {
+            memcpy(slot, &ents[i], sizeof(mt__evb_ent_t));
+            memset(slot + sizeof(mt__evb_ent_t), 0, sizeof(mt__evb_ent_t));
+        }
+    }
+    mt_event_rec_t *hs = &r->recs[pos & r->mask];
+    mt__evb_hdr_pack(h, hs);
+    hs->seq = tok[1];
+    /* One commit word for the batch: its release orders every store above before it. */
+    publish(r, pos);
+    /* The next claim starts at pos + nev (slots pos+k.. are left untouched): ask for the
+     * next header's line and the one after, and its commit word. */
+    prefetch_write(&r->recs[(pos + h->nev) & r->mask]);
+    prefetch_write(&r->recs[(pos + h->nev + 1) & r->mask]);
+    prefetch_write(&r->commit[(pos + h->nev) & r->mask]);
+}
+
 size_t mt__ring_push_n(mt__ring_t *r, const mt_event_rec_t *ev, size_t n)
 {
     uint64_t pos, seq;
@@ -658,11 +698,13 @@ bool mt__ring_empty(const mt__ring_t *r)
     return pos == atomic_load_explicit(&r->hdr->claim, memory_order_acquire);
 }
 
-/* May the unpublished slot at pos be given up? Only when its writer cannot finish. */
-static bool may_skip(mt__ring_t *r, uint64_t pos)
+/* May the unpublished slot at pos be given up? Only when its writer cannot finish, or has
+ * had it claimed for the stuck timeout. claim: the drain's snapshot. */
+static bool may_skip(mt__ring_t *r, uint64_t pos, uint64_t claim)
 {
     if (r->producer_dead ||
-        (atomic_load_explicit(&r->hdr->flags, memory_order_acquire) & MT_RING_F_EXITED))
+        (atomic_load_explicit(&r->hdr->flags, memory_order_acquire) & MT_RING_F_EXITED) ||
+        pos < r->aged_below)
         return true;
     if (r->hdr->pid > 0 && kill(r->hdr->pid, 0) != 0 && errno == ESRCH) {
         r->producer_dead = true;
@@ -672,9 +714,14 @@ static bool may_skip(mt__ring_t *r, uint64_t pos)
     if (r->stuck_since_ns == 0 || r->stuck_pos != pos) {
         r->stuck_pos = pos;
         r->stuck_since_ns = now;
+        r->stuck_claim = claim;
         return false;
     }
-    return now - r->stuck_since_ns >= r->stuck_timeout_ns;
+    if (now - r->stuck_since_ns < r->stuck_timeout_ns)
+        return false;
+    if (r->aged_below < r->stuck_claim)
+        r->aged_below = r->stuck_claim;
+    return true;
 }
 
 /* The consumer has consumed up to pos: published now, or kept until mt__ring_ack. */
@@ -686,12 +733,18 @@ static void consumed(mt__ring_t *r, uint64_t pos)
         atomic_store_explicit(&r->hdr->read_idx, pos, memory_order_release);
 }
 
-static void skip_slot(mt__ring_t *r, uint64_t pos)
+/* Gives up the n positions from pos, counted lost. */
+static void skip_n(mt__ring_t *r, uint64_t pos, uint64_t n)
 {
     mt_assert(r->stuck_since_ns == 0 || r->stuck_pos <= pos);
-    atomic_fetch_add_explicit(&r->hdr->lost, 1, memory_order_relaxed);
-    consumed(r, pos + 1);
+    atomic_fetch_add_explicit(&r->hdr->lost, n, memory_order_relaxed);
+    consumed(r, pos + n);
     r->stuck_since_ns = 0;
+}
+
+static void skip_slot(mt__ring_t *r, uint64_t pos)
+{
+    skip_n(r, pos, 1);
 }
 
 void mt__ring_defer_ack(mt__ring_t *r)
@@ -714,7 +767,7 @@ void mt__ring_ack(mt__ring_t *r)
  * daemon's consumers decode its lines), so one with a field out of range (a kind that
  * does not exist or that only a consumer writes, a tag or pool past the last, a marker or
  * tag label that could not be named) is counted lost, as a torn one is. */
-static bool record_valid(const mt_event_rec_t *ev)
+static inline __attribute__((always_inline)) bool record_valid(const mt_event_rec_t *ev)
 {
     /* seq is the producer's count of events: UINT64_MAX cannot be reached, and taking it
      * would wrap the consumer's next_seq to 0. */
@@ -759,6 +812,74 @@ static void report_gap(mt__ring_t *r, mt__ring_cb cb, void *ud, uint64_t limit)
     cb(ud, &gap);
 }
 
+/* ev to cb, after a gap record for the hole in the seqs before it, as far as drops and
+ * losses account for it (with concurrent producers, seqs may also arrive slightly out of
+ * order). */
+static inline void deliver(mt__ring_t *r, mt__ring_cb cb, void *ud, const mt_event_rec_t *ev)
+{
+    if (ev->seq > r->next_seq)
+        report_gap(r, cb, ud, ev->seq - r->next_seq);
+    if (ev->seq + 1 > r->next_seq)
+        r->next_seq = ev->seq + 1;
+    mt_assert(r->next_seq > ev->seq);
+    cb(ud, ev);
+}
+
+typedef struct expand_s {
+    mt__ring_t *r;
+    mt__ring_cb cb;
+    void *ud;
+    size_t delivered;
+} expand_t;
+
+/* One event of a batch: checked as a record is (the expansion already checked the batch:
+ * this only guards against the two checks drifting apart). */
+static void expand_cb(void *ud, const mt_event_rec_t *ev)
+{
+    expand_t *x = ud;
+    if (!record_valid(ev)) {
+        atomic_fetch_add_explicit(&x->r->hdr->lost, 1, memory_order_relaxed);
+        return;
+    }
+    deliver(x->r, x->cb, x->ud, ev);
+    x->delivered++;
+}
+
+/* The batch whose header slot was published at pos (hs: its copy, c: the commit word read
+ * before the copy), claim the call's snapshot, n the events the call delivered so far: its
+ * events to cb (*got counts them), or its positions counted lost. Returns the positions it
+ * took, or 0 when it does not fit in max after n > 0 events (it is left for the next
+ * call). */
+static uint64_t drain_batch(mt__ring_t *r, const mt_event_rec_t *hs, uint64_t pos, uint64_t c,
+                            uint64_t claim, size_t max, size_t n, size_t *got, mt__ring_cb cb,
+                            void *ud)
+{
+    mt__evb_hdr_t h;
+    /* nev is believed only when all its positions were claimed (the payload slots are then
+     * within the claimed window and the ring); else the slot is one invalid record. */
+    if (mt__evb_hdr_unpack(hs, &h) != 0 || h.nev > claim - pos || mt__evb_slots(h.nent) > h.nev) {
+        skip_slot(r, pos);
+        return 1;
+    }
+    if (n > 0 && h.nev > max - n)
+        return 0;
+    const size_t k = mt__evb_slots(h.nent);
+    mt_assert(2 * (k - 1) <= MT__EVB_MAX_EV && k <= h.nev && h.nev <= claim - pos);
+    for (size_t j = 1; j < k; j++)
+        memcpy(&r->evb[2 * (j - 1)], &r->recs[(pos + j) & r->mask], sizeof(mt_event_rec_t));
+    /* The seqlock re-check of the header's commit word, covering the payload's copy too. */
+    atomic_thread_fence(memory_order_acquire);
+    expand_t x = {.r = r, .cb = cb, .ud = ud};
+    if (atomic_load_explicit(&r->commit[pos & r->mask], memory_order_relaxed) != c ||
+        mt__evb_expand(&h, r->evb, hs->seq, expand_cb, &x) != 0) {
+        skip_n(r, pos, h.nev);
+        return h.nev;
+    }
+    r->stuck_since_ns = 0;
+    *got = x.delivered;
+    return h.nev;
+}
+
 int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
 {
     if (!r || !cb)
@@ -786,7 +907,7 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
         _Atomic uint64_t *cw = &r->commit[pos & r->mask];
         uint64_t c = atomic_load_explicit(cw, memory_order_acquire);
         if (c != pos + 1) {
-            if (!may_skip(r, pos))
+            if (!may_skip(r, pos, claim))
                 break;
             /* What let the slot go (the exit flag, acquired, or the producer's death) was
              * seen after the commit word was read, and the producer may have published
@@ -807,31 +928,37 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max)
             __builtin_prefetch(&r->commit[(pos + 8 * DRAIN_AHEAD) & r->mask], 0);
         mt_event_rec_t ev = r->recs[pos & r->mask];
         /* Seqlock-style re-check: if a writer reused the slot while we copied it
-         * (only possible after a skip), the copy may be torn; count it lost. */
+         * (only possible after a skip), the copy may be torn; count it lost. A batch's
+         * header is no record: it is checked, with its payload, on its own. */
         atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(cw, memory_order_relaxed) != c || !record_valid(&ev)) {
+        if (atomic_load_explicit(cw, memory_order_relaxed) == c && record_valid(&ev)) {
+            r->stuck_since_ns = 0;
+            pos++;
+            if ((pos & (READ_PUBLISH - 1)) == 0)
+                consumed(r, pos);
+            deliver(r, cb, ud, &ev);
+            n++;
+        } else if (ev.kind == MT__EVB_KIND) {
+            const uint64_t from = pos;
+            size_t got = 0;
+            uint64_t took = drain_batch(r, &ev, pos, c, claim, max, n, &got, cb, ud);
+            if (took == 0)
+                break;
+            pos += took;
+            n += got;
+            /* read_idx as if the batch's positions had been crossed one by one */
+            if ((from ^ pos) >= READ_PUBLISH)
+                consumed(r, pos);
+        } else {
             skip_slot(r, pos);
             pos++;
-            continue;
         }
-        r->stuck_since_ns = 0;
-        pos++;
-        if ((pos & (READ_PUBLISH - 1)) == 0)
-            consumed(r, pos);
-        /* A hole in the seqs is a gap, as far as drops/losses account for it (with
-         * concurrent producers, seqs may also arrive slightly out of order). */
-        if (ev.seq > r->next_seq)
-            report_gap(r, cb, ud, ev.seq - r->next_seq);
-        if (ev.seq + 1 > r->next_seq)
-            r->next_seq = ev.seq + 1;
-        mt_assert(r->next_seq > ev.seq);
-        cb(ud, &ev);
-        n++;
     }
     /* Counted once per call: a locked add per record cost the consumer as much as the
      * rest of its work on a record. */
-    /* Wrap-aware: a forged read_idx near 2^64 passes the check above with claim small. */
-    mt_assert(n <= max && claim - pos <= (uint64_t)r->mask + 1);
+    /* Wrap-aware: a forged read_idx near 2^64 passes the check above with claim small. A
+     * batch longer than max is delivered whole when it comes first. */
+    mt_assert((n <= max || n <= MT__EVB_MAX_EV) && claim - pos <= (uint64_t)r->mask + 1);
     if (n > 0)
         atomic_fetch_add_explicit(&h->delivered, n, memory_order_relaxed);
     consumed(r, pos);

@@ -29,6 +29,12 @@
  * - The consumer at position p waits for commit[p % S] == p + 1 (acquire), copies the
  *   record, re-checks the commit word (a slot overwritten while being copied is
  *   counted lost, not delivered torn), then stores read_idx = p + 1 (release).
+ * - A thread cache's batch of nev events (util/evbatch.h) takes nev positions with one
+ *   claim, as push_n does, but fills only the first k = mt__evb_slots(nent) <= nev slots:
+ *   its header (kind MT__EVB_KIND, .seq = the seq of its first event) at c, its entries two
+ *   per slot at c+1..c+k-1, and publishes commit[c % S] alone. The slots and commit words
+ *   of c+k..c+nev-1 are not touched. The consumer reads the header, copies the entries,
+ *   delivers the nev events it expands them to (seqs seq..seq+nev-1) and moves on by nev.
  * - A slot claimed but never published (its producer was killed mid-write) is skipped
  *   and counted in lost once the producer is known dead (mt__ring_mark_dead, or its
  *   pid no longer exists), has exited (MT_RING_F_EXITED, acquire) or the slot stayed
@@ -49,6 +55,7 @@
 #include <stdint.h>
 #include "memtrace/common.h"
 #include "memtrace/event.h"
+#include "util/evbatch.h"
 
 #define MT_RING_MAGIC         UINT64_C(0x31474e4952544d00) /* "\0MTRING1" little-endian */
 #define MT_RING_VERSION       1u   /* the area (2 header words once padding) is additive */
@@ -198,6 +205,13 @@ void mt__ring_claim(mt__ring_t *r, size_t n, uint64_t tok[2]);
 /* The ring's slots: a batch longer than that can never be claimed whole. */
 size_t mt__ring_slots(const mt__ring_t *r);
 void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *ev, size_t n);
+/* write for a thread cache's batch in compact form, tok from mt__ring_claim(r, h->nev, tok)
+ * (nothing for a drop): writes the entries and the header into the first
+ * mt__evb_slots(h->nent) of the claimed slots and publishes the header's position only.
+ * Requires 2 <= mt__evb_slots(h->nent) <= h->nev, and h and ents a batch a producer writes
+ * (util/evbatch.h); a consumer refuses any other as lost. */
+void mt__ring_write_batch(mt__ring_t *r, const uint64_t tok[2], const mt__evb_hdr_t *h,
+                          const mt__evb_ent_t *ents);
 
 /* Records ev[0..n) as push_n does when there is room for all, and returns true; else
  * records nothing, counts nothing and returns false (the lossless producer then waits). */
@@ -220,7 +234,12 @@ void mt__ring_commit(mt__ring_t *r, uint64_t pos);
  * indices are corrupt (claim behind read_idx or more than S ahead). A record no producer
  * could have written (a field out of range, or the consumer-only kind MT_EV_GAP) is
  * counted lost, like a torn one, not delivered. Never waits: an
- * unpublished slot ends the call unless it may be skipped (see the protocol above). */
+ * unpublished slot ends the call unless it may be skipped (see the protocol above).
+ * A batch's events are delivered all in one call: one that does not fit in what is left
+ * of max ends the call, unless it comes first, when it is delivered whole: the result
+ * then exceeds max, by less than MT__EVB_MAX_EV. A batch that cannot be expanded (a
+ * header or entry no producer writes, a torn copy) counts its nev positions lost when
+ * they lie within the claimed ones, else one position as any invalid record. */
 int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max);
 /* From now on, drains keep their position to themselves and read_idx moves only at
  * mt__ring_ack: a consumer that writes what it drained somewhere durable (the daemon's

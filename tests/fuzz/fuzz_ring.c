@@ -12,7 +12,13 @@
  *              the input's pid; bit 6 marks the producer dead; bit 7 appends a small
  *              stack-table area (profiler/stack.h) after the records, its header's limits
  *              and offsets made valid and its counts and entries from the input: the
- *              daemon reads every stack and module it names (daemon/stacks.c). */
+ *              daemon reads every stack and module it names (daemon/stacks.c).
+ *              Bit 3 makes the window read_idx..claim whole (claim within a ring of
+ *              read_idx) and publishes each of its records; with bit 4 too, a slot of
+ *              kind MT__EVB_KIND in it becomes a thread cache's batch a producer could
+ *              write (util/evbatch.h: header and entries repaired from the input's
+ *              bytes), and the payload positions after its header are left unpublished,
+ *              as mt__ring_write_batch leaves them. */
 #include <fcntl.h>
 #include <jansson.h>
 #include <string.h>
@@ -27,13 +33,14 @@
 
 typedef struct sink_s {
     mt_d_proc_t *proc;
-    uint64_t records;
+    uint64_t records, events; /* calls; calls with an event (not a gap) */
 } sink_t;
 
 static void on_record(void *ud, const mt_event_rec_t *ev)
 {
     sink_t *s = ud;
     s->records++;
+    s->events += ev->kind != MT_EV_GAP;
     FUZZ_CHECK(ev->kind != MT_EV_GAP || ev->size > 0, "a gap reports something lost");
     mt__d_proc_apply(s->proc, ev);
     char line[1024];
@@ -83,6 +90,69 @@ static void area_repair(uint8_t *a)
     h->mods_off = h->frames_off + 1024 * 8;
     h->py_off = h->mods_off + 8 * sizeof(mt__stab_mod_t);
     h->str_off = h->py_off + 16 * sizeof(mt__stab_py_t);
+}
+
+/* The batch whose header is the slot at position p, made one a producer writes from the
+ * input's bytes, within room positions. Returns the positions it takes (1 when no batch
+ * fits: the slot stays as it is). */
+static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, uint64_t room)
+{
+    mt_event_rec_t *hs = &recs[p & mask];
+    uint32_t want = 1 + (uint32_t)(hs->size % MT__EVB_MAX_EV), nent = 0, nev = 0;
+    for (; nent < want; nent++) {
+        mt__evb_ent_t *e = (mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + nent % 2;
+        uint8_t op = (uint8_t)(MT__EVB_STACK + e->op % 4);
+        unsigned k = mt__evb_op_events(op);
+        /* (within room <= slots positions: no entry lands on the header or another) */
+        if (nev + k > room || nev + k > MT__EVB_MAX_EV || mt__evb_slots(nent + 1) > room)
+            break;
+        e->op = op;
+        e->pool %= MT_POOL_HOST + 1;
+        e->tag %= MT_TAG_MAX;
+        e->pad = 0;
+        if (e->op == MT__EVB_STACK) {
+            e->size = 1 + e->size % MT_STACK_ID_MAX;
+            e->requested = 0;
+        } else {
+            e->size = 1 + (e->size & (((uint64_t)1 << 40) - 1));
+            e->requested = 1 + e->requested % e->size;
+        }
+        nev += k;
+    }
+    if (nev < 2 || mt__evb_slots(nent) > nev)
+        return 1;
+    if (nent % 2) /* the last slot's unused half */
+        memset((mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + 1, 0,
+               sizeof(mt__evb_ent_t));
+    mt__evb_hdr_t h = {.time_ns = hs->time_ns,
+                       .allocated0 = (int64_t)(hs->addr & (((uint64_t)1 << 61) - 1)),
+                       .reserved = hs->reserved,
+                       .nent = nent,
+                       .nev = nev,
+                       .device = hs->device};
+    uint64_t seq = hs->seq;
+    mt__evb_hdr_pack(&h, hs);
+    hs->seq = seq;
+    return nev;
+}
+
+/* Bits 3 and 4 of the shape (see the top). */
+static void window_repair(uint8_t *file, uint32_t slots, bool batches)
+{
+    mt__ring_hdr_t *h = (mt__ring_hdr_t *)(void *)file;
+    _Atomic uint64_t *commit = (_Atomic uint64_t *)(void *)(file + MT_RING_HEADER_SIZE);
+    mt_event_rec_t *recs =
+        (mt_event_rec_t *)(void *)(file + mt__ring_map_size(slots) - slots * sizeof *recs);
+    uint64_t rd = atomic_load(&h->read_idx), n = (atomic_load(&h->claim) - rd) % (slots + 1);
+    atomic_store(&h->claim, rd + n);
+    for (uint64_t i = 0; i < n;) {
+        uint64_t p = rd + i;
+        atomic_store(&commit[p & (slots - 1)], p + 1);
+        if (batches && recs[p & (slots - 1)].kind == MT__EVB_KIND)
+            i += batch_repair(recs, slots - 1, p, n - i);
+        else
+            i++;
+    }
 }
 
 static int write_all(int fd, const uint8_t *p, size_t n)
@@ -138,6 +208,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             h->area_off = aoff;
             h->area_size = FZ_AREA;
         }
+        if (mode & 0x08)
+            window_repair(file, slots, mode & 0x10);
         FUZZ_CHECK(write_all(fd, file, fsize) == 0, "writing the ring file");
         free(file);
     }
@@ -158,13 +230,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sink_t s = {.proc = p};
     /* No waiting for a stuck slot: the second look at it skips it. */
     mt__ring_set_stuck_timeout(r, 0);
-    size_t budget = 4u * h->slots + 64u;
-    for (int call = 0; call < 8; call++) {
+    /* Small budgets too: a batch that does not fit waits, or comes whole first. */
+    size_t budget = mode & 0x10 ? 3 : 4u * h->slots + 64u;
+    uint64_t returned = 0;
+    for (int call = 0; call < (mode & 0x10 ? 64 : 8); call++) {
         int n = mt__ring_drain(r, on_record, &s, budget);
         FUZZ_CHECK(n >= 0 || n == MT_EPROTO, "drain: a count or a corrupt ring");
-        FUZZ_CHECK(n < 0 || (size_t)n <= budget, "drain respects its budget");
+        FUZZ_CHECK(n < 0 || (size_t)n <= budget || (size_t)n <= MT__EVB_MAX_EV,
+                   "drain respects its budget, but for one batch");
         if (n < 0)
             break;
+        returned += (uint64_t)n;
+        FUZZ_CHECK(returned == s.events, "drain counts the events it delivered");
     }
     /* the table in the area, read as the daemon reads it: every stack and module */
     size_t asz;
