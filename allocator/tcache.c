@@ -272,6 +272,7 @@ void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c)
         return;
     mt__alloc_emit_cached(a, c->buf, c->nbuf, c->nev, c->out);
     c->nev = 0;
+    c->fold = NULL;
     __atomic_store_n(&c->nbuf, 0, __ATOMIC_RELAXED);
 }
 
@@ -293,22 +294,23 @@ static inline mt__evb_ent_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n
         mt__tc_push(a, c);
     mt__evb_ent_t *x = &c->buf[c->nbuf];
     c->nev += nev;
+    c->fold = NULL;
     __atomic_store_n(&c->nbuf, c->nbuf + n, __ATOMIC_RELAXED); /* read by mt__tc_push_all */
     return x;
 }
 
+/* Every field stored (a zeroing of the whole entry first compiled to a slow rep stos). */
 static inline void fill(const mt__tc_ent_t *e, mt__evb_ent_t *x, int op, uint64_t size,
                         uint64_t requested)
 {
-    *x = (mt__evb_ent_t){
-        .addr = e->addr,
-        .size = size,
-        .requested = requested,
-        .stream = e->sr->sid,
-        .op = (uint8_t)op,
-        .pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE),
-        .tag = e->tag,
-    };
+    x->addr = e->addr;
+    x->size = size;
+    x->requested = requested;
+    x->stream = e->sr->sid;
+    x->op = (uint8_t)op;
+    x->pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE);
+    x->tag = e->tag;
+    x->pad = 0;
 }
 
 /* The call stack of a pop, asked of the sink (0: none); out of line: most sinks give none. */
@@ -333,14 +335,15 @@ static inline void tell_pop(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t *
     if (stack != 0)
         fill(e, x++, MT__EVB_STACK, stack, 0);
     fill(e, x, MT__EVB_POP, e->size, e->req);
+    c->fold = e;
 }
 
 static inline void tell_free(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t *e)
 {
-    mt__evb_ent_t *last = c->nbuf != 0 ? &c->buf[c->nbuf - 1] : NULL;
-    if (last != NULL && last->op == MT__EVB_POP && last->addr == e->addr &&
-        c->nev + 2 <= TC_BATCH) {
-        last->op = MT__EVB_POP_FREE;
+    /* (fold, not the entry just written: a load of it would wait for that store) */
+    if (c->fold == e && c->nev + 2 <= TC_BATCH) {
+        c->buf[c->nbuf - 1].op = MT__EVB_POP_FREE;
+        c->fold = NULL;
         c->nev += 2;
         return;
     }

@@ -89,6 +89,7 @@ struct mt__tcache_s {
      * a flush, exit). nbuf <= nev <= TC_BATCH, nev = the entries' events. out: the events
      * made of them for a sink that takes no compact batch. */
     uint32_t nbuf, nev;
+    const mt__tc_ent_t *fold; /* the block whose POP is buf's last entry, else NULL */
     mt__evb_ent_t buf[TC_BATCH];
     mt_event_rec_t out[TC_BATCH];
 };

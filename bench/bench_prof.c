@@ -100,6 +100,11 @@ static void ring_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev
     mt__ring_write(ud, tok, ev, n);
 }
 
+static void ring_write_batch(void *ud, const uint64_t tok[2], const void *h, const void *e)
+{
+    mt__ring_write_batch(ud, tok, h, e);
+}
+
 /* ---- the allocation loop ---- */
 
 enum {
@@ -178,6 +183,7 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
                                     .emit_n = ring_sink_n,
                                     .claim = ring_claim,
                                     .write = ring_write,
+                                    .write_batch = ring_write_batch,
                                     .ud = r->ring};
         ac->sink = &r->sink;
     } else if (cfgi == CFG_STK_SAMPLED || cfgi == CFG_STK_ALL) {

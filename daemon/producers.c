@@ -259,7 +259,8 @@ static void drain_one(mt_d_t *d, mt_d_proc_t *p, size_t budget)
             mark_corrupt(d, p, "its event ring is corrupt");
         if (n <= 0)
             break;
-        budget -= (size_t)n;
+        /* a thread cache's batch comes whole: n may pass max, and the budget */
+        budget -= (size_t)n < budget ? (size_t)n : budget;
     }
 }
 

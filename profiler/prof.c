@@ -239,6 +239,13 @@ static void sink_write(void *ud, const uint64_t tok[2], const mt_event_rec_t *ev
     mt__ring_write(((mt_prof_t *)ud)->ring, tok, ev, n);
 }
 
+/* A thread cache's batch in compact form (util/evbatch.h): the ring keeps it so, and its
+ * readers make the events. */
+static void sink_write_batch(void *ud, const uint64_t tok[2], const void *hdr, const void *ents)
+{
+    mt__ring_write_batch(((mt_prof_t *)ud)->ring, tok, hdr, ents);
+}
+
 /* OFF is decided at create (mt_prof_create) and final. */
 static bool sink_recording(void *ud)
 {
@@ -296,6 +303,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->sink.source = sink_source;
     p->sink.claim = sink_claim;
     p->sink.write = sink_write;
+    p->sink.write_batch = sink_write_batch;
     p->sink.ud = p;
     p->stacks = cfg->stacks >= MT_STACKS_OFF && cfg->stacks <= MT_STACKS_ALL ? cfg->stacks
                                                                              : MT_STACKS_SAMPLED;

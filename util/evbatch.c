@@ -48,44 +48,45 @@ static bool entry_ok(const mt__evb_ent_t *e)
     return e->size < SIZE_LIMIT && e->requested != 0 && e->requested <= e->size;
 }
 
+/* One event of entry e into *ev, every field stored and none read back (a copy of the
+ * record just written would wait for its stores to drain). */
+static inline void put(mt_event_rec_t *ev, const mt__evb_hdr_t *h, const mt__evb_ent_t *e, int kind,
+                       int64_t allocated, uint64_t requested)
+{
+    ev->seq = 0;
+    ev->time_ns = h->time_ns;
+    ev->addr = e->addr;
+    ev->size = e->size;
+    ev->requested = requested;
+    ev->allocated = (uint64_t)allocated;
+    ev->reserved = h->reserved;
+    ev->stream = e->stream;
+    ev->kind = (uint8_t)kind;
+    ev->pool = e->pool;
+    ev->tag = e->tag;
+    ev->device = h->device;
+}
+
 /* The events of entry i (1 to 3, seq 0) into ev, the program's allocated bytes *a carried
  * past them; returns how many. */
 static inline unsigned entry_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint32_t i,
                                     int64_t *a, mt_event_rec_t *ev)
 {
     const mt__evb_ent_t *e = &ents[i];
-    ev[0] = (mt_event_rec_t){
-        .time_ns = h->time_ns,
-        .addr = e->addr,
-        .size = e->size,
-        .requested = e->requested,
-        .reserved = h->reserved,
-        .stream = e->stream,
-        .pool = e->pool,
-        .tag = e->tag,
-        .device = h->device,
-    };
-    if (e->op == MT__EVB_STACK) {
-        ev[0].kind = MT_EV_STACK_REF;
-        ev[0].allocated = (uint64_t)(*a + (int64_t)ents[i + 1].size); /* the alloc's */
+    if (e->op == MT__EVB_STACK) { /* the totals of the alloc it precedes */
+        put(ev, h, e, MT_EV_STACK_REF, *a + (int64_t)ents[i + 1].size, 0);
         return 1;
     }
     unsigned n = 0;
     if (e->op != MT__EVB_FREE) {
         *a += (int64_t)e->size;
-        ev[0].kind = MT_EV_ALLOC;
-        ev[0].allocated = (uint64_t)*a;
+        put(&ev[n++], h, e, MT_EV_ALLOC, *a, e->requested);
         if (e->op == MT__EVB_POP)
             return 1;
-        ev[1] = ev[0];
-        n = 1;
     }
     *a -= (int64_t)e->size;
-    ev[n].kind = MT_EV_FREE_REQUESTED;
-    ev[n].allocated = (uint64_t)*a;
-    ev[n + 1] = ev[n];
-    ev[n + 1].kind = MT_EV_FREE_COMPLETED;
-    ev[n + 1].requested = 0;
+    put(&ev[n], h, e, MT_EV_FREE_REQUESTED, *a, e->requested);
+    put(&ev[n + 1], h, e, MT_EV_FREE_COMPLETED, *a, 0);
     return n + 2;
 }
 

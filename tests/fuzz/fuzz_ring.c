@@ -121,6 +121,19 @@ static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, ui
     }
     if (nev < 2 || mt__evb_slots(nent) > nev)
         return 1;
+    /* a stack ref only just before an alloc (POP or POP_FREE): else it becomes a POP */
+    for (uint32_t i = 0; i < nent; i++) {
+        mt__evb_ent_t *e = (mt__evb_ent_t *)(void *)&recs[(p + 1 + i / 2) & mask] + i % 2;
+        const mt__evb_ent_t *x =
+            i + 1 < nent
+                ? (mt__evb_ent_t *)(void *)&recs[(p + 1 + (i + 1) / 2) & mask] + (i + 1) % 2
+                : NULL;
+        if (e->op == MT__EVB_STACK &&
+            (x == NULL || (x->op != MT__EVB_POP && x->op != MT__EVB_POP_FREE))) {
+            e->op = MT__EVB_POP;
+            e->requested = 1;
+        }
+    }
     if (nent % 2) /* the last slot's unused half */
         memset((mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + 1, 0,
                sizeof(mt__evb_ent_t));

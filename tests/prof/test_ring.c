@@ -477,12 +477,15 @@ static uint64_t commit_at(mt__ring_t *r, uint64_t pos)
     return atomic_load(&c[pos & (h->slots - 1)]);
 }
 
-/* A batch of nent entries, their ops cycling from op0 (STACK, POP, FREE, POP_FREE). */
+/* A batch of nent entries, their ops cycling from op0 (STACK, POP, FREE, POP_FREE), the
+ * last one no STACK. */
 static void mkbatch(mt__evb_hdr_t *h, mt__evb_ent_t *e, uint32_t nent, unsigned op0, uint64_t t)
 {
     uint32_t nev = 0;
     for (uint32_t i = 0; i < nent; i++) {
         uint8_t op = (uint8_t)(MT__EVB_STACK + (op0 + i) % 4);
+        if (op == MT__EVB_STACK && i + 1 == nent)
+            op = MT__EVB_POP; /* a stack ref comes before its alloc */
         e[i] = (mt__evb_ent_t){.addr = 0x100000 + i * 4096,
                                .size = op == MT__EVB_STACK ? 5 + i : 4096,
                                .requested = op == MT__EVB_STACK ? 0 : 1000 + i,
