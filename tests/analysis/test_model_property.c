@@ -153,6 +153,19 @@ static void slots_emit(void *ud, const mt_event_rec_t *ev)
     slots_write(ud, tok, ev, 1);
 }
 
+/* An empty slots sink; batches: it takes a cache's batches in compact form. */
+static void slots_init(slots_t *sl, bool batches)
+{
+    *sl = (slots_t){.sink = {.emit = slots_emit,
+                             .claim = slots_claim,
+                             .write = slots_write,
+                             .write_batch = batches ? slots_write_batch : NULL,
+                             .ud = sl},
+                    .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
+                    .filled = calloc(SLOTS, 1)};
+    assert_true(sl->ev != NULL && sl->filled != NULL);
+}
+
 /* Every place filled so far goes to the model, in order (none may be missing), each
  * event's allocated total the one before it plus what it tells: the order of the places
  * is the order of the totals. */
@@ -738,15 +751,9 @@ static void two_threads(bool batches)
     mt_backend_t *b = sim_backend(1024 * MIB);
     feed_t feed;
     feed_open(&feed, 60000);
-    slots_t sl = {.sink = {.emit = slots_emit,
-                           .claim = slots_claim,
-                           .write = slots_write,
-                           .write_batch = batches ? slots_write_batch : NULL},
-                  .feed = &feed,
-                  .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
-                  .filled = calloc(SLOTS, 1)};
-    assert_true(sl.ev != NULL && sl.filled != NULL);
-    sl.sink.ud = &sl;
+    slots_t sl;
+    slots_init(&sl, batches);
+    sl.feed = &feed;
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
     cfg.sink = &sl.sink;
@@ -813,15 +820,9 @@ static size_t run_recorded(int mode, mt_event_rec_t **out)
 {
     bool batches = mode == 2;
     mt_backend_t *b = sim_backend(1024 * MIB);
-    slots_t sl = {.sink = {.emit = slots_emit,
-                           .claim = slots_claim,
-                           .write = slots_write,
-                           .write_batch = batches ? slots_write_batch : NULL,
-                           .stack = every_third_stack},
-                  .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
-                  .filled = calloc(SLOTS, 1)};
-    assert_true(sl.ev != NULL && sl.filled != NULL);
-    sl.sink.ud = &sl;
+    slots_t sl;
+    slots_init(&sl, batches);
+    sl.sink.stack = every_third_stack;
     mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
     cfg.backend = b;
     cfg.sink = &sl.sink;
