@@ -925,9 +925,10 @@ static void test_batches_same_events(void **state)
 {
     (void)state;
     mt_event_rec_t *ref, *x, *y;
-    size_t nref = program_events(ref, run_recorded(0, &ref));
-    size_t nx = program_events(x, run_recorded(1, &x));
-    size_t ny = program_events(y, run_recorded(2, &y));
+    size_t nref = run_recorded(0, &ref), nx = run_recorded(1, &x), ny = run_recorded(2, &y);
+    nref = program_events(ref, nref);
+    nx = program_events(x, nx);
+    ny = program_events(y, ny);
     same_events(ref, nref, x, nx, "caches, events");
     same_events(ref, nref, y, ny, "caches, compact batches");
     free(ref);
