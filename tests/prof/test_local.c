@@ -66,6 +66,20 @@ static void tmp_path(char *buf, size_t len, const char *what)
     snprintf(buf, len, "/tmp/mt_prof_test_%d_%s", (int)getpid(), what);
 }
 
+/* A sim backend and an allocator on it recording into p. */
+static mt_alloc_t *alloc_into(mt_prof_t *p, mt_backend_t **b)
+{
+    mt_backend_cfg_t bc = mt_backend_cfg_default();
+    bc.kind = MT_BACKEND_SIM;
+    assert_int_equal(mt_backend_create(b, &bc), 0);
+    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
+    ac.backend = *b;
+    ac.sink = mt_prof_sink(p);
+    mt_alloc_t *a = NULL;
+    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    return a;
+}
+
 static void test_fallback_to_local_log(void **state)
 {
     (void)state;
@@ -189,15 +203,8 @@ static void test_log_names_from_stream(void **state)
     cfg.tag_name = override_name;
     mt_prof_t *p = NULL;
     assert_int_equal(mt_prof_create(&p, &cfg), 0);
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
     mt_backend_t *b = NULL;
-    assert_int_equal(mt_backend_create(&b, &bc), 0);
-    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
-    ac.backend = b;
-    ac.sink = mt_prof_sink(p);
-    mt_alloc_t *a = NULL;
-    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    mt_alloc_t *a = alloc_into(p, &b);
     int logits, other;
     assert_int_equal(mt_alloc_tag_register(a, "logits", &logits), 0);
     assert_int_equal(mt_alloc_tag_register(a, "embeddings", &other), 0);
@@ -274,15 +281,8 @@ static void test_batch_longer_than_ring(void **state)
     cfg.drain_ms = 60000; /* the drainer stays asleep */
     mt_prof_t *p = NULL;
     assert_int_equal(mt_prof_create(&p, &cfg), 0);
-    mt_backend_cfg_t bc = mt_backend_cfg_default();
-    bc.kind = MT_BACKEND_SIM;
     mt_backend_t *b = NULL;
-    assert_int_equal(mt_backend_create(&b, &bc), 0);
-    mt_alloc_cfg_t ac = mt_alloc_cfg_default();
-    ac.backend = b;
-    ac.sink = mt_prof_sink(p);
-    mt_alloc_t *a = NULL;
-    assert_int_equal(mt_alloc_create(&a, &ac), 0);
+    mt_alloc_t *a = alloc_into(p, &b);
     for (int i = 0; i < 90; i++) {
         void *x;
         assert_int_equal(mt_alloc_malloc(a, 65536, NULL, MT_TAG_ACTIVATIONS, &x), 0);
