@@ -310,7 +310,7 @@ static inline void fill(const mt__tc_ent_t *e, mt__evb_ent_t *x, int op, uint64_
     x->op = (uint8_t)op;
     x->pool = (uint8_t)(e->sp == MT_STAT_SMALL ? MT_POOL_SMALL : MT_POOL_LARGE);
     x->tag = e->tag;
-    x->pad = 0;
+    x->rep = 0;
 }
 
 /* The call stack of a pop, asked of the sink (0: none); out of line: most sinks give none. */

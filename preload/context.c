@@ -300,9 +300,10 @@ static void sink_write_batch(void *ud, const uint64_t tok[2], const void *hdr, c
     const mt__evb_ent_t *e = ents;
     uint64_t stack = 0, alloc = 0, freed = 0;
     for (uint32_t i = 0; i < h->nent; i++) {
+        uint64_t times = 1u + e[i].rep; /* a POP_FREE's repeats */
         stack += e[i].op == MT__EVB_STACK;
-        alloc += e[i].op == MT__EVB_POP || e[i].op == MT__EVB_POP_FREE;
-        freed += e[i].op == MT__EVB_FREE || e[i].op == MT__EVB_POP_FREE;
+        alloc += (e[i].op == MT__EVB_POP || e[i].op == MT__EVB_POP_FREE) * times;
+        freed += (e[i].op == MT__EVB_FREE || e[i].op == MT__EVB_POP_FREE) * times;
     }
     atomic_fetch_add_explicit(&P->ev_count[MT_EV_STACK_REF], stack, memory_order_relaxed);
     atomic_fetch_add_explicit(&P->ev_count[MT_EV_ALLOC], alloc, memory_order_relaxed);

@@ -40,7 +40,8 @@ int mt__evb_hdr_unpack(const mt_event_rec_t *slot, mt__evb_hdr_t *out)
 
 static bool entry_ok(const mt__evb_ent_t *e)
 {
-    if (mt__evb_op_events(e->op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX)
+    if (mt__evb_op_events(e->op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX ||
+        (e->rep != 0 && e->op != MT__EVB_POP_FREE))
         return false;
     if (e->op == MT__EVB_STACK)
         return e->requested == 0 && e->size != 0 &&
@@ -105,7 +106,7 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
             (e->op == MT__EVB_STACK && (i + 1 == h->nent || (ents[i + 1].op != MT__EVB_POP &&
                                                              ents[i + 1].op != MT__EVB_POP_FREE))))
             return MT_EPROTO;
-        nev += mt__evb_op_events(e->op);
+        nev += mt__evb_ent_events(e);
         a += mt__evb_op_delta(e);
         if (a < 0 || (uint64_t)a >= SIZE_LIMIT)
             return MT_EPROTO;
@@ -115,13 +116,14 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
     a = h->allocated0;
     uint64_t seq = seq0;
     mt_event_rec_t ev[3];
-    for (uint32_t i = 0; i < h->nent; i++) {
-        unsigned n = entry_events(h, ents, i, &a, ev);
-        for (unsigned j = 0; j < n; j++) {
-            ev[j].seq = seq++;
-            cb(ud, &ev[j]);
+    for (uint32_t i = 0; i < h->nent; i++)
+        for (unsigned r = 0; r <= ents[i].rep; r++) {
+            unsigned n = entry_events(h, ents, i, &a, ev);
+            for (unsigned j = 0; j < n; j++) {
+                ev[j].seq = seq++;
+                cb(ud, &ev[j]);
+            }
         }
-    }
     return 0;
 }
 
@@ -130,6 +132,7 @@ size_t mt__evb_make(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_
     int64_t a = h->allocated0;
     size_t n = 0;
     for (uint32_t i = 0; i < h->nent; i++)
-        n += entry_events(h, ents, i, &a, out + n);
+        for (unsigned r = 0; r <= ents[i].rep; r++)
+            n += entry_events(h, ents, i, &a, out + n);
     return n;
 }

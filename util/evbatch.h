@@ -10,11 +10,13 @@
  *             the totals of the alloc it precedes (as the global path gives them)
  *   POP       alloc (the program's allocated bytes rise by size)
  *   FREE      free_requested, free_completed (they fall by size at the first)
- *   POP_FREE  alloc, free_requested, free_completed
+ *   POP_FREE  alloc, free_requested, free_completed, rep + 1 times (the same block
+ *             taken and freed again with the same request: a tight loop's pair)
  * Every event of a batch carries the batch's time, reserved bytes and device; allocated is
  * the program's figure after the event, from allocated0 (before the batch) and the sizes.
  * Invariants of a batch a producer writes: 1 <= nent <= nev <= MT__EVB_MAX_EV, nev = the
- * sum of the entries' events; every entry's op, pool and tag in range, 0 < requested <=
+ * sum of the entries' events; rep = 0 but for POP_FREE; every entry's op, pool and tag in
+ * range, 0 < requested <=
  * size for POP, POP_FREE and FREE; a STACK followed by a POP or POP_FREE; allocated never
  * below 0. */
 #ifndef MT_UTIL_EVBATCH_H
@@ -39,7 +41,7 @@ typedef struct mt__evb_ent_s {
     uint8_t op; /* MT__EVB_* */
     uint8_t pool;
     uint8_t tag;
-    uint8_t pad; /* 0 */
+    uint8_t rep; /* POP_FREE: its pair's repeats after the first; else 0 */
 } mt__evb_ent_t;
 
 _Static_assert(sizeof(mt__evb_ent_t) == 32, "two entries per ring slot");
@@ -60,6 +62,12 @@ static inline unsigned mt__evb_op_events(unsigned op)
            : op == MT__EVB_FREE                     ? 2
            : op == MT__EVB_POP_FREE                 ? 3
                                                     : 0;
+}
+
+/* Events an entry stands for (0 for an op out of range). */
+static inline unsigned mt__evb_ent_events(const mt__evb_ent_t *e)
+{
+    return mt__evb_op_events(e->op) * (1u + e->rep);
 }
 
 /* The change of the program's allocated bytes an entry makes (its first event's, then 0). */

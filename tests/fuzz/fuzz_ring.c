@@ -102,14 +102,15 @@ static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, ui
     for (; nent < want; nent++) {
         mt__evb_ent_t *e = (mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + nent % 2;
         uint8_t op = (uint8_t)(MT__EVB_STACK + e->op % 4);
-        unsigned k = mt__evb_op_events(op);
+        uint8_t rep = op == MT__EVB_POP_FREE ? (uint8_t)(e->rep % 4) : 0; /* a loop's pairs */
+        unsigned k = mt__evb_op_events(op) * (1u + rep);
         /* (within room <= slots positions: no entry lands on the header or another) */
         if (nev + k > room || nev + k > MT__EVB_MAX_EV || mt__evb_slots(nent + 1) > room)
             break;
         e->op = op;
         e->pool %= MT_POOL_HOST + 1;
         e->tag %= MT_TAG_MAX;
-        e->pad = 0;
+        e->rep = rep;
         if (e->op == MT__EVB_STACK) {
             e->size = 1 + e->size % MT_STACK_ID_MAX;
             e->requested = 0;

@@ -576,6 +576,56 @@ static void test_batch_roundtrip(void **state)
     mt__ring_close(&r);
 }
 
+/* A POP_FREE's repeats (a loop's pairs, one entry): rep + 1 pairs of events, the
+ * program's bytes back where they were after each; rep on any other op is no producer's. */
+static void test_batch_repeats(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 64, "evbrep"), 0);
+    mt__evb_hdr_t h;
+    mt__evb_ent_t e[5];
+    mkbatch(&h, e, 5, 3, 9); /* POP_FREE, STACK, POP, FREE, POP_FREE: 10 events */
+    assert_int_equal(h.nev, 10);
+    e[0].rep = 4;
+    e[4].rep = 2;
+    h.nev += 3 * 4 + 3 * 2;
+    assert_int_equal(mt__evb_ent_events(&e[0]), 15);
+    uint64_t pos = put_batch(r, &h, e);
+    assert_int_equal(pos, 0);
+    collect_t got, want;
+    collect_init(&got);
+    collect_init(&want);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &got, SIZE_MAX), 28);
+    expect_batch(&want, &h, e, 0);
+    assert_same(&got, &want);
+    for (int i = 0; i < 15; i++) { /* the first entry's five pairs */
+        const mt_event_rec_t *ev = &got.evs[i];
+        assert_int_equal(ev->kind, i % 3 == 0   ? MT_EV_ALLOC
+                                   : i % 3 == 1 ? MT_EV_FREE_REQUESTED
+                                                : MT_EV_FREE_COMPLETED);
+        assert_int_equal(ev->addr, e[0].addr);
+        assert_int_equal(ev->seq, (uint64_t)i);
+        assert_int_equal(ev->allocated, i % 3 == 0 ? (1u << 20) + 4096 : 1u << 20);
+    }
+    assert_int_equal(got.evs[27].kind, MT_EV_FREE_COMPLETED);
+    assert_int_equal(got.evs[27].addr, e[4].addr);
+    assert_int_equal(got.ngaps, 0);
+    free(got.evs);
+    free(want.evs);
+    /* rep on a STACK, a POP or a FREE: the batch is refused whole */
+    for (int i = 1; i <= 3; i++) {
+        mkbatch(&h, e, 5, 3, 9);
+        e[i].rep = 1;
+        h.nev += mt__evb_op_events(e[i].op);
+        collect_init(&got);
+        assert_int_equal(mt__evb_expand(&h, e, 0, collect_cb, &got), MT_EPROTO);
+        assert_int_equal(got.n, 0);
+        free(got.evs);
+    }
+    mt__ring_close(&r);
+}
+
 /* Batches among plain records, one with its payload wrapping round the ring's end,
  * another with its header in the last slot: one order, consecutive seqs. */
 static void test_batch_interleaved_wrap(void **state)
@@ -857,14 +907,23 @@ static void test_fsize_limit(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fsize_limit),        cmocka_unit_test(test_create_open_layout),
-        cmocka_unit_test(test_open_rejects_bad),   cmocka_unit_test(test_wraparound),
-        cmocka_unit_test(test_deferred_ack),       cmocka_unit_test(test_drops_and_gap),
-        cmocka_unit_test(test_concurrent_writers), cmocka_unit_test(test_producer_sigkill),
-        cmocka_unit_test(test_stuck_slot_timeout), cmocka_unit_test(test_push_batches),
-        cmocka_unit_test(test_batch_roundtrip),    cmocka_unit_test(test_batch_interleaved_wrap),
-        cmocka_unit_test(test_batch_dropped),      cmocka_unit_test(test_batch_small_max),
-        cmocka_unit_test(test_batch_corrupt),      cmocka_unit_test(test_batch_stalled),
+        cmocka_unit_test(test_fsize_limit),
+        cmocka_unit_test(test_create_open_layout),
+        cmocka_unit_test(test_open_rejects_bad),
+        cmocka_unit_test(test_wraparound),
+        cmocka_unit_test(test_deferred_ack),
+        cmocka_unit_test(test_drops_and_gap),
+        cmocka_unit_test(test_concurrent_writers),
+        cmocka_unit_test(test_producer_sigkill),
+        cmocka_unit_test(test_stuck_slot_timeout),
+        cmocka_unit_test(test_push_batches),
+        cmocka_unit_test(test_batch_roundtrip),
+        cmocka_unit_test(test_batch_repeats),
+        cmocka_unit_test(test_batch_interleaved_wrap),
+        cmocka_unit_test(test_batch_dropped),
+        cmocka_unit_test(test_batch_small_max),
+        cmocka_unit_test(test_batch_corrupt),
+        cmocka_unit_test(test_batch_stalled),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
