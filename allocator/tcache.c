@@ -266,13 +266,29 @@ static void ents_free(mt__tcache_t *c)
  * global path touches the cache (mt__tc_push), so that the sink receives them before any
  * event that depends on them: the sequence it receives stays a history of the allocator. */
 
+/* The pending pop's entry written (c->pend): a POP like the POP_FREE last in buf, of
+ * the same block. */
+static void pend_out(mt__tcache_t *c)
+{
+    mt_assert(c->pend && c->fold == c->pair && c->nbuf >= 1 && c->nbuf < c->nev);
+    mt__evb_ent_t *x = &c->buf[c->nbuf];
+    *x = c->buf[c->nbuf - 1];
+    x->op = MT__EVB_POP;
+    x->rep = 0;
+    c->pend = false;
+    c->pair = NULL;
+    __atomic_store_n(&c->nbuf, c->nbuf + 1, __ATOMIC_RELAXED);
+}
+
 void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c)
 {
+    if (c->pend)
+        pend_out(c);
     if (c->nbuf == 0)
         return;
     mt__alloc_emit_cached(a, c->buf, c->nbuf, c->nev, c->out);
     c->nev = 0;
-    c->fold = NULL;
+    c->fold = c->pair = NULL;
     __atomic_store_n(&c->nbuf, 0, __ATOMIC_RELAXED);
 }
 
@@ -290,11 +306,13 @@ void mt__tc_push_all(mt_alloc_t *a)
  * exclusion). */
 static inline mt__evb_ent_t *buf_room(mt_alloc_t *a, mt__tcache_t *c, uint32_t n, uint32_t nev)
 {
+    if (c->pend)
+        pend_out(c);
     if (__builtin_expect(c->nev + nev > TC_BATCH, 0))
         mt__tc_push(a, c);
     mt__evb_ent_t *x = &c->buf[c->nbuf];
     c->nev += nev;
-    c->fold = NULL;
+    c->fold = c->pair = NULL;
     __atomic_store_n(&c->nbuf, c->nbuf + n, __ATOMIC_RELAXED); /* read by mt__tc_push_all */
     return x;
 }
@@ -331,6 +349,17 @@ static inline void tell_pop(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t *
     uint32_t stack = 0;
     if (__builtin_expect(a->cfg.sink->stack != NULL && a->cfg.stacks != MT_STACKS_OFF, 0))
         stack = pop_stack(a, e, ra);
+    /* The same pair again (a tight loop): buf's last entry is this block's POP_FREE, with
+     * the same request and tag (a pop takes a block back only with those). The pop is
+     * pending: its free makes it one more repeat of that entry, and anything else first
+     * writes it as an entry of its own (pend_out). */
+    if (c->pair == e && stack == 0 && c->nev + 3 <= TC_BATCH &&
+        c->buf[c->nbuf - 1].rep < UINT8_MAX) {
+        c->pend = true;
+        c->fold = e;
+        c->nev++;
+        return;
+    }
     mt__evb_ent_t *x = buf_room(a, c, stack != 0 ? 2 : 1, stack != 0 ? 2 : 1);
     if (stack != 0)
         fill(e, x++, MT__EVB_STACK, stack, 0);
@@ -342,7 +371,16 @@ static inline void tell_free(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t 
 {
     /* (fold, not the entry just written: a load of it would wait for that store) */
     if (c->fold == e && c->nev + 2 <= TC_BATCH) {
-        c->buf[c->nbuf - 1].op = MT__EVB_POP_FREE;
+        mt__evb_ent_t *x = &c->buf[c->nbuf - 1];
+        if (c->pend) {
+            mt_assert(x->op == MT__EVB_POP_FREE && x->addr == e->addr && x->requested == e->req &&
+                      x->tag == e->tag);
+            x->rep++;
+            c->pend = false;
+        } else {
+            x->op = MT__EVB_POP_FREE;
+        }
+        c->pair = e;
         c->fold = NULL;
         c->nev += 2;
         return;

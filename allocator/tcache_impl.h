@@ -86,10 +86,15 @@ struct mt__tcache_s {
      * compact entry each (util/evbatch.h), nev events in all; they are stamped and given
      * their totals when handed over (mt__tc_push): when TC_BATCH events would overflow, and
      * before the global path touches the cache (a claim, the owner's own global operation,
-     * a flush, exit). nbuf <= nev <= TC_BATCH, nev = the entries' events. out: the events
-     * made of them for a sink that takes no compact batch. */
+     * a flush, exit). nbuf <= nev <= TC_BATCH, nbuf < nev when pend, nev = the entries'
+     * events (+ 1 when pend). out: the events made of them for a sink that takes no
+     * compact batch. */
     uint32_t nbuf, nev;
-    const mt__tc_ent_t *fold; /* the block whose POP is buf's last entry, else NULL */
+    const mt__tc_ent_t *fold; /* the block whose POP is buf's last entry or pending, else
+                               * NULL */
+    const mt__tc_ent_t *pair; /* the block whose POP_FREE is buf's last entry, else NULL */
+    bool pend; /* fold's POP is not in buf yet: fold = pair, and its free adds one to the
+                * last entry's rep (one event of nev) */
     mt__evb_ent_t buf[TC_BATCH];
     mt_event_rec_t out[TC_BATCH];
 };
