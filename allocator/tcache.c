@@ -443,10 +443,14 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     /* No owned block live (a claimer only lowers the count): the free is the global path's. */
     if (c == NULL || __atomic_load_n(&c->live.n, __ATOMIC_RELAXED) == 0 || !fast_enter(c))
         return mt__alloc_free_global(a, ptr);
-    /* The block handed out last first: in a pair, the one freed now. */
+    /* The block handed out last first: in a pair, the one freed now. While owning does
+     * not pay (skip), no other is looked up: the blocks this thread allocates meanwhile
+     * are not owned, and an owned one that comes back then is freed by the global path,
+     * which finds it through b->tce (a table look-up per free of a program whose pairs do
+     * not repeat, the real traces', was most of this path). */
     mt__tc_ent_t *e = c->last;
     if (e == NULL || e->addr != (uintptr_t)ptr)
-        e = c->live.n != 0 ? live_get(c, (uintptr_t)ptr) : NULL;
+        e = c->skip == 0 && c->live.n != 0 ? live_get(c, (uintptr_t)ptr) : NULL;
     /* Held: a double free, which the global path reports. used: record_stream's streams
      * get events, on the global path. A planned block whose pair no longer repeats the
      * plan: its free is the plan's. */
