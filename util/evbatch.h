@@ -16,9 +16,8 @@
  * the program's figure after the event, from allocated0 (before the batch) and the sizes.
  * Invariants of a batch a producer writes: 1 <= nent <= nev <= MT__EVB_MAX_EV, nev = the
  * sum of the entries' events; rep = 0 but for POP_FREE; every entry's op, pool and tag in
- * range, 0 < requested <=
- * size for POP, POP_FREE and FREE; a STACK followed by a POP or POP_FREE; allocated never
- * below 0. */
+ * range, 0 < requested <= size for POP, POP_FREE and FREE; a STACK followed by a POP or
+ * POP_FREE; allocated never below 0. */
 #ifndef MT_UTIL_EVBATCH_H
 #define MT_UTIL_EVBATCH_H
 
