@@ -512,9 +512,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         }
     }
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
-    mt__seg_bin_out(a, b);
-    if (mt__seg_should_split(a, b, rsize))
-        mt__seg_split(a, b, rsize);
+    mt__seg_take(a, b, rsize);
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
     if (front != NULL)
         mt__seg_bin_in(a, front);
@@ -527,8 +525,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         /* Host memory for the hash table ran out: give the block back untouched. */
         b->state = MT_BLOCK_INACTIVE;
         b->requested = 0;
-        b = mt__seg_merge(a, b);
-        mt__seg_bin_in(a, b);
+        mt__seg_merge_in(a, b);
         goto out;
     }
     if (planned) {

@@ -45,8 +45,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     b->requested = 0;
     b->nuses = 0;
     b->npending = 0;
-    b = mt__seg_merge(a, b);
-    mt__seg_bin_in(a, b);
+    mt__seg_merge_in(a, b);
     seg->last_used = ++a->clock;
     if (__builtin_expect(tells(a), 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);

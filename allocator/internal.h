@@ -546,12 +546,116 @@ void mt__alloc_pending_drop(mt_alloc_t *a);
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);
 
-/* ---- bins.c ---- */
-unsigned mt__bin_class(size_t size);
+/* ---- bins.c (the list steps inline: the hot paths take them) ---- */
+static inline unsigned mt__bin_class(size_t size)
+{
+    size_t u = size / MT__ALIGN;
+    if (u < MT__SL_N)
+        return (unsigned)u;
+    unsigned fl = 63u - (unsigned)__builtin_clzll((unsigned long long)u);
+    unsigned sl = (unsigned)(u >> (fl - MT__SL_BITS)) & (MT__SL_N - 1);
+    unsigned row = fl - (MT__SL_BITS - 1);
+    if (row >= MT__ROWS)
+        return MT__NCLASS - 1;
+    return row * MT__SL_N + sl;
+}
 size_t mt__bin_class_min(unsigned cls);
 mt_binset_t *mt__bins_create(int bp, mt_stream_t *s);
+/* The bitmap bits of class c agree with its list (the binset invariant, for one class). */
+static inline bool mt__bins_bits_agree(const mt_binset_t *bs, unsigned c)
+{
+    unsigned r = c / MT__SL_N;
+    bool cls_bit = (bs->cls_map[r] >> (c % MT__SL_N)) & 1;
+    bool row_bit = (bs->row_map >> r) & 1;
+    return cls_bit == (bs->heads[c] != NULL) && row_bit == (bs->cls_map[r] != 0);
+}
+/* Its free space changed (a block into or out of its bins): sr->free_ver counts it, for
+ * readers without mu (a thread cache's block handed out before is then no longer what best
+ * fit would give again). */
+static inline void mt__bins_changed(mt_streamrec_t *sr)
+{
+    if (sr != NULL)
+        __atomic_store_n(&sr->free_ver, __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED) + 1,
+                         __ATOMIC_RELAXED);
+}
+/* Puts b (inactive, of bs) at the head of its class's list. */
+static inline void mt__bins_link(mt_binset_t *bs, mt_block_t *b)
+{
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
+    mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
+    mt__bins_changed(bs->sr);
+    unsigned c = mt__bin_class(b->size);
+    b->cls = (uint16_t)c;
+    b->bin_prev = NULL;
+    b->bin_next = bs->heads[c];
+    if (b->bin_next != NULL)
+        b->bin_next->bin_prev = b;
+    bs->heads[c] = b;
+    bs->cls_map[c / MT__SL_N] |= 1u << (c % MT__SL_N);
+    bs->row_map |= 1ull << (c / MT__SL_N);
+    bs->nblocks++;
+    bs->bytes += b->size;
+    mt_assert(mt__bins_bits_agree(bs, c));
+}
+/* Takes b off its class's list (b is on it). */
+static inline void mt__bins_unlink(mt_binset_t *bs, mt_block_t *b)
+{
+    unsigned c = b->cls;
+    mt__bins_changed(bs->sr);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
+    mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);
+    mt_assert(b->bin_next == NULL || b->bin_next->bin_prev == b);
+    mt_assert(bs->nblocks > 0 && bs->bytes >= b->size);
+    if (b->bin_prev != NULL)
+        b->bin_prev->bin_next = b->bin_next;
+    else
+        bs->heads[c] = b->bin_next;
+    if (b->bin_next != NULL)
+        b->bin_next->bin_prev = b->bin_prev;
+    b->bin_prev = b->bin_next = NULL;
+    if (bs->heads[c] == NULL) {
+        unsigned r = c / MT__SL_N;
+        bs->cls_map[r] &= ~(1u << (c % MT__SL_N));
+        if (bs->cls_map[r] == 0)
+            bs->row_map &= ~(1ull << r);
+    }
+    bs->nblocks--;
+    bs->bytes -= b->size;
+    mt_assert(mt__bins_bits_agree(bs, c));
+    mt_assert(bs->nblocks > 0 || (bs->row_map == 0 && bs->bytes == 0));
+}
+/* mt__bins_link and mt__bins_unlink out of line (the checks of a double remove name it). */
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b);
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b);
+/* b heads the list of its class, and a block of size bytes would be in that class: taking b
+ * out and putting a block of size bytes in leaves the lists as they were, with that block
+ * in b's place. */
+static inline bool mt__bins_heads(const mt_binset_t *bs, const mt_block_t *b, size_t size)
+{
+    return b->bin_prev == NULL && b->cls == mt__bin_class(size) && bs->heads[b->cls] == b;
+}
+/* nb (inactive, nb->size set; nb may be old) takes the place of old, which heads its list
+ * and had old_size bytes, where mt__bins_heads(bs, old, nb->size): the lists, bitmaps
+ * and counts that mt__bins_unlink(old) and then mt__bins_link(nb) would leave. */
+static inline void mt__bins_keep(mt_binset_t *bs, mt_block_t *old, size_t old_size, mt_block_t *nb)
+{
+    unsigned c = old->cls;
+    mt_assert(bs->heads[c] == old && old->bin_prev == NULL && old->state == MT_BLOCK_INACTIVE);
+    mt_assert(nb->state == MT_BLOCK_INACTIVE && nb->seg != NULL && nb->seg->bins == bs);
+    mt_assert(mt__bin_class(nb->size) == c && nb->size % MT__ALIGN == 0 && bs->bytes >= old_size);
+    mt__bins_changed(bs->sr);
+    if (nb != old) {
+        nb->cls = (uint16_t)c;
+        nb->bin_prev = NULL;
+        nb->bin_next = old->bin_next;
+        if (nb->bin_next != NULL)
+            nb->bin_next->bin_prev = nb;
+        bs->heads[c] = nb;
+        old->bin_next = NULL;
+    }
+    bs->bytes = bs->bytes - old_size + nb->size;
+    mt_assert(mt__bins_bits_agree(bs, c));
+}
 /* Best fit of size bytes among blocks of size < upper (exclusive); NULL if none. Does not
  * remove the block. */
 mt_block_t *mt__bins_find(const mt_binset_t *bs, size_t size, size_t upper);
@@ -614,11 +718,19 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
  * Returns bytes given back. An expandable segment's pages are unmapped with the lock
  * released: seg may be gone on return. */
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
+/* Takes b (inactive, in the bins) out to hand it out as size bytes: split when
+ * mt__seg_should_split says so, the remainder going back to the bins. The lists, bitmaps
+ * and inactive_split counters that mt__seg_bin_out, mt__seg_split and mt__seg_bin_in
+ * would leave, in one pass. */
+void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size);
 /* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
 bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size);
-/* Merges inactive b with inactive neighbours; returns the merged block (b or prev). */
-mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b);
+/* Merges inactive b (in no bin) with its inactive neighbours and puts the merged block
+ * into the bins, as taking the neighbours out (mt__seg_bin_out), joining the three and
+ * putting the result in (mt__seg_bin_in) would, in one pass. Returns the merged block (b
+ * or prev). */
+mt_block_t *mt__seg_merge_in(mt_alloc_t *a, mt_block_t *b);
 /* Garbage collection: releases the oldest unused cached segments until reserved is at or
  * below the GC limit (expandable pages with the lock released). */
 void mt__seg_gc(mt_alloc_t *a);
@@ -723,6 +835,23 @@ static inline void mt__stat_add(mt_stat_t *arr, int bp, int64_t d)
 {
     mt__stat_add1(&arr[MT_STAT_ALL], d);
     mt__stat_add1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], d);
+}
+/* Steps that took minus away and then added plus (both >= 0), as one update of
+ * arr[MT_STAT_ALL] and the entry of internal pool bp: the current, peak and allocated the
+ * steps one by one leave (every value between is at most the last). */
+static inline void mt__stat_move1(mt_stat_t *s, int64_t plus, int64_t minus)
+{
+    s->current += plus - minus;
+    if (plus > 0) {
+        s->allocated += (uint64_t)plus;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    }
+}
+static inline void mt__stat_move(mt_stat_t *arr, int bp, int64_t plus, int64_t minus)
+{
+    mt__stat_move1(&arr[MT_STAT_ALL], plus, minus);
+    mt__stat_move1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], plus, minus);
 }
 /* The hot path's forms, sign known: arr[ALL] and arr[sp] (sp = mt__stat_pool(bp)). */
 static inline void mt__stat_inc1(mt_stat_t *x, int64_t d)

@@ -81,7 +81,7 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
     /* Free neighbours were merged first (the previous one may be a block being split,
      * still inactive until it is handed out). */
     mt_assert(b->next == NULL || b->next->state != MT_BLOCK_INACTIVE);
-    mt__bins_insert(b->seg->bins, b);
+    mt__bins_link(b->seg->bins, b);
     if (b->prev != NULL || b->next != NULL) {
         b->split_counted = true;
         mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
@@ -93,7 +93,7 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
-    mt__bins_remove(b->seg->bins, b);
+    mt__bins_unlink(b->seg->bins, b);
     if (b->split_counted) {
         b->split_counted = false;
         mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
@@ -158,43 +158,120 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
     mt__seg_bin_in(a, r);
 }
 
-mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
+void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
 {
     mt__alloc_assert_owner(a);
-    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= size);
+    mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
+    mt_block_t *r = mt__seg_should_split(a, b, size) ? mt__block_new(a) : NULL;
+    if (r == NULL) { /* whole (or no host memory for metadata: whole too) */
+        mt__seg_bin_out(a, b);
+        return;
+    }
+    mt_assert(size % MT__ALIGN == 0 && size > 0 && size < b->size);
     mt_segment_t *seg = b->seg;
-    mt_block_t *p = b->prev;
-    if (p != NULL && p->state == MT_BLOCK_INACTIVE) {
-        mt__seg_bin_out(a, p);
+    mt_binset_t *bs = seg->bins;
+    size_t bsize = b->size;
+    bool counted = b->split_counted;
+    /* The remainder takes b's place on b's list when that is where the insert would put
+     * it (b heads the list of the remainder's class). */
+    bool keep = mt__bins_heads(bs, b, bsize - size);
+    if (!keep)
+        mt__bins_unlink(bs, b);
+    r->addr = b->addr + size;
+    r->size = bsize - size;
+    r->seg = seg;
+    r->state = MT_BLOCK_INACTIVE;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL)
+        b->next->prev = r;
+    else
+        seg->last = r;
+    b->next = r;
+    b->size = size;
+    b->split_counted = false;
+    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
+    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
+    mt_assert(r->next == NULL || r->next->state != MT_BLOCK_INACTIVE);
+    mt_assert_expensive(seg_tiles(seg));
+    if (keep)
+        mt__bins_keep(bs, b, bsize, r);
+    else
+        mt__bins_link(bs, r);
+    /* b leaves inactive_split if it was in it; r, whose prev is b, comes in. */
+    r->split_counted = true;
+    mt__stat_move(a->st.inactive_split_bytes, seg->pool, (int64_t)r->size,
+                  counted ? (int64_t)bsize : 0);
+    mt__stat_move(a->st.inactive_split, seg->pool, 1, counted);
+}
+
+mt_block_t *mt__seg_merge_in(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted && b->npending == 0);
+    mt_segment_t *seg = b->seg;
+    mt_binset_t *bs = seg->bins;
+    mt_block_t *p = b->prev, *n = b->next;
+    if (p != NULL && p->state != MT_BLOCK_INACTIVE)
+        p = NULL;
+    if (n != NULL && n->state != MT_BLOCK_INACTIVE)
+        n = NULL;
+    /* The free neighbours leave the bins and inactive_split (they had b as a neighbour). */
+    mt_assert((p == NULL || p->split_counted) && (n == NULL || n->split_counted));
+    int64_t gone = (p ? (int64_t)p->size : 0) + (n ? (int64_t)n->size : 0);
+    int64_t ngone = (p != NULL) + (n != NULL);
+    mt_block_t *m = p != NULL ? p : b; /* the merged block */
+    size_t msize = b->size + (size_t)gone;
+    /* m takes the list place of the neighbour that heads the merged size's class, where
+     * the insert would put it: p (m itself), or n when there is no p. */
+    mt_block_t *head = p != NULL ? p : n;
+    size_t head_size = head != NULL ? head->size : 0;
+    bool keep = head != NULL && mt__bins_heads(bs, head, msize);
+    if (n != NULL && !(keep && head == n))
+        mt__bins_unlink(bs, n);
+    if (p != NULL && !keep)
+        mt__bins_unlink(bs, p);
+    if (p != NULL) {
+        p->split_counted = false;
         p->size += b->size;
         p->next = b->next;
         if (b->next != NULL)
             b->next->prev = p;
         else
             seg->last = p;
-        mt__block_release(a, b);
-        b = p;
     }
-    mt_block_t *n = b->next;
-    if (n != NULL && n->state == MT_BLOCK_INACTIVE) {
-        mt__seg_bin_out(a, n);
-        b->size += n->size;
-        b->next = n->next;
+    if (n != NULL) {
+        n->split_counted = false;
+        m->size += n->size;
+        m->next = n->next;
         if (n->next != NULL)
-            n->next->prev = b;
+            n->next->prev = m;
         else
-            seg->last = b;
-        mt__block_release(a, n);
+            seg->last = m;
     }
+    mt_assert(m->size == msize);
     /* Contiguous with its neighbours, and none of them free. */
-    mt_assert(b->prev == NULL ? seg->first == b
-                              : b->prev->state != MT_BLOCK_INACTIVE &&
-                                    b->prev->addr + b->prev->size == b->addr);
-    mt_assert(b->next == NULL
-                  ? seg->last == b && b->addr + b->size == seg->addr + seg->size
-                  : b->next->state != MT_BLOCK_INACTIVE && b->next->addr == b->addr + b->size);
+    mt_assert(m->prev == NULL ? seg->first == m
+                              : m->prev->state != MT_BLOCK_INACTIVE &&
+                                    m->prev->addr + m->prev->size == m->addr);
+    mt_assert(m->next == NULL
+                  ? seg->last == m && m->addr + m->size == seg->addr + seg->size
+                  : m->next->state != MT_BLOCK_INACTIVE && m->next->addr == m->addr + m->size);
+    if (keep)
+        mt__bins_keep(bs, head, head_size, m);
+    else
+        mt__bins_link(bs, m);
+    if (p != NULL)
+        mt__block_release(a, b);
+    if (n != NULL)
+        mt__block_release(a, n);
     mt_assert_expensive(seg_tiles(seg));
-    return b;
+    bool counted = m->prev != NULL || m->next != NULL;
+    m->split_counted = counted;
+    mt__stat_move(a->st.inactive_split_bytes, seg->pool, counted ? (int64_t)msize : 0, gone);
+    mt__stat_move(a->st.inactive_split, seg->pool, counted, ngone);
+    return m;
 }
 
 /* ---- new segments ---- */
