@@ -238,9 +238,20 @@ typedef struct mt_pending_s {
                       * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
-/* Blocks by start address: util's address table (util/addrmap.h, its invariants), each
- * value a block pointer. */
-typedef mt__amap_t mt_addrmap_t;
+/* Active blocks by start address: open addressing with linear probing from the home slot
+ * mt__addrmap_home (Fibonacci hashing of addr / MT__ALIGN), backward-shift deletion (no
+ * tombstones). The allocator's own table, not util's: its probes are inline on the hot
+ * path and its hash is one multiply.
+ * Invariants (mt__addrmap_check): cap = 0 (keys = vals = NULL) or a power of two >= 16
+ * with shift = 64 - log2(cap); n = number of slots with keys[i] != 0; n * 2 <= cap (an empty
+ * slot ends every probe); each key appears once, with no empty slot between its home slot
+ * and its slot (cyclically); vals[i]->addr = keys[i]. */
+typedef struct mt_addrmap_s {
+    uint64_t *keys;    /* cap slots; 0 = empty */
+    mt_block_t **vals; /* cap slots; vals[i] is the block at keys[i] */
+    size_t cap, n;     /* slots; keys held */
+    unsigned shift;    /* 64 - log2(cap) */
+} mt_addrmap_t;
 
 #include "allocator/plan.h" /* the warm-up plan's types (mt__plan_t) and calls */
 
@@ -671,38 +682,72 @@ void mt__blocks_fini(mt_alloc_t *a);
 /* The block of slot i of m's table, or NULL for an empty slot (walks over m). */
 static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
 {
-    return m->keys[i] != 0 ? (mt_block_t *)(uintptr_t)m->vals[i] : NULL;
+    return m->keys[i] != 0 ? m->vals[i] : NULL;
 }
 static inline int mt__addrmap_init(mt_addrmap_t *m)
 {
     *m = (mt_addrmap_t){0};
     return 0;
 }
-static inline void mt__addrmap_fini(mt_addrmap_t *m)
+void mt__addrmap_fini(mt_addrmap_t *m);
+/* Doubles m (or makes its first 16 slots): 0 or MT_ENOMEM (m unchanged). */
+int mt__addrmap_grow(mt_addrmap_t *m);
+/* The invariants of mt_addrmap_t; a static description of the first violation, or NULL. */
+const char *mt__addrmap_check(const mt_addrmap_t *m);
+static inline size_t mt__addrmap_home(const mt_addrmap_t *m, uint64_t addr)
 {
-    mt__amap_fini(m);
+    return (size_t)(((addr / MT__ALIGN) * UINT64_C(0x9e3779b97f4a7c15)) >> m->shift);
+}
+/* The slot holding addr, or the empty slot where its probe ends (cap > 0). */
+static inline size_t mt__addrmap_slot(const mt_addrmap_t *m, uint64_t addr)
+{
+    size_t mask = m->cap - 1, i = mt__addrmap_home(m, addr);
+    while (m->keys[i] != 0 && m->keys[i] != addr)
+        i = (i + 1) & mask;
+    return i;
+}
+static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
+{
+    if (m->cap == 0)
+        return NULL;
+    size_t i = mt__addrmap_slot(m, addr); /* addr 0 ends at an empty slot */
+    return m->keys[i] != 0 ? m->vals[i] : NULL;
 }
 /* b (active, its addr non-zero) under its address: 0 or MT_ENOMEM (m unchanged). */
 static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
 {
     mt_assert(b->addr != 0 && b->addr % MT__ALIGN == 0 && b->state != MT_BLOCK_INACTIVE);
 #if MT_ASSERT_LEVEL >= 1
-    uint64_t had = 0; /* two live blocks never share an address: only b may be put again */
-    mt_assert(mt__amap_get(m, b->addr, &had) != 0 || had == (uint64_t)(uintptr_t)b);
+    /* two live blocks never share an address: only b may be put again */
+    uint64_t had = (uint64_t)(uintptr_t)mt__addrmap_get(m, b->addr);
+    mt_assert(had == 0 || had == (uint64_t)(uintptr_t)b);
 #endif
-    return mt__amap_put(m, b->addr, (uint64_t)(uintptr_t)b);
+    if ((m->n + 1) * 2 > m->cap && mt__addrmap_grow(m) != 0)
+        return MT_ENOMEM;
+    size_t i = mt__addrmap_slot(m, b->addr);
+    m->n += m->keys[i] == 0;
+    m->keys[i] = b->addr;
+    m->vals[i] = b;
+    return 0;
 }
-static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
-{
-    uint64_t v;
-    return mt__amap_get(m, addr, &v) == 0 ? (mt_block_t *)(uintptr_t)v : NULL;
-}
-/* Removes addr, which is in m. */
+/* Removes addr, which is in m: a later key of the probe moves into the hole unless its home
+ * lies cyclically in (hole, its slot], so that every probe still reaches its key. */
 static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
 {
-    int rc = mt__amap_del(m, addr);
-    mt_assert(rc == 0);
-    (void)rc;
+    mt_assert(m->cap > 0);
+    size_t mask = m->cap - 1, i = mt__addrmap_slot(m, addr);
+    mt_assert(m->keys[i] == addr && addr != 0);
+    for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
+        size_t h = mt__addrmap_home(m, m->keys[j]);
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->vals[i] = NULL;
+    m->n--;
 }
 
 /* ---- segments.c ---- */
