@@ -30,7 +30,8 @@ mt_binset_t *mt__bins_create(int bp, mt_stream_t *s)
 
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 {
-    mt__bins_link(bs, b);
+    mt__bins_changed(bs->sr);
+    mt__bins_link(bs, b, mt__bin_class(b->size));
 }
 
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
@@ -38,6 +39,7 @@ void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
     /* b is on the list of its class: a double remove or a stale cls fails here. */
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->cls == mt__bin_class(b->size));
     mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[b->cls] == b);
+    mt__bins_changed(bs->sr);
     mt__bins_unlink(bs, b);
 }
 

@@ -27,7 +27,9 @@ static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, cons
     mt__alloc_stats_due(a, ev[n - 1].time_ns);
 }
 
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+/* mt__alloc_free_complete, inline into the free that completes at once. */
+static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_block_t *b, uint64_t t,
+                                                           const mt_event_rec_t *req)
 {
     mt__alloc_assert_owner(a);
     /* Freed, and every event recorded at its free seen complete. */
@@ -51,7 +53,13 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
         emit_free_completed(a, addr, size, seg, tag, t, req);
 }
 
-void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+{
+    complete(a, b, t, req);
+}
+
+/* mt__alloc_free_block, inline into the program's free. */
+static inline __attribute__((always_inline)) void free_block(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->tce == NULL);
@@ -104,8 +112,13 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     if (nwait > 0) {
         mt__alloc_wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
-        mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
+        complete(a, b, t, req_held ? &req : NULL);
     }
+}
+
+void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
+{
+    free_block(a, b);
 }
 
 int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
@@ -124,7 +137,7 @@ int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
      * that cache holds was freed already. */
     if (b->tce != NULL && (rc = mt__tc_disown(a, b)) != 0)
         goto out;
-    mt__alloc_free_block(a, b);
+    free_block(a, b);
 out:
     mt__alloc_unlock(a);
     return rc;

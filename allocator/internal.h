@@ -580,22 +580,22 @@ static inline bool mt__bins_bits_agree(const mt_binset_t *bs, unsigned c)
     bool row_bit = (bs->row_map >> r) & 1;
     return cls_bit == (bs->heads[c] != NULL) && row_bit == (bs->cls_map[r] != 0);
 }
-/* Its free space changed (a block into or out of its bins): sr->free_ver counts it, for
+/* Its free space changes (blocks into or out of its bins): sr->free_ver counts it, for
  * readers without mu (a thread cache's block handed out before is then no longer what best
- * fit would give again). */
+ * fit would give again). Once per operation under mu that changes the lists, before the
+ * first change: mt__bins_link, unlink and keep leave it to their callers. */
 static inline void mt__bins_changed(mt_streamrec_t *sr)
 {
     if (sr != NULL)
         __atomic_store_n(&sr->free_ver, __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED) + 1,
                          __ATOMIC_RELAXED);
 }
-/* Puts b (inactive, of bs) at the head of its class's list. */
-static inline void mt__bins_link(mt_binset_t *bs, mt_block_t *b)
+/* Puts b (inactive, of bs) at the head of the list of its class c = mt__bin_class(b->size). */
+static inline void mt__bins_link(mt_binset_t *bs, mt_block_t *b, unsigned c)
 {
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
     mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
-    mt__bins_changed(bs->sr);
-    unsigned c = mt__bin_class(b->size);
+    mt_assert(c == mt__bin_class(b->size));
     b->cls = (uint16_t)c;
     b->bin_prev = NULL;
     b->bin_next = bs->heads[c];
@@ -612,7 +612,6 @@ static inline void mt__bins_link(mt_binset_t *bs, mt_block_t *b)
 static inline void mt__bins_unlink(mt_binset_t *bs, mt_block_t *b)
 {
     unsigned c = b->cls;
-    mt__bins_changed(bs->sr);
     mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
     mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);
     mt_assert(b->bin_next == NULL || b->bin_next->bin_prev == b);
@@ -635,15 +634,15 @@ static inline void mt__bins_unlink(mt_binset_t *bs, mt_block_t *b)
     mt_assert(mt__bins_bits_agree(bs, c));
     mt_assert(bs->nblocks > 0 || (bs->row_map == 0 && bs->bytes == 0));
 }
-/* mt__bins_link and mt__bins_unlink out of line (the checks of a double remove name it). */
+/* mt__bins_link and mt__bins_unlink out of line, free_ver counted (the checks of a double
+ * remove name it). */
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b);
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b);
-/* b heads the list of its class, and a block of size bytes would be in that class: taking b
- * out and putting a block of size bytes in leaves the lists as they were, with that block
- * in b's place. */
-static inline bool mt__bins_heads(const mt_binset_t *bs, const mt_block_t *b, size_t size)
+/* b heads the list of its class, and that class is c: taking b out and putting a block of
+ * class c in leaves the lists as they were, with that block in b's place. */
+static inline bool mt__bins_heads(const mt_binset_t *bs, const mt_block_t *b, unsigned c)
 {
-    return b->bin_prev == NULL && b->cls == mt__bin_class(size) && bs->heads[b->cls] == b;
+    return b->bin_prev == NULL && b->cls == c && bs->heads[c] == b;
 }
 /* nb (inactive, nb->size set; nb may be old) takes the place of old, which heads its list
  * and had old_size bytes, where mt__bins_heads(bs, old, nb->size): the lists, bitmaps
@@ -654,7 +653,6 @@ static inline void mt__bins_keep(mt_binset_t *bs, mt_block_t *old, size_t old_si
     mt_assert(bs->heads[c] == old && old->bin_prev == NULL && old->state == MT_BLOCK_INACTIVE);
     mt_assert(nb->state == MT_BLOCK_INACTIVE && nb->seg != NULL && nb->seg->bins == bs);
     mt_assert(mt__bin_class(nb->size) == c && nb->size % MT__ALIGN == 0 && bs->bytes >= old_size);
-    mt__bins_changed(bs->sr);
     if (nb != old) {
         nb->cls = (uint16_t)c;
         nb->bin_prev = NULL;

@@ -45,8 +45,10 @@ void mt__block_release(mt_alloc_t *a, mt_block_t *b)
     mt__alloc_assert_owner(a);
     /* A struct going back to the pool is in no free list and no address map. */
     mt_assert(mt__addrmap_get(&a->map, b->addr) != b);
-    free(b->uses);
-    b->uses = NULL;
+    if (b->uses != NULL) { /* most blocks never had another stream */
+        free(b->uses);
+        b->uses = NULL;
+    }
     b->bin_next = a->blk_free;
     a->blk_free = b;
 }

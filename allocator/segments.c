@@ -81,7 +81,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
     /* Free neighbours were merged first (the previous one may be a block being split,
      * still inactive until it is handed out). */
     mt_assert(b->next == NULL || b->next->state != MT_BLOCK_INACTIVE);
-    mt__bins_link(b->seg->bins, b);
+    mt__bins_changed(b->seg->bins->sr);
+    mt__bins_link(b->seg->bins, b, mt__bin_class(b->size));
     if (b->prev != NULL || b->next != NULL) {
         b->split_counted = true;
         mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
@@ -93,6 +94,7 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
+    mt__bins_changed(b->seg->bins->sr);
     mt__bins_unlink(b->seg->bins, b);
     if (b->split_counted) {
         b->split_counted = false;
@@ -175,7 +177,9 @@ void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
     bool counted = b->split_counted;
     /* The remainder takes b's place on b's list when that is where the insert would put
      * it (b heads the list of the remainder's class). */
-    bool keep = mt__bins_heads(bs, b, bsize - size);
+    unsigned rc = mt__bin_class(bsize - size);
+    bool keep = mt__bins_heads(bs, b, rc);
+    mt__bins_changed(bs->sr);
     if (!keep)
         mt__bins_unlink(bs, b);
     r->addr = b->addr + size;
@@ -198,7 +202,7 @@ void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
     if (keep)
         mt__bins_keep(bs, b, bsize, r);
     else
-        mt__bins_link(bs, r);
+        mt__bins_link(bs, r, rc);
     /* b leaves inactive_split if it was in it; r, whose prev is b, comes in. */
     r->split_counted = true;
     mt__stat_move(a->st.inactive_split_bytes, seg->pool, (int64_t)r->size,
@@ -227,7 +231,9 @@ mt_block_t *mt__seg_merge_in(mt_alloc_t *a, mt_block_t *b)
      * the insert would put it: p (m itself), or n when there is no p. */
     mt_block_t *head = p != NULL ? p : n;
     size_t head_size = head != NULL ? head->size : 0;
-    bool keep = head != NULL && mt__bins_heads(bs, head, msize);
+    unsigned mc = mt__bin_class(msize);
+    bool keep = head != NULL && mt__bins_heads(bs, head, mc);
+    mt__bins_changed(bs->sr);
     if (n != NULL && !(keep && head == n))
         mt__bins_unlink(bs, n);
     if (p != NULL && !keep)
@@ -261,7 +267,7 @@ mt_block_t *mt__seg_merge_in(mt_alloc_t *a, mt_block_t *b)
     if (keep)
         mt__bins_keep(bs, head, head_size, m);
     else
-        mt__bins_link(bs, m);
+        mt__bins_link(bs, m, mc);
     if (p != NULL)
         mt__block_release(a, b);
     if (n != NULL)
