@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "memtrace/alloc.h"
@@ -674,8 +675,8 @@ size_t mt__bins_largest(const mt_binset_t *bs);
 const char *mt__bins_check(const mt_binset_t *bs, size_t *nblocks);
 
 /* ---- meta.c ---- */
-mt_block_t *mt__block_new(mt_alloc_t *a);
-void mt__block_release(mt_alloc_t *a, mt_block_t *b);
+/* Adds a chunk of block structs to the pool: 0 or MT_ENOMEM. */
+int mt__blocks_grow(mt_alloc_t *a);
 void mt__blocks_fini(mt_alloc_t *a);
 /* The block of slot i of m's table, or NULL for an empty slot (walks over m). */
 static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
@@ -746,6 +747,31 @@ static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
     m->keys[i] = 0;
     m->vals[i] = NULL;
     m->n--;
+}
+
+/* A zeroed block struct from the pool, or NULL without host memory. */
+static inline mt_block_t *mt__block_new(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    if (a->blk_free == NULL && mt__blocks_grow(a) != 0)
+        return NULL;
+    mt_block_t *b = a->blk_free;
+    a->blk_free = b->bin_next;
+    *b = (mt_block_t){0};
+    return b;
+}
+/* Returns b's struct to the pool. */
+static inline void mt__block_release(mt_alloc_t *a, mt_block_t *b)
+{
+    mt__alloc_assert_owner(a);
+    /* A struct going back to the pool is in no free list and no address map. */
+    mt_assert(mt__addrmap_get(&a->map, b->addr) != b);
+    if (b->uses != NULL) { /* most blocks never had another stream */
+        free(b->uses);
+        b->uses = NULL;
+    }
+    b->bin_next = a->blk_free;
+    a->blk_free = b;
 }
 
 /* ---- segments.c ---- */

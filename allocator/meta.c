@@ -3,7 +3,6 @@
  * O(1) (its probes: internal.h). Both are private to one allocator and guarded by its
  * mutex. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "allocator/internal.h"
 #include "util/grow.h"
@@ -12,7 +11,7 @@
 
 /* ---- block pool ---- */
 
-static int grow_blocks(mt_alloc_t *a)
+int mt__blocks_grow(mt_alloc_t *a)
 {
     void **nc = mt__grow(a->blk_chunks, &a->cap_chunks, a->nchunks + 1, sizeof *nc, 8);
     if (nc == NULL)
@@ -27,30 +26,6 @@ static int grow_blocks(mt_alloc_t *a)
         a->blk_free = &chunk[i];
     }
     return 0;
-}
-
-mt_block_t *mt__block_new(mt_alloc_t *a)
-{
-    mt__alloc_assert_owner(a);
-    if (a->blk_free == NULL && grow_blocks(a) != 0)
-        return NULL;
-    mt_block_t *b = a->blk_free;
-    a->blk_free = b->bin_next;
-    memset(b, 0, sizeof *b);
-    return b;
-}
-
-void mt__block_release(mt_alloc_t *a, mt_block_t *b)
-{
-    mt__alloc_assert_owner(a);
-    /* A struct going back to the pool is in no free list and no address map. */
-    mt_assert(mt__addrmap_get(&a->map, b->addr) != b);
-    if (b->uses != NULL) { /* most blocks never had another stream */
-        free(b->uses);
-        b->uses = NULL;
-    }
-    b->bin_next = a->blk_free;
-    a->blk_free = b;
 }
 
 void mt__blocks_fini(mt_alloc_t *a)
