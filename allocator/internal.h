@@ -705,12 +705,19 @@ static inline size_t mt__addrmap_slot(const mt_addrmap_t *m, uint64_t addr)
         i = (i + 1) & mask;
     return i;
 }
-static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
+/* The block at addr, or NULL; *slot = its slot (for mt__addrmap_del_at). */
+static inline mt_block_t *mt__addrmap_find(const mt_addrmap_t *m, uintptr_t addr, size_t *slot)
 {
     if (m->cap == 0)
         return NULL;
     size_t i = mt__addrmap_slot(m, addr); /* addr 0 ends at an empty slot */
+    *slot = i;
     return m->keys[i] != 0 ? m->vals[i] : NULL;
+}
+static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
+{
+    size_t slot;
+    return mt__addrmap_find(m, addr, &slot);
 }
 /* b (active, its addr non-zero) under its address: 0 or MT_ENOMEM (m unchanged). */
 static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
@@ -729,12 +736,16 @@ static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
     m->vals[i] = b;
     return 0;
 }
-/* Removes addr, which is in m: a later key of the probe moves into the hole unless its home
- * lies cyclically in (hole, its slot], so that every probe still reaches its key. */
-static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
+/* Removes addr from slot i, where it is (hint: a slot found for it earlier in the same
+ * operation, or any value when m may have changed since): a later key of the probe moves
+ * into the hole unless its home lies cyclically in (hole, its slot], so that every probe
+ * still reaches its key. */
+static inline void mt__addrmap_del_at(mt_addrmap_t *m, uintptr_t addr, size_t hint)
 {
     mt_assert(m->cap > 0);
-    size_t mask = m->cap - 1, i = mt__addrmap_slot(m, addr);
+    size_t mask = m->cap - 1, i = hint;
+    if (i >= m->cap || m->keys[i] != addr)
+        i = mt__addrmap_slot(m, addr);
     mt_assert(m->keys[i] == addr && addr != 0);
     for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
         size_t h = mt__addrmap_home(m, m->keys[j]);
@@ -747,6 +758,11 @@ static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
     m->keys[i] = 0;
     m->vals[i] = NULL;
     m->n--;
+}
+/* Removes addr, which is in m. */
+static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
+{
+    mt__addrmap_del_at(m, addr, SIZE_MAX);
 }
 
 /* A zeroed block struct from the pool, or NULL without host memory. */
