@@ -1,6 +1,7 @@
 /* The caching allocator's steps on blocks that its hot paths take inline: the bins' list
  * steps (bins.c has the rest), the block-struct pool and the address table's probes
- * (meta.c has their growth and checks). internal.h includes this header after its types;
+ * (meta.c has their growth and checks), and segments.c's take of a block for a malloc and
+ * merge of a freed one. internal.h includes this header at its end;
  * the invariants are those written at mt_binset_s and mt_addrmap_s there. */
 #ifndef MT_ALLOCATOR_BLOCKS_H
 #define MT_ALLOCATOR_BLOCKS_H
@@ -235,6 +236,165 @@ static inline void mt__block_release(mt_alloc_t *a, mt_block_t *b)
     }
     b->bin_next = a->blk_free;
     a->blk_free = b;
+}
+
+/* ---- segments.c: a malloc's take and a free's merge ---- */
+/* The blocks tile the segment's mapped bytes: linked both ways, contiguous, first at addr,
+ * last ending at addr + size (a walk: for mt_assert_expensive). */
+static inline bool mt__seg_tiles(const mt_segment_t *seg)
+{
+    uintptr_t at = seg->addr;
+    const mt_block_t *prev = NULL;
+    for (const mt_block_t *b = seg->first; b != NULL; prev = b, b = b->next) {
+        if (b->prev != prev || b->seg != seg || b->addr != at)
+            return false;
+        at += b->size;
+    }
+    return prev == seg->last && at == seg->addr + seg->size;
+}
+
+/* b (of at least size bytes) is split to hand out size bytes (the reference's rules). */
+static inline bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
+{
+    mt_assert(size <= b->size);
+    size_t remaining = b->size - size;
+    const mt_segment_t *seg = b->seg;
+    /* Small blocks, warm-up reservations and expandable segments split down to the
+     * minimum block: none of them strands a large remainder in a separate segment. */
+    if (seg->pool != MT__BP_LARGE || seg->expandable)
+        return remaining >= MT__MIN_BLOCK;
+    if (size >= a->cfg.max_split_size)
+        return false;
+    return a->cfg.split_large_tails ? remaining >= MT__MIN_BLOCK : remaining > MT__SMALL_SIZE;
+}
+
+/* Takes b (inactive, in the bins) out to hand it out as size bytes: split when
+ * mt__seg_should_split says so, the remainder going back to the bins. The lists, bitmaps
+ * and inactive_split counters that mt__seg_bin_out, mt__seg_split and mt__seg_bin_in
+ * would leave, in one pass. */
+static inline void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= size);
+    mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
+    mt_block_t *r = mt__seg_should_split(a, b, size) ? mt__block_new(a) : NULL;
+    if (r == NULL) { /* whole (or no host memory for metadata: whole too) */
+        mt__seg_bin_out(a, b);
+        return;
+    }
+    mt_assert(size % MT__ALIGN == 0 && size > 0 && size < b->size);
+    mt_segment_t *seg = b->seg;
+    mt_binset_t *bs = seg->bins;
+    size_t bsize = b->size;
+    bool counted = b->split_counted;
+    /* The remainder takes b's place on b's list when that is where the insert would put
+     * it (b heads the list of the remainder's class). */
+    unsigned rc = mt__bin_class(bsize - size);
+    bool keep = mt__bins_heads(bs, b, rc);
+    mt__bins_changed(bs->sr);
+    if (!keep)
+        mt__bins_unlink(bs, b);
+    r->addr = b->addr + size;
+    r->size = bsize - size;
+    r->seg = seg;
+    r->state = MT_BLOCK_INACTIVE;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL)
+        b->next->prev = r;
+    else
+        seg->last = r;
+    b->next = r;
+    b->size = size;
+    b->split_counted = false;
+    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
+    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
+    mt_assert(r->next == NULL || r->next->state != MT_BLOCK_INACTIVE);
+    mt_assert_expensive(mt__seg_tiles(seg));
+    if (keep)
+        mt__bins_keep(bs, b, bsize, r);
+    else
+        mt__bins_link(bs, r, rc);
+    /* b leaves inactive_split if it was in it; r, whose prev is b, comes in. */
+    r->split_counted = true;
+    mt__stat_move(a->st.inactive_split_bytes, seg->pool, (int64_t)r->size,
+                  counted ? (int64_t)bsize : 0);
+    mt__stat_move(a->st.inactive_split, seg->pool, 1, counted);
+}
+
+/* Merges inactive b (in no bin) with its inactive neighbours and puts the merged block
+ * into the bins, as taking the neighbours out (mt__seg_bin_out), joining the three and
+ * putting the result in (mt__seg_bin_in) would, in one pass. Returns the merged block (b
+ * or prev). */
+static inline __attribute__((always_inline)) mt_block_t *mt__seg_merge_in(mt_alloc_t *a,
+                                                                          mt_block_t *b)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted && b->npending == 0);
+    mt_segment_t *seg = b->seg;
+    mt_binset_t *bs = seg->bins;
+    mt_block_t *p = b->prev, *n = b->next;
+    if (p != NULL && p->state != MT_BLOCK_INACTIVE)
+        p = NULL;
+    if (n != NULL && n->state != MT_BLOCK_INACTIVE)
+        n = NULL;
+    /* The free neighbours leave the bins and inactive_split (they had b as a neighbour). */
+    mt_assert((p == NULL || p->split_counted) && (n == NULL || n->split_counted));
+    int64_t gone = (p ? (int64_t)p->size : 0) + (n ? (int64_t)n->size : 0);
+    int64_t ngone = (p != NULL) + (n != NULL);
+    mt_block_t *m = p != NULL ? p : b; /* the merged block */
+    size_t msize = b->size + (size_t)gone;
+    /* m takes the list place of the neighbour that heads the merged size's class, where
+     * the insert would put it: p (m itself), or n when there is no p. */
+    mt_block_t *head = p != NULL ? p : n;
+    size_t head_size = head != NULL ? head->size : 0;
+    unsigned mc = mt__bin_class(msize);
+    bool keep = head != NULL && mt__bins_heads(bs, head, mc);
+    mt__bins_changed(bs->sr);
+    if (n != NULL && !(keep && head == n))
+        mt__bins_unlink(bs, n);
+    if (p != NULL && !keep)
+        mt__bins_unlink(bs, p);
+    if (p != NULL) {
+        p->split_counted = false;
+        p->size += b->size;
+        p->next = b->next;
+        if (b->next != NULL)
+            b->next->prev = p;
+        else
+            seg->last = p;
+    }
+    if (n != NULL) {
+        n->split_counted = false;
+        m->size += n->size;
+        m->next = n->next;
+        if (n->next != NULL)
+            n->next->prev = m;
+        else
+            seg->last = m;
+    }
+    mt_assert(m->size == msize);
+    /* Contiguous with its neighbours, and none of them free. */
+    mt_assert(m->prev == NULL ? seg->first == m
+                              : m->prev->state != MT_BLOCK_INACTIVE &&
+                                    m->prev->addr + m->prev->size == m->addr);
+    mt_assert(m->next == NULL
+                  ? seg->last == m && m->addr + m->size == seg->addr + seg->size
+                  : m->next->state != MT_BLOCK_INACTIVE && m->next->addr == m->addr + m->size);
+    if (keep)
+        mt__bins_keep(bs, head, head_size, m);
+    else
+        mt__bins_link(bs, m, mc);
+    if (p != NULL)
+        mt__block_release(a, b);
+    if (n != NULL)
+        mt__block_release(a, n);
+    mt_assert_expensive(mt__seg_tiles(seg));
+    bool counted = m->prev != NULL || m->next != NULL;
+    m->split_counted = counted;
+    mt__stat_move(a->st.inactive_split_bytes, seg->pool, counted ? (int64_t)msize : 0, gone);
+    mt__stat_move(a->st.inactive_split, seg->pool, counted, ngone);
+    return m;
 }
 
 #endif

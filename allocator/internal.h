@@ -559,9 +559,6 @@ void mt__alloc_pending_drop(mt_alloc_t *a);
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);
 
-/* ---- bins.c and meta.c (their inline steps: blocks.h) ---- */
-#include "allocator/blocks.h"
-
 /* ---- segments.c ---- */
 /* Size of a new segment for a rounded request in pool bp (small/large). */
 size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize);
@@ -575,19 +572,9 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
  * Returns bytes given back. An expandable segment's pages are unmapped with the lock
  * released: seg may be gone on return. */
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
-/* Takes b (inactive, in the bins) out to hand it out as size bytes: split when
- * mt__seg_should_split says so, the remainder going back to the bins. The lists, bitmaps
- * and inactive_split counters that mt__seg_bin_out, mt__seg_split and mt__seg_bin_in
- * would leave, in one pass. */
-void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size);
-/* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
+/* Splits b so that it is exactly size bytes, the remainder going back to the bins. The
+ * malloc's take and the free's merge: blocks.h. */
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
-bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size);
-/* Merges inactive b (in no bin) with its inactive neighbours and puts the merged block
- * into the bins, as taking the neighbours out (mt__seg_bin_out), joining the three and
- * putting the result in (mt__seg_bin_in) would, in one pass. Returns the merged block (b
- * or prev). */
-mt_block_t *mt__seg_merge_in(mt_alloc_t *a, mt_block_t *b);
 /* Garbage collection: releases the oldest unused cached segments until reserved is at or
  * below the GC limit (expandable pages with the lock released). */
 void mt__seg_gc(mt_alloc_t *a);
@@ -837,5 +824,8 @@ int mt__async_empty_cache(mt_alloc_t *a);
 void mt__async_refresh(mt_alloc_t *a);
 /* The invariants of async.c's struct, mu held; a static description or NULL. */
 const char *mt__async_is_valid(mt_alloc_t *a);
+
+/* ---- bins.c, meta.c, segments.c: their steps the hot paths take inline ---- */
+#include "allocator/blocks.h"
 
 #endif
