@@ -512,9 +512,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         }
     }
     mt_assert(b->state == MT_BLOCK_INACTIVE && b->size >= rsize);
-    mt__seg_bin_out(a, b);
-    if (mt__seg_should_split(a, b, rsize))
-        mt__seg_split(a, b, rsize);
+    mt__seg_take(a, b, rsize);
     b->state = MT_BLOCK_ACTIVE_ALLOCATED;
     if (front != NULL)
         mt__seg_bin_in(a, front);
@@ -527,8 +525,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         /* Host memory for the hash table ran out: give the block back untouched. */
         b->state = MT_BLOCK_INACTIVE;
         b->requested = 0;
-        b = mt__seg_merge(a, b);
-        mt__seg_bin_in(a, b);
+        mt__seg_merge_in(a, b);
         goto out;
     }
     if (planned) {
@@ -539,16 +536,20 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     int sp = seg->pool, st = mt__stat_pool(sp);
     mt__tc_peak_guard(a, mine, st, b->size, size,
                       tag); /* a new peak is set with truth = counters */
-    mt__stat_inc2(a->st.allocated_bytes, st, (int64_t)b->size);
+    /* (the sizes in locals: a counter's store may alias a size_t, which would be read
+     * again after each) */
+    int64_t bytes = (int64_t)b->size, req = (int64_t)size;
+    mt_alloc_stats_t *c = &a->st;
+    mt__stat_inc2(c->allocated_bytes, st, bytes);
     mt__scope_track(a);
-    mt__stat_inc2(a->st.requested_bytes, st, (int64_t)size);
-    mt__stat_inc2(a->st.allocation, st, 1);
-    mt__stat_inc2(a->st.active_bytes, st, (int64_t)b->size);
-    mt__stat_inc2(a->st.active, st, 1);
-    mt__stat_inc1(&a->st.tag_allocated_bytes[tag], (int64_t)b->size);
-    mt__stat_inc1(&a->st.tag_requested_bytes[tag], (int64_t)size);
-    if (__builtin_expect(b->size >= a->cfg.max_split_size, 0))
-        mt__stat_inc1(&a->st.oversize_allocations, 1);
+    mt__stat_inc2(c->requested_bytes, st, req);
+    mt__stat_inc2(c->allocation, st, 1);
+    mt__stat_inc2(c->active_bytes, st, bytes);
+    mt__stat_inc2(c->active, st, 1);
+    mt__stat_inc1(&c->tag_allocated_bytes[tag], bytes);
+    mt__stat_inc1(&c->tag_requested_bytes[tag], req);
+    if (__builtin_expect((size_t)bytes >= a->cfg.max_split_size, 0))
+        mt__stat_inc1(&c->oversize_allocations, 1);
     mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current <=
                   a->st.active_bytes[MT_STAT_ALL].current &&
               a->st.active_bytes[MT_STAT_ALL].current <= a->st.reserved_bytes[MT_STAT_ALL].current);

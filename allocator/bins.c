@@ -9,28 +9,6 @@
 
 #include "allocator/internal.h"
 
-/* The bitmap bits of class c agree with its list (the binset invariant, for one class). */
-static inline bool class_bits_agree(const mt_binset_t *bs, unsigned c)
-{
-    unsigned r = c / MT__SL_N;
-    bool cls_bit = (bs->cls_map[r] >> (c % MT__SL_N)) & 1;
-    bool row_bit = (bs->row_map >> r) & 1;
-    return cls_bit == (bs->heads[c] != NULL) && row_bit == (bs->cls_map[r] != 0);
-}
-
-unsigned mt__bin_class(size_t size)
-{
-    size_t u = size / MT__ALIGN;
-    if (u < MT__SL_N)
-        return (unsigned)u;
-    unsigned fl = 63u - (unsigned)__builtin_clzll((unsigned long long)u);
-    unsigned sl = (unsigned)(u >> (fl - MT__SL_BITS)) & (MT__SL_N - 1);
-    unsigned row = fl - (MT__SL_BITS - 1);
-    if (row >= MT__ROWS)
-        return MT__NCLASS - 1;
-    return row * MT__SL_N + sl;
-}
-
 size_t mt__bin_class_min(unsigned cls)
 {
     unsigned row = cls / MT__SL_N, sl = cls % MT__SL_N;
@@ -50,61 +28,19 @@ mt_binset_t *mt__bins_create(int bp, mt_stream_t *s)
     return bs;
 }
 
-/* Its free space changed (a block into or out of its bins): sr->free_ver counts it, for
- * readers without mu (a thread cache's block handed out before is then no longer what best
- * fit would give again). */
-static inline void free_changed(mt_streamrec_t *sr)
-{
-    if (sr != NULL)
-        __atomic_store_n(&sr->free_ver, __atomic_load_n(&sr->free_ver, __ATOMIC_RELAXED) + 1,
-                         __ATOMIC_RELAXED);
-}
-
 void mt__bins_insert(mt_binset_t *bs, mt_block_t *b)
 {
-    mt_assert(b->state == MT_BLOCK_INACTIVE && b->seg != NULL && b->seg->bins == bs);
-    mt_assert(b->size > 0 && b->size % MT__ALIGN == 0 && b->addr % MT__ALIGN == 0);
-    free_changed(bs->sr);
-    unsigned c = mt__bin_class(b->size);
-    b->cls = (uint16_t)c;
-    b->bin_prev = NULL;
-    b->bin_next = bs->heads[c];
-    if (b->bin_next != NULL)
-        b->bin_next->bin_prev = b;
-    bs->heads[c] = b;
-    bs->cls_map[c / MT__SL_N] |= 1u << (c % MT__SL_N);
-    bs->row_map |= 1ull << (c / MT__SL_N);
-    bs->nblocks++;
-    bs->bytes += b->size;
-    mt_assert(class_bits_agree(bs, c));
+    mt__bins_changed(bs->sr);
+    mt__bins_link(bs, b, mt__bin_class(b->size));
 }
 
 void mt__bins_remove(mt_binset_t *bs, mt_block_t *b)
 {
-    unsigned c = b->cls;
-    free_changed(bs->sr);
     /* b is on the list of its class: a double remove or a stale cls fails here. */
-    mt_assert(b->state == MT_BLOCK_INACTIVE && c == mt__bin_class(b->size));
-    mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[c] == b);
-    mt_assert(b->bin_next == NULL || b->bin_next->bin_prev == b);
-    mt_assert(bs->nblocks > 0 && bs->bytes >= b->size);
-    if (b->bin_prev != NULL)
-        b->bin_prev->bin_next = b->bin_next;
-    else
-        bs->heads[c] = b->bin_next;
-    if (b->bin_next != NULL)
-        b->bin_next->bin_prev = b->bin_prev;
-    b->bin_prev = b->bin_next = NULL;
-    if (bs->heads[c] == NULL) {
-        unsigned r = c / MT__SL_N;
-        bs->cls_map[r] &= ~(1u << (c % MT__SL_N));
-        if (bs->cls_map[r] == 0)
-            bs->row_map &= ~(1ull << r);
-    }
-    bs->nblocks--;
-    bs->bytes -= b->size;
-    mt_assert(class_bits_agree(bs, c));
-    mt_assert(bs->nblocks > 0 || (bs->row_map == 0 && bs->bytes == 0));
+    mt_assert(b->state == MT_BLOCK_INACTIVE && b->cls == mt__bin_class(b->size));
+    mt_assert(b->bin_prev != NULL ? b->bin_prev->bin_next == b : bs->heads[b->cls] == b);
+    mt__bins_changed(bs->sr);
+    mt__bins_unlink(bs, b);
 }
 
 /* First non-empty class strictly above c, or MT__NCLASS. */

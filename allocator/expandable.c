@@ -365,7 +365,7 @@ static size_t plan_unmap(mt_alloc_t *a, mt__unmap_batch_t *q, mt_block_t *b, siz
 static void keep_free(mt_alloc_t *a, mt_block_t *b)
 {
     b->state = MT_BLOCK_INACTIVE;
-    mt__seg_bin_in(a, mt__seg_merge(a, b));
+    mt__seg_merge_in(a, b);
 }
 
 /* Finishes entry u after its unmap (lock held): the run loses the pages and shrinks, splits

@@ -27,7 +27,9 @@ static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, cons
     mt__alloc_stats_due(a, ev[n - 1].time_ns);
 }
 
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+/* mt__alloc_free_complete, inline into the free that completes at once. */
+static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_block_t *b, uint64_t t,
+                                                           const mt_event_rec_t *req, size_t slot)
 {
     mt__alloc_assert_owner(a);
     /* Freed, and every event recorded at its free seen complete. */
@@ -37,7 +39,7 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     uintptr_t addr = b->addr;
     size_t size = b->size;
     int tag = b->tag;
-    mt__addrmap_del(&a->map, b->addr);
+    mt__addrmap_del_at(&a->map, b->addr, slot);
     int sp = mt__stat_pool(seg->pool);
     mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
     mt__stat_sub2(a->st.active, sp, 1);
@@ -45,14 +47,20 @@ void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_
     b->requested = 0;
     b->nuses = 0;
     b->npending = 0;
-    b = mt__seg_merge(a, b);
-    mt__seg_bin_in(a, b);
+    mt__seg_merge_in(a, b);
     seg->last_used = ++a->clock;
     if (__builtin_expect(tells(a), 0))
         emit_free_completed(a, addr, size, seg, tag, t, req);
 }
 
-void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+{
+    complete(a, b, t, req, SIZE_MAX);
+}
+
+/* mt__alloc_free_block, inline into the program's free. */
+static inline __attribute__((always_inline)) void free_block(mt_alloc_t *a, mt_block_t *b,
+                                                             size_t slot)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->state == MT_BLOCK_ACTIVE_ALLOCATED && b->tce == NULL);
@@ -105,8 +113,13 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     if (nwait > 0) {
         mt__alloc_wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
-        mt__alloc_free_complete(a, b, t, req_held ? &req : NULL);
+        complete(a, b, t, req_held ? &req : NULL, slot);
     }
+}
+
+void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
+{
+    free_block(a, b, SIZE_MAX);
 }
 
 int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
@@ -115,7 +128,8 @@ int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
     /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
     mt__tc_flush_mine(a, mt__tc_mine(a));
     int rc = 0;
-    mt_block_t *b = mt__addrmap_get(&a->map, (uintptr_t)ptr);
+    size_t slot = SIZE_MAX; /* b's slot in the table: its delete at completion probes no more */
+    mt_block_t *b = mt__addrmap_find(&a->map, (uintptr_t)ptr, &slot);
     if (b == NULL || b->state != MT_BLOCK_ACTIVE_ALLOCATED) {
         rc = MT_ENOENT;
         goto out;
@@ -125,7 +139,7 @@ int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
      * that cache holds was freed already. */
     if (b->tce != NULL && (rc = mt__tc_disown(a, b)) != 0)
         goto out;
-    mt__alloc_free_block(a, b);
+    free_block(a, b, slot);
 out:
     mt__alloc_unlock(a);
     return rc;

@@ -3,6 +3,7 @@
  *   pending.c  pending frees: events recorded at free, their pool, waits for them
  *   bins.c     size-class bins (two-level segregated fit with bitmaps)
  *   meta.c     block-struct pool and the address -> block hash table
+ *   blocks.h   the hot paths' steps on them inline: bins' lists, block pool, table probes
  *   segments.c segments, split/merge, release and garbage collection
  *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
@@ -27,6 +28,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "memtrace/alloc.h"
@@ -238,9 +240,20 @@ typedef struct mt_pending_s {
                       * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
-/* Blocks by start address: util's address table (util/addrmap.h, its invariants), each
- * value a block pointer. */
-typedef mt__amap_t mt_addrmap_t;
+/* Active blocks by start address: open addressing with linear probing from the home slot
+ * mt__addrmap_home (Fibonacci hashing of addr / MT__ALIGN), backward-shift deletion (no
+ * tombstones). The allocator's own table, not util's: its probes are inline on the hot
+ * path and its hash is one multiply.
+ * Invariants (mt__addrmap_check): cap = 0 (keys = vals = NULL) or a power of two >= 16
+ * with shift = 64 - log2(cap); n = number of slots with keys[i] != 0; n * 2 <= cap (an empty
+ * slot ends every probe); each key appears once, with no empty slot between its home slot
+ * and its slot (cyclically); vals[i]->addr = keys[i]. */
+typedef struct mt_addrmap_s {
+    uint64_t *keys;    /* cap slots; 0 = empty */
+    mt_block_t **vals; /* cap slots; vals[i] is the block at keys[i] */
+    size_t cap, n;     /* slots; keys held */
+    unsigned shift;    /* 64 - log2(cap) */
+} mt_addrmap_t;
 
 #include "allocator/plan.h" /* the warm-up plan's types (mt__plan_t) and calls */
 
@@ -546,61 +559,6 @@ void mt__alloc_pending_drop(mt_alloc_t *a);
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);
 
-/* ---- bins.c ---- */
-unsigned mt__bin_class(size_t size);
-size_t mt__bin_class_min(unsigned cls);
-mt_binset_t *mt__bins_create(int bp, mt_stream_t *s);
-void mt__bins_insert(mt_binset_t *bs, mt_block_t *b);
-void mt__bins_remove(mt_binset_t *bs, mt_block_t *b);
-/* Best fit of size bytes among blocks of size < upper (exclusive); NULL if none. Does not
- * remove the block. */
-mt_block_t *mt__bins_find(const mt_binset_t *bs, size_t size, size_t upper);
-/* Largest block in the bins (0 if empty). */
-size_t mt__bins_largest(const mt_binset_t *bs);
-/* Verifies the binset's invariants; returns a static description of the first violation. */
-const char *mt__bins_check(const mt_binset_t *bs, size_t *nblocks);
-
-/* ---- meta.c ---- */
-mt_block_t *mt__block_new(mt_alloc_t *a);
-void mt__block_release(mt_alloc_t *a, mt_block_t *b);
-void mt__blocks_fini(mt_alloc_t *a);
-/* The block of slot i of m's table, or NULL for an empty slot (walks over m). */
-static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
-{
-    return m->keys[i] != 0 ? (mt_block_t *)(uintptr_t)m->vals[i] : NULL;
-}
-static inline int mt__addrmap_init(mt_addrmap_t *m)
-{
-    *m = (mt_addrmap_t){0};
-    return 0;
-}
-static inline void mt__addrmap_fini(mt_addrmap_t *m)
-{
-    mt__amap_fini(m);
-}
-/* b (active, its addr non-zero) under its address: 0 or MT_ENOMEM (m unchanged). */
-static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
-{
-    mt_assert(b->addr != 0 && b->addr % MT__ALIGN == 0 && b->state != MT_BLOCK_INACTIVE);
-#if MT_ASSERT_LEVEL >= 1
-    uint64_t had = 0; /* two live blocks never share an address: only b may be put again */
-    mt_assert(mt__amap_get(m, b->addr, &had) != 0 || had == (uint64_t)(uintptr_t)b);
-#endif
-    return mt__amap_put(m, b->addr, (uint64_t)(uintptr_t)b);
-}
-static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
-{
-    uint64_t v;
-    return mt__amap_get(m, addr, &v) == 0 ? (mt_block_t *)(uintptr_t)v : NULL;
-}
-/* Removes addr, which is in m. */
-static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)
-{
-    int rc = mt__amap_del(m, addr);
-    mt_assert(rc == 0);
-    (void)rc;
-}
-
 /* ---- segments.c ---- */
 /* Size of a new segment for a rounded request in pool bp (small/large). */
 size_t mt__seg_alloc_size(const mt_alloc_t *a, int bp, size_t rsize);
@@ -614,11 +572,9 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
  * Returns bytes given back. An expandable segment's pages are unmapped with the lock
  * released: seg may be gone on return. */
 size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg);
-/* Splits b so that it is exactly size bytes, the remainder going back to the bins. */
+/* Splits b so that it is exactly size bytes, the remainder going back to the bins. The
+ * malloc's take and the free's merge: blocks.h. */
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size);
-bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size);
-/* Merges inactive b with inactive neighbours; returns the merged block (b or prev). */
-mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b);
 /* Garbage collection: releases the oldest unused cached segments until reserved is at or
  * below the GC limit (expandable pages with the lock released). */
 void mt__seg_gc(mt_alloc_t *a);
@@ -723,6 +679,23 @@ static inline void mt__stat_add(mt_stat_t *arr, int bp, int64_t d)
 {
     mt__stat_add1(&arr[MT_STAT_ALL], d);
     mt__stat_add1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], d);
+}
+/* Steps that took minus away and then added plus (both >= 0), as one update of
+ * arr[MT_STAT_ALL] and the entry of internal pool bp: the current, peak and allocated the
+ * steps one by one leave (every value between is at most the last). */
+static inline void mt__stat_move1(mt_stat_t *s, int64_t plus, int64_t minus)
+{
+    s->current += plus - minus;
+    if (plus > 0) {
+        s->allocated += (uint64_t)plus;
+        if (s->current > s->peak)
+            s->peak = s->current;
+    }
+}
+static inline void mt__stat_move(mt_stat_t *arr, int bp, int64_t plus, int64_t minus)
+{
+    mt__stat_move1(&arr[MT_STAT_ALL], plus, minus);
+    mt__stat_move1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], plus, minus);
 }
 /* The hot path's forms, sign known: arr[ALL] and arr[sp] (sp = mt__stat_pool(bp)). */
 static inline void mt__stat_inc1(mt_stat_t *x, int64_t d)
@@ -851,5 +824,8 @@ int mt__async_empty_cache(mt_alloc_t *a);
 void mt__async_refresh(mt_alloc_t *a);
 /* The invariants of async.c's struct, mu held; a static description or NULL. */
 const char *mt__async_is_valid(mt_alloc_t *a);
+
+/* ---- bins.c, meta.c, segments.c: their steps the hot paths take inline ---- */
+#include "allocator/blocks.h"
 
 #endif

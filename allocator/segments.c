@@ -81,7 +81,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
     /* Free neighbours were merged first (the previous one may be a block being split,
      * still inactive until it is handed out). */
     mt_assert(b->next == NULL || b->next->state != MT_BLOCK_INACTIVE);
-    mt__bins_insert(b->seg->bins, b);
+    mt__bins_changed(b->seg->bins->sr);
+    mt__bins_link(b->seg->bins, b, mt__bin_class(b->size));
     if (b->prev != NULL || b->next != NULL) {
         b->split_counted = true;
         mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
@@ -93,7 +94,8 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 {
     mt__alloc_assert_owner(a);
     mt_assert(b->split_counted == (b->prev != NULL || b->next != NULL));
-    mt__bins_remove(b->seg->bins, b);
+    mt__bins_changed(b->seg->bins->sr);
+    mt__bins_unlink(b->seg->bins, b);
     if (b->split_counted) {
         b->split_counted = false;
         mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
@@ -102,34 +104,6 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
 }
 
 /* ---- split and merge ---- */
-
-/* The blocks tile the segment's mapped bytes: linked both ways, contiguous, first at addr,
- * last ending at addr + size (a walk: for mt_assert_expensive). */
-static inline bool seg_tiles(const mt_segment_t *seg)
-{
-    uintptr_t at = seg->addr;
-    const mt_block_t *prev = NULL;
-    for (const mt_block_t *b = seg->first; b != NULL; prev = b, b = b->next) {
-        if (b->prev != prev || b->seg != seg || b->addr != at)
-            return false;
-        at += b->size;
-    }
-    return prev == seg->last && at == seg->addr + seg->size;
-}
-
-bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b, size_t size)
-{
-    mt_assert(size <= b->size);
-    size_t remaining = b->size - size;
-    const mt_segment_t *seg = b->seg;
-    /* Small blocks, warm-up reservations and expandable segments split down to the
-     * minimum block: none of them strands a large remainder in a separate segment. */
-    if (seg->pool != MT__BP_LARGE || seg->expandable)
-        return remaining >= MT__MIN_BLOCK;
-    if (size >= a->cfg.max_split_size)
-        return false;
-    return a->cfg.split_large_tails ? remaining >= MT__MIN_BLOCK : remaining > MT__SMALL_SIZE;
-}
 
 void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
 {
@@ -154,47 +128,8 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
     b->size = size;
     mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
     mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
-    mt_assert_expensive(seg_tiles(seg));
+    mt_assert_expensive(mt__seg_tiles(seg));
     mt__seg_bin_in(a, r);
-}
-
-mt_block_t *mt__seg_merge(mt_alloc_t *a, mt_block_t *b)
-{
-    mt__alloc_assert_owner(a);
-    mt_assert(b->state == MT_BLOCK_INACTIVE && !b->split_counted);
-    mt_segment_t *seg = b->seg;
-    mt_block_t *p = b->prev;
-    if (p != NULL && p->state == MT_BLOCK_INACTIVE) {
-        mt__seg_bin_out(a, p);
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next != NULL)
-            b->next->prev = p;
-        else
-            seg->last = p;
-        mt__block_release(a, b);
-        b = p;
-    }
-    mt_block_t *n = b->next;
-    if (n != NULL && n->state == MT_BLOCK_INACTIVE) {
-        mt__seg_bin_out(a, n);
-        b->size += n->size;
-        b->next = n->next;
-        if (n->next != NULL)
-            n->next->prev = b;
-        else
-            seg->last = b;
-        mt__block_release(a, n);
-    }
-    /* Contiguous with its neighbours, and none of them free. */
-    mt_assert(b->prev == NULL ? seg->first == b
-                              : b->prev->state != MT_BLOCK_INACTIVE &&
-                                    b->prev->addr + b->prev->size == b->addr);
-    mt_assert(b->next == NULL
-                  ? seg->last == b && b->addr + b->size == seg->addr + seg->size
-                  : b->next->state != MT_BLOCK_INACTIVE && b->next->addr == b->addr + b->size);
-    mt_assert_expensive(seg_tiles(seg));
-    return b;
 }
 
 /* ---- new segments ---- */

@@ -531,6 +531,8 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         return "bins do not hold exactly the inactive blocks";
     if (s.hashed != a->map.n)
         return "address map does not hold exactly the active blocks";
+    if ((why = mt__addrmap_check(&a->map)) != NULL)
+        return why;
     for (size_t i = 0, used = 0; i < a->map.cap; i++) {
         const mt_block_t *b = mt__addrmap_at(&a->map, i);
         if (b == NULL)
