@@ -1,8 +1,8 @@
 /* The caching allocator's steps on blocks that its hot paths take inline: the bins' list
- * steps (bins.c has the rest), the block-struct pool and the address table's probes
- * (meta.c has their growth and checks), and segments.c's take of a block for a malloc and
- * merge of a freed one. internal.h includes this header at its end;
- * the invariants are those written at mt_binset_s and mt_addrmap_s there. */
+ * steps (bins.c has the rest), the block-struct pool, the block table over util's address
+ * table (util/addrmap.h; meta.c has its check), and segments.c's take of a block for a
+ * malloc and merge of a freed one. internal.h includes this header at its end; the
+ * invariants are those written at mt_binset_s and mt_addrmap_t there. */
 #ifndef MT_ALLOCATOR_BLOCKS_H
 #define MT_ALLOCATOR_BLOCKS_H
 
@@ -129,38 +129,24 @@ void mt__blocks_fini(mt_alloc_t *a);
 /* The block of slot i of m's table, or NULL for an empty slot (walks over m). */
 static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
 {
-    return m->keys[i] != 0 ? m->vals[i] : NULL;
+    return m->keys[i] != 0 ? (mt_block_t *)(uintptr_t)m->vals[i] : NULL;
 }
 static inline int mt__addrmap_init(mt_addrmap_t *m)
 {
     *m = (mt_addrmap_t){0};
     return 0;
 }
-void mt__addrmap_fini(mt_addrmap_t *m);
-/* Doubles m (or makes its first 16 slots): 0 or MT_ENOMEM (m unchanged). */
-int mt__addrmap_grow(mt_addrmap_t *m);
-/* The invariants of mt_addrmap_t; a static description of the first violation, or NULL. */
+static inline void mt__addrmap_fini(mt_addrmap_t *m)
+{
+    mt__amap_fini(m);
+}
+/* The invariants of mt_addrmap_t; the first violation (text of the calling thread's,
+ * valid until its next call), or NULL. */
 const char *mt__addrmap_check(const mt_addrmap_t *m);
-static inline size_t mt__addrmap_home(const mt_addrmap_t *m, uint64_t addr)
-{
-    return (size_t)(((addr / MT__ALIGN) * UINT64_C(0x9e3779b97f4a7c15)) >> m->shift);
-}
-/* The slot holding addr, or the empty slot where its probe ends (cap > 0). */
-static inline size_t mt__addrmap_slot(const mt_addrmap_t *m, uint64_t addr)
-{
-    size_t mask = m->cap - 1, i = mt__addrmap_home(m, addr);
-    while (m->keys[i] != 0 && m->keys[i] != addr)
-        i = (i + 1) & mask;
-    return i;
-}
 /* The block at addr, or NULL; *slot = its slot (for mt__addrmap_del_at). */
 static inline mt_block_t *mt__addrmap_find(const mt_addrmap_t *m, uintptr_t addr, size_t *slot)
 {
-    if (m->cap == 0)
-        return NULL;
-    size_t i = mt__addrmap_slot(m, addr); /* addr 0 ends at an empty slot */
-    *slot = i;
-    return m->keys[i] != 0 ? m->vals[i] : NULL;
+    return mt__amap_find(m, addr, slot) ? (mt_block_t *)(uintptr_t)m->vals[*slot] : NULL;
 }
 static inline mt_block_t *mt__addrmap_get(const mt_addrmap_t *m, uintptr_t addr)
 {
@@ -173,39 +159,17 @@ static inline int mt__addrmap_put(mt_addrmap_t *m, mt_block_t *b)
     mt_assert(b->addr != 0 && b->addr % MT__ALIGN == 0 && b->state != MT_BLOCK_INACTIVE);
 #if MT_ASSERT_LEVEL >= 1
     /* two live blocks never share an address: only b may be put again */
-    uint64_t had = (uint64_t)(uintptr_t)mt__addrmap_get(m, b->addr);
-    mt_assert(had == 0 || had == (uint64_t)(uintptr_t)b);
+    mt_block_t *had = mt__addrmap_get(m, b->addr);
+    mt_assert(had == NULL || had == b);
 #endif
-    if ((m->n + 1) * 2 > m->cap && mt__addrmap_grow(m) != 0)
-        return MT_ENOMEM;
-    size_t i = mt__addrmap_slot(m, b->addr);
-    m->n += m->keys[i] == 0;
-    m->keys[i] = b->addr;
-    m->vals[i] = b;
-    return 0;
+    return mt__amap_put(m, b->addr, (uint64_t)(uintptr_t)b);
 }
-/* Removes addr from slot i, where it is (hint: a slot found for it earlier in the same
- * operation, or any value when m may have changed since): a later key of the probe moves
- * into the hole unless its home lies cyclically in (hole, its slot], so that every probe
- * still reaches its key. */
+/* Removes addr, which is in m, from its slot (hint: the slot mt__addrmap_find gave for it in
+ * the same operation, or any value when m may have changed since). */
 static inline void mt__addrmap_del_at(mt_addrmap_t *m, uintptr_t addr, size_t hint)
 {
-    mt_assert(m->cap > 0);
-    size_t mask = m->cap - 1, i = hint;
-    if (i >= m->cap || m->keys[i] != addr)
-        i = mt__addrmap_slot(m, addr);
-    mt_assert(m->keys[i] == addr && addr != 0);
-    for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
-        size_t h = mt__addrmap_home(m, m->keys[j]);
-        if (((j - h) & mask) >= ((j - i) & mask)) {
-            m->keys[i] = m->keys[j];
-            m->vals[i] = m->vals[j];
-            i = j;
-        }
-    }
-    m->keys[i] = 0;
-    m->vals[i] = NULL;
-    m->n--;
+    mt_assert(m->cap > 0 && addr != 0);
+    mt__amap_del_at(m, addr, hint);
 }
 /* Removes addr, which is in m. */
 static inline void mt__addrmap_del(mt_addrmap_t *m, uintptr_t addr)

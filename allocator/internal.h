@@ -240,20 +240,10 @@ typedef struct mt_pending_s {
                       * queries or recycles it meanwhile (waited => a->syncing) */
 } mt_pending_t;
 
-/* Active blocks by start address: open addressing with linear probing from the home slot
- * mt__addrmap_home (Fibonacci hashing of addr / MT__ALIGN), backward-shift deletion (no
- * tombstones). The allocator's own table, not util's: its probes are inline on the hot
- * path and its hash is one multiply.
- * Invariants (mt__addrmap_check): cap = 0 (keys = vals = NULL) or a power of two >= 16
- * with shift = 64 - log2(cap); n = number of slots with keys[i] != 0; n * 2 <= cap (an empty
- * slot ends every probe); each key appears once, with no empty slot between its home slot
- * and its slot (cyclically); vals[i]->addr = keys[i]. */
-typedef struct mt_addrmap_s {
-    uint64_t *keys;    /* cap slots; 0 = empty */
-    mt_block_t **vals; /* cap slots; vals[i] is the block at keys[i] */
-    size_t cap, n;     /* slots; keys held */
-    unsigned shift;    /* 64 - log2(cap) */
-} mt_addrmap_t;
+/* Active blocks by start address: util's address table (util/addrmap.h), each value a
+ * block's struct. Invariants (mt__addrmap_check): those of mt__amap_t, and vals[i] is the
+ * block at keys[i]. */
+typedef mt__amap_t mt_addrmap_t;
 
 #include "allocator/plan.h" /* the warm-up plan's types (mt__plan_t) and calls */
 

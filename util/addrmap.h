@@ -1,30 +1,117 @@
 /* An address table: non-zero 64-bit addresses to 64-bit values (an index, a pointer), open
- * addressing with linear probing and backward-shift deletion (no tombstones). The one
- * address-to-block table below the layers that follow blocks by address. */
+ * addressing with linear probing from a Fibonacci-hashed home slot and backward-shift
+ * deletion (no tombstones). The one address table of the tree: the allocator's blocks, the
+ * thread caches' entries, the model's and readers' tables. The probes are inline: they are
+ * on the allocator's global path, twice per malloc+free pair. */
 #ifndef MT_UTIL_ADDRMAP_H
 #define MT_UTIL_ADDRMAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* Invariants (mt__amap_check): cap = 0 or a power of two >= 16; n = #slots with key != 0;
- * n * 2 <= cap (an empty slot ends every probe); each key appears once, and no empty slot
- * lies between its home slot and its slot (cyclically). A zeroed table is empty. */
+#include "memtrace/common.h"
+
+/* Invariants (mt__amap_check): cap = 0 (keys = vals = NULL, shift = 0) or a power of two
+ * >= 16 with shift = 64 - log2(cap); n = #slots with key != 0; n * 2 <= cap (an empty slot
+ * ends every probe); each key appears once, and no empty slot lies between its home slot
+ * and its slot (cyclically). A zeroed table is empty. */
 typedef struct mt__amap_s {
     uint64_t *keys; /* cap slots; 0 = empty */
     uint64_t *vals; /* cap slots; vals[i] belongs to keys[i] */
     size_t cap, n;  /* slots; keys held */
+    unsigned shift; /* 64 - log2(cap) */
 } mt__amap_t;
 
 void mt__amap_fini(mt__amap_t *m);
-/* Maps key (!= 0) to val, replacing what key had. 0, MT_EINVAL (key 0) or MT_ENOMEM (the
- * table unchanged). */
-int mt__amap_put(mt__amap_t *m, uint64_t key, uint64_t val);
-/* *val = key's value: 0, or MT_ENOENT (*val untouched). */
-int mt__amap_get(const mt__amap_t *m, uint64_t key, uint64_t *val);
-/* Removes key: 0, or MT_ENOENT. */
-int mt__amap_del(mt__amap_t *m, uint64_t key);
+/* Doubles m (or makes its first 16 slots): 0 or MT_ENOMEM (m unchanged). */
+int mt__amap_grow(mt__amap_t *m);
 /* Walks the invariants: 0, or MT_EPROTO with the first violation in why (may be NULL). */
 int mt__amap_check(const mt__amap_t *m, char *why, size_t whylen);
+
+/* key's home slot (cap > 0): one multiply, its high bits. */
+static inline size_t mt__amap_home(const mt__amap_t *m, uint64_t key)
+{
+    return (size_t)((key * UINT64_C(0x9e3779b97f4a7c15)) >> m->shift);
+}
+
+/* The slot holding key, or the empty slot where its probe ends (cap > 0). */
+static inline size_t mt__amap_slot(const mt__amap_t *m, uint64_t key)
+{
+    size_t mask = m->cap - 1, i = mt__amap_home(m, key);
+    while (m->keys[i] != 0 && m->keys[i] != key)
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* Whether key (!= 0) is held; then *slot = its slot (for mt__amap_del_at). */
+static inline bool mt__amap_find(const mt__amap_t *m, uint64_t key, size_t *slot)
+{
+    if (key == 0 || m->cap == 0)
+        return false;
+    size_t i = mt__amap_slot(m, key);
+    *slot = i;
+    return m->keys[i] != 0;
+}
+
+/* *val = key's value: 0, or MT_ENOENT (*val untouched). */
+static inline int mt__amap_get(const mt__amap_t *m, uint64_t key, uint64_t *val)
+{
+    size_t i;
+    if (!mt__amap_find(m, key, &i))
+        return MT_ENOENT;
+    *val = m->vals[i];
+    return 0;
+}
+
+/* Maps key (!= 0) to val, replacing what key had. 0, MT_EINVAL (key 0) or MT_ENOMEM (the
+ * table unchanged). */
+static inline int mt__amap_put(mt__amap_t *m, uint64_t key, uint64_t val)
+{
+    if (key == 0)
+        return MT_EINVAL;
+    if ((m->n + 1) * 2 > m->cap) {
+        int rc = mt__amap_grow(m);
+        if (rc != 0)
+            return rc;
+    }
+    size_t i = mt__amap_slot(m, key);
+    m->n += m->keys[i] == 0;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    return 0;
+}
+
+/* Removes key, which is held, from its slot (hint: a slot found for it earlier, or any
+ * value when m may have changed since): a later key of the probe moves into the hole
+ * unless its home lies cyclically in (hole, its slot], so every probe still reaches its
+ * key. */
+static inline void mt__amap_del_at(mt__amap_t *m, uint64_t key, size_t hint)
+{
+    size_t mask = m->cap - 1, i = hint;
+    if (i >= m->cap || m->keys[i] != key)
+        i = mt__amap_slot(m, key);
+    for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
+        size_t h = mt__amap_home(m, m->keys[j]);
+        if (((j - h) & mask) >= ((j - i) & mask)) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->keys[i] = 0;
+    m->vals[i] = 0;
+    m->n--;
+}
+
+/* Removes key: 0, or MT_ENOENT. */
+static inline int mt__amap_del(mt__amap_t *m, uint64_t key)
+{
+    size_t i;
+    if (!mt__amap_find(m, key, &i))
+        return MT_ENOENT;
+    mt__amap_del_at(m, key, i);
+    return 0;
+}
 
 #endif
