@@ -107,12 +107,13 @@ void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent
     int64_t d = 0; /* the change of the program's allocated bytes: of the held ones, -d */
     for (size_t i = 0; i < nent; i++)
         d += mt__evb_op_delta(&ents[i]);
-    uint64_t now = mt__clock_now(&a->rec_clk);
     uint64_t tok[2];
     rec_lock(a);
+    /* rec_clk under rec_lock: caches push from their owners' threads without mu, and the
+     * clock's re-anchoring writes what a concurrent read would tear */
     int64_t held0 = a->rec_held;
     mt__evb_hdr_t h = {
-        .time_ns = rec_stamp(a, now),
+        .time_ns = rec_stamp(a, mt__clock_now(&a->rec_clk)),
         .allocated0 = a->rec_g - held0,
         .reserved = a->rec_res,
         .nent = (uint32_t)nent,

@@ -496,7 +496,7 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         held[n++] = e;
     mt_assert(n == c->nheld);
     c->held = NULL;
-    c->nheld = 0;
+    __atomic_store_n(&c->nheld, 0, __ATOMIC_RELAXED); /* its owner reads it before its gate */
     int64_t bytes = 0;
     a->rec_mute = true; /* the program's frees of them were told (fast_free) */
     while (n > 0) {

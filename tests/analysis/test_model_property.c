@@ -433,7 +433,7 @@ static size_t ops_per_run(void)
 static size_t held_here(const mt_alloc_t *a)
 {
     const mt__tcache_t *c = mt__tc_mine(a);
-    return c != NULL ? c->nheld : 0;
+    return c != NULL ? __atomic_load_n(&c->nheld, __ATOMIC_RELAXED) : 0; /* flushes race */
 }
 
 /* A sim device of capacity bytes whose mallocs cost no time. */
