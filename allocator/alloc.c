@@ -211,8 +211,6 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_lock(a);
     /* With a sink the thread caches' fast operations record too (emit.c). */
     a->rec = a->cfg.sink != NULL && a->cfg.tcache;
-    if (a->rec)
-        a->rec_clk = a->clk;
     mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_emit_device(a); /* before any segment: what the context and others hold */

@@ -101,7 +101,7 @@ static void make_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_ev
  * (the events are made where they are read), so that two threads' batches copy at once.
  * A sink that cannot claim receives the events under the lock. */
 void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent, size_t nev,
-                           mt_event_rec_t *out)
+                           mt_event_rec_t *out, uint64_t now)
 {
     const mt_event_sink_t *s = a->cfg.sink;
     int64_t d = 0; /* the change of the program's allocated bytes: of the held ones, -d */
@@ -109,11 +109,9 @@ void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent
         d += mt__evb_op_delta(&ents[i]);
     uint64_t tok[2];
     rec_lock(a);
-    /* rec_clk under rec_lock: caches push from their owners' threads without mu, and the
-     * clock's re-anchoring writes what a concurrent read would tear */
     int64_t held0 = a->rec_held;
     mt__evb_hdr_t h = {
-        .time_ns = rec_stamp(a, mt__clock_now(&a->rec_clk)),
+        .time_ns = rec_stamp(a, now),
         .allocated0 = a->rec_g - held0,
         .reserved = a->rec_res,
         .nent = (uint32_t)nent,

@@ -404,7 +404,8 @@ struct mt_alloc_s {
      * blocks the caches hold as of the events emitted (allocated to the counters, freed to
      * the program); rec_g, rec_res = the counters' allocated and reserved carried by the
      * global path's last event, rec_g lowered by what flushes gave back since; rec_t = the
-     * last stamp emitted; rec_clk stamps the caches' events. Every event carries allocated
+     * last stamp emitted (each cache stamps its events with its own clock). Every event
+     * carries allocated
      * = rec_g - rec_held at its emission. Invariants: 0 <= rec_held <= rec_g; outside a
      * fast operation rec_held = sum over the caches of their held entries' sizes minus
      * the changes their buffered events tell (mt__tcache_t.buf). rec_mute:
@@ -415,7 +416,6 @@ struct mt_alloc_s {
     uint8_t rec_lock;
     int64_t rec_g, rec_held;
     uint64_t rec_res, rec_t;
-    mt__clock_t rec_clk;
 };
 
 /* ---- the lock ----
@@ -777,11 +777,11 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
 /* A thread cache's fast operations (a->rec; inside its exclusion, or with mu held and the
  * cache claimed): ents[0..nent), of nev events (util/evbatch.h), handed over with one stamp
- * (now) and the program's totals, in compact form to a sink that takes it (write_batch),
- * else as events made in out[0..nev). */
+ * (now, of the cache's own clock; made non-decreasing here) and the program's totals, in compact
+ * form to a sink that takes it (write_batch), else as events made in out[0..nev). */
 struct mt__evb_ent_s;
 void mt__alloc_emit_cached(mt_alloc_t *a, const struct mt__evb_ent_s *ents, size_t nent, size_t nev,
-                           mt_event_rec_t *out);
+                           mt_event_rec_t *out, uint64_t now);
 /* A flush gave bytes held by a cache back to the bins (mu held, a->rec), the counters
  * lowered by as much, with no event: the program had freed them. */
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes);

@@ -286,7 +286,7 @@ void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c)
         pend_out(c);
     if (c->nbuf == 0)
         return;
-    mt__alloc_emit_cached(a, c->buf, c->nbuf, c->nev, c->out);
+    mt__alloc_emit_cached(a, c->buf, c->nbuf, c->nev, c->out, mt__clock_now(&c->clk));
     c->nev = 0;
     c->fold = c->pair = NULL;
     __atomic_store_n(&c->nbuf, 0, __ATOMIC_RELAXED);
@@ -608,6 +608,7 @@ void mt__tc_peak_guard(mt_alloc_t *a, const mt__tcache_t *mine, int sp, size_t s
  * free (mt__tc_prepare); NULL without one. */
 static mt__tcache_t *mine(mt_alloc_t *a)
 {
+    mt__alloc_assert_owner(a);
     mt__tcache_t *c = tls_find(a);
     if (c != NULL)
         return c;
@@ -623,6 +624,7 @@ static mt__tcache_t *mine(mt_alloc_t *a)
     if (c == NULL)
         goto fail_cache;
     memset(c, 0, sizeof *c);
+    c->clk = a->clk; /* calibrated at create; mu held, which guards a->clk */
     if (pthread_setspecific(tls_key, tls) != 0) /* its destructor runs at thread exit */
         goto fail_key;
     c->a = a;

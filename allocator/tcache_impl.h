@@ -97,6 +97,9 @@ struct mt__tcache_s {
                 * last entry's rep (one event of nev) */
     mt__evb_ent_t buf[TC_BATCH];
     mt_event_rec_t out[TC_BATCH];
+    /* Stamps the pushes (not thread-safe: its owner's, or a claimer's, which the exclusion
+     * orders); a copy of a->clk, so that no clock line is shared between threads. */
+    mt__clock_t clk;
 };
 
 /* Excludes c's owner's fast paths (mu held; a no-op for the owner itself, whose fast paths
