@@ -232,6 +232,40 @@ static inline bool mt__seg_should_split(const mt_alloc_t *a, const mt_block_t *b
     return a->cfg.split_large_tails ? remaining >= MT__MIN_BLOCK : remaining > MT__SMALL_SIZE;
 }
 
+/* b keeps its first size bytes; r (a fresh struct) becomes the rest, inactive, right after
+ * b in its segment's list (no bin, no counter: the caller's). */
+static inline void mt__seg_link_rest(mt_block_t *b, mt_block_t *r, size_t size)
+{
+    mt_segment_t *seg = b->seg;
+    r->addr = b->addr + size;
+    r->size = b->size - size;
+    r->seg = seg;
+    r->state = MT_BLOCK_INACTIVE;
+    r->prev = b;
+    r->next = b->next;
+    if (b->next != NULL)
+        b->next->prev = r;
+    else
+        seg->last = r;
+    b->next = r;
+    b->size = size;
+    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
+    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
+}
+
+/* m takes in x, the block after it in its segment: the list loses x (whose struct is the
+ * caller's to release). */
+static inline void mt__seg_absorb_next(mt_block_t *m, mt_block_t *x)
+{
+    mt_assert(m->next == x && m->addr + m->size == x->addr);
+    m->size += x->size;
+    m->next = x->next;
+    if (x->next != NULL)
+        x->next->prev = m;
+    else
+        m->seg->last = m;
+}
+
 /* Takes b (inactive, in the bins) out to hand it out as size bytes: split when
  * mt__seg_should_split says so, the remainder going back to the bins. The lists, bitmaps
  * and inactive_split counters that mt__seg_bin_out, mt__seg_split and mt__seg_bin_in
@@ -258,21 +292,8 @@ static inline void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
     mt__bins_changed(bs->sr);
     if (!keep)
         mt__bins_unlink(bs, b);
-    r->addr = b->addr + size;
-    r->size = bsize - size;
-    r->seg = seg;
-    r->state = MT_BLOCK_INACTIVE;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL)
-        b->next->prev = r;
-    else
-        seg->last = r;
-    b->next = r;
-    b->size = size;
+    mt__seg_link_rest(b, r, size);
     b->split_counted = false;
-    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
-    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
     mt_assert(r->next == NULL || r->next->state != MT_BLOCK_INACTIVE);
     mt_assert_expensive(mt__seg_tiles(seg));
     if (keep)
@@ -321,21 +342,11 @@ static inline __attribute__((always_inline)) mt_block_t *mt__seg_merge_in(mt_all
         mt__bins_unlink(bs, p);
     if (p != NULL) {
         p->split_counted = false;
-        p->size += b->size;
-        p->next = b->next;
-        if (b->next != NULL)
-            b->next->prev = p;
-        else
-            seg->last = p;
+        mt__seg_absorb_next(p, b);
     }
     if (n != NULL) {
         n->split_counted = false;
-        m->size += n->size;
-        m->next = n->next;
-        if (n->next != NULL)
-            n->next->prev = m;
-        else
-            seg->last = m;
+        mt__seg_absorb_next(m, n);
     }
     mt_assert(m->size == msize);
     /* Contiguous with its neighbours, and none of them free. */

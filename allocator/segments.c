@@ -113,22 +113,8 @@ void mt__seg_split(mt_alloc_t *a, mt_block_t *b, size_t size)
     mt_block_t *r = mt__block_new(a);
     if (r == NULL)
         return; /* no host memory for metadata: hand the block out whole */
-    mt_segment_t *seg = b->seg;
-    r->addr = b->addr + size;
-    r->size = b->size - size;
-    r->seg = seg;
-    r->state = MT_BLOCK_INACTIVE;
-    r->prev = b;
-    r->next = b->next;
-    if (b->next != NULL)
-        b->next->prev = r;
-    else
-        seg->last = r;
-    b->next = r;
-    b->size = size;
-    mt_assert(r->addr % MT__ALIGN == 0 && r->size % MT__ALIGN == 0);
-    mt_assert(r->next == NULL ? seg->last == r : r->next->addr == r->addr + r->size);
-    mt_assert_expensive(mt__seg_tiles(seg));
+    mt__seg_link_rest(b, r, size);
+    mt_assert_expensive(mt__seg_tiles(b->seg));
     mt__seg_bin_in(a, r);
 }
 
