@@ -477,15 +477,32 @@ static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on)
     pthread_mutex_unlock(&p->src_lock);
 }
 
-int mt_prof_flush(mt_prof_t *p)
+void mt__prof_push_sources(mt_prof_t *p, bool quiet, uint64_t *last)
 {
-    if (!p)
-        return MT_EINVAL;
-    /* what the allocators' thread caches keep back first */
+    if (quiet) {
+        mt__ring_stats_t st;
+        mt__ring_stats(p->ring, &st);
+        bool moved = st.emitted != *last;
+        *last = st.emitted;
+        if (moved)
+            return; /* busy: the sources hand over on their own */
+    }
     pthread_mutex_lock(&p->src_lock);
     for (size_t i = 0; i < p->nsrc; i++)
         p->src[i].push(p->src[i].arg);
     pthread_mutex_unlock(&p->src_lock);
+    if (last != NULL) {
+        mt__ring_stats_t st;
+        mt__ring_stats(p->ring, &st);
+        *last = st.emitted; /* what they handed over is not the program's activity */
+    }
+}
+
+int mt_prof_flush(mt_prof_t *p)
+{
+    if (!p)
+        return MT_EINVAL;
+    mt__prof_push_sources(p, false, NULL); /* what the allocators keep back first */
     int mode = mode_of(p);
     if (mode == MT_PROF_DAEMON)
         return mt__prof_client_poke(p->fd) == 0 ? 0 : MT_EIO;

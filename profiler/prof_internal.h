@@ -105,7 +105,11 @@ int mt__prof_log_flush(mt_prof_t *p);
 /* At the end, with the log still failing: says how many events never reached it. */
 void mt__prof_log_lost_report(mt_prof_t *p);
 /* The daemon watcher thread (arg: the mt_prof_t): at the daemon's EOF, takes over into the
- * local log. */
+ * local log; meanwhile asks for what the sources keep back while the ring is quiet. */
 void *mt__prof_watcher_main(void *arg);
+/* Asks every registered source for the events it keeps back (event.h, source): all of
+ * them, or (quiet) only when nothing reached the ring since the last such call, whose
+ * count *last keeps. Not with drain_lock held in lossless mode (a push may wait for it). */
+void mt__prof_push_sources(mt_prof_t *p, bool quiet, uint64_t *last);
 
 #endif

@@ -251,6 +251,7 @@ static void *drainer_main(void *arg)
     mt_prof_t *p = arg;
     const int busy = (int)(mt__ring_header(p->ring)->slots / BUSY_FRACTION);
     unsigned wait_ms = p->drain_ms;
+    uint64_t seen = 0; /* the ring's emitted count, for the sources' quiet push */
     pthread_mutex_lock(&p->stop_lock);
     while (!p->stop) {
         struct timespec dl;
@@ -265,6 +266,8 @@ static void *drainer_main(void *arg)
         pthread_mutex_lock(&p->drain_lock);
         int n = mt__prof_log_drain(p);
         pthread_mutex_unlock(&p->drain_lock);
+        if (n == 0) /* an idle program's last events, kept back by its allocators */
+            mt__prof_push_sources(p, true, &seen);
         wait_ms = n >= busy && p->drain_ms > BUSY_DRAIN_MS ? BUSY_DRAIN_MS : p->drain_ms;
         pthread_mutex_lock(&p->stop_lock);
     }
@@ -345,15 +348,21 @@ void *mt__prof_watcher_main(void *arg)
 {
     mt_prof_t *p = arg;
     char buf[256];
+    uint64_t seen = 0; /* the ring's emitted count, for the sources' quiet push */
     for (;;) {
-        ssize_t n = read(p->fd, buf, sizeof buf); /* the daemon sends nothing after hello */
-        if (n > 0 || (n < 0 && errno == EINTR))
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
-            (void)poll(&pfd, 1, -1);
+        /* Every drain period without news: an idle program's last events, kept back by
+         * its allocators, go to the daemon. */
+        struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+        int r = poll(&pfd, 1, (int)p->drain_ms);
+        if (r == 0) {
+            mt__prof_push_sources(p, true, &seen);
             continue;
         }
+        if (r < 0 && errno == EINTR)
+            continue;
+        ssize_t n = r > 0 ? read(p->fd, buf, sizeof buf) : -1; /* nothing after hello */
+        if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)))
+            continue;
         break;
     }
     pthread_mutex_lock(&p->stop_lock);
