@@ -211,6 +211,9 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     mt__alloc_lock(a);
     /* With a sink the thread caches' fast operations record too (emit.c). */
     a->rec = a->cfg.sink != NULL && a->cfg.tcache;
+    /* The global path's events held back, when the sink can ask for them (none: at once). */
+    if (a->rec && a->cfg.sink->source != NULL)
+        a->gb = malloc(MT__GB_CAP * sizeof(mt_event_rec_t));
     mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_emit_device(a); /* before any segment: what the context and others hold */
@@ -273,6 +276,9 @@ void mt_alloc_destroy(mt_alloc_t **p)
     free(a->wops);
     mt__addrmap_fini(&a->map);
     mt__blocks_fini(a);
+    mt__alloc_gb_flush(a);
+    free(a->gb);
+    a->gb = NULL;
     mt__alloc_unlock_raw(a); /* nothing left to check */
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
@@ -425,6 +431,24 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     return MT_ENOMEM;
 }
 
+/* An allocation's events (mu held), with a stack its ref first. Handed over at once when
+ * a thread's cache owns b: the cache's batch may tell of b's free before the events held
+ * back are handed over (emit.c). */
+static __attribute__((noinline)) void emit_alloc(mt_alloc_t *a, const mt_block_t *b, size_t size,
+                                                 uint32_t sid, int pool, int tag, uint32_t stack)
+{
+    mt_event_rec_t loc[2];
+    uint64_t t = mt__clock_now(&a->clk);
+    size_t n = stack != 0 ? 2 : 1;
+    mt_event_rec_t *ev = mt__alloc_op_begin(a, loc, n);
+    mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_ALLOC, b->addr, b->size, size, sid, pool, tag, t);
+    if (stack != 0) {
+        mt__alloc_fill_rec(a, &ev[0], MT_EV_STACK_REF, b->addr, stack, 0, sid, pool, tag, t);
+    }
+    mt__alloc_op_end(a, ev, n, b->tce != NULL);
+    mt__alloc_stats_due(a, t);
+}
+
 /* The allocation's call stack, asked of the sink before the lock (event.h); 0 = none. */
 static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
 {
@@ -563,21 +587,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
             a->warm_peak = a->st.allocated_bytes[MT_STAT_ALL].current;
         mt__warm_record_alloc(a, b, rsize);
     }
-    if (__builtin_expect(a->cfg.sink != NULL && stack != 0, 0)) {
-        /* with a stack: its ref and the alloc in one batch, the ref first */
-        mt_event_rec_t ev[2];
-        uint64_t t = mt__clock_now(&a->clk);
-        mt__alloc_fill_rec(a, &ev[1], MT_EV_ALLOC, b->addr, b->size, size, seg->sid,
-                           mt__public_pool(sp), tag, t);
-        ev[0] = ev[1];
-        ev[0].kind = MT_EV_STACK_REF;
-        ev[0].size = stack;
-        ev[0].requested = 0;
-        mt__alloc_emit_recs(a, ev, 2);
-        mt__alloc_stats_due(a, t);
-    } else {
-        mt__alloc_emit(a, MT_EV_ALLOC, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag);
-    }
+    if (__builtin_expect(a->cfg.sink != NULL, 0))
+        emit_alloc(a, b, size, seg->sid, mt__public_pool(sp), tag, stack);
     *out = (void *)b->addr;
 out:
     if (__builtin_expect(oom, 0) && a->noom_obs > 0)

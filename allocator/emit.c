@@ -68,7 +68,8 @@ static void push(mt_alloc_t *a, const mt_event_rec_t *ev, size_t n)
             s->emit(s->ud, &ev[i]);
 }
 
-void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
+/* ev[0..n) to the sink now, in the order of the state changes (mu held). */
+static void emit_now(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
     if (!a->rec) {
         push(a, ev, n);
@@ -88,6 +89,54 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
+void mt__alloc_gb_flush(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    size_t n = a->gb_n;
+    if (n == 0)
+        return;
+    a->gb_n = 0;
+    emit_now(a, a->gb, n);
+}
+
+void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
+{
+    if (a->gb_n != 0)
+        mt__alloc_gb_flush(a); /* the events held back come first */
+    emit_now(a, ev, n);
+}
+
+/* The global path's allocs and frees are held back and handed over MT__GB_CAP events at a
+ * time (one lock, one claim of ring slots), the stamp of each its own. They may follow a
+ * thread cache's batch pushed meanwhile: that batch tells only of blocks the cache owns,
+ * whose allocs were handed over when it took them (mt__alloc_op_end's now), and its totals
+ * are rec_g's, the counters' as of the global events handed over (docs/telemetry.md). Any
+ * other event, a flush of the caches (mt__alloc_rec_flushed) and the sink's source hand
+ * them over first; so does an alloc older than MT__GB_NS. */
+mt_event_rec_t *mt__alloc_op_begin(mt_alloc_t *a, mt_event_rec_t *local, size_t n)
+{
+    mt__alloc_assert_owner(a);
+    mt_assert(n >= 1 && n <= 2 && a->gb_n <= MT__GB_CAP);
+    if (a->gb == NULL)
+        return local;
+    if (a->gb_n + n > MT__GB_CAP)
+        mt__alloc_gb_flush(a);
+    return &a->gb[a->gb_n];
+}
+
+void mt__alloc_op_end(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, bool now)
+{
+    if (a->gb == NULL) {
+        emit_now(a, ev, n);
+        return;
+    }
+    mt_assert(ev == &a->gb[a->gb_n] && a->gb_n + n <= MT__GB_CAP);
+    if (a->gb_n == 0)
+        a->gb_t0 = ev[0].time_ns;
+    a->gb_n += (uint32_t)n;
+    if (now || ev[n - 1].time_ns - a->gb_t0 >= MT__GB_NS)
+        mt__alloc_gb_flush(a);
+}
 static void make_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out)
 {
     size_t n = mt__evb_make(h, ents, out);
@@ -138,6 +187,7 @@ void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes)
 {
     mt__alloc_assert_owner(a);
+    mt__alloc_gb_flush(a); /* their rec_g is the counters' before this flush */
     rec_lock(a);
     a->rec_g -= bytes;
     a->rec_held -= bytes;

@@ -70,8 +70,10 @@ static void fork_prepare(void)
             mt__alloc_wait(a);
     }
     for (size_t i = 0; i < n; i++)
-        if (asked(i) != NULL)
+        if (asked(i) != NULL) {
             mt__tc_claim_all(asked(i));
+            mt__alloc_gb_flush(asked(i)); /* the child would hand them over again */
+        }
     for (size_t i = 0; i < n; i++)
         if (asked(i) != NULL && !backend_seen(i))
             mt__backend_fork(asked(i)->backend, MT__FORK_PREPARE);

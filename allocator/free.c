@@ -12,24 +12,28 @@ static inline bool tells(const mt_alloc_t *a)
     return a->cfg.sink != NULL && !a->rec_mute;
 }
 
-/* FREE_COMPLETED of a block just made free, after req (the free's FREE_REQUESTED) when
- * given, in one batch; stamped t (0 = now). */
+/* FREE_COMPLETED of a block just made free, after its free's FREE_REQUESTED when req (the
+ * bytes requested) is not 0, both filled here: no totals changed between; stamped t (0 =
+ * now). */
 static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
-                                int tag, uint64_t t, const mt_event_rec_t *req)
+                                int tag, uint64_t t, size_t req)
 {
-    mt_event_rec_t ev[2];
-    size_t n = 0;
-    if (req != NULL)
-        ev[n++] = *req;
-    mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid,
-                       mt__public_pool(seg->pool), tag, t != 0 ? t : mt__clock_now(&a->clk));
-    mt__alloc_emit_recs(a, ev, n);
-    mt__alloc_stats_due(a, ev[n - 1].time_ns);
+    mt_event_rec_t loc[2];
+    size_t n = req != 0 ? 2 : 1;
+    mt_event_rec_t *ev = mt__alloc_op_begin(a, loc, n);
+    int pool = mt__public_pool(seg->pool);
+    t = t != 0 ? t : mt__clock_now(&a->clk);
+    if (req != 0)
+        mt__alloc_fill_rec(a, &ev[0], MT_EV_FREE_REQUESTED, addr, size, req, seg->sid, pool, tag,
+                           t);
+    mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, pool, tag, t);
+    mt__alloc_op_end(a, ev, n, false);
+    mt__alloc_stats_due(a, t);
 }
 
 /* mt__alloc_free_complete, inline into the free that completes at once. */
 static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_block_t *b, uint64_t t,
-                                                           const mt_event_rec_t *req, size_t slot)
+                                                           size_t req, size_t slot)
 {
     mt__alloc_assert_owner(a);
     /* Freed, and every event recorded at its free seen complete. */
@@ -53,9 +57,9 @@ static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_blo
         emit_free_completed(a, addr, size, seg, tag, t, req);
 }
 
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req)
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)
 {
-    complete(a, b, t, req, SIZE_MAX);
+    complete(a, b, 0, 0, SIZE_MAX);
 }
 
 /* mt__alloc_free_block, inline into the program's free. */
@@ -79,15 +83,17 @@ static inline __attribute__((always_inline)) void free_block(mt_alloc_t *a, mt_b
     /* free_requested; when the free completes at once (no other stream used the block),
      * it goes out together with free_completed, one clock read and one batch for both. */
     uint64_t t = 0;
-    mt_event_rec_t req;
-    bool req_held = false;
+    size_t req_held = 0; /* the request, when free_requested waits for free_completed */
     if (__builtin_expect(tells(a), 0)) {
         t = mt__clock_now(&a->clk);
-        mt__alloc_fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested, seg->sid,
-                           mt__public_pool(sp), b->tag, t);
-        req_held = b->nuses == 0;
-        if (!req_held)
+        if (b->nuses == 0) {
+            req_held = b->requested;
+        } else {
+            mt_event_rec_t req;
+            mt__alloc_fill_rec(a, &req, MT_EV_FREE_REQUESTED, b->addr, b->size, b->requested,
+                               seg->sid, mt__public_pool(sp), b->tag, t);
             mt__alloc_emit_recs(a, &req, 1);
+        }
     }
     if (a->warming && b->gen == a->gen)
         mt__warm_record_free(a, b);
@@ -113,7 +119,7 @@ static inline __attribute__((always_inline)) void free_block(mt_alloc_t *a, mt_b
     if (nwait > 0) {
         mt__alloc_wait_streams(a, b, nwait);
     } else if (b->npending == 0) {
-        complete(a, b, t, req_held ? &req : NULL, slot);
+        complete(a, b, t, req_held, slot);
     }
 }
 

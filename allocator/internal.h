@@ -412,6 +412,13 @@ struct mt_alloc_s {
      * a flush frees held blocks, whose frees were told at the program's free (mu). */
     bool rec;
     bool rec_mute;
+    /* The global path's alloc and free events held back (emit.c, mt__alloc_op_end; mu):
+     * gb[0..gb_n), the first stamped gb_t0, their allocated the counters' (made the
+     * program's when handed over). gb != NULL only while rec and the sink can be asked for
+     * them (source). Invariant: gb_n <= MT__GB_CAP, and gb_n = 0 while gb = NULL. */
+    mt_event_rec_t *gb;
+    uint32_t gb_n;
+    uint64_t gb_t0;
     char rec_pad[64]; /* rec_lock on a line apart from what the fast paths read */
     uint8_t rec_lock;
     int64_t rec_g, rec_held;
@@ -547,7 +554,7 @@ void mt__alloc_sync_pending(mt_alloc_t *a);
 void mt__alloc_pending_drop(mt_alloc_t *a);
 /* Marks an inactive-bound block free: merge, insert into bins, stats, event stamped t
  * (0 = now), emitted in one batch after req (the free's free_requested) when given. */
-void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b, uint64_t t, const mt_event_rec_t *req);
+void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b);
 
 /* ---- segments.c ---- */
 /* Size of a new segment for a rounded request in pool bp (small/large). */
@@ -775,6 +782,15 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
  * The global path's events ev[0..n) (mu held), in one batch when the sink takes batches;
  * their totals made the program's while a->rec (ev's allocated and stamp may change). */
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
+/* One alloc's or free's n plain events (mu held; n <= 2; no OOM): begin gives where to
+ * fill them, local[0..n) or the room of the ones held back while a->gb (docs/telemetry.md,
+ * "The global path's events"); end hands them over, at once with those before them when
+ * now (filled in place: no copy read back from just-written fields). */
+enum { MT__GB_CAP = 64, MT__GB_NS = 200000 };
+mt_event_rec_t *mt__alloc_op_begin(mt_alloc_t *a, mt_event_rec_t *local, size_t n);
+void mt__alloc_op_end(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, bool now);
+/* Hands the events held back to the sink (mu held). */
+void mt__alloc_gb_flush(mt_alloc_t *a);
 /* A thread cache's fast operations (a->rec; inside its exclusion, or with mu held and the
  * cache claimed): ents[0..nent), of nev events (util/evbatch.h), handed over with one stamp
  * (now, of the cache's own clock; made non-decreasing here) and the program's totals, in compact

@@ -85,7 +85,7 @@ void mt__alloc_process_events(mt_alloc_t *a)
             __atomic_store_n(&a->tc_pend, 0, __ATOMIC_RELAXED);
         mt__alloc_event_put(a, p.ev);
         if (--p.blk->npending == 0)
-            mt__alloc_free_complete(a, p.blk, 0, NULL);
+            mt__alloc_free_complete(a, p.blk);
     }
 }
 
@@ -97,7 +97,7 @@ void mt__alloc_pending_drop(mt_alloc_t *a)
         mt_assert(!p.waited && p.blk->npending > 0);
         mt__alloc_event_put(a, p.ev);
         if (--p.blk->npending == 0)
-            mt__alloc_free_complete(a, p.blk, 0, NULL);
+            mt__alloc_free_complete(a, p.blk);
     }
     __atomic_store_n(&a->tc_pend, 0, __ATOMIC_RELAXED);
 }
@@ -154,5 +154,5 @@ void mt__alloc_wait_streams(mt_alloc_t *a, mt_block_t *b, uint32_t n)
     a->nholds--;
     pthread_cond_broadcast(&a->cv);
     if (--b->npending == 0)
-        mt__alloc_free_complete(a, b, 0, NULL);
+        mt__alloc_free_complete(a, b);
 }

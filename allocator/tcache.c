@@ -300,6 +300,7 @@ void mt__tc_push_all(mt_alloc_t *a)
             mt__tc_claim(c);
             mt__tc_unclaim(c);
         }
+    mt__alloc_gb_flush(a); /* and the global path's held back: everything kept is out */
 }
 
 /* Room for n more entries, of nev events, in c's buffer (the owner, inside its
@@ -558,6 +559,7 @@ bool mt__tc_flush_all(mt_alloc_t *a)
     bool freed = false;
     for (mt__tcache_t *c = a->caches; c != NULL; c = c->next)
         freed |= flush_claimed(a, c);
+    mt__alloc_gb_flush(a);
     return freed;
 }
 

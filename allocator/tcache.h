@@ -30,7 +30,8 @@ void mt__tc_free_all(mt_alloc_t *a);
 /* Global-path malloc: the calling thread's cache (mine, from mt__tc_prepare) is flushed
  * (so the search sees its free blocks merged), before the search. */
 void mt__tc_flush_mine(mt_alloc_t *a, mt__tcache_t *mine);
-/* Flushes every cache; true when a held block went back to the bins. */
+/* Flushes every cache, and hands over the global path's events held back (emit.c); true when
+ * a held block went back to the bins. */
 bool mt__tc_flush_all(mt_alloc_t *a);
 /* Flushes every cache but the calling thread's (flushed already by the global path) that
  * owns planned blocks (the plan's global path: it must see them freed). */
@@ -56,7 +57,8 @@ void mt__tc_used(mt_block_t *b);
 /* Hands c's recorded fast operations to the sink (a->rec; the owner inside its exclusion,
  * or mu held and c claimed: mt__tc_claim does it). */
 void mt__tc_push(mt_alloc_t *a, mt__tcache_t *c);
-/* Every cache's (mu held): a program's marker, the periodic stats. */
+/* Every cache's, then the global path's held back (mu held): a program's marker, the
+ * periodic stats, the sink's flush. */
 void mt__tc_push_all(mt_alloc_t *a);
 /* Fast paths off and every cache flushed (before reserve or warm-up change the state),
  * then back on when the state allows (after). */

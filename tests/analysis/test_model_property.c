@@ -96,7 +96,16 @@ typedef struct slots_s {
     uint32_t stacks;                /* stack callback's calls */
     _Atomic size_t batches, folded; /* write_batch's calls, and pop+free entries in them */
     _Atomic size_t repeats;         /* their pairs after the first (a loop's, in one entry) */
+    void (*src_push)(void *);       /* the allocator's source (event.h): what it keeps back */
+    void *src_arg;
 } slots_t;
+
+static void slots_source(void *ud, void (*push)(void *arg), void *arg, bool on)
+{
+    slots_t *s = ud;
+    s->src_push = on ? push : NULL;
+    s->src_arg = on ? arg : NULL;
+}
 
 static bool slots_claim(void *ud, size_t n, uint64_t tok[2])
 {
@@ -163,6 +172,7 @@ static void slots_init(slots_t *sl, bool batches)
                              .claim = slots_claim,
                              .write = slots_write,
                              .write_batch = batches ? slots_write_batch : NULL,
+                             .source = slots_source,
                              .ud = sl},
                     .ev = calloc(SLOTS, sizeof(mt_event_rec_t)),
                     .filled = calloc(SLOTS, 1)};
@@ -380,11 +390,19 @@ static void compare_recorder(mt_alloc_t *a, feed_t *f, bool oom, const char *whe
     mt_alloc_snapshot_free(&snap);
 }
 
+/* A source to register (event.h): with one, the allocator keeps the global path's events
+ * back (emit.c); a comparison's snapshot hands them over. */
+static void feed_source(void *ud, void (*push)(void *arg), void *arg, bool on)
+{
+    (void)ud, (void)push, (void)arg, (void)on;
+}
+
 /* interval_ms: between two OOM snapshots of the follower (0: at every OOM). */
 static void feed_open(feed_t *feed, unsigned interval_ms)
 {
     memset(feed, 0, sizeof(*feed));
     feed->sink.emit = feed_emit;
+    feed->sink.source = feed_source;
     feed->sink.ud = feed;
     assert_int_equal(mt__model_create(&feed->m, NULL), 0);
     snprintf(feed->dir, sizeof feed->dir, "/tmp/mt-test-prop-XXXXXX");
