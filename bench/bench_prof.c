@@ -88,6 +88,14 @@ static void ring_sink_n(void *ud, const mt_event_rec_t *ev, size_t n)
     mt__ring_push_n(ud, ev, n);
 }
 
+/* A source to register, as the profiler's sink has (event.h): the allocator then keeps
+ * the global path's events back and hands them over many at a time; the round's end
+ * (mt_alloc_destroy) hands over the rest. */
+static void any_source(void *ud, void (*push)(void *arg), void *arg, bool on)
+{
+    (void)ud, (void)push, (void)arg, (void)on;
+}
+
 /* A batch in two steps, as the profiler's sink takes a thread cache's (event.h). */
 static bool ring_claim(void *ud, size_t n, uint64_t tok[2])
 {
@@ -171,7 +179,7 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
 {
     r->cfgi = cfgi;
     if (cfgi == CFG_NULL) {
-        r->sink = (mt_event_sink_t){.emit = null_emit, .ud = &r->null_count};
+        r->sink = (mt_event_sink_t){.emit = null_emit, .source = any_source, .ud = &r->null_count};
         ac->sink = &r->sink;
     } else if (cfgi == CFG_RING) {
         if (mt__ring_create(&r->ring, 1 << 16, "bench") != 0)
@@ -184,6 +192,7 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
                                     .claim = ring_claim,
                                     .write = ring_write,
                                     .write_batch = ring_write_batch,
+                                    .source = any_source,
                                     .ud = r->ring};
         ac->sink = &r->sink;
     } else if (cfgi == CFG_STK_SAMPLED || cfgi == CFG_STK_ALL) {
@@ -197,8 +206,11 @@ static int rec_attach(rec_t *r, int cfgi, mt_alloc_cfg_t *ac)
         r->rd.ring = r->ring;
         pthread_create(&r->rd.th, NULL, reader_main, &r->rd);
         r->stk_mode = cfgi == CFG_STK_ALL ? MT_STACKS_ALL : MT_STACKS_SAMPLED;
-        r->sink =
-            (mt_event_sink_t){.emit = stk_emit, .emit_n = stk_emit_n, .stack = stk_stack, .ud = r};
+        r->sink = (mt_event_sink_t){.emit = stk_emit,
+                                    .emit_n = stk_emit_n,
+                                    .stack = stk_stack,
+                                    .source = any_source,
+                                    .ud = r};
         ac->sink = &r->sink;
     } else if (cfgi == CFG_PROF_OFF) {
         mt_prof_cfg_t pc = mt_prof_cfg_default();
