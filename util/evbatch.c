@@ -1,4 +1,4 @@
-/* A thread cache's events in compact form (evbatch.h). */
+/* Events in compact form: a thread cache's, the global path's (evbatch.h). */
 #include "util/evbatch.h"
 
 #include "memtrace/alloc.h"
@@ -38,15 +38,18 @@ int mt__evb_hdr_unpack(const mt_event_rec_t *slot, mt__evb_hdr_t *out)
 /* Sizes of blocks and requests below 2^62: sums of a batch's cannot overflow. */
 #define SIZE_LIMIT ((uint64_t)1 << 62)
 
-static bool entry_ok(const mt__evb_ent_t *e)
+static bool entry_ok(const mt__evb_hdr_t *h, const mt__evb_ent_t *e)
 {
-    if (mt__evb_op_events(e->op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX ||
-        (e->rep != 0 && e->op != MT__EVB_POP_FREE))
+    unsigned op = mt__evb_op(e);
+    uint64_t req = mt__evb_req(e);
+    if (mt__evb_op_events(op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX ||
+        (e->rep != 0 && op != MT__EVB_POP_FREE) || (e->rep != 0 && (e->op & MT__EVB_TIMED)) ||
+        mt__evb_dt(e) > UINT64_MAX - h->time_ns)
         return false;
-    if (e->op == MT__EVB_STACK)
-        return e->requested == 0 && e->size != 0 &&
+    if (op == MT__EVB_STACK)
+        return req == 0 && e->size != 0 &&
                (e->size <= MT_STACK_ID_MAX || e->size == MT_STACK_ID_OVERFLOW);
-    return e->size < SIZE_LIMIT && e->requested != 0 && e->requested <= e->size;
+    return e->size < SIZE_LIMIT && req != 0 && req <= e->size;
 }
 
 /* One event of entry e into *ev, every field stored and none read back (a copy of the
@@ -55,7 +58,7 @@ static inline void put(mt_event_rec_t *ev, const mt__evb_hdr_t *h, const mt__evb
                        int64_t allocated, uint64_t requested)
 {
     ev->seq = 0;
-    ev->time_ns = h->time_ns;
+    ev->time_ns = h->time_ns + mt__evb_dt(e);
     ev->addr = e->addr;
     ev->size = e->size;
     ev->requested = requested;
@@ -74,19 +77,21 @@ static inline unsigned entry_events(const mt__evb_hdr_t *h, const mt__evb_ent_t 
                                     int64_t *a, mt_event_rec_t *ev)
 {
     const mt__evb_ent_t *e = &ents[i];
-    if (e->op == MT__EVB_STACK) { /* the totals of the alloc it precedes */
+    unsigned op = mt__evb_op(e);
+    if (op == MT__EVB_STACK) { /* the totals of the alloc it precedes */
         put(ev, h, e, MT_EV_STACK_REF, *a + (int64_t)ents[i + 1].size, 0);
         return 1;
     }
+    uint64_t req = mt__evb_req(e);
     unsigned n = 0;
-    if (e->op != MT__EVB_FREE) {
+    if (op != MT__EVB_FREE) {
         *a += (int64_t)e->size;
-        put(&ev[n++], h, e, MT_EV_ALLOC, *a, e->requested);
-        if (e->op == MT__EVB_POP)
+        put(&ev[n++], h, e, MT_EV_ALLOC, *a, req);
+        if (op == MT__EVB_POP)
             return 1;
     }
     *a -= (int64_t)e->size;
-    put(&ev[n], h, e, MT_EV_FREE_REQUESTED, *a, e->requested);
+    put(&ev[n], h, e, MT_EV_FREE_REQUESTED, *a, req);
     put(&ev[n + 1], h, e, MT_EV_FREE_COMPLETED, *a, 0);
     return n + 2;
 }
@@ -102,9 +107,10 @@ int mt__evb_expand(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, uint64_t s
     int64_t a = h->allocated0;
     for (uint32_t i = 0; i < h->nent; i++) {
         const mt__evb_ent_t *e = &ents[i];
-        if (!entry_ok(e) ||
-            (e->op == MT__EVB_STACK && (i + 1 == h->nent || (ents[i + 1].op != MT__EVB_POP &&
-                                                             ents[i + 1].op != MT__EVB_POP_FREE))))
+        if (!entry_ok(h, e) ||
+            (mt__evb_op(e) == MT__EVB_STACK &&
+             (i + 1 == h->nent || (mt__evb_op(&ents[i + 1]) != MT__EVB_POP &&
+                                   mt__evb_op(&ents[i + 1]) != MT__EVB_POP_FREE))))
             return MT_EPROTO;
         nev += mt__evb_ent_events(e);
         a += mt__evb_op_delta(e);

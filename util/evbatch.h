@@ -14,6 +14,9 @@
  *             taken and freed again with the same request: a tight loop's pair)
  * Every event of a batch carries the batch's time, reserved bytes and device; allocated is
  * the program's figure after the event, from allocated0 (before the batch) and the sizes.
+ * A timed entry (op | MT__EVB_TIMED: the global path's, emit.c) carries its own time: its
+ * events are stamped time_ns + dt, dt = requested >> 40 (ns, < 2^24), and its request is
+ * requested's low 40 bits (mt__evb_req); rep is 0 in it.
  * Invariants of a batch a producer writes: 1 <= nent <= nev <= MT__EVB_MAX_EV, nev = the
  * sum of the entries' events; rep = 0 but for POP_FREE; every entry's op, pool and tag in
  * range, 0 < requested <= size for POP, POP_FREE and FREE; a STACK followed by a POP or
@@ -31,6 +34,9 @@
 #define MT__EVB_MAGIC  0x45564231u /* the header slot's stream field: "EVB1" */
 
 enum { MT__EVB_STACK = 1, MT__EVB_POP, MT__EVB_FREE, MT__EVB_POP_FREE, MT__EVB_OP_END };
+#define MT__EVB_TIMED    0x80u /* op flag: dt and the request share requested (above) */
+#define MT__EVB_REQ_BITS 40
+#define MT__EVB_DT_MAX   (((uint64_t)1 << (64 - MT__EVB_REQ_BITS)) - 1)
 
 typedef struct mt__evb_ent_s {
     uint64_t addr;
@@ -54,7 +60,22 @@ typedef struct mt__evb_hdr_s {
     uint8_t device;
 } mt__evb_hdr_t;
 
-/* Events of one entry's op (0 for an op out of range). */
+/* An entry's op without the TIMED flag; its request; its time after the header's. */
+static inline unsigned mt__evb_op(const mt__evb_ent_t *e)
+{
+    return e->op & ~MT__EVB_TIMED;
+}
+static inline uint64_t mt__evb_req(const mt__evb_ent_t *e)
+{
+    return e->op & MT__EVB_TIMED ? e->requested & (((uint64_t)1 << MT__EVB_REQ_BITS) - 1)
+                                 : e->requested;
+}
+static inline uint64_t mt__evb_dt(const mt__evb_ent_t *e)
+{
+    return e->op & MT__EVB_TIMED ? e->requested >> MT__EVB_REQ_BITS : 0;
+}
+
+/* Events of one entry's op, without its flag (0 for an op out of range). */
 static inline unsigned mt__evb_op_events(unsigned op)
 {
     return op == MT__EVB_STACK || op == MT__EVB_POP ? 1
@@ -66,13 +87,14 @@ static inline unsigned mt__evb_op_events(unsigned op)
 /* Events an entry stands for (0 for an op out of range). */
 static inline unsigned mt__evb_ent_events(const mt__evb_ent_t *e)
 {
-    return mt__evb_op_events(e->op) * (1u + e->rep);
+    return mt__evb_op_events(mt__evb_op(e)) * (1u + e->rep);
 }
 
 /* The change of the program's allocated bytes an entry makes (its first event's, then 0). */
 static inline int64_t mt__evb_op_delta(const mt__evb_ent_t *e)
 {
-    return e->op == MT__EVB_POP ? (int64_t)e->size : e->op == MT__EVB_FREE ? -(int64_t)e->size : 0;
+    unsigned op = mt__evb_op(e);
+    return op == MT__EVB_POP ? (int64_t)e->size : op == MT__EVB_FREE ? -(int64_t)e->size : 0;
 }
 
 /* Ring slots a batch of nent entries takes with its header. */

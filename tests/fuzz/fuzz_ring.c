@@ -101,8 +101,9 @@ static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, ui
     uint32_t want = 1 + (uint32_t)(hs->size % MT__EVB_MAX_EV), nent = 0, nev = 0;
     for (; nent < want; nent++) {
         mt__evb_ent_t *e = (mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + nent % 2;
+        bool timed = e->op & MT__EVB_TIMED; /* the global path's: a time each */
         uint8_t op = (uint8_t)(MT__EVB_STACK + e->op % 4);
-        uint8_t rep = op == MT__EVB_POP_FREE ? (uint8_t)(e->rep % 4) : 0; /* a loop's pairs */
+        uint8_t rep = op == MT__EVB_POP_FREE && !timed ? (uint8_t)(e->rep % 4) : 0;
         unsigned k = mt__evb_op_events(op) * (1u + rep);
         /* (within room <= slots positions: no entry lands on the header or another) */
         if (nev + k > room || nev + k > MT__EVB_MAX_EV || mt__evb_slots(nent + 1) > room)
@@ -111,12 +112,19 @@ static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, ui
         e->pool %= MT_POOL_HOST + 1;
         e->tag %= MT_TAG_MAX;
         e->rep = rep;
+        uint64_t dt = e->stream % 200000; /* ns after the header's time */
         if (e->op == MT__EVB_STACK) {
             e->size = 1 + e->size % MT_STACK_ID_MAX;
             e->requested = 0;
         } else {
             e->size = 1 + (e->size & (((uint64_t)1 << 40) - 1));
             e->requested = 1 + e->requested % e->size;
+        }
+        if (timed) {
+            e->op |= MT__EVB_TIMED;
+            e->requested %= (uint64_t)1 << MT__EVB_REQ_BITS;
+            e->requested = e->requested == 0 && op != MT__EVB_STACK ? 1 : e->requested;
+            e->requested |= dt << MT__EVB_REQ_BITS;
         }
         nev += k;
     }
@@ -129,16 +137,16 @@ static uint64_t batch_repair(mt_event_rec_t *recs, uint64_t mask, uint64_t p, ui
             i + 1 < nent
                 ? (mt__evb_ent_t *)(void *)&recs[(p + 1 + (i + 1) / 2) & mask] + (i + 1) % 2
                 : NULL;
-        if (e->op == MT__EVB_STACK &&
-            (x == NULL || (x->op != MT__EVB_POP && x->op != MT__EVB_POP_FREE))) {
-            e->op = MT__EVB_POP;
-            e->requested = 1;
+        if (mt__evb_op(e) == MT__EVB_STACK &&
+            (x == NULL || (mt__evb_op(x) != MT__EVB_POP && mt__evb_op(x) != MT__EVB_POP_FREE))) {
+            e->op = (uint8_t)(MT__EVB_POP | (e->op & MT__EVB_TIMED));
+            e->requested = (e->requested & ~(((uint64_t)1 << MT__EVB_REQ_BITS) - 1)) | 1;
         }
     }
     if (nent % 2) /* the last slot's unused half */
         memset((mt__evb_ent_t *)(void *)&recs[(p + 1 + nent / 2) & mask] + 1, 0,
                sizeof(mt__evb_ent_t));
-    mt__evb_hdr_t h = {.time_ns = hs->time_ns,
+    mt__evb_hdr_t h = {.time_ns = hs->time_ns >> 1, /* room for the entries' times */
                        .allocated0 = (int64_t)(hs->addr & (((uint64_t)1 << 61) - 1)),
                        .reserved = hs->reserved,
                        .nent = nent,

@@ -1,6 +1,6 @@
 /* The ring's compact batches of a thread cache (util/evbatch.h): round trip, repeats,
- * interleaving across the ring's end, drops, a small drain budget, corruption, and a batch
- * claimed and never written. */
+ * interleaving across the ring's end, drops, a small drain budget, corruption, a batch
+ * claimed and never written, and the global path's timed entries. */
 #include "tests/prof/ring_test_util.h"
 
 #include <stdatomic.h>
@@ -387,13 +387,76 @@ static void test_batch_stalled(void **state)
     mt__ring_close(&r);
 }
 
+/* The global path's timed entries: each event stamped the header's time + its dt, with
+ * the request from requested's low bits; a repeat count on one is no producer's. */
+static void test_batch_timed(void **state)
+{
+    (void)state;
+    mt__ring_t *r = NULL;
+    assert_int_equal(mt__ring_create(&r, 64, "evbt"), 0);
+    const uint64_t t = 1000000, lo = ((uint64_t)1 << MT__EVB_REQ_BITS) - 1;
+    mt__evb_ent_t e[3] = {
+        {.addr = 0x200000,
+         .size = 9,
+         .requested = 0 | 0ull << MT__EVB_REQ_BITS,
+         .op = MT__EVB_STACK | MT__EVB_TIMED},
+        {.addr = 0x200000,
+         .size = 8192,
+         .requested = 5000 | 70ull << MT__EVB_REQ_BITS,
+         .stream = 3,
+         .op = MT__EVB_POP | MT__EVB_TIMED,
+         .pool = MT_POOL_LARGE,
+         .tag = 2},
+        {.addr = 0x200000,
+         .size = 8192,
+         .requested = 5000 | MT__EVB_DT_MAX << MT__EVB_REQ_BITS,
+         .stream = 3,
+         .op = MT__EVB_FREE | MT__EVB_TIMED,
+         .pool = MT_POOL_LARGE,
+         .tag = 2},
+    };
+    mt__evb_hdr_t h = {
+        .time_ns = t, .allocated0 = 100, .reserved = 1 << 21, .nent = 3, .nev = 4, .device = 0};
+    assert_int_equal(put_batch(r, &h, e), 0);
+    collect_t got;
+    collect_init(&got);
+    assert_int_equal(mt__ring_drain(r, collect_cb, &got, SIZE_MAX), 4);
+    static const int kinds[4] = {MT_EV_STACK_REF, MT_EV_ALLOC, MT_EV_FREE_REQUESTED,
+                                 MT_EV_FREE_COMPLETED};
+    static const uint64_t times[4] = {t, t + 70, t + MT__EVB_DT_MAX, t + MT__EVB_DT_MAX};
+    static const uint64_t reqs[4] = {0, 5000, 5000, 0};
+    static const uint64_t alloc[4] = {100 + 8192, 100 + 8192, 100, 100};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(got.evs[i].kind, kinds[i]);
+        assert_int_equal(got.evs[i].time_ns, times[i]);
+        assert_int_equal(got.evs[i].requested, reqs[i]);
+        assert_int_equal(got.evs[i].allocated, alloc[i]);
+        assert_int_equal(got.evs[i].seq, (uint64_t)i);
+    }
+    assert_int_equal(got.evs[0].size, 9); /* the stack id */
+    assert_int_equal(got.evs[1].size, 8192);
+    assert_int_equal(mt__evb_req(&e[1]), 5000);
+    assert_true((e[1].requested & lo) == 5000);
+    free(got.evs);
+    /* a repeat on a timed entry: refused whole (counted lost), as any batch no producer
+     * writes */
+    mt__evb_ent_t bad[2] = {e[1], e[2]};
+    bad[0].op = MT__EVB_POP_FREE | MT__EVB_TIMED;
+    bad[0].rep = 1;
+    mt__evb_hdr_t hb = h;
+    hb.nent = 2;
+    hb.nev = 6 + 2;
+    assert_int_equal(mt__evb_expand(&hb, bad, 0, collect_cb, &got), MT_EPROTO);
+    mt__ring_close(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_roundtrip),        cmocka_unit_test(test_batch_repeats),
         cmocka_unit_test(test_batch_interleaved_wrap), cmocka_unit_test(test_batch_dropped),
         cmocka_unit_test(test_batch_small_max),        cmocka_unit_test(test_batch_corrupt),
-        cmocka_unit_test(test_batch_stalled),
+        cmocka_unit_test(test_batch_stalled),          cmocka_unit_test(test_batch_timed),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
