@@ -15,6 +15,7 @@
 #include "util/log.h"
 #include "util/grow.h"
 #include "allocator/tcache.h"
+#include "util/evbatch.h"
 
 /* ---- logging ---- */
 
@@ -212,8 +213,14 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     /* With a sink the thread caches' fast operations record too (emit.c). */
     a->rec = a->cfg.sink != NULL && a->cfg.tcache;
     /* The global path's events held back, when the sink can ask for them (none: at once). */
-    if (a->rec && a->cfg.sink->source != NULL)
-        a->gb = malloc(MT__GB_CAP * sizeof(mt_event_rec_t));
+    if (a->rec && a->cfg.sink->source != NULL) {
+        a->gb = malloc(MT__GB_CAP * sizeof(mt__evb_ent_t));
+        a->gb_out = malloc(2 * MT__GB_CAP * sizeof(mt_event_rec_t));
+        if (a->gb_out == NULL) {
+            free(a->gb);
+            a->gb = NULL;
+        }
+    }
     mt__tc_resume(a);
     mt__alloc_emit(a, MT_EV_CONFIG, 0, a->capacity, 0, 0, MT_POOL_NONE, 0);
     mt__alloc_emit_device(a); /* before any segment: what the context and others hold */
@@ -278,6 +285,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     mt__blocks_fini(a);
     mt__alloc_gb_flush(a);
     free(a->gb);
+    free(a->gb_out);
     a->gb = NULL;
     mt__alloc_unlock_raw(a); /* nothing left to check */
     pthread_cond_destroy(&a->cv);
@@ -431,24 +439,6 @@ static int get_new_block(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size,
     return MT_ENOMEM;
 }
 
-/* An allocation's events (mu held), with a stack its ref first. Handed over at once when
- * a thread's cache owns b: the cache's batch may tell of b's free before the events held
- * back are handed over (emit.c). */
-static __attribute__((noinline)) void emit_alloc(mt_alloc_t *a, const mt_block_t *b, size_t size,
-                                                 uint32_t sid, int pool, int tag, uint32_t stack)
-{
-    mt_event_rec_t loc[2];
-    uint64_t t = mt__clock_now(&a->clk);
-    size_t n = stack != 0 ? 2 : 1;
-    mt_event_rec_t *ev = mt__alloc_op_begin(a, loc, n);
-    mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_ALLOC, b->addr, b->size, size, sid, pool, tag, t);
-    if (stack != 0) {
-        mt__alloc_fill_rec(a, &ev[0], MT_EV_STACK_REF, b->addr, stack, 0, sid, pool, tag, t);
-    }
-    mt__alloc_op_end(a, ev, n, b->tce != NULL);
-    mt__alloc_stats_due(a, t);
-}
-
 /* The allocation's call stack, asked of the sink before the lock (event.h); 0 = none. */
 static uint32_t alloc_stack(mt_alloc_t *a, size_t size)
 {
@@ -588,7 +578,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         mt__warm_record_alloc(a, b, rsize);
     }
     if (__builtin_expect(a->cfg.sink != NULL, 0))
-        emit_alloc(a, b, size, seg->sid, mt__public_pool(sp), tag, stack);
+        mt__alloc_emit_alloc(a, b->addr, b->size, size, seg->sid, mt__public_pool(sp), tag, stack,
+                             b->tce != NULL);
     *out = (void *)b->addr;
 out:
     if (__builtin_expect(oom, 0) && a->noom_obs > 0)

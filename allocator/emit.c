@@ -89,16 +89,6 @@ static void emit_now(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     rec_unlock(a);
 }
 
-void mt__alloc_gb_flush(mt_alloc_t *a)
-{
-    mt__alloc_assert_owner(a);
-    size_t n = a->gb_n;
-    if (n == 0)
-        return;
-    a->gb_n = 0;
-    emit_now(a, a->gb, n);
-}
-
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
 {
     if (a->gb_n != 0)
@@ -106,57 +96,46 @@ void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n)
     emit_now(a, ev, n);
 }
 
-/* The global path's allocs and frees are held back and handed over MT__GB_CAP events at a
- * time (one lock, one claim of ring slots), the stamp of each its own. They may follow a
- * thread cache's batch pushed meanwhile: that batch tells only of blocks the cache owns,
- * whose allocs were handed over when it took them (mt__alloc_op_end's now), and its totals
- * are rec_g's, the counters' as of the global events handed over (docs/telemetry.md). Any
- * other event, a flush of the caches (mt__alloc_rec_flushed) and the sink's source hand
- * them over first; so does an alloc older than MT__GB_NS. */
-mt_event_rec_t *mt__alloc_op_begin(mt_alloc_t *a, mt_event_rec_t *local, size_t n)
-{
-    mt__alloc_assert_owner(a);
-    mt_assert(n >= 1 && n <= 2 && a->gb_n <= MT__GB_CAP);
-    if (a->gb == NULL)
-        return local;
-    if (a->gb_n + n > MT__GB_CAP)
-        mt__alloc_gb_flush(a);
-    return &a->gb[a->gb_n];
-}
-
-void mt__alloc_op_end(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, bool now)
-{
-    if (a->gb == NULL) {
-        emit_now(a, ev, n);
-        return;
-    }
-    mt_assert(ev == &a->gb[a->gb_n] && a->gb_n + n <= MT__GB_CAP);
-    if (a->gb_n == 0)
-        a->gb_t0 = ev[0].time_ns;
-    a->gb_n += (uint32_t)n;
-    if (now || ev[n - 1].time_ns - a->gb_t0 >= MT__GB_NS)
-        mt__alloc_gb_flush(a);
-}
 static void make_events(const mt__evb_hdr_t *h, const mt__evb_ent_t *ents, mt_event_rec_t *out)
 {
     size_t n = mt__evb_make(h, ents, out);
-    mt_assert(n == h->nev); /* the caches' own entries */
+    mt_assert(n == h->nev); /* the allocator's own entries */
     (void)n;
 }
 
+/* Hands batch (h, ents) to the sink, rec_lock held (released here; it was given its place
+ * in the order): when the sink claims (event.h), its places are claimed under the lock and
+ * the batch is copied outside it, in compact form when the sink takes it (the events are
+ * made where they are read), so that two threads' batches copy at once. A sink that cannot
+ * claim receives the events, made in out[0..h->nev), under the lock. */
+static void send_batch(mt_alloc_t *a, const mt__evb_hdr_t *h, const mt__evb_ent_t *ents,
+                       mt_event_rec_t *out)
+{
+    const mt_event_sink_t *s = a->cfg.sink;
+    uint64_t tok[2];
+    if (s->claim != NULL && s->claim(s->ud, h->nev, tok)) {
+        rec_unlock(a);
+        if (s->write_batch != NULL && mt__evb_slots(h->nent) <= h->nev) {
+            s->write_batch(s->ud, tok, h, ents);
+            return;
+        }
+        make_events(h, ents, out);
+        s->write(s->ud, tok, out, h->nev);
+        return;
+    }
+    make_events(h, ents, out);
+    push(a, out, h->nev);
+    rec_unlock(a);
+}
+
 /* A cache's batch takes its place in the sink's order under rec_lock, in O(1): the bytes
- * held before it (so each event's totals), its stamp and, when the sink claims (event.h),
- * its places. It is then copied outside the lock, in compact form when the sink takes it
- * (the events are made where they are read), so that two threads' batches copy at once.
- * A sink that cannot claim receives the events under the lock. */
+ * held before it (so each event's totals) and its stamp. */
 void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent, size_t nev,
                            mt_event_rec_t *out, uint64_t now)
 {
-    const mt_event_sink_t *s = a->cfg.sink;
     int64_t d = 0; /* the change of the program's allocated bytes: of the held ones, -d */
     for (size_t i = 0; i < nent; i++)
         d += mt__evb_op_delta(&ents[i]);
-    uint64_t tok[2];
     rec_lock(a);
     int64_t held0 = a->rec_held;
     mt__evb_hdr_t h = {
@@ -169,19 +148,129 @@ void mt__alloc_emit_cached(mt_alloc_t *a, const mt__evb_ent_t *ents, size_t nent
     };
     a->rec_held = held0 - d;
     mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
-    if (s->claim != NULL && s->claim(s->ud, nev, tok)) {
-        rec_unlock(a);
-        if (s->write_batch != NULL && mt__evb_slots(nent) <= nev) {
-            s->write_batch(s->ud, tok, &h, ents);
-            return;
-        }
-        make_events(&h, ents, out);
-        s->write(s->ud, tok, out, nev);
+    send_batch(a, &h, ents, out);
+}
+
+/* ---- the global path's allocs and frees, held back (docs/telemetry.md) ----
+ * They are kept as timed entries (util/evbatch.h), each with its own stamp, and handed
+ * over as one batch (one lock, one claim of ring slots, a quarter of the bytes). They may
+ * follow a thread cache's batch pushed meanwhile: that batch tells only of blocks the
+ * cache owns, whose allocs were handed over when it took them (mt__alloc_emit_alloc's
+ * out), and its totals are rec_g's, the counters' as of the global events handed over. Any
+ * other event, a flush of the caches (mt__alloc_rec_flushed) and the sink's source hand
+ * them over first; so does an operation MT__GB_NS after the first, or at other reserved
+ * bytes. */
+
+void mt__alloc_gb_flush(mt_alloc_t *a)
+{
+    mt__alloc_assert_owner(a);
+    uint32_t n = a->gb_n;
+    if (n == 0)
         return;
+    int64_t d = 0; /* the change of the counters' allocated bytes */
+    for (uint32_t i = 0; i < n; i++)
+        d += mt__evb_op_delta(&a->gb[i]);
+    rec_lock(a);
+    /* no counter changed but by these operations since the last event handed over */
+    mt_assert(a->rec_g + d == a->gb_g);
+    mt__evb_hdr_t h = {
+        .time_ns = rec_stamp(a, a->gb_t0),
+        .allocated0 = a->rec_g - a->rec_held,
+        .reserved = a->gb_res,
+        .nent = n,
+        .nev = a->gb_nev,
+        .device = (uint8_t)a->device,
+    };
+    a->rec_t = h.time_ns + mt__evb_dt(&a->gb[n - 1]);
+    a->rec_g = a->gb_g;
+    a->rec_res = a->gb_res;
+    mt_assert(a->rec_held >= 0 && a->rec_g >= a->rec_held);
+    a->gb_n = a->gb_nev = 0;
+    send_batch(a, &h, a->gb, a->gb_out);
+}
+
+/* Room for n entries stamped t (mu held, a->gb): the ones held back handed over first
+ * when they cannot share a batch with them. */
+static mt__evb_ent_t *gb_room(mt_alloc_t *a, uint32_t n, uint64_t t)
+{
+    uint64_t res = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current;
+    if (a->gb_n != 0 &&
+        (a->gb_n + n > MT__GB_CAP || t < a->gb_t0 || t - a->gb_t0 >= MT__GB_NS || res != a->gb_res))
+        mt__alloc_gb_flush(a);
+    if (a->gb_n == 0) {
+        a->gb_t0 = t;
+        a->gb_res = res;
     }
-    make_events(&h, ents, out);
-    push(a, out, nev);
-    rec_unlock(a);
+    return &a->gb[a->gb_n];
+}
+
+/* Entry e, each field stored and none read back (a struct built on the stack and copied
+ * would be loaded from stores not yet drained). */
+static inline void gb_put(const mt_alloc_t *a, mt__evb_ent_t *e, unsigned op, uint64_t addr,
+                          uint64_t size, uint64_t req, uint32_t sid, int pool, int tag, uint64_t t)
+{
+    e->addr = addr;
+    e->size = size;
+    e->requested = req | (t - a->gb_t0) << MT__EVB_REQ_BITS;
+    e->stream = sid;
+    e->op = (uint8_t)(op | MT__EVB_TIMED);
+    e->pool = (uint8_t)pool;
+    e->tag = (uint8_t)tag;
+    e->rep = 0;
+}
+
+/* Requests that fit a timed entry. */
+static inline bool gb_fits(const mt_alloc_t *a, uint64_t req)
+{
+    return a->gb != NULL && req < (uint64_t)1 << MT__EVB_REQ_BITS;
+}
+
+void mt__alloc_emit_alloc(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
+                          int pool, int tag, uint32_t stack, bool out)
+{
+    mt__alloc_assert_owner(a);
+    uint64_t t = mt__clock_now(&a->clk);
+    uint32_t n = stack != 0 ? 2 : 1;
+    if (gb_fits(a, req)) {
+        mt__evb_ent_t *e = gb_room(a, n, t);
+        if (stack != 0) /* its ref first, in the same batch */
+            gb_put(a, &e[0], MT__EVB_STACK, addr, stack, 0, sid, pool, tag, t);
+        gb_put(a, &e[n - 1], MT__EVB_POP, addr, size, req, sid, pool, tag, t);
+        a->gb_n += n;
+        a->gb_nev += n;
+        a->gb_g = a->st.allocated_bytes[MT_STAT_ALL].current;
+        if (out)
+            mt__alloc_gb_flush(a);
+    } else {
+        mt_event_rec_t ev[2];
+        mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_ALLOC, addr, size, req, sid, pool, tag, t);
+        if (stack != 0)
+            mt__alloc_fill_rec(a, &ev[0], MT_EV_STACK_REF, addr, stack, 0, sid, pool, tag, t);
+        mt__alloc_emit_recs(a, ev, n);
+    }
+    mt__alloc_stats_due(a, t);
+}
+
+void mt__alloc_emit_free(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
+                         int pool, int tag, uint64_t t)
+{
+    mt__alloc_assert_owner(a);
+    t = t != 0 ? t : mt__clock_now(&a->clk);
+    if (req != 0 && gb_fits(a, req)) {
+        gb_put(a, gb_room(a, 1, t), MT__EVB_FREE, addr, size, req, sid, pool, tag, t);
+        a->gb_n++;
+        a->gb_nev += 2;
+        a->gb_g = a->st.allocated_bytes[MT_STAT_ALL].current;
+    } else {
+        mt_event_rec_t ev[2];
+        size_t n = 0;
+        if (req != 0)
+            mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_REQUESTED, addr, size, req, sid, pool, tag,
+                               t);
+        mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, sid, pool, tag, t);
+        mt__alloc_emit_recs(a, ev, n);
+    }
+    mt__alloc_stats_due(a, t);
 }
 
 void mt__alloc_rec_flushed(mt_alloc_t *a, int64_t bytes)

@@ -12,25 +12,6 @@ static inline bool tells(const mt_alloc_t *a)
     return a->cfg.sink != NULL && !a->rec_mute;
 }
 
-/* FREE_COMPLETED of a block just made free, after its free's FREE_REQUESTED when req (the
- * bytes requested) is not 0, both filled here: no totals changed between; stamped t (0 =
- * now). */
-static void emit_free_completed(mt_alloc_t *a, uintptr_t addr, size_t size, const mt_segment_t *seg,
-                                int tag, uint64_t t, size_t req)
-{
-    mt_event_rec_t loc[2];
-    size_t n = req != 0 ? 2 : 1;
-    mt_event_rec_t *ev = mt__alloc_op_begin(a, loc, n);
-    int pool = mt__public_pool(seg->pool);
-    t = t != 0 ? t : mt__clock_now(&a->clk);
-    if (req != 0)
-        mt__alloc_fill_rec(a, &ev[0], MT_EV_FREE_REQUESTED, addr, size, req, seg->sid, pool, tag,
-                           t);
-    mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_FREE_COMPLETED, addr, size, 0, seg->sid, pool, tag, t);
-    mt__alloc_op_end(a, ev, n, false);
-    mt__alloc_stats_due(a, t);
-}
-
 /* mt__alloc_free_complete, inline into the free that completes at once. */
 static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_block_t *b, uint64_t t,
                                                            size_t req, size_t slot)
@@ -54,7 +35,7 @@ static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_blo
     mt__seg_merge_in(a, b);
     seg->last_used = ++a->clock;
     if (__builtin_expect(tells(a), 0))
-        emit_free_completed(a, addr, size, seg, tag, t, req);
+        mt__alloc_emit_free(a, addr, size, req, seg->sid, mt__public_pool(seg->pool), tag, t);
 }
 
 void mt__alloc_free_complete(mt_alloc_t *a, mt_block_t *b)

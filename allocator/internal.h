@@ -412,13 +412,17 @@ struct mt_alloc_s {
      * a flush frees held blocks, whose frees were told at the program's free (mu). */
     bool rec;
     bool rec_mute;
-    /* The global path's alloc and free events held back (emit.c, mt__alloc_op_end; mu):
-     * gb[0..gb_n), the first stamped gb_t0, their allocated the counters' (made the
-     * program's when handed over). gb != NULL only while rec and the sink can be asked for
-     * them (source). Invariant: gb_n <= MT__GB_CAP, and gb_n = 0 while gb = NULL. */
-    mt_event_rec_t *gb;
-    uint32_t gb_n;
-    uint64_t gb_t0;
+    /* The global path's allocs and frees held back (emit.c; mu): gb[0..gb_n), timed
+     * entries (util/evbatch.h) of gb_nev events, stamped from gb_t0, at reserved bytes
+     * gb_res; gb_g = the counters' allocated bytes after the last. gb != NULL only while rec
+     * and the sink can be asked for them (source); gb_out: room for their events (a sink
+     * without batches). Invariants: gb_n <= MT__GB_CAP, gb_n <= gb_nev <= 2 gb_n; gb_n = 0
+     * while gb = NULL; rec_g + their allocated bytes' change = gb_g. */
+    struct mt__evb_ent_s *gb;
+    mt_event_rec_t *gb_out;
+    uint32_t gb_n, gb_nev;
+    uint64_t gb_t0, gb_res;
+    int64_t gb_g;
     char rec_pad[64]; /* rec_lock on a line apart from what the fast paths read */
     uint8_t rec_lock;
     int64_t rec_g, rec_held;
@@ -782,13 +786,17 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
  * The global path's events ev[0..n) (mu held), in one batch when the sink takes batches;
  * their totals made the program's while a->rec (ev's allocated and stamp may change). */
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
-/* One alloc's or free's n plain events (mu held; n <= 2; no OOM): begin gives where to
- * fill them, local[0..n) or the room of the ones held back while a->gb (docs/telemetry.md,
- * "The global path's events"); end hands them over, at once with those before them when
- * now (filled in place: no copy read back from just-written fields). */
+/* A global allocation's events (mu held): its stack's ref (stack != 0) and its alloc, of
+ * block [addr, +size) for req bytes, stamped now; out: a thread's cache took the block
+ * (they go out at once, with the ones held back). */
 enum { MT__GB_CAP = 64, MT__GB_NS = 200000 };
-mt_event_rec_t *mt__alloc_op_begin(mt_alloc_t *a, mt_event_rec_t *local, size_t n);
-void mt__alloc_op_end(mt_alloc_t *a, mt_event_rec_t *ev, size_t n, bool now);
+void mt__alloc_emit_alloc(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
+                          int pool, int tag, uint32_t stack, bool out);
+/* A global free's events (mu held): free_requested (req != 0: the bytes requested), then
+ * free_completed, stamped t (0 = now). Both are held back while a->gb
+ * (docs/telemetry.md, "The global path's events"). */
+void mt__alloc_emit_free(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
+                         int pool, int tag, uint64_t t);
 /* Hands the events held back to the sink (mu held). */
 void mt__alloc_gb_flush(mt_alloc_t *a);
 /* A thread cache's fast operations (a->rec; inside its exclusion, or with mu held and the

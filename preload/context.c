@@ -301,9 +301,10 @@ static void sink_write_batch(void *ud, const uint64_t tok[2], const void *hdr, c
     uint64_t stack = 0, alloc = 0, freed = 0;
     for (uint32_t i = 0; i < h->nent; i++) {
         uint64_t times = 1u + e[i].rep; /* a POP_FREE's repeats */
-        stack += e[i].op == MT__EVB_STACK;
-        alloc += (e[i].op == MT__EVB_POP || e[i].op == MT__EVB_POP_FREE) * times;
-        freed += (e[i].op == MT__EVB_FREE || e[i].op == MT__EVB_POP_FREE) * times;
+        unsigned op = mt__evb_op(&e[i]);
+        stack += op == MT__EVB_STACK;
+        alloc += (op == MT__EVB_POP || op == MT__EVB_POP_FREE) * times;
+        freed += (op == MT__EVB_FREE || op == MT__EVB_POP_FREE) * times;
     }
     atomic_fetch_add_explicit(&P->ev_count[MT_EV_STACK_REF], stack, memory_order_relaxed);
     atomic_fetch_add_explicit(&P->ev_count[MT_EV_ALLOC], alloc, memory_order_relaxed);
@@ -311,6 +312,18 @@ static void sink_write_batch(void *ud, const uint64_t tok[2], const void *hdr, c
     atomic_fetch_add_explicit(&P->ev_count[MT_EV_FREE_COMPLETED], freed, memory_order_relaxed);
     const mt_event_sink_t *s = mt_prof_sink(P->prof);
     s->write_batch(s->ud, tok, hdr, ents); /* claimed while it lived: its ring outlives it */
+}
+
+/* An allocator's events kept back: the profiler's own thread asks for them (event.h,
+ * source), while it lives. */
+static void sink_source(void *ud, void (*push)(void *arg), void *arg, bool on)
+{
+    mt_preload_t *P = ud;
+    if (!atomic_load(&P->prof_live))
+        return;
+    const mt_event_sink_t *s = mt_prof_sink(P->prof);
+    if (s->source != NULL)
+        s->source(s->ud, push, arg, on);
 }
 
 /* The allocating thread's call stack (MEMTRACE_STACKS), before the allocator's lock. */
@@ -991,6 +1004,7 @@ static void init_once(void)
                                 .claim = sink_claim,
                                 .write = sink_write,
                                 .write_batch = sink_write_batch,
+                                .source = sink_source,
                                 .ud = P};
 
     P->bcfg = mt_backend_cfg_default();
