@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "memtrace/common.h"
+#include "util/assert.h"
 
 /* Invariants (mt__amap_check): cap = 0 (keys = vals = NULL, shift = 0) or a power of two
  * >= 16 with shift = 64 - log2(cap); n = #slots with key != 0; n * 2 <= cap (an empty slot
@@ -91,6 +92,7 @@ static inline void mt__amap_del_at(mt__amap_t *m, uint64_t key, size_t hint)
     size_t mask = m->cap - 1, i = hint;
     if (i >= m->cap || m->keys[i] != key)
         i = mt__amap_slot(m, key);
+    mt_assert(key != 0 && m->keys[i] == key && m->n > 0); /* held */
     for (size_t j = (i + 1) & mask; m->keys[j] != 0; j = (j + 1) & mask) {
         size_t h = mt__amap_home(m, m->keys[j]);
         if (((j - h) & mask) >= ((j - i) & mask)) {
