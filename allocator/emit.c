@@ -189,87 +189,29 @@ void mt__alloc_gb_flush(mt_alloc_t *a)
     send_batch(a, &h, a->gb, a->gb_out);
 }
 
-/* Room for n entries stamped t (mu held, a->gb): the ones held back handed over first
- * when they cannot share a batch with them. */
-static mt__evb_ent_t *gb_room(mt_alloc_t *a, uint32_t n, uint64_t t)
-{
-    uint64_t res = (uint64_t)a->st.reserved_bytes[MT_STAT_ALL].current;
-    if (a->gb_n != 0 &&
-        (a->gb_n + n > MT__GB_CAP || t < a->gb_t0 || t - a->gb_t0 >= MT__GB_NS || res != a->gb_res))
-        mt__alloc_gb_flush(a);
-    if (a->gb_n == 0) {
-        a->gb_t0 = t;
-        a->gb_res = res;
-    }
-    return &a->gb[a->gb_n];
-}
-
-/* Entry e, each field stored and none read back (a struct built on the stack and copied
- * would be loaded from stores not yet drained). */
-static inline void gb_put(const mt_alloc_t *a, mt__evb_ent_t *e, unsigned op, uint64_t addr,
-                          uint64_t size, uint64_t req, uint32_t sid, int pool, int tag, uint64_t t)
-{
-    e->addr = addr;
-    e->size = size;
-    e->requested = req | (t - a->gb_t0) << MT__EVB_REQ_BITS;
-    e->stream = sid;
-    e->op = (uint8_t)(op | MT__EVB_TIMED);
-    e->pool = (uint8_t)pool;
-    e->tag = (uint8_t)tag;
-    e->rep = 0;
-}
-
-/* Requests that fit a timed entry. */
-static inline bool gb_fits(const mt_alloc_t *a, uint64_t req)
-{
-    return a->gb != NULL && req < (uint64_t)1 << MT__EVB_REQ_BITS;
-}
-
-void mt__alloc_emit_alloc(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
-                          int pool, int tag, uint32_t stack, bool out)
+void mt__alloc_emit_alloc_now(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req,
+                              uint32_t sid, int pool, int tag, uint32_t stack, uint64_t t)
 {
     mt__alloc_assert_owner(a);
-    uint64_t t = mt__clock_now(&a->clk);
-    uint32_t n = stack != 0 ? 2 : 1;
-    if (gb_fits(a, req)) {
-        mt__evb_ent_t *e = gb_room(a, n, t);
-        if (stack != 0) /* its ref first, in the same batch */
-            gb_put(a, &e[0], MT__EVB_STACK, addr, stack, 0, sid, pool, tag, t);
-        gb_put(a, &e[n - 1], MT__EVB_POP, addr, size, req, sid, pool, tag, t);
-        a->gb_n += n;
-        a->gb_nev += n;
-        a->gb_g = a->st.allocated_bytes[MT_STAT_ALL].current;
-        if (out)
-            mt__alloc_gb_flush(a);
-    } else {
-        mt_event_rec_t ev[2];
-        mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_ALLOC, addr, size, req, sid, pool, tag, t);
-        if (stack != 0)
-            mt__alloc_fill_rec(a, &ev[0], MT_EV_STACK_REF, addr, stack, 0, sid, pool, tag, t);
-        mt__alloc_emit_recs(a, ev, n);
-    }
+    mt_event_rec_t ev[2];
+    size_t n = stack != 0 ? 2 : 1;
+    mt__alloc_fill_rec(a, &ev[n - 1], MT_EV_ALLOC, addr, size, req, sid, pool, tag, t);
+    if (stack != 0)
+        mt__alloc_fill_rec(a, &ev[0], MT_EV_STACK_REF, addr, stack, 0, sid, pool, tag, t);
+    mt__alloc_emit_recs(a, ev, n);
     mt__alloc_stats_due(a, t);
 }
 
-void mt__alloc_emit_free(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req, uint32_t sid,
-                         int pool, int tag, uint64_t t)
+void mt__alloc_emit_free_now(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req,
+                             uint32_t sid, int pool, int tag, uint64_t t)
 {
     mt__alloc_assert_owner(a);
-    t = t != 0 ? t : mt__clock_now(&a->clk);
-    if (req != 0 && gb_fits(a, req)) {
-        gb_put(a, gb_room(a, 1, t), MT__EVB_FREE, addr, size, req, sid, pool, tag, t);
-        a->gb_n++;
-        a->gb_nev += 2;
-        a->gb_g = a->st.allocated_bytes[MT_STAT_ALL].current;
-    } else {
-        mt_event_rec_t ev[2];
-        size_t n = 0;
-        if (req != 0)
-            mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_REQUESTED, addr, size, req, sid, pool, tag,
-                               t);
-        mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, sid, pool, tag, t);
-        mt__alloc_emit_recs(a, ev, n);
-    }
+    mt_event_rec_t ev[2];
+    size_t n = 0;
+    if (req != 0)
+        mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_REQUESTED, addr, size, req, sid, pool, tag, t);
+    mt__alloc_fill_rec(a, &ev[n++], MT_EV_FREE_COMPLETED, addr, size, 0, sid, pool, tag, t);
+    mt__alloc_emit_recs(a, ev, n);
     mt__alloc_stats_due(a, t);
 }
 
@@ -297,10 +239,8 @@ void mt__alloc_emit_stats(mt_alloc_t *a, uint64_t t)
     mt__alloc_emit_device(a);
 }
 
-void mt__alloc_stats_due(mt_alloc_t *a, uint64_t t)
+void mt__alloc_stats_emit_due(mt_alloc_t *a, uint64_t t)
 {
-    if (__builtin_expect(a->stats_period_ns == 0 || t < a->stats_next_ns, 1))
-        return;
     a->stats_next_ns = t + a->stats_period_ns;
     mt__alloc_emit_stats(a, t);
 }
