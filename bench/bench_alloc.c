@@ -28,6 +28,7 @@
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
 #include "machine.h"
+#include "trace_load.h"
 #include "tlsf.h"
 
 #define PAIR_GOAL_NS     40.0 /* cached alloc+free pair, one thread */
@@ -456,50 +457,6 @@ static int threads_row(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
 
 /* ---- loading traces ---- */
 
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-/* Loads the trace at path; a .xz or .gz file is read through `xz -dc` or `gzip -dc` (the
- * build has no compression library, and both tools are in every Debian base system), so
- * nothing is written to disk. *t is new. Returns as mt__trace_load. */
-static int load_trace(const char *path, mt_trace_t **t, char *err, size_t errlen)
-{
-    const char *tool = ends_with(path, ".xz") ? "xz" : ends_with(path, ".gz") ? "gzip" : NULL;
-    if (tool == NULL)
-        return mt__trace_load(t, path, err, errlen);
-    if (access(path, R_OK) != 0) {
-        snprintf(err, errlen, "%s: cannot open", path);
-        return MT_ENOENT;
-    }
-    if (strchr(path, '\'') != NULL) {
-        snprintf(err, errlen, "%s: a quote in the path of a compressed trace", path);
-        return MT_EINVAL;
-    }
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "%s -dc -- '%s'", tool, path);
-    FILE *f = popen(cmd, "r");
-    if (f == NULL) {
-        snprintf(err, errlen, "%s: cannot run %s", path, tool);
-        return MT_EIO;
-    }
-    int rc = mt__trace_load_file(t, f, path, err, errlen);
-    int status = pclose(f);
-    if (rc == 0 && status != 0) {
-        snprintf(err, errlen, "%s: %s -dc failed (status %d)", path, tool, status);
-        mt__trace_free(t);
-        rc = MT_EIO;
-    }
-    return rc;
-}
-
-static const char *base_name(const char *path)
-{
-    return strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-}
-
 /* ---- (2) replays, cold and warm, each allocator in fresh processes ----
  * Every column is measured the same way: a fresh process (this program re-executed with
  * --replay-child) loads the trace, then replays it npasses times in a row through one
@@ -555,7 +512,7 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
         fprintf(stderr, "bench_alloc: bad --replay-child arguments\n");
         return 2;
     }
-    int rc = load_trace(path, &t, err, sizeof err);
+    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
     if (rc < 0) {
         printf("skip %s\n", err);
         return 1;
@@ -726,7 +683,7 @@ static int speed_rows(const opts_t *o, const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = load_trace(path, &t, err, sizeof err);
+    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
@@ -734,7 +691,7 @@ static int speed_rows(const opts_t *o, const char *path)
     double ops = t->nops ? (double)t->nops : 1;
     char sz[16];
     human(sz, sizeof sz, (double)t->peak_live_bytes);
-    printf("%s: %zu events, peak live %s\n", base_name(path), t->nrows, sz);
+    printf("%s: %zu events, peak live %s\n", mt_bench_base_name(path), t->nrows, sz);
     mt__trace_free(&t);
     unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
     col_t col[K_N];
@@ -830,12 +787,12 @@ static int policy_rows(const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = load_trace(path, &t, err, sizeof err);
+    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
     }
-    const char *base = base_name(path);
+    const char *base = mt_bench_base_name(path);
     double ops = t->nops ? (double)t->nops : 1;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
         mt_replay_cfg_t cfg = mt__replay_cfg_default();
