@@ -189,6 +189,24 @@ void mt__alloc_gb_flush(mt_alloc_t *a)
     send_batch(a, &h, a->gb, a->gb_out);
 }
 
+const char *mt__alloc_gb_check(const mt_alloc_t *a)
+{
+    if (a->gb_n > MT__GB_CAP || a->gb_nev < a->gb_n || a->gb_nev > 2 * a->gb_n ||
+        (a->gb == NULL && a->gb_n != 0))
+        return "emit: the events held back (gb_n, gb_nev) out of range";
+    int64_t d = 0;
+    uint32_t nev = 0;
+    for (uint32_t i = 0; i < a->gb_n; i++) {
+        d += mt__evb_op_delta(&a->gb[i]);
+        nev += mt__evb_ent_events(&a->gb[i]);
+        if (!(a->gb[i].op & MT__EVB_TIMED) || mt__evb_dt(&a->gb[i]) >= MT__GB_NS)
+            return "emit: an event held back is no timed entry of its batch";
+    }
+    if (a->gb_n != 0 && (nev != a->gb_nev || a->rec_g + d != a->gb_g))
+        return "emit: the events held back do not add up to their counts and totals";
+    return NULL;
+}
+
 void mt__alloc_emit_alloc_now(mt_alloc_t *a, uint64_t addr, uint64_t size, uint64_t req,
                               uint32_t sid, int pool, int tag, uint32_t stack, uint64_t t)
 {

@@ -28,6 +28,9 @@ void mt__alloc_fill_rec(const mt_alloc_t *a, mt_event_rec_t *ev, int kind, uint6
 void mt__alloc_emit_recs(mt_alloc_t *a, mt_event_rec_t *ev, size_t n);
 /* Hands the events held back to the sink (mu held). */
 void mt__alloc_gb_flush(mt_alloc_t *a);
+/* The invariants of the events held back (mt_alloc_t.gb, mu held); static text of the
+ * first violation, or NULL. */
+const char *mt__alloc_gb_check(const mt_alloc_t *a);
 /* A thread cache's fast operations (a->rec; inside its exclusion, or with mu held and the
  * cache claimed): ents[0..nent), of nev events (util/evbatch.h), handed over with one stamp
  * (now, of the cache's own clock; made non-decreasing here) and the program's totals, in compact

@@ -572,7 +572,8 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
              cmp_stat(&st->oversize_allocations, &s.oversize_allocs, 1, "oversize_allocations")) ||
         (why = cmp_stat(&st->oversize_segments, &s.oversize_segs, 1, "oversize_segments")))
         return why;
-    if ((why = mt__tc_check(a)) != NULL || (why = mt__pool_check(a)) != NULL)
+    if ((why = mt__tc_check(a)) != NULL || (why = mt__pool_check(a)) != NULL ||
+        (why = mt__alloc_gb_check(a)) != NULL)
         return why;
     return mt__plan_check(a);
 }
