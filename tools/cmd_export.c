@@ -183,7 +183,7 @@ static int run(const export_opts_t *o)
         if (rc < 0) {
             fprintf(stderr, "memtrace export: %s: cannot write: %s\n", output, mt_strerror(rc));
             if (f != NULL && f != stdout)
-                remove(output);
+                mt_tool_remove_output(output);
             status = 1;
         } else if (f != stdout)
             fprintf(stderr,

@@ -105,14 +105,6 @@ static char *default_output(const char *log)
     return out;
 }
 
-/* A half-written image goes; a device or pipe named with -o (/dev/full) stays. */
-static void remove_if_file(const char *path)
-{
-    struct stat st;
-    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
-        remove(path);
-}
-
 typedef struct plot_opts_s {
     mt__plot_cfg_t cfg; /* pid, size, buckets */
     const char *output; /* -o, or NULL: named after the first log */
@@ -242,12 +234,12 @@ static int run(const plot_opts_t *o)
             fprintf(stderr, "memtrace plot: writing %s: %s\n", output,
                     errno ? strerror(errno) : "I/O error");
             if (out != stdout)
-                remove_if_file(output);
+                mt_tool_remove_output(output);
             status = 1;
         } else if (rc != 0) {
             fprintf(stderr, "memtrace plot: %s: %s\n", path, err);
             if (out != stdout)
-                remove_if_file(output);
+                mt_tool_remove_output(output);
             status = rc == MT_ENOENT ? 2 : 1;
         } else if (out != stdout) {
             fprintf(stderr, "memtrace plot: wrote %s\n", output);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include "analysis/lines_pipe.h"
 #include "util/text.h"
@@ -99,4 +100,11 @@ const char *mt_tool_spill_dir(void)
 {
     const char *dir = getenv("TMPDIR");
     return dir && *dir ? dir : "/tmp";
+}
+
+void mt_tool_remove_output(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode))
+        remove(path);
 }

@@ -26,4 +26,9 @@ bool mt_tool_general_reader(void);
  * file (analysis/event_spool.h): $TMPDIR, else /tmp. */
 const char *mt_tool_spill_dir(void);
 
+/* After a failed write, removes the output named with -o when it is a regular file (a
+ * half-written image or snapshot); a device, pipe or symbolic link stays (-o /dev/full,
+ * run as root, must not delete the device). */
+void mt_tool_remove_output(const char *path);
+
 #endif

@@ -17,6 +17,17 @@ fail() { echo "FAIL: $*"; exit 1; }
     fail "export --torch-format 1"
 
 if [ "$mode" != torch ]; then
+    # A failed write removes a half-written file, never what -o names when it is not one:
+    # a link to /dev/full stays a link (export run as root once deleted the device node).
+    if [ -c /dev/full ]; then
+        ln -s /dev/full "$tmp/full" || fail "ln -s"
+        "$mt" export --format torch-snapshot "$tmp/run.ndjson" -o "$tmp/full" 2>"$tmp/full.err" &&
+            fail "export to /dev/full must fail"
+        grep -q "cannot write" "$tmp/full.err" || fail "no error named: $(cat "$tmp/full.err")"
+        [ -L "$tmp/full" ] && [ -c /dev/full ] || fail "export removed what -o named"
+        "$mt" plot "$tmp/run.ndjson" -o "$tmp/full" 2>/dev/null && fail "plot to /dev/full must fail"
+        [ -L "$tmp/full" ] || fail "plot removed what -o named"
+    fi
     "$python" "$checker" --era 2 "$tmp/v2.pickle" || fail "the 2.x output breaks the layout"
     "$python" "$checker" --era 1 "$tmp/v1.pickle" || fail "the 1.13 output breaks the layout"
     # The report of the snapshot gives the log's peaks and per-tag peaks.
