@@ -1,11 +1,15 @@
-/* A log's lines cut and decoded on a second core (see lines_pipe.h).
+/* A log's lines cut and decoded on two cores (see lines_pipe.h).
  *
  * The producer (a thread of its own, or the caller's when threads is 1) fills the blocks in
  * turn: the unfinished line of the previous block first, then a read of the file behind it;
- * it cuts the block at its newlines and writes one item per line, the event lines decoded.
- * The consumer (the caller's thread) takes the blocks in the same turn and hands their items
- * to the callback. A block is the producer's until it is marked full, then the consumer's
- * until it is marked free: the only hand-over, once per block, under the mutex. */
+ * it cuts the block at its newlines and writes one item per line. The decoding of a block's
+ * event lines is then taken by whichever thread comes to it first: the producer, when it has
+ * no block to fill, decodes the newest filled block nobody took; the consumer (the caller's
+ * thread) takes the blocks in turn, decodes the one it comes to if nobody took it, and hands
+ * its items to the callback. So the decoding, most of the reading, goes to the core that has
+ * time for it. A block is the producer's until it is marked full, then the consumer's until
+ * it is marked free, its decoding the taker's alone: every hand-over is once per block,
+ * under the mutex. */
 #include "analysis/lines_pipe.h"
 
 #include <pthread.h>
@@ -16,14 +20,17 @@
 #include "analysis/ndjson_fast.h"
 #include "memtrace/common.h"
 
-/* Invariants: nitems <= icap; while full, items[..nitems) point into buf. */
+/* Invariants: nitems <= icap; while full, items[..nitems) point into buf; decoded implies
+ * taken implies full. */
 typedef struct block_s {
     char *buf;              /* cap + 1 bytes: a NUL after a last line without newline */
     mt__line_item_t *items; /* icap items */
     size_t nitems, icap;
-    int rc;    /* 0, or MT_EIO / MT_ENOMEM: the reading ended after the items */
-    bool last; /* the file ended in this block */
-    bool full; /* handed to the consumer (guarded by mu) */
+    int rc;       /* 0, or MT_EIO / MT_ENOMEM: the reading ended after the items */
+    bool last;    /* the file ended in this block */
+    bool full;    /* cut and handed over (guarded by mu) */
+    bool taken;   /* its decoding taken by one thread (guarded by mu) */
+    bool decoded; /* ... and done (guarded by mu) */
 } block_t;
 
 /* Invariants: ncarry <= cfg.max (a longer unfinished line is dropped and skipping set);
@@ -38,8 +45,9 @@ typedef struct pipe_s {
     bool skipping; /* the rest of a line longer than max is being passed over */
     bool eof;
     pthread_mutex_t mu;
-    pthread_cond_t filled, freed;
-    bool stop; /* the consumer is done: the producer reads no further (guarded by mu) */
+    pthread_cond_t ready; /* a block filled or decoded: the consumer waits on it */
+    pthread_cond_t freed; /* a block given back, or stop: the producer waits on it */
+    bool stop;            /* the consumer is done: the producer reads no further (guarded by mu) */
 } pipe_t;
 
 int mt__lines_pipe_threads(void)
@@ -62,7 +70,8 @@ static mt__line_item_t *item_new(block_t *b)
     return &b->items[b->nitems++];
 }
 
-/* One line p[0..n), NUL-terminated at p[n], into b. 0 or MT_ENOMEM. */
+/* One line p[0..n), NUL-terminated at p[n], into b, as MT_LINE_RAW (decode() decodes it
+ * later) or MT_LINE_LONG. 0 or MT_ENOMEM. */
 static int put_line(pipe_t *pp, block_t *b, char *p, size_t n)
 {
     mt__line_item_t *it = item_new(b);
@@ -72,25 +81,35 @@ static int put_line(pipe_t *pp, block_t *b, char *p, size_t n)
         *it = (mt__line_item_t){.what = MT_LINE_LONG};
         return 0;
     }
-    if (pp->cfg.fast) {
-        size_t m = n; /* the decoder reads the line without a CR of a CRLF file */
-        while (m > 0 && p[m - 1] == '\r')
-            m--;
-        int pid;
-        const char *tag;
-        size_t tl;
-        if (mt__ndjson_event(p, m, &it->ev, &pid, &tag, &tl) && pid >= 0) {
-            it->what = MT_LINE_EVENT;
-            it->pid = pid;
-            it->text = tag;
-            it->len = (uint32_t)tl;
-            return 0;
-        }
-    }
     it->what = MT_LINE_RAW;
     it->text = p;
     it->len = (uint32_t)n;
     return 0;
+}
+
+/* The event lines of a filled block decoded in place (with cfg.fast): a line the decoder
+ * takes becomes MT_LINE_EVENT, any other stays MT_LINE_RAW. Touches b's items alone. */
+static void decode(const pipe_t *pp, block_t *b)
+{
+    if (!pp->cfg.fast)
+        return;
+    for (size_t i = 0; i < b->nitems; i++) {
+        mt__line_item_t *it = &b->items[i];
+        if (it->what != MT_LINE_RAW)
+            continue;
+        size_t m = it->len; /* the decoder reads the line without a CR of a CRLF file */
+        while (m > 0 && it->text[m - 1] == '\r')
+            m--;
+        int pid;
+        const char *tag;
+        size_t tl;
+        if (mt__ndjson_event(it->text, m, &it->ev, &pid, &tag, &tl) && pid >= 0) {
+            it->what = MT_LINE_EVENT;
+            it->pid = pid;
+            it->text = tag;
+            it->len = (uint32_t)tl;
+        }
+    }
 }
 
 /* Fills b: the carried line, a read, the items. Sets b->rc and b->last. */
@@ -148,26 +167,50 @@ out_nomem:
     b->last = true;
 }
 
+/* The newest filled block whose decoding nobody took, or NULL; next is the number of
+ * blocks filled so far. Called under mu. */
+static block_t *untaken(pipe_t *pp, size_t next)
+{
+    for (size_t k = 1; k <= MT_LINES_PIPE_DEPTH && k <= next; k++) {
+        block_t *b = &pp->blk[(next - k) % MT_LINES_PIPE_DEPTH];
+        if (b->full && !b->taken)
+            return b;
+    }
+    return NULL;
+}
+
 static void *producer(void *arg)
 {
     pipe_t *pp = arg;
-    for (size_t i = 0;; i++) {
-        block_t *b = &pp->blk[i % MT_LINES_PIPE_DEPTH];
-        pthread_mutex_lock(&pp->mu);
-        while (b->full && !pp->stop)
-            pthread_cond_wait(&pp->freed, &pp->mu);
-        bool stop = pp->stop;
-        pthread_mutex_unlock(&pp->mu);
-        if (stop)
-            break;
-        fill(pp, b);
-        pthread_mutex_lock(&pp->mu);
-        b->full = true;
-        pthread_cond_signal(&pp->filled);
-        pthread_mutex_unlock(&pp->mu);
-        if (b->last)
-            break;
+    size_t next = 0;   /* blocks filled */
+    bool done = false; /* the last block is filled */
+    pthread_mutex_lock(&pp->mu);
+    while (!pp->stop) {
+        block_t *b = &pp->blk[next % MT_LINES_PIPE_DEPTH];
+        if (!done && !b->full) {
+            pthread_mutex_unlock(&pp->mu);
+            fill(pp, b);
+            pthread_mutex_lock(&pp->mu);
+            b->full = true;
+            done = b->last;
+            next++;
+            pthread_cond_signal(&pp->ready);
+            continue;
+        }
+        if ((b = untaken(pp, next)) != NULL) {
+            b->taken = true;
+            pthread_mutex_unlock(&pp->mu);
+            decode(pp, b);
+            pthread_mutex_lock(&pp->mu);
+            b->decoded = true;
+            pthread_cond_signal(&pp->ready);
+            continue;
+        }
+        if (done)
+            break; /* every block filled, every decoding taken */
+        pthread_cond_wait(&pp->freed, &pp->mu);
     }
+    pthread_mutex_unlock(&pp->mu);
     return NULL;
 }
 
@@ -189,6 +232,7 @@ static int run_inline(pipe_t *pp, mt__line_cb cb, void *ud, unsigned long *linen
     block_t *b = &pp->blk[0];
     for (;;) {
         fill(pp, b);
+        decode(pp, b);
         int rc = give(b, cb, ud, lineno);
         if (rc != 0 || b->last)
             return rc;
@@ -205,12 +249,18 @@ static int run_threaded(pipe_t *pp, mt__line_cb cb, void *ud, unsigned long *lin
         block_t *b = &pp->blk[i % MT_LINES_PIPE_DEPTH];
         pthread_mutex_lock(&pp->mu);
         while (!b->full)
-            pthread_cond_wait(&pp->filled, &pp->mu);
+            pthread_cond_wait(&pp->ready, &pp->mu);
+        bool mine = !b->taken;
+        b->taken = true;
+        while (!mine && !b->decoded)
+            pthread_cond_wait(&pp->ready, &pp->mu);
         pthread_mutex_unlock(&pp->mu);
+        if (mine)
+            decode(pp, b);
         rc = give(b, cb, ud, lineno);
         bool done = rc != 0 || b->last;
         pthread_mutex_lock(&pp->mu);
-        b->full = false;
+        b->full = b->taken = b->decoded = false;
         pp->stop = done;
         pthread_cond_signal(&pp->freed);
         pthread_mutex_unlock(&pp->mu);
@@ -240,11 +290,11 @@ int mt__lines_pipe_run(FILE *f, const mt__lines_pipe_cfg_t *cfg, mt__line_cb cb,
             goto out_alloc;
     if (nblk > 1) {
         pthread_mutex_init(&pp.mu, NULL);
-        pthread_cond_init(&pp.filled, NULL);
+        pthread_cond_init(&pp.ready, NULL);
         pthread_cond_init(&pp.freed, NULL);
         rc = run_threaded(&pp, cb, ud, &lineno);
         pthread_cond_destroy(&pp.freed);
-        pthread_cond_destroy(&pp.filled);
+        pthread_cond_destroy(&pp.ready);
         pthread_mutex_destroy(&pp.mu);
     } else {
         rc = run_inline(&pp, cb, ud, &lineno);

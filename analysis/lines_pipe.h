@@ -1,7 +1,8 @@
-/* A log's lines cut and decoded on a second core: one thread reads the file in large blocks,
- * cuts them at newlines and decodes the event lines (ndjson_fast.h), while the caller's thread
- * takes the lines in file order and applies them. The order the caller sees is the file's, so
- * a model fed from it is the one a line-by-line reader builds (docs/readers.md). */
+/* A log's lines cut and decoded on two cores: one thread reads the file in large blocks and
+ * cuts them at newlines, the event lines of each block are decoded (ndjson_fast.h) by
+ * whichever of the two threads is free first, and the caller's thread takes the lines in
+ * file order and applies them. The order the caller sees is the file's, so a model fed from
+ * it is the one a line-by-line reader builds (docs/readers.md). */
 #ifndef MT_ANALYSIS_LINES_PIPE_H
 #define MT_ANALYSIS_LINES_PIPE_H
 
@@ -41,7 +42,8 @@ typedef int (*mt__line_cb)(void *ud, const mt__line_item_t *it, unsigned long li
 typedef struct mt__lines_pipe_cfg_s {
     size_t max;  /* longest line given, newline excluded, bytes; > 0 */
     bool fast;   /* decode event lines (else every line is MT_LINE_RAW) */
-    int threads; /* 2: cut and decode on a thread of its own; 1: all on the caller's */
+    int threads; /* 2: read and cut on a thread of its own, decode on either; 1: all on the
+                  * caller's */
 } mt__lines_pipe_cfg_t;
 
 /* The threads worth using here: 2 when more than one core is online, else 1. */

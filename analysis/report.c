@@ -625,6 +625,41 @@ static int apply_one(void *ctx, const mt_event_rec_t *ev, size_t k)
     return mt__model_apply(ctx, ev);
 }
 
+typedef struct ending_s {
+    mt_model_t *m;
+    size_t next;  /* events applied */
+    bool refused; /* the model refused event next */
+} ending_t;
+
+static int apply_counted(void *ctx, const mt_event_rec_t *ev, size_t k)
+{
+    ending_t *e = ctx;
+    int rc = mt__model_apply(e->m, ev);
+    e->refused = rc != 0;
+    e->next = rc != 0 ? k : k + 1;
+    return rc;
+}
+
+int mt__report_map_end(const mt__report_t *r, size_t i, mt__report_map_t *out, size_t *stopped,
+                       bool *refused)
+{
+    memset(out, 0, sizeof(*out));
+    *stopped = 0;
+    *refused = false;
+    if (i >= r->nprocs || r->cfg.stream) /* no events kept to replay */
+        return MT_EINVAL;
+    ending_t e = {0};
+    int rc = replay_model(&r->procs[i], NULL, &e.m);
+    if (rc == 0)
+        rc = each_event(r, &r->procs[i], SIZE_MAX, apply_counted, &e);
+    if (rc == 0)
+        rc = mt__model_map(e.m, MT_MODEL_DEVICE, out);
+    *stopped = rc == 0 ? SIZE_MAX : e.next;
+    *refused = rc != 0 && e.refused;
+    mt__model_destroy(&e.m);
+    return rc;
+}
+
 /* With a model that stays consistent when a block is missing: MT_ENOMEM goes on. */
 static int apply_one_lenient(void *ctx, const mt_event_rec_t *ev, size_t k)
 {

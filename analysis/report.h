@@ -142,6 +142,12 @@ int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
  * last event, as mt__report_map_at(r, i, events - 1, false, out) gives it. */
 int mt__report_replay_map(const mt__report_t *r, size_t i, mt__report_event_fn fn, void *ctx,
                           mt__report_map_t *out);
+/* The same replay without fn, for a conversion fed on another thread (mt__report_each):
+ * *out the device segment map after the last event. When it stops early, *stopped is the
+ * index of the event it stopped at, and *refused whether the model refused that event
+ * (else the events could not be read back before it); else *stopped is SIZE_MAX. */
+int mt__report_map_end(const mt__report_t *r, size_t i, mt__report_map_t *out, size_t *stopped,
+                       bool *refused);
 /* The model of process i after all its events, with its stack table and module map
  * (keep_iterations on): for per-stack views (mt__model_stacks). *out is new. */
 int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out);

@@ -178,9 +178,12 @@ int mt__ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size
 /* A snapshot of process proc of r (fed whole logs): its device events as device_traces,
  * the report's segment map after its last event as segments and blocks, each tag as a
  * frame {"name": "tag <label>", "filename": "memtrace", "line": tag id} on its allocations
- * and blocks, markers as external annotations. *out is new. MT_ENOENT (no such process or
- * no events), MT_ENOMEM; message in err. */
-int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen);
+ * and blocks, markers as external annotations. threads 2: the conversion on the caller's
+ * thread, the model's replay to the map on one of its own (joined before return); 1: one
+ * replay on the caller's; the snapshot is the same. *out is new. MT_ENOENT (no such process
+ * or no events), MT_ENOMEM; message in err. */
+int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, int threads, char *err,
+                       size_t errlen);
 
 /* PyTorch's own figures for device d from its trace. reserved: segment_alloc/map minus
  * segment_free/unmap, starting from what the segments at the end imply was reserved

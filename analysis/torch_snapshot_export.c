@@ -1,6 +1,7 @@
 /* A snapshot from a memtrace log (torch_snapshot.h, mt__ts_from_report): the process's
  * events become device_traces, the report's segment map at the last event becomes the
  * segments and blocks, tags become frames and markers become external annotations. */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,7 +343,70 @@ static const char *report_tag(void *ud, int tag)
     return mt__report_tag_name(t->r, t->proc, tag, t->buf, sizeof t->buf);
 }
 
-int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *err, size_t errlen)
+/* Two threads: the conversion on the caller's, fed the events alone (mt__report_each), and
+ * the model's replay to the map at the end on one of its own (mt__report_map_end); each
+ * reads the events back with its own buffer, and neither writes what the other reads. The
+ * one replay of mt__report_replay_map would apply each event to the model, then convert it,
+ * and stop at the first refusal of either: each side says where it stopped, and the first
+ * stop in that order gives the result, as it would on one thread. */
+typedef struct conv_s {
+    ex_t *x;
+    size_t next;    /* events converted */
+    bool fn_failed; /* the conversion of event next failed */
+} conv_t;
+
+static int feed_counted(void *ctx, const mt_event_rec_t *ev, size_t index)
+{
+    conv_t *c = ctx;
+    int rc = on_event(c->x, ev);
+    c->fn_failed = rc != 0;
+    c->next = rc != 0 ? index : index + 1;
+    return rc;
+}
+
+typedef struct mapper_s {
+    const mt__report_t *r;
+    size_t proc;
+    mt__report_map_t map;
+    size_t stopped;
+    bool refused;
+    int rc;
+} mapper_t;
+
+static void *map_thread(void *arg)
+{
+    mapper_t *m = arg;
+    m->rc = mt__report_map_end(m->r, m->proc, &m->map, &m->stopped, &m->refused);
+    return NULL;
+}
+
+/* The replay on two threads; returns as mt__report_replay_map, with *out the map when 0.
+ * *started false: the thread could not be started, nothing was done. */
+static int replay_split(const mt__report_t *r, size_t proc, ex_t *x, mt__report_map_t *out,
+                        bool *started)
+{
+    mapper_t m = {.r = r, .proc = proc};
+    pthread_t th;
+    *started = pthread_create(&th, NULL, map_thread, &m) == 0;
+    if (!*started)
+        return 0;
+    conv_t c = {.x = x};
+    int rc = mt__report_each(r, proc, feed_counted, &c);
+    pthread_join(th, NULL);
+    /* Where each stopped, in the one-thread order of an event: read back, applied, converted. */
+    uint64_t at_c = rc == 0 ? UINT64_MAX : 3 * (uint64_t)c.next + (c.fn_failed ? 2 : 0);
+    uint64_t at_m = m.rc == 0 ? UINT64_MAX : 3 * (uint64_t)m.stopped + (m.refused ? 1 : 0);
+    if (m.rc != 0 && at_m <= at_c)
+        rc = m.rc;
+    if (rc == 0)
+        *out = m.map;
+    else
+        mt__report_map_free(&m.map);
+    return rc;
+}
+
+int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, int threads, char *err,
+                       size_t errlen)
 {
     *out = NULL;
     int pid;
@@ -356,10 +420,14 @@ int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, char *
     mt_ts_source_t src = {.tag_name = report_tag, .ud = &rt};
     ex_t x = {.src = &src};
     mt__report_map_t map;
-    bool have_map = false;
+    bool have_map;
+    bool split = false;
     int rc = mt__ts_create(&x.ts);
-    if (rc == 0 && (rc = mt__report_replay_map(r, proc, feed, &x, &map)) == 0)
-        have_map = true;
+    if (rc == 0 && threads > 1)
+        rc = replay_split(r, proc, &x, &map, &split);
+    if (rc == 0 && !split)
+        rc = mt__report_replay_map(r, proc, feed, &x, &map);
+    have_map = rc == 0;
     if (x.ts == NULL) {
         snprintf(err, errlen, "out of memory");
         return rc;

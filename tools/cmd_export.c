@@ -164,7 +164,7 @@ static int run(const export_opts_t *o)
 #endif
     mt_ts_t *ts = NULL;
     char err[512];
-    if (status == 0 && mt__ts_from_report(&ts, r, proc, err, sizeof err) < 0) {
+    if (status == 0 && mt__ts_from_report(&ts, r, proc, mt_tool_threads(), err, sizeof err) < 0) {
         fprintf(stderr, "memtrace export: %s\n", err);
         status = 1;
     }

@@ -52,9 +52,10 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
     }
     /* One line at most MT_LOG_LINE_MAX bytes (docs/telemetry.md): a longer one (a corrupt
      * log, /dev/zero) is an error naming it, read no further, not a buffer without bound.
-     * The lines are cut and decoded on the other core while this one applies them. */
+     * The lines are cut on the other core, and decoded on either, while this one applies
+     * them. */
     mt__lines_pipe_cfg_t pc = {
-        .max = MT_LOG_LINE_MAX, .fast = mt__report_decodes(r), .threads = mt__lines_pipe_threads()};
+        .max = MT_LOG_LINE_MAX, .fast = mt__report_decodes(r), .threads = mt_tool_threads()};
     reader_t rd = {.r = r, .path = path};
     int rc = mt__lines_pipe_run(f, &pc, take_line, &rd, NULL);
     if (f != stdin)
@@ -94,6 +95,12 @@ bool mt_tool_general_reader(void)
 {
     const char *reader = getenv("MEMTRACE_READER");
     return reader != NULL && strcmp(reader, "jansson") == 0;
+}
+
+int mt_tool_threads(void)
+{
+    const char *t = getenv("MEMTRACE_READER_THREADS");
+    return t != NULL && strcmp(t, "1") == 0 ? 1 : mt__lines_pipe_threads();
 }
 
 const char *mt_tool_spill_dir(void)

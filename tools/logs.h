@@ -22,6 +22,11 @@ int mt_tool_read_logs(mt__report_t *r, const char *prog, char *const *paths, int
  * libraries read no environment; the commands pass this on in their configurations. */
 bool mt_tool_general_reader(void);
 
+/* The threads the readers read a log with (analysis/lines_pipe.h): 1 when
+ * MEMTRACE_READER_THREADS=1 asks for the caller's thread alone (to compare the outputs, or
+ * on a core of its own), else mt__lines_pipe_threads(). */
+int mt_tool_threads(void);
+
 /* Where the readers that replay a log (plot, export) put the events they keep, in an unlinked
  * file (analysis/event_spool.h): $TMPDIR, else /tmp. */
 const char *mt_tool_spill_dir(void);

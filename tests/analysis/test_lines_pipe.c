@@ -200,6 +200,84 @@ static void test_pipe_stops(void **state)
     assert_int_equal(mt__lines_pipe_run(stdin, &bad, stop_at_10, NULL, NULL), MT_EINVAL);
 }
 
+/* ---- the decoding shared by the two threads ---- */
+
+/* What the callback saw: a hash of every item (its kind, and an event's record, pid and
+ * tag), the event items, and a pause every `slow` lines (0: none) so that the reading
+ * thread runs ahead and decodes the blocks itself. */
+typedef struct seen_s {
+    uint64_t hash;
+    unsigned long events, slow;
+} seen_t;
+
+static void mix(uint64_t *h, const void *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        *h = (*h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+}
+
+static int hash_item(void *ud, const mt__line_item_t *it, unsigned long lineno)
+{
+    seen_t *sn = ud;
+    mix(&sn->hash, &it->what, sizeof it->what);
+    if (it->what == MT_LINE_EVENT) {
+        sn->events++;
+        mix(&sn->hash, &it->ev, sizeof it->ev);
+        mix(&sn->hash, &it->pid, sizeof it->pid);
+    }
+    if (it->what != MT_LINE_LONG)
+        mix(&sn->hash, it->text, it->len);
+    if (sn->slow && lineno % sn->slow == 0)
+        usleep(200);
+    return 0;
+}
+
+/* Event lines over many blocks, among other lines: on two threads, whichever decodes a
+ * block (the reading thread when the callback is slow, mostly the caller's when it is
+ * fast), every event line is given decoded, and every item as one thread gives it. */
+static void test_pipe_decodes_on_either(void **state)
+{
+    (void)state;
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    unsigned long nev = 0;
+    for (unsigned i = 0; i < 120000; i++) {
+        if (i % 7 == 3) {
+            fprintf(f, "{\"v\":1,\"type\":\"hello\",\"pid\":%u}\n", i);
+            continue;
+        }
+        char line[512];
+        mt_event_rec_t ev = {.seq = i,
+                             .time_ns = 1000u * i,
+                             .kind = MT_EV_ALLOC,
+                             .addr = 4096u * (i % 977),
+                             .size = 512u + i % 4096};
+        size_t n = mt_prof_event_write(line, sizeof line, &ev, 7 + i % 3, NULL, NULL);
+        assert_true(n > 1);
+        assert_int_equal(fwrite(line, 1, n, f), n);
+        nev++;
+    }
+    assert_int_equal(fclose(f), 0);
+    seen_t one = {.hash = 0xcbf29ce484222325ull};
+    f = fopen(path, "r");
+    assert_non_null(f);
+    mt__lines_pipe_cfg_t pc = {.max = 65536, .fast = true, .threads = 1};
+    assert_int_equal(mt__lines_pipe_run(f, &pc, hash_item, &one, NULL), 0);
+    fclose(f);
+    assert_int_equal(one.events, nev);
+    for (unsigned long slow = 0; slow <= 100; slow += 100) {
+        seen_t two = {.hash = 0xcbf29ce484222325ull, .slow = slow};
+        f = fopen(path, "r");
+        assert_non_null(f);
+        pc.threads = 2;
+        assert_int_equal(mt__lines_pipe_run(f, &pc, hash_item, &two, NULL), 0);
+        fclose(f);
+        if (two.events != nev || two.hash != one.hash)
+            fail_msg("slow %lu: %lu of %lu events decoded, hash %s", slow, two.events, nev,
+                     two.hash == one.hash ? "same" : "differs");
+    }
+}
+
 /* ---- the same report through the decoder as through jansson ---- */
 
 /* Replaces the first occurrence of from in s (of cap bytes) with to. */
@@ -382,6 +460,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_pipe_as_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipe_stops, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipe_decodes_on_either, setup, teardown),
         cmocka_unit_test_setup_teardown(test_decoder_same_as_jansson, setup, teardown),
     };
     return MT_TEST_RUN(tests, NULL, NULL);

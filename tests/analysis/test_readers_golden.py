@@ -7,7 +7,9 @@ The log is written here from a fixed generator (no library randomness): two proc
 of ten devices (more than plot's 8 lanes; device 3 named first by a mark, which opens no
 lane), allocations of every built-in tag and user tags, pinned host memory, OOM events,
 markers, short-lived segments, sizes past 2^32, a large stream and lines a little late.
-Each output's hash is compared; a difference names the command. After a change that is
+Each output's hash is compared; a difference names the command. Each command is also run
+with MEMTRACE_READER_THREADS=1 (the log read on one thread) on that log and on its lines of
+one process, and must give the bytes it gives on two. After a change that is
 meant to change an output, `test_readers_golden.py MEMTRACE --print` prints the new table.
 The hashes are of x86-64 outputs: elsewhere a contracted multiply-add may move a plot's last
 digit, and the test is skipped (77).
@@ -179,12 +181,27 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "varied.ndjson")
         write_log(log, 12000)
-        env = dict(os.environ, TMPDIR=tmp)
-        got = {}
+        one = os.path.join(tmp, "one.ndjson")  # the lines of process 11 alone
+        with open(log) as f, open(one, "w") as g:
+            g.writelines(ln for ln in f if '"pid":11,' in ln or '"pid":11}' in ln)
+        got, threads_differ = {}, []
         for cmd in COMMANDS:
-            p = subprocess.run([MT] + cmd.split() + [log], capture_output=True, env=env)
-            got[cmd] = (hashlib.sha256(p.stdout).hexdigest()[:32],
-                        hashlib.sha256(p.stderr).hexdigest()[:32], p.returncode)
+            for path in (log, one):
+                runs = []
+                for threads in ("2", "1"):
+                    env = dict(os.environ, TMPDIR=tmp)
+                    if threads == "1":
+                        env["MEMTRACE_READER_THREADS"] = "1"
+                    else:
+                        env.pop("MEMTRACE_READER_THREADS", None)
+                    p = subprocess.run([MT] + cmd.split() + [path], capture_output=True, env=env)
+                    runs.append((p.stdout, p.stderr, p.returncode))
+                if runs[0] != runs[1]:
+                    threads_differ.append("%s %s" % (cmd, os.path.basename(path)))
+                if path == log:
+                    out, err, status = runs[0]
+                    got[cmd] = (hashlib.sha256(out).hexdigest()[:32],
+                                hashlib.sha256(err).hexdigest()[:32], status)
     if PRINT:
         for cmd in COMMANDS:
             print('    "%s":\n        ("%s",\n         "%s", %d),' % ((cmd,) + got[cmd]))
@@ -192,8 +209,11 @@ def main():
     bad = [cmd for cmd in COMMANDS if got[cmd] != EXPECTED.get(cmd)]
     for cmd in bad:
         print("DIFFERS: memtrace %s LOG: %s, expected %s" % (cmd, got[cmd], EXPECTED.get(cmd)))
-    print("%d outputs compared, %d differ" % (len(COMMANDS), len(bad)))
-    return 1 if bad else 0
+    for what in threads_differ:
+        print("DIFFERS on one thread and on two: memtrace %s" % what)
+    print("%d outputs compared, %d differ; %d compared on one thread and two, %d differ"
+          % (len(COMMANDS), len(bad), 2 * len(COMMANDS), len(threads_differ)))
+    return 1 if bad or threads_differ else 0
 
 
 sys.exit(main())

@@ -197,7 +197,7 @@ static void roundtrip(const char *conf)
     mt__report_t *ra = report_of_log(log, len);
     mt_ts_t *ts = NULL;
     char err[256];
-    assert_int_equal(mt__ts_from_report(&ts, ra, 0, err, sizeof err), 0);
+    assert_int_equal(mt__ts_from_report(&ts, ra, 0, 1, err, sizeof err), 0);
     assert_int_equal(mt__ts_check(ts, err, sizeof err), 0);
     assert_true(ts->nsegments > 0);
     assert_true(ts->nannotations >= 16 + 8); /* forward start/end, iterations */
