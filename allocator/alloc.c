@@ -14,7 +14,7 @@
 #include "util/entry.h"
 #include "util/log.h"
 #include "util/grow.h"
-#include "allocator/tcache.h"
+#include "allocator/tcache_impl.h"
 
 /* ---- logging ---- */
 
@@ -459,7 +459,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     int rc = 0;
     bool oom = false; /* the device's memory, not the host's, ran out */
     /* The search sees this thread's cached blocks merged, as the bins alone would. */
-    mt__tc_flush_mine(a, mine);
+    if (!mt__tc_clean(mine))
+        mt__tc_flush_mine(a, mine);
     if (a->npending > 0)
         mt__alloc_process_events(a);
     if (size > ((size_t)1 << 60)) {
@@ -532,8 +533,10 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool, st = mt__stat_pool(sp);
-    mt__tc_peak_guard(a, mine, st, b->size, size,
-                      tag); /* a new peak is set with truth = counters */
+    /* The cache hooks' no-op case inline; mu is not released before mt__tc_own. */
+    bool idle = mt__tc_idle(a, mine);
+    if (!idle) /* a new peak is set with truth = counters */
+        mt__tc_peak_guard(a, mine, st, b->size, size, tag);
     /* (the sizes in locals: a counter's store may alias a size_t, which would be read
      * again after each) */
     int64_t bytes = (int64_t)b->size, req = (int64_t)size;
@@ -554,7 +557,9 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     seg->last_used = ++a->clock;
     /* The thread's cache may repeat b's pair if the plan plays no part in it (another
      * stream), or b is planned and its pair leaves the plan as it is. */
-    if (a->tc_on)
+    if (idle)
+        mt__tc_idle_own(mine);
+    else if (a->tc_on)
         mt__tc_own(a, mine, b, st,
                    a->plan.n == 0 || sr != a->plan.sr ||
                        (planned && mt__plan_repeats(a, pk, b->size)));

@@ -442,7 +442,7 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     mt__tcache_t *c = tls_find(a);
     /* No owned block live (a claimer only lowers the count): the free is the global path's. */
     if (c == NULL || __atomic_load_n(&c->live.n, __ATOMIC_RELAXED) == 0 || !fast_enter(c))
-        return mt__alloc_free_global(a, ptr);
+        return mt__alloc_free_global(a, ptr, c);
     /* The block handed out last first: in a pair, the one freed now. While owning does
      * not pay (skip), no other is looked up: the blocks this thread allocates meanwhile
      * are not owned, and an owned one that comes back then is freed by the global path,
@@ -470,7 +470,7 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     return 0;
 slow:
     fast_exit(c);
-    return mt__alloc_free_global(a, ptr);
+    return mt__alloc_free_global(a, ptr, c);
 }
 
 /* ---- flushing (mu held) ---- */
@@ -665,6 +665,13 @@ static bool owning_pays(mt__tcache_t *c)
 void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
+    mt_assert(c == NULL || c == tls_find(a));
+    /* A backoff counts the thread's global allocations, ownable or not, as an idle
+     * cache's (mt__tc_idle_own) do. */
+    if (c != NULL && c->skip > 0) {
+        c->skip--;
+        return;
+    }
     /* In a reservation only planned blocks: best fit there is the plan's fallback. */
     /* Oversize blocks stay on the global path, which keeps their counters. */
     /* A private pool's blocks neither: a thread's cache would hand them to eager requests
@@ -672,7 +679,6 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
     if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned) ||
         b->size >= a->cfg.max_split_size || b->seg->priv)
         return;
-    mt_assert(c == NULL || c == tls_find(a));
     if (c == NULL) /* none yet (or made since mt__tc_prepare, by a free callback's request) */
         c = mine(a);
     if (c == NULL || !owning_pays(c))

@@ -1,5 +1,6 @@
 /* The layout of a per-thread cache, shared by tcache.c (the caches) and tcache_check.c
- * (their invariants). Nothing else reads it: the allocator's other files use tcache.h. */
+ * (their invariants). The global paths (alloc.c, free.c) read it only through the inline
+ * checks at its end; the allocator's other files use tcache.h. */
 #ifndef MT_ALLOCATOR_TCACHE_IMPL_H
 #define MT_ALLOCATOR_TCACHE_IMPL_H
 
@@ -116,6 +117,38 @@ static inline void mt__tc_counts_add(tc_counts_t *k, int sp, int tag, int64_t si
     k->req[sp] += sign * req;
     k->tag_bytes[tag] += sign * size;
     k->tag_req[tag] += sign * req;
+}
+
+/* The global path's inline checks of the calling thread's cache c (mt__tc_prepare's, or
+ * NULL), so that a thread whose cache has nothing to do pays no call into tcache.c.
+ *
+ * Clean: c holds no block and keeps back no event (pend implies nbuf >= 1), so
+ * mt__tc_flush_mine would do nothing. Read by the owner, before mu or with it: a claimer
+ * only lowers nheld and nbuf, which only the owner raises. */
+static inline bool mt__tc_clean(const mt__tcache_t *c)
+{
+    return c == NULL || (c->nheld | c->nbuf) == 0;
+}
+
+/* Idle (mu held, and kept until the allocation's mt__tc_own without releasing it): the
+ * peak guard and mt__tc_own of a global allocation would do nothing but count it in c's
+ * backoff. Either c is the allocator's only cache, clean, in a backoff (skip > 0), with
+ * the fast paths on; or there is no cache and the fast paths are off. */
+static inline bool mt__tc_idle(const mt_alloc_t *a, const mt__tcache_t *c)
+{
+    if (c == NULL)
+        return a->caches == NULL && !a->tc_on;
+    return (c->nheld | c->nbuf) == 0 && c->skip != 0 && a->caches == c && c->next == NULL &&
+           a->tc_on;
+}
+
+/* mt__tc_own's work for an idle cache: one global allocation of its backoff counted. */
+static inline void mt__tc_idle_own(mt__tcache_t *c)
+{
+    if (c != NULL) {
+        mt_assert(c->skip > 0);
+        c->skip--;
+    }
 }
 
 #endif
