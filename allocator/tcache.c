@@ -511,10 +511,8 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         mt__alloc_rec_flushed(a, bytes);
     tc_counts_t *k = &c->cum;
     for (int sp = MT_STAT_SMALL; sp <= MT_STAT_LARGE; sp++) {
-        fold1(a->st.allocated_bytes, sp, k->bytes[sp]);
-        fold1(a->st.active_bytes, sp, k->bytes[sp]);
+        fold1(a->st.allocated_bytes, sp, k->bytes[sp]); /* active_bytes' and active's too */
         fold1(a->st.allocation, sp, k->count[sp]);
-        fold1(a->st.active, sp, k->count[sp]);
         fold1(a->st.requested_bytes, sp, k->req[sp]);
     }
     for (int t = 0; t < MT_TAG_MAX; t++) {

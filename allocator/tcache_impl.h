@@ -43,8 +43,8 @@ typedef struct mt__tc_ent_s {
 
 /* A cache's cumulative counts since its last flush, per counter the fast paths touch:
  * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused),
- * the ALL counter's being their sum; active_bytes and active move with allocated_bytes
- * and allocation. */
+ * the ALL counter's being their sum; active_bytes' and active's are allocated_bytes' and
+ * allocation's (stats.c). */
 typedef struct tc_counts_s {
     int64_t bytes[MT_STAT_N], count[MT_STAT_N], req[MT_STAT_N];
     int64_t tag_bytes[MT_TAG_MAX], tag_req[MT_TAG_MAX];
