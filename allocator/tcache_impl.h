@@ -16,6 +16,34 @@
 #define TC_BACKOFF_MAX 65536
 #define TC_BATCH       256 /* fast operations' events handed to the sink at once */
 
+/* A thread's caches: (allocator id, cache) entries, id 0 = free (tcache.c). */
+typedef struct mt__tc_tls_s {
+    uint64_t id;
+    mt__tcache_t *c;
+} mt__tc_tls_t;
+extern _Thread_local mt__tc_tls_t mt__tc_tls[TC_TLS];
+
+/* The calling thread's cache for a, or NULL. */
+static inline mt__tcache_t *mt__tc_find(const mt_alloc_t *a)
+{
+    const mt__tc_tls_t *t = mt__tc_tls; /* one TLS address computation */
+    uint64_t id = a->id;
+    for (int i = 0; i < TC_TLS; i++)
+        if (t[i].id == id)
+            return t[i].c;
+    return NULL;
+}
+
+/* Before taking mu on a global path: the calling thread's cache for a, or NULL (the
+ * `mine` the global path's cache calls take); without one, a TLS entry made free for a. */
+static inline mt__tcache_t *mt__tc_prepare(mt_alloc_t *a)
+{
+    mt__tcache_t *c = mt__tc_find(a);
+    if (c == NULL && __atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        mt__tc_prepare_slow(a);
+    return c;
+}
+
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
  * so that they do not touch the block struct.
  * Invariants: b->tce = this entry; addr = b->addr, size = b->size, req = b->requested,
@@ -69,6 +97,8 @@ struct mt__tcache_s {
     mt__amap_t live;       /* owned blocks' entries by address */
     mt__tc_ent_t *held;    /* held entries, newest first, linked by next */
     mt__tc_ent_t *last;    /* an owned block's, the last handed out (a free looks here first) */
+    uintptr_t last_addr;   /* last's address when last != NULL (owner only, read without
+                            * its exclusion) */
     mt__tc_ent_t *spare;   /* entries not in use, linked by next */
     mt__tc_ent_t **chunks; /* the entries' storage (freed with the cache) */
     size_t nchunks, cap_chunks;
