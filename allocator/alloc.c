@@ -14,8 +14,7 @@
 #include "util/entry.h"
 #include "util/log.h"
 #include "util/grow.h"
-#include "allocator/tcache.h"
-#include "util/evbatch.h"
+#include "allocator/tcache_impl.h"
 
 /* ---- logging ---- */
 
@@ -462,6 +461,50 @@ static __attribute__((noinline, cold)) int oom_observe(mt_alloc_t *a, size_t siz
     return rc;
 }
 
+/* mt__stat_inc1/inc2, true when a peak moved. */
+static inline bool inc1_up(mt_stat_t *x, int64_t d)
+{
+    x->current += d;
+    x->allocated += (uint64_t)d;
+    if (__builtin_expect(x->current <= x->peak, 1))
+        return false;
+    x->peak = x->current;
+    return true;
+}
+
+static inline bool inc2_up(mt_stat_t *arr, int sp, int64_t d)
+{
+    bool up = inc1_up(&arr[MT_STAT_ALL], d);
+    return inc1_up(&arr[sp], d) || up;
+}
+
+static __attribute__((noinline, cold)) void active_peaks(mt_alloc_stats_t *c)
+{
+    for (int i = 0; i < MT_STAT_N; i++) {
+        if (c->active_bytes[i].current > c->active_bytes[i].peak)
+            c->active_bytes[i].peak = c->active_bytes[i].current;
+        if (c->active[i].current > c->active[i].peak)
+            c->active[i].peak = c->active[i].current;
+    }
+}
+
+/* active_bytes and active after an allocation of bytes in stat pool sp, allocated_bytes and
+ * allocation counted (up: one of their peaks moved). Their .allocated is allocated_bytes'
+ * and allocation's, made on read (stats.c). Their peaks can move only where up, or where
+ * freed blocks wait for events (active_bytes[ALL] > allocated_bytes[ALL]): otherwise each
+ * active = its allocated <= that one's peak <= its own peak (mt_alloc_check). */
+static inline void active_inc(mt_alloc_stats_t *c, int sp, int64_t bytes, bool up)
+{
+    c->active_bytes[MT_STAT_ALL].current += bytes;
+    c->active_bytes[sp].current += bytes;
+    c->active[MT_STAT_ALL].current++;
+    c->active[sp].current++;
+    if (__builtin_expect(up || c->active_bytes[MT_STAT_ALL].current !=
+                                   c->allocated_bytes[MT_STAT_ALL].current,
+                         0))
+        active_peaks(c);
+}
+
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                             uintptr_t ra)
 {
@@ -473,7 +516,8 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     int rc = 0;
     bool oom = false; /* the device's memory, not the host's, ran out */
     /* The search sees this thread's cached blocks merged, as the bins alone would. */
-    mt__tc_flush_mine(a, mine);
+    if (!mt__tc_clean(mine))
+        mt__tc_flush_mine(a, mine);
     if (a->npending > 0)
         mt__alloc_process_events(a);
     if (size > ((size_t)1 << 60)) {
@@ -546,18 +590,19 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     mt_segment_t *seg = b->seg;
     int sp = seg->pool, st = mt__stat_pool(sp);
-    mt__tc_peak_guard(a, mine, st, b->size, size,
-                      tag); /* a new peak is set with truth = counters */
+    /* The cache hooks' no-op case inline; mu is not released before mt__tc_own. */
+    bool idle = mt__tc_idle(a, mine);
+    if (!idle) /* a new peak is set with truth = counters */
+        mt__tc_peak_guard(a, mine, st, b->size, size, tag);
     /* (the sizes in locals: a counter's store may alias a size_t, which would be read
      * again after each) */
     int64_t bytes = (int64_t)b->size, req = (int64_t)size;
     mt_alloc_stats_t *c = &a->st;
-    mt__stat_inc2(c->allocated_bytes, st, bytes);
+    bool up = inc2_up(c->allocated_bytes, st, bytes);
     mt__scope_track(a);
     mt__stat_inc2(c->requested_bytes, st, req);
-    mt__stat_inc2(c->allocation, st, 1);
-    mt__stat_inc2(c->active_bytes, st, bytes);
-    mt__stat_inc2(c->active, st, 1);
+    up |= inc2_up(c->allocation, st, 1);
+    active_inc(c, st, bytes, up);
     mt__stat_inc1(&c->tag_allocated_bytes[tag], bytes);
     mt__stat_inc1(&c->tag_requested_bytes[tag], req);
     if (__builtin_expect((size_t)bytes >= a->cfg.max_split_size, 0))
@@ -568,7 +613,9 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     seg->last_used = ++a->clock;
     /* The thread's cache may repeat b's pair if the plan plays no part in it (another
      * stream), or b is planned and its pair leaves the plan as it is. */
-    if (a->tc_on)
+    if (idle)
+        mt__tc_idle_own(mine);
+    else if (a->tc_on)
         mt__tc_own(a, mine, b, st,
                    a->plan.n == 0 || sr != a->plan.sr ||
                        (planned && mt__plan_repeats(a, pk, b->size)));

@@ -3,7 +3,7 @@
  * address. */
 #include <stdlib.h>
 
-#include "allocator/tcache.h"
+#include "allocator/tcache_impl.h"
 
 /* A free is told to the sink: there is one, and no flush is giving back blocks whose frees
  * a thread cache told already (a->rec_mute). */
@@ -109,11 +109,12 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
     free_block(a, b, SIZE_MAX);
 }
 
-int mt__alloc_free_global(mt_alloc_t *a, void *ptr)
+int mt__alloc_free_global(mt_alloc_t *a, void *ptr, mt__tcache_t *mine)
 {
     mt__alloc_lock(a);
     /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
-    mt__tc_flush_mine(a, mt__tc_mine(a));
+    if (!mt__tc_clean(mine))
+        mt__tc_flush_mine(a, mine);
     int rc = 0;
     size_t slot = SIZE_MAX; /* b's slot in the table: its delete at completion probes no more */
     mt_block_t *b = mt__addrmap_find(&a->map, (uintptr_t)ptr, &slot);

@@ -261,15 +261,15 @@ typedef mt__amap_t mt_addrmap_t;
  *   allocated_bytes[ALL].current = sum of sizes of ACTIVE_ALLOCATED blocks;
  *   active_bytes[ALL].current = allocated + sum of sizes of ACTIVE_PENDING_FREE blocks;
  *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour
- *   (inactive_split: their number);
- *   each [SMALL] + [LARGE] = [ALL], warm-up reservations counting as LARGE; the counts
- *   likewise; tag_* likewise summed per tag;
+ *   (inactive_split: their number); each [SMALL] + [LARGE] = [ALL], warm-up reservations
+ *   counting as LARGE; the counts likewise; tag_* likewise summed per tag;
  *   npending + nholds = sum of npending over the ACTIVE_PENDING_FREE blocks;
  *   inflight_map_bytes = sum of len over a->maps; unmapping blocks = unfinished entries
  *   of a->unmaps; syncing <=> some pending entry is waited (or a sync runs without any);
- *   the address map holds exactly the active blocks;
- *   requested_bytes[ALL].current = sum of requested over ACTIVE_ALLOCATED blocks;
- *   st.*.freed is not kept (0): mt__alloc_compute_stats fills in allocated - current. */
+ *   the address map holds exactly the active blocks; requested_bytes[ALL].current = sum
+ *   of requested over ACTIVE_ALLOCATED blocks; active*.peak >= allocated_bytes/allocation's;
+ *   not kept: st.*.freed (allocated - current), active*.allocated (= allocated_bytes' and
+ *   allocation's), filled in by mt__alloc_compute_stats. */
 #define MT__FREE_CB_MAX 8
 typedef struct mt__free_cb_s {
     mt_alloc_free_cb cb;

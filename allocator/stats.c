@@ -43,10 +43,15 @@ static void fill_freed(mt_stat_t *s, size_t n)
     X(&(s)->oversize_allocations, 1);                                                              \
     X(&(s)->oversize_segments, 1)
 
-/* The raw figures: st with freed filled in (cumulative since creation). */
+/* The raw figures: st with active's cumulative figures (allocated_bytes' and allocation's)
+ * and freed filled in (cumulative since creation). */
 static void raw_stats(const mt_alloc_t *a, mt_alloc_stats_t *out)
 {
     *out = a->st;
+    for (int i = 0; i < MT_STAT_N; i++) {
+        out->active_bytes[i].allocated = out->allocated_bytes[i].allocated;
+        out->active[i].allocated = out->allocation[i].allocated;
+    }
     FOR_EACH_STAT(fill_freed, out);
 }
 
@@ -473,6 +478,17 @@ static const char *cmp_stat(const mt_stat_t *st, const int64_t *want, size_t n, 
     return NULL;
 }
 
+/* A global allocation checks active's peaks only where allocated's moved or freed blocks
+ * wait for events (alloc.c): each active peak is at least its allocated's. */
+static const char *cmp_peaks(const mt_alloc_stats_t *st)
+{
+    for (int i = 0; i < MT_STAT_N; i++)
+        if (st->active_bytes[i].peak < st->allocated_bytes[i].peak ||
+            st->active[i].peak < st->allocation[i].peak)
+            return "active peak below allocated peak";
+    return NULL;
+}
+
 const char *mt__alloc_is_valid(mt_alloc_t *a)
 {
     if (a->async != NULL)
@@ -570,7 +586,8 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_stat(st->tag_requested_bytes, s.tag_req, MT_TAG_MAX, "tag_requested")) ||
         (why =
              cmp_stat(&st->oversize_allocations, &s.oversize_allocs, 1, "oversize_allocations")) ||
-        (why = cmp_stat(&st->oversize_segments, &s.oversize_segs, 1, "oversize_segments")))
+        (why = cmp_stat(&st->oversize_segments, &s.oversize_segs, 1, "oversize_segments")) ||
+        (why = cmp_peaks(st)))
         return why;
     if ((why = mt__tc_check(a)) != NULL || (why = mt__pool_check(a)) != NULL ||
         (why = mt__alloc_gb_check(a)) != NULL)

@@ -21,12 +21,7 @@
 
 /* ---- TLS entries and the registry of live allocators ---- */
 
-typedef struct tc_tls_s {
-    uint64_t id; /* allocator id; 0 = free entry */
-    mt__tcache_t *c;
-} tc_tls_t;
-
-static _Thread_local tc_tls_t tls[TC_TLS];
+_Thread_local mt__tc_tls_t mt__tc_tls[TC_TLS];
 static pthread_key_t tls_key;
 static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
 static int tls_key_rc = -1;
@@ -78,18 +73,13 @@ void mt__tc_unregister(mt_alloc_t *a)
     }
     pthread_mutex_unlock(&reg_mu);
     for (int i = 0; i < TC_TLS; i++)
-        if (tls[i].id == a->id)
-            tls[i] = (tc_tls_t){0, NULL};
+        if (mt__tc_tls[i].id == a->id)
+            mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
 }
 
 static inline mt__tcache_t *tls_find(const mt_alloc_t *a)
 {
-    const tc_tls_t *t = tls; /* one TLS address computation */
-    uint64_t id = a->id;
-    for (int i = 0; i < TC_TLS; i++)
-        if (t[i].id == id)
-            return t[i].c;
-    return NULL;
+    return mt__tc_find(a);
 }
 
 static void thread_exit(void *arg);
@@ -104,22 +94,18 @@ mt__tcache_t *mt__tc_mine(const mt_alloc_t *a)
     return tls_find(a);
 }
 
-mt__tcache_t *mt__tc_prepare(mt_alloc_t *a)
+void mt__tc_prepare_slow(mt_alloc_t *a)
 {
-    mt__tcache_t *c = tls_find(a);
-    if (c != NULL || !__atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
-        return c;
     for (int i = 0; i < TC_TLS; i++)
-        if (tls[i].id == 0)
-            return NULL;
+        if (mt__tc_tls[i].id == 0)
+            return;
     /* Every entry taken: those naming destroyed allocators are free (their caches went
      * with them). */
     pthread_mutex_lock(&reg_mu);
     for (int i = 0; i < TC_TLS; i++)
-        if (reg_find(tls[i].id) == NULL)
-            tls[i] = (tc_tls_t){0, NULL};
+        if (reg_find(mt__tc_tls[i].id) == NULL)
+            mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
     pthread_mutex_unlock(&reg_mu);
-    return NULL;
 }
 
 /* ---- exclusion of the owner's fast paths ----
@@ -389,16 +375,12 @@ static inline void tell_free(mt_alloc_t *a, mt__tcache_t *c, const mt__tc_ent_t 
     fill(e, buf_room(a, c, 1, 2), MT__EVB_FREE, e->size, e->req);
 }
 
-int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
-                  uintptr_t ra)
+/* mt__tc_malloc's pop (a = c->a), out of line: the way to the global path saves no
+ * register. */
+static __attribute__((noinline)) int pop(mt__tcache_t *c, size_t size, mt_stream_t *stream, int tag,
+                                         void **out, uintptr_t ra)
 {
-    mt__tcache_t *c = tls_find(a);
-    /* With events pending, a malloc polls them first (the global path), as it always did:
-     * a block another stream was using becomes reusable at the first malloc after. */
-    /* Nothing held (a claimer only lowers nheld): no pop, whatever the request. */
-    if (c == NULL || __atomic_load_n(&c->nheld, __ATOMIC_RELAXED) == 0 ||
-        __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
-        goto global;
+    mt_alloc_t *a = c->a;
     size_t rsize = mt__alloc_round(a, size);
     if (!fast_enter(c))
         goto global;
@@ -422,6 +404,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     c->held = e->next;
     c->nheld--;
     c->last = e;
+    c->last_addr = e->addr;
     e->next = NULL;
     e->held = false;
     e->k = ++c->nops;
@@ -438,17 +421,25 @@ global:
     return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
 }
 
-int mt__tc_free(mt_alloc_t *a, void *ptr)
+int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
+                  uintptr_t ra)
 {
     mt__tcache_t *c = tls_find(a);
-    /* No owned block live (a claimer only lowers the count): the free is the global path's. */
-    if (c == NULL || __atomic_load_n(&c->live.n, __ATOMIC_RELAXED) == 0 || !fast_enter(c))
-        return mt__alloc_free_global(a, ptr);
-    /* The block handed out last first: in a pair, the one freed now. While owning does
-     * not pay (skip), no other is looked up: the blocks this thread allocates meanwhile
-     * are not owned, and an owned one that comes back then is freed by the global path,
-     * which finds it through b->tce (a table look-up per free of a program whose pairs do
-     * not repeat, the real traces', was most of this path). */
+    /* With events pending, a malloc polls them first (the global path), as it always did:
+     * a block another stream was using becomes reusable at the first malloc after. */
+    /* Nothing held (a claimer only lowers nheld): no pop, whatever the request. */
+    if (c == NULL || __atomic_load_n(&c->nheld, __ATOMIC_RELAXED) == 0 ||
+        __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
+        return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
+    return pop(c, size, stream, tag, out, ra);
+}
+
+/* mt__tc_free's push (a = c->a), out of line as pop is. */
+static __attribute__((noinline)) int push(mt__tcache_t *c, void *ptr)
+{
+    mt_alloc_t *a = c->a;
+    if (!fast_enter(c))
+        return mt__alloc_free_global(a, ptr, c);
     mt__tc_ent_t *e = c->last;
     if (e == NULL || e->addr != (uintptr_t)ptr)
         e = c->skip == 0 && c->live.n != 0 ? live_get(c, (uintptr_t)ptr) : NULL;
@@ -471,7 +462,23 @@ int mt__tc_free(mt_alloc_t *a, void *ptr)
     return 0;
 slow:
     fast_exit(c);
-    return mt__alloc_free_global(a, ptr);
+    return mt__alloc_free_global(a, ptr, c);
+}
+
+int mt__tc_free(mt_alloc_t *a, void *ptr)
+{
+    mt__tcache_t *c = tls_find(a);
+    /* No owned block live (a claimer only lowers the count): the free is the global
+     * path's. The block handed out last is looked at first: in a pair, the one freed
+     * now. While owning does not pay (skip), no other is looked up: the blocks this
+     * thread allocates meanwhile are not owned, and an owned one that comes back then is
+     * freed by the global path, which finds it through b->tce (a table look-up per free
+     * of a program whose pairs do not repeat, the real traces', was most of this path);
+     * so then a free of another address goes global at once (last_addr: the owner's). */
+    if (c == NULL || __atomic_load_n(&c->live.n, __ATOMIC_RELAXED) == 0 ||
+        (c->skip != 0 && c->last_addr != (uintptr_t)ptr))
+        return mt__alloc_free_global(a, ptr, c);
+    return push(c, ptr);
 }
 
 /* ---- flushing (mu held) ---- */
@@ -512,10 +519,8 @@ static bool flush_locked(mt_alloc_t *a, mt__tcache_t *c)
         mt__alloc_rec_flushed(a, bytes);
     tc_counts_t *k = &c->cum;
     for (int sp = MT_STAT_SMALL; sp <= MT_STAT_LARGE; sp++) {
-        fold1(a->st.allocated_bytes, sp, k->bytes[sp]);
-        fold1(a->st.active_bytes, sp, k->bytes[sp]);
+        fold1(a->st.allocated_bytes, sp, k->bytes[sp]); /* active_bytes' and active's too */
         fold1(a->st.allocation, sp, k->count[sp]);
-        fold1(a->st.active, sp, k->count[sp]);
         fold1(a->st.requested_bytes, sp, k->req[sp]);
     }
     for (int t = 0; t < MT_TAG_MAX; t++) {
@@ -616,7 +621,7 @@ static mt__tcache_t *mine(mt_alloc_t *a)
         return c;
     int slot = -1;
     for (int i = 0; i < TC_TLS && slot < 0; i++)
-        if (tls[i].id == 0)
+        if (mt__tc_tls[i].id == 0)
             slot = i;
     pthread_once(&tls_once, make_key);
     (void)mt__tc_gate_asym();
@@ -627,14 +632,14 @@ static mt__tcache_t *mine(mt_alloc_t *a)
         goto fail_cache;
     memset(c, 0, sizeof *c);
     c->clk = a->clk; /* calibrated at create; mu held, which guards a->clk */
-    if (pthread_setspecific(tls_key, tls) != 0) /* its destructor runs at thread exit */
+    if (pthread_setspecific(tls_key, mt__tc_tls) != 0) /* its destructor runs at thread exit */
         goto fail_key;
     c->a = a;
     c->next = a->caches;
     if (a->caches != NULL)
         a->caches->prev = c;
     a->caches = c;
-    tls[slot] = (tc_tls_t){a->id, c};
+    mt__tc_tls[slot] = (mt__tc_tls_t){a->id, c};
     return c;
 
 fail_key:
@@ -667,6 +672,13 @@ static bool owning_pays(mt__tcache_t *c)
 void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repeat)
 {
     mt__alloc_assert_owner(a);
+    mt_assert(c == NULL || c == tls_find(a));
+    /* A backoff counts the thread's global allocations, ownable or not, as an idle
+     * cache's (mt__tc_idle_own) do. */
+    if (c != NULL && c->skip > 0) {
+        c->skip--;
+        return;
+    }
     /* In a reservation only planned blocks: best fit there is the plan's fallback. */
     /* Oversize blocks stay on the global path, which keeps their counters. */
     /* A private pool's blocks neither: a thread's cache would hand them to eager requests
@@ -674,7 +686,6 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
     if (!a->tc_on || !repeat || (b->seg->pool == MT__BP_RESERVED && !b->planned) ||
         b->size >= a->cfg.max_split_size || b->seg->priv)
         return;
-    mt_assert(c == NULL || c == tls_find(a));
     if (c == NULL) /* none yet (or made since mt__tc_prepare, by a free callback's request) */
         c = mine(a);
     if (c == NULL || !owning_pays(c))
@@ -705,6 +716,7 @@ void mt__tc_own(mt_alloc_t *a, mt__tcache_t *c, mt_block_t *b, int sp, bool repe
         b->tce = e;
         c->nplan += b->planned;
         c->last = e;
+        c->last_addr = e->addr;
     }
     mt__tc_unclaim(c);
 }
@@ -786,17 +798,17 @@ static void thread_exit(void *arg)
 {
     (void)arg;
     for (int i = 0; i < TC_TLS; i++) {
-        if (tls[i].id == 0)
+        if (mt__tc_tls[i].id == 0)
             continue;
         pthread_mutex_lock(&reg_mu);
-        mt_alloc_t *a = reg_find(tls[i].id);
+        mt_alloc_t *a = reg_find(mt__tc_tls[i].id);
         if (a != NULL) {
             mt__alloc_lock(a);
-            drop(a, tls[i].c);
+            drop(a, mt__tc_tls[i].c);
             mt__alloc_unlock(a);
         }
         pthread_mutex_unlock(&reg_mu);
-        tls[i] = (tc_tls_t){0, NULL};
+        mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
     }
 }
 

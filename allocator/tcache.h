@@ -13,13 +13,13 @@
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                   uintptr_t ra);
 int mt__tc_free(mt_alloc_t *a, void *ptr);
-/* The global paths (alloc.c, free.c). */
+/* The global paths (alloc.c, free.c); mine: the calling thread's cache for a, or NULL. */
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
                             uintptr_t ra);
-int mt__alloc_free_global(mt_alloc_t *a, void *ptr);
-/* Before taking mu on a global path: frees a TLS entry for a (mu not held). Returns the
- * calling thread's cache for a, or NULL (the `mine` the calls below take). */
-mt__tcache_t *mt__tc_prepare(mt_alloc_t *a);
+int mt__alloc_free_global(mt_alloc_t *a, void *ptr, mt__tcache_t *mine);
+/* Before taking mu on a global path (mt__tc_prepare, tcache_impl.h): frees a TLS entry for
+ * a when every one is taken (mu not held). */
+void mt__tc_prepare_slow(mt_alloc_t *a);
 /* The calling thread's cache for a, or NULL. */
 mt__tcache_t *mt__tc_mine(const mt_alloc_t *a);
 /* Registers a in the registry of live allocators (create) / removes it and frees its

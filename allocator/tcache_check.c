@@ -52,6 +52,8 @@ static const char *check_one(mt_alloc_t *a, mt__tcache_t *c, tc_counts_t *sum, i
     }
     if (c->last != NULL && (c->last->c != c || c->last->b == NULL || c->last->b->tce != c->last))
         return "tcache: the last block handed out is not owned";
+    if (c->last != NULL && c->last_addr != c->last->addr)
+        return "tcache: the last block's address copy is not its address";
     if (plan != c->nplan)
         return "tcache: count of owned planned blocks wrong";
     size_t nlist = 0;

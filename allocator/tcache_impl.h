@@ -1,5 +1,6 @@
 /* The layout of a per-thread cache, shared by tcache.c (the caches) and tcache_check.c
- * (their invariants). Nothing else reads it: the allocator's other files use tcache.h. */
+ * (their invariants). The global paths (alloc.c, free.c) read it only through the inline
+ * checks at its end; the allocator's other files use tcache.h. */
 #ifndef MT_ALLOCATOR_TCACHE_IMPL_H
 #define MT_ALLOCATOR_TCACHE_IMPL_H
 
@@ -14,6 +15,34 @@
 #define TC_BACKOFF_MIN 1024 /* global allocations skipped after a window that did not pay */
 #define TC_BACKOFF_MAX 65536
 #define TC_BATCH       256 /* fast operations' events handed to the sink at once */
+
+/* A thread's caches: (allocator id, cache) entries, id 0 = free (tcache.c). */
+typedef struct mt__tc_tls_s {
+    uint64_t id;
+    mt__tcache_t *c;
+} mt__tc_tls_t;
+extern _Thread_local mt__tc_tls_t mt__tc_tls[TC_TLS];
+
+/* The calling thread's cache for a, or NULL. */
+static inline mt__tcache_t *mt__tc_find(const mt_alloc_t *a)
+{
+    const mt__tc_tls_t *t = mt__tc_tls; /* one TLS address computation */
+    uint64_t id = a->id;
+    for (int i = 0; i < TC_TLS; i++)
+        if (t[i].id == id)
+            return t[i].c;
+    return NULL;
+}
+
+/* Before taking mu on a global path: the calling thread's cache for a, or NULL (the
+ * `mine` the global path's cache calls take); without one, a TLS entry made free for a. */
+static inline mt__tcache_t *mt__tc_prepare(mt_alloc_t *a)
+{
+    mt__tcache_t *c = mt__tc_find(a);
+    if (c == NULL && __atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+        mt__tc_prepare_slow(a);
+    return c;
+}
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,
  * so that they do not touch the block struct.
@@ -42,8 +71,8 @@ typedef struct mt__tc_ent_s {
 
 /* A cache's cumulative counts since its last flush, per counter the fast paths touch:
  * bytes/count/req are indexed by stat pool (MT_STAT_SMALL, MT_STAT_LARGE; [ALL] unused),
- * the ALL counter's being their sum; active_bytes and active move with allocated_bytes
- * and allocation. */
+ * the ALL counter's being their sum; active_bytes' and active's are allocated_bytes' and
+ * allocation's (stats.c). */
 typedef struct tc_counts_s {
     int64_t bytes[MT_STAT_N], count[MT_STAT_N], req[MT_STAT_N];
     int64_t tag_bytes[MT_TAG_MAX], tag_req[MT_TAG_MAX];
@@ -68,6 +97,8 @@ struct mt__tcache_s {
     mt__amap_t live;       /* owned blocks' entries by address */
     mt__tc_ent_t *held;    /* held entries, newest first, linked by next */
     mt__tc_ent_t *last;    /* an owned block's, the last handed out (a free looks here first) */
+    uintptr_t last_addr;   /* last's address when last != NULL (owner only, read without
+                            * its exclusion) */
     mt__tc_ent_t *spare;   /* entries not in use, linked by next */
     mt__tc_ent_t **chunks; /* the entries' storage (freed with the cache) */
     size_t nchunks, cap_chunks;
@@ -116,6 +147,38 @@ static inline void mt__tc_counts_add(tc_counts_t *k, int sp, int tag, int64_t si
     k->req[sp] += sign * req;
     k->tag_bytes[tag] += sign * size;
     k->tag_req[tag] += sign * req;
+}
+
+/* The global path's inline checks of the calling thread's cache c (mt__tc_prepare's, or
+ * NULL), so that a thread whose cache has nothing to do pays no call into tcache.c.
+ *
+ * Clean: c holds no block and keeps back no event (pend implies nbuf >= 1), so
+ * mt__tc_flush_mine would do nothing. Read by the owner, before mu or with it: a claimer
+ * only lowers nheld and nbuf, which only the owner raises. */
+static inline bool mt__tc_clean(const mt__tcache_t *c)
+{
+    return c == NULL || (c->nheld | c->nbuf) == 0;
+}
+
+/* Idle (mu held, and kept until the allocation's mt__tc_own without releasing it): the
+ * peak guard and mt__tc_own of a global allocation would do nothing but count it in c's
+ * backoff. Either c is the allocator's only cache, clean, in a backoff (skip > 0), with
+ * the fast paths on; or there is no cache and the fast paths are off. */
+static inline bool mt__tc_idle(const mt_alloc_t *a, const mt__tcache_t *c)
+{
+    if (c == NULL)
+        return a->caches == NULL && !a->tc_on;
+    return (c->nheld | c->nbuf) == 0 && c->skip != 0 && a->caches == c && c->next == NULL &&
+           a->tc_on;
+}
+
+/* mt__tc_own's work for an idle cache: one global allocation of its backoff counted. */
+static inline void mt__tc_idle_own(mt__tcache_t *c)
+{
+    if (c != NULL) {
+        mt_assert(c->skip > 0);
+        c->skip--;
+    }
 }
 
 #endif

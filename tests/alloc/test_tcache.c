@@ -337,13 +337,27 @@ static void job_pair_held(void *arg)
     job_free(arg);
 }
 
-/* Another thread holds a freed block: a global allocation that would raise the count
- * above its peak flushes it first, so the peak stays the truth's 1. */
-static void test_peak_not_raised_by_held_block(void **state)
+/* This thread's cache in a backoff (TC_WINDOW blocks owned, none popped), peaks reset. */
+static void back_off(mt_alloc_t *a)
 {
-    (void)state;
+    static void *ps[TC_WINDOW];
+    for (int i = 0; i < TC_WINDOW; i++)
+        ps[i] = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    for (int i = 0; i < TC_WINDOW; i++)
+        assert_int_equal(mt_alloc_free(a, ps[i]), 0);
+    mt_alloc_reset_peak(a); /* flushes every cache */
+    assert_true(mt__tc_mine(a)->skip > 0);
+}
+
+/* Another thread holds a freed block: a global allocation that would raise the count
+ * above its peak flushes it first, so the peak stays the truth's 1; also when this
+ * thread's own cache is idle (in a backoff, holding nothing). */
+static void peak_not_raised(bool idle)
+{
     mt_backend_t *b = sim_backend(256 * MIB);
     mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    if (idle)
+        back_off(a);
     void *x = xmalloc_dev(a, 8 * MIB, NULL, 0); /* room for both below, on this stream */
     assert_int_equal(mt_alloc_free(a, x), 0);
     worker_t w;
@@ -365,6 +379,13 @@ static void test_peak_not_raised_by_held_block(void **state)
     worker_stop(&w);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
+}
+
+static void test_peak_not_raised_by_held_block(void **state)
+{
+    (void)state;
+    peak_not_raised(false);
+    peak_not_raised(true);
 }
 
 /* A block the worker asks for again with another request: its cache does not hand it out
@@ -644,6 +665,27 @@ static void test_pop_only_where_best_fit_would(void **state)
     mt_backend_destroy(&b);
 }
 
+/* A pop of a block handed out before the last one (on another stream) makes it the last:
+ * mt_alloc_check compares the address a free in a backoff looks at with it. */
+static void test_pop_becomes_last(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    mt_stream_t *s = NULL;
+    assert_int_equal(mt_stream_create(b, &s), 0);
+    void *x = xmalloc_dev(a, 64 * KIB, s, 0);
+    void *y = xmalloc_dev(a, 64 * KIB, NULL, 0);
+    assert_int_equal(mt_alloc_free(a, x), 0);
+    assert_ptr_equal(xmalloc_dev(a, 64 * KIB, s, 0), x); /* from the cache */
+    assert_int_equal(mt_alloc_check(a), 0);
+    assert_int_equal(mt_alloc_free(a, x), 0);
+    assert_int_equal(mt_alloc_free(a, y), 0);
+    mt_alloc_destroy(&a);
+    mt_stream_destroy(b, &s);
+    mt_backend_destroy(&b);
+}
+
 /* Frees of owned blocks of many sizes are all held (up to TC_HELD), whatever their sizes
  * and streams: none is sent to the global path by a table slot another size took. The
  * counters hold them as allocated until a flush, which stats makes. */
@@ -805,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_off_where_it_must_be),
         cmocka_unit_test(test_pop_only_where_best_fit_would),
         cmocka_unit_test(test_many_sizes_held),
+        cmocka_unit_test(test_pop_becomes_last),
         cmocka_unit_test(test_owning_backs_off),
         cmocka_unit_test(test_claims_against_fast_paths),
     };
