@@ -19,93 +19,16 @@
 #include "util/entry.h"
 #include "util/grow.h"
 
-/* ---- TLS entries and the registry of live allocators ---- */
-
-_Thread_local mt__tc_tls_t mt__tc_tls[TC_TLS];
-static pthread_key_t tls_key;
-static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
-static int tls_key_rc = -1;
-static uint64_t next_id = 1;
-
-/* The ids of the allocators alive now, with their addresses (thread exit flushes only
- * into those). Lock order: reg_mu, then an allocator's mu. */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct reg_ent_s {
-    uint64_t id;
-    mt_alloc_t *a;
-} * reg;
-static size_t nreg, cap_reg;
-
-static mt_alloc_t *reg_find(uint64_t id)
-{
-    for (size_t i = 0; i < nreg; i++)
-        if (reg[i].id == id)
-            return reg[i].a;
-    return NULL;
-}
-
-int mt__tc_register(mt_alloc_t *a)
-{
-    a->id = __atomic_fetch_add(&next_id, 1, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&reg_mu);
-    int rc = 0;
-    struct reg_ent_s *n = mt__grow(reg, &cap_reg, nreg + 1, sizeof *n, 8);
-    if (n == NULL)
-        rc = MT_ENOMEM;
-    else
-        reg = n;
-    if (rc == 0)
-        reg[nreg++] = (struct reg_ent_s){a->id, a};
-    pthread_mutex_unlock(&reg_mu);
-    return rc;
-}
-
-void mt__tc_unregister(mt_alloc_t *a)
-{
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < nreg; i++)
-        if (reg[i].id == a->id)
-            reg[i] = reg[--nreg];
-    if (nreg == 0) { /* the last one: nothing kept for a process that is done */
-        free(reg);
-        reg = NULL;
-        cap_reg = 0;
-    }
-    pthread_mutex_unlock(&reg_mu);
-    for (int i = 0; i < TC_TLS; i++)
-        if (mt__tc_tls[i].id == a->id)
-            mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
-}
+/* ---- the calling thread's cache (TLS entries: tcache_reg.c) ---- */
 
 static inline mt__tcache_t *tls_find(const mt_alloc_t *a)
 {
     return mt__tc_find(a);
 }
 
-static void thread_exit(void *arg);
-
-static void make_key(void)
-{
-    tls_key_rc = pthread_key_create(&tls_key, thread_exit);
-}
-
 mt__tcache_t *mt__tc_mine(const mt_alloc_t *a)
 {
     return tls_find(a);
-}
-
-void mt__tc_prepare_slow(mt_alloc_t *a)
-{
-    for (int i = 0; i < TC_TLS; i++)
-        if (mt__tc_tls[i].id == 0)
-            return;
-    /* Every entry taken: those naming destroyed allocators are free (their caches went
-     * with them). */
-    pthread_mutex_lock(&reg_mu);
-    for (int i = 0; i < TC_TLS; i++)
-        if (reg_find(mt__tc_tls[i].id) == NULL)
-            mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
-    pthread_mutex_unlock(&reg_mu);
 }
 
 /* ---- exclusion of the owner's fast paths ----
@@ -623,16 +546,15 @@ static mt__tcache_t *mine(mt_alloc_t *a)
     for (int i = 0; i < TC_TLS && slot < 0; i++)
         if (mt__tc_tls[i].id == 0)
             slot = i;
-    pthread_once(&tls_once, make_key);
     (void)mt__tc_gate_asym();
-    if (slot < 0 || tls_key_rc != 0)
+    if (slot < 0)
         return NULL;
     c = aligned_alloc(_Alignof(mt__tcache_t), sizeof *c); /* no line shared with others */
     if (c == NULL)
         goto fail_cache;
     memset(c, 0, sizeof *c);
-    c->clk = a->clk; /* calibrated at create; mu held, which guards a->clk */
-    if (pthread_setspecific(tls_key, mt__tc_tls) != 0) /* its destructor runs at thread exit */
+    c->clk = a->clk;            /* calibrated at create; mu held, which guards a->clk */
+    if (mt__tc_tls_bind() != 0) /* its destructor runs at thread exit */
         goto fail_key;
     c->a = a;
     c->next = a->caches;
@@ -777,8 +699,7 @@ static void unlink_free(mt_alloc_t *a, mt__tcache_t *c)
     free(c);
 }
 
-/* Flushes c, gives up its live blocks and frees it (mu held). */
-static void drop(mt_alloc_t *a, mt__tcache_t *c)
+void mt__tc_drop(mt_alloc_t *a, mt__tcache_t *c)
 {
     mt__tc_claim(c);
     give_back(a, c);
@@ -790,49 +711,10 @@ void mt__tc_free_all(mt_alloc_t *a)
 {
     mt__alloc_assert_owner(a);
     while (a->caches != NULL)
-        drop(a, a->caches);
-}
-
-/* pthread key destructor: this thread's caches go back into their allocators, if alive. */
-static void thread_exit(void *arg)
-{
-    (void)arg;
-    for (int i = 0; i < TC_TLS; i++) {
-        if (mt__tc_tls[i].id == 0)
-            continue;
-        pthread_mutex_lock(&reg_mu);
-        mt_alloc_t *a = reg_find(mt__tc_tls[i].id);
-        if (a != NULL) {
-            mt__alloc_lock(a);
-            drop(a, mt__tc_tls[i].c);
-            mt__alloc_unlock(a);
-        }
-        pthread_mutex_unlock(&reg_mu);
-        mt__tc_tls[i] = (mt__tc_tls_t){0, NULL};
-    }
+        mt__tc_drop(a, a->caches);
 }
 
 /* ---- fork (fork.c) ---- */
-
-void mt__tc_reg_lock(void)
-{
-    pthread_mutex_lock(&reg_mu);
-}
-
-void mt__tc_reg_unlock(void)
-{
-    pthread_mutex_unlock(&reg_mu);
-}
-
-size_t mt__tc_reg_count(void)
-{
-    return nreg;
-}
-
-mt_alloc_t *mt__tc_reg_get(size_t i)
-{
-    return i < nreg ? reg[i].a : NULL;
-}
 
 void mt__tc_claim_all(mt_alloc_t *a)
 {
@@ -850,7 +732,7 @@ void mt__tc_unclaim_all(mt_alloc_t *a)
 
 void mt__tc_fork_child_reg(void)
 {
-    pthread_mutex_init(&reg_mu, NULL);
+    mt__tc_reg_reinit();
     /* Registration is a property of the process's memory; made again, in case the kernel
      * does not carry it into the child. Without it the gates fall back to their lock,
      * which is safe to switch to now that every gate is open and one thread runs. */

@@ -172,6 +172,15 @@ static inline bool mt__tc_idle(const mt_alloc_t *a, const mt__tcache_t *c)
            a->tc_on;
 }
 
+/* ---- tcache_reg.c: the registry of live allocators, the TLS entries' key ----
+ * Binds the calling thread's TLS entries to the key whose destructor gives its caches back
+ * at thread exit: 0, or MT_ENOMEM. */
+int mt__tc_tls_bind(void);
+/* In a fork child: the registry's lock made anew. */
+void mt__tc_reg_reinit(void);
+/* Flushes c, gives up its live blocks and frees it (mu held; tcache.c). */
+void mt__tc_drop(mt_alloc_t *a, mt__tcache_t *c);
+
 /* mt__tc_own's work for an idle cache: one global allocation of its backoff counted. */
 static inline void mt__tc_idle_own(mt__tcache_t *c)
 {
