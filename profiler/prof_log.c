@@ -358,10 +358,13 @@ void *mt__prof_watcher_main(void *arg)
             mt__prof_push_sources(p, true, &seen);
             continue;
         }
-        if (r < 0 && errno == EINTR)
-            continue;
-        ssize_t n = r > 0 ? read(p->fd, buf, sizeof buf) : -1; /* nothing after hello */
-        if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)))
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        ssize_t n = read(p->fd, buf, sizeof buf); /* the daemon sends nothing after hello */
+        if (n > 0 || (n < 0 && errno == EINTR))
             continue;
         break;
     }

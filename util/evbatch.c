@@ -43,7 +43,7 @@ static bool entry_ok(const mt__evb_hdr_t *h, const mt__evb_ent_t *e)
     unsigned op = mt__evb_op(e);
     uint64_t req = mt__evb_req(e);
     if (mt__evb_op_events(op) == 0 || e->pool > MT_POOL_HOST || e->tag >= MT_TAG_MAX ||
-        (e->rep != 0 && op != MT__EVB_POP_FREE) || (e->rep != 0 && (e->op & MT__EVB_TIMED)) ||
+        (e->rep != 0 && (op != MT__EVB_POP_FREE || (e->op & MT__EVB_TIMED))) ||
         mt__evb_dt(e) > UINT64_MAX - h->time_ns)
         return false;
     if (op == MT__EVB_STACK)
