@@ -249,7 +249,7 @@ void mt_alloc_destroy(mt_alloc_t **p)
     if (a->rec && a->cfg.sink->source != NULL) /* before mu: a flush holds the sink's, then mu */
         a->cfg.sink->source(a->cfg.sink->ud, push_events, a, false);
     mt__tc_unregister(a); /* before mu: an exiting thread holds the registry, then mu */
-    mt__alloc_lock(a);
+    mt__alloc_lock_unbiased(a);
     mt__tc_free_all(a); /* what they hold is free, not a leak */
     if (a->async != NULL)
         mt__async_fini(a);
@@ -512,7 +512,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     uintptr_t entry = mt__entry_enter(ra);
     uint32_t stack = alloc_stack(a, size);
     mt__tcache_t *mine = mt__tc_prepare(a);
-    mt__alloc_lock(a);
+    mt__alloc_lock_by(a, mine != NULL ? &mine->gate : NULL);
     int rc = 0;
     bool oom = false; /* the device's memory, not the host's, ran out */
     /* The search sees this thread's cached blocks merged, as the bins alone would. */

@@ -65,7 +65,7 @@ static void fork_prepare(void)
         mt_alloc_t *a = asked(i);
         if (a == NULL)
             continue;
-        mt__alloc_lock(a);
+        mt__alloc_lock_unbiased(a); /* every cache but the caller's goes in the child */
         while (busy(a))
             mt__alloc_wait(a);
     }
@@ -114,6 +114,10 @@ static void child_one(mt_alloc_t *a)
 #if MT_ASSERT_LEVEL >= 1
     a->owner = 0;
 #endif
+    a->bias = NULL; /* a wait in prepare may have left the caller's own */
+    a->lk_gate = NULL;
+    a->bias_cand = NULL;
+    a->bias_run = 0;
     mt__alloc_lock(a);
     mt__tc_fork_child(a);
     /* Threads that were waiting inside the allocator (for pages of a range, or while

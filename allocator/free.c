@@ -111,7 +111,7 @@ void mt__alloc_free_block(mt_alloc_t *a, mt_block_t *b)
 
 int mt__alloc_free_global(mt_alloc_t *a, void *ptr, mt__tcache_t *mine)
 {
-    mt__alloc_lock(a);
+    mt__alloc_lock_by(a, mine != NULL ? &mine->gate : NULL);
     /* Earlier frees this thread cached go back first: segment ages keep the frees' order. */
     if (!mt__tc_clean(mine))
         mt__tc_flush_mine(a, mine);

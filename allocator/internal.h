@@ -35,6 +35,7 @@
 #include "util/addrmap.h"
 #include "util/assert.h"
 #include "util/clock.h"
+#include "allocator/tcache_gate.h"
 
 /* ---- policy constants (the reference allocator's values) ---- */
 
@@ -295,7 +296,18 @@ typedef struct mt__scope_s {
 } mt__scope_t;
 
 struct mt_alloc_s {
-    pthread_mutex_t mu;
+    pthread_mutex_t mu; /* the lock, with the bias below (lock.h) */
+    /* The bias (lock.h): bias is the gate of the cache whose owner may take the lock
+     * without mu, NULL = none (atomic; set and cleared with mu held, or cleared by its
+     * owner holding the lock). lk_gate: the holder's gate when it holds the lock by the
+     * bias, NULL when it holds mu. The rest is mu's: the last thread that took mu (its
+     * cache's gate, compared only), its run of takes, the level of the run a new bias
+     * needs, and the takes by the bias since it was set. */
+    mt__tc_gate_t *bias;
+    mt__tc_gate_t *lk_gate;
+    const mt__tc_gate_t *bias_cand;
+    uint32_t bias_run, bias_level;
+    uint64_t bias_takes;
 #if MT_ASSERT_LEVEL >= 1
     uintptr_t owner; /* mt__thread_id() of the thread holding mu, 0 = none (debug builds) */
 #endif
@@ -429,69 +441,9 @@ struct mt_alloc_s {
     uint64_t rec_res, rec_t;
 };
 
-/* ---- the lock ----
- * mt__alloc_lock/unlock wrap mu. Debug builds record the holder, so that functions that
- * need the lock assert it (mt__alloc_assert_owner, after jemalloc's
- * malloc_mutex_assert_owner). With expensive assertions, the unlock that ends a public
- * operation checks the whole allocator, amortized: each operation earns
- * MT__CHECK_STEPS steps and the walk runs once the credit covers its cost, so a small
- * allocator is checked after every operation or few, and a large one stays within a
- * constant factor of its speed (tests with 100 k operations stay fast). Release builds:
- * the bare mutex. */
-#define MT__CHECK_STEPS 256
-/* Runs mt__alloc_is_valid when the credit allows and aborts on a violation. */
-void mt__alloc_check_amortized(mt_alloc_t *a);
-#if MT_ASSERT_LEVEL >= 1
-/* True when the calling thread holds a->mu. */
-static inline bool mt__alloc_held(const mt_alloc_t *a)
-{
-    return __atomic_load_n(&a->owner, __ATOMIC_RELAXED) == mt__thread_id();
-}
-/* A macro, so that a failure names the caller's file, line and function. */
-#define mt__alloc_assert_owner(a) mt_assert(mt__alloc_held(a))
-#else
-#define mt__alloc_assert_owner(a) ((void)(a))
-#endif
-/* Every invariant of the allocator (the struct comments), lock held; a static description
- * of the first violation, or NULL. Allocates nothing. */
-const char *mt__alloc_is_valid(mt_alloc_t *a);
-static inline void mt__alloc_lock(mt_alloc_t *a)
-{
-    pthread_mutex_lock(&a->mu);
-#if MT_ASSERT_LEVEL >= 1
-    mt_assert(__atomic_load_n(&a->owner, __ATOMIC_RELAXED) == 0);
-    __atomic_store_n(&a->owner, mt__thread_id(), __ATOMIC_RELAXED);
-#endif
-}
-/* Releases the lock without the whole check (destroy, and the checker itself). */
-static inline void mt__alloc_unlock_raw(mt_alloc_t *a)
-{
-#if MT_ASSERT_LEVEL >= 1
-    mt__alloc_assert_owner(a);
-    __atomic_store_n(&a->owner, 0, __ATOMIC_RELAXED);
-#endif
-    pthread_mutex_unlock(&a->mu);
-}
-static inline void mt__alloc_unlock(mt_alloc_t *a)
-{
-#if MT_ASSERT_LEVEL >= 2
-    mt__alloc_check_amortized(a);
-#endif
-    mt__alloc_unlock_raw(a);
-}
-/* Waits on a->cv for in-flight work of another thread to end (mu released meanwhile). */
-static inline void mt__alloc_wait(mt_alloc_t *a)
-{
-#if MT_ASSERT_LEVEL >= 1
-    mt__alloc_assert_owner(a);
-    __atomic_store_n(&a->owner, 0, __ATOMIC_RELAXED);
-#endif
-    pthread_cond_wait(&a->cv, &a->mu);
-#if MT_ASSERT_LEVEL >= 1
-    mt_assert(__atomic_load_n(&a->owner, __ATOMIC_RELAXED) == 0);
-    __atomic_store_n(&a->owner, mt__thread_id(), __ATOMIC_RELAXED);
-#endif
-}
+/* ---- lock.c: the lock, biased to a thread ---- */
+#include "allocator/lock.h"
+
 /* True when a thread has work in flight with the lock released that may give memory back
  * or take it (a request that failed meanwhile may succeed after waiting). */
 static inline bool mt__alloc_inflight(const mt_alloc_t *a)

@@ -54,11 +54,10 @@ bool mt__tc_gate_asym(void)
     return asym;
 }
 
-void mt__tc_gate_announce(mt__tc_gate_t *g)
+void mt__tc_gate_barrier(void)
 {
-    __atomic_store_n(&g->claim, 1, __ATOMIC_RELAXED);
-    /* The store is ordered before the barriers membarrier makes the other threads pass by
-     * this fence, not by what the kernel happens to do on entry: the C11 model sees no
+    /* The stores are ordered before the barriers membarrier makes the other threads pass
+     * by this fence, not by what the kernel happens to do on entry: the C11 model sees no
      * fence in a system call. It costs nothing beside the call. */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 #if defined(__linux__) && defined(SYS_membarrier)
@@ -66,6 +65,12 @@ void mt__tc_gate_announce(mt__tc_gate_t *g)
     mt_assert(rc == 0); /* registered (asym_init): it cannot fail */
     (void)rc;
 #endif
+}
+
+void mt__tc_gate_announce(mt__tc_gate_t *g)
+{
+    __atomic_store_n(&g->claim, 1, __ATOMIC_RELAXED);
+    mt__tc_gate_barrier();
 }
 
 /* The owner, before a fast operation; false = a claim stands: take the global path. */
@@ -688,6 +693,10 @@ static void give_back(mt_alloc_t *a, mt__tcache_t *c)
 /* Unlinks c (given back) from a and frees it (mu held). */
 static void unlink_free(mt_alloc_t *a, mt__tcache_t *c)
 {
+    /* The bias names no freed gate (mt__alloc_lock_unbiased before a cache's free). */
+    mt_assert(__atomic_load_n(&a->bias, __ATOMIC_RELAXED) != &c->gate && a->lk_gate != &c->gate);
+    if (a->bias_cand == &c->gate)
+        a->bias_cand = NULL;
     if (c->prev != NULL)
         c->prev->next = c->next;
     else

@@ -24,7 +24,8 @@
  * claim costs a system call.
  * Without membarrier both sides take a test-and-set lock (acquire / release).
  * Invariants: busy and claim are 0 or 1; busy = 1 only while the owner is between enter
- * and exit (or giving up); claim = 1 only while one thread holding mu claims. */
+ * and exit (or giving up); claim = 1 only while one thread holding mu claims; lkbusy = 1
+ * only while the owner takes or holds the allocator's lock by its bias (lock.h). */
 #ifndef MT_ALLOCATOR_TCACHE_GATE_H
 #define MT_ALLOCATOR_TCACHE_GATE_H
 
@@ -37,6 +38,9 @@ typedef struct mt__tc_gate_s {
     uint8_t busy;  /* the owner's fast path runs (written by the owner only) */
     uint8_t claim; /* a thread holding mu excludes the fast paths */
     uint8_t lock;  /* without membarrier: a test-and-set lock both sides take */
+    /* The owner holds or is taking the allocator's lock by its bias (lock.h; written by the
+     * owner only, read by a revoker holding mu). */
+    uint8_t lkbusy;
 } mt__tc_gate_t;
 
 /* Registers the process for membarrier (once; later calls return the first answer): true
@@ -84,6 +88,9 @@ static inline void mt__tc_gate_exit(mt__tc_gate_t *g, bool asym)
 /* The claimer's first half (asym only): claim = 1 made visible to every thread, each of
  * which passes a full barrier before this returns. */
 void mt__tc_gate_announce(mt__tc_gate_t *g);
+/* The calling thread's stores made visible to every thread, each of which passes a full
+ * barrier before this returns (asym only: membarrier). */
+void mt__tc_gate_barrier(void);
 
 /* Excludes the owner's fast paths (the caller holds mu and is not the owner). */
 static inline void mt__tc_gate_claim(mt__tc_gate_t *g, bool asym)

@@ -101,7 +101,7 @@ static void thread_exit(void *arg)
         pthread_mutex_lock(&reg_mu);
         mt_alloc_t *a = reg_find(mt__tc_tls[i].id);
         if (a != NULL) {
-            mt__alloc_lock(a);
+            mt__alloc_lock_unbiased(a); /* the cache's gate may be the bias */
             mt__tc_drop(a, mt__tc_tls[i].c);
             mt__alloc_unlock(a);
         }

@@ -1,0 +1,253 @@
+/* The allocator's biased lock (allocator/lock.h), on any ISA and under qemu-aarch64:
+ * - a bias is won by a run of takes and lost to another thread's take;
+ * - mutual exclusion while the bias moves: two threads keep a two-word record consistent
+ *   under the lock, one taking it by its bias, the other through mu now and then, so the
+ *   bias is revoked and won again many times;
+ * - a wait from a biased hold returns holding mu;
+ * - the public paths: two threads on the global path (sizes that no cache repeats) with a
+ *   third reading the statistics, the counters exact at the end. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include "tests/common/test_main.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "alloc/helpers.h"
+#include "allocator/tcache_impl.h"
+#include "util/cpu.h"
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* A gate standing for a thread's cache: the lock compares it and writes its lkbusy only. */
+typedef struct {
+    _Alignas(64) mt__tc_gate_t g;
+} tgate_t;
+
+static void test_bias_won_and_lost(void **state)
+{
+    (void)state;
+    if (!mt__tc_gate_asym())
+        skip(); /* no membarrier: the lock is never biased */
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    static tgate_t mine;
+    uint32_t level = a->bias_level;
+    int n = 0;
+    for (; n < 100000 && !mt__alloc_biased_to(a, &mine.g); n++) {
+        mt__alloc_lock_by(a, &mine.g);
+        assert_null(a->lk_gate); /* taken through mu until the run is long enough */
+        mt__alloc_unlock(a);
+    }
+    assert_int_equal(n, MT__BIAS_RUN << level);
+    mt__alloc_lock_by(a, &mine.g);
+    assert_ptr_equal(a->lk_gate, &mine.g);
+    assert_int_equal(mine.g.lkbusy, 1);
+    mt__alloc_unlock(a);
+    assert_int_equal(mine.g.lkbusy, 0);
+    /* The owner's own take through mu (no gate at hand) keeps its bias only if the gate is
+     * its cache's; this one is not, so the take revokes it, as another thread's would. */
+    mt__alloc_lock(a);
+    assert_null(a->lk_gate);
+    assert_null(a->bias);
+    mt__alloc_unlock(a);
+    assert_int_equal(a->bias_level, level + 1); /* it served fewer than MT__BIAS_SERVED takes */
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+static void test_wait_from_biased_hold(void **state)
+{
+    (void)state;
+    if (!mt__tc_gate_asym())
+        skip();
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    static tgate_t mine;
+    while (!mt__alloc_biased_to(a, &mine.g)) {
+        mt__alloc_lock_by(a, &mine.g);
+        mt__alloc_unlock(a);
+    }
+    mt__alloc_lock_by(a, &mine.g);
+    assert_ptr_equal(a->lk_gate, &mine.g);
+    mt__alloc_wait(a); /* returns at once, holding mu, its bias kept */
+    assert_null(a->lk_gate);
+    assert_int_equal(mine.g.lkbusy, 0);
+    assert_ptr_equal(a->bias, &mine.g);
+    assert_int_equal(pthread_mutex_trylock(&a->mu), EBUSY);
+    mt__alloc_unlock(a);
+    mt__alloc_lock_by(a, &mine.g); /* and the next take is by the bias again */
+    assert_ptr_equal(a->lk_gate, &mine.g);
+    mt__alloc_unlock(a);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+/* ---- exclusion while the bias moves ---- */
+
+#define EXCL_NS     (1500ull * 1000000ull)
+#define EXCL_GAP_NS (1000ull * 1000ull) /* the other thread's takes, one per gap */
+
+typedef struct excl_s {
+    mt_alloc_t *a;
+    tgate_t owner;
+    uint64_t x, y;                /* x = y outside the lock; written under it, not atomic */
+    uint64_t torn;                /* takes that found x != y */
+    uint64_t takes, biased;       /* the owner's takes, those by its bias */
+    uint64_t other, revoked;      /* the other thread's takes, those that found a bias */
+    _Alignas(64) atomic_int stop; /* the owner is done */
+} excl_t;
+
+static void step(excl_t *e)
+{
+    if (e->x != e->y)
+        e->torn++;
+    e->x++;
+    for (int k = 0; k < 4; k++)
+        mt__cpu_relax();
+    e->y++;
+}
+
+static void *owner_main(void *arg)
+{
+    excl_t *e = arg;
+    uint64_t t0 = now_ns();
+    while (now_ns() - t0 < EXCL_NS) {
+        for (int i = 0; i < 256; i++) {
+            mt__alloc_lock_by(e->a, &e->owner.g);
+            e->biased += e->a->lk_gate != NULL;
+            step(e);
+            mt__alloc_unlock(e->a);
+        }
+        e->takes += 256;
+    }
+    atomic_store(&e->stop, 1);
+    return NULL;
+}
+
+static void test_exclusion_while_bias_moves(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(64 * MIB);
+    static excl_t e;
+    e = (excl_t){.a = make_alloc_default(b, NULL, NULL)};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, owner_main, &e), 0);
+    while (!atomic_load(&e.stop)) {
+        uint64_t t = now_ns();
+        while (now_ns() - t < EXCL_GAP_NS && !atomic_load(&e.stop))
+            mt__cpu_relax();
+        bool was = __atomic_load_n(&e.a->bias, __ATOMIC_RELAXED) != NULL;
+        mt__alloc_lock(e.a);
+        e.revoked += was && e.a->bias == NULL;
+        step(&e);
+        e.other++;
+        mt__alloc_unlock(e.a);
+    }
+    pthread_join(th, NULL);
+    print_message("owner %llu takes (%llu by the bias), other %llu (%llu revoked a bias)\n",
+                  (unsigned long long)e.takes, (unsigned long long)e.biased,
+                  (unsigned long long)e.other, (unsigned long long)e.revoked);
+    assert_int_equal(e.torn, 0);
+    assert_int_equal(e.x, e.takes + e.other);
+    assert_int_equal(e.y, e.x);
+    if (mt__tc_gate_asym()) {
+        assert_true(e.biased >= 1000);
+        assert_true(e.revoked >= 3);
+    }
+    mt_alloc_destroy(&e.a);
+    mt_backend_destroy(&b);
+}
+
+/* ---- the public paths ---- */
+
+#define PUB_THREADS 2
+#define PUB_OPS     200000
+
+typedef struct pub_s {
+    mt_alloc_t *a;
+    mt_stream_t *s;
+    uint32_t seed;
+    uint64_t clobbered;
+} pub_t;
+
+/* Global-path mallocs and frees of sizes that vary (no cache repeats them), 8 live at a
+ * time, each block stamped and checked before its free. */
+static void *pub_main(void *arg)
+{
+    pub_t *w = arg;
+    void *live[8] = {0};
+    uint64_t stamp[8] = {0};
+    for (uint32_t i = 0; i < PUB_OPS; i++) {
+        int k = (int)(i % 8);
+        if (live[k] != NULL) {
+            if (*(uint64_t *)live[k] != stamp[k])
+                w->clobbered++;
+            assert_int_equal(mt_alloc_free(w->a, live[k]), 0);
+        }
+        w->seed = w->seed * 1103515245u + 12345u;
+        size_t size = 512 + (w->seed >> 8) % (64 * 1024);
+        assert_int_equal(mt_alloc_malloc(w->a, size, w->s, 0, &live[k]), 0);
+        stamp[k] = (uint64_t)(uintptr_t)w << 20 ^ i;
+        *(uint64_t *)live[k] = stamp[k];
+    }
+    for (int k = 0; k < 8; k++)
+        assert_int_equal(mt_alloc_free(w->a, live[k]), 0);
+    return NULL;
+}
+
+static void test_public_paths_two_threads(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(512 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
+    pub_t w[PUB_THREADS];
+    pthread_t th[PUB_THREADS];
+    for (int i = 0; i < PUB_THREADS; i++) {
+        w[i] = (pub_t){.a = a, .seed = (uint32_t)i * 7919u + 1u};
+        assert_int_equal(mt_stream_create(b, &w[i].s), 0);
+        assert_int_equal(pthread_create(&th[i], NULL, pub_main, &w[i]), 0);
+    }
+    int reads = 0;
+    for (; reads < 200; reads++) { /* a reader that takes the lock now and then */
+        mt_alloc_stats_t st = stats_of(a);
+        assert_true(st.allocation[MT_STAT_ALL].current <= 8 * PUB_THREADS);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < PUB_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].clobbered, 0);
+    }
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_stats_t st = stats_of(a);
+    assert_int_equal(st.allocation[MT_STAT_ALL].allocated, (uint64_t)PUB_THREADS * PUB_OPS);
+    assert_int_equal(st.allocation[MT_STAT_ALL].current, 0);
+    assert_int_equal(st.allocated_bytes[MT_STAT_ALL].current, 0);
+    for (int i = 0; i < PUB_THREADS; i++)
+        mt_stream_destroy(b, &w[i].s);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bias_won_and_lost),
+        cmocka_unit_test(test_wait_from_biased_hold),
+        cmocka_unit_test(test_exclusion_while_bias_moves),
+        cmocka_unit_test(test_public_paths_two_threads),
+    };
+    return MT_TEST_RUN(tests, NULL, NULL);
+}
