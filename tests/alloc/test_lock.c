@@ -30,15 +30,16 @@ typedef struct watch_s {
     char first[64]; /* the first call made under the lock */
 } watch_t;
 
-/* True when the calling thread holds a's mutex. */
+/* True when the calling thread holds a's lock. */
 static bool lock_held_here(watch_t *w)
 {
 #if MT_ASSERT_LEVEL >= 1
     if (w->threaded)
         return mt__alloc_held(w->a);
 #endif
-    /* One thread: the mutex is busy only if this thread holds it. */
-    if (pthread_mutex_trylock(&w->a->mu) != 0)
+    /* One thread: the lock is held only by this thread, by its bias (allocator/lock.h) or
+     * through the mutex, which is then busy. */
+    if (w->a->lk_gate != NULL || pthread_mutex_trylock(&w->a->mu) != 0)
         return true;
     pthread_mutex_unlock(&w->a->mu);
     return false;
