@@ -1,4 +1,6 @@
 /* The allocator's lock: mu and its bias (lock.h). */
+#include <sched.h>
+
 #include "allocator/internal.h"
 #include "allocator/tcache_impl.h"
 
@@ -33,8 +35,14 @@ static void revoke(mt_alloc_t *a, mt__tc_gate_t *b)
 {
     __atomic_store_n(&a->bias, NULL, __ATOMIC_RELAXED);
     mt__tc_gate_barrier();
-    while (__atomic_load_n(&b->lkbusy, __ATOMIC_ACQUIRE))
-        mt__cpu_relax();
+    /* The owner's hold is one operation; if its thread was preempted inside it, this one
+     * gives up its core rather than spin through the owner's time slice. */
+    for (unsigned spins = 0; __atomic_load_n(&b->lkbusy, __ATOMIC_ACQUIRE); spins++) {
+        if (spins < 1024)
+            mt__cpu_relax();
+        else
+            sched_yield();
+    }
     /* bias_takes is the owner's, read after its release. A bias that served few takes
      * before another thread came makes the next one harder to win. */
     if (a->bias_takes < MT__BIAS_SERVED) {
