@@ -31,10 +31,15 @@ static mt__tc_gate_t *gate_of_mine(const mt_alloc_t *a)
 
 /* Ends bias b (mu held; b not the calling thread's): once this returns, its owner neither
  * holds the lock by it nor can take it so. */
-static void revoke(mt_alloc_t *a, mt__tc_gate_t *b)
+void mt__alloc_bias_drop(mt_alloc_t *a)
 {
     __atomic_store_n(&a->bias, NULL, __ATOMIC_RELAXED);
     mt__tc_gate_barrier();
+}
+
+static void revoke(mt_alloc_t *a, mt__tc_gate_t *b)
+{
+    mt__alloc_bias_drop(a);
     /* The owner's hold is one operation; if its thread was preempted inside it, this one
      * gives up its core rather than spin through the owner's time slice. */
     for (unsigned spins = 0; __atomic_load_n(&b->lkbusy, __ATOMIC_ACQUIRE); spins++) {

@@ -75,21 +75,34 @@ static inline void mt__alloc_took(mt_alloc_t *a)
 #endif
 }
 
+/* The owner's half of the protocol: true when the thread of gate mine now holds the lock by
+ * its bias; false (lkbusy back to 0) when the bias is not, or no longer, mine. */
+static inline bool mt__alloc_bias_enter(mt_alloc_t *a, mt__tc_gate_t *mine)
+{
+    __atomic_store_n(&mine->lkbusy, 1, __ATOMIC_RELAXED);
+    /* The revoker's membarrier orders the store before the load (tcache_gate.h). */
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (__builtin_expect(__atomic_load_n(&a->bias, __ATOMIC_ACQUIRE) == mine, 1))
+        return true;
+    __atomic_store_n(&mine->lkbusy, 0, __ATOMIC_RELEASE);
+    return false;
+}
+
+/* The revoker's first half (mu held): bias = NULL made visible to every thread, each of
+ * which passes a full barrier before this returns; then it waits for the owner's lkbusy
+ * to be 0 (lock.c). */
+void mt__alloc_bias_drop(mt_alloc_t *a);
+
 /* Takes the lock; mine: the gate of the calling thread's cache for a (the hot paths have it
  * at hand), or NULL. */
 static inline void mt__alloc_lock_by(mt_alloc_t *a, mt__tc_gate_t *mine)
 {
-    if (mine != NULL && __atomic_load_n(&a->bias, __ATOMIC_RELAXED) == mine) {
-        __atomic_store_n(&mine->lkbusy, 1, __ATOMIC_RELAXED);
-        /* The revoker's membarrier orders the store before the load (tcache_gate.h). */
-        __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        if (__builtin_expect(__atomic_load_n(&a->bias, __ATOMIC_ACQUIRE) == mine, 1)) {
-            a->lk_gate = mine;
-            a->bias_takes++;
-            mt__alloc_took(a);
-            return;
-        }
-        __atomic_store_n(&mine->lkbusy, 0, __ATOMIC_RELEASE);
+    if (mine != NULL && __atomic_load_n(&a->bias, __ATOMIC_RELAXED) == mine &&
+        mt__alloc_bias_enter(a, mine)) {
+        a->lk_gate = mine;
+        a->bias_takes++;
+        mt__alloc_took(a);
+        return;
     }
     mt__alloc_lock_mu(a, mine);
 }

@@ -16,6 +16,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
 #include <stdatomic.h>
 #include <time.h>
 
@@ -34,6 +37,147 @@ static uint64_t now_ns(void)
 typedef struct {
     _Alignas(64) mt__tc_gate_t g;
 } tgate_t;
+
+/* ---- litmus: SB on the bias ---- */
+
+#define LITMUS_MAX    20000
+#define LITMUS_NS     (2ull * 1000000000ull)  /* per variant, after LITMUS_MIN rounds */
+#define LITMUS_MIN    200                     /* rounds, at least */
+#define LITMUS_CAP_NS (60ull * 1000000000ull) /* however few rounds that leaves */
+
+static uint32_t rng(uint32_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 17;
+    *s ^= *s << 5;
+    return *s;
+}
+
+typedef struct litmus_s {
+    mt_alloc_t *a;
+    _Alignas(64) mt__tc_gate_t g;
+    _Alignas(64) atomic_uint sync; /* two-thread barrier: arrivals so far */
+    _Alignas(64) atomic_int stop;
+    bool real;                    /* the revoker's drop with membarrier, else a plain store */
+    uint8_t saw_busy[LITMUS_MAX]; /* revoker: lkbusy read right after dropping the bias */
+    uint8_t entered[LITMUS_MAX];  /* owner: it holds the lock by the bias */
+    unsigned rounds;
+} litmus_t;
+
+/* Both threads leave phase k's barrier together (see test_tc_gate.c). */
+static void meet(litmus_t *l, unsigned *phase)
+{
+    unsigned target = 2 * ++*phase;
+    atomic_fetch_add(&l->sync, 1);
+    for (unsigned spins = 0; atomic_load(&l->sync) < target; spins++) {
+        if (spins < (1u << 16))
+            mt__cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+/* A random delay before the racing accesses (the thread that arrives last at meet leaves
+ * it first, so without it the two would race in the same order every round). wide: half
+ * the owner's delays are long enough to outlast the revoker's membarrier call, so that its
+ * store of lkbusy also comes after the revoker's read, where only its load of the bias
+ * keeps it out. */
+static void jitter(uint32_t *seed, bool wide)
+{
+    uint32_t r = rng(seed);
+    for (unsigned n = wide && (r & 1) ? (r >> 1) % 512 : (r >> 1) % 8; n > 0; n--)
+        mt__cpu_relax();
+}
+
+static void *litmus_owner(void *arg)
+{
+    litmus_t *l = arg;
+    unsigned phase = 0;
+    uint32_t seed = 0x1234567u;
+    for (unsigned i = 0;; i++) {
+        meet(l, &phase); /* the bias is the owner's */
+        if (atomic_load(&l->stop))
+            return NULL;
+        jitter(&seed, true);
+        bool in = mt__alloc_bias_enter(l->a, &l->g);
+        l->entered[i] = in;
+        meet(l, &phase); /* the revoker has read lkbusy */
+        if (in)
+            __atomic_store_n(&l->g.lkbusy, 0, __ATOMIC_RELEASE);
+        meet(l, &phase);
+    }
+}
+
+static void litmus_run(litmus_t *l)
+{
+    pthread_t th;
+    atomic_init(&l->sync, 0);
+    atomic_init(&l->stop, 0);
+    memset(&l->g, 0, sizeof l->g);
+    __atomic_store_n(&l->a->bias, &l->g, __ATOMIC_RELAXED);
+    assert_int_equal(pthread_create(&th, NULL, litmus_owner, l), 0);
+    unsigned phase = 0;
+    uint32_t seed = 0x89abcdefu;
+    uint64_t t0 = now_ns();
+    unsigned i;
+    for (i = 0; i < LITMUS_MAX; i++) {
+        uint64_t dt = now_ns() - t0;
+        if ((i >= LITMUS_MIN && dt >= LITMUS_NS) || dt >= LITMUS_CAP_NS)
+            break;
+        meet(l, &phase);
+        jitter(&seed, false);
+        if (l->real) {
+            mt__alloc_bias_drop(l->a);
+        } else { /* the same without the barrier: what a compiler barrier alone gives */
+            __atomic_store_n(&l->a->bias, NULL, __ATOMIC_RELAXED);
+            __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        }
+        l->saw_busy[i] = __atomic_load_n(&l->g.lkbusy, __ATOMIC_ACQUIRE);
+        meet(l, &phase);
+        __atomic_store_n(&l->a->bias, &l->g, __ATOMIC_RELAXED); /* the next round's bias */
+        meet(l, &phase);
+    }
+    atomic_store(&l->stop, 1);
+    meet(l, &phase);
+    pthread_join(th, NULL);
+    __atomic_store_n(&l->a->bias, NULL, __ATOMIC_RELAXED);
+    l->rounds = i;
+}
+
+static unsigned forbidden(const litmus_t *l)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < l->rounds; i++)
+        n += l->entered[i] && !l->saw_busy[i];
+    return n;
+}
+
+static void test_bias_litmus_sb(void **state)
+{
+    (void)state;
+    if (!mt__tc_gate_asym())
+        skip(); /* no membarrier: the lock is never biased */
+    mt_backend_t *b = sim_backend(64 * MIB);
+    litmus_t *l = calloc(1, sizeof *l);
+    assert_non_null(l);
+    l->a = make_alloc_default(b, NULL, NULL);
+    l->real = false;
+    litmus_run(l);
+    unsigned control = forbidden(l), control_rounds = l->rounds;
+    l->real = true;
+    litmus_run(l);
+    unsigned bad = forbidden(l), owner_in = 0;
+    for (unsigned i = 0; i < l->rounds; i++)
+        owner_in += l->entered[i];
+    print_message("bias SB litmus: without membarrier %u forbidden of %u rounds; with it %u of "
+                  "%u (owner entered in %u)\n",
+                  control, control_rounds, bad, l->rounds, owner_in);
+    assert_true(l->rounds >= LITMUS_MIN);
+    assert_int_equal(bad, 0);
+    mt_alloc_destroy(&l->a);
+    free(l);
+    mt_backend_destroy(&b);
+}
 
 static void test_bias_won_and_lost(void **state)
 {
@@ -244,6 +388,7 @@ static void test_public_paths_two_threads(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bias_litmus_sb),
         cmocka_unit_test(test_bias_won_and_lost),
         cmocka_unit_test(test_wait_from_biased_hold),
         cmocka_unit_test(test_exclusion_while_bias_moves),
