@@ -302,7 +302,8 @@ struct mt_alloc_s {
      * owner holding the lock). lk_gate: the holder's gate when it holds the lock by the
      * bias, NULL when it holds mu. The rest is mu's: the last thread that took mu (its
      * cache's gate, compared only), its run of takes, the level of the run a new bias
-     * needs, and the takes by the bias since it was set. */
+     * needs, and the takes by the bias since it was set. Invariants: mt__alloc_lock_check
+     * (lock.h). */
     mt__tc_gate_t *bias;
     mt__tc_gate_t *lk_gate;
     const mt__tc_gate_t *bias_cand;

@@ -29,14 +29,14 @@ static mt__tc_gate_t *gate_of_mine(const mt_alloc_t *a)
     return c != NULL ? &c->gate : NULL;
 }
 
-/* Ends bias b (mu held; b not the calling thread's): once this returns, its owner neither
- * holds the lock by it nor can take it so. */
 void mt__alloc_bias_drop(mt_alloc_t *a)
 {
     __atomic_store_n(&a->bias, NULL, __ATOMIC_RELAXED);
     mt__tc_gate_barrier();
 }
 
+/* Ends bias b (mu held; b not the calling thread's): once this returns, its owner neither
+ * holds the lock by it nor can take it so. */
 static void revoke(mt_alloc_t *a, mt__tc_gate_t *b)
 {
     mt__alloc_bias_drop(a);
@@ -124,4 +124,20 @@ void mt__alloc_wait(mt_alloc_t *a)
     pthread_cond_wait(&a->cv, &a->mu);
     /* mu taken again inside the wait: a bias set meanwhile is revoked as at any take. */
     took_mu(a, NULL, false);
+}
+
+const char *mt__alloc_lock_check(const mt_alloc_t *a)
+{
+    if (a->bias_level > MT__BIAS_LEVEL_MAX)
+        return "lock's bias level above its maximum";
+    if (a->lk_gate != NULL && __atomic_load_n(&a->lk_gate->lkbusy, __ATOMIC_RELAXED) != 1)
+        return "lock held by a bias whose gate is not busy";
+    /* Read by the holder: a revoker may only clear it meanwhile. */
+    const mt__tc_gate_t *b = __atomic_load_n(&a->bias, __ATOMIC_RELAXED);
+    if (b == NULL)
+        return NULL;
+    for (const mt__tcache_t *c = a->caches; c != NULL; c = c->next)
+        if (&c->gate == b)
+            return NULL;
+    return "lock biased to the gate of no live cache";
 }

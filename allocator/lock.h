@@ -59,6 +59,11 @@ static inline bool mt__alloc_held(const mt_alloc_t *a)
  * of the first violation, or NULL. Allocates nothing. */
 const char *mt__alloc_is_valid(mt_alloc_t *a);
 
+/* The lock's invariants (the holder): bias_level <= MT__BIAS_LEVEL_MAX; lk_gate = NULL or
+ * its lkbusy = 1; bias = NULL or the gate of a cache in a->caches. Static text of the
+ * first violation, or NULL. */
+const char *mt__alloc_lock_check(const mt_alloc_t *a);
+
 /* Takes mu (lock.c): the bias revoked if another thread's, or set to mine (the calling
  * thread's cache's gate, or NULL) after a run. */
 void mt__alloc_lock_mu(mt_alloc_t *a, mt__tc_gate_t *mine);

@@ -590,7 +590,7 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         (why = cmp_peaks(st)))
         return why;
     if ((why = mt__tc_check(a)) != NULL || (why = mt__pool_check(a)) != NULL ||
-        (why = mt__alloc_gb_check(a)) != NULL)
+        (why = mt__alloc_gb_check(a)) != NULL || (why = mt__alloc_lock_check(a)) != NULL)
         return why;
     return mt__plan_check(a);
 }

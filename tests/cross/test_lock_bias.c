@@ -33,11 +33,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* A gate standing for a thread's cache: the lock compares it and writes its lkbusy only. */
-typedef struct {
-    _Alignas(64) mt__tc_gate_t g;
-} tgate_t;
-
 /* ---- litmus: SB on the bias ---- */
 
 #define LITMUS_MAX    20000
@@ -179,6 +174,26 @@ static void test_bias_litmus_sb(void **state)
     mt_backend_destroy(&b);
 }
 
+/* The calling thread's cache for a, made by a global malloc and free (the gate a bias
+ * names: the checker requires a live cache's). */
+static mt__tc_gate_t *my_gate(mt_alloc_t *a)
+{
+    void *p = NULL;
+    assert_int_equal(mt_alloc_malloc(a, 4096, NULL, 0, &p), 0);
+    assert_int_equal(mt_alloc_free(a, p), 0);
+    mt__tcache_t *c = mt__tc_find(a);
+    assert_non_null(c);
+    return &c->gate;
+}
+
+static void *take_once(void *arg)
+{
+    mt_alloc_t *a = arg;
+    mt__alloc_lock(a);
+    mt__alloc_unlock(a);
+    return NULL;
+}
+
 static void test_bias_won_and_lost(void **state)
 {
     (void)state;
@@ -186,27 +201,33 @@ static void test_bias_won_and_lost(void **state)
         skip(); /* no membarrier: the lock is never biased */
     mt_backend_t *b = sim_backend(64 * MIB);
     mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
-    static tgate_t mine;
+    mt__tc_gate_t *mine = my_gate(a);
     uint32_t level = a->bias_level;
     int n = 0;
-    for (; n < 100000 && !mt__alloc_biased_to(a, &mine.g); n++) {
-        mt__alloc_lock_by(a, &mine.g);
+    for (; n < 100000 && !mt__alloc_biased_to(a, mine); n++) {
+        mt__alloc_lock_by(a, mine);
         assert_null(a->lk_gate); /* taken through mu until the run is long enough */
         mt__alloc_unlock(a);
     }
-    assert_int_equal(n, MT__BIAS_RUN << level);
-    mt__alloc_lock_by(a, &mine.g);
-    assert_ptr_equal(a->lk_gate, &mine.g);
-    assert_int_equal(mine.g.lkbusy, 1);
+    assert_true(n >= 1 && n <= MT__BIAS_RUN << level); /* the malloc's takes began the run */
+    mt__alloc_lock_by(a, mine);
+    assert_ptr_equal(a->lk_gate, mine);
+    assert_int_equal(mine->lkbusy, 1);
+    assert_null(mt__alloc_lock_check(a));
     mt__alloc_unlock(a);
-    assert_int_equal(mine.g.lkbusy, 0);
-    /* The owner's own take through mu (no gate at hand) keeps its bias only if the gate is
-     * its cache's; this one is not, so the take revokes it, as another thread's would. */
+    assert_int_equal(mine->lkbusy, 0);
+    /* The owner's own take through mu keeps its bias. */
     mt__alloc_lock(a);
     assert_null(a->lk_gate);
-    assert_null(a->bias);
+    assert_ptr_equal(a->bias, mine);
     mt__alloc_unlock(a);
+    /* Another thread's take revokes it. */
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, take_once, a), 0);
+    pthread_join(th, NULL);
+    assert_null(a->bias);
     assert_int_equal(a->bias_level, level + 1); /* it served fewer than MT__BIAS_SERVED takes */
+    assert_int_equal(mt_alloc_check(a), 0);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
 }
@@ -218,21 +239,21 @@ static void test_wait_from_biased_hold(void **state)
         skip();
     mt_backend_t *b = sim_backend(64 * MIB);
     mt_alloc_t *a = make_alloc_default(b, NULL, NULL);
-    static tgate_t mine;
-    while (!mt__alloc_biased_to(a, &mine.g)) {
-        mt__alloc_lock_by(a, &mine.g);
+    mt__tc_gate_t *mine = my_gate(a);
+    while (!mt__alloc_biased_to(a, mine)) {
+        mt__alloc_lock_by(a, mine);
         mt__alloc_unlock(a);
     }
-    mt__alloc_lock_by(a, &mine.g);
-    assert_ptr_equal(a->lk_gate, &mine.g);
+    mt__alloc_lock_by(a, mine);
+    assert_ptr_equal(a->lk_gate, mine);
     mt__alloc_wait(a); /* returns at once, holding mu, its bias kept */
     assert_null(a->lk_gate);
-    assert_int_equal(mine.g.lkbusy, 0);
-    assert_ptr_equal(a->bias, &mine.g);
+    assert_int_equal(mine->lkbusy, 0);
+    assert_ptr_equal(a->bias, mine);
     assert_int_equal(pthread_mutex_trylock(&a->mu), EBUSY);
     mt__alloc_unlock(a);
-    mt__alloc_lock_by(a, &mine.g); /* and the next take is by the bias again */
-    assert_ptr_equal(a->lk_gate, &mine.g);
+    mt__alloc_lock_by(a, mine); /* and the next take is by the bias again */
+    assert_ptr_equal(a->lk_gate, mine);
     mt__alloc_unlock(a);
     mt_alloc_destroy(&a);
     mt_backend_destroy(&b);
@@ -245,7 +266,6 @@ static void test_wait_from_biased_hold(void **state)
 
 typedef struct excl_s {
     mt_alloc_t *a;
-    tgate_t owner;
     uint64_t x, y;                /* x = y outside the lock; written under it, not atomic */
     uint64_t torn;                /* takes that found x != y */
     uint64_t takes, biased;       /* the owner's takes, those by its bias */
@@ -266,10 +286,11 @@ static void step(excl_t *e)
 static void *owner_main(void *arg)
 {
     excl_t *e = arg;
+    mt__tc_gate_t *mine = my_gate(e->a);
     uint64_t t0 = now_ns();
     while (now_ns() - t0 < EXCL_NS) {
         for (int i = 0; i < 256; i++) {
-            mt__alloc_lock_by(e->a, &e->owner.g);
+            mt__alloc_lock_by(e->a, mine);
             e->biased += e->a->lk_gate != NULL;
             step(e);
             mt__alloc_unlock(e->a);
