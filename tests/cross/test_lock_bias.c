@@ -24,29 +24,10 @@
 
 #include "alloc/helpers.h"
 #include "allocator/tcache_impl.h"
+#include "tests/cross/litmus.h"
 #include "util/cpu.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- litmus: SB on the bias ---- */
-
-#define LITMUS_MAX    20000
-#define LITMUS_NS     (2ull * 1000000000ull)  /* per variant, after LITMUS_MIN rounds */
-#define LITMUS_MIN    200                     /* rounds, at least */
-#define LITMUS_CAP_NS (60ull * 1000000000ull) /* however few rounds that leaves */
-
-static uint32_t rng(uint32_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 17;
-    *s ^= *s << 5;
-    return *s;
-}
 
 typedef struct litmus_s {
     mt_alloc_t *a;
@@ -59,47 +40,22 @@ typedef struct litmus_s {
     unsigned rounds;
 } litmus_t;
 
-/* Both threads leave phase k's barrier together (see test_tc_gate.c). */
-static void meet(litmus_t *l, unsigned *phase)
-{
-    unsigned target = 2 * ++*phase;
-    atomic_fetch_add(&l->sync, 1);
-    for (unsigned spins = 0; atomic_load(&l->sync) < target; spins++) {
-        if (spins < (1u << 16))
-            mt__cpu_relax();
-        else
-            sched_yield();
-    }
-}
-
-/* A random delay before the racing accesses (the thread that arrives last at meet leaves
- * it first, so without it the two would race in the same order every round). wide: half
- * the owner's delays are long enough to outlast the revoker's membarrier call, so that its
- * store of lkbusy also comes after the revoker's read, where only its load of the bias
- * keeps it out. */
-static void jitter(uint32_t *seed, bool wide)
-{
-    uint32_t r = rng(seed);
-    for (unsigned n = wide && (r & 1) ? (r >> 1) % 512 : (r >> 1) % 8; n > 0; n--)
-        mt__cpu_relax();
-}
-
 static void *litmus_owner(void *arg)
 {
     litmus_t *l = arg;
     unsigned phase = 0;
     uint32_t seed = 0x1234567u;
     for (unsigned i = 0;; i++) {
-        meet(l, &phase); /* the bias is the owner's */
+        litmus_meet(&l->sync, &phase); /* the bias is the owner's */
         if (atomic_load(&l->stop))
             return NULL;
-        jitter(&seed, true);
+        litmus_jitter(&seed, true);
         bool in = mt__alloc_bias_enter(l->a, &l->g);
         l->entered[i] = in;
-        meet(l, &phase); /* the revoker has read lkbusy */
+        litmus_meet(&l->sync, &phase); /* the revoker has read lkbusy */
         if (in)
             __atomic_store_n(&l->g.lkbusy, 0, __ATOMIC_RELEASE);
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
     }
 }
 
@@ -113,14 +69,11 @@ static void litmus_run(litmus_t *l)
     assert_int_equal(pthread_create(&th, NULL, litmus_owner, l), 0);
     unsigned phase = 0;
     uint32_t seed = 0x89abcdefu;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = litmus_now_ns();
     unsigned i;
-    for (i = 0; i < LITMUS_MAX; i++) {
-        uint64_t dt = now_ns() - t0;
-        if ((i >= LITMUS_MIN && dt >= LITMUS_NS) || dt >= LITMUS_CAP_NS)
-            break;
-        meet(l, &phase);
-        jitter(&seed, false);
+    for (i = 0; litmus_more(i, t0); i++) {
+        litmus_meet(&l->sync, &phase);
+        litmus_jitter(&seed, false);
         if (l->real) {
             mt__alloc_bias_drop(l->a);
         } else { /* the same without the barrier: what a compiler barrier alone gives */
@@ -128,12 +81,12 @@ static void litmus_run(litmus_t *l)
             __atomic_signal_fence(__ATOMIC_SEQ_CST);
         }
         l->saw_busy[i] = __atomic_load_n(&l->g.lkbusy, __ATOMIC_ACQUIRE);
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
         __atomic_store_n(&l->a->bias, &l->g, __ATOMIC_RELAXED); /* the next round's bias */
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
     }
     atomic_store(&l->stop, 1);
-    meet(l, &phase);
+    litmus_meet(&l->sync, &phase);
     pthread_join(th, NULL);
     __atomic_store_n(&l->a->bias, NULL, __ATOMIC_RELAXED);
     l->rounds = i;
@@ -287,8 +240,8 @@ static void *owner_main(void *arg)
 {
     excl_t *e = arg;
     mt__tc_gate_t *mine = my_gate(e->a);
-    uint64_t t0 = now_ns();
-    while (now_ns() - t0 < EXCL_NS) {
+    uint64_t t0 = litmus_now_ns();
+    while (litmus_now_ns() - t0 < EXCL_NS) {
         for (int i = 0; i < 256; i++) {
             mt__alloc_lock_by(e->a, mine);
             e->biased += e->a->lk_gate != NULL;
@@ -310,8 +263,8 @@ static void test_exclusion_while_bias_moves(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, owner_main, &e), 0);
     while (!atomic_load(&e.stop)) {
-        uint64_t t = now_ns();
-        while (now_ns() - t < EXCL_GAP_NS && !atomic_load(&e.stop))
+        uint64_t t = litmus_now_ns();
+        while (litmus_now_ns() - t < EXCL_GAP_NS && !atomic_load(&e.stop))
             mt__cpu_relax();
         bool was = __atomic_load_n(&e.a->bias, __ATOMIC_RELAXED) != NULL;
         mt__alloc_lock(e.a);

@@ -28,29 +28,10 @@
 #include "alloc/helpers.h"
 #include "allocator/tcache.h"
 #include "allocator/tcache_gate.h"
+#include "tests/cross/litmus.h"
 #include "util/cpu.h"
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static uint32_t rng(uint32_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 17;
-    *s ^= *s << 5;
-    return *s;
-}
-
 /* ---- litmus: SB on the gate ---- */
-
-#define LITMUS_MAX    20000
-#define LITMUS_NS     (2ull * 1000000000ull)  /* per variant, after LITMUS_MIN rounds */
-#define LITMUS_MIN    200                     /* rounds, at least, for a meaningful run */
-#define LITMUS_CAP_NS (60ull * 1000000000ull) /* however few rounds that leaves */
 
 typedef struct litmus_s {
     _Alignas(64) mt__tc_gate_t g;
@@ -62,49 +43,22 @@ typedef struct litmus_s {
     unsigned rounds;
 } litmus_t;
 
-/* Both threads leave the barrier of phase k together (sequentially consistent: the
- * barrier's own ordering ends before the round's racing accesses start). */
-static void meet(litmus_t *l, unsigned *phase)
-{
-    unsigned target = 2 * ++*phase;
-    atomic_fetch_add(&l->sync, 1);
-    /* Spinning long enough that the other thread, if it runs, arrives while this one
-     * still spins (the two then leave together and race); yielding after that: on a
-     * loaded machine (CI's two cores) the other thread may not be running at all. */
-    for (unsigned spins = 0; atomic_load(&l->sync) < target; spins++) {
-        if (spins < (1u << 16))
-            mt__cpu_relax();
-        else
-            sched_yield();
-    }
-}
-
-/* A random delay before the racing accesses, in the unit of meet's spin loop: the thread
- * that arrives last at meet leaves it first, ahead of the other by about one turn of that
- * loop (a few ns natively, far longer under qemu's TCG), so without it the two would reach
- * the race in the same order every round. */
-static void jitter(uint32_t *seed)
-{
-    for (unsigned n = rng(seed) % 8; n > 0; n--)
-        mt__cpu_relax();
-}
-
 static void *litmus_owner(void *arg)
 {
     litmus_t *l = arg;
     unsigned phase = 0;
     uint32_t seed = 0x1234567u;
     for (unsigned i = 0;; i++) {
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
         if (atomic_load(&l->stop))
             return NULL;
-        jitter(&seed);
+        litmus_jitter(&seed, true);
         bool in = mt__tc_gate_enter(&l->g, true);
         l->entered[i] = in;
-        meet(l, &phase); /* the claimer has read busy */
+        litmus_meet(&l->sync, &phase); /* the claimer has read busy */
         if (in)
             mt__tc_gate_exit(&l->g, true);
-        meet(l, &phase); /* the claimer has unclaimed */
+        litmus_meet(&l->sync, &phase); /* the claimer has unclaimed */
     }
 }
 
@@ -117,15 +71,11 @@ static void litmus_run(litmus_t *l)
     assert_int_equal(pthread_create(&th, NULL, litmus_owner, l), 0);
     unsigned phase = 0;
     uint32_t seed = 0x89abcdefu;
-    uint64_t t0 = now_ns();
+    uint64_t t0 = litmus_now_ns();
     unsigned i;
-    /* LITMUS_MIN rounds however slow (a loaded machine), then up to LITMUS_NS. */
-    for (i = 0; i < LITMUS_MAX; i++) {
-        uint64_t dt = now_ns() - t0;
-        if ((i >= LITMUS_MIN && dt >= LITMUS_NS) || dt >= LITMUS_CAP_NS)
-            break;
-        meet(l, &phase);
-        jitter(&seed);
+    for (i = 0; litmus_more(i, t0); i++) {
+        litmus_meet(&l->sync, &phase);
+        litmus_jitter(&seed, false);
         if (l->real) {
             mt__tc_gate_announce(&l->g);
         } else { /* the same without the barrier: what a compiler barrier alone gives */
@@ -133,12 +83,12 @@ static void litmus_run(litmus_t *l)
             __atomic_signal_fence(__ATOMIC_SEQ_CST);
         }
         l->saw_busy[i] = __atomic_load_n(&l->g.busy, __ATOMIC_ACQUIRE);
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
         mt__tc_gate_unclaim(&l->g, true);
-        meet(l, &phase);
+        litmus_meet(&l->sync, &phase);
     }
     atomic_store(&l->stop, 1);
-    meet(l, &phase);
+    litmus_meet(&l->sync, &phase);
     pthread_join(th, NULL);
     l->rounds = i;
 }
@@ -232,8 +182,8 @@ static void test_fast_paths_under_claims(void **state)
     }
     /* This thread claims every cache again and again: a flush that finds a held block
      * proves the owners were on their fast paths meanwhile. */
-    uint64_t claims = 0, held = 0, t0 = now_ns();
-    while (now_ns() - t0 < RUN_NS) {
+    uint64_t claims = 0, held = 0, t0 = litmus_now_ns();
+    while (litmus_now_ns() - t0 < RUN_NS) {
         mt__alloc_lock(a);
         held += mt__tc_flush_all(a);
         mt__alloc_unlock(a);
