@@ -29,6 +29,7 @@ mt_alloc_cfg_t mt_alloc_cfg_default(void)
     c.stacks = MT_STACKS_DEFAULT;
     c.tcache = true;
     c.atfork = true;
+    c.lock_bias = true;
     return c;
 }
 
@@ -224,6 +225,10 @@ static int apply(mt_alloc_cfg_t *c, const char *key, const char *val, char *err,
         if (parse_bool(val, &b) != 0)
             goto bad;
         c->atfork = b;
+    } else if (strcmp(key, "lock_bias") == 0) {
+        if (parse_bool(val, &b) != 0)
+            goto bad;
+        c->lock_bias = b;
     } else if (strcmp(key, "place_high_mb") == 0) {
         if (parse_uint(val, &u) != 0 || u > (SIZE_MAX >> 21))
             goto bad;

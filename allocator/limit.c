@@ -24,7 +24,8 @@ int mt_alloc_set_memory_fraction(mt_alloc_t *a, double fraction)
 /* ---- settings changed at run time ----
  * PyTorch's _set_allocator_settings: the keys whose change needs no new segment layout.
  * expandable_segments, one_pool, tcache, stacks and the segment-size policies shape the
- * ranges and caches that exist, so a change to them is refused. */
+ * ranges and caches that exist, and lock_bias the lock every thread takes, so a change to
+ * them is refused. */
 
 static const char *fixed_key(const mt_alloc_cfg_t *o, const mt_alloc_cfg_t *n)
 {
@@ -39,6 +40,8 @@ static const char *fixed_key(const mt_alloc_cfg_t *o, const mt_alloc_cfg_t *n)
         return "one_pool";
     if (o->tcache != n->tcache)
         return "tcache";
+    if (o->lock_bias != n->lock_bias)
+        return "lock_bias";
     if (o->stacks != n->stacks)
         return "stacks";
     if (o->fit_large_segments != n->fit_large_segments)

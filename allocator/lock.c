@@ -12,14 +12,15 @@
 #endif
 #endif
 
-/* Whether a bias may be set: membarrier works, and TSan (which cannot see its barrier) is
- * not watching. */
-static bool bias_allowed(void)
+/* Whether a bias may be set: cfg.lock_bias, membarrier works, and TSan (which cannot see its
+ * barrier) is not watching. */
+static bool bias_allowed(const mt_alloc_t *a)
 {
 #ifdef MT__BIAS_TSAN
+    (void)a;
     return false;
 #else
-    return mt__tc_gate_asym();
+    return a->cfg.lock_bias && mt__tc_gate_asym();
 #endif
 }
 
@@ -67,7 +68,7 @@ static void run(mt_alloc_t *a, mt__tc_gate_t *mine)
         a->bias_run = 1;
         return;
     }
-    if (++a->bias_run < ((uint32_t)MT__BIAS_RUN << a->bias_level) || !bias_allowed())
+    if (++a->bias_run < ((uint32_t)MT__BIAS_RUN << a->bias_level) || !bias_allowed(a))
         return;
     a->bias_run = 0;
     a->bias_takes = 0;

@@ -110,6 +110,11 @@ typedef struct mt_alloc_cfg_s {
      * Without it the library registers nothing, and a child must not touch the allocator.
      * true; config key atfork (0/1). */
     bool atfork;
+    /* The lock biased to the thread that takes it in a run (docs/allocator-locking.md): that
+     * thread's global operations take no atomic instruction, and another thread's first take
+     * costs a membarrier call. Used only where membarrier works. true; config key lock_bias
+     * (0/1). */
+    bool lock_bias;
     /* mt_alloc_backend_e; config key backend: native | cudaMallocAsync (hipMallocAsync
      * too). Under cudaMallocAsync the caching allocator's keys (max_split_size_mb,
      * roundup_power2_divisions, garbage_collection_threshold, expandable_segments, ...)
@@ -135,7 +140,7 @@ MT_API mt_alloc_cfg_t mt_alloc_cfg_default(void);
  * memory_fraction, expandable_segments (True/False/true/false/1/0),
  * release_on_oom, release_smaller_segments, stats_period_ms, release_to_fit,
  * fit_large_segments, split_large_tails, one_pool, place_high_mb, stacks (off/sampled/all), tcache,
- * atfork, backend (native, cudaMallocAsync), managed_memory,
+ * atfork, lock_bias, backend (native, cudaMallocAsync), managed_memory,
  * and rules:reference (the reference allocator's plain-segment rules: no expandable segments,
  * release_to_fit, one_pool or place_high). An unknown key or a
  * bad value returns MT_EINVAL and writes a message naming it into err (if err != NULL); cfg is then

@@ -185,6 +185,31 @@ static void test_bias_won_and_lost(void **state)
     mt_backend_destroy(&b);
 }
 
+/* lock_bias:0: the lock is never biased, however long the run; the key is refused at run
+ * time; a bad value is named. */
+static void test_bias_off(void **state)
+{
+    (void)state;
+    mt_alloc_cfg_t cfg = mt_alloc_cfg_default();
+    char err[256];
+    assert_true(cfg.lock_bias);
+    assert_int_equal(mt_alloc_cfg_parse(&cfg, "lock_bias:maybe", err, sizeof err), MT_EINVAL);
+    assert_non_null(strstr(err, "lock_bias"));
+    mt_backend_t *b = sim_backend(64 * MIB);
+    mt_alloc_t *a = make_alloc_default(b, "lock_bias:0", NULL);
+    mt__tc_gate_t *mine = my_gate(a);
+    for (int n = 0; n < 100000; n++) {
+        mt__alloc_lock_by(a, mine);
+        assert_null(a->lk_gate);
+        mt__alloc_unlock(a);
+    }
+    assert_null(a->bias);
+    assert_int_equal(mt_alloc_set_settings(a, "lock_bias:1", err, sizeof err), MT_ENOTSUP);
+    assert_non_null(strstr(err, "lock_bias"));
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 static void test_wait_from_biased_hold(void **state)
 {
     (void)state;
@@ -364,6 +389,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bias_litmus_sb),
         cmocka_unit_test(test_bias_won_and_lost),
+        cmocka_unit_test(test_bias_off),
         cmocka_unit_test(test_wait_from_biased_hold),
         cmocka_unit_test(test_exclusion_while_bias_moves),
         cmocka_unit_test(test_public_paths_two_threads),
