@@ -63,6 +63,16 @@ static inline void litmus_jitter(uint32_t *seed, bool wide)
         mt__cpu_relax();
 }
 
+/* The rounds (of n) with the forbidden outcome: the owner got in (entered) while the other
+ * side read its flag as clear (saw = 0). */
+static inline unsigned litmus_forbidden(const uint8_t *entered, const uint8_t *saw, unsigned n)
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < n; i++)
+        k += entered[i] && !saw[i];
+    return k;
+}
+
 /* Round i of a run that began at t0 runs. */
 static inline bool litmus_more(unsigned i, uint64_t t0)
 {

@@ -95,10 +95,7 @@ static void litmus_run(litmus_t *l)
 
 static unsigned forbidden(const litmus_t *l)
 {
-    unsigned n = 0;
-    for (unsigned i = 0; i < l->rounds; i++)
-        n += l->entered[i] && !l->saw_busy[i];
-    return n;
+    return litmus_forbidden(l->entered, l->saw_busy, l->rounds);
 }
 
 static void test_gate_litmus_sb(void **state)
