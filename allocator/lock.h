@@ -20,8 +20,8 @@
  * owner's. It is set by a thread that took mu `64 << bias_level` times in a row with no
  * other thread between; a revocation raises bias_level when the bias served fewer than
  * 2^12 takes (threads that take turns stop paying membarrier calls) and lowers it
- * otherwise. Only where membarrier works (mt__tc_gate_asym) and not under TSan, which
- * cannot see the barrier.
+ * otherwise. Only with cfg.lock_bias, where membarrier works (mt__tc_gate_asym), and not
+ * under TSan, which cannot see the barrier.
  *
  * A cache whose gate is the bias is freed only with mu held and the bias cleared
  * (mt__alloc_lock_unbiased); mt__alloc_wait from a biased hold releases it and takes mu,
