@@ -100,13 +100,10 @@ void mt__alloc_lock_mu(mt_alloc_t *a, mt__tc_gate_t *mine)
 void mt__alloc_lock_unbiased(mt_alloc_t *a)
 {
     pthread_mutex_lock(&a->mu);
-    mt__tc_gate_t *b = __atomic_load_n(&a->bias, __ATOMIC_RELAXED);
-    if (b != NULL && b != gate_of_mine(a))
-        revoke(a, b);
-    __atomic_store_n(&a->bias, NULL, __ATOMIC_RELAXED);
+    took_mu(a, NULL, false);                            /* another thread's bias revoked */
+    __atomic_store_n(&a->bias, NULL, __ATOMIC_RELAXED); /* and the caller's dropped */
     a->bias_cand = NULL;
     a->bias_run = 0;
-    mt__alloc_took(a);
 }
 
 void mt__alloc_wait(mt_alloc_t *a)

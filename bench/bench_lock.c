@@ -24,13 +24,6 @@ enum { OPS = 2000000, LIVE = 16, ROUNDS = 5 };
 
 static size_t sizes[OPS];
 
-static uint64_t cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 typedef struct run_s {
     mt_alloc_t *a;
     mt_backend_t *b;
@@ -48,7 +41,7 @@ static void *loop(void *arg)
     if (r->a != NULL && (r->rc = mt_stream_create(r->b, &s)) != 0)
         return NULL;
     void *live[LIVE] = {0};
-    uint64_t t0 = cpu_ns();
+    uint64_t t0 = mt_bench_thread_cpu_ns();
     for (size_t i = 0; i < OPS; i++) {
         void **p = &live[i % LIVE];
         if (r->a == NULL) {
@@ -62,7 +55,7 @@ static void *loop(void *arg)
                 return NULL;
         }
     }
-    r->cpu = cpu_ns() - t0;
+    r->cpu = mt_bench_thread_cpu_ns() - t0;
     for (int k = 0; k < LIVE; k++) {
         if (r->a == NULL && live[k] != NULL)
             r->h->free(live[k]);

@@ -315,13 +315,6 @@ static void rec_stop(rec_t *r, uint64_t *events, uint64_t *dropped)
     mt_backend_destroy(&r->b);
 }
 
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int run_loop(int cfgi, result_t *res)
 {
     rec_t rec;
@@ -335,14 +328,14 @@ static int run_loop(int cfgi, result_t *res)
         mt_alloc_malloc(a, sizes[i], NULL, MT_TAG_ACTIVATIONS, &p[i]);
     for (int i = 0; i < 8; i++)
         mt_alloc_free(a, p[i]);
-    uint64_t t0 = mt_bench_now_ns(), c0 = thread_cpu_ns();
+    uint64_t t0 = mt_bench_now_ns(), c0 = mt_bench_thread_cpu_ns();
     for (int i = 0; i < PAIRS; i++) {
         void *q;
         mt_alloc_malloc(a, sizes[i & 7], NULL, MT_TAG_ACTIVATIONS, &q);
         mt_alloc_free(a, q);
     }
     uint64_t dt = mt_bench_now_ns() - t0;
-    double cpu = (double)(thread_cpu_ns() - c0) / PAIRS;
+    double cpu = (double)(mt_bench_thread_cpu_ns() - c0) / PAIRS;
     if (cpu < res->best_cpu_ns_per_pair || res->best_cpu_ns_per_pair == 0)
         res->best_cpu_ns_per_pair = cpu;
     double ns = (double)dt / PAIRS;
@@ -614,9 +607,9 @@ static double log_drain_alone(const char *path, uint64_t *written, double *cpu_r
         ev.allocated = ev.kind == MT_EV_FREE_COMPLETED ? 0 : ev.size;
         mt_prof_record(p, &ev);
     }
-    uint64_t t0 = mt_bench_now_ns(), c0 = thread_cpu_ns();
+    uint64_t t0 = mt_bench_now_ns(), c0 = mt_bench_thread_cpu_ns();
     mt_prof_flush(p);
-    double dt = (double)(mt_bench_now_ns() - t0), dc = (double)(thread_cpu_ns() - c0);
+    double dt = (double)(mt_bench_now_ns() - t0), dc = (double)(mt_bench_thread_cpu_ns() - c0);
     mt_prof_stats_t st;
     mt_prof_stats(p, &st);
     *written = st.written;

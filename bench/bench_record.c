@@ -107,13 +107,6 @@ typedef struct result_s {
     uint64_t dropped;       /* of the round with the lowest CPU time */
 } result_t;
 
-static uint64_t thread_cpu_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* One pass of trace t through a; ptrs: a slot's block. 0 or the failing call's code. */
 static int pass(mt_alloc_t *a, const mt_trace_t *t, void **ptrs)
 {
@@ -165,12 +158,12 @@ static int round_of(int c, const mt_trace_t *t, void **ptrs, result_t *res)
         k.push(k.arg);
     if (k.ring != NULL)
         mt__ring_stats(k.ring, &s0);
-    uint64_t w0 = mt_bench_now_ns(), c0 = thread_cpu_ns();
+    uint64_t w0 = mt_bench_now_ns(), c0 = mt_bench_thread_cpu_ns();
     if (rc == 0)
         rc = pass(a, t, ptrs);
     if (k.push != NULL)
         k.push(k.arg); /* what is held back belongs to this pass */
-    double cpu = (double)(thread_cpu_ns() - c0) / (double)t->nops;
+    double cpu = (double)(mt_bench_thread_cpu_ns() - c0) / (double)t->nops;
     double wall = (double)(mt_bench_now_ns() - w0) / (double)t->nops;
     if (k.ring != NULL)
         mt__ring_stats(k.ring, &s1);

@@ -12,6 +12,8 @@
 void mt_bench_print_machine(FILE *f);
 /* CLOCK_MONOTONIC in ns. */
 uint64_t mt_bench_now_ns(void);
+/* The calling thread's CPU time, ns (CLOCK_THREAD_CPUTIME_ID). */
+uint64_t mt_bench_thread_cpu_ns(void);
 /* The median of v[0..n), n > 0 (sorts v in place). */
 uint64_t mt_bench_median(uint64_t *v, size_t n);
 
