@@ -1022,8 +1022,8 @@ static void init_once(void)
     pcfg.log = log_cb;
     if (mt_prof_cfg_from_env(&pcfg) != 0)
         mt__preload_say(MT_LOG_WARN,
-                        "MEMTRACE_PROF (auto|daemon|log|off) or MEMTRACE_PROF_LOSSLESS "
-                        "(1|on|0|off) ignored");
+                        "MEMTRACE_PROF (auto|daemon|log|off), MEMTRACE_PROF_LOSSLESS "
+                        "(1|on|0|off) or MEMTRACE_LOG_FORMAT (ndjson|binary) ignored");
     char serr[128];
     if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr) != 0)
         mt__preload_say(MT_LOG_WARN, "%s; call stacks stay sampled", serr);

@@ -184,6 +184,15 @@ int mt_prof_cfg_from_env(mt_prof_cfg_t *cfg)
     const char *log = getenv("MEMTRACE_LOG");
     if (log && *log)
         cfg->log_path = log;
+    const char *lf = getenv("MEMTRACE_LOG_FORMAT");
+    if (lf && *lf) {
+        if (strcmp(lf, "ndjson") == 0)
+            cfg->log_format = MT_PROF_LOG_NDJSON;
+        else if (strcmp(lf, "binary") == 0)
+            cfg->log_format = MT_PROF_LOG_BINARY;
+        else
+            rc = MT_EINVAL;
+    }
     const char *l = getenv("MEMTRACE_PROF_LOSSLESS");
     if (l && *l) {
         if (strcmp(l, "1") == 0 || strcmp(l, "on") == 0)

@@ -289,7 +289,8 @@ static void read_comm(char *buf, size_t len)
 
 int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
 {
-    if (!out || !cfg || cfg->mode < MT_PROF_AUTO || cfg->mode > MT_PROF_OFF)
+    if (!out || !cfg || cfg->mode < MT_PROF_AUTO || cfg->mode > MT_PROF_OFF ||
+        cfg->log_format < MT_PROF_LOG_AUTO || cfg->log_format > MT_PROF_LOG_BINARY)
         return MT_EINVAL;
     *out = NULL;
     mt_prof_t *p = calloc(1, sizeof(*p));
@@ -318,6 +319,7 @@ int mt_prof_create(mt_prof_t **out, const mt_prof_cfg_t *cfg)
     p->tag_ud = cfg->tag_ud;
     atomic_init(&p->lossless_ns, (uint64_t)cfg->lossless_stall_ms * 1000000u);
     p->drain_ms = cfg->drain_ms ? cfg->drain_ms : 20;
+    p->log_format = cfg->log_format;
     pthread_mutex_init(&p->drain_lock, NULL);
     pthread_mutex_init(&p->src_lock, NULL);
     pthread_mutex_init(&p->stop_lock, NULL);
@@ -602,6 +604,8 @@ void mt_prof_destroy(mt_prof_t **pp)
     mt__stab_seen_free(&p->seen);
     free(p->log_path);
     free(p->cfg_log_path);
+    for (int t = 0; t < MT_TAG_MAX; t++)
+        free(p->bname[t]);
     free(p->out);
     free(p->out_seq);
     free(p->enc);

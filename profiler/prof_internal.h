@@ -4,6 +4,7 @@
 #define MT_PROFILER_PROF_INTERNAL_H
 
 #include "util/log.h"
+#include "profiler/binlog.h"
 #include "profiler/internal.h"
 #include "profiler/stack.h"
 
@@ -67,12 +68,19 @@ struct mt_prof_s {
     uint64_t *out_seq;   /* OUT_LINES entries */
     mt__prof_enc_t *enc; /* the log's line writer (encode.c), with the tag_name override unused */
     size_t out_nlines;
-    bool held;             /* the last write failed (disk full): out is kept and retried */
-    bool half_line;        /* a cut line could not be truncated away: a '\n' ends it first */
-    uint64_t written;      /* event and gap lines in the file, under drain_lock */
-    uint64_t unlogged;     /* events taken from the ring that no buffer could hold (lost) */
-    uint64_t unlogged_seq; /* the first of them */
-    int write_err;         /* the last write error while held, under drain_lock */
+    /* The binary log (binlog.h) instead of NDJSON: out is then one block, its header's
+     * MT__BLOG_HDR bytes first (filled at the flush), bst its delta state; a line above
+     * is a record. out_len == 0 <=> no block begun. */
+    int log_format; /* the cfg's */
+    bool bin;
+    mt__blog_state_t bst;
+    char *bname[MT_TAG_MAX]; /* with a tag_name override: the names written in the block */
+    bool held;               /* the last write failed (disk full): out is kept and retried */
+    bool half_line;          /* a cut line could not be truncated away: a '\n' ends it first */
+    uint64_t written;        /* event and gap lines in the file, under drain_lock */
+    uint64_t unlogged;       /* events taken from the ring that no buffer could hold (lost) */
+    uint64_t unlogged_seq;   /* the first of them */
+    int write_err;           /* the last write error while held, under drain_lock */
     char name[MT_RING_COMM_MAX];
     mt_prof_job_t job;        /* the cfg's, checked: in the hello and the log's header */
     char oom_dir[256];        /* the cfg's, "" = none: for the OOM note and snapshots */

@@ -21,8 +21,10 @@
  * only as many records as surely fit the buffer's room, so that none is taken from the
  * ring that the buffer cannot hold while the disk is full. */
 #define LINE_MAX_BYTES 512
-#define OUT_LINES      (OUTBUF_SIZE / 32) /* lines the buffer may hold (their seqs) */
-#define NO_SEQ         UINT64_MAX         /* a line of no event: hello, exit */
+#define OUT_LINES      (OUTBUF_SIZE / 16) /* lines (records) the buffer may hold (their seqs) */
+/* The room a binary record is given in a drain's reckoning: an event and its tag's name. */
+#define BIN_REC_BYTES 128
+#define NO_SEQ        UINT64_MAX /* a line of no event: hello, exit */
 
 /* Event and gap lines among the first n lines of the buffer. */
 static uint64_t event_lines(const mt_prof_t *p, size_t n)
@@ -58,6 +60,46 @@ static size_t room_below_limit(int fd, off_t at)
                                                  : (size_t)((uint64_t)rl.rlim_cur - (uint64_t)at);
 }
 
+static void held_since(mt_prof_t *p, int err);
+
+/* Writes the buffer, one binary block, to the log: whole or not at all. A failed or short
+ * write cuts the file back to where the block began and keeps it, as whole lines are kept
+ * below; when the cut fails, the reader skips the cut block (it finds no block after it)
+ * and reads on from the next one. A block that would pass the file size limit is not
+ * begun. */
+static int flush_block(mt_prof_t *p)
+{
+    if (p->out_len <= MT__BLOG_HDR) {
+        p->out_len = 0;
+        return 0;
+    }
+    mt__blog_header(p->out, (uint32_t)(p->out_len - MT__BLOG_HDR), p->pid, (uint32_t)p->out_nlines);
+    off_t start = lseek(p->log_fd, 0, SEEK_END);
+    size_t off = 0, room = room_below_limit(p->log_fd, start);
+    int err = room != SIZE_MAX && room < p->out_len ? EFBIG : 0;
+    while (err == 0 && off < p->out_len) {
+        ssize_t w = write(p->log_fd, p->out + off, p->out_len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            err = w < 0 ? errno : ENOSPC;
+        else
+            off += (size_t)w;
+    }
+    if (err == 0) {
+        out_consume(p, p->out_len, p->out_nlines);
+        if (p->held)
+            logf_(p, MT_LOG_WARN, "memtrace: writing %s again", p->log_path);
+        p->held = false;
+        p->write_err = 0;
+        return 0;
+    }
+    if (off > 0 && start >= 0)
+        (void)ftruncate(p->log_fd, start);
+    held_since(p, err);
+    return p->write_err;
+}
+
 /* Writes the buffer to the log, whole lines only. A failed or short write (disk full, a
  * file size limit, EIO) cuts the file back to its last whole line, keeps the unwritten
  * lines in the buffer and holds: drains stop, so later events stay in the ring, and the
@@ -67,6 +109,8 @@ int mt__prof_log_flush(mt_prof_t *p)
 {
     if (p->out_len == 0)
         return 0;
+    if (p->bin)
+        return flush_block(p);
     if (p->half_line && room_below_limit(p->log_fd, lseek(p->log_fd, 0, SEEK_END)) > 0 &&
         write(p->log_fd, "\n", 1) == 1)
         p->half_line = false;                    /* the reader skips the cut line as malformed */
@@ -107,6 +151,13 @@ int mt__prof_log_flush(mt_prof_t *p)
     for (size_t i = 0; i < whole; i++)
         lines += p->out[i] == '\n';
     out_consume(p, whole, lines);
+    held_since(p, err);
+    return p->write_err;
+}
+
+/* The write failed with err: says so once, when the holding begins. */
+static void held_since(mt_prof_t *p, int err)
+{
     if (!p->held) {
         uint64_t first = NO_SEQ;
         for (size_t i = 0; i < p->out_nlines && first == NO_SEQ; i++)
@@ -118,7 +169,6 @@ int mt__prof_log_flush(mt_prof_t *p)
     }
     p->held = true;
     p->write_err = -(err ? err : EIO);
-    return p->write_err;
 }
 
 /* Room for `bytes` more bytes and 8 more lines, flushing if needed; false if the buffer
@@ -131,12 +181,40 @@ static bool out_room(mt_prof_t *p, size_t bytes)
     return OUTBUF_SIZE - p->out_len > bytes && p->out_nlines + 8 <= OUT_LINES;
 }
 
+/* A binary block begun, if none is: its header's room first, the delta state afresh. */
+static void bin_begin(mt_prof_t *p)
+{
+    if (p->out_len != 0)
+        return;
+    p->out_len = MT__BLOG_HDR;
+    memset(&p->bst, 0, sizeof p->bst);
+}
+
+/* A line of text[0..n) (no newline) as a binary 'J' record; false without room. */
+static bool bin_line(mt_prof_t *p, const char *text, size_t n)
+{
+    if (n > UINT32_MAX || !out_room(p, n + MT__BLOG_TEXT_EXTRA + MT__BLOG_HDR))
+        return false;
+    bin_begin(p);
+    p->out_len += mt__blog_put_line(p->out + p->out_len, text, (uint32_t)n);
+    p->out_seq[p->out_nlines++] = NO_SEQ;
+    return true;
+}
+
 /* Appends one JSON document as a line (hello, exit); whole lines only reach the file (O_APPEND
  * keeps lines of processes sharing one log file from interleaving). */
 void mt__prof_log_line(mt_prof_t *p, json_t *j)
 {
     if (!j)
         return;
+    if (p->bin) {
+        char doc[1024]; /* these documents are < 1 KiB */
+        size_t n = json_dumpb(j, doc, sizeof doc, JSON_COMPACT);
+        json_decref(j);
+        if (n > 0 && n <= sizeof doc)
+            (void)bin_line(p, doc, n); /* held full: the log goes without it */
+        return;
+    }
     if (!out_room(p, 1024)) {
         json_decref(j); /* held full: the log goes without this hello or exit line */
         return;
@@ -169,11 +247,56 @@ static const char *drain_tag_name(void *ud, int tag)
 static void drain_table_line(void *ud, const char *line, size_t len)
 {
     mt_prof_t *p = ud;
+    if (p->bin) {
+        (void)bin_line(p, line, len > 0 && line[len - 1] == '\n' ? len - 1 : len);
+        return; /* held full: the stack's frames read "unknown" */
+    }
     if (!out_room(p, len))
         return; /* held full: the stack's frames read "unknown" */
     memcpy(p->out + p->out_len, line, len);
     p->out_len += len;
     p->out_seq[p->out_nlines++] = NO_SEQ;
+}
+
+/* Whether the name s (NULL: none) is the one tag's name record in this block gave. */
+static bool bin_named(const mt_prof_t *p, int tag, const char *s)
+{
+    if (!(p->bst.named >> tag & 1))
+        return false;
+    if (p->tag_name == NULL) /* the names change only at a label, which forgets them */
+        return true;
+    return p->bname[tag] ? s && strcmp(s, p->bname[tag]) == 0 : !s || !*s;
+}
+
+/* ev (and the id of its stack) as a binary record, after its tag's name when this block
+ * has not given it yet. An event no buffer can hold is lost and counted, as a line is. */
+static void drain_bin(mt_prof_t *p, const mt_event_rec_t *ev, uint32_t stack)
+{
+    int tag = ev->tag;
+    bool named = mt__blog_kind_named(ev->kind) && tag < MT_TAG_MAX;
+    const char *s = named ? drain_tag_name(p, tag) : NULL;
+    size_t n = s ? strlen(s) : 0;
+    size_t need = MT__BLOG_HDR + MT__BLOG_EVENT_MAX + (named ? MT__BLOG_TEXT_EXTRA + n : 0);
+    if (n > UINT32_MAX || p->out_nlines + 2 > OUT_LINES || OUTBUF_SIZE - p->out_len <= need) {
+        if (need >= OUTBUF_SIZE || !out_room(p, need)) {
+            if (p->unlogged++ == 0)
+                p->unlogged_seq = ev->seq;
+            return;
+        }
+    }
+    bin_begin(p);
+    if (named && !bin_named(p, tag, s)) {
+        p->out_len += mt__blog_put_name(&p->bst, p->out + p->out_len, tag, s, (uint32_t)n);
+        p->out_seq[p->out_nlines++] = NO_SEQ;
+        if (p->tag_name != NULL) {
+            free(p->bname[tag]);
+            p->bname[tag] = s && *s ? strdup(s) : NULL;
+            if (s && *s && !p->bname[tag])
+                p->bst.named &= ~(1u << tag); /* no copy: named again next time */
+        }
+    }
+    p->out_len += mt__blog_put_event(&p->bst, p->out + p->out_len, ev, stack);
+    p->out_seq[p->out_nlines++] = ev->seq;
 }
 
 static void drain_cb(void *ud, const mt_event_rec_t *ev)
@@ -183,6 +306,7 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
         mt_event_label_unpack(ev, p->labels[ev->tag]);
         if (p->enc)
             mt__prof_enc_forget_tags(p->enc);
+        p->bst.named &= ~(1u << ev->tag);
     }
     uint32_t stack = 0;
     if (ev->kind == MT_EV_STACK_REF) {
@@ -195,6 +319,10 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
         if (ev->kind == MT_EV_ALLOC && p->pending_stack && ev->addr == p->pending_addr)
             stack = p->pending_stack;
         p->pending_stack = 0;
+    }
+    if (p->bin) {
+        drain_bin(p, ev, stack);
+        goto out_oomsnap;
     }
     size_t room = p->out_nlines < OUT_LINES ? OUTBUF_SIZE - p->out_len : 0;
     size_t n =
@@ -217,6 +345,7 @@ static void drain_cb(void *ud, const mt_event_rec_t *ev)
     }
     p->out_len += n;
     p->out_seq[p->out_nlines++] = ev->seq;
+out_oomsnap:
     if (p->oomsnap != NULL)
         mt__oomsnap_record(p->oomsnap, ev, (const char(*)[MT_EVENT_LABEL_MAX + 1]) p->labels,
                            drain_tag_name, p);
@@ -230,7 +359,7 @@ int mt__prof_log_drain(mt_prof_t *p)
         /* Room for the records taken, each perhaps after a gap line, and a last gap. */
         if (!out_room(p, 8 * LINE_MAX_BYTES))
             break; /* held: the rest stays in the ring */
-        size_t fit = (OUTBUF_SIZE - p->out_len) / LINE_MAX_BYTES - 2,
+        size_t fit = (OUTBUF_SIZE - p->out_len) / (p->bin ? BIN_REC_BYTES : LINE_MAX_BYTES) - 2,
                lines = OUT_LINES - p->out_nlines - 2;
         n = mt__ring_drain(p->ring, drain_cb, p, (fit < lines ? fit : lines) / 2);
         total += n > 0 ? n : 0;
@@ -278,10 +407,15 @@ static void *drainer_main(void *arg)
 int mt__prof_log_start(mt_prof_t *p, const char *path)
 {
     char def[64];
+    const char *ext = p->log_format == MT_PROF_LOG_BINARY ? "mtlog" : "ndjson";
     if (!path || !*path) {
-        snprintf(def, sizeof(def), "./memtrace-%d.ndjson", p->pid);
+        snprintf(def, sizeof(def), "./memtrace-%d.%s", p->pid, ext);
         path = def;
     }
+    size_t plen = strlen(path);
+    p->bin =
+        p->log_format == MT_PROF_LOG_BINARY ||
+        (p->log_format == MT_PROF_LOG_AUTO && plen >= 6 && strcmp(path + plen - 6, ".mtlog") == 0);
     p->log_path = strdup(path);
     p->out = malloc(OUTBUF_SIZE);
     p->out_seq = malloc(OUT_LINES * sizeof *p->out_seq);
@@ -289,7 +423,8 @@ int mt__prof_log_start(mt_prof_t *p, const char *path)
         return MT_ENOMEM;
     /* The names prepared once per tag: not with a tag_name override of the program's,
      * whose answers may change from one call to the next (then every line asks it). */
-    if (p->tag_name == NULL && p->enc == NULL && (p->enc = malloc(sizeof *p->enc)) != NULL)
+    if (!p->bin && p->tag_name == NULL && p->enc == NULL &&
+        (p->enc = malloc(sizeof *p->enc)) != NULL)
         mt__prof_enc_init(p->enc, p->pid);
     /* Created 0600 and exclusively; an existing log must be a plain file of ours: never a
      * symlink or a file another user planted in a shared directory. */
@@ -299,7 +434,7 @@ int mt__prof_log_start(mt_prof_t *p, const char *path)
          * they cannot guess instead. */
         char rnd[9];
         if (mt__sf_random_hex(rnd, 8) == 0) {
-            snprintf(def, sizeof(def), "./memtrace-%d.%s.ndjson", p->pid, rnd);
+            snprintf(def, sizeof(def), "./memtrace-%d.%s.%s", p->pid, rnd, ext);
             free(p->log_path);
             p->log_path = strdup(def);
             rc = p->log_path ? mt__sf_open_append(def, &p->log_fd) : MT_ENOMEM;

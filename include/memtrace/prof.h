@@ -32,6 +32,13 @@ typedef enum mt_prof_mode_e {
     MT_PROF_OFF = 3,    /* the sink counts events and records nothing */
 } mt_prof_mode_e;
 
+/* The local log's form (docs/telemetry.md, "The binary log"). */
+typedef enum mt_prof_log_format_e {
+    MT_PROF_LOG_AUTO = 0,   /* by the path: a name ending in ".mtlog" is binary, else NDJSON */
+    MT_PROF_LOG_NDJSON = 1, /* one JSON line per event (docs/telemetry.md) */
+    MT_PROF_LOG_BINARY = 2, /* compact blocks, read by every reader, `memtrace convert` */
+} mt_prof_log_format_e;
+
 /* Where a process sits in a distributed job (docs/fleet.md "Ranks and jobs"): carried in its
  * hello to the daemon and in its local log's header. Invariant: each field is either unknown
  * (-1, "") or valid: 0 <= rank, 0 <= local_rank, 1 <= world_size, all <= MT_PROF_RANK_MAX;
@@ -48,7 +55,7 @@ typedef struct mt_prof_job_s {
 typedef struct mt_prof_cfg_s {
     int mode;             /* mt_prof_mode_e; MT_PROF_AUTO */
     uint32_t slots;       /* ring capacity in events, rounded up to a power of two; 65536 */
-    const char *log_path; /* borrowed; NULL = ./memtrace-<pid>.ndjson */
+    const char *log_path; /* borrowed; NULL = ./memtrace-<pid>.ndjson (see log_format) */
     const char *socket;   /* borrowed; NULL = default_socket */
     const char *name;     /* borrowed; process name; NULL = /proc/self/comm */
     unsigned drain_ms;    /* local drainer period, ms; 20 (1 ms while the ring is busy) */
@@ -83,6 +90,10 @@ typedef struct mt_prof_cfg_s {
     /* The least ms between two of its OOM snapshots (the first OOM always gets one); 0 =
      * every OOM; MT_PROF_OOM_INTERVAL_MS. mt_prof_cfg_from_env: $MEMTRACE_OOM_INTERVAL_MS. */
     unsigned oom_interval_ms;
+    /* The local log's form (mt_prof_log_format_e); MT_PROF_LOG_AUTO. The default path is
+     * ./memtrace-<pid>.mtlog when binary. mt_prof_cfg_from_env: $MEMTRACE_LOG_FORMAT
+     * ("ndjson", "binary"). */
+    int log_format;
 } mt_prof_cfg_t;
 #define MT_PROF_LOSSLESS_STALL_MS 2000u
 
@@ -107,6 +118,7 @@ MT_API mt_prof_cfg_t mt_prof_cfg_default(void);
  * do; docs/process-state.md). Applies $MEMTRACE_PROF ("auto", "daemon", "log", "off") to
  * cfg->mode and $MEMTRACE_PROF_LOSSLESS to cfg->lossless_stall_ms if set; $MEMTRACE_LOG to
  * cfg->log_path if set (borrowed from the environment: create before changing it);
+ * $MEMTRACE_LOG_FORMAT ("ndjson", "binary") to cfg->log_format;
  * mt_prof_socket_path() to cfg->default_socket; mt_prof_oom_dir() to cfg->oom_dir ("" when
  * it names none); $MEMTRACE_OOM_INTERVAL_MS to cfg->oom_interval_ms if set (a malformed one
  * is warned about to cfg->log and left); and the launcher's variables to cfg->job, each
