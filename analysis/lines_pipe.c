@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "analysis/binlog_read.h"
 #include "analysis/ndjson_fast.h"
 #include "memtrace/common.h"
 
@@ -282,9 +283,34 @@ int mt__lines_pipe_run(FILE *f, const mt__lines_pipe_cfg_t *cfg, mt__line_cb cb,
     pipe_t pp = {.f = f, .cfg = *cfg, .cap = MT_LINES_PIPE_BLOCK + cfg->max + 1};
     int rc = MT_ENOMEM;
     int nblk = cfg->threads > 1 ? MT_LINES_PIPE_DEPTH : 1;
-    pp.carry = malloc(cfg->max + 1);
+    pp.carry = malloc(cfg->max + 1 > MT__BLOG_MAGIC_LEN ? cfg->max + 1 : MT__BLOG_MAGIC_LEN);
     if (!pp.carry)
         goto out_alloc;
+    /* The first bytes say which form: the binary log's, or lines (carried into the first
+     * block as an unfinished line is). */
+    while (pp.ncarry < MT__BLOG_MAGIC_LEN) {
+        size_t got = fread(pp.carry + pp.ncarry, 1, MT__BLOG_MAGIC_LEN - pp.ncarry, f);
+        if (got == 0)
+            break;
+        pp.ncarry += got;
+    }
+    if (ferror(f)) {
+        rc = MT_EIO;
+        goto out_alloc;
+    }
+    if (mt__blog_is_binary(pp.carry, pp.ncarry)) {
+        rc = mt__blog_pipe(f, pp.carry, pp.ncarry, cfg, cb, ud, &lineno);
+        goto out_alloc;
+    }
+    if (pp.ncarry > cfg->max) { /* a first line longer than max, already */
+        mt__line_item_t it = {.what = MT_LINE_LONG};
+        pp.skipping = memchr(pp.carry, '\n', pp.ncarry) == NULL;
+        if (pp.skipping) {
+            pp.ncarry = 0;
+            if ((rc = cb(ud, &it, ++lineno)) != 0)
+                goto out_alloc;
+        }
+    }
     for (int i = 0; i < nblk; i++)
         if (!(pp.blk[i].buf = malloc(pp.cap + 1)))
             goto out_alloc;

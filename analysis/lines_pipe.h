@@ -22,6 +22,8 @@ typedef enum mt__line_what_e {
     MT_LINE_RAW = 1,   /* any other line (empty ones too): text, for the general path */
     MT_LINE_LONG = 2,  /* a line longer than the reader's max: no text (what is read of it
                         * is dropped; the next item is the line after it) */
+    MT_LINE_BAD = 3,   /* a damaged part of a binary log: text says what and where (its byte
+                        * offsets); the reading goes on after it */
 } mt__line_what_e;
 
 /* One line. text is borrowed until the callback returns: for MT_LINE_RAW the line without
@@ -49,8 +51,9 @@ typedef struct mt__lines_pipe_cfg_s {
 /* The threads worth using here: 2 when more than one core is online, else 1. */
 int mt__lines_pipe_threads(void);
 
-/* Reads f (borrowed, not closed) to its end, calling cb for every line. Returns 0 at the
- * end of the file, cb's non-zero return, MT_ENOMEM, MT_EIO when f cannot be read (the lines
+/* Reads f (borrowed, not closed) to its end, calling cb for every line; a binary log
+ * (profiler/binlog.h) gives, record by record, the items of the NDJSON it stands for. Returns 0 at
+ * the end of the file, cb's non-zero return, MT_ENOMEM, MT_EIO when f cannot be read (the lines
  * before the error were given), MT_EINVAL for a bad cfg. *lines (may be NULL): lines given. */
 int mt__lines_pipe_run(FILE *f, const mt__lines_pipe_cfg_t *cfg, mt__line_cb cb, void *ud,
                        unsigned long *lines);

@@ -350,6 +350,9 @@ static int view_take(void *ud, const mt__line_item_t *it, unsigned long lineno)
     } else if (it->what == MT_LINE_LONG) {
         snprintf(why, sizeof why, "line too long");
         rc = MT_EOVERFLOW;
+    } else if (it->what == MT_LINE_BAD) {
+        snprintf(why, sizeof why, "damaged binary log: %.*s", (int)it->len, it->text);
+        rc = MT_EPROTO;
     } else {
         size_t n = it->len;
         while (n > 0 && (it->text[n - 1] == '\n' || it->text[n - 1] == '\r'))

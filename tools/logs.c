@@ -31,6 +31,11 @@ static int take_line(void *ud, const mt__line_item_t *it, unsigned long lineno)
         rd->lineno = lineno;
         return MT_EOVERFLOW;
     }
+    if (it->what == MT_LINE_BAD) { /* a damaged part of a binary log: said, read on */
+        if (rd->mine++ < MAX_ERRORS_SHOWN)
+            fprintf(stderr, "%s: damaged binary log: %.*s\n", rd->path, (int)it->len, it->text);
+        return 0;
+    }
     char err[256];
     int rc = mt__report_add_line(rd->r, it->text, it->len, err, sizeof(err));
     if (rc == MT_ENOMEM)
