@@ -53,7 +53,10 @@ static void usage(FILE *f)
             "  --context BYTES          sim: bytes each device's CUDA context holds, default 0\n"
             "  --devices N              sim devices (each --capacity), default 1\n"
             "  --telemetry MODE         auto|daemon|log|off (default auto)\n"
-            "  --log FILE               local event log (default ./memtrace-<pid>.ndjson)\n"
+            "  --log FILE               local event log (default ./memtrace-<pid>.ndjson;\n"
+            "                           a name ending in .mtlog: the binary log)\n"
+            "  --log-format ndjson|binary  the local log's form; binary: about 1/14 of the\n"
+            "                           bytes, read by every memtrace reader\n"
             "  --lossless               the program waits for the recorder when its ring\n"
             "                           is full, instead of dropping events\n"
             "  --summary-json FILE      also write the summary as JSON to FILE\n"
@@ -252,6 +255,7 @@ static const struct {
     {"--devices", "MEMTRACE_SIM_DEVICES"},
     {"--telemetry", "MEMTRACE_PROF"},
     {"--log", "MEMTRACE_LOG"},
+    {"--log-format", "MEMTRACE_LOG_FORMAT"},
 };
 #define NENV (sizeof env_opts / sizeof env_opts[0])
 
@@ -331,6 +335,14 @@ static int apply_settings(const run_opts_t *o)
     mt_alloc_cfg_t ac = mt_alloc_cfg_default();
     if (mt_alloc_cfg_from_env(&ac, err, sizeof err) != 0) {
         fprintf(stderr, "memtrace run: MEMTRACE_ALLOC_CONF (--alloc-conf): %s\n", err);
+        return 2;
+    }
+    const char *lf = getenv("MEMTRACE_LOG_FORMAT");
+    if (lf && *lf && strcmp(lf, "ndjson") != 0 && strcmp(lf, "binary") != 0) {
+        fprintf(stderr,
+                "memtrace run: --log-format (MEMTRACE_LOG_FORMAT) must be ndjson or binary, "
+                "not '%s'\n",
+                lf);
         return 2;
     }
     mt_prof_cfg_t pc = mt_prof_cfg_default();

@@ -24,6 +24,7 @@ int mt_cmd_plot(int argc, char **argv);
 int mt_cmd_export(int argc, char **argv);
 int mt_cmd_view(int argc, char **argv);
 int mt_cmd_snapshot(int argc, char **argv);
+int mt_cmd_convert(int argc, char **argv);
 
 /* Each command is parse_args (argv -> its options struct, messages for bad usage) then
  * run (the work, from the options alone). parse_args returns MT_TOOL_RUN when the

@@ -18,6 +18,7 @@ static const mt_cmd_t commands[] = {
     {"plot", mt_cmd_plot, "draw a telemetry log as an SVG: memory by tag over time, segments"},
     {"view", mt_cmd_view, "serve the web page for recorded logs, on localhost"},
     {"export", mt_cmd_export, "write telemetry logs as a PyTorch memory snapshot (pickle)"},
+    {"convert", mt_cmd_convert, "convert a telemetry log between NDJSON and the binary log"},
     {"snapshot", mt_cmd_snapshot, "write a live process's memory as a PyTorch snapshot"},
 };
 
