@@ -256,9 +256,11 @@ typedef struct mt_d_batch_out_s {
 typedef struct mt_d_batch_s {
     mt_d_batch_rec_t *rec; /* MT_D_BATCH_CAP */
     size_t n;
-    mt_d_buf_t pre;    /* table lines, as read from the producers */
-    mt_d_buf_t text;   /* the lines, written by the encoder */
-    FILE *logf;        /* where the encoder writes them too, or NULL */
+    mt_d_buf_t pre;  /* table lines, as read from the producers */
+    mt_d_buf_t text; /* the lines, written by the encoder */
+    FILE *logf;      /* where the encoder writes them too, or NULL */
+    bool bin;        /* ... as binary blocks (profiler/binlog.h), made into binbuf */
+    mt_d_buf_t binbuf;
     bool enc_stale;    /* names may have changed: the encoder prepares its pieces again */
     bool write_failed; /* the encoder's write to logf failed */
     /* outs_ok: the consumers' chunks are built by the encoder, else by the loop from text */
@@ -326,6 +328,7 @@ struct mt_d_s {
     unsigned fd_limit;        /* RLIMIT_NOFILE at create */
     char token[40];           /* HTTP token, "" when http_auth is off */
     FILE *logf;
+    bool log_bin; /* the log is the binary log (its name ends in ".mtlog") */
     bool log_dirty;
     bool recorded; /* serves recorded files (`memtrace view`), not live producers */
     char *diff;    /* owned: /diff's JSON document (`memtrace view BEFORE AFTER`), or NULL */

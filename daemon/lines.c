@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "daemon/internal.h"
+#include "profiler/binlog.h"
 #include "profiler/internal.h"
 
 /* The line of r (not a table line) appended to t, '\n' included. 0 or MT_ENOMEM. */
@@ -43,13 +44,88 @@ static int encode_rec(mt_d_lines_t *L, mt_d_buf_t *t, mt_d_batch_rec_t *r)
     }
 }
 
+#define BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */
+
+/* Ends the binary block begun at start of o (if one was), its header filled. */
+static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
+{
+    if (nrec > 0)
+        mt__blog_header(o->p + start, (uint32_t)(o->len - start - MT__BLOG_HDR), pid, nrec);
+    else
+        o->len = start; /* (none begun: start == len) */
+}
+
+/* The batch's records as binary blocks into b->binbuf, a block per run of one process's
+ * records: its events, its table lines as text, each tag's name before the block's first
+ * event that shows it. 0 or MT_ENOMEM. */
+static int encode_bin(mt_d_batch_t *b)
+{
+    mt_d_buf_t *o = &b->binbuf;
+    mt__blog_state_t st;
+    size_t start = 0;
+    uint32_t nrec = 0;
+    int pid = 0;
+    mt__d_buf_clear(o);
+    for (size_t i = 0; i < b->n; i++) {
+        const mt_d_batch_rec_t *r = &b->rec[i];
+        const char *name = NULL;
+        size_t nlen = 0, need = MT__BLOG_HDR + MT__BLOG_EVENT_MAX;
+        bool named = r->ev.kind != 0 && mt__blog_kind_named(r->ev.kind) && r->ev.tag < MT_TAG_MAX;
+        if (named) {
+            name = mt__d_proc_label((void *)r->proc, r->ev.tag);
+            nlen = name ? strlen(name) : 0;
+            need += MT__BLOG_TEXT_EXTRA + nlen;
+        }
+        if (r->ev.kind == 0)
+            need = MT__BLOG_HDR + MT__BLOG_TEXT_EXTRA + r->len;
+        if (nrec > 0 && (r->pid != pid || o->len - start > BIN_BLOCK_BYTES)) {
+            bin_end(o, start, pid, nrec);
+            nrec = 0;
+        }
+        if (mt__d_buf_reserve(o, need) != 0)
+            return MT_ENOMEM;
+        if (nrec == 0) {
+            start = o->len;
+            o->len += MT__BLOG_HDR;
+            pid = r->pid;
+            memset(&st, 0, sizeof st);
+        }
+        char *w = o->p + o->len;
+        if (r->ev.kind == 0) { /* a table line, its newline left out */
+            uint32_t n = r->len - (r->len > 0 && b->pre.p[r->off + r->len - 1] == '\n');
+            o->len += mt__blog_put_line(w, b->pre.p + r->off, n);
+            nrec++;
+            continue;
+        }
+        if (r->ev.kind == MT_EV_TAG_LABEL && r->ev.tag < MT_TAG_MAX)
+            st.named &= ~(1u << r->ev.tag);
+        if (named && !(st.named >> r->ev.tag & 1)) {
+            w += mt__blog_put_name(&st, w, r->ev.tag, name ? name : "", (uint32_t)nlen);
+            nrec++;
+        }
+        w += mt__blog_put_event(&st, w, &r->ev, r->stack);
+        o->len = (size_t)(w - o->p);
+        nrec++;
+    }
+    bin_end(o, start, pid, nrec);
+    return 0;
+}
+
 /* The encoder's work on one batch: every record's line into b->text, in order (table lines
- * copied from b->pre), then the lines into the log when b->logf. */
+ * copied from b->pre), then the lines into the log when b->logf. With a binary log and no
+ * consumer, the log's blocks alone: no line is made. */
 static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
 {
     if (b->enc_stale)
         L->enc_proc = NULL; /* a tag's name changed, or a process went */
     mt__d_buf_clear(&b->text);
+    b->write_failed = false;
+    if (b->logf && b->bin) {
+        b->write_failed =
+            encode_bin(b) != 0 || fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
+        if (b->outs_ok && b->nouts == 0)
+            return;
+    }
     for (size_t i = 0; i < b->n; i++) {
         mt_d_batch_rec_t *r = &b->rec[i];
         size_t off = b->text.len;
@@ -64,8 +140,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         r->off = (uint32_t)off;
         r->len = (uint32_t)(b->text.len - off);
     }
-    b->write_failed =
-        b->logf && b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
+    if (b->logf && !b->bin)
+        b->write_failed = b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
     if (b->outs_ok)
         mt__d_consumers_build(b);
 }
@@ -151,6 +227,7 @@ void mt__d_lines_handoff(mt_d_t *d)
         return;
     take_back(d);
     b->logf = d->logf;
+    b->bin = d->log_bin;
     b->outs_ok = mt__d_consumers_prepare(d, b) == 0;
     b->enc_stale = L->stale;
     L->stale = false;
@@ -202,6 +279,7 @@ void mt__d_lines_close(mt_d_t *d)
         L->b[i].rec = NULL;
         mt__d_buf_free(&L->b[i].pre);
         mt__d_buf_free(&L->b[i].text);
+        mt__d_buf_free(&L->b[i].binbuf);
         free(L->b[i].outs);
         L->b[i].outs = NULL;
     }

@@ -1,4 +1,5 @@
-/* memtraced: the optional NDJSON log of everything received, for `memtrace report`.
+/* memtraced: the optional log of everything received, for `memtrace report`: NDJSON, or
+ * the binary log (profiler/binlog.h) when its name ends in ".mtlog".
  *
  * Lines are the same JSON as the event stream (one event per line, with its pid), plus
  * {"type":"process_event"} lines when a producer registers or exits. The file is opened
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "util/safefile.h"
+#include "profiler/binlog.h"
 
 #include "daemon/internal.h"
 
@@ -17,6 +19,8 @@ int mt__d_logfile_open(mt_d_t *d)
 {
     if (!d->log_path)
         return 0;
+    size_t n = strlen(d->log_path);
+    d->log_bin = n >= 6 && strcmp(d->log_path + n - 6, ".mtlog") == 0;
     /* Created 0600: the log holds every process's events, which only we may read. */
     int fd;
     int rc = mt__sf_open_append(d->log_path, &fd);
@@ -37,7 +41,15 @@ void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len)
     mt__d_lines_sync(d); /* the lines drained before it first */
     if (!d->logf)
         return;
-    if (fwrite(line, 1, len, d->logf) != len) {
+    /* In the binary log, a block of its own of the one line (its newline left out). */
+    char hdr[MT__BLOG_HDR + MT__BLOG_TEXT_EXTRA];
+    size_t h = 0;
+    if (d->log_bin) {
+        len -= len > 0 && line[len - 1] == '\n';
+        h = MT__BLOG_HDR + mt__blog_put_line_head(hdr + MT__BLOG_HDR, (uint32_t)len);
+        mt__blog_header(hdr, (uint32_t)(h - MT__BLOG_HDR + len), 0, 1);
+    }
+    if (fwrite(hdr, 1, h, d->logf) != h || fwrite(line, 1, len, d->logf) != len) {
         mt__d_log(d, MT_LOG_ERROR, "writing %s failed; the log is closed", d->log_path);
         fclose(d->logf);
         d->logf = NULL;

@@ -6,7 +6,8 @@
  * drops, if any, are printed. Consumers count lines.
  *
  * `bench_daemon --drain [rounds [events [set-ups]]]`: the drain alone, one producer's full
- * ring; set-ups a string of indices (0 no log file, 1 log file, 2 log file + 1 consumer). */
+ * ring; set-ups a string of indices (0 no log file, 1 log file, 2 log file + 1 consumer, 3
+ * binary log file, 4 binary log file + 1 consumer). */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -166,14 +167,15 @@ static double thread_cpu_s(pthread_t th)
  * thread's CPU time per event (what a loaded machine's other programs do not inflate),
  * *enc_ns its line encoder thread's;
  * *lost the lines the consumers did not get (dropped for reading too slowly). */
-static double drain_alone(bool with_log, int ncons, double *cpu_ns, double *enc_ns, uint64_t *lost)
+static double drain_alone(bool with_log, bool binary, int ncons, double *cpu_ns, double *enc_ns,
+                          uint64_t *lost)
 {
     char dir[] = "/tmp/mt-dbench-XXXXXX";
     char sock[128], logp[128];
     if (!mkdtemp(dir))
         return -1;
     snprintf(sock, sizeof sock, "%s/d.sock", dir);
-    snprintf(logp, sizeof logp, "%s/d.ndjson", dir);
+    snprintf(logp, sizeof logp, "%s/d.%s", dir, binary ? "mtlog" : "ndjson");
     uv_loop_t loop;
     uv_loop_init(&loop);
     mt_d_cfg_t cfg = mt__d_cfg_default();
@@ -365,23 +367,26 @@ int main(int argc, char **argv)
         if (argc > 3)
             drain_slots = (uint32_t)strtoul(argv[3], NULL, 10);
         /* the set-ups to run, by index ("1": the log file alone, for a profile) */
-        const char *only = argc > 4 ? argv[4] : "012";
+        const char *only = argc > 4 ? argv[4] : "01234";
         static const struct {
             const char *name;
-            bool log;
+            bool log, bin;
             int ncons;
-        } setups[] = {{"no log file, no consumer", false, 0},
-                      {"log file", true, 0},
-                      {"log file + 1 consumer", true, 1}};
-        double best[3] = {0, 0, 0}, cpu[3] = {0, 0, 0}, enc[3] = {0, 0, 0};
-        uint64_t lost[3] = {0, 0, 0};
+        } setups[] = {{"no log file, no consumer", false, false, 0},
+                      {"log file", true, false, 0},
+                      {"log file + 1 consumer", true, false, 1},
+                      {"binary log file", true, true, 0},
+                      {"binary log + 1 consumer", true, true, 1}};
+        enum { NSET = 5 };
+        double best[NSET] = {0}, cpu[NSET] = {0}, enc[NSET] = {0};
+        uint64_t lost[NSET] = {0};
         for (int round = 0; round < rounds; round++)
-            for (int k = 0; k < 3; k++) {
+            for (int k = 0; k < NSET; k++) {
                 if (!strchr(only, '0' + k))
                     continue;
                 double c = 0, e = 0;
                 uint64_t l = 0;
-                double v = drain_alone(setups[k].log, setups[k].ncons, &c, &e, &l);
+                double v = drain_alone(setups[k].log, setups[k].bin, setups[k].ncons, &c, &e, &l);
                 if (v > best[k]) {
                     best[k] = v;
                     lost[k] = l;
@@ -401,12 +406,12 @@ int main(int argc, char **argv)
                "daemon CPU ns/ev", "ev/s per CPU second", "encoder ns", "consumer lost", "goal");
         printf("|----------------------------|---------------|------------------|-----------------"
                "----|-------------|--------------|------------------------|\n");
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < NSET; k++)
             if (strchr(only, '0' + k))
                 printf("| %-26s | %13.0f | %16.1f | %19.0f | %11.1f | %12" PRIu64 " | %22s |\n",
                        setups[k].name, best[k], cpu[k], cpu[k] > 0 ? 1e9 / cpu[k] : 0, enc[k],
                        lost[k], ">= 10 M/s per producer");
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < NSET; k++)
             if (strchr(only, '0' + k) && best[k] <= 0)
                 return 1;
         return 0;
