@@ -9,7 +9,10 @@ lane), allocations of every built-in tag and user tags, pinned host memory, OOM 
 markers, short-lived segments, sizes past 2^32, a large stream and lines a little late.
 Each output's hash is compared; a difference names the command. Each command is also run
 with MEMTRACE_READER_THREADS=1 (the log read on one thread) on that log and on its lines of
-one process, and must give the bytes it gives on two. After a change that is
+one process, and must give the bytes it gives on two. The log is then converted to the binary
+log (`memtrace convert`, docs/telemetry.md "The binary log"), and each command, `report` and
+`report --json` too, must give on it the bytes it gives on the NDJSON (the log's own name
+aside); and the binary log converted back must be the NDJSON byte for byte. After a change that is
 meant to change an output, `test_readers_golden.py MEMTRACE --print` prints the new table.
 The hashes are of x86-64 outputs: elsewhere a contracted multiply-add may move a plot's last
 digit, and the test is skipped (77).
@@ -174,6 +177,34 @@ EXPECTED = {
 }
 
 
+def binary_same(log, tmp):
+    """The commands on the log's binary form give the NDJSON's bytes; the names of what
+    differs."""
+    binlog, back = os.path.join(tmp, "varied.mtlog"), os.path.join(tmp, "back.ndjson")
+    differ = []
+    for args in (["--to", "binary", log, "-o", binlog], [binlog, "-o", back]):
+        p = subprocess.run([MT, "convert"] + args, capture_output=True)
+        if p.returncode != 0:
+            return ["memtrace convert %s: status %d, %s" % (" ".join(args), p.returncode,
+                                                              p.stderr.decode(errors="replace"))]
+    with open(log, "rb") as f, open(back, "rb") as g:
+        if f.read() != g.read():
+            differ.append("NDJSON -> binary -> NDJSON is not the same bytes")
+    with open(log, "rb") as f, open(binlog, "rb") as g:
+        if len(g.read()) * 4 > len(f.read()):
+            differ.append("the binary log is not a quarter of the NDJSON's bytes or less")
+    env = dict(os.environ, TMPDIR=tmp)
+    for cmd in COMMANDS + ["report", "report --json"]:
+        runs = []
+        for path in (log, binlog):
+            p = subprocess.run([MT] + cmd.split() + [path], capture_output=True, env=env)
+            runs.append((p.stdout.replace(path.encode(), b"LOG"),
+                         p.stderr.replace(path.encode(), b"LOG"), p.returncode))
+        if runs[0] != runs[1] or runs[0][2] != 0:
+            differ.append("memtrace %s LOG (status %d and %d)" % (cmd, runs[0][2], runs[1][2]))
+    return differ
+
+
 def main():
     if not PRINT and platform.machine() not in ("x86_64", "AMD64"):
         print("SKIP: the hashes are of x86-64 outputs, this is %s" % platform.machine())
@@ -202,6 +233,7 @@ def main():
                     out, err, status = runs[0]
                     got[cmd] = (hashlib.sha256(out).hexdigest()[:32],
                                 hashlib.sha256(err).hexdigest()[:32], status)
+        binary_differ = binary_same(log, tmp)
     if PRINT:
         for cmd in COMMANDS:
             print('    "%s":\n        ("%s",\n         "%s", %d),' % ((cmd,) + got[cmd]))
@@ -211,9 +243,13 @@ def main():
         print("DIFFERS: memtrace %s LOG: %s, expected %s" % (cmd, got[cmd], EXPECTED.get(cmd)))
     for what in threads_differ:
         print("DIFFERS on one thread and on two: memtrace %s" % what)
-    print("%d outputs compared, %d differ; %d compared on one thread and two, %d differ"
-          % (len(COMMANDS), len(bad), 2 * len(COMMANDS), len(threads_differ)))
-    return 1 if bad or threads_differ else 0
+    for what in binary_differ:
+        print("DIFFERS on the binary log: %s" % what)
+    print("%d outputs compared, %d differ; %d compared on one thread and two, %d differ; "
+          "%d compared on the binary log, %d differ"
+          % (len(COMMANDS), len(bad), 2 * len(COMMANDS), len(threads_differ),
+             len(COMMANDS) + 3, len(binary_differ)))
+    return 1 if bad or threads_differ or binary_differ else 0
 
 
 sys.exit(main())
