@@ -37,6 +37,7 @@
 #include "profiler/stack.h"
 #include "bench/stack_deep.h"
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #define PAIRS  400000
 #define ROUNDS 5
@@ -582,10 +583,11 @@ static double push_alone(uint64_t *dropped)
  * drain, per producer (one ring); *cpu_rate the same per second of the draining thread's CPU
  * time (user and system: the encoder and the writes), which a busy machine's preemptions do
  * not lower. */
-static double log_drain_alone(const char *path, uint64_t *written, double *cpu_rate)
+static double log_drain_alone(const char *path, int format, uint64_t *written, double *cpu_rate)
 {
     mt_prof_cfg_t pc = mt_prof_cfg_default();
     pc.mode = MT_PROF_LOG;
+    pc.log_format = format;
     pc.stacks = MT_STACKS_OFF;
     pc.slots = DRAIN_EVENTS;
     pc.drain_ms = 3600 * 1000; /* the drainer thread stays out of the way */
@@ -714,34 +716,44 @@ static int table_1m(mt__stab_stats_t *st, double *ns_per)
     return 0;
 }
 
-/* The local log's drain rows: to /dev/null (the encoder and the buffer) and to a file,
- * alternating, best of rounds each. */
+/* The local log's drain rows, NDJSON and binary: to /dev/null (the encoder and the buffer)
+ * and to a file, alternating, best of rounds each; the file's bytes per event. */
 static void drain_rows(int rounds)
 {
+    static const char *const name[2][2] = {
+        {"local log drain, /dev/null", "local log drain, file in /tmp"},
+        {"binary log drain, /dev/null", "binary log drain, file in /tmp"}};
+    static const int fmt[2] = {MT_PROF_LOG_NDJSON, MT_PROF_LOG_BINARY};
     char logfile[] = "/tmp/mt-bench-prof-XXXXXX";
     int lfd = mkstemp(logfile);
     if (lfd >= 0)
         close(lfd);
-    double best_null = 0, best_file = 0, cpu_null = 0, cpu_file = 0, cn, cf;
-    uint64_t wn = 0, wf = 0;
+    double best[2][2] = {{0}}, cpu[2][2] = {{0}}, bytes[2] = {0}, c = 0;
+    uint64_t w[2][2] = {{0}};
     for (int round = 0; round < rounds && lfd >= 0; round++) {
-        unlink(logfile);
-        double a = log_drain_alone("/dev/null", &wn, &cn), b = log_drain_alone(logfile, &wf, &cf);
-        best_null = a > best_null ? a : best_null;
-        best_file = b > best_file ? b : best_file;
-        cpu_null = cn > cpu_null ? cn : cpu_null;
-        cpu_file = cf > cpu_file ? cf : cpu_file;
+        for (int f = 0; f < 2; f++) {
+            for (int to = 0; to < 2; to++) {
+                unlink(logfile);
+                double r = log_drain_alone(to ? logfile : "/dev/null", fmt[f], &w[f][to], &c);
+                best[f][to] = r > best[f][to] ? r : best[f][to];
+                cpu[f][to] = c > cpu[f][to] ? c : cpu[f][to];
+            }
+            struct stat st;
+            if (stat(logfile, &st) == 0 && w[f][1] > 0)
+                bytes[f] = (double)st.st_size / (double)w[f][1];
+        }
     }
     unlink(logfile);
     /* wall-clock rate; then per second of the draining thread's CPU time */
-    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s (%.2f M/s of CPU time)\n",
-           "local log drain, /dev/null", "-", "-", "-", best_null / 1e6,
-           (unsigned long long)(DRAIN_EVENTS - wn), ">= 10 M events/s per producer",
-           cpu_null / 1e6);
-    printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s (%.2f M/s of CPU time)\n",
-           "local log drain, file in /tmp", "-", "-", "-", best_file / 1e6,
-           (unsigned long long)(DRAIN_EVENTS - wf), "(with the file system's write)",
-           cpu_file / 1e6);
+    for (int f = 0; f < 2; f++)
+        for (int to = 0; to < 2; to++)
+            printf("%-30s %10s %11s %10s %7.2f M/s %9llu   %s (%.2f M/s of CPU time%s)\n",
+                   name[f][to], "-", "-", "-", best[f][to] / 1e6,
+                   (unsigned long long)(DRAIN_EVENTS - w[f][to]),
+                   to ? "(with the file system's write)" : ">= 10 M events/s per producer",
+                   cpu[f][to] / 1e6, "");
+    printf("%-30s %.1f bytes per event in NDJSON, %.1f in the binary log\n", "log size", bytes[0],
+           bytes[1]);
 }
 
 /* ---- the cached pair recorded with nothing dropped ----
