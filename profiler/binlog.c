@@ -75,6 +75,20 @@ static inline bool get_delta(const unsigned char **p, const unsigned char *end, 
     return true;
 }
 
+/* The block's state after ev: the writer's and the reader's alike. */
+static void state_after(mt__blog_state_t *st, const mt_event_rec_t *ev)
+{
+    st->seq = ev->seq;
+    st->time_ns = ev->time_ns;
+    st->addr = ev->addr;
+    st->allocated = ev->allocated;
+    st->reserved = ev->reserved;
+    st->stream = ev->stream;
+    st->pool = ev->pool;
+    st->tag = ev->tag;
+    st->device = ev->device;
+}
+
 /* ---- writing ---- */
 
 void mt__blog_header(char hdr[MT__BLOG_HDR], uint32_t payload, int32_t pid, uint32_t records)
@@ -117,15 +131,7 @@ size_t mt__blog_put_event(mt__blog_state_t *st, char *w, const mt_event_rec_t *e
     }
     if (stack)
         w = put_var(w, stack);
-    st->seq = ev->seq;
-    st->time_ns = ev->time_ns;
-    st->addr = ev->addr;
-    st->allocated = ev->allocated;
-    st->reserved = ev->reserved;
-    st->stream = ev->stream;
-    st->pool = ev->pool;
-    st->tag = ev->tag;
-    st->device = ev->device;
+    state_after(st, ev);
     return (size_t)(w - b);
 }
 
@@ -260,15 +266,7 @@ int mt__blog_next(mt__blog_state_t *st, const unsigned char **p, const unsigned 
         r->stack = (uint32_t)v;
     }
     r->type = MT__BLOG_EVENT;
-    st->seq = ev->seq;
-    st->time_ns = ev->time_ns;
-    st->addr = ev->addr;
-    st->allocated = ev->allocated;
-    st->reserved = ev->reserved;
-    st->stream = ev->stream;
-    st->pool = ev->pool;
-    st->tag = ev->tag;
-    st->device = ev->device;
+    state_after(st, ev);
     *p = q;
     return 0;
 }
