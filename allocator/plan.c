@@ -327,8 +327,10 @@ static int place_in_order(mt__plan_item_t *items, const order_t *keys, size_t n,
 }
 
 int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                          size_t *extent, uint64_t budget)
+                          size_t *extent, uint64_t budget, uint64_t *work)
 {
+    if (work != NULL)
+        *work = 0;
     mt_assert(nstrips >= 1 && nstrips < ((size_t)1 << (64 - KEY_OFF_BITS)) && n <= UINT32_MAX);
     *extent = 0;
     if (n == 0)
@@ -364,6 +366,8 @@ int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, s
     }
     memcpy(items, best, n * sizeof *items);
 out:
+    if (work != NULL)
+        *work = g.work;
     grid_fini(&g);
     free(keys);
     free(best);
@@ -538,7 +542,7 @@ int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t n
     size_t e = 0;
     int rc = mt__plan_place_sweep(sw, n, cap, nstrips, &e);
     if (rc == 0) {
-        rc = mt__plan_place_greedy(items, n, cap, nstrips, extent, mt__plan_budget(n));
+        rc = mt__plan_place_greedy(items, n, cap, nstrips, extent, mt__plan_budget(n), NULL);
         if (rc == 0 && *extent <= e)
             goto out;
         if (rc == MT_EAGAIN)

@@ -151,7 +151,7 @@ typedef int (*place_fn)(mt__plan_item_t *, size_t, const size_t *, size_t, size_
 /* The greedy orders alone, without a budget. */
 static int greedy(mt__plan_item_t *it, size_t n, const size_t *cap, size_t ns, size_t *extent)
 {
-    return mt__plan_place_greedy(it, n, cap, ns, extent, UINT64_MAX);
+    return mt__plan_place_greedy(it, n, cap, ns, extent, UINT64_MAX, NULL);
 }
 #endif
 
