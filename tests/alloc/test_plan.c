@@ -376,7 +376,7 @@ enum {
 
 /* n items of a shape: lifetimes short, long, mixed (mostly short, some spanning much of
  * the sequence), at random (repeated) times, all live at once, at the edges of blocks of
- * 2^6..2^12 ops (starts and lengths a power of two, give or take one), or a few over a wide
+ * 2^6..2^19 ops (starts and lengths a power of two, give or take one), or a few over a wide
  * span; sizes varied or from a few values (ties in the orders). */
 static void make_items(mt__plan_item_t *it, uint32_t n, int shape, unsigned seed)
 {
@@ -389,7 +389,7 @@ static void make_items(mt__plan_item_t *it, uint32_t n, int shape, unsigned seed
             life = 1 + r % 20;
             break;
         case SHAPE_LONG:
-            life = 1 + r % 5000;
+            life = 1 + r % 40000;
             break;
         case SHAPE_MIXED:
             life = r % 100 < 80   ? 1 + next_rand(&rs) % 20
@@ -404,9 +404,9 @@ static void make_items(mt__plan_item_t *it, uint32_t n, int shape, unsigned seed
             life = n + 1;
             break;
         case SHAPE_EDGES: {
-            uint32_t sh = 6 + r % 7;
+            uint32_t sh = 6 + r % 13;
             t0 = ((next_rand(&rs) % 8) << sh) + next_rand(&rs) % 3;
-            life = ((uint32_t)1 << (6 + next_rand(&rs) % 8)) + next_rand(&rs) % 3;
+            life = ((uint32_t)1 << (6 + next_rand(&rs) % 14)) + next_rand(&rs) % 3;
             t0 = t0 > 0 ? t0 - 1 : t0;
             life = life > 1 ? life - 1 : life;
             break;
@@ -546,7 +546,9 @@ static bool trace_items(const char *name, mt__plan_item_t **out, size_t *n, size
 }
 
 /* The bundled traces, each a whole warm-up: the same plan as the reference's, in one
- * unbounded strip and beside two bounded ones. */
+ * unbounded strip and beside two bounded ones. The recorded torch_* traces have lifetimes
+ * from one op to the whole run (GRU: 16 ops at the median, 9 063 at p99): there the index
+ * visits several times fewer entries than the reference's. */
 static void test_greedy_same_plan_traces(void **state)
 {
     (void)state;
@@ -570,6 +572,8 @@ static void test_greedy_same_plan_traces(void **state)
         }
         print_message("%s: %zu items, work %.3f G, reference %.3f G (%.1fx)\n", trace[k], n,
                       (double)w * 1e-9, (double)rw * 1e-9, (double)rw / (double)w);
+        if (strncmp(trace[k], "torch_", 6) == 0 && n > 50000)
+            assert_true(w * 3 < rw);
         free(it);
     }
     assert_true(read >= 3); /* the plain ones at least */
