@@ -78,12 +78,12 @@ static int key_cmp(const void *x, const void *y)
 #define BLK_SHIFT    10
 #define LVL_SPAN     4
 #define LVL_SHIFT(l) (BLK_SHIFT + (l))
-#define LVL_MAX      33 /* levels enough for any lifetime < 2^32 */
+#define LVL_MAX      (33 - BLK_SHIFT - LVL_SPAN) /* levels for any lifetime < 2^32 */
 
 typedef struct ient_s {
     uint64_t key;    /* strip << 40 | off / MT__MIN_BLOCK */
     uint64_t end;    /* off + size */
-    uint32_t t0, t1; /* its lifetime: a query reads no item */
+    uint32_t t0, t1; /* lifetime (a query reads no item) */
 } ient_t;
 
 typedef struct blist_s {
@@ -97,15 +97,16 @@ typedef struct level_s {
     size_t n; /* items filed at this level */
 } level_t;
 
-/* Invariants: every placed item is filed at level level_of(its lifetime) < nlvl, in every
- * block of it its lifetime meets and nowhere else; run[0..nrun] (a query's) are ascending
- * starts of runs in mk/me, then m; cap >= m, and run holds cap + 1. */
+/* Invariants: every placed item is filed at level level_of(its lifetime) < nlvl, in each
+ * block of that level its lifetime meets and nowhere else, and counted in that level's n;
+ * during a query, run[0..nrun] are the ascending starts of its runs in mk/me, then m;
+ * cap >= m, and run holds cap + 1. */
 typedef struct grid_s {
     const mt__plan_item_t *items;
     level_t lvl[LVL_MAX];
     uint32_t nlvl;
-    uint64_t *mk, *tk; /* the overlapping items of a query, in place order, and scratch: */
-    uint64_t *me, *te; /* their keys and ends */
+    uint64_t *mk, *me; /* keys and ends of a query's overlapping items, in place order */
+    uint64_t *tk, *te; /* scratch for merging them */
     uint32_t *run;
     size_t m, cap;
     uint64_t work, budget;
