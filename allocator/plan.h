@@ -88,8 +88,8 @@ void mt__plan_fini(mt_alloc_t *a);
 const char *mt__plan_check(const mt_alloc_t *a);
 
 /* ---- plan.c ---- */
-/* Entries of its index the greedy placement may visit per item and per factor of two of
- * n, both orders together, before it gives up for the sweep (plan.c). */
+/* Entries (and blocks) of its index the greedy placement may visit or move per item and
+ * per factor of two of n, both orders together, before it gives up for the sweep (plan.c). */
 #define MT__PLAN_WORK 1024
 /* ... plus this many whatever n: small sequences whose blocks mostly live at once
  * (somas_pangu_2.6B: 18 692 allocations, 0.6 G entries) keep the greedy's plan, as they
