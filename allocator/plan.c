@@ -18,10 +18,10 @@
  *   decreasing size (or size weighed by lifetime: two orders are tried), each placed among
  *   the items already placed that overlap it in time. The best on the bundled traces
  *   (within 0.3 % of the peak). Scanning every placed item per item made it O(n^2); the
- *   placed items are now indexed by blocks of time (grid_t), so each item visits only those
- *   near it in time, about the live set of a training trace. Its work is counted, and past
- *   mt__plan_budget(n) = O(n log n) it gives up (a sequence whose blocks mostly live at
- *   the same time), leaving the sweep's placement.
+ *   placed items are indexed by time in levels of blocks (grid_t), so each item visits
+ *   about those overlapping it, the live set of a training trace. Its work is counted, and
+ *   past mt__plan_budget(n) = O(n log n) it gives up (a sequence whose blocks mostly live
+ *   at the same time), leaving the sweep's placement.
  * - The sweep: items in time order, each placed among the free intervals left by the items
  *   live at its start (later ones are placed after it and avoid it in turn), which are kept
  *   in ordered sets (pset.c): by (length, place) for the best-fitting gap, by place with
@@ -61,32 +61,53 @@ static int key_cmp(const void *x, const void *y)
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
-/* The items placed so far, indexed by time: the time axis (op indices) is cut into blocks
- * of 2^BLK_SHIFT ops, and each block keeps the placed items whose lifetime meets it, sorted
- * by (strip, offset) in one key. The items overlapping an item in time are then found in
- * the blocks its lifetime meets, already in place order (one block) or merged (several),
- * instead of among all the placed ones: the work per item is the number of placed items
- * near it in time, which in a training trace (each iteration's blocks freed within it) does
- * not grow with n. work counts the entries visited and moved; past budget the greedy pass
- * gives up (the sweep's placement is kept), so the whole stays O(n log n). */
-#define BLK_SHIFT 9
+/* The items placed so far, indexed by time in levels: level l cuts the time axis (op
+ * indices) into blocks of 2^(BLK_SHIFT + l) ops and holds the items whose lifetime is at
+ * most 2^LVL_SPAN of its blocks (above level 0, more than half that), each filed in every
+ * block of the level its lifetime meets (2^LVL_SPAN + 1 at most); a block keeps its items
+ * sorted by (strip, offset) in one key. The placed items overlapping [t0, t1) in time are
+ * in the row of blocks that interval meets at each level; one met in several blocks of a
+ * row is taken in the first. Each block gives those it holds as a run in place order, and
+ * the runs are merged pairwise. Most lifetimes fit level 0 (16 k ops), so most of what
+ * overlaps an item comes in one or two long runs; a long item meets each placed one in a
+ * bounded number of blocks, never once per block of its own lifetime. The work of an item
+ * is about the entries of its rows plus the items overlapping it times the log of the
+ * number of runs: work counts the blocks and entries visited and the entries moved; past
+ * budget the greedy pass gives up (the sweep's placement is kept), so the whole stays
+ * O(n log n). */
+#define BLK_SHIFT    10
+#define LVL_SPAN     4
+#define LVL_SHIFT(l) (BLK_SHIFT + (l))
+#define LVL_MAX      (33 - BLK_SHIFT - LVL_SPAN) /* levels for any lifetime < 2^32 */
+
+typedef struct ient_s {
+    uint64_t key;    /* strip << 40 | off / MT__MIN_BLOCK */
+    uint64_t end;    /* off + size */
+    uint32_t t0, t1; /* lifetime (a query reads no item) */
+} ient_t;
 
 typedef struct blist_s {
-    uint64_t *key; /* strip << 40 | off / MT__MIN_BLOCK, ascending */
-    uint32_t *idx; /* the item */
-    uint32_t *t0;  /* its lifetime, beside it: the scan reads no item */
-    uint32_t *t1;
+    ient_t *e; /* ascending key */
     uint32_t n, cap;
 } blist_t;
 
+typedef struct level_s {
+    blist_t *blk; /* nblk blocks of 2^LVL_SHIFT(level) ops */
+    size_t nblk;
+    size_t n; /* items filed at this level */
+} level_t;
+
+/* Invariants: every placed item is filed at level level_of(its lifetime) < nlvl, in each
+ * block of that level its lifetime meets and nowhere else, and counted in that level's n;
+ * during a query, run[0..nrun] are the ascending starts of its runs in mk/me, then m;
+ * cap >= m, and run holds cap + 1. */
 typedef struct grid_s {
     const mt__plan_item_t *items;
-    blist_t *blk;
-    size_t nblk;
-    uint32_t *seen; /* per item: the query that last took it (several blocks hold it) */
-    uint32_t query;
-    uint64_t *mk, *tk; /* the overlapping items of a query, in place order, and scratch */
-    uint32_t *mi, *ti;
+    level_t lvl[LVL_MAX];
+    uint32_t nlvl;
+    uint64_t *mk, *me; /* keys and ends of a query's overlapping items, in place order */
+    uint64_t *tk, *te; /* scratch for merging them */
+    uint32_t *run;
     size_t m, cap;
     uint64_t work, budget;
 } grid_t;
@@ -97,43 +118,57 @@ static uint64_t place_key(uint32_t strip, size_t off)
     return (uint64_t)strip << KEY_OFF_BITS | (uint64_t)(off / MT__MIN_BLOCK);
 }
 
-static int grid_init(grid_t *g, const mt__plan_item_t *items, size_t n)
+static uint32_t level_of(uint32_t life)
 {
-    uint32_t span = 0;
-    for (size_t i = 0; i < n; i++)
-        span = items[i].t1 > span ? items[i].t1 : span;
-    *g = (grid_t){.items = items, .nblk = ((size_t)span >> BLK_SHIFT) + 1, .cap = 64};
-    g->blk = calloc(g->nblk, sizeof *g->blk);
-    g->seen = calloc(n, sizeof *g->seen);
-    g->mk = malloc(g->cap * sizeof *g->mk);
-    g->tk = malloc(g->cap * sizeof *g->tk);
-    g->mi = malloc(g->cap * sizeof *g->mi);
-    g->ti = malloc(g->cap * sizeof *g->ti);
-    return g->blk && g->seen && g->mk && g->tk && g->mi && g->ti ? 0 : MT_ENOMEM;
+    uint32_t l = 0;
+    while (((uint64_t)1 << (LVL_SHIFT(l) + LVL_SPAN)) < life)
+        l++;
+    return l;
 }
 
-static void grid_reset(grid_t *g, size_t n)
+static int grid_init(grid_t *g, const mt__plan_item_t *items, size_t n)
 {
-    for (size_t b = 0; b < g->nblk; b++)
-        g->blk[b].n = 0;
-    memset(g->seen, 0, n * sizeof *g->seen);
-    g->query = 0;
+    uint32_t span = 0, life = 1;
+    for (size_t i = 0; i < n; i++) {
+        span = items[i].t1 > span ? items[i].t1 : span;
+        life = items[i].t1 - items[i].t0 > life ? items[i].t1 - items[i].t0 : life;
+    }
+    *g = (grid_t){.items = items, .nlvl = level_of(life) + 1, .cap = 64};
+    for (uint32_t l = 0; l < g->nlvl; l++) {
+        level_t *v = &g->lvl[l];
+        v->nblk = ((size_t)span >> LVL_SHIFT(l)) + 1;
+        if ((v->blk = calloc(v->nblk, sizeof *v->blk)) == NULL)
+            return MT_ENOMEM;
+    }
+    g->mk = malloc(g->cap * sizeof *g->mk);
+    g->tk = malloc(g->cap * sizeof *g->tk);
+    g->me = malloc(g->cap * sizeof *g->me);
+    g->te = malloc(g->cap * sizeof *g->te);
+    g->run = malloc((g->cap + 1) * sizeof *g->run);
+    return g->mk && g->tk && g->me && g->te && g->run ? 0 : MT_ENOMEM;
+}
+
+static void grid_reset(grid_t *g)
+{
+    for (uint32_t l = 0; l < g->nlvl; l++) {
+        for (size_t b = 0; b < g->lvl[l].nblk; b++)
+            g->lvl[l].blk[b].n = 0;
+        g->lvl[l].n = 0;
+    }
 }
 
 static void grid_fini(grid_t *g)
 {
-    for (size_t b = 0; g->blk != NULL && b < g->nblk; b++) {
-        free(g->blk[b].key);
-        free(g->blk[b].idx);
-        free(g->blk[b].t0);
-        free(g->blk[b].t1);
+    for (uint32_t l = 0; l < g->nlvl; l++) {
+        for (size_t b = 0; g->lvl[l].blk != NULL && b < g->lvl[l].nblk; b++)
+            free(g->lvl[l].blk[b].e);
+        free(g->lvl[l].blk);
     }
-    free(g->blk);
-    free(g->seen);
     free(g->mk);
     free(g->tk);
-    free(g->mi);
-    free(g->ti);
+    free(g->me);
+    free(g->te);
+    free(g->run);
 }
 
 static int grid_room(grid_t *g, size_t need)
@@ -149,105 +184,141 @@ static int grid_room(grid_t *g, size_t need)
     uint64_t *tk = realloc(g->tk, cap * sizeof *tk);
     if (tk != NULL)
         g->tk = tk;
-    uint32_t *mi = realloc(g->mi, cap * sizeof *mi);
-    if (mi != NULL)
-        g->mi = mi;
-    uint32_t *ti = realloc(g->ti, cap * sizeof *ti);
-    if (ti != NULL)
-        g->ti = ti;
-    if (mk == NULL || tk == NULL || mi == NULL || ti == NULL)
+    uint64_t *me = realloc(g->me, cap * sizeof *me);
+    if (me != NULL)
+        g->me = me;
+    uint64_t *te = realloc(g->te, cap * sizeof *te);
+    if (te != NULL)
+        g->te = te;
+    uint32_t *run = realloc(g->run, (cap + 1) * sizeof *run);
+    if (run != NULL)
+        g->run = run;
+    if (mk == NULL || tk == NULL || me == NULL || te == NULL || run == NULL)
         return MT_ENOMEM;
     g->cap = cap;
     return 0;
 }
 
-/* g->mk/mi[0..m) = the placed items overlapping [t0, t1) in time, in place order. */
+/* Merges the nrun runs of mk/me (run[0..nrun]) pairwise into one. */
+static void grid_merge(grid_t *g, size_t nrun)
+{
+    uint64_t *mk = g->mk, *tk = g->tk;
+    uint64_t *me = g->me, *te = g->te;
+    uint32_t *run = g->run;
+    while (nrun > 1) {
+        size_t k = 0;
+        for (size_t r = 0; r < nrun; r += 2) {
+            uint32_t lo = run[r], mid = run[r + 1], hi = r + 2 <= nrun ? run[r + 2] : mid;
+            uint32_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) {
+                if (mk[i] < mk[j]) {
+                    tk[o] = mk[i];
+                    te[o++] = me[i++];
+                } else {
+                    tk[o] = mk[j];
+                    te[o++] = me[j++];
+                }
+            }
+            for (; i < mid; i++, o++) {
+                tk[o] = mk[i];
+                te[o] = me[i];
+            }
+            for (; j < hi; j++, o++) {
+                tk[o] = mk[j];
+                te[o] = me[j];
+            }
+            run[k++] = lo; /* k <= r: the starts still to read are not overwritten */
+        }
+        run[k] = (uint32_t)g->m;
+        nrun = k;
+        g->work += g->m;
+        uint64_t *key = mk;
+        uint64_t *end = me;
+        mk = tk;
+        me = te;
+        tk = key;
+        te = end;
+    }
+    g->mk = mk;
+    g->me = me;
+    g->tk = tk;
+    g->te = te;
+}
+
+/* g->mk/me[0..m) = the keys and ends of the placed items overlapping [t0, t1) in time, in place
+ * order. */
 static int grid_query(grid_t *g, uint32_t t0, uint32_t t1)
 {
-    g->query++;
+    size_t nrun = 0;
     g->m = 0;
-    for (size_t b = t0 >> BLK_SHIFT; b <= (size_t)(t1 - 1) >> BLK_SHIFT; b++) {
-        const blist_t *l = &g->blk[b];
-        g->work += l->n;
-        if (grid_room(g, g->m + l->n) != 0)
-            return MT_ENOMEM;
-        /* Merge the block's new overlapping items into mk/mi, through tk/ti. */
-        size_t i = 0, o = 0;
-        for (uint32_t j = 0; j < l->n; j++) {
-            if (!(l->t0[j] < t1 && t0 < l->t1[j]))
-                continue;
-            uint32_t x = l->idx[j];
-            if (g->seen[x] == g->query)
-                continue;
-            g->seen[x] = g->query;
-            while (i < g->m && g->mk[i] < l->key[j]) {
-                g->tk[o] = g->mk[i];
-                g->ti[o++] = g->mi[i++];
-            }
-            g->tk[o] = l->key[j];
-            g->ti[o++] = x;
-        }
-        if (o == 0)
+    for (uint32_t l = 0; l < g->nlvl; l++) {
+        const level_t *v = &g->lvl[l];
+        if (v->n == 0)
             continue;
-        while (i < g->m) {
-            g->tk[o] = g->mk[i];
-            g->ti[o++] = g->mi[i++];
+        unsigned sh = LVL_SHIFT(l);
+        size_t b0 = t0 >> sh, b1 = (size_t)(t1 - 1) >> sh;
+        for (size_t b = b0; b <= b1; b++) {
+            const blist_t *bl = &v->blk[b];
+            g->work += 1 + bl->n;
+            if (bl->n == 0)
+                continue;
+            if (grid_room(g, g->m + bl->n) != 0)
+                return MT_ENOMEM;
+            /* One starting before this block is in the one before too: taken there. So
+             * those taken start in [from, t1) (from < t1, so that one compare tells) and
+             * end after t0. */
+            uint32_t from = b > b0 ? (uint32_t)(b << sh) : 0, len = t1 - from;
+            uint64_t *mk = g->mk, *me = g->me;
+            size_t m = g->m;
+            for (uint32_t j = 0; j < bl->n; j++) {
+                const ient_t *e = &bl->e[j];
+                if (e->t0 - from < len && t0 < e->t1) {
+                    mk[m] = e->key;
+                    me[m++] = e->end;
+                }
+            }
+            if (m > g->m)
+                g->run[nrun++] = (uint32_t)g->m;
+            g->m = m;
         }
-        g->work += o;
-        uint64_t *k = g->mk;
-        uint32_t *x = g->mi;
-        g->mk = g->tk;
-        g->mi = g->ti;
-        g->tk = k;
-        g->ti = x;
-        g->m = o;
     }
+    g->run[nrun] = (uint32_t)g->m;
+    grid_merge(g, nrun);
     return 0;
 }
 
-/* Files placed item x in the blocks its lifetime meets. */
+/* Files placed item x in the blocks its lifetime meets at its level. */
 static int grid_insert(grid_t *g, uint32_t x)
 {
     const mt__plan_item_t *it = &g->items[x];
-    uint64_t key = place_key(it->strip, it->off);
-    for (size_t b = it->t0 >> BLK_SHIFT; b <= (size_t)(it->t1 - 1) >> BLK_SHIFT; b++) {
-        blist_t *l = &g->blk[b];
-        if (l->n == l->cap) {
-            uint32_t cap = l->cap ? 2 * l->cap : 16;
-            uint64_t *k = realloc(l->key, cap * sizeof *k);
-            if (k != NULL)
-                l->key = k;
-            uint32_t *i = realloc(l->idx, cap * sizeof *i);
-            if (i != NULL)
-                l->idx = i;
-            uint32_t *a = realloc(l->t0, cap * sizeof *a);
-            if (a != NULL)
-                l->t0 = a;
-            uint32_t *z = realloc(l->t1, cap * sizeof *z);
-            if (z != NULL)
-                l->t1 = z;
-            if (k == NULL || i == NULL || a == NULL || z == NULL)
+    ient_t e = {place_key(it->strip, it->off), it->off + it->size, it->t0, it->t1};
+    uint32_t l = level_of(it->t1 - it->t0);
+    mt_assert(l < g->nlvl);
+    level_t *v = &g->lvl[l];
+    unsigned sh = LVL_SHIFT(l);
+    v->n++;
+    for (size_t b = it->t0 >> sh; b <= (size_t)(it->t1 - 1) >> sh; b++) {
+        blist_t *bl = &v->blk[b];
+        if (bl->n == bl->cap) {
+            uint32_t cap = bl->cap ? 2 * bl->cap : 8;
+            ient_t *ne = realloc(bl->e, cap * sizeof *ne);
+            if (ne == NULL)
                 return MT_ENOMEM;
-            l->cap = cap;
+            bl->e = ne;
+            bl->cap = cap;
         }
-        uint32_t lo = 0, hi = l->n;
+        uint32_t lo = 0, hi = bl->n;
         while (lo < hi) {
             uint32_t mid = (lo + hi) / 2;
-            if (l->key[mid] < key)
+            if (bl->e[mid].key < e.key)
                 lo = mid + 1;
             else
                 hi = mid;
         }
-        memmove(&l->key[lo + 1], &l->key[lo], (l->n - lo) * sizeof *l->key);
-        memmove(&l->idx[lo + 1], &l->idx[lo], (l->n - lo) * sizeof *l->idx);
-        memmove(&l->t0[lo + 1], &l->t0[lo], (l->n - lo) * sizeof *l->t0);
-        memmove(&l->t1[lo + 1], &l->t1[lo], (l->n - lo) * sizeof *l->t1);
-        l->key[lo] = key;
-        l->idx[lo] = x;
-        l->t0[lo] = it->t0;
-        l->t1[lo] = it->t1;
-        l->n++;
-        g->work += l->n - lo;
+        memmove(&bl->e[lo + 1], &bl->e[lo], (bl->n - lo) * sizeof *bl->e);
+        bl->e[lo] = e;
+        bl->n++;
+        g->work += bl->n - lo;
     }
     return 0;
 }
@@ -269,25 +340,27 @@ static void strip_done(pick_t *k, uint32_t s, size_t cur, const size_t *cap, siz
     }
 }
 
-/* Where item it goes, given the placed items overlapping it in time (g->mi, place order). */
+/* Where item it goes, given the placed items overlapping it in time (g->mk/me, in place
+ * order). */
 static void choose(const grid_t *g, mt__plan_item_t *it, const size_t *cap, size_t nstrips)
 {
     pick_t k = {.gap = SIZE_MAX, .tail = SIZE_MAX};
     uint32_t s = 0;
     size_t cur = 0; /* end of the space taken below, in strip s, by items overlapping it */
     for (size_t h = 0; h < g->m; h++) {
-        const mt__plan_item_t *p = &g->items[g->mi[h]];
-        while (s < p->strip) {
+        uint32_t strip = (uint32_t)(g->mk[h] >> KEY_OFF_BITS);
+        size_t off = (size_t)(g->mk[h] & (((uint64_t)1 << KEY_OFF_BITS) - 1)) * MT__MIN_BLOCK;
+        while (s < strip) {
             strip_done(&k, s++, cur, cap, nstrips, it->size);
             cur = 0;
         }
-        if (p->off > cur && p->off - cur >= it->size && p->off - cur < k.gap) {
-            k.gap = p->off - cur;
+        if (off > cur && off - cur >= it->size && off - cur < k.gap) {
+            k.gap = off - cur;
             k.gap_strip = s;
             k.gap_off = cur;
         }
-        if (p->off + p->size > cur)
-            cur = p->off + p->size;
+        if (g->me[h] > cur)
+            cur = g->me[h];
     }
     for (; s < nstrips; s++, cur = 0)
         strip_done(&k, s, cur, cap, nstrips, it->size);
@@ -308,7 +381,7 @@ static void choose(const grid_t *g, mt__plan_item_t *it, const size_t *cap, size
 static int place_in_order(mt__plan_item_t *items, const order_t *keys, size_t n, grid_t *g,
                           const size_t *cap, size_t nstrips, size_t *extent)
 {
-    grid_reset(g, n);
+    grid_reset(g);
     *extent = 0;
     for (size_t k = 0; k < n; k++) {
         mt__plan_item_t *it = &items[keys[k].idx];
@@ -327,8 +400,10 @@ static int place_in_order(mt__plan_item_t *items, const order_t *keys, size_t n,
 }
 
 int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                          size_t *extent, uint64_t budget)
+                          size_t *extent, uint64_t budget, uint64_t *work)
 {
+    if (work != NULL)
+        *work = 0;
     mt_assert(nstrips >= 1 && nstrips < ((size_t)1 << (64 - KEY_OFF_BITS)) && n <= UINT32_MAX);
     *extent = 0;
     if (n == 0)
@@ -364,6 +439,8 @@ int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, s
     }
     memcpy(items, best, n * sizeof *items);
 out:
+    if (work != NULL)
+        *work = g.work;
     grid_fini(&g);
     free(keys);
     free(best);
@@ -538,7 +615,7 @@ int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t n
     size_t e = 0;
     int rc = mt__plan_place_sweep(sw, n, cap, nstrips, &e);
     if (rc == 0) {
-        rc = mt__plan_place_greedy(items, n, cap, nstrips, extent, mt__plan_budget(n));
+        rc = mt__plan_place_greedy(items, n, cap, nstrips, extent, mt__plan_budget(n), NULL);
         if (rc == 0 && *extent <= e)
             goto out;
         if (rc == MT_EAGAIN)

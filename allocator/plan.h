@@ -88,8 +88,8 @@ void mt__plan_fini(mt_alloc_t *a);
 const char *mt__plan_check(const mt_alloc_t *a);
 
 /* ---- plan.c ---- */
-/* Entries of its index the greedy placement may visit per item and per factor of two of
- * n, both orders together, before it gives up for the sweep (plan.c). */
+/* Entries (and blocks) of its index the greedy placement may visit or move per item and
+ * per factor of two of n, both orders together, before it gives up for the sweep (plan.c). */
 #define MT__PLAN_WORK 1024
 /* ... plus this many whatever n: small sequences whose blocks mostly live at once
  * (somas_pangu_2.6B: 18 692 allocations, 0.6 G entries) keep the greedy's plan, as they
@@ -102,9 +102,10 @@ int mt__plan_place(mt__plan_item_t *items, size_t n, const size_t *cap, size_t n
                    size_t *extent);
 /* The strategies of mt__plan_place, one at a time (tests and the bench compare them).
  * The greedy orders give up with MT_EAGAIN once they visited more than `budget` entries of
- * their index (mt__plan_budget(n): O(n log n) plus a constant; UINT64_MAX: never). */
+ * their index (mt__plan_budget(n): O(n log n) plus a constant; UINT64_MAX: never); *work
+ * (NULL: not wanted) = the entries both orders visited and moved, also on MT_EAGAIN. */
 int mt__plan_place_greedy(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
-                          size_t *extent, uint64_t budget);
+                          size_t *extent, uint64_t budget, uint64_t *work);
 int mt__plan_place_sweep(mt__plan_item_t *items, size_t n, const size_t *cap, size_t nstrips,
                          size_t *extent);
 static inline uint64_t mt__plan_budget(size_t n)

@@ -3,16 +3,19 @@
  * direction and step, saved activations that live until backward passes that step again,
  * and short temporaries; sequence lengths vary, so sizes do).
  *
- * (1) placement: the greedy orders over their time-blocked index, the sweep (O(n log n)),
- *     and what mt__plan_place keeps; time and planned extent against the peak of live
+ * (1) placement: the greedy orders over their time-indexed placed items, the sweep
+ *     (O(n log n)), and what mt__plan_place keeps; time, the greedy's work (entries of its
+ *     index visited and moved, both orders) and planned extent against the peak of live
  *     bytes (its lower bound; no bounded strips here). Built with -DMT_PLAN_BEFORE against
  *     the tree before this planner, the one row is that tree's greedy (all placed items
- *     scanned per item).
+ *     scanned per item). With --trace, the same rows for a recorded trace's whole window
+ *     (the items reserve.c makes of it: the allocations freed within it).
  * (2) lock: mt_alloc_warmup_end of such a warm-up on the sim backend, while another thread
  *     allocates and frees in a loop: the time warmup_end took, and the longest that one of
  *     the other thread's pairs waited (the lock was held for at least that long).
- * usage: bench_plan [--quick] [--greedy-max N] [--trace FILE.csv]: --quick stops at 100 k;
- * the planner before runs up to N items (default 100 k: at 1 M it would take hours). */
+ * usage: bench_plan [--quick] [--greedy-max N] [--trace FILE.csv[.xz]]...: --quick stops at
+ * 100 k; the planner before runs up to N items (default 100 k: at 1 M it would take hours);
+ * a .xz trace is read through `xz -dc`. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +23,7 @@
 #include <time.h>
 
 #include "allocator/internal.h"
+#include "analysis/trace_csv.h"
 #include "backend/backend_sim.h"
 #include "bench/machine.h"
 
@@ -102,40 +106,59 @@ static void bigru(seq_t *s, size_t want, unsigned seed)
     free(saved);
 }
 
-/* The items of a sequence, as reserve.c makes them (every allocation here is freed). */
-static mt__plan_item_t *items_of(const seq_t *s, size_t *n)
+/* The items of a sequence, as reserve.c makes them: its allocations freed within it, in
+ * order; *peak = the highest sum of their live sizes. */
+static mt__plan_item_t *items_of(const seq_t *s, size_t *n, size_t *peak)
 {
-    mt__plan_item_t *it = malloc(s->nalloc * sizeof *it);
-    uint32_t *at = malloc(s->nalloc * sizeof *at);
-    if (it == NULL || at == NULL)
+    mt__plan_item_t *it = malloc((s->nalloc + 1) * sizeof *it);
+    if (it == NULL)
         abort();
-    size_t k = 0;
-    for (size_t i = 0; i < s->n; i++) {
-        if (s->v[i].size > 0) {
-            at[k] = (uint32_t)i;
-            it[k++] =
-                (mt__plan_item_t){.size = (s->v[i].size + 511) / 512 * 512, .t0 = (uint32_t)i};
-        } else {
-            it[s->v[i].of].t1 = (uint32_t)i;
-        }
-    }
-    free(at);
-    *n = k;
-    return it;
-}
-
-static size_t peak_of(const seq_t *s, const mt__plan_item_t *it)
-{
-    size_t live = 0, peak = 0;
     for (size_t i = 0, k = 0; i < s->n; i++) {
-        if (s->v[i].size > 0) {
-            live += it[k++].size;
-            peak = live > peak ? live : peak;
-        } else {
+        if (s->v[i].size > 0)
+            it[k++] = (mt__plan_item_t){.size = (s->v[i].size + 511) / 512 * 512,
+                                        .t0 = (uint32_t)i}; /* t1 = 0: not freed */
+        else
+            it[s->v[i].of].t1 = (uint32_t)i;
+    }
+    size_t live = 0;
+    *peak = 0;
+    for (size_t i = 0, k = 0; i < s->n; i++) {
+        if (s->v[i].size > 0 && it[k++].t1 > 0) {
+            live += it[k - 1].size;
+            *peak = live > *peak ? live : *peak;
+        } else if (s->v[i].size == 0) {
             live -= it[s->v[i].of].size;
         }
     }
-    return peak;
+    *n = 0;
+    for (size_t k = 0; k < s->nalloc; k++)
+        if (it[k].t1 > 0)
+            it[(*n)++] = it[k];
+    return it;
+}
+
+/* The sequence of a recorded trace (all its streams as one), or false with a message. */
+static bool trace_seq(const char *path, seq_t *s)
+{
+    char cmd[4096], err[MT_TRACE_ERR_LEN + 256];
+    size_t len = strlen(path);
+    bool xz = len > 3 && strcmp(path + len - 3, ".xz") == 0;
+    if (xz && snprintf(cmd, sizeof cmd, "xz -dc '%s'", path) >= (int)sizeof cmd)
+        return false;
+    FILE *f = xz ? popen(cmd, "r") : fopen(path, "r");
+    mt_trace_t *t = NULL;
+    int rc = f != NULL ? mt__trace_load_file(&t, f, path, err, sizeof err) : MT_ENOENT;
+    if (f != NULL && (xz ? pclose(f) != 0 : fclose(f) != 0) && rc == 0)
+        rc = MT_EIO;
+    if (rc != 0) {
+        fprintf(stderr, "bench_plan: %s: %s\n", path, f != NULL ? err : "cannot open");
+        mt__trace_free(&t);
+        return false;
+    }
+    for (size_t i = 0; i < t->nops; i++)
+        push(s, t->ops[i].action == MT_TRACE_ALLOCATE ? t->ops[i].size : 0, t->ops[i].slot);
+    mt__trace_free(&t);
+    return true;
 }
 
 static double now_s(void)
@@ -148,15 +171,16 @@ static double now_s(void)
 typedef int (*place_fn)(mt__plan_item_t *, size_t, const size_t *, size_t, size_t *);
 
 #ifndef MT_PLAN_BEFORE
+static uint64_t greedy_work; /* of the last greedy() */
 /* The greedy orders alone, without a budget. */
 static int greedy(mt__plan_item_t *it, size_t n, const size_t *cap, size_t ns, size_t *extent)
 {
-    return mt__plan_place_greedy(it, n, cap, ns, extent, UINT64_MAX);
+    return mt__plan_place_greedy(it, n, cap, ns, extent, UINT64_MAX, &greedy_work);
 }
 #endif
 
-static void place_row(const char *name, place_fn fn, const mt__plan_item_t *src, size_t n,
-                      size_t peak)
+static void place_row(const char *what, const char *name, place_fn fn, const mt__plan_item_t *src,
+                      size_t n, size_t peak)
 {
     mt__plan_item_t *it = malloc(n * sizeof *it);
     if (it == NULL)
@@ -166,8 +190,13 @@ static void place_row(const char *name, place_fn fn, const mt__plan_item_t *src,
     double t0 = now_s();
     int rc = fn(it, n, cap, 1, &extent);
     double t = now_s() - t0;
-    printf("| %zu | %s | %.3f | %.1f | %.4f |%s\n", n, name, t, (double)extent / (1 << 20),
-           (double)extent / (double)peak, rc != 0 ? " (failed)" : "");
+    char work[32] = "";
+#ifndef MT_PLAN_BEFORE
+    if (fn == greedy)
+        snprintf(work, sizeof work, "%.3f", (double)greedy_work * 1e-9);
+#endif
+    printf("| %s | %zu | %s | %.3f | %s | %.1f | %.4f |%s\n", what, n, name, t, work,
+           (double)extent / (1 << 20), (double)extent / (double)peak, rc != 0 ? " (failed)" : "");
     fflush(stdout);
     free(it);
 }
@@ -197,7 +226,7 @@ static void *other_main(void *arg)
     return NULL;
 }
 
-static void lock_row(const seq_t *s)
+static void lock_row(const char *what, const seq_t *s)
 {
     mt_backend_cfg_t bc = mt_backend_cfg_default();
     bc.kind = MT_BACKEND_SIM;
@@ -232,7 +261,7 @@ static void lock_row(const seq_t *s)
     pthread_join(th, NULL);
     mt_alloc_stats_t st;
     mt_alloc_stats(a, &st);
-    printf("| %zu | %.3f | %.3f | %llu | %.1f |%s\n", s->nalloc, t, o.worst,
+    printf("| %s | %zu | %.3f | %.3f | %llu | %.1f |%s\n", what, s->nalloc, t, o.worst,
            (unsigned long long)o.pairs, (double)st.reserved_bytes[MT_STAT_ALL].current / (1 << 20),
            rc != 0 ? " (failed)" : "");
     fflush(stdout);
@@ -241,51 +270,74 @@ static void lock_row(const seq_t *s)
     mt_backend_destroy(&b);
 }
 
+/* The rows of (1) for one sequence. */
+static void place_rows(const char *what, const seq_t *s, size_t greedy_max)
+{
+    size_t n = 0, peak = 0;
+    mt__plan_item_t *it = items_of(s, &n, &peak);
+#ifdef MT_PLAN_BEFORE /* built against the tree before: its one planner */
+    if (n <= greedy_max)
+        place_row(what, "greedy, all placed scanned (before)", mt__plan_place, it, n, peak);
+    else
+        printf("| %s | %zu | greedy, all placed scanned (before) | not run (O(n^2)) | | | |\n",
+               what, n);
+#else
+    (void)greedy_max;
+    place_row(what, "greedy", greedy, it, n, peak);
+    place_row(what, "sweep", mt__plan_place_sweep, it, n, peak);
+    place_row(what, "kept (after)", mt__plan_place, it, n, peak);
+#endif
+    free(it);
+}
+
 int main(int argc, char **argv)
 {
     bool quick = false;
-    size_t greedy_max = 100000;
+    size_t greedy_max = 100000, ntrace = 0;
+    const char **trace = calloc((size_t)argc, sizeof *trace);
+    if (trace == NULL)
+        abort();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0)
             quick = true;
         else if (strcmp(argv[i], "--greedy-max") == 0 && i + 1 < argc)
             greedy_max = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--trace") == 0 && i + 1 < argc)
+            trace[ntrace++] = argv[++i];
     }
     mt_bench_print_machine(stdout);
     static const size_t ns[] = {10000, 100000, 1000000};
     size_t nn = quick ? 2 : 3;
-    printf("\n(1) placement of a bi-GRU warm-up (extent / peak of live bytes; 1.0 = optimal)\n\n");
-    printf("| allocations | planner | seconds | extent MiB | extent / peak "
-           "|\n|---|---|---|---|---|\n");
+    seq_t *seq = calloc(nn + ntrace, sizeof *seq);
+    char(*what)[64] = calloc(nn + ntrace, sizeof *what);
+    if (seq == NULL || what == NULL)
+        abort();
     for (size_t i = 0; i < nn; i++) {
-        seq_t s = {0};
-        bigru(&s, ns[i], 1);
-        size_t n = 0;
-        mt__plan_item_t *it = items_of(&s, &n);
-        size_t peak = peak_of(&s, it);
-#ifdef MT_PLAN_BEFORE /* built against the tree before: its one planner */
-        if (n <= greedy_max)
-            place_row("greedy, all placed scanned (before)", mt__plan_place, it, n, peak);
-        else
-            printf("| %zu | greedy, all placed scanned (before) | not run (O(n^2)) | | |\n", n);
-#else
-        (void)greedy_max;
-        place_row("greedy, time-blocked index", greedy, it, n, peak);
-        place_row("sweep", mt__plan_place_sweep, it, n, peak);
-        place_row("kept (after)", mt__plan_place, it, n, peak);
-#endif
-        free(it);
-        free(s.v);
+        bigru(&seq[i], ns[i], 1);
+        snprintf(what[i], sizeof what[i], "bi-GRU");
     }
+    for (size_t i = 0; i < ntrace; i++) {
+        const char *base = strrchr(trace[i], '/');
+        snprintf(what[nn + i], sizeof what[nn + i], "%s", base != NULL ? base + 1 : trace[i]);
+        if (!trace_seq(trace[i], &seq[nn + i]))
+            return 1;
+    }
+    printf("\n(1) placement of a warm-up (extent / peak of live bytes; 1.0 = optimal; work: "
+           "the greedy's, G entries)\n\n");
+    printf("| sequence | allocations | planner | seconds | work G | extent MiB | extent / peak "
+           "|\n|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < nn + ntrace; i++)
+        place_rows(what[i], &seq[i], greedy_max);
     printf(
         "\n(2) mt_alloc_warmup_end while another thread allocates and frees 4 KiB in a loop\n\n");
-    printf("| allocations | warmup_end s | other thread's longest pair s | its pairs meanwhile | "
-           "reserved MiB |\n|---|---|---|---|---|\n");
-    for (size_t i = 0; i < nn; i++) {
-        seq_t s = {0};
-        bigru(&s, ns[i], 1);
-        lock_row(&s);
-        free(s.v);
+    printf("| sequence | allocations | warmup_end s | other thread's longest pair s | its pairs "
+           "meanwhile | reserved MiB |\n|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < nn + ntrace; i++) {
+        lock_row(what[i], &seq[i]);
+        free(seq[i].v);
     }
+    free(seq);
+    free(what);
+    free(trace);
     return 0;
 }

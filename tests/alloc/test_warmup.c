@@ -309,7 +309,8 @@ static void test_plan_place_is_sound(void **state)
             if (how == 0)
                 assert_int_equal(mt__plan_place_sweep(it, N, cap, STRIPS, &extent), 0);
             else if (how == 1)
-                assert_int_equal(mt__plan_place_greedy(it, N, cap, STRIPS, &extent, UINT64_MAX), 0);
+                assert_int_equal(
+                    mt__plan_place_greedy(it, N, cap, STRIPS, &extent, UINT64_MAX, NULL), 0);
             else
                 assert_int_equal(mt__plan_place(it, N, cap, STRIPS, &extent), 0);
             size_t peak = 0;
