@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "analysis/binlog_conv.h"
 #include "analysis/trace_csv.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
@@ -673,6 +674,41 @@ static void test_view_same(void **state)
     }
 }
 
+/* The binary form of each log (memtrace convert's) serves, through view's loader, what the
+ * log serves: the same processes, events, malformed lines and routes. */
+static void test_view_binary_same(void **state)
+{
+    (void)state;
+    for (size_t l = 0; l < nlogs; l++) {
+        char bin[128];
+        snprintf(bin, sizeof bin, "%s/binary.mtlog", dir);
+        FILE *in = fopen(logs[l], "rb"), *out = fopen(bin, "wb");
+        assert_true(in && out);
+        uint64_t lines, evs;
+        assert_int_equal(mt__blog_from_ndjson(in, out, &lines, &evs), 0);
+        fclose(in);
+        assert_int_equal(fclose(out), 0);
+        th_daemon_t t, b;
+        unsigned long te, tb, be, bb;
+        char terr[320], berr[320];
+        int trc, brc;
+        load(&t, false, NULL, logs[l], &te, &tb, terr, sizeof terr, &trc);
+        load(&b, false, NULL, bin, &be, &bb, berr, sizeof berr, &brc);
+        assert_int_equal(trc, brc);
+        assert_int_equal(te, be);
+        assert_int_equal(tb, bb);
+        /* the first malformed line's message, but for the file's name */
+        const char *tm = strchr(terr, ':'), *bm = strchr(berr, ':');
+        assert_string_equal(tm ? tm : "", bm ? bm : "");
+        json_t *st;
+        routes_same(&t, &b, logs[l], &st);
+        json_decref(st);
+        th_daemon_stop(&t);
+        th_daemon_stop(&b);
+        unlink(bin);
+    }
+}
+
 /* A window kept in a spool (`memtrace view`'s) serves what one in memory serves: the replay's
  * 30000 events go through a window of 4096, so its evicted chunks are in the base and its
  * past states read chunks back from the file. */
@@ -718,7 +754,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_view_same),         cmocka_unit_test(test_export_memory),
         cmocka_unit_test(test_report_memory),     cmocka_unit_test(test_export_memory_procs),
         cmocka_unit_test(test_plot_memory),       cmocka_unit_test(test_view_memory),
-        cmocka_unit_test(test_view_spooled_same),
+        cmocka_unit_test(test_view_spooled_same), cmocka_unit_test(test_view_binary_same),
     };
     return MT_TEST_RUN(tests, setup, teardown);
 }
