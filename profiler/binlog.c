@@ -145,7 +145,8 @@ size_t mt__blog_put_line_head(char *w, uint32_t n)
 size_t mt__blog_put_line(char *w, const char *text, uint32_t n)
 {
     size_t h = mt__blog_put_line_head(w, n);
-    memcpy(w + h, text, n);
+    if (n > 0) /* text may be NULL then */
+        memcpy(w + h, text, n);
     return h + (size_t)n;
 }
 
@@ -154,7 +155,8 @@ size_t mt__blog_put_name(mt__blog_state_t *st, char *w, int tag, const char *tex
     w[0] = 'N';
     w[1] = (char)tag;
     put_le(w + 2, n, 4);
-    memcpy(w + 6, text, n);
+    if (n > 0) /* text may be NULL then */
+        memcpy(w + 6, text, n);
     if (tag >= 0 && tag < 32)
         st->named |= 1u << tag;
     return 6 + (size_t)n;
