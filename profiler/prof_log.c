@@ -64,9 +64,9 @@ static void held_since(mt_prof_t *p, int err);
 
 /* Writes the buffer, one binary block, to the log: whole or not at all. A failed or short
  * write cuts the file back to where the block began and keeps it, as whole lines are kept
- * below; when the cut fails, the reader skips the cut block (it finds no block after it)
- * and reads on from the next one. A block that would pass the file size limit is not
- * begun. */
+ * below. When the cut fails, a reader reads the cut block up to where the retried one
+ * begins, so the records that reached the disk come twice (readers drop repeated records,
+ * docs/telemetry.md). A block that would pass the file size limit is not begun. */
 static int flush_block(mt_prof_t *p)
 {
     if (p->out_len <= MT__BLOG_HDR) {
