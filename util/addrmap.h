@@ -20,7 +20,11 @@
 typedef struct mt__amap_s {
     uint64_t *keys; /* cap slots; 0 = empty */
     uint64_t *vals; /* cap slots; vals[i] belongs to keys[i] */
-    size_t cap, n;  /* slots; keys held */
+    size_t cap;     /* slots */
+    /* keys held; stored as a relaxed atomic (the same plain store in the hardware), so that
+     * a thread may read it as a hint while the holder of the table changes it (a thread
+     * cache's owner reads its count before it takes the cache: tcache.c, mt__tc_free) */
+    size_t n;
     unsigned shift; /* 64 - log2(cap) */
 } mt__amap_t;
 
@@ -77,7 +81,7 @@ static inline int mt__amap_put(mt__amap_t *m, uint64_t key, uint64_t val)
             return rc;
     }
     size_t i = mt__amap_slot(m, key);
-    m->n += m->keys[i] == 0;
+    __atomic_store_n(&m->n, m->n + (m->keys[i] == 0), __ATOMIC_RELAXED); /* (see n) */
     m->keys[i] = key;
     m->vals[i] = val;
     return 0;
@@ -103,7 +107,7 @@ static inline void mt__amap_del_at(mt__amap_t *m, uint64_t key, size_t hint)
     }
     m->keys[i] = 0;
     m->vals[i] = 0;
-    m->n--;
+    __atomic_store_n(&m->n, m->n - 1, __ATOMIC_RELAXED); /* (see n) */
 }
 
 /* Removes key: 0, or MT_ENOENT. */
