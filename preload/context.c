@@ -1021,9 +1021,8 @@ static void init_once(void)
     mt_prof_cfg_t pcfg = mt_prof_cfg_default();
     pcfg.log = log_cb;
     if (mt_prof_cfg_from_env(&pcfg) != 0)
-        mt__preload_say(MT_LOG_WARN,
-                        "MEMTRACE_PROF (auto|daemon|log|off), MEMTRACE_PROF_LOSSLESS "
-                        "(1|on|0|off) or MEMTRACE_LOG_FORMAT (ndjson|binary) ignored");
+        mt__preload_say(MT_LOG_WARN, "MEMTRACE_PROF (auto|daemon|log|off), MEMTRACE_PROF_LOSSLESS "
+                                     "(1|on|0|off) or MEMTRACE_LOG_FORMAT (ndjson|binary) ignored");
     char serr[128];
     if (mt_prof_stacks_from_env(&pcfg, serr, sizeof serr) != 0)
         mt__preload_say(MT_LOG_WARN, "%s; call stacks stay sampled", serr);
