@@ -1,5 +1,5 @@
-/* The binary log: the local log's compact form, the same events as its NDJSON in about a
- * fifteenth of the bytes (docs/telemetry.md, "The binary log"). The file is a sequence of
+/* The binary log: the local log's compact form, the same events as its NDJSON in 1/14 to
+ * 1/23 of the bytes (docs/telemetry.md, "The binary log"). The file is a sequence of
  * blocks, each one write of one process, self-contained: its events' deltas and its tags'
  * names start afresh with it, so blocks of processes sharing a file may interleave and a
  * damaged block costs only itself. Every line of the NDJSON log has one record: an event

@@ -55,7 +55,7 @@ static void usage(FILE *f)
             "  --telemetry MODE         auto|daemon|log|off (default auto)\n"
             "  --log FILE               local event log (default ./memtrace-<pid>.ndjson;\n"
             "                           a name ending in .mtlog: the binary log)\n"
-            "  --log-format ndjson|binary  the local log's form; binary: about 1/14 of the\n"
+            "  --log-format ndjson|binary  the local log's form; binary: 1/14 to 1/23 of the\n"
             "                           bytes, read by every memtrace reader\n"
             "  --lossless               the program waits for the recorder when its ring\n"
             "                           is full, instead of dropping events\n"
