@@ -568,6 +568,8 @@ void mt__ring_write(mt__ring_t *r, const uint64_t tok[2], const mt_event_rec_t *
         write_claimed(r, ev, n, tok[0], tok[1]);
 }
 
+#define BATCH_PREFETCH_MAX 64 /* lines asked for after a batch (a global one writes <= 33) */
+
 void mt__ring_write_batch(mt__ring_t *r, const uint64_t tok[2], const mt__evb_hdr_t *h,
                           const mt__evb_ent_t *ents)
 {
@@ -598,7 +600,7 @@ void mt__ring_write_batch(mt__ring_t *r, const uint64_t tok[2], const mt__evb_hd
      * lines of a batch as long as this one there, and the next commit word, so that their
      * ownership comes while the producer does other work (bench_record: 0.5 ns an event
      * less than the header's line and the one after alone). */
-    for (size_t j = 0; j < k; j++)
+    for (size_t j = 0; j < k && j < BATCH_PREFETCH_MAX; j++)
         prefetch_write(&r->recs[(pos + h->nev + j) & r->mask]);
     prefetch_write(&r->commit[(pos + h->nev) & r->mask]);
 }
