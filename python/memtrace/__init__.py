@@ -21,6 +21,7 @@ import traceback
 
 from . import _lib
 from ._errors import MemtraceError, MemtraceUnavailable
+from ._logs import read_log
 
 __all__ = [
     "MemtraceError", "MemtraceUnavailable", "available", "tag", "register_tag", "tag_id",
@@ -28,7 +29,7 @@ __all__ = [
     "reset_accumulated_memory_stats", "set_allocator_settings", "empty_cache", "attach_out_of_memory_observer",
     "detach_out_of_memory_observer", "statistics", "push_statistics", "pop_statistics",
     "summary", "snapshot", "enable_for_torch", "library_path", "reinitialize", "prefetch",
-    "advise",
+    "advise", "read_log",
 ]
 
 BUILTIN_TAGS = ("other", "weights", "grads", "optimizer", "activations", "workspace", "batch")

@@ -106,6 +106,41 @@ class TrainingLoopUnderRun(unittest.TestCase):
                     named += 1
         self.assertEqual((iters, named), (STEPS + 1, STEPS))
 
+    def test_read_log_both_forms(self):
+        """read_log gives the same dicts from the run's NDJSON log and its binary form, and
+        they are the lines' own; damage costs only itself and is named."""
+        with open(self.log) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        self.assertGreater(sum(r.get("kind") == "alloc" for r in lines), STEPS)
+        binlog = os.path.join(self.tmp, "log.mtlog")
+        run([os.environ["MT_MEMTRACE"], "convert", "--to", "binary", self.log, "-o", binlog])
+        self.assertEqual(list(memtrace.read_log(self.log)), lines)
+        self.assertEqual(list(memtrace.read_log(binlog, memtrace_cli=os.environ["MT_MEMTRACE"])),
+                         lines)
+        # A copy cut short inside its last block: every record before the cut, then the
+        # error naming the bytes lost.
+        with open(binlog, "rb") as f:
+            data = f.read()
+        cut = os.path.join(self.tmp, "cut.mtlog")
+        with open(cut, "wb") as f:
+            f.write(data[:len(data) - 7])
+        got = []
+        with self.assertRaisesRegex(memtrace.MemtraceError, "damaged binary log: bytes"):
+            for r in memtrace.read_log(cut, memtrace_cli=os.environ["MT_MEMTRACE"]):
+                got.append(r)
+        self.assertTrue(got and got == lines[:len(got)], len(got))
+        # An NDJSON line that is no record: the others, then its line number.
+        bad = os.path.join(self.tmp, "bad.ndjson")
+        with open(self.log) as src, open(bad, "w") as f:
+            text = src.read().splitlines(True)
+            f.writelines(text[:3] + ["{\"v\":1,\n"] + text[3:])
+        got = []
+        with self.assertRaisesRegex(memtrace.MemtraceError, "1 damaged part: line 4: "):
+            for r in memtrace.read_log(bad):
+                got.append(r)
+        self.assertEqual(got, lines)
+        self.assertEqual(list(memtrace.read_log(bad, skip_damaged=True)), lines)
+
     def test_log_and_snapshot_match_the_schema(self):
         node = shutil.which("node")
         if node is None:
