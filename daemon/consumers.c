@@ -1,5 +1,6 @@
-/* memtraced: consumers (Unix JSON Lines subscribers and SSE clients), their filters, and
- * the bounded queues that keep a slow consumer from slowing anyone else.
+/* memtraced: consumers (Unix JSON Lines subscribers, Unix binary-block subscribers and SSE
+ * clients), their filters, and the bounded queues that keep a slow consumer from slowing
+ * anyone else.
  *
  * Each drain batch becomes at most one chunk per consumer, holding the lines that pass
  * its filters. Chunks wait in the consumer's queue until libuv's write queue for that
@@ -13,6 +14,7 @@
 
 #include "daemon/internal.h"
 #include "memtrace/prof.h"
+#include "profiler/binlog.h"
 
 /* ---- filters ---- */
 
@@ -115,6 +117,13 @@ static int parse_json_list(mt_d_sub_t *s, json_t *v, int which, char *err, size_
 
 int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen)
 {
+    json_t *f = json_object_get(msg, "format");
+    const char *form = json_string_value(f);
+    if (f != NULL && (form == NULL || (strcmp(form, "ndjson") != 0 && strcmp(form, "binary") != 0))) {
+        snprintf(err, errlen, "format: \"ndjson\" (the default) or \"binary\"");
+        return MT_EINVAL;
+    }
+    s->binary = form != NULL && strcmp(form, "binary") == 0;
     int rc = parse_json_list(s, json_object_get(msg, "pid"), 0, err, errlen);
     if (!rc)
         rc = parse_json_list(s, json_object_get(msg, "kinds"), 1, err, errlen);
@@ -169,7 +178,12 @@ int mt__d_sub_parse_query(mt_d_sub_t *s, const char *query, char *err, size_t er
     return 0;
 }
 
-static bool sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r)
+bool mt__d_sub_all(const mt_d_sub_t *s)
+{
+    return s->npids == 0 && s->kinds == 0 && s->tags == 0 && s->ntag_labels == 0;
+}
+
+bool mt__d_sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r)
 {
     if (s->npids) {
         bool hit = false;
@@ -208,6 +222,32 @@ static void on_chunk_written(uv_write_t *req, int status)
         flush(c);
 }
 
+/* Lines as one binary block of 'J' records (a binary consumer's tables and gaps), pid's,
+ * appended to out. 0 or MT_ENOMEM. */
+static int lines_block(const char *text, size_t len, int pid, mt_d_buf_t *out)
+{
+    size_t start = out->len;
+    uint32_t nrec = 0;
+    if (mt__d_buf_reserve(out, MT__BLOG_HDR + len + len / 2 * MT__BLOG_TEXT_EXTRA +
+                                   MT__BLOG_TEXT_EXTRA) != 0)
+        return MT_ENOMEM;
+    out->len += MT__BLOG_HDR;
+    for (const char *l = text, *end = text + len; l < end;) {
+        const char *nl = memchr(l, '\n', (size_t)(end - l));
+        size_t n = nl ? (size_t)(nl - l) : (size_t)(end - l);
+        if (n > 0) {
+            out->len += mt__blog_put_line(out->p + out->len, l, (uint32_t)n);
+            nrec++;
+        }
+        l += n + 1;
+    }
+    if (nrec == 0)
+        out->len = start;
+    else
+        mt__blog_header(out->p + start, (uint32_t)(out->len - start - MT__BLOG_HDR), pid, nrec);
+    return 0;
+}
+
 static void send_gap(mt_d_conn_t *c)
 {
     char line[160];
@@ -215,6 +255,13 @@ static void send_gap(mt_d_conn_t *c)
                      "%s{\"v\":1,\"type\":\"gap\",\"lost\":%" PRIu64 ",\"source\":\"daemon\"}\n%s",
                      c->sub.sse ? "event: gap\ndata: " : "", c->sub.lost, c->sub.sse ? "\n" : "");
     c->sub.lost = 0;
+    if (c->sub.binary) {
+        mt_d_buf_t b = {0};
+        if (lines_block(line, (size_t)n, 0, &b) == 0)
+            mt__d_conn_write(c, b.p, b.len, false);
+        mt__d_buf_free(&b);
+        return;
+    }
     mt__d_conn_write(c, line, (size_t)n, false);
 }
 
@@ -308,17 +355,20 @@ static void send_tables(mt_d_conn_t *c)
             hit = c->sub.pids[i] == p->pid;
         if (!hit)
             continue;
-        mt_d_buf_t b = {0};
-        if (mt__d_stacks_tables(p, c->sub.sse, &b) == 0 && b.len > 0) {
-            mt_d_chunk_t *ch = malloc(sizeof *ch + b.len);
+        mt_d_buf_t b = {0}, blk = {0};
+        if (mt__d_stacks_tables(p, c->sub.sse, &b) == 0 && b.len > 0 &&
+            (!c->sub.binary || lines_block(b.p, b.len, p->pid, &blk) == 0)) {
+            const mt_d_buf_t *out = c->sub.binary ? &blk : &b;
+            mt_d_chunk_t *ch = malloc(sizeof *ch + out->len);
             if (ch) {
                 ch->conn = c;
                 ch->nevents = 0;
-                memcpy(ch->data, b.p, b.len);
-                ch->len = b.len;
+                memcpy(ch->data, out->p, out->len);
+                ch->len = out->len;
                 enqueue(c, ch);
             }
         }
+        mt__d_buf_free(&blk);
         mt__d_buf_free(&b);
     }
 }
@@ -343,14 +393,16 @@ void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b)
         size_t need = 0;
         uint32_t n = 0;
         for (size_t i = 0; i < b->n; i++) {
-            if (!b->rec[i].len || !sub_matches(&c->sub, &b->rec[i]))
+            if (!b->rec[i].len || !mt__d_sub_matches(&c->sub, &b->rec[i]))
                 continue;
             need += b->rec[i].len + (sse ? 40 : 0);
             n++;
         }
         if (n == 0)
             continue;
-        mt_d_chunk_t *ch = malloc(sizeof *ch + need);
+        /* (the loop's fallback, after an allocation failed: lines only; a binary consumer
+         * is told of the batch as lost) */
+        mt_d_chunk_t *ch = c->sub.binary ? NULL : malloc(sizeof *ch + need);
         if (!ch) {
             c->sub.lost += n; /* as if dropped: the consumer learns of it */
             c->sub.lost_total += n;
@@ -362,7 +414,7 @@ void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b)
         char *w = ch->data;
         for (size_t i = 0; i < b->n; i++) {
             const mt_d_batch_rec_t *r = &b->rec[i];
-            if (!r->len || !sub_matches(&c->sub, r))
+            if (!r->len || !mt__d_sub_matches(&c->sub, r))
                 continue;
             if (sse)
                 w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);
@@ -400,15 +452,49 @@ int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b)
     return 0;
 }
 
-void mt__d_consumers_build(mt_d_batch_t *b)
+/* o's chunk of binary blocks: b->binbuf's copy when its consumer takes every record, else
+ * its records encoded (before b->text is written: table lines are in b->pre). */
+static void build_binary(mt_d_batch_t *b, mt_d_batch_out_t *o)
+{
+    const mt_d_sub_t *s = &o->conn->sub;
+    mt_d_buf_t own = {0};
+    const mt_d_buf_t *blk = &b->binbuf;
+    uint32_t n = 0;
+    if (mt__d_sub_all(s)) {
+        n = (uint32_t)b->n;
+    } else {
+        for (size_t i = 0; i < b->n; i++)
+            n += mt__d_sub_matches(s, &b->rec[i]);
+        if (n > 0 && mt__d_encode_bin(b, &own, s, NULL) != 0)
+            own.len = 0;
+        blk = &own;
+    }
+    o->n = n;
+    o->ch = n > 0 && blk->len > 0 ? malloc(sizeof *o->ch + blk->len) : NULL;
+    if (o->ch != NULL) {
+        o->ch->conn = o->conn;
+        o->ch->nevents = n;
+        memcpy(o->ch->data, blk->p, blk->len);
+        o->ch->len = blk->len;
+    }
+    mt__d_buf_free(&own);
+}
+
+void mt__d_consumers_build(mt_d_batch_t *b, bool binary)
 {
     for (size_t k = 0; k < b->nouts; k++) {
         mt_d_batch_out_t *o = &b->outs[k];
         const mt_d_sub_t *s = &o->conn->sub;
+        if (s->binary != binary)
+            continue;
+        if (binary) {
+            build_binary(b, o);
+            continue;
+        }
         size_t need = 0;
         uint32_t n = 0;
         for (size_t i = 0; i < b->n; i++) {
-            if (!b->rec[i].len || !sub_matches(s, &b->rec[i]))
+            if (!b->rec[i].len || !mt__d_sub_matches(s, &b->rec[i]))
                 continue;
             need += b->rec[i].len + (s->sse ? 40 : 0);
             n++;
@@ -422,7 +508,7 @@ void mt__d_consumers_build(mt_d_batch_t *b)
         char *w = o->ch->data;
         for (size_t i = 0; i < b->n; i++) {
             const mt_d_batch_rec_t *r = &b->rec[i];
-            if (!r->len || !sub_matches(s, r))
+            if (!r->len || !mt__d_sub_matches(s, r))
                 continue;
             if (s->sse)
                 w += sprintf(w, "id: %" PRIu64 "\ndata: ", r->ev.seq);

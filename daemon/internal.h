@@ -169,7 +169,8 @@ typedef struct mt_d_sub_s {
     /* tags given by a user label: matched through each process's labels */
     char tag_labels[MT_D_MAX_TAG_LABELS][MT_EVENT_LABEL_MAX + 1];
     unsigned ntag_labels;
-    bool sse; /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
+    bool sse;    /* SSE framing ("id:", "data:", blank line) instead of JSON Lines */
+    bool binary; /* binary blocks (profiler/binlog.h) instead of JSON Lines */
     mt_d_chunk_t *head, *tail;
     size_t queued_bytes;
     size_t queue_limit;  /* bytes; its share of cfg.consumer_budget_bytes, 0 = not admitted */
@@ -292,6 +293,11 @@ typedef struct mt_d_lines_s {
 } mt_d_lines_t;
 
 int mt__d_lines_init(struct mt_d_s *d);
+/* b's records (those sel passes; sel NULL: all) as binary blocks appended to o, a block
+ * per run of one process's records; *nrec: how many. Table lines are read from b->pre, so
+ * before the encoder writes b->text. 0 or MT_ENOMEM. */
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel,
+                     uint32_t *nrec);
 /* Hands the batch being filled to the encoder (after taking the previous one back). */
 void mt__d_lines_handoff(struct mt_d_s *d);
 /* Hands off the batch being filled and takes it back: every line drained so far is
@@ -430,8 +436,14 @@ void mt__d_consumers_fanout(mt_d_t *d, const mt_d_batch_t *b);
  * the loop fans the batch out itself when it comes back). */
 int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b);
 /* The encoder's part: each named consumer's chunk of b's lines (reads the consumers'
- * filters and the processes' labels, which stay as they are while b is handed off). */
-void mt__d_consumers_build(mt_d_batch_t *b);
+ * filters and the processes' labels, which stay as they are while b is handed off). The
+ * binary consumers' first, while table lines are still in b->pre (b->binbuf made when
+ * shared, binary; then text), the others' from b->text (text). */
+void mt__d_consumers_build(mt_d_batch_t *b, bool binary);
+/* Whether record r passes s's filters. */
+bool mt__d_sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r);
+/* Whether s takes every record (no filter). */
+bool mt__d_sub_all(const mt_d_sub_t *s);
 /* The loop's, when b comes back: the chunks queued (those of consumers closed meanwhile
  * freed). */
 void mt__d_consumers_deliver(mt_d_t *d, mt_d_batch_t *b);

@@ -55,19 +55,17 @@ static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
         o->len = start; /* (none begun: start == len) */
 }
 
-/* The batch's records as binary blocks into b->binbuf, a block per run of one process's
- * records: its events, its table lines as text, each tag's name before the block's first
- * event that shows it. 0 or MT_ENOMEM. */
-static int encode_bin(mt_d_batch_t *b)
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel,
+                     uint32_t *nlines)
 {
-    mt_d_buf_t *o = &b->binbuf;
     mt__blog_state_t st;
-    size_t start = 0;
-    uint32_t nrec = 0;
+    size_t start = o->len;
+    uint32_t nrec = 0, lines = 0;
     int pid = 0;
-    mt__d_buf_clear(o);
     for (size_t i = 0; i < b->n; i++) {
         const mt_d_batch_rec_t *r = &b->rec[i];
+        if (sel != NULL && !mt__d_sub_matches(sel, r))
+            continue;
         const char *name = NULL;
         size_t nlen = 0, need = MT__BLOG_HDR + MT__BLOG_EVENT_MAX;
         bool named = r->ev.kind != 0 && mt__blog_kind_named(r->ev.kind) && r->ev.tag < MT_TAG_MAX;
@@ -91,6 +89,7 @@ static int encode_bin(mt_d_batch_t *b)
             memset(&st, 0, sizeof st);
         }
         char *w = o->p + o->len;
+        lines++;
         if (r->ev.kind == 0) { /* a table line, its newline left out */
             uint32_t n = r->len - (r->len > 0 && b->pre.p[r->off + r->len - 1] == '\n');
             o->len += mt__blog_put_line(w, b->pre.p + r->off, n);
@@ -108,24 +107,41 @@ static int encode_bin(mt_d_batch_t *b)
         nrec++;
     }
     bin_end(o, start, pid, nrec);
+    if (nlines != NULL)
+        *nlines = lines;
     return 0;
 }
 
-/* The encoder's work on one batch: every record's line into b->text, in order (table lines
- * copied from b->pre), then the lines into the log when b->logf. With a binary log and no
- * consumer, the log's blocks alone: no line is made. */
+/* The encoder's work on one batch: the binary log's blocks and the binary consumers'
+ * chunks (b->binbuf when the log or an unfiltered consumer takes them all), then, when the
+ * log or a consumer takes text, every record's line into b->text, in order (table lines
+ * copied from b->pre), the log's lines and the other consumers' chunks. */
 static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
 {
     if (b->enc_stale)
         L->enc_proc = NULL; /* a tag's name changed, or a process went */
     mt__d_buf_clear(&b->text);
+    mt__d_buf_clear(&b->binbuf);
     b->write_failed = false;
-    if (b->logf && b->bin) {
-        b->write_failed =
-            encode_bin(b) != 0 || fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
-        if (b->outs_ok && b->nouts == 0)
-            return;
+    /* (without outs, the loop fans the batch out from b->text itself) */
+    bool text = (b->logf && !b->bin) || !b->outs_ok, all_bin = b->logf && b->bin;
+    for (size_t k = 0; b->outs_ok && k < b->nouts; k++) {
+        const mt_d_sub_t *s = &b->outs[k].conn->sub;
+        text |= !s->binary;
+        all_bin |= s->binary && mt__d_sub_all(s);
     }
+    if (all_bin && mt__d_encode_bin(b, &b->binbuf, NULL, NULL) != 0) {
+        mt__d_buf_clear(&b->binbuf); /* its sticky error goes; the binary chunks are lost */
+        all_bin = false;
+        if (b->logf && b->bin)
+            b->write_failed = true;
+    }
+    if (b->logf && b->bin && all_bin)
+        b->write_failed = fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
+    if (b->outs_ok)
+        mt__d_consumers_build(b, true);
+    if (!text)
+        return;
     for (size_t i = 0; i < b->n; i++) {
         mt_d_batch_rec_t *r = &b->rec[i];
         size_t off = b->text.len;
@@ -143,7 +159,7 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
     if (b->logf && !b->bin)
         b->write_failed = b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
     if (b->outs_ok)
-        mt__d_consumers_build(b);
+        mt__d_consumers_build(b, false);
 }
 
 static void *encoder_main(void *arg)

@@ -1,6 +1,7 @@
-/* The daemon's binary log (a log path ending in ".mtlog"): converted back, its event lines are
- * the very lines the daemon sent its consumer for the same records, in the same order, and
- * nothing in it is damaged. */
+/* The daemon's binary log (a log path ending in ".mtlog") and its binary consumers
+ * ("format":"binary"): converted back, their event lines are the very lines the daemon sent
+ * a JSON Lines consumer for the same records, in the same order, and nothing in them is
+ * damaged. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -166,6 +167,111 @@ static void test_binary_log_is_the_consumers_lines(void **state)
     unlink(log);
 }
 
+/* Everything fd receives until it is quiet for quiet_ms (or 30 s pass); *len its bytes. */
+static char *receive_all(int fd, int quiet_ms, size_t *len)
+{
+    size_t cap = 64u << 20;
+    char *all = malloc(cap);
+    assert_non_null(all);
+    *len = 0;
+    for (int waited = 0; waited < 30000;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, quiet_ms) <= 0)
+            break;
+        ssize_t got = recv(fd, all + *len, cap - *len, 0);
+        if (got <= 0)
+            break;
+        *len += (size_t)got;
+        assert_true(*len < cap);
+        waited += 1;
+    }
+    return all;
+}
+
+/* A binary stream as NDJSON (the readers' converter), every part sound. */
+static char *binary_as_lines(const char *data, size_t len)
+{
+    FILE *in = fmemopen((void *)data, len, "rb");
+    assert_non_null(in);
+    char *conv = NULL;
+    size_t convlen = 0;
+    FILE *out = open_memstream(&conv, &convlen);
+    unsigned bad = 0;
+    uint64_t records = 0;
+    assert_int_equal(mt__blog_to_ndjson(in, NULL, 0, out, count_bad, &bad, &records), 0);
+    fclose(out);
+    fclose(in);
+    assert_int_equal(bad, 0);
+    return conv;
+}
+
+/* Consumers that subscribe with "format":"binary" get binary blocks (profiler/binlog.h)
+ * after the answer line: converted, they are the lines a JSON Lines consumer got, all of
+ * them or those its filters pass; a format the daemon does not know is refused by name. */
+static void test_binary_consumers_get_the_same_records(void **state)
+{
+    (void)state;
+    mt_d_cfg_t cfg = th_cfg();
+    cfg.consumer_queue_bytes = 64u << 20; /* three of them within the budget */
+    cfg.consumer_budget_bytes = 256u << 20;
+    th_daemon_t t;
+    th_daemon_start(&t, cfg);
+    int cons = th_consumer(t.sock, "");
+    int all = th_consumer(t.sock, "\"format\":\"binary\"");
+    int allocs = th_consumer(t.sock, "\"format\":\"binary\",\"kinds\":[\"alloc\"]");
+    int bogus;
+    assert_int_equal(mt__d_client_connect(t.sock, &bogus), 0);
+    static const char req[] = "{\"type\":\"subscribe\",\"role\":\"consumer\",\"format\":\"csv\"}\n";
+    assert_int_equal(mt__d_client_send(bogus, req, sizeof req - 1), 0);
+    char ans[256];
+    ssize_t an = recv(bogus, ans, sizeof ans - 1, 0);
+    assert_true(an > 0);
+    ans[an] = '\0';
+    assert_non_null(strstr(ans, "\"ok\":false"));
+    assert_non_null(strstr(ans, "format"));
+    close(bogus);
+    pid_t a = th_producer(t.sock, 20000, 65536, 500, -1);
+    const char *args[5] = {t.sock, NULL};
+    pid_t c = th_spawn("labels", args);
+    char *got = receive(cons, 32004, 1000);
+    assert_int_equal(th_wait(a), 0);
+    assert_int_equal(th_wait(c), 0);
+    size_t nall, nallocs;
+    char *ball = receive_all(all, 1000, &nall), *ballocs = receive_all(allocs, 1000, &nallocs);
+    close(cons);
+    close(all);
+    close(allocs);
+    th_daemon_stop(&t);
+
+    unsigned nsent, nsent_allocs, nconv, nconv_allocs;
+    char *sent = pick(got, "\"type\":\"event\"", &nsent);
+    char *sent_allocs = pick(sent, "\"kind\":\"alloc\"", &nsent_allocs);
+    char *conv_all = binary_as_lines(ball, nall), *conv_allocs = binary_as_lines(ballocs, nallocs);
+    char *got_all = pick(conv_all, "\"type\":\"event\"", &nconv);
+    char *got_allocs = pick(conv_allocs, "\"type\":\"event\"", &nconv_allocs);
+    fprintf(stderr, "%u event lines sent as text, %zu bytes as binary (%u events), %u allocs\n",
+            nsent, nall, nconv, nconv_allocs);
+    assert_true(nsent >= 32000);
+    assert_true(nall * 8 < strlen(got)); /* the point of it */
+    assert_int_equal(nconv, nsent);
+    assert_string_equal(got_all, sent);
+    assert_true(nsent_allocs > 10000);
+    assert_int_equal(nconv_allocs, nsent_allocs);
+    assert_string_equal(got_allocs, sent_allocs);
+    assert_non_null(strstr(got_allocs, "\"tag\":\"kv cache, renamed\""));
+    /* nothing but the filter's kind in the filtered stream's events */
+    assert_null(strstr(got_allocs, "\"kind\":\"free_completed\""));
+    free(got_all);
+    free(got_allocs);
+    free(conv_all);
+    free(conv_allocs);
+    free(ball);
+    free(ballocs);
+    free(sent_allocs);
+    free(sent);
+    free(got);
+}
+
 int main(int argc, char **argv)
 {
     th_producer_dispatch(argc, argv);
@@ -175,6 +281,7 @@ int main(int argc, char **argv)
         labels_body(rargs[0]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_binary_log_is_the_consumers_lines),
+        cmocka_unit_test(test_binary_consumers_get_the_same_records),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

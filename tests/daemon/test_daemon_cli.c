@@ -71,6 +71,7 @@ static void test_bad_values_named(void **state)
         {"daemon --queue-bytes 10", "--queue-bytes: bad value '10'", "4096"},
         {"tail --pid 12x", "--pid: bad value '12x'", "process ids"},
         {"tail --count 0", "--count: bad value '0'", "above 0"},
+        {"tail --binary --count 5", "--count counts lines", "--binary writes none"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char cmd[512], *out;
@@ -173,6 +174,57 @@ static void test_tail_and_top(void **state)
     snprintf(cmd, sizeof cmd, "%s tail --socket %s 2>/dev/null", memtrace, t.sock);
     assert_int_equal(run(cmd, NULL, &out), 1);
     free(out);
+}
+
+/* `memtrace tail --binary` writes a binary log of what its filters pass, which the readers
+ * read: the producer's allocs, each of them, and nothing else. */
+static void test_tail_binary(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    char cmd[512], out_path[64], *out;
+    snprintf(out_path, sizeof out_path, "/tmp/mt-dtest-tail-%d.mtlog", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s tail --socket %s --binary --kind alloc > %s", memtrace, t.sock,
+             out_path);
+    fflush(NULL);
+    pid_t tail = fork();
+    if (tail == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int consumers = 0;
+    for (uint64_t end = th_now_ms() + 30000; consumers != 1 && th_now_ms() < end;) {
+        json_t *st = th_state(t.sock);
+        consumers =
+            (int)json_integer_value(json_object_get(json_object_get(st, "daemon"), "consumers"));
+        json_decref(st);
+        if (consumers != 1)
+            usleep(10000);
+    }
+    assert_int_equal(consumers, 1);
+    pid_t pid = th_producer(t.sock, 400, 1024, 0, -1);
+    assert_int_equal(th_wait(pid), 0);
+    json_decref(th_wait_exited(t.sock, pid, 5000));
+    th_daemon_stop(&t); /* the stream ends: tail exits */
+    int st = th_wait_within(tail, 30000, "memtrace tail --binary, after the daemon stopped");
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    FILE *f = fopen(out_path, "rb");
+    assert_non_null(f);
+    char magic[8] = {0};
+    assert_int_equal(fread(magic, 1, 8, f), 8);
+    fclose(f);
+    assert_memory_equal(magic, "\x89MTLOG\r\n", 8);
+    snprintf(cmd, sizeof cmd, "(%s convert %s -o - 2>/dev/null | grep -c '\"kind\":\"alloc\"')",
+             memtrace, out_path);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    assert_int_equal(atoi(out), 200); /* th_producer: 400 events, alloc/free pairs */
+    free(out);
+    snprintf(cmd, sizeof cmd, "(%s convert %s -o - 2>/dev/null | grep -c '\"type\":\"event\"')",
+             memtrace, out_path);
+    assert_int_equal(run(cmd, NULL, &out), 0);
+    assert_int_equal(atoi(out), 200);
+    free(out);
+    unlink(out_path);
 }
 
 /* `memtrace daemon` detached: returns once it listens; SIGTERM removes its socket. */
@@ -457,6 +509,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_help),
         cmocka_unit_test(test_bad_values_named),
         cmocka_unit_test(test_tail_and_top),
+        cmocka_unit_test(test_tail_binary),
         cmocka_unit_test(test_top_per_device),
         cmocka_unit_test(test_top_rank_column),
         cmocka_unit_test(test_top_outside),
