@@ -7,7 +7,8 @@
  *
  * `bench_daemon --drain [rounds [events [set-ups]]]`: the drain alone, one producer's full
  * ring; set-ups a string of indices (0 no log file, 1 log file, 2 log file + 1 consumer, 3
- * binary log file, 4 binary log file + 1 consumer). */
+ * binary log file, 4 binary log file + 1 consumer, 5 binary log file + 1 consumer of binary
+ * blocks). */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -24,6 +25,7 @@
 
 #include "bench/machine.h"
 #include "daemon/daemon.h"
+#include "profiler/binlog.h"
 #include "profiler/internal.h"
 
 enum { NPROD = 4, NCONS = 2, SLOTS = 1 << 16 };
@@ -45,11 +47,58 @@ typedef struct consumer_s {
     int fd;
     uint64_t want, lines;
     double last;
+    bool binary; /* after its answer line, binary blocks: lines counts their event records */
 } consumer_t;
+
+/* A binary consumer's stream: the answer line, then blocks; every whole block's events
+ * counted in c->lines (the answer counts as one, as a line consumer's does). */
+static void *binary_consumer_main(consumer_t *c)
+{
+    size_t cap = 256u << 20, have = 0, at = 0;
+    unsigned char *buf = malloc(cap);
+    bool answered = false;
+    while (buf != NULL && c->lines < c->want && have < cap) {
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (poll(&pfd, 1, 3000) <= 0)
+            break;
+        ssize_t r = read(c->fd, buf + have, cap - have);
+        if (r <= 0)
+            break;
+        have += (size_t)r;
+        c->last = now_s();
+        if (!answered) {
+            unsigned char *nl = memchr(buf, '\n', have);
+            if (nl == NULL)
+                continue;
+            answered = true;
+            at = (size_t)(nl - buf) + 1;
+            c->lines++;
+        }
+        for (;;) { /* whole blocks */
+            uint32_t payload, records;
+            int32_t pid;
+            const char *err;
+            if (have - at < MT__BLOG_HDR ||
+                mt__blog_header_read(buf + at, &payload, &pid, &records, &err) != 0 ||
+                have - at - MT__BLOG_HDR < payload)
+                break;
+            const unsigned char *p = buf + at + MT__BLOG_HDR, *end = p + payload;
+            mt__blog_state_t st = {0};
+            mt__blog_rec_t rec;
+            while (p < end && mt__blog_next(&st, &p, end, &rec, &err) == 0)
+                c->lines += rec.type == MT__BLOG_EVENT;
+            at += MT__BLOG_HDR + payload;
+        }
+    }
+    free(buf);
+    return NULL;
+}
 
 static void *consumer_main(void *arg)
 {
     consumer_t *c = arg;
+    if (c->binary)
+        return binary_consumer_main(c);
     static __thread char buf[1 << 18];
     while (c->lines < c->want) {
         struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
@@ -167,8 +216,8 @@ static double thread_cpu_s(pthread_t th)
  * thread's CPU time per event (what a loaded machine's other programs do not inflate),
  * *enc_ns its line encoder thread's;
  * *lost the lines the consumers did not get (dropped for reading too slowly). */
-static double drain_alone(bool with_log, bool binary, int ncons, double *cpu_ns, double *enc_ns,
-                          uint64_t *lost)
+static double drain_alone(bool with_log, bool binary, int ncons, bool cons_binary, double *cpu_ns,
+                          double *enc_ns, uint64_t *lost)
 {
     char dir[] = "/tmp/mt-dbench-XXXXXX";
     char sock[128], logp[128];
@@ -191,10 +240,14 @@ static double drain_alone(bool with_log, bool binary, int ncons, double *cpu_ns,
     consumer_t cons[NCONS];
     for (int i = 0; i < ncons && i < NCONS; i++) {
         static const char sub[] = "{\"type\":\"subscribe\",\"role\":\"consumer\"}\n";
+        static const char sub_bin[] =
+            "{\"type\":\"subscribe\",\"role\":\"consumer\",\"format\":\"binary\"}\n";
         memset(&cons[i], 0, sizeof cons[i]);
         cons[i].want = drain_slots + 1;
+        cons[i].binary = cons_binary;
         if (mt__d_client_connect(sock, &cons[i].fd) != 0 ||
-            mt__d_client_send(cons[i].fd, sub, sizeof sub - 1) != 0)
+            mt__d_client_send(cons[i].fd, cons_binary ? sub_bin : sub,
+                              cons_binary ? sizeof sub_bin - 1 : sizeof sub - 1) != 0)
             return -1;
         pthread_create(&cons[i].th, NULL, consumer_main, &cons[i]);
     }
@@ -367,17 +420,19 @@ int main(int argc, char **argv)
         if (argc > 3)
             drain_slots = (uint32_t)strtoul(argv[3], NULL, 10);
         /* the set-ups to run, by index ("1": the log file alone, for a profile) */
-        const char *only = argc > 4 ? argv[4] : "01234";
+        const char *only = argc > 4 ? argv[4] : "012345";
         static const struct {
             const char *name;
             bool log, bin;
             int ncons;
-        } setups[] = {{"no log file, no consumer", false, false, 0},
-                      {"log file", true, false, 0},
-                      {"log file + 1 consumer", true, false, 1},
-                      {"binary log file", true, true, 0},
-                      {"binary log + 1 consumer", true, true, 1}};
-        enum { NSET = 5 };
+            bool cons_bin;
+        } setups[] = {{"no log file, no consumer", false, false, 0, false},
+                      {"log file", true, false, 0, false},
+                      {"log file + 1 consumer", true, false, 1, false},
+                      {"binary log file", true, true, 0, false},
+                      {"binary log + 1 consumer", true, true, 1, false},
+                      {"binary log + binary cons.", true, true, 1, true}};
+        enum { NSET = 6 };
         double best[NSET] = {0}, cpu[NSET] = {0}, enc[NSET] = {0};
         uint64_t lost[NSET] = {0};
         for (int round = 0; round < rounds; round++)
@@ -386,7 +441,8 @@ int main(int argc, char **argv)
                     continue;
                 double c = 0, e = 0;
                 uint64_t l = 0;
-                double v = drain_alone(setups[k].log, setups[k].bin, setups[k].ncons, &c, &e, &l);
+                double v = drain_alone(setups[k].log, setups[k].bin, setups[k].ncons,
+                                       setups[k].cons_bin, &c, &e, &l);
                 if (v > best[k]) {
                     best[k] = v;
                     lost[k] = l;
