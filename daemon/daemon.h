@@ -3,8 +3,9 @@
  *
  * One libuv loop does everything: it accepts producers (processes that record events into
  * a shared-memory ring) and consumers on a Unix socket, drains the rings on a timer, keeps
- * a state model per process, and fans the events out as JSON Lines (Unix subscribers) and
- * Server-Sent Events (HTTP), next to /metrics, /state and /healthz.
+ * a state model per process, and fans the events out as JSON Lines or binary blocks (Unix
+ * subscribers; docs/telemetry.md, "Consumers") and Server-Sent Events (HTTP), next to
+ * /metrics, /state and /healthz.
  *
  * Threads: every function runs on the thread that runs mt__d_run(), except mt__d_stop(),
  * which may be called from any thread (and from a signal-free context only). */
