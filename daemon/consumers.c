@@ -119,7 +119,8 @@ int mt__d_sub_parse_json(mt_d_sub_t *s, json_t *msg, char *err, size_t errlen)
 {
     json_t *f = json_object_get(msg, "format");
     const char *form = json_string_value(f);
-    if (f != NULL && (form == NULL || (strcmp(form, "ndjson") != 0 && strcmp(form, "binary") != 0))) {
+    if (f != NULL &&
+        (form == NULL || (strcmp(form, "ndjson") != 0 && strcmp(form, "binary") != 0))) {
         snprintf(err, errlen, "format: \"ndjson\" (the default) or \"binary\"");
         return MT_EINVAL;
     }

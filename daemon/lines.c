@@ -55,8 +55,7 @@ static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
         o->len = start; /* (none begun: start == len) */
 }
 
-int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel,
-                     uint32_t *nlines)
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nlines)
 {
     mt__blog_state_t st;
     size_t start = o->len;

@@ -158,14 +158,10 @@ static void tail_opts_free(tail_opts_t *o)
 static int parse_args(int argc, char **argv, tail_opts_t *o)
 {
     static const struct option opts[] = {
-        {"pid", required_argument, NULL, 'p'},
-        {"kind", required_argument, NULL, 'k'},
-        {"tag", required_argument, NULL, 't'},
-        {"count", required_argument, NULL, 'n'},
-        {"socket", required_argument, NULL, 's'},
-        {"binary", no_argument, NULL, 'b'},
-        {"help", no_argument, NULL, 'h'},
-        {0},
+        {"pid", required_argument, NULL, 'p'},    {"kind", required_argument, NULL, 'k'},
+        {"tag", required_argument, NULL, 't'},    {"count", required_argument, NULL, 'n'},
+        {"socket", required_argument, NULL, 's'}, {"binary", no_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},         {0},
     };
     *o = (tail_opts_t){json_array(), json_array(), json_array(), NULL, -1, false};
     int ch;
@@ -231,7 +227,8 @@ static int parse_args(int argc, char **argv, tail_opts_t *o)
 static int copy_bytes(tail_in_t *in)
 {
     for (;;) {
-        if (in->have > 0 && (fwrite(in->buf, 1, in->have, stdout) != in->have || fflush(stdout) != 0))
+        if (in->have > 0 &&
+            (fwrite(in->buf, 1, in->have, stdout) != in->have || fflush(stdout) != 0))
             return 0;
         in->have = 0;
         if (fill(in) <= 0)
