@@ -223,28 +223,33 @@ static void on_chunk_written(uv_write_t *req, int status)
         flush(c);
 }
 
-/* Lines as one binary block of 'J' records (a binary consumer's tables and gaps), pid's,
- * appended to out. 0 or MT_ENOMEM. */
+/* Lines as binary blocks of 'J' records (a binary consumer's tables and gaps), pid's,
+ * appended to out, a block ended after MT_D_BIN_BLOCK_BYTES of payload. 0 or MT_ENOMEM. */
 static int lines_block(const char *text, size_t len, int pid, mt_d_buf_t *out)
 {
-    size_t start = out->len;
+    size_t start = 0;
     uint32_t nrec = 0;
-    if (mt__d_buf_reserve(out, MT__BLOG_HDR + len + len / 2 * MT__BLOG_TEXT_EXTRA +
-                                   MT__BLOG_TEXT_EXTRA) != 0)
-        return MT_ENOMEM;
-    out->len += MT__BLOG_HDR;
     for (const char *l = text, *end = text + len; l < end;) {
         const char *nl = memchr(l, '\n', (size_t)(end - l));
         size_t n = nl ? (size_t)(nl - l) : (size_t)(end - l);
         if (n > 0) {
+            if (nrec > 0 && out->len - start - MT__BLOG_HDR > MT_D_BIN_BLOCK_BYTES) {
+                mt__blog_header(out->p + start, (uint32_t)(out->len - start - MT__BLOG_HDR), pid,
+                                nrec);
+                nrec = 0;
+            }
+            if (mt__d_buf_reserve(out, MT__BLOG_HDR + MT__BLOG_TEXT_EXTRA + n) != 0)
+                return MT_ENOMEM;
+            if (nrec == 0) {
+                start = out->len;
+                out->len += MT__BLOG_HDR;
+            }
             out->len += mt__blog_put_line(out->p + out->len, l, (uint32_t)n);
             nrec++;
         }
         l += n + 1;
     }
-    if (nrec == 0)
-        out->len = start;
-    else
+    if (nrec > 0)
         mt__blog_header(out->p + start, (uint32_t)(out->len - start - MT__BLOG_HDR), pid, nrec);
     return 0;
 }

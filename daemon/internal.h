@@ -292,6 +292,7 @@ typedef struct mt_d_lines_s {
     const struct mt_d_proc_s *enc_proc;
 } mt_d_lines_t;
 
+#define MT_D_BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */
 int mt__d_lines_init(struct mt_d_s *d);
 /* b's records (those sel passes; sel NULL: all) as binary blocks appended to o, a block
  * per run of one process's records; *nrec: how many. Table lines are read from b->pre, so

@@ -44,8 +44,6 @@ static int encode_rec(mt_d_lines_t *L, mt_d_buf_t *t, mt_d_batch_rec_t *r)
     }
 }
 
-#define BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */
-
 /* Ends the binary block begun at start of o (if one was), its header filled. */
 static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
 {
@@ -75,7 +73,7 @@ int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel
         }
         if (r->ev.kind == 0)
             need = MT__BLOG_HDR + MT__BLOG_TEXT_EXTRA + r->len;
-        if (nrec > 0 && (r->pid != pid || o->len - start > BIN_BLOCK_BYTES)) {
+        if (nrec > 0 && (r->pid != pid || o->len - start > MT_D_BIN_BLOCK_BYTES)) {
             bin_end(o, start, pid, nrec);
             nrec = 0;
         }

@@ -1,7 +1,8 @@
 /* The daemon and call stacks: a consumer connected while a producer allocates gets each
  * stack line (and the module lines) before the first alloc line using it; a consumer that
  * connects later first gets the tables of the processes it follows; the process's model
- * in the daemon holds the stacks. */
+ * in the daemon holds the stacks. A consumer of binary blocks gets the same lines, both
+ * times (converted by the readers' converter). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "analysis/binlog_conv.h"
 #include "daemon/harness.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
@@ -92,6 +94,48 @@ static json_t *read_lines(int fd, int ms, size_t want_allocs)
     return all;
 }
 
+static int no_damage(void *ud, const char *msg)
+{
+    (void)ud;
+    fail_msg("damaged binary stream: %s", msg);
+    return 0;
+}
+
+/* What a binary consumer's fd brings in ms, converted to lines and parsed, as read_lines. */
+static json_t *read_binary(int fd, int ms)
+{
+    size_t cap = 1 << 22, len = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (uint64_t end = th_now_ms() + (uint64_t)ms; th_now_ms() < end;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, 50) <= 0)
+            continue;
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        assert_true(len < cap);
+    }
+    FILE *in = fmemopen(buf, len, "rb");
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *out = open_memstream(&text, &tlen);
+    uint64_t records = 0;
+    assert_int_equal(mt__blog_to_ndjson(in, NULL, 0, out, no_damage, NULL, &records), 0);
+    fclose(in);
+    fclose(out);
+    json_t *all = json_array();
+    for (char *l = text, *nl; (nl = strchr(l, '\n')) != NULL; l = nl + 1) {
+        json_t *j = json_loadb(l, (size_t)(nl - l), 0, NULL);
+        assert_non_null(j);
+        json_array_append_new(all, j);
+    }
+    free(text);
+    free(buf);
+    return all;
+}
+
 static const char *kind_of(const json_t *j)
 {
     const char *k = json_string_value(json_object_get(j, "kind"));
@@ -104,6 +148,7 @@ static void test_consumers_get_tables(void **state)
     th_daemon_t t;
     th_daemon_start(&t, th_cfg());
     int early = th_consumer(t.sock, "");
+    int early_bin = th_consumer(t.sock, "\"format\":\"binary\"");
     const char *const args[5] = {t.sock};
     pid_t pid = th_spawn("stk_producer", args);
     assert_int_equal(th_wait(pid), 0);
@@ -148,13 +193,23 @@ static void test_consumers_get_tables(void **state)
     }
     assert_int_equal(allocs, NALLOC + 1);
     assert_int_equal(stacks, 2);
+    json_t *bin = read_binary(early_bin, 1000);
+    assert_true(json_equal(bin, all)); /* the same lines, in order */
+    json_decref(bin);
     json_decref(all);
 
     /* a consumer connected now: the process's tables first */
     char filter[64];
     snprintf(filter, sizeof filter, "\"pid\":[%d]", (int)pid);
     int late = th_consumer(t.sock, filter);
+    char bfilter[96];
+    snprintf(bfilter, sizeof bfilter, "%s,\"format\":\"binary\"", filter);
+    int late_bin = th_consumer(t.sock, bfilter);
     all = read_lines(late, 1500, 0);
+    bin = read_binary(late_bin, 500);
+    assert_true(json_array_size(all) > 0);
+    assert_true(json_equal(bin, all)); /* the tables, as blocks of text records */
+    json_decref(bin);
     stacks = mods = 0;
     bool has_site = false;
     json_array_foreach(all, i, j)
@@ -174,6 +229,8 @@ static void test_consumers_get_tables(void **state)
     json_decref(all);
     close(early);
     close(late);
+    close(early_bin);
+    close(late_bin);
     th_daemon_stop(&t);
 }
 
