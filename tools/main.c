@@ -11,7 +11,7 @@ static const mt_cmd_t commands[] = {
     {"run", mt_cmd_run, "run an unmodified CUDA program on the caching allocator"},
     {"daemon", mt_cmd_daemon, "run memtraced, the profiler daemon (live events, metrics)"},
     {"token", mt_cmd_token, "print the daemon's HTTP token (for curl and the browser)"},
-    {"tail", mt_cmd_tail, "print the daemon's live event stream as JSON Lines"},
+    {"tail", mt_cmd_tail, "print the daemon's live event stream (JSON Lines, or a binary log)"},
     {"top", mt_cmd_top, "live view of memory per process and tag"},
     {"report", mt_cmd_report, "analyse a telemetry log: peaks, timeline, leaks, growth"},
     {"diff", mt_cmd_diff, "compare two runs (logs or snapshots): what grew, what is new; CI gates"},
