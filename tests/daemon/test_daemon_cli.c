@@ -83,28 +83,20 @@ static void test_bad_values_named(void **state)
     }
 }
 
-static void test_tail_and_top(void **state)
+/* Runs the shell command cmd (a `memtrace tail`) in the background and waits until it has
+ * subscribed to the daemon at sock (the daemon counts it): a producer started before that
+ * records events tail never sees. Its pid. */
+static pid_t start_tail(const char *cmd, const char *sock)
 {
-    th_daemon_t t;
-    th_daemon_start(&t, th_cfg());
-    char cmd[512], *out;
-
-    /* tail, in the background, started before the producer. */
-    char tail_out[64];
-    snprintf(tail_out, sizeof tail_out, "/tmp/mt-dtest-tail-%d.out", (int)getpid());
-    snprintf(cmd, sizeof cmd, "%s tail --socket %s --kind alloc --tag weights --count 10 > %s",
-             memtrace, t.sock, tail_out);
     fflush(NULL);
     pid_t tail = fork();
     if (tail == 0) {
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
-    /* Wait until tail has subscribed (the daemon counts it): a producer started before
-     * that records events tail never sees, and tail then waits for its 10 lines forever. */
     int consumers = 0;
     for (uint64_t end = th_now_ms() + 30000; consumers != 1 && th_now_ms() < end;) {
-        json_t *st = th_state(t.sock);
+        json_t *st = th_state(sock);
         consumers =
             (int)json_integer_value(json_object_get(json_object_get(st, "daemon"), "consumers"));
         json_decref(st);
@@ -116,6 +108,21 @@ static void test_tail_and_top(void **state)
         th_wait(tail);
         fail_msg("memtrace tail did not subscribe within 30 s (%d consumers)", consumers);
     }
+    return tail;
+}
+
+static void test_tail_and_top(void **state)
+{
+    th_daemon_t t;
+    th_daemon_start(&t, th_cfg());
+    char cmd[512], *out;
+
+    /* tail, in the background, started before the producer. */
+    char tail_out[64];
+    snprintf(tail_out, sizeof tail_out, "/tmp/mt-dtest-tail-%d.out", (int)getpid());
+    snprintf(cmd, sizeof cmd, "%s tail --socket %s --kind alloc --tag weights --count 10 > %s",
+             memtrace, t.sock, tail_out);
+    pid_t tail = start_tail(cmd, t.sock);
     pid_t pid = th_producer(t.sock, 400, 1024, 0, -1);
     assert_int_equal(th_wait(pid), 0);
     int st = th_wait_within(tail, 30000, "memtrace tail --count 10, after the producer's events");
@@ -186,22 +193,7 @@ static void test_tail_binary(void **state)
     snprintf(out_path, sizeof out_path, "/tmp/mt-dtest-tail-%d.mtlog", (int)getpid());
     snprintf(cmd, sizeof cmd, "%s tail --socket %s --binary --kind alloc > %s", memtrace, t.sock,
              out_path);
-    fflush(NULL);
-    pid_t tail = fork();
-    if (tail == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    int consumers = 0;
-    for (uint64_t end = th_now_ms() + 30000; consumers != 1 && th_now_ms() < end;) {
-        json_t *st = th_state(t.sock);
-        consumers =
-            (int)json_integer_value(json_object_get(json_object_get(st, "daemon"), "consumers"));
-        json_decref(st);
-        if (consumers != 1)
-            usleep(10000);
-    }
-    assert_int_equal(consumers, 1);
+    pid_t tail = start_tail(cmd, t.sock);
     pid_t pid = th_producer(t.sock, 400, 1024, 0, -1);
     assert_int_equal(th_wait(pid), 0);
     json_decref(th_wait_exited(t.sock, pid, 5000));
