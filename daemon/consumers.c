@@ -471,7 +471,7 @@ static void build_binary(mt_d_batch_t *b, mt_d_batch_out_t *o)
     } else {
         for (size_t i = 0; i < b->n; i++)
             n += mt__d_sub_matches(s, &b->rec[i]);
-        if (n > 0 && mt__d_encode_bin(b, &own, s, NULL) != 0)
+        if (n > 0 && mt__d_encode_bin(b, &own, s) != 0)
             own.len = 0;
         blk = &own;
     }

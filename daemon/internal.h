@@ -295,9 +295,9 @@ typedef struct mt_d_lines_s {
 #define MT_D_BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */
 int mt__d_lines_init(struct mt_d_s *d);
 /* b's records (those sel passes; sel NULL: all) as binary blocks appended to o, a block
- * per run of one process's records; *nrec: how many. Table lines are read from b->pre, so
- * before the encoder writes b->text. 0 or MT_ENOMEM. */
-int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nrec);
+ * per run of one process's records. Table lines are read from b->pre, so before the
+ * encoder writes b->text. 0 or MT_ENOMEM. */
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel);
 /* Hands the batch being filled to the encoder (after taking the previous one back). */
 void mt__d_lines_handoff(struct mt_d_s *d);
 /* Hands off the batch being filled and takes it back: every line drained so far is

@@ -53,11 +53,11 @@ static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
         o->len = start; /* (none begun: start == len) */
 }
 
-int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nlines)
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel)
 {
     mt__blog_state_t st;
     size_t start = o->len;
-    uint32_t nrec = 0, lines = 0;
+    uint32_t nrec = 0;
     int pid = 0;
     for (size_t i = 0; i < b->n; i++) {
         const mt_d_batch_rec_t *r = &b->rec[i];
@@ -86,7 +86,6 @@ int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel
             memset(&st, 0, sizeof st);
         }
         char *w = o->p + o->len;
-        lines++;
         if (r->ev.kind == 0) { /* a table line, its newline left out */
             uint32_t n = r->len - (r->len > 0 && b->pre.p[r->off + r->len - 1] == '\n');
             o->len += mt__blog_put_line(w, b->pre.p + r->off, n);
@@ -104,8 +103,6 @@ int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel
         nrec++;
     }
     bin_end(o, start, pid, nrec);
-    if (nlines != NULL)
-        *nlines = lines;
     return 0;
 }
 
@@ -127,14 +124,15 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         text |= !s->binary;
         all_bin |= s->binary && mt__d_sub_all(s);
     }
-    if (all_bin && mt__d_encode_bin(b, &b->binbuf, NULL, NULL) != 0) {
+    if (all_bin && mt__d_encode_bin(b, &b->binbuf, NULL) != 0) {
         mt__d_buf_clear(&b->binbuf); /* its sticky error goes; the binary chunks are lost */
         all_bin = false;
         if (b->logf && b->bin)
             b->write_failed = true;
     }
     if (b->logf && b->bin && all_bin)
-        b->write_failed = fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
+        b->write_failed =
+            b->binbuf.len && fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
     if (b->outs_ok)
         mt__d_consumers_build(b, true);
     if (!text)
