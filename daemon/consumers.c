@@ -465,14 +465,13 @@ static void build_binary(mt_d_batch_t *b, mt_d_batch_out_t *o)
     const mt_d_sub_t *s = &o->conn->sub;
     mt_d_buf_t own = {0};
     const mt_d_buf_t *blk = &b->binbuf;
-    uint32_t n = 0;
-    if (mt__d_sub_all(s)) {
-        n = (uint32_t)b->n;
-    } else {
-        for (size_t i = 0; i < b->n; i++)
-            n += mt__d_sub_matches(s, &b->rec[i]);
-        if (n > 0 && mt__d_encode_bin(b, &own, s) != 0)
-            own.len = 0;
+    uint32_t n = (uint32_t)b->n;
+    if (!mt__d_sub_all(s)) {
+        if (mt__d_encode_bin(b, &own, s, &n) != 0) { /* told of its records as lost */
+            own.len = n = 0;
+            for (size_t i = 0; i < b->n; i++)
+                n += mt__d_sub_matches(s, &b->rec[i]);
+        }
         blk = &own;
     }
     o->n = n;
@@ -486,17 +485,20 @@ static void build_binary(mt_d_batch_t *b, mt_d_batch_out_t *o)
     mt__d_buf_free(&own);
 }
 
-void mt__d_consumers_build(mt_d_batch_t *b, bool binary)
+void mt__d_consumers_build_binary(mt_d_batch_t *b)
+{
+    for (size_t k = 0; k < b->nouts; k++)
+        if (b->outs[k].conn->sub.binary)
+            build_binary(b, &b->outs[k]);
+}
+
+void mt__d_consumers_build(mt_d_batch_t *b)
 {
     for (size_t k = 0; k < b->nouts; k++) {
         mt_d_batch_out_t *o = &b->outs[k];
         const mt_d_sub_t *s = &o->conn->sub;
-        if (s->binary != binary)
+        if (s->binary)
             continue;
-        if (binary) {
-            build_binary(b, o);
-            continue;
-        }
         size_t need = 0;
         uint32_t n = 0;
         for (size_t i = 0; i < b->n; i++) {

@@ -295,9 +295,9 @@ typedef struct mt_d_lines_s {
 #define MT_D_BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */
 int mt__d_lines_init(struct mt_d_s *d);
 /* b's records (those sel passes; sel NULL: all) as binary blocks appended to o, a block
- * per run of one process's records. Table lines are read from b->pre, so before the
- * encoder writes b->text. 0 or MT_ENOMEM. */
-int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel);
+ * per run of one process's records; *nlines: the records (lines) encoded. Table lines are
+ * read from b->pre, so before the encoder writes b->text. 0 or MT_ENOMEM. */
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nlines);
 /* Hands the batch being filled to the encoder (after taking the previous one back). */
 void mt__d_lines_handoff(struct mt_d_s *d);
 /* Hands off the batch being filled and takes it back: every line drained so far is
@@ -438,8 +438,9 @@ int mt__d_consumers_prepare(mt_d_t *d, mt_d_batch_t *b);
 /* The encoder's part: each named consumer's chunk of b's lines (reads the consumers'
  * filters and the processes' labels, which stay as they are while b is handed off). The
  * binary consumers' first, while table lines are still in b->pre (b->binbuf made when
- * shared, binary; then text), the others' from b->text (text). */
-void mt__d_consumers_build(mt_d_batch_t *b, bool binary);
+ * shared); the others' once b->text is written. */
+void mt__d_consumers_build_binary(mt_d_batch_t *b);
+void mt__d_consumers_build(mt_d_batch_t *b);
 /* Whether record r passes s's filters. */
 bool mt__d_sub_matches(const mt_d_sub_t *s, const mt_d_batch_rec_t *r);
 /* Whether s takes every record (no filter). */

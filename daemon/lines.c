@@ -53,16 +53,17 @@ static void bin_end(mt_d_buf_t *o, size_t start, int pid, uint32_t nrec)
         o->len = start; /* (none begun: start == len) */
 }
 
-int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel)
+int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nlines)
 {
     mt__blog_state_t st;
     size_t start = o->len;
-    uint32_t nrec = 0;
+    uint32_t nrec = 0, lines = 0;
     int pid = 0;
     for (size_t i = 0; i < b->n; i++) {
         const mt_d_batch_rec_t *r = &b->rec[i];
         if (sel != NULL && !mt__d_sub_matches(sel, r))
             continue;
+        lines++;
         const char *name = NULL;
         size_t nlen = 0, need = MT__BLOG_HDR + MT__BLOG_EVENT_MAX;
         bool named = r->ev.kind != 0 && mt__blog_kind_named(r->ev.kind) && r->ev.tag < MT_TAG_MAX;
@@ -103,6 +104,7 @@ int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel
         nrec++;
     }
     bin_end(o, start, pid, nrec);
+    *nlines = lines;
     return 0;
 }
 
@@ -124,7 +126,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         text |= !s->binary;
         all_bin |= s->binary && mt__d_sub_all(s);
     }
-    if (all_bin && mt__d_encode_bin(b, &b->binbuf, NULL) != 0) {
+    uint32_t nall = 0;
+    if (all_bin && mt__d_encode_bin(b, &b->binbuf, NULL, &nall) != 0) {
         mt__d_buf_clear(&b->binbuf); /* its sticky error goes; the binary chunks are lost */
         all_bin = false;
         if (b->logf && b->bin)
@@ -134,7 +137,7 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         b->write_failed =
             b->binbuf.len && fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
     if (b->outs_ok)
-        mt__d_consumers_build(b, true);
+        mt__d_consumers_build_binary(b);
     if (!text)
         return;
     for (size_t i = 0; i < b->n; i++) {
@@ -154,7 +157,7 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
     if (b->logf && !b->bin)
         b->write_failed = b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
     if (b->outs_ok)
-        mt__d_consumers_build(b, false);
+        mt__d_consumers_build(b);
 }
 
 static void *encoder_main(void *arg)

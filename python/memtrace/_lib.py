@@ -7,6 +7,7 @@ path. Loading is lazy: ``import memtrace`` never fails for want of the library.
 import ctypes
 import glob
 import os
+import shutil
 import threading
 
 from ._errors import MemtraceError, MemtraceUnavailable
@@ -144,3 +145,18 @@ def json_call(fn, what):
             return buf.value.decode("utf-8", "replace")
         cap = need + (need >> 2) + 1
     raise MemtraceError("%s: the answer kept growing" % what)
+
+
+def memtrace_cli():
+    """Path of the `memtrace` CLI ($MEMTRACE_EXE, PATH, or the checkout's build directory),
+    or None: the package's converters (snapshots, binary logs) run it."""
+    exe = os.environ.get("MEMTRACE_EXE") or shutil.which("memtrace")
+    if exe:
+        return exe
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    for d in ("build", "build-test", "build-release"):
+        p = os.path.join(root, d, "tools", "memtrace")
+        if os.path.exists(p):
+            return p
+    return None

@@ -8,8 +8,8 @@ import json
 import subprocess
 import tempfile
 
+from . import _lib
 from ._errors import MemtraceError
-from ._torch_snapshot import _memtrace_cli
 
 MAGIC = b"\x89MTLOG\r\n"  # a binary log's first bytes (profiler/binlog.h)
 _SHOWN = 5  # damaged parts named in the error
@@ -32,7 +32,7 @@ def _ndjson(path, bad):
 
 
 def _binary(path, bad, cli):
-    exe = cli or _memtrace_cli()
+    exe = cli or _lib.memtrace_cli()
     if not exe:
         raise MemtraceError("memtrace.read_log(%r): a binary log is read by `memtrace convert`, "
                             "and no memtrace CLI was found (PATH, $MEMTRACE_EXE, or pass "

@@ -8,24 +8,11 @@ and exported; the pickle therefore holds the state at the call, each block's tag
 """
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 
+from . import _lib
 from ._errors import MemtraceError
-
-
-def _memtrace_cli():
-    exe = os.environ.get("MEMTRACE_EXE") or shutil.which("memtrace")
-    if exe:
-        return exe
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    for d in ("build", "build-test", "build-release"):
-        p = os.path.join(root, d, "tools", "memtrace")
-        if os.path.exists(p):
-            return p
-    return None
 
 
 def _events(recs, tag_id):
@@ -69,7 +56,7 @@ def _events(recs, tag_id):
 
 
 def write(recs, path, tag_id):
-    exe = _memtrace_cli()
+    exe = _lib.memtrace_cli()
     if exe is None:
         raise MemtraceError("memtrace.snapshot(format='torch'): the memtrace command was not "
                             "found (set MEMTRACE_EXE to build/tools/memtrace)")
