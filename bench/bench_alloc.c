@@ -3,8 +3,10 @@
  *       malloc/free per request, modelled cost) and the host allocators glibc malloc,
  *       jemalloc and mimalloc; then 2 threads on 2 streams against 1 thread;
  *   (2) trace replays, cold (the first pass in a fresh process) and warm (the median of the
- *       later passes): memtrace's ns per op (modelled backend cost taken out) beside a
- *       one-pool TLSF bound (bench/tlsf.c) and the host allocators on the same sequence;
+ *       later passes): memtrace's ns per op (modelled backend cost taken out) beside two
+ *       one-pool TLSF bounds (bench/tlsf.c: headers beside the blocks, as a host allocator
+ *       keeps them; bench/tlsf_oob.c: records out of band, as a device allocator must) and
+ *       the host allocators on the same sequence;
  *   (3) the policy table: utilization at peak, device calls and modelled ns per op for each
  *       policy setting on each trace (docs/allocator-policy.md chose the defaults by it).
  * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL (analysis/replay.c): both define malloc,
@@ -462,18 +464,20 @@ static int threads_row(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
  * --replay-child) loads the trace, then replays it npasses times in a row through one
  * allocator that nothing in the process has used before. Pass 0 is the cold pass: glibc's
  * main arena has only served the trace loader (whose big arrays are mmap'ed), jemalloc and
- * mimalloc are dlopen'ed untouched, memtrace gets a new sim backend and allocator, the TLSF
- * bound a new pool of untouched pages. Later passes are warm. No column writes into the
+ * mimalloc are dlopen'ed untouched, memtrace gets a new sim backend and allocator, each TLSF
+ * bound a new pool of untouched pages (the out-of-band one never touches its pool: its
+ * first touch is its record table's). Later passes are warm. No column writes into the
  * blocks it gets: first touch means the allocator's own (its headers, its metadata). */
 
-enum { K_MEMTRACE, K_PLAN, K_TLSF, K_GLIBC, K_JEMALLOC, K_MIMALLOC, K_N };
-static const char *const kind_arg[K_N] = {"memtrace", "memtrace-plan", "tlsf",
+enum { K_MEMTRACE, K_PLAN, K_TLSF, K_TLSF_OOB, K_GLIBC, K_JEMALLOC, K_MIMALLOC, K_N };
+static const char *const kind_arg[K_N] = {"memtrace", "memtrace-plan", "tlsf",    "tlsf-oob",
                                           "glibc",    "jemalloc",      "mimalloc"};
 static const char *const kind_label[K_N] = {"memtrace", "memtrace+plan", "TLSF 1-pool",
-                                            "glibc",    "jemalloc",      "mimalloc"};
+                                            "TLSF oob",  "glibc",         "jemalloc",
+                                            "mimalloc"};
 
 #define MAX_PASSES     16
-#define WARM_TLSF_GOAL 1.5 /* memtrace warm ns/op against the one-pool bound's */
+#define WARM_TLSF_GOAL 1.5 /* memtrace warm ns/op against the one-pool bound's (both kinds) */
 #define WARM_MI_GOAL   1.0 /* memtrace warm ns/op against mimalloc's */
 #define COLD_MI_GOAL   1.0 /* memtrace cold ns/op against mimalloc's */
 
@@ -496,6 +500,15 @@ static void *tlsf_hook_alloc(size_t size)
 static void tlsf_hook_free(void *p)
 {
     mt_tlsf_free(tlsf_pool, p);
+}
+static mt_tlsf_oob_t *oob_pool; /* the same for the out-of-band bound */
+static void *oob_hook_alloc(size_t size)
+{
+    return mt_tlsf_oob_malloc(oob_pool, size);
+}
+static void oob_hook_free(void *p)
+{
+    mt_tlsf_oob_free(oob_pool, p);
 }
 
 /* The child: replays path npasses times through kind and prints one line,
@@ -538,6 +551,18 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
         if (rc == 0)
             rc = mt__replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
         o.high_warm = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
+        snprintf(err, sizeof err, "%s", mt_strerror(rc));
+    } else if (k == K_TLSF_OOB) {
+        uint64_t want = 3 * t->peak_live_bytes + (64u << 20);
+        mt_host_alloc_t h = {.name = "tlsf-oob", .alloc = oob_hook_alloc, .free = oob_hook_free};
+        rc = mt_tlsf_oob_create(&oob_pool,
+                                want < MT_TLSF_OOB_MAX_POOL ? want : MT_TLSF_OOB_MAX_POOL);
+        if (rc == 0)
+            rc = mt__replay_host_passes(&h, t, 1, cpu, o.ns);
+        o.high_cold = rc == 0 ? mt_tlsf_oob_high_water(oob_pool) : 0;
+        if (rc == 0)
+            rc = mt__replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
+        o.high_warm = rc == 0 ? mt_tlsf_oob_high_water(oob_pool) : 0;
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     } else {
         mt_host_alloc_t h;
@@ -659,8 +684,10 @@ static void measure(int kind, const char *path, unsigned procs, unsigned npasses
     c->warm = (double)mt_bench_median(warm, nw) / ops;
 }
 
-/* "warm 1.23x TLSF (<=1.5) MET; warm 0.91x mimalloc (<=1.0) MET; cold ..." */
-static void verdict(char *g, size_t n, const col_t *m, const col_t *tlsf, const col_t *mi)
+/* "warm 1.23x TLSF (<=1.5) MET; warm 1.10x TLSF oob (<=1.5) MET; warm 0.91x mimalloc
+ * (<=1.0) MET; cold ..." */
+static void verdict(char *g, size_t n, const col_t *m, const col_t *tlsf, const col_t *oob,
+                    const col_t *mi)
 {
     size_t k = 0;
     g[0] = '\0';
@@ -668,6 +695,11 @@ static void verdict(char *g, size_t n, const col_t *m, const col_t *tlsf, const 
         double x = m->warm / tlsf->warm;
         k += (size_t)snprintf(g + k, n - k, "warm %.2fx TLSF (<=%.1f) %s", x, WARM_TLSF_GOAL,
                               x <= WARM_TLSF_GOAL ? "MET" : "NOT MET");
+    }
+    if (oob->ok && k < n) {
+        double x = m->warm / oob->warm;
+        k += (size_t)snprintf(g + k, n - k, "%swarm %.2fx TLSF oob (<=%.1f) %s", k ? "; " : "", x,
+                              WARM_TLSF_GOAL, x <= WARM_TLSF_GOAL ? "MET" : "NOT MET");
     }
     if (mi->ok && k < n) {
         /* Cold includes the first touch for every column: memtrace's is the modelled cost of
@@ -703,7 +735,7 @@ static int speed_rows(const opts_t *o, const char *path)
             printf("  %-14s left out: %s\n", kind_label[k], c->note);
             continue;
         }
-        char m[16] = "-", uc[16] = "-", uw[16] = "-", g[192] = "";
+        char m[16] = "-", uc[16] = "-", uw[16] = "-", g[256] = "";
         if (k == K_MEMTRACE || k == K_PLAN)
             snprintf(m, sizeof m, "%.1f", c->modelled);
         if (c->util_cold >= 0)
@@ -711,7 +743,7 @@ static int speed_rows(const opts_t *o, const char *path)
         if (c->util_warm >= 0)
             snprintf(uw, sizeof uw, "%.3f", c->util_warm);
         if (k == K_MEMTRACE || k == K_PLAN)
-            verdict(g, sizeof g, c, &col[K_TLSF], &col[K_MIMALLOC]);
+            verdict(g, sizeof g, c, &col[K_TLSF], &col[K_TLSF_OOB], &col[K_MIMALLOC]);
         printf("  %-14s %9.1f %9s %9.1f %9s %9s  %s\n", kind_label[k], c->cold, m, c->warm, uc, uw,
                g);
     }

@@ -1,9 +1,7 @@
 /* Two-level segregated fit over one pool (tlsf.h). The classic layout: every block starts
  * with a two-word header (the physical predecessor, then the size with two flag bits); a free
- * block also holds its free-list links in its payload. Sizes map to a first level (the
- * highest set bit) and a second level (the next SL_LOG2 bits); two bitmaps find the first
- * non-empty list that can hold a request with two count-trailing-zeros, so both malloc and
- * free are O(1) whatever the number of blocks. */
+ * block also holds its free-list links in its payload. The levels, lists and their search
+ * (tlsf_map.h) make both malloc and free O(1) whatever the number of blocks. */
 #include "tlsf.h"
 
 #include <stdbool.h>
@@ -14,14 +12,11 @@
 #include <unistd.h>
 
 #include "memtrace/common.h"
+#include "tlsf_map.h"
 
-#define SL_LOG2    5 /* 32 second-level lists per first level */
-#define SL_COUNT   (1u << SL_LOG2)
-#define ALIGN_LOG2 4                       /* MT_TLSF_ALIGN = 16 */
-#define FL_SHIFT   (SL_LOG2 + ALIGN_LOG2)  /* sizes below 2^FL_SHIFT share first level 0 */
-#define SMALL      ((size_t)1 << FL_SHIFT) /* 512: level 0 is split linearly, 16 bytes a list */
-#define FL_MAX     40                      /* sizes below 2^FL_MAX */
-#define FL_COUNT   (FL_MAX - FL_SHIFT + 1)
+#define SL_COUNT   TLSF_SL_COUNT
+#define ALIGN_LOG2 TLSF_ALIGN_LOG2 /* MT_TLSF_ALIGN = 16 */
+#define FL_COUNT   TLSF_FL_COUNT
 #define HDR        sizeof(block_t) /* header bytes before each payload */
 #define MIN_SIZE   ((size_t)16)    /* a free block's payload holds its two links */
 
@@ -30,7 +25,6 @@
 #define F_MASK      ((size_t)15)
 
 _Static_assert(MT_TLSF_ALIGN == 1u << ALIGN_LOG2, "alignment and its log agree");
-_Static_assert(FL_COUNT <= 64, "the first-level bitmap is one 64-bit word");
 
 /* A block header; the payload follows it. */
 typedef struct block_s {
@@ -82,36 +76,10 @@ static links_t *links(block_t *b)
     return (links_t *)(b + 1);
 }
 
-static int fls_size(size_t x) /* index of the highest set bit, x > 0 */
-{
-    return 63 - __builtin_clzll((unsigned long long)x);
-}
-
-/* The list a free block of size s belongs to. */
-static void mapping_insert(size_t s, int *fl, int *sl)
-{
-    if (s < SMALL) {
-        *fl = 0;
-        *sl = (int)(s >> ALIGN_LOG2);
-    } else {
-        int f = fls_size(s);
-        *sl = (int)((s >> (f - SL_LOG2)) ^ SL_COUNT);
-        *fl = f - FL_SHIFT + 1;
-    }
-}
-
-/* The first list whose every block holds s: s rounded up to the next list boundary. */
-static void mapping_search(size_t s, int *fl, int *sl)
-{
-    if (s >= SMALL)
-        s += ((size_t)1 << (fls_size(s) - SL_LOG2)) - 1;
-    mapping_insert(s, fl, sl);
-}
-
 static void list_remove(mt_tlsf_t *t, block_t *b)
 {
     int fl, sl;
-    mapping_insert(bsize(b), &fl, &sl);
+    tlsf_mapping_insert(bsize(b), &fl, &sl);
     links_t *l = links(b);
     if (l->next != NULL)
         links(l->next)->prev = l->prev;
@@ -130,7 +98,7 @@ static void list_remove(mt_tlsf_t *t, block_t *b)
 static void list_insert(mt_tlsf_t *t, block_t *b)
 {
     int fl, sl;
-    mapping_insert(bsize(b), &fl, &sl);
+    tlsf_mapping_insert(bsize(b), &fl, &sl);
     block_t *h = t->heads[fl][sl];
     *links(b) = (links_t){.next = h, .prev = NULL};
     if (h != NULL)
@@ -207,20 +175,12 @@ void *mt_tlsf_malloc(mt_tlsf_t *t, size_t size)
     /* The head of the request's own list first, if it is large enough: one comparison, and
      * the good fit's rounding up no longer skips a block that fits exactly, which keeps the
      * pool's high-water close to the peak in use. */
-    mapping_insert(size, &fl, &sl);
+    tlsf_mapping_insert(size, &fl, &sl);
     block_t *b = t->heads[fl][sl];
     if (b == NULL || bsize(b) < size) {
-        mapping_search(size, &fl, &sl);
-        /* The first non-empty list at (fl, >= sl), else at the first level above. */
-        uint32_t sm = fl < FL_COUNT ? t->sl_map[fl] & (~0u << sl) : 0;
-        if (sm == 0) {
-            uint64_t fm = fl + 1 < FL_COUNT ? t->fl_map & (~0ull << (fl + 1)) : 0;
-            if (fm == 0)
-                return NULL;
-            fl = __builtin_ctzll(fm);
-            sm = t->sl_map[fl];
-        }
-        sl = __builtin_ctz(sm);
+        tlsf_mapping_search(size, &fl, &sl);
+        if (!tlsf_find_list(t->fl_map, t->sl_map, &fl, &sl))
+            return NULL;
         b = t->heads[fl][sl];
     }
     list_remove(t, b);
@@ -312,7 +272,7 @@ int mt_tlsf_check(const mt_tlsf_t *t)
         }
         if (is_free) {
             int fl, sl;
-            mapping_insert(bsize(b), &fl, &sl);
+            tlsf_mapping_insert(bsize(b), &fl, &sl);
             if (prev_free || !on_list(t, b, fl, sl))
                 return MT_EPROTO;
             nfree++;

@@ -37,4 +37,31 @@ size_t mt_tlsf_in_use(const mt_tlsf_t *t);
  * (tlsf.c, at mt_tlsf_s). Returns 0 or MT_EPROTO. O(pool blocks): tests only. */
 int mt_tlsf_check(const mt_tlsf_t *t);
 
+/* ---- the same with its records out of band (tlsf_oob.c) ----
+ * The bound for an allocator that may not touch the memory it hands out, as a device
+ * allocator on the host may not: the pool is mapped PROT_NONE and never read or written.
+ * Each block's record (its size and flags, its physical predecessor, its list links) lives
+ * in a host table indexed by the block's first granule, which is also how a free finds it
+ * (one load, no hash). Requests are rounded up to MT_TLSF_OOB_GRAN bytes, as memtrace and
+ * PyTorch's allocator round them. Levels, lists and good fit as above. */
+#define MT_TLSF_OOB_GRAN 512
+/* Largest pool, bytes: granule counts and indices are 30-bit. */
+#define MT_TLSF_OOB_MAX_POOL (((size_t)1 << 30) * MT_TLSF_OOB_GRAN - MT_TLSF_OOB_GRAN)
+
+typedef struct mt_tlsf_oob_s mt_tlsf_oob_t;
+
+/* A pool of pool_bytes (rounded up to granules) that nothing may touch, and its record table,
+ * reserved but not touched. Returns 0, MT_EINVAL (below one granule or past
+ * MT_TLSF_OOB_MAX_POOL) or MT_ENOMEM. */
+int mt_tlsf_oob_create(mt_tlsf_oob_t **out, size_t pool_bytes);
+void mt_tlsf_oob_destroy(mt_tlsf_oob_t **p);
+/* A block of at least size bytes (size 0: one granule) aligned to MT_TLSF_OOB_GRAN, or NULL. */
+void *mt_tlsf_oob_malloc(mt_tlsf_oob_t *t, size_t size);
+void mt_tlsf_oob_free(mt_tlsf_oob_t *t, void *p);
+/* As mt_tlsf_high_water, mt_tlsf_bounds, mt_tlsf_in_use and mt_tlsf_check. */
+size_t mt_tlsf_oob_high_water(const mt_tlsf_oob_t *t);
+void mt_tlsf_oob_bounds(const mt_tlsf_oob_t *t, const char **base, size_t *bytes);
+size_t mt_tlsf_oob_in_use(const mt_tlsf_oob_t *t);
+int mt_tlsf_oob_check(const mt_tlsf_oob_t *t);
+
 #endif
