@@ -472,9 +472,8 @@ static int threads_row(const opts_t *o, const mt_host_alloc_t *hosts, size_t siz
 enum { K_MEMTRACE, K_PLAN, K_TLSF, K_TLSF_OOB, K_GLIBC, K_JEMALLOC, K_MIMALLOC, K_N };
 static const char *const kind_arg[K_N] = {"memtrace", "memtrace-plan", "tlsf",    "tlsf-oob",
                                           "glibc",    "jemalloc",      "mimalloc"};
-static const char *const kind_label[K_N] = {"memtrace", "memtrace+plan", "TLSF 1-pool",
-                                            "TLSF oob",  "glibc",         "jemalloc",
-                                            "mimalloc"};
+static const char *const kind_label[K_N] = {"memtrace", "memtrace+plan", "TLSF 1-pool", "TLSF oob",
+                                            "glibc",    "jemalloc",      "mimalloc"};
 
 #define MAX_PASSES     16
 #define WARM_TLSF_GOAL 1.5 /* memtrace warm ns/op against the one-pool bound's (both kinds) */

@@ -1,7 +1,7 @@
 /* A two-level segregated-fit allocator (TLSF, after Masmano et al., "TLSF: a new dynamic
  * memory allocator for real-time systems", ECRTS 2004) over one preallocated pool: malloc and
  * free in O(1), immediate coalescing, good fit. Bench-only: bench_alloc's replay table uses
- * it as the bound a one-pool allocator can reach on a trace (docs in data/traces/README.md).
+ * it as the bound a one-pool allocator can reach on a trace (docs/bench-replay.md).
  * Not thread-safe: one pool per thread. */
 #ifndef MT_BENCH_TLSF_H
 #define MT_BENCH_TLSF_H

@@ -111,8 +111,8 @@ int mt_tlsf_oob_create(mt_tlsf_oob_t **out, size_t pool_bytes)
     t->ngran = (pool_bytes + MT_TLSF_OOB_GRAN - 1) >> GRAN_LOG2;
     t->pool_bytes = t->ngran << GRAN_LOG2;
     t->rec_bytes = (t->ngran + 1) * sizeof(rec_t);
-    void *m = mmap(NULL, t->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+    void *m =
+        mmap(NULL, t->pool_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED)
         goto fail_pool;
     t->base = m;

@@ -186,9 +186,9 @@ static void test_oob_random_ops(void **state)
             }
             assert_int_equal((uintptr_t)l->p % MT_TLSF_OOB_GRAN, 0);
             /* what it holds: the request rounded up to granules */
-            l->size = size == 0 ? MT_TLSF_OOB_GRAN
-                                : (size + MT_TLSF_OOB_GRAN - 1) / MT_TLSF_OOB_GRAN *
-                                      MT_TLSF_OOB_GRAN;
+            l->size = size == 0
+                          ? MT_TLSF_OOB_GRAN
+                          : (size + MT_TLSF_OOB_GRAN - 1) / MT_TLSF_OOB_GRAN * MT_TLSF_OOB_GRAN;
             want += l->size;
         }
         assert_int_equal(mt_tlsf_oob_in_use(t), want);
