@@ -548,7 +548,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     }
     mt_block_t *front = NULL;
     size_t pk = 0; /* the plan's entry, when planned */
-    /* After a warm-up, its plan places the request first (reserve.c), seeing the planned
+    /* After a warm-up, its plan places the request first (plan_follow.c), seeing the planned
      * blocks other threads' caches hold freed, as the global path alone would. */
     if (a->plan.n != 0 && sr == a->plan.sr)
         mt__tc_flush_others(a);

@@ -8,7 +8,8 @@
  *   expandable.c expandable segments: mapped runs of a virtual range, map/unmap where needed
  *   config.c   configuration defaults, string parsing, environment
  *   stats.c    statistics, snapshot, invariant check, OOM report
- *   reserve.c  warm-up reservations: recording, the plan's reservation, placement by plan
+ *   reserve.c  warm-up reservations: recording, the plan's reservation
+ *   plan_follow.c placement by the plan: later requests matched with the warm-up's
  *   plan.c     offline placement of a recorded warm-up (greedy by size, or a sweep)
  *   pset.c     an ordered set (treap) for the planner's sweep and the plan's links
  *   free.c     free, record_stream and block lookup: the path a block takes back
@@ -16,7 +17,8 @@
  *   tcache_check.c the caches' invariants (tcache_impl.h: a cache's layout)
  *   fork.c     pthread_atfork handlers (cfg.atfork): a fork child may use the allocator
  *   pools.c    private pools (mt_pool_*): memory a stream capture's allocations keep
- *   plan.h     the warm-up plan's types and the calls of reserve.c and plan.c on it
+ *   plan.h     the warm-up plan's types and the calls of reserve.c, plan.c and
+ *              plan_follow.c on it
  *
  * All metadata lives on the host; nothing is ever written into device memory.
  * Every function here expects the allocator's mutex held unless it says otherwise; those
@@ -120,7 +122,7 @@ struct mt_block_s {
     uint8_t state;        /* mt_block_state_e or MT__BLOCK_UNMAPPING */
     uint8_t tag;          /* mt_tag_e or user tag, < MT_TAG_MAX */
     bool split_counted;   /* counted in inactive_split stats */
-    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (reserve.c) */
+    bool planned;         /* placed by the warm-up plan, counted in a->plan.live (plan_follow.c) */
 };
 
 /* A segment is one backend allocation (or, when expandable, one virtual range of which

@@ -1,7 +1,7 @@
-/* The warm-up plan of the caching allocator (reserve.c records a warm-up and follows its
- * plan, plan.c places it): the plan's types and calls. internal.h includes this header; the
- * inline functions that change the plan's state in the allocator (mt__plan_bump,
- * mt__plan_freed) live there, beside struct mt_alloc_s. */
+/* The warm-up plan of the caching allocator (reserve.c records a warm-up and makes its
+ * plan, plan.c places it, plan_follow.c follows it): the plan's types and calls. internal.h
+ * includes this header; the inline functions that change the plan's state in the allocator
+ * (mt__plan_bump, mt__plan_freed) live there, beside struct mt_alloc_s. */
 #ifndef MT_ALLOCATOR_PLAN_H
 #define MT_ALLOCATOR_PLAN_H
 
@@ -71,6 +71,12 @@ typedef struct mt__plan_item_s {
  * warm-up's recorded sequence; only called while a->warming. */
 void mt__warm_record_alloc(mt_alloc_t *a, mt_block_t *b, size_t rsize);
 void mt__warm_record_free(mt_alloc_t *a, const mt_block_t *b);
+/* Frees the plan (destroy). */
+void mt__plan_fini(mt_alloc_t *a);
+/* seg is one of the plan's segments. */
+bool mt__plan_uses(const mt_alloc_t *a, const mt_segment_t *seg);
+
+/* ---- plan_follow.c ---- */
 /* The cached block the plan gives a request of rsize bytes on sr (inactive, in the bins,
  * starting at the planned address), or NULL: no plan for sr, the request differs from
  * the planned one, or its place is taken. Advances the plan's cursor. *front: the free
@@ -82,8 +88,6 @@ mt_block_t *mt__plan_take(mt_alloc_t *a, mt_streamrec_t *sr, size_t rsize, mt_bl
  * plan's stream, would give that block again with the plan's state as it is now (free
  * space unchanged): a pair a thread cache may then repeat without the lock. */
 bool mt__plan_repeats(const mt_alloc_t *a, size_t k, size_t rsize);
-/* Frees the plan (destroy). */
-void mt__plan_fini(mt_alloc_t *a);
 /* The plan's invariants (mt__plan_t); a static description of the first violation or NULL. */
 const char *mt__plan_check(const mt_alloc_t *a);
 
