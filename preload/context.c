@@ -1,8 +1,7 @@
 /* The preload library's process-wide context (see preload.h): one-time set-up, the
- * per-device allocators, the event sink, the summary at exit, and symbol resolution
- * (the real runtime, the real driver, and our dlsym interposition). */
+ * per-device allocators, the event sink, what runs at exit (symbol resolution:
+ * resolve.c; the summary's contents: summary.c). */
 #include <dlfcn.h>
-#include <link.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,177 +70,6 @@ static int parse_level(const char *s)
     if (strcmp(s, "quiet") == 0)
         return -1;
     return MT_LOG_INFO;
-}
-
-/* ---- symbol resolution ---- */
-
-typedef void *(*dlsym_fn)(void *, const char *);
-typedef int CUresult_t; /* the driver's result, without its headers here */
-
-static dlsym_fn real_dlsym_fn(void)
-{
-    /* dlvsym is not interposed, so this never reaches our own dlsym. glibc >= 2.34
-     * exports dlsym@GLIBC_2.34 from libc; older ones dlsym@GLIBC_2.2.5 from libdl. */
-    static _Atomic(dlsym_fn) real; /* a cache of a constant, safe to race on */
-    dlsym_fn f = atomic_load_explicit(&real, memory_order_relaxed);
-    if (f == NULL) {
-        f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (f == NULL)
-            f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-        atomic_store_explicit(&real, f, memory_order_relaxed);
-    }
-    return f;
-}
-
-void *mt__preload_real_dlsym(void *handle, const char *name)
-{
-    dlsym_fn f = real_dlsym_fn();
-    return f ? f(handle, name) : NULL;
-}
-
-/* The path of the object holding addr, or NULL. */
-static const char *object_of(const void *addr)
-{
-    Dl_info di;
-    return dladdr(addr, &di) != 0 ? di.dli_fname : NULL;
-}
-
-/* A CUDA runtime loaded where RTLD_NEXT cannot see it: by a plugin or by ctypes, both
- * RTLD_LOCAL. Found among the loaded objects as the first one that itself defines
- * cudaRuntimeGetVersion (a handle search also covers an object's dependencies, so a
- * plugin linked to the runtime would answer too: the definition's object decides).
- * The handle is kept open: pointers into the runtime are cached at every call site, so
- * it must not be unloaded under them. */
-static struct {
-    pthread_mutex_t mu;         /* serialises scans */
-    _Atomic(void *) handle;     /* the runtime found, or NULL */
-    char path[4096];            /* its path, valid once handle is set */
-    unsigned long long scanned; /* dlpi_adds at the last scan that found none */
-    bool warned;                /* the no-runtime warning was given (under mu) */
-} local_rt = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-typedef struct rt_names_s {
-    char **names; /* strdup'ed paths of the loaded objects, load order */
-    size_t n, cap;
-    unsigned long long adds; /* objects ever loaded (glibc's dlpi_adds) */
-} rt_names_t;
-
-static int collect_object(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    rt_names_t *l = arg;
-    (void)size;
-    l->adds = info->dlpi_adds;
-    if (info->dlpi_name == NULL || info->dlpi_name[0] == '\0') /* the program, the vDSO */
-        return 0;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        char **names = realloc(l->names, cap * sizeof *names);
-        if (names == NULL)
-            return 1;
-        l->names = names;
-        l->cap = cap;
-    }
-    if ((l->names[l->n] = strdup(info->dlpi_name)) != NULL)
-        l->n++;
-    return 0;
-}
-
-static int count_objects(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    (void)size;
-    *(unsigned long long *)arg = info->dlpi_adds;
-    return 1;
-}
-
-/* Opens the loaded object path if it defines the runtime itself; NULL otherwise. */
-static void *open_if_runtime(const char *path, const char *self)
-{
-    if (self != NULL && strcmp(path, self) == 0)
-        return NULL;
-    void *h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
-    if (h == NULL)
-        return NULL;
-    void *marker = mt__preload_real_dlsym(h, "cudaRuntimeGetVersion");
-    const char *owner = marker ? object_of(marker) : NULL;
-    if (owner != NULL && strcmp(owner, path) == 0)
-        return h;
-    dlclose(h);
-    return NULL;
-}
-
-/* The runtime's handle, scanning the loaded objects (not inside dl_iterate_phdr, whose
- * lock dlopen must not take under it) when none was found and objects were added since
- * the last scan. */
-static void *local_runtime(void)
-{
-    void *h = atomic_load_explicit(&local_rt.handle, memory_order_acquire);
-    if (h != NULL)
-        return h;
-    unsigned long long adds = 0;
-    dl_iterate_phdr(count_objects, &adds);
-    pthread_mutex_lock(&local_rt.mu);
-    h = atomic_load_explicit(&local_rt.handle, memory_order_relaxed);
-    if (h == NULL && adds != local_rt.scanned) {
-        rt_names_t l = {0};
-        dl_iterate_phdr(collect_object, &l);
-        const char *self = object_of((const void *)&mt__preload_real_rt);
-        for (size_t i = 0; i < l.n && h == NULL; i++)
-            if ((h = open_if_runtime(l.names[i], self)) != NULL)
-                snprintf(local_rt.path, sizeof local_rt.path, "%s", l.names[i]);
-        for (size_t i = 0; i < l.n; i++)
-            free(l.names[i]);
-        free(l.names);
-        local_rt.scanned = l.adds;
-        if (h != NULL) {
-            atomic_store_explicit(&local_rt.handle, h, memory_order_release);
-            mt__preload_say(MT_LOG_DEBUG, "cuda runtime: %s, in a local scope", local_rt.path);
-        }
-    }
-    pthread_mutex_unlock(&local_rt.mu);
-    return h;
-}
-
-void *mt__preload_real_rt(const char *name)
-{
-    void *f = mt__preload_real_dlsym(RTLD_NEXT, name);
-    if (f != NULL)
-        return f;
-    void *h = local_runtime();
-    if (h == NULL) {
-        pthread_mutex_lock(&local_rt.mu);
-        bool say = !local_rt.warned;
-        local_rt.warned = true;
-        pthread_mutex_unlock(&local_rt.mu);
-        if (say)
-            mt__preload_say(
-                MT_LOG_WARN,
-                "cuda mode: %s: no CUDA runtime found among the loaded "
-                "libraries; runtime calls memtrace forwards answer cudaErrorInsufficientDriver",
-                name);
-        return NULL;
-    }
-    /* Only the runtime's own definition: never one of ours, nor a dependency's. */
-    f = mt__preload_real_dlsym(h, name);
-    const char *owner = f ? object_of(f) : NULL;
-    return owner != NULL && strcmp(owner, local_rt.path) == 0 ? f : NULL;
-}
-
-void *mt__preload_real_drv(const char *name)
-{
-    mt_preload_t *P = mt__preload();
-    return P->libcuda ? mt__preload_real_dlsym(P->libcuda, name) : NULL;
-}
-
-/* Interposed dlsym: a program (or the CUDA runtime) looking up a hooked name gets our
- * function. Caveat, documented in the README: dlsym(RTLD_NEXT, ...) issued by another
- * library is resolved relative to this library rather than the caller. */
-MT_HOOK void *dlsym(void *handle, const char *name)
-{
-    void *r = mt__preload_real_dlsym(handle, name);
-    if (r == NULL || mt__preload_guard > 0)
-        return r;
-    void *ours = mt__preload_hook_by_name(name);
-    return ours ? ours : r;
 }
 
 /* ---- event sink ---- */
@@ -633,6 +461,8 @@ bool mt__preload_release_managed(void)
 
 /* ---- stream capture (see preload.h) ---- */
 
+typedef int CUresult_t; /* the driver's result, without its headers here */
+
 int mt__preload_capture_graph(void *handle, void **graph)
 {
     *graph = NULL;
@@ -767,128 +597,7 @@ void mt__preload_note_oom(mt_alloc_t *a, size_t size)
     pthread_mutex_unlock(&P->oom_mu);
 }
 
-/* ---- summary at exit ---- */
-
-static void write_summary(mt_preload_t *P, FILE *f)
-{
-    mt_alloc_stats_t tot;
-    memset(&tot, 0, sizeof tot);
-    pthread_mutex_lock(&P->mu); /* what dropped devices served: counters, not levels */
-    tot.allocation[0].allocated = P->gone.allocation[0].allocated;
-    tot.allocation[0].freed = P->gone.allocation[0].freed;
-    tot.num_device_alloc = P->gone.num_device_alloc;
-    tot.num_device_free = P->gone.num_device_free;
-    tot.num_ooms = P->gone.num_ooms;
-    tot.num_alloc_retries = P->gone.num_alloc_retries;
-    pthread_mutex_unlock(&P->mu);
-    const char *tag_names[MT_TAG_MAX] = {0};
-    int ndev = 0;
-    /* The program's managed memory served by memtrace (its managed allocators). */
-    uint64_t m_allocs = 0, m_bytes = 0, m_peak = 0, m_prefetches = 0, m_advises = 0;
-    for (int d = 0; d < 2 * P->ndevices; d++) {
-        mt_alloc_t *a = mt__preload_nth(P, d);
-        mt_alloc_stats_t st;
-        if (a == NULL || mt_alloc_stats(a, &st) != 0)
-            continue;
-        mt_managed_stats_t ms;
-        if (d >= P->ndevices && mt_alloc_managed_stats(a, &ms) == 0) {
-            m_allocs += st.allocation[0].allocated;
-            m_bytes += (uint64_t)st.allocated_bytes[0].current;
-            m_peak += (uint64_t)st.allocated_bytes[0].peak;
-            m_prefetches += ms.prefetches;
-            m_advises += ms.advises;
-        }
-        ndev += d < P->ndevices;
-        tot.allocated_bytes[0].peak += st.allocated_bytes[0].peak;
-        tot.allocated_bytes[0].current += st.allocated_bytes[0].current;
-        tot.reserved_bytes[0].peak += st.reserved_bytes[0].peak;
-        tot.reserved_bytes[0].current += st.reserved_bytes[0].current;
-        tot.allocation[0].allocated += st.allocation[0].allocated;
-        tot.allocation[0].freed += st.allocation[0].freed;
-        tot.num_device_alloc += st.num_device_alloc;
-        tot.num_device_free += st.num_device_free;
-        tot.num_ooms += st.num_ooms;
-        tot.num_alloc_retries += st.num_alloc_retries;
-        tot.capacity += st.capacity;
-        for (int t = 0; t < MT_TAG_MAX; t++) {
-            tot.tag_allocated_bytes[t].peak += st.tag_allocated_bytes[t].peak;
-            tot.tag_allocated_bytes[t].allocated += st.tag_allocated_bytes[t].allocated;
-            if (st.tag_allocated_bytes[t].allocated > 0 && tag_names[t] == NULL)
-                tag_names[t] = mt_alloc_tag_name(a, t);
-        }
-    }
-    const char *bname = P->init_rc != 0 ? "none" : P->sim ? "sim" : "cuda";
-    double util = tot.reserved_bytes[0].peak > 0
-                      ? (double)tot.allocated_bytes[0].peak / (double)tot.reserved_bytes[0].peak
-                      : 1.0;
-    fprintf(f, "{\"v\":1,\"pid\":%d,\"backend\":\"%s\",\"devices_used\":%d,", (int)getpid(), bname,
-            ndev);
-    fprintf(f, "\"capacity\":%llu,", (unsigned long long)tot.capacity);
-    fprintf(f, "\"peak_allocated\":%lld,\"peak_reserved\":%lld,",
-            (long long)tot.allocated_bytes[0].peak, (long long)tot.reserved_bytes[0].peak);
-    fprintf(f, "\"allocated\":%lld,\"reserved\":%lld,\"utilization\":%.4f,",
-            (long long)tot.allocated_bytes[0].current, (long long)tot.reserved_bytes[0].current,
-            util);
-    fprintf(f, "\"requests\":%llu,\"frees\":%llu,\"backend_mallocs\":%llu,",
-            (unsigned long long)tot.allocation[0].allocated,
-            (unsigned long long)tot.allocation[0].freed, (unsigned long long)tot.num_device_alloc);
-    fprintf(f, "\"backend_frees\":%llu,\"alloc_retries\":%llu,",
-            (unsigned long long)tot.num_device_free, (unsigned long long)tot.num_alloc_retries);
-    fprintf(f, "\"host_allocs\":%llu,\"unknown_frees\":%llu,",
-            (unsigned long long)atomic_load(&P->host_allocs),
-            (unsigned long long)atomic_load(&P->unknown_frees));
-    fprintf(f,
-            "\"managed\":{\"requests\":%llu,\"allocated\":%llu,\"peak_allocated\":%llu,"
-            "\"prefetches\":%llu,\"advises\":%llu},",
-            (unsigned long long)m_allocs, (unsigned long long)m_bytes, (unsigned long long)m_peak,
-            (unsigned long long)m_prefetches, (unsigned long long)m_advises);
-    fprintf(f, "\"ooms\":%llu,\"oom_message\":\"", (unsigned long long)atomic_load(&P->ooms));
-    pthread_mutex_lock(&P->oom_mu);
-    for (const char *c = P->oom_msg; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fprintf(f, "\\%c", *c);
-        else if ((unsigned char)*c < 0x20)
-            fprintf(f, "\\u%04x", *c);
-        else
-            fputc(*c, f);
-    }
-    pthread_mutex_unlock(&P->oom_mu);
-    fprintf(f, "\",\"tags\":{");
-    bool first = true;
-    for (int t = 0; t < MT_TAG_MAX; t++) {
-        if (tot.tag_allocated_bytes[t].allocated == 0)
-            continue;
-        fprintf(f, "%s\"%s\":{\"peak\":%lld,\"total\":%llu}", first ? "" : ",",
-                tag_names[t] ? tag_names[t] : mt_tag_builtin_name(t),
-                (long long)tot.tag_allocated_bytes[t].peak,
-                (unsigned long long)tot.tag_allocated_bytes[t].allocated);
-        first = false;
-    }
-    fprintf(f, "},\"events\":{");
-    first = true;
-    for (int k = 1; k < MT_EV_KIND_COUNT; k++) {
-        uint64_t n = atomic_load(&P->ev_count[k]);
-        if (n == 0)
-            continue;
-        fprintf(f, "%s\"%s\":%llu", first ? "" : ",", mt_event_kind_name(k), (unsigned long long)n);
-        first = false;
-    }
-    fprintf(f, "}");
-    if (P->prof != NULL) {
-        mt_prof_stats_t ps;
-        mt_prof_stats(P->prof, &ps);
-        const char *lp = mt_prof_log_path(P->prof);
-        fprintf(f,
-                ",\"telemetry\":\"%s\",\"events_emitted\":%llu,\"events_dropped\":%llu,"
-                "\"lossless\":%s,\"lossless_waits\":%llu,\"lossless_stalls\":%llu",
-                mt_prof_mode_name(ps.mode), (unsigned long long)ps.emitted,
-                (unsigned long long)ps.dropped, ps.lossless ? "true" : "false",
-                (unsigned long long)ps.lossless_waits, (unsigned long long)ps.lossless_stalls);
-        if (lp != NULL)
-            fprintf(f, ",\"event_log\":\"%s\"", lp);
-    }
-    fprintf(f, "}\n");
-}
+/* ---- at exit ---- */
 
 static void at_exit(void)
 {
@@ -897,7 +606,7 @@ static void at_exit(void)
     if (P->summary_path != NULL) {
         FILE *f = fopen(P->summary_path, "w");
         if (f != NULL) {
-            write_summary(P, f);
+            mt__preload_write_summary(P, f);
             fclose(f);
         }
     }
