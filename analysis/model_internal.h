@@ -1,5 +1,6 @@
 /* The model's structs, shared by its files (model.c: events, blocks, tags, gaps;
- * model_segs.c: the segment map and free extents; model_growth.c: iterations). */
+ * model_figures.c: its figures and map as read; model_segs.c: the segment map and free
+ * extents; model_growth.c: iterations). */
 #ifndef MT_ANALYSIS_MODEL_INTERNAL_H
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
