@@ -81,7 +81,7 @@ static bwd_layout_t bwd_layout(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q)
     size_t b = (size_t)q->B, h = (size_t)s->hidden, gl = (size_t)mt__rnn_cpu_gld(s);
     size_t ld = (size_t)s->layers * (size_t)s->dirs, dh = (size_t)s->dirs * h;
     size_t drows = s->layers > 1 ? (s->dirs == 1 ? c : q->rows) : 0;
-    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+    bool gates_in_reserve = mt__rnn_cpu_keeps_gates(s);
     bwd_layout_t y = {.total = 0};
     y.reg[BWD_ACC] = mt__rnn_place(&y.total, acc_offset(s, s->layers * s->dirs), 1);
     y.reg[BWD_XH] = mt__rnn_place(&y.total, c * (size_t)xh_ld(s), 1);
@@ -509,7 +509,7 @@ static void back_chunk(const bwd_t *b, int l, int d, int k, float *r, float *rn)
     int T = q->T, B = q->B, H = s->hidden, D = s->dirs, L = s->layers;
     int dh = D * H, K = mt__rnn_cpu_nchunks(s, T);
     int n = mt__rnn_cpu_chunk_steps(s, T, k), p = l * D + d;
-    bool gates_in_reserve = s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+    bool gates_in_reserve = mt__rnn_cpu_keeps_gates(s);
     size_t bh = (size_t)B * H, so = (size_t)p * bh;
     size_t row0 = mt__rnn_cpu_chunk_row0(s, q, k), nb = mt__rnn_cpu_chunk_rows(s, q, k);
     size_t ofs = D == 1 ? 0 : row0 * (size_t)dh; /* into dbuf */

@@ -434,6 +434,14 @@ typedef struct mt__rnn_chunks_s {
     void *ud;
 } mt__rnn_chunks_t;
 
+/* Whether the reserve keeps a pseudo-layer's activated gates and aux (LSTM and GRU; the
+ * plain RNN modes recompute them). */
+static inline bool mt__rnn_cpu_keeps_gates(const mt__rnn_shape_t *s)
+{
+    return s->mode == MT_RNN_LSTM || s->mode == MT_RNN_GRU;
+}
+
+/* ---- a batch in time, chunks and the reserve (cpu_chunks.c) ---- */
 /* The time structure of a batch (built from mt_rnn_io_t by mt__rnn_seq_init, host memory).
  * Padded input is the packed form with every batch size B.
  * Invariants: T >= 1; bs[0] = B >= 1; B >= bs[t] >= bs[t+1] >= 1 for t < T-1; bs[T] = 0 (a
@@ -464,17 +472,6 @@ int mt__rnn_cpu_chunk_steps(const mt__rnn_shape_t *s, int T, int k);
 size_t mt__rnn_cpu_chunk_row0(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int k);
 size_t mt__rnn_cpu_max_chunk_rows(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
-/* The first sequence of the second part when the step loops of steps [t0, t0 + n) run in two
- * parts (the first about share of the work), or B on one thread (s->threads < 2); w gets
- * the rows of each part. */
-int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
-                      double w[2]);
-/* The step loops' parts for steps [t0, t0 + n): their count np (1 .. mt__rnn_par_parts(s),
- * at most B), bound[0 .. np] (0 = bound[0] < ... < bound[np] = B) and each part's rows in
- * w[0 .. np). Two parts: mt__rnn_cpu_split at share; more: parts of about equal rows. */
-int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
-                      int bound[MT__RNN_PARTS_MAX + 1], double w[MT__RNN_PARTS_MAX]);
-
 /* Row stride in floats of every [rows, g*H] gate buffer (the reserve's gates, the
  * recurrent product, R^T, the weight-gradient sums): g*H, plus 16 when g*H is a multiple
  * of 256 (at most 1/16 more): rows 1 KiB-multiples apart put a column of the matrix in a
@@ -495,6 +492,18 @@ size_t mt__rnn_cpu_reserve_floats(const mt__rnn_shape_t *s, size_t rows);
 float *mt__rnn_cpu_gates(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p);
 float *mt__rnn_cpu_aux(const mt__rnn_shape_t *s, float *chunk, size_t nb, int p);
 float *mt__rnn_cpu_layer_out(const mt__rnn_shape_t *s, float *chunk, size_t nb, int l);
+
+/* ---- the kernels (cpu_forward.c, cpu_backward.c) ---- */
+/* The first sequence of the second part when the step loops of steps [t0, t0 + n) run in two
+ * parts (the first about share of the work), or B on one thread (s->threads < 2); w gets
+ * the rows of each part. */
+int mt__rnn_cpu_split(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      double w[2]);
+/* The step loops' parts for steps [t0, t0 + n): their count np (1 .. mt__rnn_par_parts(s),
+ * at most B), bound[0 .. np] (0 = bound[0] < ... < bound[np] = B) and each part's rows in
+ * w[0 .. np). Two parts: mt__rnn_cpu_split at share; more: parts of about equal rows. */
+int mt__rnn_cpu_parts(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, int t0, int n, double share,
+                      int bound[MT__RNN_PARTS_MAX + 1], double w[MT__RNN_PARTS_MAX]);
 
 size_t mt__rnn_cpu_fwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q, bool training);
 size_t mt__rnn_cpu_bwd_work_floats(const mt__rnn_shape_t *s, const mt__rnn_seq_t *q);
