@@ -1,6 +1,6 @@
 /* The preload library's process-wide context (see preload.h): one-time set-up, the
- * per-device allocators, the event sink, what runs at exit (symbol resolution:
- * resolve.c; the summary's contents: summary.c). */
+ * per-device allocators, the event sink (symbol resolution: resolve.c; what runs at exit:
+ * summary.c). */
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -597,40 +597,6 @@ void mt__preload_note_oom(mt_alloc_t *a, size_t size)
     pthread_mutex_unlock(&P->oom_mu);
 }
 
-/* ---- at exit ---- */
-
-static void at_exit(void)
-{
-    mt_preload_t *P = &mt_preload_ctx;
-    mt__guard_enter();
-    if (P->summary_path != NULL) {
-        FILE *f = fopen(P->summary_path, "w");
-        if (f != NULL) {
-            mt__preload_write_summary(P, f);
-            fclose(f);
-        }
-    }
-    /* The final totals of every device, to the profiler too (a stats event each). */
-    for (int d = 0; d < 2 * P->ndevices; d++) {
-        mt_alloc_t *a = mt__preload_nth(P, d);
-        if (a != NULL)
-            mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
-    }
-    if (P->prof != NULL) {
-        /* Stop forwarding, then take every allocator's lock once (mt_alloc_stats) so
-         * that no emit still running can touch the profiler we are about to destroy. */
-        atomic_store(&P->prof_live, false);
-        for (int d = 0; d < 2 * P->ndevices; d++) {
-            mt_alloc_t *a = mt__preload_nth(P, d);
-            mt_alloc_stats_t st;
-            if (a != NULL)
-                mt_alloc_stats(a, &st);
-        }
-        mt_prof_destroy(&P->prof);
-    }
-    mt__guard_leave();
-}
-
 /* ---- stream-ordered blocks ---- */
 
 /* The blocks handed out by cudaMallocAsync/cuMemAllocAsync and not yet freed: a set of
@@ -806,7 +772,7 @@ static void init_once(void)
     }
 
 done:
-    atexit(at_exit);
+    atexit(mt__preload_at_exit);
     pthread_atfork(fork_prepare, fork_parent, fork_child);
     mt__guard_leave();
 }

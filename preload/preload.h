@@ -26,7 +26,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #include "memtrace/alloc.h"
 #include "memtrace/prof.h"
@@ -178,8 +177,8 @@ int mt__preload_capture_graph(void *handle, void **graph);
 int mt__preload_host_free(void *ptr);
 /* Records an OOM (the allocator's message) for the summary. */
 void mt__preload_note_oom(mt_alloc_t *a, size_t size);
-/* The summary at exit, one JSON line, to f (summary.c). */
-void mt__preload_write_summary(mt_preload_t *P, FILE *f);
+/* The atexit handler (summary.c): the summary file, the final totals, the profiler's end. */
+void mt__preload_at_exit(void);
 /* printf-style message to stderr, "memtrace: " prefixed, if level is enabled. */
 void mt__preload_say(mt_log_level_e level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -1,6 +1,7 @@
-/* The preload library's summary at exit (MEMTRACE_SUMMARY_FILE, preload.h): one JSON object
- * of what every device's allocators served, the OOMs, the tags, the events counted and the
- * profiler's figures. */
+/* What the preload library does at exit (preload.h): the summary (MEMTRACE_SUMMARY_FILE,
+ * one JSON object of what every device's allocators served, the OOMs, the tags, the events
+ * counted and the profiler's figures), every device's final totals to the profiler, and the
+ * profiler's end. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -8,7 +9,7 @@
 
 #include "preload/preload.h"
 
-void mt__preload_write_summary(mt_preload_t *P, FILE *f)
+static void write_summary(mt_preload_t *P, FILE *f)
 {
     mt_alloc_stats_t tot;
     memset(&tot, 0, sizeof tot);
@@ -127,4 +128,36 @@ void mt__preload_write_summary(mt_preload_t *P, FILE *f)
             fprintf(f, ",\"event_log\":\"%s\"", lp);
     }
     fprintf(f, "}\n");
+}
+
+void mt__preload_at_exit(void)
+{
+    mt_preload_t *P = mt__preload();
+    mt__guard_enter();
+    if (P->summary_path != NULL) {
+        FILE *f = fopen(P->summary_path, "w");
+        if (f != NULL) {
+            write_summary(P, f);
+            fclose(f);
+        }
+    }
+    /* The final totals of every device, to the profiler too (a stats event each). */
+    for (int d = 0; d < 2 * P->ndevices; d++) {
+        mt_alloc_t *a = mt__preload_nth(P, d);
+        if (a != NULL)
+            mt_alloc_emit(a, MT_EV_STATS, 0, 0, MT_TAG_OTHER);
+    }
+    if (P->prof != NULL) {
+        /* Stop forwarding, then take every allocator's lock once (mt_alloc_stats) so
+         * that no emit still running can touch the profiler we are about to destroy. */
+        atomic_store(&P->prof_live, false);
+        for (int d = 0; d < 2 * P->ndevices; d++) {
+            mt_alloc_t *a = mt__preload_nth(P, d);
+            mt_alloc_stats_t st;
+            if (a != NULL)
+                mt_alloc_stats(a, &st);
+        }
+        mt_prof_destroy(&P->prof);
+    }
+    mt__guard_leave();
 }
