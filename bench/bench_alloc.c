@@ -509,6 +509,27 @@ static void oob_hook_free(void *p)
 {
     mt_tlsf_oob_free(oob_pool, p);
 }
+static size_t tlsf_hook_high(void)
+{
+    return mt_tlsf_high_water(tlsf_pool);
+}
+static size_t oob_hook_high(void)
+{
+    return mt_tlsf_oob_high_water(oob_pool);
+}
+
+/* A bound's passes through h: the cold one, then npasses - 1 warm ones, with its pool's
+ * high-water (high) after each. */
+static int bound_passes(const mt_host_alloc_t *h, size_t (*high)(void), const mt_trace_t *t,
+                        unsigned npasses, bool cpu, child_out_t *o)
+{
+    int rc = mt__replay_host_passes(h, t, 1, cpu, o->ns);
+    o->high_cold = rc == 0 ? high() : 0;
+    if (rc == 0)
+        rc = mt__replay_host_passes(h, t, npasses - 1, cpu, o->ns + 1);
+    o->high_warm = rc == 0 ? high() : 0;
+    return rc;
+}
 
 /* The child: replays path npasses times through kind and prints one line,
  * "ok N ns0 .. nsN-1 modelled0 high_cold high_warm peak_live" or "skip reason". */
@@ -539,29 +560,23 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
         rc = mt__replay_passes(t, &cfg, npasses, o.ns, modelled, &r, &o.high_warm, err, sizeof err);
         o.modelled0 = modelled[0];
         o.high_cold = r.peak_reserved;
-    } else if (k == K_TLSF) {
+    } else if (k == K_TLSF || k == K_TLSF_OOB) {
         /* Room for the good fit's worst case on these traces, reserved, not touched. */
         uint64_t want = 3 * t->peak_live_bytes + (64u << 20);
-        mt_host_alloc_t h = {.name = "tlsf", .alloc = tlsf_hook_alloc, .free = tlsf_hook_free};
-        rc = mt_tlsf_create(&tlsf_pool, want < MT_TLSF_MAX_REQUEST ? want : MT_TLSF_MAX_REQUEST);
-        if (rc == 0)
-            rc = mt__replay_host_passes(&h, t, 1, cpu, o.ns);
-        o.high_cold = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
-        if (rc == 0)
-            rc = mt__replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
-        o.high_warm = rc == 0 ? mt_tlsf_high_water(tlsf_pool) : 0;
-        snprintf(err, sizeof err, "%s", mt_strerror(rc));
-    } else if (k == K_TLSF_OOB) {
-        uint64_t want = 3 * t->peak_live_bytes + (64u << 20);
-        mt_host_alloc_t h = {.name = "tlsf-oob", .alloc = oob_hook_alloc, .free = oob_hook_free};
-        rc = mt_tlsf_oob_create(&oob_pool,
-                                want < MT_TLSF_OOB_MAX_POOL ? want : MT_TLSF_OOB_MAX_POOL);
-        if (rc == 0)
-            rc = mt__replay_host_passes(&h, t, 1, cpu, o.ns);
-        o.high_cold = rc == 0 ? mt_tlsf_oob_high_water(oob_pool) : 0;
-        if (rc == 0)
-            rc = mt__replay_host_passes(&h, t, npasses - 1, cpu, o.ns + 1);
-        o.high_warm = rc == 0 ? mt_tlsf_oob_high_water(oob_pool) : 0;
+        if (k == K_TLSF) {
+            mt_host_alloc_t h = {.name = "tlsf", .alloc = tlsf_hook_alloc, .free = tlsf_hook_free};
+            rc =
+                mt_tlsf_create(&tlsf_pool, want < MT_TLSF_MAX_REQUEST ? want : MT_TLSF_MAX_REQUEST);
+            if (rc == 0)
+                rc = bound_passes(&h, tlsf_hook_high, t, npasses, cpu, &o);
+        } else {
+            mt_host_alloc_t h = {
+                .name = "tlsf-oob", .alloc = oob_hook_alloc, .free = oob_hook_free};
+            rc = mt_tlsf_oob_create(&oob_pool,
+                                    want < MT_TLSF_OOB_MAX_POOL ? want : MT_TLSF_OOB_MAX_POOL);
+            if (rc == 0)
+                rc = bound_passes(&h, oob_hook_high, t, npasses, cpu, &o);
+        }
         snprintf(err, sizeof err, "%s", mt_strerror(rc));
     } else {
         mt_host_alloc_t h;
