@@ -111,44 +111,15 @@ static int read_frames(rd_t *r, const mt_pk_value_t *d, const char *where, uint3
     *id = 0;
     if (rc < 0 || fl == NULL || fl->n == 0)
         return rc;
-    if (r->nseen * 2 >= r->seen_cap) {
-        size_t ncap = r->seen_cap ? r->seen_cap * 2 : 1024;
-        const mt_pk_value_t **ns = calloc(ncap, sizeof *ns);
-        uint32_t *ni = calloc(ncap, sizeof *ni);
-        if (ns == NULL || ni == NULL) {
-            free(ns);
-            free(ni);
-            return MT_ENOMEM;
-        }
-        for (size_t i = 0; i < r->seen_cap; i++)
-            if (r->seen[i] != NULL) {
-                size_t h = ((uintptr_t)r->seen[i] >> 4) * 0x9e3779b97f4a7c15ull & (ncap - 1);
-                while (ns[h] != NULL)
-                    h = (h + 1) & (ncap - 1);
-                ns[h] = r->seen[i];
-                ni[h] = r->seen_id[i];
-            }
-        free(r->seen);
-        free(r->seen_id);
-        r->seen = ns;
-        r->seen_id = ni;
-        r->seen_cap = ncap;
-    }
-    size_t h = ((uintptr_t)fl >> 4) * 0x9e3779b97f4a7c15ull & (r->seen_cap - 1);
-    while (r->seen[h] != NULL) {
-        if (r->seen[h] == fl) {
-            *id = r->seen_id[h];
-            return mt__ts_visit(r, 1, where);
-        }
-        h = (h + 1) & (r->seen_cap - 1);
+    uint64_t key = (uint64_t)(uintptr_t)fl, known;
+    if (mt__amap_get(&r->seen, key, &known) == 0) {
+        *id = (uint32_t)known;
+        return mt__ts_visit(r, 1, where);
     }
     if (r->strm != NULL) {
         /* Streamed events' stacks are interned by content: these join them. */
-        if ((rc = mt__ts_stream_frames(r, d, where, id)) == 0) {
-            r->seen[h] = fl;
-            r->seen_id[h] = *id;
-            r->nseen++;
-        }
+        if ((rc = mt__ts_stream_frames(r, d, where, id)) == 0)
+            rc = mt__amap_put(&r->seen, key, *id);
         return rc;
     }
     if ((rc = mt__ts_visit(r, fl->n, where)) < 0)
@@ -169,11 +140,8 @@ static int read_frames(rd_t *r, const mt_pk_value_t *d, const char *where, uint3
         if (rc == 0)
             rc = mt__ts_get_int(r, f, "line", true, &frames[i].line, w);
     }
-    if (rc == 0 && (rc = mt__ts_push_stack(r->ts, frames, fl->n, id)) == 0) {
-        r->seen[h] = fl;
-        r->seen_id[h] = *id;
-        r->nseen++;
-    }
+    if (rc == 0 && (rc = mt__ts_push_stack(r->ts, frames, fl->n, id)) == 0)
+        rc = mt__amap_put(&r->seen, key, *id);
     if (frames != stackbuf)
         free(frames);
     return rc;
@@ -480,8 +448,7 @@ int mt__ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *
               .errlen = errlen,
               .budget = (uint64_t)VISITS_PER_BYTE * mt__pk_input_size(doc) + VISITS_FLOOR};
     rc = mt__ts_read_root(&r, mt__pk_root(doc));
-    free(r.seen);
-    free(r.seen_id);
+    mt__amap_fini(&r.seen);
     if (rc == 0 && (rc = mt__ts_check(ts, err, errlen)) < 0) {
         char msg[400];
         snprintf(msg, sizeof msg, "%s", err);

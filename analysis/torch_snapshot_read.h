@@ -5,6 +5,7 @@
 #define MT_ANALYSIS_TORCH_SNAPSHOT_READ_H
 
 #include "analysis/torch_snapshot.h"
+#include "util/addrmap.h"
 
 /* What the model owns besides its arrays: capacities, copied strings, the pickle whose
  * strings it points into, and the tag each stack carries. */
@@ -45,10 +46,7 @@ typedef struct rd_s {
     const char *name;
     char *err;
     size_t errlen;
-    /* frames lists seen, by pickle value: the stack made of them (open addressing) */
-    const mt_pk_value_t **seen;
-    uint32_t *seen_id;
-    size_t seen_cap, nseen;
+    mt__amap_t seen;     /* frames lists read, by their pickle value's address: their stack */
     uint64_t visits;     /* values visited so far, shared ones once per reference */
     uint64_t budget;     /* VISITS_PER_BYTE * file bytes + VISITS_FLOOR */
     struct strm_s *strm; /* device_traces read as the pickle streams them, or NULL */

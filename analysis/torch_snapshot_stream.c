@@ -335,8 +335,7 @@ int mt__ts_read_streamed(mt_ts_t **out, const char *path, char *err, size_t errl
         snprintf(err, errlen, "%s: %s", path, msg);
     }
 done:
-    free(r.seen);
-    free(r.seen_id);
+    mt__amap_fini(&r.seen);
     if (st != NULL) {
         free(st->strs);
         free(st->str_hash);
