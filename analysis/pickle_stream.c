@@ -10,6 +10,7 @@
 
 #include "analysis/pickle_internal.h"
 #include "memtrace/common.h"
+#include "util/addrmap.h"
 
 /* ---- the first pass ---- */
 
@@ -231,70 +232,17 @@ int mt__pk_stream_check_change(mt__pk_reader_t *r, const mt_pk_value_t *c)
                        "changes a container made before the streamed batch it is read in");
 }
 
-/* Copies of the batch's values the memo keeps, made in the document's chunks: old -> new
- * (open addressing), so values shared among them stay shared. */
-typedef struct fwd_s {
-    const mt_pk_value_t **from;
-    mt_pk_value_t **to;
-    size_t cap, n;
-} fwd_t;
-
-static mt_pk_value_t *copy_value(mt__pk_reader_t *r, const mt__pk_chunk_t *batch, fwd_t *f,
-                                 const mt_pk_value_t *v);
-
-static int fwd_put(fwd_t *f, const mt_pk_value_t *from, mt_pk_value_t *to)
-{
-    if ((f->n + 1) * 2 > f->cap) {
-        size_t ncap = f->cap ? f->cap * 2 : 256;
-        const mt_pk_value_t **nf = calloc(ncap, sizeof *nf);
-        mt_pk_value_t **nt = calloc(ncap, sizeof *nt);
-        if (nf == NULL || nt == NULL) {
-            free(nf);
-            free(nt);
-            return MT_ENOMEM;
-        }
-        for (size_t i = 0; i < f->cap; i++)
-            if (f->from[i] != NULL) {
-                size_t h = ((uintptr_t)f->from[i] >> 4) * 0x9e3779b97f4a7c15ull & (ncap - 1);
-                while (nf[h] != NULL)
-                    h = (h + 1) & (ncap - 1);
-                nf[h] = f->from[i];
-                nt[h] = f->to[i];
-            }
-        free(f->from);
-        free(f->to);
-        f->from = nf;
-        f->to = nt;
-        f->cap = ncap;
-    }
-    size_t h = ((uintptr_t)from >> 4) * 0x9e3779b97f4a7c15ull & (f->cap - 1);
-    while (f->from[h] != NULL)
-        h = (h + 1) & (f->cap - 1);
-    f->from[h] = from;
-    f->to[h] = to;
-    f->n++;
-    return 0;
-}
-
-static mt_pk_value_t *fwd_get(const fwd_t *f, const mt_pk_value_t *from)
-{
-    if (f->cap == 0)
-        return NULL;
-    size_t h = ((uintptr_t)from >> 4) * 0x9e3779b97f4a7c15ull & (f->cap - 1);
-    for (; f->from[h] != NULL; h = (h + 1) & (f->cap - 1))
-        if (f->from[h] == from)
-            return f->to[h];
-    return NULL;
-}
-
-static mt_pk_value_t *copy_value(mt__pk_reader_t *r, const mt__pk_chunk_t *batch, fwd_t *f,
+/* Copies of the batch's values the memo keeps are made in the document's chunks, with a
+ * table f of old -> new (util/addrmap.h), so values shared among them stay shared. */
+static mt_pk_value_t *copy_value(mt__pk_reader_t *r, const mt__pk_chunk_t *batch, mt__amap_t *f,
                                  const mt_pk_value_t *v)
 {
     if (!in_chunks(batch, v))
         return (mt_pk_value_t *)v; /* older: already the document's */
-    mt_pk_value_t *c = fwd_get(f, v);
-    if (c != NULL)
-        return c;
+    uint64_t done;
+    if (mt__amap_get(f, (uintptr_t)v, &done) == 0)
+        return (mt_pk_value_t *)(uintptr_t)done;
+    mt_pk_value_t *c;
     if ((c = mt__pk_alloc(r, sizeof *c)) == NULL)
         return NULL;
     *c = *v;
@@ -318,7 +266,7 @@ static mt_pk_value_t *copy_value(mt__pk_reader_t *r, const mt__pk_chunk_t *batch
             c->u.items = a;
         }
     }
-    if (fwd_put(f, v, c) < 0) {
+    if (mt__amap_put(f, (uintptr_t)v, (uintptr_t)c) < 0) {
         mt__pk_fail(r, MT_ENOMEM, "out of memory");
         return NULL;
     }
@@ -347,7 +295,7 @@ static int end_batch(mt__pk_reader_t *r)
     r->doc->chunks = r->kept;
     r->kept = NULL;
     r->in_batch = false;
-    fwd_t f = {0};
+    mt__amap_t f = {0};
     /* The memo keeps only indices some GET reads (mt__pk_memo_slot): all are copied. */
     size_t from = mt__pk_memo_slots_below(r, r->batch_memo_low);
     size_t to = mt__pk_memo_slots_below(r, r->nmemo);
@@ -356,8 +304,7 @@ static int end_batch(mt__pk_reader_t *r)
         if (v != NULL && in_chunks(batch, v))
             r->memo[i] = copy_value(r, batch, &f, v);
     }
-    free(f.from);
-    free(f.to);
+    mt__amap_fini(&f);
     free_chunks(r, batch);
     r->doc->memory -= r->batch_memory;
     r->batch_memory = 0;
