@@ -1,10 +1,11 @@
 /* Call stacks in the model: the producer's stack table and module map, each block's stack,
  * and per-stack figures (live now, live at the class's peak, growth across iterations).
  *
- * Stacks are kept in a dense array (index 0 is id 0, "no stack"), found by id through an
- * open-addressing table. The live bytes at the class's peak are taken lazily: a class
- * counts its new peaks (peak_ep); a stack about to change stores its bytes as they were
- * at the latest peak (snap, snap_ep) first, so a peak costs O(1), not O(stacks). */
+ * Stacks are kept in a dense array (index 0 is id 0, "no stack"), found by id through
+ * util's address table (keyed by id + 1: its keys are never 0). The live bytes at the class's peak
+ * are taken lazily: a class counts its new peaks (peak_ep); a stack about to change stores its
+ * bytes as they were at the latest peak (snap, snap_ep) first, so a peak costs O(1), not O(stacks).
+ */
 #include "analysis/model_internal.h"
 
 #include <jansson.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/addrmap.h"
 #include "util/assert.h"
 
 /* One stack's figures in one class. Invariants: bytes = sum of size over the class's FULL,
@@ -35,12 +37,11 @@ typedef struct sdef_s {
     uint8_t truncated, defined;
 } sdef_t;
 
-/* Invariants: n <= cap; hcap a power of two (or 0) >= 2 n; every defs[i].id (i < n) is
- * found by find(); defs[0].id = 0 once n > 0; nframes <= MT_MODEL_FRAMES_MAX; the frames
+/* Invariants: n <= cap; at holds n keys, defs[i].id + 1 -> i for every i < n (find());
+ * defs[0].id = 0 once n > 0; nframes <= MT_MODEL_FRAMES_MAX; the frames
  * of a defined entry lie in [0, nframes); str_bytes <= MT_MODEL_PY_STR_MAX. */
 struct mt__mstacks_s {
-    uint32_t *hkey, *hval; /* id -> index + 1 (hval 0 = empty) */
-    size_t hcap;
+    mt__amap_t at; /* id + 1 -> index into defs */
     sdef_t *defs;
     sfig_t *fig[MT_MODEL_CLASSES];
     size_t n, cap;
@@ -64,12 +65,6 @@ static uint64_t sat(mt__u128 v)
     return mt__model_sat(v);
 }
 
-static size_t hash32(uint32_t x)
-{
-    uint64_t h = (uint64_t)x * 0x9e3779b97f4a7c15ull;
-    return (size_t)(h >> 29);
-}
-
 static mt__mstacks_t *stacks_get(mt_model_t *m)
 {
     if (m->stacks)
@@ -84,23 +79,8 @@ static mt__mstacks_t *stacks_get(mt_model_t *m)
 
 static size_t find(const mt__mstacks_t *s, uint32_t id)
 {
-    if (s->hcap == 0)
-        return SIZE_MAX;
-    for (size_t j = hash32(id) & (s->hcap - 1);; j = (j + 1) & (s->hcap - 1)) {
-        if (s->hval[j] == 0)
-            return SIZE_MAX;
-        if (s->hkey[j] == id)
-            return s->hval[j] - 1;
-    }
-}
-
-static void hput(uint32_t *key, uint32_t *val, size_t cap, uint32_t id, uint32_t v)
-{
-    size_t j = hash32(id) & (cap - 1);
-    while (val[j] != 0)
-        j = (j + 1) & (cap - 1);
-    key[j] = id;
-    val[j] = v;
+    uint64_t i;
+    return mt__amap_get(&s->at, (uint64_t)id + 1, &i) == 0 ? (size_t)i : SIZE_MAX;
 }
 
 /* The index of id, added when new. SIZE_MAX without memory. */
@@ -123,28 +103,13 @@ static size_t intern_id(mt__mstacks_t *s, uint32_t id)
         }
         s->cap = cap;
     }
-    if (2 * (s->n + 1) > s->hcap) {
-        size_t hcap = s->hcap ? 2 * s->hcap : 128;
-        uint32_t *key = calloc(hcap, sizeof(*key)), *val = calloc(hcap, sizeof(*val));
-        if (!key || !val) {
-            free(key);
-            free(val);
-            return SIZE_MAX;
-        }
-        for (size_t j = 0; j < s->hcap; j++)
-            if (s->hval[j])
-                hput(key, val, hcap, s->hkey[j], s->hval[j]);
-        free(s->hkey);
-        free(s->hval);
-        s->hkey = key;
-        s->hval = val;
-        s->hcap = hcap;
-    }
-    i = s->n++;
+    i = s->n;
+    if (mt__amap_put(&s->at, (uint64_t)id + 1, i) != 0)
+        return SIZE_MAX;
+    s->n++;
     s->defs[i] = (sdef_t){.id = id};
     for (int k = 0; k < MT_MODEL_CLASSES; k++)
         memset(&s->fig[k][i], 0, sizeof(sfig_t));
-    hput(s->hkey, s->hval, s->hcap, id, (uint32_t)i + 1);
     return i;
 }
 
@@ -567,8 +532,7 @@ void mt__model_stacks_free(mt_model_t *m)
     mt__mstacks_t *s = m->stacks;
     if (!s)
         return;
-    free(s->hkey);
-    free(s->hval);
+    mt__amap_fini(&s->at);
     free(s->defs);
     for (int k = 0; k < MT_MODEL_CLASSES; k++)
         free(s->fig[k]);
@@ -599,7 +563,9 @@ int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen)
     const mt__mstacks_t *s = m->stacks;
     if (!s)
         return 0;
-    CHECK(s->n <= s->cap && (s->hcap == 0 || 2 * s->n <= s->hcap), "stacks: table sizes");
+    CHECK(s->n <= s->cap && s->at.n == s->n, "stacks: table sizes");
+    if (mt__amap_check(&s->at, why, whylen) != 0)
+        return MT_EPROTO;
     CHECK(s->nframes <= MT_MODEL_FRAMES_MAX && s->str_bytes <= MT_MODEL_PY_STR_MAX,
           "stacks: bounds");
     for (size_t i = 0; i < s->n; i++) {

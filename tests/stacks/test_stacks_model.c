@@ -98,6 +98,44 @@ static void test_figures(void **state)
     mt__model_destroy(&g.m);
 }
 
+/* Thousands of stack ids spread over 1..MT_STACK_ID_MAX, and MT_STACK_ID_OVERFLOW (the
+ * table grows many times): each keeps its own block's bytes, and the model's checker finds
+ * every id at its index. */
+static void test_many_stacks(void **state)
+{
+    (void)state;
+    enum { N = 3000 };
+    mgen_t g = {0};
+    mt_model_cfg_t mc = {0};
+    assert_int_equal(mt__model_create(&g.m, &mc), 0);
+    mt_event_rec_t seg = mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, N * MIB, 0);
+    assert_int_equal(mt__model_apply(g.m, &seg), 0);
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t id = i == N - 1 ? UINT32_MAX : i * 2654435761u % (MT_STACK_ID_MAX - 1) + 1;
+        mt_event_rec_t ref = mgen_rec(&g, MT_EV_STACK_REF, BASE + i * MIB, id, 0);
+        assert_int_equal(mt__model_apply(g.m, &ref), 0);
+        mt_event_rec_t ev = mgen_rec(&g, MT_EV_ALLOC, BASE + i * MIB, (i % 7 + 1) * 4096, 0);
+        assert_int_equal(mt__model_apply(g.m, &ev), 0);
+    }
+    check(g.m);
+    mt_model_stack_t *v;
+    size_t n;
+    assert_int_equal(mt__model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
+    size_t seen = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t id = i == N - 1 ? UINT32_MAX : i * 2654435761u % (MT_STACK_ID_MAX - 1) + 1;
+        const mt_model_stack_t *r = row(v, n, id);
+        assert_non_null(r);
+        assert_int_equal(r->bytes, (i % 7 + 1) * 4096); /* the ids are distinct */
+        assert_int_equal(r->blocks, 1);
+        seen++;
+    }
+    assert_int_equal(seen, N);
+    assert_int_equal(n, N);
+    free(v);
+    mt__model_destroy(&g.m);
+}
+
 static void test_growth(void **state)
 {
     (void)state;
@@ -276,9 +314,9 @@ static void test_report_lines(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_figures),      cmocka_unit_test(test_growth),
-        cmocka_unit_test(test_table_lines),  cmocka_unit_test(test_bad_refs),
-        cmocka_unit_test(test_report_lines),
+        cmocka_unit_test(test_figures),  cmocka_unit_test(test_many_stacks),
+        cmocka_unit_test(test_growth),   cmocka_unit_test(test_table_lines),
+        cmocka_unit_test(test_bad_refs), cmocka_unit_test(test_report_lines),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
