@@ -2,10 +2,10 @@
  * and per-stack figures (live now, live at the class's peak, growth across iterations).
  *
  * Stacks are kept in a dense array (index 0 is id 0, "no stack"), found by id through
- * util's address table (keyed by id + 1: its keys are never 0). The live bytes at the class's peak
- * are taken lazily: a class counts its new peaks (peak_ep); a stack about to change stores its
- * bytes as they were at the latest peak (snap, snap_ep) first, so a peak costs O(1), not O(stacks).
- */
+ * util's address table (keyed by id + 1: its keys are never 0). The live bytes at the
+ * class's peak are taken lazily: a class counts its new peaks (peak_ep); a stack about to
+ * change stores its bytes as they were at the latest peak (snap, snap_ep) first, so a peak
+ * costs O(1), not O(stacks). */
 #include "analysis/model_internal.h"
 
 #include <jansson.h>
@@ -38,8 +38,8 @@ typedef struct sdef_s {
 } sdef_t;
 
 /* Invariants: n <= cap; at holds n keys, defs[i].id + 1 -> i for every i < n (find());
- * defs[0].id = 0 once n > 0; nframes <= MT_MODEL_FRAMES_MAX; the frames
- * of a defined entry lie in [0, nframes); str_bytes <= MT_MODEL_PY_STR_MAX. */
+ * defs[0].id = 0 once n > 0; nframes <= MT_MODEL_FRAMES_MAX; the frames of a defined
+ * entry lie in [0, nframes); str_bytes <= MT_MODEL_PY_STR_MAX. */
 struct mt__mstacks_s {
     mt__amap_t at; /* id + 1 -> index into defs */
     sdef_t *defs;

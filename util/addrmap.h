@@ -1,7 +1,8 @@
 /* An address table: non-zero 64-bit addresses to 64-bit values (an index, a pointer), open
  * addressing with linear probing from a Fibonacci-hashed home slot and backward-shift
  * deletion (no tombstones). The one address table of the tree: the allocator's blocks, the
- * thread caches' entries, the model's and readers' tables. The probes are inline: they are
+ * thread caches' entries, the model's and readers' tables (stack ids among them, as id + 1),
+ * the pickle reader's copies of a streamed batch. The probes are inline: they are
  * on the allocator's global path, twice per malloc+free pair. */
 #ifndef MT_UTIL_ADDRMAP_H
 #define MT_UTIL_ADDRMAP_H
