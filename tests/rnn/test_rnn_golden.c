@@ -359,14 +359,17 @@ static void golden_every_isa(void **state)
  * RC" and its error log line; its first line here. */
 /* Runs the probe with MEMTRACE_CPU_ISA = value (NULL: unset); out gets what it printed
  * after its CPU's level, which is *top. The child's CPU is its own: under an emulator
- * (tests/cross/avx2_qemu.sh) the child runs on the host's CPU, not the emulated one. */
+ * (tests/cross/avx2_qemu.sh) the child runs on the host's CPU, not the emulated one. In a
+ * cross build's run (tests/cross/aarch64.sh) the child is a program of the other
+ * architecture: it runs through the wrapper meson ran this test with. */
 static void isa_child(const char *value, char *out, size_t n, int *top)
 {
-    char exe[1024], cmd[1200];
+    char exe[1024], cmd[1400];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     assert_true(k > 0);
     exe[k] = '\0';
-    snprintf(cmd, sizeof cmd, "'%s' --isa-probe", exe);
+    const char *wrap = getenv("MESON_EXE_WRAPPER");
+    snprintf(cmd, sizeof cmd, "%s '%s' --isa-probe", wrap ? wrap : "", exe);
     if (value)
         assert_int_equal(setenv("MEMTRACE_CPU_ISA", value, 1), 0);
     else
