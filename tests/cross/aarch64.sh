@@ -12,7 +12,9 @@
 # give return addresses minus 1); the RNN engine's suite (its cell loops and GEMMs on
 # arm64's OpenBLAS, against PyTorch's golden outputs); the snapshot reader's and the
 # model's stack table's C tests. What is left out of the build or of the run is printed,
-# with why.
+# with why. Not run here at all: the daemon's suite (its tests fork producers from a
+# threaded process, which qemu-user 7.2 aborts on) and the tools' (shell scripts that exec
+# the aarch64 memtrace, which needs a binfmt entry).
 # The last line is CI's plain summary: "aarch64: N passed, N failed, N skipped".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
