@@ -3,12 +3,14 @@
 #
 #   tests/rnn/isa_matrix.sh BUILD_DIR
 #
-# For each level (x86-64: avx512 when /proc/cpuinfo has the x86-64-v4 flags, avx2 when it has
-# the x86-64-v3 ones, always baseline; other machines: native only) it runs the rnn suite
+# For each level (x86-64: auto, then avx512 when /proc/cpuinfo has the x86-64-v4 flags, avx2
+# when it has the x86-64-v3 ones, always baseline; other machines: native only) it runs the
+# rnn suite
 # (goldens, bit identity, splits) with the engine's cell loops capped by MEMTRACE_CPU_ISA and
 # each library lowered through its own switch:
 #
 #   level     MEMTRACE_CPU_ISA  LIBXSMM_TARGET        ONEDNN_MAX_CPU_ISA  OPENBLAS_CORETYPE
+#   auto      (unset)           (unset: native)       (unset: all)        (unset: detected)
 #   avx512    avx512            (unset: native)       (unset: all)        SkylakeX
 #   avx2      avx2              hsw                   AVX2                Zen (AMD) / Haswell
 #   baseline  baseline          generic (engine off)  SSE41               Nehalem
@@ -16,6 +18,9 @@
 # BLIS has no usable switch here: Debian's BLIS 0.9.0 reads BLIS_ARCH_TYPE but aborts for
 # every id ("Accessed uninitialized context in gks"), its one registered configuration being
 # generic; it runs that at every level. OPENBLAS_L2_SIZE is left as the host has it.
+# "auto" is what a user who sets nothing gets: each library's own choice for this CPU
+# (OpenBLAS 0.3.21 takes Zen 5 for a Cooper Lake, say), whatever the caller's environment
+# sets (a CI host may pin OPENBLAS_CORETYPE).
 #
 # Then it runs test_rnn_golden --matrix at the level (the goldens on each library at 1 and 2
 # threads, each naming the kernels actually used) and prints a table: level x library x
@@ -44,6 +49,7 @@ has() { # has FLAG...: every flag is in /proc/cpuinfo
 }
 levels=()
 if [ "$(uname -m)" = x86_64 ]; then
+    levels+=(auto)
     has avx512f avx512bw avx512vl avx512dq avx512cd && levels+=(avx512)
     has avx2 fma bmi1 bmi2 f16c movbe && levels+=(avx2)
     levels+=(baseline)
@@ -65,6 +71,7 @@ level_env() {
     baseline) echo "${base[*]} MEMTRACE_CPU_ISA=baseline LIBXSMM_TARGET=generic" \
         "ONEDNN_MAX_CPU_ISA=SSE41 OPENBLAS_CORETYPE=Nehalem" ;;
     native) echo "${base[*]}" ;;
+    auto) echo "${base[*]} -u OPENBLAS_CORETYPE" ;;
     esac
 }
 
