@@ -16,25 +16,15 @@ temporary directory). One thread per process; no BLAS is called.
 import argparse
 import lzma
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 
+from machine_py import cpu_model  # this directory
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def plain_csv(path, tmp):
@@ -67,12 +57,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=8)
     ap.add_argument("traces", nargs="*")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     if args.passes < 2 or args.passes > 16:
         sys.exit("ab_replay: --passes must be 2..16 (the cold pass and at least one warm)")
     traces = args.traces or [os.path.join(HERE, "..", "data", "traces", f"torch_{t}.csv.xz")
                              for t in ("lstm", "gru", "transformer")]
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores online, load average "
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores online, load average "
           f"{os.getloadavg()[0]:.2f}; 1 thread per replay; no BLAS called")
     with tempfile.TemporaryDirectory() as tmp:
         csvs = [plain_csv(t, tmp) for t in traces]

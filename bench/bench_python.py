@@ -19,17 +19,7 @@ os.environ.setdefault("MEMTRACE_PROF", "off")
 os.environ.setdefault("MEMTRACE_BACKEND", "sim")
 os.environ.setdefault("MEMTRACE_LOG_LEVEL", "error")
 import memtrace  # noqa: E402
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from machine_py import cpu_model  # noqa: E402  (this directory)
 
 
 def per_op(fn, n, reps=7):

@@ -15,7 +15,6 @@ passes 2x its input (the sum of both files for diff).
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+from machine_py import cpu_model  # this directory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_PY = "/usr/bin/python3"  # Debian's python3-torch (1.13); a python3 on PATH may lack it
@@ -97,17 +98,6 @@ def run_view(memtrace, path):
     p.send_signal(signal.SIGINT)
     _, status, ru = os.wait4(p.pid, 0)
     return dt, ru.ru_maxrss * 1024, size, routes, page, hwm
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main():
