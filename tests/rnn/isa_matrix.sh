@@ -5,9 +5,8 @@
 #
 # For each level (x86-64: auto, then avx512 when /proc/cpuinfo has the x86-64-v4 flags, avx2
 # when it has the x86-64-v3 ones, always baseline; other machines: native only) it runs the
-# rnn suite
-# (goldens, bit identity, splits) with the engine's cell loops capped by MEMTRACE_CPU_ISA and
-# each library lowered through its own switch:
+# rnn suite (goldens, bit identity, splits) with the engine's cell loops capped by
+# MEMTRACE_CPU_ISA and each library lowered through its own switch:
 #
 #   level     MEMTRACE_CPU_ISA  LIBXSMM_TARGET        ONEDNN_MAX_CPU_ISA  OPENBLAS_CORETYPE
 #   auto      (unset)           (unset: native)       (unset: all)        (unset: detected)

@@ -98,6 +98,13 @@ static void test_figures(void **state)
     mt__model_destroy(&g.m);
 }
 
+/* test_many_stacks' id i of N: distinct ids spread over 1..MT_STACK_ID_MAX, the last one
+ * MT_STACK_ID_OVERFLOW. */
+static uint32_t many_id(uint32_t i, uint32_t n)
+{
+    return i == n - 1 ? UINT32_MAX : i * 2654435761u % (MT_STACK_ID_MAX - 1) + 1;
+}
+
 /* Thousands of stack ids spread over 1..MT_STACK_ID_MAX, and MT_STACK_ID_OVERFLOW (the
  * table grows many times): each keeps its own block's bytes, and the model's checker finds
  * every id at its index. */
@@ -111,7 +118,7 @@ static void test_many_stacks(void **state)
     mt_event_rec_t seg = mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, N * MIB, 0);
     assert_int_equal(mt__model_apply(g.m, &seg), 0);
     for (uint32_t i = 0; i < N; i++) {
-        uint32_t id = i == N - 1 ? UINT32_MAX : i * 2654435761u % (MT_STACK_ID_MAX - 1) + 1;
+        uint32_t id = many_id(i, N);
         mt_event_rec_t ref = mgen_rec(&g, MT_EV_STACK_REF, BASE + i * MIB, id, 0);
         assert_int_equal(mt__model_apply(g.m, &ref), 0);
         mt_event_rec_t ev = mgen_rec(&g, MT_EV_ALLOC, BASE + i * MIB, (i % 7 + 1) * 4096, 0);
@@ -123,7 +130,7 @@ static void test_many_stacks(void **state)
     assert_int_equal(mt__model_stacks(g.m, MT_MODEL_DEVICE, NULL, &v, &n), 0);
     size_t seen = 0;
     for (uint32_t i = 0; i < N; i++) {
-        uint32_t id = i == N - 1 ? UINT32_MAX : i * 2654435761u % (MT_STACK_ID_MAX - 1) + 1;
+        uint32_t id = many_id(i, N);
         const mt_model_stack_t *r = row(v, n, id);
         assert_non_null(r);
         assert_int_equal(r->bytes, (i % 7 + 1) * 4096); /* the ids are distinct */
