@@ -201,17 +201,20 @@ test)
     summarise sanitizers build-asan
     # ThreadSanitizer on the tests whose threads share one allocator with thread caches:
     # recording in compact batches (the model property test), and an owner's hints against
-    # claims of its cache (alloc_tc_race): a data race fails them. The other suites are
-    # left out: TSan does not see the order the caches' membarrier gate makes
-    # (docs/allocator-tcache.md), and these tests do not cross it unordered.
+    # claims of its cache (alloc_tc_race); and on the daemon's loop with its line encoder
+    # thread, batches in flight across ticks (daemon_ack, daemon_e2e, daemon_binlog): a
+    # data race fails them. The other suites are left out: TSan does not see the order the
+    # caches' membarrier gate makes (docs/allocator-tcache.md), and these tests do not cross
+    # it unordered.
     tsan_opts=(--buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false)
     [ -f build-tsan/build.ninja ] || CC=clang-14 meson setup build-tsan "${tsan_opts[@]}" ||
         rc=1
     if ninja -C build-tsan tests/analysis/test_analysis_model_property \
-        tests/alloc/test_alloc_tc_race; then
+        tests/alloc/test_alloc_tc_race tests/daemon/test_daemon_ack tests/daemon/test_daemon_e2e \
+        tests/daemon/test_daemon_binlog; then
         TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 MT_TC_RACE_PAIRS=200000 \
             meson test -C build-tsan --no-rebuild --print-errorlogs analysis_model_property \
-            alloc_tc_race || rc=1
+            alloc_tc_race daemon_ack daemon_e2e daemon_binlog || rc=1
     else
         rc=1
     fi

@@ -13,6 +13,9 @@ static void on_conn_closed(uv_handle_t *h)
 {
     mt_d_conn_t *c = (mt_d_conn_t *)h;
     mt_d_t *d = c->d;
+    /* a batch the encoder has may name it as a consumer: those come back first */
+    if (d->lines.taken != d->lines.handed)
+        mt__d_lines_sync(d);
     if (c->prev)
         c->prev->next = c->next;
     else

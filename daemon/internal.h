@@ -32,6 +32,7 @@
 #define MT_D_MAX_PIDS       16   /* pids in one subscription filter */
 #define MT_D_MAX_TAG_LABELS 8    /* user tag labels in one subscription filter */
 #define MT_D_BATCH          1024 /* events per batch (one consumer chunk per batch) */
+#define MT_D_LINES_DEPTH    4    /* batches: the one being filled, the rest the encoder's */
 /* records a batch holds: a batch's events plus the table lines (stacks.c) of its last one */
 #define MT_D_BATCH_CAP         (MT_D_BATCH + MT__STAB_MODULES + 2)
 #define MT_D_PRODUCER_LINE_MAX 4096  /* bytes of a line a registered producer may send */
@@ -105,6 +106,10 @@ typedef struct mt_d_proc_s {
     mt__stab_seen_t stab_seen;
     uint32_t pending_stack;
     uint64_t pending_addr;
+    /* its ring's drained position at the end of the tick whose last batch is k (in the
+     * slot of k), acknowledged when that batch is back (ack_at = k + 1; 0 = none) */
+    uint64_t ack_pos[MT_D_LINES_DEPTH];
+    uint64_t ack_at[MT_D_LINES_DEPTH];
     /* A PyTorch snapshot loaded by `memtrace view` (NULL otherwise), kept for its stacks'
      * frames (its blocks' stack ids are the snapshot's), and its live bytes by site. */
     struct mt_ts_s *snap;
@@ -268,23 +273,32 @@ typedef struct mt_d_batch_s {
     mt_d_batch_out_t *outs;
     size_t nouts, outs_cap;
     bool outs_ok;
+    /* ack: the last batch of a drain tick whose rings are acknowledged when it comes back
+     * (mt__d_procs_ack); the encoder flushes the log after writing it */
+    bool ack;
 } mt_d_batch_t;
 
-/* The encoder (lines.c). Invariants: fill is the loop's, busy (if not NULL) the other
- * batch, handed off and not yet taken back; job != NULL => job == busy, the encoder's until
- * it sets job = NULL (under mu); a batch handed off is taken back before the loop reads or
- * writes the log file, changes a process's names or lets a process go, so the encoder reads
- * the processes (pid, names) of its batch while they stay as they were at the records. */
+/* The encoder (lines.c): a queue of batches, in order. Batch k (k counted from 0) is
+ * b[k % MT_D_LINES_DEPTH]; the loop fills batch handed, hands it off (handed + 1), and
+ * takes batches back in order (taken) once the encoder has done them (encoded).
+ * Invariants: taken <= encoded <= handed <= taken + MT_D_LINES_DEPTH - 1; fill is
+ * b[handed % MT_D_LINES_DEPTH]; the batches from encoded to handed are the encoder's,
+ * the others the loop's. A batch handed off is taken back before the loop reads or
+ * writes the log file, changes a process's names, lets a process go or frees a
+ * connection, so the encoder reads the processes (pid, names) and consumers of its batch
+ * while they stay as they were at the records. */
 typedef struct mt_d_lines_s {
-    mt_d_batch_t b[2];
-    mt_d_batch_t *fill, *busy;
-    bool stale; /* a name changed or a process went since the last hand-off */
+    mt_d_batch_t b[MT_D_LINES_DEPTH];
+    mt_d_batch_t *fill;
+    uint64_t handed; /* written by the loop under mu */
+    uint64_t taken;  /* the loop's */
+    bool stale;      /* a name changed or a process went since the last hand-off */
     bool inited;
     bool on; /* the thread runs; else the loop encodes at each hand-off */
     pthread_t th;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    mt_d_batch_t *job;       /* under mu */
+    uint64_t encoded;        /* under mu */
     bool quit;               /* under mu */
     _Atomic uint64_t cpu_ns; /* the encoder's CPU time after its last batch */
     /* the encoder's own */
@@ -298,8 +312,14 @@ int mt__d_lines_init(struct mt_d_s *d);
  * per run of one process's records; *nlines: the records (lines) encoded. Table lines are
  * read from b->pre, so before the encoder writes b->text. 0 or MT_ENOMEM. */
 int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel, uint32_t *nlines);
-/* Hands the batch being filled to the encoder (after taking the previous one back). */
+/* Hands the batch being filled to the encoder, after taking back the batches it has done
+ * (waiting for the oldest when no batch is free to fill next). */
 void mt__d_lines_handoff(struct mt_d_s *d);
+/* The end of a drain tick that another follows at once: the batch being filled handed off
+ * with every live ring's drained position, which are acknowledged when it comes back
+ * (mt__d_procs_ack) rather than now, so that the encoder goes on while the loop polls.
+ * False (nothing done) when that batch is empty: the caller syncs and acknowledges. */
+bool mt__d_lines_handoff_acked(struct mt_d_s *d);
 /* Hands off the batch being filled and takes it back: every line drained so far is
  * written (the log not flushed) and queued for the consumers. */
 void mt__d_lines_sync(struct mt_d_s *d);
@@ -409,6 +429,9 @@ int mt__d_producer_hello(mt_d_conn_t *c, json_t *msg, char *err, size_t errlen);
 void mt__d_producer_eof(mt_d_conn_t *c);
 void mt__d_producer_input(mt_d_conn_t *c, const char *data, size_t n);
 void mt__d_drain_all(mt_d_t *d);
+/* Batch k, the last of a tick, is back (its lines written and the log flushed): the
+ * rings' positions recorded with it are acknowledged. */
+void mt__d_procs_ack(mt_d_t *d, uint64_t k);
 void mt__d_procs_free(mt_d_t *d);
 unsigned mt__d_live_count(const mt_d_t *d);
 
@@ -491,5 +514,7 @@ int mt__d_logfile_open(mt_d_t *d);
 void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len);
 void mt__d_logfile_flush(mt_d_t *d);
 void mt__d_logfile_close(mt_d_t *d);
+/* Closes the log at once (no batch in the encoder's hands writes to it). */
+void mt__d_logfile_end(mt_d_t *d);
 
 #endif

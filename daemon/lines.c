@@ -2,14 +2,19 @@
  *
  * The loop thread drains the rings and applies each record to the figures; the JSON lines
  * (profiler/encode.c's line writer) and the log file's write are the larger half of a drain
- * with lines, so they run on a thread of the daemon's own, one batch behind the loop: while
- * the encoder writes batch k, the loop fills batch k + 1. A batch comes back to the loop
- * (mt__d_lines_sync, or the next hand-off) before its lines go to the consumers, and every
- * drain ends with the batches back, so the log's flush and the rings' acknowledgement
- * (ack_drained) follow the lines' write as before, in the same order. The thread is started
- * by mt__d_create and joined by mt__d_destroy; without it (it could not be started) the loop
- * encodes each batch itself at its hand-off. The encoder also builds each consumer's chunk
- * of the batch's lines; the loop queues them (libuv writes them) when the batch is back. */
+ * with lines, so they run on a thread of the daemon's own, behind the loop: while the
+ * encoder writes batch k, the loop fills batch k + 1, and up to MT_D_LINES_DEPTH - 1
+ * batches wait for the encoder in order, so that it goes from one to the next without
+ * sleeping. A batch comes back to the loop in order (at a later hand-off, or
+ * mt__d_lines_sync) before its lines go to the consumers. A tick that another follows at
+ * once ends with its last batch handed off and not waited for (mt__d_lines_handoff_acked):
+ * the rings are acknowledged when that batch is back, its lines written and the log
+ * flushed by the encoder; every other tick ends with the batches back, the log flushed and
+ * the rings acknowledged (producers.c, ack_drained). Either way read_idx never passes what
+ * is not yet in the log. The thread is started by mt__d_create and joined by
+ * mt__d_destroy; without it (it could not be started) the loop encodes each batch itself
+ * at its hand-off. The encoder also builds each consumer's chunk of the batch's lines;
+ * the loop queues them (libuv writes them) when the batch is back. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,6 +22,7 @@
 #include "daemon/internal.h"
 #include "profiler/binlog.h"
 #include "profiler/internal.h"
+#include "util/assert.h"
 
 /* The line of r (not a table line) appended to t, '\n' included. 0 or MT_ENOMEM. */
 static int encode_rec(mt_d_lines_t *L, mt_d_buf_t *t, mt_d_batch_rec_t *r)
@@ -133,9 +139,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         if (b->logf && b->bin)
             b->write_failed = true;
     }
-    if (b->logf && b->bin && all_bin)
-        b->write_failed =
-            b->binbuf.len && fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
+    if (b->logf && b->bin && all_bin && b->binbuf.len)
+        b->write_failed = fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
     if (b->outs_ok)
         mt__d_consumers_build_binary(b);
     if (!text)
@@ -154,30 +159,39 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         r->off = (uint32_t)off;
         r->len = (uint32_t)(b->text.len - off);
     }
-    if (b->logf && !b->bin)
-        b->write_failed = b->text.len && fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
+    if (b->logf && !b->bin && b->text.len)
+        b->write_failed = fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
     if (b->outs_ok)
         mt__d_consumers_build(b);
+}
+
+/* run_job, then the log flushed when the batch's rings are acknowledged at its return. */
+static void run_batch(mt_d_lines_t *L, mt_d_batch_t *b)
+{
+    run_job(L, b);
+    if (b->ack && b->logf && !b->write_failed)
+        b->write_failed = fflush(b->logf) != 0;
 }
 
 static void *encoder_main(void *arg)
 {
     mt_d_lines_t *L = arg;
+    (void)pthread_setname_np(pthread_self(), "memtraced-lines"); /* (top -H, perf) */
     pthread_mutex_lock(&L->mu);
     for (;;) {
-        while (L->job == NULL && !L->quit)
+        while (L->encoded == L->handed && !L->quit)
             pthread_cond_wait(&L->go, &L->mu);
-        if (L->job == NULL)
+        if (L->encoded == L->handed)
             break;
-        mt_d_batch_t *b = L->job;
+        mt_d_batch_t *b = &L->b[L->encoded % MT_D_LINES_DEPTH];
         pthread_mutex_unlock(&L->mu);
-        run_job(L, b);
+        run_batch(L, b);
         struct timespec ts;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
         atomic_store_explicit(&L->cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
                               memory_order_relaxed);
         pthread_mutex_lock(&L->mu);
-        L->job = NULL;
+        L->encoded++;
         pthread_cond_signal(&L->done);
     }
     pthread_mutex_unlock(&L->mu);
@@ -188,7 +202,7 @@ int mt__d_lines_init(mt_d_t *d)
 {
     mt_d_lines_t *L = &d->lines;
     memset(L, 0, sizeof *L);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < MT_D_LINES_DEPTH; i++)
         if (!(L->b[i].rec = malloc(MT_D_BATCH_CAP * sizeof *L->b[i].rec)))
             return MT_ENOMEM;
     L->fill = &L->b[0];
@@ -201,26 +215,44 @@ int mt__d_lines_init(mt_d_t *d)
     return 0;
 }
 
-/* Takes the batch handed off last back from the encoder (waiting for it), closes the log
- * if its write failed, and sends its lines to the consumers. */
-static void take_back(mt_d_t *d)
+/* Waits until the encoder has done every batch handed off (the loop's own batches only
+ * remain). */
+static void wait_encoded(mt_d_lines_t *L)
+{
+    if (!L->on)
+        return;
+    pthread_mutex_lock(&L->mu);
+    while (L->encoded != L->handed)
+        pthread_cond_wait(&L->done, &L->mu);
+    pthread_mutex_unlock(&L->mu);
+}
+
+/* Takes the oldest batch handed off back from the encoder (waiting for it when wait, else
+ * only if it is done), closes the log if its write failed, sends its lines to the
+ * consumers and acknowledges the rings it carries. False when none was taken back. */
+static bool take_back(mt_d_t *d, bool wait)
 {
     mt_d_lines_t *L = &d->lines;
-    mt_d_batch_t *b = L->busy;
-    if (!b)
-        return;
+    if (L->taken == L->handed)
+        return false;
     if (L->on) {
         pthread_mutex_lock(&L->mu);
-        while (L->job)
+        bool done = L->encoded > L->taken;
+        while (wait && !done) {
             pthread_cond_wait(&L->done, &L->mu);
+            done = L->encoded > L->taken;
+        }
         pthread_mutex_unlock(&L->mu);
+        if (!done)
+            return false;
     }
-    L->busy = NULL;
+    uint64_t k = L->taken;
+    mt_d_batch_t *b = &L->b[k % MT_D_LINES_DEPTH];
     if (b->logf && b->logf == d->logf) {
         if (b->write_failed) {
             mt__d_log(d, MT_LOG_ERROR, "writing %s failed; the log is closed", d->log_path);
-            fclose(d->logf);
-            d->logf = NULL;
+            wait_encoded(L); /* the later batches' writes to it are done (and fail) */
+            mt__d_logfile_end(d);
         } else {
             d->log_dirty = true;
         }
@@ -231,38 +263,76 @@ static void take_back(mt_d_t *d)
         mt__d_consumers_fanout(d, b);
     b->n = 0;
     mt__d_buf_clear(&b->pre);
+    L->taken = k + 1;
+    mt_assert(L->taken <= L->handed);
+    if (b->ack) {
+        b->ack = false;
+        mt__d_procs_ack(d, k);
+    }
+    return true;
 }
 
-void mt__d_lines_handoff(mt_d_t *d)
+/* Hands off the batch being filled (ack: the last of a tick, see mt__d_lines_handoff_acked);
+ * its hand-off takes back the batches done first, and waits for the oldest while no other
+ * batch is free to fill next. */
+static void handoff(mt_d_t *d, bool ack)
 {
     mt_d_lines_t *L = &d->lines;
     mt_d_batch_t *b = L->fill;
     if (!L->inited || b->n == 0)
         return;
-    take_back(d);
+    while (take_back(d, false))
+        ;
+    while (L->handed - L->taken > MT_D_LINES_DEPTH - 2)
+        (void)take_back(d, true);
     b->logf = d->logf;
     b->bin = d->log_bin;
     b->outs_ok = mt__d_consumers_prepare(d, b) == 0;
     b->enc_stale = L->stale;
+    b->ack = ack;
     L->stale = false;
-    L->busy = b;
-    L->fill = b == &L->b[0] ? &L->b[1] : &L->b[0];
     if (!L->on) {
-        run_job(L, b);
-        return;
+        run_batch(L, b);
+        L->encoded++;
+        L->handed++;
+    } else {
+        pthread_mutex_lock(&L->mu);
+        L->handed++;
+        pthread_cond_signal(&L->go);
+        pthread_mutex_unlock(&L->mu);
     }
-    pthread_mutex_lock(&L->mu);
-    L->job = b;
-    pthread_cond_signal(&L->go);
-    pthread_mutex_unlock(&L->mu);
+    L->fill = &L->b[L->handed % MT_D_LINES_DEPTH];
+    mt_assert(L->fill->n == 0 && L->handed - L->taken <= MT_D_LINES_DEPTH - 1);
+}
+
+void mt__d_lines_handoff(mt_d_t *d)
+{
+    handoff(d, false);
+}
+
+bool mt__d_lines_handoff_acked(mt_d_t *d)
+{
+    mt_d_lines_t *L = &d->lines;
+    if (!L->inited || L->fill->n == 0)
+        return false;
+    unsigned slot = (unsigned)(L->handed % MT_D_LINES_DEPTH);
+    for (mt_d_proc_t *p = d->procs; p; p = p->next) {
+        if (p->ring) {
+            p->ack_pos[slot] = mt__ring_drained(p->ring);
+            p->ack_at[slot] = L->handed + 1;
+        }
+    }
+    handoff(d, true);
+    return true;
 }
 
 void mt__d_lines_sync(mt_d_t *d)
 {
     if (!d->lines.inited)
         return;
-    mt__d_lines_handoff(d);
-    take_back(d);
+    handoff(d, false);
+    while (take_back(d, true))
+        ;
 }
 
 uint64_t mt__d_lines_cpu_ns(const mt_d_t *d)
@@ -288,7 +358,7 @@ void mt__d_lines_close(mt_d_t *d)
         pthread_mutex_destroy(&L->mu);
         L->inited = false;
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < MT_D_LINES_DEPTH; i++) {
         free(L->b[i].rec);
         L->b[i].rec = NULL;
         mt__d_buf_free(&L->b[i].pre);

@@ -5,7 +5,9 @@
  * {"type":"process_event"} lines when a producer registers or exits. The file is opened
  * for appending, written through stdio's buffer (the event lines by the encoder thread,
  * lines.c, the others here on the loop thread once the encoder has handed back every batch)
- * and flushed after every drain tick, so a crash of the daemon loses at most one tick. */
+ * and flushed at the end of every drain tick (by the encoder, after the tick's last batch,
+ * when another tick follows at once). The rings are acknowledged only after that flush, so
+ * what a crash of the daemon loses from the file, a producer that takes over still has. */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>
@@ -51,8 +53,7 @@ void mt__d_logfile_record(mt_d_t *d, const char *line, size_t len)
     }
     if (fwrite(hdr, 1, h, d->logf) != h || fwrite(line, 1, len, d->logf) != len) {
         mt__d_log(d, MT_LOG_ERROR, "writing %s failed; the log is closed", d->log_path);
-        fclose(d->logf);
-        d->logf = NULL;
+        mt__d_logfile_end(d);
         return;
     }
     d->log_dirty = true;
@@ -70,8 +71,13 @@ void mt__d_logfile_flush(mt_d_t *d)
 void mt__d_logfile_close(mt_d_t *d)
 {
     mt__d_lines_sync(d);
-    if (d->logf) {
-        fclose(d->logf);
-        d->logf = NULL;
-    }
+    mt__d_logfile_end(d);
+}
+
+void mt__d_logfile_end(mt_d_t *d)
+{
+    if (!d->logf)
+        return;
+    fclose(d->logf);
+    d->logf = NULL;
 }

@@ -313,8 +313,12 @@ void mt__d_drain_all(mt_d_t *d)
         }
         more |= p->events - before >= share;
     }
-    process_batch(d);
-    ack_drained(d);
+    /* When another tick follows at once, the encoder goes on with this one's lines while
+     * the loop polls; else the loop waits for them (lines.c). */
+    if (!more || !mt__d_lines_handoff_acked(d)) {
+        process_batch(d);
+        ack_drained(d);
+    }
     /* An idle handle, not a 0 ms timer: libuv 1.44 runs a timer re-armed from its own
      * callback again in the same pass, starving I/O; idle callbacks alternate with a
      * non-blocking poll. */
@@ -322,6 +326,17 @@ void mt__d_drain_all(mt_d_t *d)
         uv_idle_start(&d->drain_idle, mt__d_on_drain_idle);
     else
         uv_idle_stop(&d->drain_idle);
+}
+
+void mt__d_procs_ack(mt_d_t *d, uint64_t k)
+{
+    unsigned slot = (unsigned)(k % MT_D_LINES_DEPTH);
+    for (mt_d_proc_t *p = d->procs; p; p = p->next) {
+        if (p->ack_at[slot] != k + 1)
+            continue;
+        p->ack_at[slot] = 0;
+        mt__ring_ack_to(p->ring, p->ack_pos[slot]); /* (none: let go of meanwhile) */
+    }
 }
 
 /* ---- exit and eviction ---- */

@@ -248,6 +248,11 @@ int mt__ring_drain(mt__ring_t *r, mt__ring_cb cb, void *ud, size_t max);
 void mt__ring_defer_ack(mt__ring_t *r);
 /* Publishes read_idx = everything drained so far (deferred mode; no-op otherwise). */
 void mt__ring_ack(mt__ring_t *r);
+/* Deferred mode: the position mt__ring_ack would publish now (what was drained so far). */
+uint64_t mt__ring_drained(const mt__ring_t *r);
+/* Publishes read_idx = pos, a position mt__ring_drained gave; one at or below read_idx
+ * already (an ack of everything since) is a no-op. */
+void mt__ring_ack_to(mt__ring_t *r, uint64_t pos);
 /* The producer is gone (its socket closed, or it was reaped): unpublished slots are
  * skipped at once from now on. */
 void mt__ring_mark_dead(mt__ring_t *r);

@@ -88,10 +88,22 @@ void mt__ring_defer_ack(mt__ring_t *r)
 
 void mt__ring_ack(mt__ring_t *r)
 {
+    if (r != NULL)
+        mt__ring_ack_to(r, r->cons_pos);
+}
+
+uint64_t mt__ring_drained(const mt__ring_t *r)
+{
+    return r->cons_pos;
+}
+
+void mt__ring_ack_to(mt__ring_t *r, uint64_t pos)
+{
     if (!r || !r->defer)
         return;
-    mt_assert(atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed) <= r->cons_pos);
-    atomic_store_explicit(&r->hdr->read_idx, r->cons_pos, memory_order_release);
+    mt_assert(pos <= r->cons_pos);
+    if (pos > atomic_load_explicit(&r->hdr->read_idx, memory_order_relaxed))
+        atomic_store_explicit(&r->hdr->read_idx, pos, memory_order_release);
 }
 
 /* Could a producer have written ev? Records are passed on to other programs (the
