@@ -28,6 +28,7 @@
 #include "memtrace/prof.h"
 #include "profiler/ring.h"
 #include "profiler/stack.h"
+#include "util/fileahead.h"
 
 #define MT_D_MAX_PIDS       16   /* pids in one subscription filter */
 #define MT_D_MAX_TAG_LABELS 8    /* user tag labels in one subscription filter */
@@ -304,6 +305,7 @@ typedef struct mt_d_lines_s {
     /* the encoder's own */
     struct mt__prof_enc_s *enc; /* NULL (out of memory): the general writer */
     const struct mt_d_proc_s *enc_proc;
+    mt__fa_t fa; /* the log's blocks reserved ahead of its writes */
 } mt_d_lines_t;
 
 #define MT_D_BIN_BLOCK_BYTES (1u << 20) /* payload after which a binary block ends */

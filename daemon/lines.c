@@ -139,8 +139,10 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         if (b->logf && b->bin)
             b->write_failed = true;
     }
-    if (b->logf && b->bin && all_bin && b->binbuf.len)
+    if (b->logf && b->bin && all_bin && b->binbuf.len) {
+        mt__fa_ahead(&L->fa, fileno(b->logf), b->binbuf.len);
         b->write_failed = fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
+    }
     if (b->outs_ok)
         mt__d_consumers_build_binary(b);
     if (!text)
@@ -159,8 +161,10 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         r->off = (uint32_t)off;
         r->len = (uint32_t)(b->text.len - off);
     }
-    if (b->logf && !b->bin && b->text.len)
+    if (b->logf && !b->bin && b->text.len) {
+        mt__fa_ahead(&L->fa, fileno(b->logf), b->text.len);
         b->write_failed = fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
+    }
     if (b->outs_ok)
         mt__d_consumers_build(b);
 }

@@ -7,7 +7,8 @@
  * lines.c, the others here on the loop thread once the encoder has handed back every batch)
  * and flushed at the end of every drain tick (by the encoder, after the tick's last batch,
  * when another tick follows at once). The rings are acknowledged only after that flush, so
- * what a crash of the daemon loses from the file, a producer that takes over still has. */
+ * what a crash of the daemon loses from the file, a producer that takes over still has.
+ * The encoder reserves the file's blocks ahead of its writes (util/fileahead.h). */
 #include <errno.h>
 #include <string.h>
 #include <unistd.h>

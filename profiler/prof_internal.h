@@ -3,6 +3,7 @@
 #ifndef MT_PROFILER_PROF_INTERNAL_H
 #define MT_PROFILER_PROF_INTERNAL_H
 
+#include "util/fileahead.h"
 #include "util/log.h"
 #include "profiler/binlog.h"
 #include "profiler/internal.h"
@@ -42,6 +43,7 @@ struct mt_prof_s {
     /* local mode */
     char *log_path; /* owned */
     int log_fd;
+    mt__fa_t log_fa; /* its blocks reserved ahead of the writes (the drain's, under drain_lock) */
     unsigned drain_ms;
     pthread_t drainer;
     pthread_mutex_t drain_lock; /* one consumer at a time: drainer thread or flush */

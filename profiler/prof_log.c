@@ -77,6 +77,8 @@ static int flush_block(mt_prof_t *p)
     off_t start = lseek(p->log_fd, 0, SEEK_END);
     size_t off = 0, room = room_below_limit(p->log_fd, start);
     int err = room != SIZE_MAX && room < p->out_len ? EFBIG : 0;
+    if (room == SIZE_MAX) /* (under a size limit, nothing is reserved past it) */
+        mt__fa_ahead(&p->log_fa, p->log_fd, p->out_len);
     while (err == 0 && off < p->out_len) {
         ssize_t w = write(p->log_fd, p->out + off, p->out_len - off);
         if (w < 0 && errno == EINTR)
@@ -117,6 +119,8 @@ int mt__prof_log_flush(mt_prof_t *p)
     off_t start = lseek(p->log_fd, 0, SEEK_END); /* O_APPEND: where this write begins */
     size_t off = 0, room = room_below_limit(p->log_fd, start);
     int err = 0;
+    if (room == SIZE_MAX)
+        mt__fa_ahead(&p->log_fa, p->log_fd, p->out_len);
     while (off < p->out_len && !p->half_line) {
         size_t n = p->out_len - off;
         if (room != SIZE_MAX && n > room - off)
