@@ -5,7 +5,7 @@
  * writes gigabytes about as much as the copy into the page cache. Reserving them ahead
  * (fallocate with FALLOC_FL_KEEP_SIZE: the size, and so what readers see, does not change)
  * makes a write into them little more than the copy: 38 -> 22 ns per 240-byte line here
- * (docs/benchmarks.md).
+ * (docs/telemetry.md, "Record and drain rates").
  *
  * What is reserved past the end stays allocated when the writer stops: `du` counts it, the
  * size does not. It is never cut off at close, since another process may be appending to
