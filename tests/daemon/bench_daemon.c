@@ -157,6 +157,7 @@ static void producer(const char *sock, uint64_t n, double rate, int go_fd)
 
 static void *run_daemon(void *arg)
 {
+    (void)pthread_setname_np(pthread_self(), "memtraced-loop"); /* (perf --comm) */
     mt__d_run(arg);
     return NULL;
 }
