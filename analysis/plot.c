@@ -4,6 +4,7 @@
  * segment map by plot_map.c). */
 #include "analysis/plot_internal.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -76,7 +77,19 @@ typedef struct scan_s {
     mt_event_rec_t *marks; /* OOM events, iteration and named marks, in log order (copies: a
                             * replay's events live as long as their chunk) */
     size_t nmarks, cap_marks, n_oom, n_iter;
+    bool untimed; /* the times are the events' order (mt__report_untimed): shown as events */
 } scan_t;
+
+/* The moment t (ns since s->t0) as the plot writes it: seconds, or the event it counts when
+ * the input has no clock. */
+static const char *when(const scan_t *s, uint64_t t, char *buf, size_t len)
+{
+    if (s->untimed)
+        snprintf(buf, len, "event %" PRIu64, t);
+    else
+        snprintf(buf, len, "%.3f s", (double)t / 1e9);
+    return buf;
+}
 
 static int scan_point(void *ctx, const mt__report_point_t *pt)
 {
@@ -343,8 +356,11 @@ static void byte_axis(FILE *f, const panel_t *p, int nticks)
     fprintf(f, "</g>\n");
 }
 
-static void time_axis(FILE *f, const panel_t *p, double seconds)
+/* The timeline's x axis over seconds, or over events (untimed: seconds * 1e9 of them). */
+static void time_axis(FILE *f, const panel_t *p, double seconds, bool untimed)
 {
+    if (untimed)
+        seconds *= 1e9;
     double step = nice_step(seconds > 0 ? seconds : 1, 8);
     fprintf(f, "<g " MT__PLOT_FONT " font-size=\"11\" fill=\"#444\" text-anchor=\"middle\">\n");
     for (double t = 0; t <= seconds * 1.0001; t += step) {
@@ -354,8 +370,8 @@ static void time_axis(FILE *f, const panel_t *p, double seconds)
                 "<text x=\"%.1f\" y=\"%.1f\">%g</text>\n",
                 x, p->y1, x, p->y1 + 4, x, p->y1 + 16, t);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">time (s)</text>\n</g>\n", (p->x0 + p->x1) / 2,
-            p->y1 + 32);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n</g>\n", (p->x0 + p->x1) / 2, p->y1 + 32,
+            untimed ? "event (the input has no clock)" : "time (s)");
 }
 
 /* A filled area under y(x) down to the panel's base, or a line (fill NULL): points on
@@ -464,7 +480,10 @@ static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, co
             mt__plot_human((double)s->peak_res, b2, sizeof b2));
     if (s->capacity)
         fprintf(f, ", device capacity %s", mt__plot_human((double)s->capacity, b3, sizeof b3));
-    fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
+    if (s->untimed)
+        fprintf(f, "; %zu events (no clock in the input)", events);
+    else
+        fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
     if (s->n_oom)
         fprintf(f, "; <tspan fill=\"%s\" font-weight=\"bold\">%zu OOM</tspan>", OOM_COLOUR,
                 s->n_oom);
@@ -493,7 +512,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
             "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
             "stroke=\"#888\"/>\n",
             p->x0, p->y0, p->x1 - p->x0, p->y1 - p->y0);
-    time_axis(f, p, seconds);
+    time_axis(f, p, seconds, s->untimed);
 
     /* Iteration ticks along the top edge, one per pixel at most. */
     fprintf(f, "<g stroke=\"#555\" stroke-opacity=\"0.45\">");
@@ -519,11 +538,12 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
         double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
         fprintf(f, "<g class=\"mark\"><title>");
         xml_text(f, name);
+        char at[40];
         fprintf(f,
-                " at %.3f s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+                " at %s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"#555\" stroke-dasharray=\"3 3\" stroke-opacity=\"0.6\"/><text "
                 "x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"10\" fill=\"#333\">",
-                (double)(ev->time_ns - s->t0) / 1e9, x, p->y0, x, p->y1, x + 2, p->y0 + 18);
+                when(s, ev->time_ns - s->t0, at, sizeof at), x, p->y0, x, p->y1, x + 2, p->y0 + 18);
         xml_text(f, name);
         fprintf(f, "</text></g>\n");
     }
@@ -531,14 +551,14 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
         const mt_event_rec_t *ev = &s->marks[i];
         if (ev->kind != MT_EV_OOM)
             continue;
-        char b1[32], b2[32];
+        char b1[32], b2[32], at[40];
         double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
         fprintf(f,
-                "<g class=\"oom\"><title>OOM at %.3f s: %s requested, %s free on the "
+                "<g class=\"oom\"><title>OOM at %s: %s requested, %s free on the "
                 "device</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
                 "stroke=\"%s\" stroke-opacity=\"0.5\"/><path d=\"M%.1f %.1fl-5 -8h10z\" "
                 "fill=\"%s\"/></g>\n",
-                (double)(ev->time_ns - s->t0) / 1e9,
+                when(s, ev->time_ns - s->t0, at, sizeof at),
                 mt__plot_human((double)ev->requested, b1, sizeof b1),
                 mt__plot_human((double)ev->size, b2, sizeof b2), x, p->y0, x, p->y1, OOM_COLOUR, x,
                 p->y0 + 9, OOM_COLOUR);
@@ -690,6 +710,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
     scan_t s, pre;
     memset(&s, 0, sizeof s);
     memset(&pre, 0, sizeof pre);
+    s.untimed = pre.untimed = mt__report_untimed(r, pi);
     mt__report_map_t map = {0};
     layout_t l = layout(cfg, false, 0, 0); /* the timeline's width: cfg's alone */
     size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;
@@ -749,14 +770,15 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
             l.w, l.h, l.w, l.h);
     xml_text(f, name);
     fprintf(f, " (pid %d)</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n", pid);
-    draw_title(f, &l, pid, name, &s, events);
+    draw_title(f, &l, pid, name, &s, mt__report_events_read(r, pi)); /* (the report's count) */
     draw_timeline(f, &l, &s, fl.b, nb, tags, ntags, xs, vs, cum, npts);
     draw_legend(f, &l, r, pi, &s, tags, ntags);
     if (l.has_host)
         draw_host(f, &l, &s, fl.b, nb, xs, vs, npts);
     for (unsigned i = 0; i < l.nlanes; i++)
         draw_lane(f, &l, i, &s, fl.b, nb, xs, vs, npts);
-    mt__plot_map(f, &map, l.tl.x0, l.tl.x1, l.map_y, (double)(s.map_t - s.t0) / 1e9);
+    char at[40];
+    mt__plot_map(f, &map, l.tl.x0, l.tl.x1, l.map_y, when(&s, s.map_t - s.t0, at, sizeof at));
     fprintf(f, "</svg>\n");
     rc = ferror(f) ? MT_EIO : 0;
 out:

@@ -21,6 +21,7 @@ const char *mt__plot_human(double b, char *buf, size_t len);
 int mt__plot_map_rows(const mt__report_map_t *m);
 /* Draws the segment map panel of m at [x0, x1] from y: its title (the map's moment, at_s
  * seconds into the log), the bars and its figures. */
-void mt__plot_map(FILE *f, const mt__report_map_t *m, double x0, double x1, double y, double at_s);
+void mt__plot_map(FILE *f, const mt__report_map_t *m, double x0, double x1, double y,
+                  const char *at);
 
 #endif

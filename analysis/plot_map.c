@@ -156,15 +156,16 @@ static double map_draw(FILE *f, const mt__report_map_t *m, const mapstat_t *st, 
     return y0 + fl.rows * (MT__PLOT_MAP_ROW_H + MT__PLOT_MAP_ROW_GAP);
 }
 
-void mt__plot_map(FILE *f, const mt__report_map_t *mp, double x0, double x1, double y, double at_s)
+void mt__plot_map(FILE *f, const mt__report_map_t *mp, double x0, double x1, double y,
+                  const char *at)
 {
     const mt__report_map_t m = *mp;
     mapstat_t st = map_stats(&m);
     char b1[32], b2[32], b3[32], b4[32];
     fprintf(f,
             "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"13\" font-weight=\"bold\">"
-            "segment map at %.3f s (peak reserved): %zu segment%s, %s</text>\n",
-            x0, y, at_s, m.nsegs, m.nsegs == 1 ? "" : "s",
+            "segment map at %s (peak reserved): %zu segment%s, %s</text>\n",
+            x0, y, at, m.nsegs, m.nsegs == 1 ? "" : "s",
             mt__plot_human((double)st.reserved, b1, sizeof b1));
     if (m.nsegs == 0) {
         fprintf(f,

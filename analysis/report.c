@@ -346,6 +346,15 @@ int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_
     return 0;
 }
 
+int mt__report_set_untimed(mt__report_t *r, int pid)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    p->untimed = true;
+    return 0;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(err, errlen, __VA_ARGS__);                                                        \
@@ -489,6 +498,19 @@ out:
 size_t mt__report_process_count(const mt__report_t *r)
 {
     return r->nprocs;
+}
+
+size_t mt__report_events_read(const mt__report_t *r, size_t i)
+{
+    if (i >= r->nprocs)
+        return 0;
+    const proc_t *p = &r->procs[i];
+    return p->nev - p->labels - p->added;
+}
+
+bool mt__report_untimed(const mt__report_t *r, size_t i)
+{
+    return i < r->nprocs && r->procs[i].untimed;
 }
 
 int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **name, size_t *events)

@@ -83,6 +83,16 @@ int mt__report_add_ref(mt__report_t *r, int pid, const mt_event_rec_t *ev);
 /* Names process pid (as a hello line would) and, when exit_state is 1 (clean) or 2
  * (unclean), says how it ended. 0 or MT_ENOMEM. */
 int mt__report_set_process(mt__report_t *r, int pid, const char *name, int exit_state);
+/* pid's event times are their order, not a clock's (a snapshot whose trace has no times,
+ * which the converter numbers a nanosecond per event): its result says "clock":
+ * "event_order", its times in seconds then count events (1e-9 each), and it has no
+ * temporary allocations (lifetimes need a clock). 0 or MT_ENOMEM. */
+int mt__report_set_untimed(mt__report_t *r, int pid);
+/* Process i's events as the report counts them ("events"): without the records a converter
+ * added or tag labels. 0 if there is no such process. */
+size_t mt__report_events_read(const mt__report_t *r, size_t i);
+/* Whether process i's times are its events' order (mt__report_set_untimed). */
+bool mt__report_untimed(const mt__report_t *r, size_t i);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
 

@@ -79,7 +79,8 @@ typedef struct proc_s {
     bool peak_pending; /* the state is still the peak's: its gap is not yet taken */
     bool have_gap;
     mt_gap_t peak_gap;
-    bool failed; /* out of memory while applying: the analysis is not the events' */
+    bool failed;  /* out of memory while applying: the analysis is not the events' */
+    bool untimed; /* its times are its events' order (mt__report_set_untimed) */
 } proc_t;
 
 struct mt__report_s {

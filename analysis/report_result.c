@@ -408,7 +408,10 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         json_decref(res);
         res = NULL;
     }
-    if (res != NULL && temporary(res, cfg, p, m, sym) != 0) {
+    /* Without a clock, lifetimes are unknown: no temporary allocations, and the reader is
+     * told how to read the times. */
+    if (res != NULL && (p->untimed ? json_object_set_new(res, "clock", json_string("event_order"))
+                                   : temporary(res, cfg, p, m, sym)) != 0) {
         json_decref(res);
         res = NULL;
     }

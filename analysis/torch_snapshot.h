@@ -203,12 +203,16 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
 int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated
- * and reserved, device, tag, pool by size), time_ns = time_us * 1000. A snapshot with no
+ * and reserved, device, tag, pool by size), time_ns = time_us * 1000, or the record's place
+ * in the order (1, 2, ...) when the entry has no time (see mt__ts_timed). A snapshot with no
  * trace at all (1.13's layout, or recorded without history) gives its state instead: a
  * segment_alloc per segment, an alloc per active block, a free_requested per pending one. Calls fn
  * for each (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
 typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
 int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
+/* True when some trace entry or annotation of ts has a time; false when mt__ts_records
+ * can only number its records by their order (a trace without time_us, or no trace). */
+bool mt__ts_timed(const mt_ts_t *ts);
 
 /* A call site's live bytes at the peak of allocated bytes on device d. */
 typedef struct mt_ts_site_s {

@@ -601,6 +601,17 @@ done:
     return rc;
 }
 
+bool mt__ts_timed(const mt_ts_t *ts)
+{
+    for (size_t i = 0; i < ts->nevents; i++)
+        if (ts->events[i].time_us > 0)
+            return true;
+    for (size_t i = 0; i < ts->nannotations; i++)
+        if (ts->annotations[i].time_us > 0)
+            return true;
+    return false;
+}
+
 /* ---- call sites at the peak ---- */
 
 static int cmp_site(const void *a, const void *b)

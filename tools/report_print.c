@@ -111,6 +111,18 @@ static void put_plain(const char *s)
 /* How call sites are printed: the options of this run, set by the two entry points below
  * (mt__report_print_fit, mt__report_print_text) for the printers they call. */
 static mt__report_print_opts_t popt;
+/* The process being printed has no clock (its "clock" is "event_order"): its times in
+ * seconds count events, a nanosecond each (mt__report_set_untimed). */
+static bool untimed;
+
+/* A time of the process's JSON, in seconds, as the text shows it (10 columns). */
+static void put_when(double t_s)
+{
+    if (untimed)
+        printf("event %4.0f", t_s * 1e9);
+    else
+        printf("%9.3f s", t_s);
+}
 
 /* Under a site: the frames after its user frame that the rules keep (the next five; all
  * with --stacks; none for a function, file or module group unless --stacks), or every frame
@@ -383,8 +395,10 @@ static void print_settings(json_t *v)
         setting_value(key ? key : "", num(e, "before"), was, sizeof was);
         setting_value(key ? key : "", num(e, "value"), now, sizeof now);
         esc_buf_t k;
-        printf("    %9.3f s  device %.0f  %s: %s -> %s\n", num(e, "t"), num(e, "device"),
-               esc(key ? key : "?", k), was, now);
+        printf("    ");
+        put_when(num(e, "t"));
+        printf("  device %.0f  %s: %s -> %s\n", num(e, "device"), esc(key ? key : "?", k), was,
+               now);
     }
 }
 
@@ -401,9 +415,13 @@ static void print_scopes(json_t *v)
         char b1[32], b2[32];
         esc_buf_t k;
         const char *name = json_string_value(json_object_get(e, "name"));
-        printf("    %-18s %8.0f %12s %12s %9.3fs\n", esc(name ? name : "?", k), num(e, "count"),
+        printf("    %-18s %8.0f %12s %12s ", esc(name ? name : "?", k), num(e, "count"),
                human(num(e, "peak_bytes"), b1, sizeof b1),
-               human(num(e, "mean_peak_bytes"), b2, sizeof b2), num(e, "mean_seconds"));
+               human(num(e, "mean_peak_bytes"), b2, sizeof b2));
+        if (untimed)
+            printf("%6.0f events\n", num(e, "mean_seconds") * 1e9);
+        else
+            printf("%9.3fs\n", num(e, "mean_seconds"));
     }
 }
 
@@ -475,7 +493,9 @@ static void print_ooms(json_t *o)
     json_t *e;
     json_array_foreach(json_object_get(o, "first"), i, e)
     {
-        printf("    %9.3f s  device %.0f: asked %s, %s free", num(e, "t"), num(e, "device"),
+        printf("    ");
+        put_when(num(e, "t"));
+        printf("  device %.0f: asked %s, %s free", num(e, "device"),
                human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
         json_t *s = json_object_get(e, "device_memory");
         if (s != NULL) {
@@ -611,6 +631,7 @@ static void print_jobs(json_t *jobs)
 static void print_process(json_t *p)
 {
     char b1[32], b2[32], b3[32], b4[32];
+    untimed = json_object_get(p, "clock") != NULL;
     const char *name = json_string_value(json_object_get(p, "name"));
     esc_buf_t en, ex, ej;
     printf("process %d%s%s%s", (int)json_integer_value(json_object_get(p, "pid")),
@@ -665,14 +686,18 @@ static void print_process(json_t *p)
 
     json_t *tl = json_object_get(p, "timeline");
     if (json_array_size(tl)) {
-        printf("\n  timeline:\n    %9s %12s %12s %12s %6s %6s\n", "t (s)", "allocated", "peak",
-               "reserved", "util", "frag");
+        printf("\n  timeline%s:\n    %9s %12s %12s %12s %6s %6s\n",
+               untimed ? " (the input has no clock: by event; no lifetimes, so no temporary "
+                         "allocations)"
+                       : "",
+               untimed ? "event" : "t (s)", "allocated", "peak", "reserved", "util", "frag");
         size_t i;
         json_t *s;
         json_array_foreach(tl, i, s)
         {
-            printf("    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n", num(s, "t_s"),
-                   human(num(s, "allocated"), b1, sizeof(b1)),
+            printf(untimed ? "    %9.0f %12s %12s %12s %5.1f%% %5.1f%%\n"
+                           : "    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n",
+                   num(s, "t_s") * (untimed ? 1e9 : 1), human(num(s, "allocated"), b1, sizeof(b1)),
                    human(num(s, "peak_allocated"), b2, sizeof(b2)),
                    human(num(s, "reserved"), b3, sizeof(b3)), 100 * num(s, "utilization"),
                    100 * num(s, "fragmentation"));

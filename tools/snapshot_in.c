@@ -190,6 +190,8 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     json_decref(hello);
     int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
     free(h);
+    if (rc == 0 && !mt__ts_timed(ts))
+        rc = mt__report_set_untimed(r, pid);
     if (rc == 0)
         rc = mt__ts_records(ts, feed_rec, &f);
     if (rc != 0)
@@ -356,8 +358,8 @@ int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t
     for (size_t i = 0; i < json_array_size(procs); i++) {
         json_t *p = json_array_get(procs, i);
         json_int_t pid = json_integer_value(json_object_get(p, "pid"));
-        if (pid < 1 || (size_t)pid > in->n)
-            continue;
+        if (pid < 1 || (size_t)pid > in->n || json_object_get(p, "clock") != NULL)
+            continue; /* (no clock, no lifetimes: see mt__report_set_untimed) */
         /* the report numbers processes as the inputs first name them: find this one's */
         size_t idx = SIZE_MAX;
         for (size_t k = 0; k < mt__report_process_count(r); k++) {

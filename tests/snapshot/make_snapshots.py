@@ -174,6 +174,14 @@ def main():
         write("v2_all_actions_p%d.pickle" % proto, pickle.dumps(snap, protocol=proto))
     write("v113_segments.pickle", pickle.dumps(v113_snapshot(), protocol=2))
     write("v113_segments_p4.pickle", pickle.dumps(v113_snapshot(), protocol=4))
+    # A trace with no clock, as PyTorch wrote before its trace entries had time_us (a
+    # public snapshot of a PEFT fine-tuning run is one): no time_us, no annotations.
+    untimed = v2_snapshot()
+    for trace in untimed["device_traces"]:
+        for e in trace:
+            del e["time_us"]
+    del untimed["external_annotations"]
+    write("v2_untimed.pickle", pickle.dumps(untimed, protocol=4))
 
     good = pickle.dumps(snap, protocol=4)
     # Each malformed file: the exit status, then a piece of the message, on one line.

@@ -46,5 +46,35 @@ svg=$(mktemp -d)/a.svg
 "$mt" plot "$data/v2_all_actions_p4.pickle" -o "$svg" || { echo "FAIL: plot of a snapshot"; fail=1; }
 grep -q 'class="mark"><title>optimizer at ' "$svg" ||
     { echo "FAIL: the 'optimizer' annotation is not on the plot's timeline"; fail=1; }
+# A trace with no clock (PyTorch wrote no time_us before): the report and the plot count
+# events where they would show seconds, and tell no lifetimes (every block would read as
+# freed within 1 ms); a timed trace keeps seconds and its temporary allocations.
+u="$data/v2_untimed.pickle"
+out=$("$mt" report "$u") || { echo "FAIL: report of a trace without times"; fail=1; }
+case "$out" in
+*"timeline (the input has no clock: by event"*"event    allocated"*) ;;
+*) echo "FAIL: the untimed report's timeline is not by event: $out"; fail=1 ;;
+esac
+case "$out" in
+*"temporary allocations (freed within"*) echo "FAIL: the untimed report tells lifetimes: $out"; fail=1 ;;
+esac
+out=$("$mt" report --json "$u") || fail=1
+case "$out" in
+*'"clock": "event_order"'*) ;;
+*) echo "FAIL: report --json of the untimed trace does not say its clock"; fail=1 ;;
+esac
+case "$out" in
+*'"temporary"'*) echo "FAIL: report --json of the untimed trace has temporaries"; fail=1 ;;
+esac
+out=$("$mt" report "$data/v2_all_actions_p4.pickle") || fail=1
+case "$out" in
+*"t (s)"*"temporary allocations (freed within"*) ;;
+*) echo "FAIL: the timed report lost its seconds or temporaries: $out"; fail=1 ;;
+esac
+"$mt" plot "$u" -o "$svg" || { echo "FAIL: plot of the untimed trace"; fail=1; }
+grep -q '>event (the input has no clock)</text>' "$svg" && ! grep -q 'time (s)' "$svg" ||
+    { echo "FAIL: the untimed plot's axis is not by event"; fail=1; }
+"$mt" plot "$data/v2_all_actions_p4.pickle" -o "$svg" || fail=1
+grep -q '>time (s)</text>' "$svg" || { echo "FAIL: the timed plot's axis is not time"; fail=1; }
 rm -rf "${svg%/a.svg}"
 exit $fail
