@@ -322,7 +322,7 @@ int mt__ts_timeline_create(mt_ts_timeline_t **out, const mt_ts_t *ts, const mt_f
     }
     if (rc == 0 && p.index > 0) {
         /* Second pass: one column per site. */
-        tl->by_time = p.t1 > p.t0;
+        tl->by_time = mt__ts_timed(ts) && p.t1 > p.t0; /* (untimed: times are the order) */
         size_t nrec = p.index;
         tl->nbuckets = tl->by_time ? nbuckets : (nrec < nbuckets ? nrec : nbuckets);
         tl->t = calloc(tl->nbuckets, sizeof *tl->t);

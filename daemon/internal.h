@@ -73,7 +73,11 @@ typedef struct mt_d_proc_s {
     char backend[32];             /* from the hello, "" if not given */
     mt_prof_job_t job;            /* rank and job from the hello; unknown if not given */
     uint64_t registered_realtime; /* ns since the epoch */
-    uint64_t exited_realtime;     /* ns since the epoch, 0 while live */
+    /* A recording with no clock (a snapshot whose trace has no times): its events stand
+     * event_ns apart, from event_ns on, on the page's time axis, and its times count events.
+     * 0: a clock. */
+    uint64_t event_ns;
+    uint64_t exited_realtime; /* ns since the epoch, 0 while live */
     bool exited;
     const char *exit_reason; /* static: "clean", "oom", "killed", "corrupt" */
     bool corrupt;            /* its ring broke the layout's invariants: no longer read */

@@ -186,8 +186,13 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
 typedef struct snap_feed_s {
     mt_d_t *d;
     mt_d_proc_t *p;
-    uint64_t seq; /* the records' own sequence numbers are replaced by one count */
+    uint64_t seq;  /* the records' own sequence numbers are replaced by one count */
+    uint64_t tmul; /* time_ns factor: 1, or a file without a clock's p->event_ns */
 } snap_feed_t;
+
+/* A snapshot without a clock: its records' times (their order, 1, 2, ...) this far apart,
+ * so that the page's time buckets (250 ms) hold 25 events each. */
+#define VIEW_EVENT_NS 10000000ull
 
 static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev)
 {
@@ -209,7 +214,7 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
         /* The block keeps the snapshot's stack id, as a producer's block keeps its own:
          * the page finds the block's site and frames by it. Not an event of the file. */
         mt_event_rec_t ref = {.seq = f->seq++,
-                              .time_ns = ev->time_ns,
+                              .time_ns = ev->time_ns * f->tmul,
                               .kind = MT_EV_STACK_REF,
                               .addr = ev->addr,
                               .size = stack,
@@ -219,6 +224,7 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
         mt__d_web_record(f->d, f->p, &ref);
     }
     mt_event_rec_t e = *ev;
+    e.time_ns *= f->tmul;
     snap_apply(ctx, &e);
     return 0;
 }
@@ -237,13 +243,15 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         if (q->pid >= pid)
             pid = q->pid + 1;
     const char *base = strrchr(path, '/');
-    snap_feed_t f = {.d = d, .p = view_proc(d, pid, base ? base + 1 : path)};
+    snap_feed_t f = {.d = d, .p = view_proc(d, pid, base ? base + 1 : path), .tmul = 1};
     if (!f.p) {
         mt__ts_destroy(&ts);
         snprintf(err, errlen, "%s: out of memory", path);
         return MT_ENOMEM;
     }
     f.p->exit_reason = "clean";
+    if (!mt__ts_timed(ts))
+        f.tmul = f.p->event_ns = VIEW_EVENT_NS;
     for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
         if (ts->tag_label[t] != NULL) {
             mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
@@ -253,7 +261,8 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     rc = mt__ts_records(ts, snap_rec, &f);
     /* PyTorch's time_us count from the Unix epoch (the records' time_ns = time_us * 1000):
      * the page's times are epoch seconds as they are, not this machine's monotonic clock
-     * moved to its wall clock. A file without times keeps event order on that clock. */
+     * moved to its wall clock. A file without times: event k at k * event_ns from 0, which
+     * the page shows as event numbers (state.c says event_ns). */
     int64_t first_us = 0, last_us = 0;
     for (size_t i = 0; ts != NULL && i < ts->nevents; i++) {
         int64_t us = ts->events[i].time_us;
@@ -271,6 +280,10 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         t->off_ns = 0;
         f.p->registered_realtime = (uint64_t)first_us * 1000u;
         f.p->exited_realtime = (uint64_t)last_us * 1000u;
+    } else if (rc == 0 && t != NULL && f.p->event_ns != 0) {
+        t->off_ns = 0;
+        f.p->registered_realtime = f.p->event_ns;
+        f.p->exited_realtime = t->last_ns;
     }
     mt__ts_destroy(&ts);
     if (rc)

@@ -223,7 +223,8 @@ void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
     mt__report_cfg_t cfg = mt__report_cfg_default();
     const char *by = "tag";
     json_t *sc = mt__scopes_json(p->scopes);
-    json_t *tmp = temporary_json(p, &cfg, &by); /* sets by: before the pack reads it */
+    /* (no clock: no lifetimes, so no rows; the page says why) */
+    json_t *tmp = p->event_ns ? json_array() : temporary_json(p, &cfg, &by);
     json_t *o =
         json_pack("{s:i, s:o, s:o, s:s, s:I, s:o}", "pid", p->pid, "scopes", sc ? sc : json_array(),
                   "temporary", tmp, "temporary_by", by, "temporary_window_us",

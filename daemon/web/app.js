@@ -34,6 +34,7 @@ const S = {
   state: null,          // last /state answer
   tagKey: '',           // tags of the current chart (it is rebuilt when they change)
   chart: null, hostChart: null,
+  eventNs: 0,           // the selected process has no clock: its times count events, this far apart
   sparks: new Map(),    // pid -> uPlot
   cmp: { a: null, b: null },
   sites: null,          // /sites of the selected process; false: it has none
@@ -65,8 +66,12 @@ function fmtBytes(b) {
   return (i ? v.toFixed(v < 10 ? 2 : 1) : String(v)) + ' ' + u[i];
 }
 const fmtPct = (x) => (x == null ? '–' : (100 * x).toFixed(1) + ' %');
-const fmtTime = (s) => new Date(s * 1000).toLocaleTimeString([], { hour12: false }) +
-  '.' + String(Math.floor((s % 1) * 1000)).padStart(3, '0');
+// The event a time of the selected process stands for when its recording has no clock (a
+// snapshot whose trace has no times: /state's event_ns, the events' spacing on the axis).
+const evAt = (s) => Math.round(s * 1e9 / S.eventNs);
+const fmtTime = (s) => (S.eventNs ? 'event ' + evAt(s)
+  : new Date(s * 1000).toLocaleTimeString([], { hour12: false }) +
+    '.' + String(Math.floor((s % 1) * 1000)).padStart(3, '0'));
 // The day of epoch seconds s, as YYYY-MM-DD in local time.
 const fmtDay = (s) => {
   const d = new Date(s * 1000);
@@ -74,7 +79,11 @@ const fmtDay = (s) => {
 };
 // A time with its day in front when it is not today (recorded files: a snapshot's clock is
 // the run's, days or months ago).
-const fmtWhen = (s) => (fmtDay(s) === fmtDay(Date.now() / 1000) ? '' : fmtDay(s) + ' ') + fmtTime(s);
+const fmtWhen = (s) => (S.eventNs || fmtDay(s) === fmtDay(Date.now() / 1000) ? '' : fmtDay(s) + ' ') + fmtTime(s);
+// A duration in seconds: in events without a clock.
+const fmtSpan = (s, digits) => (S.eventNs ? evAt(s) + ' events' : s.toFixed(digits) + ' s');
+// The x axis of a chart over time: dates and times, or event numbers.
+const timeAxis = () => (S.eventNs ? { values: (u, vals) => vals.map((v) => String(evAt(v))) } : {});
 
 const PALETTE = ['#1976d2', '#e53935', '#43a047', '#fb8c00', '#8e24aa', '#00acc1', '#6d4c41',
   '#c0ca33', '#d81b60', '#3949ab', '#00897b', '#f4511e', '#5e35b1', '#7cb342', '#546e7a'];
@@ -226,8 +235,8 @@ function buildChart(tags) {
   series.push({ label: 'peak', stroke: '#ff6f00', width: 1, dash: [6, 4], value: (u, v) => fmtBytes(v) });
   S.chart = new uPlot({
     width: chartWidth('chart'), height: 280, series,
-    scales: { x: { time: true } },
-    axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
+    scales: { x: { time: !S.eventNs } },
+    axes: [timeAxis(), { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
     cursor: { drag: { x: true, y: false } },
     hooks: { draw: [drawSettingMarks], setSelect: [(u) => {
       if (u.select.width < 3) return;
@@ -262,14 +271,15 @@ function renderHistory(h) {
   S.chart.setData(data);
   if (!S.hostChart) {
     S.hostChart = new uPlot({ width: chartWidth('hostchart'), height: 130,
-      scales: { x: { time: true } }, axes: [{}, { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
+      scales: { x: { time: !S.eventNs } }, axes: [timeAxis(), { values: (u, vals) => vals.map(fmtBytes), size: 80 }],
       series: [{}, { label: 'host allocated', stroke: '#00897b', fill: '#00897b33', value: (u, v) => fmtBytes(v) },
         { label: 'host reserved', stroke: '#4e342e', value: (u, v) => fmtBytes(v) }] },
     [[], [], []], $('hostchart'));
   }
   S.hostChart.setData([h.t, h.host_allocated, h.host_reserved]);
   $('view-info').textContent = (S.view.live ? (S.recorded ? 'to the end, ' : 'live, ') : 'fixed, ') + fmtWhen(h.from) + ' – ' +
-    (fmtDay(h.from) === fmtDay(h.to) ? fmtTime(h.to) : fmtWhen(h.to));
+    (S.eventNs || fmtDay(h.from) === fmtDay(h.to) ? fmtTime(h.to) : fmtWhen(h.to)) +
+    (S.eventNs ? ' (the file has no clock: by event)' : '');
   for (const b of document.querySelectorAll('[data-span]'))
     b.classList.toggle('on', S.view.live && Number(b.dataset.span) === S.view.span);
   $('go-live').classList.toggle('on', S.view.live);
@@ -449,7 +459,7 @@ async function blockAt(ev) {
     (cs && cs.site ? `, site ${cs.site}` : '') + `, tag ${name}` + (b.freed ? ' (freed, awaiting its stream)' : '') +
     (info.before_window ? '; allocated before the kept history (requested bytes, stream and age unknown)'
       : `, requested ${fmtBytes(info.requested)}, stream ${info.stream}, pool ${info.pool}, ` +
-        `age ${info.age_s.toFixed(3)} s (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
+        `age ${fmtSpan(info.age_s, 3)} (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
   box.append(stackList(info.call_stack));
 }
 
@@ -480,7 +490,7 @@ async function loadSites(pid) {
   if (S.siteChart) S.siteChart.destroy();
   const names = d.sites.map((s) => s.name);
   const keep = names.map((n, k) => k).filter((k) => d.sites[k].peak > 0);
-  const series = [{ value: (u, v) => (v == null ? '–' : d.by_time ? fmtWhen(v) : 'record ' + v) }];
+  const series = [{ value: (u, v) => (v == null ? '–' : d.by_time ? fmtWhen(v) : 'event ' + (v + 1)) }];
   const cum = [];
   let acc = d.t.map(() => 0);
   for (const k of keep) {
@@ -535,14 +545,15 @@ async function loadAnalysis(pid) {
   fillRows($('scopes'), a.scopes.map((x) => [[x.name, { class: 'key' }],
     [String(x.count), { 'data-n': x.count }], [fmtBytes(x.peak_bytes), { 'data-bytes': x.peak_bytes }],
     [fmtBytes(x.mean_peak_bytes), { 'data-bytes': x.mean_peak_bytes }],
-    [(x.mean_seconds * 1000).toFixed(3) + ' ms', { 'data-s': x.mean_seconds }]]), 'none closed yet');
-  $('temp-info').textContent = `(blocks freed within ${fmtUs(a.temporary_window_us)} of their allocation, ` +
-    `by ${a.temporary_by}, the most first)`;
+    [S.eventNs ? fmtSpan(x.mean_seconds) : (x.mean_seconds * 1000).toFixed(3) + ' ms', { 'data-s': x.mean_seconds }]]),
+  'none closed yet');
+  $('temp-info').textContent = S.eventNs ? '(none told: the file has no clock, so no lifetimes)'
+    : `(blocks freed within ${fmtUs(a.temporary_window_us)} of their allocation, by ${a.temporary_by}, the most first)`;
   fillRows($('temporary'), a.temporary.map((x) => [[x.site, { class: 'site' }],
     [String(x.count), { 'data-n': x.count }], [fmtBytes(x.bytes), { 'data-bytes': x.bytes }],
-    [fmtUs(x.median_lifetime_us), { 'data-us': x.median_lifetime_us }]]), 'none yet');
+    [fmtUs(x.median_lifetime_us), { 'data-us': x.median_lifetime_us }]]), S.eventNs ? 'no clock' : 'none yet');
   fillRows($('settings'), a.settings_changes.map((x) => [[fmtWhen(x.at), { 'data-at': x.at }],
-    [x.t.toFixed(3) + ' s', { 'data-t': x.t }], [String(x.device)], [x.key, { class: 'key' }],
+    [fmtSpan(x.t, 3), { 'data-t': x.t }], [String(x.device)], [x.key, { class: 'key' }],
     [settingValue(x.key, x.before), { 'data-v': x.before }], [settingValue(x.key, x.value), { 'data-v': x.value }]]), 'none');
   if (S.chart) S.chart.redraw(false);
 }
@@ -844,6 +855,13 @@ async function refresh() {
     if (S.recorded && S.jobs === undefined) { S.jobs = null; loadJobs(); }
     let hist = null, map = null, tail = null;
     const p = state.processes.filter((x) => x.pid === S.pid).pop();
+    // A process without a clock counts events on its axes: the charts are made again when
+    // the selection passes from one kind to the other.
+    if ((p && p.event_ns ? p.event_ns : 0) !== S.eventNs) {
+      S.eventNs = p && p.event_ns ? p.event_ns : 0;
+      if (S.chart) { S.chart.destroy(); S.chart = null; S.tagKey = null; }
+      if (S.hostChart) { S.hostChart.destroy(); S.hostChart = null; }
+    }
     if (p) {
       const r = viewRange(S.lastHistory && S.lastHistory.pid === S.pid ? S.lastHistory : null);
       const rq = r.from == null ? '' : `&from=${r.from}&to=${r.to}`;
@@ -890,7 +908,7 @@ async function refresh() {
     if (state.daemon && state.daemon.recorded) {
       const rt = p && p.registered_realtime_ns ? p.registered_realtime_ns / 1e9 : null;
       setStatus(true, `recorded · ${state.processes.length} process(es)` +
-        (rt ? ` · ${fmtDay(rt)} ${fmtTime(rt)}` : ''));
+        (S.eventNs ? ' · no clock in the file: times are event numbers' : rt ? ` · ${fmtDay(rt)} ${fmtTime(rt)}` : ''));
     } else {
       setStatus(true, `live · ${state.processes.length} process(es) · updated ${new Date().toLocaleTimeString([], { hour12: false })}`);
     }
