@@ -161,54 +161,39 @@ static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
 
 /* The frame labelled (into *fr) and the default rule that skips it, or NULL for a user
  * frame (analysis/frames.h). */
-static const mt_fr_rule_t *frame_rule(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f,
-                                      mt_sym_frame_t *fr)
+/* f symbolized into fr, and as the frame rules see it. */
+static mt_fr_frame_t frame_of(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *fr)
 {
     mt__cs_frame_label(s, pid, f, fr);
-    mt_fr_frame_t ff = {.func = fr->func,
-                        .file = fr->file,
-                        .line = fr->line,
-                        .module = fr->module,
-                        .python = f->py_func != NULL};
-    return mt__fr_match(NULL, &ff);
+    return (mt_fr_frame_t){.func = fr->func,
+                           .file = fr->file,
+                           .line = fr->line,
+                           .module = fr->module,
+                           .python = f->py_func != NULL};
 }
 
 static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool growth)
 {
     json_t *o = json_object(), *frames = json_array();
     char site[64];
-    const char *site_label = NULL, *first_label = NULL;
+    const char *site_label = NULL;
     int bad = o == NULL || frames == NULL;
-    /* The site is the user's frame (analysis/frames.h, default rules): the first that is
-     * not the recorder's, the framework's or the interpreter's. */
-    bool found = false;
-    int user = 0;
-    for (int i = 0; !bad && row->frames != NULL && i < row->n_frames; i++) {
-        mt_sym_frame_t fr;
-        const mt_fr_rule_t *m = frame_rule(s, pid, &row->frames[i], &fr);
-        if (i == 0)
-            first_label = fr.label;
-        if (!found && m == NULL) {
-            found = true;
-            site_label = fr.label;
-            user = i;
-        }
-        bad |= json_array_append_new(frames, frame_json(&fr, row->frames[i].py_func != NULL));
+    /* The site is the user's frame (analysis/frames.h, default rules), or mt__fr_pick's
+     * fallback when there is none. */
+    int n = row->frames != NULL ? row->n_frames : 0, user = 0;
+    mt_sym_frame_t *fr = n > 0 ? malloc((size_t)n * sizeof *fr) : NULL;
+    mt_fr_frame_t *ff = n > 0 ? malloc((size_t)n * sizeof *ff) : NULL;
+    bad |= n > 0 && (fr == NULL || ff == NULL);
+    for (int i = 0; !bad && i < n; i++) {
+        ff[i] = frame_of(s, pid, &row->frames[i], &fr[i]);
+        bad |= json_array_append_new(frames, frame_json(&fr[i], row->frames[i].py_func != NULL));
     }
-    if (!found && first_label != NULL) {
-        /* every frame skipped: mt__fr_pick's fallback, the first past the recorder */
-        user = 0;
-        site_label = first_label;
-        for (int i = 0; i < row->n_frames; i++) {
-            mt_sym_frame_t fr;
-            const mt_fr_rule_t *m = frame_rule(s, pid, &row->frames[i], &fr);
-            if (m == NULL || m->cls != MT_FR_RECORDER) {
-                user = i;
-                site_label = fr.label;
-                break;
-            }
-        }
+    int k = bad ? -1 : mt__fr_pick(NULL, ff, (size_t)n);
+    if (k >= 0) {
+        user = k;
+        site_label = fr[k].label;
     }
+    free(ff);
     if (site_label == NULL) {
         site_name(row, site, sizeof(site));
         site_label = site;
@@ -234,6 +219,7 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
         }
     }
     json_decref(frames);
+    free(fr);
     if (bad) {
         json_decref(o);
         return NULL;

@@ -61,6 +61,8 @@ static const mt_fr_rule_t defaults[] = {
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "eval_frame.c", "TorchDynamo's frame hook"),
     R(MT_FR_MODULE, MT_FR_FRAMEWORK, "libpython", "CPython"),
     R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "libstdc++", "the C++ standard library"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "execute_native_thread_routine",
+      "the C++ standard library's thread start (autograd's engine threads)"),
     R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, ".cudafe1.",
       "a CUDA library's kernels (nvcc's "
       "intermediate file)"),
@@ -207,19 +209,45 @@ const mt_fr_rule_t *mt__fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
     return NULL;
 }
 
+#define AUTOGRAD_NODE "torch::autograd::generated::"
+#define ATEN_OP       "at::_ops::"
+
+/* How well a framework frame says what ran, for a stack with no frame of the user's:
+ * autograd's node (the backward function whose step allocated) 2, an ATen operator's
+ * entry 1, any other 0. */
+static int fallback_rank(const mt_fr_frame_t *f)
+{
+    const char *fn = f->func;
+    if (fn == NULL || f->python)
+        return 0;
+    if (strncmp(fn, AUTOGRAD_NODE, strlen(AUTOGRAD_NODE)) == 0 && strstr(fn, "::apply(") != NULL)
+        return 2;
+    if (strncmp(fn, ATEN_OP, strlen(ATEN_OP)) == 0 &&
+        (strstr(fn, "::call(") != NULL || strstr(fn, "::redispatch(") != NULL))
+        return 1;
+    return 0;
+}
+
 int mt__fr_pick(const mt_fr_rules_t *r, const mt_fr_frame_t *frames, size_t n)
 {
     if (n == 0)
         return -1;
-    int fallback = -1;
+    int fallback = -1, best = -1, rank = 0;
     for (size_t i = 0; i < n; i++) {
         const mt_fr_rule_t *m = mt__fr_match(r, &frames[i]);
         if (m == NULL)
             return (int)i;
-        if (fallback < 0 && m->cls != MT_FR_RECORDER)
+        if (m->cls == MT_FR_RECORDER)
+            continue;
+        int k = fallback_rank(&frames[i]);
+        if (fallback < 0)
             fallback = (int)i;
+        if (k > rank) {
+            rank = k;
+            best = (int)i;
+        }
     }
-    return fallback >= 0 ? fallback : 0;
+    return best >= 0 ? best : fallback >= 0 ? fallback : 0;
 }
 
 /* ---- names and keys ---- */
@@ -248,9 +276,26 @@ static const char *base_name(const char *path)
     return b ? b + 1 : path;
 }
 
+/* The name of an autograd node or ATen operator that fallback_rank ranks, as PyTorch's
+ * profiler writes it ("NllLossBackward0", "aten::nll_loss_backward"), into buf; NULL for
+ * any other frame. */
+static const char *op_name(const mt_fr_frame_t *f, char *buf, size_t len)
+{
+    int k = fallback_rank(f);
+    if (k == 0)
+        return NULL;
+    const char *name = f->func + strlen(k == 2 ? AUTOGRAD_NODE : ATEN_OP);
+    const char *end = strstr(name, "::");
+    snprintf(buf, len, "%s%.*s%s", k == 2 ? "" : "aten::", (int)(end ? end - name : 0), name,
+             k == 2 ? " (autograd)" : "");
+    return buf;
+}
+
 const char *mt__fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
 {
     const char *func = f->func != NULL && f->func[0] ? f->func : NULL;
+    if (op_name(f, buf, len) != NULL)
+        return buf;
     if (!no_file(f->file)) {
         const char *b = base_name(f->file);
         if (f->line > 0)

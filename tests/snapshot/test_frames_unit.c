@@ -89,6 +89,53 @@ static void test_fallback(void **state)
     assert_int_equal(mt__fr_pick(NULL, s, 2), 0);
 }
 
+/* An allocation on autograd's engine thread, as PyTorch 2.x's snapshots write it
+ * (innermost first, as in a public cs336 snapshot): no frame of the user's. */
+static const mt_fr_frame_t backward_stack[] = {
+    {.func = "torch::unwind::unwind()", .file = "??"},
+    {.func = "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(int)",
+     .file = "CUDACachingAllocator.cpp"},
+    {.func = "at::TensorBase at::detail::_empty_generic<long>(c10::ArrayRef<long>)", .file = ""},
+    {.func = "at::detail::empty_cuda(c10::ArrayRef<long>, c10::TensorOptions const&)",
+     .file = "??"},
+    {.func = "at::_ops::bmm::redispatch(c10::DispatchKeySet, at::Tensor const&)", .file = "??"},
+    {.func = "torch::autograd::VariableType::(anonymous namespace)::bmm(c10::DispatchKeySet)",
+     .file = "VariableType_2.cpp"},
+    {.func = "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)", .file = "??"},
+    {.func = "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)",
+     .file = "??"},
+    {.func = "torch::autograd::Engine::thread_main(std::shared_ptr<GraphTask> const&)",
+     .file = "??"},
+    {.func = "execute_native_thread_routine", .file = "thread48.o"},
+    {.func = "clone", .file = "??"},
+};
+
+static void test_fallback_names_what_ran(void **state)
+{
+    (void)state;
+    char buf[128];
+    /* autograd's node first, named as PyTorch's profiler names it; the thread start of the
+     * C++ library is not the user's (a frame with a file of libstdc++'s build) */
+    int k = mt__fr_pick(NULL, backward_stack, N(backward_stack));
+    assert_int_equal(k, 7);
+    assert_string_equal(mt__fr_site(&backward_stack[k], buf, sizeof buf),
+                        "BmmBackward0 (autograd)");
+    assert_non_null(mt__fr_match(NULL, &backward_stack[9]));
+    /* without the node: the innermost ATen operator's entry */
+    k = mt__fr_pick(NULL, backward_stack, 7);
+    assert_int_equal(k, 4);
+    assert_string_equal(mt__fr_site(&backward_stack[k], buf, sizeof buf), "aten::bmm");
+    /* without either: the first frame past the recorder, as before */
+    assert_int_equal(mt__fr_pick(NULL, backward_stack, 4), 2);
+    /* a user frame still wins over any of them */
+    mt_fr_frame_t mixed[] = {backward_stack[6], backward_stack[7], torch_stack[16]};
+    assert_int_equal(mt__fr_pick(NULL, mixed, N(mixed)), 2);
+    /* the names are taken only from those two namespaces' entries */
+    mt_fr_frame_t other = {.func = "torch::autograd::generated::details::helper()", .file = "??"};
+    assert_string_equal(mt__fr_site(&other, buf, sizeof buf),
+                        "torch::autograd::generated::details::helper()");
+}
+
 static void test_user_rules(void **state)
 {
     (void)state;
@@ -210,9 +257,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_table), cmocka_unit_test(test_pick_torch),
-        cmocka_unit_test(test_fallback),      cmocka_unit_test(test_user_rules),
-        cmocka_unit_test(test_keys),          cmocka_unit_test(test_module_chain),
-        cmocka_unit_test(test_callsite_rows),
+        cmocka_unit_test(test_fallback),      cmocka_unit_test(test_fallback_names_what_ran),
+        cmocka_unit_test(test_user_rules),    cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_module_chain),  cmocka_unit_test(test_callsite_rows),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
