@@ -8,11 +8,9 @@
 //
 //   node view_snapshot.mjs MEMTRACE SNAPSHOT
 // SNAPSHOT: tests/snapshot/data/v2_torch_frames.pickle (its first event 2025-05-27 UTC).
-import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
+import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { getJson as get, launchChromium, serveView } from './view_serve.mjs';
 
 const [memtrace, snapshot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -25,30 +23,10 @@ function fail(msg) {
   process.exit(1);
 }
 
-function serve() {
-  return new Promise((resolve, reject) => {
-    const p = spawn(memtrace, ['view', '--port', '0', snapshot], { stdio: ['ignore', 'ignore', 'pipe'] });
-    view = p;
-    let err = '';
-    p.stderr.on('data', (b) => {
-      err += b.toString();
-      const m = err.match(/http:\/\/\S+/);
-      if (m) resolve(m[0]);
-    });
-    p.on('exit', (code) => reject(new Error(`memtrace view exited (${code}): ${err}`)));
-    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 10000);
-  });
-}
-
-const get = async (base, path) => {
-  const tok = new URLSearchParams(new URL(base).hash.slice(1)).get('token'); // #token=...
-  const r = await fetch(new URL(path, base), { headers: tok ? { Authorization: 'Bearer ' + tok } : {} });
-  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
-  return r.json();
-};
-
 try {
-  const url = await serve();
+  const served = await serveView(memtrace, [snapshot]);
+  view = served.proc;
+  const url = served.url;
   const st = await get(url, '/state');
   if (st.daemon.recorded !== true) fail('/state does not say the daemon serves a recording');
   const p = st.processes[0];
@@ -90,17 +68,8 @@ try {
   console.log(`ok: ${map.sites.length} sites, block ${blk.addr} at ${cs.site} (${cs.hidden} frames hidden), ` +
     `timeline of ${sites.t.length} buckets`);
 
-  const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
-  let chromium = null;
-  try {
-    chromium = createRequire(join(here, 'package.json'))('playwright-core').chromium;
-  } catch (e) {
-    console.log('note: no playwright-core (npm ci --prefix tests/web): page not loaded');
-  }
-  if (chromium && existsSync(chromiumPath)) {
-    const browser = await chromium.launch({ executablePath: chromiumPath,
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
+  const browser = await launchChromium(here);
+  if (browser) {
     const page = await browser.newPage();
     await page.emulateMedia({ reducedMotion: 'reduce' });
     await page.goto(url);
@@ -181,8 +150,6 @@ try {
       fail(`click says '${click}'`);
     await browser.close();
     console.log(`ok: hover '${hover}'; click shows ${JSON.stringify(frames)}`);
-  } else {
-    console.log('note: no chromium: page not loaded');
   }
   view.kill('SIGINT');
   process.exit(0);

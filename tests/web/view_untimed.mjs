@@ -8,11 +8,9 @@
 //
 //   node view_untimed.mjs MEMTRACE SNAPSHOT
 // SNAPSHOT: tests/snapshot/data/v2_untimed.pickle (24 trace entries on 2 devices).
-import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
+import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { getJson as get, launchChromium, serveView } from './view_serve.mjs';
 
 const [memtrace, snapshot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -25,30 +23,10 @@ function fail(msg) {
   process.exit(1);
 }
 
-function serve() {
-  return new Promise((resolve, reject) => {
-    const p = spawn(memtrace, ['view', '--port', '0', snapshot], { stdio: ['ignore', 'ignore', 'pipe'] });
-    view = p;
-    let err = '';
-    p.stderr.on('data', (b) => {
-      err += b.toString();
-      const m = err.match(/http:\/\/\S+/);
-      if (m) resolve(m[0]);
-    });
-    p.on('exit', (code) => reject(new Error(`memtrace view exited (${code}): ${err}`)));
-    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 10000);
-  });
-}
-
-const get = async (base, path) => {
-  const tok = new URLSearchParams(new URL(base).hash.slice(1)).get('token'); // #token=...
-  const r = await fetch(new URL(path, base), { headers: tok ? { Authorization: 'Bearer ' + tok } : {} });
-  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
-  return r.json();
-};
-
 try {
-  const url = await serve();
+  const served = await serveView(memtrace, [snapshot]);
+  view = served.proc;
+  const url = served.url;
   const st = await get(url, '/state');
   const p = st.processes[0];
   if (!(p.event_ns > 0)) fail(`/state gives no event_ns for a trace without times: ${JSON.stringify(p)}`);
@@ -66,17 +44,8 @@ try {
   if (sites.by_time !== false) fail(`/sites says by_time ${sites.by_time} for a trace without times`);
   console.log(`ok: event_ns ${p.event_ns}; /history spans ${h.from}..${h.to}; no temporaries; /sites by event`);
 
-  const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
-  let chromium = null;
-  try {
-    chromium = createRequire(join(here, 'package.json'))('playwright-core').chromium;
-  } catch (e) {
-    console.log('note: no playwright-core (npm ci --prefix tests/web): page not loaded');
-  }
-  if (chromium && existsSync(chromiumPath)) {
-    const browser = await chromium.launch({ executablePath: chromiumPath,
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
+  const browser = await launchChromium(here);
+  if (browser) {
     const page = await browser.newPage();
     await page.goto(url);
     await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
@@ -104,8 +73,6 @@ try {
     if (got.time !== false) fail('the chart still has a time axis (dates) for a trace without times');
     await browser.close();
     console.log(`ok: the page says '${got.range}', ${got.points} chart points on an event axis`);
-  } else {
-    console.log('note: no chromium: page not loaded');
   }
   view.kill('SIGINT');
   process.exit(0);
