@@ -61,6 +61,7 @@ static const mt_fr_rule_t defaults[] = {
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "eval_frame.c", "TorchDynamo's frame hook"),
     R(MT_FR_MODULE, MT_FR_FRAMEWORK, "libpython", "CPython"),
     R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "libstdc++", "the C++ standard library"),
+    R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, "/glibc-", "the C library (its build tree's sources)"),
     R(MT_FR_FUNC, MT_FR_FRAMEWORK, "execute_native_thread_routine",
       "the C++ standard library's thread start (autograd's engine threads)"),
     R(MT_FR_NATIVE_FILE, MT_FR_FRAMEWORK, ".cudafe1.",
@@ -74,6 +75,7 @@ static const mt_fr_rule_t defaults[] = {
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "dist-packages/", "an installed package"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "/torch/", "PyTorch's Python (torch/nn/modules/module.py, ...)"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "/lib/python3", "Python's standard library"),
+    R(MT_FR_FILE, MT_FR_FRAMEWORK, "/Lib/", "Python's standard library (a Windows install)"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "<frozen ", "Python's frozen start-up modules"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "torchinductor_", "TorchInductor's generated code"),
 };
@@ -159,6 +161,29 @@ static bool no_file(const char *file)
     return file == NULL || file[0] == '\0' || strcmp(file, "??") == 0;
 }
 
+/* A path's characters as the rules see them: a Windows path's '\\' is a '/' (snapshots
+ * recorded on Windows name files "D:\\proj\\.venv\\Lib\\site-packages\\...). */
+static inline char path_char(char c)
+{
+    return c == '\\' ? '/' : c;
+}
+
+/* The position of pat in file, or NULL, with '\\' read as '/' (path_char). */
+static const char *path_find(const char *file, const char *pat)
+{
+    if (strchr(file, '\\') == NULL)
+        return strstr(file, pat); /* (the usual path: the C library's search) */
+    size_t pl = strlen(pat);
+    for (const char *s = file; *s != '\0'; s++) {
+        size_t i = 0;
+        while (i < pl && s[i] != '\0' && path_char(s[i]) == pat[i])
+            i++;
+        if (i == pl)
+            return s;
+    }
+    return pl == 0 ? file : NULL;
+}
+
 /* The function starts with pat, or one of its words does: a C++ name may begin with its
  * return type ("void at::native::f<float>()"). */
 static bool func_match(const char *func, const char *pat)
@@ -180,11 +205,11 @@ static bool rule_match(const mt_fr_rule_t *r, const mt_fr_frame_t *f, bool built
         return f->func != NULL && !(builtin && f->python) && func_match(f->func, r->pattern);
     case MT_FR_FILE:
         /* "/torch/" also matches a relative "torch/..." */
-        return f->file != NULL && (strstr(f->file, r->pattern) != NULL ||
-                                   (r->pattern[0] == '/' &&
-                                    strncmp(f->file, r->pattern + 1, strlen(r->pattern + 1)) == 0));
+        return f->file != NULL &&
+               (path_find(f->file, r->pattern) != NULL ||
+                (r->pattern[0] == '/' && path_find(f->file, r->pattern + 1) == f->file));
     case MT_FR_NATIVE_FILE:
-        return !f->python && f->file != NULL && strstr(f->file, r->pattern) != NULL;
+        return !f->python && f->file != NULL && path_find(f->file, r->pattern) != NULL;
     case MT_FR_FILE_IS:
         return f->file != NULL && strcmp(f->file, r->pattern) == 0;
     case MT_FR_MODULE:
@@ -272,7 +297,8 @@ int mt__fr_by_parse(const char *name)
 
 static const char *base_name(const char *path)
 {
-    const char *b = strrchr(path, '/');
+    const char *b = strrchr(path, '/'), *w = strrchr(path, '\\');
+    b = w > b ? w : b; /* (a Windows path's last separator) */
     return b ? b + 1 : path;
 }
 

@@ -121,6 +121,11 @@ static void test_fallback_names_what_ran(void **state)
     assert_string_equal(mt__fr_site(&backward_stack[k], buf, sizeof buf),
                         "BmmBackward0 (autograd)");
     assert_non_null(mt__fr_match(NULL, &backward_stack[9]));
+    /* glibc's thread start with its build tree's file (a public snapshot's) */
+    mt_fr_frame_t st = {.func = "start_thread",
+                        .file = "/build/glibc-B3wQXB/glibc-2.31/nptl/pthread_create.c",
+                        .line = 477};
+    assert_non_null(mt__fr_match(NULL, &st));
     /* without the node: the innermost ATen operator's entry */
     k = mt__fr_pick(NULL, backward_stack, 7);
     assert_int_equal(k, 4);
@@ -134,6 +139,32 @@ static void test_fallback_names_what_ran(void **state)
     mt_fr_frame_t other = {.func = "torch::autograd::generated::details::helper()", .file = "??"};
     assert_string_equal(mt__fr_site(&other, buf, sizeof buf),
                         "torch::autograd::generated::details::helper()");
+}
+
+/* A stack recorded on Windows (a public cs336 snapshot): '\\' separators. */
+static void test_windows_paths(void **state)
+{
+    (void)state;
+    char buf[128];
+    mt_fr_frame_t s[] = {
+        {.func = "einsum",
+         .file = "D:\\Dev\\a2\\.venv\\Lib\\site-packages\\torch\\functional.py",
+         .line = 373,
+         .python = true},
+        {.func = "run", .file = "C:\\Python311\\Lib\\threading.py", .line = 9, .python = true},
+        {.func = "forward",
+         .file = "D:\\Dev\\a2\\cs336_basics\\model.py",
+         .line = 101,
+         .python = true},
+    };
+    assert_non_null(mt__fr_match(NULL, &s[0])); /* an installed package */
+    assert_non_null(mt__fr_match(NULL, &s[1])); /* the standard library */
+    assert_null(mt__fr_match(NULL, &s[2]));
+    assert_int_equal(mt__fr_pick(NULL, s, N(s)), 2);
+    assert_string_equal(mt__fr_site(&s[2], buf, sizeof buf), "model.py:101 forward");
+    /* a Unix path keeps its backslash-free search */
+    assert_string_equal(mt__fr_site(&torch_stack[16], buf, sizeof buf),
+                        "transformer.py:54 forward");
 }
 
 static void test_user_rules(void **state)
@@ -258,8 +289,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_table), cmocka_unit_test(test_pick_torch),
         cmocka_unit_test(test_fallback),      cmocka_unit_test(test_fallback_names_what_ran),
-        cmocka_unit_test(test_user_rules),    cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_module_chain),  cmocka_unit_test(test_callsite_rows),
+        cmocka_unit_test(test_windows_paths), cmocka_unit_test(test_user_rules),
+        cmocka_unit_test(test_keys),          cmocka_unit_test(test_module_chain),
+        cmocka_unit_test(test_callsite_rows),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
