@@ -76,5 +76,15 @@ grep -q '>event (the input has no clock)</text>' "$svg" && ! grep -q 'time (s)' 
     { echo "FAIL: the untimed plot's axis is not by event"; fail=1; }
 "$mt" plot "$data/v2_all_actions_p4.pickle" -o "$svg" || fail=1
 grep -q '>time (s)</text>' "$svg" || { echo "FAIL: the timed plot's axis is not time"; fail=1; }
+# A snapshot given to export (which writes logs as snapshots) is named as such, once, with
+# status 2: not read as a log of malformed lines.
+out=$("$mt" export --format torch-snapshot "$u" -o "${svg%/a.svg}/x.pickle" 2>&1)
+rc=$?
+case "$out" in
+*"is a PyTorch snapshot already, not a telemetry log"*) ;;
+*) echo "FAIL: export of a snapshot: $out"; fail=1 ;;
+esac
+[ "$rc" = 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] ||
+    { echo "FAIL: export of a snapshot: status $rc, $(printf '%s\n' "$out" | wc -l) lines"; fail=1; }
 rm -rf "${svg%/a.svg}"
 exit $fail
