@@ -252,24 +252,31 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     f.p->exit_reason = "clean";
     if (!mt__ts_timed(ts))
         f.tmul = f.p->event_ns = VIEW_EVENT_NS;
-    for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
-        if (ts->tag_label[t] != NULL) {
-            mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
-            mt_event_label_pack(&lab, ts->tag_label[t]);
-            snap_apply(&f, &lab);
-        }
-    rc = mt__ts_records(ts, snap_rec, &f);
     /* PyTorch's time_us count from the Unix epoch (the records' time_ns = time_us * 1000):
      * the page's times are epoch seconds as they are, not this machine's monotonic clock
      * moved to its wall clock. A file without times: event k at k * event_ns from 0, which
-     * the page shows as event numbers (state.c says event_ns). */
+     * the page shows as event numbers (state.c says event_ns). A snapshot is often one
+     * training step, under a second: its history's buckets are fitted to its span. */
     int64_t first_us = 0, last_us = 0;
-    for (size_t i = 0; ts != NULL && i < ts->nevents; i++) {
+    for (size_t i = 0; i < ts->nevents; i++) {
         int64_t us = ts->events[i].time_us;
         if (us > 0 && (first_us == 0 || us < first_us))
             first_us = us;
         last_us = us > last_us ? us : last_us;
     }
+    size_t nrec = ts->nevents ? ts->nevents : ts->nsegments + ts->nblocks; /* (no trace: state) */
+    uint64_t span = f.p->event_ns ? (uint64_t)(nrec + 1) * f.p->event_ns
+                                  : (uint64_t)(last_us - first_us) * 1000u;
+    if (span > 0)
+        rc = mt__d_web_set_span(d, f.p, span);
+    for (int t = MT_TAG_USER_FIRST; rc == 0 && t < MT_TAG_MAX; t++)
+        if (ts->tag_label[t] != NULL) {
+            mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
+            mt_event_label_pack(&lab, ts->tag_label[t]);
+            snap_apply(&f, &lab);
+        }
+    if (rc == 0)
+        rc = mt__ts_records(ts, snap_rec, &f);
     if (rc == 0 && f.p->sites == NULL &&
         mt__ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS) == 0) {
         f.p->snap = ts; /* the page names blocks' frames from it */

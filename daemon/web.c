@@ -206,12 +206,12 @@ static void hist_query(const mt_d_web_proc_t *t, uint64_t from, uint64_t to, siz
     uint64_t w = (to - from + nb - 1) / nb;
     if (w == 0)
         w = 1;
-    bool fine = from + MT_D_WEB_FINE_NS * (MT_D_WEB_FINE - 1) >= t->last_ns;
+    bool fine = from + t->fine_ns * (MT_D_WEB_FINE - 1) >= t->last_ns;
     size_t n = fine ? MT_D_WEB_FINE : t->ncoarse;
-    size_t first = fine ? (t->last_ns / MT_D_WEB_FINE_NS + 1) % MT_D_WEB_FINE : 0;
+    size_t first = fine ? (t->last_ns / t->fine_ns + 1) % MT_D_WEB_FINE : 0;
     for (size_t k = 0; k < n; k++) {
         const mt_d_web_bkt_t *s = fine ? &t->fine[(first + k) % MT_D_WEB_FINE] : &t->coarse[k];
-        if (s->t0 == 0 || s->t0 + (fine ? MT_D_WEB_FINE_NS : t->coarse_ns) <= from || s->t0 >= to)
+        if (s->t0 == 0 || s->t0 + (fine ? t->fine_ns : t->coarse_ns) <= from || s->t0 >= to)
             continue;
         size_t j = s->t0 <= from ? 0 : (size_t)((s->t0 - from) / w);
         if (j >= nb)

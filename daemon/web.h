@@ -102,7 +102,9 @@ typedef struct mt_d_web_proc_s {
     mt_d_web_bkt_t fine[MT_D_WEB_FINE];
     mt_d_web_bkt_t *coarse;
     size_t ncoarse;
-    uint64_t coarse_ns; /* width of a coarse bucket */
+    uint64_t coarse_ns; /* width of a coarse bucket, a multiple of fine_ns */
+    uint64_t fine_ns;   /* width of a fine bucket: MT_D_WEB_FINE_NS, or a recording's own
+                         * (mt__d_web_set_span) */
     mt_d_web_bkt_t cur; /* the figures now (updated per event) */
     /* The figures of the events not yet folded into the buckets (pend.events of them; t0
      * unused): all in the fine bucket starting at pend_f0 (mt__d_web_history_flush). */
@@ -158,6 +160,10 @@ void mt__d_web_set_window(struct mt_d_s *d, size_t events);
  * memory, the default). Where no file can be made there, in memory. 0 or MT_ENOMEM. */
 int mt__d_web_set_spool(struct mt_d_s *d, const char *dir);
 mt_d_web_proc_t *mt__d_web_find(struct mt_d_s *d, const struct mt_d_proc_s *p);
+/* Before any event of p is recorded: its events span span_ns (a recording read whole), so
+ * its history's buckets are as fine as a short recording needs (about MT_D_WEB_FINE / 2 of
+ * them over the span, at least 1 us, at most MT_D_WEB_FINE_NS). 0 or MT_ENOMEM. */
+int mt__d_web_set_span(struct mt_d_s *d, const struct mt_d_proc_s *p, uint64_t span_ns);
 /* Event i of t's window (i < wcount; 0 = the oldest). Borrowed: of a spooled window, valid
  * until the next call for any process or the next record (copy one to keep it meanwhile).
  * An event the spool's file cannot give back reads as a gap. */

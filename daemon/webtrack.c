@@ -112,6 +112,7 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
         goto fail_base;
     t->proc = p;
     t->off_ns = clock_offset_ns();
+    t->fine_ns = MT_D_WEB_FINE_NS;
     t->coarse_ns = MT_D_WEB_COARSE0_NS;
     t->next = w->procs;
     w->procs = t;
@@ -231,7 +232,7 @@ void mt__d_web_history_flush(mt_d_web_proc_t *t)
     if (!pend->events)
         return;
     uint64_t f0 = t->pend_f0; /* the pending events' times all fall in [f0, f0 + fine) */
-    bucket_put(&t->fine[f0 / MT_D_WEB_FINE_NS % MT_D_WEB_FINE], f0, pend);
+    bucket_put(&t->fine[f0 / t->fine_ns % MT_D_WEB_FINE], f0, pend);
     /* A coarse width is a multiple of the fine one: the pending events share one coarse
      * bucket, the one f0 is in. Within the newest (the usual case) without a division. */
     uint64_t last0 = t->ncoarse > 0 ? t->coarse[t->ncoarse - 1].t0 : 0;
@@ -273,7 +274,7 @@ static void history_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_ev
     }
     uint64_t now = ev->time_ns ? ev->time_ns : 1;
     t->last_ns = now;
-    uint64_t f0 = now / MT_D_WEB_FINE_NS * MT_D_WEB_FINE_NS;
+    uint64_t f0 = now / t->fine_ns * t->fine_ns;
     mt_d_web_bkt_t *pend = &t->pend;
     if (pend->events && f0 != t->pend_f0)
         mt__d_web_history_flush(t);
@@ -469,6 +470,23 @@ static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_eve
         t->npre = (size_t)(first - t->ck[0].at);
     }
     mt_assert(t->npre + t->wcount <= t->pcap);
+}
+
+int mt__d_web_set_span(mt_d_t *d, const mt_d_proc_t *p, uint64_t span_ns)
+{
+    mt_d_web_t *w = web_of(d, true);
+    mt_d_web_proc_t *t = w ? mt__d_web_find(d, p) : NULL;
+    if (w && !t)
+        t = tracker_new(w, p);
+    if (!t)
+        return MT_ENOMEM;
+    mt_assert(t->nrec == 0 && t->ncoarse == 0);
+    uint64_t f = MT_D_WEB_FINE_NS;
+    while (f > 1000 && f / 2 * (MT_D_WEB_FINE / 2) >= span_ns)
+        f /= 2; /* (halved from 250 ms: 125 ms, 62.5 ms, ... down to a microsecond) */
+    t->fine_ns = f;
+    t->coarse_ns = f * (MT_D_WEB_COARSE0_NS / MT_D_WEB_FINE_NS);
+    return 0;
 }
 
 void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)

@@ -36,6 +36,14 @@ try {
   if (!(Math.abs(Number(h.from) - FIRST_S) < 1 && Number(h.to) >= Number(h.from) && Number(h.to) - FIRST_S < 60))
     fail(`/history spans ${h.from}..${h.to}: not the snapshot's clock (${FIRST_S})`);
   console.log(`ok: /state says recorded; /history spans ${h.from}..${h.to} (the snapshot's own clock)`);
+  // The snapshot spans 6 ms, as one training step's often spans under a second: the
+  // history's buckets are fitted to it, so that the device chart shows its rises and falls
+  // (with the live daemon's 250 ms buckets it was one step of two values).
+  const hf = await get(url, `/history?pid=${p.pid}&buckets=100`);
+  const levels = new Set(hf.amax.filter((x) => x != null));
+  if (levels.size < 5 || Number(hf.from) < FIRST_S - 0.001)
+    fail(`/history of a 6 ms snapshot has ${levels.size} levels from ${hf.from}: not fitted to its span`);
+  console.log(`ok: /history over the snapshot's 6 ms: ${levels.size} levels of allocated`);
 
   // The fixture's stacks: PyTorch's C++ frames ("??" files) first, then transformer.py:54
   // forward (three blocks), my_utils.py:7 scale, train.py:30 train_step.
