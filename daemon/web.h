@@ -3,7 +3,8 @@
  * For each process the daemon (or `memtrace view`) keeps:
  * - a downsampled history: buckets of min/max/last figures (device allocated, reserved,
  *   peak; host allocated, reserved; allocated per tag; OOMs). Two levels: a fine ring of
- *   the last MT_D_WEB_FINE buckets of MT_D_WEB_FINE_NS each, and a coarse array of at most
+ *   the last MT_D_WEB_FINE buckets of MT_D_WEB_FINE_NS each (a snapshot read by `memtrace
+ *   view`: of a width fitted to its span, mt__d_web_set_span), and a coarse array of at most
  *   MT_D_WEB_COARSE buckets whose width doubles (pairs merged) when it is full, so that
  *   hours of events fit in a fixed size;
  * - a window of the latest events (a ring of `window` records, MT_D_WEB_WINDOW in the live
