@@ -213,6 +213,18 @@ static bool parse_hex(const char *s, size_t n, uint64_t *out)
     return true;
 }
 
+/* A pointer or stream as RMM's releases write them: with 0x (fmt::ptr, the format of older
+ * releases and of RMM_BACKWARDS_COMPATIBILITY builds) or without (printf's %llx, newer
+ * ones), and the two mixed (a pointer with 0x and a stream without, as in RMM's docs). */
+static bool parse_hex_0x(const char *s, size_t n, uint64_t *out)
+{
+    if (n >= 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        s += 2;
+        n -= 2;
+    }
+    return parse_hex(s, n, out);
+}
+
 static bool two_digits(const char *s, unsigned max, unsigned *out)
 {
     if (s[0] < '0' || s[0] > '9' || s[1] < '0' || s[1] > '9')
@@ -280,22 +292,27 @@ static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row
         row->action = MT_TRACE_ALLOCATE_FAILURE;
     else
         return fail_field(r, 2, "not one of allocate, free, allocate failure", f[2], fl[2]);
-    if (fl[3] < 3 || f[3][0] != '0' || (f[3][1] != 'x' && f[3][1] != 'X') ||
-        !parse_hex(f[3] + 2, fl[3] - 2, &row->ptr))
-        return fail_field(r, 3, "not a hex pointer 0x...", f[3], fl[3]);
+    if (!parse_hex_0x(f[3], fl[3], &row->ptr))
+        return fail_field(r, 3, "not a hex pointer", f[3], fl[3]);
     if (!parse_dec(f[4], fl[4], &row->size))
         return fail_field(r, 4, fl[4] ? "not a decimal number" : "empty", f[4], fl[4]);
-    if (!parse_hex(f[5], fl[5], &row->stream)) {
-        const char *what = "not a hex number";
-        if (fl[5] == 0)
-            what = "empty";
-        else if (fl[5] >= 2 && f[5][0] == '0' && (f[5][1] == 'x' || f[5][1] == 'X'))
-            what = "hex is written without 0x here";
+    if (!parse_hex_0x(f[5], fl[5], &row->stream)) {
         if (!complete && fl[5] == 0)
             return fail(r, MT_EPROTO, "truncated line at end of file: field 'Stream' is empty");
-        return fail_field(r, 5, what, f[5], fl[5]);
+        return fail_field(r, 5, fl[5] ? "not a hex number" : "empty", f[5], fl[5]);
     }
     return 1;
+}
+
+bool mt__trace_is_rmm(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return false;
+    char head[sizeof MT_TRACE_HEADER];
+    size_t n = fread(head, 1, sizeof head - 1, f);
+    fclose(f);
+    return n == sizeof head - 1 && memcmp(head, MT_TRACE_HEADER, n) == 0;
 }
 
 /* ---- reader ---- */

@@ -36,6 +36,10 @@
 /* Room for an error message: the name of the file, the line, the field and an excerpt. */
 #define MT_TRACE_ERR_LEN 512
 
+/* True when the file at path starts with MT_TRACE_HEADER (an RMM log), for the commands
+ * that read memtrace's logs and must name one given to them instead. */
+bool mt__trace_is_rmm(const char *path);
+
 typedef enum mt_trace_action_e {
     MT_TRACE_ALLOCATE = 0,
     MT_TRACE_FREE = 1,

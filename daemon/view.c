@@ -8,6 +8,7 @@
 #include "analysis/lines_pipe.h"
 #include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_timeline.h"
+#include "analysis/trace_csv.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
@@ -396,6 +397,11 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
         int rc = view_snapshot(d, path, err, errlen);
         *events += (unsigned long)(d->ctr.events - before);
         return rc;
+    }
+    if (strcmp(path, "-") != 0 && mt__trace_is_rmm(path)) { /* (read, it is all garbage) */
+        snprintf(err, errlen,
+                 "%s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it", path);
+        return MT_EPROTO;
     }
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) {

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include "analysis/lines_pipe.h"
+#include "analysis/trace_csv.h"
 #include "util/text.h"
 
 #define MAX_ERRORS_SHOWN 10
@@ -55,6 +56,18 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
         fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
         return 1;
     }
+    /* An RMM log would read as lines of garbage, one error each: named once instead. */
+    char head[sizeof MT_TRACE_HEADER];
+    if (f != stdin && fgets(head, sizeof head, f) != NULL && strcmp(head, MT_TRACE_HEADER) == 0) {
+        fprintf(stderr,
+                "%s: %s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it\n",
+                prog, path);
+        fclose(f);
+        *bad += 1;
+        return 2;
+    }
+    if (f != stdin)
+        rewind(f);
     /* One line at most MT_LOG_LINE_MAX bytes (docs/telemetry.md): a longer one (a corrupt
      * log, /dev/zero) is an error naming it, read no further, not a buffer without bound.
      * The lines are cut on the other core, and decoded on either, while this one applies

@@ -138,6 +138,31 @@ static void test_crlf_and_no_final_newline(void **state)
     mt__trace_free(&b);
 }
 
+/* RMM's releases write pointers and streams with 0x (fmt::ptr: older releases and
+ * RMM_BACKWARDS_COMPATIBILITY builds) or without (%llx: newer ones), and its docs show a
+ * pointer with 0x beside a stream without: the same trace read from each. */
+static void test_rmm_hex_forms(void **state)
+{
+    (void)state;
+    char path[1024], err[MT_TRACE_ERR_LEN];
+    mt_trace_t *a, *b;
+    snprintf(path, sizeof path, "%s/valid/streams.csv", REPLAY_DATA_DIR);
+    assert_int_equal(mt__trace_load(&a, path, err, sizeof err), 0);
+    static const char *const forms[] = {"rmm_fmt_ptr.csv", "rmm_printf.csv"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        snprintf(path, sizeof path, "%s/valid/%s", REPLAY_DATA_DIR, forms[i]);
+        if (mt__trace_load(&b, path, err, sizeof err) != 0)
+            fail_msg("%s", err);
+        assert_int_equal(a->nops, b->nops);
+        assert_int_equal(a->nstreams, b->nstreams);
+        assert_memory_equal(a->streams, b->streams, a->nstreams * sizeof a->streams[0]);
+        assert_memory_equal(a->ops, b->ops, a->nops * sizeof a->ops[0]);
+        assert_int_equal(a->nfailures, b->nfailures);
+        mt__trace_free(&b);
+    }
+    mt__trace_free(&a);
+}
+
 static void test_header_only_and_leaks(void **state)
 {
     char path[1024], err[MT_TRACE_ERR_LEN];
@@ -285,6 +310,7 @@ int main(void)
         cmocka_unit_test(test_errors_are_sticky),
         cmocka_unit_test(test_load_semantics),
         cmocka_unit_test(test_crlf_and_no_final_newline),
+        cmocka_unit_test(test_rmm_hex_forms),
         cmocka_unit_test(test_header_only_and_leaks),
         cmocka_unit_test(test_many_rows_across_chunks),
         cmocka_unit_test(test_bundled_traces),

@@ -86,5 +86,17 @@ case "$out" in
 esac
 [ "$rc" = 2 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] ||
     { echo "FAIL: export of a snapshot: status $rc, $(printf '%s\n' "$out" | wc -l) lines"; fail=1; }
+# An RMM log given to the commands that read memtrace's logs: named once, not read as
+# lines of malformed JSON; replay reads it (with and without 0x: RMM's releases differ).
+rmm="${svg%/a.svg}/rmm.csv"
+printf 'Thread,Time,Action,Pointer,Size,Stream\n7,23:59:59.999990,allocate,7f0000000000,64,7f01\n7,00:00:00.000010,free,0x7f0000000000,64,0x7f01\n' >"$rmm"
+for cmd in "report" "plot -o ${svg%/a.svg}/x.svg"; do
+    out=$("$mt" $cmd "$rmm" 2>&1 >/dev/null)
+    case "$out" in
+    *"is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it") ;;
+    *) echo "FAIL: memtrace $cmd of an RMM log: $out"; fail=1 ;;
+    esac
+done
+"$mt" replay "$rmm" >/dev/null || { echo "FAIL: replay of an RMM log with both hex forms"; fail=1; }
 rm -rf "${svg%/a.svg}"
 exit $fail
