@@ -114,6 +114,16 @@ int mt__d_encode_bin(const mt_d_batch_t *b, mt_d_buf_t *o, const mt_d_sub_t *sel
     return 0;
 }
 
+/* o's bytes appended to b's log, its blocks reserved ahead first (util/fileahead.h); a
+ * short write sets b->write_failed. */
+static void log_write(mt_d_lines_t *L, mt_d_batch_t *b, const mt_d_buf_t *o)
+{
+    if (o->len == 0)
+        return;
+    mt__fa_ahead(&L->fa, fileno(b->logf), o->len);
+    b->write_failed = fwrite(o->p, 1, o->len, b->logf) != o->len;
+}
+
 /* The encoder's work on one batch: the binary log's blocks and the binary consumers'
  * chunks (b->binbuf when the log or an unfiltered consumer takes them all), then, when the
  * log or a consumer takes text, every record's line into b->text, in order (table lines
@@ -139,10 +149,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         if (b->logf && b->bin)
             b->write_failed = true;
     }
-    if (b->logf && b->bin && all_bin && b->binbuf.len) {
-        mt__fa_ahead(&L->fa, fileno(b->logf), b->binbuf.len);
-        b->write_failed = fwrite(b->binbuf.p, 1, b->binbuf.len, b->logf) != b->binbuf.len;
-    }
+    if (b->logf && b->bin && all_bin)
+        log_write(L, b, &b->binbuf);
     if (b->outs_ok)
         mt__d_consumers_build_binary(b);
     if (!text)
@@ -161,10 +169,8 @@ static void run_job(mt_d_lines_t *L, mt_d_batch_t *b)
         r->off = (uint32_t)off;
         r->len = (uint32_t)(b->text.len - off);
     }
-    if (b->logf && !b->bin && b->text.len) {
-        mt__fa_ahead(&L->fa, fileno(b->logf), b->text.len);
-        b->write_failed = fwrite(b->text.p, 1, b->text.len, b->logf) != b->text.len;
-    }
+    if (b->logf && !b->bin)
+        log_write(L, b, &b->text);
     if (b->outs_ok)
         mt__d_consumers_build(b);
 }
