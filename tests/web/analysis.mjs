@@ -9,12 +9,12 @@
 //
 //   node analysis.mjs MEMTRACE SOURCE_ROOT PYTHON
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { isDeepStrictEqual } from 'node:util';
+import { launchChromium } from './chromium.mjs';
 
 const [memtrace, srcRoot, python] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -56,30 +56,12 @@ const exited = (p) => new Promise((r) => (p.exitCode !== null ? r(p.exitCode) : 
 const cli = (args) => JSON.parse(execFileSync(memtrace, args, { encoding: 'utf8' }));
 const MiB = 1 << 20;
 
-async function launch() {
-  const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
-  let chromium = null;
-  try {
-    chromium = createRequire(join(here, 'package.json'))('playwright-core').chromium;
-  } catch (e) {
-    console.log('note: no playwright-core (npm ci --prefix tests/web): the page is not loaded');
-    return null;
-  }
-  if (!existsSync(chromiumPath)) {
-    console.log(`note: no ${chromiumPath}: the page is not loaded`);
-    return null;
-  }
-  return chromium.launch({ executablePath: chromiumPath,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
-}
-
 // The rows of a table's body as arrays of {text, data} per cell.
 const tableRows = (page, id) => page.$$eval(`#${id} tbody tr`, (rows) => rows.map((r) =>
   [...r.cells].map((c) => ({ text: c.textContent, data: { ...c.dataset } }))));
 
 try {
-  browser = await launch();
+  browser = await launchChromium(here);
 
   /* ---- scopes, temporary allocations, settings changes ---- */
   const log = join(tmp, 'analysis.ndjson');

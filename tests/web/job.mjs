@@ -6,12 +6,12 @@
 //
 //   node job.mjs MEMTRACE JOB_WORKER
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { isDeepStrictEqual } from 'node:util';
+import { launchChromium } from './chromium.mjs';
 
 const [memtrace, worker] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -50,24 +50,6 @@ async function get(base, path) {
   return r.json();
 }
 
-async function launch() {
-  const chromiumPath = process.env.CHROMIUM || '/usr/bin/chromium';
-  let chromium = null;
-  try {
-    chromium = createRequire(join(here, 'package.json'))('playwright-core').chromium;
-  } catch (e) {
-    console.log('note: no playwright-core (npm ci --prefix tests/web): the page is not loaded');
-    return null;
-  }
-  if (!existsSync(chromiumPath)) {
-    console.log(`note: no ${chromiumPath}: the page is not loaded`);
-    return null;
-  }
-  return chromium.launch({ executablePath: chromiumPath,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
-}
-
 try {
   const logs = [];
   for (let r = 0; r < RANKS; r++) {
@@ -88,7 +70,7 @@ try {
     await fail('highest: ' + JSON.stringify(h));
   console.log(`ok: /jobs is the report's jobs: rank ${h.rank} highest, ${h.above_median_by_site[0].site}`);
 
-  browser = await launch();
+  browser = await launchChromium(here);
   if (browser) {
     const page = await browser.newPage();
     const errors = [];

@@ -1,9 +1,13 @@
-// Shared by the tests of `memtrace view`: the server of a recording, its JSON answers, and
-// headless Chromium when it can be had.
+// Shared by the tests of `memtrace view`: the server of a recording and its JSON answers
+// (headless Chromium: chromium.mjs).
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { join } from 'node:path';
+
+// Says msg as the failure, kills the server view (if it runs) and exits 1.
+export function failView(view, msg) {
+  console.error('FAIL: ' + msg);
+  if (view && view.exitCode === null) view.kill('SIGKILL');
+  process.exit(1);
+}
 
 // Starts `memtrace view --port 0 FILE...`; resolves to the address it says (with its
 // #token=...) and the child process, or rejects if it exits or says nothing in 10 s (then
@@ -33,22 +37,4 @@ export async function getJson(base, path) {
   return r.json();
 }
 
-// A headless Chromium (playwright-core from dir's node_modules, $CHROMIUM or Debian's), or
-// null after saying why not.
-export async function launchChromium(dir) {
-  const path = process.env.CHROMIUM || '/usr/bin/chromium';
-  let chromium = null;
-  try {
-    chromium = createRequire(join(dir, 'package.json'))('playwright-core').chromium;
-  } catch (e) {
-    console.log('note: no playwright-core (npm ci --prefix tests/web): page not loaded');
-    return null;
-  }
-  if (!existsSync(path)) {
-    console.log('note: no chromium: page not loaded');
-    return null;
-  }
-  return chromium.launch({ executablePath: path,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-      '--disable-background-networking', '--disable-component-update', '--disable-sync'] });
-}
+export { launchChromium } from './chromium.mjs';

@@ -10,18 +10,14 @@
 // SNAPSHOT: tests/snapshot/data/v2_torch_frames.pickle (its first event 2025-05-27 UTC).
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { getJson as get, launchChromium, serveView } from './view_serve.mjs';
+import { failView, getJson as get, launchChromium, serveView } from './view_serve.mjs';
 
 const [memtrace, snapshot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
 const FIRST_S = 1748329299.514852; // the snapshot's first time_us, in seconds
 let view = null;
 
-function fail(msg) {
-  console.error('FAIL: ' + msg);
-  if (view && view.exitCode === null) view.kill('SIGKILL');
-  process.exit(1);
-}
+const fail = (msg) => failView(view, msg);
 
 try {
   const served = await serveView(memtrace, [snapshot]);
