@@ -6,6 +6,8 @@
 
 void *mt__grow(void *arr, size_t *cap, size_t need, size_t elem, size_t first)
 {
+    if (need == 0)
+        need = 1; /* so that NULL always means failure, even for an array still empty */
     if (need <= *cap)
         return arr;
     size_t n = *cap ? *cap : first ? first : 1;

@@ -67,13 +67,25 @@ static void test_zero_first_still_grows(void **state)
     free(a);
 }
 
+/* An empty array asked for no room is still allocated: NULL means only failure (a real
+ * snapshot with an empty trace list read as "out of memory" when it did not). */
+static void test_need_zero_allocates(void **state)
+{
+    (void)state;
+    size_t cap = 0;
+    int *a = mt__grow(NULL, &cap, 0, sizeof *a, 16);
+    assert_non_null(a);
+    assert_int_equal(cap, 16);
+    assert_ptr_equal(mt__grow(a, &cap, 0, sizeof *a, 16), a);
+    free(a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_doubles_from_first),
-        cmocka_unit_test(test_room_enough_is_untouched),
-        cmocka_unit_test(test_overflow_refused),
-        cmocka_unit_test(test_zero_first_still_grows),
+        cmocka_unit_test(test_doubles_from_first),  cmocka_unit_test(test_room_enough_is_untouched),
+        cmocka_unit_test(test_overflow_refused),    cmocka_unit_test(test_zero_first_still_grows),
+        cmocka_unit_test(test_need_zero_allocates),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
