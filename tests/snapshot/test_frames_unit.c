@@ -126,6 +126,31 @@ static void test_fallback_names_what_ran(void **state)
                         .file = "/build/glibc-B3wQXB/glibc-2.31/nptl/pthread_create.c",
                         .line = 477};
     assert_non_null(mt__fr_match(NULL, &st));
+    /* a conda build's thread start (libstdc++'s relative source path) and glibc's from an
+     * Ubuntu build (paths relative to its tree), as a public 2.x snapshot has them under a
+     * cuBLAS workspace that AddmmBackward0 allocated */
+    mt_fr_frame_t conda[] = {
+        backward_stack[0],
+        backward_stack[1],
+        {.func = "at::cuda::getNewWorkspace()", .file = ""},
+        {.func = "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)",
+         .file = "??"},
+        {.func = "torch::autograd::Engine::thread_main(std::shared_ptr<GraphTask> const&)",
+         .file = "??"},
+        {.func = "execute_native_thread_routine",
+         .file = "/home/conda/feedstock_root/build_artifacts/gcc_compilers_1654084175708/work/gcc/"
+                 "libstdc++-v3/src/c++11/thread.cc",
+         .line = 82},
+        {.func = "start_thread", .file = "./nptl/pthread_create.c", .line = 442},
+        {.func = "__clone3",
+         .file = "./misc/../sysdeps/unix/sysv/linux/x86_64/clone3.S",
+         .line = 81},
+    };
+    k = mt__fr_pick(NULL, conda, N(conda));
+    assert_int_equal(k, 3);
+    assert_string_equal(mt__fr_site(&conda[k], buf, sizeof buf), "AddmmBackward0 (autograd)");
+    for (size_t i = 5; i < N(conda); i++)
+        assert_non_null(mt__fr_match(NULL, &conda[i]));
     /* without the node: the innermost ATen operator's entry */
     k = mt__fr_pick(NULL, backward_stack, 7);
     assert_int_equal(k, 4);
