@@ -355,6 +355,15 @@ int mt__report_set_untimed(mt__report_t *r, int pid)
     return 0;
 }
 
+int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only)
+{
+    proc_t *p = proc_get(r, pid);
+    if (!p)
+        return MT_ENOMEM;
+    p->snapshot = state_only ? 2 : 1;
+    return 0;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         snprintf(err, errlen, __VA_ARGS__);                                                        \

@@ -213,6 +213,13 @@ int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
 /* True when some trace entry or annotation of ts has a time; false when mt__ts_records
  * can only number its records by their order (a trace without time_us, or no trace). */
 bool mt__ts_timed(const mt_ts_t *ts);
+/* The file holds its segments but no allocation history (the 1.13 list, or a 2.x dict taken
+ * without _record_memory_history): one moment, the one it was taken at. */
+bool mt__ts_state_only(const mt_ts_t *ts);
+/* Devices the model numbers (0 .. n-1: its traces' and its segments'), and whether device d
+ * holds anything (a segment or an event). */
+unsigned mt__ts_device_count(const mt_ts_t *ts);
+bool mt__ts_device_used(const mt_ts_t *ts, unsigned d);
 
 /* A call site's live bytes at the peak of allocated bytes on device d. */
 typedef struct mt_ts_site_s {
@@ -221,8 +228,9 @@ typedef struct mt_ts_site_s {
     size_t count;
 } mt_ts_site_t;
 
-/* The top n call sites (by live bytes) at the moment device d's allocated bytes peaked;
- * *nout <= n are written to sites, largest first; *peak the peak. */
+/* The top n call sites (by live bytes) at the moment device d's allocated bytes peaked (a
+ * state-only snapshot: its live blocks); *nout <= n are written to sites, largest first;
+ * *peak the peak. */
 int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t n,
                          size_t *nout, uint64_t *peak);
 /* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */

@@ -462,7 +462,10 @@ static int cmp_annotation(const void *a, const void *b)
     return x->time_us < y->time_us ? -1 : x->time_us > y->time_us ? 1 : (x < y ? -1 : x > y);
 }
 
-/* A snapshot without a trace: its state as the events that would have made it. */
+/* A snapshot without a trace: its state as the events that would have made it. Its one
+ * moment is its end, so nothing may peak before it: every segment first (reserved is the
+ * state's from the start), then the blocks freed and waiting for their streams (each
+ * allocated and freed at once), then the live blocks (allocated climbs to the state's). */
 static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
 {
     uint64_t allocated[256] = {0}, reserved[256] = {0}, seq = 0;
@@ -485,35 +488,44 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
             .reserved = reserved[d],
         };
         rc = fn(ctx, &r, s->stack);
-        for (uint32_t k = 0; k < s->nblocks && rc == 0; k++) {
-            const mt_ts_block_t *b = &ts->blocks[s->first_block + k];
-            if (b->state == MT_TS_INACTIVE)
-                continue;
-            uint64_t req = b->requested;
-            for (uint32_t h = 0; req == 0 && h < b->nhistory; h++)
-                req = ts->history[b->first_history + h].real_size;
-            allocated[d] += b->size;
-            seq++;
-            r = (mt_event_rec_t){
-                .seq = seq,
-                .time_ns = seq,
-                .kind = MT_EV_ALLOC,
-                .addr = b->addr,
-                .size = b->size,
-                .requested = req ? req : b->size,
-                .stream = (uint32_t)s->stream,
-                .pool = pool_of(b->size, false),
-                .device = d,
-                .tag = b->tag,
-                .allocated = allocated[d],
-                .reserved = reserved[d],
-            };
-            rc = fn(ctx, &r, b->stack);
-            if (rc == 0 && b->state == MT_TS_ACTIVE_PENDING_FREE) {
-                r.kind = MT_EV_FREE_REQUESTED;
-                r.seq = ++seq;
-                r.time_ns = seq;
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        uint8_t want = pass == 0 ? MT_TS_ACTIVE_PENDING_FREE : MT_TS_ACTIVE_ALLOCATED;
+        for (size_t i = 0; i < ts->nsegments && rc == 0; i++) {
+            const mt_ts_segment_t *s = &ts->segments[i];
+            uint8_t d = (uint8_t)s->device;
+            for (uint32_t k = 0; k < s->nblocks && rc == 0; k++) {
+                const mt_ts_block_t *b = &ts->blocks[s->first_block + k];
+                if (b->state != want)
+                    continue;
+                uint64_t req = b->requested;
+                for (uint32_t h = 0; req == 0 && h < b->nhistory; h++)
+                    req = ts->history[b->first_history + h].real_size;
+                allocated[d] += b->size;
+                seq++;
+                mt_event_rec_t r = {
+                    .seq = seq,
+                    .time_ns = seq,
+                    .kind = MT_EV_ALLOC,
+                    .addr = b->addr,
+                    .size = b->size,
+                    .requested = req ? req : b->size,
+                    .stream = (uint32_t)s->stream,
+                    .pool = pool_of(b->size, false),
+                    .device = d,
+                    .tag = b->tag,
+                    .allocated = allocated[d],
+                    .reserved = reserved[d],
+                };
                 rc = fn(ctx, &r, b->stack);
+                if (rc == 0 && pass == 0) {
+                    allocated[d] -= b->size; /* freed by the program, its stream not done */
+                    r.allocated = allocated[d];
+                    r.kind = MT_EV_FREE_REQUESTED;
+                    r.seq = ++seq;
+                    r.time_ns = seq;
+                    rc = fn(ctx, &r, b->stack);
+                }
             }
         }
     }
@@ -612,6 +624,29 @@ bool mt__ts_timed(const mt_ts_t *ts)
     return false;
 }
 
+bool mt__ts_state_only(const mt_ts_t *ts)
+{
+    return ts->nevents == 0;
+}
+
+unsigned mt__ts_device_count(const mt_ts_t *ts)
+{
+    unsigned n = ts->ndevices;
+    for (size_t i = 0; i < ts->nsegments; i++)
+        if (ts->segments[i].device >= 0 && (unsigned)ts->segments[i].device >= n)
+            n = (unsigned)ts->segments[i].device + 1;
+    return n;
+}
+
+bool mt__ts_device_used(const mt_ts_t *ts, unsigned d)
+{
+    size_t n;
+    (void)dev_events(ts, d, &n);
+    for (size_t i = 0; n == 0 && i < ts->nsegments; i++)
+        n = (unsigned)ts->segments[i].device == d;
+    return n != 0;
+}
+
 /* ---- call sites at the peak ---- */
 
 static int cmp_site(const void *a, const void *b)
@@ -622,11 +657,43 @@ static int cmp_site(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
+/* A snapshot without a trace has one moment, the one it was taken at: its live blocks. */
+static int sites_of_state(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
+                          size_t *nout, uint64_t *live)
+{
+    mt_ts_site_t *acc = calloc(ts->nstacks ? ts->nstacks : 1, sizeof *acc);
+    if (acc == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *sg = &ts->segments[i];
+        if ((unsigned)sg->device != device)
+            continue;
+        for (uint32_t k = 0; k < sg->nblocks; k++) {
+            const mt_ts_block_t *b = &ts->blocks[sg->first_block + k];
+            if (b->state != MT_TS_ACTIVE_ALLOCATED)
+                continue;
+            uint64_t bytes = b->requested ? b->requested : b->size;
+            uint32_t st = b->stack < ts->nstacks ? b->stack : 0;
+            acc[st].stack = st;
+            acc[st].bytes += bytes;
+            acc[st].count++;
+            *live += bytes;
+        }
+    }
+    qsort(acc, ts->nstacks, sizeof *acc, cmp_site);
+    for (size_t i = 0; i < ts->nstacks && *nout < nsites && acc[i].bytes > 0; i++)
+        sites[(*nout)++] = acc[i];
+    free(acc);
+    return 0;
+}
+
 int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
                          size_t *nout, uint64_t *peak)
 {
     *nout = 0;
     *peak = 0;
+    if (ts->nevents == 0)
+        return sites_of_state(ts, device, sites, nsites, nout, peak);
     size_t n;
     const mt_ts_event_t *ev = dev_events(ts, device, &n);
     /* Pass 1 finds the event at which allocated bytes peak; pass 2 stops there and sums

@@ -684,8 +684,15 @@ static void print_process(json_t *p)
         }
     }
 
+    /* A snapshot is a moment of a run, not its end: what is live then was not leaked. A
+     * state-only one holds that moment alone: no timeline or growth to read. */
+    bool snapshot = json_object_get(p, "source") != NULL;
+    bool state = json_is_true(json_object_get(p, "state_only"));
+    if (state)
+        printf("\n  a state snapshot (no allocation history): the figures are the moment it "
+               "was taken;\n  no timeline, lifetimes or growth\n");
     json_t *tl = json_object_get(p, "timeline");
-    if (json_array_size(tl)) {
+    if (json_array_size(tl) && !state) {
         printf("\n  timeline%s:\n    %9s %12s %12s %12s %6s %6s\n",
                untimed ? " (the input has no clock: by event; no lifetimes, so no temporary "
                          "allocations)"
@@ -705,7 +712,8 @@ static void print_process(json_t *p)
     }
 
     json_t *nf = json_object_get(p, "never_freed");
-    printf("\n  never freed: %.0f allocations, %s", num(nf, "count"),
+    printf("\n  %s: %.0f allocations, %s",
+           snapshot ? "live when the snapshot was taken" : "never freed", num(nf, "count"),
            human(num(nf, "bytes"), b1, sizeof(b1)));
     if (num(p, "unmatched_frees") > 0)
         printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
@@ -738,7 +746,8 @@ static void print_process(json_t *p)
     print_settings(json_object_get(p, "settings_changes"));
     print_managed(json_object_get(p, "managed"));
     print_scopes(json_object_get(p, "scopes"));
-    print_growth(json_object_get(p, "growth"));
+    if (!state)
+        print_growth(json_object_get(p, "growth"));
     print_host(json_object_get(p, "host"));
     print_callsites(json_object_get(p, "callsites"), json_is_true(json_object_get(p, "tagged")));
     print_temporary(p);

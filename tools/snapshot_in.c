@@ -193,6 +193,8 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     if (rc == 0 && !mt__ts_timed(ts))
         rc = mt__report_set_untimed(r, pid);
     if (rc == 0)
+        rc = mt__report_set_snapshot(r, pid, mt__ts_state_only(ts));
+    if (rc == 0)
         rc = mt__ts_records(ts, feed_rec, &f);
     if (rc != 0)
         fprintf(stderr, "%s: %s\n", path, err[0] ? err : mt_strerror(rc));
@@ -314,18 +316,19 @@ void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__repo
     for (size_t i = 0; i < in->n; i++) {
         const mt_ts_t *ts = in->ts[i];
         json_t *devs = json_array(), *ann = json_array();
-        for (unsigned d = 0; d < ts->ndevices; d++)
-            json_array_append_new(devs, sites_json(ts, d, cfg));
+        for (unsigned d = 0; d < mt__ts_device_count(ts); d++)
+            if (mt__ts_device_used(ts, d))
+                json_array_append_new(devs, sites_json(ts, d, cfg));
         for (size_t k = 0; k < ts->nannotations; k++) {
             const mt_ts_annotation_t *a = &ts->annotations[k];
             json_array_append_new(
                 ann, json_pack("{s:s, s:s, s:i, s:I}", "stage", a->start ? "START" : "END", "name",
                                a->name, "device", a->device, "time_us", (json_int_t)a->time_us));
         }
-        json_array_append_new(arr,
-                              json_pack("{s:s, s:i, s:s, s:o, s:o}", "file", in->path[i], "process",
-                                        (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x",
-                                        "devices", devs, "annotations", ann));
+        json_array_append_new(
+            arr, json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file", in->path[i], "process",
+                           (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x", "state_only",
+                           mt__ts_state_only(ts), "devices", devs, "annotations", ann));
     }
     json_object_set_new(res, "snapshots", arr);
 }
@@ -436,17 +439,23 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
         const mt_ts_t *ts = in->ts[i];
         printf("\nsnapshot %s (process %zu above; PyTorch %s layout)\n", in->path[i], i + 1,
                ts->era == 1 ? "1.13" : "2.x");
-        for (unsigned d = 0; d < ts->ndevices; d++) {
+        bool state = mt__ts_state_only(ts);
+        if (state)
+            printf("  a state snapshot: segments and blocks, no allocation history (taken "
+                   "without\n  torch.cuda.memory._record_memory_history); its figures are "
+                   "the moment it was taken\n");
+        for (unsigned d = 0; d < mt__ts_device_count(ts); d++) {
             mt_ts_group_t *g = NULL;
             size_t ng;
             uint64_t peak;
-            if (mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+            if (!mt__ts_device_used(ts, d) ||
+                mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
                 continue;
             char b[32];
             human(b, sizeof b, peak);
-            printf("  device %u: live bytes at the peak of allocated bytes (%s, requested), by "
-                   "%s%s\n",
-                   d, b, mt__fr_by_name(cfg->by),
+            printf("  device %u: live bytes %s (%s, requested), by %s%s\n", d,
+                   state ? "when the snapshot was taken" : "at the peak of allocated bytes", b,
+                   mt__fr_by_name(cfg->by),
                    mt__fr_rules_all(cfg->frames) ? " (every frame: --frames all)" : "");
             for (size_t k = 0; k < ng && k < cfg->top; k++) {
                 human(b, sizeof b, g[k].bytes);

@@ -76,6 +76,48 @@ grep -q '>event (the input has no clock)</text>' "$svg" && ! grep -q 'time (s)' 
     { echo "FAIL: the untimed plot's axis is not by event"; fail=1; }
 "$mt" plot "$data/v2_all_actions_p4.pickle" -o "$svg" || fail=1
 grep -q '>time (s)</text>' "$svg" || { echo "FAIL: the timed plot's axis is not time"; fail=1; }
+# A state snapshot (segments only, an empty trace per device: torch.cuda.memory._snapshot()
+# with no history recorded) is read, not refused as "out of memory" (an empty trace list
+# reserved no room); it is reported as its one moment: no timeline or growth, its live
+# blocks live when it was taken (not leaks), its call sites those blocks' and only on the
+# device that has segments; the block autograd's engine thread allocated is named by its node.
+st="$data/v2_state_only.pickle"
+out=$("$mt" report "$st") || { echo "FAIL: report of a state snapshot: $out"; fail=1; }
+case "$out" in
+*"a state snapshot (no allocation history)"*"live when the snapshot was taken: 2 allocations, 8.0 MiB"*) ;;
+*) echo "FAIL: the state snapshot's report does not say what it is: $out"; fail=1 ;;
+esac
+case "$out" in
+*"timeline:"* | *"timeline (the"* | *"growth across"* | *"never freed"* | *"device 1:"* | \
+    *"not in the segment map"*)
+    echo "FAIL: the state snapshot's report reads its state as a history: $out"; fail=1 ;;
+esac
+case "$out" in
+*"peak allocated 8.0 MiB, peak reserved 22.0 MiB; at the end 8.0 MiB allocated, 22.0 MiB reserved"*) ;;
+*) echo "FAIL: the state snapshot peaks before its one moment: $out"; fail=1 ;;
+esac
+case "$out" in
+*"device 0: live bytes when the snapshot was taken (8.00 MiB"*"512 B      1  AddmmBackward0 (autograd)"*) ;;
+*) echo "FAIL: the state snapshot's call sites are not its live blocks': $out"; fail=1 ;;
+esac
+out=$("$mt" report --json "$st") || fail=1
+case "$out" in
+*'"source": "torch_snapshot"'*'"state_only": true'*) ;;
+*) echo "FAIL: report --json of the state snapshot does not say it is one"; fail=1 ;;
+esac
+"$mt" plot "$st" -o "$svg" || { echo "FAIL: plot of a state snapshot"; fail=1; }
+# 1.13's list is a state too: its call sites come from its blocks (none were printed).
+out=$("$mt" report "$data/v113_segments.pickle") || fail=1
+case "$out" in
+*"device 0: live bytes when the snapshot was taken (12.00 MiB, requested)"*) ;;
+*) echo "FAIL: the 1.13 snapshot's live bytes by site are missing: $out"; fail=1 ;;
+esac
+# A traced snapshot is a moment too: what is live at its end is not called a leak.
+out=$("$mt" report "$data/v2_all_actions_p4.pickle") || fail=1
+case "$out" in
+*"live when the snapshot was taken: "*) ;;
+*) echo "FAIL: the traced snapshot's live blocks are called never freed: $out"; fail=1 ;;
+esac
 # A snapshot given to export (which writes logs as snapshots) is named as such, once, with
 # status 2: not read as a log of malformed lines.
 out=$("$mt" export --format torch-snapshot "$u" -o "${svg%/a.svg}/x.pickle" 2>&1)
