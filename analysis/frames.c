@@ -35,6 +35,7 @@ static const mt_fr_rule_t defaults[] = {
     R(MT_FR_FUNC, MT_FR_FRAMEWORK, "torch::", "PyTorch's C++ (autograd, Python bindings)"),
     R(MT_FR_FUNC, MT_FR_FRAMEWORK, "caffe2::", "PyTorch's C++"),
     R(MT_FR_FUNC, MT_FR_FRAMEWORK, "pybind11::", "Python bindings"),
+    R(MT_FR_FUNC, MT_FR_FRAMEWORK, "THP", "PyTorch's Python bindings (THPVariable_clear, ...)"),
     R(MT_FR_FUNC, MT_FR_FRAMEWORK, "std::", "the C++ standard library"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "Dispatcher.h", "the dispatcher"),
     R(MT_FR_FILE, MT_FR_FRAMEWORK, "BoxedKernel", "the dispatcher's boxing"),

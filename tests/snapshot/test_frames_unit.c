@@ -151,6 +151,9 @@ static void test_fallback_names_what_ran(void **state)
     assert_string_equal(mt__fr_site(&conda[k], buf, sizeof buf), "AddmmBackward0 (autograd)");
     for (size_t i = 5; i < N(conda); i++)
         assert_non_null(mt__fr_match(NULL, &conda[i]));
+    /* PyTorch's Python bindings, which have no namespace (a free's stack passes them) */
+    mt_fr_frame_t thp = {.func = "THPVariable_clear(THPVariable*)", .file = "python_variable.cpp"};
+    assert_non_null(mt__fr_match(NULL, &thp));
     /* without the node: the innermost ATen operator's entry */
     k = mt__fr_pick(NULL, backward_stack, 7);
     assert_int_equal(k, 4);
