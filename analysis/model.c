@@ -330,7 +330,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
     b->sidx = c->next_sidx;
-    b->t_alloc = ev->time_ns;
+    b->t_alloc = ev->time_ns >= c->t_known ? ev->time_ns : 0; /* (0: unknown lifetime) */
     block_account(c, b);
     touch_seg(c, ev->addr);
     mt_assert(c->live <= c->cap && c->at.n + (c->zero != 0) == c->live);

@@ -376,6 +376,10 @@ uint64_t mt__model_temp_bucket_low(size_t b);
 uint64_t mt__model_temp_median_us(const uint64_t *hist, size_t nb);
 /* The rows of class cls with a temporary allocation, by stack (id order) or by tag (tag
  * order), as a new array in *out (free() it). 0 or MT_ENOMEM. */
+/* Allocations before t_ns have unknown lifetimes (never temporary): a snapshot's trace that
+ * began in the middle of a run, whose earlier blocks are made up from the state at its
+ * start, stamped just before t_ns. */
+void mt__model_lifetimes_from(mt_model_t *m, uint64_t t_ns);
 int mt__model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out,
                         size_t *n);
 

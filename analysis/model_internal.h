@@ -90,6 +90,7 @@ typedef struct mt__mclass_s {
     /* temporary allocations (model_temp.c): NULL until the first one, or when not tracked */
     struct mt__mtemp_s *tmp;
     uint64_t tmp_window_us; /* µs, the model's cfg.temporary_window_us */
+    uint64_t t_known;       /* ns: blocks allocated before it have no lifetime (0: all do) */
 } mt__mclass_t;
 
 /* One device's memory outside the allocator (model_outside.c).

@@ -162,6 +162,12 @@ void mt__model_temp_free_all(mt__mclass_t *c)
     c->tmp = NULL;
 }
 
+void mt__model_lifetimes_from(mt_model_t *m, uint64_t t_ns)
+{
+    for (size_t k = 0; k < sizeof m->cls / sizeof m->cls[0]; k++)
+        m->cls[k].t_known = t_ns;
+}
+
 int mt__model_temporary(const mt_model_t *m, int cls, bool by_tag, mt_model_temp_t **out, size_t *n)
 {
     const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];

@@ -183,6 +183,7 @@ static mt_model_t *proc_model(const mt__report_cfg_t *cfg, proc_t *p)
     mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
     if (mt__model_create(&p->m, &mc) != 0)
         return NULL;
+    mt__model_lifetimes_from(p->m, p->t_known);
     if (mt__report_outside_create(&p->outside) != 0 ||
         (p->tables && mt__model_tables_copy(p->m, p->tables) != 0)) {
         mt__model_destroy(&p->m);
@@ -355,12 +356,15 @@ int mt__report_set_untimed(mt__report_t *r, int pid)
     return 0;
 }
 
-int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only)
+int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns)
 {
     proc_t *p = proc_get(r, pid);
     if (!p)
         return MT_ENOMEM;
     p->snapshot = state_only ? 2 : 1;
+    p->t_known = trace_ns;
+    if (p->m != NULL)
+        mt__model_lifetimes_from(p->m, trace_ns);
     return 0;
 }
 
@@ -589,6 +593,8 @@ static int replay_one(void *ctx, const mt_event_rec_t *ev, size_t k)
 static int replay_model(const proc_t *p, const mt_model_cfg_t *cfg, mt_model_t **out)
 {
     int rc = mt__model_create(out, cfg);
+    if (rc == 0)
+        mt__model_lifetimes_from(*out, p->t_known);
     if (rc == 0 && p->tables)
         rc = mt__model_tables_copy(*out, p->tables);
     return rc;

@@ -91,8 +91,10 @@ int mt__report_set_untimed(mt__report_t *r, int pid);
 /* pid was read from a PyTorch snapshot: its result says "source": "torch_snapshot", what is
  * live at its end was live when the snapshot was taken (not a leak); state_only: the file
  * had no trace, its events are the state as the allocations that would make it ("state_only":
- * true, no timeline or growth to read from their order). 0 or MT_ENOMEM. */
-int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only);
+ * true, no timeline or growth to read from their order); trace_ns (0: none): where its trace
+ * began, blocks allocated before it having no known lifetime (mt__model_lifetimes_from).
+ * 0 or MT_ENOMEM. */
+int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns);
 /* Process i's events as the report counts them ("events"): without the records a converter
  * added or tag labels. 0 if there is no such process. */
 size_t mt__report_events_read(const mt__report_t *r, size_t i);

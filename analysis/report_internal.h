@@ -83,6 +83,7 @@ typedef struct proc_s {
     bool untimed;     /* its times are its events' order (mt__report_set_untimed) */
     uint8_t snapshot; /* read from a PyTorch snapshot: 1, and 2 when state only
                        * (mt__report_set_snapshot) */
+    uint64_t t_known; /* ns, its trace's start: earlier blocks have unknown lifetimes */
 } proc_t;
 
 struct mt__report_s {

@@ -204,11 +204,15 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated
  * and reserved, device, tag, pool by size), time_ns = time_us * 1000, or the record's place
- * in the order (1, 2, ...) when the entry has no time (see mt__ts_timed). A snapshot with no
- * trace at all (1.13's layout, or recorded without history) gives its state instead: a
- * segment_alloc per segment, an alloc per active block, a free_requested per pending one. Calls fn
- * for each (ev borrowed; stack is the event's stack id); a nonzero return stops and is returned. */
-typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack);
+ * in the order (1, 2, ...) when the entry has no time (see mt__ts_timed). What a trace began
+ * in the middle of comes first, flagged MT_TS_REC_BEFORE, at its first event's time (1
+ * untimed): its segments and blocks (torch_snapshot_walk.h), which the trace's frees then
+ * close. A snapshot with no trace at all (1.13's layout, or recorded without history) gives
+ * its state instead: a segment_alloc per segment, an alloc per active block, a free_requested
+ * per pending one. Calls fn for each (ev borrowed; stack is the event's stack id; flags
+ * MT_TS_REC_*); a nonzero return stops and is returned. */
+#define MT_TS_REC_BEFORE 1u /* made from the state at the end, not read from the trace */
+typedef int (*mt_ts_record_fn)(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags);
 int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx);
 /* True when some trace entry or annotation of ts has a time; false when mt__ts_records
  * can only number its records by their order (a trace without time_us, or no trace). */
@@ -216,6 +220,9 @@ bool mt__ts_timed(const mt_ts_t *ts);
 /* The file holds its segments but no allocation history (the 1.13 list, or a 2.x dict taken
  * without _record_memory_history): one moment, the one it was taken at. */
 bool mt__ts_state_only(const mt_ts_t *ts);
+/* The earliest time_us of a device's first trace entry (where mt__ts_records puts what came
+ * before, 1 ns earlier), or 0 when the trace has no times. */
+int64_t mt__ts_trace_start_us(const mt_ts_t *ts);
 /* Devices the model numbers (0 .. n-1: its traces' and its segments'), and whether device d
  * holds anything (a segment or an event). */
 unsigned mt__ts_device_count(const mt_ts_t *ts);

@@ -8,133 +8,7 @@
 #include "memtrace/common.h"
 #include "util/addrmap.h"
 #include "util/grow.h"
-
-/* ---- live blocks by address: a dense array indexed by util's address table ---- */
-
-typedef struct live_s {
-    uint64_t addr;  /* > 1 (addresses 0 and 1 are never blocks) */
-    uint64_t size;  /* requested bytes */
-    uint32_t slot;  /* trace slot */
-    uint32_t stack; /* call stack */
-    uint8_t freed;  /* free_requested seen, free_completed not yet */
-} live_t;
-
-/* Invariants: v[0..n) distinct addresses, in no order; at maps each one's addr to its index
- * (at.n = n); n <= cap. A zeroed livemap_t is empty. */
-typedef struct livemap_s {
-    live_t *v;
-    size_t n, cap;
-    mt__amap_t at;
-} livemap_t;
-
-static void lm_fini(livemap_t *m)
-{
-    free(m->v);
-    mt__amap_fini(&m->at);
-    *m = (livemap_t){0};
-}
-
-/* The entry of addr, or NULL. Borrowed until the next lm_insert or lm_erase. */
-static live_t *lm_find(livemap_t *m, uint64_t addr)
-{
-    uint64_t i;
-    return mt__amap_get(&m->at, addr, &i) == 0 ? &m->v[i] : NULL;
-}
-
-/* A new zeroed entry for addr (none must exist), or NULL (no memory). */
-static live_t *lm_insert(livemap_t *m, uint64_t addr)
-{
-    live_t *v = mt__grow(m->v, &m->cap, m->n + 1, sizeof *v, 1024);
-    if (v == NULL)
-        return NULL;
-    m->v = v;
-    if (mt__amap_put(&m->at, addr, m->n) != 0)
-        return NULL;
-    m->v[m->n] = (live_t){.addr = addr};
-    return &m->v[m->n++];
-}
-
-/* Removes e; the last entry moves into its place. */
-static void lm_erase(livemap_t *m, live_t *e)
-{
-    size_t i = (size_t)(e - m->v);
-    (void)mt__amap_del(&m->at, e->addr);
-    if (i < --m->n) {
-        m->v[i] = m->v[m->n];
-        (void)mt__amap_put(&m->at, m->v[i].addr, i); /* replaces: no allocation */
-    }
-}
-
-/* ---- walking one device's trace ----
- * The one reading of the trace's meaning, shared by every conversion: an alloc opens a
- * block, the first of free_requested / free_completed closes it (the other is then
- * absorbed), a free of an unknown block is an orphan from before the trace began. */
-
-typedef struct walk_s {
-    livemap_t live;
-    uint32_t nslots;
-} walk_t;
-
-enum { W_SKIP = 0, W_OPEN = 1, W_CLOSE = 2 };
-
-/* What event e does to the live blocks: W_OPEN (*l the new block), W_CLOSE (*l the block,
- * erase it after use with lm_erase), or W_SKIP. MT_ENOMEM. */
-static int walk_step(walk_t *w, const mt_ts_event_t *e, live_t **l, bool *orphan)
-{
-    *orphan = false;
-    *l = NULL;
-    live_t *x;
-    switch (e->action) {
-    case MT_TS_ALLOC:
-        if ((x = lm_find(&w->live, e->addr)) != NULL)
-            lm_erase(&w->live, x); /* a block whose free_completed was not recorded */
-        if (e->addr <= 1 || (x = lm_insert(&w->live, e->addr)) == NULL)
-            return e->addr <= 1 ? W_SKIP : MT_ENOMEM;
-        x->size = e->size;
-        x->slot = w->nslots++;
-        x->stack = e->stack;
-        *l = x;
-        return W_OPEN;
-    case MT_TS_FREE_REQUESTED:
-    case MT_TS_FREE_COMPLETED:
-        x = lm_find(&w->live, e->addr);
-        if (x == NULL) {
-            /* Allocated before the trace began. Its free_completed is absorbed too. */
-            *orphan = true;
-            if (e->action == MT_TS_FREE_REQUESTED && e->addr > 1) {
-                if ((x = lm_insert(&w->live, e->addr)) == NULL)
-                    return MT_ENOMEM;
-                x->freed = 1;
-            }
-            return W_SKIP;
-        }
-        if (x->freed) { /* the free_completed after its free_requested */
-            lm_erase(&w->live, x);
-            return W_SKIP;
-        }
-        if (e->action == MT_TS_FREE_REQUESTED)
-            x->freed = 1; /* kept until free_completed, to absorb it */
-        *l = x;
-        return W_CLOSE;
-    default:
-        return W_SKIP;
-    }
-}
-
-static uint64_t round_block(uint64_t requested)
-{
-    return requested <= 512 ? 512 : (requested + 511) & ~(uint64_t)511;
-}
-
-static const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, size_t *n)
-{
-    if (d >= ts->ndevices) {
-        *n = 0;
-        return NULL;
-    }
-    *n = ts->dev_first[d + 1] - ts->dev_first[d];
-    return ts->events + ts->dev_first[d];
-}
+#include "analysis/torch_snapshot_walk.h"
 
 /* v in [0, UINT64_MAX]: a figure too large for its field reads as the largest it holds. */
 static uint64_t sat_u64(__int128 v)
@@ -328,6 +202,7 @@ typedef struct cursor_s {
     walk_t w;
     xseg_t *xs; /* the device's expandable segments at the end, by address */
     size_t nxs;
+    mt__amap_t end_size; /* mt_ts_pre_t's: the bytes at the end of the trace's blocks */
 } cursor_t;
 
 static int cmp_xseg(const void *a, const void *b)
@@ -412,6 +287,9 @@ static int make_record(cursor_t *c, const mt_ts_event_t *e, mt_event_rec_t *r, b
     switch (e->action) {
     case MT_TS_ALLOC:
         r->size = e->block_size ? e->block_size : round_block(e->size);
+        uint64_t end;
+        if (k == W_OPEN && mt__amap_get(&c->end_size, (uint64_t)l->slot + 1, &end) == 0)
+            r->size = end; /* still allocated at the end: its block's bytes there */
         r->pool = pool_of(r->size, false);
         if (k == W_OPEN) {
             c->allocated += r->size;
@@ -487,7 +365,7 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
             .allocated = allocated[d],
             .reserved = reserved[d],
         };
-        rc = fn(ctx, &r, s->stack);
+        rc = fn(ctx, &r, s->stack, 0);
     }
     for (int pass = 0; pass < 2; pass++) {
         uint8_t want = pass == 0 ? MT_TS_ACTIVE_PENDING_FREE : MT_TS_ACTIVE_ALLOCATED;
@@ -517,14 +395,14 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
                     .allocated = allocated[d],
                     .reserved = reserved[d],
                 };
-                rc = fn(ctx, &r, b->stack);
+                rc = fn(ctx, &r, b->stack, 0);
                 if (rc == 0 && pass == 0) {
                     allocated[d] -= b->size; /* freed by the program, its stream not done */
                     r.allocated = allocated[d];
                     r.kind = MT_EV_FREE_REQUESTED;
                     r.seq = ++seq;
                     r.time_ns = seq;
-                    rc = fn(ctx, &r, b->stack);
+                    rc = fn(ctx, &r, b->stack, 0);
                 }
             }
         }
@@ -539,22 +417,46 @@ int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
     int rc = 0;
     cursor_t *cur = calloc(ts->ndevices ? ts->ndevices : 1, sizeof *cur);
     const mt_ts_annotation_t **ann = calloc(ts->nannotations + 1, sizeof *ann);
+    size_t seq = 0;
     if (cur == NULL || ann == NULL) {
         rc = MT_ENOMEM;
         goto done;
     }
+    /* What each device's trace began in the middle of comes first, just before the first
+     * event, and its blocks are open for the trace's frees of them. */
+    int64_t t0 = mt__ts_trace_start_us(ts);
     for (unsigned d = 0; d < ts->ndevices && rc == 0; d++) {
         mt_ts_figures_t fig;
+        mt_ts_pre_t pre;
         rc = mt__ts_figures(ts, d, &fig);
+        if (rc == 0)
+            rc = mt__ts_pre_state(ts, d, &pre);
+        if (rc != 0)
+            break;
         cur[d].ev = dev_events(ts, d, &cur[d].n);
-        cur[d].reserved = fig.reserved_start;
+        /* (what the segment events imply beyond the segments found: reserved, unmapped) */
+        uint64_t more = fig.reserved_start > pre.reserved ? fig.reserved_start - pre.reserved : 0;
+        for (size_t i = 0; i < pre.n && rc == 0; i++) {
+            mt_event_rec_t r = pre.recs[i];
+            r.reserved += more;
+            r.seq = ++seq;
+            r.time_ns = t0 > 0 ? (uint64_t)t0 * 1000u - 1 : 1; /* (untimed: with event 1) */
+            rc = fn(ctx, &r, pre.stacks[i], MT_TS_REC_BEFORE);
+        }
+        cur[d].allocated = pre.allocated;
+        cur[d].reserved = pre.reserved + more;
+        if (rc == 0)
+            rc = mt__ts_pre_open(&pre, &cur[d].w, false);
+        cur[d].end_size = pre.end_size; /* moved */
+        pre.end_size = (mt__amap_t){0};
+        mt__ts_pre_fini(&pre);
         if (rc == 0)
             rc = cursor_xsegs(&cur[d], ts, d);
     }
     for (size_t i = 0; i < ts->nannotations; i++)
         ann[i] = &ts->annotations[i];
     qsort(ann, ts->nannotations, sizeof *ann, cmp_annotation);
-    size_t ai = 0, seq = 0, iterations = 0;
+    size_t ai = 0, iterations = 0, ord = 0; /* ord: the trace's records and marks so far */
     /* Devices merged by time (PyTorch's clock is one per process); ties and untimed
      * traces keep device order. Annotations come before events of the same time. */
     while (rc == 0) {
@@ -598,14 +500,16 @@ int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         if (rc == 0 && emit) {
             r.seq = ++seq;
             if (r.time_ns == 0)
-                r.time_ns = seq; /* no clock in the file: event order */
+                r.time_ns = ord + 1; /* no clock in the file: event order */
+            ord++;
             bool mark = r.kind == MT_EV_MARK || r.kind == MT_EV_MARK_NAMED;
-            rc = fn(ctx, &r, mark ? 0 : cur[best].ev[cur[best].i - 1].stack);
+            rc = fn(ctx, &r, mark ? 0 : cur[best].ev[cur[best].i - 1].stack, 0);
         }
     }
 done:
     for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++) {
         lm_fini(&cur[d].w.live);
+        mt__amap_fini(&cur[d].end_size);
         free(cur[d].xs);
     }
     free(cur);
@@ -622,6 +526,18 @@ bool mt__ts_timed(const mt_ts_t *ts)
         if (ts->annotations[i].time_us > 0)
             return true;
     return false;
+}
+
+int64_t mt__ts_trace_start_us(const mt_ts_t *ts)
+{
+    int64_t t0 = 0;
+    for (unsigned d = 0; d < ts->ndevices; d++) {
+        size_t n;
+        const mt_ts_event_t *ev = dev_events(ts, d, &n);
+        if (n > 0 && ev[0].time_us > 0 && (t0 == 0 || ev[0].time_us < t0))
+            t0 = ev[0].time_us;
+    }
+    return t0;
 }
 
 bool mt__ts_state_only(const mt_ts_t *ts)
@@ -696,19 +612,34 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
         return sites_of_state(ts, device, sites, nsites, nout, peak);
     size_t n;
     const mt_ts_event_t *ev = dev_events(ts, device, &n);
-    /* Pass 1 finds the event at which allocated bytes peak; pass 2 stops there and sums
-     * the live blocks by stack. */
+    /* What the trace began in the middle of is live from its start. */
+    mt_ts_pre_t pre;
+    int rc = mt__ts_pre_state(ts, device, &pre);
+    if (rc != 0)
+        return rc;
+    uint64_t pre_bytes = 0;
+    for (size_t i = pre.nsegs; i < pre.n; i++)
+        pre_bytes += pre.recs[i].requested;
+    /* Pass 1 finds the event at which allocated bytes peak (or the start); pass 2 stops
+     * there and sums the live blocks by stack. */
     size_t at = 0;
+    bool at_start = true;
+    *peak = pre_bytes;
     for (int pass = 0; pass < 2; pass++) {
         walk_t w = {0};
-        uint64_t alloc = 0;
-        size_t end = pass == 0 ? n : at + 1;
+        uint64_t alloc = pre_bytes;
+        if ((rc = mt__ts_pre_open(&pre, &w, true)) != 0) {
+            lm_fini(&w.live);
+            break;
+        }
+        size_t end = pass == 0 ? n : at_start ? 0 : at + 1;
         for (size_t i = 0; i < end; i++) {
             live_t *l;
             bool orphan;
             int k = walk_step(&w, &ev[i], &l, &orphan);
             if (k < 0) {
                 lm_fini(&w.live);
+                mt__ts_pre_fini(&pre);
                 return k;
             }
             if (k == W_OPEN) {
@@ -716,6 +647,7 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
                 if (pass == 0 && alloc > *peak) {
                     *peak = alloc;
                     at = i;
+                    at_start = false;
                 }
             } else if (k == W_CLOSE) {
                 alloc -= l->size;
@@ -729,11 +661,12 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
             mt_ts_site_t *acc = calloc(ts->nstacks, sizeof *acc);
             if (acc == NULL) {
                 lm_fini(&w.live);
+                mt__ts_pre_fini(&pre);
                 return MT_ENOMEM;
             }
             for (size_t i = 0; i < w.live.n; i++) {
                 const live_t *l = &w.live.v[i];
-                if (!l->freed) {
+                if (!l->freed && l->stack < ts->nstacks) {
                     acc[l->stack].stack = l->stack;
                     acc[l->stack].bytes += l->size;
                     acc[l->stack].count++;
@@ -745,10 +678,9 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
             free(acc);
         }
         lm_fini(&w.live);
-        if (n == 0)
-            break;
     }
-    return 0;
+    mt__ts_pre_fini(&pre);
+    return rc;
 }
 
 const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)

@@ -112,8 +112,9 @@ static size_t bucket_of(const pass_t *p, const mt_event_rec_t *ev)
     return b >= tl->nbuckets ? tl->nbuckets - 1 : b;
 }
 
-static int pass_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+static int pass_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
+    (void)flags;
     pass_t *p = ctx;
     bool second = p->out != NULL;
     if (second) {

@@ -195,11 +195,12 @@ typedef struct snap_feed_s {
  * so that the page's time buckets (250 ms) hold 25 events each. */
 #define VIEW_EVENT_NS 10000000ull
 
-static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev)
+/* counted: an event of the file (not one made up from its state before its trace) */
+static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev, bool counted)
 {
     ev->seq = f->seq++;
-    f->p->events++;
-    f->d->ctr.events++;
+    f->p->events += counted;
+    f->d->ctr.events += counted;
     mt__d_proc_apply(f->p, ev);
     mt__d_web_record(f->d, f->p, ev);
 }
@@ -208,7 +209,7 @@ static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev)
 #define VIEW_SITES        10
 #define VIEW_SITE_BUCKETS 400
 
-static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
     snap_feed_t *f = ctx;
     if (ev->kind == MT_EV_ALLOC && stack != 0 && stack <= MT_STACK_ID_MAX) {
@@ -226,7 +227,7 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
     }
     mt_event_rec_t e = *ev;
     e.time_ns *= f->tmul;
-    snap_apply(ctx, &e);
+    snap_apply(ctx, &e, !(flags & MT_TS_REC_BEFORE));
     return 0;
 }
 
@@ -251,6 +252,9 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         return MT_ENOMEM;
     }
     f.p->exit_reason = "clean";
+    /* a trace begun in the middle of a run: the blocks made up from before it have no
+     * lifetimes (mt__ts_records) */
+    mt__model_lifetimes_from(f.p->model, (uint64_t)mt__ts_trace_start_us(ts) * 1000u);
     if (!mt__ts_timed(ts))
         f.tmul = f.p->event_ns = VIEW_EVENT_NS;
     /* PyTorch's time_us count from the Unix epoch (the records' time_ns = time_us * 1000):
@@ -274,7 +278,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         if (ts->tag_label[t] != NULL) {
             mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
             mt_event_label_pack(&lab, ts->tag_label[t]);
-            snap_apply(&f, &lab);
+            snap_apply(&f, &lab, true);
         }
     if (rc == 0)
         rc = mt__ts_records(ts, snap_rec, &f);

@@ -159,7 +159,7 @@ typedef struct feed_s {
     int pid;
 } feed_t;
 
-static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
     feed_t *f = ctx;
     mt_event_rec_t e = *ev;
@@ -177,6 +177,8 @@ static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
             return rc;
     }
     e.seq = ++f->seq;
+    if (flags & MT_TS_REC_BEFORE) /* the state before the trace: not among its entries read */
+        return mt__report_add_ref(f->r, f->pid, &e);
     /* memtrace's tags found in the frames keep their names (docs/torch-snapshot.md). */
     return mt__report_add_event(f->r, f->pid, &e, f->ts->tag_label[e.tag]);
 }
@@ -193,7 +195,8 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     if (rc == 0 && !mt__ts_timed(ts))
         rc = mt__report_set_untimed(r, pid);
     if (rc == 0)
-        rc = mt__report_set_snapshot(r, pid, mt__ts_state_only(ts));
+        rc = mt__report_set_snapshot(r, pid, mt__ts_state_only(ts),
+                                     (uint64_t)mt__ts_trace_start_us(ts) * 1000u);
     if (rc == 0)
         rc = mt__ts_records(ts, feed_rec, &f);
     if (rc != 0)

@@ -28,8 +28,9 @@ static unsigned walk(const mt_pk_value_t *v, unsigned budget)
     return d;
 }
 
-static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
+    (void)flags;
     size_t *n = ctx;
     FUZZ_CHECK(ev->kind >= MT_EV_ALLOC && ev->kind < MT_EV_KIND_COUNT, "records have a kind");
     (void)stack;

@@ -134,6 +134,57 @@ def v2_snapshot():
     }
 
 
+def midrun_snapshot():
+    """A trace that begins in the middle of a run, as PyTorch's max_entries ring leaves most
+    (8 of 11 public snapshots fetched had no segment_alloc for most of their segments): the
+    weights and a 20 MiB segment from before it, a block allocated before it and freed in it
+    (its free's stack names where it was dropped, not made), a block it allocated that is
+    2 MiB at the end for a 1.5 MiB request."""
+    A = 0x7F3000000000  # large, made before the trace
+    S = A + 32 * MiB  # small, made and emptied in the trace
+    INIT = [frame("__init__", "/work/model.py", 10)]
+    # With context='all', PyTorch records a free's own stack: where the tensor was dropped.
+    FREED = [
+        frame("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free("
+              "c10::cuda::CUDACachingAllocator::Native::Block*)", "CUDACachingAllocator.cpp", 0),
+        frame("c10::TensorImpl::~TensorImpl()", "TensorImpl.cpp", 0),
+        frame("THPVariable_clear(THPVariable*)", "python_variable.cpp", 0),
+        frame("forward", "/work/model.py", 101),
+    ]
+    trace = [
+        ev("free_requested", A + 12 * MiB, 4 * MiB, t=1000, frames=FREED),
+        ev("free_completed", A + 12 * MiB, 4 * MiB, t=1001, frames=FREED),
+        ev("alloc", A + 8 * MiB, 1536 * 1024, t=1002, frames=LOSS),
+        ev("alloc", A + 12 * MiB, 1 * MiB, t=1003, frames=OPT),
+        ev("free_requested", A + 12 * MiB, 1 * MiB, t=1004, frames=OPT),
+        ev("free_completed", A + 12 * MiB, 1 * MiB, t=1005, frames=OPT),
+        ev("segment_alloc", S, 2 * MiB, t=1006),
+        ev("alloc", S, 512, t=1007, frames=LOSS),
+        ev("free_requested", S, 512, t=1008, frames=LOSS),
+        ev("free_completed", S, 512, t=1009, frames=LOSS),
+    ]
+    segments = [
+        {"device": 0, "address": A, "total_size": 20 * MiB, "allocated_size": 10 * MiB,
+         "active_size": 10 * MiB, "requested_size": 8 * MiB + 1536 * 1024, "stream": 0,
+         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+         "frames": INIT,
+         "blocks": [
+             {"address": A, "size": 8 * MiB, "requested_size": 8 * MiB,
+              "state": "active_allocated", "frames": INIT},
+             {"address": A + 8 * MiB, "size": 2 * MiB, "requested_size": 1536 * 1024,
+              "state": "active_allocated", "frames": LOSS},
+             {"address": A + 10 * MiB, "size": 10 * MiB, "requested_size": 0,
+              "state": "inactive", "frames": []},
+         ]},
+        {"device": 0, "address": S, "total_size": 2 * MiB, "allocated_size": 0,
+         "active_size": 0, "requested_size": 0, "stream": 0, "segment_type": "small",
+         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+         "blocks": [{"address": S, "size": 2 * MiB, "requested_size": 0, "state": "inactive",
+                     "frames": []}]},
+    ]
+    return {"segments": segments, "device_traces": [trace]}
+
+
 def v113_snapshot():
     """1.13: the list of segments; blocks have size, state and history, no address."""
     A = 0x7F2000000000
@@ -204,6 +255,7 @@ def main():
         frame("__clone3", "./misc/../sysdeps/unix/sysv/linux/x86_64/clone3.S", 81),
     ]
     write("v2_state_only.pickle", pickle.dumps(state, protocol=4))
+    write("v2_midrun.pickle", pickle.dumps(midrun_snapshot(), protocol=4))
 
     good = pickle.dumps(snap, protocol=4)
     # Each malformed file: the exit status, then a piece of the message, on one line.

@@ -118,6 +118,33 @@ case "$out" in
 *"live when the snapshot was taken: "*) ;;
 *) echo "FAIL: the traced snapshot's live blocks are called never freed: $out"; fail=1 ;;
 esac
+# A trace begun in the middle of a run (PyTorch keeps the last max_entries events): what was
+# there before it is read from the segments at the end and the trace's frees of blocks it
+# never allocated, as memory_viz reads them. The figures at the end are the segments', the
+# gap has nothing unexplained, the weights from before count at the peak, a block the trace
+# allocated has its bytes at the end (2 MiB for 1.5 MiB), and a block from before it has no
+# lifetime (freed 1 us into the trace, it is no temporary) and no site (its free's stack,
+# with context='all', says where it was dropped).
+mr="$data/v2_midrun.pickle"
+out=$("$mt" report "$mr") || { echo "FAIL: report of a trace begun mid-run"; fail=1; }
+case "$out" in
+*"peak allocated 12.0 MiB, peak reserved 22.0 MiB; at the end 10.0 MiB allocated, 22.0 MiB reserved"*) ;;
+*) echo "FAIL: the mid-run trace's figures are not its segments': $out"; fail=1 ;;
+esac
+case "$out" in
+*"not in the segment map"* | *"4.0 MiB         "*) echo "FAIL: the mid-run trace's gap or temporaries: $out"; fail=1 ;;
+esac
+case "$out" in
+*"rounding of requests               0 B      512.0 KiB"*"12.00 MiB, requested), by site"*"8.00 MiB      1  model.py:10 __init__"*"4.00 MiB      1  <no frames>"*) ;;
+*) echo "FAIL: the mid-run trace's blocks from before it or its end sizes: $out"; fail=1 ;;
+esac
+case "$out" in
+*"temporary allocations"*"1.0 MiB         1 us  adam.py:150 step"*) ;;
+*) echo "FAIL: the mid-run trace's own temporary is missing: $out"; fail=1 ;;
+esac
+case "$out" in
+*"model.py:101"* | *"THPVariable"*) echo "FAIL: a block from before the trace is named by its free: $out"; fail=1 ;;
+esac
 # A snapshot given to export (which writes logs as snapshots) is named as such, once, with
 # status 2: not read as a log of malformed lines.
 out=$("$mt" export --format torch-snapshot "$u" -o "${svg%/a.svg}/x.pickle" 2>&1)

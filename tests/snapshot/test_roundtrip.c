@@ -127,8 +127,9 @@ static const char *ts_tag(void *ud, int tag)
     return ts->tag_label[tag];
 }
 
-static int feed(void *ctx, const mt_event_rec_t *ev, uint32_t stack)
+static int feed(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
+    (void)flags;
     feed_t *f = ctx;
     (void)stack;
     mt_event_rec_t e = *ev;
@@ -149,7 +150,7 @@ static mt__report_t *report_of_snapshot(const mt_ts_t *ts)
         if (ts->tag_label[t] != NULL) {
             mt_event_rec_t ev = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
             mt_event_label_pack(&ev, ts->tag_label[t]);
-            feed(&f, &ev, 0);
+            feed(&f, &ev, 0, 0);
         }
     assert_int_equal(mt__ts_records(ts, feed, &f), 0);
     return f.r;
