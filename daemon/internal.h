@@ -80,6 +80,9 @@ typedef struct mt_d_proc_s {
     uint64_t exited_realtime; /* ns since the epoch, 0 while live */
     bool exited;
     const char *exit_reason; /* static: "clean", "oom", "killed", "corrupt" */
+    /* static: a PyTorch snapshot `memtrace view` loaded, "trace" (its history) or "state"
+     * (segments only, no history: its records lay its blocks out in address order); or NULL */
+    const char *snapshot;
     bool corrupt;            /* its ring broke the layout's invariants: no longer read */
     mt__ring_t *ring;        /* owned while live */
     struct mt_d_conn_s *conn;

@@ -252,6 +252,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         return MT_ENOMEM;
     }
     f.p->exit_reason = "clean";
+    f.p->snapshot = mt__ts_state_only(ts) ? "state" : "trace";
     /* a trace begun in the middle of a run: the blocks made up from before it have no
      * lifetimes (mt__ts_records) */
     mt__model_lifetimes_from(f.p->model, (uint64_t)mt__ts_trace_start_us(ts) * 1000u);

@@ -142,7 +142,7 @@ function renderProcs(state, spark) {
     rows.delete(p.pid);
     r.className = (p.pid === S.pid ? 'sel ' : '') + (p.state === 'exited' ? 'exited' : '');
     r.cells[0].textContent = `${p.name} (${p.pid})` +
-      (p.state === 'exited' ? ' · ' + (p.exit_reason || 'exited') : '');
+      (p.snapshot ? ' · snapshot' : p.state === 'exited' ? ' · ' + (p.exit_reason || 'exited') : '');
     r.cells[1].textContent = fmtBytes(p.allocated_bytes);
     const sp = spark.get(p.pid);
     if (sp) {
@@ -689,9 +689,17 @@ function updateTagFilter(names) {
 
 /* ---- tiles ---- */
 
+// A PyTorch snapshot is a moment of a run, not a process that exited; one without a trace
+// holds that moment alone, its blocks laid out in address order on the charts.
+function snapshotText(p) {
+  return p.snapshot === 'state'
+    ? 'a PyTorch snapshot, its state only (no history: the charts lay its blocks out in address order)'
+    : 'a PyTorch snapshot';
+}
+
 function renderTiles(p) {
   $('title').textContent = `${p.name} (pid ${p.pid})` + (p.backend ? ' · ' + p.backend : '') +
-    (p.state === 'exited' ? ' · exited: ' + (p.exit_reason || '') : '');
+    (p.snapshot ? ' · ' + snapshotText(p) : p.state === 'exited' ? ' · exited: ' + (p.exit_reason || '') : '');
   const a = $('alloc-value');
   a.textContent = fmtBytes(p.allocated_bytes);
   a.dataset.bytes = String(p.allocated_bytes);

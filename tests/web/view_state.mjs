@@ -1,0 +1,68 @@
+// `memtrace view` of PyTorch snapshots as users' own files have them: one without a trace
+// (torch.cuda.memory._snapshot() with no history recorded, which every reader refused as
+// "out of memory"), and one whose trace begins in the middle of the run (PyTorch keeps the
+// last max_entries events). /state says which, and gives the memory the file's segments
+// hold at its end (before, the mid-run one lacked all that came before its trace); the page
+// says "a PyTorch snapshot", not "exited: clean", and that a state has no history.
+//
+//   node view_state.mjs MEMTRACE STATE_SNAPSHOT MIDRUN_SNAPSHOT
+// tests/snapshot/data/v2_state_only.pickle: 8 MiB + 512 B allocated, 22 MiB reserved;
+// tests/snapshot/data/v2_midrun.pickle: 10 MiB allocated, 22 MiB reserved at its end.
+import { dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { failView, getJson as get, launchChromium, serveView } from './view_serve.mjs';
+
+const [memtrace, stateSnap, midrunSnap] = process.argv.slice(2);
+const here = dirname(fileURLToPath(import.meta.url));
+const MiB = 1 << 20;
+const want = [
+  { file: stateSnap, snapshot: 'state', allocated: 8 * MiB + 512, reserved: 22 * MiB },
+  { file: midrunSnap, snapshot: 'trace', allocated: 10 * MiB, reserved: 22 * MiB },
+];
+let view = null;
+
+const fail = (msg) => failView(view, msg);
+
+try {
+  for (const w of want) {
+    const served = await serveView(memtrace, [w.file]);
+    view = served.proc;
+    const url = served.url;
+    const st = await get(url, '/state');
+    const p = st.processes[0];
+    if (p.snapshot !== w.snapshot)
+      fail(`${w.file}: /state says snapshot ${p.snapshot}, want ${w.snapshot}`);
+    if (p.allocated_bytes !== w.allocated || p.reserved_bytes !== w.reserved)
+      fail(`${w.file}: /state gives ${p.allocated_bytes} allocated, ${p.reserved_bytes} reserved; ` +
+        `want ${w.allocated}, ${w.reserved} (the file's segments at its end)`);
+    console.log(`ok: ${w.file}: snapshot ${p.snapshot}, ${p.allocated_bytes} B allocated, ` +
+      `${p.reserved_bytes} B reserved`);
+    const browser = await launchChromium(here);
+    if (browser) {
+      const page = await browser.newPage();
+      await page.goto(url);
+      await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
+      await page.click(`#procs tr[data-pid="${p.pid}"]`);
+      const re = w.snapshot === 'state' ? 'a PyTorch snapshot, its state only \\(no history' : 'a PyTorch snapshot$';
+      try {
+        await page.waitForFunction((re) => new RegExp(re).test(document.getElementById('title').textContent) &&
+          / · snapshot$/.test(document.querySelector('#procs tr[data-pid] td').textContent),
+        re, { timeout: 10000 });
+      } catch (e) {
+        const got = await page.evaluate(() => ({
+          title: document.getElementById('title').textContent,
+          row: document.querySelector('#procs tr[data-pid] td').textContent }));
+        await browser.close();
+        fail(`${w.file}: the page does not say what the file is: ${JSON.stringify(got)}`);
+      }
+      const title = await page.evaluate(() => document.getElementById('title').textContent);
+      await browser.close();
+      console.log(`ok: the page says '${title}'`);
+    }
+    view.kill('SIGINT');
+    view = null;
+  }
+  process.exit(0);
+} catch (e) {
+  fail(e.stack || String(e));
+}
