@@ -78,6 +78,8 @@ typedef struct scan_s {
                             * replay's events live as long as their chunk) */
     size_t nmarks, cap_marks, n_oom, n_iter;
     bool untimed; /* the times are the events' order (mt__report_untimed): shown as events */
+    bool state;   /* a snapshot's state alone (mt__report_state_only): its blocks in address
+                   * order, no history */
 } scan_t;
 
 /* The moment t (ns since s->t0) as the plot writes it: seconds, or the event it counts when
@@ -357,7 +359,7 @@ static void byte_axis(FILE *f, const panel_t *p, int nticks)
 }
 
 /* The timeline's x axis over seconds, or over events (untimed: seconds * 1e9 of them). */
-static void time_axis(FILE *f, const panel_t *p, double seconds, bool untimed)
+static void time_axis(FILE *f, const panel_t *p, double seconds, bool untimed, bool state)
 {
     if (untimed)
         seconds *= 1e9;
@@ -371,7 +373,9 @@ static void time_axis(FILE *f, const panel_t *p, double seconds, bool untimed)
                 x, p->y1, x, p->y1 + 4, x, p->y1 + 16, t);
     }
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n</g>\n", (p->x0 + p->x1) / 2, p->y1 + 32,
-            untimed ? "event (the input has no clock)" : "time (s)");
+            state     ? "block, in address order (a state snapshot: no history)"
+            : untimed ? "event (the input has no clock)"
+                      : "time (s)");
 }
 
 /* A filled area under y(x) down to the panel's base, or a line (fill NULL): points on
@@ -480,7 +484,9 @@ static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, co
             mt__plot_human((double)s->peak_res, b2, sizeof b2));
     if (s->capacity)
         fprintf(f, ", device capacity %s", mt__plot_human((double)s->capacity, b3, sizeof b3));
-    if (s->untimed)
+    if (s->state)
+        fprintf(f, "; a state snapshot of %zu segments and blocks (no history)", events);
+    else if (s->untimed)
         fprintf(f, "; %zu events (no clock in the input)", events);
     else
         fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
@@ -512,7 +518,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
             "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
             "stroke=\"#888\"/>\n",
             p->x0, p->y0, p->x1 - p->x0, p->y1 - p->y0);
-    time_axis(f, p, seconds, s->untimed);
+    time_axis(f, p, seconds, s->untimed, s->state);
 
     /* Iteration ticks along the top edge, one per pixel at most. */
     fprintf(f, "<g stroke=\"#555\" stroke-opacity=\"0.45\">");
@@ -711,6 +717,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
     memset(&s, 0, sizeof s);
     memset(&pre, 0, sizeof pre);
     s.untimed = pre.untimed = mt__report_untimed(r, pi);
+    s.state = pre.state = mt__report_state_only(r, pi);
     mt__report_map_t map = {0};
     layout_t l = layout(cfg, false, 0, 0); /* the timeline's width: cfg's alone */
     size_t nb = cfg->max_buckets ? cfg->max_buckets : 1;

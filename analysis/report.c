@@ -526,6 +526,11 @@ bool mt__report_untimed(const mt__report_t *r, size_t i)
     return i < r->nprocs && r->procs[i].untimed;
 }
 
+bool mt__report_state_only(const mt__report_t *r, size_t i)
+{
+    return i < r->nprocs && r->procs[i].snapshot == 2;
+}
+
 int mt__report_process(const mt__report_t *r, size_t i, int *pid, const char **name, size_t *events)
 {
     if (i >= r->nprocs)

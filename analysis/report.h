@@ -100,6 +100,8 @@ int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t 
 size_t mt__report_events_read(const mt__report_t *r, size_t i);
 /* Whether process i's times are its events' order (mt__report_set_untimed). */
 bool mt__report_untimed(const mt__report_t *r, size_t i);
+/* Whether process i is a snapshot's state alone (mt__report_set_snapshot's state_only). */
+bool mt__report_state_only(const mt__report_t *r, size_t i);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
 

@@ -106,6 +106,9 @@ case "$out" in
 *) echo "FAIL: report --json of the state snapshot does not say it is one"; fail=1 ;;
 esac
 "$mt" plot "$st" -o "$svg" || { echo "FAIL: plot of a state snapshot"; fail=1; }
+grep -q '>block, in address order (a state snapshot: no history)</text>' "$svg" &&
+    grep -q 'a state snapshot of 6 segments and blocks (no history)' "$svg" ||
+    { echo "FAIL: the state snapshot's plot reads as a history"; fail=1; }
 # 1.13's list is a state too: its call sites come from its blocks (none were printed).
 out=$("$mt" report "$data/v113_segments.pickle") || fail=1
 case "$out" in
