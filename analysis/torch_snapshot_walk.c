@@ -73,7 +73,7 @@ static int ranges_make(ranges_t *r, const mt_ts_event_t *ev, size_t n)
             r->v[r->n][0] = ev[i].addr;
             r->v[r->n++][1] = end < ev[i].addr ? UINT64_MAX : end;
         }
-    qsort(r->v, r->n, sizeof *r->v, cmp_range);
+    qsort(r->v, r->n, sizeof *r->v, cmp_range); /* (n >= 1 here) */
     for (size_t i = 0; i < r->n; i++)
         r->maxend[i] = i > 0 && r->maxend[i - 1] > r->v[i][1] ? r->maxend[i - 1] : r->v[i][1];
     return 0;
@@ -230,8 +230,10 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
             rc = MT_ENOMEM;
     }
     if (rc == 0) {
-        qsort(sl.v, sl.n, sizeof *sl.v, cmp_addr);
-        qsort(bl.v, bl.n, sizeof *bl.v, cmp_addr);
+        if (sl.n > 1) /* (qsort of NULL, 0 is undefined) */
+            qsort(sl.v, sl.n, sizeof *sl.v, cmp_addr);
+        if (bl.n > 1)
+            qsort(bl.v, bl.n, sizeof *bl.v, cmp_addr);
         for (size_t i = 0; i < total; i++) {
             const item_t *it = i < sl.n ? &sl.v[i] : &bl.v[i - sl.n];
             mt_event_rec_t *r = &out->recs[i];

@@ -28,13 +28,17 @@ static unsigned walk(const mt_pk_value_t *v, unsigned budget)
     return d;
 }
 
+/* n[0]: the records of the trace, n[1]: those made up from the state before it. */
 static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
-    (void)flags;
     size_t *n = ctx;
     FUZZ_CHECK(ev->kind >= MT_EV_ALLOC && ev->kind < MT_EV_KIND_COUNT, "records have a kind");
+    FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || n[0] == 0, "the state before the trace comes first");
+    FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || ev->kind == MT_EV_ALLOC ||
+                   ev->kind == MT_EV_SEGMENT_ALLOC,
+               "the state before the trace is segments and blocks");
     (void)stack;
-    (*n)++;
+    n[(flags & MT_TS_REC_BEFORE) != 0]++;
     return 0;
 }
 
@@ -137,10 +141,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "the trace's peak is PyTorch's");
         mt__trace_free(&t);
     }
-    size_t nrec = 0;
-    FUZZ_CHECK(mt__ts_records(ts, count_rec, &nrec) == 0, "records");
-    FUZZ_CHECK(ts->nevents == 0 || nrec <= ts->nevents + ts->nannotations,
+    size_t nrec[2] = {0, 0};
+    FUZZ_CHECK(mt__ts_records(ts, count_rec, nrec) == 0, "records");
+    FUZZ_CHECK(ts->nevents == 0 || nrec[0] <= ts->nevents + ts->nannotations,
                "one record per event or annotation at most");
+    /* before the trace: a segment or block of the end, or one the trace frees */
+    FUZZ_CHECK(nrec[1] <= ts->nsegments + ts->nblocks + ts->nevents,
+               "the state before the trace is the file's");
     for (unsigned d = 0; d < ts->ndevices; d++) {
         mt_ts_site_t sites[4];
         size_t ns;
