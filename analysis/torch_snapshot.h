@@ -190,16 +190,17 @@ int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, int th
  * before the trace began; allocated: alloc minus free_completed, by requested bytes. */
 typedef struct mt_ts_figures_s {
     uint64_t reserved_start, peak_reserved, end_reserved;
-    uint64_t peak_allocated;
+    uint64_t peak_allocated; /* requested bytes, the blocks live before the trace included */
     size_t allocs, frees, segment_events, ooms;
     size_t orphan_frees; /* frees of blocks allocated before the trace began */
+    size_t pre_blocks;   /* blocks live before the trace began (torch_snapshot_walk.h) */
 } mt_ts_figures_t;
 
 int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out);
 
-/* Device d's trace as an allocation trace for mt__replay_run: alloc opens a slot, the first
- * of free_requested/free_completed closes it; frees of blocks allocated before the trace
- * began are skipped. *out is new (mt__trace_free). */
+/* Device d's trace as an allocation trace for mt__replay_run: the blocks live before the
+ * trace began are allocated first (torch_snapshot_walk.h), then alloc opens a slot and the
+ * first of free_requested/free_completed closes it. *out is new (mt__trace_free). */
 int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen);
 
 /* All devices' events as memtrace records (kind, addr, size, requested, running allocated

@@ -26,8 +26,18 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
      * into the uint64 figures at the end. */
     __int128 res = 0, res_min = 0, res_max = 0, alloc = 0, alloc_max = 0;
     walk_t w = {0};
-    int rc = 0;
-    for (size_t i = 0; i < n; i++) {
+    /* The blocks live before the trace began are live from its start. */
+    mt_ts_pre_t pre;
+    int rc = mt__ts_pre_state(ts, device, &pre);
+    if (rc == 0)
+        rc = mt__ts_pre_open(&pre, &w, true);
+    for (size_t i = pre.nsegs; rc == 0 && i < pre.n; i++)
+        alloc += pre.recs[i].requested;
+    alloc_max = alloc;
+    out->pre_blocks = rc == 0 ? pre.n - pre.nsegs : 0;
+    out->orphan_frees = rc == 0 ? pre.norphans : 0;
+    mt__ts_pre_fini(&pre);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
         const mt_ts_event_t *e = &ev[i];
         switch (e->action) {
         case MT_TS_SEGMENT_ALLOC:
@@ -55,7 +65,7 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
             rc = k;
             break;
         }
-        out->orphan_frees += orphan;
+        (void)orphan; /* (the state before the trace holds them: pre.norphans) */
         if (k == W_OPEN) {
             out->allocs++;
             alloc += l->size;
@@ -84,6 +94,26 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
     return rc;
 }
 
+/* The index of stream in t's streams, added if new: 0, or MT_EOVERFLOW past UINT16_MAX of
+ * them, or MT_ENOMEM. */
+static int stream_index(mt_trace_t *t, size_t *cap, uint64_t stream, uint16_t *out)
+{
+    size_t s = 0;
+    while (s < t->nstreams && t->streams[s] != stream)
+        s++;
+    if (s == t->nstreams) {
+        if (s == UINT16_MAX)
+            return MT_EOVERFLOW;
+        uint64_t *ns = mt__grow(t->streams, cap, t->nstreams + 1, sizeof *ns, 8);
+        if (ns == NULL)
+            return MT_ENOMEM;
+        t->streams = ns;
+        t->streams[t->nstreams++] = stream;
+    }
+    *out = (uint16_t)s;
+    return 0;
+}
+
 int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -91,11 +121,39 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
     const mt_ts_event_t *ev = dev_events(ts, device, &n);
     mt_trace_t *t = calloc(1, sizeof *t);
     walk_t w = {0};
+    mt_ts_pre_t pre = {0};
     size_t cap_streams = 0;
     uint64_t live_bytes = 0;
     size_t live_count = 0;
-    if (t == NULL || (n && (t->ops = malloc(n * sizeof *t->ops)) == NULL))
+    int rc = 0;
+    if (t == NULL || mt__ts_pre_state(ts, device, &pre) != 0)
         goto fail_nomem;
+    size_t npre = pre.n - pre.nsegs;
+    if (n + npre > 0 && (t->ops = malloc((n + npre) * sizeof *t->ops)) == NULL)
+        goto fail_nomem;
+    /* The blocks live before the trace began are allocated first, in address order; the
+     * trace's frees of them then close their slots. */
+    for (size_t i = pre.nsegs; i < pre.n; i++) {
+        const mt_event_rec_t *r = &pre.recs[i];
+        uint16_t s;
+        live_t *l;
+        if ((rc = stream_index(t, &cap_streams, (uint64_t)pre.streams[i], &s)) != 0)
+            goto fail_rc;
+        if (lm_find(&w.live, r->addr) != NULL)
+            continue; /* (one block per address) */
+        if ((l = lm_insert(&w.live, r->addr)) == NULL)
+            goto fail_nomem;
+        l->size = r->requested;
+        l->slot = w.nslots++;
+        l->stack = s; /* the stream of the free is the block's: remembered here */
+        t->ops[t->nops++] = (mt_trace_op_t){
+            .size = l->size, .slot = l->slot, .stream = s, .action = MT_TRACE_ALLOCATE};
+        t->nallocs++;
+        live_bytes += l->size;
+        live_count++;
+    }
+    t->peak_live_bytes = live_bytes;
+    t->peak_live_count = live_count;
     for (size_t i = 0; i < n; i++) {
         const mt_ts_event_t *e = &ev[i];
         if (e->action == MT_TS_OOM)
@@ -112,24 +170,10 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
         op->slot = l->slot;
         op->pad = 0;
         if (k == W_OPEN) {
-            size_t s = 0;
-            while (s < t->nstreams && t->streams[s] != (uint64_t)e->stream)
-                s++;
-            if (s == t->nstreams) {
-                if (s == UINT16_MAX) {
-                    snprintf(err, errlen, "device %u: more than %d streams", device, UINT16_MAX);
-                    goto fail;
-                }
-                if (t->nstreams == cap_streams) {
-                    cap_streams = cap_streams ? cap_streams * 2 : 8;
-                    uint64_t *ns = realloc(t->streams, cap_streams * sizeof *ns);
-                    if (ns == NULL)
-                        goto fail_nomem;
-                    t->streams = ns;
-                }
-                t->streams[t->nstreams++] = (uint64_t)e->stream;
-            }
-            op->stream = (uint16_t)s;
+            uint16_t s;
+            if ((rc = stream_index(t, &cap_streams, (uint64_t)e->stream, &s)) != 0)
+                goto fail_rc;
+            op->stream = s;
             op->action = MT_TRACE_ALLOCATE;
             /* The stream of the free is the block's: remembered in the slot's op. */
             l->stack = (uint32_t)s;
@@ -154,12 +198,20 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
     t->nrows = t->nallocs + t->nfrees + t->nfailures;
     t->leaked = live_count;
     lm_fini(&w.live);
+    mt__ts_pre_fini(&pre);
     *out = t;
     return 0;
+fail_rc:
+    if (rc == MT_EOVERFLOW) {
+        snprintf(err, errlen, "device %u: more than %d streams", device, UINT16_MAX);
+        rc = MT_ENOMEM; /* (as before: the caller's message is err's) */
+        goto fail;
+    }
 fail_nomem:
     snprintf(err, errlen, "out of memory");
 fail:
     lm_fini(&w.live);
+    mt__ts_pre_fini(&pre);
     mt__trace_free(&t);
     return MT_ENOMEM;
 }

@@ -8,6 +8,7 @@ void mt__ts_pre_fini(mt_ts_pre_t *p)
 {
     free(p->recs);
     free(p->stacks);
+    free(p->streams);
     mt__amap_fini(&p->end_size);
     *p = (mt_ts_pre_t){0};
 }
@@ -16,6 +17,7 @@ void mt__ts_pre_fini(mt_ts_pre_t *p)
 typedef struct item_s {
     mt_event_rec_t r;
     uint32_t stack;
+    int64_t stream;
 } item_t;
 
 /* Invariants: v[0..n), n <= cap. A zeroed list is empty. */
@@ -24,14 +26,14 @@ typedef struct items_s {
     size_t n, cap;
 } items_t;
 
-/* One more item, zeroed but for its stack, or NULL (no memory). */
-static mt_event_rec_t *item_add(items_t *l, uint32_t stack)
+/* One more item, zeroed but for its stack and stream, or NULL (no memory). */
+static mt_event_rec_t *item_add(items_t *l, uint32_t stack, int64_t stream)
 {
     item_t *v = mt__grow(l->v, &l->cap, l->n + 1, sizeof *v, 64);
     if (v == NULL)
         return NULL;
     l->v = v;
-    l->v[l->n] = (item_t){.stack = stack};
+    l->v[l->n] = (item_t){.stack = stack, .stream = stream};
     return &l->v[l->n++].r;
 }
 
@@ -126,7 +128,7 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
         case MT_TS_SEGMENT_FREE:
             if (e->addr == 0 || mt__amap_del(segs, e->addr) == 0)
                 break;
-            if ((r = item_add(sl, 0)) == NULL)
+            if ((r = item_add(sl, 0, e->stream)) == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_SEGMENT_ALLOC,
                                   .addr = e->addr,
@@ -146,7 +148,7 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
             if (!orphan || e->addr <= 1)
                 break;
             /* its stack, unless the free's own: then none (it was made before the trace) */
-            if ((r = item_add(bl, free_stack(ts, e->stack) ? 0 : e->stack)) == NULL)
+            if ((r = item_add(bl, free_stack(ts, e->stack) ? 0 : e->stack, e->stream)) == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_ALLOC,
                                   .addr = e->addr,
@@ -175,7 +177,7 @@ static int survivors(const mt_ts_t *ts, unsigned device, const ranges_t *mapped,
             continue;
         if (mt__amap_get(segs, sg->addr, &one) != 0 &&
             !(sg->expandable && ranges_meet(mapped, sg->addr, sg->total_size))) {
-            mt_event_rec_t *r = item_add(sl, sg->stack);
+            mt_event_rec_t *r = item_add(sl, sg->stack, sg->stream);
             if (r == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_SEGMENT_ALLOC,
@@ -194,7 +196,7 @@ static int survivors(const mt_ts_t *ts, unsigned device, const ranges_t *mapped,
                     return MT_ENOMEM;
                 continue;
             }
-            mt_event_rec_t *r = item_add(bl, b->stack);
+            mt_event_rec_t *r = item_add(bl, b->stack, sg->stream);
             if (r == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_ALLOC,
@@ -220,13 +222,15 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
     int rc = ranges_make(&mapped, ev, n);
     if (rc == 0)
         rc = orphans(ts, ev, n, &segs, &w, &sl, &bl);
+    size_t norphans = bl.n;
     if (rc == 0)
         rc = survivors(ts, device, &mapped, &segs, &w, &sl, &bl, &out->end_size);
     size_t total = sl.n + bl.n;
     if (rc == 0 && total > 0) {
         out->recs = malloc(total * sizeof *out->recs);
         out->stacks = malloc(total * sizeof *out->stacks);
-        if (out->recs == NULL || out->stacks == NULL)
+        out->streams = malloc(total * sizeof *out->streams);
+        if (out->recs == NULL || out->stacks == NULL || out->streams == NULL)
             rc = MT_ENOMEM;
     }
     if (rc == 0) {
@@ -239,6 +243,7 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
             mt_event_rec_t *r = &out->recs[i];
             *r = it->r;
             out->stacks[i] = it->stack;
+            out->streams[i] = it->stream;
             r->device = (uint8_t)device;
             if (r->kind == MT_EV_SEGMENT_ALLOC) {
                 out->reserved += r->size;
@@ -251,6 +256,7 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
         }
         out->n = total;
         out->nsegs = sl.n;
+        out->norphans = norphans;
     }
     free(sl.v);
     free(bl.v);

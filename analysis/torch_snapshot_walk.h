@@ -151,12 +151,14 @@ static inline const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, siz
  * size before them is not known).
  * Invariants: recs[0..nsegs) are segment_allocs in address order, recs[nsegs..n) allocs in
  * address order, each with device, stream, pool and its running totals (allocated,
- * reserved, from 0) set and seq, time_ns 0; stacks[i] is recs[i]'s stack id; allocated and
- * reserved are the totals after the last. */
+ * reserved, from 0) set and seq, time_ns 0; stacks[i] is recs[i]'s stack id and streams[i]
+ * its stream; allocated and reserved are the totals after the last. */
 typedef struct mt_ts_pre_s {
     mt_event_rec_t *recs;
     uint32_t *stacks;
+    int64_t *streams; /* streams[i]: recs[i]'s stream as the file gives it (a cudaStream_t) */
     size_t n, nsegs;
+    size_t norphans; /* blocks of them the trace frees (the rest are allocated at its end) */
     uint64_t allocated, reserved;
     /* the trace's allocs still allocated at the end: walk slot + 1 -> the block's bytes
      * there (the trace itself has only the request) */

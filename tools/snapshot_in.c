@@ -56,14 +56,15 @@ static json_t *jb(uint64_t v)
 static json_t *device_json(unsigned d, const mt_trace_t *t, const mt_ts_figures_t *f,
                            const mt_replay_result_t *r)
 {
-    return json_pack("{s:i, s:{s:o, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I}, "
+    return json_pack("{s:i, s:{s:o, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I}, "
                      "s:{s:o, s:o, s:f, s:o, s:I, s:I, s:I, s:I, s:I}}",
                      "device", (int)d, "pytorch", "peak_reserved_bytes", jb(f->peak_reserved),
                      "reserved_at_start_bytes", jb(f->reserved_start), "reserved_at_end_bytes",
                      jb(f->end_reserved), "peak_allocated_bytes", jb(f->peak_allocated), "allocs",
                      (json_int_t)f->allocs, "frees", (json_int_t)f->frees, "ooms",
                      (json_int_t)f->ooms, "segment_events", (json_int_t)f->segment_events,
-                     "orphan_frees", (json_int_t)f->orphan_frees, "memtrace", "peak_reserved_bytes",
+                     "orphan_frees", (json_int_t)f->orphan_frees, "blocks_before_trace",
+                     (json_int_t)f->pre_blocks, "memtrace", "peak_reserved_bytes",
                      jb(r->peak_reserved), "peak_allocated_bytes", jb(r->peak_allocated),
                      "utilization_at_peak", r->utilization_at_peak, "trace_peak_live_bytes",
                      jb(t->peak_live_bytes), "backend_malloc_calls", (json_int_t)r->backend_malloc,
@@ -105,7 +106,13 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         int rc = mt__ts_figures(ts, d, &fig);
         if (rc == 0)
             rc = mt__ts_to_trace(ts, d, &t, err, sizeof err);
-        if (rc == 0 && (rc = mt__replay_run(t, cfg, &res, err, sizeof err)) < 0) {
+        /* Without --capacity, the sim device holds what the program reserved, twice over
+         * (as report --replay's): its 8 GiB default made a 44 GiB run replay as OOMs. */
+        mt_replay_cfg_t dc = *cfg;
+        uint64_t need = fig.peak_reserved > UINT64_MAX / 2 ? UINT64_MAX : fig.peak_reserved * 2;
+        if (dc.capacity == 0 && need > (UINT64_C(8) << 30) && need <= SIZE_MAX)
+            dc.capacity = (size_t)need;
+        if (rc == 0 && (rc = mt__replay_run(t, &dc, &res, err, sizeof err)) < 0) {
             fprintf(stderr, "memtrace replay: %s: device %u: %s\n", path, d, err);
             status = rc == MT_EINVAL ? 2 : 1;
         } else if (rc < 0) {
@@ -117,9 +124,10 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         else if (status == 0) {
             printf("device %u: %zu allocs, %zu frees, %zu OOMs, %zu segment events", d, fig.allocs,
                    fig.frees, fig.ooms, fig.segment_events);
-            if (fig.orphan_frees)
-                printf("; %zu frees of blocks allocated before the trace began (skipped)",
-                       fig.orphan_frees);
+            if (fig.pre_blocks)
+                printf("; %zu blocks live before the trace began, allocated first (%zu of them "
+                       "freed in it)",
+                       fig.pre_blocks, fig.orphan_frees);
             printf("\n  %-22s %14s %14s\n", "", "PyTorch", "memtrace");
             row("peak reserved", fig.peak_reserved, res.peak_reserved);
             row("peak allocated", fig.peak_allocated, res.peak_allocated);
