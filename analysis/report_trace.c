@@ -35,29 +35,6 @@ static int push_op(build_t *b, const mt_trace_op_t *op)
     return 0;
 }
 
-static int stream_index(build_t *b, uint32_t stream, uint16_t *out)
-{
-    mt_trace_t *t = b->t;
-    size_t s = 0;
-    while (s < t->nstreams && t->streams[s] != stream)
-        s++;
-    if (s == t->nstreams) {
-        if (s == UINT16_MAX)
-            return MT_EOVERFLOW;
-        if (t->nstreams == b->cap_streams) {
-            size_t cap = b->cap_streams ? 2 * b->cap_streams : 8;
-            uint64_t *v = realloc(t->streams, cap * sizeof *v);
-            if (v == NULL)
-                return MT_ENOMEM;
-            t->streams = v;
-            b->cap_streams = cap;
-        }
-        t->streams[t->nstreams++] = stream;
-    }
-    *out = (uint16_t)s;
-    return 0;
-}
-
 static int on_alloc(build_t *b, const mt_event_rec_t *ev)
 {
     mt_trace_t *t = b->t;
@@ -73,7 +50,7 @@ static int on_alloc(build_t *b, const mt_event_rec_t *ev)
         b->cap_slots = cap;
     }
     mt_trace_op_t op = {.size = size, .slot = (uint32_t)t->nslots, .action = MT_TRACE_ALLOCATE};
-    int rc = stream_index(b, ev->stream, &op.stream);
+    int rc = mt__trace_stream_index(b->t, &b->cap_streams, ev->stream, &op.stream);
     if (rc == 0)
         rc = mt__amap_put(&b->open, ev->addr, op.slot | (uint64_t)op.stream << 32);
     if (rc == 0 && (rc = push_op(b, &op)) != 0)

@@ -94,26 +94,6 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
     return rc;
 }
 
-/* The index of stream in t's streams, added if new: 0, or MT_EOVERFLOW past UINT16_MAX of
- * them, or MT_ENOMEM. */
-static int stream_index(mt_trace_t *t, size_t *cap, uint64_t stream, uint16_t *out)
-{
-    size_t s = 0;
-    while (s < t->nstreams && t->streams[s] != stream)
-        s++;
-    if (s == t->nstreams) {
-        if (s == UINT16_MAX)
-            return MT_EOVERFLOW;
-        uint64_t *ns = mt__grow(t->streams, cap, t->nstreams + 1, sizeof *ns, 8);
-        if (ns == NULL)
-            return MT_ENOMEM;
-        t->streams = ns;
-        t->streams[t->nstreams++] = stream;
-    }
-    *out = (uint16_t)s;
-    return 0;
-}
-
 int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *err, size_t errlen)
 {
     *out = NULL;
@@ -137,7 +117,7 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
         const mt_event_rec_t *r = &pre.recs[i];
         uint16_t s;
         live_t *l;
-        if ((rc = stream_index(t, &cap_streams, (uint64_t)pre.streams[i], &s)) != 0)
+        if ((rc = mt__trace_stream_index(t, &cap_streams, (uint64_t)pre.streams[i], &s)) != 0)
             goto fail_rc;
         if (lm_find(&w.live, r->addr) != NULL)
             continue; /* (one block per address) */
@@ -171,7 +151,7 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
         op->pad = 0;
         if (k == W_OPEN) {
             uint16_t s;
-            if ((rc = stream_index(t, &cap_streams, (uint64_t)e->stream, &s)) != 0)
+            if ((rc = mt__trace_stream_index(t, &cap_streams, (uint64_t)e->stream, &s)) != 0)
                 goto fail_rc;
             op->stream = s;
             op->action = MT_TRACE_ALLOCATE;

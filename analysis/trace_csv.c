@@ -479,9 +479,8 @@ typedef struct loader_s {
     uint64_t live_bytes;
 } loader_t;
 
-static int stream_index(loader_t *L, uint64_t stream, uint16_t *out)
+int mt__trace_stream_index(mt_trace_t *t, size_t *cap, uint64_t stream, uint16_t *out)
 {
-    mt_trace_t *t = L->t;
     for (size_t i = 0; i < t->nstreams; i++)
         if (t->streams[i] == stream) {
             *out = (uint16_t)i;
@@ -489,7 +488,7 @@ static int stream_index(loader_t *L, uint64_t stream, uint16_t *out)
         }
     if (t->nstreams == UINT16_MAX)
         return MT_EOVERFLOW;
-    uint64_t *s = mt__grow(t->streams, &L->cap_streams, t->nstreams + 1, sizeof *s, 4);
+    uint64_t *s = mt__grow(t->streams, cap, t->nstreams + 1, sizeof *s, 4);
     if (s == NULL)
         return MT_ENOMEM;
     t->streams = s;
@@ -547,7 +546,7 @@ static int load_row(loader_t *L, const mt_trace_row_t *row, const char *name, ch
             goto too_big;
         live_t n = {
             .ptr = row->ptr, .size = row->size, .line = row->line, .slot = (uint32_t)t->nallocs};
-        if ((rc = stream_index(L, row->stream, &n.stream)) < 0) {
+        if ((rc = mt__trace_stream_index(L->t, &L->cap_streams, row->stream, &n.stream)) < 0) {
             if (rc == MT_ENOMEM)
                 goto oom;
             goto too_big;

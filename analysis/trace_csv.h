@@ -119,6 +119,9 @@ int mt__trace_load(mt_trace_t **out, const char *path, char *err, size_t errlen)
 /* The same from an open stream (borrowed); name is used in messages. */
 int mt__trace_load_file(mt_trace_t **out, FILE *f, const char *name, char *err, size_t errlen);
 void mt__trace_free(mt_trace_t **p);
+/* The index of stream in t's streams, appended if new (*cap: the streams array's capacity,
+ * 0 at first): 0, MT_EOVERFLOW past UINT16_MAX streams, or MT_ENOMEM. */
+int mt__trace_stream_index(mt_trace_t *t, size_t *cap, uint64_t stream, uint16_t *out);
 
 /* Static name of an action as written in the file. */
 const char *mt__trace_action_name(int action);

@@ -37,4 +37,15 @@ export async function getJson(base, path) {
   return r.json();
 }
 
+// A new page of browser at url, with process pid's row waited for and clicked (the page
+// picks a process by itself or on a click: clicked to be sure).
+export async function openProcess(browser, url, pid) {
+  const page = await browser.newPage();
+  await page.emulateMedia({ reducedMotion: 'reduce' });
+  await page.goto(url);
+  await page.waitForSelector(`#procs tr[data-pid="${pid}"]`, { timeout: 10000 });
+  await page.click(`#procs tr[data-pid="${pid}"]`);
+  return page;
+}
+
 export { launchChromium } from './chromium.mjs';

@@ -10,7 +10,7 @@
 // SNAPSHOT: tests/snapshot/data/v2_torch_frames.pickle (its first event 2025-05-27 UTC).
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { failView, getJson as get, launchChromium, serveView } from './view_serve.mjs';
+import { failView, getJson as get, launchChromium, openProcess, serveView } from './view_serve.mjs';
 
 const [memtrace, snapshot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -74,12 +74,7 @@ try {
 
   const browser = await launchChromium(here);
   if (browser) {
-    const page = await browser.newPage();
-    await page.emulateMedia({ reducedMotion: 'reduce' });
-    await page.goto(url);
-    await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
-    // The page picks a process by itself or on a click: click it to be sure.
-    await page.click(`#procs tr[data-pid="${p.pid}"]`);
+    const page = await openProcess(browser, url, p.pid);
     try {
       await page.waitForFunction(() => /^recorded · .*202\d-\d\d-\d\d/.test(document.getElementById('status').textContent) &&
         /202\d-\d\d-\d\d/.test(document.getElementById('view-info').textContent), null, { timeout: 10000 });

@@ -10,7 +10,7 @@
 // tests/snapshot/data/v2_midrun.pickle: 10 MiB allocated, 22 MiB reserved at its end.
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { failView, getJson as get, launchChromium, serveView } from './view_serve.mjs';
+import { failView, getJson as get, launchChromium, openProcess, serveView } from './view_serve.mjs';
 
 const [memtrace, stateSnap, midrunSnap] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -39,10 +39,7 @@ try {
       `${p.reserved_bytes} B reserved`);
     const browser = await launchChromium(here);
     if (browser) {
-      const page = await browser.newPage();
-      await page.goto(url);
-      await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
-      await page.click(`#procs tr[data-pid="${p.pid}"]`);
+      const page = await openProcess(browser, url, p.pid);
       const re = w.snapshot === 'state' ? 'a PyTorch snapshot, its state only \\(no history' : 'a PyTorch snapshot$';
       try {
         await page.waitForFunction((re) => new RegExp(re).test(document.getElementById('title').textContent) &&

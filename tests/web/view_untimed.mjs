@@ -10,7 +10,7 @@
 // SNAPSHOT: tests/snapshot/data/v2_untimed.pickle (24 trace entries on 2 devices).
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { failView, getJson as get, launchChromium, serveView } from './view_serve.mjs';
+import { failView, getJson as get, launchChromium, openProcess, serveView } from './view_serve.mjs';
 
 const [memtrace, snapshot] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
@@ -42,10 +42,7 @@ try {
 
   const browser = await launchChromium(here);
   if (browser) {
-    const page = await browser.newPage();
-    await page.goto(url);
-    await page.waitForSelector(`#procs tr[data-pid="${p.pid}"]`, { timeout: 10000 });
-    await page.click(`#procs tr[data-pid="${p.pid}"]`);
+    const page = await openProcess(browser, url, p.pid);
     try {
       await page.waitForFunction(() => /no clock/.test(document.getElementById('status').textContent) &&
         /^to the end, event \d+ – event \d+ \(the file has no clock/.test(document.getElementById('view-info').textContent) &&
