@@ -81,6 +81,17 @@ static int ranges_make(ranges_t *r, const mt_ts_event_t *ev, size_t n)
     return 0;
 }
 
+/* Keeps the first item of each address of l (sorted by address); returns how many stay. */
+static size_t unique(items_t *l)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (k == 0 || l->v[i].r.addr != l->v[k - 1].r.addr)
+            l->v[k++] = l->v[i];
+    l->n = k;
+    return k;
+}
+
 /* Whether the trace maps or unmaps pages in [addr, addr + size). */
 static bool ranges_meet(const ranges_t *r, uint64_t addr, uint64_t size)
 {
@@ -238,6 +249,8 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
             qsort(sl.v, sl.n, sizeof *sl.v, cmp_addr);
         if (bl.n > 1)
             qsort(bl.v, bl.n, sizeof *bl.v, cmp_addr);
+        /* One of each address (a file whose trace lost events could name one twice). */
+        total = unique(&sl) + unique(&bl);
         for (size_t i = 0; i < total; i++) {
             const item_t *it = i < sl.n ? &sl.v[i] : &bl.v[i - sl.n];
             mt_event_rec_t *r = &out->recs[i];
