@@ -182,9 +182,8 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
     *out = t;
     return 0;
 fail_rc:
-    if (rc == MT_EOVERFLOW) {
+    if (rc == MT_EOVERFLOW) { /* (MT_ENOMEM all the same, as before: err says which) */
         snprintf(err, errlen, "device %u: more than %d streams", device, UINT16_MAX);
-        rc = MT_ENOMEM; /* (as before: the caller's message is err's) */
         goto fail;
     }
 fail_nomem:
