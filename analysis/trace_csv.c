@@ -233,11 +233,32 @@ static bool two_digits(const char *s, unsigned max, unsigned *out)
     return *out <= max;
 }
 
-/* HH:MM:SS.uuuuuu, as spdlog's %H:%M:%S.%f writes it. */
+/* SECONDS[.FRACTION] (up to 12 and 9 digits), as RMM's documentation shows the Time
+ * column (seconds since the epoch), into microseconds. */
+static bool parse_seconds(const char *s, size_t n, uint64_t *out_us)
+{
+    const char *dot = memchr(s, '.', n);
+    size_t ni = dot ? (size_t)(dot - s) : n, nf = dot ? n - ni - 1 : 0;
+    uint64_t sec, frac = 0;
+    if (ni == 0 || ni > 12 || (dot && (nf == 0 || nf > 9)) || !parse_dec(s, ni, &sec) ||
+        (dot && !parse_dec(dot + 1, nf, &frac)))
+        return false;
+    for (size_t i = nf; i < 6; i++) /* microseconds: scaled up or cut down to 6 digits */
+        frac *= 10;
+    for (size_t i = 6; i < nf; i++)
+        frac /= 10;
+    *out_us = sec * 1000000 + frac;
+    return true;
+}
+
+/* HH:MM:SS.uuuuuu, as spdlog's %H:%M:%S.%f writes it (what RMM's logging adaptor sets), or
+ * seconds (parse_seconds). */
 static bool parse_time(const char *s, size_t n, uint64_t *out_us)
 {
     unsigned h, m, sec;
     uint64_t us;
+    if (n > 2 && s[2] != ':')
+        return parse_seconds(s, n, out_us);
     if (n != 15 || s[2] != ':' || s[5] != ':' || s[8] != '.')
         return false;
     if (!two_digits(s, 23, &h) || !two_digits(s + 3, 59, &m) || !two_digits(s + 6, 59, &sec))
@@ -283,10 +304,11 @@ static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row
     if (!parse_dec(f[0], fl[0], &row->thread))
         return fail_field(r, 0, fl[0] ? "not a decimal number" : "empty", f[0], fl[0]);
     if (!parse_time(f[1], fl[1], &row->time_us))
-        return fail_field(r, 1, "not a time HH:MM:SS.uuuuuu", f[1], fl[1]);
+        return fail_field(r, 1, "not a time HH:MM:SS.uuuuuu or seconds", f[1], fl[1]);
     if (fl[2] == 8 && memcmp(f[2], "allocate", 8) == 0)
         row->action = MT_TRACE_ALLOCATE;
-    else if (fl[2] == 4 && memcmp(f[2], "free", 4) == 0)
+    else if ((fl[2] == 4 && memcmp(f[2], "free", 4) == 0) ||
+             (fl[2] == 10 && memcmp(f[2], "deallocate", 10) == 0)) /* (RMM's docs' word) */
         row->action = MT_TRACE_FREE;
     else if (fl[2] == 16 && memcmp(f[2], "allocate failure", 16) == 0)
         row->action = MT_TRACE_ALLOCATE_FAILURE;

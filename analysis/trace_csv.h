@@ -50,7 +50,7 @@ typedef enum mt_trace_action_e {
 typedef struct mt_trace_row_s {
     uint64_t line;    /* 1-based line number in the file; the header is line 1 */
     uint64_t thread;  /* Thread column */
-    uint64_t time_us; /* Time column, microseconds since 00:00:00.000000 */
+    uint64_t time_us; /* Time column, microseconds since 00:00:00.000000 (or the epoch) */
     int action;       /* mt_trace_action_e */
     uint64_t ptr;     /* Pointer column */
     uint64_t size;    /* Size column, bytes */

@@ -163,6 +163,47 @@ static void test_rmm_hex_forms(void **state)
     mt__trace_free(&a);
 }
 
+/* RMM's documentation shows the Time column as seconds since the epoch and a free as
+ * 'deallocate' (its adaptor writes HH:MM:SS.uuuuuu and 'free'): a file written to the
+ * documentation is read as the same trace. */
+static void test_rmm_documented_form(void **state)
+{
+    (void)state;
+    char err[MT_TRACE_ERR_LEN];
+    mt_trace_t *a, *b;
+    assert_int_equal(load_text(HEADER "140573312345856,1634567890.123456,allocate,0x7f8a40000000,"
+                                      "1024,0x7f8a38001020\n"
+                                      "140573312345856,1634567890.234567,allocate,0x7f8a40000400,"
+                                      "2048,0x7f8a38001020\n"
+                                      "140573312345856,1634567890.345678,deallocate,0x7f8a40000000,"
+                                      "1024,0x7f8a38001020\n",
+                               &a, err, sizeof err),
+                     0);
+    assert_int_equal(load_text(HEADER "140573312345856,00:00:00.000001,allocate,0x7f8a40000000,"
+                                      "1024,0x7f8a38001020\n"
+                                      "140573312345856,00:00:00.000002,allocate,0x7f8a40000400,"
+                                      "2048,0x7f8a38001020\n"
+                                      "140573312345856,00:00:00.000003,free,0x7f8a40000000,"
+                                      "1024,0x7f8a38001020\n",
+                               &b, err, sizeof err),
+                     0);
+    assert_int_equal(a->nops, 3);
+    assert_int_equal(a->nfrees, 1);
+    assert_int_equal(a->nstreams, 1);
+    assert_true(a->streams[0] == 0x7f8a38001020u);
+    assert_int_equal(a->nops, b->nops);
+    assert_memory_equal(a->ops, b->ops, a->nops * sizeof a->ops[0]);
+    mt__trace_free(&a);
+    mt__trace_free(&b);
+    /* whole seconds, and a fraction of any length up to 9 digits */
+    assert_int_equal(load_text(HEADER "1,1634567890,allocate,0x1000,12,0\n"
+                                      "1,1634567890.5,free,0x1000,12,0\n",
+                               &a, err, sizeof err),
+                     0);
+    assert_int_equal(a->nfrees, 1);
+    mt__trace_free(&a);
+}
+
 static void test_header_only_and_leaks(void **state)
 {
     char path[1024], err[MT_TRACE_ERR_LEN];
@@ -316,6 +357,7 @@ int main(void)
         cmocka_unit_test(test_bundled_traces),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_invalid_files),
+        cmocka_unit_test(test_rmm_documented_form),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
