@@ -604,46 +604,15 @@ static int cmp_site(const void *a, const void *b)
     return x->stack < y->stack ? -1 : x->stack > y->stack;
 }
 
-/* A snapshot without a trace has one moment, the one it was taken at: its live blocks. */
-static int sites_of_state(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
-                          size_t *nout, uint64_t *live)
-{
-    mt_ts_site_t *acc = calloc(ts->nstacks ? ts->nstacks : 1, sizeof *acc);
-    if (acc == NULL)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < ts->nsegments; i++) {
-        const mt_ts_segment_t *sg = &ts->segments[i];
-        if ((unsigned)sg->device != device)
-            continue;
-        for (uint32_t k = 0; k < sg->nblocks; k++) {
-            const mt_ts_block_t *b = &ts->blocks[sg->first_block + k];
-            if (b->state != MT_TS_ACTIVE_ALLOCATED)
-                continue;
-            uint64_t bytes = b->requested ? b->requested : b->size;
-            uint32_t st = b->stack < ts->nstacks ? b->stack : 0;
-            acc[st].stack = st;
-            acc[st].bytes += bytes;
-            acc[st].count++;
-            *live += bytes;
-        }
-    }
-    qsort(acc, ts->nstacks, sizeof *acc, cmp_site);
-    for (size_t i = 0; i < ts->nstacks && *nout < nsites && acc[i].bytes > 0; i++)
-        sites[(*nout)++] = acc[i];
-    free(acc);
-    return 0;
-}
-
 int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t nsites,
                          size_t *nout, uint64_t *peak)
 {
     *nout = 0;
     *peak = 0;
-    if (ts->nevents == 0)
-        return sites_of_state(ts, device, sites, nsites, nout, peak);
     size_t n;
     const mt_ts_event_t *ev = dev_events(ts, device, &n);
-    /* What the trace began in the middle of is live from its start. */
+    /* What the trace began in the middle of is live from its start (without a trace: the
+     * snapshot's one moment, its live blocks). */
     mt_ts_pre_t pre;
     int rc = mt__ts_pre_state(ts, device, &pre);
     if (rc != 0)
