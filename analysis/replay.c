@@ -23,6 +23,12 @@ mt_replay_cfg_t mt__replay_cfg_default(void)
     return (mt_replay_cfg_t){.rounds = 1};
 }
 
+size_t mt__replay_capacity_for(uint64_t peak_reserved)
+{
+    uint64_t need = peak_reserved > UINT64_MAX / 2 ? UINT64_MAX : peak_reserved * 2;
+    return need > (UINT64_C(8) << 30) && need <= SIZE_MAX ? (size_t)need : 0;
+}
+
 static uint64_t now_ns(void)
 {
     struct timespec ts;

@@ -27,6 +27,10 @@ typedef struct mt_replay_cfg_s {
 
 /* Defaults: no conf, default capacity, no warm-up, no sampling, one round. */
 mt_replay_cfg_t mt__replay_cfg_default(void);
+/* The sim capacity that holds a run which reserved peak_reserved bytes, twice over: 0 (the
+ * sim's default) when that is within the default's 8 GiB. For replays of a program's own
+ * record (a snapshot, a log), which have no --capacity of their own. */
+size_t mt__replay_capacity_for(uint64_t peak_reserved);
 
 typedef struct mt_replay_result_s {
     char backend[16];        /* mt_backend_name() */

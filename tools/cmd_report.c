@@ -345,9 +345,9 @@ static void add_replay(mt__report_t *r, json_t *res)
         mt_replay_result_t out;
         char err[256] = "out of memory";
         mt_replay_cfg_t rc = mt__replay_cfg_default();
-        /* the sim device must hold what the program reserved: room for twice that */
-        uint64_t need = (uint64_t)json_number_value(json_object_get(p, "peak_reserved")) * 2;
-        rc.capacity = need > (UINT64_C(8) << 30) ? (size_t)need : 0;
+        /* the sim device must hold what the program reserved */
+        rc.capacity = mt__replay_capacity_for(
+            (uint64_t)json_number_value(json_object_get(p, "peak_reserved")));
         int st = mt__report_trace(r, i, &t);
         if (st == 0)
             st = mt__replay_run(t, &rc, &out, err, sizeof err);

@@ -106,12 +106,11 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         int rc = mt__ts_figures(ts, d, &fig);
         if (rc == 0)
             rc = mt__ts_to_trace(ts, d, &t, err, sizeof err);
-        /* Without --capacity, the sim device holds what the program reserved, twice over
-         * (as report --replay's): its 8 GiB default made a 44 GiB run replay as OOMs. */
+        /* Without --capacity, the sim device holds what the program reserved (as report
+         * --replay's): its 8 GiB default made a 44 GiB run replay as OOMs. */
         mt_replay_cfg_t dc = *cfg;
-        uint64_t need = fig.peak_reserved > UINT64_MAX / 2 ? UINT64_MAX : fig.peak_reserved * 2;
-        if (dc.capacity == 0 && need > (UINT64_C(8) << 30) && need <= SIZE_MAX)
-            dc.capacity = (size_t)need;
+        if (dc.capacity == 0)
+            dc.capacity = mt__replay_capacity_for(fig.peak_reserved);
         if (rc == 0 && (rc = mt__replay_run(t, &dc, &res, err, sizeof err)) < 0) {
             fprintf(stderr, "memtrace replay: %s: device %u: %s\n", path, d, err);
             status = rc == MT_EINVAL ? 2 : 1;
