@@ -387,7 +387,7 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         mt_event_rec_t r = {
             .seq = seq,
             .time_ns = seq,
-            .kind = MT_EV_SEGMENT_ALLOC,
+            .kind = s->expandable ? MT_EV_SEGMENT_MAP : MT_EV_SEGMENT_ALLOC,
             .addr = s->addr,
             .size = s->total_size,
             .stream = (uint32_t)s->stream,

@@ -43,44 +43,6 @@ static int cmp_addr(const void *a, const void *b)
     return x->r.addr < y->r.addr ? -1 : x->r.addr > y->r.addr;
 }
 
-/* The page ranges the trace maps or unmaps, by start, with the furthest end so far
- * (maxend[i] = max end of v[0..i]): whether one meets a range is a binary search. */
-typedef struct ranges_s {
-    uint64_t (*v)[2]; /* {start, end} */
-    uint64_t *maxend;
-    size_t n;
-} ranges_t;
-
-static int cmp_range(const void *a, const void *b)
-{
-    const uint64_t *x = a, *y = b;
-    return x[0] < y[0] ? -1 : x[0] > y[0];
-}
-
-static int ranges_make(ranges_t *r, const mt_ts_event_t *ev, size_t n)
-{
-    *r = (ranges_t){0};
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += ev[i].action == MT_TS_SEGMENT_MAP || ev[i].action == MT_TS_SEGMENT_UNMAP;
-    if (k == 0)
-        return 0;
-    r->v = malloc(k * sizeof *r->v);
-    r->maxend = malloc(k * sizeof *r->maxend);
-    if (r->v == NULL || r->maxend == NULL)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < n; i++)
-        if (ev[i].action == MT_TS_SEGMENT_MAP || ev[i].action == MT_TS_SEGMENT_UNMAP) {
-            uint64_t end = ev[i].addr + ev[i].size;
-            r->v[r->n][0] = ev[i].addr;
-            r->v[r->n++][1] = end < ev[i].addr ? UINT64_MAX : end;
-        }
-    qsort(r->v, r->n, sizeof *r->v, cmp_range); /* (n >= 1 here) */
-    for (size_t i = 0; i < r->n; i++)
-        r->maxend[i] = i > 0 && r->maxend[i - 1] > r->v[i][1] ? r->maxend[i - 1] : r->v[i][1];
-    return 0;
-}
-
 /* Keeps the first item of each address of l (sorted by address); returns how many stay. */
 static size_t unique(items_t *l)
 {
@@ -92,19 +54,210 @@ static size_t unique(items_t *l)
     return k;
 }
 
-/* Whether the trace maps or unmaps pages in [addr, addr + size). */
-static bool ranges_meet(const ranges_t *r, uint64_t addr, uint64_t size)
+/* ---- expandable pages before the trace ----
+ * The trace's maps and unmaps and the expandable segments at the end cut the addresses into
+ * pieces none of them splits. Before the trace, a piece was the opposite of what the first
+ * event touching it did (unmapped if it was mapped, mapped if unmapped); a piece no event
+ * touches was as at the end. The mapped pieces, joined where they touch within one stream
+ * and pool, were the expandable segments then. */
+
+enum { P_UNSEEN = 0, P_MAPPED = 1, P_UNMAPPED = 2 };
+
+typedef struct piece_s {
+    int64_t stream;
+    uint32_t stack;
+    uint8_t state; /* P_* */
+    uint8_t large;
+} piece_t;
+
+/* An expandable segment at the end: [addr, end). */
+typedef struct xend_s {
+    uint64_t addr, end;
+    const mt_ts_segment_t *sg;
+} xend_t;
+
+/* Invariants: cut[0..ncut) sorted and distinct, piece i = [cut[i], cut[i + 1]) for
+ * i < n = ncut - 1 (0 when ncut < 2); next[i] in [i, n] and every piece in [i, next[i]) is
+ * seen (next[n] = n); x[0..nx) the device's expandable segments by address. */
+typedef struct pieces_s {
+    uint64_t *cut;
+    size_t ncut, n;
+    piece_t *p;
+    size_t *next;
+    xend_t *x;
+    size_t nx;
+} pieces_t;
+
+static uint64_t end_of(uint64_t addr, uint64_t size)
 {
-    uint64_t end = addr + size < addr ? UINT64_MAX : addr + size;
-    size_t lo = 0, hi = r->n; /* the ranges starting before end: [0, lo) */
+    return addr + size < addr ? UINT64_MAX : addr + size;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int cmp_xend(const void *a, const void *b)
+{
+    return cmp_u64(&((const xend_t *)a)->addr, &((const xend_t *)b)->addr);
+}
+
+/* The first cut >= v (ncut when none). */
+static size_t cut_at(const pieces_t *ps, uint64_t v)
+{
+    size_t lo = 0, hi = ps->ncut;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (r->v[mid][0] < end)
+        if (ps->cut[mid] < v)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo > 0 && r->maxend[lo - 1] > addr;
+    return lo;
+}
+
+/* The first piece >= i not seen yet, or n (path halving). */
+static size_t unseen(pieces_t *ps, size_t i)
+{
+    while (ps->next[i] != i) {
+        ps->next[i] = ps->next[ps->next[i]];
+        i = ps->next[i];
+    }
+    return i;
+}
+
+/* The expandable segment at the end holding v, or NULL. */
+static const xend_t *x_holding(const pieces_t *ps, uint64_t v)
+{
+    size_t lo = 0, hi = ps->nx;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ps->x[mid].addr <= v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && v < ps->x[lo - 1].end ? &ps->x[lo - 1] : NULL;
+}
+
+static bool is_map(const mt_ts_event_t *e)
+{
+    return (e->action == MT_TS_SEGMENT_MAP || e->action == MT_TS_SEGMENT_UNMAP) && e->size > 0;
+}
+
+/* The cuts and the end's expandable segments of device. 0 or MT_ENOMEM. */
+static int pieces_make(pieces_t *ps, const mt_ts_t *ts, unsigned device, const mt_ts_event_t *ev,
+                       size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += is_map(&ev[i]);
+    for (size_t i = 0; i < ts->nsegments; i++)
+        ps->nx += ts->segments[i].expandable && (unsigned)ts->segments[i].device == device &&
+                  ts->segments[i].total_size > 0;
+    if (k == 0 && ps->nx == 0)
+        return 0;
+    ps->cut = malloc(2 * (k + ps->nx) * sizeof *ps->cut);
+    ps->x = malloc((ps->nx ? ps->nx : 1) * sizeof *ps->x);
+    if (ps->cut == NULL || ps->x == NULL)
+        return MT_ENOMEM;
+    size_t c = 0, nx = 0;
+    for (size_t i = 0; i < n; i++)
+        if (is_map(&ev[i])) {
+            ps->cut[c++] = ev[i].addr;
+            ps->cut[c++] = end_of(ev[i].addr, ev[i].size);
+        }
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *sg = &ts->segments[i];
+        if (!sg->expandable || (unsigned)sg->device != device || sg->total_size == 0)
+            continue;
+        ps->x[nx++] = (xend_t){sg->addr, end_of(sg->addr, sg->total_size), sg};
+        ps->cut[c++] = sg->addr;
+        ps->cut[c++] = end_of(sg->addr, sg->total_size);
+    }
+    qsort(ps->cut, c, sizeof *ps->cut, cmp_u64); /* (c >= 2 here) */
+    if (nx > 1)
+        qsort(ps->x, nx, sizeof *ps->x, cmp_xend);
+    ps->ncut = 0;
+    for (size_t i = 0; i < c; i++)
+        if (ps->ncut == 0 || ps->cut[i] != ps->cut[ps->ncut - 1])
+            ps->cut[ps->ncut++] = ps->cut[i];
+    ps->n = ps->ncut - 1;
+    ps->p = calloc(ps->n + 1, sizeof *ps->p);
+    ps->next = malloc((ps->n + 1) * sizeof *ps->next);
+    if (ps->p == NULL || ps->next == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i <= ps->n; i++)
+        ps->next[i] = i;
+    return 0;
+}
+
+static void pieces_fini(pieces_t *ps)
+{
+    free(ps->cut);
+    free(ps->p);
+    free(ps->next);
+    free(ps->x);
+    *ps = (pieces_t){0};
+}
+
+/* Each piece's state before the trace; its stream, pool and stack from the expandable
+ * segment holding it at the end, else from the first event touching it. */
+static void pieces_settle(pieces_t *ps, const mt_ts_event_t *ev, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        const mt_ts_event_t *e = &ev[j];
+        if (!is_map(e))
+            continue;
+        size_t hi = cut_at(ps, end_of(e->addr, e->size));
+        for (size_t i = unseen(ps, cut_at(ps, e->addr)); i < hi && i < ps->n;
+             i = unseen(ps, i + 1)) {
+            ps->p[i] = (piece_t){.stream = e->stream,
+                                 .state = e->action == MT_TS_SEGMENT_MAP ? P_UNMAPPED : P_MAPPED,
+                                 .large = e->size > ((uint64_t)2 << 20)};
+            ps->next[i] = i + 1;
+        }
+    }
+    for (size_t i = 0; i < ps->n; i++) {
+        const xend_t *h = x_holding(ps, ps->cut[i]);
+        piece_t *p = &ps->p[i];
+        if (p->state == P_UNSEEN)
+            p->state = h != NULL ? P_MAPPED : P_UNMAPPED;
+        if (h != NULL) {
+            p->stream = h->sg->stream;
+            p->large = h->sg->large;
+            p->stack = h->sg->stack;
+        }
+    }
+}
+
+/* The expandable segments before the trace, as maps of their runs, into sl. */
+static int pieces_runs(const pieces_t *ps, items_t *sl)
+{
+    mt_event_rec_t *run = NULL;
+    for (size_t i = 0; i < ps->n; i++) {
+        const piece_t *p = &ps->p[i];
+        uint8_t pool = p->large ? MT_POOL_LARGE : MT_POOL_SMALL;
+        if (p->state != P_MAPPED) {
+            run = NULL;
+            continue;
+        }
+        uint64_t len = ps->cut[i + 1] - ps->cut[i];
+        if (run != NULL && run->stream == (uint32_t)p->stream && run->pool == pool) {
+            run->size += len;
+            continue;
+        }
+        if ((run = item_add(sl, p->stack, p->stream)) == NULL)
+            return MT_ENOMEM;
+        *run = (mt_event_rec_t){.kind = MT_EV_SEGMENT_MAP,
+                                .addr = ps->cut[i],
+                                .size = len,
+                                .stream = (uint32_t)p->stream,
+                                .pool = pool};
+    }
+    return 0;
 }
 
 /* Whether stack was taken in the allocator's free (PyTorch records the free's own stack
@@ -177,17 +330,15 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
 
 /* The segments at the end that the trace did not make, and the blocks allocated at the end
  * that it did not allocate; the bytes of those it did, by their walk slot + 1. */
-static int survivors(const mt_ts_t *ts, unsigned device, const ranges_t *mapped,
-                     const mt__amap_t *segs, walk_t *w, items_t *sl, items_t *bl,
-                     mt__amap_t *end_size)
+static int survivors(const mt_ts_t *ts, unsigned device, const mt__amap_t *segs, walk_t *w,
+                     items_t *sl, items_t *bl, mt__amap_t *end_size)
 {
     for (size_t i = 0; i < ts->nsegments; i++) {
         const mt_ts_segment_t *sg = &ts->segments[i];
         uint64_t one;
         if ((unsigned)sg->device != device)
             continue;
-        if (mt__amap_get(segs, sg->addr, &one) != 0 &&
-            !(sg->expandable && ranges_meet(mapped, sg->addr, sg->total_size))) {
+        if (!sg->expandable && mt__amap_get(segs, sg->addr, &one) != 0) {
             mt_event_rec_t *r = item_add(sl, sg->stack, sg->stream);
             if (r == NULL)
                 return MT_ENOMEM;
@@ -229,13 +380,17 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
     walk_t w = {0};
     mt__amap_t segs = {0};
     items_t sl = {0}, bl = {0};
-    ranges_t mapped;
-    int rc = ranges_make(&mapped, ev, n);
+    pieces_t ps = {0};
+    int rc = pieces_make(&ps, ts, device, ev, n);
+    if (rc == 0) {
+        pieces_settle(&ps, ev, n);
+        rc = pieces_runs(&ps, &sl);
+    }
     if (rc == 0)
         rc = orphans(ts, ev, n, &segs, &w, &sl, &bl);
     size_t norphans = bl.n;
     if (rc == 0)
-        rc = survivors(ts, device, &mapped, &segs, &w, &sl, &bl, &out->end_size);
+        rc = survivors(ts, device, &segs, &w, &sl, &bl, &out->end_size);
     size_t total = sl.n + bl.n;
     if (rc == 0 && total > 0) {
         out->recs = malloc(total * sizeof *out->recs);
@@ -258,7 +413,7 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
             out->stacks[i] = it->stack;
             out->streams[i] = it->stream;
             r->device = (uint8_t)device;
-            if (r->kind == MT_EV_SEGMENT_ALLOC) {
+            if (r->kind != MT_EV_ALLOC) {
                 out->reserved += r->size;
             } else {
                 out->allocated += r->size;
@@ -273,8 +428,7 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
     }
     free(sl.v);
     free(bl.v);
-    free(mapped.v);
-    free(mapped.maxend);
+    pieces_fini(&ps);
     lm_fini(&w.live);
     mt__amap_fini(&segs);
     if (rc != 0)

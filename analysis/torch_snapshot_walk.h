@@ -147,9 +147,10 @@ static inline const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, siz
  * snapshot, what was there then is: the segments at the end that no segment_alloc of the
  * trace made, with those the trace frees without having made them; the blocks allocated
  * at the end that the trace did not allocate, with those it frees without having allocated
- * them. An expandable segment's pages are left out when the trace maps or unmaps any (its
- * size before them is not known).
- * Invariants: recs[0..nsegs) are segment_allocs in address order, recs[nsegs..n) allocs in
+ * them. Expandable pages were mapped then where the first of the trace's maps and unmaps
+ * to touch them is an unmap, or none touches them and they are mapped at the end.
+ * Invariants: recs[0..nsegs) are segment_allocs (segment_maps: runs of expandable pages)
+ * in address order, recs[nsegs..n) allocs in
  * address order, each with device, stream, pool and its running totals (allocated,
  * reserved, from 0) set and seq, time_ns 0; stacks[i] is recs[i]'s stack id and streams[i]
  * its stream; allocated and reserved are the totals after the last. */

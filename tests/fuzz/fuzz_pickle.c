@@ -35,7 +35,7 @@ static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsign
     FUZZ_CHECK(ev->kind >= MT_EV_ALLOC && ev->kind < MT_EV_KIND_COUNT, "records have a kind");
     FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || n[0] == 0, "the state before the trace comes first");
     FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || ev->kind == MT_EV_ALLOC ||
-                   ev->kind == MT_EV_SEGMENT_ALLOC,
+                   ev->kind == MT_EV_SEGMENT_ALLOC || ev->kind == MT_EV_SEGMENT_MAP,
                "the state before the trace is segments and blocks");
     (void)stack;
     n[(flags & MT_TS_REC_BEFORE) != 0]++;

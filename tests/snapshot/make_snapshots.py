@@ -185,6 +185,37 @@ def midrun_snapshot():
     return {"segments": segments, "device_traces": [trace]}
 
 
+def expandable_midrun_snapshot():
+    """A trace begun in the middle of a run with expandable segments (PyTorch 2.1+): the
+    trace unmaps pages that were mapped before it and maps pages that were not. PyTorch lists
+    each mapped run as a segment. Before the trace: [X, X + 4 MiB) with the weights' 4 MiB
+    block, and [X + 6, X + 8 MiB), unmapped at its first event; at the end one run
+    [X, X + 6 MiB), its last 2 MiB mapped by the trace."""
+    X = 0x7F4000000000
+    INIT = [frame("__init__", "/work/model.py", 10)]
+    trace = [
+        ev("segment_unmap", X + 6 * MiB, 2 * MiB, t=2000),
+        ev("segment_map", X + 4 * MiB, 2 * MiB, t=2001),
+        ev("alloc", X + 4 * MiB, 1 * MiB, t=2002, frames=LOSS),
+    ]
+    segments = [
+        {"device": 0, "address": X, "total_size": 6 * MiB, "allocated_size": 5 * MiB,
+         "active_size": 5 * MiB, "requested_size": 5 * MiB, "stream": 0,
+         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": True,
+         "frames": [],
+         "blocks": [
+             {"address": X, "size": 4 * MiB, "requested_size": 4 * MiB,
+              "state": "active_allocated", "frames": INIT},
+             {"address": X + 4 * MiB, "size": 1 * MiB, "requested_size": 1 * MiB,
+              "state": "active_allocated", "frames": LOSS},
+             {"address": X + 5 * MiB, "size": 1 * MiB, "requested_size": 0,
+              "state": "inactive", "frames": []},
+         ]},
+    ]
+    return {"segments": segments, "device_traces": [trace],
+            "allocator_settings": {"expandable_segments": True}}
+
+
 def v113_snapshot():
     """1.13: the list of segments; blocks have size, state and history, no address."""
     A = 0x7F2000000000
@@ -256,6 +287,7 @@ def main():
     ]
     write("v2_state_only.pickle", pickle.dumps(state, protocol=4))
     write("v2_midrun.pickle", pickle.dumps(midrun_snapshot(), protocol=4))
+    write("v2_expandable_midrun.pickle", pickle.dumps(expandable_midrun_snapshot(), protocol=4))
 
     good = pickle.dumps(snap, protocol=4)
     # Each malformed file: the exit status, then a piece of the message, on one line.

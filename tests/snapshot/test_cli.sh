@@ -148,6 +148,15 @@ esac
 case "$out" in
 *"model.py:101"* | *"THPVariable"*) echo "FAIL: a block from before the trace is named by its free: $out"; fail=1 ;;
 esac
+# The same with expandable segments (PyTorch 2.1+): the trace unmaps pages mapped before it
+# and maps others. The pages before it are read from its first touch of each, so the segment
+# map holds the weights' block at the peak: one run of 6 MiB, as the file's segments say
+# (before, the run was left out whole and the map showed only the 2 MiB the trace mapped).
+xm="$data/v2_expandable_midrun.pickle"
+"$mt" plot "$xm" -o "${svg%/a.svg}/xm.svg" >/dev/null 2>&1 ||
+    { echo "FAIL: plot of an expandable trace begun mid-run"; fail=1; }
+grep -q 'segment map at 0.000 s (peak reserved): 1 segment, 6.0 MiB' "${svg%/a.svg}/xm.svg" ||
+    { echo "FAIL: the expandable mid-run trace's segment map: $(grep -o 'segment map at[^<]*' "${svg%/a.svg}/xm.svg")"; fail=1; }
 # replay starts from the same state: the blocks from before the trace are allocated first, so
 # memtrace's peak allocated is PyTorch's (before, the replay lacked them and read as a saving).
 out=$("$mt" replay "$mr") || { echo "FAIL: replay of a trace begun mid-run"; fail=1; }

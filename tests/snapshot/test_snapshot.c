@@ -434,6 +434,80 @@ static void test_records(void **state)
     mt__ts_destroy(&ts);
 }
 
+/* The records made up from the state before the trace, up to 8. */
+typedef struct before_s {
+    mt_event_rec_t r[8];
+    size_t n;
+} before_t;
+
+static int before_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
+{
+    (void)stack;
+    before_t *b = ctx;
+    if ((flags & MT_TS_REC_BEFORE) && b->n < 8)
+        b->r[b->n++] = *ev;
+    return 0;
+}
+
+static void assert_rec(const mt_event_rec_t *r, int kind, uint64_t addr, uint64_t size)
+{
+    assert_int_equal(r->kind, kind);
+    assert_true(r->addr == addr);
+    assert_true(r->size == size);
+}
+
+/* Expandable segments in a trace begun mid-run: pages were mapped before it where the first
+ * event touching them is an unmap, or none touches them and they are mapped at the end.
+ * Before, a segment whose pages the trace mapped was left out whole, and its blocks from
+ * before the trace lay in no segment. */
+static void test_expandable_before_trace(void **state)
+{
+    (void)state;
+    const uint64_t X = 0x7F4000000000;
+    mt_ts_t *ts = load("v2_expandable_midrun.pickle");
+    before_t b = {0};
+    assert_int_equal(mt__ts_records(ts, before_rec, &b), 0);
+    assert_int_equal(b.n, 3);
+    assert_rec(&b.r[0], MT_EV_SEGMENT_MAP, X, 4 * MiB);           /* kept, its end mapped */
+    assert_rec(&b.r[1], MT_EV_SEGMENT_MAP, X + 6 * MiB, 2 * MiB); /* unmapped by the trace */
+    assert_rec(&b.r[2], MT_EV_ALLOC, X, 4 * MiB);
+    assert_int_equal(b.r[0].pool, MT_POOL_LARGE);
+    assert_true(b.r[2].reserved == 6 * MiB && b.r[2].allocated == 4 * MiB);
+    mt__ts_destroy(&ts);
+
+    /* Made here: maps and unmaps that overlap, one range touched twice (its first touch
+     * decides), a map of pages never mapped at the end, an untouched run at the end. */
+    assert_int_equal(mt__ts_create(&ts), 0);
+    const uint64_t P = 2 * MiB;
+    const struct {
+        int action;
+        uint64_t addr, size;
+    } evs[] = {
+        {MT_TS_SEGMENT_UNMAP, X, 2 * P},     /* [0, 2): mapped before */
+        {MT_TS_SEGMENT_MAP, X, 3 * P},       /* [2, 3): unmapped before */
+        {MT_TS_SEGMENT_UNMAP, X + 2 * P, P}, /* (seen) */
+        {MT_TS_SEGMENT_MAP, X + 10 * P, P},  /* [10, 11): unmapped, never at the end */
+        {MT_TS_SEGMENT_UNMAP, X + 10 * P, P},
+    };
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++) {
+        mt_ts_event_t e = {
+            .action = (uint8_t)evs[i].action, .addr = evs[i].addr, .size = evs[i].size};
+        assert_int_equal(mt__ts_add_event(ts, &e), 0);
+    }
+    /* At the end: [0, 2) (mapped again) and [5, 7), untouched. */
+    mt_ts_segment_t sg = {.addr = X, .total_size = 2 * P, .large = true, .expandable = true};
+    mt_ts_block_t blk = {.addr = X, .size = 2 * P, .state = MT_TS_INACTIVE};
+    assert_int_equal(mt__ts_add_segment(ts, &sg, &blk, 1), 0);
+    sg.addr = blk.addr = X + 5 * P;
+    assert_int_equal(mt__ts_add_segment(ts, &sg, &blk, 1), 0);
+    memset(&b, 0, sizeof b);
+    assert_int_equal(mt__ts_records(ts, before_rec, &b), 0);
+    assert_int_equal(b.n, 2);
+    assert_rec(&b.r[0], MT_EV_SEGMENT_MAP, X, 2 * P);
+    assert_rec(&b.r[1], MT_EV_SEGMENT_MAP, X + 5 * P, 2 * P);
+    mt__ts_destroy(&ts);
+}
+
 /* A file's segment sizes are 64-bit and unchecked: sums past 2^63 are still exact, and a
  * figure past 2^64 reads as the largest a field holds (no signed overflow, for UBSan). */
 static void test_figures_huge_sizes(void **state)
@@ -476,7 +550,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_v2_layout),           cmocka_unit_test(test_v113_layout),
         cmocka_unit_test(test_invalid_files),       cmocka_unit_test(test_write_roundtrip),
         cmocka_unit_test(test_to_trace_and_replay), cmocka_unit_test(test_records),
-        cmocka_unit_test(test_figures_huge_sizes),
+        cmocka_unit_test(test_figures_huge_sizes),  cmocka_unit_test(test_expandable_before_trace),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
