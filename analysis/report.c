@@ -356,12 +356,14 @@ int mt__report_set_untimed(mt__report_t *r, int pid)
     return 0;
 }
 
-int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns)
+int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns,
+                            size_t skipped)
 {
     proc_t *p = proc_get(r, pid);
     if (!p)
         return MT_ENOMEM;
     p->snapshot = state_only ? 2 : 1;
+    p->snap_skipped = skipped;
     p->t_known = trace_ns;
     if (p->m != NULL)
         mt__model_lifetimes_from(p->m, trace_ns);

@@ -92,9 +92,11 @@ int mt__report_set_untimed(mt__report_t *r, int pid);
  * live at its end was live when the snapshot was taken (not a leak); state_only: the file
  * had no trace, its events are the state as the allocations that would make it ("state_only":
  * true, no timeline or growth to read from their order); trace_ns (0: none): where its trace
- * began, blocks allocated before it having no known lifetime (mt__model_lifetimes_from).
+ * began, blocks allocated before it having no known lifetime (mt__model_lifetimes_from);
+ * skipped: its trace entries of actions the reader does not model ("skipped_entries").
  * 0 or MT_ENOMEM. */
-int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns);
+int mt__report_set_snapshot(mt__report_t *r, int pid, bool state_only, uint64_t trace_ns,
+                            size_t skipped);
 /* Process i's events as the report counts them ("events"): without the records a converter
  * added or tag labels. 0 if there is no such process. */
 size_t mt__report_events_read(const mt__report_t *r, size_t i);

@@ -79,11 +79,12 @@ typedef struct proc_s {
     bool peak_pending; /* the state is still the peak's: its gap is not yet taken */
     bool have_gap;
     mt_gap_t peak_gap;
-    bool failed;      /* out of memory while applying: the analysis is not the events' */
-    bool untimed;     /* its times are its events' order (mt__report_set_untimed) */
-    uint8_t snapshot; /* read from a PyTorch snapshot: 1, and 2 when state only
-                       * (mt__report_set_snapshot) */
-    uint64_t t_known; /* ns, its trace's start: earlier blocks have unknown lifetimes */
+    bool failed;         /* out of memory while applying: the analysis is not the events' */
+    bool untimed;        /* its times are its events' order (mt__report_set_untimed) */
+    size_t snap_skipped; /* a snapshot's trace entries of actions not modelled */
+    uint8_t snapshot;    /* read from a PyTorch snapshot: 1, and 2 when state only
+                          * (mt__report_set_snapshot) */
+    uint64_t t_known;    /* ns, its trace's start: earlier blocks have unknown lifetimes */
 } proc_t;
 
 struct mt__report_s {

@@ -417,7 +417,8 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
     }
     if (res != NULL && p->snapshot != 0 &&
         (json_object_set_new(res, "source", json_string("torch_snapshot")) != 0 ||
-         json_object_set_new(res, "state_only", json_boolean(p->snapshot == 2)) != 0)) {
+         json_object_set_new(res, "state_only", json_boolean(p->snapshot == 2)) != 0 ||
+         json_object_set_new(res, "skipped_entries", json_integer(ji(p->snap_skipped))) != 0)) {
         json_decref(res);
         res = NULL;
     }

@@ -643,6 +643,9 @@ static void print_process(json_t *p)
     }
     printf(": %.0f events, %.0f lost, exit %s\n", num(p, "events"), num(p, "lost"),
            esc(json_string_value(json_object_get(p, "exit")), ex));
+    if (num(p, "skipped_entries") > 0)
+        printf("  %.0f trace entries of actions memtrace does not model were skipped\n",
+               num(p, "skipped_entries"));
     double peak = num(p, "peak_allocated");
     printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
            "reserved\n",

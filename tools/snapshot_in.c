@@ -203,7 +203,8 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
         rc = mt__report_set_untimed(r, pid);
     if (rc == 0)
         rc = mt__report_set_snapshot(r, pid, mt__ts_state_only(ts),
-                                     (uint64_t)mt__ts_trace_start_us(ts) * 1000u);
+                                     (uint64_t)mt__ts_trace_start_us(ts) * 1000u,
+                                     ts->skipped_actions);
     if (rc == 0)
         rc = mt__ts_records(ts, feed_rec, &f);
     if (rc != 0)
