@@ -310,8 +310,10 @@ json_t *mt__d_proc_json(const mt_d_proc_t *p, bool with_segments)
     }
     bad |= json_object_set_new(o, "registered_realtime_ns",
                                json_integer((json_int_t)p->registered_realtime));
-    if (p->snapshot) /* a PyTorch snapshot: "trace", or "state" (no history) */
+    if (p->snapshot) { /* a PyTorch snapshot: "trace", or "state" (no history) */
         bad |= json_object_set_new(o, "snapshot", json_string(p->snapshot));
+        bad |= json_object_set_new(o, "skipped_entries", json_integer((json_int_t)p->snap_skipped));
+    }
     if (p->event_ns) /* no clock: its times count events, event_ns each */
         bad |= json_object_set_new(o, "event_ns", json_integer((json_int_t)p->event_ns));
     bad |= json_object_set_new(o, "events", json_integer((json_int_t)p->events));

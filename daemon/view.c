@@ -253,6 +253,7 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
     }
     f.p->exit_reason = "clean";
     f.p->snapshot = mt__ts_state_only(ts) ? "state" : "trace";
+    f.p->snap_skipped = ts->skipped_actions;
     /* a trace begun in the middle of a run: the blocks made up from before it have no
      * lifetimes (mt__ts_records) */
     mt__model_lifetimes_from(f.p->model, (uint64_t)mt__ts_trace_start_us(ts) * 1000u);

@@ -692,9 +692,12 @@ function updateTagFilter(names) {
 // A PyTorch snapshot is a moment of a run, not a process that exited; one without a trace
 // holds that moment alone, its blocks laid out in address order on the charts.
 function snapshotText(p) {
-  return p.snapshot === 'state'
+  const skipped = p.skipped_entries > 0
+    ? `; ${p.skipped_entries} trace entries of actions memtrace does not model were skipped`
+    : '';
+  return (p.snapshot === 'state'
     ? 'a PyTorch snapshot, its state only (no history: the charts lay its blocks out in address order)'
-    : 'a PyTorch snapshot';
+    : 'a PyTorch snapshot') + skipped;
 }
 
 function renderTiles(p) {

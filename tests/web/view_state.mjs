@@ -3,21 +3,24 @@
 // "out of memory"), and one whose trace begins in the middle of the run (PyTorch keeps the
 // last max_entries events). /state says which, and gives the memory the file's segments
 // hold at its end (before, the mid-run one lacked all that came before its trace); the page
-// says "a PyTorch snapshot", not "exited: clean", and that a state has no history.
+// says "a PyTorch snapshot", not "exited: clean", that a state has no history, and how many
+// trace entries of actions memtrace does not model (a newer PyTorch's) were skipped.
 //
-//   node view_state.mjs MEMTRACE STATE_SNAPSHOT MIDRUN_SNAPSHOT
+//   node view_state.mjs MEMTRACE STATE_SNAPSHOT MIDRUN_SNAPSHOT ALL_ACTIONS_SNAPSHOT
 // tests/snapshot/data/v2_state_only.pickle: 8 MiB + 512 B allocated, 22 MiB reserved;
-// tests/snapshot/data/v2_midrun.pickle: 10 MiB allocated, 22 MiB reserved at its end.
+// tests/snapshot/data/v2_midrun.pickle: 10 MiB allocated, 22 MiB reserved at its end;
+// tests/snapshot/data/v2_all_actions_p4.pickle: one entry of an action not modelled.
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { failView, getJson as get, launchChromium, openProcess, serveView } from './view_serve.mjs';
 
-const [memtrace, stateSnap, midrunSnap] = process.argv.slice(2);
+const [memtrace, stateSnap, midrunSnap, allSnap] = process.argv.slice(2);
 const here = dirname(fileURLToPath(import.meta.url));
 const MiB = 1 << 20;
 const want = [
-  { file: stateSnap, snapshot: 'state', allocated: 8 * MiB + 512, reserved: 22 * MiB },
-  { file: midrunSnap, snapshot: 'trace', allocated: 10 * MiB, reserved: 22 * MiB },
+  { file: stateSnap, snapshot: 'state', allocated: 8 * MiB + 512, reserved: 22 * MiB, skipped: 0 },
+  { file: midrunSnap, snapshot: 'trace', allocated: 10 * MiB, reserved: 22 * MiB, skipped: 0 },
+  { file: allSnap, snapshot: 'trace', skipped: 1 },
 ];
 let view = null;
 
@@ -32,7 +35,9 @@ try {
     const p = st.processes[0];
     if (p.snapshot !== w.snapshot)
       fail(`${w.file}: /state says snapshot ${p.snapshot}, want ${w.snapshot}`);
-    if (p.allocated_bytes !== w.allocated || p.reserved_bytes !== w.reserved)
+    if (p.skipped_entries !== w.skipped)
+      fail(`${w.file}: /state says ${p.skipped_entries} skipped entries, want ${w.skipped}`);
+    if (w.allocated !== undefined && (p.allocated_bytes !== w.allocated || p.reserved_bytes !== w.reserved))
       fail(`${w.file}: /state gives ${p.allocated_bytes} allocated, ${p.reserved_bytes} reserved; ` +
         `want ${w.allocated}, ${w.reserved} (the file's segments at its end)`);
     console.log(`ok: ${w.file}: snapshot ${p.snapshot}, ${p.allocated_bytes} B allocated, ` +
@@ -40,7 +45,9 @@ try {
     const browser = await launchChromium(here);
     if (browser) {
       const page = await openProcess(browser, url, p.pid);
-      const re = w.snapshot === 'state' ? 'a PyTorch snapshot, its state only \\(no history' : 'a PyTorch snapshot$';
+      const re = w.snapshot === 'state' ? 'a PyTorch snapshot, its state only \\(no history'
+        : w.skipped ? `a PyTorch snapshot; ${w.skipped} trace entries of actions memtrace does not model were skipped$`
+          : 'a PyTorch snapshot$';
       try {
         await page.waitForFunction((re) => new RegExp(re).test(document.getElementById('title').textContent) &&
           / · snapshot$/.test(document.querySelector('#procs tr[data-pid] td').textContent),
