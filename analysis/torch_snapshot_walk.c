@@ -328,8 +328,9 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
     return 0;
 }
 
-/* The segments at the end that the trace did not make, and the blocks allocated at the end
- * that it did not allocate; the bytes of those it did, by their walk slot + 1. */
+/* The segments at the end that the trace did not make (expandable ones: pieces_runs), and
+ * the blocks allocated at the end that it did not allocate; the bytes of those it did, by
+ * their walk slot + 1. */
 static int survivors(const mt_ts_t *ts, unsigned device, const mt__amap_t *segs, walk_t *w,
                      items_t *sl, items_t *bl, mt__amap_t *end_size)
 {
