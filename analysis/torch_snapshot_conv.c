@@ -219,65 +219,26 @@ static int annotation_mark(const mt_ts_annotation_t *a)
     return 0;
 }
 
-/* An expandable segment of the snapshot's final state: [addr, end), large or small pool. */
-typedef struct xseg_s {
-    uint64_t addr, end;
-    bool large;
-} xseg_t;
-
 /* One device's cursor through its trace while records are made. */
 typedef struct cursor_s {
     const mt_ts_event_t *ev;
     size_t i, n;
     uint64_t allocated, reserved;
     walk_t w;
-    xseg_t *xs; /* the device's expandable segments at the end, by address */
-    size_t nxs;
+    /* the device's expandable segments at the end, so that a map's pool is the pool of the
+     * segment it ends up in: the trace's events carry no pool, and the model joins mapped
+     * pages into one segment only within a pool */
+    mt_ts_xsegs_t xs;
     mt__amap_t end_size; /* mt_ts_pre_t's: the bytes at the end of the trace's blocks */
 } cursor_t;
-
-static int cmp_xseg(const void *a, const void *b)
-{
-    const xseg_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
-}
-
-/* The device's expandable segments at the end, sorted, so that a map's pool is the pool of
- * the segment it ends up in: the trace's events carry no pool, and the model joins mapped
- * pages into one segment only within a pool. */
-static int cursor_xsegs(cursor_t *c, const mt_ts_t *ts, unsigned device)
-{
-    size_t n = 0;
-    for (size_t i = 0; i < ts->nsegments; i++)
-        n += ts->segments[i].expandable && ts->segments[i].device == (int)device;
-    if (n == 0)
-        return 0;
-    c->xs = malloc(n * sizeof *c->xs);
-    if (c->xs == NULL)
-        return MT_ENOMEM;
-    for (size_t i = 0; i < ts->nsegments; i++) {
-        const mt_ts_segment_t *sg = &ts->segments[i];
-        if (sg->expandable && sg->device == (int)device)
-            c->xs[c->nxs++] = (xseg_t){sg->addr, sg->addr + sg->total_size, sg->large};
-    }
-    qsort(c->xs, c->nxs, sizeof *c->xs, cmp_xseg);
-    return 0;
-}
 
 /* The pool of a map or unmap of size bytes at addr: that of the final expandable segment
  * holding addr, else (pages unmapped before the end) the pool its size implies. */
 static uint8_t map_pool(const cursor_t *c, uint64_t addr, uint64_t size)
 {
-    size_t lo = 0, hi = c->nxs;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (c->xs[mid].addr <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo > 0 && addr < c->xs[lo - 1].end)
-        return c->xs[lo - 1].large ? MT_POOL_LARGE : MT_POOL_SMALL;
+    const mt_ts_segment_t *sg = mt__ts_xseg_holding(&c->xs, addr);
+    if (sg != NULL)
+        return sg->large ? MT_POOL_LARGE : MT_POOL_SMALL;
     return pool_of(size, true);
 }
 
@@ -482,7 +443,7 @@ int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
         pre.end_size = (mt__amap_t){0};
         mt__ts_pre_fini(&pre);
         if (rc == 0)
-            rc = cursor_xsegs(&cur[d], ts, d);
+            rc = mt__ts_xsegs(ts, d, &cur[d].xs);
     }
     for (size_t i = 0; i < ts->nannotations; i++)
         ann[i] = &ts->annotations[i];
@@ -541,7 +502,7 @@ done:
     for (unsigned d = 0; cur != NULL && d < ts->ndevices; d++) {
         lm_fini(&cur[d].w.live);
         mt__amap_fini(&cur[d].end_size);
-        free(cur[d].xs);
+        mt__ts_xsegs_fini(&cur[d].xs);
     }
     free(cur);
     free(ann);

@@ -70,22 +70,15 @@ typedef struct piece_s {
     uint8_t large;
 } piece_t;
 
-/* An expandable segment at the end: [addr, end). */
-typedef struct xend_s {
-    uint64_t addr, end;
-    const mt_ts_segment_t *sg;
-} xend_t;
-
 /* Invariants: cut[0..ncut) sorted and distinct, piece i = [cut[i], cut[i + 1]) for
  * i < n = ncut - 1 (0 when ncut < 2); next[i] in [i, n] and every piece in [i, next[i]) is
- * seen (next[n] = n); x[0..nx) the device's expandable segments by address. */
+ * seen (next[n] = n); x the device's expandable segments at the end. */
 typedef struct pieces_s {
     uint64_t *cut;
     size_t ncut, n;
     piece_t *p;
     size_t *next;
-    xend_t *x;
-    size_t nx;
+    mt_ts_xsegs_t x;
 } pieces_t;
 
 static uint64_t end_of(uint64_t addr, uint64_t size)
@@ -99,9 +92,53 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static int cmp_xend(const void *a, const void *b)
+static int cmp_seg_addr(const void *a, const void *b)
 {
-    return cmp_u64(&((const xend_t *)a)->addr, &((const xend_t *)b)->addr);
+    return cmp_u64(&(*(const mt_ts_segment_t *const *)a)->addr,
+                   &(*(const mt_ts_segment_t *const *)b)->addr);
+}
+
+int mt__ts_xsegs(const mt_ts_t *ts, unsigned device, mt_ts_xsegs_t *out)
+{
+    *out = (mt_ts_xsegs_t){0};
+    size_t n = 0;
+    for (size_t i = 0; i < ts->nsegments; i++)
+        n += ts->segments[i].expandable && (unsigned)ts->segments[i].device == device &&
+             ts->segments[i].total_size > 0;
+    if (n == 0)
+        return 0;
+    if ((out->v = malloc(n * sizeof *out->v)) == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *sg = &ts->segments[i];
+        if (sg->expandable && (unsigned)sg->device == device && sg->total_size > 0)
+            out->v[out->n++] = sg;
+    }
+    if (out->n > 1)
+        qsort(out->v, out->n, sizeof *out->v, cmp_seg_addr);
+    return 0;
+}
+
+void mt__ts_xsegs_fini(mt_ts_xsegs_t *x)
+{
+    free(x->v);
+    *x = (mt_ts_xsegs_t){0};
+}
+
+const mt_ts_segment_t *mt__ts_xseg_holding(const mt_ts_xsegs_t *x, uint64_t addr)
+{
+    size_t lo = 0, hi = x->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->v[mid]->addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    const mt_ts_segment_t *sg = x->v[lo - 1];
+    return addr < end_of(sg->addr, sg->total_size) ? sg : NULL;
 }
 
 /* The first cut >= v (ncut when none). */
@@ -128,20 +165,6 @@ static size_t unseen(pieces_t *ps, size_t i)
     return i;
 }
 
-/* The expandable segment at the end holding v, or NULL. */
-static const xend_t *x_holding(const pieces_t *ps, uint64_t v)
-{
-    size_t lo = 0, hi = ps->nx;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (ps->x[mid].addr <= v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo > 0 && v < ps->x[lo - 1].end ? &ps->x[lo - 1] : NULL;
-}
-
 static bool is_map(const mt_ts_event_t *e)
 {
     return (e->action == MT_TS_SEGMENT_MAP || e->action == MT_TS_SEGMENT_UNMAP) && e->size > 0;
@@ -154,32 +177,22 @@ static int pieces_make(pieces_t *ps, const mt_ts_t *ts, unsigned device, const m
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
         k += is_map(&ev[i]);
-    for (size_t i = 0; i < ts->nsegments; i++)
-        ps->nx += ts->segments[i].expandable && (unsigned)ts->segments[i].device == device &&
-                  ts->segments[i].total_size > 0;
-    if (k == 0 && ps->nx == 0)
-        return 0;
-    ps->cut = malloc(2 * (k + ps->nx) * sizeof *ps->cut);
-    ps->x = malloc((ps->nx ? ps->nx : 1) * sizeof *ps->x);
-    if (ps->cut == NULL || ps->x == NULL)
+    int rc = mt__ts_xsegs(ts, device, &ps->x);
+    if (rc != 0 || (k == 0 && ps->x.n == 0))
+        return rc;
+    if ((ps->cut = malloc(2 * (k + ps->x.n) * sizeof *ps->cut)) == NULL)
         return MT_ENOMEM;
-    size_t c = 0, nx = 0;
+    size_t c = 0;
     for (size_t i = 0; i < n; i++)
         if (is_map(&ev[i])) {
             ps->cut[c++] = ev[i].addr;
             ps->cut[c++] = end_of(ev[i].addr, ev[i].size);
         }
-    for (size_t i = 0; i < ts->nsegments; i++) {
-        const mt_ts_segment_t *sg = &ts->segments[i];
-        if (!sg->expandable || (unsigned)sg->device != device || sg->total_size == 0)
-            continue;
-        ps->x[nx++] = (xend_t){sg->addr, end_of(sg->addr, sg->total_size), sg};
-        ps->cut[c++] = sg->addr;
-        ps->cut[c++] = end_of(sg->addr, sg->total_size);
+    for (size_t i = 0; i < ps->x.n; i++) {
+        ps->cut[c++] = ps->x.v[i]->addr;
+        ps->cut[c++] = end_of(ps->x.v[i]->addr, ps->x.v[i]->total_size);
     }
     qsort(ps->cut, c, sizeof *ps->cut, cmp_u64); /* (c >= 2 here) */
-    if (nx > 1)
-        qsort(ps->x, nx, sizeof *ps->x, cmp_xend);
     ps->ncut = 0;
     for (size_t i = 0; i < c; i++)
         if (ps->ncut == 0 || ps->cut[i] != ps->cut[ps->ncut - 1])
@@ -199,7 +212,7 @@ static void pieces_fini(pieces_t *ps)
     free(ps->cut);
     free(ps->p);
     free(ps->next);
-    free(ps->x);
+    mt__ts_xsegs_fini(&ps->x);
     *ps = (pieces_t){0};
 }
 
@@ -221,14 +234,14 @@ static void pieces_settle(pieces_t *ps, const mt_ts_event_t *ev, size_t n)
         }
     }
     for (size_t i = 0; i < ps->n; i++) {
-        const xend_t *h = x_holding(ps, ps->cut[i]);
+        const mt_ts_segment_t *h = mt__ts_xseg_holding(&ps->x, ps->cut[i]);
         piece_t *p = &ps->p[i];
         if (p->state == P_UNSEEN)
             p->state = h != NULL ? P_MAPPED : P_UNMAPPED;
         if (h != NULL) {
-            p->stream = h->sg->stream;
-            p->large = h->sg->large;
-            p->stack = h->sg->stack;
+            p->stream = h->stream;
+            p->large = h->large;
+            p->stack = h->stack;
         }
     }
 }

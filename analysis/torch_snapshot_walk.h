@@ -141,6 +141,19 @@ static inline const mt_ts_event_t *dev_events(const mt_ts_t *ts, unsigned d, siz
     return ts->events + ts->dev_first[d];
 }
 
+/* ---- the expandable segments at the end (torch_snapshot_walk.c) ----
+ * Invariants: v[0..n) are the device's expandable segments of non-zero size, by address. */
+typedef struct mt_ts_xsegs_s {
+    const mt_ts_segment_t **v;
+    size_t n;
+} mt_ts_xsegs_t;
+
+/* Device d's expandable segments at the end into *out (mt__ts_xsegs_fini). 0 or MT_ENOMEM. */
+int mt__ts_xsegs(const mt_ts_t *ts, unsigned device, mt_ts_xsegs_t *out);
+void mt__ts_xsegs_fini(mt_ts_xsegs_t *x);
+/* The one holding addr (the last starting at or below it), or NULL. */
+const mt_ts_segment_t *mt__ts_xseg_holding(const mt_ts_xsegs_t *x, uint64_t addr);
+
 /* ---- what was there before the trace began (torch_snapshot_walk.c) ----
  * PyTorch keeps a device's last max_entries events only, so a trace mostly starts in the
  * middle of a run, after its weights and many segments were made. As memory_viz reads a
