@@ -116,6 +116,7 @@ typedef struct mt_ts_s {
     size_t nannotations;
     const char *alloc_conf;  /* allocator_settings' PYTORCH_CUDA_ALLOC_CONF, or NULL */
     size_t skipped_actions;  /* trace entries of actions this reader does not know */
+    size_t viz_dropped;      /* trace entries a conversion left out (mt__ts_viz_safe) */
     char *tag_label[256];    /* memtrace tag names found in frames (or set for export) */
     struct mt_ts_mem_s *mem; /* owned strings, arrays' capacities, the pickle */
 } mt_ts_t;
@@ -184,6 +185,12 @@ int mt__ts_from_events(mt_ts_t **out, const mt_ts_source_t *src, char *err, size
  * or no events), MT_ENOMEM; message in err. */
 int mt__ts_from_report(mt_ts_t **out, const mt__report_t *r, size_t proc, int threads, char *err,
                        size_t errlen);
+
+/* Leaves out of ts's trace the entries memory_viz's state view could not undo from the
+ * segments and blocks at the end (a log that lost events: docs/torch-snapshot.md, "What
+ * memory_viz needs of a trace"); *dropped: how many. Both conversions above call it.
+ * 0 or MT_ENOMEM (ts unchanged). */
+int mt__ts_viz_safe(mt_ts_t *ts, size_t *dropped);
 
 /* PyTorch's own figures for device d from its trace. reserved: segment_alloc/map minus
  * segment_free/unmap, starting from what the segments at the end imply was reserved

@@ -225,10 +225,16 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
     int rc = 0;
     mt_ts_block_t *blocks = malloc((2 * map.nblocks + 1) * sizeof *blocks);
     size_t b = 0; /* next live block of the map (sorted by address, as segments are) */
-    for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL; s++) {
+    uint64_t *dev_end = calloc(256, sizeof *dev_end); /* per device: the last kept's end */
+    for (size_t s = 0; s < map.nsegs && rc == 0 && blocks != NULL && dev_end != NULL; s++) {
         const mt_model_seg_t *sg = &map.segs[s];
         uint64_t dev = 0;
         lookup(x, sg->addr, false, &dev);
+        /* Segments lie apart (the viewers search them by address): one overlapping the last
+         * kept, from a log that lost events, is left out with its blocks. */
+        if (sg->addr < dev_end[(uint8_t)dev])
+            continue;
+        dev_end[(uint8_t)dev] = sg->addr + sg->size;
         mt_ts_segment_t seg = {
             .device = (uint8_t)dev,
             .addr = sg->addr,
@@ -244,6 +250,10 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
             b++; /* a block outside every segment (a log that began late): not drawn */
         for (; b < map.nblocks && map.blocks[b].addr < end; b++) {
             const mt__report_block_t *lb = &map.blocks[b];
+            /* Blocks tile their segment (PyTorch's viewers place each after the one before
+             * it): one overlapping the last placed, from a log that lost events, is left out. */
+            if (lb->addr < at)
+                continue;
             if (lb->addr > at)
                 blocks[n++] =
                     (mt_ts_block_t){.addr = at, .size = lb->addr - at, .state = MT_TS_INACTIVE};
@@ -268,9 +278,10 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
             blocks[n++] = (mt_ts_block_t){.addr = at, .size = end - at, .state = MT_TS_INACTIVE};
         rc = mt__ts_add_segment(x->ts, &seg, blocks, n);
     }
-    if (blocks == NULL)
+    if (blocks == NULL || dev_end == NULL)
         rc = MT_ENOMEM;
     free(blocks);
+    free(dev_end);
     return rc;
 }
 
@@ -296,6 +307,8 @@ static int ex_finish(ex_t *x, int rc, const mt_model_map_t *map, char *err, size
         }
         free(order);
     }
+    if (rc == 0)
+        rc = mt__ts_viz_safe(x->ts, &x->ts->viz_dropped);
     free(x->evs);
     mt__amap_fini(&x->seen.req);
     mt__amap_fini(&x->seen.dev);

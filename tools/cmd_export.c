@@ -196,11 +196,16 @@ static int run(const export_opts_t *o)
             if (f != NULL && f != stdout)
                 mt_tool_remove_output(output);
             status = 1;
-        } else if (f != stdout)
-            fprintf(stderr,
-                    "memtrace export: wrote %s (%zu segments, %zu events, PyTorch %s "
-                    "layout)\n",
-                    output, ts->nsegments, era == 2 ? ts->nevents : 0, era == 2 ? "2.x" : "1.13");
+        } else {
+            if (f != stdout)
+                fprintf(stderr,
+                        "memtrace export: wrote %s (%zu segments, %zu events, PyTorch %s "
+                        "layout)\n",
+                        output, ts->nsegments, era == 2 ? ts->nevents : 0,
+                        era == 2 ? "2.x" : "1.13");
+            if (era == 2) /* (on stderr: said with -o - too) */
+                mt_tool_viz_dropped("memtrace export", ts->viz_dropped);
+        }
     }
     mt__ts_destroy(&ts);
     mt__report_destroy(&r);

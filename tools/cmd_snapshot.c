@@ -13,6 +13,7 @@
 #include "daemon/daemon.h"
 #include "memtrace/prof.h"
 #include "tools/commands.h"
+#include "tools/logs.h"
 
 static void help(FILE *f)
 {
@@ -249,9 +250,12 @@ static int run(const snap_opts_t *o)
     if (rc < 0) {
         fprintf(stderr, "memtrace snapshot: %s\n", err);
         status = 1;
-    } else if (strcmp(output, "-") != 0)
-        fprintf(stderr, "memtrace snapshot: wrote %s (process %ld: %zu segments, %zu events)\n",
-                output, pid, ts->nsegments, ts->nevents);
+    } else {
+        if (strcmp(output, "-") != 0)
+            fprintf(stderr, "memtrace snapshot: wrote %s (process %ld: %zu segments, %zu events)\n",
+                    output, pid, ts->nsegments, ts->nevents);
+        mt_tool_viz_dropped("memtrace snapshot", ts->viz_dropped); /* (stderr, with -o - too) */
+    }
     mt__ts_destroy(&ts);
     return status;
 }

@@ -127,6 +127,16 @@ const char *mt_tool_spill_dir(void)
     return dir && *dir ? dir : "/tmp";
 }
 
+void mt_tool_viz_dropped(const char *prog, size_t n)
+{
+    if (n > 0)
+        fprintf(stderr,
+                "%s: %zu trace entries left out: they do not fit the segments and blocks at "
+                "the end (the log lost events around them), and memory_viz's state view "
+                "could not undo them (docs/torch-snapshot.md)\n",
+                prog, n);
+}
+
 void mt_tool_remove_output(const char *path)
 {
     struct stat st;

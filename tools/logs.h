@@ -36,4 +36,8 @@ const char *mt_tool_spill_dir(void);
  * run as root, must not delete the device). */
 void mt_tool_remove_output(const char *path);
 
+/* Says on stderr, after prog's line of what it wrote, how many trace entries a snapshot
+ * left out (mt_ts_t.viz_dropped; nothing when none). */
+void mt_tool_viz_dropped(const char *prog, size_t n);
+
 #endif

@@ -152,7 +152,10 @@ COMMANDS = [
 ]
 
 # sha256 of stdout, then of stderr, and the exit status, by the tree at 7518b92; the plots'
-# since their title counts events as the report does (tag labels left out).
+# since their title counts events as the report does (tag labels left out); process 11's
+# exports since blocks and segments at the end tile and lie apart, and its trace keeps what
+# memory_viz's state view can undo (310 entries left out, said on stderr: this log is
+# random, not one allocator's, docs/torch-snapshot.md "What memory_viz needs of a trace").
 EXPECTED = {
     "plot -o -":
         ("fc549a6e6921853d2ba59d1b03c6d60e",
@@ -167,13 +170,13 @@ EXPECTED = {
         ("e397eb96fa10a12cc7c3314ace13119e",
          "e3b0c44298fc1c149afbf4c8996fb924", 0),
     "export --format torch-snapshot -o -":
-        ("0abbc8ace584c380131c37734ffefacb",
-         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+        ("31badbb839a001ecf0b3506e6e1c5bb8",
+         "7b7b90596dcb1ac40e9b2797eaf0b8ab", 0),
     "export --format torch-snapshot --pid 12 -o -":
         ("64b6fdaadee6f1d913c409dc786f6692",
          "e3b0c44298fc1c149afbf4c8996fb924", 0),
     "export --format torch-snapshot --torch-format 1 -o -":
-        ("6803e6cde718ee98699617a5543954bf",
+        ("08317855e8d1fcde17188c8bcc610a4b",
          "e3b0c44298fc1c149afbf4c8996fb924", 0),
 }
 

@@ -145,16 +145,111 @@ class Checker:
             self.field(a, "time_us", int, w)
 
 
+def viz_walk(snap, c):
+    """The state view of PyTorch's memory_viz (docs/torch-snapshot.md, "What memory_viz
+    needs of a trace") walks each device's trace backward from the segments and blocks at
+    the end. Every state on the way must be one it can draw: a free undone names a block
+    inside a segment, a free_requested undone names a live block, a segment_alloc undone
+    names a segment, a segment_map undone lies inside one, and neither leaves a live block
+    outside every segment."""
+    ndev = len(snap["device_traces"])
+    for d in range(ndev):
+        segs = sorted([g["address"], g["address"] + g["total_size"], g["stream"]]
+                      for g in snap["segments"] if g["device"] == d)
+        for x, y in zip(segs, segs[1:]):
+            if y[0] < x[1]:
+                c.bad("segments", "device %d: 0x%x overlaps 0x%x" % (d, y[0], x[0]))
+        blocks = {}
+        for g in snap["segments"]:
+            if g["device"] != d:
+                continue
+            for b in g["blocks"]:
+                if b["state"] in ("active_allocated", "active_pending_free"):
+                    blocks[b["address"]] = b["state"] == "active_pending_free"
+
+        def holding(a):
+            for g in segs:
+                if g[0] <= a < g[1]:
+                    return g
+            return None
+
+        def live_in(a, e):
+            return any(a <= x < e for x in blocks)
+
+        tr = snap["device_traces"][d]
+        i = len(tr) - 1
+        while i >= 0:
+            e, w = tr[i], "device_traces[%d][%d]" % (d, i)
+            act, a, n = e["action"], e.get("addr"), e.get("size", 0)
+            merged = (act == "free_completed" and i > 0 and tr[i - 1]["action"] == "free_requested"
+                      and tr[i - 1].get("addr") == a)
+            if act == "free_completed":
+                if holding(a) is None:
+                    c.bad(w, "a free of 0x%x outside every segment when undone" % a)
+                blocks[a] = not merged
+                i -= 2 if merged else 1
+                continue
+            if act == "free_requested":
+                if a not in blocks:
+                    c.bad(w, "free_requested of 0x%x, no live block when undone" % a)
+                else:
+                    blocks[a] = False
+            elif act == "alloc":
+                blocks.pop(a, None)
+            elif act in ("segment_free", "segment_unmap"):
+                if any(g[0] < a + n and a < g[1] for g in segs):
+                    c.bad(w, "%s of 0x%x undone over a segment still there" % (act, a))
+                segs.append([a, a + n, e["stream"]])
+                segs.sort()
+                if act == "segment_unmap":  # joined with its neighbours on the same stream
+                    k = segs.index([a, a + n, e["stream"]])
+                    if k + 1 < len(segs) and segs[k + 1][0] == a + n and segs[k + 1][2] == e["stream"]:
+                        segs[k][1] = segs.pop(k + 1)[1]
+                    if k > 0 and segs[k - 1][1] == a and segs[k - 1][2] == e["stream"]:
+                        segs[k - 1][1] = segs.pop(k)[1]
+            elif act == "segment_alloc":
+                k = next((k for k, g in enumerate(segs) if g[0] == a), None)
+                if k is None:
+                    c.bad(w, "segment_alloc of 0x%x, no such segment when undone" % a)
+                else:
+                    if live_in(segs[k][0], segs[k][1]):
+                        c.bad(w, "segment_alloc of 0x%x undone with live blocks in it" % a)
+                    segs.pop(k)
+            elif act == "segment_map":
+                g = next((g for g in segs if g[0] <= a and a + n <= g[1]), None)
+                if g is None:
+                    c.bad(w, "segment_map of 0x%x, in no segment when undone" % a)
+                else:
+                    if live_in(a, a + n):
+                        c.bad(w, "segment_map of 0x%x undone with live blocks in it" % a)
+                    if g[0] == a:
+                        g[0] += n
+                    elif g[1] == a + n:
+                        g[1] -= n
+                    else:
+                        segs.append([a + n, g[1], g[2]])
+                        g[1] = a
+                        segs.sort()
+                    segs[:] = [g for g in segs if g[1] > g[0]]
+            i -= 1
+            if len(c.problems) >= 20:
+                return
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--era", type=int, choices=(1, 2), help="expected layout (default: either)")
+    ap.add_argument("--viz", action="store_true",
+                    help="also walk each trace backward as memory_viz's state view does")
     args = ap.parse_args()
     with open(args.file, "rb") as f:
         snap = NoGlobals(io.BytesIO(f.read())).load()
     era = args.era or (1 if isinstance(snap, list) else 2)
     c = Checker()
     c.snapshot(snap, era)
+    if args.viz and era == 2 and not c.problems:
+        viz_walk(snap, c)
     for p in c.problems:
         print("%s: %s" % (args.file, p))
     if c.problems:
