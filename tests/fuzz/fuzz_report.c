@@ -8,7 +8,34 @@
 
 #include "memtrace/common.h"
 #include "analysis/report.h"
+#include "analysis/torch_snapshot.h"
 #include "tests/fuzz/fuzz.h"
+
+/* The first process as `memtrace export` writes it: blocks tile their segment, a device's
+ * segments lie apart, and its trace is one memory_viz's state view walks whole (a second
+ * walk leaves nothing out). */
+static void check_export(const mt__report_t *r)
+{
+    mt_ts_t *ts = NULL;
+    char err[256];
+    if (mt__ts_from_report(&ts, r, 0, 1, err, sizeof err) != 0)
+        return;
+    uint64_t end[256] = {0};
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *g = &ts->segments[i];
+        FUZZ_CHECK(g->addr >= end[(uint8_t)g->device], "a device's segments lie apart");
+        end[(uint8_t)g->device] = g->addr + g->total_size;
+        uint64_t at = g->addr;
+        for (uint32_t k = 0; k < g->nblocks; k++) {
+            FUZZ_CHECK(ts->blocks[g->first_block + k].addr == at, "blocks tile their segment");
+            at += ts->blocks[g->first_block + k].size;
+        }
+        FUZZ_CHECK(g->nblocks == 0 || at == g->addr + g->total_size, "blocks fill the segment");
+    }
+    size_t again = 1;
+    FUZZ_CHECK(mt__ts_viz_safe(ts, &again) == 0 && again == 0, "one walk leaves the trace whole");
+    mt__ts_destroy(&ts);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -69,6 +96,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(mt__model_check(m, why, sizeof why) == 0, "the model's invariants hold");
         mt__model_destroy(&m);
     }
+    if (mt__report_process_count(r) > 0)
+        check_export(r);
     json_t *res = mt__report_result(r);
     FUZZ_CHECK(res != NULL && json_is_object(res), "the analysis is a JSON object");
     char *s = json_dumps(res, JSON_COMPACT);
