@@ -26,6 +26,8 @@ static void help(FILE *f)
             "  - each allocation's tag as a frame 'tag <name>' in file 'memtrace', which\n"
             "    memory_viz shows where it shows call stacks;\n"
             "  - forward/backward/warm-up/iteration markers as external_annotations.\n"
+            "From a log that lost events, the trace keeps what memory_viz's state view can\n"
+            "undo from the segments at the end; how many entries it left out is said.\n"
             "The events read wait for the end of the logs in an unlinked temporary file in\n"
             "$TMPDIR (else /tmp), 64 bytes each, not in memory.\n"
             "\n"
