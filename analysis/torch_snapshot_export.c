@@ -234,7 +234,7 @@ static int add_segments(ex_t *x, const mt_model_map_t *mp)
          * kept, from a log that lost events, is left out with its blocks. */
         if (sg->addr < dev_end[(uint8_t)dev])
             continue;
-        dev_end[(uint8_t)dev] = sg->size > UINT64_MAX - sg->addr ? UINT64_MAX : sg->addr + sg->size;
+        dev_end[(uint8_t)dev] = mt_model_sat_add(sg->addr, sg->size);
         mt_ts_segment_t seg = {
             .device = (uint8_t)dev,
             .addr = sg->addr,

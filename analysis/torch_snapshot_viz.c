@@ -24,11 +24,6 @@ typedef struct vsegs_s {
     size_t n, cap;
 } vsegs_t;
 
-static uint64_t end_of(uint64_t addr, uint64_t size)
-{
-    return addr + size < addr ? UINT64_MAX : addr + size;
-}
-
 /* The first segment starting above addr (n when none). */
 static size_t vs_above(const vsegs_t *s, uint64_t addr)
 {
@@ -104,7 +99,8 @@ static int start(const mt_ts_t *ts, unsigned d, vsegs_t *s, livemap_t *live)
         const mt_ts_segment_t *g = &ts->segments[i];
         if ((unsigned)g->device != d)
             continue;
-        int rc = vs_insert(s, (vseg_t){g->addr, end_of(g->addr, g->total_size), g->stream}, false);
+        int rc = vs_insert(
+            s, (vseg_t){g->addr, mt_model_sat_add(g->addr, g->total_size), g->stream}, false);
         for (uint32_t k = 0; rc == 0 && k < g->nblocks; k++) {
             const mt_ts_block_t *b = &ts->blocks[g->first_block + k];
             if (b->state == MT_TS_INACTIVE || lm_find(live, b->addr) != NULL)
@@ -130,7 +126,7 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
     for (size_t j = n; rc == 0 && j > 0; j--) {
         size_t i = j - 1;
         const mt_ts_event_t *e = &ev[i];
-        uint64_t end = end_of(e->addr, e->size);
+        uint64_t end = mt_model_sat_add(e->addr, e->size);
         live_t *l = NULL;
         size_t k;
         switch (e->action) {
@@ -138,7 +134,7 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
             /* the viewer reads a free_requested right before it as one free */
             bool pair =
                 i > 0 && ev[i - 1].action == MT_TS_FREE_REQUESTED && ev[i - 1].addr == e->addr;
-            if (vs_holding(&s, e->addr, end_of(e->addr, 1)) == SIZE_MAX) {
+            if (vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1)) == SIZE_MAX) {
                 keep[i] = false;
                 if (pair)
                     keep[i - 1] = false;
@@ -173,7 +169,7 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
                                e->action == MT_TS_SEGMENT_UNMAP);
             break;
         case MT_TS_SEGMENT_ALLOC:
-            k = vs_holding(&s, e->addr, end_of(e->addr, 1));
+            k = vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1));
             if (k == SIZE_MAX || s.v[k].addr != e->addr || live_in(&live, s.v[k].addr, s.v[k].end))
                 keep[i] = false;
             else

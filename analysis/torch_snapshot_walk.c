@@ -81,11 +81,6 @@ typedef struct pieces_s {
     mt_ts_xsegs_t x;
 } pieces_t;
 
-static uint64_t end_of(uint64_t addr, uint64_t size)
-{
-    return addr + size < addr ? UINT64_MAX : addr + size;
-}
-
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -138,7 +133,7 @@ const mt_ts_segment_t *mt__ts_xseg_holding(const mt_ts_xsegs_t *x, uint64_t addr
     if (lo == 0)
         return NULL;
     const mt_ts_segment_t *sg = x->v[lo - 1];
-    return addr < end_of(sg->addr, sg->total_size) ? sg : NULL;
+    return addr < mt_model_sat_add(sg->addr, sg->total_size) ? sg : NULL;
 }
 
 /* The first cut >= v (ncut when none). */
@@ -186,11 +181,11 @@ static int pieces_make(pieces_t *ps, const mt_ts_t *ts, unsigned device, const m
     for (size_t i = 0; i < n; i++)
         if (is_map(&ev[i])) {
             ps->cut[c++] = ev[i].addr;
-            ps->cut[c++] = end_of(ev[i].addr, ev[i].size);
+            ps->cut[c++] = mt_model_sat_add(ev[i].addr, ev[i].size);
         }
     for (size_t i = 0; i < ps->x.n; i++) {
         ps->cut[c++] = ps->x.v[i]->addr;
-        ps->cut[c++] = end_of(ps->x.v[i]->addr, ps->x.v[i]->total_size);
+        ps->cut[c++] = mt_model_sat_add(ps->x.v[i]->addr, ps->x.v[i]->total_size);
     }
     qsort(ps->cut, c, sizeof *ps->cut, cmp_u64); /* (c >= 2 here) */
     ps->ncut = 0;
@@ -224,7 +219,7 @@ static void pieces_settle(pieces_t *ps, const mt_ts_event_t *ev, size_t n)
         const mt_ts_event_t *e = &ev[j];
         if (!is_map(e))
             continue;
-        size_t hi = cut_at(ps, end_of(e->addr, e->size));
+        size_t hi = cut_at(ps, mt_model_sat_add(e->addr, e->size));
         for (size_t i = unseen(ps, cut_at(ps, e->addr)); i < hi && i < ps->n;
              i = unseen(ps, i + 1)) {
             ps->p[i] = (piece_t){.stream = e->stream,
