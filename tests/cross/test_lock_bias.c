@@ -236,16 +236,23 @@ static void test_wait_from_biased_hold(void **state)
 
 /* ---- exclusion while the bias moves ---- */
 
-#define EXCL_NS     (1500ull * 1000000ull)
-#define EXCL_GAP_NS (1000ull * 1000ull) /* the other thread's takes, one per gap */
+/* The other thread waits for the owner to win a bias, then revokes it: after a few of the
+ * owner's biased takes in odd rounds (the next bias harder to win), after more than
+ * MT__BIAS_SERVED in even ones (easier). So the bias is won and lost EXCL_ROUNDS times
+ * whatever the host's speed. Without an asymmetric barrier (qemu, TSan) there is no bias,
+ * and the other thread takes mu EXCL_ROUNDS times, one per gap. */
+#define EXCL_ROUNDS 200
+#define EXCL_GAP_NS (200ull * 1000ull)
+#define EXCL_CAP_NS (60ull * 1000000000ull) /* a round that never comes fails, not hangs */
 
 typedef struct excl_s {
     mt_alloc_t *a;
     uint64_t x, y;                /* x = y outside the lock; written under it, not atomic */
     uint64_t torn;                /* takes that found x != y */
-    uint64_t takes, biased;       /* the owner's takes, those by its bias */
+    uint64_t takes;               /* the owner's takes */
     uint64_t other, revoked;      /* the other thread's takes, those that found a bias */
-    _Alignas(64) atomic_int stop; /* the owner is done */
+    _Alignas(64) uint64_t biased; /* the owner's takes by its bias (atomic, read by both) */
+    _Alignas(64) atomic_int stop; /* the other thread is done */
 } excl_t;
 
 static void step(excl_t *e)
@@ -262,18 +269,30 @@ static void *owner_main(void *arg)
 {
     excl_t *e = arg;
     mt__tc_gate_t *mine = my_gate(e->a);
-    uint64_t t0 = litmus_now_ns();
-    while (litmus_now_ns() - t0 < EXCL_NS) {
-        for (int i = 0; i < 256; i++) {
+    while (!atomic_load(&e->stop)) {
+        for (int i = 0; i < 64; i++) {
             mt__alloc_lock_by(e->a, mine);
-            e->biased += e->a->lk_gate != NULL;
+            if (e->a->lk_gate != NULL)
+                __atomic_fetch_add(&e->biased, 1, __ATOMIC_RELAXED);
             step(e);
             mt__alloc_unlock(e->a);
         }
-        e->takes += 256;
+        e->takes += 64;
     }
-    atomic_store(&e->stop, 1);
     return NULL;
+}
+
+/* Spins until the owner holds a bias and has taken the lock by it more than n times since
+ * base; false past the cap. */
+static bool wait_biased(excl_t *e, uint64_t base, uint64_t n, uint64_t t0)
+{
+    while (__atomic_load_n(&e->a->bias, __ATOMIC_RELAXED) == NULL ||
+           __atomic_load_n(&e->biased, __ATOMIC_RELAXED) - base <= n) {
+        if (litmus_now_ns() - t0 > EXCL_CAP_NS)
+            return false;
+        mt__cpu_relax();
+    }
+    return true;
 }
 
 static void test_exclusion_while_bias_moves(void **state)
@@ -282,12 +301,22 @@ static void test_exclusion_while_bias_moves(void **state)
     mt_backend_t *b = sim_backend(64 * MIB);
     static excl_t e;
     e = (excl_t){.a = make_alloc_default(b, NULL, NULL)};
+    bool asym = mt__tc_gate_asym();
+    uint32_t seed = 0x9e3779b9u;
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, owner_main, &e), 0);
-    while (!atomic_load(&e.stop)) {
-        uint64_t t = litmus_now_ns();
-        while (litmus_now_ns() - t < EXCL_GAP_NS && !atomic_load(&e.stop))
-            mt__cpu_relax();
+    uint64_t t0 = litmus_now_ns();
+    bool late = false;
+    for (unsigned r = 0; r < EXCL_ROUNDS && !late; r++) {
+        if (asym) {
+            uint64_t base = __atomic_load_n(&e.biased, __ATOMIC_RELAXED);
+            uint64_t n = r % 2 ? litmus_rng(&seed) % 8 : MT__BIAS_SERVED + litmus_rng(&seed) % 256;
+            late = !wait_biased(&e, base, n, t0);
+        } else {
+            uint64_t t = litmus_now_ns();
+            while (litmus_now_ns() - t < EXCL_GAP_NS)
+                mt__cpu_relax();
+        }
         bool was = __atomic_load_n(&e.a->bias, __ATOMIC_RELAXED) != NULL;
         mt__alloc_lock(e.a);
         e.revoked += was && e.a->bias == NULL;
@@ -295,16 +324,25 @@ static void test_exclusion_while_bias_moves(void **state)
         e.other++;
         mt__alloc_unlock(e.a);
     }
+    atomic_store(&e.stop, 1);
     pthread_join(th, NULL);
-    print_message("owner %llu takes (%llu by the bias), other %llu (%llu revoked a bias)\n",
+    print_message("owner %llu takes (%llu by the bias), other %llu (%llu revoked a bias), %.2f s\n",
                   (unsigned long long)e.takes, (unsigned long long)e.biased,
-                  (unsigned long long)e.other, (unsigned long long)e.revoked);
+                  (unsigned long long)e.other, (unsigned long long)e.revoked,
+                  (double)(litmus_now_ns() - t0) / 1e9);
+    assert_false(late);
     assert_int_equal(e.torn, 0);
     assert_int_equal(e.x, e.takes + e.other);
     assert_int_equal(e.y, e.x);
-    if (mt__tc_gate_asym()) {
-        assert_true(e.biased >= 1000);
-        assert_true(e.revoked >= 3);
+    assert_int_equal(e.other, EXCL_ROUNDS);
+    if (asym) {
+        /* Every round found a bias and revoked it; the owner took by each (even rounds) more
+         * than MT__BIAS_SERVED times. */
+        assert_int_equal(e.revoked, EXCL_ROUNDS);
+        assert_true(e.biased > (EXCL_ROUNDS / 2) * MT__BIAS_SERVED);
+    } else {
+        assert_int_equal(e.revoked, 0);
+        assert_int_equal(e.biased, 0);
     }
     mt_alloc_destroy(&e.a);
     mt_backend_destroy(&b);
