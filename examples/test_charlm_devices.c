@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "tests/common/test_main.h"
+#include "tests/common/test_text.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -49,14 +50,6 @@ static char *slurp(const char *name)
     buf[n] = '\0';
     fclose(f);
     return buf;
-}
-
-static size_t count(const char *hay, const char *needle)
-{
-    size_t n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
-        n++;
-    return n;
 }
 
 #define ARGS "--epochs 1 --hidden 32 --batch 6 --min-len 8 --max-len 24 --sample 0 --seed 5"
@@ -101,7 +94,7 @@ static void test_same_loss_curve_flat_replicas(void **state)
     assert_true(worst < 1e-4); /* float reordering of the sums only */
 
     char *out = slurp("two.out");
-    assert_int_equal(count(out, "not in the flat weight buffer"), 0);
+    assert_int_equal(mt_test_count(out, "not in the flat weight buffer"), 0);
     assert_non_null(strstr(out, "replica on device 1: weights flat, 0 compactions"));
     /* 2 out (LSTM and head weights), 2 back (their gradients) */
     assert_non_null(strstr(out, "per step: 4.0 peer copies"));
@@ -122,7 +115,7 @@ static void test_rebind_warns_once_per_replica(void **state)
     run("rebind", "--devices 2 --rebind");
     char *out = slurp("rebind.out");
     /* the model on device 0 and the replica on device 1: once each, not per step */
-    assert_int_equal(count(out, "not in the flat weight buffer"), 2);
+    assert_int_equal(mt_test_count(out, "not in the flat weight buffer"), 2);
     assert_non_null(strstr(out, "replica on device 1: weights NOT flat"));
     const char *c = strstr(out, "replica on device 1: weights NOT flat, ");
     unsigned long long comp = 0;

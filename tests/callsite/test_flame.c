@@ -13,6 +13,7 @@
 
 #include "analysis/flame.h"
 #include "tests/common/test_main.h"
+#include "tests/common/test_text.h"
 
 /* Not inlined: GCC 12 then takes the memstream buffer for a dangling local. */
 __attribute__((noinline)) static char *render(mt_flame_t *f)
@@ -26,14 +27,6 @@ __attribute__((noinline)) static char *render(mt_flame_t *f)
     assert_int_equal(mt__flame_write_svg(f, &cfg, out), 0);
     fclose(out);
     return buf;
-}
-
-static int count(const char *hay, const char *needle)
-{
-    int n = 0;
-    for (const char *p = strstr(hay, needle); p != NULL; p = strstr(p + 1, needle))
-        n++;
-    return n;
 }
 
 /* The width of the rect drawn right after the <title> that starts with label. */
@@ -62,9 +55,9 @@ static void test_merge_and_widths(void **state)
     assert_int_equal(mt__flame_total(f), 1000);
     char *svg = render(f);
     /* all, main, train, forward, backward, load: one frame each, merged prefixes. */
-    assert_int_equal(count(svg, "<title>"), 6);
-    assert_int_equal(count(svg, "<title>main ("), 1);
-    assert_int_equal(count(svg, "<title>train ("), 1);
+    assert_int_equal(mt_test_count(svg, "<title>"), 6);
+    assert_int_equal(mt_test_count(svg, "<title>main ("), 1);
+    assert_int_equal(mt_test_count(svg, "<title>train ("), 1);
     assert_non_null(strstr(svg, "<title>train (800 B, 800 bytes, 80.00%)</title>"));
     double all = width_of(svg, "all"), main_w = width_of(svg, "main");
     double fwd = width_of(svg, "forward"), bwd = width_of(svg, "backward");
@@ -126,7 +119,7 @@ static void test_deep_stack(void **state)
     }
     assert_int_equal(mt__flame_add(f, frames, MT_FLAME_DEPTH_MAX, 1 << 20), 0);
     char *svg = render(f);
-    assert_int_equal(count(svg, "<title>"), MT_FLAME_DEPTH_MAX + 1);
+    assert_int_equal(mt_test_count(svg, "<title>"), MT_FLAME_DEPTH_MAX + 1);
     free(svg);
     mt__flame_destroy(&f);
 }

@@ -10,6 +10,7 @@
 
 #include <dlfcn.h>
 #include "tests/common/test_main.h"
+#include "tests/common/test_text.h"
 #if __has_include(<cuda.h>)
 #include <cuda.h>
 #endif
@@ -68,14 +69,6 @@ static char *slurp(const char *name)
     buf[n] = '\0';
     fclose(f);
     return buf;
-}
-
-static size_t count(const char *hay, const char *needle)
-{
-    size_t n = 0;
-    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle))
-        n++;
-    return n;
 }
 
 static json_t *summary(const char *name)
@@ -159,9 +152,9 @@ static void test_runtime_program(void **state)
     json_decref(s);
     /* the profiler's log saw every allocation and every free */
     char *log = slurp("rt.ndjson");
-    assert_int_equal(count(log, "\"kind\":\"alloc\""), 17);
-    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 17);
-    assert_int_equal(count(log, "\"kind\":\"stats\""), 1); /* final totals at exit */
+    assert_int_equal(mt_test_count(log, "\"kind\":\"alloc\""), 17);
+    assert_int_equal(mt_test_count(log, "\"kind\":\"free_requested\""), 17);
+    assert_int_equal(mt_test_count(log, "\"kind\":\"stats\""), 1); /* final totals at exit */
 }
 
 /* --lossless reaches the recorder (MEMTRACE_PROF_LOSSLESS) and the summary says so. */
@@ -237,7 +230,7 @@ static void test_two_devices(void **state)
     snprintf(cmd, sizeof cmd, "'%s' plot -o devs.svg devs.ndjson", env("MT_MEMTRACE"));
     assert_int_equal(sh("devs_plot", cmd), 0);
     char *svg = slurp("devs.svg");
-    assert_int_equal(count(svg, "class=\"lane\""), 2);
+    assert_int_equal(mt_test_count(svg, "class=\"lane\""), 2);
     assert_non_null(strstr(svg, "device 1: peak allocated 5.0 MiB"));
     /* the driver's context stack: a pushed primary context picks its device's allocator */
     char prog[1024];
@@ -290,7 +283,7 @@ static void test_daemon_sees_every_allocation(void **state)
         FILE *f = fopen(log, "r");
         if (f != NULL) {
             fclose(f);
-            n = count(slurp("daemon.ndjson"), "\"kind\":\"alloc\"");
+            n = mt_test_count(slurp("daemon.ndjson"), "\"kind\":\"alloc\"");
         }
         if (n < 17)
             usleep(50 * 1000);
@@ -300,8 +293,8 @@ static void test_daemon_sees_every_allocation(void **state)
     waitpid(d, &st, 0);
     assert_int_equal(n, 17);
     char *all = slurp("daemon.ndjson");
-    assert_int_equal(count(all, "\"kind\":\"alloc\""), 17);
-    assert_int_equal(count(all, "\"kind\":\"free_requested\""), 17);
+    assert_int_equal(mt_test_count(all, "\"kind\":\"alloc\""), 17);
+    assert_int_equal(mt_test_count(all, "\"kind\":\"free_requested\""), 17);
 }
 
 static void test_driver_program_via_get_proc_address(void **state)
@@ -325,7 +318,7 @@ static void test_driver_program_via_get_proc_address(void **state)
         assert_int_equal(jint(s, "unknown_frees"), 1);
         json_decref(s);
         snprintf(name, sizeof name, "%s.ndjson", tag);
-        assert_int_equal(count(slurp(name), "\"kind\":\"alloc\""), 5);
+        assert_int_equal(mt_test_count(slurp(name), "\"kind\":\"alloc\""), 5);
     }
 }
 
@@ -343,7 +336,7 @@ static void test_oom_is_reported(void **state)
     assert_int_equal(jint(s, "capacity"), 256ll << 20);
     assert_non_null(strstr(json_string_value(json_object_get(s, "oom_message")), "64.00 MiB"));
     json_decref(s);
-    assert_int_equal(count(slurp("oom.ndjson"), "\"kind\":\"oom\""), 1);
+    assert_int_equal(mt_test_count(slurp("oom.ndjson"), "\"kind\":\"oom\""), 1);
 }
 
 static void test_unknown_free(void **state)
@@ -524,8 +517,8 @@ static void test_managed_program(void **state)
     char *log = slurp("man.ndjson");
     assert_non_null(strstr(log, "\"kind\":\"alloc\""));
     assert_non_null(strstr(log, "\"size\":6291456,\"requested\":6291456"));
-    assert_int_equal(count(log, "\"kind\":\"free_requested\""), 1);
-    assert_true(count(log, "\"kind\":\"managed\"") >= 3);
+    assert_int_equal(mt_test_count(log, "\"kind\":\"free_requested\""), 1);
+    assert_true(mt_test_count(log, "\"kind\":\"managed\"") >= 3);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' report --json man.ndjson > man.report.json",
              env("MT_MEMTRACE"));

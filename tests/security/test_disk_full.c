@@ -28,6 +28,7 @@
 #include "memtrace/prof.h"
 #include "tests/security/common.h"
 #include "tests/common/test_main.h"
+#include "tests/common/test_text.h"
 
 #define N     3000 /* about 600 KB of lines: far past 64 KiB */
 #define LIMIT (64 << 10)
@@ -82,14 +83,6 @@ static file_t read_log(const char *path)
     return f;
 }
 
-static unsigned count(const char *text, const char *needle)
-{
-    unsigned n = 0;
-    for (const char *s = strstr(text, needle); s; s = strstr(s + 1, needle))
-        n++;
-    return n;
-}
-
 /* With `limit`, the file size limit is set once the ring exists (a shared-memory ring is
  * a file too, and bigger than the limit). */
 static mt_prof_t *start(const char *log, sec_log_t *msgs, bool limit)
@@ -130,7 +123,7 @@ static void full_then_room(const char *dir)
     CHECK(f.events > 0 && f.events < N, "%u events in the file", f.events);
     CHECK(st.written == f.events + f.gaps, "written %llu, in the file %u",
           (unsigned long long)st.written, f.events + f.gaps);
-    CHECK(count(msgs.text, "kept in memory") == 1, "said once: %s", msgs.text);
+    CHECK(mt_test_count(msgs.text, "kept in memory") == 1, "said once: %s", msgs.text);
     CHECK(strstr(msgs.text, "File too large") != NULL, "names the error: %s", msgs.text);
 
     struct rlimit rl;
@@ -142,7 +135,7 @@ static void full_then_room(const char *dir)
     f = read_log(log);
     CHECK(f.events == N && f.gaps == 0 && f.contiguous, "%u events, %u gaps, contiguous %d",
           f.events, f.gaps, f.contiguous);
-    CHECK(count(msgs.text, ".ndjson again") == 1, "says it writes again: %s", msgs.text);
+    CHECK(mt_test_count(msgs.text, ".ndjson again") == 1, "says it writes again: %s", msgs.text);
     CHECK(strstr(msgs.text, "were not written") == NULL, "nothing lost: %s", msgs.text);
 }
 
@@ -166,7 +159,7 @@ static void full_to_the_end(const char *dir, const char *errname, bool limit)
     snprintf(want, sizeof want, "%u events were not written to %s (%s), the first of them seq %lld",
              N - f.events, log, errname, (long long)f.last_seq + 1);
     CHECK(strstr(msgs.text, want) != NULL, "want '%s' in: %s", want, msgs.text);
-    CHECK(count(msgs.text, "kept in memory") == 1, "said once: %s", msgs.text);
+    CHECK(mt_test_count(msgs.text, "kept in memory") == 1, "said once: %s", msgs.text);
 }
 
 static int run_child(void (*body)(const char *, const char *), const char *dir, const char *arg,
