@@ -96,6 +96,9 @@ summarise() { # summarise LABEL DIR...
     echo "$label: $pass passed, $fail failed, $skip skipped"
 }
 
+# A stage's start, with the seconds since dev.sh started: where CI's time goes.
+stage() { echo "== +${SECONDS}s: $*"; }
+
 # The libFuzzer harnesses (tests/fuzz), each run for $1 seconds from a copy of its seed
 # corpus; a crash fails. The whole build is coverage-instrumented (tests/fuzz/README.md).
 fuzz_run() { # fuzz_run SECONDS [SEED]
@@ -166,6 +169,7 @@ test)
     install_missing
     install_test_tools
     # Tests build apart from the release tree the demo uses: assertions stay on here.
+    stage "debugoptimized build and suite"
     build build-test --buildtype=debugoptimized
     rc=0
     meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
@@ -173,14 +177,17 @@ test)
     # The RNN suites again at each instruction-set level this host has, lowered through the
     # libraries' own switches and MEMTRACE_CPU_ISA: an AVX-512 host also checks the AVX2 and
     # baseline paths. It prints the matrix it ran (level x library x threads).
+    stage "ISA matrix"
     tests/rnn/isa_matrix.sh build-test || rc=1
     # Then the whole process on an emulated AVX2-only CPU (qemu-user, -cpu Haswell-v4), where
     # every CPUID choice takes its AVX2 branch: the suites that can depend on the CPU.
     # On a host without AVX-512 it says so and does nothing.
+    stage "emulated AVX2"
     tests/cross/avx2_qemu.sh build-test || rc=1
     # The release build users make (./dev.sh build): no assertions, no debug info, -O3.
     # Suite 'slow' (fault injection through every tool, 3 min) runs in the two other builds:
     # it exercises error paths, which the sanitizers watch better than -O3 does.
+    stage "release build and suite"
     build build --buildtype=release
     meson test -C build --print-errorlogs --num-processes 2 --no-suite slow || rc=1
     summarise release build
@@ -192,6 +199,7 @@ test)
     if [ -f build-asan/build.ninja ] && ! grep -q 'MT_ASSERT_LEVEL 2' build-asan/mt_config.h; then
         meson configure build-asan "${asan_opts[@]}"
     fi
+    stage "ASan + UBSan build and suite"
     build build-asan "${asan_opts[@]}"
     # fault_tools fails every 4th allocation site here (each run costs 10x under ASan); the
     # debugoptimized stage above fails every one.
@@ -206,6 +214,7 @@ test)
     # data race fails them. The other suites are left out: TSan does not see the order the
     # caches' membarrier gate makes (docs/allocator-tcache.md), and these tests do not cross
     # it unordered.
+    stage "TSan"
     tsan_opts=(--buildtype=debugoptimized -Db_sanitize=thread -Db_lundef=false)
     [ -f build-tsan/build.ninja ] || CC=clang-14 meson setup build-tsan "${tsan_opts[@]}" ||
         rc=1
@@ -220,11 +229,14 @@ test)
     fi
     summarise tsan build-tsan
     # The core layers built for aarch64 (Grace) and their suites run under qemu-user.
+    stage "aarch64 under qemu"
     tests/cross/aarch64.sh || rc=1
     # Each fuzzer a short fixed budget, so that CI stays inside its time, from a fixed seed:
     # the test explores the same inputs every run (new ground is for `./dev.sh fuzz`, whose
     # seed is random); a crasher found there goes into tests/fuzz/regress.
+    stage "fuzz"
     fuzz_run "${FUZZ_CI_SECONDS:-5}" "${FUZZ_CI_SEED:-1}" || rc=1
+    stage "done"
     [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
     summarise total build-test build build-asan build-tsan build-aarch64
     exit $rc
