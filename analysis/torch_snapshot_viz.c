@@ -83,17 +83,101 @@ static bool vs_meets(const vsegs_t *s, uint64_t addr, uint64_t end)
     return (i > 0 && s->v[i - 1].end > addr) || (i < s->n && s->v[i].addr < end);
 }
 
-/* Whether a live block starts in [addr, end) (a scan: segment entries are few). */
-static bool live_in(const livemap_t *m, uint64_t addr, uint64_t end)
+/* The live blocks by address, for "does one start in [addr, end)": a Fenwick tree of counts
+ * over the sorted addresses a block can live at (the end state's blocks and the addresses
+ * the walk revives: free_completed entries). O(log n) per change and query; a scan of the
+ * live blocks at each segment entry was quadratic on long expandable-segment runs.
+ * Invariants: key[0..n) ascending and distinct; fw is the Fenwick tree of cnt[0..n), where
+ * cnt[i] = 1 if a block at key[i] is live (in the walk's livemap), else 0. */
+typedef struct vlive_s {
+    uint64_t *key;
+    uint32_t *fw; /* 1-based */
+    size_t n;
+} vlive_t;
+
+static int u64_cmp(const void *x, const void *y)
 {
-    for (size_t i = 0; i < m->n; i++)
-        if (m->v[i].addr >= addr && m->v[i].addr < end)
-            return true;
-    return false;
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* The first key >= addr (n when none). */
+static size_t vl_lower(const vlive_t *t, uint64_t addr)
+{
+    size_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (t->key[mid] < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* cnt[key of addr] += d (addr one of the keys). */
+static void vl_add(vlive_t *t, uint64_t addr, int d)
+{
+    size_t i = vl_lower(t, addr);
+    mt_assert(i < t->n && t->key[i] == addr);
+    for (i++; i <= t->n; i += i & (~i + 1))
+        t->fw[i] += (uint32_t)d;
+}
+
+/* cnt[0..i) summed. */
+static uint32_t vl_prefix(const vlive_t *t, size_t i)
+{
+    uint32_t sum = 0;
+    for (; i > 0; i -= i & (~i + 1))
+        sum += t->fw[i];
+    return sum;
+}
+
+/* Whether a live block starts in [addr, end). */
+static bool live_in(const vlive_t *t, uint64_t addr, uint64_t end)
+{
+    return addr < end && vl_prefix(t, vl_lower(t, end)) != vl_prefix(t, vl_lower(t, addr));
+}
+
+/* The keys of device d: its end state's blocks and its free_completed entries' addresses.
+ * 0 or MT_ENOMEM. */
+static int vl_init(vlive_t *t, const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n)
+{
+    size_t cap = n;
+    for (size_t i = 0; i < ts->nsegments; i++)
+        if ((unsigned)ts->segments[i].device == d)
+            cap += ts->segments[i].nblocks;
+    *t = (vlive_t){0};
+    t->key = malloc((cap + 1) * sizeof *t->key);
+    if (t->key == NULL)
+        return MT_ENOMEM;
+    for (size_t i = 0; i < ts->nsegments; i++) {
+        const mt_ts_segment_t *g = &ts->segments[i];
+        for (uint32_t k = 0; (unsigned)g->device == d && k < g->nblocks; k++)
+            t->key[t->n++] = ts->blocks[g->first_block + k].addr;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ev[i].action == MT_TS_FREE_COMPLETED)
+            t->key[t->n++] = ev[i].addr;
+    qsort(t->key, t->n, sizeof *t->key, u64_cmp);
+    size_t w = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if (w == 0 || t->key[i] != t->key[w - 1])
+            t->key[w++] = t->key[i];
+    t->n = w;
+    t->fw = calloc(t->n + 1, sizeof *t->fw);
+    return t->fw != NULL ? 0 : MT_ENOMEM;
+}
+
+static void vl_fini(vlive_t *t)
+{
+    free(t->key);
+    free(t->fw);
+    *t = (vlive_t){0};
 }
 
 /* The segments and live blocks of device d at the end, as the viewer starts. */
-static int start(const mt_ts_t *ts, unsigned d, vsegs_t *s, livemap_t *live)
+static int start(const mt_ts_t *ts, unsigned d, vsegs_t *s, livemap_t *live, vlive_t *by)
 {
     for (size_t i = 0; i < ts->nsegments; i++) {
         const mt_ts_segment_t *g = &ts->segments[i];
@@ -109,6 +193,7 @@ static int start(const mt_ts_t *ts, unsigned d, vsegs_t *s, livemap_t *live)
             if (l == NULL)
                 return MT_ENOMEM;
             l->freed = b->state == MT_TS_ACTIVE_PENDING_FREE;
+            vl_add(by, b->addr, 1);
         }
         if (rc != 0)
             return rc;
@@ -122,7 +207,10 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
 {
     vsegs_t s = {0};
     livemap_t live = {0};
-    int rc = start(ts, d, &s, &live);
+    vlive_t by = {0};
+    int rc = vl_init(&by, ts, d, ev, n);
+    if (rc == 0)
+        rc = start(ts, d, &s, &live, &by);
     for (size_t j = n; rc == 0 && j > 0; j--) {
         size_t i = j - 1;
         const mt_ts_event_t *e = &ev[i];
@@ -138,9 +226,11 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
                 keep[i] = false;
                 if (pair)
                     keep[i - 1] = false;
-            } else if ((l = lm_find(&live, e->addr)) != NULL ||
-                       (l = lm_insert(&live, e->addr)) != NULL) {
+            } else if ((l = lm_find(&live, e->addr)) != NULL) {
                 l->freed = !pair;
+            } else if ((l = lm_insert(&live, e->addr)) != NULL) {
+                l->freed = !pair;
+                vl_add(&by, e->addr, 1);
             } else {
                 rc = MT_ENOMEM;
             }
@@ -155,8 +245,10 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
                 l->freed = 0;
             break;
         case MT_TS_ALLOC:
-            if ((l = lm_find(&live, e->addr)) != NULL)
+            if ((l = lm_find(&live, e->addr)) != NULL) {
                 lm_erase(&live, l);
+                vl_add(&by, e->addr, -1);
+            }
             break;
         case MT_TS_SEGMENT_FREE:
         case MT_TS_SEGMENT_UNMAP:
@@ -170,14 +262,14 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
             break;
         case MT_TS_SEGMENT_ALLOC:
             k = vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1));
-            if (k == SIZE_MAX || s.v[k].addr != e->addr || live_in(&live, s.v[k].addr, s.v[k].end))
+            if (k == SIZE_MAX || s.v[k].addr != e->addr || live_in(&by, s.v[k].addr, s.v[k].end))
                 keep[i] = false;
             else
                 vs_remove(&s, k);
             break;
         case MT_TS_SEGMENT_MAP:
             k = vs_holding(&s, e->addr, end);
-            if (k == SIZE_MAX || live_in(&live, e->addr, end)) {
+            if (k == SIZE_MAX || live_in(&by, e->addr, end)) {
                 keep[i] = false;
             } else if (s.v[k].addr == e->addr) {
                 s.v[k].addr = end;
@@ -197,6 +289,7 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
     }
     free(s.v);
     lm_fini(&live);
+    vl_fini(&by);
     return rc;
 }
 
