@@ -168,29 +168,26 @@ demo)
 test)
     install_missing
     install_test_tools
-    # Tests build apart from the release tree the demo uses: assertions stay on here.
-    stage "debugoptimized build and suite"
-    build build-test --buildtype=debugoptimized
+    # The release build users make (./dev.sh build, the demo's tree): no assertions, no debug
+    # info, -O3. The assertions (cheap and expensive) run in the ASan+UBSan build below, so a
+    # third whole pass in a debugoptimized build would add 6 minutes and no check: that build
+    # is ./dev.sh check's and stress's. Suite 'slow' (fault injection through every tool,
+    # every allocation site) runs here whole and under the sanitizers at every 4th site.
+    stage "release build and suite"
+    build build --buildtype=release
     rc=0
-    meson test -C build-test --print-errorlogs --num-processes 2 || rc=1
-    summarise tests build-test
+    meson test -C build --print-errorlogs --num-processes 2 || rc=1
+    summarise release build
     # The RNN suites again at each instruction-set level this host has, lowered through the
     # libraries' own switches and MEMTRACE_CPU_ISA: an AVX-512 host also checks the AVX2 and
     # baseline paths. It prints the matrix it ran (level x library x threads).
     stage "ISA matrix"
-    tests/rnn/isa_matrix.sh build-test || rc=1
+    tests/rnn/isa_matrix.sh build || rc=1
     # Then the whole process on an emulated AVX2-only CPU (qemu-user, -cpu Haswell-v4), where
     # every CPUID choice takes its AVX2 branch: the suites that can depend on the CPU.
     # On a host without AVX-512 it says so and does nothing.
     stage "emulated AVX2"
-    tests/cross/avx2_qemu.sh build-test || rc=1
-    # The release build users make (./dev.sh build): no assertions, no debug info, -O3.
-    # Suite 'slow' (fault injection through every tool, 3 min) runs in the two other builds:
-    # it exercises error paths, which the sanitizers watch better than -O3 does.
-    stage "release build and suite"
-    build build --buildtype=release
-    meson test -C build --print-errorlogs --num-processes 2 --no-suite slow || rc=1
-    summarise release build
+    tests/cross/avx2_qemu.sh build || rc=1
     # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer, with the
     # expensive assertions (whole-structure checks) on; a tree set up before that option
     # existed gets it too.
@@ -202,7 +199,7 @@ test)
     stage "ASan + UBSan build and suite"
     build build-asan "${asan_opts[@]}"
     # fault_tools fails every 4th allocation site here (each run costs 10x under ASan); the
-    # debugoptimized stage above fails every one.
+    # release stage above fails every one.
     MT_FAULT_STRIDE=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 || rc=1
@@ -238,7 +235,7 @@ test)
     fuzz_run "${FUZZ_CI_SECONDS:-5}" "${FUZZ_CI_SEED:-1}" || rc=1
     stage "done"
     [ $rc -eq 0 ] || echo "some tests FAILED (see above)"
-    summarise total build-test build build-asan build-tsan build-aarch64
+    summarise total build build-asan build-tsan build-aarch64
     exit $rc
     ;;
 bench)
