@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "memtrace/prof.h"
+#include "mt_config.h"
 #include "profiler/internal.h"
 #include "tests/common/test_main.h"
 
@@ -190,13 +191,14 @@ static void test_every_kind_edges(void **state)
     }
 }
 
-/* Random records, every field of any width, pools and devices past their ranges too. */
+/* Random records, every field of any width, pools and devices past their ranges too: 12
+ * rounds of 20 000, 4 where each instruction costs 10-50x (MT_TEST_LIGHT: sanitizers, qemu). */
 static void test_random(void **state)
 {
     (void)state;
     static mt__prof_enc_t e;
     uint64_t s = 0x2545f4914f6cdd1dull;
-    for (int round = 0; round < 12; round++) {
+    for (int round = 0; round < (MT_TEST_LIGHT ? 4 : 12); round++) {
         int set = round;
         mt__prof_enc_init(&e, (int)(uint32_t)xs(&s) >> (xs(&s) % 32));
         for (int i = 0; i < 20000; i++) {
