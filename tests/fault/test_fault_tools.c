@@ -141,6 +141,39 @@ static void test_plot(void **state)
     assert_true(tool_loop("memtrace plot", argv, true) > 10);
 }
 
+/* LOG without its libc module records, in a new directory: a frame in libc then names no
+ * module. libc's separate debug info (libc6-dbg, which valgrind brings) is otherwise
+ * decompressed by libdw in each of the ~1300 runs, 90 ms of a run's 120, in code whose
+ * allocations the injector neither fails nor numbers (inject.c, from_elfutils). The
+ * symbolizer's own sites stay reached through the program's module (its symbols, and its
+ * lines where it has debug info). Returns the copy's path, or NULL. */
+static char *without_libc(const char *log, char *dir, size_t cap)
+{
+    static char path[600];
+    snprintf(dir, cap, "/tmp/mt-ftools-XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return NULL;
+    snprintf(path, sizeof path, "%s/log.ndjson", dir);
+    FILE *in = fopen(log, "r"), *out = fopen(path, "w");
+    char line[8192];
+    size_t dropped = 0;
+    while (in != NULL && out != NULL && fgets(line, sizeof line, in) != NULL) {
+        if (strstr(line, "\"kind\":\"module\"") != NULL && strstr(line, "/libc.so") != NULL)
+            dropped++;
+        else
+            fputs(line, out);
+    }
+    bool ok = in != NULL && out != NULL && !ferror(in) && dropped > 0;
+    if (in != NULL)
+        fclose(in);
+    if (out != NULL && fclose(out) != 0)
+        ok = false;
+    if (!ok)
+        fprintf(stderr, "test_fault_tools: could not copy %s without its libc module to %s\n", log,
+                path);
+    return ok ? path : NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4) {
@@ -151,11 +184,16 @@ int main(int argc, char **argv)
     stride = st != NULL && atol(st) > 0 ? atol(st) : 1;
     tool = argv[1];
     trace = argv[2];
-    logfile = argv[3];
+    char dir[64];
+    if ((logfile = without_libc(argv[3], dir, sizeof dir)) == NULL)
+        return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay),
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_plot),
     };
-    return MT_TEST_RUN(tests, NULL, NULL);
+    int rc = MT_TEST_RUN(tests, NULL, NULL);
+    unlink(logfile);
+    rmdir(dir);
+    return rc;
 }
