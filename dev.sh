@@ -169,9 +169,9 @@ test)
     install_missing
     install_test_tools
     # The release build users make (./dev.sh build, the demo's tree): no assertions, no debug
-    # info, -O3. The assertions (cheap and expensive) run in the ASan+UBSan build below, so a
-    # third whole pass in a debugoptimized build would add 6 minutes and no check: that build
-    # is ./dev.sh check's and stress's. Suite 'slow' (fault injection through every tool,
+    # info, -O3. The assertions (cheap and expensive) run in the ASan+UBSan build below. A
+    # third whole pass in a debugoptimized build (assertions at -O2) cost 6 minutes of CI's 30
+    # and is left to ./dev.sh check and stress, whose tree it is. Suite 'slow' (fault injection through every tool,
     # every allocation site) runs here whole and under the sanitizers at every 4th site.
     stage "release build and suite"
     build build --buildtype=release

@@ -179,8 +179,9 @@ rc=0
 # for native runs.
 # A fork of a threaded process is slow under qemu-user (5 s each): alloc_fork takes 4 forks,
 # not 50, as under avx2_qemu.sh (the native suites run all 50; TCG on an x86 host does not
-# reorder memory as an arm64 core does, so more forks here would find no more). Each FMA is a soft-float call under TCG: rnn_module's
-# warm-up test trains 4 random batches of a smaller module, as under avx2_qemu.sh.
+# reorder memory as an arm64 core does, so more forks here would find no more). Each FMA is
+# a soft-float call under TCG: rnn_module's warm-up test trains 4 random batches of a
+# smaller module, as under avx2_qemu.sh.
 MT_TEST_FORKS=4 MT_TEST_BATCHES=4 meson test -C "$BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
     --timeout-multiplier 4 "${tests[@]}" || rc=1
 summarise
