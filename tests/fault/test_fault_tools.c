@@ -155,14 +155,15 @@ static char *without_libc(const char *log, char *dir, size_t cap)
         return NULL;
     snprintf(path, sizeof path, "%s/log.ndjson", dir);
     FILE *in = fopen(log, "r"), *out = fopen(path, "w");
-    char line[8192];
-    size_t dropped = 0;
-    while (in != NULL && out != NULL && fgets(line, sizeof line, in) != NULL) {
+    char *line = NULL;
+    size_t len = 0, dropped = 0;
+    while (in != NULL && out != NULL && getline(&line, &len, in) != -1) {
         if (strstr(line, "\"kind\":\"module\"") != NULL && strstr(line, "/libc.so") != NULL)
             dropped++;
         else
             fputs(line, out);
     }
+    free(line);
     bool ok = in != NULL && out != NULL && !ferror(in) && dropped > 0;
     if (in != NULL)
         fclose(in);
