@@ -184,6 +184,8 @@ int mt_alloc_create(mt_alloc_t **out, const mt_alloc_cfg_t *cfg)
     a->vm_gran = mt_backend_vm_granularity(a->backend);
     for (size_t i = 0; i < MT_ALLOC_ROUNDUP_INTERVALS; i++)
         a->round_pow2 |= cfg->roundup_power2_divisions[i] > 1;
+    a->st_one = true; /* no segment yet */
+    a->small_max = a->cfg.expandable_segments && a->cfg.one_pool ? 0 : MT__SMALL_SIZE;
     rc = mt__addrmap_init(&a->map);
     if (rc != 0)
         goto fail_map;
@@ -472,10 +474,10 @@ static inline bool inc1_up(mt_stat_t *x, int64_t d)
     return true;
 }
 
-static inline bool inc2_up(mt_stat_t *arr, int sp, int64_t d)
+static inline bool inc2_up(mt_stat_t *arr, int slot, int64_t d)
 {
     bool up = inc1_up(&arr[MT_STAT_ALL], d);
-    return inc1_up(&arr[sp], d) || up;
+    return (slot != MT_STAT_ALL && inc1_up(&arr[slot], d)) || up;
 }
 
 static __attribute__((noinline, cold)) void active_peaks(mt_alloc_stats_t *c)
@@ -488,7 +490,7 @@ static __attribute__((noinline, cold)) void active_peaks(mt_alloc_stats_t *c)
     }
 }
 
-/* active_bytes and active after an allocation of bytes in stat pool sp, allocated_bytes and
+/* active_bytes and active after an allocation of bytes in stat slot sp, allocated_bytes and
  * allocation counted (up: one of their peaks moved). Their .allocated is allocated_bytes'
  * and allocation's, made on read (stats.c). Their peaks can move only where up, or where
  * freed blocks wait for events (active_bytes[ALL] > allocated_bytes[ALL]): otherwise each
@@ -496,9 +498,11 @@ static __attribute__((noinline, cold)) void active_peaks(mt_alloc_stats_t *c)
 static inline void active_inc(mt_alloc_stats_t *c, int sp, int64_t bytes, bool up)
 {
     c->active_bytes[MT_STAT_ALL].current += bytes;
-    c->active_bytes[sp].current += bytes;
     c->active[MT_STAT_ALL].current++;
-    c->active[sp].current++;
+    if (sp != MT_STAT_ALL) {
+        c->active_bytes[sp].current += bytes;
+        c->active[sp].current++;
+    }
     if (__builtin_expect(up || c->active_bytes[MT_STAT_ALL].current !=
                                    c->allocated_bytes[MT_STAT_ALL].current,
                          0))
@@ -506,12 +510,12 @@ static inline void active_inc(mt_alloc_stats_t *c, int sp, int64_t bytes, bool u
 }
 
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
-                            uintptr_t ra)
+                            uintptr_t ra, mt__tcache_t *mine)
 {
     /* the program's call into memtrace, where its stack is cut (util/entry.h) */
     uintptr_t entry = mt__entry_enter(ra);
     uint32_t stack = alloc_stack(a, size);
-    mt__tcache_t *mine = mt__tc_prepare(a);
+    mt__tc_prepare(a, mine);
     mt__alloc_lock_by(a, mine != NULL ? &mine->gate : NULL);
     int rc = 0;
     bool oom = false; /* the device's memory, not the host's, ran out */
@@ -529,9 +533,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         goto out;
     }
     size_t rsize = mt__alloc_round(a, size);
-    int bp = rsize <= MT__SMALL_SIZE && !(a->cfg.expandable_segments && a->cfg.one_pool)
-                 ? MT__BP_SMALL
-                 : MT__BP_LARGE;
+    int bp = rsize <= a->small_max ? MT__BP_SMALL : MT__BP_LARGE;
     mt_streamrec_t *sr = a->last_sr; /* the one-entry cache, inline */
     if (__builtin_expect(a->nroutes != 0, 0)) {
         /* A stream routed to a private pool takes the pool's record. Pool segments are
@@ -589,7 +591,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
         a->plan.live++;
     }
     mt_segment_t *seg = b->seg;
-    int sp = seg->pool, st = mt__stat_pool(sp);
+    int sp = seg->pool, st = seg->slot;
     /* The cache hooks' no-op case inline; mu is not released before mt__tc_own. */
     bool idle = mt__tc_idle(a, mine);
     if (!idle) /* a new peak is set with truth = counters */
@@ -616,7 +618,7 @@ int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int
     if (idle)
         mt__tc_idle_own(mine);
     else if (a->tc_on)
-        mt__tc_own(a, mine, b, st,
+        mt__tc_own(a, mine, b, mt__stat_pool(sp),
                    a->plan.n == 0 || sr != a->plan.sr ||
                        (planned && mt__plan_repeats(a, pk, b->size)));
     if (a->warming) {

@@ -141,6 +141,7 @@ int mt__async_init(mt_alloc_t *a)
         return rc;
     }
     a->async = as;
+    a->st_one = false;     /* the pool's counters keep [ALL] alone, [LARGE] staying 0 */
     a->cfg.tcache = false; /* every request goes to the pool */
     warn_native_keys(a);
     (void)refresh(a);

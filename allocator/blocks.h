@@ -302,9 +302,9 @@ static inline void mt__seg_take(mt_alloc_t *a, mt_block_t *b, size_t size)
         mt__bins_link(bs, r, rc);
     /* b leaves inactive_split if it was in it; r, whose prev is b, comes in. */
     r->split_counted = true;
-    mt__stat_move(a->st.inactive_split_bytes, seg->pool, (int64_t)r->size,
-                  counted ? (int64_t)bsize : 0);
-    mt__stat_move(a->st.inactive_split, seg->pool, 1, counted);
+    int sl = seg->slot;
+    mt__stat_move(a->st.inactive_split_bytes, sl, (int64_t)r->size, counted ? (int64_t)bsize : 0);
+    mt__stat_move(a->st.inactive_split, sl, 1, counted);
 }
 
 /* Merges inactive b (in no bin) with its inactive neighbours and puts the merged block
@@ -367,8 +367,9 @@ static inline __attribute__((always_inline)) mt_block_t *mt__seg_merge_in(mt_all
     mt_assert_expensive(mt__seg_tiles(seg));
     bool counted = m->prev != NULL || m->next != NULL;
     m->split_counted = counted;
-    mt__stat_move(a->st.inactive_split_bytes, seg->pool, counted ? (int64_t)msize : 0, gone);
-    mt__stat_move(a->st.inactive_split, seg->pool, counted, ngone);
+    int sl = seg->slot;
+    mt__stat_move(a->st.inactive_split_bytes, sl, counted ? (int64_t)msize : 0, gone);
+    mt__stat_move(a->st.inactive_split, sl, counted, ngone);
     return m;
 }
 

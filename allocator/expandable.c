@@ -176,7 +176,7 @@ static void exp_join(mt_alloc_t *a, mt_streamrec_t *sr, mt_segment_t *left, mt_s
     left->size += right->size;
     left->vsize = left->size;
     mt__seg_unlink(a, right);
-    mt__stat_add(a->st.segment, right->pool, -1);
+    mt__stat_add(a->st.segment, right->slot, -1);
     sr->nruns[right->pool]--;
     free(right);
 }
@@ -252,7 +252,9 @@ static int exp_map(mt_alloc_t *a, mt_streamrec_t *sr, int bp, const exp_plan_t *
                                 .pool = (uint8_t)bp,
                                 .expandable = true};
         mt__seg_link(a, fresh);
-        mt__stat_add(a->st.segment, bp, 1);
+        mt__stats_split(a, bp);
+        fresh->slot = (uint8_t)mt__stat_slot(a, bp);
+        mt__stat_add(a->st.segment, fresh->slot, 1);
         sr->nruns[bp]++;
         seg = fresh;
     } else {
@@ -287,7 +289,7 @@ static int exp_map(mt_alloc_t *a, mt_streamrec_t *sr, int bp, const exp_plan_t *
         mt__block_release(a, hi);
     }
     seg->last_used = ++a->clock;
-    mt__stat_add(a->st.reserved_bytes, bp, (int64_t)p->len);
+    mt__stat_add(a->st.reserved_bytes, mt__stat_slot(a, bp), (int64_t)p->len);
     a->st.num_device_alloc++;
     mt__alloc_emit(a, MT_EV_SEGMENT_MAP, p->at, p->len, rsize, sr->sid, mt__public_pool(bp), 0);
     mt__alloc_emit_device(a);
@@ -432,7 +434,7 @@ static size_t finish_unmap(mt_alloc_t *a, mt__unmap_t *u)
     if (low_last == NULL && up_first == NULL) {
         /* The pages were the whole run. */
         mt__seg_unlink(a, seg);
-        mt__stat_add(a->st.segment, bp, -1);
+        mt__stat_add(a->st.segment, mt__stat_slot(a, bp), -1);
         sr->nruns[bp]--;
         free(seg);
         free(seg2);
@@ -457,14 +459,14 @@ static size_t finish_unmap(mt_alloc_t *a, mt__unmap_t *u)
         seg->last = low_last;
         up_seg = seg2;
         mt__seg_link(a, seg2);
-        mt__stat_add(a->st.segment, bp, 1);
+        mt__stat_add(a->st.segment, mt__stat_slot(a, bp), 1);
         sr->nruns[bp]++;
     }
     if (seg != NULL)
         seg->vsize = seg->size;
     for (mt_block_t *x = up_first; x != NULL; x = x->next)
         x->seg = up_seg;
-    mt__stat_add(a->st.reserved_bytes, bp, -(int64_t)u->len);
+    mt__stat_add(a->st.reserved_bytes, mt__stat_slot(a, bp), -(int64_t)u->len);
     mt__alloc_emit(a, MT_EV_SEGMENT_UNMAP, p, u->len, 0, sr->sid, mt__public_pool(bp), 0);
     mt__alloc_emit_device(a);
     if (out_before)

@@ -25,7 +25,7 @@ static inline __attribute__((always_inline)) void complete(mt_alloc_t *a, mt_blo
     size_t size = b->size;
     int tag = b->tag;
     mt__addrmap_del_at(&a->map, b->addr, slot);
-    int sp = mt__stat_pool(seg->pool);
+    int sp = seg->slot;
     mt__stat_sub2(a->st.active_bytes, sp, (int64_t)b->size);
     mt__stat_sub2(a->st.active, sp, 1);
     b->state = MT_BLOCK_INACTIVE;
@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) void free_block(mt_alloc_t *a, mt_b
     mt_assert(b->requested > 0 && b->requested <= b->size);
     mt_assert(b->npending == 0);
     mt_segment_t *seg = b->seg;
-    int sp = seg->pool, st = mt__stat_pool(sp);
+    int sp = seg->pool, st = seg->slot;
     mt_assert(a->st.allocated_bytes[MT_STAT_ALL].current >= (int64_t)b->size);
     mt__stat_sub2(a->st.allocated_bytes, st, (int64_t)b->size);
     mt__stat_sub2(a->st.requested_bytes, st, (int64_t)b->requested);

@@ -153,6 +153,7 @@ struct mt_segment_s {
     mt_segment_t *next;
     uint64_t last_used; /* allocator clock at the last alloc/free in it (GC age) */
     uint8_t pool;       /* MT__BP_* */
+    uint8_t slot;       /* its counters' slot, mt__stat_slot(a, pool) */
     bool expandable;
     bool reserved;
     bool priv; /* belongs to a private pool (bins->sr->pool) */
@@ -266,6 +267,8 @@ typedef mt__amap_t mt_addrmap_t;
  *   inactive_split_bytes[ALL].current = sum of sizes of inactive blocks with a neighbour
  *   (inactive_split: their number); each [SMALL] + [LARGE] = [ALL], warm-up reservations
  *   counting as LARGE; the counts likewise; tag_* likewise summed per tag;
+ *   st_one => no segment of the small pool was ever made: every [SMALL] entry is 0 and
+ *   the [LARGE] ones, equal to [ALL], are not kept (mt__stats_sync writes them);
  *   npending + nholds = sum of npending over the ACTIVE_PENDING_FREE blocks;
  *   inflight_map_bytes = sum of len over a->maps; unmapping blocks = unfinished entries
  *   of a->unmaps; syncing <=> some pending entry is waited (or a sync runs without any);
@@ -325,6 +328,13 @@ struct mt_alloc_s {
     size_t gc_limit;       /* garbage_collection_threshold x limit; 0 = off */
     size_t vm_gran;        /* backend VM granularity, bytes (0 = no VM support) */
     bool round_pow2;       /* some interval has roundup_power2_divisions > 1 */
+    /* Rounded requests up to this size take the small pool: MT__SMALL_SIZE, or 0 when the
+     * segments are expandable and one_pool shares their range (set with either). */
+    size_t small_max;
+    /* Only the large pool has had segments (the default, one_pool: every one): the
+     * pool-indexed stats keep [ALL] alone, [LARGE] being the same (see the invariants).
+     * Cleared, once, before the first small-pool segment is counted (mt__stats_split). */
+    bool st_one;
 
     mt_segment_t *segs; /* all segments, address order */
     size_t nsegs;
@@ -619,15 +629,17 @@ static inline void mt__stat_add1(mt_stat_t *s, int64_t d)
             s->peak = s->current;
     }
 }
-/* Updates arr[MT_STAT_ALL] and the entry of internal pool bp. */
-static inline void mt__stat_add(mt_stat_t *arr, int bp, int64_t d)
+/* The pool-indexed forms below take a slot: MT_STAT_ALL (st_one: [ALL] alone) or the
+ * stat pool whose entry follows [ALL] (mt__stat_slot). */
+static inline void mt__stat_add(mt_stat_t *arr, int slot, int64_t d)
 {
     mt__stat_add1(&arr[MT_STAT_ALL], d);
-    mt__stat_add1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], d);
+    if (slot != MT_STAT_ALL)
+        mt__stat_add1(&arr[slot], d);
 }
 /* Steps that took minus away and then added plus (both >= 0), as one update of
- * arr[MT_STAT_ALL] and the entry of internal pool bp: the current, peak and allocated the
- * steps one by one leave (every value between is at most the last). */
+ * arr[MT_STAT_ALL] and arr[slot]: the current, peak and allocated the steps one by one
+ * leave (every value between is at most the last). */
 static inline void mt__stat_move1(mt_stat_t *s, int64_t plus, int64_t minus)
 {
     s->current += plus - minus;
@@ -637,12 +649,13 @@ static inline void mt__stat_move1(mt_stat_t *s, int64_t plus, int64_t minus)
             s->peak = s->current;
     }
 }
-static inline void mt__stat_move(mt_stat_t *arr, int bp, int64_t plus, int64_t minus)
+static inline void mt__stat_move(mt_stat_t *arr, int slot, int64_t plus, int64_t minus)
 {
     mt__stat_move1(&arr[MT_STAT_ALL], plus, minus);
-    mt__stat_move1(&arr[bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE], plus, minus);
+    if (slot != MT_STAT_ALL)
+        mt__stat_move1(&arr[slot], plus, minus);
 }
-/* The hot path's forms, sign known: arr[ALL] and arr[sp] (sp = mt__stat_pool(bp)). */
+/* The hot path's forms, sign known. */
 static inline void mt__stat_inc1(mt_stat_t *x, int64_t d)
 {
     x->current += d;
@@ -650,23 +663,41 @@ static inline void mt__stat_inc1(mt_stat_t *x, int64_t d)
     if (__builtin_expect(x->current > x->peak, 0))
         x->peak = x->current;
 }
-static inline void mt__stat_inc2(mt_stat_t *arr, int sp, int64_t d)
+static inline void mt__stat_inc2(mt_stat_t *arr, int slot, int64_t d)
 {
     mt__stat_inc1(&arr[MT_STAT_ALL], d);
-    mt__stat_inc1(&arr[sp], d);
+    if (slot != MT_STAT_ALL)
+        mt__stat_inc1(&arr[slot], d);
 }
 static inline void mt__stat_sub1(mt_stat_t *x, int64_t d)
 {
     x->current -= d;
 }
-static inline void mt__stat_sub2(mt_stat_t *arr, int sp, int64_t d)
+static inline void mt__stat_sub2(mt_stat_t *arr, int slot, int64_t d)
 {
     arr[MT_STAT_ALL].current -= d;
-    arr[sp].current -= d;
+    if (slot != MT_STAT_ALL)
+        arr[slot].current -= d;
 }
 static inline int mt__stat_pool(int bp)
 {
     return bp == MT__BP_SMALL ? MT_STAT_SMALL : MT_STAT_LARGE;
+}
+/* The slot of internal pool bp's counters. */
+static inline int mt__stat_slot(const mt_alloc_t *a, int bp)
+{
+    mt_assert(!a->st_one || bp != MT__BP_SMALL);
+    return a->st_one ? MT_STAT_ALL : mt__stat_pool(bp);
+}
+/* st_one: [LARGE] of every pool-indexed stat set to [ALL] (mu held; before a reader). */
+void mt__stats_sync(mt_alloc_t *a);
+/* st_one ends: [LARGE] made equal to [ALL], and every segment's slot its pool's. */
+void mt__stats_unone(mt_alloc_t *a);
+/* Before a segment of internal pool bp is counted: st_one ends at the first small one. */
+static inline void mt__stats_split(mt_alloc_t *a, int bp)
+{
+    if (__builtin_expect(a->st_one && bp == MT__BP_SMALL, 0))
+        mt__stats_unone(a);
 }
 static inline int mt__public_pool(int bp)
 {

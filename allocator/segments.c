@@ -85,8 +85,8 @@ void mt__seg_bin_in(mt_alloc_t *a, mt_block_t *b)
     mt__bins_link(b->seg->bins, b, mt__bin_class(b->size));
     if (b->prev != NULL || b->next != NULL) {
         b->split_counted = true;
-        mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, (int64_t)b->size);
-        mt__stat_add(a->st.inactive_split, b->seg->pool, 1);
+        mt__stat_add(a->st.inactive_split_bytes, b->seg->slot, (int64_t)b->size);
+        mt__stat_add(a->st.inactive_split, b->seg->slot, 1);
     }
 }
 
@@ -98,8 +98,8 @@ void mt__seg_bin_out(mt_alloc_t *a, mt_block_t *b)
     mt__bins_unlink(b->seg->bins, b);
     if (b->split_counted) {
         b->split_counted = false;
-        mt__stat_add(a->st.inactive_split_bytes, b->seg->pool, -(int64_t)b->size);
-        mt__stat_add(a->st.inactive_split, b->seg->pool, -1);
+        mt__stat_add(a->st.inactive_split_bytes, b->seg->slot, -(int64_t)b->size);
+        mt__stat_add(a->st.inactive_split, b->seg->slot, -1);
     }
 }
 
@@ -161,8 +161,10 @@ int mt__seg_new(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t size, mt_segme
     b->seg = seg;
     b->state = MT_BLOCK_INACTIVE;
     mt__seg_link(a, seg);
-    mt__stat_add(a->st.reserved_bytes, bp, (int64_t)size);
-    mt__stat_add(a->st.segment, bp, 1);
+    mt__stats_split(a, bp);
+    seg->slot = (uint8_t)mt__stat_slot(a, bp);
+    mt__stat_add(a->st.reserved_bytes, seg->slot, (int64_t)size);
+    mt__stat_add(a->st.segment, seg->slot, 1);
     if (size >= a->cfg.max_split_size)
         mt__stat_add1(&a->st.oversize_segments, 1);
     a->st.num_device_alloc++;
@@ -184,6 +186,7 @@ int mt__seg_grow(mt_alloc_t *a, mt_streamrec_t *sr, int bp, size_t rsize, mt_blo
             /* A backend without virtual memory: plain segments from now on, with their rules
              * (small requests back in the small pool, one_pool having no range to share). */
             a->cfg.expandable_segments = false;
+            a->small_max = MT__SMALL_SIZE;
         } else if (rc != MT__ENORANGE) {
             return rc;
         }
@@ -215,8 +218,8 @@ size_t mt__seg_release(mt_alloc_t *a, mt_segment_t *seg)
                       mt_strerror(rc));
     size_t size = seg->size;
     mt_assert(a->st.reserved_bytes[MT_STAT_ALL].current >= (int64_t)size);
-    mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)size);
-    mt__stat_add(a->st.segment, seg->pool, -1);
+    mt__stat_add(a->st.reserved_bytes, seg->slot, -(int64_t)size);
+    mt__stat_add(a->st.segment, seg->slot, -1);
     if (size >= a->cfg.max_split_size)
         mt__stat_add1(&a->st.oversize_segments, -1);
     a->st.num_device_free++;
@@ -433,8 +436,8 @@ void mt__seg_destroy_all(mt_alloc_t *a)
             a->st.num_device_free++;
         }
         /* Totals first: the event carries the reserved bytes after the release. */
-        mt__stat_add(a->st.reserved_bytes, seg->pool, -(int64_t)seg->size);
-        mt__stat_add(a->st.segment, seg->pool, -1);
+        mt__stat_add(a->st.reserved_bytes, seg->slot, -(int64_t)seg->size);
+        mt__stat_add(a->st.segment, seg->slot, -1);
         if (!seg->expandable && seg->size >= a->cfg.max_split_size)
             mt__stat_add1(&a->st.oversize_segments, -1);
         mt__alloc_emit(a, seg->expandable ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE, seg->addr,

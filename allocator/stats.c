@@ -43,10 +43,32 @@ static void fill_freed(mt_stat_t *s, size_t n)
     X(&(s)->oversize_allocations, 1);                                                              \
     X(&(s)->oversize_segments, 1)
 
+void mt__stats_sync(mt_alloc_t *a)
+{
+    if (!a->st_one)
+        return;
+    mt_alloc_stats_t *s = &a->st;
+    mt_stat_t *pooled[] = {
+        s->allocated_bytes, s->reserved_bytes, s->active_bytes, s->inactive_split_bytes,
+        s->requested_bytes, s->allocation,     s->segment,      s->active,
+        s->inactive_split};
+    for (size_t i = 0; i < sizeof pooled / sizeof pooled[0]; i++)
+        pooled[i][MT_STAT_LARGE] = pooled[i][MT_STAT_ALL];
+}
+
+void mt__stats_unone(mt_alloc_t *a)
+{
+    mt__stats_sync(a);
+    a->st_one = false;
+    for (mt_segment_t *seg = a->segs; seg != NULL; seg = seg->next)
+        seg->slot = (uint8_t)mt__stat_pool(seg->pool);
+}
+
 /* The raw figures: st with active's cumulative figures (allocated_bytes' and allocation's)
  * and freed filled in (cumulative since creation). */
-static void raw_stats(const mt_alloc_t *a, mt_alloc_stats_t *out)
+static void raw_stats(mt_alloc_t *a, mt_alloc_stats_t *out)
 {
+    mt__stats_sync(a);
     *out = a->st;
     for (int i = 0; i < MT_STAT_N; i++) {
         out->active_bytes[i].allocated = out->allocated_bytes[i].allocated;
@@ -493,6 +515,9 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
 {
     if (a->async != NULL)
         return mt__async_is_valid(a);
+    mt__stats_sync(a);
+    if (a->small_max != (a->cfg.expandable_segments && a->cfg.one_pool ? 0 : MT__SMALL_SIZE))
+        return "small_max disagrees with expandable_segments and one_pool";
     const char *why = NULL;
     sums_t s = {0};
     size_t nsegs = 0;
@@ -501,6 +526,9 @@ const char *mt__alloc_is_valid(mt_alloc_t *a)
         if (seg->next != NULL &&
             (seg->next->prev != seg || seg->next->addr < seg->addr + seg->vsize))
             return "segments overlap or are not in address order";
+        if (a->st_one ? seg->pool == MT__BP_SMALL || seg->slot != MT_STAT_ALL
+                      : seg->slot != mt__stat_pool(seg->pool))
+            return "segment's stat slot disagrees with its pool";
         if ((why = check_segment(a, seg, &s)) != NULL)
             return why;
     }

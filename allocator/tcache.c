@@ -346,7 +346,7 @@ static __attribute__((noinline)) int pop(mt__tcache_t *c, size_t size, mt_stream
 refuse:
     fast_exit(c);
 global:
-    return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
+    return mt__alloc_malloc_global(a, size, stream, tag, out, ra, c);
 }
 
 int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
@@ -358,7 +358,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
     /* Nothing held (a claimer only lowers nheld): no pop, whatever the request. */
     if (c == NULL || __atomic_load_n(&c->nheld, __ATOMIC_RELAXED) == 0 ||
         __atomic_load_n(&a->tc_pend, __ATOMIC_RELAXED) || size > ((size_t)1 << 60))
-        return mt__alloc_malloc_global(a, size, stream, tag, out, ra);
+        return mt__alloc_malloc_global(a, size, stream, tag, out, ra, c);
     return pop(c, size, stream, tag, out, ra);
 }
 

@@ -15,7 +15,7 @@ int mt__tc_malloc(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void
 int mt__tc_free(mt_alloc_t *a, void *ptr);
 /* The global paths (alloc.c, free.c); mine: the calling thread's cache for a, or NULL. */
 int mt__alloc_malloc_global(mt_alloc_t *a, size_t size, mt_stream_t *stream, int tag, void **out,
-                            uintptr_t ra);
+                            uintptr_t ra, mt__tcache_t *mine);
 int mt__alloc_free_global(mt_alloc_t *a, void *ptr, mt__tcache_t *mine);
 /* Before taking mu on a global path (mt__tc_prepare, tcache_impl.h): frees a TLS entry for
  * a when every one is taken (mu not held). */
@@ -37,8 +37,8 @@ bool mt__tc_flush_all(mt_alloc_t *a);
  * owns planned blocks (the plan's global path: it must see them freed). */
 void mt__tc_flush_others(mt_alloc_t *a);
 /* Before counting a global-path allocation of a size-byte block, req requested, in stat
- * pool sp with tag: flushes every cache if a counter would pass its peak (then the new
- * peak is exact). */
+ * slot sp (mt__stat_slot) with tag: flushes every cache if a counter would pass its peak
+ * (then the new peak is exact). */
 void mt__tc_peak_guard(mt_alloc_t *a, const mt__tcache_t *mine, int sp, size_t size, size_t req,
                        int tag);
 /* After a global-path allocation: the calling thread's cache owns b (so its free may take

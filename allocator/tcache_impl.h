@@ -34,14 +34,12 @@ static inline mt__tcache_t *mt__tc_find(const mt_alloc_t *a)
     return NULL;
 }
 
-/* Before taking mu on a global path: the calling thread's cache for a, or NULL (the
- * `mine` the global path's cache calls take); without one, a TLS entry made free for a. */
-static inline mt__tcache_t *mt__tc_prepare(mt_alloc_t *a)
+/* Before taking mu on a global path, given the calling thread's cache for a (mine, the
+ * fast path's mt__tc_find, or NULL): without one, a TLS entry made free for a. */
+static inline void mt__tc_prepare(mt_alloc_t *a, const mt__tcache_t *mine)
 {
-    mt__tcache_t *c = mt__tc_find(a);
-    if (c == NULL && __atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
+    if (mine == NULL && __atomic_load_n(&a->tc_on, __ATOMIC_RELAXED))
         mt__tc_prepare_slow(a);
-    return c;
 }
 
 /* An owned block's record in its owner's cache: everything the fast paths read and write,

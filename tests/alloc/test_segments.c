@@ -77,6 +77,65 @@ static void test_expandable_segments(void **state)
  * device's address space runs short (many streams; the sim bounds it like the driver's
  * cuMemAddressReserve), a range is once the device, then the request alone, then no range:
  * a plain segment. Every request is served while memory is free. */
+/* Until a small-pool segment exists the pool-indexed stats keep [ALL] alone (st_one);
+ * [LARGE] is made equal on read, and the first small segment splits them for good: every
+ * figure, peaks and cumulative ones included, is then what separate counting gives. */
+static void assert_pooled(const mt_stat_t *arr, int64_t cur, int64_t peak, uint64_t allocd)
+{
+    assert_int_equal(arr[MT_STAT_LARGE].current, cur);
+    assert_int_equal(arr[MT_STAT_LARGE].peak, peak);
+    assert_int_equal(arr[MT_STAT_LARGE].allocated, allocd);
+}
+
+static void test_stat_pools_split_late(void **state)
+{
+    (void)state;
+    mt_backend_t *b = sim_backend(256 * MIB);
+    mt_alloc_t *a = make_alloc(b, "tcache:0", NULL);
+    assert_true(a->st_one);
+    void *p1 = xmalloc_dev(a, 4 * MIB, NULL, 0);
+    void *p2 = xmalloc_dev(a, 2 * MIB, NULL, 0);
+    mt_alloc_free(a, p2);
+    assert_true(a->st_one);
+    mt_alloc_stats_t s = stats_of(a);
+    mt_stat_t *pooled[] = {
+        s.allocated_bytes, s.reserved_bytes, s.active_bytes, s.inactive_split_bytes,
+        s.requested_bytes, s.allocation,     s.segment,      s.active,
+        s.inactive_split};
+    for (size_t i = 0; i < sizeof pooled / sizeof pooled[0]; i++) {
+        assert_memory_equal(&pooled[i][MT_STAT_LARGE], &pooled[i][MT_STAT_ALL], sizeof(mt_stat_t));
+        assert_int_equal(pooled[i][MT_STAT_SMALL].current, 0);
+        assert_int_equal(pooled[i][MT_STAT_SMALL].peak, 0);
+        assert_int_equal(pooled[i][MT_STAT_SMALL].allocated, 0);
+    }
+    assert_int_equal(s.allocated_bytes[MT_STAT_LARGE].peak, 6 * MIB);
+    assert_int_equal(s.inactive_split_bytes[MT_STAT_LARGE].current, 20 * MIB - 4 * MIB);
+    assert_int_equal(mt_alloc_check(a), 0);
+
+    void *q = xmalloc_dev(a, 1000, NULL, 0); /* the first small segment */
+    assert_false(a->st_one);
+    assert_int_equal(mt_alloc_check(a), 0);
+    s = stats_of(a);
+    assert_pooled(s.allocated_bytes, 4 * MIB, 6 * MIB, 6 * MIB);
+    assert_int_equal(s.allocated_bytes[MT_STAT_SMALL].current, 1024);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 4 * MIB + 1024);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].peak, 6 * MIB);
+    assert_int_equal(s.reserved_bytes[MT_STAT_SMALL].current, 2 * MIB);
+    assert_int_equal(s.segment[MT_STAT_SMALL].current, 1);
+    assert_int_equal(s.allocation[MT_STAT_SMALL].allocated, 1);
+    assert_pooled(s.allocation, 1, 2, 2);
+    mt_alloc_free(a, q);
+    mt_alloc_free(a, p1);
+    s = stats_of(a);
+    assert_pooled(s.allocated_bytes, 0, 6 * MIB, 6 * MIB);
+    assert_int_equal(s.allocated_bytes[MT_STAT_SMALL].peak, 1024);
+    assert_int_equal(s.allocated_bytes[MT_STAT_ALL].current, 0);
+    assert_int_equal(s.requested_bytes[MT_STAT_SMALL].allocated, 1000);
+    assert_int_equal(mt_alloc_check(a), 0);
+    mt_alloc_destroy(&a);
+    mt_backend_destroy(&b);
+}
+
 static void test_expandable_address_space_short(void **state)
 {
     (void)state;
@@ -574,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_oom_report),
         cmocka_unit_test(test_release_smaller_segments),
         cmocka_unit_test(test_expandable_address_space_short),
+        cmocka_unit_test(test_stat_pools_split_late),
         cmocka_unit_test(test_expandable_release_to_fit),
         cmocka_unit_test(test_expandable_one_pool),
         cmocka_unit_test(test_expandable_place_high),
