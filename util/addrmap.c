@@ -12,14 +12,18 @@ void mt__amap_fini(mt__amap_t *m)
 {
     free(m->keys);
     free(m->vals);
-    *m = (mt__amap_t){0};
+    *m = (mt__amap_t){.room = m->room};
 }
 
 int mt__amap_grow(mt__amap_t *m)
 {
     size_t cap = m->cap ? m->cap * 2 : AMAP_FIRST;
-    mt__amap_t t = {calloc(cap, sizeof *t.keys), calloc(cap, sizeof *t.vals), cap, m->n,
-                    (unsigned)__builtin_clzll((unsigned long long)cap) + 1};
+    mt__amap_t t = {calloc(cap, sizeof *t.keys),
+                    calloc(cap, sizeof *t.vals),
+                    cap,
+                    m->n,
+                    (unsigned)__builtin_clzll((unsigned long long)cap) + 1,
+                    m->room};
     if (t.keys == NULL || t.vals == NULL || cap < m->cap) {
         free(t.keys);
         free(t.vals);
@@ -57,8 +61,10 @@ int mt__amap_check(const mt__amap_t *m, char *why, size_t whylen)
     }
     if (bad == NULL && n != m->n)
         bad = "n differs from the keys held";
-    if (bad == NULL && m->n * 2 > m->cap && m->cap != 0)
-        bad = "more than half full";
+    if (bad == NULL && m->room > 1)
+        bad = "room beyond a quarter";
+    if (bad == NULL && (m->n << (1 + m->room)) > m->cap && m->cap != 0)
+        bad = "fuller than its room allows";
     if (bad == NULL)
         return 0;
     if (why)

@@ -31,15 +31,16 @@ static void check_amap(const mt__amap_t *m)
 }
 
 /* Keys drawn from a small range (so puts replace and deletes hit), with the keys a
- * clustered allocator gives (multiples of 512); the reference is an array by key. */
-static void test_amap_random(void **state)
+ * clustered allocator gives (multiples of 512); the reference is an array by key. At
+ * either room (at most half or a quarter full), the checker holding the table to it. */
+static void amap_random(unsigned room)
 {
-    (void)state;
     enum { KEYS = 3000, OPS = 60000 };
     uint64_t *ref = calloc(KEYS, sizeof *ref); /* value + 1; 0 = absent */
     assert_non_null(ref);
-    mt__amap_t m = {0};
+    mt__amap_t m = {.room = room};
     uint64_t seed = 7, v;
+    size_t most = 0;
     size_t n = 0;
     for (int op = 0; op < OPS; op++) {
         size_t k = rng(&seed) % KEYS;
@@ -57,6 +58,8 @@ static void test_amap_random(void **state)
             ref[k] = 0;
         }
         assert_int_equal(m.n, n);
+        assert_true(m.cap >= m.n << (1 + room));
+        most = n > most ? n : most;
         if (op % 97 == 0) {
             check_amap(&m);
             for (size_t j = 0; j < KEYS; j++) {
@@ -70,10 +73,41 @@ static void test_amap_random(void **state)
     check_amap(&m);
     assert_int_equal(mt__amap_put(&m, 0, 1), MT_EINVAL);
     assert_int_equal(mt__amap_get(&m, 0, &v), MT_ENOENT);
+    assert_true(most > 1000); /* the table grew through several sizes */
     mt__amap_fini(&m);
     assert_int_equal(mt__amap_get(&m, 512, &v), MT_ENOENT); /* empty again */
     assert_int_equal(mt__amap_del(&m, 512), MT_ENOENT);
+    assert_int_equal(m.room, room); /* kept for reuse */
     free(ref);
+}
+
+static void test_amap_random(void **state)
+{
+    (void)state;
+    amap_random(0);
+    amap_random(1);
+}
+
+/* A quarter-full table grows where a half-full one would not, and the checker tells a
+ * table fuller than its room allows. */
+static void test_amap_room(void **state)
+{
+    (void)state;
+    mt__amap_t half = {0}, quarter = {.room = 1};
+    for (uint64_t k = 1; k <= 8; k++) {
+        assert_int_equal(mt__amap_put(&half, k << 9, k), 0);
+        assert_int_equal(mt__amap_put(&quarter, k << 9, k), 0);
+    }
+    assert_int_equal(half.cap, 16);
+    assert_int_equal(quarter.cap, 32);
+    check_amap(&half);
+    check_amap(&quarter);
+    quarter.room = 2;
+    assert_int_equal(mt__amap_check(&quarter, NULL, 0), MT_EPROTO);
+    half.room = 1; /* 8 keys in 16 slots: more than a quarter */
+    assert_int_equal(mt__amap_check(&half, NULL, 0), MT_EPROTO);
+    mt__amap_fini(&half);
+    mt__amap_fini(&quarter);
 }
 
 /* The checker sees a key its probe cannot reach. */
@@ -231,9 +265,9 @@ static void test_segmap_random(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_amap_random),   cmocka_unit_test(test_amap_check_fails),
-        cmocka_unit_test(test_segmap_runs),   cmocka_unit_test(test_segmap_no_join),
-        cmocka_unit_test(test_segmap_random),
+        cmocka_unit_test(test_amap_random),      cmocka_unit_test(test_amap_room),
+        cmocka_unit_test(test_amap_check_fails), cmocka_unit_test(test_segmap_runs),
+        cmocka_unit_test(test_segmap_no_join),   cmocka_unit_test(test_segmap_random),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
