@@ -29,7 +29,7 @@ typedef struct mt__amap_s {
     unsigned shift; /* 64 - log2(cap) */
     /* The table is at most 2^-(1 + room) full: 0 (half, the default) or 1 (a quarter, the
      * allocator's block table, where each probe past the home slot is a mispredicted
-     * branch on the hot path: 7-14 % of a torch trace's replay at half). Set while empty. */
+     * branch on the hot path; docs/bench-replay.md has what it saves). Set while empty. */
     unsigned room;
 } mt__amap_t;
 
