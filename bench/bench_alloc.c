@@ -12,10 +12,13 @@
  * jemalloc and mimalloc are dlopen'ed RTLD_LOCAL (analysis/replay.c): both define malloc,
  * and linking either would replace the process allocator (and so the glibc row).
  *
- * usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]   (default: data/traces)
+ * usage: bench_alloc [--quick] [--wall] [--heap-defaults] [TRACE.csv[.xz|.gz] ...]
+ *        (default: data/traces)
  *        bench_alloc --replay-child KIND PASSES cpu|wall TRACE   (one process of table (2))
  * Table (2) times each pass by the process's CPU clock (page faults included, preemption
- * by other jobs on a shared machine not); --wall times it by the wall clock. */
+ * by other jobs on a shared machine not); --wall times it by the wall clock. Its host heaps
+ * keep the pages they got, as memtrace's cache does (keep_pages_env); --heap-defaults runs
+ * them as they come. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +123,8 @@ static void print_line(const line_t *l)
 
 typedef struct opts_s {
     bool quick;
-    bool wall; /* table (2) by the wall clock instead of each process's CPU clock */
+    bool wall;          /* table (2) by the wall clock instead of each process's CPU clock */
+    bool heap_defaults; /* table (2)'s host heaps with their defaults (keep_pages_env) */
 } opts_t;
 
 /* Writes "<fmt with target>: MET" or ": NOT MET" into g; returns g. */
@@ -605,8 +609,35 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
     return 0;
 }
 
-/* Runs one child (this program, re-executed) and reads its line into *o. */
-static int run_child(int kind, unsigned npasses, bool wall, const char *path, child_out_t *o)
+/* The host heaps' own settings that keep the pages they got, as memtrace's cache does during
+ * a replay (it gives nothing back without empty_cache): with their defaults they return
+ * freed pages to the kernel (mimalloc's decommit, jemalloc's decay, glibc's trim and its
+ * dynamic mmap threshold) and fault them in again on the next pass, which measures the
+ * host's page faults as much as the heap (1.6-14 us a page on some VMs here). Set in a
+ * child before it starts: each reads them once, at its first call. --heap-defaults keeps
+ * their defaults. */
+static void keep_pages_env(int kind)
+{
+    if (kind == K_MIMALLOC) {
+        setenv("MIMALLOC_ALLOW_DECOMMIT", "0", 1); /* mimalloc 2.0 */
+        setenv("MIMALLOC_PURGE_DELAY", "-1", 1);   /* mimalloc 2.1 and later */
+    } else if (kind == K_JEMALLOC) {
+        setenv("MALLOC_CONF", "dirty_decay_ms:-1,muzzy_decay_ms:-1", 1);
+    } else if (kind == K_GLIBC) {
+        /* the largest mmap threshold glibc takes (32 MiB on 64 bits) fixes it there */
+        static const char keep[] = "glibc.malloc.trim_threshold=68719476736:"
+                                   "glibc.malloc.mmap_threshold=33554432";
+        const char *cur = getenv("GLIBC_TUNABLES");
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s%s%s", cur ? cur : "", cur ? ":" : "", keep);
+        setenv("GLIBC_TUNABLES", buf, 1);
+    }
+}
+
+/* Runs one child (this program, re-executed) and reads its line into *o; keep: the host
+ * heaps keep their pages (keep_pages_env). */
+static int run_child(int kind, unsigned npasses, bool wall, bool keep, const char *path,
+                     child_out_t *o)
 {
     memset(o, 0, sizeof *o);
     int fd[2];
@@ -620,6 +651,8 @@ static int run_child(int kind, unsigned npasses, bool wall, const char *path, ch
         dup2(fd[1], STDOUT_FILENO);
         close(fd[0]);
         close(fd[1]);
+        if (keep)
+            keep_pages_env(kind);
         char *argv[] = {"bench_alloc", "--replay-child",      (char *)kind_arg[kind],
                         passes,        wall ? "wall" : "cpu", (char *)path,
                         NULL};
@@ -669,7 +702,7 @@ typedef struct col_s {
 } col_t;
 
 static void measure(int kind, const char *path, unsigned procs, unsigned npasses, bool wall,
-                    double ops, col_t *c)
+                    bool keep, double ops, col_t *c)
 {
     uint64_t cold[8], warm[8 * MAX_PASSES], model[8];
     size_t nc = 0, nw = 0;
@@ -677,7 +710,7 @@ static void measure(int kind, const char *path, unsigned procs, unsigned npasses
     c->util_cold = c->util_warm = -1;
     for (unsigned p = 0; p < procs && p < 8; p++) {
         child_out_t o;
-        if (run_child(kind, npasses, wall, path, &o) < 0 || o.n < 2) {
+        if (run_child(kind, npasses, wall, keep, path, &o) < 0 || o.n < 2) {
             snprintf(c->note, sizeof c->note, "%s", o.note[0] ? o.note : "no figures");
             return;
         }
@@ -742,7 +775,7 @@ static int speed_rows(const opts_t *o, const char *path)
     unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
     col_t col[K_N];
     for (int k = 0; k < K_N; k++)
-        measure(k, path, procs, npasses, o->wall, ops, &col[k]);
+        measure(k, path, procs, npasses, o->wall, !o->heap_defaults, ops, &col[k]);
     for (int k = 0; k < K_N; k++) {
         const col_t *c = &col[k];
         if (!c->ok) {
@@ -897,10 +930,13 @@ int main(int argc, char **argv)
             o.quick = true;
         else if (strcmp(argv[i], "--wall") == 0)
             o.wall = true;
+        else if (strcmp(argv[i], "--heap-defaults") == 0)
+            o.heap_defaults = true;
         else if (argv[i][0] != '-' && ntraces < 16)
             traces[ntraces++] = argv[i];
         else {
-            fprintf(stderr, "usage: bench_alloc [--quick] [--wall] [TRACE.csv[.xz|.gz] ...]\n");
+            fprintf(stderr, "usage: bench_alloc [--quick] [--wall] [--heap-defaults] "
+                            "[TRACE.csv[.xz|.gz] ...]\n");
             return 2;
         }
     }
@@ -953,6 +989,12 @@ int main(int argc, char **argv)
         "memtrace+plan: the first pass inside\n    mt_alloc_warmup_begin/end. The cold verdict "
         "adds memtrace's model back (first touch counted for every column).\n    util = peak "
         "live requested / peak reserved (memtrace) or pool high-water (TLSF).\n");
+    printf("    host heaps: %s\n",
+           o.heap_defaults ? "their defaults (--heap-defaults)"
+                           : "keeping the pages they got, as memtrace's cache does "
+                             "(MIMALLOC_ALLOW_DECOMMIT=0, MIMALLOC_PURGE_DELAY=-1; jemalloc "
+                             "dirty/muzzy_decay_ms:-1;\n    glibc trim_threshold 64 GiB, "
+                             "mmap_threshold 32 MiB); --heap-defaults for their defaults");
     printf("  %-14s %9s %9s %9s %9s %9s  %s\n", "allocator", "cold", "(model)", "warm", "util cold",
            "util warm", "verdict against the goals");
     for (size_t i = 0; i < ntraces && rc == 0; i++)
