@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 
 PACKAGES=(build-essential meson ninja-build pkg-config libuv1-dev libjansson-dev
           libcmocka-dev libopenblas-dev prometheus libjemalloc-dev libmimalloc-dev
-          libxml2-utils libdw-dev libunwind-dev
+          libxml2-utils libdw-dev libunwind-dev liblzma-dev zlib1g-dev libzstd-dev
           libblis-dev libdnnl-dev libxsmm-dev python3-torch chromium clang-14 libclang-rt-14-dev)
 
 install_missing() {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/zsource.h"
 #include "memtrace/common.h"
 #include "util/addrmap.h"
 #include "util/grow.h"
@@ -19,8 +20,10 @@ static const char *const field_names[NFIELDS] = {"Thread",  "Time", "Action",
  * once failed != 0 every call returns it. */
 struct mt_trace_reader_s {
     FILE *f;         /* the file being read */
+    mt__zsrc_t *z;   /* its decompression, when its first bytes name one (else NULL) */
+    int codec;       /* that decompression's mt__zcodec_e */
     bool owns_file;  /* opened by mt__trace_reader_open: closed with the reader */
-    bool at_eof;     /* fread reported end of file */
+    bool at_eof;     /* fread (or the decompression) reported the end */
     int failed;      /* 0 or the sticky error code */
     uint64_t line;   /* number of the last line read, 1-based */
     size_t pos, len; /* consumed / filled bytes of buf */
@@ -88,11 +91,16 @@ static int fail_field(mt_trace_reader_t *r, int field, const char *what, const c
 
 /* ---- lines ---- */
 
-/* Refills buf. Returns 0, or MT_EIO on a read error. */
+/* Refills buf. Returns 0, or MT_EIO on a read error (MT_EPROTO: bad compressed data). */
 static int refill(mt_trace_reader_t *r)
 {
-    r->len = fread(r->buf, 1, sizeof r->buf, r->f);
     r->pos = 0;
+    if (r->z != NULL) {
+        int rc = mt__zsrc_read(r->z, r->buf, sizeof r->buf, &r->len);
+        r->at_eof = rc == 0 && r->len == 0;
+        return rc;
+    }
+    r->len = fread(r->buf, 1, sizeof r->buf, r->f);
     if (r->len < sizeof r->buf) {
         if (ferror(r->f))
             return MT_EIO;
@@ -113,9 +121,11 @@ static int read_line(mt_trace_reader_t *r, size_t *length, bool *complete)
         if (r->pos == r->len) {
             if (r->at_eof)
                 break;
-            if (refill(r) != 0) {
+            int rc = refill(r);
+            if (rc != 0) {
                 r->line++;
-                return fail(r, MT_EIO, "read error");
+                return r->z != NULL ? fail(r, rc, "%s", mt__zsrc_error(r->z))
+                                    : fail(r, MT_EIO, "read error");
             }
             continue;
         }
@@ -151,15 +161,9 @@ got:
     r->text[n] = '\0';
     if (too_long)
         return fail(r, MT_EPROTO, "line longer than %d bytes", MT_TRACE_MAX_LINE);
-    if (r->line == 1 && (n >= 6 && memcmp(r->text,
-                                          "\xfd"
-                                          "7zXZ\0",
-                                          6) == 0))
-        return fail(r, MT_EPROTO, "an xz-compressed file: decompress it first (xz -dk FILE)");
-    if (r->line == 1 && n >= 2 && memcmp(r->text, "\x1f\x8b", 2) == 0)
-        return fail(r, MT_EPROTO, "a gzip-compressed file: decompress it first (gzip -dk FILE)");
-    if (r->line == 1 && n >= 4 && memcmp(r->text, "\x28\xb5\x2f\xfd", 4) == 0)
-        return fail(r, MT_EPROTO, "a zstd-compressed file: decompress it first (zstd -d FILE)");
+    if (r->line == 1 && r->z != NULL && mt__zsrc_sniff(r->text, n) != MT__Z_NONE)
+        return fail(r, MT_EPROTO, "%s data inside the %s data: compressed twice",
+                    mt__zsrc_name(mt__zsrc_sniff(r->text, n)), mt__zsrc_name(r->codec));
     if (nul)
         return fail(r, MT_EPROTO, "NUL byte in line (not a text file?)");
     if (n > 0 && r->text[n - 1] == '\r')
@@ -350,9 +354,25 @@ int mt__trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *nam
         return MT_ENOMEM;
     }
     r->f = f;
+    /* The first bytes say whether the file is compressed (xz, gzip, zstd): then the reader
+     * takes its lines from the decompression. */
+    int rc = refill(r);
+    int codec = rc == 0 ? mt__zsrc_sniff(r->buf, r->len) : MT__Z_NONE;
+    if (rc != 0) {
+        r->line = 1;
+        rc = fail(r, MT_EIO, "read error");
+    } else if (codec != MT__Z_NONE) {
+        r->codec = codec;
+        rc = mt__zsrc_open(&r->z, f, codec, r->buf, r->len);
+        if (rc != 0)
+            rc = fail(r, rc, "no memory for the %s decoder", mt__zsrc_name(codec));
+        r->len = r->pos = 0;
+        r->at_eof = false;
+    }
     size_t n = 0;
     bool complete = false;
-    int rc = read_line(r, &n, &complete);
+    if (rc == 0)
+        rc = read_line(r, &n, &complete);
     if (rc == 0) {
         r->line = 1;
         rc = fail(r, MT_EPROTO, "empty file: expected the header %s", MT_TRACE_HEADER);
@@ -363,6 +383,7 @@ int mt__trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *nam
     }
     if (rc < 0) {
         set_err(err, errlen, "%s", r->err);
+        mt__zsrc_close(&r->z);
         free(r->name);
         free(r);
         return rc;
@@ -374,6 +395,8 @@ int mt__trace_reader_from_file(mt_trace_reader_t **out, FILE *f, const char *nam
 int mt__trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
+    if (strcmp(path, "-") == 0)
+        return mt__trace_reader_from_file(out, stdin, "-", err, errlen);
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         int e = errno;
@@ -416,6 +439,7 @@ void mt__trace_reader_close(mt_trace_reader_t **p)
     mt_trace_reader_t *r = *p;
     if (r == NULL)
         return;
+    mt__zsrc_close(&r->z);
     if (r->owns_file)
         fclose(r->f);
     free(r->name);

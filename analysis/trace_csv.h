@@ -59,9 +59,11 @@ typedef struct mt_trace_row_s {
 
 typedef struct mt_trace_reader_s mt_trace_reader_t;
 
-/* Opens path for reading and checks the header. *out is new; close it with
- * mt__trace_reader_close. Returns MT_ENOENT if the file cannot be opened and MT_EPROTO for
- * a missing or wrong header; the message is then in err (if err != NULL). */
+/* Opens path for reading ("-": standard input, not closed) and checks the header. A file
+ * compressed with xz, gzip or zstd (zsource.h) is read through its decompression. *out is
+ * new; close it with mt__trace_reader_close. Returns MT_ENOENT if the file cannot be opened
+ * and MT_EPROTO for a missing or wrong header or bad compressed data; the message is then in
+ * err (if err != NULL). */
 int mt__trace_reader_open(mt_trace_reader_t **out, const char *path, char *err, size_t errlen);
 /* Like mt__trace_reader_open on an open stream. f is borrowed (not closed); name is copied
  * and only used in messages. */

@@ -36,6 +36,8 @@ static void usage(FILE *f)
                "FILE is RMM's logging CSV, or a PyTorch memory snapshot (the pickle of\n"
                "torch.cuda.memory._dump_snapshot; each device's trace is replayed and\n"
                "PyTorch's own reserved and peak figures are printed beside memtrace's).\n"
+               "A CSV compressed with xz, gzip or zstd is read as it is (data/traces/*.xz);\n"
+               "'-' reads the CSV from standard input.\n"
                "RMM's CSV: the header Thread,Time,Action,Pointer,Size,Stream,\n"
                "then rows like  2342727,15:47:02.841961,allocate,0x10012400000,1048576,0\n"
                "(Action allocate, free or 'allocate failure'; Pointer and Stream hex, with\n"
@@ -73,6 +75,7 @@ static void usage(FILE *f)
                "\n"
                "example:\n"
                "  memtrace replay data/traces/rnn_varlen.csv --warmup\n"
+               "  memtrace replay data/traces/torch_lstm.csv.xz --second-pass\n"
                "  memtrace replay snapshot.pickle --alloc-conf expandable_segments:True\n"
                "  memtrace replay data/traces/somas_resnet50.csv \\\n"
                "      --alloc-conf expandable_segments:True --json\n");

@@ -119,6 +119,11 @@ void mt_tool_jemalloc_measure(const char *trace_path, unsigned rounds, mt_tool_j
                  "jemalloc left out: a sanitizer build cannot preload another malloc");
         return;
     }
+    if (strcmp(trace_path, "-") == 0) { /* the process reads the trace again */
+        snprintf(out->note, sizeof out->note,
+                 "jemalloc left out: the trace came from standard input (give its file)");
+        return;
+    }
     const char *lib = getenv("MEMTRACE_JEMALLOC");
     if (lib == NULL || lib[0] == '\0')
         lib = MT_TOOL_JEMALLOC_DEFAULT;

@@ -35,7 +35,8 @@ EXEC_TESTS=(prof_report_outside readers_same)
 # otherwise); libxsmm has no arm64 package, its option is turned off below.
 PACKAGES=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user pkg-config meson ninja-build
           python3 binutils libc6:arm64 libjansson-dev:arm64 libuv1-dev:arm64
-          libcmocka-dev:arm64 libopenblas-dev:arm64 libdw-dev:arm64 libunwind-dev:arm64)
+          libcmocka-dev:arm64 libopenblas-dev:arm64 libdw-dev:arm64 libunwind-dev:arm64
+          liblzma-dev:arm64 zlib1g-dev:arm64 libzstd-dev:arm64)
 
 t_start=$(date +%s)
 say() { printf 'aarch64.sh: %s\n' "$*"; }

@@ -287,6 +287,83 @@ static void test_bundled_traces(void **state)
     mt__trace_free(&t);
 }
 
+static mt_trace_t *load_ok(const char *path)
+{
+    char err[MT_TRACE_ERR_LEN];
+    mt_trace_t *t = NULL;
+    if (mt__trace_load(&t, path, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    return t;
+}
+
+/* Compressed traces read as their text: files the real xz, gzip and zstd wrote, in several
+ * streams, members and frames (data/valid: streams.csv cut in two, each part compressed on
+ * its own), and the shipped torch traces (xz, each many of the reader's buffers long). */
+static void test_compressed(void **state)
+{
+    static const char *const parts[] = {"streams_2members.csv.gz", "streams_2streams.csv.xz",
+                                        "streams_2frames.csv.zst"};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/valid/streams.csv", REPLAY_DATA_DIR);
+    mt_trace_t *plain = load_ok(path);
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/valid/%s", REPLAY_DATA_DIR, parts[i]);
+        mt_trace_t *t = load_ok(path);
+        assert_int_equal(t->nrows, plain->nrows);
+        assert_int_equal(t->nops, plain->nops);
+        assert_int_equal(t->nfailures, plain->nfailures);
+        assert_int_equal(t->nstreams, plain->nstreams);
+        assert_memory_equal(t->streams, plain->streams, t->nstreams * sizeof t->streams[0]);
+        assert_memory_equal(t->ops, plain->ops, t->nops * sizeof t->ops[0]);
+        mt__trace_free(&t);
+    }
+    mt__trace_free(&plain);
+    static const char *const two[] = {"two_allocs.csv.xz", "two_allocs.csv.gz",
+                                      "two_allocs.csv.zst"};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/valid/%s", REPLAY_DATA_DIR, two[i]);
+        mt_trace_t *t = load_ok(path);
+        assert_int_equal(t->nallocs, 2);
+        assert_int_equal(t->ops[0].size, 16777216);
+        assert_int_equal(t->ops[1].size, 8388608);
+        mt__trace_free(&t);
+    }
+    static const struct {
+        const char *name;
+        size_t rows, allocs, leaked;
+    } torch[] = {{"torch_lstm.csv.xz", 160786, 80396, 6},
+                 {"torch_gru.csv.xz", 294298, 147152, 6},
+                 {"torch_transformer.csv.xz", 34966, 17486, 6}};
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", TRACES_DIR, torch[i].name);
+        mt_trace_t *t = load_ok(path);
+        assert_int_equal(t->nrows, torch[i].rows);
+        assert_int_equal(t->nallocs, torch[i].allocs);
+        assert_int_equal(t->nallocs + t->nfrees, t->nrows);
+        assert_int_equal(t->leaked, torch[i].leaked);
+        mt__trace_free(&t);
+    }
+}
+
+/* A reader on a compressed stream hands out the rows decoded before an error, then the
+ * error: a truncated xz file's rows are all read. */
+static void test_compressed_prefix_kept(void **state)
+{
+    char path[1024], err[MT_TRACE_ERR_LEN];
+    snprintf(path, sizeof path, "%s/invalid/xz_truncated.csv", REPLAY_DATA_DIR);
+    mt_trace_reader_t *r;
+    assert_int_equal(mt__trace_reader_open(&r, path, err, sizeof err), 0);
+    mt_trace_row_t row;
+    int rc, rows = 0;
+    while ((rc = mt__trace_reader_next(r, &row)) == 1)
+        rows++;
+    assert_int_equal(rc, MT_EPROTO);
+    assert_int_equal(rows, 10); /* every row of streams.csv */
+    assert_non_null(strstr(mt__trace_reader_error(r), "xz: the file ends inside"));
+    assert_int_equal(mt__trace_reader_next(r, &row), MT_EPROTO); /* sticky */
+    mt__trace_reader_close(&r);
+}
+
 static void test_missing_file(void **state)
 {
     char err[MT_TRACE_ERR_LEN];
@@ -355,6 +432,8 @@ int main(void)
         cmocka_unit_test(test_header_only_and_leaks),
         cmocka_unit_test(test_many_rows_across_chunks),
         cmocka_unit_test(test_bundled_traces),
+        cmocka_unit_test(test_compressed),
+        cmocka_unit_test(test_compressed_prefix_kept),
         cmocka_unit_test(test_missing_file),
         cmocka_unit_test(test_invalid_files),
         cmocka_unit_test(test_rmm_documented_form),
