@@ -33,7 +33,6 @@
 #include "analysis/replay.h"
 #include "analysis/trace_csv.h"
 #include "machine.h"
-#include "trace_load.h"
 #include "tlsf.h"
 
 #define PAIR_GOAL_NS     40.0 /* cached alloc+free pair, one thread */
@@ -549,7 +548,7 @@ static int replay_child(const char *kind, unsigned npasses, const char *clock, c
         fprintf(stderr, "bench_alloc: bad --replay-child arguments\n");
         return 2;
     }
-    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
+    int rc = mt__trace_load(&t, path, err, sizeof err);
     if (rc < 0) {
         printf("skip %s\n", err);
         return 1;
@@ -762,7 +761,7 @@ static int speed_rows(const opts_t *o, const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
+    int rc = mt__trace_load(&t, path, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
@@ -770,7 +769,7 @@ static int speed_rows(const opts_t *o, const char *path)
     double ops = t->nops ? (double)t->nops : 1;
     char sz[16];
     human(sz, sizeof sz, (double)t->peak_live_bytes);
-    printf("%s: %zu events, peak live %s\n", mt_bench_base_name(path), t->nrows, sz);
+    printf("%s: %zu events, peak live %s\n", basename(path), t->nrows, sz);
     mt__trace_free(&t);
     unsigned procs = o->quick ? 1 : 3, npasses = o->quick ? 4 : 6;
     col_t col[K_N];
@@ -866,12 +865,12 @@ static int policy_rows(const char *path)
 {
     char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t;
-    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
+    int rc = mt__trace_load(&t, path, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "bench_alloc: %s\n", err);
         return rc;
     }
-    const char *base = mt_bench_base_name(path);
+    const char *base = basename(path);
     double ops = t->nops ? (double)t->nops : 1;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) {
         mt_replay_cfg_t cfg = mt__replay_cfg_default();

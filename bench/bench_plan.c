@@ -140,19 +140,10 @@ static mt__plan_item_t *items_of(const seq_t *s, size_t *n, size_t *peak)
 /* The sequence of a recorded trace (all its streams as one), or false with a message. */
 static bool trace_seq(const char *path, seq_t *s)
 {
-    char cmd[4096], err[MT_TRACE_ERR_LEN + 256];
-    size_t len = strlen(path);
-    bool xz = len > 3 && strcmp(path + len - 3, ".xz") == 0;
-    if (xz && snprintf(cmd, sizeof cmd, "xz -dc '%s'", path) >= (int)sizeof cmd)
-        return false;
-    FILE *f = xz ? popen(cmd, "r") : fopen(path, "r");
+    char err[MT_TRACE_ERR_LEN + 256];
     mt_trace_t *t = NULL;
-    int rc = f != NULL ? mt__trace_load_file(&t, f, path, err, sizeof err) : MT_ENOENT;
-    if (f != NULL && (xz ? pclose(f) != 0 : fclose(f) != 0) && rc == 0)
-        rc = MT_EIO;
-    if (rc != 0) {
-        fprintf(stderr, "bench_plan: %s: %s\n", path, f != NULL ? err : "cannot open");
-        mt__trace_free(&t);
+    if (mt__trace_load(&t, path, err, sizeof err) != 0) { /* (compressed or not) */
+        fprintf(stderr, "bench_plan: %s\n", err);
         return false;
     }
     for (size_t i = 0; i < t->nops; i++)

@@ -27,7 +27,7 @@
 #include <time.h>
 
 #include "bench/machine.h"
-#include "bench/trace_load.h"
+#include "analysis/trace_csv.h"
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "profiler/ring.h"
@@ -216,7 +216,7 @@ static int trace_rows(const char *path, int rounds)
 {
     mt_trace_t *t = NULL;
     char err[512];
-    int rc = mt_bench_load_trace(path, &t, err, sizeof err);
+    int rc = mt__trace_load(&t, path, err, sizeof err);
     if (rc != 0) {
         fprintf(stderr, "bench_record: %s\n", err);
         return rc;
@@ -233,8 +233,8 @@ static int trace_rows(const char *path, int rounds)
         mt__trace_free(&t);
         return rc != 0 ? rc : MT_ENOMEM;
     }
-    printf("%s: %zu operations, the second pass timed, best of %d rounds\n",
-           mt_bench_base_name(path), t->nops, rounds);
+    printf("%s: %zu operations, the second pass timed, best of %d rounds\n", basename(path),
+           t->nops, rounds);
     printf("  %-28s %9s %9s %10s %11s %10s   %s\n", "configuration", "ns/op", "cpu ns/op",
            "events/op", "cpu ns/ev", "dropped", "goal");
     for (int c = 0; c < NCFG; c++) {
