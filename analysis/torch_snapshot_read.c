@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "analysis/torch_snapshot_read.h"
 #include "memtrace/alloc.h"
@@ -483,6 +484,10 @@ bool mt__ts_is_pickle(const char *path)
     if ((n > 7 && strcmp(path + n - 7, ".pickle") == 0) ||
         (n > 4 && strcmp(path + n - 4, ".pkl") == 0))
         return true;
+    /* A regular file only: reading a pipe (`<(cat snap)`) to look would lose its bytes. */
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return false;
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return false;

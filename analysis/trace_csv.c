@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "analysis/zsource.h"
 #include "memtrace/common.h"
@@ -332,13 +333,14 @@ static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row
 
 bool mt__trace_is_rmm(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
+    /* A regular file only: reading a pipe (`<(zcat log.gz)`) to look would lose its bytes. */
+    struct stat st;
+    mt_trace_reader_t *r = NULL; /* (a compressed one too) */
+    if (strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
+        mt__trace_reader_open(&r, path, NULL, 0) != 0)
         return false;
-    char head[sizeof MT_TRACE_HEADER];
-    size_t n = fread(head, 1, sizeof head - 1, f);
-    fclose(f);
-    return n == sizeof head - 1 && memcmp(head, MT_TRACE_HEADER, n) == 0;
+    mt__trace_reader_close(&r);
+    return true;
 }
 
 /* ---- reader ---- */

@@ -36,8 +36,9 @@
 /* Room for an error message: the name of the file, the line, the field and an excerpt. */
 #define MT_TRACE_ERR_LEN 512
 
-/* True when the file at path starts with MT_TRACE_HEADER (an RMM log), for the commands
- * that read memtrace's logs and must name one given to them instead. */
+/* True when the regular file at path (compressed or not) starts with MT_TRACE_HEADER (an RMM
+ * log), for the commands that read memtrace's logs and must name one given to them instead.
+ * A pipe is not read. */
 bool mt__trace_is_rmm(const char *path);
 
 typedef enum mt_trace_action_e {

@@ -1,12 +1,14 @@
 /* Decompression while reading (zsource.h): one step loop over three decoders. */
 #include "analysis/zsource.h"
 
+#include <errno.h>
 #include <lzma.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 #include <zstd.h>
 #include <zstd_errors.h>
@@ -268,5 +270,103 @@ void mt__zsrc_close(mt__zsrc_t **p)
     else
         ZSTD_freeDStream(z->u.zs);
     free(z);
+    *p = NULL;
+}
+
+/* ---- a FILE over it ---- */
+
+/* Invariants: f = raw, or a cookie stream over this; z != NULL for a compressed file;
+ * pre[pos, npre) are raw bytes taken to look and not yet given. */
+struct mt__zfile_s {
+    FILE *raw, *f;
+    mt__zsrc_t *z;
+    int codec;
+    size_t npre, pos;
+    unsigned char pre[8];
+};
+
+static ssize_t zfile_read(void *cookie, char *buf, size_t size)
+{
+    mt__zfile_t *zf = cookie;
+    if (zf->z != NULL) {
+        size_t n = 0;
+        if (mt__zsrc_read(zf->z, buf, size, &n) != 0) {
+            errno = EIO;
+            return -1;
+        }
+        return (ssize_t)n;
+    }
+    if (zf->pos < zf->npre) {
+        size_t n = zf->npre - zf->pos < size ? zf->npre - zf->pos : size;
+        memcpy(buf, zf->pre + zf->pos, n);
+        zf->pos += n;
+        return (ssize_t)n;
+    }
+    size_t n = fread(buf, 1, size, zf->raw);
+    if (n == 0 && ferror(zf->raw))
+        return -1;
+    return (ssize_t)n;
+}
+
+int mt__zfile_open(mt__zfile_t **out, FILE *raw)
+{
+    *out = NULL;
+    mt__zfile_t *zf = calloc(1, sizeof *zf);
+    if (zf == NULL)
+        return MT_ENOMEM;
+    zf->raw = raw;
+    zf->npre = fread(zf->pre, 1, 6, raw); /* the longest magic */
+    if (zf->npre < 6 && ferror(raw)) {
+        free(zf);
+        return MT_EIO;
+    }
+    zf->codec = mt__zsrc_sniff(zf->pre, zf->npre);
+    /* Rewound only where it can be: a failed fseek on a pipe drops what it had buffered. */
+    struct stat st;
+    bool seekable = fstat(fileno(raw), &st) == 0 && S_ISREG(st.st_mode);
+    if (zf->codec == MT__Z_NONE && seekable && fseek(raw, 0, SEEK_SET) == 0) {
+        zf->f = raw; /* a plain file read as it is, at full speed */
+        *out = zf;
+        return 0;
+    }
+    int rc = 0;
+    if (zf->codec != MT__Z_NONE)
+        rc = mt__zsrc_open(&zf->z, raw, zf->codec, zf->pre, zf->npre);
+    static const cookie_io_functions_t io = {.read = zfile_read};
+    if (rc == 0 && (zf->f = fopencookie(zf, "r", io)) == NULL)
+        rc = MT_ENOMEM;
+    if (rc != 0) {
+        mt__zsrc_close(&zf->z);
+        free(zf);
+        return rc;
+    }
+    *out = zf;
+    return 0;
+}
+
+FILE *mt__zfile_stream(const mt__zfile_t *zf)
+{
+    return zf->f;
+}
+
+int mt__zfile_codec(const mt__zfile_t *zf)
+{
+    return zf->codec;
+}
+
+const char *mt__zfile_error(const mt__zfile_t *zf)
+{
+    return zf->z != NULL ? mt__zsrc_error(zf->z) : "";
+}
+
+void mt__zfile_close(mt__zfile_t **p)
+{
+    mt__zfile_t *zf = *p;
+    if (zf == NULL)
+        return;
+    if (zf->f != NULL && zf->f != zf->raw)
+        fclose(zf->f);
+    mt__zsrc_close(&zf->z);
+    free(zf);
     *p = NULL;
 }

@@ -39,4 +39,23 @@ const char *mt__zsrc_error(const mt__zsrc_t *z);
 /* Frees the decoder (not the file). Sets *p = NULL. */
 void mt__zsrc_close(mt__zsrc_t **p);
 
+/* A stream that reads a file as its uncompressed bytes, for readers that take a FILE (the
+ * log readers): when the file's first bytes announce xz, gzip or zstd, the stream reads
+ * through the decompression (a stream of fopencookie's); otherwise it is the file itself,
+ * rewound, or, where it cannot be rewound (a pipe), a stream that gives back the bytes
+ * taken to look before the rest. */
+typedef struct mt__zfile_s mt__zfile_t;
+
+/* Opens the stream over raw (borrowed; not closed). Returns 0, MT_EIO (raw cannot be read)
+ * or MT_ENOMEM. */
+int mt__zfile_open(mt__zfile_t **out, FILE *raw);
+/* The stream to read (raw itself when it is plain and could be rewound). Borrowed. */
+FILE *mt__zfile_stream(const mt__zfile_t *zf);
+/* The decompression's mt__zcodec_e. */
+int mt__zfile_codec(const mt__zfile_t *zf);
+/* Why the stream failed to read, when the decompression said ("" otherwise: then errno). */
+const char *mt__zfile_error(const mt__zfile_t *zf);
+/* Closes the stream (not raw) and frees *p. Sets *p = NULL. */
+void mt__zfile_close(mt__zfile_t **p);
+
 #endif

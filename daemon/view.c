@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "analysis/lines_pipe.h"
+#include "analysis/zsource.h"
 #include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "analysis/trace_csv.h"
@@ -409,11 +410,20 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
                  "%s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it", path);
         return MT_EPROTO;
     }
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) {
+    FILE *raw = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!raw) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
         return MT_EIO;
     }
+    mt__zfile_t *zf = NULL; /* a compressed log reads as its text (analysis/zsource.h) */
+    int zrc = mt__zfile_open(&zf, raw);
+    if (zrc != 0) {
+        snprintf(err, errlen, "cannot read %s: %s", path, mt_strerror(zrc));
+        if (raw != stdin)
+            fclose(raw);
+        return zrc;
+    }
+    FILE *f = mt__zfile_stream(zf);
     view_reader_t vr = {.d = d, .m = m, .path = path, .bad = bad, .err = err, .errlen = errlen};
     mt__lines_pipe_cfg_t pc = {.max = VIEW_LINE_MAX,
                                .fast = !d->cfg.view_general_reader,
@@ -423,10 +433,16 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
     int rc = mt__lines_pipe_run(f, &pc, view_take, &vr, &lineno);
     if (rc == MT_ENOMEM)
         snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
-    else if (rc == MT_EIO)
+    else if (rc == MT_EIO && mt__zfile_error(zf)[0] != '\0') {
+        /* Bad compressed data: counted as a malformed line is, what came before it kept. */
+        if ((*bad)++ == 0)
+            snprintf(err, errlen, "%s: %s", path, mt__zfile_error(zf));
+        rc = 0;
+    } else if (rc == MT_EIO)
         snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno));
-    if (f != stdin)
-        fclose(f);
+    mt__zfile_close(&zf);
+    if (raw != stdin)
+        fclose(raw);
     *events += (unsigned long)(d->ctr.events - before);
     return rc;
 }

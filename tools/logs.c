@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include "analysis/zsource.h"
 #include "analysis/lines_pipe.h"
 #include "analysis/trace_csv.h"
 #include "util/text.h"
@@ -19,6 +20,7 @@ typedef struct reader_s {
     const char *path;
     unsigned long mine;   /* malformed lines */
     unsigned long lineno; /* of the line over MT_LOG_LINE_MAX, when one ended the reading */
+    bool rmm;             /* the first line is an RMM trace's header (the reading stopped) */
 } reader_t;
 
 /* One line of the log into rd->r, in file order (lines_pipe.h): 0 to go on, MT_ENOMEM, or
@@ -31,6 +33,11 @@ static int take_line(void *ud, const mt__line_item_t *it, unsigned long lineno)
     if (it->what == MT_LINE_LONG) {
         rd->lineno = lineno;
         return MT_EOVERFLOW;
+    }
+    if (lineno == 1 && it->len >= strlen(MT_TRACE_HEADER) &&
+        memcmp(it->text, MT_TRACE_HEADER, strlen(MT_TRACE_HEADER)) == 0) {
+        rd->rmm = true; /* (a pipe's: a file's is seen before it is read) */
+        return MT_EPROTO;
     }
     if (it->what == MT_LINE_BAD) { /* a damaged part of a binary log: said, read on */
         if (rd->mine++ < MAX_ERRORS_SHOWN)
@@ -49,25 +56,35 @@ static int take_line(void *ud, const mt__line_item_t *it, unsigned long lineno)
     return 0;
 }
 
+static int rmm_log(const char *prog, const char *path, unsigned long *bad)
+{
+    fprintf(stderr, "%s: %s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it\n",
+            prog, path);
+    *bad += 1;
+    return 2;
+}
+
 static int read_one(mt__report_t *r, const char *prog, const char *path, unsigned long *bad)
 {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) {
+    /* An RMM log would read as lines of garbage, one error each: named once instead. */
+    if (strcmp(path, "-") != 0 && mt__trace_is_rmm(path))
+        return rmm_log(prog, path, bad);
+    FILE *raw = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!raw) {
         fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
         return 1;
     }
-    /* An RMM log would read as lines of garbage, one error each: named once instead. */
-    char head[sizeof MT_TRACE_HEADER];
-    if (f != stdin && fgets(head, sizeof head, f) != NULL && strcmp(head, MT_TRACE_HEADER) == 0) {
-        fprintf(stderr,
-                "%s: %s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it\n",
-                prog, path);
-        fclose(f);
-        *bad += 1;
-        return 2;
+    /* A log compressed with xz, gzip or zstd reads as its text (analysis/zsource.h). */
+    mt__zfile_t *zf = NULL;
+    int zrc = mt__zfile_open(&zf, raw);
+    if (zrc != 0) {
+        fprintf(stderr, "%s: %s: %s\n", prog, path,
+                zrc == MT_ENOMEM ? "out of memory" : "cannot be read");
+        if (raw != stdin)
+            fclose(raw);
+        return 1;
     }
-    if (f != stdin)
-        rewind(f);
+    FILE *f = mt__zfile_stream(zf);
     /* One line at most MT_LOG_LINE_MAX bytes (docs/telemetry.md): a longer one (a corrupt
      * log, /dev/zero) is an error naming it, read no further, not a buffer without bound.
      * The lines are cut on the other core, and decoded on either, while this one applies
@@ -76,8 +93,13 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
         .max = MT_LOG_LINE_MAX, .fast = mt__report_decodes(r), .threads = mt_tool_threads()};
     reader_t rd = {.r = r, .path = path};
     int rc = mt__lines_pipe_run(f, &pc, take_line, &rd, NULL);
-    if (f != stdin)
-        fclose(f);
+    char zerr[256];
+    snprintf(zerr, sizeof zerr, "%s", mt__zfile_error(zf));
+    mt__zfile_close(&zf);
+    if (raw != stdin)
+        fclose(raw);
+    if (rd.rmm)
+        return rmm_log(prog, path, bad);
     if (rd.mine > MAX_ERRORS_SHOWN)
         fprintf(stderr, "%s: %lu malformed lines in all\n", path, rd.mine);
     *bad += rd.mine;
@@ -90,6 +112,13 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
     if (rc == MT_ENOMEM) {
         fprintf(stderr, "%s: %s: out of memory\n", prog, path);
         return 1;
+    }
+    if (rc == MT_EIO && zerr[0] != '\0') {
+        /* Bad compressed data (a log cut while it was written, say): named as a malformed
+         * line is, and what came before it is kept. */
+        fprintf(stderr, "%s: %s: %s; the lines before it are read\n", prog, path, zerr);
+        *bad += 1;
+        return 0;
     }
     if (rc == MT_EIO) {
         fprintf(stderr, "%s: error reading %s\n", prog, path);

@@ -12,7 +12,8 @@ with MEMTRACE_READER_THREADS=1 (the log read on one thread) on that log and on i
 one process, and must give the bytes it gives on two. The log is then converted to the binary
 log (`memtrace convert`, docs/telemetry.md "The binary log"), and each command, `report` and
 `report --json` too, must give on it the bytes it gives on the NDJSON (the log's own name
-aside); and the binary log converted back must be the NDJSON byte for byte. After a change that is
+aside); and the binary log converted back must be the NDJSON byte for byte. The log
+compressed (gzip, xz, zstd) must give the same bytes too. After a change that is
 meant to change an output, `test_readers_golden.py MEMTRACE --print` prints the new table.
 The hashes are of x86-64 outputs: elsewhere a contracted multiply-add may move a plot's last
 digit, and the test is skipped (77).
@@ -209,6 +210,56 @@ def binary_same(log, tmp):
     return differ
 
 
+def compressed_same(log, tmp):
+    """The commands on the log compressed by gzip, xz and zstd (Python's zlib and liblzma
+    encoders, the zstd program where installed) give the plain log's bytes; so does the
+    gzip'ed log on standard input; a log cut inside its compressed data is named and what
+    came before it reported. The names of what differs."""
+    import gzip
+    import lzma
+    import shutil
+    with open(log, "rb") as f:
+        text = f.read()
+    forms = {"gz": gzip.compress(text, mtime=0), "xz": lzma.compress(text)}
+    paths = {}
+    for ext, data in forms.items():
+        paths[ext] = os.path.join(tmp, "varied.ndjson." + ext)
+        with open(paths[ext], "wb") as g:
+            g.write(data)
+    if shutil.which("zstd"):
+        paths["zst"] = os.path.join(tmp, "varied.ndjson.zst")
+        subprocess.run(["zstd", "-q", "-f", log, "-o", paths["zst"]], check=True)
+    else:
+        print("note: no zstd program: the zstd form is left to the C tests (tests/replay)")
+    env = dict(os.environ, TMPDIR=tmp)
+    differ = []
+    for cmd in COMMANDS + ["report", "report --json"]:
+        p = subprocess.run([MT] + cmd.split() + [log], capture_output=True, env=env)
+        want = (p.stdout.replace(log.encode(), b"LOG"), p.stderr.replace(log.encode(), b"LOG"),
+                p.returncode)
+        for ext, path in paths.items():
+            q = subprocess.run([MT] + cmd.split() + [path], capture_output=True, env=env)
+            got = (q.stdout.replace(path.encode(), b"LOG"),
+                   q.stderr.replace(path.encode(), b"LOG"), q.returncode)
+            if got != want:
+                differ.append("memtrace %s on the %s log (status %d)" % (cmd, ext, q.returncode))
+    with open(paths["gz"], "rb") as f:
+        q = subprocess.run([MT, "report", "-"], stdin=f, capture_output=True, env=env)
+    p = subprocess.run([MT, "report", log], capture_output=True, env=env)
+    if q.returncode != 0 or q.stdout.replace(b"-", b"") != p.stdout.replace(log.encode(), b"")\
+            .replace(b"-", b""):
+        differ.append("memtrace report - < the gzip'ed log (status %d)" % q.returncode)
+    cut = os.path.join(tmp, "cut.ndjson.xz")
+    with open(cut, "wb") as g:
+        g.write(forms["xz"][: len(forms["xz"]) // 2])
+    q = subprocess.run([MT, "report", cut], capture_output=True, env=env)
+    if (q.returncode != 2 or b"xz: the file ends inside compressed data" not in q.stderr
+            or b"events" not in q.stdout):
+        differ.append("memtrace report on a cut xz log: status %d, %s"
+                      % (q.returncode, q.stderr.decode(errors="replace")))
+    return differ
+
+
 def main():
     if not PRINT and platform.machine() not in ("x86_64", "AMD64"):
         print("SKIP: the hashes are of x86-64 outputs, this is %s" % platform.machine())
@@ -238,6 +289,7 @@ def main():
                     got[cmd] = (hashlib.sha256(out).hexdigest()[:32],
                                 hashlib.sha256(err).hexdigest()[:32], status)
         binary_differ = binary_same(log, tmp)
+        compressed_differ = compressed_same(log, tmp)
     if PRINT:
         for cmd in COMMANDS:
             print('    "%s":\n        ("%s",\n         "%s", %d),' % ((cmd,) + got[cmd]))
@@ -249,11 +301,14 @@ def main():
         print("DIFFERS on one thread and on two: memtrace %s" % what)
     for what in binary_differ:
         print("DIFFERS on the binary log: %s" % what)
+    for what in compressed_differ:
+        print("DIFFERS compressed: %s" % what)
     print("%d outputs compared, %d differ; %d compared on one thread and two, %d differ; "
           "%d compared on the binary log, %d differ"
           % (len(COMMANDS), len(bad), 2 * len(COMMANDS), len(threads_differ),
              len(COMMANDS) + 3, len(binary_differ)))
-    return 1 if bad or threads_differ or binary_differ else 0
+    print("%d compressed comparisons differ" % len(compressed_differ))
+    return 1 if bad or threads_differ or binary_differ or compressed_differ else 0
 
 
 sys.exit(main())

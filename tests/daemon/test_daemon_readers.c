@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "analysis/binlog_conv.h"
 #include "analysis/trace_csv.h"
@@ -709,6 +710,76 @@ static void test_view_binary_same(void **state)
     }
 }
 
+/* Writes src gzip'ed (zlib's encoder) to dst, cut to its first `keep` bytes (SIZE_MAX: whole). */
+static void gzip_file(const char *src, const char *dst, size_t keep)
+{
+    FILE *in = fopen(src, "rb");
+    assert_non_null(in);
+    char tmp[160];
+    snprintf(tmp, sizeof tmp, "%s.whole", dst);
+    gzFile z = gzopen(tmp, "wb6");
+    assert_non_null(z);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(gzwrite(z, buf, (unsigned)n), (int)n);
+    fclose(in);
+    assert_int_equal(gzclose(z), Z_OK);
+    in = fopen(tmp, "rb");
+    FILE *out = fopen(dst, "wb");
+    assert_true(in && out);
+    size_t left = keep;
+    while (left > 0 && (n = fread(buf, 1, left < sizeof buf ? left : sizeof buf, in)) > 0) {
+        assert_int_equal(fwrite(buf, 1, n, out), n);
+        left -= n;
+    }
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+    unlink(tmp);
+}
+
+/* Each log gzip'ed serves, through view's loader, what the log serves; cut inside its
+ * compressed data, it is one malformed line more, named, and the events before the cut
+ * load. */
+static void test_view_compressed_same(void **state)
+{
+    (void)state;
+    for (size_t l = 0; l < nlogs; l++) {
+        char gz[160];
+        snprintf(gz, sizeof gz, "%s/log.ndjson.gz", dir);
+        gzip_file(logs[l], gz, SIZE_MAX);
+        th_daemon_t t, c;
+        unsigned long te, tb, ce, cb;
+        char terr[320], cerr[320];
+        int trc, crc;
+        load(&t, false, NULL, logs[l], &te, &tb, terr, sizeof terr, &trc);
+        load(&c, false, NULL, gz, &ce, &cb, cerr, sizeof cerr, &crc);
+        assert_int_equal(trc, crc);
+        assert_int_equal(te, ce);
+        assert_int_equal(tb, cb);
+        const char *tm = strchr(terr, ':'), *cm = strchr(cerr, ':');
+        assert_string_equal(tm ? tm : "", cm ? cm : "");
+        json_t *st;
+        routes_same(&t, &c, logs[l], &st);
+        json_decref(st);
+        th_daemon_stop(&t);
+        th_daemon_stop(&c);
+        if (l == 0) { /* cut: a third of the compressed bytes */
+            struct stat sb;
+            assert_int_equal(stat(gz, &sb), 0);
+            gzip_file(logs[l], gz, (size_t)sb.st_size / 3);
+            load(&c, false, NULL, gz, &ce, &cb, cerr, sizeof cerr, &crc);
+            assert_int_equal(crc, 0);
+            assert_int_equal(cb, tb + 1);
+            assert_true(ce > 0 && ce < te);
+            if (tb == 0)
+                assert_non_null(strstr(cerr, "gzip: the file ends inside compressed data"));
+            th_daemon_stop(&c);
+        }
+        unlink(gz);
+    }
+}
+
 /* A window kept in a spool (`memtrace view`'s) serves what one in memory serves: the replay's
  * 30000 events go through a window of 4096, so its evicted chunks are in the base and its
  * past states read chunks back from the file. */
@@ -750,11 +821,17 @@ int main(int argc, char **argv)
     exe = argv[1];
     root = argv[2];
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replay_nonempty),   cmocka_unit_test(test_commands_same),
-        cmocka_unit_test(test_view_same),         cmocka_unit_test(test_export_memory),
-        cmocka_unit_test(test_report_memory),     cmocka_unit_test(test_export_memory_procs),
-        cmocka_unit_test(test_plot_memory),       cmocka_unit_test(test_view_memory),
-        cmocka_unit_test(test_view_spooled_same), cmocka_unit_test(test_view_binary_same),
+        cmocka_unit_test(test_replay_nonempty),
+        cmocka_unit_test(test_commands_same),
+        cmocka_unit_test(test_view_same),
+        cmocka_unit_test(test_export_memory),
+        cmocka_unit_test(test_report_memory),
+        cmocka_unit_test(test_export_memory_procs),
+        cmocka_unit_test(test_plot_memory),
+        cmocka_unit_test(test_view_memory),
+        cmocka_unit_test(test_view_spooled_same),
+        cmocka_unit_test(test_view_binary_same),
+        cmocka_unit_test(test_view_compressed_same),
     };
     return MT_TEST_RUN(tests, setup, teardown);
 }
