@@ -249,6 +249,35 @@ def compressed_same(log, tmp):
     if q.returncode != 0 or q.stdout.replace(b"-", b"") != p.stdout.replace(log.encode(), b"")\
             .replace(b"-", b""):
         differ.append("memtrace report - < the gzip'ed log (status %d)" % q.returncode)
+    # Through a pipe, on standard input and by a path (a FIFO, as `<(zcat log.gz)` gives):
+    # looking at the input to tell its kind must not lose its first bytes.
+    import threading
+    want = p.stdout.replace(log.encode(), b"LOG")
+    for data, what in ((text, "plain"), (forms["xz"], "xz")):
+        q = subprocess.run([MT, "report", "-"], input=data, capture_output=True, env=env)
+        if q.returncode != 0 or q.stdout.replace(b"memtrace report: -:", b"memtrace report: LOG:") \
+                != want:
+            differ.append("memtrace report - on a pipe of the %s log (status %d)"
+                          % (what, q.returncode))
+        fifo = os.path.join(tmp, "fifo")
+        os.mkfifo(fifo)
+
+        def feed(data=data):
+            with open(fifo, "wb") as w:
+                w.write(data)
+        th = threading.Thread(target=feed, daemon=True)
+        th.start()
+        try:
+            q = subprocess.run([MT, "report", fifo], capture_output=True, env=env, timeout=120)
+            ok = q.returncode == 0 and q.stdout.replace(fifo.encode(), b"LOG") == want
+        except subprocess.TimeoutExpired:  # it read the FIFO to look, then waited for more
+            ok = False
+        if not ok:
+            differ.append("memtrace report FIFO of the %s log" % what)
+        if th.is_alive():  # a writer left waiting for a reader
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            th.join(5)
+        os.unlink(fifo)
     cut = os.path.join(tmp, "cut.ndjson.xz")
     with open(cut, "wb") as g:
         g.write(forms["xz"][: len(forms["xz"]) // 2])
