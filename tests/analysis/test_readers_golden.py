@@ -278,6 +278,25 @@ def compressed_same(log, tmp):
             os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
             th.join(5)
         os.unlink(fifo)
+    # convert: the gzip'ed NDJSON to the binary log gives the plain one's bytes, and the
+    # binary log xz'ed back to NDJSON gives the log.
+    bins = []
+    for src in (log, paths["gz"]):
+        bins.append(os.path.join(tmp, "conv%d.mtlog" % len(bins)))
+        subprocess.run([MT, "convert", "--to", "binary", src, "-o", bins[-1]],
+                       capture_output=True)
+    back = os.path.join(tmp, "conv.ndjson")
+    with open(bins[0], "rb") as f:
+        data = f.read()
+    with open(bins[0] + ".xz", "wb") as g:
+        g.write(lzma.compress(data))
+    subprocess.run([MT, "convert", bins[0] + ".xz", "-o", back], capture_output=True)
+    contents = []
+    for path in bins + [back]:
+        with open(path, "rb") if os.path.exists(path) else open(os.devnull, "rb") as f:
+            contents.append(f.read())
+    if not contents[0] or contents[0] != contents[1] or contents[2] != text:
+        differ.append("memtrace convert of the gzip'ed log, or of the xz'ed binary log")
     cut = os.path.join(tmp, "cut.ndjson.xz")
     with open(cut, "wb") as g:
         g.write(forms["xz"][: len(forms["xz"]) // 2])
