@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "analysis/pickle_internal.h"
+#include "analysis/zsource.h"
 #include "memtrace/common.h"
 
 mt_pk_cfg_t mt__pk_cfg_default(void)
@@ -520,8 +521,15 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
         }
     }
     char msg[512];
-    rc = parse(out, map != MAP_FAILED ? map : buf, size, cfg, stream, map != MAP_FAILED, msg,
-               sizeof msg);
+    const void *bytes = map != MAP_FAILED ? map : buf;
+    int codec = mt__zsrc_sniff(bytes, size);
+    if (codec != MT__Z_NONE) { /* (the parser reads a mapped file: a copy would cost its size) */
+        snprintf(err, errlen, "%s: compressed with %s: decompress it first (%s -dk FILE)", path,
+                 mt__zsrc_name(codec), mt__zsrc_name(codec));
+        rc = MT_EPROTO;
+        goto done;
+    }
+    rc = parse(out, bytes, size, cfg, stream, map != MAP_FAILED, msg, sizeof msg);
     if (rc < 0)
         snprintf(err, errlen, "%s: %s", path, msg);
 done:

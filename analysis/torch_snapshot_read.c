@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "analysis/torch_snapshot_read.h"
+#include "analysis/zsource.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
 
@@ -491,7 +492,17 @@ bool mt__ts_is_pickle(const char *path)
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return false;
-    int c = fgetc(f);
+    /* A compressed snapshot is one too, said as such by its reader (pickle.c). */
+    unsigned char head[6];
+    size_t nh = fread(head, 1, sizeof head, f);
+    int codec = mt__zsrc_sniff(head, nh);
+    mt__zsrc_t *z = NULL;
+    unsigned char c = nh > 0 ? head[0] : 0;
+    size_t got = 0;
+    if (codec != MT__Z_NONE && mt__zsrc_open(&z, f, codec, head, nh) == 0 &&
+        mt__zsrc_read(z, &c, 1, &got) != 0)
+        got = 0;
+    mt__zsrc_close(&z);
     fclose(f);
-    return c == 0x80;
+    return (codec == MT__Z_NONE ? nh > 0 : got == 1) && c == 0x80;
 }

@@ -194,5 +194,17 @@ for cmd in "report" "plot -o ${svg%/a.svg}/x.svg"; do
     esac
 done
 "$mt" replay "$rmm" >/dev/null || { echo "FAIL: replay of an RMM log with both hex forms"; fail=1; }
+# A compressed snapshot under a name that does not end in .pickle (snap.pickle.gz) is known
+# by its decompressed first byte and named as such, once, with status 2: not read as a
+# compressed log of malformed lines (the reader maps a snapshot: it is not decompressed).
+gz="${svg%/a.svg}/snap.pickle.gz"
+cp "$data/invalid/gzip_compressed.pickle" "$gz"
+out=$("$mt" report "$gz" 2>&1 >/dev/null)
+rc=$?
+case "$out" in
+*"snap.pickle.gz: compressed with gzip: decompress it first (gzip -dk FILE)") ;;
+*) echo "FAIL: memtrace report of a gzip'ed snapshot: $out"; fail=1 ;;
+esac
+[ "$rc" = 2 ] || { echo "FAIL: memtrace report of a gzip'ed snapshot: status $rc"; fail=1; }
 rm -rf "${svg%/a.svg}"
 exit $fail
