@@ -5,7 +5,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "analysis/zsource.h"
 #include "memtrace/common.h"
@@ -331,16 +330,10 @@ static int parse_row(mt_trace_reader_t *r, size_t n, bool complete, mt_trace_row
     return 1;
 }
 
-bool mt__trace_is_rmm(const char *path)
+bool mt__trace_is_header(const char *text, size_t len)
 {
-    /* A regular file only: reading a pipe (`<(zcat log.gz)`) to look would lose its bytes. */
-    struct stat st;
-    mt_trace_reader_t *r = NULL; /* (a compressed one too) */
-    if (strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode) ||
-        mt__trace_reader_open(&r, path, NULL, 0) != 0)
-        return false;
-    mt__trace_reader_close(&r);
-    return true;
+    size_t n = sizeof MT_TRACE_HEADER - 1;
+    return len >= n && memcmp(text, MT_TRACE_HEADER, n) == 0;
 }
 
 /* ---- reader ---- */

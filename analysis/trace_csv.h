@@ -36,10 +36,10 @@
 /* Room for an error message: the name of the file, the line, the field and an excerpt. */
 #define MT_TRACE_ERR_LEN 512
 
-/* True when the regular file at path (compressed or not) starts with MT_TRACE_HEADER (an RMM
- * log), for the commands that read memtrace's logs and must name one given to them instead.
- * A pipe is not read. */
-bool mt__trace_is_rmm(const char *path);
+/* True when a file's first line (text, len bytes) starts with MT_TRACE_HEADER: an RMM log,
+ * for the commands that read memtrace's logs and must name one given to them instead (they
+ * look at the line they read, so a pipe or a compressed file is read once). */
+bool mt__trace_is_header(const char *text, size_t len);
 
 typedef enum mt_trace_action_e {
     MT_TRACE_ALLOCATE = 0,

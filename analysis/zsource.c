@@ -315,16 +315,17 @@ int mt__zfile_open(mt__zfile_t **out, FILE *raw)
     if (zf == NULL)
         return MT_ENOMEM;
     zf->raw = raw;
+    /* Rewound only where it can be, to where it was: a failed fseek on a pipe drops what it
+     * had buffered, and a borrowed stream need not be at its start. */
+    struct stat st;
+    long at = fstat(fileno(raw), &st) == 0 && S_ISREG(st.st_mode) ? ftell(raw) : -1;
     zf->npre = fread(zf->pre, 1, 6, raw); /* the longest magic */
     if (zf->npre < 6 && ferror(raw)) {
         free(zf);
         return MT_EIO;
     }
     zf->codec = mt__zsrc_sniff(zf->pre, zf->npre);
-    /* Rewound only where it can be: a failed fseek on a pipe drops what it had buffered. */
-    struct stat st;
-    bool seekable = fstat(fileno(raw), &st) == 0 && S_ISREG(st.st_mode);
-    if (zf->codec == MT__Z_NONE && seekable && fseek(raw, 0, SEEK_SET) == 0) {
+    if (zf->codec == MT__Z_NONE && at >= 0 && fseek(raw, at, SEEK_SET) == 0) {
         zf->f = raw; /* a plain file read as it is, at full speed */
         *out = zf;
         return 0;

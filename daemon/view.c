@@ -364,15 +364,20 @@ typedef struct view_reader_s {
     unsigned long *bad; /* malformed lines so far */
     char *err;          /* the first one's message */
     size_t errlen;
+    bool rmm; /* the first line is an RMM log's header (the reading stopped) */
 } view_reader_t;
 
 /* One line of the log, in file order (lines_pipe.h): a malformed or over-long one is
- * counted and skipped. 0, or MT_ENOMEM (the loading stops). */
+ * counted and skipped. 0, or MT_ENOMEM or MT_EPROTO (an RMM log: the loading stops). */
 static int view_take(void *ud, const mt__line_item_t *it, unsigned long lineno)
 {
     view_reader_t *vr = ud;
     char why[160];
     int rc;
+    if (lineno == 1 && it->what == MT_LINE_RAW && mt__trace_is_header(it->text, it->len)) {
+        vr->rmm = true; /* an RMM log: the reading stops (view_load names it) */
+        return MT_EPROTO;
+    }
     if (it->what == MT_LINE_EVENT) {
         rc = view_event(vr->d, vr->m, &it->ev, it->pid);
     } else if (it->what == MT_LINE_LONG) {
@@ -405,11 +410,6 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
         *events += (unsigned long)(d->ctr.events - before);
         return rc;
     }
-    if (strcmp(path, "-") != 0 && mt__trace_is_rmm(path)) { /* (read, it is all garbage) */
-        snprintf(err, errlen,
-                 "%s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it", path);
-        return MT_EPROTO;
-    }
     FILE *raw = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!raw) {
         snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
@@ -431,7 +431,10 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
     uint64_t before = d->ctr.events;
     unsigned long lineno = 0;
     int rc = mt__lines_pipe_run(f, &pc, view_take, &vr, &lineno);
-    if (rc == MT_ENOMEM)
+    if (vr.rmm) /* (read, it is all garbage) */
+        snprintf(err, errlen,
+                 "%s is an RMM log (CSV), not a memtrace log: 'memtrace replay' reads it", path);
+    else if (rc == MT_ENOMEM)
         snprintf(err, errlen, "%s:%lu: out of memory", path, lineno);
     else if (rc == MT_EIO && mt__zfile_error(zf)[0] != '\0') {
         /* Bad compressed data: counted as a malformed line is, what came before it kept. */

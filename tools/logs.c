@@ -20,7 +20,7 @@ typedef struct reader_s {
     const char *path;
     unsigned long mine;   /* malformed lines */
     unsigned long lineno; /* of the line over MT_LOG_LINE_MAX, when one ended the reading */
-    bool rmm;             /* the first line is an RMM trace's header (the reading stopped) */
+    bool rmm;             /* the first line is an RMM log's header (the reading stopped) */
 } reader_t;
 
 /* One line of the log into rd->r, in file order (lines_pipe.h): 0 to go on, MT_ENOMEM, or
@@ -34,9 +34,8 @@ static int take_line(void *ud, const mt__line_item_t *it, unsigned long lineno)
         rd->lineno = lineno;
         return MT_EOVERFLOW;
     }
-    if (lineno == 1 && it->len >= strlen(MT_TRACE_HEADER) &&
-        memcmp(it->text, MT_TRACE_HEADER, strlen(MT_TRACE_HEADER)) == 0) {
-        rd->rmm = true; /* (a pipe's: a file's is seen before it is read) */
+    if (lineno == 1 && it->what == MT_LINE_RAW && mt__trace_is_header(it->text, it->len)) {
+        rd->rmm = true;
         return MT_EPROTO;
     }
     if (it->what == MT_LINE_BAD) { /* a damaged part of a binary log: said, read on */
@@ -66,9 +65,6 @@ static int rmm_log(const char *prog, const char *path, unsigned long *bad)
 
 static int read_one(mt__report_t *r, const char *prog, const char *path, unsigned long *bad)
 {
-    /* An RMM log would read as lines of garbage, one error each: named once instead. */
-    if (strcmp(path, "-") != 0 && mt__trace_is_rmm(path))
-        return rmm_log(prog, path, bad);
     FILE *raw = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!raw) {
         fprintf(stderr, "%s: %s: %s\n", prog, path, strerror(errno));
@@ -98,7 +94,7 @@ static int read_one(mt__report_t *r, const char *prog, const char *path, unsigne
     mt__zfile_close(&zf);
     if (raw != stdin)
         fclose(raw);
-    if (rd.rmm)
+    if (rd.rmm) /* an RMM log would read as lines of garbage: named once instead */
         return rmm_log(prog, path, bad);
     if (rd.mine > MAX_ERRORS_SHOWN)
         fprintf(stderr, "%s: %lu malformed lines in all\n", path, rd.mine);
