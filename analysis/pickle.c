@@ -21,6 +21,7 @@ mt_pk_cfg_t mt__pk_cfg_default(void)
         .max_stack = (size_t)1 << 20,
         .max_memo = (size_t)1 << 26,
         .max_memory = (size_t)4 << 30,
+        .max_inflate = MT__PK_INFLATE_MAX,
     };
 }
 
@@ -480,6 +481,79 @@ int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt
     return parse(out, buf, len, cfg, stream, false, err, errlen);
 }
 
+/* The decompression of a file compressed with codec (its first nh bytes already read into
+ * head, fd at nh) into a buffer of its own: *buf (malloc'd) and *len. At most max bytes;
+ * err names the codec's complaint or the limit. */
+static int inflate(int fd, int codec, const unsigned char *head, size_t nh, size_t max,
+                   const char *path, char **buf, size_t *len, char *err, size_t errlen)
+{
+    *buf = NULL;
+    *len = 0;
+    int rc = MT_ENOMEM;
+    FILE *f = NULL;
+    mt__zsrc_t *z = NULL;
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    int fd2 = dup(fd);
+    if (fd2 < 0 || (f = fdopen(fd2, "rb")) == NULL) {
+        if (fd2 >= 0)
+            close(fd2);
+        snprintf(err, errlen, "%s: cannot read", path);
+        return MT_EIO;
+    }
+    if (mt__zsrc_open(&z, f, codec, head, nh) != 0) {
+        snprintf(err, errlen, "%s: out of memory for the %s decoder", path, mt__zsrc_name(codec));
+        goto done;
+    }
+    for (;;) {
+        if (n == cap && cap >= max) { /* full: the input must end here */
+            unsigned char more;
+            size_t extra = 0;
+            if ((rc = mt__zsrc_read(z, &more, 1, &extra)) == 0 && extra == 0)
+                break;
+            if (rc == 0) {
+                snprintf(err, errlen,
+                         "%s: compressed with %s, it decompresses to more than %zu bytes: "
+                         "decompress it first (%s -dk FILE)",
+                         path, mt__zsrc_name(codec), max, mt__zsrc_name(codec));
+                rc = MT_EPROTO;
+            } else
+                snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
+            goto done;
+        }
+        if (n == cap) {
+            size_t ncap = cap == 0 ? (size_t)1 << 20 : cap * 2;
+            if (ncap > max)
+                ncap = max;
+            char *nb = realloc(b, ncap);
+            if (nb == NULL) {
+                snprintf(err, errlen, "%s: out of memory decompressing it (%zu bytes)", path, ncap);
+                rc = MT_ENOMEM;
+                goto done;
+            }
+            b = nb;
+            cap = ncap;
+        }
+        size_t got = 0;
+        if ((rc = mt__zsrc_read(z, b + n, cap - n, &got)) != 0) {
+            snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
+            goto done;
+        }
+        if (got == 0)
+            break;
+        n += got;
+    }
+    *buf = b;
+    *len = n;
+    b = NULL;
+    rc = 0;
+done:
+    free(b);
+    mt__zsrc_close(&z);
+    fclose(f);
+    return rc;
+}
+
 int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
                              const mt_pk_stream_t *stream, char *err, size_t errlen)
 {
@@ -499,36 +573,46 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
         goto done;
     }
     size_t size = (size_t)st.st_size;
-    /* Mapped, the file is read once from the page cache and its pages given back as the
-     * reader passes them; a copy in memory would cost its whole size until the end. */
-    if (size > 0)
-        map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map != MAP_FAILED)
-        madvise(map, size, MADV_SEQUENTIAL);
-    else {
-        if ((buf = malloc(size ? size : 1)) == NULL) {
-            snprintf(err, errlen, "%s: out of memory for %zu bytes", path, size);
-            rc = MT_ENOMEM;
+    /* A compressed file (known by its first bytes) is read through its decompression into
+     * memory; a plain one is mapped. */
+    unsigned char head[6];
+    ssize_t nh = pread(fd, head, sizeof head, 0);
+    int codec = mt__zsrc_sniff(head, nh > 0 ? (size_t)nh : 0);
+    if (codec != MT__Z_NONE) {
+        if (lseek(fd, nh, SEEK_SET) != nh) {
+            snprintf(err, errlen, "%s: cannot read", path);
             goto done;
         }
-        for (size_t got = 0; got < size;) {
-            ssize_t k = read(fd, buf + got, size - got);
-            if (k <= 0) {
-                snprintf(err, errlen, "%s: read error", path);
+        size_t max = cfg != NULL ? cfg->max_inflate : MT__PK_INFLATE_MAX;
+        if ((rc = inflate(fd, codec, head, (size_t)nh, max, path, &buf, &size, err, errlen)) != 0)
+            goto done;
+    } else {
+        /* Mapped, the file is read once from the page cache and its pages given back as
+         * the reader passes them; a copy in memory would cost its whole size until the end. */
+        if (size > 0)
+            map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map != MAP_FAILED)
+            madvise(map, size, MADV_SEQUENTIAL);
+        else {
+            if ((buf = malloc(size ? size : 1)) == NULL) {
+                snprintf(err, errlen, "%s: out of memory for %zu bytes", path, size);
+                rc = MT_ENOMEM;
                 goto done;
             }
-            got += (size_t)k;
+            for (size_t got = 0; got < size;) {
+                ssize_t k = read(fd, buf + got, size - got);
+                if (k <= 0) {
+                    snprintf(err, errlen, "%s: read error", path);
+                    goto done;
+                }
+                got += (size_t)k;
+            }
         }
     }
     char msg[512];
     const void *bytes = map != MAP_FAILED ? map : buf;
-    int codec = mt__zsrc_sniff(bytes, size);
-    if (codec != MT__Z_NONE) { /* (the parser reads a mapped file: a copy would cost its size) */
-        snprintf(err, errlen, "%s: compressed with %s: decompress it first (%s -dk FILE)", path,
-                 mt__zsrc_name(codec), mt__zsrc_name(codec));
-        rc = MT_EPROTO;
-        goto done;
-    }
+    if (stream != NULL && stream->begin != NULL)
+        stream->begin(stream->ud, size);
     rc = parse(out, bytes, size, cfg, stream, map != MAP_FAILED, msg, sizeof msg);
     if (rc < 0)
         snprintf(err, errlen, "%s: %s", path, msg);

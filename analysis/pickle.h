@@ -50,11 +50,14 @@ struct mt_pk_value_s {
     } u;
 };
 
+#define MT__PK_INFLATE_MAX ((size_t)4 << 30)
+
 typedef struct mt_pk_cfg_s {
     unsigned max_depth; /* nesting levels; 64 */
     size_t max_stack;   /* values on the unpickler's stack; 1 << 20 */
     size_t max_memo;    /* memo entries; 1 << 26 */
     size_t max_memory;  /* bytes of values, strings, stack and memo; 4 GiB */
+    size_t max_inflate; /* bytes a compressed file may decompress to; MT__PK_INFLATE_MAX */
 } mt_pk_cfg_t;
 
 mt_pk_cfg_t mt__pk_cfg_default(void);
@@ -85,6 +88,9 @@ typedef struct mt_pk_stream_s {
     int (*match)(void *ud, const mt_pk_value_t *const *stack, size_t sp, size_t pos,
                  const size_t *marks, size_t nmarks);
     int (*items)(void *ud, const mt_pk_value_t *list, const mt_pk_value_t *const *items, size_t n);
+    /* Optional: told the bytes of the pickle (decompressed) before the read starts, by
+     * mt__pk_parse_file_stream only. */
+    void (*begin)(void *ud, size_t len);
     void *ud;
 } mt_pk_stream_t;
 
@@ -92,7 +98,9 @@ typedef struct mt_pk_stream_s {
 int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt_pk_cfg_t *cfg,
                         const mt_pk_stream_t *stream, char *err, size_t errlen);
 /* mt__pk_parse_file with a stream (NULL: none). The file is mapped and the pages read are
- * given back as the reader passes them, so the file does not stay resident either. */
+ * given back as the reader passes them, so the file does not stay resident either. A file
+ * compressed with xz, gzip or zstd (zsource.h) is decompressed into memory first, up to
+ * cfg->max_inflate bytes (past it: MT_EPROTO, err saying to decompress it first). */
 int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cfg_t *cfg,
                              const mt_pk_stream_t *stream, char *err, size_t errlen);
 /* The value STOP returned. Borrowed from doc. */

@@ -292,6 +292,13 @@ int mt__ts_sort_streamed(rd_t *r, size_t ndev, size_t streamed)
 
 /* Reads with device_traces streamed: MT_EAGAIN when the file is not laid out as
  * pickle.dump writes a snapshot (the caller reads it whole instead). */
+/* The budget from the pickle's own bytes: a compressed file's size says too little. */
+static void stream_begin(void *ud, size_t len)
+{
+    strm_t *st = ud;
+    st->r->budget = (uint64_t)VISITS_PER_BYTE * (uint64_t)len + VISITS_FLOOR;
+}
+
 int mt__ts_read_streamed(mt_ts_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
@@ -317,7 +324,8 @@ int mt__ts_read_streamed(mt_ts_t **out, const char *path, char *err, size_t errl
     }
     st->r = &r;
     err[0] = '\0';
-    mt_pk_stream_t stream = {.match = stream_match, .items = stream_items, .ud = st};
+    mt_pk_stream_t stream = {
+        .match = stream_match, .items = stream_items, .begin = stream_begin, .ud = st};
     char perr[512];
     mt_pk_doc_t *doc = NULL;
     rc = mt__pk_parse_file_stream(&doc, path, NULL, &stream, perr, sizeof perr);

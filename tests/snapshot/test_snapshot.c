@@ -538,6 +538,71 @@ static void test_figures_huge_sizes(void **state)
     mt__ts_destroy(&ts);
 }
 
+/* The snapshot as mt__ts_write writes it (era 2), in a buffer of its own. */
+static char *written(const mt_ts_t *ts, size_t *len)
+{
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    assert_non_null(f);
+    assert_int_equal(mt__ts_write(ts, f, 2), 0);
+    fclose(f);
+    return buf;
+}
+
+/* A snapshot compressed by gzip, xz or zstd (the tools' own files) reads as the plain one:
+ * the same model, written back to the same bytes. */
+static void test_compressed(void **state)
+{
+    (void)state;
+    static const char *const names[][2] = {
+        {"v2_torch_frames.pickle", "compressed/v2_torch_frames.pickle.gz"},
+        {"v2_all_actions_p4.pickle", "compressed/v2_all_actions_p4.pickle.xz"},
+        {"v2_midrun.pickle", "compressed/v2_midrun.pickle.zst"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        mt_ts_t *plain = load(names[i][0]), *z = load(names[i][1]);
+        assert_true(plain->nevents > 0 || plain->nsegments > 0);
+        assert_int_equal(plain->nevents, z->nevents);
+        assert_same_segments(plain, z);
+        size_t na, nb;
+        char *a = written(plain, &na), *b = written(z, &nb);
+        assert_int_equal(na, nb);
+        assert_memory_equal(a, b, na);
+        free(a);
+        free(b);
+        mt__ts_destroy(&plain);
+        mt__ts_destroy(&z);
+    }
+}
+
+/* Decompression stops at cfg.max_inflate, naming the limit and what to do; a limit of
+ * exactly the pickle's size reads it. */
+static void test_compressed_limit(void **state)
+{
+    (void)state;
+    char path[1024], plain[1024], err[768];
+    snprintf(path, sizeof path, "%s/compressed/v2_all_actions_p4.pickle.xz", data_dir);
+    snprintf(plain, sizeof plain, "%s/v2_all_actions_p4.pickle", data_dir);
+    FILE *f = fopen(plain, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    fclose(f);
+    mt_pk_cfg_t cfg = mt__pk_cfg_default();
+    mt_pk_doc_t *doc = NULL;
+    cfg.max_inflate = size - 1;
+    assert_int_equal(mt__pk_parse_file(&doc, path, &cfg, err, sizeof err), MT_EPROTO);
+    assert_null(doc);
+    assert_non_null(strstr(err, "compressed with xz, it decompresses to more than"));
+    assert_non_null(strstr(err, "decompress it first (xz -dk FILE)"));
+    assert_int_equal(strncmp(err, path, strlen(path)), 0);
+    cfg.max_inflate = size;
+    if (mt__pk_parse_file(&doc, path, &cfg, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(mt__pk_input_size(doc), size);
+    mt__pk_doc_destroy(&doc);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -551,6 +616,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_invalid_files),       cmocka_unit_test(test_write_roundtrip),
         cmocka_unit_test(test_to_trace_and_replay), cmocka_unit_test(test_records),
         cmocka_unit_test(test_figures_huge_sizes),  cmocka_unit_test(test_expandable_before_trace),
+        cmocka_unit_test(test_compressed),          cmocka_unit_test(test_compressed_limit),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
