@@ -481,76 +481,80 @@ int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt
     return parse(out, buf, len, cfg, stream, false, err, errlen);
 }
 
-/* The decompression of a file compressed with codec (its first nh bytes already read into
- * head, fd at nh) into a buffer of its own: *buf (malloc'd) and *len. At most max bytes;
- * err names the codec's complaint or the limit. */
-static int inflate(int fd, int codec, const unsigned char *head, size_t nh, size_t max,
-                   const char *path, char **buf, size_t *len, char *err, size_t errlen)
+/* The bytes of f (borrowed), whose first nh bytes were already read into head, through
+ * the decompression codec announces (MT__Z_NONE: as they are), into a buffer of their own:
+ * *buf (malloc'd) and *len. At most max bytes; err names the decoder's complaint or the
+ * limit. */
+static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_t max,
+                 const char *path, char **buf, size_t *len, char *err, size_t errlen)
 {
     *buf = NULL;
     *len = 0;
-    int rc = MT_ENOMEM;
-    FILE *f = NULL;
+    int rc = 0;
     mt__zsrc_t *z = NULL;
     char *b = NULL;
-    size_t n = 0, cap = 0;
-    int fd2 = dup(fd);
-    if (fd2 < 0 || (f = fdopen(fd2, "rb")) == NULL) {
-        if (fd2 >= 0)
-            close(fd2);
-        snprintf(err, errlen, "%s: cannot read", path);
-        return MT_EIO;
-    }
-    if (mt__zsrc_open(&z, f, codec, head, nh) != 0) {
+    size_t n = 0, cap = 0, pre = 0; /* pre: bytes of head still to hand out (plain input) */
+    if (codec == MT__Z_NONE)
+        pre = nh;
+    else if (mt__zsrc_open(&z, f, codec, head, nh) != 0) {
         snprintf(err, errlen, "%s: out of memory for the %s decoder", path, mt__zsrc_name(codec));
-        goto done;
+        return MT_ENOMEM;
     }
     for (;;) {
-        if (n == cap && cap >= max) { /* full: the input must end here */
-            unsigned char more;
-            size_t extra = 0;
-            if ((rc = mt__zsrc_read(z, &more, 1, &extra)) == 0 && extra == 0)
-                break;
-            if (rc == 0) {
-                snprintf(err, errlen,
-                         "%s: compressed with %s, it decompresses to more than %zu bytes: "
-                         "decompress it first (%s -dk FILE)",
-                         path, mt__zsrc_name(codec), max, mt__zsrc_name(codec));
-                rc = MT_EPROTO;
-            } else
-                snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
-            goto done;
-        }
-        if (n == cap) {
+        size_t got = 0;
+        unsigned char more;
+        bool full = n == cap && cap >= max; /* the input must end here */
+        if (!full && n == cap) {
             size_t ncap = cap == 0 ? (size_t)1 << 20 : cap * 2;
             if (ncap > max)
                 ncap = max;
             char *nb = realloc(b, ncap);
             if (nb == NULL) {
-                snprintf(err, errlen, "%s: out of memory decompressing it (%zu bytes)", path, ncap);
+                snprintf(err, errlen, "%s: out of memory reading it (%zu bytes)", path, ncap);
                 rc = MT_ENOMEM;
                 goto done;
             }
             b = nb;
             cap = ncap;
         }
-        size_t got = 0;
-        if ((rc = mt__zsrc_read(z, b + n, cap - n, &got)) != 0) {
-            snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
+        unsigned char *to = full ? &more : (unsigned char *)b + n;
+        size_t room = full ? 1 : cap - n;
+        if (z != NULL) {
+            if ((rc = mt__zsrc_read(z, to, room, &got)) != 0) {
+                snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
+                goto done;
+            }
+        } else if (pre > 0) {
+            got = pre < room ? pre : room;
+            memcpy(to, head + (nh - pre), got);
+            pre -= got;
+        } else if ((got = fread(to, 1, room, f)) == 0 && ferror(f)) {
+            snprintf(err, errlen, "%s: read error", path);
+            rc = MT_EIO;
             goto done;
         }
         if (got == 0)
             break;
+        if (full) {
+            if (codec != MT__Z_NONE)
+                snprintf(err, errlen,
+                         "%s: compressed with %s, it decompresses to more than %zu bytes: "
+                         "decompress it first (%s -dk FILE)",
+                         path, mt__zsrc_name(codec), max, mt__zsrc_name(codec));
+            else
+                snprintf(err, errlen, "%s: more than %zu bytes through a pipe: give it as a file",
+                         path, max);
+            rc = MT_EPROTO;
+            goto done;
+        }
         n += got;
     }
     *buf = b;
     *len = n;
     b = NULL;
-    rc = 0;
 done:
     free(b);
     mt__zsrc_close(&z);
-    fclose(f);
     return rc;
 }
 
@@ -558,7 +562,9 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
                              const mt_pk_stream_t *stream, char *err, size_t errlen)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* "-": standard input (a pipe, or a file given with <) */
+    int fd =
+        strcmp(path, "-") == 0 ? fcntl(0, F_DUPFD_CLOEXEC, 3) : open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
         snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
@@ -568,23 +574,30 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
     struct stat st;
     void *map = MAP_FAILED;
     char *buf = NULL;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: cannot read (not a regular file?)", path);
+    FILE *f = NULL;
+    if (fstat(fd, &st) != 0 || S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s: cannot read (a directory?)", path);
         goto done;
     }
     size_t size = (size_t)st.st_size;
-    /* A compressed file (known by its first bytes) is read through its decompression into
-     * memory; a plain one is mapped. */
+    bool reg = S_ISREG(st.st_mode);
+    /* A plain regular file is mapped. A compressed one (known by its first bytes) is read
+     * through its decompression into memory, and so is whatever a pipe brings. */
     unsigned char head[6];
-    ssize_t nh = pread(fd, head, sizeof head, 0);
-    int codec = mt__zsrc_sniff(head, nh > 0 ? (size_t)nh : 0);
-    if (codec != MT__Z_NONE) {
-        if (lseek(fd, nh, SEEK_SET) != nh) {
+    size_t nh = 0;
+    for (ssize_t k = 1; nh < sizeof head && k > 0; nh += k > 0 ? (size_t)k : 0)
+        k = reg ? pread(fd, head + nh, sizeof head - nh, (off_t)nh)
+                : read(fd, head + nh, sizeof head - nh);
+    int codec = mt__zsrc_sniff(head, nh);
+    if (codec != MT__Z_NONE || !reg) {
+        size_t max = cfg != NULL ? cfg->max_inflate : MT__PK_INFLATE_MAX;
+        if ((reg && lseek(fd, (off_t)nh, SEEK_SET) != (off_t)nh) ||
+            (f = fdopen(fd, "rb")) == NULL) {
             snprintf(err, errlen, "%s: cannot read", path);
             goto done;
         }
-        size_t max = cfg != NULL ? cfg->max_inflate : MT__PK_INFLATE_MAX;
-        if ((rc = inflate(fd, codec, head, (size_t)nh, max, path, &buf, &size, err, errlen)) != 0)
+        fd = -1; /* f's now */
+        if ((rc = slurp(f, codec, head, nh, max, path, &buf, &size, err, errlen)) != 0)
             goto done;
     } else {
         /* Mapped, the file is read once from the page cache and its pages given back as
@@ -600,7 +613,7 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
                 goto done;
             }
             for (size_t got = 0; got < size;) {
-                ssize_t k = read(fd, buf + got, size - got);
+                ssize_t k = pread(fd, buf + got, size - got, (off_t)got);
                 if (k <= 0) {
                     snprintf(err, errlen, "%s: read error", path);
                     goto done;
@@ -620,7 +633,10 @@ done:
     if (map != MAP_FAILED)
         munmap(map, size);
     free(buf);
-    close(fd);
+    if (f != NULL)
+        fclose(f);
+    if (fd >= 0)
+        close(fd);
     return rc;
 }
 

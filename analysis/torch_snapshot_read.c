@@ -2,10 +2,12 @@
  * and their histories, device_traces (whole here; streamed as the file is parsed:
  * torch_snapshot_stream.c), annotations and settings, every value charged to a visit
  * budget (torch_snapshot_read.h). */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "analysis/torch_snapshot_read.h"
 #include "analysis/zsource.h"
@@ -479,21 +481,76 @@ int mt__ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen)
     return mt__ts_from_pickle(out, doc, path, err, errlen);
 }
 
+/* The descriptor a path names without opening anything: "-" is standard input, /dev/fd/N
+ * and /proc/self/fd/N (a shell's <(...)) are N; -1 for any other path. */
+static int path_fd(const char *path)
+{
+    const char *n = NULL;
+    if (strcmp(path, "-") == 0)
+        return 0;
+    if (strncmp(path, "/dev/fd/", 8) == 0)
+        n = path + 8;
+    else if (strncmp(path, "/proc/self/fd/", 14) == 0)
+        n = path + 14;
+    if (n == NULL || *n < '0' || *n > '9')
+        return -1;
+    char *end;
+    long fd = strtol(n, &end, 10);
+    return *end == '\0' && fd <= INT_MAX ? (int)fd : -1;
+}
+
+/* The pickle's first byte, PROTO (0x80), opens what waits in pipe fd, maybe compressed:
+ * looked at without taking it (the reader gets every byte). Compressed data is looked at
+ * until it gives a first byte, the pipe holds 64 KiB, or the writer has gone. */
+static bool pipe_is_pickle(int fd)
+{
+    static unsigned char buf[64 * 1024];
+    for (int tries = 0; tries < 5000; tries++) { /* about 5 s for a slow writer */
+        size_t n = 0;
+        bool ended = false;
+        if (mt__zsrc_pipe_peek(fd, buf, sizeof buf, &n, &ended) != 0 || n == 0)
+            return false;
+        int codec = mt__zsrc_sniff(buf, n);
+        unsigned char c = 0;
+        if (codec == MT__Z_NONE && (n >= 6 || ended || buf[0] == 0x80 ||
+                                    (buf[0] != 0xfd && buf[0] != 0x1f && buf[0] != 0x28)))
+            return buf[0] == 0x80; /* (a magic's first byte waits for the rest) */
+        if (codec != MT__Z_NONE && mt__zsrc_first_byte(buf, n, codec, &c) == 1)
+            return c == 0x80;
+        if (ended || n == sizeof buf)
+            return false;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return false;
+}
+
 bool mt__ts_is_pickle(const char *path)
 {
     size_t n = strlen(path);
     if ((n > 7 && strcmp(path + n - 7, ".pickle") == 0) ||
         (n > 4 && strcmp(path + n - 4, ".pkl") == 0))
         return true;
-    /* A regular file only: reading a pipe (`<(cat snap)`) to look would lose its bytes. */
+    /* A pipe is looked into without taking its bytes, where its descriptor is known
+     * ("-", <(...)); a named FIFO is not opened to look (closing it would end its writer). */
+    int fd = path_fd(path);
     struct stat st;
-    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+    if (fd >= 0 ? fstat(fd, &st) != 0 : stat(path, &st) != 0)
         return false;
+    if (S_ISFIFO(st.st_mode))
+        return fd >= 0 && pipe_is_pickle(fd);
+    if (!S_ISREG(st.st_mode))
+        return false;
+    char proc[40];
+    if (fd >= 0) { /* standard input given a file, or <(...) of one */
+        snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+        path = proc;
+    }
+    unsigned char head[6];
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return false;
-    /* A compressed snapshot is one too, said as such by its reader (pickle.c). */
-    unsigned char head[6];
+    /* A compressed snapshot is one too (pickle.c decompresses it). */
     size_t nh = fread(head, 1, sizeof head, f);
     int codec = mt__zsrc_sniff(head, nh);
     mt__zsrc_t *z = NULL;

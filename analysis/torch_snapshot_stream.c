@@ -302,8 +302,8 @@ static void stream_begin(void *ud, size_t len)
 int mt__ts_read_streamed(mt_ts_t **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
-    struct stat sb;
-    if (stat(path, &sb) != 0)
+    struct stat sb = {0};
+    if (strcmp(path, "-") != 0 && stat(path, &sb) != 0)
         return MT_EAGAIN; /* the whole read says why */
     mt_ts_t *ts;
     int rc = mt__ts_create(&ts);

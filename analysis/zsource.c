@@ -2,7 +2,9 @@
 #include "analysis/zsource.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lzma.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -12,6 +14,7 @@
 #include <zlib.h>
 #include <zstd.h>
 #include <zstd_errors.h>
+#include <unistd.h>
 
 #include "memtrace/common.h"
 
@@ -370,4 +373,54 @@ void mt__zfile_close(mt__zfile_t **p)
     mt__zsrc_close(&zf->z);
     free(zf);
     *p = NULL;
+}
+
+/* ---- looking into a pipe ---- */
+
+int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended)
+{
+    *n = 0;
+    *ended = false;
+#if defined(__linux__)
+    int p[2];
+    if (cap == 0 || pipe2(p, O_CLOEXEC) != 0)
+        return MT_EINVAL;
+    /* tee(2) copies what waits in fd without taking it (waiting for a first byte) */
+    ssize_t k = tee(fd, p[1], cap, 0);
+    int rc = k < 0 ? MT_EINVAL : 0;
+    for (size_t got = 0; k > 0 && got < (size_t)k;) {
+        ssize_t r = read(p[0], (unsigned char *)buf + got, (size_t)k - got);
+        if (r <= 0) {
+            rc = MT_EIO;
+            break;
+        }
+        got += (size_t)r;
+        *n = got;
+    }
+    close(p[0]);
+    close(p[1]);
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    *ended = k == 0 || (poll(&pf, 1, 0) == 1 && (pf.revents & POLLHUP));
+    return rc;
+#else
+    (void)fd;
+    (void)buf;
+    (void)cap;
+    return MT_EINVAL;
+#endif
+}
+
+int mt__zsrc_first_byte(const void *p, size_t n, int codec, unsigned char *c)
+{
+    FILE *f = fmemopen((void *)(uintptr_t)p, n, "rb");
+    if (f == NULL)
+        return MT_ENOMEM;
+    mt__zsrc_t *z = NULL;
+    size_t got = 0;
+    int rc = mt__zsrc_open(&z, f, codec, NULL, 0);
+    if (rc == 0)
+        rc = mt__zsrc_read(z, c, 1, &got);
+    mt__zsrc_close(&z);
+    fclose(f);
+    return rc != 0 ? rc : got == 1 ? 1 : 0;
 }

@@ -5,6 +5,7 @@
 #ifndef MT_ANALYSIS_ZSOURCE_H
 #define MT_ANALYSIS_ZSOURCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -38,6 +39,13 @@ int mt__zsrc_read(mt__zsrc_t *z, void *buf, size_t cap, size_t *n);
 const char *mt__zsrc_error(const mt__zsrc_t *z);
 /* Frees the decoder (not the file). Sets *p = NULL. */
 void mt__zsrc_close(mt__zsrc_t **p);
+/* The first decompressed byte of p[0, n) (codec's data, maybe cut short) into *c: 1, 0 when
+ * n bytes give none, or a negative MT_E* (corrupt, or cut where a byte was still due). */
+int mt__zsrc_first_byte(const void *p, size_t n, int codec, unsigned char *c);
+/* Up to cap of the bytes waiting in the pipe fd into buf, left in the pipe for its reader
+ * (Linux's tee(2)); waits for a first byte. *n = how many; *ended = the writer has gone, so
+ * nothing more will come. Returns 0, or MT_EINVAL where fd is not a pipe (or not Linux). */
+int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended);
 
 /* A stream that reads a file as its uncompressed bytes, for readers that take a FILE (the
  * log readers): when the file's first bytes announce xz, gzip or zstd, the stream reads

@@ -404,7 +404,7 @@ static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *
                      unsigned long *bad, char *err, size_t errlen)
 {
     d->recorded = true;
-    if (strcmp(path, "-") != 0 && mt__ts_is_pickle(path)) {
+    if (mt__ts_is_pickle(path)) {
         uint64_t before = d->ctr.events;
         int rc = view_snapshot(d, path, err, errlen);
         *events += (unsigned long)(d->ctr.events - before);

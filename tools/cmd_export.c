@@ -119,7 +119,7 @@ static int parse_args(int argc, char **argv, export_opts_t *o)
     o->nlogs = argc - optind;
     /* A snapshot given where a log is due would read as lines of garbage, one error each. */
     for (int i = 0; i < o->nlogs; i++) {
-        if (strcmp(o->logs[i], "-") != 0 && mt__ts_is_pickle(o->logs[i])) {
+        if (mt__ts_is_pickle(o->logs[i])) {
             fprintf(stderr,
                     "memtrace export: %s is a PyTorch snapshot already, not a telemetry log: "
                     "export writes logs as snapshots ('memtrace report', 'plot', 'diff' and "

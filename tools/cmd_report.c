@@ -373,7 +373,7 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
      * them or a snapshot's sites need its model (snapshot_in.c): memory follows the model. */
     cfg.stream = !pr->replay;
     for (int i = 0; i < nlogs && cfg.stream; i++)
-        cfg.stream = strcmp(logs[i], "-") == 0 || !mt__ts_is_pickle(logs[i]);
+        cfg.stream = !mt__ts_is_pickle(logs[i]);
     mt__report_t *r = NULL;
     if (mt__report_create(&r, &cfg) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");

@@ -223,7 +223,7 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
     int i = 0;
     while (i < n) {
         int j = i;
-        while (j < n && (strcmp(paths[j], "-") == 0 || !mt__ts_is_pickle(paths[j])))
+        while (j < n && !mt__ts_is_pickle(paths[j]))
             j++;
         /* Logs are read together: one process may be split over several of them. */
         if (j > i && mt_tool_read_logs(r, prog, paths + i, j - i, bad) != 0)

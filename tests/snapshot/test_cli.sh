@@ -210,6 +210,21 @@ for z in "$data"/compressed/*.pickle.*; do
         [ "$rc" = 0 ] || { echo "FAIL: memtrace $cmd of $base: status $rc: $got"; fail=1; }
         got=$(printf '%s' "$got" | sed "s|snap\.pickle\.${base##*.}|snap.pickle|g")
         [ "$got" = "$want" ] || { echo "FAIL: memtrace $cmd of $base differs from the plain file's:"; printf '%s\n---\n%s\n' "$got" "$want"; fail=1; }
+        # Through a pipe, on standard input and as a shell's <(...), the same again; the
+        # compressed one also from a writer that stops after its first 10 bytes, so that
+        # its first byte is not there yet when memtrace looks.
+        want=$(printf '%s' "$want" | sed "s|$dir/snap\.pickle|-|g")
+        for how in stdin slow procsub; do
+            case $how in
+            stdin) got=$(cat "$z" | "$mt" $cmd - 2>&1) ;;
+            slow) got=$( (head -c 10 "$z"; sleep 0.3; tail -c +11 "$z") | "$mt" $cmd - 2>&1) ;;
+            procsub) got=$(bash -c '"$1" "$2" <(cat "$3") 2>&1' _ "$mt" $cmd "$z" |
+                sed 's|/dev/fd/[0-9]*|-|g') ;;
+            esac
+            rc=$?
+            [ "$rc" = 0 ] || { echo "FAIL: memtrace $cmd of $base ($how): status $rc: $got"; fail=1; }
+            [ "$got" = "$want" ] || { echo "FAIL: memtrace $cmd of $base ($how) differs from the plain file's:"; printf '%s\n---\n%s\n' "$got" "$want"; fail=1; }
+        done
     done
 done
 rm -rf "${svg%/a.svg}"
