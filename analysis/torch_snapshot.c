@@ -16,6 +16,13 @@ static const char *action_names[MT_TS_ACTION_COUNT] = {
     "snapshot",
 };
 
+uint32_t mt__ts_block_stack(const mt_ts_t *ts, const mt_ts_block_t *b)
+{
+    if (b->stack != 0 || b->nhistory == 0 || b->state == MT_TS_INACTIVE)
+        return b->stack;
+    return ts->history[b->first_history].stack;
+}
+
 const char *mt__ts_action_name(int action)
 {
     return action >= 0 && action < MT_TS_ACTION_COUNT ? action_names[action] : "unknown";

@@ -157,6 +157,10 @@ const char *mt__ts_strdup(mt_ts_t *ts, const char *s);
 /* Static name of an action ("alloc", ...) or state ("active_allocated", ...). */
 const char *mt__ts_action_name(int action);
 const char *mt__ts_state_name(int state);
+/* The stack of b's allocation: its own frames (2.x with history recorded), else, for an
+ * active block, its newest history entry's (1.13 and 2.0 keep the frames there: history[0],
+ * as PyTorch's _memory_viz reads them). 0 for none. */
+uint32_t mt__ts_block_stack(const mt_ts_t *ts, const mt_ts_block_t *b);
 
 /* ---- conversions ---- */
 

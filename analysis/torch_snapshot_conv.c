@@ -387,14 +387,14 @@ static int state_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
                     .allocated = allocated[d],
                     .reserved = reserved[d],
                 };
-                rc = fn(ctx, &r, b->stack, 0);
+                rc = fn(ctx, &r, mt__ts_block_stack(ts, b), 0);
                 if (rc == 0 && pass == 0) {
                     allocated[d] -= b->size; /* freed by the program, its stream not done */
                     r.allocated = allocated[d];
                     r.kind = MT_EV_FREE_REQUESTED;
                     r.seq = ++seq;
                     r.time_ns = seq;
-                    rc = fn(ctx, &r, b->stack, 0);
+                    rc = fn(ctx, &r, mt__ts_block_stack(ts, b), 0);
                 }
             }
         }

@@ -240,6 +240,32 @@ def v113_snapshot():
     ]
 
 
+def v20_history_snapshot():
+    """2.0: the dict, but blocks as in 1.13 (size, requested_size, state, history; no address
+    and no frames of their own), and a trace whose one entry has no frames (a public
+    snapshot taken at an OOM is such)."""
+    A = 0x7F6000000000
+    return {
+        "segments": [
+            {
+                "device": 0, "address": A, "total_size": 20 * MiB, "allocated_size": 12 * MiB,
+                "active_size": 12 * MiB, "requested_size": 12 * MiB - 24, "stream": 0,
+                "segment_type": "large",
+                "blocks": [
+                    {"size": 4 * MiB, "requested_size": 4 * MiB - 24, "state": "active_allocated",
+                     "history": [{"addr": A, "real_size": 4 * MiB - 24, "frames": TRAIN}]},
+                    {"size": 8 * MiB, "requested_size": 8 * MiB, "state": "active_allocated",
+                     "history": [{"addr": A + 4 * MiB, "real_size": 8 * MiB, "frames": LOSS}]},
+                    {"size": 8 * MiB, "requested_size": 0, "state": "inactive",
+                     "history": [{"addr": A + 12 * MiB, "real_size": 8 * MiB, "frames": OPT}]},
+                ],
+            },
+        ],
+        "device_traces": [[{"action": "snapshot", "addr": 0, "size": 12 * MiB - 24,
+                            "stream": 0}]],
+    }
+
+
 def write(name, data, expected=None):
     path = os.path.join(DATA, name)
     with open(path, "wb") as f:
@@ -256,6 +282,7 @@ def main():
         write("v2_all_actions_p%d.pickle" % proto, pickle.dumps(snap, protocol=proto))
     write("v113_segments.pickle", pickle.dumps(v113_snapshot(), protocol=2))
     write("v113_segments_p4.pickle", pickle.dumps(v113_snapshot(), protocol=4))
+    write("v20_history.pickle", pickle.dumps(v20_history_snapshot(), protocol=4))
     # A trace with no clock, as PyTorch wrote before its trace entries had time_us (a
     # public snapshot of a PEFT fine-tuning run is one): no time_us, no annotations.
     untimed = v2_snapshot()
