@@ -188,14 +188,19 @@ static const char *path_find(const char *file, const char *pat)
     return pl == 0 ? file : NULL;
 }
 
+#define ANON_NS "(anonymous namespace)::"
+
 /* The function starts with pat, or one of its words does: a C++ name may begin with its
- * return type ("void at::native::f<float>()"). */
+ * return type ("void at::native::f<float>()"), and a function of a file's own may begin
+ * with its unnamed namespace ("(anonymous namespace)::THPFunction_apply(...)"). */
 static bool func_match(const char *func, const char *pat)
 {
     size_t pl = strlen(pat);
     for (const char *s = func; s != NULL; s = strchr(s, ' ')) {
         while (*s == ' ')
             s++;
+        if (strncmp(s, ANON_NS, strlen(ANON_NS)) == 0 && strncmp(pat, ANON_NS, strlen(ANON_NS)))
+            s += strlen(ANON_NS);
         if (strncmp(s, pat, pl) == 0)
             return true;
     }

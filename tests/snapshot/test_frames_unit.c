@@ -195,6 +195,30 @@ static void test_windows_paths(void **state)
                         "transformer.py:54 forward");
 }
 
+/* A function of a file's own unnamed namespace is matched by the rule of its name (a public
+ * 2.x snapshot: THPFunction_apply was taken for the user's site). */
+static void test_anonymous_namespace(void **state)
+{
+    (void)state;
+    char buf[128];
+    mt_fr_frame_t s[] = {
+        {.func = "(anonymous namespace)::THPFunction_apply(_object*, _object*)",
+         .file = "python_function.cpp",
+         .line = 0},
+        {.func = "at::(anonymous namespace)::create_out(c10::ArrayRef<long>)",
+         .file = "RegisterCUDA_0.cpp"},
+        {.func = "(anonymous namespace)::my_kernel_launch()", .file = "ext.cpp", .line = 7},
+        {.func = "train", .file = "trainers.py", .line = 444, .python = true},
+    };
+    assert_non_null(mt__fr_match(NULL, &s[0])); /* THP... */
+    assert_non_null(mt__fr_match(NULL, &s[1])); /* at:: */
+    assert_null(mt__fr_match(NULL, &s[2]));     /* the user's own C++ */
+    assert_null(mt__fr_match(NULL, &s[3]));
+    mt_fr_frame_t torch_only[] = {s[0], s[1], s[3]};
+    assert_int_equal(mt__fr_pick(NULL, torch_only, N(torch_only)), 2);
+    assert_string_equal(mt__fr_site(&torch_only[2], buf, sizeof buf), "trainers.py:444 train");
+}
+
 static void test_user_rules(void **state)
 {
     (void)state;
@@ -319,7 +343,7 @@ int main(void)
         cmocka_unit_test(test_fallback),      cmocka_unit_test(test_fallback_names_what_ran),
         cmocka_unit_test(test_windows_paths), cmocka_unit_test(test_user_rules),
         cmocka_unit_test(test_keys),          cmocka_unit_test(test_module_chain),
-        cmocka_unit_test(test_callsite_rows),
+        cmocka_unit_test(test_callsite_rows), cmocka_unit_test(test_anonymous_namespace),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
