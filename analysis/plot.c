@@ -84,6 +84,47 @@ typedef struct scan_s {
 
 /* The moment t (ns since s->t0) as the plot writes it: seconds, or the event it counts when
  * the input has no clock. */
+/* Marks of one name drawn each as a dashed line; past it, as ticks. */
+#define MARKS_DRAWN 8
+
+static int cmp_mark_name(const void *a, const void *b, void *arg)
+{
+    const mt_event_rec_t *m = arg;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    char x[MT_EVENT_LABEL_MAX + 1], y[MT_EVENT_LABEL_MAX + 1];
+    mt_event_label_unpack(&m[i], x);
+    mt_event_label_unpack(&m[j], y);
+    int c = strcmp(x, y);
+    return c != 0 ? c : (i > j) - (i < j);
+}
+
+/* For each named mark i of marks[0, n): cnt[2i] = the marks of its name, cnt[2i + 1] = how
+ * many of them come before it. */
+static void mark_counts(const mt_event_rec_t *marks, size_t n, size_t *cnt)
+{
+    size_t *ix = malloc((n + 1) * sizeof *ix), k = 0;
+    if (ix == NULL) {
+        for (size_t i = 0; i < n; i++)
+            cnt[2 * i] = 1, cnt[2 * i + 1] = 0;
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (marks[i].kind == MT_EV_MARK_NAMED)
+            ix[k++] = i;
+    qsort_r(ix, k, sizeof *ix, cmp_mark_name, (void *)marks);
+    char x[MT_EVENT_LABEL_MAX + 1], y[MT_EVENT_LABEL_MAX + 1];
+    for (size_t a = 0; a < k;) {
+        size_t b = a + 1;
+        mt_event_label_unpack(&marks[ix[a]], x);
+        while (b < k && (mt_event_label_unpack(&marks[ix[b]], y), strcmp(x, y) == 0))
+            b++;
+        for (size_t r = a; r < b; r++)
+            cnt[2 * ix[r]] = b - a, cnt[2 * ix[r] + 1] = r - a;
+        a = b;
+    }
+    free(ix);
+}
+
 static const char *when(const scan_t *s, uint64_t t, char *buf, size_t len)
 {
     if (s->untimed)
@@ -534,25 +575,44 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
     }
     fprintf(f, "</g>\n");
     /* Named marks (a program's mark("name"), a snapshot's external annotations): a dashed
-     * line with the name at its top, hover for the time. */
+     * line with the name at its top, hover for the time. A name marked more than
+     * MARKS_DRAWN times (a compiled model's hundreds of pad_mm_benchmark) is a tick at the
+     * top instead, labelled once with its count; a label that would overlap the one before
+     * is left to the hover. */
+    double label_end = -1;
+    size_t *cnt = calloc(s->nmarks + 1, 2 * sizeof *cnt); /* [2i] its name's, [2i+1] its rank */
+    if (cnt != NULL)
+        mark_counts(s->marks, s->nmarks, cnt);
     for (size_t i = 0; i < s->nmarks; i++) {
         const mt_event_rec_t *ev = &s->marks[i];
         if (ev->kind != MT_EV_MARK_NAMED)
             continue;
         char name[MT_EVENT_LABEL_MAX + 1];
         mt_event_label_unpack(ev, name);
+        size_t count = cnt != NULL ? cnt[2 * i] : 1, before = cnt != NULL ? cnt[2 * i + 1] : 0;
+        bool many = count > MARKS_DRAWN;
         double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
+        char at[40];
         fprintf(f, "<g class=\"mark\"><title>");
         xml_text(f, name);
-        char at[40];
         fprintf(f,
                 " at %s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                "stroke=\"#555\" stroke-dasharray=\"3 3\" stroke-opacity=\"0.6\"/><text "
-                "x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"10\" fill=\"#333\">",
-                when(s, ev->time_ns - s->t0, at, sizeof at), x, p->y0, x, p->y1, x + 2, p->y0 + 18);
-        xml_text(f, name);
-        fprintf(f, "</text></g>\n");
+                "stroke=\"#555\" stroke-dasharray=\"%s\" stroke-opacity=\"0.6\"/>",
+                when(s, ev->time_ns - s->t0, at, sizeof at), x, p->y0, x, many ? p->y0 + 10 : p->y1,
+                many ? "none" : "3 3");
+        if ((!many || before == 0) && x >= label_end) {
+            fprintf(f,
+                    "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"10\" fill=\"#333\">",
+                    x + 2, p->y0 + 18);
+            xml_text(f, name);
+            if (many)
+                fprintf(f, " \u00d7%zu", count);
+            fprintf(f, "</text>");
+            label_end = x + 2 + 6.0 * (double)(strlen(name) + (many ? 7 : 0));
+        }
+        fprintf(f, "</g>\n");
     }
+    free(cnt);
     for (size_t i = 0; i < s->nmarks; i++) {
         const mt_event_rec_t *ev = &s->marks[i];
         if (ev->kind != MT_EV_OOM)

@@ -296,3 +296,80 @@ bad_era:
     snprintf(err, errlen, "era %d is neither 1 nor 2", ts->era);
     return MT_EPROTO;
 }
+
+/* ---- stages ---- */
+
+static int cmp_by_name(const void *a, const void *b, void *arg)
+{
+    const mt_ts_t *ts = arg;
+    const mt_ts_annotation_t *x = &ts->annotations[*(const size_t *)a];
+    const mt_ts_annotation_t *y = &ts->annotations[*(const size_t *)b];
+    int c = strcmp(x->name, y->name);
+    if (c == 0)
+        c = (x->device > y->device) - (x->device < y->device);
+    if (c == 0)
+        c = (x->time_us > y->time_us) - (x->time_us < y->time_us);
+    if (c == 0)
+        c = (*(const size_t *)a > *(const size_t *)b) - (*(const size_t *)a < *(const size_t *)b);
+    return c;
+}
+
+static int cmp_stage(const void *a, const void *b)
+{
+    const mt_ts_stage_t *x = a, *y = b;
+    if (x->first_us != y->first_us)
+        return x->first_us < y->first_us ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int mt__ts_stages(const mt_ts_t *ts, mt_ts_stage_t **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    size_t na = ts->nannotations;
+    if (na == 0)
+        return 0;
+    size_t *ix = malloc(na * sizeof *ix);
+    mt_ts_stage_t *g = calloc(na, sizeof *g);
+    if (ix == NULL || g == NULL) {
+        free(ix);
+        free(g);
+        return MT_ENOMEM;
+    }
+    for (size_t i = 0; i < na; i++)
+        ix[i] = i;
+    qsort_r(ix, na, sizeof *ix, cmp_by_name, (void *)ts);
+    size_t ng = 0;
+    int depth = 0, dev = 0;
+    int64_t open = 0;
+    for (size_t i = 0; i < na; i++) {
+        const mt_ts_annotation_t *a = &ts->annotations[ix[i]];
+        if (i == 0 || strcmp(a->name, g[ng - 1].name) != 0) {
+            g[ng++] = (mt_ts_stage_t){.name = a->name, .first_us = a->time_us};
+            depth = 0;
+            dev = a->device;
+        } else if (a->device != dev) {
+            depth = 0;
+            dev = a->device;
+        }
+        mt_ts_stage_t *s = &g[ng - 1];
+        if (a->time_us < s->first_us)
+            s->first_us = a->time_us;
+        if (a->time_us > s->last_us)
+            s->last_us = a->time_us;
+        if (a->start) {
+            s->starts++;
+            if (depth++ == 0)
+                open = a->time_us;
+        } else {
+            s->ends++;
+            if (depth > 0 && --depth == 0 && a->time_us > open)
+                s->inside_us += a->time_us - open;
+        }
+    }
+    free(ix);
+    qsort(g, ng, sizeof *g, cmp_stage);
+    *out = g;
+    *n = ng;
+    return 0;
+}

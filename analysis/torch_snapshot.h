@@ -255,6 +255,19 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
 /* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */
 const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
 
+/* A snapshot's annotations by name (its stages: record_function's and dynamo_timed's names,
+ * memtrace's marks), a compiled model writes hundreds of the same few. Times are the file's
+ * microseconds (0: it has no clock). */
+typedef struct mt_ts_stage_s {
+    const char *name;          /* borrowed from the model */
+    size_t starts, ends;       /* its START and END annotations */
+    int64_t first_us, last_us; /* the earliest and the latest of them */
+    int64_t inside_us;         /* time between a START and its END (nested ones once) */
+} mt_ts_stage_t;
+/* Every name, in the order of its first annotation in time, into *out (new; free()). 0 or
+ * MT_ENOMEM. */
+int mt__ts_stages(const mt_ts_t *ts, mt_ts_stage_t **out, size_t *n);
+
 /* ---- call sites grouped by the user's frame (torch_snapshot_sites.c, analysis/frames.h) ---- */
 
 struct mt_fr_rules_s;

@@ -190,11 +190,27 @@ static int feed_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigne
     return mt__report_add_event(f->r, f->pid, &e, f->ts->tag_label[e.tag]);
 }
 
+/* The process name of a snapshot: its file's name, its end kept where the report's 63 bytes
+ * cut it ("...memory_ctx128_forward.pickle": runs differ at the end of their names). */
+static const char *snapshot_name(const char *path, char *buf, size_t len)
+{
+    const char *base = strrchr(path, '/');
+    base = base != NULL && base[1] != '\0' ? base + 1 : path;
+    size_t n = strlen(base);
+    if (n <= 63 || len < 64)
+        return base;
+    const char *tail = base + n - 60;
+    while ((*tail & 0xC0) == 0x80) /* not inside a UTF-8 character */
+        tail++;
+    snprintf(buf, len, "...%s", tail);
+    return buf;
+}
+
 int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path, int pid)
 {
     feed_t f = {.r = r, .ts = ts, .pid = pid};
-    char err[256] = "";
-    json_t *hello = mt_prof_hello_to_json(pid, path, 0, 0);
+    char err[256] = "", nb[64];
+    json_t *hello = mt_prof_hello_to_json(pid, snapshot_name(path, nb, sizeof nb), 0, 0);
     char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
     json_decref(hello);
     int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
@@ -444,6 +460,42 @@ static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__rep
     }
 }
 
+/* The snapshot's annotations by name, the first top of them in time (a compiled model
+ * writes hundreds of the same few; --json lists each one). Seconds from the trace's start. */
+static void print_stages(const mt_ts_t *ts, uint32_t top)
+{
+    mt_ts_stage_t *st = NULL;
+    size_t n = 0;
+    if (ts->nannotations == 0)
+        return;
+    if (mt__ts_stages(ts, &st, &n) != 0) {
+        printf("  annotations: %zu (out of memory to group them)\n", ts->nannotations);
+        return;
+    }
+    int64_t t0 = mt__ts_trace_start_us(ts);
+    for (size_t k = 0; k < n; k++) /* annotations before the trace's first event */
+        if (st[k].first_us > 0 && (t0 == 0 || st[k].first_us < t0))
+            t0 = st[k].first_us;
+    bool timed = t0 > 0;
+    printf("  annotations: %zu, %zu names%s\n", ts->nannotations, n,
+           timed ? " (seconds from the trace's start)" : " (the file has no clock)");
+    printf("    %6s %6s %10s %10s %10s  name\n", "starts", "ends", "first", "last", "inside");
+    for (size_t k = 0; k < n && k < top; k++) {
+        const mt_ts_stage_t *g = &st[k];
+        if (timed)
+            printf("    %6zu %6zu %10.3f %10.3f %10.3f  ", g->starts, g->ends,
+                   (double)(g->first_us - t0) / 1e6, (double)(g->last_us - t0) / 1e6,
+                   (double)g->inside_us / 1e6);
+        else
+            printf("    %6zu %6zu %10s %10s %10s  ", g->starts, g->ends, "-", "-", "-");
+        put_text(g->name);
+        printf("\n");
+    }
+    if (n > top)
+        printf("    ... %zu more (--top)\n", n - top);
+    free(st);
+}
+
 void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks)
 {
     for (size_t i = 0; i < in->n; i++) {
@@ -479,13 +531,7 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
                 printf("    ... %zu more\n", ng - cfg->top);
             mt__ts_groups_free(&g, ng);
         }
-        if (ts->nannotations)
-            printf("  annotations:\n");
-        for (size_t k = 0; k < ts->nannotations; k++) {
-            const mt_ts_annotation_t *a = &ts->annotations[k];
-            printf("    %12lld us  device %d  %-5s %s\n", (long long)a->time_us, a->device,
-                   a->start ? "START" : "END", a->name);
-        }
+        print_stages(ts, cfg->top);
     }
 }
 

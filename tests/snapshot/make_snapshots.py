@@ -313,6 +313,21 @@ def main():
         frame("__clone3", "./misc/../sysdeps/unix/sysv/linux/x86_64/clone3.S", 81),
     ]
     write("v2_state_only.pickle", pickle.dumps(state, protocol=4))
+    # A compiled model's annotations (a public torch.compile snapshot has 1794, 1734 of them
+    # pad_mm_benchmark): 40 pairs of one name inside a long compile stage, one forward.
+    many = v2_snapshot()
+    ann = [{"stage": "START", "name": "_compile.compile_inner (dynamo_timed)", "device": 0,
+            "time_us": 100}]
+    for k in range(40):
+        for stage, t in (("START", 101 + k), ("END", 101 + k)):
+            ann.append({"stage": stage, "name": "pad_mm_benchmark (dynamo_timed)", "device": 0,
+                        "time_us": t})
+    ann.append({"stage": "END", "name": "_compile.compile_inner (dynamo_timed)", "device": 0,
+                "time_us": 150})
+    ann += [{"stage": "START", "name": "forward", "device": 0, "time_us": 151},
+            {"stage": "END", "name": "forward", "device": 0, "time_us": 155}]
+    many["external_annotations"] = ann
+    write("v2_many_annotations.pickle", pickle.dumps(many, protocol=4))
     write("v2_midrun.pickle", pickle.dumps(midrun_snapshot(), protocol=4))
     write("v2_expandable_midrun.pickle", pickle.dumps(expandable_midrun_snapshot(), protocol=4))
 
