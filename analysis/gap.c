@@ -202,3 +202,47 @@ json_t *mt__gap_json(const mt_gap_t *g, size_t top)
                      "requested_known_bytes", ji(g->requested_known), "blocks_request_unknown",
                      ji(g->blocks_unknown), "segments", ji(g->segments), "pins", pins);
 }
+
+static json_int_t pin_int(json_t *r, const char *k)
+{
+    return json_integer_value(json_object_get(r, k));
+}
+
+void mt__gap_pins_by_site(json_t *pins)
+{
+    for (size_t i = 0; i < json_array_size(pins); i++) {
+        json_t *a = json_array_get(pins, i);
+        const char *site = json_string_value(json_object_get(a, "site"));
+        if (site == NULL)
+            continue;
+        for (size_t j = i + 1; j < json_array_size(pins);) {
+            json_t *b = json_array_get(pins, j);
+            const char *other = json_string_value(json_object_get(b, "site"));
+            if (other == NULL || strcmp(site, other) != 0) {
+                j++;
+                continue;
+            }
+            json_int_t big = pin_int(a, "largest_block_bytes"),
+                       bb = pin_int(b, "largest_block_bytes");
+            json_object_set_new(a, "bytes",
+                                json_integer(pin_int(a, "bytes") + pin_int(b, "bytes")));
+            json_object_set_new(a, "segments",
+                                json_integer(pin_int(a, "segments") + pin_int(b, "segments")));
+            json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb));
+            json_array_remove(pins, j);
+        }
+    }
+    /* largest first (rows were, and each keeps the place of its largest: one pass of
+     * insertion moves each merged row up) */
+    for (size_t i = 1; i < json_array_size(pins); i++) {
+        size_t k = i;
+        json_t *x = json_incref(json_array_get(pins, i));
+        while (k > 0 && pin_int(json_array_get(pins, k - 1), "bytes") < pin_int(x, "bytes"))
+            k--;
+        if (k != i) {
+            json_array_remove(pins, i);
+            json_array_insert(pins, k, x);
+        }
+        json_decref(x);
+    }
+}

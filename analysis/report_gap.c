@@ -53,5 +53,7 @@ json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s
             o = NULL;
         }
     }
+    if (o != NULL)
+        mt__gap_pins_by_site(pins);
     return o;
 }

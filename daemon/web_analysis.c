@@ -104,6 +104,8 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
             pin, "site",
             json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
     }
+    if (p->snap)
+        mt__gap_pins_by_site(pins);
     send_at(c, p, t, past, upto, "gap", rc, j, head);
     json_decref(j);
     mt__gap_free(&g);

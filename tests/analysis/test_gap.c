@@ -191,12 +191,48 @@ static void test_unknown_requests(void **state)
     mt__model_destroy(&f.g.m);
 }
 
+/* Pins whose stacks differ below the user's frame read as one site: one row, the sums, the
+ * first row's stack; largest first. */
+static void test_pins_by_site(void **state)
+{
+    (void)state;
+    json_t *pins = json_pack(
+        "[{s:i,s:s,s:i,s:i,s:i}, {s:i,s:s,s:i,s:i,s:i}, {s:i,s:s,s:i,s:i,s:i},"
+        " {s:i,s:s,s:i,s:i,s:i}]",
+        "stack", 7, "site", "a.py:21 <module>", "bytes", 100, "segments", 2, "largest_block_bytes",
+        10, "stack", 8, "site", "b.py:3 f", "bytes", 90, "segments", 1, "largest_block_bytes", 50,
+        "stack", 9, "site", "a.py:21 <module>", "bytes", 60, "segments", 3, "largest_block_bytes",
+        30, "stack", 11, "site", "b.py:3 f", "bytes", 5, "segments", 1, "largest_block_bytes", 5);
+    assert_non_null(pins);
+    mt__gap_pins_by_site(pins);
+    assert_int_equal(json_array_size(pins), 2);
+    json_t *a = json_array_get(pins, 0), *b = json_array_get(pins, 1);
+    assert_string_equal(json_string_value(json_object_get(a, "site")), "a.py:21 <module>");
+    assert_int_equal(json_integer_value(json_object_get(a, "bytes")), 160);
+    assert_int_equal(json_integer_value(json_object_get(a, "segments")), 5);
+    assert_int_equal(json_integer_value(json_object_get(a, "largest_block_bytes")), 30);
+    assert_int_equal(json_integer_value(json_object_get(a, "stack")), 7);
+    assert_int_equal(json_integer_value(json_object_get(b, "bytes")), 95);
+    assert_int_equal(json_integer_value(json_object_get(b, "segments")), 2);
+    json_decref(pins);
+    /* largest first after merging: two small rows of one site pass a larger one */
+    pins = json_pack("[{s:s,s:i,s:i}, {s:s,s:i,s:i}, {s:s,s:i,s:i}]", "site", "x", "bytes", 50,
+                     "segments", 1, "site", "y", "bytes", 40, "segments", 1, "site", "y", "bytes",
+                     30, "segments", 1);
+    mt__gap_pins_by_site(pins);
+    assert_int_equal(json_array_size(pins), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(pins, 0), "site")), "y");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(pins, 0), "bytes")), 70);
+    json_decref(pins);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_cause_at_the_end),
         cmocka_unit_test(test_untracked_reserved),
         cmocka_unit_test(test_unknown_requests),
+        cmocka_unit_test(test_pins_by_site),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
