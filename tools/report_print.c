@@ -766,8 +766,15 @@ void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *
     printf("memtrace report: ");
     for (int i = 0; i < nlogs; i++)
         printf("%s%s", logs[i], i + 1 < nlogs ? ", " : ": ");
-    printf("%.0f lines, %.0f events, %zu process%s", num(res, "lines"), num(res, "events"),
-           json_array_size(procs), json_array_size(procs) == 1 ? "" : "es");
+    /* (a snapshot is fed as one line of its own, its process's hello: not a line read) */
+    size_t nsnap = json_array_size(json_object_get(res, "snapshots"));
+    double lines = num(res, "lines") - (double)nsnap;
+    if (nsnap == 0 || lines > 0)
+        printf("%.0f lines, ", lines);
+    if (nsnap > 0)
+        printf("%zu snapshot%s, ", nsnap, nsnap == 1 ? "" : "s");
+    printf("%.0f events, %zu process%s", num(res, "events"), json_array_size(procs),
+           json_array_size(procs) == 1 ? "" : "es");
     if (num(res, "duplicates") > 0)
         printf(", %.0f events found in two logs counted once", num(res, "duplicates"));
     if (bad)
