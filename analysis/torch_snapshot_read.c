@@ -504,25 +504,32 @@ static int path_fd(const char *path)
  * until it gives a first byte, the pipe holds 64 KiB, or the writer has gone. */
 static bool pipe_is_pickle(int fd)
 {
-    static unsigned char buf[64 * 1024];
-    for (int tries = 0; tries < 5000; tries++) { /* about 5 s for a slow writer */
+    enum { LOOK = 64 * 1024 }; /* a pipe's buffer: more never waits in it */
+    unsigned char *buf = malloc(LOOK);
+    bool yes = false, known = buf == NULL;
+    for (int tries = 0; !known && tries < 5000; tries++) { /* about 5 s for a slow writer */
         size_t n = 0;
         bool ended = false;
-        if (mt__zsrc_pipe_peek(fd, buf, sizeof buf, &n, &ended) != 0 || n == 0)
-            return false;
+        if (mt__zsrc_pipe_peek(fd, buf, LOOK, &n, &ended) != 0 || n == 0)
+            break;
         int codec = mt__zsrc_sniff(buf, n);
         unsigned char c = 0;
         if (codec == MT__Z_NONE && (n >= 6 || ended || buf[0] == 0x80 ||
-                                    (buf[0] != 0xfd && buf[0] != 0x1f && buf[0] != 0x28)))
-            return buf[0] == 0x80; /* (a magic's first byte waits for the rest) */
-        if (codec != MT__Z_NONE && mt__zsrc_first_byte(buf, n, codec, &c) == 1)
-            return c == 0x80;
-        if (ended || n == sizeof buf)
-            return false;
-        struct timespec ms = {0, 1000000};
-        nanosleep(&ms, NULL);
+                                    (buf[0] != 0xfd && buf[0] != 0x1f && buf[0] != 0x28))) {
+            yes = buf[0] == 0x80; /* (a magic's first byte waits for the rest) */
+            known = true;
+        } else if (codec != MT__Z_NONE && mt__zsrc_first_byte(buf, n, codec, &c) == 1) {
+            yes = c == 0x80;
+            known = true;
+        } else if (ended || n == LOOK) {
+            known = true;
+        } else {
+            struct timespec ms = {0, 1000000};
+            nanosleep(&ms, NULL);
+        }
     }
-    return false;
+    free(buf);
+    return yes;
 }
 
 bool mt__ts_is_pickle(const char *path)
