@@ -2,6 +2,7 @@
  * segments and blocks are both sorted by address: one pass over the two. */
 #include "analysis/gap.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,10 +206,16 @@ json_t *mt__gap_json(const mt_gap_t *g, size_t top)
 
 static json_int_t pin_int(json_t *r, const char *k)
 {
-    return json_integer_value(json_object_get(r, k));
+    json_int_t v = json_integer_value(json_object_get(r, k));
+    return v > 0 ? v : 0;
 }
 
-void mt__gap_pins_by_site(json_t *pins)
+static json_int_t sat_add(json_int_t a, json_int_t b)
+{
+    return a > LLONG_MAX - b ? LLONG_MAX : a + b; /* (json_int_t is long long here) */
+}
+
+void mt__gap_pins_by_site(json_t *pins, size_t top)
 {
     for (size_t i = 0; i < json_array_size(pins); i++) {
         json_t *a = json_array_get(pins, i);
@@ -225,9 +232,10 @@ void mt__gap_pins_by_site(json_t *pins)
             json_int_t big = pin_int(a, "largest_block_bytes"),
                        bb = pin_int(b, "largest_block_bytes");
             json_object_set_new(a, "bytes",
-                                json_integer(pin_int(a, "bytes") + pin_int(b, "bytes")));
-            json_object_set_new(a, "segments",
-                                json_integer(pin_int(a, "segments") + pin_int(b, "segments")));
+                                json_integer(sat_add(pin_int(a, "bytes"), pin_int(b, "bytes"))));
+            json_object_set_new(
+                a, "segments",
+                json_integer(sat_add(pin_int(a, "segments"), pin_int(b, "segments"))));
             json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb));
             json_array_remove(pins, j);
         }
@@ -245,4 +253,6 @@ void mt__gap_pins_by_site(json_t *pins)
         }
         json_decref(x);
     }
+    while (json_array_size(pins) > top)
+        json_array_remove(pins, json_array_size(pins) - 1);
 }

@@ -258,14 +258,16 @@ int mt__report_outside_json(const mt__report_outside_t *o, const mt_model_t *m, 
 /* ---- the gap (report_gap.c) ---- */
 
 /* The gap of class cls of m now (analysis/gap.h's mt__gap_json), each pin named by its site
- * (cfg->by, cfg->frames) with its frames. New reference, NULL without memory. */
+ * (cfg->by, cfg->frames) with its frames, the pins of one site joined and the first top
+ * kept (SIZE_MAX: all, for a caller that names them again). New reference, NULL without
+ * memory. */
 json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
-                            const mt__report_cfg_t *cfg);
+                            const mt__report_cfg_t *cfg, size_t top);
 /* The same of a gap taken earlier (g borrowed), its pins named from m (a model holding at
  * least the stacks g names, e.g. the same process's model later on). */
 struct mt_gap_s;
 json_t *mt__report_gap_named(const struct mt_gap_s *g, const mt_model_t *m, mt_sym_t *s,
-                             uint32_t pid, const mt__report_cfg_t *cfg);
+                             uint32_t pid, const mt__report_cfg_t *cfg, size_t top);
 
 /* The flame graph of process pid (<= 0: the one with the most events) by which
  * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each

@@ -31,20 +31,20 @@ static int name_pin(json_t *p, const mt_model_t *m, mt_sym_t *s, uint32_t pid, u
 }
 
 json_t *mt__report_gap_json(const mt_model_t *m, int cls, mt_sym_t *s, uint32_t pid,
-                            const mt__report_cfg_t *cfg)
+                            const mt__report_cfg_t *cfg, size_t top)
 {
     mt_gap_t g;
     if (mt__gap_of_model(m, cls, &g) != 0)
         return NULL;
-    json_t *o = mt__report_gap_named(&g, m, s, pid, cfg);
+    json_t *o = mt__report_gap_named(&g, m, s, pid, cfg, top);
     mt__gap_free(&g);
     return o;
 }
 
 json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s, uint32_t pid,
-                             const mt__report_cfg_t *cfg)
+                             const mt__report_cfg_t *cfg, size_t top)
 {
-    json_t *o = mt__gap_json(g, cfg->top);
+    json_t *o = mt__gap_json(g, SIZE_MAX); /* every pin: rows of one site join before the cut */
     mt__cs_sym_sync(s, pid, m);
     json_t *pins = json_object_get(o, "pins");
     for (size_t i = 0; o != NULL && i < json_array_size(pins); i++) {
@@ -54,6 +54,6 @@ json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s
         }
     }
     if (o != NULL)
-        mt__gap_pins_by_site(pins);
+        mt__gap_pins_by_site(pins, top);
     return o;
 }

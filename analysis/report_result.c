@@ -287,9 +287,11 @@ static json_t *by_device(const mt_model_t *m)
 static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
                         mt_sym_t *sym)
 {
+    /* (a snapshot's pins are named again from its frames, and cut then: tools/) */
+    size_t top = p->snapshot ? SIZE_MAX : cfg->top;
     if (p->peak_pending || !p->have_gap) /* the state is the peak's still */
-        return mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg);
-    return mt__report_gap_named(&p->peak_gap, m, sym, (uint32_t)p->pid, cfg);
+        return mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg, top);
+    return mt__report_gap_named(&p->peak_gap, m, sym, (uint32_t)p->pid, cfg, top);
 }
 
 static int tag_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
@@ -370,10 +372,11 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         res = NULL;
     }
     res = uncertain_json(res, &d);
-    if (res != NULL && (json_object_set_new(res, "end_gap",
-                                            mt__report_gap_json(m, MT_MODEL_DEVICE, sym,
-                                                                (uint32_t)p->pid, cfg)) != 0 ||
-                        json_object_set_new(res, "peak_gap", peak_gap(cfg, p, m, sym)) != 0)) {
+    if (res != NULL &&
+        (json_object_set_new(res, "end_gap",
+                             mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg,
+                                                 p->snapshot ? SIZE_MAX : cfg->top)) != 0 ||
+         json_object_set_new(res, "peak_gap", peak_gap(cfg, p, m, sym)) != 0)) {
         json_decref(res);
         res = NULL;
     }

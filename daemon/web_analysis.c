@@ -91,7 +91,7 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     if (!rc)
         rc = mt__gap_of_model(past ? m : p->model, MT_MODEL_DEVICE, &g);
     if (!rc)
-        j = mt__gap_json(&g, 5);
+        j = mt__gap_json(&g, p->snap ? SIZE_MAX : 5); /* a snapshot's: joined by site, then cut */
     json_t *pins = json_object_get(j, "pins");
     for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
         json_t *pin = json_array_get(pins, i);
@@ -105,7 +105,7 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
             json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
     }
     if (p->snap)
-        mt__gap_pins_by_site(pins);
+        mt__gap_pins_by_site(pins, 5);
     send_at(c, p, t, past, upto, "gap", rc, j, head);
     json_decref(j);
     mt__gap_free(&g);

@@ -330,7 +330,7 @@ static void name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__re
                                     json_integer(mt__fr_pick(cfg->frames, fr, n)));
                 json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames));
             }
-            mt__gap_pins_by_site(json_object_get(json_object_get(p, which[w]), "pins"));
+            mt__gap_pins_by_site(json_object_get(json_object_get(p, which[w]), "pins"), cfg->top);
         }
     }
 }

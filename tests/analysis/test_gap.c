@@ -7,6 +7,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <limits.h>
 #include <string.h>
 
 #include "analysis/gap.h"
@@ -204,7 +205,7 @@ static void test_pins_by_site(void **state)
         "stack", 9, "site", "a.py:21 <module>", "bytes", 60, "segments", 3, "largest_block_bytes",
         30, "stack", 11, "site", "b.py:3 f", "bytes", 5, "segments", 1, "largest_block_bytes", 5);
     assert_non_null(pins);
-    mt__gap_pins_by_site(pins);
+    mt__gap_pins_by_site(pins, SIZE_MAX);
     assert_int_equal(json_array_size(pins), 2);
     json_t *a = json_array_get(pins, 0), *b = json_array_get(pins, 1);
     assert_string_equal(json_string_value(json_object_get(a, "site")), "a.py:21 <module>");
@@ -219,10 +220,26 @@ static void test_pins_by_site(void **state)
     pins = json_pack("[{s:s,s:i,s:i}, {s:s,s:i,s:i}, {s:s,s:i,s:i}]", "site", "x", "bytes", 50,
                      "segments", 1, "site", "y", "bytes", 40, "segments", 1, "site", "y", "bytes",
                      30, "segments", 1);
-    mt__gap_pins_by_site(pins);
+    mt__gap_pins_by_site(pins, SIZE_MAX);
     assert_int_equal(json_array_size(pins), 2);
     assert_string_equal(json_string_value(json_object_get(json_array_get(pins, 0), "site")), "y");
     assert_int_equal(json_integer_value(json_object_get(json_array_get(pins, 0), "bytes")), 70);
+    json_decref(pins);
+    /* the cut comes after the join: a site's rows beyond the first top still count */
+    pins = json_pack("[{s:s,s:i,s:i}, {s:s,s:i,s:i}, {s:s,s:i,s:i}]", "site", "x", "bytes", 50,
+                     "segments", 1, "site", "z", "bytes", 40, "segments", 1, "site", "x", "bytes",
+                     30, "segments", 1);
+    mt__gap_pins_by_site(pins, 1);
+    assert_int_equal(json_array_size(pins), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(pins, 0), "bytes")), 80);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(pins, 0), "segments")), 2);
+    json_decref(pins);
+    /* sums saturate */
+    pins = json_pack("[{s:s,s:I}, {s:s,s:I}]", "site", "x", "bytes", (json_int_t)LLONG_MAX - 5,
+                     "site", "x", "bytes", (json_int_t)100);
+    mt__gap_pins_by_site(pins, 10);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(pins, 0), "bytes")),
+                     LLONG_MAX);
     json_decref(pins);
 }
 
