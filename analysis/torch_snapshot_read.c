@@ -468,11 +468,15 @@ int mt__ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *
     return 0;
 }
 
+static bool read_once(const char *path);
+
 int mt__ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen)
 {
     mt_pk_doc_t *doc;
     *out = NULL;
-    int rc = mt__ts_read_streamed(out, path, err, errlen);
+    /* The streamed read may give up (MT_EAGAIN) and the whole read start again: a pipe
+     * cannot be read twice, so it is read whole at once. */
+    int rc = read_once(path) ? MT_EAGAIN : mt__ts_read_streamed(out, path, err, errlen);
     if (rc != MT_EAGAIN)
         return rc;
     rc = mt__pk_parse_file(&doc, path, NULL, err, errlen);
@@ -499,15 +503,25 @@ static int path_fd(const char *path)
     return *end == '\0' && fd <= INT_MAX ? (int)fd : -1;
 }
 
+/* The input cannot be read twice: a pipe, standard input or a FIFO, not a regular file. */
+static bool read_once(const char *path)
+{
+    int fd = path_fd(path);
+    struct stat st;
+    return (fd >= 0 ? fstat(fd, &st) : stat(path, &st)) == 0 && !S_ISREG(st.st_mode);
+}
+
 /* The pickle's first byte, PROTO (0x80), opens what waits in pipe fd, maybe compressed:
  * looked at without taking it (the reader gets every byte). Compressed data is looked at
- * until it gives a first byte, the pipe holds 64 KiB, or the writer has gone. */
+ * until it gives a first byte, the pipe holds 64 KiB, or the writer has gone: a reader would
+ * wait for that data as well, and two looks at one pipe then always agree. */
 static bool pipe_is_pickle(int fd)
 {
     enum { LOOK = 64 * 1024 }; /* a pipe's buffer: more never waits in it */
     unsigned char *buf = malloc(LOOK);
     bool yes = false, known = buf == NULL;
-    for (int tries = 0; !known && tries < 5000; tries++) { /* about 5 s for a slow writer */
+    long wait_ns = 100000;
+    while (!known) {
         size_t n = 0;
         bool ended = false;
         if (mt__zsrc_pipe_peek(fd, buf, LOOK, &n, &ended) != 0 || n == 0)
@@ -523,9 +537,10 @@ static bool pipe_is_pickle(int fd)
             known = true;
         } else if (ended || n == LOOK) {
             known = true;
-        } else {
-            struct timespec ms = {0, 1000000};
-            nanosleep(&ms, NULL);
+        } else { /* more is due: look again soon, then less often (at most 10 ms) */
+            struct timespec t = {0, wait_ns};
+            nanosleep(&t, NULL);
+            wait_ns = wait_ns < 10000000 ? wait_ns * 2 : wait_ns;
         }
     }
     free(buf);

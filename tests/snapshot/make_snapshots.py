@@ -328,6 +328,11 @@ def main():
             {"stage": "END", "name": "forward", "device": 0, "time_us": 155}]
     many["external_annotations"] = ann
     write("v2_many_annotations.pickle", pickle.dumps(many, protocol=4))
+    # One device's trace list given twice (the same object: a memo reference): the streamed
+    # read gives up on it and the whole read takes over, which a pipe must allow too.
+    twice = v2_snapshot()
+    twice["device_traces"] = [twice["device_traces"][0], twice["device_traces"][0]]
+    write("v2_trace_twice.pickle", pickle.dumps(twice, protocol=4))
     write("v2_midrun.pickle", pickle.dumps(midrun_snapshot(), protocol=4))
     write("v2_expandable_midrun.pickle", pickle.dumps(expandable_midrun_snapshot(), protocol=4))
 

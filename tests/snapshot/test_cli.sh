@@ -131,6 +131,21 @@ for f in v113_segments v20_history; do
     *"<no frames>"*) echo "FAIL: $f: a block with history frames reads <no frames>"; fail=1 ;;
     esac
 done
+# A snapshot the streamed read gives up on is read whole, also through a pipe (which cannot
+# be read twice); a compressed one whose writer stalls 6 s after its first byte (longer than
+# a look used to wait) is still a snapshot.
+tw="$data/v2_trace_twice.pickle"
+want=$("$mt" report "$tw" 2>&1 | sed "s|$tw|-|g; s|\"v2_trace_twice\.pickle\"|\"-\"|g") ||
+    { echo "FAIL: report of $tw"; fail=1; }
+got=$(cat "$tw" | "$mt" report - 2>&1) || { echo "FAIL: report - of $tw: $got"; fail=1; }
+[ "$got" = "$want" ] || { echo "FAIL: report - of $tw differs: $got"; fail=1; }
+gz="$data/compressed/v2_torch_frames.pickle.gz"
+got=$( { head -c 1 "$gz"; sleep 6; tail -c +2 "$gz"; } | "$mt" report - 2>&1) ||
+    { echo "FAIL: report of a gzip'ed snapshot stalled 6 s: $got"; fail=1; }
+case "$got" in
+*"1 snapshot, 10 events"*) ;;
+*) echo "FAIL: a gzip'ed snapshot stalled 6 s is not read as one: $got"; fail=1 ;;
+esac
 # A compiled model's annotations (hundreds of one name) are listed by name, --top of them,
 # and plotted as ticks with no dashed line or label each.
 many="$data/v2_many_annotations.pickle"
