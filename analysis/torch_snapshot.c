@@ -322,6 +322,19 @@ static int cmp_stage(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
+/* A file's times may be anything: the sums saturate instead of overflowing. */
+static int64_t sat_add64(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? (b > 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
+static int64_t sat_sub64(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_sub_overflow(a, b, &r) ? (b < 0 ? INT64_MAX : INT64_MIN) : r;
+}
+
 int mt__ts_stages(const mt_ts_t *ts, mt_ts_stage_t **out, size_t *n)
 {
     *out = NULL;
@@ -364,7 +377,7 @@ int mt__ts_stages(const mt_ts_t *ts, mt_ts_stage_t **out, size_t *n)
         } else {
             s->ends++;
             if (depth > 0 && --depth == 0 && a->time_us > open)
-                s->inside_us += a->time_us - open;
+                s->inside_us = sat_add64(s->inside_us, sat_sub64(a->time_us, open));
         }
     }
     free(ix);

@@ -486,8 +486,8 @@ static void print_stages(const mt_ts_t *ts, uint32_t top)
         const mt_ts_stage_t *g = &st[k];
         if (timed)
             printf("    %6zu %6zu %10.3f %10.3f %10.3f  ", g->starts, g->ends,
-                   (double)(g->first_us - t0) / 1e6, (double)(g->last_us - t0) / 1e6,
-                   (double)g->inside_us / 1e6);
+                   ((double)g->first_us - (double)t0) / 1e6,
+                   ((double)g->last_us - (double)t0) / 1e6, (double)g->inside_us / 1e6);
         else
             printf("    %6zu %6zu %10s %10s %10s  ", g->starts, g->ends, "-", "-", "-");
         put_text(g->name);
