@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "memtrace/common.h"
+#include "util/text.h"
 
 /* Colours: one fixed colour per built-in tag (the same in every plot, so people learn
  * them), a cycle for user tags; free space and the cache are greys. */
@@ -355,7 +356,14 @@ static void xml_text(FILE *f, const char *s)
             fputs("&apos;", f);
             break;
         default:
-            if ((unsigned char)*s >= 0x20)
+            if ((unsigned char)*s >= 0x80) { /* a well-formed character, else U+FFFD */
+                int n = mt__text_utf8_len((const unsigned char *)s);
+                if (n > 0) {
+                    fwrite(s, 1, (size_t)n, f);
+                    s += n - 1;
+                } else
+                    fputs("\xef\xbf\xbd", f);
+            } else if ((unsigned char)*s >= 0x20)
                 fputc(*s, f);
         }
     }

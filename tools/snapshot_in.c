@@ -198,13 +198,17 @@ static const char *snapshot_name(const char *path, char *buf, size_t len)
     const char *base = strrchr(path, '/');
     base = base != NULL && base[1] != '\0' ? base + 1 : path;
     size_t n = strlen(base);
-    if (n <= 63 || len < 64)
+    if (len < 64)
         return base;
-    const char *tail = base + n - 60;
-    while ((*tail & 0xC0) == 0x80) /* not inside a UTF-8 character */
-        tail++;
-    snprintf(buf, len, "...%s", tail);
-    return buf;
+    const char *tail = base;
+    if (n > 63) {
+        tail = base + n - 60;
+        while ((*tail & 0xC0) == 0x80) /* not inside a UTF-8 character */
+            tail++;
+    }
+    char raw[64];
+    snprintf(raw, sizeof raw, "%s%s", n > 63 ? "..." : "", tail);
+    return mt__text_utf8(raw, buf, len); /* (a name that is not UTF-8 is still a JSON string) */
 }
 
 int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path, int pid)
@@ -350,14 +354,18 @@ void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__repo
                 json_array_append_new(devs, sites_json(ts, d, cfg));
         for (size_t k = 0; k < ts->nannotations; k++) {
             const mt_ts_annotation_t *a = &ts->annotations[k];
-            json_array_append_new(
-                ann, json_pack("{s:s, s:s, s:i, s:I}", "stage", a->start ? "START" : "END", "name",
-                               a->name, "device", a->device, "time_us", (json_int_t)a->time_us));
+            char nb[1024];
+            json_array_append_new(ann, json_pack("{s:s, s:s, s:i, s:I}", "stage",
+                                                 a->start ? "START" : "END", "name",
+                                                 mt__text_utf8(a->name, nb, sizeof nb), "device",
+                                                 a->device, "time_us", (json_int_t)a->time_us));
         }
-        json_array_append_new(
-            arr, json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file", in->path[i], "process",
-                           (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x", "state_only",
-                           mt__ts_state_only(ts), "devices", devs, "annotations", ann));
+        char fb[4096];
+        json_array_append_new(arr, json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file",
+                                             mt__text_utf8(in->path[i], fb, sizeof fb), "process",
+                                             (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x",
+                                             "state_only", mt__ts_state_only(ts), "devices", devs,
+                                             "annotations", ann));
     }
     json_object_set_new(res, "snapshots", arr);
 }

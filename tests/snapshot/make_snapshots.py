@@ -333,6 +333,14 @@ def main():
     twice = v2_snapshot()
     twice["device_traces"] = [twice["device_traces"][0], twice["device_traces"][0]]
     write("v2_trace_twice.pickle", pickle.dumps(twice, protocol=4))
+    # Annotation names that are not UTF-8 (a lone surrogate, as Python pickles one) or hold
+    # a newline: --json and the plot's SVG stay well-formed.
+    odd = v2_snapshot()
+    odd["external_annotations"] = [
+        {"stage": "START", "name": "a\ud800b", "device": 0, "time_us": 101},
+        {"stage": "END", "name": "a\ud800b", "device": 0, "time_us": 102},
+        {"stage": "START", "name": "two\nlines <&>", "device": 0, "time_us": 103}]
+    write("v2_odd_names.pickle", pickle.dumps(odd, protocol=4))
     write("v2_midrun.pickle", pickle.dumps(midrun_snapshot(), protocol=4))
     write("v2_expandable_midrun.pickle", pickle.dumps(expandable_midrun_snapshot(), protocol=4))
 

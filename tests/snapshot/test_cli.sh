@@ -146,6 +146,14 @@ case "$got" in
 *"1 snapshot, 10 events"*) ;;
 *) echo "FAIL: a gzip'ed snapshot stalled 6 s is not read as one: $got"; fail=1 ;;
 esac
+# Names that are not UTF-8 keep --json and the SVG well-formed (they were dropped from the
+# JSON, and made the SVG invalid XML).
+odd="$data/v2_odd_names.pickle"
+"$mt" report --json "$odd" | python3 -c 'import json, sys; d = json.load(sys.stdin); assert len(d["snapshots"][0]["annotations"]) == 3, d["snapshots"]' ||
+    { echo "FAIL: report --json of odd annotation names"; fail=1; }
+"$mt" plot "$odd" -o "$svg" >/dev/null 2>&1 &&
+    python3 -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' "$svg" ||
+    { echo "FAIL: plot of odd annotation names is not XML"; fail=1; }
 # A compiled model's annotations (hundreds of one name) are listed by name, --top of them,
 # and plotted as ticks with no dashed line or label each.
 many="$data/v2_many_annotations.pickle"
