@@ -535,6 +535,14 @@ static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_
         }
         if (got == 0)
             break;
+        if (n == 0 && to[0] != 0x80) { /* not a pickle: said now, not after 4 GiB of it */
+            snprintf(err, errlen,
+                     "%s: offset 0: not a pickle of protocol 2 to 5 (it does not start with "
+                     "PROTO)",
+                     path);
+            rc = MT_EPROTO;
+            goto done;
+        }
         if (full) {
             if (codec != MT__Z_NONE)
                 snprintf(err, errlen,

@@ -490,7 +490,7 @@ int mt__ts_read(mt_ts_t **out, const char *path, char *err, size_t errlen)
 static int path_fd(const char *path)
 {
     const char *n = NULL;
-    if (strcmp(path, "-") == 0)
+    if (strcmp(path, "-") == 0 || strcmp(path, "/dev/stdin") == 0)
         return 0;
     if (strncmp(path, "/dev/fd/", 8) == 0)
         n = path + 8;
@@ -559,7 +559,7 @@ bool mt__ts_is_pickle(const char *path)
     struct stat st;
     if (fd >= 0 ? fstat(fd, &st) != 0 : stat(path, &st) != 0)
         return false;
-    if (S_ISFIFO(st.st_mode))
+    if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
         return fd >= 0 && pipe_is_pickle(fd);
     if (!S_ISREG(st.st_mode))
         return false;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -66,6 +67,10 @@ int mt__zsrc_sniff(const void *p, size_t n)
     if (n >= sizeof gz && memcmp(p, gz, sizeof gz) == 0)
         return MT__Z_GZIP;
     if (n >= sizeof zst && memcmp(p, zst, sizeof zst) == 0)
+        return MT__Z_ZSTD;
+    /* a skippable frame first (pzstd writes one): 0x184D2A50..5F, little-endian */
+    const unsigned char *b = p;
+    if (n >= 4 && (b[0] & 0xF0) == 0x50 && b[1] == 0x2A && b[2] == 0x4D && b[3] == 0x18)
         return MT__Z_ZSTD;
     return MT__Z_NONE;
 }
@@ -382,6 +387,16 @@ int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended)
     *n = 0;
     *ended = false;
 #if defined(__linux__)
+    struct stat st;
+    if (cap > 0 && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) { /* a socket peeks itself */
+        ssize_t k = recv(fd, buf, cap, MSG_PEEK);
+        if (k < 0)
+            return MT_EINVAL;
+        *n = (size_t)k;
+        struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
+        *ended = k == 0 || (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLRDHUP)));
+        return 0;
+    }
     int p[2];
     if (cap == 0 || pipe2(p, O_CLOEXEC) != 0)
         return MT_EINVAL;

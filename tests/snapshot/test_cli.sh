@@ -154,6 +154,19 @@ odd="$data/v2_odd_names.pickle"
 "$mt" plot "$odd" -o "$svg" >/dev/null 2>&1 &&
     python3 -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' "$svg" ||
     { echo "FAIL: plot of odd annotation names is not XML"; fail=1; }
+# Standard input named /dev/stdin, and standard input a socket (a socketpair, as some
+# launchers give), are looked into as a pipe is.
+got=$(cat "$gz" | "$mt" report /dev/stdin 2>&1)
+case "$got" in *"1 snapshot, 10 events"*) ;; *) echo "FAIL: report /dev/stdin: $got"; fail=1 ;; esac
+got=$(python3 -c '
+import socket, subprocess, sys, threading
+a, b = socket.socketpair()
+def w():
+    a.sendall(open(sys.argv[2], "rb").read()); a.shutdown(socket.SHUT_WR)
+threading.Thread(target=w).start()
+sys.stdout.write(subprocess.run([sys.argv[1], "report", "-"], stdin=b, capture_output=True, text=True).stdout)
+' "$mt" "$gz" 2>&1)
+case "$got" in *"1 snapshot, 10 events"*) ;; *) echo "FAIL: report - from a socket: $got"; fail=1 ;; esac
 # A compiled model's annotations (hundreds of one name) are listed by name, --top of them,
 # and plotted as ticks with no dashed line or label each.
 many="$data/v2_many_annotations.pickle"

@@ -558,6 +558,8 @@ static void test_compressed(void **state)
         {"v2_torch_frames.pickle", "compressed/v2_torch_frames.pickle.gz"},
         {"v2_all_actions_p4.pickle", "compressed/v2_all_actions_p4.pickle.xz"},
         {"v2_midrun.pickle", "compressed/v2_midrun.pickle.zst"},
+        /* pzstd 1.5.4's: a skippable frame first */
+        {"v2_all_actions_p4.pickle", "compressed/v2_all_actions_p4.pickle.pzstd.zst"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         mt_ts_t *plain = load(names[i][0]), *z = load(names[i][1]);
