@@ -29,7 +29,6 @@ static const char *const user_colour[] = {"#b07aa1", "#ff9da7", "#17becf", "#bcb
                                           "#8c564b", "#1f77b4", "#d62728", "#7f7f7f"};
 #define CACHE_COLOUR    "#eeeeee"
 #define RESERVED_COLOUR "#222222"
-#define OOM_COLOUR      "#d00000"
 #define HOST_COLOUR     "#8cd17d"
 
 const char *mt__plot_colour(int tag)
@@ -85,47 +84,6 @@ typedef struct scan_s {
 
 /* The moment t (ns since s->t0) as the plot writes it: seconds, or the event it counts when
  * the input has no clock. */
-/* Marks of one name drawn each as a dashed line; past it, as ticks. */
-#define MARKS_DRAWN 8
-
-static int cmp_mark_name(const void *a, const void *b, void *arg)
-{
-    const mt_event_rec_t *m = arg;
-    size_t i = *(const size_t *)a, j = *(const size_t *)b;
-    char x[MT_EVENT_LABEL_MAX + 1], y[MT_EVENT_LABEL_MAX + 1];
-    mt_event_label_unpack(&m[i], x);
-    mt_event_label_unpack(&m[j], y);
-    int c = strcmp(x, y);
-    return c != 0 ? c : (i > j) - (i < j);
-}
-
-/* For each named mark i of marks[0, n): cnt[2i] = the marks of its name, cnt[2i + 1] = how
- * many of them come before it. */
-static void mark_counts(const mt_event_rec_t *marks, size_t n, size_t *cnt)
-{
-    size_t *ix = malloc((n + 1) * sizeof *ix), k = 0;
-    if (ix == NULL) {
-        for (size_t i = 0; i < n; i++)
-            cnt[2 * i] = 1, cnt[2 * i + 1] = 0;
-        return;
-    }
-    for (size_t i = 0; i < n; i++)
-        if (marks[i].kind == MT_EV_MARK_NAMED)
-            ix[k++] = i;
-    qsort_r(ix, k, sizeof *ix, cmp_mark_name, (void *)marks);
-    char x[MT_EVENT_LABEL_MAX + 1], y[MT_EVENT_LABEL_MAX + 1];
-    for (size_t a = 0; a < k;) {
-        size_t b = a + 1;
-        mt_event_label_unpack(&marks[ix[a]], x);
-        while (b < k && (mt_event_label_unpack(&marks[ix[b]], y), strcmp(x, y) == 0))
-            b++;
-        for (size_t r = a; r < b; r++)
-            cnt[2 * ix[r]] = b - a, cnt[2 * ix[r] + 1] = r - a;
-        a = b;
-    }
-    free(ix);
-}
-
 static const char *when(const scan_t *s, uint64_t t, char *buf, size_t len)
 {
     if (s->untimed)
@@ -336,7 +294,7 @@ const char *mt__plot_human(double b, char *buf, size_t len)
 
 /* Text content: the five XML specials escaped; control bytes (never in a name we want)
  * dropped, since XML 1.0 forbids them. */
-static void xml_text(FILE *f, const char *s)
+void mt__plot_xml_text(FILE *f, const char *s)
 {
     for (; *s; s++) {
         switch (*s) {
@@ -459,7 +417,7 @@ static void legend_row(FILE *f, double x, double y, const char *swatch, const ch
     fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>", x, y - 10,
             swatch);
     fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">", x + 18, y);
-    xml_text(f, name);
+    mt__plot_xml_text(f, name);
     fprintf(f, "</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", x + 190, y,
             value);
 }
@@ -523,7 +481,7 @@ static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, co
     char b1[32], b2[32], b3[32];
     fprintf(f, "<text x=\"%.1f\" y=\"28\" " MT__PLOT_FONT " font-size=\"18\" font-weight=\"bold\">",
             l->tl.x0);
-    xml_text(f, name && *name ? name : "process");
+    mt__plot_xml_text(f, name && *name ? name : "process");
     fprintf(f, " (pid %d): device memory</text>\n", pid);
     fprintf(f,
             "<text x=\"%.1f\" y=\"50\" " MT__PLOT_FONT
@@ -540,7 +498,7 @@ static void draw_title(FILE *f, const layout_t *l, int pid, const char *name, co
     else
         fprintf(f, "; %zu events over %.3f s", events, (double)(s->t1 - s->t0) / 1e9);
     if (s->n_oom)
-        fprintf(f, "; <tspan fill=\"%s\" font-weight=\"bold\">%zu OOM</tspan>", OOM_COLOUR,
+        fprintf(f, "; <tspan fill=\"%s\" font-weight=\"bold\">%zu OOM</tspan>", MT__PLOT_OOM_COLOUR,
                 s->n_oom);
     fprintf(f, "</text>\n");
 }
@@ -569,74 +527,7 @@ static void draw_timeline(FILE *f, const layout_t *l, const scan_t *s, const buc
             p->x0, p->y0, p->x1 - p->x0, p->y1 - p->y0);
     time_axis(f, p, seconds, s->untimed, s->state);
 
-    /* Iteration ticks along the top edge, one per pixel at most. */
-    fprintf(f, "<g stroke=\"#555\" stroke-opacity=\"0.45\">");
-    long last_px = -1;
-    for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = &s->marks[i];
-        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
-        if (ev->kind != MT_EV_MARK || (long)x == last_px)
-            continue;
-        last_px = (long)x;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>", x, p->y0, x,
-                p->y0 + 7);
-    }
-    fprintf(f, "</g>\n");
-    /* Named marks (a program's mark("name"), a snapshot's external annotations): a dashed
-     * line with the name at its top, hover for the time. A name marked more than
-     * MARKS_DRAWN times (a compiled model's hundreds of pad_mm_benchmark) is a tick at the
-     * top instead, labelled once with its count; a label that would overlap the one before
-     * is left to the hover. */
-    double label_end = -1;
-    size_t *cnt = calloc(s->nmarks + 1, 2 * sizeof *cnt); /* [2i] its name's, [2i+1] its rank */
-    if (cnt != NULL)
-        mark_counts(s->marks, s->nmarks, cnt);
-    for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = &s->marks[i];
-        if (ev->kind != MT_EV_MARK_NAMED)
-            continue;
-        char name[MT_EVENT_LABEL_MAX + 1];
-        mt_event_label_unpack(ev, name);
-        size_t count = cnt != NULL ? cnt[2 * i] : 1, before = cnt != NULL ? cnt[2 * i + 1] : 0;
-        bool many = count > MARKS_DRAWN;
-        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
-        char at[40];
-        fprintf(f, "<g class=\"mark\"><title>");
-        xml_text(f, name);
-        fprintf(f,
-                " at %s</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                "stroke=\"#555\" stroke-dasharray=\"%s\" stroke-opacity=\"0.6\"/>",
-                when(s, ev->time_ns - s->t0, at, sizeof at), x, p->y0, x, many ? p->y0 + 10 : p->y1,
-                many ? "none" : "3 3");
-        if ((!many || before == 0) && x >= label_end) {
-            fprintf(f,
-                    "<text x=\"%.1f\" y=\"%.1f\" " MT__PLOT_FONT " font-size=\"10\" fill=\"#333\">",
-                    x + 2, p->y0 + 18);
-            xml_text(f, name);
-            if (many)
-                fprintf(f, " \u00d7%zu", count);
-            fprintf(f, "</text>");
-            label_end = x + 2 + 6.0 * (double)(strlen(name) + (many ? 7 : 0));
-        }
-        fprintf(f, "</g>\n");
-    }
-    free(cnt);
-    for (size_t i = 0; i < s->nmarks; i++) {
-        const mt_event_rec_t *ev = &s->marks[i];
-        if (ev->kind != MT_EV_OOM)
-            continue;
-        char b1[32], b2[32], at[40];
-        double x = p->x0 + (double)(ev->time_ns - s->t0) / span * (p->x1 - p->x0);
-        fprintf(f,
-                "<g class=\"oom\"><title>OOM at %s: %s requested, %s free on the "
-                "device</title><line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                "stroke=\"%s\" stroke-opacity=\"0.5\"/><path d=\"M%.1f %.1fl-5 -8h10z\" "
-                "fill=\"%s\"/></g>\n",
-                when(s, ev->time_ns - s->t0, at, sizeof at),
-                mt__plot_human((double)ev->requested, b1, sizeof b1),
-                mt__plot_human((double)ev->size, b2, sizeof b2), x, p->y0, x, p->y1, OOM_COLOUR, x,
-                p->y0 + 9, OOM_COLOUR);
-    }
+    mt__plot_marks(f, s->marks, s->nmarks, s->untimed, s->t0, span, p->x0, p->x1, p->y0, p->y1);
     /* The peak of memory in use, and the moment of the segment map below. */
     size_t pk = 0;
     for (size_t i = 1; i < npts; i++)
@@ -700,7 +591,7 @@ static void draw_legend(FILE *f, const layout_t *l, const mt__report_t *r, size_
         fprintf(f,
                 "<path d=\"M%.1f %.1fl-5 -8h10z\" fill=\"%s\"/><text x=\"%.1f\" y=\"%.1f\">"
                 "out of memory</text><text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%zu</text>\n",
-                x + 6, y, OOM_COLOUR, x + 18, y, x + 190, y, s->n_oom);
+                x + 6, y, MT__PLOT_OOM_COLOUR, x + 18, y, x + 190, y, s->n_oom);
     }
     fprintf(f, "</g>\n");
 }
@@ -843,7 +734,7 @@ int mt__plot_svg(const mt__report_t *r, const mt__plot_cfg_t *cfg, FILE *f, char
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
             "viewBox=\"0 0 %.0f %.0f\">\n<title>memtrace plot: ",
             l.w, l.h, l.w, l.h);
-    xml_text(f, name);
+    mt__plot_xml_text(f, name);
     fprintf(f, " (pid %d)</title>\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n", pid);
     draw_title(f, &l, pid, name, &s, mt__report_events_read(r, pi)); /* (the report's count) */
     draw_timeline(f, &l, &s, fl.b, nb, tags, ntags, xs, vs, cum, npts);
