@@ -481,33 +481,30 @@ int mt__pk_parse_stream(mt_pk_doc_t **out, const void *buf, size_t len, const mt
     return parse(out, buf, len, cfg, stream, false, err, errlen);
 }
 
-/* The bytes of f (borrowed), whose first nh bytes were already read into head, through
- * the decompression codec announces (MT__Z_NONE: as they are), into a buffer of their own:
+/* The bytes of f (borrowed, at its start) as they read through zsource's stream (the
+ * decompression its first bytes announce, else as they are) into a buffer of their own:
  * *buf (malloc'd) and *len. At most max bytes; err names the decoder's complaint or the
  * limit. */
-static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_t max,
-                 const char *path, char **buf, size_t *len, char *err, size_t errlen)
+static int slurp(FILE *f, size_t max, const char *path, char **buf, size_t *len, char *err,
+                 size_t errlen)
 {
     *buf = NULL;
     *len = 0;
-    int rc = 0;
-    mt__zsrc_t *z = NULL;
-    char *b = NULL;
-    size_t n = 0, cap = 0, pre = 0; /* pre: bytes of head still to hand out (plain input) */
-    if (codec == MT__Z_NONE)
-        pre = nh;
-    else if (mt__zsrc_open(&z, f, codec, head, nh) != 0) {
-        snprintf(err, errlen, "%s: out of memory for the %s decoder", path, mt__zsrc_name(codec));
-        return MT_ENOMEM;
+    mt__zfile_t *zf = NULL;
+    int rc = mt__zfile_open(&zf, f);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: %s", path, rc == MT_ENOMEM ? "out of memory" : "cannot read");
+        return rc;
     }
+    FILE *in = mt__zfile_stream(zf);
+    const char *codec = mt__zsrc_name(mt__zfile_codec(zf));
+    char *b = NULL;
+    size_t n = 0, cap = 0;
     for (;;) {
-        size_t got = 0;
-        unsigned char more;
         bool full = n == cap && cap >= max; /* the input must end here */
         if (!full && n == cap) {
             size_t ncap = cap == 0 ? (size_t)1 << 20 : cap * 2;
-            if (ncap > max)
-                ncap = max;
+            ncap = ncap > max ? max : ncap;
             char *nb = realloc(b, ncap);
             if (nb == NULL) {
                 snprintf(err, errlen, "%s: out of memory reading it (%zu bytes)", path, ncap);
@@ -517,25 +514,18 @@ static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_
             b = nb;
             cap = ncap;
         }
-        unsigned char *to = full ? &more : (unsigned char *)b + n;
-        size_t room = full ? 1 : cap - n;
-        if (z != NULL) {
-            if ((rc = mt__zsrc_read(z, to, room, &got)) != 0) {
-                snprintf(err, errlen, "%s: %s", path, mt__zsrc_error(z));
-                goto done;
-            }
-        } else if (pre > 0) {
-            got = pre < room ? pre : room;
-            memcpy(to, head + (nh - pre), got);
-            pre -= got;
-        } else if ((got = fread(to, 1, room, f)) == 0 && ferror(f)) {
-            snprintf(err, errlen, "%s: read error", path);
-            rc = MT_EIO;
+        unsigned char more;
+        size_t got = fread(full ? (char *)&more : b + n, 1, full ? 1 : cap - n, in);
+        if (got == 0 && ferror(in)) {
+            const char *why = mt__zfile_error(zf);
+            snprintf(err, errlen, "%s: %s", path, why[0] ? why : "read error");
+            rc = why[0] ? MT_EPROTO : MT_EIO;
             goto done;
         }
         if (got == 0)
             break;
-        if (n == 0 && to[0] != 0x80) { /* not a pickle: said now, not after 4 GiB of it */
+        if (n == 0 && (full ? more : (unsigned char)b[0]) != 0x80) {
+            /* not a pickle: said now, not after 4 GiB of it */
             snprintf(err, errlen,
                      "%s: offset 0: not a pickle of protocol 2 to 5 (it does not start with "
                      "PROTO)",
@@ -544,11 +534,11 @@ static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_
             goto done;
         }
         if (full) {
-            if (codec != MT__Z_NONE)
+            if (mt__zfile_codec(zf) != MT__Z_NONE)
                 snprintf(err, errlen,
                          "%s: compressed with %s, it decompresses to more than %zu bytes: "
                          "decompress it first (%s -dk FILE)",
-                         path, mt__zsrc_name(codec), max, mt__zsrc_name(codec));
+                         path, codec, max, codec);
             else
                 snprintf(err, errlen, "%s: more than %zu bytes through a pipe: give it as a file",
                          path, max);
@@ -562,7 +552,7 @@ static int slurp(FILE *f, int codec, const unsigned char *head, size_t nh, size_
     b = NULL;
 done:
     free(b);
-    mt__zsrc_close(&z);
+    mt__zfile_close(&zf);
     return rc;
 }
 
@@ -592,20 +582,16 @@ int mt__pk_parse_file_stream(mt_pk_doc_t **out, const char *path, const mt_pk_cf
     /* A plain regular file is mapped. A compressed one (known by its first bytes) is read
      * through its decompression into memory, and so is whatever a pipe brings. */
     unsigned char head[6];
-    size_t nh = 0;
-    for (ssize_t k = 1; nh < sizeof head && k > 0; nh += k > 0 ? (size_t)k : 0)
-        k = reg ? pread(fd, head + nh, sizeof head - nh, (off_t)nh)
-                : read(fd, head + nh, sizeof head - nh);
-    int codec = mt__zsrc_sniff(head, nh);
+    ssize_t nh = reg ? pread(fd, head, sizeof head, 0) : 0; /* (zsource looks into a pipe) */
+    int codec = mt__zsrc_sniff(head, nh > 0 ? (size_t)nh : 0);
     if (codec != MT__Z_NONE || !reg) {
         size_t max = cfg != NULL ? cfg->max_inflate : MT__PK_INFLATE_MAX;
-        if ((reg && lseek(fd, (off_t)nh, SEEK_SET) != (off_t)nh) ||
-            (f = fdopen(fd, "rb")) == NULL) {
+        if ((f = fdopen(fd, "rb")) == NULL) {
             snprintf(err, errlen, "%s: cannot read", path);
             goto done;
         }
         fd = -1; /* f's now */
-        if ((rc = slurp(f, codec, head, nh, max, path, &buf, &size, err, errlen)) != 0)
+        if ((rc = slurp(f, max, path, &buf, &size, err, errlen)) != 0)
             goto done;
     } else {
         /* Mapped, the file is read once from the page cache and its pages given back as
