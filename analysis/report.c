@@ -89,6 +89,8 @@ void mt__report_destroy(mt__report_t **pr)
         mt__spool_free(&p->evs);
         free(p->seen);
         mt__model_destroy(&p->m);
+        mt__model_destroy(&p->pm);
+        free(p->lag);
         mt__report_outside_destroy(&p->outside);
         mt__scopes_fini(&p->sc);
         free(p->grid.pts);
@@ -175,19 +177,28 @@ static bool already_read(mt__report_t *r, const proc_t *p, const mt_event_rec_t 
 
 /* ---- the analysis as events arrive ---- */
 
-/* p's model, created with the tables read so far at its first event. NULL: no memory. */
+int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_t **out)
+{
+    mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
+    if (mt__model_create(out, &mc) != 0)
+        return MT_ENOMEM;
+    mt__model_lifetimes_from(*out, p->t_known);
+    if (p->tables && mt__model_tables_copy(*out, p->tables) != 0) {
+        mt__model_destroy(out);
+        return MT_ENOMEM;
+    }
+    return 0;
+}
+
+/* p's model, created at its first event. NULL: no memory. */
 static mt_model_t *proc_model(const mt__report_cfg_t *cfg, proc_t *p)
 {
     if (p->m)
         return p->m;
-    mt_model_cfg_t mc = {.keep_iterations = true, .temporary_window_us = cfg->temporary_window_us};
-    if (mt__model_create(&p->m, &mc) != 0)
+    if (mt__report_model_new(cfg, p, &p->m) != 0)
         return NULL;
-    mt__model_lifetimes_from(p->m, p->t_known);
-    if (mt__report_outside_create(&p->outside) != 0 ||
-        (p->tables && mt__model_tables_copy(p->m, p->tables) != 0)) {
+    if (mt__report_outside_create(&p->outside) != 0) {
         mt__model_destroy(&p->m);
-        mt__report_outside_destroy(&p->outside);
         return NULL;
     }
     return p->m;
@@ -241,16 +252,8 @@ static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_
         return MT_ENOMEM;
     if (grid_before(&p->grid, m, ev->time_ns, cfg->timeline_steps) != 0)
         return MT_ENOMEM;
-    /* The gap at the peak is taken when an event is about to leave it: a rise to a new peak
-     * does not need it, and each copy costs the live blocks and segments. */
-    if (p->peak_pending && mt__model_allocated_after(m, ev) <= p->peak) {
-        if (p->have_gap)
-            mt__gap_free(&p->peak_gap);
-        p->have_gap = mt__gap_of_model(m, MT_MODEL_DEVICE, &p->peak_gap) == 0;
-        if (!p->have_gap)
-            return MT_ENOMEM;
-        p->peak_pending = false;
-    }
+    if (p->peak_pending && mt__report_peak_before(p, m, ev) != 0)
+        return MT_ENOMEM;
     if (mt__model_apply(m, ev) != 0 || mt__report_outside_step(p->outside, m, ev) != 0)
         return MT_ENOMEM; /* only MT_ENOMEM: the analysis would not be the events' */
     p->host_events += ev->pool == MT_POOL_HOST && ev->kind != MT_EV_GAP;
@@ -261,12 +264,7 @@ static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_
         p->grid.last = ev->time_ns - p->grid.origin;
     if (mt__scopes_event(&p->sc, ev, f.allocated) != 0)
         return MT_ENOMEM;
-    /* The first event stands for the peak until allocated rises above 0. */
-    if (f.allocated > p->peak || p->nev == 0) {
-        p->peak = f.allocated > p->peak ? f.allocated : p->peak;
-        p->peak_pending = true;
-    }
-    return 0;
+    return mt__report_peak_after(cfg, p, ev, f.allocated);
 }
 
 /* mt__report_add_event with the tag's name as tag_name[0..tag_len) (NUL-terminated when

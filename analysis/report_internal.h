@@ -75,9 +75,19 @@ typedef struct proc_s {
     mt_scopes_t sc;
     tl_grid_t grid;
     uint64_t host_events;
-    uint64_t peak;     /* bytes, the device's highest allocated (0 before any) */
-    bool peak_pending; /* the state is still the peak's: its gap is not yet taken */
-    bool have_gap;
+    uint64_t peak; /* bytes, the device's highest allocated (0 before any) */
+    /* The peak's state without a copy per new peak (report_peak.c): pm
+     * lags m, at the state right after the event that set the peak; lag holds m's events
+     * since, nlag <= MT__REPORT_LAG_MAX of them (cap allocated), applied to pm at the next
+     * new peak. Before lag would overflow, the gap is taken from pm and pm dropped (pm_off);
+     * after that, each new peak's gap is copied from m when an event leaves it
+     * (peak_pending), as when pm cannot be made. */
+    mt_model_t *pm;
+    mt_event_rec_t *lag;
+    size_t nlag, cap_lag;
+    bool pm_off;
+    bool peak_pending; /* pm_off, and the state is still the peak's: its gap not yet taken */
+    bool have_gap;     /* peak_gap holds the gap at the peak (pm_off) */
     mt_gap_t peak_gap;
     bool failed;         /* out of memory while applying: the analysis is not the events' */
     bool untimed;        /* its times are its events' order (mt__report_set_untimed) */
@@ -86,6 +96,22 @@ typedef struct proc_s {
                           * (mt__report_set_snapshot) */
     uint64_t t_known;    /* ns, its trace's start: earlier blocks have unknown lifetimes */
 } proc_t;
+
+#define MT__REPORT_LAG_MAX ((size_t)1 << 16) /* events pm may lag m by (64 B each) */
+
+/* A model for p with the tables read so far, in *out (report.c): 0 or MT_ENOMEM. */
+int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_t **out);
+/* The peak (report_peak.c), around ev's apply to p's model m: before, with peak_pending,
+ * the gap of m's state taken if ev leaves the peak; after (allocated: m's now), the peak
+ * and the state at it followed. 0 or MT_ENOMEM. */
+int mt__report_peak_before(proc_t *p, const mt_model_t *m, const mt_event_rec_t *ev);
+int mt__report_peak_after(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev,
+                          uint64_t allocated);
+/* The gap of device memory right after the event that first reached the peak of allocated
+ * (the first event when allocated never rose above 0), its pins named from m. NULL: no
+ * memory. */
+json_t *mt__report_peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
+                            mt_sym_t *sym);
 
 struct mt__report_s {
     mt__report_cfg_t cfg;

@@ -282,18 +282,6 @@ static json_t *by_device(const mt_model_t *m)
     return a;
 }
 
-/* The gap of device memory right after the event that first reached the peak of allocated
- * (the first event when allocated never rose above 0). */
-static json_t *peak_gap(const mt__report_cfg_t *cfg, const proc_t *p, const mt_model_t *m,
-                        mt_sym_t *sym)
-{
-    /* (a snapshot's pins are named again from its frames, and cut then: tools/) */
-    size_t top = p->snapshot ? SIZE_MAX : cfg->top;
-    if (p->peak_pending || !p->have_gap) /* the state is the peak's still */
-        return mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg, top);
-    return mt__report_gap_named(&p->peak_gap, m, sym, (uint32_t)p->pid, cfg, top);
-}
-
 static int tag_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len)
 {
     char tb[32];
@@ -376,7 +364,7 @@ static json_t *analyse(const mt__report_cfg_t *cfg, const proc_t *p, mt_sym_t *s
         (json_object_set_new(res, "end_gap",
                              mt__report_gap_json(m, MT_MODEL_DEVICE, sym, (uint32_t)p->pid, cfg,
                                                  p->snapshot ? SIZE_MAX : cfg->top)) != 0 ||
-         json_object_set_new(res, "peak_gap", peak_gap(cfg, p, m, sym)) != 0)) {
+         json_object_set_new(res, "peak_gap", mt__report_peak_gap(cfg, p, m, sym)) != 0)) {
         json_decref(res);
         res = NULL;
     }

@@ -192,6 +192,65 @@ static void test_unknown_requests(void **state)
     mt__model_destroy(&f.g.m);
 }
 
+/* peak_gap on a run that grows (a leak: each step maps a segment, allocates 1 MiB and a
+ * 512 KiB block it frees again), after an early 8 MiB peak and `below` pairs under it: the
+ * state right after the event that set the last peak, whether the report's lagging model
+ * kept up (few events below the peak) or was dropped (more than its list holds), and a
+ * segment mapped after the peak is not in it. */
+static void grow_after_peak(unsigned below)
+{
+    feed_t f = {0};
+    assert_int_equal(mt__model_create(&f.g.m, NULL), 0);
+    assert_int_equal(mt__report_create(&f.r, NULL), 0);
+    put(&f, MT_EV_SEGMENT_ALLOC, SEG_A, 64 * MIB);
+    put(&f, MT_EV_ALLOC, SEG_A, 8 * MIB);
+    put(&f, MT_EV_FREE_REQUESTED, SEG_A, 8 * MIB);
+    put(&f, MT_EV_FREE_COMPLETED, SEG_A, 8 * MIB);
+    for (unsigned i = 0; i < below; i++) {
+        put(&f, MT_EV_ALLOC, SEG_A, 4096);
+        put(&f, MT_EV_FREE_REQUESTED, SEG_A, 4096);
+        put(&f, MT_EV_FREE_COMPLETED, SEG_A, 4096);
+    }
+    enum { STEPS = 50 };
+    for (uint64_t i = 0; i < STEPS; i++) {
+        uint64_t seg = BASE + 256 * MIB + i * 2 * MIB;
+        put(&f, MT_EV_SEGMENT_ALLOC, seg, 2 * MIB);
+        put(&f, MT_EV_ALLOC, seg, 1 * MIB);
+        put(&f, MT_EV_ALLOC, seg + 1 * MIB, 512 * 1024);
+        if (i + 1 < STEPS) {
+            put(&f, MT_EV_FREE_REQUESTED, seg + 1 * MIB, 512 * 1024);
+            put(&f, MT_EV_FREE_COMPLETED, seg + 1 * MIB, 512 * 1024);
+        }
+    }
+    /* After the peak: a segment mapped (allocated stays) and the last block freed. */
+    put(&f, MT_EV_SEGMENT_ALLOC, BASE + 512 * MIB, 8 * MIB);
+    put(&f, MT_EV_FREE_REQUESTED, BASE + 256 * MIB + (STEPS - 1) * 2 * MIB + 1 * MIB, 512 * 1024);
+    json_t *res = mt__report_result(f.r);
+    assert_non_null(res);
+    json_t *p = json_array_get(json_object_get(res, "processes"), 0);
+    json_t *peak = json_object_get(p, "peak_gap");
+    assert_int_equal(json_integer_value(json_object_get(peak, "allocated_bytes")),
+                     STEPS * MIB + 512 * 1024);
+    assert_int_equal(json_integer_value(json_object_get(peak, "reserved_bytes")),
+                     64 * MIB + STEPS * 2 * MIB);
+    assert_int_equal(cause_json(peak, "cached_segments"), 64 * MIB);
+    assert_int_equal(cause_json(peak, "pinned_free"), (STEPS - 1) * MIB + 512 * 1024);
+    assert_int_equal(sum_causes(peak), json_integer_value(json_object_get(peak, "gap_bytes")));
+    json_t *end = json_object_get(p, "end_gap");
+    assert_int_equal(json_integer_value(json_object_get(end, "reserved_bytes")),
+                     72 * MIB + STEPS * 2 * MIB);
+    json_decref(res);
+    mt__report_destroy(&f.r);
+    mt__model_destroy(&f.g.m);
+}
+
+static void test_peak_gap_of_growth(void **state)
+{
+    (void)state;
+    grow_after_peak(10);
+    grow_after_peak(30000); /* 90 000 events below the early peak: past the lagging list */
+}
+
 /* Pins whose stacks differ below the user's frame read as one site: one row, the sums, the
  * first row's stack; largest first. */
 static void test_pins_by_site(void **state)
@@ -246,10 +305,9 @@ static void test_pins_by_site(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_cause_at_the_end),
-        cmocka_unit_test(test_untracked_reserved),
-        cmocka_unit_test(test_unknown_requests),
-        cmocka_unit_test(test_pins_by_site),
+        cmocka_unit_test(test_each_cause_at_the_end), cmocka_unit_test(test_untracked_reserved),
+        cmocka_unit_test(test_unknown_requests),      cmocka_unit_test(test_pins_by_site),
+        cmocka_unit_test(test_peak_gap_of_growth),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
