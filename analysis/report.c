@@ -245,8 +245,9 @@ static int grid_before(tl_grid_t *g, const mt_model_t *m, uint64_t t, unsigned s
 }
 
 /* ev into p's analysis: the timeline's grid, the model, outside memory, scopes, the peak. */
-static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev)
+static int analyse_event(mt__report_t *r, proc_t *p, const mt_event_rec_t *ev)
 {
+    const mt__report_cfg_t *cfg = &r->cfg;
     mt_model_t *m = proc_model(cfg, p);
     if (!m)
         return MT_ENOMEM;
@@ -264,7 +265,7 @@ static int analyse_event(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_
         p->grid.last = ev->time_ns - p->grid.origin;
     if (mt__scopes_event(&p->sc, ev, f.allocated) != 0)
         return MT_ENOMEM;
-    return mt__report_peak_after(cfg, p, ev, f.allocated);
+    return mt__report_peak_after(r, p, ev, f.allocated);
 }
 
 /* mt__report_add_event with the tag's name as tag_name[0..tag_len) (NUL-terminated when
@@ -298,7 +299,7 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
     int rc = r->cfg.stream ? seen_push(&p->seen, ev) : mt__spool_push(&p->evs, &r->spool, ev);
     if (rc != 0)
         return rc;
-    if (!r->cfg.replay_only && !p->failed && analyse_event(&r->cfg, p, ev) != 0)
+    if (!r->cfg.replay_only && !p->failed && analyse_event(r, p, ev) != 0)
         p->failed = true;
     if (p->nev++ == 0 || ev->time_ns < p->t_min)
         p->t_min = ev->time_ns;

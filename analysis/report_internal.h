@@ -78,8 +78,9 @@ typedef struct proc_s {
     uint64_t peak; /* bytes, the device's highest allocated (0 before any) */
     /* The peak's state without a copy per new peak (report_peak.c): pm
      * lags m, at the state right after the event that set the peak; lag holds m's events
-     * since, nlag <= MT__REPORT_LAG_MAX of them (cap allocated), applied to pm at the next
-     * new peak. Before lag would overflow, the gap is taken from pm and pm dropped (pm_off);
+     * since, nlag <= cap_lag <= MT__REPORT_LAG_MAX of them, applied to pm at the next new
+     * peak. Before lag would pass that, or the report's lag_total would pass
+     * MT__REPORT_LAG_TOTAL, the gap is taken from pm and pm dropped (pm_off);
      * after that, each new peak's gap is copied from m when an event leaves it
      * (peak_pending), as when pm cannot be made. */
     mt_model_t *pm;
@@ -97,7 +98,8 @@ typedef struct proc_s {
     uint64_t t_known;    /* ns, its trace's start: earlier blocks have unknown lifetimes */
 } proc_t;
 
-#define MT__REPORT_LAG_MAX ((size_t)1 << 16) /* events pm may lag m by (64 B each) */
+#define MT__REPORT_LAG_MAX   ((size_t)1 << 16) /* events pm may lag m by (64 B each) */
+#define MT__REPORT_LAG_TOTAL ((size_t)1 << 20) /* lag entries of every process (64 MiB) */
 
 /* A model for p with the tables read so far, in *out (report.c): 0 or MT_ENOMEM. */
 int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_t **out);
@@ -105,8 +107,7 @@ int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_
  * the gap of m's state taken if ev leaves the peak; after (allocated: m's now), the peak
  * and the state at it followed. 0 or MT_ENOMEM. */
 int mt__report_peak_before(proc_t *p, const mt_model_t *m, const mt_event_rec_t *ev);
-int mt__report_peak_after(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev,
-                          uint64_t allocated);
+int mt__report_peak_after(mt__report_t *r, proc_t *p, const mt_event_rec_t *ev, uint64_t allocated);
 /* The gap of device memory right after the event that first reached the peak of allocated
  * (the first event when allocated never rose above 0), its pins named from m. NULL: no
  * memory. */
@@ -120,6 +121,7 @@ struct mt__report_s {
     uint64_t lines, events, malformed;
     uint64_t lost_unattributed; /* gaps of consumer queues, no pid */
     uint64_t duplicates;        /* sum over the processes */
+    size_t lag_total;           /* sum over the processes of cap_lag */
     mt_sym_t *sym;              /* symbolizer of the processes' call stacks */
     bool fast;   /* event lines go to the fast decoder first (ndjson_fast.h); false only when
                   * cfg.general_reader asks for the general path alone (benchmarks) */

@@ -10,38 +10,46 @@
 #include "analysis/model.h"
 #include "analysis/report_internal.h"
 
-/* ev into p->pm's lag, and pm caught up when ev set a new peak. Before the lag overflows,
- * the gap is taken from pm and pm dropped (pm_off). 0 or MT_ENOMEM. */
-static int follow(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev, bool new_peak)
+/* pm dropped, the gap at the peak taken from it first: each later new peak's gap is copied
+ * when an event leaves it (peak_pending). 0 or MT_ENOMEM. */
+static int drop(mt__report_t *r, proc_t *p)
 {
-    if (p->pm == NULL && mt__report_model_new(cfg, p, &p->pm) != 0)
-        return MT_ENOMEM;
-    if (p->nlag == p->cap_lag) {
-        size_t cap = p->cap_lag ? 2 * p->cap_lag : 64;
-        mt_event_rec_t *lag = realloc(p->lag, cap * sizeof *lag);
-        if (!lag)
-            return MT_ENOMEM;
-        p->lag = lag;
-        p->cap_lag = cap;
-    }
-    p->lag[p->nlag++] = *ev;
-    if (new_peak) {
-        for (size_t i = 0; i < p->nlag; i++)
-            if (mt__model_apply(p->pm, &p->lag[i]) != 0)
-                return MT_ENOMEM;
-        p->nlag = 0;
-        return 0;
-    }
-    if (p->nlag < MT__REPORT_LAG_MAX)
-        return 0;
     p->have_gap = mt__gap_of_model(p->pm, MT_MODEL_DEVICE, &p->peak_gap) == 0;
     if (!p->have_gap)
         return MT_ENOMEM;
     mt__model_destroy(&p->pm);
     free(p->lag);
+    r->lag_total -= p->cap_lag;
     p->lag = NULL;
     p->nlag = p->cap_lag = 0;
     p->pm_off = true;
+    return 0;
+}
+
+/* ev into p->pm's lag, and pm caught up when ev set a new peak. A lag that would pass its
+ * own bound, or the report's for every process, drops pm. 0 or MT_ENOMEM. */
+static int follow(mt__report_t *r, proc_t *p, const mt_event_rec_t *ev, bool new_peak)
+{
+    if (p->pm == NULL && mt__report_model_new(&r->cfg, p, &p->pm) != 0)
+        return MT_ENOMEM;
+    if (p->nlag == p->cap_lag) {
+        size_t cap = p->cap_lag ? 2 * p->cap_lag : 64;
+        if (cap > MT__REPORT_LAG_MAX || r->lag_total + (cap - p->cap_lag) > MT__REPORT_LAG_TOTAL)
+            return drop(r, p);
+        mt_event_rec_t *lag = realloc(p->lag, cap * sizeof *lag);
+        if (!lag)
+            return MT_ENOMEM;
+        r->lag_total += cap - p->cap_lag;
+        p->lag = lag;
+        p->cap_lag = cap;
+    }
+    p->lag[p->nlag++] = *ev;
+    if (!new_peak)
+        return 0;
+    for (size_t i = 0; i < p->nlag; i++)
+        if (mt__model_apply(p->pm, &p->lag[i]) != 0)
+            return MT_ENOMEM;
+    p->nlag = 0;
     return 0;
 }
 
@@ -59,15 +67,14 @@ int mt__report_peak_before(proc_t *p, const mt_model_t *m, const mt_event_rec_t 
     return 0;
 }
 
-int mt__report_peak_after(const mt__report_cfg_t *cfg, proc_t *p, const mt_event_rec_t *ev,
-                          uint64_t allocated)
+int mt__report_peak_after(mt__report_t *r, proc_t *p, const mt_event_rec_t *ev, uint64_t allocated)
 {
     /* The first event stands for the peak until allocated rises above 0. */
     bool new_peak = allocated > p->peak || p->nev == 0;
     if (allocated > p->peak)
         p->peak = allocated;
     if (!p->pm_off)
-        return follow(cfg, p, ev, new_peak);
+        return follow(r, p, ev, new_peak);
     p->peak_pending |= new_peak;
     return 0;
 }
