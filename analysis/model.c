@@ -169,30 +169,50 @@ static void block_account(mt__mclass_t *c, mt__mblock_t *b)
         c->tag_peak[b->tag] = now;
 }
 
-/* Removes b; the last block moves into its place. */
+/* Entry from moves into slot to (from's slot is then free to be written). */
+static void block_move(mt__mclass_t *c, size_t from, size_t to)
+{
+    if (from == to)
+        return;
+    c->blocks[to] = c->blocks[from];
+    (void)index_put(c, c->blocks[to].addr, to); /* replaces: no allocation */
+}
+
+/* Removes b. The uncertain blocks stay first: the last uncertain one fills an uncertain
+ * b's slot, and the last block the slot freed. */
 static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
 {
     size_t i = (size_t)(b - c->blocks);
     mt_assert(i < c->live);
     block_unaccount(c, b);
-    if (b->uncertain)
-        c->nuncertain--;
     index_del(c, b->addr);
-    if (i < --c->live) {
-        c->blocks[i] = c->blocks[c->live];
-        (void)index_put(c, c->blocks[i].addr, i); /* replaces: no allocation */
+    if (b->uncertain) {
+        size_t u = --c->nuncertain;
+        block_move(c, u, i);
+        i = u;
     }
+    block_move(c, --c->live, i);
 }
 
-/* The uncertain block is settled as live (a free of it was seen): certain again. */
-static void block_settle(mt__mclass_t *c, mt__mblock_t *b)
+/* The uncertain block is settled as live (a free of it was seen): certain again, moved to
+ * the certain blocks' side. Returns its entry now. */
+static mt__mblock_t *block_settle(mt__mclass_t *c, mt__mblock_t *b)
 {
     if (!b->uncertain)
-        return;
+        return b;
     block_unaccount(c, b);
     b->uncertain = 0;
-    c->nuncertain--;
+    size_t i = (size_t)(b - c->blocks), u = --c->nuncertain;
+    if (i != u) {
+        mt__mblock_t t = c->blocks[u];
+        c->blocks[u] = *b;
+        c->blocks[i] = t;
+        (void)index_put(c, t.addr, i); /* replace: no allocation */
+        (void)index_put(c, c->blocks[u].addr, u);
+        b = &c->blocks[u];
+    }
     block_account(c, b);
+    return b;
 }
 
 /* ---- uncertain blocks (the stale index) ---- */
@@ -203,43 +223,73 @@ static bool stale_valid(const mt__mclass_t *c, const mt__range_t *r)
     return b && b->uncertain && b->size == r->size;
 }
 
-static int cmp_range(const void *a, const void *b)
+/* The stale index without its dead entries (compacts in place). */
+static void stale_compact(mt__mclass_t *c)
 {
-    const mt__range_t *x = a, *y = b;
-    return x->addr < y->addr ? -1 : x->addr > y->addr;
+    size_t keep = 0;
+    for (size_t i = 0; i < c->nstale; i++)
+        if (stale_valid(c, &c->stale[i]))
+            c->stale[keep++] = c->stale[i];
+    c->nstale = keep;
 }
 
-/* A gap: every known block and segment becomes uncertain. MT_ENOMEM when the index of
- * uncertain blocks cannot grow (see below). */
+/* A gap: every known block and segment becomes uncertain. Only the blocks certain until now
+ * (blocks[nuncertain, live)) join the stale index, sorted and merged into it: a gap costs
+ * those blocks, not a sort of them all, and gaps in a row with few blocks between them (a
+ * daemon that drops at each drain) stay linear. MT_ENOMEM when the index cannot grow: no block is
+ * marked then, the old index still listing the older uncertain blocks (the figures are no
+ * longer those the events determine: say so). */
 static int mark_gap(mt__mclass_t *c)
 {
     c->had_gap = true;
-    mt__model_segs_mark_uncertain(c);
-    if (c->live == 0)
+    if (c->segs.unc != c->segs.bytes) /* else each is uncertain, seg_unc_max bounds them */
+        mt__model_segs_mark_uncertain(c);
+    size_t k = c->live - c->nuncertain; /* the certain blocks */
+    if (k == 0)
         return 0;
-    mt__range_t *v = realloc(c->stale, c->live * sizeof(*v));
-    if (!v) {
-        /* No index: uncertain blocks are then settled by the totals and exact addresses
-         * only. Keep the old index, which still lists the older uncertain blocks. The
-         * figures are no longer those the events determine: say so. */
-        return MT_ENOMEM;
+    /* the new entries at [nstale, nstale + k), sorted with the k after them, then merged */
+    size_t n = c->nstale, need = n + 2 * k;
+    if (need > c->stale_cap) {
+        mt__range_t *v = realloc(c->stale, need * sizeof(*v));
+        if (!v)
+            return MT_ENOMEM;
+        c->stale = v;
+        c->stale_cap = need;
     }
-    c->stale = v;
-    c->stale_cap = c->live;
-    c->nstale = 0;
-    for (size_t i = 0; i < c->live; i++) {
-        mt__mblock_t *b = &c->blocks[i];
-        if (!b->uncertain) {
-            block_unaccount(c, b);
-            b->uncertain = 1;
-            c->nuncertain++;
-            block_account(c, b);
-        }
+    mt__range_t *old = c->stale, *add = c->stale + n, *tmp = add + k;
+    for (size_t i = 0; i < k; i++) {
+        mt__mblock_t *b = &c->blocks[c->nuncertain + i];
+        mt_assert(!b->uncertain);
+        block_unaccount(c, b);
+        b->uncertain = 1;
+        block_account(c, b);
+        add[i] = (mt__range_t){b->addr, b->size};
         if (!b->pending && b->size > c->unc_max)
             c->unc_max = b->size;
-        v[c->nstale++] = (mt__range_t){b->addr, b->size};
     }
-    qsort(v, c->nstale, sizeof(*v), cmp_range);
+    c->nuncertain = c->live;
+    mt__model_sort_ranges(add, k, tmp);
+    memcpy(tmp, add, k * sizeof(*tmp));
+    /* From the back into [0, n + k): an old entry at a new one's address is dead (the
+     * address holds the certain block now), and goes. */
+    size_t i = n, j = k, w = n + k;
+    while (j > 0) {
+        if (i > 0 && old[i - 1].addr > tmp[j - 1].addr)
+            old[--w] = old[--i];
+        else {
+            if (i > 0 && old[i - 1].addr == tmp[j - 1].addr)
+                i--;
+            old[--w] = tmp[--j];
+        }
+    }
+    while (i > 0) /* (w = i when nothing was dropped) */
+        old[--w] = old[--i];
+    if (w > 0)
+        memmove(old, old + w, (n + k - w) * sizeof(*old));
+    c->nstale = n + k - w;
+    /* dead entries (blocks freed since they were listed) kept below the live ones */
+    if (c->nstale > 2 * c->nuncertain + 64)
+        stale_compact(c);
     return 0;
 }
 
@@ -348,7 +398,7 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     int rc = 0;
     if (!b->uncertain && !b->pending && b->size == ev->size)
         rc = mt__model_temp_free(c, b, ev->time_ns);
-    block_settle(c, b);
+    b = block_settle(c, b);
     block_unaccount(c, b);
     /* The free names the block as it is now (a gap may have hidden a reuse of the
      * address). */
@@ -622,6 +672,9 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
               b->tag);
         CHECK(block_find(c, b->addr) == b, "class %d: block %#llx not found by address", k,
               (unsigned long long)b->addr);
+        CHECK(!b->uncertain == (i >= c->nuncertain),
+              "class %d: block %zu %scertain, uncertain ones are [0, %zu)", k, i,
+              b->uncertain ? "un" : "", c->nuncertain);
         if (b->uncertain) {
             nunc++;
             bool listed = false;

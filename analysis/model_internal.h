@@ -50,7 +50,8 @@ typedef struct mt__range_s {
  *   unc_bytes[t] = sum size over live, !pending, uncertain blocks of tag t; unc_blocks[t] = #;
  *   pool_bytes[p] = sum size over live, !pending, !uncertain blocks of pool p;
  *   tag_peak[t] >= min(tag_bytes[t], UINT64_MAX);
- *   nuncertain = #live uncertain blocks, each of them in stale[0..nstale) (same addr, size);
+ *   nuncertain = #live uncertain blocks, blocks[0..nuncertain) (the rest certain), each of
+ *   them in stale[0..nstale) (same addr, size);
  *   stale sorted by addr; unc_max >= size of every live, !pending, uncertain block;
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
@@ -59,7 +60,7 @@ typedef struct mt__range_s {
 typedef struct mt__mclass_s {
     mt__u128 asum, rsum;             /* bytes, exact sums of the sources' latest totals */
     uint64_t peak_alloc, peak_res;   /* bytes, saturated */
-    mt__mblock_t *blocks;            /* live entries, in no order; cap allocated */
+    mt__mblock_t *blocks;            /* live entries, uncertain first; cap allocated */
     size_t cap, live;                /* entries */
     mt__amap_t at;                   /* addr -> index in blocks, for addr != 0 */
     size_t zero;                     /* 1 + index of the block at address 0; 0 = none */

@@ -19,6 +19,8 @@ static uint64_t end_of(uint64_t addr, uint64_t size)
 void mt__model_segs_mark_uncertain(mt__mclass_t *c)
 {
     for (size_t i = 0; i < c->segs.n; i++) {
+        if (c->segs.v[i].uncertain) /* seg_unc_max bounds it already */
+            continue;
         mt__segmap_set_uncertain(&c->segs, i, true);
         if (c->segs.v[i].size > c->seg_unc_max)
             c->seg_unc_max = c->segs.v[i].size;

@@ -213,6 +213,52 @@ static void test_gap_no_phantom_tags(void **state)
     mt__model_destroy(&g.m);
 }
 
+/* Gaps in a row with blocks between them: each gap makes only the blocks seen since
+ * uncertain (the uncertain ones kept first in the block table, their index merged), while
+ * frees settle or remove uncertain blocks from the middle and an address is reused with
+ * another size. mt__model_check (after each event) holds the table's order, the index and
+ * the sums; the figures count every block still live. */
+static void test_gaps_in_a_row(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
+    put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE, 1024 * MIB, 0);
+    enum { ROUNDS = 40, NEW = 3 };
+    uint64_t live = 0;
+    for (uint64_t r = 0; r < ROUNDS; r++) {
+        for (uint64_t i = 0; i < NEW; i++) /* certain until the next gap */
+            put(&g, NULL, MT_EV_ALLOC, BASE + (r * NEW + i) * MIB, 4096 * (i + 1), 0);
+        live += NEW;
+        if (r > 0) { /* an uncertain block from the round before, freed: settled, then gone */
+            uint64_t a = BASE + ((r - 1) * NEW + 1) * MIB;
+            put(&g, NULL, MT_EV_FREE_REQUESTED, a, 4096 * 2, 0);
+            put(&g, NULL, MT_EV_FREE_COMPLETED, a, 4096 * 2, 0);
+            live--;
+        }
+        /* one of this round's, freed while certain, and its address reused larger */
+        uint64_t b = BASE + (r * NEW + 2) * MIB;
+        put(&g, NULL, MT_EV_FREE_REQUESTED, b, 4096 * 3, 0);
+        put(&g, NULL, MT_EV_FREE_COMPLETED, b, 4096 * 3, 0);
+        put(&g, NULL, MT_EV_ALLOC, b, 8192 * 3, 0);
+        (void)mgen_rec(&g, MT_EV_ALLOC, BASE + 900 * MIB, 4096, 0); /* lost: a gap next */
+        put(&g, NULL, MT_EV_SEGMENT_ALLOC, BASE + (2048 + r) * MIB, MIB, 0);
+    }
+    mt_model_figures_t f;
+    assert_int_equal(mt__model_figures(g.m, MT_MODEL_DEVICE, &f), 0);
+    assert_true(f.uncertain);
+    /* every block is uncertain now: the last event came after the last gap */
+    mt_model_tag_t t;
+    mt__model_tag(g.m, MT_MODEL_DEVICE, 0, &t);
+    assert_int_equal(t.bytes, 0);
+    assert_int_equal(t.uncertain_blocks, live);
+    /* The segment they were in is freed: every one goes, from anywhere in the table. */
+    put(&g, NULL, MT_EV_SEGMENT_FREE, BASE, 1024 * MIB, 0);
+    mt__model_tag(g.m, MT_MODEL_DEVICE, 0, &t);
+    assert_int_equal(t.uncertain_blocks, 0);
+    mt__model_destroy(&g.m);
+}
+
 /* A gap record (the daemon's) makes blocks uncertain too; a segment free proves the
  * uncertain blocks in it gone, and the totals bound them. */
 static void test_gap_record_and_segment_free(void **state)
@@ -646,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_settings_changes),
         cmocka_unit_test(test_unmap_middle_splits),
         cmocka_unit_test(test_gap_no_phantom_tags),
+        cmocka_unit_test(test_gaps_in_a_row),
         cmocka_unit_test(test_gap_record_and_segment_free),
         cmocka_unit_test(test_overflow_saturates),
         cmocka_unit_test(test_ratios_defined_once),
