@@ -76,16 +76,15 @@ typedef struct proc_s {
     tl_grid_t grid;
     uint64_t host_events;
     uint64_t peak; /* bytes, the device's highest allocated (0 before any) */
-    /* The peak's state without a copy per new peak (report_peak.c): pm
-     * lags m, at the state right after the event that set the peak; lag holds m's events
-     * since, nlag <= cap_lag <= MT__REPORT_LAG_MAX of them, applied to pm at the next new
-     * peak. Before lag would pass that, or the report's lag_total would pass
-     * MT__REPORT_LAG_TOTAL, the gap is taken from pm and pm dropped (pm_off);
-     * after that, each new peak's gap is copied from m when an event leaves it
-     * (peak_pending), as when pm cannot be made. */
+    /* The peak's state without a copy per new peak (report_peak.c): pm (NULL: empty) after
+     * lag[0..npeak) is the state right after the event that set the peak, m's the state
+     * after all of lag[0..nlag); nlag <= cap_lag <= MT__REPORT_LAG_MAX, and the report's
+     * lag_total (the sum of cap_lag) <= MT__REPORT_LAG_TOTAL. When none of a full list may
+     * go to pm (npeak = 0), the gap is taken from pm and pm dropped (pm_off); after that,
+     * each new peak's gap is copied from m when an event leaves it (peak_pending). */
     mt_model_t *pm;
     mt_event_rec_t *lag;
-    size_t nlag, cap_lag;
+    size_t npeak, nlag, cap_lag;
     bool pm_off;
     bool peak_pending; /* pm_off, and the state is still the peak's: its gap not yet taken */
     bool have_gap;     /* peak_gap holds the gap at the peak (pm_off) */
@@ -108,6 +107,9 @@ int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_
  * and the state at it followed. 0 or MT_ENOMEM. */
 int mt__report_peak_before(proc_t *p, const mt_model_t *m, const mt_event_rec_t *ev);
 int mt__report_peak_after(mt__report_t *r, proc_t *p, const mt_event_rec_t *ev, uint64_t allocated);
+/* Before the result: an existing pm caught up to the peak, unless the peak is the state
+ * now. 0 or MT_ENOMEM. */
+int mt__report_peak_settle(mt__report_t *r, proc_t *p);
 /* The gap of device memory right after the event that first reached the peak of allocated
  * (the first event when allocated never rose above 0), its pins named from m. NULL: no
  * memory. */

@@ -426,7 +426,9 @@ json_t *mt__report_result(mt__report_t *r)
     if (!procs)
         return NULL;
     for (size_t i = 0; i < r->nprocs; i++) {
-        json_t *p = analyse(&r->cfg, &r->procs[i], r->sym);
+        json_t *p = mt__report_peak_settle(r, &r->procs[i]) == 0
+                        ? analyse(&r->cfg, &r->procs[i], r->sym)
+                        : NULL;
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;

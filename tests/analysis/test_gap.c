@@ -199,12 +199,10 @@ static void put_pid(mt__report_t *r, mgen_t *g, int pid, int kind, uint64_t addr
     assert_int_equal(mt__report_add_event(r, pid, &ev, NULL), 0);
 }
 
-enum { STEPS = 50 };
-
 /* A run that grows, as process pid of r: an early 8 MiB peak, `below` pairs under it, then a
  * leak (each step maps a segment, allocates 1 MiB and a 512 KiB block it frees again but the
  * last time), then a segment mapped after the peak and the last block freed. */
-static void feed_growth(mt__report_t *r, int pid, unsigned below)
+static void feed_growth(mt__report_t *r, int pid, unsigned below, uint64_t steps)
 {
     mgen_t g = {0};
     put_pid(r, &g, pid, MT_EV_SEGMENT_ALLOC, SEG_A, 64 * MIB);
@@ -216,36 +214,37 @@ static void feed_growth(mt__report_t *r, int pid, unsigned below)
         put_pid(r, &g, pid, MT_EV_FREE_REQUESTED, SEG_A, 4096);
         put_pid(r, &g, pid, MT_EV_FREE_COMPLETED, SEG_A, 4096);
     }
-    for (uint64_t i = 0; i < STEPS; i++) {
+    for (uint64_t i = 0; i < steps; i++) {
         uint64_t seg = BASE + 256 * MIB + i * 2 * MIB;
         put_pid(r, &g, pid, MT_EV_SEGMENT_ALLOC, seg, 2 * MIB);
         put_pid(r, &g, pid, MT_EV_ALLOC, seg, 1 * MIB);
         put_pid(r, &g, pid, MT_EV_ALLOC, seg + 1 * MIB, 512 * 1024);
-        if (i + 1 < STEPS) {
+        if (i + 1 < steps) {
             put_pid(r, &g, pid, MT_EV_FREE_REQUESTED, seg + 1 * MIB, 512 * 1024);
             put_pid(r, &g, pid, MT_EV_FREE_COMPLETED, seg + 1 * MIB, 512 * 1024);
         }
     }
-    put_pid(r, &g, pid, MT_EV_SEGMENT_ALLOC, BASE + 512 * MIB, 8 * MIB);
-    put_pid(r, &g, pid, MT_EV_FREE_REQUESTED, BASE + 256 * MIB + (STEPS - 1) * 2 * MIB + 1 * MIB,
+    put_pid(r, &g, pid, MT_EV_SEGMENT_ALLOC, BASE + ((uint64_t)1 << 40),
+            8 * MIB); /* past every step's */
+    put_pid(r, &g, pid, MT_EV_FREE_REQUESTED, BASE + 256 * MIB + (steps - 1) * 2 * MIB + 1 * MIB,
             512 * 1024);
 }
 
 /* peak_gap of a process feed_growth made: the state right after the event that set the last
  * peak (not the segment mapped after it). */
-static void check_growth(json_t *proc)
+static void check_growth(json_t *proc, uint64_t steps)
 {
     json_t *peak = json_object_get(proc, "peak_gap");
     assert_int_equal(json_integer_value(json_object_get(peak, "allocated_bytes")),
-                     STEPS * MIB + 512 * 1024);
+                     steps * MIB + 512 * 1024);
     assert_int_equal(json_integer_value(json_object_get(peak, "reserved_bytes")),
-                     64 * MIB + STEPS * 2 * MIB);
+                     64 * MIB + steps * 2 * MIB);
     assert_int_equal(cause_json(peak, "cached_segments"), 64 * MIB);
-    assert_int_equal(cause_json(peak, "pinned_free"), (STEPS - 1) * MIB + 512 * 1024);
+    assert_int_equal(cause_json(peak, "pinned_free"), (steps - 1) * MIB + 512 * 1024);
     assert_int_equal(sum_causes(peak), json_integer_value(json_object_get(peak, "gap_bytes")));
     json_t *end = json_object_get(proc, "end_gap");
     assert_int_equal(json_integer_value(json_object_get(end, "reserved_bytes")),
-                     72 * MIB + STEPS * 2 * MIB);
+                     72 * MIB + steps * 2 * MIB);
 }
 
 /* The report follows the peak's state with a lagging model while few events wait below the
@@ -257,13 +256,28 @@ static void test_peak_gap_of_growth(void **state)
     for (int k = 0; k < 2; k++) {
         mt__report_t *r = NULL;
         assert_int_equal(mt__report_create(&r, NULL), 0);
-        feed_growth(r, 1, below[k]);
+        feed_growth(r, 1, below[k], 50);
         json_t *res = mt__report_result(r);
         assert_non_null(res);
-        check_growth(json_array_get(json_object_get(res, "processes"), 0));
+        check_growth(json_array_get(json_object_get(res, "processes"), 0), 50);
         json_decref(res);
         mt__report_destroy(&r);
     }
+}
+
+/* A leak of 20 000 steps (100 000 events, a new peak at each step): the list of events
+ * fills and the lagging model catches up to the peak on the way, several times. */
+static void test_peak_gap_long_leak(void **state)
+{
+    (void)state;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, NULL), 0);
+    feed_growth(r, 1, 10, 20000);
+    json_t *res = mt__report_result(r);
+    assert_non_null(res);
+    check_growth(json_array_get(json_object_get(res, "processes"), 0), 20000);
+    json_decref(res);
+    mt__report_destroy(&r);
 }
 
 /* Seventeen processes whose lags each reach 65 536 entries: the report's bound for all of
@@ -275,13 +289,13 @@ static void test_peak_gap_many_processes(void **state)
     assert_int_equal(mt__report_create(&r, NULL), 0);
     enum { PROCS = 17 };
     for (int pid = 1; pid <= PROCS; pid++)
-        feed_growth(r, pid, 12000); /* 36 000 events below the peak: a lag of 65 536 */
+        feed_growth(r, pid, 12000, 50); /* 36 000 events below the peak: a lag of 65 536 */
     json_t *res = mt__report_result(r);
     assert_non_null(res);
     json_t *procs = json_object_get(res, "processes");
     assert_int_equal(json_array_size(procs), PROCS);
     for (size_t i = 0; i < PROCS; i++)
-        check_growth(json_array_get(procs, i));
+        check_growth(json_array_get(procs, i), 50);
     json_decref(res);
     mt__report_destroy(&r);
 }
@@ -346,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_pins_by_site),
         cmocka_unit_test(test_peak_gap_of_growth),
         cmocka_unit_test(test_peak_gap_many_processes),
+        cmocka_unit_test(test_peak_gap_long_leak),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
