@@ -203,12 +203,11 @@ static mt__mblock_t *block_settle(mt__mclass_t *c, mt__mblock_t *b)
     block_unaccount(c, b);
     b->uncertain = 0;
     size_t i = (size_t)(b - c->blocks), u = --c->nuncertain;
-    if (i != u) {
+    if (i != u) { /* b and the last uncertain block change places */
         mt__mblock_t t = c->blocks[u];
-        c->blocks[u] = *b;
+        block_move(c, i, u);
         c->blocks[i] = t;
-        (void)index_put(c, t.addr, i); /* replace: no allocation */
-        (void)index_put(c, c->blocks[u].addr, u);
+        (void)index_put(c, t.addr, i); /* replaces: no allocation */
         b = &c->blocks[u];
     }
     block_account(c, b);

@@ -13,6 +13,15 @@
 #include "analysis/report_internal.h"
 #include "util/assert.h"
 
+/* The list's first npeak events applied to m: 0 or MT_ENOMEM. */
+static int apply_to_peak(mt_model_t *m, const proc_t *p)
+{
+    for (size_t i = 0; i < p->npeak; i++)
+        if (mt__model_apply(m, &p->lag[i]) != 0)
+            return MT_ENOMEM;
+    return 0;
+}
+
 /* pm made the peak's state: the list's first npeak events applied to it and taken off the
  * list. 0 or MT_ENOMEM. */
 static int catch_up(mt__report_t *r, proc_t *p)
@@ -21,9 +30,8 @@ static int catch_up(mt__report_t *r, proc_t *p)
         return 0;
     if (p->pm == NULL && mt__report_model_new(&r->cfg, p, &p->pm) != 0)
         return MT_ENOMEM;
-    for (size_t i = 0; i < p->npeak; i++)
-        if (mt__model_apply(p->pm, &p->lag[i]) != 0)
-            return MT_ENOMEM;
+    if (apply_to_peak(p->pm, p) != 0)
+        return MT_ENOMEM;
     memmove(p->lag, p->lag + p->npeak, (p->nlag - p->npeak) * sizeof *p->lag);
     p->nlag -= p->npeak;
     p->npeak = 0;
@@ -123,8 +131,8 @@ static int gap_at_peak(const mt__report_cfg_t *cfg, const proc_t *p, mt_gap_t *g
         return p->npeak == 0 ? mt__gap_of_model(p->pm, MT_MODEL_DEVICE, g) : MT_ENOMEM;
     mt_model_t *tmp = NULL;
     int rc = mt__report_model_new(cfg, p, &tmp);
-    for (size_t i = 0; rc == 0 && i < p->npeak; i++)
-        rc = mt__model_apply(tmp, &p->lag[i]) != 0 ? MT_ENOMEM : 0;
+    if (rc == 0)
+        rc = apply_to_peak(tmp, p);
     if (rc == 0)
         rc = mt__gap_of_model(tmp, MT_MODEL_DEVICE, g);
     mt__model_destroy(&tmp);
