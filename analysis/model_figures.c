@@ -17,7 +17,7 @@ void mt__model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *
     out->peak_reserved = c->peak_res;
     out->utilization = mt__model_utilization(out->allocated, out->reserved);
     out->blocks = c->live;
-    out->segments = c->segs.n;
+    out->segments = mt__segmap_count(&c->segs);
     /* At most allocated - known bytes of the uncertain blocks can still be live. */
     mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
     out->uncertain_bytes = mt__model_sat(c->unc < room ? c->unc : room);

@@ -18,12 +18,14 @@ static uint64_t end_of(uint64_t addr, uint64_t size)
 
 void mt__model_segs_mark_uncertain(mt__mclass_t *c)
 {
-    for (size_t i = 0; i < c->segs.n; i++) {
-        if (c->segs.v[i].uncertain) /* seg_unc_max bounds it already */
+    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);
+         mt__segmap_next(&it)) {
+        const mt__seg_t *g = mt__segmap_get(it);
+        if (g->uncertain) /* seg_unc_max bounds it already */
             continue;
-        mt__segmap_set_uncertain(&c->segs, i, true);
-        if (c->segs.v[i].size > c->seg_unc_max)
-            c->seg_unc_max = c->segs.v[i].size;
+        mt__segmap_set_uncertain(&c->segs, it, true);
+        if (g->size > c->seg_unc_max)
+            c->seg_unc_max = g->size;
     }
 }
 
@@ -53,9 +55,9 @@ void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr)
 {
     if (c->segs.unc == 0)
         return;
-    ptrdiff_t i = mt__segmap_find(&c->segs, addr);
-    if (i >= 0)
-        mt__segmap_set_uncertain(&c->segs, (size_t)i, false);
+    mt__segmap_it_t it = mt__segmap_find(&c->segs, addr);
+    if (!mt__segmap_end(it))
+        mt__segmap_set_uncertain(&c->segs, it, false);
 }
 
 void mt__model_segs_prune(mt__mclass_t *c)
@@ -69,19 +71,19 @@ void mt__model_segs_prune(mt__mclass_t *c)
     if ((mt__u128)c->seg_unc_max <= room)
         return;
     uint64_t max = 0;
-    for (size_t i = 0; i < c->segs.n;) {
-        mt__seg_t s = c->segs.v[i];
+    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);) {
+        mt__seg_t s = *mt__segmap_get(it);
         if (!s.uncertain) {
-            i++;
+            mt__segmap_next(&it);
             continue;
         }
         if ((mt__u128)s.size > room) {
-            mt__segmap_remove_at(&c->segs, i);
-            mt__model_drop_uncertain_in(c, s.addr, s.size);
+            it = mt__segmap_remove(&c->segs, it);
+            mt__model_drop_uncertain_in(c, s.addr, s.size); /* leaves the map as it is */
             continue;
         }
         max = s.size > max ? s.size : max;
-        i++;
+        mt__segmap_next(&it);
     }
     c->seg_unc_max = max;
 }
@@ -150,16 +152,19 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
     if (!blk)
         return MT_ENOMEM;
     if (map) {
-        map->segs = malloc((c->segs.n ? c->segs.n : 1) * sizeof(*map->segs));
+        size_t ns = mt__segmap_count(&c->segs);
+        map->segs = malloc((ns ? ns : 1) * sizeof(*map->segs));
         if (!map->segs) {
             free(blk);
             return MT_ENOMEM;
         }
-        map->nsegs = c->segs.n;
+        map->nsegs = ns;
     }
     mt__u128 sum = 0;
-    for (size_t i = 0; i < c->segs.n; i++) {
-        const mt__seg_t *g = &c->segs.v[i];
+    size_t i = 0;
+    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);
+         mt__segmap_next(&it), i++) {
+        const mt__seg_t *g = mt__segmap_get(it);
         uint64_t a = g->addr, e = end_of(a, g->size), cur = a, used = 0;
         while (k < nb && end_of(blk[k].addr, blk[k].size) <= a)
             k++;
@@ -199,8 +204,9 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
 int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen)
 {
     int rc = mt__segmap_check(&c->segs, why, whylen);
-    for (size_t i = 0; rc == 0 && i < c->segs.n; i++)
-        if (c->segs.v[i].uncertain && c->segs.v[i].size > c->seg_unc_max) {
+    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); rc == 0 && !mt__segmap_end(it);
+         mt__segmap_next(&it))
+        if (mt__segmap_get(it)->uncertain && mt__segmap_get(it)->size > c->seg_unc_max) {
             if (why)
                 snprintf(why, whylen, "uncertain segment above seg_unc_max");
             rc = MT_EPROTO;

@@ -357,14 +357,13 @@ static void block(snapw_t *o, uint64_t addr, uint64_t size, uint64_t requested, 
     mt__pkw_dict_end(&o->w);
 }
 
-static void segments(snapw_t *o, const mt__seg_t *segs, size_t nsegs, const blk_t *blks,
-                     size_t nblks)
+static void segments(snapw_t *o, const mt__segmap_t *segs, const blk_t *blks, size_t nblks)
 {
     mt__pkw_str(&o->w, "segments");
     mt__pkw_list_begin(&o->w);
     size_t b = 0;
-    for (size_t i = 0; i < nsegs; i++) {
-        const mt__seg_t *g = &segs[i];
+    for (mt__segmap_it_t it = mt__segmap_first(segs); !mt__segmap_end(it); mt__segmap_next(&it)) {
+        const mt__seg_t *g = mt__segmap_get(it);
         uint64_t end = g->addr + g->size, at = g->addr, alloc = 0, active = 0, req = 0;
         size_t first = b;
         while (first < nblks && blks[first].addr < g->addr)
@@ -475,7 +474,7 @@ static int write_pickle(mt__oomsnap_t *s, FILE *f, const char (*labels)[MT_EVENT
     snapw_t o = {.labels = labels};
     mt__pkw_init(&o.w, f);
     mt__pkw_dict_begin(&o.w);
-    segments(&o, s->segs.v, s->segs.n, blks, nb);
+    segments(&o, &s->segs, blks, nb);
     trace(&o, s, ndev);
     mt__pkw_str(&o.w, "allocator_settings");
     mt__pkw_dict_begin(&o.w);

@@ -311,13 +311,14 @@ static void compare_follower(const mt_alloc_snapshot_t *snap, const mt__oomsnap_
     assert_non_null(v);
     memcpy(v, blocks, nblocks * sizeof(*v));
     qsort(v, nblocks, sizeof(*v), cmp_oblock);
-    if (segs->n != snap->nsegments)
-        fail_msg("%s: the follower has %zu segments, the allocator %zu", when, segs->n,
-                 snap->nsegments);
+    if (mt__segmap_count(segs) != snap->nsegments)
+        fail_msg("%s: the follower has %zu segments, the allocator %zu", when,
+                 mt__segmap_count(segs), snap->nsegments);
     size_t k = 0;
-    for (size_t i = 0; i < snap->nsegments; i++) {
+    mt__segmap_it_t it = mt__segmap_first(segs);
+    for (size_t i = 0; i < snap->nsegments; i++, mt__segmap_next(&it)) {
         const mt_snapshot_segment_t *s = &snap->segments[i];
-        const mt__seg_t *g = &segs->v[i];
+        const mt__seg_t *g = mt__segmap_get(it);
         if (g->addr != s->addr || g->size != s->size || g->mapped != s->expandable)
             fail_msg("%s: segment %zu: follower %#llx + %llu, allocator %#llx + %llu", when, i,
                      (unsigned long long)g->addr, (unsigned long long)g->size,
