@@ -11,6 +11,7 @@
 
 #include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_walk.h"
+#include "util/btree.h"
 
 /* A segment as the viewer keeps it: [addr, end) on a stream. */
 typedef struct vseg_s {
@@ -18,69 +19,64 @@ typedef struct vseg_s {
     int64_t stream;
 } vseg_t;
 
-/* Invariants: v[0..n) sorted by addr; n <= cap. A zeroed list is empty. */
+/* Invariants: t holds util/btree.h's, its records vseg_t keyed by addr; they lie apart and
+ * are not empty (a device's segments at the end lie apart, and the walk adds only one that
+ * meets none). A zeroed list is empty. An ordered map, not a sorted array: a memmove per
+ * segment undone was quadratic on logs of many segments. */
 typedef struct vsegs_s {
-    vseg_t *v;
-    size_t n, cap;
+    mt__bt_t t;
 } vsegs_t;
 
-/* The first segment starting above addr (n when none). */
-static size_t vs_above(const vsegs_t *s, uint64_t addr)
+static vseg_t *vs_get(mt__bt_cur_t c)
 {
-    size_t lo = 0, hi = s->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->v[mid].addr <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
+    return (vseg_t *)mt__bt_get(c);
 }
 
-/* The index of the segment holding [addr, end), or SIZE_MAX. */
-static size_t vs_holding(const vsegs_t *s, uint64_t addr, uint64_t end)
+/* The segment holding [addr, end), or the end. */
+static mt__bt_cur_t vs_holding(const vsegs_t *s, uint64_t addr, uint64_t end)
 {
-    size_t i = vs_above(s, addr);
-    return i > 0 && addr < s->v[i - 1].end && end <= s->v[i - 1].end ? i - 1 : SIZE_MAX;
+    mt__bt_cur_t c = mt__bt_floor(&s->t, addr);
+    const vseg_t *g = vs_get(c);
+    return g != NULL && addr < g->end && end <= g->end ? c : (mt__bt_cur_t){0};
 }
 
-static void vs_remove(vsegs_t *s, size_t i)
-{
-    memmove(&s->v[i], &s->v[i + 1], (s->n - i - 1) * sizeof *s->v);
-    s->n--;
-}
-
-/* Adds g in order; join: merged with a neighbour it touches on its stream (an unmap
- * undone). 0 or MT_ENOMEM. */
+/* Adds g, which meets none; join: merged with a neighbour it touches on its stream (an
+ * unmap undone). 0 or MT_ENOMEM. */
 static int vs_insert(vsegs_t *s, vseg_t g, bool join)
 {
-    vseg_t *v = mt__grow(s->v, &s->cap, s->n + 1, sizeof *v, 64);
-    if (v == NULL)
-        return MT_ENOMEM;
-    s->v = v;
-    size_t i = vs_above(s, g.addr);
-    memmove(&s->v[i + 1], &s->v[i], (s->n - i) * sizeof *s->v);
-    s->v[i] = g;
-    s->n++;
-    if (!join)
-        return 0;
-    if (i + 1 < s->n && s->v[i + 1].addr == g.end && s->v[i + 1].stream == g.stream) {
-        s->v[i].end = s->v[i + 1].end;
-        vs_remove(s, i + 1);
+    if (join) {
+        mt__bt_cur_t nc = mt__bt_lower(&s->t, g.addr), pc = nc;
+        mt__bt_prev(&s->t, &pc);
+        vseg_t *prev = vs_get(pc), *next = vs_get(nc);
+        bool with_next = next != NULL && next->addr == g.end && next->stream == g.stream;
+        if (prev != NULL && prev->end == g.addr && prev->stream == g.stream) {
+            prev->end = with_next ? next->end : g.end;
+            if (with_next)
+                (void)mt__bt_erase(&s->t, nc);
+            return 0;
+        }
+        if (with_next) {
+            mt__bt_rekey(&s->t, nc, g.addr);
+            return 0;
+        }
     }
-    if (i > 0 && s->v[i - 1].end == g.addr && s->v[i - 1].stream == g.stream) {
-        s->v[i - 1].end = s->v[i].end;
-        vs_remove(s, i);
-    }
-    return 0;
+    if (s->t.rsize == 0)
+        mt__bt_init(&s->t, sizeof g);
+    int rc = mt__bt_insert(&s->t, &g, NULL);
+    mt_assert(rc != MT_EINVAL); /* g meets no segment */
+    return rc;
 }
 
 /* Whether [addr, end) meets a segment. */
 static bool vs_meets(const vsegs_t *s, uint64_t addr, uint64_t end)
 {
-    size_t i = vs_above(s, addr);
-    return (i > 0 && s->v[i - 1].end > addr) || (i < s->n && s->v[i].addr < end);
+    mt__bt_cur_t c = mt__bt_floor(&s->t, addr), after = c;
+    if (mt__bt_end(after))
+        after = mt__bt_first(&s->t);
+    else
+        mt__bt_next(&after);
+    return (vs_get(c) != NULL && vs_get(c)->end > addr) ||
+           (vs_get(after) != NULL && vs_get(after)->addr < end);
 }
 
 /* The live blocks by address, for "does one start in [addr, end)": a Fenwick tree of counts
@@ -216,13 +212,14 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
         const mt_ts_event_t *e = &ev[i];
         uint64_t end = mt_model_sat_add(e->addr, e->size);
         live_t *l = NULL;
-        size_t k;
+        mt__bt_cur_t k;
+        vseg_t *g;
         switch (e->action) {
         case MT_TS_FREE_COMPLETED: {
             /* the viewer reads a free_requested right before it as one free */
             bool pair =
                 i > 0 && ev[i - 1].action == MT_TS_FREE_REQUESTED && ev[i - 1].addr == e->addr;
-            if (vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1)) == SIZE_MAX) {
+            if (mt__bt_end(vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1)))) {
                 keep[i] = false;
                 if (pair)
                     keep[i - 1] = false;
@@ -262,24 +259,27 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
             break;
         case MT_TS_SEGMENT_ALLOC:
             k = vs_holding(&s, e->addr, mt_model_sat_add(e->addr, 1));
-            if (k == SIZE_MAX || s.v[k].addr != e->addr || live_in(&by, s.v[k].addr, s.v[k].end))
+            g = vs_get(k);
+            if (g == NULL || g->addr != e->addr || live_in(&by, g->addr, g->end))
                 keep[i] = false;
             else
-                vs_remove(&s, k);
+                (void)mt__bt_erase(&s.t, k);
             break;
         case MT_TS_SEGMENT_MAP:
             k = vs_holding(&s, e->addr, end);
-            if (k == SIZE_MAX || live_in(&by, e->addr, end)) {
+            g = vs_get(k);
+            if (g == NULL || live_in(&by, e->addr, end)) {
                 keep[i] = false;
-            } else if (s.v[k].addr == e->addr) {
-                s.v[k].addr = end;
-                if (s.v[k].addr == s.v[k].end)
-                    vs_remove(&s, k);
-            } else if (s.v[k].end == end) {
-                s.v[k].end = e->addr;
+            } else if (g->addr == e->addr) {
+                if (end == g->end)
+                    (void)mt__bt_erase(&s.t, k);
+                else
+                    mt__bt_rekey(&s.t, k, end); /* its start undone */
+            } else if (g->end == end) {
+                g->end = e->addr;
             } else {
-                vseg_t upper = {end, s.v[k].end, s.v[k].stream};
-                s.v[k].end = e->addr;
+                vseg_t upper = {end, g->end, g->stream};
+                g->end = e->addr;
                 rc = vs_insert(&s, upper, false);
             }
             break;
@@ -287,7 +287,7 @@ static int walk(const mt_ts_t *ts, unsigned d, const mt_ts_event_t *ev, size_t n
             break;
         }
     }
-    free(s.v);
+    mt__bt_fini(&s.t);
     lm_fini(&live);
     vl_fini(&by);
     return rc;
