@@ -51,6 +51,7 @@ void mt__model_destroy(mt_model_t **pm)
         mt__amap_fini(&m->cls[k].at);
         free(m->cls[k].stale);
         mt__segmap_fini(&m->cls[k].segs);
+        mt__model_free_destroy(&m->cls[k]);
         mt__model_temp_free_all(&m->cls[k]);
     }
     mt__model_iterations_free(m);
@@ -184,6 +185,7 @@ static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
 {
     size_t i = (size_t)(b - c->blocks);
     mt_assert(i < c->live);
+    mt__model_free_note_block(c, b->addr, b->size, -1);
     block_unaccount(c, b);
     index_del(c, b->addr);
     if (b->uncertain) {
@@ -374,6 +376,7 @@ static int on_alloc(mt__mclass_t *c, const mt_event_rec_t *ev)
         return MT_ENOMEM;
     }
     b->size = ev->size;
+    mt__model_free_note_block(c, b->addr, b->size, 1);
     /* A request above the block's size is not one the allocator served: unknown. */
     b->requested = ev->requested <= ev->size ? ev->requested : 0;
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
@@ -401,8 +404,11 @@ static int on_free_requested(mt__mclass_t *c, const mt_event_rec_t *ev)
     block_unaccount(c, b);
     /* The free names the block as it is now (a gap may have hidden a reuse of the
      * address). */
-    if (b->size != ev->size)
+    if (b->size != ev->size) {
         b->requested = 0; /* another block than the one allocated: its request is unknown */
+        mt__model_free_note_block(c, b->addr, b->size, -1);
+        mt__model_free_note_block(c, b->addr, ev->size, 1);
+    }
     b->size = ev->size;
     b->tag = ev->tag < MT_TAG_MAX ? ev->tag : MT_TAG_OTHER;
     b->pool = ev->pool & 3;
@@ -729,7 +735,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     CHECK(k != MT_MODEL_DEVICE || (m->span_peak >= mt__model_sat(a) && m->peak_span <= m->nit),
           "the open span's peak is below the allocated bytes, or the peak's span is past the last");
     int rc = mt__model_temp_check(c, why, whylen);
-    return rc ? rc : mt__model_segs_check(c, why, whylen);
+    rc = rc ? rc : mt__model_segs_check(c, why, whylen);
+    return rc ? rc : mt__model_free_check(c, why, whylen);
 }
 
 int mt__model_check(const mt_model_t *m, char *why, size_t whylen)

@@ -94,6 +94,11 @@ typedef struct mt_model_figures_s {
 /* Figures of class cls. MT_ENOMEM only when the free extents cannot be computed (then
  * total_free and largest_free are 0 and the rest is filled). */
 int mt__model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out);
+/* The same figures, the free extents kept from one call to the next (model_free.c): the
+ * first call sorts the blocks as mt__model_figures does, each later one costs the blocks
+ * and segments changed since, O(log n) each, in the shape an allocator's events give. For
+ * figures at many moments of one replay (the report's timeline). */
+int mt__model_figures_kept(mt_model_t *m, int cls, mt_model_figures_t *out);
 
 /* A setting changed at run time (MT_EV_SETTING): when, which (mt_setting_e), the values. */
 typedef struct mt_model_setting_s {

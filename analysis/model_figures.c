@@ -28,16 +28,31 @@ void mt__model_figures_totals(const mt_model_t *m, int cls, mt_model_figures_t *
     out->uncertain = c->unc > 0 || c->segs.unc > 0 || out->untracked_bytes > 0;
 }
 
-int mt__model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
+/* The free extents' figures in out, capped by the reserved bytes. */
+static void free_figures(mt_model_figures_t *out)
 {
-    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
-    mt__model_figures_totals(m, cls, out);
-    int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, NULL);
     if (out->total_free > out->reserved)
         out->total_free = out->reserved;
     if (out->largest_free > out->total_free)
         out->largest_free = out->total_free;
     out->fragmentation = mt__model_fragmentation(out->largest_free, out->total_free);
+}
+
+int mt__model_figures(const mt_model_t *m, int cls, mt_model_figures_t *out)
+{
+    const mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    mt__model_figures_totals(m, cls, out);
+    int rc = mt__model_free_extents(c, &out->total_free, &out->largest_free, NULL);
+    free_figures(out);
+    return rc;
+}
+
+int mt__model_figures_kept(mt_model_t *m, int cls, mt_model_figures_t *out)
+{
+    mt__mclass_t *c = &m->cls[cls == MT_MODEL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
+    mt__model_figures_totals(m, cls, out);
+    int rc = mt__model_free_kept(c, &out->total_free, &out->largest_free);
+    free_figures(out);
     return rc;
 }
 

@@ -55,6 +55,7 @@ typedef struct mt__range_s {
  *   stale sorted by addr; unc_max >= size of every live, !pending, uncertain block;
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
+ *   fr NULL or holding model_free.c's invariants;
  *   asum/rsum = sum over the class's sources of src_alloc/src_res;
  *   peak_alloc >= sat(asum), peak_res >= sat(rsum). */
 typedef struct mt__mclass_s {
@@ -78,6 +79,7 @@ typedef struct mt__mclass_s {
     mt__range_t *stale;              /* uncertain blocks by addr; entries may be dead */
     size_t nstale, stale_cap;
     mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
+    struct mt__mfree_s *fr;   /* the free extents kept (model_free.c); NULL: not kept */
     uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
     uint64_t unmatched_frees; /* frees of blocks never seen allocated */
     bool had_gap;             /* a gap happened (figures may be uncertain) */
@@ -201,7 +203,51 @@ void mt__model_segs_prune(mt__mclass_t *c);
 /* Free extents: total and largest, from segments and blocks. MT_ENOMEM. */
 int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *largest,
                            mt_model_map_t *map);
+/* The live blocks as (addr, size) ranges sorted by addr, *n of them (new, room for 2 n), or
+ * NULL (no memory). */
+mt__range_t *mt__model_sorted_blocks(const mt__mclass_t *c, size_t *n);
+/* The free extents of the segments around the sorted blocks blk[0..nb): total and largest,
+ * and map's segments when map is not NULL (map->segs of the segments' count). */
+void mt__model_sweep(const mt__mclass_t *c, const mt__range_t *blk, size_t nb, uint64_t *total,
+                     uint64_t *largest, mt_model_map_t *map);
 int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* model_free.c: the free extents kept from one mt__model_figures_kept to the next. The
+ * model tells them each change of its live blocks and segments (the notes below do nothing
+ * while c->fr is NULL: a model nobody asks for them pays a test per change). */
+void mt__model_free_block(mt__mclass_t *c, uint64_t addr, uint64_t size, int d);
+void mt__model_free_cut(mt__mclass_t *c, uint64_t addr, uint64_t size);
+void mt__model_free_added(mt__mclass_t *c, uint64_t addr, uint64_t size, int rc);
+/* Free extents: total and largest, as mt__model_free_extents, from the kept ones (made at
+ * the first call). MT_ENOMEM. */
+int mt__model_free_kept(mt__mclass_t *c, uint64_t *total, uint64_t *largest);
+void mt__model_free_destroy(mt__mclass_t *c);
+/* Whether the extents are kept now (the next figures cost the changes since the last),
+ * not dropped (the next figures sweep every block). For the tests. */
+bool mt__model_free_following(const mt__mclass_t *c);
+int mt__model_free_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* A live block [addr, addr + size) appeared (d = 1) or went (d = -1). */
+static inline void mt__model_free_note_block(mt__mclass_t *c, uint64_t addr, uint64_t size, int d)
+{
+    if (c->fr != NULL)
+        mt__model_free_block(c, addr, size, d);
+}
+
+/* The segment map is about to lose [addr, addr + size) (a cut, a removal, an add's cut). */
+static inline void mt__model_free_note_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
+{
+    if (c->fr != NULL)
+        mt__model_free_cut(c, addr, size);
+}
+
+/* The segment map changed with return rc: [addr, addr + size) was added (size 0: a cut,
+ * nothing added). */
+static inline void mt__model_free_note_added(mt__mclass_t *c, uint64_t addr, uint64_t size, int rc)
+{
+    if (c->fr != NULL)
+        mt__model_free_added(c, addr, size, rc);
+}
 
 /* model.c, for model_segs.c: drops the uncertain blocks within [addr, addr + size). */
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);

@@ -31,8 +31,12 @@ void mt__model_segs_mark_uncertain(mt__mclass_t *c)
 
 int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
 {
-    int rc = mt__segmap_cut(&c->segs, addr, size);
+    /* The blocks first (the two are independent): the kept free extents then see only the
+     * blocks the cut really leaves outside every segment. */
     mt__model_drop_uncertain_in(c, addr, size);
+    mt__model_free_note_cut(c, addr, size);
+    int rc = mt__segmap_cut(&c->segs, addr, size);
+    mt__model_free_note_added(c, addr, 0, rc);
     return rc;
 }
 
@@ -48,7 +52,10 @@ int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped)
                    .mapped = mapped ? 1 : 0};
     /* What the new range overlapped is gone, uncertain blocks in it too. */
     mt__model_drop_uncertain_in(c, ev->addr, ev->size);
-    return mt__segmap_add(&c->segs, &s);
+    mt__model_free_note_cut(c, ev->addr, ev->size);
+    int rc = mt__segmap_add(&c->segs, &s);
+    mt__model_free_note_added(c, ev->addr, ev->size, rc);
+    return rc;
 }
 
 void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr)
@@ -78,8 +85,10 @@ void mt__model_segs_prune(mt__mclass_t *c)
             continue;
         }
         if ((mt__u128)s.size > room) {
+            /* the blocks first, as a cut does; neither changes the map (it stays valid) */
+            mt__model_drop_uncertain_in(c, s.addr, s.size);
+            mt__model_free_note_cut(c, s.addr, s.size);
             it = mt__segmap_remove(&c->segs, it);
-            mt__model_drop_uncertain_in(c, s.addr, s.size); /* leaves the map as it is */
             continue;
         }
         max = s.size > max ? s.size : max;
@@ -143,25 +152,17 @@ static mt__range_t *sorted_blocks(const mt__mclass_t *c, const mt_model_map_t *m
     return v;
 }
 
-int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *largest,
-                           mt_model_map_t *map)
+mt__range_t *mt__model_sorted_blocks(const mt__mclass_t *c, size_t *n)
+{
+    return sorted_blocks(c, NULL, n);
+}
+
+void mt__model_sweep(const mt__mclass_t *c, const mt__range_t *blk, size_t nb, uint64_t *total,
+                     uint64_t *largest, mt_model_map_t *map)
 {
     *total = *largest = 0;
-    size_t nb = 0, k = 0;
-    mt__range_t *blk = sorted_blocks(c, map, &nb);
-    if (!blk)
-        return MT_ENOMEM;
-    if (map) {
-        size_t ns = mt__segmap_count(&c->segs);
-        map->segs = malloc((ns ? ns : 1) * sizeof(*map->segs));
-        if (!map->segs) {
-            free(blk);
-            return MT_ENOMEM;
-        }
-        map->nsegs = ns;
-    }
+    size_t k = 0, i = 0;
     mt__u128 sum = 0;
-    size_t i = 0;
     for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);
          mt__segmap_next(&it), i++) {
         const mt__seg_t *g = mt__segmap_get(it);
@@ -195,6 +196,26 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
                                             .uncertain = g->uncertain};
     }
     *total = mt__model_sat(sum);
+}
+
+int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *largest,
+                           mt_model_map_t *map)
+{
+    *total = *largest = 0;
+    size_t nb = 0;
+    mt__range_t *blk = sorted_blocks(c, map, &nb);
+    if (!blk)
+        return MT_ENOMEM;
+    if (map) {
+        size_t ns = mt__segmap_count(&c->segs);
+        map->segs = malloc((ns ? ns : 1) * sizeof(*map->segs));
+        if (!map->segs) {
+            free(blk);
+            return MT_ENOMEM;
+        }
+        map->nsegs = ns;
+    }
+    mt__model_sweep(c, blk, nb, total, largest, map);
     free(blk);
     return 0;
 }

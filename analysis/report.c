@@ -204,8 +204,10 @@ static mt_model_t *proc_model(const mt__report_cfg_t *cfg, proc_t *p)
     return p->m;
 }
 
-/* The grid's points crossed by an event at time t (before it is applied), from m's state. */
-static int grid_before(tl_grid_t *g, const mt_model_t *m, uint64_t t, unsigned steps)
+/* The grid's points crossed by an event at time t (before it is applied), from m's state:
+ * its figures with the free extents kept from one point to the next (a sort of every live
+ * block at each point was n log n per point). */
+static int grid_before(tl_grid_t *g, mt_model_t *m, uint64_t t, unsigned steps)
 {
     if (g->cap == 0) {
         size_t cap = (size_t)steps * TL_GRID_PER_STEP + 1;
@@ -232,7 +234,7 @@ static int grid_before(tl_grid_t *g, const mt_model_t *m, uint64_t t, unsigned s
         }
         if (!have) {
             mt_model_figures_t f;
-            if (mt__model_figures(m, MT_MODEL_DEVICE, &f) != 0)
+            if (mt__model_figures_kept(m, MT_MODEL_DEVICE, &f) != 0)
                 return MT_ENOMEM;
             pt = (tl_pt_t){f.allocated, f.reserved, f.utilization, f.fragmentation, 0, g->last};
             have = true;
