@@ -156,7 +156,7 @@ static void allocator_step(run_t *x, uint64_t every)
         put(x, MT_EV_FREE_REQUESTED, b.addr, b.size, every);
         put(x, MT_EV_FREE_COMPLETED, b.addr, b.size, every);
         if (rng(&x->seed) % 2 == 0) { /* the same block again (a training loop's), or
-                                        * one of another size at its address */
+                                       * one of another size at its address */
             b.size = rng(&x->seed) % 4 == 0 && b.size > 512 ? b.size - 512 : b.size;
             put(x, MT_EV_ALLOC, b.addr, b.size, every);
             x->live[x->nlive++] = b;
