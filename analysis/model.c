@@ -294,7 +294,8 @@ static int mark_gap(mt__mclass_t *c)
     return 0;
 }
 
-/* First stale entry whose range may reach past addr. */
+/* First stale entry whose range may reach past addr: the last live one below addr (dead
+ * entries between it and addr must not hide it), else the first at or above addr. */
 static size_t stale_lower(const mt__mclass_t *c, uint64_t addr)
 {
     size_t lo = 0, hi = c->nstale;
@@ -305,7 +306,10 @@ static size_t stale_lower(const mt__mclass_t *c, uint64_t addr)
         else
             hi = mid;
     }
-    return lo > 0 ? lo - 1 : lo; /* the one before may overlap */
+    size_t i = lo; /* the one before may overlap */
+    while (i > 0 && !stale_valid(c, &c->stale[i - 1]))
+        i--;
+    return i > 0 ? i - 1 : lo;
 }
 
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size)
