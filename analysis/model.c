@@ -13,7 +13,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "memtrace/common.h"
 #include "util/addrmap.h"
@@ -49,7 +48,7 @@ void mt__model_destroy(mt_model_t **pm)
     for (int k = 0; k < MT_MODEL_CLASSES; k++) {
         free(m->cls[k].blocks);
         mt__amap_fini(&m->cls[k].at);
-        free(m->cls[k].stale);
+        mt__bt_fini(&m->cls[k].stale);
         mt__segmap_fini(&m->cls[k].segs);
         mt__model_free_destroy(&m->cls[k]);
         mt__model_temp_free_all(&m->cls[k]);
@@ -189,6 +188,7 @@ static void block_delete(mt__mclass_t *c, mt__mblock_t *b)
     block_unaccount(c, b);
     index_del(c, b->addr);
     if (b->uncertain) {
+        mt__model_stale_del(c, b->addr);
         size_t u = --c->nuncertain;
         block_move(c, u, i);
         i = u;
@@ -203,6 +203,7 @@ static mt__mblock_t *block_settle(mt__mclass_t *c, mt__mblock_t *b)
     if (!b->uncertain)
         return b;
     block_unaccount(c, b);
+    mt__model_stale_del(c, b->addr);
     b->uncertain = 0;
     size_t i = (size_t)(b - c->blocks), u = --c->nuncertain;
     if (i != u) { /* b and the last uncertain block change places */
@@ -216,29 +217,22 @@ static mt__mblock_t *block_settle(mt__mclass_t *c, mt__mblock_t *b)
     return b;
 }
 
-/* ---- uncertain blocks (the stale index) ---- */
-
-static bool stale_valid(const mt__mclass_t *c, const mt__range_t *r)
+mt__mblock_t *mt__model_block_find(const mt__mclass_t *c, uint64_t addr)
 {
-    const mt__mblock_t *b = block_find(c, r->addr);
-    return b && b->uncertain && b->size == r->size;
+    return block_find(c, addr);
 }
 
-/* The stale index without its dead entries (compacts in place). */
-static void stale_compact(mt__mclass_t *c)
+void mt__model_block_delete(mt__mclass_t *c, mt__mblock_t *b)
 {
-    size_t keep = 0;
-    for (size_t i = 0; i < c->nstale; i++)
-        if (stale_valid(c, &c->stale[i]))
-            c->stale[keep++] = c->stale[i];
-    c->nstale = keep;
+    block_delete(c, b);
 }
+
+/* ---- gaps ---- */
 
 /* A gap: every known block and segment becomes uncertain. Only the blocks certain until now
- * (blocks[nuncertain, live)) join the stale index, sorted and merged into it: a gap costs
- * those blocks, not a sort of them all, and gaps in a row with few blocks between them (a
- * daemon that drops at each drain) stay linear. MT_ENOMEM when the index cannot grow: no block is
- * marked then, the old index still listing the older uncertain blocks (the figures are no
+ * (blocks[nuncertain, live)) join the stale index (model_stale.c): a gap costs those blocks,
+ * and gaps in a row (a daemon that drops at each drain) stay linear however many blocks are
+ * live. MT_ENOMEM when the index cannot grow: no block is marked then (the figures are no
  * longer those the events determine: say so). */
 static int mark_gap(mt__mclass_t *c)
 {
@@ -248,114 +242,20 @@ static int mark_gap(mt__mclass_t *c)
     size_t k = c->live - c->nuncertain; /* the certain blocks */
     if (k == 0)
         return 0;
-    /* the new entries at [nstale, nstale + k), sorted with the k after them, then merged */
-    size_t n = c->nstale, need = n + 2 * k;
-    if (need > c->stale_cap) {
-        mt__range_t *v = realloc(c->stale, need * sizeof(*v));
-        if (!v)
-            return MT_ENOMEM;
-        c->stale = v;
-        c->stale_cap = need;
-    }
-    mt__range_t *old = c->stale, *add = c->stale + n, *tmp = add + k;
-    for (size_t i = 0; i < k; i++) {
-        mt__mblock_t *b = &c->blocks[c->nuncertain + i];
+    if (mt__model_stale_add(c, c->nuncertain, c->live) != 0)
+        return MT_ENOMEM;
+    for (size_t i = c->nuncertain; i < c->live; i++) {
+        mt__mblock_t *b = &c->blocks[i];
         mt_assert(!b->uncertain);
         block_unaccount(c, b);
         b->uncertain = 1;
         block_account(c, b);
-        add[i] = (mt__range_t){b->addr, b->size};
         if (!b->pending && b->size > c->unc_max)
             c->unc_max = b->size;
     }
     c->nuncertain = c->live;
-    mt__model_sort_ranges(add, k, tmp);
-    memcpy(tmp, add, k * sizeof(*tmp));
-    /* From the back into [0, n + k): an old entry at a new one's address is dead (the
-     * address holds the certain block now), and goes. */
-    size_t i = n, j = k, w = n + k;
-    while (j > 0) {
-        if (i > 0 && old[i - 1].addr > tmp[j - 1].addr)
-            old[--w] = old[--i];
-        else {
-            if (i > 0 && old[i - 1].addr == tmp[j - 1].addr)
-                i--;
-            old[--w] = tmp[--j];
-        }
-    }
-    while (i > 0) /* (w = i when nothing was dropped) */
-        old[--w] = old[--i];
-    if (w > 0)
-        memmove(old, old + w, (n + k - w) * sizeof(*old));
-    c->nstale = n + k - w;
-    /* dead entries (blocks freed since they were listed) kept below the live ones */
-    if (c->nstale > 2 * c->nuncertain + 64)
-        stale_compact(c);
+    mt_assert(c->stale.n == c->nuncertain);
     return 0;
-}
-
-/* First stale entry whose range may reach past addr: the last live one below addr (dead
- * entries between it and addr must not hide it), else the first at or above addr. */
-static size_t stale_lower(const mt__mclass_t *c, uint64_t addr)
-{
-    size_t lo = 0, hi = c->nstale;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (c->stale[mid].addr < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    size_t i = lo; /* the one before may overlap */
-    while (i > 0 && !stale_valid(c, &c->stale[i - 1]))
-        i--;
-    return i > 0 ? i - 1 : lo;
-}
-
-void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size)
-{
-    if (c->nuncertain == 0 || c->nstale == 0)
-        return;
-    uint64_t end = size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
-    for (size_t i = stale_lower(c, addr); i < c->nstale && c->stale[i].addr < end; i++) {
-        const mt__range_t *r = &c->stale[i];
-        uint64_t rend = r->size > UINT64_MAX - r->addr ? UINT64_MAX : r->addr + r->size;
-        if (rend <= addr || (r->size == 0 && r->addr < addr) || !stale_valid(c, r))
-            continue;
-        block_delete(c, block_find(c, r->addr));
-    }
-    if (c->nuncertain == 0)
-        c->nstale = 0;
-}
-
-/* Uncertain blocks larger than what the allocated total leaves room for are gone. */
-static void prune_by_totals(mt__mclass_t *c)
-{
-    if (c->nuncertain == 0) {
-        c->nstale = 0;
-        c->unc_max = 0;
-        return;
-    }
-    mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
-    if ((mt__u128)c->unc_max <= room)
-        return;
-    uint64_t max = 0;
-    size_t keep = 0;
-    for (size_t i = 0; i < c->nstale; i++) {
-        mt__range_t r = c->stale[i];
-        if (!stale_valid(c, &r))
-            continue;
-        mt__mblock_t *b = block_find(c, r.addr);
-        if (!b->pending && (mt__u128)b->size > room) {
-            block_delete(c, b);
-            continue;
-        }
-        if (!b->pending && b->size > max)
-            max = b->size;
-        c->stale[keep++] = r; /* compacts the index on the way */
-    }
-    c->nstale = keep;
-    c->unc_max = max;
 }
 
 /* mt__model_seg_touch, called only when there is an uncertain segment to settle (what it
@@ -622,7 +522,7 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     int rc = ev->kind < MT_EV_KIND_COUNT && apply_kind[ev->kind] ? apply_kind[ev->kind](c, ev) : 0;
     if (c->peak_alloc > peak)
         c->peak_ep++; /* every stack's bytes at the peak are now its bytes */
-    prune_by_totals(c);
+    mt__model_prune_by_totals(c);
     if (c->segs.unc != 0 || c->seg_unc_max != 0) /* what it does with none uncertain */
         mt__model_segs_prune(c);
     if (ev->kind == MT_EV_MARK && ev->addr == MT_MARK_ITERATION && m->cfg.keep_iterations) {
@@ -684,14 +584,8 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
         CHECK(!b->uncertain == (i >= c->nuncertain),
               "class %d: block %zu %scertain, uncertain ones are [0, %zu)", k, i,
               b->uncertain ? "un" : "", c->nuncertain);
-        if (b->uncertain) {
+        if (b->uncertain) { /* (in the stale index: mt__model_stale_check) */
             nunc++;
-            bool listed = false;
-            size_t s = stale_lower(c, b->addr);
-            for (; s < c->nstale && c->stale[s].addr <= b->addr && !listed; s++)
-                listed = c->stale[s].addr == b->addr && c->stale[s].size == b->size;
-            CHECK(listed, "class %d: uncertain block %#llx not in the stale index", k,
-                  (unsigned long long)b->addr);
             CHECK(b->pending || b->size <= c->unc_max, "class %d: unc_max %llu < %llu", k,
                   (unsigned long long)c->unc_max, (unsigned long long)b->size);
         }
@@ -724,8 +618,6 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     }
     for (int p = 0; p < 4; p++)
         CHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);
-    for (size_t s = 1; s < c->nstale; s++)
-        CHECK(c->stale[s - 1].addr <= c->stale[s].addr, "class %d: stale index unsorted", k);
     mt__u128 a = 0, r = 0;
     for (unsigned s = 0; s < MT_EVENT_SOURCES; s++) {
         if ((s >= 256) == (k == MT_MODEL_HOST)) {
@@ -739,6 +631,7 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     CHECK(k != MT_MODEL_DEVICE || (m->span_peak >= mt__model_sat(a) && m->peak_span <= m->nit),
           "the open span's peak is below the allocated bytes, or the peak's span is past the last");
     int rc = mt__model_temp_check(c, why, whylen);
+    rc = rc ? rc : mt__model_stale_check(c, why, whylen);
     rc = rc ? rc : mt__model_segs_check(c, why, whylen);
     return rc ? rc : mt__model_free_check(c, why, whylen);
 }

@@ -1,11 +1,12 @@
 /* The model's structs, shared by its files (model.c: events, blocks, tags, gaps;
- * model_figures.c: its figures and map as read; model_segs.c: the segment map and free
- * extents; model_growth.c: iterations). */
+ * model_stale.c: the uncertain blocks by address; model_figures.c: its figures and map as
+ * read; model_segs.c: the segment map and free extents; model_growth.c: iterations). */
 #ifndef MT_ANALYSIS_MODEL_INTERNAL_H
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
 #include "analysis/model.h"
 #include "util/addrmap.h"
+#include "util/btree.h"
 #include "util/segmap.h"
 
 /* Exact sums: a class has at most MT_EVENT_SOURCES sources and any number of blocks of
@@ -50,9 +51,11 @@ typedef struct mt__range_s {
  *   unc_bytes[t] = sum size over live, !pending, uncertain blocks of tag t; unc_blocks[t] = #;
  *   pool_bytes[p] = sum size over live, !pending, !uncertain blocks of pool p;
  *   tag_peak[t] >= min(tag_bytes[t], UINT64_MAX);
- *   nuncertain = #live uncertain blocks, blocks[0..nuncertain) (the rest certain), each of
- *   them in stale[0..nstale) (same addr, size);
- *   stale sorted by addr; unc_max >= size of every live, !pending, uncertain block;
+ *   nuncertain = #live uncertain blocks, blocks[0..nuncertain) (the rest certain);
+ *   stale holds util/btree.h's invariants, its records (addr, size) keyed by addr, and
+ *   stale = {(b.addr, b.size) : b in blocks[0..nuncertain)} (stale.n = nuncertain: no
+ *   record of a block freed, settled or certain); unc_max >= size of every live, !pending,
+ *   uncertain block;
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
  *   fr NULL or holding model_free.c's invariants;
@@ -76,8 +79,8 @@ typedef struct mt__mclass_s {
     mt__u128 known, unc;             /* sums of tag_bytes, unc_bytes */
     uint64_t unc_max;                /* bytes, bound on an uncertain block's size */
     size_t nuncertain;               /* FULL uncertain blocks (pending ones too) */
-    mt__range_t *stale;              /* uncertain blocks by addr; entries may be dead */
-    size_t nstale, stale_cap;
+    /* the uncertain blocks' (addr, size) records by addr (model_stale.c) */
+    mt__bt_t stale;
     mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
     struct mt__mfree_s *fr;   /* the free extents kept (model_free.c); NULL: not kept */
     uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
@@ -249,8 +252,22 @@ static inline void mt__model_free_note_added(mt__mclass_t *c, uint64_t addr, uin
         mt__model_free_added(c, addr, size, rc);
 }
 
-/* model.c, for model_segs.c: drops the uncertain blocks within [addr, addr + size). */
+/* model.c, for model_stale.c: the live block at addr, or NULL (borrowed until the next
+ * insert or delete); removes b (an uncertain b leaves the stale index too). */
+mt__mblock_t *mt__model_block_find(const mt__mclass_t *c, uint64_t addr);
+void mt__model_block_delete(mt__mclass_t *c, mt__mblock_t *b);
+
+/* model_stale.c: the uncertain blocks by address (c->stale). */
+/* Adds the uncertain blocks' records of blocks[from..to) (certain now, soon uncertain), or
+ * none of them: 0 or MT_ENOMEM (the index unchanged). */
+int mt__model_stale_add(mt__mclass_t *c, size_t from, size_t to);
+/* Takes the record of the uncertain block at addr out (settled or deleted). */
+void mt__model_stale_del(mt__mclass_t *c, uint64_t addr);
+/* Drops the uncertain blocks within [addr, addr + size) (for model.c and model_segs.c). */
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);
+/* Uncertain blocks larger than what the allocated total leaves room for are gone. */
+void mt__model_prune_by_totals(mt__mclass_t *c);
+int mt__model_stale_check(const mt__mclass_t *c, char *why, size_t whylen);
 
 /* model_stacks.c */
 /* Adds (sign 1) or removes (sign -1) b in its stack's figures of class c. */
