@@ -50,6 +50,7 @@ void mt__model_destroy(mt_model_t **pm)
         mt__amap_fini(&m->cls[k].at);
         mt__bt_fini(&m->cls[k].stale);
         mt__segmap_fini(&m->cls[k].segs);
+        mt__model_segs_free(&m->cls[k]);
         mt__model_free_destroy(&m->cls[k]);
         mt__model_temp_free_all(&m->cls[k]);
     }
@@ -230,15 +231,15 @@ void mt__model_block_delete(mt__mclass_t *c, mt__mblock_t *b)
 /* ---- gaps ---- */
 
 /* A gap: every known block and segment becomes uncertain. Only the blocks certain until now
- * (blocks[nuncertain, live)) join the stale index (model_stale.c): a gap costs those blocks,
- * and gaps in a row (a daemon that drops at each drain) stay linear however many blocks are
- * live. MT_ENOMEM when the index cannot grow: no block is marked then (the figures are no
- * longer those the events determine: say so). */
+ * (blocks[nuncertain, live)) join the stale index (model_stale.c), and only the segments
+ * made certain since the last gap are walked (model_segs.c): a gap costs what changed since
+ * the one before, and gaps in a row (a daemon that drops at each drain) stay linear however
+ * many blocks and segments are live. MT_ENOMEM when the index cannot grow: no block is marked
+ * then (the figures are no longer those the events determine: say so). */
 static int mark_gap(mt__mclass_t *c)
 {
     c->had_gap = true;
-    if (c->segs.unc != c->segs.bytes) /* else each is uncertain, seg_unc_max bounds them */
-        mt__model_segs_mark_uncertain(c);
+    mt__model_segs_mark_uncertain(c);
     size_t k = c->live - c->nuncertain; /* the certain blocks */
     if (k == 0)
         return 0;

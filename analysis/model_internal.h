@@ -58,6 +58,10 @@ typedef struct mt__range_s {
  *   uncertain block;
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
+ *   the certain segments at 2^64 - 1 are a prefix of segs.top (top[0..j) certain, the rest
+ *   uncertain, for some j);
+ *   seg_new_ok => every certain segment s below 2^64 - 1 has s.addr in seg_new[0..nseg_new)
+ *   (every seg_new[i] < 2^64 - 1); nseg_new <= seg_new_cap; !seg_new_ok => nseg_new = 0;
  *   fr NULL or holding model_free.c's invariants;
  *   asum/rsum = sum over the class's sources of src_alloc/src_res;
  *   peak_alloc >= sat(asum), peak_res >= sat(rsum). */
@@ -86,6 +90,13 @@ typedef struct mt__mclass_s {
     uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
     uint64_t unmatched_frees; /* frees of blocks never seen allocated */
     bool had_gap;             /* a gap happened (figures may be uncertain) */
+    /* The starts of the segments made or made certain since the last gap (and maybe of some
+     * since gone), so that a gap marks those, not every segment (model_segs.c); seg_new_ok
+     * false: not kept (before the first gap, or grown past their bound), the next gap walks
+     * every segment. */
+    uint64_t *seg_new;
+    size_t nseg_new, seg_new_cap;
+    bool seg_new_ok;
     /* call stacks (model_stacks.c): the model's table, this class's index in it, the
      * count of times allocated rose to a new peak (per-stack peak figures are taken
      * lazily against it), and the stack of the alloc being applied */
@@ -194,7 +205,10 @@ static inline uint32_t mt__model_tags_held(const mt_model_t *m, int cls)
  * holds n entries. A radix sort over the bits the addresses differ in: the figures sort the
  * live blocks each time they are read, and qsort's calls were a fifth of a report's time. */
 void mt__model_sort_ranges(mt__range_t *v, size_t n, mt__range_t *tmp);
+/* A gap: every segment becomes uncertain (walking those made certain since the last gap,
+ * when they were noted). */
 void mt__model_segs_mark_uncertain(mt__mclass_t *c);
+void mt__model_segs_free(mt__mclass_t *c);
 /* A segment or mapped pages appear at [addr, addr + size): what overlapped is gone. */
 int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped);
 /* Segment free / unmap of [addr, addr + size). */

@@ -16,17 +16,68 @@ static uint64_t end_of(uint64_t addr, uint64_t size)
     return size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
 }
 
+/* ---- segments made certain since the last gap ---- */
+
+/* Notes addr (below 2^64 - 1) as the start of a segment that may be certain. Past their
+ * bound (4 per segment, plus 64) the notes are dropped, and the next gap walks every
+ * segment: a walk that costs no more than the events that noted them since the gap before. */
+static void note_new(mt__mclass_t *c, uint64_t addr)
+{
+    if (!c->seg_new_ok || addr == UINT64_MAX)
+        return;
+    size_t bound = 4 * mt__segmap_count(&c->segs) + 64;
+    if (c->nseg_new == c->seg_new_cap) {
+        size_t cap = c->seg_new_cap ? 2 * c->seg_new_cap : 64;
+        uint64_t *v = c->nseg_new < bound ? realloc(c->seg_new, cap * sizeof(*v)) : NULL;
+        if (v == NULL) { /* past the bound, or no memory: the full walk then */
+            free(c->seg_new);
+            c->seg_new = NULL;
+            c->nseg_new = c->seg_new_cap = 0;
+            c->seg_new_ok = false;
+            return;
+        }
+        c->seg_new = v;
+        c->seg_new_cap = cap;
+    }
+    c->seg_new[c->nseg_new++] = addr;
+}
+
+static void mark_one(mt__mclass_t *c, mt__segmap_it_t it)
+{
+    const mt__seg_t *g = mt__segmap_get(it);
+    if (g->uncertain) /* seg_unc_max bounds it already */
+        return;
+    mt__segmap_set_uncertain(&c->segs, it, true);
+    if (g->size > c->seg_unc_max)
+        c->seg_unc_max = g->size;
+}
+
 void mt__model_segs_mark_uncertain(mt__mclass_t *c)
 {
-    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);
-         mt__segmap_next(&it)) {
-        const mt__seg_t *g = mt__segmap_get(it);
-        if (g->uncertain) /* seg_unc_max bounds it already */
-            continue;
-        mt__segmap_set_uncertain(&c->segs, it, true);
-        if (g->size > c->seg_unc_max)
-            c->seg_unc_max = g->size;
+    if (c->segs.unc != c->segs.bytes && !c->seg_new_ok) { /* every segment */
+        for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);
+             mt__segmap_next(&it))
+            mark_one(c, it);
+    } else if (c->segs.unc != c->segs.bytes) { /* those noted, and the top's certain prefix */
+        for (size_t i = 0; i < c->nseg_new; i++) {
+            mt__segmap_it_t it = mt__segmap_find(&c->segs, c->seg_new[i]);
+            if (!mt__segmap_end(it))
+                mark_one(c, it);
+        }
+        for (size_t i = 0; i < c->segs.ntop && !c->segs.top[i].uncertain; i++)
+            mark_one(c, (mt__segmap_it_t){.i = i, .m = &c->segs});
     }
+    mt_assert(c->segs.unc == c->segs.bytes);
+    c->nseg_new = 0;
+    c->seg_new_ok = true;
+}
+
+void mt__model_segs_free(mt__mclass_t *c)
+{
+    free(c->seg_new);
+    c->seg_new = NULL;
+    c->nseg_new = c->seg_new_cap = 0;
+    c->seg_new_ok = false;
 }
 
 int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
@@ -37,6 +88,7 @@ int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
     mt__model_free_note_cut(c, addr, size);
     int rc = mt__segmap_cut(&c->segs, addr, size);
     mt__model_free_note_added(c, addr, 0, rc);
+    note_new(c, end_of(addr, size)); /* what stays of a segment cut in two starts there */
     return rc;
 }
 
@@ -55,6 +107,10 @@ int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped)
     mt__model_free_note_cut(c, ev->addr, ev->size);
     int rc = mt__segmap_add(&c->segs, &s);
     mt__model_free_note_added(c, ev->addr, ev->size, rc);
+    /* It starts at addr, or joined a run whose start is noted (a certain one); what it cut
+     * in two has a part that starts at its end. */
+    note_new(c, ev->addr);
+    note_new(c, end_of(ev->addr, ev->size));
     return rc;
 }
 
@@ -63,8 +119,10 @@ void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr)
     if (c->segs.unc == 0)
         return;
     mt__segmap_it_t it = mt__segmap_find(&c->segs, addr);
-    if (!mt__segmap_end(it))
+    if (!mt__segmap_end(it) && mt__segmap_get(it)->uncertain) {
         mt__segmap_set_uncertain(&c->segs, it, false);
+        note_new(c, mt__segmap_get(it)->addr); /* (addr may be within it) */
+    }
 }
 
 void mt__model_segs_prune(mt__mclass_t *c)
@@ -222,6 +280,52 @@ int mt__model_free_extents(const mt__mclass_t *c, uint64_t *total, uint64_t *lar
 
 /* ---- checker ---- */
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The notes' invariants (model_internal.h): each certain segment below 2^64 - 1 starts at a
+ * noted address, checked against a sorted copy (skipped when there is no memory for it). */
+static const char *notes_check(const mt__mclass_t *c)
+{
+    if (c->nseg_new > c->seg_new_cap || (!c->seg_new_ok && c->nseg_new != 0))
+        return "segment notes: more than their room, or kept while off";
+    for (size_t i = 0; i < c->segs.ntop; i++)
+        if (i > 0 && !c->segs.top[i].uncertain && c->segs.top[i - 1].uncertain)
+            return "a certain segment at 2^64 - 1 after an uncertain one";
+    if (!c->seg_new_ok)
+        return NULL;
+    uint64_t *v = malloc((c->nseg_new ? c->nseg_new : 1) * sizeof(*v));
+    if (v == NULL)
+        return NULL;
+    if (c->nseg_new > 0)
+        memcpy(v, c->seg_new, c->nseg_new * sizeof(*v));
+    qsort(v, c->nseg_new, sizeof(*v), cmp_u64);
+    const char *bad = NULL;
+    if (c->nseg_new > 0 && v[c->nseg_new - 1] == UINT64_MAX)
+        bad = "segment notes: 2^64 - 1 noted";
+    for (mt__bt_cur_t it = mt__bt_first(&c->segs.t); bad == NULL && !mt__bt_end(it);
+         mt__bt_next(&it)) {
+        const mt__seg_t *g = mt__bt_get(it);
+        if (g->uncertain)
+            continue;
+        size_t lo = 0, hi = c->nseg_new; /* the first note >= g->addr */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (v[mid] < g->addr)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == c->nseg_new || v[lo] != g->addr)
+            bad = "a certain segment starts at no noted address (the next gap would miss it)";
+    }
+    free(v);
+    return bad;
+}
+
 int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen)
 {
     int rc = mt__segmap_check(&c->segs, why, whylen);
@@ -232,5 +336,11 @@ int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen)
                 snprintf(why, whylen, "uncertain segment above seg_unc_max");
             rc = MT_EPROTO;
         }
+    const char *bad = rc == 0 ? notes_check(c) : NULL;
+    if (bad != NULL) {
+        if (why)
+            snprintf(why, whylen, "%s", bad);
+        rc = MT_EPROTO;
+    }
     return rc;
 }

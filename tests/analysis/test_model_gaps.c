@@ -355,9 +355,12 @@ static void test_many_gaps(void **state)
                 uint64_t off = (1 + rnd(&x, 2)) * 512 * KIB;
                 put(&x, slot % 2 ? MT_EV_SEGMENT_UNMAP : MT_EV_SEGMENT_FREE,
                     BASE + slot * 2 * MIB + off, 512 * KIB);
-            } else if (what < 92) { /* a whole slot's segment again */
+            } else if (what < 92) { /* a whole slot's segment again, or one in its middle */
                 uint64_t slot = 2 * rnd(&x, NSEG / 2);
-                put(&x, MT_EV_SEGMENT_ALLOC, BASE + slot * 2 * MIB, 2 * MIB);
+                if (rnd(&x, 2) == 0)
+                    put(&x, MT_EV_SEGMENT_ALLOC, BASE + slot * 2 * MIB, 2 * MIB);
+                else
+                    put(&x, MT_EV_SEGMENT_ALLOC, BASE + slot * 2 * MIB + MIB, 512 * KIB);
             } else if (ref.nb > 0) { /* a block freed in the lost events, and met later */
                 rblock_t b = ref.b[rnd(&x, ref.nb)];
                 if (!b.unc)
@@ -367,6 +370,13 @@ static void test_many_gaps(void **state)
                     continue;
                 put(&x, MT_EV_ALLOC, b.addr + 4 * KIB, size);
             }
+        }
+        for (size_t o = 0; round % 100 == 99 && o < 300; o++) { /* segments by the hundred
+                                                                 * between two gaps */
+            uint64_t slot = 1 + 2 * rnd(&x, NSEG / 2);
+            uint64_t off = rnd(&x, 4) * 512 * KIB;
+            put(&x, o % 3 ? MT_EV_SEGMENT_MAP : MT_EV_SEGMENT_UNMAP, BASE + slot * 2 * MIB + off,
+                512 * KIB);
         }
         if (rnd(&x, 8) != 0) { /* most rounds end in a gap */
             lose(&x);
@@ -415,11 +425,79 @@ static void test_overlap_past_a_dropped_block(void **state)
     mt__model_destroy(&g.m);
 }
 
+static bool seg_uncertain(const mt_model_t *m, uint64_t addr, size_t nth)
+{
+    mt_model_map_t map;
+    assert_int_equal(mt__model_map(m, MT_MODEL_DEVICE, &map), 0);
+    size_t i = 0;
+    while (i < map.nsegs && (map.segs[i].addr != addr || nth-- > 0))
+        i++;
+    assert_true(i < map.nsegs);
+    bool unc = map.segs[i].uncertain;
+    mt__model_map_free(&map);
+    return unc;
+}
+
+static void apply(mgen_t *g, int kind, uint64_t addr, uint64_t size)
+{
+    mt_event_rec_t ev = mgen_rec(g, kind, addr, size, 0);
+    assert_int_equal(mt__model_apply(g->m, &ev), 0);
+    check(g->m);
+}
+
+static void gap(mgen_t *g)
+{
+    mt_event_rec_t ev = {.kind = MT_EV_GAP, .size = 1};
+    assert_int_equal(mt__model_apply(g->m, &ev), 0);
+    check(g->m);
+}
+
+/* Segments at 2^64 - 1 (a crafted log's: they hold no byte, several coexist) and one whose
+ * end runs past 2^64: each made certain again between gaps is uncertain after the next. */
+static void test_segments_at_the_top(void **state)
+{
+    (void)state;
+    mgen_t g = {0};
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
+    (void)mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, UINT64_C(1) << 50, 0); /* lost: room */
+    const uint64_t top = UINT64_MAX, high = UINT64_MAX - MIB + 1;
+    apply(&g, MT_EV_SEGMENT_ALLOC, high, 2 * MIB); /* runs past 2^64 */
+    apply(&g, MT_EV_SEGMENT_ALLOC, top, 4096);
+    gap(&g);
+    assert_true(seg_uncertain(g.m, high, 0) && seg_uncertain(g.m, top, 0));
+    apply(&g, MT_EV_SEGMENT_MAP, top, 8192); /* a second one at the top, newest first */
+    apply(&g, MT_EV_ALLOC, top, 0);          /* touches the newest */
+    assert_false(seg_uncertain(g.m, top, 0));
+    assert_true(seg_uncertain(g.m, top, 1));
+    apply(&g, MT_EV_ALLOC, high + 4096, 4096); /* touches the one past 2^64 */
+    assert_false(seg_uncertain(g.m, high, 0));
+    gap(&g);
+    assert_true(seg_uncertain(g.m, high, 0) && seg_uncertain(g.m, top, 0) &&
+                seg_uncertain(g.m, top, 1));
+    mt__model_destroy(&g.m);
+    /* the one past 2^64 touched at 2^64 - 1 itself, with none at the top */
+    g = (mgen_t){0};
+    assert_int_equal(mt__model_create(&g.m, NULL), 0);
+    (void)mgen_rec(&g, MT_EV_SEGMENT_ALLOC, BASE, UINT64_C(1) << 50, 0); /* lost: room */
+    apply(&g, MT_EV_SEGMENT_ALLOC, high, 2 * MIB);
+    gap(&g);
+    apply(&g, MT_EV_ALLOC, top, 0);
+    assert_false(seg_uncertain(g.m, high, 0));
+    gap(&g);
+    mt_model_map_t map;
+    assert_int_equal(mt__model_map(g.m, MT_MODEL_DEVICE, &map), 0);
+    for (size_t i = 0; i < map.nsegs; i++)
+        assert_true(map.segs[i].uncertain);
+    mt__model_map_free(&map);
+    mt__model_destroy(&g.m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_many_gaps),
         cmocka_unit_test(test_overlap_past_a_dropped_block),
+        cmocka_unit_test(test_segments_at_the_top),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
