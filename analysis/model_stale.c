@@ -39,9 +39,9 @@ int mt__model_stale_add(mt__mclass_t *c, size_t from, size_t to)
         return 0;
     if (c->stale.rsize == 0)
         mt__bt_init(&c->stale, sizeof(mt__range_t));
-    /* In address order when there is room to sort them: the inserts then walk the leaves in
-     * turn, and a new run of addresses fills whole leaves. */
-    mt__range_t *v = malloc(2 * k * sizeof(*v));
+    /* Many in address order (when there is room to sort them): the inserts then walk the
+     * leaves in turn, and a new run of addresses fills whole leaves. */
+    mt__range_t *v = k >= 32 ? malloc(2 * k * sizeof(*v)) : NULL;
     mt__range_t one;
     for (size_t i = 0; i < k; i++) {
         const mt__mblock_t *b = &c->blocks[from + i];
@@ -51,8 +51,10 @@ int mt__model_stale_add(mt__mclass_t *c, size_t from, size_t to)
             v[i] = one;
             continue;
         }
-        /* no room to sort: in table order, undone from the table on failure */
-        if (mt__bt_insert(&c->stale, &one, NULL) != 0) {
+        /* few, or no room to sort: in table order, undone from the table on failure */
+        int rc = mt__bt_insert(&c->stale, &one, NULL);
+        mt_assert(rc != MT_EINVAL); /* a certain block has no record, addresses are distinct */
+        if (rc != 0) {
             for (size_t j = 0; j < i; j++)
                 mt__model_stale_del(c, c->blocks[from + j].addr);
             return MT_ENOMEM;
