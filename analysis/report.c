@@ -19,17 +19,25 @@
 #include "analysis/ndjson_fast.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
+#include "util/assert.h"
 #include "analysis/report_internal.h"
 
 /* ---- events already read ---- */
 
 /* What tells an event read twice (logs read one after the other overlap by the events the
  * daemon read and never acknowledged, at most its ring): a hash of each of the newest
- * records, at its seq modulo SEEN_MAX. 8 bytes an event in a table of fixed size: memory
- * that is new to the process costs CPU time too, and this table is touched by every event.
- * Invariant: h[s % SEEN_MAX] = seen_hash of the last record of seq s taken, or of one of a
- * seq that leaves s % SEEN_MAX as s does, or 0 (none yet). */
-#define SEEN_MAX 65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
+ * records, at its seq modulo the table's size, seen_cap. 8 bytes an event in a table that
+ * grows with the seqs taken up to SEEN_MAX, then stays: memory that is new to the process
+ * costs CPU time too, and this table is touched by every event. It starts small, for a job's
+ * thousands of ranks of a few events each (a table of SEEN_MAX per process was 512 KiB of
+ * each, and all of it touched once the allocator gave back freed memory).
+ * Invariants, while the records taken came in order (!unordered: afterwards it is never
+ * read), with s0 = seen_first, the seq of the first record taken: seen_cap a power of two in
+ * [SEEN_FIRST, SEEN_MAX]; seen_cap < SEEN_MAX => every seq taken lies in
+ * [s0, s0 + seen_cap); seen[s % seen_cap] = seen_hash of the last record of seq s taken, or of
+ * one of a seq that leaves s % seen_cap as s does, or 0 (none yet). */
+#define SEEN_MAX   65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
+#define SEEN_FIRST 64    /* seqs (512 bytes) */
 
 /* The record's bytes hashed (its seq included), never 0. */
 static uint64_t seen_hash(const mt_event_rec_t *ev)
@@ -43,11 +51,39 @@ static uint64_t seen_hash(const mt_event_rec_t *ev)
     return (h ^ (h >> 33)) | 1;
 }
 
-static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
+/* Takes ev's hash, before ev is counted in p (its next_seq). An event out of order makes the
+ * table unread from then on: not taken. The table grows to hold the seqs taken since the
+ * first (their hashes moved to their places in the larger table), up to SEEN_MAX. */
+static int seen_push(proc_t *p, const mt_event_rec_t *ev)
 {
-    if (!*h && !(*h = calloc(SEEN_MAX, sizeof(**h))))
-        return MT_ENOMEM;
-    (*h)[ev->seq & (SEEN_MAX - 1)] = seen_hash(ev);
+    if (p->unordered || ev->seq < p->next_seq)
+        return 0;
+    if (p->seen == NULL) {
+        if ((p->seen = calloc(SEEN_FIRST, sizeof *p->seen)) == NULL)
+            return MT_ENOMEM;
+        p->seen_cap = SEEN_FIRST;
+        p->seen_first = ev->seq;
+    }
+    uint64_t span = ev->seq - p->seen_first; /* in order: the first one taken is the least */
+    if (span >= p->seen_cap && p->seen_cap < SEEN_MAX) {
+        size_t cap = p->seen_cap;
+        while (cap < SEEN_MAX && span >= cap)
+            cap *= 2;
+        uint64_t *h = calloc(cap, sizeof *h);
+        if (h == NULL)
+            return MT_ENOMEM;
+        for (size_t i = 0; i < p->seen_cap; i++) {
+            /* the one seq of [s0, s0 + seen_cap) at i */
+            uint64_t s = p->seen_first + ((i - p->seen_first) & (p->seen_cap - 1));
+            if (p->seen[i] != 0)
+                h[s & (cap - 1)] = p->seen[i];
+        }
+        free(p->seen);
+        p->seen = h;
+        p->seen_cap = cap;
+    }
+    mt_assert(p->seen_cap == SEEN_MAX || ev->seq - p->seen_first < p->seen_cap);
+    p->seen[ev->seq & (p->seen_cap - 1)] = seen_hash(ev);
     return 0;
 }
 
@@ -169,7 +205,7 @@ static bool already_read(mt__report_t *r, const proc_t *p, const mt_event_rec_t 
         return false;
     if (r->cfg.stream)
         return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
-               p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
+               p->seen[ev->seq & (p->seen_cap - 1)] == seen_hash(ev);
     /* An event the spool's file cannot give back counts as not read. */
     bool found;
     return mt__spool_find(&p->evs, &r->spool, ev, &found) == 0 && found;
@@ -298,7 +334,7 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
         r->duplicates++;
         return 0;
     }
-    int rc = r->cfg.stream ? seen_push(&p->seen, ev) : mt__spool_push(&p->evs, &r->spool, ev);
+    int rc = r->cfg.stream ? seen_push(p, ev) : mt__spool_push(&p->evs, &r->spool, ev);
     if (rc != 0)
         return rc;
     if (!r->cfg.replay_only && !p->failed && analyse_event(r, p, ev) != 0)

@@ -55,7 +55,10 @@ typedef struct proc_s {
     uint64_t lost;   /* sum of gap records */
     mt__spool_t evs; /* every event, for the replays (not with cfg.stream) */
     size_t nev;      /* events taken (the replays' count) */
-    uint64_t *seen;  /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
+    uint64_t *seen;  /* with cfg.stream: hashes of the newest records (NULL before; report.c) */
+    /* seen's entries, and the seq of the first record taken */
+    size_t seen_cap;
+    uint64_t seen_first;
     uint64_t next_seq;
     uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
