@@ -118,7 +118,7 @@ static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
 static mt__mblock_t *block_insert(mt__mclass_t *c, uint64_t addr)
 {
     if (c->live == c->cap) { /* the call only when it grows: this runs per alloc */
-        mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 64);
+        mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 8);
         if (!v)
             return NULL;
         c->blocks = v;
