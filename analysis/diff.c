@@ -113,6 +113,17 @@ static bool is_snapshot_process(const json_t *res, json_int_t pid)
     return false;
 }
 
+const char *const mt__diff_process_members[] = {"pid",
+                                                "peak_allocated",
+                                                "peak_reserved",
+                                                "final_allocated",
+                                                "final_reserved",
+                                                "peak_by_tag",
+                                                "never_freed",
+                                                "callsites",
+                                                NULL};
+
+/* (the members read of each process are mt__diff_process_members) */
 static int add_side(const json_t *res, int side, table_t *sites, table_t *tags, totals_t *tot)
 {
     int rc = 0;

@@ -115,6 +115,27 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     return 0;
 }
 
+void mt__report_release(mt__report_t *r, proc_t *p)
+{
+    free(p->seen);
+    p->seen = NULL;
+    p->seen_cap = 0;
+    mt__model_destroy(&p->m);
+    mt__model_destroy(&p->pm);
+    free(p->lag);
+    mt_assert(r->lag_total >= p->cap_lag);
+    r->lag_total -= p->cap_lag;
+    p->lag = NULL;
+    p->nlag = p->npeak = p->cap_lag = 0;
+    mt__report_outside_destroy(&p->outside);
+    mt__scopes_fini(&p->sc);
+    free(p->grid.pts);
+    p->grid = (tl_grid_t){0};
+    if (p->have_gap)
+        mt__gap_free(&p->peak_gap);
+    p->have_gap = false;
+}
+
 void mt__report_destroy(mt__report_t **pr)
 {
     if (!pr || !*pr)
@@ -123,15 +144,7 @@ void mt__report_destroy(mt__report_t **pr)
     for (size_t i = 0; i < r->nprocs; i++) {
         proc_t *p = &r->procs[i];
         mt__spool_free(&p->evs);
-        free(p->seen);
-        mt__model_destroy(&p->m);
-        mt__model_destroy(&p->pm);
-        free(p->lag);
-        mt__report_outside_destroy(&p->outside);
-        mt__scopes_fini(&p->sc);
-        free(p->grid.pts);
-        if (p->have_gap)
-            mt__gap_free(&p->peak_gap);
+        mt__report_release(r, p);
         mt__model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);

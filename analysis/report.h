@@ -106,6 +106,14 @@ bool mt__report_untimed(const mt__report_t *r, size_t i);
 bool mt__report_state_only(const mt__report_t *r, size_t i);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
+/* mt__report_result for a caller that wants nothing more of r but its process names and
+ * counts (mt__report_process_count, mt__report_process) and its destruction: each process's
+ * analysis is freed once its JSON is made, so that the analyses of a job's thousands of
+ * ranks and their JSON do not add up. keep NULL: the same document as mt__report_result;
+ * else a NULL-terminated list of member names, the only ones each process keeps (made, then
+ * dropped as soon as its object is), and no "jobs" (made from whole processes). New
+ * reference, or NULL (no memory). */
+json_t *mt__report_result_final(mt__report_t *r, const char *const *keep);
 
 /* ---- replay for plots (`memtrace plot`) ----
  * The same model as the analysis (analysis/model.h), exposed event by event: the state after each

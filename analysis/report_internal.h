@@ -103,6 +103,9 @@ typedef struct proc_s {
 #define MT__REPORT_LAG_MAX   ((size_t)1 << 16) /* events pm may lag m by (64 B each) */
 #define MT__REPORT_LAG_TOTAL ((size_t)1 << 20) /* lag entries of every process (64 MiB) */
 
+/* Frees p's analysis (report.c): its model, the peak's state, outside figures, scopes,
+ * timeline grid and seen records, each left empty. */
+void mt__report_release(mt__report_t *r, proc_t *p);
 /* A model for p with the tables read so far, in *out (report.c): 0 or MT_ENOMEM. */
 int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_t **out);
 /* The peak (report_peak.c), around ev's apply to p's model m: before, with peak_pending,

@@ -420,7 +420,25 @@ out:
     return res;
 }
 
-json_t *mt__report_result(mt__report_t *r)
+/* A new object of p's members named in keep (NULL-terminated), in keep's order; p is
+ * released. NULL: no memory. */
+static json_t *keep_only(json_t *p, const char *const *keep)
+{
+    json_t *out = json_object();
+    for (size_t k = 0; out != NULL && keep[k] != NULL; k++) {
+        json_t *v = json_object_get(p, keep[k]);
+        if (v != NULL && json_object_set(out, keep[k], v) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    json_decref(p);
+    return out;
+}
+
+/* The result; final: each process's analysis freed once its object is made, and of that
+ * object only the members in keep (unless NULL). */
+static json_t *result(mt__report_t *r, bool final, const char *const *keep)
 {
     json_t *procs = json_array();
     if (!procs)
@@ -429,12 +447,16 @@ json_t *mt__report_result(mt__report_t *r)
         json_t *p = mt__report_peak_settle(r, &r->procs[i]) == 0
                         ? analyse(&r->cfg, &r->procs[i], r->sym)
                         : NULL;
+        if (final)
+            mt__report_release(r, &r->procs[i]);
+        if (p != NULL && keep != NULL)
+            p = keep_only(p, keep);
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;
         }
     }
-    json_t *jobs = mt__report_jobs_json(procs);
+    json_t *jobs = keep == NULL ? mt__report_jobs_json(procs) : json_array();
     if (!jobs) {
         json_decref(procs);
         return NULL;
@@ -449,4 +471,14 @@ json_t *mt__report_result(mt__report_t *r)
     }
     json_decref(jobs);
     return res;
+}
+
+json_t *mt__report_result(mt__report_t *r)
+{
+    return result(r, false, NULL);
+}
+
+json_t *mt__report_result_final(mt__report_t *r, const char *const *keep)
+{
+    return result(r, true, keep);
 }

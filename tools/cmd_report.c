@@ -387,7 +387,9 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
         mt__report_destroy(&r);
         return status;
     }
-    json_t *res = mt__report_result(r);
+    /* Streamed (nothing replayed after), each process's analysis goes once its JSON is made:
+     * a job's thousands of ranks do not hold both. */
+    json_t *res = cfg.stream ? mt__report_result_final(r, NULL) : mt__report_result(r);
     if (res != NULL && pr->replay)
         add_replay(r, res);
     if (res != NULL && mt_tool_inputs_temporary(&in, r, res, &cfg) != 0) {
