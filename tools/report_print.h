@@ -4,6 +4,7 @@
 #define MT_TOOLS_REPORT_PRINT_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -22,10 +23,19 @@ typedef struct mt__report_print_opts_s {
  * res is borrowed and changed in place. 0, or MT_ENOMEM if "tagged" could not be added (the
  * report must not go out without it). */
 int mt__report_print_fit(json_t *res, const mt__report_print_opts_t *o);
+/* The same for one process p of res (res's "snapshots" read, its processes not), for a
+ * report printed as its processes are made. */
+int mt__report_print_fit_process(const json_t *res, json_t *p, const mt__report_print_opts_t *o);
 
 /* The report res (borrowed, once fitted) as text on stdout: the line that names the logs,
  * with bad malformed lines, then each job and each process. */
 void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *const *logs,
                            int nlogs, unsigned long bad);
+/* mt__report_print_text in parts, for a report printed as its processes are made: the line
+ * that names the logs (nprocs processes) and the jobs, on stdout; one process's text (its
+ * blank line first) on out. */
+void mt__report_print_head(json_t *res, size_t nprocs, const mt__report_print_opts_t *o,
+                           char *const *logs, int nlogs, unsigned long bad);
+void mt__report_print_process(FILE *out, json_t *p, const mt__report_print_opts_t *o);
 
 #endif
