@@ -8,6 +8,8 @@
 
 #include <jansson.h>
 
+#include "analysis/report.h"
+
 /* How call sites are printed (options of this run). */
 typedef struct mt__report_print_opts_s {
     int by;           /* mt_fr_by_e */
@@ -37,5 +39,14 @@ void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *
 void mt__report_print_head(json_t *res, size_t nprocs, const mt__report_print_opts_t *o,
                            char *const *logs, int nlogs, unsigned long bad);
 void mt__report_print_process(FILE *out, json_t *p, const mt__report_print_opts_t *o);
+
+/* report_stream.c: the report of r (streamed: no event kept, no snapshot input), fitted and
+ * printed as text or as JSON (JSON_INDENT(2), then a newline), the same bytes as
+ * mt__report_result, mt__report_print_fit and the printers above give, with one process's
+ * object held at a time (mt__report_result_stream). r's analyses are freed; r can then only
+ * be destroyed. Returns 0, or 1 after saying why on stderr (out of memory, a write error:
+ * what was printed before stays). */
+int mt__report_print_streamed(mt__report_t *r, const mt__report_print_opts_t *pr, bool as_json,
+                              char *const *logs, int nlogs, unsigned long bad);
 
 #endif
