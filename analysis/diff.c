@@ -217,7 +217,8 @@ static json_t *figure(int64_t before, int64_t after)
 
 static json_t *rows_json(table_t *t)
 {
-    qsort(t->rows, t->n, sizeof *t->rows, cmp_row);
+    if (t->n > 0) /* (no rows: rows may be NULL, which qsort must not be given) */
+        qsort(t->rows, t->n, sizeof *t->rows, cmp_row);
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < t->n; i++) {
         const row_t *r = &t->rows[i];
