@@ -150,29 +150,43 @@ void mt__report_destroy(mt__report_t **pr)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt__amap_fini(&r->by_pid);
     mt__spool_file_close(&r->spool);
     mt__sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
 
+/* The key of pid in the report's index (util's table holds no key 0). */
+static uint64_t pid_key(int pid)
+{
+    return (uint64_t)(uint32_t)pid + 1;
+}
+
 static proc_t *proc_get(mt__report_t *r, int pid)
 {
     /* Lines of one process come in runs: the last one found first. At most one process of a
-     * pid is not shadowed, so the hint finds the one the loop would. */
+     * pid is not shadowed, the one the index names. */
     if (r->last < r->nprocs && r->procs[r->last].pid == pid && !r->procs[r->last].shadowed)
         return &r->procs[r->last];
-    for (size_t i = 0; i < r->nprocs; i++)
-        if (r->procs[i].pid == pid && !r->procs[i].shadowed)
-            return &r->procs[r->last = i];
+    uint64_t i;
+    if (mt__amap_get(&r->by_pid, pid_key(pid), &i) == 0) {
+        mt_assert(i < r->nprocs && r->procs[i].pid == pid && !r->procs[i].shadowed);
+        return &r->procs[r->last = (size_t)i];
+    }
+    if (mt__amap_put(&r->by_pid, pid_key(pid), r->nprocs) != 0)
+        return NULL;
     if (r->nprocs == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 8;
         proc_t *p = realloc(r->procs, cap * sizeof(*p));
-        if (!p)
+        if (!p) {
+            (void)mt__amap_del(&r->by_pid, pid_key(pid));
             return NULL;
+        }
         r->procs = p;
         r->cap = cap;
     }
+    r->last = r->nprocs;
     proc_t *p = &r->procs[r->nprocs++];
     memset(p, 0, sizeof(*p));
     p->pid = pid;
@@ -196,7 +210,8 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
     bool ranked = mt_prof_job_from_json(hello, &job);
     proc_t *p = proc_get(r, pid);
     if (p && ranked && other_rank(&p->job, &job)) {
-        p->shadowed = true;
+        p->shadowed = true; /* out of the index: the next of pid is a new process */
+        (void)mt__amap_del(&r->by_pid, pid_key(pid));
         p = proc_get(r, pid);
     }
     if (p && ranked)

@@ -13,6 +13,7 @@
 #include "analysis/report.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
+#include "util/addrmap.h"
 
 /* ---- the timeline, sampled as events arrive ---- */
 
@@ -134,6 +135,10 @@ struct mt__report_s {
     bool fast;   /* event lines go to the fast decoder first (ndjson_fast.h); false only when
                   * cfg.general_reader asks for the general path alone (benchmarks) */
     size_t last; /* index of the process proc_get found last (a hint: checked before use) */
+    /* pid + 1 -> index in procs of pid's process that is not shadowed, for each pid with
+     * one (the others are not in it); a log of thousands of processes whose lines
+     * interleave looked each line's process up in a walk of all of them */
+    mt__amap_t by_pid;
     mt__spool_file_t spool; /* where the processes' spools put their full chunks */
 };
 
