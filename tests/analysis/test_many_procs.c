@@ -316,6 +316,20 @@ static void check_rank(const json_t *p, int r)
     assert_int_equal(num(lib, "bytes"), MIB);
 }
 
+/* A streamed result's process: the same object as the whole result's k-th. */
+typedef struct each_s {
+    const json_t *procs;
+    size_t k;
+} each_t;
+
+static int each_same(void *ctx, json_t *p)
+{
+    each_t *e = ctx;
+    assert_true(json_equal(p, json_array_get(e->procs, e->k++)));
+    json_object_del(p, "peak_by_tag"); /* the printers may change it: the jobs' view stands */
+    return 0;
+}
+
 static void test_job_of_many_ranks(void **state)
 {
     (void)state;
@@ -351,6 +365,26 @@ static void test_job_of_many_ranks(void **state)
     json_decref(fin);
     assert_int_equal(mt__report_process_count(r), RANKS);
     mt__report_destroy(&r);
+
+    /* Streamed: each process whole, then the document of the jobs' views and the same jobs
+     * (the highest rank's tags among them, though the callback dropped them). */
+    r = read_log(&l, true);
+    json_t *head = mt__report_result_head(r);
+    each_t e = {procs, 0};
+    json_t *st = mt__report_result_stream(r, each_same, &e);
+    mt__report_destroy(&r);
+    assert_non_null(st);
+    assert_int_equal(e.k, RANKS);
+    assert_true(json_equal(json_object_get(st, "jobs"), jobs));
+    const char *hk;
+    json_t *hv;
+    json_object_foreach(head, hk, hv)
+    {
+        assert_true(json_equal(hv, json_object_get(res, hk)));
+    }
+    assert_int_equal(json_object_size(head) + 2, json_object_size(res)); /* processes, jobs */
+    json_decref(head);
+    json_decref(st);
 
     /* Kept for the diff: only the members it reads, the same values; the diff of the two
      * forms against the whole document finds nothing changed. */
