@@ -113,6 +113,17 @@ static bool is_snapshot_process(const json_t *res, json_int_t pid)
     return false;
 }
 
+const char *const mt__diff_process_members[] = {"pid",
+                                                "peak_allocated",
+                                                "peak_reserved",
+                                                "final_allocated",
+                                                "final_reserved",
+                                                "peak_by_tag",
+                                                "never_freed",
+                                                "callsites",
+                                                NULL};
+
+/* (the members read of each process are mt__diff_process_members) */
 static int add_side(const json_t *res, int side, table_t *sites, table_t *tags, totals_t *tot)
 {
     int rc = 0;
@@ -206,7 +217,8 @@ static json_t *figure(int64_t before, int64_t after)
 
 static json_t *rows_json(table_t *t)
 {
-    qsort(t->rows, t->n, sizeof *t->rows, cmp_row);
+    if (t->n > 0) /* (no rows: rows may be NULL, which qsort must not be given) */
+        qsort(t->rows, t->n, sizeof *t->rows, cmp_row);
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < t->n; i++) {
         const row_t *r = &t->rows[i];

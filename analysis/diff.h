@@ -21,6 +21,10 @@ typedef struct mt_diff_cfg_s {
 
 mt_diff_cfg_t mt__diff_cfg_default(void); /* no gates */
 
+/* The members of a report's process that mt__diff_reports reads (NULL-terminated): a side
+ * may keep only these of each (mt__report_result_final). */
+extern const char *const mt__diff_process_members[];
+
 /* The diff of before and after (both borrowed) as a new JSON document in *out:
  * {"v", "type": "diff", "peak_allocated", "peak_reserved", "final_allocated",
  *  "final_reserved": each {"before", "after", "delta", "growth_pct"}, "sites": [...],

@@ -57,6 +57,7 @@ void mt__model_destroy(mt_model_t **pm)
     mt__model_iterations_free(m);
     mt__model_stacks_free(m);
     mt__model_outside_free(m);
+    mt__model_devs_free(m);
     free(m->settings);
     free(m);
     *pm = NULL;
@@ -117,7 +118,7 @@ static mt__mblock_t *block_find(const mt__mclass_t *c, uint64_t addr)
 static mt__mblock_t *block_insert(mt__mclass_t *c, uint64_t addr)
 {
     if (c->live == c->cap) { /* the call only when it grows: this runs per alloc */
-        mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 64);
+        mt__mblock_t *v = mt__grow(c->blocks, &c->cap, c->live + 1, sizeof *v, 8);
         if (!v)
             return NULL;
         c->blocks = v;
@@ -372,19 +373,20 @@ static int gap(mt_model_t *m)
     return rc;
 }
 
-/* Each allocator (source) reports its own running totals; a class's are their sum. */
-static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
+/* Each allocator (source) reports its own running totals; a class's are their sum. v is
+ * ev's device. */
+static void totals(mt_model_t *m, mt__mclass_t *c, mt__mdevice_t *v, const mt_event_rec_t *ev)
 {
-    unsigned src = mt_event_source(ev);
-    c->asum = c->asum - m->src_alloc[src] + ev->allocated;
-    c->rsum = c->rsum - m->src_res[src] + ev->reserved;
-    m->src_alloc[src] = ev->allocated;
-    m->src_res[src] = ev->reserved;
-    m->src_seen[src] = true;
-    if (ev->allocated > m->src_peak_alloc[src])
-        m->src_peak_alloc[src] = ev->allocated;
-    if (ev->reserved > m->src_peak_res[src])
-        m->src_peak_res[src] = ev->reserved;
+    int h = ev->pool == MT_POOL_HOST; /* the source: mt_event_source */
+    c->asum = c->asum - v->alloc[h] + ev->allocated;
+    c->rsum = c->rsum - v->res[h] + ev->reserved;
+    v->alloc[h] = ev->allocated;
+    v->res[h] = ev->reserved;
+    v->seen[h] = true;
+    if (ev->allocated > v->peak_alloc[h])
+        v->peak_alloc[h] = ev->allocated;
+    if (ev->reserved > v->peak_res[h])
+        v->peak_res[h] = ev->reserved;
     uint64_t a = mt__model_sat(c->asum), r = mt__model_sat(c->rsum);
     if (c == &m->cls[MT_MODEL_DEVICE]) {
         m->span_peak = a > m->span_peak ? a : m->span_peak;
@@ -393,7 +395,7 @@ static void totals(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
     }
     c->peak_alloc = a > c->peak_alloc ? a : c->peak_alloc;
     c->peak_res = r > c->peak_res ? r : c->peak_res;
-    mt_assert(c->asum >= m->src_alloc[src] && c->rsum >= m->src_res[src]);
+    mt_assert(c->asum >= v->alloc[h] && c->rsum >= v->res[h]);
 }
 
 static bool setting(mt_model_t *m, const mt_event_rec_t *ev)
@@ -429,18 +431,17 @@ void mt__model_settings(const mt_model_t *m, const mt_model_setting_t **out, siz
         *dropped = m->settings_dropped;
 }
 
-/* Managed figures: every event of a managed device moves its reserved bytes; the managed
- * events bring the rest. */
-static void managed(mt_model_t *m, const mt_event_rec_t *ev)
+/* Managed figures: every event of a managed device (v, ev's) moves its reserved bytes; the
+ * managed events bring the rest. */
+static void managed(mt_model_t *m, mt__mdevice_t *v, const mt_event_rec_t *ev)
 {
     mt_model_managed_t *g = &m->managed;
-    unsigned d = ev->device;
     if (ev->kind == MT_EV_MANAGED)
-        m->mon[d] = true;
-    if (!m->mon[d] || ev->pool == MT_POOL_HOST)
+        v->managed = true;
+    if (!v->managed || ev->pool == MT_POOL_HOST)
         return;
-    m->mres_sum = m->mres_sum - m->mres[d] + ev->reserved;
-    m->mres[d] = ev->reserved;
+    m->mres_sum = m->mres_sum - v->mres + ev->reserved;
+    v->mres = ev->reserved;
     if (m->mres_sum > g->managed_peak)
         g->managed_peak = m->mres_sum;
     if (ev->kind != MT_EV_MANAGED)
@@ -455,12 +456,12 @@ static void managed(mt_model_t *m, const mt_event_rec_t *ev)
         g->advises++;
         break;
     case MT_MANAGED_RESIDENCY:
-        g->device_now = g->device_now - m->mdev[d] + ev->size;
-        g->faults = g->faults - m->mfaults[d] + ev->addr;
-        g->migrated = g->migrated - m->mmoved[d] + ev->requested;
-        m->mdev[d] = ev->size;
-        m->mfaults[d] = ev->addr;
-        m->mmoved[d] = ev->requested;
+        g->device_now = g->device_now - v->mdev + ev->size;
+        g->faults = g->faults - v->mfaults + ev->addr;
+        g->migrated = g->migrated - v->mmoved + ev->requested;
+        v->mdev = ev->size;
+        v->mfaults = ev->addr;
+        v->mmoved = ev->requested;
         if (g->device_now > g->device_peak)
             g->device_peak = g->device_now;
         break;
@@ -474,8 +475,22 @@ void mt__model_managed(const mt_model_t *m, mt_model_managed_t *out)
     *out = m->managed;
 }
 
+/* Whether ev moves its device's figures (totals, managed, outside), past the kinds that
+ * carry none (mt__model_apply returns for them before). */
+static bool names_device(const mt_event_rec_t *ev)
+{
+    return ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL &&
+           ev->kind != MT_EV_LIBRARY_LABEL && ev->kind != MT_EV_STACK_REF &&
+           ev->kind != MT_EV_SETTING;
+}
+
 int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
 {
+    /* The device's figures first (made at its first event): without memory for them the
+     * model is as it was. */
+    mt__mdevice_t *v = names_device(ev) ? mt__model_dev_get(m, ev->device) : NULL;
+    if (v == NULL && names_device(ev))
+        return MT_ENOMEM;
     m->events++;
     if (ev->kind == MT_EV_GAP) { /* consumer side: carries no allocator figures */
         m->lost_rec = mt_model_sat_add(m->lost_rec, ev->size);
@@ -508,10 +523,10 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         if (orc)
             grc = orc;
     }
-    managed(m, ev);
+    managed(m, v, ev);
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
-    totals(m, c, ev);
+    totals(m, c, v, ev);
     /* Only an alloc, or the event after a ref, has anything for the stacks to do (the
      * rest only say no stack); this runs twice per event in the daemon. */
     if (ev->kind == MT_EV_ALLOC || m->ref_applied) {
@@ -549,8 +564,8 @@ uint64_t mt__model_allocated_after(const mt_model_t *m, const mt_event_rec_t *ev
     if (ev->kind == MT_EV_GAP || ev->kind == MT_EV_TAG_LABEL || ev->kind == MT_EV_LIBRARY_LABEL ||
         ev->kind == MT_EV_STACK_REF || ev->kind == MT_EV_SETTING || ev->pool == MT_POOL_HOST)
         return mt__model_sat(c->asum);
-    unsigned src = mt_event_source(ev);
-    return mt__model_sat(c->asum - m->src_alloc[src] + ev->allocated);
+    const mt__mdevice_t *v = mt__model_dev_find(m, ev->device);
+    return mt__model_sat(c->asum - (v != NULL ? v->alloc[0] : 0) + ev->allocated);
 }
 
 /* ---- checker ---- */
@@ -620,11 +635,9 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
     for (int p = 0; p < 4; p++)
         CHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);
     mt__u128 a = 0, r = 0;
-    for (unsigned s = 0; s < MT_EVENT_SOURCES; s++) {
-        if ((s >= 256) == (k == MT_MODEL_HOST)) {
-            a += m->src_alloc[s];
-            r += m->src_res[s];
-        }
+    for (size_t i = 0; i < m->ndev; i++) {
+        a += m->dev[i].alloc[k == MT_MODEL_HOST];
+        r += m->dev[i].res[k == MT_MODEL_HOST];
     }
     CHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
     CHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r), "class %d: peaks",
@@ -648,9 +661,6 @@ int mt__model_check(const mt_model_t *m, char *why, size_t whylen)
     if (orc)
         return orc;
     CHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
-    for (unsigned s = 0; s < MT_EVENT_SOURCES; s++)
-        CHECK(m->src_peak_alloc[s] >= m->src_alloc[s] && m->src_peak_res[s] >= m->src_res[s] &&
-                  (m->src_seen[s] || (m->src_alloc[s] == 0 && m->src_res[s] == 0)),
-              "source %u: peaks below the latest totals, or totals never reported", s);
-    return mt__model_stacks_check(m, why, whylen);
+    int drc = mt__model_devs_check(m, why, whylen);
+    return drc ? drc : mt__model_stacks_check(m, why, whylen);
 }

@@ -77,31 +77,31 @@ int mt__model_source(const mt_model_t *m, unsigned src, uint64_t *allocated, uin
 {
     if (src >= MT_EVENT_SOURCES)
         return MT_EINVAL;
-    *allocated = m->src_alloc[src];
-    *reserved = m->src_res[src];
+    mt__model_device(m, src & 255u, src >= 256, allocated, reserved);
     return 0;
 }
 
 void mt__model_device(const mt_model_t *m, unsigned device, bool host, uint64_t *allocated,
                       uint64_t *reserved)
 {
-    unsigned src = (host ? 256u : 0u) + (device & 255u);
-    *allocated = m->src_alloc[src];
-    *reserved = m->src_res[src];
+    const mt__mdevice_t *v = mt__model_dev_find(m, device & 255u);
+    *allocated = v != NULL ? v->alloc[host] : 0;
+    *reserved = v != NULL ? v->res[host] : 0;
 }
 
 size_t mt__model_devices(const mt_model_t *m, mt_model_dev_t *out, size_t max)
 {
     size_t n = 0;
-    for (unsigned d = 0; d < 256; d++) {
-        if (!m->src_seen[d])
+    for (size_t i = 0; i < m->ndev; i++) { /* by ordinal */
+        const mt__mdevice_t *v = &m->dev[i];
+        if (!v->seen[0])
             continue;
         if (n < max)
-            out[n] = (mt_model_dev_t){.device = d,
-                                      .allocated = m->src_alloc[d],
-                                      .reserved = m->src_res[d],
-                                      .peak_allocated = m->src_peak_alloc[d],
-                                      .peak_reserved = m->src_peak_res[d]};
+            out[n] = (mt_model_dev_t){.device = v->device,
+                                      .allocated = v->alloc[0],
+                                      .reserved = v->res[0],
+                                      .peak_allocated = v->peak_alloc[0],
+                                      .peak_reserved = v->peak_res[0]};
         n++;
     }
     return n;

@@ -9,7 +9,7 @@
 int mt__model_iteration(mt_model_t *m, uint64_t iteration)
 {
     if (m->nit == m->capit) {
-        size_t cap = m->capit ? 2 * m->capit : 64;
+        size_t cap = m->capit ? 2 * m->capit : 4; /* a sample is 280 bytes: from a few */
         uint64_t *no = realloc(m->it_no, cap * sizeof(*no));
         if (no)
             m->it_no = no;

@@ -63,7 +63,8 @@ typedef struct mt__range_s {
  *   seg_new_ok => every certain segment s below 2^64 - 1 has s.addr in seg_new[0..nseg_new)
  *   (every seg_new[i] < 2^64 - 1); nseg_new <= seg_new_cap; !seg_new_ok => nseg_new = 0;
  *   fr NULL or holding model_free.c's invariants;
- *   asum/rsum = sum over the class's sources of src_alloc/src_res;
+ *   asum/rsum = sum over the model's devices v of v.alloc[h]/v.res[h] (h = 1 for the host
+ *   class, 0 for the device class: the class's sources);
  *   peak_alloc >= sat(asum), peak_res >= sat(rsum). */
 typedef struct mt__mclass_s {
     mt__u128 asum, rsum;             /* bytes, exact sums of the sources' latest totals */
@@ -126,14 +127,36 @@ typedef struct mt__mdev_s {
     uint64_t libs;                 /* sum of lib */
 } mt__mdev_t;
 
+/* One device ordinal d's figures (model_devs.c), made at the first event naming d: its two
+ * sources' totals ([h]: h = 0 the device's allocator, source d; h = 1 its pinned host
+ * cache, source 256 + d, mt_event_source), its managed memory and its memory outside the
+ * allocator.
+ * Invariants (mt__model_devs_check): peak_alloc[h] >= alloc[h], peak_res[h] >= res[h];
+ * seen[h] || (alloc[h] = 0 && res[h] = 0); !managed => mres = mdev = mfaults = mmoved = 0;
+ * out NULL or holding mt__mdev_t's invariants. */
+typedef struct mt__mdevice_s {
+    uint64_t alloc[2], res[2];           /* bytes, the source's latest totals */
+    uint64_t peak_alloc[2], peak_res[2]; /* bytes */
+    /* managed (an MT_EV_MANAGED event arrived): reserved bytes since, and the latest
+     * residency figures: bytes resident, faults so far, bytes migrated so far */
+    uint64_t mres, mdev, mfaults, mmoved;
+    mt__mdev_t *out; /* outside the allocator: NULL until its first such event */
+    uint8_t device;  /* d */
+    bool seen[2];    /* the source has reported totals */
+    bool managed;
+} mt__mdevice_t;
+
 /* Invariants: a source's totals count in exactly the class of its pool
- * (mt_event_source >= 256 <=> host); nit <= capit; lost_seq, lost_rec count events. */
+ * (mt_event_source >= 256 <=> host); nit <= capit; lost_seq, lost_rec count events;
+ * dev[0..ndev) strictly increasing by device, ndev <= capdev <= 256, dhint < ndev (or 0);
+ * mres_sum = sum over dev of mres, managed.device_now = sum of mdev, managed.faults = sum
+ * of mfaults, managed.migrated = sum of mmoved (modulo 2^64, as they are kept). */
 struct mt_model_s {
     mt_model_cfg_t cfg;
-    uint64_t src_alloc[MT_EVENT_SOURCES], src_res[MT_EVENT_SOURCES]; /* latest, bytes */
-    /* per source: src_peak_* >= src_*; src_seen: the source has reported totals */
-    uint64_t src_peak_alloc[MT_EVENT_SOURCES], src_peak_res[MT_EVENT_SOURCES];
-    bool src_seen[MT_EVENT_SOURCES];
+    /* the devices events named, by ordinal (their sources, managed and outside figures);
+     * dhint: the one found last */
+    mt__mdevice_t *dev;
+    size_t ndev, capdev, dhint;
     mt__mclass_t cls[MT_MODEL_CLASSES];
     uint64_t events;   /* records applied */
     uint64_t lost_rec; /* events lost as MT_EV_GAP records say */
@@ -160,16 +183,11 @@ struct mt_model_s {
     mt_model_setting_t *settings;
     size_t nsettings, capsettings;
     uint64_t settings_dropped;
-    /* managed memory: the figures summed, and each device's latest (a device is managed
-     * once one of its MT_EV_MANAGED events arrived; mres its reserved bytes since) */
+    /* managed memory: the figures summed (each device's latest are its mt__mdevice_t's) */
     mt_model_managed_t managed;
-    /* outside the allocator: per device ordinal, NULL until its first such event; library
-     * names by id ("" unnamed), NULL until the first */
-    mt__mdev_t *odev[256];
-    char (*libname)[MT_EVENT_LABEL_MAX + 1];
-    bool mon[256];
-    uint64_t mres[256], mdev[256], mfaults[256], mmoved[256];
     uint64_t mres_sum;
+    /* outside the allocator: library names by id ("" unnamed), NULL until the first */
+    char (*libname)[MT_EVENT_LABEL_MAX + 1];
 };
 
 /* The figures the daemon's web history reads after every event, read straight from the
@@ -303,6 +321,15 @@ int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen);
 int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free);
 void mt__model_temp_free_all(mt__mclass_t *c);
 int mt__model_temp_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* model_devs.c */
+/* Device d's figures (d < 256), made when new (zero, not seen); NULL: no memory. Borrowed
+ * until the next call that makes one. */
+mt__mdevice_t *mt__model_dev_get(mt_model_t *m, unsigned d);
+/* Device d's figures, or NULL when no event named d. */
+const mt__mdevice_t *mt__model_dev_find(const mt_model_t *m, unsigned d);
+void mt__model_devs_free(mt_model_t *m);
+int mt__model_devs_check(const mt_model_t *m, char *why, size_t whylen);
 
 /* model_outside.c */
 /* Applies MT_EV_DEVICE, MT_EV_OUTSIDE_* and MT_EV_LIBRARY_LABEL. 0 or MT_ENOMEM. */

@@ -19,9 +19,12 @@
 
 static mt__mdev_t *dev_of(mt_model_t *m, unsigned d)
 {
-    if (m->odev[d] == NULL && (m->odev[d] = calloc(1, sizeof *m->odev[d])) != NULL)
-        m->odev[d]->self = UINT64_MAX;
-    return m->odev[d];
+    mt__mdevice_t *v = mt__model_dev_get(m, d);
+    if (v == NULL)
+        return NULL;
+    if (v->out == NULL && (v->out = calloc(1, sizeof *v->out)) != NULL)
+        v->out->self = UINT64_MAX;
+    return v->out;
 }
 
 int mt__model_outside_apply(mt_model_t *m, const mt_event_rec_t *ev)
@@ -69,15 +72,18 @@ int mt__model_outside_apply(mt_model_t *m, const mt_event_rec_t *ev)
 
 void mt__model_outside_free(mt_model_t *m)
 {
-    for (unsigned d = 0; d < 256; d++)
-        free(m->odev[d]);
+    for (size_t i = 0; i < m->ndev; i++) {
+        free(m->dev[i].out);
+        m->dev[i].out = NULL;
+    }
     free(m->libname);
 }
 
 int mt__model_outside_check(const mt_model_t *m, char *why, size_t whylen)
 {
-    for (unsigned d = 0; d < 256; d++) {
-        const mt__mdev_t *o = m->odev[d];
+    for (size_t k = 0; k < m->ndev; k++) {
+        const mt__mdev_t *o = m->dev[k].out;
+        unsigned d = m->dev[k].device;
         if (o == NULL)
             continue;
         uint64_t sum = 0;
@@ -120,12 +126,12 @@ static void split(const mt_model_t *m, unsigned d, const mt__mdev_t *o, mt_model
 size_t mt__model_outside(const mt_model_t *m, mt_model_outside_t *out, size_t max)
 {
     size_t n = 0;
-    for (unsigned d = 0; d < 256; d++) {
-        const mt__mdev_t *o = m->odev[d];
+    for (size_t k = 0; k < m->ndev; k++) { /* by ordinal */
+        const mt__mdev_t *o = m->dev[k].out;
         if (o == NULL || !o->seen)
             continue;
         if (n < max)
-            split(m, d, o, &out[n]);
+            split(m, m->dev[k].device, o, &out[n]);
         n++;
     }
     return n;
@@ -141,7 +147,8 @@ const char *mt__model_library_name(const mt_model_t *m, unsigned id)
 size_t mt__model_outside_libraries(const mt_model_t *m, unsigned device, mt_model_library_t *out,
                                    size_t max)
 {
-    const mt__mdev_t *o = device < 256 ? m->odev[device] : NULL;
+    const mt__mdevice_t *v = device < 256 ? mt__model_dev_find(m, device) : NULL;
+    const mt__mdev_t *o = v != NULL ? v->out : NULL;
     if (o == NULL)
         return 0;
     size_t n = 0;

@@ -90,7 +90,8 @@ static size_t intern_id(mt__mstacks_t *s, uint32_t id)
     if (i != SIZE_MAX)
         return i;
     if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 64;
+        /* from 4: most processes of a job's thousands name a few stacks, or only id 0 */
+        size_t cap = s->cap ? 2 * s->cap : 4;
         sdef_t *d = realloc(s->defs, cap * sizeof(*d));
         if (!d)
             return SIZE_MAX;

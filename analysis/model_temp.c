@@ -126,7 +126,7 @@ int mt__model_temp_free(mt__mclass_t *c, const mt__mblock_t *b, uint64_t t_free)
         return MT_ENOMEM;
     if (b->sidx != MT__SIDX_NONE) {
         if (b->sidx >= t->cap) {
-            size_t cap = t->cap ? t->cap : 64;
+            size_t cap = t->cap ? t->cap : 4;
             while (cap <= b->sidx)
                 cap *= 2;
             tfig_t *st = realloc(t->st, cap * sizeof *st);

@@ -19,17 +19,25 @@
 #include "analysis/ndjson_fast.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
+#include "util/assert.h"
 #include "analysis/report_internal.h"
 
 /* ---- events already read ---- */
 
 /* What tells an event read twice (logs read one after the other overlap by the events the
  * daemon read and never acknowledged, at most its ring): a hash of each of the newest
- * records, at its seq modulo SEEN_MAX. 8 bytes an event in a table of fixed size: memory
- * that is new to the process costs CPU time too, and this table is touched by every event.
- * Invariant: h[s % SEEN_MAX] = seen_hash of the last record of seq s taken, or of one of a
- * seq that leaves s % SEEN_MAX as s does, or 0 (none yet). */
-#define SEEN_MAX 65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
+ * records, at its seq modulo the table's size, seen_cap. 8 bytes an event in a table that
+ * grows with the seqs taken up to SEEN_MAX, then stays: memory that is new to the process
+ * costs CPU time too, and this table is touched by every event. It starts small, for a job's
+ * thousands of ranks of a few events each (a table of SEEN_MAX per process was 512 KiB of
+ * each, and all of it touched once the allocator gave back freed memory).
+ * Invariants, while the records taken came in order (!unordered: afterwards it is never
+ * read), with s0 = seen_first, the seq of the first record taken: seen_cap a power of two in
+ * [SEEN_FIRST, SEEN_MAX]; seen_cap < SEEN_MAX => every seq taken lies in
+ * [s0, s0 + seen_cap); seen[s % seen_cap] = seen_hash of the last record of seq s taken, or of
+ * one of a seq that leaves s % seen_cap as s does, or 0 (none yet). */
+#define SEEN_MAX   65536 /* seqs (512 KiB): the profiler's default ring holds as many events */
+#define SEEN_FIRST 64    /* seqs (512 bytes) */
 
 /* The record's bytes hashed (its seq included), never 0. */
 static uint64_t seen_hash(const mt_event_rec_t *ev)
@@ -43,11 +51,39 @@ static uint64_t seen_hash(const mt_event_rec_t *ev)
     return (h ^ (h >> 33)) | 1;
 }
 
-static int seen_push(uint64_t **h, const mt_event_rec_t *ev)
+/* Takes ev's hash, before ev is counted in p (its next_seq). An event out of order makes the
+ * table unread from then on: not taken. The table grows to hold the seqs taken since the
+ * first (their hashes moved to their places in the larger table), up to SEEN_MAX. */
+static int seen_push(proc_t *p, const mt_event_rec_t *ev)
 {
-    if (!*h && !(*h = calloc(SEEN_MAX, sizeof(**h))))
-        return MT_ENOMEM;
-    (*h)[ev->seq & (SEEN_MAX - 1)] = seen_hash(ev);
+    if (p->unordered || ev->seq < p->next_seq)
+        return 0;
+    if (p->seen == NULL) {
+        if ((p->seen = calloc(SEEN_FIRST, sizeof *p->seen)) == NULL)
+            return MT_ENOMEM;
+        p->seen_cap = SEEN_FIRST;
+        p->seen_first = ev->seq;
+    }
+    uint64_t span = ev->seq - p->seen_first; /* in order: the first one taken is the least */
+    if (span >= p->seen_cap && p->seen_cap < SEEN_MAX) {
+        size_t cap = p->seen_cap;
+        while (cap < SEEN_MAX && span >= cap)
+            cap *= 2;
+        uint64_t *h = calloc(cap, sizeof *h);
+        if (h == NULL)
+            return MT_ENOMEM;
+        for (size_t i = 0; i < p->seen_cap; i++) {
+            /* the one seq of [s0, s0 + seen_cap) at i */
+            uint64_t s = p->seen_first + ((i - p->seen_first) & (p->seen_cap - 1));
+            if (p->seen[i] != 0)
+                h[s & (cap - 1)] = p->seen[i];
+        }
+        free(p->seen);
+        p->seen = h;
+        p->seen_cap = cap;
+    }
+    mt_assert(p->seen_cap == SEEN_MAX || ev->seq - p->seen_first < p->seen_cap);
+    p->seen[ev->seq & (p->seen_cap - 1)] = seen_hash(ev);
     return 0;
 }
 
@@ -79,6 +115,27 @@ int mt__report_create(mt__report_t **out, const mt__report_cfg_t *cfg)
     return 0;
 }
 
+void mt__report_release(mt__report_t *r, proc_t *p)
+{
+    free(p->seen);
+    p->seen = NULL;
+    p->seen_cap = 0;
+    mt__model_destroy(&p->m);
+    mt__model_destroy(&p->pm);
+    free(p->lag);
+    mt_assert(r->lag_total >= p->cap_lag);
+    r->lag_total -= p->cap_lag;
+    p->lag = NULL;
+    p->nlag = p->npeak = p->cap_lag = 0;
+    mt__report_outside_destroy(&p->outside);
+    mt__scopes_fini(&p->sc);
+    free(p->grid.pts);
+    p->grid = (tl_grid_t){0};
+    if (p->have_gap)
+        mt__gap_free(&p->peak_gap);
+    p->have_gap = false;
+}
+
 void mt__report_destroy(mt__report_t **pr)
 {
     if (!pr || !*pr)
@@ -87,43 +144,49 @@ void mt__report_destroy(mt__report_t **pr)
     for (size_t i = 0; i < r->nprocs; i++) {
         proc_t *p = &r->procs[i];
         mt__spool_free(&p->evs);
-        free(p->seen);
-        mt__model_destroy(&p->m);
-        mt__model_destroy(&p->pm);
-        free(p->lag);
-        mt__report_outside_destroy(&p->outside);
-        mt__scopes_fini(&p->sc);
-        free(p->grid.pts);
-        if (p->have_gap)
-            mt__gap_free(&p->peak_gap);
+        mt__report_release(r, p);
         mt__model_destroy(&r->procs[i].tables);
         for (int t = 0; t < MT_TAG_MAX; t++)
             free(r->procs[i].tag_names[t]);
     }
     free(r->procs);
+    mt__amap_fini(&r->by_pid);
     mt__spool_file_close(&r->spool);
     mt__sym_destroy(&r->sym);
     free(r);
     *pr = NULL;
 }
 
+/* The key of pid in the report's index (util's table holds no key 0). */
+static uint64_t pid_key(int pid)
+{
+    return (uint64_t)(uint32_t)pid + 1;
+}
+
 static proc_t *proc_get(mt__report_t *r, int pid)
 {
     /* Lines of one process come in runs: the last one found first. At most one process of a
-     * pid is not shadowed, so the hint finds the one the loop would. */
+     * pid is not shadowed, the one the index names. */
     if (r->last < r->nprocs && r->procs[r->last].pid == pid && !r->procs[r->last].shadowed)
         return &r->procs[r->last];
-    for (size_t i = 0; i < r->nprocs; i++)
-        if (r->procs[i].pid == pid && !r->procs[i].shadowed)
-            return &r->procs[r->last = i];
+    uint64_t i;
+    if (mt__amap_get(&r->by_pid, pid_key(pid), &i) == 0) {
+        mt_assert(i < r->nprocs && r->procs[i].pid == pid && !r->procs[i].shadowed);
+        return &r->procs[r->last = (size_t)i];
+    }
+    if (mt__amap_put(&r->by_pid, pid_key(pid), r->nprocs) != 0)
+        return NULL;
     if (r->nprocs == r->cap) {
         size_t cap = r->cap ? 2 * r->cap : 8;
         proc_t *p = realloc(r->procs, cap * sizeof(*p));
-        if (!p)
+        if (!p) {
+            (void)mt__amap_del(&r->by_pid, pid_key(pid));
             return NULL;
+        }
         r->procs = p;
         r->cap = cap;
     }
+    r->last = r->nprocs;
     proc_t *p = &r->procs[r->nprocs++];
     memset(p, 0, sizeof(*p));
     p->pid = pid;
@@ -147,7 +210,8 @@ static proc_t *proc_of_hello(mt__report_t *r, int pid, const json_t *hello)
     bool ranked = mt_prof_job_from_json(hello, &job);
     proc_t *p = proc_get(r, pid);
     if (p && ranked && other_rank(&p->job, &job)) {
-        p->shadowed = true;
+        p->shadowed = true; /* out of the index: the next of pid is a new process */
+        (void)mt__amap_del(&r->by_pid, pid_key(pid));
         p = proc_get(r, pid);
     }
     if (p && ranked)
@@ -169,7 +233,7 @@ static bool already_read(mt__report_t *r, const proc_t *p, const mt_event_rec_t 
         return false;
     if (r->cfg.stream)
         return p->seen && p->next_seq - ev->seq <= SEEN_MAX &&
-               p->seen[ev->seq & (SEEN_MAX - 1)] == seen_hash(ev);
+               p->seen[ev->seq & (p->seen_cap - 1)] == seen_hash(ev);
     /* An event the spool's file cannot give back counts as not read. */
     bool found;
     return mt__spool_find(&p->evs, &r->spool, ev, &found) == 0 && found;
@@ -298,7 +362,7 @@ static int add_event(mt__report_t *r, int pid, const mt_event_rec_t *ev, const c
         r->duplicates++;
         return 0;
     }
-    int rc = r->cfg.stream ? seen_push(&p->seen, ev) : mt__spool_push(&p->evs, &r->spool, ev);
+    int rc = r->cfg.stream ? seen_push(p, ev) : mt__spool_push(&p->evs, &r->spool, ev);
     if (rc != 0)
         return rc;
     if (!r->cfg.replay_only && !p->failed && analyse_event(r, p, ev) != 0)

@@ -106,6 +106,26 @@ bool mt__report_untimed(const mt__report_t *r, size_t i);
 bool mt__report_state_only(const mt__report_t *r, size_t i);
 /* The analysis of everything added so far. New reference, or NULL (no memory). */
 json_t *mt__report_result(mt__report_t *r);
+/* mt__report_result for a caller that wants nothing more of r but its process names and
+ * counts (mt__report_process_count, mt__report_process) and its destruction: each process's
+ * analysis is freed once its JSON is made, so that the analyses of a job's thousands of
+ * ranks and their JSON do not add up. keep NULL: the same document as mt__report_result;
+ * else a NULL-terminated list of member names, the only ones each process keeps (made, then
+ * dropped as soon as its object is), and no "jobs" (made from whole processes). New
+ * reference, or NULL (no memory). */
+json_t *mt__report_result_final(mt__report_t *r, const char *const *keep);
+/* mt__report_result_final(r, NULL) handed out process by process, so that no more than one
+ * process's whole object is held at a time: each one goes to fn as soon as it is made (fn
+ * may change it, and must not keep it: it is released after), and the document returned
+ * holds of each one only its view for the jobs (mt__report_job_view), from which its "jobs"
+ * are made as from the whole objects. A non-zero return of fn stops it. NULL: no memory, or
+ * fn's failure. */
+typedef int (*mt__report_proc_fn)(void *ctx, json_t *proc);
+json_t *mt__report_result_stream(mt__report_t *r, mt__report_proc_fn fn, void *ctx);
+/* The document's members before "processes" ({v, type, lines, events, malformed,
+ * lost_unattributed, duplicates}), as the result has them. New reference, NULL without
+ * memory. */
+json_t *mt__report_result_head(const mt__report_t *r);
 
 /* ---- replay for plots (`memtrace plot`) ----
  * The same model as the analysis (analysis/model.h), exposed event by event: the state after each
@@ -230,6 +250,11 @@ json_t *mt__report_settings_json(const mt_model_t *m, uint64_t t0);
  * peaks[one per rank, null where that rank has no such span]}] for the newest iterations
  * all ranks share}. Empty when no process has a rank. New reference, NULL without memory. */
 json_t *mt__report_jobs_json(const json_t *procs);
+/* Of process p's report, what mt__report_jobs_json reads (borrowed from p, not copied): p's
+ * members it reads, of "callsites" only "at_peak"; an empty object for a process without a
+ * rank. Jobs made from these views are those made from the whole objects. New reference,
+ * NULL without memory. */
+json_t *mt__report_job_view(const json_t *p);
 
 /* The process's "spans" member: {count, peak_iteration (the opening mark's number of the span
  * holding the device's peak; null when it came before the first mark), last[[iteration,

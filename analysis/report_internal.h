@@ -13,6 +13,7 @@
 #include "analysis/report.h"
 #include "analysis/scopes.h"
 #include "memtrace/prof.h"
+#include "util/addrmap.h"
 
 /* ---- the timeline, sampled as events arrive ---- */
 
@@ -55,7 +56,10 @@ typedef struct proc_s {
     uint64_t lost;   /* sum of gap records */
     mt__spool_t evs; /* every event, for the replays (not with cfg.stream) */
     size_t nev;      /* events taken (the replays' count) */
-    uint64_t *seen;  /* with cfg.stream: SEEN_MAX hashes of the newest records (NULL before) */
+    uint64_t *seen;  /* with cfg.stream: hashes of the newest records (NULL before; report.c) */
+    /* seen's entries, and the seq of the first record taken */
+    size_t seen_cap;
+    uint64_t seen_first;
     uint64_t next_seq;
     uint64_t t_min, t_max;       /* the least and greatest time_ns among the events (0: none) */
     bool unordered;              /* an event came with a seq below next_seq and was kept */
@@ -100,6 +104,9 @@ typedef struct proc_s {
 #define MT__REPORT_LAG_MAX   ((size_t)1 << 16) /* events pm may lag m by (64 B each) */
 #define MT__REPORT_LAG_TOTAL ((size_t)1 << 20) /* lag entries of every process (64 MiB) */
 
+/* Frees p's analysis (report.c): its model, the peak's state, outside figures, scopes,
+ * timeline grid and seen records, each left empty. */
+void mt__report_release(mt__report_t *r, proc_t *p);
 /* A model for p with the tables read so far, in *out (report.c): 0 or MT_ENOMEM. */
 int mt__report_model_new(const mt__report_cfg_t *cfg, const proc_t *p, mt_model_t **out);
 /* The peak (report_peak.c), around ev's apply to p's model m: before, with peak_pending,
@@ -128,6 +135,10 @@ struct mt__report_s {
     bool fast;   /* event lines go to the fast decoder first (ndjson_fast.h); false only when
                   * cfg.general_reader asks for the general path alone (benchmarks) */
     size_t last; /* index of the process proc_get found last (a hint: checked before use) */
+    /* pid + 1 -> index in procs of pid's process that is not shadowed, for each pid with
+     * one (the others are not in it); a log of thousands of processes whose lines
+     * interleave looked each line's process up in a walk of all of them */
+    mt__amap_t by_pid;
     mt__spool_file_t spool; /* where the processes' spools put their full chunks */
 };
 

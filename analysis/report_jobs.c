@@ -363,6 +363,30 @@ done:
     return g;
 }
 
+json_t *mt__report_job_view(const json_t *p)
+{
+    /* every member read above, and in mt__report_jobs_json */
+    static const char *const members[] = {
+        "rank",          "job",        "pid",        "name",  "peak_allocated", "peak_reserved",
+        "device_memory", "local_rank", "world_size", "spans", "ooms",           "peak_by_tag"};
+    json_t *v = json_object();
+    if (v == NULL || !json_is_integer(json_object_get(p, "rank")))
+        return v;
+    for (size_t k = 0; k < sizeof members / sizeof *members; k++) {
+        json_t *m = json_object_get(p, members[k]);
+        if (m != NULL && json_object_set(v, members[k], m) != 0) {
+            json_decref(v);
+            return NULL;
+        }
+    }
+    json_t *at = json_object_get(json_object_get(p, "callsites"), "at_peak");
+    if (at != NULL && json_object_set_new(v, "callsites", json_pack("{s:O}", "at_peak", at)) != 0) {
+        json_decref(v);
+        return NULL;
+    }
+    return v;
+}
+
 json_t *mt__report_jobs_json(const json_t *procs)
 {
     size_t n = json_array_size(procs), nr = 0;

@@ -16,6 +16,7 @@
 
 /* One device's split at one moment, with each library's bytes then (by library id). */
 typedef struct split_s {
+    unsigned device;
     mt_model_outside_t s;
     uint64_t lib[MT_TAG_MAX]; /* bytes held outside by library id at that moment */
 } split_t;
@@ -27,11 +28,14 @@ typedef struct oom_s {
     mt_model_outside_t s;
 } oom_t;
 
-/* Invariant: peak[d] != NULL iff device d had a figure; peak[d]->s.used is the highest used
- * seen on d, first reached; nooms <= OOMS_LISTED <= ooms. */
+/* Invariants: peak[0..npeak) strictly increasing by device, npeak <= cappeak; device d has
+ * an entry iff d had a figure, its s.used the highest used seen on d, first reached;
+ * nooms <= OOMS_LISTED, nooms <= ooms; oom holds OOMS_LISTED entries once an OOM came (NULL
+ * before). Both arrays are made when needed: a job's ranks are thousands of these. */
 struct mt__report_outside_s {
-    split_t *peak[256];
-    oom_t oom[OOMS_LISTED];
+    split_t *peak;
+    size_t npeak, cappeak;
+    oom_t *oom;
     size_t nooms;
     uint64_t ooms; /* MT_EV_OOM events seen */
 };
@@ -46,10 +50,51 @@ void mt__report_outside_destroy(mt__report_outside_t **po)
 {
     if (po == NULL || *po == NULL)
         return;
-    for (unsigned d = 0; d < 256; d++)
-        free((*po)->peak[d]);
+    free((*po)->peak);
+    free((*po)->oom);
     free(*po);
     *po = NULL;
+}
+
+/* The index of the first entry of peak whose device is >= d (npeak: none). */
+static size_t peak_lower(const mt__report_outside_t *o, unsigned d)
+{
+    size_t lo = 0, hi = o->npeak;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o->peak[mid].device < d)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Device d's entry, or NULL. */
+static const split_t *peak_of(const mt__report_outside_t *o, unsigned d)
+{
+    size_t i = peak_lower(o, d);
+    return i < o->npeak && o->peak[i].device == d ? &o->peak[i] : NULL;
+}
+
+/* Device d's entry, zeroed when new; NULL without memory. */
+static split_t *peak_get(mt__report_outside_t *o, unsigned d)
+{
+    size_t i = peak_lower(o, d);
+    if (i < o->npeak && o->peak[i].device == d)
+        return &o->peak[i];
+    if (o->npeak == o->cappeak) {
+        size_t cap = o->cappeak ? 2 * o->cappeak : 2;
+        split_t *v = realloc(o->peak, cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        o->peak = v;
+        o->cappeak = cap;
+    }
+    memmove(&o->peak[i + 1], &o->peak[i], (o->npeak - i) * sizeof *o->peak);
+    o->peak[i] = (split_t){.device = d};
+    o->npeak++;
+    return &o->peak[i];
 }
 
 /* Device d's split now; false when d has no figure yet. */
@@ -78,6 +123,8 @@ int mt__report_outside_step(mt__report_outside_t *o, const mt_model_t *m, const 
 {
     unsigned d = ev->device;
     if (ev->kind == MT_EV_OOM) {
+        if (o->oom == NULL && (o->oom = calloc(OOMS_LISTED, sizeof *o->oom)) == NULL)
+            return MT_ENOMEM;
         o->ooms++;
         if (o->nooms < OOMS_LISTED) {
             oom_t *x = &o->oom[o->nooms++];
@@ -89,13 +136,17 @@ int mt__report_outside_step(mt__report_outside_t *o, const mt_model_t *m, const 
         }
         return 0;
     }
-    if (ev->kind != MT_EV_DEVICE || (o->peak[d] != NULL && ev->size <= o->peak[d]->s.used))
+    if (ev->kind != MT_EV_DEVICE)
         return 0;
-    if (o->peak[d] == NULL && (o->peak[d] = calloc(1, sizeof *o->peak[d])) == NULL)
+    const split_t *was = peak_of(o, d);
+    if (was != NULL && ev->size <= was->s.used)
+        return 0;
+    split_t *pk = peak_get(o, d);
+    if (pk == NULL)
         return MT_ENOMEM;
-    if (!split_now(m, d, &o->peak[d]->s))
+    if (!split_now(m, d, &pk->s))
         return 0; /* not reached: the event just applied gave d its figure */
-    libs_now(m, d, o->peak[d]->lib);
+    libs_now(m, d, pk->lib);
     return 0;
 }
 
@@ -138,7 +189,7 @@ static json_t *devices_json(const mt__report_outside_t *o, const mt_model_t *m)
     json_t *a = json_array();
     for (size_t i = 0; a != NULL && i < n && i < 256; i++) {
         const mt_model_outside_t *e = &all[i];
-        const split_t *pk = o->peak[e->device];
+        const split_t *pk = peak_of(o, e->device);
         if (pk == NULL)
             continue; /* not reached: every figure the model has went through step */
         if (json_array_append_new(a, json_pack("{s:i, s:I, s:I, s:o, s:o, s:o}", "device",

@@ -420,7 +420,34 @@ out:
     return res;
 }
 
-json_t *mt__report_result(mt__report_t *r)
+/* A new object of p's members named in keep (NULL-terminated), in keep's order (borrowed
+ * from p). NULL: no memory. */
+static json_t *keep_only(const json_t *p, const char *const *keep)
+{
+    json_t *out = json_object();
+    for (size_t k = 0; out != NULL && keep[k] != NULL; k++) {
+        json_t *v = json_object_get(p, keep[k]);
+        if (v != NULL && json_object_set(out, keep[k], v) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    return out;
+}
+
+json_t *mt__report_result_head(const mt__report_t *r)
+{
+    return json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I}", "v", 1, "type", "report", "lines",
+                     ji(r->lines), "events", ji(r->events), "malformed", ji(r->malformed),
+                     "lost_unattributed", ji(r->lost_unattributed), "duplicates",
+                     ji(r->duplicates));
+}
+
+/* The result; final: each process's analysis freed once its object is made, and of that
+ * object only the members in keep (unless NULL), or with fn, what the jobs read of it after
+ * fn had it whole. */
+static json_t *result(mt__report_t *r, bool final, const char *const *keep, mt__report_proc_fn fn,
+                      void *ctx)
 {
     json_t *procs = json_array();
     if (!procs)
@@ -429,24 +456,54 @@ json_t *mt__report_result(mt__report_t *r)
         json_t *p = mt__report_peak_settle(r, &r->procs[i]) == 0
                         ? analyse(&r->cfg, &r->procs[i], r->sym)
                         : NULL;
+        if (final)
+            mt__report_release(r, &r->procs[i]);
+        json_t *whole = p;
+        if (p != NULL && fn != NULL) {
+            /* the view first: fn may change the object (the printers fit it) */
+            p = mt__report_job_view(whole);
+            if (p != NULL && fn(ctx, whole) != 0) {
+                json_decref(p);
+                p = NULL;
+            }
+            json_decref(whole);
+        } else if (p != NULL && keep != NULL) {
+            p = keep_only(whole, keep);
+            json_decref(whole);
+        }
         if (!p || json_array_append_new(procs, p) != 0) {
             json_decref(procs);
             return NULL;
         }
     }
-    json_t *jobs = mt__report_jobs_json(procs);
-    if (!jobs) {
+    json_t *jobs = keep == NULL ? mt__report_jobs_json(procs) : json_array();
+    json_t *res = jobs != NULL ? mt__report_result_head(r) : NULL;
+    if (res == NULL)
         json_decref(procs);
+    if (res == NULL || json_object_set_new(res, "processes", procs) != 0) {
+        json_decref(res);
+        json_decref(jobs);
         return NULL;
     }
-    json_t *res = json_pack("{s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:o}", "v", 1, "type", "report",
-                            "lines", ji(r->lines), "events", ji(r->events), "malformed",
-                            ji(r->malformed), "lost_unattributed", ji(r->lost_unattributed),
-                            "duplicates", ji(r->duplicates), "processes", procs);
-    if (!res || (json_array_size(jobs) > 0 && json_object_set(res, "jobs", jobs) != 0)) {
+    if (json_array_size(jobs) > 0 && json_object_set(res, "jobs", jobs) != 0) {
         json_decref(res);
         res = NULL;
     }
     json_decref(jobs);
     return res;
+}
+
+json_t *mt__report_result(mt__report_t *r)
+{
+    return result(r, false, NULL, NULL, NULL);
+}
+
+json_t *mt__report_result_final(mt__report_t *r, const char *const *keep)
+{
+    return result(r, true, keep, NULL, NULL);
+}
+
+json_t *mt__report_result_stream(mt__report_t *r, mt__report_proc_fn fn, void *ctx)
+{
+    return result(r, true, NULL, fn, ctx);
 }

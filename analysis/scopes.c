@@ -19,6 +19,7 @@ void mt__scopes_init(mt_scopes_t *s)
 
 void mt__scopes_fini(mt_scopes_t *s)
 {
+    free(s->open);
     free(s->rows);
     memset(s, 0, sizeof *s);
 }
@@ -83,6 +84,14 @@ int mt__scopes_event(mt_scopes_t *s, const mt_event_rec_t *ev, uint64_t allocate
         memmove(&s->open[0], &s->open[1], (MT_SCOPES_OPEN_MAX - 1) * sizeof s->open[0]);
         s->nopen--;
         s->dropped++;
+    }
+    if (s->nopen == s->capopen) {
+        size_t cap = s->capopen ? 2 * s->capopen : 4;
+        mt_scope_open_t *v = realloc(s->open, cap * sizeof *v);
+        if (v == NULL)
+            return MT_ENOMEM;
+        s->open = v;
+        s->capopen = cap;
     }
     size_t k = s->nopen++;
     memcpy(s->open[k].name, name, sizeof name);

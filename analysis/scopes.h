@@ -21,15 +21,18 @@ typedef struct mt_scope_row_s {
     uint64_t ns_sum;   /* their durations summed */
 } mt_scope_row_t;
 
-/* Invariants: nopen <= MT_SCOPES_OPEN_MAX; each open scope's peak >= its start; nrows <=
- * MT_SCOPES_NAMES_MAX. An open scope's peak covers the events up to the next scope opened
- * above it; that one's is merged into it when it closes (scopes nest). */
+typedef struct mt_scope_open_s {
+    char name[MT_EVENT_LABEL_MAX + 1];
+    uint64_t start, peak, t;
+} mt_scope_open_t;
+
+/* Invariants: nopen <= capopen <= MT_SCOPES_OPEN_MAX (open NULL while capopen = 0: a process
+ * without named marks, most of a job's ranks, pays nothing); each open scope's peak >= its
+ * start; nrows <= MT_SCOPES_NAMES_MAX. An open scope's peak covers the events up to the next
+ * scope opened above it; that one's is merged into it when it closes (scopes nest). */
 typedef struct mt_scopes_s {
-    struct {
-        char name[MT_EVENT_LABEL_MAX + 1];
-        uint64_t start, peak, t;
-    } open[MT_SCOPES_OPEN_MAX];
-    size_t nopen;
+    mt_scope_open_t *open; /* the scopes open, innermost last */
+    size_t nopen, capopen;
     mt_scope_row_t *rows;
     size_t nrows, cap;
     uint64_t unmatched; /* "/name" with no open "name" */

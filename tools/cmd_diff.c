@@ -74,8 +74,11 @@ static int read_side(const char *prog, const char *path, const mt__report_cfg_t 
         fprintf(stderr, "%s: %s: %lu malformed lines\n", prog, path, bad);
         status = 2;
     }
+    /* Streamed, a side holds of each process what the diff reads, not its whole report, and
+     * each one's analysis goes once that is made: a side may be a job's thousands of ranks. */
     if (status == 0) {
-        *out = mt__report_result(r);
+        *out = cfg->stream ? mt__report_result_final(r, mt__diff_process_members)
+                           : mt__report_result(r);
         if (*out == NULL) {
             fprintf(stderr, "%s: out of memory\n", prog);
             status = 1;

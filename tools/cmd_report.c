@@ -387,6 +387,17 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
         mt__report_destroy(&r);
         return status;
     }
+    if (cfg.stream && in.n == 0) {
+        /* Nothing replayed after, no snapshot's sites to add: each process is printed (or its
+         * text kept) as it is made, and its analysis freed, so that a job's thousands of ranks
+         * hold neither all their JSON nor their analyses beside it. */
+        status = mt__report_print_streamed(r, pr, as_json, logs, nlogs, bad);
+        mt__report_destroy(&r);
+        if (status == 0 && !as_json)
+            mt_tool_inputs_print(&in, &cfg, pr->stacks);
+        mt_tool_inputs_free(&in);
+        return status != 0 ? status : bad ? 2 : 0;
+    }
     json_t *res = mt__report_result(r);
     if (res != NULL && pr->replay)
         add_replay(r, res);

@@ -10,61 +10,49 @@
 #include "analysis/frames.h"
 #include "analysis/report.h"
 #include "tools/report_print.h"
+#include "tools/report_print_internal.h"
 #include "util/text.h"
 
-static const char *human(double b, char *buf, size_t len)
-{
-    return mt__text_bytes(b, 1, buf, len);
-}
-
-static double num(json_t *o, const char *k)
-{
-    return json_number_value(json_object_get(o, k));
-}
-
-/* Names and labels are the recorded processes' own strings: escaped, so that none can move
- * the cursor or forge a line of the report. */
-typedef char esc_buf_t[MT_TEXT_ESC_SIZE(64)];
-static const char *esc(const char *s, esc_buf_t buf)
-{
-    return mt__text_escape(s ? s : "?", buf, sizeof(esc_buf_t));
-}
+/* Where the text goes: stdout, or a process's text kept for later (set by the entry points
+ * below, for the printers they call). */
+static FILE *pout;
 
 static void bar(double frac, int width)
 {
     int n = (int)(frac * width + 0.5);
     for (int i = 0; i < width; i++)
-        fputs(i < n ? "#" : ".", stdout);
+        fputs(i < n ? "#" : ".", pout);
 }
 
 static void print_growth(json_t *g)
 {
     char b1[32];
     double iters = num(g, "iterations");
-    printf("\n  growth across iterations: ");
+    fprintf(pout, "\n  growth across iterations: ");
     if (iters < 3) {
-        printf("%.0f iteration markers, too few to tell\n", iters);
+        fprintf(pout, "%.0f iteration markers, too few to tell\n", iters);
         return;
     }
-    printf("%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n", iters,
-           num(g, "first_iteration"), num(g, "last_iteration"),
-           num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
-           human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
+    fprintf(pout, "%.0f iterations (%.0f..%.0f fitted), allocated %s%s per iteration (r2 %.2f)\n",
+            iters, num(g, "first_iteration"), num(g, "last_iteration"),
+            num(g, "slope_bytes_per_iteration") >= 0 ? "+" : "",
+            human(num(g, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(g, "r2"));
     if (json_is_true(json_object_get(g, "detected"))) {
-        printf("    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
-               "    one iteration to the next (history held by a reference?)\n",
-               human(num(g, "rise_bytes"), b1, sizeof(b1)));
+        fprintf(pout,
+                "    STEADY GROWTH: +%s over the fitted iterations; memory is kept alive from\n"
+                "    one iteration to the next (history held by a reference?)\n",
+                human(num(g, "rise_bytes"), b1, sizeof(b1)));
         size_t i;
         json_t *t;
         json_array_foreach(json_object_get(g, "tags"), i, t)
         {
             esc_buf_t e;
-            printf("    - %s grows %s per iteration (r2 %.2f)\n",
-                   esc(json_string_value(json_object_get(t, "tag")), e),
-                   human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
+            fprintf(pout, "    - %s grows %s per iteration (r2 %.2f)\n",
+                    esc(json_string_value(json_object_get(t, "tag")), e),
+                    human(num(t, "slope_bytes_per_iteration"), b1, sizeof(b1)), num(t, "r2"));
         }
     } else {
-        printf("    no steady growth\n");
+        fprintf(pout, "    no steady growth\n");
     }
 }
 
@@ -74,30 +62,32 @@ static void print_host(json_t *h)
     char b1[32], b2[32], b3[32], b4[32];
     if (num(h, "events") <= 0)
         return;
-    printf("\n  pinned host memory (not device memory): %.0f events\n", num(h, "events"));
-    printf("    peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
-           human(num(h, "peak_allocated"), b1, sizeof(b1)),
-           human(num(h, "peak_reserved"), b2, sizeof(b2)),
-           human(num(h, "final_allocated"), b3, sizeof(b3)),
-           human(num(h, "final_reserved"), b4, sizeof(b4)));
+    fprintf(pout, "\n  pinned host memory (not device memory): %.0f events\n", num(h, "events"));
+    fprintf(pout, "    peak allocated %s, peak reserved %s; at the end %s allocated, %s reserved\n",
+            human(num(h, "peak_allocated"), b1, sizeof(b1)),
+            human(num(h, "peak_reserved"), b2, sizeof(b2)),
+            human(num(h, "final_allocated"), b3, sizeof(b3)),
+            human(num(h, "final_reserved"), b4, sizeof(b4)));
     json_t *tags = json_object_get(h, "peak_by_tag");
     const char *k;
     json_t *v;
     json_object_foreach(tags, k, v)
     {
         esc_buf_t e;
-        printf("    %-14s %12s peak\n", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
+        fprintf(pout, "    %-14s %12s peak\n", esc(k, e),
+                human(json_number_value(v), b1, sizeof(b1)));
     }
     json_t *nf = json_object_get(h, "never_freed");
-    printf("    never freed: %.0f pinned blocks, %s\n", num(nf, "count"),
-           human(num(nf, "bytes"), b1, sizeof(b1)));
+    fprintf(pout, "    never freed: %.0f pinned blocks, %s\n", num(nf, "count"),
+            human(num(nf, "bytes"), b1, sizeof(b1)));
     size_t i;
     json_t *g;
     json_array_foreach(json_object_get(nf, "groups"), i, g)
     {
         esc_buf_t e;
-        printf("      %-14s %12s x %.0f\n", esc(json_string_value(json_object_get(g, "tag")), e),
-               human(num(g, "size"), b1, sizeof(b1)), num(g, "count"));
+        fprintf(pout, "      %-14s %12s x %.0f\n",
+                esc(json_string_value(json_object_get(g, "tag")), e),
+                human(num(g, "size"), b1, sizeof(b1)), num(g, "count"));
     }
 }
 
@@ -105,7 +95,7 @@ static void print_host(json_t *h)
 static void put_plain(const char *s)
 {
     char buf[MT_TEXT_ESC_SIZE(512)];
-    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), stdout);
+    fputs(mt__text_escape(s ? s : "?", buf, sizeof buf), pout);
 }
 
 /* How call sites are printed: the options of this run, set by the two entry points below
@@ -119,9 +109,9 @@ static bool untimed;
 static void put_when(double t_s)
 {
     if (untimed)
-        printf("event %4.0f", t_s * 1e9);
+        fprintf(pout, "event %4.0f", t_s * 1e9);
     else
-        printf("%9.3f s", t_s);
+        fprintf(pout, "%9.3f s", t_s);
 }
 
 /* Under a site: the frames after its user frame that the rules keep (the next five; all
@@ -140,36 +130,36 @@ static void print_frames(json_t *r)
         if (!popt.all && json_object_get(f, "skipped") != NULL)
             continue;
         if (shown++ == cap) {
-            printf("        <- ...\n");
+            fprintf(pout, "        <- ...\n");
             return;
         }
-        printf("        <- ");
+        fprintf(pout, "        <- ");
         put_plain(json_string_value(json_object_get(f, "label")));
-        printf("\n");
+        fprintf(pout, "\n");
     }
     if (json_is_true(json_object_get(r, "truncated")))
-        printf("        <- ...\n");
+        fprintf(pout, "        <- ...\n");
 }
 
 static void print_sites(const char *title, json_t *rows, bool growth)
 {
     char b1[32];
-    printf("\n  %s:\n", title);
+    fprintf(pout, "\n  %s:\n", title);
     if (json_array_size(rows) == 0)
-        printf("    (none)\n");
+        fprintf(pout, "    (none)\n");
     size_t i;
     json_t *r;
     json_array_foreach(rows, i, r)
     {
         if (growth)
-            printf("    %s%s/iter r2 %.2f%s  ", num(r, "slope") >= 0 ? "+" : "",
-                   human(num(r, "slope"), b1, sizeof(b1)), num(r, "r2"),
-                   json_is_true(json_object_get(r, "detected")) ? " GROWING" : "");
+            fprintf(pout, "    %s%s/iter r2 %.2f%s  ", num(r, "slope") >= 0 ? "+" : "",
+                    human(num(r, "slope"), b1, sizeof(b1)), num(r, "r2"),
+                    json_is_true(json_object_get(r, "detected")) ? " GROWING" : "");
         else
-            printf("    %10s %6.0f blocks  ", human(num(r, "bytes"), b1, sizeof(b1)),
-                   num(r, "blocks"));
+            fprintf(pout, "    %10s %6.0f blocks  ", human(num(r, "bytes"), b1, sizeof(b1)),
+                    num(r, "blocks"));
         put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
+        fprintf(pout, "\n");
         print_frames(r);
     }
 }
@@ -186,7 +176,7 @@ static void print_callsites(json_t *cs, bool tagged)
     snprintf(t[0], sizeof t[0], "live bytes at the peak, by %s", by);
     snprintf(t[1], sizeof t[1], "never freed, by %s", by);
     snprintf(t[2], sizeof t[2], "growth per iteration, by %s", by);
-    printf("\n  call sites: %.0f distinct stacks recorded\n", num(cs, "stacks"));
+    fprintf(pout, "\n  call sites: %.0f distinct stacks recorded\n", num(cs, "stacks"));
     print_sites(t[0], json_object_get(cs, "at_peak"), false);
     print_sites(t[1], json_object_get(cs, "never_freed"), false);
     print_sites(t[2], json_object_get(cs, "growth"), true);
@@ -212,27 +202,28 @@ static void print_temporary(json_t *p)
     char b1[32], b2[32];
     const char *by = json_string_value(json_object_get(p, "temporary_by"));
     bool tag = by != NULL && strcmp(by, "tag") == 0;
-    printf("\n  temporary allocations (freed within %s of their allocation), by %s%s:\n",
-           lifetime(num(p, "temporary_window_us"), b1, sizeof b1),
-           tag ? "tag"
-           : strcmp(by ? by : "site", "site") == 0 ? "call site"
-                                                   : by,
-           tag && popt.by != MT_FR_BY_TAG && !json_is_true(json_object_get(p, "tagged"))
-               ? " (no stacks recorded)"
-               : "");
+    fprintf(pout, "\n  temporary allocations (freed within %s of their allocation), by %s%s:\n",
+            lifetime(num(p, "temporary_window_us"), b1, sizeof b1),
+            tag ? "tag"
+            : strcmp(by ? by : "site", "site") == 0 ? "call site"
+                                                    : by,
+            tag && popt.by != MT_FR_BY_TAG && !json_is_true(json_object_get(p, "tagged"))
+                ? " (no stacks recorded)"
+                : "");
     if (json_array_size(rows) == 0) {
-        printf("    (none)\n");
+        fprintf(pout, "    (none)\n");
         return;
     }
-    printf("    %8s %10s %12s  %s\n", "count", "bytes", "median life", tag ? "tag" : "site");
+    fprintf(pout, "    %8s %10s %12s  %s\n", "count", "bytes", "median life", tag ? "tag" : "site");
     size_t i;
     json_t *r;
     json_array_foreach(rows, i, r)
     {
-        printf("    %8.0f %10s %12s  ", num(r, "count"), human(num(r, "bytes"), b1, sizeof b1),
-               lifetime(num(r, "median_lifetime_us"), b2, sizeof b2));
+        fprintf(pout, "    %8.0f %10s %12s  ", num(r, "count"),
+                human(num(r, "bytes"), b1, sizeof b1),
+                lifetime(num(r, "median_lifetime_us"), b2, sizeof b2));
         put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
+        fprintf(pout, "\n");
     }
 }
 
@@ -266,46 +257,53 @@ static bool is_tagged(json_t *p)
 /* Untagged input: the sections by tag would say "other" for every byte (report_print.h). */
 int mt__report_print_fit(json_t *res, const mt__report_print_opts_t *o)
 {
-    popt = *o;
     size_t i;
     json_t *p;
     json_array_foreach(json_object_get(res, "processes"), i, p)
     {
-        bool tagged = is_tagged(p);
-        if (json_object_set_new(p, "tagged", json_boolean(tagged)) != 0)
+        if (mt__report_print_fit_process(res, p, o) != 0)
             return MT_ENOMEM;
-        if (!tagged && popt.by != MT_FR_BY_TAG) {
-            json_object_del(p, "peak_by_tag");
-            json_object_del(json_object_get(p, "never_freed"), "groups");
-            json_object_del(json_object_get(p, "never_freed"), "groups_total");
-            json_t *h = json_object_get(p, "host");
-            json_object_del(h, "peak_by_tag");
-            json_object_del(json_object_get(h, "never_freed"), "groups");
-        }
-        json_t *cs = json_object_get(p, "callsites");
-        /* A snapshot's stacks are its frames, grouped in "snapshots": its process has none. */
-        size_t k;
-        json_t *sn;
-        json_array_foreach(json_object_get(res, "snapshots"), k, sn)
-        {
-            if (cs != NULL && num(cs, "stacks") <= 0 &&
-                json_integer_value(json_object_get(sn, "process")) ==
-                    json_integer_value(json_object_get(p, "pid"))) {
-                json_object_del(p, "callsites");
-                cs = NULL;
-            }
-        }
-        if (cs != NULL &&
-            (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
-            json_object_del(p, "callsites");
-        /* Temporary allocations follow the same rule: tagged input without --by, by tag. */
-        json_t *tt = json_object_get(p, "temporary_by_tag");
-        if (tt != NULL && (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && tagged)) &&
-            (json_object_set(p, "temporary", tt) != 0 ||
-             json_object_set_new(p, "temporary_by", json_string("tag")) != 0))
-            return MT_ENOMEM;
-        json_object_del(p, "temporary_by_tag");
     }
+    return 0;
+}
+
+int mt__report_print_fit_process(const json_t *res, json_t *p, const mt__report_print_opts_t *o)
+{
+    popt = *o;
+    bool tagged = is_tagged(p);
+    if (json_object_set_new(p, "tagged", json_boolean(tagged)) != 0)
+        return MT_ENOMEM;
+    if (!tagged && popt.by != MT_FR_BY_TAG) {
+        json_object_del(p, "peak_by_tag");
+        json_object_del(json_object_get(p, "never_freed"), "groups");
+        json_object_del(json_object_get(p, "never_freed"), "groups_total");
+        json_t *h = json_object_get(p, "host");
+        json_object_del(h, "peak_by_tag");
+        json_object_del(json_object_get(h, "never_freed"), "groups");
+    }
+    json_t *cs = json_object_get(p, "callsites");
+    /* A snapshot's stacks are its frames, grouped in "snapshots": its process has none. */
+    size_t k;
+    json_t *sn;
+    json_array_foreach(json_object_get(res, "snapshots"), k, sn)
+    {
+        if (cs != NULL && num(cs, "stacks") <= 0 &&
+            json_integer_value(json_object_get(sn, "process")) ==
+                json_integer_value(json_object_get(p, "pid"))) {
+            json_object_del(p, "callsites");
+            cs = NULL;
+        }
+    }
+    if (cs != NULL &&
+        (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && (tagged || num(cs, "stacks") <= 0))))
+        json_object_del(p, "callsites");
+    /* Temporary allocations follow the same rule: tagged input without --by, by tag. */
+    json_t *tt = json_object_get(p, "temporary_by_tag");
+    if (tt != NULL && (popt.by == MT_FR_BY_TAG || (!popt.explicit_by && tagged)) &&
+        (json_object_set(p, "temporary", tt) != 0 ||
+         json_object_set_new(p, "temporary_by", json_string("tag")) != 0))
+        return MT_ENOMEM;
+    json_object_del(p, "temporary_by_tag");
     return 0;
 }
 
@@ -323,13 +321,15 @@ static void print_gap(json_t *p)
     if (!g[0] || !g[1] || (num(g[0], "reserved_bytes") <= 0 && num(g[1], "reserved_bytes") <= 0))
         return; /* no device memory reserved: nothing to explain */
     char b[4][32];
-    printf("\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak", "at the end");
-    printf("    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
-           human(num(g[1], "reserved_bytes"), b[1], 32));
-    printf("    %-44s %12s %14s\n", "allocated", human(num(g[0], "allocated_bytes"), b[0], 32),
-           human(num(g[1], "allocated_bytes"), b[1], 32));
-    printf("    %-44s %12s %14s\n", "reserved - allocated", human(num(g[0], "gap_bytes"), b[0], 32),
-           human(num(g[1], "gap_bytes"), b[1], 32));
+    fprintf(pout, "\n  %-46s %12s %14s\n", "why reserved exceeds allocated:", "at the peak",
+            "at the end");
+    fprintf(pout, "    %-44s %12s %14s\n", "reserved", human(num(g[0], "reserved_bytes"), b[0], 32),
+            human(num(g[1], "reserved_bytes"), b[1], 32));
+    fprintf(pout, "    %-44s %12s %14s\n", "allocated",
+            human(num(g[0], "allocated_bytes"), b[0], 32),
+            human(num(g[1], "allocated_bytes"), b[1], 32));
+    fprintf(pout, "    %-44s %12s %14s\n", "reserved - allocated",
+            human(num(g[0], "gap_bytes"), b[0], 32), human(num(g[1], "gap_bytes"), b[1], 32));
     for (size_t c = 0; c < sizeof what / sizeof what[0]; c++) {
         double v[2] = {0, 0};
         for (int k = 0; k < 2; k++) {
@@ -344,27 +344,29 @@ static void print_gap(json_t *p)
         }
         if (v[0] == 0 && v[1] == 0)
             continue;
-        printf("      %-42s %12s %14s\n", what[c][1], human(v[0], b[0], 32), human(v[1], b[1], 32));
+        fprintf(pout, "      %-42s %12s %14s\n", what[c][1], human(v[0], b[0], 32),
+                human(v[1], b[1], 32));
     }
     if (num(g[0], "rounding_bytes") > 0 || num(g[1], "rounding_bytes") > 0)
-        printf("    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
-               human(num(g[0], "rounding_bytes"), b[0], 32),
-               human(num(g[1], "rounding_bytes"), b[1], 32));
+        fprintf(pout, "    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
+                human(num(g[0], "rounding_bytes"), b[0], 32),
+                human(num(g[1], "rounding_bytes"), b[1], 32));
     if (num(p, "replay_reserved_bytes") > 0)
-        printf("    %-44s %12s\n", "memtrace's allocator would reserve (peak)",
-               human(num(p, "replay_reserved_bytes"), b[0], 32));
+        fprintf(pout, "    %-44s %12s\n", "memtrace's allocator would reserve (peak)",
+                human(num(p, "replay_reserved_bytes"), b[0], 32));
     json_t *pins = json_object_get(g[0], "pins");
     if (json_array_size(pins) == 0)
         return;
-    printf("    segments pinned at the peak, by the site of each one's largest live block:\n");
+    fprintf(pout,
+            "    segments pinned at the peak, by the site of each one's largest live block:\n");
     size_t i;
     json_t *r;
     json_array_foreach(pins, i, r)
     {
-        printf("      %10s free in %.0f segment%s  ", human(num(r, "bytes"), b[0], 32),
-               num(r, "segments"), num(r, "segments") == 1 ? "" : "s");
+        fprintf(pout, "      %10s free in %.0f segment%s  ", human(num(r, "bytes"), b[0], 32),
+                num(r, "segments"), num(r, "segments") == 1 ? "" : "s");
         put_plain(json_string_value(json_object_get(r, "site")));
-        printf("\n");
+        fprintf(pout, "\n");
     }
 }
 
@@ -385,7 +387,7 @@ static void print_settings(json_t *v)
 {
     if (!json_is_array(v) || json_array_size(v) == 0)
         return;
-    printf("\n  settings changed at run time:\n");
+    fprintf(pout, "\n  settings changed at run time:\n");
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e)
@@ -395,10 +397,10 @@ static void print_settings(json_t *v)
         setting_value(key ? key : "", num(e, "before"), was, sizeof was);
         setting_value(key ? key : "", num(e, "value"), now, sizeof now);
         esc_buf_t k;
-        printf("    ");
+        fprintf(pout, "    ");
         put_when(num(e, "t"));
-        printf("  device %.0f  %s: %s -> %s\n", num(e, "device"), esc(key ? key : "?", k), was,
-               now);
+        fprintf(pout, "  device %.0f  %s: %s -> %s\n", num(e, "device"), esc(key ? key : "?", k),
+                was, now);
     }
 }
 
@@ -406,8 +408,9 @@ static void print_scopes(json_t *v)
 {
     if (!json_is_array(v) || json_array_size(v) == 0)
         return;
-    printf("\n  scoped statistics (push/pop; peak above the scope's start):\n");
-    printf("    %-18s %8s %12s %12s %10s\n", "scope", "count", "peak", "mean peak", "mean time");
+    fprintf(pout, "\n  scoped statistics (push/pop; peak above the scope's start):\n");
+    fprintf(pout, "    %-18s %8s %12s %12s %10s\n", "scope", "count", "peak", "mean peak",
+            "mean time");
     size_t i;
     json_t *e;
     json_array_foreach(v, i, e)
@@ -415,13 +418,13 @@ static void print_scopes(json_t *v)
         char b1[32], b2[32];
         esc_buf_t k;
         const char *name = json_string_value(json_object_get(e, "name"));
-        printf("    %-18s %8.0f %12s %12s ", esc(name ? name : "?", k), num(e, "count"),
-               human(num(e, "peak_bytes"), b1, sizeof b1),
-               human(num(e, "mean_peak_bytes"), b2, sizeof b2));
+        fprintf(pout, "    %-18s %8.0f %12s %12s ", esc(name ? name : "?", k), num(e, "count"),
+                human(num(e, "peak_bytes"), b1, sizeof b1),
+                human(num(e, "mean_peak_bytes"), b2, sizeof b2));
         if (untimed)
-            printf("%6.0f events\n", num(e, "mean_seconds") * 1e9);
+            fprintf(pout, "%6.0f events\n", num(e, "mean_seconds") * 1e9);
         else
-            printf("%9.3fs\n", num(e, "mean_seconds"));
+            fprintf(pout, "%9.3fs\n", num(e, "mean_seconds"));
     }
 }
 
@@ -430,21 +433,22 @@ static void print_managed(json_t *v)
     if (!json_is_object(v))
         return;
     char b1[32], b2[32], b3[32], b4[32];
-    printf("\n  managed memory: %s managed at peak, %s resident on the device at peak, %s "
-           "migrated, %.0f faults\n",
-           human(num(v, "managed_peak_bytes"), b1, sizeof(b1)),
-           human(num(v, "device_peak_bytes"), b2, sizeof(b2)),
-           human(num(v, "migrated_bytes"), b3, sizeof(b3)), num(v, "faults"));
-    printf("    %.0f prefetches (%s), %.0f advice calls\n", num(v, "prefetches"),
-           human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
+    fprintf(pout,
+            "\n  managed memory: %s managed at peak, %s resident on the device at peak, %s "
+            "migrated, %.0f faults\n",
+            human(num(v, "managed_peak_bytes"), b1, sizeof(b1)),
+            human(num(v, "device_peak_bytes"), b2, sizeof(b2)),
+            human(num(v, "migrated_bytes"), b3, sizeof(b3)), num(v, "faults"));
+    fprintf(pout, "    %.0f prefetches (%s), %.0f advice calls\n", num(v, "prefetches"),
+            human(num(v, "prefetch_bytes"), b4, sizeof(b4)), num(v, "advises"));
 }
 
 /* One line of the device memory table: a label, the figure at the end, at the peak of used. */
 static void dm_row(const char *label, int indent, double end, double at_peak)
 {
     char b[2][32];
-    printf("    %*s%-*s %12s %14s\n", indent, "", 40 - indent, label, human(end, b[0], 32),
-           human(at_peak, b[1], 32));
+    fprintf(pout, "    %*s%-*s %12s %14s\n", indent, "", 40 - indent, label, human(end, b[0], 32),
+            human(at_peak, b[1], 32));
 }
 
 /* The device's used bytes as the driver reports them, split into memtrace's reserved bytes
@@ -457,10 +461,10 @@ static void print_device_memory(json_t *devs)
     {
         char b[3][32];
         json_t *e = json_object_get(d, "end"), *pk = json_object_get(d, "at_peak_used");
-        printf("\n  device %.0f memory as the driver reports it: %s used of %s (peak %s)\n",
-               num(d, "device"), human(num(e, "used"), b[0], 32), human(num(d, "total"), b[1], 32),
-               human(num(d, "peak_used"), b[2], 32));
-        printf("    %-40s %12s %14s\n", "", "at the end", "at peak used");
+        fprintf(pout, "\n  device %.0f memory as the driver reports it: %s used of %s (peak %s)\n",
+                num(d, "device"), human(num(e, "used"), b[0], 32), human(num(d, "total"), b[1], 32),
+                human(num(d, "peak_used"), b[2], 32));
+        fprintf(pout, "    %-40s %12s %14s\n", "", "at the end", "at peak used");
         dm_row("used", 0, num(e, "used"), num(pk, "used"));
         dm_row("memtrace reserved", 2, num(e, "reserved"), num(pk, "reserved"));
         dm_row("outside the allocator", 2, num(e, "outside"), num(pk, "outside"));
@@ -471,14 +475,15 @@ static void print_device_memory(json_t *devs)
             double peak = num(l, "peak");
             dm_row(esc(name, el), 4, num(l, "bytes"), num(l, "at_peak_used"));
             if (peak > num(l, "bytes") && peak > num(l, "at_peak_used"))
-                printf("    %*s(its own peak %s)\n", 6, "", human(peak, b[0], 32));
+                fprintf(pout, "    %*s(its own peak %s)\n", 6, "", human(peak, b[0], 32));
         }
         dm_row("context", 4, num(e, "context"), num(pk, "context"));
         if (num(e, "other_processes") > 0 || num(pk, "other_processes") > 0)
             dm_row("other processes", 4, num(e, "other_processes"), num(pk, "other_processes"));
         dm_row("not seen", 4, num(e, "not_seen"), num(pk, "not_seen"));
-        printf("    (context: in use when the allocator started, before its first segment; not "
-               "seen:\n     no event names it: other allocators, other processes)\n");
+        fprintf(pout,
+                "    (context: in use when the allocator started, before its first segment; not "
+                "seen:\n     no event names it: other allocators, other processes)\n");
     }
 }
 
@@ -488,144 +493,31 @@ static void print_ooms(json_t *o)
     if (!json_is_object(o))
         return;
     char b[6][32];
-    printf("\n  out of memory: %.0f OOM%s\n", num(o, "count"), num(o, "count") == 1 ? "" : "s");
+    fprintf(pout, "\n  out of memory: %.0f OOM%s\n", num(o, "count"),
+            num(o, "count") == 1 ? "" : "s");
     size_t i;
     json_t *e;
     json_array_foreach(json_object_get(o, "first"), i, e)
     {
-        printf("    ");
+        fprintf(pout, "    ");
         put_when(num(e, "t"));
-        printf("  device %.0f: asked %s, %s free", num(e, "device"),
-               human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
+        fprintf(pout, "  device %.0f: asked %s, %s free", num(e, "device"),
+                human(num(e, "requested"), b[0], 32), human(num(e, "free"), b[1], 32));
         json_t *s = json_object_get(e, "device_memory");
         if (s != NULL) {
-            printf("; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, ",
-                   human(num(s, "used"), b[0], 32), human(num(s, "reserved"), b[1], 32),
-                   human(num(s, "outside"), b[2], 32), human(num(s, "libraries"), b[3], 32),
-                   human(num(s, "context"), b[4], 32));
+            fprintf(pout, "; used %s: memtrace reserved %s, outside %s (libraries %s, context %s, ",
+                    human(num(s, "used"), b[0], 32), human(num(s, "reserved"), b[1], 32),
+                    human(num(s, "outside"), b[2], 32), human(num(s, "libraries"), b[3], 32),
+                    human(num(s, "context"), b[4], 32));
             if (num(s, "other_processes") > 0)
-                printf("other processes %s, ", human(num(s, "other_processes"), b[0], 32));
-            printf("not seen %s)", human(num(s, "not_seen"), b[5], 32));
+                fprintf(pout, "other processes %s, ", human(num(s, "other_processes"), b[0], 32));
+            fprintf(pout, "not seen %s)", human(num(s, "not_seen"), b[5], 32));
         }
-        printf("\n");
+        fprintf(pout, "\n");
     }
     if (num(o, "count") > (double)json_array_size(json_object_get(o, "first")))
-        printf("    ... %.0f more\n",
-               num(o, "count") - (double)json_array_size(json_object_get(o, "first")));
-}
-
-/* Columns of the per-iteration table: every rank up to this many, else the highest and the
- * median rank only. */
-#define JOB_ITER_COLUMNS 8
-
-/* The per-iteration table of a job aligned by its marks. */
-static void print_job_iterations(json_t *g, json_t *ranks, json_t *h)
-{
-    json_t *its = json_object_get(g, "iterations"), *e, *r;
-    size_t n = json_array_size(ranks), i, k;
-    if (json_array_size(its) == 0) {
-        printf("  no iteration that every rank marked\n");
-        return;
-    }
-    bool all = n <= JOB_ITER_COLUMNS;
-    printf("  peak allocated within each iteration (the newest every rank marked):\n    %9s",
-           "ITERATION");
-    json_array_foreach(ranks, k, r)
-    {
-        char col[24];
-        snprintf(col, sizeof col, "rank %.0f", num(r, "rank"));
-        if (all || num(r, "rank") == num(h, "rank") || num(r, "rank") == num(h, "median_rank"))
-            printf(" %12s", col);
-    }
-    printf("\n");
-    json_array_foreach(its, i, e)
-    {
-        char b[32];
-        printf("    %9.0f", num(e, "iteration"));
-        json_array_foreach(ranks, k, r)
-        {
-            if (all || num(r, "rank") == num(h, "rank") || num(r, "rank") == num(h, "median_rank"))
-                printf(" %12s", human((double)json_integer_value(
-                                          json_array_get(json_object_get(e, "peaks"), k)),
-                                      b, sizeof b));
-        }
-        printf("\n");
-    }
-}
-
-/* The report's "jobs": per job, a row per rank, the rank that peaked highest and by which
- * tags it exceeds the median rank, and the ranks side by side per iteration. */
-static void print_jobs(json_t *jobs)
-{
-    size_t i, k;
-    json_t *g, *r, *t;
-    json_array_foreach(jobs, i, g)
-    {
-        char b1[32], b2[32], b3[32];
-        esc_buf_t ej;
-        const char *id = json_string_value(json_object_get(g, "job"));
-        json_t *ranks = json_object_get(g, "ranks"), *h = json_object_get(g, "highest");
-        json_t *unmarked = json_object_get(g, "unmarked_ranks");
-        bool aligned = json_array_size(unmarked) == 0;
-        printf("\njob %s: %zu rank%s", id ? esc(id, ej) : "(no job id)", json_array_size(ranks),
-               json_array_size(ranks) == 1 ? "" : "s");
-        if (json_object_get(g, "world_size"))
-            printf(" of %.0f", num(g, "world_size"));
-        if (num(g, "missing") > 0)
-            printf(" (%.0f missing)", num(g, "missing"));
-        if (aligned) {
-            printf("; aligned by iteration marks (clocks of hosts differ)\n");
-        } else {
-            printf("; not aligned: rank");
-            json_array_foreach(unmarked, k, r)
-            {
-                printf("%s %.0f", k ? "," : "", (double)json_integer_value(r));
-            }
-            printf(" marked no iterations, so each rank's timeline starts at its own first "
-                   "event (clocks of hosts differ)\n");
-        }
-        printf("  %6s %8s %16s %16s %12s %6s %10s\n", "RANK", "PID", "PEAK ALLOCATED",
-               "PEAK RESERVED", "OUTSIDE", "OOMS", "PEAK ITER");
-        json_array_foreach(ranks, k, r)
-        {
-            bool top = num(r, "rank") == num(h, "rank") && json_array_size(ranks) > 1;
-            json_t *pi = json_object_get(r, "peak_iteration");
-            char it[24] = "-";
-            if (json_is_integer(pi))
-                snprintf(it, sizeof it, "%lld", (long long)json_integer_value(pi));
-            char ob[32] = "-"; /* a log without device figures */
-            if (json_object_get(r, "outside_bytes") != NULL)
-                human(num(r, "outside_bytes"), ob, sizeof ob);
-            printf("  %6.0f %8.0f %16s %16s %12s %6.0f %10s%s\n", num(r, "rank"), num(r, "pid"),
-                   human(num(r, "peak_allocated"), b1, sizeof b1),
-                   human(num(r, "peak_reserved"), b2, sizeof b2), ob, num(r, "ooms"), it,
-                   top ? "  <- highest" : "");
-        }
-        if (json_array_size(ranks) < 2)
-            continue;
-        printf("  highest peak: rank %.0f, %s, %s above the median rank's %s (rank %.0f)\n",
-               num(h, "rank"), human(num(h, "peak_allocated"), b1, sizeof b1),
-               human(num(h, "above_median_bytes"), b2, sizeof b2),
-               human(num(g, "median_peak_allocated"), b3, sizeof b3), num(h, "median_rank"));
-        static const char *const diffs[][3] = {{"above_median_by_tag", "tag", "by tag"},
-                                               {"above_median_by_site", "site", "by call site"}};
-        for (int d = 0; d < 2; d++) {
-            json_t *set = json_object_get(h, diffs[d][0]);
-            if (json_array_size(set) == 0)
-                continue;
-            printf("    %s, at each one's peak:", diffs[d][2]);
-            json_array_foreach(set, k, t)
-            {
-                esc_buf_t et;
-                printf("%s %s +%s", k ? "," : "",
-                       esc(json_string_value(json_object_get(t, diffs[d][1])), et),
-                       human(num(t, "bytes"), b1, sizeof b1));
-            }
-            printf("\n");
-        }
-        if (aligned)
-            print_job_iterations(g, ranks, h);
-    }
+        fprintf(pout, "    ... %.0f more\n",
+                num(o, "count") - (double)json_array_size(json_object_get(o, "first")));
 }
 
 static void print_process(json_t *p)
@@ -634,46 +526,50 @@ static void print_process(json_t *p)
     untimed = json_object_get(p, "clock") != NULL;
     const char *name = json_string_value(json_object_get(p, "name"));
     esc_buf_t en, ex, ej;
-    printf("process %d%s%s%s", (int)json_integer_value(json_object_get(p, "pid")),
-           name && *name ? " \"" : "", name && *name ? esc(name, en) : "",
-           name && *name ? "\"" : "");
+    fprintf(pout, "process %d%s%s%s", (int)json_integer_value(json_object_get(p, "pid")),
+            name && *name ? " \"" : "", name && *name ? esc(name, en) : "",
+            name && *name ? "\"" : "");
     if (json_object_get(p, "rank")) {
         const char *job = json_string_value(json_object_get(p, "job"));
-        printf(" (rank %.0f%s%s)", num(p, "rank"), job ? " of job " : "", job ? esc(job, ej) : "");
+        fprintf(pout, " (rank %.0f%s%s)", num(p, "rank"), job ? " of job " : "",
+                job ? esc(job, ej) : "");
     }
-    printf(": %.0f events, %.0f lost, exit %s\n", num(p, "events"), num(p, "lost"),
-           esc(json_string_value(json_object_get(p, "exit")), ex));
+    fprintf(pout, ": %.0f events, %.0f lost, exit %s\n", num(p, "events"), num(p, "lost"),
+            esc(json_string_value(json_object_get(p, "exit")), ex));
     if (num(p, "skipped_entries") > 0)
-        printf("  %.0f trace entries of actions memtrace does not model were skipped\n",
-               num(p, "skipped_entries"));
+        fprintf(pout, "  %.0f trace entries of actions memtrace does not model were skipped\n",
+                num(p, "skipped_entries"));
     double peak = num(p, "peak_allocated");
-    printf("  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
-           "reserved\n",
-           human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
-           human(num(p, "final_allocated"), b3, sizeof(b3)),
-           human(num(p, "final_reserved"), b4, sizeof(b4)));
+    fprintf(pout,
+            "  device memory: peak allocated %s, peak reserved %s; at the end %s allocated, %s "
+            "reserved\n",
+            human(peak, b1, sizeof(b1)), human(num(p, "peak_reserved"), b2, sizeof(b2)),
+            human(num(p, "final_allocated"), b3, sizeof(b3)),
+            human(num(p, "final_reserved"), b4, sizeof(b4)));
 
     /* Several devices: each one's figures, the line above being their sum. */
     json_t *devs = json_object_get(p, "devices");
     if (json_array_size(devs) > 1) {
-        printf("  by device (the process's figures at the end are the sums; each peak is the "
-               "device's own):\n");
+        fprintf(pout,
+                "  by device (the process's figures at the end are the sums; each peak is the "
+                "device's own):\n");
         size_t i;
         json_t *d;
         json_array_foreach(devs, i, d)
         {
-            printf("    device %-3.0f peak allocated %s, peak reserved %s; at the end %s "
-                   "allocated, %s reserved\n",
-                   num(d, "device"), human(num(d, "peak_allocated"), b1, sizeof(b1)),
-                   human(num(d, "peak_reserved"), b2, sizeof(b2)),
-                   human(num(d, "final_allocated"), b3, sizeof(b3)),
-                   human(num(d, "final_reserved"), b4, sizeof(b4)));
+            fprintf(pout,
+                    "    device %-3.0f peak allocated %s, peak reserved %s; at the end %s "
+                    "allocated, %s reserved\n",
+                    num(d, "device"), human(num(d, "peak_allocated"), b1, sizeof(b1)),
+                    human(num(d, "peak_reserved"), b2, sizeof(b2)),
+                    human(num(d, "final_allocated"), b3, sizeof(b3)),
+                    human(num(d, "final_reserved"), b4, sizeof(b4)));
         }
     }
 
     json_t *tags = json_object_get(p, "peak_by_tag");
     if (json_object_size(tags)) {
-        printf("\n  peak by tag:\n");
+        fprintf(pout, "\n  peak by tag:\n");
         double top = 0;
         const char *k;
         json_t *v;
@@ -681,9 +577,10 @@ static void print_process(json_t *p)
         json_object_foreach(tags, k, v)
         {
             esc_buf_t e;
-            printf("    %-14s %12s  ", esc(k, e), human(json_number_value(v), b1, sizeof(b1)));
+            fprintf(pout, "    %-14s %12s  ", esc(k, e),
+                    human(json_number_value(v), b1, sizeof(b1)));
             bar(top > 0 ? json_number_value(v) / top : 0, 30);
-            printf("\n");
+            fprintf(pout, "\n");
         }
     }
 
@@ -692,55 +589,58 @@ static void print_process(json_t *p)
     bool snapshot = json_object_get(p, "source") != NULL;
     bool state = json_is_true(json_object_get(p, "state_only"));
     if (state)
-        printf("\n  a state snapshot (no allocation history): the figures are the moment it "
-               "was taken;\n  no timeline, lifetimes or growth\n");
+        fprintf(pout, "\n  a state snapshot (no allocation history): the figures are the moment it "
+                      "was taken;\n  no timeline, lifetimes or growth\n");
     json_t *tl = json_object_get(p, "timeline");
     if (json_array_size(tl) && !state) {
-        printf("\n  timeline%s:\n    %9s %12s %12s %12s %6s %6s\n",
-               untimed ? " (the input has no clock: by event; no lifetimes, so no temporary "
-                         "allocations)"
-                       : "",
-               untimed ? "event" : "t (s)", "allocated", "peak", "reserved", "util", "frag");
+        fprintf(pout, "\n  timeline%s:\n    %9s %12s %12s %12s %6s %6s\n",
+                untimed ? " (the input has no clock: by event; no lifetimes, so no temporary "
+                          "allocations)"
+                        : "",
+                untimed ? "event" : "t (s)", "allocated", "peak", "reserved", "util", "frag");
         size_t i;
         json_t *s;
         json_array_foreach(tl, i, s)
         {
-            printf(untimed ? "    %9.0f %12s %12s %12s %5.1f%% %5.1f%%\n"
-                           : "    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n",
-                   num(s, "t_s") * (untimed ? 1e9 : 1), human(num(s, "allocated"), b1, sizeof(b1)),
-                   human(num(s, "peak_allocated"), b2, sizeof(b2)),
-                   human(num(s, "reserved"), b3, sizeof(b3)), 100 * num(s, "utilization"),
-                   100 * num(s, "fragmentation"));
+            fprintf(pout,
+                    untimed ? "    %9.0f %12s %12s %12s %5.1f%% %5.1f%%\n"
+                            : "    %9.3f %12s %12s %12s %5.1f%% %5.1f%%\n",
+                    num(s, "t_s") * (untimed ? 1e9 : 1), human(num(s, "allocated"), b1, sizeof(b1)),
+                    human(num(s, "peak_allocated"), b2, sizeof(b2)),
+                    human(num(s, "reserved"), b3, sizeof(b3)), 100 * num(s, "utilization"),
+                    100 * num(s, "fragmentation"));
         }
     }
 
     json_t *nf = json_object_get(p, "never_freed");
-    printf("\n  %s: %.0f allocations, %s",
-           snapshot ? "live when the snapshot was taken" : "never freed", num(nf, "count"),
-           human(num(nf, "bytes"), b1, sizeof(b1)));
+    fprintf(pout, "\n  %s: %.0f allocations, %s",
+            snapshot ? "live when the snapshot was taken" : "never freed", num(nf, "count"),
+            human(num(nf, "bytes"), b1, sizeof(b1)));
     if (num(p, "unmatched_frees") > 0)
-        printf(" (%.0f frees of blocks allocated before the log began)", num(p, "unmatched_frees"));
-    printf("\n");
+        fprintf(pout, " (%.0f frees of blocks allocated before the log began)",
+                num(p, "unmatched_frees"));
+    fprintf(pout, "\n");
     /* Blocks from before a gap whose free may be among the lost events: not counted above. */
     if (num(nf, "uncertain_count") > 0)
-        printf("  uncertain (events lost): %.0f allocations, %s, whose free may have been lost\n",
-               num(nf, "uncertain_count"), human(num(nf, "uncertain_bytes"), b1, sizeof(b1)));
+        fprintf(pout,
+                "  uncertain (events lost): %.0f allocations, %s, whose free may have been lost\n",
+                num(nf, "uncertain_count"), human(num(nf, "uncertain_bytes"), b1, sizeof(b1)));
     json_t *groups = json_object_get(nf, "groups");
     if (json_array_size(groups)) {
-        printf("    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
+        fprintf(pout, "    %-14s %12s %8s %12s\n", "tag", "size", "count", "bytes");
         size_t i;
         json_t *g;
         json_array_foreach(groups, i, g)
         {
             esc_buf_t e;
-            printf("    %-14s %12s %8.0f %12s\n",
-                   esc(json_string_value(json_object_get(g, "tag")), e),
-                   human(num(g, "size"), b1, sizeof(b1)), num(g, "count"),
-                   human(num(g, "bytes"), b2, sizeof(b2)));
+            fprintf(pout, "    %-14s %12s %8.0f %12s\n",
+                    esc(json_string_value(json_object_get(g, "tag")), e),
+                    human(num(g, "size"), b1, sizeof(b1)), num(g, "count"),
+                    human(num(g, "bytes"), b2, sizeof(b2)));
         }
         if (num(nf, "groups_total") > (double)json_array_size(groups))
-            printf("    ... %.0f more groups\n",
-                   num(nf, "groups_total") - (double)json_array_size(groups));
+            fprintf(pout, "    ... %.0f more groups\n",
+                    num(nf, "groups_total") - (double)json_array_size(groups));
     }
 
     print_device_memory(json_object_get(p, "device_memory"));
@@ -758,36 +658,50 @@ static void print_process(json_t *p)
 
 /* ---- the report as text ---- */
 
-void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *const *logs,
-                           int nlogs, unsigned long bad)
+void mt__report_print_head(json_t *res, size_t nprocs, const mt__report_print_opts_t *o,
+                           char *const *logs, int nlogs, unsigned long bad)
 {
     popt = *o;
-    json_t *procs = json_object_get(res, "processes");
-    printf("memtrace report: ");
+    pout = stdout;
+    fprintf(pout, "memtrace report: ");
     for (int i = 0; i < nlogs; i++)
-        printf("%s%s", logs[i], i + 1 < nlogs ? ", " : ": ");
+        fprintf(pout, "%s%s", logs[i], i + 1 < nlogs ? ", " : ": ");
     /* (a snapshot is fed as one line of its own, its process's hello: not a line read) */
     size_t nsnap = json_array_size(json_object_get(res, "snapshots"));
     double lines = num(res, "lines") - (double)nsnap;
     if (nsnap == 0 || lines > 0)
-        printf("%.0f lines, ", lines);
+        fprintf(pout, "%.0f lines, ", lines);
     if (nsnap > 0)
-        printf("%zu snapshot%s, ", nsnap, nsnap == 1 ? "" : "s");
-    printf("%.0f events, %zu process%s", num(res, "events"), json_array_size(procs),
-           json_array_size(procs) == 1 ? "" : "es");
+        fprintf(pout, "%zu snapshot%s, ", nsnap, nsnap == 1 ? "" : "s");
+    fprintf(pout, "%.0f events, %zu process%s", num(res, "events"), nprocs,
+            nprocs == 1 ? "" : "es");
     if (num(res, "duplicates") > 0)
-        printf(", %.0f events found in two logs counted once", num(res, "duplicates"));
+        fprintf(pout, ", %.0f events found in two logs counted once", num(res, "duplicates"));
     if (bad)
-        printf(", %lu malformed lines skipped", bad);
+        fprintf(pout, ", %lu malformed lines skipped", bad);
     if (num(res, "lost_unattributed") > 0)
-        printf(", %.0f events lost by a consumer queue", num(res, "lost_unattributed"));
-    printf("\n");
-    print_jobs(json_object_get(res, "jobs"));
+        fprintf(pout, ", %.0f events lost by a consumer queue", num(res, "lost_unattributed"));
+    fprintf(pout, "\n");
+    mt__report_print_jobs(json_object_get(res, "jobs"));
+}
+
+void mt__report_print_process(FILE *out, json_t *p, const mt__report_print_opts_t *o)
+{
+    popt = *o;
+    pout = out;
+    fprintf(pout, "\n");
+    print_process(p);
+}
+
+void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *const *logs,
+                           int nlogs, unsigned long bad)
+{
+    json_t *procs = json_object_get(res, "processes");
+    mt__report_print_head(res, json_array_size(procs), o, logs, nlogs, bad);
     size_t i;
     json_t *p;
     json_array_foreach(procs, i, p)
     {
-        printf("\n");
-        print_process(p);
+        mt__report_print_process(stdout, p, o);
     }
 }

@@ -4,8 +4,11 @@
 #define MT_TOOLS_REPORT_PRINT_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include <jansson.h>
+
+#include "analysis/report.h"
 
 /* How call sites are printed (options of this run). */
 typedef struct mt__report_print_opts_s {
@@ -22,10 +25,28 @@ typedef struct mt__report_print_opts_s {
  * res is borrowed and changed in place. 0, or MT_ENOMEM if "tagged" could not be added (the
  * report must not go out without it). */
 int mt__report_print_fit(json_t *res, const mt__report_print_opts_t *o);
+/* The same for one process p of res (res's "snapshots" read, its processes not), for a
+ * report printed as its processes are made. */
+int mt__report_print_fit_process(const json_t *res, json_t *p, const mt__report_print_opts_t *o);
 
 /* The report res (borrowed, once fitted) as text on stdout: the line that names the logs,
  * with bad malformed lines, then each job and each process. */
 void mt__report_print_text(json_t *res, const mt__report_print_opts_t *o, char *const *logs,
                            int nlogs, unsigned long bad);
+/* mt__report_print_text in parts, for a report printed as its processes are made: the line
+ * that names the logs (nprocs processes) and the jobs, on stdout; one process's text (its
+ * blank line first) on out. */
+void mt__report_print_head(json_t *res, size_t nprocs, const mt__report_print_opts_t *o,
+                           char *const *logs, int nlogs, unsigned long bad);
+void mt__report_print_process(FILE *out, json_t *p, const mt__report_print_opts_t *o);
+
+/* report_stream.c: the report of r (streamed: no event kept, no snapshot input), fitted and
+ * printed as text or as JSON (JSON_INDENT(2), then a newline), the same bytes as
+ * mt__report_result, mt__report_print_fit and the printers above give, with one process's
+ * object held at a time (mt__report_result_stream). r's analyses are freed; r can then only
+ * be destroyed. Returns 0, or 1 after saying why on stderr (out of memory, a write error:
+ * what was printed before stays). */
+int mt__report_print_streamed(mt__report_t *r, const mt__report_print_opts_t *pr, bool as_json,
+                              char *const *logs, int nlogs, unsigned long bad);
 
 #endif

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """`memtrace plot` and `memtrace export` give the very bytes they gave before their replays
 were made cheaper (docs/readers.md, "Speed"): the SHA-256 of each output below was taken
-with the tree at 7518b92, whose plot replayed a process three times and export twice.
+with the tree at 7518b92, whose plot replayed a process three times and export twice; and
+`memtrace report` (text and JSON) the bytes it gave before it was printed process by process
+(docs/readers.md, "Memory"), with the tree at ce28f47.
 
 The log is written here from a fixed generator (no library randomness): two processes, one
 of ten devices (more than plot's 8 lanes; device 3 named first by a mark, which opens no
@@ -27,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-MT = sys.argv[1]
+MT = os.path.abspath(sys.argv[1]) if os.sep in sys.argv[1] else sys.argv[1]  # (run elsewhere)
 PRINT = len(sys.argv) > 2 and sys.argv[2] == "--print"
 
 TAGS = ["other", "weights", "grads", "optimizer", "activations", "workspace", "batch"]
@@ -150,6 +152,9 @@ COMMANDS = [
     "export --format torch-snapshot -o -",
     "export --format torch-snapshot --pid 12 -o -",
     "export --format torch-snapshot --torch-format 1 -o -",
+    "report",
+    "report --json",
+    "report --by function",
 ]
 
 # sha256 of stdout, then of stderr, and the exit status, by the tree at 7518b92; the plots'
@@ -179,6 +184,16 @@ EXPECTED = {
     "export --format torch-snapshot --torch-format 1 -o -":
         ("08317855e8d1fcde17188c8bcc610a4b",
          "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    # the report's, by the tree at ce28f47, before it was printed process by process
+    "report":
+        ("ad2e36fabe3a5f68f46e5bfecd480fc5",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "report --json":
+        ("292f05d59737c4ecd88c3fde52e9f726",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
+    "report --by function":
+        ("e46cf9b18b3835eafcbca78a6463ccf9",
+         "e3b0c44298fc1c149afbf4c8996fb924", 0),
 }
 
 
@@ -199,7 +214,7 @@ def binary_same(log, tmp):
         if len(g.read()) * 4 > len(f.read()):
             differ.append("the binary log is not a quarter of the NDJSON's bytes or less")
     env = dict(os.environ, TMPDIR=tmp)
-    for cmd in COMMANDS + ["report", "report --json"]:
+    for cmd in COMMANDS:
         runs = []
         for path in (log, binlog):
             p = subprocess.run([MT] + cmd.split() + [path], capture_output=True, env=env)
@@ -233,7 +248,7 @@ def compressed_same(log, tmp):
         print("note: no zstd program: the zstd form is left to the C tests (tests/replay)")
     env = dict(os.environ, TMPDIR=tmp)
     differ = []
-    for cmd in COMMANDS + ["report", "report --json"]:
+    for cmd in COMMANDS:
         p = subprocess.run([MT] + cmd.split() + [log], capture_output=True, env=env)
         want = (p.stdout.replace(log.encode(), b"LOG"), p.stderr.replace(log.encode(), b"LOG"),
                 p.returncode)
@@ -328,7 +343,9 @@ def main():
                         env["MEMTRACE_READER_THREADS"] = "1"
                     else:
                         env.pop("MEMTRACE_READER_THREADS", None)
-                    p = subprocess.run([MT] + cmd.split() + [path], capture_output=True, env=env)
+                    # (from the log's directory: the text report names the log as given)
+                    p = subprocess.run([MT] + cmd.split() + [os.path.basename(path)],
+                                       capture_output=True, env=env, cwd=os.path.dirname(path))
                     runs.append((p.stdout, p.stderr, p.returncode))
                 if runs[0] != runs[1]:
                     threads_differ.append("%s %s" % (cmd, os.path.basename(path)))
