@@ -570,40 +570,32 @@ uint64_t mt__model_allocated_after(const mt_model_t *m, const mt_event_rec_t *ev
 
 /* ---- checker ---- */
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (why)                                                                               \
-                snprintf(why, whylen, __VA_ARGS__);                                                \
-            return MT_EPROTO;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
 {
     const mt__mclass_t *c = &m->cls[k];
-    CHECK(c->live <= c->cap, "class %d: %zu blocks in %zu entries", k, c->live, c->cap);
-    CHECK(c->at.n + (c->zero != 0) == c->live, "class %d: %zu blocks, %zu in the address table", k,
-          c->live, c->at.n + (c->zero != 0));
+    MT__MCHECK(c->live <= c->cap, "class %d: %zu blocks in %zu entries", k, c->live, c->cap);
+    MT__MCHECK(c->at.n + (c->zero != 0) == c->live,
+               "class %d: %zu blocks, %zu in the address table", k, c->live,
+               c->at.n + (c->zero != 0));
     char amap_why[128] = "";
-    CHECK(mt__amap_check(&c->at, amap_why, sizeof amap_why) == 0, "class %d: %s", k, amap_why);
+    MT__MCHECK(mt__amap_check(&c->at, amap_why, sizeof amap_why) == 0, "class %d: %s", k, amap_why);
     mt__u128 tb[MT_TAG_MAX] = {0}, ub[MT_TAG_MAX] = {0}, pb[4] = {0}, known = 0, unc = 0;
     uint64_t tn[MT_TAG_MAX] = {0}, un[MT_TAG_MAX] = {0};
     size_t live = 0, nunc = 0;
     for (size_t i = 0; i < c->live; i++) {
         const mt__mblock_t *b = &c->blocks[i];
         live++;
-        CHECK(b->tag < MT_TAG_MAX, "class %d: block %#llx tag %d", k, (unsigned long long)b->addr,
-              b->tag);
-        CHECK(block_find(c, b->addr) == b, "class %d: block %#llx not found by address", k,
-              (unsigned long long)b->addr);
-        CHECK(!b->uncertain == (i >= c->nuncertain),
-              "class %d: block %zu %scertain, uncertain ones are [0, %zu)", k, i,
-              b->uncertain ? "un" : "", c->nuncertain);
+        MT__MCHECK(b->tag < MT_TAG_MAX, "class %d: block %#llx tag %d", k,
+                   (unsigned long long)b->addr, b->tag);
+        MT__MCHECK(block_find(c, b->addr) == b, "class %d: block %#llx not found by address", k,
+                   (unsigned long long)b->addr);
+        MT__MCHECK(!b->uncertain == (i >= c->nuncertain),
+                   "class %d: block %zu %scertain, uncertain ones are [0, %zu)", k, i,
+                   b->uncertain ? "un" : "", c->nuncertain);
         if (b->uncertain) { /* (in the stale index: mt__model_stale_check) */
             nunc++;
-            CHECK(b->pending || b->size <= c->unc_max, "class %d: unc_max %llu < %llu", k,
-                  (unsigned long long)c->unc_max, (unsigned long long)b->size);
+            MT__MCHECK(b->pending || b->size <= c->unc_max, "class %d: unc_max %llu < %llu", k,
+                       (unsigned long long)c->unc_max, (unsigned long long)b->size);
         }
         if (b->pending)
             continue;
@@ -618,32 +610,34 @@ static int class_check(const mt_model_t *m, int k, char *why, size_t whylen)
             known += b->size;
         }
     }
-    CHECK(live == c->live, "class %d: live %zu/%zu", k, live, c->live);
-    CHECK(nunc == c->nuncertain, "class %d: uncertain blocks %zu, counted %zu", k, nunc,
-          c->nuncertain);
-    CHECK(known == c->known && unc == c->unc, "class %d: known/uncertain sums differ", k);
+    MT__MCHECK(live == c->live, "class %d: live %zu/%zu", k, live, c->live);
+    MT__MCHECK(nunc == c->nuncertain, "class %d: uncertain blocks %zu, counted %zu", k, nunc,
+               c->nuncertain);
+    MT__MCHECK(known == c->known && unc == c->unc, "class %d: known/uncertain sums differ", k);
     for (int t = 0; t < MT_TAG_MAX; t++) {
-        CHECK(tb[t] == c->tag_bytes[t] && tn[t] == c->tag_blocks[t],
-              "class %d: tag %d bytes %llu, blocks say %llu", k, t,
-              (unsigned long long)mt__model_sat(c->tag_bytes[t]),
-              (unsigned long long)mt__model_sat(tb[t]));
-        CHECK(ub[t] == c->unc_bytes[t] && un[t] == c->unc_blocks[t],
-              "class %d: tag %d uncertain bytes differ", k, t);
-        CHECK(c->tag_peak[t] >= mt__model_sat(c->tag_bytes[t]), "class %d: tag %d peak", k, t);
-        CHECK(c->tag_bytes[t] == 0 || (c->tags_held >> t & 1), "class %d: tag %d not held", k, t);
+        MT__MCHECK(tb[t] == c->tag_bytes[t] && tn[t] == c->tag_blocks[t],
+                   "class %d: tag %d bytes %llu, blocks say %llu", k, t,
+                   (unsigned long long)mt__model_sat(c->tag_bytes[t]),
+                   (unsigned long long)mt__model_sat(tb[t]));
+        MT__MCHECK(ub[t] == c->unc_bytes[t] && un[t] == c->unc_blocks[t],
+                   "class %d: tag %d uncertain bytes differ", k, t);
+        MT__MCHECK(c->tag_peak[t] >= mt__model_sat(c->tag_bytes[t]), "class %d: tag %d peak", k, t);
+        MT__MCHECK(c->tag_bytes[t] == 0 || (c->tags_held >> t & 1), "class %d: tag %d not held", k,
+                   t);
     }
     for (int p = 0; p < 4; p++)
-        CHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);
+        MT__MCHECK(pb[p] == c->pool_bytes[p], "class %d: pool %d bytes differ", k, p);
     mt__u128 a = 0, r = 0;
     for (size_t i = 0; i < m->ndev; i++) {
         a += m->dev[i].alloc[k == MT_MODEL_HOST];
         r += m->dev[i].res[k == MT_MODEL_HOST];
     }
-    CHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
-    CHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r), "class %d: peaks",
-          k);
-    CHECK(k != MT_MODEL_DEVICE || (m->span_peak >= mt__model_sat(a) && m->peak_span <= m->nit),
-          "the open span's peak is below the allocated bytes, or the peak's span is past the last");
+    MT__MCHECK(a == c->asum && r == c->rsum, "class %d: totals differ from the sources' sum", k);
+    MT__MCHECK(c->peak_alloc >= mt__model_sat(a) && c->peak_res >= mt__model_sat(r),
+               "class %d: peaks", k);
+    MT__MCHECK(
+        k != MT_MODEL_DEVICE || (m->span_peak >= mt__model_sat(a) && m->peak_span <= m->nit),
+        "the open span's peak is below the allocated bytes, or the peak's span is past the last");
     int rc = mt__model_temp_check(c, why, whylen);
     rc = rc ? rc : mt__model_stale_check(c, why, whylen);
     rc = rc ? rc : mt__model_segs_check(c, why, whylen);
@@ -660,7 +654,7 @@ int mt__model_check(const mt_model_t *m, char *why, size_t whylen)
     int orc = mt__model_outside_check(m, why, whylen);
     if (orc)
         return orc;
-    CHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
+    MT__MCHECK(m->nit <= m->capit, "iterations %zu > capacity %zu", m->nit, m->capit);
     int drc = mt__model_devs_check(m, why, whylen);
     return drc ? drc : mt__model_stacks_check(m, why, whylen);
 }

@@ -11,15 +11,6 @@
 #include "util/assert.h"
 #include "util/grow.h"
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (why && whylen)                                                                     \
-                snprintf(why, whylen, __VA_ARGS__);                                                \
-            return MT_EPROTO;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 /* The index of the first entry whose ordinal is >= d (m->ndev: none). */
 static size_t lower(const mt_model_t *m, unsigned d)
 {
@@ -74,28 +65,29 @@ void mt__model_devs_free(mt_model_t *m)
 
 int mt__model_devs_check(const mt_model_t *m, char *why, size_t whylen)
 {
-    CHECK(m->ndev <= m->capdev && m->ndev <= 256 && (m->ndev == 0 || m->dhint < m->ndev),
-          "devices: %zu entries of %zu, hint %zu", m->ndev, m->capdev, m->dhint);
+    MT__MCHECK(m->ndev <= m->capdev && m->ndev <= 256 && (m->ndev == 0 || m->dhint < m->ndev),
+               "devices: %zu entries of %zu, hint %zu", m->ndev, m->capdev, m->dhint);
     uint64_t mres = 0, mdev = 0, faults = 0, moved = 0; /* wrapping, as the model's sums */
     for (size_t i = 0; i < m->ndev; i++) {
         const mt__mdevice_t *v = &m->dev[i];
-        CHECK(i == 0 || m->dev[i - 1].device < v->device, "devices: %u after %u, not sorted",
-              v->device, m->dev[i - 1].device);
+        MT__MCHECK(i == 0 || m->dev[i - 1].device < v->device, "devices: %u after %u, not sorted",
+                   v->device, m->dev[i - 1].device);
         for (int h = 0; h < 2; h++) {
-            CHECK(v->peak_alloc[h] >= v->alloc[h] && v->peak_res[h] >= v->res[h] &&
-                      (v->seen[h] || (v->alloc[h] == 0 && v->res[h] == 0)),
-                  "device %u%s: peaks below the latest totals, or totals never reported", v->device,
-                  h ? " (host)" : "");
+            MT__MCHECK(v->peak_alloc[h] >= v->alloc[h] && v->peak_res[h] >= v->res[h] &&
+                           (v->seen[h] || (v->alloc[h] == 0 && v->res[h] == 0)),
+                       "device %u%s: peaks below the latest totals, or totals never reported",
+                       v->device, h ? " (host)" : "");
         }
-        CHECK(v->managed || (v->mres == 0 && v->mdev == 0 && v->mfaults == 0 && v->mmoved == 0),
-              "device %u: managed figures of a device not managed", v->device);
+        MT__MCHECK(v->managed ||
+                       (v->mres == 0 && v->mdev == 0 && v->mfaults == 0 && v->mmoved == 0),
+                   "device %u: managed figures of a device not managed", v->device);
         mres += v->mres;
         mdev += v->mdev;
         faults += v->mfaults;
         moved += v->mmoved;
     }
-    CHECK(mres == m->mres_sum && mdev == m->managed.device_now && faults == m->managed.faults &&
-              moved == m->managed.migrated,
-          "managed sums differ from the devices'");
+    MT__MCHECK(mres == m->mres_sum && mdev == m->managed.device_now &&
+                   faults == m->managed.faults && moved == m->managed.migrated,
+               "managed sums differ from the devices'");
     return 0;
 }

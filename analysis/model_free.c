@@ -449,15 +449,6 @@ void mt__model_free_destroy(mt__mclass_t *c)
 
 /* ---- checker ---- */
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (why)                                                                               \
-                snprintf(why, whylen, __VA_ARGS__);                                                \
-            return MT_EPROTO;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 static int u64_cmp(const void *x, const void *y)
 {
     uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
@@ -495,13 +486,13 @@ static int check_kept(const mfree_t *f, char *why, size_t whylen)
             same = i < n && len[i++] == s->size;
     }
     free(len);
-    CHECK(same && i == n, "free extents: empty, overlapping, or their sum or sizes differ");
+    MT__MCHECK(same && i == n, "free extents: empty, overlapping, or their sum or sizes differ");
     prev_end = 0;
     for (mt__bt_cur_t k = mt__bt_first(&f->out); !mt__bt_end(k); mt__bt_next(&k)) {
         const ext_t *x = ext_at(k);
-        CHECK(x->end > x->addr && x->addr >= prev_end,
-              "blocks outside the segments: empty or overlapping at %#llx",
-              (unsigned long long)x->addr);
+        MT__MCHECK(x->end > x->addr && x->addr >= prev_end,
+                   "blocks outside the segments: empty or overlapping at %#llx",
+                   (unsigned long long)x->addr);
         prev_end = x->end;
     }
     return 0;
@@ -525,16 +516,16 @@ int mt__model_free_check(const mt__mclass_t *c, char *why, size_t whylen)
     if (f == NULL)
         return 0;
     if (!f->valid) {
-        CHECK(f->ext.n == 0 && f->sizes.n == 0 && f->out.n == 0 && f->slot == NULL && f->sum == 0 &&
-                  f->jn == 0,
-              "free extents dropped, yet some kept");
+        MT__MCHECK(f->ext.n == 0 && f->sizes.n == 0 && f->out.n == 0 && f->slot == NULL &&
+                       f->sum == 0 && f->jn == 0,
+                   "free extents dropped, yet some kept");
         return 0;
     }
-    CHECK(f->jn <= f->jcap && f->jcap <= JOURNAL_MAX, "free extents: journal %zu of %zu", f->jn,
-          f->jcap);
-    CHECK(f->jcap == 0 || (f->jcap >= 64 && (f->jcap & (f->jcap - 1)) == 0 &&
-                           f->shift == 64 - (unsigned)__builtin_ctzll(f->jcap)),
-          "free extents: journal of %zu entries", f->jcap);
+    MT__MCHECK(f->jn <= f->jcap && f->jcap <= JOURNAL_MAX, "free extents: journal %zu of %zu",
+               f->jn, f->jcap);
+    MT__MCHECK(f->jcap == 0 || (f->jcap >= 64 && (f->jcap & (f->jcap - 1)) == 0 &&
+                                f->shift == 64 - (unsigned)__builtin_ctzll(f->jcap)),
+               "free extents: journal of %zu entries", f->jcap);
     size_t pending = 0;
     for (size_t i = 0; i < f->jn; i++)
         pending += f->j[i].d != 0;
@@ -545,8 +536,8 @@ int mt__model_free_check(const mt__mclass_t *c, char *why, size_t whylen)
         bool latest = true;
         for (size_t k = i + 1; latest && k < f->jn; k++)
             latest = f->j[k].d == 0 || f->j[k].addr != f->j[i].addr;
-        CHECK(latest, "free extents: slot %zu names a change of %#llx not its latest", s,
-              (unsigned long long)f->j[i].addr);
+        MT__MCHECK(latest, "free extents: slot %zu names a change of %#llx not its latest", s,
+                   (unsigned long long)f->j[i].addr);
     }
     int rc;
     if ((rc = check_kept(f, why, whylen)) != 0 || pending > 0)
@@ -563,7 +554,7 @@ int mt__model_free_check(const mt__mclass_t *c, char *why, size_t whylen)
                            fresh.sum == f->sum);
     drop(&fresh);
     free(blk);
-    CHECK(shape, "free extents kept, but the blocks overlap or cross a segment's end");
-    CHECK(same, "free extents differ from the blocks' and segments'");
+    MT__MCHECK(shape, "free extents kept, but the blocks overlap or cross a segment's end");
+    MT__MCHECK(same, "free extents differ from the blocks' and segments'");
     return 0;
 }

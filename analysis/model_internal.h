@@ -19,6 +19,17 @@ static inline uint64_t mt__model_sat(mt__u128 v)
     return v > UINT64_MAX ? UINT64_MAX : (uint64_t)v;
 }
 
+/* A checker's step (the model's files' *_check): when cond fails, the message goes to
+ * why[whylen] (when given) and the checker returns MT_EPROTO. */
+#define MT__MCHECK(cond, ...)                                                                      \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (why && whylen)                                                                     \
+                snprintf(why, whylen, __VA_ARGS__);                                                \
+            return MT_EPROTO;                                                                      \
+        }                                                                                          \
+    } while (0)
+
 /* A live block (alloc seen, free_completed not), in its class's dense array, found by addr
  * through the class's address table. */
 typedef struct mt__mblock_s {

@@ -8,15 +8,6 @@
 
 #include "analysis/model_internal.h"
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (why && whylen)                                                                     \
-                snprintf(why, whylen, __VA_ARGS__);                                                \
-            return MT_EPROTO;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 static mt__mdev_t *dev_of(mt_model_t *m, unsigned d)
 {
     mt__mdevice_t *v = mt__model_dev_get(m, d);
@@ -88,14 +79,15 @@ int mt__model_outside_check(const mt_model_t *m, char *why, size_t whylen)
             continue;
         uint64_t sum = 0;
         for (unsigned i = 0; i < MT_TAG_MAX; i++) {
-            CHECK(o->lib_peak[i] >= o->lib[i], "device %u library %u: peak below bytes", d, i);
+            MT__MCHECK(o->lib_peak[i] >= o->lib[i], "device %u library %u: peak below bytes", d, i);
             sum = mt_model_sat_add(sum, o->lib[i]);
         }
-        CHECK(sum == o->libs, "device %u: outside bytes %llu, libraries sum to %llu", d,
-              (unsigned long long)o->libs, (unsigned long long)sum);
-        CHECK(o->peak_used >= o->used && (o->seen || (o->used == 0 && o->context == 0)),
-              "device %u: used figures", d);
-        CHECK(o->self == UINT64_MAX || o->self <= o->used, "device %u: own bytes above used", d);
+        MT__MCHECK(sum == o->libs, "device %u: outside bytes %llu, libraries sum to %llu", d,
+                   (unsigned long long)o->libs, (unsigned long long)sum);
+        MT__MCHECK(o->peak_used >= o->used && (o->seen || (o->used == 0 && o->context == 0)),
+                   "device %u: used figures", d);
+        MT__MCHECK(o->self == UINT64_MAX || o->self <= o->used, "device %u: own bytes above used",
+                   d);
     }
     return 0;
 }

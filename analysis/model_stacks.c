@@ -550,29 +550,20 @@ void mt__model_stacks_free(mt_model_t *m)
     m->stacks = NULL;
 }
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if (why)                                                                               \
-                snprintf(why, whylen, __VA_ARGS__);                                                \
-            return MT_EPROTO;                                                                      \
-        }                                                                                          \
-    } while (0)
-
 int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen)
 {
     const mt__mstacks_t *s = m->stacks;
     if (!s)
         return 0;
-    CHECK(s->n <= s->cap && s->at.n == s->n, "stacks: table sizes");
+    MT__MCHECK(s->n <= s->cap && s->at.n == s->n, "stacks: table sizes");
     if (mt__amap_check(&s->at, why, whylen) != 0)
         return MT_EPROTO;
-    CHECK(s->nframes <= MT_MODEL_FRAMES_MAX && s->str_bytes <= MT_MODEL_PY_STR_MAX,
-          "stacks: bounds");
+    MT__MCHECK(s->nframes <= MT_MODEL_FRAMES_MAX && s->str_bytes <= MT_MODEL_PY_STR_MAX,
+               "stacks: bounds");
     for (size_t i = 0; i < s->n; i++) {
-        CHECK(find(s, s->defs[i].id) == i, "stacks: id %u not found", s->defs[i].id);
-        CHECK(!s->defs[i].defined || s->defs[i].off + s->defs[i].n <= s->nframes,
-              "stacks: id %u frames out of range", s->defs[i].id);
+        MT__MCHECK(find(s, s->defs[i].id) == i, "stacks: id %u not found", s->defs[i].id);
+        MT__MCHECK(!s->defs[i].defined || s->defs[i].off + s->defs[i].n <= s->nframes,
+                   "stacks: id %u frames out of range", s->defs[i].id);
     }
     for (int k = 0; k < MT_MODEL_CLASSES; k++) {
         const mt__mclass_t *c = &m->cls[k];
@@ -598,8 +589,8 @@ int mt__model_stacks_check(const mt_model_t *m, char *why, size_t whylen)
                 bad = (int)i;
         free(b);
         free(u);
-        CHECK(bad < 0, "class %d: stack %u bytes differ from its blocks", k,
-              s->defs[bad < 0 ? 0 : bad].id);
+        MT__MCHECK(bad < 0, "class %d: stack %u bytes differ from its blocks", k,
+                   s->defs[bad < 0 ? 0 : bad].id);
     }
     return 0;
 }
