@@ -488,8 +488,8 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
 {
     /* The device's figures first (made at its first event): without memory for them the
      * model is as it was. */
-    mt__mdevice_t *v = names_device(ev) ? mt__model_dev_get(m, ev->device) : NULL;
-    if (v == NULL && names_device(ev))
+    mt__mdevice_t *v = NULL;
+    if (names_device(ev) && (v = mt__model_dev_get(m, ev->device)) == NULL)
         return MT_ENOMEM;
     m->events++;
     if (ev->kind == MT_EV_GAP) { /* consumer side: carries no allocator figures */
