@@ -16,6 +16,9 @@ Shapes (the totals every event carries are the true ones, so nothing is pruned b
   ranks   as pids, each process a rank of one job of N ranks (hello's rank, world_size, job).
   stacks  N distinct call stacks (a stack table line each), each named by one allocation
           (a stack_ref then the alloc), half of them freed.
+  sites   N functions of two stacks each, one allocation a stack, none freed; grouped by
+          function (report --by function) the sums rise with the function's number while
+          the larger stack's bytes fall, so the merged rows come out in reverse order.
 """
 import argparse
 import sys
@@ -163,10 +166,31 @@ def stacks(out, n):
     g.exit()
 
 
+def sites(out, n):
+    g = Log(out, 100)
+    g.hello("sites")
+    for i in range(n):
+        for j in (1, 2):
+            out.write('{"v":1,"kind":"stack","pid":100,"id":%d,"frames":[{"py":"f%d",'
+                      '"file":"/src/m.py","line":%d}]}\n' % (2 * i + j, i, j))
+    addr = SEG_BASE
+    g.seg_map(SEG_BASE, 1 << 40)
+    for i in range(n):
+        for j, size in ((1, (3 * n - i) * 512), (2, (2 * i + 1) * 512)):
+            out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":100,"dev":0,'
+                      '"kind":"stack_ref","addr":"0x%x","pool":"large","stack":%d}\n' %
+                      (g.seq, g.t, addr, 2 * i + j))
+            g.seq += 1
+            g.t += 1000
+            g.alloc(addr, size, stack=2 * i + j)
+            addr += size
+    g.exit()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", required=True,
-                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks"])
+                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites"])
     ap.add_argument("--n", type=int, required=True, help="the size (see the shapes above)")
     ap.add_argument("--gap", choices=["record", "seq"], default="record",
                     help="gaps shape: a gap record and a jump in seq (default), or the jump alone")
@@ -184,6 +208,8 @@ def main():
             live(out, a.n)
         elif a.shape in ("pids", "ranks"):
             processes(out, a.n, a.shape == "ranks")
+        elif a.shape == "sites":
+            sites(out, a.n)
         else:
             stacks(out, a.n)
     finally:

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 
 #include "memtrace/prof.h"
 #include "mt_config.h"
+#include "analysis/frames.h"
 #include "analysis/report.h"
 #include "tests/common/test_main.h"
 
@@ -500,6 +502,65 @@ static void test_report_matches_schema(void **state)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
+/* Call sites grouped by function, where the merges reorder them: function f<i> has a large
+ * stack (bytes falling with i) and a small one (bytes rising with i), so by function the
+ * sums rise with i and the merged rows must come out in the reverse of their first order
+ * (a report of 16,000 such functions took 28 s with the insertion sort this replaced). */
+static void test_callsites_reranked(void **state)
+{
+    (void)state;
+    enum { K = 300 };
+    mt__report_cfg_t cfg = mt__report_cfg_default();
+    cfg.by_callsite = true;
+    cfg.by = MT_FR_BY_FUNCTION;
+    cfg.top = K;
+    mt__report_t *r = NULL;
+    assert_int_equal(mt__report_create(&r, &cfg), 0);
+    char line[512], err[128];
+    int n =
+        snprintf(line, sizeof line, "{\"v\":1,\"type\":\"hello\",\"pid\":7,\"name\":\"sites\"}");
+    assert_int_equal(mt__report_add_line(r, line, (size_t)n, err, sizeof err), 0);
+    for (int i = 0; i < K; i++) {
+        for (int j = 1; j <= 2; j++) {
+            n = snprintf(line, sizeof line,
+                         "{\"v\":1,\"kind\":\"stack\",\"pid\":7,\"id\":%d,\"frames\":"
+                         "[{\"py\":\"f%d\",\"file\":\"/src/m.py\",\"line\":%d}]}",
+                         2 * i + j, i, j);
+            assert_int_equal(mt__report_add_line(r, line, (size_t)n, err, sizeof err), 0);
+        }
+    }
+    gen_t g = {.r = r, .pid = 7};
+    uint64_t base = 0x10000000, at = base;
+    segment(&g, base, 1024 * MiB);
+    for (int i = 0; i < K; i++) {
+        for (int j = 1; j <= 2; j++) {
+            uint64_t size = 512 * (uint64_t)(j == 1 ? 3 * K - i : 2 * i + 1);
+            n = snprintf(line, sizeof line,
+                         "{\"v\":1,\"type\":\"event\",\"seq\":%" PRIu64 ",\"t_ns\":%" PRIu64
+                         ",\"pid\":7,\"dev\":0,\"kind\":\"stack_ref\","
+                         "\"addr\":\"0x%" PRIx64 "\",\"pool\":\"large\",\"stack\":%d}",
+                         g.seq++, g.t += 1000, at, 2 * i + j);
+            assert_int_equal(mt__report_add_line(r, line, (size_t)n, err, sizeof err), 0);
+            galloc(&g, at, size, MT_TAG_BATCH);
+            at += size;
+        }
+    }
+    json_t *res = mt__report_result(r);
+    json_t *rows = json_object_get(json_object_get(proc0(res), "callsites"), "at_peak");
+    assert_int_equal(json_array_size(rows), K);
+    for (int k = 0; k < K; k++) {
+        json_t *row = json_array_get(rows, (size_t)k);
+        char want[32];
+        snprintf(want, sizeof want, "f%d (m.py)", K - 1 - k);
+        assert_string_equal(json_string_value(json_object_get(row, "site")), want);
+        assert_int_equal(json_integer_value(json_object_get(row, "bytes")),
+                         512 * (3 * K + (K - 1 - k) + 1));
+        assert_int_equal(json_integer_value(json_object_get(row, "stacks")), 2);
+    }
+    json_decref(res);
+    mt__report_destroy(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -508,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_labelled_tag),
         cmocka_unit_test(test_few_iterations),
         cmocka_unit_test(test_timeline_fragmentation),
+        cmocka_unit_test(test_callsites_reranked),
         cmocka_unit_test(test_processes_and_malformed),
         cmocka_unit_test(test_two_logs_counted_once),
         cmocka_unit_test(test_host_apart),
