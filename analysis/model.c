@@ -49,6 +49,7 @@ void mt__model_destroy(mt_model_t **pm)
         free(m->cls[k].blocks);
         mt__amap_fini(&m->cls[k].at);
         mt__bt_fini(&m->cls[k].stale);
+        free(m->cls[k].big);
         mt__segmap_fini(&m->cls[k].segs);
         mt__model_segs_free(&m->cls[k]);
         mt__model_free_destroy(&m->cls[k]);
@@ -252,8 +253,11 @@ static int mark_gap(mt__mclass_t *c)
         block_unaccount(c, b);
         b->uncertain = 1;
         block_account(c, b);
-        if (!b->pending && b->size > c->unc_max)
-            c->unc_max = b->size;
+        if (!b->pending) {
+            if (b->size > c->unc_max)
+                c->unc_max = b->size;
+            mt__model_big_add(c, b->addr, b->size);
+        }
     }
     c->nuncertain = c->live;
     mt_assert(c->stale.n == c->nuncertain);

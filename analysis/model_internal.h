@@ -66,7 +66,8 @@ typedef struct mt__range_s {
  *   stale holds util/btree.h's invariants, its records (addr, size) keyed by addr, and
  *   stale = {(b.addr, b.size) : b in blocks[0..nuncertain)} (stale.n = nuncertain: no
  *   record of a block freed, settled or certain); unc_max >= size of every live, !pending,
- *   uncertain block;
+ *   uncertain block; !big_lost => big[0..nbig) is a max-heap by size holding (b.addr,
+ *   b.size) for every live, !pending, uncertain block b (and maybe stale records);
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
  *   seg_unc_max >= size of every uncertain seg;
  *   the certain segments at 2^64 - 1 are a prefix of segs.top (top[0..j) certain, the rest
@@ -97,6 +98,11 @@ typedef struct mt__mclass_s {
     size_t nuncertain;               /* FULL uncertain blocks (pending ones too) */
     /* the uncertain blocks' (addr, size) records by addr (model_stale.c) */
     mt__bt_t stale;
+    /* the same of the !pending ones as a max-heap by size, with records of blocks since
+     * gone, settled or resized left in (model_stale.c) */
+    mt__range_t *big;
+    size_t nbig, big_cap;
+    bool big_lost;            /* a record could not be added: big is not used until rebuilt */
     mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
     struct mt__mfree_s *fr;   /* the free extents kept (model_free.c); NULL: not kept */
     uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
@@ -306,6 +312,8 @@ void mt__model_block_delete(mt__mclass_t *c, mt__mblock_t *b);
 int mt__model_stale_add(mt__mclass_t *c, size_t from, size_t to);
 /* Takes the record of the uncertain block at addr out (settled or deleted). */
 void mt__model_stale_del(mt__mclass_t *c, uint64_t addr);
+/* Adds a block made uncertain, !pending, to c->big (or sets big_lost). */
+void mt__model_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size);
 /* Drops the uncertain blocks within [addr, addr + size) (for model.c and model_segs.c). */
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);
 /* Uncertain blocks larger than what the allocated total leaves room for are gone. */

@@ -16,6 +16,9 @@ Shapes (the totals every event carries are the true ones, so nothing is pruned b
   ranks   as pids, each process a rank of one job of N ranks (hello's rank, world_size, job).
   stacks  N distinct call stacks (a stack table line each), each named by one allocation
           (a stack_ref then the alloc), half of them freed.
+  prune   N blocks (sizes 4 KiB .. N * 4 KiB) whose frees are lost in one gap, beside N blocks
+          of 4 KiB freed one by one after it: each free lowers the room the totals leave for
+          the uncertain blocks, and proves one more of the lost ones gone.
   sites   N functions of two stacks each, one allocation a stack, none freed; grouped by
           function (report --by function) the sums rise with the function's number while
           the larger stack's bytes fall, so the merged rows come out in reverse order.
@@ -166,6 +169,28 @@ def stacks(out, n):
     g.exit()
 
 
+def prune(out, n):
+    g = Log(out, 100)
+    g.hello("prune")
+    g.seg_map(SEG_BASE, 1 << 44)
+    page = 4 * KIB
+    addr, gone, kept = SEG_BASE, [], []
+    for i in range(1, n + 1):
+        g.alloc(addr, i * page)
+        gone.append((addr, i * page))
+        addr += i * page
+    for i in range(n):
+        g.alloc(addr, page)
+        kept.append(addr)
+        addr += page
+    for _, size in gone:  # their frees are lost: the totals drop
+        g.allocated -= size
+    g.gap(len(gone), True)
+    for a in kept:
+        g.free(a, page)
+    g.exit()
+
+
 def sites(out, n):
     g = Log(out, 100)
     g.hello("sites")
@@ -190,7 +215,7 @@ def sites(out, n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", required=True,
-                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites"])
+                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites", "prune"])
     ap.add_argument("--n", type=int, required=True, help="the size (see the shapes above)")
     ap.add_argument("--gap", choices=["record", "seq"], default="record",
                     help="gaps shape: a gap record and a jump in seq (default), or the jump alone")
@@ -208,6 +233,8 @@ def main():
             live(out, a.n)
         elif a.shape in ("pids", "ranks"):
             processes(out, a.n, a.shape == "ranks")
+        elif a.shape == "prune":
+            prune(out, a.n)
         elif a.shape == "sites":
             sites(out, a.n)
         else:
