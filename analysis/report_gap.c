@@ -56,7 +56,9 @@ json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s
             o = NULL;
         }
     }
-    if (o != NULL)
-        mt__gap_pins_by_site(pins, top);
+    if (o != NULL && mt__gap_pins_by_site(pins, top) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return o;
 }

@@ -79,11 +79,9 @@ static int read_side(const char *prog, const char *path, const mt__report_cfg_t 
     if (status == 0) {
         *out = cfg->stream ? mt__report_result_final(r, mt__diff_process_members)
                            : mt__report_result(r);
-        if (*out == NULL) {
+        if (*out == NULL || mt_tool_inputs_json(&in, *out, cfg) != 0) {
             fprintf(stderr, "%s: %s: out of memory analysing it\n", prog, path);
             status = 1;
-        } else {
-            mt_tool_inputs_json(&in, *out, cfg);
         }
     }
     mt_tool_inputs_free(&in);
