@@ -198,9 +198,10 @@ test)
     fi
     stage "ASan + UBSan build and suite"
     build build-asan "${asan_opts[@]}"
-    # fault_tools fails every 4th allocation site here (each run costs 10x under ASan); the
-    # release stage above fails every one. Suite 'layers' reads the objects' symbols and
-    # includes, which the sanitizers' instrumentation does not change: it ran in release.
+    # fault_tools and fault_tools_diff fail every 4th allocation site here (each run costs
+    # 10x under ASan); the release stage above fails every one. Suite 'layers' reads the
+    # objects' symbols and includes, which the sanitizers' instrumentation does not change:
+    # it ran in release.
     MT_FAULT_STRIDE=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 \

@@ -70,7 +70,13 @@ int mt__cs_rows_merge(mt_sym_t *s, uint32_t pid, mt_cs_row_t *rows, size_t *n)
         int nf = rows[i].frames != NULL ? rows[i].n_frames : 0;
         for (int k = 0; k < nf; k++) {
             mt_sym_frame_t fr;
-            mt__cs_frame_label(s, pid, &rows[i].frames[k], &fr);
+            if (mt__cs_frame_label(s, pid, &rows[i].frames[k], &fr) != 0) {
+                /* a frame that reads "unknown frame" for want of memory merges wrongly */
+                free(ch);
+                free(lab);
+                free(gone);
+                return MT_ENOMEM;
+            }
             ch[i].labels[k] = fr.label;
             h = (h ^ (uintptr_t)fr.label) * 1099511628211ull;
         }
@@ -159,17 +165,18 @@ static json_t *frame_json(const mt_sym_frame_t *fr, bool python)
     return o;
 }
 
-/* The frame labelled (into *fr) and the default rule that skips it, or NULL for a user
- * frame (analysis/frames.h). */
-/* f symbolized into fr, and as the frame rules see it. */
-static mt_fr_frame_t frame_of(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *fr)
+/* f symbolized into fr, and as the frame rules see it into *ff (analysis/frames.h). 0 or
+ * MT_ENOMEM. */
+static int frame_of(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym_frame_t *fr,
+                    mt_fr_frame_t *ff)
 {
-    mt__cs_frame_label(s, pid, f, fr);
-    return (mt_fr_frame_t){.func = fr->func,
-                           .file = fr->file,
-                           .line = fr->line,
-                           .module = fr->module,
-                           .python = f->py_func != NULL};
+    int rc = mt__cs_frame_label(s, pid, f, fr);
+    *ff = (mt_fr_frame_t){.func = fr->func,
+                          .file = fr->file,
+                          .line = fr->line,
+                          .module = fr->module,
+                          .python = f->py_func != NULL};
+    return rc;
 }
 
 static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool growth)
@@ -185,8 +192,9 @@ static json_t *row_json(mt_sym_t *s, uint32_t pid, const mt_cs_row_t *row, bool 
     mt_fr_frame_t *ff = n > 0 ? malloc((size_t)n * sizeof *ff) : NULL;
     bad |= n > 0 && (fr == NULL || ff == NULL);
     for (int i = 0; !bad && i < n; i++) {
-        ff[i] = frame_of(s, pid, &row->frames[i], &fr[i]);
-        bad |= json_array_append_new(frames, frame_json(&fr[i], row->frames[i].py_func != NULL));
+        bad |=
+            frame_of(s, pid, &row->frames[i], &fr[i], &ff[i]) != 0 ||
+            json_array_append_new(frames, frame_json(&fr[i], row->frames[i].py_func != NULL)) != 0;
     }
     int k = bad ? -1 : mt__fr_pick(NULL, ff, (size_t)n);
     if (k >= 0) {
@@ -254,7 +262,9 @@ int mt__cs_flame_add(mt_flame_t *f, mt_sym_t *s, uint32_t pid, const mt_cs_row_t
         int depth = row->n_frames < MT_FLAME_DEPTH_MAX ? row->n_frames : MT_FLAME_DEPTH_MAX;
         for (int k = 0; k < depth; k++) {
             mt_sym_frame_t fr;
-            mt__cs_frame_label(s, pid, &row->frames[depth - 1 - k], &fr);
+            int rc = mt__cs_frame_label(s, pid, &row->frames[depth - 1 - k], &fr);
+            if (rc != 0)
+                return rc;
             labels[n++] = fr.label;
         }
     }

@@ -70,7 +70,8 @@ typedef enum mt_cs_which_e {
 /* The device-memory stacks of m with something to show for which, ranked, as a new array
  * in *out (free() it; frames borrowed from m until it changes). 0 or MT_ENOMEM. */
 int mt__cs_rows_from_model(const struct mt_model_s *m, int which, mt_cs_row_t **out, size_t *n);
-/* Gives s process pid's module map as m holds it (idempotent). */
-void mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const struct mt_model_s *m);
+/* Gives s process pid's module map as m holds it (idempotent). 0 or MT_ENOMEM (a module
+ * missing: resolve nothing of pid then). */
+int mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const struct mt_model_s *m);
 
 #endif

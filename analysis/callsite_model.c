@@ -75,12 +75,17 @@ int mt__cs_rows_from_model(const mt_model_t *m, int which, mt_cs_row_t **out, si
     return 0;
 }
 
-void mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const mt_model_t *m)
+int mt__cs_sym_sync(mt_sym_t *s, uint32_t pid, const mt_model_t *m)
 {
     const mt_model_module_t *mods;
     size_t n;
     mt__model_modules(m, &mods, &n);
-    for (size_t i = 0; i < n; i++)
-        mt__sym_add_module(s, pid, mods[i].path, mods[i].base, mods[i].size,
-                           mods[i].build_id[0] ? mods[i].build_id : NULL);
+    for (size_t i = 0; i < n; i++) {
+        /* A module refused (no path, past MT_SYM_MODULES_MAX) leaves its frames unknown, as
+         * the input says; one missing for want of memory would name them wrongly. */
+        if (mt__sym_add_module(s, pid, mods[i].path, mods[i].base, mods[i].size,
+                               mods[i].build_id[0] ? mods[i].build_id : NULL) == MT_ENOMEM)
+            return MT_ENOMEM;
+    }
+    return 0;
 }

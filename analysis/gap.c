@@ -215,7 +215,7 @@ static json_int_t sat_add(json_int_t a, json_int_t b)
     return a > LLONG_MAX - b ? LLONG_MAX : a + b; /* (json_int_t is long long here) */
 }
 
-void mt__gap_pins_by_site(json_t *pins, size_t top)
+int mt__gap_pins_by_site(json_t *pins, size_t top)
 {
     for (size_t i = 0; i < json_array_size(pins); i++) {
         json_t *a = json_array_get(pins, i);
@@ -231,12 +231,14 @@ void mt__gap_pins_by_site(json_t *pins, size_t top)
             }
             json_int_t big = pin_int(a, "largest_block_bytes"),
                        bb = pin_int(b, "largest_block_bytes");
-            json_object_set_new(a, "bytes",
-                                json_integer(sat_add(pin_int(a, "bytes"), pin_int(b, "bytes"))));
-            json_object_set_new(
-                a, "segments",
-                json_integer(sat_add(pin_int(a, "segments"), pin_int(b, "segments"))));
-            json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb));
+            /* (a failed set leaves the old figure: the sum would read short) */
+            if (json_object_set_new(
+                    a, "bytes", json_integer(sat_add(pin_int(a, "bytes"), pin_int(b, "bytes")))) ||
+                json_object_set_new(
+                    a, "segments",
+                    json_integer(sat_add(pin_int(a, "segments"), pin_int(b, "segments")))) ||
+                json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb)))
+                return MT_ENOMEM;
             json_array_remove(pins, j);
         }
     }
@@ -255,4 +257,5 @@ void mt__gap_pins_by_site(json_t *pins, size_t top)
     }
     while (json_array_size(pins) > top)
         json_array_remove(pins, json_array_size(pins) - 1);
+    return 0;
 }

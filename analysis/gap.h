@@ -74,7 +74,8 @@ const char *mt__gap_cause_name(int cause);
 json_t *mt__gap_json(const mt_gap_t *g, size_t top);
 /* After the pins are named: rows whose "site" reads the same (stacks that differ below the
  * user's frame) become one, bytes and segments added (saturating), the largest block the
- * largest, the other members the first row's; largest first again, the first top kept. */
-void mt__gap_pins_by_site(json_t *pins, size_t top);
+ * largest, the other members the first row's; largest first again, the first top kept.
+ * 0 or MT_ENOMEM (pins then half merged: not to be shown). */
+int mt__gap_pins_by_site(json_t *pins, size_t top);
 
 #endif

@@ -515,9 +515,9 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
         return orc ? orc : grc;
     }
     if (ev->kind == MT_EV_STACK_REF) { /* the stack of the alloc that follows */
-        mt__model_stack_ref(m, ev);
+        int src = mt__model_stack_ref(m, ev);
         m->ref_applied = true;
-        return grc;
+        return src ? src : grc;
     }
     if (ev->kind == MT_EV_SETTING) /* a change of the rules, no operation on memory */
         return setting(m, ev) ? grc : MT_ENOMEM;
@@ -530,11 +530,12 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     managed(m, v, ev);
     mt__mclass_t *c = &m->cls[ev->pool == MT_POOL_HOST ? MT_MODEL_HOST : MT_MODEL_DEVICE];
     uint64_t peak = c->peak_alloc;
+    int src = 0; /* the stacks' MT_ENOMEM: the event is applied all the same */
     totals(m, c, v, ev);
     /* Only an alloc, or the event after a ref, has anything for the stacks to do (the
      * rest only say no stack); this runs twice per event in the daemon. */
     if (ev->kind == MT_EV_ALLOC || m->ref_applied) {
-        mt__model_stack_before(m, c, ev);
+        src = mt__model_stack_before(m, c, ev);
         m->ref_applied = false;
     } else {
         c->next_sidx = MT__SIDX_NONE;
@@ -557,6 +558,7 @@ int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev)
     if (m->events % 64 == 0)
         mt_assert_valid(mt__model_check(m, why, sizeof why) != 0 ? why : NULL);
 #endif
+    rc = rc ? rc : src;
     return rc ? rc : grc;
 }
 

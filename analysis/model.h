@@ -44,7 +44,8 @@ int mt__model_create(mt_model_t **out, const mt_model_cfg_t *cfg);
 void mt__model_destroy(mt_model_t **m);
 /* Applies one record (ev borrowed). MT_ENOMEM when a table cannot grow: the totals are
  * updated anyway and the model stays consistent (the block or segment is then missing,
- * and the class is marked uncertain as after a gap). */
+ * and the class is marked uncertain as after a gap; or the block's stack is, its bytes
+ * then counted under no stack or none). */
 int mt__model_apply(mt_model_t *m, const mt_event_rec_t *ev);
 /* The device class's allocated total (as mt__model_figures_totals gives it) that applying ev
  * would leave, without applying it: for a reader that must keep the state at a peak and so

@@ -323,11 +323,13 @@ int mt__model_stale_check(const mt__mclass_t *c, char *why, size_t whylen);
 /* model_stacks.c */
 /* Adds (sign 1) or removes (sign -1) b in its stack's figures of class c. */
 void mt__model_stack_account(mt__mclass_t *c, const mt__mblock_t *b, int sign);
-/* A stack ref record: remembered for the alloc that follows. */
-void mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev);
+/* A stack ref record: remembered for the alloc that follows. 0 or MT_ENOMEM (forgotten: the
+ * alloc then counts as no stack). */
+int mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev);
 /* Before ev is applied to c: the stack index its alloc gets (c->next_sidx); clears the
- * pending ref. */
-void mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev);
+ * pending ref. 0 or MT_ENOMEM (the alloc counts under no stack, or under none at all when
+ * the table of stacks could not be made). */
+int mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev);
 /* One iteration sample of every stack's device bytes (growth). */
 void mt__model_stacks_iteration(mt_model_t *m);
 uint32_t mt__model_stack_id(const mt_model_t *m, uint32_t sidx);

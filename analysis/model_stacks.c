@@ -142,11 +142,11 @@ void mt__model_stack_account(mt__mclass_t *c, const mt__mblock_t *b, int sign)
     }
 }
 
-void mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev)
+int mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev)
 {
     mt__mstacks_t *s = stacks_get(m);
     if (!s)
-        return;
+        return MT_ENOMEM;
     s->st.refs++;
     if (s->pending)
         s->st.orphan_refs++;
@@ -159,9 +159,10 @@ void mt__model_stack_ref(mt_model_t *m, const mt_event_rec_t *ev)
         s->st.bad_ids++;
         s->p_id = 0;
     }
+    return 0;
 }
 
-void mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
+int mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t *ev)
 {
     mt__mstacks_t *s = m->stacks;
     c->next_sidx = MT__SIDX_NONE;
@@ -178,18 +179,22 @@ void mt__model_stack_before(mt_model_t *m, mt__mclass_t *c, const mt_event_rec_t
         s->pending = false;
     }
     if (ev->kind != MT_EV_ALLOC)
-        return;
+        return 0;
     if (!s && !(s = stacks_get(m)))
-        return;
+        return MT_ENOMEM;
     if (s->n == 0 && intern_id(s, 0) == SIZE_MAX)
-        return;
+        return MT_ENOMEM;
+    int rc = 0;
     size_t i = intern_id(s, id);
-    if (i == SIZE_MAX)
+    if (i == SIZE_MAX) {
         i = 0; /* no memory: counted as no stack */
+        rc = MT_ENOMEM;
+    }
     c->next_sidx = (uint32_t)i;
     sfig_t *f = &s->fig[c->k][i];
     f->allocs++;
     f->alloc_bytes = mt_model_sat_add(f->alloc_bytes, ev->size);
+    return rc;
 }
 
 uint32_t mt__model_stack_id(const mt_model_t *m, uint32_t sidx)

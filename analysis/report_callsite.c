@@ -186,9 +186,10 @@ json_t *mt__report_callsites_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
                                   const mt__report_cfg_t *cfg)
 {
     json_t *o = json_object();
-    if (o == NULL)
+    if (o == NULL || mt__cs_sym_sync(s, pid, m) != 0) {
+        json_decref(o);
         return NULL;
-    mt__cs_sym_sync(s, pid, m);
+    }
     mt_model_stack_stats_t ss;
     mt__model_stack_stats(m, &ss);
     int bad = json_object_set_new(o, "stacks", json_integer((json_int_t)ss.defined));
@@ -248,7 +249,7 @@ int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *e
         rc = mt__cs_rows_from_model(m, which, &rows, &n);
     mt_sym_t *s = mt__report_symbolizer(r);
     if (rc == 0)
-        mt__cs_sym_sync(s, (uint32_t)ppid, m);
+        rc = mt__cs_sym_sync(s, (uint32_t)ppid, m);
     for (size_t k = 0; rc == 0 && k < n; k++) {
         if (rows[k].bytes > 0)
             rc = mt__cs_flame_add(f, s, (uint32_t)ppid, &rows[k]);

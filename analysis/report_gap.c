@@ -45,7 +45,10 @@ json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s
                              const mt__report_cfg_t *cfg, size_t top)
 {
     json_t *o = mt__gap_json(g, SIZE_MAX); /* every pin: rows of one site join before the cut */
-    mt__cs_sym_sync(s, pid, m);
+    if (o != NULL && mt__cs_sym_sync(s, pid, m) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
     json_t *pins = json_object_get(o, "pins");
     for (size_t i = 0; o != NULL && i < json_array_size(pins); i++) {
         if (name_pin(json_array_get(pins, i), m, s, pid, g->pins[i].stack, cfg) != 0) {
@@ -53,7 +56,9 @@ json_t *mt__report_gap_named(const mt_gap_t *g, const mt_model_t *m, mt_sym_t *s
             o = NULL;
         }
     }
-    if (o != NULL)
-        mt__gap_pins_by_site(pins, top);
+    if (o != NULL && mt__gap_pins_by_site(pins, top) != 0) {
+        json_decref(o);
+        o = NULL;
+    }
     return o;
 }

@@ -117,8 +117,10 @@ json_t *mt__report_temporary_json(const mt_model_t *m, mt_sym_t *s, uint32_t pid
     if (mt__model_temporary(m, MT_MODEL_DEVICE, by_tag, &rows, &n) != 0)
         return NULL;
     site_ctx_t sc = {m, s, pid, cfg};
-    if (!by_tag)
-        mt__cs_sym_sync(s, pid, m);
+    if (!by_tag && mt__cs_sym_sync(s, pid, m) != 0) {
+        free(rows);
+        return NULL;
+    }
     json_t *a =
         mt__report_temp_group(rows, n, mt__model_temp_buckets(m), by_tag ? tag_key : site_key,
                               by_tag ? tag_ctx : &sc, cfg->top);

@@ -4,6 +4,7 @@
 #include "util/grow.h"
 
 #include <elfutils/libdwfl.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -92,28 +93,33 @@ static int strs_grow(mt_sym_t *s)
     return 0;
 }
 
-/* Returns the interned copy of str, or NULL (memory cap or allocation failure). */
-static const char *intern(mt_sym_t *s, const char *str)
+/* The interned copy of str in *out, or NULL past the text cap (STR_BYTES_MAX). 0, or
+ * MT_ENOMEM when an allocation failed (*out NULL). */
+static int intern(mt_sym_t *s, const char *str, const char **out)
 {
+    *out = NULL;
     if (2 * (s->str_n + 1) > s->str_slots && strs_grow(s) != 0)
-        return NULL;
+        return MT_ENOMEM;
     size_t j = hash_str(str) & (s->str_slots - 1);
     while (s->strs[j] != NULL) {
-        if (strcmp(s->strs[j], str) == 0)
-            return s->strs[j];
+        if (strcmp(s->strs[j], str) == 0) {
+            *out = s->strs[j];
+            return 0;
+        }
         j = (j + 1) & (s->str_slots - 1);
     }
     size_t len = strlen(str) + 1;
     if (s->str_bytes + len > STR_BYTES_MAX)
-        return NULL;
+        return 0;
     char *c = malloc(len);
     if (c == NULL)
-        return NULL;
+        return MT_ENOMEM;
     memcpy(c, str, len);
     s->strs[j] = c;
     s->str_n++;
     s->str_bytes += len;
-    return c;
+    *out = c;
+    return 0;
 }
 
 /* ---- lifecycle ---- */
@@ -287,36 +293,45 @@ static bool build_id_matches(Dwfl_Module *mod, const char *want)
     return true;
 }
 
-/* Offers m's file to the process's libdwfl session. */
-static void module_report(mt_sym_t *s, module_t *m)
+/* Offers m's file to the process's libdwfl session. 0 (then m->reported; a file that cannot
+ * be read leaves m untrusted), or MT_ENOMEM (m is offered again at its next ip). */
+static int module_report(mt_sym_t *s, module_t *m)
 {
-    m->reported = true;
     proc_t *p = proc_get(s, m->pid, false);
-    if (p == NULL)
-        return;
-    if (p->dwfl == NULL) {
-        p->dwfl = dwfl_begin(&dwfl_cbs);
-        if (p->dwfl == NULL)
-            return;
+    if (p == NULL) {
+        m->reported = true;
+        return 0;
     }
+    if (p->dwfl == NULL && (p->dwfl = dwfl_begin(&dwfl_cbs)) == NULL)
+        return MT_ENOMEM; /* (it fails only when its allocation does) */
+    m->reported = true;
     /* The path comes from the producer: only a regular file is read (a FIFO or a device
      * would block or never end), opened without waiting. */
     int fd = open(m->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
     struct stat st;
     if (fd < 0)
-        return;
+        return 0;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return;
+        return 0;
     }
     dwfl_report_begin_add(p->dwfl);
     /* add_p_vaddr: base is the load bias (dlpi_addr), whatever the first PT_LOAD's vaddr.
-     * On success the module owns fd. */
+     * On success the module owns fd. libdwfl says why it failed in its own codes, which it
+     * does not publish: errno tells an allocation's failure from a file it cannot read. */
+    errno = 0;
     m->mod = dwfl_report_elf(p->dwfl, m->path, m->path, fd, m->base, true);
+    int err = errno;
     dwfl_report_end(p->dwfl, NULL, NULL);
-    if (m->mod == NULL)
+    if (m->mod == NULL) {
         close(fd);
+        if (err == ENOMEM) {
+            m->reported = false;
+            return MT_ENOMEM;
+        }
+    }
     m->trusted = m->mod != NULL && build_id_matches(m->mod, m->build_id);
+    return 0;
 }
 
 /* ---- resolution ---- */
@@ -327,32 +342,48 @@ static const char *base_name(const char *path)
     return b != NULL ? b + 1 : path;
 }
 
-static void resolve_uncached(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *fr)
+/* m's function and source line of ip into fr (each left NULL where m has none). 0 or
+ * MT_ENOMEM: a lookup that finds nothing with errno ENOMEM failed to allocate (see
+ * module_report), which must not read as a frame without a name. */
+static int resolve_names(mt_sym_t *s, const module_t *m, uint64_t ip, mt_sym_frame_t *fr)
+{
+    /* Recorded ips are return addresses: the call is the byte before. */
+    GElf_Addr look = ip > m->lo ? ip - 1 : ip, off;
+    GElf_Sym sym;
+    errno = 0;
+    const char *name = dwfl_module_addrinfo(m->mod, look, &off, &sym, NULL, NULL, NULL);
+    if ((name == NULL && errno == ENOMEM) ||
+        (name != NULL && name[0] != '\0' && intern(s, name, &fr->func) != 0))
+        return MT_ENOMEM;
+    errno = 0;
+    Dwfl_Line *l = dwfl_module_getsrc(m->mod, look);
+    int line = 0;
+    const char *file = l != NULL ? dwfl_lineinfo(l, NULL, &line, NULL, NULL, NULL) : NULL;
+    if (file == NULL && errno == ENOMEM)
+        return MT_ENOMEM;
+    if (file != NULL && line > 0) {
+        if (intern(s, file, &fr->file) != 0)
+            return MT_ENOMEM;
+        fr->line = fr->file != NULL ? line : 0;
+    }
+    return 0;
+}
+
+/* ip resolved into fr: 0 (fr->label NULL past the text cap) or MT_ENOMEM. */
+static int resolve_uncached(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *fr)
 {
     char buf[1024];
     *fr = (mt_sym_frame_t){.offset = ip};
     module_t *m = module_at(s, pid, ip);
     if (m != NULL) {
-        fr->module = intern(s, m->path);
+        if (intern(s, m->path, &fr->module) != 0)
+            return MT_ENOMEM;
         fr->offset = ip - m->base;
-        if (!m->reported)
-            module_report(s, m);
+        if (!m->reported && module_report(s, m) != 0)
+            return MT_ENOMEM;
     }
-    if (m != NULL && m->trusted) {
-        /* Recorded ips are return addresses: the call is the byte before. */
-        GElf_Addr look = ip > m->lo ? ip - 1 : ip, off;
-        GElf_Sym sym;
-        const char *name = dwfl_module_addrinfo(m->mod, look, &off, &sym, NULL, NULL, NULL);
-        if (name != NULL && name[0] != '\0')
-            fr->func = intern(s, name);
-        Dwfl_Line *l = dwfl_module_getsrc(m->mod, look);
-        int line = 0;
-        const char *file = l != NULL ? dwfl_lineinfo(l, NULL, &line, NULL, NULL, NULL) : NULL;
-        if (file != NULL && line > 0) {
-            fr->file = intern(s, file);
-            fr->line = fr->file != NULL ? line : 0;
-        }
-    }
+    if (m != NULL && m->trusted && resolve_names(s, m, ip, fr) != 0)
+        return MT_ENOMEM;
     if (fr->func != NULL && fr->file != NULL)
         snprintf(buf, sizeof(buf), "%s (%s:%d)", fr->func, base_name(fr->file), fr->line);
     else if (fr->func != NULL && fr->module != NULL)
@@ -362,7 +393,7 @@ static void resolve_uncached(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_fram
         snprintf(buf, sizeof(buf), "%s+0x%" PRIx64, base_name(fr->module), fr->offset);
     else
         snprintf(buf, sizeof(buf), "unknown frame 0x%" PRIx64, ip);
-    fr->label = intern(s, buf);
+    return intern(s, buf, &fr->label);
 }
 
 static const char *const unknown_label = "unknown frame";
@@ -384,12 +415,17 @@ int mt__sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out)
         j = (j + 1) & (slots - 1);
     }
     s->st.misses++;
-    resolve_uncached(s, pid, ip, out);
-    if (out->label == NULL) {
-        /* Out of memory (or the text cap): keep what resolved, say so, do not cache. */
-        out->label = unknown_label;
+    if (resolve_uncached(s, pid, ip, out) != 0) {
+        /* Nothing of it cached: the same ip resolves whole once there is memory. */
+        *out = (mt_sym_frame_t){.offset = ip, .label = unknown_label};
         s->st.unknown++;
         return MT_ENOMEM;
+    }
+    if (out->label == NULL) {
+        /* Past the text cap: keep what resolved, read "unknown frame", do not cache. */
+        out->label = unknown_label;
+        s->st.unknown++;
+        return 0;
     }
     if (out->module == NULL)
         s->st.unknown++;
@@ -406,16 +442,16 @@ int mt__sym_python(mt_sym_t *s, const char *func, const char *file, int line, mt
 {
     char buf[1024];
     *out = (mt_sym_frame_t){0};
-    out->func = intern(s, func != NULL ? func : "?");
-    out->file = intern(s, file != NULL ? file : "?");
     out->line = line > 0 ? line : 0;
     snprintf(buf, sizeof(buf), "%s (%s:%d)", func != NULL ? func : "?",
              base_name(file != NULL ? file : "?"), out->line);
-    out->label = intern(s, buf);
-    if (out->label == NULL || out->func == NULL || out->file == NULL) {
-        out->label = unknown_label;
+    if (intern(s, func != NULL ? func : "?", &out->func) != 0 ||
+        intern(s, file != NULL ? file : "?", &out->file) != 0 || intern(s, buf, &out->label) != 0) {
+        *out = (mt_sym_frame_t){.label = unknown_label};
         return MT_ENOMEM;
     }
+    if (out->label == NULL || out->func == NULL || out->file == NULL)
+        out->label = unknown_label; /* past the text cap, as mt__sym_resolve */
     return 0;
 }
 

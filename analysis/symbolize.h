@@ -45,7 +45,9 @@ int mt__sym_add_module(mt_sym_t *s, uint32_t pid, const char *path, uint64_t bas
                        const char *build_id);
 
 /* Resolves ip of process pid into *out (always filled, even for an unknown ip).
- * Returns 0, or MT_ENOMEM (then *out reads "unknown frame"). */
+ * Returns 0, or MT_ENOMEM when any allocation failed, its own or libdwfl's (then *out reads
+ * "unknown frame", and nothing of it is cached: it is no answer to print). Past the bound
+ * on interned text (64 MiB) a frame reads "unknown frame" too, with 0. */
 int mt__sym_resolve(mt_sym_t *s, uint32_t pid, uint64_t ip, mt_sym_frame_t *out);
 
 /* A Python frame (recorded as function, file, line) in the same form: func, file and line

@@ -261,8 +261,8 @@ static int callsites_json(json_t *o, const mt_d_proc_t *p)
     size_t n = 0;
     if (mt__cs_rows_from_model(p->model, MT_CS_LIVE, &rows, &n) != 0)
         return -1;
-    mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-    if (mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
+    if (mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model) != 0 ||
+        mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n) != 0) {
         free(rows);
         return -1;
     }

@@ -643,8 +643,9 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     const mt_model_frame_t *fr;
     if (mt__model_stack_frames(p->model, id, &fr, &row.n_frames, &row.truncated) == 0)
         row.frames = (const mt_cs_frame_t *)fr;
-    mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-    json_t *a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false);
+    json_t *a = mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model) == 0
+                    ? mt__cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false)
+                    : NULL;
     char *txt = a ? json_dumps(json_array_get(a, 0), JSON_COMPACT) : NULL;
     json_decref(a);
     if (!txt)

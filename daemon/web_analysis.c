@@ -137,8 +137,9 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     }
     json_t *a = NULL;
     if (!rc) {
-        mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
-        rc = mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
+        rc = mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model);
+        if (!rc)
+            rc = mt__cs_rows_merge(p->sym, (uint32_t)p->pid, rows, &n);
     }
     if (!rc) {
         a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);

@@ -63,7 +63,7 @@ static int read_side(const char *prog, const char *path, const mt__report_cfg_t 
     *out = NULL;
     mt__report_t *r = NULL;
     if (mt__report_create(&r, cfg) != 0) {
-        fprintf(stderr, "%s: out of memory\n", prog);
+        fprintf(stderr, "%s: %s: out of memory to start reading it\n", prog, path);
         return 1;
     }
     unsigned long bad = 0;
@@ -79,11 +79,9 @@ static int read_side(const char *prog, const char *path, const mt__report_cfg_t 
     if (status == 0) {
         *out = cfg->stream ? mt__report_result_final(r, mt__diff_process_members)
                            : mt__report_result(r);
-        if (*out == NULL) {
-            fprintf(stderr, "%s: out of memory\n", prog);
+        if (*out == NULL || mt_tool_inputs_json(&in, *out, cfg) != 0) {
+            fprintf(stderr, "%s: %s: out of memory analysing it\n", prog, path);
             status = 1;
-        } else {
-            mt_tool_inputs_json(&in, *out, cfg);
         }
     }
     mt_tool_inputs_free(&in);
@@ -98,7 +96,7 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     mt__report_cfg_t cfg = mt__report_cfg_default();
     mt_fr_rules_t *rules = NULL;
     if (mt__fr_rules_create(&rules, all_frames) != 0) {
-        fprintf(stderr, "%s: out of memory\n", prog);
+        fprintf(stderr, "%s: out of memory for the frame rules\n", prog);
         return 1;
     }
     cfg.frames = rules;
@@ -114,7 +112,7 @@ int mt_tool_diff(const char *prog, const char *before, const char *after, int by
     if (status == 0)
         status = read_side(prog, after, &cfg, &side[1]);
     if (status == 0 && mt__diff_reports(side[0], side[1], dc, out, crossed) != 0) {
-        fprintf(stderr, "%s: out of memory\n", prog);
+        fprintf(stderr, "%s: out of memory comparing the two runs\n", prog);
         status = 1;
     }
     json_decref(side[0]);
@@ -347,8 +345,10 @@ static int run(const diff_opts_t *o)
     int status =
         mt_tool_diff("memtrace diff", o->before, o->after, o->by, o->all, &o->dc, &d, &crossed);
     if (status == 0 && o->as_json) {
+        errno = 0; /* jansson reports a failure without a reason: errno tells */
         if (json_dumpf(d, stdout, JSON_INDENT(2)) != 0) {
-            fprintf(stderr, "memtrace diff: cannot write the result\n");
+            fprintf(stderr, "memtrace diff: cannot write the result: %s\n",
+                    errno == ENOMEM ? "out of memory" : "write error");
             status = 1;
         }
         printf("\n");

@@ -411,8 +411,7 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
         mt_tool_inputs_free(&in);
         return 1;
     }
-    mt_tool_inputs_json(&in, res, &cfg);
-    if (mt__report_print_fit(res, pr) != 0) {
+    if (mt_tool_inputs_json(&in, res, &cfg) != 0 || mt__report_print_fit(res, pr) != 0) {
         fprintf(stderr, "memtrace report: out of memory\n");
         json_decref(res);
         mt_tool_inputs_free(&in);

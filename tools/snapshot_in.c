@@ -268,11 +268,11 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
 }
 
 /* The frames of one stack: each {name, filename, line}, and "skipped" (the rule's reason)
- * for a frame that is not the user's. */
+ * for a frame that is not the user's. NULL without memory. */
 static json_t *frames_json(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *rules)
 {
     json_t *frames = json_array();
-    if (stack == 0 || stack >= ts->nstacks)
+    if (frames == NULL || stack == 0 || stack >= ts->nstacks)
         return frames;
     const mt_ts_stack_t *s = &ts->stacks[stack];
     for (uint32_t k = 0; k < s->n; k++) {
@@ -282,9 +282,13 @@ static json_t *frames_json(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_
         size_t len = strlen(f->filename);
         fr.python = len > 3 && strcmp(f->filename + len - 3, ".py") == 0;
         const mt_fr_rule_t *m = mt__fr_match(rules, &fr);
-        json_array_append_new(
-            frames, json_pack("{s:s, s:s, s:I, s:s*}", "name", f->name, "filename", f->filename,
-                              "line", (json_int_t)f->line, "skipped", m ? m->reason : NULL));
+        if (json_array_append_new(frames,
+                                  json_pack("{s:s, s:s, s:I, s:s*}", "name", f->name, "filename",
+                                            f->filename, "line", (json_int_t)f->line, "skipped",
+                                            m ? m->reason : NULL)) != 0) {
+            json_decref(frames);
+            return NULL;
+        }
     }
     return frames;
 }
@@ -297,20 +301,26 @@ static json_t *sites_json(const mt_ts_t *ts, unsigned d, const mt__report_cfg_t 
     if (mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
         return NULL;
     json_t *arr = json_array();
-    for (size_t i = 0; i < ng && i < cfg->top; i++)
-        json_array_append_new(arr,
-                              json_pack("{s:s, s:o, s:I, s:I, s:i, s:o}", "site", g[i].key, "bytes",
-                                        jb(g[i].bytes), "count", (json_int_t)g[i].count, "stacks",
-                                        (json_int_t)g[i].stacks, "user_frame", g[i].frame, "frames",
-                                        frames_json(ts, g[i].stack, cfg->frames)));
+    for (size_t i = 0; arr != NULL && i < ng && i < cfg->top; i++) {
+        if (json_array_append_new(
+                arr, json_pack("{s:s, s:o, s:I, s:I, s:i, s:o}", "site", g[i].key, "bytes",
+                               jb(g[i].bytes), "count", (json_int_t)g[i].count, "stacks",
+                               (json_int_t)g[i].stacks, "user_frame", g[i].frame, "frames",
+                               frames_json(ts, g[i].stack, cfg->frames))) != 0) {
+            json_decref(arr);
+            arr = NULL;
+        }
+    }
     mt__ts_groups_free(&g, ng);
+    if (arr == NULL)
+        return NULL;
     return json_pack("{s:i, s:o, s:s, s:o}", "device", (int)d, "peak_allocated_bytes", jb(peak),
                      "by", mt__fr_by_name(cfg->by), "call_sites_at_peak", arr);
 }
 
 /* The gap's pins of snapshot process number proc (peak_gap, end_gap) carry the snapshot's
- * stack ids: named here from its frames, as its call sites are. */
-static void name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__report_cfg_t *cfg)
+ * stack ids: named here from its frames, as its call sites are. 0 or MT_ENOMEM. */
+static int name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__report_cfg_t *cfg)
 {
     size_t i, k;
     json_t *p, *pin;
@@ -326,48 +336,67 @@ static void name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__re
                 mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
                 size_t n = mt__ts_stack_frames(ts, stack, fr, sizeof fr / sizeof fr[0]);
                 char key[1024];
-                json_object_set_new(
-                    pin, "site",
-                    json_string(n ? mt__fr_stack_key(cfg->frames, fr, n, cfg->by, key, sizeof key)
-                                  : "no stack recorded"));
-                json_object_set_new(pin, "user_frame",
-                                    json_integer(mt__fr_pick(cfg->frames, fr, n)));
-                json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames));
+                if (json_object_set_new(pin, "site",
+                                        json_string(n ? mt__fr_stack_key(cfg->frames, fr, n,
+                                                                         cfg->by, key, sizeof key)
+                                                      : "no stack recorded")) != 0 ||
+                    json_object_set_new(pin, "user_frame",
+                                        json_integer(mt__fr_pick(cfg->frames, fr, n))) != 0 ||
+                    json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames)) != 0)
+                    return MT_ENOMEM;
             }
-            mt__gap_pins_by_site(json_object_get(json_object_get(p, which[w]), "pins"), cfg->top);
+            if (mt__gap_pins_by_site(json_object_get(json_object_get(p, which[w]), "pins"),
+                                     cfg->top) != 0)
+                return MT_ENOMEM;
         }
     }
+    return 0;
 }
 
-void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg)
+/* One snapshot's member of "snapshots" (mt_tool_inputs_json). NULL without memory. */
+static json_t *snapshot_json(const mt_ts_t *ts, const char *path, int proc,
+                             const mt__report_cfg_t *cfg)
+{
+    json_t *devs = json_array(), *ann = json_array();
+    int bad = devs == NULL || ann == NULL;
+    for (unsigned d = 0; !bad && d < mt__ts_device_count(ts); d++)
+        if (mt__ts_device_used(ts, d))
+            bad = json_array_append_new(devs, sites_json(ts, d, cfg)) != 0;
+    for (size_t k = 0; !bad && k < ts->nannotations; k++) {
+        const mt_ts_annotation_t *a = &ts->annotations[k];
+        char nb[1024];
+        bad = json_array_append_new(
+                  ann, json_pack("{s:s, s:s, s:i, s:I}", "stage", a->start ? "START" : "END",
+                                 "name", mt__text_utf8(a->name, nb, sizeof nb), "device", a->device,
+                                 "time_us", (json_int_t)a->time_us)) != 0;
+    }
+    if (bad) {
+        json_decref(devs);
+        json_decref(ann);
+        return NULL;
+    }
+    char fb[4096];
+    return json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file", mt__text_utf8(path, fb, sizeof fb),
+                     "process", proc, "layout", ts->era == 1 ? "1.13" : "2.x", "state_only",
+                     mt__ts_state_only(ts), "devices", devs, "annotations", ann);
+}
+
+int mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg)
 {
     if (in->n == 0)
-        return;
+        return 0;
     for (size_t i = 0; i < in->n; i++)
-        name_gap_pins(in->ts[i], res, (int)i + 1, cfg);
+        if (name_gap_pins(in->ts[i], res, (int)i + 1, cfg) != 0)
+            return MT_ENOMEM;
     json_t *arr = json_array();
-    for (size_t i = 0; i < in->n; i++) {
-        const mt_ts_t *ts = in->ts[i];
-        json_t *devs = json_array(), *ann = json_array();
-        for (unsigned d = 0; d < mt__ts_device_count(ts); d++)
-            if (mt__ts_device_used(ts, d))
-                json_array_append_new(devs, sites_json(ts, d, cfg));
-        for (size_t k = 0; k < ts->nannotations; k++) {
-            const mt_ts_annotation_t *a = &ts->annotations[k];
-            char nb[1024];
-            json_array_append_new(ann, json_pack("{s:s, s:s, s:i, s:I}", "stage",
-                                                 a->start ? "START" : "END", "name",
-                                                 mt__text_utf8(a->name, nb, sizeof nb), "device",
-                                                 a->device, "time_us", (json_int_t)a->time_us));
+    for (size_t i = 0; arr != NULL && i < in->n; i++) {
+        if (json_array_append_new(arr, snapshot_json(in->ts[i], in->path[i], (int)i + 1, cfg)) !=
+            0) {
+            json_decref(arr);
+            arr = NULL;
         }
-        char fb[4096];
-        json_array_append_new(arr, json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file",
-                                             mt__text_utf8(in->path[i], fb, sizeof fb), "process",
-                                             (int)i + 1, "layout", ts->era == 1 ? "1.13" : "2.x",
-                                             "state_only", mt__ts_state_only(ts), "devices", devs,
-                                             "annotations", ann));
     }
-    json_object_set_new(res, "snapshots", arr);
+    return json_object_set_new(res, "snapshots", arr) != 0 ? MT_ENOMEM : 0;
 }
 
 /* ---- temporary allocations by the snapshot's frames ---- */

@@ -35,8 +35,9 @@ int mt_tool_read_inputs(mt__report_t *r, const char *prog, char *const *paths, i
                         unsigned long *bad, mt_tool_inputs_t *in);
 /* Adds "snapshots": [{file, layout, devices: [{device, peak_allocated_bytes, by,
  * call_sites_at_peak}], annotations}] to the report's result: cfg->top groups of live bytes
- * at the peak by cfg->by, named by their user frame (cfg->frames, analysis/frames.h). */
-void mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg);
+ * at the peak by cfg->by, named by their user frame (cfg->frames, analysis/frames.h). 0 or
+ * MT_ENOMEM (res then not to be shown: part of it may be missing). */
+int mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__report_cfg_t *cfg);
 /* Each snapshot process's "temporary" member (res from mt__report_result(r)) by the sites
  * of the snapshot's frames, unless grouped by tag. 0 or MT_ENOMEM. */
 int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t *res,

@@ -31,13 +31,17 @@ static inline int mt_test_end(int failed)
     _exit(failed > 0 && failed < 77 ? failed : 1);
 }
 
-/* MT_TEST_FILTER=PATTERN runs only the tests whose name matches it ('*' and '?'), so that
- * one long program can be given to meson as parts that run side by side. */
+/* MT_TEST_FILTER=PATTERN runs only the tests whose name matches it ('*' and '?'), and
+ * MT_TEST_SKIP=PATTERN all but those, so that one long program can be given to meson as
+ * parts that run side by side. */
 static inline void mt_test_filter(void)
 {
     const char *f = getenv("MT_TEST_FILTER");
     if (f != NULL && *f != '\0')
         cmocka_set_test_filter(f);
+    const char *s = getenv("MT_TEST_SKIP");
+    if (s != NULL && *s != '\0')
+        cmocka_set_skip_filter(s);
 }
 
 #define MT_TEST_RUN(tests, setup, teardown)                                                        \
