@@ -8,6 +8,7 @@
 #include "analysis/callsite.h"
 #include "analysis/frames.h"
 #include "analysis/report.h"
+#include "util/text.h"
 
 /* A JSON frame (callsite.c's frame_json) as the rules see it. */
 static mt_fr_frame_t rule_frame(json_t *f)
@@ -64,11 +65,14 @@ static int name_row(json_t *row, const mt__report_cfg_t *cfg, char *key, size_t 
     } else {
         mt__fr_key(&fr[u], cfg->by, key, keylen);
     }
-    json_t *site = json_string(cfg->by != MT_FR_BY_STACK && cfg->by != MT_FR_BY_MODULES
-                                   ? key
-                                   : json_string_value(json_object_get(uf, "label")));
-    if (site != NULL) /* NULL also for a key cut inside a UTF-8 sequence: the label stays */
+    const char *text = cfg->by != MT_FR_BY_STACK && cfg->by != MT_FR_BY_MODULES
+                           ? key
+                           : json_string_value(json_object_get(uf, "label"));
+    json_t *site = json_string(text);
+    if (site != NULL)
         bad |= json_object_set_new(row, "site", site);
+    else /* a key cut inside a UTF-8 sequence keeps the label; else memory ran out */
+        bad |= text != NULL && mt__text_is_utf8(text);
     free(fr);
     return bad ? MT_ENOMEM : 0;
 }
@@ -138,11 +142,13 @@ static json_t *group_rows(json_t *rows, const mt__report_cfg_t *cfg, bool growth
             goto fail;
         json_t *into = growth ? NULL : json_object_get(seen, key);
         if (into != NULL) {
-            json_object_set_new(into, "bytes",
-                                json_integer(jint(into, "bytes") + jint(r, "bytes")));
-            json_object_set_new(into, "blocks",
-                                json_integer(jint(into, "blocks") + jint(r, "blocks")));
-            json_object_set_new(into, "stacks", json_integer(jint(into, "stacks") + 1));
+            /* (a sum that cannot be stored is no answer: the section fails) */
+            if (json_object_set_new(into, "bytes",
+                                    json_integer(jint(into, "bytes") + jint(r, "bytes"))) != 0 ||
+                json_object_set_new(into, "blocks",
+                                    json_integer(jint(into, "blocks") + jint(r, "blocks"))) != 0 ||
+                json_object_set_new(into, "stacks", json_integer(jint(into, "stacks") + 1)) != 0)
+                goto fail;
             continue;
         }
         if (json_object_set_new(r, "stacks", json_integer(1)) != 0 ||

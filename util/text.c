@@ -50,6 +50,17 @@ bool mt__text_is_clean(const char *s)
     return true;
 }
 
+bool mt__text_is_utf8(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = mt__text_utf8_len(p);
+        if (n == 0)
+            return false;
+        p += n;
+    }
+    return true;
+}
+
 /* The escape of the one byte b: 2 or 4 characters into e. */
 static size_t escape_byte(unsigned char b, char e[5])
 {

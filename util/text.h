@@ -14,6 +14,8 @@
  * forms, no surrogates, nothing above U+10FFFF), or 0 if there is none. Reads no byte
  * past the first one out of range, so never past a terminating NUL. */
 int mt__text_utf8_len(const unsigned char *p);
+/* s is valid UTF-8 (control characters allowed). */
+bool mt__text_is_utf8(const char *s);
 /* s is valid UTF-8 and holds no control character: C0 (< 0x20), DEL (0x7f) or C1
  * (U+0080..U+009F). */
 bool mt__text_is_clean(const char *s);
