@@ -169,13 +169,6 @@ int mt__report_map_end(const mt__report_t *r, size_t i, mt__report_map_t *out, s
     return rc;
 }
 
-/* With a model that stays consistent when a block is missing: MT_ENOMEM goes on. */
-static int apply_one_lenient(void *ctx, const mt_event_rec_t *ev, size_t k)
-{
-    int rc = apply_one(ctx, ev, k);
-    return rc == MT_ENOMEM ? 0 : rc;
-}
-
 int mt__report_map_at(const mt__report_t *r, size_t i, size_t index, bool host,
                       mt__report_map_t *out)
 {
@@ -204,7 +197,7 @@ int mt__report_model(const mt__report_t *r, size_t i, mt_model_t **out)
                          .temporary_window_us = r->cfg.temporary_window_us};
     int rc = replay_model(p, &mc, &m);
     if (rc == 0)
-        rc = each_event(r, p, SIZE_MAX, apply_one_lenient, m);
+        rc = each_event(r, p, SIZE_MAX, apply_one, m); /* strict, as the report's own pass */
     if (rc != 0) {
         mt__model_destroy(&m);
         return rc;

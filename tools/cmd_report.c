@@ -393,8 +393,10 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
          * hold neither all their JSON nor their analyses beside it. */
         status = mt__report_print_streamed(r, pr, as_json, logs, nlogs, bad);
         mt__report_destroy(&r);
-        if (status == 0 && !as_json)
-            mt_tool_inputs_print(&in, &cfg, pr->stacks);
+        if (status == 0 && !as_json && mt_tool_inputs_print(&in, &cfg, pr->stacks) != 0) {
+            fprintf(stderr, "memtrace report: out of memory for the snapshots' call sites\n");
+            status = 1;
+        }
         mt_tool_inputs_free(&in);
         return status != 0 ? status : bad ? 2 : 0;
     }
@@ -428,7 +430,12 @@ static int report_run(const mt__report_cfg_t *cfgp, const mt__report_print_opts_
         printf("\n");
     } else {
         mt__report_print_text(res, pr, logs, nlogs, bad);
-        mt_tool_inputs_print(&in, &cfg, pr->stacks);
+        if (mt_tool_inputs_print(&in, &cfg, pr->stacks) != 0) {
+            fprintf(stderr, "memtrace report: out of memory for the snapshots' call sites\n");
+            mt_tool_inputs_free(&in);
+            json_decref(res);
+            return 1;
+        }
     }
     mt_tool_inputs_free(&in);
     json_decref(res);

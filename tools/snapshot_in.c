@@ -216,7 +216,14 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     feed_t f = {.r = r, .ts = ts, .pid = pid};
     char err[256] = "", nb[64];
     json_t *hello = mt_prof_hello_to_json(pid, snapshot_name(path, nb, sizeof nb), 0, 0);
+    /* jansson can leave a member out when an allocation fails inside a dump and still
+     * return the rest: two dumps that disagree are taken for memory that ran out. */
+    size_t need = hello ? json_dumpb(hello, NULL, 0, JSON_COMPACT) : 0;
     char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
+    if (h != NULL && strlen(h) != need) {
+        free(h);
+        h = NULL;
+    }
     json_decref(hello);
     int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
     free(h);
@@ -501,16 +508,14 @@ static void print_stack(const mt_ts_t *ts, const mt_ts_group_t *g, const mt__rep
 
 /* The snapshot's annotations by name, the first top of them in time (a compiled model
  * writes hundreds of the same few; --json lists each one). Seconds from the trace's start. */
-static void print_stages(const mt_ts_t *ts, uint32_t top)
+static int print_stages(const mt_ts_t *ts, uint32_t top)
 {
     mt_ts_stage_t *st = NULL;
     size_t n = 0;
     if (ts->nannotations == 0)
-        return;
-    if (mt__ts_stages(ts, &st, &n) != 0) {
-        printf("  annotations: %zu (out of memory to group them)\n", ts->nannotations);
-        return;
-    }
+        return 0;
+    if (mt__ts_stages(ts, &st, &n) != 0)
+        return MT_ENOMEM;
     int64_t t0 = mt__ts_trace_start_us(ts);
     for (size_t k = 0; k < n; k++) /* annotations before the trace's first event */
         if (st[k].first_us > 0 && (t0 == 0 || st[k].first_us < t0))
@@ -533,9 +538,10 @@ static void print_stages(const mt_ts_t *ts, uint32_t top)
     if (n > top)
         printf("    ... %zu more (--top)\n", n - top);
     free(st);
+    return 0;
 }
 
-void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks)
+int mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks)
 {
     for (size_t i = 0; i < in->n; i++) {
         const mt_ts_t *ts = in->ts[i];
@@ -550,9 +556,10 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
             mt_ts_group_t *g = NULL;
             size_t ng;
             uint64_t peak;
-            if (!mt__ts_device_used(ts, d) ||
-                mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+            if (!mt__ts_device_used(ts, d))
                 continue;
+            if (mt__ts_groups_at_peak(ts, d, cfg->frames, cfg->by, &g, &ng, &peak) != 0)
+                return MT_ENOMEM;
             char b[32];
             human(b, sizeof b, peak);
             printf("  device %u: live bytes %s (%s, requested), by %s%s\n", d,
@@ -570,8 +577,10 @@ void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cf
                 printf("    ... %zu more\n", ng - cfg->top);
             mt__ts_groups_free(&g, ng);
         }
-        print_stages(ts, cfg->top);
+        if (print_stages(ts, cfg->top) != 0)
+            return MT_ENOMEM;
     }
+    return 0;
 }
 
 void mt_tool_inputs_free(mt_tool_inputs_t *in)

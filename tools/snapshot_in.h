@@ -42,8 +42,9 @@ int mt_tool_inputs_json(const mt_tool_inputs_t *in, json_t *res, const mt__repor
  * of the snapshot's frames, unless grouped by tag. 0 or MT_ENOMEM. */
 int mt_tool_inputs_temporary(const mt_tool_inputs_t *in, mt__report_t *r, json_t *res,
                              const mt__report_cfg_t *cfg);
-/* The same as text, after the report's; stacks: each group's whole kept stack below it. */
-void mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks);
+/* The same as text, after the report's; stacks: each group's whole kept stack below it.
+ * 0 or MT_ENOMEM (what was printed stays). */
+int mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg, bool stacks);
 void mt_tool_inputs_free(mt_tool_inputs_t *in);
 
 /* Reads a snapshot file, printing "prog: message" on failure. Returns 0, or the exit status

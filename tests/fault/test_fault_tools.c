@@ -2,7 +2,7 @@
  * injector, armed by $MT_FAULT_AT) runs a command once per allocation site of its main
  * thread. Each run must end normally: exit 0 (the failure was absorbed) or a non-zero
  * status with a message that says memory ran out; never a crash.
- * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson OTHER.ndjson */
+ * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson OTHER.ndjson SNAPSHOT.pickle */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -27,7 +27,8 @@ static long stride = 1;
 static const char *tool;
 static const char *trace;
 static const char *logfile;
-static const char *other; /* a second log, of other stacks and tags: what diff compares */
+static const char *other;    /* a second log, of other stacks and tags: what diff compares */
+static const char *snapshot; /* a PyTorch snapshot with frames: its own sections */
 
 /* Reads fd to its end into buf (truncated to cap - 1, NUL-terminated); returns the length. */
 static size_t slurp(int fd, char *buf, size_t cap)
@@ -153,6 +154,15 @@ static void test_diff(void **state)
     assert_true(tool_loop("memtrace diff --json", json, true) > 10);
 }
 
+/* A PyTorch snapshot: its events through the model, then its call sites at the peak and
+ * its annotations, each part of the answer a failure must refuse, never shorten. */
+static void test_report_snapshot(void **state)
+{
+    (void)state;
+    char *argv[] = {(char *)tool, "report", (char *)snapshot, NULL};
+    assert_true(tool_loop("memtrace report SNAPSHOT", argv, true) > 10);
+}
+
 /* LOG without its libc module records, in a new directory: a frame in libc then names no
  * module. libc's separate debug info (libc6-dbg, which valgrind brings) is otherwise
  * decompressed by libdw in each of the ~1300 runs, 90 ms of a run's 120, in code whose
@@ -189,9 +199,9 @@ static char *without_libc(const char *log, char *dir, size_t cap)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr,
-                "usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson OTHER.ndjson\n");
+    if (argc != 6) {
+        fprintf(stderr, "usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson "
+                        "OTHER.ndjson SNAPSHOT.pickle\n");
         return 2;
     }
     const char *st = getenv("MT_FAULT_STRIDE");
@@ -199,13 +209,13 @@ int main(int argc, char **argv)
     tool = argv[1];
     trace = argv[2];
     other = argv[4];
+    snapshot = argv[5];
     char dir[64];
     if ((logfile = without_libc(argv[3], dir, sizeof dir)) == NULL)
         return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_replay),
-        cmocka_unit_test(test_report),
-        cmocka_unit_test(test_plot),
+        cmocka_unit_test(test_replay), cmocka_unit_test(test_report),
+        cmocka_unit_test(test_plot),   cmocka_unit_test(test_report_snapshot),
         cmocka_unit_test(test_diff),
     };
     int rc = MT_TEST_RUN(tests, NULL, NULL);
