@@ -100,12 +100,13 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
         size_t n = mt__ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
         int user = mt__fr_pick(NULL, fr, n);
         char buf[512];
-        json_object_set_new(
-            pin, "site",
-            json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>"));
+        if (json_object_set_new(pin, "site",
+                                json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf)
+                                                      : "<no frames>")) != 0)
+            rc = MT_ENOMEM;
     }
-    if (p->snap)
-        mt__gap_pins_by_site(pins, 5);
+    if (!rc && p->snap && mt__gap_pins_by_site(pins, 5) != 0)
+        rc = MT_ENOMEM; /* (the answer is then the error) */
     send_at(c, p, t, past, upto, "gap", rc, j, head);
     json_decref(j);
     mt__gap_free(&g);
