@@ -130,6 +130,17 @@ static void put(run_t *x, int kind, uint64_t addr, uint64_t size, bool lost)
     same_as_ref(x);
 }
 
+/* A gap record: every block the model holds is uncertain, then pruned by the totals. */
+static void gap_record(run_t *x)
+{
+    mt_event_rec_t gap = {.kind = MT_EV_GAP, .size = 1};
+    assert_int_equal(mt__model_apply(x->g.m, &gap), 0);
+    for (size_t i = 0; i < x->nb; i++)
+        x->b[i].unc = true;
+    ref_prune(x);
+    same_as_ref(x);
+}
+
 static void test_prune_by_totals(void **state)
 {
     (void)state;
@@ -164,14 +175,8 @@ static void test_prune_by_totals(void **state)
             if (rnd(&x, 8) != 0) /* some stay pending until a later round's events */
                 put(&x, MT_EV_FREE_COMPLETED, a, s, lost);
         }
-        if (burst && rnd(&x, 2) == 0) { /* a gap record too (else the next seq tells it) */
-            mt_event_rec_t gap = {.kind = MT_EV_GAP, .size = 1};
-            assert_int_equal(mt__model_apply(x.g.m, &gap), 0);
-            for (size_t i = 0; i < x.nb; i++)
-                x.b[i].unc = true;
-            ref_prune(&x);
-            same_as_ref(&x);
-        }
+        if (burst && rnd(&x, 2) == 0) /* a gap record too (else the next seq tells it) */
+            gap_record(&x);
         gaps += burst;
     }
     /* Blocks made uncertain then settled, many times over: the records of the settled ones
@@ -182,12 +187,7 @@ static void test_prune_by_totals(void **state)
             put(&x, MT_EV_ALLOC, x.next, 4 * KIB * (uint64_t)(1 + i % 7), false);
             x.next += 4 * KIB * (uint64_t)(1 + i % 7);
         }
-        mt_event_rec_t gap = {.kind = MT_EV_GAP, .size = 1};
-        assert_int_equal(mt__model_apply(x.g.m, &gap), 0);
-        for (size_t i = 0; i < x.nb; i++)
-            x.b[i].unc = true;
-        ref_prune(&x);
-        same_as_ref(&x);
+        gap_record(&x);
         for (int i = 0, a = 0; i < 100; a += 4 * (1 + i % 7), i++) {
             uint64_t at = first + (uint64_t)a * KIB, size = 4 * KIB * (uint64_t)(1 + i % 7);
             put(&x, MT_EV_FREE_REQUESTED, at, size, false);
