@@ -201,7 +201,8 @@ void mt__model_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size)
 }
 
 /* The blocks prune_by_totals takes, from the largest down, into *out (n of them, by
- * address): 0, or MT_ENOMEM (big as it was but for records of blocks since gone). */
+ * address): 0, or MT_ENOMEM. Their records leave big either way: on failure the caller's
+ * walk deletes every block above the room, these among them. */
 static int big_take(mt__mclass_t *c, mt__u128 room, mt__range_t **out, size_t *n)
 {
     mt__range_t *v = NULL;
@@ -216,8 +217,6 @@ static int big_take(mt__mclass_t *c, mt__u128 room, mt__range_t **out, size_t *n
             break;
         mt__range_t *nvv = nv == cap ? mt__grow(v, &cap, nv + 1, sizeof(*v), 16) : v;
         if (nvv == NULL) {
-            for (size_t i = 0; i < nv; i++) /* back in: none was taken */
-                mt__model_big_add(c, v[i].addr, v[i].size);
             free(v);
             return MT_ENOMEM;
         }
@@ -228,8 +227,6 @@ static int big_take(mt__mclass_t *c, mt__u128 room, mt__range_t **out, size_t *n
     if (nv > 1) {
         mt__range_t *tmp = malloc(nv * sizeof(*tmp));
         if (tmp == NULL) {
-            for (size_t i = 0; i < nv; i++)
-                mt__model_big_add(c, v[i].addr, v[i].size);
             free(v);
             return MT_ENOMEM;
         }
