@@ -215,20 +215,51 @@ static json_int_t sat_add(json_int_t a, json_int_t b)
     return a > LLONG_MAX - b ? LLONG_MAX : a + b; /* (json_int_t is long long here) */
 }
 
+/* A row's key in the two sorts of mt__gap_pins_by_site. */
+typedef struct pin_key_s {
+    const char *site; /* by site: its text, NULL for a row without one */
+    json_int_t bytes; /* by size: its bytes */
+    size_t i;         /* its place before the sort: ties keep the rows' order */
+} pin_key_t;
+
+static int by_site(const void *x, const void *y)
+{
+    const pin_key_t *a = x, *b = y;
+    int c = strcmp(a->site, b->site);
+    return c != 0 ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+static int by_bytes_desc(const void *x, const void *y)
+{
+    const pin_key_t *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes < b->bytes ? 1 : -1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* Rows of one site are found by a sort of the sites and ranked again by a sort of the sums
+ * (N log N: a log's pins are per stack, and a log can have many). */
 int mt__gap_pins_by_site(json_t *pins, size_t top)
 {
-    for (size_t i = 0; i < json_array_size(pins); i++) {
-        json_t *a = json_array_get(pins, i);
-        const char *site = json_string_value(json_object_get(a, "site"));
-        if (site == NULL)
-            continue;
-        for (size_t j = i + 1; j < json_array_size(pins);) {
-            json_t *b = json_array_get(pins, j);
-            const char *other = json_string_value(json_object_get(b, "site"));
-            if (other == NULL || strcmp(site, other) != 0) {
-                j++;
-                continue;
-            }
+    size_t n = json_array_size(pins), nsite = 0, nkeep = 0;
+    int rc = MT_ENOMEM;
+    pin_key_t *k = calloc(n ? n : 1, sizeof *k);
+    json_t **keep = calloc(n ? n : 1, sizeof *keep);
+    bool *gone = calloc(n ? n : 1, sizeof *gone);
+    if (k == NULL || keep == NULL || gone == NULL)
+        goto out_alloc;
+    for (size_t i = 0; i < n; i++) {
+        const char *site = json_string_value(json_object_get(json_array_get(pins, i), "site"));
+        if (site != NULL)
+            k[nsite++] = (pin_key_t){.site = site, .i = i};
+    }
+    qsort(k, nsite, sizeof *k, by_site);
+    /* Each run of one site adds its later rows into its first (the earliest in the array). */
+    for (size_t g = 0; g < nsite;) {
+        json_t *a = json_array_get(pins, k[g].i);
+        size_t e = g + 1;
+        for (; e < nsite && strcmp(k[e].site, k[g].site) == 0; e++) {
+            json_t *b = json_array_get(pins, k[e].i);
             json_int_t big = pin_int(a, "largest_block_bytes"),
                        bb = pin_int(b, "largest_block_bytes");
             /* (a failed set leaves the old figure: the sum would read short) */
@@ -238,24 +269,30 @@ int mt__gap_pins_by_site(json_t *pins, size_t top)
                     a, "segments",
                     json_integer(sat_add(pin_int(a, "segments"), pin_int(b, "segments")))) ||
                 json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb)))
-                return MT_ENOMEM;
-            json_array_remove(pins, j);
+                goto out_set;
+            gone[k[e].i] = true;
         }
+        g = e;
     }
-    /* largest first (rows were, and each keeps the place of its largest: one pass of
-     * insertion moves each merged row up) */
-    for (size_t i = 1; i < json_array_size(pins); i++) {
-        size_t k = i;
-        json_t *x = json_incref(json_array_get(pins, i));
-        while (k > 0 && pin_int(json_array_get(pins, k - 1), "bytes") < pin_int(x, "bytes"))
-            k--;
-        if (k != i) {
-            json_array_remove(pins, i);
-            json_array_insert(pins, k, x);
-        }
-        json_decref(x);
-    }
-    while (json_array_size(pins) > top)
-        json_array_remove(pins, json_array_size(pins) - 1);
-    return 0;
+    /* largest first, ties in the rows' order (as the rows were before the merge) */
+    for (size_t i = 0; i < n; i++)
+        if (!gone[i])
+            k[nkeep++] = (pin_key_t){.bytes = pin_int(json_array_get(pins, i), "bytes"), .i = i};
+    qsort(k, nkeep, sizeof *k, by_bytes_desc);
+    if (nkeep > top)
+        nkeep = top;
+    for (size_t j = 0; j < nkeep; j++)
+        keep[j] = json_incref(json_array_get(pins, k[j].i));
+    /* The array's room only shrinks from here: clear keeps it, so no append allocates. */
+    json_array_clear(pins);
+    rc = 0;
+    for (size_t j = 0; j < nkeep; j++)
+        if (json_array_append_new(pins, keep[j]) != 0 && rc == 0)
+            rc = MT_ENOMEM;
+out_set:
+out_alloc:
+    free(k);
+    free(keep);
+    free(gone);
+    return rc;
 }

@@ -22,6 +22,9 @@ Shapes (the totals every event carries are the true ones, so nothing is pruned b
   sites   N functions of two stacks each, one allocation a stack, none freed; grouped by
           function (report --by function) the sums rise with the function's number while
           the larger stack's bytes fall, so the merged rows come out in reverse order.
+  pins    N segments of 2 MiB, each pinned by one live 64 KiB block of its own stack; the
+          stacks come in pairs that differ only below the user's frame, so the gap's pins
+          (one row a stack) join into N / 2 rows of one site each.
 """
 import argparse
 import sys
@@ -212,10 +215,30 @@ def sites(out, n):
     g.exit()
 
 
+def pins(out, n):
+    g = Log(out, 100)
+    g.hello("pins")
+    for i in range(n):
+        out.write('{"v":1,"kind":"stack","pid":100,"id":%d,"frames":[{"ip":"0x%x"},'
+                  '{"py":"layer%d","file":"/src/model.py","line":%d}]}\n' %
+                  (i + 1, 0x555555550000 + 16 * i, i // 2, 10 + i // 2))
+    for i in range(n):
+        seg = SEG_BASE + i * 2 * MIB
+        g.reserved += 2 * MIB
+        g.event("segment_alloc", seg, 2 * MIB, 2 * MIB)
+        out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":100,"dev":0,"kind":"stack_ref",'
+                  '"addr":"0x%x","pool":"large","stack":%d}\n' % (g.seq, g.t, seg, i + 1))
+        g.seq += 1
+        g.t += 1000
+        g.alloc(seg, 64 * KIB, stack=i + 1)
+    g.exit()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", required=True,
-                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites", "prune"])
+                    choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites", "prune",
+                             "pins"])
     ap.add_argument("--n", type=int, required=True, help="the size (see the shapes above)")
     ap.add_argument("--gap", choices=["record", "seq"], default="record",
                     help="gaps shape: a gap record and a jump in seq (default), or the jump alone")
@@ -237,6 +260,8 @@ def main():
             prune(out, a.n)
         elif a.shape == "sites":
             sites(out, a.n)
+        elif a.shape == "pins":
+            pins(out, a.n)
         else:
             stacks(out, a.n)
     finally:

@@ -351,16 +351,91 @@ static void test_pins_by_site(void **state)
     json_decref(pins);
 }
 
+/* The join as first written (pairwise, then an insertion by bytes): what the sorts must
+ * give on any rows. */
+static json_int_t ref_int(json_t *r, const char *k)
+{
+    json_int_t v = json_integer_value(json_object_get(r, k));
+    return v > 0 ? v : 0;
+}
+
+static void ref_by_site(json_t *pins, size_t top)
+{
+    for (size_t i = 0; i < json_array_size(pins); i++) {
+        json_t *a = json_array_get(pins, i);
+        const char *site = json_string_value(json_object_get(a, "site"));
+        for (size_t j = i + 1; site != NULL && j < json_array_size(pins);) {
+            json_t *b = json_array_get(pins, j);
+            const char *other = json_string_value(json_object_get(b, "site"));
+            if (other == NULL || strcmp(site, other) != 0) {
+                j++;
+                continue;
+            }
+            json_int_t big = ref_int(a, "largest_block_bytes"),
+                       bb = ref_int(b, "largest_block_bytes");
+            json_object_set_new(a, "bytes",
+                                json_integer(ref_int(a, "bytes") + ref_int(b, "bytes")));
+            json_object_set_new(a, "segments",
+                                json_integer(ref_int(a, "segments") + ref_int(b, "segments")));
+            json_object_set_new(a, "largest_block_bytes", json_integer(big > bb ? big : bb));
+            json_array_remove(pins, j);
+        }
+    }
+    for (size_t i = 1; i < json_array_size(pins); i++) {
+        size_t k = i;
+        json_t *x = json_incref(json_array_get(pins, i));
+        while (k > 0 && ref_int(json_array_get(pins, k - 1), "bytes") < ref_int(x, "bytes"))
+            k--;
+        if (k != i) {
+            json_array_remove(pins, i);
+            json_array_insert(pins, k, x);
+        }
+        json_decref(x);
+    }
+    while (json_array_size(pins) > top)
+        json_array_remove(pins, json_array_size(pins) - 1);
+}
+
+/* Random rows (few sites, some rows without one, many ties in bytes) joined by the sorts and
+ * by the pairwise reference: the same rows in the same order. */
+static void test_pins_by_site_random(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"a.py:1 f", "a.py:2 g", "b.py:9 h", "c.py:4 k", "d.py:7 m"};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int round = 0; round < 300; round++) {
+        json_t *pins = json_array();
+        assert_non_null(pins);
+        size_t n = (size_t)(round % 40);
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            json_t *r = json_pack("{s:i,s:I,s:I,s:I}", "stack", (int)i + 1, "bytes",
+                                  (json_int_t)(x % 7) * 100, "segments", (json_int_t)(x >> 8) % 3,
+                                  "largest_block_bytes", (json_int_t)(x >> 16) % 50);
+            assert_non_null(r);
+            if ((x >> 24) % 6 != 0)
+                assert_int_equal(json_object_set_new(r, "site", json_string(names[(x >> 32) % 5])),
+                                 0);
+            assert_int_equal(json_array_append_new(pins, r), 0);
+        }
+        json_t *want = json_deep_copy(pins);
+        assert_non_null(want);
+        size_t top = round % 3 == 0 ? SIZE_MAX : (size_t)(round % 7);
+        assert_int_equal(mt__gap_pins_by_site(pins, top), 0);
+        ref_by_site(want, top);
+        assert_true(json_equal(pins, want));
+        json_decref(pins);
+        json_decref(want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_each_cause_at_the_end),
-        cmocka_unit_test(test_untracked_reserved),
-        cmocka_unit_test(test_unknown_requests),
-        cmocka_unit_test(test_pins_by_site),
-        cmocka_unit_test(test_peak_gap_of_growth),
-        cmocka_unit_test(test_peak_gap_many_processes),
-        cmocka_unit_test(test_peak_gap_long_leak),
+        cmocka_unit_test(test_each_cause_at_the_end),   cmocka_unit_test(test_untracked_reserved),
+        cmocka_unit_test(test_unknown_requests),        cmocka_unit_test(test_pins_by_site),
+        cmocka_unit_test(test_pins_by_site_random),     cmocka_unit_test(test_peak_gap_of_growth),
+        cmocka_unit_test(test_peak_gap_many_processes), cmocka_unit_test(test_peak_gap_long_leak),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
