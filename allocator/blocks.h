@@ -133,7 +133,7 @@ static inline mt_block_t *mt__addrmap_at(const mt_addrmap_t *m, size_t i)
 }
 static inline int mt__addrmap_init(mt_addrmap_t *m)
 {
-    *m = (mt_addrmap_t){.room = 1}; /* a quarter full at most (util/addrmap.h) */
+    *m = (mt_addrmap_t){.room = 3}; /* a sixteenth full at most (util/addrmap.h) */
     return 0;
 }
 static inline void mt__addrmap_fini(mt_addrmap_t *m)

@@ -7,6 +7,9 @@
 #include "util/assert.h"
 
 #define AMAP_FIRST 16 /* slots of a table's first allocation */
+/* Past this many slots (16 MiB of keys and values) a table's room is at most a quarter's:
+ * the sparser bounds buy fewer probes, not memory without end. */
+#define AMAP_ROOMY_CAP ((size_t)1 << 20)
 
 void mt__amap_fini(mt__amap_t *m)
 {
@@ -23,7 +26,7 @@ int mt__amap_grow(mt__amap_t *m)
                     cap,
                     m->n,
                     (unsigned)__builtin_clzll((unsigned long long)cap) + 1,
-                    m->room};
+                    cap > AMAP_ROOMY_CAP && m->room > 1 ? 1u : m->room};
     if (t.keys == NULL || t.vals == NULL || cap < m->cap) {
         free(t.keys);
         free(t.vals);
@@ -61,8 +64,8 @@ int mt__amap_check(const mt__amap_t *m, char *why, size_t whylen)
     }
     if (bad == NULL && n != m->n)
         bad = "n differs from the keys held";
-    if (bad == NULL && m->room > 1)
-        bad = "room beyond a quarter";
+    if (bad == NULL && m->room > 3)
+        bad = "room beyond a sixteenth";
     if (bad == NULL && (m->n << (1 + m->room)) > m->cap && m->cap != 0)
         bad = "fuller than its room allows";
     if (bad == NULL)

@@ -27,9 +27,10 @@ typedef struct mt__amap_s {
      * cache's owner reads its count before it takes the cache: tcache.c, mt__tc_free) */
     size_t n;
     unsigned shift; /* 64 - log2(cap) */
-    /* The table is at most 2^-(1 + room) full: 0 (half, the default) or 1 (a quarter, the
-     * allocator's block table, where each probe past the home slot is a mispredicted
-     * branch on the hot path; docs/bench-replay.md has what it saves). Set while empty. */
+    /* The table is at most 2^-(1 + room) full: 0 (half, the default), 1 (a quarter) up to 3
+     * (a sixteenth: the allocator's block table, where each probe past the home slot is a
+     * mispredicted branch on the hot path; docs/bench-replay.md has what it saves). Set
+     * while empty; a table grown past 2^20 slots keeps at most a quarter's. */
     unsigned room;
 } mt__amap_t;
 

@@ -32,7 +32,8 @@ static void check_amap(const mt__amap_t *m)
 
 /* Keys drawn from a small range (so puts replace and deletes hit), with the keys a
  * clustered allocator gives (multiples of 512); the reference is an array by key. At
- * either room (at most half or a quarter full), the checker holding the table to it. */
+ * each room (at most half, a quarter or a sixteenth full), the checker holding the table to
+ * it. */
 static void amap_random(unsigned room)
 {
     enum { KEYS = 3000, OPS = 60000 };
@@ -86,6 +87,7 @@ static void test_amap_random(void **state)
     (void)state;
     amap_random(0);
     amap_random(1);
+    amap_random(3);
 }
 
 /* A quarter-full table grows where a half-full one would not, and the checker tells a
@@ -108,6 +110,25 @@ static void test_amap_room(void **state)
     assert_int_equal(mt__amap_check(&half, NULL, 0), MT_EPROTO);
     mt__amap_fini(&half);
     mt__amap_fini(&quarter);
+    mt__amap_t wide = {.room = 4}; /* beyond a sixteenth: not a room the checker takes */
+    assert_int_equal(mt__amap_check(&wide, NULL, 0), MT_EPROTO);
+}
+
+/* A sixteenth's room holds until the table passes 2^20 slots; from there on, a quarter's. */
+static void test_amap_room_bounded(void **state)
+{
+    (void)state;
+    mt__amap_t m = {.room = 3};
+    uint64_t k = 1;
+    for (; m.cap <= ((size_t)1 << 20); k++) {
+        assert_int_equal(m.room, 3);
+        assert_int_equal(mt__amap_put(&m, k << 9, k), 0);
+    }
+    assert_int_equal(m.room, 1);
+    assert_int_equal(m.cap, (size_t)1 << 21);
+    assert_int_equal(m.n, 65537); /* the 65,537th key needed more than 2^20 slots */
+    check_amap(&m);
+    mt__amap_fini(&m);
 }
 
 /* The checker sees a key its probe cannot reach. */
@@ -287,9 +308,10 @@ static void test_segmap_random(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_amap_random),      cmocka_unit_test(test_amap_room),
-        cmocka_unit_test(test_amap_check_fails), cmocka_unit_test(test_segmap_runs),
-        cmocka_unit_test(test_segmap_no_join),   cmocka_unit_test(test_segmap_random),
+        cmocka_unit_test(test_amap_random),       cmocka_unit_test(test_amap_room),
+        cmocka_unit_test(test_amap_room_bounded), cmocka_unit_test(test_amap_check_fails),
+        cmocka_unit_test(test_segmap_runs),       cmocka_unit_test(test_segmap_no_join),
+        cmocka_unit_test(test_segmap_random),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
