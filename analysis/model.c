@@ -50,6 +50,7 @@ void mt__model_destroy(mt_model_t **pm)
         mt__amap_fini(&m->cls[k].at);
         mt__bt_fini(&m->cls[k].stale);
         mt__model_big_fini(&m->cls[k].big);
+        mt__model_big_fini(&m->cls[k].seg_big);
         mt__segmap_fini(&m->cls[k].segs);
         mt__model_segs_free(&m->cls[k]);
         mt__model_free_destroy(&m->cls[k]);

@@ -95,7 +95,8 @@ typedef struct mt__mbig_s {
  *   uncertain block; big holds mt__mbig_t's invariants, its current items the live,
  *   !pending, uncertain blocks b, as (b.addr, b.size);
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
- *   seg_unc_max >= size of every uncertain seg;
+ *   seg_unc_max >= size of every uncertain seg; seg_big holds mt__mbig_t's invariants, its
+ *   current items the uncertain segments s with s.addr < 2^64 - 1, as (s.addr, s.size);
  *   the certain segments at 2^64 - 1 are a prefix of segs.top (top[0..j) certain, the rest
  *   uncertain, for some j);
  *   seg_new_ok => every certain segment s below 2^64 - 1 has s.addr in seg_new[0..nseg_new)
@@ -127,9 +128,12 @@ typedef struct mt__mclass_s {
     /* the same of the !pending ones as a max-heap by size, with records of blocks since
      * gone, settled or resized left in (model_stale.c) */
     mt__mbig_t big;
-    mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
-    struct mt__mfree_s *fr;   /* the free extents kept (model_free.c); NULL: not kept */
-    uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
+    mt__segmap_t segs;      /* the segment map, shared with the recorder's OOM snapshot */
+    struct mt__mfree_s *fr; /* the free extents kept (model_free.c); NULL: not kept */
+    uint64_t seg_unc_max;   /* bytes, bound on an uncertain segment's size */
+    /* the uncertain segments below 2^64 - 1 as a max-heap by size, with records of
+     * segments since gone, settled or cut left in (model_segs.c) */
+    mt__mbig_t seg_big;
     uint64_t unmatched_frees; /* frees of blocks never seen allocated */
     bool had_gap;             /* a gap happened (figures may be uncertain) */
     /* The starts of the segments made or made certain since the last gap (and maybe of some
