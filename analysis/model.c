@@ -49,7 +49,8 @@ void mt__model_destroy(mt_model_t **pm)
         free(m->cls[k].blocks);
         mt__amap_fini(&m->cls[k].at);
         mt__bt_fini(&m->cls[k].stale);
-        free(m->cls[k].big);
+        mt__model_big_fini(&m->cls[k].big);
+        mt__model_big_fini(&m->cls[k].seg_big);
         mt__segmap_fini(&m->cls[k].segs);
         mt__model_segs_free(&m->cls[k]);
         mt__model_free_destroy(&m->cls[k]);
@@ -256,7 +257,7 @@ static int mark_gap(mt__mclass_t *c)
         if (!b->pending) {
             if (b->size > c->unc_max)
                 c->unc_max = b->size;
-            mt__model_big_add(c, b->addr, b->size);
+            mt__model_stale_big_add(c, b->addr, b->size);
         }
     }
     c->nuncertain = c->live;

@@ -1,6 +1,7 @@
 /* The model's structs, shared by its files (model.c: events, blocks, tags, gaps;
- * model_stale.c: the uncertain blocks by address; model_figures.c: its figures and map as
- * read; model_segs.c: the segment map and free extents; model_growth.c: iterations). */
+ * model_stale.c: the uncertain blocks by address; model_big.c: uncertain items by size;
+ * model_figures.c: its figures and map as read; model_segs.c: the segment map and free
+ * extents; model_growth.c: iterations). */
 #ifndef MT_ANALYSIS_MODEL_INTERNAL_H
 #define MT_ANALYSIS_MODEL_INTERNAL_H
 
@@ -52,6 +53,31 @@ typedef struct mt__range_s {
     uint64_t addr, size;
 } mt__range_t;
 
+struct mt__mclass_s;
+
+/* The uncertain items of one kind (blocks, segments) of a class as a max-heap by size
+ * (model_big.c), so that those larger than a room are found from the largest down: a walk
+ * of every one at each event that lowers the room is quadratic when they go a few at a time.
+ * What tells the kinds apart (model_stale.c's blocks, model_segs.c's segments): */
+typedef struct mt__mbig_kind_s {
+    /* whether r is the record of an item the heap must hold (not one since gone, settled,
+     * resized or cut) */
+    bool (*current)(const struct mt__mclass_s *c, mt__range_t r);
+    /* a bound on the current items: the room a rebuild takes, its measure of garbage */
+    size_t (*bound)(const struct mt__mclass_s *c);
+    /* writes the records of the current items to out (room for bound of them): how many */
+    size_t (*fill)(const struct mt__mclass_s *c, mt__range_t *out);
+} mt__mbig_kind_t;
+
+/* Invariants (mt__model_big_check): n <= cap; !lost => h[0..n) is a max-heap by (size,
+ * addr) holding the record of every current item (and maybe records no longer current,
+ * dropped when they reach the top, or all at once when n > 2 bound + 64). */
+typedef struct mt__mbig_s {
+    mt__range_t *h; /* cap allocated */
+    size_t n, cap;
+    bool lost; /* a record could not be added: not used until made anew from the items */
+} mt__mbig_t;
+
 /* One class of memory (device, or pinned host).
  * Invariants (mt__model_check):
  *   blocks[0..live) distinct addresses; at maps each non-zero addr to its index (util/addrmap.h
@@ -66,10 +92,11 @@ typedef struct mt__range_s {
  *   stale holds util/btree.h's invariants, its records (addr, size) keyed by addr, and
  *   stale = {(b.addr, b.size) : b in blocks[0..nuncertain)} (stale.n = nuncertain: no
  *   record of a block freed, settled or certain); unc_max >= size of every live, !pending,
- *   uncertain block; !big_lost => big[0..nbig) is a max-heap by size holding (b.addr,
- *   b.size) for every live, !pending, uncertain block b (and maybe stale records);
+ *   uncertain block; big holds mt__mbig_t's invariants, its current items the live,
+ *   !pending, uncertain blocks b, as (b.addr, b.size);
  *   segs holds util/segmap.h's invariants (sorted, disjoint, its byte sums);
- *   seg_unc_max >= size of every uncertain seg;
+ *   seg_unc_max >= size of every uncertain seg; seg_big holds mt__mbig_t's invariants, its
+ *   current items the uncertain segments s with s.addr < 2^64 - 1, as (s.addr, s.size);
  *   the certain segments at 2^64 - 1 are a prefix of segs.top (top[0..j) certain, the rest
  *   uncertain, for some j);
  *   seg_new_ok => every certain segment s below 2^64 - 1 has s.addr in seg_new[0..nseg_new)
@@ -100,12 +127,13 @@ typedef struct mt__mclass_s {
     mt__bt_t stale;
     /* the same of the !pending ones as a max-heap by size, with records of blocks since
      * gone, settled or resized left in (model_stale.c) */
-    mt__range_t *big;
-    size_t nbig, big_cap;
-    bool big_lost;            /* a record could not be added: big is not used until rebuilt */
-    mt__segmap_t segs;        /* the segment map, shared with the recorder's OOM snapshot */
-    struct mt__mfree_s *fr;   /* the free extents kept (model_free.c); NULL: not kept */
-    uint64_t seg_unc_max;     /* bytes, bound on an uncertain segment's size */
+    mt__mbig_t big;
+    mt__segmap_t segs;      /* the segment map, shared with the recorder's OOM snapshot */
+    struct mt__mfree_s *fr; /* the free extents kept (model_free.c); NULL: not kept */
+    uint64_t seg_unc_max;   /* bytes, bound on an uncertain segment's size */
+    /* the uncertain segments below 2^64 - 1 as a max-heap by size, with records of
+     * segments since gone, settled or cut left in (model_segs.c) */
+    mt__mbig_t seg_big;
     uint64_t unmatched_frees; /* frees of blocks never seen allocated */
     bool had_gap;             /* a gap happened (figures may be uncertain) */
     /* The starts of the segments made or made certain since the last gap (and maybe of some
@@ -312,13 +340,29 @@ void mt__model_block_delete(mt__mclass_t *c, mt__mblock_t *b);
 int mt__model_stale_add(mt__mclass_t *c, size_t from, size_t to);
 /* Takes the record of the uncertain block at addr out (settled or deleted). */
 void mt__model_stale_del(mt__mclass_t *c, uint64_t addr);
-/* Adds a block made uncertain, !pending, to c->big (or sets big_lost). */
-void mt__model_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size);
+/* Adds a block made uncertain, !pending, to c->big (or sets c->big.lost). */
+void mt__model_stale_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size);
 /* Drops the uncertain blocks within [addr, addr + size) (for model.c and model_segs.c). */
 void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size);
 /* Uncertain blocks larger than what the allocated total leaves room for are gone. */
 void mt__model_prune_by_totals(mt__mclass_t *c);
 int mt__model_stale_check(const mt__mclass_t *c, char *why, size_t whylen);
+
+/* model_big.c: the largest items first (mt__mbig_t). */
+/* Adds r, the record of a current item of kind k, to b (or sets b->lost). */
+void mt__model_big_push(mt__mclass_t *c, mt__mbig_t *b, const mt__mbig_kind_t *k, mt__range_t r);
+/* Takes out of b the records of the current items larger than room, into *out (new, *n of
+ * them, sorted by addr; an item may be named twice, the two records side by side) and
+ * leaves a current item's record on top (or none): b->n > 0 ? b->h[0].size : 0 is then the
+ * largest item's size. 0, or MT_ENOMEM: b cannot be used (the caller walks every item;
+ * records taken out are those of items above the room, which that walk removes). */
+int mt__model_big_take(mt__mclass_t *c, mt__mbig_t *b, const mt__mbig_kind_t *k, mt__u128 room,
+                       mt__range_t **out, size_t *n);
+/* b's invariants against c's items: 0, or MT_EPROTO with the first violation in why (the
+ * holding part skipped when there is no memory for it). */
+int mt__model_big_check(const mt__mclass_t *c, const mt__mbig_t *b, const mt__mbig_kind_t *k,
+                        char *why, size_t whylen);
+void mt__model_big_fini(mt__mbig_t *b);
 
 /* model_stacks.c */
 /* Adds (sign 1) or removes (sign -1) b in its stack's figures of class c. */

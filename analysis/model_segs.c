@@ -16,6 +16,59 @@ static uint64_t end_of(uint64_t addr, uint64_t size)
     return size > UINT64_MAX - addr ? UINT64_MAX : addr + size;
 }
 
+/* ---- the largest first (c->seg_big, model_big.c) ---- */
+
+/* Whether r is the record of an uncertain segment below 2^64 - 1 (not one since gone,
+ * settled or cut). */
+static bool big_current(const mt__mclass_t *c, mt__range_t r)
+{
+    if (r.addr == UINT64_MAX)
+        return false;
+    const mt__seg_t *g = mt__segmap_get(mt__segmap_lower(&c->segs, r.addr));
+    return g != NULL && g->addr == r.addr && g->size == r.size && g->uncertain;
+}
+
+static size_t big_bound(const mt__mclass_t *c)
+{
+    return c->segs.unc != 0 ? c->segs.t.n : 0; /* (none uncertain: the usual case) */
+}
+
+static size_t big_fill(const mt__mclass_t *c, mt__range_t *out)
+{
+    size_t n = 0;
+    if (c->segs.unc == 0)
+        return 0;
+    for (mt__bt_cur_t it = mt__bt_first(&c->segs.t); !mt__bt_end(it); mt__bt_next(&it)) {
+        const mt__seg_t *g = mt__bt_get(it);
+        if (g->uncertain)
+            out[n++] = (mt__range_t){g->addr, g->size};
+    }
+    return n;
+}
+
+static const mt__mbig_kind_t segs_kind = {big_current, big_bound, big_fill};
+
+static void big_add(mt__mclass_t *c, const mt__seg_t *g)
+{
+    if (g->addr != UINT64_MAX) /* those at 2^64 - 1: walked (segs_prune) */
+        mt__model_big_push(c, &c->seg_big, &segs_kind, (mt__range_t){g->addr, g->size});
+}
+
+/* A cut of [addr, end) leaves at most two parts of the segments it met, which keep their
+ * flag: an uncertain one's record, with its new extent (one that only touches the range is
+ * added again, harmlessly). */
+static void big_add_parts(mt__mclass_t *c, uint64_t addr, uint64_t end)
+{
+    if (c->segs.unc == 0)
+        return;
+    const mt__seg_t *g = addr > 0 ? mt__segmap_get(mt__segmap_find(&c->segs, addr - 1)) : NULL;
+    if (g != NULL && g->uncertain && end_of(g->addr, g->size) == addr)
+        big_add(c, g);
+    g = mt__segmap_get(mt__segmap_lower(&c->segs, end));
+    if (g != NULL && g->uncertain && g->addr == end)
+        big_add(c, g);
+}
+
 /* ---- segments made certain since the last gap ---- */
 
 /* Notes addr (below 2^64 - 1) as the start of a segment that may be certain. Past their
@@ -50,6 +103,7 @@ static void mark_one(mt__mclass_t *c, mt__segmap_it_t it)
     mt__segmap_set_uncertain(&c->segs, it, true);
     if (g->size > c->seg_unc_max)
         c->seg_unc_max = g->size;
+    big_add(c, g);
 }
 
 void mt__model_segs_mark_uncertain(mt__mclass_t *c)
@@ -88,6 +142,7 @@ int mt__model_seg_cut(mt__mclass_t *c, uint64_t addr, uint64_t size)
     mt__model_free_note_cut(c, addr, size);
     int rc = mt__segmap_cut(&c->segs, addr, size);
     mt__model_free_note_added(c, addr, 0, rc);
+    big_add_parts(c, addr, end_of(addr, size));
     note_new(c, end_of(addr, size)); /* what stays of a segment cut in two starts there */
     return rc;
 }
@@ -107,6 +162,7 @@ int mt__model_seg_add(mt__mclass_t *c, const mt_event_rec_t *ev, bool mapped)
     mt__model_free_note_cut(c, ev->addr, ev->size);
     int rc = mt__segmap_add(&c->segs, &s);
     mt__model_free_note_added(c, ev->addr, ev->size, rc);
+    big_add_parts(c, ev->addr, end_of(ev->addr, ev->size)); /* (what it overlapped was cut) */
     /* It starts at addr, or joined a run whose start is noted (a certain one); what it cut
      * in two has a part that starts at its end. */
     note_new(c, ev->addr);
@@ -125,34 +181,61 @@ void mt__model_seg_touch(mt__mclass_t *c, uint64_t addr)
     }
 }
 
+/* Removes the uncertain segment at it: the position of the one after it. */
+static mt__segmap_it_t prune_one(mt__mclass_t *c, mt__segmap_it_t it)
+{
+    mt__seg_t s = *mt__segmap_get(it);
+    /* the blocks first, as a cut does; neither changes the map (it stays valid) */
+    mt__model_drop_uncertain_in(c, s.addr, s.size);
+    mt__model_free_note_cut(c, s.addr, s.size);
+    return mt__segmap_remove(&c->segs, it);
+}
+
+/* The uncertain segments above room from it on, in address order: the largest of those
+ * left. */
+static uint64_t prune_walk(mt__mclass_t *c, mt__segmap_it_t it, mt__u128 room)
+{
+    uint64_t max = 0;
+    for (const mt__seg_t *g; (g = mt__segmap_get(it)) != NULL;) {
+        if (g->uncertain && (mt__u128)g->size > room) {
+            it = prune_one(c, it);
+            continue;
+        }
+        if (g->uncertain && g->size > max)
+            max = g->size;
+        mt__segmap_next(&it);
+    }
+    return max;
+}
+
 void mt__model_segs_prune(mt__mclass_t *c)
 {
     if (c->segs.unc == 0) {
         c->seg_unc_max = 0;
+        c->seg_big.n = 0;
         return;
     }
     mt__u128 certain = c->segs.bytes - c->segs.unc;
     mt__u128 room = c->rsum > certain ? c->rsum - certain : 0;
     if ((mt__u128)c->seg_unc_max <= room)
         return;
-    uint64_t max = 0;
-    for (mt__segmap_it_t it = mt__segmap_first(&c->segs); !mt__segmap_end(it);) {
-        mt__seg_t s = *mt__segmap_get(it);
-        if (!s.uncertain) {
-            mt__segmap_next(&it);
-            continue;
-        }
-        if ((mt__u128)s.size > room) {
-            /* the blocks first, as a cut does; neither changes the map (it stays valid) */
-            mt__model_drop_uncertain_in(c, s.addr, s.size);
-            mt__model_free_note_cut(c, s.addr, s.size);
-            it = mt__segmap_remove(&c->segs, it);
-            continue;
-        }
-        max = s.size > max ? s.size : max;
-        mt__segmap_next(&it);
+    /* From the largest down (a walk of every segment here, at each event that lowered the
+     * room, was quadratic when the uncertain ones go a few at a time), in address order as
+     * that walk went, then those at 2^64 - 1 (kept out of the heap: several may share the
+     * address) by a walk. */
+    mt__range_t *v = NULL;
+    size_t n = 0;
+    if (mt__model_big_take(c, &c->seg_big, &segs_kind, room, &v, &n) != 0) {
+        c->seg_unc_max = prune_walk(c, mt__segmap_first(&c->segs), room);
+        return;
     }
-    c->seg_unc_max = max;
+    for (size_t i = 0; i < n; i++) /* (the second record of one: no longer current) */
+        if (big_current(c, v[i]))
+            (void)prune_one(c, mt__segmap_lower(&c->segs, v[i].addr));
+    free(v);
+    uint64_t top = prune_walk(c, (mt__segmap_it_t){.i = 0, .m = &c->segs}, room);
+    uint64_t big = c->seg_big.n > 0 ? c->seg_big.h[0].size : 0;
+    c->seg_unc_max = top > big ? top : big;
 }
 
 /* ---- free extents ---- */
@@ -336,6 +419,7 @@ int mt__model_segs_check(const mt__mclass_t *c, char *why, size_t whylen)
                 snprintf(why, whylen, "uncertain segment above seg_unc_max");
             rc = MT_EPROTO;
         }
+    rc = rc ? rc : mt__model_big_check(c, &c->seg_big, &segs_kind, why, whylen);
     const char *bad = rc == 0 ? notes_check(c) : NULL;
     if (bad != NULL) {
         if (why)

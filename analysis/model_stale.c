@@ -11,11 +11,9 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "memtrace/common.h"
 #include "util/assert.h"
-#include "util/grow.h"
 
 static uint64_t end_of(uint64_t addr, uint64_t size)
 {
@@ -109,37 +107,7 @@ void mt__model_drop_uncertain_in(mt__mclass_t *c, uint64_t addr, uint64_t size)
     }
 }
 
-/* ---- the largest first (c->big) ---- */
-
-static bool big_below(mt__range_t a, mt__range_t b)
-{
-    return a.size < b.size || (a.size == b.size && a.addr < b.addr);
-}
-
-static void big_down(mt__range_t *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, m = i;
-        if (l < n && big_below(h[m], h[l]))
-            m = l;
-        if (l + 1 < n && big_below(h[m], h[l + 1]))
-            m = l + 1;
-        if (m == i)
-            return;
-        mt__range_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static mt__range_t big_pop(mt__mclass_t *c)
-{
-    mt__range_t top = c->big[0];
-    c->big[0] = c->big[--c->nbig];
-    big_down(c->big, c->nbig, 0);
-    return top;
-}
+/* ---- the largest first (c->big, model_big.c) ---- */
 
 /* Whether r is the record of a live, !pending, uncertain block (not one since gone). */
 static bool big_current(const mt__mclass_t *c, mt__range_t r)
@@ -148,94 +116,27 @@ static bool big_current(const mt__mclass_t *c, mt__range_t r)
     return b != NULL && b->uncertain && !b->pending && b->size == r.size;
 }
 
-/* big made anew from the stale index, without the records of blocks since gone: when they
- * outnumber the rest, or after a record could not be added. */
-static void big_rebuild(mt__mclass_t *c)
+static size_t big_bound(const mt__mclass_t *c)
 {
-    size_t n = 0, cap = c->stale.n + 16;
-    mt__range_t *h = c->big_cap >= cap ? c->big : malloc(cap * sizeof(*h));
-    if (h == NULL) {
-        c->big_lost = true;
-        return;
-    }
+    return c->stale.n;
+}
+
+static size_t big_fill(const mt__mclass_t *c, mt__range_t *out)
+{
+    size_t n = 0;
     for (mt__bt_cur_t it = mt__bt_first(&c->stale); !mt__bt_end(it); mt__bt_next(&it)) {
         const mt__range_t *r = mt__bt_get(it);
         if (big_current(c, *r))
-            h[n++] = *r;
+            out[n++] = *r;
     }
-    if (h != c->big) {
-        free(c->big);
-        c->big = h;
-        c->big_cap = cap;
-    }
-    c->nbig = n;
-    for (size_t i = n / 2; i-- > 0;)
-        big_down(h, n, i);
-    c->big_lost = false;
+    return n;
 }
 
-void mt__model_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size)
-{
-    if (c->big_lost)
-        return;
-    if (c->nbig == c->big_cap) {
-        if (c->nbig > 2 * c->stale.n + 64) { /* mostly records of blocks since gone */
-            big_rebuild(c);
-            if (c->big_lost || big_current(c, (mt__range_t){addr, size}))
-                return; /* (the rebuild took it in) */
-        }
-        mt__range_t *h = c->nbig == c->big_cap
-                             ? mt__grow(c->big, &c->big_cap, c->nbig + 1, sizeof(*h), 64)
-                             : c->big;
-        if (h == NULL) {
-            c->big_lost = true;
-            return;
-        }
-        c->big = h;
-    }
-    size_t i = c->nbig++;
-    mt__range_t r = {addr, size};
-    for (; i > 0 && big_below(c->big[(i - 1) / 2], r); i = (i - 1) / 2)
-        c->big[i] = c->big[(i - 1) / 2];
-    c->big[i] = r;
-}
+static const mt__mbig_kind_t blocks_kind = {big_current, big_bound, big_fill};
 
-/* The blocks prune_by_totals takes, from the largest down, into *out (n of them, by
- * address): 0, or MT_ENOMEM. Their records leave big either way: on failure the caller's
- * walk deletes every block above the room, these among them. */
-static int big_take(mt__mclass_t *c, mt__u128 room, mt__range_t **out, size_t *n)
+void mt__model_stale_big_add(mt__mclass_t *c, uint64_t addr, uint64_t size)
 {
-    mt__range_t *v = NULL;
-    size_t nv = 0, cap = 0;
-    while (c->nbig > 0) {
-        mt__range_t top = c->big[0];
-        if (!big_current(c, top)) {
-            big_pop(c);
-            continue;
-        }
-        if ((mt__u128)top.size <= room)
-            break;
-        mt__range_t *nvv = nv == cap ? mt__grow(v, &cap, nv + 1, sizeof(*v), 16) : v;
-        if (nvv == NULL) {
-            free(v);
-            return MT_ENOMEM;
-        }
-        v = nvv;
-        v[nv++] = big_pop(c);
-    }
-    /* By address, as the walk this replaced took them (two records of one block: once). */
-    if (nv > 1) {
-        mt__range_t *tmp = malloc(nv * sizeof(*tmp));
-        if (tmp == NULL) {
-            free(v);
-            return MT_ENOMEM;
-        }
-        mt__model_sort_ranges(v, nv, tmp);
-        free(tmp);
-    }
-    *out = v;
-    *n = nv;
-    return 0;
+    mt__model_big_push(c, &c->big, &blocks_kind, (mt__range_t){addr, size});
 }
 
 /* Every uncertain block, the old way: when big cannot be used. */
@@ -265,7 +166,7 @@ void mt__model_prune_by_totals(mt__mclass_t *c)
     if (c->nuncertain == 0) {
         mt_assert(c->stale.n == 0);
         c->unc_max = 0;
-        c->nbig = 0;
+        c->big.n = 0;
         return;
     }
     mt__u128 room = c->asum > c->known ? c->asum - c->known : 0;
@@ -273,11 +174,9 @@ void mt__model_prune_by_totals(mt__mclass_t *c)
         return;
     /* From the largest down: a walk of every uncertain block here, at each event that
      * lowered the room, was quadratic on a log whose uncertain blocks go a few at a time. */
-    if (c->big_lost || c->nbig > 2 * c->stale.n + 64)
-        big_rebuild(c);
     mt__range_t *v = NULL;
     size_t n = 0;
-    if (c->big_lost || big_take(c, room, &v, &n) != 0) {
+    if (mt__model_big_take(c, &c->big, &blocks_kind, room, &v, &n) != 0) {
         prune_walk(c, room);
         return;
     }
@@ -288,47 +187,7 @@ void mt__model_prune_by_totals(mt__mclass_t *c)
             mt__model_block_delete(c, b);
     }
     free(v);
-    c->unc_max = c->nbig > 0 ? c->big[0].size : 0;
-}
-
-/* big's invariants (model_internal.h): a heap, holding every block it must hold (that part
- * skipped when there is no memory for a sorted copy). NULL, or the first violation. */
-static const char *big_check(const mt__mclass_t *c)
-{
-    if (c->nbig > c->big_cap)
-        return "big holds more records than its room";
-    for (size_t i = 1; i < c->nbig; i++)
-        if (big_below(c->big[(i - 1) / 2], c->big[i]))
-            return "big is not a heap by size";
-    mt__range_t *v = c->nbig > 0 ? malloc(2 * c->nbig * sizeof(*v)) : NULL;
-    if (c->nbig > 0 && v == NULL)
-        return NULL;
-    if (v != NULL) {
-        memcpy(v, c->big, c->nbig * sizeof(*v));
-        mt__model_sort_ranges(v, c->nbig, v + c->nbig);
-    }
-    const char *bad = NULL;
-    for (mt__bt_cur_t it = mt__bt_first(&c->stale); bad == NULL && !mt__bt_end(it);
-         mt__bt_next(&it)) {
-        const mt__range_t *r = mt__bt_get(it);
-        if (!big_current(c, *r))
-            continue;                /* pending */
-        size_t lo = 0, hi = c->nbig; /* the first record at r->addr or above */
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (v[mid].addr < r->addr)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        bool held = false;
-        for (; lo < c->nbig && v[lo].addr == r->addr && !held; lo++)
-            held = v[lo].size == r->size;
-        if (!held)
-            bad = "an uncertain block has no record in big";
-    }
-    free(v);
-    return bad;
+    c->unc_max = c->big.n > 0 ? c->big.h[0].size : 0;
 }
 
 int mt__model_stale_check(const mt__mclass_t *c, char *why, size_t whylen)
@@ -348,9 +207,7 @@ int mt__model_stale_check(const mt__mclass_t *c, char *why, size_t whylen)
         if (b == NULL || !b->uncertain || b->size != r->size)
             bad = "a stale record names no uncertain block of its size";
     }
-    if (bad == NULL && !c->big_lost)
-        bad = big_check(c);
     if (bad != NULL && why != NULL)
         snprintf(why, whylen, "%s", bad);
-    return bad != NULL ? MT_EPROTO : 0;
+    return bad != NULL ? MT_EPROTO : mt__model_big_check(c, &c->big, &blocks_kind, why, whylen);
 }

@@ -19,6 +19,9 @@ Shapes (the totals every event carries are the true ones, so nothing is pruned b
   prune   N blocks (sizes 4 KiB .. N * 4 KiB) whose frees are lost in one gap, beside N blocks
           of 4 KiB freed one by one after it: each free lowers the room the totals leave for
           the uncertain blocks, and proves one more of the lost ones gone.
+  segprune  N segments (sizes 2 MiB .. N * 2 MiB) whose frees are lost in one gap, beside N
+          segments of 2 MiB freed one by one after it: each free lowers the room the reserved
+          total leaves for the uncertain segments, and proves one more of the lost ones gone.
   sites   N functions of two stacks each, one allocation a stack, none freed; grouped by
           function (report --by function) the sums rise with the function's number while
           the larger stack's bytes fall, so the merged rows come out in reverse order.
@@ -27,6 +30,7 @@ Shapes (the totals every event carries are the true ones, so nothing is pruned b
           (one row a stack) join into N / 2 rows of one site each.
 """
 import argparse
+import functools
 import sys
 
 MIB = 1 << 20
@@ -67,13 +71,13 @@ class Log:
         self.seq += 1
         self.t += 1000
 
-    def seg_map(self, addr, size):
+    def seg_map(self, addr, size, kind="segment_map"):
         self.reserved += size
-        self.event("segment_map", addr, size, size)
+        self.event(kind, addr, size, size)
 
-    def seg_unmap(self, addr, size):
+    def seg_unmap(self, addr, size, kind="segment_unmap"):
         self.reserved -= size
-        self.event("segment_unmap", addr, size, size)
+        self.event(kind, addr, size, size)
 
     def alloc(self, addr, size, tag="activations", tag_id=4, stack=None):
         self.allocated += size
@@ -172,25 +176,35 @@ def stacks(out, n):
     g.exit()
 
 
-def prune(out, n):
+def prune(out, n, segments):
+    """N blocks (segprune: plain segments, which never join) whose frees are lost in one gap,
+    then N others of one unit freed one at a time."""
     g = Log(out, 100)
-    g.hello("prune")
-    g.seg_map(SEG_BASE, 1 << 44)
-    page = 4 * KIB
+    g.hello("segprune" if segments else "prune")
+    if segments:
+        unit = 2 * MIB
+        add = functools.partial(g.seg_map, kind="segment_alloc")
+        free = functools.partial(g.seg_unmap, kind="segment_free")
+    else:
+        unit, add, free = 4 * KIB, g.alloc, g.free
+        g.seg_map(SEG_BASE, 1 << 44)
     addr, gone, kept = SEG_BASE, [], []
     for i in range(1, n + 1):
-        g.alloc(addr, i * page)
-        gone.append((addr, i * page))
-        addr += i * page
+        add(addr, i * unit)
+        gone.append((addr, i * unit))
+        addr += i * unit
     for i in range(n):
-        g.alloc(addr, page)
+        add(addr, unit)
         kept.append(addr)
-        addr += page
+        addr += unit
     for _, size in gone:  # their frees are lost: the totals drop
-        g.allocated -= size
+        if segments:
+            g.reserved -= size
+        else:
+            g.allocated -= size
     g.gap(len(gone), True)
     for a in kept:
-        g.free(a, page)
+        free(a, unit)
     g.exit()
 
 
@@ -238,7 +252,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", required=True,
                     choices=["gaps", "segs", "live", "ranks", "pids", "stacks", "sites", "prune",
-                             "pins"])
+                             "pins", "segprune"])
     ap.add_argument("--n", type=int, required=True, help="the size (see the shapes above)")
     ap.add_argument("--gap", choices=["record", "seq"], default="record",
                     help="gaps shape: a gap record and a jump in seq (default), or the jump alone")
@@ -256,8 +270,8 @@ def main():
             live(out, a.n)
         elif a.shape in ("pids", "ranks"):
             processes(out, a.n, a.shape == "ranks")
-        elif a.shape == "prune":
-            prune(out, a.n)
+        elif a.shape in ("prune", "segprune"):
+            prune(out, a.n, a.shape == "segprune")
         elif a.shape == "sites":
             sites(out, a.n)
         elif a.shape == "pins":

@@ -27,6 +27,7 @@
 #include "analysis/trace_csv.h"
 #include "daemon/internal.h"
 #include "inject.h"
+#include "tests/analysis/model_gen.h"
 #include "tests/common/test_main.h"
 
 #define MIB       ((size_t)1 << 20)
@@ -216,6 +217,68 @@ static void model_scenario(void *ud)
     mt__model_destroy(&m);
 }
 
+/* Uncertain segments proved gone one at a time (model_segs.c, model_big.c): 56 segments, the
+ * frees of the 32 larger ones lost in a gap, the 24 others freed one by one. Without memory
+ * for the heap of the largest, the model walks every segment: a run whose every apply
+ * returned 0 holds the clean run's segments. */
+typedef struct {
+    mt_model_seg_t segs[64];
+    size_t n;
+    bool have;
+} segs_clean_t;
+
+static void segs_prune_scenario(void *ud)
+{
+    segs_clean_t *clean = ud;
+    mt_model_t *m = NULL;
+    OK_OR_ENOMEM(mt__model_create(&m, NULL));
+    if (m == NULL)
+        return;
+    mgen_t g = {.m = m};
+    const uint64_t unit = 2 * MIB, base = UINT64_C(0x7f0000000000);
+    bool all = true; /* every apply returned 0 */
+    for (uint64_t i = 0; i < 56; i++) {
+        uint64_t size = i < 32 ? (i + 1) * unit : unit;
+        mt_event_rec_t ev = mgen_rec(&g, MT_EV_SEGMENT_ALLOC, base + i * 64 * unit, size, 0);
+        if (i < 32) /* (its free is lost) */
+            g.reserved -= size;
+        int rc = mt__model_apply(m, &ev);
+        OK_OR_ENOMEM(rc);
+        all = all && rc == 0;
+    }
+    g.seq += 32;
+    for (uint64_t i = 32; i < 56; i++) {
+        mt_event_rec_t ev = mgen_rec(&g, MT_EV_SEGMENT_FREE, base + i * 64 * unit, unit, 0);
+        int rc = mt__model_apply(m, &ev);
+        OK_OR_ENOMEM(rc);
+        all = all && rc == 0;
+    }
+    char why[256];
+    if (mt__model_check(m, why, sizeof why) != 0)
+        fail_msg("model inconsistent (allocation %ld failed): %s", fault_target(), why);
+    mt_model_map_t map;
+    memset(&map, 0, sizeof map);
+    int rc = mt__model_map(m, MT_MODEL_DEVICE, &map);
+    OK_OR_ENOMEM(rc);
+    if (rc == 0 && all && !clean->have) {
+        assert_true(map.nsegs <= 64);
+        memcpy(clean->segs, map.segs, map.nsegs * sizeof(*map.segs));
+        clean->n = map.nsegs;
+        clean->have = true;
+    } else if (rc == 0 && all) {
+        assert_int_equal(map.nsegs, clean->n);
+        for (size_t i = 0; i < map.nsegs; i++)
+            if (map.segs[i].addr != clean->segs[i].addr ||
+                map.segs[i].size != clean->segs[i].size ||
+                map.segs[i].uncertain != clean->segs[i].uncertain)
+                fail_msg("segment %zu differs from the clean run's (allocation %ld failed)", i,
+                         fault_target());
+    }
+    if (rc == 0)
+        mt__model_map_free(&map);
+    mt__model_destroy(&m);
+}
+
 static void daemon_state_scenario(void *ud)
 {
     json_t **clean = ud;
@@ -243,6 +306,15 @@ static void test_model(void **state)
 {
     (void)state;
     assert_true(fault_loop("model", model_scenario, NULL) > 10);
+}
+
+static void test_segs_prune(void **state)
+{
+    (void)state;
+    segs_clean_t clean = {.have = false};
+    assert_true(fault_loop("uncertain segments pruned", segs_prune_scenario, &clean) > 5);
+    assert_true(clean.have);
+    assert_int_equal(clean.n, 0); /* (all gone: the lost ones proved so, the rest freed) */
 }
 
 static void test_daemon_state(void **state)
@@ -343,9 +415,9 @@ static int setup(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_model),    cmocka_unit_test(test_daemon_state),
-        cmocka_unit_test(test_report),   cmocka_unit_test(test_plot),
-        cmocka_unit_test(test_gap_diff),
+        cmocka_unit_test(test_model),        cmocka_unit_test(test_segs_prune),
+        cmocka_unit_test(test_daemon_state), cmocka_unit_test(test_report),
+        cmocka_unit_test(test_plot),         cmocka_unit_test(test_gap_diff),
     };
     return MT_TEST_RUN(tests, setup, NULL);
 }
