@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "daemon/internal.h"
+#include "util/json.h"
 
 static void on_conn_closed(uv_handle_t *h)
 {
@@ -121,10 +122,10 @@ static void reply_error(mt_d_conn_t *c, const char *msg)
 {
     c->kind = MT_D_CONN_DONE; /* one answer: what it sends after this is discarded */
     json_t *o = json_pack("{s:b,s:s}", "ok", 0, "error", msg);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (s) {
-        size_t n = strlen(s);
-        s[n] = '\n'; /* json_dumps leaves room only for the NUL, which we overwrite */
+    char *s = NULL;
+    size_t n = 0;
+    if (o != NULL && mt__json_dumps(o, JSON_COMPACT, &s, &n) == 0) {
+        s[n] = '\n'; /* room is left only for the NUL, which we overwrite */
         mt__d_conn_write(c, s, n + 1, true);
     } else {
         mt__d_conn_close(c);
@@ -168,9 +169,9 @@ static void handle_unix_line(mt_d_conn_t *c, const char *line, size_t len)
         mt__d_snapshot_request(c, msg); /* snapshot.c */
     } else if (type && strcmp(type, "state") == 0) {
         json_t *st = mt__d_state_json(c->d);
-        char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
-        if (s) {
-            size_t n = strlen(s);
+        char *s = NULL;
+        size_t n = 0;
+        if (st != NULL && mt__json_dumps(st, JSON_COMPACT, &s, &n) == 0) {
             s[n] = '\n';
             c->kind = MT_D_CONN_DONE;
             mt__d_conn_write(c, s, n + 1, true);

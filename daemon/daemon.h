@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <uv.h>
 
@@ -157,6 +158,11 @@ int mt__d_view_set_diff(mt_d_t *d, const char *json);
 int mt__d_view_set_jobs(mt_d_t *d, const char *json);
 /* Whether a loaded process's hello named a rank. */
 bool mt__d_view_has_ranks(const mt_d_t *d);
+/* Writes what the page of the loaded files starts from to f, as one JSON line:
+ * {"processes": /state's processes, "windows": the events each keeps for past states (in
+ * the same order), "diff": /diff's document or null, "jobs": /jobs's or null} (`memtrace
+ * view --print-state`). 0, MT_ENOMEM, or MT_EIO (f could not be written). */
+int mt__d_view_print(mt_d_t *d, FILE *f);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
 void mt__d_set_event_window(mt_d_t *d, size_t events);
 /* Keeps those events in an unlinked temporary file in dir instead of memory, a chunk per

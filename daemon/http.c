@@ -31,6 +31,7 @@
 #include "daemon/http.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
+#include "util/json.h"
 
 static void respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
                     const char *extra_headers, const char *body, size_t blen, bool head_only)
@@ -122,13 +123,14 @@ void mt__d_http_serve_metrics(mt_d_conn_t *c, const char *query, bool head_only)
 void mt__d_http_serve_state(mt_d_conn_t *c, const char *query, bool head_only)
 {
     json_t *st = mt__d_state_json(c->d);
-    char *s = st ? json_dumps(st, JSON_COMPACT) : NULL;
+    char *s = NULL;
+    size_t n = 0;
+    int rc = st ? mt__json_dumps(st, JSON_COMPACT, &s, &n) : MT_ENOMEM;
     json_decref(st);
-    if (!s) {
+    if (rc) {
         respond_text(c, 500, "Internal Server Error", "out of memory\n");
         return;
     }
-    size_t n = strlen(s);
     s[n] = '\n'; /* the NUL is not sent: Content-Length covers n + 1 bytes */
     respond(c, 200, "OK", "application/json", NULL, s, n + 1, head_only);
     free(s);

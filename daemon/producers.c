@@ -13,6 +13,7 @@
 #include "profiler/internal.h"
 #include "util/safefile.h"
 #include "util/text.h"
+#include "util/json.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
 
@@ -32,15 +33,17 @@ static void log_process_line(mt_d_t *d, const mt_d_proc_t *p, const char *what)
     json_t *o =
         json_pack("{s:i,s:s,s:s,s:i,s:s,s:I}", "v", 1, "type", "process_event", "event", what,
                   "pid", p->pid, "name", p->name, "time_realtime_ns", (json_int_t)realtime_ns());
-    if (o && p->exit_reason)
-        json_object_set_new(o, "reason", json_string(p->exit_reason));
-    if (o && p->backend[0])
-        json_object_set_new(o, "backend", json_string(p->backend));
-    if (o)
-        (void)mt_prof_job_to_json(o, &p->job); /* so `memtrace view` of this log keeps them */
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    if (s) {
-        size_t n = strlen(s);
+    /* A line short of a member is none: the log's reader would take it as the whole. */
+    int bad = o == NULL;
+    if (!bad && p->exit_reason)
+        bad |= json_object_set_new(o, "reason", json_string(p->exit_reason));
+    if (!bad && p->backend[0])
+        bad |= json_object_set_new(o, "backend", json_string(p->backend));
+    if (!bad) /* so `memtrace view` of this log keeps them */
+        bad |= mt_prof_job_to_json(o, &p->job);
+    char *s = NULL;
+    size_t n = 0;
+    if (!bad && mt__json_dumps(o, JSON_COMPACT, &s, &n) == 0) {
         s[n] = '\n';
         mt__d_logfile_record(d, s, n + 1);
     }
@@ -187,8 +190,8 @@ static void on_record(void *ud, const mt_event_rec_t *ev)
         d->lines.stale = true;
     }
     mt__d_proc_apply(p, ev);
-    mt__d_web_record(d, p, ev);     /* the one buffer of p's recent events (web.h) */
-    mt__d_snapshot_event(d, p, ev); /* an OOM writes a snapshot from it */
+    (void)mt__d_web_record(d, p, ev); /* the one buffer of p's recent events (web.h) */
+    mt__d_snapshot_event(d, p, ev);   /* an OOM writes a snapshot from it */
     uint32_t stack = mt__d_stacks_record(d, p, ev);
     if (!d->batch_lines)
         return;

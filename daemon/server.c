@@ -384,8 +384,9 @@ static int bind_unix(mt_d_t *d)
         return MT_EBUSY;
     }
     unlink(d->socket_path); /* stale: its daemon died without removing it */
-    if (uv_pipe_bind(&d->unix_listener, d->socket_path) != 0)
-        return MT_EIO;
+    int uvrc = uv_pipe_bind(&d->unix_listener, d->socket_path);
+    if (uvrc != 0) /* (libuv keeps its own copy of the path) */
+        return uvrc == UV_ENOMEM ? MT_ENOMEM : MT_EIO;
     d->socket_bound = true;
     /* Before listen(): nobody can connect until the mode is right. */
     if (chmod(d->socket_path, 0600) != 0)
@@ -408,7 +409,7 @@ static int bind_http(mt_d_t *d)
         mt__d_log(d, MT_LOG_ERROR, "cannot listen on HTTP port %s:%d: %s%s", d->host,
                   d->cfg.http_port, uv_strerror(uvrc),
                   uvrc == UV_EADDRINUSE ? " (choose another with --port N, or --port off)" : "");
-        return uvrc == UV_EADDRINUSE ? -EADDRINUSE : MT_EIO;
+        return uvrc == UV_EADDRINUSE ? -EADDRINUSE : uvrc == UV_ENOMEM ? MT_ENOMEM : MT_EIO;
     }
     struct sockaddr_storage got;
     int len = sizeof got;
@@ -482,8 +483,9 @@ int mt__d_create(mt_d_t **out, const mt_d_cfg_t *cfg)
     if (cfg->loop) {
         d->loop = cfg->loop;
     } else {
-        if (uv_loop_init(&d->own_loop) != 0) {
-            rc = MT_EIO;
+        int uvrc = uv_loop_init(&d->own_loop);
+        if (uvrc != 0) {
+            rc = uvrc == UV_ENOMEM ? MT_ENOMEM : MT_EIO;
             goto fail_alloc;
         }
         d->loop = &d->own_loop;

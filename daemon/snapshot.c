@@ -28,6 +28,7 @@
 #include "memtrace/prof.h"
 #include "profiler/internal.h"
 #include "util/assert.h"
+#include "util/json.h"
 
 /* The newest events of t's window in order, gaps and stats left out, at most
  * MT_D_SNAPSHOT_EVENTS (malloc'ed, *n of them; t NULL: none). */
@@ -83,38 +84,47 @@ static json_t *snapshot_json(const snap_src_t *src)
            *tags = json_object();
     if (o == NULL || events == NULL || segs == NULL || blocks == NULL || tags == NULL)
         goto fail;
+    /* Each part steals its value, also when it fails: a document short of one is none. */
+    int bad = 0;
     char line[1024];
-    for (size_t i = 0; i < src->n; i++) {
+    for (size_t i = 0; i < src->n && !bad; i++) {
         size_t len =
             mt_prof_event_write(line, sizeof line, &src->evs[i], src->pid, src->label, src->ud);
-        json_t *e = len < sizeof line ? json_loadb(line, len, 0, NULL) : NULL;
-        if (e != NULL)
-            json_array_append_new(events, e);
+        if (len >= sizeof line)
+            continue; /* (an event line never fills a KiB) */
+        json_error_t jerr;
+        json_t *e = json_loadb(line, len, 0, &jerr);
+        /* The writer's lines are JSON: only memory makes one fail to load. */
+        bad |= e == NULL || json_array_append_new(events, e) != 0;
     }
     const mt_model_map_t *map = src->map;
-    for (size_t i = 0; map != NULL && i < map->nsegs; i++) {
+    for (size_t i = 0; map != NULL && i < map->nsegs && !bad; i++) {
         const mt_model_seg_t *s = &map->segs[i];
-        json_array_append_new(segs,
-                              json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr", hex(s->addr), "size",
-                                        (json_int_t)s->size, "stream", (json_int_t)s->stream,
-                                        "pool", mt_pool_name(s->pool), "expandable", s->mapped));
+        bad |= json_array_append_new(
+            segs, json_pack("{s:o, s:I, s:I, s:s, s:b}", "addr", hex(s->addr), "size",
+                            (json_int_t)s->size, "stream", (json_int_t)s->stream, "pool",
+                            mt_pool_name(s->pool), "expandable", s->mapped));
     }
-    for (size_t i = 0; map != NULL && i < map->nblocks; i++) {
+    for (size_t i = 0; map != NULL && i < map->nblocks && !bad; i++) {
         const mt_model_block_t *b = &map->blocks[i];
-        json_array_append_new(blocks, json_pack("{s:o, s:I, s:i, s:b}", "addr", hex(b->addr),
-                                                "size", (json_int_t)b->size, "tag_id", b->tag,
-                                                "pending", b->pending));
+        bad |= json_array_append_new(blocks, json_pack("{s:o, s:I, s:i, s:b}", "addr", hex(b->addr),
+                                                       "size", (json_int_t)b->size, "tag_id",
+                                                       b->tag, "pending", b->pending));
     }
     for (int t = MT_TAG_USER_FIRST; t < MT_TAG_MAX; t++)
         if (src->labels[t][0] != '\0') {
             char k[8];
             snprintf(k, sizeof k, "%d", t);
-            json_object_set_new(tags, k, json_string(src->labels[t]));
+            bad |= json_object_set_new(tags, k, json_string(src->labels[t]));
         }
-    json_object_set_new(o, "events", events);
-    json_object_set_new(o, "segments", segs);
-    json_object_set_new(o, "blocks", blocks);
-    json_object_set_new(o, "tags", tags);
+    bad |= json_object_set_new(o, "events", events);
+    bad |= json_object_set_new(o, "segments", segs);
+    bad |= json_object_set_new(o, "blocks", blocks);
+    bad |= json_object_set_new(o, "tags", tags);
+    if (bad) {
+        json_decref(o);
+        return NULL;
+    }
     return o;
 fail:
     if (o == NULL)
@@ -167,16 +177,17 @@ void mt__d_snapshot_request(mt_d_conn_t *c, json_t *msg)
         reply = evs ? proc_snapshot_json(p, evs, n) : NULL;
         free(evs);
     }
-    char *s = reply ? json_dumps(reply, JSON_COMPACT) : NULL;
+    char *s = NULL;
+    size_t len = 0;
+    int rc = reply ? mt__json_dumps(reply, JSON_COMPACT, &s, &len) : MT_ENOMEM;
     json_decref(reply);
     c->kind = MT_D_CONN_DONE;
-    if (s == NULL) {
+    if (rc) {
         static const char oom[] = "{\"error\":\"out of memory\"}\n";
         mt__d_conn_write(c, oom, sizeof oom - 1, true);
         return;
     }
-    size_t len = strlen(s);
-    s[len] = '\n'; /* json_dumps's NUL becomes the line's end */
+    s[len] = '\n'; /* the text's NUL becomes the line's end */
     mt__d_conn_write(c, s, len + 1, true);
     free(s);
 }
@@ -236,9 +247,9 @@ static void oom_work(mt_d_oom_job_t *j)
                       .ud = j};
     j->process = NULL; /* snapshot_json took it */
     json_t *doc = snapshot_json(&src);
-    char *text = doc ? json_dumps(doc, JSON_COMPACT) : NULL;
+    char *text = NULL;
+    int rc = doc ? mt__json_dumps(doc, JSON_COMPACT, &text, NULL) : MT_ENOMEM;
     json_decref(doc);
-    int rc = text ? 0 : MT_ENOMEM;
     /* The PyTorch snapshot: the recent events as the trace, the model's map as segments. */
     mt_ts_t *ts = NULL;
     char err[256], *pk = NULL;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "daemon/internal.h"
+#include "util/json.h"
 
 void mt__d_stacks_attach(mt_d_proc_t *p)
 {
@@ -90,11 +91,12 @@ static int append_json(mt_d_buf_t *b, json_t *o, bool sse)
 {
     if (!o)
         return MT_ENOMEM;
-    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *s;
+    int rc = mt__json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII, &s, NULL);
     json_decref(o);
-    if (!s)
-        return MT_ENOMEM;
-    int rc = mt__d_buf_printf(b, "%s%s\n%s", sse ? "data: " : "", s, sse ? "\n" : "");
+    if (rc)
+        return rc;
+    rc = mt__d_buf_printf(b, "%s%s\n%s", sse ? "data: " : "", s, sse ? "\n" : "");
     free(s);
     return rc;
 }
@@ -135,8 +137,10 @@ int mt__d_stacks_tables(const mt_d_proc_t *p, bool sse, mt_d_buf_t *out)
         json_t *o = fr ? json_pack("{s:i, s:s, s:i, s:I, s:o}", "v", 1, "kind", "stack", "pid",
                                    p->pid, "id", (json_int_t)id, "frames", fr)
                        : NULL;
-        if (o && tr)
-            json_object_set_new(o, "truncated", json_true());
+        if (o && tr && json_object_set_new(o, "truncated", json_true()) != 0) {
+            json_decref(o); /* a stack not said truncated is a stack told wrong */
+            o = NULL;
+        }
         rc = append_json(out, o, sse);
     }
     return rc;

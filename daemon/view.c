@@ -13,6 +13,7 @@
 #include "daemon/internal.h"
 #include "daemon/web.h"
 #include "memtrace/prof.h"
+#include "util/json.h"
 
 #define VIEW_LINE_MAX (1u << 20) /* a longer line is malformed */
 
@@ -93,6 +94,15 @@ static const char *static_reason(const char *r)
     return "unknown";
 }
 
+/* ev into p's state and its page's window and history. A live daemon goes on without what
+ * memory refused; a loaded file is refused: MT_ENOMEM, else 0. */
+static int view_apply(mt_d_t *d, mt_d_proc_t *p, const mt_event_rec_t *ev)
+{
+    int rc = mt__d_proc_apply(p, ev) == MT_ENOMEM ? MT_ENOMEM : 0;
+    int wrc = mt__d_web_record(d, p, ev);
+    return rc ? rc : wrc;
+}
+
 /* One event of a log's process pid (before remapping) into its model, window and history.
  * 0 or MT_ENOMEM. */
 static int view_event(mt_d_t *d, view_map_t *m, const mt_event_rec_t *ev, int pid)
@@ -116,8 +126,7 @@ static int view_event(mt_d_t *d, view_map_t *m, const mt_event_rec_t *ev, int pi
         else
             p->events++;
         d->ctr.events++;
-        mt__d_proc_apply(p, ev);
-        mt__d_web_record(d, p, ev);
+        return view_apply(d, p, ev);
     }
     return 0;
 }
@@ -197,13 +206,12 @@ typedef struct snap_feed_s {
 #define VIEW_EVENT_NS 10000000ull
 
 /* counted: an event of the file (not one made up from its state before its trace) */
-static void snap_apply(snap_feed_t *f, mt_event_rec_t *ev, bool counted)
+static int snap_apply(snap_feed_t *f, mt_event_rec_t *ev, bool counted)
 {
     ev->seq = f->seq++;
     f->p->events += counted;
     f->d->ctr.events += counted;
-    mt__d_proc_apply(f->p, ev);
-    mt__d_web_record(f->d, f->p, ev);
+    return view_apply(f->d, f->p, ev);
 }
 
 /* Sites kept by name on the page (the rest are "other") and the timeline's buckets. */
@@ -223,13 +231,13 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigne
                               .size = stack,
                               .pool = ev->pool,
                               .device = ev->device};
-        mt__d_proc_apply(f->p, &ref);
-        mt__d_web_record(f->d, f->p, &ref);
+        int rc = view_apply(f->d, f->p, &ref);
+        if (rc)
+            return rc;
     }
     mt_event_rec_t e = *ev;
     e.time_ns *= f->tmul;
-    snap_apply(ctx, &e, !(flags & MT_TS_REC_BEFORE));
-    return 0;
+    return snap_apply(ctx, &e, !(flags & MT_TS_REC_BEFORE));
 }
 
 /* A snapshot as one exited process named after the file, with the smallest pid no loaded
@@ -281,12 +289,13 @@ static int view_snapshot(mt_d_t *d, const char *path, char *err, size_t errlen)
         if (ts->tag_label[t] != NULL) {
             mt_event_rec_t lab = {.kind = MT_EV_TAG_LABEL, .tag = (uint8_t)t};
             mt_event_label_pack(&lab, ts->tag_label[t]);
-            snap_apply(&f, &lab, true);
+            rc = snap_apply(&f, &lab, true);
         }
     if (rc == 0)
         rc = mt__ts_records(ts, snap_rec, &f);
+    /* (the page's sites over time; without them it would show none) */
     if (rc == 0 && f.p->sites == NULL &&
-        mt__ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS) == 0) {
+        (rc = mt__ts_timeline_create(&f.p->sites, ts, NULL, VIEW_SITES, VIEW_SITE_BUCKETS)) == 0) {
         f.p->snap = ts; /* the page names blocks' frames from it */
         ts = NULL;
     }
@@ -332,6 +341,32 @@ bool mt__d_view_has_ranks(const mt_d_t *d)
         if (p->job.rank >= 0)
             return true;
     return false;
+}
+
+int mt__d_view_print(mt_d_t *d, FILE *f)
+{
+    char *procs = NULL;
+    json_t *st = mt__d_state_json(d);
+    int rc = MT_ENOMEM;
+    if (st == NULL)
+        goto fail_state;
+    /* (its "daemon" is this process's: its pid and start, not the files') */
+    rc = mt__json_dumps(json_object_get(st, "processes"), JSON_COMPACT, &procs, NULL);
+    if (rc)
+        goto fail_dump;
+    fprintf(f, "{\"processes\":%s,\"windows\":[", procs);
+    for (const mt_d_proc_t *p = d->procs; p; p = p->next) {
+        const mt_d_web_proc_t *t = mt__d_web_find(d, p);
+        fprintf(f, "%s%zu", p == d->procs ? "" : ",", t ? t->wcount : 0);
+    }
+    fprintf(f, "],\"diff\":%s,\"jobs\":%s}\n", d->diff ? d->diff : "null",
+            d->jobs ? d->jobs : "null");
+    rc = fflush(f) != 0 || ferror(f) ? MT_EIO : 0;
+    free(procs);
+fail_dump:
+    json_decref(st);
+fail_state:
+    return rc;
 }
 
 static int view_load(mt_d_t *d, view_map_t *m, const char *path, unsigned long *events,

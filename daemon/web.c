@@ -13,6 +13,7 @@
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
+#include "util/json.h"
 
 #define MAX_BUCKETS 2000
 #define MAX_BLOCKS  20000 /* blocks in one /map answer */
@@ -646,10 +647,12 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     json_t *a = mt__cs_sym_sync(p->sym, (uint32_t)p->pid, p->model) == 0
                     ? mt__cs_rows_json(p->sym, (uint32_t)p->pid, &row, 1, 1, false)
                     : NULL;
-    char *txt = a ? json_dumps(json_array_get(a, 0), JSON_COMPACT) : NULL;
+    json_t *row0 = a ? json_array_get(a, 0) : NULL;
+    char *txt = NULL;
+    int rc = row0 ? mt__json_dumps(row0, JSON_COMPACT, &txt, NULL) : MT_ENOMEM;
     json_decref(a);
-    if (!txt)
-        return mt__d_buf_fail(o, MT_ENOMEM);
+    if (rc)
+        return mt__d_buf_fail(o, rc);
     /* {"stack":N,...}: its members go into the block's object. */
     mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
     free(txt);

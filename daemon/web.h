@@ -146,9 +146,10 @@ typedef struct mt_d_web_s {
     mt_event_rec_t *rd; /* MT__SPOOL_CHUNK events, lazily */
 } mt_d_web_t;
 
-/* Follows one record of p (after the state model applied it). Lazily creates p's tracker;
- * on allocation failure the record is not tracked (counted nowhere else). */
-void mt__d_web_record(struct mt_d_s *d, const struct mt_d_proc_s *p, const mt_event_rec_t *ev);
+/* Follows one record of p (after the state model applied it). Lazily creates p's tracker.
+ * MT_ENOMEM when the record is not tracked, or a past state is no longer right for want of
+ * memory (a live daemon goes on: counted nowhere else; a loaded file fails), else 0. */
+int mt__d_web_record(struct mt_d_s *d, const struct mt_d_proc_s *p, const mt_event_rec_t *ev);
 /* Folds t's pending events into its buckets: before the buckets are read. */
 void mt__d_web_history_flush(mt_d_web_proc_t *t);
 /* Forgets p's tracker (p is being destroyed). */

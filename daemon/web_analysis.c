@@ -16,6 +16,7 @@
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "daemon/web.h"
+#include "util/json.h"
 
 /* ---- allocator state: sites, gap, call sites ---- */
 
@@ -61,10 +62,12 @@ static void send_at(mt_d_conn_t *c, const mt_d_proc_t *p, mt_d_web_proc_t *t, bo
                     size_t upto, const char *key, int rc, json_t *v, bool head)
 {
     const mt_event_rec_t *at = upto ? mt__d_web_window_at(t, upto - 1) : NULL;
-    char *txt = v ? json_dumps(v, JSON_COMPACT) : NULL;
+    char *txt = NULL;
+    if (rc == 0)
+        rc = v ? mt__json_dumps(v, JSON_COMPACT, &txt, NULL) : MT_ENOMEM;
     mt_d_buf_t o = {0};
-    if (rc || !txt)
-        mt__d_buf_fail(&o, rc ? rc : MT_ENOMEM);
+    if (rc)
+        mt__d_buf_fail(&o, rc);
     else
         mt__d_buf_printf(&o, "{\"pid\":%d,\"live\":%s,\"t\":%.6f,\"%s\":%s}\n", p->pid,
                          past ? "false" : "true", at ? mt__d_web_secs(t, at->time_ns) : 0.0, key,
@@ -233,10 +236,11 @@ void mt__d_web_serve_analysis(mt_d_conn_t *c, const char *query, bool head)
         json_pack("{s:i, s:o, s:o, s:s, s:I, s:o}", "pid", p->pid, "scopes", sc ? sc : json_array(),
                   "temporary", tmp, "temporary_by", by, "temporary_window_us",
                   (json_int_t)cfg.temporary_window_us, "settings_changes", settings_json(p, t));
-    char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    char *txt = NULL;
+    int rc = o ? mt__json_dumps(o, JSON_COMPACT, &txt, NULL) : MT_ENOMEM;
     json_decref(o);
     mt_d_buf_t b = {0};
-    if (txt)
+    if (rc == 0)
         mt__d_buf_printf(&b, "%s\n", txt);
     else
         mt__d_buf_fail(&b, MT_ENOMEM);

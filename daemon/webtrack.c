@@ -367,18 +367,18 @@ static void window_prefault(mt_d_web_proc_t *t)
 /* The spooled window: ev appended to the spool (into its chunk in memory, which goes to the
  * file when full: one pwrite per 1024 events, the kernel's page cache instead of memory new
  * to the process), the oldest event then evicted into the base. Out of memory, ev is not
- * kept. */
-static void spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
+ * kept (or the base misses it): MT_ENOMEM. */
+static int spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 {
     if (mt__spool_push(&t->sp, &t->web->file, ev) != 0)
-        return;
+        return MT_ENOMEM;
     t->wseq = ev->seq;
     if (t->wcount < t->wcap) {
         t->wcount++;
-        return;
+        return 0;
     }
     size_t k = t->sp.n - 1 - t->wcount; /* the oldest, leaving the window */
-    mt__model_apply(t->base, spool_at(t, k));
+    int rc = mt__model_apply(t->base, spool_at(t, k)) == MT_ENOMEM ? MT_ENOMEM : 0;
     size_t c = k / MT__SPOOL_CHUNK;
 #ifdef FALLOC_FL_PUNCH_HOLE
     /* A chunk wholly evicted is never read again: its disk goes back (advice only). */
@@ -388,25 +388,30 @@ static void spool_record(mt_d_web_proc_t *t, const mt_event_rec_t *ev)
 #else
     (void)c;
 #endif
+    return rc;
 }
 
 /* No more checkpoints (a map too large, or out of memory): from now on the evicted events
- * go to a base model, which starts as the state before the window. */
-static void ck_stop(mt_d_web_proc_t *t)
+ * go to a base model, which starts as the state before the window. MT_ENOMEM when that
+ * state could not be made: past states then start from the base as it was. */
+static int ck_stop(mt_d_web_proc_t *t)
 {
     mt_model_t *m = NULL;
-    if (mt__d_web_state_at(t, 0, &m) == 0) {
+    int rc = mt__d_web_state_at(t, 0, &m) == 0 ? 0 : MT_ENOMEM;
+    if (rc == 0) {
         mt__model_destroy(&t->base);
         t->base = m;
-    } /* else out of memory: past states start from the base as it was */
+    }
     for (size_t i = 0; i < t->nck; i++)
         ck_free(&t->ck[i]);
     t->nck = 0;
     t->npre = 0;
+    return rc;
 }
 
-/* A checkpoint of p's model, after its events so far: every ckstep events. */
-static void ck_take(mt_d_web_proc_t *t, const mt_d_proc_t *p)
+/* A checkpoint of p's model, after its events so far: every ckstep events. Without memory
+ * for it, checkpoints stop (ck_stop: past states as right, rebuilt from the base). */
+static int ck_take(mt_d_web_proc_t *t, const mt_d_proc_t *p)
 {
     mt_assert(t->nck > 0 && t->nck < MT_D_WEB_CKS);
     mt_d_web_ck_t *c = &t->ck[t->nck];
@@ -421,18 +426,18 @@ static void ck_take(mt_d_web_proc_t *t, const mt_d_proc_t *p)
     }
     if (rc != 0 || n > MT_D_WEB_CK_MAX) {
         ck_free(c);
-        ck_stop(t);
-        return;
+        return ck_stop(t);
     }
     t->nck++;
+    return 0;
 }
 
-static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+/* ev into t's window: 0, or MT_ENOMEM when a past state it serves is no longer right. */
+static int window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
-    if (!t->win) {
-        spool_record(t, ev);
-        return;
-    }
+    int rc = 0;
+    if (!t->win)
+        return spool_record(t, ev);
     if (t->whead >= t->wready && t->wready < t->pcap)
         window_prefault(t);
     if (t->wcount == t->wcap) {
@@ -440,8 +445,8 @@ static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_eve
          * since rebuild the state there), or applied to the base model. */
         if (t->nck)
             t->npre++;
-        else
-            mt__model_apply(t->base, mt__d_web_window_at(t, 0));
+        else if (mt__model_apply(t->base, mt__d_web_window_at(t, 0)) == MT_ENOMEM)
+            rc = MT_ENOMEM;
         t->wcount--;
     }
     /* Streamed: a loaded log's window is far larger than the cache, and an ordinary store
@@ -454,12 +459,13 @@ static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_eve
     t->wcount++;
     t->nrec++;
     if (!t->nck)
-        return;
+        return rc;
     if (--t->ck_due == 0) {
         t->ck_due = t->ckstep;
-        ck_take(t, p);
+        if (ck_take(t, p) != 0)
+            rc = MT_ENOMEM;
         if (!t->nck)
-            return;
+            return rc;
     }
     /* The checkpoint the window needs is the newest at or before its first event. */
     uint64_t first = t->nrec - t->wcount;
@@ -470,6 +476,7 @@ static void window_record(mt_d_web_proc_t *t, const mt_d_proc_t *p, const mt_eve
         t->npre = (size_t)(first - t->ck[0].at);
     }
     mt_assert(t->npre + t->wcount <= t->pcap);
+    return rc;
 }
 
 int mt__d_web_set_span(mt_d_t *d, const mt_d_proc_t *p, uint64_t span_ns)
@@ -489,16 +496,17 @@ int mt__d_web_set_span(mt_d_t *d, const mt_d_proc_t *p, uint64_t span_ns)
     return 0;
 }
 
-void mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
+int mt__d_web_record(mt_d_t *d, const mt_d_proc_t *p, const mt_event_rec_t *ev)
 {
     mt_d_web_t *w = web_of(d, true);
     if (!w)
-        return;
+        return MT_ENOMEM;
     mt_d_web_proc_t *t = mt__d_web_find(d, p);
     if (!t && (t = tracker_new(w, p)) == NULL)
-        return;
+        return MT_ENOMEM;
     w->last = t;
-    window_record(t, p, ev);
+    int rc = window_record(t, p, ev);
     if (ev->kind != MT_EV_GAP && ev->kind != MT_EV_TAG_LABEL && ev->kind != MT_EV_LIBRARY_LABEL)
         history_record(t, p, ev);
+    return rc;
 }

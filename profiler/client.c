@@ -4,6 +4,7 @@
  * learns of its end by EOF. */
 #include "profiler/internal.h"
 #include "util/safefile.h"
+#include "util/json.h"
 
 #include <jansson.h>
 #include <poll.h>
@@ -109,16 +110,18 @@ int mt__prof_client_register(const char *sock_path, const mt__ring_t *ring,
     json_t *hello = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:I}", "type", "hello", "role",
                               "producer", "version", 1, "pid", (int)h->pid, "name", h->comm, "shm",
                               mt__ring_name(ring), "slots", (json_int_t)h->slots);
-    if (hello && job)
-        (void)mt_prof_job_to_json(hello, job); /* a field that failed is just left out */
-    char *line = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
+    /* A hello short of its rank would register the process as no job's. */
+    rc = hello == NULL ? MT_ENOMEM : job != NULL ? mt_prof_job_to_json(hello, job) : 0;
+    char *line = NULL;
+    size_t len = 0;
+    if (rc == 0)
+        rc = mt__json_dumps(hello, JSON_COMPACT, &line, &len);
     json_decref(hello);
-    if (!line) {
-        rc = MT_ENOMEM;
+    if (rc) {
         snprintf(err, errlen, "out of memory");
         goto fail;
     }
-    rc = write_all(fd, line, strlen(line));
+    rc = write_all(fd, line, len);
     free(line);
     if (rc == 0)
         rc = write_all(fd, "\n", 1);

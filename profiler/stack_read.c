@@ -165,8 +165,10 @@ size_t mt__stab_stack_line(const mt__stab_view_t *v, uint32_t id, int pid, char 
         return 0;
     json_t *o = json_pack("{s:i, s:s, s:i, s:I, s:o}", "v", 1, "kind", "stack", "pid", pid, "id",
                           (json_int_t)id, "frames", fr);
-    if (o && (d.flags & 1))
-        json_object_set_new(o, "truncated", json_true());
+    if (o && (d.flags & 1) && json_object_set_new(o, "truncated", json_true()) != 0) {
+        json_decref(o); /* a stack not said truncated is a stack told wrong */
+        o = NULL;
+    }
     return dump_line(o, buf, cap);
 }
 

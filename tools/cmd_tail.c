@@ -11,6 +11,7 @@
 
 #include "daemon/daemon.h"
 #include "tools/commands.h"
+#include "util/json.h"
 
 static void usage(FILE *f)
 {
@@ -240,15 +241,19 @@ static int copy_bytes(tail_in_t *in)
 static int run(const tail_opts_t *o)
 {
     json_t *req = json_pack("{s:s,s:s}", "type", "subscribe", "role", "consumer");
-    if (o->binary)
-        json_object_set_new(req, "format", json_string("binary"));
-    if (json_array_size(o->pids))
-        json_object_set(req, "pid", o->pids);
-    if (json_array_size(o->kinds))
-        json_object_set(req, "kinds", o->kinds);
-    if (json_array_size(o->tags))
-        json_object_set(req, "tags", o->tags);
-    char *line = json_dumps(req, JSON_COMPACT);
+    /* A request short of a filter would subscribe to more than asked: none is sent. */
+    int bad = req == NULL;
+    if (!bad && o->binary)
+        bad |= json_object_set_new(req, "format", json_string("binary"));
+    if (!bad && json_array_size(o->pids))
+        bad |= json_object_set(req, "pid", o->pids);
+    if (!bad && json_array_size(o->kinds))
+        bad |= json_object_set(req, "kinds", o->kinds);
+    if (!bad && json_array_size(o->tags))
+        bad |= json_object_set(req, "tags", o->tags);
+    char *line = NULL;
+    if (!bad)
+        (void)mt__json_dumps(req, JSON_COMPACT, &line, NULL); /* NULL: said below */
     json_decref(req);
     int fd;
     int rc = mt__d_client_connect(o->sock, &fd);

@@ -16,6 +16,7 @@
 #include "daemon/daemon.h"
 #include "tools/commands.h"
 #include "tools/logs.h"
+#include "util/json.h"
 
 #define VIEW_DEFAULT_PORT 9478
 
@@ -48,10 +49,15 @@ static void help(FILE *f)
             "  --window N   events kept per process for past states (default 1048576,\n"
             "               64 bytes each in an unlinked temporary file in $TMPDIR, else\n"
             "               /tmp, not in memory; at least 1024)\n"
+            "  --print-state  load the inputs, print what the page starts from as one JSON\n"
+            "               line on standard output (the processes as the daemon's /state\n"
+            "               lists them, the events each keeps for past states, the compare\n"
+            "               and job documents or null), and exit without serving\n"
             "  -h, --help   this text\n"
             "\n"
-            "exit status: 0 stopped by Ctrl-C; 1 a log could not be read or the port is taken;\n"
-            "2 bad usage, or malformed lines (each log's first is named; the rest is shown).\n"
+            "exit status: 0 stopped by Ctrl-C (or printed); 1 a log could not be read, the port\n"
+            "is taken, or memory ran out; 2 bad usage, or malformed lines (each log's first is\n"
+            "named; the rest is shown).\n"
             "\n"
             "examples:\n"
             "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
@@ -72,7 +78,8 @@ static int number(const char *s, unsigned long min, unsigned long max, unsigned 
 }
 
 /* The compare view of two inputs: `memtrace diff --json`'s document, served at /diff. An
- * input diff cannot read was already refused by the load; without memory, 1. */
+ * input diff cannot read was already refused by the load: one it cannot read now (memory,
+ * said by mt_tool_diff) is 1; without memory here, 1 too. */
 static int compare(mt_d_t *d, const char *before, const char *after)
 {
     mt_diff_cfg_t dc = mt__diff_cfg_default();
@@ -80,13 +87,17 @@ static int compare(mt_d_t *d, const char *before, const char *after)
     int crossed = 0;
     int status =
         mt_tool_diff("memtrace view", before, after, MT_FR_BY_SITE, false, &dc, &doc, &crossed);
+    if (status == 1)
+        return 1; /* a page without the compare view it was asked for is another answer */
     if (status != 0) {
         fprintf(stderr, "memtrace view: no compare view of %s and %s\n", before, after);
-        return 0; /* the inputs are still served, each on its own */
+        return 0; /* malformed: the inputs are still served, each on its own */
     }
     json_t *o = json_pack("{s:s, s:s, s:O}", "before", before, "after", after, "diff", doc);
-    char *txt = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    int rc = txt ? mt__d_view_set_diff(d, txt) : MT_ENOMEM;
+    char *txt = NULL;
+    int rc = o ? mt__json_dumps(o, JSON_COMPACT, &txt, NULL) : MT_ENOMEM;
+    if (rc == 0)
+        rc = mt__d_view_set_diff(d, txt);
     free(txt);
     json_decref(o);
     json_decref(doc);
@@ -99,8 +110,9 @@ static int compare(mt_d_t *d, const char *before, const char *after)
 
 /* The job view of the logs of a job's ranks: the report's "jobs" (the code `memtrace
  * report` runs, with call sites by function), served at /jobs. The logs are read a second
- * time, by the report; only when a loaded process has a rank. Without it the page still
- * serves every process; 1 only without memory. */
+ * time, by the report; only when a loaded process has a rank. 1 without memory, or when a
+ * log read once cannot be read again (said by the reader); else 0, the page without a job
+ * view only for a line too long for the report. */
 static int jobs_view(mt_d_t *d, char *const *paths, int n)
 {
     if (!mt__d_view_has_ranks(d))
@@ -121,13 +133,15 @@ static int jobs_view(mt_d_t *d, char *const *paths, int n)
     cfg.frames = rules;
     if (mt__report_create(&r, &cfg) != 0)
         goto fail_report;
-    if (mt_tool_read_logs(r, "memtrace view", paths, n, &bad) != 0) {
-        rc = 0; /* said on stderr by the reader; the processes are still served */
+    int read = mt_tool_read_logs(r, "memtrace view", paths, n, &bad);
+    if (read != 0) {
+        /* said on stderr by the reader; a line too long: the processes are still served */
+        rc = read == 2 ? 0 : MT_EIO;
         goto fail_read;
     }
     json_t *jobs = (res = mt__report_result(r)) ? json_object_get(res, "jobs") : NULL;
     rc = jobs ? 0 : res ? 0 : MT_ENOMEM;
-    if (jobs && ((txt = json_dumps(jobs, JSON_COMPACT)) == NULL || mt__d_view_set_jobs(d, txt)))
+    if (jobs && (mt__json_dumps(jobs, JSON_COMPACT, &txt, NULL) || mt__d_view_set_jobs(d, txt)))
         rc = MT_ENOMEM;
     free(txt);
     json_decref(res);
@@ -136,17 +150,16 @@ fail_read:
 fail_report:
     mt__fr_rules_destroy(&rules);
 fail_rules:
-    if (rc) {
+    if (rc == MT_ENOMEM)
         fprintf(stderr, "memtrace view: out of memory\n");
-        return 1;
-    }
-    return 0;
+    return rc ? 1 : 0;
 }
 
 typedef struct view_opts_s {
     unsigned long port;   /* 0..65535, 0: any free one */
     unsigned long window; /* events kept per process, 1024..2^26 */
     bool two_runs;        /* --compare BEFORE AFTER */
+    bool print_state;     /* --print-state: the loaded state on stdout, nothing served */
     char **inputs;        /* logs or snapshots, borrowed from argv */
     int ninputs;          /* >= 1; 2 with two_runs */
 } view_opts_t;
@@ -154,11 +167,10 @@ typedef struct view_opts_s {
 static int parse_args(int argc, char **argv, view_opts_t *o)
 {
     *o = (view_opts_t){.port = VIEW_DEFAULT_PORT, .window = 1ul << 20};
-    static const struct option opts[] = {{"port", required_argument, NULL, 'p'},
-                                         {"window", required_argument, NULL, 'w'},
-                                         {"compare", no_argument, NULL, 'c'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"port", required_argument, NULL, 'p'}, {"window", required_argument, NULL, 'w'},
+        {"compare", no_argument, NULL, 'c'},    {"print-state", no_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},       {NULL, 0, NULL, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -166,8 +178,8 @@ static int parse_args(int argc, char **argv, view_opts_t *o)
             help(stdout);
             return 0;
         }
-        if (ch == 'c') {
-            o->two_runs = true;
+        if (ch == 'c' || ch == 's') {
+            *(ch == 'c' ? &o->two_runs : &o->print_state) = true;
             continue;
         }
         if (ch == 'p' && number(optarg, 0, 65535, &o->port) == 0)
@@ -214,13 +226,17 @@ static int run(const view_opts_t *o)
     snprintf(tpath, sizeof tpath, "%s.token", sock);
     mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = sock;
-    cfg.http_port = (int)port;
+    cfg.http_port = o->print_state ? -1 : (int)port; /* (nothing served: no port taken) */
     cfg.handle_signals = true;
     cfg.max_exited = 1u << 16; /* every process of the logs stays */
     cfg.view_general_reader = mt_tool_general_reader();
     mt_d_t *d = NULL;
     int rc = mt__d_create(&d, &cfg), status = 0;
-    if (rc) {
+    if (rc && o->print_state) {
+        fprintf(stderr, "memtrace view: cannot load: %s\n", mt_strerror(rc));
+        rmdir(dir);
+        return 1;
+    } else if (rc) {
         fprintf(stderr, "memtrace view: cannot serve on 127.0.0.1:%lu: %s\n", port,
                 mt_strerror(rc));
         unlink(tpath);
@@ -257,7 +273,13 @@ static int run(const view_opts_t *o)
         status = compare(d, o->inputs[0], o->inputs[1]);
     else if (status == 0)
         status = jobs_view(d, o->inputs, o->ninputs);
-    if (status == 0) {
+    if (status == 0 && o->print_state) {
+        rc = mt__d_view_print(d, stdout);
+        if (rc)
+            fprintf(stderr, "memtrace view: %s\n",
+                    rc == MT_ENOMEM ? "out of memory" : "cannot write the state");
+        status = rc ? 1 : bad_total ? 2 : 0;
+    } else if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");
         if (tf) {

@@ -12,6 +12,7 @@
 #include "memtrace/prof.h"
 #include "tools/snapshot_in.h"
 #include "util/text.h"
+#include "util/json.h"
 
 /* A frame's text from the file (another program's strings), escaped (util/text.h). */
 static void put_text(const char *s)
@@ -216,16 +217,12 @@ int mt_tool_report_snapshot(mt__report_t *r, const mt_ts_t *ts, const char *path
     feed_t f = {.r = r, .ts = ts, .pid = pid};
     char err[256] = "", nb[64];
     json_t *hello = mt_prof_hello_to_json(pid, snapshot_name(path, nb, sizeof nb), 0, 0);
-    /* jansson can leave a member out when an allocation fails inside a dump and still
-     * return the rest: two dumps that disagree are taken for memory that ran out. */
-    size_t need = hello ? json_dumpb(hello, NULL, 0, JSON_COMPACT) : 0;
-    char *h = hello ? json_dumps(hello, JSON_COMPACT) : NULL;
-    if (h != NULL && strlen(h) != need) {
-        free(h);
-        h = NULL;
-    }
+    char *h = NULL;
+    size_t hlen = 0;
+    int rc = hello ? mt__json_dumps(hello, JSON_COMPACT, &h, &hlen) : MT_ENOMEM;
     json_decref(hello);
-    int rc = h ? mt__report_add_line(r, h, strlen(h), err, sizeof err) : MT_ENOMEM;
+    if (rc == 0)
+        rc = mt__report_add_line(r, h, hlen, err, sizeof err);
     free(h);
     if (rc == 0 && !mt__ts_timed(ts))
         rc = mt__report_set_untimed(r, pid);

@@ -151,23 +151,38 @@ static bool site_spent(void)
     return false;
 }
 
-/* True when the allocation was called from elfutils (libdw, libelf). Those are neither
- * failed nor numbered: elfutils does not check every allocation (a failed malloc inside
- * dwarf_getsrclines dereferences NULL), and its handling is not ours to test; the symbolizer's
- * own allocations around its calls still are. dladdr does not allocate; in_site covers it
- * if a libc ever did. */
-static bool from_elfutils(const void *ra)
+/* The base name of the object that holds ra ("" when none: the program, or unknown).
+ * dladdr does not allocate; in_site covers it if a libc ever did. */
+static const char *object_of(const void *ra)
 {
     Dl_info di;
     in_site = true;
     bool found = ra != NULL && dladdr(ra, &di) != 0 && di.dli_fname != NULL;
     in_site = false;
     if (!found)
-        return false;
+        return "";
     const char *b = strrchr(di.dli_fname, '/');
-    b = b ? b + 1 : di.dli_fname;
+    return b ? b + 1 : di.dli_fname;
+}
+
+/* True when the allocation was called from elfutils (libdw, libelf). Those are neither
+ * failed nor numbered: elfutils does not check every allocation (a failed malloc inside
+ * dwarf_getsrclines dereferences NULL), and its handling is not ours to test; the symbolizer's
+ * own allocations around its calls still are. */
+static bool from_elfutils(const void *ra)
+{
+    const char *b = object_of(ra);
     return strncmp(b, "libdw.", 6) == 0 || strncmp(b, "libdw-", 6) == 0 ||
            strncmp(b, "libelf.", 7) == 0 || strncmp(b, "libelf-", 7) == 0;
+}
+
+/* True when realloc was called from libuv. libuv grows a loop's array of watchers with
+ * realloc and aborts when that fails (unix/core.c, maybe_resize: at the loop's first
+ * handle, inside uv_loop_init, and at each new descriptor); not ours to test either. Its
+ * other allocations (malloc, calloc) answer UV_ENOMEM, and stay failed and numbered. */
+static bool from_libuv(const void *ra)
+{
+    return strncmp(object_of(ra), "libuv.", 6) == 0;
 }
 
 /* True when this allocation, called from ra, is the one to fail. */
@@ -225,13 +240,17 @@ void free(void *p)
 
 void *realloc(void *p, size_t n)
 {
+    const void *ra = __builtin_return_address(0);
+    bool spare = arming_thread && !in_site && armed && from_libuv(ra);
+    if (p == NULL && spare)
+        return got(__interceptor_malloc ? __interceptor_malloc(n) : __libc_malloc(n));
     if (p == NULL)
         return malloc(n);
     if (n == 0) {
         free(p);
         return NULL;
     }
-    if (fail_now(__builtin_return_address(0)))
+    if (!spare && fail_now(ra))
         return NULL;
     return __interceptor_realloc ? __interceptor_realloc(p, n) : __libc_realloc(p, n);
 }

@@ -16,6 +16,7 @@
 #include "memtrace/alloc.h"
 #include "memtrace/backend.h"
 #include "memtrace/prof.h"
+#include "util/json.h"
 #include "inject.h"
 #include "tests/common/test_main.h"
 
@@ -157,12 +158,55 @@ static void test_decode(void **state)
     assert_true(fault_loop("prof decode", decode_scenario, NULL) > 2);
 }
 
+typedef struct dump_case_s {
+    json_t *doc;
+    const char *clean; /* its text, dumped unarmed */
+} dump_case_t;
+
+/* The whole text or none: jansson's json_dumps, whose buffer grows as it writes, leaves a
+ * key's text out when a growth fails on it, and says success. */
+static void dumps_scenario(void *ud)
+{
+    const dump_case_t *c = ud;
+    char *s = NULL;
+    size_t n = 0;
+    int rc = mt__json_dumps(c->doc, JSON_COMPACT, &s, &n);
+    if (rc == 0) {
+        assert_string_equal(s, c->clean);
+        assert_int_equal(n, strlen(c->clean));
+    } else {
+        assert_int_equal(rc, MT_ENOMEM);
+        assert_null(s);
+    }
+    free(s);
+}
+
+static void test_json_dumps(void **state)
+{
+    (void)state;
+    /* Keys longer and longer: the text's buffer would grow on several of them. */
+    json_t *doc = json_object();
+    char key[200];
+    for (int i = 0; doc != NULL && i < 12; i++) {
+        snprintf(key, sizeof key, "key_%d_%0*d", i, 20 + 10 * i, 0);
+        assert_int_equal(json_object_set_new(doc, key, json_integer(i)), 0);
+    }
+    assert_non_null(doc);
+    char *clean = json_dumps(doc, JSON_COMPACT);
+    assert_non_null(clean);
+    dump_case_t c = {.doc = doc, .clean = clean};
+    assert_true(fault_loop("mt__json_dumps", dumps_scenario, &c) >= 1);
+    free(clean);
+    json_decref(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_injector),
         cmocka_unit_test(test_prof),
         cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_json_dumps),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * injector, armed by $MT_FAULT_AT) runs a command once per allocation site of its main
  * thread. Each run must end normally: exit 0 (the failure was absorbed) or a non-zero
  * status with a message that says memory ran out; never a crash.
- * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson OTHER.ndjson SNAPSHOT.pickle */
+ * usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson OTHER.ndjson SNAPSHOT.pickle
+ *        LOST.ndjson */
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,6 +30,8 @@ static const char *trace;
 static const char *logfile;
 static const char *other;    /* a second log, of other stacks and tags: what diff compares */
 static const char *snapshot; /* a PyTorch snapshot with frames: its own sections */
+static const char *lost;     /* a log with segments that lost events: what export leaves out */
+static char ranks[2][600];   /* LOG as ranks 0 and 1 of one job: view's job view */
 
 /* Reads fd to its end into buf (truncated to cap - 1, NUL-terminated); returns the length. */
 static size_t slurp(int fd, char *buf, size_t cap)
@@ -83,12 +86,13 @@ static int run(char *const argv[], long n, char *err, size_t errcap, char *out, 
 }
 
 /* same_output: the command's output does not vary from run to run, so a run that absorbed
- * its failure (exit 0) must print exactly what a clean run prints. */
-static long tool_loop(const char *name, char *const argv[], bool same_output)
+ * its failure (exit 0) must print exactly what a clean run prints. every: only every
+ * every-th site of the stride's (a command of many sites, each slow). */
+static long tool_loop_every(const char *name, char *const argv[], bool same_output, long every)
 {
     static char err[16384], clean[1 << 20], out[1 << 20];
     assert_int_equal(run(argv, 0, err, sizeof err, clean, sizeof clean), 0);
-    for (long n = 1;; n += stride) {
+    for (long n = 1;; n += stride * every) {
         int status = run(argv, n, err, sizeof err, out, sizeof out);
         bool injected = strstr(err, "mt-fault: host allocation") != NULL;
         if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM)
@@ -102,7 +106,7 @@ static long tool_loop(const char *name, char *const argv[], bool same_output)
             if (code != 0)
                 fail_msg("%s: exit %d without an injected failure; stderr:\n%s", name, code, err);
             fprintf(stderr, "%s: %ld allocation sites at most, every %ld-th failed in turn\n", name,
-                    n - 1, stride);
+                    n - 1, stride * every);
             return n - 1;
         }
         if (code == 0 && same_output && strcmp(out, clean) != 0)
@@ -115,6 +119,11 @@ static long tool_loop(const char *name, char *const argv[], bool same_output)
                      "stderr:\n%s",
                      name, n, code, err);
     }
+}
+
+static long tool_loop(const char *name, char *const argv[], bool same_output)
+{
+    return tool_loop_every(name, argv, same_output, 1);
 }
 
 static void test_replay(void **state)
@@ -163,6 +172,78 @@ static void test_report_snapshot(void **state)
     assert_true(tool_loop("memtrace report SNAPSHOT", argv, true) > 10);
 }
 
+/* A log as a PyTorch snapshot, in both layouts: the log read on one thread (the reader's
+ * threads' allocations are not failed: the main thread's then count 86 sites, not 62), the
+ * segments and blocks at its end, its trace with the entries it leaves out. */
+static void test_export(void **state)
+{
+    (void)state;
+    setenv("MEMTRACE_READER_THREADS", "1", 1);
+    char *v2[] = {(char *)tool, "export", "--format", "torch-snapshot",
+                  (char *)lost, "-o",     "-",        NULL};
+    assert_true(tool_loop("memtrace export", v2, true) > 10);
+    char *v1[] = {
+        (char *)tool, "export", "--format", "torch-snapshot", "--torch-format", "1", (char *)lost,
+        "-o",         "-",      NULL};
+    assert_true(tool_loop("memtrace export --torch-format 1", v1, true) > 10);
+    char *tags[] = {(char *)tool,    "export", "--format", "torch-snapshot",
+                    (char *)logfile, "-o",     "-",        NULL};
+    assert_true(tool_loop("memtrace export LOG", tags, true) > 10);
+    unsetenv("MEMTRACE_READER_THREADS");
+}
+
+/* view's loading, printed instead of served (--print-state): a log, a snapshot, a job's
+ * two ranks (the report's job view, read a second time), and two runs compared (every
+ * 16th site of `memtrace diff`'s 1500: each run symbolizes both sides). */
+static void test_view(void **state)
+{
+    (void)state;
+    char *log[] = {(char *)tool, "view", "--print-state", (char *)logfile, NULL};
+    assert_true(tool_loop("memtrace view LOG", log, true) > 10);
+    char *snap[] = {(char *)tool, "view", "--print-state", (char *)snapshot, NULL};
+    assert_true(tool_loop("memtrace view SNAPSHOT", snap, true) > 10);
+    char *job[] = {(char *)tool, "view", "--print-state", ranks[0], ranks[1], NULL};
+    assert_true(tool_loop_every("memtrace view RANK0 RANK1", job, true, 4) > 10);
+    char *cmp[] = {(char *)tool,  "view", "--print-state", "--compare", (char *)logfile,
+                   (char *)other, NULL};
+    assert_true(tool_loop_every("memtrace view --compare", cmp, true, 16) > 10);
+}
+
+/* src as rank `rank` of a job of two: its hello names the rank, and every pid is moved by
+ * rank (two processes, not one). Returns whether path was written. */
+static bool rank_log(const char *src, const char *path, int rank)
+{
+    static const char hello[] = "\"type\":\"hello\",";
+    FILE *in = fopen(src, "r"), *out = fopen(path, "w");
+    char *line = NULL;
+    size_t len = 0;
+    bool named = false;
+    while (in != NULL && out != NULL && getline(&line, &len, in) != -1) {
+        const char *p = line, *h = strstr(line, hello), *at;
+        while ((at = strstr(p, "\"pid\":")) != NULL) {
+            if (h != NULL && h < at) { /* the rank goes after the hello's type */
+                fprintf(out, "%.*s\"rank\":%d,\"world_size\":2,\"job\":\"fault\",",
+                        (int)(h + sizeof hello - 1 - p), p, rank);
+                p = h + sizeof hello - 1;
+                h = NULL;
+                named = true;
+            }
+            char *end;
+            long pid = strtol(at + 6, &end, 10);
+            fprintf(out, "%.*s%ld", (int)(at + 6 - p), p, pid + rank);
+            p = end;
+        }
+        fputs(p, out);
+    }
+    free(line);
+    bool ok = in != NULL && out != NULL && !ferror(in) && named;
+    if (in != NULL)
+        fclose(in);
+    if (out != NULL && fclose(out) != 0)
+        ok = false;
+    return ok;
+}
+
 /* LOG without its libc module records, in a new directory: a frame in libc then names no
  * module. libc's separate debug info (libc6-dbg, which valgrind brings) is otherwise
  * decompressed by libdw in each of the ~1300 runs, 90 ms of a run's 120, in code whose
@@ -199,9 +280,9 @@ static char *without_libc(const char *log, char *dir, size_t cap)
 
 int main(int argc, char **argv)
 {
-    if (argc != 6) {
+    if (argc != 7) {
         fprintf(stderr, "usage: test_fault_tools MEMTRACE_FAULT TRACE.csv LOG.ndjson "
-                        "OTHER.ndjson SNAPSHOT.pickle\n");
+                        "OTHER.ndjson SNAPSHOT.pickle LOST.ndjson\n");
         return 2;
     }
     const char *st = getenv("MT_FAULT_STRIDE");
@@ -210,15 +291,36 @@ int main(int argc, char **argv)
     trace = argv[2];
     other = argv[4];
     snapshot = argv[5];
+    lost = argv[6];
     char dir[64];
     if ((logfile = without_libc(argv[3], dir, sizeof dir)) == NULL)
         return 1;
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(ranks[i], sizeof ranks[i], "%s/rank%d.ndjson", dir, i);
+        if (!rank_log(logfile, ranks[i], i)) {
+            fprintf(stderr, "test_fault_tools: could not write %s\n", ranks[i]);
+            rc = 1;
+        }
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replay), cmocka_unit_test(test_report),
         cmocka_unit_test(test_plot),   cmocka_unit_test(test_report_snapshot),
         cmocka_unit_test(test_diff),
     };
-    int rc = MT_TEST_RUN(tests, NULL, NULL);
+    /* $MT_FAULT_TOOLS=loads: export and view's loading instead, a meson test of their own
+     * that runs beside the others (MT_TEST_FILTER takes one pattern). */
+    const struct CMUnitTest loads[] = {
+        cmocka_unit_test(test_export),
+        cmocka_unit_test(test_view),
+    };
+    const char *group = getenv("MT_FAULT_TOOLS");
+    if (rc == 0 && group != NULL && strcmp(group, "loads") == 0)
+        rc = MT_TEST_RUN(loads, NULL, NULL);
+    else if (rc == 0)
+        rc = MT_TEST_RUN(tests, NULL, NULL);
+    unlink(ranks[0]);
+    unlink(ranks[1]);
     unlink(logfile);
     rmdir(dir);
     return rc;
