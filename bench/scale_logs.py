@@ -71,6 +71,14 @@ class Log:
         self.seq += 1
         self.t += 1000
 
+    def stack_ref(self, addr, stack):
+        """The call stack of the allocation that follows at addr."""
+        self.out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":%d,"dev":0,'
+                       '"kind":"stack_ref","addr":"0x%x","pool":"large","stack":%d}\n' %
+                       (self.seq, self.t, self.pid, addr, stack))
+        self.seq += 1
+        self.t += 1000
+
     def seg_map(self, addr, size, kind="segment_map"):
         self.reserved += size
         self.event(kind, addr, size, size)
@@ -166,10 +174,7 @@ def stacks(out, n):
         if i % 32 == 0:
             g.seg_map(seg, 2 * MIB)
         addr = seg + (i % 32) * 64 * KIB
-        out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":100,"dev":0,"kind":"stack_ref",'
-                  '"addr":"0x%x","pool":"large","stack":%d}\n' % (g.seq, g.t, addr, i + 1))
-        g.seq += 1
-        g.t += 1000
+        g.stack_ref(addr, i + 1)
         g.alloc(addr, 64 * KIB, stack=i + 1)
         if i % 2 == 1:
             g.free(addr, 64 * KIB)
@@ -219,11 +224,7 @@ def sites(out, n):
     g.seg_map(SEG_BASE, 1 << 40)
     for i in range(n):
         for j, size in ((1, (3 * n - i) * 512), (2, (2 * i + 1) * 512)):
-            out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":100,"dev":0,'
-                      '"kind":"stack_ref","addr":"0x%x","pool":"large","stack":%d}\n' %
-                      (g.seq, g.t, addr, 2 * i + j))
-            g.seq += 1
-            g.t += 1000
+            g.stack_ref(addr, 2 * i + j)
             g.alloc(addr, size, stack=2 * i + j)
             addr += size
     g.exit()
@@ -238,12 +239,8 @@ def pins(out, n):
                   (i + 1, 0x555555550000 + 16 * i, i // 2, 10 + i // 2))
     for i in range(n):
         seg = SEG_BASE + i * 2 * MIB
-        g.reserved += 2 * MIB
-        g.event("segment_alloc", seg, 2 * MIB, 2 * MIB)
-        out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":100,"dev":0,"kind":"stack_ref",'
-                  '"addr":"0x%x","pool":"large","stack":%d}\n' % (g.seq, g.t, seg, i + 1))
-        g.seq += 1
-        g.t += 1000
+        g.seg_map(seg, 2 * MIB, kind="segment_alloc")
+        g.stack_ref(seg, i + 1)
         g.alloc(seg, 64 * KIB, stack=i + 1)
     g.exit()
 
