@@ -71,6 +71,14 @@ class Log:
         self.seq += 1
         self.t += 1000
 
+    def stack(self, sid, frames):
+        """A stack table line: id sid, frames innermost first, each ("ip", address) or
+        (python function, file, line)."""
+        fs = ",".join('{"ip":"0x%x"}' % f[1] if f[0] == "ip" else
+                      '{"py":"%s","file":"%s","line":%d}' % f for f in frames)
+        self.out.write('{"v":1,"kind":"stack","pid":%d,"id":%d,"frames":[%s]}\n' %
+                       (self.pid, sid, fs))
+
     def stack_ref(self, addr, stack):
         """The call stack of the allocation that follows at addr."""
         self.out.write('{"v":1,"type":"event","seq":%d,"t_ns":%d,"pid":%d,"dev":0,'
@@ -165,10 +173,8 @@ def stacks(out, n):
     g = Log(out, 100)
     g.hello("stacks")
     for i in range(n):
-        out.write('{"v":1,"kind":"stack","pid":100,"id":%d,"frames":[{"ip":"0x%x"},'
-                  '{"ip":"0x%x"},{"py":"Model.layer%d","file":"/src/model.py","line":%d}]}\n' %
-                  (i + 1, 0x555555550000 + 16 * i, 0x555555560000 + 16 * (i % 97), i % 31,
-                   10 + i % 500))
+        g.stack(i + 1, [("ip", 0x555555550000 + 16 * i), ("ip", 0x555555560000 + 16 * (i % 97)),
+                        ("Model.layer%d" % (i % 31), "/src/model.py", 10 + i % 500)])
     for i in range(n):
         seg = SEG_BASE + (i // 32) * 2 * MIB
         if i % 32 == 0:
@@ -218,8 +224,7 @@ def sites(out, n):
     g.hello("sites")
     for i in range(n):
         for j in (1, 2):
-            out.write('{"v":1,"kind":"stack","pid":100,"id":%d,"frames":[{"py":"f%d",'
-                      '"file":"/src/m.py","line":%d}]}\n' % (2 * i + j, i, j))
+            g.stack(2 * i + j, [("f%d" % i, "/src/m.py", j)])
     addr = SEG_BASE
     g.seg_map(SEG_BASE, 1 << 40)
     for i in range(n):
@@ -234,9 +239,8 @@ def pins(out, n):
     g = Log(out, 100)
     g.hello("pins")
     for i in range(n):
-        out.write('{"v":1,"kind":"stack","pid":100,"id":%d,"frames":[{"ip":"0x%x"},'
-                  '{"py":"layer%d","file":"/src/model.py","line":%d}]}\n' %
-                  (i + 1, 0x555555550000 + 16 * i, i // 2, 10 + i // 2))
+        g.stack(i + 1, [("ip", 0x555555550000 + 16 * i),
+                        ("layer%d" % (i // 2), "/src/model.py", 10 + i // 2)])
     for i in range(n):
         seg = SEG_BASE + i * 2 * MIB
         g.seg_map(seg, 2 * MIB, kind="segment_alloc")
