@@ -115,6 +115,12 @@ static void test_class_mapping(void **state)
     assert_int_equal(mt__bin_class(16384), 64);
     assert_int_equal(mt__bin_class(16384 + 256), 64); /* same class: step 512 there */
     assert_int_equal(mt__bin_class(16384 + 512), 65);
+    /* the linear row's edges, and sizes past the last row in its last class */
+    assert_int_equal(mt__bin_class(0), 0);
+    assert_int_equal(mt__bin_class(8192 - 256), 31);
+    assert_int_equal(mt__bin_class(((size_t)1 << 60) - 256), MT__NCLASS - 1);
+    assert_int_equal(mt__bin_class(SIZE_MAX), MT__NCLASS - 1);
+    assert_true(mt__bin_class(((size_t)1 << 59) - 256) < MT__NCLASS - 1);
 }
 
 static mt_block_t *fake_block(mt_segment_t *seg, size_t size)
