@@ -116,8 +116,50 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     mt__model_destroy(&m);
 }
 
+/* A snapshot's rows of a (mt__cs_rows_json's, whose stacks the model knows by id only)
+ * named from its frames as /block names a snapshot block's: site, the user's frame; frames,
+ * those no rule skips from it out (the caller second, as the compare view shows it).
+ * 0 or MT_ENOMEM. */
+static int snap_callsites(const mt_d_proc_t *p, json_t *a)
+{
+    const mt_ts_t *ts = p->snap;
+    char buf[512];
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(a); i++) {
+        json_t *row = json_array_get(a, i);
+        uint32_t id = (uint32_t)json_integer_value(json_object_get(row, "stack"));
+        size_t n = id < ts->nstacks ? ts->stacks[id].n : 0;
+        mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
+        json_t *frames = json_array();
+        if (fr == NULL || frames == NULL)
+            rc = MT_ENOMEM;
+        n = rc ? 0 : mt__ts_stack_frames(ts, id, fr, n);
+        int user = mt__fr_pick(NULL, fr, n);
+        for (size_t k = user >= 0 ? (size_t)user : n; rc == 0 && k < n; k++) {
+            if ((int)k != user && mt__fr_match(NULL, &fr[k]) != NULL)
+                continue;
+            json_t *f = json_pack("{s:s,s:s,s:b}", "label", mt__fr_site(&fr[k], buf, sizeof buf),
+                                  "file", fr[k].file ? fr[k].file : "", "user", (int)k == user);
+            if (json_array_append_new(frames, f) != 0)
+                rc = MT_ENOMEM;
+        }
+        if (rc == 0 &&
+            (json_object_set_new(row, "site",
+                                 json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf)
+                                                       : "<no frames>")) != 0 ||
+             json_object_set_new(row, "user_frame", json_integer(0)) != 0 ||
+             json_object_set_new(row, "unknown", json_boolean(user < 0)) != 0 ||
+             json_object_set(row, "frames", frames) != 0))
+            rc = MT_ENOMEM;
+        json_decref(frames);
+        free(fr);
+    }
+    return rc;
+}
+
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
- * window (the compare view). Frames come from the process's stack table. */
+ * window (the compare view). Frames come from the process's stack table, or a snapshot's
+ * own (snap_callsites). */
 void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
@@ -147,6 +189,8 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     }
     if (!rc) {
         a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
+        if (a != NULL && p->snap != NULL && snap_callsites(p, a) != 0)
+            rc = MT_ENOMEM; /* (the answer is then the error) */
     }
     send_at(c, p, t, past, upto, "callsites", rc, a, head);
     json_decref(a);

@@ -828,15 +828,17 @@ function fillCompare(table, rows) {
   }
 }
 
-/* Live bytes by call site at the end of A and of B, what grew first. */
+/* Live bytes by call site at the end of A and of B, what grew first. A row is a name as
+ * shown (site, then its caller): stacks that differ only below it, or only in frames not
+ * shown (a snapshot's), are one row, not several that read the same. */
 async function renderCompareSites() {
   const q = (r) => api(`/callsites?pid=${r.pid}&t=${r.to}`);
   const [a, b] = await Promise.all([q(S.cmp.a), q(S.cmp.b)]);
   const sites = new Map();
   const add = (list, k) => {
     for (const c of list.callsites || []) {
-      const key = a.pid === b.pid ? String(c.stack) : c.site;
-      const e = sites.get(key) || { name: c.site + ((c.frames || [])[1] ? '  ← ' + c.frames[1].label : ''), v: [0, 0] };
+      const key = c.site + ((c.frames || [])[1] ? '  ← ' + c.frames[1].label : '');
+      const e = sites.get(key) || { name: key, v: [0, 0] };
       e.v[k] += c.bytes;
       sites.set(key, e);
     }
