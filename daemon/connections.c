@@ -37,6 +37,8 @@ void mt__d_conn_close(mt_d_conn_t *c)
     if (c->closing)
         return;
     c->closing = true;
+    if (c->capture)
+        return; /* no handle: the caller frees what it made */
     uv_read_stop(&c->u.stream);
     uv_close(&c->u.handle, on_conn_closed);
 }
@@ -85,6 +87,10 @@ int mt__d_conn_write(mt_d_conn_t *c, const char *data, size_t len, bool close_af
 {
     if (c->closing || c->lingering)
         return MT_EIO;
+    if (c->capture) {
+        c->closing = true; /* one answer, as on a socket (close_after or not) */
+        return mt__d_buf_append(c->capture, data, len);
+    }
     write_req_t *w = malloc(sizeof *w + len);
     if (!w) {
         mt__d_conn_close(c);

@@ -163,6 +163,12 @@ bool mt__d_view_has_ranks(const mt_d_t *d);
  * the same order), "diff": /diff's document or null, "jobs": /jobs's or null} (`memtrace
  * view --print-state`). 0, MT_ENOMEM, or MT_EIO (f could not be written). */
 int mt__d_view_print(mt_d_t *d, FILE *f);
+/* Answers GET target ("/map?pid=7", a route of the page's data or the API's, the event
+ * stream excepted) as the server would, without serving (`memtrace view --get`): the body
+ * to f, newline-ended, when the status is 200; else its first line into msg (NUL-ended).
+ * *status: the answer's status (0: none). 0, MT_EINVAL (no such target: see
+ * mt__d_http_get), MT_ENOMEM, or MT_EIO (f could not be written). */
+int mt__d_view_get(mt_d_t *d, const char *target, FILE *f, int *status, char *msg, size_t msglen);
 /* Sets how many events per process are kept for past states (default 65536; >= 1024). */
 void mt__d_set_event_window(mt_d_t *d, size_t events);
 /* Keeps those events in an unlinked temporary file in dir instead of memory, a chunk per

@@ -73,6 +73,10 @@ typedef struct mt_d_proc_s {
     char backend[32];             /* from the hello, "" if not given */
     mt_prof_job_t job;            /* rank and job from the hello; unknown if not given */
     uint64_t registered_realtime; /* ns since the epoch */
+    /* Its own clocks' realtime - monotonic, when clock_known (a recorded log's hello says
+     * both at its start): its times shown from it, not from this machine's clock. */
+    int64_t clock_off_ns;
+    bool clock_known;
     /* A recording with no clock (a snapshot whose trace has no times): its events stand
      * event_ns apart, from event_ns on, on the page's time axis, and its times count events.
      * 0: a clock. */
@@ -224,6 +228,9 @@ typedef struct mt_d_conn_s {
     mt_d_buf_t in;     /* partial request, bounded by the line/head limits */
     mt_d_proc_t *proc; /* producers */
     mt_d_sub_t sub;    /* consumers (Unix and SSE) */
+    /* Not NULL: a request answered without a socket (mt__d_http_get); what is written
+     * goes here, and a close only marks the connection closing. */
+    mt_d_buf_t *capture;
 } mt_d_conn_t;
 
 /* ---- snapshots, OOM snapshots (snapshot.c) ---- */
@@ -486,6 +493,11 @@ void mt__d_sub_free(mt_d_sub_t *s);
 
 /* http.c */
 void mt__d_http_input(mt_d_conn_t *c);
+/* Answers GET target ("/map?pid=7") as the server would, without a socket (memtrace view
+ * --get): the whole answer appended to out, *status its status. 0; MT_EINVAL for a target
+ * that is no path, holds a space or a control character, or is the event stream (which
+ * never ends); MT_ENOMEM when the answer could not be made or kept (*status 0: none). */
+int mt__d_http_get(mt_d_t *d, const char *target, mt_d_buf_t *out, int *status);
 /* A complete answer (status line, the usual headers, body); closes after it. */
 void mt__d_http_respond(mt_d_conn_t *c, int status, const char *reason, const char *ctype,
                         const char *body, size_t blen, bool head_only);

@@ -171,10 +171,22 @@ static int view_line(mt_d_t *d, view_map_t *m, const char *line, size_t len, cha
         int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
         mt_d_proc_t *p =
             vp < 0 ? NULL : view_proc(d, vp, json_string_value(json_object_get(j, "name")));
-        if (p)
+        json_t *rt = json_object_get(j, "start_realtime_ns"),
+               *mono = json_object_get(j, "start_mono_ns");
+        if (p) {
             (void)mt_prof_job_from_json(j, &p->job);
-        else
+            /* its clocks at its start: its times wherever and whenever it was recorded, the
+             * same from one load to the next */
+            if (json_integer_value(rt) > 0 && json_integer_value(mono) > 0) {
+                p->clock_off_ns = json_integer_value(rt) - json_integer_value(mono);
+                p->clock_known = true;
+                mt_d_web_proc_t *t = mt__d_web_find(d, p);
+                if (t != NULL)
+                    t->off_ns = p->clock_off_ns;
+            }
+        } else {
             rc = MT_ENOMEM;
+        }
     } else if (!type && json_is_integer(json_object_get(j, "pid"))) {
         /* a stack table or module map line: into the process's model */
         int vp = view_pid(d, m, (int)json_integer_value(json_object_get(j, "pid")));
@@ -366,6 +378,28 @@ int mt__d_view_print(mt_d_t *d, FILE *f)
 fail_dump:
     json_decref(st);
 fail_state:
+    return rc;
+}
+
+int mt__d_view_get(mt_d_t *d, const char *target, FILE *f, int *status, char *msg, size_t msglen)
+{
+    mt_d_buf_t out = {0};
+    msg[0] = '\0';
+    int rc = mt__d_http_get(d, target, &out, status);
+    if (rc)
+        goto out;
+    const char *end = strstr(out.p, "\r\n\r\n");
+    const char *body = end ? end + 4 : out.p + out.len;
+    size_t n = (size_t)(out.p + out.len - body);
+    if (*status != 200) {
+        size_t line = strcspn(body, "\r\n");
+        snprintf(msg, msglen, "%.*s", (int)(line < n ? line : n), body);
+    } else if ((n && fwrite(body, 1, n, f) != n) ||
+               (n && body[n - 1] != '\n' && putc('\n', f) == EOF) || fflush(f) != 0) {
+        rc = MT_EIO;
+    }
+out:
+    mt__d_buf_free(&out);
     return rc;
 }
 

@@ -111,7 +111,7 @@ static mt_d_web_proc_t *tracker_new(mt_d_web_t *w, const mt_d_proc_t *p)
     if (mt__model_create(&t->base, &bcfg) != 0)
         goto fail_base;
     t->proc = p;
-    t->off_ns = clock_offset_ns();
+    t->off_ns = p->clock_known ? p->clock_off_ns : clock_offset_ns();
     t->fine_ns = MT_D_WEB_FINE_NS;
     t->coarse_ns = MT_D_WEB_COARSE0_NS;
     t->next = w->procs;

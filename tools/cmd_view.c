@@ -19,6 +19,7 @@
 #include "util/json.h"
 
 #define VIEW_DEFAULT_PORT 9478
+#define VIEW_MAX_GETS     32
 
 static void help(FILE *f)
 {
@@ -33,9 +34,10 @@ static void help(FILE *f)
             "its charts, segment map (with past states), event tail and comparisons work as\n"
             "for a live process. Several logs are read in the order given, as one recording\n"
             "(an event found twice counts once: a daemon's log and the program's own after\n"
-            "a takeover). A log's times are shown on this machine's\n"
-            "clock: right for logs recorded since it last booted; a snapshot's on its own\n"
-            "(time_us since the Unix epoch). The page's header says 'recorded'.\n"
+            "a takeover). A program's own log carries its clocks (its hello line): its times\n"
+            "are right wherever it was recorded. A daemon's log's are shown on this\n"
+            "machine's clock: right for logs recorded since it last booted. A snapshot's\n"
+            "are its own (time_us since the Unix epoch). The page's header says 'recorded'.\n"
             "\n"
             "With --compare, the two inputs are two runs, BEFORE and AFTER (logs or\n"
             "snapshots): each keeps its processes (a pid of both gets a new one in AFTER),\n"
@@ -53,6 +55,11 @@ static void help(FILE *f)
             "               line on standard output (the processes as the daemon's /state\n"
             "               lists them, the events each keeps for past states, the compare\n"
             "               and job documents or null), and exit without serving\n"
+            "  --get TARGET load the inputs, print the body of the answer to GET TARGET (a\n"
+            "               route of the page's data or the API: /state, /map?pid=N,\n"
+            "               /history?pid=N&buckets=100, ...; docs/telemetry.md) on standard\n"
+            "               output, and exit without serving; repeatable (at most %d), one\n"
+            "               answer a line\n"
             "  -h, --help   this text\n"
             "\n"
             "exit status: 0 stopped by Ctrl-C (or printed); 1 a log could not be read, the port\n"
@@ -63,8 +70,9 @@ static void help(FILE *f)
             "  memtrace daemon --log /tmp/run.ndjson; ./train; memtrace view /tmp/run.ndjson\n"
             "  memtrace view --port 8080 memtrace-4242.ndjson\n"
             "  memtrace view snapshot.pickle\n"
-            "  memtrace view --compare before.pickle after.pickle\n",
-            VIEW_DEFAULT_PORT);
+            "  memtrace view --compare before.pickle after.pickle\n"
+            "  memtrace view --get /state --get '/map?pid=4242' memtrace-4242.ndjson\n",
+            VIEW_DEFAULT_PORT, VIEW_MAX_GETS);
 }
 
 static int number(const char *s, unsigned long min, unsigned long max, unsigned long *out)
@@ -156,21 +164,26 @@ fail_rules:
 }
 
 typedef struct view_opts_s {
-    unsigned long port;   /* 0..65535, 0: any free one */
-    unsigned long window; /* events kept per process, 1024..2^26 */
-    bool two_runs;        /* --compare BEFORE AFTER */
-    bool print_state;     /* --print-state: the loaded state on stdout, nothing served */
-    char **inputs;        /* logs or snapshots, borrowed from argv */
-    int ninputs;          /* >= 1; 2 with two_runs */
+    unsigned long port;              /* 0..65535, 0: any free one */
+    unsigned long window;            /* events kept per process, 1024..2^26 */
+    bool two_runs;                   /* --compare BEFORE AFTER */
+    bool print_state;                /* --print-state: the loaded state on stdout, nothing served */
+    const char *gets[VIEW_MAX_GETS]; /* --get TARGET...: their answers, nothing served */
+    int ngets;
+    char **inputs; /* logs or snapshots, borrowed from argv */
+    int ninputs;   /* >= 1; 2 with two_runs */
 } view_opts_t;
 
 static int parse_args(int argc, char **argv, view_opts_t *o)
 {
     *o = (view_opts_t){.port = VIEW_DEFAULT_PORT, .window = 1ul << 20};
-    static const struct option opts[] = {
-        {"port", required_argument, NULL, 'p'}, {"window", required_argument, NULL, 'w'},
-        {"compare", no_argument, NULL, 'c'},    {"print-state", no_argument, NULL, 's'},
-        {"help", no_argument, NULL, 'h'},       {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"port", required_argument, NULL, 'p'},
+                                         {"window", required_argument, NULL, 'w'},
+                                         {"compare", no_argument, NULL, 'c'},
+                                         {"print-state", no_argument, NULL, 's'},
+                                         {"get", required_argument, NULL, 'g'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
     int ch;
     optind = 1;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -181,6 +194,15 @@ static int parse_args(int argc, char **argv, view_opts_t *o)
         if (ch == 'c' || ch == 's') {
             *(ch == 'c' ? &o->two_runs : &o->print_state) = true;
             continue;
+        }
+        if (ch == 'g' && o->ngets < VIEW_MAX_GETS && optarg[0] == '/') {
+            o->gets[o->ngets++] = optarg;
+            continue;
+        }
+        if (ch == 'g') {
+            fprintf(stderr, "memtrace view: --get '%s': %s (see --help)\n", optarg,
+                    optarg[0] != '/' ? "not a path such as /state" : "too many");
+            return 2;
         }
         if (ch == 'p' && number(optarg, 0, 65535, &o->port) == 0)
             continue;
@@ -207,6 +229,29 @@ static int parse_args(int argc, char **argv, view_opts_t *o)
     return MT_TOOL_RUN;
 }
 
+/* --get's answers, in the order given: 0, or 1 after the first that failed (named). */
+static int gets(mt_d_t *d, const view_opts_t *o)
+{
+    for (int i = 0; i < o->ngets; i++) {
+        int code;
+        char msg[200];
+        int rc = mt__d_view_get(d, o->gets[i], stdout, &code, msg, sizeof msg);
+        if (rc == MT_EINVAL)
+            fprintf(stderr,
+                    "memtrace view: --get '%s': not a target to answer once (a path without "
+                    "spaces; the event stream is memtrace tail's)\n",
+                    o->gets[i]);
+        else if (rc)
+            fprintf(stderr, "memtrace view: --get '%s': %s\n", o->gets[i],
+                    rc == MT_ENOMEM ? "out of memory" : "cannot write the answer");
+        else if (code != 200)
+            fprintf(stderr, "memtrace view: --get '%s': HTTP %d: %s\n", o->gets[i], code, msg);
+        if (rc || code != 200)
+            return 1;
+    }
+    return 0;
+}
+
 /* Loads the inputs into a daemon of recorded files (daemon/view.c), then serves them
  * until Ctrl-C: 0, 1 (cannot serve, unreadable input), 2 (malformed lines skipped). */
 static int run(const view_opts_t *o)
@@ -226,13 +271,14 @@ static int run(const view_opts_t *o)
     snprintf(tpath, sizeof tpath, "%s.token", sock);
     mt_d_cfg_t cfg = mt__d_cfg_default();
     cfg.socket_path = sock;
-    cfg.http_port = o->print_state ? -1 : (int)port; /* (nothing served: no port taken) */
+    const bool serve = !o->print_state && o->ngets == 0;
+    cfg.http_port = serve ? (int)port : -1; /* (nothing served: no port taken) */
     cfg.handle_signals = true;
     cfg.max_exited = 1u << 16; /* every process of the logs stays */
     cfg.view_general_reader = mt_tool_general_reader();
     mt_d_t *d = NULL;
     int rc = mt__d_create(&d, &cfg), status = 0;
-    if (rc && o->print_state) {
+    if (rc && !serve) {
         fprintf(stderr, "memtrace view: cannot load: %s\n", mt_strerror(rc));
         rmdir(dir);
         return 1;
@@ -279,6 +325,8 @@ static int run(const view_opts_t *o)
             fprintf(stderr, "memtrace view: %s\n",
                     rc == MT_ENOMEM ? "out of memory" : "cannot write the state");
         status = rc ? 1 : bad_total ? 2 : 0;
+    } else if (status == 0 && !serve) {
+        status = gets(d, o) ? 1 : bad_total ? 2 : 0;
     } else if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");
