@@ -209,6 +209,54 @@ static void test_view(void **state)
     assert_true(tool_loop_every("memtrace view --compare", cmp, true, 16) > 10);
 }
 
+/* What a clean run of argv prints after the first `key` in its output, as far as
+ * stop_at (e.g. the pid of `"pid":`), into buf. */
+static void clean_field(char *const argv[], const char *key, const char *stop_at, char *buf,
+                        size_t len)
+{
+    static char err[16384], out[1 << 20];
+    assert_int_equal(run(argv, 0, err, sizeof err, out, sizeof out), 0);
+    const char *at = strstr(out, key);
+    assert_non_null(at);
+    at += strlen(key);
+    size_t n = strcspn(at, stop_at);
+    assert_true(n > 0 && n < len);
+    memcpy(buf, at, n);
+    buf[n] = '\0';
+}
+
+/* The page's routes answered from a loaded log and snapshot (--get, the server's own steps
+ * without a socket): every site of the loading and of each answer; a failure must refuse
+ * the answer (HTTP 500 "out of memory"), never shorten it. /state names this process
+ * (its pid, its start): not compared. */
+static void test_view_routes(void **state)
+{
+    (void)state;
+    char pid[24], addr[24], q[9][96];
+    char *st[] = {(char *)tool, "view", "--print-state", (char *)logfile, NULL};
+    clean_field(st, "\"pid\":", ",", pid, sizeof pid);
+    snprintf(q[0], sizeof q[0], "/tail?pid=%s&n=400", pid);
+    char *tail[] = {(char *)tool, "view", "--get", q[0], (char *)logfile, NULL};
+    clean_field(tail, "\"kind\":\"alloc\",\"addr\":\"", "\"", addr, sizeof addr);
+    const char *fmt[] = {"/map?pid=%s",         "/spark?pid=%s", "/callsites?pid=%s",
+                         "/tail?pid=%s&n=50",   "/gap?pid=%s",   "/analysis?pid=%s",
+                         "/block?pid=%s&addr=", "/state?pid=%s", "/history?pid=%s&buckets=50"};
+    for (int i = 0; i < 9; i++)
+        snprintf(q[i], sizeof q[i], fmt[i], pid);
+    strncat(q[6], addr, sizeof q[6] - strlen(q[6]) - 1);
+    char *log[] = {(char *)tool, "view", "--get",         q[0], "--get", q[1], "--get", q[2],
+                   "--get",      q[3],   "--get",         q[4], "--get", q[5], "--get", q[6],
+                   "--get",      q[8],   (char *)logfile, NULL};
+    assert_true(tool_loop("memtrace view --get ROUTES LOG", log, true) > 10);
+    char *st2[] = {(char *)tool, "view", "--get", q[7], (char *)logfile, NULL};
+    assert_true(tool_loop("memtrace view --get /state LOG", st2, false) > 10);
+    char *snap[] = {
+        (char *)tool,     "view",       "--get", "/sites?pid=1",    "--get", "/callsites?pid=1",
+        "--get",          "/gap?pid=1", "--get", "/analysis?pid=1", "--get", "/map?pid=1",
+        (char *)snapshot, NULL};
+    assert_true(tool_loop("memtrace view --get ROUTES SNAPSHOT", snap, true) > 10);
+}
+
 /* src as rank `rank` of a job of two: its hello names the rank, and every pid is moved by
  * rank (two processes, not one). Returns whether path was written. */
 static bool rank_log(const char *src, const char *path, int rank)
@@ -313,6 +361,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest loads[] = {
         cmocka_unit_test(test_export),
         cmocka_unit_test(test_view),
+        cmocka_unit_test(test_view_routes),
     };
     const char *group = getenv("MT_FAULT_TOOLS");
     if (rc == 0 && group != NULL && strcmp(group, "loads") == 0)
