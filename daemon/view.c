@@ -24,10 +24,12 @@ static mt_d_proc_t *view_proc(mt_d_t *d, int pid, const char *name)
     for (; *tail; tail = &(*tail)->next)
         if ((*tail)->pid == pid)
             p = *tail;
-    if (p)
-        return p;
     char fallback[32];
     snprintf(fallback, sizeof fallback, "pid%d", pid);
+    if (p && name && name[0] && strcmp(p->name, fallback) == 0)
+        snprintf(p->name, sizeof p->name, "%s", name); /* its hello after its first events */
+    if (p)
+        return p;
     if (mt__d_proc_create(&p, pid, name ? name : fallback) != 0)
         return NULL;
     p->exited = true;

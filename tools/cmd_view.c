@@ -319,14 +319,12 @@ static int run(const view_opts_t *o)
         status = compare(d, o->inputs[0], o->inputs[1]);
     else if (status == 0)
         status = jobs_view(d, o->inputs, o->ninputs);
-    if (status == 0 && o->print_state) {
-        rc = mt__d_view_print(d, stdout);
+    if (status == 0 && !serve) { /* the state, then the answers, as asked */
+        rc = o->print_state ? mt__d_view_print(d, stdout) : 0;
         if (rc)
             fprintf(stderr, "memtrace view: %s\n",
                     rc == MT_ENOMEM ? "out of memory" : "cannot write the state");
-        status = rc ? 1 : bad_total ? 2 : 0;
-    } else if (status == 0 && !serve) {
-        status = gets(d, o) ? 1 : bad_total ? 2 : 0;
+        status = rc || gets(d, o) ? 1 : bad_total ? 2 : 0;
     } else if (status == 0) {
         char tok[80] = "";
         FILE *tf = fopen(tpath, "r");
