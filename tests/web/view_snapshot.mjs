@@ -147,8 +147,24 @@ try {
     if (!click.includes('site ' + at.site) || frames[0] !== at.site || frames.some((f) => /\?\?|c10::/.test(f)) ||
         !/frame\(s\) hidden/.test(click))
       fail(`click says '${click}'`);
-    await browser.close();
     console.log(`ok: hover '${hover}'; click shows ${JSON.stringify(frames)}`);
+
+    // The compare view of two ranges (A: the first half, B: all of it): its call-site rows
+    // named by the snapshot's frames, one row per name shown (three stacks differ only in
+    // the C++ frames the page hides: one row for them).
+    await page.evaluate(async ({ pid, from, to }) => {
+      S.cmp.a = { pid, from, to: from + (to - from) / 2 };
+      S.cmp.b = { pid, from, to };
+      await renderCompare();
+    }, { pid: p.pid, from: Number(h.from), to: Number(h.to) }).catch((e) => fail('the compare view failed: ' + e));
+    await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 20000 })
+      .catch(() => fail('the compare view lists no call site'));
+    const rows = await page.$$eval('#compare-sites tbody tr', (trs) => trs.map((t) => t.cells[0].textContent));
+    const fwd = rows.filter((r) => r === 'transformer.py:54 forward  ← train.py:30 train_step');
+    if (fwd.length !== 1 || rows.some((r) => /unknown/.test(r)) || new Set(rows).size !== rows.length)
+      fail(`the compare view's call-site rows: ${JSON.stringify(rows)}`);
+    await browser.close();
+    console.log(`ok: the compare view's call sites ${JSON.stringify(rows)}`);
   }
   view.kill('SIGINT');
   process.exit(0);
