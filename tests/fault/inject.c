@@ -1,6 +1,7 @@
 /* Host-allocation fault injection (see inject.h). */
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <jansson.h>
 #include <malloc.h>
 #include <stdlib.h>
@@ -151,38 +152,111 @@ static bool site_spent(void)
     return false;
 }
 
-/* The base name of the object that holds ra ("" when none: the program, or unknown).
- * dladdr does not allocate; in_site covers it if a libc ever did. */
-static const char *object_of(const void *ra)
+/* ---- which library called ----
+ * Two libraries' allocations are treated apart: elfutils' are neither failed nor numbered
+ * (it does not check every allocation: a failed malloc inside dwarf_getsrclines
+ * dereferences NULL, and its handling is not ours to test; the symbolizer's own allocations
+ * around its calls still are), and libuv's reallocs are not failed (it grows a loop's array
+ * of watchers with realloc and aborts when that fails, unix/core.c maybe_resize; its
+ * mallocs and callocs answer UV_ENOMEM and stay failed and numbered). Objects loaded after
+ * the injector was armed are not the program's either: they are a library's plugins, here
+ * elfutils' debuginfod client and the thirty libraries it needs (curl, gnutls, krb5, ...),
+ * which libdw dlopens at its first module without local debug information; they are
+ * treated as elfutils' are (their initialisers' allocations were a fifth of a report's
+ * sites). The objects' address ranges are read when armed, and again when an address is in
+ * none of them (dl_iterate_phdr): dladdr at every allocation, which searches the object's
+ * symbols for the nearest one, was four fifths of a tool run's instructions under the
+ * injector. An address in no object at all is named by dladdr. */
+enum { OBJ_OTHER, OBJ_ELFUTILS, OBJ_LIBUV };
+#define OBJ_RANGES 512
+
+typedef struct obj_range_s {
+    uintptr_t lo, hi;
+    uint8_t kind;
+} obj_range_t;
+static obj_range_t obj_range[OBJ_RANGES];
+static size_t n_obj_ranges;
+/* Objects loaded when first armed in this process; later ones are plugins (so that every
+ * run of an in-process loop numbers the same allocations). 0: not armed yet. */
+static size_t n_armed_objects;
+static size_t n_objects; /* during a walk: objects seen so far */
+
+static uint8_t kind_of_path(const char *path)
 {
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    if (strncmp(b, "libdw.", 6) == 0 || strncmp(b, "libdw-", 6) == 0 ||
+        strncmp(b, "libelf.", 7) == 0 || strncmp(b, "libelf-", 7) == 0)
+        return OBJ_ELFUTILS;
+    return strncmp(b, "libuv.", 6) == 0 ? OBJ_LIBUV : OBJ_OTHER;
+}
+
+static int note_object(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    (void)arg;
+    uint8_t kind = kind_of_path(info->dlpi_name ? info->dlpi_name : "");
+    if (kind == OBJ_OTHER && n_armed_objects != 0 && n_objects >= n_armed_objects)
+        kind = OBJ_ELFUTILS; /* (a plugin, loaded since) */
+    n_objects++;
+    for (int i = 0; i < info->dlpi_phnum && n_obj_ranges < OBJ_RANGES; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD) {
+            uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+            obj_range[n_obj_ranges++] = (obj_range_t){lo, lo + ph->p_memsz, kind};
+        }
+    }
+    return 0;
+}
+
+/* The objects loaded now (dl_iterate_phdr, in load order, does not allocate); those past
+ * the ones loaded when first armed are plugins. */
+static void objects_init(void)
+{
+    n_obj_ranges = n_objects = 0;
+    in_site = true;
+    dl_iterate_phdr(note_object, NULL);
+    in_site = false;
+    if (n_armed_objects == 0)
+        n_armed_objects = n_objects;
+}
+
+static int range_kind(uintptr_t a)
+{
+    for (size_t i = 0; i < n_obj_ranges; i++)
+        if (a - obj_range[i].lo < obj_range[i].hi - obj_range[i].lo)
+            return obj_range[i].kind;
+    return -1;
+}
+
+/* The kind of the object that holds ra: from the ranges, read again when ra is in none
+ * (libdw dlopens its debuginfod client, which loads a dozen more), else by dladdr. dladdr
+ * does not allocate; in_site covers it if a libc ever did. */
+static uint8_t object_kind(const void *ra)
+{
+    int k = range_kind((uintptr_t)ra);
+    if (k < 0) {
+        size_t had = n_obj_ranges;
+        objects_init();
+        k = n_obj_ranges != had ? range_kind((uintptr_t)ra) : -1;
+    }
+    if (k >= 0)
+        return (uint8_t)k;
     Dl_info di;
     in_site = true;
     bool found = ra != NULL && dladdr(ra, &di) != 0 && di.dli_fname != NULL;
     in_site = false;
-    if (!found)
-        return "";
-    const char *b = strrchr(di.dli_fname, '/');
-    return b ? b + 1 : di.dli_fname;
+    return found ? kind_of_path(di.dli_fname) : OBJ_OTHER;
 }
 
-/* True when the allocation was called from elfutils (libdw, libelf). Those are neither
- * failed nor numbered: elfutils does not check every allocation (a failed malloc inside
- * dwarf_getsrclines dereferences NULL), and its handling is not ours to test; the symbolizer's
- * own allocations around its calls still are. */
 static bool from_elfutils(const void *ra)
 {
-    const char *b = object_of(ra);
-    return strncmp(b, "libdw.", 6) == 0 || strncmp(b, "libdw-", 6) == 0 ||
-           strncmp(b, "libelf.", 7) == 0 || strncmp(b, "libelf-", 7) == 0;
+    return object_kind(ra) == OBJ_ELFUTILS;
 }
 
-/* True when realloc was called from libuv. libuv grows a loop's array of watchers with
- * realloc and aborts when that fails (unix/core.c, maybe_resize: at the loop's first
- * handle, inside uv_loop_init, and at each new descriptor); not ours to test either. Its
- * other allocations (malloc, calloc) answer UV_ENOMEM, and stay failed and numbered. */
 static bool from_libuv(const void *ra)
 {
-    return strncmp(object_of(ra), "libuv.", 6) == 0;
+    return object_kind(ra) == OBJ_LIBUV;
 }
 
 /* True when this allocation, called from ra, is the one to fail. */
@@ -372,6 +446,7 @@ json_t *json_load_file(const char *path, size_t flags, json_error_t *error)
 void fault_arm(long n)
 {
     unwinder_init();
+    objects_init();
     memset(site_key, 0, sizeof site_key);
     memset(site_uses, 0, sizeof site_uses);
     atomic_store(&fail_at, n);
