@@ -6,6 +6,9 @@
 #include <elfutils/libdwfl.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <zlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <inttypes.h>
@@ -57,9 +60,83 @@ struct mt_sym_s {
     mt_sym_stats_t st;
 };
 
+/* ---- where debug information comes from ---- */
+
+static atomic_bool use_debuginfod;
+
+void mt__sym_debuginfod(bool on)
+{
+    atomic_store(&use_debuginfod, on);
+}
+
+void mt__sym_debuginfod_from_env(void)
+{
+    const char *v = getenv("MEMTRACE_DEBUGINFOD");
+    mt__sym_debuginfod(v != NULL && strcmp(v, "1") == 0);
+}
+
+/* The CRC-32 of fd's whole contents (a .gnu_debuglink's check), from its start. */
+static bool crc_matches(int fd, GElf_Word want)
+{
+    unsigned char buf[65536];
+    uLong crc = crc32(0L, Z_NULL, 0);
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0)
+        crc = crc32(crc, buf, (uInt)n);
+    return n == 0 && (GElf_Word)crc == want && lseek(fd, 0, SEEK_SET) == 0;
+}
+
+/* libdwfl's find_debuginfo: where dwfl_standard_find_debuginfo looks on this machine, by
+ * build id (/usr/lib/debug/.build-id/), then by the file's .gnu_debuglink name beside it,
+ * in its .debug/ and under /usr/lib/debug/ with its directory; its last resort, the
+ * debuginfod servers of $DEBUGINFOD_URLS, only when asked (mt__sym_debuginfod). That one
+ * downloads what no one asked for, sends the build ids of the program's modules out, and
+ * dlopens a network client of thirty libraries even when no server is set: `memtrace
+ * report` of a torch run on a host with debuginfod on (Ubuntu's default) would fetch
+ * libtorch's debug information. */
+static int find_debuginfo(Dwfl_Module *mod, void **userdata, const char *modname, Dwarf_Addr base,
+                          const char *file_name, const char *debuglink_file,
+                          GElf_Word debuglink_crc, char **debuginfo_file_name)
+{
+    if (atomic_load(&use_debuginfod))
+        return dwfl_standard_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                            debuglink_crc, debuginfo_file_name);
+    int fd = dwfl_build_id_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                          debuglink_crc, debuginfo_file_name);
+    if (fd >= 0 || file_name == NULL || debuglink_file == NULL || debuglink_file[0] == '\0' ||
+        strchr(debuglink_file, '/') != NULL)
+        return fd >= 0 ? fd : -1;
+    const char *slash = strrchr(file_name, '/');
+    const char *dir = slash ? file_name : ".";
+    int dlen = slash ? (int)(slash - file_name) : 1;
+    static const char *const where[] = {"%.*s/%s", "%.*s/.debug/%s", "/usr/lib/debug%.*s/%s"};
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++) {
+        char path[PATH_MAX];
+        int n = snprintf(path, sizeof path, where[i], dlen, dir, debuglink_file);
+        if (n < 0 || (size_t)n >= sizeof path || (i == 2 && dir[0] != '/') ||
+            strcmp(path, file_name) == 0)
+            continue;
+        struct stat st;
+        int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (f < 0)
+            continue;
+        if (fstat(f, &st) != 0 || !S_ISREG(st.st_mode) ||
+            (debuglink_crc != 0 && !crc_matches(f, debuglink_crc))) {
+            close(f);
+            continue;
+        }
+        if ((*debuginfo_file_name = strdup(path)) == NULL) {
+            close(f);
+            return -1;
+        }
+        return f;
+    }
+    return -1;
+}
+
 static const Dwfl_Callbacks dwfl_cbs = {
     .find_elf = NULL,
-    .find_debuginfo = dwfl_standard_find_debuginfo,
+    .find_debuginfo = find_debuginfo,
     .section_address = dwfl_offline_section_address,
 };
 

@@ -12,6 +12,7 @@
 #ifndef MT_ANALYSIS_SYMBOLIZE_H
 #define MT_ANALYSIS_SYMBOLIZE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "memtrace/common.h"
 
@@ -37,6 +38,13 @@ typedef struct mt_sym_frame_s {
  * (MT_ENOMEM). */
 int mt__sym_create(mt_sym_t **out);
 void mt__sym_destroy(mt_sym_t **p);
+/* Whether the symbolizers of this process may ask the debuginfod servers of
+ * $DEBUGINFOD_URLS for debug information this machine lacks (default: no; the tools set it
+ * from MEMTRACE_DEBUGINFOD=1). Without, debug information is looked for where
+ * dwfl_standard_find_debuginfo looks on this machine, and nowhere else. */
+void mt__sym_debuginfod(bool on);
+/* mt__sym_debuginfod(MEMTRACE_DEBUGINFOD is "1"): the commands' and the daemon's mains. */
+void mt__sym_debuginfod_from_env(void);
 
 /* Records that process pid mapped path at load bias base for size bytes. An entry that
  * overlaps one already known for pid replaces it (a dlclose then a dlopen). build_id is

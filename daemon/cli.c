@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "analysis/symbolize.h"
 #include "daemon/daemon.h"
 
 static void usage(FILE *f, const char *prog)
@@ -290,6 +291,7 @@ static int run(cli_opts_t *o, const char *prog)
 int mt__d_cli_main(int argc, char **argv, const char *prog)
 {
     cli_opts_t o;
+    mt__sym_debuginfod_from_env();
     int status = parse_args(argc, argv, prog, &o);
     return status == CLI_RUN ? run(&o, prog) : status;
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "analysis/symbolize.h"
 #include "mt_config.h"
 #include "tools/commands.h"
 
@@ -62,6 +63,7 @@ int main(int argc, char **argv)
         printf("memtrace %s\n", MT_VERSION);
         return 0;
     }
+    mt__sym_debuginfod_from_env(); /* debug information from elsewhere only when asked */
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return finish_stdout(commands[i].run(argc - 1, argv + 1));

@@ -11,6 +11,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dlfcn.h>
 #include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -206,6 +207,51 @@ static void test_no_dwarf_names_from_symtab(void **state)
     mt__sym_destroy(&s);
 }
 
+/* A copy whose DWARF is in a file of its own named by its .gnu_debuglink, beside it
+ * (objcopy --only-keep-debug, then --strip-debug --add-gnu-debuglink): its lines come from
+ * there, found on this machine. With a debuginfod server set ($DEBUGINFOD_URLS, by
+ * meson.build) the symbolizer does not ask it, nor load libdw's client for it, unless told
+ * to (mt__sym_debuginfod): the copy without debug information is asked of no server. */
+static void test_debug_file_local_only(void **state)
+{
+    const char *linked = getenv("MT_LINKED"), *nodebug = getenv("MT_NODEBUG");
+    assert_non_null(linked);
+    assert_non_null(nodebug);
+    assert_false(mt_test_has_line_info(linked));
+    assert_non_null(getenv("DEBUGINFOD_URLS"));
+    uint64_t off = stripme_offset(), base = 0x7f1000000000ull;
+    mt_sym_t *s;
+    assert_int_equal(mt__sym_create(&s), 0);
+    assert_int_equal(mt__sym_add_module(s, 13, linked, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_add_module(s, 14, nodebug, base, 1 << 20, NULL), 0);
+    mt_sym_frame_t fr;
+    assert_int_equal(mt__sym_resolve(s, 13, base + off, &fr), 0);
+    assert_string_equal(fr.func, "work");
+    assert_non_null(fr.file);
+    assert_non_null(strstr(fr.file, "prog_stripme.c"));
+    assert_true(fr.line > 0);
+    assert_int_equal(mt__sym_resolve(s, 14, base + off, &fr), 0);
+    assert_null(fr.file);
+    assert_null(dlopen("libdebuginfod.so.1", RTLD_LAZY | RTLD_NOLOAD)); /* not asked */
+    mt__sym_destroy(&s);
+    /* Told to, libdw's client is used (where the system has it). */
+    struct stat st;
+    if (stat("/usr/lib/x86_64-linux-gnu/libdebuginfod.so.1", &st) != 0 &&
+        stat("/usr/lib/aarch64-linux-gnu/libdebuginfod.so.1", &st) != 0)
+        return;
+    mt__sym_debuginfod(true);
+    assert_int_equal(mt__sym_create(&s), 0);
+    assert_int_equal(mt__sym_add_module(s, 14, nodebug, base, 1 << 20, NULL), 0);
+    setenv("DEBUGINFOD_TIMEOUT", "1", 1);
+    assert_int_equal(mt__sym_resolve(s, 14, base + off, &fr), 0);
+    assert_null(fr.file);
+    void *h = dlopen("libdebuginfod.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    assert_non_null(h);
+    dlclose(h);
+    mt__sym_debuginfod(false);
+    mt__sym_destroy(&s);
+}
+
 static void test_untrusted_and_unknown(void **state)
 {
     mt_sym_t *s;
@@ -271,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_self_resolves_with_lines),
         cmocka_unit_test(test_stripped_degrades),
         cmocka_unit_test(test_no_dwarf_names_from_symtab),
+        cmocka_unit_test(test_debug_file_local_only),
         cmocka_unit_test(test_untrusted_and_unknown),
         cmocka_unit_test(test_module_cap),
     };
