@@ -69,12 +69,6 @@ void mt__sym_debuginfod(bool on)
     atomic_store(&use_debuginfod, on);
 }
 
-void mt__sym_debuginfod_from_env(void)
-{
-    const char *v = getenv("MEMTRACE_DEBUGINFOD");
-    mt__sym_debuginfod(v != NULL && strcmp(v, "1") == 0);
-}
-
 /* The CRC-32 of fd's whole contents (a .gnu_debuglink's check), from its start. */
 static bool crc_matches(int fd, GElf_Word want)
 {

@@ -39,12 +39,11 @@ typedef struct mt_sym_frame_s {
 int mt__sym_create(mt_sym_t **out);
 void mt__sym_destroy(mt_sym_t **p);
 /* Whether the symbolizers of this process may ask the debuginfod servers of
- * $DEBUGINFOD_URLS for debug information this machine lacks (default: no; the tools set it
- * from MEMTRACE_DEBUGINFOD=1). Without, debug information is looked for where
- * dwfl_standard_find_debuginfo looks on this machine, and nowhere else. */
+ * $DEBUGINFOD_URLS for debug information this machine lacks (default: no; the programs,
+ * memtrace and memtraced, set it from MEMTRACE_DEBUGINFOD=1 at their edge). Without, debug
+ * information is looked for where dwfl_standard_find_debuginfo looks on this machine, and nowhere
+ * else. */
 void mt__sym_debuginfod(bool on);
-/* mt__sym_debuginfod(MEMTRACE_DEBUGINFOD is "1"): the commands' and the daemon's mains. */
-void mt__sym_debuginfod_from_env(void);
 
 /* Records that process pid mapped path at load bias base for size bytes. An entry that
  * overlaps one already known for pid replaces it (a dlclose then a dlopen). build_id is

@@ -7,7 +7,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "analysis/symbolize.h"
 #include "daemon/daemon.h"
 
 static void usage(FILE *f, const char *prog)
@@ -291,7 +290,6 @@ static int run(cli_opts_t *o, const char *prog)
 int mt__d_cli_main(int argc, char **argv, const char *prog)
 {
     cli_opts_t o;
-    mt__sym_debuginfod_from_env();
     int status = parse_args(argc, argv, prog, &o);
     return status == CLI_RUN ? run(&o, prog) : status;
 }

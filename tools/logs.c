@@ -134,6 +134,12 @@ int mt_tool_read_logs(mt__report_t *r, const char *prog, char *const *paths, int
     return 0;
 }
 
+bool mt_tool_debuginfod(void)
+{
+    const char *v = getenv("MEMTRACE_DEBUGINFOD");
+    return v != NULL && strcmp(v, "1") == 0;
+}
+
 bool mt_tool_general_reader(void)
 {
     const char *reader = getenv("MEMTRACE_READER");

@@ -21,6 +21,8 @@ int mt_tool_read_logs(mt__report_t *r, const char *prog, char *const *paths, int
  * with the event-line decoder (docs/readers.md: benchmarks, and ruling the decoder out). The
  * libraries read no environment; the commands pass this on in their configurations. */
 bool mt_tool_general_reader(void);
+/* MEMTRACE_DEBUGINFOD=1: the symbolizer may ask debuginfod servers (analysis/symbolize.h). */
+bool mt_tool_debuginfod(void);
 
 /* The threads the readers read a log with (analysis/lines_pipe.h): 1 when
  * MEMTRACE_READER_THREADS=1 asks for the caller's thread alone (to compare the outputs, or

@@ -6,6 +6,7 @@
 #include "analysis/symbolize.h"
 #include "mt_config.h"
 #include "tools/commands.h"
+#include "tools/logs.h"
 
 static const mt_cmd_t commands[] = {
     {"replay", mt_cmd_replay, "replay an allocation trace (RMM CSV) through the allocator"},
@@ -63,7 +64,7 @@ int main(int argc, char **argv)
         printf("memtrace %s\n", MT_VERSION);
         return 0;
     }
-    mt__sym_debuginfod_from_env(); /* debug information from elsewhere only when asked */
+    mt__sym_debuginfod(mt_tool_debuginfod()); /* debug information from elsewhere when asked */
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (strcmp(argv[1], commands[i].name) == 0)
             return finish_stdout(commands[i].run(argc - 1, argv + 1));
