@@ -145,6 +145,16 @@ static uint64_t stripme_offset(void)
     return off;
 }
 
+/* fr is prog_stripme's work(), with a line of prog_stripme.c (from DWARF). */
+static void assert_work_with_line(const mt_sym_frame_t *fr)
+{
+    assert_non_null(fr->func);
+    assert_string_equal(fr->func, "work");
+    assert_non_null(fr->file);
+    assert_non_null(strstr(fr->file, "prog_stripme.c"));
+    assert_true(fr->line > 0);
+}
+
 static void test_stripped_degrades(void **state)
 {
     const char *full = getenv("MT_STRIPME"), *stripped = getenv("MT_STRIPPED");
@@ -157,11 +167,8 @@ static void test_stripped_degrades(void **state)
     assert_int_equal(mt__sym_add_module(s, 11, stripped, base, 1 << 20, NULL), 0);
     mt_sym_frame_t fr;
     assert_int_equal(mt__sym_resolve(s, 10, base + off, &fr), 0);
-    assert_string_equal(fr.func, "work");
     assert_true(mt_test_has_line_info(full)); /* built with -g whatever the build type */
-    assert_non_null(fr.file);
-    assert_non_null(strstr(fr.file, "prog_stripme.c"));
-    assert_true(fr.line > 0);
+    assert_work_with_line(&fr);
     assert_int_equal(mt__sym_resolve(s, 11, base + off, &fr), 0);
     assert_null(fr.func);
     assert_null(fr.file);
@@ -226,10 +233,7 @@ static void test_debug_file_local_only(void **state)
     assert_int_equal(mt__sym_add_module(s, 14, nodebug, base, 1 << 20, NULL), 0);
     mt_sym_frame_t fr;
     assert_int_equal(mt__sym_resolve(s, 13, base + off, &fr), 0);
-    assert_string_equal(fr.func, "work");
-    assert_non_null(fr.file);
-    assert_non_null(strstr(fr.file, "prog_stripme.c"));
-    assert_true(fr.line > 0);
+    assert_work_with_line(&fr);
     assert_int_equal(mt__sym_resolve(s, 14, base + off, &fr), 0);
     assert_null(fr.file);
     assert_null(dlopen("libdebuginfod.so.1", RTLD_LAZY | RTLD_NOLOAD)); /* not asked */
