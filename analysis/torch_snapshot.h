@@ -292,5 +292,9 @@ void mt__ts_groups_free(mt_ts_group_t **g, size_t n);
 /* The frames of stack as the rules see them, into out[cap]; returns how many (<= cap). */
 size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out,
                            size_t cap);
+/* stack as the page shows it: {"site": its user frame's site, or "<no frames>"; "frames":
+ * [{"label","file","user"}] from the user's frame out, those r skips left out; "hidden": how
+ * many were}. r NULL: the default rules. New reference; NULL when memory ran out. */
+json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const struct mt_fr_rules_s *r);
 
 #endif

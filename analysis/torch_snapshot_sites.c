@@ -132,3 +132,31 @@ int mt__ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_
     *nout = k;
     return 0;
 }
+
+json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *r)
+{
+    size_t n = stack != 0 && stack < ts->nstacks ? ts->stacks[stack].n : 0;
+    mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
+    json_t *frames = json_array(), *v = NULL;
+    char buf[512];
+    if (fr == NULL || frames == NULL)
+        goto fail_alloc;
+    n = mt__ts_stack_frames(ts, stack, fr, n);
+    int user = mt__fr_pick(r, fr, n);
+    for (size_t k = user >= 0 ? (size_t)user : n; k < n; k++) {
+        if ((int)k != user && mt__fr_match(r, &fr[k]) != NULL)
+            continue;
+        if (json_array_append_new(
+                frames, json_pack("{s:s,s:s,s:b}", "label", mt__fr_site(&fr[k], buf, sizeof buf),
+                                  "file", fr[k].file ? fr[k].file : "", "user", (int)k == user)) !=
+            0)
+            goto fail_alloc;
+    }
+    v = json_pack("{s:s,s:O,s:I}", "site",
+                  user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>", "frames",
+                  frames, "hidden", (json_int_t)(n - json_array_size(frames)));
+fail_alloc:
+    json_decref(frames);
+    free(fr);
+    return v;
+}

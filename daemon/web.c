@@ -659,34 +659,20 @@ static int put_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
     return o->err;
 }
 
-/* ,"call_stack":{"stack":N,"site":S,"frames":[...],"hidden":K} of a snapshot's stack: its
- * site (the user's frame, analysis/frames.h), then the frames no rule skips from the user's
- * frame out, as PyTorch's viewer filters them; hidden counts the frames left out. */
+/* ,"call_stack":{"site":S,"frames":[...],"hidden":K,"stack":N} of a snapshot's stack, named
+ * as its call sites are (mt__ts_stack_view). */
 static int put_snap_stack(mt_d_buf_t *o, const mt_d_proc_t *p, uint32_t id)
 {
-    const mt_ts_t *ts = p->snap;
-    size_t n = id < ts->nstacks ? ts->stacks[id].n : 0;
-    mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
-    if (!fr)
-        return mt__d_buf_fail(o, MT_ENOMEM);
-    n = mt__ts_stack_frames(ts, id, fr, n);
-    int user = mt__fr_pick(NULL, fr, n);
-    char buf[512];
-    mt__d_buf_printf(o, ",\"call_stack\":{\"stack\":%u,\"site\":", id);
-    mt__d_web_json_str(o, user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>");
-    mt__d_buf_append(o, ",\"frames\":[", 11);
-    size_t shown = 0;
-    for (size_t i = user >= 0 ? (size_t)user : n; i < n && !o->err; i++) {
-        if ((int)i != user && mt__fr_match(NULL, &fr[i]) != NULL)
-            continue;
-        mt__d_buf_printf(o, "%s{\"label\":", shown++ ? "," : "");
-        mt__d_web_json_str(o, mt__fr_site(&fr[i], buf, sizeof buf));
-        mt__d_buf_append(o, ",\"file\":", 8);
-        mt__d_web_json_str(o, fr[i].file ? fr[i].file : "");
-        mt__d_buf_printf(o, ",\"user\":%s}", (int)i == user ? "true" : "false");
-    }
-    mt__d_buf_printf(o, "],\"hidden\":%zu}", n - shown);
-    free(fr);
+    json_t *v = mt__ts_stack_view(p->snap, id, NULL);
+    char *txt = NULL;
+    int rc = v == NULL || json_object_set_new(v, "stack", json_integer(id)) != 0
+                 ? MT_ENOMEM
+                 : mt__json_dumps(v, JSON_COMPACT, &txt, NULL);
+    json_decref(v);
+    if (rc)
+        return mt__d_buf_fail(o, rc);
+    mt__d_buf_printf(o, ",\"call_stack\":%s", txt);
+    free(txt);
     return o->err;
 }
 

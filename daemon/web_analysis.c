@@ -99,14 +99,10 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
         json_t *pin = json_array_get(pins, i);
         uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
-        mt_fr_frame_t fr[256];
-        size_t n = mt__ts_stack_frames(p->snap, id, fr, sizeof fr / sizeof fr[0]);
-        int user = mt__fr_pick(NULL, fr, n);
-        char buf[512];
-        if (json_object_set_new(pin, "site",
-                                json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf)
-                                                      : "<no frames>")) != 0)
+        json_t *v = mt__ts_stack_view(p->snap, id, NULL);
+        if (v == NULL || json_object_set(pin, "site", json_object_get(v, "site")) != 0)
             rc = MT_ENOMEM;
+        json_decref(v);
     }
     if (!rc && p->snap && mt__gap_pins_by_site(pins, 5) != 0)
         rc = MT_ENOMEM; /* (the answer is then the error) */
@@ -117,42 +113,21 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
 }
 
 /* A snapshot's rows of a (mt__cs_rows_json's, whose stacks the model knows by id only)
- * named from its frames as /block names a snapshot block's: site, the user's frame; frames,
- * those no rule skips from it out (the caller second, as the compare view shows it).
- * 0 or MT_ENOMEM. */
+ * named from its frames as /block names a snapshot block's (mt__ts_stack_view); the user's
+ * frame is then the rows' first. 0 or MT_ENOMEM. */
 static int snap_callsites(const mt_d_proc_t *p, json_t *a)
 {
-    const mt_ts_t *ts = p->snap;
-    char buf[512];
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < json_array_size(a); i++) {
         json_t *row = json_array_get(a, i);
         uint32_t id = (uint32_t)json_integer_value(json_object_get(row, "stack"));
-        size_t n = id < ts->nstacks ? ts->stacks[id].n : 0;
-        mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
-        json_t *frames = json_array();
-        if (fr == NULL || frames == NULL)
+        json_t *v = mt__ts_stack_view(p->snap, id, NULL);
+        json_t *frames = json_object_get(v, "frames");
+        if (v == NULL || json_object_update(row, v) != 0 ||
+            json_object_set_new(row, "user_frame", json_integer(0)) != 0 ||
+            json_object_set_new(row, "unknown", json_boolean(json_array_size(frames) == 0)) != 0)
             rc = MT_ENOMEM;
-        n = rc ? 0 : mt__ts_stack_frames(ts, id, fr, n);
-        int user = mt__fr_pick(NULL, fr, n);
-        for (size_t k = user >= 0 ? (size_t)user : n; rc == 0 && k < n; k++) {
-            if ((int)k != user && mt__fr_match(NULL, &fr[k]) != NULL)
-                continue;
-            json_t *f = json_pack("{s:s,s:s,s:b}", "label", mt__fr_site(&fr[k], buf, sizeof buf),
-                                  "file", fr[k].file ? fr[k].file : "", "user", (int)k == user);
-            if (json_array_append_new(frames, f) != 0)
-                rc = MT_ENOMEM;
-        }
-        if (rc == 0 &&
-            (json_object_set_new(row, "site",
-                                 json_string(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf)
-                                                       : "<no frames>")) != 0 ||
-             json_object_set_new(row, "user_frame", json_integer(0)) != 0 ||
-             json_object_set_new(row, "unknown", json_boolean(user < 0)) != 0 ||
-             json_object_set(row, "frames", frames) != 0))
-            rc = MT_ENOMEM;
-        json_decref(frames);
-        free(fr);
+        json_decref(v);
     }
     return rc;
 }
