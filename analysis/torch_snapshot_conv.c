@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/frames.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
@@ -578,18 +579,21 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
     int rc = mt__ts_pre_state(ts, device, &pre);
     if (rc != 0)
         return rc;
-    uint64_t pre_bytes = 0;
-    for (size_t i = pre.nsegs; i < pre.n; i++)
-        pre_bytes += pre.recs[i].requested;
-    /* Pass 1 finds the event at which allocated bytes peak (or the start); pass 2 stops
-     * there and sums the live blocks by stack. */
+    /* Pass 1 finds the event at which allocated bytes peak (or the start), by the blocks'
+     * bytes as the report's model counts them (make_record's MT_TS_ALLOC); pass 2 stops there
+     * and sums the live blocks' requests by stack. */
+    uint64_t pre_bytes[2] = {0, 0}; /* blocks' bytes, requests */
+    for (size_t i = pre.nsegs; i < pre.n; i++) {
+        pre_bytes[0] += pre.recs[i].size;
+        pre_bytes[1] += pre.recs[i].requested;
+    }
     size_t at = 0;
     bool at_start = true;
-    *peak = pre_bytes;
+    uint64_t top = pre_bytes[0];
     for (int pass = 0; pass < 2; pass++) {
         walk_t w = {0};
-        uint64_t alloc = pre_bytes;
-        if ((rc = mt__ts_pre_open(&pre, &w, true)) != 0) {
+        uint64_t alloc = pre_bytes[pass];
+        if ((rc = mt__ts_pre_open(&pre, &w, pass == 1)) != 0) {
             lm_fini(&w.live);
             break;
         }
@@ -604,9 +608,14 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
                 return k;
             }
             if (k == W_OPEN) {
+                uint64_t bytes;
+                if (pass == 0 && mt__amap_get(&pre.end_size, (uint64_t)l->slot + 1, &bytes) != 0)
+                    bytes = ev[i].block_size ? ev[i].block_size : round_block(ev[i].size);
+                if (pass == 0)
+                    l->size = bytes; /* what its close takes away */
                 alloc += l->size;
-                if (pass == 0 && alloc > *peak) {
-                    *peak = alloc;
+                if (pass == 0 && alloc > top) {
+                    top = alloc;
                     at = i;
                     at_start = false;
                 }
@@ -618,6 +627,8 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
                     l->size = 0; /* freed: kept only to absorb its free_completed */
             }
         }
+        if (pass == 1)
+            *peak = alloc;
         if (pass == 1) {
             mt_ts_site_t *acc = calloc(ts->nstacks, sizeof *acc);
             if (acc == NULL) {
@@ -647,7 +658,7 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
 const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)
 {
     if (stack == 0 || stack >= ts->nstacks) {
-        snprintf(buf, len, "<no frames>");
+        snprintf(buf, len, MT_FR_NO_STACK);
         return buf;
     }
     const mt_ts_stack_t *s = &ts->stacks[stack];
