@@ -121,7 +121,7 @@ int mt__cs_frame_label(mt_sym_t *s, uint32_t pid, const mt_cs_frame_t *f, mt_sym
 static void site_name(const mt_cs_row_t *row, char *buf, size_t len)
 {
     if (row->stack == 0)
-        snprintf(buf, len, "no stack recorded");
+        snprintf(buf, len, MT_FR_NO_STACK);
     else
         snprintf(buf, len, "unknown stack %" PRIu32, row->stack);
 }

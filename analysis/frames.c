@@ -440,7 +440,7 @@ const char *mt__fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames
     buf[0] = '\0';
     int u = mt__fr_pick(r, frames, n);
     if (u < 0) {
-        snprintf(buf, len, "<no frames>");
+        snprintf(buf, len, MT_FR_NO_STACK);
         return buf;
     }
     if (by == MT_FR_BY_MODULES)

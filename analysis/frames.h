@@ -41,6 +41,9 @@ typedef struct mt_fr_rule_s {
     const char *reason;  /* why such frames are not the user's */
 } mt_fr_rule_t;
 
+/* The name of a stack with no frames, wherever a site is named. */
+#define MT_FR_NO_STACK "no stack recorded"
+
 /* The default table (static), *n its length. */
 const mt_fr_rule_t *mt__fr_default_rules(size_t *n);
 

@@ -295,8 +295,13 @@ json_t *mt__report_gap_named(const struct mt_gap_s *g, const mt_model_t *m, mt_s
                              uint32_t pid, const mt__report_cfg_t *cfg, size_t top);
 
 /* The flame graph of process pid (<= 0: the one with the most events) by which
- * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each
- * with a message in err. */
-int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err, size_t errlen);
+ * (MT_CS_PEAK or MT_CS_LEAKED, callsite.h). snap(ud, pid): the snapshot whose events process
+ * pid is, whose frames then name its stacks (mt__ts_flame_add); NULL or returning NULL: the
+ * process's own stack table. MT_ENOENT (no such process), MT_EIO, MT_ENOMEM, each with a
+ * message in err. */
+struct mt_ts_s;
+typedef const struct mt_ts_s *(*mt__report_snap_fn)(void *ud, int pid);
+int mt__report_flame_svg(mt__report_t *r, int pid, int which, mt__report_snap_fn snap, void *ud,
+                         FILE *out, char *err, size_t errlen);
 
 #endif

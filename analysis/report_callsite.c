@@ -8,6 +8,7 @@
 #include "analysis/callsite.h"
 #include "analysis/frames.h"
 #include "analysis/report.h"
+#include "analysis/torch_snapshot.h"
 #include "util/text.h"
 
 /* A JSON frame (callsite.c's frame_json) as the rules see it. */
@@ -230,7 +231,8 @@ static int pick_process(const mt__report_t *r, int pid, size_t *idx)
     return found ? 0 : MT_ENOENT;
 }
 
-int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *err, size_t errlen)
+int mt__report_flame_svg(mt__report_t *r, int pid, int which, mt__report_snap_fn snap, void *ud,
+                         FILE *out, char *err, size_t errlen)
 {
     size_t i = 0;
     if (pick_process(r, pid, &i) != 0) {
@@ -256,9 +258,11 @@ int mt__report_flame_svg(mt__report_t *r, int pid, int which, FILE *out, char *e
     mt_sym_t *s = mt__report_symbolizer(r);
     if (rc == 0)
         rc = mt__cs_sym_sync(s, (uint32_t)ppid, m);
+    const mt_ts_t *ts = snap != NULL ? snap(ud, ppid) : NULL;
     for (size_t k = 0; rc == 0 && k < n; k++) {
         if (rows[k].bytes > 0)
-            rc = mt__cs_flame_add(f, s, (uint32_t)ppid, &rows[k]);
+            rc = ts != NULL ? mt__ts_flame_add(f, ts, rows[k].stack, rows[k].bytes)
+                            : mt__cs_flame_add(f, s, (uint32_t)ppid, &rows[k]);
     }
     if (rc == 0) {
         char title[160];

@@ -292,9 +292,18 @@ void mt__ts_groups_free(mt_ts_group_t **g, size_t n);
 /* The frames of stack as the rules see them, into out[cap]; returns how many (<= cap). */
 size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out,
                            size_t cap);
-/* stack as the page shows it: {"site": its user frame's site, or "<no frames>"; "frames":
+/* stack as the page shows it: {"site": its user frame's site, or MT_FR_NO_STACK; "frames":
  * [{"label","file","user"}] from the user's frame out, those r skips left out; "hidden": how
  * many were}. r NULL: the default rules. New reference; NULL when memory ran out. */
 json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const struct mt_fr_rules_s *r);
+/* Call-site rows (mt__cs_rows_json's, whose stacks a snapshot's model knows by id only)
+ * named from ts's frames: each row's "site", "frames" and "hidden" from mt__ts_stack_view,
+ * "user_frame" 0, "unknown" when the stack has no frames. 0 or MT_ENOMEM. */
+int mt__ts_name_rows(const mt_ts_t *ts, json_t *rows);
+/* Adds bytes to f under stack's frames as mt__ts_stack_view keeps them, the outermost as the
+ * root and the user's frame as the leaf (MT_FR_NO_STACK alone for none). 0, MT_ENOMEM,
+ * MT_EOVERFLOW (mt__flame_add). */
+struct mt_flame_s;
+int mt__ts_flame_add(struct mt_flame_s *f, const mt_ts_t *ts, uint32_t stack, uint64_t bytes);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/flame.h"
 #include "analysis/frames.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
@@ -46,7 +47,7 @@ static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rule
         return buf;
     }
     if (n == 0) {
-        snprintf(buf, len, "<no frames>");
+        snprintf(buf, len, MT_FR_NO_STACK);
         return buf;
     }
     return mt__fr_stack_key(r, fr, n, by, buf, len);
@@ -153,10 +154,47 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
             goto fail_alloc;
     }
     v = json_pack("{s:s,s:O,s:I}", "site",
-                  user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : "<no frames>", "frames",
+                  user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : MT_FR_NO_STACK, "frames",
                   frames, "hidden", (json_int_t)(n - json_array_size(frames)));
 fail_alloc:
     json_decref(frames);
     free(fr);
     return v;
+}
+
+int mt__ts_name_rows(const mt_ts_t *ts, json_t *rows)
+{
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        uint32_t id = (uint32_t)json_integer_value(json_object_get(row, "stack"));
+        json_t *v = mt__ts_stack_view(ts, id, NULL);
+        json_t *frames = json_object_get(v, "frames");
+        if (v == NULL || json_object_update(row, v) != 0 ||
+            json_object_set_new(row, "user_frame", json_integer(0)) != 0 ||
+            json_object_set_new(row, "unknown", json_boolean(json_array_size(frames) == 0)) != 0)
+            rc = MT_ENOMEM;
+        json_decref(v);
+    }
+    return rc;
+}
+
+int mt__ts_flame_add(mt_flame_t *f, const mt_ts_t *ts, uint32_t stack, uint64_t bytes)
+{
+    json_t *v = mt__ts_stack_view(ts, stack, NULL);
+    json_t *frames = json_object_get(v, "frames");
+    size_t n = json_array_size(frames);
+    if (n > MT_FLAME_DEPTH_MAX)
+        n = MT_FLAME_DEPTH_MAX; /* the outermost are cut: the user's frame is the leaf */
+    const char **labels = malloc((n ? n : 1) * sizeof *labels);
+    int rc = v != NULL && labels != NULL ? 0 : MT_ENOMEM;
+    for (size_t k = 0; rc == 0 && k < n; k++) /* root first: the kept frames reversed */
+        labels[k] = json_string_value(json_object_get(json_array_get(frames, n - 1 - k), "label"));
+    if (rc == 0 && n == 0)
+        labels[n++] = json_string_value(json_object_get(v, "site"));
+    if (rc == 0)
+        rc = mt__flame_add(f, labels, (int)n, bytes);
+    free(labels);
+    json_decref(v);
+    return rc;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "analysis/frames.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "memtrace/alloc.h"
 #include "util/addrmap.h"
@@ -192,7 +193,7 @@ static int group_stacks(const mt_ts_t *ts, const mt_fr_rules_t *r, uint32_t *gro
         size_t n = mt__ts_stack_frames(ts, (uint32_t)i, fr, maxf);
         k[i].stack = (uint32_t)i;
         k[i].key =
-            strdup(n ? mt__fr_stack_key(r, fr, n, MT_FR_BY_SITE, buf, sizeof buf) : "<no frames>");
+            strdup(n ? mt__fr_stack_key(r, fr, n, MT_FR_BY_SITE, buf, sizeof buf) : MT_FR_NO_STACK);
         rc = k[i].key ? 0 : MT_ENOMEM;
     }
     size_t g = 0;

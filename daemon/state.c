@@ -8,6 +8,7 @@
 #include "analysis/callsite.h"
 #include "analysis/model_internal.h"
 #include "analysis/scopes.h"
+#include "analysis/torch_snapshot.h"
 #include "analysis/torch_snapshot_timeline.h"
 #include "daemon/internal.h"
 #include "util/text.h"
@@ -268,6 +269,10 @@ static int callsites_json(json_t *o, const mt_d_proc_t *p)
     }
     json_t *a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_CALLSITES_TOP, false);
     free(rows);
+    if (a != NULL && p->snap != NULL && mt__ts_name_rows(p->snap, a) != 0) {
+        json_decref(a);
+        return -1;
+    }
     return json_object_set_new(o, "callsites", a);
 }
 

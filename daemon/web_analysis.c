@@ -112,29 +112,9 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     mt__model_destroy(&m);
 }
 
-/* A snapshot's rows of a (mt__cs_rows_json's, whose stacks the model knows by id only)
- * named from its frames as /block names a snapshot block's (mt__ts_stack_view); the user's
- * frame is then the rows' first. 0 or MT_ENOMEM. */
-static int snap_callsites(const mt_d_proc_t *p, json_t *a)
-{
-    int rc = 0;
-    for (size_t i = 0; rc == 0 && i < json_array_size(a); i++) {
-        json_t *row = json_array_get(a, i);
-        uint32_t id = (uint32_t)json_integer_value(json_object_get(row, "stack"));
-        json_t *v = mt__ts_stack_view(p->snap, id, NULL);
-        json_t *frames = json_object_get(v, "frames");
-        if (v == NULL || json_object_update(row, v) != 0 ||
-            json_object_set_new(row, "user_frame", json_integer(0)) != 0 ||
-            json_object_set_new(row, "unknown", json_boolean(json_array_size(frames) == 0)) != 0)
-            rc = MT_ENOMEM;
-        json_decref(v);
-    }
-    return rc;
-}
-
 /* /callsites?pid=[&seq=|&t=]: live device bytes by call stack now, or at an event of the
  * window (the compare view). Frames come from the process's stack table, or a snapshot's
- * own (snap_callsites). */
+ * own (mt__ts_name_rows). */
 void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
 {
     const mt_d_proc_t *p;
@@ -164,7 +144,7 @@ void mt__d_web_serve_callsites(mt_d_conn_t *c, const char *query, bool head)
     }
     if (!rc) {
         a = mt__cs_rows_json(p->sym, (uint32_t)p->pid, rows, n, MT_D_WEB_CALLSITES, false);
-        if (a != NULL && p->snap != NULL && snap_callsites(p, a) != 0)
+        if (a != NULL && p->snap != NULL && mt__ts_name_rows(p->snap, a) != 0)
             rc = MT_ENOMEM; /* (the answer is then the error) */
     }
     send_at(c, p, t, past, upto, "callsites", rc, a, head);
@@ -189,7 +169,7 @@ static int snap_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
     size_t n = mt__ts_stack_frames(p->snap, row->key, fr, sizeof fr / sizeof fr[0]);
     if (n == 0)
-        snprintf(key, len, "no stack recorded");
+        snprintf(key, len, MT_FR_NO_STACK);
     else
         mt__fr_stack_key(NULL, fr, n, MT_FR_BY_SITE, key, len);
     return 0;

@@ -188,6 +188,13 @@ static int parse_args(int argc, char **argv, plot_opts_t *o)
 
 /* Reads the logs and draws them: 0, 1 (I/O, memory), 2 (a malformed log, nothing to
  * draw). */
+/* The snapshot read as process pid (mt_tool_read_inputs numbers them from 1), or NULL. */
+static const mt_ts_t *input_snapshot(void *ud, int pid)
+{
+    const mt_tool_inputs_t *in = ud;
+    return pid >= 1 && (size_t)pid <= in->n ? in->ts[pid - 1] : NULL;
+}
+
 static int run(const plot_opts_t *o)
 {
     const mt__plot_cfg_t cfg = o->cfg;
@@ -206,7 +213,8 @@ static int run(const plot_opts_t *o)
     unsigned long bad = 0;
     mt_tool_inputs_t in; /* a LOG may be a PyTorch snapshot (its annotations become marks) */
     int status = mt_tool_read_inputs(r, "memtrace plot", o->logs, o->nlogs, &bad, &in);
-    mt_tool_inputs_free(&in);
+    if (!flame) /* (a flame graph names a snapshot's stacks from its frames) */
+        mt_tool_inputs_free(&in);
     char *dflt = NULL;
     if (!output && strcmp(path, "-") != 0)
         output = dflt = default_output(path);
@@ -222,8 +230,8 @@ static int run(const plot_opts_t *o)
     }
     if (status == 0) {
         char err[256];
-        int rc = flame ? mt__report_flame_svg(r, cfg.pid, leaked ? MT_CS_LEAKED : MT_CS_PEAK, out,
-                                              err, sizeof err)
+        int rc = flame ? mt__report_flame_svg(r, cfg.pid, leaked ? MT_CS_LEAKED : MT_CS_PEAK,
+                                              input_snapshot, &in, out, err, sizeof err)
                        : mt__plot_svg(r, &cfg, out, err, sizeof err);
         errno = 0;
         bool werr = fflush(out) != 0 || ferror(out);
@@ -246,6 +254,7 @@ static int run(const plot_opts_t *o)
         }
     }
     free(dflt);
+    mt_tool_inputs_free(&in);
     mt__report_destroy(&r);
     return status ? status : bad ? 2 : 0;
 }

@@ -343,7 +343,7 @@ static int name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__rep
                 if (json_object_set_new(pin, "site",
                                         json_string(n ? mt__fr_stack_key(cfg->frames, fr, n,
                                                                          cfg->by, key, sizeof key)
-                                                      : "no stack recorded")) != 0 ||
+                                                      : MT_FR_NO_STACK)) != 0 ||
                     json_object_set_new(pin, "user_frame",
                                         json_integer(mt__fr_pick(cfg->frames, fr, n))) != 0 ||
                     json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames)) != 0)
@@ -416,7 +416,7 @@ static int temp_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
     size_t n = mt__ts_stack_frames(c->ts, row->key, fr, sizeof fr / sizeof fr[0]);
     if (n == 0)
-        snprintf(key, len, "no stack recorded");
+        snprintf(key, len, MT_FR_NO_STACK);
     else
         mt__fr_stack_key(c->cfg->frames, fr, n, c->cfg->by, key, len);
     return 0;
