@@ -3,6 +3,7 @@
 #include "analysis/frames.h"
 
 #include <stdio.h>
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,18 +244,38 @@ const mt_fr_rule_t *mt__fr_match(const mt_fr_rules_t *r, const mt_fr_frame_t *f)
     return NULL;
 }
 
-#define AUTOGRAD_NODE "torch::autograd::generated::"
-#define ATEN_OP       "at::_ops::"
+#define AUTOGRAD "torch::autograd::"
+#define ATEN_OP  "at::_ops::"
+
+/* The name of the autograd node whose apply fn is ("DivBackward0" of
+ * torch::autograd::generated::DivBackward0::apply(...), "AccumulateGrad", "CopySlices"),
+ * *len its length; NULL when fn is no node's apply. */
+static const char *node_name(const char *fn, int *len)
+{
+    const char *ap = strstr(fn, "::apply(");
+    if (strncmp(fn, AUTOGRAD, strlen(AUTOGRAD)) != 0 || ap == NULL ||
+        ap < fn + strlen(AUTOGRAD) + 1)
+        return NULL;
+    for (const char *c = fn + strlen(AUTOGRAD); c < ap; c++)
+        if (!isalnum((unsigned char)*c) && *c != '_' && *c != ':')
+            return NULL; /* ("::apply(" inside a template's or a parameter's text) */
+    const char *s = ap;
+    while (s > fn + strlen(AUTOGRAD) && !(s[-1] == ':' && s[-2] == ':'))
+        s--;
+    *len = (int)(ap - s);
+    return s;
+}
 
 /* How well a framework frame says what ran, for a stack with no frame of the user's:
- * autograd's node (the backward function whose step allocated) 2, an ATen operator's
- * entry 1, any other 0. */
+ * autograd's node (the backward function whose step allocated, or the accumulation of a
+ * gradient) 2, an ATen operator's entry 1, any other 0. */
 static int fallback_rank(const mt_fr_frame_t *f)
 {
     const char *fn = f->func;
+    int len;
     if (fn == NULL || f->python)
         return 0;
-    if (strncmp(fn, AUTOGRAD_NODE, strlen(AUTOGRAD_NODE)) == 0 && strstr(fn, "::apply(") != NULL)
+    if (node_name(fn, &len) != NULL)
         return 2;
     if (strncmp(fn, ATEN_OP, strlen(ATEN_OP)) == 0 &&
         (strstr(fn, "::call(") != NULL || strstr(fn, "::redispatch(") != NULL))
@@ -316,13 +337,17 @@ static const char *base_name(const char *path)
  * any other frame. */
 static const char *op_name(const mt_fr_frame_t *f, char *buf, size_t len)
 {
-    int k = fallback_rank(f);
+    int k = fallback_rank(f), n;
     if (k == 0)
         return NULL;
-    const char *name = f->func + strlen(k == 2 ? AUTOGRAD_NODE : ATEN_OP);
+    if (k == 2) {
+        const char *name = node_name(f->func, &n);
+        snprintf(buf, len, "%.*s (autograd)", n, name);
+        return buf;
+    }
+    const char *name = f->func + strlen(ATEN_OP);
     const char *end = strstr(name, "::");
-    snprintf(buf, len, "%s%.*s%s", k == 2 ? "" : "aten::", (int)(end ? end - name : 0), name,
-             k == 2 ? " (autograd)" : "");
+    snprintf(buf, len, "aten::%.*s", (int)(end ? end - name : 0), name);
     return buf;
 }
 
@@ -370,7 +395,9 @@ const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
             int n = dot && strcmp(dot, ".py") == 0 ? (int)(dot - file) : (int)strlen(file);
             snprintf(buf, len, "%.*s", n, file);
         } else {
-            snprintf(buf, len, "??");
+            /* PyTorch's C++ without a file or library: the part that ran, when known */
+            int k = fallback_rank(f);
+            snprintf(buf, len, "%s", k == 2 ? "autograd" : k == 1 ? "aten" : "??");
         }
         return buf;
     default:

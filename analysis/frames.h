@@ -73,7 +73,8 @@ typedef enum mt_fr_by_e {
     MT_FR_BY_SITE = 0, /* "transformer.py:54 forward" */
     MT_FR_BY_FUNCTION, /* "forward (transformer.py)" */
     MT_FR_BY_FILE,     /* "transformer.py" (the file's last component) */
-    MT_FR_BY_MODULE,   /* a native frame's shared object, a Python file without ".py" */
+    MT_FR_BY_MODULE,   /* a native frame's shared object, a Python file without ".py";
+                        * without either, "autograd" or "aten" for a node's or op's frame */
     MT_FR_BY_STACK,    /* the kept frames' sites from the user's frame out, " <- " between */
     MT_FR_BY_TAG,      /* memtrace's tag (not a frame key: the report's tag sections) */
     MT_FR_BY_MODULES,  /* the nn.Module chain: each module's forward frame, outermost first,

@@ -163,6 +163,32 @@ static void test_fallback_names_what_ran(void **state)
     /* a user frame still wins over any of them */
     mt_fr_frame_t mixed[] = {backward_stack[6], backward_stack[7], torch_stack[16]};
     assert_int_equal(mt__fr_pick(NULL, mixed, N(mixed)), 2);
+    /* a gradient's first accumulation, on autograd's thread (a public cs336 snapshot):
+     * AccumulateGrad is a node that no code generator wrote */
+    mt_fr_frame_t acc[] = {
+        backward_stack[0],
+        backward_stack[1],
+        {.func = "at::_ops::new_empty_strided::call(at::Tensor const&)", .file = "??"},
+        {.func = "torch::autograd::utils::clone_obey_contract(at::Tensor const&)", .file = ""},
+        {.func = "void torch::autograd::AccumulateGrad::accumulateGrad<std::function<void "
+                 "(at::Tensor&&)> >(at::Tensor const&)",
+         .file = ""},
+        {.func = "torch::autograd::AccumulateGrad::apply(std::vector<at::Tensor>&&)", .file = "??"},
+        {.func = "torch::autograd::Node::operator()(std::vector<at::Tensor>&&)", .file = ""},
+        backward_stack[8],
+    };
+    k = mt__fr_pick(NULL, acc, N(acc));
+    assert_int_equal(k, 5);
+    assert_string_equal(mt__fr_site(&acc[k], buf, sizeof buf), "AccumulateGrad (autograd)");
+    assert_string_equal(mt__fr_key(&acc[k], MT_FR_BY_MODULE, buf, sizeof buf), "autograd");
+    assert_string_equal(mt__fr_key(&acc[2], MT_FR_BY_MODULE, buf, sizeof buf), "aten");
+    assert_string_equal(mt__fr_key(&acc[6], MT_FR_BY_MODULE, buf, sizeof buf), "??");
+    mt_fr_frame_t slices = {.func = "torch::autograd::CopySlices::apply(variable_list&&)"};
+    assert_string_equal(mt__fr_site(&slices, buf, sizeof buf), "CopySlices (autograd)");
+    /* "::apply(" in a parameter's text names no node */
+    mt_fr_frame_t tmpl = {.func = "torch::autograd::run<F>(decltype(std::apply(f)))"};
+    assert_string_equal(mt__fr_site(&tmpl, buf, sizeof buf),
+                        "torch::autograd::run<F>(decltype(std::apply(f)))");
     /* the names are taken only from those two namespaces' entries */
     mt_fr_frame_t other = {.func = "torch::autograd::generated::details::helper()", .file = "??"};
     assert_string_equal(mt__fr_site(&other, buf, sizeof buf),
