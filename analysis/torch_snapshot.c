@@ -386,3 +386,8 @@ int mt__ts_stages(const mt_ts_t *ts, mt_ts_stage_t **out, size_t *n)
     *n = ng;
     return 0;
 }
+
+const char *mt__ts_layout(const mt_ts_t *ts)
+{
+    return ts->era == 2 ? "2.x" : ts->list_2x ? "2.x list" : "1.13";
+}

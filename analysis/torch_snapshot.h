@@ -97,7 +97,8 @@ typedef struct mt_ts_annotation_s {
 /* A snapshot. stacks[0] is the empty stack. Events are in file order, device by device:
  * device d's are events[dev_first[d], dev_first[d + 1]). Strings are owned by the model. */
 typedef struct mt_ts_s {
-    int era; /* 1: 1.13 list of segments with history; 2: 2.x dict */
+    int era;      /* 1: a list of segments (1.13's, or 2.x's memory_snapshot()); 2: 2.x dict */
+    bool list_2x; /* era 1 with 2.x's segment fields (requested_size, is_expandable) */
     mt_ts_segment_t *segments;
     size_t nsegments;
     mt_ts_block_t *blocks;
@@ -120,6 +121,10 @@ typedef struct mt_ts_s {
     char *tag_label[256];    /* memtrace tag names found in frames (or set for export) */
     struct mt_ts_mem_s *mem; /* owned strings, arrays' capacities, the pickle */
 } mt_ts_t;
+
+/* The layout's name for people: "2.x", "2.x list" (era 1 written by PyTorch 2.x) or
+ * "1.13". */
+const char *mt__ts_layout(const mt_ts_t *ts);
 
 /* An empty snapshot of era 2, to fill with the mt_ts_add_* calls. */
 int mt__ts_create(mt_ts_t **out);

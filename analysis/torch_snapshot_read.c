@@ -227,6 +227,8 @@ static int read_segment(rd_t *r, const mt_pk_value_t *s, size_t si)
     seg.large = type != NULL ? strcmp(type, "large") == 0 : seg.total_size > ((uint64_t)2 << 20);
     const mt_pk_value_t *exp = mt__pk_get(s, "is_expandable");
     seg.expandable = exp != NULL && exp->type == MT_PK_BOOL && exp->u.i;
+    if (exp != NULL || mt__pk_get(s, "requested_size") != NULL)
+        r->ts->list_2x = r->ts->era == 1; /* (1.13 has neither field) */
     const mt_pk_value_t *pool = mt__pk_get(s, "segment_pool_id");
     if (pool != NULL && (pool->type == MT_PK_TUPLE || pool->type == MT_PK_LIST) && pool->n == 2)
         for (int i = 0; i < 2; i++)

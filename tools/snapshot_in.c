@@ -83,8 +83,8 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
         return status;
     json_t *devs = json ? json_array() : NULL;
     if (!json) {
-        printf("memtrace replay: %s (PyTorch snapshot, %s layout)%s\n", path,
-               ts->era == 1 ? "1.13" : "2.x", cfg->warmup ? ", after a warm-up pass" : "");
+        printf("memtrace replay: %s (PyTorch snapshot, %s layout)%s\n", path, mt__ts_layout(ts),
+               cfg->warmup ? ", after a warm-up pass" : "");
         if (ts->alloc_conf != NULL && ts->alloc_conf[0] != '\0')
             printf("  the run had PYTORCH_CUDA_ALLOC_CONF=%s (pass --alloc-conf to replay "
                    "with memtrace's equivalent)\n",
@@ -93,7 +93,7 @@ int mt_tool_replay_snapshot(const char *path, const mt_replay_cfg_t *cfg, bool j
             printf("  memtrace alloc conf: %s\n", cfg->alloc_conf);
         if (ts->era == 1 || ts->nevents == 0)
             printf("  the snapshot has no trace (device_traces): nothing to replay; it was "
-                   "recorded without _record_memory_history, or is 1.13's layout\n");
+                   "recorded without _record_memory_history, or is a list of segments\n");
         if (ts->skipped_actions)
             printf("  %zu trace entries of actions memtrace does not model were skipped\n",
                    ts->skipped_actions);
@@ -381,7 +381,7 @@ static json_t *snapshot_json(const mt_ts_t *ts, const char *path, int proc,
     }
     char fb[4096];
     return json_pack("{s:s, s:i, s:s, s:b, s:o, s:o}", "file", mt__text_utf8(path, fb, sizeof fb),
-                     "process", proc, "layout", ts->era == 1 ? "1.13" : "2.x", "state_only",
+                     "process", proc, "layout", mt__ts_layout(ts), "state_only",
                      mt__ts_state_only(ts), "devices", devs, "annotations", ann);
 }
 
@@ -543,7 +543,7 @@ int mt_tool_inputs_print(const mt_tool_inputs_t *in, const mt__report_cfg_t *cfg
     for (size_t i = 0; i < in->n; i++) {
         const mt_ts_t *ts = in->ts[i];
         printf("\nsnapshot %s (process %zu above; PyTorch %s layout)\n", in->path[i], i + 1,
-               ts->era == 1 ? "1.13" : "2.x");
+               mt__ts_layout(ts));
         bool state = mt__ts_state_only(ts);
         if (state)
             printf("  a state snapshot: segments and blocks, no allocation history (taken "

@@ -7,6 +7,7 @@ checked against what Python computes from the same pickle, without memtrace's co
   Python frame the bytes of the live blocks whose stacks hold that frame, at the same moment;
 - `view --get /state` and `/callsites`, and `plot --flamegraph`: every stack named from the
   file's own frames (never "unknown stack N"), the same site for the same stack.
+- 2.x's torch.cuda.memory_snapshot() (the dict's segments, a list): its layout and end.
 
 The peak is found as memtrace's model counts allocated bytes: a block's bytes are its
 request rounded up to 512, or its block's size where it is still allocated at the end, and
@@ -167,6 +168,23 @@ for name in files:
     if len(failed) == before:
         print(f"ok: {name}: {len(devs)} device(s), {len(cs)} sites in /state, "
               f"{len(titles)} flame boxes")
+
+# torch.cuda.memory_snapshot() of 2.x is the dict's "segments" alone: a list, as 1.13's was
+with lzma.open(os.path.join(DATA, "bcrafton.pickle.xz")) as f:
+    segs = pickle.load(f)["segments"]
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "list.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(segs, f)
+    rep = json.loads(run("report", "--json", path))
+    _, end_alloc, end_reserved, _ = at_peak(segs, 0)
+    m = rep["processes"][0]["devices"][0]
+    check(rep["snapshots"][0]["layout"] == "2.x list" and
+          (m["final_allocated"], m["final_reserved"]) == (end_alloc, end_reserved),
+          f"2.x's list of segments: layout {rep['snapshots'][0]['layout']}, end "
+          f"{m['final_allocated']}, {m['final_reserved']}; Python {end_alloc}, {end_reserved}")
+    text = run("report", path)
+    check("PyTorch 2.x list layout" in text, "the report's text names the list's layout")
 
 if failed:
     sys.exit(f"{len(failed)} check(s) failed")
