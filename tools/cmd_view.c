@@ -300,7 +300,7 @@ static int run(const view_opts_t *o)
         return 1;
     }
     unsigned long events = 0, bad_total = 0;
-    for (int i = 0; i < o->ninputs && status != 1; i++) {
+    for (int i = 0; i < o->ninputs && status == 0; i++) {
         unsigned long bad = 0;
         char err[320] = "";
         /* Two runs compared: each keeps its processes. */
@@ -308,7 +308,7 @@ static int run(const view_opts_t *o)
                       : mt__d_view_load(d, o->inputs[i], &events, &bad, err, sizeof err);
         if (rc) {
             fprintf(stderr, "memtrace view: %s\n", err);
-            status = 1;
+            status = rc == MT_EPROTO ? 2 : 1; /* a malformed snapshot, as the other readers */
         } else if (bad) {
             fprintf(stderr, "memtrace view: %lu malformed line(s) skipped; the first: %s\n", bad,
                     err);

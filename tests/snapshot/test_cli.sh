@@ -1,6 +1,6 @@
 #!/bin/sh
 # The memtrace commands on the shipped snapshots: every malformed file exits with the
-# status and message its .expected names; the good ones replay and report.
+# status and message its .expected names, from each reader; the good ones replay and report.
 # usage: test_cli.sh MEMTRACE DATA_DIR
 set -u
 mt=$1
@@ -10,7 +10,7 @@ for f in "$data"/invalid/*.pickle; do
     exp=$(head -n 1 "$f.expected")
     want_rc=${exp%% *}
     want_msg=${exp#* }
-    for cmd in replay report; do
+    for cmd in replay report "plot -o /dev/null" "view --get /state" "diff $f"; do
         out=$("$mt" $cmd "$f" 2>&1 >/dev/null)
         rc=$?
         case "$out" in
