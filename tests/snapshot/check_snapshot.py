@@ -2,11 +2,16 @@
 """Checks that a file has the layout of a PyTorch CUDA memory snapshot, written from
 docs/torch-snapshot.md alone (standard library only; never imports torch).
 
-    check_snapshot.py FILE [--era 1|2]
+    check_snapshot.py FILE [--era 1|2] [--complete] [--viz]
 
 Era 2 (PyTorch 2.x) is a dict of segments, device_traces, allocator_settings and
-external_annotations; era 1 (1.13) is the list of segments with history on blocks. Prints
-one line per problem and exits 1 if there is any, else prints a summary and exits 0.
+external_annotations; era 1 (1.13) is the list of segments with history on blocks (2.x's
+torch.cuda.memory_snapshot() still gives a list, with 2.x's segments and blocks). Fields
+that PyTorch added over 2.x (time_us, allocator_settings, external_annotations, the
+segments' requested_size, segment_pool_id, is_expandable) are checked when present, and
+required with --complete, as a current release writes them (what memtrace's export is held
+to). Prints one line per problem and exits 1 if there is any, else prints a summary and
+exits 0.
 The file is read with a restricted unpickler that refuses every global, like memtrace's.
 """
 import argparse
@@ -26,8 +31,9 @@ class NoGlobals(pickle.Unpickler):
 
 
 class Checker:
-    def __init__(self):
+    def __init__(self, complete=False):
         self.problems = []
+        self.complete = complete  # the fields a current release writes are required
 
     def bad(self, where, what):
         self.problems.append("%s: %s" % (where, what))
@@ -62,13 +68,15 @@ class Checker:
         st = self.field(s, "segment_type", str, where)
         if st is not None and st not in ("large", "small"):
             self.bad(where, "segment_type %r" % st)
-        if era == 2:
-            self.field(s, "requested_size", int, where)
-            pool = self.field(s, "segment_pool_id", tuple, where)
+        # a 2.x segment (in the dict, or in 2.x's list: it has 2.x's fields)
+        two = era == 2 or "requested_size" in s or "is_expandable" in s
+        if two:
+            self.field(s, "requested_size", int, where, self.complete)
+            pool = self.field(s, "segment_pool_id", tuple, where, self.complete)
             if pool is not None and (len(pool) != 2 or not all(isinstance(x, int) for x in pool)):
                 self.bad(where, "segment_pool_id is not a pair of ints")
-            self.field(s, "is_expandable", bool, where)
-            self.frames(s, where)
+            self.field(s, "is_expandable", bool, where, self.complete)
+            self.frames(s, where, self.complete)
         blocks = self.field(s, "blocks", list, where) or []
         total = 0
         addr = s.get("address")
@@ -81,15 +89,17 @@ class Checker:
             state = self.field(b, "state", str, w)
             if state is not None and state not in STATES:
                 self.bad(w, "state %r" % state)
-            if era == 2:
+            # 2.x's blocks have an address and frames, 1.13's and 2.0's a history (or, when
+            # inactive, nothing more)
+            if "address" in b or "frames" in b or (self.complete and era == 2):
                 self.field(b, "requested_size", int, w)
                 a = self.field(b, "address", int, w)
                 if a is not None and addr is not None and a != addr:
                     self.bad(w, "address 0x%x, the previous block ends at 0x%x" % (a, addr))
                 self.frames(b, w)
-            else:
+            else:  # 1.13's, and PyTorch 2.0's in its dict
                 if "address" in b:
-                    self.bad(w, "1.13 blocks have no address")
+                    self.bad(w, "blocks with a history have no address")
                 for k, h in enumerate(self.field(b, "history", list, w, required=False) or []):
                     hw = "%s.history[%d]" % (w, k)
                     self.field(h, "addr", int, hw)
@@ -111,8 +121,9 @@ class Checker:
             self.field(e, "device_free", int, where)
         elif action != "snapshot":
             self.field(e, "addr", int, where)
-        for k in ("size", "stream", "time_us"):
+        for k in ("size", "stream"):
             self.field(e, k, int, where)
+        self.field(e, "time_us", int, where, self.complete)
         self.frames(e, where, required=False)
 
     def snapshot(self, snap, era):
@@ -132,10 +143,11 @@ class Checker:
                 continue
             for i, e in enumerate(tl):
                 self.trace(e, "device_traces[%d][%d]" % (d, i))
-        settings = self.field(snap, "allocator_settings", dict, "top level")
+        settings = self.field(snap, "allocator_settings", dict, "top level", self.complete)
         if settings is not None:
             self.field(settings, "PYTORCH_CUDA_ALLOC_CONF", str, "allocator_settings")
-        for i, a in enumerate(self.field(snap, "external_annotations", list, "top level") or []):
+        for i, a in enumerate(self.field(snap, "external_annotations", list, "top level",
+                                         self.complete) or []):
             w = "external_annotations[%d]" % i
             st = self.field(a, "stage", str, w)
             if st is not None and st not in ("START", "END"):
@@ -163,9 +175,11 @@ def viz_walk(snap, c):
         for g in snap["segments"]:
             if g["device"] != d:
                 continue
-            for b in g["blocks"]:
+            a = g["address"]
+            for b in g["blocks"]:  # (2.0's blocks tile the segment without an address)
                 if b["state"] in ("active_allocated", "active_pending_free"):
-                    blocks[b["address"]] = b["state"] == "active_pending_free"
+                    blocks[b.get("address", a)] = b["state"] == "active_pending_free"
+                a += b["size"]
 
         def holding(a):
             for g in segs:
@@ -240,13 +254,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("file")
     ap.add_argument("--era", type=int, choices=(1, 2), help="expected layout (default: either)")
+    ap.add_argument("--complete", action="store_true",
+                    help="require every field a current PyTorch 2.x writes")
     ap.add_argument("--viz", action="store_true",
                     help="also walk each trace backward as memory_viz's state view does")
     args = ap.parse_args()
     with open(args.file, "rb") as f:
         snap = NoGlobals(io.BytesIO(f.read())).load()
     era = args.era or (1 if isinstance(snap, list) else 2)
-    c = Checker()
+    c = Checker(args.complete)
     c.snapshot(snap, era)
     if args.viz and era == 2 and not c.problems:
         viz_walk(snap, c)
@@ -256,8 +272,9 @@ def main():
         return 1
     segs = snap if era == 1 else snap["segments"]
     events = 0 if era == 1 else sum(len(t) for t in snap["device_traces"])
+    two = any("requested_size" in g or "is_expandable" in g for g in segs)
     print("%s: a PyTorch %s snapshot: %d segments, %d trace entries" %
-          (args.file, "1.13" if era == 1 else "2.x", len(segs), events))
+          (args.file, "2.x" if era == 2 else "2.x list" if two else "1.13", len(segs), events))
     return 0
 
 

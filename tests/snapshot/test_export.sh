@@ -28,7 +28,7 @@ if [ "$mode" != torch ]; then
         "$mt" plot "$tmp/run.ndjson" -o "$tmp/full" 2>/dev/null && fail "plot to /dev/full must fail"
         [ -L "$tmp/full" ] || fail "plot removed what -o named"
     fi
-    "$python" "$checker" --era 2 --viz "$tmp/v2.pickle" || fail "the 2.x output breaks the layout"
+    "$python" "$checker" --era 2 --complete --viz "$tmp/v2.pickle" || fail "the 2.x output breaks the layout"
     # A log that lost events (every 9th line gone, as a full ring drops them): the segments
     # and blocks at the end still tile, and the trace keeps only what memory_viz's state view
     # can undo from them, at every entry (before, the viewer threw on an undone free_requested
@@ -38,7 +38,7 @@ if [ "$mode" != torch ]; then
         2>"$tmp/lossy.err" || fail "export of a log that lost events"
     grep -q "trace entries left out: they do not fit the segments and blocks at the end" "$tmp/lossy.err" ||
         fail "the entries left out are not told: $(cat "$tmp/lossy.err")"
-    "$python" "$checker" --era 2 --viz "$tmp/lossy.pickle" ||
+    "$python" "$checker" --era 2 --complete --viz "$tmp/lossy.pickle" ||
         fail "memory_viz's state view cannot walk the export of a log that lost events"
     "$python" "$checker" --era 1 "$tmp/v1.pickle" || fail "the 1.13 output breaks the layout"
     # The report of the snapshot gives the log's peaks and per-tag peaks.

@@ -7,7 +7,8 @@ checked against what Python computes from the same pickle, without memtrace's co
   Python frame the bytes of the live blocks whose stacks hold that frame, at the same moment;
 - `view --get /state` and `/callsites`, and `plot --flamegraph`: every stack named from the
   file's own frames (never "unknown stack N"), the same site for the same stack.
-- 2.x's torch.cuda.memory_snapshot() (the dict's segments, a list): its layout and end.
+- 2.x's torch.cuda.memory_snapshot() (the dict's segments, a list): its layout and end;
+- tests/snapshot/check_snapshot.py (the layout checker the export is held to) takes them all.
 
 The peak is found as memtrace's model counts allocated bytes: a block's bytes are its
 request rounded up to 512, or its block's size where it is still allocated at the end, and
@@ -24,6 +25,7 @@ import sys
 import tempfile
 
 MEMTRACE, DATA = sys.argv[1], sys.argv[2]
+CHECKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_snapshot.py")
 failed = []
 
 
@@ -147,6 +149,14 @@ for name in files:
             check(g["bytes"] <= mine and (g["stacks"] > 1 or g["bytes"] == mine),
                   f"{name} device {dev}: '{g['site']}' holds {g['bytes']} bytes at the peak, "
                   f"Python {mine} in stacks with that frame")
+    # the layout checker (written from docs/torch-snapshot.md) takes what PyTorch wrote
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = os.path.join(tmp, "s.pickle")
+        with open(plain, "wb") as f:
+            f.write(lzma.open(path).read())
+        p = subprocess.run([sys.executable, CHECKER, "--viz", plain], capture_output=True,
+                           text=True)
+        check(p.returncode == 0, f"{name}: check_snapshot.py --viz: {p.stdout.strip()[-300:]}")
     # the page's data and the flame graph name every stack from the file's frames
     state = json.loads(run("view", "--get", "/state", path))
     cs = state["processes"][0].get("callsites", [])
@@ -185,6 +195,8 @@ with tempfile.TemporaryDirectory() as tmp:
           f"{m['final_allocated']}, {m['final_reserved']}; Python {end_alloc}, {end_reserved}")
     text = run("report", path)
     check("PyTorch 2.x list layout" in text, "the report's text names the list's layout")
+    p = subprocess.run([sys.executable, CHECKER, path], capture_output=True, text=True)
+    check(p.returncode == 0 and "2.x list" in p.stdout, f"check_snapshot.py on the list: {p.stdout}")
 
 if failed:
     sys.exit(f"{len(failed)} check(s) failed")
