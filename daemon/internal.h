@@ -87,9 +87,10 @@ typedef struct mt_d_proc_s {
     /* static: a PyTorch snapshot `memtrace view` loaded, "trace" (its history) or "state"
      * (segments only, no history: its records lay its blocks out in address order); or NULL */
     const char *snapshot;
-    size_t snap_skipped; /* its trace entries of actions not modelled ("skipped_entries") */
-    bool corrupt;        /* its ring broke the layout's invariants: no longer read */
-    mt__ring_t *ring;    /* owned while live */
+    size_t snap_skipped;  /* its trace entries of actions not modelled ("skipped_entries") */
+    uint64_t snap_before; /* seq + 1 of its last record made up from before its trace, or 0 */
+    bool corrupt;         /* its ring broke the layout's invariants: no longer read */
+    mt__ring_t *ring;     /* owned while live */
     struct mt_d_conn_s *conn;
     /* counters */
     uint64_t events;                       /* records drained */

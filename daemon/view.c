@@ -251,7 +251,10 @@ static int snap_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigne
     }
     mt_event_rec_t e = *ev;
     e.time_ns *= f->tmul;
-    return snap_apply(ctx, &e, !(flags & MT_TS_REC_BEFORE));
+    int rc = snap_apply(ctx, &e, !(flags & MT_TS_REC_BEFORE));
+    if (rc == 0 && (flags & MT_TS_REC_BEFORE))
+        f->p->snap_before = e.seq + 1;
+    return rc;
 }
 
 /* A snapshot as one exited process named after the file, with the smallest pid no loaded

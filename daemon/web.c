@@ -710,10 +710,14 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
         char nbuf[32];
         mt__d_buf_printf(&o,
                          ",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
-                         ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64
-                         ",\"allocated_t\":%.6f,\"age_s\":%.3f,\"tag\":",
-                         al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq,
-                         mt__d_web_secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
+                         ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64,
+                         al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq);
+        if (al->seq < p->snap_before) /* a snapshot's block from before its trace: no time */
+            mt__d_buf_printf(&o, ",\"before_trace\":true,\"allocated_t\":null,\"age_s\":null");
+        else
+            mt__d_buf_printf(&o, ",\"allocated_t\":%.6f,\"age_s\":%.3f",
+                             mt__d_web_secs(t, al->time_ns), (double)(at_ns - al->time_ns) / 1e9);
+        mt__d_buf_append(&o, ",\"tag\":", 7);
         mt__d_web_json_str(&o, mt__d_tag_name(p, al->tag, nbuf, sizeof nbuf));
         if (ref && ref->kind == MT_EV_STACK_REF && ref->addr == al->addr)
             p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)

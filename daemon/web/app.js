@@ -459,7 +459,8 @@ async function blockAt(ev) {
     (cs && cs.site ? `, site ${cs.site}` : '') + `, tag ${name}` + (b.freed ? ' (freed, awaiting its stream)' : '') +
     (info.before_window ? '; allocated before the kept history (requested bytes, stream and age unknown)'
       : `, requested ${fmtBytes(info.requested)}, stream ${info.stream}, pool ${info.pool}, ` +
-        `age ${fmtSpan(info.age_s, 3)} (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`);
+        (info.before_trace ? 'allocated before the snapshot\'s trace began (its time unknown)'
+          : `age ${fmtSpan(info.age_s, 3)} (allocated at ${fmtTime(info.allocated_t)}, event ${info.seq})`));
   box.append(stackList(info.call_stack));
 }
 

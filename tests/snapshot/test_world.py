@@ -149,6 +149,22 @@ for name in files:
             check(g["bytes"] <= mine and (g["stacks"] > 1 or g["bytes"] == mine),
                   f"{name} device {dev}: '{g['site']}' holds {g['bytes']} bytes at the peak, "
                   f"Python {mine} in stacks with that frame")
+    # /block of a block live at the end: one the trace made has its time, one from before
+    # the trace began has none (not the trace's start)
+    tr = d.get("device_traces", [[]])[0] if isinstance(d, dict) else []
+    made = {e["addr"] for e in tr if e["action"] == "alloc"}
+    ends = [b["address"] for s in d["segments"] if s["device"] == 0 for b in s["blocks"]
+            if b["state"] == "active_allocated" and "address" in b]
+    old = [a for a in ends if a not in made][:1]
+    new = [a for a in ends if a in made][:1]
+    if made and old + new:
+        gets = sum((["--get", f"/block?pid=1&addr={hex(a)}"] for a in old + new), [])
+        got = [json.loads(x) for x in run("view", *gets, path).split("\n") if x]
+        for a, g in zip(old + new, got):
+            before = a in old
+            check(g.get("before_trace", False) == before and
+                  (g.get("allocated_t") is None) == before and "size" in g,
+                  f"{name}: /block {hex(a)} ({'before' if before else 'in'} the trace): {g}")
     # the layout checker (written from docs/torch-snapshot.md) takes what PyTorch wrote
     with tempfile.TemporaryDirectory() as tmp:
         plain = os.path.join(tmp, "s.pickle")
