@@ -351,9 +351,14 @@ static void print_gap(json_t *p)
         fprintf(pout, "    %-44s %12s %14s\n", "(inside allocated) rounding of requests",
                 human(num(g[0], "rounding_bytes"), b[0], 32),
                 human(num(g[1], "rounding_bytes"), b[1], 32));
-    if (num(p, "replay_reserved_bytes") > 0)
+    if (num(p, "replay_reserved_bytes") > 0) {
         fprintf(pout, "    %-44s %12s\n", "memtrace's allocator would reserve (peak)",
                 human(num(p, "replay_reserved_bytes"), b[0], 32));
+        /* (the requests replayed, rounded by memtrace's rules: what to read the reserve
+         * against, since PyTorch's allocated above holds its own rounding) */
+        fprintf(pout, "      %-42s %12s\n", "and allocate (peak), rounding its own way",
+                human(num(p, "replay_allocated_bytes"), b[0], 32));
+    }
     json_t *pins = json_object_get(g[0], "pins");
     if (json_array_size(pins) == 0)
         return;
