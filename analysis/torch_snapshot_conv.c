@@ -32,7 +32,7 @@ int mt__ts_figures(const mt_ts_t *ts, unsigned device, mt_ts_figures_t *out)
     int rc = mt__ts_pre_state(ts, device, &pre);
     if (rc == 0)
         rc = mt__ts_pre_open(&pre, &w, true);
-    for (size_t i = pre.nsegs; rc == 0 && i < pre.n; i++)
+    for (size_t i = pre.nsegs + pre.npending; rc == 0 && i < pre.n; i++)
         alloc += pre.recs[i].requested;
     alloc_max = alloc;
     out->pre_blocks = rc == 0 ? pre.n - pre.nsegs : 0;
@@ -113,8 +113,8 @@ int mt__ts_to_trace(const mt_ts_t *ts, unsigned device, mt_trace_t **out, char *
     if (n + npre > 0 && (t->ops = malloc((n + npre) * sizeof *t->ops)) == NULL)
         goto fail_nomem;
     /* The blocks live before the trace began are allocated first, in address order; the
-     * trace's frees of them then close their slots. */
-    for (size_t i = pre.nsegs; i < pre.n; i++) {
+     * trace's frees of them then close their slots. (Those already asked free are not.) */
+    for (size_t i = pre.nsegs + pre.npending; i < pre.n; i++) {
         const mt_event_rec_t *r = &pre.recs[i];
         uint16_t s;
         live_t *l;
@@ -435,6 +435,13 @@ int mt__ts_records(const mt_ts_t *ts, mt_ts_record_fn fn, void *ctx)
             r.seq = ++seq;
             r.time_ns = t0 > 0 ? (uint64_t)t0 * 1000u - 1 : 1; /* (untimed: with event 1) */
             rc = fn(ctx, &r, pre.stacks[i], MT_TS_REC_BEFORE);
+            if (rc == 0 && i >= pre.nsegs && i < pre.nsegs + pre.npending) {
+                /* asked free before the trace: its free_completed is the trace's */
+                r.kind = MT_EV_FREE_REQUESTED;
+                r.seq = ++seq;
+                r.allocated -= r.size;
+                rc = fn(ctx, &r, 0, MT_TS_REC_BEFORE);
+            }
         }
         cur[d].allocated = pre.allocated;
         cur[d].reserved = pre.reserved + more;
@@ -583,7 +590,7 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
      * bytes as the report's model counts them (make_record's MT_TS_ALLOC); pass 2 stops there
      * and sums the live blocks' requests by stack. */
     uint64_t pre_bytes[2] = {0, 0}; /* blocks' bytes, requests */
-    for (size_t i = pre.nsegs; i < pre.n; i++) {
+    for (size_t i = pre.nsegs + pre.npending; i < pre.n; i++) {
         pre_bytes[0] += pre.recs[i].size;
         pre_bytes[1] += pre.recs[i].requested;
     }

@@ -18,6 +18,7 @@ typedef struct item_s {
     mt_event_rec_t r;
     uint32_t stack;
     int64_t stream;
+    bool pending; /* its free was asked before the trace: active, not allocated, at its start */
 } item_t;
 
 /* Invariants: v[0..n), n <= cap. A zeroed list is empty. */
@@ -40,15 +41,18 @@ static mt_event_rec_t *item_add(items_t *l, uint32_t stack, int64_t stream)
 static int cmp_addr(const void *a, const void *b)
 {
     const item_t *x = a, *y = b;
+    if (x->pending != y->pending)
+        return x->pending ? -1 : 1; /* (the blocks awaiting their free first: mt_ts_pre_t) */
     return x->r.addr < y->r.addr ? -1 : x->r.addr > y->r.addr;
 }
 
-/* Keeps the first item of each address of l (sorted by address); returns how many stay. */
+/* Keeps the first item of each address of l (sorted by cmp_addr); returns how many stay. */
 static size_t unique(items_t *l)
 {
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++)
-        if (k == 0 || l->v[i].r.addr != l->v[k - 1].r.addr)
+        if (k == 0 || l->v[i].r.addr != l->v[k - 1].r.addr ||
+            l->v[i].pending != l->v[k - 1].pending)
             l->v[k++] = l->v[i];
     l->n = k;
     return k;
@@ -328,6 +332,8 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
                                   .requested = e->size,
                                   .stream = (uint32_t)e->stream,
                                   .tag = e->tag};
+            /* a free completed whose request the trace does not hold: asked before it */
+            bl->v[bl->n - 1].pending = e->action == MT_TS_FREE_COMPLETED;
             break;
         default:
             break;
@@ -425,10 +431,11 @@ int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out)
             if (r->kind != MT_EV_ALLOC) {
                 out->reserved += r->size;
             } else {
-                out->allocated += r->size;
+                out->npending += it->pending;
+                out->allocated += it->pending ? 0 : r->size;
                 r->pool = r->size <= ((uint64_t)1 << 20) ? MT_POOL_SMALL : MT_POOL_LARGE;
             }
-            r->allocated = out->allocated;
+            r->allocated = out->allocated + (it->pending ? r->size : 0);
             r->reserved = out->reserved;
         }
         out->n = total;
@@ -457,6 +464,7 @@ int mt__ts_pre_open(const mt_ts_pre_t *p, walk_t *w, bool requested)
         l->size = requested ? r->requested : r->size;
         l->slot = UINT32_MAX;
         l->stack = p->stacks[i];
+        l->freed = i < p->nsegs + p->npending; /* (its free_completed finds the mark) */
     }
     return 0;
 }

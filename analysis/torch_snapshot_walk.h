@@ -162,16 +162,20 @@ const mt_ts_segment_t *mt__ts_xseg_holding(const mt_ts_xsegs_t *x, uint64_t addr
  * at the end that the trace did not allocate, with those it frees without having allocated
  * them. Expandable pages were mapped then where the first of the trace's maps and unmaps
  * to touch them is an unmap, or none touches them and they are mapped at the end.
+ * A block whose free_completed the trace holds without its free_requested was asked free
+ * before it: active then, not allocated (pending).
  * Invariants: recs[0..nsegs) are segment_allocs (segment_maps: runs of expandable pages)
- * in address order, recs[nsegs..n) allocs in
- * address order, each with device, stream, pool and its running totals (allocated,
- * reserved, from 0) set and seq, time_ns 0; stacks[i] is recs[i]'s stack id and streams[i]
- * its stream; allocated and reserved are the totals after the last. */
+ * in address order, recs[nsegs..nsegs + npending) the pending blocks' allocs and
+ * recs[nsegs + npending..n) the other blocks', each part in address order, each with
+ * device, stream, pool and its running totals (allocated, reserved, from 0; a pending one's
+ * allocated holds it, the next does not) set and seq, time_ns 0; stacks[i] is recs[i]'s
+ * stack id and streams[i] its stream; allocated and reserved are the totals after the last
+ * (allocated = the sizes of recs[nsegs + npending..n)). */
 typedef struct mt_ts_pre_s {
     mt_event_rec_t *recs;
     uint32_t *stacks;
     int64_t *streams; /* streams[i]: recs[i]'s stream as the file gives it (a cudaStream_t) */
-    size_t n, nsegs;
+    size_t n, nsegs, npending;
     size_t norphans; /* blocks of them the trace frees (the rest are allocated at its end) */
     uint64_t allocated, reserved;
     /* the trace's allocs still allocated at the end: walk slot + 1 -> the block's bytes
@@ -183,7 +187,8 @@ typedef struct mt_ts_pre_s {
 int mt__ts_pre_state(const mt_ts_t *ts, unsigned device, mt_ts_pre_t *out);
 void mt__ts_pre_fini(mt_ts_pre_t *p);
 /* Opens p's blocks in w, as if their allocs had been walked but taking no slot (sizes: the
- * blocks' bytes, or their requests when requested). 0 or MT_ENOMEM. */
+ * blocks' bytes, or their requests when requested); the pending ones marked freed, as after
+ * their free_requested. 0 or MT_ENOMEM. */
 int mt__ts_pre_open(const mt_ts_pre_t *p, walk_t *w, bool requested);
 
 #endif
