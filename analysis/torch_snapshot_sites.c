@@ -9,6 +9,7 @@
 #include "analysis/frames.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
+#include "util/text.h"
 
 static bool is_py(const char *file)
 {
@@ -139,7 +140,7 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
     size_t n = stack != 0 && stack < ts->nstacks ? ts->stacks[stack].n : 0;
     mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
     json_t *frames = json_array(), *v = NULL;
-    char buf[512];
+    char buf[512], u8[1024], u8f[1024]; /* (a site cut to buf may end inside a character) */
     if (fr == NULL || frames == NULL)
         goto fail_alloc;
     n = mt__ts_stack_frames(ts, stack, fr, n);
@@ -147,15 +148,16 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
     for (size_t k = user >= 0 ? (size_t)user : n; k < n; k++) {
         if ((int)k != user && mt__fr_match(r, &fr[k]) != NULL)
             continue;
-        if (json_array_append_new(
-                frames, json_pack("{s:s,s:s,s:b}", "label", mt__fr_site(&fr[k], buf, sizeof buf),
-                                  "file", fr[k].file ? fr[k].file : "", "user", (int)k == user)) !=
-            0)
+        mt__text_utf8(mt__fr_site(&fr[k], buf, sizeof buf), u8, sizeof u8);
+        mt__text_utf8(fr[k].file ? fr[k].file : "", u8f, sizeof u8f);
+        if (json_array_append_new(frames, json_pack("{s:s,s:s,s:b}", "label", u8, "file", u8f,
+                                                    "user", (int)k == user)) != 0)
             goto fail_alloc;
     }
-    v = json_pack("{s:s,s:O,s:I}", "site",
-                  user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : MT_FR_NO_STACK, "frames",
-                  frames, "hidden", (json_int_t)(n - json_array_size(frames)));
+    mt__text_utf8(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : MT_FR_NO_STACK, u8,
+                  sizeof u8);
+    v = json_pack("{s:s,s:O,s:I}", "site", u8, "frames", frames, "hidden",
+                  (json_int_t)(n - json_array_size(frames)));
 fail_alloc:
     json_decref(frames);
     free(fr);

@@ -12,7 +12,9 @@
 
 #include "analysis/callsite.h"
 #include "analysis/frames.h"
+#include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
+#include "util/text.h"
 
 #define N(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -362,14 +364,46 @@ static void test_callsite_rows(void **state)
     mt__sym_destroy(&s);
 }
 
+/* A snapshot stack as the page shows it (mt__ts_stack_view) stays JSON when its site is
+ * cut inside a character: a 700-byte name with a two-byte 'é' across the cut. */
+static void test_stack_view_cut_name(void **state)
+{
+    (void)state;
+    char name[700];
+    memset(name, 'a', sizeof name - 1);
+    name[sizeof name - 1] = '\0';
+    name[510] = (char)0xc3; /* é: its second byte is past the site's 511 */
+    name[511] = (char)0xa9;
+    mt_ts_t *ts = NULL;
+    mt_ts_frame_t f = {.name = name, .filename = "??", .line = 0};
+    uint32_t id;
+    assert_int_equal(mt__ts_create(&ts), 0);
+    assert_int_equal(mt__ts_add_stack(ts, &f, 1, &id), 0);
+    json_t *v = mt__ts_stack_view(ts, id, NULL);
+    assert_non_null(v);
+    const char *site = json_string_value(json_object_get(v, "site"));
+    assert_non_null(site);
+    assert_true(mt__text_is_utf8(site));
+    assert_int_equal(strncmp(site, name, 510), 0);
+    assert_int_equal(json_array_size(json_object_get(v, "frames")), 1);
+    json_decref(v);
+    mt__ts_destroy(&ts);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_default_table), cmocka_unit_test(test_pick_torch),
-        cmocka_unit_test(test_fallback),      cmocka_unit_test(test_fallback_names_what_ran),
-        cmocka_unit_test(test_windows_paths), cmocka_unit_test(test_user_rules),
-        cmocka_unit_test(test_keys),          cmocka_unit_test(test_module_chain),
-        cmocka_unit_test(test_callsite_rows), cmocka_unit_test(test_anonymous_namespace),
+        cmocka_unit_test(test_default_table),
+        cmocka_unit_test(test_pick_torch),
+        cmocka_unit_test(test_fallback),
+        cmocka_unit_test(test_fallback_names_what_ran),
+        cmocka_unit_test(test_windows_paths),
+        cmocka_unit_test(test_user_rules),
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_module_chain),
+        cmocka_unit_test(test_callsite_rows),
+        cmocka_unit_test(test_anonymous_namespace),
+        cmocka_unit_test(test_stack_view_cut_name),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
 }
