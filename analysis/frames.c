@@ -2,12 +2,13 @@
  * docs/frames.md explains the table; keep the two in step. */
 #include "analysis/frames.h"
 
-#include <stdio.h>
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "memtrace/alloc.h"
+#include "util/text.h"
 
 /* ---- the default table ----
  * Recorder rules come first: a frame they match is never the site, even when every frame
@@ -332,6 +333,28 @@ static const char *base_name(const char *path)
     return b ? b + 1 : path;
 }
 
+/* buf as snprintf cut it may end inside a character (names are UTF-8): the part goes.
+ * Returns buf. */
+static char *whole_chars(char *buf)
+{
+    size_t i = strlen(buf), n = i;
+    while (i > 0 && n - i < 3 && ((unsigned char)buf[i - 1] & 0xc0) == 0x80)
+        i--;
+    if (i > 0 && (unsigned char)buf[i - 1] >= 0x80 &&
+        mt__text_utf8_len((const unsigned char *)buf + i - 1) == 0)
+        buf[i - 1] = '\0';
+    return buf;
+}
+
+/* "..." at the end of buf[len] (len > 4), over whole characters. */
+static void cut_dots(char *buf, size_t len)
+{
+    size_t at = len - 4;
+    while (at > 0 && ((unsigned char)buf[at] & 0xc0) == 0x80)
+        at--;
+    memcpy(buf + at, "...", 4);
+}
+
 /* The name of an autograd node or ATen operator that fallback_rank ranks, as PyTorch's
  * profiler writes it ("NllLossBackward0", "aten::nll_loss_backward"), into buf; NULL for
  * any other frame. */
@@ -370,7 +393,7 @@ const char *mt__fr_site(const mt_fr_frame_t *f, char *buf, size_t len)
     } else {
         snprintf(buf, len, "??");
     }
-    return buf;
+    return whole_chars(buf);
 }
 
 const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
@@ -383,10 +406,10 @@ const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
             snprintf(buf, len, "%s (%s)", func, file);
         else
             snprintf(buf, len, "%s", func);
-        return buf;
+        return whole_chars(buf);
     case MT_FR_BY_FILE:
         snprintf(buf, len, "%s", file ? file : f->module ? base_name(f->module) : "??");
-        return buf;
+        return whole_chars(buf);
     case MT_FR_BY_MODULE:
         if (f->module != NULL) {
             snprintf(buf, len, "%s", base_name(f->module));
@@ -399,7 +422,7 @@ const char *mt__fr_key(const mt_fr_frame_t *f, int by, char *buf, size_t len)
             int k = fallback_rank(f);
             snprintf(buf, len, "%s", k == 2 ? "autograd" : k == 1 ? "aten" : "??");
         }
-        return buf;
+        return whole_chars(buf);
     default:
         return mt__fr_site(f, buf, len);
     }
@@ -451,7 +474,7 @@ static const char *modules_key(const mt_fr_rules_t *r, const mt_fr_frame_t *fram
         int w = snprintf(buf + used, len - used, "%s%s", used ? " > " : "", one);
         if (w < 0 || (size_t)w >= len - used) {
             if (len > 4)
-                memcpy(buf + len - 4, "...", 4);
+                cut_dots(buf, len);
             return buf;
         }
         used += (size_t)w;
@@ -483,7 +506,7 @@ const char *mt__fr_stack_key(const mt_fr_rules_t *r, const mt_fr_frame_t *frames
         int w = snprintf(buf + used, len - used, "%s%s", used ? " <- " : "", one);
         if (w < 0 || (size_t)w >= len - used) {
             if (len > 4)
-                memcpy(buf + len - 4, "...", 4);
+                cut_dots(buf, len);
             return buf;
         }
         used += (size_t)w;

@@ -388,6 +388,18 @@ static void test_stack_view_cut_name(void **state)
     assert_int_equal(json_array_size(json_object_get(v, "frames")), 1);
     json_decref(v);
     mt__ts_destroy(&ts);
+    /* the names and keys themselves end on a whole character, "..." included */
+    mt_fr_frame_t fr[2] = {{.func = name, .file = "??"},
+                           {.func = "main", .file = "ü.py", .line = 1}};
+    char buf[512], key[16];
+    assert_true(mt__text_is_utf8(mt__fr_site(&fr[0], buf, sizeof buf)));
+    assert_int_equal(strlen(buf), 510);
+    for (size_t len = 5; len < sizeof key; len++) {
+        mt_fr_frame_t two[2] = {{.func = "x", .file = "éé.py", .line = 1}, fr[1]};
+        mt__fr_stack_key(NULL, two, 2, MT_FR_BY_STACK, key, len);
+        assert_true(mt__text_is_utf8(key));
+        assert_true(strlen(key) < len);
+    }
 }
 
 int main(void)
