@@ -294,6 +294,17 @@ typedef struct mt_ts_group_s {
 int mt__ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const struct mt_fr_rules_s *r, int by,
                           mt_ts_group_t **out, size_t *n, uint64_t *peak);
 void mt__ts_groups_free(mt_ts_group_t **g, size_t n);
+/* A stack taken in the allocator's free (PyTorch records the free's own with
+ * context='all'): where a block the trace did not allocate was dropped. Its names start
+ * with MT_TS_FREED_AT. */
+#define MT_TS_FREED_AT "before the trace, freed at "
+bool mt__ts_free_stack(const mt_ts_t *ts, uint32_t stack);
+/* The key of stack for by (mt__fr_stack_key; by tag: its memtrace tag frame's label, else
+ * "other"; MT_FR_NO_STACK without frames; a free's stack prefixed MT_TS_FREED_AT) into
+ * buf; fr[cap] scratch, *frame its user frame's index (-1: none). Returns buf. */
+const char *mt__ts_stack_key(const mt_ts_t *ts, uint32_t stack, const struct mt_fr_rules_s *r,
+                             int by, struct mt_fr_frame_s *fr, size_t cap, int *frame, char *buf,
+                             size_t len);
 /* The frames of stack as the rules see them, into out[cap]; returns how many (<= cap). */
 size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, struct mt_fr_frame_s *out,
                            size_t cap);

@@ -31,8 +31,7 @@ size_t mt__ts_stack_frames(const mt_ts_t *ts, uint32_t stack, mt_fr_frame_t *out
     return n;
 }
 
-/* The key of one stack into buf (by tag: its memtrace tag frame, "tag <label>"). */
-static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *r, int by,
+const char *mt__ts_stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t *r, int by,
                              mt_fr_frame_t *fr, size_t cap, int *frame, char *buf, size_t len)
 {
     size_t n = mt__ts_stack_frames(ts, stack, fr, cap);
@@ -51,7 +50,13 @@ static const char *stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rule
         snprintf(buf, len, MT_FR_NO_STACK);
         return buf;
     }
-    return mt__fr_stack_key(r, fr, n, by, buf, len);
+    size_t at = 0;
+    if (mt__ts_free_stack(ts, stack) && len > sizeof MT_TS_FREED_AT) {
+        memcpy(buf, MT_TS_FREED_AT, sizeof MT_TS_FREED_AT - 1);
+        at = sizeof MT_TS_FREED_AT - 1;
+    }
+    mt__fr_stack_key(r, fr, n, by, buf + at, len - at);
+    return buf;
 }
 
 static int by_key(const void *a, const void *b)
@@ -101,7 +106,7 @@ int mt__ts_groups_at_peak(const mt_ts_t *ts, unsigned device, const mt_fr_rules_
         int frame;
         g[i] = (mt_ts_group_t){
             .stack = sites[i].stack, .bytes = sites[i].bytes, .count = sites[i].count, .stacks = 1};
-        g[i].key = strdup(stack_key(ts, sites[i].stack, r, by, fr, maxf, &frame, buf, 4096));
+        g[i].key = strdup(mt__ts_stack_key(ts, sites[i].stack, r, by, fr, maxf, &frame, buf, 4096));
         g[i].frame = frame;
         if (g[i].key == NULL)
             rc = MT_ENOMEM;
@@ -154,8 +159,12 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
                                                     "user", (int)k == user)) != 0)
             goto fail_alloc;
     }
-    mt__text_utf8(user >= 0 ? mt__fr_site(&fr[user], buf, sizeof buf) : MT_FR_NO_STACK, u8,
-                  sizeof u8);
+    int at = user >= 0 && mt__ts_free_stack(ts, stack)
+                 ? snprintf(buf, sizeof buf, "%s", MT_TS_FREED_AT)
+                 : 0;
+    if (user >= 0)
+        mt__fr_site(&fr[user], buf + at, sizeof buf - (size_t)at);
+    mt__text_utf8(user >= 0 ? buf : MT_FR_NO_STACK, u8, sizeof u8);
     v = json_pack("{s:s,s:O,s:I}", "site", u8, "frames", frames, "hidden",
                   (json_int_t)(n - json_array_size(frames)));
 fail_alloc:
@@ -192,8 +201,8 @@ int mt__ts_flame_add(mt_flame_t *f, const mt_ts_t *ts, uint32_t stack, uint64_t 
     int rc = v != NULL && labels != NULL ? 0 : MT_ENOMEM;
     for (size_t k = 0; rc == 0 && k < n; k++) /* root first: the kept frames reversed */
         labels[k] = json_string_value(json_object_get(json_array_get(frames, n - 1 - k), "label"));
-    if (rc == 0 && n == 0)
-        labels[n++] = json_string_value(json_object_get(v, "site"));
+    if (rc == 0) /* the leaf is the user's frame, as the site names it (a free's: so said) */
+        labels[n ? n - 1 : n++] = json_string_value(json_object_get(v, "site"));
     if (rc == 0)
         rc = mt__flame_add(f, labels, (int)n, bytes);
     free(labels);

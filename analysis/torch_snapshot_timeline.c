@@ -190,10 +190,10 @@ static int group_stacks(const mt_ts_t *ts, const mt_fr_rules_t *r, uint32_t *gro
     char buf[512];
     int rc = k && fr && nm ? 0 : MT_ENOMEM;
     for (size_t i = 0; rc == 0 && i < ns; i++) {
-        size_t n = mt__ts_stack_frames(ts, (uint32_t)i, fr, maxf);
+        int frame;
         k[i].stack = (uint32_t)i;
-        k[i].key =
-            strdup(n ? mt__fr_stack_key(r, fr, n, MT_FR_BY_SITE, buf, sizeof buf) : MT_FR_NO_STACK);
+        k[i].key = strdup(
+            mt__ts_stack_key(ts, (uint32_t)i, r, MT_FR_BY_SITE, fr, maxf, &frame, buf, sizeof buf));
         rc = k[i].key ? 0 : MT_ENOMEM;
     }
     size_t g = 0;

@@ -272,9 +272,7 @@ static int pieces_runs(const pieces_t *ps, items_t *sl)
     return 0;
 }
 
-/* Whether stack was taken in the allocator's free (PyTorch records the free's own stack
- * with context='all'): it names where a block was dropped, not where it was made. */
-static bool free_stack(const mt_ts_t *ts, uint32_t stack)
+bool mt__ts_free_stack(const mt_ts_t *ts, uint32_t stack)
 {
     if (stack == 0 || stack >= ts->nstacks)
         return false;
@@ -323,8 +321,9 @@ static int orphans(const mt_ts_t *ts, const mt_ts_event_t *ev, size_t n, mt__ama
             /* (a block's first free only: its second finds the first's mark) */
             if (!orphan || e->addr <= 1)
                 break;
-            /* its stack, unless the free's own: then none (it was made before the trace) */
-            if ((r = item_add(bl, free_stack(ts, e->stack) ? 0 : e->stack, e->stream)) == NULL)
+            /* its stack: the free's own where PyTorch took one there (mt__ts_free_stack: named
+             * as such), not where the block was made */
+            if ((r = item_add(bl, e->stack, e->stream)) == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_ALLOC,
                                   .addr = e->addr,

@@ -167,11 +167,9 @@ static int snap_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
 {
     const mt_d_proc_t *p = ctx;
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-    size_t n = mt__ts_stack_frames(p->snap, row->key, fr, sizeof fr / sizeof fr[0]);
-    if (n == 0)
-        snprintf(key, len, MT_FR_NO_STACK);
-    else
-        mt__fr_stack_key(NULL, fr, n, MT_FR_BY_SITE, key, len);
+    int frame;
+    mt__ts_stack_key(p->snap, row->key, NULL, MT_FR_BY_SITE, fr, sizeof fr / sizeof fr[0], &frame,
+                     key, len);
     return 0;
 }
 

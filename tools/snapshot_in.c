@@ -338,14 +338,14 @@ static int name_gap_pins(const mt_ts_t *ts, json_t *res, int proc, const mt__rep
             {
                 uint32_t stack = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
                 mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-                size_t n = mt__ts_stack_frames(ts, stack, fr, sizeof fr / sizeof fr[0]);
                 char key[1024];
-                if (json_object_set_new(pin, "site",
-                                        json_string(n ? mt__fr_stack_key(cfg->frames, fr, n,
-                                                                         cfg->by, key, sizeof key)
-                                                      : MT_FR_NO_STACK)) != 0 ||
-                    json_object_set_new(pin, "user_frame",
-                                        json_integer(mt__fr_pick(cfg->frames, fr, n))) != 0 ||
+                int frame;
+                if (json_object_set_new(
+                        pin, "site",
+                        json_string(mt__ts_stack_key(ts, stack, cfg->frames, cfg->by, fr,
+                                                     sizeof fr / sizeof fr[0], &frame, key,
+                                                     sizeof key))) != 0 ||
+                    json_object_set_new(pin, "user_frame", json_integer(frame)) != 0 ||
                     json_object_set_new(pin, "frames", frames_json(ts, stack, cfg->frames)) != 0)
                     return MT_ENOMEM;
             }
@@ -414,11 +414,9 @@ static int temp_key(void *ctx, const mt_model_temp_t *row, char *key, size_t len
 {
     temp_ctx_t *c = ctx;
     mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
-    size_t n = mt__ts_stack_frames(c->ts, row->key, fr, sizeof fr / sizeof fr[0]);
-    if (n == 0)
-        snprintf(key, len, MT_FR_NO_STACK);
-    else
-        mt__fr_stack_key(c->cfg->frames, fr, n, c->cfg->by, key, len);
+    int frame;
+    mt__ts_stack_key(c->ts, row->key, c->cfg->frames, c->cfg->by, fr, sizeof fr / sizeof fr[0],
+                     &frame, key, len);
     return 0;
 }
 
