@@ -257,9 +257,6 @@ typedef struct mt_ts_site_s {
  * *peak the peak. */
 int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites, size_t n,
                          size_t *nout, uint64_t *peak);
-/* "file.py:12:fn" of the innermost frame that is not memtrace's tag frame, into buf. */
-const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len);
-
 /* A snapshot's annotations by name (its stages: record_function's and dynamo_timed's names,
  * memtrace's marks), a compiled model writes hundreds of the same few. Times are the file's
  * microseconds (0: it has no clock). */

@@ -661,24 +661,3 @@ int mt__ts_sites_at_peak(const mt_ts_t *ts, unsigned device, mt_ts_site_t *sites
     mt__ts_pre_fini(&pre);
     return rc;
 }
-
-const char *mt__ts_site_name(const mt_ts_t *ts, uint32_t stack, char *buf, size_t len)
-{
-    if (stack == 0 || stack >= ts->nstacks) {
-        snprintf(buf, len, MT_FR_NO_STACK);
-        return buf;
-    }
-    const mt_ts_stack_t *s = &ts->stacks[stack];
-    for (uint32_t i = 0; i < s->n; i++) {
-        const mt_ts_frame_t *f = &ts->frames[s->first + i];
-        if (strcmp(f->filename, "memtrace") == 0)
-            continue;
-        const char *base = strrchr(f->filename, '/');
-        snprintf(buf, len, "%s:%lld:%s", base ? base + 1 : f->filename, (long long)f->line,
-                 f->name);
-        return buf;
-    }
-    const mt_ts_frame_t *f = &ts->frames[s->first];
-    snprintf(buf, len, "%s", f->name);
-    return buf;
-}

@@ -13,6 +13,7 @@
 
 #include "analysis/pickle.h"
 #include "analysis/replay.h"
+#include "analysis/frames.h"
 #include "analysis/torch_snapshot.h"
 #include "memtrace/alloc.h"
 #include "memtrace/common.h"
@@ -220,11 +221,15 @@ static void test_v2_layout(void **state)
         assert_int_equal(mt__ts_sites_at_peak(ts, 0, sites, 4, &nsites, &peak), 0);
         assert_int_equal(peak, 14 * MiB + 412 + 4096);
         assert_int_equal(nsites, 4);
-        assert_string_equal(mt__ts_site_name(ts, sites[0].stack, buf, sizeof buf),
-                            "adam.py:150:step");
+        mt_fr_frame_t fr[8];
+        int frame;
+        assert_string_equal(mt__ts_stack_key(ts, sites[0].stack, NULL, MT_FR_BY_SITE, fr, 8, &frame,
+                                             buf, sizeof buf),
+                            "adam.py:150 step");
         assert_int_equal(sites[0].bytes, 8 * MiB);
-        assert_string_equal(mt__ts_site_name(ts, sites[1].stack, buf, sizeof buf),
-                            "model.py:41:forward");
+        assert_string_equal(mt__ts_stack_key(ts, sites[1].stack, NULL, MT_FR_BY_SITE, fr, 8, &frame,
+                                             buf, sizeof buf),
+                            "model.py:41 forward");
         assert_int_equal(sites[1].bytes, 6 * MiB - 100);
         assert_int_equal(sites[2].bytes, 4096);
         assert_int_equal(sites[2].stack, 0);
