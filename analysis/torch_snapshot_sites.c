@@ -145,11 +145,12 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
     size_t n = stack != 0 && stack < ts->nstacks ? ts->stacks[stack].n : 0;
     mt_fr_frame_t *fr = calloc(n ? n : 1, sizeof *fr);
     json_t *frames = json_array(), *v = NULL;
-    char buf[512], u8[1024], u8f[1024]; /* (a site cut to buf may end inside a character) */
+    char buf[512], site[1024], u8[1024], u8f[1024]; /* (as mt__text_utf8 may write them) */
     if (fr == NULL || frames == NULL)
         goto fail_alloc;
-    n = mt__ts_stack_frames(ts, stack, fr, n);
-    int user = mt__fr_pick(r, fr, n);
+    int user; /* the site as every view names it, and fr filled */
+    mt__ts_stack_key(ts, stack, r, MT_FR_BY_SITE, fr, n, &user, buf, sizeof buf);
+    mt__text_utf8(buf, site, sizeof site);
     for (size_t k = user >= 0 ? (size_t)user : n; k < n; k++) {
         if ((int)k != user && mt__fr_match(r, &fr[k]) != NULL)
             continue;
@@ -159,13 +160,7 @@ json_t *mt__ts_stack_view(const mt_ts_t *ts, uint32_t stack, const mt_fr_rules_t
                                                     "user", (int)k == user)) != 0)
             goto fail_alloc;
     }
-    int at = user >= 0 && mt__ts_free_stack(ts, stack)
-                 ? snprintf(buf, sizeof buf, "%s", MT_TS_FREED_AT)
-                 : 0;
-    if (user >= 0)
-        mt__fr_site(&fr[user], buf + at, sizeof buf - (size_t)at);
-    mt__text_utf8(user >= 0 ? buf : MT_FR_NO_STACK, u8, sizeof u8);
-    v = json_pack("{s:s,s:O,s:I}", "site", u8, "frames", frames, "hidden",
+    v = json_pack("{s:s,s:O,s:I}", "site", site, "frames", frames, "hidden",
                   (json_int_t)(n - json_array_size(frames)));
 fail_alloc:
     json_decref(frames);

@@ -99,10 +99,14 @@ void mt__d_web_serve_gap(mt_d_conn_t *c, const char *query, bool head)
     for (size_t i = 0; p->snap && i < json_array_size(pins); i++) {
         json_t *pin = json_array_get(pins, i);
         uint32_t id = (uint32_t)json_integer_value(json_object_get(pin, "stack"));
-        json_t *v = mt__ts_stack_view(p->snap, id, NULL);
-        if (v == NULL || json_object_set(pin, "site", json_object_get(v, "site")) != 0)
+        mt_fr_frame_t fr[MT_STACK_DEPTH_MAX * 4];
+        char site[512];
+        int frame;
+        if (json_object_set_new(pin, "site",
+                                json_string(mt__ts_stack_key(p->snap, id, NULL, MT_FR_BY_SITE, fr,
+                                                             sizeof fr / sizeof fr[0], &frame, site,
+                                                             sizeof site))) != 0)
             rc = MT_ENOMEM;
-        json_decref(v);
     }
     if (!rc && p->snap && mt__gap_pins_by_site(pins, 5) != 0)
         rc = MT_ENOMEM; /* (the answer is then the error) */

@@ -155,16 +155,23 @@ static void assert_work_with_line(const mt_sym_frame_t *fr)
     assert_true(fr->line > 0);
 }
 
+/* A symbolizer with module a as process pa's and b as pb's, both at base (1 MiB). */
+static mt_sym_t *two_modules(uint32_t pa, const char *a, uint32_t pb, const char *b, uint64_t base)
+{
+    mt_sym_t *s;
+    assert_int_equal(mt__sym_create(&s), 0);
+    assert_int_equal(mt__sym_add_module(s, pa, a, base, 1 << 20, NULL), 0);
+    assert_int_equal(mt__sym_add_module(s, pb, b, base, 1 << 20, NULL), 0);
+    return s;
+}
+
 static void test_stripped_degrades(void **state)
 {
     const char *full = getenv("MT_STRIPME"), *stripped = getenv("MT_STRIPPED");
     assert_non_null(full);
     assert_non_null(stripped);
     uint64_t off = stripme_offset(), base = 0x555500000000ull;
-    mt_sym_t *s;
-    assert_int_equal(mt__sym_create(&s), 0);
-    assert_int_equal(mt__sym_add_module(s, 10, full, base, 1 << 20, NULL), 0);
-    assert_int_equal(mt__sym_add_module(s, 11, stripped, base, 1 << 20, NULL), 0);
+    mt_sym_t *s = two_modules(10, full, 11, stripped, base);
     mt_sym_frame_t fr;
     assert_int_equal(mt__sym_resolve(s, 10, base + off, &fr), 0);
     assert_true(mt_test_has_line_info(full)); /* built with -g whatever the build type */
@@ -227,10 +234,7 @@ static void test_debug_file_local_only(void **state)
     assert_false(mt_test_has_line_info(linked));
     assert_non_null(getenv("DEBUGINFOD_URLS"));
     uint64_t off = stripme_offset(), base = 0x7f1000000000ull;
-    mt_sym_t *s;
-    assert_int_equal(mt__sym_create(&s), 0);
-    assert_int_equal(mt__sym_add_module(s, 13, linked, base, 1 << 20, NULL), 0);
-    assert_int_equal(mt__sym_add_module(s, 14, nodebug, base, 1 << 20, NULL), 0);
+    mt_sym_t *s = two_modules(13, linked, 14, nodebug, base);
     mt_sym_frame_t fr;
     assert_int_equal(mt__sym_resolve(s, 13, base + off, &fr), 0);
     assert_work_with_line(&fr);
