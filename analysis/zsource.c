@@ -389,18 +389,24 @@ int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended)
 #if defined(__linux__)
     struct stat st;
     if (cap > 0 && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) { /* a socket peeks itself */
+        /* the end is asked for before the bytes: a writer that ends after the look has
+         * sent more than was seen */
+        struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
+        bool hup = poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLRDHUP));
         ssize_t k = recv(fd, buf, cap, MSG_PEEK);
         if (k < 0)
             return MT_EINVAL;
         *n = (size_t)k;
-        struct pollfd pf = {.fd = fd, .events = POLLIN | POLLRDHUP};
-        *ended = k == 0 || (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLHUP | POLLRDHUP)));
+        *ended = k == 0 || hup;
         return 0;
     }
     int p[2];
     if (cap == 0 || pipe2(p, O_CLOEXEC) != 0)
         return MT_EINVAL;
-    /* tee(2) copies what waits in fd without taking it (waiting for a first byte) */
+    /* The end first, as above; tee(2) then copies what waits in fd without taking it
+     * (waiting for a first byte). */
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    bool hup = poll(&pf, 1, 0) == 1 && (pf.revents & POLLHUP);
     ssize_t k = tee(fd, p[1], cap, 0);
     int rc = k < 0 ? MT_EINVAL : 0;
     for (size_t got = 0; k > 0 && got < (size_t)k;) {
@@ -414,8 +420,7 @@ int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended)
     }
     close(p[0]);
     close(p[1]);
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    *ended = k == 0 || (poll(&pf, 1, 0) == 1 && (pf.revents & POLLHUP));
+    *ended = k == 0 || hup;
     return rc;
 #else
     (void)fd;

@@ -44,8 +44,8 @@ void mt__zsrc_close(mt__zsrc_t **p);
 int mt__zsrc_first_byte(const void *p, size_t n, int codec, unsigned char *c);
 /* Up to cap of the bytes waiting in the pipe fd into buf, left in the pipe for its reader
  * (Linux's tee(2); a socket's MSG_PEEK); waits for a first byte. *n = how many; *ended = the writer
- * has gone, so nothing more will come. Returns 0, or MT_EINVAL where fd is not a pipe (or not
- * Linux). */
+ * had gone before the look, so nothing follows the n bytes unless n = cap. Returns 0, or
+ * MT_EINVAL where fd is not a pipe (or not Linux). */
 int mt__zsrc_pipe_peek(int fd, void *buf, size_t cap, size_t *n, bool *ended);
 
 /* A stream that reads a file as its uncompressed bytes, for readers that take a FILE (the
