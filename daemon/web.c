@@ -691,7 +691,8 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
     bool past = mt__d_web_past_upto(t, query, &upto);
     uint64_t at_ns = past && upto ? mt__d_web_window_at(t, upto - 1)->time_ns : proc_now(p, t);
     const mt_event_rec_t *al = NULL, *ref = NULL;
-    mt_event_rec_t alc; /* a copy: reading the event before it may move a spooled one */
+    mt_event_rec_t alc, frc; /* copies: reading the event before may move a spooled one */
+    bool freed = false;
     for (size_t i = upto; i-- > 0;) {
         const mt_event_rec_t *e = mt__d_web_window_at(t, i);
         if (e->kind == MT_EV_ALLOC && e->addr == addr && e->pool != MT_POOL_HOST) {
@@ -701,15 +702,33 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
                         : NULL; /* its call stack comes right before it */
             break;
         }
-        if (e->kind == MT_EV_FREE_COMPLETED && e->addr == addr && e->pool != MT_POOL_HOST)
-            break; /* the block there now was allocated later, or before the window */
+        if (e->kind == MT_EV_FREE_COMPLETED && e->addr == addr && e->pool != MT_POOL_HOST) {
+            frc = *e; /* nothing lives there now: the last block there was freed */
+            freed = true;
+            break;
+        }
+    }
+    /* With every event of the process kept (from its first, none evicted, none lost), an
+     * address no event names never held a block. */
+    if (!al && !freed && t->nrec == t->wcount &&
+        (t->wcount == 0 || mt__d_web_window_at(t, 0)->seq == 0) && mt__model_lost(p->model) == 0) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "no block has started at 0x%" PRIx64 " in this process\n", addr);
+        mt__d_web_bad(c, 404, msg);
+        return;
     }
     mt_d_buf_t o = {0};
     mt__d_buf_printf(&o, "{\"pid\":%d,\"addr\":\"0x%" PRIx64 "\"", p->pid, addr);
-    if (al) {
+    if (freed) {
+        mt__d_buf_printf(
+            &o,
+            ",\"live\":false,\"size\":%" PRIu64
+            ",\"stream\":%u,\"pool\":\"%s\",\"freed_seq\":%" PRIu64 ",\"freed_t\":%.6f",
+            frc.size, frc.stream, mt_pool_name(frc.pool), frc.seq, mt__d_web_secs(t, frc.time_ns));
+    } else if (al) {
         char nbuf[32];
         mt__d_buf_printf(&o,
-                         ",\"size\":%" PRIu64 ",\"requested\":%" PRIu64
+                         ",\"live\":true,\"size\":%" PRIu64 ",\"requested\":%" PRIu64
                          ",\"stream\":%u,\"pool\":\"%s\",\"seq\":%" PRIu64,
                          al->size, al->requested, al->stream, mt_pool_name(al->pool), al->seq);
         if (al->seq < p->snap_before) /* a snapshot's block from before its trace: no time */
@@ -723,7 +742,7 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
             p->snap ? put_snap_stack(&o, p, (uint32_t)ref->size)
                     : put_stack(&o, p, (uint32_t)ref->size);
     } else {
-        mt__d_buf_append(&o, ",\"before_window\":true", 21);
+        mt__d_buf_append(&o, ",\"before_window\":true", 21); /* live, or never: unknown */
     }
     mt__d_buf_append(&o, "}\n", 2);
     mt__d_web_send(c, &o, head);

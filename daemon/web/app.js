@@ -452,7 +452,12 @@ async function blockAt(ev) {
   if (!m || !m.layout.per) return;
   const box = $('blockinfo');
   if (!b) { box.textContent = 'No block there (free space).'; return; }
-  const info = await api(`/block?pid=${S.pid}&addr=${b.hex}${mapQuery()}`);
+  const info = await api(`/block?pid=${S.pid}&addr=${b.hex}${mapQuery()}`).catch(() => null);
+  if (!info || info.live === false) { /* freed since the map was drawn */
+    box.textContent = `block ${b.hex}: ` + (info ? `freed at ${fmtTime(info.freed_t)} (event ${info.freed_seq}), after this map was drawn`
+      : 'no longer known to the server');
+    return;
+  }
   const name = m.tag_names[b.tag] || 'tag' + b.tag;
   const cs = info.call_stack;
   box.textContent = `block ${b.hex}: size ${fmtBytes(b.size)}` +

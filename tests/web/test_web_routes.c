@@ -141,8 +141,39 @@ static void test_routes_agree_with_state(void **state)
         assert_int_equal(json_integer_value(json_object_get(b, "size")),
                          json_integer_value(json_array_get(json_array_get(blocks, 0), 1)));
         assert_non_null(json_object_get(b, "age_s"));
+        assert_true(json_is_true(json_object_get(b, "live")));
         json_decref(b);
     }
+    /* An address whose last block was freed: not live, and named by its free. */
+    snprintf(path, sizeof path, "/tail?pid=%d&n=1000&kind=free_completed", (int)pid);
+    json_t *ftail = get_json(t.port, path), *frees = json_object_get(ftail, "events"), *fe;
+    size_t fi, checked = 0;
+    json_array_foreach(frees, fi, fe)
+    {
+        const char *fa = json_string_value(json_object_get(fe, "addr"));
+        bool live = false;
+        for (size_t k = 0; k < json_array_size(blocks) && !live; k++)
+            live = strcmp(json_string_value(json_array_get(json_array_get(blocks, k), 0)), fa) == 0;
+        if (live || checked++ >= 5)
+            continue;
+        snprintf(path, sizeof path, "/block?pid=%d&addr=%s", (int)pid, fa);
+        json_t *b = get_json(t.port, path);
+        if (!json_is_false(json_object_get(b, "live")) || json_object_get(b, "before_window"))
+            fail_msg("/block of %s, freed and not live, is not said to be free", fa);
+        assert_int_equal(json_integer_value(json_object_get(b, "freed_seq")),
+                         json_integer_value(json_object_get(fe, "seq")));
+        assert_int_equal(json_integer_value(json_object_get(b, "size")),
+                         json_integer_value(json_object_get(fe, "size")));
+        json_decref(b);
+    }
+    assert_true(checked > 0);
+    json_decref(ftail);
+    /* An address no event names, with the whole history kept: no block, not "before". */
+    json_t *win = json_object_get(m, "window");
+    assert_int_equal(json_integer_value(json_object_get(win, "first_seq")), 0);
+    assert_int_equal(json_integer_value(json_object_get(win, "count")), N);
+    snprintf(path, sizeof path, "/block?pid=%d&addr=0x10", (int)pid);
+    want_status(t.port, path, 404, "no block has started at 0x10");
     json_decref(m);
 
     snprintf(path, sizeof path, "/tail?pid=%d&n=5&kind=alloc", (int)pid);
