@@ -142,6 +142,26 @@ int mt__ts_push_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32
     return 0;
 }
 
+int mt__ts_add_before_stack(mt_ts_t *ts)
+{
+    bool want = false;
+    for (size_t i = 0; i < ts->nblocks && ts->nevents > 0 && !want; i++)
+        want = ts->blocks[i].state == MT_TS_ACTIVE_ALLOCATED &&
+               mt__ts_block_stack(ts, &ts->blocks[i]) == 0;
+    if (!want || ts->before_stack != 0)
+        return 0;
+    mt_ts_mem_t *m = ts->mem;
+    if (ts->nstacks >= UINT32_MAX ||
+        mt__ts_reserve((void **)&ts->stacks, &m->cap_stacks, ts->nstacks + 1, sizeof *ts->stacks) <
+            0 ||
+        mt__ts_reserve((void **)&m->stack_tag, &m->cap_stack_tag, ts->nstacks + 1, 1) < 0)
+        return MT_ENOMEM;
+    ts->stacks[ts->nstacks] = (mt_ts_stack_t){(uint32_t)ts->nframes, 0};
+    m->stack_tag[ts->nstacks] = 0xff;
+    ts->before_stack = (uint32_t)ts->nstacks++;
+    return 0;
+}
+
 static bool same_frames(const mt_ts_t *ts, uint32_t id, const mt_ts_frame_t *f, size_t n)
 {
     const mt_ts_stack_t *s = &ts->stacks[id];

@@ -113,6 +113,8 @@ typedef struct mt_ts_s {
     size_t nframes;
     mt_ts_stack_t *stacks;
     size_t nstacks;
+    uint32_t before_stack; /* an empty stack: blocks live at the end that the trace did not
+                            * allocate and the snapshot gives no frames for (0: none) */
     mt_ts_annotation_t *annotations;
     size_t nannotations;
     const char *alloc_conf;  /* allocator_settings' PYTORCH_CUDA_ALLOC_CONF, or NULL */
@@ -150,6 +152,9 @@ int mt__ts_check(const mt_ts_t *ts, char *err, size_t errlen);
 /* ---- building ---- */
 /* Interns a call stack (frames copied); *id is its index (0 for n == 0). */
 int mt__ts_add_stack(mt_ts_t *ts, const mt_ts_frame_t *frames, size_t n, uint32_t *id);
+/* Sets ts->before_stack where a snapshot with a trace has an allocated block without frames
+ * (called by the readers; 0 or MT_ENOMEM). Its stack is named MT_TS_BEFORE_NO_STACK. */
+int mt__ts_add_before_stack(mt_ts_t *ts);
 /* Appends an event to device ev->device, which must be the last device so far or a new one. */
 int mt__ts_add_event(mt_ts_t *ts, const mt_ts_event_t *ev);
 /* Appends a segment and its blocks (copied; their history is left empty). */
@@ -295,6 +300,9 @@ void mt__ts_groups_free(mt_ts_group_t **g, size_t n);
  * context='all'): where a block the trace did not allocate was dropped. Its names start
  * with MT_TS_FREED_AT. */
 #define MT_TS_FREED_AT "before the trace, freed at "
+/* The name of a block allocated before the trace began whose frames the snapshot lacks
+ * (record_memory_history started after the model was built, say). */
+#define MT_TS_BEFORE_NO_STACK "before the trace, no stack recorded"
 bool mt__ts_free_stack(const mt_ts_t *ts, uint32_t stack);
 /* The key of stack for by (mt__fr_stack_key; by tag: its memtrace tag frame's label, else
  * "other"; MT_FR_NO_STACK without frames; a free's stack prefixed MT_TS_FREED_AT) into

@@ -434,7 +434,7 @@ int mt__ts_read_root(rd_t *r, const mt_pk_value_t *root)
         if (rc < 0)
             return rc;
     }
-    return 0;
+    return mt__ts_add_before_stack(r->ts);
 }
 
 int mt__ts_from_pickle(mt_ts_t **out, mt_pk_doc_t *doc, const char *name, char *err, size_t errlen)

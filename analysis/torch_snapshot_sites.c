@@ -47,7 +47,8 @@ const char *mt__ts_stack_key(const mt_ts_t *ts, uint32_t stack, const mt_fr_rule
         return buf;
     }
     if (n == 0) {
-        snprintf(buf, len, MT_FR_NO_STACK);
+        snprintf(buf, len,
+                 stack != 0 && stack == ts->before_stack ? MT_TS_BEFORE_NO_STACK : MT_FR_NO_STACK);
         return buf;
     }
     size_t at = 0;

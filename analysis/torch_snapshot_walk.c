@@ -372,7 +372,8 @@ static int survivors(const mt_ts_t *ts, unsigned device, const mt__amap_t *segs,
                     return MT_ENOMEM;
                 continue;
             }
-            mt_event_rec_t *r = item_add(bl, mt__ts_block_stack(ts, b), sg->stream);
+            uint32_t st = mt__ts_block_stack(ts, b); /* (without frames: made before it) */
+            mt_event_rec_t *r = item_add(bl, st != 0 ? st : ts->before_stack, sg->stream);
             if (r == NULL)
                 return MT_ENOMEM;
             *r = (mt_event_rec_t){.kind = MT_EV_ALLOC,

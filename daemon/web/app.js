@@ -473,6 +473,13 @@ async function blockAt(ev) {
 function stackList(cs) {
   const d = el('div', { class: 'callstack' });
   if (!cs) { d.textContent = 'No call stack recorded (MEMTRACE_STACKS=all records one per allocation).'; return d; }
+  if (!(cs.frames || []).length && !cs.unknown) { /* a stack without frames: say why where known */
+    d.textContent = (cs.site || '').startsWith('before the trace')
+      ? 'No call stack: allocated before the snapshot\'s trace began, and the snapshot holds no frames for it ' +
+        '(start torch.cuda.memory._record_memory_history before building the model to record them).'
+      : 'No call stack recorded.';
+    return d;
+  }
   d.append(el('div', { class: 'muted' }, `call stack ${cs.stack}` + (cs.unknown ? ' (not in the stack table)' : '') +
     (cs.site ? ` · user frame ${cs.site}; from it outwards, ${cs.hidden} framework, interpreter and allocator frame(s) hidden` : '')));
   const ol = el('ol');
