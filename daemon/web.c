@@ -713,7 +713,8 @@ void mt__d_web_serve_block(mt_d_conn_t *c, const char *query, bool head)
     if (!al && !freed && t->nrec == t->wcount &&
         (t->wcount == 0 || mt__d_web_window_at(t, 0)->seq == 0) && mt__model_lost(p->model) == 0) {
         char msg[96];
-        snprintf(msg, sizeof msg, "no block has started at 0x%" PRIx64 " in this process\n", addr);
+        snprintf(msg, sizeof msg, "no block has started at 0x%" PRIx64 " in this process%s\n", addr,
+                 past ? " by then" : "");
         mt__d_web_bad(c, 404, msg);
         return;
     }

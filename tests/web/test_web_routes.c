@@ -173,7 +173,10 @@ static void test_routes_agree_with_state(void **state)
     assert_int_equal(json_integer_value(json_object_get(win, "first_seq")), 0);
     assert_int_equal(json_integer_value(json_object_get(win, "count")), N);
     snprintf(path, sizeof path, "/block?pid=%d&addr=0x10", (int)pid);
-    want_status(t.port, path, 404, "no block has started at 0x10");
+    want_status(t.port, path, 404, "no block has started at 0x10 in this process\n");
+    snprintf(path, sizeof path, "/block?pid=%d&addr=0x10&seq=%lld", (int)pid,
+             (long long)json_integer_value(json_object_get(win, "last_seq")));
+    want_status(t.port, path, 404, "no block has started at 0x10 in this process by then");
     json_decref(m);
 
     snprintf(path, sizeof path, "/tail?pid=%d&n=5&kind=alloc", (int)pid);
