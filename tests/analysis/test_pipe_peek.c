@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "analysis/torch_snapshot.h"
@@ -67,12 +68,12 @@ static unsigned rnd(unsigned n)
     return (unsigned)(rng % n);
 }
 
-/* Starts a writer of data on a new pipe; *rd = the pipe's read end. */
+/* Starts a writer of data on a new pipe (or a socket pair); *rd = the end to read. */
 static void start(writer_t *w, pthread_t *t, int *rd, const unsigned char *data, size_t len,
-                  size_t cut)
+                  size_t cut, bool sock)
 {
     int p[2];
-    assert_int_equal(pipe(p), 0);
+    assert_int_equal(sock ? socketpair(AF_UNIX, SOCK_STREAM, 0, p) : pipe(p), 0);
     *w = (writer_t){.fd = p[1], .data = data, .len = len, .cut = cut, .spin = rnd(2000)};
     atomic_init(&w->go, 0);
     *rd = p[0];
@@ -80,9 +81,8 @@ static void start(writer_t *w, pthread_t *t, int *rd, const unsigned char *data,
 }
 
 /* When the look says "ended", it saw every byte the writer sent. */
-static void test_ended_means_all_seen(void **state)
+static void ended_means_all_seen(bool sock)
 {
-    (void)state;
     enum { LEN = 1000, CUT = 10, ROUNDS = 20000 };
     static unsigned char data[LEN], buf[64 * 1024];
     for (size_t i = 0; i < LEN; i++)
@@ -92,7 +92,7 @@ static void test_ended_means_all_seen(void **state)
         writer_t w;
         pthread_t t;
         int rd;
-        start(&w, &t, &rd, data, LEN, CUT);
+        start(&w, &t, &rd, data, LEN, CUT, sock);
         size_t n = 0;
         bool ended = false;
         atomic_store_explicit(&w.go, 1, memory_order_release);
@@ -113,7 +113,21 @@ static void test_ended_means_all_seen(void **state)
         assert_true(ended);
         close(rd);
     }
-    print_message("ended during the first look in %u of %d rounds\n", ended_seen, (int)ROUNDS);
+    print_message("%s: ended during the first look in %u of %d rounds\n", sock ? "socket" : "pipe",
+                  ended_seen, (int)ROUNDS);
+}
+
+static void test_ended_means_all_seen(void **state)
+{
+    (void)state;
+    ended_means_all_seen(false);
+}
+
+/* The same through a socket (MSG_PEEK), as a shell's standard input may be. */
+static void test_ended_means_all_seen_socket(void **state)
+{
+    (void)state;
+    ended_means_all_seen(true);
 }
 
 /* A compressed snapshot sent in two parts, the second with the end, reads as a snapshot. */
@@ -133,7 +147,7 @@ static void test_slow_xz_is_a_snapshot(void **state)
         pthread_t t;
         int rd;
         size_t cut = 1 + rnd(11); /* within xz's 12-byte stream header */
-        start(&w, &t, &rd, data, len, cut);
+        start(&w, &t, &rd, data, len, cut, false);
         char path[32];
         snprintf(path, sizeof path, "/dev/fd/%d", rd);
         atomic_store_explicit(&w.go, 1, memory_order_release);
@@ -163,6 +177,7 @@ int main(int argc, char **argv)
     xz_path = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ended_means_all_seen),
+        cmocka_unit_test(test_ended_means_all_seen_socket),
         cmocka_unit_test(test_slow_xz_is_a_snapshot),
     };
     return MT_TEST_RUN(tests, NULL, NULL);
