@@ -28,17 +28,33 @@ static unsigned walk(const mt_pk_value_t *v, unsigned budget)
     return d;
 }
 
-/* n[0]: the records of the trace, n[1]: those made up from the state before it. */
+/* The records: n[0] of the trace, n[1] made up from the state before it, of which npend
+ * are the free requests of blocks asked free before the trace (each right after its
+ * block's own record); last: the previous record. */
+typedef struct recs_s {
+    size_t n[2], npend;
+    mt_event_rec_t last;
+    unsigned last_flags;
+} recs_t;
+
 static int count_rec(void *ctx, const mt_event_rec_t *ev, uint32_t stack, unsigned flags)
 {
-    size_t *n = ctx;
+    recs_t *c = ctx;
     FUZZ_CHECK(ev->kind >= MT_EV_ALLOC && ev->kind < MT_EV_KIND_COUNT, "records have a kind");
-    FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || n[0] == 0, "the state before the trace comes first");
-    FUZZ_CHECK(!(flags & MT_TS_REC_BEFORE) || ev->kind == MT_EV_ALLOC ||
-                   ev->kind == MT_EV_SEGMENT_ALLOC || ev->kind == MT_EV_SEGMENT_MAP,
+    bool before = (flags & MT_TS_REC_BEFORE) != 0;
+    FUZZ_CHECK(!before || c->n[0] == 0, "the state before the trace comes first");
+    bool pend = before && ev->kind == MT_EV_FREE_REQUESTED;
+    FUZZ_CHECK(!before || pend || ev->kind == MT_EV_ALLOC || ev->kind == MT_EV_SEGMENT_ALLOC ||
+                   ev->kind == MT_EV_SEGMENT_MAP,
                "the state before the trace is segments and blocks");
+    FUZZ_CHECK(!pend || ((c->last_flags & MT_TS_REC_BEFORE) && c->last.kind == MT_EV_ALLOC &&
+                         c->last.addr == ev->addr && c->last.size == ev->size),
+               "a free asked before the trace follows its block's record");
     (void)stack;
-    n[(flags & MT_TS_REC_BEFORE) != 0]++;
+    c->n[before]++;
+    c->npend += pend;
+    c->last = *ev;
+    c->last_flags = flags;
     return 0;
 }
 
@@ -141,12 +157,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                    "the trace's peak is PyTorch's");
         mt__trace_free(&t);
     }
-    size_t nrec[2] = {0, 0};
-    FUZZ_CHECK(mt__ts_records(ts, count_rec, nrec) == 0, "records");
-    FUZZ_CHECK(ts->nevents == 0 || nrec[0] <= ts->nevents + ts->nannotations,
+    recs_t recs = {0};
+    FUZZ_CHECK(mt__ts_records(ts, count_rec, &recs) == 0, "records");
+    FUZZ_CHECK(ts->nevents == 0 || recs.n[0] <= ts->nevents + ts->nannotations,
                "one record per event or annotation at most");
-    /* before the trace: a segment or block of the end, or one the trace frees */
-    FUZZ_CHECK(nrec[1] <= ts->nsegments + ts->nblocks + ts->nevents,
+    /* before the trace: a segment or block of the end, or one the trace frees (and the
+     * free request of each such block asked free before the trace) */
+    FUZZ_CHECK(recs.n[1] - recs.npend <= ts->nsegments + ts->nblocks + ts->nevents,
                "the state before the trace is the file's");
     for (unsigned d = 0; d < ts->ndevices; d++) {
         mt_ts_site_t sites[4];
