@@ -99,10 +99,40 @@ summarise() { # summarise LABEL DIR...
 # A stage's start, with the seconds since dev.sh started: where CI's time goes.
 stage() { echo "== +${SECONDS}s: $*"; }
 
-# The libFuzzer harnesses (tests/fuzz), each run for $1 seconds from a copy of its seed
-# corpus; a crash fails. The whole build is coverage-instrumented (tests/fuzz/README.md).
+# One harness ($1, named $2) for $3 seconds from seed $4, in work dir $5: every crasher
+# fixed so far first, then the campaign from a copy of its seed corpus. What it printed goes
+# to $5/$2.out, its verdict (0 or 1) to $5/$2.rc; run in the background by fuzz_run.
+fuzz_one() {
+    local t=$1 name=$2 secs=$3 seed=$4 work=$5 rc=0
+    mkdir -p "$work/$name"
+    [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
+    {
+        # Under clang's sanitizers (the fuzz-regress suite runs them under gcc's, which miss
+        # some undefined behaviour, e.g. NULL + 0).
+        if [ -d "tests/fuzz/regress/$name" ] &&
+            ! "$t" -runs=1 tests/fuzz/regress/"$name"/* >"$work/$name.regress.log" 2>&1; then
+            rc=1
+            tail -40 "$work/$name.regress.log"
+            echo "fuzz_$name FAILED on a regression input of tests/fuzz/regress/$name"
+        fi
+        echo "== fuzz_$name: ${secs}s"
+        "$t" -seed="$seed" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=4096 \
+            -artifact_prefix="$work/$name-" "$work/$name" >"$work/$name.log" 2>&1 || {
+            rc=1
+            tail -40 "$work/$name.log"
+            echo "fuzz_$name FAILED: crashers in $work/$name-*"
+        }
+    } >"$work/$name.out" 2>&1
+    echo $rc >"$work/$name.rc"
+}
+
+# The libFuzzer harnesses (tests/fuzz), each run for $1 seconds; a crash fails. The whole
+# build is coverage-instrumented (tests/fuzz/README.md). A campaign uses one core: as many
+# run at once as the host has cores, and each one's output is shown in the harnesses' order.
 fuzz_run() { # fuzz_run SECONDS [SEED]
-    local secs=$1 seed=${2:-0} rc=0 t name work
+    local secs=$1 seed=${2:-0} rc=0 t name work names=()
+    local cores
+    cores=$(nproc 2>/dev/null || echo 1)
     local opts=(--buildtype=debug -Dfuzz=true -Db_lundef=false -Db_sanitize=address,undefined
         -Dc_args=-fsanitize=fuzzer-no-link)
     if [ ! -f build-fuzz/build.ninja ]; then
@@ -120,23 +150,16 @@ fuzz_run() { # fuzz_run SECONDS [SEED]
         case $name in regress_*) continue ;; esac
         # FUZZ_ONLY="pickle daemon": only those harnesses.
         if [ -n "${FUZZ_ONLY:-}" ] && [[ " $FUZZ_ONLY " != *" $name "* ]]; then continue; fi
-        mkdir -p "$work/$name"
-        [ -d "tests/fuzz/corpus/$name" ] && cp -r "tests/fuzz/corpus/$name/." "$work/$name/"
-        # Every crasher fixed so far first, under clang's sanitizers (the fuzz-regress suite
-        # runs them under gcc's, which miss some undefined behaviour, e.g. NULL + 0).
-        if [ -d "tests/fuzz/regress/$name" ] &&
-            ! "$t" -runs=1 tests/fuzz/regress/"$name"/* >"$work/$name.regress.log" 2>&1; then
-            rc=1
-            tail -40 "$work/$name.regress.log"
-            echo "fuzz_$name FAILED on a regression input of tests/fuzz/regress/$name"
-        fi
-        echo "== fuzz_$name: ${secs}s"
-        "$t" -seed="$seed" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -max_len=4096 \
-            -artifact_prefix="$work/$name-" "$work/$name" >"$work/$name.log" 2>&1 || {
-            rc=1
-            tail -40 "$work/$name.log"
-            echo "fuzz_$name FAILED: crashers in $work/$name-*"
-        }
+        while [ "$(jobs -rp | wc -l)" -ge "$cores" ]; do
+            wait -n || true
+        done
+        names+=("$name")
+        fuzz_one "$t" "$name" "$secs" "$seed" "$work" &
+    done
+    wait
+    for name in "${names[@]}"; do
+        cat "$work/$name.out"
+        [ "$(cat "$work/$name.rc" 2>/dev/null)" = 0 ] || rc=1
     done
     [ $rc -eq 0 ] && rm -rf "$work"
     return $rc
@@ -171,8 +194,9 @@ test)
     # The release build users make (./dev.sh build, the demo's tree): no assertions, no debug
     # info, -O3. The assertions (cheap and expensive) run in the ASan+UBSan build below. A
     # third whole pass in a debugoptimized build (assertions at -O2) cost 6 minutes of CI's 30
-    # and is left to ./dev.sh check and stress, whose tree it is. Suite 'slow' (fault injection through every tool,
-    # every allocation site) runs here whole and under the sanitizers at every 4th site.
+    # and is left to ./dev.sh check and stress, whose tree it is. Suite 'slow' (fault
+    # injection through every tool, every allocation site) runs here whole and under the
+    # sanitizers at every 8th site.
     stage "release build and suite"
     build build --buildtype=release
     rc=0
@@ -201,11 +225,12 @@ test)
     fi
     stage "ASan + UBSan build and suite"
     build build-asan "${asan_opts[@]}"
-    # fault_tools and fault_tools_diff fail every 4th allocation site here (each run costs
-    # 10x under ASan); the release stage above fails every one. Suite 'layers' reads the
+    # The fault loops of the tools fail every 8th allocation site here (each run costs 10x
+    # under ASan: at every 4th they were 180 s of this stage's test time, and CI ran past its
+    # 30 minutes); the release stage above fails every one. Suite 'layers' reads the
     # objects' symbols and includes, which the sanitizers' instrumentation does not change:
     # it ran in release.
-    MT_FAULT_STRIDE=4 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    MT_FAULT_STRIDE=8 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         meson test -C build-asan --print-errorlogs --num-processes 2 --timeout-multiplier 3 \
         --no-suite layers || rc=1

@@ -3,7 +3,12 @@
 #include <pthread.h>
 
 #include "helpers.h"
+#include "mt_config.h"
 #include "tests/common/test_main.h"
+
+/* A run's operations: a quarter where each costs 10-50x (MT_TEST_LIGHT: the sanitizers'
+ * build, with every whole-allocator check on; qemu). */
+#define OPS(n) (MT_TEST_LIGHT ? (n) / 4 : (n))
 
 typedef struct live_s {
     void *p;
@@ -100,31 +105,32 @@ static size_t random_run(const char *conf, size_t capacity, size_t nops, uint64_
 static void test_random_100k(void **state)
 {
     (void)state;
-    random_run(NULL, 2048 * MIB, 100000, 0x9e3779b97f4a7c15ull);
+    random_run(NULL, 2048 * MIB, OPS(100000), 0x9e3779b97f4a7c15ull);
 }
 
 static void test_random_configs(void **state)
 {
     (void)state;
-    random_run("expandable_segments:True", 2048 * MIB, 20000, 7);
-    random_run("expandable_segments:True,release_to_fit:True", 2048 * MIB, 20000, 13);
-    random_run("expandable_segments:True,release_to_fit:True,one_pool:True", 2048 * MIB, 20000, 23);
+    random_run("expandable_segments:True", 2048 * MIB, OPS(20000), 7);
+    random_run("expandable_segments:True,release_to_fit:True", 2048 * MIB, OPS(20000), 13);
+    random_run("expandable_segments:True,release_to_fit:True,one_pool:True", 2048 * MIB, OPS(20000),
+               23);
     random_run("release_to_fit:True,fit_large_segments:True,split_large_tails:True", 1024 * MIB,
                20000, 17);
     random_run("max_split_size_mb:24,roundup_power2_divisions:4,"
                "garbage_collection_threshold:0.3,release_smaller_segments:False",
-               1024 * MIB, 20000, 11);
+               1024 * MIB, OPS(20000), 11);
 }
 
 static void test_random_under_pressure(void **state)
 {
     (void)state;
     /* A device too small for the live set: the OOM and recovery paths run often. */
-    size_t fails = random_run(NULL, 160 * MIB, 20000, 3);
+    size_t fails = random_run(NULL, 160 * MIB, OPS(20000), 3);
     assert_true(fails > 0);
-    fails = random_run("expandable_segments:True", 160 * MIB, 20000, 5);
+    fails = random_run("expandable_segments:True", 160 * MIB, OPS(20000), 5);
     assert_true(fails > 0);
-    fails = random_run("expandable_segments:True,release_to_fit:True", 160 * MIB, 20000, 19);
+    fails = random_run("expandable_segments:True,release_to_fit:True", 160 * MIB, OPS(20000), 19);
     assert_true(fails > 0);
 }
 

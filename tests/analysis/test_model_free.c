@@ -21,7 +21,12 @@
 #include "analysis/model_internal.h"
 #include "analysis/report.h"
 #include "model_gen.h"
+#include "mt_config.h"
 #include "tests/common/test_main.h"
+
+/* A run's steps: a quarter where each costs 10-50x (MT_TEST_LIGHT: the sanitizers' build,
+ * qemu), the rare events' rates kept. */
+#define RUN_STEPS(n) (MT_TEST_LIGHT ? (n) / 4 : (n))
 
 #define PAGE (UINT64_C(64) << 10)
 #define BASE UINT64_C(0x7f0000000000)
@@ -195,11 +200,11 @@ static void allocator_run(uint64_t seed, size_t steps, uint64_t every, uint64_t 
 static void test_allocator_streams(void **state)
 {
     (void)state;
-    allocator_run(1, 20000, 1, 0);    /* the figures after every event */
-    allocator_run(2, 40000, 40, 0);   /* now and then */
-    allocator_run(3, 60000, 9000, 0); /* the journal fills between two */
-    allocator_run(4, 30000, 1, 400);  /* now and then anything: dropped, made again */
-    allocator_run(5, 40000, 30, 150);
+    allocator_run(1, RUN_STEPS(20000), 1, 0);   /* the figures after every event */
+    allocator_run(2, RUN_STEPS(40000), 40, 0);  /* now and then */
+    allocator_run(3, 60000, 9000, 0);           /* the journal fills between two */
+    allocator_run(4, RUN_STEPS(30000), 1, 400); /* now and then anything: dropped, made again */
+    allocator_run(5, RUN_STEPS(40000), 30, 150);
 }
 
 /* Anything over 64 pages near the top of the address space or at its bottom. */
@@ -242,10 +247,10 @@ static void any_run(uint64_t seed, size_t steps, uint64_t every, uint64_t base)
 static void test_any_streams(void **state)
 {
     (void)state;
-    any_run(11, 30000, 1, BASE);
-    any_run(12, 30000, 25, BASE);
-    any_run(13, 20000, 1, 0);                      /* address 0 among them */
-    any_run(14, 20000, 3, UINT64_MAX - 60 * PAGE); /* ends at 2^64 */
+    any_run(11, RUN_STEPS(30000), 1, BASE);
+    any_run(12, RUN_STEPS(30000), 25, BASE);
+    any_run(13, RUN_STEPS(20000), 1, 0);                      /* address 0 among them */
+    any_run(14, RUN_STEPS(20000), 3, UINT64_MAX - 60 * PAGE); /* ends at 2^64 */
 }
 
 /* The report's timeline at many steps: each sample (allocated, reserved, utilization,

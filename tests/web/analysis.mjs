@@ -42,7 +42,7 @@ function view(args) {
       if (m) resolve({ proc: p, url: m[0], err: () => err });
     });
     p.on('exit', (code) => reject(new Error(`memtrace view exited (${code}): ${err}`)));
-    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 10000);
+    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 30000);
   });
 }
 const tokenOf = (base) => new URLSearchParams(new URL(base).hash.slice(1)).get('token');
@@ -95,7 +95,7 @@ try {
     await page.goto(v.url);
     await page.waitForFunction(() => window.mtPage && window.mtPage.analysis &&
       !window.mtPage.analysis.pending && document.querySelectorAll('#temporary tbody td[data-n]').length > 0,
-    null, { timeout: 15000 });
+    null, { timeout: 30000 });
     const scopes = await tableRows(page, 'scopes');
     const want = rep.scopes.map((s) => [s.name, String(s.count), String(s.peak_bytes), String(s.mean_peak_bytes)]);
     const got = scopes.map((r) => [r[0].text, r[1].data.n, r[2].data.bytes, r[3].data.bytes]);
@@ -111,7 +111,7 @@ try {
     const wantS = [['max_split_size_mb', '128 MiB', '64 MiB'], ['garbage_collection_threshold', '0', '0.8']];
     if (!isDeepStrictEqual(gotS, wantS)) await fail(`settings panel ${JSON.stringify(gotS)} != ${JSON.stringify(wantS)}`);
     // Both changes are inside the chart's range: a mark each.
-    await page.waitForFunction(() => window.mtPage.settingMarks === 2, null, { timeout: 10000 })
+    await page.waitForFunction(() => window.mtPage.settingMarks === 2, null, { timeout: 30000 })
       .catch(async () => fail('the chart marks ' + await page.evaluate(() => window.mtPage.settingMarks) + ' settings changes, not 2'));
     if (!(await page.isHidden('#runs'))) await fail('one input, yet the compare view shows');
     await page.close();
@@ -148,7 +148,7 @@ try {
   if (browser) {
     const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
     await page.goto(c.url);
-    await page.waitForSelector('#runs:not([hidden]) #runs-figures tbody tr', { timeout: 15000 });
+    await page.waitForSelector('#runs:not([hidden]) #runs-figures tbody tr', { timeout: 30000 });
     const figs = await tableRows(page, 'runs-figures');
     for (const r of figs) {
       const k = r[0].data.key, f = diff[k];

@@ -39,7 +39,7 @@ function view(args) {
       if (m) resolve({ proc: p, url: m[0] });
     });
     p.on('exit', (code) => reject(new Error(`memtrace view exited (${code}): ${err}`)));
-    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 20000);
+    setTimeout(() => reject(new Error('memtrace view did not say where it listens: ' + err)), 30000);
   });
 }
 const tokenOf = (base) => new URLSearchParams(new URL(base).hash.slice(1)).get('token');
@@ -76,7 +76,7 @@ try {
     const errors = [];
     page.on('pageerror', (e) => errors.push(String(e)));
     await page.goto(v.url);
-    await page.waitForSelector('#jobs:not([hidden]) .job-ranks tbody tr', { timeout: 15000 });
+    await page.waitForSelector('#jobs:not([hidden]) .job-ranks tbody tr', { timeout: 30000 });
     const title = await page.textContent('#jobs h3');
     if (!title.includes('job ddp-4: 4 ranks of 4') || !title.includes('aligned by iteration marks'))
       await fail('job title: ' + title);
@@ -93,7 +93,7 @@ try {
         Number(last[1 + BIG]) - Number(last[1]) !== (ITERS - FROM) * 8 * 1048576)
       await fail('iterations table: ' + JSON.stringify(iters));
     await page.click(`#jobs .job-ranks tbody tr:nth-child(${BIG + 1})`);
-    await page.waitForFunction((pid) => window.mtPage.pid === pid, jobs[0].ranks[BIG].pid, { timeout: 5000 });
+    await page.waitForFunction((pid) => window.mtPage.pid === pid, jobs[0].ranks[BIG].pid, { timeout: 30000 });
     if (errors.length) await fail('page errors: ' + errors.join('; '));
     console.log(`ok: the page names rank ${BIG} (${site.trim()}), aligns ${iters.length} iterations, and opens its process`);
   }

@@ -34,7 +34,7 @@ try {
   if (browser) {
     const page = await openProcess(browser, url, p.pid);
     await page.waitForFunction((s) => window.mtPage.map && window.mtPage.map.layout &&
-      window.mtPage.map.layout.blocks.some((b) => b.site === s), BEFORE, { timeout: 10000 })
+      window.mtPage.map.layout.blocks.some((b) => b.site === s), BEFORE, { timeout: 30000 })
       .catch(() => fail(`the page's map has no block '${BEFORE}'`));
     const at = await page.evaluate((s) => {
       const L = window.mtPage.map.layout, b = L.blocks.find((x) => x.site === s);
@@ -42,7 +42,7 @@ try {
       return { x: x - row * L.W, y: row * L.rowH + L.rowH / 2 };
     }, BEFORE);
     await page.click('#map', { position: { x: at.x, y: at.y } });
-    await page.waitForSelector('#blockinfo .callstack', { timeout: 10000 });
+    await page.waitForSelector('#blockinfo .callstack', { timeout: 30000 });
     const click = await page.textContent('#blockinfo');
     if (!click.includes('site ' + BEFORE) || !click.includes("allocated before the snapshot's trace began") ||
         !click.includes('_record_memory_history') || /user frame/.test(click))

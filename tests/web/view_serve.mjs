@@ -10,7 +10,7 @@ export function failView(view, msg) {
 }
 
 // Starts `memtrace view --port 0 FILE...`; resolves to the address it says (with its
-// #token=...) and the child process, or rejects if it exits or says nothing in 10 s (then
+// #token=...) and the child process, or rejects if it exits or says nothing in 30 s (then
 // it is killed).
 export function serveView(memtrace, files) {
   return new Promise((resolve, reject) => {
@@ -25,7 +25,7 @@ export function serveView(memtrace, files) {
     setTimeout(() => {
       p.kill('SIGKILL');
       reject(new Error('memtrace view did not say where it listens: ' + err));
-    }, 10000).unref();
+    }, 30000).unref();
   });
 }
 
@@ -43,7 +43,7 @@ export async function openProcess(browser, url, pid) {
   const page = await browser.newPage();
   await page.emulateMedia({ reducedMotion: 'reduce' });
   await page.goto(url);
-  await page.waitForSelector(`#procs tr[data-pid="${pid}"]`, { timeout: 10000 });
+  await page.waitForSelector(`#procs tr[data-pid="${pid}"]`, { timeout: 30000 });
   await page.click(`#procs tr[data-pid="${pid}"]`);
   return page;
 }

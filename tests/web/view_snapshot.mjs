@@ -77,7 +77,7 @@ try {
     const page = await openProcess(browser, url, p.pid);
     try {
       await page.waitForFunction(() => /^recorded · .*202\d-\d\d-\d\d/.test(document.getElementById('status').textContent) &&
-        /202\d-\d\d-\d\d/.test(document.getElementById('view-info').textContent), null, { timeout: 10000 });
+        /202\d-\d\d-\d\d/.test(document.getElementById('view-info').textContent), null, { timeout: 30000 });
     } catch (e) {
       const status = await page.textContent('#status'), info = await page.textContent('#view-info');
       await browser.close();
@@ -90,7 +90,7 @@ try {
     // Colours: the canvas's pixel at each block's middle, by site.
     try {
       await page.waitForFunction(() => window.mtPage.map && window.mtPage.map.bySite &&
-        document.querySelector('#legend span.site') && window.mtPage.siteChart, null, { timeout: 10000 });
+        document.querySelector('#legend span.site') && window.mtPage.siteChart, null, { timeout: 30000 });
     } catch (e) {
       await browser.close();
       fail(`no site colours, legend or site chart: legend '${await page.textContent('#legend').catch(() => '')}'`);
@@ -122,7 +122,7 @@ try {
 
     // The gap at the map's moment, with the same figures as /gap.
     try {
-      await page.waitForFunction((want) => document.getElementById('gap').dataset.gap === String(want), gap.gap_bytes, { timeout: 10000 });
+      await page.waitForFunction((want) => document.getElementById('gap').dataset.gap === String(want), gap.gap_bytes, { timeout: 30000 });
     } catch (e) {
       fail(`the page shows no gap of ${gap.gap_bytes}: '${await page.textContent('#gap')}'`);
     }
@@ -141,7 +141,7 @@ try {
     if (!hover.startsWith(at.site) || !SITE_RE.test(at.site))
       fail(`hover says '${hover}', want the block's site '${at.site}'`);
     await page.click('#map', { position: { x: at.x, y: at.y } });
-    await page.waitForSelector('#blockinfo .callstack li', { timeout: 10000 });
+    await page.waitForSelector('#blockinfo .callstack li', { timeout: 30000 });
     const click = await page.textContent('#blockinfo');
     const frames = await page.$$eval('#blockinfo .callstack li', (xs) => xs.map((x) => x.textContent));
     if (!click.includes('site ' + at.site) || frames[0] !== at.site || frames.some((f) => /\?\?|c10::/.test(f)) ||
@@ -157,7 +157,7 @@ try {
       S.cmp.b = { pid, from, to };
       await renderCompare();
     }, { pid: p.pid, from: Number(h.from), to: Number(h.to) }).catch((e) => fail('the compare view failed: ' + e));
-    await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 20000 })
+    await page.waitForFunction(() => document.querySelectorAll('#compare-sites tbody tr').length > 0, null, { timeout: 30000 })
       .catch(() => fail('the compare view lists no call site'));
     const rows = await page.$$eval('#compare-sites tbody tr', (trs) => trs.map((t) => t.cells[0].textContent));
     const fwd = rows.filter((r) => r === 'transformer.py:54 forward  ← train.py:30 train_step');

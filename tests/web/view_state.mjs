@@ -63,7 +63,7 @@ try {
       try {
         await page.waitForFunction((re) => new RegExp(re).test(document.getElementById('title').textContent) &&
           / · snapshot$/.test(document.querySelector('#procs tr[data-pid] td').textContent),
-        re, { timeout: 10000 });
+        re, { timeout: 30000 });
       } catch (e) {
         const got = await page.evaluate(() => ({
           title: document.getElementById('title').textContent,

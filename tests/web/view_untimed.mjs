@@ -48,7 +48,7 @@ try {
         /^to the end, event \d+ – event \d+ \(the file has no clock/.test(document.getElementById('view-info').textContent) &&
         window.mtPage.chart && window.mtPage.chart.data[0].length > 2 &&
         /^event \d+$/.test((document.querySelector('#tail tbody tr td:nth-child(2)') || {}).textContent || '') &&
-        /no clock/.test(document.getElementById('temp-info').textContent), null, { timeout: 10000 });
+        /no clock/.test(document.getElementById('temp-info').textContent), null, { timeout: 30000 });
     } catch (e) {
       const got = await page.evaluate(() => ({
         status: document.getElementById('status').textContent,
