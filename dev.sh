@@ -226,8 +226,8 @@ test)
     stage "ASan + UBSan build and suite"
     build build-asan "${asan_opts[@]}"
     # The fault loops of the tools fail every 8th allocation site here (each run costs 10x
-    # under ASan: at every 4th they were 180 s of this stage's test time, and CI ran past its
-    # 30 minutes); the release stage above fails every one. Suite 'layers' reads the
+    # under ASan: every 4th would be about 180 s of this stage's test time); the release
+    # stage above fails every one. Suite 'layers' reads the
     # objects' symbols and includes, which the sanitizers' instrumentation does not change:
     # it ran in release.
     MT_FAULT_STRIDE=8 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
